@@ -1,0 +1,114 @@
+/*
+ * The backend interface: one small table of functions per kind of device
+ * (cpu, cuda, vulkan, hip).  It is shaped for asynchronous GPUs: ops are
+ * enqueued on the device's stream/queue and may still run when a call
+ * returns; fences order host work after device work; memory given back with
+ * free() is released only once the device is done with it (the retirement
+ * queue of backends/common/retire.h), never by draining the stream.
+ *
+ * Threads.  probe() runs once on the daemon's main thread before any device
+ * opens.  Every other member runs on the device's own runner thread, the
+ * only thread that ever touches that device; a backend therefore needs no
+ * locking for per-device state.  Shared, process-wide state (a VkInstance, a
+ * dlopen'd library) is created in probe() and destroyed by shutdown().
+ *
+ * Errors.  Members return 0 or a negative dspk_errno and never log above
+ * debug, print or exit; details go into ctx->errmsg.
+ */
+#ifndef DSPK_BACKENDS_BACKEND_H
+#define DSPK_BACKENDS_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "op.h"
+
+struct dspk__dev;   /* one open device: backend-private */
+struct dspk__fence; /* a point in a device's stream: backend-private */
+struct dspk__cache; /* cache/cache.h: the persistent SQLite cache */
+
+/* What probe() reports of each device. */
+struct dspk__devinfo {
+  char name[128];    /* "NVIDIA H200", "cpu (AMD EPYC 7B13, 2 threads)" */
+  char type[16];     /* "cpu", "discrete", "integrated", "virtual", "software" */
+  char arch[32];     /* "sm_90", "x86_64" */
+  char driver[64];   /* driver version, "" when none */
+  char uuid[40];     /* "" when unknown */
+  uint64_t memory;   /* bytes of device memory (host memory for cpu) */
+  int software;      /* 1 for a software rasteriser (lavapipe): "any" avoids it */
+};
+
+/* What the daemon hands a device when it opens it. */
+struct dspk__devenv {
+  struct dspk__cache *cache; /* may be NULL: no persistent cache */
+  void (*log)(void *ud, int level, const char *msg); /* debug messages */
+  void *log_ud;
+};
+
+/* Counters a device reports in `status`; unused fields stay 0. */
+struct dspk__devstats {
+  uint64_t pool_bytes_in_use, pool_bytes_cached, pool_hits, pool_misses;
+  uint64_t retire_deferred, retire_released, retire_barrier_fallbacks,
+      retire_leaked, retire_in_flight, retire_max_in_flight;
+  uint64_t kernels_compiled, kernel_cache_hits;
+};
+
+struct dspk__backend {
+  const char *name; /* "cpu", "cuda", ...: the prefix of device ids */
+
+  /* Main thread, once.  Writes up to max entries of info and returns how
+   * many devices there are (>= 0).  When there are none, writes the reason
+   * (library missing, no driver, no device) into why.  Never fails the
+   * daemon: a missing library is 0 devices. */
+  int (*probe)(struct dspk__devinfo *info, int max, char *why, size_t whylen);
+  /* Optional.  Main thread, after every device of this backend closed:
+   * destroys process-wide state made by probe(). */
+  void (*shutdown)(void);
+
+  /* Runner thread.  Opens device `index` (of probe's list). */
+  int (*open)(int index, const struct dspk__devenv *env,
+              struct dspk__dev **out);
+  /* Runner thread.  The ordered teardown: wait for the device, drain the
+   * retirement queue, free the pool, unload modules/pipelines, destroy
+   * library handles, streams and the context.  Accepts NULL. */
+  void (*close)(struct dspk__dev *dev);
+
+  /* Memory.  alloc returns a block of at least n bytes (n may be 0).
+   * free gives a block back: it is released once every piece of work
+   * enqueued so far has finished with it (immediately on the cpu). */
+  int (*alloc)(struct dspk__dev *dev, size_t n, struct dspk__mem **out);
+  void (*free)(struct dspk__dev *dev, struct dspk__mem *mem);
+  /* Host to device: ordered before work enqueued later; src may be reused
+   * when it returns.  src need not be aligned. */
+  int (*write)(struct dspk__dev *dev, struct dspk__mem *mem, size_t off,
+               const void *src, size_t n);
+  /* Device to host: ordered after all work enqueued so far; dst is filled
+   * when it returns. */
+  int (*read)(struct dspk__dev *dev, struct dspk__mem *mem, size_t off,
+              void *dst, size_t n);
+
+  /* Fences: a point in the device's work.  record marks "everything
+   * enqueued so far"; query returns 1 when reached, 0 when not yet, or a
+   * negative error; wait blocks until reached.  sync waits for all work (the
+   * barrier fallback). */
+  int (*fence_record)(struct dspk__dev *dev, struct dspk__fence **out);
+  int (*fence_query)(struct dspk__dev *dev, struct dspk__fence *f);
+  int (*fence_wait)(struct dspk__dev *dev, struct dspk__fence *f);
+  void (*fence_destroy)(struct dspk__dev *dev, struct dspk__fence *f);
+  int (*sync)(struct dspk__dev *dev);
+
+  /* Enqueues op (validated by dspk__op_infer, every operand placed in this
+   * device's memory).  May return before the device finishes; read() and
+   * fences order later host work.  DSPK_ENOTSUP for an op or dtype the
+   * backend lacks. */
+  int (*run)(struct dspk__dev *dev, struct dspk__op *op,
+             struct dspk__opctx *ctx);
+
+  /* Optional.  Fills the counters shown by `status`. */
+  void (*stats)(struct dspk__dev *dev, struct dspk__devstats *out);
+};
+
+/* The backends compiled into this build, in probe order (backends/registry.c). */
+extern const struct dspk__backend *const dspk__backends[];
+
+#endif /* DSPK_BACKENDS_BACKEND_H */

@@ -1,0 +1,117 @@
+/*
+ * The description of one compute task as every backend receives it, and the
+ * shared, backend-independent validation of its operands.
+ *
+ * The daemon decodes task.run into a struct dspk__op, places every operand in
+ * device memory, and calls dspk__op_infer() once: it checks dtypes, ranks and
+ * shapes (naming the operand and axis in its message on a mismatch) and fills
+ * in the dtype and shape of every output.  Backends therefore receive only
+ * valid ops, and all backends agree on semantics and errors.
+ */
+#ifndef DSPK_BACKENDS_OP_H
+#define DSPK_BACKENDS_OP_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dspk/errors.h"
+#include "dspk/types.h"
+
+#define DSPK__OP_MAX_IN 4
+#define DSPK__OP_MAX_OUT 2
+#define DSPK__SUBSCRIPTS_MAX 64
+#define DSPK__KERNEL_MAX_ARGS 16
+#define DSPK__ENTRY_MAX 64
+
+struct dspk__mem; /* a block of device memory, owned by its backend */
+
+/* A tensor placed in device memory: C order, contiguous, starting `offset`
+ * bytes into `mem`. */
+struct dspk__tensor {
+  dspk_dtype dtype;
+  int rank;
+  int64_t shape[DSPK_MAX_RANK];
+  struct dspk__mem *mem;
+  size_t offset;
+};
+
+/* Number of elements (product of the shape; 1 for rank 0). */
+int64_t dspk__tensor_numel(const struct dspk__tensor *t);
+/* Size in bytes of the elements. */
+size_t dspk__tensor_nbytes(const struct dspk__tensor *t);
+size_t dspk__dtype_size(dspk_dtype dt);
+int dspk__dtype_is_complex(dspk_dtype dt);
+const char *dspk__dtype_name(dspk_dtype dt);
+/* Returns 0 and writes *out, or DSPK_EDTYPE for an unknown name. */
+int dspk__dtype_from_name(const char *name, size_t len, dspk_dtype *out);
+
+/* A raw kernel argument: a tensor (by index into op.in) or a scalar. */
+enum dspk__karg_kind { DSPK__KARG_TENSOR, DSPK__KARG_I32, DSPK__KARG_U32,
+                       DSPK__KARG_I64, DSPK__KARG_F32, DSPK__KARG_F64 };
+struct dspk__karg {
+  enum dspk__karg_kind kind;
+  union { int tensor; int32_t i32; uint32_t u32; int64_t i64; float f32; double f64; } v;
+};
+
+struct dspk__op {
+  dspk_op kind;
+  int nin;
+  struct dspk__tensor in[DSPK__OP_MAX_IN];
+  int nout; /* set by dspk__op_infer(), except for "kernel" (0) */
+  struct dspk__tensor out[DSPK__OP_MAX_OUT];
+  union {
+    /* in: A (..., M, K), B (..., K, N), optional C broadcastable to the
+     * output.  out = alpha*op(A)@op(B) + beta*C (numpy.matmul batch rules;
+     * trans_x transposes the last two axes of X).  f32, f64; f16/bf16 inputs
+     * give an f32 output where a backend offers them. */
+    struct { int trans_a, trans_b; double alpha, beta; } gemm;
+    /* in: X (..., N).  Complex X: numpy.fft.fft, or numpy.fft.ifft when
+     * inverse.  Real X: numpy.fft.rfft, out (..., N/2+1) complex. */
+    struct { int inverse; } fft;
+    /* in: X (..., N), H (K,) same dtype.  out = scipy.signal.lfilter(H,1,X). */
+    struct { int unused; } fir;
+    /* in: A, B.  numpy.einsum(subscripts, A, B) with explicit "->". */
+    struct { char subscripts[DSPK__SUBSCRIPTS_MAX]; } contract;
+    /* in: X.  Reduce over the axes whose bits are set (all when 0). */
+    struct { dspk_reduce fn; uint32_t axes; } reduce;
+    /* in: A [, B].  Elementwise; binary functions need equal shapes. */
+    struct { dspk_mapfn fn; double alpha; } map;
+    /* Raw kernel in a backend's source language.  Tensor args refer to
+     * op.in[]; kernels write their results into those tensors in place. */
+    struct {
+      const char *lang; /* "cuda", "glsl", "spirv", "hip" */
+      const void *source;
+      size_t source_len;
+      char entry[DSPK__ENTRY_MAX];
+      uint32_t grid[3], block[3], shared_bytes;
+      int nargs;
+      struct dspk__karg args[DSPK__KERNEL_MAX_ARGS];
+    } kernel;
+  } u;
+};
+
+/*
+ * Validates op's inputs and options and fills op->nout and the dtype, rank
+ * and shape of each output (mem/offset are left for the caller to place).
+ * Returns 0, or a negative dspk_errno with a one-line explanation in msg
+ * that names the operand and axis at fault.
+ */
+int dspk__op_infer(struct dspk__op *op, char *msg, size_t msglen);
+
+/* Per-call context a backend receives with each op (runner thread only). */
+struct dspk__opctx {
+  /* Set by the loop thread to ask a running op to stop early; backends poll
+   * it between chunks of work and return DSPK_ECANCELED. */
+  atomic_int *cancel;
+  /* Optional: reports progress of long work (autotuning) to the client.
+   * May be NULL. */
+  void (*progress)(void *ud, const char *what, double fraction);
+  void *progress_ud;
+  /* A backend writes the detail of a failure here (compiler log, axis
+   * names); the daemon sends it as the error message. */
+  char *errmsg;
+  size_t errmsg_len;
+};
+
+#endif /* DSPK_BACKENDS_OP_H */

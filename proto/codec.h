@@ -1,0 +1,130 @@
+/*
+ * Encoding and decoding of dspk messages (docs/protocol.md) over msgpack-c
+ * objects, shared by the daemon and libdspkclient.  Decoders take a
+ * msgpack_object from a frame that dspk__frame_scan() accepted; they never
+ * allocate and return pointers into that frame (bin/str data is unaligned:
+ * copy it with memcpy).  Encoders write through a dspk__wbuf, which keeps big
+ * bin payloads by reference (zero copy) as separate iovec segments.
+ */
+#ifndef DSPK_PROTO_CODEC_H
+#define DSPK_PROTO_CODEC_H
+
+#include <msgpack.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/uio.h>
+
+#include "dspk/errors.h"
+#include "dspk/types.h"
+#include "proto/frame.h"
+
+#define DSPK_PROTOCOL_VERSION 1
+
+enum dspk__msgtype { DSPK__REQUEST = 0, DSPK__RESPONSE = 1, DSPK__NOTIFY = 2 };
+
+/* A decoded message envelope.  Pointers refer into the unpacked frame. */
+struct dspk__msg {
+  enum dspk__msgtype type;
+  uint32_t msgid;              /* request, response */
+  const char *method;          /* request, notification; not NUL-terminated */
+  size_t method_len;
+  const msgpack_object *args;  /* request/notify: the params map, or NULL for [] */
+  const msgpack_object *error; /* response: NULL when nil */
+  const msgpack_object *result;/* response: NULL when nil */
+};
+
+/* Returns 0 and fills *out, or DSPK_EPROTO with a reason in msg.  When the
+ * envelope is an array whose second element is a uint32 msgid, *msgid_out
+ * (may be NULL) gets it even on failure and *has_msgid is set, so the
+ * caller can answer the bad request. */
+int dspk__msg_parse(const msgpack_object *root, struct dspk__msg *out,
+                    uint32_t *msgid_out, bool *has_msgid, char *msg,
+                    size_t msglen);
+
+/* Map access.  dspk__map_get returns the value for a string key, or NULL. */
+const msgpack_object *dspk__map_get(const msgpack_object *map, const char *key);
+/* Typed getters: 0 on success, DSPK_EINVAL on a wrong type or range. */
+int dspk__obj_u64(const msgpack_object *o, uint64_t *out);
+int dspk__obj_i64(const msgpack_object *o, int64_t *out);
+int dspk__obj_f64(const msgpack_object *o, double *out); /* int or float */
+int dspk__obj_bool(const msgpack_object *o, bool *out);
+int dspk__obj_str(const msgpack_object *o, const char **s, size_t *len);
+int dspk__obj_bin(const msgpack_object *o, const void **p, size_t *len); /* bin or str */
+/* Copies a str into buf (NUL-terminated); DSPK_ELIMIT when it does not fit. */
+int dspk__obj_strcpy(const msgpack_object *o, char *buf, size_t buflen);
+/* Key lookups with a default: absent key leaves *out as it is and returns 0;
+ * present with a wrong type is DSPK_EINVAL with "key: expected ..." in msg. */
+int dspk__arg_u64(const msgpack_object *map, const char *key, uint64_t *out, char *msg, size_t msglen);
+int dspk__arg_f64(const msgpack_object *map, const char *key, double *out, char *msg, size_t msglen);
+int dspk__arg_bool(const msgpack_object *map, const char *key, bool *out, char *msg, size_t msglen);
+int dspk__arg_str(const msgpack_object *map, const char *key, char *buf, size_t buflen, char *msg, size_t msglen);
+
+/* A tensor as it travels: inline data, or a reference to a daemon buffer. */
+struct dspk__wire_tensor {
+  dspk_dtype dtype;
+  unsigned rank;
+  int64_t shape[DSPK_MAX_RANK];
+  bool is_ref;
+  const void *data;  /* inline: points into the frame (unaligned) */
+  size_t nbytes;     /* numel * itemsize */
+  uint64_t buffer;   /* ref */
+  uint64_t offset;   /* ref: bytes */
+};
+
+/* Decodes a tensor map; checks dtype, rank and element limits, that inline
+ * data has exactly numel*itemsize bytes, and that a ref's offset is aligned
+ * to the item size.  0, or DSPK_EINVAL/DSPK_EDTYPE/DSPK_ELIMIT with msg. */
+int dspk__tensor_decode(const msgpack_object *o, const struct dspk__limits *lim,
+                        struct dspk__wire_tensor *out, char *msg, size_t msglen);
+
+/* An outgoing frame: a packer writing into small owned chunks, with big bin
+ * payloads attached by reference.  Segments are in wire order. */
+struct dspk__wbuf_seg {
+  const void *base;
+  size_t len;
+  void (*release)(void *ud); /* called by dspk__wbuf_free for refs; may be NULL */
+  void *ud;
+};
+struct dspk__wbuf {
+  msgpack_packer pk;       /* pack into the buffer with msgpack_pack_* */
+  msgpack_sbuffer cur;     /* bytes not yet cut into a segment */
+  struct dspk__wbuf_seg *segs;
+  size_t nsegs, cap;
+  int err;                 /* sticky DSPK_ENOMEM */
+};
+void dspk__wbuf_init(struct dspk__wbuf *w);
+/* Packs a bin header of n bytes followed by data[0..n) by reference; data
+ * must stay valid until release(ud) runs (release may be NULL). */
+void dspk__wbuf_bin_ref(struct dspk__wbuf *w, const void *data, size_t n,
+                        void (*release)(void *ud), void *ud);
+/* Cuts the frame into iovecs (*iov is owned by w).  0 or DSPK_ENOMEM. */
+int dspk__wbuf_iov(struct dspk__wbuf *w, struct iovec **iov, size_t *n);
+/* Total bytes of the frame. */
+size_t dspk__wbuf_len(const struct dspk__wbuf *w);
+/* Frees owned chunks and calls the release of each ref.  Accepts a zeroed w. */
+void dspk__wbuf_free(struct dspk__wbuf *w);
+
+/* Packing helpers. */
+void dspk__pack_str(msgpack_packer *pk, const char *s);
+void dspk__pack_error(msgpack_packer *pk, int code, const char *message);
+/* [0, msgid, method, [  ...caller packs one map, or nothing when nargs=0 ] */
+void dspk__pack_request_head(msgpack_packer *pk, uint32_t msgid, const char *method, bool has_args);
+/* [1, msgid, nil, ...caller packs the result] */
+void dspk__pack_result_head(msgpack_packer *pk, uint32_t msgid);
+/* [1, msgid, {code,name,message}, nil] */
+void dspk__pack_error_response(msgpack_packer *pk, uint32_t msgid, int code, const char *message);
+/* [2, method, [ ...caller packs one map ] */
+void dspk__pack_notify_head(msgpack_packer *pk, const char *method);
+/* {dtype, shape} entries of a tensor map; caller packs the map header
+ * with the right count and the data or buffer entries. */
+void dspk__pack_tensor_meta(msgpack_packer *pk, dspk_dtype dt, unsigned rank, const int64_t *shape);
+
+/* The error table (include/dspk/errors.h): name ("EINVAL") and message for a
+ * code; "EUNKNOWN"/"unknown error" for any other value. */
+const char *dspk__err_name(int code);
+const char *dspk__strerror(int code);
+/* Maps a wire name back to a code; DSPK_EINTERNAL when unknown. */
+int dspk__err_from_name(const char *name, size_t len);
+
+#endif /* DSPK_PROTO_CODEC_H */

@@ -1,0 +1,40 @@
+/*
+ * Frame validation: a non-allocating scanner that finds where the next
+ * msgpack object in a byte stream ends and checks it against the named
+ * limits before msgpack-c ever sees it.  msgpack-c's unpacker allocates from
+ * the counts it reads (a 5-byte array32 header made it reserve 4 GB), so
+ * every count is bounded here by the bytes that remain, nesting depth and
+ * total size are bounded, and only a frame that passes is unpacked.
+ *
+ * Pure functions: no I/O, no threads, no allocation.
+ */
+#ifndef DSPK_PROTO_FRAME_H
+#define DSPK_PROTO_FRAME_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+struct dspk__limits {
+  size_t max_message;    /* bytes in one message */
+  unsigned max_depth;    /* nesting of arrays/maps (top-level array is 1) */
+  size_t max_objects;    /* msgpack objects in one message */
+  unsigned max_rank;     /* tensor rank (<= DSPK_MAX_RANK) */
+  uint64_t max_elements; /* elements in one tensor */
+};
+
+/* Writes the documented defaults (docs/protocol.md) into *l. */
+void dspk__limits_default(struct dspk__limits *l);
+
+/*
+ * Scans buf[0..len) for one complete msgpack object.  Returns its length in
+ * bytes (> 0) when buf starts with a complete, valid object; 0 when more
+ * bytes are needed (and len is still within max_message); DSPK_EPROTO for
+ * bytes that are not msgpack (reserved 0xc1, ext types) or DSPK_ELIMIT for a
+ * broken limit, with a one-line reason in msg.  Never reads past len.
+ */
+ssize_t dspk__frame_scan(const void *buf, size_t len,
+                         const struct dspk__limits *lim, char *msg,
+                         size_t msglen);
+
+#endif /* DSPK_PROTO_FRAME_H */

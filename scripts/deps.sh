@@ -1,0 +1,20 @@
+#!/bin/sh
+# Installs the Debian packages dspk needs to build and test.  Idempotent: when
+# every package is present it only asks dpkg and returns at once.
+set -eu
+PKGS="build-essential cmake pkg-config git libuv1-dev libmsgpack-dev libsqlite3-dev
+libopenblas-dev libfftw3-dev libsystemd-dev libinih-dev libcmocka-dev python3
+python3-numpy python3-msgpack libvulkan-dev mesa-vulkan-drivers glslang-dev
+glslang-tools libvkfft-dev systemd"
+missing=""
+for p in $PKGS; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing="$missing $p"
+done
+[ -z "$missing" ] && exit 0
+echo "deps.sh: installing:$missing" >&2
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+# shellcheck disable=SC2086
+$SUDO apt-get install -y -qq --no-install-recommends $missing
