@@ -92,6 +92,7 @@ struct dspk__wbuf {
   struct dspk__wbuf_seg *segs;
   size_t nsegs, cap;
   int err;                 /* sticky DSPK_ENOMEM */
+  struct iovec *iov;       /* built by dspk__wbuf_iov, owned by w */
 };
 void dspk__wbuf_init(struct dspk__wbuf *w);
 /* Packs a bin header of n bytes followed by data[0..n) by reference; data
@@ -119,6 +120,14 @@ void dspk__pack_notify_head(msgpack_packer *pk, const char *method);
 /* {dtype, shape} entries of a tensor map; caller packs the map header
  * with the right count and the data or buffer entries. */
 void dspk__pack_tensor_meta(msgpack_packer *pk, dspk_dtype dt, unsigned rank, const int64_t *shape);
+
+/* dtypes on the wire (include/dspk/types.h), kept here so that proto does
+ * not depend on backends/.  Name: "f32"..., or "?" for an invalid value.
+ * Size: bytes per element, 0 for an invalid value.  Lookup: 0 and *out, or
+ * DSPK_EDTYPE for an unknown name. */
+const char *dspk__wire_dtype_name(dspk_dtype dt);
+size_t dspk__wire_dtype_size(dspk_dtype dt);
+int dspk__wire_dtype(const char *name, size_t len, dspk_dtype *out);
 
 /* The error table (include/dspk/errors.h): name ("EINVAL") and message for a
  * code; "EUNKNOWN"/"unknown error" for any other value. */

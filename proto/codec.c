@@ -1,0 +1,550 @@
+/*
+ * The message codec of proto/codec.h: envelope parsing, typed access to
+ * argument maps, tensor decoding with the named limits, and the outgoing
+ * frame buffer (dspk__wbuf) that packs small values into owned chunks and
+ * keeps big bin payloads by reference, so tensor data is never copied into a
+ * packer buffer on its way to writev().
+ *
+ * Decoders only read msgpack objects unpacked from frames that
+ * dspk__frame_scan() accepted; they never allocate and hand out pointers into
+ * the frame.  Nothing here does I/O, logs or keeps global state.
+ */
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "proto/codec.h"
+
+/* Payloads below this are copied into the packer chunk: a separate iovec for
+ * a few bytes costs more than the copy. */
+#define DSPK__WBUF_COPY_MAX 1024
+
+static int fail(int code, char *msg, size_t msglen, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static int fail(int code, char *msg, size_t msglen, const char *fmt, ...) {
+  if (msg && msglen) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, msglen, fmt, ap);
+    va_end(ap);
+  }
+  return code;
+}
+
+/* ---- dtypes ------------------------------------------------------------ */
+
+const char *dspk__wire_dtype_name(dspk_dtype dt) {
+  switch (dt) {
+#define XX(e, name, size, cplx) case DSPK_##e: return name;
+    DSPK_DTYPE_MAP(XX)
+#undef XX
+  default: return "?";
+  }
+}
+
+size_t dspk__wire_dtype_size(dspk_dtype dt) {
+  switch (dt) {
+#define XX(e, name, size, cplx) case DSPK_##e: return size;
+    DSPK_DTYPE_MAP(XX)
+#undef XX
+  default: return 0;
+  }
+}
+
+int dspk__wire_dtype(const char *name, size_t len, dspk_dtype *out) {
+#define XX(e, n, size, cplx)                                                   \
+  if (len == sizeof(n) - 1 && memcmp(name, n, len) == 0) {                     \
+    *out = DSPK_##e;                                                           \
+    return 0;                                                                  \
+  }
+  DSPK_DTYPE_MAP(XX)
+#undef XX
+  return DSPK_EDTYPE;
+}
+
+/* ---- envelope ---------------------------------------------------------- */
+
+int dspk__msg_parse(const msgpack_object *root, struct dspk__msg *out,
+                    uint32_t *msgid_out, bool *has_msgid, char *msg,
+                    size_t msglen) {
+  struct dspk__msg m = {0};
+  const msgpack_object *e;
+  uint64_t type;
+
+  if (has_msgid)
+    *has_msgid = false;
+  if (root->type != MSGPACK_OBJECT_ARRAY)
+    return fail(DSPK_EPROTO, msg, msglen, "message is not an array");
+  e = root->via.array.ptr;
+  if (root->via.array.size < 3)
+    return fail(DSPK_EPROTO, msg, msglen,
+                "message array has %" PRIu32 " elements, expected 3 or 4",
+                root->via.array.size);
+  if (e[1].type == MSGPACK_OBJECT_POSITIVE_INTEGER &&
+      e[1].via.u64 <= UINT32_MAX) {
+    if (msgid_out)
+      *msgid_out = (uint32_t)e[1].via.u64;
+    if (has_msgid)
+      *has_msgid = true;
+  }
+  if (e[0].type != MSGPACK_OBJECT_POSITIVE_INTEGER || e[0].via.u64 > 2)
+    return fail(DSPK_EPROTO, msg, msglen,
+                "message type (element 0) must be 0, 1 or 2");
+  type = e[0].via.u64;
+  m.type = (enum dspk__msgtype)type;
+  if (root->via.array.size != (type == DSPK__NOTIFY ? 3u : 4u))
+    return fail(DSPK_EPROTO, msg, msglen,
+                "message of type %" PRIu64 " has %" PRIu32
+                " elements, expected %u", type, root->via.array.size,
+                type == DSPK__NOTIFY ? 3u : 4u);
+
+  if (type != DSPK__NOTIFY) {
+    if (e[1].type != MSGPACK_OBJECT_POSITIVE_INTEGER ||
+        e[1].via.u64 > UINT32_MAX)
+      return fail(DSPK_EPROTO, msg, msglen, "msgid must be a uint32");
+    m.msgid = (uint32_t)e[1].via.u64;
+  }
+
+  if (type == DSPK__RESPONSE) {
+    m.error = e[2].type == MSGPACK_OBJECT_NIL ? NULL : &e[2];
+    m.result = e[3].type == MSGPACK_OBJECT_NIL ? NULL : &e[3];
+  } else {
+    const msgpack_object *meth = type == DSPK__NOTIFY ? &e[1] : &e[2];
+    const msgpack_object *params = type == DSPK__NOTIFY ? &e[2] : &e[3];
+    if (meth->type != MSGPACK_OBJECT_STR)
+      return fail(DSPK_EPROTO, msg, msglen, "method must be a string");
+    m.method = meth->via.str.ptr;
+    m.method_len = meth->via.str.size;
+    if (params->type != MSGPACK_OBJECT_ARRAY || params->via.array.size > 1)
+      return fail(DSPK_EPROTO, msg, msglen,
+                  "params must be an array of at most one map");
+    if (params->via.array.size == 1) {
+      const msgpack_object *a = &params->via.array.ptr[0];
+      if (a->type != MSGPACK_OBJECT_MAP && a->type != MSGPACK_OBJECT_NIL)
+        return fail(DSPK_EPROTO, msg, msglen,
+                    "params must be an array of at most one map");
+      m.args = a->type == MSGPACK_OBJECT_MAP ? a : NULL;
+    }
+  }
+  *out = m;
+  return 0;
+}
+
+/* ---- typed access ------------------------------------------------------ */
+
+const msgpack_object *dspk__map_get(const msgpack_object *map,
+                                    const char *key) {
+  size_t klen;
+
+  if (!map || map->type != MSGPACK_OBJECT_MAP)
+    return NULL;
+  klen = strlen(key);
+  for (uint32_t i = 0; i < map->via.map.size; i++) {
+    const msgpack_object *k = &map->via.map.ptr[i].key;
+    if (k->type == MSGPACK_OBJECT_STR && k->via.str.size == klen &&
+        memcmp(k->via.str.ptr, key, klen) == 0)
+      return &map->via.map.ptr[i].val;
+  }
+  return NULL;
+}
+
+int dspk__obj_u64(const msgpack_object *o, uint64_t *out) {
+  if (!o || o->type != MSGPACK_OBJECT_POSITIVE_INTEGER)
+    return DSPK_EINVAL;
+  *out = o->via.u64;
+  return 0;
+}
+
+int dspk__obj_i64(const msgpack_object *o, int64_t *out) {
+  if (!o)
+    return DSPK_EINVAL;
+  if (o->type == MSGPACK_OBJECT_POSITIVE_INTEGER) {
+    if (o->via.u64 > INT64_MAX)
+      return DSPK_EINVAL;
+    *out = (int64_t)o->via.u64;
+    return 0;
+  }
+  if (o->type == MSGPACK_OBJECT_NEGATIVE_INTEGER) {
+    *out = o->via.i64;
+    return 0;
+  }
+  return DSPK_EINVAL;
+}
+
+int dspk__obj_f64(const msgpack_object *o, double *out) {
+  if (!o)
+    return DSPK_EINVAL;
+  switch (o->type) {
+  case MSGPACK_OBJECT_FLOAT32:
+  case MSGPACK_OBJECT_FLOAT64:
+    *out = o->via.f64;
+    return 0;
+  case MSGPACK_OBJECT_POSITIVE_INTEGER:
+    *out = (double)o->via.u64;
+    return 0;
+  case MSGPACK_OBJECT_NEGATIVE_INTEGER:
+    *out = (double)o->via.i64;
+    return 0;
+  default:
+    return DSPK_EINVAL;
+  }
+}
+
+int dspk__obj_bool(const msgpack_object *o, bool *out) {
+  if (!o || o->type != MSGPACK_OBJECT_BOOLEAN)
+    return DSPK_EINVAL;
+  *out = o->via.boolean;
+  return 0;
+}
+
+int dspk__obj_str(const msgpack_object *o, const char **s, size_t *len) {
+  if (!o || o->type != MSGPACK_OBJECT_STR)
+    return DSPK_EINVAL;
+  *s = o->via.str.ptr;
+  *len = o->via.str.size;
+  return 0;
+}
+
+int dspk__obj_bin(const msgpack_object *o, const void **p, size_t *len) {
+  if (!o)
+    return DSPK_EINVAL;
+  if (o->type == MSGPACK_OBJECT_BIN) {
+    *p = o->via.bin.ptr;
+    *len = o->via.bin.size;
+    return 0;
+  }
+  if (o->type == MSGPACK_OBJECT_STR) {
+    *p = o->via.str.ptr;
+    *len = o->via.str.size;
+    return 0;
+  }
+  return DSPK_EINVAL;
+}
+
+int dspk__obj_strcpy(const msgpack_object *o, char *buf, size_t buflen) {
+  const char *s;
+  size_t n;
+
+  if (dspk__obj_str(o, &s, &n) != 0 || memchr(s, '\0', n))
+    return DSPK_EINVAL;
+  if (n >= buflen)
+    return DSPK_ELIMIT;
+  memcpy(buf, s, n);
+  buf[n] = '\0';
+  return 0;
+}
+
+/* An absent key and an explicit nil both mean "use the default". */
+static const msgpack_object *arg(const msgpack_object *map, const char *key) {
+  const msgpack_object *v = dspk__map_get(map, key);
+  return v && v->type != MSGPACK_OBJECT_NIL ? v : NULL;
+}
+
+int dspk__arg_u64(const msgpack_object *map, const char *key, uint64_t *out,
+                  char *msg, size_t msglen) {
+  const msgpack_object *v = arg(map, key);
+  if (v && dspk__obj_u64(v, out) != 0)
+    return fail(DSPK_EINVAL, msg, msglen,
+                "%s: expected a non-negative integer", key);
+  return 0;
+}
+
+int dspk__arg_f64(const msgpack_object *map, const char *key, double *out,
+                  char *msg, size_t msglen) {
+  const msgpack_object *v = arg(map, key);
+  if (v && dspk__obj_f64(v, out) != 0)
+    return fail(DSPK_EINVAL, msg, msglen, "%s: expected a number", key);
+  return 0;
+}
+
+int dspk__arg_bool(const msgpack_object *map, const char *key, bool *out,
+                   char *msg, size_t msglen) {
+  const msgpack_object *v = arg(map, key);
+  if (v && dspk__obj_bool(v, out) != 0)
+    return fail(DSPK_EINVAL, msg, msglen, "%s: expected a boolean", key);
+  return 0;
+}
+
+int dspk__arg_str(const msgpack_object *map, const char *key, char *buf,
+                  size_t buflen, char *msg, size_t msglen) {
+  const msgpack_object *v = arg(map, key);
+  int rc;
+
+  if (!v)
+    return 0;
+  rc = dspk__obj_strcpy(v, buf, buflen);
+  if (rc == DSPK_ELIMIT)
+    return fail(rc, msg, msglen, "%s: longer than %zu bytes", key,
+                buflen ? buflen - 1 : 0);
+  if (rc != 0)
+    return fail(rc, msg, msglen, "%s: expected a string", key);
+  return 0;
+}
+
+/* ---- tensors ----------------------------------------------------------- */
+
+int dspk__tensor_decode(const msgpack_object *o,
+                        const struct dspk__limits *lim,
+                        struct dspk__wire_tensor *out, char *msg,
+                        size_t msglen) {
+  struct dspk__limits deflim;
+  struct dspk__wire_tensor t = {0};
+  const msgpack_object *v;
+  const char *s;
+  size_t slen, isz;
+  uint64_t numel = 1;
+  unsigned max_rank;
+
+  if (!lim) {
+    dspk__limits_default(&deflim);
+    lim = &deflim;
+  }
+  max_rank = lim->max_rank < DSPK_MAX_RANK ? lim->max_rank : DSPK_MAX_RANK;
+  if (!o || o->type != MSGPACK_OBJECT_MAP)
+    return fail(DSPK_EINVAL, msg, msglen, "tensor must be a map");
+
+  v = dspk__map_get(o, "dtype");
+  if (dspk__obj_str(v, &s, &slen) != 0)
+    return fail(DSPK_EINVAL, msg, msglen, "tensor dtype: expected a string");
+  if (dspk__wire_dtype(s, slen, &t.dtype) != 0)
+    return fail(DSPK_EDTYPE, msg, msglen, "unknown dtype \"%.*s\"",
+                (int)(slen > 16 ? 16 : slen), s);
+  isz = dspk__wire_dtype_size(t.dtype);
+
+  v = dspk__map_get(o, "shape");
+  if (!v || v->type != MSGPACK_OBJECT_ARRAY)
+    return fail(DSPK_EINVAL, msg, msglen,
+                "tensor shape: expected an array of integers");
+  if (v->via.array.size > max_rank)
+    return fail(DSPK_ELIMIT, msg, msglen,
+                "tensor rank %" PRIu32 " exceeds max_rank %u",
+                v->via.array.size, max_rank);
+  t.rank = v->via.array.size;
+  for (unsigned i = 0; i < t.rank; i++) {
+    uint64_t d;
+    if (dspk__obj_u64(&v->via.array.ptr[i], &d) != 0)
+      return fail(DSPK_EINVAL, msg, msglen,
+                  "tensor shape[%u]: expected a non-negative integer", i);
+    if (d > lim->max_elements || (d && numel > lim->max_elements / d))
+      return fail(DSPK_ELIMIT, msg, msglen,
+                  "tensor has more than %" PRIu64
+                  " elements (max_elements)", lim->max_elements);
+    t.shape[i] = (int64_t)d;
+    numel *= d;
+  }
+  if (numel > SIZE_MAX / isz)
+    return fail(DSPK_ELIMIT, msg, msglen, "tensor too large");
+  t.nbytes = (size_t)numel * isz;
+
+  v = dspk__map_get(o, "buffer");
+  if (v && v->type != MSGPACK_OBJECT_NIL) {
+    t.is_ref = true;
+    if (dspk__obj_u64(v, &t.buffer) != 0)
+      return fail(DSPK_EINVAL, msg, msglen,
+                  "tensor buffer: expected a buffer id");
+    if (dspk__arg_u64(o, "offset", &t.offset, msg, msglen) != 0)
+      return DSPK_EINVAL;
+    if (t.offset % isz != 0)
+      return fail(DSPK_EINVAL, msg, msglen,
+                  "tensor offset %" PRIu64 " is not a multiple of the %s "
+                  "item size %zu", t.offset, dspk__wire_dtype_name(t.dtype),
+                  isz);
+  } else {
+    v = dspk__map_get(o, "data");
+    if (dspk__obj_bin(v, &t.data, &slen) != 0)
+      return fail(DSPK_EINVAL, msg, msglen,
+                  "tensor needs data (bin) or a buffer reference");
+    if (slen != t.nbytes)
+      return fail(DSPK_EINVAL, msg, msglen,
+                  "tensor data has %zu bytes, its %s shape needs %zu",
+                  slen, dspk__wire_dtype_name(t.dtype), t.nbytes);
+  }
+  *out = t;
+  return 0;
+}
+
+/* ---- outgoing frames --------------------------------------------------- */
+
+static void free_chunk(void *ud) { free(ud); }
+
+/* Makes room for one more segment.  0 or DSPK_ENOMEM. */
+static int wbuf_reserve(struct dspk__wbuf *w) {
+  if (w->nsegs == w->cap) {
+    size_t cap = w->cap ? 2 * w->cap : 8;
+    struct dspk__wbuf_seg *s = realloc(w->segs, cap * sizeof(*s));
+    if (!s)
+      return DSPK_ENOMEM;
+    w->segs = s;
+    w->cap = cap;
+  }
+  return 0;
+}
+
+static int wbuf_push(struct dspk__wbuf *w, const void *base, size_t len,
+                     void (*release)(void *), void *ud) {
+  if (wbuf_reserve(w) != 0)
+    return DSPK_ENOMEM;
+  w->segs[w->nsegs++] = (struct dspk__wbuf_seg){base, len, release, ud};
+  return 0;
+}
+
+/* Moves the packed bytes not yet in a segment into an owned segment.  On
+ * failure the bytes stay in cur. */
+static int wbuf_cut(struct dspk__wbuf *w) {
+  size_t n = w->cur.size;
+  char *data;
+
+  if (n == 0)
+    return 0;
+  if (wbuf_reserve(w) != 0)
+    return DSPK_ENOMEM;
+  data = msgpack_sbuffer_release(&w->cur);
+  return wbuf_push(w, data, n, free_chunk, data);
+}
+
+static int wbuf_write(void *data, const char *buf, size_t len) {
+  struct dspk__wbuf *w = data;
+  if (w->err)
+    return -1;
+  if (msgpack_sbuffer_write(&w->cur, buf, len) != 0) {
+    w->err = DSPK_ENOMEM;
+    return -1;
+  }
+  return 0;
+}
+
+void dspk__wbuf_init(struct dspk__wbuf *w) {
+  memset(w, 0, sizeof(*w));
+  msgpack_sbuffer_init(&w->cur);
+  msgpack_packer_init(&w->pk, w, wbuf_write);
+}
+
+void dspk__wbuf_bin_ref(struct dspk__wbuf *w, const void *data, size_t n,
+                        void (*release)(void *ud), void *ud) {
+  msgpack_pack_bin(&w->pk, n);
+  if (n < DSPK__WBUF_COPY_MAX || w->err) {
+    if (n)
+      msgpack_pack_bin_body(&w->pk, data, n);
+    /* The bytes are copied; the release still runs at dspk__wbuf_free. */
+    if (release && wbuf_push(w, NULL, 0, release, ud) != 0) {
+      w->err = DSPK_ENOMEM;
+      release(ud);
+    }
+    return;
+  }
+  if (wbuf_cut(w) != 0 || wbuf_push(w, data, n, release, ud) != 0) {
+    w->err = DSPK_ENOMEM;
+    if (release)
+      release(ud);
+  }
+}
+
+int dspk__wbuf_iov(struct dspk__wbuf *w, struct iovec **iov, size_t *n) {
+  struct iovec *v;
+  size_t k = 0;
+
+  if (w->err)
+    return w->err;
+  if (wbuf_cut(w) != 0) {
+    w->err = DSPK_ENOMEM;
+    return w->err;
+  }
+  v = realloc(w->iov, (w->nsegs ? w->nsegs : 1) * sizeof(*v));
+  if (!v) {
+    w->err = DSPK_ENOMEM;
+    return w->err;
+  }
+  w->iov = v;
+  for (size_t i = 0; i < w->nsegs; i++) {
+    if (w->segs[i].len == 0)
+      continue;
+    v[k].iov_base = (void *)w->segs[i].base;
+    v[k].iov_len = w->segs[i].len;
+    k++;
+  }
+  *iov = v;
+  *n = k;
+  return 0;
+}
+
+size_t dspk__wbuf_len(const struct dspk__wbuf *w) {
+  size_t n = w->cur.size;
+  for (size_t i = 0; i < w->nsegs; i++)
+    n += w->segs[i].len;
+  return n;
+}
+
+void dspk__wbuf_free(struct dspk__wbuf *w) {
+  if (!w)
+    return;
+  for (size_t i = 0; i < w->nsegs; i++)
+    if (w->segs[i].release)
+      w->segs[i].release(w->segs[i].ud);
+  free(w->segs);
+  free(w->iov);
+  msgpack_sbuffer_destroy(&w->cur);
+  memset(w, 0, sizeof(*w));
+}
+
+/* ---- packing helpers --------------------------------------------------- */
+
+void dspk__pack_str(msgpack_packer *pk, const char *s) {
+  size_t n = strlen(s);
+  msgpack_pack_str(pk, n);
+  msgpack_pack_str_body(pk, s, n);
+}
+
+void dspk__pack_error(msgpack_packer *pk, int code, const char *message) {
+  msgpack_pack_map(pk, 3);
+  dspk__pack_str(pk, "code");
+  msgpack_pack_int(pk, code);
+  dspk__pack_str(pk, "name");
+  dspk__pack_str(pk, dspk__err_name(code));
+  dspk__pack_str(pk, "message");
+  dspk__pack_str(pk, message && *message ? message : dspk__strerror(code));
+}
+
+void dspk__pack_request_head(msgpack_packer *pk, uint32_t msgid,
+                             const char *method, bool has_args) {
+  msgpack_pack_array(pk, 4);
+  msgpack_pack_uint8(pk, DSPK__REQUEST);
+  msgpack_pack_uint32(pk, msgid);
+  dspk__pack_str(pk, method);
+  msgpack_pack_array(pk, has_args ? 1 : 0);
+}
+
+void dspk__pack_result_head(msgpack_packer *pk, uint32_t msgid) {
+  msgpack_pack_array(pk, 4);
+  msgpack_pack_uint8(pk, DSPK__RESPONSE);
+  msgpack_pack_uint32(pk, msgid);
+  msgpack_pack_nil(pk);
+}
+
+void dspk__pack_error_response(msgpack_packer *pk, uint32_t msgid, int code,
+                               const char *message) {
+  msgpack_pack_array(pk, 4);
+  msgpack_pack_uint8(pk, DSPK__RESPONSE);
+  msgpack_pack_uint32(pk, msgid);
+  dspk__pack_error(pk, code, message);
+  msgpack_pack_nil(pk);
+}
+
+void dspk__pack_notify_head(msgpack_packer *pk, const char *method) {
+  msgpack_pack_array(pk, 3);
+  msgpack_pack_uint8(pk, DSPK__NOTIFY);
+  dspk__pack_str(pk, method);
+  msgpack_pack_array(pk, 1);
+}
+
+void dspk__pack_tensor_meta(msgpack_packer *pk, dspk_dtype dt, unsigned rank,
+                            const int64_t *shape) {
+  dspk__pack_str(pk, "dtype");
+  dspk__pack_str(pk, dspk__wire_dtype_name(dt));
+  dspk__pack_str(pk, "shape");
+  msgpack_pack_array(pk, rank);
+  for (unsigned i = 0; i < rank; i++)
+    msgpack_pack_int64(pk, shape[i]);
+}

@@ -1,0 +1,211 @@
+/*
+ * The frame scanner of proto/frame.h: walks one msgpack object in a byte
+ * buffer without allocating and without recursion, and decides whether it is
+ * complete, still incomplete, or must be refused.  msgpack-c sizes its
+ * allocations from the counts it reads, so nothing reaches msgpack_unpack()
+ * before this scanner accepted it.
+ *
+ * The walk keeps a small fixed stack: for each open array/map, how many
+ * objects it still owes.  Bounds are checked the moment a header is read,
+ * before the bytes it announces have arrived, so that a 5-byte header
+ * claiming 10^8 elements is refused at once instead of being waited for:
+ *  - every object takes at least one byte, so the objects still owed (in all
+ *    open containers) can never exceed the bytes that may still follow in
+ *    this message (max_message - position);
+ *  - str/bin payloads must fit in what remains of max_message;
+ *  - declared plus scanned objects must stay within max_objects;
+ *  - containers may not nest deeper than max_depth (clamped to
+ *    DSPK__SCAN_DEPTH_MAX, the size of the stack);
+ *  - an object still incomplete when len already exceeds max_message, or a
+ *    complete one longer than max_message, is refused.
+ * When the whole message is in the buffer these bounds are the tight ones of
+ * the remaining bytes; before it is, the scanner answers "incomplete" (0) and
+ * the caller reads more, never more than max_message in total.
+ */
+#include <inttypes.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+
+#include "dspk/errors.h"
+#include "proto/frame.h"
+
+/* Deepest nesting the scanner can track; a configured max_depth above this
+ * is treated as this value. */
+#define DSPK__SCAN_DEPTH_MAX 64
+
+void dspk__limits_default(struct dspk__limits *l) {
+  l->max_message = (size_t)256 << 20;
+  l->max_depth = 16;
+  l->max_objects = 1048576;
+  l->max_rank = 8;
+  l->max_elements = (uint64_t)1 << 31;
+}
+
+static ssize_t fail(int code, char *msg, size_t msglen, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static ssize_t fail(int code, char *msg, size_t msglen, const char *fmt, ...) {
+  if (msg && msglen) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, msglen, fmt, ap);
+    va_end(ap);
+  }
+  return code;
+}
+
+/* Big-endian read of n (1, 2, 4 or 8) bytes. */
+static uint64_t be(const unsigned char *p, unsigned n) {
+  uint64_t v = 0;
+  for (unsigned i = 0; i < n; i++)
+    v = (v << 8) | p[i];
+  return v;
+}
+
+ssize_t dspk__frame_scan(const void *buf, size_t len,
+                         const struct dspk__limits *lim, char *msg,
+                         size_t msglen) {
+  const unsigned char *p = buf;
+  uint64_t stack[DSPK__SCAN_DEPTH_MAX]; /* objects still owed per level */
+  unsigned depth = 0;
+  unsigned max_depth = lim->max_depth < DSPK__SCAN_DEPTH_MAX
+                           ? lim->max_depth : DSPK__SCAN_DEPTH_MAX;
+  size_t maxmsg = lim->max_message;
+  size_t pos = 0;
+  uint64_t owed = 0;    /* sum of stack[] */
+  uint64_t objects = 0; /* objects started so far */
+
+  if (maxmsg > (size_t)SSIZE_MAX)
+    maxmsg = (size_t)SSIZE_MAX;
+
+  for (;;) {
+    /* One object starts at pos. */
+    if (pos >= len)
+      goto incomplete;
+    unsigned char c = p[pos];
+    size_t hdr = 1;       /* header bytes including c */
+    uint64_t payload = 0; /* raw bytes following the header */
+    uint64_t children = 0;
+    int container = 0;    /* 1 array, 2 map */
+    unsigned lenbytes = 0;
+
+    objects++;
+    if (objects > lim->max_objects)
+      return fail(DSPK_ELIMIT, msg, msglen,
+                  "message has more than %zu objects (max_objects)",
+                  lim->max_objects);
+
+    if (c <= 0x7f || c >= 0xe0 || c == 0xc0 || c == 0xc2 || c == 0xc3) {
+      /* fixint, nil, bool */
+    } else if (c <= 0x8f) {
+      container = 2, children = c & 0x0f;
+    } else if (c <= 0x9f) {
+      container = 1, children = c & 0x0f;
+    } else if (c <= 0xbf) {
+      payload = c & 0x1f;
+    } else {
+      switch (c) {
+      case 0xc4: case 0xc5: case 0xc6: /* bin 8/16/32 */
+        lenbytes = 1u << (c - 0xc4);
+        break;
+      case 0xd9: case 0xda: case 0xdb: /* str 8/16/32 */
+        lenbytes = 1u << (c - 0xd9);
+        break;
+      case 0xca: payload = 4; break;
+      case 0xcb: payload = 8; break;
+      case 0xcc: case 0xcd: case 0xce: case 0xcf:
+        payload = 1u << (c - 0xcc);
+        break;
+      case 0xd0: case 0xd1: case 0xd2: case 0xd3:
+        payload = 1u << (c - 0xd0);
+        break;
+      case 0xdc: case 0xdd:
+        container = 1, lenbytes = c == 0xdc ? 2 : 4;
+        break;
+      case 0xde: case 0xdf:
+        container = 2, lenbytes = c == 0xde ? 2 : 4;
+        break;
+      case 0xc1:
+        return fail(DSPK_EPROTO, msg, msglen,
+                    "byte 0xc1 (never used in msgpack) at offset %zu", pos);
+      default: /* 0xc7-0xc9 ext, 0xd4-0xd8 fixext */
+        return fail(DSPK_EPROTO, msg, msglen,
+                    "msgpack ext type 0x%02x at offset %zu is not allowed",
+                    c, pos);
+      }
+    }
+
+    if (lenbytes) {
+      hdr += lenbytes;
+      if (len - pos < hdr)
+        goto incomplete;
+      uint64_t n = be(p + pos + 1, lenbytes);
+      if (container)
+        children = n;
+      else
+        payload = n;
+    }
+    if (container == 2)
+      children *= 2; /* n <= 2^32-1, so no overflow */
+
+    /* Everything announced so far must fit in what max_message leaves:
+     * this object's payload and children, and the objects its enclosing
+     * containers still owe after it (owed counts this one too). */
+    uint64_t rest = depth > 0 ? owed - 1 : 0;
+    if (pos + hdr > maxmsg)
+      goto toolong;
+    uint64_t room = maxmsg - pos - hdr;
+    if (payload + rest > room)
+      return fail(DSPK_ELIMIT, msg, msglen,
+                  "str/bin of %" PRIu64 " bytes at offset %zu exceeds the "
+                  "%zu-byte message limit (max_message)", payload, pos, maxmsg);
+    if (children + rest > room)
+      return fail(DSPK_ELIMIT, msg, msglen,
+                  "container at offset %zu announces %" PRIu64
+                  " elements, more than the bytes left in the message "
+                  "(max_message %zu)", pos, children, maxmsg);
+    if (children + rest + objects > lim->max_objects)
+      return fail(DSPK_ELIMIT, msg, msglen,
+                  "container at offset %zu announces %" PRIu64
+                  " elements, more than max_objects %zu allows",
+                  pos, children, lim->max_objects);
+
+    if (container) {
+      if (depth + 1 > max_depth)
+        return fail(DSPK_ELIMIT, msg, msglen,
+                    "nesting deeper than %u at offset %zu (max_depth)",
+                    max_depth, pos);
+      pos += hdr;
+      if (children) {
+        stack[depth++] = children;
+        owed += children;
+        continue; /* the next object is its first element */
+      }
+    } else {
+      if (len - pos < hdr || len - pos - hdr < payload) {
+        goto incomplete;
+      }
+      pos += hdr + (size_t)payload;
+    }
+
+    /* The object that started this iteration is complete: pop every
+     * container it completes. */
+    while (depth > 0) {
+      owed--;
+      if (--stack[depth - 1] > 0)
+        break;
+      depth--;
+    }
+    if (depth == 0)
+      return (ssize_t)pos;
+  }
+
+incomplete:
+  if (len > maxmsg)
+    goto toolong;
+  return 0;
+toolong:
+  return fail(DSPK_ELIMIT, msg, msglen,
+              "message longer than %zu bytes (max_message)", maxmsg);
+}
