@@ -1,0 +1,203 @@
+/*
+ * The persistent cache: one SQLite file that keeps what is expensive to
+ * make (compiled kernels, autotune decisions, named blobs such as FFTW
+ * wisdom or Vulkan pipeline-cache data) across daemon restarts.
+ *
+ * Keys.  Every lookup key is a 128-bit hash over all the fields that decide
+ * whether a stored entry is still valid (kernel source after code
+ * generation, compile options, compiler name and version, the device's
+ * backend, name, arch, UUID and driver version; for autotune decisions the
+ * op, shape class, dtypes, layout, device and candidate list).  A change of
+ * any field is therefore a miss, never a stale hit.  The fields are stored
+ * beside the entry as well, for stats and debugging, and compared again on
+ * a hit so that even a hash collision cannot serve a wrong entry.
+ *
+ * Threads.  Every function may be called from any thread at once: the
+ * cache holds one SQLite connection behind a mutex, and each call is a
+ * short transaction of its own.  No transaction is ever held across device
+ * work: get, compile/tune, then put.  Several processes may share one file
+ * (WAL mode and a busy timeout).
+ *
+ * Errors.  Functions return 0 or a negative dspk_errno (DSPK_ENOENT for a
+ * miss) and never print or log; warnings meant for the daemon's log come
+ * back as strings from dspk__cache_open().
+ */
+#ifndef DSPK_CACHE_CACHE_H
+#define DSPK_CACHE_CACHE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dspk/errors.h"
+
+struct dspk__cache;
+
+/* ---- hashing: one helper every backend uses for keys ------------------- */
+
+/* A 128-bit FNV-1a hash state.  Fields are fed length-prefixed, so
+ * ("ab","c") and ("a","bc") differ, and a NULL string differs from "". */
+struct dspk__hash {
+  uint64_t hi, lo;
+};
+#define DSPK__HASH_HEX 33 /* 32 hex digits + NUL */
+
+void dspk__hash_init(struct dspk__hash *h);
+/* Feeds one field: its length (8 bytes) and then its bytes. */
+void dspk__hash_field(struct dspk__hash *h, const void *p, size_t n);
+/* Feeds a NUL-terminated string as one field; NULL is fed as a distinct
+ * marker. */
+void dspk__hash_str(struct dspk__hash *h, const char *s);
+void dspk__hash_u64(struct dspk__hash *h, uint64_t v);
+/* Writes 32 lowercase hex digits and a NUL into hex[DSPK__HASH_HEX]. */
+void dspk__hash_hex(const struct dspk__hash *h, char hex[DSPK__HASH_HEX]);
+/* Convenience: the 64-bit fold (hi ^ lo) of the hash of one buffer. */
+uint64_t dspk__hash64(const void *p, size_t n);
+
+/* ---- opening ------------------------------------------------------------ */
+
+struct dspk__cache_opts {
+  uint64_t max_bytes;  /* size bound of all entries; 0: 256 MiB */
+  int busy_timeout_ms; /* wait for another writer; 0: 5000 ms */
+  int no_fallback;     /* 1: an unusable file is an error, no in-memory cache */
+};
+
+/*
+ * Opens (creating it and its directories) the cache file at path, or at
+ * $XDG_CACHE_HOME/dspk/cache.db (~/.cache/dspk/cache.db) when path is NULL.
+ * ":memory:" opens a private in-memory cache.  opts may be NULL.
+ *
+ * A corrupt file (it fails PRAGMA quick_check, or is not a database) is
+ * renamed to "<path>.corrupt-<unixtime>" and a new one is made; a location
+ * that cannot be written falls back to an in-memory cache.  In both cases
+ * the call succeeds and writes one line into warn (for the daemon to log
+ * once); otherwise warn is set to "".  warn may be NULL.
+ *
+ * Returns 0 and writes *out (the caller closes it with dspk__cache_close),
+ * or a negative dspk_errno (DSPK_EIO when no_fallback and the file is
+ * unusable, DSPK_ENOMEM).
+ */
+int dspk__cache_open(const char *path, const struct dspk__cache_opts *opts,
+                     struct dspk__cache **out, char *warn, size_t warnlen);
+/* Closes the connection and frees the cache.  Accepts NULL. */
+void dspk__cache_close(struct dspk__cache *c);
+/* The file in use (":memory:" after a fallback).  Owned by the cache. */
+const char *dspk__cache_path(const struct dspk__cache *c);
+/* 1 when the cache lives in memory only (by request or after a fallback). */
+int dspk__cache_in_memory(const struct dspk__cache *c);
+
+/* ---- device identity ------------------------------------------------------ */
+
+/* Who a kernel or a decision belongs to.  Every field is part of the key;
+ * NULL is allowed for unknown fields (and differs from ""). */
+struct dspk__cache_devid {
+  const char *backend; /* "cuda", "vulkan", "cpu" */
+  const char *name;    /* "NVIDIA H200" */
+  const char *arch;    /* "sm_90", "x86_64" */
+  const char *uuid;    /* device UUID, "" when unknown */
+  const char *driver;  /* driver version */
+};
+
+/* ---- compiled kernels ----------------------------------------------------- */
+
+struct dspk__kernel_key {
+  struct dspk__cache_devid dev;
+  const char *compiler;         /* "nvrtc", "glslang" */
+  const char *compiler_version; /* "12.4.131" */
+  const char *name;             /* entry point or kernel name (stats only,
+                                   but part of the key too) */
+  const void *source;           /* source after code generation */
+  size_t source_len;
+  const char *options;          /* compile options, as one string */
+};
+
+/*
+ * Looks the kernel up.  On a hit returns 0 and writes *bin (malloc'd, the
+ * caller frees it) and *len, and counts the hit.  Returns DSPK_ENOENT on a
+ * miss, or another negative dspk_errno.
+ */
+int dspk__cache_kernel_get(struct dspk__cache *c,
+                           const struct dspk__kernel_key *k, void **bin,
+                           size_t *len);
+/* Stores (or replaces) the kernel's binary; bin is copied.  May evict least
+ * recently used entries to stay under max_bytes.  Returns 0, DSPK_ELIMIT
+ * when the entry alone exceeds max_bytes, or a negative dspk_errno. */
+int dspk__cache_kernel_put(struct dspk__cache *c,
+                           const struct dspk__kernel_key *k, const void *bin,
+                           size_t len);
+
+/* ---- autotune decisions --------------------------------------------------- */
+
+struct dspk__tune_key {
+  struct dspk__cache_devid dev;
+  const char *op;      /* "fft", "fir", "gemm" */
+  const char *shape;   /* shape class, e.g. "n=2^20,b=1" */
+  const char *dtypes;  /* "c64" or "f32,f32" */
+  const char *layout;  /* layout/alignment class, "" when irrelevant */
+  uint64_t cands_hash; /* hash of the candidate-name list */
+};
+
+/* Looks the decision up.  On a hit returns 0 and copies the winner's name
+ * into winner[len] (DSPK_ERANGE when it does not fit).  DSPK_ENOENT on a
+ * miss. */
+int dspk__cache_tune_get(struct dspk__cache *c, const struct dspk__tune_key *k,
+                         char *winner, size_t len);
+/* Stores the decision: the winner and every candidate's timings (any text,
+ * JSON by convention: {"cand":[ns,...],...}; may be NULL).  Both copied. */
+int dspk__cache_tune_put(struct dspk__cache *c, const struct dspk__tune_key *k,
+                         const char *winner, const char *timings);
+/* Removes the decision (a winner failed at launch: re-tune).  Returns 0
+ * whether or not it existed. */
+int dspk__cache_tune_del(struct dspk__cache *c, const struct dspk__tune_key *k);
+/* Copies the stored timings text of a decision into buf (NUL-terminated,
+ * truncated to len).  DSPK_ENOENT on a miss.  For tests and debugging. */
+int dspk__cache_tune_timings(struct dspk__cache *c,
+                             const struct dspk__tune_key *k, char *buf,
+                             size_t len);
+
+/* ---- named blobs ---------------------------------------------------------- */
+
+/* The caller puts the identity that makes a blob valid into its name, e.g.
+ * "fftw-wisdom/f64/<cpu model>/<fftw version>" or
+ * "vk-pipeline-cache/<pipelineCacheUUID>/<driver>". */
+int dspk__cache_blob_get(struct dspk__cache *c, const char *name, void **data,
+                         size_t *len); /* as kernel_get: *data malloc'd */
+int dspk__cache_blob_put(struct dspk__cache *c, const char *name,
+                         const void *data, size_t len);
+
+/* ---- stats and maintenance ------------------------------------------------ */
+
+enum dspk__cache_kind {
+  DSPK__CACHE_KERNELS = 0,
+  DSPK__CACHE_AUTOTUNE = 1,
+  DSPK__CACHE_BLOBS = 2,
+  DSPK__CACHE_NKINDS = 3
+};
+#define DSPK__CACHE_MASK(kind) (1u << (kind))
+#define DSPK__CACHE_ALL 7u
+
+/* "kernels", "autotune", "blobs"; NULL for an unknown kind. */
+const char *dspk__cache_kind_name(int kind);
+
+struct dspk__cache_kstats {
+  uint64_t entries;     /* rows in the file */
+  uint64_t bytes;       /* payload + key bytes of those rows */
+  uint64_t stored_hits; /* sum of the per-entry hit counters in the file */
+  uint64_t hits;        /* this process, since open */
+  uint64_t misses;      /* this process, since open */
+  uint64_t puts;        /* this process, since open */
+  uint64_t evictions;   /* this process, since open */
+};
+struct dspk__cache_stats {
+  struct dspk__cache_kstats kind[DSPK__CACHE_NKINDS];
+  uint64_t max_bytes;
+  uint64_t file_bytes; /* size of the database file (0 in memory) */
+  int in_memory;
+};
+
+/* Fills *out.  Returns 0 or a negative dspk_errno. */
+int dspk__cache_stats(struct dspk__cache *c, struct dspk__cache_stats *out);
+/* Deletes every entry of the kinds in mask (DSPK__CACHE_MASK bits).
+ * Returns 0 or a negative dspk_errno. */
+int dspk__cache_clear(struct dspk__cache *c, unsigned mask);
+
+#endif /* DSPK_CACHE_CACHE_H */
