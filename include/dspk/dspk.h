@@ -1,0 +1,323 @@
+/*
+ * libdspkclient: the C client library of dspkd, the dspk compute daemon.
+ *
+ * This is the library's one public header.  It speaks the msgpack-RPC
+ * protocol of docs/protocol.md over the daemon's Unix socket with blocking
+ * I/O: synchronous calls (dspk_run, dspk_ping, ...) and, for several
+ * requests in flight on one connection, dspk_submit / dspk_wait.
+ *
+ * Conventions:
+ *  - Every function that can fail returns 0 or a negative code of
+ *    include/dspk/errors.h (DSPK_EINVAL, ...); dspk_strerror() and
+ *    dspk_err_name() describe a code, dspk_last_error() gives the detail of
+ *    the last failure on a connection (the daemon's message, which names the
+ *    operand and axis at fault).
+ *  - Output parameters are written only on success.  Memory the library
+ *    returns (result tensors, lists, JSON text) belongs to the caller and is
+ *    freed with the matching dspk_*_free() function or dspk_free().
+ *    Destructors accept NULL.
+ *  - Thread safety: a dspk_client is not internally locked.  Use each client
+ *    from one thread at a time (or serialize calls on it yourself); distinct
+ *    clients are fully independent and may be used concurrently.  The
+ *    functions that take no client (dspk_strerror, ...) are thread-safe.
+ *  - The library never prints, never exits and installs no signal handlers;
+ *    it sends with MSG_NOSIGNAL, so a daemon that goes away gives
+ *    DSPK_ECLOSED rather than SIGPIPE.
+ */
+#ifndef DSPK_DSPK_H
+#define DSPK_DSPK_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dspk/errors.h"
+#include "dspk/types.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define DSPK_EXPORT __attribute__((visibility("default")))
+#else
+#define DSPK_EXPORT
+#endif
+
+/* Version of this library ("0.1.0"). */
+DSPK_EXPORT const char *dspk_version(void);
+
+/* ---- errors -------------------------------------------------------------- */
+
+/* One-line description of a code ("shape mismatch"); "unknown error" for a
+ * value not in the table, "success" for 0.  Static storage. */
+DSPK_EXPORT const char *dspk_strerror(int code);
+/* Symbolic name of a code ("ESHAPE"); "EUNKNOWN" for a value not in the
+ * table, "OK" for 0.  Static storage. */
+DSPK_EXPORT const char *dspk_err_name(int code);
+
+/* ---- connection ---------------------------------------------------------- */
+
+typedef struct dspk_client dspk_client;
+
+/*
+ * Writes the default socket path into buf: $DSPK_SOCKET if set and
+ * non-empty; else, for root, /run/dspk/dspkd.sock; else
+ * $XDG_RUNTIME_DIR/dspk/dspkd.sock; else /run/dspk/dspkd.sock.
+ * Returns 0, or DSPK_ELIMIT when buf is too small.
+ */
+DSPK_EXPORT int dspk_default_socket(char *buf, size_t buflen);
+
+/*
+ * Connects to the daemon at socket_path (NULL: dspk_default_socket()) and
+ * says hello with client_name (NULL: "libdspkclient").  On success *out is a
+ * new client, freed with dspk_close().  Returns DSPK_ECONNECT when nothing
+ * listens there, DSPK_EVERSION when the daemon speaks another protocol
+ * version, or another negative code.  The reason of a failure cannot be read
+ * with dspk_last_error() (there is no client); dspk_connect_error() gives it.
+ */
+DSPK_EXPORT int dspk_connect(const char *socket_path, const char *client_name,
+                             dspk_client **out);
+/* The detail of the last dspk_connect() failure in this thread. */
+DSPK_EXPORT const char *dspk_connect_error(void);
+
+/* Closes the connection and frees c.  Requests still in flight are dropped
+ * (the daemon cancels them and frees the connection's buffers).  Accepts
+ * NULL. */
+DSPK_EXPORT void dspk_close(dspk_client *c);
+
+/* The message of the last failed call on c (the daemon's message for an
+ * error response, or the library's reason); "" when there was none.  Valid
+ * until the next call on c. */
+DSPK_EXPORT const char *dspk_last_error(const dspk_client *c);
+
+/* The daemon's version string from hello ("0.1.0"); owned by c. */
+DSPK_EXPORT const char *dspk_daemon_version(const dspk_client *c);
+
+/* The connected socket's file descriptor (for poll(); do not read from or
+ * write to it, do not close it). */
+DSPK_EXPORT int dspk_fd(const dspk_client *c);
+
+/* Frees memory returned by the library (JSON text). Accepts NULL. */
+DSPK_EXPORT void dspk_free(void *p);
+
+/* ---- simple methods ------------------------------------------------------ */
+
+/* One `ping` round trip carrying n bytes of payload (may be 0, data may be
+ * NULL then); checks that the echo is identical (DSPK_EPROTO if not). */
+DSPK_EXPORT int dspk_ping(dspk_client *c, const void *data, size_t n);
+
+/*
+ * Calls `method` with no arguments and returns its result as JSON text in
+ * *json_out (NUL-terminated, free with dspk_free()).  bin values become
+ * base64 strings.  Useful for `status` and for scripting.
+ */
+DSPK_EXPORT int dspk_call_json(dspk_client *c, const char *method,
+                               char **json_out);
+
+typedef struct dspk_device {
+  char id[32];       /* "cpu:0", "cuda:1": what task.device takes */
+  char backend[16];  /* "cpu", "cuda", "vulkan" */
+  char name[128];
+  char type[16];     /* "cpu", "gpu", ... */
+  char arch[64];
+  char driver[64];
+  char uuid[64];
+  uint64_t memory;   /* bytes */
+  bool software;     /* a software implementation (lavapipe, cpu) */
+} dspk_device;
+
+typedef struct dspk_unavailable {
+  char backend[16];
+  char reason[256];
+} dspk_unavailable;
+
+typedef struct dspk_device_list {
+  size_t ndevices;
+  dspk_device *devices;
+  size_t nunavailable;         /* filled only when asked with all */
+  dspk_unavailable *unavailable;
+  char *json;                  /* the whole result as JSON text */
+} dspk_device_list;
+
+/* The daemon's devices (`devices` method); with all, also the backends that
+ * are not available and why.  *out is freed with dspk_device_list_free(). */
+DSPK_EXPORT int dspk_devices(dspk_client *c, bool all, dspk_device_list **out);
+DSPK_EXPORT void dspk_device_list_free(dspk_device_list *l);
+
+typedef struct dspk_status_client {
+  uint64_t id;
+  int64_t pid;
+  int64_t uid, gid;
+  char name[64];
+  uint64_t inflight, buffers;
+} dspk_status_client;
+
+typedef struct dspk_status_device {
+  char id[32];
+  uint64_t queued, running, completed, failed;
+} dspk_status_device;
+
+typedef struct dspk_status {
+  char version[32];    /* daemon version */
+  int64_t pid;
+  double uptime_s;
+  char socket[256];
+  size_t nclients;
+  dspk_status_client *clients;
+  size_t ndevices;
+  dspk_status_device *devices;
+  char *json;          /* the whole result as JSON text (incl. stats) */
+} dspk_status;
+
+/* The `status` method.  *out is freed with dspk_status_free(). */
+DSPK_EXPORT int dspk_status_get(dspk_client *c, dspk_status **out);
+DSPK_EXPORT void dspk_status_free(dspk_status *s);
+
+/* ---- daemon-side buffers ------------------------------------------------- */
+
+/* Buffers belong to the connection and are freed when it closes. */
+DSPK_EXPORT int dspk_buffer_create(dspk_client *c, const char *device,
+                                   size_t size, uint64_t *id_out);
+/* Writes n bytes at offset.  data is sent in place (not copied). */
+DSPK_EXPORT int dspk_buffer_write(dspk_client *c, uint64_t id,
+                                  uint64_t offset, const void *data, size_t n);
+/* Reads exactly n bytes at offset into dst (DSPK_EPROTO if the daemon sends
+ * another amount). */
+DSPK_EXPORT int dspk_buffer_read(dspk_client *c, uint64_t id, uint64_t offset,
+                                 void *dst, size_t n);
+DSPK_EXPORT int dspk_buffer_free(dspk_client *c, uint64_t id);
+
+/* ---- tasks --------------------------------------------------------------- */
+
+/*
+ * A tensor: C order, contiguous, little-endian.  Either inline data
+ * (is_ref false: data/nbytes, nbytes == product(shape) * dtype size) or a
+ * reference to a daemon buffer (is_ref true: buffer/offset; data ignored).
+ * In a dspk_result, inline data is owned by the result.
+ */
+typedef struct dspk_tensor {
+  dspk_dtype dtype;
+  unsigned rank;                 /* 0 for a scalar */
+  int64_t shape[DSPK_MAX_RANK];
+  const void *data;
+  size_t nbytes;
+  bool is_ref;
+  uint64_t buffer;
+  uint64_t offset;               /* bytes, multiple of the item size */
+} dspk_tensor;
+
+/* Bytes per element of dt (0 for an invalid value), its wire name ("f32";
+ * "?" when invalid), number of elements of t, and a name lookup (0 or
+ * DSPK_EDTYPE). */
+DSPK_EXPORT size_t dspk_dtype_size(dspk_dtype dt);
+DSPK_EXPORT const char *dspk_dtype_name(dspk_dtype dt);
+DSPK_EXPORT int dspk_dtype_from_name(const char *name, dspk_dtype *out);
+DSPK_EXPORT uint64_t dspk_tensor_numel(const dspk_tensor *t);
+
+/* Convenience: fills *t as an inline tensor over data (not copied). */
+DSPK_EXPORT void dspk_tensor_inline(dspk_tensor *t, dspk_dtype dt,
+                                    unsigned rank, const int64_t *shape,
+                                    const void *data);
+
+#define DSPK_MAX_OUTPUTS 2
+#define DSPK_KERNEL_MAX_ARGS 16
+
+typedef enum dspk_karg_kind {
+  DSPK_KARG_TENSOR, /* v.tensor: index into task inputs */
+  DSPK_KARG_I32, DSPK_KARG_U32, DSPK_KARG_I64, DSPK_KARG_F32, DSPK_KARG_F64
+} dspk_karg_kind;
+
+typedef struct dspk_karg {
+  dspk_karg_kind kind;
+  union { int tensor; int32_t i32; uint32_t u32; int64_t i64; float f32;
+          double f64; } v;
+} dspk_karg;
+
+/*
+ * One task.run request.  Initialize with dspk_task_init() (it sets the
+ * documented defaults, alpha = 1 among them), then fill in the fields of
+ * the op.  The task's memory (inputs, strings) is only read during
+ * dspk_run()/dspk_submit() and may be reused once they return.
+ */
+typedef struct dspk_task {
+  dspk_op op;
+  const char *device;          /* "cpu:0", "any" (NULL means "any") */
+  unsigned ninputs;
+  const dspk_tensor *inputs;
+  /* Optional: put output i into a daemon buffer instead of returning it
+   * inline (the result then holds a reference). */
+  unsigned nout_refs;
+  struct { uint64_t buffer, offset; } out_refs[DSPK_MAX_OUTPUTS];
+
+  struct { bool trans_a, trans_b; double alpha, beta; } gemm;
+  struct { bool inverse; } fft;
+  struct { const char *subscripts; } contract; /* "ik,kj->ij" */
+  struct {
+    dspk_reduce fn;
+    unsigned naxes;            /* 0: all axes */
+    int axes[DSPK_MAX_RANK];   /* negative counts from the end */
+  } reduce;
+  struct { dspk_mapfn fn; double alpha; } map;
+  struct {
+    const char *lang;          /* "cuda", "glsl", "spirv", "hip" */
+    const void *source;
+    size_t source_len;
+    const char *entry;
+    uint32_t grid[3], block[3], shared;
+    unsigned nargs;
+    dspk_karg args[DSPK_KERNEL_MAX_ARGS];
+  } kernel;
+} dspk_task;
+
+/* Zeroes *t and sets op and the defaults (device "any", gemm alpha 1 /
+ * beta 0, map alpha 1, grid and block 1). */
+DSPK_EXPORT void dspk_task_init(dspk_task *t, dspk_op op);
+
+/* The answer of a task.  Inline outputs are in memory owned by the result
+ * (aligned to 64 bytes); free it with dspk_result_free(). */
+typedef struct dspk_result {
+  char device[32];             /* the device that ran the task */
+  unsigned nout;
+  dspk_tensor out[DSPK_MAX_OUTPUTS];
+} dspk_result;
+
+/* Frees the result's tensors (not r itself) and zeroes it.  Accepts NULL. */
+DSPK_EXPORT void dspk_result_free(dspk_result *r);
+
+/* Runs a task and waits for its answer: 0 and *res, or a negative code
+ * (DSPK_ESHAPE, DSPK_EDTYPE, DSPK_ENODEV, ...) with the daemon's detail in
+ * dspk_last_error(). */
+DSPK_EXPORT int dspk_run(dspk_client *c, const dspk_task *t, dspk_result *res);
+
+/*
+ * Asynchronous use: dspk_submit() sends the request and returns at once
+ * with a ticket (the request's msgid); any number may be in flight.
+ * dspk_wait() blocks until that ticket's answer arrives (answers to other
+ * tickets read meanwhile are kept for their own dspk_wait) and consumes the
+ * ticket.  dspk_cancel() asks the daemon to cancel it; its dspk_wait()
+ * then returns DSPK_ECANCELED unless it had already completed.
+ */
+DSPK_EXPORT int dspk_submit(dspk_client *c, const dspk_task *t,
+                            uint32_t *ticket);
+DSPK_EXPORT int dspk_wait(dspk_client *c, uint32_t ticket, dspk_result *res);
+/* Like dspk_wait() for any one ticket: 0 with *ticket and *res of the first
+ * completed request, DSPK_ENOENT when none is in flight. */
+DSPK_EXPORT int dspk_wait_any(dspk_client *c, uint32_t *ticket,
+                              dspk_result *res);
+/* Sends task.cancel for ticket and waits for that call's answer; *canceled
+ * (may be NULL) tells whether the task was stopped. */
+DSPK_EXPORT int dspk_cancel(dspk_client *c, uint32_t ticket, bool *canceled);
+
+/* Called from dspk_wait()/dspk_run() on the calling thread for each
+ * `task.progress` notification (autotuning).  fn NULL removes it. */
+typedef void (*dspk_progress_fn)(void *ud, uint32_t ticket, const char *what,
+                                 double fraction);
+DSPK_EXPORT void dspk_set_progress(dspk_client *c, dspk_progress_fn fn,
+                                   void *ud);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DSPK_DSPK_H */
