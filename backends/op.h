@@ -99,6 +99,18 @@ struct dspk__op {
  */
 int dspk__op_infer(struct dspk__op *op, char *msg, size_t msglen);
 
+/*
+ * Parses contract subscripts ("ab,bc->ac", spaces ignored) against A and B,
+ * as dspk__op_infer() does, for backends that lower einsum themselves.
+ * Writes the NUL-terminated labels of A, B and the output into lab[0..2] and
+ * the size of every label into size[] indexed by the letter (-1 when
+ * unused).  Returns 0, or DSPK_EINVAL/DSPK_ESHAPE with a message.
+ */
+int dspk__contract_parse(const char *subs, const struct dspk__tensor *A,
+                         const struct dspk__tensor *B,
+                         char lab[3][DSPK_MAX_RANK + 1], int64_t size[128],
+                         char *msg, size_t len);
+
 /* Per-call context a backend receives with each op (runner thread only). */
 struct dspk__opctx {
   /* Set by the loop thread to ask a running op to stop early; backends poll

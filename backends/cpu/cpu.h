@@ -1,0 +1,119 @@
+/*
+ * Internal header of the cpu backend (backends/cpu/): the device and memory
+ * structs, one entry point per op (one file each), and the choice points the
+ * autotuner (issue 3) replaces with measured decisions:
+ *
+ *   dspk__cpu_fft_flags()     FFTW planning flags (FFTW_ESTIMATE for now)
+ *   dspk__cpu_fir_use_fft()   fir: direct or FFT-based convolution
+ *   dspk__cpu_gemm_threads()  gemm/contract: OpenBLAS thread count
+ *
+ * The cpu runs every op synchronously on the runner thread, so fences are
+ * always complete and free() releases at once.  Neither fftw3.h nor cblas.h
+ * is included here: files that need both include fftw3.h first, because
+ * OpenBLAS's cblas.h pulls in complex.h, which changes fftw_complex.
+ */
+#ifndef DSPK_BACKENDS_CPU_CPU_H
+#define DSPK_BACKENDS_CPU_CPU_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backends/backend.h"
+
+extern const struct dspk__backend dspk__backend_cpu;
+
+struct dspk__mem {
+  void *ptr;   /* 64-byte aligned */
+  size_t size; /* usable bytes */
+};
+
+/* Kinds of FFTW plan kept in the device's plan cache. */
+enum dspk__cpu_fft_kind {
+  DSPK__CPU_FFT_FWD, /* complex to complex, forward */
+  DSPK__CPU_FFT_BWD, /* complex to complex, backward (unnormalised) */
+  DSPK__CPU_FFT_R2C, /* real to half complex */
+  DSPK__CPU_FFT_C2R  /* half complex to real (destroys its input) */
+};
+
+struct dspk__cpu_plan {
+  int kind, dbl, inplace, aligned; /* dbl: double precision */
+  int n, batch;
+  void *plan; /* fftw_plan or fftwf_plan */
+  uint64_t last_use;
+};
+
+#define DSPK__CPU_PLANS 32
+
+struct dspk__dev {
+  struct dspk__devenv env;
+  uint64_t bytes_in_use;
+  /* FFTW plans keyed by (kind, precision, n, batch, in-place, aligned),
+   * reused across tasks; least recently used evicted when full. */
+  struct dspk__cpu_plan plans[DSPK__CPU_PLANS];
+  int nplans;
+  uint64_t plan_clock;
+  uint64_t plans_made, plan_hits;
+  /* fir path: -1 automatic (dspk__cpu_fir_use_fft), 0 direct, 1 FFT.  Tests
+   * and the autotuner set it. */
+  int fir_force;
+};
+
+/* The address of a tensor's first element. */
+static inline void *dspk__cpu_ptr(const struct dspk__tensor *t) {
+  return (char *)t->mem->ptr + t->offset;
+}
+
+/* Writes a message into ctx->errmsg (when there is one) and returns code. */
+int dspk__cpu_err(struct dspk__opctx *ctx, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* 1 when the client asked to cancel the task. */
+int dspk__cpu_canceled(const struct dspk__opctx *ctx);
+
+/* The ops: each returns 0 or a negative dspk_errno (message in ctx). */
+int dspk__cpu_gemm(struct dspk__dev *dev, struct dspk__op *op, struct dspk__opctx *ctx);
+int dspk__cpu_fft(struct dspk__dev *dev, struct dspk__op *op, struct dspk__opctx *ctx);
+int dspk__cpu_fir(struct dspk__dev *dev, struct dspk__op *op, struct dspk__opctx *ctx);
+int dspk__cpu_contract(struct dspk__dev *dev, struct dspk__op *op, struct dspk__opctx *ctx);
+int dspk__cpu_reduce(struct dspk__dev *dev, struct dspk__op *op, struct dspk__opctx *ctx);
+int dspk__cpu_map(struct dspk__dev *dev, struct dspk__op *op, struct dspk__opctx *ctx);
+
+/* Batched, contiguous row-major C[b] = A[b] @ B[b] (A: M x K, B: K x N,
+ * C: M x N, beta 0) for f32/f64/c64/c128, one BLAS call per batch, polling
+ * cancel between batches.  Returns 0, DSPK_ECANCELED or DSPK_EDTYPE. */
+int dspk__cpu_gemm_batched(struct dspk__dev *dev, dspk_dtype dt, int64_t batch,
+                           int64_t M, int64_t N, int64_t K, const void *A,
+                           const void *B, void *C, struct dspk__opctx *ctx);
+
+/* Choice point: OpenBLAS threads for one gemm of this size, or 0 to leave
+ * the library's default. */
+int dspk__cpu_gemm_threads(struct dspk__dev *dev, int64_t M, int64_t N,
+                           int64_t K, int64_t batch);
+
+/* Choice point: FFTW planner flags (FFTW_ESTIMATE now; FFTW_MEASURE with
+ * wisdom from the cache later).  Planning never touches the task's data:
+ * plans are made on scratch arrays, so MEASURE is safe. */
+unsigned dspk__cpu_fft_flags(struct dspk__dev *dev, int kind, int dbl, int n,
+                             int batch);
+
+/* Returns the cached or a new plan for `batch` contiguous transforms of
+ * length n (kind as above; R2C/C2R complex side has n/2+1 elements), for
+ * arrays whose alignment matches `aligned` (fftw_alignment_of()==0).  The
+ * device owns the plan.  NULL when FFTW cannot plan. */
+void *dspk__cpu_fft_plan(struct dspk__dev *dev, int kind, int dbl, int n,
+                         int batch, int inplace, int aligned);
+
+/* Process-wide lock around FFTW's planner (not thread-safe): plan creation,
+ * destruction and wisdom import/export must hold it. */
+void dspk__cpu_fftw_lock(void);
+void dspk__cpu_fftw_unlock(void);
+
+/* Frees every cached plan of dev. */
+void dspk__cpu_fft_release(struct dspk__dev *dev);
+
+/* Choice point: 1 to filter with FFT convolution, 0 for the direct loop,
+ * for `batch` rows of n samples and k taps. */
+int dspk__cpu_fir_use_fft(struct dspk__dev *dev, dspk_dtype dt, int64_t n,
+                          int64_t k, int64_t batch);
+
+#endif /* DSPK_BACKENDS_CPU_CPU_H */

@@ -1,0 +1,297 @@
+/*
+ * gemm on the cpu: out = alpha*op(A)@op(B) + beta*C with numpy.matmul batch
+ * broadcasting, through OpenBLAS.  The plain case (no batch, no C) is one
+ * straight cblas call on the tensors in place, with no copy; batches loop
+ * over cblas calls with broadcast offsets (stride 0 on broadcast axes); C is
+ * first broadcast into the output, then gemm accumulates with beta.  f16 and
+ * bf16 inputs are widened to f32 copies first.  Also the batched helper that
+ * contract uses.
+ */
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <fftw3.h> /* before cblas.h: see cpu.h */
+#include <cblas.h>
+
+#include "backends/cpu/cpu.h"
+
+int dspk__cpu_gemm_threads(struct dspk__dev *dev, int64_t M, int64_t N,
+                           int64_t K, int64_t batch) {
+  (void)dev;
+  (void)M;
+  (void)N;
+  (void)K;
+  (void)batch;
+  return 0; /* OpenBLAS's default: all cores */
+}
+
+/* Sets OpenBLAS's thread count for one call; returns the previous count to
+ * restore, or 0 when nothing changed. */
+static int threads_enter(struct dspk__dev *dev, int64_t M, int64_t N, int64_t K,
+                         int64_t batch) {
+  int t = dspk__cpu_gemm_threads(dev, M, N, K, batch);
+  if (t <= 0)
+    return 0;
+  int prev = openblas_get_num_threads();
+  if (prev == t)
+    return 0;
+  openblas_set_num_threads(t);
+  return prev;
+}
+
+static void threads_leave(int prev) {
+  if (prev > 0)
+    openblas_set_num_threads(prev);
+}
+
+static float half_to_float(uint16_t h) {
+  uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f,
+           man = h & 0x3ff, bits;
+  if (exp == 0x1f) {
+    bits = sign | 0x7f800000u | (man << 13);
+  } else if (exp == 0) {
+    if (man == 0) {
+      bits = sign;
+    } else { /* subnormal: normalise */
+      int e = -1;
+      do {
+        e++;
+        man <<= 1;
+      } while (!(man & 0x400));
+      bits = sign | (uint32_t)(127 - 15 - e) << 23 | (man & 0x3ff) << 13;
+    }
+  } else {
+    bits = sign | (exp + 127 - 15) << 23 | man << 13;
+  }
+  float f;
+  memcpy(&f, &bits, 4);
+  return f;
+}
+
+/* A widened f32 copy of an f16/bf16 tensor (caller frees), or NULL. */
+static float *widen(const struct dspk__tensor *t) {
+  int64_t n = dspk__tensor_numel(t);
+  float *out = malloc((size_t)(n ? n : 1) * sizeof(float));
+  if (!out)
+    return NULL;
+  const uint16_t *src = dspk__cpu_ptr(t);
+  for (int64_t i = 0; i < n; i++) {
+    uint16_t v;
+    memcpy(&v, src + i, 2);
+    if (t->dtype == DSPK_BF16) {
+      uint32_t bits = (uint32_t)v << 16;
+      memcpy(&out[i], &bits, 4);
+    } else {
+      out[i] = half_to_float(v);
+    }
+  }
+  return out;
+}
+
+/* Broadcasts C into out (both dtype dt, C right-aligned to out's shape). */
+static void broadcast_c(const struct dspk__tensor *C, const struct dspk__tensor *o,
+                        size_t es) {
+  int ro = o->rank, off = ro - C->rank;
+  int64_t cstride[DSPK_MAX_RANK], idx[DSPK_MAX_RANK];
+  int64_t s = 1;
+  for (int i = ro - 1; i >= 0; i--) {
+    int ic = i - off;
+    int64_t dim = ic >= 0 ? C->shape[ic] : 1;
+    cstride[i] = dim == 1 ? 0 : s;
+    s *= dim;
+    idx[i] = 0;
+  }
+  const char *c = dspk__cpu_ptr(C);
+  char *d = dspk__cpu_ptr(o);
+  int64_t n = o->shape[ro - 1], outer = dspk__tensor_numel(o) / (n ? n : 1);
+  if (n == 0)
+    return;
+  for (int64_t r = 0; r < outer; r++) {
+    int64_t coff = 0;
+    for (int i = 0; i < ro - 1; i++)
+      coff += idx[i] * cstride[i];
+    if (cstride[ro - 1]) {
+      memcpy(d, c + coff * es, (size_t)n * es);
+    } else {
+      for (int64_t j = 0; j < n; j++)
+        memcpy(d + j * es, c + coff * es, es);
+    }
+    d += n * es;
+    for (int i = ro - 2; i >= 0; i--) {
+      if (++idx[i] < o->shape[i])
+        break;
+      idx[i] = 0;
+    }
+  }
+}
+
+static void scale_out(void *p, dspk_dtype dt, int64_t n, double beta) {
+  if (dt == DSPK_F32) {
+    float *f = p;
+    for (int64_t i = 0; i < n; i++)
+      f[i] = beta == 0 ? 0.0f : (float)(beta * f[i]);
+  } else {
+    double *f = p;
+    for (int64_t i = 0; i < n; i++)
+      f[i] = beta == 0 ? 0.0 : beta * f[i];
+  }
+}
+
+int dspk__cpu_gemm(struct dspk__dev *dev, struct dspk__op *op,
+                   struct dspk__opctx *ctx) {
+  const struct dspk__tensor *A = &op->in[0], *B = &op->in[1];
+  const struct dspk__tensor *C = op->nin > 2 ? &op->in[2] : NULL;
+  struct dspk__tensor *O = &op->out[0];
+  int ta = op->u.gemm.trans_a != 0, tb = op->u.gemm.trans_b != 0;
+  int ra = A->rank, rb = B->rank, ro = O->rank;
+  int64_t M = O->shape[ro - 2], N = O->shape[ro - 1];
+  int64_t K = A->shape[ta ? ra - 2 : ra - 1];
+  double alpha = op->u.gemm.alpha, beta = C ? op->u.gemm.beta : 0.0;
+  size_t es = dspk__dtype_size(O->dtype);
+  int64_t total = dspk__tensor_numel(O);
+  float *wa = NULL, *wb = NULL;
+  int rc = 0;
+
+  if (M > INT_MAX || N > INT_MAX || K > INT_MAX)
+    return dspk__cpu_err(ctx, DSPK_ENOTSUP,
+                         "gemm: matrix dimensions above 2^31-1 are not supported");
+  if (total == 0)
+    return 0;
+  if (C && beta != 0) {
+    if (dspk__cpu_ptr(C) != dspk__cpu_ptr(O) || C->rank != ro ||
+        dspk__tensor_numel(C) != total)
+      broadcast_c(C, O, es);
+  } else {
+    beta = 0;
+  }
+  if (K == 0 || alpha == 0) { /* nothing to multiply: out = beta*C */
+    scale_out(dspk__cpu_ptr(O), O->dtype, total, beta);
+    return 0;
+  }
+
+  const void *pa = dspk__cpu_ptr(A), *pb = dspk__cpu_ptr(B);
+  if (A->dtype == DSPK_F16 || A->dtype == DSPK_BF16) {
+    wa = widen(A);
+    wb = widen(B);
+    if (!wa || !wb) {
+      rc = dspk__cpu_err(ctx, DSPK_ENOMEM, "gemm: out of memory widening %s",
+                         dspk__dtype_name(A->dtype));
+      goto out;
+    }
+    pa = wa;
+    pb = wb;
+  }
+  size_t ies = (A->dtype == DSPK_F64) ? 8 : 4;
+
+  /* Row-major storage: A is (rows x cols) = (M x K), or (K x M) when
+   * transposed; ld is the stored row length, at least 1 for BLAS. */
+  int lda = (int)(ta ? M : K), ldb = (int)(tb ? K : N), ldc = (int)N;
+  if (lda < 1) lda = 1;
+  if (ldb < 1) ldb = 1;
+  enum CBLAS_TRANSPOSE TA = ta ? CblasTrans : CblasNoTrans,
+                       TB = tb ? CblasTrans : CblasNoTrans;
+
+  /* Batch offsets (in elements) with broadcasting. */
+  int nb = ro - 2;
+  int64_t astr[DSPK_MAX_RANK], bstr[DSPK_MAX_RANK], idx[DSPK_MAX_RANK];
+  int64_t sa = M * K, sb = K * N;
+  for (int i = nb - 1; i >= 0; i--) {
+    int ia = i - (ro - ra), ib = i - (ro - rb);
+    int64_t da = ia >= 0 ? A->shape[ia] : 1, db = ib >= 0 ? B->shape[ib] : 1;
+    astr[i] = da == 1 ? 0 : sa;
+    bstr[i] = db == 1 ? 0 : sb;
+    sa *= da;
+    sb *= db;
+    idx[i] = 0;
+  }
+  int64_t batch = total / (M * N);
+  int prev = threads_enter(dev, M, N, K, batch);
+  char *po = dspk__cpu_ptr(O);
+  for (int64_t b = 0; b < batch; b++) {
+    if (b && dspk__cpu_canceled(ctx)) {
+      rc = DSPK_ECANCELED;
+      break;
+    }
+    int64_t oa = 0, ob = 0;
+    for (int i = 0; i < nb; i++) {
+      oa += idx[i] * astr[i];
+      ob += idx[i] * bstr[i];
+    }
+    const char *a = (const char *)pa + oa * ies, *bm = (const char *)pb + ob * ies;
+    char *c = po + b * M * N * es;
+    if (O->dtype == DSPK_F64)
+      cblas_dgemm(CblasRowMajor, TA, TB, (int)M, (int)N, (int)K, alpha,
+                  (const double *)a, lda, (const double *)bm, ldb, beta,
+                  (double *)c, ldc);
+    else
+      cblas_sgemm(CblasRowMajor, TA, TB, (int)M, (int)N, (int)K, (float)alpha,
+                  (const float *)a, lda, (const float *)bm, ldb, (float)beta,
+                  (float *)c, ldc);
+    for (int i = nb - 1; i >= 0; i--) {
+      if (++idx[i] < O->shape[i])
+        break;
+      idx[i] = 0;
+    }
+  }
+  threads_leave(prev);
+out:
+  free(wa);
+  free(wb);
+  return rc;
+}
+
+int dspk__cpu_gemm_batched(struct dspk__dev *dev, dspk_dtype dt, int64_t batch,
+                           int64_t M, int64_t N, int64_t K, const void *A,
+                           const void *B, void *C, struct dspk__opctx *ctx) {
+  size_t es = dspk__dtype_size(dt);
+  if (M == 0 || N == 0 || batch == 0)
+    return 0;
+  if (M > INT_MAX || N > INT_MAX || K > INT_MAX)
+    return dspk__cpu_err(ctx, DSPK_ENOTSUP,
+                         "contract: matrix dimensions above 2^31-1 are not supported");
+  if (K == 0) {
+    memset(C, 0, (size_t)(batch * M * N) * es);
+    return 0;
+  }
+  int prev = threads_enter(dev, M, N, K, batch);
+  int rc = 0;
+  static const float one_c[2] = {1, 0}, zero_c[2] = {0, 0};
+  static const double one_z[2] = {1, 0}, zero_z[2] = {0, 0};
+  for (int64_t b = 0; b < batch; b++) {
+    if (b && dspk__cpu_canceled(ctx)) {
+      rc = DSPK_ECANCELED;
+      break;
+    }
+    const char *a = (const char *)A + b * M * K * es;
+    const char *bm = (const char *)B + b * K * N * es;
+    char *c = (char *)C + b * M * N * es;
+    switch (dt) {
+    case DSPK_F32:
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)M, (int)N,
+                  (int)K, 1.0f, (const float *)a, (int)K, (const float *)bm,
+                  (int)N, 0.0f, (float *)c, (int)N);
+      break;
+    case DSPK_F64:
+      cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)M, (int)N,
+                  (int)K, 1.0, (const double *)a, (int)K, (const double *)bm,
+                  (int)N, 0.0, (double *)c, (int)N);
+      break;
+    case DSPK_C64:
+      cblas_cgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)M, (int)N,
+                  (int)K, one_c, a, (int)K, bm, (int)N, zero_c, c, (int)N);
+      break;
+    case DSPK_C128:
+      cblas_zgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)M, (int)N,
+                  (int)K, one_z, a, (int)K, bm, (int)N, zero_z, c, (int)N);
+      break;
+    default:
+      rc = dspk__cpu_err(ctx, DSPK_EDTYPE, "contract: dtype %s not supported",
+                         dspk__dtype_name(dt));
+      b = batch;
+      break;
+    }
+  }
+  threads_leave(prev);
+  return rc;
+}

@@ -1,0 +1,27 @@
+/*
+ * The static table of backends compiled into this build, in probe order:
+ * the cpu backend always, then each GPU backend whose build option and
+ * dependencies were present (backends/CMakeLists.txt defines DSPK_HAVE_*).
+ * Adding a backend means one extern line and one table line here (see
+ * docs/backends.md).
+ */
+#include "backends/backend.h"
+
+extern const struct dspk__backend dspk__backend_cpu;
+#ifdef DSPK_HAVE_CUDA
+extern const struct dspk__backend dspk__backend_cuda;
+#endif
+#ifdef DSPK_HAVE_VULKAN
+extern const struct dspk__backend dspk__backend_vulkan;
+#endif
+
+const struct dspk__backend *const dspk__backends[] = {
+    &dspk__backend_cpu,
+#ifdef DSPK_HAVE_CUDA
+    &dspk__backend_cuda,
+#endif
+#ifdef DSPK_HAVE_VULKAN
+    &dspk__backend_vulkan,
+#endif
+    NULL,
+};
