@@ -1,0 +1,693 @@
+/*
+ * numpy .npy reader and writer for dspk-submit (see npy.h).
+ *
+ * The format (numpy.lib.format): the magic "\x93NUMPY", a major and minor
+ * version byte, a little-endian header length (2 bytes in version 1.0, 4 in
+ * 2.0 and 3.0), then that many bytes of a Python dict literal such as
+ * "{'descr': '<f4', 'fortran_order': False, 'shape': (3, 4), }" padded with
+ * spaces and a newline, then the raw data.  numpy evaluates the header with
+ * ast.literal_eval; this module accepts only the exact subset numpy writes
+ * (three keys, quoted strings without escapes, True/False, a tuple of
+ * non-negative decimal integers), so a hostile file cannot make it read
+ * beyond the bytes it has or allocate more than the file holds.  Files are
+ * read with read(2) straight into the array's buffer: the data size is
+ * checked against the file length before anything of that size is
+ * allocated.
+ */
+#include "client/submit/npy.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "dspk/errors.h"
+
+static const unsigned char npy_magic[6] = {0x93, 'N', 'U', 'M', 'P', 'Y'};
+
+/* Longest decimal number accepted for one dimension. */
+#define NPY_MAX_DIGITS 19
+/* Data starts at a multiple of this, as numpy (>= 1.14) writes it. */
+#define NPY_ALIGN 64
+
+static void seterr(char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static void seterr(char *err, size_t errlen, const char *fmt, ...) {
+  va_list ap;
+  if (err == NULL || errlen == 0)
+    return;
+  va_start(ap, fmt);
+  vsnprintf(err, errlen, fmt, ap);
+  va_end(ap);
+}
+
+size_t dspk__npy_itemsize(dspk_dtype dt) {
+  switch (dt) {
+#define NPY_DT_SIZE(e, name, size, cplx)                                       \
+  case DSPK_##e:                                                               \
+    return size;
+    DSPK_DTYPE_MAP(NPY_DT_SIZE)
+#undef NPY_DT_SIZE
+  default:
+    return 0;
+  }
+}
+
+const char *dspk__npy_descr(dspk_dtype dt) {
+  switch (dt) {
+  case DSPK_F16:
+    return "<f2";
+  case DSPK_F32:
+    return "<f4";
+  case DSPK_F64:
+    return "<f8";
+  case DSPK_C64:
+    return "<c8";
+  case DSPK_C128:
+    return "<c16";
+  default:
+    return NULL;
+  }
+}
+
+/* ---- header parser --------------------------------------------------- */
+
+typedef struct npy_lex {
+  const char *p;
+  const char *end;
+  const char *start;
+  char *err;
+  size_t errlen;
+} npy_lex;
+
+static size_t lex_off(const npy_lex *lx) { return (size_t)(lx->p - lx->start); }
+
+static void lex_ws(npy_lex *lx) {
+  while (lx->p < lx->end &&
+         (*lx->p == ' ' || *lx->p == '\t' || *lx->p == '\n' || *lx->p == '\r'))
+    lx->p++;
+}
+
+/* Consumes the character c after optional whitespace; false if absent. */
+static bool lex_char(npy_lex *lx, char c) {
+  lex_ws(lx);
+  if (lx->p < lx->end && *lx->p == c) {
+    lx->p++;
+    return true;
+  }
+  return false;
+}
+
+static int lex_fail(npy_lex *lx, const char *what) {
+  seterr(lx->err, lx->errlen, "malformed .npy header: %s at offset %zu", what,
+         lex_off(lx));
+  return DSPK_EINVAL;
+}
+
+/* Reads a quoted string (single or double quotes, no escapes) into buf
+ * (cap bytes with the NUL); longer strings are an error. */
+static int lex_string(npy_lex *lx, char *buf, size_t cap) {
+  char q;
+  size_t n = 0;
+  lex_ws(lx);
+  if (lx->p >= lx->end || (*lx->p != '\'' && *lx->p != '"'))
+    return lex_fail(lx, "expected a quoted string");
+  q = *lx->p++;
+  while (lx->p < lx->end && *lx->p != q) {
+    unsigned char c = (unsigned char)*lx->p;
+    if (c == '\\' || c < 0x20 || c >= 0x7f)
+      return lex_fail(lx, "unsupported character in string");
+    if (n + 1 >= cap)
+      return lex_fail(lx, "string too long");
+    buf[n++] = (char)c;
+    lx->p++;
+  }
+  if (lx->p >= lx->end)
+    return lex_fail(lx, "unterminated string");
+  lx->p++;
+  buf[n] = '\0';
+  return 0;
+}
+
+static int lex_bool(npy_lex *lx, bool *out) {
+  lex_ws(lx);
+  if ((size_t)(lx->end - lx->p) >= 4 && memcmp(lx->p, "True", 4) == 0) {
+    lx->p += 4;
+    *out = true;
+  } else if ((size_t)(lx->end - lx->p) >= 5 && memcmp(lx->p, "False", 5) == 0) {
+    lx->p += 5;
+    *out = false;
+  } else {
+    return lex_fail(lx, "expected True or False");
+  }
+  return 0;
+}
+
+/* A non-negative decimal integer of at most NPY_MAX_DIGITS digits. */
+static int lex_uint(npy_lex *lx, uint64_t *out) {
+  uint64_t v = 0;
+  int nd = 0;
+  lex_ws(lx);
+  while (lx->p < lx->end && *lx->p >= '0' && *lx->p <= '9') {
+    if (++nd > NPY_MAX_DIGITS)
+      return lex_fail(lx, "dimension too large");
+    v = v * 10 + (uint64_t)(*lx->p - '0');
+    lx->p++;
+  }
+  if (nd == 0)
+    return lex_fail(lx, "expected a non-negative integer");
+  *out = v;
+  return 0;
+}
+
+/* A tuple of dimensions: "()", "(3,)", "(3, 4)", "(3, 4,)".  A one-element
+ * tuple needs its comma: "(3)" is the integer 3 in Python and numpy refuses
+ * it too. */
+static int lex_shape(npy_lex *lx, uint64_t *shape, int *rank) {
+  int n = 0;
+  bool comma = false;
+  if (!lex_char(lx, '('))
+    return lex_fail(lx, "expected '(' for shape");
+  if (lex_char(lx, ')')) {
+    *rank = 0;
+    return 0;
+  }
+  for (;;) {
+    uint64_t d;
+    int rc;
+    if (n >= DSPK_MAX_RANK) {
+      seterr(lx->err, lx->errlen, "shape has more than %d dimensions",
+             DSPK_MAX_RANK);
+      return DSPK_ELIMIT;
+    }
+    rc = lex_uint(lx, &d);
+    if (rc < 0)
+      return rc;
+    shape[n++] = d;
+    comma = lex_char(lx, ',');
+    if (lex_char(lx, ')'))
+      break;
+    if (!comma)
+      return lex_fail(lx, "expected ',' or ')' in shape");
+  }
+  if (n == 1 && !comma)
+    return lex_fail(lx, "one-dimensional shape without a trailing comma");
+  *rank = n;
+  return 0;
+}
+
+/* Maps a descr string to a dtype, or explains why not. */
+static int descr_dtype(const char *descr, dspk_dtype *out, char *err,
+                       size_t errlen) {
+  static const struct {
+    const char *code;
+    dspk_dtype dt;
+  } known[] = {{"f2", DSPK_F16},
+               {"f4", DSPK_F32},
+               {"f8", DSPK_F64},
+               {"c8", DSPK_C64},
+               {"c16", DSPK_C128}};
+  size_t i;
+  if (descr[0] == '>') {
+    seterr(err, errlen,
+           "big-endian data (dtype '%s') is not supported; use "
+           "a.astype(a.dtype.newbyteorder('<'))",
+           descr);
+    return DSPK_EDTYPE;
+  }
+  if (descr[0] == '<' || descr[0] == '|') {
+    for (i = 0; i < sizeof known / sizeof known[0]; i++) {
+      if (strcmp(descr + 1, known[i].code) == 0) {
+        *out = known[i].dt;
+        return 0;
+      }
+    }
+  }
+  seterr(err, errlen,
+         "unsupported dtype '%s' (supported: <f2 <f4 <f8 <c8 <c16)", descr);
+  return DSPK_EDTYPE;
+}
+
+int dspk__npy_parse_header(const char *txt, size_t len, dspk__npy_header *out,
+                           char *err, size_t errlen) {
+  npy_lex lx = {txt, txt + len, txt, err, errlen};
+  char key[32], descr[32];
+  bool have_descr = false, have_fortran = false, have_shape = false;
+  bool fortran = false;
+  dspk__npy_header h;
+  int rc;
+
+  memset(&h, 0, sizeof h);
+  if (len > DSPK__NPY_MAX_HEADER) {
+    seterr(err, errlen, "malformed .npy header: %zu bytes (limit %d)", len,
+           DSPK__NPY_MAX_HEADER);
+    return DSPK_ELIMIT;
+  }
+  if (!lex_char(&lx, '{'))
+    return lex_fail(&lx, "expected '{'");
+  for (;;) {
+    if (lex_char(&lx, '}'))
+      break;
+    rc = lex_string(&lx, key, sizeof key);
+    if (rc < 0)
+      return rc;
+    if (!lex_char(&lx, ':'))
+      return lex_fail(&lx, "expected ':' after key");
+    if (strcmp(key, "descr") == 0 && !have_descr) {
+      lex_ws(&lx);
+      if (lx.p < lx.end && (*lx.p == '[' || *lx.p == '{')) {
+        seterr(err, errlen, "unsupported dtype: structured arrays are not "
+                            "supported");
+        return DSPK_EDTYPE;
+      }
+      rc = lex_string(&lx, descr, sizeof descr);
+      have_descr = true;
+    } else if (strcmp(key, "fortran_order") == 0 && !have_fortran) {
+      rc = lex_bool(&lx, &fortran);
+      have_fortran = true;
+    } else if (strcmp(key, "shape") == 0 && !have_shape) {
+      rc = lex_shape(&lx, h.shape, &h.rank);
+      have_shape = true;
+    } else {
+      seterr(err, errlen, "malformed .npy header: unexpected or repeated key "
+                          "'%s'",
+             key);
+      return DSPK_EINVAL;
+    }
+    if (rc < 0)
+      return rc;
+    if (lex_char(&lx, ','))
+      continue;
+    if (lex_char(&lx, '}'))
+      break;
+    return lex_fail(&lx, "expected ',' or '}'");
+  }
+  lex_ws(&lx);
+  if (lx.p != lx.end)
+    return lex_fail(&lx, "trailing bytes after the dict");
+  if (!have_descr || !have_fortran || !have_shape) {
+    seterr(err, errlen, "malformed .npy header: missing key '%s'",
+           !have_descr ? "descr" : !have_fortran ? "fortran_order" : "shape");
+    return DSPK_EINVAL;
+  }
+  rc = descr_dtype(descr, &h.dtype, err, errlen);
+  if (rc < 0)
+    return rc;
+  if (fortran) {
+    seterr(err, errlen, "Fortran-order arrays are not supported; save a "
+                        "C-order copy (numpy.ascontiguousarray)");
+    return DSPK_ENOTSUP;
+  }
+  *out = h;
+  return 0;
+}
+
+/* ---- whole files -------------------------------------------------------- */
+
+/* Checks the fixed preamble (magic, version, header length) held in the
+ * first avail bytes of buf.  On success *hdr_off is where the dict text
+ * starts and *hdr_len its length. */
+static int parse_preamble(const unsigned char *buf, size_t avail,
+                          size_t *hdr_off, size_t *hdr_len, char *err,
+                          size_t errlen) {
+  size_t off, hl;
+  if (avail < 10 || memcmp(buf, npy_magic, sizeof npy_magic) != 0) {
+    seterr(err, errlen, "not a .npy file (bad magic)");
+    return DSPK_EINVAL;
+  }
+  if (buf[7] != 0 || buf[6] < 1 || buf[6] > 3) {
+    seterr(err, errlen, "unsupported .npy format version %u.%u", buf[6],
+           buf[7]);
+    return DSPK_EINVAL;
+  }
+  if (buf[6] == 1) {
+    hl = (size_t)buf[8] | (size_t)buf[9] << 8;
+    off = 10;
+  } else {
+    if (avail < 12) {
+      seterr(err, errlen, "truncated .npy preamble");
+      return DSPK_EINVAL;
+    }
+    hl = (size_t)buf[8] | (size_t)buf[9] << 8 | (size_t)buf[10] << 16 |
+         (size_t)buf[11] << 24;
+    off = 12;
+  }
+  if (hl > DSPK__NPY_MAX_HEADER) {
+    seterr(err, errlen, "malformed .npy header: %zu bytes (limit %d)", hl,
+           DSPK__NPY_MAX_HEADER);
+    return DSPK_ELIMIT;
+  }
+  *hdr_off = off;
+  *hdr_len = hl;
+  return 0;
+}
+
+/* Number of elements and bytes of a parsed header, with overflow checks. */
+static int header_sizes(const dspk__npy_header *h, uint64_t *count,
+                        size_t *nbytes, char *err, size_t errlen) {
+  uint64_t c = 1;
+  size_t is = dspk__npy_itemsize(h->dtype);
+  int i;
+  for (i = 0; i < h->rank; i++) {
+    if (h->shape[i] != 0 && c > UINT64_MAX / h->shape[i])
+      goto overflow;
+    c *= h->shape[i];
+  }
+  if (c > SIZE_MAX / is)
+    goto overflow;
+  *count = c;
+  *nbytes = (size_t)(c * is);
+  return 0;
+overflow:
+  seterr(err, errlen, "array too large");
+  return DSPK_ELIMIT;
+}
+
+static void fmt_shape(char *buf, size_t cap, int rank, const uint64_t *shape) {
+  size_t n = 0;
+  int i;
+  n += (size_t)snprintf(buf + n, cap - n, "(");
+  for (i = 0; i < rank && n < cap; i++)
+    n += (size_t)snprintf(buf + n, cap - n, "%s%llu", i ? ", " : "",
+                          (unsigned long long)shape[i]);
+  if (n < cap)
+    snprintf(buf + n, cap - n, rank == 1 ? ",)" : ")");
+}
+
+/* Checks that datalen, the bytes after the header, is exactly the size the
+ * header promises. */
+static int check_datalen(const dspk__npy_header *h, size_t nbytes,
+                         uint64_t datalen, char *err, size_t errlen) {
+  char sh[DSPK_MAX_RANK * 22 + 8];
+  if (datalen == nbytes)
+    return 0;
+  fmt_shape(sh, sizeof sh, h->rank, h->shape);
+  seterr(err, errlen,
+         "data size does not match the header: shape %s of %s needs %zu "
+         "bytes, file has %llu",
+         sh, dspk__npy_descr(h->dtype), nbytes, (unsigned long long)datalen);
+  return DSPK_EINVAL;
+}
+
+static void fill_out(dspk__npy *out, const dspk__npy_header *h, uint64_t count,
+                     size_t nbytes, void *data) {
+  memset(out, 0, sizeof *out);
+  out->dtype = h->dtype;
+  out->rank = h->rank;
+  memcpy(out->shape, h->shape, sizeof h->shape);
+  out->count = count;
+  out->nbytes = nbytes;
+  out->data = data;
+}
+
+/* Prefixes the message in err with name (the message was written by a
+ * helper that does not know the file). */
+static void prefix_name(char *err, size_t errlen, const char *name) {
+  char tmp[512];
+  if (err == NULL || errlen == 0)
+    return;
+  snprintf(tmp, sizeof tmp, "%s", err);
+  snprintf(err, errlen, "%s: %s", name, tmp);
+}
+
+int dspk__npy_load_mem(const void *buf, size_t len, const char *name,
+                       dspk__npy *out, char *err, size_t errlen) {
+  const unsigned char *b = buf;
+  dspk__npy_header h;
+  size_t off, hl, nbytes;
+  uint64_t count;
+  void *data;
+  int rc;
+
+  rc = parse_preamble(b, len, &off, &hl, err, errlen);
+  if (rc < 0)
+    goto fail;
+  if (hl > len - off) {
+    seterr(err, errlen, "truncated .npy header");
+    rc = DSPK_EINVAL;
+    goto fail;
+  }
+  rc = dspk__npy_parse_header((const char *)b + off, hl, &h, err, errlen);
+  if (rc < 0)
+    goto fail;
+  rc = header_sizes(&h, &count, &nbytes, err, errlen);
+  if (rc < 0)
+    goto fail;
+  rc = check_datalen(&h, nbytes, len - off - hl, err, errlen);
+  if (rc < 0)
+    goto fail;
+  data = malloc(nbytes ? nbytes : 1);
+  if (data == NULL) {
+    seterr(err, errlen, "out of memory for %zu bytes", nbytes);
+    rc = DSPK_ENOMEM;
+    goto fail;
+  }
+  if (nbytes)
+    memcpy(data, b + off + hl, nbytes);
+  fill_out(out, &h, count, nbytes, data);
+  return 0;
+fail:
+  prefix_name(err, errlen, name);
+  return rc;
+}
+
+/* read(2) until n bytes or EOF; returns bytes read or -1 on error. */
+static ssize_t read_full(int fd, void *buf, size_t n) {
+  size_t got = 0;
+  while (got < n) {
+    ssize_t r = read(fd, (char *)buf + got, n - got);
+    if (r < 0 && errno == EINTR)
+      continue;
+    if (r < 0)
+      return -1;
+    if (r == 0)
+      break;
+    got += (size_t)r;
+  }
+  return (ssize_t)got;
+}
+
+int dspk__npy_load(const char *path, dspk__npy *out, char *err, size_t errlen) {
+  unsigned char pre[12];
+  char *hdr = NULL;
+  void *data = NULL;
+  dspk__npy_header h;
+  struct stat st;
+  size_t off, hl, nbytes;
+  uint64_t count;
+  ssize_t got;
+  int fd, rc;
+
+  fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    int e = errno;
+    seterr(err, errlen, "%s", strerror(e));
+    rc = e == ENOENT ? DSPK_ENOENT : e == EACCES ? DSPK_EPERM : DSPK_EIO;
+    goto fail;
+  }
+  if (fstat(fd, &st) < 0) {
+    seterr(err, errlen, "%s", strerror(errno));
+    rc = DSPK_EIO;
+    goto fail_fd;
+  }
+  if (!S_ISREG(st.st_mode)) {
+    seterr(err, errlen, "not a regular file");
+    rc = DSPK_EINVAL;
+    goto fail_fd;
+  }
+  got = read_full(fd, pre, st.st_size < 12 ? (size_t)st.st_size : 12);
+  if (got < 0) {
+    seterr(err, errlen, "%s", strerror(errno));
+    rc = DSPK_EIO;
+    goto fail_fd;
+  }
+  rc = parse_preamble(pre, (size_t)got, &off, &hl, err, errlen);
+  if (rc < 0)
+    goto fail_fd;
+  if ((uint64_t)st.st_size < off + hl) {
+    seterr(err, errlen, "truncated .npy header");
+    rc = DSPK_EINVAL;
+    goto fail_fd;
+  }
+  hdr = malloc(hl ? hl : 1);
+  if (hdr == NULL) {
+    rc = DSPK_ENOMEM;
+    seterr(err, errlen, "out of memory");
+    goto fail_fd;
+  }
+  /* The preamble may have consumed up to two bytes of the v1 header. */
+  memcpy(hdr, pre + off, (size_t)got - off < hl ? (size_t)got - off : hl);
+  if ((size_t)got - off < hl) {
+    ssize_t r = read_full(fd, hdr + (got - (ssize_t)off),
+                          hl - ((size_t)got - off));
+    if (r < 0 || (size_t)r != hl - ((size_t)got - off)) {
+      seterr(err, errlen, "truncated .npy header");
+      rc = r < 0 ? DSPK_EIO : DSPK_EINVAL;
+      goto fail_hdr;
+    }
+  }
+  rc = dspk__npy_parse_header(hdr, hl, &h, err, errlen);
+  if (rc < 0)
+    goto fail_hdr;
+  rc = header_sizes(&h, &count, &nbytes, err, errlen);
+  if (rc < 0)
+    goto fail_hdr;
+  rc = check_datalen(&h, nbytes, (uint64_t)st.st_size - off - hl, err, errlen);
+  if (rc < 0)
+    goto fail_hdr;
+  /* A v1 file whose header is shorter than two bytes leaves data bytes in
+   * the preamble buffer; numpy never writes one, and the dict needs at
+   * least "{}", so refuse it rather than special-case it. */
+  if ((size_t)got > off + hl) {
+    seterr(err, errlen, "malformed .npy header: too short");
+    rc = DSPK_EINVAL;
+    goto fail_hdr;
+  }
+  data = malloc(nbytes ? nbytes : 1);
+  if (data == NULL) {
+    seterr(err, errlen, "out of memory for %zu bytes", nbytes);
+    rc = DSPK_ENOMEM;
+    goto fail_hdr;
+  }
+  got = read_full(fd, data, nbytes);
+  if (got < 0 || (size_t)got != nbytes) {
+    seterr(err, errlen, "%s", got < 0 ? strerror(errno) : "file shrank");
+    rc = DSPK_EIO;
+    goto fail_data;
+  }
+  free(hdr);
+  close(fd);
+  fill_out(out, &h, count, nbytes, data);
+  return 0;
+fail_data:
+  free(data);
+fail_hdr:
+  free(hdr);
+fail_fd:
+  close(fd);
+fail:
+  prefix_name(err, errlen, path);
+  return rc;
+}
+
+int dspk__npy_header_build(dspk_dtype dtype, int rank, const uint64_t *shape,
+                           unsigned char **out, size_t *len) {
+  const char *descr = dspk__npy_descr(dtype);
+  char dict[64 + DSPK_MAX_RANK * 24], sh[DSPK_MAX_RANK * 22 + 8];
+  unsigned char *buf;
+  size_t dl, pre, total;
+  int n;
+
+  if (descr == NULL)
+    return DSPK_EDTYPE;
+  if (rank < 0 || rank > DSPK_MAX_RANK)
+    return DSPK_ELIMIT;
+  fmt_shape(sh, sizeof sh, rank, shape);
+  n = snprintf(dict, sizeof dict,
+               "{'descr': '%s', 'fortran_order': False, 'shape': %s, }", descr,
+               sh);
+  if (n < 0 || (size_t)n >= sizeof dict)
+    return DSPK_EINTERNAL;
+  dl = (size_t)n;
+  pre = 10; /* version 1.0: the dict is always far below 65535 bytes */
+  total = (pre + dl + 1 + NPY_ALIGN - 1) / NPY_ALIGN * NPY_ALIGN;
+  buf = malloc(total);
+  if (buf == NULL)
+    return DSPK_ENOMEM;
+  memcpy(buf, npy_magic, sizeof npy_magic);
+  buf[6] = 1;
+  buf[7] = 0;
+  buf[8] = (unsigned char)((total - pre) & 0xff);
+  buf[9] = (unsigned char)((total - pre) >> 8);
+  memcpy(buf + pre, dict, dl);
+  memset(buf + pre + dl, ' ', total - pre - dl - 1);
+  buf[total - 1] = '\n';
+  *out = buf;
+  *len = total;
+  return 0;
+}
+
+static int write_full(int fd, const void *buf, size_t n) {
+  size_t done = 0;
+  while (done < n) {
+    ssize_t w = write(fd, (const char *)buf + done, n - done);
+    if (w < 0 && errno == EINTR)
+      continue;
+    if (w < 0)
+      return -1;
+    done += (size_t)w;
+  }
+  return 0;
+}
+
+int dspk__npy_save(const char *path, dspk_dtype dtype, int rank,
+                   const uint64_t *shape, const void *data, char *err,
+                   size_t errlen) {
+  dspk__npy_header h;
+  unsigned char *hdr = NULL;
+  size_t hlen, nbytes;
+  uint64_t count;
+  int fd, rc;
+
+  memset(&h, 0, sizeof h);
+  if (rank < 0 || rank > DSPK_MAX_RANK) {
+    seterr(err, errlen, "%s: rank %d above the limit %d", path, rank,
+           DSPK_MAX_RANK);
+    return DSPK_ELIMIT;
+  }
+  h.dtype = dtype;
+  h.rank = rank;
+  if (rank)
+    memcpy(h.shape, shape, (size_t)rank * sizeof *shape);
+  if (dspk__npy_descr(dtype) == NULL) {
+    seterr(err, errlen, "%s: dtype has no numpy equivalent", path);
+    return DSPK_EDTYPE;
+  }
+  rc = header_sizes(&h, &count, &nbytes, err, errlen);
+  if (rc < 0)
+    goto fail;
+  rc = dspk__npy_header_build(dtype, rank, shape, &hdr, &hlen);
+  if (rc < 0) {
+    seterr(err, errlen, "cannot build the header");
+    goto fail;
+  }
+  fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+  if (fd < 0) {
+    int e = errno;
+    seterr(err, errlen, "%s", strerror(e));
+    rc = e == ENOENT ? DSPK_ENOENT : e == EACCES ? DSPK_EPERM : DSPK_EIO;
+    goto fail_hdr;
+  }
+  if (write_full(fd, hdr, hlen) < 0 || write_full(fd, data, nbytes) < 0) {
+    seterr(err, errlen, "%s", strerror(errno));
+    close(fd);
+    goto fail_unlink;
+  }
+  if (close(fd) < 0) {
+    seterr(err, errlen, "%s", strerror(errno));
+    goto fail_unlink;
+  }
+  free(hdr);
+  return 0;
+fail_unlink:
+  rc = DSPK_EIO;
+  unlink(path);
+fail_hdr:
+  free(hdr);
+fail:
+  prefix_name(err, errlen, path);
+  return rc;
+}
+
+void dspk__npy_free(dspk__npy *a) {
+  if (a == NULL)
+    return;
+  free(a->data);
+  memset(a, 0, sizeof *a);
+}

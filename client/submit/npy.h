@@ -1,0 +1,88 @@
+/*
+ * Reading and writing numpy .npy files for dspk-submit.
+ *
+ * Only what the daemon computes on is accepted: little-endian (or '|')
+ * f2/f4/f8/c8/c16 arrays in C order, format versions 1.0, 2.0 and 3.0.
+ * The header is parsed by a strict, bounded parser (a small subset of a
+ * Python dict literal); anything else (Fortran order, big-endian data,
+ * structured or integer dtypes, a data size that does not match the file
+ * length) is refused with a message that names the file.  No part of this
+ * module prints: errors come back as a negative dspk code plus one line of
+ * text in a caller-supplied buffer.
+ */
+#ifndef DSPK_CLIENT_SUBMIT_NPY_H
+#define DSPK_CLIENT_SUBMIT_NPY_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dspk/types.h"
+
+/* Longest header (the dict text) accepted on reading.  numpy itself refuses
+ * headers above 10000 bytes by default; anything this module writes is far
+ * below that. */
+#define DSPK__NPY_MAX_HEADER 65536
+
+/* One array in memory.  data is owned by the struct (free with
+ * dspk__npy_free) and holds nbytes = count * itemsize bytes, C order. */
+typedef struct dspk__npy {
+  dspk_dtype dtype;
+  int rank;
+  uint64_t shape[DSPK_MAX_RANK];
+  uint64_t count;  /* product of shape (1 for a scalar) */
+  size_t nbytes;
+  void *data;
+} dspk__npy;
+
+/* Header fields as parsed from the text of a .npy header. */
+typedef struct dspk__npy_header {
+  dspk_dtype dtype;
+  int rank;
+  uint64_t shape[DSPK_MAX_RANK];
+} dspk__npy_header;
+
+/* Parses the dict text of a .npy header (txt, len bytes, not necessarily
+ * NUL-terminated).  Returns 0 and fills *out, or a negative dspk code
+ * (DSPK_EINVAL for a malformed header, DSPK_EDTYPE for an unsupported
+ * dtype, DSPK_ENOTSUP for fortran_order True, DSPK_ELIMIT for a rank above
+ * DSPK_MAX_RANK) and writes one line into err (errlen bytes, may be 0). */
+int dspk__npy_parse_header(const char *txt, size_t len, dspk__npy_header *out,
+                           char *err, size_t errlen);
+
+/* Parses a whole .npy image held in memory (buf, len bytes).  Returns 0 and
+ * fills *out with a freshly allocated copy of the data (caller frees with
+ * dspk__npy_free), or a negative dspk code with a message in err; name is
+ * used in messages (a path, or "<memory>"). */
+int dspk__npy_load_mem(const void *buf, size_t len, const char *name,
+                       dspk__npy *out, char *err, size_t errlen);
+
+/* Reads the .npy file at path.  Returns 0 and fills *out (caller frees with
+ * dspk__npy_free), or a negative dspk code (DSPK_ENOENT if the file is
+ * missing, DSPK_EIO on read errors, else as dspk__npy_load_mem) with a
+ * message naming the file in err. */
+int dspk__npy_load(const char *path, dspk__npy *out, char *err, size_t errlen);
+
+/* Writes an array as a version 1.0 .npy file (2.0 if the header would not
+ * fit), with the data starting at a 64-byte boundary like numpy does.
+ * shape has rank entries; data holds product(shape) * itemsize bytes and
+ * stays owned by the caller.  Returns 0, or a negative dspk code with a
+ * message naming the file in err; a partly written file is removed. */
+int dspk__npy_save(const char *path, dspk_dtype dtype, int rank,
+                   const uint64_t *shape, const void *data, char *err,
+                   size_t errlen);
+
+/* Builds the complete header (magic, version, length, dict text, padding)
+ * that dspk__npy_save writes, into a malloc'd buffer the caller frees.
+ * Returns its length (> 0) in *len and 0, or a negative dspk code. */
+int dspk__npy_header_build(dspk_dtype dtype, int rank, const uint64_t *shape,
+                           unsigned char **out, size_t *len);
+
+/* Frees the data of a (accepts NULL and a zeroed struct); a is zeroed. */
+void dspk__npy_free(dspk__npy *a);
+
+/* Element size in bytes and the numpy descr ("<f4"...) of a dtype; 0 and
+ * NULL for dtypes numpy cannot represent (bf16). */
+size_t dspk__npy_itemsize(dspk_dtype dt);
+const char *dspk__npy_descr(dspk_dtype dt);
+
+#endif /* DSPK_CLIENT_SUBMIT_NPY_H */

@@ -1,0 +1,528 @@
+/*
+ * Unit tests of dspk-submit's .npy module (client/submit/npy.c).
+ *
+ * Three kinds of checks: round trips through our own writer and reader for
+ * every dtype and several ranks; files written by numpy itself (python3 with
+ * numpy is run from the test into a private temporary directory, and numpy
+ * also reads back a file we wrote and checks it); and malformed images built
+ * byte by byte in memory (bad magic, versions, truncations, every header
+ * syntax error the parser names, rank and size limits, data-length
+ * mismatches).  The python interpreter comes from argv[1] (set by CMake);
+ * without it the numpy cases are skipped, the others still run.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "client/submit/npy.h"
+#include "dspk/errors.h"
+
+static const char *python;
+static char tmpdir[256];
+
+/* Value of element i in every generated array (numpy generates the same). */
+static double val_re(uint64_t i) { return (double)i * 0.5 - 3.0; }
+static double val_im(uint64_t i) { return 1.0 - (double)i * 0.25; }
+
+static void fill(dspk_dtype dt, void *data, uint64_t n) {
+  for (uint64_t i = 0; i < n; i++) {
+    switch (dt) {
+    case DSPK_F32:
+      ((float *)data)[i] = (float)val_re(i);
+      break;
+    case DSPK_F64:
+      ((double *)data)[i] = val_re(i);
+      break;
+    case DSPK_C64:
+      ((float *)data)[2 * i] = (float)val_re(i);
+      ((float *)data)[2 * i + 1] = (float)val_im(i);
+      break;
+    case DSPK_C128:
+      ((double *)data)[2 * i] = val_re(i);
+      ((double *)data)[2 * i + 1] = val_im(i);
+      break;
+    case DSPK_F16: /* checked separately, by bit pattern */
+      ((uint16_t *)data)[i] = (uint16_t)i;
+      break;
+    default:
+      break;
+    }
+  }
+}
+
+static void check_values(const dspk__npy *a) {
+  void *buf = calloc(1, a->nbytes + 1);
+  assert_non_null(buf);
+  fill(a->dtype, buf, a->count);
+  assert_memory_equal(a->data, buf, a->nbytes);
+  free(buf);
+}
+
+/* ---- round trips --------------------------------------------------------- */
+
+static void roundtrip_one(dspk_dtype dt, int rank, const uint64_t *shape) {
+  char path[300], err[256];
+  dspk__npy a;
+  uint64_t n = 1;
+  void *data;
+  for (int i = 0; i < rank; i++)
+    n *= shape[i];
+  data = calloc(1, n * dspk__npy_itemsize(dt) + 1);
+  assert_non_null(data);
+  fill(dt, data, n);
+  snprintf(path, sizeof path, "%s/rt.npy", tmpdir);
+  assert_int_equal(dspk__npy_save(path, dt, rank, shape, data, err, sizeof err),
+                   0);
+  assert_int_equal(dspk__npy_load(path, &a, err, sizeof err), 0);
+  assert_int_equal(a.dtype, dt);
+  assert_int_equal(a.rank, rank);
+  assert_int_equal(a.count, n);
+  for (int i = 0; i < rank; i++)
+    assert_int_equal(a.shape[i], shape[i]);
+  assert_int_equal(a.nbytes, n * dspk__npy_itemsize(dt));
+  assert_memory_equal(a.data, data, a.nbytes);
+  dspk__npy_free(&a);
+  dspk__npy_free(&a); /* a zeroed struct is fine */
+  dspk__npy_free(NULL);
+  free(data);
+}
+
+static void test_roundtrip(void **state) {
+  (void)state;
+  static const uint64_t s0[1] = {0}, s1[1] = {7}, s2[2] = {3, 5},
+                        s3[3] = {2, 0, 4}, s8[8] = {1, 2, 1, 2, 1, 2, 1, 3};
+  dspk_dtype dts[] = {DSPK_F32, DSPK_F64, DSPK_C64, DSPK_C128, DSPK_F16};
+  for (size_t k = 0; k < sizeof dts / sizeof dts[0]; k++) {
+    roundtrip_one(dts[k], 0, s0);
+    roundtrip_one(dts[k], 1, s1);
+    roundtrip_one(dts[k], 2, s2);
+    roundtrip_one(dts[k], 3, s3);
+    roundtrip_one(dts[k], 8, s8);
+  }
+}
+
+static void test_header_layout(void **state) {
+  (void)state;
+  static const uint64_t shape[2] = {3, 4};
+  unsigned char *h;
+  size_t len;
+  assert_int_equal(dspk__npy_header_build(DSPK_F32, 2, shape, &h, &len), 0);
+  assert_int_equal(len % 64, 0);
+  assert_memory_equal(h, "\x93NUMPY\x01\x00", 8);
+  assert_int_equal((size_t)h[8] | (size_t)h[9] << 8, len - 10);
+  assert_int_equal(h[len - 1], '\n');
+  assert_memory_equal(h + 10,
+                      "{'descr': '<f4', 'fortran_order': False, 'shape': (3, "
+                      "4), }",
+                      56);
+  free(h);
+  assert_int_equal(dspk__npy_header_build(DSPK_BF16, 2, shape, &h, &len),
+                   DSPK_EDTYPE);
+}
+
+static void test_save_errors(void **state) {
+  (void)state;
+  char err[256];
+  uint64_t shape[1] = {1};
+  float x = 1;
+  assert_int_equal(dspk__npy_save("/nonexistent-dir/x.npy", DSPK_F32, 1, shape,
+                                  &x, err, sizeof err),
+                   DSPK_ENOENT);
+  assert_non_null(strstr(err, "/nonexistent-dir/x.npy"));
+  assert_int_equal(
+      dspk__npy_save("/tmp/x.npy", DSPK_BF16, 1, shape, &x, err, sizeof err),
+      DSPK_EDTYPE);
+  assert_int_equal(dspk__npy_save("/tmp/x.npy", DSPK_F32, DSPK_MAX_RANK + 1,
+                                  shape, &x, err, sizeof err),
+                   DSPK_ELIMIT);
+}
+
+/* ---- files written by numpy ---------------------------------------------- */
+
+static int run_python(const char *code) {
+  char script[300];
+  FILE *f;
+  pid_t pid;
+  int st;
+  snprintf(script, sizeof script, "%s/gen.py", tmpdir);
+  f = fopen(script, "w");
+  assert_non_null(f);
+  fputs(code, f);
+  fclose(f);
+  pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    execl(python, python, script, tmpdir, (char *)NULL);
+    _exit(127);
+  }
+  assert_int_equal(waitpid(pid, &st, 0), pid);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+static const char gen_py[] =
+    "import sys, numpy as np\n"
+    "d = sys.argv[1]\n"
+    "def v(shape, dt):\n"
+    "    n = int(np.prod(shape))\n"
+    "    i = np.arange(n, dtype=np.float64)\n"
+    "    x = i * 0.5 - 3.0\n"
+    "    if np.dtype(dt).kind == 'c':\n"
+    "        x = x + 1j * (1.0 - i * 0.25)\n"
+    "    return x.astype(dt).reshape(shape)\n"
+    "np.save(d + '/f4.npy', v((2, 3), '<f4'))\n"
+    "np.save(d + '/f8.npy', v((), '<f8'))\n"
+    "np.save(d + '/c8.npy', v((4,), '<c8'))\n"
+    "np.save(d + '/c16.npy', v((2, 2, 2), '<c16'))\n"
+    "np.save(d + '/f2.npy', np.array([0.5, -2.0, 1024.0], dtype='<f2'))\n"
+    "np.save(d + '/empty.npy', v((0, 3), '<f4'))\n"
+    "np.save(d + '/fortran.npy', np.asfortranarray(v((2, 3), '<f8')))\n"
+    "np.save(d + '/big.npy', v((5,), '>f4'))\n"
+    "np.save(d + '/i4.npy', np.arange(4, dtype='<i4'))\n"
+    "np.save(d + '/struct.npy', np.zeros(2, dtype=[('a', '<f4'), ('b', "
+    "'<f8')]))\n"
+    "for ver in ((1, 0), (2, 0), (3, 0)):\n"
+    "    with open(d + '/v%d.npy' % ver[0], 'wb') as f:\n"
+    "        np.lib.format.write_array(f, v((3, 2), '<f8'), version=ver)\n";
+
+static void load_ok(const char *name, dspk_dtype dt, int rank,
+                    const uint64_t *shape, dspk__npy *a) {
+  char path[300], err[256] = "";
+  snprintf(path, sizeof path, "%s/%s", tmpdir, name);
+  if (dspk__npy_load(path, a, err, sizeof err) != 0)
+    fail_msg("%s: %s", name, err);
+  assert_int_equal(a->dtype, dt);
+  assert_int_equal(a->rank, rank);
+  for (int i = 0; i < rank; i++)
+    assert_int_equal(a->shape[i], shape[i]);
+}
+
+static void load_fail(const char *name, int code, const char *needle) {
+  char path[300], err[256] = "";
+  dspk__npy a;
+  snprintf(path, sizeof path, "%s/%s", tmpdir, name);
+  assert_int_equal(dspk__npy_load(path, &a, err, sizeof err), code);
+  if (strstr(err, path) == NULL || strstr(err, needle) == NULL)
+    fail_msg("%s: message '%s' lacks the path or '%s'", name, err, needle);
+}
+
+static void test_numpy_files(void **state) {
+  (void)state;
+  static const uint64_t sf4[2] = {2, 3}, sc8[1] = {4}, sc16[3] = {2, 2, 2},
+                        sf2[1] = {3}, sempty[2] = {0, 3}, sv[2] = {3, 2};
+  char name[16];
+  dspk__npy a;
+  if (python == NULL)
+    skip();
+  assert_int_equal(run_python(gen_py), 0);
+
+  load_ok("f4.npy", DSPK_F32, 2, sf4, &a);
+  check_values(&a);
+  dspk__npy_free(&a);
+  load_ok("f8.npy", DSPK_F64, 0, NULL, &a);
+  assert_int_equal(a.count, 1);
+  check_values(&a);
+  dspk__npy_free(&a);
+  load_ok("c8.npy", DSPK_C64, 1, sc8, &a);
+  check_values(&a);
+  dspk__npy_free(&a);
+  load_ok("c16.npy", DSPK_C128, 3, sc16, &a);
+  check_values(&a);
+  dspk__npy_free(&a);
+  load_ok("f2.npy", DSPK_F16, 1, sf2, &a);
+  /* IEEE half: 0.5 = 0x3800, -2.0 = 0xc000, 1024.0 = 0x6400 */
+  assert_int_equal(((uint16_t *)a.data)[0], 0x3800);
+  assert_int_equal(((uint16_t *)a.data)[1], 0xc000);
+  assert_int_equal(((uint16_t *)a.data)[2], 0x6400);
+  dspk__npy_free(&a);
+  load_ok("empty.npy", DSPK_F32, 2, sempty, &a);
+  assert_int_equal(a.count, 0);
+  assert_int_equal(a.nbytes, 0);
+  dspk__npy_free(&a);
+  for (int v = 1; v <= 3; v++) {
+    snprintf(name, sizeof name, "v%d.npy", v);
+    load_ok(name, DSPK_F64, 2, sv, &a);
+    check_values(&a);
+    dspk__npy_free(&a);
+  }
+  load_fail("fortran.npy", DSPK_ENOTSUP, "Fortran");
+  load_fail("big.npy", DSPK_EDTYPE, "big-endian");
+  load_fail("i4.npy", DSPK_EDTYPE, "'<i4'");
+  load_fail("struct.npy", DSPK_EDTYPE, "structured");
+  load_fail("missing.npy", DSPK_ENOENT, "No such file");
+  load_fail(".", DSPK_EINVAL, "not a regular file");
+}
+
+/* numpy reads what we write, with the same values and shapes. */
+static void test_numpy_reads_ours(void **state) {
+  (void)state;
+  static const uint64_t s2[2] = {3, 5}, s0[1] = {0}, s3[3] = {2, 1, 3};
+  char path[300], err[256];
+  double d[15];
+  float c[12];
+  if (python == NULL)
+    skip();
+  fill(DSPK_F64, d, 15);
+  fill(DSPK_C64, c, 6);
+  snprintf(path, sizeof path, "%s/ours_f8.npy", tmpdir);
+  assert_int_equal(dspk__npy_save(path, DSPK_F64, 2, s2, d, err, sizeof err),
+                   0);
+  snprintf(path, sizeof path, "%s/ours_scalar.npy", tmpdir);
+  assert_int_equal(dspk__npy_save(path, DSPK_F64, 0, s0, d, err, sizeof err),
+                   0);
+  snprintf(path, sizeof path, "%s/ours_c8.npy", tmpdir);
+  assert_int_equal(dspk__npy_save(path, DSPK_C64, 3, s3, c, err, sizeof err),
+                   0);
+  assert_int_equal(
+      run_python("import sys, numpy as np\n"
+                 "d = sys.argv[1]\n"
+                 "a = np.load(d + '/ours_f8.npy')\n"
+                 "i = np.arange(15.0)\n"
+                 "assert a.dtype == np.float64 and a.shape == (3, 5)\n"
+                 "assert (a.ravel() == i * 0.5 - 3.0).all()\n"
+                 "s = np.load(d + '/ours_scalar.npy')\n"
+                 "assert s.shape == () and s == -3.0\n"
+                 "c = np.load(d + '/ours_c8.npy')\n"
+                 "assert c.dtype == np.complex64 and c.shape == (2, 1, 3)\n"
+                 "i = np.arange(6.0)\n"
+                 "assert (c.ravel() == (i*0.5-3.0) + 1j*(1.0-i*0.25)).all()\n"),
+      0);
+}
+
+/* ---- malformed images in memory ----------------------------------------- */
+
+/* Builds a v1 (or v2 when ver == 2) image with header text hdr and ndata
+ * zero bytes of data; returns its length. */
+static size_t image(unsigned char *buf, int ver, const char *hdr,
+                    size_t ndata) {
+  size_t hl = strlen(hdr), off = ver == 1 ? 10 : 12;
+  memcpy(buf, "\x93NUMPY", 6);
+  buf[6] = (unsigned char)ver;
+  buf[7] = 0;
+  buf[8] = (unsigned char)(hl & 0xff);
+  buf[9] = (unsigned char)(hl >> 8);
+  if (ver != 1) {
+    buf[10] = (unsigned char)(hl >> 16);
+    buf[11] = (unsigned char)(hl >> 24);
+  }
+  memcpy(buf + off, hdr, hl);
+  memset(buf + off + hl, 0, ndata);
+  return off + hl + ndata;
+}
+
+static int mem_load(const unsigned char *buf, size_t len, char *err) {
+  dspk__npy a;
+  int rc = dspk__npy_load_mem(buf, len, "mem.npy", &a, err, 256);
+  if (rc == 0)
+    dspk__npy_free(&a);
+  return rc;
+}
+
+static void expect_mem(int ver, const char *hdr, size_t ndata, int code,
+                       const char *needle) {
+  static unsigned char buf[4096];
+  char err[256] = "";
+  size_t len = image(buf, ver, hdr, ndata);
+  int rc = mem_load(buf, len, err);
+  if (rc != code)
+    fail_msg("header %s: got %d (%s), want %d", hdr, rc, err, code);
+  if (code != 0 && (strstr(err, "mem.npy: ") != err || !strstr(err, needle)))
+    fail_msg("header %s: message '%s' lacks '%s'", hdr, err, needle);
+}
+
+static void test_malformed_headers(void **state) {
+  (void)state;
+  /* Accepted variants: what numpy writes, double quotes, any key order,
+   * no trailing comma, the '|' byte-order mark, extra whitespace. */
+  expect_mem(1, "{'descr': '<f4', 'fortran_order': False, 'shape': (3, 4), }",
+             48, 0, "");
+  expect_mem(1, "{\"shape\": (2,), \"descr\": \"<f8\", \"fortran_order\": False}",
+             16, 0, "");
+  expect_mem(1, "{'descr':'|c8','fortran_order':False,'shape':(1,2,)}   \n", 16,
+             0, "");
+  expect_mem(2, "{'descr': '<c16', 'fortran_order': False, 'shape': ()}\n", 16,
+             0, "");
+
+  /* Syntax errors. */
+  expect_mem(1, "", 0, DSPK_EINVAL, "expected '{'");
+  expect_mem(1, "[]", 0, DSPK_EINVAL, "expected '{'");
+  expect_mem(1, "{'descr': '<f4', 'fortran_order': False, 'shape': (3,)", 12,
+             DSPK_EINVAL, "expected ',' or '}'");
+  expect_mem(1, "{'descr' '<f4', 'fortran_order': False, 'shape': (3,)}", 12,
+             DSPK_EINVAL, "expected ':'");
+  expect_mem(1, "{'descr': '<f4, 'fortran_order': False, 'shape': (3,)}", 12,
+             DSPK_EINVAL, "");
+  expect_mem(1, "{'descr': '<f4', 'fortran_order': false, 'shape': (3,)}", 12,
+             DSPK_EINVAL, "True or False");
+  expect_mem(1, "{'descr': '<f4', 'fortran_order': False, 'shape': (3)}", 12,
+             DSPK_EINVAL, "trailing comma");
+  expect_mem(1, "{'descr': '<f4', 'fortran_order': False, 'shape': (-3,)}", 0,
+             DSPK_EINVAL, "non-negative");
+  expect_mem(1, "{'descr': '<f4', 'fortran_order': False, 'shape': (3 4)}", 0,
+             DSPK_EINVAL, "expected ',' or ')'");
+  expect_mem(1, "{'descr': '<f4', 'fortran_order': False, 'shape': [3]}", 0,
+             DSPK_EINVAL, "expected '('");
+  expect_mem(1, "{'descr': '<f4', 'fortran_order': False}", 0, DSPK_EINVAL,
+             "missing key 'shape'");
+  expect_mem(1, "{'descr': '<f4', 'descr': '<f4', 'shape': (1,)}", 4,
+             DSPK_EINVAL, "repeated key 'descr'");
+  expect_mem(1,
+             "{'descr': '<f4', 'fortran_order': False, 'shape': (1,), 'x': 1}",
+             4, DSPK_EINVAL, "unexpected or repeated key 'x'");
+  expect_mem(1,
+             "{'descr': '<f4', 'fortran_order': False, 'shape': (1,)} junk",
+             4, DSPK_EINVAL, "trailing bytes");
+  expect_mem(1, "{'descr': '<\\f4', 'fortran_order': False, 'shape': (1,)}",
+             4, DSPK_EINVAL, "unsupported character");
+  expect_mem(1,
+             "{'descr': '<ffffffffffffffffffffffffffffffffffffffff4', "
+             "'fortran_order': False, 'shape': (1,)}",
+             4, DSPK_EINVAL, "string too long");
+  expect_mem(1, "{'descr': '<f4', 'fortran_order': False, 'shape': (1,", 4,
+             DSPK_EINVAL, "expected a non-negative integer");
+  expect_mem(1, "{'descr': '<f4', 'fortran_order': False, 'shape': "
+                "(12345678901234567890,)}",
+             4, DSPK_EINVAL, "dimension too large");
+
+  /* Semantics: dtype, order, limits. */
+  expect_mem(1, "{'descr': '>f8', 'fortran_order': False, 'shape': (1,)}", 8,
+             DSPK_EDTYPE, "big-endian");
+  expect_mem(1, "{'descr': '<i8', 'fortran_order': False, 'shape': (1,)}", 8,
+             DSPK_EDTYPE, "unsupported dtype '<i8'");
+  expect_mem(1, "{'descr': 'f4', 'fortran_order': False, 'shape': (1,)}", 4,
+             DSPK_EDTYPE, "unsupported dtype 'f4'");
+  expect_mem(1, "{'descr': [('a', '<f4')], 'fortran_order': False, 'shape': "
+                "(1,)}",
+             4, DSPK_EDTYPE, "structured");
+  expect_mem(1, "{'descr': '<f4', 'fortran_order': True, 'shape': (2, 2)}",
+             16, DSPK_ENOTSUP, "Fortran");
+  expect_mem(1, "{'descr': '<f4', 'fortran_order': False, 'shape': "
+                "(1,1,1,1,1,1,1,1,1)}",
+             4, DSPK_ELIMIT, "more than 8");
+  expect_mem(1, "{'descr': '<f4', 'fortran_order': False, 'shape': "
+                "(4294967296, 4294967296, 16)}",
+             4, DSPK_ELIMIT, "too large");
+  expect_mem(1, "{'descr': '<c16', 'fortran_order': False, 'shape': "
+                "(1152921504606846976,)}",
+             4, DSPK_ELIMIT, "too large");
+
+  /* Data length must match exactly. */
+  expect_mem(1, "{'descr': '<f4', 'fortran_order': False, 'shape': (3, 4)}",
+             47, DSPK_EINVAL, "needs 48 bytes, file has 47");
+  expect_mem(1, "{'descr': '<f4', 'fortran_order': False, 'shape': (3, 4)}",
+             49, DSPK_EINVAL, "needs 48 bytes, file has 49");
+  expect_mem(1, "{'descr': '<f4', 'fortran_order': False, 'shape': (0,)}", 0,
+             0, "");
+}
+
+static void test_malformed_preamble(void **state) {
+  (void)state;
+  unsigned char buf[256];
+  char err[256];
+  size_t len;
+  const char *h = "{'descr': '<f4', 'fortran_order': False, 'shape': (1,)}";
+
+  len = image(buf, 1, h, 4);
+  buf[0] = 'X';
+  assert_int_equal(mem_load(buf, len, err), DSPK_EINVAL);
+  assert_non_null(strstr(err, "bad magic"));
+  assert_int_equal(mem_load(buf, 5, err), DSPK_EINVAL);
+
+  len = image(buf, 1, h, 4);
+  buf[6] = 4;
+  assert_int_equal(mem_load(buf, len, err), DSPK_EINVAL);
+  assert_non_null(strstr(err, "version 4.0"));
+  buf[6] = 1;
+  buf[7] = 1;
+  assert_int_equal(mem_load(buf, len, err), DSPK_EINVAL);
+  buf[7] = 0;
+  assert_int_equal(mem_load(buf, len, err), 0);
+  /* Every truncation fails cleanly. */
+  for (size_t cut = 0; cut < len; cut++)
+    assert_true(mem_load(buf, cut, err) < 0);
+
+  /* Header length beyond the image, and beyond the limit (v2). */
+  len = image(buf, 1, h, 4);
+  buf[8] = 0xff;
+  buf[9] = 0x7f;
+  assert_int_equal(mem_load(buf, len, err), DSPK_EINVAL);
+  assert_non_null(strstr(err, "truncated"));
+  len = image(buf, 2, h, 4);
+  buf[10] = 0x10; /* ~1 MiB */
+  assert_int_equal(mem_load(buf, len, err), DSPK_ELIMIT);
+  assert_non_null(strstr(err, "limit"));
+  len = image(buf, 2, h, 4);
+  assert_int_equal(mem_load(buf, len, err), 0);
+  assert_int_equal(mem_load(buf, 11, err), DSPK_EINVAL);
+}
+
+/* The same malformed images through the file reader. */
+static void test_malformed_files(void **state) {
+  (void)state;
+  unsigned char buf[256];
+  char path[300], err[256];
+  const char *h = "{'descr': '<f4', 'fortran_order': False, 'shape': (2,)}";
+  dspk__npy a;
+  size_t len = image(buf, 1, h, 8);
+  snprintf(path, sizeof path, "%s/trunc.npy", tmpdir);
+  for (size_t cut = 0; cut <= len; cut++) {
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(buf, 1, cut, f), cut);
+    fclose(f);
+    int rc = dspk__npy_load(path, &a, err, sizeof err);
+    if (cut == len) {
+      assert_int_equal(rc, 0);
+      assert_int_equal(a.count, 2);
+      dspk__npy_free(&a);
+    } else {
+      assert_true(rc < 0);
+      assert_non_null(strstr(err, path));
+    }
+  }
+  /* A v1 header of one byte. */
+  len = image(buf, 1, "{", 1);
+  FILE *f = fopen(path, "wb");
+  assert_non_null(f);
+  fwrite(buf, 1, len, f);
+  fclose(f);
+  assert_int_equal(dspk__npy_load(path, &a, err, sizeof err), DSPK_EINVAL);
+}
+
+static int setup(void **state) {
+  (void)state;
+  const char *t = getenv("TMPDIR");
+  snprintf(tmpdir, sizeof tmpdir, "%s/dspk-npy-XXXXXX", t ? t : "/tmp");
+  return mkdtemp(tmpdir) ? 0 : -1;
+}
+
+static int teardown(void **state) {
+  char cmd[300];
+  (void)state;
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
+  return system(cmd) == 0 ? 0 : -1;
+}
+
+int main(int argc, char **argv) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_roundtrip),
+      cmocka_unit_test(test_header_layout),
+      cmocka_unit_test(test_save_errors),
+      cmocka_unit_test(test_numpy_files),
+      cmocka_unit_test(test_numpy_reads_ours),
+      cmocka_unit_test(test_malformed_headers),
+      cmocka_unit_test(test_malformed_preamble),
+      cmocka_unit_test(test_malformed_files),
+  };
+  if (argc > 1 && argv[1][0] != '\0')
+    python = argv[1];
+  return cmocka_run_group_tests(tests, setup, teardown);
+}
