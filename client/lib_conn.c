@@ -1,0 +1,546 @@
+/*
+ * libdspkclient's connection layer: connecting and saying hello, sending
+ * request frames with one writev-style sendmsg over the wbuf's segments (so
+ * tensor payloads go from the caller's memory straight to the socket), and
+ * receiving response frames with blocking reads.  Every received frame is
+ * checked by dspk__frame_scan() before msgpack-c unpacks it.  Responses are
+ * matched to requests by msgid; a response that arrives while the caller
+ * waits for another request is kept until its own wait.  Notifications are
+ * handled on the way: task.progress goes to the progress callback,
+ * protocol.error records why the daemon is about to close the connection.
+ */
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "client/lib_internal.h"
+
+#ifndef DSPK_VERSION_STRING
+#define DSPK_VERSION_STRING "0.0.0"
+#endif
+
+#define RBUF_MIN (64 * 1024)
+
+static _Thread_local char connect_err[512];
+
+int dspk__cerr(dspk_client *c, int code, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(c->err, sizeof(c->err), fmt, ap);
+  va_end(ap);
+  return code;
+}
+
+static int mark_broken(dspk_client *c, int code) {
+  if (!c->broken) {
+    c->broken = true;
+    c->broken_code = code;
+  }
+  return code;
+}
+
+DSPK_EXPORT const char *dspk_version(void) { return DSPK_VERSION_STRING; }
+DSPK_EXPORT const char *dspk_strerror(int code) { return dspk__strerror(code); }
+DSPK_EXPORT const char *dspk_err_name(int code) { return dspk__err_name(code); }
+DSPK_EXPORT const char *dspk_connect_error(void) { return connect_err; }
+
+DSPK_EXPORT const char *dspk_last_error(const dspk_client *c) {
+  return c ? c->err : "";
+}
+
+DSPK_EXPORT const char *dspk_daemon_version(const dspk_client *c) {
+  return c ? c->daemon_version : "";
+}
+
+DSPK_EXPORT int dspk_fd(const dspk_client *c) { return c ? c->fd : -1; }
+
+DSPK_EXPORT void dspk_free(void *p) { free(p); }
+
+DSPK_EXPORT int dspk_default_socket(char *buf, size_t buflen) {
+  const char *env = getenv("DSPK_SOCKET");
+  const char *xdg = getenv("XDG_RUNTIME_DIR");
+  int n;
+
+  if (env && *env)
+    n = snprintf(buf, buflen, "%s", env);
+  else if (geteuid() != 0 && xdg && *xdg)
+    n = snprintf(buf, buflen, "%s/dspk/dspkd.sock", xdg);
+  else
+    n = snprintf(buf, buflen, "/run/dspk/dspkd.sock");
+  return n < 0 || (size_t)n >= buflen ? DSPK_ELIMIT : 0;
+}
+
+/* ---- in-flight bookkeeping ---------------------------------------------- */
+
+bool dspk__inflight_has(const dspk_client *c, uint32_t msgid) {
+  for (size_t i = 0; i < c->ninflight; i++)
+    if (c->inflight[i] == msgid)
+      return true;
+  return false;
+}
+
+static void inflight_del(dspk_client *c, uint32_t msgid) {
+  for (size_t i = 0; i < c->ninflight; i++)
+    if (c->inflight[i] == msgid) {
+      c->inflight[i] = c->inflight[--c->ninflight];
+      return;
+    }
+}
+
+uint32_t dspk__next_id(dspk_client *c) {
+  uint32_t id;
+  do /* 0 is never a ticket: dspk_wait_any uses it for "none" */
+    id = c->next_id++;
+  while (id == 0 || dspk__inflight_has(c, id));
+  return id;
+}
+
+/* ---- sending ------------------------------------------------------------ */
+
+int dspk__send(dspk_client *c, struct dspk__wbuf *w, uint32_t msgid) {
+  struct iovec *iov;
+  size_t niov, sent = 0, total;
+  int rc;
+
+  if (c->broken)
+    return dspk__cerr(c, c->broken_code, "connection is no longer usable: %s",
+                      c->err[0] ? c->err : dspk__strerror(c->broken_code));
+  if (c->ninflight == c->capinflight) {
+    size_t cap = c->capinflight ? 2 * c->capinflight : 16;
+    uint32_t *p = realloc(c->inflight, cap * sizeof(*p));
+    if (!p)
+      return dspk__cerr(c, DSPK_ENOMEM, "out of memory");
+    c->inflight = p;
+    c->capinflight = cap;
+  }
+  rc = dspk__wbuf_iov(w, &iov, &niov);
+  if (rc != 0)
+    return dspk__cerr(c, rc, "out of memory packing the request");
+  total = dspk__wbuf_len(w);
+  if (total > c->lim.max_message)
+    return dspk__cerr(c, DSPK_ELIMIT,
+                      "request of %zu bytes exceeds the %zu-byte message "
+                      "limit", total, c->lim.max_message);
+
+  while (niov > 0) {
+    struct msghdr mh = {0};
+    ssize_t n;
+    mh.msg_iov = iov;
+    mh.msg_iovlen = niov > IOV_MAX ? IOV_MAX : niov;
+    n = sendmsg(c->fd, &mh, MSG_NOSIGNAL);
+    if (n < 0) {
+      if (errno == EINTR)
+        continue;
+      int e = errno;
+      int code = (e == EPIPE || e == ECONNRESET) ? DSPK_ECLOSED : DSPK_EIO;
+      mark_broken(c, code);
+      return dspk__cerr(c, code, "sending to the daemon: %s", strerror(e));
+    }
+    sent += (size_t)n;
+    while (niov > 0 && (size_t)n >= iov->iov_len) {
+      n -= (ssize_t)iov->iov_len;
+      iov++;
+      niov--;
+    }
+    if (niov > 0) {
+      iov->iov_base = (char *)iov->iov_base + n;
+      iov->iov_len -= (size_t)n;
+    }
+  }
+  (void)sent;
+  c->inflight[c->ninflight++] = msgid;
+  return 0;
+}
+
+/* ---- receiving ---------------------------------------------------------- */
+
+/* Reads more bytes into rbuf.  0, or a negative code (connection broken). */
+static int fill(dspk_client *c) {
+  ssize_t n;
+
+  if (c->rcap - c->rlen < RBUF_MIN / 4) {
+    size_t cap = c->rcap ? 2 * c->rcap : RBUF_MIN;
+    char *p = realloc(c->rbuf, cap);
+    if (!p)
+      return mark_broken(c, dspk__cerr(c, DSPK_ENOMEM, "out of memory"));
+    c->rbuf = p;
+    c->rcap = cap;
+  }
+  do
+    n = recv(c->fd, c->rbuf + c->rlen, c->rcap - c->rlen, 0);
+  while (n < 0 && errno == EINTR);
+  if (n < 0)
+    return mark_broken(c, dspk__cerr(c, DSPK_EIO, "reading from the daemon: "
+                                     "%s", strerror(errno)));
+  if (n == 0) {
+    if (c->broken) /* protocol.error came first: keep its reason */
+      return c->broken_code;
+    return mark_broken(c, dspk__cerr(c, DSPK_ECLOSED,
+                                     "the daemon closed the connection"));
+  }
+  c->rlen += (size_t)n;
+  return 0;
+}
+
+/* Takes the next complete frame out of the stream into an owned buffer.
+ * A big frame that fills rbuf is handed over whole (no copy). */
+static int next_frame(dspk_client *c, char **buf, size_t *len) {
+  char why[256] = "";
+  ssize_t n;
+  int rc;
+
+  for (;;) {
+    n = c->rlen ? dspk__frame_scan(c->rbuf, c->rlen, &c->lim, why, sizeof why)
+                : 0;
+    if (n < 0)
+      return mark_broken(c, dspk__cerr(c, (int)n, "bad frame from the daemon:"
+                                       " %s", why));
+    if (n > 0)
+      break;
+    if (c->broken) /* nothing more will come that we could use */
+      return c->broken_code;
+    rc = fill(c);
+    if (rc != 0)
+      return rc;
+  }
+  size_t rest = c->rlen - (size_t)n;
+  if (rest == 0 && (size_t)n > RBUF_MIN) {
+    *buf = c->rbuf;
+    *len = (size_t)n;
+    c->rbuf = NULL;
+    c->rcap = c->rlen = 0;
+    return 0;
+  }
+  char *p = malloc((size_t)n);
+  if (!p)
+    return mark_broken(c, dspk__cerr(c, DSPK_ENOMEM, "out of memory"));
+  memcpy(p, c->rbuf, (size_t)n);
+  memmove(c->rbuf, c->rbuf + n, rest);
+  c->rlen = rest;
+  *buf = p;
+  *len = (size_t)n;
+  return 0;
+}
+
+static void handle_notify(dspk_client *c, const struct dspk__msg *m) {
+  if (m->method_len == 13 && memcmp(m->method, "task.progress", 13) == 0) {
+    uint64_t id = 0;
+    double frac = 0;
+    char what[128] = "";
+    if (!c->progress || !m->args)
+      return;
+    dspk__arg_u64(m->args, "msgid", &id, NULL, 0);
+    dspk__arg_f64(m->args, "fraction", &frac, NULL, 0);
+    dspk__strncpy_obj(dspk__map_get(m->args, "what"), what, sizeof what);
+    c->progress(c->progress_ud, (uint32_t)id, what, frac);
+  } else if (m->method_len == 14 &&
+             memcmp(m->method, "protocol.error", 14) == 0) {
+    int64_t code = DSPK_EPROTO;
+    char text[sizeof(c->err)] = "protocol error";
+    if (m->args) {
+      dspk__obj_i64(dspk__map_get(m->args, "code"), &code);
+      dspk__strncpy_obj(dspk__map_get(m->args, "message"), text,
+                        sizeof text);
+    }
+    if (code >= 0 || code <= DSPK__ERR_LAST)
+      code = DSPK_EPROTO;
+    dspk__cerr(c, (int)code, "daemon closed the connection: %s", text);
+    mark_broken(c, (int)code);
+  }
+}
+
+/* Unpacks an accepted frame into r and parses its envelope. */
+static int decode(dspk_client *c, char *buf, size_t len,
+                  struct dspk__resp *r) {
+  size_t off = 0;
+  char why[256] = "";
+  int rc;
+
+  r->buf = buf;
+  r->len = len;
+  msgpack_unpacked_init(&r->up);
+  if (msgpack_unpack_next(&r->up, buf, len, &off) != MSGPACK_UNPACK_SUCCESS ||
+      off != len) {
+    rc = dspk__cerr(c, DSPK_EPROTO, "undecodable frame from the daemon");
+    goto err;
+  }
+  rc = dspk__msg_parse(&r->up.data, &r->msg, NULL, NULL, why, sizeof why);
+  if (rc != 0) {
+    dspk__cerr(c, rc, "bad message from the daemon: %s", why);
+    goto err;
+  }
+  return 0;
+err:
+  dspk__resp_free(r);
+  return mark_broken(c, rc);
+}
+
+void dspk__resp_free(struct dspk__resp *r) {
+  if (!r || !r->buf)
+    return;
+  msgpack_unpacked_destroy(&r->up);
+  free(r->buf);
+  r->buf = NULL;
+}
+
+/* Turns a decoded response into the caller's status: 0 for a result, the
+ * error map's code (message in c->err) for an error. */
+static int resp_status(dspk_client *c, struct dspk__resp *r) {
+  const msgpack_object *e = r->msg.error;
+  int64_t code = DSPK_EINTERNAL;
+  const char *s;
+  size_t n;
+
+  if (!e) {
+    c->err[0] = '\0';
+    return 0;
+  }
+  if (dspk__obj_i64(dspk__map_get(e, "code"), &code) != 0 || code >= 0 ||
+      code <= DSPK__ERR_LAST) {
+    code = DSPK_EINTERNAL;
+    if (dspk__obj_str(dspk__map_get(e, "name"), &s, &n) == 0)
+      code = dspk__err_from_name(s, n);
+  }
+  if (dspk__obj_str(dspk__map_get(e, "message"), &s, &n) == 0)
+    dspk__cerr(c, (int)code, "%.*s", (int)n, s);
+  else
+    dspk__cerr(c, (int)code, "%s", dspk__strerror((int)code));
+  dspk__resp_free(r);
+  return (int)code;
+}
+
+/* Reads frames until the response to *msgid arrives (or, with any, the
+ * response to any in-flight request, whose msgid is stored in *msgid). */
+static int wait_common(dspk_client *c, bool any, uint32_t *msgid,
+                       struct dspk__resp *out) {
+  struct dspk__resp r;
+  char *buf;
+  size_t len;
+  int rc;
+
+  /* A response that already arrived. */
+  for (size_t i = 0; i < c->ndone; i++) {
+    if (any || c->done[i].msgid == *msgid) {
+      struct dspk__frame f = c->done[i];
+      c->done[i] = c->done[--c->ndone];
+      inflight_del(c, f.msgid);
+      rc = decode(c, f.buf, f.len, &r);
+      if (rc != 0)
+        return rc;
+      *msgid = f.msgid;
+      rc = resp_status(c, &r);
+      if (rc == 0)
+        *out = r;
+      return rc;
+    }
+  }
+  if (any && c->ninflight == 0)
+    return dspk__cerr(c, DSPK_ENOENT, "no request in flight");
+
+  for (;;) {
+    rc = next_frame(c, &buf, &len);
+    if (rc != 0)
+      return rc;
+    rc = decode(c, buf, len, &r);
+    if (rc != 0)
+      return rc;
+    if (r.msg.type == DSPK__NOTIFY) {
+      handle_notify(c, &r.msg);
+      dspk__resp_free(&r);
+      continue;
+    }
+    if (r.msg.type != DSPK__RESPONSE) {
+      dspk__resp_free(&r);
+      return mark_broken(c, dspk__cerr(c, DSPK_EPROTO,
+                                       "the daemon sent a request"));
+    }
+    uint32_t id = r.msg.msgid;
+    if (!dspk__inflight_has(c, id)) { /* nobody waits for it: drop */
+      dspk__resp_free(&r);
+      continue;
+    }
+    if (any || id == *msgid) {
+      inflight_del(c, id);
+      *msgid = id;
+      rc = resp_status(c, &r);
+      if (rc == 0)
+        *out = r;
+      return rc;
+    }
+    /* Someone else's: keep the frame (not the unpacked zone). */
+    if (c->ndone == c->capdone) {
+      size_t cap = c->capdone ? 2 * c->capdone : 8;
+      struct dspk__frame *p = realloc(c->done, cap * sizeof(*p));
+      if (!p) {
+        dspk__resp_free(&r);
+        return mark_broken(c, dspk__cerr(c, DSPK_ENOMEM, "out of memory"));
+      }
+      c->done = p;
+      c->capdone = cap;
+    }
+    msgpack_unpacked_destroy(&r.up);
+    c->done[c->ndone++] = (struct dspk__frame){id, r.buf, r.len};
+  }
+}
+
+int dspk__wait(dspk_client *c, uint32_t msgid, struct dspk__resp *r) {
+  if (!dspk__inflight_has(c, msgid))
+    return dspk__cerr(c, DSPK_ENOENT, "request %u is not in flight", msgid);
+  return wait_common(c, false, &msgid, r);
+}
+
+int dspk__wait_any(dspk_client *c, uint32_t *msgid, struct dspk__resp *r) {
+  uint32_t id = 0;
+  struct dspk__resp tmp;
+  int rc = wait_common(c, true, &id, &tmp);
+  if (rc == 0)
+    *r = tmp;
+  *msgid = id; /* the ticket whose answer this is (an error consumes it) */
+  return rc;
+}
+
+int dspk__call(dspk_client *c, const char *method,
+               void (*pack)(void *ud, struct dspk__wbuf *w), void *ud,
+               struct dspk__resp *r) {
+  struct dspk__wbuf w;
+  uint32_t id = dspk__next_id(c);
+  int rc;
+
+  dspk__wbuf_init(&w);
+  dspk__pack_request_head(&w.pk, id, method, pack != NULL);
+  if (pack)
+    pack(ud, &w);
+  rc = dspk__send(c, &w, id);
+  dspk__wbuf_free(&w);
+  if (rc != 0)
+    return rc;
+  return dspk__wait(c, id, r);
+}
+
+/* ---- connect / close ---------------------------------------------------- */
+
+struct hello_args { const char *name; };
+
+static void pack_hello(void *ud, struct dspk__wbuf *w) {
+  struct hello_args *a = ud;
+  msgpack_pack_map(&w->pk, 2);
+  dspk__pack_str(&w->pk, "version");
+  msgpack_pack_uint32(&w->pk, DSPK_PROTOCOL_VERSION);
+  dspk__pack_str(&w->pk, "client");
+  dspk__pack_str(&w->pk, a->name);
+}
+
+DSPK_EXPORT int dspk_connect(const char *socket_path, const char *client_name,
+                             dspk_client **out) {
+  char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  struct hello_args ha = {client_name ? client_name : "libdspkclient"};
+  struct dspk__resp r;
+  dspk_client *c;
+  int rc;
+
+  connect_err[0] = '\0';
+  if (!out) {
+    snprintf(connect_err, sizeof connect_err, "out is NULL");
+    return DSPK_EINVAL;
+  }
+  if (socket_path) {
+    if (strlen(socket_path) >= sizeof path) {
+      snprintf(connect_err, sizeof connect_err,
+               "socket path longer than %zu bytes", sizeof path - 1);
+      return DSPK_ELIMIT;
+    }
+    strcpy(path, socket_path);
+  } else if (dspk_default_socket(path, sizeof path) != 0) {
+    snprintf(connect_err, sizeof connect_err,
+             "default socket path longer than %zu bytes", sizeof path - 1);
+    return DSPK_ELIMIT;
+  }
+  memcpy(sa.sun_path, path, sizeof path);
+
+  c = calloc(1, sizeof(*c));
+  if (!c) {
+    snprintf(connect_err, sizeof connect_err, "out of memory");
+    return DSPK_ENOMEM;
+  }
+  c->next_id = 1;
+  dspk__limits_default(&c->lim);
+  /* Responses may carry big outputs: accept up to 4 GiB per message and a
+   * generous depth for status details.  The scanner still bounds every
+   * count by the bytes that can follow. */
+  if (sizeof(size_t) > 4)
+    c->lim.max_message = (size_t)4 << 30;
+  c->lim.max_depth = 32;
+  c->lim.max_elements = (uint64_t)1 << 32;
+  c->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (c->fd < 0) {
+    snprintf(connect_err, sizeof connect_err, "socket: %s", strerror(errno));
+    rc = DSPK_ECONNECT;
+    goto err_alloc;
+  }
+  if (connect(c->fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
+    snprintf(connect_err, sizeof connect_err, "connect to %s: %s", path,
+             strerror(errno));
+    rc = errno == EACCES || errno == EPERM ? DSPK_EPERM : DSPK_ECONNECT;
+    goto err_socket;
+  }
+  rc = dspk__call(c, "hello", pack_hello, &ha, &r);
+  if (rc != 0) {
+    snprintf(connect_err, sizeof connect_err, "hello: %.480s", c->err);
+    goto err_socket;
+  }
+  dspk__strncpy_obj(dspk__map_get(r.msg.result, "daemon"), c->daemon_version,
+                    sizeof c->daemon_version);
+  {
+    uint64_t proto = DSPK_PROTOCOL_VERSION;
+    dspk__arg_u64(r.msg.result, "protocol", &proto, NULL, 0);
+    if (proto != DSPK_PROTOCOL_VERSION) {
+      snprintf(connect_err, sizeof connect_err,
+               "daemon speaks protocol %llu, this library %d",
+               (unsigned long long)proto, DSPK_PROTOCOL_VERSION);
+      rc = DSPK_EVERSION;
+      dspk__resp_free(&r);
+      goto err_socket;
+    }
+  }
+  dspk__resp_free(&r);
+  *out = c;
+  return 0;
+
+err_socket:
+  close(c->fd);
+err_alloc:
+  free(c->rbuf);
+  free(c->inflight);
+  for (size_t i = 0; i < c->ndone; i++)
+    free(c->done[i].buf);
+  free(c->done);
+  free(c);
+  return rc;
+}
+
+DSPK_EXPORT void dspk_close(dspk_client *c) {
+  if (!c)
+    return;
+  if (c->fd >= 0)
+    close(c->fd);
+  free(c->rbuf);
+  free(c->inflight);
+  for (size_t i = 0; i < c->ndone; i++)
+    free(c->done[i].buf);
+  free(c->done);
+  free(c);
+}
+
+DSPK_EXPORT void dspk_set_progress(dspk_client *c, dspk_progress_fn fn,
+                                   void *ud) {
+  if (!c)
+    return;
+  c->progress = fn;
+  c->progress_ud = ud;
+}

@@ -1,0 +1,86 @@
+/*
+ * Internals of libdspkclient shared by its source files: the client
+ * structure, the blocking request/response machinery of lib_conn.c, and the
+ * msgpack-to-JSON converter of lib_json.c.  Nothing here is exported.
+ */
+#ifndef DSPK_CLIENT_LIB_INTERNAL_H
+#define DSPK_CLIENT_LIB_INTERNAL_H
+
+#include <msgpack.h>
+#include <stdarg.h>
+
+#include "dspk/dspk.h"
+#include "proto/codec.h"
+
+/* A complete response frame, kept until its ticket is waited for. */
+struct dspk__frame {
+  uint32_t msgid;
+  char *buf;   /* owned */
+  size_t len;
+};
+
+struct dspk_client {
+  int fd;
+  bool broken;            /* the stream is unusable; every call fails */
+  int broken_code;
+  uint32_t next_id;
+  struct dspk__limits lim;
+  char err[1024];
+  char daemon_version[64];
+  dspk_progress_fn progress;
+  void *progress_ud;
+  /* Received bytes not yet consumed. */
+  char *rbuf;
+  size_t rlen, rcap;
+  /* Requests sent and not yet waited for. */
+  uint32_t *inflight;
+  size_t ninflight, capinflight;
+  /* Responses that arrived before their wait. */
+  struct dspk__frame *done;
+  size_t ndone, capdone;
+};
+
+/* A decoded response: the frame and its unpacked envelope. */
+struct dspk__resp {
+  char *buf;                 /* owned frame bytes */
+  size_t len;
+  msgpack_unpacked up;
+  struct dspk__msg msg;
+};
+
+/* Sets c->err from a format and returns code. */
+int dspk__cerr(dspk_client *c, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* A fresh msgid for a request (never one still in flight). */
+uint32_t dspk__next_id(dspk_client *c);
+/* Sends the request frame in w, packed with msgid, and registers msgid as
+ * in flight.  Returns 0 or a negative code (message in c->err); when bytes
+ * may have been partly sent the connection is marked broken.  w stays owned
+ * by the caller. */
+int dspk__send(dspk_client *c, struct dspk__wbuf *w, uint32_t msgid);
+
+/* Waits for the response to msgid (which must be in flight) and consumes
+ * it: 0 with *r filled (free with dspk__resp_free), an error response's code
+ * (message in c->err), or a transport error. */
+int dspk__wait(dspk_client *c, uint32_t msgid, struct dspk__resp *r);
+/* Like dspk__wait for the first in-flight request to complete. */
+int dspk__wait_any(dspk_client *c, uint32_t *msgid, struct dspk__resp *r);
+void dspk__resp_free(struct dspk__resp *r);
+/* True when msgid is in flight. */
+bool dspk__inflight_has(const dspk_client *c, uint32_t msgid);
+
+/* Sends a request (packed by pack(ud, pk) as the params map, or no params
+ * when pack is NULL) and waits for its result. */
+int dspk__call(dspk_client *c, const char *method,
+               void (*pack)(void *ud, struct dspk__wbuf *w), void *ud,
+               struct dspk__resp *r);
+
+/* Converts o to JSON text (NUL-terminated, malloc'd) in *out.  0 or
+ * DSPK_ENOMEM. */
+int dspk__to_json(const msgpack_object *o, char **out);
+
+/* Copies a str value into buf, truncating; "" when o is not a str. */
+void dspk__strncpy_obj(const msgpack_object *o, char *buf, size_t buflen);
+
+#endif /* DSPK_CLIENT_LIB_INTERNAL_H */
