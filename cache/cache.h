@@ -200,4 +200,11 @@ int dspk__cache_stats(struct dspk__cache *c, struct dspk__cache_stats *out);
  * Returns 0 or a negative dspk_errno. */
 int dspk__cache_clear(struct dspk__cache *c, unsigned mask);
 
+/* Runs PRAGMA quick_check on the open database.  Returns 0 when it is
+ * consistent, DSPK_EIO when not, or another negative dspk_errno. */
+int dspk__cache_check(struct dspk__cache *c);
+/* Counts a hit of `kind` served from a caller's in-process memo (the
+ * autotune framework remembers decisions), so stats stay truthful. */
+void dspk__cache_count_hit(struct dspk__cache *c, int kind);
+
 #endif /* DSPK_CACHE_CACHE_H */

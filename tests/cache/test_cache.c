@@ -1,0 +1,700 @@
+/*
+ * Unit tests of cache/: the key hash against independently computed FNV-1a
+ * 128 vectors; that every component of a kernel or autotune key turns a
+ * change into a miss; persistence across close/reopen; blobs; LRU eviction
+ * under the size bound; clearing by kind; corruption recovery (a broken
+ * header and a broken page); the in-memory fallback for an unusable
+ * location; a schema newer than the build; the default XDG location; two
+ * processes and several threads writing one file at once.
+ *
+ * Each test works in its own fresh directory under $TMPDIR.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <glob.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+#include <sqlite3.h>
+
+#include "cache/cache.h"
+
+struct fixture {
+  char dir[256];
+  char db[300];
+};
+
+static int rm_rf_cb(const char *dir) {
+  char cmd[600];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  return system(cmd);
+}
+
+static int setup(void **state) {
+  struct fixture *f = calloc(1, sizeof *f);
+  const char *tmp = getenv("TMPDIR");
+  snprintf(f->dir, sizeof f->dir, "%s/dspk-cache-test-XXXXXX",
+           tmp && tmp[0] ? tmp : "/tmp");
+  if (!mkdtemp(f->dir))
+    return -1;
+  snprintf(f->db, sizeof f->db, "%s/sub/dir/cache.db", f->dir);
+  *state = f;
+  return 0;
+}
+
+static int teardown(void **state) {
+  struct fixture *f = *state;
+  rm_rf_cb(f->dir);
+  free(f);
+  return 0;
+}
+
+static struct dspk__cache *open_ok(const char *path,
+                                   const struct dspk__cache_opts *o) {
+  struct dspk__cache *c = NULL;
+  char warn[512] = "x";
+  assert_int_equal(dspk__cache_open(path, o, &c, warn, sizeof warn), 0);
+  assert_string_equal(warn, "");
+  assert_non_null(c);
+  return c;
+}
+
+/* A kernel key whose fields point at string literals. */
+static struct dspk__kernel_key base_kernel(void) {
+  static const char src[] = "__global__ void k(float *x) { x[0] = 1; }";
+  struct dspk__kernel_key k = {
+      .dev = {"cuda", "NVIDIA H200", "sm_90", "GPU-1234", "550.54.15"},
+      .compiler = "nvrtc",
+      .compiler_version = "12.4.131",
+      .name = "k",
+      .source = src,
+      .source_len = sizeof src - 1,
+      .options = "-arch=sm_90 -O3",
+  };
+  return k;
+}
+
+static struct dspk__tune_key base_tune(void) {
+  struct dspk__tune_key k = {
+      .dev = {"cpu", "AMD EPYC", "x86_64", "", "fftw-3.3.10"},
+      .op = "fir",
+      .shape = "n=2^16,k=2^6",
+      .dtypes = "f32",
+      .layout = "",
+      .cands_hash = 0x1234,
+  };
+  return k;
+}
+
+static void test_hash_vectors(void **state) {
+  (void)state;
+  struct dspk__hash h;
+  char hex[DSPK__HASH_HEX];
+  /* Expected values computed independently (Python big integers). */
+  dspk__hash_init(&h);
+  dspk__hash_hex(&h, hex);
+  assert_string_equal(hex, "6c62272e07bb014262b821756295c58d");
+  dspk__hash_init(&h);
+  dspk__hash_field(&h, "a", 1);
+  dspk__hash_hex(&h, hex);
+  assert_string_equal(hex, "426d56754e03ad9adb79f299c730f21f");
+  dspk__hash_init(&h);
+  dspk__hash_str(&h, "ab");
+  dspk__hash_str(&h, "c");
+  dspk__hash_hex(&h, hex);
+  assert_string_equal(hex, "b6ce7db35a06e7457857fa227a8bde4e");
+  dspk__hash_init(&h);
+  dspk__hash_str(&h, NULL);
+  dspk__hash_hex(&h, hex);
+  assert_string_equal(hex, "1f1206bf386598cfecc541ed53713e45");
+  /* Field boundaries matter. */
+  struct dspk__hash h2;
+  dspk__hash_init(&h2);
+  dspk__hash_str(&h2, "a");
+  dspk__hash_str(&h2, "bc");
+  dspk__hash_init(&h);
+  dspk__hash_str(&h, "ab");
+  dspk__hash_str(&h, "c");
+  assert_false(h.hi == h2.hi && h.lo == h2.lo);
+  /* "" differs from NULL. */
+  dspk__hash_init(&h);
+  dspk__hash_str(&h, "");
+  dspk__hash_init(&h2);
+  dspk__hash_str(&h2, NULL);
+  assert_false(h.hi == h2.hi && h.lo == h2.lo);
+}
+
+static void expect_kernel(struct dspk__cache *c,
+                          const struct dspk__kernel_key *k, const char *want) {
+  void *bin = NULL;
+  size_t len = 0;
+  int rc = dspk__cache_kernel_get(c, k, &bin, &len);
+  if (!want) {
+    assert_int_equal(rc, DSPK_ENOENT);
+    assert_null(bin);
+    return;
+  }
+  assert_int_equal(rc, 0);
+  assert_int_equal(len, strlen(want));
+  assert_memory_equal(bin, want, len);
+  free(bin);
+}
+
+/* One test per key component: each change must be a miss. */
+enum kfield { KF_SOURCE, KF_OPTIONS, KF_COMPILER_VERSION, KF_COMPILER,
+              KF_DEVICE_NAME, KF_UUID, KF_ARCH, KF_DRIVER, KF_BACKEND,
+              KF_NAME };
+
+static void kernel_component_miss(void **state, enum kfield field) {
+  struct fixture *f = *state;
+  struct dspk__cache *c = open_ok(f->db, NULL);
+  struct dspk__kernel_key k = base_kernel();
+  assert_int_equal(dspk__cache_kernel_put(c, &k, "BINARY", 6), 0);
+  expect_kernel(c, &k, "BINARY");
+
+  struct dspk__kernel_key m = k;
+  static const char src2[] = "__global__ void k(float *x) { x[0] = 2; }";
+  switch (field) {
+  case KF_SOURCE:
+    m.source = src2;
+    m.source_len = sizeof src2 - 1;
+    break;
+  case KF_OPTIONS: m.options = "-arch=sm_90 -O2"; break;
+  case KF_COMPILER_VERSION: m.compiler_version = "12.4.132"; break;
+  case KF_COMPILER: m.compiler = "nvcc"; break;
+  case KF_DEVICE_NAME: m.dev.name = "NVIDIA H100"; break;
+  case KF_UUID: m.dev.uuid = "GPU-5678"; break;
+  case KF_ARCH: m.dev.arch = "sm_89"; break;
+  case KF_DRIVER: m.dev.driver = "550.54.16"; break;
+  case KF_BACKEND: m.dev.backend = "hip"; break;
+  case KF_NAME: m.name = NULL; break;
+  }
+  expect_kernel(c, &m, NULL);
+  /* The changed key stores its own entry; the old one is untouched. */
+  assert_int_equal(dspk__cache_kernel_put(c, &m, "OTHER", 5), 0);
+  expect_kernel(c, &m, "OTHER");
+  expect_kernel(c, &k, "BINARY");
+
+  struct dspk__cache_stats s;
+  assert_int_equal(dspk__cache_stats(c, &s), 0);
+  assert_int_equal(s.kind[DSPK__CACHE_KERNELS].entries, 2);
+  assert_int_equal(s.kind[DSPK__CACHE_KERNELS].hits, 3);
+  assert_int_equal(s.kind[DSPK__CACHE_KERNELS].misses, 1);
+  assert_int_equal(s.kind[DSPK__CACHE_KERNELS].stored_hits, 3);
+  dspk__cache_close(c);
+}
+
+static void test_kernel_miss_source(void **s) { kernel_component_miss(s, KF_SOURCE); }
+static void test_kernel_miss_options(void **s) { kernel_component_miss(s, KF_OPTIONS); }
+static void test_kernel_miss_compiler_version(void **s) { kernel_component_miss(s, KF_COMPILER_VERSION); }
+static void test_kernel_miss_compiler(void **s) { kernel_component_miss(s, KF_COMPILER); }
+static void test_kernel_miss_device(void **s) { kernel_component_miss(s, KF_DEVICE_NAME); }
+static void test_kernel_miss_uuid(void **s) { kernel_component_miss(s, KF_UUID); }
+static void test_kernel_miss_arch(void **s) { kernel_component_miss(s, KF_ARCH); }
+static void test_kernel_miss_driver(void **s) { kernel_component_miss(s, KF_DRIVER); }
+static void test_kernel_miss_backend(void **s) { kernel_component_miss(s, KF_BACKEND); }
+static void test_kernel_miss_name(void **s) { kernel_component_miss(s, KF_NAME); }
+
+static void test_tune_components(void **state) {
+  struct fixture *f = *state;
+  struct dspk__cache *c = open_ok(f->db, NULL);
+  struct dspk__tune_key k = base_tune();
+  char w[32];
+  assert_int_equal(dspk__cache_tune_get(c, &k, w, sizeof w), DSPK_ENOENT);
+  assert_int_equal(dspk__cache_tune_put(c, &k, "fft", "{\"direct\":[9,9],\"fft\":[3,4]}"), 0);
+  assert_int_equal(dspk__cache_tune_get(c, &k, w, sizeof w), 0);
+  assert_string_equal(w, "fft");
+  char t[128];
+  assert_int_equal(dspk__cache_tune_timings(c, &k, t, sizeof t), 0);
+  assert_string_equal(t, "{\"direct\":[9,9],\"fft\":[3,4]}");
+  char tiny[3];
+  assert_int_equal(dspk__cache_tune_get(c, &k, tiny, sizeof tiny), DSPK_ERANGE);
+
+  for (int i = 0; i < 8; i++) {
+    struct dspk__tune_key m = k;
+    switch (i) {
+    case 0: m.op = "gemm"; break;
+    case 1: m.shape = "n=2^17,k=2^6"; break;
+    case 2: m.dtypes = "f64"; break;
+    case 3: m.layout = "unaligned"; break;
+    case 4: m.cands_hash = 0x1235; break;
+    case 5: m.dev.driver = "fftw-3.3.11"; break;
+    case 6: m.dev.name = "Intel Xeon"; break;
+    case 7: m.dev.uuid = NULL; break;
+    }
+    assert_int_equal(dspk__cache_tune_get(c, &m, w, sizeof w), DSPK_ENOENT);
+  }
+  /* Re-tune: delete, then a miss, then a new winner. */
+  assert_int_equal(dspk__cache_tune_del(c, &k), 0);
+  assert_int_equal(dspk__cache_tune_get(c, &k, w, sizeof w), DSPK_ENOENT);
+  assert_int_equal(dspk__cache_tune_put(c, &k, "direct", NULL), 0);
+  assert_int_equal(dspk__cache_tune_get(c, &k, w, sizeof w), 0);
+  assert_string_equal(w, "direct");
+  dspk__cache_close(c);
+}
+
+static void test_persistence(void **state) {
+  struct fixture *f = *state;
+  struct dspk__cache *c = open_ok(f->db, NULL);
+  struct dspk__kernel_key k = base_kernel();
+  struct dspk__tune_key t = base_tune();
+  assert_int_equal(dspk__cache_kernel_put(c, &k, "BIN\0ARY", 7), 0);
+  assert_int_equal(dspk__cache_tune_put(c, &t, "direct", "{}"), 0);
+  assert_int_equal(dspk__cache_blob_put(c, "wisdom", "W1", 2), 0);
+  assert_int_equal(dspk__cache_blob_put(c, "wisdom", "W22", 3), 0); /* replace */
+  assert_false(dspk__cache_in_memory(c));
+  assert_string_equal(dspk__cache_path(c), f->db);
+  dspk__cache_close(c);
+
+  c = open_ok(f->db, NULL);
+  void *bin = NULL;
+  size_t len = 0;
+  assert_int_equal(dspk__cache_kernel_get(c, &k, &bin, &len), 0);
+  assert_int_equal(len, 7);
+  assert_memory_equal(bin, "BIN\0ARY", 7);
+  free(bin);
+  char w[16];
+  assert_int_equal(dspk__cache_tune_get(c, &t, w, sizeof w), 0);
+  assert_string_equal(w, "direct");
+  assert_int_equal(dspk__cache_blob_get(c, "wisdom", &bin, &len), 0);
+  assert_int_equal(len, 3);
+  assert_memory_equal(bin, "W22", 3);
+  free(bin);
+  assert_int_equal(dspk__cache_blob_get(c, "nothing", &bin, &len), DSPK_ENOENT);
+  struct dspk__cache_stats s;
+  assert_int_equal(dspk__cache_stats(c, &s), 0);
+  for (int i = 0; i < DSPK__CACHE_NKINDS; i++) {
+    assert_int_equal(s.kind[i].entries, 1);
+    assert_int_equal(s.kind[i].hits, 1);
+    assert_true(s.kind[i].bytes > 0);
+  }
+  assert_int_equal(s.kind[DSPK__CACHE_BLOBS].misses, 1);
+  assert_true(s.file_bytes > 0);
+  assert_int_equal(dspk__cache_check(c), 0);
+  dspk__cache_close(c);
+
+  /* The file is really in WAL mode. */
+  sqlite3 *db;
+  assert_int_equal(sqlite3_open(f->db, &db), SQLITE_OK);
+  sqlite3_stmt *st;
+  assert_int_equal(sqlite3_prepare_v2(db, "PRAGMA journal_mode", -1, &st, NULL), SQLITE_OK);
+  assert_int_equal(sqlite3_step(st), SQLITE_ROW);
+  assert_string_equal((const char *)sqlite3_column_text(st, 0), "wal");
+  sqlite3_finalize(st);
+  sqlite3_close(db);
+}
+
+static void test_lru_eviction(void **state) {
+  struct fixture *f = *state;
+  struct dspk__cache_opts o = {.max_bytes = 10000};
+  struct dspk__cache *c = open_ok(f->db, &o);
+  char data[3000];
+  memset(data, 'x', sizeof data);
+  /* Three blobs of ~3000 bytes fit; a fourth does not. */
+  assert_int_equal(dspk__cache_blob_put(c, "a", data, sizeof data), 0);
+  assert_int_equal(dspk__cache_blob_put(c, "b", data, sizeof data), 0);
+  assert_int_equal(dspk__cache_blob_put(c, "c", data, sizeof data), 0);
+  void *p;
+  size_t n;
+  /* Touch a: b becomes the least recently used. */
+  assert_int_equal(dspk__cache_blob_get(c, "a", &p, &n), 0);
+  free(p);
+  assert_int_equal(dspk__cache_blob_put(c, "d", data, sizeof data), 0);
+  assert_int_equal(dspk__cache_blob_get(c, "b", &p, &n), DSPK_ENOENT);
+  const char *keep[] = {"a", "c", "d"};
+  for (int i = 0; i < 3; i++) {
+    assert_int_equal(dspk__cache_blob_get(c, keep[i], &p, &n), 0);
+    free(p);
+  }
+  /* Kinds share one bound and one recency order: a kernel entry pushes
+   * out the least recent blob (a was touched before c and d). */
+  struct dspk__kernel_key k = base_kernel();
+  assert_int_equal(dspk__cache_kernel_put(c, &k, data, 2000), 0);
+  assert_int_equal(dspk__cache_blob_get(c, "a", &p, &n), DSPK_ENOENT);
+  struct dspk__cache_stats s;
+  assert_int_equal(dspk__cache_stats(c, &s), 0);
+  assert_int_equal(s.kind[DSPK__CACHE_BLOBS].evictions, 2);
+  assert_true(s.kind[0].bytes + s.kind[1].bytes + s.kind[2].bytes <= 10000);
+  /* An entry larger than the bound is refused. */
+  static char big[20000];
+  assert_int_equal(dspk__cache_blob_put(c, "big", big, sizeof big), DSPK_ELIMIT);
+  dspk__cache_close(c);
+}
+
+static void test_clear_by_kind(void **state) {
+  struct fixture *f = *state;
+  struct dspk__cache *c = open_ok(f->db, NULL);
+  struct dspk__kernel_key k = base_kernel();
+  struct dspk__tune_key t = base_tune();
+  assert_int_equal(dspk__cache_kernel_put(c, &k, "B", 1), 0);
+  assert_int_equal(dspk__cache_tune_put(c, &t, "w", NULL), 0);
+  assert_int_equal(dspk__cache_blob_put(c, "x", "X", 1), 0);
+  assert_int_equal(dspk__cache_clear(c, DSPK__CACHE_MASK(DSPK__CACHE_KERNELS)), 0);
+  struct dspk__cache_stats s;
+  assert_int_equal(dspk__cache_stats(c, &s), 0);
+  assert_int_equal(s.kind[DSPK__CACHE_KERNELS].entries, 0);
+  assert_int_equal(s.kind[DSPK__CACHE_KERNELS].bytes, 0);
+  assert_int_equal(s.kind[DSPK__CACHE_AUTOTUNE].entries, 1);
+  assert_int_equal(s.kind[DSPK__CACHE_BLOBS].entries, 1);
+  assert_int_equal(dspk__cache_clear(c, DSPK__CACHE_MASK(DSPK__CACHE_AUTOTUNE) |
+                                            DSPK__CACHE_MASK(DSPK__CACHE_BLOBS)),
+                   0);
+  assert_int_equal(dspk__cache_stats(c, &s), 0);
+  for (int i = 0; i < DSPK__CACHE_NKINDS; i++)
+    assert_int_equal(s.kind[i].entries, 0);
+  assert_int_equal(dspk__cache_clear(c, 8), DSPK_EINVAL);
+  assert_string_equal(dspk__cache_kind_name(DSPK__CACHE_AUTOTUNE), "autotune");
+  assert_null(dspk__cache_kind_name(3));
+  dspk__cache_close(c);
+}
+
+static void fill_some(const char *path) {
+  struct dspk__cache *c = open_ok(path, NULL);
+  char data[2000];
+  for (int i = 0; i < 40; i++) {
+    char name[32];
+    snprintf(name, sizeof name, "blob-%d", i);
+    memset(data, 'a' + i % 26, sizeof data);
+    assert_int_equal(dspk__cache_blob_put(c, name, data, sizeof data), 0);
+  }
+  dspk__cache_close(c);
+}
+
+static int count_corrupt(const char *db) {
+  char pat[400];
+  glob_t g;
+  snprintf(pat, sizeof pat, "%s.corrupt-*", db);
+  int n = 0;
+  if (glob(pat, 0, NULL, &g) == 0) {
+    for (size_t i = 0; i < g.gl_pathc; i++)
+      if (!strstr(g.gl_pathv[i], "-wal") && !strstr(g.gl_pathv[i], "-shm"))
+        n++;
+    globfree(&g);
+  }
+  return n;
+}
+
+static void overwrite(const char *path, off_t off, size_t n) {
+  int fd = open(path, O_WRONLY);
+  assert_true(fd >= 0);
+  char junk[4096];
+  for (size_t i = 0; i < sizeof junk; i++)
+    junk[i] = (char)(i * 37 + 11);
+  assert_true(n <= sizeof junk);
+  assert_int_equal(pwrite(fd, junk, n, off), (ssize_t)n);
+  close(fd);
+}
+
+static void check_rebuilt(struct fixture *f) {
+  struct dspk__cache *c = NULL;
+  char warn[1024] = "";
+  assert_int_equal(dspk__cache_open(f->db, NULL, &c, warn, sizeof warn), 0);
+  assert_non_null(strstr(warn, "corrupt"));
+  assert_non_null(strstr(warn, "rebuilt"));
+  assert_false(dspk__cache_in_memory(c));
+  assert_int_equal(count_corrupt(f->db), 1);
+  assert_int_equal(dspk__cache_check(c), 0);
+  void *p;
+  size_t n;
+  assert_int_equal(dspk__cache_blob_get(c, "blob-1", &p, &n), DSPK_ENOENT);
+  assert_int_equal(dspk__cache_blob_put(c, "new", "N", 1), 0);
+  dspk__cache_close(c);
+  /* The rebuilt file opens cleanly the next time: no second warning. */
+  c = open_ok(f->db, NULL);
+  assert_int_equal(dspk__cache_blob_get(c, "new", &p, &n), 0);
+  free(p);
+  dspk__cache_close(c);
+  assert_int_equal(count_corrupt(f->db), 1);
+}
+
+static void test_corrupt_header(void **state) {
+  struct fixture *f = *state;
+  fill_some(f->db);
+  overwrite(f->db, 0, 100);
+  check_rebuilt(f);
+}
+
+static void test_corrupt_page(void **state) {
+  struct fixture *f = *state;
+  fill_some(f->db);
+  /* Break b-tree pages in the middle, keeping the header valid. */
+  struct stat sb;
+  assert_int_equal(stat(f->db, &sb), 0);
+  assert_true(sb.st_size >= 8 * 4096);
+  overwrite(f->db, 2 * 4096, 4096);
+  overwrite(f->db, 3 * 4096, 4096);
+  check_rebuilt(f);
+}
+
+static void test_unwritable_location(void **state) {
+  struct fixture *f = *state;
+  /* A regular file where a directory should be: mkdir fails even for root. */
+  char blocker[300], path[400];
+  snprintf(blocker, sizeof blocker, "%s/blocker", f->dir);
+  FILE *fp = fopen(blocker, "w");
+  assert_non_null(fp);
+  fclose(fp);
+  snprintf(path, sizeof path, "%s/sub/cache.db", blocker);
+  struct dspk__cache *c = NULL;
+  char warn[1024] = "";
+  assert_int_equal(dspk__cache_open(path, NULL, &c, warn, sizeof warn), 0);
+  assert_non_null(strstr(warn, "in-memory"));
+  assert_true(dspk__cache_in_memory(c));
+  assert_string_equal(dspk__cache_path(c), ":memory:");
+  /* It works as a cache. */
+  assert_int_equal(dspk__cache_blob_put(c, "x", "X", 1), 0);
+  void *p;
+  size_t n;
+  assert_int_equal(dspk__cache_blob_get(c, "x", &p, &n), 0);
+  free(p);
+  dspk__cache_close(c);
+  /* With no_fallback the same location is an error. */
+  struct dspk__cache_opts o = {.no_fallback = 1};
+  c = NULL;
+  assert_int_equal(dspk__cache_open(path, &o, &c, warn, sizeof warn), DSPK_EIO);
+  assert_null(c);
+
+  /* A read-only directory (meaningful only without CAP_DAC_OVERRIDE). */
+  if (geteuid() != 0) {
+    char ro[300];
+    snprintf(ro, sizeof ro, "%s/ro", f->dir);
+    assert_int_equal(mkdir(ro, 0500), 0);
+    snprintf(path, sizeof path, "%s/cache.db", ro);
+    assert_int_equal(dspk__cache_open(path, NULL, &c, warn, sizeof warn), 0);
+    assert_non_null(strstr(warn, "in-memory"));
+    assert_true(dspk__cache_in_memory(c));
+    dspk__cache_close(c);
+    chmod(ro, 0700);
+  }
+}
+
+static void test_newer_schema(void **state) {
+  struct fixture *f = *state;
+  fill_some(f->db);
+  sqlite3 *db;
+  assert_int_equal(sqlite3_open(f->db, &db), SQLITE_OK);
+  assert_int_equal(sqlite3_exec(db, "PRAGMA user_version=999", 0, 0, 0), SQLITE_OK);
+  sqlite3_close(db);
+  struct dspk__cache *c = NULL;
+  char warn[1024] = "";
+  assert_int_equal(dspk__cache_open(f->db, NULL, &c, warn, sizeof warn), 0);
+  assert_non_null(strstr(warn, "newer"));
+  assert_true(dspk__cache_in_memory(c));
+  dspk__cache_close(c);
+  /* The newer file is left alone, not moved aside. */
+  assert_int_equal(count_corrupt(f->db), 0);
+  assert_int_equal(access(f->db, F_OK), 0);
+}
+
+static void test_default_path(void **state) {
+  struct fixture *f = *state;
+  char xdg[300], want[400];
+  snprintf(xdg, sizeof xdg, "%s/xdg", f->dir);
+  snprintf(want, sizeof want, "%s/dspk/cache.db", xdg);
+  char *old = getenv("XDG_CACHE_HOME") ? strdup(getenv("XDG_CACHE_HOME")) : NULL;
+  setenv("XDG_CACHE_HOME", xdg, 1);
+  struct dspk__cache *c = open_ok(NULL, NULL);
+  assert_string_equal(dspk__cache_path(c), want);
+  dspk__cache_close(c);
+  assert_int_equal(access(want, F_OK), 0);
+  if (old) {
+    setenv("XDG_CACHE_HOME", old, 1);
+    free(old);
+  } else {
+    unsetenv("XDG_CACHE_HOME");
+  }
+}
+
+/* Child of test_two_processes: waits for the start signal (EOF on the
+ * pipe), then writes n entries, half of them shared with the other child.
+ * Exits 0 only when every call succeeded. */
+static void writer_child(const char *path, int id, int gate, int n) {
+  char b;
+  while (read(gate, &b, 1) > 0)
+    ;
+  struct dspk__cache *c = NULL;
+  char warn[512];
+  struct dspk__cache_opts o = {.busy_timeout_ms = 20000};
+  if (dspk__cache_open(path, &o, &c, warn, sizeof warn) != 0 || warn[0])
+    _exit(2);
+  for (int i = 0; i < n; i++) {
+    char name[64], data[512];
+    int shared = i % 2 == 0;
+    snprintf(name, sizeof name, shared ? "shared-%d" : "own-%d-%d",
+             shared ? i : id, i);
+    memset(data, shared ? 's' : 'a' + id, sizeof data);
+    snprintf(data, 32, "%.30s", name);
+    if (dspk__cache_blob_put(c, name, data, sizeof data) != 0)
+      _exit(3);
+    struct dspk__tune_key t = base_tune();
+    t.shape = name;
+    if (dspk__cache_tune_put(c, &t, shared ? "s" : "o", "{}") != 0)
+      _exit(4);
+    void *p;
+    size_t len;
+    if (dspk__cache_blob_get(c, name, &p, &len) != 0)
+      _exit(5);
+    free(p);
+  }
+  dspk__cache_close(c);
+  _exit(0);
+}
+
+static void test_two_processes(void **state) {
+  struct fixture *f = *state;
+  /* Create the file first so both children find a ready schema; the race
+   * of two creators is covered by opening it fresh in both as well. */
+  enum { N = 150 };
+  for (int round = 0; round < 2; round++) {
+    if (round == 1)
+      fill_some(f->db);
+    int gate[2];
+    assert_int_equal(pipe(gate), 0);
+    pid_t kid[2];
+    for (int id = 0; id < 2; id++) {
+      kid[id] = fork();
+      assert_true(kid[id] >= 0);
+      if (kid[id] == 0) {
+        close(gate[1]);
+        writer_child(f->db, id, gate[0], N);
+      }
+    }
+    close(gate[0]);
+    close(gate[1]); /* both start now */
+    for (int id = 0; id < 2; id++) {
+      int st;
+      assert_int_equal(waitpid(kid[id], &st, 0), kid[id]);
+      assert_true(WIFEXITED(st));
+      assert_int_equal(WEXITSTATUS(st), 0);
+    }
+    struct dspk__cache *c = open_ok(f->db, NULL);
+    assert_int_equal(dspk__cache_check(c), 0);
+    struct dspk__cache_stats s;
+    assert_int_equal(dspk__cache_stats(c, &s), 0);
+    /* N/2 shared + 2 * N/2 own names, blobs and tunings each. */
+    assert_int_equal(s.kind[DSPK__CACHE_BLOBS].entries,
+                     N / 2 + N + (round ? 40 : 0));
+    assert_int_equal(s.kind[DSPK__CACHE_AUTOTUNE].entries, N / 2 + N);
+    void *p;
+    size_t len;
+    assert_int_equal(dspk__cache_blob_get(c, "own-1-9", &p, &len), 0);
+    assert_int_equal(len, 512);
+    assert_string_equal((char *)p, "own-1-9");
+    assert_int_equal(((char *)p)[511], 'b');
+    free(p);
+    dspk__cache_close(c);
+    if (round == 0) {
+      char cmd[1200];
+      snprintf(cmd, sizeof cmd, "rm -f '%s' '%s-wal' '%s-shm'", f->db, f->db, f->db);
+      assert_int_equal(system(cmd), 0);
+    }
+  }
+}
+
+struct thr {
+  struct dspk__cache *c;
+  int id;
+  int errors;
+};
+
+static void *thread_main(void *arg) {
+  struct thr *t = arg;
+  for (int i = 0; i < 100; i++) {
+    struct dspk__kernel_key k = base_kernel();
+    char name[32], bin[64];
+    snprintf(name, sizeof name, "k%d-%d", t->id, i % 10);
+    k.name = name;
+    snprintf(bin, sizeof bin, "bin-%s", name);
+    void *p;
+    size_t n;
+    int rc = dspk__cache_kernel_get(t->c, &k, &p, &n);
+    if (rc == 0) {
+      if (n != strlen(bin) || memcmp(p, bin, n) != 0)
+        t->errors++;
+      free(p);
+    } else if (rc == DSPK_ENOENT) {
+      if (dspk__cache_kernel_put(t->c, &k, bin, strlen(bin)) != 0)
+        t->errors++;
+    } else {
+      t->errors++;
+    }
+  }
+  return NULL;
+}
+
+static void test_threads(void **state) {
+  struct fixture *f = *state;
+  struct dspk__cache *c = open_ok(f->db, NULL);
+  pthread_t th[4];
+  struct thr t[4];
+  for (int i = 0; i < 4; i++) {
+    t[i] = (struct thr){c, i, 0};
+    assert_int_equal(pthread_create(&th[i], NULL, thread_main, &t[i]), 0);
+  }
+  for (int i = 0; i < 4; i++) {
+    pthread_join(th[i], NULL);
+    assert_int_equal(t[i].errors, 0);
+  }
+  struct dspk__cache_stats s;
+  assert_int_equal(dspk__cache_stats(c, &s), 0);
+  assert_int_equal(s.kind[DSPK__CACHE_KERNELS].entries, 40);
+  assert_int_equal(s.kind[DSPK__CACHE_KERNELS].misses, 40);
+  assert_int_equal(s.kind[DSPK__CACHE_KERNELS].hits, 360);
+  dspk__cache_close(c);
+}
+
+static void test_memory_and_args(void **state) {
+  (void)state;
+  struct dspk__cache *c = open_ok(":memory:", NULL);
+  assert_true(dspk__cache_in_memory(c));
+  void *p;
+  size_t n;
+  assert_int_equal(dspk__cache_blob_get(c, NULL, &p, &n), DSPK_EINVAL);
+  assert_int_equal(dspk__cache_blob_put(c, "empty", NULL, 0), 0);
+  assert_int_equal(dspk__cache_blob_get(c, "empty", &p, &n), 0);
+  assert_int_equal(n, 0);
+  free(p);
+  dspk__cache_close(c);
+  dspk__cache_close(NULL);
+}
+
+#define T(name) cmocka_unit_test_setup_teardown(name, setup, teardown)
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      T(test_hash_vectors),
+      T(test_kernel_miss_source),
+      T(test_kernel_miss_options),
+      T(test_kernel_miss_compiler_version),
+      T(test_kernel_miss_compiler),
+      T(test_kernel_miss_device),
+      T(test_kernel_miss_uuid),
+      T(test_kernel_miss_arch),
+      T(test_kernel_miss_driver),
+      T(test_kernel_miss_backend),
+      T(test_kernel_miss_name),
+      T(test_tune_components),
+      T(test_persistence),
+      T(test_lru_eviction),
+      T(test_clear_by_kind),
+      T(test_corrupt_header),
+      T(test_corrupt_page),
+      T(test_unwritable_location),
+      T(test_newer_schema),
+      T(test_default_path),
+      T(test_two_processes),
+      T(test_threads),
+      T(test_memory_and_args),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
