@@ -1,11 +1,224 @@
 /*
- * contract on the cpu (not yet implemented: returns DSPK_ENOTSUP).
+ * contract on the cpu: two-operand numpy.einsum by permutation + gemm.
+ *
+ * Each label is one of: batch (in A, B and the output), contracted (A and B,
+ * not the output), free-A / free-B (one operand and the output), or
+ * summed-only (one operand, nowhere else).  A is gathered into a contiguous
+ * (batch, M, K) array, summing its summed-only labels on the way, B into
+ * (batch, K, N); a batched gemm gives (batch, M, N), which is permuted into
+ * the output's label order.  An operand already in the wanted order is used
+ * in place, and a result already in the output's order is written straight
+ * into the output, so "ik,kj->ij" is one plain BLAS call.
  */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
 #include "backends/cpu/cpu.h"
 
+/* A strided view: element (i0..i{nd-1}) of the destination, contiguous in
+ * that order, is the sum over the summed indices of src at sum(i*str). */
+struct view {
+  int nd, ns;
+  int64_t dim[DSPK_MAX_RANK], str[DSPK_MAX_RANK];
+  int64_t sdim[DSPK_MAX_RANK], sstr[DSPK_MAX_RANK];
+};
+
+/* Sums src over v's summed indices starting at off (double precision). */
+static void sum_at(const struct view *v, const char *src, int64_t off, int dbl,
+                   int W, double acc[2]) {
+  int64_t idx[DSPK_MAX_RANK] = {0}, n = 1;
+  for (int i = 0; i < v->ns; i++)
+    n *= v->sdim[i];
+  acc[0] = acc[1] = 0;
+  for (int64_t t = 0; t < n; t++) {
+    for (int w = 0; w < W; w++)
+      acc[w] += dbl ? ((const double *)src)[off * W + w]
+                    : (double)((const float *)src)[off * W + w];
+    for (int i = v->ns - 1; i >= 0; i--) {
+      off += v->sstr[i];
+      if (++idx[i] < v->sdim[i])
+        break;
+      off -= v->sstr[i] * v->sdim[i];
+      idx[i] = 0;
+    }
+  }
+}
+
+/* Writes the view of src into dst (contiguous). */
+static void gather(const struct view *v, const char *src, char *dst,
+                   dspk_dtype dt) {
+  size_t es = dspk__dtype_size(dt);
+  int dbl = dt == DSPK_F64 || dt == DSPK_C128;
+  int W = dspk__dtype_is_complex(dt) ? 2 : 1;
+  int64_t idx[DSPK_MAX_RANK] = {0}, n = 1, off = 0;
+  for (int i = 0; i < v->nd; i++)
+    n *= v->dim[i];
+  for (int64_t t = 0; t < n; t++) {
+    if (v->ns == 0) {
+      switch (es) {
+      case 4: ((float *)dst)[t] = ((const float *)src)[off]; break;
+      case 8: ((double *)dst)[t] = ((const double *)src)[off]; break;
+      default: memcpy(dst + t * es, src + off * es, es); break;
+      }
+    } else {
+      double acc[2];
+      sum_at(v, src, off, dbl, W, acc);
+      for (int w = 0; w < W; w++) {
+        if (dbl)
+          ((double *)dst)[t * W + w] = acc[w];
+        else
+          ((float *)dst)[t * W + w] = (float)acc[w];
+      }
+    }
+    for (int i = v->nd - 1; i >= 0; i--) {
+      off += v->str[i];
+      if (++idx[i] < v->dim[i])
+        break;
+      off -= v->str[i] * v->dim[i];
+      idx[i] = 0;
+    }
+  }
+}
+
+static int has(const char *s, char c) { return c && strchr(s, c) != NULL; }
+
+/* Element strides of a C-order tensor, by label. */
+static void label_strides(const char *lab, const int64_t *shape, int64_t str[128]) {
+  int r = (int)strlen(lab);
+  int64_t s = 1;
+  for (int i = r - 1; i >= 0; i--) {
+    str[(unsigned char)lab[i]] = s;
+    s *= shape[i];
+  }
+}
+
+/* Builds the view of an operand (labels lab, strides str) in the order of
+ * `order`, summing the labels of `summed`. */
+static void make_view(struct view *v, const char *order, const char *summed,
+                      const int64_t size[128], const int64_t str[128]) {
+  v->nd = (int)strlen(order);
+  v->ns = (int)strlen(summed);
+  for (int i = 0; i < v->nd; i++) {
+    v->dim[i] = size[(unsigned char)order[i]];
+    v->str[i] = str[(unsigned char)order[i]];
+  }
+  for (int i = 0; i < v->ns; i++) {
+    v->sdim[i] = size[(unsigned char)summed[i]];
+    v->sstr[i] = str[(unsigned char)summed[i]];
+  }
+}
+
+static int64_t prod(const char *labels, const int64_t size[128]) {
+  int64_t p = 1;
+  for (const char *c = labels; *c; c++)
+    p *= size[(unsigned char)*c];
+  return p;
+}
+
 int dspk__cpu_contract(struct dspk__dev *dev, struct dspk__op *op,
-                  struct dspk__opctx *ctx) {
-  (void)dev;
-  (void)op;
-  return dspk__cpu_err(ctx, DSPK_ENOTSUP, "contract: not yet on the cpu backend");
+                       struct dspk__opctx *ctx) {
+  const struct dspk__tensor *A = &op->in[0], *B = &op->in[1];
+  struct dspk__tensor *O = &op->out[0];
+  char lab[3][DSPK_MAX_RANK + 1];
+  int64_t size[128];
+  char msg[160];
+  int rc = dspk__contract_parse(op->u.contract.subscripts, A, B, lab, size, msg,
+                                sizeof msg);
+  if (rc)
+    return dspk__cpu_err(ctx, rc, "%s", msg);
+  const char *la = lab[0], *lb = lab[1], *lo = lab[2];
+
+  /* Classify: batch and free labels in output order, contracted in A's. */
+  char bat[DSPK_MAX_RANK + 1] = "", fa[DSPK_MAX_RANK + 1] = "",
+       fb[DSPK_MAX_RANK + 1] = "", con[DSPK_MAX_RANK + 1] = "",
+       sa[DSPK_MAX_RANK + 1] = "", sb[DSPK_MAX_RANK + 1] = "";
+  int nbat = 0, nfa = 0, nfb = 0, ncon = 0, nsa = 0, nsb = 0;
+  for (const char *c = lo; *c; c++) {
+    if (has(la, *c) && has(lb, *c))
+      bat[nbat++] = *c;
+    else if (has(la, *c))
+      fa[nfa++] = *c;
+    else
+      fb[nfb++] = *c;
+  }
+  for (const char *c = la; *c; c++) {
+    if (has(lo, *c))
+      continue;
+    if (has(lb, *c))
+      con[ncon++] = *c;
+    else
+      sa[nsa++] = *c;
+  }
+  for (const char *c = lb; *c; c++)
+    if (!has(lo, *c) && !has(la, *c))
+      sb[nsb++] = *c;
+  bat[nbat] = fa[nfa] = fb[nfb] = con[ncon] = sa[nsa] = sb[nsb] = 0;
+
+  dspk_dtype dt = A->dtype;
+  size_t es = dspk__dtype_size(dt);
+  int64_t nb = prod(bat, size), M = prod(fa, size), N = prod(fb, size),
+          K = prod(con, size);
+  if (dspk__tensor_numel(O) == 0)
+    return 0;
+
+  char oa[3 * DSPK_MAX_RANK + 1], ob[3 * DSPK_MAX_RANK + 1],
+      oc[3 * DSPK_MAX_RANK + 1];
+  snprintf(oa, sizeof oa, "%s%s%s", bat, fa, con);
+  snprintf(ob, sizeof ob, "%s%s%s", bat, con, fb);
+  snprintf(oc, sizeof oc, "%s%s%s", bat, fa, fb);
+
+  int64_t stra[128], strb[128], strc[128];
+  label_strides(la, A->shape, stra);
+  label_strides(lb, B->shape, strb);
+  char *ta = NULL, *tb = NULL, *tc = NULL;
+  const char *pa = dspk__cpu_ptr(A), *pb = dspk__cpu_ptr(B);
+  char *pc = dspk__cpu_ptr(O);
+  struct view v;
+  rc = 0;
+
+  if (strcmp(oa, la) != 0 || nsa) {
+    if (!(ta = malloc((size_t)(nb * M * K + 1) * es)))
+      goto nomem;
+    make_view(&v, oa, sa, size, stra);
+    gather(&v, pa, ta, dt);
+    pa = ta;
+  }
+  if (strcmp(ob, lb) != 0 || nsb) {
+    if (!(tb = malloc((size_t)(nb * K * N + 1) * es)))
+      goto nomem;
+    make_view(&v, ob, sb, size, strb);
+    gather(&v, pb, tb, dt);
+    pb = tb;
+  }
+  if (dspk__cpu_canceled(ctx)) {
+    rc = DSPK_ECANCELED;
+    goto out;
+  }
+  int direct_out = strcmp(oc, lo) == 0;
+  if (!direct_out) {
+    if (!(tc = malloc((size_t)(nb * M * N) * es)))
+      goto nomem;
+    pc = tc;
+  }
+  rc = dspk__cpu_gemm_batched(dev, dt, nb, M, N, K, pa, pb, pc, ctx);
+  if (rc == 0 && !direct_out) {
+    /* Permute (batch, free-A, free-B) into the output's order. */
+    int64_t osize[128];
+    memcpy(osize, size, sizeof osize);
+    int64_t shp[3 * DSPK_MAX_RANK];
+    for (int i = 0; oc[i]; i++)
+      shp[i] = size[(unsigned char)oc[i]];
+    label_strides(oc, shp, strc);
+    make_view(&v, lo, "", osize, strc);
+    gather(&v, tc, dspk__cpu_ptr(O), dt);
+  }
+  goto out;
+nomem:
+  rc = dspk__cpu_err(ctx, DSPK_ENOMEM, "contract: out of memory for permuted copies");
+out:
+  free(ta);
+  free(tb);
+  free(tc);
+  return rc;
 }

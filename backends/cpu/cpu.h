@@ -103,6 +103,12 @@ unsigned dspk__cpu_fft_flags(struct dspk__dev *dev, int kind, int dbl, int n,
 void *dspk__cpu_fft_plan(struct dspk__dev *dev, int kind, int dbl, int n,
                          int batch, int inplace, int aligned);
 
+/* Executes plan (from dspk__cpu_fft_plan) on in/out with FFTW's new-array
+ * execute functions; the arrays must match the plan's alignment. */
+void dspk__cpu_fft_exec(int kind, int dbl, void *plan, void *in, void *out);
+/* 1 when p has the alignment FFTW's SIMD plans want. */
+int dspk__cpu_fft_aligned(int dbl, const void *p);
+
 /* Process-wide lock around FFTW's planner (not thread-safe): plan creation,
  * destruction and wisdom import/export must hold it. */
 void dspk__cpu_fftw_lock(void);
