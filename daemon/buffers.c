@@ -1,0 +1,87 @@
+/*
+ * Daemon-side buffers: each connection's table of the buffers it created
+ * (sorted by id, ids grow, so appending keeps the order), and the loop-side
+ * refcount of a buffer.  The table holds one reference and every job that
+ * uses the buffer holds one, so buffer.free or a disconnect while a task
+ * still reads the buffer is safe: the last reference queues the release of
+ * its device memory on the device's runner, which alone touches that memory.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/dspkd.h"
+#include "daemon/log.h"
+
+static ssize_t find_index(const struct conn *c, uint64_t id) {
+  size_t lo = 0, hi = c->nbufs;
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    if (c->bufs[mid]->id == id)
+      return (ssize_t)mid;
+    if (c->bufs[mid]->id < id)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return -1;
+}
+
+struct dbuf *conn_buf_find(struct conn *c, uint64_t id) {
+  ssize_t i = find_index(c, id);
+  return i < 0 ? NULL : c->bufs[i];
+}
+
+int conn_buf_add(struct conn *c, struct dbuf *b) {
+  size_t i;
+  if (c->nbufs == c->capbufs) {
+    size_t cap = c->capbufs ? 2 * c->capbufs : 16;
+    struct dbuf **nb = realloc(c->bufs, cap * sizeof(*nb));
+    if (!nb)
+      return DSPK_ENOMEM;
+    c->bufs = nb;
+    c->capbufs = cap;
+  }
+  /* Ids grow, but a create that finished late may insert before others. */
+  i = c->nbufs;
+  while (i > 0 && c->bufs[i - 1]->id > b->id) {
+    c->bufs[i] = c->bufs[i - 1];
+    i--;
+  }
+  c->bufs[i] = b;
+  c->nbufs++;
+  c->buf_bytes += b->size;
+  dbuf_ref(b);
+  return 0;
+}
+
+struct dbuf *conn_buf_remove(struct conn *c, uint64_t id) {
+  ssize_t i = find_index(c, id);
+  struct dbuf *b;
+  if (i < 0)
+    return NULL;
+  b = c->bufs[i];
+  memmove(&c->bufs[i], &c->bufs[i + 1], (c->nbufs - (size_t)i - 1) * sizeof(*c->bufs));
+  c->nbufs--;
+  c->buf_bytes -= b->size;
+  return b; /* the caller drops the table's reference */
+}
+
+void dbuf_ref(struct dbuf *b) { b->refs++; }
+
+void dbuf_unref(struct dspkd *d, struct dbuf *b) {
+  struct job *j;
+  if (!b || --b->refs > 0)
+    return;
+  /* The memory belongs to the runner: it frees it and this struct. */
+  j = job_new(NULL, JOB_BUF_FREE, 0, b->dev);
+  if (!j) {
+    /* Without a job the memory cannot reach its runner: it is leaked (the
+     * backend's close still releases it), never freed from this thread. */
+    dspkd_error("out of memory: leaking buffer %llu until its device closes",
+                (unsigned long long)b->id);
+    return;
+  }
+  (void)d;
+  j->buf = b;
+  job_submit(j);
+}

@@ -1,0 +1,599 @@
+/*
+ * Client connections on the loop thread: the listening socket, accepting
+ * (with the peer's SO_PEERCRED), reading into a per-connection buffer,
+ * validating each frame with dspk__frame_scan() before msgpack-c decodes it
+ * in place, dispatching requests, writing responses, backpressure, and the
+ * orderly stop of the whole daemon.
+ *
+ * A connection lives until its socket is closed and its last in-flight job
+ * and write are done (a refcount on the loop thread).  Reading stops while a
+ * client has too many requests in flight or too many response bytes not yet
+ * written, and resumes when it drains, so one client cannot make the daemon
+ * buffer without bound.  A frame that breaks the protocol or a limit gets a
+ * `protocol.error` notification and that connection alone is closed.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "daemon/dspkd.h"
+#include "daemon/log.h"
+
+#define RCHUNK_MIN ((size_t)64 << 10)   /* first read buffer of a connection */
+#define RCHUNK_KEEP ((size_t)1 << 20)   /* an idle buffer above this shrinks */
+#define READ_MIN ((size_t)16 << 10)     /* least free space offered to read() */
+
+/* ---- outgoing frames -------------------------------------------------- */
+
+struct wreq *wreq_new(void) {
+  struct wreq *wr = calloc(1, sizeof(*wr));
+  if (wr)
+    dspk__wbuf_init(&wr->w);
+  return wr;
+}
+
+void wreq_free(struct wreq *wr) {
+  if (!wr)
+    return;
+  dspk__wbuf_free(&wr->w);
+  free(wr->bufs);
+  free(wr);
+}
+
+static void on_write(uv_write_t *req, int status) {
+  struct wreq *wr = (struct wreq *)req;
+  struct conn *c = wr->c;
+
+  c->unsent -= wr->len;
+  wreq_free(wr);
+  if (status < 0 && !c->closing) {
+    dspkd_debug("client %llu: write failed: %s", (unsigned long long)c->id,
+                uv_strerror(status));
+    conn_close(c, "write failed");
+  } else if (c->close_after_flush && c->unsent == 0) {
+    conn_close(c, "daemon stopping");
+  } else {
+    conn_update_read(c);
+  }
+  conn_unref(c);
+}
+
+/* Cuts the frame into libuv buffers.  0 or a negative code. */
+static int wreq_bufs(struct wreq *wr, size_t *nbufs) {
+  struct iovec *iov;
+  size_t n;
+  int err = dspk__wbuf_iov(&wr->w, &iov, &n);
+  if (err < 0)
+    return err;
+  wr->bufs = malloc((n ? n : 1) * sizeof(uv_buf_t));
+  if (!wr->bufs)
+    return DSPK_ENOMEM;
+  wr->len = 0;
+  for (size_t i = 0; i < n; i++) {
+    wr->bufs[i] = uv_buf_init(iov[i].iov_base, (unsigned)iov[i].iov_len);
+    /* uv_buf_init takes an unsigned length; set the full size_t. */
+    wr->bufs[i].len = iov[i].iov_len;
+    wr->len += iov[i].iov_len;
+  }
+  *nbufs = n;
+  return 0;
+}
+
+void conn_send(struct conn *c, struct wreq *wr) {
+  size_t n;
+  int err;
+
+  if (!wr)
+    return;
+  if (c->closing) {
+    wreq_free(wr);
+    return;
+  }
+  err = wreq_bufs(wr, &n);
+  if (err < 0) {
+    dspkd_error("client %llu: cannot encode a response: %s",
+                (unsigned long long)c->id, dspk__strerror(err));
+    wreq_free(wr);
+    conn_close(c, "response encoding failed");
+    return;
+  }
+  wr->c = c;
+  err = uv_write(&wr->req, (uv_stream_t *)&c->pipe, wr->bufs, (unsigned)n,
+                 on_write);
+  if (err < 0) {
+    wreq_free(wr);
+    conn_close(c, "write failed");
+    return;
+  }
+  c->unsent += wr->len;
+  conn_ref(c);
+  conn_update_read(c);
+}
+
+void conn_send_error(struct conn *c, uint32_t msgid, int code, const char *msg) {
+  struct wreq *wr;
+  if (c->closing)
+    return;
+  wr = wreq_new();
+  if (!wr) {
+    conn_close(c, "out of memory");
+    return;
+  }
+  dspk__pack_error_response(&wr->w.pk, msgid, code,
+                            msg && *msg ? msg : dspk__strerror(code));
+  conn_send(c, wr);
+}
+
+/* Sends [2, "protocol.error", [error]] as far as the socket takes it now,
+ * then closes the connection: the client broke the protocol, so nothing
+ * more is owed to it, and the daemon must not keep buffering for it. */
+static void conn_protocol_error(struct conn *c, int code, const char *msg) {
+  struct wreq *wr;
+  size_t n;
+
+  dspkd_warn("client %llu (pid %ld): %s: %s; closing the connection",
+             (unsigned long long)c->id, (long)c->pid, dspk__err_name(code), msg);
+  if (c->closing)
+    return;
+  wr = wreq_new();
+  if (wr) {
+    dspk__pack_notify_head(&wr->w.pk, "protocol.error");
+    dspk__pack_error(&wr->w.pk, code, msg);
+    if (c->unsent == 0 && wreq_bufs(wr, &n) == 0)
+      (void)uv_try_write((uv_stream_t *)&c->pipe, wr->bufs, (unsigned)n);
+    wreq_free(wr);
+  }
+  conn_close(c, msg);
+}
+
+/* ---- connection lifetime ---------------------------------------------- */
+
+void chunk_unref(struct rchunk *k) {
+  if (k && --k->refs == 0)
+    free(k);
+}
+
+void conn_ref(struct conn *c) { c->refs++; }
+
+void conn_unref(struct conn *c) {
+  struct dspkd *d = c->d;
+  if (--c->refs > 0)
+    return;
+  if (c->prev)
+    c->prev->next = c->next;
+  else
+    d->conns = c->next;
+  if (c->next)
+    c->next->prev = c->prev;
+  d->nconns--;
+  dspkd_debug("client %llu: gone", (unsigned long long)c->id);
+  chunk_unref(c->rb);
+  free(c->bufs);
+  free(c->q);
+  free(c);
+  dspkd_stop_progress(d);
+}
+
+static void on_conn_close(uv_handle_t *h) { conn_unref(h->data); }
+
+void conn_close(struct conn *c, const char *why) {
+  struct dspkd *d = c->d;
+
+  if (c->closing)
+    return;
+  c->closing = true;
+  dspkd_debug("client %llu: closing: %s", (unsigned long long)c->id, why);
+  if (c->reading)
+    uv_read_stop((uv_stream_t *)&c->pipe);
+  c->reading = false;
+  /* Queued jobs are dropped unanswered, running ones asked to stop; each
+   * still holds a reference and frees its resources when it comes back. */
+  dspkd_drop_queued(d, c, 0);
+  for (struct job *j = c->jobs; j; j = j->cnext)
+    atomic_store(&j->cancel, 1);
+  for (size_t i = 0; i < c->nbufs; i++)
+    dbuf_unref(d, c->bufs[i]);
+  c->nbufs = 0;
+  c->buf_bytes = 0;
+  uv_close((uv_handle_t *)&c->pipe, on_conn_close);
+}
+
+/* ---- reading ---------------------------------------------------------- */
+
+static bool may_read(const struct conn *c) {
+  const struct dspkd *d = c->d;
+  return !c->closing && !d->stopping && !c->close_after_flush &&
+         c->inflight < d->cfg.max_inflight && c->unsent <= d->cfg.max_unsent;
+}
+
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
+  struct conn *c = h->data;
+  struct rchunk *k = c->rb, *nk;
+  size_t pending, cap, limit;
+
+  (void)suggested;
+  *buf = uv_buf_init(NULL, 0);
+  if (k && k->refs == 1 && k->start == k->end) {
+    k->start = k->end = 0;
+    if (k->cap > RCHUNK_KEEP) { /* give a big idle buffer back */
+      free(k);
+      c->rb = k = NULL;
+    }
+  }
+  if (k && k->cap - k->end >= READ_MIN) {
+    buf->base = k->data + k->end;
+    buf->len = k->cap - k->end;
+    return;
+  }
+  pending = k ? k->end - k->start : 0;
+  if (k && k->refs == 1 && k->start > 0 && k->cap - pending >= READ_MIN &&
+      pending <= k->cap / 2) {
+    /* Nobody else points into this buffer: compact it in place. */
+    memmove(k->data, k->data + k->start, pending);
+    k->start = 0;
+    k->end = pending;
+  } else {
+    /* A frame may be at most max_message bytes; the scanner refuses it
+     * before the buffer grows further. */
+    limit = c->d->cfg.lim.max_message + READ_MIN;
+    cap = k ? 2 * k->cap : RCHUNK_MIN;
+    if (cap < 2 * pending)
+      cap = 2 * pending;
+    if (cap < RCHUNK_MIN)
+      cap = RCHUNK_MIN;
+    if (cap > limit)
+      cap = limit;
+    if (cap < pending + READ_MIN)
+      cap = pending + READ_MIN;
+    if (k && k->refs == 1 && k->start == 0) {
+      nk = realloc(k, sizeof(*k) + cap);
+      if (!nk)
+        return;
+    } else {
+      /* Jobs hold the old buffer (their inline data lives in it): move only
+       * the unconsumed bytes, a partial frame, into a fresh one. */
+      nk = malloc(sizeof(*nk) + cap);
+      if (!nk)
+        return;
+      nk->refs = 1;
+      nk->start = 0;
+      nk->end = pending;
+      if (pending)
+        memcpy(nk->data, k->data + k->start, pending);
+      chunk_unref(k);
+    }
+    nk->cap = cap;
+    c->rb = k = nk;
+  }
+  buf->base = k->data + k->end;
+  buf->len = k->cap - k->end;
+}
+
+/* Decodes one validated frame in place and runs its request. */
+static void conn_frame(struct conn *c, struct rchunk *k, const char *p, size_t n) {
+  struct dspkd *d = c->d;
+  msgpack_object root;
+  struct dspk__msg m;
+  uint32_t msgid = 0;
+  bool has_msgid = false;
+  size_t off = 0;
+  char msg[256];
+  int err;
+
+  err = msgpack_unpack(p, n, &off, &d->zone, &root);
+  if (err != MSGPACK_UNPACK_SUCCESS) {
+    conn_protocol_error(c, err == MSGPACK_UNPACK_NOMEM_ERROR ? DSPK_ENOMEM : DSPK_EPROTO,
+                        "message cannot be decoded");
+    goto out;
+  }
+  err = dspk__msg_parse(&root, &m, &msgid, &has_msgid, msg, sizeof msg);
+  if (err < 0) {
+    /* A message with a msgid can be answered; anything else is not a
+     * conversation the daemon can continue. */
+    if (has_msgid && root.type == MSGPACK_OBJECT_ARRAY &&
+        root.via.array.ptr[0].type == MSGPACK_OBJECT_POSITIVE_INTEGER &&
+        root.via.array.ptr[0].via.u64 == DSPK__REQUEST)
+      conn_send_error(c, msgid, err, msg);
+    else
+      conn_protocol_error(c, err, msg);
+    goto out;
+  }
+  if (m.type == DSPK__NOTIFY) {
+    dspkd_debug("client %llu: notification %.*s ignored",
+                (unsigned long long)c->id, (int)m.method_len, m.method);
+    goto out;
+  }
+  if (m.type == DSPK__RESPONSE) {
+    conn_protocol_error(c, DSPK_EPROTO, "clients send requests, not responses");
+    goto out;
+  }
+  {
+    struct req r = {.c = c, .msgid = m.msgid, .args = m.args, .chunk = k};
+    c->requests++;
+    r.msg[0] = '\0';
+    err = dspkd_dispatch(&r, m.method, m.method_len);
+    if (err < 0) {
+      dspkd_debug("client %llu: %.*s #%u: %s: %s", (unsigned long long)c->id,
+                  (int)m.method_len, m.method, m.msgid, dspk__err_name(err), r.msg);
+      conn_send_error(c, m.msgid, err, r.msg);
+    }
+  }
+out:
+  msgpack_zone_clear(&d->zone);
+}
+
+/* Runs every complete frame in the read buffer while the connection may
+ * take more requests. */
+static void conn_process(struct conn *c) {
+  const struct dspk__limits *lim = &c->d->cfg.lim;
+  char msg[256];
+
+  if (c->in_process)
+    return;
+  c->in_process = true;
+  conn_ref(c);
+  c->held = false;
+  for (;;) {
+    struct rchunk *k = c->rb;
+    ssize_t n;
+    const char *p;
+
+    if (!k || k->start == k->end)
+      break;
+    if (!may_read(c)) {
+      c->held = !c->closing;
+      break;
+    }
+    msg[0] = '\0';
+    n = dspk__frame_scan(k->data + k->start, k->end - k->start, lim, msg, sizeof msg);
+    if (n == 0)
+      break;
+    if (n < 0) {
+      conn_protocol_error(c, (int)n, msg[0] ? msg : dspk__strerror((int)n));
+      break;
+    }
+    p = k->data + k->start;
+    k->start += (size_t)n;
+    k->refs++; /* the frame's bytes stay put while the request is decoded */
+    conn_frame(c, k, p, (size_t)n);
+    chunk_unref(k);
+  }
+  c->in_process = false;
+  conn_unref(c);
+}
+
+static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
+  struct conn *c = s->data;
+  (void)buf;
+  if (n < 0) {
+    if (n != UV_EOF)
+      dspkd_debug("client %llu: read: %s", (unsigned long long)c->id,
+                  uv_strerror((int)n));
+    conn_close(c, n == UV_EOF ? "end of stream" : uv_strerror((int)n));
+    return;
+  }
+  if (n == 0)
+    return;
+  c->rb->end += (size_t)n;
+  conn_ref(c);
+  conn_process(c);
+  conn_update_read(c);
+  conn_unref(c);
+}
+
+void conn_update_read(struct conn *c) {
+  bool want;
+
+  if (c->closing)
+    return;
+  if (c->held && !c->in_process && may_read(c)) {
+    conn_ref(c);
+    conn_process(c);
+    conn_unref(c);
+    if (c->closing)
+      return;
+  }
+  want = may_read(c);
+  if (want && !c->reading) {
+    if (uv_read_start((uv_stream_t *)&c->pipe, on_alloc, on_read) == 0)
+      c->reading = true;
+  } else if (!want && c->reading) {
+    uv_read_stop((uv_stream_t *)&c->pipe);
+    c->reading = false;
+  }
+}
+
+/* ---- accepting -------------------------------------------------------- */
+
+static void on_reject_close(uv_handle_t *h) { free(h); }
+
+static void on_connection(uv_stream_t *server, int status) {
+  struct dspkd *d = server->data;
+  struct conn *c;
+  struct ucred cred;
+  socklen_t len = sizeof cred;
+  uv_os_fd_t fd;
+
+  if (status < 0) {
+    dspkd_warn("accept: %s", uv_strerror(status));
+    return;
+  }
+  c = calloc(1, sizeof(*c));
+  if (!c || !(c->q = calloc(d->ndevs ? (size_t)d->ndevs : 1, sizeof(*c->q)))) {
+    uv_pipe_t *tmp = malloc(sizeof(*tmp));
+    free(c);
+    dspkd_error("accept: out of memory");
+    if (tmp && uv_pipe_init(d->loop, tmp, 0) == 0) {
+      if (uv_accept(server, (uv_stream_t *)tmp) != 0) {}
+      uv_close((uv_handle_t *)tmp, on_reject_close);
+    } else {
+      free(tmp);
+    }
+    return;
+  }
+  uv_pipe_init(d->loop, &c->pipe, 0);
+  c->pipe.data = c;
+  c->d = d;
+  c->refs = 1;
+  c->id = ++d->next_conn_id;
+  c->next = d->conns;
+  if (d->conns)
+    d->conns->prev = c;
+  d->conns = c;
+  d->nconns++;
+  if (uv_accept(server, (uv_stream_t *)&c->pipe) != 0) {
+    c->closing = true;
+    uv_close((uv_handle_t *)&c->pipe, on_conn_close);
+    return;
+  }
+  if (uv_fileno((uv_handle_t *)&c->pipe, &fd) == 0 &&
+      getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) {
+    c->pid = cred.pid;
+    c->uid = cred.uid;
+    c->gid = cred.gid;
+  } else {
+    c->pid = -1;
+    c->uid = (uid_t)-1;
+    c->gid = (gid_t)-1;
+  }
+  dspkd_debug("client %llu: connected (pid %ld uid %ld gid %ld)",
+              (unsigned long long)c->id, (long)c->pid, (long)c->uid, (long)c->gid);
+  if (d->nconns > d->cfg.max_clients) {
+    char msg[96];
+    snprintf(msg, sizeof msg, "more than %zu connections (max_clients)",
+             d->cfg.max_clients);
+    conn_protocol_error(c, DSPK_ELIMIT, msg);
+    return;
+  }
+  conn_update_read(c);
+}
+
+static int socket_is_live(const char *path) {
+  struct sockaddr_un sa;
+  int fd, r;
+
+  memset(&sa, 0, sizeof sa);
+  sa.sun_family = AF_UNIX;
+  memcpy(sa.sun_path, path, strlen(path) + 1);
+  fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0)
+    return -errno;
+  r = connect(fd, (struct sockaddr *)&sa, sizeof sa);
+  r = r == 0 ? 1 : -errno;
+  close(fd);
+  return r;
+}
+
+int dspkd_listen(struct dspkd *d) {
+  const char *path = d->cfg.socket_path;
+  struct stat st;
+  int r;
+
+  if (strlen(path) >= sizeof(((struct sockaddr_un *)0)->sun_path)) {
+    dspkd_error("socket path is %zu bytes, longer than the %zu a Unix socket "
+                "allows: %s", strlen(path),
+                sizeof(((struct sockaddr_un *)0)->sun_path) - 1, path);
+    return DSPK_ELIMIT;
+  }
+  if (lstat(path, &st) == 0) {
+    if (!S_ISSOCK(st.st_mode)) {
+      dspkd_error("%s exists and is not a socket; not replacing it", path);
+      return DSPK_EINVAL;
+    }
+    r = socket_is_live(path);
+    if (r == 1) {
+      dspkd_error("another daemon is listening on %s; not replacing it", path);
+      return DSPK_EBUSY;
+    }
+    if (r != -ECONNREFUSED) {
+      dspkd_error("cannot check %s: %s", path, strerror(-r));
+      return DSPK_EIO;
+    }
+    dspkd_info("removing stale socket %s", path);
+    if (unlink(path) != 0 && errno != ENOENT) {
+      dspkd_error("cannot remove stale socket %s: %s", path, strerror(errno));
+      return DSPK_EIO;
+    }
+  }
+  uv_pipe_init(d->loop, &d->listener, 0);
+  d->listener.data = d;
+  r = uv_pipe_bind(&d->listener, path);
+  if (r == 0 && chmod(path, 0660) != 0)
+    r = uv_translate_sys_error(errno);
+  if (r == 0)
+    r = uv_listen((uv_stream_t *)&d->listener, 128, on_connection);
+  if (r < 0) {
+    dspkd_error("cannot listen on %s: %s", path, uv_strerror(r));
+    uv_close((uv_handle_t *)&d->listener, NULL);
+    return DSPK_EIO;
+  }
+  d->listening = true;
+  dspkd_info("listening on %s", path);
+  return 0;
+}
+
+/* ---- stopping --------------------------------------------------------- */
+
+static void on_grace(uv_timer_t *t) {
+  struct dspkd *d = t->data;
+  dspkd_warn("tasks still running %llu ms after the stop: canceling them and "
+             "closing every connection",
+             (unsigned long long)d->cfg.shutdown_timeout_ms);
+  for (struct conn *c = d->conns, *next; c; c = next) {
+    next = c->next;
+    conn_ref(c);
+    for (struct job *j = c->jobs; j; j = j->cnext)
+      atomic_store(&j->cancel, 1);
+    conn_close(c, "daemon stopping");
+    conn_unref(c);
+  }
+}
+
+void dspkd_stop(struct dspkd *d) {
+  if (d->stopping)
+    return;
+  d->stopping = true;
+  dspkd_info("stopping");
+  if (d->listening) {
+    uv_close((uv_handle_t *)&d->listener, NULL);
+    d->listening = false;
+    if (unlink(d->cfg.socket_path) != 0 && errno != ENOENT)
+      dspkd_warn("cannot remove %s: %s", d->cfg.socket_path, strerror(errno));
+  }
+  for (struct conn *c = d->conns; c; c = c->next)
+    conn_update_read(c);
+  dspkd_drop_queued(d, NULL, DSPK_ESHUTDOWN);
+  uv_timer_start(&d->grace_timer, on_grace, d->cfg.shutdown_timeout_ms, 0);
+  dspkd_stop_progress(d);
+}
+
+void dspkd_stop_progress(struct dspkd *d) {
+  if (!d->stopping)
+    return;
+  for (struct conn *c = d->conns, *next; c; c = next) {
+    next = c->next;
+    if (c->closing || c->jobs)
+      continue;
+    if (c->unsent == 0) {
+      conn_close(c, "daemon stopping");
+    } else if (!c->close_after_flush) {
+      c->close_after_flush = true;
+      conn_update_read(c);
+    }
+  }
+  if (d->nconns == 0 && !d->runners_stopped) {
+    d->runners_stopped = true;
+    dspkd_devices_stop(d);
+  }
+  if (d->runners_stopped && !d->handles_closed && dspkd_devices_join(d, false)) {
+    d->handles_closed = true;
+    uv_close((uv_handle_t *)&d->done_async, NULL);
+    uv_close((uv_handle_t *)&d->grace_timer, NULL);
+    uv_close((uv_handle_t *)&d->sigterm, NULL);
+    uv_close((uv_handle_t *)&d->sigint, NULL);
+  }
+}

@@ -1,0 +1,573 @@
+/*
+ * Devices and their runner threads.  At start the daemon probes every
+ * backend (those --backends selects), gives each device one runner thread
+ * which opens the device, runs its jobs one at a time, and closes the device
+ * before it exits.  Only the runner ever calls the device's backend.
+ *
+ * Scheduling: each connection has its own FIFO per device, linked into the
+ * device's ring while it holds jobs; the runner takes one job from the ring's
+ * head queue and moves that queue to the tail, so connections take turns and
+ * a client that floods a device cannot starve another.  Jobs of one
+ * connection on one device start in arrival order.  Internal jobs (releasing
+ * a buffer's memory) have a queue of their own in the same ring.
+ *
+ * Finished jobs go on the daemon's done list and the runner wakes the loop
+ * with uv_async_send(); the loop (dspkd_done_cb) writes the response the
+ * runner encoded and frees the job.
+ */
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/dspkd.h"
+#include "daemon/log.h"
+
+#define MAX_PROBE 16
+
+/* ---- jobs ------------------------------------------------------------- */
+
+struct job *job_new(struct conn *c, enum job_kind kind, uint32_t msgid,
+                    struct device *dev) {
+  struct job *j = calloc(1, sizeof(*j));
+  if (!j)
+    return NULL;
+  j->kind = kind;
+  j->msgid = msgid;
+  j->dev = dev;
+  j->conn = c;
+  atomic_init(&j->cancel, 0);
+  if (c)
+    conn_ref(c);
+  return j;
+}
+
+void job_free(struct dspkd *d, struct job *j) {
+  if (!j)
+    return;
+  for (int i = 0; i < j->nrefs; i++)
+    dbuf_unref(d, j->refs[i]);
+  chunk_unref(j->chunk);
+  wreq_free(j->resp);
+  if (j->conn)
+    conn_unref(j->conn);
+  free(j);
+}
+
+static void ring_push(struct device *dev, struct cqueue *q) {
+  q->next = NULL;
+  q->in_ring = true;
+  if (dev->ring_tail)
+    dev->ring_tail->next = q;
+  else
+    dev->ring_head = q;
+  dev->ring_tail = q;
+}
+
+/* Unlinks q from the ring (dev->mu held). */
+static void ring_remove(struct device *dev, struct cqueue *q) {
+  struct cqueue *prev = NULL;
+  if (!q->in_ring)
+    return;
+  for (struct cqueue *p = dev->ring_head; p; prev = p, p = p->next) {
+    if (p != q)
+      continue;
+    if (prev)
+      prev->next = q->next;
+    else
+      dev->ring_head = q->next;
+    if (dev->ring_tail == q)
+      dev->ring_tail = prev;
+    break;
+  }
+  q->next = NULL;
+  q->in_ring = false;
+}
+
+void job_submit(struct job *j) {
+  struct device *dev = j->dev;
+  struct conn *c = j->conn;
+  struct cqueue *q = c ? &c->q[dev->idx] : &dev->sysq;
+
+  if (c) {
+    j->cprev = NULL;
+    j->cnext = c->jobs;
+    if (c->jobs)
+      c->jobs->cprev = j;
+    c->jobs = j;
+    c->inflight++;
+  }
+  pthread_mutex_lock(&dev->mu);
+  j->state = JOB_QUEUED;
+  j->q = q;
+  j->next = NULL;
+  if (q->tail)
+    q->tail->next = j;
+  else
+    q->head = j;
+  q->tail = j;
+  if (!q->in_ring)
+    ring_push(dev, q);
+  if (c)
+    dev->queued++;
+  pthread_cond_signal(&dev->cv);
+  pthread_mutex_unlock(&dev->mu);
+}
+
+/* Removes a finished or dropped job from its connection's in-flight list. */
+static void conn_unlink_job(struct job *j) {
+  struct conn *c = j->conn;
+  if (!c)
+    return;
+  if (j->cprev)
+    j->cprev->cnext = j->cnext;
+  else
+    c->jobs = j->cnext;
+  if (j->cnext)
+    j->cnext->cprev = j->cprev;
+  j->cprev = j->cnext = NULL;
+  c->inflight--;
+}
+
+/* Answers (code != 0) and frees jobs taken out of a queue. */
+static void finish_dropped(struct dspkd *d, struct job *list, int code) {
+  while (list) {
+    struct job *j = list, *next = j->next;
+    struct conn *c = j->conn;
+    conn_unlink_job(j);
+    if (code && c && !c->closing)
+      conn_send_error(c, j->msgid, code,
+                      code == DSPK_ESHUTDOWN ? "the daemon is stopping" : NULL);
+    if (c)
+      conn_update_read(c);
+    job_free(d, j);
+    list = next;
+  }
+}
+
+void dspkd_drop_queued(struct dspkd *d, struct conn *c, int code) {
+  for (int i = 0; i < d->ndevs; i++) {
+    struct device *dev = &d->devs[i];
+    struct job *list = NULL, *tail = NULL;
+    uint64_t n = 0;
+
+    if (dev->open_state != 1 && dev->open_state != 0)
+      continue;
+    pthread_mutex_lock(&dev->mu);
+    for (struct cqueue *q = dev->ring_head, *next; q; q = next) {
+      next = q->next;
+      if (q == &dev->sysq || (c && q != &c->q[i]))
+        continue;
+      for (struct job *j = q->head; j; j = j->next)
+        n++;
+      if (tail)
+        tail->next = q->head;
+      else
+        list = q->head;
+      tail = q->tail;
+      q->head = q->tail = NULL;
+      ring_remove(dev, q);
+    }
+    dev->queued -= n;
+    pthread_mutex_unlock(&dev->mu);
+    finish_dropped(d, list, code);
+  }
+}
+
+int dspkd_cancel(struct conn *c, uint32_t msgid) {
+  struct job *j;
+  struct device *dev;
+  int found = 0;
+
+  for (j = c->jobs; j; j = j->cnext)
+    if (j->msgid == msgid)
+      break;
+  if (!j)
+    return 0;
+  dev = j->dev;
+  pthread_mutex_lock(&dev->mu);
+  if (j->state == JOB_QUEUED) {
+    struct cqueue *q = j->q;
+    struct job *prev = NULL;
+    for (struct job *p = q->head; p; prev = p, p = p->next) {
+      if (p != j)
+        continue;
+      if (prev)
+        prev->next = j->next;
+      else
+        q->head = j->next;
+      if (q->tail == j)
+        q->tail = prev;
+      break;
+    }
+    j->next = NULL;
+    if (!q->head)
+      ring_remove(dev, q);
+    dev->queued--;
+    found = 2;
+  } else if (j->state == JOB_RUNNING) {
+    atomic_store(&j->cancel, 1);
+    found = 1;
+  }
+  pthread_mutex_unlock(&dev->mu);
+  if (found == 2)
+    finish_dropped(c->d, j, DSPK_ECANCELED);
+  return found != 0;
+}
+
+void dspkd_done_cb(uv_async_t *h) {
+  struct dspkd *d = h->data;
+  struct job *list;
+
+  pthread_mutex_lock(&d->done_mu);
+  list = d->done_head;
+  d->done_head = d->done_tail = NULL;
+  pthread_mutex_unlock(&d->done_mu);
+
+  while (list) {
+    struct job *j = list;
+    struct conn *c = j->conn;
+    list = j->next;
+    j->next = NULL;
+    conn_unlink_job(j);
+    if (j->kind == JOB_BUF_CREATE && j->err == 0 && !c->closing) {
+      /* The slot was reserved when the request came in. */
+      if (conn_buf_add(c, j->buf) != 0)
+        dspkd_error("client %llu: cannot record buffer %llu",
+                    (unsigned long long)c->id, (unsigned long long)j->buf->id);
+    }
+    if (j->resp && !c->closing) {
+      conn_send(c, j->resp);
+      j->resp = NULL;
+    }
+    conn_update_read(c);
+    job_free(d, j);
+  }
+  dspkd_stop_progress(d);
+}
+
+/* ---- runners ---------------------------------------------------------- */
+
+static void runner_log(void *ud, int level, const char *msg) {
+  struct device *dev = ud;
+  enum dspkd_level l = level <= 0 ? DSPKD_ERROR : level >= 3 ? DSPKD_DEBUG
+                                                             : (enum dspkd_level)level;
+  dspkd_log(l, "%s: %s", dev->id, msg);
+}
+
+static void *runner_main(void *arg) {
+  struct device *dev = arg;
+  struct dspkd *d = dev->d;
+  struct dspk__devenv env = {d->cache, runner_log, dev};
+  struct dspk__dev *bdev = NULL;
+  struct dspk__devstats stats;
+  char why[256] = "";
+  int err;
+
+  err = dev->be->open(dev->bindex, &env, &bdev);
+  pthread_mutex_lock(&dev->mu);
+  if (err < 0) {
+    dev->open_state = err;
+    snprintf(dev->open_err, sizeof dev->open_err, "%s", why[0] ? why : dspk__strerror(err));
+    dev->exited = true;
+    pthread_cond_broadcast(&dev->cv);
+    pthread_mutex_unlock(&dev->mu);
+    return NULL;
+  }
+  dev->bdev = bdev;
+  if (dev->be->stats) {
+    memset(&stats, 0, sizeof stats);
+    dev->be->stats(bdev, &stats);
+    dev->stats = stats;
+  }
+  dev->open_state = 1;
+  pthread_cond_broadcast(&dev->cv);
+
+  for (;;) {
+    struct cqueue *q;
+    struct job *j;
+    bool counted;
+
+    while (!dev->ring_head && !dev->stop)
+      pthread_cond_wait(&dev->cv, &dev->mu);
+    if (!dev->ring_head)
+      break;
+    /* Round robin: the head queue gives one job and goes to the tail. */
+    q = dev->ring_head;
+    j = q->head;
+    q->head = j->next;
+    if (!q->head)
+      q->tail = NULL;
+    dev->ring_head = q->next;
+    if (!dev->ring_head)
+      dev->ring_tail = NULL;
+    q->in_ring = false;
+    if (q->head)
+      ring_push(dev, q);
+    j->next = NULL;
+    j->state = JOB_RUNNING;
+    counted = j->kind != JOB_BUF_FREE;
+    if (counted) {
+      dev->queued--;
+      dev->running++;
+    }
+    pthread_mutex_unlock(&dev->mu);
+
+    job_execute(dev, j); /* a JOB_BUF_FREE frees itself */
+
+    if (dev->be->stats) {
+      memset(&stats, 0, sizeof stats);
+      dev->be->stats(bdev, &stats);
+    }
+    pthread_mutex_lock(&dev->mu);
+    if (dev->be->stats)
+      dev->stats = stats;
+    if (counted) {
+      dev->running--;
+      if (j->err)
+        dev->failed++;
+      else
+        dev->completed++;
+      j->state = JOB_DONE;
+      pthread_mutex_lock(&d->done_mu);
+      if (d->done_tail)
+        d->done_tail->next = j;
+      else
+        d->done_head = j;
+      d->done_tail = j;
+      pthread_mutex_unlock(&d->done_mu);
+      uv_async_send(&d->done_async);
+    }
+  }
+  pthread_mutex_unlock(&dev->mu);
+
+  dev->be->close(bdev);
+  dev->bdev = NULL;
+  pthread_mutex_lock(&dev->mu);
+  dev->exited = true;
+  pthread_mutex_unlock(&dev->mu);
+  uv_async_send(&d->done_async);
+  return NULL;
+}
+
+static void add_unavailable(struct dspkd *d, const char *backend, const char *reason) {
+  struct unavailable *u;
+  if (d->nunavail >= DSPKD_MAX_UNAVAILABLE)
+    return;
+  u = &d->unavail[d->nunavail++];
+  snprintf(u->backend, sizeof u->backend, "%s", backend);
+  snprintf(u->reason, sizeof u->reason, "%s", reason);
+}
+
+/* 1 when name is in the comma list (or the list is NULL/empty). */
+static bool selected(const char *list, const char *name) {
+  size_t n = strlen(name);
+  if (!list || !*list)
+    return true;
+  for (const char *p = list; *p;) {
+    const char *e = strchr(p, ',');
+    size_t len = e ? (size_t)(e - p) : strlen(p);
+    if (len == n && memcmp(p, name, n) == 0)
+      return true;
+    p += len;
+    if (*p == ',')
+      p++;
+  }
+  return false;
+}
+
+static int check_backend_list(const char *list) {
+  if (!list)
+    return 0;
+  for (const char *p = list; *p;) {
+    const char *e = strchr(p, ',');
+    size_t len = e ? (size_t)(e - p) : strlen(p);
+    bool known = false;
+    for (int i = 0; dspk__backends[i]; i++)
+      if (strlen(dspk__backends[i]->name) == len &&
+          memcmp(dspk__backends[i]->name, p, len) == 0)
+        known = true;
+    if (!known && len > 0) {
+      dspkd_error("--backends: unknown backend \"%.*s\" (this build has:%s%s%s%s)",
+                  (int)len, p, dspk__backends[0] ? " " : "",
+                  dspk__backends[0] ? dspk__backends[0]->name : "",
+                  dspk__backends[0] && dspk__backends[1] ? " " : "",
+                  dspk__backends[0] && dspk__backends[1] ? dspk__backends[1]->name : "");
+      return DSPK_EINVAL;
+    }
+    p += len;
+    if (*p == ',')
+      p++;
+  }
+  return 0;
+}
+
+int dspkd_devices_start(struct dspkd *d) {
+  sigset_t all, old;
+  int err;
+
+  err = check_backend_list(d->cfg.backends);
+  if (err < 0)
+    return err;
+  for (int b = 0; dspk__backends[b]; b++) {
+    const struct dspk__backend *be = dspk__backends[b];
+    struct dspk__devinfo info[MAX_PROBE];
+    char why[224] = "";
+    int n;
+
+    if (!selected(d->cfg.backends, be->name)) {
+      add_unavailable(d, be->name, "not selected by --backends");
+      continue;
+    }
+    memset(info, 0, sizeof info);
+    n = be->probe(info, MAX_PROBE, why, sizeof why);
+    if (n <= 0) {
+      dspkd_info("backend %s: no devices: %s", be->name, why[0] ? why : "none found");
+      add_unavailable(d, be->name, why[0] ? why : (n < 0 ? dspk__strerror(n) : "no device"));
+      continue;
+    }
+    if (n > MAX_PROBE)
+      n = MAX_PROBE;
+    for (int i = 0; i < n && d->ndevs < DSPKD_MAX_DEVICES; i++) {
+      struct device *dev = &d->devs[d->ndevs];
+      dev->d = d;
+      dev->idx = d->ndevs;
+      dev->be = be;
+      dev->bindex = i;
+      dev->info = info[i];
+      snprintf(dev->id, sizeof dev->id, "%s:%d", be->name, i);
+      pthread_mutex_init(&dev->mu, NULL);
+      pthread_cond_init(&dev->cv, NULL);
+      d->ndevs++;
+    }
+  }
+
+  /* Runners never take the daemon's signals: those reach the loop. */
+  sigfillset(&all);
+  pthread_sigmask(SIG_BLOCK, &all, &old);
+  for (int i = 0; i < d->ndevs; i++) {
+    struct device *dev = &d->devs[i];
+    err = pthread_create(&dev->thread, NULL, runner_main, dev);
+    if (err != 0) {
+      dev->open_state = DSPK_ENOMEM;
+      snprintf(dev->open_err, sizeof dev->open_err, "cannot start its runner: %s",
+               strerror(err));
+      dev->exited = true;
+      dev->joined = true;
+      continue;
+    }
+    dev->thread_started = true;
+  }
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
+
+  for (int i = 0; i < d->ndevs; i++) {
+    struct device *dev = &d->devs[i];
+    char reason[320];
+    pthread_mutex_lock(&dev->mu);
+    while (dev->open_state == 0)
+      pthread_cond_wait(&dev->cv, &dev->mu);
+    pthread_mutex_unlock(&dev->mu);
+    if (dev->open_state == 1) {
+      dspkd_info("%s: %s (%s, %s)", dev->id, dev->info.name, dev->info.type,
+                 dev->info.arch);
+      continue;
+    }
+    if (dev->thread_started && !dev->joined) {
+      pthread_join(dev->thread, NULL);
+      dev->joined = true;
+    }
+    snprintf(reason, sizeof reason, "%s: cannot open: %s", dev->id, dev->open_err);
+    dspkd_warn("%s", reason);
+    add_unavailable(d, dev->be->name, reason);
+  }
+  return 0;
+}
+
+void dspkd_devices_stop(struct dspkd *d) {
+  for (int i = 0; i < d->ndevs; i++) {
+    struct device *dev = &d->devs[i];
+    pthread_mutex_lock(&dev->mu);
+    dev->stop = true;
+    pthread_cond_broadcast(&dev->cv);
+    pthread_mutex_unlock(&dev->mu);
+  }
+}
+
+int dspkd_devices_join(struct dspkd *d, bool wait) {
+  int all = 1;
+  for (int i = 0; i < d->ndevs; i++) {
+    struct device *dev = &d->devs[i];
+    bool exited;
+    if (dev->joined)
+      continue;
+    pthread_mutex_lock(&dev->mu);
+    exited = dev->exited;
+    pthread_mutex_unlock(&dev->mu);
+    if (!exited && !wait) {
+      all = 0;
+      continue;
+    }
+    pthread_join(dev->thread, NULL);
+    dev->joined = true;
+  }
+  return all;
+}
+
+void dspkd_backends_shutdown(struct dspkd *d) {
+  for (int b = 0; dspk__backends[b]; b++)
+    if (dspk__backends[b]->shutdown && selected(d->cfg.backends, dspk__backends[b]->name))
+      dspk__backends[b]->shutdown();
+  for (int i = 0; i < d->ndevs; i++) {
+    pthread_mutex_destroy(&d->devs[i].mu);
+    pthread_cond_destroy(&d->devs[i].cv);
+  }
+}
+
+struct device *dspkd_device_find(struct dspkd *d, const char *id, size_t len) {
+  for (int i = 0; i < d->ndevs; i++) {
+    struct device *dev = &d->devs[i];
+    if (dev->open_state == 1 && strlen(dev->id) == len && memcmp(dev->id, id, len) == 0)
+      return dev;
+  }
+  return NULL;
+}
+
+struct device *dspkd_device_any(struct dspkd *d) {
+  struct device *best = NULL, *cpu = NULL, *soft = NULL;
+  uint64_t best_load = 0;
+  for (int i = 0; i < d->ndevs; i++) {
+    struct device *dev = &d->devs[i];
+    uint64_t load;
+    if (dev->open_state != 1)
+      continue;
+    if (strcmp(dev->be->name, "cpu") == 0) {
+      if (!cpu)
+        cpu = dev;
+      continue;
+    }
+    if (dev->info.software) {
+      if (!soft)
+        soft = dev;
+      continue;
+    }
+    pthread_mutex_lock(&dev->mu);
+    load = dev->queued + dev->running;
+    pthread_mutex_unlock(&dev->mu);
+    if (!best || load < best_load) {
+      best = dev;
+      best_load = load;
+    }
+  }
+  return best ? best : cpu ? cpu : soft;
+}
+
+void dspkd_device_counters(struct device *dev, uint64_t *queued, uint64_t *running,
+                           uint64_t *completed, uint64_t *failed,
+                           struct dspk__devstats *stats) {
+  pthread_mutex_lock(&dev->mu);
+  *queued = dev->queued;
+  *running = dev->running;
+  *completed = dev->completed;
+  *failed = dev->failed;
+  *stats = dev->stats;
+  pthread_mutex_unlock(&dev->mu);
+}

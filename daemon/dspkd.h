@@ -1,0 +1,289 @@
+/*
+ * dspkd's internal shapes: the daemon, its client connections, its devices
+ * with their runner threads and queues, daemon-side buffers, and the jobs
+ * that travel from the loop thread to a runner and back.
+ *
+ * Ownership and threads (docs/architecture.md has the picture):
+ * - The loop thread owns struct dspkd, every struct conn, every buffer's
+ *   refcount and every job while it is not queued or running.
+ * - A device's mutex guards its ring of per-connection queues, its counters
+ *   and each of its jobs' `state`; the runner takes jobs from the ring and is
+ *   the only thread that calls the device's backend (open, memory, run,
+ *   close).  A buffer's device memory (`mem`) is touched by its runner only.
+ * - Finished jobs go on the daemon's done list (done_mu) and the runner wakes
+ *   the loop with uv_async_send; the loop writes the response the runner
+ *   already encoded.
+ */
+#ifndef DSPKD_DSPKD_H
+#define DSPKD_DSPKD_H
+
+#include <msgpack.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+#include <uv.h>
+
+#include "backends/backend.h"
+#include "proto/codec.h"
+#include "proto/frame.h"
+
+#ifndef DSPKD_VERSION
+#define DSPKD_VERSION "0.0.0"
+#endif
+
+#define DSPKD_MAX_DEVICES 64
+#define DSPKD_MAX_UNAVAILABLE 16
+
+/* Configuration from the command line (daemon/main.c). */
+struct dspkd_config {
+  char socket_path[256];
+  const char *cache_path;   /* NULL: no persistent cache */
+  const char *backends;     /* comma list, NULL: every backend */
+  bool foreground;
+  int ready_fd;             /* -1: none */
+  struct dspk__limits lim;  /* frame and tensor limits */
+  size_t max_inflight;      /* requests in flight per connection */
+  size_t max_unsent;        /* bytes of responses not yet written, per connection */
+  size_t max_buffers;       /* buffers per connection */
+  size_t max_clients;       /* open connections */
+  uint64_t shutdown_timeout_ms; /* grace for running tasks at stop */
+};
+
+/* A connection's read buffer.  Frames are scanned and decoded in place; a
+ * job whose request carries inline data takes a reference, so those bytes
+ * stay alive and unmoved until the job is freed.  Loop thread only. */
+struct rchunk {
+  int refs;
+  size_t cap;   /* bytes of data[] */
+  size_t start; /* first byte not yet consumed */
+  size_t end;   /* one past the last byte read */
+  char data[];
+};
+
+/* An outgoing frame and the libuv request that writes it.  Allocated by
+ * whoever encodes the frame (a runner or the loop); conn_send() takes it. */
+struct wreq {
+  uv_write_t req;
+  struct conn *c;
+  size_t len;
+  uv_buf_t *bufs;
+  struct dspk__wbuf w;
+};
+/* Returns a new wreq with an initialised wbuf, or NULL. */
+struct wreq *wreq_new(void);
+/* Frees the frame (runs the release of each referenced payload).  Accepts NULL. */
+void wreq_free(struct wreq *wr);
+
+/* A daemon-side buffer: device memory owned by one connection. */
+struct dbuf {
+  uint64_t id;
+  struct device *dev;
+  uint64_t size;
+  struct dspk__mem *mem; /* runner only: set by the create job */
+  int refs;              /* loop only: the connection's table + each job */
+};
+
+/* One connection's FIFO of jobs for one device, linked into the device's
+ * round-robin ring while it holds jobs.  Guarded by the device's mutex. */
+struct cqueue {
+  struct job *head, *tail;
+  struct cqueue *next; /* in the ring */
+  bool in_ring;
+};
+
+enum job_kind { JOB_TASK, JOB_BUF_CREATE, JOB_BUF_WRITE, JOB_BUF_READ, JOB_BUF_FREE };
+enum job_state { JOB_QUEUED, JOB_RUNNING, JOB_DONE };
+
+struct job {
+  struct job *next;          /* in a cqueue, then in the done list */
+  struct job *cprev, *cnext; /* in the connection's in-flight list (loop) */
+  enum job_kind kind;
+  enum job_state state;      /* guarded by dev->mu until it is done */
+  struct device *dev;
+  struct cqueue *q;          /* where it is queued */
+  struct conn *conn;         /* loop only; NULL for internal jobs */
+  uint32_t msgid;
+  atomic_int cancel;         /* set by the loop: stop a running task */
+  struct rchunk *chunk;      /* keeps inline request data alive, or NULL */
+  struct dbuf *refs[DSPK__OP_MAX_IN + DSPK__OP_MAX_OUT + 1]; /* held refs */
+  int nrefs;
+
+  /* task */
+  struct dspk__op op;
+  const void *in_data[DSPK__OP_MAX_IN];     /* inline input, or NULL */
+  struct dbuf *in_buf[DSPK__OP_MAX_IN];     /* referenced input, or NULL */
+  struct dbuf *out_buf[DSPK__OP_MAX_OUT];   /* requested output, or NULL */
+
+  /* buffer.create/write/read/free */
+  struct dbuf *buf;
+  uint64_t off, size;
+  const void *data;
+
+  /* result: the encoded response frame (runner), or NULL */
+  struct wreq *resp;
+  int err;
+};
+
+struct device {
+  struct dspkd *d;
+  int idx;
+  const struct dspk__backend *be;
+  int bindex;
+  char id[48];
+  struct dspk__devinfo info;
+  pthread_t thread;
+  bool thread_started;
+  bool joined;
+  struct dspk__dev *bdev; /* runner only */
+
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  /* Guarded by mu. */
+  struct cqueue *ring_head, *ring_tail;
+  struct cqueue sysq;  /* internal jobs: buffer frees */
+  bool stop;           /* exit once the ring is empty */
+  int open_state;      /* 0: opening, 1: open, < 0: open failed */
+  char open_err[256];
+  bool exited;
+  uint64_t queued, running, completed, failed;
+  struct dspk__devstats stats;
+};
+
+struct unavailable {
+  char backend[32];
+  char reason[320];
+};
+
+struct conn {
+  uv_pipe_t pipe;
+  struct dspkd *d;
+  struct conn *prev, *next; /* in d->conns */
+  uint64_t id;
+  int refs;                 /* open socket + pending writes + in-flight jobs */
+  bool closing;
+  bool reading;
+  bool in_process;          /* conn_process() is on the stack */
+  bool held;                /* stopped processing frames with some buffered */
+  bool close_after_flush;   /* close once every queued write is done */
+  pid_t pid;
+  uid_t uid;
+  gid_t gid;
+  char name[64];
+  struct rchunk *rb;
+  size_t unsent;            /* bytes handed to uv_write, not yet written */
+  size_t inflight;          /* requests not yet answered */
+  struct job *jobs;         /* in-flight jobs */
+  struct dbuf **bufs;       /* sorted by id */
+  size_t nbufs, capbufs;
+  uint64_t buf_bytes;
+  struct cqueue *q;         /* [d->ndevs] */
+  uint64_t requests;
+};
+
+struct dspkd {
+  uv_loop_t *loop;
+  struct dspkd_config cfg;
+  uv_pipe_t listener;
+  bool listening;
+  uv_signal_t sigterm, sigint;
+  uv_async_t done_async;
+  uv_timer_t grace_timer;   /* shutdown: cancel what still runs after it */
+  bool handles_closed;
+  pthread_mutex_t done_mu;
+  struct job *done_head, *done_tail; /* guarded by done_mu */
+  msgpack_zone zone;                 /* decode of one frame at a time */
+
+  struct device devs[DSPKD_MAX_DEVICES];
+  int ndevs;
+  struct unavailable unavail[DSPKD_MAX_UNAVAILABLE];
+  int nunavail;
+
+  struct conn *conns;
+  size_t nconns;
+  uint64_t next_conn_id;
+  uint64_t next_buf_id;
+  bool stopping;
+  bool runners_stopped;
+  int exit_code;
+  uint64_t start_ms;
+  struct dspk__cache *cache;
+};
+
+/* daemon/conn.c */
+int dspkd_listen(struct dspkd *d);
+/* Queues a frame for writing and takes wr (freed once written, or at once
+ * when the connection is closing or the frame could not be encoded). */
+void conn_send(struct conn *c, struct wreq *wr);
+void conn_send_error(struct conn *c, uint32_t msgid, int code, const char *msg);
+void conn_close(struct conn *c, const char *why);
+void conn_ref(struct conn *c);
+void conn_unref(struct conn *c);
+/* Re-evaluates whether the connection may read (limits, backpressure). */
+void conn_update_read(struct conn *c);
+void chunk_unref(struct rchunk *k);
+/* Starts the orderly stop: no more accepting or reading, queued jobs fail
+ * with ESHUTDOWN, connections close once idle, then runners stop. */
+void dspkd_stop(struct dspkd *d);
+/* Moves the stop forward after a job completed or a connection went away. */
+void dspkd_stop_progress(struct dspkd *d);
+
+/* daemon/buffers.c: the connection's buffer table. */
+struct dbuf *conn_buf_find(struct conn *c, uint64_t id);
+int conn_buf_add(struct conn *c, struct dbuf *b);
+struct dbuf *conn_buf_remove(struct conn *c, uint64_t id);
+void dbuf_ref(struct dbuf *b);
+/* Drops a reference; the last one queues the release of its memory on the
+ * device's runner. */
+void dbuf_unref(struct dspkd *d, struct dbuf *b);
+
+/* daemon/device.c */
+/* Probes every backend (filtered by cfg.backends), starts one runner per
+ * device and waits until each opened its device.  0 or a negative code. */
+int dspkd_devices_start(struct dspkd *d);
+/* Asks every runner to exit once its queue is empty. */
+void dspkd_devices_stop(struct dspkd *d);
+/* Joins runners that have exited; returns 1 when all are joined. */
+int dspkd_devices_join(struct dspkd *d, bool wait);
+void dspkd_backends_shutdown(struct dspkd *d);
+struct device *dspkd_device_find(struct dspkd *d, const char *id, size_t len);
+/* Picks the device for "any": least-loaded hardware device, else cpu:0. */
+struct device *dspkd_device_any(struct dspkd *d);
+struct job *job_new(struct conn *c, enum job_kind kind, uint32_t msgid,
+                    struct device *dev);
+/* Adds a job to the connection's FIFO for the device (takes ownership). */
+void job_submit(struct job *j);
+/* Frees a job the loop owns: drops its buffers, chunk and connection. */
+void job_free(struct dspkd *d, struct job *j);
+/* Loop thread: the async callback that collects finished jobs. */
+void dspkd_done_cb(uv_async_t *h);
+/* Loop thread: removes every queued job of the connection (or of everyone
+ * when c is NULL) and answers each with code (or drops it when code is 0). */
+void dspkd_drop_queued(struct dspkd *d, struct conn *c, int code);
+/* Loop thread: cancels the connection's request msgid: 1 when it was queued
+ * or running, 0 when unknown. */
+int dspkd_cancel(struct conn *c, uint32_t msgid);
+/* A snapshot of a device's counters (takes its mutex). */
+void dspkd_device_counters(struct device *dev, uint64_t *queued, uint64_t *running,
+                           uint64_t *completed, uint64_t *failed,
+                           struct dspk__devstats *stats);
+
+/* daemon/task.c: runner side of each job kind; encodes j->resp. */
+void job_execute(struct device *dev, struct job *j);
+
+/* daemon/methods.c */
+struct req {
+  struct conn *c;
+  uint32_t msgid;
+  const msgpack_object *args; /* the params map, or NULL */
+  struct rchunk *chunk;       /* the frame's bytes */
+  char msg[512];              /* error detail for the response */
+};
+/* Runs the request's method: returns 0 when it answered or queued a job,
+ * or a negative code that the caller answers with r->msg. */
+int dspkd_dispatch(struct req *r, const char *method, size_t len);
+
+uint64_t dspkd_now_ms(void);
+
+#endif /* DSPKD_DSPKD_H */

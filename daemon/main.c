@@ -1,0 +1,407 @@
+/*
+ * dspkd: the entry point.  Parses the command line, picks the socket path
+ * (creating its directory), opens the cache, probes the backends and starts
+ * one runner per device, listens, and runs the libuv loop until SIGTERM or
+ * SIGINT.  The stop is ordered: stop accepting, fail queued work with
+ * ESHUTDOWN, let running tasks finish, close connections, let every runner
+ * close its device and exit, join every runner, shut the backends down,
+ * close the cache, remove the socket, exit 0.  No runner thread is alive
+ * when main returns.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "daemon/dspkd.h"
+#include "daemon/log.h"
+
+#ifdef DSPKD_HAVE_CACHE
+#include "cache/cache.h"
+#endif
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "Usage: dspkd [OPTION]...\n"
+          "The dspk compute daemon: runs compute tasks that clients submit over a Unix\n"
+          "socket (docs/protocol.md) on the host's devices.\n"
+          "\n"
+          "  --socket PATH        listen here (default $DSPK_SOCKET, else\n"
+          "                       $XDG_RUNTIME_DIR/dspk/dspkd.sock, /run/dspk/dspkd.sock as root)\n"
+          "  --cache PATH         the persistent cache file (SQLite); default: none\n"
+          "  --backends LIST      comma list of backends to use (default: every one available)\n"
+          "  --foreground         stay in the foreground (default: detach once listening)\n"
+          "  --log-level LEVEL    error, warn, info (default) or debug\n"
+          "  --ready-fd N         write \"READY\\n\" to file descriptor N once listening, close it\n"
+          "  --max-message BYTES  largest message (default 268435456)\n"
+          "  --max-depth N        nesting of arrays/maps (default 16)\n"
+          "  --max-objects N      msgpack objects in one message (default 1048576)\n"
+          "  --max-rank N         tensor rank (default 8, at most 8)\n"
+          "  --max-elements N     elements in one tensor (default 2147483648)\n"
+          "  --max-inflight N     requests in flight per connection (default 1024)\n"
+          "  --max-unsent BYTES   unwritten response bytes per connection before reading\n"
+          "                       pauses (default 67108864)\n"
+          "  --max-buffers N      buffers per connection (default 4096)\n"
+          "  --max-clients N      open connections (default 256)\n"
+          "  --shutdown-timeout MS  at stop, cancel tasks still running after this\n"
+          "                       (default 30000)\n"
+          "  --help               show this help\n"
+          "  --version            show the version\n");
+}
+
+enum {
+  OPT_SOCKET = 256, OPT_CACHE, OPT_BACKENDS, OPT_FOREGROUND, OPT_LOG_LEVEL, OPT_READY_FD,
+  OPT_MAX_MESSAGE, OPT_MAX_DEPTH, OPT_MAX_OBJECTS, OPT_MAX_RANK, OPT_MAX_ELEMENTS,
+  OPT_MAX_INFLIGHT, OPT_MAX_UNSENT, OPT_MAX_BUFFERS, OPT_MAX_CLIENTS, OPT_SHUTDOWN_TIMEOUT,
+  OPT_HELP, OPT_VERSION
+};
+
+static const struct option long_opts[] = {
+    {"socket", required_argument, NULL, OPT_SOCKET},
+    {"cache", required_argument, NULL, OPT_CACHE},
+    {"backends", required_argument, NULL, OPT_BACKENDS},
+    {"foreground", no_argument, NULL, OPT_FOREGROUND},
+    {"log-level", required_argument, NULL, OPT_LOG_LEVEL},
+    {"ready-fd", required_argument, NULL, OPT_READY_FD},
+    {"max-message", required_argument, NULL, OPT_MAX_MESSAGE},
+    {"max-depth", required_argument, NULL, OPT_MAX_DEPTH},
+    {"max-objects", required_argument, NULL, OPT_MAX_OBJECTS},
+    {"max-rank", required_argument, NULL, OPT_MAX_RANK},
+    {"max-elements", required_argument, NULL, OPT_MAX_ELEMENTS},
+    {"max-inflight", required_argument, NULL, OPT_MAX_INFLIGHT},
+    {"max-unsent", required_argument, NULL, OPT_MAX_UNSENT},
+    {"max-buffers", required_argument, NULL, OPT_MAX_BUFFERS},
+    {"max-clients", required_argument, NULL, OPT_MAX_CLIENTS},
+    {"shutdown-timeout", required_argument, NULL, OPT_SHUTDOWN_TIMEOUT},
+    {"help", no_argument, NULL, OPT_HELP},
+    {"version", no_argument, NULL, OPT_VERSION},
+    {NULL, 0, NULL, 0},
+};
+
+/* Parses a decimal count in [lo, hi]; 0, or -1 with a message. */
+static int parse_count(const char *opt, const char *s, uint64_t lo, uint64_t hi,
+                       uint64_t *out) {
+  char *end;
+  unsigned long long v;
+  errno = 0;
+  if (!*s || *s == '-')
+    goto bad;
+  v = strtoull(s, &end, 10);
+  if (errno || *end || v < lo || v > hi)
+    goto bad;
+  *out = v;
+  return 0;
+bad:
+  fprintf(stderr, "dspkd: --%s: expected an integer from %llu to %llu, got \"%s\"\n", opt,
+          (unsigned long long)lo, (unsigned long long)hi, s);
+  return -1;
+}
+
+/* Fills cfg->socket_path from --socket, $DSPK_SOCKET or the default, and
+ * creates the default's directory.  0 or -1 (logged). */
+static int socket_path(struct dspkd_config *cfg, const char *given) {
+  const char *env = getenv("DSPK_SOCKET");
+  char dir[sizeof cfg->socket_path];
+  int n;
+
+  if (!given && env && *env)
+    given = env;
+  if (given) {
+    if (strlen(given) >= sizeof cfg->socket_path) {
+      dspkd_error("socket path too long (%zu bytes): %s", strlen(given), given);
+      return -1;
+    }
+    snprintf(cfg->socket_path, sizeof cfg->socket_path, "%s", given);
+    return 0;
+  }
+  if (geteuid() == 0) {
+    snprintf(dir, sizeof dir, "/run/dspk");
+  } else {
+    const char *rt = getenv("XDG_RUNTIME_DIR");
+    if (!rt || !*rt) {
+      dspkd_error("XDG_RUNTIME_DIR is not set: give the socket with --socket PATH");
+      return -1;
+    }
+    n = snprintf(dir, sizeof dir, "%s/dspk", rt);
+    if (n < 0 || (size_t)n >= sizeof dir) {
+      dspkd_error("XDG_RUNTIME_DIR is too long: %s", rt);
+      return -1;
+    }
+  }
+  if (mkdir(dir, geteuid() == 0 ? 0755 : 0700) != 0 && errno != EEXIST) {
+    dspkd_error("cannot create %s: %s", dir, strerror(errno));
+    return -1;
+  }
+  n = snprintf(cfg->socket_path, sizeof cfg->socket_path, "%s/dspkd.sock", dir);
+  if (n < 0 || (size_t)n >= sizeof cfg->socket_path) {
+    dspkd_error("socket path too long: %s/dspkd.sock", dir);
+    return -1;
+  }
+  return 0;
+}
+
+static void on_signal(uv_signal_t *h, int signum) {
+  struct dspkd *d = h->data;
+  dspkd_info("received %s", signum == SIGTERM ? "SIGTERM" : "SIGINT");
+  d->exit_code = 0;
+  dspkd_stop(d);
+}
+
+/* Tells whoever waits (the tests, the parent of a detached daemon) that
+ * the socket is listening. */
+static void signal_ready(int fd) {
+  static const char msg[] = "READY\n";
+  if (fd < 0)
+    return;
+  if (write(fd, msg, sizeof msg - 1) != (ssize_t)(sizeof msg - 1))
+    dspkd_warn("--ready-fd %d: %s", fd, strerror(errno));
+  close(fd);
+}
+
+/* Detaches: the parent waits until the child is listening (or failed) and
+ * exits with its status.  Runs before any thread exists.  Returns the fd the
+ * child writes READY to, or -1 on error. */
+static int detach(void) {
+  int p[2];
+  pid_t pid;
+  char buf[8];
+  ssize_t n;
+
+  if (pipe2(p, O_CLOEXEC) != 0) {
+    dspkd_error("pipe: %s", strerror(errno));
+    return -1;
+  }
+  pid = fork();
+  if (pid < 0) {
+    dspkd_error("fork: %s", strerror(errno));
+    return -1;
+  }
+  if (pid > 0) {
+    int status;
+    close(p[1]);
+    do
+      n = read(p[0], buf, sizeof buf);
+    while (n < 0 && errno == EINTR);
+    if (n > 0)
+      _exit(0);
+    /* The child failed before it was ready: report its status. */
+    if (waitpid(pid, &status, 0) == pid && WIFEXITED(status))
+      _exit(WEXITSTATUS(status) ? WEXITSTATUS(status) : 1);
+    _exit(1);
+  }
+  close(p[0]);
+  if (setsid() < 0)
+    dspkd_warn("setsid: %s", strerror(errno));
+  {
+    int null = open("/dev/null", O_RDWR | O_CLOEXEC);
+    if (null >= 0) {
+      dup2(null, STDIN_FILENO);
+      dup2(null, STDOUT_FILENO);
+      if (null > STDERR_FILENO)
+        close(null);
+    }
+  }
+  return p[1];
+}
+
+int main(int argc, char **argv) {
+  static struct dspkd daemon_state;
+  struct dspkd *d = &daemon_state;
+  struct dspkd_config *cfg = &d->cfg;
+  const char *given_socket = NULL;
+  uv_loop_t loop;
+  uint64_t v;
+  int opt, detach_fd = -1, rc = 1;
+  enum dspkd_level level;
+
+  memset(cfg, 0, sizeof *cfg);
+  dspk__limits_default(&cfg->lim);
+  cfg->ready_fd = -1;
+  cfg->max_inflight = 1024;
+  cfg->max_unsent = (size_t)64 << 20;
+  cfg->max_buffers = 4096;
+  cfg->max_clients = 256;
+  cfg->shutdown_timeout_ms = 30000;
+
+  while ((opt = getopt_long(argc, argv, "", long_opts, NULL)) != -1) {
+    switch (opt) {
+    case OPT_SOCKET: given_socket = optarg; break;
+    case OPT_CACHE: cfg->cache_path = optarg; break;
+    case OPT_BACKENDS: cfg->backends = optarg; break;
+    case OPT_FOREGROUND: cfg->foreground = true; break;
+    case OPT_LOG_LEVEL:
+      if (dspkd_log_parse_level(optarg, &level) != 0) {
+        fprintf(stderr, "dspkd: --log-level: expected error, warn, info or debug\n");
+        return 2;
+      }
+      dspkd_log_set_level(level);
+      break;
+    case OPT_READY_FD:
+      if (parse_count("ready-fd", optarg, 0, INT_MAX, &v)) return 2;
+      if (fcntl((int)v, F_GETFD) < 0) {
+        fprintf(stderr, "dspkd: --ready-fd %s: not an open file descriptor\n", optarg);
+        return 2;
+      }
+      cfg->ready_fd = (int)v;
+      break;
+    case OPT_MAX_MESSAGE:
+      if (parse_count("max-message", optarg, 64, (uint64_t)1 << 32, &v)) return 2;
+      cfg->lim.max_message = (size_t)v;
+      break;
+    case OPT_MAX_DEPTH:
+      if (parse_count("max-depth", optarg, 4, 1024, &v)) return 2;
+      cfg->lim.max_depth = (unsigned)v;
+      break;
+    case OPT_MAX_OBJECTS:
+      if (parse_count("max-objects", optarg, 16, (uint64_t)1 << 28, &v)) return 2;
+      cfg->lim.max_objects = (size_t)v;
+      break;
+    case OPT_MAX_RANK:
+      if (parse_count("max-rank", optarg, 1, DSPK_MAX_RANK, &v)) return 2;
+      cfg->lim.max_rank = (unsigned)v;
+      break;
+    case OPT_MAX_ELEMENTS:
+      if (parse_count("max-elements", optarg, 1, (uint64_t)1 << 40, &v)) return 2;
+      cfg->lim.max_elements = v;
+      break;
+    case OPT_MAX_INFLIGHT:
+      if (parse_count("max-inflight", optarg, 1, 1 << 20, &v)) return 2;
+      cfg->max_inflight = (size_t)v;
+      break;
+    case OPT_MAX_UNSENT:
+      if (parse_count("max-unsent", optarg, 1, (uint64_t)1 << 40, &v)) return 2;
+      cfg->max_unsent = (size_t)v;
+      break;
+    case OPT_MAX_BUFFERS:
+      if (parse_count("max-buffers", optarg, 1, 1 << 24, &v)) return 2;
+      cfg->max_buffers = (size_t)v;
+      break;
+    case OPT_MAX_CLIENTS:
+      if (parse_count("max-clients", optarg, 1, 1 << 20, &v)) return 2;
+      cfg->max_clients = (size_t)v;
+      break;
+    case OPT_SHUTDOWN_TIMEOUT:
+      if (parse_count("shutdown-timeout", optarg, 0, (uint64_t)1 << 40, &v)) return 2;
+      cfg->shutdown_timeout_ms = v;
+      break;
+    case OPT_HELP:
+      usage(stdout);
+      return 0;
+    case OPT_VERSION:
+      printf("dspkd %s (protocol %d)\n", DSPKD_VERSION, DSPK_PROTOCOL_VERSION);
+      return 0;
+    default:
+      usage(stderr);
+      return 2;
+    }
+  }
+  if (optind < argc) {
+    fprintf(stderr, "dspkd: unexpected argument \"%s\" (see --help)\n", argv[optind]);
+    return 2;
+  }
+
+  signal(SIGPIPE, SIG_IGN);
+  if (socket_path(cfg, given_socket) != 0)
+    return 1;
+  if (strlen(cfg->socket_path) >= sizeof(((struct sockaddr_un *)0)->sun_path)) {
+    dspkd_error("socket path is %zu bytes, longer than the %zu a Unix socket allows: %s",
+                strlen(cfg->socket_path), sizeof(((struct sockaddr_un *)0)->sun_path) - 1,
+                cfg->socket_path);
+    return 1;
+  }
+  if (!cfg->foreground) {
+    detach_fd = detach();
+    if (detach_fd < 0)
+      return 1;
+  }
+
+  d->start_ms = dspkd_now_ms();
+  d->exit_code = 0;
+  if (uv_loop_init(&loop) != 0) {
+    dspkd_error("cannot start the event loop");
+    return 1;
+  }
+  d->loop = &loop;
+  if (!msgpack_zone_init(&d->zone, 64 << 10)) {
+    dspkd_error("out of memory");
+    goto out_loop;
+  }
+  pthread_mutex_init(&d->done_mu, NULL);
+  uv_async_init(&loop, &d->done_async, dspkd_done_cb);
+  d->done_async.data = d;
+  uv_timer_init(&loop, &d->grace_timer);
+  d->grace_timer.data = d;
+  uv_signal_init(&loop, &d->sigterm);
+  uv_signal_init(&loop, &d->sigint);
+  d->sigterm.data = d->sigint.data = d;
+
+#ifdef DSPKD_HAVE_CACHE
+  if (cfg->cache_path) {
+    char warn[256] = "";
+    int err = dspk__cache_open(cfg->cache_path, NULL, &d->cache, warn, sizeof warn);
+    if (err < 0) {
+      dspkd_error("cannot open the cache %s: %s", cfg->cache_path, dspk__strerror(err));
+      goto out_handles;
+    }
+    if (warn[0])
+      dspkd_warn("cache: %s", warn);
+  }
+#else
+  if (cfg->cache_path)
+    dspkd_warn("--cache: this build has no cache; running without one");
+#endif
+
+  if (dspkd_devices_start(d) != 0)
+    goto out_devices;
+  if (dspkd_listen(d) != 0)
+    goto out_devices;
+  uv_signal_start(&d->sigterm, on_signal, SIGTERM);
+  uv_signal_start(&d->sigint, on_signal, SIGINT);
+  signal_ready(cfg->ready_fd);
+  signal_ready(detach_fd);
+  detach_fd = -1;
+
+  uv_run(&loop, UV_RUN_DEFAULT);
+  rc = d->exit_code;
+  goto out_done;
+
+out_devices:
+  /* Start-up failed after the runners started: stop them in order. */
+  d->stopping = true;
+  d->runners_stopped = true;
+  dspkd_devices_stop(d);
+  rc = 1;
+#ifdef DSPKD_HAVE_CACHE
+out_handles:
+#endif
+  uv_close((uv_handle_t *)&d->done_async, NULL);
+  uv_close((uv_handle_t *)&d->grace_timer, NULL);
+  uv_close((uv_handle_t *)&d->sigterm, NULL);
+  uv_close((uv_handle_t *)&d->sigint, NULL);
+  dspkd_devices_join(d, true);
+  uv_run(&loop, UV_RUN_DEFAULT);
+out_done:
+  dspkd_devices_join(d, true);
+  dspkd_backends_shutdown(d);
+#ifdef DSPKD_HAVE_CACHE
+  dspk__cache_close(d->cache);
+#endif
+  msgpack_zone_destroy(&d->zone);
+  pthread_mutex_destroy(&d->done_mu);
+out_loop:
+  if (uv_loop_close(&loop) != 0)
+    dspkd_warn("event loop closed with handles still open");
+  if (rc == 0)
+    dspkd_info("stopped");
+  if (detach_fd >= 0)
+    close(detach_fd);
+  return rc;
+}

@@ -1,0 +1,855 @@
+/*
+ * The method table of docs/protocol.md and its handlers, on the loop
+ * thread.  A handler validates its arguments completely (types, ranges,
+ * buffer ownership and bounds, the op's shapes through dspk__op_infer)
+ * before it allocates anything or queues a job, so every error a client can
+ * cause is answered at once with a precise message and costs no device
+ * time.  Handlers either answer directly (hello, ping, devices, status,
+ * buffer.free, task.cancel) or queue a job on a device's runner (buffer
+ * create/write/read, task.run), which answers when it completes.
+ *
+ * Handlers return 0 when they answered or queued, or a negative code with
+ * the detail in r->msg, which the caller sends as the error response.
+ */
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "daemon/dspkd.h"
+#include "daemon/log.h"
+
+__attribute__((format(printf, 3, 4)))
+static int fail(struct req *r, int code, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(r->msg, sizeof r->msg, fmt, ap);
+  va_end(ap);
+  return code;
+}
+
+/* Prefixes r->msg with "what: " (for errors of nested decoders). */
+static int prefix(struct req *r, int code, const char *what) {
+  char tmp[sizeof r->msg];
+  size_t n = strlen(what);
+  memcpy(tmp, r->msg, sizeof tmp);
+  if (n + 2 >= sizeof r->msg)
+    return code;
+  memcpy(r->msg, what, n);
+  memcpy(r->msg + n, ": ", 2);
+  memcpy(r->msg + n + 2, tmp, sizeof r->msg - n - 2);
+  r->msg[sizeof r->msg - 1] = '\0';
+  return code;
+}
+
+static void kv_str(msgpack_packer *pk, const char *k, const char *v) {
+  dspk__pack_str(pk, k);
+  dspk__pack_str(pk, v);
+}
+
+static void kv_u64(msgpack_packer *pk, const char *k, uint64_t v) {
+  dspk__pack_str(pk, k);
+  msgpack_pack_uint64(pk, v);
+}
+
+static void kv_i64(msgpack_packer *pk, const char *k, int64_t v) {
+  dspk__pack_str(pk, k);
+  msgpack_pack_int64(pk, v);
+}
+
+static void kv_bool(msgpack_packer *pk, const char *k, bool v) {
+  dspk__pack_str(pk, k);
+  if (v)
+    msgpack_pack_true(pk);
+  else
+    msgpack_pack_false(pk);
+}
+
+/* Starts a result response; NULL when out of memory. */
+static struct wreq *reply(struct req *r) {
+  struct wreq *wr = wreq_new();
+  if (wr)
+    dspk__pack_result_head(&wr->w.pk, r->msgid);
+  return wr;
+}
+
+static void limits_map(msgpack_packer *pk, const struct dspkd_config *cfg) {
+  msgpack_pack_map(pk, 9);
+  kv_u64(pk, "max_message", cfg->lim.max_message);
+  kv_u64(pk, "max_depth", cfg->lim.max_depth);
+  kv_u64(pk, "max_objects", cfg->lim.max_objects);
+  kv_u64(pk, "max_rank", cfg->lim.max_rank);
+  kv_u64(pk, "max_elements", cfg->lim.max_elements);
+  kv_u64(pk, "max_inflight", cfg->max_inflight);
+  kv_u64(pk, "max_unsent", cfg->max_unsent);
+  kv_u64(pk, "max_buffers", cfg->max_buffers);
+  kv_u64(pk, "max_clients", cfg->max_clients);
+}
+
+/* Resolves a device name ("any" or an id); NULL with r->msg set. */
+static struct device *resolve_device(struct req *r, const char *name, int *err) {
+  struct dspkd *d = r->c->d;
+  struct device *dev;
+  if (strcmp(name, "any") == 0) {
+    dev = dspkd_device_any(d);
+    if (!dev)
+      *err = fail(r, DSPK_ENODEV, "no device is available");
+    return dev;
+  }
+  dev = dspkd_device_find(d, name, strlen(name));
+  if (!dev)
+    *err = fail(r, DSPK_ENODEV, "no device \"%s\" (the devices method lists them)", name);
+  return dev;
+}
+
+/* ---- hello, ping ------------------------------------------------------ */
+
+static int m_hello(struct req *r) {
+  struct conn *c = r->c;
+  uint64_t version = DSPK_PROTOCOL_VERSION;
+  char name[sizeof c->name] = "";
+  struct wreq *wr;
+  int err;
+
+  if ((err = dspk__arg_u64(r->args, "version", &version, r->msg, sizeof r->msg)) ||
+      (err = dspk__arg_str(r->args, "client", name, sizeof name, r->msg, sizeof r->msg)))
+    return err;
+  if (version != DSPK_PROTOCOL_VERSION)
+    return fail(r, DSPK_EVERSION, "client speaks protocol %" PRIu64
+                ", this daemon speaks %d", version, DSPK_PROTOCOL_VERSION);
+  if (name[0])
+    memcpy(c->name, name, sizeof name);
+  if (!(wr = reply(r)))
+    return DSPK_ENOMEM;
+  msgpack_pack_map(&wr->w.pk, 5);
+  kv_u64(&wr->w.pk, "protocol", DSPK_PROTOCOL_VERSION);
+  kv_str(&wr->w.pk, "daemon", DSPKD_VERSION);
+  kv_str(&wr->w.pk, "server", "dspkd");
+  kv_u64(&wr->w.pk, "client_id", c->id);
+  dspk__pack_str(&wr->w.pk, "limits");
+  limits_map(&wr->w.pk, &c->d->cfg);
+  conn_send(c, wr);
+  return 0;
+}
+
+static void release_chunk(void *ud) { chunk_unref(ud); }
+
+static int m_ping(struct req *r) {
+  const msgpack_object *v = dspk__map_get(r->args, "data");
+  const void *data = "";
+  size_t len = 0;
+  struct wreq *wr;
+
+  if (v && v->type != MSGPACK_OBJECT_NIL && dspk__obj_bin(v, &data, &len) != 0)
+    return fail(r, DSPK_EINVAL, "data: expected bin");
+  if (!(wr = reply(r)))
+    return DSPK_ENOMEM;
+  msgpack_pack_map(&wr->w.pk, 1);
+  dspk__pack_str(&wr->w.pk, "data");
+  /* Echoed by reference: the frame's bytes stay alive until written. */
+  r->chunk->refs++;
+  dspk__wbuf_bin_ref(&wr->w, data, len, release_chunk, r->chunk);
+  conn_send(r->c, wr);
+  return 0;
+}
+
+/* ---- devices, status -------------------------------------------------- */
+
+static int m_devices(struct req *r) {
+  struct dspkd *d = r->c->d;
+  bool all = false;
+  struct wreq *wr;
+  msgpack_packer *pk;
+  int err, n = 0;
+
+  if ((err = dspk__arg_bool(r->args, "all", &all, r->msg, sizeof r->msg)))
+    return err;
+  if (!(wr = reply(r)))
+    return DSPK_ENOMEM;
+  pk = &wr->w.pk;
+  for (int i = 0; i < d->ndevs; i++)
+    n += d->devs[i].open_state == 1;
+  msgpack_pack_map(pk, 2);
+  dspk__pack_str(pk, "devices");
+  msgpack_pack_array(pk, (size_t)n);
+  for (int i = 0; i < d->ndevs; i++) {
+    const struct device *dev = &d->devs[i];
+    if (dev->open_state != 1)
+      continue;
+    msgpack_pack_map(pk, 9);
+    kv_str(pk, "id", dev->id);
+    kv_str(pk, "backend", dev->be->name);
+    kv_str(pk, "name", dev->info.name);
+    kv_str(pk, "type", dev->info.type);
+    kv_str(pk, "arch", dev->info.arch);
+    kv_str(pk, "driver", dev->info.driver);
+    kv_str(pk, "uuid", dev->info.uuid);
+    kv_u64(pk, "memory", dev->info.memory);
+    kv_bool(pk, "software", dev->info.software != 0);
+  }
+  dspk__pack_str(pk, "unavailable");
+  msgpack_pack_array(pk, all ? (size_t)d->nunavail : 0);
+  for (int i = 0; all && i < d->nunavail; i++) {
+    msgpack_pack_map(pk, 2);
+    kv_str(pk, "backend", d->unavail[i].backend);
+    kv_str(pk, "reason", d->unavail[i].reason);
+  }
+  conn_send(r->c, wr);
+  return 0;
+}
+
+static int m_status(struct req *r) {
+  struct dspkd *d = r->c->d;
+  struct wreq *wr;
+  msgpack_packer *pk;
+  int n = 0;
+
+  if (!(wr = reply(r)))
+    return DSPK_ENOMEM;
+  pk = &wr->w.pk;
+  msgpack_pack_map(pk, 3);
+
+  dspk__pack_str(pk, "daemon");
+  msgpack_pack_map(pk, 7);
+  kv_str(pk, "version", DSPKD_VERSION);
+  kv_i64(pk, "pid", (int64_t)getpid());
+  kv_u64(pk, "uptime_s", (dspkd_now_ms() - d->start_ms) / 1000);
+  kv_str(pk, "socket", d->cfg.socket_path);
+  kv_u64(pk, "connections", d->nconns);
+  kv_bool(pk, "stopping", d->stopping);
+  dspk__pack_str(pk, "limits");
+  limits_map(pk, &d->cfg);
+
+  dspk__pack_str(pk, "clients");
+  msgpack_pack_array(pk, d->nconns);
+  for (struct conn *c = d->conns; c; c = c->next) {
+    msgpack_pack_map(pk, 11);
+    kv_u64(pk, "id", c->id);
+    kv_i64(pk, "pid", (int64_t)c->pid);
+    kv_i64(pk, "uid", c->uid == (uid_t)-1 ? -1 : (int64_t)c->uid);
+    kv_i64(pk, "gid", c->gid == (gid_t)-1 ? -1 : (int64_t)c->gid);
+    kv_str(pk, "name", c->name);
+    kv_u64(pk, "inflight", c->inflight);
+    kv_u64(pk, "buffers", c->nbufs);
+    kv_u64(pk, "buffer_bytes", c->buf_bytes);
+    kv_u64(pk, "unsent", c->unsent);
+    kv_u64(pk, "requests", c->requests);
+    kv_bool(pk, "self", c == r->c);
+  }
+
+  dspk__pack_str(pk, "devices");
+  for (int i = 0; i < d->ndevs; i++)
+    n += d->devs[i].open_state == 1;
+  msgpack_pack_array(pk, (size_t)n);
+  for (int i = 0; i < d->ndevs; i++) {
+    struct device *dev = &d->devs[i];
+    struct dspk__devstats s;
+    uint64_t q, run, done, failed;
+    if (dev->open_state != 1)
+      continue;
+    dspkd_device_counters(dev, &q, &run, &done, &failed, &s);
+    msgpack_pack_map(pk, 6);
+    kv_str(pk, "id", dev->id);
+    kv_u64(pk, "queued", q);
+    kv_u64(pk, "running", run);
+    kv_u64(pk, "completed", done);
+    kv_u64(pk, "failed", failed);
+    dspk__pack_str(pk, "stats");
+    msgpack_pack_map(pk, 12);
+    kv_u64(pk, "pool_bytes_in_use", s.pool_bytes_in_use);
+    kv_u64(pk, "pool_bytes_cached", s.pool_bytes_cached);
+    kv_u64(pk, "pool_hits", s.pool_hits);
+    kv_u64(pk, "pool_misses", s.pool_misses);
+    kv_u64(pk, "retire_deferred", s.retire_deferred);
+    kv_u64(pk, "retire_released", s.retire_released);
+    kv_u64(pk, "retire_barrier_fallbacks", s.retire_barrier_fallbacks);
+    kv_u64(pk, "retire_leaked", s.retire_leaked);
+    kv_u64(pk, "retire_in_flight", s.retire_in_flight);
+    kv_u64(pk, "retire_max_in_flight", s.retire_max_in_flight);
+    kv_u64(pk, "kernels_compiled", s.kernels_compiled);
+    kv_u64(pk, "kernel_cache_hits", s.kernel_cache_hits);
+  }
+  conn_send(r->c, wr);
+  return 0;
+}
+
+/* ---- buffers ---------------------------------------------------------- */
+
+/* Looks up the "buffer" argument among the connection's buffers. */
+static struct dbuf *arg_buffer(struct req *r, int *err) {
+  uint64_t id;
+  struct dbuf *b;
+  const msgpack_object *v = dspk__map_get(r->args, "buffer");
+  if (dspk__obj_u64(v, &id) != 0) {
+    *err = fail(r, DSPK_EINVAL, "buffer: expected a buffer id");
+    return NULL;
+  }
+  b = conn_buf_find(r->c, id);
+  if (!b)
+    *err = fail(r, DSPK_ENOBUF, "no buffer %" PRIu64 " on this connection", id);
+  return b;
+}
+
+static int m_buffer_create(struct req *r) {
+  struct conn *c = r->c;
+  char devname[48] = "any";
+  uint64_t size;
+  struct device *dev;
+  struct dbuf *b;
+  struct job *j;
+  int err = 0;
+
+  if ((err = dspk__arg_str(r->args, "device", devname, sizeof devname, r->msg, sizeof r->msg)))
+    return err;
+  if (dspk__obj_u64(dspk__map_get(r->args, "size"), &size) != 0)
+    return fail(r, DSPK_EINVAL, "size: expected a byte count");
+  if (!(dev = resolve_device(r, devname, &err)))
+    return err;
+  if (dev->info.memory && size > dev->info.memory)
+    return fail(r, DSPK_ENOMEM, "%" PRIu64 " bytes is more than %s has (%" PRIu64 ")",
+                size, dev->id, dev->info.memory);
+  if (size > SIZE_MAX / 2)
+    return fail(r, DSPK_ERANGE, "size %" PRIu64 " is too large", size);
+  if (c->nbufs >= c->d->cfg.max_buffers)
+    return fail(r, DSPK_ELIMIT, "this connection already has %zu buffers (max_buffers)",
+                c->nbufs);
+  if (!(b = calloc(1, sizeof(*b))))
+    return DSPK_ENOMEM;
+  if (!(j = job_new(c, JOB_BUF_CREATE, r->msgid, dev))) {
+    free(b);
+    return DSPK_ENOMEM;
+  }
+  b->id = ++c->d->next_buf_id;
+  b->dev = dev;
+  b->size = size;
+  b->refs = 1; /* the job's */
+  j->buf = b;
+  j->refs[j->nrefs++] = b;
+  job_submit(j);
+  return 0;
+}
+
+static int m_buffer_write(struct req *r) {
+  struct dbuf *b;
+  uint64_t off = 0;
+  const void *data;
+  size_t len;
+  struct job *j;
+  int err = 0;
+
+  if (!(b = arg_buffer(r, &err)))
+    return err;
+  if ((err = dspk__arg_u64(r->args, "offset", &off, r->msg, sizeof r->msg)))
+    return err;
+  if (dspk__obj_bin(dspk__map_get(r->args, "data"), &data, &len) != 0)
+    return fail(r, DSPK_EINVAL, "data: expected bin");
+  if (off > b->size || len > b->size - off)
+    return fail(r, DSPK_ERANGE, "writing %zu bytes at offset %" PRIu64
+                " overruns buffer %" PRIu64 " of %" PRIu64 " bytes", len, off, b->id, b->size);
+  if (!(j = job_new(r->c, JOB_BUF_WRITE, r->msgid, b->dev)))
+    return DSPK_ENOMEM;
+  dbuf_ref(b);
+  j->buf = b;
+  j->refs[j->nrefs++] = b;
+  j->off = off;
+  j->size = len;
+  j->data = data;
+  r->chunk->refs++;
+  j->chunk = r->chunk;
+  job_submit(j);
+  return 0;
+}
+
+static int m_buffer_read(struct req *r) {
+  struct dbuf *b;
+  uint64_t off = 0, size;
+  uint64_t max = r->c->d->cfg.lim.max_message - 64;
+  struct job *j;
+  int err = 0;
+
+  if (!(b = arg_buffer(r, &err)))
+    return err;
+  if ((err = dspk__arg_u64(r->args, "offset", &off, r->msg, sizeof r->msg)))
+    return err;
+  if (off > b->size)
+    return fail(r, DSPK_ERANGE, "offset %" PRIu64 " is past the end of buffer %" PRIu64
+                " (%" PRIu64 " bytes)", off, b->id, b->size);
+  size = b->size - off;
+  if ((err = dspk__arg_u64(r->args, "size", &size, r->msg, sizeof r->msg)))
+    return err;
+  if (size > b->size - off)
+    return fail(r, DSPK_ERANGE, "reading %" PRIu64 " bytes at offset %" PRIu64
+                " overruns buffer %" PRIu64 " of %" PRIu64 " bytes", size, off, b->id, b->size);
+  if (size > max)
+    return fail(r, DSPK_ELIMIT, "reading %" PRIu64 " bytes at once; the reply may hold at "
+                "most %" PRIu64 " (max_message): read in pieces", size, max);
+  if (!(j = job_new(r->c, JOB_BUF_READ, r->msgid, b->dev)))
+    return DSPK_ENOMEM;
+  dbuf_ref(b);
+  j->buf = b;
+  j->refs[j->nrefs++] = b;
+  j->off = off;
+  j->size = size;
+  job_submit(j);
+  return 0;
+}
+
+static int m_buffer_free(struct req *r) {
+  struct dbuf *b;
+  struct wreq *wr;
+  int err = 0;
+
+  if (!(b = arg_buffer(r, &err)))
+    return err;
+  if (!(wr = reply(r)))
+    return DSPK_ENOMEM;
+  conn_buf_remove(r->c, b->id);
+  dbuf_unref(r->c->d, b);
+  msgpack_pack_map(&wr->w.pk, 0);
+  conn_send(r->c, wr);
+  return 0;
+}
+
+/* ---- task.run --------------------------------------------------------- */
+
+static int parse_op(const char *s, dspk_op *out) {
+#define XX(e, name)                                                            \
+  if (strcmp(s, name) == 0) {                                                  \
+    *out = DSPK_OP_##e;                                                        \
+    return 0;                                                                  \
+  }
+  DSPK_OP_MAP(XX)
+#undef XX
+  return -1;
+}
+
+static int parse_reduce(const char *s, dspk_reduce *out) {
+#define XX(e, name)                                                            \
+  if (strcmp(s, name) == 0) {                                                  \
+    *out = DSPK_REDUCE_##e;                                                    \
+    return 0;                                                                  \
+  }
+  DSPK_REDUCE_MAP(XX)
+#undef XX
+  return -1;
+}
+
+static int parse_mapfn(const char *s, dspk_mapfn *out) {
+#define XX(e, name, nin)                                                       \
+  if (strcmp(s, name) == 0) {                                                  \
+    *out = DSPK_MAP_##e;                                                       \
+    return 0;                                                                  \
+  }
+  DSPK_MAPFN_MAP(XX)
+#undef XX
+  return -1;
+}
+
+/* Reads up to 3 uint32 of an array option into v (missing ones stay 1). */
+static int arg_dim3(struct req *r, const msgpack_object *opts, const char *key,
+                    uint32_t v[3]) {
+  const msgpack_object *a = dspk__map_get(opts, key);
+  v[0] = v[1] = v[2] = 1;
+  if (!a || a->type == MSGPACK_OBJECT_NIL)
+    return 0;
+  if (a->type != MSGPACK_OBJECT_ARRAY || a->via.array.size < 1 || a->via.array.size > 3)
+    return fail(r, DSPK_EINVAL, "options.%s: expected an array of 1 to 3 integers", key);
+  for (uint32_t i = 0; i < a->via.array.size; i++) {
+    uint64_t x;
+    if (dspk__obj_u64(&a->via.array.ptr[i], &x) != 0 || x == 0 || x > UINT32_MAX)
+      return fail(r, DSPK_EINVAL, "options.%s[%u]: expected a positive uint32", key, i);
+    v[i] = (uint32_t)x;
+  }
+  return 0;
+}
+
+static int kernel_args(struct req *r, const msgpack_object *opts, struct dspk__op *op) {
+  static const struct { const char *key; enum dspk__karg_kind kind; } kinds[] = {
+      {"tensor", DSPK__KARG_TENSOR}, {"i32", DSPK__KARG_I32}, {"u32", DSPK__KARG_U32},
+      {"i64", DSPK__KARG_I64},       {"f32", DSPK__KARG_F32}, {"f64", DSPK__KARG_F64}};
+  const msgpack_object *a = dspk__map_get(opts, "args");
+  if (!a || a->type == MSGPACK_OBJECT_NIL)
+    return 0;
+  if (a->type != MSGPACK_OBJECT_ARRAY || a->via.array.size > DSPK__KERNEL_MAX_ARGS)
+    return fail(r, DSPK_EINVAL, "options.args: expected an array of at most %d maps",
+                DSPK__KERNEL_MAX_ARGS);
+  for (uint32_t i = 0; i < a->via.array.size; i++) {
+    const msgpack_object *m = &a->via.array.ptr[i];
+    struct dspk__karg *k = &op->u.kernel.args[i];
+    const msgpack_object *v = NULL;
+    size_t t;
+    int64_t iv;
+    double fv;
+    if (m->type != MSGPACK_OBJECT_MAP || m->via.map.size != 1)
+      return fail(r, DSPK_EINVAL, "options.args[%u]: expected a map with one key", i);
+    for (t = 0; t < sizeof kinds / sizeof kinds[0]; t++)
+      if ((v = dspk__map_get(m, kinds[t].key)))
+        break;
+    if (!v)
+      return fail(r, DSPK_EINVAL, "options.args[%u]: the key must be tensor, i32, u32, "
+                  "i64, f32 or f64", i);
+    k->kind = kinds[t].kind;
+    if (k->kind == DSPK__KARG_F32 || k->kind == DSPK__KARG_F64) {
+      if (dspk__obj_f64(v, &fv) != 0)
+        return fail(r, DSPK_EINVAL, "options.args[%u]: expected a number", i);
+      if (k->kind == DSPK__KARG_F32)
+        k->v.f32 = (float)fv;
+      else
+        k->v.f64 = fv;
+      continue;
+    }
+    if (dspk__obj_i64(v, &iv) != 0)
+      return fail(r, DSPK_EINVAL, "options.args[%u]: expected an integer", i);
+    switch (k->kind) {
+    case DSPK__KARG_TENSOR:
+      if (iv < 0 || iv >= op->nin)
+        return fail(r, DSPK_EINVAL, "options.args[%u]: tensor %" PRId64
+                    " is not an input index", i, iv);
+      k->v.tensor = (int)iv;
+      break;
+    case DSPK__KARG_I32:
+      if (iv < INT32_MIN || iv > INT32_MAX)
+        return fail(r, DSPK_ERANGE, "options.args[%u]: out of i32 range", i);
+      k->v.i32 = (int32_t)iv;
+      break;
+    case DSPK__KARG_U32:
+      if (iv < 0 || iv > UINT32_MAX)
+        return fail(r, DSPK_ERANGE, "options.args[%u]: out of u32 range", i);
+      k->v.u32 = (uint32_t)iv;
+      break;
+    default:
+      k->v.i64 = iv;
+      break;
+    }
+  }
+  op->u.kernel.nargs = (int)a->via.array.size;
+  return 0;
+}
+
+static int task_options(struct req *r, const msgpack_object *o, struct dspk__op *op) {
+  char s[DSPK__SUBSCRIPTS_MAX];
+  char *m = r->msg;
+  size_t ml = sizeof r->msg;
+  bool b;
+  int err;
+
+  if (o && o->type != MSGPACK_OBJECT_MAP)
+    return fail(r, DSPK_EINVAL, "options: expected a map");
+  switch (op->kind) {
+  case DSPK_OP_GEMM:
+    op->u.gemm.alpha = 1.0;
+    op->u.gemm.beta = 0.0;
+    b = false;
+    if ((err = dspk__arg_bool(o, "trans_a", &b, m, ml)))
+      return err;
+    op->u.gemm.trans_a = b;
+    b = false;
+    if ((err = dspk__arg_bool(o, "trans_b", &b, m, ml)))
+      return err;
+    op->u.gemm.trans_b = b;
+    if ((err = dspk__arg_f64(o, "alpha", &op->u.gemm.alpha, m, ml)) ||
+        (err = dspk__arg_f64(o, "beta", &op->u.gemm.beta, m, ml)))
+      return err;
+    break;
+  case DSPK_OP_FFT:
+    b = false;
+    if ((err = dspk__arg_bool(o, "inverse", &b, m, ml)))
+      return err;
+    op->u.fft.inverse = b;
+    break;
+  case DSPK_OP_FIR:
+    break;
+  case DSPK_OP_CONTRACT:
+    s[0] = '\0';
+    if ((err = dspk__arg_str(o, "subscripts", s, sizeof s, m, ml)))
+      return err;
+    if (!s[0])
+      return fail(r, DSPK_EINVAL, "contract needs options.subscripts, e.g. \"ik,kj->ij\"");
+    memcpy(op->u.contract.subscripts, s, sizeof s);
+    break;
+  case DSPK_OP_REDUCE: {
+    const msgpack_object *axes = dspk__map_get(o, "axes");
+    int rank = op->in[0].rank;
+    snprintf(s, sizeof s, "sum");
+    if ((err = dspk__arg_str(o, "fn", s, sizeof s, m, ml)))
+      return err;
+    if (parse_reduce(s, &op->u.reduce.fn) != 0)
+      return fail(r, DSPK_EINVAL, "options.fn: unknown reduction \"%s\" "
+                  "(sum, max, min, mean)", s);
+    op->u.reduce.axes = 0;
+    if (axes && axes->type != MSGPACK_OBJECT_NIL) {
+      if (axes->type != MSGPACK_OBJECT_ARRAY || axes->via.array.size == 0)
+        return fail(r, DSPK_EINVAL, "options.axes: expected a non-empty array of "
+                    "integers (omit it to reduce over every axis)");
+      for (uint32_t i = 0; i < axes->via.array.size; i++) {
+        int64_t ax;
+        if (dspk__obj_i64(&axes->via.array.ptr[i], &ax) != 0)
+          return fail(r, DSPK_EINVAL, "options.axes[%u]: expected an integer", i);
+        if (ax < -rank || ax >= rank)
+          return fail(r, DSPK_EINVAL, "options.axes[%u]: axis %" PRId64
+                      " is out of range for input 0 of rank %d", i, ax, rank);
+        if (ax < 0)
+          ax += rank;
+        if (op->u.reduce.axes & (1u << ax))
+          return fail(r, DSPK_EINVAL, "options.axes: axis %" PRId64 " repeated", ax);
+        op->u.reduce.axes |= 1u << ax;
+      }
+    }
+    break;
+  }
+  case DSPK_OP_MAP:
+    s[0] = '\0';
+    if ((err = dspk__arg_str(o, "fn", s, sizeof s, m, ml)))
+      return err;
+    if (parse_mapfn(s, &op->u.map.fn) != 0)
+      return fail(r, DSPK_EINVAL, "options.fn: %s \"%s\" (add, sub, mul, scale, axpy, abs, exp)",
+                  s[0] ? "unknown function" : "required, one of", s);
+    op->u.map.alpha = 1.0;
+    if ((err = dspk__arg_f64(o, "alpha", &op->u.map.alpha, m, ml)))
+      return err;
+    break;
+  case DSPK_OP_KERNEL: {
+    const msgpack_object *src = dspk__map_get(o, "source");
+    uint64_t shared = 0;
+    if ((err = dspk__arg_str(o, "lang", s, sizeof s, m, ml)))
+      return err;
+    /* The lang string must outlive this frame's zone: map it to a literal. */
+    if (strcmp(s, "cuda") == 0)
+      op->u.kernel.lang = "cuda";
+    else if (strcmp(s, "glsl") == 0)
+      op->u.kernel.lang = "glsl";
+    else if (strcmp(s, "spirv") == 0)
+      op->u.kernel.lang = "spirv";
+    else if (strcmp(s, "hip") == 0)
+      op->u.kernel.lang = "hip";
+    else
+      return fail(r, DSPK_EINVAL, "options.lang: expected cuda, glsl, spirv or hip");
+    if (dspk__obj_bin(src, &op->u.kernel.source, &op->u.kernel.source_len) != 0)
+      return fail(r, DSPK_EINVAL, "options.source: expected str or bin");
+    if ((err = dspk__arg_str(o, "entry", op->u.kernel.entry, sizeof op->u.kernel.entry, m, ml)))
+      return err;
+    if (!op->u.kernel.entry[0])
+      snprintf(op->u.kernel.entry, sizeof op->u.kernel.entry, "main");
+    if ((err = arg_dim3(r, o, "grid", op->u.kernel.grid)) ||
+        (err = arg_dim3(r, o, "block", op->u.kernel.block)))
+      return err;
+    if ((err = dspk__arg_u64(o, "shared", &shared, m, ml)))
+      return err;
+    if (shared > UINT32_MAX)
+      return fail(r, DSPK_ERANGE, "options.shared: too large");
+    op->u.kernel.shared_bytes = (uint32_t)shared;
+    if ((err = kernel_args(r, o, op)))
+      return err;
+    break;
+  }
+  default:
+    break;
+  }
+  return 0;
+}
+
+/* Pins the task to dev (a referenced buffer's device). */
+static int pin(struct req *r, struct device **pinned, struct device *dev,
+               const char *what, uint64_t id) {
+  if (*pinned && *pinned != dev)
+    return fail(r, DSPK_EINVAL, "%s: buffer %" PRIu64 " is on %s, another operand is on %s",
+                what, id, dev->id, (*pinned)->id);
+  *pinned = dev;
+  return 0;
+}
+
+static int m_task_run(struct req *r) {
+  struct conn *c = r->c;
+  struct dspkd *d = c->d;
+  const msgpack_object *inputs, *outputs;
+  char opname[16] = "", devname[48] = "any", what[32];
+  struct device *pinned = NULL, *dev = NULL;
+  struct job *j;
+  dspk_op kind;
+  int err = 0;
+
+  if ((err = dspk__arg_str(r->args, "op", opname, sizeof opname, r->msg, sizeof r->msg)))
+    return err;
+  if (!opname[0])
+    return fail(r, DSPK_EINVAL, "op: required (gemm, fft, fir, contract, reduce, map, kernel)");
+  if (parse_op(opname, &kind) != 0)
+    return fail(r, DSPK_EINVAL, "op: unknown op \"%s\" (gemm, fft, fir, contract, "
+                "reduce, map, kernel)", opname);
+  if ((err = dspk__arg_str(r->args, "device", devname, sizeof devname, r->msg, sizeof r->msg)))
+    return err;
+  inputs = dspk__map_get(r->args, "inputs");
+  if (!inputs || inputs->type != MSGPACK_OBJECT_ARRAY || inputs->via.array.size == 0)
+    return fail(r, DSPK_EINVAL, "inputs: expected a non-empty array of tensors");
+  if (inputs->via.array.size > DSPK__OP_MAX_IN)
+    return fail(r, DSPK_EINVAL, "inputs: %u tensors, at most %d", inputs->via.array.size,
+                DSPK__OP_MAX_IN);
+  outputs = dspk__map_get(r->args, "outputs");
+  if (outputs && outputs->type == MSGPACK_OBJECT_NIL)
+    outputs = NULL;
+  if (outputs && (outputs->type != MSGPACK_OBJECT_ARRAY ||
+                  outputs->via.array.size > DSPK__OP_MAX_OUT))
+    return fail(r, DSPK_EINVAL, "outputs: expected an array of at most %d {buffer, offset}",
+                DSPK__OP_MAX_OUT);
+
+  if (!(j = job_new(c, JOB_TASK, r->msgid, NULL)))
+    return DSPK_ENOMEM;
+  j->op.kind = kind;
+  j->op.nin = (int)inputs->via.array.size;
+  for (int i = 0; i < j->op.nin; i++) {
+    struct dspk__wire_tensor wt;
+    struct dspk__tensor *t = &j->op.in[i];
+    snprintf(what, sizeof what, "input %d", i);
+    err = dspk__tensor_decode(&inputs->via.array.ptr[i], &d->cfg.lim, &wt, r->msg,
+                              sizeof r->msg);
+    if (err < 0) {
+      prefix(r, err, what);
+      goto fail;
+    }
+    t->dtype = wt.dtype;
+    t->rank = (int)wt.rank;
+    memcpy(t->shape, wt.shape, sizeof wt.shape);
+    if (!wt.is_ref) {
+      j->in_data[i] = wt.data;
+      continue;
+    }
+    struct dbuf *b = conn_buf_find(c, wt.buffer);
+    if (!b) {
+      err = fail(r, DSPK_ENOBUF, "%s: no buffer %" PRIu64 " on this connection", what,
+                 wt.buffer);
+      goto fail;
+    }
+    if (wt.offset > b->size || wt.nbytes > b->size - wt.offset) {
+      err = fail(r, DSPK_ERANGE, "%s: %zu bytes at offset %" PRIu64 " overrun buffer %"
+                 PRIu64 " of %" PRIu64 " bytes", what, wt.nbytes, wt.offset, b->id, b->size);
+      goto fail;
+    }
+    if ((err = pin(r, &pinned, b->dev, what, b->id)))
+      goto fail;
+    dbuf_ref(b);
+    j->refs[j->nrefs++] = b;
+    j->in_buf[i] = b;
+    t->offset = (size_t)wt.offset;
+  }
+  if ((err = task_options(r, dspk__map_get(r->args, "options"), &j->op)))
+    goto fail;
+  if (kind != DSPK_OP_KERNEL && (err = dspk__op_infer(&j->op, r->msg, sizeof r->msg)) < 0)
+    goto fail;
+  if (outputs && kind == DSPK_OP_KERNEL && outputs->via.array.size) {
+    err = fail(r, DSPK_EINVAL, "outputs: a kernel writes into its inputs");
+    goto fail;
+  }
+  for (uint32_t k = 0; outputs && k < outputs->via.array.size; k++) {
+    const msgpack_object *o = &outputs->via.array.ptr[k];
+    struct dspk__tensor *t = &j->op.out[k];
+    uint64_t id, off = 0;
+    size_t nb, isz;
+    struct dbuf *b;
+    snprintf(what, sizeof what, "outputs[%u]", k);
+    if ((int)k >= j->op.nout) {
+      err = fail(r, DSPK_EINVAL, "%s: %s has only %d output(s)", what, opname, j->op.nout);
+      goto fail;
+    }
+    if (o->type == MSGPACK_OBJECT_NIL)
+      continue; /* this output comes back inline */
+    if (o->type != MSGPACK_OBJECT_MAP || dspk__obj_u64(dspk__map_get(o, "buffer"), &id) != 0) {
+      err = fail(r, DSPK_EINVAL, "%s: expected {buffer, offset}", what);
+      goto fail;
+    }
+    if ((err = dspk__arg_u64(o, "offset", &off, r->msg, sizeof r->msg))) {
+      prefix(r, err, what);
+      goto fail;
+    }
+    if (!(b = conn_buf_find(c, id))) {
+      err = fail(r, DSPK_ENOBUF, "%s: no buffer %" PRIu64 " on this connection", what, id);
+      goto fail;
+    }
+    nb = dspk__tensor_nbytes(t);
+    isz = dspk__dtype_size(t->dtype);
+    if (isz && off % isz != 0) {
+      err = fail(r, DSPK_EINVAL, "%s: offset %" PRIu64 " is not a multiple of the %s item "
+                 "size %zu", what, off, dspk__dtype_name(t->dtype), isz);
+      goto fail;
+    }
+    if (off > b->size || nb > b->size - off) {
+      err = fail(r, DSPK_ERANGE, "%s: the %zu-byte result at offset %" PRIu64
+                 " overruns buffer %" PRIu64 " of %" PRIu64 " bytes", what, nb, off, b->id,
+                 b->size);
+      goto fail;
+    }
+    if ((err = pin(r, &pinned, b->dev, what, b->id)))
+      goto fail;
+    dbuf_ref(b);
+    j->refs[j->nrefs++] = b;
+    j->out_buf[k] = b;
+    t->offset = (size_t)off;
+  }
+  if (strcmp(devname, "any") == 0 && pinned) {
+    dev = pinned;
+  } else {
+    if (!(dev = resolve_device(r, devname, &err)))
+      goto fail;
+    if (pinned && pinned != dev) {
+      err = fail(r, DSPK_EINVAL, "the task asks for %s but its buffers are on %s", dev->id,
+                 pinned->id);
+      goto fail;
+    }
+  }
+  j->dev = dev;
+  r->chunk->refs++; /* inline inputs and kernel source point into the frame */
+  j->chunk = r->chunk;
+  job_submit(j);
+  return 0;
+fail:
+  job_free(d, j);
+  return err;
+}
+
+static int m_task_cancel(struct req *r) {
+  uint64_t id;
+  struct wreq *wr;
+  int found;
+
+  if (dspk__obj_u64(dspk__map_get(r->args, "msgid"), &id) != 0 || id > UINT32_MAX)
+    return fail(r, DSPK_EINVAL, "msgid: expected the uint32 msgid of a request");
+  if (!(wr = reply(r)))
+    return DSPK_ENOMEM;
+  found = dspkd_cancel(r->c, (uint32_t)id);
+  msgpack_pack_map(&wr->w.pk, 1);
+  kv_bool(&wr->w.pk, "canceled", found != 0);
+  conn_send(r->c, wr);
+  return 0;
+}
+
+/* ---- the table -------------------------------------------------------- */
+
+static const struct {
+  const char *name;
+  int (*fn)(struct req *r);
+} methods[] = {
+    {"hello", m_hello},
+    {"ping", m_ping},
+    {"devices", m_devices},
+    {"status", m_status},
+    {"buffer.create", m_buffer_create},
+    {"buffer.write", m_buffer_write},
+    {"buffer.read", m_buffer_read},
+    {"buffer.free", m_buffer_free},
+    {"task.run", m_task_run},
+    {"task.cancel", m_task_cancel},
+};
+
+int dspkd_dispatch(struct req *r, const char *method, size_t len) {
+  for (size_t i = 0; i < sizeof methods / sizeof methods[0]; i++)
+    if (strlen(methods[i].name) == len && memcmp(methods[i].name, method, len) == 0)
+      return methods[i].fn(r);
+  return fail(r, DSPK_ENOMETHOD, "unknown method \"%.*s\"", (int)(len > 64 ? 64 : len),
+              method);
+}
+
+uint64_t dspkd_now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}

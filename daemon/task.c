@@ -1,0 +1,264 @@
+/*
+ * The runner's side of each job: buffer create/write/read/free and task.run
+ * against the device's backend.  Everything here runs on the device's runner
+ * thread, the only thread that touches the device and its memory.  Each job
+ * ends with its response already encoded (j->resp), outputs attached by
+ * reference, so the loop thread only writes bytes.
+ *
+ * task.run: the loop decoded and validated the request (dspk__op_infer,
+ * bounds of every buffer reference); here inline inputs are copied into
+ * device memory, outputs are placed (a temporary block, or the buffer the
+ * request named), the backend runs the op, inline outputs are read back into
+ * host memory that the response frame then owns, and temporaries go back to
+ * the backend (free is deferred release by the backend's contract).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/dspkd.h"
+#include "daemon/log.h"
+
+static void release_host(void *p) { free(p); }
+
+/* Encodes an error response into j->resp and records the code. */
+static void fail(struct job *j, int code, const char *msg) {
+  j->err = code;
+  wreq_free(j->resp);
+  j->resp = wreq_new();
+  if (j->resp)
+    dspk__pack_error_response(&j->resp->w.pk, j->msgid, code,
+                              msg && *msg ? msg : dspk__strerror(code));
+}
+
+static struct wreq *result_head(struct job *j) {
+  wreq_free(j->resp);
+  j->resp = wreq_new();
+  if (j->resp)
+    dspk__pack_result_head(&j->resp->w.pk, j->msgid);
+  return j->resp;
+}
+
+static void pack_kv_str(msgpack_packer *pk, const char *k, const char *v) {
+  dspk__pack_str(pk, k);
+  dspk__pack_str(pk, v);
+}
+
+static void pack_kv_u64(msgpack_packer *pk, const char *k, uint64_t v) {
+  dspk__pack_str(pk, k);
+  msgpack_pack_uint64(pk, v);
+}
+
+static void exec_create(struct device *dev, struct job *j) {
+  struct dspk__mem *mem = NULL;
+  struct wreq *wr;
+  int err = dev->be->alloc(dev->bdev, (size_t)j->buf->size, &mem);
+  if (err < 0) {
+    char msg[128];
+    snprintf(msg, sizeof msg, "cannot allocate %llu bytes on %s",
+             (unsigned long long)j->buf->size, dev->id);
+    fail(j, err, msg);
+    return;
+  }
+  j->buf->mem = mem;
+  wr = result_head(j);
+  if (!wr) {
+    j->err = DSPK_ENOMEM;
+    return;
+  }
+  msgpack_pack_map(&wr->w.pk, 3);
+  pack_kv_u64(&wr->w.pk, "buffer", j->buf->id);
+  pack_kv_str(&wr->w.pk, "device", dev->id);
+  pack_kv_u64(&wr->w.pk, "size", j->buf->size);
+}
+
+static void exec_write(struct device *dev, struct job *j) {
+  struct wreq *wr;
+  int err = dev->be->write(dev->bdev, j->buf->mem, (size_t)j->off, j->data,
+                           (size_t)j->size);
+  if (err < 0) {
+    fail(j, err, "buffer.write failed on the device");
+    return;
+  }
+  wr = result_head(j);
+  if (!wr) {
+    j->err = DSPK_ENOMEM;
+    return;
+  }
+  msgpack_pack_map(&wr->w.pk, 1);
+  pack_kv_u64(&wr->w.pk, "size", j->size);
+}
+
+static void exec_read(struct device *dev, struct job *j) {
+  struct wreq *wr;
+  void *host = malloc(j->size ? (size_t)j->size : 1);
+  int err;
+  if (!host) {
+    fail(j, DSPK_ENOMEM, "no host memory for buffer.read");
+    return;
+  }
+  err = dev->be->read(dev->bdev, j->buf->mem, (size_t)j->off, host, (size_t)j->size);
+  if (err < 0) {
+    free(host);
+    fail(j, err, "buffer.read failed on the device");
+    return;
+  }
+  wr = result_head(j);
+  if (!wr) {
+    free(host);
+    j->err = DSPK_ENOMEM;
+    return;
+  }
+  msgpack_pack_map(&wr->w.pk, 1);
+  dspk__pack_str(&wr->w.pk, "data");
+  dspk__wbuf_bin_ref(&wr->w, host, (size_t)j->size, release_host, host);
+}
+
+/* Packs one output tensor: a reference when it went to a buffer, else the
+ * bytes read back into host memory (then owned by the frame). */
+static void pack_tensor(struct wreq *wr, const struct dspk__tensor *t,
+                        const struct dbuf *ref, void *host) {
+  msgpack_packer *pk = &wr->w.pk;
+  msgpack_pack_map(pk, ref ? 4 : 3);
+  dspk__pack_tensor_meta(pk, t->dtype, (unsigned)t->rank, t->shape);
+  if (ref) {
+    pack_kv_u64(pk, "buffer", ref->id);
+    pack_kv_u64(pk, "offset", t->offset);
+  } else {
+    dspk__pack_str(pk, "data");
+    dspk__wbuf_bin_ref(&wr->w, host, dspk__tensor_nbytes(t), release_host, host);
+  }
+}
+
+static void exec_task(struct device *dev, struct job *j) {
+  const struct dspk__backend *be = dev->be;
+  struct dspk__op *op = &j->op;
+  struct dspk__mem *tmp_in[DSPK__OP_MAX_IN] = {0};
+  struct dspk__mem *tmp_out[DSPK__OP_MAX_OUT] = {0};
+  void *host[DSPK__OP_MAX_IN > DSPK__OP_MAX_OUT ? DSPK__OP_MAX_IN : DSPK__OP_MAX_OUT] = {0};
+  struct dspk__tensor *res; /* the tensors the response returns */
+  struct dbuf **res_buf;
+  int nres, err = 0;
+  char msg[512] = "";
+  struct dspk__opctx ctx = {.cancel = &j->cancel, .errmsg = msg, .errmsg_len = sizeof msg};
+  struct wreq *wr;
+
+  if (atomic_load(&j->cancel)) {
+    err = DSPK_ECANCELED;
+    goto out;
+  }
+  for (int i = 0; i < op->nin; i++) {
+    struct dspk__tensor *t = &op->in[i];
+    if (j->in_buf[i]) {
+      t->mem = j->in_buf[i]->mem;
+      continue;
+    }
+    size_t n = dspk__tensor_nbytes(t);
+    err = be->alloc(dev->bdev, n, &tmp_in[i]);
+    if (err < 0) {
+      snprintf(msg, sizeof msg, "cannot allocate %zu bytes on %s for input %d", n,
+               dev->id, i);
+      goto out;
+    }
+    t->mem = tmp_in[i];
+    t->offset = 0;
+    if (n && (err = be->write(dev->bdev, t->mem, 0, j->in_data[i], n)) < 0) {
+      snprintf(msg, sizeof msg, "cannot copy input %d to %s", i, dev->id);
+      goto out;
+    }
+  }
+  for (int i = 0; i < op->nout; i++) {
+    struct dspk__tensor *t = &op->out[i];
+    if (j->out_buf[i]) {
+      t->mem = j->out_buf[i]->mem;
+      continue;
+    }
+    size_t n = dspk__tensor_nbytes(t);
+    err = be->alloc(dev->bdev, n, &tmp_out[i]);
+    if (err < 0) {
+      snprintf(msg, sizeof msg, "cannot allocate %zu bytes on %s for output %d", n,
+               dev->id, i);
+      goto out;
+    }
+    t->mem = tmp_out[i];
+    t->offset = 0;
+  }
+  err = be->run(dev->bdev, op, &ctx);
+  if (err < 0)
+    goto out;
+  if (atomic_load(&j->cancel)) {
+    err = DSPK_ECANCELED;
+    goto out;
+  }
+  /* A raw kernel writes into its inputs: those are what it returns. */
+  if (op->kind == DSPK_OP_KERNEL) {
+    res = op->in;
+    res_buf = j->in_buf;
+    nres = op->nin;
+  } else {
+    res = op->out;
+    res_buf = j->out_buf;
+    nres = op->nout;
+  }
+  for (int i = 0; i < nres; i++) {
+    size_t n = dspk__tensor_nbytes(&res[i]);
+    if (res_buf[i])
+      continue;
+    host[i] = malloc(n ? n : 1);
+    if (!host[i]) {
+      err = DSPK_ENOMEM;
+      snprintf(msg, sizeof msg, "no host memory for output %d (%zu bytes)", i, n);
+      goto out;
+    }
+    if (n && (err = be->read(dev->bdev, res[i].mem, res[i].offset, host[i], n)) < 0) {
+      snprintf(msg, sizeof msg, "cannot read output %d back from %s", i, dev->id);
+      goto out;
+    }
+  }
+  wr = result_head(j);
+  if (!wr) {
+    err = DSPK_ENOMEM;
+    goto out;
+  }
+  msgpack_pack_map(&wr->w.pk, 2);
+  pack_kv_str(&wr->w.pk, "device", dev->id);
+  dspk__pack_str(&wr->w.pk, "outputs");
+  msgpack_pack_array(&wr->w.pk, (size_t)nres);
+  for (int i = 0; i < nres; i++) {
+    pack_tensor(wr, &res[i], res_buf[i], host[i]);
+    host[i] = NULL; /* the frame owns it now */
+  }
+out:
+  for (int i = 0; i < DSPK__OP_MAX_IN; i++)
+    if (tmp_in[i])
+      be->free(dev->bdev, tmp_in[i]);
+  for (int i = 0; i < DSPK__OP_MAX_OUT; i++)
+    if (tmp_out[i])
+      be->free(dev->bdev, tmp_out[i]);
+  for (size_t i = 0; i < sizeof host / sizeof host[0]; i++)
+    free(host[i]);
+  if (err < 0)
+    fail(j, err, msg);
+}
+
+void job_execute(struct device *dev, struct job *j) {
+  switch (j->kind) {
+  case JOB_TASK:
+    exec_task(dev, j);
+    break;
+  case JOB_BUF_CREATE:
+    exec_create(dev, j);
+    break;
+  case JOB_BUF_WRITE:
+    exec_write(dev, j);
+    break;
+  case JOB_BUF_READ:
+    exec_read(dev, j);
+    break;
+  case JOB_BUF_FREE:
+    if (j->buf->mem)
+      dev->be->free(dev->bdev, j->buf->mem);
+    free(j->buf);
+    free(j);
+    break;
+  }
+}
