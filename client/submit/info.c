@@ -1,0 +1,255 @@
+/*
+ * dspk-submit commands that ask the daemon about itself: ping (round-trip
+ * timing with min/median/p99 like ping(8)), devices (the device list, and
+ * with --all the backends that are unavailable and why) and status (the
+ * daemon, its clients and its queues).  Each prints a human-readable table
+ * by default and the daemon's answer as JSON with --json.
+ */
+#include <getopt.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "client/submit/submit.h"
+
+/* ---- ping ------------------------------------------------------------- */
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+/* Nearest-rank percentile of sorted v (n > 0), p in (0, 1]. */
+static double percentile(const double *v, size_t n, double p) {
+  size_t k = (size_t)ceil(p * (double)n);
+  if (k < 1)
+    k = 1;
+  if (k > n)
+    k = n;
+  return v[k - 1];
+}
+
+static double median(const double *v, size_t n) {
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+int dspk__sub_ping(dspk__sub_ctx *ctx, int argc, char **argv) {
+  static const struct option opts[] = {{"count", required_argument, NULL, 'c'},
+                                       {"size", required_argument, NULL, 's'},
+                                       {"json", no_argument, NULL, 'j'},
+                                       {"help", no_argument, NULL, 'h'},
+                                       {NULL, 0, NULL, 0}};
+  long count = 0, size = 0;
+  bool json = false;
+  double *t = NULL;
+  unsigned char *payload = NULL;
+  int opt, rc, status = DSPK__SUB_EXIT_FAIL;
+  char path[512];
+  const char *where = ctx->socket;
+
+  while ((opt = getopt_long(argc, argv, ":c:s:h", opts, NULL)) != -1) {
+    switch (opt) {
+    case 'c':
+      if (dspk__sub_parse_long(optarg, 1, 1000000, &count) < 0)
+        return dspk__sub_usage(ctx, "bad COUNT '%s' (want 1..1000000)",
+                               optarg);
+      break;
+    case 's':
+      if (dspk__sub_parse_long(optarg, 0, 64L << 20, &size) < 0)
+        return dspk__sub_usage(ctx, "bad size '%s' (want 0..67108864)",
+                               optarg);
+      break;
+    case 'j':
+      json = true;
+      break;
+    case 'h':
+      return dspk__sub_help(ctx);
+    case ':':
+      return dspk__sub_missing_arg(ctx, argv);
+    default:
+      return dspk__sub_bad_option(ctx, argv);
+    }
+  }
+  if (optind < argc)
+    return dspk__sub_usage(ctx, "unexpected argument '%s'", argv[optind]);
+  if (where == NULL)
+    where = dspk_default_socket(path, sizeof path) == 0 ? path : "dspkd";
+  rc = dspk__sub_connect(ctx);
+  if (rc != 0)
+    return rc;
+
+  size_t n = count > 0 ? (size_t)count : 1;
+  t = malloc(n * sizeof *t);
+  payload = calloc(1, size > 0 ? (size_t)size : 1);
+  if (t == NULL || payload == NULL) {
+    dspk__sub_fail(ctx, DSPK_ENOMEM, "out of memory");
+    goto out;
+  }
+  for (size_t i = 0; i < (size_t)size; i++)
+    payload[i] = (unsigned char)(i * 131u + 7u);
+  for (size_t i = 0; i < n; i++) {
+    double t0 = dspk__sub_now_us();
+    rc = dspk_ping(ctx->client, payload, (size_t)size);
+    if (rc < 0) {
+      dspk__sub_fail_client(ctx, rc);
+      goto out;
+    }
+    t[i] = dspk__sub_now_us() - t0;
+  }
+  qsort(t, n, sizeof *t, cmp_double);
+  if (json) {
+    printf("{\"count\":%zu,\"min_us\":%.3f,\"median_us\":%.3f,"
+           "\"p99_us\":%.3f}\n",
+           n, t[0], median(t, n), percentile(t, n, 0.99));
+  } else if (count == 0) {
+    printf("pong from %s: %ld bytes, time=%.1f us\n", where, size, t[0]);
+  } else {
+    printf("--- %s ping statistics ---\n", where);
+    printf("%zu round trips, %ld bytes each, rtt min/median/p99 = "
+           "%.1f/%.1f/%.1f us\n",
+           n, size, t[0], median(t, n), percentile(t, n, 0.99));
+  }
+  status = DSPK__SUB_EXIT_OK;
+out:
+  free(t);
+  free(payload);
+  return status;
+}
+
+/* ---- devices ---------------------------------------------------------- */
+
+/* Formats bytes as "15.6 GiB" into buf. */
+static const char *human_bytes(uint64_t b, char *buf, size_t cap) {
+  static const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = (double)b;
+  int u = 0;
+  if (b == 0) {
+    snprintf(buf, cap, "-");
+    return buf;
+  }
+  while (v >= 1024 && u < 4) {
+    v /= 1024;
+    u++;
+  }
+  snprintf(buf, cap, u ? "%.1f %s" : "%.0f %s", v, units[u]);
+  return buf;
+}
+
+/* Simple flags-only option loop shared by devices and status: sets *json
+ * and *all (when all != NULL).  Returns -1 to go on, else an exit status. */
+static int flag_opts(dspk__sub_ctx *ctx, int argc, char **argv, bool *json,
+                     bool *all) {
+  static const struct option with_all[] = {{"all", no_argument, NULL, 'a'},
+                                           {"json", no_argument, NULL, 'j'},
+                                           {"help", no_argument, NULL, 'h'},
+                                           {NULL, 0, NULL, 0}};
+  const struct option *opts = all ? with_all : with_all + 1;
+  int opt;
+  while ((opt = getopt_long(argc, argv, all ? ":ah" : ":h", opts, NULL)) !=
+         -1) {
+    switch (opt) {
+    case 'a':
+      *all = true;
+      break;
+    case 'j':
+      *json = true;
+      break;
+    case 'h':
+      return dspk__sub_help(ctx);
+    case ':':
+      return dspk__sub_missing_arg(ctx, argv);
+    default:
+      return dspk__sub_bad_option(ctx, argv);
+    }
+  }
+  if (optind < argc)
+    return dspk__sub_usage(ctx, "unexpected argument '%s'", argv[optind]);
+  return -1;
+}
+
+int dspk__sub_devices(dspk__sub_ctx *ctx, int argc, char **argv) {
+  dspk_device_list *l = NULL;
+  bool json = false, all = false;
+  char mem[32];
+  int rc;
+
+  rc = flag_opts(ctx, argc, argv, &json, &all);
+  if (rc >= 0)
+    return rc;
+  rc = dspk__sub_connect(ctx);
+  if (rc != 0)
+    return rc;
+  rc = dspk_devices(ctx->client, all, &l);
+  if (rc < 0)
+    return dspk__sub_fail_client(ctx, rc);
+  if (json) {
+    printf("%s\n", l->json ? l->json : "{}");
+    goto out;
+  }
+  printf("%-10s %-8s %-10s %s\n", "ID", "TYPE", "MEMORY", "NAME");
+  for (size_t i = 0; i < l->ndevices; i++) {
+    const dspk_device *d = &l->devices[i];
+    printf("%-10s %-8s %-10s %s%s%s%s\n", d->id, d->type,
+           human_bytes(d->memory, mem, sizeof mem), d->name,
+           d->arch[0] ? " [" : "", d->arch, d->arch[0] ? "]" : "");
+    if (d->software)
+      printf("%-10s (software implementation)\n", "");
+  }
+  if (all) {
+    if (l->nunavailable > 0)
+      printf("\nunavailable backends:\n");
+    for (size_t i = 0; i < l->nunavailable; i++)
+      printf("  %-8s %s\n", l->unavailable[i].backend,
+             l->unavailable[i].reason);
+  }
+out:
+  dspk_device_list_free(l);
+  return DSPK__SUB_EXIT_OK;
+}
+
+/* ---- status ------------------------------------------------------------ */
+
+int dspk__sub_status(dspk__sub_ctx *ctx, int argc, char **argv) {
+  dspk_status *s = NULL;
+  bool json = false;
+  int rc;
+
+  rc = flag_opts(ctx, argc, argv, &json, NULL);
+  if (rc >= 0)
+    return rc;
+  rc = dspk__sub_connect(ctx);
+  if (rc != 0)
+    return rc;
+  rc = dspk_status_get(ctx->client, &s);
+  if (rc < 0)
+    return dspk__sub_fail_client(ctx, rc);
+  if (json) {
+    printf("%s\n", s->json ? s->json : "{}");
+    goto out;
+  }
+  printf("dspkd %s, pid %lld, up %.1f s, socket %s\n", s->version,
+         (long long)s->pid, s->uptime_s, s->socket);
+  printf("\n%zu client%s:\n", s->nclients, s->nclients == 1 ? "" : "s");
+  printf("  %-6s %-8s %-6s %-6s %-8s %-8s %s\n", "ID", "PID", "UID", "GID",
+         "INFLIGHT", "BUFFERS", "NAME");
+  for (size_t i = 0; i < s->nclients; i++) {
+    const dspk_status_client *c = &s->clients[i];
+    printf("  %-6llu %-8lld %-6lld %-6lld %-8llu %-8llu %s\n",
+           (unsigned long long)c->id, (long long)c->pid, (long long)c->uid,
+           (long long)c->gid, (unsigned long long)c->inflight,
+           (unsigned long long)c->buffers, c->name);
+  }
+  printf("\n%zu device%s:\n", s->ndevices, s->ndevices == 1 ? "" : "s");
+  printf("  %-10s %-8s %-8s %-10s %s\n", "ID", "QUEUED", "RUNNING",
+         "COMPLETED", "FAILED");
+  for (size_t i = 0; i < s->ndevices; i++) {
+    const dspk_status_device *d = &s->devices[i];
+    printf("  %-10s %-8llu %-8llu %-10llu %llu\n", d->id,
+           (unsigned long long)d->queued, (unsigned long long)d->running,
+           (unsigned long long)d->completed, (unsigned long long)d->failed);
+  }
+out:
+  dspk_status_free(s);
+  return DSPK__SUB_EXIT_OK;
+}

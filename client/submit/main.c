@@ -1,0 +1,332 @@
+/*
+ * dspk-submit: the command-line client of dspkd.
+ *
+ * This file holds the entry point: global options (--socket, --help,
+ * --version), the table of commands with their --help texts, and the
+ * helpers every command uses to report errors, parse numbers and connect.
+ * Commands themselves live in info.c (ping, devices, status) and ops.c
+ * (gemm, fft, fir, contract, reduce, map).  The rule for output: results on
+ * stdout, and on failure exactly one line on stderr of the form
+ * "dspk-submit: COMMAND: ENAME: detail" and a non-zero exit status (1 when
+ * the operation failed, 2 for a bad command line).
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "client/submit/submit.h"
+
+#define PROG "dspk-submit"
+
+const dspk__sub_cmd dspk__sub_cmds[] = {
+    {"ping", dspk__sub_ping, "round trip to the daemon, with timing",
+     "usage: dspk-submit ping [-c COUNT] [-s BYTES] [--json]\n"
+     "\n"
+     "Sends ping requests to the daemon and times each round trip.\n"
+     "Without -c: one round trip, prints its time.\n"
+     "\n"
+     "  -c, --count COUNT   COUNT round trips (1..1000000); prints min, median\n"
+     "                      and 99th percentile in microseconds\n"
+     "  -s, --size BYTES    payload bytes echoed by the daemon (default 0)\n"
+     "      --json          print {\"count\":..,\"min_us\":..,\"median_us\":..,\n"
+     "                      \"p99_us\":..} instead of text\n"},
+    {"devices", dspk__sub_devices, "list the daemon's compute devices",
+     "usage: dspk-submit devices [--all] [--json]\n"
+     "\n"
+     "Lists the devices the daemon can run tasks on: id (what --device\n"
+     "takes, e.g. cpu:0, cuda:1), type, memory and name.\n"
+     "\n"
+     "  --all    also list the backends that are not available, and why\n"
+     "  --json   print the daemon's answer as JSON\n"},
+    {"status", dspk__sub_status, "daemon, client and queue status",
+     "usage: dspk-submit status [--json]\n"
+     "\n"
+     "Shows the daemon (version, pid, uptime, socket), its connected clients\n"
+     "(pid, uid, requests in flight, buffers) and per-device queue counters.\n"
+     "\n"
+     "  --json   print the daemon's answer as JSON (includes backend stats)\n"},
+    {"gemm", dspk__sub_gemm, "C = alpha*op(A)@op(B) + beta*C",
+     "usage: dspk-submit gemm A.npy B.npy [C.npy] [-o OUT.npy] [--trans-a]\n"
+     "                        [--trans-b] [--alpha X] [--beta Y] [--device ID]\n"
+     "\n"
+     "Matrix product with numpy.matmul semantics (leading batch dimensions\n"
+     "broadcast): OUT = alpha * op(A) @ op(B) + beta * C, where op transposes\n"
+     "the last two axes when asked.  A (...,M,K), B (...,K,N); f32 or f64.\n"
+     "\n"
+     "  --trans-a, --trans-b   use the transpose of A / B\n"
+     "  --alpha X              scale of the product (default 1)\n"
+     "  --beta Y               scale of C (default 1 when C.npy is given)\n"
+     "  -o, --output OUT.npy   write the result; without it, print a summary\n"
+     "  -d, --device ID        device to run on (default any)\n"},
+    {"fft", dspk__sub_fft, "FFT along the last axis",
+     "usage: dspk-submit fft X.npy [-o Y.npy] [--inverse] [--device ID]\n"
+     "\n"
+     "Batched FFT along the last axis.  Complex X (c64, c128): numpy.fft.fft,\n"
+     "or numpy.fft.ifft with --inverse (same normalisation as numpy).  Real X\n"
+     "(f32, f64): numpy.fft.rfft, giving N/2+1 complex values.\n"
+     "\n"
+     "  --inverse              inverse transform (complex input only)\n"
+     "  -o, --output Y.npy     write the result; without it, print a summary\n"
+     "  -d, --device ID        device to run on (default any)\n"},
+    {"fir", dspk__sub_fir, "causal FIR filter along the last axis",
+     "usage: dspk-submit fir X.npy H.npy [-o Y.npy] [--device ID]\n"
+     "\n"
+     "Filters X along its last axis with the taps H (1-D, same dtype):\n"
+     "Y = scipy.signal.lfilter(H, 1, X), same shape as X; f32, f64, c64.\n"
+     "\n"
+     "  -o, --output Y.npy     write the result; without it, print a summary\n"
+     "  -d, --device ID        device to run on (default any)\n"},
+    {"contract", dspk__sub_contract, "two-operand einsum",
+     "usage: dspk-submit contract SUBSCRIPTS A.npy B.npy [-o C.npy]\n"
+     "                            [--device ID]\n"
+     "\n"
+     "Tensor contraction C = numpy.einsum(SUBSCRIPTS, A, B) with an explicit\n"
+     "output, e.g. \"ik,kj->ij\", \"bij,bjk->bik\", \"abc,cd->abd\", \"ik,kj->ji\".\n"
+     "\n"
+     "  -o, --output C.npy     write the result; without it, print a summary\n"
+     "  -d, --device ID        device to run on (default any)\n"},
+    {"reduce", dspk__sub_reduce, "sum, max, min or mean over axes",
+     "usage: dspk-submit reduce sum|max|min|mean X.npy [--axis K ...]\n"
+     "                          [-o Y.npy] [--device ID]\n"
+     "\n"
+     "Reduces X over the given axes like X.sum(axis=...) (max, min, mean\n"
+     "alike); over all axes when no --axis is given.\n"
+     "\n"
+     "  -a, --axis K[,K...]    axis to reduce (negative counts from the end);\n"
+     "                         repeat or use commas for several\n"
+     "  -o, --output Y.npy     write the result; without it, print a summary\n"
+     "  -d, --device ID        device to run on (default any)\n"},
+    {"map", dspk__sub_map, "elementwise add, sub, mul, scale, axpy, abs, exp",
+     "usage: dspk-submit map FN A.npy [B.npy] [--alpha X] [-o Y.npy]\n"
+     "                       [--device ID]\n"
+     "\n"
+     "Elementwise functions:\n"
+     "  add, sub, mul   Y = A + B, A - B, A * B (same shapes)\n"
+     "  scale           Y = alpha * A\n"
+     "  axpy            Y = alpha * A + B\n"
+     "  abs, exp        Y = |A|, exp(A)\n"
+     "\n"
+     "  --alpha X              the scalar of scale and axpy (default 1)\n"
+     "  -o, --output Y.npy     write the result; without it, print a summary\n"
+     "  -d, --device ID        device to run on (default any)\n"},
+    {NULL, NULL, NULL, NULL},
+};
+
+static const char prog_help[] =
+    "usage: dspk-submit [--socket PATH] COMMAND [ARGS...]\n"
+    "       dspk-submit COMMAND --help\n"
+    "\n"
+    "Submits work to dspkd, the dspk compute daemon.  Arrays are numpy .npy\n"
+    "files (little-endian f4, f8, c8, c16; C order).\n"
+    "\n"
+    "Options:\n"
+    "  -S, --socket PATH   daemon socket (default: $DSPK_SOCKET, else\n"
+    "                      $XDG_RUNTIME_DIR/dspk/dspkd.sock, or\n"
+    "                      /run/dspk/dspkd.sock as root)\n"
+    "  -h, --help          show this help\n"
+    "  -V, --version       show the version\n"
+    "\n"
+    "Commands:\n";
+
+static void print_prog_help(FILE *f) {
+  const dspk__sub_cmd *c;
+  fputs(prog_help, f);
+  for (c = dspk__sub_cmds; c->name != NULL; c++)
+    fprintf(f, "  %-10s %s\n", c->name, c->summary);
+  fputs("\nExit status: 0 on success, 1 when the operation failed, 2 for a "
+        "bad command line.\n",
+        f);
+}
+
+static const dspk__sub_cmd *find_cmd(const char *name) {
+  const dspk__sub_cmd *c;
+  for (c = dspk__sub_cmds; c->name != NULL; c++)
+    if (strcmp(c->name, name) == 0)
+      return c;
+  return NULL;
+}
+
+int dspk__sub_help(const dspk__sub_ctx *ctx) {
+  const dspk__sub_cmd *c = find_cmd(ctx->cmd);
+  if (c == NULL)
+    print_prog_help(stdout);
+  else
+    fputs(c->help, stdout);
+  return DSPK__SUB_EXIT_OK;
+}
+
+/* Writes msg to stderr with newlines and other control characters folded,
+ * so that an error is always exactly one line. */
+static void put_one_line(const char *msg) {
+  const unsigned char *p = (const unsigned char *)msg;
+  size_t len = strlen(msg);
+  while (len > 0 && (p[len - 1] == '\n' || p[len - 1] == ' '))
+    len--;
+  for (size_t i = 0; i < len; i++) {
+    if (p[i] == '\n')
+      fputs("; ", stderr);
+    else if (p[i] < 0x20 || p[i] == 0x7f)
+      fputc(' ', stderr);
+    else
+      fputc(p[i], stderr);
+  }
+}
+
+static void vreport(const dspk__sub_ctx *ctx, const char *name,
+                    const char *fmt, va_list ap) {
+  char buf[2048];
+  vsnprintf(buf, sizeof buf, fmt, ap);
+  fputs(PROG ": ", stderr);
+  if (ctx != NULL && ctx->cmd != NULL)
+    fprintf(stderr, "%s: ", ctx->cmd);
+  fprintf(stderr, "%s: ", name);
+  put_one_line(buf);
+  fputc('\n', stderr);
+}
+
+int dspk__sub_fail(const dspk__sub_ctx *ctx, int code, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vreport(ctx, dspk_err_name(code), fmt, ap);
+  va_end(ap);
+  return DSPK__SUB_EXIT_FAIL;
+}
+
+int dspk__sub_usage(const dspk__sub_ctx *ctx, const char *fmt, ...) {
+  char buf[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(buf, sizeof buf, fmt, ap);
+  va_end(ap);
+  if (ctx != NULL && ctx->cmd != NULL)
+    dspk__sub_fail(ctx, DSPK_EINVAL, "%s (see '" PROG " %s --help')", buf,
+                   ctx->cmd);
+  else
+    dspk__sub_fail(ctx, DSPK_EINVAL, "%s (see '" PROG " --help')", buf);
+  return DSPK__SUB_EXIT_USAGE;
+}
+
+int dspk__sub_fail_client(const dspk__sub_ctx *ctx, int code) {
+  const char *detail = ctx->client ? dspk_last_error(ctx->client) : "";
+  if (detail == NULL || detail[0] == '\0')
+    detail = dspk_strerror(code);
+  return dspk__sub_fail(ctx, code, "%s", detail);
+}
+
+int dspk__sub_connect(dspk__sub_ctx *ctx) {
+  char path[512];
+  const char *shown = ctx->socket;
+  int rc;
+  if (ctx->client != NULL)
+    return 0;
+  rc = dspk_connect(ctx->socket, PROG, &ctx->client);
+  if (rc == 0)
+    return 0;
+  if (shown == NULL)
+    shown = dspk_default_socket(path, sizeof path) == 0 ? path : "(default)";
+  {
+    const char *why = dspk_connect_error();
+    return dspk__sub_fail(ctx, rc, "cannot connect to %s: %s", shown,
+                          why && why[0] ? why : dspk_strerror(rc));
+  }
+}
+
+int dspk__sub_parse_double(const char *s, double *out) {
+  char *end;
+  double v;
+  if (s == NULL || s[0] == '\0')
+    return -1;
+  errno = 0;
+  v = strtod(s, &end);
+  if (*end != '\0' || errno == ERANGE)
+    return -1;
+  *out = v;
+  return 0;
+}
+
+int dspk__sub_parse_long(const char *s, long lo, long hi, long *out) {
+  char *end;
+  long v;
+  if (s == NULL || s[0] == '\0')
+    return -1;
+  errno = 0;
+  v = strtol(s, &end, 10);
+  if (*end != '\0' || errno == ERANGE || v < lo || v > hi)
+    return -1;
+  *out = v;
+  return 0;
+}
+
+int dspk__sub_bad_option(const dspk__sub_ctx *ctx, char **argv) {
+  if (optopt != 0 && optopt != '?')
+    return dspk__sub_usage(ctx, "unknown option '-%c'", optopt);
+  return dspk__sub_usage(ctx, "unknown option '%s'", argv[optind - 1]);
+}
+
+int dspk__sub_missing_arg(const dspk__sub_ctx *ctx, char **argv) {
+  return dspk__sub_usage(ctx, "option '%s' needs an argument",
+                         argv[optind - 1]);
+}
+
+double dspk__sub_now_us(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
+}
+
+int main(int argc, char **argv) {
+  static const struct option opts[] = {{"socket", required_argument, NULL, 'S'},
+                                       {"help", no_argument, NULL, 'h'},
+                                       {"version", no_argument, NULL, 'V'},
+                                       {NULL, 0, NULL, 0}};
+  dspk__sub_ctx ctx = {NULL, NULL, NULL};
+  const dspk__sub_cmd *cmd;
+  int opt, rc, ci;
+
+  opterr = 0;
+  /* '+': stop at the command name; its options are its own. */
+  while ((opt = getopt_long(argc, argv, "+:S:hV", opts, NULL)) != -1) {
+    switch (opt) {
+    case 'S':
+      ctx.socket = optarg;
+      break;
+    case 'h':
+      print_prog_help(stdout);
+      return DSPK__SUB_EXIT_OK;
+    case 'V':
+      printf(PROG " %s\n", dspk_version());
+      return DSPK__SUB_EXIT_OK;
+    case ':':
+      return dspk__sub_usage(&ctx, "option '%s' needs an argument",
+                             argv[optind - 1]);
+    default:
+      return dspk__sub_bad_option(&ctx, argv);
+    }
+  }
+  if (optind >= argc)
+    return dspk__sub_usage(&ctx, "missing COMMAND");
+  if (strcmp(argv[optind], "help") == 0) {
+    ctx.cmd = optind + 1 < argc ? argv[optind + 1] : "";
+    if (ctx.cmd[0] != '\0' && find_cmd(ctx.cmd) == NULL) {
+      ctx.cmd = NULL;
+      return dspk__sub_usage(&ctx, "unknown command '%s'", argv[optind + 1]);
+    }
+    return dspk__sub_help(&ctx);
+  }
+  cmd = find_cmd(argv[optind]);
+  if (cmd == NULL)
+    return dspk__sub_usage(&ctx, "unknown command '%s'", argv[optind]);
+  ctx.cmd = cmd->name;
+  ci = optind;
+  /* Each command parses its own arguments with getopt_long from scratch:
+   * optind 0 makes glibc reinitialize, and it starts at argv[1], so the
+   * command name stands in for argv[0]. */
+  optind = 0;
+  rc = cmd->run(&ctx, argc - ci, argv + ci);
+  dspk_close(ctx.client);
+  return rc;
+}

@@ -1,0 +1,448 @@
+/*
+ * dspk-submit's compute commands: gemm, fft, fir, contract, reduce and map.
+ *
+ * They all share one shape: parse options (one table, each command allowing
+ * its own subset), read the positional .npy inputs with npy.c, fill a
+ * dspk_task, run it with dspk_run() (a progress line is drawn on stderr
+ * while the daemon autotunes, only when stderr is a terminal), and write
+ * the first output to -o as .npy, or print a short summary (dtype, shape,
+ * first values) when no -o is given.  Argument mistakes are found here,
+ * before connecting; shape and dtype rules are the daemon's, whose message
+ * (naming operand and axis) is passed on verbatim.
+ */
+#include <getopt.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "client/submit/npy.h"
+#include "client/submit/submit.h"
+
+/* Option ids beyond the printable short options. */
+enum {
+  OPT_OUTPUT = 'o',
+  OPT_DEVICE = 'd',
+  OPT_HELP = 'h',
+  OPT_AXIS = 'a',
+  OPT_TRANS_A = 1000,
+  OPT_TRANS_B,
+  OPT_ALPHA,
+  OPT_BETA,
+  OPT_INVERSE,
+};
+
+/* Bits of op_args.allowed. */
+#define ALLOW_TRANS (1u << 0)
+#define ALLOW_ALPHA (1u << 1)
+#define ALLOW_BETA (1u << 2)
+#define ALLOW_INVERSE (1u << 3)
+#define ALLOW_AXIS (1u << 4)
+
+#define MAX_INPUTS 4
+
+typedef struct op_args {
+  unsigned allowed;
+  const char *output;
+  const char *device;
+  int npos;
+  char **pos;
+  bool trans_a, trans_b, inverse, have_alpha, have_beta;
+  double alpha, beta;
+  unsigned naxes;
+  int axes[DSPK_MAX_RANK];
+} op_args;
+
+static int add_axes(dspk__sub_ctx *ctx, op_args *a, const char *arg) {
+  char buf[256], *save = NULL, *tok;
+  snprintf(buf, sizeof buf, "%s", arg);
+  for (tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+    long k;
+    if (dspk__sub_parse_long(tok, -DSPK_MAX_RANK, DSPK_MAX_RANK - 1, &k) < 0)
+      return dspk__sub_usage(ctx, "bad axis '%s' (want an integer in -%d..%d)",
+                             tok, DSPK_MAX_RANK, DSPK_MAX_RANK - 1);
+    if (a->naxes >= DSPK_MAX_RANK)
+      return dspk__sub_usage(ctx, "more than %d axes", DSPK_MAX_RANK);
+    a->axes[a->naxes++] = (int)k;
+  }
+  if (a->naxes == 0)
+    return dspk__sub_usage(ctx, "empty --axis");
+  return 0;
+}
+
+/* Parses the options of an op command into *a (a->allowed set by the
+ * caller).  Returns -1 to go on, else an exit status (help or usage). */
+static int parse_op_args(dspk__sub_ctx *ctx, int argc, char **argv,
+                         op_args *a) {
+  static const struct option all[] = {
+      {"output", required_argument, NULL, OPT_OUTPUT},
+      {"device", required_argument, NULL, OPT_DEVICE},
+      {"help", no_argument, NULL, OPT_HELP},
+      {"axis", required_argument, NULL, OPT_AXIS},
+      {"trans-a", no_argument, NULL, OPT_TRANS_A},
+      {"trans-b", no_argument, NULL, OPT_TRANS_B},
+      {"alpha", required_argument, NULL, OPT_ALPHA},
+      {"beta", required_argument, NULL, OPT_BETA},
+      {"inverse", no_argument, NULL, OPT_INVERSE},
+      {NULL, 0, NULL, 0}};
+  static const struct {
+    int id;
+    unsigned bit;
+  } need[] = {{OPT_AXIS, ALLOW_AXIS},       {OPT_TRANS_A, ALLOW_TRANS},
+              {OPT_TRANS_B, ALLOW_TRANS},   {OPT_ALPHA, ALLOW_ALPHA},
+              {OPT_BETA, ALLOW_BETA},       {OPT_INVERSE, ALLOW_INVERSE}};
+  const char *shorts = a->allowed & ALLOW_AXIS ? ":o:d:ha:" : ":o:d:h";
+  int opt, rc;
+
+  a->alpha = 1.0;
+  while ((opt = getopt_long(argc, argv, shorts, all, NULL)) != -1) {
+    for (size_t i = 0; i < sizeof need / sizeof need[0]; i++)
+      if (opt == need[i].id && !(a->allowed & need[i].bit))
+        return dspk__sub_usage(ctx, "option '%s' does not apply to %s",
+                               argv[optind - 1], ctx->cmd);
+    switch (opt) {
+    case OPT_OUTPUT:
+      a->output = optarg;
+      break;
+    case OPT_DEVICE:
+      a->device = optarg;
+      break;
+    case OPT_HELP:
+      return dspk__sub_help(ctx);
+    case OPT_AXIS:
+      rc = add_axes(ctx, a, optarg);
+      if (rc != 0)
+        return rc;
+      break;
+    case OPT_TRANS_A:
+      a->trans_a = true;
+      break;
+    case OPT_TRANS_B:
+      a->trans_b = true;
+      break;
+    case OPT_INVERSE:
+      a->inverse = true;
+      break;
+    case OPT_ALPHA:
+      if (dspk__sub_parse_double(optarg, &a->alpha) < 0)
+        return dspk__sub_usage(ctx, "bad --alpha '%s' (want a number)",
+                               optarg);
+      a->have_alpha = true;
+      break;
+    case OPT_BETA:
+      if (dspk__sub_parse_double(optarg, &a->beta) < 0)
+        return dspk__sub_usage(ctx, "bad --beta '%s' (want a number)", optarg);
+      a->have_beta = true;
+      break;
+    case ':':
+      return dspk__sub_missing_arg(ctx, argv);
+    default:
+      return dspk__sub_bad_option(ctx, argv);
+    }
+  }
+  a->pos = argv + optind;
+  a->npos = argc - optind;
+  if (a->output != NULL && a->output[0] == '\0')
+    return dspk__sub_usage(ctx, "empty output file name");
+  return -1;
+}
+
+/* Checks the number of positional arguments. */
+static int want_pos(dspk__sub_ctx *ctx, const op_args *a, int lo, int hi,
+                    const char *what) {
+  if (a->npos < lo)
+    return dspk__sub_usage(ctx, "missing %s", what);
+  if (a->npos > hi)
+    return dspk__sub_usage(ctx, "unexpected argument '%s'", a->pos[hi]);
+  return -1;
+}
+
+/* ---- running a task and showing its result ------------------------------ */
+
+typedef struct progress_state {
+  bool tty;
+  bool drawn;
+  const char *cmd;
+} progress_state;
+
+static void on_progress(void *ud, uint32_t ticket, const char *what,
+                        double fraction) {
+  progress_state *p = ud;
+  (void)ticket;
+  if (!p->tty)
+    return;
+  if (fraction < 0)
+    fraction = 0;
+  if (fraction > 1)
+    fraction = 1;
+  fprintf(stderr, "\r\033[K%s: %s %3.0f%%", p->cmd, what ? what : "working",
+          fraction * 100.0);
+  fflush(stderr);
+  p->drawn = true;
+}
+
+/* IEEE binary16 to float, for printing f16 results. */
+static float half_to_float(uint16_t h) {
+  int e = (h >> 10) & 0x1f, m = h & 0x3ff;
+  float v;
+  if (e == 0)
+    v = ldexpf((float)m, -24);
+  else if (e == 31)
+    v = m ? NAN : INFINITY;
+  else
+    v = ldexpf((float)(m | 0x400), e - 25);
+  return h & 0x8000 ? -v : v;
+}
+
+static void print_value(const dspk_tensor *t, uint64_t i) {
+  const void *d = t->data;
+  switch (t->dtype) {
+  case DSPK_F32:
+    printf("%.7g", (double)((const float *)d)[i]);
+    break;
+  case DSPK_F64:
+    printf("%.15g", ((const double *)d)[i]);
+    break;
+  case DSPK_C64:
+    printf("%.7g%+.7gj", (double)((const float *)d)[2 * i],
+           (double)((const float *)d)[2 * i + 1]);
+    break;
+  case DSPK_C128:
+    printf("%.15g%+.15gj", ((const double *)d)[2 * i],
+           ((const double *)d)[2 * i + 1]);
+    break;
+  case DSPK_F16:
+    printf("%.4g", (double)half_to_float(((const uint16_t *)d)[i]));
+    break;
+  default:
+    printf("?");
+    break;
+  }
+}
+
+/* The summary printed when no -o is given:
+ *   f64 (3, 4) on cpu:0: [1, 2.5, -3, 0.25, 7, 8, ...] (12 values) */
+static void print_summary(const dspk_result *res, const dspk_tensor *t) {
+  enum { SHOW = 8 };
+  uint64_t n = dspk_tensor_numel(t);
+  printf("%s (", dspk_dtype_name(t->dtype));
+  for (unsigned i = 0; i < t->rank; i++)
+    printf("%s%lld", i ? ", " : "", (long long)t->shape[i]);
+  printf("%s) on %s: [", t->rank == 1 ? "," : "", res->device);
+  for (uint64_t i = 0; i < n && i < SHOW; i++) {
+    if (i)
+      printf(", ");
+    print_value(t, i);
+  }
+  printf("%s] (%llu value%s)\n", n > SHOW ? ", ..." : "",
+         (unsigned long long)n, n == 1 ? "" : "s");
+}
+
+/* Loads the inputs, runs task t (inputs filled in here) and writes or
+ * prints the result.  Returns the exit status. */
+static int run_task(dspk__sub_ctx *ctx, const op_args *a, dspk_task *t,
+                    char **files, int nfiles) {
+  dspk__npy in[MAX_INPUTS];
+  dspk_tensor tin[MAX_INPUTS];
+  dspk_result res;
+  progress_state ps = {isatty(STDERR_FILENO) == 1, false, ctx->cmd};
+  char err[768];
+  int i, rc, status = DSPK__SUB_EXIT_FAIL, loaded = 0;
+
+  memset(in, 0, sizeof in);
+  memset(&res, 0, sizeof res);
+  for (i = 0; i < nfiles; i++) {
+    int64_t shape[DSPK_MAX_RANK];
+    rc = dspk__npy_load(files[i], &in[i], err, sizeof err);
+    if (rc < 0) {
+      dspk__sub_fail(ctx, rc, "%s", err);
+      goto out;
+    }
+    loaded++;
+    for (int k = 0; k < in[i].rank; k++)
+      shape[k] = (int64_t)in[i].shape[k];
+    dspk_tensor_inline(&tin[i], in[i].dtype, (unsigned)in[i].rank, shape,
+                       in[i].data);
+  }
+  t->inputs = tin;
+  t->ninputs = (unsigned)nfiles;
+  t->device = a->device;
+
+  rc = dspk__sub_connect(ctx);
+  if (rc != 0)
+    goto out;
+  dspk_set_progress(ctx->client, on_progress, &ps);
+  rc = dspk_run(ctx->client, t, &res);
+  dspk_set_progress(ctx->client, NULL, NULL);
+  if (ps.drawn) {
+    fputs("\r\033[K", stderr);
+    fflush(stderr);
+  }
+  if (rc < 0) {
+    dspk__sub_fail_client(ctx, rc);
+    goto out;
+  }
+  if (res.nout < 1 || res.out[0].is_ref) {
+    dspk__sub_fail(ctx, DSPK_EPROTO, "the daemon returned no inline output");
+    goto out_res;
+  }
+  if (a->output != NULL) {
+    const dspk_tensor *o = &res.out[0];
+    uint64_t shape[DSPK_MAX_RANK];
+    for (unsigned k = 0; k < o->rank; k++)
+      shape[k] = (uint64_t)o->shape[k];
+    rc = dspk__npy_save(a->output, o->dtype, (int)o->rank, shape, o->data,
+                        err, sizeof err);
+    if (rc < 0) {
+      dspk__sub_fail(ctx, rc, "%s", err);
+      goto out_res;
+    }
+  } else {
+    print_summary(&res, &res.out[0]);
+  }
+  status = DSPK__SUB_EXIT_OK;
+out_res:
+  dspk_result_free(&res);
+out:
+  for (i = 0; i < loaded; i++)
+    dspk__npy_free(&in[i]);
+  return status;
+}
+
+/* ---- the commands ------------------------------------------------------- */
+
+int dspk__sub_gemm(dspk__sub_ctx *ctx, int argc, char **argv) {
+  op_args a = {.allowed = ALLOW_TRANS | ALLOW_ALPHA | ALLOW_BETA};
+  dspk_task t;
+  int rc = parse_op_args(ctx, argc, argv, &a);
+  if (rc >= 0)
+    return rc;
+  rc = want_pos(ctx, &a, 2, 3, a.npos == 0 ? "A.npy and B.npy" : "B.npy");
+  if (rc >= 0)
+    return rc;
+  if (a.have_beta && a.npos < 3)
+    return dspk__sub_usage(ctx, "--beta needs the C.npy operand");
+  dspk_task_init(&t, DSPK_OP_GEMM);
+  t.gemm.trans_a = a.trans_a;
+  t.gemm.trans_b = a.trans_b;
+  t.gemm.alpha = a.alpha;
+  /* A given C is meant to be added: beta defaults to 1 then. */
+  t.gemm.beta = a.have_beta ? a.beta : a.npos == 3 ? 1.0 : 0.0;
+  return run_task(ctx, &a, &t, a.pos, a.npos);
+}
+
+int dspk__sub_fft(dspk__sub_ctx *ctx, int argc, char **argv) {
+  op_args a = {.allowed = ALLOW_INVERSE};
+  dspk_task t;
+  int rc = parse_op_args(ctx, argc, argv, &a);
+  if (rc >= 0)
+    return rc;
+  rc = want_pos(ctx, &a, 1, 1, "X.npy");
+  if (rc >= 0)
+    return rc;
+  dspk_task_init(&t, DSPK_OP_FFT);
+  t.fft.inverse = a.inverse;
+  return run_task(ctx, &a, &t, a.pos, a.npos);
+}
+
+int dspk__sub_fir(dspk__sub_ctx *ctx, int argc, char **argv) {
+  op_args a = {.allowed = 0};
+  dspk_task t;
+  int rc = parse_op_args(ctx, argc, argv, &a);
+  if (rc >= 0)
+    return rc;
+  rc = want_pos(ctx, &a, 2, 2, a.npos == 0 ? "X.npy and H.npy" : "H.npy");
+  if (rc >= 0)
+    return rc;
+  dspk_task_init(&t, DSPK_OP_FIR);
+  return run_task(ctx, &a, &t, a.pos, a.npos);
+}
+
+int dspk__sub_contract(dspk__sub_ctx *ctx, int argc, char **argv) {
+  op_args a = {.allowed = 0};
+  dspk_task t;
+  int rc = parse_op_args(ctx, argc, argv, &a);
+  if (rc >= 0)
+    return rc;
+  rc = want_pos(ctx, &a, 3, 3,
+                a.npos == 0   ? "SUBSCRIPTS, A.npy and B.npy"
+                : a.npos == 1 ? "A.npy and B.npy"
+                              : "B.npy");
+  if (rc >= 0)
+    return rc;
+  if (strstr(a.pos[0], "->") == NULL || strchr(a.pos[0], ',') == NULL)
+    return dspk__sub_usage(ctx,
+                           "SUBSCRIPTS '%s' must name two operands and an "
+                           "explicit output, like 'ik,kj->ij'",
+                           a.pos[0]);
+  dspk_task_init(&t, DSPK_OP_CONTRACT);
+  t.contract.subscripts = a.pos[0];
+  return run_task(ctx, &a, &t, a.pos + 1, 2);
+}
+
+int dspk__sub_reduce(dspk__sub_ctx *ctx, int argc, char **argv) {
+  static const char *names[] = {
+#define RED_NAME(e, name) name,
+      DSPK_REDUCE_MAP(RED_NAME)
+#undef RED_NAME
+  };
+  op_args a = {.allowed = ALLOW_AXIS};
+  dspk_task t;
+  int fn = -1;
+  int rc = parse_op_args(ctx, argc, argv, &a);
+  if (rc >= 0)
+    return rc;
+  rc = want_pos(ctx, &a, 2, 2, a.npos == 0 ? "FN and X.npy" : "X.npy");
+  if (rc >= 0)
+    return rc;
+  for (int i = 0; i < DSPK_REDUCE_COUNT; i++)
+    if (strcmp(a.pos[0], names[i]) == 0)
+      fn = i;
+  if (fn < 0)
+    return dspk__sub_usage(ctx, "unknown reduction '%s' (want sum, max, min "
+                                "or mean)",
+                           a.pos[0]);
+  dspk_task_init(&t, DSPK_OP_REDUCE);
+  t.reduce.fn = (dspk_reduce)fn;
+  t.reduce.naxes = a.naxes;
+  memcpy(t.reduce.axes, a.axes, sizeof a.axes);
+  return run_task(ctx, &a, &t, a.pos + 1, 1);
+}
+
+int dspk__sub_map(dspk__sub_ctx *ctx, int argc, char **argv) {
+  static const struct {
+    const char *name;
+    int nin;
+  } fns[] = {
+#define MAP_FN(e, name, nin) {name, nin},
+      DSPK_MAPFN_MAP(MAP_FN)
+#undef MAP_FN
+  };
+  op_args a = {.allowed = ALLOW_ALPHA};
+  dspk_task t;
+  int fn = -1;
+  int rc = parse_op_args(ctx, argc, argv, &a);
+  if (rc >= 0)
+    return rc;
+  rc = want_pos(ctx, &a, 2, 3, a.npos == 0 ? "FN and A.npy" : "A.npy");
+  if (rc >= 0)
+    return rc;
+  for (int i = 0; i < DSPK_MAPFN_COUNT; i++)
+    if (strcmp(a.pos[0], fns[i].name) == 0)
+      fn = i;
+  if (fn < 0)
+    return dspk__sub_usage(ctx, "unknown function '%s' (want add, sub, mul, "
+                                "scale, axpy, abs or exp)",
+                           a.pos[0]);
+  if (a.npos - 1 != fns[fn].nin)
+    return dspk__sub_usage(ctx, "map %s takes %d input%s, got %d", a.pos[0],
+                           fns[fn].nin, fns[fn].nin == 1 ? "" : "s",
+                           a.npos - 1);
+  if (a.have_alpha && fn != DSPK_MAP_SCALE && fn != DSPK_MAP_AXPY)
+    return dspk__sub_usage(ctx, "--alpha applies to scale and axpy only");
+  dspk_task_init(&t, DSPK_OP_MAP);
+  t.map.fn = (dspk_mapfn)fn;
+  t.map.alpha = a.alpha;
+  return run_task(ctx, &a, &t, a.pos + 1, a.npos - 1);
+}

@@ -1,0 +1,87 @@
+/*
+ * Internal interface between the source files of dspk-submit.
+ *
+ * main.c parses the global options, finds the command in the table below
+ * and runs it; each command lives in a file by theme (info.c: ping, devices,
+ * status; ops.c: the compute ops; cache.c, kernel.c later).  Every command
+ * receives its own argc/argv (argv[0] is the command name) and returns the
+ * process exit status.  Errors are reported through dspk__sub_fail() and
+ * friends, which print exactly one line on stderr:
+ *     dspk-submit: COMMAND: ENAME: detail
+ */
+#ifndef DSPK_CLIENT_SUBMIT_SUBMIT_H
+#define DSPK_CLIENT_SUBMIT_SUBMIT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "dspk/dspk.h"
+
+/* Exit statuses (documented in docs/cli.md). */
+#define DSPK__SUB_EXIT_OK 0
+#define DSPK__SUB_EXIT_FAIL 1  /* the operation failed (daemon, file, ...) */
+#define DSPK__SUB_EXIT_USAGE 2 /* bad command line */
+
+typedef struct dspk__sub_ctx {
+  const char *socket; /* --socket, or NULL for $DSPK_SOCKET / the default */
+  const char *cmd;    /* name of the running command, for messages */
+  dspk_client *client;
+} dspk__sub_ctx;
+
+typedef struct dspk__sub_cmd {
+  const char *name;
+  int (*run)(dspk__sub_ctx *ctx, int argc, char **argv);
+  const char *summary; /* one line for the command list */
+  const char *help;    /* full --help text, starting with the usage line */
+} dspk__sub_cmd;
+
+/* Command handlers (info.c, ops.c). */
+int dspk__sub_ping(dspk__sub_ctx *ctx, int argc, char **argv);
+int dspk__sub_devices(dspk__sub_ctx *ctx, int argc, char **argv);
+int dspk__sub_status(dspk__sub_ctx *ctx, int argc, char **argv);
+int dspk__sub_gemm(dspk__sub_ctx *ctx, int argc, char **argv);
+int dspk__sub_fft(dspk__sub_ctx *ctx, int argc, char **argv);
+int dspk__sub_fir(dspk__sub_ctx *ctx, int argc, char **argv);
+int dspk__sub_contract(dspk__sub_ctx *ctx, int argc, char **argv);
+int dspk__sub_reduce(dspk__sub_ctx *ctx, int argc, char **argv);
+int dspk__sub_map(dspk__sub_ctx *ctx, int argc, char **argv);
+
+/* The command table (main.c), terminated by a NULL name. */
+extern const dspk__sub_cmd dspk__sub_cmds[];
+
+/* Prints "dspk-submit: CMD: ENAME: detail" (one line; newlines in the
+ * detail become "; ") and returns DSPK__SUB_EXIT_FAIL. */
+int dspk__sub_fail(const dspk__sub_ctx *ctx, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Like dspk__sub_fail for a command-line mistake: adds a hint to run
+ * --help and returns DSPK__SUB_EXIT_USAGE. */
+int dspk__sub_usage(const dspk__sub_ctx *ctx, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+/* Reports a failed library call on ctx->client: the daemon's (or the
+ * library's) detail from dspk_last_error(), else dspk_strerror(code).
+ * Returns DSPK__SUB_EXIT_FAIL. */
+int dspk__sub_fail_client(const dspk__sub_ctx *ctx, int code);
+
+/* Connects ctx->client if not yet connected.  Returns 0, or reports the
+ * failure and returns DSPK__SUB_EXIT_FAIL. */
+int dspk__sub_connect(dspk__sub_ctx *ctx);
+
+/* Prints the --help text of the command named ctx->cmd on stdout; returns
+ * DSPK__SUB_EXIT_OK. */
+int dspk__sub_help(const dspk__sub_ctx *ctx);
+
+/* Usage errors for getopt_long's '?' and ':' returns (argv as passed to
+ * getopt_long); return DSPK__SUB_EXIT_USAGE. */
+int dspk__sub_bad_option(const dspk__sub_ctx *ctx, char **argv);
+int dspk__sub_missing_arg(const dspk__sub_ctx *ctx, char **argv);
+
+/* Strict number parsing of a whole string: 0 on success, -1 otherwise. */
+int dspk__sub_parse_double(const char *s, double *out);
+int dspk__sub_parse_long(const char *s, long lo, long hi, long *out);
+
+/* Monotonic time in microseconds. */
+double dspk__sub_now_us(void);
+
+#endif /* DSPK_CLIENT_SUBMIT_SUBMIT_H */

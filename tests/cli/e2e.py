@@ -1,0 +1,705 @@
+#!/usr/bin/env python3
+"""End-to-end tests of dspk-submit against a real dspkd.
+
+Each suite starts its own dspkd on a socket in a private temporary directory
+(CPU backend only), waits for it on the --ready-fd pipe (an event, never a
+sleep), drives it exclusively through the dspk-submit binary, and stops it with
+SIGTERM, expecting exit status 0.
+
+numpy is used only to write the random inputs as .npy files and to read the
+outputs back; every reference result is computed here by naive loops over
+Python floats and complexes (double precision), independent of numpy's
+algorithms and of the daemon.
+
+Suites (the first argument after the options):
+  help    --help of the program and of every command (no daemon needed)
+  info    ping, ping -c 20 --json, devices, status, DSPK_SOCKET, summaries
+  ops     every op on random shapes and dtypes (fixed seed) against references
+  errors  bad input: wrong dtype, mismatched shapes, missing/malformed files,
+          unknown device, no daemon, command-line mistakes: non-zero exit and
+          exactly one "dspk-submit: CMD: ENAME: ..." line on stderr; the daemon
+          keeps serving afterwards
+"""
+import argparse
+import cmath
+import itertools
+import json
+import math
+import os
+import re
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+SEED = 20261130
+COMMANDS = ["ping", "devices", "status", "gemm", "fft", "fir", "contract",
+            "reduce", "map"]
+
+
+class Failure(Exception):
+    pass
+
+
+def check(cond, msg):
+    if not cond:
+        raise Failure(msg)
+
+
+# ---- the daemon -------------------------------------------------------------
+
+class Daemon:
+    def __init__(self, dspkd, tmp):
+        self.sock = os.path.join(tmp, "dspkd.sock")
+        self.log = os.path.join(tmp, "dspkd.log")
+        r, w = os.pipe()
+        with open(self.log, "wb") as logf:
+            self.proc = subprocess.Popen(
+                [dspkd, "--socket", self.sock, "--backends", "cpu",
+                 "--foreground", "--ready-fd", str(w)],
+                pass_fds=(w,), stdin=subprocess.DEVNULL,
+                stdout=logf, stderr=subprocess.STDOUT)
+        os.close(w)
+        buf = b""
+        try:
+            while not buf.endswith(b"\n"):
+                ready, _, _ = select.select([r], [], [], 60)
+                if not ready:
+                    raise Failure("dspkd not READY after 60 s: " + self.logtail())
+                chunk = os.read(r, 64)
+                if not chunk:
+                    self.proc.wait(timeout=30)
+                    raise Failure("dspkd exited (%s) before READY: %s"
+                                  % (self.proc.returncode, self.logtail()))
+                buf += chunk
+        finally:
+            os.close(r)
+        check(buf == b"READY\n", "dspkd wrote %r on the ready fd" % buf)
+
+    def logtail(self):
+        try:
+            with open(self.log, "rb") as f:
+                return f.read()[-2000:].decode(errors="replace")
+        except OSError:
+            return ""
+
+    def stop(self):
+        if self.proc.poll() is not None:
+            raise Failure("dspkd died (%s): %s" % (self.proc.returncode,
+                                                  self.logtail()))
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            rc = self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise Failure("dspkd did not stop within 60 s of SIGTERM")
+        check(rc == 0, "dspkd exited %s after SIGTERM: %s" % (rc, self.logtail()))
+
+
+class Cli:
+    def __init__(self, binary, sock):
+        self.binary = binary
+        self.sock = sock
+        self.runs = 0
+
+    def run(self, *args, env=None, sock=True):
+        argv = [self.binary] + (["--socket", self.sock] if sock else []) + \
+            [str(a) for a in args]
+        self.runs += 1
+        p = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True,
+                           env=env, timeout=120)
+        return p.returncode, p.stdout.decode(errors="replace"), \
+            p.stderr.decode(errors="replace")
+
+    def ok(self, *args, **kw):
+        rc, out, err = self.run(*args, **kw)
+        check(rc == 0 and err == "",
+              "%s: exit %d, stderr %r" % (" ".join(map(str, args)), rc, err))
+        return out
+
+    def fails(self, args, cmd, ename, rc_want=1, detail=None, **kw):
+        """Expects a failure with exactly one stderr line
+        'dspk-submit: CMD: ENAME: ...' (CMD None for global errors, ENAME
+        None for any error name)."""
+        rc, out, err = self.run(*args, **kw)
+        what = " ".join(map(str, args))
+        check(rc == rc_want, "%s: exit %d, want %d (stderr %r)"
+              % (what, rc, rc_want, err))
+        check(err.endswith("\n") and err.count("\n") == 1,
+              "%s: stderr is not exactly one line: %r" % (what, err))
+        prefix = "dspk-submit: " + (cmd + ": " if cmd else "")
+        if ename is None:  # any error name
+            m = re.match(re.escape(prefix) + r"E[A-Z]+: ", err)
+            check(m, "%s: stderr %r does not start with %rENAME: "
+                  % (what, err, prefix))
+            prefix = m.group(0)
+        else:
+            prefix += ename + ": "
+        check(err.startswith(prefix), "%s: stderr %r does not start with %r"
+              % (what, err, prefix))
+        check(len(err.strip()) > len(prefix),
+              "%s: empty detail in %r" % (what, err))
+        if detail is not None:
+            check(detail in err, "%s: stderr %r lacks %r" % (what, err, detail))
+        check(out == "", "%s: unexpected stdout %r" % (what, out))
+        return err
+
+
+# ---- naive references (Python floats, double precision) ---------------------
+
+def strides(shape):
+    s, acc = [], 1
+    for d in reversed(shape):
+        s.append(acc)
+        acc *= d
+    return list(reversed(s))
+
+
+def at(flat, shape, idx):
+    st = strides(shape)
+    return flat[sum(i * s for i, s in zip(idx, st))]
+
+
+def bcast_index(idx, shape):
+    """Index into an operand of shape `shape` (right-aligned broadcast)."""
+    idx = idx[len(idx) - len(shape):] if len(shape) else ()
+    return tuple(0 if d == 1 else i for i, d in zip(idx, shape))
+
+
+def bcast_shape(*shapes):
+    n = max(len(s) for s in shapes)
+    out = []
+    for k in range(n):
+        dims = [s[len(s) - n + k] for s in shapes if len(s) - n + k >= 0]
+        big = max(dims)
+        for d in dims:
+            assert d in (1, big)
+        out.append(big if 0 not in dims else 0)
+    return tuple(out)
+
+
+def ref_gemm(A, sa, B, sb, C, sc, ta, tb, alpha, beta):
+    def mat(sh, t):
+        return (sh[-1], sh[-2]) if t else (sh[-2], sh[-1])
+    M, K = mat(sa, ta)
+    K2, N = mat(sb, tb)
+    assert K == K2
+    batch = bcast_shape(tuple(sa[:-2]), tuple(sb[:-2]))
+    oshape = batch + (M, N)
+    if C is not None:
+        oshape = bcast_shape(oshape, tuple(sc))
+        batch = oshape[:-2]
+    out = []
+    for bi in itertools.product(*[range(d) for d in batch]):
+        ia = bcast_index(bi, sa[:-2])
+        ib = bcast_index(bi, sb[:-2])
+        for i in range(M):
+            for j in range(N):
+                s = 0.0
+                for k in range(K):
+                    a = at(A, sa, ia + ((k, i) if ta else (i, k)))
+                    b = at(B, sb, ib + ((j, k) if tb else (k, j)))
+                    s += a * b
+                v = alpha * s
+                if C is not None:
+                    v += beta * at(C, sc, bcast_index(bi + (i, j), sc))
+                out.append(v)
+    return out, oshape
+
+
+def ref_fft(X, sx, inverse):
+    n = sx[-1]
+    real = not any(isinstance(v, complex) for v in X)
+    nout = n // 2 + 1 if real else n
+    sign = 1.0 if inverse else -1.0
+    out = []
+    for b in range(len(X) // n if n else 0):
+        x = X[b * n:(b + 1) * n]
+        for k in range(nout):
+            s = 0j
+            for t in range(n):
+                ang = sign * 2.0 * math.pi * ((k * t) % n) / n
+                s += x[t] * complex(math.cos(ang), math.sin(ang))
+            out.append(s / n if inverse else s)
+    return out, tuple(sx[:-1]) + (nout,)
+
+
+def ref_fir(X, sx, H):
+    n, K = sx[-1], len(H)
+    out = []
+    for b in range(len(X) // n if n else 0):
+        x = X[b * n:(b + 1) * n]
+        for i in range(n):
+            s = 0.0
+            for k in range(min(K, i + 1)):
+                s += H[k] * x[i - k]
+            out.append(s)
+    return out, tuple(sx)
+
+
+def ref_einsum(subs, A, sa, B, sb):
+    ins, lo = subs.split("->")
+    la, lb = ins.split(",")
+    size = {}
+    for lab, sh in ((la, sa), (lb, sb)):
+        for c, d in zip(lab, sh):
+            size[c] = d
+    summed = [c for c in dict.fromkeys(la + lb) if c not in lo]
+    out = []
+    for oi in itertools.product(*[range(size[c]) for c in lo]):
+        env = dict(zip(lo, oi))
+        s = 0.0
+        for si in itertools.product(*[range(size[c]) for c in summed]):
+            env.update(zip(summed, si))
+            s += at(A, sa, tuple(env[c] for c in la)) * \
+                at(B, sb, tuple(env[c] for c in lb))
+        out.append(s)
+    return out, tuple(size[c] for c in lo)
+
+
+def ref_reduce(fn, X, sx, axes):
+    rank = len(sx)
+    red = sorted(set(a % rank for a in axes)) if axes else list(range(rank))
+    keep = [d for d in range(rank) if d not in red]
+    oshape = tuple(sx[d] for d in keep)
+    acc = {}
+    for idx in itertools.product(*[range(d) for d in sx]):
+        key = tuple(idx[d] for d in keep)
+        v = at(X, sx, idx)
+        if key not in acc:
+            acc[key] = v
+        elif fn in ("sum", "mean"):
+            acc[key] += v
+        elif fn == "max":
+            acc[key] = max(acc[key], v)
+        else:
+            acc[key] = min(acc[key], v)
+    cnt = 1
+    for d in red:
+        cnt *= sx[d]
+    out = []
+    for key in itertools.product(*[range(sx[d]) for d in keep]):
+        v = acc[key]
+        out.append(v / cnt if fn == "mean" else v)
+    return out, oshape
+
+
+def ref_map(fn, A, B, alpha):
+    if fn == "add":
+        return [a + b for a, b in zip(A, B)]
+    if fn == "sub":
+        return [a - b for a, b in zip(A, B)]
+    if fn == "mul":
+        return [a * b for a, b in zip(A, B)]
+    if fn == "scale":
+        return [alpha * a for a in A]
+    if fn == "axpy":
+        return [alpha * a + b for a, b in zip(A, B)]
+    if fn == "abs":
+        return [abs(a) for a in A]
+    if fn == "exp":
+        return [cmath.exp(a) if isinstance(a, complex) else math.exp(a)
+                for a in A]
+    raise ValueError(fn)
+
+
+# ---- the op suite -----------------------------------------------------------
+
+DT = {"f32": "<f4", "f64": "<f8", "c64": "<c8", "c128": "<c16"}
+CPLX = {"f32": "c64", "f64": "c128", "c64": "c64", "c128": "c128"}
+
+
+class Ops:
+    def __init__(self, cli, tmp):
+        self.cli, self.tmp = cli, tmp
+        self.rng = np.random.default_rng(SEED)
+        self.n = 0
+        self.cases = 0
+
+    def arr(self, shape, dt):
+        """A random array saved as .npy; returns (path, flat values, shape)."""
+        x = self.rng.uniform(-2.0, 2.0, size=shape)
+        if dt in ("c64", "c128"):
+            x = x + 1j * self.rng.uniform(-2.0, 2.0, size=shape)
+        x = np.ascontiguousarray(x.astype(DT[dt]))
+        self.n += 1
+        path = os.path.join(self.tmp, "in%d.npy" % self.n)
+        np.save(path, x)
+        flat = [complex(v) if dt in ("c64", "c128") else float(v)
+                for v in x.reshape(-1).tolist()]
+        return path, flat, tuple(shape)
+
+    def run(self, what, args, ref, oshape, odt):
+        out = os.path.join(self.tmp, "out.npy")
+        if os.path.exists(out):
+            os.unlink(out)
+        self.cli.ok(*args, "-o", out)
+        y = np.load(out)
+        check(y.dtype == np.dtype(DT[odt]), "%s: dtype %s, want %s"
+              % (what, y.dtype, DT[odt]))
+        check(tuple(y.shape) == tuple(oshape), "%s: shape %s, want %s"
+              % (what, y.shape, oshape))
+        got = y.reshape(-1).tolist()
+        check(len(got) == len(ref), "%s: %d values, want %d"
+              % (what, len(got), len(ref)))
+        scale = 1.0 + max([abs(v) for v in ref] or [0.0])
+        tol = (2e-4 if odt in ("f32", "c64") else 1e-10) * scale
+        for i, (g, r) in enumerate(zip(got, ref)):
+            if not abs(g - r) <= tol:
+                raise Failure("%s: element %d is %r, reference %r (tol %g)"
+                              % (what, i, g, r, tol))
+        self.cases += 1
+
+    def gemm(self):
+        r = self.rng
+        for case in range(10):
+            dt = ["f32", "f64"][case % 2]
+            M, K, N = (int(v) for v in r.integers(1, 33, size=3))
+            ta, tb = bool(case & 2), bool(case & 4)
+            batch_a, batch_b = [(), (), (3,), (2, 1), (2,)][case % 5], \
+                [(), (2,), (3,), (1, 3), ()][case % 5]
+            sa = batch_a + ((K, M) if ta else (M, K))
+            sb = batch_b + ((N, K) if tb else (K, N))
+            pa, A, sa = self.arr(sa, dt)
+            pb, B, sb = self.arr(sb, dt)
+            args = ["gemm", pa, pb]
+            C, sc, alpha, beta = None, None, 1.0, 0.0
+            if case % 3 == 1:
+                alpha = float(r.uniform(-2, 2))
+                args += ["--alpha", repr(alpha)]
+            if case % 3 == 2:
+                sc = (M, N) if case % 2 else (N,)
+                pc, C, sc = self.arr(sc, dt)
+                beta = float(r.uniform(-2, 2))
+                args += [pc, "--beta", repr(beta)]
+            if ta:
+                args.append("--trans-a")
+            if tb:
+                args.append("--trans-b")
+            if alpha != 1.0 and dt == "f32":
+                alpha = float(np.float32(alpha))
+            ref, osh = ref_gemm(A, sa, B, sb, C, sc, ta, tb, alpha, beta)
+            self.run("gemm case %d %s %s x %s" % (case, dt, sa, sb), args,
+                     ref, osh, dt)
+        # C given without --beta: beta defaults to 1.
+        pa, A, sa = self.arr((3, 4), "f64")
+        pb, B, sb = self.arr((4, 5), "f64")
+        pc, C, sc = self.arr((3, 5), "f64")
+        ref, osh = ref_gemm(A, sa, B, sb, C, sc, False, False, 1.0, 1.0)
+        self.run("gemm C default beta", ["gemm", pa, pb, pc], ref, osh, "f64")
+
+    def fft(self):
+        r = self.rng
+        sizes = [1, 2, 5, 8, 12, 17, 32, 60]
+        for case in range(12):
+            dt = ["c64", "c128", "f32", "f64"][case % 4]
+            n = sizes[case % len(sizes)]
+            shape = [(n,), (3, n), (2, 2, n)][case % 3]
+            inverse = dt in ("c64", "c128") and case % 3 == 1
+            px, X, sx = self.arr(shape, dt)
+            ref, osh = ref_fft(X, sx, inverse)
+            self.run("fft case %d %s %s%s" % (case, dt, sx,
+                                               " inverse" if inverse else ""),
+                     ["fft", px] + (["--inverse"] if inverse else []),
+                     ref, osh, CPLX[dt])
+        del r
+
+    def fir(self):
+        r = self.rng
+        for case in range(8):
+            dt = ["f32", "f64", "c64"][case % 3]
+            n = int(r.integers(1, 80))
+            k = int(r.integers(1, 24))
+            shape = [(n,), (3, n), (2, 2, n)][case % 3]
+            px, X, sx = self.arr(shape, dt)
+            ph, H, _ = self.arr((k,), dt)
+            ref, osh = ref_fir(X, sx, H)
+            self.run("fir case %d %s %s taps %d" % (case, dt, sx, k),
+                     ["fir", px, ph], ref, osh, dt)
+        # Long filters (the FFT-based path).
+        for dt, n, k in (("f32", 700, 257), ("f64", 1000, 300), ("c64", 600, 200)):
+            px, X, sx = self.arr((2, n), dt)
+            ph, H, _ = self.arr((k,), dt)
+            ref, osh = ref_fir(X, sx, H)
+            self.run("fir long %s n %d taps %d" % (dt, n, k),
+                     ["fir", px, ph], ref, osh, dt)
+
+    def contract(self):
+        r = self.rng
+        specs = ["ik,kj->ij", "bij,bjk->bik", "abc,cd->abd", "ik,kj->ji",
+                 "ij,jk->ki", "abc,bd->dca", "ij,ij->i", "ab,cd->abcd"]
+        for case, subs in enumerate(specs):
+            dt = ["f32", "f64"][case % 2]
+            labels = sorted(set(subs.replace(",", "").replace("->", "")))
+            size = {c: int(r.integers(1, 6)) for c in labels}
+            la, lb = subs.split("->")[0].split(",")
+            pa, A, sa = self.arr(tuple(size[c] for c in la), dt)
+            pb, B, sb = self.arr(tuple(size[c] for c in lb), dt)
+            ref, osh = ref_einsum(subs, A, sa, B, sb)
+            self.run("contract %s %s %s %s" % (subs, dt, sa, sb),
+                     ["contract", subs, pa, pb], ref, osh, dt)
+
+    def reduce(self):
+        r = self.rng
+        for case in range(12):
+            fn = ["sum", "max", "min", "mean"][case % 4]
+            dt = ["f32", "f64"][case // 4 % 2]
+            rank = int(r.integers(1, 4))
+            shape = tuple(int(v) for v in r.integers(1, 7, size=rank))
+            px, X, sx = self.arr(shape, dt)
+            naxes = int(r.integers(0, rank + 1))
+            axes = [int(a) for a in r.choice(rank, size=naxes, replace=False)]
+            axes = [a - rank if (case % 3 == 0) else a for a in axes]
+            args = ["reduce", fn, px]
+            if len(axes) > 1 and case % 2:
+                args += ["--axis", ",".join(map(str, axes))]
+            else:
+                for a in axes:
+                    args += ["--axis", str(a)]
+            ref, osh = ref_reduce(fn, X, sx, axes)
+            self.run("reduce %s %s %s axes %s" % (fn, dt, sx, axes), args,
+                     ref, osh, dt)
+        px, X, sx = self.arr((4, 3), "c64")
+        ref, osh = ref_reduce("sum", X, sx, [1])
+        self.run("reduce sum c64", ["reduce", "sum", px, "-a", "-1"], ref, osh,
+                 "c64")
+
+    def map(self):
+        r = self.rng
+        fns = ["add", "sub", "mul", "scale", "axpy", "abs", "exp"]
+        for case, fn in enumerate(fns * 2):
+            dt = ["f32", "f64"][case // len(fns)]
+            rank = int(r.integers(0, 4))
+            shape = tuple(int(v) for v in r.integers(1, 6, size=rank))
+            pa, A, _ = self.arr(shape, dt)
+            args = ["map", fn, pa]
+            B, alpha = None, 1.0
+            if fn in ("add", "sub", "mul", "axpy"):
+                pb, B, _ = self.arr(shape, dt)
+                args.append(pb)
+            if fn in ("scale", "axpy"):
+                alpha = float(r.uniform(-3, 3))
+                args += ["--alpha", repr(alpha)]
+                if dt == "f32":
+                    alpha = float(np.float32(alpha))
+            ref = ref_map(fn, A, B, alpha)
+            self.run("map %s %s %s" % (fn, dt, shape), args, ref, shape, dt)
+        for fn in ("add", "mul"):
+            pa, A, sa = self.arr((3, 2), "c128")
+            pb, B, _ = self.arr((3, 2), "c128")
+            self.run("map %s c128" % fn, ["map", fn, pa, pb],
+                     ref_map(fn, A, B, 1.0), sa, "c128")
+
+
+def suite_ops(cli, tmp):
+    ops = Ops(cli, tmp)
+    for name in ("gemm", "fft", "fir", "contract", "reduce", "map"):
+        getattr(ops, name)()
+    print("ops: %d cases checked against naive references" % ops.cases)
+
+
+# ---- info ---------------------------------------------------------------------
+
+def suite_info(cli, tmp):
+    out = cli.ok("ping")
+    check(re.fullmatch(r"pong from \S+: 0 bytes, time=[0-9.]+ us\n", out),
+          "ping output %r" % out)
+    out = cli.ok("ping", "-c", "20", "--json")
+    j = json.loads(out)
+    check(set(j) == {"count", "min_us", "median_us", "p99_us"}, "keys %s" % j)
+    check(j["count"] == 20, "count %s" % j["count"])
+    check(0 < j["min_us"] <= j["median_us"] <= j["p99_us"],
+          "ping stats out of order: %s" % j)
+    out = cli.ok("ping", "-c", "5", "-s", "100000")
+    check(re.search(r"5 round trips, 100000 bytes each, rtt min/median/p99 = "
+                    r"[0-9.]+/[0-9.]+/[0-9.]+ us", out), "ping -c text %r" % out)
+
+    out = cli.ok("devices")
+    check(re.search(r"^cpu:0\s", out, re.M), "devices lacks cpu:0: %r" % out)
+    j = json.loads(cli.ok("devices", "--json"))
+    ids = [d["id"] for d in j["devices"]]
+    check("cpu:0" in ids, "devices --json ids %s" % ids)
+    j = json.loads(cli.ok("devices", "--all", "--json"))
+    check(isinstance(j.get("unavailable"), list), "no unavailable list: %s" % j)
+    cli.ok("devices", "--all")
+
+    out = cli.ok("status")
+    check("dspkd" in out and "cpu:0" in out, "status output %r" % out)
+    j = json.loads(cli.ok("status", "--json"))
+    check("daemon" in j and "clients" in j and "devices" in j,
+          "status --json keys %s" % list(j))
+    names = [c.get("name") for c in j["clients"]]
+    check("dspk-submit" in names, "status clients %s" % names)
+    check(j["daemon"].get("pid") == cli_daemon_pid[0],
+          "status pid %s, want %s" % (j["daemon"].get("pid"), cli_daemon_pid[0]))
+
+    # DSPK_SOCKET is the default socket.
+    env = dict(os.environ, DSPK_SOCKET=cli.sock)
+    out = cli.ok("ping", env=env, sock=False)
+    check(out.startswith("pong from " + cli.sock), "DSPK_SOCKET ping %r" % out)
+
+    # Without -o a summary is printed.
+    a = os.path.join(tmp, "a.npy")
+    np.save(a, np.arange(12, dtype="<f8").reshape(3, 4))
+    out = cli.ok("reduce", "sum", a, "--axis", "0")
+    check(out == "f64 (4,) on cpu:0: [12, 15, 18, 21] (4 values)\n",
+          "summary %r" % out)
+    out = cli.ok("map", "scale", a, "--alpha", "0.5")
+    check(out == "f64 (3, 4) on cpu:0: [0, 0.5, 1, 1.5, 2, 2.5, 3, 3.5, ...] "
+          "(12 values)\n", "summary %r" % out)
+    out = cli.ok("reduce", "max", a, "--device", "cpu:0")
+    check(out == "f64 () on cpu:0: [11] (1 value)\n", "summary %r" % out)
+
+
+cli_daemon_pid = [None]
+
+
+# ---- errors -------------------------------------------------------------------
+
+def suite_errors(cli, tmp):
+    def save(name, x):
+        p = os.path.join(tmp, name)
+        np.save(p, x)
+        return p
+
+    a34 = save("a34.npy", np.ones((3, 4), "<f4"))
+    b56 = save("b56.npy", np.ones((5, 6), "<f4"))
+    b45d = save("b45d.npy", np.ones((4, 5), "<f8"))
+    i4 = save("i4.npy", np.ones((4, 5), "<i4"))
+    fort = save("fort.npy", np.asfortranarray(np.ones((4, 5), "<f4")))
+    big = save("big.npy", np.ones((4, 5), ">f4"))
+    garbage = os.path.join(tmp, "garbage.npy")
+    with open(garbage, "wb") as f:
+        f.write(b"this is not a numpy file at all\n" * 4)
+    trunc = os.path.join(tmp, "trunc.npy")
+    with open(a34, "rb") as f:
+        data = f.read()
+    with open(trunc, "wb") as f:
+        f.write(data[:-5])
+    missing = os.path.join(tmp, "missing.npy")
+
+    # Local checks of the input files (nothing reaches the daemon).
+    cli.fails(["gemm", i4, a34], "gemm", "EDTYPE", detail=i4)
+    cli.fails(["gemm", a34, big], "gemm", "EDTYPE", detail="big-endian")
+    cli.fails(["gemm", fort, a34], "gemm", "ENOTSUP", detail=fort)
+    cli.fails(["fft", garbage], "fft", "EINVAL", detail=garbage)
+    cli.fails(["fft", trunc], "fft", "EINVAL", detail=trunc)
+    cli.fails(["fir", missing, a34], "fir", "ENOENT", detail=missing)
+    cli.fails(["map", "abs", a34, "-o", os.path.join(tmp, "no/such/dir.npy")],
+              "map", "ENOENT", detail="no/such/dir.npy")
+
+    # The daemon's validation, passed on verbatim.
+    cli.fails(["gemm", a34, b56], "gemm", "ESHAPE")
+    cli.fails(["gemm", a34, b45d], "gemm", "EDTYPE")
+    cli.fails(["map", "add", a34, b56], "map", "ESHAPE")
+    cli.fails(["contract", "ik,kj->ij", a34, b56], "contract", "ESHAPE")
+    cli.fails(["reduce", "sum", a34, "--axis", "5"], "reduce", None)
+    cli.fails(["fft", a34, "--inverse"], "fft", None)
+    cli.fails(["gemm", a34, a34, "--trans-b", "--device", "cpu:7"], "gemm",
+              "ENODEV")
+    nobody = Cli(cli.binary, os.path.join(tmp, "nobody.sock"))
+    nobody.fails(["ping"], "ping", "ECONNECT", detail="nobody.sock")
+    nobody.fails(["gemm", a34, a34, "--trans-b"], "gemm", "ECONNECT")
+
+    # Command-line mistakes: exit 2.
+    usage = [
+        (["frobnicate"], None),
+        (["--bogus", "ping"], None),
+        ([], None),
+        (["ping", "-c", "0"], "ping"),
+        (["ping", "-c", "x"], "ping"),
+        (["ping", "extra"], "ping"),
+        (["ping", "--nope"], "ping"),
+        (["devices", "--json", "x"], "devices"),
+        (["status", "--all"], "status"),
+        (["gemm", a34], "gemm"),
+        (["gemm", a34, a34, "--alpha", "abc"], "gemm"),
+        (["gemm", a34, a34, "--beta", "2"], "gemm"),
+        (["gemm", a34, a34, "--inverse"], "gemm"),
+        (["gemm", a34, a34, "-o"], "gemm"),
+        (["fft"], "fft"),
+        (["fft", a34, a34], "fft"),
+        (["fir", a34], "fir"),
+        (["contract", "ikkj", a34, a34], "contract"),
+        (["contract", "ik,kj->ij", a34], "contract"),
+        (["reduce", "avg", a34], "reduce"),
+        (["reduce", "sum", a34, "--axis", "x"], "reduce"),
+        (["reduce", "sum", a34, "--axis", "99"], "reduce"),
+        (["map", "frob", a34], "map"),
+        (["map", "add", a34], "map"),
+        (["map", "abs", a34, a34], "map"),
+        (["map", "add", a34, a34, "--alpha", "2"], "map"),
+    ]
+    for args, cmd in usage:
+        cli.fails(args, cmd, "EINVAL", rc_want=2)
+
+    # After all that, the daemon still serves.
+    cli.ok("ping")
+    out = cli.ok("map", "abs", a34)
+    check(out.startswith("f32 (3, 4) on cpu:0: [1, 1,"), "after errors %r" % out)
+
+
+# ---- help --------------------------------------------------------------------
+
+def suite_help(cli, tmp):
+    del tmp
+    for argv in (["--help"], ["-h"], ["help"]):
+        out = cli.ok(*argv, sock=False)
+        check(out.startswith("usage: dspk-submit"), "%s: %r" % (argv, out[:80]))
+        for c in COMMANDS:
+            check(re.search(r"^  %s\s" % c, out, re.M),
+                  "%s does not list %s" % (argv, c))
+    for c in COMMANDS:
+        a = cli.ok(c, "--help", sock=False)
+        check(a.startswith("usage: dspk-submit " + c),
+              "%s --help: %r" % (c, a[:80]))
+        check(cli.ok(c, "-h", sock=False) == a, "%s -h differs" % c)
+        check(cli.ok("help", c, sock=False) == a, "help %s differs" % c)
+        # --help wins over other arguments, and needs no daemon.
+        check(cli.ok("--socket", "/nonexistent", c, "x.npy", "--help",
+                     sock=False) == a, "%s x --help differs" % c)
+    out = cli.ok("--version", sock=False)
+    check(re.fullmatch(r"dspk-submit \S+\n", out), "--version %r" % out)
+
+
+# ---- main ---------------------------------------------------------------------
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--submit", required=True)
+    ap.add_argument("--daemon")
+    ap.add_argument("suite", choices=["help", "info", "ops", "errors"])
+    opt = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="dspk-cli-") as tmp:
+        daemon = None
+        try:
+            if opt.suite == "help":
+                suite_help(Cli(opt.submit, None), tmp)
+            else:
+                check(opt.daemon, "--daemon is needed for " + opt.suite)
+                daemon = Daemon(opt.daemon, tmp)
+                cli_daemon_pid[0] = daemon.proc.pid
+                cli = Cli(opt.submit, daemon.sock)
+                {"info": suite_info, "ops": suite_ops,
+                 "errors": suite_errors}[opt.suite](cli, tmp)
+                d, daemon = daemon, None
+                d.stop()
+        except Failure as e:
+            print("FAIL: %s" % e, file=sys.stderr)
+            if daemon is not None:
+                print("dspkd log tail:\n" + daemon.logtail(), file=sys.stderr)
+            return 1
+        finally:
+            if daemon is not None and daemon.proc.poll() is None:
+                daemon.proc.kill()
+                daemon.proc.wait()
+    print("%s: ok" % opt.suite)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
