@@ -80,7 +80,8 @@ ssize_t dspk__frame_scan(const void *buf, size_t len,
     maxmsg = (size_t)SSIZE_MAX;
 
   for (;;) {
-    /* One object starts at pos. */
+    /* One object starts at pos.  It is taken off its parent's count now, so
+     * owed is what must still follow once this object is complete. */
     if (pos >= len)
       goto incomplete;
     unsigned char c = p[pos];
@@ -90,6 +91,10 @@ ssize_t dspk__frame_scan(const void *buf, size_t len,
     int container = 0;    /* 1 array, 2 map */
     unsigned lenbytes = 0;
 
+    if (depth > 0) {
+      stack[depth - 1]--;
+      owed--;
+    }
     objects++;
     if (objects > lim->max_objects)
       return fail(DSPK_ELIMIT, msg, msglen,
@@ -150,22 +155,21 @@ ssize_t dspk__frame_scan(const void *buf, size_t len,
       children *= 2; /* n <= 2^32-1, so no overflow */
 
     /* Everything announced so far must fit in what max_message leaves:
-     * this object's payload and children, and the objects its enclosing
-     * containers still owe after it (owed counts this one too). */
-    uint64_t rest = depth > 0 ? owed - 1 : 0;
+     * this object's payload or children, and the objects its enclosing
+     * containers still owe after it (each at least one byte). */
     if (pos + hdr > maxmsg)
       goto toolong;
     uint64_t room = maxmsg - pos - hdr;
-    if (payload + rest > room)
+    if (payload + owed > room)
       return fail(DSPK_ELIMIT, msg, msglen,
                   "str/bin of %" PRIu64 " bytes at offset %zu exceeds the "
                   "%zu-byte message limit (max_message)", payload, pos, maxmsg);
-    if (children + rest > room)
+    if (children + owed > room)
       return fail(DSPK_ELIMIT, msg, msglen,
                   "container at offset %zu announces %" PRIu64
                   " elements, more than the bytes left in the message "
                   "(max_message %zu)", pos, children, maxmsg);
-    if (children + rest + objects > lim->max_objects)
+    if (children + owed + objects > lim->max_objects)
       return fail(DSPK_ELIMIT, msg, msglen,
                   "container at offset %zu announces %" PRIu64
                   " elements, more than max_objects %zu allows",
@@ -183,20 +187,15 @@ ssize_t dspk__frame_scan(const void *buf, size_t len,
         continue; /* the next object is its first element */
       }
     } else {
-      if (len - pos < hdr || len - pos - hdr < payload) {
+      if (len - pos < hdr || len - pos - hdr < payload)
         goto incomplete;
-      }
       pos += hdr + (size_t)payload;
     }
 
-    /* The object that started this iteration is complete: pop every
-     * container it completes. */
-    while (depth > 0) {
-      owed--;
-      if (--stack[depth - 1] > 0)
-        break;
+    /* The object that started this iteration is complete: close every
+     * container that has no element left. */
+    while (depth > 0 && stack[depth - 1] == 0)
       depth--;
-    }
     if (depth == 0)
       return (ssize_t)pos;
   }

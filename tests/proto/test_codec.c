@@ -1,0 +1,601 @@
+/*
+ * Unit tests of the codec (proto/codec.c): envelopes of every kind and
+ * every way they can be wrong, typed getters at their range bounds, the
+ * argument helpers' defaults and messages, tensor decoding with each limit
+ * at and one past its bound, the zero-copy frame buffer (big payloads stay
+ * by reference, releases run once, the iovecs concatenate to the same bytes
+ * msgpack-c packs), and the error table.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+#include <msgpack.h>
+
+#include "proto/codec.h"
+
+/* A packed message and its unpacked form. */
+struct pm {
+  msgpack_sbuffer sb;
+  msgpack_packer pk;
+  msgpack_unpacked up;
+};
+
+static void pm_begin(struct pm *m) {
+  msgpack_sbuffer_init(&m->sb);
+  msgpack_packer_init(&m->pk, &m->sb, msgpack_sbuffer_write);
+  msgpack_unpacked_init(&m->up);
+}
+
+/* Scans (must be accepted) and unpacks what was packed. */
+static const msgpack_object *pm_end(struct pm *m) {
+  struct dspk__limits l;
+  size_t off = 0;
+  dspk__limits_default(&l);
+  assert_int_equal(dspk__frame_scan(m->sb.data, m->sb.size, &l, NULL, 0),
+                   (ssize_t)m->sb.size);
+  assert_int_equal(msgpack_unpack_next(&m->up, m->sb.data, m->sb.size, &off),
+                   MSGPACK_UNPACK_SUCCESS);
+  return &m->up.data;
+}
+
+static void pm_free(struct pm *m) {
+  msgpack_unpacked_destroy(&m->up);
+  msgpack_sbuffer_destroy(&m->sb);
+}
+
+/* ---- envelopes ---------------------------------------------------------- */
+
+static void test_parse_request(void **state) {
+  (void)state;
+  struct pm m;
+  struct dspk__msg msg;
+  uint32_t id = 0;
+  bool has = false;
+  char why[128];
+
+  pm_begin(&m);
+  dspk__pack_request_head(&m.pk, 0xfffffffeu, "buffer.read", true);
+  msgpack_pack_map(&m.pk, 1);
+  dspk__pack_str(&m.pk, "buffer");
+  msgpack_pack_uint8(&m.pk, 7);
+  assert_int_equal(dspk__msg_parse(pm_end(&m), &msg, &id, &has, why,
+                                   sizeof why), 0);
+  assert_int_equal(msg.type, DSPK__REQUEST);
+  assert_int_equal(msg.msgid, 0xfffffffeu);
+  assert_true(has);
+  assert_int_equal(id, 0xfffffffeu);
+  assert_int_equal(msg.method_len, 11);
+  assert_memory_equal(msg.method, "buffer.read", 11);
+  assert_non_null(msg.args);
+  uint64_t b = 0;
+  assert_int_equal(dspk__arg_u64(msg.args, "buffer", &b, why, sizeof why), 0);
+  assert_int_equal(b, 7);
+  pm_free(&m);
+
+  /* No arguments: [] gives args NULL. */
+  pm_begin(&m);
+  dspk__pack_request_head(&m.pk, 1, "ping", false);
+  assert_int_equal(dspk__msg_parse(pm_end(&m), &msg, NULL, NULL, why,
+                                   sizeof why), 0);
+  assert_null(msg.args);
+  pm_free(&m);
+}
+
+static void test_parse_response_notify(void **state) {
+  (void)state;
+  struct pm m;
+  struct dspk__msg msg;
+  char why[128];
+
+  pm_begin(&m);
+  dspk__pack_result_head(&m.pk, 9);
+  msgpack_pack_map(&m.pk, 0);
+  assert_int_equal(dspk__msg_parse(pm_end(&m), &msg, NULL, NULL, why,
+                                   sizeof why), 0);
+  assert_int_equal(msg.type, DSPK__RESPONSE);
+  assert_int_equal(msg.msgid, 9);
+  assert_null(msg.error);
+  assert_non_null(msg.result);
+  pm_free(&m);
+
+  pm_begin(&m);
+  dspk__pack_error_response(&m.pk, 10, DSPK_ESHAPE, "B: axis 0 is 3, A's 1 is 4");
+  assert_int_equal(dspk__msg_parse(pm_end(&m), &msg, NULL, NULL, why,
+                                   sizeof why), 0);
+  assert_non_null(msg.error);
+  assert_null(msg.result);
+  int64_t code = 0;
+  assert_int_equal(dspk__obj_i64(dspk__map_get(msg.error, "code"), &code), 0);
+  assert_int_equal(code, DSPK_ESHAPE);
+  char name[16], text[64];
+  assert_int_equal(dspk__obj_strcpy(dspk__map_get(msg.error, "name"), name,
+                                    sizeof name), 0);
+  assert_string_equal(name, "ESHAPE");
+  assert_int_equal(dspk__obj_strcpy(dspk__map_get(msg.error, "message"),
+                                    text, sizeof text), 0);
+  assert_string_equal(text, "B: axis 0 is 3, A's 1 is 4");
+  pm_free(&m);
+
+  /* An empty message falls back to the table's text. */
+  pm_begin(&m);
+  dspk__pack_error_response(&m.pk, 10, DSPK_ENOBUF, "");
+  assert_int_equal(dspk__msg_parse(pm_end(&m), &msg, NULL, NULL, why,
+                                   sizeof why), 0);
+  assert_int_equal(dspk__obj_strcpy(dspk__map_get(msg.error, "message"),
+                                    text, sizeof text), 0);
+  assert_string_equal(text, "no such buffer");
+  pm_free(&m);
+
+  pm_begin(&m);
+  dspk__pack_notify_head(&m.pk, "task.progress");
+  msgpack_pack_map(&m.pk, 1);
+  dspk__pack_str(&m.pk, "fraction");
+  msgpack_pack_float(&m.pk, 0.5f);
+  assert_int_equal(dspk__msg_parse(pm_end(&m), &msg, NULL, NULL, why,
+                                   sizeof why), 0);
+  assert_int_equal(msg.type, DSPK__NOTIFY);
+  assert_int_equal(msg.method_len, 13);
+  double f = 0;
+  assert_int_equal(dspk__arg_f64(msg.args, "fraction", &f, why, sizeof why),
+                   0);
+  assert_true(f == 0.5);
+  pm_free(&m);
+}
+
+/* Packs an arbitrary envelope from a tiny script and expects EPROTO. */
+static void expect_bad(void (*pack)(msgpack_packer *), bool want_has,
+                       uint32_t want_id) {
+  struct pm m;
+  struct dspk__msg msg;
+  uint32_t id = 12345;
+  bool has = !want_has;
+  char why[128] = "";
+  pm_begin(&m);
+  pack(&m.pk);
+  assert_int_equal(dspk__msg_parse(pm_end(&m), &msg, &id, &has, why,
+                                   sizeof why), DSPK_EPROTO);
+  assert_true(why[0] != '\0');
+  assert_int_equal(has, want_has);
+  if (want_has)
+    assert_int_equal(id, want_id);
+  pm_free(&m);
+}
+
+static void bad_not_array(msgpack_packer *pk) { msgpack_pack_map(pk, 0); }
+static void bad_short(msgpack_packer *pk) {
+  msgpack_pack_array(pk, 2);
+  msgpack_pack_uint8(pk, 0);
+  msgpack_pack_uint8(pk, 5);
+}
+static void bad_type(msgpack_packer *pk) {
+  msgpack_pack_array(pk, 4);
+  msgpack_pack_uint8(pk, 3);
+  msgpack_pack_uint8(pk, 5);
+  dspk__pack_str(pk, "ping");
+  msgpack_pack_array(pk, 0);
+}
+static void bad_size(msgpack_packer *pk) {
+  msgpack_pack_array(pk, 5);
+  msgpack_pack_uint8(pk, 0);
+  msgpack_pack_uint8(pk, 6);
+  dspk__pack_str(pk, "ping");
+  msgpack_pack_array(pk, 0);
+  msgpack_pack_nil(pk);
+}
+static void bad_msgid(msgpack_packer *pk) {
+  msgpack_pack_array(pk, 4);
+  msgpack_pack_uint8(pk, 0);
+  msgpack_pack_uint64(pk, (uint64_t)UINT32_MAX + 1);
+  dspk__pack_str(pk, "ping");
+  msgpack_pack_array(pk, 0);
+}
+static void bad_method(msgpack_packer *pk) {
+  msgpack_pack_array(pk, 4);
+  msgpack_pack_uint8(pk, 0);
+  msgpack_pack_uint32(pk, UINT32_MAX);
+  msgpack_pack_uint8(pk, 1);
+  msgpack_pack_array(pk, 0);
+}
+static void bad_params(msgpack_packer *pk) {
+  msgpack_pack_array(pk, 4);
+  msgpack_pack_uint8(pk, 0);
+  msgpack_pack_uint8(pk, 8);
+  dspk__pack_str(pk, "ping");
+  msgpack_pack_map(pk, 0);
+}
+static void bad_params2(msgpack_packer *pk) {
+  msgpack_pack_array(pk, 4);
+  msgpack_pack_uint8(pk, 0);
+  msgpack_pack_uint8(pk, 9);
+  dspk__pack_str(pk, "ping");
+  msgpack_pack_array(pk, 2);
+  msgpack_pack_map(pk, 0);
+  msgpack_pack_map(pk, 0);
+}
+static void bad_params3(msgpack_packer *pk) {
+  msgpack_pack_array(pk, 4);
+  msgpack_pack_uint8(pk, 0);
+  msgpack_pack_uint8(pk, 10);
+  dspk__pack_str(pk, "ping");
+  msgpack_pack_array(pk, 1);
+  msgpack_pack_uint8(pk, 1);
+}
+static void bad_notify_size(msgpack_packer *pk) {
+  msgpack_pack_array(pk, 4);
+  msgpack_pack_uint8(pk, 2);
+  dspk__pack_str(pk, "x");
+  msgpack_pack_array(pk, 0);
+  msgpack_pack_nil(pk);
+}
+
+static void test_parse_bad(void **state) {
+  (void)state;
+  expect_bad(bad_not_array, false, 0);
+  expect_bad(bad_short, false, 0);
+  expect_bad(bad_type, true, 5);
+  expect_bad(bad_size, true, 6);
+  expect_bad(bad_msgid, false, 0);
+  expect_bad(bad_method, true, UINT32_MAX);
+  expect_bad(bad_params, true, 8);
+  expect_bad(bad_params2, true, 9);
+  expect_bad(bad_params3, true, 10);
+  expect_bad(bad_notify_size, false, 0);
+}
+
+/* ---- typed access ------------------------------------------------------- */
+
+static void test_getters(void **state) {
+  (void)state;
+  struct pm m;
+  pm_begin(&m);
+  msgpack_pack_map(&m.pk, 9);
+  dspk__pack_str(&m.pk, "u");
+  msgpack_pack_uint64(&m.pk, UINT64_MAX);
+  dspk__pack_str(&m.pk, "i");
+  msgpack_pack_int64(&m.pk, INT64_MIN);
+  dspk__pack_str(&m.pk, "imax");
+  msgpack_pack_uint64(&m.pk, (uint64_t)INT64_MAX);
+  dspk__pack_str(&m.pk, "f32");
+  msgpack_pack_float(&m.pk, 0.25f);
+  dspk__pack_str(&m.pk, "b");
+  msgpack_pack_true(&m.pk);
+  dspk__pack_str(&m.pk, "s");
+  dspk__pack_str(&m.pk, "abcd");
+  dspk__pack_str(&m.pk, "bin");
+  msgpack_pack_bin_with_body(&m.pk, "\0\1\2", 3);
+  dspk__pack_str(&m.pk, "nul");
+  msgpack_pack_str_with_body(&m.pk, "a\0b", 3);
+  dspk__pack_str(&m.pk, "nil");
+  msgpack_pack_nil(&m.pk);
+  const msgpack_object *o = pm_end(&m);
+
+  uint64_t u;
+  int64_t i;
+  double d;
+  bool b;
+  const char *s;
+  const void *p;
+  size_t n;
+  char buf[5];
+
+  assert_null(dspk__map_get(o, "missing"));
+  assert_null(dspk__map_get(dspk__map_get(o, "u"), "u")); /* not a map */
+  assert_int_equal(dspk__obj_u64(dspk__map_get(o, "u"), &u), 0);
+  assert_true(u == UINT64_MAX);
+  assert_int_equal(dspk__obj_i64(dspk__map_get(o, "u"), &i), DSPK_EINVAL);
+  assert_int_equal(dspk__obj_i64(dspk__map_get(o, "imax"), &i), 0);
+  assert_true(i == INT64_MAX);
+  assert_int_equal(dspk__obj_i64(dspk__map_get(o, "i"), &i), 0);
+  assert_true(i == INT64_MIN);
+  assert_int_equal(dspk__obj_u64(dspk__map_get(o, "i"), &u), DSPK_EINVAL);
+  assert_int_equal(dspk__obj_f64(dspk__map_get(o, "f32"), &d), 0);
+  assert_true(d == 0.25);
+  assert_int_equal(dspk__obj_f64(dspk__map_get(o, "i"), &d), 0);
+  assert_true(d == (double)INT64_MIN);
+  assert_int_equal(dspk__obj_f64(dspk__map_get(o, "s"), &d), DSPK_EINVAL);
+  assert_int_equal(dspk__obj_bool(dspk__map_get(o, "b"), &b), 0);
+  assert_true(b);
+  assert_int_equal(dspk__obj_bool(dspk__map_get(o, "u"), &b), DSPK_EINVAL);
+  assert_int_equal(dspk__obj_str(dspk__map_get(o, "s"), &s, &n), 0);
+  assert_int_equal(n, 4);
+  assert_int_equal(dspk__obj_str(dspk__map_get(o, "bin"), &s, &n),
+                   DSPK_EINVAL);
+  assert_int_equal(dspk__obj_bin(dspk__map_get(o, "bin"), &p, &n), 0);
+  assert_int_equal(n, 3);
+  assert_memory_equal(p, "\0\1\2", 3);
+  assert_int_equal(dspk__obj_bin(dspk__map_get(o, "s"), &p, &n), 0);
+  assert_int_equal(dspk__obj_bin(dspk__map_get(o, "u"), &p, &n), DSPK_EINVAL);
+  assert_int_equal(dspk__obj_u64(NULL, &u), DSPK_EINVAL);
+  /* strcpy: len 4 fits in 5 exactly, not in 4. */
+  assert_int_equal(dspk__obj_strcpy(dspk__map_get(o, "s"), buf, 5), 0);
+  assert_string_equal(buf, "abcd");
+  assert_int_equal(dspk__obj_strcpy(dspk__map_get(o, "s"), buf, 4),
+                   DSPK_ELIMIT);
+  assert_int_equal(dspk__obj_strcpy(dspk__map_get(o, "nul"), buf, 5),
+                   DSPK_EINVAL);
+
+  /* arg_*: absent and nil keep the default; wrong types name the key. */
+  char why[128] = "";
+  u = 77;
+  assert_int_equal(dspk__arg_u64(o, "missing", &u, why, sizeof why), 0);
+  assert_int_equal(dspk__arg_u64(o, "nil", &u, why, sizeof why), 0);
+  assert_int_equal(dspk__arg_u64(NULL, "x", &u, why, sizeof why), 0);
+  assert_int_equal(u, 77);
+  assert_int_equal(dspk__arg_u64(o, "s", &u, why, sizeof why), DSPK_EINVAL);
+  assert_non_null(strstr(why, "s:"));
+  d = 3;
+  assert_int_equal(dspk__arg_f64(o, "b", &d, why, sizeof why), DSPK_EINVAL);
+  assert_non_null(strstr(why, "b:"));
+  assert_true(d == 3);
+  b = false;
+  assert_int_equal(dspk__arg_bool(o, "b", &b, why, sizeof why), 0);
+  assert_true(b);
+  assert_int_equal(dspk__arg_bool(o, "u", &b, why, sizeof why), DSPK_EINVAL);
+  strcpy(buf, "dflt");
+  assert_int_equal(dspk__arg_str(o, "missing", buf, 5, why, sizeof why), 0);
+  assert_string_equal(buf, "dflt");
+  assert_int_equal(dspk__arg_str(o, "s", buf, 4, why, sizeof why),
+                   DSPK_ELIMIT);
+  assert_int_equal(dspk__arg_str(o, "u", buf, 5, why, sizeof why),
+                   DSPK_EINVAL);
+  pm_free(&m);
+}
+
+/* ---- tensors ------------------------------------------------------------ */
+
+/* Packs {dtype, shape, data} with nbytes of data (or a ref when ref). */
+static int decode_tensor(const char *dtype, unsigned rank, const uint64_t *shape,
+                         size_t nbytes, bool ref, uint64_t offset,
+                         const struct dspk__limits *l,
+                         struct dspk__wire_tensor *t, char *why) {
+  struct pm m;
+  char *data = calloc(1, nbytes ? nbytes : 1);
+  int rc;
+  pm_begin(&m);
+  msgpack_pack_map(&m.pk, ref ? 4 : 3);
+  dspk__pack_str(&m.pk, "dtype");
+  dspk__pack_str(&m.pk, dtype);
+  dspk__pack_str(&m.pk, "shape");
+  msgpack_pack_array(&m.pk, rank);
+  for (unsigned i = 0; i < rank; i++)
+    msgpack_pack_uint64(&m.pk, shape[i]);
+  if (ref) {
+    dspk__pack_str(&m.pk, "buffer");
+    msgpack_pack_uint64(&m.pk, 5);
+    dspk__pack_str(&m.pk, "offset");
+    msgpack_pack_uint64(&m.pk, offset);
+  } else {
+    dspk__pack_str(&m.pk, "data");
+    msgpack_pack_bin_with_body(&m.pk, data, nbytes);
+  }
+  why[0] = '\0';
+  rc = dspk__tensor_decode(pm_end(&m), l, t, why, 128);
+  if (rc != 0)
+    assert_true(why[0] != '\0');
+  pm_free(&m);
+  free(data);
+  return rc;
+}
+
+static void test_tensor_decode(void **state) {
+  (void)state;
+  struct dspk__limits l;
+  struct dspk__wire_tensor t;
+  char why[128];
+  uint64_t s23[] = {2, 3};
+
+  dspk__limits_default(&l);
+  assert_int_equal(decode_tensor("f32", 2, s23, 24, false, 0, &l, &t, why), 0);
+  assert_int_equal(t.dtype, DSPK_F32);
+  assert_int_equal(t.rank, 2);
+  assert_int_equal(t.shape[0], 2);
+  assert_int_equal(t.shape[1], 3);
+  assert_int_equal(t.nbytes, 24);
+  assert_false(t.is_ref);
+  assert_int_equal(decode_tensor("c128", 2, s23, 96, false, 0, NULL, &t, why),
+                   0);
+  /* Scalar: shape [] has one element. */
+  assert_int_equal(decode_tensor("f64", 0, NULL, 8, false, 0, &l, &t, why), 0);
+  assert_int_equal(t.nbytes, 8);
+  /* Zero-size axis. */
+  uint64_t s0[] = {0, 5};
+  assert_int_equal(decode_tensor("c64", 2, s0, 0, false, 0, &l, &t, why), 0);
+  /* Wrong data size, either way. */
+  assert_int_equal(decode_tensor("f32", 2, s23, 23, false, 0, &l, &t, why),
+                   DSPK_EINVAL);
+  assert_int_equal(decode_tensor("f32", 2, s23, 25, false, 0, &l, &t, why),
+                   DSPK_EINVAL);
+  assert_int_equal(decode_tensor("f33", 2, s23, 24, false, 0, &l, &t, why),
+                   DSPK_EDTYPE);
+  /* Rank: max_rank exactly, and one past. */
+  uint64_t ones[DSPK_MAX_RANK + 1] = {1, 1, 1, 1, 1, 1, 1, 1, 1};
+  assert_int_equal(decode_tensor("f32", DSPK_MAX_RANK, ones, 4, false, 0, &l,
+                                 &t, why), 0);
+  assert_int_equal(decode_tensor("f32", DSPK_MAX_RANK + 1, ones, 4, false, 0,
+                                 &l, &t, why), DSPK_ELIMIT);
+  l.max_rank = 3;
+  assert_int_equal(decode_tensor("f32", 3, ones, 4, false, 0, &l, &t, why), 0);
+  assert_int_equal(decode_tensor("f32", 4, ones, 4, false, 0, &l, &t, why),
+                   DSPK_ELIMIT);
+  /* Elements: max_elements exactly, and one past. */
+  dspk__limits_default(&l);
+  l.max_elements = 60;
+  uint64_t s60[] = {3, 4, 5};
+  assert_int_equal(decode_tensor("f32", 3, s60, 240, false, 0, &l, &t, why), 0);
+  uint64_t s61[] = {61};
+  assert_int_equal(decode_tensor("f32", 1, s61, 244, false, 0, &l, &t, why),
+                   DSPK_ELIMIT);
+  uint64_t s64[] = {4, 4, 4};
+  assert_int_equal(decode_tensor("f32", 3, s64, 256, false, 0, &l, &t, why),
+                   DSPK_ELIMIT);
+  /* Products that overflow 64 bits are refused, not wrapped. */
+  dspk__limits_default(&l);
+  l.max_elements = UINT64_MAX;
+  uint64_t huge[] = {1ull << 32, 1ull << 32, 2};
+  assert_int_equal(decode_tensor("f32", 3, huge, 0, false, 0, &l, &t, why),
+                   DSPK_ELIMIT);
+  /* References: offset a multiple of the item size. */
+  dspk__limits_default(&l);
+  assert_int_equal(decode_tensor("f64", 2, s23, 0, true, 16, &l, &t, why), 0);
+  assert_true(t.is_ref);
+  assert_int_equal(t.buffer, 5);
+  assert_int_equal(t.offset, 16);
+  assert_int_equal(t.nbytes, 48);
+  assert_int_equal(decode_tensor("f64", 2, s23, 0, true, 12, &l, &t, why),
+                   DSPK_EINVAL);
+}
+
+static void test_tensor_decode_bad_shapes(void **state) {
+  (void)state;
+  struct pm m;
+  struct dspk__wire_tensor t;
+  char why[128];
+  /* Negative axis. */
+  pm_begin(&m);
+  msgpack_pack_map(&m.pk, 3);
+  dspk__pack_str(&m.pk, "dtype");
+  dspk__pack_str(&m.pk, "f32");
+  dspk__pack_str(&m.pk, "shape");
+  msgpack_pack_array(&m.pk, 1);
+  msgpack_pack_int(&m.pk, -1);
+  dspk__pack_str(&m.pk, "data");
+  msgpack_pack_bin(&m.pk, 0);
+  assert_int_equal(dspk__tensor_decode(pm_end(&m), NULL, &t, why, sizeof why),
+                   DSPK_EINVAL);
+  pm_free(&m);
+  /* Missing data and buffer. */
+  pm_begin(&m);
+  msgpack_pack_map(&m.pk, 2);
+  dspk__pack_str(&m.pk, "dtype");
+  dspk__pack_str(&m.pk, "f32");
+  dspk__pack_str(&m.pk, "shape");
+  msgpack_pack_array(&m.pk, 0);
+  assert_int_equal(dspk__tensor_decode(pm_end(&m), NULL, &t, why, sizeof why),
+                   DSPK_EINVAL);
+  pm_free(&m);
+  /* Not a map. */
+  pm_begin(&m);
+  msgpack_pack_array(&m.pk, 0);
+  assert_int_equal(dspk__tensor_decode(pm_end(&m), NULL, &t, why, sizeof why),
+                   DSPK_EINVAL);
+  pm_free(&m);
+}
+
+/* ---- wbuf --------------------------------------------------------------- */
+
+static int releases;
+static void count_release(void *ud) { releases += (int)(intptr_t)ud; }
+
+static void test_wbuf_zero_copy(void **state) {
+  (void)state;
+  size_t big = 1 << 20;
+  char *data = malloc(big);
+  for (size_t i = 0; i < big; i++)
+    data[i] = (char)(i * 31);
+  struct dspk__wbuf w;
+  msgpack_sbuffer ref;
+  msgpack_packer rp;
+
+  releases = 0;
+  dspk__wbuf_init(&w);
+  msgpack_sbuffer_init(&ref);
+  msgpack_packer_init(&rp, &ref, msgpack_sbuffer_write);
+
+  dspk__pack_request_head(&w.pk, 3, "buffer.write", true);
+  dspk__pack_request_head(&rp, 3, "buffer.write", true);
+  msgpack_pack_map(&w.pk, 3);
+  msgpack_pack_map(&rp, 3);
+  dspk__pack_str(&w.pk, "big");
+  dspk__pack_str(&rp, "big");
+  dspk__wbuf_bin_ref(&w, data, big, count_release, (void *)(intptr_t)1);
+  msgpack_pack_bin_with_body(&rp, data, big);
+  dspk__pack_str(&w.pk, "small");
+  dspk__pack_str(&rp, "small");
+  dspk__wbuf_bin_ref(&w, data, 10, count_release, (void *)(intptr_t)100);
+  msgpack_pack_bin_with_body(&rp, data, 10);
+  dspk__pack_str(&w.pk, "empty");
+  dspk__pack_str(&rp, "empty");
+  dspk__wbuf_bin_ref(&w, NULL, 0, NULL, NULL);
+  msgpack_pack_bin_with_body(&rp, NULL, 0);
+
+  assert_int_equal(dspk__wbuf_len(&w), ref.size);
+  struct iovec *iov;
+  size_t n;
+  assert_int_equal(dspk__wbuf_iov(&w, &iov, &n), 0);
+  bool found = false;
+  size_t total = 0;
+  char *cat = malloc(ref.size);
+  for (size_t i = 0; i < n; i++) {
+    if (iov[i].iov_base == data) {
+      assert_int_equal(iov[i].iov_len, big);
+      found = true;
+    }
+    memcpy(cat + total, iov[i].iov_base, iov[i].iov_len);
+    total += iov[i].iov_len;
+  }
+  assert_true(found); /* the big payload was not copied */
+  assert_int_equal(total, ref.size);
+  assert_memory_equal(cat, ref.data, ref.size);
+  assert_int_equal(releases, 0); /* nothing released before free */
+  /* A second call yields the same frame. */
+  assert_int_equal(dspk__wbuf_iov(&w, &iov, &n), 0);
+  dspk__wbuf_free(&w);
+  assert_int_equal(releases, 101); /* each release exactly once */
+  dspk__wbuf_free(&w);             /* freed twice: zeroed, harmless */
+  assert_int_equal(releases, 101);
+  free(cat);
+  msgpack_sbuffer_destroy(&ref);
+  free(data);
+}
+
+/* ---- error table -------------------------------------------------------- */
+
+static void test_error_table(void **state) {
+  (void)state;
+#define XX(name, val, msg)                                                     \
+  assert_string_equal(dspk__err_name(val), #name);                            \
+  assert_string_equal(dspk__strerror(val), msg);                              \
+  assert_int_equal(dspk__err_from_name(#name, strlen(#name)), val);
+  DSPK_ERRNO_MAP(XX)
+#undef XX
+  assert_string_equal(dspk__err_name(0), "OK");
+  assert_string_equal(dspk__err_name(-1000), "EUNKNOWN");
+  assert_string_equal(dspk__strerror(7), "unknown error");
+  assert_int_equal(dspk__err_from_name("ENOPE", 5), DSPK_EINTERNAL);
+  assert_int_equal(dspk__err_from_name("EINVALX", 6), DSPK_EINVAL);
+}
+
+static void test_dtype_table(void **state) {
+  (void)state;
+  dspk_dtype dt;
+#define XX(e, name, size, cplx)                                                \
+  assert_int_equal(dspk__wire_dtype(name, strlen(name), &dt), 0);             \
+  assert_int_equal(dt, DSPK_##e);                                             \
+  assert_string_equal(dspk__wire_dtype_name(DSPK_##e), name);                 \
+  assert_int_equal(dspk__wire_dtype_size(DSPK_##e), size);
+  DSPK_DTYPE_MAP(XX)
+#undef XX
+  assert_int_equal(dspk__wire_dtype("f3", 2, &dt), DSPK_EDTYPE);
+  assert_string_equal(dspk__wire_dtype_name(DSPK_DTYPE_COUNT), "?");
+  assert_int_equal(dspk__wire_dtype_size(DSPK_DTYPE_COUNT), 0);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_parse_request),
+      cmocka_unit_test(test_parse_response_notify),
+      cmocka_unit_test(test_parse_bad),
+      cmocka_unit_test(test_getters),
+      cmocka_unit_test(test_tensor_decode),
+      cmocka_unit_test(test_tensor_decode_bad_shapes),
+      cmocka_unit_test(test_wbuf_zero_copy),
+      cmocka_unit_test(test_error_table),
+      cmocka_unit_test(test_dtype_table),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
