@@ -16,6 +16,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <pwd.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -43,7 +44,11 @@ struct dspk__cache {
   int in_memory;
   uint64_t max_bytes;
   struct kcount count[DSPK__CACHE_NKINDS];
+  _Atomic uint64_t epoch;
 };
+
+/* Source of epochs: unique across every cache opened in the process. */
+static _Atomic uint64_t epoch_source;
 
 /* Table of each kind, and its name for users. */
 static const char *const kind_table[DSPK__CACHE_NKINDS] = {"kernels",
@@ -456,6 +461,7 @@ ready:
     goto err_db;
   }
   c->db = db;
+  atomic_store(&c->epoch, atomic_fetch_add(&epoch_source, 1) + 1);
   *out = c;
   return 0;
 
@@ -1111,6 +1117,8 @@ int dspk__cache_clear(struct dspk__cache *c, unsigned mask) {
       goto out;
   }
   rc = exec(c->db, "COMMIT");
+  if (rc == SQLITE_OK && (mask & DSPK__CACHE_MASK(DSPK__CACHE_AUTOTUNE)))
+    atomic_store(&c->epoch, atomic_fetch_add(&epoch_source, 1) + 1);
   if (rc == SQLITE_OK)
     exec(c->db, "PRAGMA incremental_vacuum"); /* best effort */
 out:
@@ -1128,6 +1136,11 @@ int dspk__cache_check(struct dspk__cache *c) {
   int rc = quick_check(c->db, NULL, 0);
   pthread_mutex_unlock(&c->mu);
   return rc == SQLITE_OK ? 0 : (is_corrupt_rc(rc) ? DSPK_EIO : map_rc(rc));
+}
+
+/* See cache.h. */
+uint64_t dspk__cache_epoch(const struct dspk__cache *c) {
+  return c ? atomic_load(&((struct dspk__cache *)c)->epoch) : 0;
 }
 
 /* See cache.h. */

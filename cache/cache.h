@@ -203,6 +203,11 @@ int dspk__cache_clear(struct dspk__cache *c, unsigned mask);
 /* Runs PRAGMA quick_check on the open database.  Returns 0 when it is
  * consistent, DSPK_EIO when not, or another negative dspk_errno. */
 int dspk__cache_check(struct dspk__cache *c);
+/* A value unique in this process to this open cache and to the current
+ * generation of its autotune decisions: it changes when
+ * dspk__cache_clear() removes them.  In-process memos of decisions (the
+ * autotune framework) compare it to know when to forget.  0 for NULL. */
+uint64_t dspk__cache_epoch(const struct dspk__cache *c);
 /* Counts a hit of `kind` served from a caller's in-process memo (the
  * autotune framework remembers decisions), so stats stay truthful. */
 void dspk__cache_count_hit(struct dspk__cache *c, int kind);

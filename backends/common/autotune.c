@@ -1,0 +1,486 @@
+/*
+ * The autotune framework (see autotune.h): a process-wide table of
+ * decisions keyed by the hash of the tuning key, guarded by one mutex, with
+ * one condition variable per entry for single-flight tuning; the benchmark
+ * loop (warm-up, samples, median, early cut); and the JSON record of every
+ * timing stored with the winner in the persistent cache.
+ *
+ * An entry's epoch ties it to one open cache and one generation of its
+ * decisions (dspk__cache_epoch): after `cache clear --autotune` the memo
+ * no longer answers and the key is looked up (and tuned) again.
+ */
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "backends/common/autotune.h"
+
+#define DEFAULT_WARMUP 1
+#define DEFAULT_SAMPLES 5
+#define DEFAULT_CUT 4.0
+#define MAX_SAMPLES 64
+#define TABLE_BUCKETS 256
+#define TABLE_MAX_ENTRIES 4096
+/* Waiters re-check their cancel flag this often (ns). */
+#define WAIT_SLICE_NS 50000000L
+
+enum state { ST_EMPTY, ST_TUNING, ST_DONE };
+
+struct entry {
+  struct entry *next;
+  struct dspk__hash key;
+  uint64_t epoch;
+  enum state state;
+  int winner;
+  uint64_t excluded; /* candidates that failed at launch */
+  int users;         /* threads inside choose() holding this entry */
+  pthread_cond_t cv;
+};
+
+static pthread_mutex_t table_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct entry *table[TABLE_BUCKETS];
+static int table_count;
+
+/* ---- keys ------------------------------------------------------------------- */
+
+/* See autotune.h. */
+uint64_t dspk__autotune_cands_hash(const struct dspk__autotune_cand *cands,
+                                   int ncands) {
+  struct dspk__hash h;
+  dspk__hash_init(&h);
+  dspk__hash_u64(&h, (uint64_t)(ncands > 0 ? ncands : 0));
+  for (int i = 0; i < ncands; i++)
+    dspk__hash_str(&h, cands[i].name);
+  return h.hi ^ h.lo;
+}
+
+/* See autotune.h. */
+int dspk__autotune_pow2(uint64_t n) {
+  int e = 0;
+  while (e < 64 && (UINT64_C(1) << e) < n)
+    e++;
+  return e;
+}
+
+static void make_tune_key(const struct dspk__autotune_req *r,
+                          struct dspk__tune_key *k) {
+  k->dev = r->dev;
+  k->op = r->op;
+  k->shape = r->shape;
+  k->dtypes = r->dtypes;
+  k->layout = r->layout;
+  k->cands_hash = dspk__autotune_cands_hash(r->cands, r->ncands);
+}
+
+static struct dspk__hash table_key(const struct dspk__tune_key *k) {
+  struct dspk__hash h;
+  dspk__hash_init(&h);
+  dspk__hash_str(&h, k->dev.backend);
+  dspk__hash_str(&h, k->dev.name);
+  dspk__hash_str(&h, k->dev.arch);
+  dspk__hash_str(&h, k->dev.uuid);
+  dspk__hash_str(&h, k->dev.driver);
+  dspk__hash_str(&h, k->op);
+  dspk__hash_str(&h, k->shape);
+  dspk__hash_str(&h, k->dtypes);
+  dspk__hash_str(&h, k->layout);
+  dspk__hash_u64(&h, k->cands_hash);
+  return h;
+}
+
+/* ---- the table (table_mu held) -------------------------------------------- */
+
+static void drop_idle_entries(void) {
+  for (int b = 0; b < TABLE_BUCKETS; b++) {
+    struct entry **pp = &table[b];
+    while (*pp) {
+      struct entry *e = *pp;
+      if (e->users == 0 && e->state != ST_TUNING) {
+        *pp = e->next;
+        pthread_cond_destroy(&e->cv);
+        free(e);
+        table_count--;
+      } else {
+        pp = &e->next;
+      }
+    }
+  }
+}
+
+static struct entry *find(const struct dspk__hash *k) {
+  for (struct entry *e = table[k->lo % TABLE_BUCKETS]; e; e = e->next)
+    if (e->key.hi == k->hi && e->key.lo == k->lo)
+      return e;
+  return NULL;
+}
+
+static struct entry *find_or_add(const struct dspk__hash *k) {
+  struct entry *e = find(k);
+  if (e)
+    return e;
+  if (table_count >= TABLE_MAX_ENTRIES)
+    drop_idle_entries();
+  e = calloc(1, sizeof *e);
+  if (!e)
+    return NULL;
+  if (pthread_cond_init(&e->cv, NULL) != 0) {
+    free(e);
+    return NULL;
+  }
+  e->key = *k;
+  e->state = ST_EMPTY;
+  e->next = table[k->lo % TABLE_BUCKETS];
+  table[k->lo % TABLE_BUCKETS] = e;
+  table_count++;
+  return e;
+}
+
+/* See autotune.h. */
+void dspk__autotune_forget_all(void) {
+  pthread_mutex_lock(&table_mu);
+  drop_idle_entries();
+  pthread_mutex_unlock(&table_mu);
+}
+
+/* ---- benchmarking --------------------------------------------------------- */
+
+static uint64_t mono_ns(void *ud) {
+  (void)ud;
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static int cmp_u64(const void *a, const void *b) {
+  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+  return x < y ? -1 : x > y;
+}
+
+static int cancelled(const struct dspk__autotune_req *r) {
+  return r->cancel && atomic_load(r->cancel);
+}
+
+/* A growing text buffer for the timings JSON. */
+struct text {
+  char *p;
+  size_t len, cap;
+  int oom;
+};
+
+static void add(struct text *t, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+static void add(struct text *t, const char *fmt, ...) {
+  va_list ap;
+  if (t->oom)
+    return;
+  for (;;) {
+    va_start(ap, fmt);
+    int n = vsnprintf(t->p ? t->p + t->len : NULL, t->p ? t->cap - t->len : 0,
+                      fmt, ap);
+    va_end(ap);
+    if (n < 0) {
+      t->oom = 1;
+      return;
+    }
+    if (t->p && t->len + (size_t)n < t->cap) {
+      t->len += (size_t)n;
+      return;
+    }
+    size_t cap = (t->cap ? t->cap * 2 : 256) + (size_t)n;
+    char *np = realloc(t->p, cap);
+    if (!np) {
+      t->oom = 1;
+      return;
+    }
+    t->p = np;
+    t->cap = cap;
+  }
+}
+
+/* Appends s as a JSON string (names are plain identifiers, but escape
+ * anyway). */
+static void add_json_str(struct text *t, const char *s) {
+  add(t, "\"");
+  for (; s && *s; s++) {
+    unsigned char ch = (unsigned char)*s;
+    if (ch == '"' || ch == '\\')
+      add(t, "\\%c", ch);
+    else if (ch < 0x20)
+      add(t, "\\u%04x", ch);
+    else
+      add(t, "%c", ch);
+  }
+  add(t, "\"");
+}
+
+/*
+ * Benchmarks every candidate not in `excluded`.  Returns 0 and writes the
+ * winner and the timings JSON (malloc'd, may be NULL when out of memory),
+ * DSPK_ECANCELED, or the first candidate error when none succeeded.
+ */
+static int benchmark(const struct dspk__autotune_req *r,
+                     const struct dspk__autotune_opts *o, uint64_t excluded,
+                     int *winner, char **timings) {
+  int warmup = o && o->warmup > 0 ? o->warmup : DEFAULT_WARMUP;
+  int samples = o && o->samples > 0 ? o->samples : DEFAULT_SAMPLES;
+  double cut = o && o->cut_ratio > 1.0 ? o->cut_ratio : DEFAULT_CUT;
+  uint64_t (*now)(void *) = o && o->now_ns ? o->now_ns : mono_ns;
+  void *cud = o && o->now_ns ? o->clock_ud : NULL;
+  if (samples > MAX_SAMPLES)
+    samples = MAX_SAMPLES;
+  if (o && o->warmup < 0)
+    warmup = 0; /* negative: no warm-up at all */
+
+  char what[96];
+  snprintf(what, sizeof what, "autotune %s", r->op ? r->op : "");
+  int active = 0;
+  for (int i = 0; i < r->ncands; i++)
+    active += !(excluded >> i & 1);
+  double total = (double)active * (warmup + samples), done = 0;
+
+  struct text t = {0};
+  int best = -1, first_err = 0;
+  uint64_t best_ns = UINT64_MAX;
+  add(&t, "{");
+  int any = 0;
+  for (int i = 0; i < r->ncands; i++) {
+    if (excluded >> i & 1)
+      continue;
+    uint64_t ns[MAX_SAMPLES];
+    int n = 0, rc = 0, was_cut = 0;
+    double base = done;
+    for (int w = 0; w < warmup && rc == 0; w++) {
+      if (cancelled(r)) {
+        rc = DSPK_ECANCELED;
+        break;
+      }
+      rc = r->cands[i].run(r->ud, i);
+      done++;
+      if (r->progress)
+        r->progress(r->progress_ud, what, done / total);
+    }
+    uint64_t fastest = UINT64_MAX;
+    for (int s = 0; s < samples && rc == 0; s++) {
+      if (cancelled(r)) {
+        rc = DSPK_ECANCELED;
+        break;
+      }
+      uint64_t t0 = now(cud);
+      rc = r->cands[i].run(r->ud, i);
+      uint64_t t1 = now(cud);
+      done++;
+      if (r->progress)
+        r->progress(r->progress_ud, what, done / total);
+      if (rc != 0)
+        break;
+      ns[n++] = t1 - t0;
+      if (ns[n - 1] < fastest)
+        fastest = ns[n - 1];
+      /* Even its fastest run is far slower than the best median: no
+       * further sample can make it win. */
+      if (best >= 0 && (double)fastest > cut * (double)best_ns &&
+          s + 1 < samples) {
+        was_cut = 1;
+        break;
+      }
+    }
+    done = base + warmup + samples;
+    if (rc == DSPK_ECANCELED) {
+      free(t.p);
+      return DSPK_ECANCELED;
+    }
+    add(&t, "%s", any++ ? "," : "");
+    add_json_str(&t, r->cands[i].name);
+    if (rc != 0) {
+      if (!first_err)
+        first_err = rc;
+      add(&t, ":{\"error\":%d}", rc);
+      continue;
+    }
+    uint64_t sorted[MAX_SAMPLES];
+    memcpy(sorted, ns, sizeof ns[0] * (size_t)n);
+    qsort(sorted, (size_t)n, sizeof sorted[0], cmp_u64);
+    uint64_t med = n % 2 ? sorted[n / 2]
+                         : sorted[n / 2 - 1] / 2 + sorted[n / 2] / 2 +
+                               (sorted[n / 2 - 1] % 2 + sorted[n / 2] % 2) / 2;
+    add(&t, ":{\"median_ns\":%llu,\"ns\":[", (unsigned long long)med);
+    for (int s = 0; s < n; s++)
+      add(&t, "%s%llu", s ? "," : "", (unsigned long long)ns[s]);
+    add(&t, "]%s}", was_cut ? ",\"cut\":true" : "");
+    if (!was_cut && med < best_ns) {
+      best_ns = med;
+      best = i;
+    }
+  }
+  add(&t, "}");
+  if (best < 0) {
+    free(t.p);
+    return first_err ? first_err : DSPK_ENOENT;
+  }
+  if (r->progress)
+    r->progress(r->progress_ud, what, 1.0);
+  *winner = best;
+  if (t.oom) {
+    free(t.p);
+    t.p = NULL;
+  }
+  *timings = t.p;
+  return 0;
+}
+
+/* ---- choose / failed ------------------------------------------------------ */
+
+static int valid(const struct dspk__autotune_req *r) {
+  if (!r || !r->cands || r->ncands < 1 ||
+      r->ncands > DSPK__AUTOTUNE_MAX_CANDS)
+    return 0;
+  for (int i = 0; i < r->ncands; i++)
+    if (!r->cands[i].name || !r->cands[i].run)
+      return 0;
+  return 1;
+}
+
+static int index_of(const struct dspk__autotune_req *r, const char *name) {
+  for (int i = 0; i < r->ncands; i++)
+    if (strcmp(r->cands[i].name, name) == 0)
+      return i;
+  return -1;
+}
+
+/* Finishes a tuning: publishes the result (or gives the key back to the
+ * next waiter on failure) and releases the entry.  table_mu held. */
+static void publish(struct entry *e, int winner) {
+  if (winner >= 0) {
+    e->state = ST_DONE;
+    e->winner = winner;
+  } else {
+    e->state = ST_EMPTY;
+  }
+  pthread_cond_broadcast(&e->cv);
+}
+
+/* See autotune.h. */
+int dspk__autotune_choose(struct dspk__cache *cache,
+                          const struct dspk__autotune_req *req,
+                          const struct dspk__autotune_opts *opts, int *winner,
+                          enum dspk__autotune_how *how) {
+  struct dspk__tune_key k;
+  enum dspk__autotune_how found = DSPK__AUTOTUNE_MEMO;
+  int rc = 0, w = -1;
+  if (!valid(req) || !winner)
+    return DSPK_EINVAL;
+  make_tune_key(req, &k);
+  struct dspk__hash hk = table_key(&k);
+  uint64_t epoch = dspk__cache_epoch(cache);
+  uint64_t all = req->ncands == 64 ? UINT64_MAX
+                                   : (UINT64_C(1) << req->ncands) - 1;
+
+  pthread_mutex_lock(&table_mu);
+  struct entry *e = find_or_add(&hk);
+  if (!e) {
+    pthread_mutex_unlock(&table_mu);
+    return DSPK_ENOMEM;
+  }
+  e->users++;
+  for (;;) {
+    if (e->epoch != epoch && e->state != ST_TUNING) {
+      /* A different cache, or its decisions were cleared. */
+      e->epoch = epoch;
+      e->state = ST_EMPTY;
+      e->excluded = 0;
+    }
+    if (e->state == ST_DONE) {
+      w = e->winner;
+      break;
+    }
+    if (e->state == ST_TUNING) {
+      if (cancelled(req)) {
+        rc = DSPK_ECANCELED;
+        break;
+      }
+      struct timespec until;
+      clock_gettime(CLOCK_REALTIME, &until);
+      until.tv_nsec += WAIT_SLICE_NS;
+      if (until.tv_nsec >= 1000000000L) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000L;
+      }
+      pthread_cond_timedwait(&e->cv, &table_mu, &until);
+      found = DSPK__AUTOTUNE_WAITED;
+      continue;
+    }
+    /* ST_EMPTY: this thread tunes; the others wait. */
+    if ((e->excluded & all) == all) {
+      rc = DSPK_ENOENT;
+      break;
+    }
+    e->state = ST_TUNING;
+    uint64_t excluded = e->excluded;
+    pthread_mutex_unlock(&table_mu);
+
+    char name[256];
+    int got = -1;
+    if (cache && dspk__cache_tune_get(cache, &k, name, sizeof name) == 0) {
+      got = index_of(req, name);
+      if (got >= 0 && (excluded >> got & 1))
+        got = -1;
+    }
+    if (got >= 0) {
+      found = DSPK__AUTOTUNE_CACHE;
+    } else {
+      char *timings = NULL;
+      rc = benchmark(req, opts, excluded, &got, &timings);
+      if (rc == 0 && cache) {
+        /* A failed store costs a re-tune in the next process only. */
+        (void)dspk__cache_tune_put(cache, &k, req->cands[got].name, timings);
+      }
+      free(timings);
+      found = DSPK__AUTOTUNE_TUNED;
+    }
+    pthread_mutex_lock(&table_mu);
+    publish(e, rc == 0 ? got : -1);
+    w = got;
+    break;
+  }
+  e->users--;
+  pthread_mutex_unlock(&table_mu);
+  if (rc != 0)
+    return rc;
+  if (found == DSPK__AUTOTUNE_MEMO)
+    dspk__cache_count_hit(cache, DSPK__CACHE_AUTOTUNE);
+  *winner = w;
+  if (how)
+    *how = found;
+  return 0;
+}
+
+/* See autotune.h. */
+int dspk__autotune_failed(struct dspk__cache *cache,
+                          const struct dspk__autotune_req *req, int failed) {
+  struct dspk__tune_key k;
+  if (!valid(req) || failed < 0 || failed >= req->ncands)
+    return DSPK_EINVAL;
+  make_tune_key(req, &k);
+  struct dspk__hash hk = table_key(&k);
+  pthread_mutex_lock(&table_mu);
+  struct entry *e = find_or_add(&hk);
+  if (!e) {
+    pthread_mutex_unlock(&table_mu);
+    return DSPK_ENOMEM;
+  }
+  uint64_t epoch = dspk__cache_epoch(cache);
+  if (e->epoch != epoch && e->state != ST_TUNING) {
+    e->epoch = epoch;
+    e->state = ST_EMPTY;
+    e->excluded = 0;
+  }
+  e->excluded |= UINT64_C(1) << failed;
+  if (e->state == ST_DONE && e->winner == failed)
+    e->state = ST_EMPTY;
+  pthread_mutex_unlock(&table_mu);
+  return cache ? dspk__cache_tune_del(cache, &k) : 0;
+}
