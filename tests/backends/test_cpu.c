@@ -1,0 +1,818 @@
+/*
+ * The cpu backend driven directly through its ops table (probe, open, alloc,
+ * write, run, read, close), every op and dtype on random shapes from a fixed
+ * seed, each checked against a naive double-precision loop written here:
+ * matmul loops for gemm, a direct DFT for fft, direct convolution for fir
+ * (both the direct and the FFT path, forced), einsum loops for contract,
+ * plain loops for reduce and map.  Tolerances scale with the problem size
+ * (number of terms summed, log of the transform length).
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "backends/cpu/cpu.h"
+
+static const struct dspk__backend *be = &dspk__backend_cpu;
+static struct dspk__dev *dev;
+static char errmsg[256];
+static atomic_int cancel_flag;
+static struct dspk__opctx ctx = {.cancel = &cancel_flag, .errmsg = errmsg,
+                                 .errmsg_len = sizeof errmsg};
+
+/* ---- random numbers (fixed seed) --------------------------------------- */
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+static uint64_t rnd(void) {
+  uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+static int irand(int lo, int hi) { return lo + (int)(rnd() % (uint64_t)(hi - lo + 1)); }
+static double urand(void) { return (double)(rnd() >> 11) / 9007199254740992.0 * 2 - 1; }
+
+/* ---- tensors ------------------------------------------------------------ */
+
+static int is_cplx(dspk_dtype dt) { return dspk__dtype_is_complex(dt); }
+static int W(dspk_dtype dt) { return is_cplx(dt) ? 2 : 1; }
+static double eps(dspk_dtype dt) {
+  return (dt == DSPK_F64 || dt == DSPK_C128) ? 2.2e-16 : 1.2e-7;
+}
+
+/* Values as the device stores them (rounded to the dtype). */
+static double roundto(dspk_dtype dt, double v) {
+  return (dt == DSPK_F32 || dt == DSPK_C64) ? (double)(float)v : v;
+}
+
+static void shape_set(struct dspk__tensor *t, dspk_dtype dt, int rank,
+                      const int64_t *shape) {
+  memset(t, 0, sizeof *t);
+  t->dtype = dt;
+  t->rank = rank;
+  for (int i = 0; i < rank; i++)
+    t->shape[i] = shape[i];
+}
+
+/* Fills a tensor with random values in [-1,1) (also returned in *vals as
+ * doubles, interleaved for complex; caller frees) and places it on the
+ * device at a random element offset inside a bigger block. */
+static double *put_random(struct dspk__tensor *t) {
+  int64_t n = dspk__tensor_numel(t) * W(t->dtype);
+  double *v = malloc(sizeof(double) * (size_t)(n + 1));
+  assert_non_null(v);
+  for (int64_t i = 0; i < n; i++)
+    v[i] = roundto(t->dtype, urand());
+  size_t es = dspk__dtype_size(t->dtype);
+  size_t off = (size_t)irand(0, 3) * es;
+  assert_int_equal(be->alloc(dev, off + dspk__tensor_nbytes(t), &t->mem), 0);
+  t->offset = off;
+  char *buf = malloc(dspk__tensor_nbytes(t) + 16);
+  assert_non_null(buf);
+  for (int64_t i = 0; i < n; i++) {
+    if (t->dtype == DSPK_F32 || t->dtype == DSPK_C64) {
+      float f = (float)v[i];
+      memcpy(buf + i * 4, &f, 4);
+    } else {
+      memcpy(buf + i * 8, &v[i], 8);
+    }
+  }
+  assert_int_equal(be->write(dev, t->mem, off, buf, dspk__tensor_nbytes(t)), 0);
+  free(buf);
+  return v;
+}
+
+/* Reads a tensor back as doubles (interleaved for complex; caller frees). */
+static double *get(const struct dspk__tensor *t) {
+  int64_t n = dspk__tensor_numel(t) * W(t->dtype);
+  size_t nb = dspk__tensor_nbytes(t);
+  char *buf = malloc(nb + 16);
+  double *v = malloc(sizeof(double) * (size_t)(n + 1));
+  assert_non_null(buf);
+  assert_non_null(v);
+  assert_int_equal(be->read(dev, t->mem, t->offset, buf, nb), 0);
+  for (int64_t i = 0; i < n; i++) {
+    if (t->dtype == DSPK_F32 || t->dtype == DSPK_C64) {
+      float f;
+      memcpy(&f, buf + i * 4, 4);
+      v[i] = f;
+    } else {
+      memcpy(&v[i], buf + i * 8, 8);
+    }
+  }
+  free(buf);
+  return v;
+}
+
+/* Validates op, places its outputs (at a random offset) and runs it. */
+static int run_op(struct dspk__op *op) {
+  char msg[256];
+  int rc = dspk__op_infer(op, msg, sizeof msg);
+  if (rc)
+    fail_msg("infer: %s", msg);
+  for (int i = 0; i < op->nout; i++) {
+    struct dspk__tensor *o = &op->out[i];
+    size_t off = (size_t)irand(0, 2) * dspk__dtype_size(o->dtype);
+    assert_int_equal(be->alloc(dev, off + dspk__tensor_nbytes(o), &o->mem), 0);
+    o->offset = off;
+  }
+  errmsg[0] = 0;
+  rc = be->run(dev, op, &ctx);
+  struct dspk__fence *f;
+  assert_int_equal(be->fence_record(dev, &f), 0);
+  assert_int_equal(be->fence_wait(dev, f), 0);
+  assert_int_equal(be->fence_query(dev, f), 1);
+  be->fence_destroy(dev, f);
+  return rc;
+}
+
+static void free_op(struct dspk__op *op) {
+  for (int i = 0; i < op->nin; i++)
+    be->free(dev, op->in[i].mem);
+  for (int i = 0; i < op->nout; i++)
+    be->free(dev, op->out[i].mem);
+}
+
+/* Fails with a description when |got - want| > tol anywhere. */
+static void compare(const char *what, const double *got, const double *want,
+                    int64_t n, double tol) {
+  double worst = 0;
+  int64_t at = -1;
+  for (int64_t i = 0; i < n; i++) {
+    double d = fabs(got[i] - want[i]);
+    if (!(d <= worst) || isnan(got[i]) != isnan(want[i])) {
+      worst = isnan(d) ? INFINITY : d;
+      at = i;
+    }
+  }
+  if (at >= 0 && !(worst <= tol))
+    fail_msg("%s: element %lld is %.9g, want %.9g (err %.3g > tol %.3g)", what,
+             (long long)at, got[at], want[at], worst, tol);
+}
+
+/* ---- setup -------------------------------------------------------------- */
+
+static int setup(void **state) {
+  (void)state;
+  struct dspk__devinfo info[2];
+  char why[128] = "";
+  if (be->probe(info, 2, why, sizeof why) != 1)
+    return -1;
+  return be->open(0, NULL, &dev);
+}
+
+static int teardown(void **state) {
+  (void)state;
+  struct dspk__devstats st;
+  be->stats(dev, &st);
+  be->close(dev);
+  dev = NULL;
+  be->close(NULL); /* accepts NULL */
+  return st.pool_bytes_in_use == 0 ? 0 : -1;
+}
+
+static void test_probe_memory(void **state) {
+  (void)state;
+  struct dspk__devinfo info[1];
+  char why[64] = "";
+  assert_int_equal(be->probe(info, 1, why, sizeof why), 1);
+  assert_true(strncmp(info[0].name, "cpu (", 5) == 0);
+  assert_string_equal(info[0].type, "cpu");
+  assert_true(info[0].memory > 0);
+  struct dspk__dev *d2;
+  assert_int_equal(be->open(1, NULL, &d2), DSPK_ENODEV);
+
+  struct dspk__mem *m;
+  assert_int_equal(be->alloc(dev, 0, &m), 0);
+  be->free(dev, m);
+  assert_int_equal(be->alloc(dev, 100, &m), 0);
+  assert_int_equal((uintptr_t)m->ptr % 64, 0);
+  char src[100], dst[100];
+  for (int i = 0; i < 100; i++)
+    src[i] = (char)i;
+  assert_int_equal(be->write(dev, m, 0, src, 100), 0);
+  assert_int_equal(be->write(dev, m, 50, src, 51), DSPK_ERANGE);
+  assert_int_equal(be->write(dev, m, 101, src, 0), DSPK_ERANGE);
+  assert_int_equal(be->read(dev, m, 0, dst, 100), 0);
+  assert_memory_equal(src, dst, 100);
+  assert_int_equal(be->read(dev, m, 99, dst, 2), DSPK_ERANGE);
+  assert_int_equal(be->sync(dev), 0);
+  be->free(dev, m);
+  be->free(dev, NULL);
+}
+
+/* ---- gemm --------------------------------------------------------------- */
+
+/* Broadcast offset (in elements) of batch index idx[0..nb) into a tensor
+ * whose leading rank-2 dims are right-aligned to the output's. */
+static int64_t bcast_off(const struct dspk__tensor *t, int ro, const int64_t *idx,
+                         int64_t mat) {
+  int64_t off = 0, s = mat;
+  for (int i = t->rank - 3; i >= 0; i--) {
+    int io = i + (ro - t->rank);
+    if (t->shape[i] != 1)
+      off += idx[io] * s;
+    s *= t->shape[i];
+  }
+  return off;
+}
+
+static void gemm_case(dspk_dtype dt, int with_c) {
+  int ta = irand(0, 1), tb = irand(0, 1);
+  int64_t M = irand(1, 40), N = irand(1, 40), K = irand(0, 50);
+  int nbat = irand(0, 2);
+  int64_t bshape[2] = {irand(1, 3), irand(1, 3)};
+  int64_t sa[4], sb[4];
+  int ra = 2 + irand(0, nbat), rb = 2 + irand(0, nbat);
+  if (ra < 2 + nbat && rb < 2 + nbat)
+    ra = 2 + nbat;
+  for (int i = 0; i < ra - 2; i++) {
+    int64_t d = bshape[i + (nbat - (ra - 2))];
+    sa[i] = irand(0, 3) == 0 ? 1 : d;
+  }
+  for (int i = 0; i < rb - 2; i++) {
+    int64_t d = bshape[i + (nbat - (rb - 2))];
+    sb[i] = irand(0, 3) == 0 ? 1 : d;
+  }
+  sa[ra - 2] = ta ? K : M;
+  sa[ra - 1] = ta ? M : K;
+  sb[rb - 2] = tb ? N : K;
+  sb[rb - 1] = tb ? K : N;
+  struct dspk__op op;
+  memset(&op, 0, sizeof op);
+  op.kind = DSPK_OP_GEMM;
+  op.nin = with_c ? 3 : 2;
+  shape_set(&op.in[0], dt, ra, sa);
+  shape_set(&op.in[1], dt, rb, sb);
+  op.u.gemm.trans_a = ta;
+  op.u.gemm.trans_b = tb;
+  op.u.gemm.alpha = irand(0, 1) ? 1.0 : urand() * 2;
+  op.u.gemm.beta = with_c ? urand() * 2 : 0;
+  char msg[200];
+  /* Output shape first, to draw a broadcastable C. */
+  struct dspk__op probe = op;
+  probe.nin = 2;
+  assert_int_equal(dspk__op_infer(&probe, msg, sizeof msg), 0);
+  const struct dspk__tensor *po = &probe.out[0];
+  if (with_c) {
+    int rc = irand(1, po->rank);
+    int64_t sc[DSPK_MAX_RANK];
+    for (int i = 0; i < rc; i++) {
+      int64_t d = po->shape[i + (po->rank - rc)];
+      sc[i] = irand(0, 2) == 0 ? 1 : d;
+    }
+    shape_set(&op.in[2], dt, rc, sc);
+  }
+  double *A = put_random(&op.in[0]), *B = put_random(&op.in[1]);
+  double *C = with_c ? put_random(&op.in[2]) : NULL;
+  assert_int_equal(run_op(&op), 0);
+  const struct dspk__tensor *O = &op.out[0];
+  double *got = get(O);
+  int64_t total = dspk__tensor_numel(O), nb = total / (M * N);
+  double *want = calloc((size_t)total + 1, sizeof(double));
+  int ro = O->rank;
+  int64_t idx[DSPK_MAX_RANK] = {0};
+  for (int64_t b = 0; b < nb; b++) {
+    int64_t oa = bcast_off(&op.in[0], ro, idx, M * K);
+    int64_t ob = bcast_off(&op.in[1], ro, idx, K * N);
+    for (int64_t i = 0; i < M; i++)
+      for (int64_t j = 0; j < N; j++) {
+        double s = 0;
+        for (int64_t k = 0; k < K; k++) {
+          double a = A[oa + (ta ? k * M + i : i * K + k)];
+          double bv = B[ob + (tb ? j * K + k : k * N + j)];
+          s += a * bv;
+        }
+        double c = 0;
+        if (with_c) {
+          /* C's element for output (idx, i, j), broadcasting. */
+          const struct dspk__tensor *Ct = &op.in[2];
+          int64_t full[DSPK_MAX_RANK];
+          for (int d = 0; d < ro - 2; d++)
+            full[d] = idx[d];
+          full[ro - 2] = i;
+          full[ro - 1] = j;
+          int64_t off = 0, st = 1;
+          for (int d = Ct->rank - 1; d >= 0; d--) {
+            int io = d + (ro - Ct->rank);
+            if (Ct->shape[d] != 1)
+              off += full[io] * st;
+            st *= Ct->shape[d];
+          }
+          c = C[off];
+        }
+        want[b * M * N + i * N + j] = op.u.gemm.alpha * s + op.u.gemm.beta * c;
+      }
+    for (int d = ro - 3; d >= 0; d--) {
+      if (++idx[d] < O->shape[d])
+        break;
+      idx[d] = 0;
+    }
+  }
+  char what[96];
+  snprintf(what, sizeof what, "gemm %s M=%lld N=%lld K=%lld ta=%d tb=%d C=%d",
+           dspk__dtype_name(dt), (long long)M, (long long)N, (long long)K, ta, tb,
+           with_c);
+  compare(what, got, want, total, 8 * eps(dt) * (double)(K + 4) * 4);
+  free(A);
+  free(B);
+  free(C);
+  free(got);
+  free(want);
+  free_op(&op);
+}
+
+static void test_gemm(void **state) {
+  (void)state;
+  for (int t = 0; t < 40; t++) {
+    gemm_case(DSPK_F32, t % 3 == 0);
+    gemm_case(DSPK_F64, t % 3 == 1);
+  }
+}
+
+/* f16 and bf16 inputs with small integers (exact in both) give f32. */
+static void test_gemm_half(void **state) {
+  (void)state;
+  for (int h = 0; h < 2; h++) {
+    dspk_dtype dt = h ? DSPK_BF16 : DSPK_F16;
+    int64_t M = 5, K = 7, N = 3;
+    struct dspk__op op;
+    memset(&op, 0, sizeof op);
+    op.kind = DSPK_OP_GEMM;
+    op.nin = 2;
+    shape_set(&op.in[0], dt, 2, (int64_t[]){M, K});
+    shape_set(&op.in[1], dt, 2, (int64_t[]){K, N});
+    op.u.gemm.alpha = 1;
+    double A[35], B[21];
+    uint16_t ha[35], hb[21];
+    for (int i = 0; i < 35; i++) {
+      A[i] = irand(-8, 8);
+      float f = (float)A[i];
+      uint32_t bits;
+      memcpy(&bits, &f, 4);
+      if (h) {
+        ha[i] = (uint16_t)(bits >> 16);
+      } else { /* small integers: exact f16 by exponent rebias */
+        uint32_t e = (bits >> 23) & 0xff, s = bits >> 31, m = bits & 0x7fffff;
+        ha[i] = f == 0 ? (uint16_t)(s << 15)
+                       : (uint16_t)(s << 15 | (e - 127 + 15) << 10 | m >> 13);
+      }
+    }
+    for (int i = 0; i < 21; i++) {
+      B[i] = irand(-8, 8);
+      float f = (float)B[i];
+      uint32_t bits;
+      memcpy(&bits, &f, 4);
+      uint32_t e = (bits >> 23) & 0xff, s = bits >> 31, m = bits & 0x7fffff;
+      hb[i] = h ? (uint16_t)(bits >> 16)
+                : f == 0 ? (uint16_t)(s << 15)
+                         : (uint16_t)(s << 15 | (e - 127 + 15) << 10 | m >> 13);
+    }
+    assert_int_equal(be->alloc(dev, sizeof ha, &op.in[0].mem), 0);
+    assert_int_equal(be->alloc(dev, sizeof hb, &op.in[1].mem), 0);
+    be->write(dev, op.in[0].mem, 0, ha, sizeof ha);
+    be->write(dev, op.in[1].mem, 0, hb, sizeof hb);
+    assert_int_equal(run_op(&op), 0);
+    assert_int_equal(op.out[0].dtype, DSPK_F32);
+    double *got = get(&op.out[0]), want[15];
+    for (int i = 0; i < M; i++)
+      for (int j = 0; j < N; j++) {
+        want[i * N + j] = 0;
+        for (int k = 0; k < K; k++)
+          want[i * N + j] += A[i * K + k] * B[k * N + j];
+      }
+    compare(h ? "gemm bf16" : "gemm f16", got, want, 15, 0);
+    free(got);
+    free_op(&op);
+  }
+}
+
+/* ---- fft ---------------------------------------------------------------- */
+
+static void fft_case(dspk_dtype dt, int inverse, int64_t n, int64_t rows) {
+  struct dspk__op op;
+  memset(&op, 0, sizeof op);
+  op.kind = DSPK_OP_FFT;
+  op.nin = 1;
+  op.u.fft.inverse = inverse;
+  int64_t shape[3] = {rows, n};
+  int rank = 2;
+  if (rows == 1 && irand(0, 1)) {
+    shape[0] = n;
+    rank = 1;
+  }
+  shape_set(&op.in[0], dt, rank, shape);
+  double *x = put_random(&op.in[0]);
+  assert_int_equal(run_op(&op), 0);
+  double *got = get(&op.out[0]);
+  int cx = is_cplx(dt);
+  int64_t on = cx ? n : n / 2 + 1;
+  double *want = malloc(sizeof(double) * (size_t)(2 * on * rows));
+  double sign = inverse ? 1 : -1, peak = 0;
+  for (int64_t r = 0; r < rows; r++)
+    for (int64_t k = 0; k < on; k++) {
+      double re = 0, im = 0;
+      for (int64_t j = 0; j < n; j++) {
+        double xr = cx ? x[2 * (r * n + j)] : x[r * n + j];
+        double xi = cx ? x[2 * (r * n + j) + 1] : 0;
+        double a = sign * 2 * M_PI * (double)((j * k) % n) / (double)n;
+        re += xr * cos(a) - xi * sin(a);
+        im += xr * sin(a) + xi * cos(a);
+      }
+      if (inverse) {
+        re /= (double)n;
+        im /= (double)n;
+      }
+      want[2 * (r * on + k)] = re;
+      want[2 * (r * on + k) + 1] = im;
+      peak = fmax(peak, fmax(fabs(re), fabs(im)));
+    }
+  char what[80];
+  snprintf(what, sizeof what, "fft %s%s n=%lld rows=%lld", dspk__dtype_name(dt),
+           inverse ? " inverse" : "", (long long)n, (long long)rows);
+  compare(what, got, want, 2 * on * rows,
+          16 * eps(dt) * (log2((double)n) + 1) * sqrt((double)n) * fmax(peak, 1e-300) /
+              sqrt((double)n) * 4);
+  free(x);
+  free(got);
+  free(want);
+  free_op(&op);
+}
+
+static void test_fft(void **state) {
+  (void)state;
+  static const int64_t lens[] = {1, 2, 7, 16, 97, 128, 210, 256, 331, 1000};
+  for (size_t i = 0; i < sizeof lens / sizeof *lens; i++) {
+    int64_t rows = irand(1, 4);
+    fft_case(DSPK_C64, 0, lens[i], rows);
+    fft_case(DSPK_C128, 0, lens[i], rows);
+    fft_case(DSPK_C64, 1, lens[i], rows);
+    fft_case(DSPK_C128, 1, lens[i], rows);
+    fft_case(DSPK_F32, 0, lens[i], rows);
+    fft_case(DSPK_F64, 0, lens[i], rows);
+  }
+}
+
+/* A second identical transform reuses the cached plan. */
+static void test_fft_plan_reuse(void **state) {
+  (void)state;
+  uint64_t made = 0, hits = 0;
+  for (int i = 0; i < 4; i++) {
+    if (i == 1) { /* the first run planned; later ones reuse */
+      made = dev->plans_made;
+      hits = dev->plan_hits;
+    }
+    struct dspk__op op;
+    memset(&op, 0, sizeof op);
+    op.kind = DSPK_OP_FFT;
+    op.nin = 1;
+    shape_set(&op.in[0], DSPK_C64, 2, (int64_t[]){3, 512});
+    assert_int_equal(be->alloc(dev, dspk__tensor_nbytes(&op.in[0]), &op.in[0].mem), 0);
+    memset(op.in[0].mem->ptr, 0, dspk__tensor_nbytes(&op.in[0]));
+    char msg[128];
+    assert_int_equal(dspk__op_infer(&op, msg, sizeof msg), 0);
+    assert_int_equal(be->alloc(dev, dspk__tensor_nbytes(&op.out[0]), &op.out[0].mem), 0);
+    assert_int_equal(be->run(dev, &op, &ctx), 0);
+    free_op(&op);
+  }
+  assert_int_equal(dev->plans_made, made);
+  assert_true(dev->plan_hits >= hits + 3);
+}
+
+/* ---- fir ---------------------------------------------------------------- */
+
+static void fir_case(dspk_dtype dt, int force, int64_t n, int64_t k, int64_t rows) {
+  struct dspk__op op;
+  memset(&op, 0, sizeof op);
+  op.kind = DSPK_OP_FIR;
+  op.nin = 2;
+  shape_set(&op.in[0], dt, 2, (int64_t[]){rows, n});
+  shape_set(&op.in[1], dt, 1, (int64_t[]){k});
+  double *x = put_random(&op.in[0]), *h = put_random(&op.in[1]);
+  dev->fir_force = force;
+  int rc = run_op(&op);
+  dev->fir_force = -1;
+  assert_int_equal(rc, 0);
+  double *got = get(&op.out[0]);
+  int w = W(dt);
+  double *want = calloc((size_t)(rows * n * w + 1), sizeof(double));
+  for (int64_t r = 0; r < rows; r++)
+    for (int64_t i = 0; i < n; i++) {
+      double re = 0, im = 0;
+      for (int64_t j = 0; j < k && j <= i; j++) {
+        const double *xv = &x[(r * n + i - j) * w], *hv = &h[j * w];
+        if (w == 1) {
+          re += hv[0] * xv[0];
+        } else {
+          re += hv[0] * xv[0] - hv[1] * xv[1];
+          im += hv[0] * xv[1] + hv[1] * xv[0];
+        }
+      }
+      want[(r * n + i) * w] = re;
+      if (w == 2)
+        want[(r * n + i) * w + 1] = im;
+    }
+  char what[96];
+  snprintf(what, sizeof what, "fir %s %s n=%lld k=%lld rows=%lld",
+           dspk__dtype_name(dt), force == 1 ? "fft" : force == 0 ? "direct" : "auto",
+           (long long)n, (long long)k, (long long)rows);
+  /* Values are in [-1,1): k terms, plus an FFT's log-length error. */
+  double kk = (double)(k < n ? k : n);
+  compare(what, got, want, rows * n * w,
+          8 * eps(dt) * (kk + 4) * (force == 0 ? 1 : log2(8 * kk + 4096)));
+  free(x);
+  free(h);
+  free(got);
+  free(want);
+  free_op(&op);
+}
+
+static void test_fir_direct(void **state) {
+  (void)state;
+  static const dspk_dtype dts[] = {DSPK_F32, DSPK_F64, DSPK_C64, DSPK_C128};
+  for (int d = 0; d < 4; d++) {
+    fir_case(dts[d], 0, 1, 1, 1);
+    fir_case(dts[d], 0, 100, 7, 3);
+    fir_case(dts[d], 0, 5000, 33, 2); /* spans several direct blocks */
+    fir_case(dts[d], 0, 10, 25, 2);   /* more taps than samples */
+    fir_case(dts[d], 0, irand(1, 3000), irand(1, 200), irand(1, 3));
+  }
+}
+
+static void test_fir_fft(void **state) {
+  (void)state;
+  static const dspk_dtype dts[] = {DSPK_F32, DSPK_F64, DSPK_C64, DSPK_C128};
+  for (int d = 0; d < 4; d++) {
+    fir_case(dts[d], 1, 1, 1, 1);
+    fir_case(dts[d], 1, 100, 7, 3);
+    fir_case(dts[d], 1, 20000, 129, 2); /* several overlap-add blocks */
+    fir_case(dts[d], 1, 10, 25, 2);
+    fir_case(dts[d], 1, irand(1, 9000), irand(1, 700), irand(1, 3));
+  }
+  fir_case(DSPK_F32, -1, 3000, 200, 1); /* automatic choice */
+  fir_case(DSPK_F64, -1, 3000, 5, 1);
+}
+
+/* ---- contract ----------------------------------------------------------- */
+
+static void contract_case(dspk_dtype dt, const char *subs) {
+  int64_t size[128];
+  for (int c = 0; c < 128; c++)
+    size[c] = irand(1, 6);
+  struct dspk__op op;
+  memset(&op, 0, sizeof op);
+  op.kind = DSPK_OP_CONTRACT;
+  op.nin = 2;
+  snprintf(op.u.contract.subscripts, sizeof op.u.contract.subscripts, "%s", subs);
+  char la[9] = "", lb[9] = "", lo[9] = "";
+  assert_int_equal(sscanf(subs, "%8[a-zA-Z],%8[a-zA-Z]->%8[a-zA-Z]", la, lb, lo) >= 2, 1);
+  if (!strstr(subs, "->") || strstr(subs, "->")[2] == 0)
+    lo[0] = 0;
+  int64_t sa[8], sb[8];
+  for (int i = 0; la[i]; i++)
+    sa[i] = size[(int)la[i]];
+  for (int i = 0; lb[i]; i++)
+    sb[i] = size[(int)lb[i]];
+  shape_set(&op.in[0], dt, (int)strlen(la), sa);
+  shape_set(&op.in[1], dt, (int)strlen(lb), sb);
+  double *A = put_random(&op.in[0]), *B = put_random(&op.in[1]);
+  assert_int_equal(run_op(&op), 0);
+  double *got = get(&op.out[0]);
+  int w = W(dt);
+  int64_t on = dspk__tensor_numel(&op.out[0]);
+  double *want = calloc((size_t)(on * w + 1), sizeof(double));
+  /* Every combination of every label's index. */
+  char all[20] = "";
+  for (const char *s = subs; *s; s++)
+    if (((*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z')) && !strchr(all, *s))
+      strncat(all, s, 1);
+  int nl = (int)strlen(all);
+  int64_t idx[128] = {0}, combos = 1;
+  for (int i = 0; i < nl; i++)
+    combos *= size[(int)all[i]];
+  int64_t terms = combos / (on ? on : 1);
+  for (int64_t t = 0; t < combos; t++) {
+    int64_t ia = 0, ib = 0, io = 0;
+    for (int i = 0; la[i]; i++)
+      ia = ia * size[(int)la[i]] + idx[(int)la[i]];
+    for (int i = 0; lb[i]; i++)
+      ib = ib * size[(int)lb[i]] + idx[(int)lb[i]];
+    for (int i = 0; lo[i]; i++)
+      io = io * size[(int)lo[i]] + idx[(int)lo[i]];
+    if (w == 1) {
+      want[io] += A[ia] * B[ib];
+    } else {
+      double ar = A[2 * ia], ai = A[2 * ia + 1], br = B[2 * ib], bi = B[2 * ib + 1];
+      want[2 * io] += ar * br - ai * bi;
+      want[2 * io + 1] += ar * bi + ai * br;
+    }
+    for (int i = nl - 1; i >= 0; i--) {
+      if (++idx[(int)all[i]] < size[(int)all[i]])
+        break;
+      idx[(int)all[i]] = 0;
+    }
+  }
+  char what[96];
+  snprintf(what, sizeof what, "contract %s %s", dspk__dtype_name(dt), subs);
+  compare(what, got, want, on * w, 8 * eps(dt) * (double)(terms + 4) * 2);
+  free(A);
+  free(B);
+  free(got);
+  free(want);
+  free_op(&op);
+}
+
+static void test_contract(void **state) {
+  (void)state;
+  static const char *subs[] = {
+      "ik,kj->ij",   "bij,bjk->bik", "abc,cd->abd", "ij,jk->ki",  "ij,kj->ik",
+      "ji,jk->ik",   "bik,bkj->bji", "i,j->ij",     "ij,ij->",    "ij,ij->ij",
+      "abc,bd->dc",  "ijk,k->j",     "Ab,bC->CA",   "xy,zw->wyxz", "abcd,dcb->a",
+      "a,b->",       "bij,jk->bik",  "ij,j->i",
+  };
+  static const dspk_dtype dts[] = {DSPK_F32, DSPK_F64, DSPK_C64, DSPK_C128};
+  for (size_t s = 0; s < sizeof subs / sizeof *subs; s++)
+    for (int d = 0; d < 4; d++)
+      for (int rep = 0; rep < 2; rep++)
+        contract_case(dts[d], subs[s]);
+}
+
+/* ---- reduce ------------------------------------------------------------- */
+
+static void reduce_case(dspk_dtype dt, dspk_reduce fn) {
+  int rank = irand(0, 4);
+  int64_t shape[4];
+  for (int i = 0; i < rank; i++)
+    shape[i] = irand(1, 7);
+  uint32_t axes = rank ? (uint32_t)irand(0, (1 << rank) - 1) : 0;
+  struct dspk__op op;
+  memset(&op, 0, sizeof op);
+  op.kind = DSPK_OP_REDUCE;
+  op.nin = 1;
+  op.u.reduce.fn = fn;
+  op.u.reduce.axes = axes;
+  shape_set(&op.in[0], dt, rank, shape);
+  double *x = put_random(&op.in[0]);
+  assert_int_equal(run_op(&op), 0);
+  double *got = get(&op.out[0]);
+  uint32_t eff = axes ? axes : (uint32_t)((1u << rank) - 1);
+  int w = W(dt);
+  int64_t on = dspk__tensor_numel(&op.out[0]), n = dspk__tensor_numel(&op.in[0]);
+  double *want = malloc(sizeof(double) * (size_t)(on * w + 1));
+  int *seen = calloc((size_t)on + 1, sizeof(int));
+  int64_t count = n / on;
+  for (int64_t i = 0; i < n; i++) {
+    int64_t rem = i, o = 0, ostride = 1;
+    for (int d = rank - 1; d >= 0; d--) {
+      int64_t id = rem % shape[d];
+      rem /= shape[d];
+      if (!(eff & (1u << d))) {
+        o += id * ostride;
+        ostride *= shape[d];
+      }
+    }
+    for (int c = 0; c < w; c++) {
+      double v = x[i * w + c], *a = &want[o * w + c];
+      if (!seen[o])
+        *a = fn == DSPK_REDUCE_SUM || fn == DSPK_REDUCE_MEAN ? 0 : v;
+      if (fn == DSPK_REDUCE_MAX)
+        *a = fmax(*a, v);
+      else if (fn == DSPK_REDUCE_MIN)
+        *a = fmin(*a, v);
+      else
+        *a += v;
+    }
+    seen[o] = 1;
+  }
+  if (fn == DSPK_REDUCE_MEAN)
+    for (int64_t i = 0; i < on * w; i++)
+      want[i] /= (double)count;
+  char what[64];
+  snprintf(what, sizeof what, "reduce %d %s rank=%d axes=%u", (int)fn,
+           dspk__dtype_name(dt), rank, axes);
+  compare(what, got, want, on * w, 4 * eps(dt) * (double)(count + 1));
+  free(x);
+  free(got);
+  free(want);
+  free(seen);
+  free_op(&op);
+}
+
+static void test_reduce(void **state) {
+  (void)state;
+  static const dspk_dtype dts[] = {DSPK_F32, DSPK_F64, DSPK_C64, DSPK_C128};
+  for (int t = 0; t < 12; t++)
+    for (int d = 0; d < 4; d++)
+      for (int f = 0; f < DSPK_REDUCE_COUNT; f++) {
+        if ((f == DSPK_REDUCE_MAX || f == DSPK_REDUCE_MIN) && d >= 2)
+          continue;
+        reduce_case(dts[d], (dspk_reduce)f);
+      }
+}
+
+/* ---- map ---------------------------------------------------------------- */
+
+static void map_case(dspk_dtype dt, dspk_mapfn fn) {
+  int rank = irand(0, 3);
+  int64_t shape[3];
+  for (int i = 0; i < rank; i++)
+    shape[i] = irand(1, 9);
+  static const int nin[] = {2, 2, 2, 1, 2, 1, 1};
+  struct dspk__op op;
+  memset(&op, 0, sizeof op);
+  op.kind = DSPK_OP_MAP;
+  op.nin = nin[fn];
+  op.u.map.fn = fn;
+  op.u.map.alpha = urand() * 3;
+  shape_set(&op.in[0], dt, rank, shape);
+  if (op.nin == 2)
+    shape_set(&op.in[1], dt, rank, shape);
+  double *a = put_random(&op.in[0]), *b = op.nin == 2 ? put_random(&op.in[1]) : NULL;
+  assert_int_equal(run_op(&op), 0);
+  double *got = get(&op.out[0]);
+  int64_t n = dspk__tensor_numel(&op.in[0]);
+  int w = W(dt), ow = W(op.out[0].dtype);
+  double *want = malloc(sizeof(double) * (size_t)(n * 2 + 1)), al = op.u.map.alpha;
+  if (dt == DSPK_F32 || dt == DSPK_C64)
+    al = (float)al;
+  for (int64_t i = 0; i < n; i++) {
+    double ar = a[i * w], ai = w == 2 ? a[i * w + 1] : 0;
+    double br = b ? b[i * w] : 0, bi = b && w == 2 ? b[i * w + 1] : 0;
+    double rr = 0, ri = 0;
+    switch (fn) {
+    case DSPK_MAP_ADD: rr = ar + br; ri = ai + bi; break;
+    case DSPK_MAP_SUB: rr = ar - br; ri = ai - bi; break;
+    case DSPK_MAP_MUL: rr = ar * br - ai * bi; ri = ar * bi + ai * br; break;
+    case DSPK_MAP_SCALE: rr = al * ar; ri = al * ai; break;
+    case DSPK_MAP_AXPY: rr = al * ar + br; ri = al * ai + bi; break;
+    case DSPK_MAP_ABS: rr = sqrt(ar * ar + ai * ai); break;
+    case DSPK_MAP_EXP: rr = exp(ar) * cos(ai); ri = exp(ar) * sin(ai); break;
+    default: break;
+    }
+    want[i * ow] = rr;
+    if (ow == 2)
+      want[i * ow + 1] = ri;
+  }
+  char what[64];
+  snprintf(what, sizeof what, "map %d %s rank=%d", (int)fn, dspk__dtype_name(dt), rank);
+  compare(what, got, want, n * ow, 16 * eps(dt));
+  free(a);
+  free(b);
+  free(got);
+  free(want);
+  free_op(&op);
+}
+
+static void test_map(void **state) {
+  (void)state;
+  static const dspk_dtype dts[] = {DSPK_F32, DSPK_F64, DSPK_C64, DSPK_C128};
+  for (int t = 0; t < 5; t++)
+    for (int d = 0; d < 4; d++)
+      for (int f = 0; f < DSPK_MAPFN_COUNT; f++)
+        map_case(dts[d], (dspk_mapfn)f);
+}
+
+/* ---- cancel and unsupported --------------------------------------------- */
+
+static void test_cancel(void **state) {
+  (void)state;
+  struct dspk__op op;
+  memset(&op, 0, sizeof op);
+  op.kind = DSPK_OP_MAP;
+  op.nin = 1;
+  op.u.map.fn = DSPK_MAP_EXP;
+  shape_set(&op.in[0], DSPK_F32, 1, (int64_t[]){16});
+  double *a = put_random(&op.in[0]);
+  atomic_store(&cancel_flag, 1);
+  int rc = run_op(&op);
+  atomic_store(&cancel_flag, 0);
+  assert_int_equal(rc, DSPK_ECANCELED);
+  free(a);
+  free_op(&op);
+
+  memset(&op, 0, sizeof op);
+  op.kind = DSPK_OP_KERNEL;
+  op.u.kernel.lang = "cuda";
+  op.u.kernel.source = "";
+  assert_int_equal(run_op(&op), DSPK_ENOTSUP);
+  assert_non_null(strstr(errmsg, "kernel"));
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_probe_memory), cmocka_unit_test(test_gemm),
+      cmocka_unit_test(test_gemm_half),    cmocka_unit_test(test_fft),
+      cmocka_unit_test(test_fft_plan_reuse), cmocka_unit_test(test_fir_direct),
+      cmocka_unit_test(test_fir_fft),      cmocka_unit_test(test_contract),
+      cmocka_unit_test(test_reduce),       cmocka_unit_test(test_map),
+      cmocka_unit_test(test_cancel),
+  };
+  return cmocka_run_group_tests(tests, setup, teardown);
+}
