@@ -1,0 +1,250 @@
+/*
+ * Internal header of the Vulkan backend (backends/vulkan/).
+ *
+ * The Vulkan loader is opened with dlopen() at probe time, so a host without
+ * it still runs the daemon (0 vulkan devices, with the reason).  Every Vulkan
+ * entry point is called through one process-wide table, dspk__vk, filled from
+ * vkGetInstanceProcAddr once the shared VkInstance exists; VK(Name) reads it.
+ *
+ * One struct dspk__dev per open device, owned by its runner thread: the
+ * VkDevice, one compute queue, a command pool with a ring of command
+ * buffers, and a timeline semaphore whose values are the device's fences
+ * (value v is reached once the v-th submission finished).  Memory comes from
+ * the shared caching pool (backends/common/pool.h) and goes back through the
+ * shared retirement queue (backends/common/retire.h).  Compute pipelines are
+ * made from GLSL compiled at run time with glslang (vk_shader.c); SPIR-V and
+ * the VkPipelineCache data persist in the cache (cache/cache.h).
+ *
+ * Descriptors are pushed (VK_KHR_push_descriptor), so no descriptor pools are
+ * needed: every pipeline has one set of storage buffers (binding i) and a
+ * push-constant block of at most DSPK__VK_PC_MAX bytes.
+ */
+#ifndef DSPK_BACKENDS_VULKAN_VK_H
+#define DSPK_BACKENDS_VULKAN_VK_H
+
+#define VK_NO_PROTOTYPES
+#include <vulkan/vulkan.h>
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backends/backend.h"
+#include "backends/common/plancache.h"
+#include "backends/common/pool.h"
+#include "backends/common/retire.h"
+
+/* XX(name): instance- and device-level functions the backend calls. */
+#define DSPK__VK_FUNCS(XX)                                                     \
+  XX(DestroyInstance) XX(EnumeratePhysicalDevices)                             \
+  XX(GetPhysicalDeviceProperties) XX(GetPhysicalDeviceProperties2)             \
+  XX(GetPhysicalDeviceFeatures) XX(GetPhysicalDeviceFeatures2)                 \
+  XX(GetPhysicalDeviceQueueFamilyProperties)                                   \
+  XX(GetPhysicalDeviceMemoryProperties) XX(EnumerateDeviceExtensionProperties) \
+  XX(CreateDevice) XX(DestroyDevice) XX(GetDeviceProcAddr) XX(GetDeviceQueue)  \
+  XX(DeviceWaitIdle) XX(QueueSubmit) XX(QueueWaitIdle)                         \
+  XX(CreateCommandPool) XX(DestroyCommandPool) XX(ResetCommandPool)            \
+  XX(AllocateCommandBuffers) XX(FreeCommandBuffers) XX(BeginCommandBuffer)     \
+  XX(EndCommandBuffer) XX(ResetCommandBuffer)                                  \
+  XX(CreateSemaphore) XX(DestroySemaphore) XX(GetSemaphoreCounterValue)        \
+  XX(WaitSemaphores) XX(CreateFence) XX(DestroyFence) XX(ResetFences)          \
+  XX(WaitForFences) XX(GetFenceStatus)                                         \
+  XX(CreateBuffer) XX(DestroyBuffer) XX(GetBufferMemoryRequirements)           \
+  XX(AllocateMemory) XX(FreeMemory) XX(BindBufferMemory) XX(MapMemory)         \
+  XX(UnmapMemory) XX(FlushMappedMemoryRanges)                                  \
+  XX(InvalidateMappedMemoryRanges)                                             \
+  XX(CmdCopyBuffer) XX(CmdFillBuffer) XX(CmdPipelineBarrier) XX(CmdDispatch)   \
+  XX(CmdBindPipeline) XX(CmdPushConstants) XX(CmdBindDescriptorSets)           \
+  XX(CreateShaderModule) XX(DestroyShaderModule) XX(CreateComputePipelines)    \
+  XX(DestroyPipeline) XX(CreatePipelineLayout) XX(DestroyPipelineLayout)       \
+  XX(CreateDescriptorSetLayout) XX(DestroyDescriptorSetLayout)                 \
+  XX(CreateDescriptorPool) XX(DestroyDescriptorPool)                           \
+  XX(AllocateDescriptorSets) XX(UpdateDescriptorSets)                          \
+  XX(CreatePipelineCache) XX(DestroyPipelineCache) XX(GetPipelineCacheData)
+
+struct dspk__vkfn {
+  PFN_vkGetInstanceProcAddr GetInstanceProcAddr;
+  PFN_vkCreateInstance CreateInstance;
+  PFN_vkEnumerateInstanceVersion EnumerateInstanceVersion;
+#define DSPK__VK_MEMBER(n) PFN_vk##n n;
+  DSPK__VK_FUNCS(DSPK__VK_MEMBER)
+#undef DSPK__VK_MEMBER
+};
+
+/* The process-wide function table (valid between probe and shutdown). */
+extern struct dspk__vkfn dspk__vk;
+#define VK(name) (dspk__vk.name)
+
+/* The shared instance (vk_backend.c), NULL when probe found no Vulkan. */
+extern VkInstance dspk__vk_instance;
+
+#define DSPK__VK_PC_MAX 128   /* push-constant bytes of every pipeline */
+#define DSPK__VK_MAX_BIND 16  /* storage buffers of one pipeline */
+#define DSPK__VK_RING 64      /* command buffers in flight */
+#define DSPK__VK_KERNELS 512  /* pipelines kept per device */
+#define DSPK__VK_WG 256       /* workgroup size of the generated kernels */
+
+/* A block of device memory: one VkBuffer over [off, off+size) of its
+ * memory.  Large blocks own their VkDeviceMemory; small ones are slots of a
+ * shared slab (see vk_mem.c). */
+struct dspk__mem {
+  VkBuffer buf;
+  VkDeviceSize off, size;
+  void *map;    /* host address of the block when its memory is mapped */
+  int coherent; /* map needs no flush/invalidate */
+  struct dspk__vk_slab *slab; /* NULL: dedicated memory */
+  VkDeviceMemory dm;          /* dedicated memory */
+  struct dspk__pool_block *pb; /* the pool's record of this block */
+  int host;                    /* staging memory (host-visible pool) */
+};
+
+/* One compiled kernel: pipeline and its layouts. */
+struct dspk__vk_kernel {
+  uint64_t key[2]; /* hash of GLSL/SPIR-V + bindings + push size */
+  VkShaderModule mod;
+  VkDescriptorSetLayout dsl;
+  VkPipelineLayout layout;
+  VkPipeline pipe;
+  int nbind;
+  uint32_t pcsize;
+  uint64_t last_use;
+};
+
+struct dspk__vk_cmd {
+  VkCommandBuffer cb;
+  uint64_t value; /* timeline value its submission signals; 0: never used */
+};
+
+struct dspk__dev {
+  struct dspk__devenv env;
+  int index;
+  VkPhysicalDevice pd;
+  VkPhysicalDeviceProperties props;
+  VkPhysicalDeviceMemoryProperties memprops;
+  VkDevice dev;
+  VkQueue queue;
+  uint32_t qfamily;
+  VkCommandPool cpool;
+  VkSemaphore timeline;
+  uint64_t submitted; /* last value signalled by a submission */
+  struct dspk__vk_cmd ring[DSPK__VK_RING];
+  unsigned ring_next;
+  VkCommandBuffer rec; /* the command buffer being recorded, or NULL */
+  struct dspk__vk_cmd *rec_slot;
+  PFN_vkCmdPushDescriptorSetKHR CmdPushDescriptorSetKHR;
+  int has_f64, has_int64, has_coopmat, has_f16;
+  uint32_t devtype_local, devtype_host; /* memory type indices */
+  int local_is_host;  /* device memory is host-visible (lavapipe, UMA) */
+  int local_cached;   /* ... and host-cached: the host may read it directly */
+  VkDeviceSize align; /* minStorageBufferOffsetAlignment */
+  /* memory */
+  struct dspk__pool pool, hpool; /* device-local, staging */
+  struct dspk__vk_slab *slabs;
+  struct dspk__retire retire;
+  /* kernels */
+  struct dspk__vk_kernel *kernels;
+  int nkernels;
+  uint64_t kclock;
+  VkPipelineCache pcache;
+  char pcache_name[128];
+  size_t pcache_loaded; /* bytes loaded from the cache at open */
+  uint64_t nkernels_made_since_open; /* pipelines created (save data when > 0) */
+  struct dspk__plancache plans; /* contract and fft plans */
+  /* cache identity */
+  char name[VK_MAX_PHYSICAL_DEVICE_NAME_SIZE], uuid[40], driver[64], arch[32];
+  uint64_t kernels_compiled, kernel_cache_hits;
+};
+
+/* ---- vk_backend.c ------------------------------------------------------- */
+
+/* Maps a VkResult to a dspk_errno (DSPK_ENOMEM for out-of-memory results,
+ * DSPK_EDEVICE otherwise; 0 for VK_SUCCESS). */
+int dspk__vk_err(VkResult r);
+/* Formats into ctx->errmsg (when there is a ctx) and returns code. */
+int dspk__vk_fail(struct dspk__opctx *ctx, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Returns the command buffer being recorded, beginning one when none is
+ * (a ring slot whose previous submission finished; waits for it when the
+ * ring is full).  The first command of a fresh buffer is a full memory
+ * barrier, so work is ordered after every earlier submission. */
+int dspk__vk_cmd(struct dspk__dev *d, VkCommandBuffer *out);
+/* Inserts a compute/transfer memory barrier into the open command buffer. */
+void dspk__vk_barrier(struct dspk__dev *d);
+/* Ends and submits the open command buffer (no-op when none), signalling
+ * the next timeline value.  Returns 0 or a negative dspk_errno. */
+int dspk__vk_submit(struct dspk__dev *d);
+/* Waits until timeline value v is reached.  Returns 0 or an error. */
+int dspk__vk_wait_value(struct dspk__dev *d, uint64_t v);
+
+/* ---- vk_mem.c ----------------------------------------------------------- */
+
+int dspk__vk_mem_init(struct dspk__dev *d);
+void dspk__vk_mem_fini(struct dspk__dev *d);
+int dspk__vk_alloc(struct dspk__dev *d, size_t n, struct dspk__mem **out);
+void dspk__vk_free(struct dspk__dev *d, struct dspk__mem *m);
+/* A host-visible staging block of at least n bytes (freed like any block). */
+int dspk__vk_alloc_host(struct dspk__dev *d, size_t n, struct dspk__mem **out);
+int dspk__vk_write(struct dspk__dev *d, struct dspk__mem *m, size_t off,
+                   const void *src, size_t n);
+int dspk__vk_read(struct dspk__dev *d, struct dspk__mem *m, size_t off,
+                  void *dst, size_t n);
+
+/* ---- vk_shader.c -------------------------------------------------------- */
+
+/* Compiles GLSL compute source to SPIR-V (malloc'd words, *nwords).  On a
+ * compile error returns DSPK_ECOMPILE with glslang's log in log.  Goes
+ * through the persistent cache first (counted in the device's stats). */
+int dspk__vk_glsl_to_spirv(struct dspk__dev *d, const char *name,
+                           const char *src, uint32_t **spv, size_t *nwords,
+                           char *log, size_t loglen);
+/* Returns the kernel for GLSL src (or, when spirv is non-NULL, for that
+ * SPIR-V binary of nbytes) with nbind storage-buffer bindings and pcsize
+ * push-constant bytes: from the device's table, else compiled.  The device
+ * owns it.  entry is the SPIR-V entry point ("main"). */
+int dspk__vk_kernel(struct dspk__dev *d, const char *name, const char *src,
+                    const void *spirv, size_t nbytes, const char *entry,
+                    int nbind, uint32_t pcsize, struct dspk__vk_kernel **out,
+                    struct dspk__opctx *ctx);
+void dspk__vk_kernels_fini(struct dspk__dev *d);
+/* Loads / saves the VkPipelineCache data through the persistent cache. */
+int dspk__vk_pcache_init(struct dspk__dev *d);
+void dspk__vk_pcache_fini(struct dspk__dev *d);
+/* The glslang version string used in cache keys. */
+const char *dspk__vk_glslang_version(void);
+
+/* A storage-buffer binding: buffer range [off, off+range). */
+struct dspk__vk_bind {
+  VkBuffer buf;
+  VkDeviceSize off, range;
+};
+
+/* Binds a tensor: the buffer range starting at an offset aligned down to
+ * the device's storage-buffer alignment; *elem gets the tensor's first
+ * element index within that range.  DSPK_ENOTSUP when the tensor's offset
+ * is not a multiple of its element size. */
+int dspk__vk_bind_tensor(struct dspk__dev *d, const struct dspk__tensor *t,
+                         struct dspk__vk_bind *b, uint32_t *elem);
+/* Records a dispatch of k with the given bindings and push constants into
+ * the open command buffer (opening one), followed by a barrier. */
+int dspk__vk_dispatch(struct dspk__dev *d, struct dspk__vk_kernel *k,
+                      const struct dspk__vk_bind *b, int nb, const void *pc,
+                      uint32_t pcsize, uint32_t gx, uint32_t gy, uint32_t gz);
+
+/* ---- vk_ops.c, vk_gemm.c, vk_fft.c -------------------------------------- */
+
+int dspk__vk_run(struct dspk__dev *d, struct dspk__op *op,
+                 struct dspk__opctx *ctx);
+int dspk__vk_map(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *ctx);
+int dspk__vk_reduce(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *ctx);
+int dspk__vk_fir(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *ctx);
+int dspk__vk_kernel_op(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *ctx);
+int dspk__vk_gemm(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *ctx);
+int dspk__vk_contract(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *ctx);
+int dspk__vk_fft(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *ctx);
+/* Frees an FFT plan (the plan cache's evict callback uses it). */
+void dspk__vk_fft_plan_free(struct dspk__dev *d, void *plan);
+
+/* The GLSL type of a dtype's elements ("float", "dvec2", ...). */
+const char *dspk__vk_glsl_type(dspk_dtype dt);
+
+#endif /* DSPK_BACKENDS_VULKAN_VK_H */

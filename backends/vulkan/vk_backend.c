@@ -1,0 +1,575 @@
+/*
+ * The Vulkan backend's table and device lifecycle: probe (open the loader,
+ * create the one shared VkInstance, list every physical device with a
+ * compute queue as "vulkan:N"), open (VkDevice, compute queue, command pool,
+ * timeline semaphore, pools, pipeline cache), close (the ordered teardown
+ * that keeps the NVIDIA driver from crashing at exit: wait idle, drain the
+ * retirement queue, save and destroy pipelines, free the pool, destroy the
+ * device) and shutdown (the instance last).  Also the command-buffer ring
+ * and the fences, which are timeline-semaphore values.
+ */
+#include <dlfcn.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <glslang/Include/glslang_c_interface.h>
+
+#include "backends/vulkan/vk.h"
+
+struct dspk__vkfn dspk__vk;
+VkInstance dspk__vk_instance;
+
+#define DSPK__VK_MAX_DEV 16
+static void *g_loader;
+static VkPhysicalDevice g_pd[DSPK__VK_MAX_DEV];
+static int g_ndev;
+static int g_glslang;
+
+int dspk__vk_err(VkResult r) {
+  switch (r) {
+  case VK_SUCCESS: return 0;
+  case VK_ERROR_OUT_OF_HOST_MEMORY:
+  case VK_ERROR_OUT_OF_DEVICE_MEMORY:
+  case VK_ERROR_OUT_OF_POOL_MEMORY: return DSPK_ENOMEM;
+  case VK_TIMEOUT: return DSPK_ETIMEDOUT;
+  default: return DSPK_EDEVICE;
+  }
+}
+
+int dspk__vk_fail(struct dspk__opctx *ctx, int code, const char *fmt, ...) {
+  if (ctx && ctx->errmsg && ctx->errmsg_len) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(ctx->errmsg, ctx->errmsg_len, fmt, ap);
+    va_end(ap);
+  }
+  return code;
+}
+
+/* ---- probe / shutdown ---------------------------------------------------- */
+
+static void unload(void) {
+  if (dspk__vk_instance && dspk__vk.DestroyInstance)
+    dspk__vk.DestroyInstance(dspk__vk_instance, NULL);
+  dspk__vk_instance = NULL;
+  /* The loader stays mapped: unloading a driver that may still own threads
+   * is what crashes processes at exit. */
+  memset(&dspk__vk, 0, sizeof dspk__vk);
+  g_ndev = 0;
+}
+
+static int load_instance(char *why, size_t whylen) {
+  const char *names[] = {"libvulkan.so.1", "libvulkan.so"};
+  for (size_t i = 0; i < 2 && !g_loader; i++)
+    g_loader = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+  if (!g_loader) {
+    snprintf(why, whylen, "Vulkan loader (libvulkan.so.1) not found");
+    return DSPK_ENODEV;
+  }
+  void *sym = dlsym(g_loader, "vkGetInstanceProcAddr");
+  if (!sym) {
+    snprintf(why, whylen, "libvulkan.so.1 lacks vkGetInstanceProcAddr");
+    return DSPK_ENODEV;
+  }
+  memcpy(&dspk__vk.GetInstanceProcAddr, &sym, sizeof sym);
+  dspk__vk.CreateInstance =
+      (PFN_vkCreateInstance)dspk__vk.GetInstanceProcAddr(NULL, "vkCreateInstance");
+  dspk__vk.EnumerateInstanceVersion = (PFN_vkEnumerateInstanceVersion)
+      dspk__vk.GetInstanceProcAddr(NULL, "vkEnumerateInstanceVersion");
+  uint32_t ver = VK_API_VERSION_1_0;
+  if (dspk__vk.EnumerateInstanceVersion)
+    dspk__vk.EnumerateInstanceVersion(&ver);
+  if (!dspk__vk.CreateInstance || ver < VK_API_VERSION_1_2) {
+    snprintf(why, whylen, "Vulkan loader too old (instance version %u.%u, need 1.2)",
+             VK_API_VERSION_MAJOR(ver), VK_API_VERSION_MINOR(ver));
+    return DSPK_ENODEV;
+  }
+  VkApplicationInfo ai = {.sType = VK_STRUCTURE_TYPE_APPLICATION_INFO,
+                          .pApplicationName = "dspkd",
+                          .pEngineName = "dspk",
+                          .apiVersion = VK_API_VERSION_1_3};
+  VkInstanceCreateInfo ci = {.sType = VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO,
+                             .pApplicationInfo = &ai};
+  VkResult r = dspk__vk.CreateInstance(&ci, NULL, &dspk__vk_instance);
+  if (r != VK_SUCCESS) {
+    snprintf(why, whylen, "vkCreateInstance failed (VkResult %d%s)", (int)r,
+             r == VK_ERROR_INCOMPATIBLE_DRIVER ? ": no Vulkan driver (ICD) found" : "");
+    dspk__vk_instance = NULL;
+    return DSPK_ENODEV;
+  }
+#define DSPK__VK_LOAD(n)                                                       \
+  dspk__vk.n = (PFN_vk##n)dspk__vk.GetInstanceProcAddr(dspk__vk_instance, "vk" #n); \
+  if (!dspk__vk.n) {                                                           \
+    snprintf(why, whylen, "Vulkan loader lacks vk" #n);                        \
+    return DSPK_ENODEV;                                                        \
+  }
+  DSPK__VK_FUNCS(DSPK__VK_LOAD)
+#undef DSPK__VK_LOAD
+  return 0;
+}
+
+static int has_compute_queue(VkPhysicalDevice pd, uint32_t *family) {
+  VkQueueFamilyProperties qf[16];
+  uint32_t n = 16;
+  VK(GetPhysicalDeviceQueueFamilyProperties)(pd, &n, qf);
+  int best = -1;
+  for (uint32_t i = 0; i < n; i++) {
+    if (!(qf[i].queueFlags & VK_QUEUE_COMPUTE_BIT) || qf[i].queueCount == 0)
+      continue;
+    /* A compute-only family (async compute) first, else the first. */
+    if (best < 0 || !(qf[i].queueFlags & VK_QUEUE_GRAPHICS_BIT))
+      if (best < 0 || (qf[best].queueFlags & VK_QUEUE_GRAPHICS_BIT))
+        best = (int)i;
+  }
+  if (best < 0)
+    return 0;
+  if (family)
+    *family = (uint32_t)best;
+  return 1;
+}
+
+static int has_ext(VkPhysicalDevice pd, const char *name) {
+  uint32_t n = 0;
+  if (VK(EnumerateDeviceExtensionProperties)(pd, NULL, &n, NULL) != VK_SUCCESS)
+    return 0;
+  VkExtensionProperties *e = calloc(n ? n : 1, sizeof *e);
+  if (!e)
+    return 0;
+  int found = 0;
+  if (VK(EnumerateDeviceExtensionProperties)(pd, NULL, &n, e) == VK_SUCCESS)
+    for (uint32_t i = 0; i < n && !found; i++)
+      found = strcmp(e[i].extensionName, name) == 0;
+  free(e);
+  return found;
+}
+
+/* Identity strings of a physical device (for devinfo and cache keys). */
+static void identity(VkPhysicalDevice pd, char *driver, size_t dlen, char *uuid,
+                     char *arch, size_t alen) {
+  VkPhysicalDeviceDriverProperties drv = {
+      .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_DRIVER_PROPERTIES};
+  VkPhysicalDeviceIDProperties id = {
+      .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_ID_PROPERTIES, .pNext = &drv};
+  VkPhysicalDeviceProperties2 p2 = {
+      .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, .pNext = &id};
+  VK(GetPhysicalDeviceProperties2)(pd, &p2);
+  const VkPhysicalDeviceProperties *p = &p2.properties;
+  uint32_t v = p->driverVersion;
+  char num[32];
+  if (p->vendorID == 0x10de)
+    snprintf(num, sizeof num, "%u.%u.%u", (v >> 22) & 0x3ff, (v >> 14) & 0xff,
+             (v >> 6) & 0xff);
+  else
+    snprintf(num, sizeof num, "%u.%u.%u", VK_API_VERSION_MAJOR(v),
+             VK_API_VERSION_MINOR(v), VK_API_VERSION_PATCH(v));
+  snprintf(driver, dlen, "%.20s %.30s", drv.driverName[0] ? drv.driverName : "vulkan",
+           drv.driverInfo[0] ? drv.driverInfo : num);
+  for (int i = 0; i < 16; i++)
+    snprintf(uuid + 2 * i, 3, "%02x", id.deviceUUID[i]);
+  snprintf(arch, alen, "vk%u.%u/%04x:%04x", VK_API_VERSION_MAJOR(p->apiVersion),
+           VK_API_VERSION_MINOR(p->apiVersion), p->vendorID, p->deviceID);
+}
+
+static int vk_probe(struct dspk__devinfo *info, int max, char *why, size_t whylen) {
+  char tmp[8];
+  if (!why || !whylen) {
+    why = tmp;
+    whylen = sizeof tmp;
+  }
+  why[0] = 0;
+  if (!dspk__vk_instance) {
+    if (load_instance(why, whylen) != 0) {
+      unload();
+      return 0;
+    }
+    uint32_t n = 0;
+    VkPhysicalDevice all[DSPK__VK_MAX_DEV];
+    n = DSPK__VK_MAX_DEV;
+    VkResult r = VK(EnumeratePhysicalDevices)(dspk__vk_instance, &n, all);
+    if (r != VK_SUCCESS && r != VK_INCOMPLETE)
+      n = 0;
+    g_ndev = 0;
+    for (uint32_t i = 0; i < n; i++) {
+      VkPhysicalDeviceProperties p;
+      VK(GetPhysicalDeviceProperties)(all[i], &p);
+      if (p.apiVersion < VK_API_VERSION_1_2 || !has_compute_queue(all[i], NULL) ||
+          !has_ext(all[i], VK_KHR_PUSH_DESCRIPTOR_EXTENSION_NAME))
+        continue;
+      g_pd[g_ndev++] = all[i];
+    }
+    if (g_ndev == 0) {
+      snprintf(why, whylen, n ? "no Vulkan 1.2 device with a compute queue and "
+                                "VK_KHR_push_descriptor"
+                              : "no Vulkan device");
+      unload();
+      return 0;
+    }
+    if (!g_glslang)
+      g_glslang = glslang_initialize_process();
+  }
+  for (int i = 0; i < g_ndev && i < max; i++) {
+    struct dspk__devinfo *o = &info[i];
+    VkPhysicalDeviceProperties p;
+    VkPhysicalDeviceMemoryProperties mp;
+    VK(GetPhysicalDeviceProperties)(g_pd[i], &p);
+    VK(GetPhysicalDeviceMemoryProperties)(g_pd[i], &mp);
+    memset(o, 0, sizeof *o);
+    snprintf(o->name, sizeof o->name, "%.127s", p.deviceName);
+    const char *t = "other";
+    switch (p.deviceType) {
+    case VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU: t = "discrete"; break;
+    case VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU: t = "integrated"; break;
+    case VK_PHYSICAL_DEVICE_TYPE_VIRTUAL_GPU: t = "virtual"; break;
+    case VK_PHYSICAL_DEVICE_TYPE_CPU: t = "cpu"; o->software = 1; break;
+    default: break;
+    }
+    snprintf(o->type, sizeof o->type, "%s", t);
+    identity(g_pd[i], o->driver, sizeof o->driver, o->uuid, o->arch, sizeof o->arch);
+    for (uint32_t h = 0; h < mp.memoryHeapCount; h++)
+      if (mp.memoryHeaps[h].flags & VK_MEMORY_HEAP_DEVICE_LOCAL_BIT)
+        o->memory += mp.memoryHeaps[h].size;
+  }
+  return g_ndev;
+}
+
+static void vk_shutdown(void) {
+  if (g_glslang)
+    glslang_finalize_process();
+  g_glslang = 0;
+  unload();
+}
+
+/* ---- command buffers and fences ------------------------------------------ */
+
+int dspk__vk_wait_value(struct dspk__dev *d, uint64_t v) {
+  if (v == 0)
+    return 0;
+  VkSemaphoreWaitInfo wi = {.sType = VK_STRUCTURE_TYPE_SEMAPHORE_WAIT_INFO,
+                            .semaphoreCount = 1,
+                            .pSemaphores = &d->timeline,
+                            .pValues = &v};
+  return dspk__vk_err(VK(WaitSemaphores)(d->dev, &wi, UINT64_MAX));
+}
+
+static int value_reached(struct dspk__dev *d, uint64_t v) {
+  uint64_t cur = 0;
+  if (v == 0)
+    return 1;
+  VkResult r = VK(GetSemaphoreCounterValue)(d->dev, d->timeline, &cur);
+  if (r != VK_SUCCESS)
+    return dspk__vk_err(r);
+  return cur >= v;
+}
+
+void dspk__vk_barrier(struct dspk__dev *d) {
+  if (!d->rec)
+    return;
+  VkMemoryBarrier mb = {.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER,
+                        .srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT |
+                                         VK_ACCESS_TRANSFER_WRITE_BIT |
+                                         VK_ACCESS_HOST_WRITE_BIT,
+                        .dstAccessMask = VK_ACCESS_SHADER_READ_BIT |
+                                         VK_ACCESS_SHADER_WRITE_BIT |
+                                         VK_ACCESS_TRANSFER_READ_BIT |
+                                         VK_ACCESS_TRANSFER_WRITE_BIT |
+                                         VK_ACCESS_HOST_READ_BIT};
+  VK(CmdPipelineBarrier)(d->rec,
+                         VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT |
+                             VK_PIPELINE_STAGE_TRANSFER_BIT | VK_PIPELINE_STAGE_HOST_BIT,
+                         VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT |
+                             VK_PIPELINE_STAGE_TRANSFER_BIT | VK_PIPELINE_STAGE_HOST_BIT,
+                         0, 1, &mb, 0, NULL, 0, NULL);
+}
+
+int dspk__vk_cmd(struct dspk__dev *d, VkCommandBuffer *out) {
+  if (d->rec) {
+    *out = d->rec;
+    return 0;
+  }
+  struct dspk__vk_cmd *s = &d->ring[d->ring_next];
+  int r = dspk__vk_wait_value(d, s->value);
+  if (r)
+    return r;
+  VkResult vr;
+  if (!s->cb) {
+    VkCommandBufferAllocateInfo ai = {
+        .sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO,
+        .commandPool = d->cpool,
+        .level = VK_COMMAND_BUFFER_LEVEL_PRIMARY,
+        .commandBufferCount = 1};
+    if ((vr = VK(AllocateCommandBuffers)(d->dev, &ai, &s->cb)) != VK_SUCCESS) {
+      s->cb = NULL;
+      return dspk__vk_err(vr);
+    }
+  } else if ((vr = VK(ResetCommandBuffer)(s->cb, 0)) != VK_SUCCESS) {
+    return dspk__vk_err(vr);
+  }
+  VkCommandBufferBeginInfo bi = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO,
+                                 .flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT};
+  if ((vr = VK(BeginCommandBuffer)(s->cb, &bi)) != VK_SUCCESS)
+    return dspk__vk_err(vr);
+  d->rec = s->cb;
+  d->rec_slot = s;
+  d->ring_next = (d->ring_next + 1) % DSPK__VK_RING;
+  /* Order this buffer's work after every earlier submission's writes. */
+  dspk__vk_barrier(d);
+  *out = d->rec;
+  return 0;
+}
+
+int dspk__vk_submit(struct dspk__dev *d) {
+  if (!d->rec)
+    return 0;
+  VkCommandBuffer cb = d->rec;
+  d->rec = NULL;
+  VkResult vr = VK(EndCommandBuffer)(cb);
+  if (vr != VK_SUCCESS) {
+    d->rec_slot->value = d->submitted;
+    return dspk__vk_err(vr);
+  }
+  uint64_t v = d->submitted + 1;
+  VkTimelineSemaphoreSubmitInfo ts = {
+      .sType = VK_STRUCTURE_TYPE_TIMELINE_SEMAPHORE_SUBMIT_INFO,
+      .signalSemaphoreValueCount = 1,
+      .pSignalSemaphoreValues = &v};
+  VkSubmitInfo si = {.sType = VK_STRUCTURE_TYPE_SUBMIT_INFO,
+                     .pNext = &ts,
+                     .commandBufferCount = 1,
+                     .pCommandBuffers = &cb,
+                     .signalSemaphoreCount = 1,
+                     .pSignalSemaphores = &d->timeline};
+  vr = VK(QueueSubmit)(d->queue, 1, &si, VK_NULL_HANDLE);
+  if (vr != VK_SUCCESS) {
+    d->rec_slot->value = d->submitted;
+    return dspk__vk_err(vr);
+  }
+  d->submitted = v;
+  d->rec_slot->value = v;
+  return 0;
+}
+
+/* Fences are timeline values, carried in the pointer itself: nothing to
+ * allocate or free.  Value 0 (nothing submitted yet) is always reached. */
+static int vk_fence_record(struct dspk__dev *d, struct dspk__fence **out) {
+  int r = dspk__vk_submit(d);
+  if (r)
+    return r;
+  *out = (struct dspk__fence *)(uintptr_t)d->submitted;
+  return 0;
+}
+static int vk_fence_query(struct dspk__dev *d, struct dspk__fence *f) {
+  return value_reached(d, (uint64_t)(uintptr_t)f);
+}
+static int vk_fence_wait(struct dspk__dev *d, struct dspk__fence *f) {
+  return dspk__vk_wait_value(d, (uint64_t)(uintptr_t)f);
+}
+static void vk_fence_destroy(struct dspk__dev *d, struct dspk__fence *f) {
+  (void)d;
+  (void)f;
+}
+static int vk_sync(struct dspk__dev *d) {
+  int r = dspk__vk_submit(d);
+  if (r == 0)
+    r = dspk__vk_wait_value(d, d->submitted);
+  if (r == 0)
+    dspk__retire_drain(&d->retire);
+  return r;
+}
+
+/* The retirement queue's fence vtable over the same timeline values. */
+static int rt_record(void *ud, void **fence) {
+  struct dspk__dev *d = ud;
+  if (dspk__vk_submit(d) != 0)
+    return DSPK_EDEVICE;
+  *fence = (void *)(uintptr_t)d->submitted;
+  return 0;
+}
+static int rt_query(void *ud, void *fence) {
+  return value_reached(ud, (uint64_t)(uintptr_t)fence);
+}
+static int rt_wait(void *ud, void *fence) {
+  return dspk__vk_wait_value(ud, (uint64_t)(uintptr_t)fence);
+}
+static int rt_barrier(void *ud) {
+  struct dspk__dev *d = ud;
+  return dspk__vk_err(VK(QueueWaitIdle)(d->queue));
+}
+static const struct dspk__retire_ops rt_ops = {
+    .record = rt_record, .query = rt_query, .wait = rt_wait, .destroy = NULL,
+    .barrier = rt_barrier};
+
+static void plan_evict(void *ud, void *plan) { dspk__vk_fft_plan_free(ud, plan); }
+
+/* ---- open / close --------------------------------------------------------- */
+
+static void vk_close(struct dspk__dev *d);
+
+static int vk_open(int index, const struct dspk__devenv *env, struct dspk__dev **out) {
+  if (index < 0 || index >= g_ndev || !dspk__vk_instance)
+    return DSPK_ENODEV;
+  struct dspk__dev *d = calloc(1, sizeof *d);
+  if (!d)
+    return DSPK_ENOMEM;
+  int r = DSPK_EDEVICE;
+  VkResult vr;
+  if (env)
+    d->env = *env;
+  d->index = index;
+  d->pd = g_pd[index];
+  VK(GetPhysicalDeviceProperties)(d->pd, &d->props);
+  VK(GetPhysicalDeviceMemoryProperties)(d->pd, &d->memprops);
+  snprintf(d->name, sizeof d->name, "%s", d->props.deviceName);
+  identity(d->pd, d->driver, sizeof d->driver, d->uuid, d->arch, sizeof d->arch);
+  d->align = d->props.limits.minStorageBufferOffsetAlignment;
+  if (d->align < 4)
+    d->align = 4;
+  has_compute_queue(d->pd, &d->qfamily);
+
+  VkPhysicalDeviceVulkan12Features f12 = {
+      .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES};
+  VkPhysicalDeviceVulkan11Features f11 = {
+      .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_1_FEATURES, .pNext = &f12};
+  VkPhysicalDeviceFeatures2 f2 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2,
+                                  .pNext = &f11};
+  VK(GetPhysicalDeviceFeatures2)(d->pd, &f2);
+  if (!f12.timelineSemaphore) {
+    r = DSPK_ENOTSUP;
+    goto fail;
+  }
+  VkPhysicalDeviceVulkan12Features e12 = {
+      .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES,
+      .timelineSemaphore = VK_TRUE,
+      .shaderFloat16 = f12.shaderFloat16,
+      .storageBuffer8BitAccess = f12.storageBuffer8BitAccess,
+      .vulkanMemoryModel = f12.vulkanMemoryModel,
+      .bufferDeviceAddress = VK_FALSE};
+  VkPhysicalDeviceVulkan11Features e11 = {
+      .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_1_FEATURES,
+      .pNext = &e12,
+      .storageBuffer16BitAccess = f11.storageBuffer16BitAccess};
+  VkPhysicalDeviceFeatures2 e2 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2,
+                                  .pNext = &e11};
+  e2.features.shaderFloat64 = f2.features.shaderFloat64;
+  e2.features.shaderInt64 = f2.features.shaderInt64;
+  d->has_f64 = f2.features.shaderFloat64;
+  d->has_int64 = f2.features.shaderInt64;
+  d->has_f16 = f12.shaderFloat16 && f11.storageBuffer16BitAccess;
+
+  const char *exts[4];
+  uint32_t next = 0;
+  exts[next++] = VK_KHR_PUSH_DESCRIPTOR_EXTENSION_NAME;
+  float prio = 1.0f;
+  VkDeviceQueueCreateInfo qi = {.sType = VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO,
+                                .queueFamilyIndex = d->qfamily,
+                                .queueCount = 1,
+                                .pQueuePriorities = &prio};
+  VkDeviceCreateInfo di = {.sType = VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO,
+                           .pNext = &e2,
+                           .queueCreateInfoCount = 1,
+                           .pQueueCreateInfos = &qi,
+                           .enabledExtensionCount = next,
+                           .ppEnabledExtensionNames = exts};
+  if ((vr = VK(CreateDevice)(d->pd, &di, NULL, &d->dev)) != VK_SUCCESS) {
+    d->dev = NULL;
+    r = dspk__vk_err(vr);
+    goto fail;
+  }
+  VK(GetDeviceQueue)(d->dev, d->qfamily, 0, &d->queue);
+  d->CmdPushDescriptorSetKHR = (PFN_vkCmdPushDescriptorSetKHR)VK(GetDeviceProcAddr)(
+      d->dev, "vkCmdPushDescriptorSetKHR");
+  if (!d->CmdPushDescriptorSetKHR) {
+    r = DSPK_ENOTSUP;
+    goto fail;
+  }
+  VkCommandPoolCreateInfo pi = {.sType = VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO,
+                                .flags = VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT,
+                                .queueFamilyIndex = d->qfamily};
+  if ((vr = VK(CreateCommandPool)(d->dev, &pi, NULL, &d->cpool)) != VK_SUCCESS) {
+    d->cpool = VK_NULL_HANDLE;
+    r = dspk__vk_err(vr);
+    goto fail;
+  }
+  VkSemaphoreTypeCreateInfo st = {.sType = VK_STRUCTURE_TYPE_SEMAPHORE_TYPE_CREATE_INFO,
+                                  .semaphoreType = VK_SEMAPHORE_TYPE_TIMELINE,
+                                  .initialValue = 0};
+  VkSemaphoreCreateInfo sci = {.sType = VK_STRUCTURE_TYPE_SEMAPHORE_CREATE_INFO,
+                               .pNext = &st};
+  if ((vr = VK(CreateSemaphore)(d->dev, &sci, NULL, &d->timeline)) != VK_SUCCESS) {
+    d->timeline = VK_NULL_HANDLE;
+    r = dspk__vk_err(vr);
+    goto fail;
+  }
+  if ((r = dspk__vk_mem_init(d)))
+    goto fail;
+  if ((r = dspk__retire_init(&d->retire, &rt_ops, d, 0)))
+    goto fail;
+  if ((r = dspk__plancache_init(&d->plans, 0, plan_evict, d)))
+    goto fail;
+  if ((r = dspk__vk_pcache_init(d)))
+    goto fail;
+  *out = d;
+  return 0;
+fail:
+  vk_close(d);
+  return r;
+}
+
+/* The ordered teardown (see the file comment). */
+static void vk_close(struct dspk__dev *d) {
+  if (!d)
+    return;
+  if (d->dev) {
+    dspk__vk_submit(d);
+    VK(DeviceWaitIdle)(d->dev);
+  }
+  dspk__retire_fini(&d->retire);
+  dspk__plancache_fini(&d->plans);
+  if (d->dev) {
+    dspk__vk_kernels_fini(d);
+    dspk__vk_pcache_fini(d);
+    dspk__vk_mem_fini(d);
+    for (int i = 0; i < DSPK__VK_RING; i++)
+      if (d->ring[i].cb)
+        VK(FreeCommandBuffers)(d->dev, d->cpool, 1, &d->ring[i].cb);
+    if (d->cpool)
+      VK(DestroyCommandPool)(d->dev, d->cpool, NULL);
+    if (d->timeline)
+      VK(DestroySemaphore)(d->dev, d->timeline, NULL);
+    VK(DestroyDevice)(d->dev, NULL);
+  }
+  free(d);
+}
+
+static int vk_alloc(struct dspk__dev *d, size_t n, struct dspk__mem **out) {
+  return dspk__vk_alloc(d, n, out);
+}
+static void vk_free(struct dspk__dev *d, struct dspk__mem *m) { dspk__vk_free(d, m); }
+
+static void vk_stats(struct dspk__dev *d, struct dspk__devstats *out) {
+  dspk__pool_stats_fill(&d->pool, out);
+  dspk__retire_stats_fill(&d->retire, out);
+  out->kernels_compiled = d->kernels_compiled;
+  out->kernel_cache_hits = d->kernel_cache_hits;
+}
+
+const struct dspk__backend dspk__backend_vulkan = {
+    .name = "vulkan",
+    .probe = vk_probe,
+    .shutdown = vk_shutdown,
+    .open = vk_open,
+    .close = vk_close,
+    .alloc = vk_alloc,
+    .free = vk_free,
+    .write = dspk__vk_write,
+    .read = dspk__vk_read,
+    .fence_record = vk_fence_record,
+    .fence_query = vk_fence_query,
+    .fence_wait = vk_fence_wait,
+    .fence_destroy = vk_fence_destroy,
+    .sync = vk_sync,
+    .run = dspk__vk_run,
+    .stats = vk_stats,
+};

@@ -1,0 +1,438 @@
+/*
+ * The simple ops of the Vulkan backend, with the semantics of the cpu
+ * backend (backends/op.c documents them): map, reduce and fir as GLSL
+ * generated per dtype and function, and raw kernels (GLSL source or SPIR-V)
+ * with buffer bindings and push constants.  Also the op dispatcher.
+ *
+ * Generated kernels share one preamble (types and complex helpers, and exp,
+ * sin and cos in double precision, which GLSL lacks) and take every element
+ * offset as a push constant, so tensors may start anywhere their element
+ * size allows.  Loops are grid-stride, so any size fits in the dispatch
+ * limits (at most DSPK__VK_MAX_GROUPS workgroups).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backends/vulkan/vk.h"
+
+#define DSPK__VK_MAX_GROUPS 65535u
+
+const char *dspk__vk_glsl_type(dspk_dtype dt) {
+  switch (dt) {
+  case DSPK_F32: return "float";
+  case DSPK_F64: return "double";
+  case DSPK_C64: return "vec2";
+  case DSPK_C128: return "dvec2";
+  default: return NULL;
+  }
+}
+
+static int is_dbl(dspk_dtype dt) { return dt == DSPK_F64 || dt == DSPK_C128; }
+static int is_cplx(dspk_dtype dt) { return dt == DSPK_C64 || dt == DSPK_C128; }
+
+/* The common preamble: T the element type, R its real type, and helpers. */
+static int preamble(char *s, size_t n, dspk_dtype dt) {
+  const char *T = dspk__vk_glsl_type(dt);
+  const char *R = is_dbl(dt) ? "double" : "float";
+  return snprintf(
+      s, n,
+      "#version 450\n"
+      "layout(local_size_x = %d) in;\n"
+      "#define T %s\n#define R %s\n#define CPLX %d\n#define DBL %d\n"
+      "T cmul(T a, T b) {\n#if CPLX\n"
+      "  return T(a.x*b.x - a.y*b.y, a.x*b.y + a.y*b.x);\n#else\n"
+      "  return a*b;\n#endif\n}\n"
+      "#if DBL\n"
+      /* exp: 2^k * exp(r), |r| <= ln2/2, Taylor to degree 13. */
+      "double dexp(double x) {\n"
+      "  if (x > 709.0) return double(uintBitsToFloat(0x7f800000u));\n"
+      "  if (x < -745.0) return 0.0LF;\n"
+      "  double k = floor(x * 1.4426950408889634LF + 0.5LF);\n"
+      "  double r = x - k * 0.6931471805599453LF - k * 2.3190468138462996e-17LF;\n"
+      "  double t = 1.0LF, s = 1.0LF;\n"
+      "  for (int i = 1; i <= 13; i++) { t *= r / double(i); s += t; }\n"
+      "  int ki = int(k);\n"
+      "  return ldexp(ldexp(s, ki / 2), ki - ki / 2);\n}\n"
+      /* sin/cos: x = q*pi/2 + r, |r| <= pi/4, Taylor series. */
+      "dvec2 dsincos(double x) {\n"
+      "  double q = floor(x * 0.6366197723675814LF + 0.5LF);\n"
+      "  double r = (x - q * 1.5707963267948966LF) - q * 6.123233995736766e-17LF;\n"
+      "  double r2 = r * r, s = r, c = 1.0LF, ts = r, tc = 1.0LF;\n"
+      "  for (int i = 1; i <= 11; i++) {\n"
+      "    ts *= -r2 / double((2*i) * (2*i+1)); s += ts;\n"
+      "    tc *= -r2 / double((2*i-1) * (2*i)); c += tc; }\n"
+      "  int qi = int(mod(q, 4.0LF));\n"
+      "  if (qi == 0) return dvec2(s, c);\n"
+      "  if (qi == 1) return dvec2(c, -s);\n"
+      "  if (qi == 2) return dvec2(-s, -c);\n"
+      "  return dvec2(-c, s);\n}\n"
+      "#endif\n",
+      DSPK__VK_WG, T, R, is_cplx(dt), is_dbl(dt));
+}
+
+static uint32_t groups_for(uint64_t n, uint32_t per) {
+  uint64_t g = (n + per - 1) / per;
+  if (g == 0)
+    g = 1;
+  return g > DSPK__VK_MAX_GROUPS ? DSPK__VK_MAX_GROUPS : (uint32_t)g;
+}
+
+static int need_dtype(struct dspk__dev *d, dspk_dtype dt, struct dspk__opctx *ctx,
+                      const char *op) {
+  if (!dspk__vk_glsl_type(dt))
+    return dspk__vk_fail(ctx, DSPK_EDTYPE, "%s: dtype %s is not supported on vulkan",
+                         op, dspk__dtype_name(dt));
+  if (is_dbl(dt) && !d->has_f64)
+    return dspk__vk_fail(ctx, DSPK_EDTYPE,
+                         "%s: this Vulkan device lacks shaderFloat64 (dtype %s)", op,
+                         dspk__dtype_name(dt));
+  return 0;
+}
+
+static int bind_all(struct dspk__dev *d, const struct dspk__tensor *const *t, int n,
+                    struct dspk__vk_bind *b, uint32_t *elem, struct dspk__opctx *ctx) {
+  for (int i = 0; i < n; i++) {
+    int r = dspk__vk_bind_tensor(d, t[i], &b[i], &elem[i]);
+    if (r == DSPK_ENOTSUP)
+      return dspk__vk_fail(ctx, r, "vulkan: operand %d starts at byte offset %zu, not a "
+                                   "multiple of its element size",
+                           i, t[i]->offset);
+    if (r == DSPK_ELIMIT)
+      return dspk__vk_fail(ctx, r, "vulkan: operand %d (%zu bytes) exceeds the device's "
+                                   "maxStorageBufferRange",
+                           i, dspk__tensor_nbytes(t[i]));
+    if (r)
+      return r;
+  }
+  return 0;
+}
+
+static int too_big(int64_t n, struct dspk__opctx *ctx, const char *op) {
+  if (n > (int64_t)UINT32_MAX - 1024)
+    return dspk__vk_fail(ctx, DSPK_ELIMIT, "%s: %lld elements (the vulkan backend indexes "
+                                           "with 32 bits)",
+                         op, (long long)n);
+  return 0;
+}
+
+/* ---- map ------------------------------------------------------------------ */
+
+int dspk__vk_map(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *ctx) {
+  dspk_dtype dt = op->in[0].dtype;
+  int r = need_dtype(d, dt, ctx, "map");
+  int64_t n = dspk__tensor_numel(&op->in[0]);
+  if (r || (r = too_big(n, ctx, "map")))
+    return r;
+  int bin = op->nin == 2;
+  const char *expr;
+  switch (op->u.map.fn) {
+  case DSPK_MAP_ADD: expr = "a[pc.oa+i] + b[pc.ob+i]"; break;
+  case DSPK_MAP_SUB: expr = "a[pc.oa+i] - b[pc.ob+i]"; break;
+  case DSPK_MAP_MUL: expr = "cmul(a[pc.oa+i], b[pc.ob+i])"; break;
+  case DSPK_MAP_SCALE: expr = "pc.alpha * a[pc.oa+i]"; break;
+  case DSPK_MAP_AXPY: expr = "pc.alpha * a[pc.oa+i] + b[pc.ob+i]"; break;
+  case DSPK_MAP_ABS: expr = is_cplx(dt) ? "length(a[pc.oa+i])" : "abs(a[pc.oa+i])"; break;
+  case DSPK_MAP_EXP:
+    expr = dt == DSPK_F32    ? "exp(a[pc.oa+i])"
+           : dt == DSPK_F64  ? "dexp(a[pc.oa+i])"
+           : dt == DSPK_C64  ? "exp(a[pc.oa+i].x) * vec2(cos(a[pc.oa+i].y), sin(a[pc.oa+i].y))"
+                             : "dexp(a[pc.oa+i].x) * dsincos(a[pc.oa+i].y).yx";
+    break;
+  default: return dspk__vk_fail(ctx, DSPK_ENOTSUP, "map: unknown function");
+  }
+  if (op->u.map.fn == DSPK_MAP_ABS && dt == DSPK_C128)
+    expr = "sqrt(a[pc.oa+i].x*a[pc.oa+i].x + a[pc.oa+i].y*a[pc.oa+i].y)";
+  char src[8192];
+  int k = preamble(src, sizeof src, dt);
+  snprintf(src + k, sizeof src - k,
+           "layout(std430, binding = 0) buffer BA { T a[]; };\n"
+           "%s"
+           "layout(std430, binding = %d) buffer BO { %s o[]; };\n"
+           "layout(push_constant) uniform PC { uint n, oa, ob, oo; R alpha; } pc;\n"
+           "void main() {\n"
+           "  uint stride = gl_NumWorkGroups.x * %du;\n"
+           "  for (uint i = gl_GlobalInvocationID.x; i < pc.n; i += stride)\n"
+           "    o[pc.oo+i] = %s;\n}\n",
+           bin ? "layout(std430, binding = 1) buffer BB { T b[]; };\n" : "", bin ? 2 : 1,
+           op->u.map.fn == DSPK_MAP_ABS ? (is_dbl(dt) ? "double" : "float") : "T",
+           DSPK__VK_WG, expr);
+  struct dspk__vk_kernel *kern;
+  if ((r = dspk__vk_kernel(d, "map", src, NULL, 0, "main", bin ? 3 : 2, 24, &kern, ctx)))
+    return r;
+  const struct dspk__tensor *t[3] = {&op->in[0], bin ? &op->in[1] : &op->out[0],
+                                     &op->out[0]};
+  struct dspk__vk_bind b[3];
+  uint32_t e[3];
+  if ((r = bind_all(d, t, bin ? 3 : 2, b, e, ctx)))
+    return r;
+  struct {
+    uint32_t n, oa, ob, oo;
+    union { float f; double d; } alpha;
+  } pc = {(uint32_t)n, e[0], bin ? e[1] : 0, bin ? e[2] : e[1], {0}};
+  if (is_dbl(dt))
+    pc.alpha.d = op->u.map.alpha;
+  else
+    pc.alpha.f = (float)op->u.map.alpha;
+  if (n == 0)
+    return 0;
+  return dspk__vk_dispatch(d, kern, b, bin ? 3 : 2, &pc, sizeof pc,
+                           groups_for((uint64_t)n, DSPK__VK_WG), 1, 1);
+}
+
+/* ---- reduce ------------------------------------------------------------- */
+
+int dspk__vk_reduce(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *ctx) {
+  const struct dspk__tensor *X = &op->in[0];
+  dspk_dtype dt = X->dtype;
+  int r = need_dtype(d, dt, ctx, "reduce");
+  if (r || (r = too_big(dspk__tensor_numel(X), ctx, "reduce")))
+    return r;
+  uint32_t axes = op->u.reduce.axes;
+  if (axes == 0)
+    axes = X->rank ? (uint32_t)((1ull << X->rank) - 1) : 0;
+  struct {
+    uint32_t nout, nred, rk, rr, ox, oo, pad[2];
+    uint32_t dim[DSPK_MAX_RANK], str[DSPK_MAX_RANK];
+  } pc;
+  memset(&pc, 0, sizeof pc);
+  int64_t stride[DSPK_MAX_RANK], s = 1;
+  for (int i = X->rank - 1; i >= 0; i--) {
+    stride[i] = s;
+    s *= X->shape[i];
+  }
+  uint64_t nout = 1, nred = 1;
+  int j = 0;
+  for (int i = 0; i < X->rank; i++)
+    if (!(axes & (1u << i))) {
+      pc.dim[j] = (uint32_t)X->shape[i];
+      pc.str[j++] = (uint32_t)stride[i];
+      nout *= (uint64_t)X->shape[i];
+    }
+  pc.rk = (uint32_t)j;
+  for (int i = 0; i < X->rank; i++)
+    if (axes & (1u << i)) {
+      pc.dim[j] = (uint32_t)X->shape[i];
+      pc.str[j++] = (uint32_t)stride[i];
+      nred *= (uint64_t)X->shape[i];
+    }
+  pc.rr = (uint32_t)j - pc.rk;
+  pc.nout = (uint32_t)nout;
+  pc.nred = (uint32_t)nred;
+  const char *init, *comb, *fin;
+  switch (op->u.reduce.fn) {
+  case DSPK_REDUCE_SUM: init = "T(0)"; comb = "(A) + (B)"; fin = "v"; break;
+  case DSPK_REDUCE_MEAN: init = "T(0)"; comb = "(A) + (B)"; fin = "v / R(pc.nred)"; break;
+  case DSPK_REDUCE_MAX:
+    init = "T(uintBitsToFloat(0xff800000u))"; comb = "max(A, B)"; fin = "v"; break;
+  case DSPK_REDUCE_MIN:
+    init = "T(uintBitsToFloat(0x7f800000u))"; comb = "min(A, B)"; fin = "v"; break;
+  default: return dspk__vk_fail(ctx, DSPK_ENOTSUP, "reduce: unknown function");
+  }
+  char src[8192];
+  int k = preamble(src, sizeof src, dt);
+  snprintf(src + k, sizeof src - k,
+           "layout(std430, binding = 0) buffer BX { T x[]; };\n"
+           "layout(std430, binding = 1) buffer BO { T o[]; };\n"
+           "layout(push_constant) uniform PC { uint nout, nred, rk, rr, ox, oo, p0, p1;\n"
+           "  uint dim[8]; uint str[8]; } pc;\n"
+           "#define COMB(A, B) %s\n"
+           "shared T s[%d];\n"
+           "void main() {\n"
+           "  uint lid = gl_LocalInvocationID.x;\n"
+           "  for (uint oi = gl_WorkGroupID.x; oi < pc.nout; oi += gl_NumWorkGroups.x) {\n"
+           "    uint rem = oi, base = pc.ox;\n"
+           "    for (int j = int(pc.rk) - 1; j >= 0; j--) {\n"
+           "      base += (rem %% pc.dim[j]) * pc.str[j]; rem /= pc.dim[j]; }\n"
+           "    T acc = %s;\n"
+           "    for (uint ri = lid; ri < pc.nred; ri += %du) {\n"
+           "      uint rr = ri, off = base;\n"
+           "      for (int j = int(pc.rk + pc.rr) - 1; j >= int(pc.rk); j--) {\n"
+           "        off += (rr %% pc.dim[j]) * pc.str[j]; rr /= pc.dim[j]; }\n"
+           "      acc = COMB(acc, x[off]);\n"
+           "    }\n"
+           "    s[lid] = acc;\n"
+           "    barrier();\n"
+           "    for (uint st = %du; st > 0u; st >>= 1) {\n"
+           "      if (lid < st) s[lid] = COMB(s[lid], s[lid + st]);\n"
+           "      barrier();\n"
+           "    }\n"
+           "    if (lid == 0u) { T v = s[0]; o[pc.oo + oi] = %s; }\n"
+           "    barrier();\n"
+           "  }\n}\n",
+           comb, DSPK__VK_WG, init, DSPK__VK_WG, DSPK__VK_WG / 2, fin);
+  struct dspk__vk_kernel *kern;
+  if ((r = dspk__vk_kernel(d, "reduce", src, NULL, 0, "main", 2, sizeof pc, &kern, ctx)))
+    return r;
+  const struct dspk__tensor *t[2] = {X, &op->out[0]};
+  struct dspk__vk_bind b[2];
+  uint32_t e[2];
+  if ((r = bind_all(d, t, 2, b, e, ctx)))
+    return r;
+  pc.ox = e[0];
+  pc.oo = e[1];
+  if (nout == 0)
+    return 0;
+  return dspk__vk_dispatch(d, kern, b, 2, &pc, sizeof pc, groups_for(nout, 1), 1, 1);
+}
+
+/* ---- fir ---------------------------------------------------------------- */
+
+int dspk__vk_fir(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *ctx) {
+  const struct dspk__tensor *X = &op->in[0], *H = &op->in[1];
+  dspk_dtype dt = X->dtype;
+  int r = need_dtype(d, dt, ctx, "fir");
+  int64_t total = dspk__tensor_numel(X);
+  if (r || (r = too_big(total, ctx, "fir")))
+    return r;
+  char src[8192];
+  int k = preamble(src, sizeof src, dt);
+  /* One output sample per invocation; the taps go through shared memory in
+   * chunks so each workgroup reads them once per chunk. */
+  snprintf(src + k, sizeof src - k,
+           "layout(std430, binding = 0) buffer BX { T x[]; };\n"
+           "layout(std430, binding = 1) buffer BH { T h[]; };\n"
+           "layout(std430, binding = 2) buffer BY { T y[]; };\n"
+           "layout(push_constant) uniform PC { uint total, n, k, ox, oh, oy; } pc;\n"
+           "shared T hs[%d];\n"
+           "void main() {\n"
+           "  uint lid = gl_LocalInvocationID.x;\n"
+           "  uint stride = gl_NumWorkGroups.x * %du;\n"
+           "  uint iters = (pc.total + stride - 1u) / stride;\n"
+           "  for (uint it = 0u; it < iters; it++) {\n"
+           "    uint i = gl_GlobalInvocationID.x + it * stride;\n"
+           "    bool live = i < pc.total;\n"
+           "    uint t = live ? i %% pc.n : 0u, row = live ? i - t : 0u;\n"
+           "    T acc = T(0);\n"
+           "    for (uint c = 0u; c < pc.k; c += %du) {\n"
+           "      barrier();\n"
+           "      if (c + lid < pc.k) hs[lid] = h[pc.oh + c + lid];\n"
+           "      barrier();\n"
+           "      uint kend = min(pc.k - c, %du);\n"
+           "      if (live && t >= c) {\n"
+           "        uint jmax = min(kend, t - c + 1u);\n"
+           "        for (uint j = 0u; j < jmax; j++)\n"
+           "          acc += cmul(hs[j], x[pc.ox + row + t - c - j]);\n"
+           "      }\n"
+           "    }\n"
+           "    if (live) y[pc.oy + i] = acc;\n"
+           "  }\n}\n",
+           DSPK__VK_WG, DSPK__VK_WG, DSPK__VK_WG, DSPK__VK_WG);
+  struct dspk__vk_kernel *kern;
+  if ((r = dspk__vk_kernel(d, "fir", src, NULL, 0, "main", 3, 24, &kern, ctx)))
+    return r;
+  const struct dspk__tensor *t[3] = {X, H, &op->out[0]};
+  struct dspk__vk_bind b[3];
+  uint32_t e[3];
+  if ((r = bind_all(d, t, 3, b, e, ctx)))
+    return r;
+  uint32_t pc[6] = {(uint32_t)total, (uint32_t)X->shape[X->rank - 1],
+                    (uint32_t)H->shape[0], e[0], e[1], e[2]};
+  if (total == 0)
+    return 0;
+  return dspk__vk_dispatch(d, kern, b, 3, pc, sizeof pc,
+                           groups_for((uint64_t)total, DSPK__VK_WG), 1, 1);
+}
+
+/* ---- raw kernels ------------------------------------------------------------ */
+
+int dspk__vk_kernel_op(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *ctx) {
+  const char *lang = op->u.kernel.lang;
+  int spirv;
+  if (strcmp(lang, "glsl") == 0)
+    spirv = 0;
+  else if (strcmp(lang, "spirv") == 0)
+    spirv = 1;
+  else
+    return dspk__vk_fail(ctx, DSPK_ENOTSUP,
+                         "kernel: language \"%s\" is not supported on vulkan (glsl, spirv)",
+                         lang);
+  /* Tensor arguments are bindings 0, 1, ... in order; scalars are packed
+   * into the push-constant block with std430 alignment. */
+  struct dspk__vk_bind b[DSPK__VK_MAX_BIND];
+  uint8_t pc[DSPK__VK_PC_MAX];
+  uint32_t pcsize = 0;
+  int nb = 0;
+  for (int i = 0; i < op->u.kernel.nargs; i++) {
+    const struct dspk__karg *a = &op->u.kernel.args[i];
+    if (a->kind == DSPK__KARG_TENSOR) {
+      const struct dspk__tensor *t = &op->in[a->v.tensor];
+      uint32_t elem;
+      if (nb == DSPK__VK_MAX_BIND)
+        return dspk__vk_fail(ctx, DSPK_ELIMIT, "kernel: more than %d buffers",
+                             DSPK__VK_MAX_BIND);
+      int r = dspk__vk_bind_tensor(d, t, &b[nb], &elem);
+      if (r == 0 && elem != 0)
+        r = DSPK_ENOTSUP;
+      if (r)
+        return dspk__vk_fail(ctx, r,
+                             "kernel: argument %d (input %d) cannot be bound: its offset "
+                             "must be a multiple of %llu bytes and its size within "
+                             "maxStorageBufferRange",
+                             i, a->v.tensor, (unsigned long long)d->align);
+      nb++;
+      continue;
+    }
+    uint32_t sz = (a->kind == DSPK__KARG_I64 || a->kind == DSPK__KARG_F64) ? 8 : 4;
+    pcsize = (pcsize + sz - 1) / sz * sz;
+    if (pcsize + sz > DSPK__VK_PC_MAX)
+      return dspk__vk_fail(ctx, DSPK_ELIMIT, "kernel: scalars exceed %d push-constant bytes",
+                           DSPK__VK_PC_MAX);
+    switch (a->kind) {
+    case DSPK__KARG_I32: memcpy(pc + pcsize, &a->v.i32, 4); break;
+    case DSPK__KARG_U32: memcpy(pc + pcsize, &a->v.u32, 4); break;
+    case DSPK__KARG_F32: memcpy(pc + pcsize, &a->v.f32, 4); break;
+    case DSPK__KARG_I64: memcpy(pc + pcsize, &a->v.i64, 8); break;
+    case DSPK__KARG_F64: memcpy(pc + pcsize, &a->v.f64, 8); break;
+    default: break;
+    }
+    pcsize += sz;
+  }
+  const char *entry = op->u.kernel.entry[0] ? op->u.kernel.entry : "main";
+  char *glsl = NULL;
+  if (!spirv) {
+    glsl = malloc(op->u.kernel.source_len + 1);
+    if (!glsl)
+      return DSPK_ENOMEM;
+    memcpy(glsl, op->u.kernel.source, op->u.kernel.source_len);
+    glsl[op->u.kernel.source_len] = 0;
+    entry = "main"; /* GLSL's entry point is always main */
+  }
+  struct dspk__vk_kernel *kern;
+  int r = dspk__vk_kernel(d, "raw", glsl, spirv ? op->u.kernel.source : NULL,
+                          op->u.kernel.source_len, entry, nb, pcsize, &kern, ctx);
+  free(glsl);
+  if (r)
+    return r;
+  uint32_t g[3];
+  for (int i = 0; i < 3; i++)
+    g[i] = op->u.kernel.grid[i] ? op->u.kernel.grid[i] : 1;
+  const uint32_t *mx = d->props.limits.maxComputeWorkGroupCount;
+  if (g[0] > mx[0] || g[1] > mx[1] || g[2] > mx[2])
+    return dspk__vk_fail(ctx, DSPK_ELIMIT, "kernel: grid %ux%ux%u exceeds the device's "
+                                           "maxComputeWorkGroupCount %ux%ux%u",
+                         g[0], g[1], g[2], mx[0], mx[1], mx[2]);
+  return dspk__vk_dispatch(d, kern, b, nb, pc, pcsize, g[0], g[1], g[2]);
+}
+
+/* ---- dispatcher ------------------------------------------------------------- */
+
+int dspk__vk_run(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *ctx) {
+  int r;
+  if (ctx && ctx->cancel && atomic_load(ctx->cancel))
+    return DSPK_ECANCELED;
+  switch (op->kind) {
+  case DSPK_OP_MAP: r = dspk__vk_map(d, op, ctx); break;
+  case DSPK_OP_REDUCE: r = dspk__vk_reduce(d, op, ctx); break;
+  case DSPK_OP_FIR: r = dspk__vk_fir(d, op, ctx); break;
+  case DSPK_OP_KERNEL: r = dspk__vk_kernel_op(d, op, ctx); break;
+  case DSPK_OP_GEMM: r = dspk__vk_gemm(d, op, ctx); break;
+  case DSPK_OP_CONTRACT: r = dspk__vk_contract(d, op, ctx); break;
+  case DSPK_OP_FFT: r = dspk__vk_fft(d, op, ctx); break;
+  default: r = dspk__vk_fail(ctx, DSPK_ENOTSUP, "vulkan: unknown op"); break;
+  }
+  /* Whatever was recorded goes to the queue now: nothing stays open between
+   * calls, so fences and reads always cover it. */
+  int s = dspk__vk_submit(d);
+  return r ? r : s;
+}

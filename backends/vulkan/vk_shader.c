@@ -1,0 +1,411 @@
+/*
+ * Shaders and pipelines of the Vulkan backend.
+ *
+ * GLSL (generated per op, or a client's raw kernel) is compiled to SPIR-V
+ * with glslang's C interface.  Before compiling, the SPIR-V is looked up in
+ * the persistent cache (cache/cache.h) under the kernel key of DESIGN.md:
+ * the generated source, the compile options, "glslang" and its version, and
+ * the device's identity and driver, so a restarted daemon compiles nothing
+ * it compiled before (kernels_compiled / kernel_cache_hits count both ways).
+ * Pipelines are then made through a VkPipelineCache whose data is loaded
+ * from the cache at open and saved back at close, keyed by the device's
+ * pipelineCacheUUID and driver version.
+ *
+ * Each device keeps its pipelines in a small table keyed by a hash of the
+ * code and layout; every pipeline has one push-descriptor set of storage
+ * buffers and one push-constant range.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <glslang/Include/glslang_c_interface.h>
+#include <glslang/Public/resource_limits_c.h>
+#include <glslang/build_info.h>
+
+#include "backends/vulkan/vk.h"
+#include "cache/cache.h"
+
+#define STR2(x) #x
+#define STR(x) STR2(x)
+static const char glslang_version[] = STR(GLSLANG_VERSION_MAJOR) "." STR(
+    GLSLANG_VERSION_MINOR) "." STR(GLSLANG_VERSION_PATCH);
+static const char compile_options[] = "vulkan1.2 spv1.5 glsl450";
+
+const char *dspk__vk_glslang_version(void) { return glslang_version; }
+
+static void key_of(struct dspk__dev *d, const char *name, const char *src,
+                   struct dspk__kernel_key *k) {
+  memset(k, 0, sizeof *k);
+  k->dev.backend = "vulkan";
+  k->dev.name = d->name;
+  k->dev.arch = d->arch;
+  k->dev.uuid = d->uuid;
+  k->dev.driver = d->driver;
+  k->compiler = "glslang";
+  k->compiler_version = glslang_version;
+  k->name = name;
+  k->source = src;
+  k->source_len = strlen(src);
+  k->options = compile_options;
+}
+
+static int compile(const char *src, uint32_t **spv, size_t *nwords, char *log,
+                   size_t loglen) {
+  glslang_input_t in = {
+      .language = GLSLANG_SOURCE_GLSL,
+      .stage = GLSLANG_STAGE_COMPUTE,
+      .client = GLSLANG_CLIENT_VULKAN,
+      .client_version = GLSLANG_TARGET_VULKAN_1_2,
+      .target_language = GLSLANG_TARGET_SPV,
+      .target_language_version = GLSLANG_TARGET_SPV_1_5,
+      .code = src,
+      .default_version = 450,
+      .default_profile = GLSLANG_NO_PROFILE,
+      .force_default_version_and_profile = 0,
+      .forward_compatible = 0,
+      .messages = GLSLANG_MSG_DEFAULT_BIT,
+      .resource = glslang_default_resource(),
+  };
+  int r = DSPK_ECOMPILE;
+  glslang_program_t *prog = NULL;
+  glslang_shader_t *sh = glslang_shader_create(&in);
+  if (!sh)
+    return DSPK_ENOMEM;
+  if (!glslang_shader_preprocess(sh, &in) || !glslang_shader_parse(sh, &in)) {
+    snprintf(log, loglen, "%s", glslang_shader_get_info_log(sh));
+    goto out;
+  }
+  prog = glslang_program_create();
+  if (!prog) {
+    r = DSPK_ENOMEM;
+    goto out;
+  }
+  glslang_program_add_shader(prog, sh);
+  if (!glslang_program_link(prog, GLSLANG_MSG_SPV_RULES_BIT | GLSLANG_MSG_VULKAN_RULES_BIT)) {
+    snprintf(log, loglen, "%s", glslang_program_get_info_log(prog));
+    goto out;
+  }
+  glslang_program_SPIRV_generate(prog, GLSLANG_STAGE_COMPUTE);
+  size_t n = glslang_program_SPIRV_get_size(prog);
+  uint32_t *w = malloc(n * sizeof *w);
+  if (!w) {
+    r = DSPK_ENOMEM;
+    goto out;
+  }
+  glslang_program_SPIRV_get(prog, w);
+  *spv = w;
+  *nwords = n;
+  r = 0;
+out:
+  glslang_program_delete(prog);
+  glslang_shader_delete(sh);
+  return r;
+}
+
+int dspk__vk_glsl_to_spirv(struct dspk__dev *d, const char *name, const char *src,
+                           uint32_t **spv, size_t *nwords, char *log, size_t loglen) {
+  struct dspk__kernel_key k;
+  key_of(d, name, src, &k);
+  if (d->env.cache) {
+    void *bin;
+    size_t len;
+    if (dspk__cache_kernel_get(d->env.cache, &k, &bin, &len) == 0) {
+      if (len % 4 == 0 && len >= 20) {
+        d->kernel_cache_hits++;
+        *spv = bin;
+        *nwords = len / 4;
+        return 0;
+      }
+      free(bin);
+    }
+  }
+  int r = compile(src, spv, nwords, log, loglen);
+  if (r)
+    return r;
+  d->kernels_compiled++;
+  if (d->env.cache)
+    dspk__cache_kernel_put(d->env.cache, &k, *spv, *nwords * 4);
+  return 0;
+}
+
+/* ---- the pipeline cache ---------------------------------------------------- */
+
+int dspk__vk_pcache_init(struct dspk__dev *d) {
+  char uuid[2 * VK_UUID_SIZE + 1];
+  for (int i = 0; i < (int)VK_UUID_SIZE; i++)
+    snprintf(uuid + 2 * i, 3, "%02x", d->props.pipelineCacheUUID[i]);
+  snprintf(d->pcache_name, sizeof d->pcache_name, "vk-pipeline-cache/%s/%u/%04x:%04x",
+           uuid, d->props.driverVersion, d->props.vendorID, d->props.deviceID);
+  void *data = NULL;
+  size_t len = 0;
+  if (d->env.cache && dspk__cache_blob_get(d->env.cache, d->pcache_name, &data, &len) != 0) {
+    data = NULL;
+    len = 0;
+  }
+  VkPipelineCacheCreateInfo ci = {.sType = VK_STRUCTURE_TYPE_PIPELINE_CACHE_CREATE_INFO,
+                                  .initialDataSize = len,
+                                  .pInitialData = data};
+  VkResult vr = VK(CreatePipelineCache)(d->dev, &ci, NULL, &d->pcache);
+  if (vr != VK_SUCCESS && data) {
+    /* Data the driver rejects: start empty. */
+    ci.initialDataSize = 0;
+    ci.pInitialData = NULL;
+    vr = VK(CreatePipelineCache)(d->dev, &ci, NULL, &d->pcache);
+    len = 0;
+  }
+  free(data);
+  if (vr != VK_SUCCESS) {
+    d->pcache = VK_NULL_HANDLE;
+    return dspk__vk_err(vr);
+  }
+  d->pcache_loaded = len;
+  return 0;
+}
+
+void dspk__vk_pcache_fini(struct dspk__dev *d) {
+  if (!d->pcache)
+    return;
+  size_t len = 0;
+  if (d->env.cache && d->nkernels_made_since_open &&
+      VK(GetPipelineCacheData)(d->dev, d->pcache, &len, NULL) == VK_SUCCESS && len) {
+    void *buf = malloc(len);
+    if (buf && VK(GetPipelineCacheData)(d->dev, d->pcache, &len, buf) == VK_SUCCESS)
+      dspk__cache_blob_put(d->env.cache, d->pcache_name, buf, len);
+    free(buf);
+  }
+  VK(DestroyPipelineCache)(d->dev, d->pcache, NULL);
+  d->pcache = VK_NULL_HANDLE;
+}
+
+/* ---- kernels --------------------------------------------------------------- */
+
+static void kernel_destroy(struct dspk__dev *d, struct dspk__vk_kernel *k) {
+  if (k->pipe)
+    VK(DestroyPipeline)(d->dev, k->pipe, NULL);
+  if (k->layout)
+    VK(DestroyPipelineLayout)(d->dev, k->layout, NULL);
+  if (k->dsl)
+    VK(DestroyDescriptorSetLayout)(d->dev, k->dsl, NULL);
+  if (k->mod)
+    VK(DestroyShaderModule)(d->dev, k->mod, NULL);
+  memset(k, 0, sizeof *k);
+}
+
+void dspk__vk_kernels_fini(struct dspk__dev *d) {
+  for (int i = 0; i < d->nkernels; i++)
+    kernel_destroy(d, &d->kernels[i]);
+  free(d->kernels);
+  d->kernels = NULL;
+  d->nkernels = 0;
+}
+
+static int make_pipeline(struct dspk__dev *d, const uint32_t *spv, size_t nbytes,
+                         const char *entry, int nbind, uint32_t pcsize,
+                         struct dspk__vk_kernel *k, struct dspk__opctx *ctx) {
+  VkResult vr;
+  VkShaderModuleCreateInfo mi = {.sType = VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO,
+                                 .codeSize = nbytes,
+                                 .pCode = spv};
+  if ((vr = VK(CreateShaderModule)(d->dev, &mi, NULL, &k->mod)) != VK_SUCCESS) {
+    k->mod = VK_NULL_HANDLE;
+    return dspk__vk_fail(ctx, dspk__vk_err(vr) == DSPK_ENOMEM ? DSPK_ENOMEM : DSPK_ECOMPILE,
+                         "vulkan: vkCreateShaderModule failed (VkResult %d)", (int)vr);
+  }
+  VkDescriptorSetLayoutBinding b[DSPK__VK_MAX_BIND];
+  for (int i = 0; i < nbind; i++)
+    b[i] = (VkDescriptorSetLayoutBinding){.binding = (uint32_t)i,
+                                          .descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
+                                          .descriptorCount = 1,
+                                          .stageFlags = VK_SHADER_STAGE_COMPUTE_BIT};
+  VkDescriptorSetLayoutCreateInfo li = {
+      .sType = VK_STRUCTURE_TYPE_DESCRIPTOR_SET_LAYOUT_CREATE_INFO,
+      .flags = VK_DESCRIPTOR_SET_LAYOUT_CREATE_PUSH_DESCRIPTOR_BIT_KHR,
+      .bindingCount = (uint32_t)nbind,
+      .pBindings = b};
+  if ((vr = VK(CreateDescriptorSetLayout)(d->dev, &li, NULL, &k->dsl)) != VK_SUCCESS) {
+    k->dsl = VK_NULL_HANDLE;
+    return dspk__vk_err(vr);
+  }
+  VkPushConstantRange pr = {.stageFlags = VK_SHADER_STAGE_COMPUTE_BIT,
+                            .offset = 0,
+                            .size = (pcsize + 3) & ~3u};
+  VkPipelineLayoutCreateInfo pi = {.sType = VK_STRUCTURE_TYPE_PIPELINE_LAYOUT_CREATE_INFO,
+                                   .setLayoutCount = 1,
+                                   .pSetLayouts = &k->dsl,
+                                   .pushConstantRangeCount = pcsize ? 1 : 0,
+                                   .pPushConstantRanges = &pr};
+  if ((vr = VK(CreatePipelineLayout)(d->dev, &pi, NULL, &k->layout)) != VK_SUCCESS) {
+    k->layout = VK_NULL_HANDLE;
+    return dspk__vk_err(vr);
+  }
+  VkComputePipelineCreateInfo ci = {
+      .sType = VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO,
+      .stage = {.sType = VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO,
+                .stage = VK_SHADER_STAGE_COMPUTE_BIT,
+                .module = k->mod,
+                .pName = entry},
+      .layout = k->layout};
+  if ((vr = VK(CreateComputePipelines)(d->dev, d->pcache, 1, &ci, NULL, &k->pipe)) !=
+      VK_SUCCESS) {
+    k->pipe = VK_NULL_HANDLE;
+    return dspk__vk_fail(ctx, vr == VK_ERROR_OUT_OF_HOST_MEMORY ||
+                                      vr == VK_ERROR_OUT_OF_DEVICE_MEMORY
+                                  ? DSPK_ENOMEM
+                                  : DSPK_ECOMPILE,
+                         "vulkan: vkCreateComputePipelines failed (VkResult %d): check "
+                         "the entry point \"%s\", bindings and push constants",
+                         (int)vr, entry);
+  }
+  d->nkernels_made_since_open++;
+  k->nbind = nbind;
+  k->pcsize = pcsize;
+  return 0;
+}
+
+int dspk__vk_kernel(struct dspk__dev *d, const char *name, const char *src,
+                    const void *spirv, size_t nbytes, const char *entry, int nbind,
+                    uint32_t pcsize, struct dspk__vk_kernel **out,
+                    struct dspk__opctx *ctx) {
+  if (nbind < 0 || nbind > DSPK__VK_MAX_BIND || pcsize > DSPK__VK_PC_MAX)
+    return dspk__vk_fail(ctx, DSPK_ELIMIT,
+                         "vulkan: %d bindings, %u push-constant bytes (at most %d, %d)",
+                         nbind, pcsize, DSPK__VK_MAX_BIND, DSPK__VK_PC_MAX);
+  struct dspk__hash h;
+  dspk__hash_init(&h);
+  if (spirv)
+    dspk__hash_field(&h, spirv, nbytes);
+  else
+    dspk__hash_str(&h, src);
+  dspk__hash_str(&h, entry);
+  dspk__hash_u64(&h, (uint64_t)nbind);
+  dspk__hash_u64(&h, pcsize);
+  for (int i = 0; i < d->nkernels; i++) {
+    struct dspk__vk_kernel *k = &d->kernels[i];
+    if (k->key[0] == h.hi && k->key[1] == h.lo) {
+      k->last_use = ++d->kclock;
+      *out = k;
+      return 0;
+    }
+  }
+  if (!d->kernels) {
+    d->kernels = calloc(DSPK__VK_KERNELS, sizeof *d->kernels);
+    if (!d->kernels)
+      return DSPK_ENOMEM;
+  }
+  struct dspk__vk_kernel *k;
+  if (d->nkernels < DSPK__VK_KERNELS) {
+    k = &d->kernels[d->nkernels++];
+  } else {
+    /* Evict the least recently used: pending work may still use it, so
+     * wait for the queue first (rare: the table is large). */
+    k = &d->kernels[0];
+    for (int i = 1; i < d->nkernels; i++)
+      if (d->kernels[i].last_use < k->last_use)
+        k = &d->kernels[i];
+    dspk__vk_submit(d);
+    dspk__vk_wait_value(d, d->submitted);
+    kernel_destroy(d, k);
+  }
+  uint32_t *spv = NULL;
+  size_t nwords = 0;
+  int r;
+  if (!spirv) {
+    char log[2048] = "";
+    r = dspk__vk_glsl_to_spirv(d, name, src, &spv, &nwords, log, sizeof log);
+    if (r) {
+      /* The generated kernels always compile: a log here is a client's. */
+      dspk__vk_fail(ctx, r, "glsl: %s", log[0] ? log : "compilation failed");
+      goto fail;
+    }
+    spirv = spv;
+    nbytes = nwords * 4;
+  } else if (nbytes < 20 || nbytes % 4 || ((const uint32_t *)spirv)[0] != 0x07230203) {
+    r = dspk__vk_fail(ctx, DSPK_EINVAL,
+                      "spirv: not a SPIR-V binary (%zu bytes, needs a multiple of 4 "
+                      "starting with the magic 0x07230203)",
+                      nbytes);
+    goto fail;
+  }
+  r = make_pipeline(d, spirv, nbytes, entry, nbind, pcsize, k, ctx);
+  free(spv);
+  if (r) {
+    kernel_destroy(d, k);
+    goto fail_slot;
+  }
+  k->key[0] = h.hi;
+  k->key[1] = h.lo;
+  k->last_use = ++d->kclock;
+  *out = k;
+  return 0;
+fail:
+  free(spv);
+fail_slot:
+  /* Give the slot back (it is the last one unless we evicted). */
+  if (k == &d->kernels[d->nkernels - 1])
+    d->nkernels--;
+  return r;
+}
+
+/* ---- binding and dispatch --------------------------------------------------- */
+
+int dspk__vk_bind_tensor(struct dspk__dev *d, const struct dspk__tensor *t,
+                         struct dspk__vk_bind *b, uint32_t *elem) {
+  struct dspk__mem *m = t->mem;
+  VkDeviceSize es = dspk__dtype_size(t->dtype);
+  if (es == 0 || t->offset % es != 0)
+    return DSPK_ENOTSUP;
+  /* Both are powers of two: the larger is a multiple of the smaller. */
+  VkDeviceSize a = d->align > es ? d->align : es;
+  VkDeviceSize byte = m->off + t->offset;
+  VkDeviceSize base = byte / a * a;
+  VkDeviceSize need = (byte - base) + dspk__tensor_nbytes(t);
+  VkDeviceSize avail = m->off + m->size - base;
+  need = (need + 3) & ~(VkDeviceSize)3;
+  if (need < 4)
+    need = 4;
+  if (need > avail)
+    need = avail;
+  if (need > d->props.limits.maxStorageBufferRange)
+    return DSPK_ELIMIT;
+  b->buf = m->buf;
+  b->off = base;
+  b->range = need;
+  if (elem)
+    *elem = (uint32_t)((byte - base) / es);
+  return 0;
+}
+
+int dspk__vk_dispatch(struct dspk__dev *d, struct dspk__vk_kernel *k,
+                      const struct dspk__vk_bind *b, int nb, const void *pc,
+                      uint32_t pcsize, uint32_t gx, uint32_t gy, uint32_t gz) {
+  VkCommandBuffer cb;
+  int r = dspk__vk_cmd(d, &cb);
+  if (r)
+    return r;
+  VkDescriptorBufferInfo bi[DSPK__VK_MAX_BIND];
+  VkWriteDescriptorSet w[DSPK__VK_MAX_BIND];
+  for (int i = 0; i < nb; i++) {
+    bi[i] = (VkDescriptorBufferInfo){.buffer = b[i].buf, .offset = b[i].off,
+                                     .range = b[i].range};
+    w[i] = (VkWriteDescriptorSet){.sType = VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET,
+                                  .dstBinding = (uint32_t)i,
+                                  .descriptorCount = 1,
+                                  .descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
+                                  .pBufferInfo = &bi[i]};
+  }
+  VK(CmdBindPipeline)(cb, VK_PIPELINE_BIND_POINT_COMPUTE, k->pipe);
+  if (nb)
+    d->CmdPushDescriptorSetKHR(cb, VK_PIPELINE_BIND_POINT_COMPUTE, k->layout, 0,
+                               (uint32_t)nb, w);
+  if (pcsize && k->pcsize) {
+    uint8_t buf[DSPK__VK_PC_MAX] = {0};
+    memcpy(buf, pc, pcsize < k->pcsize ? pcsize : k->pcsize);
+    VK(CmdPushConstants)(cb, k->layout, VK_SHADER_STAGE_COMPUTE_BIT, 0,
+                         (k->pcsize + 3) & ~3u, buf);
+  }
+  if (gx && gy && gz)
+    VK(CmdDispatch)(cb, gx, gy, gz);
+  dspk__vk_barrier(d);
+  return 0;
+}

@@ -1,0 +1,407 @@
+/*
+ * Tests of the Vulkan backend on whatever Vulkan device the machine has
+ * (lavapipe in CI, the H200 on the GPU machine): every op against naive
+ * double-precision references on random inputs, raw kernels in GLSL and
+ * SPIR-V, compile errors, memory and fences, and the persistent caches
+ * (a reopened device with the same cache file compiles nothing).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include <glslang/Include/glslang_c_interface.h>
+#include <glslang/Public/resource_limits_c.h>
+
+#include "cache/cache.h"
+#include "tests/vulkan/vk_harness.h"
+
+static struct dspk__dev *D;
+static struct dspk__devinfo INFO[16];
+static int NDEV;
+
+static int setup(void **state) {
+  (void)state;
+  char why[256];
+  NDEV = VKB->probe(INFO, 16, why, sizeof why);
+  if (NDEV <= 0) {
+    fprintf(stderr, "no vulkan device: %s\n", why);
+    return -1;
+  }
+  int dev = getenv("DSPK_VK_TEST_DEVICE") ? atoi(getenv("DSPK_VK_TEST_DEVICE")) : 0;
+  struct dspk__devenv env = {0};
+  if (VKB->open(dev, &env, &D) != 0)
+    return -1;
+  return 0;
+}
+
+static int teardown(void **state) {
+  (void)state;
+  VKB->close(D);
+  VKB->shutdown();
+  return 0;
+}
+
+static void t_probe(void **state) {
+  (void)state;
+  assert_true(NDEV >= 1);
+  for (int i = 0; i < NDEV; i++) {
+    assert_true(INFO[i].name[0] != 0);
+    assert_true(INFO[i].type[0] != 0);
+    assert_true(INFO[i].driver[0] != 0);
+    assert_true(INFO[i].memory > 0);
+    if (strstr(INFO[i].name, "llvmpipe")) {
+      assert_string_equal(INFO[i].type, "cpu");
+      assert_int_equal(INFO[i].software, 1);
+    }
+    print_message("vulkan:%d %s (%s%s) driver %s, %llu MiB\n", i, INFO[i].name,
+                  INFO[i].type, INFO[i].software ? ", software" : "", INFO[i].driver,
+                  (unsigned long long)(INFO[i].memory >> 20));
+  }
+}
+
+static const dspk_dtype STD[] = {DSPK_F32, DSPK_F64, DSPK_C64, DSPK_C128};
+
+static void t_map(void **state) {
+  (void)state;
+  char msg[512];
+  for (int di = 0; di < 4; di++)
+    for (int fn = 0; fn < DSPK_MAPFN_COUNT; fn++) {
+      dspk_dtype dt = STD[di];
+      int rank = h_randint(1, 3);
+      int64_t shape[3];
+      for (int i = 0; i < rank; i++)
+        shape[i] = h_randint(1, 40);
+      struct htensor A = h_make(dt, rank, shape, 1), B = h_make(dt, rank, shape, 1), out;
+      int bin = fn == DSPK_MAP_ADD || fn == DSPK_MAP_SUB || fn == DSPK_MAP_MUL ||
+                fn == DSPK_MAP_AXPY;
+      struct dspk__op op = {.kind = DSPK_OP_MAP, .nin = bin ? 2 : 1};
+      op.u.map.fn = (dspk_mapfn)fn;
+      op.u.map.alpha = 0.75;
+      /* An odd element offset checks offset handling. */
+      assert_int_equal(h_upload(D, &A, dspk__dtype_size(dt) * 3, &op.in[0]), 0);
+      if (bin)
+        assert_int_equal(h_upload(D, &B, 0, &op.in[1]), 0);
+      int r = h_run(D, &op, &out, msg, sizeof msg);
+      assert_int_equal(r, 0);
+      double complex *want = calloc(A.n, sizeof *want);
+      for (int64_t i = 0; i < A.n; i++) {
+        double complex a = A.v[i], b = B.v[i];
+        switch (fn) {
+        case DSPK_MAP_ADD: want[i] = a + b; break;
+        case DSPK_MAP_SUB: want[i] = a - b; break;
+        case DSPK_MAP_MUL: want[i] = a * b; break;
+        case DSPK_MAP_SCALE: want[i] = 0.75 * a; break;
+        case DSPK_MAP_AXPY: want[i] = 0.75 * a + b; break;
+        case DSPK_MAP_ABS: want[i] = cabs(a); break;
+        case DSPK_MAP_EXP: want[i] = cexp(a); break;
+        }
+      }
+      double e = h_relerr(&out, want, A.n);
+      if (e > h_tol(dt) * 4)
+        fail_msg("map fn %d dtype %s: rel err %g", fn, dspk__dtype_name(dt), e);
+      free(want);
+      h_free(&A);
+      h_free(&B);
+      h_free(&out);
+    }
+}
+
+static void t_reduce(void **state) {
+  (void)state;
+  char msg[512];
+  for (int iter = 0; iter < 24; iter++) {
+    dspk_dtype dt = STD[iter % 4];
+    dspk_reduce fn = (dspk_reduce)((iter / 4) % 4);
+    if ((fn == DSPK_REDUCE_MAX || fn == DSPK_REDUCE_MIN) && h_cplx(dt))
+      dt = dt == DSPK_C64 ? DSPK_F32 : DSPK_F64;
+    int rank = h_randint(1, 4);
+    int64_t shape[4];
+    for (int i = 0; i < rank; i++)
+      shape[i] = h_randint(1, iter == 5 ? 3000 : 9);
+    uint32_t axes = (uint32_t)h_randint(0, (1 << rank) - 1);
+    struct htensor X = h_make(dt, rank, shape, 1), out;
+    struct dspk__op op = {.kind = DSPK_OP_REDUCE, .nin = 1};
+    op.u.reduce.fn = fn;
+    op.u.reduce.axes = axes;
+    assert_int_equal(h_upload(D, &X, 0, &op.in[0]), 0);
+    assert_int_equal(h_run(D, &op, &out, msg, sizeof msg), 0);
+    uint32_t ax = axes ? axes : (1u << rank) - 1;
+    /* Reference: walk X, map each index to its output index. */
+    double complex *want = calloc(out.n ? out.n : 1, sizeof *want);
+    int64_t *cnt = calloc(out.n ? out.n : 1, sizeof *cnt);
+    for (int64_t i = 0; i < X.n; i++) {
+      int64_t rem = i, oi = 0, mul = 1;
+      for (int k = rank - 1; k >= 0; k--) {
+        int64_t c = rem % shape[k];
+        rem /= shape[k];
+        if (!(ax & (1u << k))) {
+          oi += c * mul;
+          mul *= shape[k];
+        }
+      }
+      double complex x = X.v[i];
+      if (cnt[oi]++ == 0 && (fn == DSPK_REDUCE_MAX || fn == DSPK_REDUCE_MIN))
+        want[oi] = x;
+      else if (fn == DSPK_REDUCE_MAX)
+        want[oi] = creal(x) > creal(want[oi]) ? x : want[oi];
+      else if (fn == DSPK_REDUCE_MIN)
+        want[oi] = creal(x) < creal(want[oi]) ? x : want[oi];
+      else
+        want[oi] += x;
+    }
+    if (fn == DSPK_REDUCE_MEAN)
+      for (int64_t i = 0; i < out.n; i++)
+        want[i] /= (double)cnt[i];
+    double e = h_relerr(&out, want, out.n);
+    if (e > h_tol(dt) * 10)
+      fail_msg("reduce fn %d dtype %s axes %x rank %d: rel err %g", fn,
+               dspk__dtype_name(dt), axes, rank, e);
+    free(want);
+    free(cnt);
+    h_free(&X);
+    h_free(&out);
+  }
+}
+
+static void t_fir(void **state) {
+  (void)state;
+  char msg[512];
+  for (int iter = 0; iter < 8; iter++) {
+    dspk_dtype dt = STD[iter % 4];
+    int64_t xs[2] = {h_randint(1, 4), h_randint(1, 700)};
+    int64_t hs[1] = {iter == 3 ? 600 : h_randint(1, 40)};
+    struct htensor X = h_make(dt, 2, xs, 1), Hh = h_make(dt, 1, hs, 1), out;
+    struct dspk__op op = {.kind = DSPK_OP_FIR, .nin = 2};
+    assert_int_equal(h_upload(D, &X, 0, &op.in[0]), 0);
+    assert_int_equal(h_upload(D, &Hh, 0, &op.in[1]), 0);
+    assert_int_equal(h_run(D, &op, &out, msg, sizeof msg), 0);
+    double complex *want = calloc(X.n, sizeof *want);
+    for (int64_t b = 0; b < xs[0]; b++)
+      for (int64_t n = 0; n < xs[1]; n++)
+        for (int64_t k = 0; k < hs[0] && k <= n; k++)
+          want[b * xs[1] + n] += Hh.v[k] * X.v[b * xs[1] + n - k];
+    double e = h_relerr(&out, want, X.n);
+    if (e > h_tol(dt) * 10)
+      fail_msg("fir dtype %s: rel err %g", dspk__dtype_name(dt), e);
+    free(want);
+    h_free(&X);
+    h_free(&Hh);
+    h_free(&out);
+  }
+}
+
+static const char raw_glsl[] =
+    "#version 450\n"
+    "layout(local_size_x = 64) in;\n"
+    "layout(std430, binding = 0) buffer X { float x[]; };\n"
+    "layout(std430, binding = 1) buffer Y { float y[]; };\n"
+    "layout(push_constant) uniform P { uint n; float a; } p;\n"
+    "void main() {\n"
+    "  uint i = gl_GlobalInvocationID.x;\n"
+    "  if (i < p.n) y[i] = p.a * x[i] + y[i];\n"
+    "}\n";
+
+static void raw_run(const char *lang, const void *src, size_t len) {
+  char msg[512];
+  int64_t n = 1000;
+  struct htensor X = h_make(DSPK_F32, 1, &n, 1), Y = h_make(DSPK_F32, 1, &n, 1);
+  struct dspk__op op = {.kind = DSPK_OP_KERNEL, .nin = 2};
+  assert_int_equal(h_upload(D, &X, 0, &op.in[0]), 0);
+  assert_int_equal(h_upload(D, &Y, 0, &op.in[1]), 0);
+  op.u.kernel.lang = lang;
+  op.u.kernel.source = src;
+  op.u.kernel.source_len = len;
+  op.u.kernel.grid[0] = (uint32_t)((n + 63) / 64);
+  op.u.kernel.nargs = 4;
+  op.u.kernel.args[0] = (struct dspk__karg){.kind = DSPK__KARG_TENSOR, .v.tensor = 0};
+  op.u.kernel.args[1] = (struct dspk__karg){.kind = DSPK__KARG_TENSOR, .v.tensor = 1};
+  op.u.kernel.args[2] = (struct dspk__karg){.kind = DSPK__KARG_U32, .v.u32 = (uint32_t)n};
+  op.u.kernel.args[3] = (struct dspk__karg){.kind = DSPK__KARG_F32, .v.f32 = 2.5f};
+  assert_int_equal(dspk__op_infer(&op, msg, sizeof msg), 0);
+  struct dspk__opctx ctx = {.errmsg = msg, .errmsg_len = sizeof msg};
+  int r = VKB->run(D, &op, &ctx);
+  if (r)
+    fail_msg("raw %s: %d %s", lang, r, msg);
+  float *y = malloc(n * 4);
+  assert_int_equal(VKB->read(D, op.in[1].mem, 0, y, n * 4), 0);
+  for (int64_t i = 0; i < n; i++)
+    assert_float_equal(y[i], 2.5f * (float)creal(X.v[i]) + (float)creal(Y.v[i]), 1e-5);
+  free(y);
+  VKB->free(D, op.in[0].mem);
+  VKB->free(D, op.in[1].mem);
+  h_free(&X);
+  h_free(&Y);
+}
+
+static void t_raw_glsl(void **state) {
+  (void)state;
+  raw_run("glsl", raw_glsl, strlen(raw_glsl));
+}
+
+static void t_raw_spirv(void **state) {
+  (void)state;
+  /* The test makes its own SPIR-V with glslang, independently of the
+   * backend's compile path. */
+  glslang_initialize_process();
+  glslang_input_t in = {.language = GLSLANG_SOURCE_GLSL,
+                        .stage = GLSLANG_STAGE_COMPUTE,
+                        .client = GLSLANG_CLIENT_VULKAN,
+                        .client_version = GLSLANG_TARGET_VULKAN_1_1,
+                        .target_language = GLSLANG_TARGET_SPV,
+                        .target_language_version = GLSLANG_TARGET_SPV_1_3,
+                        .code = raw_glsl,
+                        .default_version = 450,
+                        .default_profile = GLSLANG_NO_PROFILE,
+                        .messages = GLSLANG_MSG_DEFAULT_BIT,
+                        .resource = glslang_default_resource()};
+  glslang_shader_t *sh = glslang_shader_create(&in);
+  assert_true(glslang_shader_preprocess(sh, &in));
+  assert_true(glslang_shader_parse(sh, &in));
+  glslang_program_t *p = glslang_program_create();
+  glslang_program_add_shader(p, sh);
+  assert_true(glslang_program_link(p, GLSLANG_MSG_SPV_RULES_BIT | GLSLANG_MSG_VULKAN_RULES_BIT));
+  glslang_program_SPIRV_generate(p, GLSLANG_STAGE_COMPUTE);
+  size_t nw = glslang_program_SPIRV_get_size(p);
+  uint32_t *w = malloc(nw * 4);
+  glslang_program_SPIRV_get(p, w);
+  glslang_program_delete(p);
+  glslang_shader_delete(sh);
+  glslang_finalize_process();
+  raw_run("spirv", w, nw * 4);
+  /* Not SPIR-V: a clear error. */
+  char msg[256];
+  struct dspk__op op = {.kind = DSPK_OP_KERNEL, .nin = 0};
+  op.u.kernel.lang = "spirv";
+  op.u.kernel.source = "garbage!";
+  op.u.kernel.source_len = 8;
+  struct dspk__opctx ctx = {.errmsg = msg, .errmsg_len = sizeof msg};
+  assert_int_equal(VKB->run(D, &op, &ctx), DSPK_EINVAL);
+  assert_non_null(strstr(msg, "SPIR-V"));
+  free(w);
+}
+
+static void t_raw_error(void **state) {
+  (void)state;
+  static const char bad[] = "#version 450\nlayout(local_size_x=1) in;\n"
+                            "void main() { undefined_thing = 1; }\n";
+  char msg[1024];
+  struct dspk__op op = {.kind = DSPK_OP_KERNEL, .nin = 0};
+  op.u.kernel.lang = "glsl";
+  op.u.kernel.source = bad;
+  op.u.kernel.source_len = strlen(bad);
+  struct dspk__opctx ctx = {.errmsg = msg, .errmsg_len = sizeof msg};
+  assert_int_equal(VKB->run(D, &op, &ctx), DSPK_ECOMPILE);
+  assert_non_null(strstr(msg, "undefined_thing"));
+  op.u.kernel.lang = "cuda";
+  assert_int_equal(VKB->run(D, &op, &ctx), DSPK_ENOTSUP);
+}
+
+static void t_memory(void **state) {
+  (void)state;
+  /* Sizes across the slab / dedicated boundary; offsets; fences. */
+  size_t sizes[] = {0, 1, 513, 4096, (1 << 20) - 3, (3 << 20) + 5};
+  for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+    size_t n = sizes[i];
+    struct dspk__mem *m;
+    assert_int_equal(VKB->alloc(D, n, &m), 0);
+    unsigned char *a = malloc(n + 1), *b = malloc(n + 1);
+    for (size_t k = 0; k < n; k++)
+      a[k] = (unsigned char)(k * 7 + i);
+    assert_int_equal(VKB->write(D, m, 0, a, n), 0);
+    memset(b, 0, n + 1);
+    assert_int_equal(VKB->read(D, m, 0, b, n), 0);
+    assert_memory_equal(a, b, n);
+    if (n > 10) {
+      assert_int_equal(VKB->write(D, m, 3, a, 5), 0);
+      assert_int_equal(VKB->read(D, m, 3, b, 5), 0);
+      assert_memory_equal(a, b, 5);
+    }
+    assert_int_equal(VKB->write(D, m, n + ((size_t)1 << 40), a, 1), DSPK_ERANGE);
+    struct dspk__fence *f;
+    assert_int_equal(VKB->fence_record(D, &f), 0);
+    assert_int_equal(VKB->fence_wait(D, f), 0);
+    assert_int_equal(VKB->fence_query(D, f), 1);
+    VKB->fence_destroy(D, f);
+    VKB->free(D, m);
+    free(a);
+    free(b);
+  }
+  assert_int_equal(VKB->sync(D), 0);
+  struct dspk__devstats st = {0};
+  VKB->stats(D, &st);
+  assert_true(st.retire_released > 0);
+  assert_int_equal(st.retire_leaked, 0);
+  assert_true(st.pool_hits + st.pool_misses > 0);
+}
+
+/* Runs a small fixed workload (three generated kernels) on dev. */
+static void workload(struct dspk__dev *d) {
+  char msg[512];
+  int64_t n = 100;
+  struct dspk__dev *save = D;
+  D = d;
+  for (int fn = 0; fn < 3; fn++) {
+    struct htensor A = h_make(DSPK_F32, 1, &n, 1), out;
+    struct dspk__op op = {.kind = DSPK_OP_MAP, .nin = 1};
+    op.u.map.fn = fn == 0 ? DSPK_MAP_SCALE : fn == 1 ? DSPK_MAP_ABS : DSPK_MAP_EXP;
+    op.u.map.alpha = 2;
+    assert_int_equal(h_upload(d, &A, 0, &op.in[0]), 0);
+    assert_int_equal(h_run(d, &op, &out, msg, sizeof msg), 0);
+    h_free(&A);
+    h_free(&out);
+  }
+  D = save;
+}
+
+static void t_cache_restart(void **state) {
+  (void)state;
+  char path[] = "/tmp/dspk-vk-cache-XXXXXX";
+  int fd = mkstemp(path);
+  assert_true(fd >= 0);
+  close(fd);
+  unlink(path);
+  struct dspk__devstats st;
+  for (int round = 0; round < 2; round++) {
+    struct dspk__cache *c;
+    assert_int_equal(dspk__cache_open(path, NULL, &c, NULL, 0), 0);
+    struct dspk__devenv env = {.cache = c};
+    struct dspk__dev *d;
+    assert_int_equal(VKB->open(0, &env, &d), 0);
+    workload(d);
+    memset(&st, 0, sizeof st);
+    VKB->stats(d, &st);
+    VKB->close(d); /* saves the pipeline-cache data */
+    if (round == 0) {
+      assert_int_equal(st.kernels_compiled, 3);
+      assert_int_equal(st.kernel_cache_hits, 0);
+    } else {
+      assert_int_equal(st.kernels_compiled, 0);
+      assert_int_equal(st.kernel_cache_hits, 3);
+      struct dspk__cache_stats cs;
+      assert_int_equal(dspk__cache_stats(c, &cs), 0);
+      assert_true(cs.kind[DSPK__CACHE_BLOBS].entries >= 1); /* pipeline cache */
+    }
+    dspk__cache_close(c);
+  }
+  unlink(path);
+  char wal[64];
+  snprintf(wal, sizeof wal, "%s-wal", path);
+  unlink(wal);
+  snprintf(wal, sizeof wal, "%s-shm", path);
+  unlink(wal);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(t_probe),     cmocka_unit_test(t_memory),
+      cmocka_unit_test(t_map),       cmocka_unit_test(t_reduce),
+      cmocka_unit_test(t_fir),       cmocka_unit_test(t_raw_glsl),
+      cmocka_unit_test(t_raw_spirv), cmocka_unit_test(t_raw_error),
+      cmocka_unit_test(t_cache_restart),
+  };
+  return cmocka_run_group_tests(tests, setup, teardown);
+}
