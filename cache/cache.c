@@ -496,6 +496,14 @@ const char *dspk__cache_kind_name(int kind) {
   return kind_table[kind];
 }
 
+/* See cache.h. */
+int dspk__cache_kind_from_name(const char *name, size_t len) {
+  for (int k = 0; name && k < DSPK__CACHE_NKINDS; k++)
+    if (strlen(kind_table[k]) == len && memcmp(kind_table[k], name, len) == 0)
+      return k;
+  return DSPK_EINVAL;
+}
+
 /* ---- recency, size bound -------------------------------------------------- */
 
 /* Bumps the logical clock (inside a write transaction) and returns the new

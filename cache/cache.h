@@ -177,6 +177,9 @@ enum dspk__cache_kind {
 
 /* "kernels", "autotune", "blobs"; NULL for an unknown kind. */
 const char *dspk__cache_kind_name(int kind);
+/* The kind named by name[0..len) ("kernels", "autotune", "blobs"), or
+ * DSPK_EINVAL.  For parsing cache.clear's params. */
+int dspk__cache_kind_from_name(const char *name, size_t len);
 
 struct dspk__cache_kstats {
   uint64_t entries;     /* rows in the file */
