@@ -4,8 +4,8 @@
  * This file holds the entry point: global options (--socket, --help,
  * --version), the table of commands with their --help texts, and the
  * helpers every command uses to report errors, parse numbers and connect.
- * Commands themselves live in info.c (ping, devices, status) and ops.c
- * (gemm, fft, fir, contract, reduce, map).  The rule for output: results on
+ * Commands themselves live in info.c (ping, devices, status), ops.c
+ * (gemm, fft, fir, contract, reduce, map) and kernel.c (kernel).  The rule for output: results on
  * stdout, and on failure exactly one line on stderr of the form
  * "dspk-submit: COMMAND: ENAME: detail" and a non-zero exit status (1 when
  * the operation failed, 2 for a bad command line).
@@ -113,6 +113,32 @@ const dspk__sub_cmd dspk__sub_cmds[] = {
      "  --alpha X              the scalar of scale and axpy (default 1)\n"
      "  -o, --output Y.npy     write the result; without it, print a summary\n"
      "  -d, --device ID        device to run on (default any)\n"},
+    {"kernel", dspk__sub_kernel, "run a raw kernel (CUDA C, HIP, GLSL, SPIR-V)",
+     "usage: dspk-submit kernel SOURCE --entry NAME --grid X[,Y[,Z]]\n"
+     "                          --block X[,Y[,Z]] [--shared BYTES]\n"
+     "                          [--lang cuda|hip|glsl|spirv] [--device ID]\n"
+     "                          [-o [K=]OUT.npy ...] [ARG ...]\n"
+     "\n"
+     "Compiles SOURCE (a file, or - for stdin) on the daemon (cached) and\n"
+     "launches its kernel NAME.  The language comes from --lang or the\n"
+     "extension (.cu cuda, .hip hip, .comp/.glsl glsl, .spv spirv; else\n"
+     "cuda).  ARGs are the kernel's parameters, in order:\n"
+     "  FILE.npy              a tensor (device pointer), initialised from FILE\n"
+     "  zeros:DTYPE:D0xD1...  a zero-filled tensor, e.g. zeros:f32:1024\n"
+     "  i32:V u32:V i64:V f32:V f64:V   a scalar\n"
+     "The kernel writes its results into its tensors; the daemon returns\n"
+     "every tensor argument after the run (at most 4 tensors).\n"
+     "\n"
+     "  -e, --entry NAME       the kernel function\n"
+     "  -g, --grid X[,Y[,Z]]   blocks in the grid\n"
+     "  -b, --block X[,Y[,Z]]  threads per block\n"
+     "  -s, --shared BYTES     dynamic shared memory (default 0)\n"
+     "  -o, --output [K=]FILE  save tensor argument K (0-based; default: the\n"
+     "                         one after the previous -o, from 0) as .npy;\n"
+     "                         repeatable.  Without -o, print summaries\n"
+     "  -d, --device ID        device to run on (default any)\n"
+     "\n"
+     "A compilation error (ECOMPILE) carries the compiler's log.\n"},
     {NULL, NULL, NULL, NULL},
 };
 

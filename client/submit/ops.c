@@ -223,7 +223,7 @@ static void print_value(const dspk_tensor *t, uint64_t i) {
 
 /* The summary printed when no -o is given:
  *   f64 (3, 4) on cpu:0: [1, 2.5, -3, 0.25, 7, 8, ...] (12 values) */
-static void print_summary(const dspk_result *res, const dspk_tensor *t) {
+void dspk__sub_print_summary(const dspk_result *res, const dspk_tensor *t) {
   enum { SHOW = 8 };
   uint64_t n = dspk_tensor_numel(t);
   printf("%s (", dspk_dtype_name(t->dtype));
@@ -299,7 +299,7 @@ static int run_task(dspk__sub_ctx *ctx, const op_args *a, dspk_task *t,
       goto out_res;
     }
   } else {
-    print_summary(&res, &res.out[0]);
+    dspk__sub_print_summary(&res, &res.out[0]);
   }
   status = DSPK__SUB_EXIT_OK;
 out_res:

@@ -3,7 +3,7 @@
  *
  * main.c parses the global options, finds the command in the table below
  * and runs it; each command lives in a file by theme (info.c: ping, devices,
- * status; ops.c: the compute ops; cache.c, kernel.c later).  Every command
+ * status; ops.c: the compute ops; kernel.c: raw kernels).  Every command
  * receives its own argc/argv (argv[0] is the command name) and returns the
  * process exit status.  Errors are reported through dspk__sub_fail() and
  * friends, which print exactly one line on stderr:
@@ -45,6 +45,11 @@ int dspk__sub_fir(dspk__sub_ctx *ctx, int argc, char **argv);
 int dspk__sub_contract(dspk__sub_ctx *ctx, int argc, char **argv);
 int dspk__sub_reduce(dspk__sub_ctx *ctx, int argc, char **argv);
 int dspk__sub_map(dspk__sub_ctx *ctx, int argc, char **argv);
+int dspk__sub_kernel(dspk__sub_ctx *ctx, int argc, char **argv);
+
+/* Prints the one-line summary of an output tensor t of res (ops.c):
+ *   f64 (3, 4) on cpu:0: [1, 2.5, ...] (12 values) */
+void dspk__sub_print_summary(const dspk_result *res, const dspk_tensor *t);
 
 /* The command table (main.c), terminated by a NULL name. */
 extern const dspk__sub_cmd dspk__sub_cmds[];

@@ -37,7 +37,7 @@ import numpy as np
 
 SEED = 20261130
 COMMANDS = ["ping", "devices", "status", "gemm", "fft", "fir", "contract",
-            "reduce", "map"]
+            "reduce", "map", "kernel"]
 
 
 class Failure(Exception):
@@ -601,6 +601,15 @@ def suite_errors(cli, tmp):
     cli.fails(["fft", a34, "--inverse"], "fft", None)
     cli.fails(["gemm", a34, a34, "--trans-b", "--device", "cpu:7"], "gemm",
               "ENODEV")
+    ksrc = os.path.join(tmp, "k.cu")
+    with open(ksrc, "w") as f:
+        f.write('extern "C" __global__ void k(float *y, int n) '
+                '{ int i = threadIdx.x; if (i < n) y[i] = i; }\n')
+    # cpu:0 runs no raw kernels: a clear error from the daemon.
+    cli.fails(["kernel", ksrc, "--entry", "k", "--grid", "1", "--block", "32",
+               "zeros:f32:32", "i32:32", "--device", "cpu:0"], "kernel", None)
+    cli.fails(["kernel", missing, "--entry", "k", "--grid", "1", "--block",
+               "1"], "kernel", "ENOENT", detail=missing)
     nobody = Cli(cli.binary, os.path.join(tmp, "nobody.sock"))
     nobody.fails(["ping"], "ping", "ECONNECT", detail="nobody.sock")
     nobody.fails(["gemm", a34, a34, "--trans-b"], "gemm", "ECONNECT")
@@ -633,6 +642,17 @@ def suite_errors(cli, tmp):
         (["map", "add", a34], "map"),
         (["map", "abs", a34, a34], "map"),
         (["map", "add", a34, a34, "--alpha", "2"], "map"),
+        (["kernel", ksrc, "--grid", "1", "--block", "1"], "kernel"),
+        (["kernel", ksrc, "--entry", "k", "--block", "1"], "kernel"),
+        (["kernel", ksrc, "-e", "k", "-g", "0", "-b", "1"], "kernel"),
+        (["kernel", ksrc, "-e", "k", "-g", "1", "-b", "1", "--lang", "x"],
+         "kernel"),
+        (["kernel", ksrc, "-e", "k", "-g", "1", "-b", "1", "i32:x"], "kernel"),
+        (["kernel", ksrc, "-e", "k", "-g", "1", "-b", "1", "zeros:f32:"],
+         "kernel"),
+        (["kernel", ksrc, "-e", "k", "-g", "1", "-b", "1", "-o", "1=y.npy",
+          "zeros:f32:4"], "kernel"),
+        (["kernel"], "kernel"),
     ]
     for args, cmd in usage:
         cli.fails(args, cmd, "EINVAL", rc_want=2)

@@ -1,0 +1,387 @@
+/*
+ * dspk-submit kernel: run a raw kernel (CUDA C, HIP, GLSL or SPIR-V source)
+ * on a device through task.run with op "kernel".
+ *
+ * Kernel arguments are given in order on the command line: .npy files and
+ * zero-filled tensors ("zeros:f32:4x5") become the task's tensor inputs,
+ * "i32:5" and friends become scalars.  A kernel writes its results into its
+ * tensor arguments in place, and the daemon returns every tensor argument
+ * after the run; -o FILE (repeatable, or -o K=FILE for the tensor argument
+ * K) saves them as .npy, and without -o a summary of each is printed.  The
+ * source language comes from --lang or the file's extension.  A compile
+ * error (ECOMPILE) carries the compiler's log, folded onto the one error
+ * line like every other message.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "client/submit/npy.h"
+#include "client/submit/submit.h"
+
+/* Tensor arguments per kernel: the daemon's limit on task inputs. */
+#define KERNEL_MAX_TENSORS 4
+/* Largest source file read. */
+#define KERNEL_MAX_SOURCE (16u << 20)
+
+typedef struct kernel_out {
+  int index; /* tensor argument, -1: the next one in order */
+  const char *path;
+} kernel_out;
+
+/* Reads path ("-" for stdin) into a malloc'd buffer. */
+static int read_source(dspk__sub_ctx *ctx, const char *path, char **out,
+                       size_t *len) {
+  FILE *f = strcmp(path, "-") == 0 ? stdin : fopen(path, "rb");
+  size_t cap = 1 << 16, n = 0;
+  char *buf;
+  if (f == NULL) {
+    int e = errno;
+    return dspk__sub_fail(ctx, e == ENOENT ? DSPK_ENOENT : DSPK_EIO, "%s: %s",
+                          path, strerror(e));
+  }
+  buf = malloc(cap);
+  while (buf != NULL) {
+    size_t r = fread(buf + n, 1, cap - n, f);
+    n += r;
+    if (r == 0)
+      break;
+    if (n == cap) {
+      char *nb = cap >= KERNEL_MAX_SOURCE ? NULL : realloc(buf, cap * 2);
+      if (nb == NULL) {
+        free(buf);
+        buf = NULL;
+        if (f != stdin)
+          fclose(f);
+        return dspk__sub_fail(ctx, DSPK_ELIMIT,
+                              "%s: source larger than %u bytes", path,
+                              KERNEL_MAX_SOURCE);
+      }
+      buf = nb;
+      cap *= 2;
+    }
+  }
+  if (buf == NULL || ferror(f)) {
+    free(buf);
+    if (f != stdin)
+      fclose(f);
+    return dspk__sub_fail(ctx, DSPK_EIO, "%s: cannot read", path);
+  }
+  if (f != stdin)
+    fclose(f);
+  *out = buf;
+  *len = n;
+  return 0;
+}
+
+static const char *lang_from_path(const char *path) {
+  const char *dot = strrchr(path, '.');
+  if (dot == NULL)
+    return "cuda";
+  if (strcmp(dot, ".hip") == 0)
+    return "hip";
+  if (strcmp(dot, ".comp") == 0 || strcmp(dot, ".glsl") == 0)
+    return "glsl";
+  if (strcmp(dot, ".spv") == 0)
+    return "spirv";
+  return "cuda";
+}
+
+/* "X[,Y[,Z]]" into three positive dimensions. */
+static int parse_dim3(const char *s, uint32_t d[3]) {
+  char buf[96], *save = NULL, *tok;
+  int n = 0;
+  d[0] = d[1] = d[2] = 1;
+  snprintf(buf, sizeof buf, "%s", s);
+  for (tok = strtok_r(buf, ",x", &save); tok;
+       tok = strtok_r(NULL, ",x", &save)) {
+    long v;
+    if (n >= 3 || dspk__sub_parse_long(tok, 1, UINT32_MAX, &v) < 0)
+      return -1;
+    d[n++] = (uint32_t)v;
+  }
+  return n > 0 ? 0 : -1;
+}
+
+/* "zeros:DTYPE:D0xD1x..." into a zero-filled array. */
+static int parse_zeros(dspk__sub_ctx *ctx, const char *spec, dspk__npy *a) {
+  char buf[256], *dt, *dims, *save = NULL, *tok;
+  size_t is;
+  snprintf(buf, sizeof buf, "%s", spec + 6);
+  dt = buf;
+  dims = strchr(buf, ':');
+  memset(a, 0, sizeof *a);
+  if (dims == NULL)
+    return dspk__sub_usage(ctx, "bad '%s' (want zeros:DTYPE:D0xD1...)", spec);
+  *dims++ = '\0';
+  if (dspk_dtype_from_name(dt, &a->dtype) < 0)
+    return dspk__sub_usage(ctx, "bad dtype '%s' in '%s'", dt, spec);
+  a->count = 1;
+  for (tok = strtok_r(dims, "x,", &save); tok;
+       tok = strtok_r(NULL, "x,", &save)) {
+    long v;
+    if (a->rank >= DSPK_MAX_RANK ||
+        dspk__sub_parse_long(tok, 0, 1L << 31, &v) < 0)
+      return dspk__sub_usage(ctx, "bad shape in '%s'", spec);
+    a->shape[a->rank++] = (uint64_t)v;
+    a->count *= (uint64_t)v;
+  }
+  is = dspk_dtype_size(a->dtype);
+  if (a->rank == 0 || a->count > (1ull << 31))
+    return dspk__sub_usage(ctx, "bad shape in '%s'", spec);
+  a->nbytes = (size_t)a->count * is;
+  a->data = calloc(1, a->nbytes ? a->nbytes : 1);
+  if (a->data == NULL)
+    return dspk__sub_fail(ctx, DSPK_ENOMEM, "out of memory for '%s'", spec);
+  return 0;
+}
+
+/* A scalar "i32:5", "f64:2.5"...; returns 1 if spec is not a scalar. */
+static int parse_scalar(dspk__sub_ctx *ctx, const char *spec, dspk_karg *k) {
+  const char *v = strchr(spec, ':');
+  double d;
+  long l;
+  if (v == NULL || v - spec != 3)
+    return 1;
+  v++;
+  if (strncmp(spec, "f32", 3) == 0 || strncmp(spec, "f64", 3) == 0) {
+    if (dspk__sub_parse_double(v, &d) < 0)
+      return dspk__sub_usage(ctx, "bad number in '%s'", spec);
+    k->kind = spec[1] == '3' ? DSPK_KARG_F32 : DSPK_KARG_F64;
+    if (k->kind == DSPK_KARG_F32)
+      k->v.f32 = (float)d;
+    else
+      k->v.f64 = d;
+    return 0;
+  }
+  if (strncmp(spec, "i32", 3) == 0) {
+    if (dspk__sub_parse_long(v, INT32_MIN, INT32_MAX, &l) < 0)
+      return dspk__sub_usage(ctx, "bad i32 in '%s'", spec);
+    k->kind = DSPK_KARG_I32;
+    k->v.i32 = (int32_t)l;
+    return 0;
+  }
+  if (strncmp(spec, "u32", 3) == 0) {
+    if (dspk__sub_parse_long(v, 0, UINT32_MAX, &l) < 0)
+      return dspk__sub_usage(ctx, "bad u32 in '%s'", spec);
+    k->kind = DSPK_KARG_U32;
+    k->v.u32 = (uint32_t)l;
+    return 0;
+  }
+  if (strncmp(spec, "i64", 3) == 0) {
+    if (dspk__sub_parse_long(v, INT64_MIN, INT64_MAX, &l) < 0)
+      return dspk__sub_usage(ctx, "bad i64 in '%s'", spec);
+    k->kind = DSPK_KARG_I64;
+    k->v.i64 = l;
+    return 0;
+  }
+  return 1;
+}
+
+int dspk__sub_kernel(dspk__sub_ctx *ctx, int argc, char **argv) {
+  static const struct option opts[] = {
+      {"entry", required_argument, NULL, 'e'},
+      {"grid", required_argument, NULL, 'g'},
+      {"block", required_argument, NULL, 'b'},
+      {"shared", required_argument, NULL, 's'},
+      {"lang", required_argument, NULL, 'l'},
+      {"device", required_argument, NULL, 'd'},
+      {"output", required_argument, NULL, 'o'},
+      {"help", no_argument, NULL, 'h'},
+      {NULL, 0, NULL, 0}};
+  const char *entry = NULL, *lang = NULL, *device = NULL;
+  uint32_t grid[3] = {1, 1, 1}, block[3] = {1, 1, 1};
+  long shared = 0;
+  kernel_out outs[KERNEL_MAX_TENSORS];
+  int nouts = 0, ntens = 0, opt, rc, status = DSPK__SUB_EXIT_FAIL;
+  dspk__npy tens[KERNEL_MAX_TENSORS];
+  dspk_tensor tin[KERNEL_MAX_TENSORS];
+  dspk_result res;
+  dspk_task t;
+  char *src = NULL, err[768];
+  size_t srclen = 0;
+  bool have_grid = false, have_block = false;
+
+  memset(tens, 0, sizeof tens);
+  memset(&res, 0, sizeof res);
+  while ((opt = getopt_long(argc, argv, ":e:g:b:s:l:d:o:h", opts, NULL)) !=
+         -1) {
+    switch (opt) {
+    case 'e':
+      entry = optarg;
+      break;
+    case 'g':
+      if (parse_dim3(optarg, grid) < 0)
+        return dspk__sub_usage(ctx, "bad --grid '%s' (want X[,Y[,Z]])",
+                               optarg);
+      have_grid = true;
+      break;
+    case 'b':
+      if (parse_dim3(optarg, block) < 0)
+        return dspk__sub_usage(ctx, "bad --block '%s' (want X[,Y[,Z]])",
+                               optarg);
+      have_block = true;
+      break;
+    case 's':
+      if (dspk__sub_parse_long(optarg, 0, UINT32_MAX, &shared) < 0)
+        return dspk__sub_usage(ctx, "bad --shared '%s' (want bytes)", optarg);
+      break;
+    case 'l':
+      if (strcmp(optarg, "cuda") && strcmp(optarg, "hip") &&
+          strcmp(optarg, "glsl") && strcmp(optarg, "spirv"))
+        return dspk__sub_usage(ctx, "bad --lang '%s' (want cuda, hip, glsl "
+                                    "or spirv)",
+                               optarg);
+      lang = optarg;
+      break;
+    case 'd':
+      device = optarg;
+      break;
+    case 'o': {
+      const char *eq = strchr(optarg, '=');
+      long k = -1;
+      if (nouts >= KERNEL_MAX_TENSORS)
+        return dspk__sub_usage(ctx, "more than %d -o", KERNEL_MAX_TENSORS);
+      if (eq != NULL && eq != optarg) {
+        char num[16];
+        snprintf(num, sizeof num, "%.*s", (int)(eq - optarg), optarg);
+        if (dspk__sub_parse_long(num, 0, KERNEL_MAX_TENSORS - 1, &k) == 0)
+          optarg = (char *)eq + 1;
+        else
+          k = -1;
+      }
+      if (optarg[0] == '\0')
+        return dspk__sub_usage(ctx, "empty output file name");
+      outs[nouts].index = (int)k;
+      outs[nouts].path = optarg;
+      nouts++;
+      break;
+    }
+    case 'h':
+      return dspk__sub_help(ctx);
+    case ':':
+      return dspk__sub_missing_arg(ctx, argv);
+    default:
+      return dspk__sub_bad_option(ctx, argv);
+    }
+  }
+  if (optind >= argc)
+    return dspk__sub_usage(ctx, "missing SOURCE");
+  if (entry == NULL || entry[0] == '\0')
+    return dspk__sub_usage(ctx, "missing --entry NAME");
+  if (!have_grid || !have_block)
+    return dspk__sub_usage(ctx, "missing --%s", have_grid ? "block" : "grid");
+  if (argc - optind - 1 > DSPK_KERNEL_MAX_ARGS)
+    return dspk__sub_usage(ctx, "more than %d kernel arguments",
+                           DSPK_KERNEL_MAX_ARGS);
+
+  dspk_task_init(&t, DSPK_OP_KERNEL);
+  /* Arguments: tensors first become inputs, scalars stay scalars. */
+  for (int i = optind + 1; i < argc; i++) {
+    const char *a = argv[i];
+    dspk_karg *k = &t.kernel.args[t.kernel.nargs];
+    rc = parse_scalar(ctx, a, k);
+    if (rc == 0) {
+      t.kernel.nargs++;
+      continue;
+    }
+    if (rc != 1) {
+      status = rc;
+      goto out;
+    }
+    if (ntens >= KERNEL_MAX_TENSORS) {
+      status = dspk__sub_usage(ctx, "more than %d tensor arguments",
+                               KERNEL_MAX_TENSORS);
+      goto out;
+    }
+    if (strncmp(a, "zeros:", 6) == 0) {
+      rc = parse_zeros(ctx, a, &tens[ntens]);
+      if (rc != 0) {
+        status = rc;
+        goto out;
+      }
+    } else {
+      rc = dspk__npy_load(a, &tens[ntens], err, sizeof err);
+      if (rc < 0) {
+        dspk__sub_fail(ctx, rc, "%s", err);
+        goto out;
+      }
+    }
+    {
+      int64_t shape[DSPK_MAX_RANK];
+      for (int d = 0; d < tens[ntens].rank; d++)
+        shape[d] = (int64_t)tens[ntens].shape[d];
+      dspk_tensor_inline(&tin[ntens], tens[ntens].dtype,
+                         (unsigned)tens[ntens].rank, shape, tens[ntens].data);
+    }
+    k->kind = DSPK_KARG_TENSOR;
+    k->v.tensor = ntens++;
+    t.kernel.nargs++;
+  }
+  for (int i = 0, next = 0; i < nouts; i++) {
+    if (outs[i].index < 0)
+      outs[i].index = next;
+    next = outs[i].index + 1;
+    if (outs[i].index >= ntens) {
+      status = dspk__sub_usage(ctx, "-o %s: there is no tensor argument %d",
+                               outs[i].path, outs[i].index);
+      goto out;
+    }
+  }
+  if (read_source(ctx, argv[optind], &src, &srclen) != 0)
+    goto out;
+  t.kernel.lang = lang ? lang : lang_from_path(argv[optind]);
+  t.kernel.source = src;
+  t.kernel.source_len = srclen;
+  t.kernel.entry = entry;
+  memcpy(t.kernel.grid, grid, sizeof grid);
+  memcpy(t.kernel.block, block, sizeof block);
+  t.kernel.shared = (uint32_t)shared;
+  t.inputs = tin;
+  t.ninputs = (unsigned)ntens;
+  t.device = device;
+
+  if (dspk__sub_connect(ctx) != 0)
+    goto out;
+  rc = dspk_run(ctx->client, &t, &res);
+  if (rc < 0) {
+    dspk__sub_fail_client(ctx, rc);
+    goto out;
+  }
+  for (int i = 0; i < nouts; i++) {
+    const dspk_tensor *o;
+    uint64_t shape[DSPK_MAX_RANK];
+    if ((unsigned)outs[i].index >= res.nout || res.out[outs[i].index].is_ref) {
+      dspk__sub_fail(ctx, DSPK_EPROTO, "the daemon returned no tensor %d",
+                     outs[i].index);
+      goto out_res;
+    }
+    o = &res.out[outs[i].index];
+    for (unsigned d = 0; d < o->rank; d++)
+      shape[d] = (uint64_t)o->shape[d];
+    rc = dspk__npy_save(outs[i].path, o->dtype, (int)o->rank, shape, o->data,
+                        err, sizeof err);
+    if (rc < 0) {
+      dspk__sub_fail(ctx, rc, "%s", err);
+      goto out_res;
+    }
+  }
+  if (nouts == 0) {
+    for (unsigned i = 0; i < res.nout; i++) {
+      printf("tensor %u: ", i);
+      dspk__sub_print_summary(&res, &res.out[i]);
+    }
+    if (res.nout == 0)
+      printf("ran on %s\n", res.device);
+  }
+  status = DSPK__SUB_EXIT_OK;
+out_res:
+  dspk_result_free(&res);
+out:
+  free(src);
+  for (int i = 0; i < KERNEL_MAX_TENSORS; i++)
+    dspk__npy_free(&tens[i]);
+  return status;
+}
