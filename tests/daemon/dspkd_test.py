@@ -1,0 +1,687 @@
+#!/usr/bin/python3
+"""End-to-end protocol tests of dspkd, written from docs/protocol.md alone.
+
+Each test group starts its own dspkd on a temporary socket (waiting for
+READY on --ready-fd, never sleeping), talks msgpack-RPC to it with Python's
+msgpack, checks every numeric result against numpy, and stops it with
+SIGTERM, expecting exit status 0 and the socket removed.
+
+    dspkd_test.py --dspkd PATH GROUP     GROUP: see GROUPS at the bottom
+"""
+import argparse
+import os
+import random
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import msgpack
+import numpy as np
+
+TIMEOUT = 30.0  # seconds any single wait may take before the test fails
+
+DTYPES = {"f32": np.float32, "f64": np.float64, "c64": np.complex64, "c128": np.complex128}
+NAMES = {np.dtype(v): k for k, v in DTYPES.items()}
+
+
+class RpcError(Exception):
+    def __init__(self, err):
+        super().__init__("%s: %s" % (err.get("name"), err.get("message")))
+        self.err = err
+        self.name = err.get("name")
+        self.code = err.get("code")
+
+
+def check(cond, what):
+    if not cond:
+        raise AssertionError(what)
+
+
+# ---- a client written from docs/protocol.md ---------------------------------
+
+class Client:
+    def __init__(self, path):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(TIMEOUT)
+        self.sock.connect(path)
+        self.up = msgpack.Unpacker(raw=False, max_buffer_size=1 << 30)
+        self.msgid = 0
+        self.responses = {}
+        self.notifications = []
+        self.eof = False
+
+    def close(self):
+        self.sock.close()
+
+    def send(self, method, args=None, msgid=None):
+        if msgid is None:
+            self.msgid += 1
+            msgid = self.msgid
+        params = [args] if args is not None else []
+        self.sock.sendall(msgpack.packb([0, msgid, method, params], use_bin_type=True))
+        return msgid
+
+    def pump(self):
+        """Reads one chunk from the socket and files every whole message."""
+        data = self.sock.recv(1 << 20)
+        if not data:
+            self.eof = True
+            raise EOFError("connection closed by the daemon")
+        self.up.feed(data)
+        for m in self.up:
+            check(isinstance(m, list) and m[0] in (1, 2), "unexpected message %r" % (m,))
+            if m[0] == 1:
+                check(len(m) == 4, "response has 4 elements")
+                check((m[2] is None) != (m[3] is None) or m[2] is None,
+                      "exactly one of error/result is nil")
+                self.responses[m[1]] = m
+            else:
+                self.notifications.append(m)
+
+    def wait(self, msgid):
+        while msgid not in self.responses:
+            self.pump()
+        m = self.responses.pop(msgid)
+        if m[2] is not None:
+            raise RpcError(m[2])
+        return m[3]
+
+    def call(self, method, args=None):
+        return self.wait(self.send(method, args))
+
+    def expect_error(self, name, method, args=None):
+        try:
+            self.call(method, args)
+        except RpcError as e:
+            check(e.name == name, "%s: expected %s, got %s (%s)" % (method, name, e.name,
+                                                                    e.err.get("message")))
+            check(isinstance(e.code, int) and e.code < 0, "error code is negative")
+            check(e.err.get("message"), "error has a message")
+            return e
+        raise AssertionError("%s: expected %s, got a result" % (method, name))
+
+    def expect_closed(self):
+        """The daemon closes this connection; returns its notifications."""
+        try:
+            while True:
+                self.pump()
+        except EOFError:
+            pass
+        except ConnectionResetError:
+            pass
+        return self.notifications
+
+
+def tensor(x):
+    x = np.ascontiguousarray(x)
+    return {"dtype": NAMES[x.dtype], "shape": list(x.shape), "data": x.tobytes()}
+
+
+def array(t):
+    check("data" in t, "inline output")
+    n = int(np.prod(t["shape"])) if t["shape"] else 1
+    a = np.frombuffer(t["data"], dtype=DTYPES[t["dtype"]], count=n)
+    return a.reshape(t["shape"])
+
+
+def close_enough(got, want, what, dtype):
+    tol = 1e-4 if np.dtype(dtype) in (np.float32, np.complex64) else 1e-10
+    want = np.asarray(want)
+    check(got.shape == want.shape, "%s: shape %s, want %s" % (what, got.shape, want.shape))
+    scale = max(1.0, float(np.max(np.abs(want))) if want.size else 1.0)
+    err = float(np.max(np.abs(got.astype(np.complex128) - want))) if want.size else 0.0
+    check(err <= tol * scale * 10, "%s: max error %g (scale %g)" % (what, err, scale))
+
+
+# ---- the daemon under test ----------------------------------------------------
+
+DAEMONS = []
+
+
+class Daemon:
+    def __init__(self, exe, tmp, extra=(), sock=None):
+        self.sock = sock or os.path.join(tmp, "dspkd.sock")
+        self.log = open(os.path.join(tmp, "dspkd-%d.log" % random.randrange(1 << 30)), "w+")
+        r, w = os.pipe()
+        args = [exe, "--foreground", "--socket", self.sock, "--ready-fd", str(w),
+                "--backends", "cpu", "--log-level", "debug"] + list(extra)
+        self.proc = subprocess.Popen(args, pass_fds=[w], stderr=self.log)
+        DAEMONS.append(self)
+        os.close(w)
+        ready, _, _ = select.select([r], [], [], TIMEOUT)
+        data = os.read(r, 16) if ready else b""
+        os.close(r)
+        if data != b"READY\n":
+            self.proc.kill()
+            self.proc.wait()
+            raise AssertionError("dspkd did not become ready:\n" + self.logtext())
+
+    def logtext(self):
+        self.log.flush()
+        self.log.seek(0)
+        return self.log.read()
+
+    def client(self):
+        return Client(self.sock)
+
+    def stop(self):
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            rc = self.proc.wait(TIMEOUT)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise AssertionError("dspkd did not stop on SIGTERM:\n" + self.logtext())
+        check(rc == 0, "dspkd exited with %d after SIGTERM:\n%s" % (rc, self.logtext()))
+        check(not os.path.exists(self.sock), "socket removed at exit")
+
+
+# ---- groups ---------------------------------------------------------------------
+
+def t_basic(exe, tmp):
+    d = Daemon(exe, tmp)
+    c = d.client()
+    h = c.call("hello", {"version": 1, "client": "dspkd_test"})
+    check(h["protocol"] == 1 and h["server"] == "dspkd" and h["daemon"], "hello: %r" % h)
+    c.expect_error("EVERSION", "hello", {"version": 99})
+    check(c.call("ping") == {"data": b""}, "ping without data")
+    blob = bytes(range(256)) * 40
+    check(c.call("ping", {"data": blob})["data"] == blob, "ping echoes data")
+    devs = c.call("devices")
+    ids = [x["id"] for x in devs["devices"]]
+    check("cpu:0" in ids, "cpu:0 listed: %r" % ids)
+    check(devs["unavailable"] == [], "unavailable only with all")
+    cpu = devs["devices"][ids.index("cpu:0")]
+    for k in ("id", "backend", "name", "type", "arch", "driver", "uuid", "memory", "software"):
+        check(k in cpu, "device has %s" % k)
+    alldevs = c.call("devices", {"all": True})
+    check(all("backend" in u and "reason" in u for u in alldevs["unavailable"]), "unavailable")
+    st = c.call("status")
+    check(st["daemon"]["pid"] == d.proc.pid, "status pid")
+    check(st["daemon"]["socket"] == d.sock, "status socket")
+    me = [x for x in st["clients"] if x["pid"] == os.getpid()]
+    check(len(me) == 1 and me[0]["uid"] == os.getuid() and me[0]["gid"] == os.getgid()
+          and me[0]["name"] == "dspkd_test", "status shows my credentials: %r" % st["clients"])
+    check([x["id"] for x in st["devices"]] == ids, "status devices")
+    for k in ("queued", "running", "completed", "failed", "stats"):
+        check(k in st["devices"][0], "device status has %s" % k)
+    c.expect_error("ENOMETHOD", "no.such.method")
+    c.expect_error("ENODEV", "task.run", {"op": "map", "device": "cuda:9",
+                                         "inputs": [tensor(np.ones(3))],
+                                         "options": {"fn": "abs"}})
+    c.close()
+    d.stop()
+
+
+def t_buffers(exe, tmp):
+    d = Daemon(exe, tmp)
+    c = d.client()
+    rng = np.random.default_rng(1)
+    b = c.call("buffer.create", {"device": "cpu:0", "size": 4096})
+    bid = b["buffer"]
+    check(b["device"] == "cpu:0" and b["size"] == 4096, "buffer.create: %r" % b)
+    data = rng.bytes(1000)
+    check(c.call("buffer.write", {"buffer": bid, "offset": 96, "data": data})["size"] == 1000,
+          "buffer.write size")
+    check(c.call("buffer.read", {"buffer": bid, "offset": 96, "size": 1000})["data"] == data,
+          "buffer.read returns what was written")
+    check(len(c.call("buffer.read", {"buffer": bid, "offset": 4000})["data"]) == 96,
+          "buffer.read defaults to the rest")
+    c.expect_error("ERANGE", "buffer.write", {"buffer": bid, "offset": 4000, "data": data})
+    c.expect_error("ERANGE", "buffer.read", {"buffer": bid, "offset": 4097})
+    c.expect_error("ERANGE", "buffer.read", {"buffer": bid, "offset": 10, "size": 4090})
+    c.expect_error("ENOBUF", "buffer.read", {"buffer": bid + 100})
+    c.expect_error("EINVAL", "buffer.create", {"device": "cpu:0"})
+    c.expect_error("ENODEV", "buffer.create", {"device": "nope:0", "size": 1})
+
+    # Buffers as task operands: A and B from buffers, C written to a buffer.
+    A = rng.standard_normal((8, 5))
+    B = rng.standard_normal((5, 6))
+    ba = c.call("buffer.create", {"size": A.nbytes + 64})["buffer"]
+    bb = c.call("buffer.create", {"device": "cpu:0", "size": B.nbytes})["buffer"]
+    bc = c.call("buffer.create", {"device": "cpu:0", "size": 8 * 48 + 16})["buffer"]
+    # Pipelined: the write and the task that reads it need no wait between.
+    w1 = c.send("buffer.write", {"buffer": ba, "offset": 64, "data": A.tobytes()})
+    w2 = c.send("buffer.write", {"buffer": bb, "data": B.tobytes()})
+    t = c.send("task.run", {"op": "gemm", "device": "any", "inputs": [
+        {"buffer": ba, "offset": 64, "dtype": "f64", "shape": [8, 5]},
+        {"buffer": bb, "dtype": "f64", "shape": [5, 6]}],
+        "outputs": [{"buffer": bc, "offset": 16}]})
+    c.wait(w1)
+    c.wait(w2)
+    res = c.wait(t)
+    check(res["device"] == "cpu:0", "buffers pin the device")
+    out = res["outputs"][0]
+    check(out["buffer"] == bc and out["offset"] == 16 and out["shape"] == [8, 6]
+          and out["dtype"] == "f64", "output by reference: %r" % out)
+    got = np.frombuffer(c.call("buffer.read", {"buffer": bc, "offset": 16})["data"],
+                        np.float64).reshape(8, 6)
+    close_enough(got, A @ B, "gemm via buffers", np.float64)
+    c.expect_error("ERANGE", "task.run", {"op": "gemm", "inputs": [
+        {"buffer": ba, "offset": 128, "dtype": "f64", "shape": [8, 5]}, tensor(B)]})
+    c.expect_error("ERANGE", "task.run", {"op": "gemm", "inputs": [tensor(A), tensor(B)],
+                                          "outputs": [{"buffer": bb}]})
+    c.expect_error("EINVAL", "task.run", {"op": "gemm", "inputs": [
+        {"buffer": ba, "offset": 4, "dtype": "f64", "shape": [8, 5]}, tensor(B)]})
+    # A freed buffer is gone for new requests; one still in use stays alive.
+    t = c.send("task.run", {"op": "reduce", "inputs": [
+        {"buffer": bb, "dtype": "f64", "shape": [5, 6]}], "options": {"fn": "sum"}})
+    f = c.send("buffer.free", {"buffer": bb})
+    close_enough(array(c.wait(t)["outputs"][0]), B.sum(), "task on a buffer freed meanwhile",
+                 np.float64)
+    check(c.wait(f) == {}, "buffer.free result")
+    c.expect_error("ENOBUF", "buffer.free", {"buffer": bb})
+    c.expect_error("ENOBUF", "task.run", {"op": "reduce", "inputs": [
+        {"buffer": bb, "dtype": "f64", "shape": [5, 6]}]})
+    st = c.call("status")
+    me = [x for x in st["clients"] if x["pid"] == os.getpid()][0]
+    check(me["buffers"] == 3, "status counts my buffers: %r" % me)
+    # Another connection cannot see them.
+    c2 = d.client()
+    c2.expect_error("ENOBUF", "buffer.read", {"buffer": bid})
+    c2.close()
+    c.close()
+    d.stop()
+
+
+def rand(rng, shape, dt):
+    x = rng.standard_normal(shape)
+    if np.dtype(dt).kind == "c":
+        x = x + 1j * rng.standard_normal(shape)
+    return x.astype(dt)
+
+
+def run(c, op, inputs, options=None, device="cpu:0"):
+    args = {"op": op, "device": device, "inputs": [tensor(x) for x in inputs]}
+    if options is not None:
+        args["options"] = options
+    res = c.call("task.run", args)
+    return [array(t) for t in res["outputs"]]
+
+
+def fir_ref(x, h):
+    y = np.zeros(x.shape, dtype=np.result_type(x, h, np.float64))
+    flat_x = x.reshape(-1, x.shape[-1])
+    flat_y = y.reshape(-1, x.shape[-1])
+    for i in range(flat_x.shape[0]):
+        flat_y[i] = np.convolve(flat_x[i].astype(y.dtype), h.astype(y.dtype))[:x.shape[-1]]
+    return y
+
+
+def t_ops(exe, tmp):
+    d = Daemon(exe, tmp)
+    c = d.client()
+    rng = np.random.default_rng(7)
+    for dt in (np.float32, np.float64):
+        for _ in range(3):
+            m, k, n = rng.integers(1, 40, 3)
+            batch = tuple(rng.integers(1, 4, rng.integers(0, 3)))
+            A, B = rand(rng, batch + (m, k), dt), rand(rng, batch + (k, n), dt)
+            close_enough(run(c, "gemm", [A, B])[0], A.astype(np.float64) @ B, "gemm", dt)
+        A, B, C = rand(rng, (7, 5), dt), rand(rng, (6, 7), dt), rand(rng, (5, 6), dt)
+        got = run(c, "gemm", [A, B, C], {"trans_a": True, "trans_b": True, "alpha": 0.5,
+                                         "beta": -2.0})[0]
+        close_enough(got, 0.5 * (A.T.astype(np.float64) @ B.T) - 2.0 * C, "gemm trans", dt)
+    for dt in (np.complex64, np.complex128):
+        X = rand(rng, (3, 64), dt)
+        close_enough(run(c, "fft", [X])[0], np.fft.fft(X), "fft", dt)
+        close_enough(run(c, "fft", [X], {"inverse": True})[0], np.fft.ifft(X), "ifft", dt)
+    for dt in (np.float32, np.float64):
+        X = rand(rng, (2, 50), dt)
+        close_enough(run(c, "fft", [X])[0], np.fft.rfft(X), "rfft", dt)
+    for dt in (np.float32, np.float64, np.complex64):
+        X, H = rand(rng, (3, 200), dt), rand(rng, (17,), dt)
+        close_enough(run(c, "fir", [X, H])[0], fir_ref(X, H), "fir", dt)
+    A, B = rand(rng, (4, 6, 5), np.float64), rand(rng, (5, 3), np.float64)
+    for subs, a, b in (("ik,kj->ij", A[0], B), ("bij,jk->bik", A, B), ("abc,cd->dba", A, B)):
+        close_enough(run(c, "contract", [a, b], {"subscripts": subs})[0],
+                     np.einsum(subs, a, b), "contract " + subs, np.float64)
+    X = rand(rng, (3, 4, 5), np.float64)
+    for fn, ref in (("sum", np.sum), ("max", np.max), ("min", np.min), ("mean", np.mean)):
+        close_enough(run(c, "reduce", [X], {"fn": fn, "axes": [0, -1]})[0],
+                     ref(X, axis=(0, 2)), "reduce " + fn, np.float64)
+        close_enough(run(c, "reduce", [X], {"fn": fn})[0], ref(X), "reduce all " + fn,
+                     np.float64)
+    A, B = rand(rng, (4, 5), np.float32), rand(rng, (4, 5), np.float32)
+    for fn, args, ref in (("add", [A, B], A + B), ("sub", [A, B], A - B),
+                          ("mul", [A, B], A * B), ("scale", [A], 2.5 * A),
+                          ("axpy", [A, B], 2.5 * A + B), ("abs", [A], np.abs(A)),
+                          ("exp", [A], np.exp(A))):
+        close_enough(run(c, "map", args, {"fn": fn, "alpha": 2.5})[0], ref, "map " + fn,
+                     np.float32)
+    # Bad arguments get an error response naming the problem; the connection stays.
+    A, B = rand(rng, (3, 4), np.float64), rand(rng, (5, 6), np.float64)
+    e = c.expect_error("ESHAPE", "task.run", {"op": "gemm", "inputs": [tensor(A), tensor(B)]})
+    check("axis" in e.err["message"] or "shape" in e.err["message"], "names the axis")
+    c.expect_error("EDTYPE", "task.run", {"op": "gemm", "inputs": [
+        {"dtype": "i7", "shape": [1], "data": b"\0"}, tensor(B)]})
+    c.expect_error("EINVAL", "task.run", {"op": "gemm", "inputs": [
+        {"dtype": "f64", "shape": [2, 2], "data": b"\0" * 31}, tensor(B)]})
+    c.expect_error("EINVAL", "task.run", {"op": "warp", "inputs": [tensor(A)]})
+    c.expect_error("EINVAL", "task.run", {"op": "reduce", "inputs": [tensor(A)],
+                                          "options": {"axes": [2]}})
+    c.expect_error("ELIMIT", "task.run", {"op": "map", "inputs": [
+        {"dtype": "f32", "shape": [1] * 9, "data": b"\0" * 4}], "options": {"fn": "abs"}})
+    check(c.call("ping", {"data": b"x"})["data"] == b"x", "connection still works")
+    c.close()
+    d.stop()
+
+
+def t_inflight(exe, tmp):
+    """Several requests in flight, answered out of order; task.cancel."""
+    d = Daemon(exe, tmp)
+    c = d.client()
+    rng = np.random.default_rng(3)
+    A = rand(rng, (400, 400), np.float64)
+    slow = c.send("task.run", {"op": "gemm", "inputs": [tensor(A), tensor(A)]})
+    fast = c.send("ping", {"data": b"fast"})
+    while slow not in c.responses and fast not in c.responses:
+        c.pump()
+    check(fast in c.responses and slow not in c.responses, "ping overtakes a running gemm")
+    check(c.wait(fast)["data"] == b"fast", "ping")
+    close_enough(array(c.wait(slow)["outputs"][0]), A @ A, "slow gemm", np.float64)
+
+    xs = [rand(rng, (int(rng.integers(1, 50)),), np.float64) for _ in range(30)]
+    ids = {c.send("task.run", {"op": "reduce", "inputs": [tensor(x)], "options": {"fn": "sum"}}):
+           x for x in xs}
+    for mid in reversed(list(ids)):
+        close_enough(array(c.wait(mid)["outputs"][0]), ids[mid].sum(), "pipelined", np.float64)
+
+    # Cancel: the first gemm runs, the last is still queued behind the rest.
+    B = c.call("buffer.create", {"size": A.nbytes})["buffer"]
+    c.call("buffer.write", {"buffer": B, "data": A.tobytes()})
+    ref = {"buffer": B, "dtype": "f64", "shape": [400, 400]}
+    tasks = [c.send("task.run", {"op": "gemm", "inputs": [ref, ref]}) for _ in range(6)]
+    check(c.call("task.cancel", {"msgid": tasks[-1]}) == {"canceled": True}, "cancel queued")
+    e = None
+    try:
+        c.wait(tasks[-1])
+    except RpcError as err:
+        e = err
+    check(e is not None and e.name == "ECANCELED", "canceled task answered ECANCELED")
+    for t in tasks[:-1]:
+        c.wait(t)
+    check(c.call("task.cancel", {"msgid": tasks[0]}) == {"canceled": False},
+          "cancel of a finished task")
+    c.close()
+    d.stop()
+
+
+def t_garbage(exe, tmp):
+    d = Daemon(exe, tmp)
+    good = d.client()
+    check(good.call("ping", {"data": b"1"})["data"] == b"1", "healthy client")
+    rng = random.Random(42)
+    cases = [
+        ("random bytes", bytes([0xc1]) + bytes(rng.randrange(256) for _ in range(4096))),
+        ("array32 of 10^8 elements", b"\xdd" + (10 ** 8).to_bytes(4, "big")),
+        ("deep nesting", b"\x91" * 200 + b"\x00"),
+        ("not an array", msgpack.packb("hello")),
+        ("response from a client", msgpack.packb([1, 1, None, {}])),
+        ("str32 of 4 GB", b"\xdb\xff\xff\xff\xff"),
+    ]
+    for name, data in cases:
+        bad = d.client()
+        bad.sock.sendall(data)
+        notes = bad.expect_closed()
+        check(any(n[1] == "protocol.error" and n[2][0]["code"] < 0 for n in notes),
+              "%s: protocol.error before closing: %r" % (name, notes))
+        bad.close()
+        check(good.call("ping", {"data": name.encode()})["data"] == name.encode(),
+              "%s: the other client still works" % name)
+    # Well-formed requests with bad envelopes or args are answered, not closed.
+    c = d.client()
+    c.sock.sendall(msgpack.packb([0, 7, 5, []]))
+    while 7 not in c.responses:
+        c.pump()
+    check(c.responses.pop(7)[2]["name"] == "EPROTO", "bad method type: error response")
+    c.sock.sendall(msgpack.packb([0, 8, "ping", [1, 2]]))
+    while 8 not in c.responses:
+        c.pump()
+    check(c.responses.pop(8)[2]["name"] == "EPROTO", "bad params: error response")
+    c.expect_error("EINVAL", "ping", {"data": 5})
+    check(c.call("ping")["data"] == b"", "still open")
+    # Big messages are fine; one over --max-message is refused (below).
+    big = d.client()
+    big.sock.sendall(msgpack.packb([0, 1000, "ping", [{"data": b"\0" * (1 << 20)}]]))
+    check(big.wait(1000)["data"] == b"\0" * (1 << 20), "1 MiB message accepted")
+    c.close()
+    big.close()
+    good.close()
+    d.stop()
+    d = Daemon(exe, tmp, ["--max-message", "65536"])
+    c = d.client()
+    c.sock.sendall(msgpack.packb([0, 1, "ping", [{"data": b"\0" * 100000}]]))
+    notes = c.expect_closed()
+    check(any(n[1] == "protocol.error" and n[2][0]["name"] == "ELIMIT" for n in notes),
+          "max_message: ELIMIT: %r" % notes)
+    c.close()
+    d.stop()
+
+
+def gemm_task(bufs, n):
+    a, out = bufs
+    ref = {"buffer": a, "dtype": "f32", "shape": [n, n]}
+    return {"op": "gemm", "device": "cpu:0", "inputs": [ref, ref],
+            "outputs": [{"buffer": out}]}
+
+
+def t_fairness(exe, tmp):
+    d = Daemon(exe, tmp)
+    n = 256
+    A = np.random.default_rng(5).standard_normal((n, n)).astype(np.float32)
+    c1 = d.client()
+    a = c1.call("buffer.create", {"size": A.nbytes})["buffer"]
+    o = c1.call("buffer.create", {"size": A.nbytes})["buffer"]
+    c1.call("buffer.write", {"buffer": a, "data": A.tobytes()})
+    flood = [c1.send("task.run", gemm_task((a, o), n)) for _ in range(200)]
+    c1.wait(flood[0])  # the flood is being served
+    c2 = d.client()
+    st = c2.call("status")
+    cpu = [x for x in st["devices"] if x["id"] == "cpu:0"][0]
+    check(cpu["queued"] > 0, "status shows the flood queued: %r" % cpu)
+    mine = c2.send("task.run", {"op": "reduce", "device": "cpu:0",
+                                "inputs": [tensor(A)], "options": {"fn": "max"}})
+    close_enough(array(c2.wait(mine)["outputs"][0]), A.max(), "client 2's task", np.float32)
+    pending = [m for m in flood if m not in c1.responses]
+    check(len(pending) > 100, "client 2 finished before client 1's queue drained "
+          "(%d of 200 still pending)" % len(pending))
+    for m in flood[1:]:
+        c1.wait(m)
+    got = np.frombuffer(c1.call("buffer.read", {"buffer": o})["data"], np.float32)
+    close_enough(got.reshape(n, n), A.astype(np.float64) @ A, "flooded gemm", np.float32)
+    c1.close()
+    c2.close()
+    d.stop()
+
+
+def t_disconnect(exe, tmp):
+    d = Daemon(exe, tmp)
+    good = d.client()
+    n = 256
+    A = np.random.default_rng(9).standard_normal((n, n)).astype(np.float32)
+    # A client queues work and buffers, then vanishes.
+    c = d.client()
+    a = c.call("buffer.create", {"size": A.nbytes})["buffer"]
+    o = c.call("buffer.create", {"size": A.nbytes})["buffer"]
+    c.call("buffer.write", {"buffer": a, "data": A.tobytes()})
+    flood = [c.send("task.run", gemm_task((a, o), n)) for _ in range(100)]
+    c.wait(flood[0])
+    c.close()
+    # Another vanishes in the middle of a request frame.
+    half = d.client()
+    frame = msgpack.packb([0, 1, "task.run", [{"op": "map", "inputs": [tensor(A)],
+                                               "options": {"fn": "abs"}}]], use_bin_type=True)
+    half.sock.sendall(frame[: len(frame) // 2])
+    half.close()
+    # The daemon drops their queued tasks and buffers: status shows neither
+    # client and an idle device.  Poll status (each reply is an event).
+    deadline = time.monotonic() + TIMEOUT
+    while True:
+        st = good.call("status")
+        cpu = [x for x in st["devices"] if x["id"] == "cpu:0"][0]
+        if len(st["clients"]) == 1 and cpu["queued"] == 0 and cpu["running"] == 0:
+            break
+        check(time.monotonic() < deadline, "disconnected clients cleaned up: %r" % st)
+    check(cpu["completed"] < 100, "queued tasks were dropped, not run (%d ran)"
+          % cpu["completed"])
+    check(good.call("ping", {"data": b"ok"})["data"] == b"ok", "daemon still serves")
+    close_enough(run(good, "map", [A], {"fn": "abs"})[0], np.abs(A), "after disconnects",
+                 np.float32)
+    good.close()
+    d.stop()
+
+
+def t_sigterm(exe, tmp):
+    d = Daemon(exe, tmp)
+    n = 256
+    A = np.random.default_rng(2).standard_normal((n, n)).astype(np.float32)
+    c = d.client()
+    a = c.call("buffer.create", {"size": A.nbytes})["buffer"]
+    o = c.call("buffer.create", {"size": A.nbytes})["buffer"]
+    c.call("buffer.write", {"buffer": a, "data": A.tobytes()})
+    tasks = [c.send("task.run", gemm_task((a, o), n)) for _ in range(100)]
+    c.wait(tasks[0])
+    d.proc.send_signal(signal.SIGTERM)
+    done = shut = 0
+    for t in tasks[1:]:
+        try:
+            c.wait(t)
+            done += 1
+        except RpcError as e:
+            check(e.name == "ESHUTDOWN", "queued tasks fail with ESHUTDOWN, got %s" % e.name)
+            shut += 1
+    check(shut > 0, "some queued tasks were failed with ESHUTDOWN")
+    c.expect_closed()
+    rc = d.proc.wait(TIMEOUT)
+    check(rc == 0, "exit 0 after SIGTERM, got %d:\n%s" % (rc, d.logtext()))
+    check(not os.path.exists(d.sock), "socket removed")
+    check("stopped" in d.logtext(), "logged the stop")
+
+
+def t_socket(exe, tmp):
+    path = os.path.join(tmp, "stale.sock")
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.bind(path)
+    s.close()  # a socket file nobody listens on: stale
+    d = Daemon(exe, tmp, sock=path)
+    c = d.client()
+    check(c.call("ping", {"data": b"s"})["data"] == b"s", "replaced a stale socket")
+    # A second daemon must not take a live socket.
+    p = subprocess.run([exe, "--foreground", "--socket", path, "--backends", "cpu"],
+                       stderr=subprocess.PIPE, timeout=TIMEOUT)
+    check(p.returncode != 0, "second daemon on a live socket fails")
+    check(b"another daemon" in p.stderr, "clear message: %r" % p.stderr)
+    check(c.call("ping", {"data": b"t"})["data"] == b"t", "first daemon unharmed")
+    st = os.stat(path)
+    check(st.st_mode & 0o777 == 0o660, "socket mode 0660, got %o" % (st.st_mode & 0o777))
+    c.close()
+    d.stop()
+    # A path too long for sockaddr_un is refused with a clear message.
+    long_path = os.path.join(tmp, "x" * 120 + ".sock")
+    p = subprocess.run([exe, "--foreground", "--socket", long_path], stderr=subprocess.PIPE,
+                       timeout=TIMEOUT)
+    check(p.returncode != 0 and b"longer than" in p.stderr, "long path: %r" % p.stderr)
+    # A regular file in the way is not removed.
+    f = os.path.join(tmp, "file.sock")
+    open(f, "w").close()
+    p = subprocess.run([exe, "--foreground", "--socket", f], stderr=subprocess.PIPE,
+                       timeout=TIMEOUT)
+    check(p.returncode != 0 and os.path.isfile(f), "regular file kept: %r" % p.stderr)
+    # --help and --version answer without starting.
+    p = subprocess.run([exe, "--help"], stdout=subprocess.PIPE, timeout=TIMEOUT)
+    check(p.returncode == 0 and b"--socket" in p.stdout and b"--max-message" in p.stdout,
+          "--help")
+    p = subprocess.run([exe, "--version"], stdout=subprocess.PIPE, timeout=TIMEOUT)
+    check(p.returncode == 0 and p.stdout.startswith(b"dspkd "), "--version")
+    p = subprocess.run([exe, "--bogus"], stderr=subprocess.PIPE, timeout=TIMEOUT)
+    check(p.returncode != 0, "unknown flag")
+    p = subprocess.run([exe, "--foreground", "--socket", os.path.join(tmp, "b.sock"),
+                        "--backends", "nosuch"], stderr=subprocess.PIPE, timeout=TIMEOUT)
+    check(p.returncode != 0 and b"nosuch" in p.stderr, "unknown backend: %r" % p.stderr)
+
+
+def t_backpressure(exe, tmp):
+    """A client that stops reading does not make the daemon buffer without
+    bound, and does not slow others down."""
+    d = Daemon(exe, tmp, ["--max-unsent", "1000000", "--max-inflight", "64"])
+    lazy = d.client()
+    blob = b"\xab" * 200000
+    frame = b"".join(msgpack.packb([0, i + 1, "ping", [{"data": blob}]], use_bin_type=True)
+                     for i in range(200))
+    lazy.sock.setblocking(False)
+    sent = 0
+    deadline = time.monotonic() + TIMEOUT
+    # Keep sending until the daemon stops reading (our send buffer fills).
+    while sent < len(frame):
+        try:
+            sent += lazy.sock.send(frame[sent:])
+        except BlockingIOError:
+            _, w, _ = select.select([], [lazy.sock], [], 0.5)
+            if not w:
+                break
+        check(time.monotonic() < deadline, "send loop")
+    check(sent < len(frame), "the daemon stopped reading a client that does not read")
+    good = d.client()
+    st = good.call("status")
+    me = [x for x in st["clients"] if not x["self"]][0]
+    check(me["unsent"] <= 1000000 + len(blob) + 1024, "unsent bounded: %r" % me)
+    check(good.call("ping", {"data": b"g"})["data"] == b"g", "others still served")
+    # Once it reads again, everything is answered.
+    lazy.sock.setblocking(True)
+    lazy.sock.settimeout(TIMEOUT)
+    rest = threading.Thread(target=lazy.sock.sendall, args=(frame[sent:],))
+    rest.start()
+    for i in range(200):
+        check(lazy.wait(i + 1)["data"] == blob, "answer %d" % i)
+    rest.join()
+    lazy.close()
+    good.close()
+    d.stop()
+
+
+GROUPS = {
+    "basic": t_basic,
+    "buffers": t_buffers,
+    "ops": t_ops,
+    "inflight": t_inflight,
+    "garbage": t_garbage,
+    "fairness": t_fairness,
+    "disconnect": t_disconnect,
+    "sigterm": t_sigterm,
+    "socket": t_socket,
+    "backpressure": t_backpressure,
+}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dspkd", required=True)
+    ap.add_argument("group", choices=sorted(GROUPS) + ["all"])
+    a = ap.parse_args()
+    random.seed(1234)
+    tmp = tempfile.mkdtemp(prefix="dspkd-t-", dir="/tmp")
+    try:
+        for name in (sorted(GROUPS) if a.group == "all" else [a.group]):
+            t0 = time.monotonic()
+            GROUPS[name](a.dspkd, tmp)
+            print("ok %s (%.2f s)" % (name, time.monotonic() - t0))
+    except BaseException:
+        for d in DAEMONS:
+            if d.proc.poll() is None:
+                d.proc.kill()
+                d.proc.wait()
+            sys.stderr.write("---- dspkd log ----\n" + d.logtext()[-4000:])
+        raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
