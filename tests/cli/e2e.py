@@ -15,6 +15,9 @@ Suites (the first argument after the options):
   help    --help of the program and of every command (no daemon needed)
   info    ping, ping -c 20 --json, devices, status, DSPK_SOCKET, summaries
   ops     every op on random shapes and dtypes (fixed seed) against references
+  fake    against a scripted fake daemon (python3-msgpack): the progress
+          line on a TTY from task.progress, and a multi-line ECOMPILE log
+          folded onto one stderr line
   errors  bad input: wrong dtype, mismatched shapes, missing/malformed files,
           unknown device, no daemon, command-line mistakes: non-zero exit and
           exactly one "dspk-submit: CMD: ENAME: ..." line on stderr; the daemon
@@ -663,6 +666,130 @@ def suite_errors(cli, tmp):
     check(out.startswith("f32 (3, 4) on cpu:0: [1, 1,"), "after errors %r" % out)
 
 
+# ---- progress line and multi-line errors, against a scripted fake daemon ------
+
+class FakeDaemon:
+    """A minimal msgpack-RPC server on a Unix socket, scripted for the CLI's
+    presentation paths the real daemon cannot be made to take on demand:
+    task.run "map" is answered after three task.progress notifications (the
+    result echoes input 0), "kernel" fails with ECOMPILE and a multi-line
+    compiler log."""
+
+    LOG = "k.cu(3): error: identifier \"z\" is undefined\nk.cu(4): error: " \
+          "expected a \";\"\n\n2 errors detected.\n"
+
+    def __init__(self, tmp):
+        import socket
+        import threading
+        self.sock = os.path.join(tmp, "fake.sock")
+        self.srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.srv.bind(self.sock)
+        self.srv.listen(8)
+        self.thread = threading.Thread(target=self.serve, daemon=True)
+        self.thread.start()
+
+    def serve(self):
+        while True:
+            try:
+                conn, _ = self.srv.accept()
+            except OSError:
+                return
+            with conn:
+                self.session(conn)
+
+    def session(self, conn):
+        import msgpack
+        unp = msgpack.Unpacker(raw=False)
+        while True:
+            data = conn.recv(65536)
+            if not data:
+                return
+            unp.feed(data)
+            for msg in unp:
+                if msg[0] != 0:
+                    continue
+                _, msgid, method, params = msg
+                args = params[0] if params else {}
+                out = []
+                if method == "hello":
+                    out.append([1, msgid, None, {"protocol": 1,
+                                                 "daemon": "fake",
+                                                 "server": "dspkd"}])
+                elif method == "task.run" and args.get("op") == "map":
+                    for frac in (0.0, 0.5, 1.0):
+                        out.append([2, "task.progress",
+                                    [{"msgid": msgid, "what": "autotuning map",
+                                      "fraction": frac}]])
+                    out.append([1, msgid, None, {"device": "fake:0",
+                                                 "outputs": [args["inputs"][0]]}])
+                elif method == "task.run":
+                    out.append([1, msgid, {"code": -18, "name": "ECOMPILE",
+                                           "message": self.LOG}, None])
+                else:
+                    out.append([1, msgid, {"code": -5, "name": "ENOMETHOD",
+                                           "message": "no " + method}, None])
+                conn.sendall(b"".join(msgpack.packb(m, use_bin_type=True)
+                                      for m in out))
+
+    def close(self):
+        self.srv.close()
+
+
+def run_on_pty(argv):
+    """Runs argv with stderr on a pseudo-terminal; returns (rc, stdout, the
+    bytes written to the terminal)."""
+    import pty
+    master, slave = pty.openpty()
+    p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                         stderr=slave)
+    os.close(slave)
+    tty = b""
+    while True:
+        try:
+            chunk = os.read(master, 4096)
+        except OSError:  # EIO once the child has closed its side
+            break
+        if not chunk:
+            break
+        tty += chunk
+    out = p.stdout.read()
+    p.stdout.close()
+    rc = p.wait(timeout=60)
+    os.close(master)
+    return rc, out.decode(), tty
+
+
+def suite_fake(cli, tmp):
+    fake = FakeDaemon(tmp)
+    try:
+        fcli = Cli(cli.binary, fake.sock)
+        a = os.path.join(tmp, "a.npy")
+        np.save(a, np.arange(3, dtype="<f4"))
+        summary = "f32 (3,) on fake:0: [0, 1, 2] (3 values)\n"
+        # On a terminal: one progress line, redrawn in place, erased at the end.
+        rc, out, tty = run_on_pty([cli.binary, "--socket", fake.sock, "map",
+                                   "abs", a])
+        check(rc == 0 and out == summary, "pty run: rc %d, stdout %r" % (rc, out))
+        want = (b"\r\x1b[Kmap: autotuning map   0%"
+                b"\r\x1b[Kmap: autotuning map  50%"
+                b"\r\x1b[Kmap: autotuning map 100%"
+                b"\r\x1b[K")
+        check(tty == want, "progress line on the terminal: %r" % tty)
+        # Not a terminal: nothing on stderr.
+        out = fcli.ok("map", "abs", a)
+        check(out == summary, "pipe run: stdout %r" % out)
+        # A multi-line compiler log still makes exactly one stderr line.
+        ksrc = os.path.join(tmp, "k.cu")
+        with open(ksrc, "w") as f:
+            f.write("bad source\n")
+        err = fcli.fails(["kernel", ksrc, "-e", "k", "-g", "1", "-b", "1",
+                          "zeros:f32:4"], "kernel", "ECOMPILE")
+        check("k.cu(3): error" in err and "; k.cu(4): error" in err and
+              "2 errors detected." in err, "compiler log line %r" % err)
+    finally:
+        fake.close()
+
+
 # ---- help --------------------------------------------------------------------
 
 def suite_help(cli, tmp):
@@ -692,13 +819,15 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--submit", required=True)
     ap.add_argument("--daemon")
-    ap.add_argument("suite", choices=["help", "info", "ops", "errors"])
+    ap.add_argument("suite", choices=["help", "info", "ops", "errors", "fake"])
     opt = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="dspk-cli-") as tmp:
         daemon = None
         try:
             if opt.suite == "help":
                 suite_help(Cli(opt.submit, None), tmp)
+            elif opt.suite == "fake":
+                suite_fake(Cli(opt.submit, None), tmp)
             else:
                 check(opt.daemon, "--daemon is needed for " + opt.suite)
                 daemon = Daemon(opt.daemon, tmp)
