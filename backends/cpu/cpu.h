@@ -56,6 +56,12 @@ struct dspk__dev {
   /* fir path: -1 automatic (dspk__cpu_fir_use_fft), 0 direct, 1 FFT.  Tests
    * and the autotuner set it. */
   int fir_force;
+  /* FFTW planner flags for new plans; 0 means FFTW_ESTIMATE.  The cache
+   * sets FFTW_MEASURE once wisdom is loaded (then dspk__cpu_fft_release()
+   * drops plans made with the old flags). */
+  unsigned fft_flags;
+  /* OpenBLAS threads for gemm/contract; 0 leaves the library's default. */
+  int gemm_threads;
 };
 
 /* The address of a tensor's first element. */

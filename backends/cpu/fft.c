@@ -34,12 +34,11 @@ void dspk__cpu_fftw_unlock(void) { pthread_mutex_unlock(&fftw_mu); }
 
 unsigned dspk__cpu_fft_flags(struct dspk__dev *dev, int kind, int dbl, int n,
                              int batch) {
-  (void)dev;
   (void)kind;
   (void)dbl;
   (void)n;
   (void)batch;
-  return FFTW_ESTIMATE;
+  return dev->fft_flags ? dev->fft_flags : FFTW_ESTIMATE;
 }
 
 /* Caller holds the FFTW lock. */

@@ -18,12 +18,11 @@
 
 int dspk__cpu_gemm_threads(struct dspk__dev *dev, int64_t M, int64_t N,
                            int64_t K, int64_t batch) {
-  (void)dev;
   (void)M;
   (void)N;
   (void)K;
   (void)batch;
-  return 0; /* OpenBLAS's default: all cores */
+  return dev->gemm_threads; /* 0: OpenBLAS's default, all cores */
 }
 
 /* Sets OpenBLAS's thread count for one call; returns the previous count to

@@ -8,6 +8,7 @@
  * (number of terms summed, log of the transform length).
  */
 #include <math.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -486,6 +487,55 @@ static void test_fft_plan_reuse(void **state) {
   assert_true(dev->plan_hits >= hits + 3);
 }
 
+/* Two devices planning and running transforms at once from two threads:
+ * FFTW's planner is guarded by the backend's process-wide lock. */
+static void *fft_thread(void *arg) {
+  struct dspk__dev *d;
+  intptr_t bad = 0;
+  if (be->open(0, NULL, &d))
+    return (void *)1;
+  for (int it = 0; it < 30; it++) {
+    int n = 8 + 3 * it + (int)(intptr_t)arg;
+    struct dspk__op op;
+    memset(&op, 0, sizeof op);
+    op.kind = DSPK_OP_FFT;
+    op.nin = 1;
+    shape_set(&op.in[0], DSPK_C128, 1, (int64_t[]){n});
+    char msg[128], em[128];
+    struct dspk__opctx c = {.errmsg = em, .errmsg_len = sizeof em};
+    if (dspk__op_infer(&op, msg, sizeof msg) ||
+        be->alloc(d, dspk__tensor_nbytes(&op.in[0]), &op.in[0].mem) ||
+        be->alloc(d, dspk__tensor_nbytes(&op.out[0]), &op.out[0].mem)) {
+      bad = 1;
+      break;
+    }
+    double *x = op.in[0].mem->ptr, *y = op.out[0].mem->ptr;
+    for (int i = 0; i < 2 * n; i++)
+      x[i] = i == 0 ? 1 : 0; /* unit impulse: every output bin is 1 */
+    if (be->run(d, &op, &c))
+      bad = 1;
+    for (int i = 0; i < n; i++)
+      if (fabs(y[2 * i] - 1) > 1e-12 || fabs(y[2 * i + 1]) > 1e-12)
+        bad = 1;
+    be->free(d, op.in[0].mem);
+    be->free(d, op.out[0].mem);
+  }
+  be->close(d);
+  return (void *)bad;
+}
+
+static void test_fft_threads(void **state) {
+  (void)state;
+  pthread_t t[2];
+  for (intptr_t i = 0; i < 2; i++)
+    assert_int_equal(pthread_create(&t[i], NULL, fft_thread, (void *)i), 0);
+  for (int i = 0; i < 2; i++) {
+    void *r;
+    assert_int_equal(pthread_join(t[i], &r), 0);
+    assert_null(r);
+  }
+}
+
 /* ---- fir ---------------------------------------------------------------- */
 
 static void fir_case(dspk_dtype dt, int force, int64_t n, int64_t k, int64_t rows) {
@@ -809,7 +859,8 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_probe_memory), cmocka_unit_test(test_gemm),
       cmocka_unit_test(test_gemm_half),    cmocka_unit_test(test_fft),
-      cmocka_unit_test(test_fft_plan_reuse), cmocka_unit_test(test_fir_direct),
+      cmocka_unit_test(test_fft_plan_reuse), cmocka_unit_test(test_fft_threads),
+      cmocka_unit_test(test_fir_direct),
       cmocka_unit_test(test_fir_fft),      cmocka_unit_test(test_contract),
       cmocka_unit_test(test_reduce),       cmocka_unit_test(test_map),
       cmocka_unit_test(test_cancel),
