@@ -401,7 +401,13 @@ static const struct dspk__retire_ops rt_ops = {
     .record = rt_record, .query = rt_query, .wait = rt_wait, .destroy = NULL,
     .barrier = rt_barrier};
 
-static void plan_evict(void *ud, void *plan) { dspk__vk_fft_plan_free(ud, plan); }
+/* Plans start with an int kind: 0 contract (plain memory), 1 fft. */
+static void plan_evict(void *ud, void *plan) {
+  if (*(int *)plan == 1)
+    dspk__vk_fft_plan_free(ud, plan);
+  else
+    free(plan);
+}
 
 /* ---- open / close --------------------------------------------------------- */
 

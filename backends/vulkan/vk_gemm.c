@@ -1,15 +1,701 @@
 /*
- * gemm and contract on the Vulkan backend (placeholder).
+ * gemm and contract on the Vulkan backend.
+ *
+ * gemm is one tiled GLSL kernel, generated per dtype, transposition and tile
+ * shape: a workgroup computes a BM x BN tile of C from BK-deep slices of A
+ * and B staged in shared memory; each of its 256 threads keeps a TM x TN
+ * block of accumulators in registers.  The tile shape is chosen per shape
+ * class by the shared autotune framework (backends/common/autotune.h),
+ * whose decisions persist in the cache; small problems take the default.
+ * f16/bf16 inputs are read as packed 32-bit words and accumulate in f32.
+ * Batches (numpy.matmul broadcasting) are the z dimension of the dispatch
+ * when every operand's batch is either whole or fully broadcast, and one
+ * dispatch per batch otherwise.
+ *
+ * contract follows the cpu backend: each operand is gathered into a
+ * contiguous (batch, M, K) / (batch, K, N) array (summing labels that appear
+ * in that operand only), one batched gemm multiplies them, and the result is
+ * permuted into the output's label order.  Steps whose layout already fits
+ * are skipped.  Plans (the label analysis) live in the device's plan cache;
+ * the temporary arrays are retired behind the work.
  */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backends/common/autotune.h"
 #include "backends/vulkan/vk.h"
 
-int dspk__vk_gemm(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *ctx) {
-  (void)d;
-  (void)op;
-  return dspk__vk_fail(ctx, DSPK_ENOTSUP, "gemm: not yet available on vulkan");
+struct tile {
+  const char *name;
+  int bm, bn, bk, tm, tn;
+};
+static const struct tile tiles[] = {
+    {"64x64x16", 64, 64, 16, 4, 4},   {"128x128x8", 128, 128, 8, 8, 8},
+    {"64x128x16", 64, 128, 16, 4, 8}, {"128x64x16", 128, 64, 16, 8, 4},
+    {"32x32x16", 32, 32, 16, 2, 2},
+};
+#define NTILES ((int)(sizeof tiles / sizeof tiles[0]))
+
+/* One batched gemm on device arrays: o[b] = alpha * A[b] @ B[b] (+ beta *
+ * C[b]), with element strides for every axis (0 = broadcast). */
+struct gdesc {
+  dspk_dtype in_dt, out_dt;
+  int has_c;
+  struct dspk__vk_bind bind[4]; /* A, B, C (or O again), O */
+  uint32_t M, N, K, nbatch;
+  uint32_t oa, ob, oc, oo;
+  uint32_t sam, sak, sbk, sbn, scm, scn;
+  uint32_t bsa, bsb, bsc, bso;
+  double alpha, beta;
+  /* per-batch offsets when the batch strides cannot express it (NULL:
+   * use bs*) */
+  uint32_t *boff; /* 4 per batch: a, b, c, o */
+};
+
+static const char *load_expr(dspk_dtype dt, char which) {
+  static char buf[2][160];
+  char *s = buf[which == 'b'];
+  switch (dt) {
+  case DSPK_F16:
+    snprintf(s, 160, "unpackHalf2x16(%c[(I) >> 1])[(I) & 1u]", which);
+    break;
+  case DSPK_BF16:
+    snprintf(s, 160, "uintBitsToFloat(((%c[(I) >> 1] >> (16u * ((I) & 1u))) & 0xffffu) << 16)",
+             which);
+    break;
+  default: snprintf(s, 160, "%c[I]", which); break;
+  }
+  return s;
 }
+
+static int gen_gemm(char *src, size_t n, const struct tile *t, dspk_dtype in_dt,
+                    dspk_dtype out_dt, int has_c, int a_kfast, int b_nfast) {
+  int packed = in_dt == DSPK_F16 || in_dt == DSPK_BF16;
+  const char *T = dspk__vk_glsl_type(out_dt);
+  const char *TA = packed ? "uint" : dspk__vk_glsl_type(in_dt);
+  int dbl = out_dt == DSPK_F64 || out_dt == DSPK_C128;
+  int cplx = out_dt == DSPK_C64 || out_dt == DSPK_C128;
+  int wgx = t->bn / t->tn, wgy = t->bm / t->tm;
+  char la[160], lb[160];
+  snprintf(la, sizeof la, "%s", load_expr(in_dt, 'a'));
+  snprintf(lb, sizeof lb, "%s", load_expr(in_dt, 'b'));
+  return snprintf(
+      src, n,
+      "#version 450\n"
+      "#define BM %d\n#define BN %d\n#define BK %d\n#define TM %d\n#define TN %d\n"
+      "#define WGX %d\n#define WGY %d\n#define NT (WGX * WGY)\n"
+      "#define T %s\n#define TA %s\n#define R %s\n"
+      "layout(local_size_x = WGX, local_size_y = WGY) in;\n"
+      "layout(std430, binding = 0) readonly buffer BA { TA a[]; };\n"
+      "layout(std430, binding = 1) readonly buffer BB { TA b[]; };\n"
+      "layout(std430, binding = 2) readonly buffer BC { T c[]; };\n"
+      "layout(std430, binding = 3) writeonly buffer BO { T o[]; };\n"
+      "layout(push_constant) uniform PC {\n"
+      "  uint M, N, K, oa, ob, oc, oo, sam, sak, sbk, sbn, scm, scn, bsa, bsb, bsc,\n"
+      "    bso, pad; R alpha, beta; } pc;\n"
+      "#define LOADA(I) T(%s)\n#define LOADB(I) T(%s)\n"
+      "#if %d\n#define MAD(acc, P, Q) acc += T(P.x*Q.x - P.y*Q.y, P.x*Q.y + P.y*Q.x)\n"
+      "#else\n#define MAD(acc, x, y) acc = fma(x, y, acc)\n#endif\n"
+      "shared T As[BK][BM + 1];\nshared T Bs[BK][BN + 1];\n"
+      "void main() {\n"
+      "  uint bz = gl_WorkGroupID.z;\n"
+      "  uint m0 = gl_WorkGroupID.y * BM, n0 = gl_WorkGroupID.x * BN;\n"
+      "  uint tx = gl_LocalInvocationID.x, ty = gl_LocalInvocationID.y;\n"
+      "  uint tid = ty * WGX + tx;\n"
+      "  uint abase = pc.oa + bz * pc.bsa, bbase = pc.ob + bz * pc.bsb;\n"
+      "  T acc[TM][TN];\n"
+      "  for (int i = 0; i < TM; i++) for (int j = 0; j < TN; j++) acc[i][j] = T(0);\n"
+      "  for (uint k0 = 0u; k0 < pc.K; k0 += BK) {\n"
+      "    for (uint i = tid; i < BM * BK; i += NT) {\n"
+      "#if %d\n      uint mm = i / BK, kk = i %% BK;\n"
+      "#else\n      uint kk = i / BM, mm = i %% BM;\n#endif\n"
+      "      uint gm = m0 + mm, gk = k0 + kk;\n"
+      "      As[kk][mm] = (gm < pc.M && gk < pc.K) ? LOADA(abase + gm * pc.sam + gk * pc.sak) : T(0);\n"
+      "    }\n"
+      "    for (uint i = tid; i < BN * BK; i += NT) {\n"
+      "#if %d\n      uint kk = i / BN, nn = i %% BN;\n"
+      "#else\n      uint nn = i / BK, kk = i %% BK;\n#endif\n"
+      "      uint gn = n0 + nn, gk = k0 + kk;\n"
+      "      Bs[kk][nn] = (gn < pc.N && gk < pc.K) ? LOADB(bbase + gk * pc.sbk + gn * pc.sbn) : T(0);\n"
+      "    }\n"
+      "    barrier();\n"
+      "    for (uint kk = 0u; kk < BK; kk++) {\n"
+      "      T ar[TM], br[TN];\n"
+      "      for (int i = 0; i < TM; i++) ar[i] = As[kk][ty + uint(i) * WGY];\n"
+      "      for (int j = 0; j < TN; j++) br[j] = Bs[kk][tx + uint(j) * WGX];\n"
+      "      for (int i = 0; i < TM; i++) for (int j = 0; j < TN; j++) MAD(acc[i][j], ar[i], br[j]);\n"
+      "    }\n"
+      "    barrier();\n"
+      "  }\n"
+      "  for (int i = 0; i < TM; i++) {\n"
+      "    uint gm = m0 + ty + uint(i) * WGY;\n"
+      "    if (gm >= pc.M) continue;\n"
+      "    for (int j = 0; j < TN; j++) {\n"
+      "      uint gn = n0 + tx + uint(j) * WGX;\n"
+      "      if (gn >= pc.N) continue;\n"
+      "      T v = pc.alpha * acc[i][j];\n"
+      "#if %d\n      v += pc.beta * c[pc.oc + bz * pc.bsc + gm * pc.scm + gn * pc.scn];\n#endif\n"
+      "      o[pc.oo + bz * pc.bso + gm * pc.N + gn] = v;\n"
+      "    }\n"
+      "  }\n}\n",
+      t->bm, t->bn, t->bk, t->tm, t->tn, wgx, wgy, T, TA, dbl ? "double" : "float", la, lb,
+      cplx, a_kfast, b_nfast, has_c);
+}
+
+/* Records the gemm g with tile t. */
+static int launch(struct dspk__dev *d, const struct gdesc *g, const struct tile *t,
+                  struct dspk__opctx *ctx) {
+  char src[8192];
+  gen_gemm(src, sizeof src, t, g->in_dt, g->out_dt, g->has_c, g->sak == 1, g->sbn == 1);
+  struct dspk__vk_kernel *k;
+  int dbl = g->out_dt == DSPK_F64 || g->out_dt == DSPK_C128;
+  struct {
+    uint32_t u[18];
+    union { float f; double d; } alpha, beta;
+  } pc;
+  uint32_t pcsize = dbl ? 18 * 4 + 16 : 18 * 4 + 8;
+  int r = dspk__vk_kernel(d, "gemm", src, NULL, 0, "main", 4, pcsize, &k, ctx);
+  if (r)
+    return r;
+  memset(&pc, 0, sizeof pc);
+  uint32_t u[18] = {g->M,   g->N,   g->K,   g->oa,  g->ob,  g->oc,  g->oo,  g->sam, g->sak,
+                    g->sbk, g->sbn, g->scm, g->scn, g->bsa, g->bsb, g->bsc, g->bso, 0};
+  memcpy(pc.u, u, sizeof u);
+  if (dbl) {
+    pc.alpha.d = g->alpha;
+    pc.beta.d = g->beta;
+  } else {
+    /* Floats follow the uints directly (std430: 4-byte aligned). */
+    float f[2] = {(float)g->alpha, (float)g->beta};
+    memcpy(&pc.alpha, f, sizeof f);
+  }
+  uint32_t gx = (g->N + t->bn - 1) / t->bn, gy = (g->M + t->bm - 1) / t->bm;
+  if (gx == 0 || gy == 0)
+    return 0;
+  const uint32_t *mx = d->props.limits.maxComputeWorkGroupCount;
+  if (gx > mx[0] || gy > mx[1])
+    return dspk__vk_fail(ctx, DSPK_ELIMIT, "gemm: %ux%u output too large for one dispatch",
+                         g->M, g->N);
+  if (!g->boff) {
+    for (uint32_t b0 = 0; b0 < g->nbatch; b0 += mx[2]) {
+      uint32_t nb = g->nbatch - b0 < mx[2] ? g->nbatch - b0 : mx[2];
+      pc.u[3] = g->oa + b0 * g->bsa;
+      pc.u[4] = g->ob + b0 * g->bsb;
+      pc.u[5] = g->oc + b0 * g->bsc;
+      pc.u[6] = g->oo + b0 * g->bso;
+      if ((r = dspk__vk_dispatch(d, k, g->bind, 4, &pc, pcsize, gx, gy, nb)))
+        return r;
+    }
+    return 0;
+  }
+  for (uint32_t b = 0; b < g->nbatch; b++) {
+    pc.u[3] = g->oa + g->boff[4 * b];
+    pc.u[4] = g->ob + g->boff[4 * b + 1];
+    pc.u[5] = g->oc + g->boff[4 * b + 2];
+    pc.u[6] = g->oo + g->boff[4 * b + 3];
+    if ((r = dspk__vk_dispatch(d, k, g->bind, 4, &pc, pcsize, gx, gy, 1)))
+      return r;
+  }
+  return 0;
+}
+
+/* ---- tile choice through the autotune framework -------------------------- */
+
+struct tune_ud {
+  struct dspk__dev *d;
+  const struct gdesc *g;
+  struct dspk__opctx *ctx;
+};
+static int tune_run(void *ud, int index) {
+  struct tune_ud *u = ud;
+  int r = launch(u->d, u->g, &tiles[index], u->ctx);
+  if (r == 0)
+    r = dspk__vk_submit(u->d);
+  if (r == 0)
+    r = dspk__vk_wait_value(u->d, u->d->submitted);
+  return r;
+}
+
+static int gemm_exec(struct dspk__dev *d, const struct gdesc *g, struct dspk__opctx *ctx) {
+  uint64_t work = (uint64_t)g->M * g->N * g->K * g->nbatch;
+  if (work < ((uint64_t)1 << 24) || getenv("DSPK_VK_GEMM_NOTUNE"))
+    return launch(d, g, &tiles[0], ctx);
+  static struct dspk__autotune_cand cands[NTILES];
+  for (int i = 0; i < NTILES; i++) {
+    cands[i].name = tiles[i].name;
+    cands[i].run = tune_run;
+  }
+  char shape[96], dts[32], layout[16];
+  snprintf(shape, sizeof shape, "m=2^%d,n=2^%d,k=2^%d,b=2^%d", dspk__autotune_pow2(g->M),
+           dspk__autotune_pow2(g->N), dspk__autotune_pow2(g->K),
+           dspk__autotune_pow2(g->nbatch));
+  snprintf(dts, sizeof dts, "%s,%s", dspk__dtype_name(g->in_dt), dspk__dtype_name(g->out_dt));
+  snprintf(layout, sizeof layout, "%c%c%c", g->sak == 1 ? 'n' : 't', g->sbn == 1 ? 'n' : 't',
+           g->has_c ? 'c' : '-');
+  struct tune_ud u = {d, g, ctx};
+  struct dspk__autotune_req req = {
+      .op = "gemm",
+      .shape = shape,
+      .dtypes = dts,
+      .layout = layout,
+      .dev = {.backend = "vulkan", .name = d->name, .arch = d->arch, .uuid = d->uuid,
+              .driver = d->driver},
+      .cands = cands,
+      .ncands = NTILES,
+      .ud = &u,
+      .progress = ctx ? ctx->progress : NULL,
+      .progress_ud = ctx ? ctx->progress_ud : NULL,
+      .cancel = ctx ? ctx->cancel : NULL};
+  for (;;) {
+    int w, r = dspk__autotune_choose(d->env.cache, &req, NULL, &w, NULL);
+    if (r < 0)
+      return launch(d, g, &tiles[0], ctx);
+    r = launch(d, g, &tiles[w], ctx);
+    if (r == 0 || r == DSPK_ECANCELED)
+      return r;
+    dspk__autotune_failed(d->env.cache, &req, w);
+  }
+}
+
+/* ---- gemm op -------------------------------------------------------------- */
+
+static int bind(struct dspk__dev *d, const struct dspk__tensor *t, struct dspk__vk_bind *b,
+                uint32_t *elem, struct dspk__opctx *ctx, const char *name) {
+  int r = dspk__vk_bind_tensor(d, t, b, elem);
+  if (r)
+    return dspk__vk_fail(ctx, r, "vulkan: %s cannot be bound (offset not a multiple of "
+                                 "its element size, or larger than maxStorageBufferRange)",
+                         name);
+  return 0;
+}
+
+/* Batch strides of X (rank rx, batch dims right-aligned against the
+ * output's nb batch dims ob[]); *whole = X has every batch dim of the
+ * output, *none = all of X's batch dims are 1. */
+static void batch_info(const int64_t *xs, int rx, int keep, const int64_t *ob, int nbd,
+                       int64_t xstride_batch, int64_t *bstr, int *whole, int *none) {
+  int64_t s = xstride_batch;
+  *whole = 1;
+  *none = 1;
+  for (int i = nbd - 1; i >= 0; i--) {
+    int ix = i - (nbd - (rx - keep));
+    int64_t dx = ix >= 0 ? xs[ix] : 1;
+    bstr[i] = dx == 1 ? 0 : s;
+    if (dx != ob[i])
+      *whole = 0;
+    if (dx != 1)
+      *none = 0;
+    s *= dx;
+  }
+}
+
+int dspk__vk_gemm(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *ctx) {
+  const struct dspk__tensor *A = &op->in[0], *B = &op->in[1], *O = &op->out[0];
+  const struct dspk__tensor *C = op->nin == 3 ? &op->in[2] : NULL;
+  struct gdesc g;
+  memset(&g, 0, sizeof g);
+  g.in_dt = A->dtype;
+  g.out_dt = O->dtype;
+  if (g.out_dt == DSPK_F64 && !d->has_f64)
+    return dspk__vk_fail(ctx, DSPK_EDTYPE, "gemm: this Vulkan device lacks shaderFloat64");
+  int ta = op->u.gemm.trans_a != 0, tb = op->u.gemm.trans_b != 0;
+  int ra = A->rank, rb = B->rank, ro = O->rank;
+  int64_t M = O->shape[ro - 2], N = O->shape[ro - 1];
+  int64_t K = ta ? A->shape[ra - 2] : A->shape[ra - 1];
+  if (dspk__tensor_numel(A) > UINT32_MAX / 2 || dspk__tensor_numel(B) > UINT32_MAX / 2 ||
+      dspk__tensor_numel(O) > UINT32_MAX / 2)
+    return dspk__vk_fail(ctx, DSPK_ELIMIT, "gemm: operands above 2^31 elements");
+  int r;
+  if ((r = bind(d, A, &g.bind[0], &g.oa, ctx, "A")) ||
+      (r = bind(d, B, &g.bind[1], &g.ob, ctx, "B")) ||
+      (r = bind(d, O, &g.bind[3], &g.oo, ctx, "the output")))
+    return r;
+  if (C) {
+    if ((r = bind(d, C, &g.bind[2], &g.oc, ctx, "C")))
+      return r;
+    g.has_c = op->u.gemm.beta != 0;
+  } else {
+    g.bind[2] = g.bind[3];
+  }
+  g.M = (uint32_t)M;
+  g.N = (uint32_t)N;
+  g.K = (uint32_t)K;
+  g.alpha = op->u.gemm.alpha;
+  g.beta = op->u.gemm.beta;
+  /* A is (.., M, K) or (.., K, M) when transposed; likewise B. */
+  int64_t lda = A->shape[ra - 1], ldb = B->shape[rb - 1];
+  g.sam = ta ? 1 : (uint32_t)lda;
+  g.sak = ta ? (uint32_t)lda : 1;
+  g.sbk = tb ? 1 : (uint32_t)ldb;
+  g.sbn = tb ? (uint32_t)ldb : 1;
+  int64_t ctr[2] = {0, 0}; /* C's strides along m, n */
+  int crank = C ? C->rank : 0;
+  if (C) {
+    int64_t cn = crank >= 1 ? C->shape[crank - 1] : 1;
+    int64_t cm = crank >= 2 ? C->shape[crank - 2] : 1;
+    ctr[1] = cn == 1 ? 0 : 1;
+    ctr[0] = cm == 1 ? 0 : cn;
+  }
+  g.scm = (uint32_t)ctr[0];
+  g.scn = (uint32_t)ctr[1];
+  int nbd = ro - 2;
+  int64_t nbatch = 1;
+  for (int i = 0; i < nbd; i++)
+    nbatch *= O->shape[i];
+  g.nbatch = (uint32_t)nbatch;
+  int64_t bsa[DSPK_MAX_RANK], bsb[DSPK_MAX_RANK], bsc[DSPK_MAX_RANK], bso[DSPK_MAX_RANK];
+  int wa, na, wb, nbb, wc = 1, nc = 1, wo, no;
+  batch_info(A->shape, ra, 2, O->shape, nbd, A->shape[ra - 1] * A->shape[ra - 2], bsa, &wa, &na);
+  batch_info(B->shape, rb, 2, O->shape, nbd, B->shape[rb - 1] * B->shape[rb - 2], bsb, &wb, &nbb);
+  batch_info(O->shape, ro, 2, O->shape, nbd, M * N, bso, &wo, &no);
+  if (C) {
+    int keep = crank < 2 ? crank : 2;
+    int64_t cmat = 1;
+    for (int i = crank - keep; i < crank; i++)
+      cmat *= C->shape[i];
+    batch_info(C->shape, crank, keep, O->shape, nbd, cmat, bsc, &wc, &nc);
+  } else {
+    memset(bsc, 0, sizeof bsc);
+  }
+  int simple = (wa || na) && (wb || nbb) && (wc || nc);
+  if (simple) {
+    g.bsa = na ? 0 : (uint32_t)(M * K);
+    g.bsb = nbb ? 0 : (uint32_t)(K * N);
+    g.bso = (uint32_t)(M * N);
+    if (C && !nc) {
+      int64_t cmat = 1;
+      for (int i = crank - (crank < 2 ? crank : 2); i < crank; i++)
+        cmat *= C->shape[i];
+      g.bsc = (uint32_t)cmat;
+    }
+    return gemm_exec(d, &g, ctx);
+  }
+  g.boff = malloc(sizeof(uint32_t) * 4 * (size_t)nbatch);
+  if (!g.boff)
+    return DSPK_ENOMEM;
+  for (int64_t b = 0; b < nbatch; b++) {
+    int64_t rem = b, oa = 0, ob = 0, oc = 0;
+    for (int i = nbd - 1; i >= 0; i--) {
+      int64_t c = rem % O->shape[i];
+      rem /= O->shape[i];
+      oa += c * bsa[i];
+      ob += c * bsb[i];
+      oc += c * bsc[i];
+    }
+    g.boff[4 * b] = (uint32_t)oa;
+    g.boff[4 * b + 1] = (uint32_t)ob;
+    g.boff[4 * b + 2] = (uint32_t)oc;
+    g.boff[4 * b + 3] = (uint32_t)(b * M * N);
+  }
+  r = launch(d, &g, &tiles[0], ctx);
+  free(g.boff);
+  return r;
+}
+
+/* ---- gather (permute, summing operand-only labels) ------------------------ */
+
+/* dst[i] for i over the kept dims (in the given order, contiguous) =
+ * sum over the summed dims of src at the strided offset.  Uses the reduce
+ * machinery's layout: dims/strides of kept dims, then summed ones. */
+static int gather(struct dspk__dev *d, dspk_dtype dt, const struct dspk__vk_bind *src,
+                  uint32_t soff, const struct dspk__vk_bind *dst, uint32_t doff, int nk,
+                  const int64_t *kdim, const int64_t *kstr, int ns, const int64_t *sdim,
+                  const int64_t *sstr, struct dspk__opctx *ctx) {
+  struct {
+    uint32_t nout, nred, rk, rr, ox, oo, pad[2];
+    uint32_t dim[DSPK_MAX_RANK], str[DSPK_MAX_RANK];
+  } pc;
+  memset(&pc, 0, sizeof pc);
+  uint64_t nout = 1, nred = 1;
+  for (int i = 0; i < nk; i++) {
+    pc.dim[i] = (uint32_t)kdim[i];
+    pc.str[i] = (uint32_t)kstr[i];
+    nout *= (uint64_t)kdim[i];
+  }
+  for (int i = 0; i < ns; i++) {
+    pc.dim[nk + i] = (uint32_t)sdim[i];
+    pc.str[nk + i] = (uint32_t)sstr[i];
+    nred *= (uint64_t)sdim[i];
+  }
+  pc.nout = (uint32_t)nout;
+  pc.nred = (uint32_t)nred;
+  pc.rk = (uint32_t)nk;
+  pc.rr = (uint32_t)ns;
+  pc.ox = soff;
+  pc.oo = doff;
+  if (nout == 0)
+    return 0;
+  char src_[4096];
+  const char *T = dspk__vk_glsl_type(dt);
+  snprintf(src_, sizeof src_,
+           "#version 450\n"
+           "layout(local_size_x = %d) in;\n"
+           "#define T %s\n"
+           "layout(std430, binding = 0) readonly buffer BX { T x[]; };\n"
+           "layout(std430, binding = 1) writeonly buffer BO { T o[]; };\n"
+           "layout(push_constant) uniform PC { uint nout, nred, rk, rr, ox, oo, p0, p1;\n"
+           "  uint dim[8]; uint str[8]; } pc;\n"
+           "void main() {\n"
+           "  uint stride = gl_NumWorkGroups.x * %du;\n"
+           "  for (uint oi = gl_GlobalInvocationID.x; oi < pc.nout; oi += stride) {\n"
+           "    uint rem = oi, base = pc.ox;\n"
+           "    for (int j = int(pc.rk) - 1; j >= 0; j--) {\n"
+           "      base += (rem %% pc.dim[j]) * pc.str[j]; rem /= pc.dim[j]; }\n"
+           "    T acc = T(0);\n"
+           "    for (uint ri = 0u; ri < pc.nred; ri++) {\n"
+           "      uint rr = ri, off = base;\n"
+           "      for (int j = int(pc.rk + pc.rr) - 1; j >= int(pc.rk); j--) {\n"
+           "        off += (rr %% pc.dim[j]) * pc.str[j]; rr /= pc.dim[j]; }\n"
+           "      acc += x[off];\n"
+           "    }\n"
+           "    o[pc.oo + oi] = acc;\n"
+           "  }\n}\n",
+           DSPK__VK_WG, T, DSPK__VK_WG);
+  struct dspk__vk_kernel *k;
+  int r = dspk__vk_kernel(d, "gather", src_, NULL, 0, "main", 2, sizeof pc, &k, ctx);
+  if (r)
+    return r;
+  struct dspk__vk_bind b[2] = {*src, *dst};
+  uint64_t g = (nout + DSPK__VK_WG - 1) / DSPK__VK_WG;
+  return dspk__vk_dispatch(d, k, b, 2, &pc, sizeof pc, g > 65535 ? 65535 : (uint32_t)g, 1, 1);
+}
+
+/* ---- contract --------------------------------------------------------------- */
+
+/* The label analysis of one contraction, kept in the plan cache. */
+struct cplan {
+  int kind;                /* 0: a contract plan (see plan_evict) */
+  int nb, nm, nn, nk;      /* batch, A-free, B-free, contracted label counts */
+  int64_t B_, M, N, K;     /* their products */
+  /* gather of A into (batch, M, K): kept dims/strides in that order, then
+   * A-only summed dims */
+  int ak, as;
+  int64_t akd[DSPK_MAX_RANK], aks[DSPK_MAX_RANK], asd[DSPK_MAX_RANK], ass[DSPK_MAX_RANK];
+  int bk, bs;
+  int64_t bkd[DSPK_MAX_RANK], bks[DSPK_MAX_RANK], bsd[DSPK_MAX_RANK], bss[DSPK_MAX_RANK];
+  int a_ident, b_ident; /* the operand already is (batch, M, K) / (batch, K, N) */
+  /* permute of (batch, M, N) into the output's order */
+  int ok;
+  int64_t okd[DSPK_MAX_RANK], oks[DSPK_MAX_RANK];
+  int o_ident;
+};
+
+static void strides_of(const struct dspk__tensor *t, int64_t *s) {
+  int64_t x = 1;
+  for (int i = t->rank - 1; i >= 0; i--) {
+    s[i] = x;
+    x *= t->shape[i];
+  }
+}
+
+static int is_identity(int n, const int64_t *dim, const int64_t *str) {
+  int64_t x = 1;
+  for (int i = n - 1; i >= 0; i--) {
+    if (dim[i] != 1 && str[i] != x)
+      return 0;
+    x *= dim[i];
+  }
+  return 1;
+}
+
+static int make_plan(const struct dspk__op *op, struct cplan *p, char *msg, size_t len) {
+  const struct dspk__tensor *A = &op->in[0], *B = &op->in[1];
+  char lab[3][DSPK_MAX_RANK + 1];
+  int64_t size[128];
+  int r = dspk__contract_parse(op->u.contract.subscripts, A, B, lab, size, msg, len);
+  if (r)
+    return r;
+  memset(p, 0, sizeof *p);
+  int64_t sa[DSPK_MAX_RANK], sb[DSPK_MAX_RANK];
+  strides_of(A, sa);
+  strides_of(B, sb);
+  char bl[DSPK_MAX_RANK], ml[DSPK_MAX_RANK], nl[DSPK_MAX_RANK], kl[DSPK_MAX_RANK];
+  int nb = 0, nm = 0, nn = 0, nk = 0;
+  /* Label classes, in the output's order for batch/M/N and A's for K. */
+  for (const char *c = lab[2]; *c; c++) {
+    int ina = strchr(lab[0], *c) != NULL, inb = strchr(lab[1], *c) != NULL;
+    if (ina && inb)
+      bl[nb++] = *c;
+    else if (ina)
+      ml[nm++] = *c;
+    else
+      nl[nn++] = *c;
+  }
+  for (const char *c = lab[0]; *c; c++)
+    if (strchr(lab[1], *c) && !strchr(lab[2], *c))
+      kl[nk++] = *c;
+  p->nb = nb;
+  p->nm = nm;
+  p->nn = nn;
+  p->nk = nk;
+  p->B_ = p->M = p->N = p->K = 1;
+  for (int i = 0; i < nb; i++) p->B_ *= size[(int)bl[i]];
+  for (int i = 0; i < nm; i++) p->M *= size[(int)ml[i]];
+  for (int i = 0; i < nn; i++) p->N *= size[(int)nl[i]];
+  for (int i = 0; i < nk; i++) p->K *= size[(int)kl[i]];
+  /* Gather orders. */
+  const char *aord[3] = {bl, ml, kl}, *bord[3] = {bl, kl, nl};
+  int acnt[3] = {nb, nm, nk}, bcnt[3] = {nb, nk, nn};
+  for (int part = 0; part < 3; part++)
+    for (int i = 0; i < acnt[part]; i++) {
+      int ax = (int)(strchr(lab[0], aord[part][i]) - lab[0]);
+      p->akd[p->ak] = A->shape[ax];
+      p->aks[p->ak++] = sa[ax];
+    }
+  for (int part = 0; part < 3; part++)
+    for (int i = 0; i < bcnt[part]; i++) {
+      int ax = (int)(strchr(lab[1], bord[part][i]) - lab[1]);
+      p->bkd[p->bk] = B->shape[ax];
+      p->bks[p->bk++] = sb[ax];
+    }
+  for (int ax = 0; lab[0][ax]; ax++)
+    if (!strchr(lab[1], lab[0][ax]) && !strchr(lab[2], lab[0][ax])) {
+      p->asd[p->as] = A->shape[ax];
+      p->ass[p->as++] = sa[ax];
+    }
+  for (int ax = 0; lab[1][ax]; ax++)
+    if (!strchr(lab[0], lab[1][ax]) && !strchr(lab[2], lab[1][ax])) {
+      p->bsd[p->bs] = B->shape[ax];
+      p->bss[p->bs++] = sb[ax];
+    }
+  p->a_ident = p->as == 0 && is_identity(p->ak, p->akd, p->aks);
+  p->b_ident = p->bs == 0 && is_identity(p->bk, p->bkd, p->bks);
+  /* The gemm result is (batch, M, N) in the order bl, ml, nl; the output
+   * wants lab[2]'s order: for each output axis, its stride in the result. */
+  char rl[3 * DSPK_MAX_RANK + 1];
+  int nr = 0;
+  for (int i = 0; i < nb; i++) rl[nr++] = bl[i];
+  for (int i = 0; i < nm; i++) rl[nr++] = ml[i];
+  for (int i = 0; i < nn; i++) rl[nr++] = nl[i];
+  int64_t rs[3 * DSPK_MAX_RANK], x = 1;
+  for (int i = nr - 1; i >= 0; i--) {
+    rs[i] = x;
+    x *= size[(int)rl[i]];
+  }
+  for (int i = 0; lab[2][i]; i++) {
+    int j = 0;
+    while (rl[j] != lab[2][i])
+      j++;
+    p->okd[p->ok] = size[(int)lab[2][i]];
+    p->oks[p->ok++] = rs[j];
+  }
+  p->o_ident = is_identity(p->ok, p->okd, p->oks);
+  return 0;
+}
+
+static void plan_key(const struct dspk__op *op, char *key, size_t *len) {
+  int n = snprintf(key, DSPK__PLANCACHE_KEY_MAX, "contract|%s|%d", op->u.contract.subscripts,
+                   (int)op->in[0].dtype);
+  for (int t = 0; t < 2; t++)
+    for (int i = 0; i < op->in[t].rank && n < DSPK__PLANCACHE_KEY_MAX - 24; i++)
+      n += snprintf(key + n, DSPK__PLANCACHE_KEY_MAX - n, "%c%lld", i ? ',' : '|',
+                    (long long)op->in[t].shape[i]);
+  *len = (size_t)n;
+}
+
 int dspk__vk_contract(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *ctx) {
-  (void)d;
-  (void)op;
-  return dspk__vk_fail(ctx, DSPK_ENOTSUP, "contract: not yet available on vulkan");
+  const struct dspk__tensor *A = &op->in[0], *B = &op->in[1], *O = &op->out[0];
+  dspk_dtype dt = A->dtype;
+  if ((dt == DSPK_F64 || dt == DSPK_C128) && !d->has_f64)
+    return dspk__vk_fail(ctx, DSPK_EDTYPE, "contract: this Vulkan device lacks shaderFloat64");
+  if (dspk__tensor_numel(A) > UINT32_MAX / 2 || dspk__tensor_numel(B) > UINT32_MAX / 2 ||
+      dspk__tensor_numel(O) > UINT32_MAX / 2)
+    return dspk__vk_fail(ctx, DSPK_ELIMIT, "contract: operands above 2^31 elements");
+  char key[DSPK__PLANCACHE_KEY_MAX];
+  size_t klen;
+  plan_key(op, key, &klen);
+  struct cplan *p = dspk__plancache_get(&d->plans, key, klen);
+  int r;
+  if (!p) {
+    p = malloc(sizeof *p);
+    if (!p)
+      return DSPK_ENOMEM;
+    char msg[256];
+    if ((r = make_plan(op, p, msg, sizeof msg))) {
+      free(p);
+      return dspk__vk_fail(ctx, r, "%s", msg);
+    }
+    p->kind = 0; /* not an FFT plan: the evict callback frees it */
+    if (dspk__plancache_put(&d->plans, key, klen, p) != 0) {
+      free(p);
+      return DSPK_EINTERNAL;
+    }
+  }
+  size_t es = dspk__dtype_size(dt);
+  struct dspk__vk_bind ba, bb, bo;
+  uint32_t ea, eb, eo;
+  if ((r = bind(d, A, &ba, &ea, ctx, "A")) || (r = bind(d, B, &bb, &eb, ctx, "B")) ||
+      (r = bind(d, O, &bo, &eo, ctx, "the output")))
+    return r;
+  struct dspk__mem *ta = NULL, *tb = NULL, *tc = NULL;
+  struct gdesc g;
+  memset(&g, 0, sizeof g);
+  g.in_dt = g.out_dt = dt;
+  g.M = (uint32_t)p->M;
+  g.N = (uint32_t)p->N;
+  g.K = (uint32_t)p->K;
+  g.nbatch = (uint32_t)p->B_;
+  g.alpha = 1;
+  g.sam = (uint32_t)p->K;
+  g.sak = 1;
+  g.sbk = (uint32_t)p->N;
+  g.sbn = 1;
+  g.bsa = (uint32_t)(p->M * p->K);
+  g.bsb = (uint32_t)(p->K * p->N);
+  g.bso = (uint32_t)(p->M * p->N);
+  if (p->a_ident) {
+    g.bind[0] = ba;
+    g.oa = ea;
+  } else {
+    if ((r = dspk__vk_alloc(d, (size_t)(p->B_ * p->M * p->K) * es, &ta)))
+      goto out;
+    g.bind[0] = (struct dspk__vk_bind){ta->buf, ta->off, ta->size};
+    if ((r = gather(d, dt, &ba, ea, &g.bind[0], 0, p->ak, p->akd, p->aks, p->as, p->asd,
+                    p->ass, ctx)))
+      goto out;
+  }
+  if (p->b_ident) {
+    g.bind[1] = bb;
+    g.ob = eb;
+  } else {
+    if ((r = dspk__vk_alloc(d, (size_t)(p->B_ * p->K * p->N) * es, &tb)))
+      goto out;
+    g.bind[1] = (struct dspk__vk_bind){tb->buf, tb->off, tb->size};
+    if ((r = gather(d, dt, &bb, eb, &g.bind[1], 0, p->bk, p->bkd, p->bks, p->bs, p->bsd,
+                    p->bss, ctx)))
+      goto out;
+  }
+  if (p->o_ident) {
+    g.bind[3] = bo;
+    g.oo = eo;
+  } else {
+    if ((r = dspk__vk_alloc(d, (size_t)(p->B_ * p->M * p->N) * es, &tc)))
+      goto out;
+    g.bind[3] = (struct dspk__vk_bind){tc->buf, tc->off, tc->size};
+  }
+  g.bind[2] = g.bind[3];
+  if (p->K == 0 || p->M * p->N * p->B_ == 0) {
+    /* Empty sums: the output is zero. */
+    VkCommandBuffer cb;
+    if ((r = dspk__vk_cmd(d, &cb)))
+      goto out;
+    size_t nbytes = dspk__tensor_nbytes(O);
+    if (nbytes && (O->mem->off + O->offset) % 4 == 0 &&
+        O->offset + ((nbytes + 3) & ~(size_t)3) <= O->mem->size)
+      VK(CmdFillBuffer)(cb, O->mem->buf, O->mem->off + O->offset, (nbytes + 3) & ~(size_t)3, 0);
+    dspk__vk_barrier(d);
+    goto out;
+  }
+  if ((r = gemm_exec(d, &g, ctx)))
+    goto out;
+  if (!p->o_ident)
+    r = gather(d, dt, &g.bind[3], 0, &bo, eo, p->ok, p->okd, p->oks, 0, NULL, NULL, ctx);
+out:
+  /* Temporaries go back once the queue is past this work. */
+  dspk__vk_submit(d);
+  dspk__vk_free(d, ta);
+  dspk__vk_free(d, tb);
+  dspk__vk_free(d, tc);
+  return r;
 }

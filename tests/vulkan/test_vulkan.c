@@ -194,6 +194,164 @@ static void t_fir(void **state) {
   }
 }
 
+
+/* Naive matmul with numpy broadcasting of batch dims. */
+static void ref_gemm(const struct htensor *A, const struct htensor *B,
+                     const struct htensor *C, int ta, int tb, double alpha, double beta,
+                     const struct htensor *O, double complex *want) {
+  int ro = O->rank, ra = A->rank, rb = B->rank;
+  int64_t M = O->shape[ro - 2], N = O->shape[ro - 1];
+  int64_t K = ta ? A->shape[ra - 2] : A->shape[ra - 1];
+  int64_t nb = (M * N) != 0 ? O->n / (M * N) : 0;
+  for (int64_t b = 0; b < nb; b++) {
+    /* batch coords -> offsets in A, B, C (broadcast) */
+    int64_t rem = b, oa = 0, ob = 0, oc = 0, sa = A->shape[ra - 1] * A->shape[ra - 2],
+            sb = B->shape[rb - 1] * B->shape[rb - 2];
+    int64_t sc = 1;
+    int crank = C ? C->rank : 0, ck = crank < 2 ? crank : 2;
+    for (int i = crank - ck; i < crank; i++)
+      sc *= C->shape[i];
+    for (int i = ro - 3; i >= 0; i--) {
+      int64_t c = rem % O->shape[i];
+      rem /= O->shape[i];
+      int ia = i - (ro - ra), ib = i - (ro - rb), ic = i - (ro - crank);
+      if (ia >= 0) { if (A->shape[ia] != 1) oa += c * sa; sa *= A->shape[ia]; }
+      if (ib >= 0) { if (B->shape[ib] != 1) ob += c * sb; sb *= B->shape[ib]; }
+      if (C && ic >= 0 && ic < crank - ck) { if (C->shape[ic] != 1) oc += c * sc; sc *= C->shape[ic]; }
+    }
+    for (int64_t m = 0; m < M; m++)
+      for (int64_t n = 0; n < N; n++) {
+        double complex acc = 0;
+        for (int64_t k = 0; k < K; k++) {
+          double complex a = A->v[oa + (ta ? k * M + m : m * K + k)];
+          double complex bv = B->v[ob + (tb ? n * K + k : k * N + n)];
+          acc += a * bv;
+        }
+        double complex v = alpha * acc;
+        if (C) {
+          int64_t cn = crank >= 1 ? C->shape[crank - 1] : 1;
+          int64_t cm = crank >= 2 ? C->shape[crank - 2] : 1;
+          v += beta * C->v[oc + (cm == 1 ? 0 : m) * cn + (cn == 1 ? 0 : n)];
+        }
+        want[b * M * N + m * N + n] = v;
+      }
+  }
+}
+
+static void gemm_case(dspk_dtype dt, int ra, const int64_t *as, int rb, const int64_t *bs,
+                      int ta, int tb, int crank, const int64_t *cs, double tol) {
+  char msg[512];
+  struct htensor A = h_make(dt, ra, as, 1), B = h_make(dt, rb, bs, 1), out;
+  dspk_dtype odt = dt == DSPK_F64 ? DSPK_F64 : DSPK_F32;
+  struct htensor C = h_make(odt, crank, cs, 1);
+  struct dspk__op op = {.kind = DSPK_OP_GEMM, .nin = crank >= 0 ? 3 : 2};
+  op.u.gemm.trans_a = ta;
+  op.u.gemm.trans_b = tb;
+  op.u.gemm.alpha = 1.5;
+  op.u.gemm.beta = crank >= 0 ? -0.5 : 0;
+  assert_int_equal(h_upload(D, &A, 0, &op.in[0]), 0);
+  assert_int_equal(h_upload(D, &B, 0, &op.in[1]), 0);
+  if (crank >= 0)
+    assert_int_equal(h_upload(D, &C, 0, &op.in[2]), 0);
+  int r = h_run(D, &op, &out, msg, sizeof msg);
+  if (r)
+    fail_msg("gemm: %d %s", r, msg);
+  double complex *want = calloc(out.n ? out.n : 1, sizeof *want);
+  ref_gemm(&A, &B, crank >= 0 ? &C : NULL, ta, tb, 1.5, -0.5, &out, want);
+  double e = h_relerr(&out, want, out.n);
+  if (e > tol)
+    fail_msg("gemm %s ra %d rb %d ta %d tb %d crank %d: rel err %g", dspk__dtype_name(dt),
+             ra, rb, ta, tb, crank, e);
+  free(want);
+  h_free(&A);
+  h_free(&B);
+  h_free(&C);
+  h_free(&out);
+}
+
+static void t_gemm(void **state) {
+  (void)state;
+  const dspk_dtype dts[] = {DSPK_F32, DSPK_F64, DSPK_F16, DSPK_BF16};
+  for (int iter = 0; iter < 16; iter++) {
+    dspk_dtype dt = dts[iter % 4];
+    int ta = (iter >> 2) & 1, tb = (iter >> 3) & 1;
+    int64_t M = h_randint(1, 70), N = h_randint(1, 70), K = h_randint(1, 90);
+    int64_t as[4], bs[4], cs[4];
+    int ra = 2, rb = 2, crank = -1;
+    if (iter % 3 == 1) { /* batch: A (2,3,..), B (3,..) broadcast */
+      as[0] = 2; as[1] = 3; ra = 4;
+      bs[0] = 3; rb = 3;
+    } else if (iter % 3 == 2) { /* partial broadcast: A (2,1,..), B (1,3,..) */
+      as[0] = 2; as[1] = 1; ra = 4;
+      bs[0] = 1; bs[1] = 3; rb = 4;
+    }
+    as[ra - 2] = ta ? K : M; as[ra - 1] = ta ? M : K;
+    bs[rb - 2] = tb ? N : K; bs[rb - 1] = tb ? K : N;
+    if (iter % 2) { crank = 2; cs[0] = M; cs[1] = N; }
+    if (iter == 5) { crank = 1; cs[0] = N; }
+    if (iter == 7) { crank = 2; cs[0] = M; cs[1] = 1; }
+    gemm_case(dt, ra, as, rb, bs, ta, tb, crank, cs, dt == DSPK_F64 ? 1e-12 : 1e-5);
+  }
+  /* Large enough to go through the autotuner (tile choice). */
+  int64_t as[2] = {256, 256}, bs[2] = {256, 256};
+  gemm_case(DSPK_F32, 2, as, 2, bs, 0, 0, -1, NULL, 1e-5);
+}
+
+static void contract_case(const char *subs, dspk_dtype dt, int ra, const int64_t *as, int rb,
+                          const int64_t *bs) {
+  char msg[512];
+  struct htensor A = h_make(dt, ra, as, 1), B = h_make(dt, rb, bs, 1), out;
+  struct dspk__op op = {.kind = DSPK_OP_CONTRACT, .nin = 2};
+  snprintf(op.u.contract.subscripts, sizeof op.u.contract.subscripts, "%s", subs);
+  assert_int_equal(h_upload(D, &A, 0, &op.in[0]), 0);
+  assert_int_equal(h_upload(D, &B, 0, &op.in[1]), 0);
+  int r = h_run(D, &op, &out, msg, sizeof msg);
+  if (r)
+    fail_msg("contract %s: %d %s", subs, r, msg);
+  /* Reference: loop over every assignment of all labels. */
+  char la[9] = {0}, lb[9] = {0}, lo[9] = {0};
+  sscanf(subs, "%8[a-zA-Z],%8[a-zA-Z]->%8[a-zA-Z]", la, lb, lo);
+  char all[20] = {0};
+  int nl = 0;
+  int64_t sz[128] = {0};
+  for (int i = 0; la[i]; i++) { sz[(int)la[i]] = as[i]; if (!memchr(all, la[i], nl)) all[nl++] = la[i]; }
+  for (int i = 0; lb[i]; i++) { sz[(int)lb[i]] = bs[i]; if (!memchr(all, lb[i], nl)) all[nl++] = lb[i]; }
+  double complex *want = calloc(out.n ? out.n : 1, sizeof *want);
+  int64_t total = 1;
+  for (int i = 0; i < nl; i++) total *= sz[(int)all[i]];
+  int64_t val[128];
+  for (int64_t t = 0; t < total; t++) {
+    int64_t rem = t;
+    for (int i = nl - 1; i >= 0; i--) { val[(int)all[i]] = rem % sz[(int)all[i]]; rem /= sz[(int)all[i]]; }
+    int64_t ia = 0, ib = 0, io = 0;
+    for (int i = 0; la[i]; i++) ia = ia * as[i] + val[(int)la[i]];
+    for (int i = 0; lb[i]; i++) ib = ib * bs[i] + val[(int)lb[i]];
+    for (int i = 0; lo[i]; i++) io = io * sz[(int)lo[i]] + val[(int)lo[i]];
+    want[io] += A.v[ia] * B.v[ib];
+  }
+  double e = h_relerr(&out, want, out.n);
+  if (e > h_tol(dt) * 10)
+    fail_msg("contract %s %s: rel err %g", subs, dspk__dtype_name(dt), e);
+  free(want);
+  h_free(&A);
+  h_free(&B);
+  h_free(&out);
+}
+
+static void t_contract(void **state) {
+  (void)state;
+  for (int di = 0; di < 4; di++) {
+    dspk_dtype dt = STD[di];
+    contract_case("ik,kj->ij", dt, 2, (int64_t[]){13, 17}, 2, (int64_t[]){17, 9});
+    contract_case("bij,bjk->bik", dt, 3, (int64_t[]){3, 5, 7}, 3, (int64_t[]){3, 7, 4});
+    contract_case("abc,cd->abd", dt, 3, (int64_t[]){2, 3, 5}, 2, (int64_t[]){5, 6});
+    contract_case("ij,jk->ki", dt, 2, (int64_t[]){4, 6}, 2, (int64_t[]){6, 5});
+    contract_case("ajb,jkb->kab", dt, 3, (int64_t[]){3, 4, 2}, 3, (int64_t[]){4, 5, 2});
+    contract_case("ijx,jk->ik", dt, 3, (int64_t[]){3, 4, 5}, 2, (int64_t[]){4, 2});
+    contract_case("i,j->ij", dt, 1, (int64_t[]){5}, 1, (int64_t[]){3});
+  }
+}
+
 static const char raw_glsl[] =
     "#version 450\n"
     "layout(local_size_x = 64) in;\n"
@@ -399,7 +557,8 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(t_probe),     cmocka_unit_test(t_memory),
       cmocka_unit_test(t_map),       cmocka_unit_test(t_reduce),
-      cmocka_unit_test(t_fir),       cmocka_unit_test(t_raw_glsl),
+      cmocka_unit_test(t_fir),       cmocka_unit_test(t_gemm),
+      cmocka_unit_test(t_contract),  cmocka_unit_test(t_raw_glsl),
       cmocka_unit_test(t_raw_spirv), cmocka_unit_test(t_raw_error),
       cmocka_unit_test(t_cache_restart),
   };
