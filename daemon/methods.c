@@ -734,7 +734,7 @@ static int m_task_run(struct req *r) {
   }
   if ((err = task_options(r, dspk__map_get(r->args, "options"), &j->op)))
     goto fail;
-  if (kind != DSPK_OP_KERNEL && (err = dspk__op_infer(&j->op, r->msg, sizeof r->msg)) < 0)
+  if ((err = dspk__op_infer(&j->op, r->msg, sizeof r->msg)) < 0)
     goto fail;
   if (outputs && kind == DSPK_OP_KERNEL && outputs->via.array.size) {
     err = fail(r, DSPK_EINVAL, "outputs: a kernel writes into its inputs");
