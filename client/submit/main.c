@@ -5,7 +5,8 @@
  * --version), the table of commands with their --help texts, and the
  * helpers every command uses to report errors, parse numbers and connect.
  * Commands themselves live in info.c (ping, devices, status), ops.c
- * (gemm, fft, fir, contract, reduce, map) and kernel.c (kernel).  The rule for output: results on
+ * (gemm, fft, fir, contract, reduce, map), kernel.c (kernel) and cache.c
+ * (cache stats).  The rule for output: results on
  * stdout, and on failure exactly one line on stderr of the form
  * "dspk-submit: COMMAND: ENAME: detail" and a non-zero exit status (1 when
  * the operation failed, 2 for a bad command line).
@@ -139,6 +140,14 @@ const dspk__sub_cmd dspk__sub_cmds[] = {
      "  -d, --device ID        device to run on (default any)\n"
      "\n"
      "A compilation error (ECOMPILE) carries the compiler's log.\n"},
+    {"cache", dspk__sub_cache, "the daemon's cache of kernels and tunings",
+     "usage: dspk-submit cache stats [--json]\n"
+     "\n"
+     "Shows the daemon's persistent cache (compiled kernels, autotune\n"
+     "decisions, blobs): entries, bytes, hits and misses per kind, one\n"
+     "\"field value\" line each.\n"
+     "\n"
+     "  --json   print the daemon's answer as JSON\n"},
     {NULL, NULL, NULL, NULL},
 };
 

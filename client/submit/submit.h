@@ -3,7 +3,8 @@
  *
  * main.c parses the global options, finds the command in the table below
  * and runs it; each command lives in a file by theme (info.c: ping, devices,
- * status; ops.c: the compute ops; kernel.c: raw kernels).  Every command
+ * status; ops.c: the compute ops; kernel.c: raw kernels; cache.c: the
+ * daemon's cache).  Every command
  * receives its own argc/argv (argv[0] is the command name) and returns the
  * process exit status.  Errors are reported through dspk__sub_fail() and
  * friends, which print exactly one line on stderr:
@@ -46,6 +47,7 @@ int dspk__sub_contract(dspk__sub_ctx *ctx, int argc, char **argv);
 int dspk__sub_reduce(dspk__sub_ctx *ctx, int argc, char **argv);
 int dspk__sub_map(dspk__sub_ctx *ctx, int argc, char **argv);
 int dspk__sub_kernel(dspk__sub_ctx *ctx, int argc, char **argv);
+int dspk__sub_cache(dspk__sub_ctx *ctx, int argc, char **argv);
 
 /* Prints the one-line summary of an output tensor t of res (ops.c):
  *   f64 (3, 4) on cpu:0: [1, 2.5, ...] (12 values) */

@@ -40,7 +40,7 @@ import numpy as np
 
 SEED = 20261130
 COMMANDS = ["ping", "devices", "status", "gemm", "fft", "fir", "contract",
-            "reduce", "map", "kernel"]
+            "reduce", "map", "kernel", "cache"]
 
 
 class Failure(Exception):
@@ -678,6 +678,13 @@ class FakeDaemon:
     LOG = "k.cu(3): error: identifier \"z\" is undefined\nk.cu(4): error: " \
           "expected a \";\"\n\n2 errors detected.\n"
 
+    STATS = {"file": "/var/cache/dspk/cache.sqlite", "file_bytes": 8192,
+             "kinds": {"kernels": {"entries": 3, "bytes": 4096, "hits": 7,
+                                   "misses": 3},
+                       "autotune": {"entries": 0, "bytes": 0, "hits": 0,
+                                    "misses": 0}},
+             "recent": [1.5, "x\ty", True, None, []]}
+
     def __init__(self, tmp):
         import socket
         import threading
@@ -715,6 +722,8 @@ class FakeDaemon:
                     out.append([1, msgid, None, {"protocol": 1,
                                                  "daemon": "fake",
                                                  "server": "dspkd"}])
+                elif method == "cache.stats":
+                    out.append([1, msgid, None, self.STATS])
                 elif method == "task.run" and args.get("op") == "map":
                     for frac in (0.0, 0.5, 1.0):
                         out.append([2, "task.progress",
@@ -786,6 +795,23 @@ def suite_fake(cli, tmp):
                           "zeros:f32:4"], "kernel", "ECOMPILE")
         check("k.cu(3): error" in err and "; k.cu(4): error" in err and
               "2 errors detected." in err, "compiler log line %r" % err)
+        # cache stats: flattened fields, or JSON.
+        out = fcli.ok("cache", "stats")
+        lines = [l.split(None, 1) for l in out.splitlines()]
+        want = [["file", "/var/cache/dspk/cache.sqlite"], ["file_bytes", "8192"],
+                ["kinds.kernels.entries", "3"], ["kinds.kernels.bytes", "4096"],
+                ["kinds.kernels.hits", "7"], ["kinds.kernels.misses", "3"],
+                ["kinds.autotune.entries", "0"], ["kinds.autotune.bytes", "0"],
+                ["kinds.autotune.hits", "0"], ["kinds.autotune.misses", "0"],
+                ["recent[0]", "1.5"], ["recent[1]", "x y"],
+                ["recent[2]", "true"], ["recent[3]", "null"],
+                ["recent[4]", "[]"]]
+        check(lines == want, "cache stats: %r" % out)
+        j = json.loads(fcli.ok("cache", "stats", "--json"))
+        check(j == FakeDaemon.STATS, "cache stats --json: %r" % j)
+        fcli.fails(["cache", "frob"], "cache", "EINVAL", rc_want=2)
+        fcli.fails(["cache"], "cache", "EINVAL", rc_want=2)
+        fcli.fails(["cache", "stats", "x"], "cache", "EINVAL", rc_want=2)
     finally:
         fake.close()
 

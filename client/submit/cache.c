@@ -1,0 +1,210 @@
+/*
+ * dspk-submit cache: the daemon's persistent cache (compiled kernels,
+ * autotune decisions, blobs such as FFTW wisdom and Vulkan pipeline data).
+ *
+ * "cache stats" calls the cache.stats method.  With --json the answer is
+ * printed as the library renders it; otherwise it is flattened into one
+ * "path value" line per scalar ("kernels.entries 12"), which shows whatever
+ * fields the daemon reports without this file knowing its schema.  The
+ * flattener is a small recursive-descent walk over the library's JSON text
+ * (objects, arrays, strings, numbers, literals), bounded in depth.
+ */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "client/submit/submit.h"
+
+#define FLAT_MAX_DEPTH 16
+#define FLAT_MAX_PATH 256
+
+typedef struct flat {
+  const char *p;
+  int depth;
+  char path[FLAT_MAX_PATH];
+} flat;
+
+static void skip_ws(flat *f) {
+  while (*f->p == ' ' || *f->p == '\n' || *f->p == '\t' || *f->p == '\r')
+    f->p++;
+}
+
+/* Copies a JSON string at f->p (opening quote) into out (unescaping the
+ * simple escapes; \u sequences are kept as written). */
+static int json_string(flat *f, char *out, size_t cap) {
+  size_t n = 0;
+  if (*f->p != '"')
+    return -1;
+  f->p++;
+  while (*f->p && *f->p != '"') {
+    char c = *f->p++;
+    if (c == '\\') {
+      c = *f->p++;
+      switch (c) {
+      case 'n':
+        c = ' ';
+        break;
+      case 't':
+        c = ' ';
+        break;
+      case 'u':
+        if (n + 2 < cap) {
+          out[n++] = '\\';
+          out[n++] = 'u';
+        }
+        continue;
+      case '\0':
+        return -1;
+      default:
+        break;
+      }
+    }
+    if (n + 1 < cap)
+      out[n++] = c;
+  }
+  if (*f->p != '"')
+    return -1;
+  f->p++;
+  out[n] = '\0';
+  return 0;
+}
+
+static int flat_value(flat *f);
+
+/* Appends ".key" (or "[i]") to the path for the duration of one value. */
+static int flat_child(flat *f, const char *seg, bool index) {
+  size_t len = strlen(f->path);
+  int rc;
+  if (index)
+    snprintf(f->path + len, sizeof f->path - len, "[%s]", seg);
+  else
+    snprintf(f->path + len, sizeof f->path - len, "%s%s", len ? "." : "", seg);
+  rc = flat_value(f);
+  f->path[len] = '\0';
+  return rc;
+}
+
+static int flat_value(flat *f) {
+  char buf[512];
+  skip_ws(f);
+  if (++f->depth > FLAT_MAX_DEPTH)
+    return -1;
+  if (*f->p == '{') {
+    f->p++;
+    skip_ws(f);
+    if (*f->p == '}') {
+      f->p++;
+      printf("%-36s {}\n", f->path);
+    } else {
+      for (;;) {
+        skip_ws(f);
+        if (json_string(f, buf, sizeof buf) < 0)
+          return -1;
+        skip_ws(f);
+        if (*f->p++ != ':')
+          return -1;
+        if (flat_child(f, buf, false) < 0)
+          return -1;
+        skip_ws(f);
+        if (*f->p == ',') {
+          f->p++;
+          continue;
+        }
+        if (*f->p++ != '}')
+          return -1;
+        break;
+      }
+    }
+  } else if (*f->p == '[') {
+    int i = 0;
+    f->p++;
+    skip_ws(f);
+    if (*f->p == ']') {
+      f->p++;
+      printf("%-36s []\n", f->path);
+    } else {
+      for (;; i++) {
+        snprintf(buf, sizeof buf, "%d", i);
+        if (flat_child(f, buf, true) < 0)
+          return -1;
+        skip_ws(f);
+        if (*f->p == ',') {
+          f->p++;
+          continue;
+        }
+        if (*f->p++ != ']')
+          return -1;
+        break;
+      }
+    }
+  } else if (*f->p == '"') {
+    if (json_string(f, buf, sizeof buf) < 0)
+      return -1;
+    printf("%-36s %s\n", f->path, buf);
+  } else {
+    const char *s = f->p;
+    while (*f->p && !strchr(",}] \n\t\r", *f->p))
+      f->p++;
+    if (f->p == s)
+      return -1;
+    printf("%-36s %.*s\n", f->path, (int)(f->p - s), s);
+  }
+  f->depth--;
+  return 0;
+}
+
+static int cache_stats(dspk__sub_ctx *ctx, int argc, char **argv) {
+  static const struct option opts[] = {{"json", no_argument, NULL, 'j'},
+                                       {"help", no_argument, NULL, 'h'},
+                                       {NULL, 0, NULL, 0}};
+  bool json = false;
+  char *text = NULL;
+  int opt, rc;
+
+  while ((opt = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
+    switch (opt) {
+    case 'j':
+      json = true;
+      break;
+    case 'h':
+      return dspk__sub_help(ctx);
+    case ':':
+      return dspk__sub_missing_arg(ctx, argv);
+    default:
+      return dspk__sub_bad_option(ctx, argv);
+    }
+  }
+  if (optind < argc)
+    return dspk__sub_usage(ctx, "unexpected argument '%s'", argv[optind]);
+  rc = dspk__sub_connect(ctx);
+  if (rc != 0)
+    return rc;
+  rc = dspk_call_json(ctx->client, "cache.stats", &text);
+  if (rc < 0)
+    return dspk__sub_fail_client(ctx, rc);
+  if (json) {
+    printf("%s\n", text);
+  } else {
+    flat f = {text, 0, ""};
+    if (flat_value(&f) < 0) {
+      dspk_free(text);
+      return dspk__sub_fail(ctx, DSPK_EPROTO, "cannot read the answer");
+    }
+  }
+  dspk_free(text);
+  return DSPK__SUB_EXIT_OK;
+}
+
+int dspk__sub_cache(dspk__sub_ctx *ctx, int argc, char **argv) {
+  /* "cache SUB ...": SUB's own options start after it.  --help anywhere
+   * wins, as for every other command. */
+  for (int i = 1; i < argc && strcmp(argv[i], "--") != 0; i++)
+    if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0)
+      return dspk__sub_help(ctx);
+  if (argc < 2)
+    return dspk__sub_usage(ctx, "missing SUBCOMMAND (stats)");
+  if (strcmp(argv[1], "stats") == 0)
+    return cache_stats(ctx, argc - 1, argv + 1);
+  return dspk__sub_usage(ctx, "unknown subcommand '%s' (want stats)", argv[1]);
+}
