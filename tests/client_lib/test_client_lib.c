@@ -1,0 +1,1232 @@
+/*
+ * End-to-end tests of libdspkclient against a real dspkd: the group setup
+ * starts the daemon (argv[1]) on a socket in a fresh mkdtemp directory with
+ * --foreground --ready-fd and waits for its READY line on a pipe; the
+ * teardown stops it with SIGTERM and requires exit status 0.
+ *
+ * Every op runs on random inputs of random shapes (fixed seeds) and is
+ * checked against naive double-precision loops written here: gemm with
+ * batches, broadcasting, transposes and C; fft/ifft/rfft against a direct
+ * DFT; fir against direct convolution (short and long filters); contract
+ * against a generic einsum loop; reduce; map.  Then buffers, several
+ * requests in flight answered out of order, cancel, bad input with the
+ * right error code and a message, a client sending garbage (closed, with a
+ * protocol.error notice) and clients disconnecting mid-request, while the
+ * library's connection keeps working.
+ */
+#include <complex.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <poll.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+#include <msgpack.h>
+
+#include "dspk/dspk.h"
+#include "proto/codec.h"
+
+static const char *dspkd_path;
+static char tmpdir[64];
+static char sockpath[128];
+static pid_t daemon_pid = -1;
+static dspk_client *C;
+
+/* ---- random numbers (fixed seeds) --------------------------------------- */
+
+static uint64_t rs = 1;
+static uint64_t rnd(void) {
+  rs ^= rs << 13;
+  rs ^= rs >> 7;
+  rs ^= rs << 17;
+  return rs;
+}
+static int64_t rint_in(int64_t lo, int64_t hi) {
+  return lo + (int64_t)(rnd() % (uint64_t)(hi - lo + 1));
+}
+static double rval(void) { return (double)(rnd() % 2000001) / 1e6 - 1.0; }
+
+/* ---- arrays: double reference values plus the wire bytes ---------------- */
+
+struct arr {
+  dspk_dtype dt;
+  unsigned rank;
+  int64_t shape[DSPK_MAX_RANK];
+  size_t n;
+  double complex *v; /* reference values */
+  void *raw;         /* dtype bytes, C order */
+};
+
+static bool is_cplx(dspk_dtype dt) { return dt == DSPK_C64 || dt == DSPK_C128; }
+
+static size_t numel(unsigned rank, const int64_t *shape) {
+  size_t n = 1;
+  for (unsigned i = 0; i < rank; i++)
+    n *= (size_t)shape[i];
+  return n;
+}
+
+static void arr_pack(struct arr *a) {
+  for (size_t i = 0; i < a->n; i++) {
+    double re = creal(a->v[i]), im = cimag(a->v[i]);
+    switch (a->dt) {
+    case DSPK_F32: ((float *)a->raw)[i] = (float)re; break;
+    case DSPK_F64: ((double *)a->raw)[i] = re; break;
+    case DSPK_C64:
+      ((float *)a->raw)[2 * i] = (float)re;
+      ((float *)a->raw)[2 * i + 1] = (float)im;
+      break;
+    default:
+      ((double *)a->raw)[2 * i] = re;
+      ((double *)a->raw)[2 * i + 1] = im;
+    }
+  }
+  /* The reference sees exactly the values that were sent. */
+  for (size_t i = 0; i < a->n; i++) {
+    if (a->dt == DSPK_F32)
+      a->v[i] = ((float *)a->raw)[i];
+    else if (a->dt == DSPK_C64)
+      a->v[i] = ((float *)a->raw)[2 * i] +
+                I * (double)((float *)a->raw)[2 * i + 1];
+  }
+}
+
+static struct arr arr_new(dspk_dtype dt, unsigned rank, const int64_t *shape,
+                          bool random) {
+  struct arr a = {.dt = dt, .rank = rank};
+  for (unsigned i = 0; i < rank; i++)
+    a.shape[i] = shape[i];
+  a.n = numel(rank, shape);
+  a.v = calloc(a.n + 1, sizeof(*a.v));
+  a.raw = calloc(a.n + 1, dspk_dtype_size(dt));
+  assert_non_null(a.v);
+  assert_non_null(a.raw);
+  if (random) {
+    for (size_t i = 0; i < a.n; i++)
+      a.v[i] = rval() + (is_cplx(dt) ? I * rval() : 0);
+    arr_pack(&a);
+  }
+  return a;
+}
+
+static void arr_free(struct arr *a) {
+  free(a->v);
+  free(a->raw);
+}
+
+static dspk_tensor arr_tensor(const struct arr *a) {
+  dspk_tensor t;
+  dspk_tensor_inline(&t, a->dt, a->rank, a->shape, a->raw);
+  return t;
+}
+
+/* Index arithmetic: C-order offset of idx in shape. */
+static size_t offset_of(unsigned rank, const int64_t *shape,
+                        const int64_t *idx) {
+  size_t o = 0;
+  for (unsigned i = 0; i < rank; i++)
+    o = o * (size_t)shape[i] + (size_t)idx[i];
+  return o;
+}
+static void unravel(size_t o, unsigned rank, const int64_t *shape,
+                    int64_t *idx) {
+  for (unsigned i = rank; i-- > 0;) {
+    idx[i] = (int64_t)(o % (size_t)shape[i]);
+    o /= (size_t)shape[i];
+  }
+}
+
+static double complex tensor_at(const dspk_tensor *t, size_t i) {
+  switch (t->dtype) {
+  case DSPK_F32: return ((const float *)t->data)[i];
+  case DSPK_F64: return ((const double *)t->data)[i];
+  case DSPK_C64:
+    return ((const float *)t->data)[2 * i] +
+           I * (double)((const float *)t->data)[2 * i + 1];
+  default:
+    return ((const double *)t->data)[2 * i] +
+           I * ((const double *)t->data)[2 * i + 1];
+  }
+}
+
+/* Compares a result tensor with the reference: dtype, shape and values
+ * within atol + rtol*|ref|. */
+static void check_close(const dspk_tensor *t, const struct arr *ref,
+                        double atol, double rtol, const char *what) {
+  if (t->dtype != ref->dt || t->rank != ref->rank)
+    fail_msg("%s: got dtype %s rank %u, want %s rank %u", what,
+             dspk_dtype_name(t->dtype), t->rank, dspk_dtype_name(ref->dt),
+             ref->rank);
+  for (unsigned i = 0; i < ref->rank; i++)
+    if (t->shape[i] != ref->shape[i])
+      fail_msg("%s: axis %u is %lld, want %lld", what, i,
+               (long long)t->shape[i], (long long)ref->shape[i]);
+  assert_false(t->is_ref);
+  assert_int_equal(t->nbytes, ref->n * dspk_dtype_size(ref->dt));
+  for (size_t i = 0; i < ref->n; i++) {
+    double complex got = tensor_at(t, i), want = ref->v[i];
+    if (!(cabs(got - want) <= atol + rtol * cabs(want)))
+      fail_msg("%s: element %zu is %g%+gi, want %g%+gi", what, i, creal(got),
+               cimag(got), creal(want), cimag(want));
+  }
+}
+
+static double atol_for(dspk_dtype dt, double scale) {
+  return (dt == DSPK_F32 || dt == DSPK_C64 ? 2e-5 : 1e-11) * scale;
+}
+
+/* Runs task on "cpu:0" and expects success with one output. */
+static void run_ok(dspk_task *t, dspk_result *r) {
+  int rc;
+  t->device = "cpu:0";
+  rc = dspk_run(C, t, r);
+  if (rc != 0)
+    fail_msg("task failed: %s: %s", dspk_err_name(rc), dspk_last_error(C));
+  assert_int_equal(r->nout, 1);
+  assert_string_equal(r->device, "cpu:0");
+}
+
+/* Runs task and expects error code want with a message. */
+static void run_err(dspk_task *t, int want) {
+  dspk_result r;
+  int rc = dspk_run(C, t, &r);
+  if (rc != want)
+    fail_msg("want %s, got %s: %s", dspk_err_name(want), dspk_err_name(rc),
+             dspk_last_error(C));
+  assert_true(strlen(dspk_last_error(C)) > 0);
+}
+
+/* ---- daemon life cycle -------------------------------------------------- */
+
+static int start_daemon(void **state) {
+  (void)state;
+  int p[2];
+  char fdarg[16], buf[16];
+  ssize_t n;
+  size_t got = 0;
+
+  strcpy(tmpdir, "/tmp/dspk-test-XXXXXX");
+  if (!mkdtemp(tmpdir))
+    return -1;
+  snprintf(sockpath, sizeof sockpath, "%s/dspkd.sock", tmpdir);
+  if (pipe(p) != 0)
+    return -1;
+  daemon_pid = fork();
+  if (daemon_pid < 0)
+    return -1;
+  if (daemon_pid == 0) {
+    close(p[0]);
+    snprintf(fdarg, sizeof fdarg, "%d", p[1]);
+    execl(dspkd_path, dspkd_path, "--socket", sockpath, "--foreground",
+          "--backends", "cpu", "--log-level", "warn", "--ready-fd", fdarg,
+          (char *)NULL);
+    _exit(127);
+  }
+  close(p[1]);
+  while (got < sizeof buf - 1 &&
+         (n = read(p[0], buf + got, sizeof buf - 1 - got)) > 0)
+    got += (size_t)n;
+  close(p[0]);
+  buf[got] = '\0';
+  if (strcmp(buf, "READY\n") != 0) {
+    fprintf(stderr, "dspkd did not become ready (got \"%s\")\n", buf);
+    return -1;
+  }
+  if (dspk_connect(sockpath, "test_client_lib", &C) != 0) {
+    fprintf(stderr, "connect: %s\n", dspk_connect_error());
+    return -1;
+  }
+  return 0;
+}
+
+static int stop_daemon(void **state) {
+  (void)state;
+  int st = 0;
+  dspk_close(C);
+  C = NULL;
+  if (daemon_pid > 0) {
+    kill(daemon_pid, SIGTERM);
+    if (waitpid(daemon_pid, &st, 0) != daemon_pid)
+      return -1;
+  }
+  unlink(sockpath);
+  rmdir(tmpdir);
+  if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+    fprintf(stderr, "dspkd exited with status %#x\n", st);
+    return -1;
+  }
+  return 0;
+}
+
+static void assert_daemon_alive(void) {
+  int st;
+  assert_int_equal(waitpid(daemon_pid, &st, WNOHANG), 0);
+  assert_int_equal(dspk_ping(C, "alive", 5), 0);
+}
+
+/* ---- simple methods ----------------------------------------------------- */
+
+static void test_hello_ping(void **state) {
+  (void)state;
+  assert_true(strlen(dspk_daemon_version(C)) > 0);
+  assert_int_equal(dspk_ping(C, NULL, 0), 0);
+  size_t sizes[] = {1, 1000, 65536, 1 << 20, 5 << 20};
+  for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+    char *p = malloc(sizes[k]);
+    for (size_t i = 0; i < sizes[k]; i++)
+      p[i] = (char)(i * 13 + k);
+    assert_int_equal(dspk_ping(C, p, sizes[k]), 0);
+    free(p);
+  }
+  /* A second connection works alongside. */
+  dspk_client *c2;
+  assert_int_equal(dspk_connect(sockpath, NULL, &c2), 0);
+  assert_int_equal(dspk_ping(c2, "x", 1), 0);
+  dspk_close(c2);
+  /* Nothing listening: ECONNECT with a reason. */
+  char bad[160];
+  snprintf(bad, sizeof bad, "%s/none.sock", tmpdir);
+  assert_int_equal(dspk_connect(bad, NULL, &c2), DSPK_ECONNECT);
+  assert_true(strlen(dspk_connect_error()) > 0);
+}
+
+static void test_devices_status(void **state) {
+  (void)state;
+  dspk_device_list *l = NULL;
+  assert_int_equal(dspk_devices(C, true, &l), 0);
+  assert_true(l->ndevices >= 1);
+  bool cpu = false;
+  for (size_t i = 0; i < l->ndevices; i++)
+    cpu |= strcmp(l->devices[i].id, "cpu:0") == 0;
+  assert_true(cpu);
+  assert_non_null(strstr(l->json, "\"cpu:0\""));
+  dspk_device_list_free(l);
+
+  dspk_status *s = NULL;
+  assert_int_equal(dspk_status_get(C, &s), 0);
+  assert_int_equal(s->pid, daemon_pid);
+  assert_true(s->nclients >= 1);
+  assert_true(s->ndevices >= 1);
+  assert_non_null(strstr(s->json, "\"clients\""));
+  bool me = false;
+  for (size_t i = 0; i < s->nclients; i++)
+    me |= strcmp(s->clients[i].name, "test_client_lib") == 0 &&
+          s->clients[i].pid == getpid();
+  assert_true(me);
+  dspk_status_free(s);
+
+  char *json = NULL;
+  assert_int_equal(dspk_call_json(C, "status", &json), 0);
+  assert_true(json[0] == '{');
+  dspk_free(json);
+  dspk_device_list_free(NULL);
+  dspk_status_free(NULL);
+}
+
+/* ---- gemm --------------------------------------------------------------- */
+
+/* out = alpha*op(A)@op(B) + beta*C, with numpy.matmul batch broadcasting. */
+static struct arr ref_gemm(const struct arr *A, const struct arr *B,
+                           const struct arr *Cm, bool ta, bool tb,
+                           double alpha, double beta) {
+  unsigned ra = A->rank, rb = B->rank, ro = ra > rb ? ra : rb;
+  int64_t M = ta ? A->shape[ra - 1] : A->shape[ra - 2];
+  int64_t K = ta ? A->shape[ra - 2] : A->shape[ra - 1];
+  int64_t N = tb ? B->shape[rb - 2] : B->shape[rb - 1];
+  int64_t shape[DSPK_MAX_RANK], idx[DSPK_MAX_RANK];
+  for (unsigned i = 0; i + 2 < ro; i++) {
+    int ia = (int)i - (int)(ro - ra), ib = (int)i - (int)(ro - rb);
+    int64_t da = ia >= 0 ? A->shape[ia] : 1, db = ib >= 0 ? B->shape[ib] : 1;
+    shape[i] = da == 1 ? db : da;
+  }
+  shape[ro - 2] = M;
+  shape[ro - 1] = N;
+  struct arr O = arr_new(A->dt, ro, shape, false);
+  for (size_t o = 0; o < O.n; o++) {
+    unravel(o, ro, shape, idx);
+    int64_t ia[DSPK_MAX_RANK], ib[DSPK_MAX_RANK];
+    for (unsigned i = 0; i + 2 < ra; i++) {
+      int64_t d = idx[i + (ro - ra)];
+      ia[i] = A->shape[i] == 1 ? 0 : d;
+    }
+    for (unsigned i = 0; i + 2 < rb; i++) {
+      int64_t d = idx[i + (ro - rb)];
+      ib[i] = B->shape[i] == 1 ? 0 : d;
+    }
+    int64_t m = idx[ro - 2], n = idx[ro - 1];
+    double complex acc = 0;
+    for (int64_t k = 0; k < K; k++) {
+      ia[ra - 2] = ta ? k : m;
+      ia[ra - 1] = ta ? m : k;
+      ib[rb - 2] = tb ? n : k;
+      ib[rb - 1] = tb ? k : n;
+      acc += A->v[offset_of(ra, A->shape, ia)] *
+             B->v[offset_of(rb, B->shape, ib)];
+    }
+    acc *= alpha;
+    if (Cm) {
+      int64_t ic[DSPK_MAX_RANK];
+      for (unsigned i = 0; i < Cm->rank; i++) {
+        int64_t d = idx[i + (ro - Cm->rank)];
+        ic[i] = Cm->shape[i] == 1 ? 0 : d;
+      }
+      acc += beta * Cm->v[offset_of(Cm->rank, Cm->shape, ic)];
+    }
+    O.v[o] = acc;
+  }
+  return O;
+}
+
+static void test_gemm(void **state) {
+  (void)state;
+  rs = 1001;
+  for (int it = 0; it < 40; it++) {
+    dspk_dtype dt = it % 2 ? DSPK_F64 : DSPK_F32;
+    bool ta = rnd() % 2, tb = rnd() % 2;
+    int64_t M = rint_in(1, 33), K = rint_in(1, 40), N = rint_in(1, 33);
+    int64_t sa[DSPK_MAX_RANK], sb[DSPK_MAX_RANK];
+    unsigned nb = (unsigned)(it % 4 == 3 ? 2 : it % 4 == 2 ? 1 : 0);
+    unsigned ra = nb + 2, rb = nb + 2;
+    for (unsigned i = 0; i < nb; i++) {
+      int64_t d = rint_in(1, 3);
+      sa[i] = d;
+      sb[i] = (it % 8 == 7 && i == 0) ? 1 : d; /* broadcast B's batch */
+    }
+    if (it % 8 == 6) /* B without batch dims against batched A */
+      rb = 2;
+    sa[ra - 2] = ta ? K : M;
+    sa[ra - 1] = ta ? M : K;
+    sb[rb - 2] = tb ? N : K;
+    sb[rb - 1] = tb ? K : N;
+    if (rb == 2) {
+      sb[0] = tb ? N : K;
+      sb[1] = tb ? K : N;
+    }
+    struct arr A = arr_new(dt, ra, sa, true), B = arr_new(dt, rb, sb, true);
+    bool withc = it % 3 == 0;
+    int64_t sc[2] = {M, N};
+    struct arr Cm = arr_new(dt, 2, sc, withc);
+    double alpha = withc ? rval() * 2 : 1.0, beta = withc ? rval() : 0.0;
+    dspk_tensor in[3] = {arr_tensor(&A), arr_tensor(&B), arr_tensor(&Cm)};
+    dspk_task t;
+    dspk_result r;
+    dspk_task_init(&t, DSPK_OP_GEMM);
+    t.inputs = in;
+    t.ninputs = withc ? 3 : 2;
+    t.gemm.trans_a = ta;
+    t.gemm.trans_b = tb;
+    t.gemm.alpha = alpha;
+    t.gemm.beta = beta;
+    run_ok(&t, &r);
+    struct arr ref = ref_gemm(&A, &B, withc ? &Cm : NULL, ta, tb, alpha, beta);
+    char what[64];
+    snprintf(what, sizeof what, "gemm it %d", it);
+    check_close(&r.out[0], &ref, atol_for(dt, (double)K * 4), 1e-4, what);
+    dspk_result_free(&r);
+    arr_free(&ref);
+    arr_free(&A);
+    arr_free(&B);
+    arr_free(&Cm);
+  }
+}
+
+/* ---- fft ---------------------------------------------------------------- */
+
+static void test_fft(void **state) {
+  (void)state;
+  const double pi = 3.14159265358979323846;
+  rs = 2002;
+  for (int it = 0; it < 36; it++) {
+    static const dspk_dtype dts[] = {DSPK_C64, DSPK_C128, DSPK_F32, DSPK_F64};
+    dspk_dtype dt = dts[it % 4];
+    bool inverse = is_cplx(dt) && (it / 4) % 2;
+    int64_t N = it < 8 ? (int64_t)1 << rint_in(0, 8) : rint_in(1, 100);
+    unsigned rank = (unsigned)rint_in(1, 3);
+    int64_t shape[3];
+    for (unsigned i = 0; i + 1 < rank; i++)
+      shape[i] = rint_in(1, 3);
+    shape[rank - 1] = N;
+    struct arr X = arr_new(dt, rank, shape, true);
+    int64_t oshape[3];
+    memcpy(oshape, shape, sizeof oshape);
+    int64_t NO = is_cplx(dt) ? N : N / 2 + 1;
+    oshape[rank - 1] = NO;
+    struct arr ref = arr_new(dt == DSPK_F32 ? DSPK_C64
+                             : dt == DSPK_F64 ? DSPK_C128 : dt,
+                             rank, oshape, false);
+    size_t batch = X.n / (size_t)N;
+    for (size_t b = 0; b < batch; b++)
+      for (int64_t k = 0; k < NO; k++) {
+        double complex acc = 0;
+        for (int64_t n = 0; n < N; n++)
+          acc += X.v[b * (size_t)N + (size_t)n] *
+                 cexp((inverse ? 2 : -2) * pi * I * (double)((k * n) % N) /
+                      (double)N);
+        ref.v[b * (size_t)NO + (size_t)k] = inverse ? acc / (double)N : acc;
+      }
+    dspk_tensor in = arr_tensor(&X);
+    dspk_task t;
+    dspk_result r;
+    dspk_task_init(&t, DSPK_OP_FFT);
+    t.inputs = &in;
+    t.ninputs = 1;
+    t.fft.inverse = inverse;
+    run_ok(&t, &r);
+    char what[64];
+    snprintf(what, sizeof what, "fft it %d (%s N=%lld%s)", it,
+             dspk_dtype_name(dt), (long long)N, inverse ? " inverse" : "");
+    check_close(&r.out[0], &ref, atol_for(dt, (double)N * 2), 1e-4, what);
+    dspk_result_free(&r);
+    arr_free(&ref);
+    arr_free(&X);
+  }
+}
+
+/* ---- fir ---------------------------------------------------------------- */
+
+static void test_fir(void **state) {
+  (void)state;
+  rs = 3003;
+  for (int it = 0; it < 24; it++) {
+    static const dspk_dtype dts[] = {DSPK_F32, DSPK_F64, DSPK_C64};
+    dspk_dtype dt = dts[it % 3];
+    bool longf = it >= 18; /* long filters take the FFT path */
+    int64_t N = longf ? rint_in(500, 2000) : rint_in(1, 200);
+    int64_t K = longf ? rint_in(100, 300) : rint_in(1, 20);
+    unsigned rank = (unsigned)rint_in(1, 2);
+    int64_t shape[2] = {rint_in(1, 3), N};
+    if (rank == 1)
+      shape[0] = N;
+    struct arr X = arr_new(dt, rank, shape, true);
+    struct arr H = arr_new(dt, 1, &K, true);
+    struct arr ref = arr_new(dt, rank, shape, false);
+    size_t batch = X.n / (size_t)N;
+    for (size_t b = 0; b < batch; b++)
+      for (int64_t n = 0; n < N; n++) {
+        double complex acc = 0;
+        for (int64_t k = 0; k < K && k <= n; k++)
+          acc += H.v[k] * X.v[b * (size_t)N + (size_t)(n - k)];
+        ref.v[b * (size_t)N + (size_t)n] = acc;
+      }
+    dspk_tensor in[2] = {arr_tensor(&X), arr_tensor(&H)};
+    dspk_task t;
+    dspk_result r;
+    dspk_task_init(&t, DSPK_OP_FIR);
+    t.inputs = in;
+    t.ninputs = 2;
+    run_ok(&t, &r);
+    char what[64];
+    snprintf(what, sizeof what, "fir it %d (N=%lld K=%lld)", it, (long long)N,
+             (long long)K);
+    check_close(&r.out[0], &ref, atol_for(dt, (double)K * 4), 1e-4, what);
+    dspk_result_free(&r);
+    arr_free(&ref);
+    arr_free(&X);
+    arr_free(&H);
+  }
+}
+
+/* ---- contract ----------------------------------------------------------- */
+
+/* Generic two-operand einsum with explicit output. */
+static struct arr ref_einsum(const char *sub, const struct arr *A,
+                             const struct arr *B) {
+  char sa[16], sb[16], so[16];
+  int64_t size[128] = {0};
+  assert_int_equal(sscanf(sub, "%15[a-z],%15[a-z]->%15[a-z]", sa, sb, so), 3);
+  for (unsigned i = 0; i < A->rank; i++)
+    size[(int)sa[i]] = A->shape[i];
+  for (unsigned i = 0; i < B->rank; i++)
+    size[(int)sb[i]] = B->shape[i];
+  char all[32];
+  size_t nall = 0;
+  for (const char *p = sa; *p; p++)
+    if (!memchr(all, *p, nall))
+      all[nall++] = *p;
+  for (const char *p = sb; *p; p++)
+    if (!memchr(all, *p, nall))
+      all[nall++] = *p;
+  int64_t oshape[DSPK_MAX_RANK], ashape[32];
+  unsigned ro = (unsigned)strlen(so);
+  for (unsigned i = 0; i < ro; i++)
+    oshape[i] = size[(int)so[i]];
+  for (size_t i = 0; i < nall; i++)
+    ashape[i] = size[(int)all[i]];
+  struct arr O = arr_new(A->dt, ro, oshape, false);
+  size_t total = numel((unsigned)nall, ashape);
+  int64_t val[128], idx[32], ia[DSPK_MAX_RANK], ib[DSPK_MAX_RANK],
+      io[DSPK_MAX_RANK];
+  for (size_t o = 0; o < total; o++) {
+    unravel(o, (unsigned)nall, ashape, idx);
+    for (size_t i = 0; i < nall; i++)
+      val[(int)all[i]] = idx[i];
+    for (unsigned i = 0; i < A->rank; i++)
+      ia[i] = val[(int)sa[i]];
+    for (unsigned i = 0; i < B->rank; i++)
+      ib[i] = val[(int)sb[i]];
+    for (unsigned i = 0; i < ro; i++)
+      io[i] = val[(int)so[i]];
+    O.v[offset_of(ro, oshape, io)] += A->v[offset_of(A->rank, A->shape, ia)] *
+                                      B->v[offset_of(B->rank, B->shape, ib)];
+  }
+  return O;
+}
+
+static void test_contract(void **state) {
+  (void)state;
+  static const char *subs[] = {"ik,kj->ij",   "bij,bjk->bik", "abc,cd->abd",
+                               "ik,kj->ji",   "bij,bjk->kib", "ij,jk->ik",
+                               "abc,cb->a",   "ij,kj->ik",    "bik,kj->bij",
+                               "ab,cd->abcd"};
+  rs = 4004;
+  for (int it = 0; it < 40; it++) {
+    static const dspk_dtype dts[] = {DSPK_F32, DSPK_F64, DSPK_C64, DSPK_C128};
+    const char *sub = subs[it % (sizeof subs / sizeof subs[0])];
+    dspk_dtype dt = dts[it % 4];
+    int64_t size[128];
+    for (int c = 'a'; c <= 'z'; c++)
+      size[c] = rint_in(1, 7);
+    char sa[16], sb[16], so[16];
+    sscanf(sub, "%15[a-z],%15[a-z]->%15[a-z]", sa, sb, so);
+    int64_t sha[DSPK_MAX_RANK], shb[DSPK_MAX_RANK];
+    for (size_t i = 0; i < strlen(sa); i++)
+      sha[i] = size[(int)sa[i]];
+    for (size_t i = 0; i < strlen(sb); i++)
+      shb[i] = size[(int)sb[i]];
+    struct arr A = arr_new(dt, (unsigned)strlen(sa), sha, true);
+    struct arr B = arr_new(dt, (unsigned)strlen(sb), shb, true);
+    struct arr ref = ref_einsum(sub, &A, &B);
+    dspk_tensor in[2] = {arr_tensor(&A), arr_tensor(&B)};
+    dspk_task t;
+    dspk_result r;
+    dspk_task_init(&t, DSPK_OP_CONTRACT);
+    t.inputs = in;
+    t.ninputs = 2;
+    t.contract.subscripts = sub;
+    run_ok(&t, &r);
+    char what[64];
+    snprintf(what, sizeof what, "contract %s (%s)", sub, dspk_dtype_name(dt));
+    check_close(&r.out[0], &ref, atol_for(dt, 200), 1e-4, what);
+    dspk_result_free(&r);
+    arr_free(&ref);
+    arr_free(&A);
+    arr_free(&B);
+  }
+}
+
+/* ---- reduce ------------------------------------------------------------- */
+
+static void test_reduce(void **state) {
+  (void)state;
+  rs = 5005;
+  for (int it = 0; it < 48; it++) {
+    static const dspk_dtype dts[] = {DSPK_F32, DSPK_F64, DSPK_C64, DSPK_C128};
+    dspk_dtype dt = dts[it % 4];
+    dspk_reduce fn = (dspk_reduce)((it / 4) % 4);
+    if (is_cplx(dt) && (fn == DSPK_REDUCE_MAX || fn == DSPK_REDUCE_MIN))
+      fn = DSPK_REDUCE_MEAN;
+    unsigned rank = (unsigned)rint_in(1, 4);
+    int64_t shape[4];
+    for (unsigned i = 0; i < rank; i++)
+      shape[i] = rint_in(1, 6);
+    struct arr X = arr_new(dt, rank, shape, true);
+    dspk_task t;
+    dspk_task_init(&t, DSPK_OP_REDUCE);
+    t.reduce.fn = fn;
+    uint32_t mask = 0;
+    if (it % 5 != 0) { /* else: all axes (naxes 0) */
+      for (unsigned i = 0; i < rank; i++)
+        if (rnd() % 2) {
+          /* Half the time as a negative axis. */
+          t.reduce.axes[t.reduce.naxes++] =
+              rnd() % 2 ? (int)i : (int)i - (int)rank;
+          mask |= 1u << i;
+        }
+      if (!mask) {
+        t.reduce.axes[t.reduce.naxes++] = 0;
+        mask = 1;
+      }
+    } else {
+      mask = (1u << rank) - 1;
+    }
+    int64_t oshape[4];
+    unsigned ro = 0;
+    for (unsigned i = 0; i < rank; i++)
+      if (!(mask & (1u << i)))
+        oshape[ro++] = shape[i];
+    struct arr ref = arr_new(dt, ro, oshape, false);
+    size_t *cnt = calloc(ref.n, sizeof(size_t));
+    int64_t idx[4], oi[4];
+    for (size_t o = 0; o < X.n; o++) {
+      unravel(o, rank, shape, idx);
+      unsigned k = 0;
+      for (unsigned i = 0; i < rank; i++)
+        if (!(mask & (1u << i)))
+          oi[k++] = idx[i];
+      size_t q = offset_of(ro, oshape, oi);
+      double complex x = X.v[o];
+      if (fn == DSPK_REDUCE_SUM || fn == DSPK_REDUCE_MEAN)
+        ref.v[q] += x;
+      else if (cnt[q] == 0 || (fn == DSPK_REDUCE_MAX ? creal(x) > creal(ref.v[q])
+                                                     : creal(x) < creal(ref.v[q])))
+        ref.v[q] = x;
+      cnt[q]++;
+    }
+    if (fn == DSPK_REDUCE_MEAN)
+      for (size_t q = 0; q < ref.n; q++)
+        ref.v[q] /= (double)cnt[q];
+    free(cnt);
+    dspk_tensor in = arr_tensor(&X);
+    dspk_result r;
+    t.inputs = &in;
+    t.ninputs = 1;
+    run_ok(&t, &r);
+    char what[64];
+    snprintf(what, sizeof what, "reduce it %d", it);
+    check_close(&r.out[0], &ref, atol_for(dt, 100), 1e-5, what);
+    dspk_result_free(&r);
+    arr_free(&ref);
+    arr_free(&X);
+  }
+}
+
+/* ---- map ---------------------------------------------------------------- */
+
+static void test_map(void **state) {
+  (void)state;
+  rs = 6006;
+  for (int it = 0; it < 56; it++) {
+    static const dspk_dtype dts[] = {DSPK_F32, DSPK_F64, DSPK_C64, DSPK_C128};
+    dspk_dtype dt = dts[it % 4];
+    dspk_mapfn fn = (dspk_mapfn)((it / 4) % DSPK_MAPFN_COUNT);
+    unsigned rank = (unsigned)rint_in(0, 3);
+    int64_t shape[3];
+    for (unsigned i = 0; i < rank; i++)
+      shape[i] = rint_in(1, 9);
+    struct arr A = arr_new(dt, rank, shape, true), B = arr_new(dt, rank, shape, true);
+    double alpha = rval() * 3;
+    dspk_dtype odt = fn == DSPK_MAP_ABS ? (dt == DSPK_C64 ? DSPK_F32
+                                           : dt == DSPK_C128 ? DSPK_F64 : dt)
+                                        : dt;
+    struct arr ref = arr_new(odt, rank, shape, false);
+    bool two = fn == DSPK_MAP_ADD || fn == DSPK_MAP_SUB ||
+               fn == DSPK_MAP_MUL || fn == DSPK_MAP_AXPY;
+    for (size_t i = 0; i < A.n; i++) {
+      double complex a = A.v[i], b = B.v[i], y;
+      switch (fn) {
+      case DSPK_MAP_ADD: y = a + b; break;
+      case DSPK_MAP_SUB: y = a - b; break;
+      case DSPK_MAP_MUL: y = a * b; break;
+      case DSPK_MAP_SCALE: y = alpha * a; break;
+      case DSPK_MAP_AXPY: y = alpha * a + b; break;
+      case DSPK_MAP_ABS: y = cabs(a); break;
+      default: y = cexp(a);
+      }
+      ref.v[i] = y;
+    }
+    dspk_tensor in[2] = {arr_tensor(&A), arr_tensor(&B)};
+    dspk_task t;
+    dspk_result r;
+    dspk_task_init(&t, DSPK_OP_MAP);
+    t.inputs = in;
+    t.ninputs = two ? 2 : 1;
+    t.map.fn = fn;
+    t.map.alpha = alpha;
+    run_ok(&t, &r);
+    char what[64];
+    snprintf(what, sizeof what, "map it %d", it);
+    check_close(&r.out[0], &ref, atol_for(dt, 10), 1e-5, what);
+    dspk_result_free(&r);
+    arr_free(&ref);
+    arr_free(&A);
+    arr_free(&B);
+  }
+}
+
+/* ---- buffers ------------------------------------------------------------ */
+
+static void test_buffers(void **state) {
+  (void)state;
+  uint64_t id, out;
+  size_t size = 1 << 20;
+  unsigned char *w = malloc(size), *rd = malloc(size);
+  rs = 7007;
+  for (size_t i = 0; i < size; i++)
+    w[i] = (unsigned char)rnd();
+  assert_int_equal(dspk_buffer_create(C, "cpu:0", size, &id), 0);
+  assert_int_equal(dspk_buffer_write(C, id, 0, w, size), 0);
+  assert_int_equal(dspk_buffer_read(C, id, 0, rd, size), 0);
+  assert_memory_equal(w, rd, size);
+  assert_int_equal(dspk_buffer_write(C, id, 1000, "abcdef", 6), 0);
+  assert_int_equal(dspk_buffer_read(C, id, 998, rd, 10), 0);
+  assert_memory_equal(rd, w + 998, 2);
+  assert_memory_equal(rd + 2, "abcdef", 6);
+  assert_memory_equal(rd + 8, w + 1006, 2);
+  /* Out of range: ERANGE with a message; the buffer is unharmed. */
+  assert_int_equal(dspk_buffer_write(C, id, size - 2, "abc", 3), DSPK_ERANGE);
+  assert_true(strlen(dspk_last_error(C)) > 0);
+  assert_int_equal(dspk_buffer_read(C, id, size, rd, 1), DSPK_ERANGE);
+
+  /* A gemm reading from and writing to buffers. */
+  int64_t sa[2] = {5, 7}, sb[2] = {7, 3};
+  struct arr A = arr_new(DSPK_F64, 2, sa, true), B = arr_new(DSPK_F64, 2, sb, true);
+  assert_int_equal(dspk_buffer_write(C, id, 0, A.raw, 5 * 7 * 8), 0);
+  assert_int_equal(dspk_buffer_write(C, id, 4096, B.raw, 7 * 3 * 8), 0);
+  assert_int_equal(dspk_buffer_create(C, "cpu:0", 4096, &out), 0);
+  dspk_tensor in[2] = {{.dtype = DSPK_F64, .rank = 2, .shape = {5, 7},
+                        .is_ref = true, .buffer = id, .offset = 0},
+                       {.dtype = DSPK_F64, .rank = 2, .shape = {7, 3},
+                        .is_ref = true, .buffer = id, .offset = 4096}};
+  dspk_task t;
+  dspk_result r;
+  dspk_task_init(&t, DSPK_OP_GEMM);
+  t.inputs = in;
+  t.ninputs = 2;
+  t.device = "cpu:0";
+  t.nout_refs = 1;
+  t.out_refs[0].buffer = out;
+  t.out_refs[0].offset = 64;
+  assert_int_equal(dspk_run(C, &t, &r), 0);
+  assert_int_equal(r.nout, 1);
+  assert_true(r.out[0].is_ref);
+  assert_int_equal(r.out[0].buffer, out);
+  assert_int_equal(r.out[0].offset, 64);
+  assert_int_equal(r.out[0].shape[0], 5);
+  assert_int_equal(r.out[0].shape[1], 3);
+  dspk_result_free(&r);
+  double got[15];
+  assert_int_equal(dspk_buffer_read(C, out, 64, got, sizeof got), 0);
+  struct arr ref = ref_gemm(&A, &B, NULL, false, false, 1, 0);
+  for (int i = 0; i < 15; i++)
+    assert_true(fabs(got[i] - creal(ref.v[i])) < 1e-12);
+  arr_free(&ref);
+  arr_free(&A);
+  arr_free(&B);
+
+  assert_int_equal(dspk_buffer_free(C, id), 0);
+  assert_int_equal(dspk_buffer_free(C, out), 0);
+  assert_int_equal(dspk_buffer_read(C, id, 0, rd, 1), DSPK_ENOBUF);
+  assert_int_equal(dspk_buffer_free(C, id), DSPK_ENOBUF);
+  free(w);
+  free(rd);
+}
+
+/* ---- several requests in flight ----------------------------------------- */
+
+static void test_inflight(void **state) {
+  (void)state;
+  enum { NT = 10 };
+  struct arr A[NT], B[NT];
+  uint32_t tk[NT];
+  rs = 8008;
+  for (int i = 0; i < NT; i++) {
+    int64_t sa[2] = {rint_in(1, 60), rint_in(1, 60)};
+    int64_t sb[2] = {sa[1], rint_in(1, 60)};
+    A[i] = arr_new(DSPK_F64, 2, sa, true);
+    B[i] = arr_new(DSPK_F64, 2, sb, true);
+    dspk_tensor in[2] = {arr_tensor(&A[i]), arr_tensor(&B[i])};
+    dspk_task t;
+    dspk_task_init(&t, DSPK_OP_GEMM);
+    t.inputs = in;
+    t.ninputs = 2;
+    assert_int_equal(dspk_submit(C, &t, &tk[i]), 0);
+    /* The inputs may be reused once submit returns. */
+    memset(in, 0, sizeof in);
+  }
+  /* A synchronous call in between: answered while tasks are in flight. */
+  assert_int_equal(dspk_ping(C, "mid", 3), 0);
+  /* Wait in reverse order: earlier answers are kept until asked for. */
+  for (int i = NT - 1; i >= 4; i--) {
+    dspk_result r;
+    assert_int_equal(dspk_wait(C, tk[i], &r), 0);
+    struct arr ref = ref_gemm(&A[i], &B[i], NULL, false, false, 1, 0);
+    check_close(&r.out[0], &ref, 1e-10, 1e-10, "inflight");
+    dspk_result_free(&r);
+    arr_free(&ref);
+  }
+  /* A waited ticket is consumed. */
+  dspk_result r;
+  assert_int_equal(dspk_wait(C, tk[NT - 1], &r), DSPK_ENOENT);
+  /* The rest in any order. */
+  bool seen[NT] = {0};
+  for (int k = 0; k < 4; k++) {
+    uint32_t id = 0;
+    assert_int_equal(dspk_wait_any(C, &id, &r), 0);
+    int i;
+    for (i = 0; i < 4 && tk[i] != id; i++)
+      ;
+    assert_true(i < 4);
+    assert_false(seen[i]);
+    seen[i] = true;
+    struct arr ref = ref_gemm(&A[i], &B[i], NULL, false, false, 1, 0);
+    check_close(&r.out[0], &ref, 1e-10, 1e-10, "inflight any");
+    dspk_result_free(&r);
+    arr_free(&ref);
+  }
+  uint32_t none = 0;
+  assert_int_equal(dspk_wait_any(C, &none, &r), DSPK_ENOENT);
+  for (int i = 0; i < NT; i++) {
+    arr_free(&A[i]);
+    arr_free(&B[i]);
+  }
+}
+
+static void test_cancel(void **state) {
+  (void)state;
+  int64_t s[2] = {400, 400};
+  struct arr A = arr_new(DSPK_F64, 2, s, true);
+  dspk_tensor in[2] = {arr_tensor(&A), arr_tensor(&A)};
+  dspk_task t;
+  dspk_result r;
+  uint32_t tk[4];
+  bool canceled = false;
+  dspk_task_init(&t, DSPK_OP_GEMM);
+  t.inputs = in;
+  t.ninputs = 2;
+  for (int i = 0; i < 4; i++)
+    assert_int_equal(dspk_submit(C, &t, &tk[i]), 0);
+  /* The last one is queued behind three others: cancel it. */
+  assert_int_equal(dspk_cancel(C, tk[3], &canceled), 0);
+  for (int i = 0; i < 3; i++) {
+    assert_int_equal(dspk_wait(C, tk[i], &r), 0);
+    assert_int_equal(r.out[0].shape[0], 400);
+    dspk_result_free(&r);
+  }
+  int rc = dspk_wait(C, tk[3], &r);
+  if (canceled) {
+    assert_int_equal(rc, DSPK_ECANCELED);
+  } else {
+    assert_int_equal(rc, 0);
+    dspk_result_free(&r);
+  }
+  /* Canceling something unknown: not canceled. */
+  canceled = true;
+  assert_int_equal(dspk_cancel(C, 999999, &canceled), 0);
+  assert_false(canceled);
+  arr_free(&A);
+}
+
+/* ---- bad input ---------------------------------------------------------- */
+
+static void test_bad_input(void **state) {
+  (void)state;
+  int64_t s23[2] = {2, 3}, s43[2] = {4, 3}, s34[2] = {3, 4};
+  struct arr A = arr_new(DSPK_F32, 2, s23, true);
+  struct arr B = arr_new(DSPK_F64, 2, s34, true);
+  struct arr Bf = arr_new(DSPK_F32, 2, s43, true);
+  struct arr X = arr_new(DSPK_C64, 0, NULL, true);
+  dspk_tensor in[2];
+  dspk_task t;
+
+  /* Wrong dtype: f32 A with f64 B. */
+  dspk_task_init(&t, DSPK_OP_GEMM);
+  in[0] = arr_tensor(&A);
+  in[1] = arr_tensor(&B);
+  t.inputs = in;
+  t.ninputs = 2;
+  run_err(&t, DSPK_EDTYPE);
+  assert_non_null(strstr(dspk_last_error(C), "dtype"));
+  /* Mismatched shapes: K=3 against K=4. */
+  in[1] = arr_tensor(&Bf);
+  run_err(&t, DSPK_ESHAPE);
+  assert_non_null(strstr(dspk_last_error(C), "K="));
+  /* Unknown device. */
+  in[1] = arr_tensor(&A);
+  t.gemm.trans_b = true;
+  t.device = "cpu:7";
+  run_err(&t, DSPK_ENODEV);
+  t.device = "nosuch";
+  run_err(&t, DSPK_ENODEV);
+  /* fft of a scalar. */
+  dspk_task_init(&t, DSPK_OP_FFT);
+  in[0] = arr_tensor(&X);
+  t.inputs = in;
+  t.ninputs = 1;
+  run_err(&t, DSPK_ESHAPE);
+  /* Bad contract subscripts. */
+  dspk_task_init(&t, DSPK_OP_CONTRACT);
+  in[0] = arr_tensor(&A);
+  in[1] = arr_tensor(&A);
+  t.inputs = in;
+  t.ninputs = 2;
+  t.contract.subscripts = "ij,jk";
+  run_err(&t, DSPK_EINVAL);
+  /* Reference to a buffer that does not exist. */
+  dspk_task_init(&t, DSPK_OP_MAP);
+  in[0] = (dspk_tensor){.dtype = DSPK_F32, .rank = 1, .shape = {4},
+                        .is_ref = true, .buffer = 123456};
+  t.inputs = in;
+  t.ninputs = 1;
+  t.map.fn = DSPK_MAP_ABS;
+  run_err(&t, DSPK_ENOBUF);
+  /* Unknown method. */
+  char *json = NULL;
+  assert_int_equal(dspk_call_json(C, "no.such.method", &json), DSPK_ENOMETHOD);
+  assert_null(json);
+  assert_true(strlen(dspk_last_error(C)) > 0);
+  /* Library-side checks do not reach the wire. */
+  dspk_task_init(&t, DSPK_OP_GEMM);
+  in[0] = arr_tensor(&A);
+  in[0].nbytes--;
+  t.inputs = in;
+  t.ninputs = 1;
+  run_err(&t, DSPK_EINVAL);
+  /* The connection still serves. */
+  assert_daemon_alive();
+  arr_free(&A);
+  arr_free(&B);
+  arr_free(&Bf);
+  arr_free(&X);
+}
+
+/* ---- misbehaving raw clients -------------------------------------------- */
+
+static int raw_connect(void) {
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  assert_true(fd >= 0);
+  strcpy(sa.sun_path, sockpath);
+  assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+  struct timeval tv = {.tv_sec = 20};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  return fd;
+}
+
+static void raw_send(int fd, const void *p, size_t n) {
+  while (n) {
+    ssize_t k = send(fd, p, n, MSG_NOSIGNAL);
+    if (k < 0 && errno == EINTR)
+      continue;
+    if (k < 0) /* the daemon may close first; that is fine here */
+      return;
+    p = (const char *)p + k;
+    n -= (size_t)k;
+  }
+}
+
+/* Reads until the daemon closes; returns the error code of the
+ * protocol.error notification found in what was received (0 if none). */
+static int read_until_closed(int fd) {
+  size_t cap = 1 << 16, len = 0;
+  char *buf = malloc(cap);
+  ssize_t n;
+  int code = 0;
+  for (;;) {
+    if (len == cap)
+      buf = realloc(buf, cap *= 2);
+    n = recv(fd, buf + len, cap - len, 0);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n < 0)
+      fail_msg("recv: %s (the daemon did not close the connection)",
+               strerror(errno));
+    if (n == 0)
+      break;
+    len += (size_t)n;
+  }
+  struct dspk__limits l;
+  dspk__limits_default(&l);
+  size_t pos = 0;
+  ssize_t f;
+  while ((f = dspk__frame_scan(buf + pos, len - pos, &l, NULL, 0)) > 0) {
+    msgpack_unpacked up;
+    struct dspk__msg m;
+    size_t off = 0;
+    msgpack_unpacked_init(&up);
+    assert_int_equal(msgpack_unpack_next(&up, buf + pos, (size_t)f, &off),
+                     MSGPACK_UNPACK_SUCCESS);
+    if (dspk__msg_parse(&up.data, &m, NULL, NULL, NULL, 0) == 0 &&
+        m.type == DSPK__NOTIFY && m.method_len == 14 &&
+        memcmp(m.method, "protocol.error", 14) == 0) {
+      int64_t c = 0;
+      assert_int_equal(dspk__obj_i64(dspk__map_get(m.args, "code"), &c), 0);
+      code = (int)c;
+    }
+    msgpack_unpacked_destroy(&up);
+    pos += (size_t)f;
+  }
+  free(buf);
+  return code;
+}
+
+static void test_garbage_closes(void **state) {
+  (void)state;
+  /* Reserved byte. */
+  int fd = raw_connect();
+  raw_send(fd, "\xc1\xc1\xc1\xc1", 4);
+  assert_int_equal(read_until_closed(fd), DSPK_EPROTO);
+  close(fd);
+  assert_daemon_alive();
+  /* The huge header: array32 claiming 10^8 elements. */
+  fd = raw_connect();
+  raw_send(fd, "\xdd\x05\xf5\xe1\x00", 5);
+  assert_int_equal(read_until_closed(fd), DSPK_ELIMIT);
+  close(fd);
+  /* Too deep. */
+  fd = raw_connect();
+  char deep[64];
+  memset(deep, 0x91, sizeof deep);
+  raw_send(fd, deep, sizeof deep);
+  assert_int_equal(read_until_closed(fd), DSPK_ELIMIT);
+  close(fd);
+  /* Garbage right after a valid ping: the connection is closed.  The
+   * protocol.error notice is best effort here (dspkd sends it only when no
+   * response is still queued for the connection), so only the close is
+   * required. */
+  fd = raw_connect();
+  const unsigned char ping[] = {0x94, 0x00, 0x01, 0xa4, 'p', 'i', 'n', 'g', 0x90};
+  raw_send(fd, ping, sizeof ping);
+  raw_send(fd, "\xd4\x01\x02 garbage", 11);
+  int code = read_until_closed(fd);
+  assert_true(code == 0 || code == DSPK_EPROTO);
+  close(fd);
+  /* Our connection was never disturbed. */
+  assert_daemon_alive();
+  int64_t s[1] = {16};
+  struct arr A = arr_new(DSPK_F64, 1, s, true);
+  dspk_tensor in = arr_tensor(&A);
+  dspk_task t;
+  dspk_result r;
+  dspk_task_init(&t, DSPK_OP_REDUCE);
+  t.inputs = &in;
+  t.ninputs = 1;
+  run_ok(&t, &r);
+  dspk_result_free(&r);
+  arr_free(&A);
+}
+
+/* Packs a task.run gemm request with n x n f64 inputs into sb. */
+static void pack_big_gemm(msgpack_sbuffer *sb, uint32_t msgid, int64_t n,
+                          const void *data) {
+  msgpack_packer pk;
+  msgpack_sbuffer_init(sb);
+  msgpack_packer_init(&pk, sb, msgpack_sbuffer_write);
+  dspk__pack_request_head(&pk, msgid, "task.run", true);
+  msgpack_pack_map(&pk, 3);
+  dspk__pack_str(&pk, "op");
+  dspk__pack_str(&pk, "gemm");
+  dspk__pack_str(&pk, "device");
+  dspk__pack_str(&pk, "cpu:0");
+  dspk__pack_str(&pk, "inputs");
+  msgpack_pack_array(&pk, 2);
+  for (int i = 0; i < 2; i++) {
+    int64_t shape[2] = {n, n};
+    msgpack_pack_map(&pk, 3);
+    dspk__pack_tensor_meta(&pk, DSPK_F64, 2, shape);
+    dspk__pack_str(&pk, "data");
+    msgpack_pack_bin_with_body(&pk, data, (size_t)(n * n * 8));
+  }
+}
+
+static void test_disconnect_mid_request(void **state) {
+  (void)state;
+  int64_t n = 300;
+  double *data = calloc((size_t)(n * n), sizeof(double));
+  msgpack_sbuffer sb;
+  pack_big_gemm(&sb, 1, n, data);
+  /* Half a request, then gone. */
+  int fd = raw_connect();
+  raw_send(fd, sb.data, sb.size / 2);
+  close(fd);
+  /* Whole requests, then gone before the answers (the tasks are canceled
+   * or finish into a closed connection). */
+  for (int i = 0; i < 3; i++) {
+    fd = raw_connect();
+    raw_send(fd, sb.data, sb.size);
+    raw_send(fd, sb.data, sb.size);
+    close(fd);
+  }
+  /* A client with buffers that disappears. */
+  dspk_client *c2;
+  uint64_t id;
+  assert_int_equal(dspk_connect(sockpath, "leaver", &c2), 0);
+  assert_int_equal(dspk_buffer_create(c2, "cpu:0", 1 << 20, &id), 0);
+  uint32_t tk;
+  dspk_tensor in[2];
+  int64_t shape[2] = {n, n};
+  dspk_tensor_inline(&in[0], DSPK_F64, 2, shape, data);
+  in[1] = in[0];
+  dspk_task t;
+  dspk_task_init(&t, DSPK_OP_GEMM);
+  t.inputs = in;
+  t.ninputs = 2;
+  assert_int_equal(dspk_submit(c2, &t, &tk), 0);
+  dspk_close(c2);
+  msgpack_sbuffer_destroy(&sb);
+  free(data);
+  /* The daemon keeps serving: a real task on our connection. */
+  assert_daemon_alive();
+  int64_t s[2] = {3, 3};
+  struct arr A = arr_new(DSPK_F64, 2, s, true);
+  dspk_tensor ain[2] = {arr_tensor(&A), arr_tensor(&A)};
+  dspk_result r;
+  dspk_task_init(&t, DSPK_OP_GEMM);
+  t.inputs = ain;
+  t.ninputs = 2;
+  run_ok(&t, &r);
+  struct arr ref = ref_gemm(&A, &A, NULL, false, false, 1, 0);
+  check_close(&r.out[0], &ref, 1e-12, 1e-12, "after disconnects");
+  dspk_result_free(&r);
+  arr_free(&ref);
+  arr_free(&A);
+}
+
+static void test_misc_api(void **state) {
+  (void)state;
+  char buf[8];
+  assert_string_equal(dspk_err_name(DSPK_ESHAPE), "ESHAPE");
+  assert_string_equal(dspk_strerror(DSPK_ENODEV), "no such device");
+  assert_string_equal(dspk_err_name(12345), "EUNKNOWN");
+  assert_int_equal(dspk_default_socket(buf, sizeof buf), DSPK_ELIMIT);
+  setenv("DSPK_SOCKET", "/x/y", 1);
+  assert_int_equal(dspk_default_socket(buf, sizeof buf), 0);
+  assert_string_equal(buf, "/x/y");
+  unsetenv("DSPK_SOCKET");
+  dspk_dtype dt;
+  assert_int_equal(dspk_dtype_from_name("c128", &dt), 0);
+  assert_int_equal(dt, DSPK_C128);
+  assert_int_equal(dspk_dtype_from_name("i8", &dt), DSPK_EDTYPE);
+  assert_int_equal(dspk_dtype_size(DSPK_C64), 8);
+  assert_true(dspk_fd(C) >= 0);
+  dspk_close(NULL);
+  dspk_result_free(NULL);
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2) {
+    fprintf(stderr, "usage: %s PATH-TO-DSPKD\n", argv[0]);
+    return 2;
+  }
+  dspkd_path = argv[1];
+  signal(SIGPIPE, SIG_IGN);
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_hello_ping),
+      cmocka_unit_test(test_devices_status),
+      cmocka_unit_test(test_gemm),
+      cmocka_unit_test(test_fft),
+      cmocka_unit_test(test_fir),
+      cmocka_unit_test(test_contract),
+      cmocka_unit_test(test_reduce),
+      cmocka_unit_test(test_map),
+      cmocka_unit_test(test_buffers),
+      cmocka_unit_test(test_inflight),
+      cmocka_unit_test(test_cancel),
+      cmocka_unit_test(test_bad_input),
+      cmocka_unit_test(test_garbage_closes),
+      cmocka_unit_test(test_disconnect_mid_request),
+      cmocka_unit_test(test_misc_api),
+  };
+  return cmocka_run_group_tests(tests, start_daemon, stop_daemon);
+}
