@@ -154,6 +154,13 @@ int dspk__retire_sync(struct dspk__retire *q) {
   return q->st.leaked != leaked ? DSPK_EDEVICE : 0;
 }
 
+void dspk__retire_abandon(struct dspk__retire *q) {
+  for (unsigned i = 0; i < q->n; i++)
+    release_entry(q, &q->q[i]);
+  q->n = 0;
+  update_in_flight(q);
+}
+
 void dspk__retire_fini(struct dspk__retire *q) {
   if (!q || !q->q)
     return;

@@ -93,6 +93,11 @@ int dspk__retire_drain(struct dspk__retire *q);
  * Returns 0, or DSPK_EDEVICE when something had to be leaked. */
 int dspk__retire_sync(struct dspk__retire *q);
 
+/* Releases every entry at once without waiting: only for a device whose
+ * context was destroyed (a fault), so nothing can still use the resources.
+ * Counted as released. */
+void dspk__retire_abandon(struct dspk__retire *q);
+
 /* Syncs (as dspk__retire_sync) and frees q's storage.  Accepts a queue that
  * was never initialised only if it was zeroed. */
 void dspk__retire_fini(struct dspk__retire *q);

@@ -1,0 +1,138 @@
+/*
+ * Internal header of the CUDA backend (backends/cuda/): the device, memory
+ * and fence structs, and the entry points shared by its files:
+ *
+ *   loader.c   dlopen of libcuda, NVRTC, cuBLAS, cuFFT (cuda_api.h)
+ *   cuda.c     the backend table: probe, open/close, memory, fences, faults
+ *   nvrtc.c    NVRTC compilation through the kernel cache, modules
+ *   ops.c      gemm, fft, fir, reduce, map, contract, raw kernels
+ *
+ * Every function here runs on the device's runner thread (probe excepted).
+ */
+#ifndef DSPK_BACKENDS_CUDA_CUDA_INTERNAL_H
+#define DSPK_BACKENDS_CUDA_CUDA_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backends/backend.h"
+#include "backends/common/plancache.h"
+#include "backends/common/pool.h"
+#include "backends/common/retire.h"
+#include "backends/cuda/cuda_api.h"
+#include "backends/kernels/kernels.h"
+
+#define DSPK__CUDA_MAX_DEVICES 16
+#define DSPK__CUDA_BLAS_WORKSPACE ((size_t)32 << 20)
+
+extern const struct dspk__backend dspk__backend_cuda;
+
+/* A block of device memory.  gen is the context generation it was made in:
+ * after a fault rebuilds the context, older blocks are gone. */
+struct dspk__mem {
+  struct dspk__pool_block *blk;
+  CUdeviceptr ptr;
+  size_t size;
+  uint32_t gen;
+};
+
+struct dspk__fence {
+  CUevent ev;
+  uint32_t gen;
+};
+
+/* A compiled module of a generated kernel family for one dtype. */
+struct dspk__cuda_module {
+  CUmodule mod;
+  int loaded;
+};
+
+struct dspk__dev {
+  int index;
+  CUdevice cudev;
+  CUcontext ctx;
+  CUstream stream;
+  struct dspk__devenv env;
+  struct dspk__devinfo info;
+  char arch[32];       /* "sm_90" */
+  char driver_ver[32]; /* "13.0" */
+  char nvrtc_ver[32];  /* "13.0" */
+  int sms;             /* multiprocessors */
+  uint32_t gen;        /* context generation, bumped by a rebuild */
+  int ctx_dead;        /* a sticky error killed the context */
+  char fault[256];     /* the last fault, for the next error message */
+
+  struct dspk__pool pool;
+  struct dspk__retire retire;
+  struct dspk__plancache fft_plans, contract_plans, raw_modules;
+  int sync_on_evict;   /* benchmark switch: barrier instead of retirement */
+
+  /* Spare events, so recording a fence costs no cuEventCreate. */
+  CUevent spare[64];
+  int nspare;
+
+  cublasHandle_t blas;
+  struct dspk__pool_block *blas_ws;
+
+  struct dspk__cuda_module mods[DSPK__K_COUNT][DSPK_DTYPE_COUNT];
+
+  uint64_t kernels_compiled, kernel_cache_hits, faults;
+};
+
+/* Formats a CUDA driver error "cuX: CUDA_ERROR_Y (text)" into ctx->errmsg
+ * (when ctx is not NULL), marks the context dead for sticky errors and
+ * returns the dspk_errno for it. */
+int dspk__cuda_err(struct dspk__dev *dev, struct dspk__opctx *ctx,
+                   const char *what, CUresult r);
+/* Writes a message into ctx->errmsg (when there is one) and returns code. */
+int dspk__cuda_msg(struct dspk__opctx *ctx, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Device pointer of a tensor's first element. */
+static inline CUdeviceptr dspk__cuda_ptr(const struct dspk__tensor *t) {
+  return t->mem->ptr + t->offset;
+}
+
+/* Temporary device memory for one op: from the pool, and handed back through
+ * the retirement queue with dspk__cuda_tmp_free (never released early). */
+int dspk__cuda_tmp_alloc(struct dspk__dev *dev, size_t n,
+                         struct dspk__pool_block **out);
+void dspk__cuda_tmp_free(struct dspk__dev *dev, struct dspk__pool_block *b);
+/* Hands any resource to the retirement queue, or (sync_on_evict) waits for
+ * the stream and releases at once. */
+void dspk__cuda_retire(struct dspk__dev *dev, dspk__retire_release_fn fn,
+                       void *ud, void *res);
+
+/* nvrtc.c.  Compiles src for dev's arch (or `arch` when dev is NULL) through
+ * the kernel cache; writes a malloc'd cubin.  Returns 0, DSPK_ECOMPILE with
+ * the compiler log in log, or another dspk_errno. */
+int dspk__cuda_compile(struct dspk__dev *dev, const char *arch,
+                       const char *name, const char *src, size_t len,
+                       void **cubin, size_t *cubin_len, char *log,
+                       size_t loglen);
+/* The function `entry` of a generated family's module for dtype dt,
+ * compiling and loading it on first use. */
+int dspk__cuda_kfunc(struct dspk__dev *dev, enum dspk__kfamily f, dspk_dtype dt,
+                     const char *entry, CUfunction *out,
+                     struct dspk__opctx *ctx);
+/* Unloads every generated module (close, rebuild). */
+void dspk__cuda_modules_unload(struct dspk__dev *dev);
+/* Launches a 1-D grid-stride kernel over n items. */
+int dspk__cuda_launch1d(struct dspk__dev *dev, CUfunction fn, int64_t n,
+                        void **args, struct dspk__opctx *ctx);
+
+/* ops.c */
+int dspk__cuda_run(struct dspk__dev *dev, struct dspk__op *op,
+                   struct dspk__opctx *ctx);
+void dspk__cuda_fft_plan_evict(void *ud, void *plan);
+void dspk__cuda_contract_plan_evict(void *ud, void *plan);
+void dspk__cuda_raw_module_evict(void *ud, void *mod);
+
+/* Test and benchmark hooks (declared here, used by tests/cuda and
+ * bench/cuda): switch plan eviction to a stream synchronize, and read the
+ * compile counters. */
+void dspk__cuda_set_sync_on_evict(struct dspk__dev *dev, int on);
+CUstream dspk__cuda_stream(struct dspk__dev *dev);
+cublasHandle_t dspk__cuda_blas(struct dspk__dev *dev);
+
+#endif /* DSPK_BACKENDS_CUDA_CUDA_INTERNAL_H */

@@ -1,0 +1,205 @@
+/*
+ * Run-time loading of the CUDA libraries (see cuda_api.h).  Each library is
+ * looked for under its sonames, newest first, in the dynamic linker's path,
+ * then in DSPK_CUDA_LIBDIR and /usr/local/cuda/lib64.  A library that
+ * cannot be opened or lacks a symbol leaves its table empty and reports why;
+ * the result is remembered so later calls cost nothing.
+ */
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backends/cuda/cuda_api.h"
+#include "dspk/errors.h"
+
+struct dspk__cu_api dspk__cu;
+struct dspk__nvrtc_api dspk__nvrtc;
+struct dspk__cublas_api dspk__cublas;
+struct dspk__cufft_api dspk__cufft;
+
+#define STR2(x) #x
+#define STR(x) STR2(x)
+
+struct loadstate {
+  int done, rc;
+  char why[160];
+};
+static struct loadstate st_cu, st_nvrtc, st_cublas, st_cufft;
+
+static void *open_one(const char *const *names, char *tried, size_t len) {
+  static const char *const dirs[] = {NULL, "$", "/usr/local/cuda/lib64",
+                                     "/usr/local/cuda/targets/x86_64-linux/lib"};
+  const char *env = getenv("DSPK_CUDA_LIBDIR");
+  tried[0] = 0;
+  for (size_t d = 0; d < sizeof(dirs) / sizeof(dirs[0]); d++) {
+    const char *dir = dirs[d];
+    if (dir && dir[0] == '$') {
+      if (!env || !*env)
+        continue;
+      dir = env;
+    }
+    for (size_t i = 0; names[i]; i++) {
+      char path[512];
+      void *h;
+      if (dir)
+        snprintf(path, sizeof(path), "%s/%s", dir, names[i]);
+      else
+        snprintf(path, sizeof(path), "%s", names[i]);
+      h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+      if (h)
+        return h;
+    }
+  }
+  snprintf(tried, len, "%s not found", names[0]);
+  return NULL;
+}
+
+static void finish(struct loadstate *s, char *why, size_t whylen) {
+  if (why && whylen)
+    snprintf(why, whylen, "%s", s->rc ? s->why : "");
+}
+
+#define RESOLVE(tbl, f)                                                        \
+  do {                                                                         \
+    *(void **)&tbl.f = dlsym(tbl.lib, STR(f));                                 \
+    if (!tbl.f) {                                                              \
+      snprintf(s->why, sizeof(s->why), "%s lacks %s", libname, STR(f));        \
+      goto fail;                                                               \
+    }                                                                          \
+  } while (0);
+
+int dspk__cuda_load_driver(char *why, size_t whylen) {
+  struct loadstate *s = &st_cu;
+  const char *libname = "libcuda.so.1";
+  if (!s->done) {
+    const char *over = getenv("DSPK_CUDA_DRIVER");
+    s->done = 1;
+    s->rc = 0;
+    if (over && *over) {
+      libname = over;
+      dspk__cu.lib = dlopen(over, RTLD_NOW | RTLD_LOCAL);
+    } else {
+      dspk__cu.lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    }
+    if (!dspk__cu.lib) {
+      snprintf(s->why, sizeof(s->why), "%s not found (no NVIDIA driver)",
+               libname);
+      s->rc = DSPK_ENODEV;
+      goto out;
+    }
+#define XX(f) RESOLVE(dspk__cu, f)
+    DSPK__CU_FUNCS(XX)
+#undef XX
+    goto out;
+  fail:
+    dlclose(dspk__cu.lib);
+    memset(&dspk__cu, 0, sizeof(dspk__cu));
+    s->rc = DSPK_ENODEV;
+  }
+out:
+  finish(s, why, whylen);
+  return s->rc;
+}
+
+int dspk__cuda_load_nvrtc(char *why, size_t whylen) {
+  static const char *const names[] = {"libnvrtc.so.13", "libnvrtc.so.12",
+                                      "libnvrtc.so", NULL};
+  struct loadstate *s = &st_nvrtc;
+  const char *libname = "libnvrtc";
+  if (!s->done) {
+    s->done = 1;
+    s->rc = 0;
+    dspk__nvrtc.lib = open_one(names, s->why, sizeof(s->why));
+    if (!dspk__nvrtc.lib) {
+      s->rc = DSPK_ENOTSUP;
+      goto out;
+    }
+#define XX(f) RESOLVE(dspk__nvrtc, f)
+    DSPK__NVRTC_FUNCS(XX)
+#undef XX
+    if (dspk__nvrtc.nvrtcVersion(&dspk__nvrtc.major, &dspk__nvrtc.minor) !=
+        NVRTC_SUCCESS) {
+      snprintf(s->why, sizeof(s->why), "nvrtcVersion failed");
+      goto fail;
+    }
+    goto out;
+  fail:
+    dlclose(dspk__nvrtc.lib);
+    memset(&dspk__nvrtc, 0, sizeof(dspk__nvrtc));
+    s->rc = DSPK_ENOTSUP;
+  }
+out:
+  finish(s, why, whylen);
+  return s->rc;
+}
+
+int dspk__cuda_load_cublas(char *why, size_t whylen) {
+  static const char *const names[] = {"libcublas.so.13", "libcublas.so.12",
+                                      "libcublas.so", NULL};
+  struct loadstate *s = &st_cublas;
+  const char *libname = "libcublas";
+  if (!s->done) {
+    s->done = 1;
+    s->rc = 0;
+    dspk__cublas.lib = open_one(names, s->why, sizeof(s->why));
+    if (!dspk__cublas.lib) {
+      s->rc = DSPK_ENOTSUP;
+      goto out;
+    }
+#define XX(f) RESOLVE(dspk__cublas, f)
+    DSPK__CUBLAS_FUNCS(XX)
+#undef XX
+    goto out;
+  fail:
+    dlclose(dspk__cublas.lib);
+    memset(&dspk__cublas, 0, sizeof(dspk__cublas));
+    s->rc = DSPK_ENOTSUP;
+  }
+out:
+  finish(s, why, whylen);
+  return s->rc;
+}
+
+int dspk__cuda_load_cufft(char *why, size_t whylen) {
+  static const char *const names[] = {"libcufft.so.12", "libcufft.so.11",
+                                      "libcufft.so", NULL};
+  struct loadstate *s = &st_cufft;
+  const char *libname = "libcufft";
+  if (!s->done) {
+    s->done = 1;
+    s->rc = 0;
+    dspk__cufft.lib = open_one(names, s->why, sizeof(s->why));
+    if (!dspk__cufft.lib) {
+      s->rc = DSPK_ENOTSUP;
+      goto out;
+    }
+#define XX(f) RESOLVE(dspk__cufft, f)
+    DSPK__CUFFT_FUNCS(XX)
+#undef XX
+    goto out;
+  fail:
+    dlclose(dspk__cufft.lib);
+    memset(&dspk__cufft, 0, sizeof(dspk__cufft));
+    s->rc = DSPK_ENOTSUP;
+  }
+out:
+  finish(s, why, whylen);
+  return s->rc;
+}
+
+void dspk__cuda_unload(void) {
+  /* The libraries stay mapped: cuBLAS and cuFFT carry a static CUDA runtime
+   * that registers exit handlers, and libcuda keeps threads of its own, so
+   * dlclose() before exit invites crashes at exit.  Only the tables and the
+   * remembered results are reset (a later load dlopens again, which just
+   * takes another reference). */
+  memset(&dspk__cufft, 0, sizeof(dspk__cufft));
+  memset(&dspk__cublas, 0, sizeof(dspk__cublas));
+  memset(&dspk__nvrtc, 0, sizeof(dspk__nvrtc));
+  memset(&dspk__cu, 0, sizeof(dspk__cu));
+  memset(&st_cu, 0, sizeof(st_cu));
+  memset(&st_nvrtc, 0, sizeof(st_nvrtc));
+  memset(&st_cublas, 0, sizeof(st_cublas));
+  memset(&st_cufft, 0, sizeof(st_cufft));
+}

@@ -1,0 +1,746 @@
+/*
+ * The ops of the CUDA backend, enqueued on the device's stream: gemm
+ * through cuBLAS, fft through cuFFT (plans in an LRU cache, work areas from
+ * the pool), fir/reduce/map through the generated kernels of
+ * backends/kernels/ (NVRTC), contract as reduce + permutation kernels +
+ * strided-batched cuBLAS gemm with an LRU plan cache whose evictions retire
+ * the plan's workspaces through the retirement queue, and raw CUDA C
+ * kernels.  Semantics follow the cpu backend (backends/op.h).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backends/cuda/cuda_internal.h"
+#include "cache/cache.h"
+
+#define CU dspk__cu
+#define BL dspk__cublas
+#define FF dspk__cufft
+
+/* Mirrors of the kernels' parameter structs (backends/kernels/). */
+struct rdesc {
+  int nkeep, nred;
+  int64_t keep_shape[8], keep_stride[8], red_shape[8], red_stride[8];
+  int64_t nout, nred_total;
+};
+struct pdesc {
+  int rank;
+  int64_t shape[8], stride[8];
+  int64_t n;
+};
+
+static int blas_err(struct dspk__opctx *ctx, const char *what, int s) {
+  return dspk__cuda_msg(ctx, DSPK_EDEVICE, "%s failed: cuBLAS status %d", what, s);
+}
+
+/* C-order element strides of a shape. */
+static void strides_of(const int64_t *shape, int rank, int64_t *st) {
+  int64_t s = 1;
+  for (int i = rank - 1; i >= 0; i--) {
+    st[i] = s;
+    s *= shape[i];
+  }
+}
+
+/* Copies src (element size esz) into the contiguous dst of shape d->shape,
+ * reading src at d->stride (0 broadcasts). */
+static int permute(struct dspk__dev *dev, CUdeviceptr src, CUdeviceptr dst,
+                   size_t esz, struct pdesc *d, struct dspk__opctx *ctx) {
+  char entry[32];
+  CUfunction fn;
+  void *args[3] = {&src, &dst, d};
+  int rc;
+  d->n = 1;
+  for (int i = 0; i < d->rank; i++)
+    d->n *= d->shape[i];
+  if (d->n == 0)
+    return 0;
+  snprintf(entry, sizeof(entry), "dspk_permute_%zu", esz);
+  if ((rc = dspk__cuda_kfunc(dev, DSPK__K_PERMUTE, DSPK_F32, entry, &fn, ctx)))
+    return rc;
+  return dspk__cuda_launch1d(dev, fn, d->n, args, ctx);
+}
+
+static int map_scale(struct dspk__dev *dev, CUdeviceptr p, dspk_dtype dt,
+                     int64_t n, double alpha, struct dspk__opctx *ctx) {
+  CUfunction fn;
+  void *args[5] = {&p, &p, &p, &n, &alpha};
+  int rc = dspk__cuda_kfunc(dev, DSPK__K_MAP, dt, "dspk_map_scale", &fn, ctx);
+  return rc ? rc : dspk__cuda_launch1d(dev, fn, n, args, ctx);
+}
+
+/* ---- gemm ---------------------------------------------------------------- */
+
+/* One strided-batched gemm in row-major terms: C[b] (M,N) = alpha op(A[b])
+ * op(B[b]) + beta C[b], through cuBLAS's column-major C^T = op(B)^T op(A)^T. */
+static int gemm_rm(struct dspk__dev *dev, dspk_dtype dt, int ta, int tb,
+                   int64_t M, int64_t N, int64_t K, double alpha,
+                   CUdeviceptr A, int64_t sa, CUdeviceptr B, int64_t sb,
+                   double beta, CUdeviceptr C, int64_t sc, int64_t batch,
+                   struct dspk__opctx *ctx) {
+  cublasOperation_t oa = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+  cublasOperation_t ob = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+  int lda = (int)(ta ? M : K), ldb = (int)(tb ? K : N), ldc = (int)N;
+  int m = (int)N, n = (int)M, k = (int)K, nb = (int)batch;
+  void *pa = (void *)(uintptr_t)A, *pb = (void *)(uintptr_t)B, *pc = (void *)(uintptr_t)C;
+  cublasStatus_t s;
+  if (M > INT32_MAX || N > INT32_MAX || K > INT32_MAX || batch > INT32_MAX)
+    return dspk__cuda_msg(ctx, DSPK_ELIMIT, "gemm: a dimension exceeds 2^31-1");
+  if (lda < 1) lda = 1;
+  if (ldb < 1) ldb = 1;
+  if (ldc < 1) ldc = 1;
+  switch (dt) {
+  case DSPK_F32: {
+    float a = (float)alpha, b = (float)beta;
+    s = batch == 1 ? BL.cublasSgemm(dev->blas, ob, oa, m, n, k, &a, pb, ldb, pa, lda, &b, pc, ldc)
+                   : BL.cublasSgemmStridedBatched(dev->blas, ob, oa, m, n, k, &a, pb, ldb, sb,
+                                                  pa, lda, sa, &b, pc, ldc, sc, nb);
+    return s ? blas_err(ctx, "cublasSgemm", s) : 0;
+  }
+  case DSPK_F64:
+    s = batch == 1 ? BL.cublasDgemm(dev->blas, ob, oa, m, n, k, &alpha, pb, ldb, pa, lda, &beta, pc, ldc)
+                   : BL.cublasDgemmStridedBatched(dev->blas, ob, oa, m, n, k, &alpha, pb, ldb, sb,
+                                                  pa, lda, sa, &beta, pc, ldc, sc, nb);
+    return s ? blas_err(ctx, "cublasDgemm", s) : 0;
+  case DSPK_C64: {
+    cuComplex a = {(float)alpha, 0}, b = {(float)beta, 0};
+    s = BL.cublasCgemmStridedBatched(dev->blas, ob, oa, m, n, k, &a, pb, ldb, sb, pa, lda,
+                                     sa, &b, pc, ldc, sc, nb);
+    return s ? blas_err(ctx, "cublasCgemmStridedBatched", s) : 0;
+  }
+  case DSPK_C128: {
+    cuDoubleComplex a = {alpha, 0}, b = {beta, 0};
+    s = BL.cublasZgemmStridedBatched(dev->blas, ob, oa, m, n, k, &a, pb, ldb, sb, pa, lda,
+                                     sa, &b, pc, ldc, sc, nb);
+    return s ? blas_err(ctx, "cublasZgemmStridedBatched", s) : 0;
+  }
+  case DSPK_F16:
+  case DSPK_BF16: {
+    float a = (float)alpha, b = (float)beta;
+    cudaDataType_t in = dt == DSPK_F16 ? CUDA_R_16F : CUDA_R_16BF;
+    s = batch == 1
+            ? BL.cublasGemmEx(dev->blas, ob, oa, m, n, k, &a, pb, in, ldb, pa, in, lda, &b,
+                              pc, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT)
+            : BL.cublasGemmStridedBatchedEx(dev->blas, ob, oa, m, n, k, &a, pb, in, ldb, sb,
+                                            pa, in, lda, sa, &b, pc, CUDA_R_32F, ldc, sc, nb,
+                                            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    return s ? blas_err(ctx, "cublasGemmEx", s) : 0;
+  }
+  default:
+    return dspk__cuda_msg(ctx, DSPK_EDTYPE, "gemm: dtype %s not supported on cuda",
+                          dspk__dtype_name(dt));
+  }
+}
+
+/* Maps output batch index b to the element offset of a batch operand T
+ * (broadcast dims contribute 0); the last two dims are the matrix. */
+static int64_t batch_offset(const struct dspk__tensor *T, const struct dspk__tensor *O,
+                            int64_t b) {
+  int64_t off = 0, st = T->shape[T->rank - 1] * T->shape[T->rank - 2];
+  for (int i = O->rank - 3; i >= 0; i--) {
+    int ti = i - (O->rank - T->rank);
+    int64_t idx = b % O->shape[i];
+    b /= O->shape[i];
+    if (ti >= 0) {
+      if (T->shape[ti] != 1)
+        off += idx * st;
+      st *= T->shape[ti];
+    }
+  }
+  return off;
+}
+
+/* The constant batch stride of T against O, or -1 when none fits. */
+static int64_t batch_stride(const struct dspk__tensor *T, const struct dspk__tensor *O) {
+  int64_t nb = 1, mat = T->shape[T->rank - 1] * T->shape[T->rank - 2];
+  for (int i = 0; i < T->rank - 2; i++)
+    nb *= T->shape[i];
+  if (nb == 1)
+    return 0;
+  if (T->rank != O->rank)
+    return -1;
+  for (int i = 0; i < T->rank - 2; i++)
+    if (T->shape[i] != O->shape[i])
+      return -1;
+  return mat;
+}
+
+static int op_gemm(struct dspk__dev *dev, struct dspk__op *op, struct dspk__opctx *ctx) {
+  const struct dspk__tensor *A = &op->in[0], *B = &op->in[1], *O = &op->out[0];
+  int ta = op->u.gemm.trans_a != 0, tb = op->u.gemm.trans_b != 0;
+  int64_t M = O->shape[O->rank - 2], N = O->shape[O->rank - 1];
+  int64_t K = ta ? A->shape[A->rank - 2] : A->shape[A->rank - 1];
+  int64_t nb = 1, sa, sb;
+  size_t isz = dspk__dtype_size(A->dtype), osz = dspk__dtype_size(O->dtype);
+  double beta = 0;
+  int rc;
+  if (!dev->blas)
+    return dspk__cuda_msg(ctx, DSPK_ENOTSUP, "gemm: cuBLAS is not available on this host");
+  for (int i = 0; i < O->rank - 2; i++)
+    nb *= O->shape[i];
+  if (nb * M * N == 0)
+    return 0;
+  if (op->nin == 3) {
+    /* out = broadcast(C), then the gemm accumulates into it with beta. */
+    const struct dspk__tensor *C = &op->in[2];
+    struct pdesc d = {0};
+    int64_t cst[DSPK_MAX_RANK];
+    strides_of(C->shape, C->rank, cst);
+    d.rank = O->rank;
+    for (int i = 0; i < O->rank; i++) {
+      int ci = i - (O->rank - C->rank);
+      d.shape[i] = O->shape[i];
+      d.stride[i] = (ci >= 0 && C->shape[ci] != 1) ? cst[ci] : 0;
+    }
+    if ((rc = permute(dev, dspk__cuda_ptr(C), dspk__cuda_ptr(O), osz, &d, ctx)))
+      return rc;
+    beta = op->u.gemm.beta;
+  }
+  if (K == 0) {
+    /* An empty sum: out = beta*C (or 0). */
+    if (op->nin == 3)
+      return map_scale(dev, dspk__cuda_ptr(O), O->dtype, nb * M * N, beta, ctx);
+    CUresult r = CU.cuMemsetD8Async(dspk__cuda_ptr(O), 0, (size_t)(nb * M * N) * osz, dev->stream);
+    return r ? dspk__cuda_err(dev, ctx, "cuMemsetD8Async", r) : 0;
+  }
+  sa = batch_stride(A, O);
+  sb = batch_stride(B, O);
+  if (sa >= 0 && sb >= 0)
+    return gemm_rm(dev, A->dtype, ta, tb, M, N, K, op->u.gemm.alpha, dspk__cuda_ptr(A), sa,
+                   dspk__cuda_ptr(B), sb, beta, dspk__cuda_ptr(O), M * N, nb, ctx);
+  /* Batch shapes that broadcast both ways: one gemm per output matrix. */
+  for (int64_t b = 0; b < nb; b++) {
+    rc = gemm_rm(dev, A->dtype, ta, tb, M, N, K, op->u.gemm.alpha,
+                 dspk__cuda_ptr(A) + (CUdeviceptr)(batch_offset(A, O, b) * (int64_t)isz), 0,
+                 dspk__cuda_ptr(B) + (CUdeviceptr)(batch_offset(B, O, b) * (int64_t)isz), 0,
+                 beta, dspk__cuda_ptr(O) + (CUdeviceptr)(b * M * N * (int64_t)osz), 0, 1, ctx);
+    if (rc)
+      return rc;
+  }
+  return 0;
+}
+
+/* ---- fft ----------------------------------------------------------------- */
+
+struct fftplan {
+  cufftHandle h;
+  struct dspk__pool_block *ws;
+  struct dspk__dev *dev;
+};
+
+static void fftplan_release(void *ud, void *p) {
+  struct fftplan *pl = p;
+  (void)ud;
+  FF.cufftDestroy(pl->h);
+  if (pl->ws)
+    dspk__pool_put(&pl->dev->pool, pl->ws);
+  free(pl);
+}
+
+void dspk__cuda_fft_plan_evict(void *ud, void *plan) {
+  /* The plan and its work area may still be in use by queued transforms. */
+  dspk__cuda_retire(ud, fftplan_release, NULL, plan);
+}
+
+static int op_fft(struct dspk__dev *dev, struct dspk__op *op, struct dspk__opctx *ctx) {
+  const struct dspk__tensor *X = &op->in[0], *Y = &op->out[0];
+  long long n = X->shape[X->rank - 1], nout = Y->shape[Y->rank - 1];
+  long long batch = n ? dspk__tensor_numel(X) / n : 0;
+  cufftType type;
+  struct { int type; long long n, batch; } key;
+  struct fftplan *pl;
+  cufftResult s;
+  void *in = (void *)(uintptr_t)dspk__cuda_ptr(X), *out = (void *)(uintptr_t)dspk__cuda_ptr(Y);
+  int rc;
+  if (!FF.lib)
+    return dspk__cuda_msg(ctx, DSPK_ENOTSUP, "fft: cuFFT is not available on this host");
+  if (batch == 0)
+    return 0;
+  switch (X->dtype) {
+  case DSPK_C64: type = CUFFT_C2C; break;
+  case DSPK_C128: type = CUFFT_Z2Z; break;
+  case DSPK_F32: type = CUFFT_R2C; break;
+  case DSPK_F64: type = CUFFT_D2Z; break;
+  default:
+    return dspk__cuda_msg(ctx, DSPK_EDTYPE, "fft: dtype %s not supported",
+                          dspk__dtype_name(X->dtype));
+  }
+  memset(&key, 0, sizeof(key));
+  key.type = type;
+  key.n = n;
+  key.batch = batch;
+  pl = dspk__plancache_get(&dev->fft_plans, &key, sizeof(key));
+  if (!pl) {
+    size_t ws = 0;
+    long long nn = n;
+    pl = calloc(1, sizeof(*pl));
+    if (!pl)
+      return DSPK_ENOMEM;
+    pl->dev = dev;
+    if ((s = FF.cufftCreate(&pl->h)) != CUFFT_SUCCESS) {
+      free(pl);
+      return dspk__cuda_msg(ctx, DSPK_EDEVICE, "cufftCreate failed: %d", s);
+    }
+    FF.cufftSetAutoAllocation(pl->h, 0);
+    s = FF.cufftMakePlanMany64(pl->h, 1, &nn, NULL, 1, n, NULL, 1, nout, type, batch, &ws);
+    if (s != CUFFT_SUCCESS) {
+      FF.cufftDestroy(pl->h);
+      free(pl);
+      return dspk__cuda_msg(ctx, s == CUFFT_ALLOC_FAILED ? DSPK_ENOMEM : DSPK_EDEVICE,
+                            "fft: cufftMakePlanMany64 (n=%lld, batch=%lld) failed: %d",
+                            n, batch, s);
+    }
+    FF.cufftSetStream(pl->h, (cudaStream_t)dev->stream);
+    if (ws > 0) {
+      if ((rc = dspk__cuda_tmp_alloc(dev, ws, &pl->ws))) {
+        FF.cufftDestroy(pl->h);
+        free(pl);
+        return dspk__cuda_msg(ctx, rc, "fft: no device memory for a %zu-byte work area", ws);
+      }
+      FF.cufftSetWorkArea(pl->h, (void *)(uintptr_t)pl->ws->handle);
+    }
+    dspk__plancache_put(&dev->fft_plans, &key, sizeof(key), pl);
+  }
+  switch (type) {
+  case CUFFT_C2C:
+    s = FF.cufftExecC2C(pl->h, in, out, op->u.fft.inverse ? CUFFT_INVERSE : CUFFT_FORWARD);
+    break;
+  case CUFFT_Z2Z:
+    s = FF.cufftExecZ2Z(pl->h, in, out, op->u.fft.inverse ? CUFFT_INVERSE : CUFFT_FORWARD);
+    break;
+  case CUFFT_R2C: s = FF.cufftExecR2C(pl->h, in, out); break;
+  default: s = FF.cufftExecD2Z(pl->h, in, out); break;
+  }
+  if (s != CUFFT_SUCCESS)
+    return dspk__cuda_msg(ctx, DSPK_EDEVICE, "fft: cufftExec failed: %d", s);
+  if (op->u.fft.inverse)
+    return map_scale(dev, dspk__cuda_ptr(Y), Y->dtype, dspk__tensor_numel(Y), 1.0 / (double)n, ctx);
+  return 0;
+}
+
+/* ---- fir, map, reduce ---------------------------------------------------- */
+
+static int op_fir(struct dspk__dev *dev, struct dspk__op *op, struct dspk__opctx *ctx) {
+  const struct dspk__tensor *X = &op->in[0], *H = &op->in[1], *Y = &op->out[0];
+  CUdeviceptr x = dspk__cuda_ptr(X), h = dspk__cuda_ptr(H), y = dspk__cuda_ptr(Y);
+  int64_t n = X->shape[X->rank - 1], total = dspk__tensor_numel(X);
+  int k;
+  CUfunction fn;
+  void *args[6] = {&x, &h, &y, &n, &k, &total};
+  int rc;
+  if (H->shape[0] > INT32_MAX)
+    return dspk__cuda_msg(ctx, DSPK_ELIMIT, "fir: H has more than 2^31-1 taps");
+  k = (int)H->shape[0];
+  if (total == 0)
+    return 0;
+  if ((rc = dspk__cuda_kfunc(dev, DSPK__K_FIR, X->dtype, "dspk_fir", &fn, ctx)))
+    return rc;
+  return dspk__cuda_launch1d(dev, fn, total, args, ctx);
+}
+
+static int op_map(struct dspk__dev *dev, struct dspk__op *op, struct dspk__opctx *ctx) {
+  static const char *const names[] = {
+#define XX(e, name, n) "dspk_map_" name,
+      DSPK_MAPFN_MAP(XX)
+#undef XX
+  };
+  const struct dspk__tensor *A = &op->in[0], *O = &op->out[0];
+  CUdeviceptr a = dspk__cuda_ptr(A), b = op->nin > 1 ? dspk__cuda_ptr(&op->in[1]) : a;
+  CUdeviceptr o = dspk__cuda_ptr(O);
+  int64_t n = dspk__tensor_numel(A);
+  double alpha = op->u.map.alpha;
+  void *args[5] = {&a, &b, &o, &n, &alpha};
+  CUfunction fn;
+  int rc;
+  if (n == 0)
+    return 0;
+  if ((rc = dspk__cuda_kfunc(dev, DSPK__K_MAP, A->dtype, names[op->u.map.fn], &fn, ctx)))
+    return rc;
+  return dspk__cuda_launch1d(dev, fn, n, args, ctx);
+}
+
+/* Reduces X (contiguous, shape/rank) over the axes in mask into out. */
+static int reduce_into(struct dspk__dev *dev, dspk_dtype dt, const int64_t *shape,
+                       int rank, uint32_t mask, int fn_code, CUdeviceptr x,
+                       CUdeviceptr out, struct dspk__opctx *ctx) {
+  struct rdesc d;
+  int64_t st[DSPK_MAX_RANK];
+  void *args[4] = {&x, &out, &d, &fn_code};
+  CUfunction fn;
+  CUresult r;
+  int rc;
+  memset(&d, 0, sizeof(d));
+  strides_of(shape, rank, st);
+  d.nout = d.nred_total = 1;
+  for (int i = 0; i < rank; i++) {
+    if (mask & (1u << i)) {
+      d.red_shape[d.nred] = shape[i];
+      d.red_stride[d.nred++] = st[i];
+      d.nred_total *= shape[i];
+    } else {
+      d.keep_shape[d.nkeep] = shape[i];
+      d.keep_stride[d.nkeep++] = st[i];
+      d.nout *= shape[i];
+    }
+  }
+  if (d.nout == 0)
+    return 0;
+  if (d.nred_total >= 64 || d.nout < (int64_t)dev->sms * 64) {
+    int64_t blocks = d.nout < (int64_t)dev->sms * 32 ? d.nout : (int64_t)dev->sms * 32;
+    if ((rc = dspk__cuda_kfunc(dev, DSPK__K_REDUCE, dt, "dspk_reduce_block", &fn, ctx)))
+      return rc;
+    r = CU.cuLaunchKernel(fn, (unsigned)blocks, 1, 1, 256, 1, 1, 0, dev->stream, args, NULL);
+    return r ? dspk__cuda_err(dev, ctx, "cuLaunchKernel", r) : 0;
+  }
+  if ((rc = dspk__cuda_kfunc(dev, DSPK__K_REDUCE, dt, "dspk_reduce_thread", &fn, ctx)))
+    return rc;
+  return dspk__cuda_launch1d(dev, fn, d.nout, args, ctx);
+}
+
+static int op_reduce(struct dspk__dev *dev, struct dspk__op *op, struct dspk__opctx *ctx) {
+  const struct dspk__tensor *X = &op->in[0];
+  uint32_t axes = op->u.reduce.axes;
+  if (axes == 0)
+    axes = X->rank ? (uint32_t)((1ull << X->rank) - 1) : 0;
+  return reduce_into(dev, X->dtype, X->shape, X->rank, axes, (int)op->u.reduce.fn,
+                     dspk__cuda_ptr(X), dspk__cuda_ptr(&op->out[0]), ctx);
+}
+
+/* ---- contract ------------------------------------------------------------ */
+
+/* A contraction plan: A and B are first reduced over labels that appear
+ * nowhere else (when any), permuted to [batch, M, K] and [batch, K, N]
+ * (when not already so), multiplied by one strided-batched gemm into
+ * [batch, M, N], which is permuted into the output's order (when needed).
+ * The workspaces live as long as the plan and are retired with it. */
+struct cplan {
+  struct dspk__dev *dev;
+  dspk_dtype dt;
+  int64_t nb, M, N, K;
+  /* reductions of A and B */
+  int red[2];
+  uint32_t red_mask[2];
+  int64_t shape[2][DSPK_MAX_RANK];
+  int rank[2];
+  /* permutations of the (reduced) operands and of the product */
+  int perm[3];
+  struct pdesc pd[3];
+  struct dspk__pool_block *ws_red[2], *ws_perm[3];
+};
+
+static void cplan_release(void *ud, void *p) {
+  struct cplan *pl = p;
+  (void)ud;
+  for (int i = 0; i < 2; i++)
+    dspk__pool_put(&pl->dev->pool, pl->ws_red[i]);
+  for (int i = 0; i < 3; i++)
+    dspk__pool_put(&pl->dev->pool, pl->ws_perm[i]);
+  free(pl);
+}
+
+void dspk__cuda_contract_plan_evict(void *ud, void *plan) {
+  /* Never a stream synchronize: the workspaces go back to the pool once an
+   * event behind their last use completes (or, with the benchmark switch,
+   * after a synchronize, to measure what that costs). */
+  dspk__cuda_retire(ud, cplan_release, NULL, plan);
+}
+
+static int cplan_make(struct dspk__dev *dev, const struct dspk__op *op, struct cplan **out,
+                      struct dspk__opctx *ctx) {
+  const struct dspk__tensor *T[2] = {&op->in[0], &op->in[1]};
+  const struct dspk__tensor *O = &op->out[0];
+  char lab[3][DSPK_MAX_RANK + 1], msg[256];
+  int64_t size[128];
+  char bl[DSPK_MAX_RANK], ml[DSPK_MAX_RANK], nl[DSPK_MAX_RANK], kl[DSPK_MAX_RANK];
+  int nbl = 0, nml = 0, nnl = 0, nkl = 0;
+  char cur[2][DSPK_MAX_RANK + 1]; /* labels of the reduced operands */
+  size_t esz = dspk__dtype_size(O->dtype);
+  struct cplan *pl;
+  int rc;
+  if ((rc = dspk__contract_parse(op->u.contract.subscripts, T[0], T[1], lab, size, msg,
+                                 sizeof(msg))))
+    return dspk__cuda_msg(ctx, rc, "%s", msg);
+  pl = calloc(1, sizeof(*pl));
+  if (!pl)
+    return DSPK_ENOMEM;
+  pl->dev = dev;
+  pl->dt = O->dtype;
+#define IN(t, c) (strchr(lab[t], (c)) != NULL)
+  /* Classify labels: batch and M and N in output order, K in A's order. */
+  for (int i = 0; lab[2][i]; i++) {
+    char c = lab[2][i];
+    if (IN(0, c) && IN(1, c)) bl[nbl++] = c;
+    else if (IN(0, c)) ml[nml++] = c;
+    else nl[nnl++] = c;
+  }
+  for (int i = 0; lab[0][i]; i++) {
+    char c = lab[0][i];
+    if (IN(1, c) && !IN(2, c)) kl[nkl++] = c;
+  }
+  /* Labels only in one operand and not in the output are summed first. */
+  for (int t = 0; t < 2; t++) {
+    int n = 0;
+    pl->rank[t] = 0;
+    for (int i = 0; lab[t][i]; i++) {
+      char c = lab[t][i];
+      if (!IN(1 - t, c) && !IN(2, c)) {
+        pl->red[t] = 1;
+        pl->red_mask[t] |= 1u << i;
+      } else {
+        cur[t][n++] = c;
+        pl->shape[t][pl->rank[t]++] = T[t]->shape[i];
+      }
+    }
+    cur[t][n] = 0;
+  }
+  pl->nb = pl->M = pl->N = pl->K = 1;
+  for (int i = 0; i < nbl; i++) pl->nb *= size[(int)bl[i]];
+  for (int i = 0; i < nml; i++) pl->M *= size[(int)ml[i]];
+  for (int i = 0; i < nnl; i++) pl->N *= size[(int)nl[i]];
+  for (int i = 0; i < nkl; i++) pl->K *= size[(int)kl[i]];
+  /* Target orders: A' = b m k, B' = b k n, C' = b m n. */
+  {
+    char tgt[3][3 * DSPK_MAX_RANK + 1];
+    const char *srcl[3] = {cur[0], cur[1], NULL};
+    char cl[3 * DSPK_MAX_RANK + 1];
+    int n;
+    n = 0;
+    memcpy(tgt[0] + n, bl, (size_t)nbl); n += nbl;
+    memcpy(tgt[0] + n, ml, (size_t)nml); n += nml;
+    memcpy(tgt[0] + n, kl, (size_t)nkl); n += nkl;
+    tgt[0][n] = 0;
+    n = 0;
+    memcpy(tgt[1] + n, bl, (size_t)nbl); n += nbl;
+    memcpy(tgt[1] + n, kl, (size_t)nkl); n += nkl;
+    memcpy(tgt[1] + n, nl, (size_t)nnl); n += nnl;
+    tgt[1][n] = 0;
+    n = 0;
+    memcpy(cl + n, bl, (size_t)nbl); n += nbl;
+    memcpy(cl + n, ml, (size_t)nml); n += nml;
+    memcpy(cl + n, nl, (size_t)nnl); n += nnl;
+    cl[n] = 0;
+    /* Operands: gather from cur[t] into tgt[t]'s order. */
+    for (int t = 0; t < 2; t++) {
+      int64_t st[DSPK_MAX_RANK];
+      struct pdesc *d = &pl->pd[t];
+      strides_of(pl->shape[t], pl->rank[t], st);
+      pl->perm[t] = strcmp(srcl[t], tgt[t]) != 0;
+      d->rank = (int)strlen(tgt[t]);
+      for (int i = 0; i < d->rank; i++) {
+        int at = (int)(strchr(srcl[t], tgt[t][i]) - srcl[t]);
+        d->shape[i] = size[(int)tgt[t][i]];
+        d->stride[i] = st[at];
+      }
+    }
+    /* Product: scatter C' (order cl) into the output's order. */
+    {
+      int64_t cshape[3 * DSPK_MAX_RANK], st[3 * DSPK_MAX_RANK];
+      struct pdesc *d = &pl->pd[2];
+      int cr = (int)strlen(cl);
+      for (int i = 0; i < cr; i++)
+        cshape[i] = size[(int)cl[i]];
+      strides_of(cshape, cr, st);
+      pl->perm[2] = strcmp(cl, lab[2]) != 0;
+      d->rank = O->rank;
+      for (int i = 0; i < O->rank; i++) {
+        int at = (int)(strchr(cl, lab[2][i]) - cl);
+        d->shape[i] = O->shape[i];
+        d->stride[i] = st[at];
+      }
+    }
+  }
+#undef IN
+  /* Workspaces. */
+  for (int t = 0; t < 2; t++) {
+    int64_t n = 1;
+    for (int i = 0; i < pl->rank[t]; i++)
+      n *= pl->shape[t][i];
+    if (pl->red[t] && (rc = dspk__cuda_tmp_alloc(dev, (size_t)n * esz, &pl->ws_red[t])))
+      goto fail;
+    if (pl->perm[t] && (rc = dspk__cuda_tmp_alloc(dev, (size_t)n * esz, &pl->ws_perm[t])))
+      goto fail;
+  }
+  if (pl->perm[2] &&
+      (rc = dspk__cuda_tmp_alloc(dev, (size_t)(pl->nb * pl->M * pl->N) * esz, &pl->ws_perm[2])))
+    goto fail;
+  *out = pl;
+  return 0;
+fail:
+  cplan_release(NULL, pl);
+  return dspk__cuda_msg(ctx, rc, "contract: no device memory for the workspaces");
+}
+
+static int op_contract(struct dspk__dev *dev, struct dspk__op *op, struct dspk__opctx *ctx) {
+  const struct dspk__tensor *T[2] = {&op->in[0], &op->in[1]};
+  const struct dspk__tensor *O = &op->out[0];
+  struct { char subs[DSPK__SUBSCRIPTS_MAX]; int dt, ra, rb; int64_t sa[DSPK_MAX_RANK], sb[DSPK_MAX_RANK]; } key;
+  struct cplan *pl;
+  CUdeviceptr p[2], c;
+  size_t esz = dspk__dtype_size(O->dtype);
+  int rc;
+  if (!dev->blas)
+    return dspk__cuda_msg(ctx, DSPK_ENOTSUP, "contract: cuBLAS is not available on this host");
+  if (dspk__tensor_numel(O) == 0)
+    return 0;
+  memset(&key, 0, sizeof(key));
+  snprintf(key.subs, sizeof(key.subs), "%s", op->u.contract.subscripts);
+  key.dt = (int)O->dtype;
+  key.ra = T[0]->rank;
+  key.rb = T[1]->rank;
+  memcpy(key.sa, T[0]->shape, sizeof(key.sa));
+  memcpy(key.sb, T[1]->shape, sizeof(key.sb));
+  pl = dspk__plancache_get(&dev->contract_plans, &key, sizeof(key));
+  if (!pl) {
+    if ((rc = cplan_make(dev, op, &pl, ctx)))
+      return rc;
+    dspk__plancache_put(&dev->contract_plans, &key, sizeof(key), pl);
+  }
+  if (pl->K == 0 || dspk__tensor_numel(T[0]) == 0 || dspk__tensor_numel(T[1]) == 0) {
+    CUresult r = CU.cuMemsetD8Async(dspk__cuda_ptr(O), 0, dspk__tensor_nbytes(O), dev->stream);
+    return r ? dspk__cuda_err(dev, ctx, "cuMemsetD8Async", r) : 0;
+  }
+  for (int t = 0; t < 2; t++) {
+    p[t] = dspk__cuda_ptr(T[t]);
+    if (pl->red[t]) {
+      CUdeviceptr dst = (CUdeviceptr)pl->ws_red[t]->handle;
+      if ((rc = reduce_into(dev, pl->dt, T[t]->shape, T[t]->rank, pl->red_mask[t], 0, p[t],
+                            dst, ctx)))
+        return rc;
+      p[t] = dst;
+    }
+    if (pl->perm[t]) {
+      CUdeviceptr dst = (CUdeviceptr)pl->ws_perm[t]->handle;
+      if ((rc = permute(dev, p[t], dst, esz, &pl->pd[t], ctx)))
+        return rc;
+      p[t] = dst;
+    }
+  }
+  c = pl->perm[2] ? (CUdeviceptr)pl->ws_perm[2]->handle : dspk__cuda_ptr(O);
+  if ((rc = gemm_rm(dev, pl->dt, 0, 0, pl->M, pl->N, pl->K, 1.0, p[0], pl->M * pl->K, p[1],
+                    pl->K * pl->N, 0.0, c, pl->M * pl->N, pl->nb, ctx)))
+    return rc;
+  if (pl->perm[2])
+    return permute(dev, c, dspk__cuda_ptr(O), esz, &pl->pd[2], ctx);
+  return 0;
+}
+
+/* ---- raw kernels --------------------------------------------------------- */
+
+struct rawmod {
+  CUmodule mod;
+  struct dspk__dev *dev;
+  uint32_t gen;
+};
+
+static void rawmod_release(void *ud, void *p) {
+  struct rawmod *m = p;
+  (void)ud;
+  if (m->gen == m->dev->gen && !m->dev->ctx_dead)
+    CU.cuModuleUnload(m->mod);
+  free(m);
+}
+
+void dspk__cuda_raw_module_evict(void *ud, void *mod) {
+  dspk__cuda_retire(ud, rawmod_release, NULL, mod);
+}
+
+static int op_kernel(struct dspk__dev *dev, struct dspk__op *op, struct dspk__opctx *ctx) {
+  const char *lang = op->u.kernel.lang;
+  struct dspk__hash h;
+  struct { uint64_t hi, lo; } key;
+  struct rawmod *m;
+  CUfunction fn;
+  CUdeviceptr ptrs[DSPK__KERNEL_MAX_ARGS];
+  void *args[DSPK__KERNEL_MAX_ARGS];
+  CUresult r;
+  int rc;
+  if (!lang || strcmp(lang, "cuda") != 0)
+    return dspk__cuda_msg(ctx, DSPK_ENOTSUP,
+                          "kernel: cuda devices take lang \"cuda\" (CUDA C), not \"%s\"",
+                          lang ? lang : "");
+  for (int i = 0; i < 3; i++)
+    if (op->u.kernel.grid[i] == 0 || op->u.kernel.block[i] == 0)
+      return dspk__cuda_msg(ctx, DSPK_EINVAL, "kernel: grid and block sizes must be >= 1");
+  dspk__hash_init(&h);
+  dspk__hash_field(&h, op->u.kernel.source, op->u.kernel.source_len);
+  key.hi = h.hi;
+  key.lo = h.lo;
+  m = dspk__plancache_get(&dev->raw_modules, &key, sizeof(key));
+  if (!m) {
+    char *log = ctx && ctx->errmsg ? ctx->errmsg : NULL;
+    size_t loglen = ctx && ctx->errmsg ? ctx->errmsg_len : 0;
+    void *bin = NULL;
+    size_t blen = 0;
+    if ((rc = dspk__cuda_compile(dev, NULL, "kernel.cu", op->u.kernel.source,
+                                 op->u.kernel.source_len, &bin, &blen, log, loglen)))
+      return rc;
+    m = calloc(1, sizeof(*m));
+    if (!m) {
+      free(bin);
+      return DSPK_ENOMEM;
+    }
+    m->dev = dev;
+    m->gen = dev->gen;
+    r = CU.cuModuleLoadData(&m->mod, bin);
+    free(bin);
+    if (r != CUDA_SUCCESS) {
+      free(m);
+      return dspk__cuda_err(dev, ctx, "kernel: cuModuleLoadData", r);
+    }
+    dspk__plancache_put(&dev->raw_modules, &key, sizeof(key), m);
+  }
+  r = CU.cuModuleGetFunction(&fn, m->mod, op->u.kernel.entry);
+  if (r == CUDA_ERROR_NOT_FOUND)
+    return dspk__cuda_msg(ctx, DSPK_EINVAL,
+                          "kernel: no entry \"%s\" in the source (declare it extern \"C\" "
+                          "__global__)", op->u.kernel.entry);
+  if (r != CUDA_SUCCESS)
+    return dspk__cuda_err(dev, ctx, "kernel: cuModuleGetFunction", r);
+  for (int i = 0; i < op->u.kernel.nargs; i++) {
+    struct dspk__karg *a = &op->u.kernel.args[i];
+    switch (a->kind) {
+    case DSPK__KARG_TENSOR:
+      ptrs[i] = dspk__cuda_ptr(&op->in[a->v.tensor]);
+      args[i] = &ptrs[i];
+      break;
+    case DSPK__KARG_I32: args[i] = &a->v.i32; break;
+    case DSPK__KARG_U32: args[i] = &a->v.u32; break;
+    case DSPK__KARG_I64: args[i] = &a->v.i64; break;
+    case DSPK__KARG_F32: args[i] = &a->v.f32; break;
+    default: args[i] = &a->v.f64; break;
+    }
+  }
+  if (op->u.kernel.shared_bytes > 48 * 1024)
+    CU.cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                          (int)op->u.kernel.shared_bytes);
+  r = CU.cuLaunchKernel(fn, op->u.kernel.grid[0], op->u.kernel.grid[1], op->u.kernel.grid[2],
+                        op->u.kernel.block[0], op->u.kernel.block[1], op->u.kernel.block[2],
+                        op->u.kernel.shared_bytes, dev->stream, args, NULL);
+  if (r != CUDA_SUCCESS)
+    return dspk__cuda_err(dev, ctx, "kernel: cuLaunchKernel", r);
+  /* A client's own kernel may fault; waiting for it here pins the fault on
+   * the task that caused it rather than on whichever task comes next.  The
+   * built-in ops never wait. */
+  r = CU.cuStreamSynchronize(dev->stream);
+  if (r != CUDA_SUCCESS) {
+    char what[DSPK__ENTRY_MAX + 16];
+    snprintf(what, sizeof(what), "kernel %s", op->u.kernel.entry);
+    return dspk__cuda_err(dev, ctx, what, r);
+  }
+  return 0;
+}
+
+int dspk__cuda_run(struct dspk__dev *dev, struct dspk__op *op, struct dspk__opctx *ctx) {
+  switch (op->kind) {
+  case DSPK_OP_GEMM: return op_gemm(dev, op, ctx);
+  case DSPK_OP_FFT: return op_fft(dev, op, ctx);
+  case DSPK_OP_FIR: return op_fir(dev, op, ctx);
+  case DSPK_OP_CONTRACT: return op_contract(dev, op, ctx);
+  case DSPK_OP_REDUCE: return op_reduce(dev, op, ctx);
+  case DSPK_OP_MAP: return op_map(dev, op, ctx);
+  case DSPK_OP_KERNEL: return op_kernel(dev, op, ctx);
+  default:
+    return dspk__cuda_msg(ctx, DSPK_ENOTSUP, "op %d is not supported on cuda", (int)op->kind);
+  }
+}
