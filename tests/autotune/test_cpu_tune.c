@@ -1,0 +1,129 @@
+/*
+ * Tests of the cpu backend's measured choices (backends/cpu/tune.c) on a
+ * real cpu device with an in-memory cache: fir's direct/FFT choice is
+ * tuned once per shape class and then served without measuring (also to
+ * other sizes of the same class), obvious cases are not tuned, gemm's
+ * thread count is tuned only for small products, FFTW planning uses
+ * FFTW_MEASURE when there is a cache and its wisdom goes into the cache.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+#include <fftw3.h>
+
+#include "backends/cpu/tune.h"
+#include "cache/cache.h"
+
+static struct dspk__cache *cache;
+static struct dspk__dev *dev;
+
+static int setup(void **state) {
+  (void)state;
+  char warn[256];
+  /* DSPK_TEST_CACHE=FILE keeps the decisions for inspection (sqlite3). */
+  const char *path = getenv("DSPK_TEST_CACHE");
+  if (dspk__cache_open(path ? path : ":memory:", NULL, &cache, warn,
+                       sizeof warn) != 0)
+    return -1;
+  struct dspk__devenv env = {.cache = cache};
+  return dspk__backend_cpu.open(0, &env, &dev);
+}
+
+static int teardown(void **state) {
+  (void)state;
+  dspk__backend_cpu.close(dev);
+  dspk__cache_close(cache);
+  return 0;
+}
+
+static struct dspk__cache_kstats tune_stats(void) {
+  struct dspk__cache_stats s;
+  assert_int_equal(dspk__cache_stats(cache, &s), 0);
+  return s.kind[DSPK__CACHE_AUTOTUNE];
+}
+
+struct prog {
+  int calls;
+  double last;
+};
+
+static void on_progress(void *ud, const char *what, double f) {
+  struct prog *p = ud;
+  (void)what;
+  p->calls++;
+  p->last = f;
+}
+
+static void test_fir_choice(void **state) {
+  (void)state;
+  struct prog p = {0};
+  struct dspk__opctx ctx = {.progress = on_progress, .progress_ud = &p};
+  int a = dspk__cpu_tune_fir(dev, DSPK_F32, 100000, 64, &ctx);
+  assert_true(a == 0 || a == 1);
+  assert_int_equal(tune_stats().entries, 1);
+  assert_int_equal(tune_stats().puts, 1);
+  assert_true(p.calls > 0);
+  assert_true(p.last == 1.0);
+  /* Same class (n >= 2^16, k in (32, 64]): no new tuning. */
+  p.calls = 0;
+  assert_int_equal(dspk__cpu_tune_fir(dev, DSPK_F32, 300000, 50, &ctx), a);
+  assert_int_equal(tune_stats().puts, 1);
+  assert_int_equal(p.calls, 0);
+  /* Obvious cases are not measured. */
+  assert_int_equal(dspk__cpu_tune_fir(dev, DSPK_F32, 100000, 4, NULL), 0);
+  assert_int_equal(dspk__cpu_tune_fir(dev, DSPK_F32, 100000, 4096, NULL), 1);
+  assert_int_equal(tune_stats().puts, 1);
+  /* Other dtypes and classes are tuned separately. */
+  int b = dspk__cpu_tune_fir(dev, DSPK_C64, 5000, 100, NULL);
+  assert_true(b == 0 || b == 1);
+  int c = dspk__cpu_tune_fir(dev, DSPK_F64, 1000, 16, NULL);
+  assert_true(c == 0 || c == 1);
+  assert_int_equal(tune_stats().entries, 3);
+  /* Cancelled before it starts: the caller sees DSPK_ECANCELED. */
+  atomic_int cancel = 1;
+  struct dspk__opctx cctx = {.cancel = &cancel};
+  assert_int_equal(dspk__cpu_tune_fir(dev, DSPK_F32, 70000, 300, &cctx), DSPK_ECANCELED);
+}
+
+static void test_gemm_threads(void **state) {
+  (void)state;
+  uint64_t before = tune_stats().puts;
+  int t = dspk__cpu_tune_gemm_threads(dev, DSPK_F32, 64, 64, 64);
+  assert_true(t >= 0);
+  if (t > 0) /* more than one thread available: it was measured */
+    assert_int_equal(tune_stats().puts, before + 1);
+  assert_int_equal(dspk__cpu_tune_gemm_threads(dev, DSPK_F32, 60, 50, 40), t);
+  assert_int_equal(dspk__cpu_tune_gemm_threads(dev, DSPK_F32, 2048, 2048, 2048), 0);
+  assert_int_equal(dspk__cpu_tune_gemm_threads(dev, DSPK_C64, 8, 8, 8), 0);
+}
+
+static void test_fft_wisdom(void **state) {
+  (void)state;
+  assert_int_equal(dspk__cpu_tune_fft_flags(dev), FFTW_MEASURE);
+  struct dspk__devenv none = {0};
+  struct dspk__dev *bare;
+  assert_int_equal(dspk__backend_cpu.open(0, &none, &bare), 0);
+  assert_int_equal(dspk__cpu_tune_fft_flags(bare), FFTW_ESTIMATE);
+  assert_int_equal(dspk__cpu_tune_wisdom_save(bare), 0);
+  dspk__backend_cpu.close(bare);
+
+  void *plan = dspk__cpu_fft_plan(dev, DSPK__CPU_FFT_FWD, 1, 2048, 1, 0, 1);
+  assert_non_null(plan);
+  assert_true(dspk__cpu_tune_wisdom_save(dev) >= 1);
+  assert_int_equal(dspk__cpu_tune_wisdom_save(dev), 0);
+  assert_true(dspk__cpu_tune_wisdom_load(dev) >= 1);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_fir_choice),
+      cmocka_unit_test(test_gemm_threads),
+      cmocka_unit_test(test_fft_wisdom),
+  };
+  return cmocka_run_group_tests(tests, setup, teardown);
+}
