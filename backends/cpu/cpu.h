@@ -64,9 +64,10 @@ struct dspk__dev {
   int gemm_threads;
 };
 
-/* The address of a tensor's first element. */
+/* The address of a tensor's first element (NULL for an empty tensor that
+ * was given no memory). */
 static inline void *dspk__cpu_ptr(const struct dspk__tensor *t) {
-  return (char *)t->mem->ptr + t->offset;
+  return t->mem ? (char *)t->mem->ptr + t->offset : NULL;
 }
 
 /* Writes a message into ctx->errmsg (when there is one) and returns code. */

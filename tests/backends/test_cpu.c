@@ -829,6 +829,96 @@ static void test_map(void **state) {
         map_case(dts[d], (dspk_mapfn)f);
 }
 
+/* ---- empty tensors ------------------------------------------------------ */
+
+/* Runs op (inputs of the given shapes, zero-filled) and returns output 0 as
+ * doubles (caller frees). */
+static double *run_shapes(struct dspk__op *op, dspk_dtype dt, const int64_t *s0,
+                          int r0, const int64_t *s1, int r1) {
+  shape_set(&op->in[0], dt, r0, s0);
+  if (op->nin > 1)
+    shape_set(&op->in[1], dt, r1, s1);
+  for (int i = 0; i < op->nin; i++) {
+    size_t nb = dspk__tensor_nbytes(&op->in[i]);
+    assert_int_equal(be->alloc(dev, nb, &op->in[i].mem), 0);
+    memset(op->in[i].mem->ptr, 0, nb);
+  }
+  int rc = run_op(op);
+  if (rc)
+    fail_msg("run: %d %s", rc, errmsg);
+  return get(&op->out[0]);
+}
+
+static void test_empty(void **state) {
+  (void)state;
+  struct dspk__op op;
+  double *y;
+  /* sum over an axis of length 0 is 0; mean is NaN. */
+  memset(&op, 0, sizeof op);
+  op.kind = DSPK_OP_REDUCE;
+  op.nin = 1;
+  op.u.reduce.axes = 2;
+  y = run_shapes(&op, DSPK_F32, (int64_t[]){3, 0}, 2, NULL, 0);
+  assert_int_equal(op.out[0].rank, 1);
+  for (int i = 0; i < 3; i++)
+    assert_true(y[i] == 0);
+  free(y);
+  free_op(&op);
+  memset(&op, 0, sizeof op);
+  op.kind = DSPK_OP_REDUCE;
+  op.nin = 1;
+  op.u.reduce.fn = DSPK_REDUCE_MEAN;
+  y = run_shapes(&op, DSPK_F64, (int64_t[]){0, 4}, 2, NULL, 0);
+  assert_int_equal(op.out[0].rank, 0);
+  assert_true(isnan(y[0]));
+  free(y);
+  free_op(&op);
+  /* a contraction over a label of size 0 is zeros */
+  memset(&op, 0, sizeof op);
+  op.kind = DSPK_OP_CONTRACT;
+  op.nin = 2;
+  strcpy(op.u.contract.subscripts, "ik,kj->ji");
+  y = run_shapes(&op, DSPK_C64, (int64_t[]){2, 0}, 2, (int64_t[]){0, 3}, 2);
+  for (int i = 0; i < 12; i++)
+    assert_true(y[i] == 0);
+  free(y);
+  free_op(&op);
+  /* gemm with K = 0 is zeros */
+  memset(&op, 0, sizeof op);
+  op.kind = DSPK_OP_GEMM;
+  op.nin = 2;
+  op.u.gemm.alpha = 1;
+  y = run_shapes(&op, DSPK_F64, (int64_t[]){2, 0}, 2, (int64_t[]){0, 3}, 2);
+  for (int i = 0; i < 6; i++)
+    assert_true(y[i] == 0);
+  free(y);
+  free_op(&op);
+  /* no rows at all: fft, fir, map, gemm batch of 0 */
+  memset(&op, 0, sizeof op);
+  op.kind = DSPK_OP_FFT;
+  op.nin = 1;
+  free(run_shapes(&op, DSPK_F32, (int64_t[]){0, 8}, 2, NULL, 0));
+  assert_int_equal(op.out[0].shape[1], 5);
+  free_op(&op);
+  memset(&op, 0, sizeof op);
+  op.kind = DSPK_OP_FIR;
+  op.nin = 2;
+  free(run_shapes(&op, DSPK_C128, (int64_t[]){0, 8}, 2, (int64_t[]){3}, 1));
+  free_op(&op);
+  memset(&op, 0, sizeof op);
+  op.kind = DSPK_OP_MAP;
+  op.nin = 2;
+  op.u.map.fn = DSPK_MAP_MUL;
+  free(run_shapes(&op, DSPK_F32, (int64_t[]){4, 0}, 2, (int64_t[]){4, 0}, 2));
+  free_op(&op);
+  memset(&op, 0, sizeof op);
+  op.kind = DSPK_OP_GEMM;
+  op.nin = 2;
+  free(run_shapes(&op, DSPK_F32, (int64_t[]){0, 2, 3}, 3, (int64_t[]){3, 4}, 2));
+  assert_int_equal(op.out[0].shape[0], 0);
+  free_op(&op);
+}
+
 /* ---- cancel and unsupported --------------------------------------------- */
 
 static void test_cancel(void **state) {
@@ -863,7 +953,7 @@ int main(void) {
       cmocka_unit_test(test_fir_direct),
       cmocka_unit_test(test_fir_fft),      cmocka_unit_test(test_contract),
       cmocka_unit_test(test_reduce),       cmocka_unit_test(test_map),
-      cmocka_unit_test(test_cancel),
+      cmocka_unit_test(test_empty),        cmocka_unit_test(test_cancel),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }
