@@ -488,8 +488,7 @@ static int socket_is_live(const char *path) {
   return r;
 }
 
-int dspkd_listen(struct dspkd *d) {
-  const char *path = d->cfg.socket_path;
+int dspkd_socket_check(const char *path) {
   struct stat st;
   int r;
 
@@ -499,26 +498,37 @@ int dspkd_listen(struct dspkd *d) {
                 sizeof(((struct sockaddr_un *)0)->sun_path) - 1, path);
     return DSPK_ELIMIT;
   }
-  if (lstat(path, &st) == 0) {
-    if (!S_ISSOCK(st.st_mode)) {
-      dspkd_error("%s exists and is not a socket; not replacing it", path);
-      return DSPK_EINVAL;
-    }
-    r = socket_is_live(path);
-    if (r == 1) {
-      dspkd_error("another daemon is listening on %s; not replacing it", path);
-      return DSPK_EBUSY;
-    }
-    if (r != -ECONNREFUSED) {
-      dspkd_error("cannot check %s: %s", path, strerror(-r));
-      return DSPK_EIO;
-    }
-    dspkd_info("removing stale socket %s", path);
-    if (unlink(path) != 0 && errno != ENOENT) {
-      dspkd_error("cannot remove stale socket %s: %s", path, strerror(errno));
-      return DSPK_EIO;
-    }
+  if (lstat(path, &st) != 0)
+    return 0;
+  if (!S_ISSOCK(st.st_mode)) {
+    dspkd_error("%s exists and is not a socket; not replacing it", path);
+    return DSPK_EINVAL;
   }
+  r = socket_is_live(path);
+  if (r == 1) {
+    dspkd_error("another daemon is listening on %s; not replacing it", path);
+    return DSPK_EBUSY;
+  }
+  if (r != -ECONNREFUSED) {
+    dspkd_error("cannot check %s: %s", path, strerror(-r));
+    return DSPK_EIO;
+  }
+  dspkd_info("removing stale socket %s", path);
+  if (unlink(path) != 0 && errno != ENOENT) {
+    dspkd_error("cannot remove stale socket %s: %s", path, strerror(errno));
+    return DSPK_EIO;
+  }
+  return 0;
+}
+
+int dspkd_listen(struct dspkd *d) {
+  const char *path = d->cfg.socket_path;
+  int r;
+
+  /* Checked again here: another daemon may have started meanwhile. */
+  r = dspkd_socket_check(path);
+  if (r < 0)
+    return r;
   uv_pipe_init(d->loop, &d->listener, 0);
   d->listener.data = d;
   r = uv_pipe_bind(&d->listener, path);

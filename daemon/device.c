@@ -387,11 +387,17 @@ static int check_backend_list(const char *list) {
           memcmp(dspk__backends[i]->name, p, len) == 0)
         known = true;
     if (!known && len > 0) {
-      dspkd_error("--backends: unknown backend \"%.*s\" (this build has:%s%s%s%s)",
-                  (int)len, p, dspk__backends[0] ? " " : "",
-                  dspk__backends[0] ? dspk__backends[0]->name : "",
-                  dspk__backends[0] && dspk__backends[1] ? " " : "",
-                  dspk__backends[0] && dspk__backends[1] ? dspk__backends[1]->name : "");
+      char have[128] = "";
+      size_t n = 0;
+      for (int i = 0; dspk__backends[i] && n < sizeof have; i++) {
+        int w = snprintf(have + n, sizeof have - n, "%s%s", i ? ", " : "",
+                         dspk__backends[i]->name);
+        if (w < 0)
+          break;
+        n += (size_t)w;
+      }
+      dspkd_error("--backends: unknown backend \"%.*s\" (this build has: %s)", (int)len, p,
+                  have);
       return DSPK_EINVAL;
     }
     p += len;

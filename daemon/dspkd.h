@@ -212,6 +212,10 @@ struct dspkd {
 };
 
 /* daemon/conn.c */
+/* Refuses a path too long for sockaddr_un, a non-socket file or a live
+ * daemon's socket (logged); removes a stale socket.  0 or a negative code. */
+int dspkd_socket_check(const char *path);
+/* Binds, chmods 0660 and listens.  0 or a negative code (logged). */
 int dspkd_listen(struct dspkd *d);
 /* Queues a frame for writing and takes wr (freed once written, or at once
  * when the connection is closing or the frame could not be encoded). */

@@ -311,12 +311,9 @@ int main(int argc, char **argv) {
   signal(SIGPIPE, SIG_IGN);
   if (socket_path(cfg, given_socket) != 0)
     return 1;
-  if (strlen(cfg->socket_path) >= sizeof(((struct sockaddr_un *)0)->sun_path)) {
-    dspkd_error("socket path is %zu bytes, longer than the %zu a Unix socket allows: %s",
-                strlen(cfg->socket_path), sizeof(((struct sockaddr_un *)0)->sun_path) - 1,
-                cfg->socket_path);
+  /* Before any device opens: a second daemon must not touch the GPUs. */
+  if (dspkd_socket_check(cfg->socket_path) != 0)
     return 1;
-  }
   if (!cfg->foreground) {
     detach_fd = detach();
     if (detach_fd < 0)

@@ -1,0 +1,51 @@
+/*
+ * dspkd's configuration file (/etc/dspk/dspkd.conf, INI read with libinih):
+ * every setting the command line has, plus the access policy.  The command
+ * line wins over the file; the file wins over the built-in defaults.  SIGHUP
+ * reads the file again and applies what can change while clients stay
+ * connected (limits, policy, log level, grace period); an invalid file keeps
+ * the running configuration.  Loop thread only.
+ */
+#ifndef DSPKD_CONFIG_H
+#define DSPKD_CONFIG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "daemon/dspkd.h"
+
+#ifndef DSPKD_SYSCONFDIR
+#define DSPKD_SYSCONFDIR "/etc"
+#endif
+/* Read at start when --config is not given and the file exists. */
+#define DSPKD_CONFIG_DEFAULT DSPKD_SYSCONFDIR "/dspk/dspkd.conf"
+
+/* Fills cfg with the built-in defaults (everything --help documents). */
+void dspkd_config_defaults(struct dspkd_config *cfg);
+
+/*
+ * After the command line was parsed into cfg: finds --config in argv (or
+ * the default file, when it exists) and applies every key of the file that
+ * no flag set.  Returns 0, or DSPK_EINVAL/DSPK_ENOENT/DSPK_EIO after writing
+ * one line naming the file and line to stderr.  Remembers the file and the
+ * flags for dspkd_config_reload().
+ */
+int dspkd_config_start(int argc, char **argv, struct dspkd_config *cfg);
+
+/*
+ * Reads the file again (SIGHUP) and applies the keys that may change while
+ * running; keys the command line set keep their value; a changed key that
+ * needs a restart (socket, cache, backends) is logged and ignored.  An
+ * invalid file changes nothing.  Returns 0 or a negative code (logged).
+ */
+int dspkd_config_reload(struct dspkd *d);
+
+/* 1 when a peer with these credentials may connect (the allow lists). */
+int dspkd_policy_may_connect(const struct dspkd_config *cfg, uid_t uid, gid_t gid,
+                             const gid_t *groups, size_t ngroups);
+/* 1 when a peer with these credentials may call admin methods. */
+int dspkd_policy_is_admin(const struct dspkd_config *cfg, uid_t uid, gid_t gid,
+                          const gid_t *groups, size_t ngroups);
+
+#endif /* DSPKD_CONFIG_H */
