@@ -21,8 +21,10 @@
 #include "client/submit/npy.h"
 #include "client/submit/submit.h"
 
-/* Tensor arguments per kernel: the daemon's limit on task inputs. */
-#define KERNEL_MAX_TENSORS 4
+/* Tensor arguments per kernel: the daemon's limit on task inputs (4), and
+ * no more than the library returns as outputs, since the daemon returns
+ * every tensor argument. */
+#define KERNEL_MAX_TENSORS (DSPK_MAX_OUTPUTS < 4 ? DSPK_MAX_OUTPUTS : 4)
 /* Largest source file read. */
 #define KERNEL_MAX_SOURCE (16u << 20)
 

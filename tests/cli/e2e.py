@@ -18,6 +18,8 @@ Suites (the first argument after the options):
   fake    against a scripted fake daemon (python3-msgpack): the progress
           line on a TTY from task.progress, and a multi-line ECOMPILE log
           folded onto one stderr line
+  kernel  dspk-submit kernel with a GLSL compute shader on vulkan:0 (lavapipe
+          on a machine without a GPU); exit 77 (skip) without a Vulkan device
   errors  bad input: wrong dtype, mismatched shapes, missing/malformed files,
           unknown device, no daemon, command-line mistakes: non-zero exit and
           exactly one "dspk-submit: CMD: ENAME: ..." line on stderr; the daemon
@@ -55,13 +57,13 @@ def check(cond, msg):
 # ---- the daemon -------------------------------------------------------------
 
 class Daemon:
-    def __init__(self, dspkd, tmp):
+    def __init__(self, dspkd, tmp, backends="cpu"):
         self.sock = os.path.join(tmp, "dspkd.sock")
         self.log = os.path.join(tmp, "dspkd.log")
         r, w = os.pipe()
         with open(self.log, "wb") as logf:
             self.proc = subprocess.Popen(
-                [dspkd, "--socket", self.sock, "--backends", "cpu",
+                [dspkd, "--socket", self.sock, "--backends", backends,
                  "--foreground", "--ready-fd", str(w)],
                 pass_fds=(w,), stdin=subprocess.DEVNULL,
                 stdout=logf, stderr=subprocess.STDOUT)
@@ -656,6 +658,8 @@ def suite_errors(cli, tmp):
         (["kernel", ksrc, "-e", "k", "-g", "1", "-b", "1", "-o", "1=y.npy",
           "zeros:f32:4"], "kernel"),
         (["kernel"], "kernel"),
+        (["kernel", ksrc, "-e", "k", "-g", "1", "-b", "1"] +
+         ["zeros:f32:4"] * 5, "kernel"),
     ]
     for args, cmd in usage:
         cli.fails(args, cmd, "EINVAL", rc_want=2)
@@ -816,6 +820,71 @@ def suite_fake(cli, tmp):
         fake.close()
 
 
+# ---- raw kernels on vulkan:0 ---------------------------------------------------
+
+SKIP = 77  # ctest SKIP_RETURN_CODE: no device for the suite on this machine
+
+GLSL_AXPY = """#version 450
+layout(local_size_x = 64) in;
+layout(std430, binding = 0) buffer BY { float y[]; };
+layout(std430, binding = 1) buffer BZ { double z[]; };
+layout(push_constant) uniform PC { int n; float alpha; double beta; } pc;
+void main() {
+  uint i = gl_GlobalInvocationID.x;
+  if (i < uint(pc.n)) {
+    y[i] = pc.alpha * float(z[i]) + float(i);
+    z[i] = z[i] * pc.beta;
+  }
+}
+"""
+
+
+def suite_kernel(cli, tmp):
+    j = json.loads(cli.ok("devices", "--json"))
+    if not any(d["id"] == "vulkan:0" for d in j["devices"]):
+        print("kernel: no vulkan:0 device here, skipped")
+        return SKIP
+    rng = np.random.default_rng(SEED + 1)
+    src = os.path.join(tmp, "axpy.comp")
+    with open(src, "w") as f:
+        f.write(GLSL_AXPY)
+    n = 1000
+    z = rng.uniform(-1, 1, n).astype("<f8")
+    pz = os.path.join(tmp, "z.npy")
+    np.save(pz, z)
+    py, pz2 = os.path.join(tmp, "y.npy"), os.path.join(tmp, "z2.npy")
+    alpha, beta = 1.5, -0.25
+    cli.ok("kernel", src, "--entry", "main", "--grid", str((n + 63) // 64),
+           "--block", "64", "--device", "vulkan:0", "zeros:f32:%d" % n, pz,
+           "i32:%d" % n, "f32:%r" % alpha, "f64:%r" % beta,
+           "-o", py, "-o", "1=" + pz2)
+    y, z2 = np.load(py), np.load(pz2)
+    check(y.dtype == np.float32 and y.shape == (n,), "y %s %s" % (y.dtype, y.shape))
+    check(z2.dtype == np.float64 and z2.shape == (n,), "z %s" % (z2.shape,))
+    zs, ys, z2s = z.tolist(), y.tolist(), z2.tolist()
+    for i in range(n):
+        ref = alpha * float(np.float32(zs[i])) + i
+        check(abs(ys[i] - ref) <= 1e-5 * (1 + abs(ref)),
+              "kernel y[%d] = %r, reference %r" % (i, ys[i], ref))
+        check(abs(z2s[i] - zs[i] * beta) <= 1e-15,
+              "kernel z[%d] = %r, reference %r" % (i, z2s[i], zs[i] * beta))
+    # Summaries of every tensor argument without -o.
+    out = cli.ok("kernel", src, "-e", "main", "-g", "1", "-b", "64", "-d",
+                 "vulkan:0", "zeros:f32:4", "zeros:f64:4", "i32:4", "f32:1",
+                 "f64:1")
+    check(out == "tensor 0: f32 (4,) on vulkan:0: [0, 1, 2, 3] (4 values)\n"
+          "tensor 1: f64 (4,) on vulkan:0: [0, 0, 0, 0] (4 values)\n",
+          "kernel summaries %r" % out)
+    # A compile error is one line with the compiler's message.
+    with open(src, "w") as f:
+        f.write(GLSL_AXPY.replace("float(i);", "float(i)"))
+    cli.fails(["kernel", src, "-e", "main", "-g", "1", "-b", "64", "-d",
+               "vulkan:0", "zeros:f32:4", "zeros:f64:4", "i32:4", "f32:1",
+               "f64:1"], "kernel", "ECOMPILE")
+    print("kernel: ok on vulkan:0")
+    return 0
+
+
 # ---- help --------------------------------------------------------------------
 
 def suite_help(cli, tmp):
@@ -845,10 +914,11 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--submit", required=True)
     ap.add_argument("--daemon")
-    ap.add_argument("suite", choices=["help", "info", "ops", "errors", "fake"])
+    ap.add_argument("suite", choices=["help", "info", "ops", "errors", "fake",
+                                      "kernel"])
     opt = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="dspk-cli-") as tmp:
-        daemon = None
+        daemon, rc = None, 0
         try:
             if opt.suite == "help":
                 suite_help(Cli(opt.submit, None), tmp)
@@ -856,11 +926,13 @@ def main():
                 suite_fake(Cli(opt.submit, None), tmp)
             else:
                 check(opt.daemon, "--daemon is needed for " + opt.suite)
-                daemon = Daemon(opt.daemon, tmp)
+                daemon = Daemon(opt.daemon, tmp, "cpu,vulkan"
+                                if opt.suite == "kernel" else "cpu")
                 cli_daemon_pid[0] = daemon.proc.pid
                 cli = Cli(opt.submit, daemon.sock)
-                {"info": suite_info, "ops": suite_ops,
-                 "errors": suite_errors}[opt.suite](cli, tmp)
+                rc = {"info": suite_info, "ops": suite_ops,
+                      "errors": suite_errors,
+                      "kernel": suite_kernel}[opt.suite](cli, tmp)
                 d, daemon = daemon, None
                 d.stop()
         except Failure as e:
@@ -872,6 +944,8 @@ def main():
             if daemon is not None and daemon.proc.poll() is None:
                 daemon.proc.kill()
                 daemon.proc.wait()
+    if rc == SKIP:
+        return SKIP
     print("%s: ok" % opt.suite)
     return 0
 
