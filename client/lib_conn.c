@@ -11,6 +11,7 @@
  */
 #include <errno.h>
 #include <limits.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -102,9 +103,11 @@ uint32_t dspk__next_id(dspk_client *c) {
 
 /* ---- sending ------------------------------------------------------------ */
 
+static int fill(dspk_client *c, bool dontwait);
+
 int dspk__send(dspk_client *c, struct dspk__wbuf *w, uint32_t msgid) {
   struct iovec *iov;
-  size_t niov, sent = 0, total;
+  size_t niov, total;
   int rc;
 
   if (c->broken)
@@ -132,16 +135,30 @@ int dspk__send(dspk_client *c, struct dspk__wbuf *w, uint32_t msgid) {
     ssize_t n;
     mh.msg_iov = iov;
     mh.msg_iovlen = niov > IOV_MAX ? IOV_MAX : niov;
-    n = sendmsg(c->fd, &mh, MSG_NOSIGNAL);
+    n = sendmsg(c->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (n < 0) {
       if (errno == EINTR)
         continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        /* The daemon stops reading from a client that leaves too many
+         * answers unread, so while our send is blocked, take in what it
+         * sends (kept in rbuf for the waits) instead of deadlocking. */
+        struct pollfd pfd = {.fd = c->fd, .events = POLLIN | POLLOUT};
+        if (poll(&pfd, 1, -1) < 0 && errno != EINTR)
+          return mark_broken(c, dspk__cerr(c, DSPK_EIO, "poll: %s",
+                                           strerror(errno)));
+        if (pfd.revents & POLLIN) {
+          rc = fill(c, true);
+          if (rc != 0)
+            return rc;
+        }
+        continue;
+      }
       int e = errno;
       int code = (e == EPIPE || e == ECONNRESET) ? DSPK_ECLOSED : DSPK_EIO;
       mark_broken(c, code);
       return dspk__cerr(c, code, "sending to the daemon: %s", strerror(e));
     }
-    sent += (size_t)n;
     while (niov > 0 && (size_t)n >= iov->iov_len) {
       n -= (ssize_t)iov->iov_len;
       iov++;
@@ -152,15 +169,15 @@ int dspk__send(dspk_client *c, struct dspk__wbuf *w, uint32_t msgid) {
       iov->iov_len -= (size_t)n;
     }
   }
-  (void)sent;
   c->inflight[c->ninflight++] = msgid;
   return 0;
 }
 
 /* ---- receiving ---------------------------------------------------------- */
 
-/* Reads more bytes into rbuf.  0, or a negative code (connection broken). */
-static int fill(dspk_client *c) {
+/* Reads more bytes into rbuf; with dontwait, only what is already there.
+ * 0, or a negative code (connection broken). */
+static int fill(dspk_client *c, bool dontwait) {
   ssize_t n;
 
   if (c->rcap - c->rlen < RBUF_MIN / 4) {
@@ -172,8 +189,11 @@ static int fill(dspk_client *c) {
     c->rcap = cap;
   }
   do
-    n = recv(c->fd, c->rbuf + c->rlen, c->rcap - c->rlen, 0);
+    n = recv(c->fd, c->rbuf + c->rlen, c->rcap - c->rlen,
+             dontwait ? MSG_DONTWAIT : 0);
   while (n < 0 && errno == EINTR);
+  if (n < 0 && dontwait && (errno == EAGAIN || errno == EWOULDBLOCK))
+    return 0;
   if (n < 0)
     return mark_broken(c, dspk__cerr(c, DSPK_EIO, "reading from the daemon: "
                                      "%s", strerror(errno)));
@@ -204,7 +224,7 @@ static int next_frame(dspk_client *c, char **buf, size_t *len) {
       break;
     if (c->broken) /* nothing more will come that we could use */
       return c->broken_code;
-    rc = fill(c);
+    rc = fill(c, false);
     if (rc != 0)
       return rc;
   }

@@ -231,6 +231,9 @@ static int start_daemon(void **state) {
     snprintf(fdarg, sizeof fdarg, "%d", p[1]);
     execl(dspkd_path, dspkd_path, "--socket", sockpath, "--foreground",
           "--backends", "cpu", "--log-level", "warn", "--ready-fd", fdarg,
+          /* Small flow-control limits, so that test_backpressure makes the
+           * daemon stop reading from us while we still send. */
+          "--max-unsent", "4194304", "--max-inflight", "8",
           (char *)NULL);
     _exit(127);
   }
@@ -883,6 +886,38 @@ static void test_inflight(void **state) {
   }
 }
 
+/* Many requests with big inputs and outputs submitted before any answer is
+ * read: the daemon stops reading from us (max-unsent, max-inflight), and the
+ * library must take in answers while its sends are blocked. */
+static void test_backpressure(void **state) {
+  (void)state;
+  enum { NT = 24 };
+  int64_t n = 1 << 17; /* 1 MiB of f64 */
+  struct arr A = arr_new(DSPK_F64, 1, &n, true);
+  dspk_tensor in = arr_tensor(&A);
+  uint32_t tk[NT];
+  for (int i = 0; i < NT; i++) {
+    dspk_task t;
+    dspk_task_init(&t, DSPK_OP_MAP);
+    t.inputs = &in;
+    t.ninputs = 1;
+    t.map.fn = DSPK_MAP_SCALE;
+    t.map.alpha = i + 1;
+    assert_int_equal(dspk_submit(C, &t, &tk[i]), 0);
+  }
+  for (int i = 0; i < NT; i++) {
+    dspk_result r;
+    assert_int_equal(dspk_wait(C, tk[i], &r), 0);
+    assert_int_equal(r.out[0].shape[0], n);
+    const double *y = r.out[0].data;
+    const double *x = A.raw;
+    for (int64_t k = 0; k < n; k += 4099)
+      assert_true(y[k] == (i + 1) * x[k]);
+    dspk_result_free(&r);
+  }
+  arr_free(&A);
+}
+
 static void test_cancel(void **state) {
   (void)state;
   int64_t s[2] = {400, 400};
@@ -1222,6 +1257,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_map),
       cmocka_unit_test(test_buffers),
       cmocka_unit_test(test_inflight),
+      cmocka_unit_test(test_backpressure),
       cmocka_unit_test(test_cancel),
       cmocka_unit_test(test_bad_input),
       cmocka_unit_test(test_garbage_closes),
