@@ -33,6 +33,8 @@
 #define GEMM_MAX_DIM 1024
 #define GEMM_MAX_LOG2_FLOPS 27
 #define MAX_THREAD_CANDS 8
+/* fft: plans of at most this many transforms are measured. */
+#define FFT_MEASURE_MAX_BATCH 4
 
 static const struct dspk__autotune_opts tune_opts = {.warmup = 1,
                                                      .samples = 5};
@@ -281,8 +283,11 @@ int dspk__cpu_tune_gemm_threads(struct dspk__dev *dev, dspk_dtype dt,
 /* ---- fft ---------------------------------------------------------------------- */
 
 /* See tune.h. */
-unsigned dspk__cpu_tune_fft_flags(struct dspk__dev *dev) {
-  return dev && dev->env.cache ? FFTW_MEASURE : FFTW_ESTIMATE;
+unsigned dspk__cpu_tune_fft_flags(struct dspk__dev *dev, int n, int batch) {
+  (void)n;
+  return dev && dev->env.cache && batch <= FFT_MEASURE_MAX_BATCH
+             ? FFTW_MEASURE
+             : FFTW_ESTIMATE;
 }
 
 /* See tune.h. */

@@ -7,6 +7,7 @@
  *   fir:  dspk__cpu_fir_use_fft()    -> dspk__cpu_tune_fir()
  *   gemm: dspk__cpu_gemm_threads()   -> dspk__cpu_tune_gemm_threads()
  *   fft:  dspk__cpu_fft_flags()      -> dspk__cpu_tune_fft_flags()
+ *         (dev->fft_flags and dev->gemm_threads stay overrides for tests)
  *         cpu open                   -> dspk__cpu_tune_wisdom_load()
  *         after making a new plan    -> dspk__cpu_tune_wisdom_save()
  *
@@ -36,9 +37,12 @@ int dspk__cpu_tune_fir(struct dspk__dev *dev, dspk_dtype dt, int64_t n,
 int dspk__cpu_tune_gemm_threads(struct dspk__dev *dev, dspk_dtype dt,
                                 int64_t M, int64_t N, int64_t K);
 
-/* fft: FFTW_MEASURE when the device has a cache to keep the wisdom in,
- * FFTW_ESTIMATE otherwise. */
-unsigned dspk__cpu_tune_fft_flags(struct dspk__dev *dev);
+/* fft: planner flags for `batch` transforms of length n: FFTW_MEASURE when
+ * the device has a cache to keep the wisdom in and the plan is one a
+ * client is likely to reuse (batch <= 4: chunks of long transforms, single
+ * signals), FFTW_ESTIMATE otherwise (every new batch count of a short
+ * transform would be measured again, seconds each). */
+unsigned dspk__cpu_tune_fft_flags(struct dspk__dev *dev, int n, int batch);
 
 /* Imports the cache's FFTW wisdom (at device open).  Takes the FFTW lock.
  * Returns the number of precisions imported or a negative dspk_errno. */

@@ -104,11 +104,12 @@ static void test_gemm_threads(void **state) {
 
 static void test_fft_wisdom(void **state) {
   (void)state;
-  assert_int_equal(dspk__cpu_tune_fft_flags(dev), FFTW_MEASURE);
+  assert_int_equal(dspk__cpu_tune_fft_flags(dev, 1 << 20, 1), FFTW_MEASURE);
+  assert_int_equal(dspk__cpu_tune_fft_flags(dev, 64, 4096), FFTW_ESTIMATE);
   struct dspk__devenv none = {0};
   struct dspk__dev *bare;
   assert_int_equal(dspk__backend_cpu.open(0, &none, &bare), 0);
-  assert_int_equal(dspk__cpu_tune_fft_flags(bare), FFTW_ESTIMATE);
+  assert_int_equal(dspk__cpu_tune_fft_flags(bare, 1 << 20, 1), FFTW_ESTIMATE);
   assert_int_equal(dspk__cpu_tune_wisdom_save(bare), 0);
   dspk__backend_cpu.close(bare);
 
