@@ -33,6 +33,9 @@ void dspkd_config_defaults(struct dspkd_config *cfg);
  */
 int dspkd_config_start(int argc, char **argv, struct dspkd_config *cfg);
 
+/* socket= from the file read at start, or NULL. */
+const char *dspkd_config_file_socket(void);
+
 /*
  * Reads the file again (SIGHUP) and applies the keys that may change while
  * running; keys the command line set keep their value; a changed key that
@@ -41,10 +44,14 @@ int dspkd_config_start(int argc, char **argv, struct dspkd_config *cfg);
  */
 int dspkd_config_reload(struct dspkd *d);
 
-/* 1 when a peer with these credentials may connect (the allow lists). */
+/* 1 when a peer with these credentials may connect: the allow lists are
+ * empty, or it is root or the daemon's own user, or it is listed (its uid,
+ * its primary group or one of its supplementary groups). */
 int dspkd_policy_may_connect(const struct dspkd_config *cfg, uid_t uid, gid_t gid,
                              const gid_t *groups, size_t ngroups);
-/* 1 when a peer with these credentials may call admin methods. */
+/* 1 when a peer with these credentials may call admin methods: it is
+ * listed in admin_users/admin_groups, or both are empty and it is root or
+ * the daemon's own user. */
 int dspkd_policy_is_admin(const struct dspkd_config *cfg, uid_t uid, gid_t gid,
                           const gid_t *groups, size_t ngroups);
 

@@ -22,6 +22,7 @@
 
 #include "daemon/dspkd.h"
 #include "daemon/log.h"
+#include "daemon/notify.h"
 
 #define RCHUNK_MIN ((size_t)64 << 10)   /* first read buffer of a connection */
 #define RCHUNK_KEEP ((size_t)1 << 20)   /* an idle buffer above this shrinks */
@@ -525,6 +526,22 @@ int dspkd_listen(struct dspkd *d) {
   const char *path = d->cfg.socket_path;
   int r;
 
+  if (d->activation_fd > 0) {
+    /* Socket activation (daemon/activation.c): systemd bound and listens. */
+    uv_pipe_init(d->loop, &d->listener, 0);
+    d->listener.data = d;
+    r = uv_pipe_open(&d->listener, d->activation_fd);
+    if (r == 0)
+      r = uv_listen((uv_stream_t *)&d->listener, 128, on_connection);
+    if (r < 0) {
+      dspkd_error("cannot listen on the activated socket %s: %s", path, uv_strerror(r));
+      uv_close((uv_handle_t *)&d->listener, NULL);
+      return DSPK_EIO;
+    }
+    d->listening = d->activated = true;
+    dspkd_info("listening on %s (socket activation)", path);
+    return 0;
+  }
   /* Checked again here: another daemon may have started meanwhile. */
   r = dspkd_socket_check(path);
   if (r < 0)
@@ -548,11 +565,25 @@ int dspkd_listen(struct dspkd *d) {
 
 /* ---- stopping --------------------------------------------------------- */
 
+/* The grace timer fires twice: at the deadline it cancels what still runs
+ * (each client then gets ECANCELED before its connection closes); if
+ * connections remain GRACE_FLUSH_MS later (a task that ignores its cancel
+ * flag, a client that stopped reading its answers) it closes them. */
+#define GRACE_FLUSH_MS 2000
+
 static void on_grace(uv_timer_t *t) {
   struct dspkd *d = t->data;
-  dspkd_warn("tasks still running %llu ms after the stop: canceling them and "
-             "closing every connection",
-             (unsigned long long)d->cfg.shutdown_timeout_ms);
+  if (!d->grace_expired) {
+    d->grace_expired = true;
+    dspkd_warn("tasks still running at the stop deadline: canceling them");
+    for (struct conn *c = d->conns; c; c = c->next)
+      for (struct job *j = c->jobs; j; j = j->cnext)
+        atomic_store(&j->cancel, 1);
+    uv_timer_start(&d->grace_timer, on_grace, GRACE_FLUSH_MS, 0);
+    return;
+  }
+  dspkd_warn("connections still open %d ms after the deadline: closing them",
+             GRACE_FLUSH_MS);
   for (struct conn *c = d->conns, *next; c; c = next) {
     next = c->next;
     conn_ref(c);
@@ -568,10 +599,12 @@ void dspkd_stop(struct dspkd *d) {
     return;
   d->stopping = true;
   dspkd_info("stopping");
+  dspkd_notify_stopping(d);
   if (d->listening) {
     uv_close((uv_handle_t *)&d->listener, NULL);
     d->listening = false;
-    if (unlink(d->cfg.socket_path) != 0 && errno != ENOENT)
+    /* An activated socket's file belongs to systemd (RemoveOnStop=). */
+    if (!d->activated && unlink(d->cfg.socket_path) != 0 && errno != ENOENT)
       dspkd_warn("cannot remove %s: %s", d->cfg.socket_path, strerror(errno));
   }
   for (struct conn *c = d->conns; c; c = c->next)
@@ -579,6 +612,12 @@ void dspkd_stop(struct dspkd *d) {
   dspkd_drop_queued(d, NULL, DSPK_ESHUTDOWN);
   uv_timer_start(&d->grace_timer, on_grace, d->cfg.shutdown_timeout_ms, 0);
   dspkd_stop_progress(d);
+}
+
+void dspkd_stop_now(struct dspkd *d) {
+  if (!d->stopping || d->grace_expired || d->handles_closed)
+    return;
+  uv_timer_start(&d->grace_timer, on_grace, 0, 0);
 }
 
 void dspkd_stop_progress(struct dspkd *d) {

@@ -342,6 +342,7 @@ static void *runner_main(void *arg) {
 
   dev->be->close(bdev);
   dev->bdev = NULL;
+  dspkd_info("%s: device closed", dev->id);
   pthread_mutex_lock(&dev->mu);
   dev->exited = true;
   pthread_mutex_unlock(&dev->mu);

@@ -36,7 +36,15 @@
 #define DSPKD_MAX_DEVICES 64
 #define DSPKD_MAX_UNAVAILABLE 16
 
-/* Configuration from the command line (daemon/main.c). */
+/* A list of user or group ids from the configuration's access policy. */
+#define DSPKD_MAX_IDS 32
+struct dspkd_idlist {
+  unsigned n; /* 0: the list is not set */
+  uint32_t id[DSPKD_MAX_IDS];
+};
+
+/* Configuration from the command line (daemon/main.c) and the configuration
+ * file (daemon/config.c). */
 struct dspkd_config {
   char socket_path[256];
   const char *cache_path;   /* NULL: no persistent cache */
@@ -49,6 +57,11 @@ struct dspkd_config {
   size_t max_buffers;       /* buffers per connection */
   size_t max_clients;       /* open connections */
   uint64_t shutdown_timeout_ms; /* grace for running tasks at stop */
+  /* daemon/config.c: the configuration file's extra settings. */
+  int log_level;            /* enum dspkd_level */
+  struct dspkd_idlist allow_users, allow_groups; /* may connect (both empty: anyone) */
+  struct dspkd_idlist admin_users, admin_groups; /* admin methods (both empty: root
+                                                    and the daemon's own user) */
 };
 
 /* A connection's read buffer.  Frames are scanned and decoded in place; a
@@ -209,6 +222,11 @@ struct dspkd {
   int exit_code;
   uint64_t start_ms;
   struct dspk__cache *cache;
+  /* daemon/activation.c: the listening socket systemd passed (> 0), and
+   * whether dspkd_listen() used it (then the stop leaves its file alone). */
+  int activation_fd;
+  bool activated;
+  bool grace_expired;       /* the stop's deadline passed: tasks canceled */
 };
 
 /* daemon/conn.c */
@@ -230,6 +248,9 @@ void chunk_unref(struct rchunk *k);
 /* Starts the orderly stop: no more accepting or reading, queued jobs fail
  * with ESHUTDOWN, connections close once idle, then runners stop. */
 void dspkd_stop(struct dspkd *d);
+/* Stops now (second SIGTERM, fatal error): cancels running tasks at once
+ * instead of at the grace deadline; the stop still goes in order. */
+void dspkd_stop_now(struct dspkd *d);
 /* Moves the stop forward after a job completed or a connection went away. */
 void dspkd_stop_progress(struct dspkd *d);
 

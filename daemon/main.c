@@ -21,8 +21,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "daemon/activation.h"
+#include "daemon/config.h"
 #include "daemon/dspkd.h"
+#include "daemon/lifecycle.h"
 #include "daemon/log.h"
+#include "daemon/teardown.h"
 
 #ifdef DSPKD_HAVE_CACHE
 #include "cache/cache.h"
@@ -34,6 +38,8 @@ static void usage(FILE *f) {
           "The dspk compute daemon: runs compute tasks that clients submit over a Unix\n"
           "socket (docs/protocol.md) on the host's devices.\n"
           "\n"
+          "  --config PATH        configuration file (default " DSPKD_CONFIG_DEFAULT "\n"
+          "                       when it exists; \"\" for none); flags override it\n"
           "  --socket PATH        listen here (default $DSPK_SOCKET, else\n"
           "                       $XDG_RUNTIME_DIR/dspk/dspkd.sock, /run/dspk/dspkd.sock as root)\n"
           "  --cache PATH         the persistent cache file (SQLite); default: none\n"
@@ -52,7 +58,7 @@ static void usage(FILE *f) {
           "  --max-buffers N      buffers per connection (default 4096)\n"
           "  --max-clients N      open connections (default 256)\n"
           "  --shutdown-timeout MS  at stop, cancel tasks still running after this\n"
-          "                       (default 30000)\n"
+          "                       (default 10000)\n"
           "  --help               show this help\n"
           "  --version            show the version\n");
 }
@@ -61,7 +67,7 @@ enum {
   OPT_SOCKET = 256, OPT_CACHE, OPT_BACKENDS, OPT_FOREGROUND, OPT_LOG_LEVEL, OPT_READY_FD,
   OPT_MAX_MESSAGE, OPT_MAX_DEPTH, OPT_MAX_OBJECTS, OPT_MAX_RANK, OPT_MAX_ELEMENTS,
   OPT_MAX_INFLIGHT, OPT_MAX_UNSENT, OPT_MAX_BUFFERS, OPT_MAX_CLIENTS, OPT_SHUTDOWN_TIMEOUT,
-  OPT_HELP, OPT_VERSION
+  OPT_HELP, OPT_VERSION, OPT_CONFIG
 };
 
 static const struct option long_opts[] = {
@@ -81,6 +87,7 @@ static const struct option long_opts[] = {
     {"max-buffers", required_argument, NULL, OPT_MAX_BUFFERS},
     {"max-clients", required_argument, NULL, OPT_MAX_CLIENTS},
     {"shutdown-timeout", required_argument, NULL, OPT_SHUTDOWN_TIMEOUT},
+    {"config", required_argument, NULL, OPT_CONFIG},
     {"help", no_argument, NULL, OPT_HELP},
     {"version", no_argument, NULL, OPT_VERSION},
     {NULL, 0, NULL, 0},
@@ -219,17 +226,10 @@ int main(int argc, char **argv) {
   const char *given_socket = NULL;
   uv_loop_t loop;
   uint64_t v;
-  int opt, detach_fd = -1, rc = 1;
+  int opt, detach_fd = -1, rc = 1, activated;
   enum dspkd_level level;
 
-  memset(cfg, 0, sizeof *cfg);
-  dspk__limits_default(&cfg->lim);
-  cfg->ready_fd = -1;
-  cfg->max_inflight = 1024;
-  cfg->max_unsent = (size_t)64 << 20;
-  cfg->max_buffers = 4096;
-  cfg->max_clients = 256;
-  cfg->shutdown_timeout_ms = 30000;
+  dspkd_config_defaults(cfg);
 
   while ((opt = getopt_long(argc, argv, "", long_opts, NULL)) != -1) {
     switch (opt) {
@@ -292,6 +292,7 @@ int main(int argc, char **argv) {
       if (parse_count("shutdown-timeout", optarg, 0, (uint64_t)1 << 40, &v)) return 2;
       cfg->shutdown_timeout_ms = v;
       break;
+    case OPT_CONFIG: break; /* read by dspkd_config_start() */
     case OPT_HELP:
       usage(stdout);
       return 0;
@@ -308,11 +309,19 @@ int main(int argc, char **argv) {
     return 2;
   }
 
+  /* The file fills what no flag set (daemon/config.h). */
+  if (dspkd_config_start(argc, argv, cfg) != 0)
+    return 2;
+
   signal(SIGPIPE, SIG_IGN);
-  if (socket_path(cfg, given_socket) != 0)
+  activated = dspkd_activation_start(d);
+  if (activated < 0)
+    return 1;
+  if (!activated &&
+      socket_path(cfg, given_socket ? given_socket : dspkd_config_file_socket()) != 0)
     return 1;
   /* Before any device opens: a second daemon must not touch the GPUs. */
-  if (dspkd_socket_check(cfg->socket_path) != 0)
+  if (!activated && dspkd_socket_check(cfg->socket_path) != 0)
     return 1;
   if (!cfg->foreground) {
     detach_fd = detach();
@@ -339,6 +348,7 @@ int main(int argc, char **argv) {
   uv_signal_init(&loop, &d->sigterm);
   uv_signal_init(&loop, &d->sigint);
   d->sigterm.data = d->sigint.data = d;
+  dspkd_lifecycle_start(d); /* SIGTERM during the start: acted on once the loop runs */
 
 #ifdef DSPKD_HAVE_CACHE
   if (cfg->cache_path) {
@@ -358,15 +368,25 @@ int main(int argc, char **argv) {
 
   if (dspkd_devices_start(d) != 0)
     goto out_devices;
-  if (dspkd_listen(d) != 0)
+  dspkd_teardown_arm(d); /* exit() from now on closes the devices first */
+  if (dspkd_socket_open(d) != 0)
     goto out_devices;
   uv_signal_start(&d->sigterm, on_signal, SIGTERM);
   uv_signal_start(&d->sigint, on_signal, SIGINT);
   signal_ready(cfg->ready_fd);
   signal_ready(detach_fd);
   detach_fd = -1;
+  dspkd_lifecycle_ready(d);
 
   uv_run(&loop, UV_RUN_DEFAULT);
+  if (!d->runners_stopped) {
+    /* The loop ended without the stop: a fatal error; still close in order. */
+    dspkd_error("the event loop ended unexpectedly; stopping the devices");
+    d->exit_code = 1;
+    d->stopping = d->runners_stopped = true;
+    dspkd_devices_stop(d);
+  }
+  dspkd_lifecycle_close(d);
   rc = d->exit_code;
   goto out_done;
 
@@ -383,10 +403,12 @@ out_handles:
   uv_close((uv_handle_t *)&d->grace_timer, NULL);
   uv_close((uv_handle_t *)&d->sigterm, NULL);
   uv_close((uv_handle_t *)&d->sigint, NULL);
+  dspkd_lifecycle_close(d);
   dspkd_devices_join(d, true);
   uv_run(&loop, UV_RUN_DEFAULT);
 out_done:
   dspkd_devices_join(d, true);
+  dspkd_teardown_disarm();
   dspkd_backends_shutdown(d);
 #ifdef DSPKD_HAVE_CACHE
   dspk__cache_close(d->cache);
@@ -396,6 +418,7 @@ out_done:
 out_loop:
   if (uv_loop_close(&loop) != 0)
     dspkd_warn("event loop closed with handles still open");
+  dspkd_teardown_report();
   if (rc == 0)
     dspkd_info("stopped");
   if (detach_fd >= 0)

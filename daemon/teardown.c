@@ -1,0 +1,140 @@
+/*
+ * The exit-path guard (daemon/teardown.h).
+ *
+ * The exit handler runs on whichever thread called exit().  It asks every
+ * runner to stop, takes the clients' queued jobs out of the rings (they stay
+ * on their connections' lists, so nothing is lost to the leak checker; the
+ * runner still runs the internal frees, which return device memory before
+ * the device closes), cancels the running tasks when it runs on the loop
+ * thread (only that thread may walk the connections), and joins every
+ * runner: each closes its own device on its own thread before it exits.
+ * Then the backends shut down (shared instances last) and the cache closes.
+ * A runner that itself called exit() cannot be joined by itself: that is
+ * logged, and its device is left to the driver.
+ */
+#include <dirent.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/log.h"
+#include "daemon/teardown.h"
+
+#ifdef DSPKD_HAVE_CACHE
+#include "cache/cache.h"
+#endif
+
+static struct dspkd *armed;
+static bool registered;
+static pthread_t loop_thread;
+
+bool dspkd_test_exit_is(const char *what) {
+  const char *e = getenv("DSPKD_TEST_EXIT");
+  return e && strcmp(e, what) == 0;
+}
+
+/* Takes every client queue out of the device's ring (dev->mu held). */
+static void unlink_client_queues(struct device *dev) {
+  bool sys = false;
+  for (struct cqueue *q = dev->ring_head, *next; q; q = next) {
+    next = q->next;
+    q->next = NULL;
+    q->in_ring = false;
+    if (q == &dev->sysq) {
+      sys = true;
+      continue;
+    }
+    q->head = q->tail = NULL;
+  }
+  dev->ring_head = dev->ring_tail = sys ? &dev->sysq : NULL;
+  if (sys)
+    dev->sysq.in_ring = true;
+}
+
+static void on_exit_handler(void) {
+  struct dspkd *d = armed;
+  bool on_loop;
+  int closed = 0;
+
+  if (!d)
+    return;
+  armed = NULL;
+  on_loop = pthread_equal(pthread_self(), loop_thread);
+  dspkd_warn("exit() called during operation: closing the devices before the process "
+             "ends");
+  for (int i = 0; i < d->ndevs; i++) {
+    struct device *dev = &d->devs[i];
+    if (!dev->thread_started || dev->joined)
+      continue;
+    pthread_mutex_lock(&dev->mu);
+    dev->stop = true;
+    unlink_client_queues(dev);
+    if (on_loop)
+      for (struct conn *c = d->conns; c; c = c->next)
+        for (struct job *j = c->jobs; j; j = j->cnext)
+          if (j->dev == dev && j->state == JOB_RUNNING)
+            atomic_store(&j->cancel, 1);
+    pthread_cond_broadcast(&dev->cv);
+    pthread_mutex_unlock(&dev->mu);
+  }
+  for (int i = 0; i < d->ndevs; i++) {
+    struct device *dev = &d->devs[i];
+    if (!dev->thread_started || dev->joined)
+      continue;
+    if (pthread_equal(pthread_self(), dev->thread)) {
+      dspkd_error("%s: exit() was called on its own runner thread; its device cannot "
+                  "be closed in order", dev->id);
+      continue;
+    }
+    pthread_join(dev->thread, NULL);
+    dev->joined = true;
+    closed++;
+  }
+  dspkd_backends_shutdown(d);
+#ifdef DSPKD_HAVE_CACHE
+  dspk__cache_close(d->cache);
+  d->cache = NULL;
+#endif
+  dspkd_info("exit handler: %d runner%s joined, every device closed", closed,
+             closed == 1 ? "" : "s");
+}
+
+void dspkd_teardown_arm(struct dspkd *d) {
+  loop_thread = pthread_self();
+  armed = d;
+  if (!registered && atexit(on_exit_handler) == 0)
+    registered = true;
+}
+
+void dspkd_teardown_disarm(void) { armed = NULL; }
+
+void dspkd_fatal(struct dspkd *d, const char *fmt, ...) {
+  char msg[512];
+  va_list ap;
+
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  dspkd_error("fatal: %s; stopping now", msg);
+  d->exit_code = 1;
+  dspkd_stop(d);
+  dspkd_stop_now(d);
+}
+
+void dspkd_teardown_report(void) {
+  DIR *dir;
+  struct dirent *e;
+  int n = 0;
+
+  if (!dspkd_log_enabled(DSPKD_DEBUG))
+    return;
+  dir = opendir("/proc/self/task");
+  if (!dir)
+    return;
+  while ((e = readdir(dir)))
+    if (e->d_name[0] != '.')
+      n++;
+  closedir(dir);
+  dspkd_debug("threads at exit: %d", n);
+}

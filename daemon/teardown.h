@@ -1,0 +1,43 @@
+/*
+ * The exit-path guard of dspkd: whatever ends the process, every device is
+ * closed on its own runner thread and every runner is joined first (GPU
+ * drivers crash when a process exits with a device alive on another thread:
+ * ../shared/repro/vk-exit-race).  The normal stop does this in order
+ * (daemon/conn.c, daemon/main.c); this file covers the rest: exit() called
+ * from anywhere (an atexit handler registered after the devices opened, so
+ * it runs before the handlers the drivers registered while opening), and a
+ * fatal error in the loop (a fast, ordered stop with exit status 1).
+ *
+ * It also holds the test-only hook DSPKD_TEST_EXIT, which makes the daemon
+ * take one exit path on purpose so tests/lifecycle can check each one:
+ *   startup-fail  fail the start after the devices opened
+ *   atexit        call exit(3) from the loop on SIGHUP
+ *   fatal         take the fatal-error path on SIGHUP
+ */
+#ifndef DSPKD_TEARDOWN_H
+#define DSPKD_TEARDOWN_H
+
+#include <stdbool.h>
+
+#include "daemon/dspkd.h"
+
+/* Registers the exit handler (once) for d's devices; call on the loop
+ * thread right after they opened. */
+void dspkd_teardown_arm(struct dspkd *d);
+/* Tells the exit handler that main joined every runner itself (call after
+ * the last join, before the backends shut down). */
+void dspkd_teardown_disarm(void);
+
+/* A fatal error on the loop thread: logs it, sets exit status 1 and stops
+ * at once, still in order (running tasks canceled, devices closed). */
+void dspkd_fatal(struct dspkd *d, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+/* Logs (debug) how many threads the process still has; at the end of main
+ * that must be 1. */
+void dspkd_teardown_report(void);
+
+/* True when $DSPKD_TEST_EXIT names this path (tests only). */
+bool dspkd_test_exit_is(const char *what);
+
+#endif /* DSPKD_TEARDOWN_H */
