@@ -88,9 +88,10 @@ int dspk__cuda_err(struct dspk__dev *dev, struct dspk__opctx *ctx,
 int dspk__cuda_msg(struct dspk__opctx *ctx, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
-/* Device pointer of a tensor's first element. */
+/* Device pointer of a tensor's first element (0 for an empty tensor the
+ * daemon placed without memory). */
 static inline CUdeviceptr dspk__cuda_ptr(const struct dspk__tensor *t) {
-  return t->mem->ptr + t->offset;
+  return t->mem ? t->mem->ptr + t->offset : 0;
 }
 
 /* Temporary device memory for one op: from the pool, and handed back through

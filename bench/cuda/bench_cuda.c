@@ -1,0 +1,552 @@
+/*
+ * bench_cuda: the CUDA backend's benchmarks (issue 5 §8), side by side.
+ *
+ *   bench_cuda backend
+ *       gemm 8192^2 f32 and bf16 and a batched fft of 2^20 c64 (batch 16)
+ *       through the backend table (what a dspkd runner does with data in
+ *       daemon buffers) vs cuBLAS/cuFFT called directly in-process on the
+ *       same data; then the plan-eviction trace: 200 contractions over 50
+ *       shapes with a plan cache of 16, with event retirement vs a stream
+ *       synchronize on every eviction (same binary, a switch), reporting
+ *       the GPU busy fraction (CUDA events around each task) and throughput.
+ *   bench_cuda daemon SOCKET
+ *       the same gemm/fft through a running dspkd (operands and outputs in
+ *       daemon buffers on cuda:0, tasks pipelined) vs in-process.
+ *   bench_cuda firstresult
+ *       what a fresh process pays to get one gemm 1024^2 on the GPU by
+ *       itself: load the driver, context, cuBLAS, copies, gemm, copy back.
+ *   bench_cuda mknpy DIR
+ *       writes DIR/a.npy and DIR/b.npy (1024x1024 f32) for dspk-submit.
+ *
+ * Prints markdown rows; timings are medians over repetitions.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "backends/cuda/cuda_internal.h"
+#include "dspk/dspk.h"
+
+#define CU dspk__cu
+#define BL dspk__cublas
+#define FF dspk__cufft
+
+static double now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+static void die(const char *what, long rc) {
+  fprintf(stderr, "bench_cuda: %s failed (%ld)\n", what, rc);
+  exit(1);
+}
+#define CK(x) do { long r_ = (long)(x); if (r_) die(#x, r_); } while (0)
+
+static void fill_random(void *p, size_t n, dspk_dtype dt) {
+  uint64_t s = 88172645463325252ull;
+  for (size_t i = 0; i < n; i++) {
+    s ^= s << 13; s ^= s >> 7; s ^= s << 17;
+    float f = (float)((double)(s >> 11) / (double)(1ull << 53) * 2.0 - 1.0);
+    if (dt == DSPK_BF16) {
+      uint32_t u;
+      memcpy(&u, &f, 4);
+      ((uint16_t *)p)[i] = (uint16_t)(u >> 16);
+    } else {
+      ((float *)p)[i] = f;
+    }
+  }
+}
+
+static int cmp_d(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+static double median(double *v, int n) {
+  qsort(v, (size_t)n, sizeof(*v), cmp_d);
+  return v[n / 2];
+}
+
+/* ---- backend vs in-process ------------------------------------------------ */
+
+static const struct dspk__backend *B = &dspk__backend_cuda;
+static struct dspk__dev *dev;
+
+static struct dspk__tensor T(dspk_dtype dt, int rank, const int64_t *shape) {
+  struct dspk__tensor t;
+  memset(&t, 0, sizeof(t));
+  t.dtype = dt;
+  t.rank = rank;
+  for (int i = 0; i < rank; i++)
+    t.shape[i] = shape[i];
+  return t;
+}
+
+/* Times reps runs of op through the backend (operands already placed):
+ * median of 3 batches, ms per run. */
+static double time_backend(struct dspk__op *op, int reps) {
+  atomic_int cancel = 0;
+  char err[512];
+  struct dspk__opctx ctx = {&cancel, NULL, NULL, err, sizeof(err)};
+  double v[3];
+  CK(B->run(dev, op, &ctx));
+  CK(B->sync(dev));
+  for (int k = 0; k < 3; k++) {
+    double t0 = now_ms();
+    for (int i = 0; i < reps; i++)
+      if (B->run(dev, op, &ctx)) {
+        fprintf(stderr, "run: %s\n", err);
+        exit(1);
+      }
+    CK(B->sync(dev));
+    v[k] = (now_ms() - t0) / reps;
+  }
+  return median(v, 3);
+}
+
+/* The same gemm with cuBLAS directly: own handle, own stream, own memory,
+ * same bytes. */
+static double time_cublas_gemm(dspk_dtype dt, int n, const void *ha, const void *hb,
+                               int reps) {
+  size_t isz = dt == DSPK_BF16 ? 2 : 4, nn = (size_t)n * n;
+  CUdeviceptr a, b, c;
+  CUstream st;
+  cublasHandle_t h;
+  float one = 1, zero = 0;
+  double v[3];
+  CK(CU.cuStreamCreate(&st, CU_STREAM_NON_BLOCKING));
+  CK(BL.cublasCreate(&h));
+  CK(BL.cublasSetStream(h, (cudaStream_t)st));
+  CK(CU.cuMemAlloc(&a, nn * isz));
+  CK(CU.cuMemAlloc(&b, nn * isz));
+  CK(CU.cuMemAlloc(&c, nn * 4));
+  CK(CU.cuMemcpyHtoDAsync(a, ha, nn * isz, st));
+  CK(CU.cuMemcpyHtoDAsync(b, hb, nn * isz, st));
+  for (int k = -1; k < 3; k++) {
+    double t0 = now_ms();
+    for (int i = 0; i < (k < 0 ? 1 : reps); i++) {
+      if (dt == DSPK_F32)
+        CK(BL.cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, (float *)b, n,
+                          (float *)a, n, &zero, (float *)c, n));
+      else
+        CK(BL.cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, (void *)b,
+                           CUDA_R_16BF, n, (void *)a, CUDA_R_16BF, n, &zero, (void *)c,
+                           CUDA_R_32F, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    }
+    CK(CU.cuStreamSynchronize(st));
+    if (k >= 0)
+      v[k] = (now_ms() - t0) / reps;
+  }
+  BL.cublasDestroy(h);
+  CU.cuMemFree(a);
+  CU.cuMemFree(b);
+  CU.cuMemFree(c);
+  CU.cuStreamDestroy(st);
+  return median(v, 3);
+}
+
+static double time_cufft(int64_t n, int64_t batch, const void *hx, int reps) {
+  size_t bytes = (size_t)(n * batch) * 8;
+  CUdeviceptr x, y;
+  CUstream st;
+  cufftHandle p;
+  size_t ws;
+  long long nn = n;
+  double v[3];
+  CK(CU.cuStreamCreate(&st, CU_STREAM_NON_BLOCKING));
+  CK(CU.cuMemAlloc(&x, bytes));
+  CK(CU.cuMemAlloc(&y, bytes));
+  CK(CU.cuMemcpyHtoDAsync(x, hx, bytes, st));
+  CK(FF.cufftCreate(&p));
+  CK(FF.cufftMakePlanMany64(p, 1, &nn, NULL, 1, n, NULL, 1, n, CUFFT_C2C, batch, &ws));
+  CK(FF.cufftSetStream(p, (cudaStream_t)st));
+  for (int k = -1; k < 3; k++) {
+    double t0 = now_ms();
+    for (int i = 0; i < (k < 0 ? 1 : reps); i++)
+      CK(FF.cufftExecC2C(p, (cufftComplex *)x, (cufftComplex *)y, CUFFT_FORWARD));
+    CK(CU.cuStreamSynchronize(st));
+    if (k >= 0)
+      v[k] = (now_ms() - t0) / reps;
+  }
+  FF.cufftDestroy(p);
+  CU.cuMemFree(x);
+  CU.cuMemFree(y);
+  CU.cuStreamDestroy(st);
+  return median(v, 3);
+}
+
+static void bench_gemm_backend(dspk_dtype dt, int n, int reps) {
+  int64_t s[2] = {n, n};
+  size_t isz = dspk__dtype_size(dt), nn = (size_t)n * n;
+  void *ha = malloc(nn * isz), *hb = malloc(nn * isz);
+  struct dspk__mem *ma, *mb, *mc;
+  struct dspk__op op;
+  char msg[256];
+  double tb, tc, flop = 2.0 * n * (double)n * n;
+  fill_random(ha, nn, dt);
+  fill_random(hb, nn, dt);
+  memset(&op, 0, sizeof(op));
+  op.kind = DSPK_OP_GEMM;
+  op.nin = 2;
+  op.in[0] = T(dt, 2, s);
+  op.in[1] = T(dt, 2, s);
+  op.u.gemm.alpha = 1;
+  CK(dspk__op_infer(&op, msg, sizeof(msg)));
+  CK(B->alloc(dev, nn * isz, &ma));
+  CK(B->alloc(dev, nn * isz, &mb));
+  CK(B->alloc(dev, nn * 4, &mc));
+  CK(B->write(dev, ma, 0, ha, nn * isz));
+  CK(B->write(dev, mb, 0, hb, nn * isz));
+  op.in[0].mem = ma;
+  op.in[1].mem = mb;
+  op.out[0].mem = mc;
+  tb = time_backend(&op, reps);
+  tc = time_cublas_gemm(dt, n, ha, hb, reps);
+  printf("| gemm %d^2 %s | %.3f ms (%.1f TFLOP/s) | %.3f ms (%.1f TFLOP/s) | %.3f |\n", n,
+         dspk__dtype_name(dt), tb, flop / tb / 1e9, tc, flop / tc / 1e9, tc / tb);
+  B->free(dev, ma);
+  B->free(dev, mb);
+  B->free(dev, mc);
+  free(ha);
+  free(hb);
+}
+
+static void bench_fft_backend(int64_t n, int64_t batch, int reps) {
+  int64_t s[2] = {batch, n};
+  size_t bytes = (size_t)(n * batch) * 8;
+  void *hx = malloc(bytes);
+  struct dspk__mem *mx, *my;
+  struct dspk__op op;
+  char msg[256];
+  double tb, tc;
+  fill_random(hx, (size_t)(n * batch) * 2, DSPK_F32);
+  memset(&op, 0, sizeof(op));
+  op.kind = DSPK_OP_FFT;
+  op.nin = 1;
+  op.in[0] = T(DSPK_C64, 2, s);
+  CK(dspk__op_infer(&op, msg, sizeof(msg)));
+  CK(B->alloc(dev, bytes, &mx));
+  CK(B->alloc(dev, bytes, &my));
+  CK(B->write(dev, mx, 0, hx, bytes));
+  op.in[0].mem = mx;
+  op.out[0].mem = my;
+  tb = time_backend(&op, reps);
+  tc = time_cufft(n, batch, hx, reps);
+  printf("| fft 2^%d c64 x %lld | %.3f ms (%.0f GB/s) | %.3f ms (%.0f GB/s) | %.3f |\n",
+         (int)log2((double)n), (long long)batch, tb, 2.0 * bytes / tb / 1e6, tc,
+         2.0 * bytes / tc / 1e6, tc / tb);
+  B->free(dev, mx);
+  B->free(dev, my);
+  free(hx);
+}
+
+/* The eviction trace: 200 contractions "ik,jk->ji" over 50 shapes (i
+ * varies), plan cache 16.  Busy = sum of per-task GPU spans / whole span. */
+static void bench_trace(int sync_on_evict, int64_t i0, int64_t di, int64_t j, int64_t k,
+                        const char *label) {
+  enum { NT = 200, NS = 50 };
+  struct dspk__mem *ma, *mb, *mc;
+  int64_t imax = i0 + di * (NS - 1);
+  size_t bytes_a = (size_t)(imax * k) * 4, bytes_b = (size_t)(j * k) * 4;
+  size_t bytes_c = (size_t)(imax * j) * 4;
+  void *h = malloc(bytes_a > bytes_b ? bytes_a : bytes_b);
+  CUevent ev[2 * NT];
+  atomic_int cancel = 0;
+  char err[512];
+  struct dspk__opctx ctx = {&cancel, NULL, NULL, err, sizeof(err)};
+  struct dspk__devstats s0, s1;
+  uint64_t seed = 12345;
+  int shapes[NT];
+  double t0, wall, busy = 0;
+  float span;
+  for (int t = 0; t < NT; t++) {
+    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+    shapes[t] = (int)((seed >> 33) % NS);
+  }
+  fill_random(h, (bytes_a > bytes_b ? bytes_a : bytes_b) / 4, DSPK_F32);
+  CK(B->alloc(dev, bytes_a, &ma));
+  CK(B->alloc(dev, bytes_b, &mb));
+  CK(B->alloc(dev, bytes_c, &mc));
+  CK(B->write(dev, ma, 0, h, bytes_a));
+  CK(B->write(dev, mb, 0, h, bytes_b));
+  for (int e = 0; e < 2 * NT; e++)
+    CK(CU.cuEventCreate(&ev[e], CU_EVENT_DEFAULT));
+  dspk__cuda_set_sync_on_evict(dev, sync_on_evict);
+  CK(B->sync(dev));
+  memset(&s0, 0, sizeof(s0));
+  memset(&s1, 0, sizeof(s1));
+  B->stats(dev, &s0);
+  t0 = now_ms();
+  for (int t = 0; t < NT; t++) {
+    struct dspk__op op;
+    int64_t as[2] = {i0 + di * shapes[t], k}, bs[2] = {j, k};
+    char msg[256];
+    memset(&op, 0, sizeof(op));
+    op.kind = DSPK_OP_CONTRACT;
+    op.nin = 2;
+    snprintf(op.u.contract.subscripts, sizeof(op.u.contract.subscripts), "ik,jk->ji");
+    op.in[0] = T(DSPK_F32, 2, as);
+    op.in[1] = T(DSPK_F32, 2, bs);
+    CK(dspk__op_infer(&op, msg, sizeof(msg)));
+    op.in[0].mem = ma;
+    op.in[1].mem = mb;
+    op.out[0].mem = mc;
+    CK(CU.cuEventRecord(ev[2 * t], dspk__cuda_stream(dev)));
+    if (B->run(dev, &op, &ctx)) {
+      fprintf(stderr, "contract: %s\n", err);
+      exit(1);
+    }
+    CK(CU.cuEventRecord(ev[2 * t + 1], dspk__cuda_stream(dev)));
+  }
+  CK(B->sync(dev));
+  wall = now_ms() - t0;
+  B->stats(dev, &s1);
+  for (int t = 0; t < NT; t++) {
+    float ms;
+    CK(CU.cuEventElapsedTime(&ms, ev[2 * t], ev[2 * t + 1]));
+    busy += ms;
+  }
+  CK(CU.cuEventElapsedTime(&span, ev[0], ev[2 * NT - 1]));
+  printf("| %s, %s | %.1f%% | %.0f contractions/s | %.2f ms | deferred %llu, barrier "
+         "fallbacks %llu, max in flight %llu |\n",
+         label, sync_on_evict ? "sync per eviction" : "event retirement",
+         100.0 * busy / span, NT / (wall / 1e3), wall,
+         (unsigned long long)(s1.retire_deferred - s0.retire_deferred),
+         (unsigned long long)(s1.retire_barrier_fallbacks - s0.retire_barrier_fallbacks),
+         (unsigned long long)s1.retire_max_in_flight);
+  dspk__cuda_set_sync_on_evict(dev, 0);
+  for (int e = 0; e < 2 * NT; e++)
+    CU.cuEventDestroy(ev[e]);
+  B->free(dev, ma);
+  B->free(dev, mb);
+  B->free(dev, mc);
+  free(h);
+}
+
+static int mode_backend(void) {
+  struct dspk__devinfo info[DSPK__CUDA_MAX_DEVICES];
+  char why[256];
+  setenv("DSPK_CUDA_PLAN_CACHE", "16", 1);
+  if (B->probe(info, DSPK__CUDA_MAX_DEVICES, why, sizeof(why)) < 1) {
+    fprintf(stderr, "bench_cuda: no CUDA device: %s\n", why);
+    return 1;
+  }
+  CK(B->open(0, NULL, &dev));
+  printf("device: %s (%s), driver %s\n\n", info[0].name, info[0].arch, info[0].driver);
+  printf("| op | through the backend | cuBLAS/cuFFT in-process | ratio |\n|---|---|---|---|\n");
+  bench_gemm_backend(DSPK_F32, 8192, 10);
+  bench_gemm_backend(DSPK_BF16, 8192, 40);
+  bench_fft_backend(1 << 20, 16, 40);
+  printf("\n| trace | GPU busy | throughput | wall | retirement |\n|---|---|---|---|---|\n");
+  for (int r = 0; r < 2; r++) {
+    /* Warm the pool for both variants alike, then measure. */
+    bench_trace(r, 1024, 64, 1024, 1024, "warm-up");
+  }
+  bench_trace(0, 1024, 64, 1024, 1024, "large (i=1024..4160, j=k=1024)");
+  bench_trace(1, 1024, 64, 1024, 1024, "large (i=1024..4160, j=k=1024)");
+  bench_trace(0, 64, 8, 256, 256, "small (i=64..456, j=k=256)");
+  bench_trace(1, 64, 8, 256, 256, "small (i=64..456, j=k=256)");
+  B->close(dev);
+  B->shutdown();
+  return 0;
+}
+
+/* ---- through the daemon ----------------------------------------------------- */
+
+static double time_daemon(dspk_client *c, const dspk_task *t, uint64_t probe_buf, int reps) {
+  double v[3];
+  uint32_t tk[64];
+  dspk_result r;
+  float tmp;
+  for (int k = -1; k < 3; k++) {
+    double t0 = now_ms();
+    int n = k < 0 ? 1 : reps;
+    for (int i = 0; i < n; i++)
+      CK(dspk_submit(c, t, &tk[i]));
+    for (int i = 0; i < n; i++) {
+      int rc = dspk_wait(c, tk[i], &r);
+      if (rc) {
+        fprintf(stderr, "task: %s\n", dspk_last_error(c));
+        exit(1);
+      }
+      dspk_result_free(&r);
+    }
+    /* A read orders after all the device's work. */
+    CK(dspk_buffer_read(c, probe_buf, 0, &tmp, sizeof(tmp)));
+    if (k >= 0)
+      v[k] = (now_ms() - t0) / n;
+  }
+  return median(v, 3);
+}
+
+static int mode_daemon(const char *sock) {
+  dspk_client *c;
+  char why[256];
+  struct dspk__devinfo info[DSPK__CUDA_MAX_DEVICES];
+  if (dspk_connect(sock, "bench_cuda", &c)) {
+    fprintf(stderr, "bench_cuda: connect: %s\n", dspk_connect_error());
+    return 1;
+  }
+  if (B->probe(info, DSPK__CUDA_MAX_DEVICES, why, sizeof(why)) < 1)
+    return 1;
+  printf("| op (data in daemon buffers on cuda:0) | through dspkd | in-process | ratio |\n"
+         "|---|---|---|---|\n");
+  for (int which = 0; which < 3; which++) {
+    dspk_task t;
+    dspk_tensor in[2];
+    uint64_t ba, bb, bo;
+    int n = 8192, reps = which == 0 ? 10 : 40;
+    dspk_dtype dt = which == 1 ? DSPK_BF16 : DSPK_F32;
+    size_t isz = dspk_dtype_size(dt), nn = (size_t)n * n;
+    void *ha, *hb = NULL;
+    double td, tc;
+    dspk_task_init(&t, which < 2 ? DSPK_OP_GEMM : DSPK_OP_FFT);
+    t.device = "cuda:0";
+    memset(in, 0, sizeof(in));
+    if (which < 2) {
+      ha = malloc(nn * isz);
+      hb = malloc(nn * isz);
+      fill_random(ha, nn, dt);
+      fill_random(hb, nn, dt);
+      CK(dspk_buffer_create(c, "cuda:0", nn * isz, &ba));
+      CK(dspk_buffer_create(c, "cuda:0", nn * isz, &bb));
+      CK(dspk_buffer_create(c, "cuda:0", nn * 4, &bo));
+      CK(dspk_buffer_write(c, ba, 0, ha, nn * isz));
+      CK(dspk_buffer_write(c, bb, 0, hb, nn * isz));
+      for (int i = 0; i < 2; i++) {
+        in[i].dtype = dt;
+        in[i].rank = 2;
+        in[i].shape[0] = in[i].shape[1] = n;
+        in[i].is_ref = true;
+        in[i].buffer = i ? bb : ba;
+      }
+      t.ninputs = 2;
+    } else {
+      int64_t fn = 1 << 20, batch = 16;
+      size_t bytes = (size_t)(fn * batch) * 8;
+      ha = malloc(bytes);
+      fill_random(ha, bytes / 4, DSPK_F32);
+      CK(dspk_buffer_create(c, "cuda:0", bytes, &ba));
+      CK(dspk_buffer_create(c, "cuda:0", bytes, &bo));
+      CK(dspk_buffer_write(c, ba, 0, ha, bytes));
+      in[0].dtype = DSPK_C64;
+      in[0].rank = 2;
+      in[0].shape[0] = batch;
+      in[0].shape[1] = fn;
+      in[0].is_ref = true;
+      in[0].buffer = ba;
+      t.ninputs = 1;
+      bb = 0;
+    }
+    t.inputs = in;
+    t.nout_refs = 1;
+    t.out_refs[0].buffer = bo;
+    t.out_refs[0].offset = 0;
+    td = time_daemon(c, &t, bo, reps);
+    if (which < 2) {
+      double flop = 2.0 * n * (double)n * n;
+      CK(dspk__cuda_load_cublas(why, sizeof(why)));
+      {
+        CUcontext ctx;
+        CK(CU.cuDevicePrimaryCtxRetain(&ctx, 0));
+        CK(CU.cuCtxSetCurrent(ctx));
+      }
+      tc = time_cublas_gemm(dt, n, ha, hb, reps);
+      printf("| gemm %d^2 %s | %.3f ms (%.1f TFLOP/s) | %.3f ms (%.1f TFLOP/s) | %.3f |\n", n,
+             dspk_dtype_name(dt), td, flop / td / 1e9, tc, flop / tc / 1e9, tc / td);
+      CK(dspk_buffer_free(c, bb));
+    } else {
+      CUcontext ctx;
+      CK(dspk__cuda_load_cufft(why, sizeof(why)));
+      CK(CU.cuDevicePrimaryCtxRetain(&ctx, 0));
+      CK(CU.cuCtxSetCurrent(ctx));
+      tc = time_cufft(1 << 20, 16, ha, reps);
+      printf("| fft 2^20 c64 x 16 | %.3f ms | %.3f ms | %.3f |\n", td, tc, tc / td);
+    }
+    CK(dspk_buffer_free(c, ba));
+    CK(dspk_buffer_free(c, bo));
+    free(ha);
+    free(hb);
+  }
+  dspk_close(c);
+  return 0;
+}
+
+/* ---- first result of a fresh process ----------------------------------------- */
+
+static int mode_firstresult(void) {
+  double t0 = now_ms();
+  char why[256];
+  int n = 1024;
+  size_t bytes = (size_t)n * n * 4;
+  float *a = malloc(bytes), *b = malloc(bytes), *c = malloc(bytes), one = 1, zero = 0;
+  CUdevice d;
+  CUcontext ctx;
+  CUstream st;
+  CUdeviceptr da, db, dc;
+  cublasHandle_t h;
+  fill_random(a, (size_t)n * n, DSPK_F32);
+  fill_random(b, (size_t)n * n, DSPK_F32);
+  CK(dspk__cuda_load_driver(why, sizeof(why)));
+  CK(CU.cuInit(0));
+  CK(CU.cuDeviceGet(&d, 0));
+  CK(CU.cuDevicePrimaryCtxRetain(&ctx, d));
+  CK(CU.cuCtxSetCurrent(ctx));
+  CK(CU.cuStreamCreate(&st, CU_STREAM_NON_BLOCKING));
+  CK(dspk__cuda_load_cublas(why, sizeof(why)));
+  CK(BL.cublasCreate(&h));
+  CK(BL.cublasSetStream(h, (cudaStream_t)st));
+  CK(CU.cuMemAlloc(&da, bytes));
+  CK(CU.cuMemAlloc(&db, bytes));
+  CK(CU.cuMemAlloc(&dc, bytes));
+  CK(CU.cuMemcpyHtoDAsync(da, a, bytes, st));
+  CK(CU.cuMemcpyHtoDAsync(db, b, bytes, st));
+  CK(BL.cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, (float *)db, n, (float *)da, n,
+                    &zero, (float *)dc, n));
+  CK(CU.cuMemcpyDtoHAsync(c, dc, bytes, st));
+  CK(CU.cuStreamSynchronize(st));
+  printf("in-process first result: %.1f ms inside main (c[0]=%g)\n", now_ms() - t0, c[0]);
+  return 0;
+}
+
+static int mode_mknpy(const char *dir) {
+  for (int k = 0; k < 2; k++) {
+    char path[512], hdr[128];
+    int n = 1024;
+    float *p = malloc((size_t)n * n * 4);
+    FILE *f;
+    int hl;
+    snprintf(path, sizeof(path), "%s/%c.npy", dir, k ? 'b' : 'a');
+    fill_random(p, (size_t)n * n, DSPK_F32);
+    hl = snprintf(hdr, sizeof(hdr), "{'descr': '<f4', 'fortran_order': False, 'shape': (%d, %d), }", n, n);
+    while ((10 + hl + 1) % 64)
+      hdr[hl++] = ' ';
+    hdr[hl++] = '\n';
+    f = fopen(path, "wb");
+    if (!f)
+      return 1;
+    fwrite("\x93NUMPY\x01\x00", 1, 8, f);
+    fputc(hl & 0xff, f);
+    fputc(hl >> 8, f);
+    fwrite(hdr, 1, (size_t)hl, f);
+    fwrite(p, 4, (size_t)n * n, f);
+    fclose(f);
+    free(p);
+  }
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  if (argc >= 2 && strcmp(argv[1], "backend") == 0)
+    return mode_backend();
+  if (argc >= 3 && strcmp(argv[1], "daemon") == 0)
+    return mode_daemon(argv[2]);
+  if (argc >= 2 && strcmp(argv[1], "firstresult") == 0)
+    return mode_firstresult();
+  if (argc >= 3 && strcmp(argv[1], "mknpy") == 0)
+    return mode_mknpy(argv[2]);
+  fprintf(stderr, "usage: bench_cuda backend | daemon SOCKET | firstresult | mknpy DIR\n");
+  return 2;
+}

@@ -1,0 +1,107 @@
+#!/bin/bash
+# The CUDA GPU suite: run on a host with an NVIDIA GPU, from the repository
+# root, against a build directory (default build; the GPU machine recipe in
+# docs uses .device/build).  Writes logs into OUTDIR (default ./gpu-out).
+#
+#   scripts/gpu-suite.sh [BUILD_DIR] [OUTDIR] [tests|bench|all]
+#
+# 1. ctest -L cuda: the CUDA unit tests and the GPU suite (label gpu):
+#    every op against the cpu backend, raw kernels, fault recovery, a
+#    restart with a warm kernel cache.
+# 2. bench_cuda backend: gemm/fft vs cuBLAS/cuFFT in-process, the
+#    plan-eviction trace (event retirement vs sync per eviction).
+# 3. Through dspkd: devices, gemm/fft with data in daemon buffers vs
+#    in-process, a raw kernel and a compile error through dspk-submit, the
+#    first result of a fresh dspk-submit process vs a fresh in-process
+#    program, and a daemon restart with a warm cache (compile count 0).
+set -u
+BUILD=${1:-build}
+OUT=${2:-gpu-out}
+WHAT=${3:-all}
+mkdir -p "$OUT"
+SUBMIT=$BUILD/client/submit/dspk-submit
+DSPKD=$BUILD/daemon/dspkd
+BENCH=$BUILD/bench/cuda/bench_cuda
+fail=0
+
+ms() { date +%s%N; }
+section() { echo; echo "=== $* ==="; }
+
+section "machine"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>/dev/null || true
+date -u
+
+if [ "$WHAT" = all ] || [ "$WHAT" = tests ]; then
+  section "ctest -L cuda"
+  ctest --test-dir "$BUILD" -L 'cuda|retire' --output-on-failure --timeout 600 \
+    2>&1 | tee "$OUT/ctest.log" || fail=1
+fi
+
+if [ "$WHAT" = all ] || [ "$WHAT" = bench ]; then
+  section "bench_cuda backend"
+  "$BENCH" backend 2>&1 | tee "$OUT/bench-backend.md" || fail=1
+
+  section "through dspkd"
+  TMP=$(mktemp -d)
+  SOCK=$TMP/dspkd.sock
+  start_daemon() {
+    exec 3> "$TMP/ready"
+    "$DSPKD" --socket "$SOCK" --cache "$TMP/cache.db" --foreground --log-level warn \
+      --ready-fd 3 2>> "$OUT/dspkd.log" &
+    DPID=$!
+    exec 3>&-
+    for _ in $(seq 1 600); do
+      grep -q READY "$TMP/ready" 2>/dev/null && break
+      kill -0 $DPID 2>/dev/null || break
+      sleep 0.05
+    done
+  }
+  start_daemon
+  "$SUBMIT" -S "$SOCK" devices --all 2>&1 | tee -a "$OUT/daemon.log"
+  "$BENCH" daemon "$SOCK" 2>&1 | tee -a "$OUT/daemon.log" || fail=1
+
+  section "raw kernel and compile error through dspk-submit"
+  cat > "$TMP/k.cu" <<'K'
+extern "C" __global__ void fill(float *y, float v, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) y[i] = v * i;
+}
+K
+  "$SUBMIT" -S "$SOCK" kernel "$TMP/k.cu" --entry fill --grid 4 --block 256 \
+    --device cuda:0 zeros:f32:1024 f32:0.5 i32:1024 2>&1 | tee -a "$OUT/daemon.log"
+  echo 'extern "C" __global__ void bad(float *y) { y[0] = oops; }' > "$TMP/bad.cu"
+  "$SUBMIT" -S "$SOCK" kernel "$TMP/bad.cu" --entry bad --grid 1 --block 1 \
+    --device cuda:0 zeros:f32:4 2>&1 | tee -a "$OUT/daemon.log"
+
+  section "first result: fresh dspk-submit vs fresh in-process program"
+  "$BENCH" mknpy "$TMP"
+  "$SUBMIT" -S "$SOCK" gemm "$TMP/a.npy" "$TMP/b.npy" -o "$TMP/c.npy" --device cuda:0 \
+    > /dev/null 2>&1 # the daemon's own first use of cuBLAS for this shape
+  for i in 1 2 3 4 5; do
+    t0=$(ms)
+    "$SUBMIT" -S "$SOCK" gemm "$TMP/a.npy" "$TMP/b.npy" -o "$TMP/c.npy" --device cuda:0 \
+      || fail=1
+    t1=$(ms)
+    echo "dspk-submit gemm 1024^2 on cuda:0 (fresh process): $(( (t1 - t0) / 1000000 )) ms"
+  done 2>&1 | tee -a "$OUT/firstresult.log"
+  for i in 1 2 3; do
+    t0=$(ms)
+    "$BENCH" firstresult || fail=1
+    t1=$(ms)
+    echo "in-process fresh program, whole process: $(( (t1 - t0) / 1000000 )) ms"
+  done 2>&1 | tee -a "$OUT/firstresult.log"
+
+  section "daemon restart with a warm kernel cache"
+  "$SUBMIT" -S "$SOCK" status --json > "$OUT/status-before.json" 2>&1
+  kill -TERM $DPID; wait $DPID
+  start_daemon
+  "$SUBMIT" -S "$SOCK" kernel "$TMP/k.cu" --entry fill --grid 4 --block 256 \
+    --device cuda:0 zeros:f32:1024 f32:0.5 i32:1024 > /dev/null 2>&1
+  "$SUBMIT" -S "$SOCK" map abs "$TMP/a.npy" -o "$TMP/abs.npy" --device cuda:0 2>&1 | tail -2
+  "$SUBMIT" -S "$SOCK" status --json > "$OUT/status-after.json" 2>&1
+  grep -o '"kernels_compiled"[^,}]*\|"kernel_cache_hits"[^,}]*' "$OUT/status-after.json" \
+    | tee -a "$OUT/daemon.log"
+  kill -TERM $DPID; wait $DPID; echo "dspkd exit: $?"
+  rm -rf "$TMP"
+fi
+exit $fail
