@@ -339,8 +339,8 @@ static int resp_status(dspk_client *c, struct dspk__resp *r) {
 static int wait_common(dspk_client *c, bool any, uint32_t *msgid,
                        struct dspk__resp *out) {
   struct dspk__resp r;
-  char *buf;
-  size_t len;
+  char *buf = NULL;
+  size_t len = 0;
   int rc;
 
   /* A response that already arrived. */
