@@ -376,6 +376,16 @@ static bool selected(const char *list, const char *name) {
   return false;
 }
 
+/* Every backend dspk has, built into this binary or not. */
+static const char *const all_backends[] = {"cpu", "cuda", "vulkan", "hip"};
+
+static bool built(const char *name, size_t len) {
+  for (int i = 0; dspk__backends[i]; i++)
+    if (strlen(dspk__backends[i]->name) == len && memcmp(dspk__backends[i]->name, name, len) == 0)
+      return true;
+  return false;
+}
+
 static int check_backend_list(const char *list) {
   if (!list)
     return 0;
@@ -386,6 +396,10 @@ static int check_backend_list(const char *list) {
     for (int i = 0; dspk__backends[i]; i++)
       if (strlen(dspk__backends[i]->name) == len &&
           memcmp(dspk__backends[i]->name, p, len) == 0)
+        known = true;
+    /* A backend dspk knows but this build lacks is listed as unavailable. */
+    for (size_t i = 0; !known && i < sizeof all_backends / sizeof all_backends[0]; i++)
+      if (strlen(all_backends[i]) == len && memcmp(all_backends[i], p, len) == 0)
         known = true;
     if (!known && len > 0) {
       char have[128] = "";
@@ -415,6 +429,9 @@ int dspkd_devices_start(struct dspkd *d) {
   err = check_backend_list(d->cfg.backends);
   if (err < 0)
     return err;
+  for (size_t i = 0; i < sizeof all_backends / sizeof all_backends[0]; i++)
+    if (!built(all_backends[i], strlen(all_backends[i])))
+      add_unavailable(d, all_backends[i], "not built into this dspkd");
   for (int b = 0; dspk__backends[b]; b++) {
     const struct dspk__backend *be = dspk__backends[b];
     struct dspk__devinfo info[MAX_PROBE];
