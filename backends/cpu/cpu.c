@@ -17,6 +17,7 @@
 #include <fftw3.h>
 
 #include "backends/cpu/cpu.h"
+#include "backends/cpu/tune.h"
 
 int dspk__cpu_err(struct dspk__opctx *ctx, int code, const char *fmt, ...) {
   if (ctx && ctx->errmsg && ctx->errmsg_len) {
@@ -98,6 +99,9 @@ static int cpu_open(int index, const struct dspk__devenv *env,
   if (env)
     dev->env = *env;
   dev->fir_force = -1;
+  /* Stored FFTW wisdom makes FFTW_MEASURE plans quick; without it they are
+   * measured again, so a failure here is not fatal. */
+  dspk__cpu_tune_wisdom_load(dev);
   *out = dev;
   return 0;
 }

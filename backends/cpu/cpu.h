@@ -56,12 +56,17 @@ struct dspk__dev {
   /* fir path: -1 automatic (dspk__cpu_fir_use_fft), 0 direct, 1 FFT.  Tests
    * and the autotuner set it. */
   int fir_force;
-  /* FFTW planner flags for new plans; 0 means FFTW_ESTIMATE.  The cache
-   * sets FFTW_MEASURE once wisdom is loaded (then dspk__cpu_fft_release()
-   * drops plans made with the old flags). */
+  /* FFTW planner flags for new plans, an override for tests and benches;
+   * 0 (which is also FFTW_MEASURE's value) leaves the choice to
+   * dspk__cpu_fft_flags().  dspk__cpu_fft_release() drops plans made with
+   * earlier flags. */
   unsigned fft_flags;
-  /* OpenBLAS threads for gemm/contract; 0 leaves the library's default. */
+  /* OpenBLAS threads for gemm/contract, an override; 0 leaves the choice to
+   * dspk__cpu_gemm_threads(). */
   int gemm_threads;
+  /* Set when a plan was measured: its wisdom goes to the cache after the
+   * op (dspk__cpu_fft_wisdom_flush). */
+  int wisdom_dirty;
 };
 
 /* The address of a tensor's first element (NULL for an empty tensor that
@@ -93,13 +98,15 @@ int dspk__cpu_gemm_batched(struct dspk__dev *dev, dspk_dtype dt, int64_t batch,
                            const void *B, void *C, struct dspk__opctx *ctx);
 
 /* Choice point: OpenBLAS threads for one gemm of this size, or 0 to leave
- * the library's default. */
-int dspk__cpu_gemm_threads(struct dspk__dev *dev, int64_t M, int64_t N,
-                           int64_t K, int64_t batch);
+ * the library's default: dev->gemm_threads when set, else measured
+ * (backends/cpu/tune.h) when the device has a cache, else 0. */
+int dspk__cpu_gemm_threads(struct dspk__dev *dev, dspk_dtype dt, int64_t M,
+                           int64_t N, int64_t K, int64_t batch);
 
-/* Choice point: FFTW planner flags (FFTW_ESTIMATE now; FFTW_MEASURE with
- * wisdom from the cache later).  Planning never touches the task's data:
- * plans are made on scratch arrays, so MEASURE is safe. */
+/* Choice point: FFTW planner flags: dev->fft_flags when set, else
+ * FFTW_MEASURE when the device has a cache (wisdom is loaded at open and
+ * saved after each new plan), else FFTW_ESTIMATE.  Planning never touches
+ * the task's data: plans are made on scratch arrays, so MEASURE is safe. */
 unsigned dspk__cpu_fft_flags(struct dspk__dev *dev, int kind, int dbl, int n,
                              int batch);
 
@@ -113,6 +120,9 @@ void *dspk__cpu_fft_plan(struct dspk__dev *dev, int kind, int dbl, int n,
 /* Executes plan (from dspk__cpu_fft_plan) on in/out with FFTW's new-array
  * execute functions; the arrays must match the plan's alignment. */
 void dspk__cpu_fft_exec(int kind, int dbl, void *plan, void *in, void *out);
+/* Stores FFTW's wisdom in the device's cache when a plan was measured
+ * since the last call (best effort; takes the FFTW lock). */
+void dspk__cpu_fft_wisdom_flush(struct dspk__dev *dev);
 /* 1 when p has the alignment FFTW's SIMD plans want. */
 int dspk__cpu_fft_aligned(int dbl, const void *p);
 
@@ -125,8 +135,10 @@ void dspk__cpu_fftw_unlock(void);
 void dspk__cpu_fft_release(struct dspk__dev *dev);
 
 /* Choice point: 1 to filter with FFT convolution, 0 for the direct loop,
- * for `batch` rows of n samples and k taps. */
+ * for `batch` rows of n samples and k taps: measured per shape class
+ * (backends/cpu/tune.h) when the device has a cache, else a heuristic.
+ * DSPK_ECANCELED when the task was canceled during a measurement. */
 int dspk__cpu_fir_use_fft(struct dspk__dev *dev, dspk_dtype dt, int64_t n,
-                          int64_t k, int64_t batch);
+                          int64_t k, int64_t batch, struct dspk__opctx *ctx);
 
 #endif /* DSPK_BACKENDS_CPU_CPU_H */

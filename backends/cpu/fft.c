@@ -23,6 +23,7 @@
 #include <fftw3.h>
 
 #include "backends/cpu/cpu.h"
+#include "backends/cpu/tune.h"
 
 /* Rows per execute call are chosen so a chunk is about this many elements. */
 #define CHUNK_ELEMS ((int64_t)1 << 22)
@@ -36,9 +37,9 @@ unsigned dspk__cpu_fft_flags(struct dspk__dev *dev, int kind, int dbl, int n,
                              int batch) {
   (void)kind;
   (void)dbl;
-  (void)n;
-  (void)batch;
-  return dev->fft_flags ? dev->fft_flags : FFTW_ESTIMATE;
+  if (dev->fft_flags)
+    return dev->fft_flags;
+  return dspk__cpu_tune_fft_flags(dev, n, batch);
 }
 
 /* Caller holds the FFTW lock. */
@@ -180,6 +181,8 @@ void *dspk__cpu_fft_plan(struct dspk__dev *dev, int kind, int dbl, int n,
                                   .aligned = aligned, .n = n, .batch = batch,
                                   .plan = plan, .last_use = now};
   dev->plans_made++;
+  if (!(flags & FFTW_ESTIMATE))
+    dev->wisdom_dirty = 1; /* measured: new wisdom to store after the op */
   return plan;
 }
 
@@ -197,6 +200,13 @@ void dspk__cpu_fft_exec(int kind, int dbl, void *plan, void *in, void *out) {
     default: fftwf_execute_dft(plan, in, out); break;
     }
   }
+}
+
+void dspk__cpu_fft_wisdom_flush(struct dspk__dev *dev) {
+  if (!dev->wisdom_dirty || !dev->env.cache)
+    return;
+  dev->wisdom_dirty = 0;
+  dspk__cpu_tune_wisdom_save(dev); /* best effort: a failure costs a re-plan */
 }
 
 int dspk__cpu_fft_aligned(int dbl, const void *p) {
@@ -236,6 +246,7 @@ int dspk__cpu_fft(struct dspk__dev *dev, struct dspk__op *op,
                            "fft: FFTW could not plan a transform of length %lld",
                            (long long)n);
     dspk__cpu_fft_exec(kind, dbl, plan, pi, po);
+    dspk__cpu_fft_wisdom_flush(dev);
     if (kind == DSPK__CPU_FFT_BWD) {
       int64_t m = 2 * cb * n;
       if (dbl) {

@@ -23,14 +23,20 @@
 #include <fftw3.h>
 
 #include "backends/cpu/cpu.h"
+#include "backends/cpu/tune.h"
 
 /* Output samples per block of the direct loop. */
 #define DIRECT_BLOCK 2048
 
 int dspk__cpu_fir_use_fft(struct dspk__dev *dev, dspk_dtype dt, int64_t n,
-                          int64_t k, int64_t batch) {
-  (void)dev;
+                          int64_t k, int64_t batch, struct dspk__opctx *ctx) {
   (void)batch;
+  if (dev->env.cache) {
+    int rc = dspk__cpu_tune_fir(dev, dt, n, k, ctx);
+    if (rc >= 0 || rc == DSPK_ECANCELED)
+      return rc;
+    /* Any other failure (out of memory for scratch): the heuristic. */
+  }
   /* Measured crossover on x86-64 (vectorised direct loop vs overlap-add):
    * about 32 taps for real signals, 16 for complex ones. */
   int64_t lim = dspk__dtype_is_complex(dt) ? 16 : 32;
@@ -228,10 +234,15 @@ int dspk__cpu_fir(struct dspk__dev *dev, struct dspk__op *op,
   int64_t rows = dspk__tensor_numel(X) / n;
   int use_fft = dev->fir_force >= 0
                     ? dev->fir_force
-                    : dspk__cpu_fir_use_fft(dev, X->dtype, n, k, rows);
+                    : dspk__cpu_fir_use_fft(dev, X->dtype, n, k, rows, ctx);
+  if (use_fft < 0)
+    return use_fft;
   /* Taps beyond the signal's length never reach the output. */
   if (k > n)
     k = n;
-  return use_fft ? fir_fft(dev, op, rows, n, k, ctx)
-                 : fir_direct(op, rows, n, k, ctx);
+  if (!use_fft)
+    return fir_direct(op, rows, n, k, ctx);
+  int rc = fir_fft(dev, op, rows, n, k, ctx);
+  dspk__cpu_fft_wisdom_flush(dev);
+  return rc;
 }

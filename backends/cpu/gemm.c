@@ -15,21 +15,23 @@
 #include <cblas.h>
 
 #include "backends/cpu/cpu.h"
+#include "backends/cpu/tune.h"
 
-int dspk__cpu_gemm_threads(struct dspk__dev *dev, int64_t M, int64_t N,
-                           int64_t K, int64_t batch) {
-  (void)M;
-  (void)N;
-  (void)K;
+int dspk__cpu_gemm_threads(struct dspk__dev *dev, dspk_dtype dt, int64_t M,
+                           int64_t N, int64_t K, int64_t batch) {
   (void)batch;
-  return dev->gemm_threads; /* 0: OpenBLAS's default, all cores */
+  if (dev->gemm_threads)
+    return dev->gemm_threads;
+  if (dev->env.cache)
+    return dspk__cpu_tune_gemm_threads(dev, dt, M, N, K);
+  return 0; /* OpenBLAS's default, all cores */
 }
 
 /* Sets OpenBLAS's thread count for one call; returns the previous count to
  * restore, or 0 when nothing changed. */
-static int threads_enter(struct dspk__dev *dev, int64_t M, int64_t N, int64_t K,
-                         int64_t batch) {
-  int t = dspk__cpu_gemm_threads(dev, M, N, K, batch);
+static int threads_enter(struct dspk__dev *dev, dspk_dtype dt, int64_t M,
+                         int64_t N, int64_t K, int64_t batch) {
+  int t = dspk__cpu_gemm_threads(dev, dt, M, N, K, batch);
   if (t <= 0)
     return 0;
   int prev = openblas_get_num_threads();
@@ -205,7 +207,7 @@ int dspk__cpu_gemm(struct dspk__dev *dev, struct dspk__op *op,
     idx[i] = 0;
   }
   int64_t batch = total / (M * N);
-  int prev = threads_enter(dev, M, N, K, batch);
+  int prev = threads_enter(dev, O->dtype, M, N, K, batch);
   char *po = dspk__cpu_ptr(O);
   for (int64_t b = 0; b < batch; b++) {
     if (b && dspk__cpu_canceled(ctx)) {
@@ -253,7 +255,7 @@ int dspk__cpu_gemm_batched(struct dspk__dev *dev, dspk_dtype dt, int64_t batch,
     memset(C, 0, (size_t)(batch * M * N) * es);
     return 0;
   }
-  int prev = threads_enter(dev, M, N, K, batch);
+  int prev = threads_enter(dev, dt, M, N, K, batch);
   int rc = 0;
   static const float one_c[2] = {1, 0}, zero_c[2] = {0, 0};
   static const double one_z[2] = {1, 0}, zero_z[2] = {0, 0};
