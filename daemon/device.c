@@ -261,8 +261,12 @@ static void *runner_main(void *arg) {
   struct dspk__dev *bdev = NULL;
   struct dspk__devstats stats;
   char why[256] = "";
+  char tname[16];
   int err;
 
+  /* "dspk-run:" names runners for the exit checks (daemon/teardown.c). */
+  snprintf(tname, sizeof tname, "dspk-run:%.6s", dev->id);
+  pthread_setname_np(pthread_self(), tname);
   err = dev->be->open(dev->bindex, &env, &bdev);
   pthread_mutex_lock(&dev->mu);
   if (err < 0) {

@@ -7,7 +7,9 @@
  * DSPKD_TEST_EXIT (daemon/teardown.h), takes the exit path under test.
  */
 #include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <time.h>
 
 #include "daemon/config.h"
 #include "daemon/lifecycle.h"
@@ -36,6 +38,8 @@ static void on_stop_signal(uv_signal_t *h, int signum) {
 
 static void on_hup(uv_signal_t *h, int signum) {
   struct dspkd *d = h->data;
+  struct timespec ts;
+  char msg[96];
   (void)signum;
   if (dspkd_test_exit_is("atexit")) {
     dspkd_warn("test: calling exit(3) from the loop (DSPKD_TEST_EXIT=atexit)");
@@ -50,13 +54,24 @@ static void on_hup(uv_signal_t *h, int signum) {
     return;
   }
   dspkd_info("SIGHUP: reloading the configuration");
-  dspkd_config_reload(d);
+  /* systemd's reload protocol: RELOADING=1 (with the monotonic time), then
+   * READY=1 once done, whether the new file was taken or refused. */
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  snprintf(msg, sizeof msg, "RELOADING=1\nMONOTONIC_USEC=%llu",
+           (unsigned long long)ts.tv_sec * 1000000ull + (unsigned long long)ts.tv_nsec / 1000);
+  dspkd_notify_send(msg);
+  if (dspkd_config_reload(d) < 0)
+    dspkd_notify_send("READY=1\nSTATUS=configuration reload failed: running with the "
+                      "previous one (see the log)");
+  else
+    dspkd_notify_send("READY=1");
 }
 
 int dspkd_lifecycle_start(struct dspkd *d) {
   int r;
   if (s.started)
     return 0;
+  dspkd_teardown_baseline();
   uv_signal_init(d->loop, &s.term);
   uv_signal_init(d->loop, &s.intr);
   uv_signal_init(d->loop, &s.hup);

@@ -122,19 +122,48 @@ void dspkd_fatal(struct dspkd *d, const char *fmt, ...) {
   dspkd_stop_now(d);
 }
 
-void dspkd_teardown_report(void) {
-  DIR *dir;
+/* Counts the process's threads, and those named as runners. */
+static int count_threads(int *runners) {
+  DIR *dir = opendir("/proc/self/task");
   struct dirent *e;
   int n = 0;
 
+  *runners = 0;
+  if (!dir)
+    return -1;
+  while ((e = readdir(dir))) {
+    char path[64], comm[32] = "";
+    FILE *f;
+    if (e->d_name[0] == '.')
+      continue;
+    n++;
+    snprintf(path, sizeof path, "/proc/self/task/%.20s/comm", e->d_name);
+    if ((f = fopen(path, "re"))) {
+      if (fgets(comm, sizeof comm, f) && strncmp(comm, "dspk-run:", 9) == 0)
+        (*runners)++;
+      fclose(f);
+    }
+  }
+  closedir(dir);
+  return n;
+}
+
+static int threads_at_start = -1;
+
+void dspkd_teardown_baseline(void) {
+  int r;
+  if (dspkd_log_enabled(DSPKD_DEBUG))
+    threads_at_start = count_threads(&r);
+}
+
+void dspkd_teardown_report(void) {
+  int n, runners;
+
   if (!dspkd_log_enabled(DSPKD_DEBUG))
     return;
-  dir = opendir("/proc/self/task");
-  if (!dir)
-    return;
-  while ((e = readdir(dir)))
-    if (e->d_name[0] != '.')
-      n++;
-  closedir(dir);
-  dspkd_debug("threads at exit: %d", n);
+  n = count_threads(&runners);
+  /* Libraries keep their own pools (OpenBLAS starts its threads when it is
+   * loaded): compare with the count before any device opened. */
+  dspkd_debug("threads at exit: %d (before the devices opened: %d), runners: %d", n,
+              threads_at_start, runners);
 }

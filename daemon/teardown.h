@@ -33,8 +33,11 @@ void dspkd_teardown_disarm(void);
 void dspkd_fatal(struct dspkd *d, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
-/* Logs (debug) how many threads the process still has; at the end of main
- * that must be 1. */
+/* Counts the threads before any device opens (debug log level only). */
+void dspkd_teardown_baseline(void);
+/* Logs (debug) how many threads the process still has, against the count
+ * before the devices opened, and how many of them are runners (at the end
+ * of main: none). */
 void dspkd_teardown_report(void);
 
 /* True when $DSPKD_TEST_EXIT names this path (tests only). */

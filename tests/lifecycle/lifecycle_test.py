@@ -1,0 +1,646 @@
+#!/usr/bin/python3
+"""Lifecycle tests of dspkd: signals, systemd notify, socket activation,
+configuration file and reload, every exit path, start/stop cycles.
+
+No systemd PID 1 is needed: the notify protocol is read from a datagram
+socket the test binds ($NOTIFY_SOCKET), socket activation comes from
+systemd-socket-activate.  Every wait is on an event (the --ready-fd pipe, a
+notify datagram, a response, waitpid), bounded by TIMEOUT as a failure, never
+a sleep.
+
+    lifecycle_test.py --dspkd PATH GROUP     GROUP: see GROUPS at the bottom
+"""
+import argparse
+import os
+import re
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import msgpack
+
+TIMEOUT = 30.0
+DAEMONS = []
+
+
+def check(cond, what):
+    if not cond:
+        raise AssertionError(what)
+
+
+class RpcError(Exception):
+    def __init__(self, err):
+        super().__init__("%s: %s" % (err.get("name"), err.get("message")))
+        self.name = err.get("name")
+        self.err = err
+
+
+class Client:
+    """A msgpack-RPC client written from docs/protocol.md."""
+
+    def __init__(self, path):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(TIMEOUT)
+        self.sock.connect(path)
+        self.up = msgpack.Unpacker(raw=False, max_buffer_size=1 << 30)
+        self.msgid = 0
+        self.responses = {}
+
+    def send(self, method, args=None):
+        self.msgid += 1
+        params = [args] if args is not None else []
+        self.sock.sendall(msgpack.packb([0, self.msgid, method, params], use_bin_type=True))
+        return self.msgid
+
+    def pump(self):
+        data = self.sock.recv(1 << 20)
+        if not data:
+            raise EOFError("connection closed by the daemon")
+        self.up.feed(data)
+        for m in self.up:
+            if m[0] == 1:
+                self.responses[m[1]] = m
+
+    def wait(self, msgid):
+        while msgid not in self.responses:
+            self.pump()
+        m = self.responses.pop(msgid)
+        if m[2] is not None:
+            raise RpcError(m[2])
+        return m[3]
+
+    def outcome(self, msgid):
+        """'ok' or the error's name."""
+        try:
+            self.wait(msgid)
+            return "ok"
+        except RpcError as e:
+            return e.name
+
+    def call(self, method, args=None):
+        return self.wait(self.send(method, args))
+
+    def expect_eof(self):
+        try:
+            while True:
+                self.pump()
+        except (EOFError, ConnectionResetError):
+            pass
+
+    def close(self):
+        self.sock.close()
+
+
+class Notify:
+    """The systemd side of sd_notify(3): a datagram socket the daemon sends to."""
+
+    def __init__(self, tmp):
+        self.path = os.path.join(tmp, "notify-%d.sock" % len(DAEMONS))
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(self.path)
+        self.sock.settimeout(TIMEOUT)
+        self.seen = []
+
+    def next(self):
+        data = self.sock.recv(4096).decode()
+        msg = dict(l.split("=", 1) for l in data.split("\n") if "=" in l)
+        self.seen.append(msg)
+        return msg
+
+    def until(self, pred, what):
+        while True:
+            try:
+                m = self.next()
+            except socket.timeout:
+                raise AssertionError("no notification %s; saw %r" % (what, self.seen))
+            if pred(m):
+                return m
+
+    def close(self):
+        self.sock.close()
+
+
+class Daemon:
+    def __init__(self, exe, tmp, extra=(), env=None, notify=False, ready=True, sock=None,
+                 backends="cpu"):
+        self.tmp = tmp
+        self.sock = sock or os.path.join(tmp, "dspkd-%d.sock" % len(DAEMONS))
+        self.logpath = os.path.join(tmp, "dspkd-%d.log" % len(DAEMONS))
+        self.log = open(self.logpath, "w+")
+        self.notify = Notify(tmp) if notify else None
+        e = dict(os.environ)
+        e.pop("NOTIFY_SOCKET", None)
+        e.pop("DSPKD_TEST_EXIT", None)
+        if self.notify:
+            e["NOTIFY_SOCKET"] = self.notify.path
+        e.update(env or {})
+        r, w = os.pipe()
+        args = [exe, "--foreground", "--socket", self.sock, "--ready-fd", str(w),
+                "--log-level", "debug", "--config", ""]
+        if backends:
+            args += ["--backends", backends]
+        self.proc = subprocess.Popen(args + list(extra), pass_fds=[w], stderr=self.log, env=e)
+        DAEMONS.append(self)
+        os.close(w)
+        if not ready:
+            os.close(r)
+            return
+        got, _, _ = select.select([r], [], [], TIMEOUT)
+        data = os.read(r, 16) if got else b""
+        os.close(r)
+        if data != b"READY\n":
+            self.kill()
+            raise AssertionError("dspkd did not become ready:\n" + self.logtext())
+
+    def logtext(self):
+        self.log.flush()
+        with open(self.logpath) as f:
+            return f.read()
+
+    def client(self):
+        return Client(self.sock)
+
+    def wait(self):
+        try:
+            return self.proc.wait(TIMEOUT)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise AssertionError("dspkd did not exit:\n" + self.logtext())
+
+    def kill(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def stop(self, rc=0):
+        self.proc.send_signal(signal.SIGTERM)
+        got = self.wait()
+        check(got == rc, "exit status %d, want %d:\n%s" % (got, rc, self.logtext()))
+        self.check_clean_exit()
+
+    def check_clean_exit(self):
+        log = self.logtext()
+        m = re.search(r"threads at exit: (\d+) \(before the devices opened: (\d+)\), "
+                      r"runners: (\d+)", log)
+        check(m and int(m.group(3)) == 0 and int(m.group(1)) <= int(m.group(2)),
+              "no runner (nor any thread the devices started) left at the end of main:\n"
+              + log)
+        opened = re.findall(r"info: (\S+): .* \(.*\)\n", log)
+        opened = [x for x in opened if re.match(r"^[a-z]+:\d+$", x)]
+        for dev in opened:
+            check("%s: device closed" % dev in log, "%s closed before exit:\n%s" % (dev, log))
+
+
+def wait_running(c, dev="cpu:0"):
+    """Waits (one status reply per step) until a task runs on dev."""
+    deadline = time.monotonic() + TIMEOUT
+    while True:
+        st = c.call("status")
+        d = [x for x in st["devices"] if x["id"] == dev][0]
+        if d["running"] >= 1:
+            return
+        check(time.monotonic() < deadline, "a task started running: %r" % d)
+
+
+def long_task(c, big=True):
+    """Queues a batched gemm that takes seconds on cpu:0 and checks its cancel
+    flag between batches; returns its msgid."""
+    r, m, k = (64, 64, 2048) if big else (8, 64, 512)
+    n = r * m * k * 4
+    a = c.call("buffer.create", {"size": n})["buffer"]
+    o = c.call("buffer.create", {"size": r * r * m * m * 4})["buffer"]
+    c.call("buffer.write", {"buffer": a, "data": bytes(n)})
+    return c.send("task.run", {"op": "gemm", "device": "cpu:0",
+                               "inputs": [{"buffer": a, "dtype": "f32", "shape": [r, 1, m, k]},
+                                          {"buffer": a, "dtype": "f32", "shape": [1, r, k, m]}],
+                               "outputs": [{"buffer": o}]})
+
+
+def small_task(c):
+    return c.send("task.run", {"op": "map", "device": "cpu:0", "options": {"fn": "abs"},
+                               "inputs": [{"dtype": "f64", "shape": [3],
+                                           "data": b"\x00" * 24}]})
+
+
+# ---- groups ---------------------------------------------------------------------
+
+def t_notify(exe, tmp):
+    d = Daemon(exe, tmp, notify=True, env={"WATCHDOG_USEC": "200000"})
+    n = d.notify
+    first = n.next()
+    check(first.get("READY") == "1", "READY=1 first: %r" % first)
+    check("STATUS" in first and "1 device" in first["STATUS"], "STATUS with devices: %r" % first)
+    check(first.get("MAINPID") == str(d.proc.pid), "MAINPID: %r" % first)
+    # STATUS follows the clients.
+    c = d.client()
+    c.call("ping", {"data": b"x"})
+    n.until(lambda m: "1 client" in m.get("STATUS", ""), "STATUS with 1 client")
+    # WATCHDOG=1 from the loop, every WATCHDOG_USEC/2.
+    for _ in range(3):
+        n.until(lambda m: m.get("WATCHDOG") == "1", "WATCHDOG=1")
+    c.close()
+    n.until(lambda m: "0 clients" in m.get("STATUS", ""), "STATUS with 0 clients")
+    d.proc.send_signal(signal.SIGTERM)
+    stop = n.until(lambda m: "STOPPING" in m, "STOPPING=1")
+    check(stop["STOPPING"] == "1" and int(stop.get("EXTEND_TIMEOUT_USEC", "0")) > 0,
+          "STOPPING=1 with EXTEND_TIMEOUT_USEC: %r" % stop)
+    check(d.wait() == 0, "exit 0")
+    d.check_clean_exit()
+    kinds = [("READY" if "READY" in m else "STOPPING" if "STOPPING" in m else
+              "STATUS" if "STATUS" in m else "other") for m in n.seen]
+    i_ready, i_stop = kinds.index("READY"), kinds.index("STOPPING")
+    check(i_ready == 0 and "STATUS" in kinds[i_ready + 1:i_stop] and
+          "READY" not in kinds[i_ready + 1:], "order READY, STATUS, STOPPING: %r" % kinds)
+    # Without WATCHDOG_USEC there are no pings; without NOTIFY_SOCKET nothing is sent.
+    d2 = Daemon(exe, tmp, notify=True)
+    n2 = d2.notify
+    n2.until(lambda m: m.get("READY") == "1", "READY=1")
+    d2.proc.send_signal(signal.SIGTERM)
+    n2.until(lambda m: "STOPPING" in m, "STOPPING=1")
+    check(d2.wait() == 0, "exit 0")
+    try:
+        while True:
+            n2.sock.settimeout(0)
+            n2.next()
+    except (BlockingIOError, socket.timeout):
+        pass
+    check(not any("WATCHDOG" in m for m in n2.seen), "no watchdog pings unasked: %r" % n2.seen)
+
+
+def t_activation(exe, tmp):
+    sa = shutil.which("systemd-socket-activate") or "/usr/bin/systemd-socket-activate"
+    if not os.path.exists(sa):
+        print("skip: systemd-socket-activate missing")
+        sys.exit(77)
+    sock = os.path.join(tmp, "act.sock")
+    note = Notify(tmp)
+    log = open(os.path.join(tmp, "act.log"), "w+")
+    env = {"NOTIFY_SOCKET": note.path}
+    for v in ("ASAN_OPTIONS", "UBSAN_OPTIONS", "LSAN_OPTIONS"):
+        if v in os.environ:
+            env[v] = os.environ[v]
+    args = [sa, "-l", sock]
+    for k, v in env.items():
+        args += ["-E", "%s=%s" % (k, v)]
+    args += [exe, "--foreground", "--backends", "cpu", "--log-level", "debug", "--config", ""]
+    p = subprocess.Popen(args, stderr=log)
+    try:
+        # systemd-socket-activate binds, then execs dspkd on the first connection.
+        deadline = time.monotonic() + TIMEOUT
+        while not os.path.exists(sock):  # the activator's bind is not signalled otherwise
+            check(p.poll() is None and time.monotonic() < deadline,
+                  "systemd-socket-activate listens")
+            select.select([], [], [], 0.01)
+        c = Client(sock)
+        check(c.call("ping", {"data": b"act"})["data"] == b"act", "served on the passed socket")
+        ready = note.until(lambda m: m.get("READY") == "1", "READY=1")
+        check("STATUS" in ready, "STATUS with READY")
+        st = c.call("status")
+        check(st["daemon"]["socket"] == sock, "status names the passed socket: %r"
+              % st["daemon"]["socket"])
+        check(st["daemon"]["pid"] == p.pid, "dspkd replaced the activator (exec)")
+        log.flush()
+        log.seek(0)
+        text = log.read()
+        check("socket activation" in text, "logged the activation:\n" + text)
+        p.send_signal(signal.SIGTERM)
+        c.expect_eof()
+        rc = p.wait(TIMEOUT)
+        log.seek(0)
+        text = log.read()
+        check(rc == 0, "exit 0 after SIGTERM, got %d:\n%s" % (rc, text))
+        check(os.path.exists(sock), "the activated socket's file is left to its owner")
+        check("cpu:0: device closed" in text, "device closed")
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    # A passed descriptor that is not a listening Unix stream socket is refused.
+    r, w = os.pipe()
+    os.dup2(r, 3) if r != 3 else None
+    code = ("import os,sys; os.environ['LISTEN_PID']=str(os.getpid()); "
+            "os.environ['LISTEN_FDS']='1'; os.execv(sys.argv[1], sys.argv[1:])")
+    q = subprocess.run([sys.executable, "-c", code, exe, "--foreground", "--backends", "cpu",
+                        "--config", "", "--socket", os.path.join(tmp, "x.sock")],
+                       pass_fds=[3], stderr=subprocess.PIPE, timeout=TIMEOUT)
+    os.close(r)
+    os.close(w)
+    check(q.returncode != 0 and b"not a listening Unix stream socket" in q.stderr,
+          "bad passed fd refused: %r" % q.stderr)
+
+
+def t_sigterm(exe, tmp):
+    """SIGTERM with tasks running and queued: the running task is canceled at the
+    grace deadline, queued ones fail with ESHUTDOWN, everyone gets every answer
+    before EOF, exit 0, socket removed, one thread left."""
+    d = Daemon(exe, tmp, ["--shutdown-timeout", "300"])
+    a, b, idle = d.client(), d.client(), d.client()
+    idle.call("ping", {"data": b"i"})
+    t1 = long_task(a)
+    queued_a = [small_task(a) for _ in range(5)]
+    wait_running(b)
+    queued_b = [small_task(b) for _ in range(3)]
+    b.call("ping", {"data": b"b"})  # b's tasks are queued behind t1 now
+    t0 = time.monotonic()
+    d.proc.send_signal(signal.SIGTERM)
+    outs = [b.outcome(m) for m in queued_b] + [a.outcome(m) for m in queued_a]
+    check(outs == ["ESHUTDOWN"] * 8, "queued tasks fail with ESHUTDOWN: %r" % outs)
+    o1 = a.outcome(t1)
+    check(o1 == "ECANCELED", "the running task is canceled at the deadline: %s" % o1)
+    check(time.monotonic() - t0 < 10, "stopped near the 300 ms deadline")
+    for c in (a, b, idle):
+        c.expect_eof()
+    check(d.wait() == 0, "exit 0:\n" + d.logtext())
+    check(not os.path.exists(d.sock), "socket removed")
+    d.check_clean_exit()
+    log = d.logtext()
+    check("canceling them" in log, "logged the deadline")
+    # The message of ESHUTDOWN is clear.
+    d2 = Daemon(exe, tmp, ["--shutdown-timeout", "300"])
+    c = d2.client()
+    t = long_task(c)
+    q = small_task(c)
+    wait_running(d2.client())
+    d2.proc.send_signal(signal.SIGTERM)
+    try:
+        c.wait(q)
+        raise AssertionError("queued task answered ok")
+    except RpcError as e:
+        check(e.name == "ESHUTDOWN" and "stopping" in e.err["message"],
+              "clear shutting-down message: %r" % e.err)
+    check(c.outcome(t) == "ECANCELED", "canceled")
+    check(d2.wait() == 0, "exit 0")
+
+
+def t_fast(exe, tmp):
+    """A second SIGTERM during the grace period cancels the running task now;
+    the stop still goes in order."""
+    d = Daemon(exe, tmp, ["--shutdown-timeout", "120000"])
+    a = d.client()
+    t1 = long_task(a)
+    q = small_task(a)
+    wait_running(d.client())
+    d.proc.send_signal(signal.SIGTERM)
+    check(a.outcome(q) == "ESHUTDOWN", "queued task failed: the stop began")
+    t0 = time.monotonic()
+    d.proc.send_signal(signal.SIGTERM)
+    check(a.outcome(t1) == "ECANCELED", "second SIGTERM cancels the running task")
+    a.expect_eof()
+    check(d.wait() == 0, "exit 0:\n" + d.logtext())
+    check(time.monotonic() - t0 < 10, "fast stop, not the 120 s grace")
+    check(not os.path.exists(d.sock), "socket removed")
+    d.check_clean_exit()
+    check("second SIGTERM" in d.logtext(), "logged the fast stop")
+    # SIGINT behaves like SIGTERM.
+    d = Daemon(exe, tmp)
+    d.proc.send_signal(signal.SIGINT)
+    check(d.wait() == 0, "SIGINT: exit 0")
+    d.check_clean_exit()
+    # SIGPIPE is ignored: a client that vanishes with answers pending.
+    d = Daemon(exe, tmp)
+    c = d.client()
+    for _ in range(50):
+        c.send("ping", {"data": b"p" * 100000})
+    c.sock.shutdown(socket.SHUT_RDWR)
+    c.close()
+    c = d.client()
+    check(c.call("ping", {"data": b"alive"})["data"] == b"alive", "alive after EPIPE")
+    c.close()
+    d.stop()
+
+
+def write(path, text):
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def t_reload(exe, tmp):
+    conf = os.path.join(tmp, "reload.conf")
+    write(conf, "[limits]\nmax_inflight = 100\nmax_buffers = 10\n")
+    d = Daemon(exe, tmp, ["--config", conf, "--max-buffers", "7"], notify=True)
+    n = d.notify
+    n.until(lambda m: m.get("READY") == "1", "READY=1")
+    c = d.client()
+    lim = c.call("hello", {"version": 1, "client": "reload"})["limits"]
+    check(lim["max_inflight"] == 100, "file applied: %r" % lim)
+    check(lim["max_buffers"] == 7, "flag wins over file: %r" % lim)
+    # A valid new file: taken, the client stays connected.
+    write(conf, "[limits]\nmax_inflight = 50\nmax_buffers = 9\nmax_clients = 3\n"
+          "[daemon]\nlog_level = debug\nshutdown_timeout = 2s\n")
+    d.proc.send_signal(signal.SIGHUP)
+    n.until(lambda m: m.get("RELOADING") == "1" and "MONOTONIC_USEC" in m, "RELOADING=1")
+    done = n.until(lambda m: m.get("READY") == "1", "READY=1 after the reload")
+    check("failed" not in done.get("STATUS", ""), "reload succeeded: %r" % done)
+    lim = c.call("status")["daemon"]["limits"]
+    check(lim["max_inflight"] == 50 and lim["max_clients"] == 3, "reloaded: %r" % lim)
+    check(lim["max_buffers"] == 7, "the flag still wins: %r" % lim)
+    # An invalid file: the running configuration stays, the log says why.
+    write(conf, "[limits]\nmax_inflight = 20\nmax_clients = lots\n")
+    d.proc.send_signal(signal.SIGHUP)
+    n.until(lambda m: m.get("RELOADING") == "1", "RELOADING=1")
+    done = n.until(lambda m: m.get("READY") == "1", "READY=1 after the failed reload")
+    check("failed" in done.get("STATUS", ""), "STATUS says the reload failed: %r" % done)
+    lim = c.call("status")["daemon"]["limits"]
+    check(lim["max_inflight"] == 50 and lim["max_clients"] == 3, "kept: %r" % lim)
+    log = d.logtext()
+    check("%s:3: max_clients" % conf in log and "keeping the running configuration" in log,
+          "logged file:line and why:\n" + log)
+    # Keys that need a restart are reported, not applied.
+    write(conf, "[daemon]\ncache = /nonexistent/other.db\n")
+    d.proc.send_signal(signal.SIGHUP)
+    n.until(lambda m: m.get("RELOADING") == "1", "RELOADING=1")
+    n.until(lambda m: m.get("READY") == "1", "READY=1")
+    check("takes effect at the next start" in d.logtext(), "restart-only key reported")
+    check(c.call("status")["daemon"]["limits"]["max_clients"] == 256, "back to the default")
+    check(c.call("ping", {"data": b"still"})["data"] == b"still", "client kept")
+    c.close()
+    d.stop()
+
+
+def t_config(exe, tmp):
+    def start_fail(text, want):
+        conf = os.path.join(tmp, "bad.conf")
+        write(conf, text)
+        p = subprocess.run([exe, "--foreground", "--config", conf, "--backends", "cpu",
+                            "--socket", os.path.join(tmp, "never.sock")],
+                           stderr=subprocess.PIPE, timeout=TIMEOUT)
+        err = p.stderr.decode()
+        check(p.returncode == 2, "invalid file: exit 2, got %d: %s" % (p.returncode, err))
+        check(want % {"f": conf} in err, "error %r in %r" % (want % {"f": conf}, err))
+        check(not os.path.exists(os.path.join(tmp, "never.sock")), "never listened")
+
+    start_fail("[limits]\nmax_clients = 4\nmax_cliens = 5\n",
+               '%(f)s:3: unknown key "max_cliens" in [limits]')
+    start_fail("# comment\n[limits]\nmax_depth = 2\n", "%(f)s:3: max_depth: expected an integer")
+    start_fail("[limits]\nmax_unsent = 12Q\n", "%(f)s:2: max_unsent")
+    start_fail("[daemon]\nforeground = maybe\n", "%(f)s:2: foreground: expected yes or no")
+    start_fail("[nosuch]\nsocket = /x\n", '%(f)s:2: key "socket" belongs in section [daemon]')
+    start_fail("[daemon]\nthis line is wrong\n", "%(f)s:2: syntax error")
+    start_fail("[policy]\nadmin_users = no-such-user-here\n", 'no such user "no-such-user-here"')
+    start_fail("[limits]\nmax_rank = 3\nmax_rank = 4\n", '%(f)s:3: key "max_rank" given twice')
+    p = subprocess.run([exe, "--foreground", "--config", os.path.join(tmp, "missing.conf")],
+                       stderr=subprocess.PIPE, timeout=TIMEOUT)
+    check(p.returncode == 2 and b"missing.conf: cannot read" in p.stderr,
+          "missing --config file: %r" % p.stderr)
+    # Every setting from the file: socket, backends, limits with units, policy.
+    conf = os.path.join(tmp, "good.conf")
+    sock = os.path.join(tmp, "fromfile.sock")
+    write(conf, "; the example's style\n[daemon]\nsocket = %s\nbackends = cpu\n"
+          "log_level = debug\nshutdown_timeout = 5s\n\n[limits]\nmax_message = 64M\n"
+          "max_unsent = 1M\nmax_clients = 8\n\n[policy]\nallow_users = root, %d\n"
+          "allow_groups = 0\nadmin_users = %d\n" % (sock, os.getuid(), os.getuid()))
+    r, w = os.pipe()
+    log = open(os.path.join(tmp, "good.log"), "w+")
+    p = subprocess.Popen([exe, "--foreground", "--config", conf, "--ready-fd", str(w)],
+                         pass_fds=[w], stderr=log)
+    os.close(w)
+    got, _, _ = select.select([r], [], [], TIMEOUT)
+    check(got and os.read(r, 16) == b"READY\n", "started from the file")
+    os.close(r)
+    c = Client(sock)
+    st = c.call("status")
+    lim = st["daemon"]["limits"]
+    check(lim["max_message"] == 64 << 20 and lim["max_unsent"] == 1 << 20 and
+          lim["max_clients"] == 8, "limits with units: %r" % lim)
+    check([x["id"] for x in st["devices"]] == ["cpu:0"], "backends from the file")
+    c.close()
+    p.send_signal(signal.SIGTERM)
+    check(p.wait(TIMEOUT) == 0, "exit 0")
+    log.seek(0)
+    check("debug:" in log.read(), "log_level from the file")
+    # The installed example parses (every key commented out but valid when enabled).
+    ex = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "systemd",
+                      "dspkd.conf")
+    text = open(ex).read()
+    enabled = re.sub(r"(?m)^#(\w+ = )", r"\1", text).replace("dspk, ", "")
+    enabled = re.sub(r"(?m)^(admin_users|allow_users) = .*$", r"\1 = root", enabled)
+    enabled = re.sub(r"(?m)^(admin_groups|allow_groups) = .*$", r"\1 = 0", enabled)
+    enabled = re.sub(r"(?m)^socket = .*$", "socket = %s" % os.path.join(tmp, "ex.sock"),
+                     enabled)
+    enabled = re.sub(r"(?m)^cache = .*$", "cache = %s" % os.path.join(tmp, "ex.db"), enabled)
+    conf = os.path.join(tmp, "example.conf")
+    write(conf, enabled)
+    d = Daemon(exe, tmp, ["--config", conf])
+    d.stop()
+
+
+def exit_path(exe, tmp, how, want_rc, backends="cpu"):
+    d = Daemon(exe, tmp, env={"DSPKD_TEST_EXIT": how}, backends=backends)
+    a = d.client()
+    t1 = long_task(a)
+    wait_running(d.client())
+    d.proc.send_signal(signal.SIGHUP)
+    if how == "fatal":
+        check(a.outcome(t1) == "ECANCELED", "fatal: the running task is canceled and "
+              "answered")
+    a.expect_eof()
+    rc = d.wait()
+    log = d.logtext()
+    check(rc == want_rc, "%s: exit status %d, want %d:\n%s" % (how, rc, want_rc, log))
+    return d, log
+
+
+def t_exits(exe, tmp):
+    # exit() from the loop: the atexit handler closes each device on its runner
+    # and joins it before libc's other exit handlers run.
+    d, log = exit_path(exe, tmp, "atexit", 3)
+    i_closed, i_done = log.find("cpu:0: device closed"), log.find("exit handler: 1 runner")
+    check(0 <= i_closed < i_done, "device closed, then the handler finished:\n" + log)
+    # A fatal error in the loop: fast ordered stop, exit 1.
+    d, log = exit_path(exe, tmp, "fatal", 1)
+    check("fatal: test" in log, "logged the fatal error")
+    d.check_clean_exit()
+    check(not os.path.exists(d.sock), "socket removed")
+    # A failure during the start after the devices opened.
+    d = Daemon(exe, tmp, env={"DSPKD_TEST_EXIT": "startup-fail"}, ready=False)
+    rc = d.wait()
+    log = d.logtext()
+    check(rc == 1, "startup failure: exit 1, got %d:\n%s" % (rc, log))
+    check("cpu:0: cpu" in log, "the device had opened")
+    d.check_clean_exit()
+    check(not os.path.exists(d.sock), "no socket left")
+    # The same, without the hook: a regular file where the socket goes.
+    f = os.path.join(tmp, "file-in-the-way")
+    write(f, "x")
+    p = subprocess.run([exe, "--foreground", "--socket", f, "--backends", "cpu", "--config",
+                        ""], stderr=subprocess.PIPE, timeout=TIMEOUT)
+    check(p.returncode == 1 and os.path.isfile(f), "refused: %r" % p.stderr)
+    # The end of main after SIGTERM (every device the build can open).
+    d = Daemon(exe, tmp, backends=None)
+    d.stop()
+    # exit() with every device open.
+    d, log = exit_path(exe, tmp, "atexit", 3, backends=None)
+    opened = [x for x in re.findall(r"info: ([a-z]+:\d+): ", log) if "closed" not in x]
+    for dev in set(opened):
+        check("%s: device closed" % dev in log, "%s closed at exit:\n%s" % (dev, log))
+
+
+def t_cycles(exe, tmp, count=200):
+    sock = os.path.join(tmp, "cycle.sock")
+    log = open(os.path.join(tmp, "cycles.log"), "w+")
+    t0 = time.monotonic()
+    for i in range(count):
+        r, w = os.pipe()
+        p = subprocess.Popen([exe, "--foreground", "--socket", sock, "--ready-fd", str(w),
+                              "--backends", "cpu", "--config", "", "--log-level", "warn"],
+                             pass_fds=[w], stderr=log)
+        os.close(w)
+        got, _, _ = select.select([r], [], [], TIMEOUT)
+        data = os.read(r, 16) if got else b""
+        os.close(r)
+        if data != b"READY\n":
+            p.kill()
+            p.wait()
+            log.seek(0)
+            raise AssertionError("cycle %d: not ready:\n%s" % (i, log.read()[-3000:]))
+        if i % 10 == 0:
+            c = Client(sock)
+            check(c.call("ping", {"data": b"%d" % i})["data"] == b"%d" % i, "ping")
+            c.close()
+        p.send_signal(signal.SIGTERM)
+        rc = p.wait(TIMEOUT)
+        if rc != 0 or os.path.exists(sock):
+            log.seek(0)
+            raise AssertionError("cycle %d: exit %d, socket left %s:\n%s"
+                                 % (i, rc, os.path.exists(sock), log.read()[-3000:]))
+    print("%d start/stop cycles in %.1f s" % (count, time.monotonic() - t0))
+
+
+GROUPS = {
+    "notify": t_notify,
+    "activation": t_activation,
+    "sigterm": t_sigterm,
+    "fast": t_fast,
+    "reload": t_reload,
+    "config": t_config,
+    "exits": t_exits,
+    "cycles": t_cycles,
+}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dspkd", required=True)
+    ap.add_argument("group", choices=sorted(GROUPS))
+    a = ap.parse_args()
+    tmp = tempfile.mkdtemp(prefix="dspkd-l-", dir="/tmp")
+    try:
+        t0 = time.monotonic()
+        GROUPS[a.group](os.path.abspath(a.dspkd), tmp)
+        print("ok %s (%.2f s)" % (a.group, time.monotonic() - t0))
+    except BaseException:
+        for d in DAEMONS:
+            d.kill()
+            sys.stderr.write("---- dspkd log ----\n" + d.logtext()[-4000:])
+        raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
