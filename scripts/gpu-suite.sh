@@ -92,13 +92,22 @@ K
   done 2>&1 | tee -a "$OUT/firstresult.log"
 
   section "daemon restart with a warm kernel cache"
+  warm_ops() {
+    "$SUBMIT" -S "$SOCK" kernel "$TMP/k.cu" --entry fill --grid 4 --block 256 \
+      --device cuda:0 zeros:f32:1024 f32:0.5 i32:1024 > /dev/null 2>&1
+    "$SUBMIT" -S "$SOCK" map abs "$TMP/a.npy" -o "$TMP/abs.npy" --device cuda:0 2>&1 | tail -2
+    "$SUBMIT" -S "$SOCK" reduce sum "$TMP/a.npy" --axis 1 -o "$TMP/sum.npy" --device cuda:0 2>&1 | tail -2
+    "$SUBMIT" -S "$SOCK" contract 'ij,jk->ki' "$TMP/a.npy" "$TMP/b.npy" -o "$TMP/ct.npy" --device cuda:0 2>&1 | tail -2
+  }
+  warm_ops
   "$SUBMIT" -S "$SOCK" status --json > "$OUT/status-before.json" 2>&1
+  echo "before restart:"
+  grep -o '"kernels_compiled"[^,}]*\|"kernel_cache_hits"[^,}]*' "$OUT/status-before.json"
   kill -TERM $DPID; wait $DPID
   start_daemon
-  "$SUBMIT" -S "$SOCK" kernel "$TMP/k.cu" --entry fill --grid 4 --block 256 \
-    --device cuda:0 zeros:f32:1024 f32:0.5 i32:1024 > /dev/null 2>&1
-  "$SUBMIT" -S "$SOCK" map abs "$TMP/a.npy" -o "$TMP/abs.npy" --device cuda:0 2>&1 | tail -2
+  warm_ops
   "$SUBMIT" -S "$SOCK" status --json > "$OUT/status-after.json" 2>&1
+  echo "after restart (the same tasks):"
   grep -o '"kernels_compiled"[^,}]*\|"kernel_cache_hits"[^,}]*' "$OUT/status-after.json" \
     | tee -a "$OUT/daemon.log"
   kill -TERM $DPID; wait $DPID; echo "dspkd exit: $?"

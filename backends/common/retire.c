@@ -76,27 +76,30 @@ int dspk__retire_init(struct dspk__retire *q, const struct dspk__retire_ops *ops
 }
 
 int dspk__retire_drain(struct dspk__retire *q) {
-  unsigned keep = 0;
+  unsigned done = 0;
   int released = 0;
-  for (unsigned i = 0; i < q->n; i++) {
-    int r = q->ops->query(q->ud, q->q[i].fence);
+  /* Fences complete in the order they were recorded (one stream or queue
+   * per device), so the first one not reached ends the scan: a drain costs
+   * one query when nothing finished. */
+  while (done < q->n) {
+    int r = q->ops->query(q->ud, q->q[done].fence);
     if (r < 0) {
-      /* Keep what was not yet looked at together with this one, then hand
-       * them all to the fallback. */
       uint64_t before = q->st.released;
-      memmove(&q->q[keep], &q->q[i], (q->n - i) * sizeof(q->q[0]));
-      q->n = keep + (q->n - i);
+      memmove(&q->q[0], &q->q[done], (q->n - done) * sizeof(q->q[0]));
+      q->n -= done;
       fallback_all(q);
       return released + (int)(q->st.released - before);
     }
-    if (r > 0) {
-      release_entry(q, &q->q[i]);
-      released++;
-    } else {
-      q->q[keep++] = q->q[i];
-    }
+    if (r == 0)
+      break;
+    release_entry(q, &q->q[done]);
+    released++;
+    done++;
   }
-  q->n = keep;
+  if (done) {
+    q->n -= done;
+    memmove(&q->q[0], &q->q[done], q->n * sizeof(q->q[0]));
+  }
   update_in_flight(q);
   return released;
 }

@@ -8,7 +8,9 @@
  * Rules:
  *  - bounded (capacity, default 16 entries);
  *  - dspk__retire_drain() (call it before allocations and on sync) queries
- *    the fences and releases every entry whose fence was reached;
+ *    the fences, oldest first, and releases every entry whose fence was
+ *    reached, stopping at the first that was not: fences must complete in
+ *    the order they were recorded (one stream or queue per device);
  *  - at capacity, dspk__retire_push() first waits on the oldest fence;
  *  - when no fence can be recorded (or a wait/query fails) the queue falls
  *    back to a barrier (stream synchronize) and then releases;
@@ -85,8 +87,9 @@ int dspk__retire_init(struct dspk__retire *q, const struct dspk__retire_ops *ops
 int dspk__retire_push(struct dspk__retire *q, dspk__retire_release_fn release,
                       void *release_ud, void *res);
 
-/* Releases every entry whose fence was reached without waiting.  Returns the
- * number released (>= 0). */
+/* Releases, oldest first and without waiting, the entries whose fences
+ * were reached, up to the first that was not.  Returns the number released
+ * (>= 0). */
 int dspk__retire_drain(struct dspk__retire *q);
 
 /* Waits on every queued fence, oldest first, and releases everything.

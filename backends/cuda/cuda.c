@@ -3,13 +3,15 @@
  * lifecycle with fault recovery, memory through the caching pool, fences as
  * CUDA events, and the retirement queue wired to those events.
  *
- * Faults.  CUDA errors such as an illegal address are sticky: the context
- * is unusable afterwards.  The call that sees one fails with a clear error
- * and marks the context dead; the next call on the device tears the context
- * down without waiting on it (cuDevicePrimaryCtxReset frees its memory) and
- * builds a fresh one.  Blocks made in the old context carry an older
- * generation number, and tasks that use them fail with a clear error.
- * Other devices have their own contexts and are untouched.
+ * Faults.  CUDA errors such as an illegal address are sticky for the whole
+ * process, so client kernels (op "kernel", the only code not ours) run in a
+ * separate worker process per device (worker.h): a fault kills that
+ * worker's context, the task fails with a clear error, the next raw kernel
+ * gets a fresh worker, and the daemon's contexts on this and every other
+ * device are untouched.  Should one of the daemon's own ops ever hit a
+ * sticky error, the device reports it on every later call (ready()).
+ * Memory blocks and fences carry a context generation number so that a
+ * context rebuilt by a later design can tell its own from older ones.
  */
 #include <stdarg.h>
 #include <stdio.h>
@@ -100,14 +102,18 @@ static void nvidia_version(char *out, size_t len) {
   out[0] = 0;
   if (!f)
     return;
+  /* "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04
+   * Release Build ...": the first token after "Module" that starts with a
+   * digit. */
   if (fgets(line, sizeof(line), f)) {
-    char *p = strstr(line, "Kernel Module");
+    char *p = strstr(line, "Module");
+    char *save = NULL, *tok;
     if (p) {
-      p += strlen("Kernel Module");
-      while (*p == ' ' || *p == '\t')
-        p++;
-      size_t n = strcspn(p, " \t\n");
-      snprintf(out, len, "%.*s", (int)n, p);
+      for (tok = strtok_r(p, " \t\n", &save); tok; tok = strtok_r(NULL, " \t\n", &save))
+        if (tok[0] >= '0' && tok[0] <= '9') {
+          snprintf(out, len, "%s", tok);
+          break;
+        }
     }
   }
   fclose(f);
@@ -393,6 +399,7 @@ err_ctx:
  * waits: the reset that follows frees the device side. */
 static void teardown(struct dspk__dev *dev) {
   int dead = dev->ctx_dead;
+  dspk__cuda_worker_stop(dev);
   if (!dead)
     CU.cuStreamSynchronize(dev->stream);
   /* Plans hand their workspaces to the queue first. */
@@ -428,34 +435,18 @@ static void teardown(struct dspk__dev *dev) {
   dev->ctx = NULL;
 }
 
-/* Replaces a dead context by a fresh one.  Returns 0 or DSPK_EDEVICE. */
-static int rebuild(struct dspk__dev *dev, struct dspk__opctx *ctx) {
-  int rc;
-  struct dspk__retire_stats rs = dev->retire.st;
-  struct dspk__pool_stats ps = dev->pool.st;
-  teardown(dev);
-  dev->gen++;
-  rc = setup(dev);
-  /* Counters carry over: status shows the device's whole life. */
-  dev->retire.st.deferred += rs.deferred;
-  dev->retire.st.released += rs.released;
-  dev->retire.st.barrier_fallbacks += rs.barrier_fallbacks;
-  dev->retire.st.leaked += rs.leaked;
-  if (rs.max_in_flight > dev->retire.st.max_in_flight)
-    dev->retire.st.max_in_flight = rs.max_in_flight;
-  dev->pool.st.hits += ps.hits;
-  dev->pool.st.misses += ps.misses;
-  if (rc)
-    return dspk__cuda_msg(ctx, DSPK_EDEVICE,
-                          "cuda:%d could not be rebuilt after a fault", dev->index);
-  return 0;
-}
-
-/* Every entry point starts here: rebuild a context killed by a fault. */
+/* Every entry point starts here.  A sticky error in this process (which
+ * the daemon's own ops should never cause: client kernels run in the
+ * worker) leaves CUDA unusable in the whole process, as the CUDA
+ * documentation says: "to continue using CUDA, the process must be
+ * terminated and relaunched".  The device then fails every call with the
+ * original fault and that advice. */
 static int ready(struct dspk__dev *dev, struct dspk__opctx *ctx) {
   if (!dev->ctx_dead)
     return 0;
-  return rebuild(dev, ctx);
+  return dspk__cuda_msg(ctx, DSPK_EDEVICE,
+                        "%s; CUDA cannot recover from this inside a process: restart "
+                        "dspkd", dev->fault);
 }
 
 static int cuda_open(int index, const struct dspk__devenv *env,
@@ -468,6 +459,7 @@ static int cuda_open(int index, const struct dspk__devenv *env,
   if (!dev)
     return DSPK_ENOMEM;
   dev->index = index;
+  dev->worker_fd = -1;
   dev->cudev = g.dev[index];
   dev->info = g.info[index];
   if (env)
@@ -611,6 +603,10 @@ static void cuda_stats(struct dspk__dev *dev, struct dspk__devstats *out) {
 
 void dspk__cuda_set_sync_on_evict(struct dspk__dev *dev, int on) {
   dev->sync_on_evict = on;
+}
+void dspk__cuda_set_trace_events(struct dspk__dev *dev, CUevent start, CUevent end) {
+  dev->trace_start = start;
+  dev->trace_end = end;
 }
 CUstream dspk__cuda_stream(struct dspk__dev *dev) { return dev->stream; }
 cublasHandle_t dspk__cuda_blas(struct dspk__dev *dev) { return dev->blas; }

@@ -32,7 +32,9 @@
   XX(cuMemcpyDtoHAsync) XX(cuMemcpyDtoDAsync) XX(cuMemsetD8Async)             \
   XX(cuMemHostAlloc) XX(cuMemFreeHost) XX(cuMemGetInfo) XX(cuModuleLoadData)  \
   XX(cuModuleUnload) XX(cuModuleGetFunction) XX(cuLaunchKernel)               \
-  XX(cuGetErrorName) XX(cuGetErrorString) XX(cuFuncSetAttribute)
+  XX(cuGetErrorName) XX(cuGetErrorString) XX(cuFuncSetAttribute)              \
+  XX(cuIpcGetMemHandle) XX(cuIpcOpenMemHandle) XX(cuIpcCloseMemHandle)         \
+  XX(cuMemAllocHost) XX(cuMemcpyHtoD) XX(cuMemcpyDtoH)
 
 #define DSPK__NVRTC_FUNCS(XX)                                                  \
   XX(nvrtcVersion) XX(nvrtcCreateProgram) XX(nvrtcCompileProgram)              \

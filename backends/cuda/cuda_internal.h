@@ -76,6 +76,14 @@ struct dspk__dev {
 
   struct dspk__cuda_module mods[DSPK__K_COUNT][DSPK_DTYPE_COUNT];
 
+  /* Benchmark hook: events recorded around the launches of the next
+   * contraction (bench/cuda measures GPU busy time with them). */
+  CUevent trace_start, trace_end;
+
+  /* The kernel worker (worker.h): raw kernels run in it. */
+  int worker_pid, worker_fd, ipc_broken;
+  uint64_t worker_starts;
+
   uint64_t kernels_compiled, kernel_cache_hits, faults;
 };
 
@@ -122,6 +130,14 @@ void dspk__cuda_modules_unload(struct dspk__dev *dev);
 int dspk__cuda_launch1d(struct dspk__dev *dev, CUfunction fn, int64_t n,
                         void **args, struct dspk__opctx *ctx);
 
+/* worker.c.  Runs a raw kernel (op, compiled cubin) in the device's kernel
+ * worker process, starting it when needed.  Waits for the kernel. */
+int dspk__cuda_worker_run(struct dspk__dev *dev, struct dspk__op *op,
+                          const void *cubin, size_t cubin_len,
+                          struct dspk__opctx *ctx);
+/* Ends the worker (close). */
+void dspk__cuda_worker_stop(struct dspk__dev *dev);
+
 /* ops.c */
 int dspk__cuda_run(struct dspk__dev *dev, struct dspk__op *op,
                    struct dspk__opctx *ctx);
@@ -133,6 +149,7 @@ void dspk__cuda_raw_module_evict(void *ud, void *mod);
  * bench/cuda): switch plan eviction to a stream synchronize, and read the
  * compile counters. */
 void dspk__cuda_set_sync_on_evict(struct dspk__dev *dev, int on);
+void dspk__cuda_set_trace_events(struct dspk__dev *dev, CUevent start, CUevent end);
 CUstream dspk__cuda_stream(struct dspk__dev *dev);
 cublasHandle_t dspk__cuda_blas(struct dspk__dev *dev);
 

@@ -571,13 +571,17 @@ fail:
   return dspk__cuda_msg(ctx, rc, "contract: no device memory for the workspaces");
 }
 
+static int contract_launch(struct dspk__dev *dev, struct cplan *pl,
+                           const struct dspk__tensor *const T[2],
+                           const struct dspk__tensor *O, CUdeviceptr p[2],
+                           struct dspk__opctx *ctx);
+
 static int op_contract(struct dspk__dev *dev, struct dspk__op *op, struct dspk__opctx *ctx) {
   const struct dspk__tensor *T[2] = {&op->in[0], &op->in[1]};
   const struct dspk__tensor *O = &op->out[0];
   struct { char subs[DSPK__SUBSCRIPTS_MAX]; int dt, ra, rb; int64_t sa[DSPK_MAX_RANK], sb[DSPK_MAX_RANK]; } key;
   struct cplan *pl;
-  CUdeviceptr p[2], c;
-  size_t esz = dspk__dtype_size(O->dtype);
+  CUdeviceptr p[2];
   int rc;
   if (!dev->blas)
     return dspk__cuda_msg(ctx, DSPK_ENOTSUP, "contract: cuBLAS is not available on this host");
@@ -600,6 +604,26 @@ static int op_contract(struct dspk__dev *dev, struct dspk__op *op, struct dspk__
     CUresult r = CU.cuMemsetD8Async(dspk__cuda_ptr(O), 0, dspk__tensor_nbytes(O), dev->stream);
     return r ? dspk__cuda_err(dev, ctx, "cuMemsetD8Async", r) : 0;
   }
+  if (dev->trace_start) {
+    CU.cuEventRecord(dev->trace_start, dev->stream);
+    dev->trace_start = NULL;
+  }
+  rc = contract_launch(dev, pl, T, O, p, ctx);
+  if (dev->trace_end) {
+    CU.cuEventRecord(dev->trace_end, dev->stream);
+    dev->trace_end = NULL;
+  }
+  return rc;
+}
+
+/* The launches of one contraction with a ready plan. */
+static int contract_launch(struct dspk__dev *dev, struct cplan *pl,
+                           const struct dspk__tensor *const T[2],
+                           const struct dspk__tensor *O, CUdeviceptr p[2],
+                           struct dspk__opctx *ctx) {
+  CUdeviceptr c;
+  size_t esz = dspk__dtype_size(O->dtype);
+  int rc;
   for (int t = 0; t < 2; t++) {
     p[t] = dspk__cuda_ptr(T[t]);
     if (pl->red[t]) {
@@ -627,10 +651,14 @@ static int op_contract(struct dspk__dev *dev, struct dspk__op *op, struct dspk__
 
 /* ---- raw kernels --------------------------------------------------------- */
 
+/* A compiled raw kernel: loaded in the daemon's context only to check its
+ * entry points (loading runs no code); the cubin goes to the worker. */
 struct rawmod {
   CUmodule mod;
   struct dspk__dev *dev;
   uint32_t gen;
+  void *cubin;
+  size_t cubin_len;
 };
 
 static void rawmod_release(void *ud, void *p) {
@@ -638,6 +666,7 @@ static void rawmod_release(void *ud, void *p) {
   (void)ud;
   if (m->gen == m->dev->gen && !m->dev->ctx_dead)
     CU.cuModuleUnload(m->mod);
+  free(m->cubin);
   free(m);
 }
 
@@ -651,8 +680,6 @@ static int op_kernel(struct dspk__dev *dev, struct dspk__op *op, struct dspk__op
   struct { uint64_t hi, lo; } key;
   struct rawmod *m;
   CUfunction fn;
-  CUdeviceptr ptrs[DSPK__KERNEL_MAX_ARGS];
-  void *args[DSPK__KERNEL_MAX_ARGS];
   CUresult r;
   int rc;
   if (!lang || strcmp(lang, "cuda") != 0)
@@ -683,11 +710,13 @@ static int op_kernel(struct dspk__dev *dev, struct dspk__op *op, struct dspk__op
     m->dev = dev;
     m->gen = dev->gen;
     r = CU.cuModuleLoadData(&m->mod, bin);
-    free(bin);
     if (r != CUDA_SUCCESS) {
+      free(bin);
       free(m);
       return dspk__cuda_err(dev, ctx, "kernel: cuModuleLoadData", r);
     }
+    m->cubin = bin;
+    m->cubin_len = blen;
     dspk__plancache_put(&dev->raw_modules, &key, sizeof(key), m);
   }
   r = CU.cuModuleGetFunction(&fn, m->mod, op->u.kernel.entry);
@@ -697,38 +726,9 @@ static int op_kernel(struct dspk__dev *dev, struct dspk__op *op, struct dspk__op
                           "__global__)", op->u.kernel.entry);
   if (r != CUDA_SUCCESS)
     return dspk__cuda_err(dev, ctx, "kernel: cuModuleGetFunction", r);
-  for (int i = 0; i < op->u.kernel.nargs; i++) {
-    struct dspk__karg *a = &op->u.kernel.args[i];
-    switch (a->kind) {
-    case DSPK__KARG_TENSOR:
-      ptrs[i] = dspk__cuda_ptr(&op->in[a->v.tensor]);
-      args[i] = &ptrs[i];
-      break;
-    case DSPK__KARG_I32: args[i] = &a->v.i32; break;
-    case DSPK__KARG_U32: args[i] = &a->v.u32; break;
-    case DSPK__KARG_I64: args[i] = &a->v.i64; break;
-    case DSPK__KARG_F32: args[i] = &a->v.f32; break;
-    default: args[i] = &a->v.f64; break;
-    }
-  }
-  if (op->u.kernel.shared_bytes > 48 * 1024)
-    CU.cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                          (int)op->u.kernel.shared_bytes);
-  r = CU.cuLaunchKernel(fn, op->u.kernel.grid[0], op->u.kernel.grid[1], op->u.kernel.grid[2],
-                        op->u.kernel.block[0], op->u.kernel.block[1], op->u.kernel.block[2],
-                        op->u.kernel.shared_bytes, dev->stream, args, NULL);
-  if (r != CUDA_SUCCESS)
-    return dspk__cuda_err(dev, ctx, "kernel: cuLaunchKernel", r);
-  /* A client's own kernel may fault; waiting for it here pins the fault on
-   * the task that caused it rather than on whichever task comes next.  The
-   * built-in ops never wait. */
-  r = CU.cuStreamSynchronize(dev->stream);
-  if (r != CUDA_SUCCESS) {
-    char what[DSPK__ENTRY_MAX + 16];
-    snprintf(what, sizeof(what), "kernel %s", op->u.kernel.entry);
-    return dspk__cuda_err(dev, ctx, what, r);
-  }
-  return 0;
+  /* Client code runs in the worker process: a fault there cannot poison
+   * this process's CUDA (sticky errors are per process). */
+  return dspk__cuda_worker_run(dev, op, m->cubin, m->cubin_len, ctx);
 }
 
 int dspk__cuda_run(struct dspk__dev *dev, struct dspk__op *op, struct dspk__opctx *ctx) {

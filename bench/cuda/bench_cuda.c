@@ -293,12 +293,14 @@ static void bench_trace(int sync_on_evict, int64_t i0, int64_t di, int64_t j, in
     op.in[0].mem = ma;
     op.in[1].mem = mb;
     op.out[0].mem = mc;
-    CK(CU.cuEventRecord(ev[2 * t], dspk__cuda_stream(dev)));
+    /* The backend records these right before the contraction's first
+     * launch and after its last, so host-side work (plan creation, a
+     * synchronize on eviction) shows up as idle GPU time. */
+    dspk__cuda_set_trace_events(dev, ev[2 * t], ev[2 * t + 1]);
     if (B->run(dev, &op, &ctx)) {
       fprintf(stderr, "contract: %s\n", err);
       exit(1);
     }
-    CK(CU.cuEventRecord(ev[2 * t + 1], dspk__cuda_stream(dev)));
   }
   CK(B->sync(dev));
   wall = now_ms() - t0;
@@ -310,12 +312,13 @@ static void bench_trace(int sync_on_evict, int64_t i0, int64_t di, int64_t j, in
   }
   CK(CU.cuEventElapsedTime(&span, ev[0], ev[2 * NT - 1]));
   printf("| %s, %s | %.1f%% | %.0f contractions/s | %.2f ms | deferred %llu, barrier "
-         "fallbacks %llu, max in flight %llu |\n",
+         "fallbacks %llu, max in flight %llu, pool misses %llu |\n",
          label, sync_on_evict ? "sync per eviction" : "event retirement",
          100.0 * busy / span, NT / (wall / 1e3), wall,
          (unsigned long long)(s1.retire_deferred - s0.retire_deferred),
          (unsigned long long)(s1.retire_barrier_fallbacks - s0.retire_barrier_fallbacks),
-         (unsigned long long)s1.retire_max_in_flight);
+         (unsigned long long)s1.retire_max_in_flight,
+         (unsigned long long)(s1.pool_misses - s0.pool_misses));
   dspk__cuda_set_sync_on_evict(dev, 0);
   for (int e = 0; e < 2 * NT; e++)
     CU.cuEventDestroy(ev[e]);
@@ -340,20 +343,39 @@ static int mode_backend(void) {
   bench_gemm_backend(DSPK_BF16, 8192, 40);
   bench_fft_backend(1 << 20, 16, 40);
   printf("\n| trace | GPU busy | throughput | wall | retirement |\n|---|---|---|---|---|\n");
-  for (int r = 0; r < 2; r++) {
-    /* Warm the pool for both variants alike, then measure. */
-    bench_trace(r, 1024, 64, 1024, 1024, "warm-up");
+  /* Each size: one untimed pass of each variant warms the pool and the
+   * kernels, then the measured passes alternate. */
+  for (int sz = 0; sz < 3; sz++) {
+    static const int64_t P[3][4] = {{1024, 64, 1024, 1024}, {256, 16, 512, 512},
+                                    {64, 8, 256, 256}};
+    static const char *const L[3] = {"large (i=1024..4160, j=k=1024)",
+                                     "medium (i=256..1040, j=k=512)",
+                                     "small (i=64..456, j=k=256)"};
+    bench_trace(0, P[sz][0], P[sz][1], P[sz][2], P[sz][3], "(warm-up)");
+    bench_trace(1, P[sz][0], P[sz][1], P[sz][2], P[sz][3], "(warm-up)");
+    for (int r = 0; r < 2; r++) {
+      bench_trace(0, P[sz][0], P[sz][1], P[sz][2], P[sz][3], L[sz]);
+      bench_trace(1, P[sz][0], P[sz][1], P[sz][2], P[sz][3], L[sz]);
+    }
   }
-  bench_trace(0, 1024, 64, 1024, 1024, "large (i=1024..4160, j=k=1024)");
-  bench_trace(1, 1024, 64, 1024, 1024, "large (i=1024..4160, j=k=1024)");
-  bench_trace(0, 64, 8, 256, 256, "small (i=64..456, j=k=256)");
-  bench_trace(1, 64, 8, 256, 256, "small (i=64..456, j=k=256)");
   B->close(dev);
   B->shutdown();
   return 0;
 }
 
 /* ---- through the daemon ----------------------------------------------------- */
+
+/* Writes n bytes into a daemon buffer in 64 MiB pieces (a message has a
+ * size limit). */
+static int buf_write(dspk_client *c, uint64_t id, const void *p, size_t n) {
+  for (size_t off = 0; off < n; off += (size_t)64 << 20) {
+    size_t k = n - off < ((size_t)64 << 20) ? n - off : ((size_t)64 << 20);
+    int rc = dspk_buffer_write(c, id, off, (const char *)p + off, k);
+    if (rc)
+      return rc;
+  }
+  return 0;
+}
 
 static double time_daemon(dspk_client *c, const dspk_task *t, uint64_t probe_buf, int reps) {
   double v[3];
@@ -413,8 +435,8 @@ static int mode_daemon(const char *sock) {
       CK(dspk_buffer_create(c, "cuda:0", nn * isz, &ba));
       CK(dspk_buffer_create(c, "cuda:0", nn * isz, &bb));
       CK(dspk_buffer_create(c, "cuda:0", nn * 4, &bo));
-      CK(dspk_buffer_write(c, ba, 0, ha, nn * isz));
-      CK(dspk_buffer_write(c, bb, 0, hb, nn * isz));
+      CK(buf_write(c, ba, ha, nn * isz));
+      CK(buf_write(c, bb, hb, nn * isz));
       for (int i = 0; i < 2; i++) {
         in[i].dtype = dt;
         in[i].rank = 2;
@@ -430,7 +452,7 @@ static int mode_daemon(const char *sock) {
       fill_random(ha, bytes / 4, DSPK_F32);
       CK(dspk_buffer_create(c, "cuda:0", bytes, &ba));
       CK(dspk_buffer_create(c, "cuda:0", bytes, &bo));
-      CK(dspk_buffer_write(c, ba, 0, ha, bytes));
+      CK(buf_write(c, ba, ha, bytes));
       in[0].dtype = DSPK_C64;
       in[0].rank = 2;
       in[0].shape[0] = batch;

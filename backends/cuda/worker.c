@@ -1,0 +1,293 @@
+/*
+ * The daemon's side of the kernel worker (see worker.h): starts
+ * dspk-cuda-worker for a device on first use, hands it raw kernels, and
+ * reaps and replaces it when a kernel kills its context.
+ *
+ * The worker binary is looked for in $DSPK_CUDA_WORKER, then where the build
+ * put it, then where `cmake --install` puts it, then beside the running
+ * executable.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "backends/cuda/cuda_internal.h"
+#include "backends/cuda/worker.h"
+
+extern char **environ;
+
+#define CU dspk__cu
+
+static int find_worker(char *out, size_t len) {
+  const char *env = getenv("DSPK_CUDA_WORKER");
+  char self[4096];
+  ssize_t n;
+  if (env && *env) {
+    snprintf(out, len, "%s", env);
+    return access(out, X_OK) == 0 ? 0 : DSPK_ENOENT;
+  }
+#ifdef DSPK_CUDA_WORKER_BUILD
+  if (access(DSPK_CUDA_WORKER_BUILD, X_OK) == 0) {
+    snprintf(out, len, "%s", DSPK_CUDA_WORKER_BUILD);
+    return 0;
+  }
+#endif
+#ifdef DSPK_CUDA_WORKER_INSTALL
+  if (access(DSPK_CUDA_WORKER_INSTALL, X_OK) == 0) {
+    snprintf(out, len, "%s", DSPK_CUDA_WORKER_INSTALL);
+    return 0;
+  }
+#endif
+  n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  if (n > 0) {
+    char *slash;
+    self[n] = 0;
+    slash = strrchr(self, '/');
+    if (slash) {
+      size_t dl = (size_t)(slash - self);
+      static const char name[] = "/dspk-cuda-worker";
+      if (dl + sizeof(name) <= len) {
+        memcpy(out, self, dl);
+        memcpy(out + dl, name, sizeof(name));
+        if (access(out, X_OK) == 0)
+          return 0;
+      }
+    }
+  }
+  return DSPK_ENOENT;
+}
+
+static int read_full(int fd, void *p, size_t n) {
+  char *c = p;
+  while (n > 0) {
+    ssize_t r = read(fd, c, n);
+    if (r < 0 && errno == EINTR)
+      continue;
+    if (r <= 0)
+      return -1;
+    c += r;
+    n -= (size_t)r;
+  }
+  return 0;
+}
+
+static int write_full(int fd, const void *p, size_t n) {
+  const char *c = p;
+  while (n > 0) {
+    /* MSG_NOSIGNAL: a dead worker must not take the daemon with it. */
+    ssize_t r = send(fd, c, n, MSG_NOSIGNAL);
+    if (r < 0 && errno == EINTR)
+      continue;
+    if (r <= 0)
+      return -1;
+    c += r;
+    n -= (size_t)r;
+  }
+  return 0;
+}
+
+/* Describes how the worker ended into buf. */
+static void reap(struct dspk__dev *dev, char *buf, size_t len) {
+  int st = 0;
+  if (dev->worker_fd >= 0)
+    close(dev->worker_fd);
+  dev->worker_fd = -1;
+  if (dev->worker_pid > 0 && waitpid(dev->worker_pid, &st, 0) == dev->worker_pid) {
+    if (buf && WIFSIGNALED(st))
+      snprintf(buf, len, "killed by signal %d", WTERMSIG(st));
+    else if (buf)
+      snprintf(buf, len, "exit status %d", WEXITSTATUS(st));
+  } else if (buf) {
+    snprintf(buf, len, "gone");
+  }
+  dev->worker_pid = 0;
+}
+
+void dspk__cuda_worker_stop(struct dspk__dev *dev) {
+  if (dev->worker_pid > 0)
+    reap(dev, NULL, 0); /* closing the socket ends it */
+}
+
+static int start(struct dspk__dev *dev, struct dspk__opctx *ctx) {
+  char path[4096], ord[16], how[64];
+  char *argv[3];
+  int sv[2], fd;
+  posix_spawn_file_actions_t fa;
+  struct dspk__wrep rep;
+  pid_t pid;
+  int rc;
+  if (find_worker(path, sizeof(path)) != 0)
+    return dspk__cuda_msg(ctx, DSPK_ENOTSUP,
+                          "kernel: dspk-cuda-worker not found (set DSPK_CUDA_WORKER); raw "
+                          "kernels run in it so a faulting kernel cannot take down the device");
+  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0)
+    return dspk__cuda_msg(ctx, DSPK_EIO, "kernel: socketpair: %s", strerror(errno));
+  fd = sv[1];
+  if (fd == 3) { /* dup2(3, 3) would keep FD_CLOEXEC */
+    fd = fcntl(sv[1], F_DUPFD_CLOEXEC, 4);
+    close(sv[1]);
+  }
+  snprintf(ord, sizeof(ord), "%d", dev->index);
+  argv[0] = path;
+  argv[1] = ord;
+  argv[2] = NULL;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, fd, 3);
+  rc = posix_spawn(&pid, path, &fa, NULL, argv, environ);
+  posix_spawn_file_actions_destroy(&fa);
+  close(fd);
+  if (rc != 0) {
+    close(sv[0]);
+    return dspk__cuda_msg(ctx, DSPK_EIO, "kernel: cannot start %s: %s", path, strerror(rc));
+  }
+  dev->worker_pid = pid;
+  dev->worker_fd = sv[0];
+  if (read_full(dev->worker_fd, &rep, sizeof(rep)) != 0 || rep.magic != DSPK__WORKER_MAGIC) {
+    reap(dev, how, sizeof(how));
+    return dspk__cuda_msg(ctx, DSPK_EDEVICE, "kernel: the kernel worker did not start (%s)",
+                          how);
+  }
+  if (rep.status != 0) {
+    rep.msg[sizeof(rep.msg) - 1] = 0;
+    reap(dev, NULL, 0);
+    return dspk__cuda_msg(ctx, DSPK_EDEVICE, "kernel: %s", rep.msg);
+  }
+  dev->worker_starts++;
+  return 0;
+}
+
+/* One attempt; *ipc_failed tells the caller to retry with copies. */
+static int attempt(struct dspk__dev *dev, struct dspk__op *op, const void *cubin,
+                   size_t cubin_len, int use_ipc, int *ipc_failed,
+                   struct dspk__opctx *ctx) {
+  struct dspk__wreq q;
+  struct dspk__wrep rep;
+  void *host[DSPK__WORKER_MAX_ARGS] = {0};
+  const char *entry = op->u.kernel.entry;
+  char how[64];
+  CUresult r;
+  int rc = 0;
+  memset(&q, 0, sizeof(q));
+  q.magic = DSPK__WORKER_MAGIC;
+  q.nargs = (uint32_t)op->u.kernel.nargs;
+  q.cubin_len = cubin_len;
+  snprintf(q.entry, sizeof(q.entry), "%s", entry);
+  memcpy(q.grid, op->u.kernel.grid, sizeof(q.grid));
+  memcpy(q.block, op->u.kernel.block, sizeof(q.block));
+  q.shared = op->u.kernel.shared_bytes;
+  for (int i = 0; i < op->u.kernel.nargs; i++) {
+    const struct dspk__karg *a = &op->u.kernel.args[i];
+    if (a->kind == DSPK__KARG_TENSOR) {
+      const struct dspk__tensor *t = &op->in[a->v.tensor];
+      size_t n = dspk__tensor_nbytes(t);
+      if (use_ipc && t->mem) {
+        q.args[i].kind = DSPK__WARG_IPC;
+        q.args[i].offset = t->offset;
+        if ((r = CU.cuIpcGetMemHandle(&q.args[i].ipc, t->mem->ptr)) != CUDA_SUCCESS) {
+          *ipc_failed = 1;
+          rc = DSPK_ENOTSUP;
+          goto out;
+        }
+      } else {
+        q.args[i].kind = DSPK__WARG_DATA;
+        q.args[i].bytes = n;
+        host[i] = malloc(n ? n : 1);
+        if (!host[i]) {
+          rc = DSPK_ENOMEM;
+          goto out;
+        }
+        if (n && (r = CU.cuMemcpyDtoH(host[i], dspk__cuda_ptr(t), n)) != CUDA_SUCCESS) {
+          rc = dspk__cuda_err(dev, ctx, "kernel: staging a tensor", r);
+          goto out;
+        }
+      }
+    } else {
+      q.args[i].kind = DSPK__WARG_SCALAR;
+      switch (a->kind) {
+      case DSPK__KARG_I32: q.args[i].size = 4; memcpy(q.args[i].value, &a->v.i32, 4); break;
+      case DSPK__KARG_U32: q.args[i].size = 4; memcpy(q.args[i].value, &a->v.u32, 4); break;
+      case DSPK__KARG_F32: q.args[i].size = 4; memcpy(q.args[i].value, &a->v.f32, 4); break;
+      case DSPK__KARG_I64: q.args[i].size = 8; memcpy(q.args[i].value, &a->v.i64, 8); break;
+      default: q.args[i].size = 8; memcpy(q.args[i].value, &a->v.f64, 8); break;
+      }
+    }
+  }
+  if (dev->worker_pid <= 0 && (rc = start(dev, ctx)))
+    goto out;
+  if (write_full(dev->worker_fd, &q, sizeof(q)) != 0 ||
+      write_full(dev->worker_fd, cubin, cubin_len) != 0)
+    goto died;
+  for (uint32_t i = 0; i < q.nargs; i++)
+    if (q.args[i].kind == DSPK__WARG_DATA &&
+        write_full(dev->worker_fd, host[i], q.args[i].bytes) != 0)
+      goto died;
+  if (read_full(dev->worker_fd, &rep, sizeof(rep)) != 0 || rep.magic != DSPK__WORKER_MAGIC)
+    goto died;
+  rep.msg[sizeof(rep.msg) - 1] = 0;
+  if (rep.status != 0) {
+    if (rep.ipc_failed) {
+      *ipc_failed = 1;
+      rc = DSPK_ENOTSUP;
+      goto out;
+    }
+    if (rep.fatal) {
+      reap(dev, NULL, 0);
+      dev->faults++;
+      rc = dspk__cuda_msg(ctx, DSPK_EDEVICE,
+                          "kernel %s faulted: %s; it ran in an isolated worker process, "
+                          "so cuda:%d and its other work are unaffected (its tensor "
+                          "arguments may hold partial results)",
+                          entry, rep.msg, dev->index);
+    } else {
+      rc = dspk__cuda_msg(ctx, rep.status, "kernel %s: %s", entry, rep.msg);
+    }
+    goto out;
+  }
+  for (uint32_t i = 0; i < q.nargs; i++) {
+    if (q.args[i].kind != DSPK__WARG_DATA)
+      continue;
+    if (read_full(dev->worker_fd, host[i], q.args[i].bytes) != 0)
+      goto died;
+    r = CU.cuMemcpyHtoD(dspk__cuda_ptr(&op->in[op->u.kernel.args[i].v.tensor]), host[i],
+                        q.args[i].bytes);
+    if (r != CUDA_SUCCESS) {
+      rc = dspk__cuda_err(dev, ctx, "kernel: writing a tensor back", r);
+      goto out;
+    }
+  }
+  rc = 0;
+  goto out;
+died:
+  reap(dev, how, sizeof(how));
+  dev->faults++;
+  rc = dspk__cuda_msg(ctx, DSPK_EDEVICE,
+                      "kernel %s: the kernel worker died (%s); cuda:%d is unaffected", entry,
+                      how, dev->index);
+out:
+  for (int i = 0; i < DSPK__WORKER_MAX_ARGS; i++)
+    free(host[i]);
+  return rc;
+}
+
+int dspk__cuda_worker_run(struct dspk__dev *dev, struct dspk__op *op, const void *cubin,
+                          size_t cubin_len, struct dspk__opctx *ctx) {
+  int ipc_failed = 0, rc;
+  CUresult r;
+  /* The worker's stream knows nothing of ours: everything enqueued so far
+   * (the writes of the kernel's inputs among it) must be done first. */
+  if ((r = CU.cuStreamSynchronize(dev->stream)) != CUDA_SUCCESS)
+    return dspk__cuda_err(dev, ctx, "cuStreamSynchronize", r);
+  rc = attempt(dev, op, cubin, cubin_len, !dev->ipc_broken, &ipc_failed, ctx);
+  if (ipc_failed) {
+    dev->ipc_broken = 1;
+    rc = attempt(dev, op, cubin, cubin_len, 0, &ipc_failed, ctx);
+  }
+  return rc;
+}
