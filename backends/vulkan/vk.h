@@ -95,6 +95,7 @@ struct dspk__mem {
   VkDeviceMemory dm;          /* dedicated memory */
   struct dspk__pool_block *pb; /* the pool's record of this block */
   int host;                    /* staging memory (host-visible pool) */
+  VkDeviceSize bufsize;        /* size of the whole VkBuffer */
 };
 
 /* One compiled kernel: pipeline and its layouts. */
@@ -149,6 +150,7 @@ struct dspk__dev {
   size_t pcache_loaded; /* bytes loaded from the cache at open */
   uint64_t nkernels_made_since_open; /* pipelines created (save data when > 0) */
   struct dspk__plancache plans; /* contract and fft plans */
+  VkFence fft_fence;            /* VkFFT's own submissions at plan creation */
   /* cache identity */
   char name[VK_MAX_PHYSICAL_DEVICE_NAME_SIZE], uuid[40], driver[64], arch[32];
   uint64_t kernels_compiled, kernel_cache_hits;

@@ -534,6 +534,8 @@ static void vk_close(struct dspk__dev *d) {
   dspk__retire_fini(&d->retire);
   dspk__plancache_fini(&d->plans);
   if (d->dev) {
+    if (d->fft_fence)
+      VK(DestroyFence)(d->dev, d->fft_fence, NULL);
     dspk__vk_kernels_fini(d);
     dspk__vk_pcache_fini(d);
     dspk__vk_mem_fini(d);

@@ -110,6 +110,7 @@ static int slab_alloc(struct dspk__dev *d, size_t n, struct dspk__mem *m) {
     m->buf = s->buf;
     m->off = (VkDeviceSize)i * s->slot;
     m->size = n;
+    m->bufsize = DSPK__VK_SLAB_BYTES;
     m->map = s->map ? (char *)s->map + m->off : NULL;
     m->coherent = is_coherent(d, d->devtype_local);
     return 0;
@@ -145,6 +146,7 @@ static int raw_alloc(struct dspk__dev *d, size_t n, int host, uint64_t *handle) 
     uint32_t type = host ? d->devtype_host : d->devtype_local;
     r = make_buffer(d, n, type, &m->buf, &m->dm, &m->map);
     m->size = n;
+    m->bufsize = n ? n : 4;
     m->coherent = is_coherent(d, type);
   }
   if (r) {

@@ -352,6 +352,56 @@ static void t_contract(void **state) {
   }
 }
 
+
+static void t_fft(void **state) {
+  (void)state;
+  char msg[512];
+  const int64_t ns[] = {8, 12, 100, 37, 1024, 4096, 5};
+  for (int iter = 0; iter < 14; iter++) {
+    int64_t n = ns[iter % 7];
+    if (getenv("FFTN"))
+      n = atoi(getenv("FFTN"));
+    dspk_dtype dt = getenv("FFTDT") ? (dspk_dtype)atoi(getenv("FFTDT")) : (iter % 4 == 0) ? DSPK_C64 : (iter % 4 == 1) ? DSPK_C128
+                    : (iter % 4 == 2) ? DSPK_F32 : DSPK_F64;
+    int inverse = h_cplx(dt) && (iter / 2) % 2;
+    int64_t shape[2] = {h_randint(1, 3), n};
+    if (getenv("FFTB"))
+      shape[0] = atoi(getenv("FFTB"));
+    struct htensor X = h_make(dt, 2, shape, 1), out;
+    struct dspk__op op = {.kind = DSPK_OP_FFT, .nin = 1};
+    op.u.fft.inverse = inverse;
+    assert_int_equal(h_upload(D, &X, 0, &op.in[0]), 0);
+    int r = h_run(D, &op, &out, msg, sizeof msg);
+    if (n == 37) { /* a prime above 13: refused with a reason, not answered wrongly */
+      assert_int_equal(r, DSPK_ENOTSUP);
+      assert_non_null(strstr(msg, "prime"));
+      h_free(&X);
+      continue;
+    }
+    if (r)
+      fail_msg("fft n=%lld %s: %d %s", (long long)n, dspk__dtype_name(dt), r, msg);
+    int64_t m = h_cplx(dt) ? n : n / 2 + 1;
+    double complex *want = calloc(shape[0] * m, sizeof *want);
+    for (int64_t b = 0; b < shape[0]; b++)
+      for (int64_t k = 0; k < m; k++) {
+        double complex acc = 0;
+        for (int64_t j = 0; j < n; j++) {
+          double ang = (inverse ? 2 : -2) * M_PI * (double)((j * k) % n) / (double)n;
+          acc += X.v[b * n + j] * cexp(I * ang);
+        }
+        want[b * m + k] = inverse ? acc / (double)n : acc;
+      }
+    double e = h_relerr(&out, want, shape[0] * m);
+    double tol = (dt == DSPK_F64 || dt == DSPK_C128) ? 1e-10 : 1e-5;
+    if (e > tol)
+      fail_msg("fft n=%lld %s inverse=%d: rel err %g", (long long)n, dspk__dtype_name(dt),
+               inverse, e);
+    free(want);
+    h_free(&X);
+    h_free(&out);
+  }
+}
+
 static const char raw_glsl[] =
     "#version 450\n"
     "layout(local_size_x = 64) in;\n"
@@ -512,6 +562,13 @@ static void workload(struct dspk__dev *d) {
     h_free(&A);
     h_free(&out);
   }
+  int64_t fs[2] = {2, 64};
+  struct htensor X = h_make(DSPK_C64, 2, fs, 1), out;
+  struct dspk__op op = {.kind = DSPK_OP_FFT, .nin = 1};
+  assert_int_equal(h_upload(d, &X, 0, &op.in[0]), 0);
+  assert_int_equal(h_run(d, &op, &out, msg, sizeof msg), 0);
+  h_free(&X);
+  h_free(&out);
   D = save;
 }
 
@@ -534,11 +591,11 @@ static void t_cache_restart(void **state) {
     VKB->stats(d, &st);
     VKB->close(d); /* saves the pipeline-cache data */
     if (round == 0) {
-      assert_int_equal(st.kernels_compiled, 3);
+      assert_int_equal(st.kernels_compiled, 4); /* 3 kernels, 1 VkFFT plan */
       assert_int_equal(st.kernel_cache_hits, 0);
     } else {
       assert_int_equal(st.kernels_compiled, 0);
-      assert_int_equal(st.kernel_cache_hits, 3);
+      assert_int_equal(st.kernel_cache_hits, 4);
       struct dspk__cache_stats cs;
       assert_int_equal(dspk__cache_stats(c, &cs), 0);
       assert_true(cs.kind[DSPK__CACHE_BLOBS].entries >= 1); /* pipeline cache */
@@ -558,7 +615,8 @@ int main(void) {
       cmocka_unit_test(t_probe),     cmocka_unit_test(t_memory),
       cmocka_unit_test(t_map),       cmocka_unit_test(t_reduce),
       cmocka_unit_test(t_fir),       cmocka_unit_test(t_gemm),
-      cmocka_unit_test(t_contract),  cmocka_unit_test(t_raw_glsl),
+      cmocka_unit_test(t_contract),  cmocka_unit_test(t_fft),
+      cmocka_unit_test(t_raw_glsl),
       cmocka_unit_test(t_raw_spirv), cmocka_unit_test(t_raw_error),
       cmocka_unit_test(t_cache_restart),
   };
