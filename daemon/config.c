@@ -474,7 +474,7 @@ int dspkd_config_start(int argc, char **argv, struct dspkd_config *cfg) {
 
 const char *dspkd_config_file_socket(void) { return file_socket[0] ? file_socket : NULL; }
 
-int dspkd_config_reload(struct dspkd *d) {
+int dspkd_config_reload(struct dspkd *d, char *msg, size_t msglen) {
   struct dspkd_config nw;
   char err[PATH_MAX + 512];
   int r;
@@ -487,6 +487,9 @@ int dspkd_config_reload(struct dspkd *d) {
   r = load(conf_path, &nw, &d->cfg, flag_mask, err, sizeof err);
   if (r < 0) {
     dspkd_error("reload: %s; keeping the running configuration", err);
+    if (msg && msglen)
+      snprintf(msg, msglen, "%.*s; keeping the running configuration",
+               (int)(msglen > 64 ? msglen - 40 : msglen), err);
     return r;
   }
   for (size_t i = 0; i < NKEYS; i++) {

@@ -40,9 +40,10 @@ const char *dspkd_config_file_socket(void);
  * Reads the file again (SIGHUP) and applies the keys that may change while
  * running; keys the command line set keep their value; a changed key that
  * needs a restart (socket, cache, backends) is logged and ignored.  An
- * invalid file changes nothing.  Returns 0 or a negative code (logged).
+ * invalid file changes nothing.  Returns 0 or a negative code (logged, and
+ * described in msg when msg is not NULL).
  */
-int dspkd_config_reload(struct dspkd *d);
+int dspkd_config_reload(struct dspkd *d, char *msg, size_t msglen);
 
 /* 1 when a peer with these credentials may connect: the allow lists are
  * empty, or it is root or the daemon's own user, or it is listed (its uid,

@@ -20,6 +20,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "daemon/admin.h"
 #include "daemon/dspkd.h"
 #include "daemon/log.h"
 #include "daemon/notify.h"
@@ -316,7 +317,9 @@ static void conn_frame(struct conn *c, struct rchunk *k, const char *p, size_t n
     struct req r = {.c = c, .msgid = m.msgid, .args = m.args, .chunk = k};
     c->requests++;
     r.msg[0] = '\0';
-    err = dspkd_dispatch(&r, m.method, m.method_len);
+    err = dspkd_admin_dispatch(&r, m.method, m.method_len);
+    if (err == 1)
+      err = dspkd_dispatch(&r, m.method, m.method_len);
     if (err < 0) {
       dspkd_debug("client %llu: %.*s #%u: %s: %s", (unsigned long long)c->id,
                   (int)m.method_len, m.method, m.msgid, dspk__err_name(err), r.msg);
@@ -463,6 +466,11 @@ static void on_connection(uv_stream_t *server, int status) {
   }
   dspkd_debug("client %llu: connected (pid %ld uid %ld gid %ld)",
               (unsigned long long)c->id, (long)c->pid, (long)c->uid, (long)c->gid);
+  if (!dspkd_admin_may_connect(c)) {
+    conn_protocol_error(c, DSPK_EPERM, "this user may not connect (allow_users and "
+                        "allow_groups in the daemon's policy)");
+    return;
+  }
   if (d->nconns > d->cfg.max_clients) {
     char msg[96];
     snprintf(msg, sizeof msg, "more than %zu connections (max_clients)",

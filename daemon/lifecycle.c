@@ -60,7 +60,7 @@ static void on_hup(uv_signal_t *h, int signum) {
   snprintf(msg, sizeof msg, "RELOADING=1\nMONOTONIC_USEC=%llu",
            (unsigned long long)ts.tv_sec * 1000000ull + (unsigned long long)ts.tv_nsec / 1000);
   dspkd_notify_send(msg);
-  if (dspkd_config_reload(d) < 0)
+  if (dspkd_config_reload(d, NULL, 0) < 0)
     dspkd_notify_send("READY=1\nSTATUS=configuration reload failed: running with the "
                       "previous one (see the log)");
   else

@@ -529,6 +529,102 @@ def t_config(exe, tmp):
     d.stop()
 
 
+AS_NOBODY = r"""
+import json, socket, sys, msgpack
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.settimeout(30)
+s.connect(sys.argv[1])
+up = msgpack.Unpacker(raw=False)
+out = []
+for i, method in enumerate(sys.argv[2:]):
+    try:
+        s.sendall(msgpack.packb([0, i + 1, method,
+                                 [{"data": b"x"}] if method == "ping" else []],
+                                use_bin_type=True))
+    except (BrokenPipeError, ConnectionResetError):
+        pass  # refused at once: what it said is still to be read
+    got = None
+    while got is None:
+        try:
+            data = s.recv(65536)
+        except ConnectionResetError:
+            data = b""
+        if not data:
+            got = "EOF"
+            break
+        up.feed(data)
+        for m in up:
+            if m[0] == 2:
+                got = "notify:%s:%s" % (m[1], m[2][0]["name"])
+            elif m[0] == 1:
+                got = m[2]["name"] if m[2] else "ok"
+    out.append(got)
+    if got == "EOF" or got.startswith("notify"):
+        break
+print(json.dumps(out))
+"""
+
+
+def as_user(sock, uid, *methods):
+    p = subprocess.run([sys.executable, "-c", AS_NOBODY, sock] + list(methods),
+                       user=uid, group=uid, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       timeout=TIMEOUT)
+    check(p.returncode == 0, "client as uid %d: %s" % (uid, p.stderr.decode()))
+    import json
+    return json.loads(p.stdout)
+
+
+def t_policy(exe, tmp):
+    """allow_users/allow_groups at the connection, admin_users/admin_groups for
+    daemon.reload and daemon.stop, changed by a reload without dropping anyone."""
+    if os.getuid() != 0:
+        # Only the defaults can be checked: the daemon's own user is an admin.
+        d = Daemon(exe, tmp)
+        c = d.client()
+        check(c.call("daemon.reload") == {"reloaded": True}, "own user reloads")
+        check(c.call("daemon.stop") == {"stopping": True}, "own user stops")
+        c.expect_eof()
+        check(d.wait() == 0, "exit 0")
+        return
+    nobody = 65534
+    os.chmod(tmp, 0o711)
+    conf = os.path.join(tmp, "policy.conf")
+    write(conf, "[policy]\nallow_users = 12345\nadmin_users = 12345\n")
+    os.chmod(conf, 0o644)
+    d = Daemon(exe, tmp, ["--config", conf], notify=True)
+    os.chmod(d.sock, 0o666)
+    got = as_user(d.sock, nobody, "ping")
+    check(got == ["notify:protocol.error:EPERM"], "not allowed to connect: %r" % got)
+    root = d.client()
+    check(root.call("ping", {"data": b"r"})["data"] == b"r", "the daemon's own user connects")
+    e = None
+    try:
+        root.call("daemon.stop")
+    except RpcError as x:
+        e = x
+    check(e is not None and e.name == "EPERM" and "admin" in e.err["message"],
+          "not an admin: %r" % (e and e.err))
+    write(conf, "[policy]\nallow_users = nobody\nadmin_groups = %d\n" % nobody)
+    d.proc.send_signal(signal.SIGHUP)
+    d.notify.until(lambda m: m.get("RELOADING") == "1", "RELOADING=1")
+    d.notify.until(lambda m: m.get("READY") == "1", "READY=1")
+    got = as_user(d.sock, nobody, "ping", "daemon.reload")
+    check(got == ["ok", "ok"], "allowed and admin after the reload: %r" % got)
+    e = None
+    try:
+        root.call("daemon.reload")
+    except RpcError as x:
+        e = x
+    check(e is not None and e.name == "EPERM", "root is not in admin_groups")
+    check(root.call("ping", {"data": b"k"})["data"] == b"k", "root kept its connection")
+    got = as_user(d.sock, nobody, "daemon.stop")
+    check(got == ["ok"], "an admin stops the daemon: %r" % got)
+    root.expect_eof()
+    check(d.wait() == 0, "exit 0 after daemon.stop:\n" + d.logtext())
+    d.check_clean_exit()
+    check(not os.path.exists(d.sock), "socket removed")
+
+
 def exit_path(exe, tmp, how, want_rc, backends="cpu"):
     d = Daemon(exe, tmp, env={"DSPKD_TEST_EXIT": how}, backends=backends)
     a = d.client()
@@ -619,6 +715,7 @@ GROUPS = {
     "reload": t_reload,
     "config": t_config,
     "exits": t_exits,
+    "policy": t_policy,
     "cycles": t_cycles,
 }
 

@@ -1,0 +1,100 @@
+/*
+ * Access policy and admin methods (daemon/admin.h).  The peer's identity is
+ * what the kernel recorded when it connected: SO_PEERCRED (uid, gid, kept
+ * on the connection by daemon/conn.c) and SO_PEERGROUPS (its supplementary
+ * groups, read here when a decision needs them).  Each decision uses the
+ * policy in force at that moment, so a reload applies to the next request
+ * without dropping anyone.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+
+#include "daemon/admin.h"
+#include "daemon/config.h"
+#include "daemon/log.h"
+
+#define MAX_GROUPS 256
+
+/* Reads the peer's supplementary groups; returns how many (0 when the
+ * kernel cannot tell). */
+static size_t peer_groups(struct conn *c, gid_t *groups, size_t max) {
+  uv_os_fd_t fd;
+  socklen_t len = (socklen_t)(max * sizeof *groups);
+  if (uv_fileno((uv_handle_t *)&c->pipe, &fd) != 0)
+    return 0;
+  if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups, &len) != 0)
+    return 0;
+  return len / sizeof *groups;
+}
+
+int dspkd_admin_may_connect(struct conn *c) {
+  const struct dspkd_config *cfg = &c->d->cfg;
+  gid_t groups[MAX_GROUPS];
+  size_t n;
+
+  if (!cfg->allow_users.n && !cfg->allow_groups.n)
+    return 1;
+  if (c->uid == (uid_t)-1)
+    return 0;
+  n = peer_groups(c, groups, MAX_GROUPS);
+  return dspkd_policy_may_connect(cfg, c->uid, c->gid, groups, n);
+}
+
+static int is_admin(struct conn *c) {
+  gid_t groups[MAX_GROUPS];
+  size_t n;
+  if (c->uid == (uid_t)-1)
+    return 0;
+  n = peer_groups(c, groups, MAX_GROUPS);
+  return dspkd_policy_is_admin(&c->d->cfg, c->uid, c->gid, groups, n);
+}
+
+/* Answers {key: true}.  0 or a negative code. */
+static int reply_true(struct req *r, const char *key) {
+  struct wreq *wr = wreq_new();
+  if (!wr)
+    return DSPK_ENOMEM;
+  dspk__pack_result_head(&wr->w.pk, r->msgid);
+  msgpack_pack_map(&wr->w.pk, 1);
+  dspk__pack_str(&wr->w.pk, key);
+  msgpack_pack_true(&wr->w.pk);
+  conn_send(r->c, wr);
+  return 0;
+}
+
+int dspkd_admin_dispatch(struct req *r, const char *method, size_t len) {
+  static const char *const names[] = {"daemon.reload", "daemon.stop"};
+  struct conn *c = r->c;
+  struct dspkd *d = c->d;
+  int which = -1, err;
+
+  for (int i = 0; i < 2; i++)
+    if (strlen(names[i]) == len && memcmp(names[i], method, len) == 0)
+      which = i;
+  if (which < 0)
+    return 1;
+  if (!is_admin(c)) {
+    dspkd_warn("client %llu (pid %ld uid %ld): %s refused: not an admin",
+               (unsigned long long)c->id, (long)c->pid, (long)c->uid, names[which]);
+    snprintf(r->msg, sizeof r->msg, "%s: uid %ld is not an admin (admin_users and "
+             "admin_groups in the [policy] of dspkd.conf)", names[which], (long)c->uid);
+    return DSPK_EPERM;
+  }
+  if (which == 0) {
+    dspkd_info("client %llu (uid %ld): daemon.reload", (unsigned long long)c->id,
+               (long)c->uid);
+    err = dspkd_config_reload(d, r->msg, sizeof r->msg);
+    if (err < 0)
+      return err;
+    return reply_true(r, "reloaded");
+  }
+  dspkd_info("client %llu (uid %ld): daemon.stop", (unsigned long long)c->id, (long)c->uid);
+  err = reply_true(r, "stopping");
+  if (err < 0)
+    return err;
+  dspkd_stop(d);
+  return 0;
+}

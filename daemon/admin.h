@@ -1,0 +1,24 @@
+/*
+ * dspkd's access policy at the connection and the admin methods
+ * (daemon/admin.c).  The policy comes from the configuration file's
+ * [policy] section (daemon/config.h): allow_users/allow_groups decide who
+ * may talk to the daemon at all (beyond the socket's file permissions),
+ * admin_users/admin_groups who may call the admin methods:
+ *   daemon.reload  read the configuration file again (as SIGHUP)
+ *   daemon.stop    stop the daemon in order (as SIGTERM)
+ * Loop thread only.
+ */
+#ifndef DSPKD_ADMIN_H
+#define DSPKD_ADMIN_H
+
+#include "daemon/dspkd.h"
+
+/* 1 when the connection's peer passes the allow lists, else 0. */
+int dspkd_admin_may_connect(struct conn *c);
+
+/* Runs r's method when it is an admin method: returns 0 when it answered, a
+ * negative code that the caller answers with r->msg (DSPK_EPERM for a peer
+ * that is not an admin), or 1 when the method is not an admin method. */
+int dspkd_admin_dispatch(struct req *r, const char *method, size_t len);
+
+#endif /* DSPKD_ADMIN_H */
