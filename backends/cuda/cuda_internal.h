@@ -138,6 +138,13 @@ int dspk__cuda_worker_run(struct dspk__dev *dev, struct dspk__op *op,
 /* Ends the worker (close). */
 void dspk__cuda_worker_stop(struct dspk__dev *dev);
 
+/* tune.c.  Launches a 1-D grid-stride kernel over n items with the block
+ * size the autotune framework chose for (op, shape class, dtype, device),
+ * tuning on this launch's data the first time. */
+int dspk__cuda_launch_tuned(struct dspk__dev *dev, CUfunction fn, int64_t n,
+                            void **args, const char *op, const char *shape_class,
+                            dspk_dtype dt, struct dspk__opctx *ctx);
+
 /* ops.c */
 int dspk__cuda_run(struct dspk__dev *dev, struct dspk__op *op,
                    struct dspk__opctx *ctx);

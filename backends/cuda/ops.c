@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "backends/cuda/cuda_internal.h"
+#include "backends/common/autotune.h"
 #include "cache/cache.h"
 
 #define CU dspk__cu
@@ -336,7 +337,11 @@ static int op_fir(struct dspk__dev *dev, struct dspk__op *op, struct dspk__opctx
     return 0;
   if ((rc = dspk__cuda_kfunc(dev, DSPK__K_FIR, X->dtype, "dspk_fir", &fn, ctx)))
     return rc;
-  return dspk__cuda_launch1d(dev, fn, total, args, ctx);
+  {
+    char cls[32];
+    snprintf(cls, sizeof(cls), "k=2^%d", dspk__autotune_pow2((uint64_t)k));
+    return dspk__cuda_launch_tuned(dev, fn, total, args, "fir", cls, X->dtype, ctx);
+  }
 }
 
 static int op_map(struct dspk__dev *dev, struct dspk__op *op, struct dspk__opctx *ctx) {
@@ -357,6 +362,10 @@ static int op_map(struct dspk__dev *dev, struct dspk__op *op, struct dspk__opctx
     return 0;
   if ((rc = dspk__cuda_kfunc(dev, DSPK__K_MAP, A->dtype, names[op->u.map.fn], &fn, ctx)))
     return rc;
+  /* Tuning reruns the kernel, which is harmless only when the output does
+   * not alias an input. */
+  if (o != a && o != b)
+    return dspk__cuda_launch_tuned(dev, fn, n, args, "map", NULL, A->dtype, ctx);
   return dspk__cuda_launch1d(dev, fn, n, args, ctx);
 }
 

@@ -379,7 +379,7 @@ static int buf_write(dspk_client *c, uint64_t id, const void *p, size_t n) {
 
 static double time_daemon(dspk_client *c, const dspk_task *t, uint64_t probe_buf, int reps) {
   double v[3];
-  uint32_t tk[64];
+  uint32_t tk[256];
   dspk_result r;
   float tmp;
   for (int k = -1; k < 3; k++) {
@@ -419,7 +419,7 @@ static int mode_daemon(const char *sock) {
     dspk_task t;
     dspk_tensor in[2];
     uint64_t ba, bb, bo;
-    int n = 8192, reps = which == 0 ? 10 : 40;
+    int n = 8192, reps = which == 0 ? 10 : which == 1 ? 100 : 200;
     dspk_dtype dt = which == 1 ? DSPK_BF16 : DSPK_F32;
     size_t isz = dspk_dtype_size(dt), nn = (size_t)n * n;
     void *ha, *hb = NULL;

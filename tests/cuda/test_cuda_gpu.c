@@ -27,6 +27,7 @@
 #include <cmocka.h>
 
 #include "backends/cuda/cuda_internal.h"
+#include "backends/common/autotune.h"
 #include "cache/cache.h"
 
 extern const struct dspk__backend dspk__backend_cpu;
@@ -614,6 +615,8 @@ static void test_warm_cache_restart(void **state) {
   assert_non_null(mkdtemp(path));
   snprintf(file, sizeof(file), "%s/cache.db", path);
   for (int round = 0; round < 2; round++) {
+    /* A restart forgets the in-process memo of autotune decisions too. */
+    dspk__autotune_forget_all();
     assert_int_equal(dspk__cache_open(file, NULL, &cache, warn, sizeof(warn)), 0);
     memset(&env, 0, sizeof(env));
     env.cache = cache;
@@ -626,7 +629,11 @@ static void test_warm_cache_restart(void **state) {
     printf("round %d: kernels compiled %llu, cache hits %llu\n", round,
            (unsigned long long)st.kernels_compiled, (unsigned long long)st.kernel_cache_hits);
     if (round == 0) {
+      struct dspk__cache_stats cs;
       assert_true(st.kernels_compiled >= 4);
+      /* The fir and map launches were tuned and the decisions stored. */
+      assert_int_equal(dspk__cache_stats(cache, &cs), 0);
+      assert_true(cs.kind[DSPK__CACHE_AUTOTUNE].entries >= 2);
     } else {
       assert_int_equal(st.kernels_compiled, 0);
       assert_true(st.kernel_cache_hits >= 4);
