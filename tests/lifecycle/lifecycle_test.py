@@ -674,16 +674,21 @@ def t_exits(exe, tmp):
     opened = [x for x in re.findall(r"info: ([a-z]+:\d+): ", log) if "closed" not in x]
     for dev in set(opened):
         check("%s: device closed" % dev in log, "%s closed at exit:\n%s" % (dev, log))
+    if os.environ.get("DSPK_LIFECYCLE_VERBOSE"):
+        print(log)
 
 
 def t_cycles(exe, tmp, count=200):
+    """DSPK_LIFECYCLE_BACKENDS=all cycles every backend the build has (GPU hosts)."""
+    backends = os.environ.get("DSPK_LIFECYCLE_BACKENDS", "cpu")
     sock = os.path.join(tmp, "cycle.sock")
     log = open(os.path.join(tmp, "cycles.log"), "w+")
     t0 = time.monotonic()
     for i in range(count):
         r, w = os.pipe()
         p = subprocess.Popen([exe, "--foreground", "--socket", sock, "--ready-fd", str(w),
-                              "--backends", "cpu", "--config", "", "--log-level", "warn"],
+                              "--config", "", "--log-level", "warn"] +
+                             ([] if backends == "all" else ["--backends", backends]),
                              pass_fds=[w], stderr=log)
         os.close(w)
         got, _, _ = select.select([r], [], [], TIMEOUT)
@@ -704,7 +709,8 @@ def t_cycles(exe, tmp, count=200):
             log.seek(0)
             raise AssertionError("cycle %d: exit %d, socket left %s:\n%s"
                                  % (i, rc, os.path.exists(sock), log.read()[-3000:]))
-    print("%d start/stop cycles in %.1f s" % (count, time.monotonic() - t0))
+    print("%d start/stop cycles (backends: %s) in %.1f s"
+          % (count, backends, time.monotonic() - t0))
 
 
 GROUPS = {
