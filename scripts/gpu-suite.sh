@@ -73,8 +73,21 @@ K
   "$SUBMIT" -S "$SOCK" kernel "$TMP/bad.cu" --entry bad --grid 1 --block 1 \
     --device cuda:0 zeros:f32:4 2>&1 | tee -a "$OUT/daemon.log"
 
-  section "first result: fresh dspk-submit vs fresh in-process program"
+  section "a faulting raw kernel through dspkd; the daemon keeps serving"
+  echo 'extern "C" __global__ void boom(float *y) { *(float *)0x10 = 1.0f; y[0] = 1.0f; }' \
+    > "$TMP/boom.cu"
+  "$SUBMIT" -S "$SOCK" kernel "$TMP/boom.cu" --entry boom --grid 1 --block 1 \
+    --device cuda:0 zeros:f32:4 2>&1 | tee -a "$OUT/daemon.log"
   "$BENCH" mknpy "$TMP"
+  for d in $("$SUBMIT" -S "$SOCK" devices | awk '/^cuda:/ {print $1}'); do
+    if "$SUBMIT" -S "$SOCK" gemm "$TMP/a.npy" "$TMP/b.npy" -o "$TMP/c.npy" --device "$d"; then
+      echo "gemm on $d after the fault: ok"
+    else
+      echo "gemm on $d after the fault: FAILED"; fail=1
+    fi
+  done 2>&1 | tee -a "$OUT/daemon.log"
+
+  section "first result: fresh dspk-submit vs fresh in-process program"
   "$SUBMIT" -S "$SOCK" gemm "$TMP/a.npy" "$TMP/b.npy" -o "$TMP/c.npy" --device cuda:0 \
     > /dev/null 2>&1 # the daemon's own first use of cuBLAS for this shape
   for i in 1 2 3 4 5; do

@@ -579,6 +579,43 @@ static void test_fault_recovery(void **state) {
     assert_true(y[i] == 2.0f * x[i]);
 }
 
+/* With two or more GPUs: a fault on cuda:0 leaves cuda:1 (its own runner
+ * in the daemon, here the same thread) untouched. */
+static int ndev;
+static void test_other_device_untouched(void **state) {
+  struct dspk__dev *g1 = NULL, *g0 = gpu;
+  enum { N = 64 };
+  float y[N], x[N];
+  char err[1024];
+  struct dspk__op op;
+  (void)state;
+  if (ndev < 2) {
+    printf("one CUDA device: nothing to check\n");
+    return;
+  }
+  assert_int_equal(GPU->open(1, NULL, &g1), 0);
+  memset(&op, 0, sizeof(op));
+  op.kind = DSPK_OP_GEMM;
+  op.nin = 2;
+  op.in[0] = T(DSPK_F64, 2, (int64_t[]){33, 44});
+  op.in[1] = T(DSPK_F64, 2, (int64_t[]){44, 55});
+  gpu = g1;
+  check_op("gemm on cuda:1", &op);
+  gpu = g0;
+  for (int i = 0; i < N; i++)
+    y[i] = x[i] = 1.0f;
+  assert_int_equal(run_kernel("extern \"C\" __global__ void boom(float *y, const float *x, "
+                              "float a, int n) { *(float *)0x10 = a; }",
+                              "boom", y, x, N, 1.0f, err, sizeof(err), NULL),
+                   DSPK_EDEVICE);
+  assert_non_null(strstr(err, "ILLEGAL_ADDRESS"));
+  gpu = g1;
+  check_op("gemm on cuda:1 after a fault on cuda:0", &op);
+  gpu = g0;
+  check_op("gemm on cuda:0 after its fault", &op);
+  GPU->close(g1);
+}
+
 /* ---- warm kernel cache across a restart ------------------------------------ */
 
 static void warm_workload(void) {
@@ -662,9 +699,10 @@ int main(void) {
       cmocka_unit_test(test_contract_eviction_trace),
       cmocka_unit_test(test_raw_kernel),
       cmocka_unit_test(test_fault_recovery),
+      cmocka_unit_test(test_other_device_untouched),
       cmocka_unit_test(test_warm_cache_restart),
   };
-  n = GPU->probe(info, DSPK__CUDA_MAX_DEVICES, why, sizeof(why));
+  n = ndev = GPU->probe(info, DSPK__CUDA_MAX_DEVICES, why, sizeof(why));
   if (n <= 0) {
     printf("skipped: %s\n", why);
     return 77;
