@@ -2,6 +2,8 @@
 # The README's first command: build dspk, start dspkd on the CPU backend with
 # a per-user socket, submit a real task (a 64x48 @ 48x32 f32 gemm and an FFT)
 # with dspk-submit, check and print the result, and stop the daemon.
+# Inputs are written and results checked with Debian's python3-numpy
+# (/usr/bin/python3: a pyenv python3 earlier in PATH may lack numpy).
 set -eu
 here=$(cd "$(dirname "$0")/.." && pwd)
 "$here/scripts/build.sh" "$here/build"
@@ -19,7 +21,7 @@ read -r line <"$work/ready"
 echo "dspkd ($pid) $line on $DSPK_SOCKET"
 
 "$bin/client/submit/dspk-submit" devices
-python3 - "$work" <<'PY'
+/usr/bin/python3 - "$work" <<'PY'
 import numpy as np, sys
 rng = np.random.default_rng(1)
 np.save(sys.argv[1] + "/a.npy", rng.standard_normal((64, 48), dtype=np.float32))
@@ -28,7 +30,7 @@ np.save(sys.argv[1] + "/x.npy", (rng.standard_normal(1024) + 1j * rng.standard_n
 PY
 "$bin/client/submit/dspk-submit" gemm "$work/a.npy" "$work/b.npy" -o "$work/c.npy" --device cpu:0
 "$bin/client/submit/dspk-submit" fft "$work/x.npy" -o "$work/y.npy" --device cpu:0
-python3 - "$work" <<'PY'
+/usr/bin/python3 - "$work" <<'PY'
 import numpy as np, sys
 w = sys.argv[1]
 a, b, c = np.load(w + "/a.npy"), np.load(w + "/b.npy"), np.load(w + "/c.npy")
