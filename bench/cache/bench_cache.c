@@ -1,0 +1,239 @@
+/*
+ * bench_cache: time to first result of tasks that need tuning, with a cold
+ * cache and with a warm one after a daemon restart, side by side in one run
+ * (issue 3 §6).
+ *
+ * Two daemon lifetimes on one fresh cache file:
+ *   cold: the first fft of 2^20 c64 (FFTW_MEASURE planning) and the first
+ *         fir of one shape (direct vs FFT measured, FFT plans measured);
+ *   warm: the daemon is restarted on the same file and the same tasks run
+ *         again: wisdom and the stored decision make them fast.
+ * Each lifetime also times further runs of the same tasks (steady state,
+ * median).  The warm lifetime is repeated (3 restarts) and the medians of
+ * its figures are shown.  The operands travel inline, the same in every
+ * column, so every figure includes moving 8 MiB each way for the fft.
+ *
+ * Usage: bench_cache PATH/TO/dspkd [steady-runs]
+ * Prints a markdown table; the goals are cold/warm >= 100 and
+ * warm/steady <= 2.
+ */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "dspk/dspk.h"
+
+#define FFT_N (1 << 20)
+#define FIR_N (1 << 18)
+#define FIR_K 200
+#define WARM_RESTARTS 3
+
+static double now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+static int cmp_d(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+static void die(const char *what, int err) {
+  fprintf(stderr, "bench_cache: %s: %s\n", what,
+          err < 0 ? dspk_strerror(err) : strerror(errno));
+  exit(1);
+}
+
+static pid_t start_daemon(const char *dspkd, const char *sock,
+                          const char *cache) {
+  int fds[2];
+  if (pipe(fds) != 0)
+    die("pipe", 0);
+  pid_t pid = fork();
+  if (pid == 0) {
+    char fdarg[16];
+    close(fds[0]);
+    snprintf(fdarg, sizeof fdarg, "%d", fds[1]);
+    execl(dspkd, dspkd, "--socket", sock, "--backends", "cpu", "--cache",
+          cache, "--foreground", "--log-level", "warn", "--ready-fd", fdarg,
+          (char *)NULL);
+    _exit(127);
+  }
+  close(fds[1]);
+  char buf[16];
+  ssize_t n = read(fds[0], buf, sizeof buf); /* READY, or EOF if it died */
+  close(fds[0]);
+  if (n <= 0) {
+    fprintf(stderr, "bench_cache: dspkd did not start\n");
+    exit(1);
+  }
+  return pid;
+}
+
+static void stop_daemon(pid_t pid) {
+  int st;
+  kill(pid, SIGTERM);
+  if (waitpid(pid, &st, 0) != pid || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+    fprintf(stderr, "bench_cache: dspkd did not exit cleanly\n");
+    exit(1);
+  }
+}
+
+struct progress {
+  int notes;
+  double last;
+};
+
+static void on_progress(void *ud, uint32_t ticket, const char *what,
+                        double fraction) {
+  struct progress *p = ud;
+  (void)ticket;
+  (void)what;
+  p->notes++;
+  p->last = fraction;
+}
+
+/* Runs t once; returns the wall time in ms. */
+static double run_ms(dspk_client *c, const dspk_task *t) {
+  dspk_result r;
+  double t0 = now_ms();
+  int err = dspk_run(c, t, &r);
+  double t1 = now_ms();
+  if (err < 0) {
+    fprintf(stderr, "bench_cache: task: %s (%s)\n", dspk_strerror(err),
+            dspk_last_error(c));
+    exit(1);
+  }
+  dspk_result_free(&r);
+  return t1 - t0;
+}
+
+struct phase {
+  double fft_first, fir_first, fft_steady, fir_steady;
+  int fir_progress;
+};
+
+static void lifetime(const char *dspkd, const char *sock, const char *cache,
+                     const dspk_task *fft, const dspk_task *fir, int steady,
+                     struct phase *out) {
+  pid_t pid = start_daemon(dspkd, sock, cache);
+  dspk_client *c;
+  if (dspk_connect(sock, "bench_cache", &c) < 0) {
+    fprintf(stderr, "bench_cache: connect: %s\n", dspk_connect_error());
+    exit(1);
+  }
+  struct progress p = {0};
+  dspk_set_progress(c, on_progress, &p);
+  out->fft_first = run_ms(c, fft);
+  p.notes = 0;
+  out->fir_first = run_ms(c, fir);
+  out->fir_progress = p.notes;
+  double *v = calloc((size_t)steady, sizeof *v);
+  if (!v)
+    die("calloc", DSPK_ENOMEM);
+  for (int i = 0; i < steady; i++)
+    v[i] = run_ms(c, fft);
+  qsort(v, (size_t)steady, sizeof *v, cmp_d);
+  out->fft_steady = v[steady / 2];
+  for (int i = 0; i < steady; i++)
+    v[i] = run_ms(c, fir);
+  qsort(v, (size_t)steady, sizeof *v, cmp_d);
+  out->fir_steady = v[steady / 2];
+  free(v);
+  dspk_close(c);
+  stop_daemon(pid);
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2) {
+    fprintf(stderr, "usage: bench_cache PATH/TO/dspkd [steady-runs]\n");
+    return 2;
+  }
+  int steady = argc > 2 ? atoi(argv[2]) : 7;
+  if (steady < 1)
+    steady = 1;
+  char dir[] = "/tmp/dspk-bench-cache-XXXXXX";
+  if (!mkdtemp(dir))
+    die("mkdtemp", 0);
+  char sock[256], cache[256];
+  snprintf(sock, sizeof sock, "%s/d.sock", dir);
+  snprintf(cache, sizeof cache, "%s/cache.db", dir);
+  signal(SIGPIPE, SIG_IGN);
+
+  /* Operands: fixed-seed pseudo-random data. */
+  float *x = malloc(sizeof(float) * 2 * FFT_N);
+  float *s = malloc(sizeof(float) * FIR_N);
+  float *h = malloc(sizeof(float) * FIR_K);
+  if (!x || !s || !h)
+    die("malloc", DSPK_ENOMEM);
+  uint32_t r = 7;
+#define RND() ((r = r * 1664525u + 1013904223u), (float)(r >> 8) / (1 << 23) - 1.0f)
+  for (int i = 0; i < 2 * FFT_N; i++)
+    x[i] = RND();
+  for (int i = 0; i < FIR_N; i++)
+    s[i] = RND();
+  for (int i = 0; i < FIR_K; i++)
+    h[i] = RND() / FIR_K;
+
+  dspk_tensor fin, sin2[2];
+  int64_t fshape[1] = {FFT_N}, sshape[2] = {1, FIR_N}, hshape[1] = {FIR_K};
+  dspk_tensor_inline(&fin, DSPK_C64, 1, fshape, x);
+  dspk_tensor_inline(&sin2[0], DSPK_F32, 2, sshape, s);
+  dspk_tensor_inline(&sin2[1], DSPK_F32, 1, hshape, h);
+  dspk_task fft, fir;
+  dspk_task_init(&fft, DSPK_OP_FFT);
+  fft.device = "cpu:0";
+  fft.ninputs = 1;
+  fft.inputs = &fin;
+  dspk_task_init(&fir, DSPK_OP_FIR);
+  fir.device = "cpu:0";
+  fir.ninputs = 2;
+  fir.inputs = sin2;
+
+  /* One cold lifetime, then WARM_RESTARTS warm ones; medians over the warm
+   * lifetimes, since one first run is one sample on a noisy machine. */
+  struct phase cold, w[WARM_RESTARTS], warm;
+  lifetime(argv[1], sock, cache, &fft, &fir, steady, &cold);
+  for (int i = 0; i < WARM_RESTARTS; i++)
+    lifetime(argv[1], sock, cache, &fft, &fir, steady, &w[i]);
+  double v[WARM_RESTARTS];
+#define MEDIAN(field)                                                          \
+  do {                                                                         \
+    for (int i = 0; i < WARM_RESTARTS; i++)                                    \
+      v[i] = w[i].field;                                                       \
+    qsort(v, WARM_RESTARTS, sizeof v[0], cmp_d);                               \
+    warm.field = v[WARM_RESTARTS / 2];                                         \
+  } while (0)
+  MEDIAN(fft_first);
+  MEDIAN(fir_first);
+  MEDIAN(fft_steady);
+  MEDIAN(fir_steady);
+  warm.fir_progress = w[0].fir_progress;
+
+  printf("| task | cold first (ms) | warm first after restart (ms, median of %d) "
+         "| steady (ms) ", WARM_RESTARTS);
+  printf("| cold / warm | warm / steady |\n|---|---|---|---|---|---|\n");
+  printf("| fft 2^20 c64 | %.1f | %.1f | %.1f | %.0fx | %.2fx |\n",
+         cold.fft_first, warm.fft_first, warm.fft_steady,
+         cold.fft_first / warm.fft_first, warm.fft_first / warm.fft_steady);
+  printf("| fir f32 (1, 2^18), 200 taps | %.1f | %.1f | %.1f | %.0fx | %.2fx |\n",
+         cold.fir_first, warm.fir_first, warm.fir_steady,
+         cold.fir_first / warm.fir_first, warm.fir_first / warm.fir_steady);
+  printf("\nprogress notifications during the cold fir: %d; during the warm "
+         "one: %d\n", cold.fir_progress, warm.fir_progress);
+
+  char cmd[300];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  if (system(cmd) != 0)
+    fprintf(stderr, "bench_cache: could not remove %s\n", dir);
+  free(x);
+  free(s);
+  free(h);
+  return 0;
+}
