@@ -356,42 +356,63 @@ DSPK_EXPORT int dspk_buffer_create(dspk_client *c, const char *device,
   return rc;
 }
 
+/* Largest payload of one buffer.write request or buffer.read answer: the
+ * daemon's max_message less room for the envelope and keys. */
+static size_t chunk_max(const dspk_client *c) {
+  return c->send_max > 8192 ? c->send_max - 4096 : c->send_max / 2;
+}
+
 DSPK_EXPORT int dspk_buffer_write(dspk_client *c, uint64_t id,
                                   uint64_t offset, const void *data,
                                   size_t n) {
-  struct buf_args a = {.id = id, .offset = offset, .data = data, .size = n,
-                       .kind = 1};
   struct dspk__resp r;
+  size_t done = 0;
   int rc;
 
   if (!c || (n && !data))
     return DSPK_EINVAL;
-  rc = dspk__call(c, "buffer.write", pack_buf, &a, &r);
-  if (rc == 0)
+  /* Bigger than one message allows: several writes, in order. */
+  do {
+    size_t k = n - done < chunk_max(c) ? n - done : chunk_max(c);
+    struct buf_args a = {.id = id, .offset = offset + done,
+                         .data = (const char *)data + done, .size = k,
+                         .kind = 1};
+    rc = dspk__call(c, "buffer.write", pack_buf, &a, &r);
+    if (rc != 0)
+      return rc;
     dspk__resp_free(&r);
-  return rc;
+    done += k;
+  } while (done < n);
+  return 0;
 }
 
 DSPK_EXPORT int dspk_buffer_read(dspk_client *c, uint64_t id, uint64_t offset,
                                  void *dst, size_t n) {
-  struct buf_args a = {.id = id, .offset = offset, .size = n, .kind = 2};
   struct dspk__resp r;
   const void *p;
-  size_t len;
+  size_t len, done = 0;
   int rc;
 
   if (!c || (n && !dst))
     return DSPK_EINVAL;
-  rc = dspk__call(c, "buffer.read", pack_buf, &a, &r);
-  if (rc != 0)
-    return rc;
-  if (dspk__obj_bin(dspk__map_get(r.msg.result, "data"), &p, &len) != 0 ||
-      len != n)
-    rc = dspk__cerr(c, DSPK_EPROTO, "buffer.read: expected %zu bytes", n);
-  else if (n)
-    memcpy(dst, p, n);
-  dspk__resp_free(&r);
-  return rc;
+  do {
+    size_t k = n - done < chunk_max(c) ? n - done : chunk_max(c);
+    struct buf_args a = {.id = id, .offset = offset + done, .size = k,
+                         .kind = 2};
+    rc = dspk__call(c, "buffer.read", pack_buf, &a, &r);
+    if (rc != 0)
+      return rc;
+    if (dspk__obj_bin(dspk__map_get(r.msg.result, "data"), &p, &len) != 0 ||
+        len != k)
+      rc = dspk__cerr(c, DSPK_EPROTO, "buffer.read: expected %zu bytes", k);
+    else if (k)
+      memcpy((char *)dst + done, p, k);
+    dspk__resp_free(&r);
+    if (rc != 0)
+      return rc;
+    done += k;
+  } while (done < n);
+  return 0;
 }
 
 DSPK_EXPORT int dspk_buffer_free(dspk_client *c, uint64_t id) {

@@ -125,10 +125,10 @@ int dspk__send(dspk_client *c, struct dspk__wbuf *w, uint32_t msgid) {
   if (rc != 0)
     return dspk__cerr(c, rc, "out of memory packing the request");
   total = dspk__wbuf_len(w);
-  if (total > c->lim.max_message)
+  if (total > c->send_max)
     return dspk__cerr(c, DSPK_ELIMIT,
-                      "request of %zu bytes exceeds the %zu-byte message "
-                      "limit", total, c->lim.max_message);
+                      "request of %zu bytes exceeds the daemon's %zu-byte "
+                      "message limit (max_message)", total, c->send_max);
 
   while (niov > 0) {
     struct msghdr mh = {0};
@@ -496,6 +496,7 @@ DSPK_EXPORT int dspk_connect(const char *socket_path, const char *client_name,
   if (sizeof(size_t) > 4)
     c->lim.max_message = (size_t)4 << 30;
   c->lim.max_depth = 32;
+  c->send_max = (size_t)256 << 20; /* until hello says otherwise */
   c->lim.max_elements = (uint64_t)1 << 32;
   c->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (c->fd < 0) {
@@ -516,6 +517,13 @@ DSPK_EXPORT int dspk_connect(const char *socket_path, const char *client_name,
   }
   dspk__strncpy_obj(dspk__map_get(r.msg.result, "daemon"), c->daemon_version,
                     sizeof c->daemon_version);
+  {
+    uint64_t mm = 0;
+    dspk__arg_u64(dspk__map_get(r.msg.result, "limits"), "max_message", &mm,
+                  NULL, 0);
+    if (mm >= 4096 && mm <= SIZE_MAX)
+      c->send_max = (size_t)mm;
+  }
   {
     uint64_t proto = DSPK_PROTOCOL_VERSION;
     dspk__arg_u64(r.msg.result, "protocol", &proto, NULL, 0);

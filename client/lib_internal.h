@@ -24,7 +24,8 @@ struct dspk_client {
   bool broken;            /* the stream is unusable; every call fails */
   int broken_code;
   uint32_t next_id;
-  struct dspk__limits lim;
+  struct dspk__limits lim; /* applied to what the daemon sends */
+  size_t send_max;          /* the daemon's max_message (from hello) */
   char err[1024];
   char daemon_version[64];
   dspk_progress_fn progress;

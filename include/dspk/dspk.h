@@ -104,7 +104,9 @@ DSPK_EXPORT void dspk_free(void *p);
 /* ---- simple methods ------------------------------------------------------ */
 
 /* One `ping` round trip carrying n bytes of payload (may be 0, data may be
- * NULL then); checks that the echo is identical (DSPK_EPROTO if not). */
+ * NULL then); checks that the echo is identical (DSPK_EPROTO if not).
+ * Any request bigger than the daemon's max_message (from hello) fails with
+ * DSPK_ELIMIT before anything is sent. */
 DSPK_EXPORT int dspk_ping(dspk_client *c, const void *data, size_t n);
 
 /*
@@ -179,11 +181,13 @@ DSPK_EXPORT void dspk_status_free(dspk_status *s);
 /* Buffers belong to the connection and are freed when it closes. */
 DSPK_EXPORT int dspk_buffer_create(dspk_client *c, const char *device,
                                    size_t size, uint64_t *id_out);
-/* Writes n bytes at offset.  data is sent in place (not copied). */
+/* Writes n bytes at offset.  data is sent in place (not copied).  More than
+ * one message holds (the daemon's max_message) is sent as several writes in
+ * order; on a failure the earlier parts may have been written. */
 DSPK_EXPORT int dspk_buffer_write(dspk_client *c, uint64_t id,
                                   uint64_t offset, const void *data, size_t n);
 /* Reads exactly n bytes at offset into dst (DSPK_EPROTO if the daemon sends
- * another amount). */
+ * another amount), in several reads when n exceeds one message. */
 DSPK_EXPORT int dspk_buffer_read(dspk_client *c, uint64_t id, uint64_t offset,
                                  void *dst, size_t n);
 DSPK_EXPORT int dspk_buffer_free(dspk_client *c, uint64_t id);

@@ -234,6 +234,8 @@ static int start_daemon(void **state) {
           /* Small flow-control limits, so that test_backpressure makes the
            * daemon stop reading from us while we still send. */
           "--max-unsent", "4194304", "--max-inflight", "8",
+          /* and buffer transfers above one message are split. */
+          "--max-message", "8388608",
           (char *)NULL);
     _exit(127);
   }
@@ -293,6 +295,13 @@ static void test_hello_ping(void **state) {
     assert_int_equal(dspk_ping(C, p, sizes[k]), 0);
     free(p);
   }
+  /* Bigger than the daemon's max_message: refused locally, the
+   * connection stays usable. */
+  char *big = calloc(1, 8 << 20);
+  assert_int_equal(dspk_ping(C, big, 8 << 20), DSPK_ELIMIT);
+  assert_non_null(strstr(dspk_last_error(C), "max_message"));
+  free(big);
+  assert_int_equal(dspk_ping(C, "y", 1), 0);
   /* A second connection works alongside. */
   dspk_client *c2;
   assert_int_equal(dspk_connect(sockpath, NULL, &c2), 0);
@@ -763,7 +772,7 @@ static void test_map(void **state) {
 static void test_buffers(void **state) {
   (void)state;
   uint64_t id, out;
-  size_t size = 1 << 20;
+  size_t size = 20 << 20; /* more than one 8 MiB message: split */
   unsigned char *w = malloc(size), *rd = malloc(size);
   rs = 7007;
   for (size_t i = 0; i < size; i++)
