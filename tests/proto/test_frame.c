@@ -455,7 +455,7 @@ static void test_mutations(void **state) {
   char msg[256];
   unsigned accepted = 0, refused = 0, incomplete = 0;
   rng_state = 777;
-  for (int it = 0; it < 20000; it++) {
+  for (int it = 0; it < 10000; it++) {
     msgpack_sbuffer sb;
     msgpack_packer pk;
     msgpack_sbuffer_init(&sb);
