@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "daemon/log.h"
 #include "daemon/teardown.h"
@@ -122,13 +123,17 @@ void dspkd_fatal(struct dspkd *d, const char *fmt, ...) {
   dspkd_stop_now(d);
 }
 
-/* Counts the process's threads, and those named as runners. */
-static int count_threads(int *runners) {
+/* Counts the process's threads and those named as runners; writes the
+ * names of the threads other than the main one into names (may be NULL). */
+static int count_threads(int *runners, char *names, size_t len) {
   DIR *dir = opendir("/proc/self/task");
   struct dirent *e;
+  size_t used = 0;
   int n = 0;
 
   *runners = 0;
+  if (names && len)
+    names[0] = '\0';
   if (!dir)
     return -1;
   while ((e = readdir(dir))) {
@@ -139,9 +144,17 @@ static int count_threads(int *runners) {
     n++;
     snprintf(path, sizeof path, "/proc/self/task/%.20s/comm", e->d_name);
     if ((f = fopen(path, "re"))) {
-      if (fgets(comm, sizeof comm, f) && strncmp(comm, "dspk-run:", 9) == 0)
-        (*runners)++;
+      if (fgets(comm, sizeof comm, f)) {
+        comm[strcspn(comm, "\n")] = '\0';
+        if (strncmp(comm, "dspk-run:", 9) == 0)
+          (*runners)++;
+      }
       fclose(f);
+    }
+    if (names && strtol(e->d_name, NULL, 10) != (long)getpid() && used + 1 < len) {
+      int w = snprintf(names + used, len - used, "%s%s", used ? "," : "", comm);
+      if (w > 0)
+        used = used + (size_t)w < len ? used + (size_t)w : len - 1;
     }
   }
   closedir(dir);
@@ -153,17 +166,19 @@ static int threads_at_start = -1;
 void dspkd_teardown_baseline(void) {
   int r;
   if (dspkd_log_enabled(DSPKD_DEBUG))
-    threads_at_start = count_threads(&r);
+    threads_at_start = count_threads(&r, NULL, 0);
 }
 
 void dspkd_teardown_report(void) {
+  char names[256];
   int n, runners;
 
   if (!dspkd_log_enabled(DSPKD_DEBUG))
     return;
-  n = count_threads(&runners);
-  /* Libraries keep their own pools (OpenBLAS starts its threads when it is
-   * loaded): compare with the count before any device opened. */
-  dspkd_debug("threads at exit: %d (before the devices opened: %d), runners: %d", n,
-              threads_at_start, runners);
+  n = count_threads(&runners, names, sizeof names);
+  /* Libraries keep threads of their own (OpenBLAS starts its pool when it
+   * is loaded, the CUDA driver keeps helpers until the process ends): only
+   * runners must be gone. */
+  dspkd_debug("threads at exit: %d (before the devices opened: %d), runners: %d; "
+              "others: %s", n, threads_at_start, runners, names[0] ? names : "none");
 }

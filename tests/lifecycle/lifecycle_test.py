@@ -187,13 +187,20 @@ class Daemon:
         log = self.logtext()
         m = re.search(r"threads at exit: (\d+) \(before the devices opened: (\d+)\), "
                       r"runners: (\d+)", log)
-        check(m and int(m.group(3)) == 0 and int(m.group(1)) <= int(m.group(2)),
-              "no runner (nor any thread the devices started) left at the end of main:\n"
-              + log)
+        # GPU drivers keep helper threads of their own until the process ends
+        # (the CUDA driver's, NVIDIA Vulkan's); runners must all be gone.
+        check(m and int(m.group(3)) == 0, "no runner left at the end of main:\n" + log)
+        if m and backends_cpu_only(log):
+            check(int(m.group(1)) <= int(m.group(2)),
+                  "no thread the devices started is left:\n" + log)
         opened = re.findall(r"info: (\S+): .* \(.*\)\n", log)
         opened = [x for x in opened if re.match(r"^[a-z]+:\d+$", x)]
         for dev in opened:
             check("%s: device closed" % dev in log, "%s closed before exit:\n%s" % (dev, log))
+
+
+def backends_cpu_only(log):
+    return not re.search(r"info: (cuda|vulkan|hip):\d+: ", log)
 
 
 def wait_running(c, dev="cpu:0"):
