@@ -1,0 +1,355 @@
+/*
+ * bench_vulkan: the Vulkan backend's benchmarks (issue 6 §7), side by side
+ * in one process.
+ *
+ *   gemm f32 4096^2 and 8192^2 through the backend table (what a dspkd
+ *   runner does with data already in device buffers; tile shape from the
+ *   autotuner) vs cuBLAS sgemm on the same data; f16 (tiled kernel, f32
+ *   accumulation) vs cuBLAS GemmEx f16->f32;
+ *   fft 2^20 c64, batch 16, through VkFFT vs cuFFT;
+ *   time to first result (open the device, gemm 1024^2 + fft 2^16, read
+ *   back) with a cold cache file vs the same file warm.
+ *
+ * cuBLAS/cuFFT come through the CUDA backend's dlopen tables when that
+ * backend is built and a CUDA driver is present; otherwise only the Vulkan
+ * column is printed.  Timings are medians of 3 repetitions of `reps` runs.
+ * Prints markdown rows.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "backends/backend.h"
+#include "cache/cache.h"
+#ifdef DSPK_BENCH_CUDA
+#include "backends/cuda/cuda_internal.h"
+#define CU dspk__cu
+#define BL dspk__cublas
+#define FF dspk__cufft
+#endif
+
+extern const struct dspk__backend dspk__backend_vulkan;
+static const struct dspk__backend *V = &dspk__backend_vulkan;
+
+static double now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+static void die(const char *what, long rc) {
+  fprintf(stderr, "bench_vulkan: %s failed (%ld)\n", what, rc);
+  exit(1);
+}
+#define CK(x) do { long r_ = (long)(x); if (r_) die(#x, r_); } while (0)
+
+static double median3(double *v) {
+  double a = v[0], b = v[1], c = v[2];
+  if (a > b) { double t = a; a = b; b = t; }
+  if (b > c) { double t = b; b = c; c = t; }
+  if (a > b) { double t = a; a = b; b = t; }
+  return b;
+}
+
+static void fill(void *p, size_t n, dspk_dtype dt) {
+  uint64_t s = 88172645463325252ull;
+  for (size_t i = 0; i < n; i++) {
+    s ^= s << 13; s ^= s >> 7; s ^= s << 17;
+    float f = (float)((double)(s >> 11) / (double)(1ull << 53) * 2.0 - 1.0);
+    if (dt == DSPK_F16) {
+      /* multiples of 1/256 in [-1, 1]: exact in f16 */
+      int q = (int)lrintf(f * 256);
+      uint16_t h = 0;
+      if (q) {
+        int sgn = q < 0, a = abs(q), e = 0;
+        while ((a >> e) > 1) e++;
+        int E = e - 8 + 15;
+        uint16_t mant = (uint16_t)(((a << (10 - e)) & 0x3ff));
+        h = (uint16_t)((sgn << 15) | (E << 10) | mant);
+      }
+      ((uint16_t *)p)[i] = h;
+    } else {
+      ((float *)p)[i] = f;
+    }
+  }
+}
+
+static struct dspk__dev *open_dev(int idx, struct dspk__cache *c) {
+  struct dspk__devenv env = {.cache = c};
+  struct dspk__dev *d;
+  CK(V->open(idx, &env, &d));
+  return d;
+}
+
+static struct dspk__tensor upload(struct dspk__dev *d, dspk_dtype dt, int rank,
+                                  const int64_t *shape, const void *host) {
+  struct dspk__tensor t = {.dtype = dt, .rank = rank};
+  memcpy(t.shape, shape, sizeof(int64_t) * rank);
+  size_t nb = dspk__tensor_nbytes(&t);
+  CK(V->alloc(d, nb, &t.mem));
+  if (host)
+    CK(V->write(d, t.mem, 0, host, nb));
+  return t;
+}
+
+static int run_op(struct dspk__dev *d, struct dspk__op *op) {
+  char msg[512] = "";
+  struct dspk__opctx ctx = {.errmsg = msg, .errmsg_len = sizeof msg};
+  int r = V->run(d, op, &ctx);
+  if (r)
+    fprintf(stderr, "bench_vulkan: op failed: %d %s\n", r, msg);
+  return r;
+}
+
+/* Times op (outputs placed) reps times per sample; the first call (plan,
+ * compile, tuning) is untimed. */
+static double time_op(struct dspk__dev *d, struct dspk__op *op, int reps) {
+  double v[3];
+  CK(run_op(d, op));
+  CK(V->sync(d));
+  for (int k = 0; k < 3; k++) {
+    double t0 = now_ms();
+    for (int i = 0; i < reps; i++)
+      CK(run_op(d, op));
+    CK(V->sync(d));
+    v[k] = (now_ms() - t0) / reps;
+  }
+  return median3(v);
+}
+
+static void place_outputs(struct dspk__dev *d, struct dspk__op *op) {
+  char msg[256];
+  CK(dspk__op_infer(op, msg, sizeof msg));
+  for (int i = 0; i < op->nout; i++)
+    CK(V->alloc(d, dspk__tensor_nbytes(&op->out[i]), &op->out[i].mem));
+}
+static void free_op(struct dspk__dev *d, struct dspk__op *op) {
+  for (int i = 0; i < op->nin; i++)
+    V->free(d, op->in[i].mem);
+  for (int i = 0; i < op->nout; i++)
+    V->free(d, op->out[i].mem);
+  CK(V->sync(d));
+}
+
+#ifdef DSPK_BENCH_CUDA
+static int cuda_ok;
+static double time_cublas(dspk_dtype dt, int n, const void *ha, const void *hb, int reps) {
+  size_t isz = dt == DSPK_F16 ? 2 : 4, nn = (size_t)n * n;
+  CUdeviceptr a, b, c;
+  CUstream st;
+  cublasHandle_t h;
+  float one = 1, zero = 0;
+  double v[3];
+  CK(CU.cuStreamCreate(&st, CU_STREAM_NON_BLOCKING));
+  CK(BL.cublasCreate(&h));
+  CK(BL.cublasSetStream(h, (cudaStream_t)st));
+  CK(CU.cuMemAlloc(&a, nn * isz));
+  CK(CU.cuMemAlloc(&b, nn * isz));
+  CK(CU.cuMemAlloc(&c, nn * 4));
+  CK(CU.cuMemcpyHtoDAsync(a, ha, nn * isz, st));
+  CK(CU.cuMemcpyHtoDAsync(b, hb, nn * isz, st));
+  for (int k = -1; k < 3; k++) {
+    double t0 = now_ms();
+    for (int i = 0; i < (k < 0 ? 1 : reps); i++) {
+      if (dt == DSPK_F32)
+        CK(BL.cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, (float *)b, n,
+                          (float *)a, n, &zero, (float *)c, n));
+      else
+        CK(BL.cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, (void *)b, CUDA_R_16F,
+                           n, (void *)a, CUDA_R_16F, n, &zero, (void *)c, CUDA_R_32F, n,
+                           CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    }
+    CK(CU.cuStreamSynchronize(st));
+    if (k >= 0)
+      v[k] = (now_ms() - t0) / reps;
+  }
+  BL.cublasDestroy(h);
+  CU.cuMemFree(a);
+  CU.cuMemFree(b);
+  CU.cuMemFree(c);
+  CU.cuStreamDestroy(st);
+  return median3(v);
+}
+
+static double time_cufft(int64_t n, int64_t batch, const void *hx, int reps) {
+  size_t bytes = (size_t)(n * batch) * 8;
+  CUdeviceptr x, y;
+  CUstream st;
+  cufftHandle p;
+  size_t ws;
+  long long nn = n;
+  double v[3];
+  CK(CU.cuStreamCreate(&st, CU_STREAM_NON_BLOCKING));
+  CK(CU.cuMemAlloc(&x, bytes));
+  CK(CU.cuMemAlloc(&y, bytes));
+  CK(CU.cuMemcpyHtoDAsync(x, hx, bytes, st));
+  CK(FF.cufftCreate(&p));
+  CK(FF.cufftMakePlanMany64(p, 1, &nn, NULL, 1, n, NULL, 1, n, CUFFT_C2C, batch, &ws));
+  CK(FF.cufftSetStream(p, (cudaStream_t)st));
+  for (int k = -1; k < 3; k++) {
+    double t0 = now_ms();
+    for (int i = 0; i < (k < 0 ? 1 : reps); i++)
+      CK(FF.cufftExecC2C(p, (cufftComplex *)x, (cufftComplex *)y, CUFFT_FORWARD));
+    CK(CU.cuStreamSynchronize(st));
+    if (k >= 0)
+      v[k] = (now_ms() - t0) / reps;
+  }
+  FF.cufftDestroy(p);
+  CU.cuMemFree(x);
+  CU.cuMemFree(y);
+  CU.cuStreamDestroy(st);
+  return median3(v);
+}
+
+static void cuda_init(void) {
+  char why[256];
+  CUcontext ctx;
+  if (dspk__cuda_load_driver(why, sizeof why) || CU.cuInit(0) ||
+      dspk__cuda_load_cublas(why, sizeof why) || dspk__cuda_load_cufft(why, sizeof why) ||
+      CU.cuDevicePrimaryCtxRetain(&ctx, 0) || CU.cuCtxSetCurrent(ctx)) {
+    printf("(no CUDA: %s)\n", why);
+    return;
+  }
+  cuda_ok = 1;
+}
+#endif
+
+static void bench_gemm(struct dspk__dev *d, dspk_dtype dt, int n, int reps) {
+  size_t isz = dt == DSPK_F16 ? 2 : 4, nn = (size_t)n * n;
+  void *ha = malloc(nn * isz), *hb = malloc(nn * isz);
+  fill(ha, nn, dt);
+  fill(hb, nn, dt);
+  int64_t shape[2] = {n, n};
+  struct dspk__op op = {.kind = DSPK_OP_GEMM, .nin = 2};
+  op.u.gemm.alpha = 1;
+  op.in[0] = upload(d, dt, 2, shape, ha);
+  op.in[1] = upload(d, dt, 2, shape, hb);
+  place_outputs(d, &op);
+  double tt = now_ms();
+  CK(run_op(d, &op)); /* includes the tile tuning on a cold cache */
+  CK(V->sync(d));
+  tt = now_ms() - tt;
+  double tv = time_op(d, &op, reps), flop = 2.0 * n * (double)n * n;
+  free_op(d, &op);
+  printf("| gemm %d^2 %s | %.3f ms (%.1f TFLOP/s) |", n, dspk__dtype_name(dt), tv,
+         flop / tv / 1e9);
+#ifdef DSPK_BENCH_CUDA
+  if (cuda_ok) {
+    double tc = time_cublas(dt, n, ha, hb, reps);
+    printf(" %.3f ms (%.1f TFLOP/s) | %.2f |", tc, flop / tc / 1e9, tc / tv);
+  } else
+#endif
+    printf(" - | - |");
+  printf(" first call %.0f ms |\n", tt);
+  free(ha);
+  free(hb);
+}
+
+static void bench_fft(struct dspk__dev *d, int64_t n, int64_t batch, int reps) {
+  size_t nn = (size_t)(n * batch) * 2;
+  float *hx = malloc(nn * 4);
+  fill(hx, nn, DSPK_F32);
+  int64_t shape[2] = {batch, n};
+  struct dspk__op op = {.kind = DSPK_OP_FFT, .nin = 1};
+  op.in[0] = upload(d, DSPK_C64, 2, shape, hx);
+  place_outputs(d, &op);
+  double tv = time_op(d, &op, reps);
+  free_op(d, &op);
+  printf("| fft 2^%d c64 x %lld | %.3f ms |", (int)log2((double)n), (long long)batch, tv);
+#ifdef DSPK_BENCH_CUDA
+  if (cuda_ok) {
+    double tc = time_cufft(n, batch, hx, reps);
+    printf(" %.3f ms | %.2f |", tc, tc / tv);
+  } else
+#endif
+    printf(" - | - |");
+  printf("\n");
+  free(hx);
+}
+
+/* Open the device, gemm 1024^2 f32 + fft 2^16 c64, read both back. */
+static double first_result(int idx, struct dspk__cache *c, uint64_t *compiled) {
+  int n = 1024;
+  size_t nn = (size_t)n * n;
+  float *h = malloc(nn * 4 * 2);
+  fill(h, nn * 2, DSPK_F32);
+  double t0 = now_ms();
+  struct dspk__dev *d = open_dev(idx, c);
+  int64_t gs[2] = {n, n}, fs[2] = {1, 1 << 16};
+  struct dspk__op g = {.kind = DSPK_OP_GEMM, .nin = 2}, f = {.kind = DSPK_OP_FFT, .nin = 1};
+  g.u.gemm.alpha = 1;
+  g.in[0] = upload(d, DSPK_F32, 2, gs, h);
+  g.in[1] = upload(d, DSPK_F32, 2, gs, h + nn);
+  f.in[0] = upload(d, DSPK_C64, 2, fs, h);
+  place_outputs(d, &g);
+  place_outputs(d, &f);
+  CK(run_op(d, &g));
+  CK(run_op(d, &f));
+  CK(V->read(d, g.out[0].mem, 0, h, nn * 4));
+  CK(V->read(d, f.out[0].mem, 0, h + nn, (size_t)(1 << 16) * 8));
+  double t = now_ms() - t0;
+  struct dspk__devstats st = {0};
+  V->stats(d, &st);
+  *compiled = st.kernels_compiled;
+  free_op(d, &g);
+  free_op(d, &f);
+  V->close(d);
+  free(h);
+  return t;
+}
+
+int main(int argc, char **argv) {
+  int quick = argc > 1 && strcmp(argv[1], "quick") == 0;
+  struct dspk__devinfo info[16];
+  char why[256];
+  int n = V->probe(info, 16, why, sizeof why);
+  if (n <= 0) {
+    printf("no vulkan device: %s\n", why);
+    return 1;
+  }
+  int idx = 0;
+  for (int i = 0; i < n; i++)
+    if (!info[i].software) {
+      idx = i;
+      break;
+    }
+  printf("device vulkan:%d: %s (%s), driver %s\n\n", idx, info[idx].name, info[idx].type,
+         info[idx].driver);
+#ifdef DSPK_BENCH_CUDA
+  if (!quick)
+    cuda_init();
+#endif
+  char path[] = "/tmp/bench-vk-cache-XXXXXX";
+  int fd = mkstemp(path);
+  close(fd);
+  unlink(path);
+  struct dspk__cache *c;
+  CK(dspk__cache_open(path, NULL, &c, NULL, 0));
+  struct dspk__dev *d = open_dev(idx, c);
+  printf("| op | vulkan | cuBLAS/cuFFT | ratio (cu time / vk time) | note |\n|---|---|---|---|---|\n");
+  int sizes[2] = {quick ? 256 : 4096, quick ? 512 : 8192};
+  for (int i = 0; i < 2; i++)
+    bench_gemm(d, DSPK_F32, sizes[i], quick ? 2 : 5);
+  for (int i = 0; i < 2; i++)
+    bench_gemm(d, DSPK_F16, sizes[i], quick ? 2 : 5);
+  bench_fft(d, quick ? 1 << 12 : 1 << 20, quick ? 2 : 16, quick ? 2 : 20);
+  V->close(d);
+  dspk__cache_close(c);
+  unlink(path);
+  /* Time to first result: a new cache file (cold), then the same (warm). */
+  CK(dspk__cache_open(path, NULL, &c, NULL, 0));
+  uint64_t k1, k2;
+  double cold = first_result(idx, c, &k1);
+  dspk__cache_close(c);
+  CK(dspk__cache_open(path, NULL, &c, NULL, 0));
+  double warm = first_result(idx, c, &k2);
+  dspk__cache_close(c);
+  unlink(path);
+  printf("\n| time to first result (open + gemm 1024^2 + fft 2^16 + read) | cold cache | warm cache |\n"
+         "|---|---|---|\n| | %.1f ms (%llu compiles) | %.1f ms (%llu compiles) |\n",
+         cold, (unsigned long long)k1, warm, (unsigned long long)k2);
+  V->shutdown();
+  return 0;
+}
