@@ -214,14 +214,47 @@ int dspkd_cancel(struct conn *c, uint32_t msgid) {
   return found != 0;
 }
 
+void dspkd_post_note(struct dspkd *d, struct job *j, struct wreq *wr) {
+  struct note *n = malloc(sizeof(*n));
+  if (!n) {
+    wreq_free(wr);
+    return;
+  }
+  n->next = NULL;
+  n->c = j->conn; /* only the loop dereferences it */
+  n->wr = wr;
+  pthread_mutex_lock(&d->done_mu);
+  if (d->notes_tail)
+    d->notes_tail->next = n;
+  else
+    d->notes_head = n;
+  d->notes_tail = n;
+  pthread_mutex_unlock(&d->done_mu);
+  uv_async_send(&d->done_async);
+}
+
 void dspkd_done_cb(uv_async_t *h) {
   struct dspkd *d = h->data;
   struct job *list;
+  struct note *notes;
 
   pthread_mutex_lock(&d->done_mu);
   list = d->done_head;
   d->done_head = d->done_tail = NULL;
+  notes = d->notes_head;
+  d->notes_head = d->notes_tail = NULL;
   pthread_mutex_unlock(&d->done_mu);
+
+  /* Notifications first: each precedes its job's completion. */
+  while (notes) {
+    struct note *n = notes;
+    notes = n->next;
+    if (!n->c->closing)
+      conn_send(n->c, n->wr);
+    else
+      wreq_free(n->wr);
+    free(n);
+  }
 
   while (list) {
     struct job *j = list;

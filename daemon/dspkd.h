@@ -137,6 +137,15 @@ struct job {
   /* result: the encoded response frame (runner), or NULL */
   struct wreq *resp;
   int err;
+  uint64_t progress_ms;      /* runner: when task.progress was last sent */
+};
+
+/* A notification a runner encoded for a job's client (task.progress).  It
+ * reaches the loop before its job's completion, so the connection is alive. */
+struct note {
+  struct note *next;
+  struct conn *c;
+  struct wreq *wr;
 };
 
 struct device {
@@ -206,6 +215,7 @@ struct dspkd {
   bool handles_closed;
   pthread_mutex_t done_mu;
   struct job *done_head, *done_tail; /* guarded by done_mu */
+  struct note *notes_head, *notes_tail; /* guarded by done_mu */
   msgpack_zone zone;                 /* decode of one frame at a time */
 
   struct device devs[DSPKD_MAX_DEVICES];
@@ -293,6 +303,9 @@ int dspkd_cancel(struct conn *c, uint32_t msgid);
 void dspkd_device_counters(struct device *dev, uint64_t *queued, uint64_t *running,
                            uint64_t *completed, uint64_t *failed,
                            struct dspk__devstats *stats);
+
+/* Runner thread: hands a notification for the job's client to the loop. */
+void dspkd_post_note(struct dspkd *d, struct job *j, struct wreq *wr);
 
 /* daemon/task.c: runner side of each job kind; encodes j->resp. */
 void job_execute(struct device *dev, struct job *j);

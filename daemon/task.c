@@ -129,6 +129,28 @@ static void pack_tensor(struct wreq *wr, const struct dspk__tensor *t,
   }
 }
 
+/* The opctx progress callback: a task.progress notification, at most every
+ * PROGRESS_MS per task, and always the final one. */
+#define PROGRESS_MS 100
+static void on_progress(void *ud, const char *what, double fraction) {
+  struct job *j = ud;
+  struct wreq *wr;
+  uint64_t now = dspkd_now_ms();
+
+  if (fraction < 1.0 && j->progress_ms && now - j->progress_ms < PROGRESS_MS)
+    return;
+  j->progress_ms = now;
+  if (!(wr = wreq_new()))
+    return;
+  dspk__pack_notify_head(&wr->w.pk, "task.progress");
+  msgpack_pack_map(&wr->w.pk, 3);
+  pack_kv_u64(&wr->w.pk, "msgid", j->msgid);
+  pack_kv_str(&wr->w.pk, "what", what ? what : "");
+  dspk__pack_str(&wr->w.pk, "fraction");
+  msgpack_pack_double(&wr->w.pk, fraction < 0 ? 0 : fraction > 1 ? 1 : fraction);
+  dspkd_post_note(j->dev->d, j, wr);
+}
+
 static void exec_task(struct device *dev, struct job *j) {
   const struct dspk__backend *be = dev->be;
   struct dspk__op *op = &j->op;
@@ -139,7 +161,8 @@ static void exec_task(struct device *dev, struct job *j) {
   struct dbuf **res_buf;
   int nres, err = 0;
   char msg[512] = "";
-  struct dspk__opctx ctx = {.cancel = &j->cancel, .errmsg = msg, .errmsg_len = sizeof msg};
+  struct dspk__opctx ctx = {.cancel = &j->cancel, .progress = on_progress, .progress_ud = j,
+                            .errmsg = msg, .errmsg_len = sizeof msg};
   struct wreq *wr;
 
   if (atomic_load(&j->cancel)) {

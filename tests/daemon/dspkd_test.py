@@ -150,7 +150,9 @@ class Daemon:
         self.log = open(os.path.join(tmp, "dspkd-%d.log" % random.randrange(1 << 30)), "w+")
         r, w = os.pipe()
         args = [exe, "--foreground", "--socket", self.sock, "--ready-fd", str(w),
-                "--backends", "cpu", "--log-level", "debug"] + list(extra)
+                "--log-level", "debug"] + list(extra)
+        if "--backends" not in extra:
+            args += ["--backends", "cpu"]
         self.proc = subprocess.Popen(args, pass_fds=[w], stderr=self.log)
         DAEMONS.append(self)
         os.close(w)
@@ -646,6 +648,30 @@ def t_backpressure(exe, tmp):
     d.stop()
 
 
+def t_progress(exe, tmp):
+    """task.progress notifications reach the client before the task's response
+    (a gemm on vulkan:0 autotunes on its first run; skipped without vulkan)."""
+    cache = os.path.join(tmp, "progress-cache.db")
+    d = Daemon(exe, tmp, ["--backends", "cpu,vulkan", "--cache", cache])
+    c = d.client()
+    if "vulkan:0" not in [x["id"] for x in c.call("devices")["devices"]]:
+        print("skip progress: no vulkan:0")
+        c.close()
+        d.stop()
+        return
+    A = np.random.default_rng(4).standard_normal((256, 256)).astype(np.float32)
+    mid = c.send("task.run", {"op": "gemm", "device": "vulkan:0", "inputs": [tensor(A), tensor(A)]})
+    while mid not in c.responses:
+        c.pump()
+    notes = [n for n in c.notifications if n[1] == "task.progress"]
+    check(notes and all(n[2][0]["msgid"] == mid and 0 <= n[2][0]["fraction"] <= 1
+                        and n[2][0]["what"] for n in notes), "task.progress: %r" % notes[:3])
+    close_enough(array(c.wait(mid)["outputs"][0]), A.astype(np.float64) @ A, "vulkan gemm",
+                 np.float32)
+    c.close()
+    d.stop()
+
+
 GROUPS = {
     "basic": t_basic,
     "buffers": t_buffers,
@@ -657,6 +683,7 @@ GROUPS = {
     "sigterm": t_sigterm,
     "socket": t_socket,
     "backpressure": t_backpressure,
+    "progress": t_progress,
 }
 
 
