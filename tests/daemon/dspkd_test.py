@@ -672,6 +672,43 @@ def t_progress(exe, tmp):
     d.stop()
 
 
+def t_limits(exe, tmp):
+    """Per-connection limits: max_clients, max_buffers, max_rank/max_elements
+    as configured, and hello reporting them."""
+    d = Daemon(exe, tmp, ["--max-clients", "2", "--max-buffers", "2", "--max-rank", "3",
+                          "--max-elements", "1000"])
+    a, b = d.client(), d.client()
+    lim = a.call("hello", {"client": "a"})["limits"]
+    check(lim["max_clients"] == 2 and lim["max_buffers"] == 2 and lim["max_rank"] == 3
+          and lim["max_elements"] == 1000, "hello reports the limits: %r" % lim)
+    check(b.call("ping")["data"] == b"", "second client served")
+    third = d.client()
+    notes = third.expect_closed()
+    check(any(n[1] == "protocol.error" and n[2][0]["name"] == "ELIMIT" for n in notes),
+          "third client refused with ELIMIT: %r" % notes)
+    third.close()
+    a.call("buffer.create", {"size": 8})
+    a.call("buffer.create", {"size": 8})
+    a.expect_error("ELIMIT", "buffer.create", {"size": 8})
+    b.call("buffer.create", {"size": 8})  # the limit is per connection
+    a.expect_error("ELIMIT", "task.run", {"op": "map", "options": {"fn": "abs"},
+                                          "inputs": [tensor(np.ones((1, 1, 1, 1)))]})
+    a.expect_error("ELIMIT", "task.run", {"op": "map", "options": {"fn": "abs"},
+                                          "inputs": [tensor(np.ones(1001))]})
+    close_enough(run(a, "map", [np.ones((10, 10, 10))], {"fn": "abs"})[0], np.ones((10, 10, 10)),
+                 "at the limits", np.float64)
+    b.close()
+    # A slot frees up when a client leaves.
+    deadline = time.monotonic() + TIMEOUT
+    while len(a.call("status")["clients"]) != 1:
+        check(time.monotonic() < deadline, "client b gone")
+    c = d.client()
+    check(c.call("ping", {"data": b"c"})["data"] == b"c", "new client after one left")
+    a.close()
+    c.close()
+    d.stop()
+
+
 GROUPS = {
     "basic": t_basic,
     "buffers": t_buffers,
@@ -684,6 +721,7 @@ GROUPS = {
     "socket": t_socket,
     "backpressure": t_backpressure,
     "progress": t_progress,
+    "limits": t_limits,
 }
 
 
