@@ -17,7 +17,9 @@
 
 struct dspk__limits {
   size_t max_message;    /* bytes in one message */
-  unsigned max_depth;    /* nesting of arrays/maps (top-level array is 1) */
+  unsigned max_depth;    /* nesting of arrays/maps (top-level array is 1);
+                            the scanner tracks at most 64 levels, so a larger
+                            value acts as 64 */
   size_t max_objects;    /* msgpack objects in one message */
   unsigned max_rank;     /* tensor rank (<= DSPK_MAX_RANK) */
   uint64_t max_elements; /* elements in one tensor */

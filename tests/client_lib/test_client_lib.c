@@ -512,8 +512,8 @@ static void test_fir(void **state) {
   (void)state;
   rs = 3003;
   for (int it = 0; it < 24; it++) {
-    static const dspk_dtype dts[] = {DSPK_F32, DSPK_F64, DSPK_C64};
-    dspk_dtype dt = dts[it % 3];
+    static const dspk_dtype dts[] = {DSPK_F32, DSPK_F64, DSPK_C64, DSPK_C128};
+    dspk_dtype dt = dts[it % 4];
     bool longf = it >= 18; /* long filters take the FFT path */
     int64_t N = longf ? rint_in(500, 2000) : rint_in(1, 200);
     int64_t K = longf ? rint_in(100, 300) : rint_in(1, 20);
@@ -1015,6 +1015,21 @@ static void test_bad_input(void **state) {
   t.ninputs = 1;
   t.map.fn = DSPK_MAP_ABS;
   run_err(&t, DSPK_ENOBUF);
+  /* A raw kernel on the cpu: not supported there, said so. */
+  static const char src[] = "__global__ void k(float *x) {}";
+  dspk_task_init(&t, DSPK_OP_KERNEL);
+  in[0] = arr_tensor(&A);
+  t.inputs = in;
+  t.ninputs = 1;
+  t.device = "cpu:0";
+  t.kernel.lang = "cuda";
+  t.kernel.source = src;
+  t.kernel.source_len = sizeof src - 1;
+  t.kernel.entry = "k";
+  t.kernel.nargs = 2;
+  t.kernel.args[0] = (dspk_karg){.kind = DSPK_KARG_TENSOR, .v.tensor = 0};
+  t.kernel.args[1] = (dspk_karg){.kind = DSPK_KARG_F32, .v.f32 = 2.5f};
+  run_err(&t, DSPK_ENOTSUP);
   /* Unknown method. */
   char *json = NULL;
   assert_int_equal(dspk_call_json(C, "no.such.method", &json), DSPK_ENOMETHOD);
