@@ -1,0 +1,396 @@
+/*
+ * libdspkclient against a scripted fake daemon: a thread that accepts one
+ * connection per test and answers with exactly the bytes the test wants,
+ * so the library's handling of a misbehaving or dying daemon is checked
+ * deterministically: protocol version mismatch, garbage and oversized
+ * frames (refused by the scanner, nothing allocated from their counts),
+ * a protocol.error notice before the close, a close in the middle of a
+ * frame, answers to unknown msgids, progress notifications, and malformed
+ * task results.  Every failure must be a clear code, never a hang or crash.
+ */
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+#include <msgpack.h>
+
+#include "dspk/dspk.h"
+#include "proto/codec.h"
+
+static char dir[64], path[128];
+static int lfd = -1;
+
+/* ---- the fake daemon's side --------------------------------------------- */
+
+struct srv {
+  int fd;
+  char buf[1 << 16];
+  size_t len;
+};
+
+/* Reads one request; returns its msgid and copies its method. */
+static uint32_t srv_read(struct srv *s, char *method, size_t mlen) {
+  struct dspk__limits l;
+  dspk__limits_default(&l);
+  for (;;) {
+    ssize_t n = dspk__frame_scan(s->buf, s->len, &l, NULL, 0);
+    if (n > 0) {
+      msgpack_unpacked up;
+      struct dspk__msg m;
+      size_t off = 0;
+      msgpack_unpacked_init(&up);
+      msgpack_unpack_next(&up, s->buf, (size_t)n, &off);
+      if (dspk__msg_parse(&up.data, &m, NULL, NULL, NULL, 0) != 0)
+        abort();
+      snprintf(method, mlen, "%.*s", (int)m.method_len, m.method);
+      uint32_t id = m.msgid;
+      msgpack_unpacked_destroy(&up);
+      memmove(s->buf, s->buf + n, s->len - (size_t)n);
+      s->len -= (size_t)n;
+      return id;
+    }
+    if (n < 0)
+      abort();
+    ssize_t k = read(s->fd, s->buf + s->len, sizeof s->buf - s->len);
+    if (k <= 0)
+      return UINT32_MAX; /* client gone */
+    s->len += (size_t)k;
+  }
+}
+
+static void srv_send(struct srv *s, const void *p, size_t n) {
+  while (n) {
+    ssize_t k = send(s->fd, p, n, MSG_NOSIGNAL);
+    if (k <= 0)
+      return;
+    p = (const char *)p + k;
+    n -= (size_t)k;
+  }
+}
+
+/* Packs into sb and sends it. */
+struct pk {
+  msgpack_sbuffer sb;
+  msgpack_packer p;
+};
+static msgpack_packer *pk_begin(struct pk *k) {
+  msgpack_sbuffer_init(&k->sb);
+  msgpack_packer_init(&k->p, &k->sb, msgpack_sbuffer_write);
+  return &k->p;
+}
+static void pk_send(struct srv *s, struct pk *k) {
+  srv_send(s, k->sb.data, k->sb.size);
+  msgpack_sbuffer_destroy(&k->sb);
+}
+
+static void answer_hello(struct srv *s, unsigned protocol) {
+  char m[64];
+  struct pk k;
+  uint32_t id = srv_read(s, m, sizeof m);
+  if (strcmp(m, "hello") != 0) /* no cmocka asserts off the main thread */
+    abort();
+  msgpack_packer *p = pk_begin(&k);
+  dspk__pack_result_head(p, id);
+  msgpack_pack_map(p, 3);
+  dspk__pack_str(p, "protocol");
+  msgpack_pack_uint32(p, protocol);
+  dspk__pack_str(p, "daemon");
+  dspk__pack_str(p, "fake-1.0");
+  dspk__pack_str(p, "server");
+  dspk__pack_str(p, "dspkd");
+  pk_send(s, &k);
+}
+
+static void answer_ping(struct srv *s, uint32_t id) {
+  struct pk k;
+  msgpack_packer *p = pk_begin(&k);
+  dspk__pack_result_head(p, id);
+  msgpack_pack_map(p, 1);
+  dspk__pack_str(p, "data");
+  msgpack_pack_bin(p, 0);
+  pk_send(s, &k);
+}
+
+typedef void (*script_fn)(struct srv *s);
+
+static void *srv_thread(void *arg) {
+  script_fn fn = (script_fn)(uintptr_t)arg;
+  static struct srv s;
+  memset(&s, 0, sizeof s);
+  s.fd = accept(lfd, NULL, NULL);
+  if (s.fd < 0)
+    return NULL;
+  fn(&s);
+  close(s.fd);
+  return NULL;
+}
+
+static pthread_t run_script(script_fn fn) {
+  pthread_t t;
+  assert_int_equal(pthread_create(&t, NULL, srv_thread, (void *)(uintptr_t)fn),
+                   0);
+  return t;
+}
+
+/* ---- scripts and tests -------------------------------------------------- */
+
+static void s_version2(struct srv *s) { answer_hello(s, 2); }
+
+static void test_version_mismatch(void **state) {
+  (void)state;
+  pthread_t t = run_script(s_version2);
+  dspk_client *c = NULL;
+  assert_int_equal(dspk_connect(path, NULL, &c), DSPK_EVERSION);
+  assert_null(c);
+  assert_non_null(strstr(dspk_connect_error(), "protocol 2"));
+  pthread_join(t, NULL);
+}
+
+static void s_hello_error(struct srv *s) {
+  char m[64];
+  struct pk k;
+  uint32_t id = srv_read(s, m, sizeof m);
+  dspk__pack_error_response(pk_begin(&k), id, DSPK_EVERSION, "too new");
+  pk_send(s, &k);
+}
+
+static void test_hello_error(void **state) {
+  (void)state;
+  pthread_t t = run_script(s_hello_error);
+  dspk_client *c = NULL;
+  assert_int_equal(dspk_connect(path, "x", &c), DSPK_EVERSION);
+  assert_non_null(strstr(dspk_connect_error(), "too new"));
+  pthread_join(t, NULL);
+}
+
+static void s_garbage(struct srv *s) {
+  char m[64];
+  answer_hello(s, 1);
+  srv_read(s, m, sizeof m);
+  srv_send(s, "\xc1\x00\x00", 3);
+  srv_read(s, m, sizeof m); /* until the client closes */
+}
+
+static void test_garbage_answer(void **state) {
+  (void)state;
+  pthread_t t = run_script(s_garbage);
+  dspk_client *c;
+  assert_int_equal(dspk_connect(path, NULL, &c), 0);
+  assert_string_equal(dspk_daemon_version(c), "fake-1.0");
+  assert_int_equal(dspk_ping(c, NULL, 0), DSPK_EPROTO);
+  assert_non_null(strstr(dspk_last_error(c), "0xc1"));
+  /* The connection is unusable now: a clear error, no hang. */
+  assert_int_equal(dspk_ping(c, NULL, 0), DSPK_EPROTO);
+  dspk_close(c);
+  pthread_join(t, NULL);
+}
+
+static void s_huge(struct srv *s) {
+  char m[64];
+  answer_hello(s, 1);
+  uint32_t id = srv_read(s, m, sizeof m);
+  unsigned char f[] = {0x94, 0x01, 0x00, 0xc0, 0xdd, 0x05, 0xf5, 0xe1, 0x00};
+  f[2] = (unsigned char)id; /* msgid < 128 */
+  srv_send(s, f, sizeof f);
+  srv_read(s, m, sizeof m);
+}
+
+static void test_huge_header_answer(void **state) {
+  (void)state;
+  pthread_t t = run_script(s_huge);
+  dspk_client *c;
+  assert_int_equal(dspk_connect(path, NULL, &c), 0);
+  assert_int_equal(dspk_ping(c, NULL, 0), DSPK_ELIMIT);
+  dspk_close(c);
+  pthread_join(t, NULL);
+}
+
+static void s_protocol_error(struct srv *s) {
+  char m[64];
+  struct pk k;
+  answer_hello(s, 1);
+  srv_read(s, m, sizeof m);
+  msgpack_packer *p = pk_begin(&k);
+  dspk__pack_notify_head(p, "protocol.error");
+  dspk__pack_error(p, DSPK_ELIMIT, "message longer than 10 bytes");
+  pk_send(s, &k);
+}
+
+static void test_protocol_error_notice(void **state) {
+  (void)state;
+  pthread_t t = run_script(s_protocol_error);
+  dspk_client *c;
+  assert_int_equal(dspk_connect(path, NULL, &c), 0);
+  assert_int_equal(dspk_ping(c, NULL, 0), DSPK_ELIMIT);
+  assert_non_null(strstr(dspk_last_error(c), "longer than 10 bytes"));
+  pthread_join(t, NULL);
+  assert_int_equal(dspk_ping(c, NULL, 0), DSPK_ELIMIT);
+  dspk_close(c);
+}
+
+static void s_cut(struct srv *s) {
+  char m[64];
+  answer_hello(s, 1);
+  srv_read(s, m, sizeof m);
+  srv_send(s, "\x94\x01", 2); /* half a response, then gone */
+}
+
+static void test_close_mid_frame(void **state) {
+  (void)state;
+  pthread_t t = run_script(s_cut);
+  dspk_client *c;
+  assert_int_equal(dspk_connect(path, NULL, &c), 0);
+  assert_int_equal(dspk_ping(c, NULL, 0), DSPK_ECLOSED);
+  assert_true(strlen(dspk_last_error(c)) > 0);
+  pthread_join(t, NULL);
+  /* Sending to a closed peer: ECLOSED, no SIGPIPE. */
+  assert_true(dspk_ping(c, NULL, 0) < 0);
+  dspk_close(c);
+}
+
+static int progress_calls;
+static uint32_t progress_ticket;
+static double progress_frac;
+static char progress_what[64];
+static void on_progress(void *ud, uint32_t ticket, const char *what,
+                        double fraction) {
+  (void)ud;
+  progress_calls++;
+  progress_ticket = ticket;
+  progress_frac = fraction;
+  snprintf(progress_what, sizeof progress_what, "%s", what);
+}
+
+static void s_stray_and_progress(struct srv *s) {
+  char m[64];
+  struct pk k;
+  answer_hello(s, 1);
+  uint32_t a = srv_read(s, m, sizeof m); /* task.run */
+  if (strcmp(m, "task.run") != 0)
+    abort();
+  uint32_t b = srv_read(s, m, sizeof m); /* ping */
+  /* An answer nobody asked for, then progress, then the answers in the
+   * opposite order. */
+  answer_ping(s, 424242);
+  msgpack_packer *p = pk_begin(&k);
+  dspk__pack_notify_head(p, "task.progress");
+  msgpack_pack_map(p, 3);
+  dspk__pack_str(p, "msgid");
+  msgpack_pack_uint32(p, a);
+  dspk__pack_str(p, "what");
+  dspk__pack_str(p, "autotune gemm");
+  dspk__pack_str(p, "fraction");
+  msgpack_pack_double(p, 0.25);
+  pk_send(s, &k);
+  answer_ping(s, b);
+  /* task result: one f32 (2,) output, plus a second malformed task. */
+  p = pk_begin(&k);
+  dspk__pack_result_head(p, a);
+  msgpack_pack_map(p, 2);
+  dspk__pack_str(p, "device");
+  dspk__pack_str(p, "cpu:0");
+  dspk__pack_str(p, "outputs");
+  msgpack_pack_array(p, 1);
+  msgpack_pack_map(p, 3);
+  int64_t shape[1] = {2};
+  dspk__pack_tensor_meta(p, DSPK_F32, 1, shape);
+  dspk__pack_str(p, "data");
+  float v[2] = {1.5f, -2.0f};
+  msgpack_pack_bin_with_body(p, v, sizeof v);
+  pk_send(s, &k);
+  uint32_t c = srv_read(s, m, sizeof m);
+  p = pk_begin(&k);
+  dspk__pack_result_head(p, c);
+  msgpack_pack_map(p, 2);
+  dspk__pack_str(p, "device");
+  dspk__pack_str(p, "cpu:0");
+  dspk__pack_str(p, "outputs");
+  msgpack_pack_array(p, 1);
+  msgpack_pack_map(p, 3);
+  dspk__pack_tensor_meta(p, DSPK_F32, 1, shape);
+  dspk__pack_str(p, "data");
+  msgpack_pack_bin_with_body(p, v, 7); /* 7 bytes for 8 */
+  pk_send(s, &k);
+  srv_read(s, m, sizeof m);
+}
+
+static void test_out_of_order_progress(void **state) {
+  (void)state;
+  pthread_t t = run_script(s_stray_and_progress);
+  dspk_client *c;
+  assert_int_equal(dspk_connect(path, NULL, &c), 0);
+  dspk_set_progress(c, on_progress, NULL);
+  int64_t shape[1] = {2};
+  float x[2] = {0};
+  dspk_tensor in;
+  dspk_tensor_inline(&in, DSPK_F32, 1, shape, x);
+  dspk_task task;
+  dspk_task_init(&task, DSPK_OP_MAP);
+  task.map.fn = DSPK_MAP_ABS;
+  task.inputs = &in;
+  task.ninputs = 1;
+  uint32_t tk;
+  assert_int_equal(dspk_submit(c, &task, &tk), 0);
+  assert_int_equal(dspk_ping(c, NULL, 0), 0);
+  assert_int_equal(progress_calls, 1);
+  assert_int_equal(progress_ticket, tk);
+  assert_true(progress_frac == 0.25);
+  assert_string_equal(progress_what, "autotune gemm");
+  dspk_result r;
+  assert_int_equal(dspk_wait(c, tk, &r), 0);
+  assert_int_equal(r.nout, 1);
+  assert_int_equal(r.out[0].dtype, DSPK_F32);
+  assert_true(((const float *)r.out[0].data)[1] == -2.0f);
+  assert_int_equal((uintptr_t)r.out[0].data % 64, 0);
+  dspk_result_free(&r);
+  /* A result whose data does not match its shape. */
+  assert_int_equal(dspk_run(c, &task, &r), DSPK_EPROTO);
+  assert_non_null(strstr(dspk_last_error(c), "output 0"));
+  dspk_close(c);
+  pthread_join(t, NULL);
+}
+
+static int setup(void **state) {
+  (void)state;
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  strcpy(dir, "/tmp/dspk-fake-XXXXXX");
+  if (!mkdtemp(dir))
+    return -1;
+  snprintf(path, sizeof path, "%s/fake.sock", dir);
+  strcpy(sa.sun_path, path);
+  lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (lfd < 0 || bind(lfd, (struct sockaddr *)&sa, sizeof sa) != 0 ||
+      listen(lfd, 4) != 0)
+    return -1;
+  return 0;
+}
+
+static int teardown(void **state) {
+  (void)state;
+  close(lfd);
+  unlink(path);
+  rmdir(dir);
+  return 0;
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_version_mismatch),
+      cmocka_unit_test(test_hello_error),
+      cmocka_unit_test(test_garbage_answer),
+      cmocka_unit_test(test_huge_header_answer),
+      cmocka_unit_test(test_protocol_error_notice),
+      cmocka_unit_test(test_close_mid_frame),
+      cmocka_unit_test(test_out_of_order_progress),
+  };
+  return cmocka_run_group_tests(tests, setup, teardown);
+}
