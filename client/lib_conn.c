@@ -128,7 +128,9 @@ int dspk__send(dspk_client *c, struct dspk__wbuf *w, uint32_t msgid) {
   if (total > c->send_max)
     return dspk__cerr(c, DSPK_ELIMIT,
                       "request of %zu bytes exceeds the daemon's %zu-byte "
-                      "message limit (max_message)", total, c->send_max);
+                      "message limit (max_message); pass big operands "
+                      "through daemon buffers (dspk_buffer_write splits)",
+                      total, c->send_max);
 
   while (niov > 0) {
     struct msghdr mh = {0};
