@@ -203,10 +203,16 @@ def backends_cpu_only(log):
     return not re.search(r"info: (cuda|vulkan|hip):\d+: ", log)
 
 
-def wait_running(c, dev="cpu:0"):
-    """Waits (one status reply per step) until a task runs on dev."""
+def wait_running(c, dev="cpu:0", owner=None, task=None):
+    """Waits (one status reply per step) until a task runs on dev; fails at once
+    when owner's task was already answered (it failed instead of running)."""
     deadline = time.monotonic() + TIMEOUT
     while True:
+        if owner is not None:
+            while select.select([owner.sock], [], [], 0)[0]:
+                owner.pump()
+            check(task not in owner.responses, "the long task was answered: %r"
+                  % (owner.responses.get(task),))
         st = c.call("status")
         d = [x for x in st["devices"] if x["id"] == dev][0]
         if d["running"] >= 1:
@@ -219,8 +225,8 @@ def long_task(c, big=True):
     flag between batches; returns its msgid."""
     r, m, k = (64, 64, 2048) if big else (8, 64, 512)
     n = r * m * k * 4
-    a = c.call("buffer.create", {"size": n})["buffer"]
-    o = c.call("buffer.create", {"size": r * r * m * m * 4})["buffer"]
+    a = c.call("buffer.create", {"size": n, "device": "cpu:0"})["buffer"]
+    o = c.call("buffer.create", {"size": r * r * m * m * 4, "device": "cpu:0"})["buffer"]
     c.call("buffer.write", {"buffer": a, "data": bytes(n)})
     return c.send("task.run", {"op": "gemm", "device": "cpu:0",
                                "inputs": [{"buffer": a, "dtype": "f32", "shape": [r, 1, m, k]},
@@ -350,7 +356,7 @@ def t_sigterm(exe, tmp):
     idle.call("ping", {"data": b"i"})
     t1 = long_task(a)
     queued_a = [small_task(a) for _ in range(5)]
-    wait_running(b)
+    wait_running(b, owner=a, task=t1)
     queued_b = [small_task(b) for _ in range(3)]
     b.call("ping", {"data": b"b"})  # b's tasks are queued behind t1 now
     t0 = time.monotonic()
@@ -372,7 +378,7 @@ def t_sigterm(exe, tmp):
     c = d2.client()
     t = long_task(c)
     q = small_task(c)
-    wait_running(d2.client())
+    wait_running(d2.client(), owner=c, task=t)
     d2.proc.send_signal(signal.SIGTERM)
     try:
         c.wait(q)
@@ -391,7 +397,7 @@ def t_fast(exe, tmp):
     a = d.client()
     t1 = long_task(a)
     q = small_task(a)
-    wait_running(d.client())
+    wait_running(d.client(), owner=a, task=t1)
     d.proc.send_signal(signal.SIGTERM)
     check(a.outcome(q) == "ESHUTDOWN", "queued task failed: the stop began")
     t0 = time.monotonic()
@@ -636,7 +642,7 @@ def exit_path(exe, tmp, how, want_rc, backends="cpu"):
     d = Daemon(exe, tmp, env={"DSPKD_TEST_EXIT": how}, backends=backends)
     a = d.client()
     t1 = long_task(a)
-    wait_running(d.client())
+    wait_running(d.client(), owner=a, task=t1)
     d.proc.send_signal(signal.SIGHUP)
     if how == "fatal":
         check(a.outcome(t1) == "ECANCELED", "fatal: the running task is canceled and "
