@@ -239,6 +239,52 @@ void dspk__sub_print_summary(const dspk_result *res, const dspk_tensor *t) {
          (unsigned long long)n, n == 1 ? "" : "s");
 }
 
+/* Inline bytes above which inputs travel through daemon buffers, so that
+ * the task.run request stays far below the daemon's max_message (256 MiB by
+ * default); $DSPK_SUBMIT_INLINE_MAX overrides it (tests use a small one). */
+#define INLINE_MAX_DEFAULT (64u << 20)
+/* Inputs smaller than this stay inline even then. */
+#define INLINE_SMALL 4096
+
+static size_t inline_max(void) {
+  const char *e = getenv("DSPK_SUBMIT_INLINE_MAX");
+  long v;
+  if (e != NULL && dspk__sub_parse_long(e, 0, 1L << 40, &v) == 0)
+    return (size_t)v;
+  return INLINE_MAX_DEFAULT;
+}
+
+/* When the inputs together exceed inline_max(), uploads every input of at
+ * least INLINE_SMALL bytes into a daemon buffer (buffer.create on the
+ * task's device, or "any"; buffer.write splits big data) and turns its
+ * tensor into a reference.  The buffers belong to the connection and go
+ * with it.  Returns 0 or the exit status of a reported failure. */
+static int offload_inputs(dspk__sub_ctx *ctx, const op_args *a,
+                          dspk_tensor *tin, int n) {
+  size_t total = 0;
+  int i, rc;
+  for (i = 0; i < n; i++)
+    total += tin[i].nbytes;
+  if (total <= inline_max())
+    return 0;
+  for (i = 0; i < n; i++) {
+    uint64_t id;
+    if (tin[i].nbytes < INLINE_SMALL)
+      continue;
+    rc = dspk_buffer_create(ctx->client, a->device ? a->device : "any",
+                            tin[i].nbytes, &id);
+    if (rc == 0)
+      rc = dspk_buffer_write(ctx->client, id, 0, tin[i].data, tin[i].nbytes);
+    if (rc < 0)
+      return dspk__sub_fail_client(ctx, rc);
+    tin[i].is_ref = true;
+    tin[i].buffer = id;
+    tin[i].offset = 0;
+    tin[i].data = NULL;
+  }
+  return 0;
+}
+
 /* Loads the inputs, runs task t (inputs filled in here) and writes or
  * prints the result.  Returns the exit status. */
 static int run_task(dspk__sub_ctx *ctx, const op_args *a, dspk_task *t,
@@ -271,6 +317,8 @@ static int run_task(dspk__sub_ctx *ctx, const op_args *a, dspk_task *t,
 
   rc = dspk__sub_connect(ctx);
   if (rc != 0)
+    goto out;
+  if (offload_inputs(ctx, a, tin, nfiles) != 0)
     goto out;
   dspk_set_progress(ctx->client, on_progress, &ps);
   rc = dspk_run(ctx->client, t, &res);

@@ -338,11 +338,11 @@ class Ops:
                 for v in x.reshape(-1).tolist()]
         return path, flat, tuple(shape)
 
-    def run(self, what, args, ref, oshape, odt):
+    def run(self, what, args, ref, oshape, odt, env=None):
         out = os.path.join(self.tmp, "out.npy")
         if os.path.exists(out):
             os.unlink(out)
-        self.cli.ok(*args, "-o", out)
+        self.cli.ok(*args, "-o", out, env=env)
         y = np.load(out)
         check(y.dtype == np.dtype(DT[odt]), "%s: dtype %s, want %s"
               % (what, y.dtype, DT[odt]))
@@ -500,9 +500,28 @@ class Ops:
                      ref_map(fn, A, B, 1.0), sa, "c128")
 
 
+    def offload(self):
+        """Inputs above DSPK_SUBMIT_INLINE_MAX travel through daemon
+        buffers (here: every input of 4 KiB or more)."""
+        env = dict(os.environ, DSPK_SUBMIT_INLINE_MAX="1000")
+        pa, A, sa = self.arr((40, 30), "f64")
+        pb, B, sb = self.arr((30, 20), "f64")
+        pc, C, sc = self.arr((20,), "f64")  # small: stays inline
+        ref, osh = ref_gemm(A, sa, B, sb, C, sc, False, False, 1.0, 1.0)
+        self.run("gemm offloaded", ["gemm", pa, pb, pc], ref, osh, "f64", env)
+        px, X, sx = self.arr((3, 700), "f32")
+        ph, H, _ = self.arr((20,), "f32")
+        ref, osh = ref_fir(X, sx, H)
+        self.run("fir offloaded", ["fir", px, ph, "--device", "cpu:0"], ref,
+                 osh, "f32", env)
+        ref, osh = ref_reduce("max", X, sx, [0])
+        self.run("reduce offloaded", ["reduce", "max", px, "--axis", "0"], ref,
+                 osh, "f32", env)
+
+
 def suite_ops(cli, tmp):
     ops = Ops(cli, tmp)
-    for name in ("gemm", "fft", "fir", "contract", "reduce", "map"):
+    for name in ("gemm", "fft", "fir", "contract", "reduce", "map", "offload"):
         getattr(ops, name)()
     print("ops: %d cases checked against naive references" % ops.cases)
 
