@@ -335,12 +335,12 @@ def t_activation(exe, tmp):
             p.wait()
     # A passed descriptor that is not a listening Unix stream socket is refused.
     r, w = os.pipe()
-    os.dup2(r, 3) if r != 3 else None
-    code = ("import os,sys; os.environ['LISTEN_PID']=str(os.getpid()); "
-            "os.environ['LISTEN_FDS']='1'; os.execv(sys.argv[1], sys.argv[1:])")
-    q = subprocess.run([sys.executable, "-c", code, exe, "--foreground", "--backends", "cpu",
-                        "--config", "", "--socket", os.path.join(tmp, "x.sock")],
-                       pass_fds=[3], stderr=subprocess.PIPE, timeout=TIMEOUT)
+    code = ("import os,sys; fd=int(sys.argv[1]); os.dup2(fd, 3); fd != 3 and os.close(fd); "
+            "os.environ['LISTEN_PID']=str(os.getpid()); "
+            "os.environ['LISTEN_FDS']='1'; os.execv(sys.argv[2], sys.argv[2:])")
+    q = subprocess.run([sys.executable, "-c", code, str(r), exe, "--foreground", "--backends",
+                        "cpu", "--config", "", "--socket", os.path.join(tmp, "x.sock")],
+                       pass_fds=[r], stderr=subprocess.PIPE, timeout=TIMEOUT)
     os.close(r)
     os.close(w)
     check(q.returncode != 0 and b"not a listening Unix stream socket" in q.stderr,
