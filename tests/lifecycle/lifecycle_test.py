@@ -292,7 +292,6 @@ def t_activation(exe, tmp):
         sys.exit(77)
     sock = os.path.join(tmp, "act.sock")
     note = Notify(tmp)
-    log = open(os.path.join(tmp, "act.log"), "w+")
     env = {"NOTIFY_SOCKET": note.path}
     for v in ("ASAN_OPTIONS", "UBSAN_OPTIONS", "LSAN_OPTIONS"):
         if v in os.environ:
@@ -301,14 +300,21 @@ def t_activation(exe, tmp):
     for k, v in env.items():
         args += ["-E", "%s=%s" % (k, v)]
     args += [exe, "--foreground", "--backends", "cpu", "--log-level", "debug", "--config", ""]
-    p = subprocess.Popen(args, stderr=log)
+    p = subprocess.Popen(args, stderr=subprocess.PIPE)
+    text = ""
+
+    def drain():
+        # The activator's stderr becomes dspkd's log after the exec.
+        nonlocal text
+        text += p.stderr.read().decode()
+        return text
+
     try:
-        # systemd-socket-activate binds, then execs dspkd on the first connection.
-        deadline = time.monotonic() + TIMEOUT
-        while not os.path.exists(sock):  # the activator's bind is not signalled otherwise
-            check(p.poll() is None and time.monotonic() < deadline,
-                  "systemd-socket-activate listens")
-            select.select([], [], [], 0.01)
+        # systemd-socket-activate binds, says so, and execs dspkd on the first
+        # connection.
+        got, _, _ = select.select([p.stderr], [], [], TIMEOUT)
+        first = p.stderr.readline().decode() if got else ""
+        check(first.startswith("Listening on %s" % sock), "activator listens: %r" % first)
         c = Client(sock)
         check(c.call("ping", {"data": b"act"})["data"] == b"act", "served on the passed socket")
         ready = note.until(lambda m: m.get("READY") == "1", "READY=1")
@@ -317,16 +323,12 @@ def t_activation(exe, tmp):
         check(st["daemon"]["socket"] == sock, "status names the passed socket: %r"
               % st["daemon"]["socket"])
         check(st["daemon"]["pid"] == p.pid, "dspkd replaced the activator (exec)")
-        log.flush()
-        log.seek(0)
-        text = log.read()
-        check("socket activation" in text, "logged the activation:\n" + text)
         p.send_signal(signal.SIGTERM)
         c.expect_eof()
         rc = p.wait(TIMEOUT)
-        log.seek(0)
-        text = log.read()
+        drain()
         check(rc == 0, "exit 0 after SIGTERM, got %d:\n%s" % (rc, text))
+        check("(socket activation)" in text, "logged the activation:\n" + text)
         check(os.path.exists(sock), "the activated socket's file is left to its owner")
         check("cpu:0: device closed" in text, "device closed")
     finally:
