@@ -61,6 +61,9 @@ static const struct key keys[] = {
     {"policy", "allow_groups", K_GROUPS, F(allow_groups), 0, 0, true},
     {"policy", "admin_users", K_USERS, F(admin_users), 0, 0, true},
     {"policy", "admin_groups", K_GROUPS, F(admin_groups), 0, 0, true},
+    /* Appended, so the indices above (KEY_LOG_LEVEL) stay. */
+    {"daemon", "no_cache", K_BOOL, F(no_cache), 0, 0, false},
+    {"daemon", "cache_max_bytes", K_SIZE, F(cache_max_bytes), 4096, (uint64_t)1 << 40, false},
 };
 #define NKEYS (sizeof keys / sizeof keys[0])
 _Static_assert(NKEYS <= 60, "the key masks are 64-bit");

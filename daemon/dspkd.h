@@ -47,7 +47,9 @@ struct dspkd_idlist {
  * file (daemon/config.c). */
 struct dspkd_config {
   char socket_path[256];
-  const char *cache_path;   /* NULL: no persistent cache */
+  const char *cache_path;   /* NULL: the default location ("" : none) */
+  bool no_cache;            /* --no-cache / no_cache = yes: run without a cache */
+  uint64_t cache_max_bytes; /* size bound of the cache; 0: the cache's default */
   const char *backends;     /* comma list, NULL: every backend */
   bool foreground;
   int ready_fd;             /* -1: none */
@@ -321,6 +323,12 @@ struct req {
 /* Runs the request's method: returns 0 when it answered or queued a job,
  * or a negative code that the caller answers with r->msg. */
 int dspkd_dispatch(struct req *r, const char *method, size_t len);
+
+/* daemon/cache_methods.c: the cache.stats and cache.clear handlers of
+ * dspkd_dispatch (same contract: 0 when answered or queued, else a negative
+ * code with r->msg). */
+int dspkd_m_cache_stats(struct req *r);
+int dspkd_m_cache_clear(struct req *r);
 
 uint64_t dspkd_now_ms(void);
 

@@ -42,7 +42,12 @@ static void usage(FILE *f) {
           "                       when it exists; \"\" for none); flags override it\n"
           "  --socket PATH        listen here (default $DSPK_SOCKET, else\n"
           "                       $XDG_RUNTIME_DIR/dspk/dspkd.sock, /run/dspk/dspkd.sock as root)\n"
-          "  --cache PATH         the persistent cache file (SQLite); default: none\n"
+          "  --cache PATH         the persistent cache file (SQLite); default\n"
+          "                       $CACHE_DIRECTORY/cache.db under systemd, else\n"
+          "                       $XDG_CACHE_HOME/dspk/cache.db (~/.cache/dspk/cache.db)\n"
+          "  --no-cache           run without a persistent cache (as --cache \"\")\n"
+          "  --cache-max-bytes N  size bound of the cache; least recently used entries\n"
+          "                       are evicted (default 268435456)\n"
           "  --backends LIST      comma list of backends to use (default: every one available)\n"
           "  --foreground         stay in the foreground (default: detach once listening)\n"
           "  --log-level LEVEL    error, warn, info (default) or debug\n"
@@ -67,12 +72,14 @@ enum {
   OPT_SOCKET = 256, OPT_CACHE, OPT_BACKENDS, OPT_FOREGROUND, OPT_LOG_LEVEL, OPT_READY_FD,
   OPT_MAX_MESSAGE, OPT_MAX_DEPTH, OPT_MAX_OBJECTS, OPT_MAX_RANK, OPT_MAX_ELEMENTS,
   OPT_MAX_INFLIGHT, OPT_MAX_UNSENT, OPT_MAX_BUFFERS, OPT_MAX_CLIENTS, OPT_SHUTDOWN_TIMEOUT,
-  OPT_HELP, OPT_VERSION, OPT_CONFIG
+  OPT_HELP, OPT_VERSION, OPT_CONFIG, OPT_NO_CACHE, OPT_CACHE_MAX_BYTES
 };
 
 static const struct option long_opts[] = {
     {"socket", required_argument, NULL, OPT_SOCKET},
     {"cache", required_argument, NULL, OPT_CACHE},
+    {"no-cache", no_argument, NULL, OPT_NO_CACHE},
+    {"cache-max-bytes", required_argument, NULL, OPT_CACHE_MAX_BYTES},
     {"backends", required_argument, NULL, OPT_BACKENDS},
     {"foreground", no_argument, NULL, OPT_FOREGROUND},
     {"log-level", required_argument, NULL, OPT_LOG_LEVEL},
@@ -219,6 +226,40 @@ static int detach(void) {
   return p[1];
 }
 
+#ifdef DSPKD_HAVE_CACHE
+/* Opens the persistent cache: cfg.cache_path, else $CACHE_DIRECTORY/cache.db
+ * (systemd's CacheDirectory=; the first of a colon list), else the cache's
+ * own default ($XDG_CACHE_HOME/dspk/cache.db).  A location that cannot be
+ * used falls back to an in-memory cache inside dspk__cache_open, whose one
+ * warning is logged here once.  0, or -1 (logged) when even that failed. */
+static int open_cache(struct dspkd *d) {
+  struct dspkd_config *cfg = &d->cfg;
+  struct dspk__cache_opts opts = {.max_bytes = cfg->cache_max_bytes};
+  const char *path = cfg->cache_path, *cd = getenv("CACHE_DIRECTORY");
+  static char sdpath[PATH_MAX];
+  char warn[PATH_MAX + 256] = "";
+  int err;
+
+  if (!path && cd && cd[0] == '/') {
+    size_t n = strcspn(cd, ":");
+    int k = snprintf(sdpath, sizeof sdpath, "%.*s/cache.db", (int)n, cd);
+    if (k > 0 && (size_t)k < sizeof sdpath)
+      path = sdpath;
+  }
+  err = dspk__cache_open(path, &opts, &d->cache, warn, sizeof warn);
+  if (err < 0) {
+    dspkd_error("cannot open the cache %s: %s", path ? path : "(default location)",
+                dspk__strerror(err));
+    return -1;
+  }
+  if (warn[0])
+    dspkd_warn("cache: %s", warn);
+  dspkd_info("cache: %s%s", dspk__cache_path(d->cache),
+             dspk__cache_in_memory(d->cache) ? " (in memory: nothing persists)" : "");
+  return 0;
+}
+#endif
+
 int main(int argc, char **argv) {
   static struct dspkd daemon_state;
   struct dspkd *d = &daemon_state;
@@ -227,6 +268,7 @@ int main(int argc, char **argv) {
   uv_loop_t loop;
   uint64_t v;
   int opt, detach_fd = -1, rc = 1, activated;
+  int cli_cache = 0; /* 1: --cache PATH, -1: --no-cache (the last one wins) */
   enum dspkd_level level;
 
   dspkd_config_defaults(cfg);
@@ -234,7 +276,15 @@ int main(int argc, char **argv) {
   while ((opt = getopt_long(argc, argv, "", long_opts, NULL)) != -1) {
     switch (opt) {
     case OPT_SOCKET: given_socket = optarg; break;
-    case OPT_CACHE: cfg->cache_path = optarg; break;
+    case OPT_CACHE:
+      cfg->cache_path = optarg;
+      cli_cache = 1;
+      break;
+    case OPT_NO_CACHE: cli_cache = -1; break;
+    case OPT_CACHE_MAX_BYTES:
+      if (parse_count("cache-max-bytes", optarg, 4096, (uint64_t)1 << 40, &v)) return 2;
+      cfg->cache_max_bytes = v;
+      break;
     case OPT_BACKENDS: cfg->backends = optarg; break;
     case OPT_FOREGROUND: cfg->foreground = true; break;
     case OPT_LOG_LEVEL:
@@ -312,6 +362,14 @@ int main(int argc, char **argv) {
   /* The file fills what no flag set (daemon/config.h). */
   if (dspkd_config_start(argc, argv, cfg) != 0)
     return 2;
+  /* Which cache: a flag wins over the file; the file's no_cache wins over
+   * its cache; "" is no cache. */
+  if (cli_cache)
+    cfg->no_cache = cli_cache < 0;
+  if (cli_cache < 0 || (cfg->cache_path && !cfg->cache_path[0])) {
+    cfg->no_cache = true;
+    cfg->cache_path = NULL;
+  }
 
   signal(SIGPIPE, SIG_IGN);
   activated = dspkd_activation_start(d);
@@ -351,16 +409,8 @@ int main(int argc, char **argv) {
   dspkd_lifecycle_start(d); /* SIGTERM during the start: acted on once the loop runs */
 
 #ifdef DSPKD_HAVE_CACHE
-  if (cfg->cache_path) {
-    char warn[256] = "";
-    int err = dspk__cache_open(cfg->cache_path, NULL, &d->cache, warn, sizeof warn);
-    if (err < 0) {
-      dspkd_error("cannot open the cache %s: %s", cfg->cache_path, dspk__strerror(err));
-      goto out_handles;
-    }
-    if (warn[0])
-      dspkd_warn("cache: %s", warn);
-  }
+  if (!cfg->no_cache && open_cache(d) != 0)
+    goto out_handles;
 #else
   if (cfg->cache_path)
     dspkd_warn("--cache: this build has no cache; running without one");

@@ -838,6 +838,8 @@ static const struct {
     {"buffer.free", m_buffer_free},
     {"task.run", m_task_run},
     {"task.cancel", m_task_cancel},
+    {"cache.stats", dspkd_m_cache_stats}, /* daemon/cache_methods.c */
+    {"cache.clear", dspkd_m_cache_clear},
 };
 
 int dspkd_dispatch(struct req *r, const char *method, size_t len) {

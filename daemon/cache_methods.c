@@ -1,0 +1,212 @@
+/*
+ * The cache methods of docs/protocol.md: cache.stats (what the persistent
+ * cache holds and how it was used since the daemon started) and
+ * cache.clear (delete entries of some kinds; root and the daemon's own
+ * user only, by the peer credentials the connection recorded).
+ *
+ * Both calls take the cache's mutex and may wait on SQLite's busy timeout
+ * (another daemon sharing the file may be writing), so they run on libuv's
+ * thread pool (uv_queue_work), never on the loop thread.  The connection is
+ * referenced while the work is out; when it closed meanwhile the answer is
+ * dropped.  The loop does not end while a work request is pending, so the
+ * cache (closed after the loop) outlives every call.
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "daemon/dspkd.h"
+#include "daemon/log.h"
+
+#ifdef DSPKD_HAVE_CACHE
+#include "cache/cache.h"
+
+struct cwork {
+  uv_work_t w;
+  struct conn *c;
+  struct dspk__cache *cache;
+  uint32_t msgid;
+  bool clear;         /* cache.clear, else cache.stats */
+  unsigned mask;      /* clear: DSPK__CACHE_MASK bits */
+  int err;
+  struct dspk__cache_stats st;
+};
+
+static void work_cb(uv_work_t *w) {
+  struct cwork *cw = w->data;
+  if (cw->clear)
+    cw->err = dspk__cache_clear(cw->cache, cw->mask);
+  else
+    cw->err = dspk__cache_stats(cw->cache, &cw->st);
+}
+
+static void kv_u64(msgpack_packer *pk, const char *k, uint64_t v) {
+  dspk__pack_str(pk, k);
+  msgpack_pack_uint64(pk, v);
+}
+
+static void pack_stats(msgpack_packer *pk, const struct cwork *cw) {
+  const struct dspk__cache_stats *s = &cw->st;
+  msgpack_pack_map(pk, 5);
+  dspk__pack_str(pk, "path");
+  dspk__pack_str(pk, dspk__cache_path(cw->cache));
+  dspk__pack_str(pk, "in_memory");
+  if (s->in_memory)
+    msgpack_pack_true(pk);
+  else
+    msgpack_pack_false(pk);
+  kv_u64(pk, "max_bytes", s->max_bytes);
+  kv_u64(pk, "file_bytes", s->file_bytes);
+  dspk__pack_str(pk, "kinds");
+  msgpack_pack_map(pk, DSPK__CACHE_NKINDS);
+  for (int k = 0; k < DSPK__CACHE_NKINDS; k++) {
+    const struct dspk__cache_kstats *ks = &s->kind[k];
+    dspk__pack_str(pk, dspk__cache_kind_name(k));
+    msgpack_pack_map(pk, 7);
+    kv_u64(pk, "entries", ks->entries);
+    kv_u64(pk, "bytes", ks->bytes);
+    kv_u64(pk, "stored_hits", ks->stored_hits);
+    kv_u64(pk, "hits", ks->hits);
+    kv_u64(pk, "misses", ks->misses);
+    kv_u64(pk, "puts", ks->puts);
+    kv_u64(pk, "evictions", ks->evictions);
+  }
+}
+
+static void pack_cleared(msgpack_packer *pk, unsigned mask) {
+  int n = 0;
+  for (int k = 0; k < DSPK__CACHE_NKINDS; k++)
+    n += (mask & DSPK__CACHE_MASK(k)) != 0;
+  msgpack_pack_map(pk, 1);
+  dspk__pack_str(pk, "cleared");
+  msgpack_pack_array(pk, (size_t)n);
+  for (int k = 0; k < DSPK__CACHE_NKINDS; k++)
+    if (mask & DSPK__CACHE_MASK(k))
+      dspk__pack_str(pk, dspk__cache_kind_name(k));
+}
+
+/* Loop thread: answers the call (unless its connection closed meanwhile). */
+static void after_cb(uv_work_t *w, int status) {
+  struct cwork *cw = w->data;
+  struct conn *c = cw->c;
+  int err = status < 0 ? DSPK_ECANCELED : cw->err;
+
+  if (cw->clear && err == 0)
+    dspkd_info("client %llu (uid %ld): cache.clear: done (mask %u)",
+               (unsigned long long)c->id, (long)c->uid, cw->mask);
+  if (!c->closing) {
+    if (err < 0) {
+      char msg[128];
+      snprintf(msg, sizeof msg, "%s: %s", cw->clear ? "cache.clear" : "cache.stats",
+               dspk__strerror(err));
+      conn_send_error(c, cw->msgid, err, msg);
+    } else {
+      struct wreq *wr = wreq_new();
+      if (!wr) {
+        conn_send_error(c, cw->msgid, DSPK_ENOMEM, "out of memory");
+      } else {
+        dspk__pack_result_head(&wr->w.pk, cw->msgid);
+        if (cw->clear)
+          pack_cleared(&wr->w.pk, cw->mask);
+        else
+          pack_stats(&wr->w.pk, cw);
+        conn_send(c, wr);
+      }
+    }
+  }
+  conn_unref(c);
+  free(cw);
+}
+
+/* Queues the call on the thread pool.  0, or a negative code for the
+ * caller to answer. */
+static int queue(struct req *r, bool clear, unsigned mask) {
+  struct cwork *cw = calloc(1, sizeof *cw);
+  int err;
+  if (!cw)
+    return DSPK_ENOMEM;
+  cw->w.data = cw;
+  cw->c = r->c;
+  cw->cache = r->c->d->cache;
+  cw->msgid = r->msgid;
+  cw->clear = clear;
+  cw->mask = mask;
+  err = uv_queue_work(r->c->d->loop, &cw->w, work_cb, after_cb);
+  if (err < 0) {
+    free(cw);
+    snprintf(r->msg, sizeof r->msg, "cannot queue the call: %s", uv_strerror(err));
+    return DSPK_EIO;
+  }
+  conn_ref(r->c);
+  return 0;
+}
+
+static int no_cache(struct req *r) {
+  snprintf(r->msg, sizeof r->msg, "the daemon runs without a cache (--no-cache)");
+  return DSPK_ENOENT;
+}
+
+int dspkd_m_cache_stats(struct req *r) {
+  if (!r->c->d->cache)
+    return no_cache(r);
+  return queue(r, false, 0);
+}
+
+int dspkd_m_cache_clear(struct req *r) {
+  struct conn *c = r->c;
+  const msgpack_object *kinds = dspk__map_get(r->args, "kinds");
+  unsigned mask = 0;
+
+  /* Arguments first, so a malformed call says so whoever sends it. */
+  if (kinds && kinds->type != MSGPACK_OBJECT_NIL) {
+    if (kinds->type != MSGPACK_OBJECT_ARRAY) {
+      snprintf(r->msg, sizeof r->msg,
+               "kinds: expected an array of \"kernels\", \"autotune\", \"blobs\"");
+      return DSPK_EINVAL;
+    }
+    for (uint32_t i = 0; i < kinds->via.array.size; i++) {
+      const char *s;
+      size_t n;
+      int k;
+      if (dspk__obj_str(&kinds->via.array.ptr[i], &s, &n) != 0) {
+        snprintf(r->msg, sizeof r->msg, "kinds[%u]: expected a string", i);
+        return DSPK_EINVAL;
+      }
+      k = dspk__cache_kind_from_name(s, n);
+      if (k < 0) {
+        snprintf(r->msg, sizeof r->msg,
+                 "kinds[%u]: unknown kind \"%.*s\" (kernels, autotune, blobs)", i,
+                 (int)(n > 32 ? 32 : n), s);
+        return DSPK_EINVAL;
+      }
+      mask |= DSPK__CACHE_MASK(k);
+    }
+  }
+  if (!mask)
+    mask = DSPK__CACHE_ALL;
+  if (c->uid == (uid_t)-1 || (c->uid != 0 && c->uid != geteuid())) {
+    dspkd_warn("client %llu (pid %ld uid %ld): cache.clear refused", (unsigned long long)c->id,
+               (long)c->pid, (long)c->uid);
+    snprintf(r->msg, sizeof r->msg,
+             "cache.clear: permission denied: only root and the daemon's own user (uid %ld) "
+             "may clear the cache; you are uid %ld",
+             (long)geteuid(), (long)c->uid);
+    return DSPK_EPERM;
+  }
+  if (!c->d->cache)
+    return no_cache(r);
+  return queue(r, true, mask);
+}
+
+#else /* !DSPKD_HAVE_CACHE */
+
+int dspkd_m_cache_stats(struct req *r) {
+  snprintf(r->msg, sizeof r->msg, "this dspkd was built without the cache");
+  return DSPK_ENOENT;
+}
+
+int dspkd_m_cache_clear(struct req *r) { return dspkd_m_cache_stats(r); }
+
+#endif
