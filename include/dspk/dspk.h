@@ -224,7 +224,9 @@ DSPK_EXPORT void dspk_tensor_inline(dspk_tensor *t, dspk_dtype dt,
                                     unsigned rank, const int64_t *shape,
                                     const void *data);
 
-#define DSPK_MAX_OUTPUTS 2
+/* Outputs of one task: a raw kernel returns each of its (at most 4) tensor
+ * arguments, like the daemon's DSPK__OP_MAX_IN. */
+#define DSPK_MAX_OUTPUTS 4
 #define DSPK_KERNEL_MAX_ARGS 16
 
 typedef enum dspk_karg_kind {
