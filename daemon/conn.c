@@ -85,6 +85,20 @@ static int wreq_bufs(struct wreq *wr, size_t *nbufs) {
   return 0;
 }
 
+/* Drops the first `done` bytes (already written) from wr's buffers. */
+static void wreq_skip(struct wreq *wr, size_t *nbufs, size_t done) {
+  size_t i = 0;
+  wr->len -= done;
+  while (i < *nbufs && done >= wr->bufs[i].len)
+    done -= wr->bufs[i++].len;
+  if (i < *nbufs) {
+    wr->bufs[i].base += done;
+    wr->bufs[i].len -= done;
+  }
+  memmove(wr->bufs, wr->bufs + i, (*nbufs - i) * sizeof(uv_buf_t));
+  *nbufs -= i;
+}
+
 void conn_send(struct conn *c, struct wreq *wr) {
   size_t n;
   int err;
@@ -104,6 +118,23 @@ void conn_send(struct conn *c, struct wreq *wr) {
     return;
   }
   wr->c = c;
+  /* Nothing queued before it: write what the socket takes now.  A small
+   * answer (ping, errors) usually goes whole, which spares uv_write's
+   * completion round through the loop and an epoll_ctl per answer. */
+  if (c->unsent == 0) {
+    int w = uv_try_write((uv_stream_t *)&c->pipe, wr->bufs, (unsigned)n);
+    if (w >= 0 && (size_t)w == wr->len) {
+      wreq_free(wr);
+      return;
+    }
+    if (w < 0 && w != UV_EAGAIN) {
+      wreq_free(wr);
+      conn_close(c, "write failed");
+      return;
+    }
+    if (w > 0)
+      wreq_skip(wr, &n, (size_t)w);
+  }
   err = uv_write(&wr->req, (uv_stream_t *)&c->pipe, wr->bufs, (unsigned)n,
                  on_write);
   if (err < 0) {
