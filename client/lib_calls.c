@@ -765,3 +765,50 @@ DSPK_EXPORT int dspk_cancel(dspk_client *c, uint32_t ticket, bool *canceled) {
     *canceled = yes;
   return 0;
 }
+
+/* ---- cache --------------------------------------------------------------- */
+
+static const char *const cache_kinds[] = {"kernels", "autotune", "blobs"};
+
+static void pack_cache_clear(void *ud, struct dspk__wbuf *w) {
+  unsigned mask = *(unsigned *)ud;
+  size_t n = 0;
+  for (int k = 0; k < 3; k++)
+    n += (mask >> k) & 1u;
+  msgpack_pack_map(&w->pk, 1);
+  dspk__pack_str(&w->pk, "kinds");
+  msgpack_pack_array(&w->pk, n);
+  for (int k = 0; k < 3; k++)
+    if ((mask >> k) & 1u)
+      dspk__pack_str(&w->pk, cache_kinds[k]);
+}
+
+DSPK_EXPORT int dspk_cache_clear(dspk_client *c, unsigned kinds,
+                                 unsigned *cleared) {
+  struct dspk__resp r;
+  const msgpack_object *a;
+  unsigned mask = kinds & DSPK_CACHE_ALL, got = 0;
+  int rc;
+
+  if (!c || (kinds & ~DSPK_CACHE_ALL))
+    return DSPK_EINVAL;
+  if (!mask)
+    mask = DSPK_CACHE_ALL;
+  rc = dspk__call(c, "cache.clear", pack_cache_clear, &mask, &r);
+  if (rc != 0)
+    return rc;
+  a = dspk__map_get(r.msg.result, "cleared");
+  for (uint32_t i = 0; i < arr_size(a); i++) {
+    const char *s;
+    size_t n;
+    if (dspk__obj_str(&a->via.array.ptr[i], &s, &n) != 0)
+      continue;
+    for (unsigned k = 0; k < 3; k++)
+      if (strlen(cache_kinds[k]) == n && memcmp(cache_kinds[k], s, n) == 0)
+        got |= 1u << k;
+  }
+  dspk__resp_free(&r);
+  if (cleared)
+    *cleared = got;
+  return 0;
+}

@@ -2,6 +2,10 @@
  * dspk-submit cache: the daemon's persistent cache (compiled kernels,
  * autotune decisions, blobs such as FFTW wisdom and Vulkan pipeline data).
  *
+ * "cache clear [--kernels|--autotune|--blobs]" calls cache.clear through
+ * dspk_cache_clear() (no flag: every kind) and prints "cleared KIND ..."; a
+ * caller who is neither root nor the daemon's user gets EPERM.
+ *
  * "cache stats" calls the cache.stats method.  With --json the answer is
  * printed as the library renders it; otherwise it is flattened into one
  * "path value" line per scalar ("kernels.entries 12"), which shows whatever
@@ -196,6 +200,48 @@ static int cache_stats(dspk__sub_ctx *ctx, int argc, char **argv) {
   return DSPK__SUB_EXIT_OK;
 }
 
+static int cache_clear(dspk__sub_ctx *ctx, int argc, char **argv) {
+  static const struct option opts[] = {{"kernels", no_argument, NULL, 'k'},
+                                       {"autotune", no_argument, NULL, 'a'},
+                                       {"blobs", no_argument, NULL, 'b'},
+                                       {"help", no_argument, NULL, 'h'},
+                                       {NULL, 0, NULL, 0}};
+  unsigned kinds = 0, cleared = 0;
+  int opt, rc;
+
+  while ((opt = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
+    switch (opt) {
+    case 'k':
+      kinds |= DSPK_CACHE_KERNELS;
+      break;
+    case 'a':
+      kinds |= DSPK_CACHE_AUTOTUNE;
+      break;
+    case 'b':
+      kinds |= DSPK_CACHE_BLOBS;
+      break;
+    case 'h':
+      return dspk__sub_help(ctx);
+    case ':':
+      return dspk__sub_missing_arg(ctx, argv);
+    default:
+      return dspk__sub_bad_option(ctx, argv);
+    }
+  }
+  if (optind < argc)
+    return dspk__sub_usage(ctx, "unexpected argument '%s'", argv[optind]);
+  rc = dspk__sub_connect(ctx);
+  if (rc != 0)
+    return rc;
+  rc = dspk_cache_clear(ctx->client, kinds, &cleared);
+  if (rc < 0)
+    return dspk__sub_fail_client(ctx, rc);
+  printf("cleared%s%s%s\n", cleared & DSPK_CACHE_KERNELS ? " kernels" : "",
+         cleared & DSPK_CACHE_AUTOTUNE ? " autotune" : "",
+         cleared & DSPK_CACHE_BLOBS ? " blobs" : "");
+  return DSPK__SUB_EXIT_OK;
+}
+
 int dspk__sub_cache(dspk__sub_ctx *ctx, int argc, char **argv) {
   /* "cache SUB ...": SUB's own options start after it.  --help anywhere
    * wins, as for every other command. */
@@ -203,8 +249,10 @@ int dspk__sub_cache(dspk__sub_ctx *ctx, int argc, char **argv) {
     if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0)
       return dspk__sub_help(ctx);
   if (argc < 2)
-    return dspk__sub_usage(ctx, "missing SUBCOMMAND (stats)");
+    return dspk__sub_usage(ctx, "missing SUBCOMMAND (stats, clear)");
   if (strcmp(argv[1], "stats") == 0)
     return cache_stats(ctx, argc - 1, argv + 1);
-  return dspk__sub_usage(ctx, "unknown subcommand '%s' (want stats)", argv[1]);
+  if (strcmp(argv[1], "clear") == 0)
+    return cache_clear(ctx, argc - 1, argv + 1);
+  return dspk__sub_usage(ctx, "unknown subcommand '%s' (want stats or clear)", argv[1]);
 }

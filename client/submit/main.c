@@ -6,7 +6,7 @@
  * helpers every command uses to report errors, parse numbers and connect.
  * Commands themselves live in info.c (ping, devices, status), ops.c
  * (gemm, fft, fir, contract, reduce, map), kernel.c (kernel) and cache.c
- * (cache stats).  The rule for output: results on
+ * (cache stats, cache clear).  The rule for output: results on
  * stdout, and on failure exactly one line on stderr of the form
  * "dspk-submit: COMMAND: ENAME: detail" and a non-zero exit status (1 when
  * the operation failed, 2 for a bad command line).
@@ -142,10 +142,13 @@ const dspk__sub_cmd dspk__sub_cmds[] = {
      "A compilation error (ECOMPILE) carries the compiler's log.\n"},
     {"cache", dspk__sub_cache, "the daemon's cache of kernels and tunings",
      "usage: dspk-submit cache stats [--json]\n"
+     "       dspk-submit cache clear [--kernels] [--autotune] [--blobs]\n"
      "\n"
-     "Shows the daemon's persistent cache (compiled kernels, autotune\n"
+     "stats shows the daemon's persistent cache (compiled kernels, autotune\n"
      "decisions, blobs): entries, bytes, hits and misses per kind, one\n"
      "\"field value\" line each.\n"
+     "clear deletes the entries of the kinds named (no flag: every kind);\n"
+     "only root and the daemon's own user may (EPERM otherwise).\n"
      "\n"
      "  --json   print the daemon's answer as JSON\n"},
     {NULL, NULL, NULL, NULL},

@@ -322,6 +322,24 @@ typedef void (*dspk_progress_fn)(void *ud, uint32_t ticket, const char *what,
 DSPK_EXPORT void dspk_set_progress(dspk_client *c, dspk_progress_fn fn,
                                    void *ud);
 
+/* ---- the daemon's persistent cache ----------------------------------------- */
+
+/* Kinds of cache entry, as bits (cache.clear's "kinds"). */
+#define DSPK_CACHE_KERNELS 1u  /* compiled kernels */
+#define DSPK_CACHE_AUTOTUNE 2u /* autotune decisions */
+#define DSPK_CACHE_BLOBS 4u    /* named blobs: FFTW wisdom, pipeline caches */
+#define DSPK_CACHE_ALL 7u
+
+/*
+ * Calls `cache.clear` for the kinds in the mask (0: every kind); *cleared
+ * (may be NULL) receives the kinds the daemon cleared.  Returns 0,
+ * DSPK_EPERM when the caller is neither root nor the daemon's own user,
+ * DSPK_ENOENT when the daemon runs without a cache, DSPK_EINVAL for bits
+ * outside DSPK_CACHE_ALL.  (Statistics: dspk_call_json(c, "cache.stats").)
+ */
+DSPK_EXPORT int dspk_cache_clear(dspk_client *c, unsigned kinds,
+                                 unsigned *cleared);
+
 #ifdef __cplusplus
 }
 #endif

@@ -64,7 +64,7 @@ class Daemon:
         with open(self.log, "wb") as logf:
             self.proc = subprocess.Popen(
                 [dspkd, "--socket", self.sock, "--backends", backends,
-                 "--foreground", "--ready-fd", str(w)],
+                 "--foreground", "--ready-fd", str(w), "--no-cache"],
                 pass_fds=(w,), stdin=subprocess.DEVNULL,
                 stdout=logf, stderr=subprocess.STDOUT)
         os.close(w)

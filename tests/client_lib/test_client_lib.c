@@ -230,7 +230,7 @@ static int start_daemon(void **state) {
     close(p[0]);
     snprintf(fdarg, sizeof fdarg, "%d", p[1]);
     execl(dspkd_path, dspkd_path, "--socket", sockpath, "--foreground",
-          "--backends", "cpu", "--log-level", "warn", "--ready-fd", fdarg,
+          "--backends", "cpu", "--log-level", "warn", "--ready-fd", fdarg, "--no-cache",
           /* Small flow-control limits, so that test_backpressure makes the
            * daemon stop reading from us while we still send. */
           "--max-unsent", "4194304", "--max-inflight", "8",

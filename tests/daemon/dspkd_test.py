@@ -153,6 +153,8 @@ class Daemon:
                 "--log-level", "debug"] + list(extra)
         if "--backends" not in extra:
             args += ["--backends", "cpu"]
+        if "--cache" not in extra:
+            args += ["--no-cache"]  # never the user's ~/.cache
         self.proc = subprocess.Popen(args, pass_fds=[w], stderr=self.log)
         DAEMONS.append(self)
         os.close(w)
@@ -605,7 +607,7 @@ def t_socket(exe, tmp):
     p = subprocess.run([exe, "--bogus"], stderr=subprocess.PIPE, timeout=TIMEOUT)
     check(p.returncode != 0, "unknown flag")
     p = subprocess.run([exe, "--foreground", "--socket", os.path.join(tmp, "b.sock"),
-                        "--backends", "nosuch"], stderr=subprocess.PIPE, timeout=TIMEOUT)
+                        "--backends", "nosuch", "--no-cache"], stderr=subprocess.PIPE, timeout=TIMEOUT)
     check(p.returncode != 0 and b"nosuch" in p.stderr, "unknown backend: %r" % p.stderr)
 
 

@@ -138,12 +138,16 @@ class Daemon:
         e.pop("DSPKD_TEST_EXIT", None)
         if self.notify:
             e["NOTIFY_SOCKET"] = self.notify.path
+        e.pop("CACHE_DIRECTORY", None)
+        e["XDG_CACHE_HOME"] = tmp  # a file's default cache stays in the test's directory
         e.update(env or {})
         r, w = os.pipe()
         args = [exe, "--foreground", "--socket", self.sock, "--ready-fd", str(w),
                 "--log-level", "debug", "--config", ""]
         if backends:
             args += ["--backends", backends]
+        if "--cache" not in extra and "--config" not in extra:
+            args += ["--no-cache"]
         self.proc = subprocess.Popen(args + list(extra), pass_fds=[w], stderr=self.log, env=e)
         DAEMONS.append(self)
         os.close(w)
@@ -299,7 +303,8 @@ def t_activation(exe, tmp):
     args = [sa, "-l", sock]
     for k, v in env.items():
         args += ["-E", "%s=%s" % (k, v)]
-    args += [exe, "--foreground", "--backends", "cpu", "--log-level", "debug", "--config", ""]
+    args += [exe, "--foreground", "--backends", "cpu", "--log-level", "debug", "--config", "",
+             "--no-cache"]
     p = subprocess.Popen(args, stderr=subprocess.PIPE)
     text = ""
 
@@ -511,8 +516,8 @@ def t_config(exe, tmp):
           "allow_groups = 0\nadmin_users = %d\n" % (sock, os.getuid(), os.getuid()))
     r, w = os.pipe()
     log = open(os.path.join(tmp, "good.log"), "w+")
-    p = subprocess.Popen([exe, "--foreground", "--config", conf, "--ready-fd", str(w)],
-                         pass_fds=[w], stderr=log)
+    p = subprocess.Popen([exe, "--foreground", "--config", conf, "--ready-fd", str(w),
+                          "--no-cache"], pass_fds=[w], stderr=log)
     os.close(w)
     got, _, _ = select.select([r], [], [], TIMEOUT)
     check(got and os.read(r, 16) == b"READY\n", "started from the file")
@@ -702,7 +707,7 @@ def t_cycles(exe, tmp, count=200):
     for i in range(count):
         r, w = os.pipe()
         p = subprocess.Popen([exe, "--foreground", "--socket", sock, "--ready-fd", str(w),
-                              "--config", "", "--log-level", "warn"] +
+                              "--config", "", "--log-level", "warn", "--no-cache"] +
                              ([] if backends == "all" else ["--backends", backends]),
                              pass_fds=[w], stderr=log)
         os.close(w)
