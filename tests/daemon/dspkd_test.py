@@ -382,7 +382,7 @@ def t_inflight(exe, tmp):
     d = Daemon(exe, tmp)
     c = d.client()
     rng = np.random.default_rng(3)
-    A = rand(rng, (400, 400), np.float64)
+    A = rand(rng, (600, 600), np.float64)
     slow = c.send("task.run", {"op": "gemm", "inputs": [tensor(A), tensor(A)]})
     fast = c.send("ping", {"data": b"fast"})
     while slow not in c.responses and fast not in c.responses:
@@ -400,7 +400,7 @@ def t_inflight(exe, tmp):
     # Cancel: the first gemm runs, the last is still queued behind the rest.
     B = c.call("buffer.create", {"size": A.nbytes})["buffer"]
     c.call("buffer.write", {"buffer": B, "data": A.tobytes()})
-    ref = {"buffer": B, "dtype": "f64", "shape": [400, 400]}
+    ref = {"buffer": B, "dtype": "f64", "shape": [600, 600]}
     tasks = [c.send("task.run", {"op": "gemm", "inputs": [ref, ref]}) for _ in range(6)]
     check(c.call("task.cancel", {"msgid": tasks[-1]}) == {"canceled": True}, "cancel queued")
     e = None
