@@ -119,7 +119,7 @@ class Client:
 
 
 def tensor(x):
-    x = np.ascontiguousarray(x)
+    x = np.asarray(x)  # tobytes() is C order; ascontiguousarray would make a 0-d array 1-d
     return {"dtype": NAMES[x.dtype], "shape": list(x.shape), "data": x.tobytes()}
 
 
@@ -711,6 +711,43 @@ def t_limits(exe, tmp):
     d.stop()
 
 
+def t_wire(exe, tmp):
+    """The encoding freedoms docs/protocol.md grants."""
+    d = Daemon(exe, tmp)
+    c = d.client()
+
+    def raw(msg, **kw):
+        c.sock.sendall(msgpack.packb(msg, use_bin_type=True, **kw))
+
+    raw([0, 1, "ping", [None]])
+    check(c.wait(1)["data"] == b"", "params [nil]")
+    raw([0, 2, "ping", [{}]])
+    check(c.wait(2)["data"] == b"", "params [{}]")
+    raw([0, 3, "ping", [{"data": "text", "unknown": [1, 2, {"x": None}]}]])
+    check(c.wait(3)["data"] == b"text", "str accepted as bin; unknown keys ignored")
+    raw([0, 0xFFFFFFFF, "ping", []])
+    check(c.wait(0xFFFFFFFF)["data"] == b"", "largest msgid")
+    raw([2, "some.notification", [{}]])  # ignored, no answer
+    A = np.arange(6, dtype=np.float64).reshape(2, 3)
+    raw([0, 4, "task.run", [{"op": "map", "device": "cpu:0", "inputs": [tensor(A)],
+                             "options": {"fn": "scale", "alpha": 0.5}}]], use_single_float=True)
+    close_enough(array(c.wait(4)["outputs"][0]), 0.5 * A, "float32 option", np.float64)
+    raw([0, 5, "task.run", [{"op": "map", "device": "cpu:0", "inputs": [tensor(A)],
+                             "options": {"fn": "scale", "alpha": 3}}]])
+    close_enough(array(c.wait(5)["outputs"][0]), 3 * A, "integer where a float goes", np.float64)
+    raw([0, 6, "task.run", [{"op": "map", "device": None, "inputs": [tensor(A)],
+                             "options": {"fn": "abs", "alpha": None}, "outputs": None}]])
+    check(c.wait(6)["device"] == "cpu:0", "nil means the default")
+    s0 = np.float64(2.5)
+    out = run(c, "map", [np.array(s0)], {"fn": "exp"})[0]
+    check(out.shape == () and abs(out - np.exp(2.5)) < 1e-12, "scalar tensor")
+    z = run(c, "map", [np.zeros((0, 3))], {"fn": "abs"})[0]
+    check(z.shape == (0, 3), "zero-size tensor")
+    check(c.notifications == [], "no notifications: %r" % c.notifications)
+    c.close()
+    d.stop()
+
+
 GROUPS = {
     "basic": t_basic,
     "buffers": t_buffers,
@@ -724,6 +761,7 @@ GROUPS = {
     "backpressure": t_backpressure,
     "progress": t_progress,
     "limits": t_limits,
+    "wire": t_wire,
 }
 
 
