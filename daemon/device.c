@@ -233,6 +233,26 @@ void dspkd_post_note(struct dspkd *d, struct job *j, struct wreq *wr) {
   uv_async_send(&d->done_async);
 }
 
+/* A task sent to "any" that its device's backend does not support runs on
+ * the cpu instead (only tasks without buffer references go to "any" freely,
+ * so every operand is inline).  Returns 1 when the job was queued again. */
+static int resubmit_on_cpu(struct dspkd *d, struct job *j) {
+  struct device *cpu = dspkd_device_cpu(d);
+  if (!cpu || cpu == j->dev || j->nrefs != 0)
+    return 0;
+  dspkd_debug("client %llu: #%u: %s lacks it (%s); running it on %s",
+              (unsigned long long)j->conn->id, j->msgid, j->dev->id,
+              dspk__strerror(j->err), cpu->id);
+  wreq_free(j->resp);
+  j->resp = NULL;
+  j->err = 0;
+  j->any = false;
+  j->progress_ms = 0;
+  j->dev = cpu;
+  job_submit(j);
+  return 1;
+}
+
 void dspkd_done_cb(uv_async_t *h) {
   struct dspkd *d = h->data;
   struct job *list;
@@ -262,6 +282,8 @@ void dspkd_done_cb(uv_async_t *h) {
     list = j->next;
     j->next = NULL;
     conn_unlink_job(j);
+    if (j->any && j->err == DSPK_ENOTSUP && !c->closing && resubmit_on_cpu(d, j))
+      continue;
     if (j->kind == JOB_BUF_CREATE && j->err == 0 && !c->closing) {
       /* The slot was reserved when the request came in. */
       if (conn_buf_add(c, j->buf) != 0)
@@ -592,13 +614,50 @@ struct device *dspkd_device_find(struct dspkd *d, const char *id, size_t len) {
   return NULL;
 }
 
+/* Writes the UUID's hex digits, lowercase, without dashes ("" when none):
+ * CUDA writes 8-4-4-4-12, Vulkan plain hex, for the same bytes. */
+static void uuid_norm(const char *in, char *out, size_t outlen) {
+  size_t n = 0;
+  for (; *in && n + 1 < outlen; in++) {
+    char ch = *in;
+    if (ch == '-')
+      continue;
+    out[n++] = (ch >= 'A' && ch <= 'F') ? (char)(ch - 'A' + 'a') : ch;
+  }
+  out[n] = '\0';
+}
+
+/* 1 when an earlier open device is the same hardware (one GPU seen through
+ * CUDA and through Vulkan): "any" uses a GPU through its first backend. */
+static bool seen_earlier(struct dspkd *d, int idx) {
+  char a[48], b[48];
+  uuid_norm(d->devs[idx].info.uuid, a, sizeof a);
+  if (!a[0])
+    return false;
+  for (int i = 0; i < idx; i++) {
+    if (d->devs[i].open_state != 1)
+      continue;
+    uuid_norm(d->devs[i].info.uuid, b, sizeof b);
+    if (strcmp(a, b) == 0)
+      return true;
+  }
+  return false;
+}
+
+struct device *dspkd_device_cpu(struct dspkd *d) {
+  for (int i = 0; i < d->ndevs; i++)
+    if (d->devs[i].open_state == 1 && strcmp(d->devs[i].be->name, "cpu") == 0)
+      return &d->devs[i];
+  return NULL;
+}
+
 struct device *dspkd_device_any(struct dspkd *d) {
   struct device *best = NULL, *cpu = NULL, *soft = NULL;
   uint64_t best_load = 0;
   for (int i = 0; i < d->ndevs; i++) {
     struct device *dev = &d->devs[i];
     uint64_t load;
-    if (dev->open_state != 1)
+    if (dev->open_state != 1 || seen_earlier(d, i))
       continue;
     if (strcmp(dev->be->name, "cpu") == 0) {
       if (!cpu)

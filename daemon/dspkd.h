@@ -140,6 +140,7 @@ struct job {
   struct wreq *resp;
   int err;
   uint64_t progress_ms;      /* runner: when task.progress was last sent */
+  bool any;                  /* task.run chose "any": may move to cpu on ENOTSUP */
 };
 
 /* A notification a runner encoded for a job's client (task.progress).  It
@@ -285,8 +286,11 @@ void dspkd_devices_stop(struct dspkd *d);
 int dspkd_devices_join(struct dspkd *d, bool wait);
 void dspkd_backends_shutdown(struct dspkd *d);
 struct device *dspkd_device_find(struct dspkd *d, const char *id, size_t len);
-/* Picks the device for "any": least-loaded hardware device, else cpu:0. */
+/* Picks the device for "any": least-loaded hardware device (each GPU through
+ * the first backend that has it), else cpu:0. */
 struct device *dspkd_device_any(struct dspkd *d);
+/* The first open cpu device, or NULL. */
+struct device *dspkd_device_cpu(struct dspkd *d);
 struct job *job_new(struct conn *c, enum job_kind kind, uint32_t msgid,
                     struct device *dev);
 /* Adds a job to the connection's FIFO for the device (takes ownership). */

@@ -788,6 +788,7 @@ static int m_task_run(struct req *r) {
   if (strcmp(devname, "any") == 0 && pinned) {
     dev = pinned;
   } else {
+    j->any = strcmp(devname, "any") == 0;
     if (!(dev = resolve_device(r, devname, &err)))
       goto fail;
     if (pinned && pinned != dev) {
