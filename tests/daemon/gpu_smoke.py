@@ -1,0 +1,237 @@
+#!/usr/bin/python3
+"""dspkd on a GPU host, end to end through the wire protocol (docs/protocol.md).
+
+Needs only python3 and msgpack (no numpy: references are naive loops in
+double precision), so it runs on the GPU machine as well.  Starts dspkd with
+every backend, and when a cuda device is present checks: "any" picks the GPU
+(once, although cuda and vulkan both list it), ops and buffers on the GPU
+against references, many requests in flight, fairness between two clients on
+the GPU, cancel, a disconnect with queued GPU work, and SIGTERM: exit 0 with
+every device closed.  Exits 77 (skipped) when there is no cuda device.
+
+    gpu_smoke.py --dspkd PATH
+"""
+import argparse
+import cmath
+import math
+import os
+import random
+import select
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+
+import msgpack
+
+TIMEOUT = 120.0
+
+
+def check(cond, what):
+    if not cond:
+        raise AssertionError(what)
+
+
+class RpcError(Exception):
+    def __init__(self, err):
+        super().__init__("%s: %s" % (err["name"], err["message"]))
+        self.name = err["name"]
+
+
+class Client:
+    def __init__(self, path):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(TIMEOUT)
+        self.sock.connect(path)
+        self.up = msgpack.Unpacker(raw=False, max_buffer_size=1 << 30)
+        self.msgid = 0
+        self.responses = {}
+
+    def send(self, method, args=None):
+        self.msgid += 1
+        self.sock.sendall(msgpack.packb([0, self.msgid, method, [args] if args else []],
+                                        use_bin_type=True))
+        return self.msgid
+
+    def pump(self):
+        data = self.sock.recv(1 << 20)
+        if not data:
+            raise EOFError("closed")
+        self.up.feed(data)
+        for m in self.up:
+            if m[0] == 1:
+                self.responses[m[1]] = m
+
+    def wait(self, msgid):
+        while msgid not in self.responses:
+            self.pump()
+        m = self.responses.pop(msgid)
+        if m[2] is not None:
+            raise RpcError(m[2])
+        return m[3]
+
+    def call(self, method, args=None):
+        return self.wait(self.send(method, args))
+
+
+def f32(vals):
+    return struct.pack("<%df" % len(vals), *vals)
+
+
+def unf32(b):
+    return list(struct.unpack("<%df" % (len(b) // 4), b))
+
+
+def tensor(vals, shape):
+    return {"dtype": "f32", "shape": list(shape), "data": f32(vals)}
+
+
+def gemm_ref(a, b, m, k, n):
+    return [sum(a[i * k + p] * b[p * n + j] for p in range(k)) for i in range(m) for j in range(n)]
+
+
+def close(got, want, what, tol=1e-4):
+    check(len(got) == len(want), "%s: %d values, want %d" % (what, len(got), len(want)))
+    scale = max([1.0] + [abs(w) for w in want])
+    err = max([abs(g - w) for g, w in zip(got, want)] + [0.0])
+    check(err <= tol * scale, "%s: max error %g" % (what, err))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dspkd", required=True)
+    a = ap.parse_args()
+    rng = random.Random(11)
+    tmp = tempfile.mkdtemp(prefix="dspkd-gpu-", dir="/tmp")
+    sock = os.path.join(tmp, "d.sock")
+    log = open(os.path.join(tmp, "dspkd.log"), "w+")
+    r, w = os.pipe()
+    proc = subprocess.Popen([a.dspkd, "--foreground", "--socket", sock, "--ready-fd", str(w),
+                             "--cache", os.path.join(tmp, "cache.db")], pass_fds=[w], stderr=log)
+    os.close(w)
+    try:
+        ready, _, _ = select.select([r], [], [], TIMEOUT)
+        check(ready and os.read(r, 16) == b"READY\n", "dspkd ready")
+        t_ready = time.monotonic()
+        c = Client(sock)
+        devs = c.call("devices", {"all": True})
+        ids = [d["id"] for d in devs["devices"]]
+        print("devices:", ids, "unavailable:", devs["unavailable"])
+        if "cuda:0" not in ids:
+            print("skip: no cuda device")
+            c.sock.close()
+            proc.send_signal(signal.SIGTERM)
+            check(proc.wait(TIMEOUT) == 0, "exit 0")
+            sys.exit(77)
+
+        # "any" is the GPU, through cuda although vulkan lists it too.
+        x = [rng.uniform(-1, 1) for _ in range(1000)]
+        res = c.call("task.run", {"op": "map", "device": "any", "inputs": [tensor(x, [1000])],
+                                  "options": {"fn": "abs"}})
+        print("first result %.1f ms after READY" % ((time.monotonic() - t_ready) * 1e3))
+        check(res["device"] == "cuda:0", "any -> cuda:0, got %s" % res["device"])
+        close(unf32(res["outputs"][0]["data"]), [abs(v) for v in x], "map abs")
+
+        m, k, n = 33, 27, 19
+        A = [rng.uniform(-1, 1) for _ in range(m * k)]
+        B = [rng.uniform(-1, 1) for _ in range(k * n)]
+        res = c.call("task.run", {"op": "gemm", "inputs": [tensor(A, [m, k]), tensor(B, [k, n])]})
+        check(res["device"] == "cuda:0", "gemm on any ran on cuda:0")
+        close(unf32(res["outputs"][0]["data"]), gemm_ref(A, B, m, k, n), "gemm")
+
+        N = 64
+        X = [complex(rng.uniform(-1, 1), rng.uniform(-1, 1)) for _ in range(N)]
+        data = struct.pack("<%df" % (2 * N), *[v for z in X for v in (z.real, z.imag)])
+        res = c.call("task.run", {"op": "fft", "device": "cuda:0",
+                                  "inputs": [{"dtype": "c64", "shape": [N], "data": data}]})
+        got = unf32(res["outputs"][0]["data"])
+        got = [complex(got[2 * i], got[2 * i + 1]) for i in range(N)]
+        ref = [sum(X[t] * cmath.exp(-2j * math.pi * f * t / N) for t in range(N)) for f in range(N)]
+        close([abs(g - w) for g, w in zip(got, ref)], [0.0] * N, "fft", tol=1e-3)
+
+        # Buffers on the GPU, pipelined writes and a task that reads them.
+        ba = c.call("buffer.create", {"device": "cuda:0", "size": 4 * m * k})["buffer"]
+        bb = c.call("buffer.create", {"device": "cuda:0", "size": 4 * k * n})["buffer"]
+        bc = c.call("buffer.create", {"device": "cuda:0", "size": 4 * m * n})["buffer"]
+        w1 = c.send("buffer.write", {"buffer": ba, "data": f32(A)})
+        w2 = c.send("buffer.write", {"buffer": bb, "data": f32(B)})
+        t = c.send("task.run", {"op": "gemm", "inputs": [
+            {"buffer": ba, "dtype": "f32", "shape": [m, k]},
+            {"buffer": bb, "dtype": "f32", "shape": [k, n]}], "outputs": [{"buffer": bc}]})
+        c.wait(w1)
+        c.wait(w2)
+        check(c.wait(t)["device"] == "cuda:0", "buffers pin cuda:0")
+        close(unf32(c.call("buffer.read", {"buffer": bc})["data"]), gemm_ref(A, B, m, k, n),
+              "gemm in GPU buffers")
+
+        # Many in flight, answered by msgid.
+        ids_ = {}
+        for i in range(50):
+            v = [rng.uniform(-2, 2) for _ in range(100)]
+            ids_[c.send("task.run", {"op": "reduce", "device": "cuda:0",
+                                     "inputs": [tensor(v, [100])], "options": {"fn": "sum"}})] = v
+        for mid, v in ids_.items():
+            close(unf32(c.wait(mid)["outputs"][0]["data"]), [sum(v)], "pipelined reduce", 1e-4)
+
+        # Fairness and cancel on the GPU: client 1 floods big gemms.
+        S = 4096
+        big = c.call("buffer.create", {"device": "cuda:0", "size": 4 * S * S})["buffer"]
+        out = c.call("buffer.create", {"device": "cuda:0", "size": 4 * S * S})["buffer"]
+        c.call("buffer.write", {"buffer": big, "data": f32([1.0 / S]) * (S * S)})
+        ref = {"buffer": big, "dtype": "f32", "shape": [S, S]}
+        flood = [c.send("task.run", {"op": "gemm", "inputs": [ref, ref],
+                                     "outputs": [{"buffer": out}]}) for _ in range(200)]
+        c.wait(flood[0])
+        check(c.call("task.cancel", {"msgid": flood[-1]}) == {"canceled": True}, "cancel queued")
+        c2 = Client(sock)
+        mine = c2.call("task.run", {"op": "map", "device": "cuda:0", "inputs": [tensor(x, [1000])],
+                                    "options": {"fn": "scale", "alpha": 2.0}})
+        close(unf32(mine["outputs"][0]["data"]), [2 * v for v in x], "client 2")
+        pending = [f for f in flood if f not in c.responses]
+        print("client 2 done with %d of client 1's 200 gemms still pending" % len(pending))
+        check(len(pending) > 50, "fair on the GPU")
+        try:
+            c.wait(flood[-1])
+            check(False, "canceled task answered")
+        except RpcError as e:
+            check(e.name == "ECANCELED", "ECANCELED, got %s" % e.name)
+        # Client 1 vanishes with its queue full; the daemon keeps serving.
+        c.sock.close()
+        deadline = time.monotonic() + TIMEOUT
+        while True:
+            st = c2.call("status")
+            cu = [d for d in st["devices"] if d["id"] == "cuda:0"][0]
+            if len(st["clients"]) == 1 and cu["queued"] == 0 and cu["running"] == 0:
+                break
+            check(time.monotonic() < deadline, "disconnect cleaned up")
+        print("cuda:0 status:", cu)
+        if "vulkan:0" in ids:
+            res = c2.call("task.run", {"op": "map", "device": "vulkan:0",
+                                       "inputs": [tensor(x, [1000])], "options": {"fn": "abs"}})
+            close(unf32(res["outputs"][0]["data"]), [abs(v) for v in x], "vulkan map")
+        c2.sock.close()
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(TIMEOUT)
+        log.seek(0)
+        text = log.read()
+        check(rc == 0, "exit 0 after SIGTERM, got %d" % rc)
+        check("cuda:0: device closed" in text or "device closed" not in text, "cuda closed")
+        check(not os.path.exists(sock), "socket removed")
+        print("ok gpu_smoke")
+    except BaseException:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        log.seek(0)
+        sys.stderr.write(log.read()[-6000:])
+        raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
