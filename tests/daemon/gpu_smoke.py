@@ -104,14 +104,21 @@ def close(got, want, what, tol=1e-4):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--dspkd", required=True)
+    ap.add_argument("--device", default="cuda:0",
+                    help="device under test (cpu:0 checks this script without a GPU)")
+    ap.add_argument("--backends", default=None)
     a = ap.parse_args()
+    dev = a.device
     rng = random.Random(11)
     tmp = tempfile.mkdtemp(prefix="dspkd-gpu-", dir="/tmp")
     sock = os.path.join(tmp, "d.sock")
     log = open(os.path.join(tmp, "dspkd.log"), "w+")
     r, w = os.pipe()
-    proc = subprocess.Popen([a.dspkd, "--foreground", "--socket", sock, "--ready-fd", str(w),
-                             "--cache", os.path.join(tmp, "cache.db")], pass_fds=[w], stderr=log)
+    args = [a.dspkd, "--foreground", "--socket", sock, "--ready-fd", str(w),
+            "--cache", os.path.join(tmp, "cache.db"), "--log-level", "debug"]
+    if a.backends:
+        args += ["--backends", a.backends]
+    proc = subprocess.Popen(args, pass_fds=[w], stderr=log)
     os.close(w)
     try:
         ready, _, _ = select.select([r], [], [], TIMEOUT)
@@ -121,8 +128,8 @@ def main():
         devs = c.call("devices", {"all": True})
         ids = [d["id"] for d in devs["devices"]]
         print("devices:", ids, "unavailable:", devs["unavailable"])
-        if "cuda:0" not in ids:
-            print("skip: no cuda device")
+        if dev not in ids:
+            print("skip: no %s device" % dev)
             c.sock.close()
             proc.send_signal(signal.SIGTERM)
             check(proc.wait(TIMEOUT) == 0, "exit 0")
@@ -133,20 +140,20 @@ def main():
         res = c.call("task.run", {"op": "map", "device": "any", "inputs": [tensor(x, [1000])],
                                   "options": {"fn": "abs"}})
         print("first result %.1f ms after READY" % ((time.monotonic() - t_ready) * 1e3))
-        check(res["device"] == "cuda:0", "any -> cuda:0, got %s" % res["device"])
+        check(res["device"] == dev, "any -> %s, got %s" % (dev, res["device"]))
         close(unf32(res["outputs"][0]["data"]), [abs(v) for v in x], "map abs")
 
         m, k, n = 33, 27, 19
         A = [rng.uniform(-1, 1) for _ in range(m * k)]
         B = [rng.uniform(-1, 1) for _ in range(k * n)]
         res = c.call("task.run", {"op": "gemm", "inputs": [tensor(A, [m, k]), tensor(B, [k, n])]})
-        check(res["device"] == "cuda:0", "gemm on any ran on cuda:0")
+        check(res["device"] == dev, "gemm on any ran on %s" % dev)
         close(unf32(res["outputs"][0]["data"]), gemm_ref(A, B, m, k, n), "gemm")
 
         N = 64
         X = [complex(rng.uniform(-1, 1), rng.uniform(-1, 1)) for _ in range(N)]
         data = struct.pack("<%df" % (2 * N), *[v for z in X for v in (z.real, z.imag)])
-        res = c.call("task.run", {"op": "fft", "device": "cuda:0",
+        res = c.call("task.run", {"op": "fft", "device": dev,
                                   "inputs": [{"dtype": "c64", "shape": [N], "data": data}]})
         got = unf32(res["outputs"][0]["data"])
         got = [complex(got[2 * i], got[2 * i + 1]) for i in range(N)]
@@ -154,9 +161,9 @@ def main():
         close([abs(g - w) for g, w in zip(got, ref)], [0.0] * N, "fft", tol=1e-3)
 
         # Buffers on the GPU, pipelined writes and a task that reads them.
-        ba = c.call("buffer.create", {"device": "cuda:0", "size": 4 * m * k})["buffer"]
-        bb = c.call("buffer.create", {"device": "cuda:0", "size": 4 * k * n})["buffer"]
-        bc = c.call("buffer.create", {"device": "cuda:0", "size": 4 * m * n})["buffer"]
+        ba = c.call("buffer.create", {"device": dev, "size": 4 * m * k})["buffer"]
+        bb = c.call("buffer.create", {"device": dev, "size": 4 * k * n})["buffer"]
+        bc = c.call("buffer.create", {"device": dev, "size": 4 * m * n})["buffer"]
         w1 = c.send("buffer.write", {"buffer": ba, "data": f32(A)})
         w2 = c.send("buffer.write", {"buffer": bb, "data": f32(B)})
         t = c.send("task.run", {"op": "gemm", "inputs": [
@@ -164,7 +171,7 @@ def main():
             {"buffer": bb, "dtype": "f32", "shape": [k, n]}], "outputs": [{"buffer": bc}]})
         c.wait(w1)
         c.wait(w2)
-        check(c.wait(t)["device"] == "cuda:0", "buffers pin cuda:0")
+        check(c.wait(t)["device"] == dev, "buffers pin %s" % dev)
         close(unf32(c.call("buffer.read", {"buffer": bc})["data"]), gemm_ref(A, B, m, k, n),
               "gemm in GPU buffers")
 
@@ -172,15 +179,15 @@ def main():
         ids_ = {}
         for i in range(50):
             v = [rng.uniform(-2, 2) for _ in range(100)]
-            ids_[c.send("task.run", {"op": "reduce", "device": "cuda:0",
+            ids_[c.send("task.run", {"op": "reduce", "device": dev,
                                      "inputs": [tensor(v, [100])], "options": {"fn": "sum"}})] = v
         for mid, v in ids_.items():
             close(unf32(c.wait(mid)["outputs"][0]["data"]), [sum(v)], "pipelined reduce", 1e-4)
 
         # Fairness and cancel on the GPU: client 1 floods big gemms.
-        S = 4096
-        big = c.call("buffer.create", {"device": "cuda:0", "size": 4 * S * S})["buffer"]
-        out = c.call("buffer.create", {"device": "cuda:0", "size": 4 * S * S})["buffer"]
+        S = 4096 if dev.startswith("cuda") else 256
+        big = c.call("buffer.create", {"device": dev, "size": 4 * S * S})["buffer"]
+        out = c.call("buffer.create", {"device": dev, "size": 4 * S * S})["buffer"]
         c.call("buffer.write", {"buffer": big, "data": f32([1.0 / S]) * (S * S)})
         ref = {"buffer": big, "dtype": "f32", "shape": [S, S]}
         flood = [c.send("task.run", {"op": "gemm", "inputs": [ref, ref],
@@ -188,7 +195,7 @@ def main():
         c.wait(flood[0])
         check(c.call("task.cancel", {"msgid": flood[-1]}) == {"canceled": True}, "cancel queued")
         c2 = Client(sock)
-        mine = c2.call("task.run", {"op": "map", "device": "cuda:0", "inputs": [tensor(x, [1000])],
+        mine = c2.call("task.run", {"op": "map", "device": dev, "inputs": [tensor(x, [1000])],
                                     "options": {"fn": "scale", "alpha": 2.0}})
         close(unf32(mine["outputs"][0]["data"]), [2 * v for v in x], "client 2")
         pending = [f for f in flood if f not in c.responses]
@@ -204,11 +211,11 @@ def main():
         deadline = time.monotonic() + TIMEOUT
         while True:
             st = c2.call("status")
-            cu = [d for d in st["devices"] if d["id"] == "cuda:0"][0]
+            cu = [d for d in st["devices"] if d["id"] == dev][0]
             if len(st["clients"]) == 1 and cu["queued"] == 0 and cu["running"] == 0:
                 break
             check(time.monotonic() < deadline, "disconnect cleaned up")
-        print("cuda:0 status:", cu)
+        print(dev, "status:", cu)
         if "vulkan:0" in ids:
             res = c2.call("task.run", {"op": "map", "device": "vulkan:0",
                                        "inputs": [tensor(x, [1000])], "options": {"fn": "abs"}})
@@ -219,7 +226,7 @@ def main():
         log.seek(0)
         text = log.read()
         check(rc == 0, "exit 0 after SIGTERM, got %d" % rc)
-        check("cuda:0: device closed" in text or "device closed" not in text, "cuda closed")
+        check("%s: device closed" % dev in text, "%s closed at the stop" % dev)
         check(not os.path.exists(sock), "socket removed")
         print("ok gpu_smoke")
     except BaseException:
