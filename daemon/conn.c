@@ -633,6 +633,36 @@ static void on_grace(uv_timer_t *t) {
   }
 }
 
+/* At the stop: answers each complete request already read but not yet
+ * started (held back by the in-flight or unsent bounds) with ESHUTDOWN, so
+ * no request the daemon took in goes unanswered.  Bytes still in the
+ * kernel's socket buffer were never taken in; the close tells of those. */
+static void conn_refuse_buffered(struct conn *c) {
+  const struct dspk__limits *lim = &c->d->cfg.lim;
+  struct rchunk *k = c->rb;
+  char msg[256];
+
+  while (!c->closing && k && k->start < k->end) {
+    ssize_t n = dspk__frame_scan(k->data + k->start, k->end - k->start, lim, msg,
+                                 sizeof msg);
+    msgpack_object root;
+    struct dspk__msg m;
+    uint32_t msgid = 0;
+    bool has_msgid = false;
+    size_t off = 0;
+
+    if (n <= 0)
+      break;
+    if (msgpack_unpack(k->data + k->start, (size_t)n, &off, &c->d->zone, &root) ==
+            MSGPACK_UNPACK_SUCCESS &&
+        dspk__msg_parse(&root, &m, &msgid, &has_msgid, msg, sizeof msg) == 0 &&
+        m.type == DSPK__REQUEST)
+      conn_send_error(c, m.msgid, DSPK_ESHUTDOWN, "the daemon is stopping");
+    msgpack_zone_clear(&c->d->zone);
+    k->start += (size_t)n;
+  }
+}
+
 void dspkd_stop(struct dspkd *d) {
   if (d->stopping)
     return;
@@ -646,8 +676,10 @@ void dspkd_stop(struct dspkd *d) {
     if (!d->activated && unlink(d->cfg.socket_path) != 0 && errno != ENOENT)
       dspkd_warn("cannot remove %s: %s", d->cfg.socket_path, strerror(errno));
   }
-  for (struct conn *c = d->conns; c; c = c->next)
+  for (struct conn *c = d->conns; c; c = c->next) {
+    conn_refuse_buffered(c);
     conn_update_read(c);
+  }
   dspkd_drop_queued(d, NULL, DSPK_ESHUTDOWN);
   uv_timer_start(&d->grace_timer, on_grace, d->cfg.shutdown_timeout_ms, 0);
   dspkd_stop_progress(d);

@@ -569,6 +569,47 @@ def t_sigterm(exe, tmp):
     check("stopped" in d.logtext(), "logged the stop")
 
 
+def t_stopheld(exe, tmp):
+    """Requests read but held back (the in-flight bound) when SIGTERM comes
+    are answered with ESHUTDOWN; the running task still gets its answer."""
+    d = Daemon(exe, tmp, extra=("--max-inflight", "1"))
+    n = 512
+    A = np.random.default_rng(3).standard_normal((16, n, n)).astype(np.float32)
+    c = d.client()
+    a = c.call("buffer.create", {"size": A.nbytes})["buffer"]
+    o = c.call("buffer.create", {"size": A.nbytes})["buffer"]
+    c.call("buffer.write", {"buffer": a, "data": A.tobytes()})
+    ref = {"buffer": a, "dtype": "f32", "shape": [16, n, n]}
+    task = {"op": "gemm", "device": "cpu:0", "inputs": [ref, ref], "outputs": [{"buffer": o}]}
+    # One write: the task and five pings reach the daemon in one read; the
+    # pings wait behind the task (max-inflight 1).
+    frames = [[0, 900, "task.run", [task]]] + [[0, 901 + i, "ping", []] for i in range(5)]
+    c.sock.sendall(b"".join(msgpack.packb(f, use_bin_type=True) for f in frames))
+    # The task is running once status shows the connection's request in flight.
+    other = d.client()
+    for _ in range(1000):
+        st = other.call("status")
+        if any(cl.get("inflight") == 1 for cl in st["clients"]):
+            break
+    else:
+        raise AssertionError("the task never showed as in flight")
+    other.close()
+    d.proc.send_signal(signal.SIGTERM)
+    for i in range(5):
+        try:
+            c.wait(901 + i)
+            raise AssertionError("held ping %d was answered, not refused" % i)
+        except RpcError as e:
+            check(e.name == "ESHUTDOWN", "held request refused with ESHUTDOWN, got %s" % e.name)
+    try:
+        c.wait(900)
+    except RpcError as e:
+        check(e.name == "ECANCELED", "running task answered or canceled, got %s" % e.name)
+    c.expect_closed()
+    rc = d.proc.wait(TIMEOUT)
+    check(rc == 0, "exit 0 after SIGTERM, got %d:\n%s" % (rc, d.logtext()))
+
+
 def t_socket(exe, tmp):
     path = os.path.join(tmp, "stale.sock")
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -757,6 +798,7 @@ GROUPS = {
     "fairness": t_fairness,
     "disconnect": t_disconnect,
     "sigterm": t_sigterm,
+    "stopheld": t_stopheld,
     "socket": t_socket,
     "backpressure": t_backpressure,
     "progress": t_progress,
