@@ -12,13 +12,15 @@
 # race it guards against is the NVIDIA driver's (../repro/vk-exit-race).
 #
 #   scripts/vk-exit-test.sh [-n RUNS] [-m term|atexit|fatal|all] [-b BUILD_DIR]
-#                           [-d DEVICE] [-o LOG_DIR]
+#                           [-d DEVICE] [-o LOG_DIR] [-t SECONDS] [-v]
+# -t stops starting new runs of a mode after SECONDS (the summary then says
+# how many ran); -v prints one line per run.
 set -uo pipefail
-runs=100 mode=term build=build dev=vulkan:0 logs=
-while getopts "n:m:b:d:o:" o; do
+runs=100 mode=term build=build dev=vulkan:0 logs= budget=0 verbose=0
+while getopts "n:m:b:d:o:t:v" o; do
   case $o in
     n) runs=$OPTARG ;; m) mode=$OPTARG ;; b) build=$OPTARG ;; d) dev=$OPTARG ;;
-    o) logs=$OPTARG ;; *) exit 2 ;;
+    o) logs=$OPTARG ;; t) budget=$OPTARG ;; v) verbose=1 ;; *) exit 2 ;;
   esac
 done
 dspkd=$build/daemon/dspkd
@@ -50,8 +52,10 @@ GLSL
 total_fail=0
 for m in $modes; do
   case $m in term) want=0 ;; atexit) want=3 ;; fatal) want=1 ;; *) echo "bad mode $m" >&2; exit 2 ;; esac
-  ok=0 aborts=0 hangs=0 other=0 notready=0
+  ok=0 aborts=0 hangs=0 other=0 notready=0 done_runs=0 start=$SECONDS
   for run in $(seq 1 "$runs"); do
+    if [ "$budget" -gt 0 ] && [ $((SECONDS - start)) -ge "$budget" ]; then break; fi
+    t0=$(date +%s.%N)
     rm -f "$tmp/stop" "$tmp/s.sock"
     log="$tmp/dspkd.log"
     if [ "$m" = term ]; then
@@ -94,12 +98,14 @@ for m in $modes; do
     elif [ "$st" != hang ]; then
       other=$((other + 1))
     fi
+    done_runs=$((done_runs + 1))
+    [ "$verbose" = 1 ] && echo "  $m run $run: status $st ($(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.2f", b - a }') s)"
     if [ -n "$logs" ] && [ "$st" != "$want" ]; then
       cp "$log" "$logs/dspkd.$m.$run.status-$st.log"
     fi
     [ -n "$logs" ] && [ "$run" = 1 ] && cp "$log" "$logs/dspkd.$m.first.log"
   done
-  echo "vk-exit-test mode=$m device=$dev: $ok/$runs exited $want; aborts=$aborts hangs=$hangs other=$other not_ready=$notready"
-  [ "$ok" = "$runs" ] || total_fail=1
+  echo "vk-exit-test mode=$m device=$dev: $ok/$done_runs exited $want; aborts=$aborts hangs=$hangs other=$other not_ready=$notready"
+  [ "$ok" = "$done_runs" ] || total_fail=1
 done
 exit $total_fail
