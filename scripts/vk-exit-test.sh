@@ -7,8 +7,10 @@
 #   atexit  exit(3) called from the loop (DSPKD_TEST_EXIT=atexit, SIGHUP):
 #           must exit 3 (the exit handler closes the devices in order)
 #   fatal   a fatal error path (DSPKD_TEST_EXIT=fatal, SIGHUP): must exit 1
-# Any other status (134 = abort, 139 = segfault) or a daemon still alive 30 s
-# later (a hang) is a failure.  On lavapipe nothing crashes either way: the
+# Any other status (134 = abort, 139 = segfault), a daemon still alive 30 s
+# later (a hang), or a run in which no kernel completed before the stop (the
+# daemon was not working: nothing was tested) is a failure.  dspk-submit
+# must be runnable (libdspkclient.so beside it or on LD_LIBRARY_PATH).  On lavapipe nothing crashes either way: the
 # race it guards against is the NVIDIA driver's (../repro/vk-exit-race).
 #
 #   scripts/vk-exit-test.sh [-n RUNS] [-m term|atexit|fatal|all] [-b BUILD_DIR]
@@ -44,7 +46,7 @@ layout(std430, binding = 0) buffer X { float x[]; };
 void main() { uint i = gl_GlobalInvocationID.x; x[i] = x[i] * float($run) + float($id * 100000 + $i); }
 GLSL
     "$submit" -S "$tmp/s.sock" kernel "$f" --lang glsl --entry main --grid 1 --block 64 \
-      --device "$dev" zeros:f32:64 >/dev/null 2>&1 || true
+      --device "$dev" zeros:f32:64 >/dev/null 2>&1 && echo >> "$tmp/done.$id"
     rm -f "$f"
   done
 }
@@ -56,7 +58,7 @@ for m in $modes; do
   for run in $(seq 1 "$runs"); do
     if [ "$budget" -gt 0 ] && [ $((SECONDS - start)) -ge "$budget" ]; then break; fi
     t0=$(date +%s.%N)
-    rm -f "$tmp/stop" "$tmp/s.sock"
+    rm -f "$tmp/stop" "$tmp/s.sock" "$tmp"/done.*
     log="$tmp/dspkd.log"
     if [ "$m" = term ]; then
       "$dspkd" --socket "$tmp/s.sock" --backends vulkan --foreground --config "" >"$log" 2>&1 &
@@ -91,7 +93,8 @@ for m in $modes; do
     fi
     touch "$tmp/stop"
     wait "${cpids[@]}" 2>/dev/null
-    if [ "$st" = "$want" ]; then
+    kdone=$(cat "$tmp"/done.* 2>/dev/null | wc -l)
+    if [ "$st" = "$want" ] && [ "$kdone" -gt 0 ]; then
       ok=$((ok + 1))
     elif [ "$st" = 134 ] || [ "$st" = 139 ] || [ "$st" = 136 ]; then
       aborts=$((aborts + 1))
@@ -99,7 +102,7 @@ for m in $modes; do
       other=$((other + 1))
     fi
     done_runs=$((done_runs + 1))
-    [ "$verbose" = 1 ] && echo "  $m run $run: status $st ($(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.2f", b - a }') s)"
+    [ "$verbose" = 1 ] && echo "  $m run $run: status $st, $kdone kernels done ($(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.2f", b - a }') s)"
     if [ -n "$logs" ] && [ "$st" != "$want" ]; then
       cp "$log" "$logs/dspkd.$m.$run.status-$st.log"
     fi
