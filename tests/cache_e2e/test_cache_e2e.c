@@ -15,6 +15,10 @@
  *   clear_root       cache.clear by this user (root or the daemon's own
  *                    user) through the library and the CLI; cache stats
  *                    --json is valid JSON
+ *   locations        --no-cache (ENOENT), $XDG_CACHE_HOME/dspk/cache.db by
+ *                    default, $CACHE_DIRECTORY/cache.db under systemd, an
+ *                    unusable path (in memory, one warning in the log),
+ *                    --cache-max-bytes
  *   other_uid        (run with the argument "other-uid"; root only, else
  *                    exit 77 = skipped) uid 65534 gets EPERM from
  *                    dspk-submit cache clear: exit 1, one clear line
@@ -68,16 +72,20 @@ struct daemon {
   char sock[128];
 };
 
-/* Starts dspkd (cpu only) on tmpdir/<sockname> with the cache file
- * tmpdir/<cachename>, and waits for its READY line. */
-static void daemon_start(struct daemon *d, const char *sockname, const char *cachename) {
-  char cache[128], log[128], fdarg[16], buf[16] = "";
-  int p[2];
+/* Starts dspkd (cpu only) on tmpdir/<sockname> with the cache arguments
+ * cache_args (NULL-terminated, e.g. {"--cache", path, NULL}) and the
+ * environment changes env ("NAME=value", "NAME" to unset; NULL-terminated),
+ * and waits for its READY line.  Its stderr goes to tmpdir/<sockname>.log. */
+static void daemon_start_ex(struct daemon *d, const char *sockname,
+                            const char *const *cache_args, const char *const *env) {
+  char log[128], fdarg[16], buf[16] = "";
+  const char *argv[32];
+  int p[2], n = 0;
   size_t got = 0;
 
   path_in_tmp(d->sock, sizeof d->sock, sockname);
-  path_in_tmp(cache, sizeof cache, cachename);
   snprintf(log, sizeof log, "%s/%s.log", tmpdir, sockname);
+  unlink(log);
   assert_int_equal(pipe(p), 0);
   d->pid = fork();
   assert_true(d->pid >= 0);
@@ -87,9 +95,27 @@ static void daemon_start(struct daemon *d, const char *sockname, const char *cac
       dup2(fd, STDERR_FILENO);
     close(p[0]);
     snprintf(fdarg, sizeof fdarg, "%d", p[1]);
-    execl(dspkd_path, dspkd_path, "--socket", d->sock, "--foreground", "--backends", "cpu",
-          "--config", "", "--log-level", "info", "--ready-fd", fdarg, "--cache", cache,
-          (char *)NULL);
+    for (int i = 0; env && env[i]; i++) {
+      const char *eq = strchr(env[i], '=');
+      if (eq) {
+        char name[64];
+        snprintf(name, sizeof name, "%.*s", (int)(eq - env[i]), env[i]);
+        setenv(name, eq + 1, 1);
+      } else {
+        unsetenv(env[i]);
+      }
+    }
+    {
+      const char *fixed[] = {dspkd_path, "--socket", d->sock, "--foreground", "--backends",
+                             "cpu", "--config", "", "--log-level", "info", "--ready-fd",
+                             fdarg};
+      for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++)
+        argv[n++] = fixed[i];
+    }
+    for (int i = 0; cache_args && cache_args[i] && n < 31; i++)
+      argv[n++] = cache_args[i];
+    argv[n] = NULL;
+    execv(dspkd_path, (char *const *)argv);
     _exit(127);
   }
   close(p[1]);
@@ -109,6 +135,37 @@ static void daemon_start(struct daemon *d, const char *sockname, const char *cac
   buf[got] = '\0';
   if (strcmp(buf, "READY\n") != 0)
     fail_msg("dspkd did not become ready (got \"%s\"); see %s", buf, log);
+}
+
+/* daemon_start_ex with --cache tmpdir/<cachename>. */
+static void daemon_start(struct daemon *d, const char *sockname, const char *cachename) {
+  char cache[128];
+  const char *args[] = {"--cache", cache, NULL};
+  path_in_tmp(cache, sizeof cache, cachename);
+  daemon_start_ex(d, sockname, args, NULL);
+}
+
+/* The daemon's log so far (NUL-terminated, static). */
+static const char *daemon_log(const struct daemon *d) {
+  static char text[16384];
+  char log[160];
+  size_t k = 0;
+  FILE *f;
+  snprintf(log, sizeof log, "%s.log", d->sock);
+  f = fopen(log, "r");
+  if (f) {
+    k = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+  }
+  text[k] = '\0';
+  return text;
+}
+
+static int count_of(const char *hay, const char *needle) {
+  int n = 0;
+  for (const char *p = hay; (p = strstr(p, needle)); p += strlen(needle))
+    n++;
+  return n;
 }
 
 /* SIGTERM, and the daemon must exit 0. */
@@ -144,6 +201,20 @@ static uint64_t json_field(const char *json, const char *kind, const char *field
   if (!p || p > end)
     fail_msg("no %s.%s in %s", kind, field, json);
   return strtoull(p + strlen(key), NULL, 10);
+}
+
+/* Copies the top-level string "key":"..." of a JSON text into out. */
+static void json_str(const char *json, const char *key, char *out, size_t len) {
+  char k[64];
+  const char *p, *e;
+  snprintf(k, sizeof k, "\"%s\":\"", key);
+  p = strstr(json, k);
+  if (!p)
+    fail_msg("no %s in %s", key, json);
+  p += strlen(k);
+  e = strchr(p, '"');
+  assert_non_null(e);
+  snprintf(out, len, "%.*s", (int)(e - p), p);
 }
 
 static char *stats_json(dspk_client *c) {
@@ -519,6 +590,92 @@ static void test_clear_root(void **state) {
   daemon_stop(&d);
 }
 
+/* Where the cache lives: --no-cache, the XDG default, systemd's
+ * CACHE_DIRECTORY, an unusable location (in memory, one warning), and the
+ * size bound. */
+static void test_locations(void **state) {
+  struct daemon d;
+  dspk_client *c;
+  char *json = NULL, path[256], want[256], out[1024], err[1024];
+  struct stat st;
+  int rc;
+  (void)state;
+
+  { /* --no-cache: both methods say ENOENT, the CLI fails with one line. */
+    const char *args[] = {"--no-cache", NULL};
+    daemon_start_ex(&d, "n.sock", args, NULL);
+    c = connect_to(&d);
+    assert_int_equal(dspk_call_json(c, "cache.stats", &json), DSPK_ENOENT);
+    assert_non_null(strstr(dspk_last_error(c), "without a cache"));
+    assert_int_equal(dspk_cache_clear(c, 0, NULL), DSPK_ENOENT);
+    rc = run_cli(d.sock, -1, out, sizeof out, err, sizeof err, "cache", "stats", (char *)NULL);
+    assert_int_equal(rc, 1);
+    assert_non_null(strstr(err, "ENOENT"));
+    fft_check(c, 9); /* and tasks run */
+    dspk_close(c);
+    daemon_stop(&d);
+  }
+  { /* No flag: $XDG_CACHE_HOME/dspk/cache.db (created). */
+    char xdg[160], env0[200];
+    const char *env[] = {env0, "CACHE_DIRECTORY", NULL};
+    path_in_tmp(xdg, sizeof xdg, "xdg");
+    snprintf(env0, sizeof env0, "XDG_CACHE_HOME=%s", xdg);
+    daemon_start_ex(&d, "x.sock", NULL, env);
+    c = connect_to(&d);
+    json = stats_json(c);
+    json_str(json, "path", path, sizeof path);
+    snprintf(want, sizeof want, "%s/dspk/cache.db", xdg);
+    assert_string_equal(path, want);
+    assert_non_null(strstr(json, "\"in_memory\":false"));
+    assert_int_equal(stat(want, &st), 0);
+    dspk_free(json);
+    dspk_close(c);
+    daemon_stop(&d);
+  }
+  { /* Under systemd: $CACHE_DIRECTORY/cache.db wins over XDG. */
+    char sd[160], env0[200], env1[200];
+    const char *env[] = {env0, env1, NULL};
+    path_in_tmp(sd, sizeof sd, "sd");
+    assert_int_equal(mkdir(sd, 0750), 0);
+    snprintf(env0, sizeof env0, "CACHE_DIRECTORY=%s", sd);
+    snprintf(env1, sizeof env1, "XDG_CACHE_HOME=%s/xdg-unused", tmpdir);
+    daemon_start_ex(&d, "s.sock", NULL, env);
+    c = connect_to(&d);
+    json = stats_json(c);
+    json_str(json, "path", path, sizeof path);
+    snprintf(want, sizeof want, "%s/cache.db", sd);
+    assert_string_equal(path, want);
+    dspk_free(json);
+    dspk_close(c);
+    daemon_stop(&d);
+  }
+  { /* Unusable (its "directory" is a regular file, so even root cannot
+     * create it): in-memory cache, exactly one warning, tuned tasks run. */
+    char file[160], bad[200];
+    const char *args[] = {"--cache", bad, "--cache-max-bytes", "65536", NULL};
+    FILE *f;
+    path_in_tmp(file, sizeof file, "notadir");
+    f = fopen(file, "w");
+    assert_non_null(f);
+    fclose(f);
+    snprintf(bad, sizeof bad, "%s/cache.db", file);
+    daemon_start_ex(&d, "u.sock", args, NULL);
+    c = connect_to(&d);
+    json = stats_json(c);
+    json_str(json, "path", path, sizeof path);
+    assert_string_equal(path, ":memory:");
+    assert_non_null(strstr(json, "\"in_memory\":true"));
+    assert_non_null(strstr(json, "\"max_bytes\":65536"));
+    dspk_free(json);
+    fir_check(c, 1 << 14, 64, 10);
+    assert_true(stat_of(c, "autotune", "entries") >= 1);
+    dspk_close(c);
+    daemon_stop(&d);
+    if (count_of(daemon_log(&d), "warn: cache:") != 1)
+      fail_msg("want one cache warning in the log:\n%s", daemon_log(&d));
+  }
+}
+
 /* As uid 65534: cache.clear is refused with one clear line, stats works,
  * nothing was cleared. */
 static void test_other_uid(void **state) {
@@ -588,6 +745,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_progress),
       cmocka_unit_test(test_two_daemons),
       cmocka_unit_test(test_clear_root),
+      cmocka_unit_test(test_locations),
   };
   const struct CMUnitTest other[] = {
       cmocka_unit_test(test_other_uid),
