@@ -69,12 +69,12 @@ static int cpu_probe(struct dspk__devinfo *info, int max, char *why,
     return 1;
   struct dspk__devinfo d;
   memset(&d, 0, sizeof d);
-  char model[96];
+  char model[96]; /* name[128] fits "cpu (" + 80 of it + ", N threads)" */
   cpu_model(model, sizeof model);
   long threads = sysconf(_SC_NPROCESSORS_ONLN);
   if (threads < 1)
     threads = 1;
-  snprintf(d.name, sizeof d.name, "cpu (%s, %ld thread%s)",
+  snprintf(d.name, sizeof d.name, "cpu (%.80s, %ld thread%s)",
            model[0] ? model : "unknown model", threads, threads == 1 ? "" : "s");
   snprintf(d.type, sizeof d.type, "cpu");
   struct utsname u;

@@ -174,9 +174,9 @@ static int cuda_probe(struct dspk__devinfo *info, int max, char *why,
     snprintf(d->type, sizeof(d->type), "discrete");
     snprintf(d->arch, sizeof(d->arch), "sm_%d%d", maj, min);
     if (kmod[0])
-      snprintf(d->driver, sizeof(d->driver), "%s (CUDA %s)", kmod, g.driver_ver);
+      snprintf(d->driver, sizeof(d->driver), "%.24s (CUDA %.24s)", kmod, g.driver_ver);
     else
-      snprintf(d->driver, sizeof(d->driver), "CUDA %s", g.driver_ver);
+      snprintf(d->driver, sizeof(d->driver), "CUDA %.24s", g.driver_ver);
     if (CU.cuDeviceGetUuid(&u, g.dev[i]) == CUDA_SUCCESS) {
       const unsigned char *b = (const unsigned char *)u.bytes;
       snprintf(d->uuid, sizeof(d->uuid),
