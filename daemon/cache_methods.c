@@ -9,7 +9,9 @@
  * thread pool (uv_queue_work), never on the loop thread.  The connection is
  * referenced while the work is out; when it closed meanwhile the answer is
  * dropped.  The loop does not end while a work request is pending, so the
- * cache (closed after the loop) outlives every call.
+ * cache (closed after the loop) outlives every call; only an exit() from
+ * elsewhere (daemon/teardown.c closes the cache in its exit handler) could
+ * race a call in flight, as it races the runners.
  */
 #include <inttypes.h>
 #include <stdio.h>
