@@ -401,9 +401,10 @@ static const struct dspk__retire_ops rt_ops = {
     .record = rt_record, .query = rt_query, .wait = rt_wait, .destroy = NULL,
     .barrier = rt_barrier};
 
-/* Plans start with an int kind: 0 contract (plain memory), 1 fft. */
+/* Plans start with an int kind: 0 contract (plain memory), 1 fft,
+ * 2 Bluestein fft. */
 static void plan_evict(void *ud, void *plan) {
-  if (*(int *)plan == 1)
+  if (*(int *)plan != 0)
     dspk__vk_fft_plan_free(ud, plan);
   else
     free(plan);
@@ -531,8 +532,10 @@ static void vk_close(struct dspk__dev *d) {
     dspk__vk_submit(d);
     VK(DeviceWaitIdle)(d->dev);
   }
-  dspk__retire_fini(&d->retire);
+  /* Plans first: freeing them hands their buffers to the retirement
+   * queue, which is drained next. */
   dspk__plancache_fini(&d->plans);
+  dspk__retire_fini(&d->retire);
   if (d->dev) {
     if (d->fft_fence)
       VK(DestroyFence)(d->dev, d->fft_fence, NULL);

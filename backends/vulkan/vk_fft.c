@@ -5,7 +5,9 @@
  * numpy.fft.rfft.  Complex transforms copy X into the output and transform
  * it in place; real ones read X and write the half spectrum (VkFFT's
  * real transform needs an even n: odd ones go through a complex transform
- * of a widened copy, keeping the first n/2+1 outputs).
+ * of a widened copy, keeping the first n/2+1 outputs).  Lengths with a
+ * prime factor above 13 use our own Bluestein (chirp-z) convolution over
+ * VkFFT power-of-two transforms.
  *
  * A VkFFT plan is made per (n, batch, precision, kind, buffer sizes) and
  * kept in the device's plan cache.  VkFFT compiles its own GLSL at plan
@@ -13,6 +15,7 @@
  * keyed by the device, driver, VkFFT version and plan, so a restarted
  * daemon loads them instead of compiling (counted like other kernels).
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,12 +24,21 @@
 #include "backends/vulkan/vk_vkfft.h"
 #include "cache/cache.h"
 
+static uint64_t max_prime(uint64_t n);
+
 struct fplan {
   int kind; /* 1: an FFT plan (see plan_evict in vk_backend.c) */
   struct dspk__vkfft *f;
 };
 
+struct bplan;
+static void bplan_free(struct dspk__dev *d, struct bplan *p);
+
 void dspk__vk_fft_plan_free(struct dspk__dev *d, void *plan) {
+  if (*(int *)plan == 2) {
+    bplan_free(d, plan);
+    return;
+  }
   struct fplan *p = plan;
   /* A plan may still be in use by submitted work. */
   dspk__vk_submit(d);
@@ -104,6 +116,203 @@ fail:
   return r;
 }
 
+/* ---- Bluestein (chirp-z) for lengths with a prime factor above 13 ------- */
+
+/* X_k = c_k * sum_j (x_j c_j) conj(c_{k-j}), c_j = exp(s i pi j^2 / n): a
+ * convolution of length M (a power of two >= 2n-1) done with VkFFT.  The
+ * plan keeps the chirp c (n values) and the transform of the convolution
+ * kernel b (M values), both made once; the chirp's phases are computed on
+ * the host from j^2 mod 2n in integers, so they are exact for any n. */
+struct bplan {
+  int kind; /* 2: a Bluestein plan */
+  struct dspk__mem *chirp, *bhat;
+  uint64_t n, m;
+};
+
+static void bplan_free(struct dspk__dev *d, struct bplan *p) {
+  dspk__vk_free(d, p->chirp);
+  dspk__vk_free(d, p->bhat);
+  free(p);
+}
+
+static int blue_kernel(struct dspk__dev *d, int dbl, struct dspk__vk_kernel **k,
+                       struct dspk__opctx *ctx) {
+  char src[4096];
+  const char *T = dbl ? "dvec2" : "vec2", *R = dbl ? "double" : "float";
+  snprintf(src, sizeof src,
+           "#version 450\n"
+           "layout(local_size_x = %d) in;\n"
+           "#define T %s\n#define R %s\n"
+           "layout(std430, binding = 0) readonly buffer BX { T x[]; };\n"
+           "layout(std430, binding = 1) readonly buffer BC { T c[]; };\n"
+           "layout(std430, binding = 2) readonly buffer BB { T bh[]; };\n"
+           "layout(std430, binding = 3) buffer BT { T t[]; };\n"
+           "layout(std430, binding = 4) writeonly buffer BO { T o[]; };\n"
+           "layout(push_constant) uniform PC { uint total, n, m, ox, oo, mode; R scale; } pc;\n"
+           "T cmul(T a, T b) { return T(a.x*b.x - a.y*b.y, a.x*b.y + a.y*b.x); }\n"
+           "void main() {\n"
+           "  uint stride = gl_NumWorkGroups.x * %du;\n"
+           "  for (uint i = gl_GlobalInvocationID.x; i < pc.total; i += stride) {\n"
+           "    if (pc.mode == 0u) {\n"
+           "      uint r = i / pc.m, j = i %% pc.m;\n"
+           "      t[i] = j < pc.n ? cmul(x[pc.ox + r * pc.n + j], c[j]) : T(0);\n"
+           "    } else if (pc.mode == 1u) {\n"
+           "      t[i] = cmul(t[i], bh[i %% pc.m]);\n"
+           "    } else {\n"
+           "      uint r = i / pc.n, k = i %% pc.n;\n"
+           "      o[pc.oo + i] = pc.scale * cmul(t[r * pc.m + k], c[k]);\n"
+           "    }\n"
+           "  }\n}\n",
+           DSPK__VK_WG, T, R, DSPK__VK_WG);
+  return dspk__vk_kernel(d, "bluestein", src, NULL, 0, "main", 5, 32, k, ctx);
+}
+
+static int blue_pass(struct dspk__dev *d, struct dspk__vk_kernel *k,
+                     const struct dspk__vk_bind *b, int dbl, uint32_t total, uint32_t n,
+                     uint32_t m, uint32_t ox, uint32_t oo, uint32_t mode, double scale) {
+  struct {
+    uint32_t total, n, m, ox, oo, mode;
+    union { float f; double d; } scale;
+  } pc = {total, n, m, ox, oo, mode, {0}};
+  if (dbl)
+    pc.scale.d = scale;
+  else
+    pc.scale.f = (float)scale;
+  uint32_t g = (total + DSPK__VK_WG - 1) / DSPK__VK_WG;
+  return dspk__vk_dispatch(d, k, b, 5, &pc, 32, g > 65535 ? 65535 : (g ? g : 1), 1, 1);
+}
+
+static int get_bplan(struct dspk__dev *d, uint64_t n, int dbl, int inverse, struct bplan **out,
+                     struct dspk__opctx *ctx) {
+  char key[96];
+  int klen = snprintf(key, sizeof key, "bluestein|n=%llu|d=%d|i=%d", (unsigned long long)n,
+                      dbl, inverse);
+  struct bplan *p = dspk__plancache_get(&d->plans, key, (size_t)klen);
+  if (p) {
+    *out = p;
+    return 0;
+  }
+  uint64_t m = 1;
+  while (m < 2 * n - 1)
+    m <<= 1;
+  size_t es = dbl ? 16 : 8;
+  p = calloc(1, sizeof *p);
+  double *c = malloc(sizeof(double) * 2 * m), *bb = calloc(2 * m, sizeof(double));
+  void *buf = malloc(es * m);
+  int r = DSPK_ENOMEM;
+  if (!p || !c || !bb || !buf)
+    goto fail;
+  p->kind = 2;
+  p->n = n;
+  p->m = m;
+  double s = inverse ? 1.0 : -1.0;
+  for (uint64_t j = 0; j < n; j++) {
+    uint64_t q = (j * j) % (2 * n); /* j < 2^31: no overflow */
+    double ang = s * M_PI * (double)q / (double)n;
+    c[2 * j] = cos(ang);
+    c[2 * j + 1] = sin(ang);
+    bb[2 * j] = c[2 * j];
+    bb[2 * j + 1] = -c[2 * j + 1];
+    if (j) {
+      bb[2 * (m - j)] = c[2 * j];
+      bb[2 * (m - j) + 1] = -c[2 * j + 1];
+    }
+  }
+  if ((r = dspk__vk_alloc(d, es * n, &p->chirp)) || (r = dspk__vk_alloc(d, es * m, &p->bhat)))
+    goto fail;
+  for (int t = 0; t < 2; t++) {
+    const double *v = t ? bb : c;
+    uint64_t cnt = t ? m : n;
+    for (uint64_t i = 0; i < 2 * cnt; i++) {
+      if (dbl)
+        ((double *)buf)[i] = v[i];
+      else
+        ((float *)buf)[i] = (float)v[i];
+    }
+    if ((r = dspk__vk_write(d, t ? p->bhat : p->chirp, 0, buf, es * cnt)))
+      goto fail;
+  }
+  struct dspk__vkfft_desc desc = {.n = m, .batch = 1, .dbl = dbl, .buf = p->bhat->buf,
+                                  .bufsize = p->bhat->bufsize};
+  struct fplan *fp;
+  VkCommandBuffer cb;
+  if ((r = get_plan(d, &desc, &fp, ctx)) || (r = dspk__vk_cmd(d, &cb)))
+    goto fail;
+  if (dspk__vkfft_append(fp->f, cb, 0, p->bhat->buf, p->bhat->off, VK_NULL_HANDLE, 0)) {
+    r = DSPK_EDEVICE;
+    goto fail;
+  }
+  dspk__vk_barrier(d);
+  if ((r = dspk__vk_submit(d)))
+    goto fail;
+  if ((r = dspk__plancache_put(&d->plans, key, (size_t)klen, p)))
+    goto fail;
+  free(c);
+  free(bb);
+  free(buf);
+  *out = p;
+  return 0;
+fail:
+  if (p)
+    bplan_free(d, p);
+  free(c);
+  free(bb);
+  free(buf);
+  return r;
+}
+
+/* dst rows (n complex) = FFT of src rows, any n, through Bluestein. */
+static int bluestein(struct dspk__dev *d, const struct dspk__vk_bind *src, uint32_t soff,
+                     const struct dspk__vk_bind *dst, uint32_t doff, uint64_t n,
+                     uint64_t batch, int dbl, int inverse, struct dspk__opctx *ctx) {
+  struct bplan *p;
+  struct dspk__vk_kernel *k;
+  int r = get_bplan(d, n, dbl, inverse, &p, ctx);
+  if (r || (r = blue_kernel(d, dbl, &k, ctx)))
+    return r;
+  uint64_t m = p->m;
+  if (m * batch > UINT32_MAX / 2)
+    return dspk__vk_fail(ctx, DSPK_ELIMIT, "fft: n=%llu x %llu too large for Bluestein",
+                         (unsigned long long)n, (unsigned long long)batch);
+  size_t es = dbl ? 16 : 8;
+  struct dspk__mem *t;
+  if ((r = dspk__vk_alloc(d, es * m * batch, &t)))
+    return r;
+  struct dspk__vk_bind b[5] = {*src,
+                               {p->chirp->buf, p->chirp->off, es * n},
+                               {p->bhat->buf, p->bhat->off, es * m},
+                               {t->buf, t->off, es * m * batch},
+                               *dst};
+  struct dspk__vkfft_desc desc = {.n = m, .batch = batch, .dbl = dbl, .buf = t->buf,
+                                  .bufsize = t->bufsize};
+  struct fplan *fp;
+  VkCommandBuffer cb;
+  if ((r = blue_pass(d, k, b, dbl, (uint32_t)(m * batch), (uint32_t)n, (uint32_t)m, soff, 0,
+                     0, 1.0)) ||
+      (r = get_plan(d, &desc, &fp, ctx)) || (r = dspk__vk_cmd(d, &cb)))
+    goto out;
+  if ((r = dspk__vkfft_append(fp->f, cb, 0, t->buf, t->off, VK_NULL_HANDLE, 0)))
+    goto vkfft;
+  dspk__vk_barrier(d);
+  if ((r = blue_pass(d, k, b, dbl, (uint32_t)(m * batch), (uint32_t)n, (uint32_t)m, 0, 0, 1,
+                     1.0)) ||
+      (r = dspk__vk_cmd(d, &cb)))
+    goto out;
+  if ((r = dspk__vkfft_append(fp->f, cb, 1, t->buf, t->off, VK_NULL_HANDLE, 0)))
+    goto vkfft;
+  dspk__vk_barrier(d);
+  r = blue_pass(d, k, b, dbl, (uint32_t)(n * batch), (uint32_t)n, (uint32_t)m, 0, doff, 2,
+                inverse ? 1.0 / (double)n : 1.0);
+  goto out;
+vkfft:
+  r = dspk__vk_fail(ctx, DSPK_EDEVICE, "fft: VkFFT could not record (VkFFTResult %d)",
+                    -1000 - r);
+out:
+  dspk__vk_submit(d);
+  dspk__vk_free(d, t);
+  return r;
+}
+
 /* Widens real rows into complex (mode 0: c[i] = (x[i], 0)) or keeps the
  * first m of each complex row of n (mode 1: o[b*m+k] = c[b*n+k]). */
 static int fft_copy(struct dspk__dev *d, int dbl, int mode, const struct dspk__vk_bind *src,
@@ -136,7 +345,8 @@ static int fft_copy(struct dspk__dev *d, int dbl, int mode, const struct dspk__v
   return dspk__vk_dispatch(d, k, b, 2, pc, sizeof pc, g > 65535 ? 65535 : (g ? g : 1), 1, 1);
 }
 
-/* rfft of odd n: widen, complex transform, keep the half spectrum. */
+/* rfft of odd n (or n with a large prime factor): widen, complex
+ * transform, keep the half spectrum. */
 static int rfft_odd(struct dspk__dev *d, const struct dspk__tensor *X,
                     const struct dspk__tensor *O, uint64_t n, uint64_t batch, int dbl,
                     struct dspk__opctx *ctx) {
@@ -152,6 +362,14 @@ static int rfft_odd(struct dspk__dev *d, const struct dspk__tensor *X,
     goto out;
   if ((r = fft_copy(d, dbl, 0, &bx, ex, &bt, 0, (uint32_t)(n * batch), 0, 0, ctx)))
     goto out;
+  if (max_prime(n) > 13) {
+    /* in place through Bluestein: its output pass reads a separate buffer */
+    if ((r = bluestein(d, &bt, 0, &bt, 0, n, batch, dbl, 0, ctx)))
+      goto out;
+    r = fft_copy(d, dbl, 1, &bt, 0, &bo, eo, (uint32_t)((n / 2 + 1) * batch), (uint32_t)n,
+                 (uint32_t)(n / 2 + 1), ctx);
+    goto out;
+  }
   struct dspk__vkfft_desc desc = {.n = n, .batch = batch, .dbl = dbl, .buf = t->buf,
                                   .bufsize = t->bufsize};
   if ((r = get_plan(d, &desc, &p, ctx)))
@@ -195,24 +413,24 @@ int dspk__vk_fft(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *c
   if (total == 0)
     return 0;
   uint64_t batch = total / n;
-  /* VkFFT 1.2.26 handles lengths with large prime factors by Bluestein's
-   * algorithm, whose results were wrong in our tests (lavapipe): refuse
-   * rather than answer wrongly. */
-  if (max_prime(n) > 13)
-    return dspk__vk_fail(ctx, DSPK_ENOTSUP,
-                         "fft: length %llu has the prime factor %llu; the vulkan backend "
-                         "supports lengths whose prime factors are at most 13 (use cpu:0)",
-                         (unsigned long long)n, (unsigned long long)max_prime(n));
+  /* VkFFT 1.2.26's own Bluestein path gave wrong results in our tests
+   * (lavapipe): lengths with a prime factor above 13 use ours. */
+  if (max_prime(n) > 13 && !r2c) {
+    struct dspk__vk_bind bx, bo;
+    uint32_t ex, eo;
+    int r = dspk__vk_bind_tensor(d, X, &bx, &ex);
+    if (r == 0)
+      r = dspk__vk_bind_tensor(d, O, &bo, &eo);
+    if (r)
+      return dspk__vk_fail(ctx, r, "fft: operands cannot be bound");
+    return bluestein(d, &bx, ex, &bo, eo, n, batch, dbl, op->u.fft.inverse, ctx);
+  }
   size_t xes = dspk__dtype_size(X->dtype), oes = dspk__dtype_size(O->dtype);
   VkDeviceSize xoff = X->mem->off + X->offset, ooff = O->mem->off + O->offset;
   if (xoff % xes || ooff % oes)
     return dspk__vk_fail(ctx, DSPK_ENOTSUP,
                          "fft: operands must start at a multiple of their element size");
-  if (r2c && (n % 2 || total > UINT32_MAX / 2))
-    return total > UINT32_MAX / 2
-               ? dspk__vk_fail(ctx, DSPK_ELIMIT, "fft: real input above 2^31 elements")
-               : rfft_odd(d, X, O, n, batch, dbl, ctx);
-  if (r2c && (n % 2 || total > UINT32_MAX / 2))
+  if (r2c && (n % 2 || max_prime(n) > 13 || total > UINT32_MAX / 2))
     return total > UINT32_MAX / 2
                ? dspk__vk_fail(ctx, DSPK_ELIMIT, "fft: real input above 2^31 elements")
                : rfft_odd(d, X, O, n, batch, dbl, ctx);
