@@ -165,6 +165,15 @@ static double run_ref(dspk_client *c, dspk_task *t) {
   return dt;
 }
 
+/* OpenBLAS's worker threads spin for a while after each call; on a small
+ * machine a spinning pool in one process slows the other's gemm.  A pause
+ * (1 s) between the in-process and the daemon's runs lets them park, so each side
+ * is timed alone. */
+static void settle(void) {
+  struct timespec ts = {1, 0};
+  nanosleep(&ts, NULL);
+}
+
 static void row(const char *what, double daemon, double inproc) {
   printf("| %s | %.1f | %.1f | %.3f |\n", what, daemon / 1000.0, inproc / 1000.0,
          inproc / daemon);
@@ -265,10 +274,13 @@ int main(int argc, char **argv) {
   ti.inputs = inl;
   ti.nout_refs = 0;
   for (int r = 0; r < rounds; r++) {
+    settle();
     dg[r] = run_ref(c, &t);
+    settle();
     double t0 = now_us();
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, A, n, B, n, 0.0f, C, n);
     ig[r] = now_us() - t0;
+    settle();
     dgi[r] = run_ref(c, &ti);
   }
 
