@@ -11,7 +11,7 @@
  *      daemon uses with a cache).  Also the inline variant, where the data
  *      travels over the socket with each task.
  *
- * Usage: bench_core PATH/TO/dspkd [rounds]
+ * Usage: bench_core PATH/TO/dspkd [rounds]   (rounds 0: the round trip only)
  * Prints a markdown table of medians and ratios.
  */
 #include <fftw3.h> /* before cblas.h: OpenBLAS's cblas.h includes complex.h */
@@ -232,6 +232,9 @@ int main(int argc, char **argv) {
   kill(epid, SIGTERM);
   waitpid(epid, NULL, 0);
 
+  if (rounds == 0) /* round trip only */
+    goto done;
+
   /* 2. gemm 2048^2 f32. */
   const int64_t n = 2048;
   size_t mbytes = (size_t)(n * n) * sizeof(float);
@@ -345,6 +348,7 @@ int main(int argc, char **argv) {
   fftwf_destroy_plan(p);
   fftwf_free(X);
   fftwf_free(Y);
+done:
   dspk_close(c);
   kill(dpid, SIGTERM);
   int st;
