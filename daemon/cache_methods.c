@@ -22,7 +22,6 @@
 #include "daemon/dspkd.h"
 #include "daemon/log.h"
 
-#ifdef DSPKD_HAVE_CACHE
 #include "cache/cache.h"
 
 struct cwork {
@@ -202,13 +201,3 @@ int dspkd_m_cache_clear(struct req *r) {
   return queue(r, true, mask);
 }
 
-#else /* !DSPKD_HAVE_CACHE */
-
-int dspkd_m_cache_stats(struct req *r) {
-  snprintf(r->msg, sizeof r->msg, "this dspkd was built without the cache");
-  return DSPK_ENOENT;
-}
-
-int dspkd_m_cache_clear(struct req *r) { return dspkd_m_cache_stats(r); }
-
-#endif

@@ -28,9 +28,7 @@
 #include "daemon/log.h"
 #include "daemon/teardown.h"
 
-#ifdef DSPKD_HAVE_CACHE
 #include "cache/cache.h"
-#endif
 
 static void usage(FILE *f) {
   fprintf(f,
@@ -226,7 +224,6 @@ static int detach(void) {
   return p[1];
 }
 
-#ifdef DSPKD_HAVE_CACHE
 /* Opens the persistent cache: cfg.cache_path, else $CACHE_DIRECTORY/cache.db
  * (systemd's CacheDirectory=; the first of a colon list), else the cache's
  * own default ($XDG_CACHE_HOME/dspk/cache.db).  A location that cannot be
@@ -258,7 +255,6 @@ static int open_cache(struct dspkd *d) {
              dspk__cache_in_memory(d->cache) ? " (in memory: nothing persists)" : "");
   return 0;
 }
-#endif
 
 int main(int argc, char **argv) {
   static struct dspkd daemon_state;
@@ -408,13 +404,8 @@ int main(int argc, char **argv) {
   d->sigterm.data = d->sigint.data = d;
   dspkd_lifecycle_start(d); /* SIGTERM during the start: acted on once the loop runs */
 
-#ifdef DSPKD_HAVE_CACHE
   if (!cfg->no_cache && open_cache(d) != 0)
     goto out_handles;
-#else
-  if (cfg->cache_path)
-    dspkd_warn("--cache: this build has no cache; running without one");
-#endif
 
   if (dspkd_devices_start(d) != 0)
     goto out_devices;
@@ -446,9 +437,7 @@ out_devices:
   d->runners_stopped = true;
   dspkd_devices_stop(d);
   rc = 1;
-#ifdef DSPKD_HAVE_CACHE
 out_handles:
-#endif
   uv_close((uv_handle_t *)&d->done_async, NULL);
   uv_close((uv_handle_t *)&d->grace_timer, NULL);
   uv_close((uv_handle_t *)&d->sigterm, NULL);
@@ -460,9 +449,7 @@ out_done:
   dspkd_devices_join(d, true);
   dspkd_teardown_disarm();
   dspkd_backends_shutdown(d);
-#ifdef DSPKD_HAVE_CACHE
   dspk__cache_close(d->cache);
-#endif
   msgpack_zone_destroy(&d->zone);
   pthread_mutex_destroy(&d->done_mu);
 out_loop:

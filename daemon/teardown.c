@@ -33,9 +33,7 @@
 #include "daemon/log.h"
 #include "daemon/teardown.h"
 
-#ifdef DSPKD_HAVE_CACHE
 #include "cache/cache.h"
-#endif
 
 static struct dspkd *armed;
 static bool registered;
@@ -104,10 +102,8 @@ static void on_exit_handler(void) {
     closed++;
   }
   dspkd_backends_shutdown(d);
-#ifdef DSPKD_HAVE_CACHE
   dspk__cache_close(d->cache);
   d->cache = NULL;
-#endif
   dspkd_info("exit handler: %d runner%s joined, every device closed", closed,
              closed == 1 ? "" : "s");
 }
