@@ -24,6 +24,7 @@
 #include <string.h>
 #include <sys/wait.h>
 #include <time.h>
+#include <dirent.h>
 #include <unistd.h>
 
 #include "dspk/dspk.h"
@@ -99,12 +100,72 @@ static void on_progress(void *ud, uint32_t ticket, const char *what,
   p->last = fraction;
 }
 
-/* Runs t once; returns the wall time in ms. */
+/* The daemon's page-fault counters (minor, major) from /proc/PID/stat;
+ * zeros when unreadable.  Unlike wall time they do not depend on the load
+ * of the machine. */
+struct faults {
+  unsigned long long minflt, majflt;
+  double cpu_ms; /* on-cpu time of all the daemon's threads */
+};
+
+static pid_t g_daemon; /* the daemon whose faults run_ms() counts */
+static struct faults g_last; /* faults taken during the last run_ms() */
+
+static struct faults read_faults(pid_t pid) {
+  struct faults f = {0, 0, 0};
+  char path[300], buf[1024];
+  /* Sum of the threads' run times (ns) from /proc/PID/task/TID/schedstat. */
+  snprintf(path, sizeof path, "/proc/%d/task", (int)pid);
+  DIR *d = opendir(path);
+  if (d) {
+    struct dirent *e;
+    while ((e = readdir(d))) {
+      if (e->d_name[0] == '.')
+        continue;
+      snprintf(path, sizeof path, "/proc/%d/task/%.32s/schedstat", (int)pid,
+               e->d_name);
+      FILE *fs = fopen(path, "r");
+      unsigned long long ns;
+      if (fs && fscanf(fs, "%llu", &ns) == 1)
+        f.cpu_ms += (double)ns / 1e6;
+      if (fs)
+        fclose(fs);
+    }
+    closedir(d);
+  }
+  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+  FILE *fp = fopen(path, "r");
+  if (!fp)
+    return f;
+  size_t n = fread(buf, 1, sizeof buf - 1, fp);
+  fclose(fp);
+  buf[n] = 0;
+  /* Fields after the ")" that closes comm: state ppid pgrp session tty_nr
+   * tpgid flags minflt cminflt majflt. */
+  char *p = strrchr(buf, ')');
+  if (!p)
+    return f;
+  unsigned long long cmin, skip;
+  char state;
+  if (sscanf(p + 1, " %c %llu %llu %llu %llu %llu %llu %llu %llu %llu", &state,
+             &skip, &skip, &skip, &skip, &skip, &skip, &f.minflt, &cmin,
+             &f.majflt) != 10)
+    f.minflt = f.majflt = 0;
+  return f;
+}
+
+/* Runs t once; returns the wall time in ms and leaves the daemon's page
+ * faults during the task in g_last. */
 static double run_ms(dspk_client *c, const dspk_task *t) {
   dspk_result r;
+  struct faults f0 = read_faults(g_daemon);
   double t0 = now_ms();
   int err = dspk_run(c, t, &r);
   double t1 = now_ms();
+  struct faults f1 = read_faults(g_daemon);
+  g_last.minflt = f1.minflt - f0.minflt;
+  g_last.majflt = f1.majflt - f0.majflt;
+  g_last.cpu_ms = f1.cpu_ms - f0.cpu_ms;
   if (err < 0) {
     fprintf(stderr, "bench_cache: task: %s (%s)\n", dspk_strerror(err),
             dspk_last_error(c));
@@ -117,12 +178,17 @@ static double run_ms(dspk_client *c, const dspk_task *t) {
 struct phase {
   double fft_first, fir_first, fft_steady, fir_steady;
   int fir_progress;
+  /* daemon minor page faults: first task, and the last steady run */
+  double fft_first_flt, fir_first_flt, fft_steady_flt, fir_steady_flt;
+  /* daemon cpu time (ms, all threads): same tasks */
+  double fft_first_cpu, fir_first_cpu, fft_steady_cpu, fir_steady_cpu;
 };
 
 static void lifetime(const char *dspkd, const char *sock, const char *cache,
                      const dspk_task *fft, const dspk_task *fir, int steady,
                      struct phase *out) {
   pid_t pid = start_daemon(dspkd, sock, cache);
+  g_daemon = pid;
   dspk_client *c;
   if (dspk_connect(sock, "bench_cache", &c) < 0) {
     fprintf(stderr, "bench_cache: connect: %s\n", dspk_connect_error());
@@ -131,18 +197,26 @@ static void lifetime(const char *dspkd, const char *sock, const char *cache,
   struct progress p = {0};
   dspk_set_progress(c, on_progress, &p);
   out->fft_first = run_ms(c, fft);
+  out->fft_first_flt = (double)g_last.minflt;
+  out->fft_first_cpu = g_last.cpu_ms;
   p.notes = 0;
   out->fir_first = run_ms(c, fir);
+  out->fir_first_flt = (double)g_last.minflt;
+  out->fir_first_cpu = g_last.cpu_ms;
   out->fir_progress = p.notes;
   double *v = calloc((size_t)steady, sizeof *v);
   if (!v)
     die("calloc", DSPK_ENOMEM);
   for (int i = 0; i < steady; i++)
     v[i] = run_ms(c, fft);
+  out->fft_steady_flt = (double)g_last.minflt;
+  out->fft_steady_cpu = g_last.cpu_ms;
   qsort(v, (size_t)steady, sizeof *v, cmp_d);
   out->fft_steady = v[steady / 2];
   for (int i = 0; i < steady; i++)
     v[i] = run_ms(c, fir);
+  out->fir_steady_flt = (double)g_last.minflt;
+  out->fir_steady_cpu = g_last.cpu_ms;
   qsort(v, (size_t)steady, sizeof *v, cmp_d);
   out->fir_steady = v[steady / 2];
   free(v);
@@ -214,6 +288,14 @@ int main(int argc, char **argv) {
   MEDIAN(fir_first);
   MEDIAN(fft_steady);
   MEDIAN(fir_steady);
+  MEDIAN(fft_first_flt);
+  MEDIAN(fft_first_cpu);
+  MEDIAN(fir_first_flt);
+  MEDIAN(fir_first_cpu);
+  MEDIAN(fft_steady_flt);
+  MEDIAN(fft_steady_cpu);
+  MEDIAN(fir_steady_flt);
+  MEDIAN(fir_steady_cpu);
   warm.fir_progress = w[0].fir_progress;
 
   printf("| task | cold first (ms) | warm first after restart (ms, median of %d) "
@@ -225,6 +307,18 @@ int main(int argc, char **argv) {
   printf("| fir f32 (1, 2^18), 200 taps | %.1f | %.1f | %.1f | %.0fx | %.2fx |\n",
          cold.fir_first, warm.fir_first, warm.fir_steady,
          cold.fir_first / warm.fir_first, warm.fir_first / warm.fir_steady);
+  printf("\ndaemon per task: minor page faults (4 KiB pages) and cpu time of "
+         "all its threads (ms); medians over the warm lifetimes; steady: the "
+         "last run:\n\n"
+         "| task | cold first | warm first | warm steady |\n|---|---|---|---|\n");
+  printf("| fft 2^20 c64 | %.0f flt, %.1f ms | %.0f flt, %.1f ms | %.0f flt, "
+         "%.1f ms |\n", cold.fft_first_flt, cold.fft_first_cpu,
+         warm.fft_first_flt, warm.fft_first_cpu, warm.fft_steady_flt,
+         warm.fft_steady_cpu);
+  printf("| fir f32 (1, 2^18), 200 taps | %.0f flt, %.1f ms | %.0f flt, %.1f "
+         "ms | %.0f flt, %.1f ms |\n", cold.fir_first_flt, cold.fir_first_cpu,
+         warm.fir_first_flt, warm.fir_first_cpu, warm.fir_steady_flt,
+         warm.fir_steady_cpu);
   printf("\nprogress notifications during the cold fir: %d; during the warm "
          "one: %d\n", cold.fir_progress, warm.fir_progress);
 
