@@ -102,6 +102,11 @@ static int cpu_open(int index, const struct dspk__devenv *env,
   /* Stored FFTW wisdom makes FFTW_MEASURE plans quick; without it they are
    * measured again, so a failure here is not fatal. */
   dspk__cpu_tune_wisdom_load(dev);
+  /* OpenBLAS's workers, started when the library was loaded, would spin
+   * through the first task after a daemon start (on a 2-core machine one
+   * core, ~90 ms of cpu time during a warm first fft): stop them; a gemm
+   * starts them again. */
+  dspk__cpu_blas_idle();
   *out = dev;
   return 0;
 }

@@ -134,6 +134,15 @@ void dspk__cpu_fftw_unlock(void);
 /* Frees every cached plan of dev. */
 void dspk__cpu_fft_release(struct dspk__dev *dev);
 
+/* Stops OpenBLAS's worker threads, which busy-wait (sched_yield) for 2^28
+ * cycles (~0.13 s at 2 GHz) after they start at library load, so that the
+ * first tasks after a daemon start do not compete with them for the cores.
+ * Acts once per process (later calls return at once), and must run before
+ * any BLAS call (device open).  The next gemm starts the pool again, from a
+ * thread named "dspk-blas" rather than the runner.  A BLAS without those
+ * entry points is left alone. */
+void dspk__cpu_blas_idle(void);
+
 /* Choice point: 1 to filter with FFT convolution, 0 for the direct loop,
  * for `batch` rows of n samples and k taps: measured per shape class
  * (backends/cpu/tune.h) when the device has a cache, else a heuristic.

@@ -8,6 +8,8 @@
  * contract uses.
  */
 #include <limits.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -27,10 +29,50 @@ int dspk__cpu_gemm_threads(struct dspk__dev *dev, dspk_dtype dt, int64_t M,
   return 0; /* OpenBLAS's default, all cores */
 }
 
+/* OpenBLAS's own entry points: stop its worker threads (what it runs itself
+ * before a fork), start them.  Weak, so that a BLAS without them still
+ * links; then nothing is stopped. */
+extern int blas_thread_shutdown_(void) __attribute__((weak));
+extern int blas_thread_init(void) __attribute__((weak));
+
+static atomic_int blas_parked; /* 1 while dspk__cpu_blas_idle's stop holds */
+static atomic_int blas_stopped_once;
+
+void dspk__cpu_blas_idle(void) {
+  if (!blas_thread_shutdown_ || !blas_thread_init)
+    return;
+  /* Once per process, at the first device open, before any BLAS call ran:
+   * stopping the pool under a running call would break it. */
+  if (atomic_exchange(&blas_stopped_once, 1))
+    return;
+  blas_thread_shutdown_();
+  atomic_store(&blas_parked, 1);
+}
+
+static void *blas_starter(void *arg) {
+  (void)arg;
+  pthread_setname_np(pthread_self(), "dspk-blas");
+  blas_thread_init();
+  return NULL;
+}
+
+/* Before a BLAS call: starts the stopped pool again, from a thread of its
+ * own, since threads inherit their creator's name and workers started on
+ * the runner would be named after it.  When that thread cannot be made,
+ * OpenBLAS starts the pool itself inside the call. */
+static void blas_wake(void) {
+  if (!atomic_exchange(&blas_parked, 0))
+    return;
+  pthread_t t;
+  if (pthread_create(&t, NULL, blas_starter, NULL) == 0)
+    pthread_join(t, NULL);
+}
+
 /* Sets OpenBLAS's thread count for one call; returns the previous count to
  * restore, or 0 when nothing changed. */
 static int threads_enter(struct dspk__dev *dev, dspk_dtype dt, int64_t M,
                          int64_t N, int64_t K, int64_t batch) {
+  blas_wake();
   int t = dspk__cpu_gemm_threads(dev, dt, M, N, K, batch);
   if (t <= 0)
     return 0;
