@@ -212,10 +212,11 @@ static int fill(dspk_client *c, bool dontwait) {
 /* Takes the next complete frame out of the stream into an owned buffer.
  * A big frame that fills rbuf is handed over whole (no copy). */
 static int next_frame(dspk_client *c, char **buf, size_t *len) {
-  char why[256] = "";
+  char why[256];
   ssize_t n;
   int rc;
 
+  why[0] = '\0';
   for (;;) {
     n = c->rlen ? dspk__frame_scan(c->rbuf, c->rlen, &c->lim, why, sizeof why)
                 : 0;
@@ -238,9 +239,13 @@ static int next_frame(dspk_client *c, char **buf, size_t *len) {
     c->rcap = c->rlen = 0;
     return 0;
   }
-  char *p = malloc((size_t)n);
-  if (!p)
+  char *p;
+  if (!c->fbuf_busy && (size_t)n <= sizeof c->fbuf) {
+    p = c->fbuf; /* given back by dspk__resp_free */
+    c->fbuf_busy = true;
+  } else if (!(p = malloc((size_t)n))) {
     return mark_broken(c, dspk__cerr(c, DSPK_ENOMEM, "out of memory"));
+  }
   memcpy(p, c->rbuf, (size_t)n);
   memmove(c->rbuf, c->rbuf + n, rest);
   c->rlen = rest;
@@ -279,19 +284,32 @@ static void handle_notify(dspk_client *c, const struct dspk__msg *m) {
 /* Unpacks an accepted frame into r and parses its envelope. */
 static int decode(dspk_client *c, char *buf, size_t len,
                   struct dspk__resp *r) {
+  const msgpack_object *root;
   size_t off = 0;
-  char why[256] = "";
+  char why[256];
   int rc;
 
+  why[0] = '\0';
   r->buf = buf;
   r->len = len;
+  r->owner = c;
+  r->zone = NULL;
   msgpack_unpacked_init(&r->up);
-  if (msgpack_unpack_next(&r->up, buf, len, &off) != MSGPACK_UNPACK_SUCCESS ||
-      off != len) {
+  if (!c->zone_busy &&
+      (c->zone_ready ||
+       (c->zone_ready = msgpack_zone_init(&c->zone, MSGPACK_ZONE_CHUNK_SIZE)))) {
+    r->zone = &c->zone;
+    c->zone_busy = true;
+    rc = msgpack_unpack(buf, len, &off, r->zone, &r->up.data);
+  } else {
+    rc = msgpack_unpack_next(&r->up, buf, len, &off);
+  }
+  if (rc != MSGPACK_UNPACK_SUCCESS || off != len) {
     rc = dspk__cerr(c, DSPK_EPROTO, "undecodable frame from the daemon");
     goto err;
   }
-  rc = dspk__msg_parse(&r->up.data, &r->msg, NULL, NULL, why, sizeof why);
+  root = &r->up.data;
+  rc = dspk__msg_parse(root, &r->msg, NULL, NULL, why, sizeof why);
   if (rc != 0) {
     dspk__cerr(c, rc, "bad message from the daemon: %s", why);
     goto err;
@@ -302,12 +320,31 @@ err:
   return mark_broken(c, rc);
 }
 
+/* Gives back r's unpacked objects (the borrowed zone, or its own). */
+static void resp_unpacked_free(struct dspk__resp *r) {
+  if (r->zone) {
+    msgpack_zone_clear(r->zone);
+    r->owner->zone_busy = false;
+    r->zone = NULL;
+  } else {
+    msgpack_unpacked_destroy(&r->up);
+  }
+}
+
+/* Gives back r's frame bytes (the borrowed fbuf, or its own). */
+static void resp_buf_free(struct dspk__resp *r) {
+  if (r->owner && r->buf == r->owner->fbuf)
+    r->owner->fbuf_busy = false;
+  else
+    free(r->buf);
+  r->buf = NULL;
+}
+
 void dspk__resp_free(struct dspk__resp *r) {
   if (!r || !r->buf)
     return;
-  msgpack_unpacked_destroy(&r->up);
-  free(r->buf);
-  r->buf = NULL;
+  resp_unpacked_free(r);
+  resp_buf_free(r);
 }
 
 /* Turns a decoded response into the caller's status: 0 for a result, the
@@ -405,7 +442,17 @@ static int wait_common(dspk_client *c, bool any, uint32_t *msgid,
       c->done = p;
       c->capdone = cap;
     }
-    msgpack_unpacked_destroy(&r.up);
+    if (r.buf == c->fbuf) { /* the lent buffer is for the next frame */
+      char *p = malloc(r.len);
+      if (!p) {
+        dspk__resp_free(&r);
+        return mark_broken(c, dspk__cerr(c, DSPK_ENOMEM, "out of memory"));
+      }
+      memcpy(p, r.buf, r.len);
+      resp_buf_free(&r);
+      r.buf = p;
+    }
+    resp_unpacked_free(&r);
     c->done[c->ndone++] = (struct dspk__frame){id, r.buf, r.len};
   }
 }
@@ -550,6 +597,8 @@ err_alloc:
   for (size_t i = 0; i < c->ndone; i++)
     free(c->done[i].buf);
   free(c->done);
+  if (c->zone_ready)
+    msgpack_zone_destroy(&c->zone);
   free(c);
   return rc;
 }
@@ -564,6 +613,8 @@ DSPK_EXPORT void dspk_close(dspk_client *c) {
   for (size_t i = 0; i < c->ndone; i++)
     free(c->done[i].buf);
   free(c->done);
+  if (c->zone_ready)
+    msgpack_zone_destroy(&c->zone);
   free(c);
 }
 

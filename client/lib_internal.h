@@ -39,13 +39,22 @@ struct dspk_client {
   /* Responses that arrived before their wait. */
   struct dspk__frame *done;
   size_t ndone, capdone;
+  /* Reused for each response, so a small answer costs no allocation: a
+   * zone for its unpacked objects and a buffer for its bytes, each lent to
+   * one dspk__resp at a time (a second live response gets its own). */
+  msgpack_zone zone;
+  bool zone_ready, zone_busy;
+  bool fbuf_busy;
+  char fbuf[4096];
 };
 
 /* A decoded response: the frame and its unpacked envelope. */
 struct dspk__resp {
-  char *buf;                 /* owned frame bytes */
+  char *buf;                 /* frame bytes: owned, or the client's fbuf */
   size_t len;
-  msgpack_unpacked up;
+  msgpack_unpacked up;       /* used when zone is NULL */
+  msgpack_zone *zone;        /* the client's zone when borrowed, else NULL */
+  dspk_client *owner;        /* lender of fbuf/zone */
   struct dspk__msg msg;
 };
 

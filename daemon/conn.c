@@ -13,6 +13,7 @@
  * `protocol.error` notification and that connection alone is closed.
  */
 #include <errno.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -32,17 +33,20 @@
 /* ---- outgoing frames -------------------------------------------------- */
 
 struct wreq *wreq_new(void) {
-  struct wreq *wr = calloc(1, sizeof(*wr));
-  if (wr)
+  /* Zero all but the wbuf, whose init sets what it needs (its inline bytes
+   * need no clearing). */
+  struct wreq *wr = malloc(sizeof(*wr));
+  if (wr) {
+    memset(wr, 0, offsetof(struct wreq, w));
     dspk__wbuf_init(&wr->w);
+  }
   return wr;
 }
 
 void wreq_free(struct wreq *wr) {
   if (!wr)
     return;
-  dspk__wbuf_free(&wr->w);
-  free(wr->bufs);
+  dspk__wbuf_free(&wr->w); /* also the iovecs wr->bufs points at */
   free(wr);
 }
 
@@ -64,23 +68,26 @@ static void on_write(uv_write_t *req, int status) {
   conn_unref(c);
 }
 
-/* Cuts the frame into libuv buffers.  0 or a negative code. */
+/* libuv's unix uv_buf_t is laid out as a struct iovec (so it can hand its
+ * buffers to writev directly): the wbuf's iovecs serve as the buffers, with
+ * no array of their own to allocate. */
+_Static_assert(sizeof(uv_buf_t) == sizeof(struct iovec) &&
+                   offsetof(uv_buf_t, base) == offsetof(struct iovec, iov_base) &&
+                   offsetof(uv_buf_t, len) == offsetof(struct iovec, iov_len),
+               "uv_buf_t is not laid out as struct iovec");
+
+/* Cuts the frame into libuv buffers (wr->bufs, which alias the iovecs that
+ * wr->w owns).  0 or a negative code. */
 static int wreq_bufs(struct wreq *wr, size_t *nbufs) {
   struct iovec *iov;
   size_t n;
   int err = dspk__wbuf_iov(&wr->w, &iov, &n);
   if (err < 0)
     return err;
-  wr->bufs = malloc((n ? n : 1) * sizeof(uv_buf_t));
-  if (!wr->bufs)
-    return DSPK_ENOMEM;
+  wr->bufs = (uv_buf_t *)(void *)iov;
   wr->len = 0;
-  for (size_t i = 0; i < n; i++) {
-    wr->bufs[i] = uv_buf_init(iov[i].iov_base, (unsigned)iov[i].iov_len);
-    /* uv_buf_init takes an unsigned length; set the full size_t. */
-    wr->bufs[i].len = iov[i].iov_len;
+  for (size_t i = 0; i < n; i++)
     wr->len += iov[i].iov_len;
-  }
   *nbufs = n;
   return 0;
 }

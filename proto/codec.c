@@ -10,6 +10,7 @@
  * the frame.  Nothing here does I/O, logs or keeps global state.
  */
 #include <inttypes.h>
+#include <stddef.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -368,13 +369,23 @@ int dspk__tensor_decode(const msgpack_object *o,
 
 /* ---- outgoing frames --------------------------------------------------- */
 
+/* The first chunk a frame that outgrows the inline bytes gets. */
+#define DSPK__WBUF_CHUNK 8192
+
 static void free_chunk(void *ud) { free(ud); }
 
 /* Makes room for one more segment.  0 or DSPK_ENOMEM. */
 static int wbuf_reserve(struct dspk__wbuf *w) {
   if (w->nsegs == w->cap) {
     size_t cap = w->cap ? 2 * w->cap : 8;
-    struct dspk__wbuf_seg *s = realloc(w->segs, cap * sizeof(*s));
+    struct dspk__wbuf_seg *s;
+    if (w->segs == w->inl_segs) {
+      s = malloc(cap * sizeof(*s));
+      if (s)
+        memcpy(s, w->segs, w->nsegs * sizeof(*s));
+    } else {
+      s = realloc(w->segs, cap * sizeof(*s));
+    }
     if (!s)
       return DSPK_ENOMEM;
     w->segs = s;
@@ -391,34 +402,111 @@ static int wbuf_push(struct dspk__wbuf *w, const void *base, size_t len,
   return 0;
 }
 
-/* Moves the packed bytes not yet in a segment into an owned segment.  On
- * failure the bytes stay in cur. */
+/* Points cur at the inline bytes not yet cut, or at nothing. */
+static void wbuf_cur_inline(struct dspk__wbuf *w) {
+  w->cur_heap = false;
+  w->cur.size = 0;
+  if (w->inl_used < sizeof w->inl) {
+    w->cur.data = w->inl + w->inl_used;
+    w->cur.alloc = sizeof w->inl - w->inl_used;
+  } else {
+    w->cur.data = NULL;
+    w->cur.alloc = 0;
+  }
+}
+
+/* Moves the packed bytes not yet in a segment into a segment (owned when
+ * they are in a chunk, inline bytes stay where they are).  On failure the
+ * bytes stay in cur. */
 static int wbuf_cut(struct dspk__wbuf *w) {
   size_t n = w->cur.size;
-  char *data;
 
   if (n == 0)
     return 0;
   if (wbuf_reserve(w) != 0)
     return DSPK_ENOMEM;
-  data = msgpack_sbuffer_release(&w->cur);
-  return wbuf_push(w, data, n, free_chunk, data);
+  if (w->cur_heap) {
+    char *data = w->cur.data;
+    wbuf_push(w, data, n, free_chunk, data);
+  } else {
+    wbuf_push(w, w->cur.data, n, NULL, NULL);
+    w->inl_used += n;
+  }
+  wbuf_cur_inline(w);
+  return 0;
+}
+
+/* Makes room for len more bytes in cur: grows its chunk, or moves the
+ * uncut inline bytes into a new chunk.  0 or DSPK_ENOMEM. */
+static int wbuf_grow(struct dspk__wbuf *w, size_t len) {
+  size_t need = w->cur.size + len, cap;
+  char *p;
+
+  if (need < w->cur.size)
+    return DSPK_ENOMEM;
+  cap = w->cur_heap ? 2 * w->cur.alloc : DSPK__WBUF_CHUNK;
+  if (cap < need)
+    cap = need;
+  if (w->cur_heap) {
+    p = realloc(w->cur.data, cap);
+    if (!p)
+      return DSPK_ENOMEM;
+  } else {
+    p = malloc(cap);
+    if (!p)
+      return DSPK_ENOMEM;
+    if (w->cur.size)
+      memcpy(p, w->cur.data, w->cur.size); /* those inline bytes are left */
+    w->inl_used = sizeof w->inl;            /* unused */
+    w->cur_heap = true;
+  }
+  w->cur.data = p;
+  w->cur.alloc = cap;
+  return 0;
+}
+
+/* wbuf_write for what its fast path leaves: empty and long writes, and
+ * writes that need a bigger chunk. */
+static int wbuf_write_slow(struct dspk__wbuf *w, const char *buf, size_t len)
+    __attribute__((noinline));
+
+static int wbuf_write_slow(struct dspk__wbuf *w, const char *buf, size_t len) {
+  if (len == 0)
+    return 0;
+  if (len > w->cur.alloc - w->cur.size && wbuf_grow(w, len) != 0) {
+    w->err = DSPK_ENOMEM;
+    return -1;
+  }
+  memcpy(w->cur.data + w->cur.size, buf, len);
+  w->cur.size += len;
+  return 0;
 }
 
 static int wbuf_write(void *data, const char *buf, size_t len) {
   struct dspk__wbuf *w = data;
   if (w->err)
     return -1;
-  if (msgpack_sbuffer_write(&w->cur, buf, len) != 0) {
-    w->err = DSPK_ENOMEM;
-    return -1;
+  /* Most writes are a 1-byte header or a short header or key that fits:
+   * copy those without a call. */
+  if (len - 1 < 8 && len <= w->cur.alloc - w->cur.size) {
+    char *d = w->cur.data + w->cur.size;
+    for (size_t i = 0; i < len; i++)
+      d[i] = buf[i];
+    w->cur.size += len;
+    return 0;
   }
-  return 0;
+  return wbuf_write_slow(w, buf, len);
 }
 
 void dspk__wbuf_init(struct dspk__wbuf *w) {
-  memset(w, 0, sizeof(*w));
-  msgpack_sbuffer_init(&w->cur);
+  /* The inline arrays are left as they are: only the header is set. */
+  w->segs = w->inl_segs;
+  w->nsegs = 0;
+  w->cap = DSPK__WBUF_INLINE_SEGS;
+  w->err = 0;
+  w->iov = NULL;
+  w->inl_used = 0;
+  wbuf_cur_inline(w);
   msgpack_packer_init(&w->pk, w, wbuf_write);
 }
 
@@ -452,10 +540,15 @@ int dspk__wbuf_iov(struct dspk__wbuf *w, struct iovec **iov, size_t *n) {
     w->err = DSPK_ENOMEM;
     return w->err;
   }
-  v = realloc(w->iov, (w->nsegs ? w->nsegs : 1) * sizeof(*v));
-  if (!v) {
-    w->err = DSPK_ENOMEM;
-    return w->err;
+  if (w->nsegs <= DSPK__WBUF_INLINE_SEGS && (!w->iov || w->iov == w->inl_iov)) {
+    v = w->inl_iov;
+  } else {
+    v = realloc(w->iov == w->inl_iov ? NULL : w->iov,
+                (w->nsegs ? w->nsegs : 1) * sizeof(*v));
+    if (!v) {
+      w->err = DSPK_ENOMEM;
+      return w->err;
+    }
   }
   w->iov = v;
   for (size_t i = 0; i < w->nsegs; i++) {
@@ -483,10 +576,14 @@ void dspk__wbuf_free(struct dspk__wbuf *w) {
   for (size_t i = 0; i < w->nsegs; i++)
     if (w->segs[i].release)
       w->segs[i].release(w->segs[i].ud);
-  free(w->segs);
-  free(w->iov);
-  msgpack_sbuffer_destroy(&w->cur);
-  memset(w, 0, sizeof(*w));
+  if (w->segs != w->inl_segs)
+    free(w->segs);
+  if (w->iov != w->inl_iov)
+    free(w->iov);
+  if (w->cur_heap)
+    free(w->cur.data);
+  /* Zero the header (not the inline bytes): a second free is harmless. */
+  memset(w, 0, offsetof(struct dspk__wbuf, inl_segs));
 }
 
 /* ---- packing helpers --------------------------------------------------- */

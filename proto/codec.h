@@ -86,13 +86,25 @@ struct dspk__wbuf_seg {
   void (*release)(void *ud); /* called by dspk__wbuf_free for refs; may be NULL */
   void *ud;
 };
+/* Small frames (pings, errors, most results) live entirely inside the
+ * wbuf: its first DSPK__WBUF_INLINE packed bytes, first
+ * DSPK__WBUF_INLINE_SEGS segments and iovecs need no allocation.  A wbuf
+ * points into itself: never copy or move one after dspk__wbuf_init. */
+#define DSPK__WBUF_INLINE 256
+#define DSPK__WBUF_INLINE_SEGS 4
 struct dspk__wbuf {
   msgpack_packer pk;       /* pack into the buffer with msgpack_pack_* */
-  msgpack_sbuffer cur;     /* bytes not yet cut into a segment */
+  msgpack_sbuffer cur;     /* bytes not yet cut into a segment (data is in
+                              inl, or a malloc'd chunk when cur_heap) */
   struct dspk__wbuf_seg *segs;
   size_t nsegs, cap;
   int err;                 /* sticky DSPK_ENOMEM */
   struct iovec *iov;       /* built by dspk__wbuf_iov, owned by w */
+  bool cur_heap;           /* cur.data is a malloc'd chunk */
+  size_t inl_used;         /* bytes of inl already cut into segments */
+  struct dspk__wbuf_seg inl_segs[DSPK__WBUF_INLINE_SEGS];
+  struct iovec inl_iov[DSPK__WBUF_INLINE_SEGS];
+  char inl[DSPK__WBUF_INLINE];
 };
 void dspk__wbuf_init(struct dspk__wbuf *w);
 /* Packs a bin header of n bytes followed by data[0..n) by reference; data
