@@ -3,7 +3,8 @@
  * the op dispatcher.  The cpu is one device, "cpu:0", on which every op runs
  * synchronously on the runner thread through OpenBLAS and FFTW (one file per
  * op in this folder), so its fences are complete as soon as they are
- * recorded and free() releases memory at once.  It implements the whole
+ * recorded and free() releases memory at once (large blocks go back to a
+ * caching pool of huge-page mappings, see cpu_alloc).  It implements the whole
  * interface of backends/backend.h, which lets the daemon exercise every path
  * without a GPU.
  */
@@ -11,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/utsname.h>
 #include <unistd.h>
 
@@ -89,6 +91,60 @@ static int cpu_probe(struct dspk__devinfo *info, int max, char *why,
   return 1;
 }
 
+/*
+ * Large blocks.  A fresh process touching a new 8 MiB buffer takes 2048
+ * page faults (~2-3 us each on a VM), which is most of what the first large
+ * task after a daemon start costs over the same task later.  So blocks of
+ * DSPK__CPU_BIG_BLOCK and up are their own mappings, 2 MiB aligned and
+ * advised MADV_HUGEPAGE (one fault per 2 MiB where transparent huge pages
+ * are available; the advice is ignored elsewhere), kept after free in the
+ * device's pool (backends/common/pool.c) for the next alloc of their size
+ * class, up to DSPK__CPU_POOL_CACHED bytes.  The pool handle points to a
+ * struct big_map.
+ */
+struct big_map {
+  void *base; /* the 2 MiB aligned start */
+  size_t len; /* mapped bytes, a multiple of 2 MiB */
+};
+
+static int big_alloc(void *ud, size_t n, uint64_t *handle) {
+  (void)ud;
+  const size_t huge = DSPK__CPU_BIG_BLOCK;
+  if (n > SIZE_MAX - 2 * huge)
+    return DSPK_ENOMEM;
+  size_t len = (n + huge - 1) & ~(huge - 1);
+  struct big_map *bm = malloc(sizeof *bm);
+  if (!bm)
+    return DSPK_ENOMEM;
+  char *p = mmap(NULL, len + huge, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) {
+    free(bm);
+    return DSPK_ENOMEM;
+  }
+  /* Keep the 2 MiB aligned part, unmap the rest. */
+  char *a = (char *)(((uintptr_t)p + huge - 1) & ~(uintptr_t)(huge - 1));
+  if (a > p)
+    munmap(p, (size_t)(a - p));
+  if ((size_t)(a - p) < huge)
+    munmap(a + len, huge - (size_t)(a - p));
+  (void)madvise(a, len, MADV_HUGEPAGE); /* advice only */
+  bm->base = a;
+  bm->len = len;
+  *handle = (uint64_t)(uintptr_t)bm;
+  return 0;
+}
+
+static void big_free(void *ud, uint64_t handle) {
+  (void)ud;
+  struct big_map *bm = (struct big_map *)(uintptr_t)handle;
+  munmap(bm->base, bm->len);
+  free(bm);
+}
+
+static const struct dspk__pool_ops big_ops = {.alloc = big_alloc,
+                                              .free = big_free};
+
 static int cpu_open(int index, const struct dspk__devenv *env,
                     struct dspk__dev **out) {
   if (index != 0)
@@ -99,6 +155,8 @@ static int cpu_open(int index, const struct dspk__devenv *env,
   if (env)
     dev->env = *env;
   dev->fir_force = -1;
+  pthread_mutex_init(&dev->pool_mu, NULL);
+  dspk__pool_init(&dev->pool, &big_ops, NULL, DSPK__CPU_POOL_CACHED);
   /* Stored FFTW wisdom makes FFTW_MEASURE plans quick; without it they are
    * measured again, so a failure here is not fatal. */
   dspk__cpu_tune_wisdom_load(dev);
@@ -115,6 +173,8 @@ static void cpu_close(struct dspk__dev *dev) {
   if (!dev)
     return;
   dspk__cpu_fft_release(dev);
+  dspk__pool_fini(&dev->pool);
+  pthread_mutex_destroy(&dev->pool_mu);
   free(dev);
 }
 
@@ -124,13 +184,25 @@ static int cpu_alloc(struct dspk__dev *dev, size_t n, struct dspk__mem **out) {
   struct dspk__mem *m = malloc(sizeof *m);
   if (!m)
     return DSPK_ENOMEM;
-  size_t rounded = (n + 63) & ~(size_t)63;
-  if (rounded == 0)
-    rounded = 64;
-  m->ptr = aligned_alloc(64, rounded);
-  if (!m->ptr) {
-    free(m);
-    return DSPK_ENOMEM;
+  m->blk = NULL;
+  if (n >= DSPK__CPU_BIG_BLOCK) {
+    pthread_mutex_lock(&dev->pool_mu);
+    int err = dspk__pool_get(&dev->pool, n, &m->blk);
+    pthread_mutex_unlock(&dev->pool_mu);
+    if (err < 0) {
+      free(m);
+      return err;
+    }
+    m->ptr = ((struct big_map *)(uintptr_t)m->blk->handle)->base;
+  } else {
+    size_t rounded = (n + 63) & ~(size_t)63;
+    if (rounded == 0)
+      rounded = 64;
+    m->ptr = aligned_alloc(64, rounded);
+    if (!m->ptr) {
+      free(m);
+      return DSPK_ENOMEM;
+    }
   }
   m->size = n;
   dev->bytes_in_use += n;
@@ -142,7 +214,13 @@ static void cpu_free(struct dspk__dev *dev, struct dspk__mem *mem) {
   if (!mem)
     return;
   dev->bytes_in_use -= mem->size;
-  free(mem->ptr);
+  if (mem->blk) {
+    pthread_mutex_lock(&dev->pool_mu);
+    dspk__pool_put(&dev->pool, mem->blk);
+    pthread_mutex_unlock(&dev->pool_mu);
+  } else {
+    free(mem->ptr);
+  }
   free(mem);
 }
 
@@ -221,6 +299,9 @@ static int cpu_run(struct dspk__dev *dev, struct dspk__op *op,
 
 static void cpu_stats(struct dspk__dev *dev, struct dspk__devstats *out) {
   memset(out, 0, sizeof *out);
+  pthread_mutex_lock(&dev->pool_mu);
+  dspk__pool_stats_fill(&dev->pool, out);
+  pthread_mutex_unlock(&dev->pool_mu);
   out->pool_bytes_in_use = dev->bytes_in_use;
   out->kernels_compiled = dev->plans_made; /* FFTW plans made */
   out->kernel_cache_hits = dev->plan_hits; /* FFTW plans reused */

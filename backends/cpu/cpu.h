@@ -15,17 +15,26 @@
 #ifndef DSPK_BACKENDS_CPU_CPU_H
 #define DSPK_BACKENDS_CPU_CPU_H
 
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "backends/backend.h"
+#include "backends/common/pool.h"
 
 extern const struct dspk__backend dspk__backend_cpu;
 
 struct dspk__mem {
-  void *ptr;   /* 64-byte aligned */
+  void *ptr;   /* 64-byte aligned (2 MiB for large blocks) */
   size_t size; /* usable bytes */
+  struct dspk__pool_block *blk; /* large blocks: the pool's; else NULL */
 };
+
+/* Blocks of at least this size come from the device's pool of 2 MiB
+ * aligned mappings advised for transparent huge pages (cpu.c). */
+#define DSPK__CPU_BIG_BLOCK ((size_t)2 << 20)
+/* Bytes of freed large blocks the pool keeps for reuse. */
+#define DSPK__CPU_POOL_CACHED ((size_t)256 << 20)
 
 /* Kinds of FFTW plan kept in the device's plan cache. */
 enum dspk__cpu_fft_kind {
@@ -67,6 +76,10 @@ struct dspk__dev {
   /* Set when a plan was measured: its wisdom goes to the cache after the
    * op (dspk__cpu_fft_wisdom_flush). */
   int wisdom_dirty;
+  /* Large blocks (DSPK__CPU_BIG_BLOCK and up), cached after free for the
+   * next alloc of their size class, under pool_mu. */
+  struct dspk__pool pool;
+  pthread_mutex_t pool_mu;
 };
 
 /* The address of a tensor's first element (NULL for an empty tensor that
