@@ -662,6 +662,9 @@ static int decode_result(dspk_client *c, const msgpack_object *result,
 
   dspk__strncpy_obj(dspk__map_get(result, "device"), out.device,
                     sizeof out.device);
+  /* Optional (older daemons lack it): absent or malformed leaves 0. */
+  if (dspk__obj_u64(dspk__map_get(result, "time_us"), &out.time_us) != 0)
+    out.time_us = 0;
   if (!outs || outs->type != MSGPACK_OBJECT_ARRAY ||
       outs->via.array.size > DSPK_MAX_OUTPUTS)
     return dspk__cerr(c, DSPK_EPROTO, "task.run result: bad outputs");

@@ -10,10 +10,14 @@
  * device memory, outputs are placed (a temporary block, or the buffer the
  * request named), the backend runs the op, inline outputs are read back into
  * host memory that the response frame then owns, and temporaries go back to
- * the backend (free is deferred release by the backend's contract).
+ * the backend (free is deferred release by the backend's contract).  The
+ * result's time_us is this runner's wall time for the task (CLOCK_MONOTONIC,
+ * from the start of exec_task to the encoding of the response): upload,
+ * planning or autotuning, compute and readback; not queueing, not the socket.
  */
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "daemon/dspkd.h"
 #include "daemon/log.h"
@@ -46,6 +50,13 @@ static void pack_kv_str(msgpack_packer *pk, const char *k, const char *v) {
 static void pack_kv_u64(msgpack_packer *pk, const char *k, uint64_t v) {
   dspk__pack_str(pk, k);
   msgpack_pack_uint64(pk, v);
+}
+
+/* CLOCK_MONOTONIC in nanoseconds. */
+static uint64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
 static void exec_create(struct device *dev, struct job *j) {
@@ -164,6 +175,7 @@ static void exec_task(struct device *dev, struct job *j) {
   struct dspk__opctx ctx = {.cancel = &j->cancel, .progress = on_progress, .progress_ud = j,
                             .errmsg = msg, .errmsg_len = sizeof msg};
   struct wreq *wr;
+  uint64_t t0 = now_ns(), dt;
 
   if (atomic_load(&j->cancel)) {
     err = DSPK_ECANCELED;
@@ -242,7 +254,7 @@ static void exec_task(struct device *dev, struct job *j) {
     err = DSPK_ENOMEM;
     goto out;
   }
-  msgpack_pack_map(&wr->w.pk, 2);
+  msgpack_pack_map(&wr->w.pk, 3);
   pack_kv_str(&wr->w.pk, "device", dev->id);
   dspk__pack_str(&wr->w.pk, "outputs");
   msgpack_pack_array(&wr->w.pk, (size_t)nres);
@@ -250,6 +262,10 @@ static void exec_task(struct device *dev, struct job *j) {
     pack_tensor(wr, &res[i], res_buf[i], host[i]);
     host[i] = NULL; /* the frame owns it now */
   }
+  /* Outputs go by reference, so the time ends with the response encoded;
+   * rounded up, so a task that ran always reports at least 1. */
+  dt = now_ns() - t0;
+  pack_kv_u64(&wr->w.pk, "time_us", (dt + 999) / 1000);
 out:
   for (int i = 0; i < DSPK__OP_MAX_IN; i++)
     if (tmp_in[i])

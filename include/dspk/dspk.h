@@ -286,6 +286,9 @@ typedef struct dspk_result {
   char device[32];             /* the device that ran the task */
   unsigned nout;
   dspk_tensor out[DSPK_MAX_OUTPUTS];
+  uint64_t time_us;            /* the daemon's runner time for the task
+                                  (upload, planning, compute, readback; no
+                                  queueing, no socket), 0 if not sent */
 } dspk_result;
 
 /* Frees the result's tensors (not r itself) and zeroes it.  Accepts NULL. */

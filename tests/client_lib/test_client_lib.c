@@ -12,7 +12,8 @@
  * requests in flight answered out of order, cancel, bad input with the
  * right error code and a message, a client sending garbage (closed, with a
  * protocol.error notice) and clients disconnecting mid-request, while the
- * library's connection keeps working.
+ * library's connection keeps working.  Every successful task's time_us is
+ * checked to be positive and within the call's wall time seen here.
  */
 #include <complex.h>
 #include <errno.h>
@@ -30,6 +31,7 @@
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -187,15 +189,30 @@ static double atol_for(dspk_dtype dt, double scale) {
   return (dt == DSPK_F32 || dt == DSPK_C64 ? 2e-5 : 1e-11) * scale;
 }
 
-/* Runs task on "cpu:0" and expects success with one output. */
+static uint64_t mono_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* Runs task on "cpu:0" and expects success with one output, and a time_us
+ * inside the daemon that is positive and within the call's wall time here
+ * (both rounded up to whole microseconds). */
 static void run_ok(dspk_task *t, dspk_result *r) {
   int rc;
+  uint64_t t0, wall_ns;
   t->device = "cpu:0";
+  t0 = mono_ns();
   rc = dspk_run(C, t, r);
+  wall_ns = mono_ns() - t0;
   if (rc != 0)
     fail_msg("task failed: %s: %s", dspk_err_name(rc), dspk_last_error(C));
   assert_int_equal(r->nout, 1);
   assert_string_equal(r->device, "cpu:0");
+  if (r->time_us == 0 || r->time_us > (wall_ns + 999) / 1000)
+    fail_msg("time_us %llu outside (0, %llu us of wall time]",
+             (unsigned long long)r->time_us,
+             (unsigned long long)((wall_ns + 999) / 1000));
 }
 
 /* Runs task and expects error code want with a message. */
