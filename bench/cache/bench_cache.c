@@ -13,8 +13,13 @@
  * its figures are shown.  The operands travel inline, the same in every
  * column, so every figure includes moving 8 MiB each way for the fft.
  *
+ * Besides the client's wall time, each task's time inside the daemon is
+ * taken from the result's time_us (the runner's time: upload, planning or
+ * autotuning, compute, readback; no queueing, no socket) and shown in a
+ * table of its own, with the same ratios.
+ *
  * Usage: bench_cache PATH/TO/dspkd [steady-runs]
- * Prints a markdown table; the goals are cold/warm >= 100 and
+ * Prints markdown tables; the goals are cold/warm >= 100 and
  * warm/steady <= 2.
  */
 #include <errno.h>
@@ -110,6 +115,7 @@ struct faults {
 
 static pid_t g_daemon; /* the daemon whose faults run_ms() counts */
 static struct faults g_last; /* faults taken during the last run_ms() */
+static double g_last_us;     /* the daemon's time_us of the last run_ms() */
 
 static struct faults read_faults(pid_t pid) {
   struct faults f = {0, 0, 0};
@@ -171,6 +177,7 @@ static double run_ms(dspk_client *c, const dspk_task *t) {
             dspk_last_error(c));
     exit(1);
   }
+  g_last_us = (double)r.time_us;
   dspk_result_free(&r);
   return t1 - t0;
 }
@@ -182,6 +189,8 @@ struct phase {
   double fft_first_flt, fir_first_flt, fft_steady_flt, fir_steady_flt;
   /* daemon cpu time (ms, all threads): same tasks */
   double fft_first_cpu, fir_first_cpu, fft_steady_cpu, fir_steady_cpu;
+  /* time_us inside the daemon: first tasks, and medians of the steady runs */
+  double fft_first_us, fir_first_us, fft_steady_us, fir_steady_us;
 };
 
 static void lifetime(const char *dspkd, const char *sock, const char *cache,
@@ -199,27 +208,39 @@ static void lifetime(const char *dspkd, const char *sock, const char *cache,
   out->fft_first = run_ms(c, fft);
   out->fft_first_flt = (double)g_last.minflt;
   out->fft_first_cpu = g_last.cpu_ms;
+  out->fft_first_us = g_last_us;
   p.notes = 0;
   out->fir_first = run_ms(c, fir);
   out->fir_first_flt = (double)g_last.minflt;
   out->fir_first_cpu = g_last.cpu_ms;
+  out->fir_first_us = g_last_us;
   out->fir_progress = p.notes;
   double *v = calloc((size_t)steady, sizeof *v);
-  if (!v)
+  double *us = calloc((size_t)steady, sizeof *us);
+  if (!v || !us)
     die("calloc", DSPK_ENOMEM);
-  for (int i = 0; i < steady; i++)
+  for (int i = 0; i < steady; i++) {
     v[i] = run_ms(c, fft);
+    us[i] = g_last_us;
+  }
   out->fft_steady_flt = (double)g_last.minflt;
   out->fft_steady_cpu = g_last.cpu_ms;
   qsort(v, (size_t)steady, sizeof *v, cmp_d);
+  qsort(us, (size_t)steady, sizeof *us, cmp_d);
   out->fft_steady = v[steady / 2];
-  for (int i = 0; i < steady; i++)
+  out->fft_steady_us = us[steady / 2];
+  for (int i = 0; i < steady; i++) {
     v[i] = run_ms(c, fir);
+    us[i] = g_last_us;
+  }
   out->fir_steady_flt = (double)g_last.minflt;
   out->fir_steady_cpu = g_last.cpu_ms;
   qsort(v, (size_t)steady, sizeof *v, cmp_d);
+  qsort(us, (size_t)steady, sizeof *us, cmp_d);
   out->fir_steady = v[steady / 2];
+  out->fir_steady_us = us[steady / 2];
   free(v);
+  free(us);
   dspk_close(c);
   stop_daemon(pid);
 }
@@ -296,6 +317,10 @@ int main(int argc, char **argv) {
   MEDIAN(fft_steady_cpu);
   MEDIAN(fir_steady_flt);
   MEDIAN(fir_steady_cpu);
+  MEDIAN(fft_first_us);
+  MEDIAN(fir_first_us);
+  MEDIAN(fft_steady_us);
+  MEDIAN(fir_steady_us);
   warm.fir_progress = w[0].fir_progress;
 
   printf("| task | cold first (ms) | warm first after restart (ms, median of %d) "
@@ -319,6 +344,20 @@ int main(int argc, char **argv) {
          "ms | %.0f flt, %.1f ms |\n", cold.fir_first_flt, cold.fir_first_cpu,
          warm.fir_first_flt, warm.fir_first_cpu, warm.fir_steady_flt,
          warm.fir_steady_cpu);
+  printf("\ninside the daemon: the results' time_us in ms (the runner's time "
+         "per task: upload, planning/autotuning, compute, readback; no "
+         "queueing, no socket); warm: medians over the warm lifetimes; "
+         "steady: median of the steady runs:\n\n"
+         "| task | cold first (ms) | warm first (ms) | steady (ms) "
+         "| cold / warm | warm / steady |\n|---|---|---|---|---|---|\n");
+  printf("| fft 2^20 c64 | %.2f | %.2f | %.2f | %.0fx | %.2fx |\n",
+         cold.fft_first_us / 1e3, warm.fft_first_us / 1e3,
+         warm.fft_steady_us / 1e3, cold.fft_first_us / warm.fft_first_us,
+         warm.fft_first_us / warm.fft_steady_us);
+  printf("| fir f32 (1, 2^18), 200 taps | %.2f | %.2f | %.2f | %.0fx | %.2fx "
+         "|\n", cold.fir_first_us / 1e3, warm.fir_first_us / 1e3,
+         warm.fir_steady_us / 1e3, cold.fir_first_us / warm.fir_first_us,
+         warm.fir_first_us / warm.fir_steady_us);
   printf("\nprogress notifications during the cold fir: %d; during the warm "
          "one: %d\n", cold.fir_progress, warm.fir_progress);
 
