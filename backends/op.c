@@ -504,3 +504,13 @@ int dspk__op_infer(struct dspk__op *op, char *msg, size_t msglen) {
     return fail(msg, msglen, DSPK_EINVAL, "unknown op %d", (int)op->kind);
   }
 }
+
+int dspk__op_fail(struct dspk__opctx *ctx, int code, const char *fmt, ...) {
+  if (ctx && ctx->errmsg && ctx->errmsg_len) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(ctx->errmsg, ctx->errmsg_len, fmt, ap);
+    va_end(ap);
+  }
+  return code;
+}

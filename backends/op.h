@@ -126,4 +126,9 @@ struct dspk__opctx {
   size_t errmsg_len;
 };
 
+/* Writes a one-line message into ctx->errmsg (when ctx has one) and returns
+ * code: how every backend fails an op with detail for the client. */
+int dspk__op_fail(struct dspk__opctx *ctx, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
 #endif /* DSPK_BACKENDS_OP_H */

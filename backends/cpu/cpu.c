@@ -21,16 +21,6 @@
 #include "backends/cpu/cpu.h"
 #include "backends/cpu/tune.h"
 
-int dspk__cpu_err(struct dspk__opctx *ctx, int code, const char *fmt, ...) {
-  if (ctx && ctx->errmsg && ctx->errmsg_len) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(ctx->errmsg, ctx->errmsg_len, fmt, ap);
-    va_end(ap);
-  }
-  return code;
-}
-
 int dspk__cpu_canceled(const struct dspk__opctx *ctx) {
   return ctx && ctx->cancel && atomic_load_explicit(ctx->cancel, memory_order_relaxed);
 }

@@ -89,8 +89,7 @@ static inline void *dspk__cpu_ptr(const struct dspk__tensor *t) {
 }
 
 /* Writes a message into ctx->errmsg (when there is one) and returns code. */
-int dspk__cpu_err(struct dspk__opctx *ctx, int code, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
+#define dspk__cpu_err dspk__op_fail
 
 /* 1 when the client asked to cancel the task. */
 int dspk__cpu_canceled(const struct dspk__opctx *ctx);

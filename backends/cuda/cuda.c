@@ -44,16 +44,6 @@ static int sticky(CUresult r) {
   }
 }
 
-int dspk__cuda_msg(struct dspk__opctx *ctx, int code, const char *fmt, ...) {
-  if (ctx && ctx->errmsg && ctx->errmsg_len) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(ctx->errmsg, ctx->errmsg_len, fmt, ap);
-    va_end(ap);
-  }
-  return code;
-}
-
 int dspk__cuda_err(struct dspk__dev *dev, struct dspk__opctx *ctx,
                    const char *what, CUresult r) {
   const char *name = NULL, *text = NULL;

@@ -93,8 +93,7 @@ struct dspk__dev {
 int dspk__cuda_err(struct dspk__dev *dev, struct dspk__opctx *ctx,
                    const char *what, CUresult r);
 /* Writes a message into ctx->errmsg (when there is one) and returns code. */
-int dspk__cuda_msg(struct dspk__opctx *ctx, int code, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
+#define dspk__cuda_msg dspk__op_fail
 
 /* Device pointer of a tensor's first element (0 for an empty tensor the
  * daemon placed without memory). */

@@ -162,8 +162,7 @@ struct dspk__dev {
  * DSPK_EDEVICE otherwise; 0 for VK_SUCCESS). */
 int dspk__vk_err(VkResult r);
 /* Formats into ctx->errmsg (when there is a ctx) and returns code. */
-int dspk__vk_fail(struct dspk__opctx *ctx, int code, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
+#define dspk__vk_fail dspk__op_fail
 
 /* Returns the command buffer being recorded, beginning one when none is
  * (a ring slot whose previous submission finished; waits for it when the

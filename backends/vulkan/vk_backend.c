@@ -39,16 +39,6 @@ int dspk__vk_err(VkResult r) {
   }
 }
 
-int dspk__vk_fail(struct dspk__opctx *ctx, int code, const char *fmt, ...) {
-  if (ctx && ctx->errmsg && ctx->errmsg_len) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(ctx->errmsg, ctx->errmsg_len, fmt, ap);
-    va_end(ap);
-  }
-  return code;
-}
-
 /* ---- probe / shutdown ---------------------------------------------------- */
 
 static void unload(void) {
