@@ -63,42 +63,12 @@ void dspk__cpu_fft_release(struct dspk__dev *dev) {
   dev->nplans = 0;
 }
 
-/* Makes a plan on scratch arrays; NULL when out of memory or FFTW fails.
- * Caller holds the lock. */
-static void *make_plan(int kind, int dbl, int n, int batch, int inplace,
-                       int aligned, unsigned flags) {
-  size_t cs = dbl ? 16 : 8, rs = dbl ? 8 : 4;
-  int nh = n / 2 + 1;
-  size_t in_bytes, out_bytes;
-  int idist, odist;
-  switch (kind) {
-  case DSPK__CPU_FFT_R2C:
-    in_bytes = (size_t)n * batch * rs;
-    out_bytes = (size_t)nh * batch * cs;
-    idist = n;
-    odist = nh;
-    break;
-  case DSPK__CPU_FFT_C2R:
-    in_bytes = (size_t)nh * batch * cs;
-    out_bytes = (size_t)n * batch * rs;
-    idist = nh;
-    odist = n;
-    break;
-  default:
-    in_bytes = out_bytes = (size_t)n * batch * cs;
-    idist = odist = n;
-    break;
-  }
-  if (kind == DSPK__CPU_FFT_R2C || kind == DSPK__CPU_FFT_C2R)
-    inplace = 0; /* the padded in-place real layout is never used here */
-  if (!aligned)
-    flags |= FFTW_UNALIGNED;
-  void *in = dbl ? fftw_malloc(in_bytes) : fftwf_malloc(in_bytes);
-  void *out = inplace ? in : dbl ? fftw_malloc(out_bytes) : fftwf_malloc(out_bytes);
-  void *plan = NULL;
-  if (!in || !out)
-    goto done;
+/* One FFTW planner call for kind/precision; in and out are the planning
+ * arrays.  The plan, or NULL. */
+static void *plan_dft(int kind, int dbl, int n, int batch, void *in, void *out,
+                      int idist, int odist, unsigned flags) {
   int nn = n;
+  void *plan = NULL;
   if (dbl) {
     switch (kind) {
     case DSPK__CPU_FFT_R2C:
@@ -132,6 +102,54 @@ static void *make_plan(int kind, int dbl, int n, int batch, int inplace,
                                  flags);
     }
   }
+  return plan;
+}
+
+/* Makes a plan on scratch arrays; NULL when out of memory or FFTW fails.
+ * *measured is set when FFTW measured (new wisdom).  Caller holds the lock. */
+static void *make_plan(int kind, int dbl, int n, int batch, int inplace,
+                       int aligned, unsigned flags, int *measured) {
+  size_t cs = dbl ? 16 : 8, rs = dbl ? 8 : 4;
+  int nh = n / 2 + 1;
+  size_t in_bytes, out_bytes;
+  int idist, odist;
+  switch (kind) {
+  case DSPK__CPU_FFT_R2C:
+    in_bytes = (size_t)n * batch * rs;
+    out_bytes = (size_t)nh * batch * cs;
+    idist = n;
+    odist = nh;
+    break;
+  case DSPK__CPU_FFT_C2R:
+    in_bytes = (size_t)nh * batch * cs;
+    out_bytes = (size_t)n * batch * rs;
+    idist = nh;
+    odist = n;
+    break;
+  default:
+    in_bytes = out_bytes = (size_t)n * batch * cs;
+    idist = odist = n;
+    break;
+  }
+  if (kind == DSPK__CPU_FFT_R2C || kind == DSPK__CPU_FFT_C2R)
+    inplace = 0; /* the padded in-place real layout is never used here */
+  if (!aligned)
+    flags |= FFTW_UNALIGNED;
+  void *in = dbl ? fftw_malloc(in_bytes) : fftwf_malloc(in_bytes);
+  void *out = inplace ? in : dbl ? fftw_malloc(out_bytes) : fftwf_malloc(out_bytes);
+  void *plan = NULL;
+  if (!in || !out)
+    goto done;
+  /* With MEASURE (FFTW_ESTIMATE unset), a plan that stored wisdom already
+   * answers is made without measuring and adds no wisdom: only a measured
+   * plan makes the device's wisdom worth saving again. */
+  if (!(flags & FFTW_ESTIMATE))
+    plan = plan_dft(kind, dbl, n, batch, in, out, idist, odist,
+                    flags | FFTW_WISDOM_ONLY);
+  if (!plan) {
+    plan = plan_dft(kind, dbl, n, batch, in, out, idist, odist, flags);
+    *measured = plan && !(flags & FFTW_ESTIMATE);
+  }
 done:
   if (dbl) {
     if (out && out != in)
@@ -161,7 +179,8 @@ void *dspk__cpu_fft_plan(struct dspk__dev *dev, int kind, int dbl, int n,
   }
   unsigned flags = dspk__cpu_fft_flags(dev, kind, dbl, n, batch);
   dspk__cpu_fftw_lock();
-  void *plan = make_plan(kind, dbl, n, batch, inplace, aligned, flags);
+  int measured = 0;
+  void *plan = make_plan(kind, dbl, n, batch, inplace, aligned, flags, &measured);
   struct dspk__cpu_plan *slot = NULL;
   if (plan) {
     if (dev->nplans < DSPK__CPU_PLANS) {
@@ -181,8 +200,8 @@ void *dspk__cpu_fft_plan(struct dspk__dev *dev, int kind, int dbl, int n,
                                   .aligned = aligned, .n = n, .batch = batch,
                                   .plan = plan, .last_use = now};
   dev->plans_made++;
-  if (!(flags & FFTW_ESTIMATE))
-    dev->wisdom_dirty = 1; /* measured: new wisdom to store after the op */
+  if (measured)
+    dev->wisdom_dirty = 1; /* new wisdom to store after the op */
   return plan;
 }
 

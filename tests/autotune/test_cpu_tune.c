@@ -122,6 +122,16 @@ static void test_fft_wisdom(void **state) {
   assert_int_equal(s.kind[DSPK__CACHE_BLOBS].entries, 2);
   assert_int_equal(dspk__cpu_tune_wisdom_save(dev), 0);
   assert_true(dspk__cpu_tune_wisdom_load(dev) >= 1);
+
+  /* A plan the stored wisdom answers is not measured and makes nothing to
+   * save (a restarted daemon's first fft used to export and compare its
+   * whole wisdom after such a plan); a new size is measured. */
+  dspk__cpu_fft_release(dev);
+  dev->wisdom_dirty = 0;
+  assert_non_null(dspk__cpu_fft_plan(dev, DSPK__CPU_FFT_FWD, 1, 2048, 1, 0, 1));
+  assert_int_equal(dev->wisdom_dirty, 0);
+  assert_non_null(dspk__cpu_fft_plan(dev, DSPK__CPU_FFT_FWD, 1, 1536, 1, 0, 1));
+  assert_int_equal(dev->wisdom_dirty, 1);
 }
 
 int main(void) {
