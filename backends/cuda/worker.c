@@ -64,35 +64,6 @@ static int find_worker(char *out, size_t len) {
   return DSPK_ENOENT;
 }
 
-static int read_full(int fd, void *p, size_t n) {
-  char *c = p;
-  while (n > 0) {
-    ssize_t r = read(fd, c, n);
-    if (r < 0 && errno == EINTR)
-      continue;
-    if (r <= 0)
-      return -1;
-    c += r;
-    n -= (size_t)r;
-  }
-  return 0;
-}
-
-static int write_full(int fd, const void *p, size_t n) {
-  const char *c = p;
-  while (n > 0) {
-    /* MSG_NOSIGNAL: a dead worker must not take the daemon with it. */
-    ssize_t r = send(fd, c, n, MSG_NOSIGNAL);
-    if (r < 0 && errno == EINTR)
-      continue;
-    if (r <= 0)
-      return -1;
-    c += r;
-    n -= (size_t)r;
-  }
-  return 0;
-}
-
 /* Describes how the worker ended into buf. */
 static void reap(struct dspk__dev *dev, char *buf, size_t len) {
   int st = 0;
@@ -149,7 +120,7 @@ static int start(struct dspk__dev *dev, struct dspk__opctx *ctx) {
   }
   dev->worker_pid = pid;
   dev->worker_fd = sv[0];
-  if (read_full(dev->worker_fd, &rep, sizeof(rep)) != 0 || rep.magic != DSPK__WORKER_MAGIC) {
+  if (dspk__worker_read(dev->worker_fd, &rep, sizeof(rep)) != 0 || rep.magic != DSPK__WORKER_MAGIC) {
     reap(dev, how, sizeof(how));
     return dspk__cuda_msg(ctx, DSPK_EDEVICE, "kernel: the kernel worker did not start (%s)",
                           how);
@@ -221,14 +192,14 @@ static int attempt(struct dspk__dev *dev, struct dspk__op *op, const void *cubin
   }
   if (dev->worker_pid <= 0 && (rc = start(dev, ctx)))
     goto out;
-  if (write_full(dev->worker_fd, &q, sizeof(q)) != 0 ||
-      write_full(dev->worker_fd, cubin, cubin_len) != 0)
+  if (dspk__worker_write(dev->worker_fd, &q, sizeof(q)) != 0 ||
+      dspk__worker_write(dev->worker_fd, cubin, cubin_len) != 0)
     goto died;
   for (uint32_t i = 0; i < q.nargs; i++)
     if (q.args[i].kind == DSPK__WARG_DATA &&
-        write_full(dev->worker_fd, host[i], q.args[i].bytes) != 0)
+        dspk__worker_write(dev->worker_fd, host[i], q.args[i].bytes) != 0)
       goto died;
-  if (read_full(dev->worker_fd, &rep, sizeof(rep)) != 0 || rep.magic != DSPK__WORKER_MAGIC)
+  if (dspk__worker_read(dev->worker_fd, &rep, sizeof(rep)) != 0 || rep.magic != DSPK__WORKER_MAGIC)
     goto died;
   rep.msg[sizeof(rep.msg) - 1] = 0;
   if (rep.status != 0) {
@@ -253,7 +224,7 @@ static int attempt(struct dspk__dev *dev, struct dspk__op *op, const void *cubin
   for (uint32_t i = 0; i < q.nargs; i++) {
     if (q.args[i].kind != DSPK__WARG_DATA)
       continue;
-    if (read_full(dev->worker_fd, host[i], q.args[i].bytes) != 0)
+    if (dspk__worker_read(dev->worker_fd, host[i], q.args[i].bytes) != 0)
       goto died;
     r = CU.cuMemcpyHtoD(dspk__cuda_ptr(&op->in[op->u.kernel.args[i].v.tensor]), host[i],
                         q.args[i].bytes);

@@ -62,4 +62,12 @@ struct dspk__wrep {
 };
 /* On success, followed by each DATA argument's bytes in order. */
 
+/* Reads exactly n bytes from fd, retrying on EINTR: 0, or -1 at end of
+ * stream or on an error (backends/cuda/worker_io.c, used by both sides). */
+int dspk__worker_read(int fd, void *p, size_t n);
+/* Writes exactly n bytes to the socket fd, retrying on EINTR and never
+ * raising SIGPIPE (a dead peer must not take this process with it): 0 or
+ * -1. */
+int dspk__worker_write(int fd, const void *p, size_t n);
+
 #endif /* DSPK_BACKENDS_CUDA_WORKER_H */

@@ -17,34 +17,6 @@
 #define CU dspk__cu
 #define FD 3
 
-static int read_full(void *p, size_t n) {
-  char *c = p;
-  while (n > 0) {
-    ssize_t r = read(FD, c, n);
-    if (r < 0 && errno == EINTR)
-      continue;
-    if (r <= 0)
-      return -1;
-    c += r;
-    n -= (size_t)r;
-  }
-  return 0;
-}
-
-static int write_full(const void *p, size_t n) {
-  const char *c = p;
-  while (n > 0) {
-    ssize_t r = write(FD, c, n);
-    if (r < 0 && errno == EINTR)
-      continue;
-    if (r <= 0)
-      return -1;
-    c += r;
-    n -= (size_t)r;
-  }
-  return 0;
-}
-
 static int sticky(CUresult r) {
   return r == CUDA_ERROR_ILLEGAL_ADDRESS || r == CUDA_ERROR_LAUNCH_FAILED ||
          r == CUDA_ERROR_MISALIGNED_ADDRESS || r == CUDA_ERROR_ILLEGAL_INSTRUCTION ||
@@ -79,17 +51,17 @@ int main(int argc, char **argv) {
   if (dspk__cuda_load_driver(why, sizeof(why)) != 0) {
     rep.status = DSPK_ENODEV;
     snprintf(rep.msg, sizeof(rep.msg), "kernel worker: %s", why);
-    write_full(&rep, sizeof(rep));
+    dspk__worker_write(FD, &rep, sizeof(rep));
     return 1;
   }
   if ((r = CU.cuInit(0)) || (r = CU.cuDeviceGet(&dev, atoi(argv[1]))) ||
       (r = CU.cuDevicePrimaryCtxRetain(&ctx, dev)) || (r = CU.cuCtxSetCurrent(ctx)) ||
       (r = CU.cuStreamCreate(&st, CU_STREAM_NON_BLOCKING))) {
     cu_fail(&rep, "kernel worker start", r);
-    write_full(&rep, sizeof(rep));
+    dspk__worker_write(FD, &rep, sizeof(rep));
     return 1;
   }
-  write_full(&rep, sizeof(rep)); /* ready */
+  dspk__worker_write(FD, &rep, sizeof(rep)); /* ready */
   for (;;) {
     struct dspk__wreq q;
     CUdeviceptr mapped[DSPK__WORKER_MAX_ARGS] = {0}, ptrs[DSPK__WORKER_MAX_ARGS];
@@ -99,19 +71,19 @@ int main(int argc, char **argv) {
     CUmodule mod = NULL;
     CUfunction fn;
     int ok = 1;
-    if (read_full(&q, sizeof(q)) != 0 || q.magic != DSPK__WORKER_MAGIC ||
+    if (dspk__worker_read(FD, &q, sizeof(q)) != 0 || q.magic != DSPK__WORKER_MAGIC ||
         q.nargs > DSPK__WORKER_MAX_ARGS || q.cubin_len > (256u << 20))
       return 0; /* the daemon closed the socket (or spoke nonsense) */
     memset(&rep, 0, sizeof(rep));
     rep.magic = DSPK__WORKER_MAGIC;
     q.entry[sizeof(q.entry) - 1] = 0;
     cubin = malloc(q.cubin_len + 1);
-    if (!cubin || read_full(cubin, q.cubin_len) != 0)
+    if (!cubin || dspk__worker_read(FD, cubin, q.cubin_len) != 0)
       return 1;
     for (uint32_t i = 0; i < q.nargs; i++) {
       if (q.args[i].kind == DSPK__WARG_DATA) {
         host[i] = malloc(q.args[i].bytes ? q.args[i].bytes : 1);
-        if (!host[i] || read_full(host[i], q.args[i].bytes) != 0)
+        if (!host[i] || dspk__worker_read(FD, host[i], q.args[i].bytes) != 0)
           return 1;
       }
     }
@@ -171,11 +143,11 @@ int main(int argc, char **argv) {
         cu_fail(&rep, "kernel worker: reading a tensor back", r);
         ok = 0;
       }
-    if (write_full(&rep, sizeof(rep)) != 0)
+    if (dspk__worker_write(FD, &rep, sizeof(rep)) != 0)
       return 1;
     for (uint32_t i = 0; i < q.nargs; i++) {
       if (ok && q.args[i].kind == DSPK__WARG_DATA &&
-          write_full(host[i], q.args[i].bytes) != 0)
+          dspk__worker_write(FD, host[i], q.args[i].bytes) != 0)
         return 1;
       if (!rep.fatal) {
         if (mapped[i])
