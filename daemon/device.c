@@ -322,6 +322,7 @@ static void *runner_main(void *arg) {
   /* "dspk-run:" names runners for the exit checks (daemon/teardown.c). */
   snprintf(tname, sizeof tname, "dspk-run:%.6s", dev->id);
   pthread_setname_np(pthread_self(), tname);
+  dspkd_heap_warm(); /* this thread's malloc arena */
   err = dev->be->open(dev->bindex, &env, &bdev);
   pthread_mutex_lock(&dev->mu);
   if (err < 0) {
@@ -690,4 +691,15 @@ void dspkd_device_counters(struct device *dev, uint64_t *queued, uint64_t *runni
   *failed = dev->failed;
   *stats = dev->stats;
   pthread_mutex_unlock(&dev->mu);
+}
+
+void dspkd_heap_warm(void) {
+  size_t n = (size_t)DSPKD_HEAP_WARM_MB << 20;
+  char *p = malloc(n);
+  if (!p)
+    return;
+  /* volatile: the stores must happen, the point is touching the pages. */
+  for (size_t i = 0; i < n; i += 4096)
+    ((volatile char *)p)[i] = 0;
+  free(p);
 }

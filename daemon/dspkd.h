@@ -336,4 +336,12 @@ int dspkd_m_cache_clear(struct req *r);
 
 uint64_t dspkd_now_ms(void);
 
+/* Touches DSPKD_HEAP_WARM_MB of the calling thread's malloc arena once, at
+ * start, so the first tasks after a (re)start reuse resident pages instead
+ * of faulting in fresh ones: the loop thread (read buffers, answers) and
+ * each runner (operands, work buffers) have arenas of their own.  With the
+ * trim threshold of main() the pages stay in the arena after the free. */
+#define DSPKD_HEAP_WARM_MB 16
+void dspkd_heap_warm(void);
+
 #endif /* DSPKD_DSPKD_H */

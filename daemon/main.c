@@ -276,6 +276,7 @@ int main(int argc, char **argv) {
    * trim at twice that), so freed buffers are reused from the start. */
   mallopt(M_MMAP_THRESHOLD, 32 << 20);
   mallopt(M_TRIM_THRESHOLD, 64 << 20);
+  dspkd_heap_warm();
 
   dspkd_config_defaults(cfg);
 

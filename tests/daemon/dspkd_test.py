@@ -614,6 +614,28 @@ def t_stopheld(exe, tmp):
     check(rc == 0, "exit 0 after SIGTERM, got %d:\n%s" % (rc, d.logtext()))
 
 
+def minflt(pid):
+    """Minor page faults of a process so far (/proc/PID/stat, field 10)."""
+    with open("/proc/%d/stat" % pid) as f:
+        return int(f.read().rsplit(")", 1)[1].split()[7])
+
+
+def t_firsttouch(exe, tmp):
+    """The first task after a start reuses warmed heap pages (dspkd_heap_warm
+    on the loop thread and on each runner): a 1 MiB map task faults in
+    almost nothing (without the warm-up: about 1000 pages)."""
+    d = Daemon(exe, tmp)
+    c = d.client()
+    x = np.random.default_rng(5).standard_normal(1 << 18).astype(np.float32)
+    before = minflt(d.proc.pid)
+    out = run(c, "map", [x], {"fn": "abs"})[0]
+    faults = minflt(d.proc.pid) - before
+    close_enough(out, np.abs(x.astype(np.float64)), "abs", np.float32)
+    check(faults < 100, "first 1 MiB task faulted %d pages (want < 100)" % faults)
+    c.close()
+    d.stop()
+
+
 def t_socket(exe, tmp):
     path = os.path.join(tmp, "stale.sock")
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -803,6 +825,7 @@ GROUPS = {
     "disconnect": t_disconnect,
     "sigterm": t_sigterm,
     "stopheld": t_stopheld,
+    "firsttouch": t_firsttouch,
     "socket": t_socket,
     "backpressure": t_backpressure,
     "progress": t_progress,
