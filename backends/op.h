@@ -17,6 +17,7 @@
 
 #include "dspk/errors.h"
 #include "dspk/types.h"
+#include "proto/dtype.h"
 
 #define DSPK__OP_MAX_IN 4
 #define DSPK__OP_MAX_OUT 2
@@ -40,11 +41,6 @@ struct dspk__tensor {
 int64_t dspk__tensor_numel(const struct dspk__tensor *t);
 /* Size in bytes of the elements. */
 size_t dspk__tensor_nbytes(const struct dspk__tensor *t);
-size_t dspk__dtype_size(dspk_dtype dt);
-int dspk__dtype_is_complex(dspk_dtype dt);
-const char *dspk__dtype_name(dspk_dtype dt);
-/* Returns 0 and writes *out, or DSPK_EDTYPE for an unknown name. */
-int dspk__dtype_from_name(const char *name, size_t len, dspk_dtype *out);
 
 /* A raw kernel argument: a tensor (by index into op.in) or a scalar. */
 enum dspk__karg_kind { DSPK__KARG_TENSOR, DSPK__KARG_I32, DSPK__KARG_U32,

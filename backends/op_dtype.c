@@ -1,48 +1,10 @@
 /*
- * dtype helpers of backends/op.h: sizes, names and complexness, all from the
- * one table in include/dspk/types.h.
+ * Tensor sizes of backends/op.h (the dtype helpers themselves are in
+ * proto/dtype.c).
  */
 #include <string.h>
 
 #include "backends/op.h"
-
-size_t dspk__dtype_size(dspk_dtype dt) {
-  switch (dt) {
-#define XX(e, name, size, cplx) case DSPK_##e: return size;
-    DSPK_DTYPE_MAP(XX)
-#undef XX
-  default: return 0;
-  }
-}
-
-int dspk__dtype_is_complex(dspk_dtype dt) {
-  switch (dt) {
-#define XX(e, name, size, cplx) case DSPK_##e: return cplx;
-    DSPK_DTYPE_MAP(XX)
-#undef XX
-  default: return 0;
-  }
-}
-
-const char *dspk__dtype_name(dspk_dtype dt) {
-  switch (dt) {
-#define XX(e, name, size, cplx) case DSPK_##e: return name;
-    DSPK_DTYPE_MAP(XX)
-#undef XX
-  default: return "?";
-  }
-}
-
-int dspk__dtype_from_name(const char *name, size_t len, dspk_dtype *out) {
-#define XX(e, n, size, cplx)                                                   \
-  if (len == sizeof(n) - 1 && memcmp(name, n, len) == 0) {                     \
-    *out = DSPK_##e;                                                           \
-    return 0;                                                                  \
-  }
-  DSPK_DTYPE_MAP(XX)
-#undef XX
-  return DSPK_EDTYPE;
-}
 
 int64_t dspk__tensor_numel(const struct dspk__tensor *t) {
   int64_t n = 1;

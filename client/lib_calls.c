@@ -15,16 +15,16 @@
 /* ---- small helpers ------------------------------------------------------ */
 
 DSPK_EXPORT size_t dspk_dtype_size(dspk_dtype dt) {
-  return dspk__wire_dtype_size(dt);
+  return dspk__dtype_size(dt);
 }
 
 DSPK_EXPORT const char *dspk_dtype_name(dspk_dtype dt) {
-  return dspk__wire_dtype_name(dt);
+  return dspk__dtype_name(dt);
 }
 
 DSPK_EXPORT int dspk_dtype_from_name(const char *name, dspk_dtype *out) {
   dspk_dtype dt;
-  if (!name || dspk__wire_dtype(name, strlen(name), &dt) != 0)
+  if (!name || dspk__dtype_from_name(name, strlen(name), &dt) != 0)
     return DSPK_EDTYPE;
   *out = dt;
   return 0;
@@ -46,7 +46,7 @@ DSPK_EXPORT void dspk_tensor_inline(dspk_tensor *t, dspk_dtype dt,
   for (unsigned i = 0; i < t->rank; i++)
     t->shape[i] = shape[i];
   t->data = data;
-  t->nbytes = (size_t)dspk_tensor_numel(t) * dspk__wire_dtype_size(dt);
+  t->nbytes = (size_t)dspk_tensor_numel(t) * dspk__dtype_size(dt);
 }
 
 DSPK_EXPORT void dspk_task_init(dspk_task *t, dspk_op op) {
@@ -441,7 +441,7 @@ static int check_task(dspk_client *c, const dspk_task *t) {
                       DSPK_MAX_OUTPUTS);
   for (unsigned i = 0; i < t->ninputs; i++) {
     const dspk_tensor *x = &t->inputs[i];
-    size_t isz = dspk__wire_dtype_size(x->dtype);
+    size_t isz = dspk__dtype_size(x->dtype);
     if (!isz)
       return dspk__cerr(c, DSPK_EDTYPE, "input %u: invalid dtype", i);
     if (x->rank > DSPK_MAX_RANK)

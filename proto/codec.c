@@ -35,37 +35,6 @@ static int fail(int code, char *msg, size_t msglen, const char *fmt, ...) {
   return code;
 }
 
-/* ---- dtypes ------------------------------------------------------------ */
-
-const char *dspk__wire_dtype_name(dspk_dtype dt) {
-  switch (dt) {
-#define XX(e, name, size, cplx) case DSPK_##e: return name;
-    DSPK_DTYPE_MAP(XX)
-#undef XX
-  default: return "?";
-  }
-}
-
-size_t dspk__wire_dtype_size(dspk_dtype dt) {
-  switch (dt) {
-#define XX(e, name, size, cplx) case DSPK_##e: return size;
-    DSPK_DTYPE_MAP(XX)
-#undef XX
-  default: return 0;
-  }
-}
-
-int dspk__wire_dtype(const char *name, size_t len, dspk_dtype *out) {
-#define XX(e, n, size, cplx)                                                   \
-  if (len == sizeof(n) - 1 && memcmp(name, n, len) == 0) {                     \
-    *out = DSPK_##e;                                                           \
-    return 0;                                                                  \
-  }
-  DSPK_DTYPE_MAP(XX)
-#undef XX
-  return DSPK_EDTYPE;
-}
-
 /* ---- envelope ---------------------------------------------------------- */
 
 int dspk__msg_parse(const msgpack_object *root, struct dspk__msg *out,
@@ -310,10 +279,10 @@ int dspk__tensor_decode(const msgpack_object *o,
   v = dspk__map_get(o, "dtype");
   if (dspk__obj_str(v, &s, &slen) != 0)
     return fail(DSPK_EINVAL, msg, msglen, "tensor dtype: expected a string");
-  if (dspk__wire_dtype(s, slen, &t.dtype) != 0)
+  if (dspk__dtype_from_name(s, slen, &t.dtype) != 0)
     return fail(DSPK_EDTYPE, msg, msglen, "unknown dtype \"%.*s\"",
                 (int)(slen > 16 ? 16 : slen), s);
-  isz = dspk__wire_dtype_size(t.dtype);
+  isz = dspk__dtype_size(t.dtype);
 
   v = dspk__map_get(o, "shape");
   if (!v || v->type != MSGPACK_OBJECT_ARRAY)
@@ -351,7 +320,7 @@ int dspk__tensor_decode(const msgpack_object *o,
     if (t.offset % isz != 0)
       return fail(DSPK_EINVAL, msg, msglen,
                   "tensor offset %" PRIu64 " is not a multiple of the %s "
-                  "item size %zu", t.offset, dspk__wire_dtype_name(t.dtype),
+                  "item size %zu", t.offset, dspk__dtype_name(t.dtype),
                   isz);
   } else {
     v = dspk__map_get(o, "data");
@@ -361,7 +330,7 @@ int dspk__tensor_decode(const msgpack_object *o,
     if (slen != t.nbytes)
       return fail(DSPK_EINVAL, msg, msglen,
                   "tensor data has %zu bytes, its %s shape needs %zu",
-                  slen, dspk__wire_dtype_name(t.dtype), t.nbytes);
+                  slen, dspk__dtype_name(t.dtype), t.nbytes);
   }
   *out = t;
   return 0;
@@ -639,7 +608,7 @@ void dspk__pack_notify_head(msgpack_packer *pk, const char *method) {
 void dspk__pack_tensor_meta(msgpack_packer *pk, dspk_dtype dt, unsigned rank,
                             const int64_t *shape) {
   dspk__pack_str(pk, "dtype");
-  dspk__pack_str(pk, dspk__wire_dtype_name(dt));
+  dspk__pack_str(pk, dspk__dtype_name(dt));
   dspk__pack_str(pk, "shape");
   msgpack_pack_array(pk, rank);
   for (unsigned i = 0; i < rank; i++)

@@ -17,6 +17,7 @@
 
 #include "dspk/errors.h"
 #include "dspk/types.h"
+#include "proto/dtype.h"
 #include "proto/frame.h"
 
 #define DSPK_PROTOCOL_VERSION 1
@@ -132,14 +133,6 @@ void dspk__pack_notify_head(msgpack_packer *pk, const char *method);
 /* {dtype, shape} entries of a tensor map; caller packs the map header
  * with the right count and the data or buffer entries. */
 void dspk__pack_tensor_meta(msgpack_packer *pk, dspk_dtype dt, unsigned rank, const int64_t *shape);
-
-/* dtypes on the wire (include/dspk/types.h), kept here so that proto does
- * not depend on backends/.  Name: "f32"..., or "?" for an invalid value.
- * Size: bytes per element, 0 for an invalid value.  Lookup: 0 and *out, or
- * DSPK_EDTYPE for an unknown name. */
-const char *dspk__wire_dtype_name(dspk_dtype dt);
-size_t dspk__wire_dtype_size(dspk_dtype dt);
-int dspk__wire_dtype(const char *name, size_t len, dspk_dtype *out);
 
 /* The error table (include/dspk/errors.h): name ("EINVAL") and message for a
  * code; "EUNKNOWN"/"unknown error" for any other value. */

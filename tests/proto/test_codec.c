@@ -574,15 +574,15 @@ static void test_dtype_table(void **state) {
   (void)state;
   dspk_dtype dt;
 #define XX(e, name, size, cplx)                                                \
-  assert_int_equal(dspk__wire_dtype(name, strlen(name), &dt), 0);             \
+  assert_int_equal(dspk__dtype_from_name(name, strlen(name), &dt), 0);             \
   assert_int_equal(dt, DSPK_##e);                                             \
-  assert_string_equal(dspk__wire_dtype_name(DSPK_##e), name);                 \
-  assert_int_equal(dspk__wire_dtype_size(DSPK_##e), size);
+  assert_string_equal(dspk__dtype_name(DSPK_##e), name);                 \
+  assert_int_equal(dspk__dtype_size(DSPK_##e), size);
   DSPK_DTYPE_MAP(XX)
 #undef XX
-  assert_int_equal(dspk__wire_dtype("f3", 2, &dt), DSPK_EDTYPE);
-  assert_string_equal(dspk__wire_dtype_name(DSPK_DTYPE_COUNT), "?");
-  assert_int_equal(dspk__wire_dtype_size(DSPK_DTYPE_COUNT), 0);
+  assert_int_equal(dspk__dtype_from_name("f3", 2, &dt), DSPK_EDTYPE);
+  assert_string_equal(dspk__dtype_name(DSPK_DTYPE_COUNT), "?");
+  assert_int_equal(dspk__dtype_size(DSPK_DTYPE_COUNT), 0);
 }
 
 int main(void) {

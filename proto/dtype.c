@@ -1,0 +1,46 @@
+/*
+ * dtype helpers (proto/dtype.h), all from the one table in
+ * include/dspk/types.h.
+ */
+#include <string.h>
+
+#include "dspk/errors.h"
+#include "proto/dtype.h"
+
+size_t dspk__dtype_size(dspk_dtype dt) {
+  switch (dt) {
+#define XX(e, name, size, cplx) case DSPK_##e: return size;
+    DSPK_DTYPE_MAP(XX)
+#undef XX
+  default: return 0;
+  }
+}
+
+int dspk__dtype_is_complex(dspk_dtype dt) {
+  switch (dt) {
+#define XX(e, name, size, cplx) case DSPK_##e: return cplx;
+    DSPK_DTYPE_MAP(XX)
+#undef XX
+  default: return 0;
+  }
+}
+
+const char *dspk__dtype_name(dspk_dtype dt) {
+  switch (dt) {
+#define XX(e, name, size, cplx) case DSPK_##e: return name;
+    DSPK_DTYPE_MAP(XX)
+#undef XX
+  default: return "?";
+  }
+}
+
+int dspk__dtype_from_name(const char *name, size_t len, dspk_dtype *out) {
+#define XX(e, n, size, cplx)                                                   \
+  if (len == sizeof(n) - 1 && memcmp(name, n, len) == 0) {                     \
+    *out = DSPK_##e;                                                           \
+    return 0;                                                                  \
+  }
+  DSPK_DTYPE_MAP(XX)
+#undef XX
+  return DSPK_EDTYPE;
+}
