@@ -19,7 +19,6 @@ import random
 import select
 import shutil
 import signal
-import socket
 import struct
 import subprocess
 import sys
@@ -31,51 +30,8 @@ import msgpack
 TIMEOUT = 120.0
 
 
-def check(cond, what):
-    if not cond:
-        raise AssertionError(what)
-
-
-class RpcError(Exception):
-    def __init__(self, err):
-        super().__init__("%s: %s" % (err["name"], err["message"]))
-        self.name = err["name"]
-
-
-class Client:
-    def __init__(self, path):
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.settimeout(TIMEOUT)
-        self.sock.connect(path)
-        self.up = msgpack.Unpacker(raw=False, max_buffer_size=1 << 30)
-        self.msgid = 0
-        self.responses = {}
-
-    def send(self, method, args=None):
-        self.msgid += 1
-        self.sock.sendall(msgpack.packb([0, self.msgid, method, [args] if args else []],
-                                        use_bin_type=True))
-        return self.msgid
-
-    def pump(self):
-        data = self.sock.recv(1 << 20)
-        if not data:
-            raise EOFError("closed")
-        self.up.feed(data)
-        for m in self.up:
-            if m[0] == 1:
-                self.responses[m[1]] = m
-
-    def wait(self, msgid):
-        while msgid not in self.responses:
-            self.pump()
-        m = self.responses.pop(msgid)
-        if m[2] is not None:
-            raise RpcError(m[2])
-        return m[3]
-
-    def call(self, method, args=None):
-        return self.wait(self.send(method, args))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+from dspk_rpc import Client, RpcError, check  # noqa: E402
 
 
 def f32(vals):
@@ -124,7 +80,7 @@ def main():
         ready, _, _ = select.select([r], [], [], TIMEOUT)
         check(ready and os.read(r, 16) == b"READY\n", "dspkd ready")
         t_ready = time.monotonic()
-        c = Client(sock)
+        c = Client(sock, TIMEOUT)
         devs = c.call("devices", {"all": True})
         ids = [d["id"] for d in devs["devices"]]
         print("devices:", ids, "unavailable:", devs["unavailable"])
@@ -194,7 +150,7 @@ def main():
                                      "outputs": [{"buffer": out}]}) for _ in range(200)]
         c.wait(flood[0])
         check(c.call("task.cancel", {"msgid": flood[-1]}) == {"canceled": True}, "cancel queued")
-        c2 = Client(sock)
+        c2 = Client(sock, TIMEOUT)
         mine = c2.call("task.run", {"op": "map", "device": dev, "inputs": [tensor(x, [1000])],
                                     "options": {"fn": "scale", "alpha": 2.0}})
         close(unf32(mine["outputs"][0]["data"]), [2 * v for v in x], "client 2")

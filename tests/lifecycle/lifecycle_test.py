@@ -28,72 +28,8 @@ TIMEOUT = 30.0
 DAEMONS = []
 
 
-def check(cond, what):
-    if not cond:
-        raise AssertionError(what)
-
-
-class RpcError(Exception):
-    def __init__(self, err):
-        super().__init__("%s: %s" % (err.get("name"), err.get("message")))
-        self.name = err.get("name")
-        self.err = err
-
-
-class Client:
-    """A msgpack-RPC client written from docs/protocol.md."""
-
-    def __init__(self, path):
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.settimeout(TIMEOUT)
-        self.sock.connect(path)
-        self.up = msgpack.Unpacker(raw=False, max_buffer_size=1 << 30)
-        self.msgid = 0
-        self.responses = {}
-
-    def send(self, method, args=None):
-        self.msgid += 1
-        params = [args] if args is not None else []
-        self.sock.sendall(msgpack.packb([0, self.msgid, method, params], use_bin_type=True))
-        return self.msgid
-
-    def pump(self):
-        data = self.sock.recv(1 << 20)
-        if not data:
-            raise EOFError("connection closed by the daemon")
-        self.up.feed(data)
-        for m in self.up:
-            if m[0] == 1:
-                self.responses[m[1]] = m
-
-    def wait(self, msgid):
-        while msgid not in self.responses:
-            self.pump()
-        m = self.responses.pop(msgid)
-        if m[2] is not None:
-            raise RpcError(m[2])
-        return m[3]
-
-    def outcome(self, msgid):
-        """'ok' or the error's name."""
-        try:
-            self.wait(msgid)
-            return "ok"
-        except RpcError as e:
-            return e.name
-
-    def call(self, method, args=None):
-        return self.wait(self.send(method, args))
-
-    def expect_eof(self):
-        try:
-            while True:
-                self.pump()
-        except (EOFError, ConnectionResetError):
-            pass
-
-    def close(self):
-        self.sock.close()
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+from dspk_rpc import Client, RpcError, check  # noqa: E402
 
 
 class Notify:
@@ -167,7 +103,7 @@ class Daemon:
             return f.read()
 
     def client(self):
-        return Client(self.sock)
+        return Client(self.sock, TIMEOUT)
 
     def wait(self):
         try:
@@ -320,7 +256,7 @@ def t_activation(exe, tmp):
         got, _, _ = select.select([p.stderr], [], [], TIMEOUT)
         first = p.stderr.readline().decode() if got else ""
         check(first.startswith("Listening on %s" % sock), "activator listens: %r" % first)
-        c = Client(sock)
+        c = Client(sock, TIMEOUT)
         check(c.call("ping", {"data": b"act"})["data"] == b"act", "served on the passed socket")
         ready = note.until(lambda m: m.get("READY") == "1", "READY=1")
         check("STATUS" in ready, "STATUS with READY")
@@ -522,7 +458,7 @@ def t_config(exe, tmp):
     got, _, _ = select.select([r], [], [], TIMEOUT)
     check(got and os.read(r, 16) == b"READY\n", "started from the file")
     os.close(r)
-    c = Client(sock)
+    c = Client(sock, TIMEOUT)
     st = c.call("status")
     lim = st["daemon"]["limits"]
     check(lim["max_message"] == 64 << 20 and lim["max_unsent"] == 1 << 20 and
@@ -720,7 +656,7 @@ def t_cycles(exe, tmp, count=200):
             log.seek(0)
             raise AssertionError("cycle %d: not ready:\n%s" % (i, log.read()[-3000:]))
         if i % 10 == 0:
-            c = Client(sock)
+            c = Client(sock, TIMEOUT)
             check(c.call("ping", {"data": b"%d" % i})["data"] == b"%d" % i, "ping")
             c.close()
         p.send_signal(signal.SIGTERM)
