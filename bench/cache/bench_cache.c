@@ -32,6 +32,7 @@
 #include <dirent.h>
 #include <unistd.h>
 
+#include "bench/common/bench_daemon.h"
 #include "dspk/dspk.h"
 
 #define FFT_N (1 << 20)
@@ -54,41 +55,6 @@ static void die(const char *what, int err) {
   fprintf(stderr, "bench_cache: %s: %s\n", what,
           err < 0 ? dspk_strerror(err) : strerror(errno));
   exit(1);
-}
-
-static pid_t start_daemon(const char *dspkd, const char *sock,
-                          const char *cache) {
-  int fds[2];
-  if (pipe(fds) != 0)
-    die("pipe", 0);
-  pid_t pid = fork();
-  if (pid == 0) {
-    char fdarg[16];
-    close(fds[0]);
-    snprintf(fdarg, sizeof fdarg, "%d", fds[1]);
-    execl(dspkd, dspkd, "--socket", sock, "--backends", "cpu", "--cache",
-          cache, "--foreground", "--log-level", "warn", "--ready-fd", fdarg,
-          (char *)NULL);
-    _exit(127);
-  }
-  close(fds[1]);
-  char buf[16];
-  ssize_t n = read(fds[0], buf, sizeof buf); /* READY, or EOF if it died */
-  close(fds[0]);
-  if (n <= 0) {
-    fprintf(stderr, "bench_cache: dspkd did not start\n");
-    exit(1);
-  }
-  return pid;
-}
-
-static void stop_daemon(pid_t pid) {
-  int st;
-  kill(pid, SIGTERM);
-  if (waitpid(pid, &st, 0) != pid || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
-    fprintf(stderr, "bench_cache: dspkd did not exit cleanly\n");
-    exit(1);
-  }
 }
 
 struct progress {
@@ -196,7 +162,7 @@ struct phase {
 static void lifetime(const char *dspkd, const char *sock, const char *cache,
                      const dspk_task *fft, const dspk_task *fir, int steady,
                      struct phase *out) {
-  pid_t pid = start_daemon(dspkd, sock, cache);
+  pid_t pid = dspk_bench_start_daemon("bench_cache", dspkd, sock, cache);
   g_daemon = pid;
   dspk_client *c;
   if (dspk_connect(sock, "bench_cache", &c) < 0) {
@@ -242,7 +208,10 @@ static void lifetime(const char *dspkd, const char *sock, const char *cache,
   free(v);
   free(us);
   dspk_close(c);
-  stop_daemon(pid);
+  if (dspk_bench_stop_daemon(pid) != 0) {
+    fprintf(stderr, "bench_cache: dspkd did not exit cleanly\n");
+    exit(1);
+  }
 }
 
 int main(int argc, char **argv) {

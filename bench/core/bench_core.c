@@ -28,6 +28,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench/common/bench_daemon.h"
 #include "dspk/dspk.h"
 
 static double now_us(void) {
@@ -50,32 +51,6 @@ static double pct(double *v, size_t n, double p) {
 static void die(const char *what, int err) {
   fprintf(stderr, "bench_core: %s: %s\n", what, err < 0 ? dspk_strerror(err) : strerror(errno));
   exit(1);
-}
-
-/* ---- the daemon ---------------------------------------------------------- */
-
-static pid_t start_daemon(const char *dspkd, const char *sock, const char *cache) {
-  int fds[2];
-  if (pipe(fds) != 0)
-    die("pipe", 0);
-  pid_t pid = fork();
-  if (pid == 0) {
-    char fdarg[16];
-    close(fds[0]);
-    snprintf(fdarg, sizeof fdarg, "%d", fds[1]);
-    execl(dspkd, dspkd, "--socket", sock, "--backends", "cpu", "--cache", cache,
-          "--foreground", "--log-level", "warn", "--ready-fd", fdarg, (char *)NULL);
-    _exit(127);
-  }
-  close(fds[1]);
-  char buf[16];
-  ssize_t n = read(fds[0], buf, sizeof buf); /* READY, or EOF if it died */
-  close(fds[0]);
-  if (n <= 0) {
-    fprintf(stderr, "bench_core: dspkd did not start\n");
-    exit(1);
-  }
-  return pid;
 }
 
 /* ---- raw ping-pong floor ------------------------------------------------- */
@@ -194,7 +169,7 @@ int main(int argc, char **argv) {
   snprintf(raw, sizeof raw, "%s/raw.sock", dir);
   signal(SIGPIPE, SIG_IGN);
 
-  pid_t dpid = start_daemon(argv[1], sock, cache);
+  pid_t dpid = dspk_bench_start_daemon("bench_core", argv[1], sock, cache);
   dspk_client *c;
   int err = dspk_connect(sock, "bench_core", &c);
   if (err < 0) {
@@ -350,10 +325,7 @@ int main(int argc, char **argv) {
   fftwf_free(Y);
 done:
   dspk_close(c);
-  kill(dpid, SIGTERM);
-  int st;
-  waitpid(dpid, &st, 0);
-  printf("\ndspkd exit status %d\n", WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+  printf("\ndspkd exit status %d\n", dspk_bench_stop_daemon(dpid));
   unlink(cache);
   char wal[300];
   snprintf(wal, sizeof wal, "%s-wal", cache);
