@@ -47,6 +47,26 @@ struct dspk__cuda_module {
   int loaded;
 };
 
+/* The pinned staging ring of a device (cuda.c): every host<->device copy of
+ * the backend goes through n chunks of `chunk` bytes of page-locked host
+ * memory, used in ring order.  busy[i] says a copy from or into chunk i may
+ * be in flight on the stream and ev[i] marks its end: nothing writes or
+ * reads the chunk before that event has completed.  host is NULL when
+ * staging is off (DSPK_CUDA_STAGE_CHUNKS=0) or could not be allocated; the
+ * backend then copies from pageable memory directly. */
+#define DSPK__CUDA_STAGE_MAX 64
+struct dspk__cuda_stage {
+  unsigned char *host;
+  size_t chunk;
+  int n, next;
+  int broken; /* an in-flight copy lost its event: never reuse host */
+  CUevent ev[DSPK__CUDA_STAGE_MAX];
+  unsigned char busy[DSPK__CUDA_STAGE_MAX];
+  /* Counters (tests, benchmarks): chunks copied each way, and how often a
+   * chunk had to wait for its previous copy to finish. */
+  uint64_t chunks_h2d, chunks_d2h, waits;
+};
+
 struct dspk__dev {
   int index;
   CUdevice cudev;
@@ -85,6 +105,8 @@ struct dspk__dev {
   uint64_t worker_starts;
 
   uint64_t kernels_compiled, kernel_cache_hits, faults;
+
+  struct dspk__cuda_stage stage;
 };
 
 /* Formats a CUDA driver error "cuX: CUDA_ERROR_Y (text)" into ctx->errmsg
@@ -157,6 +179,19 @@ void dspk__cuda_raw_module_evict(void *ud, void *mod);
 void dspk__cuda_set_sync_on_evict(struct dspk__dev *dev, int on);
 void dspk__cuda_set_trace_events(struct dspk__dev *dev, CUevent start, CUevent end);
 CUstream dspk__cuda_stream(struct dspk__dev *dev);
+/* Replaces dev's staging ring by one of nchunks chunks of chunk bytes
+ * (nchunks 0: staging off, pageable copies), after waiting for the copies
+ * of the old one.  Returns 0 or a dspk_errno (the ring is then off). */
+int dspk__cuda_stage_config(struct dspk__dev *dev, int nchunks, size_t chunk);
+/* Host to device and device to host through the staging ring (or directly
+ * when it is off): the backend's write() and read() without their checks,
+ * for the backend's own transfers.  stage_write returns once src has been
+ * copied (the DMA may still run); stage_read once dst is filled, which also
+ * orders it after all work enqueued before.  0 or a dspk_errno. */
+int dspk__cuda_stage_write(struct dspk__dev *dev, CUdeviceptr dst,
+                           const void *src, size_t n);
+int dspk__cuda_stage_read(struct dspk__dev *dev, void *dst, CUdeviceptr src,
+                          size_t n);
 cublasHandle_t dspk__cuda_blas(struct dspk__dev *dev);
 
 #endif /* DSPK_BACKENDS_CUDA_CUDA_INTERNAL_H */

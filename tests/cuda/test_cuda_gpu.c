@@ -618,6 +618,159 @@ static void test_other_device_untouched(void **state) {
 
 /* ---- warm kernel cache across a restart ------------------------------------ */
 
+/* ---- pinned staging ------------------------------------------------------ */
+
+/* Fills n bytes with a pattern that differs per tag and per position. */
+static void fill_bytes(unsigned char *p, size_t n, unsigned tag) {
+  uint64_t x = 0x2545f4914f6cdd1dull ^ ((uint64_t)tag * 0x9e3779b97f4a7c15ull);
+  for (size_t i = 0; i < n; i++) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    p[i] = (unsigned char)(x >> 24);
+  }
+}
+
+/* Writes n pattern bytes (from an odd host address) at an odd offset of a
+ * fresh device block, reads them back (into an odd host address), and
+ * compares; also reads back a middle part on its own. */
+static void roundtrip(size_t n, unsigned tag) {
+  struct dspk__mem *m = NULL;
+  size_t off = 7, sub = n / 3;
+  unsigned char *src = malloc(n + 2), *dst = malloc(n + 2);
+  assert_non_null(src);
+  assert_non_null(dst);
+  fill_bytes(src + 1, n, tag);
+  memset(dst, 0xa5, n + 2);
+  assert_int_equal(GPU->alloc(gpu, n + off + 5, &m), 0);
+  assert_int_equal(GPU->write(gpu, m, off, src + 1, n), 0);
+  assert_int_equal(GPU->read(gpu, m, off, dst + 1, n), 0);
+  if (memcmp(src + 1, dst + 1, n) != 0)
+    fail_msg("staging round trip of %zu bytes (tag %u) differs", n, tag);
+  assert_int_equal(dst[0], 0xa5);
+  assert_int_equal(dst[n + 1], 0xa5);
+  if (n > 3) {
+    memset(dst, 0, n + 2);
+    assert_int_equal(GPU->read(gpu, m, off + sub, dst, n - 2 * sub), 0);
+    assert_memory_equal(dst, src + 1 + sub, n - 2 * sub);
+  }
+  GPU->free(gpu, m);
+  free(src);
+  free(dst);
+}
+
+/* A kernel that keeps the stream busy for about `cycles` clocks, so that
+ * copies enqueued after it wait in the stream while the host goes on. */
+static void launch_spin(long long cycles) {
+  static const char src[] =
+      "extern \"C\" __global__ void spin(long long cycles) {\n"
+      "  long long t0 = clock64();\n"
+      "  while (clock64() - t0 < cycles) {}\n"
+      "}\n";
+  static CUmodule mod;
+  static CUfunction fn;
+  void *args[1] = {&cycles};
+  if (!mod) {
+    void *cubin = NULL;
+    size_t len = 0;
+    char log[2048];
+    assert_int_equal(dspk__cuda_compile(gpu, NULL, "spin", src, sizeof(src) - 1, &cubin,
+                                        &len, log, sizeof(log)),
+                     0);
+    assert_int_equal(dspk__cu.cuModuleLoadData(&mod, cubin), CUDA_SUCCESS);
+    free(cubin);
+    assert_int_equal(dspk__cu.cuModuleGetFunction(&fn, mod, "spin"), CUDA_SUCCESS);
+  }
+  assert_int_equal(dspk__cu.cuLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, dspk__cuda_stream(gpu),
+                                           args, NULL),
+                   CUDA_SUCCESS);
+}
+
+static void test_staging(void **state) {
+  static const size_t sizes[] = {1, 3, 4095, 4099, ((size_t)2 << 20) - 1, (size_t)2 << 20,
+                                 ((size_t)2 << 20) + 1, 7654321, ((size_t)40 << 20) + 13};
+  enum { NB = 6 };
+  const size_t small = 64 << 10, bsz = small + 999; /* each spans 2 chunks */
+  struct dspk__mem *mb[NB];
+  unsigned char *host[NB], *back;
+  uint64_t waits0;
+  (void)state;
+  /* The default ring (16 x 2 MiB): transfers inside one chunk, on chunk
+   * boundaries, spanning several chunks and wrapping the whole ring. */
+  assert_non_null(gpu->stage.host);
+  for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++)
+    roundtrip(sizes[i], (unsigned)i);
+  assert_true(gpu->stage.chunks_h2d >= 25 && gpu->stage.chunks_d2h >= 25);
+
+  /* A ring of two 64 KiB chunks, and uploads that queue behind a kernel of
+   * tens of milliseconds: every chunk is reused while its previous DMA is
+   * still waiting in the stream, so each reuse must wait for its event
+   * (without that guard a later upload would overwrite an earlier one's
+   * bytes before they reached the device). */
+  assert_int_equal(dspk__cuda_stage_config(gpu, 2, small), 0);
+  for (int b = 0; b < NB; b++) {
+    host[b] = malloc(bsz);
+    assert_non_null(host[b]);
+    fill_bytes(host[b], bsz, 100u + (unsigned)b);
+    assert_int_equal(GPU->alloc(gpu, bsz, &mb[b]), 0);
+  }
+  waits0 = gpu->stage.waits;
+  launch_spin(40 * 1000 * 1000);
+  for (int b = 0; b < NB; b++)
+    assert_int_equal(GPU->write(gpu, mb[b], 0, host[b], bsz), 0);
+  printf("staging: %llu waits for a busy chunk while uploads queued behind a kernel\n",
+         (unsigned long long)(gpu->stage.waits - waits0));
+  assert_true(gpu->stage.waits - waits0 >= 1);
+  back = malloc(bsz);
+  assert_non_null(back);
+  for (int b = 0; b < NB; b++) {
+    memset(back, 0, bsz);
+    assert_int_equal(GPU->read(gpu, mb[b], 0, back, bsz), 0);
+    if (memcmp(back, host[b], bsz) != 0)
+      fail_msg("upload %d came back different: a staging chunk was overwritten in flight", b);
+  }
+  /* Reads that queue behind a kernel: each chunk is copied out only after
+   * its own DMA. */
+  launch_spin(20 * 1000 * 1000);
+  memset(back, 0, bsz);
+  assert_int_equal(GPU->read(gpu, mb[NB - 1], 0, back, bsz), 0);
+  assert_memory_equal(back, host[NB - 1], bsz);
+  for (int b = 0; b < NB; b++) {
+    GPU->free(gpu, mb[b]);
+    free(host[b]);
+  }
+  free(back);
+  /* Transfers many times the ring, odd sizes, and ops whose operands span
+   * chunks, through the small ring. */
+  roundtrip(((size_t)1 << 20) + 17, 7);
+  roundtrip(small - 1, 8);
+  {
+    int64_t sa[2] = {300, 77}, sb[2] = {77, 129}, sx[2] = {3, 40001};
+    struct dspk__op op;
+    memset(&op, 0, sizeof(op));
+    op.kind = DSPK_OP_GEMM;
+    op.nin = 2;
+    op.in[0] = T(DSPK_F64, 2, sa);
+    op.in[1] = T(DSPK_F64, 2, sb);
+    op.u.gemm.alpha = 1.0;
+    check_op("gemm f64 through a 2 x 64 KiB ring", &op);
+    memset(&op, 0, sizeof(op));
+    op.kind = DSPK_OP_REDUCE;
+    op.nin = 1;
+    op.in[0] = T(DSPK_F32, 2, sx);
+    op.u.reduce.fn = DSPK_REDUCE_SUM;
+    op.u.reduce.axes = 2;
+    check_op("reduce f32 through a 2 x 64 KiB ring", &op);
+  }
+  /* Staging off: copies from pageable memory still round-trip. */
+  assert_int_equal(dspk__cuda_stage_config(gpu, 0, 0), 0);
+  assert_null(gpu->stage.host);
+  roundtrip(3000001, 9);
+  /* Back to the default for the tests that follow. */
+  assert_int_equal(dspk__cuda_stage_config(gpu, 16, (size_t)2 << 20), 0);
+  roundtrip(5, 10);
+}
+
 static void warm_workload(void) {
   struct dspk__op op;
   int64_t s[2] = {64, 100}, h[1] = {7};
@@ -689,6 +842,7 @@ int main(void) {
   char why[256];
   int n, rc;
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_staging),
       cmocka_unit_test(test_gemm),
       cmocka_unit_test(test_gemm_half),
       cmocka_unit_test(test_fft),
