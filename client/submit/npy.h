@@ -24,7 +24,9 @@
 #define DSPK__NPY_MAX_HEADER 65536
 
 /* One array in memory.  data is owned by the struct (free with
- * dspk__npy_free) and holds nbytes = count * itemsize bytes, C order. */
+ * dspk__npy_free) and holds nbytes = count * itemsize bytes, C order.
+ * map is NULL, or the read-only mapping of the file that data points
+ * into (dspk__npy_view). */
 typedef struct dspk__npy {
   dspk_dtype dtype;
   int rank;
@@ -32,6 +34,8 @@ typedef struct dspk__npy {
   uint64_t count;  /* product of shape (1 for a scalar) */
   size_t nbytes;
   void *data;
+  void *map;
+  size_t map_len;
 } dspk__npy;
 
 /* Header fields as parsed from the text of a .npy header. */
@@ -61,6 +65,14 @@ int dspk__npy_load_mem(const void *buf, size_t len, const char *name,
  * missing, DSPK_EIO on read errors, else as dspk__npy_load_mem) with a
  * message naming the file in err. */
 int dspk__npy_load(const char *path, dspk__npy *out, char *err, size_t errlen);
+
+/* Like dspk__npy_load, but a large regular file is mapped read-only
+ * instead of read: data points into the mapping, must not be written, and
+ * stays valid until dspk__npy_free (callers free it before anything may
+ * rewrite the file, e.g. an output of the same name).  Small files and
+ * anything that cannot be mapped take dspk__npy_load's path.  Same
+ * returns and messages as dspk__npy_load. */
+int dspk__npy_view(const char *path, dspk__npy *out, char *err, size_t errlen);
 
 /* Writes an array as a version 1.0 .npy file (2.0 if the header would not
  * fit), with the data starting at a 64-byte boundary like numpy does.

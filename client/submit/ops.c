@@ -300,7 +300,7 @@ static int run_task(dspk__sub_ctx *ctx, const op_args *a, dspk_task *t,
   memset(&res, 0, sizeof res);
   for (i = 0; i < nfiles; i++) {
     int64_t shape[DSPK_MAX_RANK];
-    rc = dspk__npy_load(files[i], &in[i], err, sizeof err);
+    rc = dspk__npy_view(files[i], &in[i], err, sizeof err);
     if (rc < 0) {
       dspk__sub_fail(ctx, rc, "%s", err);
       goto out;
@@ -323,6 +323,10 @@ static int run_task(dspk__sub_ctx *ctx, const op_args *a, dspk_task *t,
   dspk_set_progress(ctx->client, on_progress, &ps);
   rc = dspk_run(ctx->client, t, &res);
   dspk_set_progress(ctx->client, NULL, NULL);
+  /* The inputs may be mappings of files the output is about to replace. */
+  for (i = 0; i < loaded; i++)
+    dspk__npy_free(&in[i]);
+  loaded = 0;
   if (ps.drawn) {
     fputs("\r\033[K", stderr);
     fflush(stderr);
