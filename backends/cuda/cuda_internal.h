@@ -107,6 +107,9 @@ struct dspk__dev {
   uint64_t kernels_compiled, kernel_cache_hits, faults;
 
   struct dspk__cuda_stage stage;
+  /* Test hook: the reduction candidate (tune.c) every reduction launches,
+   * bypassing autotuning; NULL for the normal choice. */
+  const char *reduce_force;
 };
 
 /* Formats a CUDA driver error "cuX: CUDA_ERROR_Y (text)" into ctx->errmsg
@@ -165,6 +168,22 @@ void dspk__cuda_worker_stop(struct dspk__dev *dev);
 int dspk__cuda_launch_tuned(struct dspk__dev *dev, CUfunction fn, int64_t n,
                             void **args, const char *op, const char *shape_class,
                             dspk_dtype dt, struct dspk__opctx *ctx);
+
+/* tune.c.  Launches a reduction (backends/kernels/reduce.cu: args are its
+ * x, out, descriptor and fn) of nout outputs of nred elements each, inner
+ * when the innermost axis is among those reduced, with the kernel and
+ * block size the autotune framework chose for the class, tuning on this
+ * launch's data the first time when tune is set (only when rerunning is
+ * harmless: out does not overlap x).  0 or a dspk_errno. */
+int dspk__cuda_reduce_launch(struct dspk__dev *dev, dspk_dtype dt, int64_t nout,
+                             int64_t nred, int inner, void **args, int tune,
+                             struct dspk__opctx *ctx);
+
+/* Test hook: makes every reduction launch the candidate named (tune.c:
+ * "block128".."block1024", "warp4", "warp8", "thread128", "thread256"), or
+ * the tuned choice again with NULL.  Returns 0, or DSPK_EINVAL for a name
+ * that is not a candidate. */
+int dspk__cuda_set_reduce_force(struct dspk__dev *dev, const char *name);
 
 /* ops.c */
 int dspk__cuda_run(struct dspk__dev *dev, struct dspk__op *op,

@@ -369,16 +369,16 @@ static int op_map(struct dspk__dev *dev, struct dspk__op *op, struct dspk__opctx
   return dspk__cuda_launch1d(dev, fn, n, args, ctx);
 }
 
-/* Reduces X (contiguous, shape/rank) over the axes in mask into out. */
+/* Reduces X (contiguous, shape/rank) over the axes in mask into out, with
+ * the kernel and launch the autotune framework chose (tune.c). */
 static int reduce_into(struct dspk__dev *dev, dspk_dtype dt, const int64_t *shape,
                        int rank, uint32_t mask, int fn_code, CUdeviceptr x,
                        CUdeviceptr out, struct dspk__opctx *ctx) {
   struct rdesc d;
   int64_t st[DSPK_MAX_RANK];
   void *args[4] = {&x, &out, &d, &fn_code};
-  CUfunction fn;
-  CUresult r;
-  int rc;
+  size_t esz = dspk__dtype_size(dt);
+  int inner = rank > 0 && (mask & (1u << (rank - 1))) != 0, overlap;
   memset(&d, 0, sizeof(d));
   strides_of(shape, rank, st);
   d.nout = d.nred_total = 1;
@@ -395,16 +395,10 @@ static int reduce_into(struct dspk__dev *dev, dspk_dtype dt, const int64_t *shap
   }
   if (d.nout == 0)
     return 0;
-  if (d.nred_total >= 64 || d.nout < (int64_t)dev->sms * 64) {
-    int64_t blocks = d.nout < (int64_t)dev->sms * 32 ? d.nout : (int64_t)dev->sms * 32;
-    if ((rc = dspk__cuda_kfunc(dev, DSPK__K_REDUCE, dt, "dspk_reduce_block", &fn, ctx)))
-      return rc;
-    r = CU.cuLaunchKernel(fn, (unsigned)blocks, 1, 1, 256, 1, 1, 0, dev->stream, args, NULL);
-    return r ? dspk__cuda_err(dev, ctx, "cuLaunchKernel", r) : 0;
-  }
-  if ((rc = dspk__cuda_kfunc(dev, DSPK__K_REDUCE, dt, "dspk_reduce_thread", &fn, ctx)))
-    return rc;
-  return dspk__cuda_launch1d(dev, fn, d.nout, args, ctx);
+  /* Tuning runs the kernel several times: only when out is not also read. */
+  overlap = out < x + (CUdeviceptr)((size_t)(d.nout * d.nred_total) * esz) &&
+            x < out + (CUdeviceptr)((size_t)d.nout * esz);
+  return dspk__cuda_reduce_launch(dev, dt, d.nout, d.nred_total, inner, args, !overlap, ctx);
 }
 
 static int op_reduce(struct dspk__dev *dev, struct dspk__op *op, struct dspk__opctx *ctx) {

@@ -2,9 +2,11 @@
  * Reductions (op "reduce"): sum, max, min, mean over a set of axes.  The
  * host splits the input's axes into kept ones (the output, C order) and
  * reduced ones, with their element strides.  dspk_reduce_block uses one
- * block per output element (long reductions); dspk_reduce_thread one thread
- * per output element (short reductions, many outputs).  fn: 0 sum, 1 max,
- * 2 min, 3 mean.
+ * block per output element (long reductions), dspk_reduce_warp one warp
+ * (medium ones), dspk_reduce_thread one thread (short reductions, many
+ * outputs); all three take the same arguments, and the CUDA backend's
+ * autotuning (backends/cuda/tune.c) picks the kernel and its block size per
+ * shape class.  fn: 0 sum, 1 max, 2 min, 3 mean.
  */
 struct dspk_rdesc {
   int nkeep, nred;
@@ -31,8 +33,28 @@ __device__ inline DSPK_ACC dspk_finish(int fn, DSPK_ACC a, dspk_i64 count) {
   return fn == 3 ? dspk_scale(a, 1.0 / (double)count) : a;
 }
 
-extern "C" __global__ void dspk_reduce_block(const DSPK_T *x, DSPK_T *out, dspk_rdesc d, int fn) {
-  __shared__ DSPK_ACC buf[256];
+/* Partial results of a block, in dynamic shared memory: blockDim.x
+ * accumulators (the host passes blockDim.x * sizeof(dspk_c128) bytes). */
+extern __shared__ dspk_c128 dspk_rsmem[];
+
+/* Combines buf[0 .. valid) into buf[0], for a power-of-two width of
+ * threads t = 0 .. width-1 (sequential addressing: no bank conflicts, and
+ * entries at or above valid, which hold nothing, never enter).  Every
+ * thread of the block calls it: it synchronizes the block. */
+__device__ inline void dspk_tree(DSPK_ACC *buf, int t, int width, int valid, int fn) {
+  for (int s = width / 2; s > 0; s /= 2) {
+    if (t < s && t + s < valid)
+      buf[t] = dspk_combine(fn, buf[t], buf[t + s]);
+    __syncthreads();
+  }
+}
+
+/* One block per output element (long reductions); blockDim.x is a power of
+ * two up to 1024 (the launch bound keeps registers within what 1024
+ * threads may use, so no block size fails to launch). */
+extern "C" __global__ void __launch_bounds__(1024) dspk_reduce_block(const DSPK_T *x, DSPK_T *out, dspk_rdesc d, int fn) {
+  DSPK_ACC *buf = (DSPK_ACC *)dspk_rsmem;
+  int valid = (int)(d.nred_total < (dspk_i64)blockDim.x ? d.nred_total : (dspk_i64)blockDim.x);
   for (dspk_i64 o = blockIdx.x; o < d.nout; o += gridDim.x) {
     dspk_i64 base = dspk_offset(o, d.nkeep, d.keep_shape, d.keep_stride);
     DSPK_ACC acc;
@@ -45,16 +67,39 @@ extern "C" __global__ void dspk_reduce_block(const DSPK_T *x, DSPK_T *out, dspk_
     }
     buf[threadIdx.x] = acc;
     __syncthreads();
-    /* Threads without an element hold 0, which only sums may combine. */
-    int valid = (int)(d.nred_total < (dspk_i64)blockDim.x ? d.nred_total : (dspk_i64)blockDim.x);
-    for (int s = 1; s < (int)blockDim.x; s *= 2) {
-      int t = (int)threadIdx.x;
-      if (t % (2 * s) == 0 && t + s < valid)
-        buf[t] = dspk_combine(fn, buf[t], buf[t + s]);
-      __syncthreads();
-    }
+    dspk_tree(buf, (int)threadIdx.x, (int)blockDim.x, valid, fn);
     if (threadIdx.x == 0)
       dspk_store(&out[o], dspk_finish(fn, buf[0], d.nred_total));
+    __syncthreads();
+  }
+}
+
+/* One warp (32 threads) per output element (medium reductions, many
+ * outputs); blockDim.x is a multiple of 32.  The warps of a block step
+ * through the outputs together, so every thread meets every barrier. */
+extern "C" __global__ void __launch_bounds__(256) dspk_reduce_warp(const DSPK_T *x, DSPK_T *out, dspk_rdesc d, int fn) {
+  DSPK_ACC *buf = (DSPK_ACC *)dspk_rsmem;
+  int lane = (int)threadIdx.x % 32, warp = (int)threadIdx.x / 32;
+  dspk_i64 per = (dspk_i64)(blockDim.x / 32);
+  int valid = (int)(d.nred_total < 32 ? d.nred_total : 32);
+  for (dspk_i64 first = (dspk_i64)blockIdx.x * per; first < d.nout; first += (dspk_i64)gridDim.x * per) {
+    dspk_i64 o = first + warp;
+    DSPK_ACC acc;
+    dspk_zero(&acc);
+    if (o < d.nout) {
+      dspk_i64 base = dspk_offset(o, d.nkeep, d.keep_shape, d.keep_stride);
+      int have = 0;
+      for (dspk_i64 r = lane; r < d.nred_total; r += 32) {
+        DSPK_ACC v = dspk_acc(x[base + dspk_offset(r, d.nred, d.red_shape, d.red_stride)]);
+        acc = have ? dspk_combine(fn, acc, v) : v;
+        have = 1;
+      }
+    }
+    buf[threadIdx.x] = acc;
+    __syncthreads();
+    dspk_tree(buf + warp * 32, lane, 32, valid, fn);
+    if (lane == 0 && o < d.nout)
+      dspk_store(&out[o], dspk_finish(fn, buf[threadIdx.x], d.nred_total));
     __syncthreads();
   }
 }

@@ -9,7 +9,11 @@
  * daemon's context and buffers live on and the next raw kernel gets a fresh
  * worker; a worker killed outright is reported and replaced), a contraction trace that evicts plans through the retirement
  * queue (no barrier fallback, nothing leaked), and a restart with a warm
- * kernel cache (nothing compiled the second time).  Exits 77 when the host
+ * kernel cache (nothing compiled the second time).  The pinned staging
+ * ring: round trips of odd sizes spanning chunks and the whole ring, and
+ * uploads that reuse chunks while their earlier DMAs wait behind a busy
+ * stream.  Reductions: every kernel candidate forced in turn, and tuned
+ * launches whose decisions persist in the cache across a reopen.  Exits 77 when the host
  * has no CUDA device.
  */
 #include <math.h>
@@ -66,6 +70,9 @@ static void *rand_data(const struct dspk__tensor *t) {
   return p;
 }
 
+/* Progress callback handed to the GPU's ops by run_on (NULL: none). */
+static void (*run_progress)(void *ud, const char *what, double fraction);
+
 /* Runs op (inputs from host memory) on one backend; writes malloc'd
  * outputs.  Returns the backend's code; the message goes into err. */
 static int run_on(const struct dspk__backend *be, struct dspk__dev *dev,
@@ -74,7 +81,7 @@ static int run_on(const struct dspk__backend *be, struct dspk__dev *dev,
   struct dspk__op op = *tmpl;
   struct dspk__mem *mi[DSPK__OP_MAX_IN] = {0}, *mo[DSPK__OP_MAX_OUT] = {0};
   atomic_int cancel = 0;
-  struct dspk__opctx ctx = {&cancel, NULL, NULL, err, errlen};
+  struct dspk__opctx ctx = {&cancel, be == GPU ? run_progress : NULL, NULL, err, errlen};
   char msg[256];
   int rc = dspk__op_infer(&op, msg, sizeof(msg));
   err[0] = 0;
@@ -340,6 +347,115 @@ static void test_reduce(void **state) {
              (long long)op.in[0].shape[1], (long long)op.in[0].shape[2]);
     check_op(what, &op);
   }
+}
+
+/* ---- reductions: every kernel candidate, and tuned launches -------------- */
+
+static const char *const reduce_cands[] = {"block128", "block256", "block512", "block1024",
+                                           "warp4",    "warp8",    "thread128", "thread256"};
+
+struct rshape {
+  int rank;
+  int64_t shape[3];
+  uint32_t axes;
+};
+/* Long, short, inner, outer, mixed and all-axes reductions, sizes that are
+ * not multiples of a warp or a block. */
+static const struct rshape rshapes[] = {
+    {2, {1, 1, 0}, 0},        {2, {3, 1001, 0}, 2},     {2, {1001, 3, 0}, 1},
+    {3, {5, 7, 301}, 5},      {2, {2, 70001, 0}, 2},    {2, {33, 31, 0}, 0},
+    {3, {129, 17, 3}, 2},     {2, {4099, 33, 0}, 2},
+};
+
+static void reduce_check(const struct rshape *rs, dspk_dtype dt, dspk_reduce fn,
+                         const char *tag) {
+  struct dspk__op op;
+  char what[160];
+  if (dspk__dtype_is_complex(dt) && (fn == DSPK_REDUCE_MAX || fn == DSPK_REDUCE_MIN))
+    fn = DSPK_REDUCE_SUM;
+  memset(&op, 0, sizeof(op));
+  op.kind = DSPK_OP_REDUCE;
+  op.nin = 1;
+  op.in[0] = T(dt, rs->rank, rs->shape);
+  op.u.reduce.fn = fn;
+  op.u.reduce.axes = rs->axes;
+  snprintf(what, sizeof(what), "reduce %s %s fn=%d axes=%u shape=%lldx%lldx%lld", tag,
+           dspk__dtype_name(dt), (int)fn, rs->axes, (long long)rs->shape[0],
+           (long long)rs->shape[1], (long long)rs->shape[2]);
+  check_op(what, &op);
+}
+
+/* Each kernel and block size on its own, whatever tuning would choose,
+ * against the cpu backend. */
+static void test_reduce_candidates(void **state) {
+  int k = 0;
+  (void)state;
+  for (size_t c = 0; c < sizeof(reduce_cands) / sizeof(reduce_cands[0]); c++) {
+    assert_int_equal(dspk__cuda_set_reduce_force(gpu, reduce_cands[c]), 0);
+    for (size_t s = 0; s < sizeof(rshapes) / sizeof(rshapes[0]); s++, k++)
+      reduce_check(&rshapes[s], std4[k % 4], (dspk_reduce)(k / 4 % 4), reduce_cands[c]);
+  }
+  assert_int_equal(dspk__cuda_set_reduce_force(gpu, NULL), 0);
+  assert_int_equal(dspk__cuda_set_reduce_force(gpu, "block2048"), DSPK_EINVAL);
+}
+
+static int tunings; /* "autotune reduce" tunings finished (progress 1.0) */
+static void count_tuning(void *ud, const char *what, double fraction) {
+  (void)ud;
+  if (fraction >= 1.0 && strcmp(what, "autotune reduce") == 0)
+    tunings++;
+}
+
+/* Reductions with a persistent cache: the first of each shape class tunes
+ * (the result still matches the cpu backend), the second does not, and
+ * after a restart (memo forgotten, device reopened on the same cache file)
+ * none tunes: the decisions came from the cache. */
+static void test_reduce_tuned(void **state) {
+  static const struct rshape cls[] = {
+      {2, {4096, 64, 0}, 2},  {2, {64, 4096, 0}, 1}, {2, {8, 100000, 0}, 2},
+      {2, {100000, 8, 0}, 2}, {2, {300, 300, 0}, 0}, {3, {64, 3, 512}, 5},
+  };
+  const int ncls = (int)(sizeof(cls) / sizeof(cls[0]));
+  char path[] = "/tmp/dspk-cuda-rtuneXXXXXX", file[64], warn[256];
+  struct dspk__cache *cache;
+  struct dspk__cache_stats cs;
+  struct dspk__devenv env;
+  (void)state;
+  assert_non_null(mkdtemp(path));
+  snprintf(file, sizeof(file), "%s/cache.db", path);
+  run_progress = count_tuning;
+  for (int round = 0; round < 2; round++) {
+    dspk__autotune_forget_all();
+    assert_int_equal(dspk__cache_open(file, NULL, &cache, warn, sizeof(warn)), 0);
+    memset(&env, 0, sizeof(env));
+    env.cache = cache;
+    GPU->close(gpu);
+    gpu = NULL;
+    assert_int_equal(GPU->open(0, &env, &gpu), 0);
+    tunings = 0;
+    for (int i = 0; i < ncls; i++)
+      reduce_check(&cls[i], i % 2 ? DSPK_F64 : DSPK_F32, DSPK_REDUCE_SUM, "tuned");
+    printf("round %d: %d reduce tunings\n", round, tunings);
+    if (round == 0)
+      assert_int_equal(tunings, ncls);
+    else
+      assert_int_equal(tunings, 0);
+    /* Again in the same process: the memo answers. */
+    tunings = 0;
+    for (int i = 0; i < ncls; i++)
+      reduce_check(&cls[i], i % 2 ? DSPK_F64 : DSPK_F32, DSPK_REDUCE_MAX, "tuned again");
+    assert_int_equal(tunings, 0);
+    assert_int_equal(dspk__cache_stats(cache, &cs), 0);
+    assert_true(cs.kind[DSPK__CACHE_AUTOTUNE].entries >= (uint64_t)ncls);
+    GPU->close(gpu);
+    gpu = NULL;
+    dspk__cache_close(cache);
+  }
+  run_progress = NULL;
+  dspk__autotune_forget_all();
+  assert_int_equal(GPU->open(0, NULL, &gpu), 0);
+  unlink(file);
+  rmdir(path);
 }
 
 static void test_map(void **state) {
@@ -848,6 +964,8 @@ int main(void) {
       cmocka_unit_test(test_fft),
       cmocka_unit_test(test_fir),
       cmocka_unit_test(test_reduce),
+      cmocka_unit_test(test_reduce_candidates),
+      cmocka_unit_test(test_reduce_tuned),
       cmocka_unit_test(test_map),
       cmocka_unit_test(test_contract),
       cmocka_unit_test(test_contract_eviction_trace),
