@@ -174,8 +174,9 @@ static int attempt(struct dspk__dev *dev, struct dspk__op *op, const void *cubin
           rc = DSPK_ENOMEM;
           goto out;
         }
-        if (n && (r = CU.cuMemcpyDtoH(host[i], dspk__cuda_ptr(t), n)) != CUDA_SUCCESS) {
-          rc = dspk__cuda_err(dev, ctx, "kernel: staging a tensor", r);
+        /* Through the pinned staging ring, like every copy of the backend. */
+        if (n && (rc = dspk__cuda_stage_read(dev, host[i], dspk__cuda_ptr(t), n))) {
+          dspk__cuda_msg(ctx, rc, "kernel: staging a tensor failed");
           goto out;
         }
       }
@@ -226,10 +227,11 @@ static int attempt(struct dspk__dev *dev, struct dspk__op *op, const void *cubin
       continue;
     if (dspk__worker_read(dev->worker_fd, host[i], q.args[i].bytes) != 0)
       goto died;
-    r = CU.cuMemcpyHtoD(dspk__cuda_ptr(&op->in[op->u.kernel.args[i].v.tensor]), host[i],
-                        q.args[i].bytes);
-    if (r != CUDA_SUCCESS) {
-      rc = dspk__cuda_err(dev, ctx, "kernel: writing a tensor back", r);
+    /* On the device's stream, so later work on it is ordered after. */
+    rc = dspk__cuda_stage_write(dev, dspk__cuda_ptr(&op->in[op->u.kernel.args[i].v.tensor]),
+                                host[i], q.args[i].bytes);
+    if (rc) {
+      dspk__cuda_msg(ctx, rc, "kernel: writing a tensor back failed");
       goto out;
     }
   }
