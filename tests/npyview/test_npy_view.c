@@ -5,8 +5,9 @@
  * dspk__npy_load of the same file (shape, dtype, every byte) and with the
  * data written; small files take the read path (no mapping); a truncated
  * large file and a missing file fail with the same codes as the read path;
- * and a view stays valid until freed, after which the file can be
- * rewritten in place.
+ * a view stays valid until freed, after which the file can be rewritten;
+ * and dspk__npy_save over an existing file (rewritten in place, then cut
+ * to length) leaves exactly the new array.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -15,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -102,6 +104,34 @@ static void test_view_errors(void **state) {
   free(data);
 }
 
+/* dspk__npy_save rewrites an existing file in place and cuts it to length:
+ * a smaller array over a larger file, and a larger one over it again, both
+ * read back exactly (the reader refuses any stale tail). */
+static void test_save_over_existing(void **state) {
+  uint64_t big[2] = {700, 900}, small[1] = {1000};
+  void *a = pattern(700 * 900 * 8, 7), *b = pattern(1000 * 4, 8);
+  char err[256];
+  dspk__npy v;
+  struct stat st;
+  (void)state;
+  assert_int_equal(dspk__npy_save(path, DSPK_F64, 2, big, a, err, sizeof err), 0);
+  assert_int_equal(dspk__npy_save(path, DSPK_F32, 1, small, b, err, sizeof err), 0);
+  assert_int_equal(stat(path, &st), 0);
+  assert_int_equal(st.st_size, 128 + 1000 * 4);
+  assert_int_equal(dspk__npy_view(path, &v, err, sizeof err), 0);
+  assert_int_equal(v.dtype, DSPK_F32);
+  assert_int_equal(v.count, 1000);
+  assert_memory_equal(v.data, b, 1000 * 4);
+  dspk__npy_free(&v);
+  assert_int_equal(dspk__npy_save(path, DSPK_F64, 2, big, a, err, sizeof err), 0);
+  assert_int_equal(dspk__npy_view(path, &v, err, sizeof err), 0);
+  assert_int_equal(v.count, 700 * 900);
+  assert_memory_equal(v.data, a, 700 * 900 * 8);
+  dspk__npy_free(&v);
+  free(a);
+  free(b);
+}
+
 static void test_view_then_rewrite(void **state) {
   uint64_t big[1] = {300000};
   void *a = pattern(300000 * 4, 5), *b = pattern(300000 * 4, 6);
@@ -128,6 +158,7 @@ int main(void) {
       cmocka_unit_test(test_view_matches_load),
       cmocka_unit_test(test_view_errors),
       cmocka_unit_test(test_view_then_rewrite),
+      cmocka_unit_test(test_save_over_existing),
   };
   int rc;
   snprintf(dir, sizeof dir, "/tmp/dspk-npyview-XXXXXX");
