@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The exit test of issue 6 §5: start dspkd with the Vulkan backend N times,
 # keep several clients submitting raw GLSL kernels that are all different
-# (so the runner is busy compiling and creating pipelines), then end the
+# (so the runner is busy compiling and creating pipelines), wait for the
+# first kernel to complete, then 100-500 ms later end the
 # daemon mid-work and check how it ended:
 #   term    SIGTERM: must exit 0
 #   atexit  exit(3) called from the loop (DSPKD_TEST_EXIT=atexit, SIGHUP):
@@ -54,7 +55,7 @@ GLSL
 total_fail=0
 for m in $modes; do
   case $m in term) want=0 ;; atexit) want=3 ;; fatal) want=1 ;; *) echo "bad mode $m" >&2; exit 2 ;; esac
-  ok=0 aborts=0 hangs=0 other=0 notready=0 done_runs=0 start=$SECONDS
+  ok=0 aborts=0 hangs=0 other=0 nowork=0 notready=0 done_runs=0 start=$SECONDS
   for run in $(seq 1 "$runs"); do
     if [ "$budget" -gt 0 ] && [ $((SECONDS - start)) -ge "$budget" ]; then break; fi
     t0=$(date +%s.%N)
@@ -77,7 +78,13 @@ for m in $modes; do
     fi
     cpids=()
     for c in 1 2 3 4; do client $c $run & cpids+=($!); done
-    # Mid-work: 100..500 ms after the clients started.
+    # Mid-work: once the first kernel has completed (the runner is then
+    # compiling and creating pipelines for the next ones), plus 100..500 ms.
+    for _ in $(seq 1 600); do
+      [ -n "$(find "$tmp" -name 'done.*' -size +0c 2>/dev/null)" ] && break
+      kill -0 $pid 2>/dev/null || break
+      sleep 0.05
+    done
     sleep "0.$(( (RANDOM % 5) + 1 ))"
     if [ "$m" = term ]; then kill -TERM $pid; else kill -HUP $pid; fi
     st=
@@ -98,6 +105,8 @@ for m in $modes; do
       ok=$((ok + 1))
     elif [ "$st" = 134 ] || [ "$st" = 139 ] || [ "$st" = 136 ]; then
       aborts=$((aborts + 1))
+    elif [ "$st" = "$want" ]; then
+      nowork=$((nowork + 1))
     elif [ "$st" != hang ]; then
       other=$((other + 1))
     fi
@@ -108,7 +117,7 @@ for m in $modes; do
     fi
     [ -n "$logs" ] && [ "$run" = 1 ] && cp "$log" "$logs/dspkd.$m.first.log"
   done
-  echo "vk-exit-test mode=$m device=$dev: $ok/$done_runs exited $want; aborts=$aborts hangs=$hangs other=$other not_ready=$notready"
+  echo "vk-exit-test mode=$m device=$dev: $ok/$done_runs exited $want; aborts=$aborts hangs=$hangs other=$other no_work=$nowork not_ready=$notready"
   [ "$ok" = "$done_runs" ] || total_fail=1
 done
 exit $total_fail
