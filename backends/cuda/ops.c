@@ -426,8 +426,11 @@ struct cplan {
   uint32_t red_mask[2];
   int64_t shape[2][DSPK_MAX_RANK];
   int rank[2];
-  /* permutations of the (reduced) operands and of the product */
+  /* permutations of the (reduced) operands and of the product; an operand
+   * already in b m k / b k m (A) or b k n / b n k (B) order is read in place
+   * with a transposition flag, a product wanted as b n m is made as C^T */
   int perm[3];
+  int trans[2], swap;
   struct pdesc pd[3];
   struct dspk__pool_block *ws_red[2], *ws_perm[3];
 };
@@ -523,12 +526,22 @@ static int cplan_make(struct dspk__dev *dev, const struct dspk__op *op, struct c
     memcpy(cl + n, ml, (size_t)nml); n += nml;
     memcpy(cl + n, nl, (size_t)nnl); n += nnl;
     cl[n] = 0;
-    /* Operands: gather from cur[t] into tgt[t]'s order. */
+    /* Operands: read in place when cur[t] is the target or its transposed
+     * form, else gather from cur[t] into tgt[t]'s order. */
     for (int t = 0; t < 2; t++) {
       int64_t st[DSPK_MAX_RANK];
       struct pdesc *d = &pl->pd[t];
+      char alt[3 * DSPK_MAX_RANK + 1];
+      const char *g1 = t == 0 ? ml : kl, *g2 = t == 0 ? kl : nl;
+      int n1 = t == 0 ? nml : nkl, n2 = t == 0 ? nkl : nnl;
+      n = 0;
+      memcpy(alt + n, bl, (size_t)nbl); n += nbl;
+      memcpy(alt + n, g2, (size_t)n2); n += n2;
+      memcpy(alt + n, g1, (size_t)n1); n += n1;
+      alt[n] = 0;
       strides_of(pl->shape[t], pl->rank[t], st);
-      pl->perm[t] = strcmp(srcl[t], tgt[t]) != 0;
+      pl->trans[t] = strcmp(srcl[t], tgt[t]) != 0 && strcmp(srcl[t], alt) == 0;
+      pl->perm[t] = strcmp(srcl[t], tgt[t]) != 0 && !pl->trans[t];
       d->rank = (int)strlen(tgt[t]);
       for (int i = 0; i < d->rank; i++) {
         int at = (int)(strchr(srcl[t], tgt[t][i]) - srcl[t]);
@@ -541,10 +554,17 @@ static int cplan_make(struct dspk__dev *dev, const struct dspk__op *op, struct c
       int64_t cshape[3 * DSPK_MAX_RANK], st[3 * DSPK_MAX_RANK];
       struct pdesc *d = &pl->pd[2];
       int cr = (int)strlen(cl);
+      char alt[3 * DSPK_MAX_RANK + 1];
+      n = 0;
+      memcpy(alt + n, bl, (size_t)nbl); n += nbl;
+      memcpy(alt + n, nl, (size_t)nnl); n += nnl;
+      memcpy(alt + n, ml, (size_t)nml); n += nml;
+      alt[n] = 0;
       for (int i = 0; i < cr; i++)
         cshape[i] = size[(int)cl[i]];
       strides_of(cshape, cr, st);
-      pl->perm[2] = strcmp(cl, lab[2]) != 0;
+      pl->swap = strcmp(cl, lab[2]) != 0 && strcmp(alt, lab[2]) == 0;
+      pl->perm[2] = strcmp(cl, lab[2]) != 0 && !pl->swap;
       d->rank = O->rank;
       for (int i = 0; i < O->rank; i++) {
         int at = (int)(strchr(cl, lab[2][i]) - cl);
@@ -644,8 +664,14 @@ static int contract_launch(struct dspk__dev *dev, struct cplan *pl,
     }
   }
   c = pl->perm[2] ? (CUdeviceptr)pl->ws_perm[2]->handle : dspk__cuda_ptr(O);
-  if ((rc = gemm_rm(dev, pl->dt, 0, 0, pl->M, pl->N, pl->K, 1.0, p[0], pl->M * pl->K, p[1],
-                    pl->K * pl->N, 0.0, c, pl->M * pl->N, pl->nb, ctx)))
+  /* C^T (b n m) = op(B)^T op(A)^T: the operands swap and so do their flags. */
+  rc = pl->swap ? gemm_rm(dev, pl->dt, !pl->trans[1], !pl->trans[0], pl->N, pl->M, pl->K, 1.0,
+                          p[1], pl->K * pl->N, p[0], pl->M * pl->K, 0.0, c, pl->M * pl->N,
+                          pl->nb, ctx)
+                : gemm_rm(dev, pl->dt, pl->trans[0], pl->trans[1], pl->M, pl->N, pl->K, 1.0,
+                          p[0], pl->M * pl->K, p[1], pl->K * pl->N, 0.0, c, pl->M * pl->N,
+                          pl->nb, ctx);
+  if (rc)
     return rc;
   if (pl->perm[2])
     return permute(dev, c, dspk__cuda_ptr(O), esz, &pl->pd[2], ctx);

@@ -242,8 +242,11 @@ static void bench_fft_backend(int64_t n, int64_t batch, int reps) {
   free(hx);
 }
 
-/* The eviction trace: 200 contractions "ik,jk->ji" over 50 shapes (i
- * varies), plan cache 16.  Busy = sum of per-task GPU spans / whole span. */
+/* The eviction trace: 200 contractions "ikl,jlk->ji" (k*l = k of the
+ * arguments, l = 16) over 50 shapes (i varies), plan cache 16.  Each plan
+ * permutes B into a workspace of its own (k and l swap) and makes the
+ * product as C^T, so every eviction retires a workspace.  Busy = sum of
+ * per-task GPU spans / whole span. */
 static void bench_trace(int sync_on_evict, int64_t i0, int64_t di, int64_t j, int64_t k,
                         const char *label) {
   enum { NT = 200, NS = 50 };
@@ -281,14 +284,14 @@ static void bench_trace(int sync_on_evict, int64_t i0, int64_t di, int64_t j, in
   t0 = now_ms();
   for (int t = 0; t < NT; t++) {
     struct dspk__op op;
-    int64_t as[2] = {i0 + di * shapes[t], k}, bs[2] = {j, k};
+    int64_t as[3] = {i0 + di * shapes[t], k / 16, 16}, bs[3] = {j, 16, k / 16};
     char msg[256];
     memset(&op, 0, sizeof(op));
     op.kind = DSPK_OP_CONTRACT;
     op.nin = 2;
-    snprintf(op.u.contract.subscripts, sizeof(op.u.contract.subscripts), "ik,jk->ji");
-    op.in[0] = T(DSPK_F32, 2, as);
-    op.in[1] = T(DSPK_F32, 2, bs);
+    snprintf(op.u.contract.subscripts, sizeof(op.u.contract.subscripts), "ikl,jlk->ji");
+    op.in[0] = T(DSPK_F32, 3, as);
+    op.in[1] = T(DSPK_F32, 3, bs);
     CK(dspk__op_infer(&op, msg, sizeof(msg)));
     op.in[0].mem = ma;
     op.in[1].mem = mb;

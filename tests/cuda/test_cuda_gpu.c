@@ -494,6 +494,13 @@ static const struct cs contractions[] = {
     {"abcd,dbe->aec", 4, 3, {2, 3, 4, 5}, {5, 3, 6}},
     {"ij,ij->", 2, 2, {7, 9}, {7, 9}},
     {"ij,kl->ijkl", 2, 2, {2, 3}, {4, 5}},
+    /* read in place with transposition flags and/or made as C^T */
+    {"ki,kj->ij", 2, 2, {13, 11}, {13, 12}},
+    {"ik,jk->ji", 2, 2, {11, 13}, {12, 13}},
+    {"ki,jk->ji", 2, 2, {13, 11}, {12, 13}},
+    {"bki,bjk->bji", 3, 3, {3, 13, 11}, {3, 12, 13}},
+    {"ijk,kl->lji", 3, 2, {4, 5, 6}, {6, 7}},
+    {"ikl,jlk->ji", 3, 3, {9, 4, 5}, {8, 5, 4}},
 };
 
 static void contract_op(struct dspk__op *op, const struct cs *c, dspk_dtype dt) {
@@ -518,20 +525,19 @@ static void test_contract(void **state) {
     }
 }
 
-/* 200 contractions over 50 shapes with a plan cache of 4 (set in main):
+/* 60 contractions over 50 shapes with a plan cache of 4 (set in main):
  * every eviction retires its workspaces through events. */
 static void test_contract_eviction_trace(void **state) {
   struct dspk__devstats st0 = {0}, st1 = {0};
   (void)state;
   GPU->stats(gpu, &st0);
   for (int it = 0; it < 60; it++) {
-    struct cs c = {"ik,jk->ji", 2, 2, {0, 0}, {0, 0}};
+    /* B is permuted (k and l swap) into a workspace of the plan's own */
+    struct cs c = {"ikl,jlk->ji", 3, 3, {0, 4, 4}, {0, 4, 4}};
     struct dspk__op op;
     int s = irand(0, 49);
     c.a[0] = 8 + s;
-    c.a[1] = 16;
     c.b[0] = 5 + s % 7;
-    c.b[1] = 16;
     contract_op(&op, &c, DSPK_F32);
     check_op("contract trace", &op);
   }
