@@ -2,63 +2,112 @@
  * fft on the Vulkan backend through VkFFT (vk_vkfft.c), with the cpu
  * backend's semantics: along the last axis, batched; complex input gives
  * numpy.fft.fft (numpy.fft.ifft, scaled by 1/n, when inverse), real input
- * numpy.fft.rfft.  Complex transforms copy X into the output and transform
- * it in place; real ones read X and write the half spectrum (VkFFT's
- * real transform needs an even n: odd ones go through a complex transform
- * of a widened copy, keeping the first n/2+1 outputs).  Lengths with a
- * prime factor above 13 use our own Bluestein (chirp-z) convolution over
- * VkFFT power-of-two transforms.
+ * numpy.fft.rfft.  Complex transforms run out of place: VkFFT reads X and
+ * writes the output directly, one pass over memory per VkFFT upload (two
+ * for 2^20 on the H200), nothing copied.  Real ones read X and write the
+ * half spectrum (VkFFT's real transform needs an even n: odd ones go
+ * through a complex transform of a widened copy, keeping the first n/2+1
+ * outputs).  Lengths with a prime factor above 13 use our own Bluestein
+ * (chirp-z) convolution over VkFFT power-of-two transforms.
  *
- * A VkFFT plan is made per (n, batch, precision, kind, buffer sizes) and
- * kept in the device's plan cache.  VkFFT compiles its own GLSL at plan
- * creation; its binaries are saved into the persistent cache as a blob
- * keyed by the device, driver, VkFFT version and plan, so a restarted
- * daemon loads them instead of compiling (counted like other kernels).
+ * A VkFFT plan is made per (n, batch, precision, kind, in or out of
+ * place, buffer sizes, tuning) and kept in the device's plan cache.  VkFFT
+ * compiles its own GLSL at plan creation; its binaries are saved into the
+ * persistent cache as a blob keyed by the device, driver, VkFFT version
+ * and the whole plan key, so a restarted daemon loads them instead of
+ * compiling (counted like other kernels).
+ *
+ * VkFFT binds buffers through descriptor sets it updates when a launch
+ * names other buffers, which Vulkan forbids while earlier work still uses
+ * them.  So a plan keeps up to FFT_INST instances (applications loaded
+ * from the same binaries, sharing one temporary buffer): a launch takes
+ * the instance already bound to its buffers, else an idle one, else makes
+ * a new one, and only waits for the device when all are busy.
+ *
+ * Tuning: VkFFT reads the device's limits itself (shared memory, workgroup
+ * sizes, warp size by vendor); which coalescing width, threads per
+ * workgroup and register boost suit a large transform best is measured
+ * instead of guessed.  Large transforms (at least FFT_TUNE_MIN elements) on
+ * a hardware device go through the autotune framework once per shape
+ * class and device (candidates in `tunes`); the winner is stored in the
+ * persistent cache with every candidate's timing.
  */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "backends/common/autotune.h"
 #include "backends/vulkan/vk.h"
 #include "backends/vulkan/vk_vkfft.h"
 #include "cache/cache.h"
 
+#define FFT_INST 4                      /* instances of one plan */
+#define FFT_TUNE_MIN ((uint64_t)1 << 21) /* elements; smaller: VkFFT's defaults */
+
 static uint64_t max_prime(uint64_t n);
+
+struct finst {
+  struct dspk__vkfft *f;
+  uint64_t last_use; /* timeline value of its last launch's submission */
+};
 
 struct fplan {
   int kind; /* 1: an FFT plan (see plan_evict in vk_backend.c) */
-  struct dspk__vkfft *f;
+  struct dspk__vkfft_desc desc;
+  void *bin; /* VkFFT's binaries, for further instances (may be NULL) */
+  size_t binlen;
+  int ninst;
+  struct finst inst[FFT_INST];
+};
+
+/* A tuning decision kept in the plan cache (saves the autotune lookup). */
+struct tplan {
+  int kind; /* 3 */
+  int winner;
 };
 
 struct bplan;
 static void bplan_free(struct dspk__dev *d, struct bplan *p);
 
-void dspk__vk_fft_plan_free(struct dspk__dev *d, void *plan) {
-  if (*(int *)plan == 2) {
-    bplan_free(d, plan);
+static void fplan_free(struct dspk__dev *d, struct fplan *p) {
+  if (!p)
     return;
-  }
-  struct fplan *p = plan;
   /* A plan may still be in use by submitted work. */
   dspk__vk_submit(d);
   dspk__vk_wait_value(d, d->submitted);
-  dspk__vkfft_destroy(p->f);
+  /* The first instance owns the temporary buffer the others share. */
+  for (int i = p->ninst - 1; i >= 0; i--)
+    dspk__vkfft_destroy(p->inst[i].f);
+  free(p->bin);
   free(p);
 }
 
-static int get_plan(struct dspk__dev *d, const struct dspk__vkfft_desc *desc,
-                    struct fplan **out, struct dspk__opctx *ctx) {
-  char key[160];
-  int klen = snprintf(key, sizeof key, "fft|n=%llu|b=%llu|d=%d|r=%d|%llu|%llu",
-                      (unsigned long long)desc->n, (unsigned long long)desc->batch,
-                      desc->dbl, desc->r2c, (unsigned long long)desc->bufsize,
-                      (unsigned long long)desc->insize);
-  struct fplan *p = dspk__plancache_get(&d->plans, key, (size_t)klen);
-  if (p) {
-    *out = p;
-    return 0;
-  }
+void dspk__vk_fft_plan_free(struct dspk__dev *d, void *plan) {
+  int kind = *(int *)plan;
+  if (kind == 2)
+    bplan_free(d, plan);
+  else if (kind == 3)
+    free(plan);
+  else
+    fplan_free(d, plan);
+}
+
+static int plan_key(const struct dspk__vkfft_desc *desc, char *key, size_t len) {
+  const struct dspk__vkfft_tune *t = &desc->tune;
+  return snprintf(key, len, "fft|n=%llu|b=%llu|d=%d|r=%d|o=%d|%llu|%llu|c=%u|t=%u|g=%u|w=%u",
+                  (unsigned long long)desc->n, (unsigned long long)desc->batch, desc->dbl,
+                  desc->r2c, desc->oop, (unsigned long long)desc->bufsize,
+                  (unsigned long long)desc->insize, t->coalesced, t->aim_threads,
+                  t->reg_boost, t->bw_boost);
+}
+
+/* Makes a plan with its first instance (binaries from the persistent cache,
+ * else compiled and saved there).  The caller owns *out. */
+static int make_plan(struct dspk__dev *d, const struct dspk__vkfft_desc *desc,
+                     struct fplan **out, struct dspk__opctx *ctx) {
+  char key[DSPK__PLANCACHE_KEY_MAX];
+  plan_key(desc, key, sizeof key);
   if (!d->fft_fence) {
     VkFenceCreateInfo fi = {.sType = VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
     VkResult vr = VK(CreateFence)(d->dev, &fi, NULL, &d->fft_fence);
@@ -67,36 +116,39 @@ static int get_plan(struct dspk__dev *d, const struct dspk__vkfft_desc *desc,
       return dspk__vk_err(vr);
     }
   }
-  p = calloc(1, sizeof *p);
+  struct fplan *p = calloc(1, sizeof *p);
   if (!p)
     return DSPK_ENOMEM;
   p->kind = 1;
+  p->desc = *desc;
   /* VkFFT submits its own work while planning: ours goes first. */
   int r = dspk__vk_submit(d);
   if (r)
     goto fail;
-  char name[512];
+  char name[600];
   snprintf(name, sizeof name, "vkfft/%d/%s/%s/%s/%s", dspk__vkfft_version(), d->uuid,
            d->driver, dspk__vk_glslang_version(), key);
-  void *bin = NULL, *save = NULL;
-  size_t binlen = 0, savelen = 0;
+  void *bin = NULL;
+  size_t binlen = 0;
+  r = -1;
   if (d->env.cache && dspk__cache_blob_get(d->env.cache, name, &bin, &binlen) == 0) {
-    r = dspk__vkfft_create(d, &d->fft_fence, desc, bin, binlen, &p->f, NULL, NULL);
-    free(bin);
-    if (r == 0)
+    r = dspk__vkfft_create(d, &d->fft_fence, desc, bin, binlen, &p->inst[0].f, NULL, NULL);
+    if (r == 0) {
       d->kernel_cache_hits++;
-  } else {
-    r = -1;
+      p->bin = bin;
+      p->binlen = binlen;
+    } else {
+      free(bin);
+    }
   }
   if (r) {
-    r = dspk__vkfft_create(d, &d->fft_fence, desc, NULL, 0, &p->f, d->env.cache ? &save : NULL,
-                           &savelen);
+    r = dspk__vkfft_create(d, &d->fft_fence, desc, NULL, 0, &p->inst[0].f, &p->bin,
+                           &p->binlen);
     if (r == 0) {
       d->kernels_compiled++;
-      if (save)
-        dspk__cache_blob_put(d->env.cache, name, save, savelen);
+      if (p->bin && d->env.cache)
+        dspk__cache_blob_put(d->env.cache, name, p->bin, p->binlen);
     }
-    free(save);
   }
   if (r) {
     r = dspk__vk_fail(ctx, r == DSPK_ENOMEM ? r : DSPK_EDEVICE,
@@ -105,15 +157,107 @@ static int get_plan(struct dspk__dev *d, const struct dspk__vkfft_desc *desc,
                       r <= -1000 ? -1000 - r : r);
     goto fail;
   }
-  if ((r = dspk__plancache_put(&d->plans, key, (size_t)klen, p))) {
-    dspk__vkfft_destroy(p->f);
-    goto fail;
-  }
+  p->ninst = 1;
   *out = p;
   return 0;
 fail:
+  free(p->bin);
   free(p);
   return r;
+}
+
+static int get_plan(struct dspk__dev *d, const struct dspk__vkfft_desc *desc,
+                    struct fplan **out, struct dspk__opctx *ctx) {
+  char key[DSPK__PLANCACHE_KEY_MAX];
+  int klen = plan_key(desc, key, sizeof key);
+  struct fplan *p = dspk__plancache_get(&d->plans, key, (size_t)klen);
+  if (p) {
+    *out = p;
+    return 0;
+  }
+  int r = make_plan(d, desc, &p, ctx);
+  if (r)
+    return r;
+  if ((r = dspk__plancache_put(&d->plans, key, (size_t)klen, p))) {
+    fplan_free(d, p);
+    return r;
+  }
+  *out = p;
+  return 0;
+}
+
+static int reached(struct dspk__dev *d, uint64_t v) {
+  uint64_t cur = 0;
+  if (v == 0)
+    return 1;
+  return VK(GetSemaphoreCounterValue)(d->dev, d->timeline, &cur) == VK_SUCCESS && cur >= v;
+}
+
+/* Picks the instance of p that may launch on (buf, inbuf) now: one bound
+ * to them, an idle one, a new one, or (all busy) the least recently used
+ * once the device is done with it. */
+static int pick_inst(struct dspk__dev *d, struct fplan *p, VkBuffer buf, VkBuffer inbuf,
+                     struct finst **out) {
+  int idle = -1, lru = 0;
+  for (int i = 0; i < p->ninst; i++) {
+    if (dspk__vkfft_bound(p->inst[i].f, buf, inbuf)) {
+      *out = &p->inst[i];
+      return 0;
+    }
+    if (p->inst[i].last_use < p->inst[lru].last_use)
+      lru = i;
+    if (idle < 0 && reached(d, p->inst[i].last_use))
+      idle = i;
+  }
+  if (idle >= 0) {
+    *out = &p->inst[idle];
+    return 0;
+  }
+  if (p->ninst < FFT_INST && p->bin) {
+    struct dspk__vkfft_desc desc = p->desc;
+    desc.buf = buf;
+    desc.inbuf = inbuf;
+    desc.temp = VK_NULL_HANDLE;
+    dspk__vkfft_temp(p->inst[0].f, &desc.temp, &desc.tempsize);
+    int r = dspk__vk_submit(d); /* VkFFT may submit while planning */
+    if (r == 0)
+      r = dspk__vkfft_create(d, &d->fft_fence, &desc, p->bin, p->binlen,
+                             &p->inst[p->ninst].f, NULL, NULL);
+    if (r == 0) {
+      p->inst[p->ninst].last_use = 0;
+      *out = &p->inst[p->ninst++];
+      return 0;
+    }
+  }
+  /* Its last launch may be in the command buffer being recorded. */
+  int r = dspk__vk_submit(d);
+  if (r == 0)
+    r = dspk__vk_wait_value(d, p->inst[lru].last_use);
+  if (r)
+    return r;
+  *out = &p->inst[lru];
+  return 0;
+}
+
+/* Records one transform of plan p into the open command buffer, followed
+ * by a barrier.  inbuf: the input of r2c and out-of-place plans. */
+static int fft_launch(struct dspk__dev *d, struct fplan *p, int inverse, VkBuffer buf,
+                      VkDeviceSize off, VkBuffer inbuf, VkDeviceSize inoff,
+                      struct dspk__opctx *ctx) {
+  struct finst *in;
+  VkCommandBuffer cb;
+  if (!p->desc.r2c && !p->desc.oop)
+    inbuf = VK_NULL_HANDLE;
+  int r = pick_inst(d, p, buf, inbuf, &in);
+  if (r || (r = dspk__vk_cmd(d, &cb)))
+    return r;
+  r = dspk__vkfft_append(in->f, cb, inverse, buf, off, inbuf, inoff);
+  if (r)
+    return dspk__vk_fail(ctx, DSPK_EDEVICE, "fft: VkFFT could not record (VkFFTResult %d)",
+                         -1000 - r);
+  in->last_use = d->submitted + 1; /* what the open command buffer signals */
+  dspk__vk_barrier(d);
+  return 0;
 }
 
 /* ---- Bluestein (chirp-z) for lengths with a prime factor above 13 ------- */
@@ -235,14 +379,9 @@ static int get_bplan(struct dspk__dev *d, uint64_t n, int dbl, int inverse, stru
   struct dspk__vkfft_desc desc = {.n = m, .batch = 1, .dbl = dbl, .buf = p->bhat->buf,
                                   .bufsize = p->bhat->bufsize};
   struct fplan *fp;
-  VkCommandBuffer cb;
-  if ((r = get_plan(d, &desc, &fp, ctx)) || (r = dspk__vk_cmd(d, &cb)))
+  if ((r = get_plan(d, &desc, &fp, ctx)) ||
+      (r = fft_launch(d, fp, 0, p->bhat->buf, p->bhat->off, VK_NULL_HANDLE, 0, ctx)))
     goto fail;
-  if (dspk__vkfft_append(fp->f, cb, 0, p->bhat->buf, p->bhat->off, VK_NULL_HANDLE, 0)) {
-    r = DSPK_EDEVICE;
-    goto fail;
-  }
-  dspk__vk_barrier(d);
   if ((r = dspk__vk_submit(d)))
     goto fail;
   if ((r = dspk__plancache_put(&d->plans, key, (size_t)klen, p)))
@@ -286,27 +425,17 @@ static int bluestein(struct dspk__dev *d, const struct dspk__vk_bind *src, uint3
   struct dspk__vkfft_desc desc = {.n = m, .batch = batch, .dbl = dbl, .buf = t->buf,
                                   .bufsize = t->bufsize};
   struct fplan *fp;
-  VkCommandBuffer cb;
-  if ((r = blue_pass(d, k, b, dbl, (uint32_t)(m * batch), (uint32_t)n, (uint32_t)m, soff, 0,
+  /* The plan first: making it may submit what is recorded so far. */
+  if ((r = get_plan(d, &desc, &fp, ctx)) ||
+      (r = blue_pass(d, k, b, dbl, (uint32_t)(m * batch), (uint32_t)n, (uint32_t)m, soff, 0,
                      0, 1.0)) ||
-      (r = get_plan(d, &desc, &fp, ctx)) || (r = dspk__vk_cmd(d, &cb)))
-    goto out;
-  if ((r = dspk__vkfft_append(fp->f, cb, 0, t->buf, t->off, VK_NULL_HANDLE, 0)))
-    goto vkfft;
-  dspk__vk_barrier(d);
-  if ((r = blue_pass(d, k, b, dbl, (uint32_t)(m * batch), (uint32_t)n, (uint32_t)m, 0, 0, 1,
+      (r = fft_launch(d, fp, 0, t->buf, t->off, VK_NULL_HANDLE, 0, ctx)) ||
+      (r = blue_pass(d, k, b, dbl, (uint32_t)(m * batch), (uint32_t)n, (uint32_t)m, 0, 0, 1,
                      1.0)) ||
-      (r = dspk__vk_cmd(d, &cb)))
+      (r = fft_launch(d, fp, 1, t->buf, t->off, VK_NULL_HANDLE, 0, ctx)))
     goto out;
-  if ((r = dspk__vkfft_append(fp->f, cb, 1, t->buf, t->off, VK_NULL_HANDLE, 0)))
-    goto vkfft;
-  dspk__vk_barrier(d);
   r = blue_pass(d, k, b, dbl, (uint32_t)(n * batch), (uint32_t)n, (uint32_t)m, 0, doff, 2,
                 inverse ? 1.0 / (double)n : 1.0);
-  goto out;
-vkfft:
-  r = dspk__vk_fail(ctx, DSPK_EDEVICE, "fft: VkFFT could not record (VkFFTResult %d)",
-                    -1000 - r);
 out:
   dspk__vk_submit(d);
   dspk__vk_free(d, t);
@@ -372,23 +501,172 @@ static int rfft_odd(struct dspk__dev *d, const struct dspk__tensor *X,
   }
   struct dspk__vkfft_desc desc = {.n = n, .batch = batch, .dbl = dbl, .buf = t->buf,
                                   .bufsize = t->bufsize};
-  if ((r = get_plan(d, &desc, &p, ctx)))
+  if ((r = get_plan(d, &desc, &p, ctx)) ||
+      (r = fft_launch(d, p, 0, t->buf, t->off, VK_NULL_HANDLE, 0, ctx)))
     goto out;
-  VkCommandBuffer cb;
-  if ((r = dspk__vk_cmd(d, &cb)))
-    goto out;
-  if ((r = dspk__vkfft_append(p->f, cb, 0, t->buf, t->off, VK_NULL_HANDLE, 0))) {
-    r = dspk__vk_fail(ctx, DSPK_EDEVICE, "fft: VkFFT could not record (VkFFTResult %d)",
-                      -1000 - r);
-    goto out;
-  }
-  dspk__vk_barrier(d);
   r = fft_copy(d, dbl, 1, &bt, 0, &bo, eo, (uint32_t)((n / 2 + 1) * batch), (uint32_t)n,
                (uint32_t)(n / 2 + 1), ctx);
 out:
   dspk__vk_submit(d);
   dspk__vk_free(d, t);
   return r;
+}
+
+/* ---- tuning ------------------------------------------------------------- */
+
+/* The candidate configurations (names are stored as the winner; changing
+ * the list re-tunes, its hash being part of the key).  "vendor" is
+ * VkFFT's own choice for the device's vendor. */
+static const struct {
+  const char *name;
+  struct dspk__vkfft_tune t;
+} tunes[] = {
+    {"vendor", {0, 0, 0, 0}},      {"c64", {64, 0, 0, 0}},
+    {"c128", {128, 0, 0, 0}},      {"t256", {0, 256, 0, 0}},
+    {"c64-t256", {64, 256, 0, 0}}, {"c128-t256", {128, 256, 0, 0}},
+    {"t64", {0, 64, 0, 0}},        {"rb1", {0, 0, 1, 0}},
+    {"bw2", {0, 0, 0, 2}},
+};
+#define NTUNES ((int)(sizeof tunes / sizeof tunes[0]))
+
+/* Tune on hardware devices for large transforms; DSPK_VK_FFT_TUNE=force
+ * tunes any size on any device (tests), =off never. */
+static int want_tune(struct dspk__dev *d, uint64_t total) {
+  const char *e = getenv("DSPK_VK_FFT_TUNE");
+  if (e && strcmp(e, "off") == 0)
+    return 0;
+  if (e && strcmp(e, "force") == 0)
+    return 1;
+  return d->props.deviceType != VK_PHYSICAL_DEVICE_TYPE_CPU && total >= FFT_TUNE_MIN;
+}
+
+struct tune_ud {
+  struct dspk__dev *d;
+  struct dspk__vkfft_desc desc;
+  int inverse;
+  VkDeviceSize off, inoff;
+  struct fplan *plans[NTUNES];
+};
+
+/* Runs candidate i once on the real operands, to completion. */
+static int tune_run(void *ud, int i) {
+  struct tune_ud *u = ud;
+  int r = 0;
+  if (!u->plans[i]) {
+    struct dspk__vkfft_desc desc = u->desc;
+    desc.tune = tunes[i].t;
+    if ((r = make_plan(u->d, &desc, &u->plans[i], NULL)))
+      return r;
+  }
+  r = fft_launch(u->d, u->plans[i], u->inverse, u->desc.buf, u->off, u->desc.inbuf, u->inoff,
+                 NULL);
+  if (r == 0)
+    r = dspk__vk_submit(u->d);
+  if (r == 0)
+    r = dspk__vk_wait_value(u->d, u->d->submitted);
+  return r;
+}
+
+static void tune_req(struct dspk__dev *d, const struct dspk__vkfft_desc *desc, char *shape,
+                     size_t len, struct dspk__autotune_cand *cands,
+                     struct dspk__autotune_req *req) {
+  snprintf(shape, len, "n=%llu,b=2^%d", (unsigned long long)desc->n,
+           dspk__autotune_pow2(desc->batch));
+  for (int i = 0; i < NTUNES; i++) {
+    cands[i].name = tunes[i].name;
+    cands[i].run = tune_run;
+  }
+  memset(req, 0, sizeof *req);
+  req->op = "fft";
+  req->shape = shape;
+  req->dtypes = desc->dbl ? "c128" : "c64";
+  req->layout = desc->oop ? "oop" : "inplace";
+  req->dev = (struct dspk__cache_devid){.backend = "vulkan", .name = d->name, .arch = d->arch,
+                                        .uuid = d->uuid, .driver = d->driver};
+  req->cands = cands;
+  req->ncands = NTUNES;
+}
+
+/* Sets desc->tune to the tuned configuration for desc's shape (measuring
+ * the candidates on these operands on a miss).  The winner's plan goes
+ * into the plan cache, the others are freed.  Returns 0 (VkFFT's
+ * defaults when nothing could be measured) or DSPK_ECANCELED. */
+static int fft_choose(struct dspk__dev *d, struct dspk__vkfft_desc *desc, int inverse,
+                      VkDeviceSize off, VkDeviceSize inoff, struct dspk__opctx *ctx) {
+  char key[128];
+  int klen = snprintf(key, sizeof key, "fftune|n=%llu|b=%llu|d=%d|o=%d",
+                      (unsigned long long)desc->n, (unsigned long long)desc->batch, desc->dbl,
+                      desc->oop);
+  struct tplan *tp = dspk__plancache_get(&d->plans, key, (size_t)klen);
+  if (tp) {
+    desc->tune = tunes[tp->winner].t;
+    return 0;
+  }
+  char shape[96];
+  struct dspk__autotune_cand cands[NTUNES];
+  struct dspk__autotune_req req;
+  struct tune_ud u = {.d = d, .desc = *desc, .inverse = inverse, .off = off, .inoff = inoff};
+  tune_req(d, desc, shape, sizeof shape, cands, &req);
+  req.ud = &u;
+  if (ctx) {
+    req.progress = ctx->progress;
+    req.progress_ud = ctx->progress_ud;
+    req.cancel = ctx->cancel;
+  }
+  int w = 0, r = dspk__autotune_choose(d->env.cache, &req, NULL, &w, NULL);
+  if (r < 0)
+    w = 0;
+  for (int i = 0; i < NTUNES; i++)
+    if (u.plans[i] && i != w)
+      fplan_free(d, u.plans[i]);
+  desc->tune = tunes[w].t;
+  if (u.plans[w]) {
+    char pk[DSPK__PLANCACHE_KEY_MAX];
+    int pklen = plan_key(desc, pk, sizeof pk);
+    if (dspk__plancache_get(&d->plans, pk, (size_t)pklen) ||
+        dspk__plancache_put(&d->plans, pk, (size_t)pklen, u.plans[w]))
+      fplan_free(d, u.plans[w]);
+  }
+  if (r == DSPK_ECANCELED)
+    return r;
+  tp = malloc(sizeof *tp);
+  if (tp) {
+    tp->kind = 3;
+    tp->winner = w;
+    if (dspk__plancache_put(&d->plans, key, (size_t)klen, tp))
+      free(tp);
+  }
+  return 0;
+}
+
+int dspk__vk_fft_tune_report(struct dspk__dev *d, uint64_t n, uint64_t batch, int dbl,
+                             char *buf, size_t len) {
+  struct dspk__vkfft_desc desc = {.n = n, .batch = batch, .dbl = dbl, .oop = 1};
+  char shape[96], timings[2048] = "", winner[64] = "";
+  struct dspk__autotune_cand cands[NTUNES];
+  struct dspk__autotune_req req;
+  tune_req(d, &desc, shape, sizeof shape, cands, &req);
+  struct dspk__tune_key k = {.dev = req.dev,
+                             .op = req.op,
+                             .shape = req.shape,
+                             .dtypes = req.dtypes,
+                             .layout = req.layout,
+                             .cands_hash = dspk__autotune_cands_hash(cands, NTUNES)};
+  if (!d->env.cache || dspk__cache_tune_get(d->env.cache, &k, winner, sizeof winner))
+    return DSPK_ENOENT;
+  dspk__cache_tune_timings(d->env.cache, &k, timings, sizeof timings);
+  int passes = 0;
+  for (unsigned i = 0; i < d->plans.n; i++) {
+    struct fplan *p = d->plans.e[i].plan;
+    if (p->kind == 1 && p->desc.n == n && p->desc.batch == batch && p->desc.dbl == dbl &&
+        p->desc.oop)
+      for (int t = 0; t < NTUNES; t++)
+        if (!strcmp(tunes[t].name, winner) &&
+            !memcmp(&tunes[t].t, &p->desc.tune, sizeof p->desc.tune))
+          passes = dspk__vkfft_passes(p->inst[0].f);
+  }
+  snprintf(buf, len, "winner %s, %d passes; ns per candidate: %s", winner, passes, timings);
+  return 0;
 }
 
 /* The largest prime factor of n. */
@@ -434,31 +712,35 @@ int dspk__vk_fft(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *c
     return total > UINT32_MAX / 2
                ? dspk__vk_fail(ctx, DSPK_ELIMIT, "fft: real input above 2^31 elements")
                : rfft_odd(d, X, O, n, batch, dbl, ctx);
+  int oop = !r2c;
+  if (!r2c && X->mem->buf == O->mem->buf) {
+    VkDeviceSize nb = dspk__tensor_nbytes(X);
+    if (xoff == ooff)
+      oop = 0; /* the same tensor: in place */
+    else if (xoff < ooff + nb && ooff < xoff + nb)
+      return dspk__vk_fail(ctx, DSPK_ENOTSUP, "fft: input and output overlap");
+  }
   struct dspk__vkfft_desc desc = {.n = n,
                                   .batch = batch,
                                   .dbl = dbl,
                                   .r2c = r2c,
+                                  .oop = oop,
                                   .buf = O->mem->buf,
                                   .bufsize = O->mem->bufsize,
-                                  .inbuf = r2c ? X->mem->buf : VK_NULL_HANDLE,
-                                  .insize = r2c ? X->mem->bufsize : 0};
+                                  .inbuf = r2c || oop ? X->mem->buf : VK_NULL_HANDLE,
+                                  .insize = r2c || oop ? X->mem->bufsize : 0};
+  int r;
+  if (!r2c && want_tune(d, total) && (r = fft_choose(d, &desc, op->u.fft.inverse, ooff, xoff,
+                                                     ctx)) == DSPK_ECANCELED)
+    return r;
   struct fplan *p = NULL;
-  int r = get_plan(d, &desc, &p, ctx);
-  if (r)
-    return r;
-  VkCommandBuffer cb;
-  if ((r = dspk__vk_cmd(d, &cb)))
-    return r;
-  if (!r2c) {
-    VkBufferCopy c = {.srcOffset = xoff, .dstOffset = ooff, .size = dspk__tensor_nbytes(X)};
-    VK(CmdCopyBuffer)(cb, X->mem->buf, O->mem->buf, 1, &c);
-    dspk__vk_barrier(d);
+  r = get_plan(d, &desc, &p, ctx);
+  if (r && memcmp(&desc.tune, &(struct dspk__vkfft_tune){0}, sizeof desc.tune)) {
+    /* The tuned configuration does not plan here: VkFFT's defaults. */
+    memset(&desc.tune, 0, sizeof desc.tune);
+    r = get_plan(d, &desc, &p, ctx);
   }
-  r = dspk__vkfft_append(p->f, cb, op->u.fft.inverse, O->mem->buf, ooff,
-                         r2c ? X->mem->buf : VK_NULL_HANDLE, r2c ? xoff : 0);
   if (r)
-    return dspk__vk_fail(ctx, DSPK_EDEVICE, "fft: VkFFT could not record (VkFFTResult %d)",
-                         -1000 - r);
-  dspk__vk_barrier(d);
-  return 0;
+    return r;
+  return fft_launch(d, p, op->u.fft.inverse, O->mem->buf, ooff, desc.inbuf, xoff, ctx);
 }

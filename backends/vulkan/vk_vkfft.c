@@ -57,15 +57,38 @@
 struct dspk__vkfft {
   VkFFTApplication app;
   VkFFTConfiguration cfg;
-  uint64_t bufsize, insize;
-  VkBuffer buf, inbuf;
+  uint64_t bufsize, insize, tempsize;
+  /* VkFFT notices new buffers by comparing the pointers it is given, not
+   * the handles: a launch on other buffers passes the other slot. */
+  VkBuffer bufs[2], inbufs[2];
+  int slot;
+  VkBuffer temp;
 };
+
+/* A VkFFT save is a sequence of (uint32 byte count, that many bytes of
+ * SPIR-V) records: checks that bin is exactly that, so that a damaged
+ * cache entry is refused instead of read past its end. */
+static int save_ok(const void *bin, size_t len) {
+  const uint8_t *p = bin;
+  size_t at = 0;
+  if (len == 0 || len % 4)
+    return 0;
+  while (at < len) {
+    uint32_t n;
+    memcpy(&n, p + at, 4);
+    if (n == 0 || n % 4 || n > len - at - 4)
+      return 0;
+    at += 4 + n;
+  }
+  return 1;
+}
 
 int dspk__vkfft_create(struct dspk__dev *d, VkFence *fence,
                        const struct dspk__vkfft_desc *desc, const void *bin,
                        size_t binlen, struct dspk__vkfft **out, void **save,
                        size_t *savelen) {
-  (void)binlen;
+  if (bin && !save_ok(bin, binlen))
+    return DSPK_EINVAL;
   struct dspk__vkfft *f = calloc(1, sizeof *f);
   if (!f)
     return DSPK_ENOMEM;
@@ -82,19 +105,32 @@ int dspk__vkfft_create(struct dspk__dev *d, VkFence *fence,
   c->doublePrecision = desc->dbl;
   c->normalize = 1; /* numpy.fft.ifft scales by 1/n */
   c->specifyOffsetsAtLaunch = 1;
+  c->coalescedMemory = desc->tune.coalesced;
+  c->aimThreads = desc->tune.aim_threads;
+  c->registerBoost = desc->tune.reg_boost;
+  c->performBandwidthBoost = desc->tune.bw_boost;
   f->bufsize = desc->bufsize;
-  f->buf = desc->buf;
-  c->buffer = &f->buf;
+  f->bufs[0] = desc->buf;
+  c->buffer = &f->bufs[0];
   c->bufferSize = &f->bufsize;
-  if (desc->r2c) {
-    c->performR2C = 1;
+  if (desc->r2c || desc->oop) {
     c->isInputFormatted = 1;
     f->insize = desc->insize;
-    f->inbuf = desc->inbuf;
-    c->inputBuffer = &f->inbuf;
+    f->inbufs[0] = desc->inbuf;
+    c->inputBuffer = &f->inbufs[0];
     c->inputBufferSize = &f->insize;
+  }
+  if (desc->r2c) {
+    c->performR2C = 1;
     c->inputBufferStride[0] = desc->n;
     c->bufferStride[0] = desc->n / 2 + 1;
+  }
+  if (desc->temp) {
+    c->userTempBuffer = 1;
+    f->temp = desc->temp;
+    f->tempsize = desc->tempsize;
+    c->tempBuffer = &f->temp;
+    c->tempBufferSize = &f->tempsize;
   }
   if (bin) {
     c->loadApplicationFromString = 1;
@@ -119,21 +155,43 @@ int dspk__vkfft_create(struct dspk__dev *d, VkFence *fence,
   return 0;
 }
 
+int dspk__vkfft_bound(const struct dspk__vkfft *f, VkBuffer buf, VkBuffer inbuf) {
+  return f->bufs[f->slot] == buf && (!f->cfg.isInputFormatted || f->inbufs[f->slot] == inbuf);
+}
+
 int dspk__vkfft_append(struct dspk__vkfft *f, VkCommandBuffer cb, int inverse,
                        VkBuffer buf, uint64_t off, VkBuffer inbuf, uint64_t inoff) {
   VkFFTLaunchParams lp;
   memset(&lp, 0, sizeof lp);
-  f->buf = buf;
-  f->inbuf = inbuf;
+  if (!dspk__vkfft_bound(f, buf, inbuf)) {
+    f->slot ^= 1;
+    f->bufs[f->slot] = buf;
+    f->inbufs[f->slot] = f->cfg.isInputFormatted ? inbuf : VK_NULL_HANDLE;
+  }
   lp.commandBuffer = &cb;
-  lp.buffer = &f->buf;
+  lp.buffer = &f->bufs[f->slot];
   lp.bufferOffset = off;
   if (f->cfg.isInputFormatted) {
-    lp.inputBuffer = &f->inbuf;
+    lp.inputBuffer = &f->inbufs[f->slot];
     lp.inputBufferOffset = inoff;
   }
   VkFFTResult r = VkFFTAppend(&f->app, inverse ? 1 : -1, &lp);
   return r == VKFFT_SUCCESS ? 0 : -1000 - (int)r;
+}
+
+int dspk__vkfft_temp(const struct dspk__vkfft *f, VkBuffer *temp, uint64_t *size) {
+  if (!f->app.configuration.allocateTempBuffer || !f->app.configuration.tempBuffer)
+    return 0;
+  *temp = f->app.configuration.tempBuffer[0];
+  *size = f->app.configuration.tempBufferSize[0];
+  return 1;
+}
+
+int dspk__vkfft_passes(const struct dspk__vkfft *f) {
+  const VkFFTPlan *p = f->app.localFFTPlan ? f->app.localFFTPlan : f->app.localFFTPlan_inverse;
+  if (!p)
+    return 0;
+  return (int)p->numAxisUploads[0] + (p->multiUploadR2C ? 1 : 0);
 }
 
 int dspk__vkfft_version(void) { return VkFFTGetVersion(); }

@@ -13,11 +13,15 @@
 
 #include <cmocka.h>
 
+#include <fftw3.h>
+
 #include <glslang/Include/glslang_c_interface.h>
 #include <glslang/Public/resource_limits_c.h>
 
 #include "cache/cache.h"
 #include "tests/vulkan/vk_harness.h"
+#include "backends/vulkan/vk.h"
+#include "backends/vulkan/vk_vkfft.h"
 
 static struct dspk__dev *D;
 static struct dspk__devinfo INFO[16];
@@ -396,6 +400,173 @@ static void t_fft(void **state) {
   }
 }
 
+/* ---- out-of-place fft against FFTW ---------------------------------------- */
+
+/* want[b*n + k] = FFTW's transform of rows of x (n complex, batch rows), in
+ * double precision, scaled by 1/n when inverse (numpy's ifft). */
+static void fftw_ref(const double complex *x, double complex *want, int64_t n, int64_t batch,
+                     int inverse) {
+  int nn = (int)n;
+  memcpy(want, x, sizeof *want * (size_t)(n * batch));
+  fftw_plan pl = fftw_plan_many_dft(1, &nn, (int)batch, (fftw_complex *)want, NULL, 1, nn,
+                                    (fftw_complex *)want, NULL, 1, nn,
+                                    inverse ? FFTW_BACKWARD : FFTW_FORWARD, FFTW_ESTIMATE);
+  assert_non_null(pl);
+  fftw_execute(pl);
+  fftw_destroy_plan(pl);
+  if (inverse)
+    for (int64_t i = 0; i < n * batch; i++)
+      want[i] /= (double)n;
+}
+
+/* One complex transform of a random batch x n through the backend,
+ * checked against FFTW; also checks that X is left as it was (the
+ * transform reads it in place of a copy). */
+static void fft_oop_case(dspk_dtype dt, int64_t n, int64_t batch, int inverse) {
+  char msg[512];
+  int64_t shape[2] = {batch, n};
+  struct htensor X = h_make(dt, 2, shape, 1), out, back;
+  struct dspk__op op = {.kind = DSPK_OP_FFT, .nin = 1};
+  op.u.fft.inverse = inverse;
+  assert_int_equal(h_upload(D, &X, 0, &op.in[0]), 0);
+  assert_int_equal(dspk__op_infer(&op, msg, sizeof msg), 0);
+  assert_int_equal(VKB->alloc(D, dspk__tensor_nbytes(&op.out[0]), &op.out[0].mem), 0);
+  struct dspk__opctx ctx = {.errmsg = msg, .errmsg_len = sizeof msg};
+  int r = VKB->run(D, &op, &ctx);
+  if (r)
+    fail_msg("fft n=%lld x %lld: %d %s", (long long)n, (long long)batch, r, msg);
+  out = h_make(dt, 2, shape, 0);
+  back = h_make(dt, 2, shape, 0);
+  size_t nb = dspk__tensor_nbytes(&op.out[0]);
+  void *p = malloc(nb);
+  assert_int_equal(VKB->read(D, op.out[0].mem, 0, p, nb), 0);
+  h_unpack(&out, p);
+  assert_int_equal(VKB->read(D, op.in[0].mem, 0, p, nb), 0);
+  h_unpack(&back, p);
+  free(p);
+  double complex *want = malloc(sizeof *want * (size_t)(n * batch));
+  fftw_ref(X.v, want, n, batch, inverse);
+  double e = h_relerr(&out, want, n * batch);
+  double tol = dt == DSPK_C128 ? 1e-11 : 2e-5 * (1 + log2((double)n) / 8);
+  if (e > tol)
+    fail_msg("fft n=%lld x %lld %s inverse=%d: rel err %g", (long long)n, (long long)batch,
+             dspk__dtype_name(dt), inverse, e);
+  assert_true(h_relerr(&back, X.v, n * batch) == 0);
+  free(want);
+  VKB->free(D, op.in[0].mem);
+  VKB->free(D, op.out[0].mem);
+  h_free(&X);
+  h_free(&out);
+  h_free(&back);
+}
+
+static void t_fft_oop(void **state) {
+  (void)state;
+  /* One-pass and multi-pass VkFFT plans (lavapipe's shared memory holds
+   * 8192 c64 values: 2^16 takes two uploads), mixed radices, both
+   * directions, batches above 1, buffers above the slab size (their own
+   * VkBuffer). */
+  static const struct {
+    dspk_dtype dt;
+    int64_t n, batch;
+  } cases[] = {
+      {DSPK_C64, 1 << 16, 3},  {DSPK_C64, 1 << 12, 5},   {DSPK_C64, 3 * 5 * 7 * 64, 2},
+      {DSPK_C128, 1 << 15, 3}, {DSPK_C128, 6 * 1024, 2},
+      {DSPK_C64, 16, 1000},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+    for (int inverse = 0; inverse < 2; inverse++)
+      fft_oop_case(cases[i].dt, cases[i].n, cases[i].batch, inverse);
+}
+
+/* Several transforms of one shape on different buffers, queued without
+ * waiting in between (each buffer pair needs VkFFT's descriptors to name
+ * it): more pairs than a plan has instances, so an instance is reused
+ * while others are pending, and the same pairs again afterwards. */
+static void t_fft_buffers(void **state) {
+  (void)state;
+  char msg[512];
+  enum { K = 6 };
+  int64_t n = 1 << 14, batch = 16; /* 2 MiB: dedicated buffers */
+  int64_t shape[2] = {batch, n};
+  struct htensor X[K];
+  struct dspk__op op[K];
+  for (int round = 0; round < 2; round++) {
+    for (int i = 0; i < K; i++) {
+      if (round == 0) {
+        X[i] = h_make(DSPK_C64, 2, shape, 1);
+        memset(&op[i], 0, sizeof op[i]);
+        op[i].kind = DSPK_OP_FFT;
+        op[i].nin = 1;
+        op[i].u.fft.inverse = i % 2;
+        assert_int_equal(h_upload(D, &X[i], 0, &op[i].in[0]), 0);
+        assert_int_equal(dspk__op_infer(&op[i], msg, sizeof msg), 0);
+        assert_int_equal(
+            VKB->alloc(D, dspk__tensor_nbytes(&op[i].out[0]), &op[i].out[0].mem), 0);
+      }
+      struct dspk__opctx ctx = {.errmsg = msg, .errmsg_len = sizeof msg};
+      if (VKB->run(D, &op[i], &ctx))
+        fail_msg("fft %d: %s", i, msg);
+    }
+    for (int i = 0; i < K; i++) {
+      struct htensor out = h_make(DSPK_C64, 2, shape, 0);
+      size_t nb = dspk__tensor_nbytes(&op[i].out[0]);
+      void *p = malloc(nb);
+      assert_int_equal(VKB->read(D, op[i].out[0].mem, 0, p, nb), 0);
+      h_unpack(&out, p);
+      free(p);
+      double complex *want = malloc(sizeof *want * (size_t)(n * batch));
+      fftw_ref(X[i].v, want, n, batch, i % 2);
+      double e = h_relerr(&out, want, n * batch);
+      if (e > 1e-5)
+        fail_msg("fft on buffer pair %d (round %d): rel err %g", i, round, e);
+      free(want);
+      h_free(&out);
+    }
+  }
+  for (int i = 0; i < K; i++) {
+    VKB->free(D, op[i].in[0].mem);
+    VKB->free(D, op[i].out[0].mem);
+    h_free(&X[i]);
+  }
+}
+
+/* The tuning path (forced on this device for a small size): every
+ * candidate configuration is planned and measured, the result is right,
+ * and the decision is stored in the cache with its timings. */
+static void t_fft_tune(void **state) {
+  (void)state;
+  char path[] = "/tmp/dspk-vk-fft-tune-XXXXXX";
+  int fd = mkstemp(path);
+  assert_true(fd >= 0);
+  close(fd);
+  unlink(path);
+  struct dspk__cache *c;
+  assert_int_equal(dspk__cache_open(path, NULL, &c, NULL, 0), 0);
+  struct dspk__devenv env = {.cache = c};
+  struct dspk__dev *d, *save = D;
+  assert_int_equal(VKB->open(0, &env, &d), 0);
+  setenv("DSPK_VK_FFT_TUNE", "force", 1);
+  D = d;
+  fft_oop_case(DSPK_C64, 512, 8, 0);
+  fft_oop_case(DSPK_C64, 512, 8, 0); /* the decision from the plan cache */
+  D = save;
+  unsetenv("DSPK_VK_FFT_TUNE");
+  char rep[4096];
+  assert_int_equal(dspk__vk_fft_tune_report(d, 512, 8, 0, rep, sizeof rep), 0);
+  print_message("fft tune: %s\n", rep);
+  assert_non_null(strstr(rep, "winner "));
+  assert_null(strstr(rep, " 0 passes")); /* the winner's plan is cached */
+  VKB->close(d);
+  dspk__cache_close(c);
+  unlink(path);
+  char wal[64];
+  snprintf(wal, sizeof wal, "%s-wal", path);
+  unlink(wal);
+  snprintf(wal, sizeof wal, "%s-shm", path);
+  unlink(wal);
+}
+
 static const char raw_glsl[] =
     "#version 450\n"
     "layout(local_size_x = 64) in;\n"
@@ -610,6 +781,8 @@ int main(void) {
       cmocka_unit_test(t_map),       cmocka_unit_test(t_reduce),
       cmocka_unit_test(t_fir),       cmocka_unit_test(t_gemm),
       cmocka_unit_test(t_contract),  cmocka_unit_test(t_fft),
+      cmocka_unit_test(t_fft_oop),   cmocka_unit_test(t_fft_buffers),
+      cmocka_unit_test(t_fft_tune),
       cmocka_unit_test(t_raw_glsl),
       cmocka_unit_test(t_raw_spirv), cmocka_unit_test(t_raw_error),
       cmocka_unit_test(t_cache_restart),
