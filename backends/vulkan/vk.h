@@ -110,6 +110,73 @@ struct dspk__vk_kernel {
   uint64_t last_use;
 };
 
+/* VK_KHR_cooperative_matrix, for Vulkan headers older than 1.3.255 (Debian
+ * 12 has 1.3.239).  Values from the Vulkan registry (vk.xml). */
+#ifndef VK_KHR_cooperative_matrix
+#define VK_KHR_cooperative_matrix 1
+#define VK_KHR_COOPERATIVE_MATRIX_EXTENSION_NAME "VK_KHR_cooperative_matrix"
+#define VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_KHR \
+  ((VkStructureType)1000506000)
+#define VK_STRUCTURE_TYPE_COOPERATIVE_MATRIX_PROPERTIES_KHR ((VkStructureType)1000506001)
+#define VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_PROPERTIES_KHR \
+  ((VkStructureType)1000506002)
+typedef enum VkComponentTypeKHR {
+  VK_COMPONENT_TYPE_FLOAT16_KHR = 0,
+  VK_COMPONENT_TYPE_FLOAT32_KHR = 1,
+  VK_COMPONENT_TYPE_FLOAT64_KHR = 2,
+  VK_COMPONENT_TYPE_MAX_ENUM_KHR = 0x7FFFFFFF
+} VkComponentTypeKHR;
+typedef enum VkScopeKHR {
+  VK_SCOPE_DEVICE_KHR = 1,
+  VK_SCOPE_WORKGROUP_KHR = 2,
+  VK_SCOPE_SUBGROUP_KHR = 3,
+  VK_SCOPE_QUEUE_FAMILY_KHR = 5,
+  VK_SCOPE_MAX_ENUM_KHR = 0x7FFFFFFF
+} VkScopeKHR;
+typedef struct VkCooperativeMatrixPropertiesKHR {
+  VkStructureType sType;
+  void *pNext;
+  uint32_t MSize, NSize, KSize;
+  VkComponentTypeKHR AType, BType, CType, ResultType;
+  VkBool32 saturatingAccumulation;
+  VkScopeKHR scope;
+} VkCooperativeMatrixPropertiesKHR;
+typedef struct VkPhysicalDeviceCooperativeMatrixFeaturesKHR {
+  VkStructureType sType;
+  void *pNext;
+  VkBool32 cooperativeMatrix;
+  VkBool32 cooperativeMatrixRobustBufferAccess;
+} VkPhysicalDeviceCooperativeMatrixFeaturesKHR;
+typedef struct VkPhysicalDeviceCooperativeMatrixPropertiesKHR {
+  VkStructureType sType;
+  void *pNext;
+  VkShaderStageFlags cooperativeMatrixSupportedStages;
+} VkPhysicalDeviceCooperativeMatrixPropertiesKHR;
+typedef VkResult(VKAPI_PTR *PFN_vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR)(
+    VkPhysicalDevice, uint32_t *, VkCooperativeMatrixPropertiesKHR *);
+#endif
+
+/* The cooperative-matrix gemm path of a device (vk_coopmat.c): which
+ * extension it uses, the fragment shape (lm x ln x lk, f16 x f16 + f32) and
+ * the kernels made so far.  Filled at open, before the VkDevice exists. */
+enum dspk__vk_cm_kind {
+  DSPK__VK_CM_NONE = 0, /* scalar kernel only */
+  DSPK__VK_CM_NV,       /* VK_NV_cooperative_matrix */
+  DSPK__VK_CM_KHR,      /* VK_KHR_cooperative_matrix (SPIR-V rewritten from NV) */
+  DSPK__VK_CM_EMU       /* tests only: the same tiling, fragments in plain code */
+};
+#define DSPK__VK_CM_VARIANTS 32
+struct dspk__vk_coopmat {
+  enum dspk__vk_cm_kind kind;
+  uint32_t lm, ln, lk; /* fragment shape */
+  uint32_t sgsize;     /* subgroup size */
+  char why[160];       /* why the path is off, or what it is */
+  VkPhysicalDeviceCooperativeMatrixFeaturesKHR fkhr; /* chained at CreateDevice */
+  VkPhysicalDeviceCooperativeMatrixFeaturesNV fnv;
+  struct dspk__vk_kernel *kern[DSPK__VK_CM_VARIANTS]; /* may be evicted: */
+  uint64_t kkey[DSPK__VK_CM_VARIANTS][2];             /* ... checked by key */
+};
+
 struct dspk__vk_cmd {
   VkCommandBuffer cb;
   uint64_t value; /* timeline value its submission signals; 0: never used */
@@ -154,6 +221,7 @@ struct dspk__dev {
   /* cache identity */
   char name[VK_MAX_PHYSICAL_DEVICE_NAME_SIZE], uuid[40], driver[64], arch[32];
   uint64_t kernels_compiled, kernel_cache_hits;
+  struct dspk__vk_coopmat cm; /* cooperative-matrix gemm (vk_coopmat.c) */
 };
 
 /* ---- vk_backend.c ------------------------------------------------------- */
@@ -231,6 +299,44 @@ int dspk__vk_dispatch(struct dspk__dev *d, struct dspk__vk_kernel *k,
                       const struct dspk__vk_bind *b, int nb, const void *pc,
                       uint32_t pcsize, uint32_t gx, uint32_t gy, uint32_t gz);
 
+/* ---- vk_coopmat.c ------------------------------------------------------- */
+
+/* At open, before vkCreateDevice: decides the cooperative-matrix path of d
+ * (DSPK_VK_COOPMAT=auto|khr|nv|off|emulate; auto prefers KHR) from the
+ * device's extensions, features and (f16, f16, f32, f32, subgroup) shapes,
+ * fills d->cm, and when a path is taken appends its extension name to
+ * exts[*next] (room for one more is needed) and links its feature struct
+ * (owned by d) in front of *pnext.  base_ok: the device has shaderFloat16,
+ * storageBuffer16BitAccess and vulkanMemoryModel, and enables them. */
+void dspk__vk_coopmat_setup(struct dspk__dev *d, int base_ok, const char **exts,
+                            uint32_t *next, void **pnext);
+/* 1 when op (a gemm) goes through the cooperative-matrix path on d: the
+ * path is on, A and B are f16, and every batch axis is whole or broadcast. */
+int dspk__vk_coopmat_usable(struct dspk__dev *d, const struct dspk__op *op);
+/* Records op (a gemm that dspk__vk_coopmat_usable() accepted).  Returns 0 or
+ * a negative dspk_errno with detail in ctx. */
+int dspk__vk_coopmat_gemm(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *ctx);
+/* Writes a one-line description of d's f16 gemm path into buf ("coopmat khr
+ * 16x8x16, ..." or "scalar: <why>") and returns d->cm.kind. */
+int dspk__vk_coopmat_describe(struct dspk__dev *d, char *buf, size_t len);
+/* The GLSL (GL_NV_cooperative_matrix) of the kernel variant `flags`
+ * (DSPK__VK_CM_F_*) for cm's shape, written into buf.  Returns the length
+ * snprintf reports (>= len: too small). */
+#define DSPK__VK_CM_F_AVEC 1u /* A read as uvec4 (k contiguous, aligned) */
+#define DSPK__VK_CM_F_BVEC 2u /* B read as uvec4 (n contiguous, aligned) */
+#define DSPK__VK_CM_F_AKC 4u  /* A's k axis contiguous (scalar reads) */
+#define DSPK__VK_CM_F_BNC 8u  /* B's n axis contiguous (scalar reads) */
+#define DSPK__VK_CM_F_HASC 16u /* beta * C term */
+int dspk__vk_coopmat_source(char *buf, size_t len, const struct dspk__vk_coopmat *cm,
+                            unsigned flags);
+/* Rewrites a SPIR-V module from SPV_NV_cooperative_matrix to
+ * SPV_KHR_cooperative_matrix (types gain a Use inferred from MulAdd
+ * operands; loads/stores take a MemoryLayout constant).  *out is malloc'd
+ * (caller frees), *nout words.  Returns 0, DSPK_EINVAL for a malformed
+ * module, DSPK_ENOTSUP for one it cannot rewrite (a type used as two of A,
+ * B and C; a non-constant ColumnMajor), DSPK_ENOMEM. */
+int dspk__vk_coopmat_nv_to_khr(const uint32_t *in, size_t n, uint32_t **out, size_t *nout);
+
 /* ---- vk_ops.c, vk_gemm.c, vk_fft.c -------------------------------------- */
 
 int dspk__vk_run(struct dspk__dev *d, struct dspk__op *op,
@@ -242,6 +348,13 @@ int dspk__vk_kernel_op(struct dspk__dev *d, struct dspk__op *op, struct dspk__op
 int dspk__vk_gemm(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *ctx);
 int dspk__vk_contract(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *ctx);
 int dspk__vk_fft(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *ctx);
+/* gemm kernel candidates, for tests and benchmarks (vk_gemm.c): their
+ * count and names, forcing one (i < 0: the autotuner chooses again), and
+ * the name of the one the calling thread's last gemm launched. */
+int dspk__vk_gemm_ncands(void);
+const char *dspk__vk_gemm_cand_name(int i);
+void dspk__vk_gemm_force(int i);
+const char *dspk__vk_gemm_last(void);
 /* Frees an FFT plan (the plan cache's evict callback uses it). */
 void dspk__vk_fft_plan_free(struct dspk__dev *d, void *plan);
 

@@ -458,6 +458,8 @@ static int vk_open(int index, const struct dspk__devenv *env, struct dspk__dev *
   const char *exts[4];
   uint32_t next = 0;
   exts[next++] = VK_KHR_PUSH_DESCRIPTOR_EXTENSION_NAME;
+  /* The cooperative-matrix gemm path: its extension and feature (vk_coopmat.c). */
+  dspk__vk_coopmat_setup(d, d->has_f16 && f12.vulkanMemoryModel, exts, &next, &e12.pNext);
   float prio = 1.0f;
   VkDeviceQueueCreateInfo qi = {.sType = VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO,
                                 .queueFamilyIndex = d->qfamily,

@@ -33,6 +33,9 @@
 
 extern const struct dspk__backend dspk__backend_vulkan;
 static const struct dspk__backend *V = &dspk__backend_vulkan;
+/* backends/vulkan/vk_coopmat.c: which path f16 gemm takes on a device
+ * (declared here for the reason vk_vkfft.h is not included). */
+int dspk__vk_coopmat_describe(struct dspk__dev *d, char *buf, size_t len);
 
 static double now_ms(void) {
   struct timespec ts;
@@ -328,6 +331,9 @@ int main(int argc, char **argv) {
   struct dspk__cache *c;
   CK(dspk__cache_open(path, NULL, &c, NULL, 0));
   struct dspk__dev *d = open_dev(idx, c);
+  char f16path[256];
+  dspk__vk_coopmat_describe(d, f16path, sizeof f16path);
+  printf("f16 gemm path: %s\n\n", f16path);
   printf("| op | vulkan | cuBLAS/cuFFT | ratio (cu time / vk time) | note |\n|---|---|---|---|---|\n");
   int sizes[2] = {quick ? 256 : 4096, quick ? 512 : 8192};
   for (int i = 0; i < 2; i++)

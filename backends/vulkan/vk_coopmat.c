@@ -1,0 +1,905 @@
+/*
+ * The cooperative-matrix path of Vulkan gemm: f16 A and B, f32 accumulation
+ * and output, on the tensor cores of devices that offer
+ * VK_KHR_cooperative_matrix or VK_NV_cooperative_matrix.
+ *
+ * At open, dspk__vk_coopmat_setup() picks the extension (KHR first; the
+ * environment variable DSPK_VK_COOPMAT=auto|khr|nv|off|emulate overrides)
+ * and a fragment shape lm x ln x lk among the device's (f16, f16, f32, f32,
+ * subgroup) properties, and enables the extension and its feature.  The
+ * kernel is one GLSL source written with GL_NV_cooperative_matrix (the only
+ * cooperative-matrix GLSL extension glslang 12 compiles): a workgroup of
+ * 2 x 2 subgroups computes a 128 x 128 tile of C, each subgroup a 64 x 64
+ * block of fragments, from 32-deep slices of A and B staged in shared
+ * memory (the next slice is read into registers while the current one is
+ * multiplied).  The staging reads every layout (transposed or not, uvec4
+ * reads when aligned) and zero-fills outside the matrices, and the results
+ * leave through a small per-subgroup scratch with guards, alpha, beta and C,
+ * so every shape is handled, ragged or not.  For the KHR extension the NV
+ * SPIR-V is rewritten here (dspk__vk_coopmat_nv_to_khr), so both paths run
+ * the same code.  The NV SPIR-V goes through the persistent kernel cache and
+ * every pipeline through the VkPipelineCache (vk_shader.c); the rewrite is
+ * a single pass over the words.  The "emulate" mode is for tests on devices
+ * without cooperative matrices (lavapipe): the same tiling with fragments
+ * held in plain arrays, which checks the staging and epilogue logic.
+ *
+ * Batches go into the z dimension when every operand's batch axes are whole
+ * or broadcast; other gemms, and non-f16 ones, take the scalar kernel.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backends/vulkan/vk.h"
+
+/* Workgroup layout: WM x WN subgroups, each WTM x WTN of C, BK deep. */
+#define WM 2
+#define WN 2
+#define WTM 64
+#define WTN 64
+#define BK 32
+/* The emulated fragments live in every lane's registers: a smaller tile. */
+#define EMU_WTM 32
+#define EMU_WTN 16
+
+/* SPIR-V opcodes and enumerants (SPIR-V registry, spirv.core.grammar.json). */
+enum {
+  SPV_MAGIC = 0x07230203,
+  OP_EXTENSION = 10,
+  OP_CAPABILITY = 17,
+  OP_TYPE_INT = 21,
+  OP_CONSTANT_TRUE = 41,
+  OP_CONSTANT_FALSE = 42,
+  OP_CONSTANT = 43,
+  OP_FUNCTION = 54,
+  CAP_COOPMAT_NV = 5357,
+  CAP_COOPMAT_KHR = 6022,
+  OP_TYPE_COOPMAT_NV = 5358,
+  OP_COOPMAT_LOAD_NV = 5359,
+  OP_COOPMAT_STORE_NV = 5360,
+  OP_COOPMAT_MULADD_NV = 5361,
+  OP_COOPMAT_LENGTH_NV = 5362,
+  OP_TYPE_COOPMAT_KHR = 4456,
+  OP_COOPMAT_LOAD_KHR = 4457,
+  OP_COOPMAT_STORE_KHR = 4458,
+  OP_COOPMAT_MULADD_KHR = 4459,
+  OP_COOPMAT_LENGTH_KHR = 4460,
+  USE_A = 0,
+  USE_B = 1,
+  USE_ACC = 2,
+  LAYOUT_ROW = 0,
+  LAYOUT_COL = 1,
+};
+
+/* ---- setup at open ------------------------------------------------------- */
+
+static int has_ext(VkPhysicalDevice pd, const char *name) {
+  uint32_t n = 0;
+  if (VK(EnumerateDeviceExtensionProperties)(pd, NULL, &n, NULL) != VK_SUCCESS)
+    return 0;
+  VkExtensionProperties *e = calloc(n ? n : 1, sizeof *e);
+  if (!e)
+    return 0;
+  int found = 0;
+  if (VK(EnumerateDeviceExtensionProperties)(pd, NULL, &n, e) == VK_SUCCESS)
+    for (uint32_t i = 0; i < n && !found; i++)
+      found = strcmp(e[i].extensionName, name) == 0;
+  free(e);
+  return found;
+}
+
+/* Rank of a fragment shape: 16x8x16 (A and B of distinct shapes, the
+ * native mma shape of NVIDIA GPUs) first, then 16x16x16, then any other
+ * whose sides are 8, 16 or 32; 0: unusable by this kernel. */
+static int shape_rank(uint32_t m, uint32_t n, uint32_t k) {
+  int ok = (m == 8 || m == 16 || m == 32) && (n == 8 || n == 16 || n == 32) &&
+           (k == 8 || k == 16 || k == 32);
+  if (!ok)
+    return 0;
+  if (m == 16 && n == 8 && k == 16)
+    return 4;
+  if (m == 16 && n == 16 && k == 16)
+    return 3;
+  return k >= 16 ? 2 : 1;
+}
+
+/* Picks the best (f16, f16, f32, f32, subgroup) shape of the KHR list. */
+static int pick_khr(struct dspk__dev *d) {
+  PFN_vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR get =
+      (PFN_vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR)VK(GetInstanceProcAddr)(
+          dspk__vk_instance, "vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR");
+  if (!get)
+    return 0;
+  uint32_t n = 0;
+  if (get(d->pd, &n, NULL) != VK_SUCCESS || n == 0)
+    return 0;
+  VkCooperativeMatrixPropertiesKHR *p = calloc(n, sizeof *p);
+  if (!p)
+    return 0;
+  for (uint32_t i = 0; i < n; i++)
+    p[i].sType = VK_STRUCTURE_TYPE_COOPERATIVE_MATRIX_PROPERTIES_KHR;
+  int best = 0;
+  if (get(d->pd, &n, p) == VK_SUCCESS)
+    for (uint32_t i = 0; i < n; i++) {
+      if (p[i].AType != VK_COMPONENT_TYPE_FLOAT16_KHR ||
+          p[i].BType != VK_COMPONENT_TYPE_FLOAT16_KHR ||
+          p[i].CType != VK_COMPONENT_TYPE_FLOAT32_KHR ||
+          p[i].ResultType != VK_COMPONENT_TYPE_FLOAT32_KHR ||
+          p[i].scope != VK_SCOPE_SUBGROUP_KHR || p[i].saturatingAccumulation)
+        continue;
+      int r = shape_rank(p[i].MSize, p[i].NSize, p[i].KSize);
+      if (r > best) {
+        best = r;
+        d->cm.lm = p[i].MSize;
+        d->cm.ln = p[i].NSize;
+        d->cm.lk = p[i].KSize;
+      }
+    }
+  free(p);
+  return best > 0;
+}
+
+/* The same over the NV list. */
+static int pick_nv(struct dspk__dev *d) {
+  PFN_vkGetPhysicalDeviceCooperativeMatrixPropertiesNV get =
+      (PFN_vkGetPhysicalDeviceCooperativeMatrixPropertiesNV)VK(GetInstanceProcAddr)(
+          dspk__vk_instance, "vkGetPhysicalDeviceCooperativeMatrixPropertiesNV");
+  if (!get)
+    return 0;
+  uint32_t n = 0;
+  if (get(d->pd, &n, NULL) != VK_SUCCESS || n == 0)
+    return 0;
+  VkCooperativeMatrixPropertiesNV *p = calloc(n, sizeof *p);
+  if (!p)
+    return 0;
+  for (uint32_t i = 0; i < n; i++)
+    p[i].sType = VK_STRUCTURE_TYPE_COOPERATIVE_MATRIX_PROPERTIES_NV;
+  int best = 0;
+  if (get(d->pd, &n, p) == VK_SUCCESS)
+    for (uint32_t i = 0; i < n; i++) {
+      if (p[i].AType != VK_COMPONENT_TYPE_FLOAT16_NV ||
+          p[i].BType != VK_COMPONENT_TYPE_FLOAT16_NV ||
+          p[i].CType != VK_COMPONENT_TYPE_FLOAT32_NV ||
+          p[i].DType != VK_COMPONENT_TYPE_FLOAT32_NV || p[i].scope != VK_SCOPE_SUBGROUP_NV)
+        continue;
+      int r = shape_rank(p[i].MSize, p[i].NSize, p[i].KSize);
+      if (r > best) {
+        best = r;
+        d->cm.lm = p[i].MSize;
+        d->cm.ln = p[i].NSize;
+        d->cm.lk = p[i].KSize;
+      }
+    }
+  free(p);
+  return best > 0;
+}
+
+/* Whether the KHR (khr=1) or NV extension, its feature and a shape are
+ * there, and the compute stage is among its supported stages. */
+static int offered(struct dspk__dev *d, int khr) {
+  if (!has_ext(d->pd, khr ? VK_KHR_COOPERATIVE_MATRIX_EXTENSION_NAME
+                          : VK_NV_COOPERATIVE_MATRIX_EXTENSION_NAME))
+    return 0;
+  VkPhysicalDeviceCooperativeMatrixFeaturesKHR fk = {
+      .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_KHR};
+  VkPhysicalDeviceCooperativeMatrixFeaturesNV fn = {
+      .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_NV};
+  VkPhysicalDeviceFeatures2 f2 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2,
+                                  .pNext = khr ? (void *)&fk : (void *)&fn};
+  VK(GetPhysicalDeviceFeatures2)(d->pd, &f2);
+  if (!(khr ? fk.cooperativeMatrix : fn.cooperativeMatrix))
+    return 0;
+  VkPhysicalDeviceCooperativeMatrixPropertiesKHR pk = {
+      .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_PROPERTIES_KHR};
+  VkPhysicalDeviceCooperativeMatrixPropertiesNV pn = {
+      .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_PROPERTIES_NV};
+  VkPhysicalDeviceProperties2 p2 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2,
+                                    .pNext = khr ? (void *)&pk : (void *)&pn};
+  VK(GetPhysicalDeviceProperties2)(d->pd, &p2);
+  VkShaderStageFlags st = khr ? pk.cooperativeMatrixSupportedStages
+                              : pn.cooperativeMatrixSupportedStages;
+  if (!(st & VK_SHADER_STAGE_COMPUTE_BIT))
+    return 0;
+  return khr ? pick_khr(d) : pick_nv(d);
+}
+
+void dspk__vk_coopmat_setup(struct dspk__dev *d, int base_ok, const char **exts,
+                            uint32_t *next, void **pnext) {
+  struct dspk__vk_coopmat *cm = &d->cm;
+  memset(cm, 0, sizeof *cm);
+  const char *env = getenv("DSPK_VK_COOPMAT");
+  int want_khr = 1, want_nv = 1, emulate = 0;
+  if (env && strcmp(env, "off") == 0) {
+    snprintf(cm->why, sizeof cm->why, "off (DSPK_VK_COOPMAT=off)");
+    return;
+  }
+  if (env && strcmp(env, "khr") == 0)
+    want_nv = 0;
+  else if (env && strcmp(env, "nv") == 0)
+    want_khr = 0;
+  else if (env && strcmp(env, "emulate") == 0)
+    emulate = 1;
+  VkPhysicalDeviceSubgroupProperties sp = {
+      .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES};
+  VkPhysicalDeviceProperties2 p2 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2,
+                                    .pNext = &sp};
+  VK(GetPhysicalDeviceProperties2)(d->pd, &p2);
+  cm->sgsize = sp.subgroupSize;
+  if (!base_ok) {
+    snprintf(cm->why, sizeof cm->why,
+             "not offered (needs shaderFloat16, storageBuffer16BitAccess, "
+             "vulkanMemoryModel)");
+    return;
+  }
+  if (!(sp.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) ||
+      !(sp.supportedOperations & VK_SUBGROUP_FEATURE_BASIC_BIT) || sp.subgroupSize < 4 ||
+      sp.subgroupSize > 128 || (sp.subgroupSize & (sp.subgroupSize - 1))) {
+    snprintf(cm->why, sizeof cm->why,
+             "not offered (needs basic subgroup operations in compute, subgroup size "
+             "4..128; has %u)",
+             sp.subgroupSize);
+    return;
+  }
+  if (emulate) {
+    cm->kind = DSPK__VK_CM_EMU;
+    cm->lm = 16;
+    cm->ln = 8;
+    cm->lk = 16;
+    return;
+  }
+  if (want_khr && offered(d, 1)) {
+    cm->kind = DSPK__VK_CM_KHR;
+    exts[(*next)++] = VK_KHR_COOPERATIVE_MATRIX_EXTENSION_NAME;
+    cm->fkhr.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_KHR;
+    cm->fkhr.cooperativeMatrix = VK_TRUE;
+    cm->fkhr.pNext = *pnext;
+    *pnext = &cm->fkhr;
+    return;
+  }
+  if (want_nv && offered(d, 0)) {
+    cm->kind = DSPK__VK_CM_NV;
+    exts[(*next)++] = VK_NV_COOPERATIVE_MATRIX_EXTENSION_NAME;
+    cm->fnv.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_NV;
+    cm->fnv.cooperativeMatrix = VK_TRUE;
+    cm->fnv.pNext = *pnext;
+    *pnext = &cm->fnv;
+    return;
+  }
+  snprintf(cm->why, sizeof cm->why,
+           "not offered (no %s with an f16 x f16 + f32 subgroup shape for compute)",
+           want_khr && want_nv ? "VK_KHR_cooperative_matrix or VK_NV_cooperative_matrix"
+           : want_khr          ? "VK_KHR_cooperative_matrix (DSPK_VK_COOPMAT=khr)"
+                               : "VK_NV_cooperative_matrix (DSPK_VK_COOPMAT=nv)");
+}
+
+int dspk__vk_coopmat_describe(struct dspk__dev *d, char *buf, size_t len) {
+  static const char *names[] = {"scalar", "coopmat nv", "coopmat khr", "coopmat emulated"};
+  const struct dspk__vk_coopmat *cm = &d->cm;
+  if (cm->kind == DSPK__VK_CM_NONE)
+    snprintf(buf, len, "scalar: cooperative matrices %s", cm->why);
+  else
+    snprintf(buf, len, "%s %ux%ux%u (subgroup %u)", names[cm->kind], cm->lm, cm->ln, cm->lk,
+             cm->sgsize);
+  return (int)cm->kind;
+}
+
+/* ---- the kernel ------------------------------------------------------------ */
+
+/* The kernel body; the #defines before it set the shape and variant. */
+static const char body[] =
+    "#define BM (WM * FM * LM)\n"
+    "#define BN (WN * FN * LN)\n"
+    "#define NT (WM * WN * SGS)\n"
+    "#define ASTR (BK + 8)\n"
+    "#define BSTR (BN + 8)\n"
+    "layout(local_size_x = NT) in;\n"
+    "layout(constant_id = 0) const uint KB = LK;\n"
+    "#if AVEC\n"
+    "layout(std430, binding = 0) readonly buffer BA { uvec4 a[]; };\n"
+    "#define NLA (BM * BK / 8 / NT)\n"
+    "uvec4 ra[NLA];\n"
+    "#else\n"
+    "layout(std430, binding = 0) readonly buffer BA { float16_t a[]; };\n"
+    "#define NLA (BM * BK / NT)\n"
+    "float16_t ra[NLA];\n"
+    "#endif\n"
+    "#if BVEC\n"
+    "layout(std430, binding = 1) readonly buffer BB { uvec4 b[]; };\n"
+    "#define NLB (BK * BN / 8 / NT)\n"
+    "uvec4 rb[NLB];\n"
+    "#else\n"
+    "layout(std430, binding = 1) readonly buffer BB { float16_t b[]; };\n"
+    "#define NLB (BK * BN / NT)\n"
+    "float16_t rb[NLB];\n"
+    "#endif\n"
+    "layout(std430, binding = 2) readonly buffer BC { float c[]; };\n"
+    "layout(std430, binding = 3) writeonly buffer BO { float o[]; };\n"
+    "layout(push_constant) uniform PC {\n"
+    "  uint M, N, K, oa, ob, oc, oo, sam, sak, sbk, sbn, scm, scn, bsa, bsb, bsc, bso;\n"
+    "  float alpha, beta; } pc;\n"
+    "shared float16_t As[BM * ASTR];\n"
+    "shared float16_t Bs[BK * BSTR];\n"
+    "shared float Cs[WM * WN * LM * LN];\n"
+    "#if EMU\n"
+    "struct FA { float v[LM * LK]; };\n"
+    "struct FB { float v[LK * LN]; };\n"
+    "struct FC { float v[LM * LN]; };\n"
+    "void cmLoadA(out FA m, uint off, uint str) {\n"
+    "  for (uint r = 0u; r < LM; r++) for (uint q = 0u; q < LK; q++)\n"
+    "    m.v[r * LK + q] = float(As[off + r * str + q]); }\n"
+    "void cmLoadB(out FB m, uint off, uint str) {\n"
+    "  for (uint r = 0u; r < LK; r++) for (uint q = 0u; q < LN; q++)\n"
+    "    m.v[r * LN + q] = float(Bs[off + r * str + q]); }\n"
+    "FC cmMulAdd(FA x, FB y, FC z) {\n"
+    "  for (uint r = 0u; r < LM; r++) for (uint q = 0u; q < LN; q++) {\n"
+    "    float s = z.v[r * LN + q];\n"
+    "    for (uint t = 0u; t < LK; t++) s = fma(x.v[r * LK + t], y.v[t * LN + q], s);\n"
+    "    z.v[r * LN + q] = s; }\n"
+    "  return z; }\n"
+    "void cmStore(FC m, uint off, uint str) {\n"
+    "  if (gl_SubgroupInvocationID == 0u)\n"
+    "    for (uint r = 0u; r < LM; r++) for (uint q = 0u; q < LN; q++)\n"
+    "      Cs[off + r * str + q] = m.v[r * LN + q]; }\n"
+    "FC cmZero() { FC z; for (uint i = 0u; i < LM * LN; i++) z.v[i] = 0.0; return z; }\n"
+    "#define CM_ZERO cmZero()\n"
+    "#define CM_LOADA(m, off, str) cmLoadA(m, off, str)\n"
+    "#define CM_LOADB(m, off, str) cmLoadB(m, off, str)\n"
+    "#define CM_MULADD(x, y, z) cmMulAdd(x, y, z)\n"
+    "#define CM_STORE(m, off, str) cmStore(m, off, str)\n"
+    "#else\n"
+    "#define FA fcoopmatNV<16, gl_ScopeSubgroup, LM, LK>\n"
+    "#define FB fcoopmatNV<16, gl_ScopeSubgroup, KB, LN>\n"
+    "#define FC fcoopmatNV<32, gl_ScopeSubgroup, LM, LN>\n"
+    "#define CM_ZERO FC(0.0)\n"
+    "#define CM_LOADA(m, off, str) coopMatLoadNV(m, As, off, str, false)\n"
+    "#define CM_LOADB(m, off, str) coopMatLoadNV(m, Bs, off, str, false)\n"
+    "#define CM_MULADD(x, y, z) coopMatMulAddNV(x, y, z)\n"
+    "#define CM_STORE(m, off, str) coopMatStoreNV(m, Cs, off, str, false)\n"
+    "#endif\n"
+    /* Global -> registers: the slice of A rows m0.., columns k0.. */
+    "void loadA(uint base, uint m0, uint k0) {\n"
+    "  [[unroll]] for (uint i = 0u; i < NLA; i++) {\n"
+    "    uint e = gl_LocalInvocationIndex + i * NT;\n"
+    "#if AVEC\n"
+    "    uint row = e / (BK / 8), kk = (e % (BK / 8)) * 8u;\n"
+    "#elif AKC\n"
+    "    uint row = e / BK, kk = e % BK;\n"
+    "#else\n"
+    "    uint row = e % BM, kk = e / BM;\n"
+    "#endif\n"
+    "    uint gm = m0 + row, gk = k0 + kk;\n"
+    "#if AVEC\n"
+    "    ra[i] = uvec4(0u);\n"
+    "    if (gm < pc.M && gk < pc.K) ra[i] = a[(base + gm * pc.sam + gk) >> 3];\n"
+    "#else\n"
+    "    ra[i] = float16_t(0.0);\n"
+    "    if (gm < pc.M && gk < pc.K) ra[i] = a[base + gm * pc.sam + gk * pc.sak];\n"
+    "#endif\n"
+    "  }\n"
+    "}\n"
+    "void loadB(uint base, uint n0, uint k0) {\n"
+    "  [[unroll]] for (uint i = 0u; i < NLB; i++) {\n"
+    "    uint e = gl_LocalInvocationIndex + i * NT;\n"
+    "#if BVEC\n"
+    "    uint kk = e / (BN / 8), col = (e % (BN / 8)) * 8u;\n"
+    "#elif BNC\n"
+    "    uint kk = e / BN, col = e % BN;\n"
+    "#else\n"
+    "    uint kk = e % BK, col = e / BK;\n"
+    "#endif\n"
+    "    uint gn = n0 + col, gk = k0 + kk;\n"
+    "#if BVEC\n"
+    "    rb[i] = uvec4(0u);\n"
+    "    if (gn < pc.N && gk < pc.K) rb[i] = b[(base + gk * pc.sbk + gn) >> 3];\n"
+    "#else\n"
+    "    rb[i] = float16_t(0.0);\n"
+    "    if (gn < pc.N && gk < pc.K) rb[i] = b[base + gk * pc.sbk + gn * pc.sbn];\n"
+    "#endif\n"
+    "  }\n"
+    "}\n"
+    "void put8(bool isa, uint o, uvec4 v) {\n"
+    "  f16vec2 h0 = unpackFloat2x16(v.x), h1 = unpackFloat2x16(v.y);\n"
+    "  f16vec2 h2 = unpackFloat2x16(v.z), h3 = unpackFloat2x16(v.w);\n"
+    "  if (isa) { As[o] = h0.x; As[o + 1u] = h0.y; As[o + 2u] = h1.x; As[o + 3u] = h1.y;\n"
+    "    As[o + 4u] = h2.x; As[o + 5u] = h2.y; As[o + 6u] = h3.x; As[o + 7u] = h3.y; }\n"
+    "  else { Bs[o] = h0.x; Bs[o + 1u] = h0.y; Bs[o + 2u] = h1.x; Bs[o + 3u] = h1.y;\n"
+    "    Bs[o + 4u] = h2.x; Bs[o + 5u] = h2.y; Bs[o + 6u] = h3.x; Bs[o + 7u] = h3.y; }\n"
+    "}\n"
+    /* Registers -> shared: As[m][k], Bs[k][n], rows padded. */
+    "void storeAB() {\n"
+    "  [[unroll]] for (uint i = 0u; i < NLA; i++) {\n"
+    "    uint e = gl_LocalInvocationIndex + i * NT;\n"
+    "#if AVEC\n"
+    "    put8(true, (e / (BK / 8)) * ASTR + (e % (BK / 8)) * 8u, ra[i]);\n"
+    "#elif AKC\n"
+    "    As[(e / BK) * ASTR + e % BK] = ra[i];\n"
+    "#else\n"
+    "    As[(e % BM) * ASTR + e / BM] = ra[i];\n"
+    "#endif\n"
+    "  }\n"
+    "  [[unroll]] for (uint i = 0u; i < NLB; i++) {\n"
+    "    uint e = gl_LocalInvocationIndex + i * NT;\n"
+    "#if BVEC\n"
+    "    put8(false, (e / (BN / 8)) * BSTR + (e % (BN / 8)) * 8u, rb[i]);\n"
+    "#elif BNC\n"
+    "    Bs[(e / BN) * BSTR + e % BN] = rb[i];\n"
+    "#else\n"
+    "    Bs[(e % BK) * BSTR + e / BK] = rb[i];\n"
+    "#endif\n"
+    "  }\n"
+    "}\n"
+    "void main() {\n"
+    "  uint sg = gl_SubgroupID, lane = gl_SubgroupInvocationID;\n"
+    "  uint wm = sg / WN, wn = sg % WN;\n"
+    "  uint bz = gl_WorkGroupID.z;\n"
+    "  uint m0 = gl_WorkGroupID.y * BM, n0 = gl_WorkGroupID.x * BN;\n"
+    "  uint abase = pc.oa + bz * pc.bsa, bbase = pc.ob + bz * pc.bsb;\n"
+    "  FC acc[FM][FN];\n"
+    "  [[unroll]] for (uint i = 0u; i < FM; i++)\n"
+    "    [[unroll]] for (uint j = 0u; j < FN; j++) acc[i][j] = CM_ZERO;\n"
+    "  loadA(abase, m0, 0u);\n"
+    "  loadB(bbase, n0, 0u);\n"
+    "  for (uint k0 = 0u; k0 < pc.K; k0 += BK) {\n"
+    "    barrier();\n"
+    "    storeAB();\n"
+    "    barrier();\n"
+    "    if (k0 + BK < pc.K) {\n"
+    "      loadA(abase, m0, k0 + BK);\n"
+    "      loadB(bbase, n0, k0 + BK);\n"
+    "    }\n"
+    "    [[unroll]] for (uint kk = 0u; kk < BK; kk += LK) {\n"
+    "      FA af[FM];\n"
+    "      [[unroll]] for (uint i = 0u; i < FM; i++)\n"
+    "        CM_LOADA(af[i], (wm * (FM * LM) + i * LM) * ASTR + kk, ASTR);\n"
+    "      [[unroll]] for (uint j = 0u; j < FN; j++) {\n"
+    "        FB bf;\n"
+    "        CM_LOADB(bf, kk * BSTR + wn * (FN * LN) + j * LN, BSTR);\n"
+    "        [[unroll]] for (uint i = 0u; i < FM; i++)\n"
+    "          acc[i][j] = CM_MULADD(af[i], bf, acc[i][j]);\n"
+    "      }\n"
+    "    }\n"
+    "  }\n"
+    /* Out through this subgroup's scratch, one fragment at a time. */
+    "  uint cb = sg * (LM * LN);\n"
+    "  [[unroll]] for (uint i = 0u; i < FM; i++)\n"
+    "    [[unroll]] for (uint j = 0u; j < FN; j++) {\n"
+    "      CM_STORE(acc[i][j], cb, LN);\n"
+    "      subgroupBarrier();\n"
+    "      for (uint e = lane; e < LM * LN; e += SGS) {\n"
+    "        uint gm = m0 + wm * (FM * LM) + i * LM + e / LN;\n"
+    "        uint gn = n0 + wn * (FN * LN) + j * LN + e % LN;\n"
+    "        if (gm < pc.M && gn < pc.N) {\n"
+    "          float v = pc.alpha * Cs[cb + e];\n"
+    "#if HASC\n"
+    "          v += pc.beta * c[pc.oc + bz * pc.bsc + gm * pc.scm + gn * pc.scn];\n"
+    "#endif\n"
+    "          o[pc.oo + bz * pc.bso + gm * pc.N + gn] = v;\n"
+    "        }\n"
+    "      }\n"
+    "      subgroupBarrier();\n"
+    "    }\n"
+    "}\n";
+
+int dspk__vk_coopmat_source(char *buf, size_t len, const struct dspk__vk_coopmat *cm,
+                            unsigned flags) {
+  int emu = cm->kind == DSPK__VK_CM_EMU;
+  uint32_t fm = (emu ? EMU_WTM : WTM) / cm->lm, fn = (emu ? EMU_WTN : WTN) / cm->ln;
+  if (fm == 0)
+    fm = 1;
+  if (fn == 0)
+    fn = 1;
+  return snprintf(buf, len,
+                  "#version 450\n"
+                  "#pragma use_vulkan_memory_model\n"
+                  "%s"
+                  "#extension GL_KHR_memory_scope_semantics : require\n"
+                  "#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require\n"
+                  "#extension GL_EXT_shader_16bit_storage : require\n"
+                  "#extension GL_KHR_shader_subgroup_basic : require\n"
+                  "#extension GL_EXT_control_flow_attributes : require\n"
+                  "#define EMU %d\n#define LM %uu\n#define LN %uu\n#define LK %uu\n"
+                  "#define FM %uu\n#define FN %uu\n#define WM %uu\n#define WN %uu\n"
+                  "#define BK %uu\n#define SGS %uu\n"
+                  "#define AVEC %d\n#define BVEC %d\n#define AKC %d\n#define BNC %d\n"
+                  "#define HASC %d\n"
+                  "%s",
+                  emu ? "" : "#extension GL_NV_cooperative_matrix : require\n", emu,
+                  cm->lm, cm->ln, cm->lk, fm, fn, WM, WN, BK, cm->sgsize,
+                  !!(flags & DSPK__VK_CM_F_AVEC), !!(flags & DSPK__VK_CM_F_BVEC),
+                  !!(flags & DSPK__VK_CM_F_AKC), !!(flags & DSPK__VK_CM_F_BNC),
+                  !!(flags & DSPK__VK_CM_F_HASC), body);
+}
+
+/* ---- SPIR-V: SPV_NV_cooperative_matrix -> SPV_KHR_cooperative_matrix ------ */
+
+/* Words of a literal string operand (with its NUL, padded to a word). */
+static size_t str_words(const char *s) { return strlen(s) / 4 + 1; }
+
+/* Type id of the result of each instruction (0: none). */
+static int result_types(const uint32_t *w, size_t n, uint32_t bound, uint32_t **out) {
+  uint32_t *ty = calloc(bound, sizeof *ty);
+  if (!ty)
+    return DSPK_ENOMEM;
+  for (size_t i = 5; i < n;) {
+    uint32_t wc = w[i] >> 16, op = w[i] & 0xffff;
+    /* Instructions with a result type and result id carry them in words 1
+     * and 2; the few we need to recognise are those producing values. */
+    if (wc >= 3 && (op == OP_COOPMAT_LOAD_NV || op == OP_COOPMAT_MULADD_NV || op == 61 /*OpLoad*/
+                    || op == 245 /*OpPhi*/ || op == 80 /*OpCompositeConstruct*/ ||
+                    op == 44 /*OpConstantComposite*/ || op == 81 /*OpCompositeExtract*/ ||
+                    op == 127 /*OpFNegate*/ || op == 129 /*OpFAdd*/ || op == 133 /*OpFMul*/ ||
+                    op == 143 /*OpMatrixTimesScalar*/ || op == 115 /*OpFConvert*/ ||
+                    op == 169 /*OpSelect*/ || op == 1 /*OpUndef: words 1,2*/ ||
+                    op == 59 /*OpVariable*/))
+      if (w[i + 2] < bound)
+        ty[w[i + 2]] = w[i + 1];
+    i += wc;
+  }
+  *out = ty;
+  return 0;
+}
+
+int dspk__vk_coopmat_nv_to_khr(const uint32_t *w, size_t n, uint32_t **out, size_t *nout) {
+  static const char nv_ext[] = "SPV_NV_cooperative_matrix";
+  static const char khr_ext[] = "SPV_KHR_cooperative_matrix";
+  if (!w || n < 5 || w[0] != SPV_MAGIC || w[3] == 0 || w[3] > (1u << 22))
+    return DSPK_EINVAL;
+  uint32_t bound = w[3];
+  /* Pass 1: the walk is well formed; find the 32-bit int type, the bool
+   * constants, the cooperative matrix types and what each is used as. */
+  uint32_t int32 = 0, first_cm = 0;
+  size_t int_at = 0, cm_at = 0;
+  int ntypes = 0;
+  for (size_t i = 5; i < n;) {
+    uint32_t wc = w[i] >> 16, op = w[i] & 0xffff;
+    if (wc == 0 || i + wc > n)
+      return DSPK_EINVAL;
+    if (op == OP_TYPE_INT && wc == 4 && w[i + 2] == 32 && !int32) {
+      int32 = w[i + 1];
+      int_at = i;
+    }
+    if (op == OP_TYPE_COOPMAT_NV) {
+      if (wc != 6 || w[i + 1] >= bound)
+        return DSPK_EINVAL;
+      if (!first_cm) {
+        first_cm = w[i + 1];
+        cm_at = i;
+      }
+      ntypes++;
+    }
+    if ((op == OP_COOPMAT_LOAD_NV && wc < 6) || (op == OP_COOPMAT_STORE_NV && wc < 5) ||
+        (op == OP_COOPMAT_MULADD_NV && wc != 6) || (op == OP_COOPMAT_LENGTH_NV && wc != 4))
+      return DSPK_EINVAL;
+    i += wc;
+  }
+  if (!first_cm)
+    return DSPK_EINVAL; /* nothing to rewrite: not an NV module */
+  if (!int32 || int_at > cm_at)
+    return DSPK_ENOTSUP;
+  uint32_t *ty = NULL;
+  uint8_t *use = NULL, *bval = NULL;
+  uint32_t *o = NULL;
+  int r = result_types(w, n, bound, &ty);
+  if (r)
+    return r;
+  r = DSPK_ENOMEM;
+  use = calloc(bound, 1);  /* per type id: 1 + Use, 0 unknown */
+  bval = calloc(bound, 1); /* per id: 1 false, 2 true constant */
+  if (!use || !bval)
+    goto out;
+  for (size_t i = 5; i < n; i += w[i] >> 16) {
+    uint32_t op = w[i] & 0xffff;
+    if ((op == OP_CONSTANT_TRUE || op == OP_CONSTANT_FALSE) && (w[i] >> 16) == 3 &&
+        w[i + 2] < bound)
+      bval[w[i + 2]] = op == OP_CONSTANT_TRUE ? 2 : 1;
+    if (op != OP_COOPMAT_MULADD_NV)
+      continue;
+    /* words: op, result type, result, A, B, C */
+    uint32_t t[4] = {w[i + 1], 0, 0, 0}, u[4] = {USE_ACC, USE_A, USE_B, USE_ACC};
+    for (int k = 1; k < 4; k++)
+      t[k] = w[i + 2 + k] < bound ? ty[w[i + 2 + k]] : 0;
+    for (int k = 0; k < 4; k++) {
+      if (t[k] == 0 || t[k] >= bound) {
+        r = DSPK_ENOTSUP; /* an operand whose type we did not track */
+        goto out;
+      }
+      if (use[t[k]] && use[t[k]] != u[k] + 1) {
+        r = DSPK_ENOTSUP; /* one type used as two of A, B, C */
+        goto out;
+      }
+      use[t[k]] = (uint8_t)(u[k] + 1);
+    }
+  }
+  /* Pass 2: write.  Three new constants (0, 1, 2 of the int type) come
+   * just before the first matrix type; the KHR type is one word longer,
+   * the extension string may be longer. */
+  size_t extra = 3 * 4 + (size_t)ntypes + str_words(khr_ext) + 2;
+  o = malloc((n + extra) * sizeof *o);
+  if (!o)
+    goto out;
+  uint32_t c[3] = {bound, bound + 1, bound + 2};
+  memcpy(o, w, 5 * sizeof *o);
+  o[3] = bound + 3;
+  size_t j = 5;
+  for (size_t i = 5; i < n;) {
+    uint32_t wc = w[i] >> 16, op = w[i] & 0xffff;
+    if (i == cm_at)
+      for (uint32_t v = 0; v < 3; v++) {
+        o[j++] = (4u << 16) | OP_CONSTANT;
+        o[j++] = int32;
+        o[j++] = c[v];
+        o[j++] = v;
+      }
+    switch (op) {
+    case OP_CAPABILITY:
+      o[j++] = w[i];
+      o[j++] = w[i + 1] == CAP_COOPMAT_NV ? CAP_COOPMAT_KHR : w[i + 1];
+      break;
+    case OP_EXTENSION:
+      if (wc - 1 == str_words(nv_ext) && strncmp((const char *)&w[i + 1], nv_ext, sizeof nv_ext) == 0) {
+        size_t sw = str_words(khr_ext);
+        o[j++] = ((uint32_t)(sw + 1) << 16) | OP_EXTENSION;
+        memset(&o[j], 0, sw * 4);
+        memcpy(&o[j], khr_ext, sizeof khr_ext - 1);
+        j += sw;
+      } else {
+        memcpy(&o[j], &w[i], wc * 4);
+        j += wc;
+      }
+      break;
+    case OP_TYPE_COOPMAT_NV: {
+      uint32_t id = w[i + 1];
+      uint32_t u = use[id] ? use[id] - 1u : (uint32_t)USE_ACC;
+      o[j++] = (7u << 16) | OP_TYPE_COOPMAT_KHR;
+      memcpy(&o[j], &w[i + 1], 5 * 4); /* result, component, scope, rows, cols */
+      j += 5;
+      o[j++] = c[u];
+      break;
+    }
+    case OP_COOPMAT_LOAD_NV:
+    case OP_COOPMAT_STORE_NV: {
+      /* NV: [rt, res,] ptr, stride, colmajor, memops...
+       * KHR: [rt, res,] ptr, layout, stride, memops... */
+      size_t p = op == OP_COOPMAT_LOAD_NV ? 4 : 3; /* index of Stride */
+      uint32_t cmaj = w[i + p + 1];
+      if (cmaj >= bound || !bval[cmaj]) {
+        r = DSPK_ENOTSUP; /* ColumnMajor not a constant */
+        goto out;
+      }
+      memcpy(&o[j], &w[i], wc * 4);
+      o[j] = (wc << 16) | (op == OP_COOPMAT_LOAD_NV ? OP_COOPMAT_LOAD_KHR : OP_COOPMAT_STORE_KHR);
+      o[j + p] = c[bval[cmaj] == 2 ? LAYOUT_COL : LAYOUT_ROW];
+      o[j + p + 1] = w[i + p];
+      j += wc;
+      break;
+    }
+    case OP_COOPMAT_MULADD_NV:
+    case OP_COOPMAT_LENGTH_NV:
+      memcpy(&o[j], &w[i], wc * 4);
+      o[j] = (wc << 16) |
+             (op == OP_COOPMAT_MULADD_NV ? OP_COOPMAT_MULADD_KHR : OP_COOPMAT_LENGTH_KHR);
+      j += wc;
+      break;
+    default:
+      memcpy(&o[j], &w[i], wc * 4);
+      j += wc;
+      break;
+    }
+    i += wc;
+  }
+  *out = o;
+  *nout = j;
+  o = NULL;
+  r = 0;
+out:
+  free(o);
+  free(ty);
+  free(use);
+  free(bval);
+  return r;
+}
+
+/* ---- gemm ------------------------------------------------------------------- */
+
+/* One gemm as the kernel sees it. */
+struct cmplan {
+  struct dspk__vk_bind bind[4]; /* A, B, C (or O again), O */
+  struct {
+    uint32_t M, N, K, oa, ob, oc, oo, sam, sak, sbk, sbn, scm, scn, bsa, bsb, bsc, bso;
+    float alpha, beta;
+  } pc;
+  uint32_t nbatch, bm, bn;
+  unsigned flags;
+};
+#define PC_SIZE 76u
+
+/* 0: X's batch axes (right-aligned against the output's nbd) are all 1;
+ * 1: all equal to the output's; -1: a mix (not expressible by a stride). */
+static int batch_kind(const int64_t *xs, int rx, int keep, const int64_t *os, int nbd) {
+  int whole = 1, none = 1;
+  for (int i = 0; i < nbd; i++) {
+    int ix = i - (nbd - (rx - keep));
+    int64_t dx = ix >= 0 ? xs[ix] : 1;
+    if (dx != os[i])
+      whole = 0;
+    if (dx != 1)
+      none = 0;
+  }
+  return none ? 0 : whole ? 1 : -1;
+}
+
+/* The workgroup tile of cm (rows bm, columns bn); 0 when its shared memory
+ * or thread split does not fit the device. */
+static int tile_of(const struct dspk__dev *d, uint32_t *bm, uint32_t *bn) {
+  const struct dspk__vk_coopmat *cm = &d->cm;
+  int emu = cm->kind == DSPK__VK_CM_EMU;
+  uint32_t fm = (emu ? EMU_WTM : WTM) / cm->lm, fn = (emu ? EMU_WTN : WTN) / cm->ln;
+  if (fm == 0)
+    fm = 1;
+  if (fn == 0)
+    fn = 1;
+  *bm = WM * fm * cm->lm;
+  *bn = WN * fn * cm->ln;
+  uint32_t nt = WM * WN * cm->sgsize;
+  uint32_t shared = *bm * (BK + 8) * 2 + BK * (*bn + 8) * 2 + WM * WN * cm->lm * cm->ln * 4;
+  if (shared > d->props.limits.maxComputeSharedMemorySize ||
+      nt > d->props.limits.maxComputeWorkGroupSize[0] ||
+      nt > d->props.limits.maxComputeWorkGroupInvocations)
+    return 0;
+  if ((*bm * BK / 8) % nt || (BK * *bn / 8) % nt || *bm * BK / 8 < nt || BK * *bn / 8 < nt)
+    return 0;
+  return BK % cm->lk == 0;
+}
+
+/* Fills p from op, except the bindings and the flags that depend on them.
+ * Returns 1 when the path takes op, 0 when it does not. */
+static int plan(struct dspk__dev *d, const struct dspk__op *op, struct cmplan *p) {
+  const struct dspk__tensor *A = &op->in[0], *B = &op->in[1], *O = &op->out[0];
+  const struct dspk__tensor *C = op->nin == 3 ? &op->in[2] : NULL;
+  if (d->cm.kind == DSPK__VK_CM_NONE || A->dtype != DSPK_F16 || B->dtype != DSPK_F16 ||
+      O->dtype != DSPK_F32 || (C && C->dtype != DSPK_F32) || !tile_of(d, &p->bm, &p->bn))
+    return 0;
+  if (dspk__tensor_numel(A) > UINT32_MAX / 2 || dspk__tensor_numel(B) > UINT32_MAX / 2 ||
+      dspk__tensor_numel(O) > UINT32_MAX / 2 || (C && dspk__tensor_numel(C) > UINT32_MAX / 2))
+    return 0;
+  int ta = op->u.gemm.trans_a != 0, tb = op->u.gemm.trans_b != 0;
+  int ra = A->rank, rb = B->rank, ro = O->rank, nbd = ro - 2;
+  int64_t M = O->shape[ro - 2], N = O->shape[ro - 1];
+  int64_t K = ta ? A->shape[ra - 2] : A->shape[ra - 1];
+  int ka = batch_kind(A->shape, ra, 2, O->shape, nbd);
+  int kb = batch_kind(B->shape, rb, 2, O->shape, nbd);
+  int crank = C ? C->rank : 0, ckeep = crank < 2 ? crank : 2;
+  int kc = C ? batch_kind(C->shape, crank, ckeep, O->shape, nbd) : 0;
+  if (ka < 0 || kb < 0 || kc < 0)
+    return 0;
+  memset(&p->pc, 0, sizeof p->pc);
+  int64_t nbatch = 1;
+  for (int i = 0; i < nbd; i++)
+    nbatch *= O->shape[i];
+  p->nbatch = (uint32_t)nbatch;
+  p->pc.M = (uint32_t)M;
+  p->pc.N = (uint32_t)N;
+  p->pc.K = (uint32_t)K;
+  int64_t lda = A->shape[ra - 1], ldb = B->shape[rb - 1];
+  p->pc.sam = ta ? 1 : (uint32_t)lda;
+  p->pc.sak = ta ? (uint32_t)lda : 1;
+  p->pc.sbk = tb ? 1 : (uint32_t)ldb;
+  p->pc.sbn = tb ? (uint32_t)ldb : 1;
+  p->pc.bsa = ka ? (uint32_t)(M * K) : 0;
+  p->pc.bsb = kb ? (uint32_t)(K * N) : 0;
+  p->pc.bso = (uint32_t)(M * N);
+  if (C) {
+    int64_t cn = crank >= 1 ? C->shape[crank - 1] : 1;
+    int64_t cm_ = crank >= 2 ? C->shape[crank - 2] : 1;
+    p->pc.scn = cn == 1 ? 0 : 1;
+    p->pc.scm = cm_ == 1 ? 0 : (uint32_t)cn;
+    p->pc.bsc = kc ? (uint32_t)(cn * cm_) : 0;
+  }
+  p->pc.alpha = (float)op->u.gemm.alpha;
+  p->pc.beta = (float)op->u.gemm.beta;
+  p->flags = 0;
+  if (C && op->u.gemm.beta != 0)
+    p->flags |= DSPK__VK_CM_F_HASC;
+  if (!ta)
+    p->flags |= DSPK__VK_CM_F_AKC;
+  if (!tb)
+    p->flags |= DSPK__VK_CM_F_BNC;
+  return 1;
+}
+
+int dspk__vk_coopmat_usable(struct dspk__dev *d, const struct dspk__op *op) {
+  struct cmplan p;
+  return plan(d, op, &p) == 1;
+}
+
+/* The kernel of variant flags: from the device's memo while the kernel
+ * table still holds it, else made (for KHR, from the rewritten SPIR-V). */
+static int get_kernel(struct dspk__dev *d, unsigned flags, struct dspk__vk_kernel **out,
+                      struct dspk__opctx *ctx) {
+  struct dspk__vk_coopmat *cm = &d->cm;
+  struct dspk__vk_kernel *k = cm->kern[flags];
+  if (k && k->pipe && k->key[0] == cm->kkey[flags][0] && k->key[1] == cm->kkey[flags][1]) {
+    k->last_use = ++d->kclock;
+    *out = k;
+    return 0;
+  }
+  char src[16384];
+  if (dspk__vk_coopmat_source(src, sizeof src, cm, flags) >= (int)sizeof src)
+    return dspk__vk_fail(ctx, DSPK_EINTERNAL, "gemm: coopmat kernel source too long");
+  int r;
+  if (cm->kind != DSPK__VK_CM_KHR) {
+    r = dspk__vk_kernel(d, "gemm_coopmat", src, NULL, 0, "main", 4, PC_SIZE, &k, ctx);
+  } else {
+    uint32_t *nv = NULL, *khr = NULL;
+    size_t nw = 0, kw = 0;
+    char log[2048] = "";
+    r = dspk__vk_glsl_to_spirv(d, "gemm_coopmat", src, &nv, &nw, log, sizeof log);
+    if (r)
+      return dspk__vk_fail(ctx, r, "gemm: coopmat kernel: %s", log);
+    r = dspk__vk_coopmat_nv_to_khr(nv, nw, &khr, &kw);
+    free(nv);
+    if (r)
+      return dspk__vk_fail(ctx, r, "gemm: coopmat kernel: SPIR-V NV -> KHR rewrite failed");
+    r = dspk__vk_kernel(d, "gemm_coopmat", NULL, khr, kw * 4, "main", 4, PC_SIZE, &k, ctx);
+    free(khr);
+  }
+  if (r)
+    return r;
+  cm->kern[flags] = k;
+  cm->kkey[flags][0] = k->key[0];
+  cm->kkey[flags][1] = k->key[1];
+  *out = k;
+  return 0;
+}
+
+int dspk__vk_coopmat_gemm(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *ctx) {
+  struct cmplan p;
+  if (plan(d, op, &p) != 1)
+    return dspk__vk_fail(ctx, DSPK_EINTERNAL, "gemm: not a cooperative-matrix gemm");
+  const struct dspk__tensor *C = op->nin == 3 ? &op->in[2] : NULL;
+  static const char *names[4] = {"A", "B", "C", "the output"};
+  const struct dspk__tensor *t[4] = {&op->in[0], &op->in[1], C, &op->out[0]};
+  uint32_t *elem[4] = {&p.pc.oa, &p.pc.ob, &p.pc.oc, &p.pc.oo};
+  for (int i = 0; i < 4; i++) {
+    if (!t[i])
+      continue;
+    int r = dspk__vk_bind_tensor(d, t[i], &p.bind[i], elem[i]);
+    if (r)
+      return dspk__vk_fail(ctx, r,
+                           "vulkan: %s cannot be bound (offset not a multiple of its "
+                           "element size, or larger than maxStorageBufferRange)",
+                           names[i]);
+  }
+  if (!C)
+    p.bind[2] = p.bind[3];
+  /* uvec4 reads of 8 halves: rows, batches and the start on 8-element
+   * boundaries, and the read axis a multiple of 8 (no partial vectors). */
+  if ((p.flags & DSPK__VK_CM_F_AKC) && p.pc.sam % 8 == 0 && p.pc.oa % 8 == 0 &&
+      p.pc.bsa % 8 == 0 && p.pc.K % 8 == 0)
+    p.flags |= DSPK__VK_CM_F_AVEC;
+  if ((p.flags & DSPK__VK_CM_F_BNC) && p.pc.sbk % 8 == 0 && p.pc.ob % 8 == 0 &&
+      p.pc.bsb % 8 == 0 && p.pc.N % 8 == 0)
+    p.flags |= DSPK__VK_CM_F_BVEC;
+  uint32_t gx = (p.pc.N + p.bn - 1) / p.bn, gy = (p.pc.M + p.bm - 1) / p.bm;
+  if (gx == 0 || gy == 0 || p.nbatch == 0)
+    return 0;
+  const uint32_t *mx = d->props.limits.maxComputeWorkGroupCount;
+  if (gx > mx[0] || gy > mx[1])
+    return dspk__vk_fail(ctx, DSPK_ELIMIT, "gemm: %ux%u output too large for one dispatch",
+                         p.pc.M, p.pc.N);
+  struct dspk__vk_kernel *k;
+  int r = get_kernel(d, p.flags, &k, ctx);
+  if (r)
+    return r;
+  uint32_t oa = p.pc.oa, ob = p.pc.ob, oc = p.pc.oc, oo = p.pc.oo;
+  for (uint32_t b0 = 0; b0 < p.nbatch; b0 += mx[2]) {
+    uint32_t nb = p.nbatch - b0 < mx[2] ? p.nbatch - b0 : mx[2];
+    p.pc.oa = oa + b0 * p.pc.bsa;
+    p.pc.ob = ob + b0 * p.pc.bsb;
+    p.pc.oc = oc + b0 * p.pc.bsc;
+    p.pc.oo = oo + b0 * p.pc.bso;
+    if ((r = dspk__vk_dispatch(d, k, p.bind, 4, &p.pc, PC_SIZE, gx, gy, nb)))
+      return r;
+  }
+  return 0;
+}
