@@ -69,7 +69,9 @@ int dspk__npy_load(const char *path, dspk__npy *out, char *err, size_t errlen);
 /* Like dspk__npy_load, but a large regular file is mapped read-only
  * instead of read: data points into the mapping, must not be written, and
  * stays valid until dspk__npy_free (callers free it before anything may
- * rewrite the file, e.g. an output of the same name).  Small files and
+ * rewrite the file, e.g. an output of the same name; a file that another
+ * process truncates meanwhile makes reading the view fault, which a
+ * command-line tool reading its own inputs accepts).  Small files and
  * anything that cannot be mapped take dspk__npy_load's path.  Same
  * returns and messages as dspk__npy_load. */
 int dspk__npy_view(const char *path, dspk__npy *out, char *err, size_t errlen);
