@@ -26,16 +26,38 @@
 #include "backends/common/autotune.h"
 #include "backends/vulkan/vk.h"
 
+/* A kernel candidate.  v2 = 0: the first kernel (any dtype, strided scalar
+ * loads, one shared buffer); v2 = 1: the f32 kernel of gen_gemm2() (vec4
+ * global and shared loads where the layout allows, double-buffered shared
+ * tiles with a register prefetch of the next k slice, TM x TN micro-tiles
+ * in groups of 4 rows/columns).  The first entry is the default for small
+ * problems and per-batch dispatches. */
 struct tile {
   const char *name;
   int bm, bn, bk, tm, tn;
+  int v2;
 };
 static const struct tile tiles[] = {
-    {"64x64x16", 64, 64, 16, 4, 4},   {"128x128x8", 128, 128, 8, 8, 8},
-    {"64x128x16", 64, 128, 16, 4, 8}, {"128x64x16", 128, 64, 16, 8, 4},
-    {"32x32x16", 32, 32, 16, 2, 2},
+    {"64x64x16", 64, 64, 16, 4, 4, 0},
+    {"128x128x8", 128, 128, 8, 8, 8, 0},
+    {"64x128x16", 64, 128, 16, 4, 8, 0},
+    {"128x64x16", 128, 64, 16, 8, 4, 0},
+    {"32x32x16", 32, 32, 16, 2, 2, 0},
+    {"v2-128x128x8-t256", 128, 128, 8, 8, 8, 1},
+    {"v2-128x128x16-t256", 128, 128, 16, 8, 8, 1},
+    {"v2-128x64x8-t128", 128, 64, 8, 8, 8, 1},
+    {"v2-64x128x8-t128", 64, 128, 8, 8, 8, 1},
+    {"v2-128x64x16-t256", 128, 64, 16, 8, 4, 1},
+    {"v2-64x128x16-t256", 64, 128, 16, 4, 8, 1},
+    {"v2-64x64x16-t256", 64, 64, 16, 4, 4, 1},
+    {"v2-64x64x8-t64", 64, 64, 8, 8, 8, 1},
 };
 #define NTILES ((int)(sizeof tiles / sizeof tiles[0]))
+
+/* The candidate forced by dspk__vk_gemm_force() (-1: none), and the name of
+ * the candidate that this thread launched last. */
+static _Atomic int forced = -1;
+static _Thread_local const char *last_name;
 
 /* One batched gemm on device arrays: o[b] = alpha * A[b] @ B[b] (+ beta *
  * C[b]), with element strides for every axis (0 = broadcast). */
@@ -143,11 +165,252 @@ static int gen_gemm(char *src, size_t n, const struct tile *t, dspk_dtype in_dt,
       cplx, a_kfast, b_nfast, has_c);
 }
 
-/* Records the gemm g with tile t. */
+/* How the v2 kernel may read and write its operands: vec4 loads of A along
+ * k (ak) or m, of B along n (bn) or k, vec4 stores of the output, and
+ * whether the tiles need bounds checks. */
+struct v2mode {
+  int ak, bn;     /* A is k-fast (sak == 1) / B is n-fast (sbn == 1) */
+  int va, vb, vo; /* vec4 global access of A, B, the output */
+  int guard;      /* M, N or K is not a multiple of the tile */
+};
+
+/* The v2 f32 gemm (see struct tile).  Each of the NT = (BN/TN)(BM/TM)
+ * threads holds TM x TN accumulators as vec4s: rows ty*4+r of each of the
+ * TM/4 row groups (BM/(TM/4) rows apart), columns tx*4+j of each of the
+ * TN/4 column groups, so that every k step reads TM/4 + TN/4 vec4s from
+ * shared memory.  The A tile is stored k-major (transposed when A is
+ * k-fast), padded by one vec4 per row against bank conflicts.  Two shared
+ * buffers: while one is read, the next k slice is fetched from global
+ * memory into registers and stored into the other, with one barrier per k
+ * step.  Returns snprintf's count (or -1 for a tile the loader cannot
+ * split evenly among its threads). */
+static int gen_gemm2(char *src, size_t n, const struct tile *t, const struct v2mode *v,
+                     int has_c) {
+  int wgx = t->bn / t->tn, wgy = t->bm / t->tm, nt = wgx * wgy;
+  if (t->tm % 4 || t->tn % 4 || t->bk % 4 || (t->bm * t->bk / 4) % nt ||
+      (t->bn * t->bk / 4) % nt)
+    return -1;
+  return snprintf(
+      src, n,
+      "#version 450\n"
+      "#extension GL_EXT_control_flow_attributes : require\n"
+      "#define BM %d\n#define BN %d\n#define BK %d\n#define TM %d\n#define TN %d\n"
+      "#define WGX %d\n#define WGY %d\n#define NT (WGX * WGY)\n"
+      "#define AK %d\n#define BNF %d\n#define VA %d\n#define VB %d\n#define VO %d\n"
+      "#define GUARD %d\n#define HASC %d\n"
+      "#define LA (BM * BK / 4 / NT)\n#define LB (BN * BK / 4 / NT)\n"
+      "layout(local_size_x = WGX, local_size_y = WGY) in;\n"
+      "#if VA\n"
+      "layout(std430, binding = 0) readonly restrict buffer BA { vec4 a4[]; };\n"
+      "#else\n"
+      "layout(std430, binding = 0) readonly restrict buffer BA { float a[]; };\n"
+      "#endif\n"
+      "#if VB\n"
+      "layout(std430, binding = 1) readonly restrict buffer BB { vec4 b4[]; };\n"
+      "#else\n"
+      "layout(std430, binding = 1) readonly restrict buffer BB { float b[]; };\n"
+      "#endif\n"
+      "layout(std430, binding = 2) readonly buffer BC { float c[]; };\n"
+      "#if VO\n"
+      "layout(std430, binding = 3) writeonly buffer BO { vec4 o4[]; };\n"
+      "#else\n"
+      "layout(std430, binding = 3) writeonly buffer BO { float o[]; };\n"
+      "#endif\n"
+      "layout(push_constant) uniform PC {\n"
+      "  uint M, N, K, oa, ob, oc, oo, sam, sak, sbk, sbn, scm, scn, bsa, bsb, bsc,\n"
+      "    bso, pad; float alpha, beta; } pc;\n"
+      "shared vec4 As[2][BK][BM / 4 + 1];\n"
+      "shared vec4 Bs[2][BK][BN / 4 + 1];\n"
+      "vec4 ra[LA], rb[LB];\n"
+      /* Each thread's loader coordinates: element (lm, lk) of the A tile
+       * (lm or lk a multiple of 4, the vec4 running along the fast axis),
+       * (lk, ln) of the B tile. */
+      "uint am[LA], ak[LA], bk[LB], bn[LB];\n"
+      "uint m0, n0, abase, bbase;\n"
+      "void fetch(uint k0) {\n"
+      "  [[unroll]] for (int i = 0; i < LA; i++) {\n"
+      "    uint gm = m0 + am[i], gk = k0 + ak[i];\n"
+      "#if VA\n"
+      "#if AK\n"
+      "    uint e = abase + gm * pc.sam + gk;\n"
+      "#else\n"
+      "    uint e = abase + gm + gk * pc.sak;\n"
+      "#endif\n"
+      "    ra[i] = (GUARD == 0 || (gm < pc.M && gk < pc.K)) ? a4[e >> 2] : vec4(0);\n"
+      "#else\n"
+      "    [[unroll]] for (int j = 0; j < 4; j++) {\n"
+      "#if AK\n"
+      "      uint m = gm, k = gk + uint(j);\n"
+      "#else\n"
+      "      uint m = gm + uint(j), k = gk;\n"
+      "#endif\n"
+      "      ra[i][j] = (GUARD == 0 || (m < pc.M && k < pc.K)) ? a[abase + m * pc.sam + k * pc.sak] : 0.0;\n"
+      "    }\n"
+      "#endif\n"
+      "  }\n"
+      "  [[unroll]] for (int i = 0; i < LB; i++) {\n"
+      "    uint gn = n0 + bn[i], gk = k0 + bk[i];\n"
+      "#if VB\n"
+      "#if BNF\n"
+      "    uint e = bbase + gk * pc.sbk + gn;\n"
+      "#else\n"
+      "    uint e = bbase + gk + gn * pc.sbn;\n"
+      "#endif\n"
+      "    rb[i] = (GUARD == 0 || (gn < pc.N && gk < pc.K)) ? b4[e >> 2] : vec4(0);\n"
+      "#else\n"
+      "    [[unroll]] for (int j = 0; j < 4; j++) {\n"
+      "#if BNF\n"
+      "      uint nn = gn + uint(j), k = gk;\n"
+      "#else\n"
+      "      uint nn = gn, k = gk + uint(j);\n"
+      "#endif\n"
+      "      rb[i][j] = (GUARD == 0 || (nn < pc.N && k < pc.K)) ? b[bbase + k * pc.sbk + nn * pc.sbn] : 0.0;\n"
+      "    }\n"
+      "#endif\n"
+      "  }\n"
+      "}\n"
+      "void stash(uint s) {\n"
+      "  [[unroll]] for (int i = 0; i < LA; i++) {\n"
+      "#if AK\n"
+      "    [[unroll]] for (int j = 0; j < 4; j++) As[s][ak[i] + uint(j)][am[i] >> 2][am[i] & 3u] = ra[i][j];\n"
+      "#else\n"
+      "    As[s][ak[i]][am[i] >> 2] = ra[i];\n"
+      "#endif\n"
+      "  }\n"
+      "  [[unroll]] for (int i = 0; i < LB; i++) {\n"
+      "#if BNF\n"
+      "    Bs[s][bk[i]][bn[i] >> 2] = rb[i];\n"
+      "#else\n"
+      "    [[unroll]] for (int j = 0; j < 4; j++) Bs[s][bk[i] + uint(j)][bn[i] >> 2][bn[i] & 3u] = rb[i][j];\n"
+      "#endif\n"
+      "  }\n"
+      "}\n"
+      "void main() {\n"
+      "  uint tx = gl_LocalInvocationID.x, ty = gl_LocalInvocationID.y;\n"
+      "  uint tid = ty * WGX + tx, bz = gl_WorkGroupID.z;\n"
+      "  m0 = gl_WorkGroupID.y * BM;\n"
+      "  n0 = gl_WorkGroupID.x * BN;\n"
+      "  abase = pc.oa + bz * pc.bsa;\n"
+      "  bbase = pc.ob + bz * pc.bsb;\n"
+      "  [[unroll]] for (int i = 0; i < LA; i++) {\n"
+      "    uint x = tid + uint(i) * NT;\n"
+      "#if AK\n"
+      "    am[i] = x / (BK / 4); ak[i] = (x %% (BK / 4)) * 4u;\n"
+      "#else\n"
+      "    ak[i] = x / (BM / 4); am[i] = (x %% (BM / 4)) * 4u;\n"
+      "#endif\n"
+      "  }\n"
+      "  [[unroll]] for (int i = 0; i < LB; i++) {\n"
+      "    uint x = tid + uint(i) * NT;\n"
+      "#if BNF\n"
+      "    bk[i] = x / (BN / 4); bn[i] = (x %% (BN / 4)) * 4u;\n"
+      "#else\n"
+      "    bn[i] = x / (BK / 4); bk[i] = (x %% (BK / 4)) * 4u;\n"
+      "#endif\n"
+      "  }\n"
+      "  vec4 acc[TM][TN / 4];\n"
+      "  [[unroll]] for (int i = 0; i < TM; i++)\n"
+      "    [[unroll]] for (int j = 0; j < TN / 4; j++) acc[i][j] = vec4(0);\n"
+      "  uint nk = (pc.K + BK - 1) / BK;\n"
+      "  fetch(0u);\n"
+      "  stash(0u);\n"
+      "  barrier();\n"
+      "  for (uint t = 0u; t < nk; t++) {\n"
+      "    uint s = t & 1u;\n"
+      "    if (t + 1u < nk) fetch((t + 1u) * BK);\n"
+      "    [[unroll]] for (uint kk = 0u; kk < BK; kk++) {\n"
+      "      vec4 av[TM / 4], bv[TN / 4];\n"
+      "      [[unroll]] for (int g = 0; g < TM / 4; g++) av[g] = As[s][kk][uint(g) * (BM / TM) + ty];\n"
+      "      [[unroll]] for (int h = 0; h < TN / 4; h++) bv[h] = Bs[s][kk][uint(h) * (BN / TN) + tx];\n"
+      "      [[unroll]] for (int g = 0; g < TM / 4; g++)\n"
+      "        [[unroll]] for (int r = 0; r < 4; r++)\n"
+      "          [[unroll]] for (int h = 0; h < TN / 4; h++)\n"
+      "            acc[g * 4 + r][h] = fma(vec4(av[g][r]), bv[h], acc[g * 4 + r][h]);\n"
+      "    }\n"
+      "    if (t + 1u < nk) stash(s ^ 1u);\n"
+      "    barrier();\n"
+      "  }\n"
+      "  uint obase = pc.oo + bz * pc.bso;\n"
+      "  [[unroll]] for (int g = 0; g < TM / 4; g++)\n"
+      "    [[unroll]] for (int r = 0; r < 4; r++) {\n"
+      "      uint gm = m0 + uint(g) * (BM / (TM / 4)) + ty * 4u + uint(r);\n"
+      "      if (GUARD != 0 && gm >= pc.M) continue;\n"
+      "      [[unroll]] for (int h = 0; h < TN / 4; h++) {\n"
+      "        uint gn = n0 + uint(h) * (BN / (TN / 4)) + tx * 4u;\n"
+      "        vec4 v = pc.alpha * acc[g * 4 + r][h];\n"
+      "#if HASC\n"
+      "        [[unroll]] for (int j = 0; j < 4; j++)\n"
+      "          if (GUARD == 0 || gn + uint(j) < pc.N)\n"
+      "            v[j] += pc.beta * c[pc.oc + bz * pc.bsc + gm * pc.scm + (gn + uint(j)) * pc.scn];\n"
+      "#endif\n"
+      "#if VO\n"
+      "        if (GUARD == 0 || gn < pc.N) o4[(obase + gm * pc.N + gn) >> 2] = v;\n"
+      "#else\n"
+      "        [[unroll]] for (int j = 0; j < 4; j++)\n"
+      "          if (GUARD == 0 || gn + uint(j) < pc.N) o[obase + gm * pc.N + gn + uint(j)] = v[j];\n"
+      "#endif\n"
+      "      }\n"
+      "    }\n"
+      "}\n",
+      t->bm, t->bn, t->bk, t->tm, t->tn, wgx, wgy, v->ak, v->bn, v->va, v->vb, v->vo,
+      v->guard, has_c);
+}
+
+/* The v2 kernel's access modes for g with tile t; returns 0 when t may
+ * run g at all (f32 in and out), DSPK_ENOTSUP otherwise.  vec4 access needs
+ * the operand's fast stride to be 1, its other stride, its extent along the
+ * vec4 and every offset (binding, element, batch) to be multiples of 4
+ * floats. */
+static int v2_mode(const struct gdesc *g, const struct tile *t, struct v2mode *v) {
+  if (g->in_dt != DSPK_F32 || g->out_dt != DSPK_F32)
+    return DSPK_ENOTSUP;
+  int al[4]; /* A, B, C, O offsets all multiples of 4 floats */
+  uint32_t off[4] = {g->oa, g->ob, g->oc, g->oo}, bs[4] = {g->bsa, g->bsb, g->bsc, g->bso};
+  for (int i = 0; i < 4; i++) {
+    al[i] = g->bind[i].off % 16 == 0 && off[i] % 4 == 0 && (g->nbatch <= 1 || bs[i] % 4 == 0);
+    for (uint32_t b = 0; g->boff && b < g->nbatch; b++)
+      al[i] = al[i] && g->boff[4 * b + (uint32_t)i] % 4 == 0;
+  }
+  v->ak = g->sak == 1;
+  v->bn = g->sbn == 1;
+  v->va = al[0] && (v->ak ? g->sam % 4 == 0 && g->K % 4 == 0
+                          : g->sam == 1 && g->sak % 4 == 0 && g->M % 4 == 0);
+  v->vb = al[1] && (v->bn ? g->sbk % 4 == 0 && g->N % 4 == 0
+                          : g->sbk == 1 && g->sbn % 4 == 0 && g->K % 4 == 0);
+  v->vo = al[3] && g->N % 4 == 0;
+  v->guard = g->M % (uint32_t)t->bm || g->N % (uint32_t)t->bn || g->K % (uint32_t)t->bk;
+  return 0;
+}
+
+/* Bytes of shared memory tile t's kernel uses for out_dt. */
+static uint32_t tile_shared(const struct tile *t, dspk_dtype out_dt) {
+  if (t->v2)
+    return (uint32_t)(2 * t->bk * (t->bm / 4 + 1 + t->bn / 4 + 1) * 16);
+  return (uint32_t)(t->bk * (t->bm + 1 + t->bn + 1) * dspk__dtype_size(out_dt));
+}
+
+/* Records the gemm g with tile t.  DSPK_ENOTSUP when t cannot run g (a v2
+ * tile for other dtypes than f32, or a tile above the device's shared
+ * memory or workgroup limits). */
 static int launch(struct dspk__dev *d, const struct gdesc *g, const struct tile *t,
                   struct dspk__opctx *ctx) {
-  char src[8192];
-  gen_gemm(src, sizeof src, t, g->in_dt, g->out_dt, g->has_c, g->sak == 1, g->sbn == 1);
+  char src[16384];
+  const VkPhysicalDeviceLimits *lim = &d->props.limits;
+  uint32_t nthreads = (uint32_t)((t->bm / t->tm) * (t->bn / t->tn));
+  /* (The first kernel's tiles were never checked, and drivers that
+   * understate the limit run them: they stay unchecked.) */
+  if (t->v2 && (tile_shared(t, g->out_dt) > lim->maxComputeSharedMemorySize ||
+                nthreads > lim->maxComputeWorkGroupInvocations))
+    return dspk__vk_fail(ctx, DSPK_ENOTSUP, "gemm: tile %s exceeds this device's limits",
+                         t->name);
+  if (t->v2) {
+    struct v2mode v;
+    if (v2_mode(g, t, &v) || gen_gemm2(src, sizeof src, t, &v, g->has_c) < 0)
+      return dspk__vk_fail(ctx, DSPK_ENOTSUP, "gemm: tile %s does not fit %s", t->name,
+                           dspk__dtype_name(g->in_dt));
+  } else {
+    gen_gemm(src, sizeof src, t, g->in_dt, g->out_dt, g->has_c, g->sak == 1, g->sbn == 1);
+  }
   struct dspk__vk_kernel *k;
   int dbl = g->out_dt == DSPK_F64 || g->out_dt == DSPK_C128;
   struct {
@@ -187,6 +450,7 @@ static int launch(struct dspk__dev *d, const struct gdesc *g, const struct tile 
       if ((r = dspk__vk_dispatch(d, k, g->bind, 4, &pc, pcsize, gx, gy, nb)))
         return r;
     }
+    last_name = t->name;
     return 0;
   }
   for (uint32_t b = 0; b < g->nbatch; b++) {
@@ -197,6 +461,7 @@ static int launch(struct dspk__dev *d, const struct gdesc *g, const struct tile 
     if ((r = dspk__vk_dispatch(d, k, g->bind, 4, &pc, pcsize, gx, gy, 1)))
       return r;
   }
+  last_name = t->name;
   return 0;
 }
 
@@ -206,10 +471,11 @@ struct tune_ud {
   struct dspk__dev *d;
   const struct gdesc *g;
   struct dspk__opctx *ctx;
+  const int *map; /* candidate index -> tiles[] index */
 };
 static int tune_run(void *ud, int index) {
   struct tune_ud *u = ud;
-  int r = launch(u->d, u->g, &tiles[index], u->ctx);
+  int r = launch(u->d, u->g, &tiles[u->map[index]], u->ctx);
   if (r == 0)
     r = dspk__vk_submit(u->d);
   if (r == 0)
@@ -218,22 +484,37 @@ static int tune_run(void *ud, int index) {
 }
 
 static int gemm_exec(struct dspk__dev *d, const struct gdesc *g, struct dspk__opctx *ctx) {
+  int f = forced;
+  if (f >= 0 && f < NTILES)
+    return launch(d, g, &tiles[f], ctx);
   uint64_t work = (uint64_t)g->M * g->N * g->K * g->nbatch;
   if (work < ((uint64_t)1 << 24) || getenv("DSPK_VK_GEMM_NOTUNE"))
     return launch(d, g, &tiles[0], ctx);
-  static struct dspk__autotune_cand cands[NTILES];
-  for (int i = 0; i < NTILES; i++) {
-    cands[i].name = tiles[i].name;
-    cands[i].run = tune_run;
-  }
+  /* Candidates: the v2 tiles when they apply (first, so that the slower
+   * first-kernel tiles are cut early), then every first-kernel tile, so a
+   * tuning can never pick something slower than before. */
+  struct dspk__autotune_cand cands[NTILES];
+  int map[NTILES], nc = 0;
+  struct v2mode v;
+  for (int pass = 1; pass >= 0; pass--)
+    for (int i = 0; i < NTILES; i++)
+      if (tiles[i].v2 == pass && (!pass || v2_mode(g, &tiles[i], &v) == 0)) {
+        cands[nc].name = tiles[i].name;
+        cands[nc].run = tune_run;
+        map[nc++] = i;
+      }
   char shape[96], dts[32], layout[16];
   snprintf(shape, sizeof shape, "m=2^%d,n=2^%d,k=2^%d,b=2^%d", dspk__autotune_pow2(g->M),
            dspk__autotune_pow2(g->N), dspk__autotune_pow2(g->K),
            dspk__autotune_pow2(g->nbatch));
   snprintf(dts, sizeof dts, "%s,%s", dspk__dtype_name(g->in_dt), dspk__dtype_name(g->out_dt));
-  snprintf(layout, sizeof layout, "%c%c%c", g->sak == 1 ? 'n' : 't', g->sbn == 1 ? 'n' : 't',
-           g->has_c ? 'c' : '-');
-  struct tune_ud u = {d, g, ctx};
+  /* The v2 kernel's vec4 access (which the layout decides) is part of the
+   * key: the same shape class may be aligned or not. */
+  int vec = map[0] < NTILES && tiles[map[0]].v2 && v2_mode(g, &tiles[map[0]], &v) == 0 &&
+            v.va && v.vb && v.vo;
+  snprintf(layout, sizeof layout, "%c%c%c%c", g->sak == 1 ? 'n' : 't', g->sbn == 1 ? 'n' : 't',
+           g->has_c ? 'c' : '-', vec ? 'v' : 's');
+  struct tune_ud u = {d, g, ctx, map};
   struct dspk__autotune_req req = {
       .op = "gemm",
       .shape = shape,
@@ -242,7 +523,7 @@ static int gemm_exec(struct dspk__dev *d, const struct gdesc *g, struct dspk__op
       .dev = {.backend = "vulkan", .name = d->name, .arch = d->arch, .uuid = d->uuid,
               .driver = d->driver},
       .cands = cands,
-      .ncands = NTILES,
+      .ncands = nc,
       .ud = &u,
       .progress = ctx ? ctx->progress : NULL,
       .progress_ud = ctx ? ctx->progress_ud : NULL,
@@ -251,12 +532,31 @@ static int gemm_exec(struct dspk__dev *d, const struct gdesc *g, struct dspk__op
     int w, r = dspk__autotune_choose(d->env.cache, &req, NULL, &w, NULL);
     if (r < 0)
       return launch(d, g, &tiles[0], ctx);
-    r = launch(d, g, &tiles[w], ctx);
+    r = launch(d, g, &tiles[map[w]], ctx);
     if (r == 0 || r == DSPK_ECANCELED)
       return r;
     dspk__autotune_failed(d->env.cache, &req, w);
   }
 }
+
+/* Returns the number of gemm kernel candidates (indices for
+ * dspk__vk_gemm_force and dspk__vk_gemm_cand_name). */
+int dspk__vk_gemm_ncands(void) { return NTILES; }
+
+/* Returns candidate i's name (static storage), or NULL out of range. */
+const char *dspk__vk_gemm_cand_name(int i) {
+  return i >= 0 && i < NTILES ? tiles[i].name : NULL;
+}
+
+/* Makes every later gemm in the process launch candidate i, bypassing the
+ * autotuner (a candidate that cannot run the gemm fails it with
+ * DSPK_ENOTSUP); i < 0 restores the normal choice.  For tests and
+ * benchmarks. */
+void dspk__vk_gemm_force(int i) { forced = i < NTILES ? i : -1; }
+
+/* Returns the name of the candidate the calling thread's last gemm launched
+ * (static storage), or NULL when it launched none. */
+const char *dspk__vk_gemm_last(void) { return last_name; }
 
 /* ---- gemm op -------------------------------------------------------------- */
 
@@ -391,7 +691,8 @@ int dspk__vk_gemm(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *
     g.boff[4 * b + 2] = (uint32_t)oc;
     g.boff[4 * b + 3] = (uint32_t)(b * M * N);
   }
-  r = launch(d, &g, &tiles[0], ctx);
+  int f = forced;
+  r = launch(d, &g, &tiles[f >= 0 && f < NTILES ? f : 0], ctx);
   free(g.boff);
   return r;
 }

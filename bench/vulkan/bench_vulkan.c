@@ -33,6 +33,12 @@
 
 extern const struct dspk__backend dspk__backend_vulkan;
 static const struct dspk__backend *V = &dspk__backend_vulkan;
+/* The Vulkan gemm's kernel candidates (backends/vulkan/vk.h, declared here:
+ * that header's struct dspk__dev clashes with the CUDA backend's). */
+int dspk__vk_gemm_ncands(void);
+const char *dspk__vk_gemm_cand_name(int i);
+void dspk__vk_gemm_force(int i);
+const char *dspk__vk_gemm_last(void);
 /* backends/vulkan/vk_coopmat.c: which path f16 gemm takes on a device
  * (declared here for the reason vk_vkfft.h is not included). */
 int dspk__vk_coopmat_describe(struct dspk__dev *d, char *buf, size_t len);
@@ -234,6 +240,7 @@ static void bench_gemm(struct dspk__dev *d, dspk_dtype dt, int n, int reps) {
   CK(run_op(d, &op)); /* includes the tile tuning on a cold cache */
   CK(V->sync(d));
   tt = now_ms() - tt;
+  const char *win = dspk__vk_gemm_last(); /* the autotuner's choice */
   double tv = time_op(d, &op, reps), flop = 2.0 * n * (double)n * n;
   free_op(d, &op);
   printf("| gemm %d^2 %s | %.3f ms (%.1f TFLOP/s) |", n, dspk__dtype_name(dt), tv,
@@ -245,7 +252,7 @@ static void bench_gemm(struct dspk__dev *d, dspk_dtype dt, int n, int reps) {
   } else
 #endif
     printf(" - | - |");
-  printf(" first call %.0f ms |\n", tt);
+  printf(" first call %.0f ms, kernel %s |\n", tt, win ? win : "?");
   free(ha);
   free(hb);
 }
@@ -303,6 +310,62 @@ static double first_result(int idx, struct dspk__cache *c, uint64_t *compiled) {
   return t;
 }
 
+/* `bench_vulkan gemm [n ...]`: f32 n^2 gemm (default 4096 and 8192) with
+ * every kernel candidate forced in turn, then with the autotuner's choice;
+ * cuBLAS sgemm on the same data when CUDA is there. */
+static void bench_gemm_cands(struct dspk__dev *d, int n, int reps) {
+  size_t nn = (size_t)n * n;
+  float *ha = malloc(nn * 4), *hb = malloc(nn * 4);
+  fill(ha, nn, DSPK_F32);
+  fill(hb, nn, DSPK_F32);
+  int64_t shape[2] = {n, n};
+  struct dspk__op op = {.kind = DSPK_OP_GEMM, .nin = 2};
+  op.u.gemm.alpha = 1;
+  op.in[0] = upload(d, DSPK_F32, 2, shape, ha);
+  op.in[1] = upload(d, DSPK_F32, 2, shape, hb);
+  place_outputs(d, &op);
+  double flop = 2.0 * n * (double)n * n, tc = 0;
+#ifdef DSPK_BENCH_CUDA
+  if (cuda_ok)
+    tc = time_cublas(DSPK_F32, n, ha, hb, reps);
+#endif
+  for (int c = 0; c < dspk__vk_gemm_ncands(); c++) {
+    dspk__vk_gemm_force(c);
+    char msg[256] = "";
+    struct dspk__opctx ctx = {.errmsg = msg, .errmsg_len = sizeof msg};
+    int r = V->run(d, &op, &ctx);
+    if (r == 0)
+      r = V->sync(d);
+    if (r) {
+      printf("| gemm %d^2 f32 | %s | - | - | %s |\n", n, dspk__vk_gemm_cand_name(c), msg);
+      continue;
+    }
+    double tv = time_op(d, &op, reps);
+    printf("| gemm %d^2 f32 | %s | %.3f ms | %.1f TFLOP/s |", n, dspk__vk_gemm_cand_name(c), tv,
+           flop / tv / 1e9);
+    if (tc > 0)
+      printf(" %.2f of cuBLAS (%.1f TFLOP/s) |\n", tc / tv, flop / tc / 1e9);
+    else
+      printf(" - |\n");
+  }
+  dspk__vk_gemm_force(-1);
+  double tt = now_ms();
+  CK(run_op(d, &op));
+  CK(V->sync(d));
+  tt = now_ms() - tt;
+  const char *win = dspk__vk_gemm_last();
+  double tv = time_op(d, &op, reps);
+  printf("| gemm %d^2 f32 | autotuned: %s (first call %.0f ms) | %.3f ms | %.1f TFLOP/s |", n,
+         win ? win : "?", tt, tv, flop / tv / 1e9);
+  if (tc > 0)
+    printf(" %.2f of cuBLAS (%.1f TFLOP/s) |\n", tc / tv, flop / tc / 1e9);
+  else
+    printf(" - |\n");
+  free_op(d, &op);
+  free(ha);
+  free(hb);
+}
+
 int main(int argc, char **argv) {
   int quick = argc > 1 && strcmp(argv[1], "quick") == 0;
   struct dspk__devinfo info[16];
@@ -334,6 +397,21 @@ int main(int argc, char **argv) {
   char f16path[256];
   dspk__vk_coopmat_describe(d, f16path, sizeof f16path);
   printf("f16 gemm path: %s\n\n", f16path);
+  if (argc > 1 && strcmp(argv[1], "gemm") == 0) {
+    printf("| op | kernel | time | rate | vs cuBLAS |\n|---|---|---|---|---|\n");
+    for (int i = 2; i < argc || i == 2; i++) {
+      int gn = i < argc ? atoi(argv[i]) : 4096;
+      if (gn > 0)
+        bench_gemm_cands(d, gn, gn >= 4096 ? 5 : 2);
+      if (argc <= 2)
+        bench_gemm_cands(d, 8192, 5);
+    }
+    V->close(d);
+    dspk__cache_close(c);
+    unlink(path);
+    V->shutdown();
+    return 0;
+  }
   printf("| op | vulkan | cuBLAS/cuFFT | ratio (cu time / vk time) | note |\n|---|---|---|---|---|\n");
   int sizes[2] = {quick ? 256 : 4096, quick ? 512 : 8192};
   for (int i = 0; i < 2; i++)

@@ -19,6 +19,7 @@
 #include <glslang/Public/resource_limits_c.h>
 
 #include "cache/cache.h"
+#include "backends/vulkan/vk.h"
 #include "tests/vulkan/vk_harness.h"
 #include "backends/vulkan/vk.h"
 #include "backends/vulkan/vk_vkfft.h"
@@ -775,6 +776,107 @@ static void t_cache_restart(void **state) {
   unlink(wal);
 }
 
+/* One gemm with alpha 1.5 (and beta -0.5 with C), A uploaded `apad` bytes
+ * into its block: returns the run's result (DSPK_ENOTSUP from a forced
+ * candidate that cannot run it), and fails the test when a run that
+ * succeeded differs from the naive double reference. */
+static int gemm_try(int ra, const int64_t *as, int rb, const int64_t *bs, int ta, int tb,
+                    int crank, const int64_t *cs, size_t apad, const char *what) {
+  char msg[512];
+  struct htensor A = h_make(DSPK_F32, ra, as, 1), B = h_make(DSPK_F32, rb, bs, 1), out;
+  struct htensor C = h_make(DSPK_F32, crank, cs, 1);
+  struct dspk__op op = {.kind = DSPK_OP_GEMM, .nin = crank >= 0 ? 3 : 2};
+  op.u.gemm.trans_a = ta;
+  op.u.gemm.trans_b = tb;
+  op.u.gemm.alpha = 1.5;
+  op.u.gemm.beta = crank >= 0 ? -0.5 : 0;
+  assert_int_equal(h_upload(D, &A, apad, &op.in[0]), 0);
+  assert_int_equal(h_upload(D, &B, 0, &op.in[1]), 0);
+  if (crank >= 0)
+    assert_int_equal(h_upload(D, &C, 0, &op.in[2]), 0);
+  int r = h_run(D, &op, &out, msg, sizeof msg);
+  if (r == 0) {
+    double complex *want = calloc(out.n ? (size_t)out.n : 1, sizeof *want);
+    ref_gemm(&A, &B, crank >= 0 ? &C : NULL, ta, tb, 1.5, -0.5, &out, want);
+    double e = h_relerr(&out, want, out.n);
+    free(want);
+    h_free(&out);
+    if (e > 1e-5)
+      fail_msg("gemm %s: rel err %g", what, e);
+  } else if (r != DSPK_ENOTSUP) {
+    fail_msg("gemm %s: %d %s", what, r, msg);
+  }
+  h_free(&A);
+  h_free(&B);
+  h_free(&C);
+  return r;
+}
+
+/* Every gemm kernel candidate, forced through dspk__vk_gemm_force(), on
+ * shapes that are multiples of every tile and shapes that are not, with
+ * vec4-aligned and unaligned operands, each transposition, batches and a
+ * C term; then the autotuner's choice is reported by dspk__vk_gemm_last(). */
+static void t_gemm_cands(void **state) {
+  (void)state;
+  struct gcase {
+    int64_t M, N, K;
+    int ta, tb, batch, crank;
+    size_t apad;
+  } cs[] = {
+      {128, 128, 32, 0, 0, 2, 2, 0}, /* full tiles, vec4, batch, C */
+      {68, 132, 20, 0, 0, 1, -1, 0}, /* vec4, edge tiles */
+      {37, 45, 29, 1, 1, 1, 1, 0},   /* scalar, edges, both transposed, C row */
+      {64, 64, 48, 1, 0, 1, -1, 0},  /* A m-fast vec4 */
+      {128, 128, 16, 0, 1, 1, 2, 0}, /* B k-fast vec4, C */
+      {64, 64, 32, 0, 0, 1, -1, 4},  /* A one float off alignment: scalar A */
+  };
+  int nc = dspk__vk_gemm_ncands(), ran = 0, v2ran = 0;
+  for (int c = 0; c < nc; c++) {
+    const char *name = dspk__vk_gemm_cand_name(c);
+    assert_non_null(name);
+    dspk__vk_gemm_force(c);
+    int ok = 0;
+    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
+      const struct gcase *g = &cs[i];
+      int64_t as[3], bs[2], cc[2];
+      int ra = g->batch > 1 ? 3 : 2;
+      if (ra == 3)
+        as[0] = g->batch;
+      as[ra - 2] = g->ta ? g->K : g->M;
+      as[ra - 1] = g->ta ? g->M : g->K;
+      bs[0] = g->tb ? g->N : g->K;
+      bs[1] = g->tb ? g->K : g->N;
+      cc[0] = g->crank == 1 ? g->N : g->M;
+      cc[1] = g->N;
+      char what[96];
+      snprintf(what, sizeof what, "%s %lldx%lldx%lld case %d", name, (long long)g->M,
+               (long long)g->N, (long long)g->K, (int)i);
+      int r = gemm_try(ra, as, 2, bs, g->ta, g->tb, g->crank, cc, g->apad, what);
+      if (r == 0) {
+        assert_non_null(dspk__vk_gemm_last());
+        assert_string_equal(dspk__vk_gemm_last(), name);
+        ok++;
+      }
+    }
+    /* A candidate runs every case or none (beyond the device's limits). */
+    assert_true(ok == 0 || ok == (int)(sizeof cs / sizeof cs[0]));
+    if (ok) {
+      ran++;
+      v2ran += strncmp(name, "v2", 2) == 0;
+    } else {
+      print_message("gemm candidate %s: beyond this device's limits, skipped\n", name);
+    }
+  }
+  dspk__vk_gemm_force(-1);
+  assert_true(ran >= nc / 2);
+  assert_true(v2ran >= 1);
+  /* Large enough to be tuned: the winner is one of the candidates. */
+  int64_t as[2] = {128, 1024}, bs[2] = {1024, 128};
+  assert_int_equal(gemm_try(2, as, 2, bs, 0, 0, -1, NULL, 0, "tuned"), 0);
+  assert_non_null(dspk__vk_gemm_last());
+  print_message("gemm 128x128x1024 f32: autotuner chose %s\n", dspk__vk_gemm_last());
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(t_probe),     cmocka_unit_test(t_memory),
@@ -786,6 +888,7 @@ int main(void) {
       cmocka_unit_test(t_raw_glsl),
       cmocka_unit_test(t_raw_spirv), cmocka_unit_test(t_raw_error),
       cmocka_unit_test(t_cache_restart),
+      cmocka_unit_test(t_gemm_cands),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }
