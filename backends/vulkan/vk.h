@@ -175,6 +175,7 @@ struct dspk__vk_coopmat {
   VkPhysicalDeviceCooperativeMatrixFeaturesNV fnv;
   struct dspk__vk_kernel *kern[DSPK__VK_CM_VARIANTS]; /* may be evicted: */
   uint64_t kkey[DSPK__VK_CM_VARIANTS][2];             /* ... checked by key */
+  uint64_t ngemm; /* gemms recorded on this path */
 };
 
 struct dspk__vk_cmd {

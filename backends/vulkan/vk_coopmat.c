@@ -9,10 +9,10 @@
  * subgroup) properties, and enables the extension and its feature.  The
  * kernel is one GLSL source written with GL_NV_cooperative_matrix (the only
  * cooperative-matrix GLSL extension glslang 12 compiles): a workgroup of
- * 2 x 2 subgroups computes a 128 x 128 tile of C, each subgroup a 64 x 64
+ * 2 x 4 subgroups computes a 128 x 128 tile of C, each subgroup a 64 x 32
  * block of fragments, from 32-deep slices of A and B staged in shared
- * memory (the next slice is read into registers while the current one is
- * multiplied).  The staging reads every layout (transposed or not, uvec4
+ * memory as uvec4s where the layout allows (the next slice is read into
+ * registers while the current one is multiplied).  The staging reads every layout (transposed or not, uvec4
  * reads when aligned) and zero-fills outside the matrices, and the results
  * leave through a small per-subgroup scratch with guards, alpha, beta and C,
  * so every shape is handled, ragged or not.  For the KHR extension the NV
@@ -34,9 +34,9 @@
 
 /* Workgroup layout: WM x WN subgroups, each WTM x WTN of C, BK deep. */
 #define WM 2
-#define WN 2
+#define WN 4
 #define WTM 64
-#define WTN 64
+#define WTN 32
 #define BK 32
 /* The emulated fragments live in every lane's registers: a smaller tile. */
 #define EMU_WTM 32
@@ -317,8 +317,24 @@ static const char body[] =
     "layout(push_constant) uniform PC {\n"
     "  uint M, N, K, oa, ob, oc, oo, sam, sak, sbk, sbn, scm, scn, bsa, bsb, bsc, bso;\n"
     "  float alpha, beta; } pc;\n"
+    "#if AVEC\n"
+    "shared uvec4 As4[BM * ASTR / 8];\n"
+    "#define SH_A As4\n#define SH_AU 8u\n"
+    "float getA(uint i) { return float(unpackFloat2x16(As4[i >> 3u][(i >> 1u) & 3u])[i & 1u]); }\n"
+    "#else\n"
     "shared float16_t As[BM * ASTR];\n"
+    "#define SH_A As\n#define SH_AU 1u\n"
+    "float getA(uint i) { return float(As[i]); }\n"
+    "#endif\n"
+    "#if BVEC\n"
+    "shared uvec4 Bs4[BK * BSTR / 8];\n"
+    "#define SH_B Bs4\n#define SH_BU 8u\n"
+    "float getB(uint i) { return float(unpackFloat2x16(Bs4[i >> 3u][(i >> 1u) & 3u])[i & 1u]); }\n"
+    "#else\n"
     "shared float16_t Bs[BK * BSTR];\n"
+    "#define SH_B Bs\n#define SH_BU 1u\n"
+    "float getB(uint i) { return float(Bs[i]); }\n"
+    "#endif\n"
     "shared float Cs[WM * WN * LM * LN];\n"
     "#if EMU\n"
     /* Fragments stand for places: A and B ones for (offset, stride) in
@@ -338,7 +354,7 @@ static const char body[] =
     "    uint r = e / LN, q = e % LN;\n"
     "    float s = Acc[h + e];\n"
     "    for (uint t = 0u; t < LK; t++)\n"
-    "      s = fma(float(As[x.x + r * x.y + t]), float(Bs[y.x + t * y.y + q]), s);\n"
+    "      s = fma(getA(x.x + r * x.y + t), getB(y.x + t * y.y + q), s);\n"
     "    Acc[h + e] = s; }\n"
     "  return h; }\n"
     "void cmStore(uint h, uint off, uint str) {\n"
@@ -355,8 +371,9 @@ static const char body[] =
     "#define FB fcoopmatNV<16, gl_ScopeSubgroup, KB, LN>\n"
     "#define FC fcoopmatNV<32, gl_ScopeSubgroup, LM, LN>\n"
     "#define CM_ZERO(i, j) FC(0.0)\n"
-    "#define CM_LOADA(m, off, str) coopMatLoadNV(m, As, off, str, false)\n"
-    "#define CM_LOADB(m, off, str) coopMatLoadNV(m, Bs, off, str, false)\n"
+    /* Offsets and strides in units of the shared arrays' elements. */
+    "#define CM_LOADA(m, off, str) coopMatLoadNV(m, SH_A, (off) / SH_AU, (str) / SH_AU, false)\n"
+    "#define CM_LOADB(m, off, str) coopMatLoadNV(m, SH_B, (off) / SH_BU, (str) / SH_BU, false)\n"
     "#define CM_MULADD(x, y, z) coopMatMulAddNV(x, y, z)\n"
     "#define CM_STORE(m, off, str) coopMatStoreNV(m, Cs, off, str, false)\n"
     "#endif\n"
@@ -401,20 +418,12 @@ static const char body[] =
     "#endif\n"
     "  }\n"
     "}\n"
-    "void put8(bool isa, uint o, uvec4 v) {\n"
-    "  f16vec2 h0 = unpackFloat2x16(v.x), h1 = unpackFloat2x16(v.y);\n"
-    "  f16vec2 h2 = unpackFloat2x16(v.z), h3 = unpackFloat2x16(v.w);\n"
-    "  if (isa) { As[o] = h0.x; As[o + 1u] = h0.y; As[o + 2u] = h1.x; As[o + 3u] = h1.y;\n"
-    "    As[o + 4u] = h2.x; As[o + 5u] = h2.y; As[o + 6u] = h3.x; As[o + 7u] = h3.y; }\n"
-    "  else { Bs[o] = h0.x; Bs[o + 1u] = h0.y; Bs[o + 2u] = h1.x; Bs[o + 3u] = h1.y;\n"
-    "    Bs[o + 4u] = h2.x; Bs[o + 5u] = h2.y; Bs[o + 6u] = h3.x; Bs[o + 7u] = h3.y; }\n"
-    "}\n"
     /* Registers -> shared: As[m][k], Bs[k][n], rows padded. */
     "void storeAB() {\n"
     "  UNROLL for (uint i = 0u; i < NLA; i++) {\n"
     "    uint e = gl_LocalInvocationIndex + i * NT;\n"
     "#if AVEC\n"
-    "    put8(true, (e / (BK / 8)) * ASTR + (e % (BK / 8)) * 8u, ra[i]);\n"
+    "    As4[(e / (BK / 8)) * (ASTR / 8) + e % (BK / 8)] = ra[i];\n"
     "#elif AKC\n"
     "    As[(e / BK) * ASTR + e % BK] = ra[i];\n"
     "#else\n"
@@ -424,7 +433,7 @@ static const char body[] =
     "  UNROLL for (uint i = 0u; i < NLB; i++) {\n"
     "    uint e = gl_LocalInvocationIndex + i * NT;\n"
     "#if BVEC\n"
-    "    put8(false, (e / (BN / 8)) * BSTR + (e % (BN / 8)) * 8u, rb[i]);\n"
+    "    Bs4[(e / (BN / 8)) * (BSTR / 8) + e % (BN / 8)] = rb[i];\n"
     "#elif BNC\n"
     "    Bs[(e / BN) * BSTR + e % BN] = rb[i];\n"
     "#else\n"
@@ -897,6 +906,7 @@ int dspk__vk_coopmat_gemm(struct dspk__dev *d, struct dspk__op *op, struct dspk_
   int r = get_kernel(d, p.flags, &k, ctx);
   if (r)
     return r;
+  d->cm.ngemm++;
   uint32_t oa = p.pc.oa, ob = p.pc.ob, oc = p.pc.oc, oo = p.pc.oo;
   for (uint32_t b0 = 0; b0 < p.nbatch; b0 += mx[2]) {
     uint32_t nb = p.nbatch - b0 < mx[2] ? p.nbatch - b0 : mx[2];

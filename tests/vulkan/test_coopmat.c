@@ -178,8 +178,13 @@ static void gemm_suite(struct dspk__dev *d, const char *what, int64_t tile_m, in
     } else if (crank == 1) {
       c[0] = N;
     }
+    uint64_t before = d->cm.ngemm;
     double e = gemm_case(d, ra, as, rb, bs, cs[i].ta, cs[i].tb, crank, c, cs[i].alpha,
                          cs[i].beta, cs[i].pad);
+    /* Every case of the suite is one the path takes, when it is on. */
+    if (d->cm.kind != DSPK__VK_CM_NONE && d->cm.ngemm != before + 1)
+      fail_msg("%s: gemm %lldx%lldx%lld did not take the cooperative-matrix path", what,
+               (long long)M, (long long)N, (long long)K);
     if (!(e <= tol))
       fail_msg("%s: gemm f16 %lldx%lldx%lld ta %d tb %d batch %d crank %d pad %zu: rel err %g "
                "(tol %g)",
@@ -188,13 +193,13 @@ static void gemm_suite(struct dspk__dev *d, const char *what, int64_t tile_m, in
   }
 }
 
-/* The tile the kernel uses for d (see vk_coopmat.c: 2 x 2 subgroups of
- * 64 x 64, or 32 x 16 emulated). */
+/* The tile the kernel uses for d (see vk_coopmat.c: 2 x 4 subgroups of
+ * 64 x 32, or 32 x 16 emulated). */
 static void tile_of(struct dspk__dev *d, int64_t *tm, int64_t *tn) {
   int emu = d->cm.kind == DSPK__VK_CM_EMU;
-  int64_t wm = emu ? 32 : 64, wn = emu ? 16 : 64;
+  int64_t wm = emu ? 32 : 64, wn = emu ? 16 : 32;
   *tm = 2 * (wm < d->cm.lm ? d->cm.lm : wm);
-  *tn = 2 * (wn < d->cm.ln ? d->cm.ln : wn);
+  *tn = 4 * (wn < d->cm.ln ? d->cm.ln : wn);
 }
 
 static void t_selection(void **state) {
