@@ -170,6 +170,7 @@ struct dspk__vk_coopmat {
   enum dspk__vk_cm_kind kind;
   uint32_t lm, ln, lk; /* fragment shape */
   uint32_t sgsize;     /* subgroup size */
+  uint32_t wm, wn, wtm, wtn, bk; /* tile (0: the default) */
   char why[160];       /* why the path is off, or what it is */
   VkPhysicalDeviceCooperativeMatrixFeaturesKHR fkhr; /* chained at CreateDevice */
   VkPhysicalDeviceCooperativeMatrixFeaturesNV fnv;
@@ -311,6 +312,9 @@ int dspk__vk_dispatch(struct dspk__dev *d, struct dspk__vk_kernel *k,
  * storageBuffer16BitAccess and vulkanMemoryModel, and enables them. */
 void dspk__vk_coopmat_setup(struct dspk__dev *d, int base_ok, const char **exts,
                             uint32_t *next, void **pnext);
+/* The workgroup tile of cm's kernel: rows bm, columns bn, depth bk. */
+void dspk__vk_coopmat_tile(const struct dspk__vk_coopmat *cm, uint32_t *bm, uint32_t *bn,
+                           uint32_t *bk);
 /* 1 when op (a gemm) goes through the cooperative-matrix path on d: the
  * path is on, A and B are f16, and every batch axis is whole or broadcast. */
 int dspk__vk_coopmat_usable(struct dspk__dev *d, const struct dspk__op *op);

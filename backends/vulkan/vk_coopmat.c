@@ -32,15 +32,43 @@
 
 #include "backends/vulkan/vk.h"
 
-/* Workgroup layout: WM x WN subgroups, each WTM x WTN of C, BK deep. */
+/* Default workgroup layout: WM x WN subgroups, each WTM x WTN of C, BK
+ * deep (DSPK_VK_COOPMAT_TILE=wmxwnxwtmxwtnxbk overrides it at open). */
 #define WM 2
 #define WN 4
 #define WTM 64
 #define WTN 32
 #define BK 32
-/* The emulated fragments live in every lane's registers: a smaller tile. */
+/* Emulated accumulators live in shared memory: a smaller tile. */
 #define EMU_WTM 32
 #define EMU_WTN 16
+
+/* The tile of cm: subgroups wm x wn, fragments fm x fn per subgroup, bk. */
+struct tilep {
+  uint32_t wm, wn, fm, fn, bk;
+};
+static struct tilep tile_params(const struct dspk__vk_coopmat *cm) {
+  if (cm->lm == 0 || cm->ln == 0) /* no path */
+    return (struct tilep){0, 0, 0, 0, 0};
+  int emu = cm->kind == DSPK__VK_CM_EMU;
+  uint32_t wtm = cm->wtm ? cm->wtm : emu ? EMU_WTM : WTM;
+  uint32_t wtn = cm->wtn ? cm->wtn : emu ? EMU_WTN : WTN;
+  struct tilep t = {cm->wm ? cm->wm : WM, cm->wn ? cm->wn : WN, wtm / cm->lm, wtn / cm->ln,
+                    cm->bk ? cm->bk : BK};
+  if (t.fm == 0)
+    t.fm = 1;
+  if (t.fn == 0)
+    t.fn = 1;
+  return t;
+}
+
+void dspk__vk_coopmat_tile(const struct dspk__vk_coopmat *cm, uint32_t *bm, uint32_t *bn,
+                           uint32_t *bk) {
+  struct tilep t = tile_params(cm);
+  *bm = t.wm * t.fm * cm->lm;
+  *bn = t.wn * t.fn * cm->ln;
+  *bk = t.bk;
+}
 
 /* SPIR-V opcodes and enumerants (SPIR-V registry, spirv.core.grammar.json). */
 enum {
@@ -203,6 +231,23 @@ static int offered(struct dspk__dev *d, int khr) {
   return khr ? pick_khr(d) : pick_nv(d);
 }
 
+/* DSPK_VK_COOPMAT_TILE=wmxwnxwtmxwtnxbk: another tile, for measurements. */
+static void tile_env(struct dspk__vk_coopmat *cm) {
+  const char *e = getenv("DSPK_VK_COOPMAT_TILE");
+  unsigned wm, wn, wtm, wtn, bk;
+  if (!e || sscanf(e, "%ux%ux%ux%ux%u", &wm, &wn, &wtm, &wtn, &bk) != 5)
+    return;
+  if (wm < 1 || wm > 8 || wn < 1 || wn > 8 || wtm < cm->lm || wtm > 128 || wtm % cm->lm ||
+      wtn < cm->ln || wtn > 128 || wtn % cm->ln || bk < 8 || bk > 128 || bk % cm->lk ||
+      bk % 8)
+    return;
+  cm->wm = wm;
+  cm->wn = wn;
+  cm->wtm = wtm;
+  cm->wtn = wtn;
+  cm->bk = bk;
+}
+
 void dspk__vk_coopmat_setup(struct dspk__dev *d, int base_ok, const char **exts,
                             uint32_t *next, void **pnext) {
   struct dspk__vk_coopmat *cm = &d->cm;
@@ -245,6 +290,7 @@ void dspk__vk_coopmat_setup(struct dspk__dev *d, int base_ok, const char **exts,
     cm->lm = 16;
     cm->ln = 8;
     cm->lk = 16;
+    tile_env(cm);
     return;
   }
   if (want_khr && offered(d, 1)) {
@@ -254,6 +300,7 @@ void dspk__vk_coopmat_setup(struct dspk__dev *d, int base_ok, const char **exts,
     cm->fkhr.cooperativeMatrix = VK_TRUE;
     cm->fkhr.pNext = *pnext;
     *pnext = &cm->fkhr;
+    tile_env(cm);
     return;
   }
   if (want_nv && offered(d, 0)) {
@@ -263,6 +310,7 @@ void dspk__vk_coopmat_setup(struct dspk__dev *d, int base_ok, const char **exts,
     cm->fnv.cooperativeMatrix = VK_TRUE;
     cm->fnv.pNext = *pnext;
     *pnext = &cm->fnv;
+    tile_env(cm);
     return;
   }
   snprintf(cm->why, sizeof cm->why,
@@ -278,8 +326,12 @@ int dspk__vk_coopmat_describe(struct dspk__dev *d, char *buf, size_t len) {
   if (cm->kind == DSPK__VK_CM_NONE)
     snprintf(buf, len, "scalar: cooperative matrices %s", cm->why);
   else
-    snprintf(buf, len, "%s %ux%ux%u (subgroup %u)", names[cm->kind], cm->lm, cm->ln, cm->lk,
-             cm->sgsize);
+  {
+    struct tilep t = tile_params(cm);
+    snprintf(buf, len, "%s %ux%ux%u, tile %ux%ux%u (%ux%u subgroups of %u)", names[cm->kind],
+             cm->lm, cm->ln, cm->lk, t.wm * t.fm * cm->lm, t.wn * t.fn * cm->ln, t.bk, t.wm,
+             t.wn, cm->sgsize);
+  }
   return (int)cm->kind;
 }
 
@@ -496,11 +548,7 @@ static const char body[] =
 int dspk__vk_coopmat_source(char *buf, size_t len, const struct dspk__vk_coopmat *cm,
                             unsigned flags) {
   int emu = cm->kind == DSPK__VK_CM_EMU;
-  uint32_t fm = (emu ? EMU_WTM : WTM) / cm->lm, fn = (emu ? EMU_WTN : WTN) / cm->ln;
-  if (fm == 0)
-    fm = 1;
-  if (fn == 0)
-    fn = 1;
+  struct tilep t = tile_params(cm);
   return snprintf(buf, len,
                   "#version 450\n"
                   "#pragma use_vulkan_memory_model\n"
@@ -517,7 +565,7 @@ int dspk__vk_coopmat_source(char *buf, size_t len, const struct dspk__vk_coopmat
                   "#define HASC %d\n"
                   "%s",
                   emu ? "" : "#extension GL_NV_cooperative_matrix : require\n", emu,
-                  cm->lm, cm->ln, cm->lk, fm, fn, WM, WN, BK, cm->sgsize,
+                  cm->lm, cm->ln, cm->lk, t.fm, t.fn, t.wm, t.wn, t.bk, cm->sgsize,
                   !!(flags & DSPK__VK_CM_F_AVEC), !!(flags & DSPK__VK_CM_F_BVEC),
                   !!(flags & DSPK__VK_CM_F_AKC), !!(flags & DSPK__VK_CM_F_BNC),
                   !!(flags & DSPK__VK_CM_F_HASC), body);
@@ -745,25 +793,20 @@ static int batch_kind(const int64_t *xs, int rx, int keep, const int64_t *os, in
  * or thread split does not fit the device. */
 static int tile_of(const struct dspk__dev *d, uint32_t *bm, uint32_t *bn) {
   const struct dspk__vk_coopmat *cm = &d->cm;
-  int emu = cm->kind == DSPK__VK_CM_EMU;
-  uint32_t fm = (emu ? EMU_WTM : WTM) / cm->lm, fn = (emu ? EMU_WTN : WTN) / cm->ln;
-  if (fm == 0)
-    fm = 1;
-  if (fn == 0)
-    fn = 1;
-  *bm = WM * fm * cm->lm;
-  *bn = WN * fn * cm->ln;
-  uint32_t nt = WM * WN * cm->sgsize;
-  uint32_t shared = *bm * (BK + 8) * 2 + BK * (*bn + 8) * 2 + WM * WN * cm->lm * cm->ln * 4;
-  if (emu) /* the accumulators */
-    shared += WM * WN * fm * fn * cm->lm * cm->ln * 4;
+  struct tilep t = tile_params(cm);
+  *bm = t.wm * t.fm * cm->lm;
+  *bn = t.wn * t.fn * cm->ln;
+  uint32_t nt = t.wm * t.wn * cm->sgsize, bk = t.bk;
+  uint32_t shared = *bm * (bk + 8) * 2 + bk * (*bn + 8) * 2 + t.wm * t.wn * cm->lm * cm->ln * 4;
+  if (cm->kind == DSPK__VK_CM_EMU) /* the accumulators */
+    shared += t.wm * t.wn * t.fm * t.fn * cm->lm * cm->ln * 4;
   if (shared > d->props.limits.maxComputeSharedMemorySize ||
       nt > d->props.limits.maxComputeWorkGroupSize[0] ||
       nt > d->props.limits.maxComputeWorkGroupInvocations)
     return 0;
-  if ((*bm * BK / 8) % nt || (BK * *bn / 8) % nt || *bm * BK / 8 < nt || BK * *bn / 8 < nt)
+  if ((*bm * bk / 8) % nt || (bk * *bn / 8) % nt || *bm * bk / 8 < nt || bk * *bn / 8 < nt)
     return 0;
-  return BK % cm->lk == 0;
+  return bk % cm->lk == 0;
 }
 
 /* Fills p from op, except the bindings and the flags that depend on them.

@@ -7,8 +7,9 @@
  * 2048 4096 8192; `bench_coopmat n...` to choose) it prints the time of the
  * first call (kernel compile), the median time of the following calls, the
  * rate, and the largest relative error of 256 sampled entries against a
- * double-precision reference.  cuBLAS's figures for the same gemm are in
- * bench_vulkan's table.
+ * double-precision reference.  Then the default path again with other
+ * workgroup tiles (DSPK_VK_COOPMAT_TILE), to choose the default.  cuBLAS's
+ * figures for the same gemm are in bench_vulkan's table.
  */
 #include <math.h>
 #include <stdint.h>
@@ -61,6 +62,8 @@ static int run(struct dspk__dev *d, struct dspk__op *op) {
 
 /* One path (mode for DSPK_VK_COOPMAT, NULL: the default choice) on every
  * size.  Returns 0, or 1 when the path is not offered. */
+static int coop_only; /* skip the path when it is the scalar kernel */
+
 static int bench_path(int idx, const char *mode, const int *sizes, int nsizes) {
   if (mode)
     setenv("DSPK_VK_COOPMAT", mode, 1);
@@ -76,6 +79,10 @@ static int bench_path(int idx, const char *mode, const int *sizes, int nsizes) {
   char desc[256];
   int kind = dspk__vk_coopmat_describe(d, desc, sizeof desc);
   int want = !mode || strcmp(mode, "off") == 0 ? -1 : strcmp(mode, "nv") == 0 ? 1 : 2;
+  if (coop_only && kind == 0) {
+    V->close(d);
+    return 1;
+  }
   if (want > 0 && kind != want) {
     printf("| %s | %s | - | - | - | - |\n", mode, desc);
     V->close(d);
@@ -185,6 +192,17 @@ int main(int argc, char **argv) {
   bench_path(idx, "nv", sizes, nsizes);
   /* The scalar kernel: the smallest two sizes only (it is ~40x slower). */
   bench_path(idx, "off", sizes, nsizes < 2 ? nsizes : 2);
+  /* Other tiles (subgroups wm x wn, each wtm x wtn, depth bk) on the
+   * default path, at the largest two sizes. */
+  static const char *tiles[] = {"2x4x64x32x64", "2x2x64x64x32", "4x2x32x64x32",
+                                "2x4x64x64x32", "4x4x32x32x32", "2x4x32x32x32",
+                                "2x2x64x64x64", "4x2x64x64x32"};
+  coop_only = 1;
+  for (size_t i = 0; i < sizeof tiles / sizeof tiles[0]; i++) {
+    setenv("DSPK_VK_COOPMAT_TILE", tiles[i], 1);
+    bench_path(idx, NULL, sizes + (nsizes > 2 ? nsizes - 2 : 0), nsizes < 2 ? nsizes : 2);
+  }
+  unsetenv("DSPK_VK_COOPMAT_TILE");
   V->shutdown();
   return 0;
 }

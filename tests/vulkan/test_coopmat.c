@@ -193,13 +193,12 @@ static void gemm_suite(struct dspk__dev *d, const char *what, int64_t tile_m, in
   }
 }
 
-/* The tile the kernel uses for d (see vk_coopmat.c: 2 x 4 subgroups of
- * 64 x 32, or 32 x 16 emulated). */
+/* The workgroup tile the kernel uses on d. */
 static void tile_of(struct dspk__dev *d, int64_t *tm, int64_t *tn) {
-  int emu = d->cm.kind == DSPK__VK_CM_EMU;
-  int64_t wm = emu ? 32 : 64, wn = emu ? 16 : 32;
-  *tm = 2 * (wm < d->cm.lm ? d->cm.lm : wm);
-  *tn = 4 * (wn < d->cm.ln ? d->cm.ln : wn);
+  uint32_t bm, bn, bk;
+  dspk__vk_coopmat_tile(&d->cm, &bm, &bn, &bk);
+  *tm = bm;
+  *tn = bn;
 }
 
 static void t_selection(void **state) {
