@@ -10,6 +10,10 @@
  *   time to first result (open the device, gemm 1024^2 + fft 2^16, read
  *   back) with a cold cache file vs the same file warm.
  *
+ * `bench_vulkan fft [N BATCH]` runs the fft rows only, over more shapes (or
+ * the one given), and prints the VkFFT tuning decision of each (winner,
+ * passes over memory, every candidate's time) under the table.
+ *
  * cuBLAS/cuFFT come through the CUDA backend's dlopen tables when that
  * backend is built and a CUDA driver is present; otherwise only the Vulkan
  * column is printed.  Timings are medians of 3 repetitions of `reps` runs.
@@ -32,6 +36,10 @@
 #endif
 
 extern const struct dspk__backend dspk__backend_vulkan;
+/* backends/vulkan/vk_vkfft.h (not included: its header needs vk.h, whose
+ * struct dspk__dev would clash with the CUDA backend's here). */
+int dspk__vk_fft_tune_report(struct dspk__dev *d, uint64_t n, uint64_t batch, int dbl,
+                             char *buf, size_t len);
 static const struct dspk__backend *V = &dspk__backend_vulkan;
 /* The Vulkan gemm's kernel candidates (backends/vulkan/vk.h, declared here:
  * that header's struct dspk__dev clashes with the CUDA backend's). */
@@ -257,6 +265,9 @@ static void bench_gemm(struct dspk__dev *d, dspk_dtype dt, int n, int reps) {
   free(hb);
 }
 
+/* VkFFT tuning decisions of the fft rows, printed under the table. */
+static char fft_notes[16384];
+
 static void bench_fft(struct dspk__dev *d, int64_t n, int64_t batch, int reps) {
   size_t nn = (size_t)(n * batch) * 2;
   float *hx = malloc(nn * 4);
@@ -267,6 +278,12 @@ static void bench_fft(struct dspk__dev *d, int64_t n, int64_t batch, int reps) {
   place_outputs(d, &op);
   double tv = time_op(d, &op, reps);
   free_op(d, &op);
+  char rep[3072];
+  size_t at = strlen(fft_notes);
+  if (dspk__vk_fft_tune_report(d, (uint64_t)n, (uint64_t)batch, 0, rep, sizeof rep) == 0 &&
+      at < sizeof fft_notes)
+    snprintf(fft_notes + at, sizeof fft_notes - at, "fft 2^%d x %lld: %s\n",
+             (int)log2((double)n), (long long)batch, rep);
   printf("| fft 2^%d c64 x %lld | %.3f ms |", (int)log2((double)n), (long long)batch, tv);
 #ifdef DSPK_BENCH_CUDA
   if (cuda_ok) {
@@ -368,6 +385,7 @@ static void bench_gemm_cands(struct dspk__dev *d, int n, int reps) {
 
 int main(int argc, char **argv) {
   int quick = argc > 1 && strcmp(argv[1], "quick") == 0;
+  int fft_only = argc > 1 && strcmp(argv[1], "fft") == 0;
   struct dspk__devinfo info[16];
   char why[256];
   int n = V->probe(info, 16, why, sizeof why);
@@ -413,12 +431,27 @@ int main(int argc, char **argv) {
     return 0;
   }
   printf("| op | vulkan | cuBLAS/cuFFT | ratio (cu time / vk time) | note |\n|---|---|---|---|---|\n");
+  if (fft_only) {
+    static const int64_t shapes[][2] = {
+        {1 << 20, 16}, {1 << 16, 256}, {1 << 12, 4096}, {1 << 24, 1}, {1 << 22, 4}, {1 << 10, 16384}};
+    if (argc > 3) /* bench_vulkan fft N BATCH: that shape only */
+      bench_fft(d, atoll(argv[2]), atoll(argv[3]), 20);
+    for (size_t i = 0; argc <= 3 && i < sizeof shapes / sizeof shapes[0]; i++)
+      bench_fft(d, shapes[i][0], shapes[i][1], 20);
+    printf("\n%s", fft_notes);
+    V->close(d);
+    dspk__cache_close(c);
+    unlink(path);
+    V->shutdown();
+    return 0;
+  }
   int sizes[2] = {quick ? 256 : 4096, quick ? 512 : 8192};
   for (int i = 0; i < 2; i++)
     bench_gemm(d, DSPK_F32, sizes[i], quick ? 2 : 5);
   for (int i = 0; i < 2; i++)
     bench_gemm(d, DSPK_F16, sizes[i], quick ? 2 : 5);
   bench_fft(d, quick ? 1 << 12 : 1 << 20, quick ? 2 : 16, quick ? 2 : 20);
+  printf("\n%s", fft_notes);
   V->close(d);
   dspk__cache_close(c);
   unlink(path);
