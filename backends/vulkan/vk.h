@@ -165,17 +165,20 @@ enum dspk__vk_cm_kind {
   DSPK__VK_CM_KHR,      /* VK_KHR_cooperative_matrix (SPIR-V rewritten from NV) */
   DSPK__VK_CM_EMU       /* tests only: the same tiling, fragments in plain code */
 };
-#define DSPK__VK_CM_VARIANTS 32
+#define DSPK__VK_CM_VARIANTS 32 /* kernel variants (DSPK__VK_CM_F_* flags) */
+#define DSPK__VK_CM_TILES 8     /* workgroup tiles (vk_coopmat.c) */
 struct dspk__vk_coopmat {
   enum dspk__vk_cm_kind kind;
   uint32_t lm, ln, lk; /* fragment shape */
   uint32_t sgsize;     /* subgroup size */
-  uint32_t wm, wn, wtm, wtn, bk; /* tile (0: the default) */
+  uint32_t wm, wn, wtm, wtn, bk; /* a forced tile (DSPK_VK_COOPMAT_TILE), or 0 */
   char why[160];       /* why the path is off, or what it is */
   VkPhysicalDeviceCooperativeMatrixFeaturesKHR fkhr; /* chained at CreateDevice */
   VkPhysicalDeviceCooperativeMatrixFeaturesNV fnv;
-  struct dspk__vk_kernel *kern[DSPK__VK_CM_VARIANTS]; /* may be evicted: */
-  uint64_t kkey[DSPK__VK_CM_VARIANTS][2];             /* ... checked by key */
+  /* Kernels per tile and variant; the kernel table may evict them, so each
+   * is checked against its key before use. */
+  struct dspk__vk_kernel *kern[DSPK__VK_CM_TILES][DSPK__VK_CM_VARIANTS];
+  uint64_t kkey[DSPK__VK_CM_TILES][DSPK__VK_CM_VARIANTS][2];
   uint64_t ngemm; /* gemms recorded on this path */
 };
 
@@ -312,7 +315,12 @@ int dspk__vk_dispatch(struct dspk__dev *d, struct dspk__vk_kernel *k,
  * storageBuffer16BitAccess and vulkanMemoryModel, and enables them. */
 void dspk__vk_coopmat_setup(struct dspk__dev *d, int base_ok, const char **exts,
                             uint32_t *next, void **pnext);
-/* The workgroup tile of cm's kernel: rows bm, columns bn, depth bk. */
+/* The name of hardware tile candidate i ("2x4x64x32x32": subgroups wm x wn,
+ * each wtm x wtn of C, depth bk; the DSPK_VK_COOPMAT_TILE syntax), or NULL
+ * past the last. */
+const char *dspk__vk_coopmat_tile_name(int i);
+/* The default workgroup tile of cm's kernel: rows bm, columns bn, depth
+ * bk (large gemms may take another, chosen by the autotuner). */
 void dspk__vk_coopmat_tile(const struct dspk__vk_coopmat *cm, uint32_t *bm, uint32_t *bn,
                            uint32_t *bk);
 /* 1 when op (a gemm) goes through the cooperative-matrix path on d: the
@@ -324,8 +332,9 @@ int dspk__vk_coopmat_gemm(struct dspk__dev *d, struct dspk__op *op, struct dspk_
 /* Writes a one-line description of d's f16 gemm path into buf ("coopmat khr
  * 16x8x16, ..." or "scalar: <why>") and returns d->cm.kind. */
 int dspk__vk_coopmat_describe(struct dspk__dev *d, char *buf, size_t len);
-/* The GLSL (GL_NV_cooperative_matrix) of the kernel variant `flags`
- * (DSPK__VK_CM_F_*) for cm's shape, written into buf.  Returns the length
+/* The GLSL (GL_NV_cooperative_matrix) of the kernel with tile number `tile`
+ * (0: the default) and variant `flags` (DSPK__VK_CM_F_*) for cm's shape,
+ * written into buf.  Returns the length
  * snprintf reports (>= len: too small). */
 #define DSPK__VK_CM_F_AVEC 1u /* A read as uvec4 (k contiguous, aligned) */
 #define DSPK__VK_CM_F_BVEC 2u /* B read as uvec4 (n contiguous, aligned) */
@@ -333,7 +342,7 @@ int dspk__vk_coopmat_describe(struct dspk__dev *d, char *buf, size_t len);
 #define DSPK__VK_CM_F_BNC 8u  /* B's n axis contiguous (scalar reads) */
 #define DSPK__VK_CM_F_HASC 16u /* beta * C term */
 int dspk__vk_coopmat_source(char *buf, size_t len, const struct dspk__vk_coopmat *cm,
-                            unsigned flags);
+                            int tile, unsigned flags);
 /* Rewrites a SPIR-V module from SPV_NV_cooperative_matrix to
  * SPV_KHR_cooperative_matrix (types gain a Use inferred from MulAdd
  * operands; loads/stores take a MemoryLayout constant).  *out is malloc'd

@@ -30,41 +30,68 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backends/common/autotune.h"
 #include "backends/vulkan/vk.h"
 
-/* Default workgroup layout: WM x WN subgroups, each WTM x WTN of C, BK
- * deep (DSPK_VK_COOPMAT_TILE=wmxwnxwtmxwtnxbk overrides it at open). */
-#define WM 2
-#define WN 4
-#define WTM 64
-#define WTN 32
-#define BK 32
-/* Emulated accumulators live in shared memory: a smaller tile. */
-#define EMU_WTM 32
-#define EMU_WTN 16
+/* Workgroup tiles: wm x wn subgroups, each wtm x wtn of C, bk deep.  The
+ * first is the default; for large gemms the autotuner chooses (per shape
+ * class, kept in the cache).  Emulated accumulators live in shared memory:
+ * smaller tiles.  DSPK_VK_COOPMAT_TILE=wmxwnxwtmxwtnxbk forces one. */
+struct tiledef {
+  const char *name;
+  uint32_t wm, wn, wtm, wtn, bk;
+};
+static const struct tiledef hw_tiles[DSPK__VK_CM_TILES] = {
+    {"2x4x64x32x32", 2, 4, 64, 32, 32}, {"2x4x64x32x64", 2, 4, 64, 32, 64},
+    {"2x2x64x64x32", 2, 2, 64, 64, 32}, {"4x2x32x64x32", 4, 2, 32, 64, 32},
+    {"2x4x64x64x32", 2, 4, 64, 64, 32}, {"4x4x32x32x32", 4, 4, 32, 32, 32},
+    {"2x4x32x32x32", 2, 4, 32, 32, 32}, {"2x2x64x64x64", 2, 2, 64, 64, 64},
+};
+static const struct tiledef emu_tiles[] = {
+    {"emu-2x4x32x16x32", 2, 4, 32, 16, 32},
+    {"emu-2x2x32x16x64", 2, 2, 32, 16, 64},
+};
+#define NEMU ((int)(sizeof emu_tiles / sizeof emu_tiles[0]))
+/* Gemms of at least this many multiply-adds are tuned. */
+#define TUNE_MIN ((uint64_t)1 << 27)
 
-/* The tile of cm: subgroups wm x wn, fragments fm x fn per subgroup, bk. */
+/* Number of tile candidates of cm (1 when one is forced). */
+static int ntiles(const struct dspk__vk_coopmat *cm) {
+  if (cm->wm)
+    return 1;
+  return cm->kind == DSPK__VK_CM_EMU ? NEMU : DSPK__VK_CM_TILES;
+}
+static const char *tile_name(const struct dspk__vk_coopmat *cm, int i) {
+  if (cm->wm)
+    return "forced";
+  return cm->kind == DSPK__VK_CM_EMU ? emu_tiles[i].name : hw_tiles[i].name;
+}
+
+/* Tile i of cm: subgroups wm x wn, fragments fm x fn per subgroup, bk. */
 struct tilep {
   uint32_t wm, wn, fm, fn, bk;
 };
-static struct tilep tile_params(const struct dspk__vk_coopmat *cm) {
-  if (cm->lm == 0 || cm->ln == 0) /* no path */
+static struct tilep tile_params(const struct dspk__vk_coopmat *cm, int i) {
+  if (cm->lm == 0 || cm->ln == 0 || i < 0 || i >= ntiles(cm)) /* no path */
     return (struct tilep){0, 0, 0, 0, 0};
-  int emu = cm->kind == DSPK__VK_CM_EMU;
-  uint32_t wtm = cm->wtm ? cm->wtm : emu ? EMU_WTM : WTM;
-  uint32_t wtn = cm->wtn ? cm->wtn : emu ? EMU_WTN : WTN;
-  struct tilep t = {cm->wm ? cm->wm : WM, cm->wn ? cm->wn : WN, wtm / cm->lm, wtn / cm->ln,
-                    cm->bk ? cm->bk : BK};
-  if (t.fm == 0)
-    t.fm = 1;
-  if (t.fn == 0)
-    t.fn = 1;
-  return t;
+  struct tiledef t = {"forced", cm->wm, cm->wn, cm->wtm, cm->wtn, cm->bk};
+  if (!cm->wm)
+    t = cm->kind == DSPK__VK_CM_EMU ? emu_tiles[i] : hw_tiles[i];
+  struct tilep p = {t.wm, t.wn, t.wtm / cm->lm, t.wtn / cm->ln, t.bk};
+  if (p.fm == 0)
+    p.fm = 1;
+  if (p.fn == 0)
+    p.fn = 1;
+  return p;
+}
+
+const char *dspk__vk_coopmat_tile_name(int i) {
+  return i >= 0 && i < DSPK__VK_CM_TILES ? hw_tiles[i].name : NULL;
 }
 
 void dspk__vk_coopmat_tile(const struct dspk__vk_coopmat *cm, uint32_t *bm, uint32_t *bn,
                            uint32_t *bk) {
-  struct tilep t = tile_params(cm);
+  struct tilep t = tile_params(cm, 0);
   *bm = t.wm * t.fm * cm->lm;
   *bn = t.wn * t.fn * cm->ln;
   *bk = t.bk;
@@ -327,10 +354,11 @@ int dspk__vk_coopmat_describe(struct dspk__dev *d, char *buf, size_t len) {
     snprintf(buf, len, "scalar: cooperative matrices %s", cm->why);
   else
   {
-    struct tilep t = tile_params(cm);
-    snprintf(buf, len, "%s %ux%ux%u, tile %ux%ux%u (%ux%u subgroups of %u)", names[cm->kind],
-             cm->lm, cm->ln, cm->lk, t.wm * t.fm * cm->lm, t.wn * t.fn * cm->ln, t.bk, t.wm,
-             t.wn, cm->sgsize);
+    struct tilep t = tile_params(cm, 0);
+    snprintf(buf, len, "%s %ux%ux%u, tile %ux%ux%u (%ux%u subgroups of %u)%s",
+             names[cm->kind], cm->lm, cm->ln, cm->lk, t.wm * t.fm * cm->lm,
+             t.wn * t.fn * cm->ln, t.bk, t.wm, t.wn, cm->sgsize,
+             cm->wm ? " forced" : ", tuned for large gemms");
   }
   return (int)cm->kind;
 }
@@ -546,9 +574,11 @@ static const char body[] =
     "}\n";
 
 int dspk__vk_coopmat_source(char *buf, size_t len, const struct dspk__vk_coopmat *cm,
-                            unsigned flags) {
+                            int tile, unsigned flags) {
   int emu = cm->kind == DSPK__VK_CM_EMU;
-  struct tilep t = tile_params(cm);
+  struct tilep t = tile_params(cm, tile);
+  if (t.wm == 0)
+    return snprintf(buf, len, "#error no tile %d\n", tile);
   return snprintf(buf, len,
                   "#version 450\n"
                   "#pragma use_vulkan_memory_model\n"
@@ -789,11 +819,13 @@ static int batch_kind(const int64_t *xs, int rx, int keep, const int64_t *os, in
   return none ? 0 : whole ? 1 : -1;
 }
 
-/* The workgroup tile of cm (rows bm, columns bn); 0 when its shared memory
- * or thread split does not fit the device. */
-static int tile_of(const struct dspk__dev *d, uint32_t *bm, uint32_t *bn) {
+/* The workgroup tile `tile` of cm (rows bm, columns bn); 0 when its shared
+ * memory or thread split does not fit the device. */
+static int tile_of(const struct dspk__dev *d, int tile, uint32_t *bm, uint32_t *bn) {
   const struct dspk__vk_coopmat *cm = &d->cm;
-  struct tilep t = tile_params(cm);
+  struct tilep t = tile_params(cm, tile);
+  if (t.wm == 0)
+    return 0;
   *bm = t.wm * t.fm * cm->lm;
   *bn = t.wn * t.fn * cm->ln;
   uint32_t nt = t.wm * t.wn * cm->sgsize, bk = t.bk;
@@ -815,7 +847,7 @@ static int plan(struct dspk__dev *d, const struct dspk__op *op, struct cmplan *p
   const struct dspk__tensor *A = &op->in[0], *B = &op->in[1], *O = &op->out[0];
   const struct dspk__tensor *C = op->nin == 3 ? &op->in[2] : NULL;
   if (d->cm.kind == DSPK__VK_CM_NONE || A->dtype != DSPK_F16 || B->dtype != DSPK_F16 ||
-      O->dtype != DSPK_F32 || (C && C->dtype != DSPK_F32) || !tile_of(d, &p->bm, &p->bn))
+      O->dtype != DSPK_F32 || (C && C->dtype != DSPK_F32) || !tile_of(d, 0, &p->bm, &p->bn))
     return 0;
   if (dspk__tensor_numel(A) > UINT32_MAX / 2 || dspk__tensor_numel(B) > UINT32_MAX / 2 ||
       dspk__tensor_numel(O) > UINT32_MAX / 2 || (C && dspk__tensor_numel(C) > UINT32_MAX / 2))
@@ -870,19 +902,21 @@ int dspk__vk_coopmat_usable(struct dspk__dev *d, const struct dspk__op *op) {
   return plan(d, op, &p) == 1;
 }
 
-/* The kernel of variant flags: from the device's memo while the kernel
- * table still holds it, else made (for KHR, from the rewritten SPIR-V). */
-static int get_kernel(struct dspk__dev *d, unsigned flags, struct dspk__vk_kernel **out,
-                      struct dspk__opctx *ctx) {
+/* The kernel of tile `tile` and variant flags: from the device's memo
+ * while the kernel table still holds it, else made (for KHR, from the
+ * rewritten SPIR-V). */
+static int get_kernel(struct dspk__dev *d, int tile, unsigned flags,
+                      struct dspk__vk_kernel **out, struct dspk__opctx *ctx) {
   struct dspk__vk_coopmat *cm = &d->cm;
-  struct dspk__vk_kernel *k = cm->kern[flags];
-  if (k && k->pipe && k->key[0] == cm->kkey[flags][0] && k->key[1] == cm->kkey[flags][1]) {
+  struct dspk__vk_kernel *k = cm->kern[tile][flags];
+  uint64_t *key = cm->kkey[tile][flags];
+  if (k && k->pipe && k->key[0] == key[0] && k->key[1] == key[1]) {
     k->last_use = ++d->kclock;
     *out = k;
     return 0;
   }
   char src[16384];
-  if (dspk__vk_coopmat_source(src, sizeof src, cm, flags) >= (int)sizeof src)
+  if (dspk__vk_coopmat_source(src, sizeof src, cm, tile, flags) >= (int)sizeof src)
     return dspk__vk_fail(ctx, DSPK_EINTERNAL, "gemm: coopmat kernel source too long");
   int r;
   if (cm->kind != DSPK__VK_CM_KHR) {
@@ -903,11 +937,62 @@ static int get_kernel(struct dspk__dev *d, unsigned flags, struct dspk__vk_kerne
   }
   if (r)
     return r;
-  cm->kern[flags] = k;
-  cm->kkey[flags][0] = k->key[0];
-  cm->kkey[flags][1] = k->key[1];
+  cm->kern[tile][flags] = k;
+  key[0] = k->key[0];
+  key[1] = k->key[1];
   *out = k;
   return 0;
+}
+
+/* Records the planned gemm p with tile `tile`.  DSPK_ENOTSUP when that tile
+ * does not fit the device. */
+static int launch(struct dspk__dev *d, struct cmplan *p, int tile, struct dspk__opctx *ctx) {
+  uint32_t bm, bn;
+  if (!tile_of(d, tile, &bm, &bn))
+    return DSPK_ENOTSUP;
+  uint32_t gx = (p->pc.N + bn - 1) / bn, gy = (p->pc.M + bm - 1) / bm;
+  if (gx == 0 || gy == 0 || p->nbatch == 0)
+    return 0;
+  const uint32_t *mx = d->props.limits.maxComputeWorkGroupCount;
+  if (gx > mx[0] || gy > mx[1])
+    return dspk__vk_fail(ctx, DSPK_ELIMIT, "gemm: %ux%u output too large for one dispatch",
+                         p->pc.M, p->pc.N);
+  struct dspk__vk_kernel *k;
+  int r = get_kernel(d, tile, p->flags, &k, ctx);
+  if (r)
+    return r;
+  d->cm.ngemm++;
+  uint32_t oa = p->pc.oa, ob = p->pc.ob, oc = p->pc.oc, oo = p->pc.oo;
+  for (uint32_t b0 = 0; b0 < p->nbatch && r == 0; b0 += mx[2]) {
+    uint32_t nb = p->nbatch - b0 < mx[2] ? p->nbatch - b0 : mx[2];
+    p->pc.oa = oa + b0 * p->pc.bsa;
+    p->pc.ob = ob + b0 * p->pc.bsb;
+    p->pc.oc = oc + b0 * p->pc.bsc;
+    p->pc.oo = oo + b0 * p->pc.bso;
+    r = dspk__vk_dispatch(d, k, p->bind, 4, &p->pc, PC_SIZE, gx, gy, nb);
+  }
+  p->pc.oa = oa;
+  p->pc.ob = ob;
+  p->pc.oc = oc;
+  p->pc.oo = oo;
+  return r;
+}
+
+/* The autotuner's view of one gemm: each candidate is a tile, run to
+ * completion. */
+struct tune_ud {
+  struct dspk__dev *d;
+  struct cmplan *p;
+  struct dspk__opctx *ctx;
+};
+static int tune_run(void *ud, int index) {
+  struct tune_ud *u = ud;
+  int r = launch(u->d, u->p, index, u->ctx);
+  if (r == 0)
+    r = dspk__vk_submit(u->d);
+  if (r == 0)
+    r = dspk__vk_wait_value(u->d, u->d->submitted);
+  return r;
 }
 
 int dspk__vk_coopmat_gemm(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *ctx) {
@@ -938,27 +1023,47 @@ int dspk__vk_coopmat_gemm(struct dspk__dev *d, struct dspk__op *op, struct dspk_
   if ((p.flags & DSPK__VK_CM_F_BNC) && p.pc.sbk % 8 == 0 && p.pc.ob % 8 == 0 &&
       p.pc.bsb % 8 == 0 && p.pc.N % 8 == 0)
     p.flags |= DSPK__VK_CM_F_BVEC;
-  uint32_t gx = (p.pc.N + p.bn - 1) / p.bn, gy = (p.pc.M + p.bm - 1) / p.bm;
-  if (gx == 0 || gy == 0 || p.nbatch == 0)
-    return 0;
-  const uint32_t *mx = d->props.limits.maxComputeWorkGroupCount;
-  if (gx > mx[0] || gy > mx[1])
-    return dspk__vk_fail(ctx, DSPK_ELIMIT, "gemm: %ux%u output too large for one dispatch",
-                         p.pc.M, p.pc.N);
-  struct dspk__vk_kernel *k;
-  int r = get_kernel(d, p.flags, &k, ctx);
-  if (r)
-    return r;
-  d->cm.ngemm++;
-  uint32_t oa = p.pc.oa, ob = p.pc.ob, oc = p.pc.oc, oo = p.pc.oo;
-  for (uint32_t b0 = 0; b0 < p.nbatch; b0 += mx[2]) {
-    uint32_t nb = p.nbatch - b0 < mx[2] ? p.nbatch - b0 : mx[2];
-    p.pc.oa = oa + b0 * p.pc.bsa;
-    p.pc.ob = ob + b0 * p.pc.bsb;
-    p.pc.oc = oc + b0 * p.pc.bsc;
-    p.pc.oo = oo + b0 * p.pc.bso;
-    if ((r = dspk__vk_dispatch(d, k, p.bind, 4, &p.pc, PC_SIZE, gx, gy, nb)))
-      return r;
+  uint64_t work = (uint64_t)p.pc.M * p.pc.N * p.pc.K * p.nbatch;
+  int n = ntiles(&d->cm);
+  if (n == 1 || work < TUNE_MIN)
+    return launch(d, &p, 0, ctx);
+  static struct dspk__autotune_cand cands[2][DSPK__VK_CM_TILES];
+  int e = d->cm.kind == DSPK__VK_CM_EMU;
+  for (int i = 0; i < n; i++) {
+    cands[e][i].name = tile_name(&d->cm, i);
+    cands[e][i].run = tune_run;
   }
-  return 0;
+  char shape[96], layout[16], dts[64];
+  snprintf(shape, sizeof shape, "m=2^%d,n=2^%d,k=2^%d,b=2^%d", dspk__autotune_pow2(p.pc.M),
+           dspk__autotune_pow2(p.pc.N), dspk__autotune_pow2(p.pc.K),
+           dspk__autotune_pow2(p.nbatch));
+  snprintf(layout, sizeof layout, "%02x", p.flags);
+  snprintf(dts, sizeof dts, "f16,f32,%s,%ux%ux%u",
+           d->cm.kind == DSPK__VK_CM_KHR ? "khr" : e ? "emu" : "nv", d->cm.lm, d->cm.ln,
+           d->cm.lk);
+  struct tune_ud u = {d, &p, ctx};
+  struct dspk__autotune_req req = {
+      .op = "gemm_coopmat",
+      .shape = shape,
+      .dtypes = dts,
+      .layout = layout,
+      .dev = {.backend = "vulkan", .name = d->name, .arch = d->arch, .uuid = d->uuid,
+              .driver = d->driver},
+      .cands = cands[e],
+      .ncands = n,
+      .ud = &u,
+      .progress = ctx ? ctx->progress : NULL,
+      .progress_ud = ctx ? ctx->progress_ud : NULL,
+      .cancel = ctx ? ctx->cancel : NULL};
+  for (;;) {
+    int w, r = dspk__autotune_choose(d->env.cache, &req, NULL, &w, NULL);
+    if (r == DSPK_ECANCELED)
+      return r;
+    if (r < 0)
+      return launch(d, &p, 0, ctx);
+    r = launch(d, &p, w, ctx);
+    if (r == 0 || r == DSPK_ECANCELED)
+      return r;
+    dspk__autotune_failed(d->env.cache, &req, w);
+  }
 }

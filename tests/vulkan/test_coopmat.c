@@ -344,7 +344,7 @@ static void t_spirv(void **state) {
                                     .ln = shapes[s][1],
                                     .lk = shapes[s][2],
                                     .sgsize = 32};
-      assert_true(dspk__vk_coopmat_source(src, 32768, &cm, variants[v]) < 32768);
+      assert_true(dspk__vk_coopmat_source(src, 32768, &cm, 0, variants[v]) < 32768);
       uint32_t *nv = NULL, *khr = NULL;
       size_t nw = 0, kw = 0;
       int r = dspk__vk_glsl_to_spirv(d, "gemm_coopmat", src, &nv, &nw, log, sizeof log);
@@ -389,7 +389,7 @@ static void t_spirv(void **state) {
   assert_int_equal(dspk__vk_coopmat_nv_to_khr(junk, 8, &o, &on), DSPK_EINVAL);
   struct dspk__vk_coopmat emu = {.kind = DSPK__VK_CM_EMU, .lm = 16, .ln = 8, .lk = 16,
                                  .sgsize = 32};
-  assert_true(dspk__vk_coopmat_source(src, 32768, &emu, 0) < 32768);
+  assert_true(dspk__vk_coopmat_source(src, 32768, &emu, 0, 0) < 32768);
   uint32_t *spv = NULL;
   size_t sw = 0;
   assert_int_equal(dspk__vk_glsl_to_spirv(d, "gemm_coopmat", src, &spv, &sw, log, sizeof log), 0);
@@ -414,6 +414,17 @@ static void t_emulated(void **state) {
   }
   int64_t tm, tn;
   tile_of(d, &tm, &tn);
+  gemm_suite(d, desc, tm, tn, 1e-5);
+  VKB->close(d);
+  /* Another tile (bk 64, 2 x 2 subgroups), forced. */
+  setenv("DSPK_VK_COOPMAT_TILE", "2x2x32x16x64", 1);
+  d = open_with("emulate");
+  unsetenv("DSPK_VK_COOPMAT_TILE");
+  dspk__vk_coopmat_describe(d, desc, sizeof desc);
+  assert_non_null(strstr(desc, "forced"));
+  tile_of(d, &tm, &tn);
+  assert_int_equal(tm, 64);
+  assert_int_equal(tn, 32);
   gemm_suite(d, desc, tm, tn, 1e-5);
   VKB->close(d);
 }
@@ -441,9 +452,37 @@ static void t_hardware(void **state) {
       e = gemm_case(d, 2, as2, 2, bs2, 0, 0, -1, NULL, 1, 0, 0);
       print_message("  300x170x250: rel err %.3g\n", e);
       assert_true(e <= 1e-4);
+      /* Large enough for the autotuner (every tile runs, the winner is
+       * checked). */
+      uint64_t before = d->cm.ngemm;
+      int64_t as3[2] = {1024, 1024}, bs3[2] = {1024, 1000};
+      e = gemm_case(d, 2, as3, 2, bs3, 0, 0, -1, NULL, 1, 0, 0);
+      print_message("  1024x1000x1024 (tuned, %llu launches): rel err %.3g\n",
+                    (unsigned long long)(d->cm.ngemm - before), e);
+      assert_true(e <= 1e-4);
+      assert_true(d->cm.ngemm > before);
       ran++;
     }
     VKB->close(d);
+    if (kind != kinds[i])
+      continue;
+    /* Every tile candidate, forced, on a ragged shape and a batch. */
+    for (int t = 0; dspk__vk_coopmat_tile_name(t); t++) {
+      setenv("DSPK_VK_COOPMAT_TILE", dspk__vk_coopmat_tile_name(t), 1);
+      d = open_with(modes[i]);
+      unsetenv("DSPK_VK_COOPMAT_TILE");
+      dspk__vk_coopmat_describe(d, desc, sizeof desc);
+      uint64_t before = d->cm.ngemm;
+      int64_t as4[3] = {2, 300, 250}, bs4[2] = {250, 170}, cs4[2] = {300, 170};
+      double e = gemm_case(d, 3, as4, 2, bs4, 0, 0, 2, cs4, 1.5, -0.5, 0);
+      int64_t as5[2] = {77, 40}, bs5[2] = {90, 77};
+      double e2 = gemm_case(d, 2, as5, 2, bs5, 1, 1, -1, NULL, 1, 0, 2);
+      print_message("  %s: rel err %.3g, %.3g\n", desc, e, e2);
+      if (!(e <= 1e-4 && e2 <= 1e-4) || d->cm.ngemm != before + 2)
+        fail_msg("%s: rel err %g, %g; %llu coopmat launches", desc, e, e2,
+                 (unsigned long long)(d->cm.ngemm - before));
+      VKB->close(d);
+    }
   }
   if (!ran)
     skip();
