@@ -25,11 +25,14 @@
  * a new one, and only waits for the device when all are busy.
  *
  * Tuning: VkFFT reads the device's limits itself (shared memory, workgroup
- * sizes, warp size by vendor); which coalescing width, threads per
- * workgroup and register boost suit a large transform best is measured
- * instead of guessed.  Large transforms (at least FFT_TUNE_MIN elements) on
- * a hardware device go through the autotune framework once per shape
- * class and device (candidates in `tunes`); the winner is stored in the
+ * sizes and invocations, warp size and defaults by vendor); which
+ * coalescing width, threads per workgroup, register boost and twiddle
+ * source suit a large transform best is measured instead of guessed (with
+ * 48 KiB of shared memory, VkFFT's NVIDIA default of 32-byte coalescing is
+ * what makes 2^20 two passes; 64 or 128 bytes read memory in larger pieces
+ * but take three).  Large transforms (at least FFT_TUNE_MIN elements) on a
+ * hardware device go through the autotune framework once per shape class
+ * and device (candidates in `tunes`); the winner is stored in the
  * persistent cache with every candidate's timing.
  */
 #include <math.h>
@@ -95,11 +98,12 @@ void dspk__vk_fft_plan_free(struct dspk__dev *d, void *plan) {
 
 static int plan_key(const struct dspk__vkfft_desc *desc, char *key, size_t len) {
   const struct dspk__vkfft_tune *t = &desc->tune;
-  return snprintf(key, len, "fft|n=%llu|b=%llu|d=%d|r=%d|o=%d|%llu|%llu|c=%u|t=%u|g=%u|w=%u",
+  return snprintf(key, len,
+                  "fft|n=%llu|b=%llu|d=%d|r=%d|o=%d|%llu|%llu|c=%u|t=%u|g=%u|w=%u|l=%u",
                   (unsigned long long)desc->n, (unsigned long long)desc->batch, desc->dbl,
                   desc->r2c, desc->oop, (unsigned long long)desc->bufsize,
                   (unsigned long long)desc->insize, t->coalesced, t->aim_threads,
-                  t->reg_boost, t->bw_boost);
+                  t->reg_boost, t->bw_boost, t->lut);
 }
 
 /* Makes a plan with its first instance (binaries from the persistent cache,
@@ -521,11 +525,11 @@ static const struct {
   const char *name;
   struct dspk__vkfft_tune t;
 } tunes[] = {
-    {"vendor", {0, 0, 0, 0}},      {"c64", {64, 0, 0, 0}},
-    {"c128", {128, 0, 0, 0}},      {"t256", {0, 256, 0, 0}},
-    {"c64-t256", {64, 256, 0, 0}}, {"c128-t256", {128, 256, 0, 0}},
-    {"t64", {0, 64, 0, 0}},        {"rb1", {0, 0, 1, 0}},
-    {"bw2", {0, 0, 0, 2}},
+    {"vendor", {0, 0, 0, 0, 0}},      {"t256", {0, 256, 0, 0, 0}},
+    {"t64", {0, 64, 0, 0, 0}},        {"lut", {0, 0, 0, 0, 1}},
+    {"rb1", {0, 0, 1, 0, 0}},         {"c64", {64, 0, 0, 0, 0}},
+    {"c128", {128, 0, 0, 0, 0}},      {"c64-t256", {64, 256, 0, 0, 0}},
+    {"c128-t256", {128, 256, 0, 0, 0}},
 };
 #define NTUNES ((int)(sizeof tunes / sizeof tunes[0]))
 

@@ -109,6 +109,7 @@ int dspk__vkfft_create(struct dspk__dev *d, VkFence *fence,
   c->aimThreads = desc->tune.aim_threads;
   c->registerBoost = desc->tune.reg_boost;
   c->performBandwidthBoost = desc->tune.bw_boost;
+  c->useLUT = desc->tune.lut;
   f->bufsize = desc->bufsize;
   f->bufs[0] = desc->buf;
   c->buffer = &f->bufs[0];

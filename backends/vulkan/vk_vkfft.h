@@ -30,6 +30,7 @@ struct dspk__vkfft_tune {
   uint32_t aim_threads; /* aimThreads per workgroup */
   uint32_t reg_boost;   /* registerBoost */
   uint32_t bw_boost;    /* performBandwidthBoost */
+  uint32_t lut;         /* useLUT: twiddles from a table, not sincos */
 };
 
 struct dspk__vkfft_desc {
