@@ -343,6 +343,10 @@ int dspk__vk_coopmat_describe(struct dspk__dev *d, char *buf, size_t len);
 #define DSPK__VK_CM_F_HASC 16u /* beta * C term */
 int dspk__vk_coopmat_source(char *buf, size_t len, const struct dspk__vk_coopmat *cm,
                             int tile, unsigned flags);
+/* Tests: while on, building a cooperative-matrix kernel fails with
+ * DSPK_ECOMPILE (as when a driver rejects it): the path turns itself off on
+ * that device and the gemm runs on the scalar kernel. */
+void dspk__vk_coopmat_fault(int on);
 /* Rewrites a SPIR-V module from SPV_NV_cooperative_matrix to
  * SPV_KHR_cooperative_matrix (types gain a Use inferred from MulAdd
  * operands; loads/stores take a MemoryLayout constant).  *out is malloc'd

@@ -902,6 +902,10 @@ int dspk__vk_coopmat_usable(struct dspk__dev *d, const struct dspk__op *op) {
   return plan(d, op, &p) == 1;
 }
 
+/* Tests: make the next kernel builds fail as a driver rejecting them would. */
+static _Atomic int fault;
+void dspk__vk_coopmat_fault(int on) { fault = on; }
+
 /* The kernel of tile `tile` and variant flags: from the device's memo
  * while the kernel table still holds it, else made (for KHR, from the
  * rewritten SPIR-V). */
@@ -915,6 +919,8 @@ static int get_kernel(struct dspk__dev *d, int tile, unsigned flags,
     *out = k;
     return 0;
   }
+  if (fault)
+    return dspk__vk_fail(ctx, DSPK_ECOMPILE, "gemm: coopmat kernel: injected failure");
   char src[16384];
   if (dspk__vk_coopmat_source(src, sizeof src, cm, tile, flags) >= (int)sizeof src)
     return dspk__vk_fail(ctx, DSPK_EINTERNAL, "gemm: coopmat kernel source too long");
@@ -995,6 +1001,25 @@ static int tune_run(void *ud, int index) {
   return r;
 }
 
+/* After a kernel of the path failed to compile or to become a pipeline
+ * (r): turns the path off on d, with the reason in describe, and runs op
+ * through the scalar kernel instead.  A driver that rejects the kernels
+ * thus costs the path, not f16 gemm. */
+static int disable_and_fall_back(struct dspk__dev *d, struct dspk__op *op,
+                                 struct dspk__opctx *ctx, int r) {
+  snprintf(d->cm.why, sizeof d->cm.why, "disabled: a kernel failed (%d%s%.100s)", r,
+           ctx && ctx->errmsg && ctx->errmsg[0] ? ": " : "",
+           ctx && ctx->errmsg ? ctx->errmsg : "");
+  d->cm.kind = DSPK__VK_CM_NONE;
+  if (ctx && ctx->errmsg && ctx->errmsg_len)
+    ctx->errmsg[0] = 0;
+  return dspk__vk_gemm(d, op, ctx);
+}
+
+static int is_kernel_error(int r) {
+  return r == DSPK_ECOMPILE || r == DSPK_EINVAL || r == DSPK_ENOTSUP || r == DSPK_EINTERNAL;
+}
+
 int dspk__vk_coopmat_gemm(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *ctx) {
   struct cmplan p;
   if (plan(d, op, &p) != 1)
@@ -1025,8 +1050,11 @@ int dspk__vk_coopmat_gemm(struct dspk__dev *d, struct dspk__op *op, struct dspk_
     p.flags |= DSPK__VK_CM_F_BVEC;
   uint64_t work = (uint64_t)p.pc.M * p.pc.N * p.pc.K * p.nbatch;
   int n = ntiles(&d->cm);
-  if (n == 1 || work < TUNE_MIN)
-    return launch(d, &p, 0, ctx);
+  int r;
+  if (n == 1 || work < TUNE_MIN) {
+    r = launch(d, &p, 0, ctx);
+    return is_kernel_error(r) ? disable_and_fall_back(d, op, ctx, r) : r;
+  }
   static struct dspk__autotune_cand cands[2][DSPK__VK_CM_TILES];
   int e = d->cm.kind == DSPK__VK_CM_EMU;
   for (int i = 0; i < n; i++) {
@@ -1056,11 +1084,14 @@ int dspk__vk_coopmat_gemm(struct dspk__dev *d, struct dspk__op *op, struct dspk_
       .progress_ud = ctx ? ctx->progress_ud : NULL,
       .cancel = ctx ? ctx->cancel : NULL};
   for (;;) {
-    int w, r = dspk__autotune_choose(d->env.cache, &req, NULL, &w, NULL);
+    int w;
+    r = dspk__autotune_choose(d->env.cache, &req, NULL, &w, NULL);
     if (r == DSPK_ECANCELED)
       return r;
-    if (r < 0)
-      return launch(d, &p, 0, ctx);
+    if (r < 0) {
+      r = launch(d, &p, 0, ctx);
+      return is_kernel_error(r) ? disable_and_fall_back(d, op, ctx, r) : r;
+    }
     r = launch(d, &p, w, ctx);
     if (r == 0 || r == DSPK_ECANCELED)
       return r;

@@ -416,6 +416,19 @@ static void t_emulated(void **state) {
   tile_of(d, &tm, &tn);
   gemm_suite(d, desc, tm, tn, 1e-5);
   VKB->close(d);
+  /* A kernel the driver rejects: the path turns off, the gemm still runs
+   * (on the scalar kernel) and is right. */
+  d = open_with("emulate");
+  dspk__vk_coopmat_fault(1);
+  int64_t as[2] = {40, 24}, bs[2] = {24, 56};
+  uint64_t before = d->cm.ngemm;
+  double e = gemm_case(d, 2, as, 2, bs, 0, 0, -1, NULL, 1, 0, 0);
+  dspk__vk_coopmat_fault(0);
+  assert_true(e <= 1e-5);
+  assert_int_equal(d->cm.ngemm, before);
+  assert_int_equal(dspk__vk_coopmat_describe(d, desc, sizeof desc), DSPK__VK_CM_NONE);
+  assert_non_null(strstr(desc, "injected failure"));
+  VKB->close(d);
   /* Another tile (bk 64, 2 x 2 subgroups), forced. */
   setenv("DSPK_VK_COOPMAT_TILE", "2x2x32x16x64", 1);
   d = open_with("emulate");
