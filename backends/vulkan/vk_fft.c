@@ -673,6 +673,136 @@ int dspk__vk_fft_tune_report(struct dspk__dev *d, uint64_t n, uint64_t batch, in
   return 0;
 }
 
+/* GPU time of `reps` back-to-back recordings between two timestamps,
+ * in ms per recording: rec(ud, i) records the i-th. */
+struct prof {
+  PFN_vkCreateQueryPool CreateQueryPool;
+  PFN_vkDestroyQueryPool DestroyQueryPool;
+  PFN_vkCmdResetQueryPool CmdResetQueryPool;
+  PFN_vkCmdWriteTimestamp CmdWriteTimestamp;
+  PFN_vkGetQueryPoolResults GetQueryPoolResults;
+  VkQueryPool qp;
+};
+
+static int prof_time(struct dspk__dev *d, struct prof *pf, int reps,
+                     int (*rec)(void *ud, int i), void *ud, double *ms) {
+  VkCommandBuffer cb;
+  int r = dspk__vk_cmd(d, &cb);
+  if (r)
+    return r;
+  pf->CmdResetQueryPool(cb, pf->qp, 0, 2);
+  dspk__vk_barrier(d);
+  pf->CmdWriteTimestamp(cb, VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, pf->qp, 0);
+  for (int i = 0; i < reps && r == 0; i++)
+    if ((r = rec(ud, i)) == 0)
+      r = dspk__vk_cmd(d, &cb); /* still the same command buffer */
+  if (r)
+    return r;
+  pf->CmdWriteTimestamp(cb, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, pf->qp, 1);
+  if ((r = dspk__vk_submit(d)) || (r = dspk__vk_wait_value(d, d->submitted)))
+    return r;
+  uint64_t ts[2];
+  VkResult vr = pf->GetQueryPoolResults(d->dev, pf->qp, 0, 2, sizeof ts, ts, sizeof ts[0],
+                                        VK_QUERY_RESULT_64_BIT | VK_QUERY_RESULT_WAIT_BIT);
+  if (vr != VK_SUCCESS)
+    return dspk__vk_err(vr);
+  *ms = (double)(ts[1] - ts[0]) * d->props.limits.timestampPeriod / 1e6 / reps;
+  return 0;
+}
+
+struct prof_ud {
+  struct dspk__dev *d;
+  struct dspk__mem *x, *y;
+  struct fplan *p;
+};
+static int rec_copy(void *ud, int i) {
+  struct prof_ud *u = ud;
+  VkCommandBuffer cb;
+  (void)i;
+  int r = dspk__vk_cmd(u->d, &cb);
+  if (r)
+    return r;
+  VkBufferCopy c = {.srcOffset = u->x->off, .dstOffset = u->y->off, .size = u->x->size};
+  VK(CmdCopyBuffer)(cb, u->x->buf, u->y->buf, 1, &c);
+  dspk__vk_barrier(u->d);
+  return 0;
+}
+static int rec_fft(void *ud, int i) {
+  struct prof_ud *u = ud;
+  (void)i;
+  return fft_launch(u->d, u->p, 0, u->y->buf, u->y->off, u->x->buf, u->x->off, NULL);
+}
+
+int dspk__vk_fft_profile(struct dspk__dev *d, uint64_t n, uint64_t batch, char *buf,
+                         size_t len) {
+  struct prof pf = {0};
+#define LOAD(name) pf.name = (PFN_vk##name)VK(GetDeviceProcAddr)(d->dev, "vk" #name)
+  LOAD(CreateQueryPool);
+  LOAD(DestroyQueryPool);
+  LOAD(CmdResetQueryPool);
+  LOAD(CmdWriteTimestamp);
+  LOAD(GetQueryPoolResults);
+#undef LOAD
+  VkQueueFamilyProperties qf[16];
+  uint32_t nq = 16;
+  VK(GetPhysicalDeviceQueueFamilyProperties)(d->pd, &nq, qf);
+  if (!pf.CreateQueryPool || !pf.DestroyQueryPool || !pf.CmdResetQueryPool ||
+      !pf.CmdWriteTimestamp || !pf.GetQueryPoolResults || d->qfamily >= nq ||
+      qf[d->qfamily].timestampValidBits == 0 || d->props.limits.timestampPeriod <= 0)
+    return DSPK_ENOTSUP;
+  VkQueryPoolCreateInfo qi = {.sType = VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO,
+                              .queryType = VK_QUERY_TYPE_TIMESTAMP,
+                              .queryCount = 2};
+  VkResult vr = pf.CreateQueryPool(d->dev, &qi, NULL, &pf.qp);
+  if (vr != VK_SUCCESS)
+    return dspk__vk_err(vr);
+  struct prof_ud u = {.d = d};
+  size_t bytes = (size_t)(n * batch) * 8;
+  int r, reps = 10, at = 0;
+  buf[0] = 0;
+  if ((r = dspk__vk_alloc(d, bytes, &u.x)) || (r = dspk__vk_alloc(d, bytes, &u.y)))
+    goto out;
+  VkCommandBuffer cb;
+  if ((r = dspk__vk_cmd(d, &cb)))
+    goto out;
+  VK(CmdFillBuffer)(cb, u.x->buf, u.x->off, bytes, 0);
+  dspk__vk_barrier(d);
+  double ms;
+  if ((r = prof_time(d, &pf, reps, rec_copy, &u, &ms)))
+    goto out;
+  at += snprintf(buf + at, len - (size_t)at, "GPU time: copy X->Y %.3f ms (%.0f GB/s moved)",
+                 ms, 2.0 * (double)bytes / ms / 1e6);
+  for (int i = 0; i < NTUNES && (size_t)at < len; i++) {
+    struct dspk__vkfft_desc desc = {.n = n,
+                                    .batch = batch,
+                                    .oop = 1,
+                                    .buf = u.y->buf,
+                                    .bufsize = u.y->bufsize,
+                                    .inbuf = u.x->buf,
+                                    .insize = u.x->bufsize,
+                                    .tune = tunes[i].t};
+    if (make_plan(d, &desc, &u.p, NULL)) {
+      at += snprintf(buf + at, len - (size_t)at, "; %s: no plan", tunes[i].name);
+      continue;
+    }
+    r = prof_time(d, &pf, reps, rec_fft, &u, &ms);
+    int passes = dspk__vkfft_passes(u.p->inst[0].f);
+    fplan_free(d, u.p);
+    u.p = NULL;
+    if (r)
+      goto out;
+    at += snprintf(buf + at, len - (size_t)at, "; %s %.3f ms (%d passes)", tunes[i].name, ms,
+                   passes);
+  }
+out:
+  dspk__vk_submit(d);
+  dspk__vk_wait_value(d, d->submitted);
+  dspk__vk_free(d, u.x);
+  dspk__vk_free(d, u.y);
+  pf.DestroyQueryPool(d->dev, pf.qp, NULL);
+  return r;
+}
+
 /* The largest prime factor of n. */
 static uint64_t max_prime(uint64_t n) {
   uint64_t p = 1;

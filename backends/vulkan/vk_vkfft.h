@@ -80,5 +80,12 @@ void dspk__vkfft_destroy(struct dspk__vkfft *f);
  * decision, or no cache).  For the benchmark and debugging. */
 int dspk__vk_fft_tune_report(struct dspk__dev *d, uint64_t n, uint64_t batch, int dbl,
                              char *buf, size_t len);
+/* (vk_fft.c) Measures with GPU timestamps, on fresh buffers, a copy of
+ * n x batch c64 values and an out-of-place forward transform of them with
+ * each tuning candidate (plans made and freed here); writes one line into
+ * buf.  Returns 0, DSPK_ENOTSUP (no timestamps on this queue), or an
+ * error.  For the benchmark. */
+int dspk__vk_fft_profile(struct dspk__dev *d, uint64_t n, uint64_t batch, char *buf,
+                         size_t len);
 
 #endif

@@ -12,7 +12,8 @@
  *
  * `bench_vulkan fft [N BATCH]` runs the fft rows only, over more shapes (or
  * the one given), and prints the VkFFT tuning decision of each (winner,
- * passes over memory, every candidate's time) under the table.
+ * passes over memory, every candidate's time) under the table, then each
+ * candidate's GPU time (timestamps) next to a plain copy of the data.
  *
  * cuBLAS/cuFFT come through the CUDA backend's dlopen tables when that
  * backend is built and a CUDA driver is present; otherwise only the Vulkan
@@ -40,6 +41,8 @@ extern const struct dspk__backend dspk__backend_vulkan;
  * struct dspk__dev would clash with the CUDA backend's here). */
 int dspk__vk_fft_tune_report(struct dspk__dev *d, uint64_t n, uint64_t batch, int dbl,
                              char *buf, size_t len);
+int dspk__vk_fft_profile(struct dspk__dev *d, uint64_t n, uint64_t batch, char *buf,
+                         size_t len);
 static const struct dspk__backend *V = &dspk__backend_vulkan;
 /* The Vulkan gemm's kernel candidates (backends/vulkan/vk.h, declared here:
  * that header's struct dspk__dev clashes with the CUDA backend's). */
@@ -439,6 +442,11 @@ int main(int argc, char **argv) {
     for (size_t i = 0; argc <= 3 && i < sizeof shapes / sizeof shapes[0]; i++)
       bench_fft(d, shapes[i][0], shapes[i][1], 20);
     printf("\n%s", fft_notes);
+    /* GPU timestamps: each candidate's transform vs a plain copy. */
+    int64_t pn = argc > 3 ? atoll(argv[2]) : 1 << 20, pb = argc > 3 ? atoll(argv[3]) : 16;
+    char prof[4096];
+    if (dspk__vk_fft_profile(d, (uint64_t)pn, (uint64_t)pb, prof, sizeof prof) == 0)
+      printf("\nfft 2^%d x %lld, %s\n", (int)log2((double)pn), (long long)pb, prof);
     V->close(d);
     dspk__cache_close(c);
     unlink(path);
