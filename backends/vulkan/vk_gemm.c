@@ -35,7 +35,7 @@
 struct tile {
   const char *name;
   int bm, bn, bk, tm, tn;
-  int v2;
+  int v2; /* 1: v2 kernel; 2: v2 kernel with warp-tiled threads */
 };
 static const struct tile tiles[] = {
     {"64x64x16", 64, 64, 16, 4, 4, 0},
@@ -51,6 +51,10 @@ static const struct tile tiles[] = {
     {"v2-64x128x16-t256", 64, 128, 16, 4, 8, 1},
     {"v2-64x64x16-t256", 64, 64, 16, 4, 4, 1},
     {"v2-64x64x8-t64", 64, 64, 8, 8, 8, 1},
+    {"v2w-128x128x8-t256", 128, 128, 8, 8, 8, 2},
+    {"v2w-128x128x16-t256", 128, 128, 16, 8, 8, 2},
+    {"v2w-128x64x8-t128", 128, 64, 8, 8, 8, 2},
+    {"v2w-64x128x8-t128", 64, 128, 8, 8, 8, 2},
 };
 #define NTILES ((int)(sizeof tiles / sizeof tiles[0]))
 
@@ -182,13 +186,16 @@ struct v2mode {
  * k-fast), padded by one vec4 per row against bank conflicts.  Two shared
  * buffers: while one is read, the next k slice is fetched from global
  * memory into registers and stored into the other, with one barrier per k
- * step.  Returns snprintf's count (or -1 for a tile the loader cannot
+ * step.  Warp-tiled (t->v2 == 2): each 32 consecutive threads take an 8 x 4
+ * block of (tx, ty), so that a warp's shared reads touch 8 B and 4 A vec4s
+ * per k instead of 16 and 2.  Returns snprintf's count (or -1 for a tile the loader cannot
  * split evenly among its threads). */
 static int gen_gemm2(char *src, size_t n, const struct tile *t, const struct v2mode *v,
                      int has_c) {
   int wgx = t->bn / t->tn, wgy = t->bm / t->tm, nt = wgx * wgy;
+  int wt = t->v2 == 2;
   if (t->tm % 4 || t->tn % 4 || t->bk % 4 || (t->bm * t->bk / 4) % nt ||
-      (t->bn * t->bk / 4) % nt)
+      (t->bn * t->bk / 4) % nt || (wt && (wgx % 8 || wgy % 4)))
     return -1;
   return snprintf(
       src, n,
@@ -197,7 +204,7 @@ static int gen_gemm2(char *src, size_t n, const struct tile *t, const struct v2m
       "#define BM %d\n#define BN %d\n#define BK %d\n#define TM %d\n#define TN %d\n"
       "#define WGX %d\n#define WGY %d\n#define NT (WGX * WGY)\n"
       "#define AK %d\n#define BNF %d\n#define VA %d\n#define VB %d\n#define VO %d\n"
-      "#define GUARD %d\n#define HASC %d\n"
+      "#define GUARD %d\n#define HASC %d\n#define WT %d\n"
       "#define LA (BM * BK / 4 / NT)\n#define LB (BN * BK / 4 / NT)\n"
       "layout(local_size_x = WGX, local_size_y = WGY) in;\n"
       "#if VA\n"
@@ -286,8 +293,14 @@ static int gen_gemm2(char *src, size_t n, const struct tile *t, const struct v2m
       "  }\n"
       "}\n"
       "void main() {\n"
+      "  uint tid = gl_LocalInvocationID.y * WGX + gl_LocalInvocationID.x;\n"
+      "#if WT\n"
+      "  uint tx = ((tid >> 5) %% (WGX / 8)) * 8u + (tid & 7u);\n"
+      "  uint ty = ((tid >> 5) / (WGX / 8)) * 4u + ((tid >> 3) & 3u);\n"
+      "#else\n"
       "  uint tx = gl_LocalInvocationID.x, ty = gl_LocalInvocationID.y;\n"
-      "  uint tid = ty * WGX + tx, bz = gl_WorkGroupID.z;\n"
+      "#endif\n"
+      "  uint bz = gl_WorkGroupID.z;\n"
       "  m0 = gl_WorkGroupID.y * BM;\n"
       "  n0 = gl_WorkGroupID.x * BN;\n"
       "  abase = pc.oa + bz * pc.bsa;\n"
@@ -353,7 +366,7 @@ static int gen_gemm2(char *src, size_t n, const struct tile *t, const struct v2m
       "    }\n"
       "}\n",
       t->bm, t->bn, t->bk, t->tm, t->tn, wgx, wgy, v->ak, v->bn, v->va, v->vb, v->vo,
-      v->guard, has_c);
+      v->guard, has_c, wt);
 }
 
 /* The v2 kernel's access modes for g with tile t; returns 0 when t may
@@ -498,7 +511,7 @@ static int gemm_exec(struct dspk__dev *d, const struct gdesc *g, struct dspk__op
   struct v2mode v;
   for (int pass = 1; pass >= 0; pass--)
     for (int i = 0; i < NTILES; i++)
-      if (tiles[i].v2 == pass && (!pass || v2_mode(g, &tiles[i], &v) == 0)) {
+      if ((tiles[i].v2 != 0) == pass && (!pass || v2_mode(g, &tiles[i], &v) == 0)) {
         cands[nc].name = tiles[i].name;
         cands[nc].run = tune_run;
         map[nc++] = i;
@@ -528,8 +541,11 @@ static int gemm_exec(struct dspk__dev *d, const struct gdesc *g, struct dspk__op
       .progress = ctx ? ctx->progress : NULL,
       .progress_ud = ctx ? ctx->progress_ud : NULL,
       .cancel = ctx ? ctx->cancel : NULL};
+  /* Above 2^36 multiply-adds (4096^3) a run is long enough that 3 samples
+   * are steady: tuning 8192^3 among every candidate then takes seconds. */
+  struct dspk__autotune_opts opts = {.samples = work >= ((uint64_t)1 << 36) ? 3 : 0};
   for (;;) {
-    int w, r = dspk__autotune_choose(d->env.cache, &req, NULL, &w, NULL);
+    int w, r = dspk__autotune_choose(d->env.cache, &req, &opts, &w, NULL);
     if (r < 0)
       return launch(d, g, &tiles[0], ctx);
     r = launch(d, g, &tiles[map[w]], ctx);
