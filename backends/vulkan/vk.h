@@ -166,12 +166,12 @@ enum dspk__vk_cm_kind {
   DSPK__VK_CM_EMU       /* tests only: the same tiling, fragments in plain code */
 };
 #define DSPK__VK_CM_VARIANTS 32 /* kernel variants (DSPK__VK_CM_F_* flags) */
-#define DSPK__VK_CM_TILES 8     /* workgroup tiles (vk_coopmat.c) */
+#define DSPK__VK_CM_TILES 11    /* workgroup tiles (vk_coopmat.c) */
 struct dspk__vk_coopmat {
   enum dspk__vk_cm_kind kind;
   uint32_t lm, ln, lk; /* fragment shape */
   uint32_t sgsize;     /* subgroup size */
-  uint32_t wm, wn, wtm, wtn, bk; /* a forced tile (DSPK_VK_COOPMAT_TILE), or 0 */
+  uint32_t wm, wn, wtm, wtn, bk, nbuf; /* a forced tile (DSPK_VK_COOPMAT_TILE), or 0 */
   char why[160];       /* why the path is off, or what it is */
   VkPhysicalDeviceCooperativeMatrixFeaturesKHR fkhr; /* chained at CreateDevice */
   VkPhysicalDeviceCooperativeMatrixFeaturesNV fnv;
@@ -315,9 +315,9 @@ int dspk__vk_dispatch(struct dspk__dev *d, struct dspk__vk_kernel *k,
  * storageBuffer16BitAccess and vulkanMemoryModel, and enables them. */
 void dspk__vk_coopmat_setup(struct dspk__dev *d, int base_ok, const char **exts,
                             uint32_t *next, void **pnext);
-/* The name of hardware tile candidate i ("2x4x64x32x32": subgroups wm x wn,
- * each wtm x wtn of C, depth bk; the DSPK_VK_COOPMAT_TILE syntax), or NULL
- * past the last. */
+/* The name of hardware tile candidate i ("2x4x64x32x32x1": subgroups wm x
+ * wn, each wtm x wtn of C, depth bk, shared buffers; the
+ * DSPK_VK_COOPMAT_TILE syntax), or NULL past the last. */
 const char *dspk__vk_coopmat_tile_name(int i);
 /* The default workgroup tile of cm's kernel: rows bm, columns bn, depth
  * bk (large gemms may take another, chosen by the autotuner). */

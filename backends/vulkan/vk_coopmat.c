@@ -39,17 +39,19 @@
  * smaller tiles.  DSPK_VK_COOPMAT_TILE=wmxwnxwtmxwtnxbk forces one. */
 struct tiledef {
   const char *name;
-  uint32_t wm, wn, wtm, wtn, bk;
+  uint32_t wm, wn, wtm, wtn, bk, nbuf; /* nbuf: shared buffers (1 or 2) */
 };
 static const struct tiledef hw_tiles[DSPK__VK_CM_TILES] = {
-    {"2x4x64x32x32", 2, 4, 64, 32, 32}, {"2x4x64x32x64", 2, 4, 64, 32, 64},
-    {"2x2x64x64x32", 2, 2, 64, 64, 32}, {"4x2x32x64x32", 4, 2, 32, 64, 32},
-    {"2x4x64x64x32", 2, 4, 64, 64, 32}, {"4x4x32x32x32", 4, 4, 32, 32, 32},
-    {"2x4x32x32x32", 2, 4, 32, 32, 32}, {"2x2x64x64x64", 2, 2, 64, 64, 64},
+    {"2x4x64x32x32x1", 2, 4, 64, 32, 32, 1}, {"2x4x64x32x64x1", 2, 4, 64, 32, 64, 1},
+    {"2x2x64x64x32x1", 2, 2, 64, 64, 32, 1}, {"4x2x32x64x32x1", 4, 2, 32, 64, 32, 1},
+    {"2x4x64x64x32x1", 2, 4, 64, 64, 32, 1}, {"4x4x32x32x32x1", 4, 4, 32, 32, 32, 1},
+    {"2x4x32x32x32x1", 2, 4, 32, 32, 32, 1}, {"2x2x64x64x64x1", 2, 2, 64, 64, 64, 1},
+    {"2x4x64x32x32x2", 2, 4, 64, 32, 32, 2}, {"2x2x64x64x32x2", 2, 2, 64, 64, 32, 2},
+    {"4x2x32x64x32x2", 4, 2, 32, 64, 32, 2},
 };
 static const struct tiledef emu_tiles[] = {
-    {"emu-2x4x32x16x32", 2, 4, 32, 16, 32},
-    {"emu-2x2x32x16x64", 2, 2, 32, 16, 64},
+    {"emu-2x4x32x16x32x1", 2, 4, 32, 16, 32, 1},
+    {"emu-2x2x32x16x64x2", 2, 2, 32, 16, 64, 2},
 };
 #define NEMU ((int)(sizeof emu_tiles / sizeof emu_tiles[0]))
 /* Gemms of at least this many multiply-adds are tuned. */
@@ -67,17 +69,18 @@ static const char *tile_name(const struct dspk__vk_coopmat *cm, int i) {
   return cm->kind == DSPK__VK_CM_EMU ? emu_tiles[i].name : hw_tiles[i].name;
 }
 
-/* Tile i of cm: subgroups wm x wn, fragments fm x fn per subgroup, bk. */
+/* Tile i of cm: subgroups wm x wn, fragments fm x fn per subgroup, bk,
+ * nbuf. */
 struct tilep {
-  uint32_t wm, wn, fm, fn, bk;
+  uint32_t wm, wn, fm, fn, bk, nbuf;
 };
 static struct tilep tile_params(const struct dspk__vk_coopmat *cm, int i) {
   if (cm->lm == 0 || cm->ln == 0 || i < 0 || i >= ntiles(cm)) /* no path */
-    return (struct tilep){0, 0, 0, 0, 0};
-  struct tiledef t = {"forced", cm->wm, cm->wn, cm->wtm, cm->wtn, cm->bk};
+    return (struct tilep){0, 0, 0, 0, 0, 0};
+  struct tiledef t = {"forced", cm->wm, cm->wn, cm->wtm, cm->wtn, cm->bk, cm->nbuf};
   if (!cm->wm)
     t = cm->kind == DSPK__VK_CM_EMU ? emu_tiles[i] : hw_tiles[i];
-  struct tilep p = {t.wm, t.wn, t.wtm / cm->lm, t.wtn / cm->ln, t.bk};
+  struct tilep p = {t.wm, t.wn, t.wtm / cm->lm, t.wtn / cm->ln, t.bk, t.nbuf ? t.nbuf : 1};
   if (p.fm == 0)
     p.fm = 1;
   if (p.fn == 0)
@@ -258,11 +261,13 @@ static int offered(struct dspk__dev *d, int khr) {
   return khr ? pick_khr(d) : pick_nv(d);
 }
 
-/* DSPK_VK_COOPMAT_TILE=wmxwnxwtmxwtnxbk: another tile, for measurements. */
+/* DSPK_VK_COOPMAT_TILE=wmxwnxwtmxwtnxbk[xnbuf]: one tile, for
+ * measurements. */
 static void tile_env(struct dspk__vk_coopmat *cm) {
   const char *e = getenv("DSPK_VK_COOPMAT_TILE");
-  unsigned wm, wn, wtm, wtn, bk;
-  if (!e || sscanf(e, "%ux%ux%ux%ux%u", &wm, &wn, &wtm, &wtn, &bk) != 5)
+  unsigned wm, wn, wtm, wtn, bk, nbuf = 1;
+  if (!e || sscanf(e, "%ux%ux%ux%ux%ux%u", &wm, &wn, &wtm, &wtn, &bk, &nbuf) < 5 ||
+      nbuf < 1 || nbuf > 2)
     return;
   if (wm < 1 || wm > 8 || wn < 1 || wn > 8 || wtm < cm->lm || wtm > 128 || wtm % cm->lm ||
       wtn < cm->ln || wtn > 128 || wtn % cm->ln || bk < 8 || bk > 128 || bk % cm->lk ||
@@ -273,6 +278,7 @@ static void tile_env(struct dspk__vk_coopmat *cm) {
   cm->wtm = wtm;
   cm->wtn = wtn;
   cm->bk = bk;
+  cm->nbuf = nbuf;
 }
 
 void dspk__vk_coopmat_setup(struct dspk__dev *d, int base_ok, const char **exts,
@@ -355,9 +361,9 @@ int dspk__vk_coopmat_describe(struct dspk__dev *d, char *buf, size_t len) {
   else
   {
     struct tilep t = tile_params(cm, 0);
-    snprintf(buf, len, "%s %ux%ux%u, tile %ux%ux%u (%ux%u subgroups of %u)%s",
+    snprintf(buf, len, "%s %ux%ux%u, tile %ux%ux%u (%ux%u subgroups of %u, %u shared buffer%s)%s",
              names[cm->kind], cm->lm, cm->ln, cm->lk, t.wm * t.fm * cm->lm,
-             t.wn * t.fn * cm->ln, t.bk, t.wm, t.wn, cm->sgsize,
+             t.wn * t.fn * cm->ln, t.bk, t.wm, t.wn, cm->sgsize, t.nbuf, t.nbuf > 1 ? "s" : "",
              cm->wm ? " forced" : ", tuned for large gemms");
   }
   return (int)cm->kind;
@@ -398,20 +404,20 @@ static const char body[] =
     "  uint M, N, K, oa, ob, oc, oo, sam, sak, sbk, sbn, scm, scn, bsa, bsb, bsc, bso;\n"
     "  float alpha, beta; } pc;\n"
     "#if AVEC\n"
-    "shared uvec4 As4[BM * ASTR / 8];\n"
+    "shared uvec4 As4[NBUF * BM * ASTR / 8];\n"
     "#define SH_A As4\n#define SH_AU 8u\n"
     "float getA(uint i) { return float(unpackFloat2x16(As4[i >> 3u][(i >> 1u) & 3u])[i & 1u]); }\n"
     "#else\n"
-    "shared float16_t As[BM * ASTR];\n"
+    "shared float16_t As[NBUF * BM * ASTR];\n"
     "#define SH_A As\n#define SH_AU 1u\n"
     "float getA(uint i) { return float(As[i]); }\n"
     "#endif\n"
     "#if BVEC\n"
-    "shared uvec4 Bs4[BK * BSTR / 8];\n"
+    "shared uvec4 Bs4[NBUF * BK * BSTR / 8];\n"
     "#define SH_B Bs4\n#define SH_BU 8u\n"
     "float getB(uint i) { return float(unpackFloat2x16(Bs4[i >> 3u][(i >> 1u) & 3u])[i & 1u]); }\n"
     "#else\n"
-    "shared float16_t Bs[BK * BSTR];\n"
+    "shared float16_t Bs[NBUF * BK * BSTR];\n"
     "#define SH_B Bs\n#define SH_BU 1u\n"
     "float getB(uint i) { return float(Bs[i]); }\n"
     "#endif\n"
@@ -498,26 +504,27 @@ static const char body[] =
     "#endif\n"
     "  }\n"
     "}\n"
-    /* Registers -> shared: As[m][k], Bs[k][n], rows padded. */
-    "void storeAB() {\n"
+    /* Registers -> shared buffer buf: As[m][k], Bs[k][n], rows padded. */
+    "void storeAB(uint buf) {\n"
+    "  uint ao = buf * (BM * ASTR), bo = buf * (BK * BSTR);\n"
     "  UNROLL for (uint i = 0u; i < NLA; i++) {\n"
     "    uint e = gl_LocalInvocationIndex + i * NT;\n"
     "#if AVEC\n"
-    "    As4[(e / (BK / 8)) * (ASTR / 8) + e % (BK / 8)] = ra[i];\n"
+    "    As4[(ao + (e / (BK / 8)) * ASTR) / 8u + e % (BK / 8)] = ra[i];\n"
     "#elif AKC\n"
-    "    As[(e / BK) * ASTR + e % BK] = ra[i];\n"
+    "    As[ao + (e / BK) * ASTR + e % BK] = ra[i];\n"
     "#else\n"
-    "    As[(e % BM) * ASTR + e / BM] = ra[i];\n"
+    "    As[ao + (e % BM) * ASTR + e / BM] = ra[i];\n"
     "#endif\n"
     "  }\n"
     "  UNROLL for (uint i = 0u; i < NLB; i++) {\n"
     "    uint e = gl_LocalInvocationIndex + i * NT;\n"
     "#if BVEC\n"
-    "    Bs4[(e / (BN / 8)) * (BSTR / 8) + e % (BN / 8)] = rb[i];\n"
+    "    Bs4[(bo + (e / (BN / 8)) * BSTR) / 8u + e % (BN / 8)] = rb[i];\n"
     "#elif BNC\n"
-    "    Bs[(e / BN) * BSTR + e % BN] = rb[i];\n"
+    "    Bs[bo + (e / BN) * BSTR + e % BN] = rb[i];\n"
     "#else\n"
-    "    Bs[(e % BK) * BSTR + e / BK] = rb[i];\n"
+    "    Bs[bo + (e % BK) * BSTR + e / BK] = rb[i];\n"
     "#endif\n"
     "  }\n"
     "}\n"
@@ -532,25 +539,42 @@ static const char body[] =
     "    UNROLL for (uint j = 0u; j < FN; j++) acc[i][j] = CM_ZERO(i, j);\n"
     "  loadA(abase, m0, 0u);\n"
     "  loadB(bbase, n0, 0u);\n"
+    /* One shared buffer: barrier, store, barrier, fetch the next slice,
+     * multiply.  Two: the next slice is stored into the other buffer while
+     * this one is multiplied, one barrier per slice. */
+    "#if NBUF == 2\n"
+    "  storeAB(0u);\n"
+    "  barrier();\n"
+    "#endif\n"
+    "  uint cur = 0u;\n"
     "  for (uint k0 = 0u; k0 < pc.K; k0 += BK) {\n"
+    "    bool more = k0 + BK < pc.K;\n"
+    "#if NBUF == 1\n"
     "    barrier();\n"
-    "    storeAB();\n"
+    "    storeAB(0u);\n"
     "    barrier();\n"
-    "    if (k0 + BK < pc.K) {\n"
+    "#endif\n"
+    "    if (more) {\n"
     "      loadA(abase, m0, k0 + BK);\n"
     "      loadB(bbase, n0, k0 + BK);\n"
     "    }\n"
+    "    uint ao = cur * (BM * ASTR), bo = cur * (BK * BSTR);\n"
     "    UNROLL for (uint kk = 0u; kk < BK; kk += LK) {\n"
     "      FA af[FM];\n"
     "      UNROLL for (uint i = 0u; i < FM; i++)\n"
-    "        CM_LOADA(af[i], (wm * (FM * LM) + i * LM) * ASTR + kk, ASTR);\n"
+    "        CM_LOADA(af[i], ao + (wm * (FM * LM) + i * LM) * ASTR + kk, ASTR);\n"
     "      UNROLL for (uint j = 0u; j < FN; j++) {\n"
     "        FB bf;\n"
-    "        CM_LOADB(bf, kk * BSTR + wn * (FN * LN) + j * LN, BSTR);\n"
+    "        CM_LOADB(bf, bo + kk * BSTR + wn * (FN * LN) + j * LN, BSTR);\n"
     "        UNROLL for (uint i = 0u; i < FM; i++)\n"
     "          acc[i][j] = CM_MULADD(af[i], bf, acc[i][j]);\n"
     "      }\n"
     "    }\n"
+    "#if NBUF == 2\n"
+    "    if (more) storeAB(cur ^ 1u);\n"
+    "    barrier();\n"
+    "    cur ^= 1u;\n"
+    "#endif\n"
     "  }\n"
     /* Out through this subgroup's scratch, one fragment at a time. */
     "  uint cb = sg * (LM * LN);\n"
@@ -590,12 +614,12 @@ int dspk__vk_coopmat_source(char *buf, size_t len, const struct dspk__vk_coopmat
                   "#extension GL_EXT_control_flow_attributes : require\n"
                   "#define EMU %d\n#define LM %uu\n#define LN %uu\n#define LK %uu\n"
                   "#define FM %uu\n#define FN %uu\n#define WM %uu\n#define WN %uu\n"
-                  "#define BK %uu\n#define SGS %uu\n"
+                  "#define BK %uu\n#define SGS %uu\n#define NBUF %u\n"
                   "#define AVEC %d\n#define BVEC %d\n#define AKC %d\n#define BNC %d\n"
                   "#define HASC %d\n"
                   "%s",
                   emu ? "" : "#extension GL_NV_cooperative_matrix : require\n", emu,
-                  cm->lm, cm->ln, cm->lk, t.fm, t.fn, t.wm, t.wn, t.bk, cm->sgsize,
+                  cm->lm, cm->ln, cm->lk, t.fm, t.fn, t.wm, t.wn, t.bk, cm->sgsize, t.nbuf,
                   !!(flags & DSPK__VK_CM_F_AVEC), !!(flags & DSPK__VK_CM_F_BVEC),
                   !!(flags & DSPK__VK_CM_F_AKC), !!(flags & DSPK__VK_CM_F_BNC),
                   !!(flags & DSPK__VK_CM_F_HASC), body);
@@ -829,7 +853,8 @@ static int tile_of(const struct dspk__dev *d, int tile, uint32_t *bm, uint32_t *
   *bm = t.wm * t.fm * cm->lm;
   *bn = t.wn * t.fn * cm->ln;
   uint32_t nt = t.wm * t.wn * cm->sgsize, bk = t.bk;
-  uint32_t shared = *bm * (bk + 8) * 2 + bk * (*bn + 8) * 2 + t.wm * t.wn * cm->lm * cm->ln * 4;
+  uint32_t shared =
+      t.nbuf * (*bm * (bk + 8) * 2 + bk * (*bn + 8) * 2) + t.wm * t.wn * cm->lm * cm->ln * 4;
   if (cm->kind == DSPK__VK_CM_EMU) /* the accumulators */
     shared += t.wm * t.wn * t.fm * t.fn * cm->lm * cm->ln * 4;
   if (shared > d->props.limits.maxComputeSharedMemorySize ||

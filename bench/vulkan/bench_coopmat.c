@@ -24,6 +24,7 @@ extern const struct dspk__backend dspk__backend_vulkan;
 static const struct dspk__backend *V = &dspk__backend_vulkan;
 /* backends/vulkan/vk_coopmat.c (vk.h is not included: see bench_vulkan.c). */
 int dspk__vk_coopmat_describe(struct dspk__dev *d, char *buf, size_t len);
+const char *dspk__vk_coopmat_tile_name(int i);
 
 static double now_ms(void) {
   struct timespec ts;
@@ -192,14 +193,11 @@ int main(int argc, char **argv) {
   bench_path(idx, "nv", sizes, nsizes);
   /* The scalar kernel: the smallest two sizes only (it is ~40x slower). */
   bench_path(idx, "off", sizes, nsizes < 2 ? nsizes : 2);
-  /* Other tiles (subgroups wm x wn, each wtm x wtn, depth bk) on the
-   * default path, at the largest two sizes. */
-  static const char *tiles[] = {"2x4x64x32x64", "2x2x64x64x32", "4x2x32x64x32",
-                                "2x4x64x64x32", "4x4x32x32x32", "2x4x32x32x32",
-                                "2x2x64x64x64", "4x2x64x64x32"};
+  /* Every tile candidate (subgroups wm x wn, each wtm x wtn, depth bk,
+   * shared buffers) forced on the default path, at the largest two sizes. */
   coop_only = 1;
-  for (size_t i = 0; i < sizeof tiles / sizeof tiles[0]; i++) {
-    setenv("DSPK_VK_COOPMAT_TILE", tiles[i], 1);
+  for (int i = 0; dspk__vk_coopmat_tile_name(i); i++) {
+    setenv("DSPK_VK_COOPMAT_TILE", dspk__vk_coopmat_tile_name(i), 1);
     bench_path(idx, NULL, sizes + (nsizes > 2 ? nsizes - 2 : 0), nsizes < 2 ? nsizes : 2);
   }
   unsetenv("DSPK_VK_COOPMAT_TILE");

@@ -382,6 +382,20 @@ static void t_spirv(void **state) {
       free(khr);
       free(nv);
     }
+  /* Every tile candidate of the main shape (double-buffered ones too). */
+  for (int t = 0; dspk__vk_coopmat_tile_name(t); t++) {
+    struct dspk__vk_coopmat cm = {.kind = DSPK__VK_CM_NV, .lm = 16, .ln = 8, .lk = 16,
+                                  .sgsize = 32};
+    assert_true(dspk__vk_coopmat_source(src, 32768, &cm, t, variants[2]) < 32768);
+    uint32_t *nv = NULL, *khr = NULL;
+    size_t nw = 0, kw = 0;
+    if (dspk__vk_glsl_to_spirv(d, "gemm_coopmat", src, &nv, &nw, log, sizeof log))
+      fail_msg("coopmat tile %s does not compile: %s", dspk__vk_coopmat_tile_name(t), log);
+    spirv_val(nv, nw, dspk__vk_coopmat_tile_name(t));
+    assert_int_equal(dspk__vk_coopmat_nv_to_khr(nv, nw, &khr, &kw), 0);
+    free(khr);
+    free(nv);
+  }
   /* Not NV modules. */
   uint32_t junk[8] = {0x12345678, 0x10500, 0, 100, 0, (2u << 16) | 17, 1, 0};
   uint32_t *o = NULL;
@@ -432,12 +446,13 @@ static void t_emulated(void **state) {
   assert_int_equal(dspk__vk_coopmat_describe(d, desc, sizeof desc), DSPK__VK_CM_NONE);
   assert_non_null(strstr(desc, "injected failure"));
   VKB->close(d);
-  /* Another tile (bk 64, 2 x 2 subgroups), forced. */
-  setenv("DSPK_VK_COOPMAT_TILE", "2x2x32x16x64", 1);
+  /* Another tile (2 x 2 subgroups, two shared buffers), forced. */
+  setenv("DSPK_VK_COOPMAT_TILE", "2x2x32x16x32x2", 1);
   d = open_with("emulate");
   unsetenv("DSPK_VK_COOPMAT_TILE");
   dspk__vk_coopmat_describe(d, desc, sizeof desc);
   assert_non_null(strstr(desc, "forced"));
+  assert_non_null(strstr(desc, "2 shared buffers"));
   tile_of(d, &tm, &tn);
   assert_int_equal(tm, 64);
   assert_int_equal(tn, 32);
