@@ -6,22 +6,31 @@
  * At open, dspk__vk_coopmat_setup() picks the extension (KHR first; the
  * environment variable DSPK_VK_COOPMAT=auto|khr|nv|off|emulate overrides)
  * and a fragment shape lm x ln x lk among the device's (f16, f16, f32, f32,
- * subgroup) properties, and enables the extension and its feature.  The
- * kernel is one GLSL source written with GL_NV_cooperative_matrix (the only
- * cooperative-matrix GLSL extension glslang 12 compiles): a workgroup of
- * 2 x 4 subgroups computes a 128 x 128 tile of C, each subgroup a 64 x 32
- * block of fragments, from 32-deep slices of A and B staged in shared
- * memory as uvec4s where the layout allows (the next slice is read into
- * registers while the current one is multiplied).  The staging reads every layout (transposed or not, uvec4
- * reads when aligned) and zero-fills outside the matrices, and the results
- * leave through a small per-subgroup scratch with guards, alpha, beta and C,
- * so every shape is handled, ragged or not.  For the KHR extension the NV
- * SPIR-V is rewritten here (dspk__vk_coopmat_nv_to_khr), so both paths run
- * the same code.  The NV SPIR-V goes through the persistent kernel cache and
- * every pipeline through the VkPipelineCache (vk_shader.c); the rewrite is
- * a single pass over the words.  The "emulate" mode is for tests on devices
- * without cooperative matrices (lavapipe): the same tiling with fragments
- * held in plain arrays, which checks the staging and epilogue logic.
+ * subgroup) properties, and enables the extension and its feature.
+ *
+ * The kernel is one GLSL source written with GL_NV_cooperative_matrix (the
+ * only cooperative-matrix GLSL extension glslang 12 compiles).  A workgroup
+ * of wm x wn subgroups computes a tile of C (128 x 128 by default: 2 x 4
+ * subgroups of 64 x 32, i.e. 4 x 4 fragments of 16 x 8 each) from bk-deep
+ * slices of A and B staged in shared memory, as uvec4s where the layout
+ * allows; the next slice is read into registers while the current one is
+ * multiplied, with one or two shared buffers.  The staging reads every
+ * layout (transposed or not, strided batches) and zero-fills outside the
+ * matrices, and results leave through a small per-subgroup scratch with
+ * bounds checks, alpha, beta and a broadcast C, so every shape is handled,
+ * ragged or not.  For large gemms the shared autotuner picks the tile among
+ * the candidates below (decisions kept in the cache).
+ *
+ * For the KHR extension the NV SPIR-V is rewritten here
+ * (dspk__vk_coopmat_nv_to_khr), so both paths run the same code.  The NV
+ * SPIR-V goes through the persistent kernel cache and every pipeline
+ * through the VkPipelineCache (vk_shader.c); the rewrite is one pass over
+ * the words.  A kernel the driver rejects turns the path off on that device
+ * and the gemm runs on the scalar kernel.
+ *
+ * The "emulate" mode is for tests on devices without cooperative matrices
+ * (lavapipe): the same tiling, staging and epilogue, with fragments standing
+ * for places in shared memory and multiplied by plain loops.
  *
  * Batches go into the z dimension when every operand's batch axes are whole
  * or broadcast; other gemms, and non-f16 ones, take the scalar kernel.
@@ -36,7 +45,7 @@
 /* Workgroup tiles: wm x wn subgroups, each wtm x wtn of C, bk deep.  The
  * first is the default; for large gemms the autotuner chooses (per shape
  * class, kept in the cache).  Emulated accumulators live in shared memory:
- * smaller tiles.  DSPK_VK_COOPMAT_TILE=wmxwnxwtmxwtnxbk forces one. */
+ * smaller tiles.  DSPK_VK_COOPMAT_TILE=wmxwnxwtmxwtnxbkxnbuf forces one. */
 struct tiledef {
   const char *name;
   uint32_t wm, wn, wtm, wtn, bk, nbuf; /* nbuf: shared buffers (1 or 2) */
@@ -109,7 +118,19 @@ enum {
   OP_CONSTANT_TRUE = 41,
   OP_CONSTANT_FALSE = 42,
   OP_CONSTANT = 43,
-  OP_FUNCTION = 54,
+  OP_CONSTANT_COMPOSITE = 44,
+  OP_VARIABLE = 59,
+  OP_LOAD = 61,
+  OP_COMPOSITE_CONSTRUCT = 80,
+  OP_COMPOSITE_EXTRACT = 81,
+  OP_CONVERT_F = 115,
+  OP_FNEGATE = 127,
+  OP_FADD = 129,
+  OP_FMUL = 133,
+  OP_MATRIX_TIMES_SCALAR = 143,
+  OP_SELECT = 169,
+  OP_PHI = 245,
+  OP_UNDEF = 1,
   CAP_COOPMAT_NV = 5357,
   CAP_COOPMAT_KHR = 6022,
   OP_TYPE_COOPMAT_NV = 5358,
@@ -637,15 +658,14 @@ static int result_types(const uint32_t *w, size_t n, uint32_t bound, uint32_t **
     return DSPK_ENOMEM;
   for (size_t i = 5; i < n;) {
     uint32_t wc = w[i] >> 16, op = w[i] & 0xffff;
-    /* Instructions with a result type and result id carry them in words 1
-     * and 2; the few we need to recognise are those producing values. */
-    if (wc >= 3 && (op == OP_COOPMAT_LOAD_NV || op == OP_COOPMAT_MULADD_NV || op == 61 /*OpLoad*/
-                    || op == 245 /*OpPhi*/ || op == 80 /*OpCompositeConstruct*/ ||
-                    op == 44 /*OpConstantComposite*/ || op == 81 /*OpCompositeExtract*/ ||
-                    op == 127 /*OpFNegate*/ || op == 129 /*OpFAdd*/ || op == 133 /*OpFMul*/ ||
-                    op == 143 /*OpMatrixTimesScalar*/ || op == 115 /*OpFConvert*/ ||
-                    op == 169 /*OpSelect*/ || op == 1 /*OpUndef: words 1,2*/ ||
-                    op == 59 /*OpVariable*/))
+    /* These carry a result type and a result id in words 1 and 2: the
+     * instructions that can produce a cooperative matrix (or a pointer). */
+    if (wc >= 3 &&
+        (op == OP_COOPMAT_LOAD_NV || op == OP_COOPMAT_MULADD_NV || op == OP_LOAD ||
+         op == OP_PHI || op == OP_COMPOSITE_CONSTRUCT || op == OP_CONSTANT_COMPOSITE ||
+         op == OP_COMPOSITE_EXTRACT || op == OP_FNEGATE || op == OP_FADD || op == OP_FMUL ||
+         op == OP_MATRIX_TIMES_SCALAR || op == OP_CONVERT_F || op == OP_SELECT ||
+         op == OP_UNDEF || op == OP_VARIABLE))
       if (w[i + 2] < bound)
         ty[w[i + 2]] = w[i + 1];
     i += wc;
