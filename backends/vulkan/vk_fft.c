@@ -73,17 +73,21 @@ struct tplan {
 struct bplan;
 static void bplan_free(struct dspk__dev *d, struct bplan *p);
 
-static void fplan_free(struct dspk__dev *d, struct fplan *p) {
-  if (!p)
-    return;
-  /* A plan may still be in use by submitted work. */
-  dspk__vk_submit(d);
-  dspk__vk_wait_value(d, d->submitted);
+static void fplan_release(void *ud, void *res) {
+  struct fplan *p = res;
+  (void)ud;
   /* The first instance owns the temporary buffer the others share. */
   for (int i = p->ninst - 1; i >= 0; i--)
     dspk__vkfft_destroy(p->inst[i].f);
   free(p->bin);
   free(p);
+}
+
+/* A plan may still be in use by submitted work: it is destroyed once the
+ * device is done with it, through the retirement queue (no wait here). */
+static void fplan_free(struct dspk__dev *d, struct fplan *p) {
+  if (p)
+    dspk__retire_push(&d->retire, fplan_release, d, p);
 }
 
 void dspk__vk_fft_plan_free(struct dspk__dev *d, void *plan) {
