@@ -868,7 +868,8 @@ int dspk__vk_fft(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *c
                                   .inbuf = r2c || oop ? X->mem->buf : VK_NULL_HANDLE,
                                   .insize = r2c || oop ? X->mem->bufsize : 0};
   int r;
-  if (!r2c && want_tune(d, total) && (r = fft_choose(d, &desc, op->u.fft.inverse, ooff, xoff,
+  /* Tuning runs the candidates on these operands: never in place. */
+  if (oop && want_tune(d, total) && (r = fft_choose(d, &desc, op->u.fft.inverse, ooff, xoff,
                                                      ctx)) == DSPK_ECANCELED)
     return r;
   struct fplan *p = NULL;
