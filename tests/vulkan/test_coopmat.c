@@ -23,6 +23,7 @@
 #include <cmocka.h>
 
 #include "backends/vulkan/vk.h"
+#include "cache/cache.h"
 #include "tests/vulkan/vk_harness.h"
 
 static struct dspk__devinfo INFO[16];
@@ -532,11 +533,65 @@ static void t_hardware_khr(void **state) {
   hardware(1);
 }
 
+/* A restarted device with the same cache file compiles none of the path's
+ * kernels (emulated everywhere; KHR and NV where offered). */
+static void t_cache_restart(void **state) {
+  (void)state;
+  static const char *modes[] = {"emulate", "khr", "nv"};
+  static const int kinds[] = {DSPK__VK_CM_EMU, DSPK__VK_CM_KHR, DSPK__VK_CM_NV};
+  for (int m = 0; m < 3; m++) {
+    char path[] = "/tmp/dspk-coopmat-cache-XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    unlink(path);
+    int skipped = 0;
+    for (int round = 0; round < 2 && !skipped; round++) {
+      struct dspk__cache *c;
+      assert_int_equal(dspk__cache_open(path, NULL, &c, NULL, 0), 0);
+      setenv("DSPK_VK_COOPMAT", modes[m], 1);
+      struct dspk__devenv env = {.cache = c};
+      struct dspk__dev *d;
+      assert_int_equal(VKB->open(DEV, &env, &d), 0);
+      unsetenv("DSPK_VK_COOPMAT");
+      if ((int)d->cm.kind != kinds[m]) {
+        skipped = 1;
+      } else {
+        int64_t as[2] = {40, 64}, bs[2] = {64, 24};
+        uint64_t before = d->cm.ngemm;
+        assert_true(gemm_case(d, 2, as, 2, bs, 0, 0, -1, NULL, 1, 0, 0) <= 1e-4);
+        assert_int_equal(d->cm.ngemm, before + 1);
+        struct dspk__devstats st;
+        memset(&st, 0, sizeof st);
+        VKB->stats(d, &st);
+        print_message("%s round %d: %llu compiled, %llu cache hits\n", modes[m], round,
+                      (unsigned long long)st.kernels_compiled,
+                      (unsigned long long)st.kernel_cache_hits);
+        if (round == 0)
+          assert_true(st.kernels_compiled >= 1);
+        else {
+          assert_int_equal(st.kernels_compiled, 0);
+          assert_true(st.kernel_cache_hits >= 1);
+        }
+      }
+      VKB->close(d);
+      dspk__cache_close(c);
+    }
+    unlink(path);
+    char side[64];
+    snprintf(side, sizeof side, "%s-wal", path);
+    unlink(side);
+    snprintf(side, sizeof side, "%s-shm", path);
+    unlink(side);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(t_selection),
       cmocka_unit_test(t_spirv),
       cmocka_unit_test(t_emulated),
+      cmocka_unit_test(t_cache_restart),
       cmocka_unit_test(t_hardware_nv),
       cmocka_unit_test(t_hardware_khr),
   };
