@@ -1100,11 +1100,11 @@ int dspk__vk_coopmat_gemm(struct dspk__dev *d, struct dspk__op *op, struct dspk_
     r = launch(d, &p, 0, ctx);
     return is_kernel_error(r) ? disable_and_fall_back(d, op, ctx, r) : r;
   }
-  static struct dspk__autotune_cand cands[2][DSPK__VK_CM_TILES];
+  struct dspk__autotune_cand cands[DSPK__VK_CM_TILES]; /* one per runner thread */
   int e = d->cm.kind == DSPK__VK_CM_EMU;
   for (int i = 0; i < n; i++) {
-    cands[e][i].name = tile_name(&d->cm, i);
-    cands[e][i].run = tune_run;
+    cands[i].name = tile_name(&d->cm, i);
+    cands[i].run = tune_run;
   }
   char shape[96], layout[16], dts[64];
   snprintf(shape, sizeof shape, "m=2^%d,n=2^%d,k=2^%d,b=2^%d", dspk__autotune_pow2(p.pc.M),
@@ -1122,7 +1122,7 @@ int dspk__vk_coopmat_gemm(struct dspk__dev *d, struct dspk__op *op, struct dspk_
       .layout = layout,
       .dev = {.backend = "vulkan", .name = d->name, .arch = d->arch, .uuid = d->uuid,
               .driver = d->driver},
-      .cands = cands[e],
+      .cands = cands,
       .ncands = n,
       .ud = &u,
       .progress = ctx ? ctx->progress : NULL,
