@@ -347,6 +347,8 @@ int dspk__vk_coopmat_source(char *buf, size_t len, const struct dspk__vk_coopmat
  * DSPK_ECOMPILE (as when a driver rejects it): the path turns itself off on
  * that device and the gemm runs on the scalar kernel. */
 void dspk__vk_coopmat_fault(int on);
+/* Tests: gemms of at least n multiply-adds are tuned (0: the default). */
+void dspk__vk_coopmat_tune_min(uint64_t n);
 /* Rewrites a SPIR-V module from SPV_NV_cooperative_matrix to
  * SPV_KHR_cooperative_matrix (types gain a Use inferred from MulAdd
  * operands; loads/stores take a MemoryLayout constant).  *out is malloc'd

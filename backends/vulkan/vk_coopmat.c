@@ -947,9 +947,12 @@ int dspk__vk_coopmat_usable(struct dspk__dev *d, const struct dspk__op *op) {
   return plan(d, op, &p) == 1;
 }
 
-/* Tests: make the next kernel builds fail as a driver rejecting them would. */
+/* Tests: make the next kernel builds fail as a driver rejecting them would;
+ * tune smaller gemms. */
 static _Atomic int fault;
+static _Atomic uint64_t tune_min = TUNE_MIN;
 void dspk__vk_coopmat_fault(int on) { fault = on; }
+void dspk__vk_coopmat_tune_min(uint64_t n) { tune_min = n ? n : TUNE_MIN; }
 
 /* The kernel of tile `tile` and variant flags: from the device's memo
  * while the kernel table still holds it, else made (for KHR, from the
@@ -1096,7 +1099,7 @@ int dspk__vk_coopmat_gemm(struct dspk__dev *d, struct dspk__op *op, struct dspk_
   uint64_t work = (uint64_t)p.pc.M * p.pc.N * p.pc.K * p.nbatch;
   int n = ntiles(&d->cm);
   int r;
-  if (n == 1 || work < TUNE_MIN) {
+  if (n == 1 || work < tune_min) {
     r = launch(d, &p, 0, ctx);
     return is_kernel_error(r) ? disable_and_fall_back(d, op, ctx, r) : r;
   }

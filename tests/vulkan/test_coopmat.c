@@ -434,6 +434,19 @@ static void t_emulated(void **state) {
   tile_of(d, &tm, &tn);
   gemm_suite(d, desc, tm, tn, 1e-5);
   VKB->close(d);
+  /* The autotuner's choice between the emulated tiles (every candidate
+   * runs; the winner's result is checked). */
+  d = open_with("emulate");
+  dspk__vk_coopmat_tune_min(1);
+  int64_t ta[2] = {96, 72}, tb[2] = {72, 80};
+  uint64_t before0 = d->cm.ngemm;
+  double e0 = gemm_case(d, 2, ta, 2, tb, 0, 0, -1, NULL, 1, 0, 0);
+  dspk__vk_coopmat_tune_min(0);
+  print_message("emulated, tuned: %llu launches, rel err %.3g\n",
+                (unsigned long long)(d->cm.ngemm - before0), e0);
+  assert_true(e0 <= 1e-5);
+  assert_true(d->cm.ngemm >= before0 + 3); /* both candidates, then the winner */
+  VKB->close(d);
   /* A kernel the driver rejects: the path turns off, the gemm still runs
    * (on the scalar kernel) and is right. */
   d = open_with("emulate");
