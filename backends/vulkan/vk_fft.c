@@ -35,6 +35,7 @@
  * and device (candidates in `tunes`); the winner is stored in the
  * persistent cache with every candidate's timing.
  */
+#include <complex.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -538,15 +539,25 @@ static const struct {
 #define NTUNES ((int)(sizeof tunes / sizeof tunes[0]))
 
 /* Tune on hardware devices for large transforms; DSPK_VK_FFT_TUNE=force
- * tunes any size on any device (tests), =off never. */
-static int want_tune(struct dspk__dev *d, uint64_t total) {
+ * tunes any size on any device (tests), =off never, =<candidate name>
+ * uses that candidate for every out-of-place transform (tests and
+ * measurements: *forced gets its index, else -1). */
+static int want_tune(struct dspk__dev *d, uint64_t total, int *forced) {
   const char *e = getenv("DSPK_VK_FFT_TUNE");
+  *forced = -1;
   if (e && strcmp(e, "off") == 0)
     return 0;
   if (e && strcmp(e, "force") == 0)
     return 1;
+  for (int i = 0; e && i < NTUNES; i++)
+    if (strcmp(e, tunes[i].name) == 0) {
+      *forced = i;
+      return 0;
+    }
   return d->props.deviceType != VK_PHYSICAL_DEVICE_TYPE_CPU && total >= FFT_TUNE_MIN;
 }
+
+#define TUNE_SAMPLES 32 /* output values checked per candidate and row */
 
 struct tune_ud {
   struct dspk__dev *d;
@@ -554,7 +565,100 @@ struct tune_ud {
   int inverse;
   VkDeviceSize off, inoff;
   struct fplan *plans[NTUNES];
+  int checked[NTUNES];
+  /* The check: exact DFT values at positions pos[] of the first and last
+   * row, computed on the host from X; the output is read from om. */
+  struct dspk__mem *xm, *om;
+  VkDeviceSize xelem, oelem; /* the operands' first elements in xm, om */
+  int ref_state;             /* 0: not made yet, 1: made, <0: its error */
+  int nsamp;
+  uint64_t pos[2 * TUNE_SAMPLES];
+  double complex ref[2 * TUNE_SAMPLES];
+  double refmax;
 };
+
+/* Fills u's reference: the exact DFT (phases from j*k mod n in integers)
+ * of X's first and last rows at a few positions.  Returns 0, or an error
+ * (then every candidate counts as failed: VkFFT's defaults are used). */
+static int tune_ref(struct tune_ud *u) {
+  uint64_t n = u->desc.n, batch = u->desc.batch;
+  size_t es = u->desc.dbl ? 16 : 8;
+  int per = TUNE_SAMPLES;
+  while (per > 2 && (uint64_t)per * n > ((uint64_t)1 << 26))
+    per /= 2; /* bounds the host work to about 2^27 multiply-adds */
+  double complex *x = malloc(n * sizeof *x);
+  double *tw = malloc(2 * n * sizeof *tw);
+  void *raw = malloc(n * es);
+  int r = DSPK_ENOMEM;
+  if (!x || !tw || !raw)
+    goto out;
+  for (uint64_t m = 0; m < n; m++) {
+    double a = (u->inverse ? 2.0 : -2.0) * M_PI * (double)m / (double)n;
+    tw[2 * m] = cos(a);
+    tw[2 * m + 1] = sin(a);
+  }
+  u->nsamp = 0;
+  u->refmax = 0;
+  for (int row = 0; row < 2; row++) {
+    uint64_t b = row ? batch - 1 : 0;
+    if ((r = dspk__vk_read(u->d, u->xm, (size_t)((u->xelem + b * n) * es), raw, n * es)))
+      goto out;
+    for (uint64_t j = 0; j < n; j++)
+      x[j] = u->desc.dbl ? ((double *)raw)[2 * j] + I * ((double *)raw)[2 * j + 1]
+                         : ((float *)raw)[2 * j] + I * ((float *)raw)[2 * j + 1];
+    for (int s = 0; s < per; s++) {
+      uint64_t k = s == 0 ? 0 : s == 1 ? n - 1 : (uint64_t)s * 2654435761u % n;
+      double complex acc = 0;
+      uint64_t ph = 0;
+      for (uint64_t j = 0; j < n; j++) {
+        acc += x[j] * (tw[2 * ph] + I * tw[2 * ph + 1]);
+        ph += k;
+        if (ph >= n)
+          ph -= n;
+      }
+      if (u->inverse)
+        acc /= (double)n;
+      u->pos[u->nsamp] = b * n + k;
+      u->ref[u->nsamp++] = acc;
+      if (cabs(acc) > u->refmax)
+        u->refmax = cabs(acc);
+    }
+  }
+  r = 0;
+out:
+  free(x);
+  free(tw);
+  free(raw);
+  return r;
+}
+
+/* Compares candidate i's output (its run has finished) with the reference:
+ * 0 when it matches, DSPK_EDEVICE when a configuration computes wrong
+ * values (it is then left out of the tuning). */
+static int tune_check(struct tune_ud *u, int i) {
+  size_t es = u->desc.dbl ? 16 : 8;
+  double tol = (u->desc.dbl ? 1e-9 : 1e-3) * (u->refmax > 0 ? u->refmax : 1);
+  for (int s = 0; s < u->nsamp; s++) {
+    unsigned char v[16];
+    int r = dspk__vk_read(u->d, u->om, (size_t)((u->oelem + u->pos[s]) * es), v, es);
+    if (r)
+      return r;
+    double re, im;
+    if (u->desc.dbl) {
+      memcpy(&re, v, 8);
+      memcpy(&im, v + 8, 8);
+    } else {
+      float f[2];
+      memcpy(f, v, 8);
+      re = f[0];
+      im = f[1];
+    }
+    if (!(cabs(re + I * im - u->ref[s]) <= tol))
+      return DSPK_EDEVICE;
+  }
+  u->checked[i] = 1;
+  return 0;
+}
 
 /* Runs candidate i once on the real operands, to completion. */
 static int tune_run(void *ud, int i) {
@@ -572,6 +676,12 @@ static int tune_run(void *ud, int i) {
     r = dspk__vk_submit(u->d);
   if (r == 0)
     r = dspk__vk_wait_value(u->d, u->d->submitted);
+  if (r == 0 && !u->checked[i]) {
+    /* Made on the first run (the decision may come from the cache). */
+    if (u->ref_state == 0)
+      u->ref_state = tune_ref(u) == 0 ? 1 : -1;
+    r = u->ref_state > 0 ? tune_check(u, i) : DSPK_EDEVICE;
+  }
   return r;
 }
 
@@ -596,11 +706,15 @@ static void tune_req(struct dspk__dev *d, const struct dspk__vkfft_desc *desc, c
 }
 
 /* Sets desc->tune to the tuned configuration for desc's shape (measuring
- * the candidates on these operands on a miss).  The winner's plan goes
- * into the plan cache, the others are freed.  Returns 0 (VkFFT's
- * defaults when nothing could be measured) or DSPK_ECANCELED. */
+ * the candidates on these operands on a miss, each checked against an
+ * exact DFT of a few outputs).  X and O: the operands (out of place).  The
+ * winner's plan goes into the plan cache, the others are freed.  Returns 0
+ * (VkFFT's defaults when nothing could be measured) or DSPK_ECANCELED. */
 static int fft_choose(struct dspk__dev *d, struct dspk__vkfft_desc *desc, int inverse,
-                      VkDeviceSize off, VkDeviceSize inoff, struct dspk__opctx *ctx) {
+                      const struct dspk__tensor *X, const struct dspk__tensor *O,
+                      struct dspk__opctx *ctx) {
+  size_t es = desc->dbl ? 16 : 8;
+  VkDeviceSize off = O->mem->off + O->offset, inoff = X->mem->off + X->offset;
   char key[128];
   int klen = snprintf(key, sizeof key, "fftune|n=%llu|b=%llu|d=%d|o=%d",
                       (unsigned long long)desc->n, (unsigned long long)desc->batch, desc->dbl,
@@ -613,9 +727,21 @@ static int fft_choose(struct dspk__dev *d, struct dspk__vkfft_desc *desc, int in
   char shape[96];
   struct dspk__autotune_cand cands[NTUNES];
   struct dspk__autotune_req req;
-  struct tune_ud u = {.d = d, .desc = *desc, .inverse = inverse, .off = off, .inoff = inoff};
+  /* tune_ud holds the reference values: on the heap, not the stack. */
+  struct tune_ud *u = calloc(1, sizeof *u);
+  if (!u)
+    return 0;
+  u->d = d;
+  u->desc = *desc;
+  u->inverse = inverse;
+  u->off = off;
+  u->inoff = inoff;
+  u->xm = X->mem;
+  u->xelem = X->offset / es;
+  u->om = O->mem;
+  u->oelem = O->offset / es;
   tune_req(d, desc, shape, sizeof shape, cands, &req);
-  req.ud = &u;
+  req.ud = u;
   if (ctx) {
     req.progress = ctx->progress;
     req.progress_ud = ctx->progress_ud;
@@ -625,16 +751,17 @@ static int fft_choose(struct dspk__dev *d, struct dspk__vkfft_desc *desc, int in
   if (r < 0)
     w = 0;
   for (int i = 0; i < NTUNES; i++)
-    if (u.plans[i] && i != w)
-      fplan_free(d, u.plans[i]);
+    if (u->plans[i] && i != w)
+      fplan_free(d, u->plans[i]);
   desc->tune = tunes[w].t;
-  if (u.plans[w]) {
+  if (u->plans[w]) {
     char pk[DSPK__PLANCACHE_KEY_MAX];
     int pklen = plan_key(desc, pk, sizeof pk);
     if (dspk__plancache_get(&d->plans, pk, (size_t)pklen) ||
-        dspk__plancache_put(&d->plans, pk, (size_t)pklen, u.plans[w]))
-      fplan_free(d, u.plans[w]);
+        dspk__plancache_put(&d->plans, pk, (size_t)pklen, u->plans[w]))
+      fplan_free(d, u->plans[w]);
   }
+  free(u);
   if (r == DSPK_ECANCELED)
     return r;
   tp = malloc(sizeof *tp);
@@ -869,9 +996,12 @@ int dspk__vk_fft(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *c
                                   .insize = r2c || oop ? X->mem->bufsize : 0};
   int r;
   /* Tuning runs the candidates on these operands: never in place. */
-  if (oop && want_tune(d, total) && (r = fft_choose(d, &desc, op->u.fft.inverse, ooff, xoff,
-                                                     ctx)) == DSPK_ECANCELED)
+  int forced;
+  if (oop && want_tune(d, total, &forced) &&
+      (r = fft_choose(d, &desc, op->u.fft.inverse, X, O, ctx)) == DSPK_ECANCELED)
     return r;
+  if (oop && forced >= 0)
+    desc.tune = tunes[forced].t;
   struct fplan *p = NULL;
   r = get_plan(d, &desc, &p, ctx);
   if (r && memcmp(&desc.tune, &(struct dspk__vkfft_tune){0}, sizeof desc.tune)) {

@@ -532,6 +532,22 @@ static void t_fft_buffers(void **state) {
   }
 }
 
+/* Every tuning candidate, forced in turn, computes the right transform on
+ * one- and multi-pass shapes (the tuner also checks each against an exact
+ * DFT before using it; this checks the candidates themselves). */
+static void t_fft_cands(void **state) {
+  (void)state;
+  static const char *names[] = {"vendor", "t256", "t64", "lut", "rb1", "c64", "c128",
+                                "c64-t256", "c128-t256"};
+  for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+    setenv("DSPK_VK_FFT_TUNE", names[i], 1);
+    print_message("fft candidate %s\n", names[i]);
+    fft_oop_case(DSPK_C64, 1 << 16, 2, (int)(i % 2));
+    fft_oop_case(DSPK_C64, 1 << 11, 3, 0);
+  }
+  unsetenv("DSPK_VK_FFT_TUNE");
+}
+
 /* Teardown of the tests that force fft tuning: no later test sees it,
  * even when one failed half-way. */
 static int unset_tune(void **state) {
@@ -601,6 +617,8 @@ static void t_fft_tune(void **state) {
   print_message("fft tune: %s\n", rep);
   assert_non_null(strstr(rep, "winner "));
   assert_null(strstr(rep, " 0 passes")); /* the winner's plan is cached */
+  /* Every candidate ran and matched the exact DFT (tune_check). */
+  assert_null(strstr(rep, "\"error\""));
   VKB->close(d);
   dspk__cache_close(c);
   unlink(path);
@@ -939,6 +957,7 @@ int main(void) {
       cmocka_unit_test(t_fft_oop),   cmocka_unit_test(t_fft_buffers),
       cmocka_unit_test_teardown(t_fft_tune, unset_tune),
       cmocka_unit_test_teardown(t_fft_inplace, unset_tune),
+      cmocka_unit_test_teardown(t_fft_cands, unset_tune),
       cmocka_unit_test(t_raw_glsl),
       cmocka_unit_test(t_raw_spirv), cmocka_unit_test(t_raw_error),
       cmocka_unit_test(t_cache_restart),
