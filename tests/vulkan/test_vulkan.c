@@ -106,7 +106,7 @@ static void t_map(void **state) {
         }
       }
       double e = h_relerr(&out, want, A.n);
-      if (e > h_tol(dt) * 4)
+      if (!(e <= h_tol(dt) * 4))
         fail_msg("map fn %d dtype %s: rel err %g", fn, dspk__dtype_name(dt), e);
       free(want);
       h_free(&A);
@@ -162,7 +162,7 @@ static void t_reduce(void **state) {
       for (int64_t i = 0; i < out.n; i++)
         want[i] /= (double)cnt[i];
     double e = h_relerr(&out, want, out.n);
-    if (e > h_tol(dt) * 10)
+    if (!(e <= h_tol(dt) * 10))
       fail_msg("reduce fn %d dtype %s axes %x rank %d: rel err %g", fn,
                dspk__dtype_name(dt), axes, rank, e);
     free(want);
@@ -190,7 +190,7 @@ static void t_fir(void **state) {
         for (int64_t k = 0; k < hs[0] && k <= n; k++)
           want[b * xs[1] + n] += Hh.v[k] * X.v[b * xs[1] + n - k];
     double e = h_relerr(&out, want, X.n);
-    if (e > h_tol(dt) * 10)
+    if (!(e <= h_tol(dt) * 10))
       fail_msg("fir dtype %s: rel err %g", dspk__dtype_name(dt), e);
     free(want);
     h_free(&X);
@@ -264,7 +264,7 @@ static void gemm_case(dspk_dtype dt, int ra, const int64_t *as, int rb, const in
   double complex *want = calloc(out.n ? out.n : 1, sizeof *want);
   ref_gemm(&A, &B, crank >= 0 ? &C : NULL, ta, tb, 1.5, -0.5, &out, want);
   double e = h_relerr(&out, want, out.n);
-  if (e > tol)
+  if (!(e <= tol))
     fail_msg("gemm %s ra %d rb %d ta %d tb %d crank %d: rel err %g", dspk__dtype_name(dt),
              ra, rb, ta, tb, crank, e);
   free(want);
@@ -335,7 +335,7 @@ static void contract_case(const char *subs, dspk_dtype dt, int ra, const int64_t
     want[io] += A.v[ia] * B.v[ib];
   }
   double e = h_relerr(&out, want, out.n);
-  if (e > h_tol(dt) * 10)
+  if (!(e <= h_tol(dt) * 10))
     fail_msg("contract %s %s: rel err %g", subs, dspk__dtype_name(dt), e);
   free(want);
   h_free(&A);
@@ -862,7 +862,7 @@ static int gemm_try(int ra, const int64_t *as, int rb, const int64_t *bs, int ta
     double e = h_relerr(&out, want, out.n);
     free(want);
     h_free(&out);
-    if (e > 1e-5)
+    if (!(e <= 1e-5))
       fail_msg("gemm %s: rel err %g", what, e);
   } else if (r != DSPK_ENOTSUP) {
     fail_msg("gemm %s: %d %s", what, r, msg);
