@@ -898,7 +898,7 @@ int dspk__vk_fft_profile(struct dspk__dev *d, uint64_t n, uint64_t batch, char *
     goto out;
   VK(CmdFillBuffer)(cb, u.x->buf, u.x->off, bytes, 0);
   dspk__vk_barrier(d);
-  double ms;
+  double ms = 0;
   if ((r = prof_time(d, &pf, reps, rec_copy, &u, &ms)))
     goto out;
   at += snprintf(buf + at, len - (size_t)at, "GPU time: copy X->Y %.3f ms (%.0f GB/s moved)",

@@ -108,7 +108,7 @@ static int gen_gemm(char *src, size_t n, const struct tile *t, dspk_dtype in_dt,
   int dbl = out_dt == DSPK_F64 || out_dt == DSPK_C128;
   int cplx = out_dt == DSPK_C64 || out_dt == DSPK_C128;
   int wgx = t->bn / t->tn, wgy = t->bm / t->tm;
-  char la[160], lb[160];
+  char la[320], lb[320];
   snprintf(la, sizeof la, "%s", load_expr(in_dt, 'a'));
   snprintf(lb, sizeof lb, "%s", load_expr(in_dt, 'b'));
   return snprintf(

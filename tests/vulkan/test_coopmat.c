@@ -163,7 +163,7 @@ static void gemm_suite(struct dspk__dev *d, const char *what, int64_t tile_m, in
   };
   for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
     int64_t M = cs[i].M, N = cs[i].N, K = cs[i].K;
-    int64_t as[4], bs[4], c[4];
+    int64_t as[4], bs[4], c[4] = {0};
     int ra = 2, rb = 2, crank = cs[i].crank;
     if (cs[i].batch) { /* A (3, M, K), B (K, N) broadcast over 3 */
       as[0] = 3;
