@@ -617,6 +617,7 @@ static void batch_info(const int64_t *xs, int rx, int keep, const int64_t *ob, i
 int dspk__vk_gemm(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *ctx) {
   const struct dspk__tensor *A = &op->in[0], *B = &op->in[1], *O = &op->out[0];
   const struct dspk__tensor *C = op->nin == 3 ? &op->in[2] : NULL;
+  last_name = NULL; /* set again by launch() */
   /* f16 on the tensor cores where the device offers them (vk_coopmat.c). */
   if (A->dtype == DSPK_F16 && dspk__vk_coopmat_usable(d, op))
     return dspk__vk_coopmat_gemm(d, op, ctx);

@@ -263,7 +263,7 @@ static void bench_gemm(struct dspk__dev *d, dspk_dtype dt, int n, int reps) {
   } else
 #endif
     printf(" - | - |");
-  printf(" first call %.0f ms, kernel %s |\n", tt, win ? win : "?");
+  printf(" first call %.0f ms, kernel %s |\n", tt, win ? win : "not the tiled gemm");
   free(ha);
   free(hb);
 }
