@@ -862,7 +862,7 @@ static int gemm_try(int ra, const int64_t *as, int rb, const int64_t *bs, int ta
     double e = h_relerr(&out, want, out.n);
     free(want);
     h_free(&out);
-    if (e > 1e-5)
+    if (!(e <= 1e-5))
       fail_msg("gemm %s: rel err %g", what, e);
   } else if (r != DSPK_ENOTSUP) {
     fail_msg("gemm %s: %d %s", what, r, msg);
