@@ -396,7 +396,9 @@ static int v2_mode(const struct gdesc *g, const struct tile *t, struct v2mode *v
   v->vb = al[1] && (v->bn ? g->sbk % 4 == 0 && g->N % 4 == 0
                           : g->sbk == 1 && g->sbn % 4 == 0 && g->K % 4 == 0);
   v->vo = al[3] && g->N % 4 == 0;
-  v->guard = g->M % (uint32_t)t->bm || g->N % (uint32_t)t->bn || g->K % (uint32_t)t->bk;
+  /* (K == 0 too: the kernel fetches its first k slice before the loop.) */
+  v->guard = g->M % (uint32_t)t->bm || g->N % (uint32_t)t->bn ||
+             g->K % (uint32_t)t->bk || g->K == 0;
   return 0;
 }
 

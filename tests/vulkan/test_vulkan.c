@@ -890,6 +890,7 @@ static void t_gemm_cands(void **state) {
       {64, 64, 48, 1, 0, 1, -1, 0},  /* A m-fast vec4 */
       {128, 128, 16, 0, 1, 1, 2, 0}, /* B k-fast vec4, C */
       {64, 64, 32, 0, 0, 1, -1, 4},  /* A one float off alignment: scalar A */
+      {128, 128, 0, 0, 0, 1, 2, 0},  /* K = 0: beta * C only */
   };
   int nc = dspk__vk_gemm_ncands(), ran = 0, v2ran = 0;
   /* lavapipe states 32 KiB of shared memory but its shared memory is host
