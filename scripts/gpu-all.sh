@@ -1,0 +1,43 @@
+#!/bin/bash
+# Everything that needs a GPU, in one go, one step after the other: the CUDA
+# and Vulkan GPU tests, the CUDA suite's benchmarks (scripts/gpu-suite.sh
+# bench), the staging and Vulkan benchmarks, then the Vulkan exit test
+# (scripts/vk-exit-test.sh, 100 runs of each mode, the three modes at once).
+# Logs go to OUTDIR/logs, packed into OUTDIR/logs.tgz at the end.  On the
+# GPU machine (docs/performance.md), the staged Debian packages are unpacked
+# first when .device/unpack-debs.sh is there.
+#
+#   scripts/gpu-all.sh [BUILD_DIR] [OUTDIR]
+B=${1:-build}
+OUT=${2:-gpu-out}
+if [ -f .device/unpack-debs.sh ]; then
+  . .device/unpack-debs.sh .device/debs
+  export PYTHONPATH=/opt/debdeps/usr/lib/python3/dist-packages
+fi
+L=$OUT/logs
+mkdir -p "$L"
+nvidia-smi -L; date -u
+step() {
+  local name=$1 lim=$2 t0=$SECONDS
+  shift 2
+  timeout "$lim" "$@" > "$L/$name.log" 2>&1
+  echo "== $name rc=$? $((SECONDS - t0))s"
+}
+step test_cuda_gpu 240 "$B/tests/cuda/test_cuda_gpu"
+step gpu_smoke 120 python3 tests/daemon/gpu_smoke.py --dspkd "$B/daemon/dspkd"
+step test_vulkan 120 "$B/tests/vulkan/test_vulkan"
+step test_coopmat 120 "$B/tests/vulkan/test_coopmat"
+step gpu_suite 300 scripts/gpu-suite.sh "$B" "$L/cuda" bench
+step staging 60 "$B/bench/cuda_staging/bench_cuda_staging"
+step bench_vulkan 150 "$B/bench/vulkan/bench_vulkan"
+step bench_fft 90 "$B/bench/vulkan/bench_vulkan" fft
+date -u
+for m in term fatal atexit; do
+  (scripts/vk-exit-test.sh -n 100 -m $m -b "$B" -d "vulkan:${EXITDEV:-0}" -o "$L/vkexit-$m" \
+     -t 240 > "$L/vkexit-$m.txt" 2>&1
+   echo "rc=$?" >> "$L/vkexit-$m.txt") &
+done
+wait
+date -u
+cat "$L"/vkexit-*.txt
+tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$L"
