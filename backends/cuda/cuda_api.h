@@ -26,7 +26,8 @@
   XX(cuDeviceGetUuid) XX(cuDevicePrimaryCtxRetain)                             \
   XX(cuDevicePrimaryCtxRelease) XX(cuDevicePrimaryCtxReset)                    \
   XX(cuCtxSetCurrent) XX(cuCtxSynchronize) XX(cuStreamCreate)                  \
-  XX(cuStreamDestroy) XX(cuStreamSynchronize) XX(cuEventCreate)                \
+  XX(cuStreamDestroy) XX(cuStreamSynchronize) XX(cuStreamQuery)               \
+  XX(cuEventCreate)                                                            \
   XX(cuEventDestroy) XX(cuEventRecord) XX(cuEventQuery) XX(cuEventSynchronize) \
   XX(cuEventElapsedTime) XX(cuMemAlloc) XX(cuMemFree) XX(cuMemcpyHtoDAsync)    \
   XX(cuMemcpyDtoHAsync) XX(cuMemcpyDtoDAsync) XX(cuMemsetD8Async)             \
