@@ -258,6 +258,8 @@ static int stream_sync(struct dspk__dev *dev) {
   if (dev->ctx_dead)
     return DSPK_EDEVICE;
   r = CU.cuStreamSynchronize(dev->stream);
+  if (r == CUDA_SUCCESS)
+    dev->stage.work_queued = 0;
   return r == CUDA_SUCCESS ? 0 : dspk__cuda_err(dev, NULL, "cuStreamSynchronize", r);
 }
 
@@ -442,12 +444,14 @@ int dspk__cuda_stage_write(struct dspk__dev *dev, CUdeviceptr dst,
   if (n == 0)
     return 0;
   /* A copy from pageable memory makes the driver synchronize the stream
-   * first: free when the stream is idle, and then the driver's own staged
-   * copy is the faster one for large writes (a gemm 1024^2 task on an idle
-   * H200: 0.98 ms pageable vs 1.32 ms through the ring).  While the stream
-   * has work queued, the ring keeps that work running. */
-  if (!stage_on(dev) ||
-      (n >= STAGE_WRITE_DIRECT && CU.cuStreamQuery(dev->stream) == CUDA_SUCCESS)) {
+   * first: free when the stream holds no ops (only copies, or nothing), and
+   * then the driver's own staged copy is the faster one for large writes (a
+   * gemm 1024^2 task on an idle H200: 0.98 ms pageable vs 1.32 ms through
+   * the ring).  While ops are queued, the ring keeps them running. */
+  if (stage_on(dev) && n >= STAGE_WRITE_DIRECT && dev->stage.work_queued &&
+      CU.cuStreamQuery(dev->stream) == CUDA_SUCCESS)
+    dev->stage.work_queued = 0;
+  if (!stage_on(dev) || (n >= STAGE_WRITE_DIRECT && !dev->stage.work_queued)) {
     r = CU.cuMemcpyHtoDAsync(dst, src, n, dev->stream);
     return r == CUDA_SUCCESS ? 0 : dspk__cuda_err(dev, NULL, "cuMemcpyHtoDAsync", r);
   }
@@ -799,6 +803,7 @@ static int cuda_run(struct dspk__dev *dev, struct dspk__op *op,
                             i < op->nin ? i : i - op->nin);
   }
   dspk__retire_drain(&dev->retire);
+  dev->stage.work_queued = 1;
   return dspk__cuda_run(dev, op, ctx);
 }
 

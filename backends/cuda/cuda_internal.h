@@ -65,6 +65,9 @@ struct dspk__cuda_stage {
   /* Counters (tests, benchmarks): chunks copied each way, and how often a
    * chunk had to wait for its previous copy to finish. */
   uint64_t chunks_h2d, chunks_d2h, waits;
+  /* An op was queued since the stream was last seen idle: set by run(),
+   * cleared by a synchronize.  Copies alone leave it clear. */
+  int work_queued;
 };
 
 struct dspk__dev {

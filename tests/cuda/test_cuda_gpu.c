@@ -810,6 +810,7 @@ static void launch_spin(long long cycles) {
   assert_int_equal(dspk__cu.cuLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, dspk__cuda_stream(gpu),
                                            args, NULL),
                    CUDA_SUCCESS);
+  gpu->stage.work_queued = 1; /* an op, queued without run() */
 }
 
 static void test_staging(void **state) {
@@ -837,7 +838,8 @@ static void test_staging(void **state) {
   assert_true(gpu->stage.chunks_h2d - h2d0 >= 4 && gpu->stage.chunks_h2d - h2d0 < 10);
   assert_true(gpu->stage.chunks_d2h - d2h0 >= 8 && gpu->stage.chunks_d2h - d2h0 < 20);
   /* Behind a running kernel a large write takes the ring (4 chunks for
-   * 7654321 bytes), so the queued work is not drained. */
+   * 7654321 bytes), so the queued work is not drained; a second large write
+   * right after a direct one (only a copy queued) goes direct too. */
   {
     const size_t n = 7654321;
     unsigned char *src = malloc(n), *dst = malloc(n);
@@ -851,6 +853,13 @@ static void test_staging(void **state) {
     h0 = gpu->stage.chunks_h2d;
     assert_int_equal(GPU->write(gpu, m, 0, src, n), 0);
     assert_int_equal((int)(gpu->stage.chunks_h2d - h0), 4);
+    assert_int_equal(GPU->read(gpu, m, 0, dst, n), 0);
+    assert_memory_equal(dst, src, n);
+    h0 = gpu->stage.chunks_h2d;
+    fill_bytes(src, n, 78);
+    assert_int_equal(GPU->write(gpu, m, 0, src, n / 2), 0);
+    assert_int_equal(GPU->write(gpu, m, n / 2, src + n / 2, n - n / 2), 0);
+    assert_int_equal((int)(gpu->stage.chunks_h2d - h0), 0);
     assert_int_equal(GPU->read(gpu, m, 0, dst, n), 0);
     assert_memory_equal(dst, src, n);
     GPU->free(gpu, m);
