@@ -32,6 +32,7 @@
 #include "backends/common/plancache.h"
 #include "backends/common/pool.h"
 #include "backends/common/retire.h"
+#include "cache/cache.h"
 
 /* XX(name): instance- and device-level functions the backend calls. */
 #define DSPK__VK_FUNCS(XX)                                                     \
@@ -285,6 +286,11 @@ int dspk__vk_pcache_init(struct dspk__dev *d);
 void dspk__vk_pcache_fini(struct dspk__dev *d);
 /* The glslang version string used in cache keys. */
 const char *dspk__vk_glslang_version(void);
+/* The device's identity in cache keys (kernels, autotune decisions); the
+ * strings belong to d. */
+struct dspk__cache_devid dspk__vk_devid(const struct dspk__dev *d);
+/* Whether physical device pd offers the device extension name. */
+int dspk__vk_has_ext(VkPhysicalDevice pd, const char *name);
 
 /* A storage-buffer binding: buffer range [off, off+range). */
 struct dspk__vk_bind {

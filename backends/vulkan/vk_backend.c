@@ -121,7 +121,7 @@ static int has_compute_queue(VkPhysicalDevice pd, uint32_t *family) {
   return 1;
 }
 
-static int has_ext(VkPhysicalDevice pd, const char *name) {
+int dspk__vk_has_ext(VkPhysicalDevice pd, const char *name) {
   uint32_t n = 0;
   if (VK(EnumerateDeviceExtensionProperties)(pd, NULL, &n, NULL) != VK_SUCCESS)
     return 0;
@@ -186,7 +186,7 @@ static int vk_probe(struct dspk__devinfo *info, int max, char *why, size_t whyle
       VkPhysicalDeviceProperties p;
       VK(GetPhysicalDeviceProperties)(all[i], &p);
       if (p.apiVersion < VK_API_VERSION_1_2 || !has_compute_queue(all[i], NULL) ||
-          !has_ext(all[i], VK_KHR_PUSH_DESCRIPTOR_EXTENSION_NAME))
+          !dspk__vk_has_ext(all[i], VK_KHR_PUSH_DESCRIPTOR_EXTENSION_NAME))
         continue;
       g_pd[g_ndev++] = all[i];
     }

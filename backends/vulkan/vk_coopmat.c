@@ -152,21 +152,6 @@ enum {
 
 /* ---- setup at open ------------------------------------------------------- */
 
-static int has_ext(VkPhysicalDevice pd, const char *name) {
-  uint32_t n = 0;
-  if (VK(EnumerateDeviceExtensionProperties)(pd, NULL, &n, NULL) != VK_SUCCESS)
-    return 0;
-  VkExtensionProperties *e = calloc(n ? n : 1, sizeof *e);
-  if (!e)
-    return 0;
-  int found = 0;
-  if (VK(EnumerateDeviceExtensionProperties)(pd, NULL, &n, e) == VK_SUCCESS)
-    for (uint32_t i = 0; i < n && !found; i++)
-      found = strcmp(e[i].extensionName, name) == 0;
-  free(e);
-  return found;
-}
-
 /* Rank of a fragment shape: 16x8x16 (A and B of distinct shapes, the
  * native mma shape of NVIDIA GPUs) first, then 16x16x16, then any other
  * whose sides are 8, 16 or 32; 0: unusable by this kernel. */
@@ -256,7 +241,7 @@ static int pick_nv(struct dspk__dev *d) {
 /* Whether the KHR (khr=1) or NV extension, its feature and a shape are
  * there, and the compute stage is among its supported stages. */
 static int offered(struct dspk__dev *d, int khr) {
-  if (!has_ext(d->pd, khr ? VK_KHR_COOPERATIVE_MATRIX_EXTENSION_NAME
+  if (!dspk__vk_has_ext(d->pd, khr ? VK_KHR_COOPERATIVE_MATRIX_EXTENSION_NAME
                           : VK_NV_COOPERATIVE_MATRIX_EXTENSION_NAME))
     return 0;
   VkPhysicalDeviceCooperativeMatrixFeaturesKHR fk = {
@@ -1123,8 +1108,7 @@ int dspk__vk_coopmat_gemm(struct dspk__dev *d, struct dspk__op *op, struct dspk_
       .shape = shape,
       .dtypes = dts,
       .layout = layout,
-      .dev = {.backend = "vulkan", .name = d->name, .arch = d->arch, .uuid = d->uuid,
-              .driver = d->driver},
+      .dev = dspk__vk_devid(d),
       .cands = cands,
       .ncands = n,
       .ud = &u,

@@ -699,8 +699,7 @@ static void tune_req(struct dspk__dev *d, const struct dspk__vkfft_desc *desc, c
   req->shape = shape;
   req->dtypes = desc->dbl ? "c128" : "c64";
   req->layout = desc->oop ? "oop" : "inplace";
-  req->dev = (struct dspk__cache_devid){.backend = "vulkan", .name = d->name, .arch = d->arch,
-                                        .uuid = d->uuid, .driver = d->driver};
+  req->dev = dspk__vk_devid(d);
   req->cands = cands;
   req->ncands = NTUNES;
 }

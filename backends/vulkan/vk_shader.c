@@ -34,14 +34,15 @@ static const char compile_options[] = "vulkan1.2 spv1.5 glsl450";
 
 const char *dspk__vk_glslang_version(void) { return glslang_version; }
 
+struct dspk__cache_devid dspk__vk_devid(const struct dspk__dev *d) {
+  return (struct dspk__cache_devid){.backend = "vulkan", .name = d->name, .arch = d->arch,
+                                    .uuid = d->uuid, .driver = d->driver};
+}
+
 static void key_of(struct dspk__dev *d, const char *name, const char *src,
                    struct dspk__kernel_key *k) {
   memset(k, 0, sizeof *k);
-  k->dev.backend = "vulkan";
-  k->dev.name = d->name;
-  k->dev.arch = d->arch;
-  k->dev.uuid = d->uuid;
-  k->dev.driver = d->driver;
+  k->dev = dspk__vk_devid(d);
   k->compiler = "glslang";
   k->compiler_version = glslang_version;
   k->name = name;
