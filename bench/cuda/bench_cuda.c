@@ -27,11 +27,11 @@
 #include <time.h>
 
 #include "backends/cuda/cuda_internal.h"
+#include "bench/common/cuda_ref.h"
 #include "dspk/dspk.h"
 
 #define CU dspk__cu
 #define BL dspk__cublas
-#define FF dspk__cufft
 
 static double now_ms(void) {
   struct timespec ts;
@@ -106,77 +106,6 @@ static double time_backend(struct dspk__op *op, int reps) {
   return median(v, 3);
 }
 
-/* The same gemm with cuBLAS directly: own handle, own stream, own memory,
- * same bytes. */
-static double time_cublas_gemm(dspk_dtype dt, int n, const void *ha, const void *hb,
-                               int reps) {
-  size_t isz = dt == DSPK_BF16 ? 2 : 4, nn = (size_t)n * n;
-  CUdeviceptr a, b, c;
-  CUstream st;
-  cublasHandle_t h;
-  float one = 1, zero = 0;
-  double v[3];
-  CK(CU.cuStreamCreate(&st, CU_STREAM_NON_BLOCKING));
-  CK(BL.cublasCreate(&h));
-  CK(BL.cublasSetStream(h, (cudaStream_t)st));
-  CK(CU.cuMemAlloc(&a, nn * isz));
-  CK(CU.cuMemAlloc(&b, nn * isz));
-  CK(CU.cuMemAlloc(&c, nn * 4));
-  CK(CU.cuMemcpyHtoDAsync(a, ha, nn * isz, st));
-  CK(CU.cuMemcpyHtoDAsync(b, hb, nn * isz, st));
-  for (int k = -1; k < 3; k++) {
-    double t0 = now_ms();
-    for (int i = 0; i < (k < 0 ? 1 : reps); i++) {
-      if (dt == DSPK_F32)
-        CK(BL.cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, (float *)b, n,
-                          (float *)a, n, &zero, (float *)c, n));
-      else
-        CK(BL.cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, (void *)b,
-                           CUDA_R_16BF, n, (void *)a, CUDA_R_16BF, n, &zero, (void *)c,
-                           CUDA_R_32F, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-    }
-    CK(CU.cuStreamSynchronize(st));
-    if (k >= 0)
-      v[k] = (now_ms() - t0) / reps;
-  }
-  BL.cublasDestroy(h);
-  CU.cuMemFree(a);
-  CU.cuMemFree(b);
-  CU.cuMemFree(c);
-  CU.cuStreamDestroy(st);
-  return median(v, 3);
-}
-
-static double time_cufft(int64_t n, int64_t batch, const void *hx, int reps) {
-  size_t bytes = (size_t)(n * batch) * 8;
-  CUdeviceptr x, y;
-  CUstream st;
-  cufftHandle p;
-  size_t ws;
-  long long nn = n;
-  double v[3];
-  CK(CU.cuStreamCreate(&st, CU_STREAM_NON_BLOCKING));
-  CK(CU.cuMemAlloc(&x, bytes));
-  CK(CU.cuMemAlloc(&y, bytes));
-  CK(CU.cuMemcpyHtoDAsync(x, hx, bytes, st));
-  CK(FF.cufftCreate(&p));
-  CK(FF.cufftMakePlanMany64(p, 1, &nn, NULL, 1, n, NULL, 1, n, CUFFT_C2C, batch, &ws));
-  CK(FF.cufftSetStream(p, (cudaStream_t)st));
-  for (int k = -1; k < 3; k++) {
-    double t0 = now_ms();
-    for (int i = 0; i < (k < 0 ? 1 : reps); i++)
-      CK(FF.cufftExecC2C(p, (cufftComplex *)x, (cufftComplex *)y, CUFFT_FORWARD));
-    CK(CU.cuStreamSynchronize(st));
-    if (k >= 0)
-      v[k] = (now_ms() - t0) / reps;
-  }
-  FF.cufftDestroy(p);
-  CU.cuMemFree(x);
-  CU.cuMemFree(y);
-  CU.cuStreamDestroy(st);
-  return median(v, 3);
-}
-
 static void bench_gemm_backend(dspk_dtype dt, int n, int reps) {
   int64_t s[2] = {n, n};
   size_t isz = dspk__dtype_size(dt), nn = (size_t)n * n;
@@ -203,7 +132,7 @@ static void bench_gemm_backend(dspk_dtype dt, int n, int reps) {
   op.in[1].mem = mb;
   op.out[0].mem = mc;
   tb = time_backend(&op, reps);
-  tc = time_cublas_gemm(dt, n, ha, hb, reps);
+  tc = dspk_bench_cublas_gemm(dt, n, ha, hb, reps);
   printf("| gemm %d^2 %s | %.3f ms (%.1f TFLOP/s) | %.3f ms (%.1f TFLOP/s) | %.3f |\n", n,
          dspk__dtype_name(dt), tb, flop / tb / 1e9, tc, flop / tc / 1e9, tc / tb);
   B->free(dev, ma);
@@ -233,7 +162,7 @@ static void bench_fft_backend(int64_t n, int64_t batch, int reps) {
   op.in[0].mem = mx;
   op.out[0].mem = my;
   tb = time_backend(&op, reps);
-  tc = time_cufft(n, batch, hx, reps);
+  tc = dspk_bench_cufft(n, batch, hx, reps);
   printf("| fft 2^%d c64 x %lld | %.3f ms (%.0f GB/s) | %.3f ms (%.0f GB/s) | %.3f |\n",
          (int)log2((double)n), (long long)batch, tb, 2.0 * bytes / tb / 1e6, tc,
          2.0 * bytes / tc / 1e6, tc / tb);
@@ -478,7 +407,7 @@ static int mode_daemon(const char *sock) {
         CK(CU.cuDevicePrimaryCtxRetain(&ctx, 0));
         CK(CU.cuCtxSetCurrent(ctx));
       }
-      tc = time_cublas_gemm(dt, n, ha, hb, reps);
+      tc = dspk_bench_cublas_gemm(dt, n, ha, hb, reps);
       printf("| gemm %d^2 %s | %.3f ms (%.1f TFLOP/s) | %.3f ms (%.1f TFLOP/s) | %.3f |\n", n,
              dspk_dtype_name(dt), td, flop / td / 1e9, tc, flop / tc / 1e9, tc / td);
       CK(dspk_buffer_free(c, bb));
@@ -487,7 +416,7 @@ static int mode_daemon(const char *sock) {
       CK(dspk__cuda_load_cufft(why, sizeof(why)));
       CK(CU.cuDevicePrimaryCtxRetain(&ctx, 0));
       CK(CU.cuCtxSetCurrent(ctx));
-      tc = time_cufft(1 << 20, 16, ha, reps);
+      tc = dspk_bench_cufft(1 << 20, 16, ha, reps);
       printf("| fft 2^20 c64 x 16 | %.3f ms | %.3f ms | %.3f |\n", td, tc, tc / td);
     }
     CK(dspk_buffer_free(c, ba));

@@ -31,9 +31,8 @@
 #include "cache/cache.h"
 #ifdef DSPK_BENCH_CUDA
 #include "backends/cuda/cuda_internal.h"
+#include "bench/common/cuda_ref.h"
 #define CU dspk__cu
-#define BL dspk__cublas
-#define FF dspk__cufft
 #endif
 
 extern const struct dspk__backend dspk__backend_vulkan;
@@ -155,74 +154,6 @@ static void free_op(struct dspk__dev *d, struct dspk__op *op) {
 
 #ifdef DSPK_BENCH_CUDA
 static int cuda_ok;
-static double time_cublas(dspk_dtype dt, int n, const void *ha, const void *hb, int reps) {
-  size_t isz = dt == DSPK_F16 ? 2 : 4, nn = (size_t)n * n;
-  CUdeviceptr a, b, c;
-  CUstream st;
-  cublasHandle_t h;
-  float one = 1, zero = 0;
-  double v[3];
-  CK(CU.cuStreamCreate(&st, CU_STREAM_NON_BLOCKING));
-  CK(BL.cublasCreate(&h));
-  CK(BL.cublasSetStream(h, (cudaStream_t)st));
-  CK(CU.cuMemAlloc(&a, nn * isz));
-  CK(CU.cuMemAlloc(&b, nn * isz));
-  CK(CU.cuMemAlloc(&c, nn * 4));
-  CK(CU.cuMemcpyHtoDAsync(a, ha, nn * isz, st));
-  CK(CU.cuMemcpyHtoDAsync(b, hb, nn * isz, st));
-  for (int k = -1; k < 3; k++) {
-    double t0 = now_ms();
-    for (int i = 0; i < (k < 0 ? 1 : reps); i++) {
-      if (dt == DSPK_F32)
-        CK(BL.cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, (float *)b, n,
-                          (float *)a, n, &zero, (float *)c, n));
-      else
-        CK(BL.cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, (void *)b, CUDA_R_16F,
-                           n, (void *)a, CUDA_R_16F, n, &zero, (void *)c, CUDA_R_32F, n,
-                           CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-    }
-    CK(CU.cuStreamSynchronize(st));
-    if (k >= 0)
-      v[k] = (now_ms() - t0) / reps;
-  }
-  BL.cublasDestroy(h);
-  CU.cuMemFree(a);
-  CU.cuMemFree(b);
-  CU.cuMemFree(c);
-  CU.cuStreamDestroy(st);
-  return median3(v);
-}
-
-static double time_cufft(int64_t n, int64_t batch, const void *hx, int reps) {
-  size_t bytes = (size_t)(n * batch) * 8;
-  CUdeviceptr x, y;
-  CUstream st;
-  cufftHandle p;
-  size_t ws;
-  long long nn = n;
-  double v[3];
-  CK(CU.cuStreamCreate(&st, CU_STREAM_NON_BLOCKING));
-  CK(CU.cuMemAlloc(&x, bytes));
-  CK(CU.cuMemAlloc(&y, bytes));
-  CK(CU.cuMemcpyHtoDAsync(x, hx, bytes, st));
-  CK(FF.cufftCreate(&p));
-  CK(FF.cufftMakePlanMany64(p, 1, &nn, NULL, 1, n, NULL, 1, n, CUFFT_C2C, batch, &ws));
-  CK(FF.cufftSetStream(p, (cudaStream_t)st));
-  for (int k = -1; k < 3; k++) {
-    double t0 = now_ms();
-    for (int i = 0; i < (k < 0 ? 1 : reps); i++)
-      CK(FF.cufftExecC2C(p, (cufftComplex *)x, (cufftComplex *)y, CUFFT_FORWARD));
-    CK(CU.cuStreamSynchronize(st));
-    if (k >= 0)
-      v[k] = (now_ms() - t0) / reps;
-  }
-  FF.cufftDestroy(p);
-  CU.cuMemFree(x);
-  CU.cuMemFree(y);
-  CU.cuStreamDestroy(st);
-  return median3(v);
-}
-
 static void cuda_init(void) {
   char why[256];
   CUcontext ctx;
@@ -258,7 +189,7 @@ static void bench_gemm(struct dspk__dev *d, dspk_dtype dt, int n, int reps) {
          flop / tv / 1e9);
 #ifdef DSPK_BENCH_CUDA
   if (cuda_ok) {
-    double tc = time_cublas(dt, n, ha, hb, reps);
+    double tc = dspk_bench_cublas_gemm(dt, n, ha, hb, reps);
     printf(" %.3f ms (%.1f TFLOP/s) | %.2f |", tc, flop / tc / 1e9, tc / tv);
   } else
 #endif
@@ -290,7 +221,7 @@ static void bench_fft(struct dspk__dev *d, int64_t n, int64_t batch, int reps) {
   printf("| fft 2^%d c64 x %lld | %.3f ms |", (int)log2((double)n), (long long)batch, tv);
 #ifdef DSPK_BENCH_CUDA
   if (cuda_ok) {
-    double tc = time_cufft(n, batch, hx, reps);
+    double tc = dspk_bench_cufft(n, batch, hx, reps);
     printf(" %.3f ms | %.2f |", tc, tc / tv);
   } else
 #endif
@@ -347,7 +278,7 @@ static void bench_gemm_cands(struct dspk__dev *d, int n, int reps) {
   double flop = 2.0 * n * (double)n * n, tc = 0;
 #ifdef DSPK_BENCH_CUDA
   if (cuda_ok)
-    tc = time_cublas(DSPK_F32, n, ha, hb, reps);
+    tc = dspk_bench_cublas_gemm(DSPK_F32, n, ha, hb, reps);
 #endif
   for (int c = 0; c < dspk__vk_gemm_ncands(); c++) {
     dspk__vk_gemm_force(c);
