@@ -19,6 +19,7 @@
 #include <time.h>
 
 #include "backends/backend.h"
+#include "bench/vulkan/bench_vk.h"
 
 extern const struct dspk__backend dspk__backend_vulkan;
 static const struct dspk__backend *V = &dspk__backend_vulkan;
@@ -171,21 +172,9 @@ int main(int argc, char **argv) {
       if (atoi(argv[i]) > 0)
         sizes[nsizes++] = atoi(argv[i]);
   }
-  struct dspk__devinfo info[16];
-  char why[256];
-  int n = V->probe(info, 16, why, sizeof why);
-  if (n <= 0) {
-    printf("no vulkan device: %s\n", why);
+  int idx = bench_vk_pick(V);
+  if (idx < 0)
     return 1;
-  }
-  int idx = 0;
-  for (int i = 0; i < n; i++)
-    if (!info[i].software) {
-      idx = i;
-      break;
-    }
-  printf("device vulkan:%d: %s (%s), driver %s\n\n", idx, info[idx].name, info[idx].type,
-         info[idx].driver);
   printf("| DSPK_VK_COOPMAT | path | n | first call | time | max rel err (256 samples) |\n"
          "|---|---|---|---|---|---|\n");
   bench_path(idx, NULL, sizes, nsizes);

@@ -28,6 +28,7 @@
 #include <unistd.h>
 
 #include "backends/backend.h"
+#include "bench/vulkan/bench_vk.h"
 #include "cache/cache.h"
 #ifdef DSPK_BENCH_CUDA
 #include "backends/cuda/cuda_internal.h"
@@ -320,21 +321,9 @@ static void bench_gemm_cands(struct dspk__dev *d, int n, int reps) {
 int main(int argc, char **argv) {
   int quick = argc > 1 && strcmp(argv[1], "quick") == 0;
   int fft_only = argc > 1 && strcmp(argv[1], "fft") == 0;
-  struct dspk__devinfo info[16];
-  char why[256];
-  int n = V->probe(info, 16, why, sizeof why);
-  if (n <= 0) {
-    printf("no vulkan device: %s\n", why);
+  int idx = bench_vk_pick(V);
+  if (idx < 0)
     return 1;
-  }
-  int idx = 0;
-  for (int i = 0; i < n; i++)
-    if (!info[i].software) {
-      idx = i;
-      break;
-    }
-  printf("device vulkan:%d: %s (%s), driver %s\n\n", idx, info[idx].name, info[idx].type,
-         info[idx].driver);
 #ifdef DSPK_BENCH_CUDA
   if (!quick)
     cuda_init();
