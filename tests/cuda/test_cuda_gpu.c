@@ -399,6 +399,23 @@ static void test_reduce_candidates(void **state) {
   assert_int_equal(dspk__cuda_set_reduce_force(gpu, "block2048"), DSPK_EINVAL);
 }
 
+/* A daemon restart as the device sees it: the in-process memo of autotune
+ * decisions forgotten, cuda:0 reopened on the cache file `file` (returned;
+ * the caller closes it). */
+static struct dspk__cache *restart_on(const char *file) {
+  struct dspk__cache *cache;
+  struct dspk__devenv env;
+  char warn[256];
+  dspk__autotune_forget_all();
+  assert_int_equal(dspk__cache_open(file, NULL, &cache, warn, sizeof(warn)), 0);
+  memset(&env, 0, sizeof(env));
+  env.cache = cache;
+  GPU->close(gpu);
+  gpu = NULL;
+  assert_int_equal(GPU->open(0, &env, &gpu), 0);
+  return cache;
+}
+
 static int tunings; /* "autotune reduce" tunings finished (progress 1.0) */
 static void count_tuning(void *ud, const char *what, double fraction) {
   (void)ud;
@@ -416,22 +433,15 @@ static void test_reduce_tuned(void **state) {
       {2, {100000, 8, 0}, 2}, {2, {300, 300, 0}, 0}, {3, {64, 3, 512}, 5},
   };
   const int ncls = (int)(sizeof(cls) / sizeof(cls[0]));
-  char path[] = "/tmp/dspk-cuda-rtuneXXXXXX", file[64], warn[256];
+  char path[] = "/tmp/dspk-cuda-rtuneXXXXXX", file[64];
   struct dspk__cache *cache;
   struct dspk__cache_stats cs;
-  struct dspk__devenv env;
   (void)state;
   assert_non_null(mkdtemp(path));
   snprintf(file, sizeof(file), "%s/cache.db", path);
   run_progress = count_tuning;
   for (int round = 0; round < 2; round++) {
-    dspk__autotune_forget_all();
-    assert_int_equal(dspk__cache_open(file, NULL, &cache, warn, sizeof(warn)), 0);
-    memset(&env, 0, sizeof(env));
-    env.cache = cache;
-    GPU->close(gpu);
-    gpu = NULL;
-    assert_int_equal(GPU->open(0, &env, &gpu), 0);
+    cache = restart_on(file);
     tunings = 0;
     for (int i = 0; i < ncls; i++)
       reduce_check(&cls[i], i % 2 ? DSPK_F64 : DSPK_F32, DSPK_REDUCE_SUM, "tuned");
@@ -962,22 +972,14 @@ static void warm_workload(void) {
 }
 
 static void test_warm_cache_restart(void **state) {
-  char path[] = "/tmp/dspk-cuda-cacheXXXXXX", file[64], warn[256];
+  char path[] = "/tmp/dspk-cuda-cacheXXXXXX", file[64];
   struct dspk__cache *cache;
-  struct dspk__devenv env;
   struct dspk__devstats st;
   (void)state;
   assert_non_null(mkdtemp(path));
   snprintf(file, sizeof(file), "%s/cache.db", path);
   for (int round = 0; round < 2; round++) {
-    /* A restart forgets the in-process memo of autotune decisions too. */
-    dspk__autotune_forget_all();
-    assert_int_equal(dspk__cache_open(file, NULL, &cache, warn, sizeof(warn)), 0);
-    memset(&env, 0, sizeof(env));
-    env.cache = cache;
-    GPU->close(gpu);
-    gpu = NULL;
-    assert_int_equal(GPU->open(0, &env, &gpu), 0);
+    cache = restart_on(file);
     warm_workload();
     memset(&st, 0, sizeof(st));
     GPU->stats(gpu, &st);
