@@ -21,6 +21,7 @@
 #include "backends/common/retire.h"
 #include "backends/cuda/cuda_api.h"
 #include "backends/kernels/kernels.h"
+#include "cache/cache.h"
 
 #define DSPK__CUDA_MAX_DEVICES 16
 #define DSPK__CUDA_BLAS_WORKSPACE ((size_t)32 << 20)
@@ -168,6 +169,9 @@ void dspk__cuda_worker_stop(struct dspk__dev *dev);
 /* tune.c.  Launches a 1-D grid-stride kernel over n items with the block
  * size the autotune framework chose for (op, shape class, dtype, device),
  * tuning on this launch's data the first time. */
+/* The device's identity in cache keys (kernels, autotune decisions); the
+ * strings belong to dev. */
+struct dspk__cache_devid dspk__cuda_devid(const struct dspk__dev *dev);
 int dspk__cuda_launch_tuned(struct dspk__dev *dev, CUfunction fn, int64_t n,
                             void **args, const char *op, const char *shape_class,
                             dspk_dtype dt, struct dspk__opctx *ctx);

@@ -15,15 +15,17 @@
 
 #define NV dspk__nvrtc
 
+struct dspk__cache_devid dspk__cuda_devid(const struct dspk__dev *dev) {
+  return (struct dspk__cache_devid){.backend = "cuda", .name = dev->info.name,
+                                    .arch = dev->arch, .uuid = dev->info.uuid,
+                                    .driver = dev->info.driver};
+}
+
 static void fill_key(struct dspk__dev *dev, struct dspk__kernel_key *k,
                      const char *name, const char *src, size_t len,
                      const char *opts, const char *nvver) {
   memset(k, 0, sizeof(*k));
-  k->dev.backend = "cuda";
-  k->dev.name = dev->info.name;
-  k->dev.arch = dev->arch;
-  k->dev.uuid = dev->info.uuid;
-  k->dev.driver = dev->info.driver;
+  k->dev = dspk__cuda_devid(dev);
   k->compiler = "nvrtc";
   k->compiler_version = nvver;
   k->name = name;

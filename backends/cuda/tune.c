@@ -62,6 +62,28 @@ static const struct dspk__autotune_cand cand_table[NCANDS] = {
     {"block512", cand_run}, {"block1024", cand_run}};
 static const struct dspk__autotune_cand *cands(void) { return cand_table; }
 
+/* An autotune request for this device, with the task's progress and
+ * cancel hooks when there is a task. */
+static void req_init(struct dspk__autotune_req *req, struct dspk__dev *dev,
+                     struct dspk__opctx *ctx, const char *op, const char *shape,
+                     const char *dtypes, const char *layout,
+                     const struct dspk__autotune_cand *cands, int ncands, void *ud) {
+  memset(req, 0, sizeof(*req));
+  req->op = op;
+  req->shape = shape;
+  req->dtypes = dtypes;
+  req->layout = layout;
+  req->dev = dspk__cuda_devid(dev);
+  req->cands = cands;
+  req->ncands = ncands;
+  req->ud = ud;
+  if (ctx) {
+    req->progress = ctx->progress;
+    req->progress_ud = ctx->progress_ud;
+    req->cancel = ctx->cancel;
+  }
+}
+
 int dspk__cuda_launch_tuned(struct dspk__dev *dev, CUfunction fn, int64_t n, void **args,
                             const char *op, const char *shape_class, dspk_dtype dt,
                             struct dspk__opctx *ctx) {
@@ -72,24 +94,7 @@ int dspk__cuda_launch_tuned(struct dspk__dev *dev, CUfunction fn, int64_t n, voi
     return 0;
   snprintf(shape, sizeof(shape), "n=2^%d%s%s", dspk__autotune_pow2((uint64_t)n),
            shape_class ? "," : "", shape_class ? shape_class : "");
-  memset(&req, 0, sizeof(req));
-  req.op = op;
-  req.shape = shape;
-  req.dtypes = dspk__dtype_name(dt);
-  req.layout = "";
-  req.dev.backend = "cuda";
-  req.dev.name = dev->info.name;
-  req.dev.arch = dev->arch;
-  req.dev.uuid = dev->info.uuid;
-  req.dev.driver = dev->info.driver;
-  req.cands = cands();
-  req.ncands = NCANDS;
-  req.ud = &ud;
-  if (ctx) {
-    req.progress = ctx->progress;
-    req.progress_ud = ctx->progress_ud;
-    req.cancel = ctx->cancel;
-  }
+  req_init(&req, dev, ctx, op, shape, dspk__dtype_name(dt), "", cands(), NCANDS, &ud);
   for (;;) {
     int w, rc = dspk__autotune_choose(dev->env.cache, &req, NULL, &w, NULL);
     if (rc == DSPK_ECANCELED)
@@ -206,24 +211,8 @@ int dspk__cuda_reduce_launch(struct dspk__dev *dev, dspk_dtype dt, int64_t nout,
   if (tune) {
     snprintf(shape, sizeof(shape), "nout=2^%d,nred=2^%d", dspk__autotune_pow2((uint64_t)nout),
              dspk__autotune_pow2((uint64_t)nred));
-    memset(&req, 0, sizeof(req));
-    req.op = "reduce";
-    req.shape = shape;
-    req.dtypes = dspk__dtype_name(dt);
-    req.layout = inner ? "inner" : "outer";
-    req.dev.backend = "cuda";
-    req.dev.name = dev->info.name;
-    req.dev.arch = dev->arch;
-    req.dev.uuid = dev->info.uuid;
-    req.dev.driver = dev->info.driver;
-    req.cands = cands;
-    req.ncands = n;
-    req.ud = &ud;
-    if (ctx) {
-      req.progress = ctx->progress;
-      req.progress_ud = ctx->progress_ud;
-      req.cancel = ctx->cancel;
-    }
+    req_init(&req, dev, ctx, "reduce", shape, dspk__dtype_name(dt), inner ? "inner" : "outer",
+             cands, n, &ud);
     for (;;) {
       int w;
       rc = dspk__autotune_choose(dev->env.cache, &req, NULL, &w, NULL);
