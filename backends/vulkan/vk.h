@@ -310,6 +310,15 @@ int dspk__vk_dispatch(struct dspk__dev *d, struct dspk__vk_kernel *k,
                       const struct dspk__vk_bind *b, int nb, const void *pc,
                       uint32_t pcsize, uint32_t gx, uint32_t gy, uint32_t gz);
 
+/* ---- vk_fft.c ----------------------------------------------------------- */
+
+/* GPU time, by timestamps around them, of reps recordings made by rec(ud,
+ * i) into the open command buffer, in ms per recording; waits for the
+ * device.  DSPK_ENOTSUP when the queue has no timestamps.  For benchmarks
+ * and profiles. */
+int dspk__vk_gpu_ms(struct dspk__dev *d, int reps, int (*rec)(void *ud, int i), void *ud,
+                    double *ms);
+
 /* ---- vk_coopmat.c ------------------------------------------------------- */
 
 /* At open, before vkCreateDevice: decides the cooperative-matrix path of d

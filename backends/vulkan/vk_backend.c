@@ -392,7 +392,7 @@ static const struct dspk__retire_ops rt_ops = {
     .barrier = rt_barrier};
 
 /* Plans start with an int kind: 0 contract (plain memory), 1 fft,
- * 2 Bluestein fft. */
+ * 2 Bluestein fft, 3 an fft tuning decision, 4 our own fft kernels. */
 static void plan_evict(void *ud, void *plan) {
   if (*(int *)plan != 0)
     dspk__vk_fft_plan_free(ud, plan);

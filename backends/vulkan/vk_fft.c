@@ -43,6 +43,7 @@
 
 #include "backends/common/autotune.h"
 #include "backends/vulkan/vk.h"
+#include "backends/vulkan/vk_sfft.h"
 #include "backends/vulkan/vk_vkfft.h"
 #include "cache/cache.h"
 
@@ -65,10 +66,12 @@ struct fplan {
   struct finst inst[FFT_INST];
 };
 
-/* A tuning decision kept in the plan cache (saves the autotune lookup). */
+/* A tuning decision kept in the plan cache (saves the autotune lookup):
+ * a VkFFT configuration (tunes[winner]), or one of our kernels (sk). */
 struct tplan {
   int kind; /* 3 */
-  int winner;
+  int winner, use_sk;
+  struct dspk__vk_sfft_cfg sk;
 };
 
 struct bplan;
@@ -97,6 +100,8 @@ void dspk__vk_fft_plan_free(struct dspk__dev *d, void *plan) {
     bplan_free(d, plan);
   else if (kind == 3)
     free(plan);
+  else if (kind == 4)
+    dspk__vk_sfft_plan_free(d, plan);
   else
     fplan_free(d, plan);
 }
@@ -540,9 +545,11 @@ static const struct {
 
 /* Tune on hardware devices for large transforms; DSPK_VK_FFT_TUNE=force
  * tunes any size on any device (tests), =off never, =<candidate name>
- * uses that candidate for every out-of-place transform (tests and
- * measurements: *forced gets its index, else -1). */
-static int want_tune(struct dspk__dev *d, uint64_t total, int *forced) {
+ * uses that candidate for every out-of-place transform it can run (tests
+ * and measurements: *forced gets its index in tunes, or NTUNES with *sk
+ * set for one of our kernels ("sk:..."); else -1). */
+static int want_tune(struct dspk__dev *d, uint64_t total, int *forced,
+                     struct dspk__vk_sfft_cfg *sk) {
   const char *e = getenv("DSPK_VK_FFT_TUNE");
   *forced = -1;
   if (e && strcmp(e, "off") == 0)
@@ -554,7 +561,23 @@ static int want_tune(struct dspk__dev *d, uint64_t total, int *forced) {
       *forced = i;
       return 0;
     }
+  if (e && dspk__vk_sfft_parse(e, sk) == 0) {
+    *forced = NTUNES;
+    return 0;
+  }
   return d->props.deviceType != VK_PHYSICAL_DEVICE_TYPE_CPU && total >= FFT_TUNE_MIN;
+}
+
+#define SK_CANDS 8 /* of our kernels, at most, per shape */
+#define NCANDS (NTUNES + SK_CANDS)
+
+/* Our kernels that may run desc's transform (complex float, out of
+ * place, power-of-two n): the tuner's candidates after tunes[]. */
+static int sk_cands(struct dspk__dev *d, const struct dspk__vkfft_desc *desc,
+                    struct dspk__vk_sfft_cfg *out) {
+  if (desc->dbl || desc->r2c || !desc->oop)
+    return 0;
+  return dspk__vk_sfft_cands(d, desc->n, desc->batch, 0, out, SK_CANDS);
 }
 
 #define TUNE_SAMPLES 32 /* output values checked per candidate and row */
@@ -564,8 +587,12 @@ struct tune_ud {
   struct dspk__vkfft_desc desc;
   int inverse;
   VkDeviceSize off, inoff;
-  struct fplan *plans[NTUNES];
-  int checked[NTUNES];
+  struct fplan *plans[NCANDS];
+  int checked[NCANDS];
+  struct dspk__vk_sfft_cfg sk[SK_CANDS]; /* candidates NTUNES.. */
+  int nsk;
+  struct dspk__vk_bind bx, bo;         /* the operands, for our kernels */
+  uint32_t ex, eo;
   /* The check: exact DFT values at positions pos[] of the first and last
    * row, computed on the host from X; the output is read from om. */
   struct dspk__mem *xm, *om;
@@ -664,14 +691,18 @@ static int tune_check(struct tune_ud *u, int i) {
 static int tune_run(void *ud, int i) {
   struct tune_ud *u = ud;
   int r = 0;
-  if (!u->plans[i]) {
+  if (i >= NTUNES) {
+    r = dspk__vk_sfft(u->d, &u->sk[i - NTUNES], u->desc.n, u->desc.batch, u->inverse, &u->bx,
+                      u->ex, &u->bo, u->eo, NULL);
+  } else if (!u->plans[i]) {
     struct dspk__vkfft_desc desc = u->desc;
     desc.tune = tunes[i].t;
     if ((r = make_plan(u->d, &desc, &u->plans[i], NULL)))
       return r;
   }
-  r = fft_launch(u->d, u->plans[i], u->inverse, u->desc.buf, u->off, u->desc.inbuf, u->inoff,
-                 NULL);
+  if (i < NTUNES)
+    r = fft_launch(u->d, u->plans[i], u->inverse, u->desc.buf, u->off, u->desc.inbuf,
+                   u->inoff, NULL);
   if (r == 0)
     r = dspk__vk_submit(u->d);
   if (r == 0)
@@ -685,13 +716,18 @@ static int tune_run(void *ud, int i) {
   return r;
 }
 
+/* The request for desc's shape: tunes[] then our kernels sk[0..nsk)
+ * (their names are written into names). */
 static void tune_req(struct dspk__dev *d, const struct dspk__vkfft_desc *desc, char *shape,
-                     size_t len, struct dspk__autotune_cand *cands,
+                     size_t len, const struct dspk__vk_sfft_cfg *sk, int nsk,
+                     char (*names)[48], struct dspk__autotune_cand *cands,
                      struct dspk__autotune_req *req) {
   snprintf(shape, len, "n=%llu,b=2^%d", (unsigned long long)desc->n,
            dspk__autotune_pow2(desc->batch));
-  for (int i = 0; i < NTUNES; i++) {
-    cands[i].name = tunes[i].name;
+  for (int i = 0; i < NTUNES + nsk; i++) {
+    if (i >= NTUNES)
+      dspk__vk_sfft_name(&sk[i - NTUNES], names[i - NTUNES], 48);
+    cands[i].name = i < NTUNES ? tunes[i].name : names[i - NTUNES];
     cands[i].run = tune_run;
   }
   memset(req, 0, sizeof *req);
@@ -701,30 +737,35 @@ static void tune_req(struct dspk__dev *d, const struct dspk__vkfft_desc *desc, c
   req->layout = desc->oop ? "oop" : "inplace";
   req->dev = dspk__vk_devid(d);
   req->cands = cands;
-  req->ncands = NTUNES;
+  req->ncands = NTUNES + nsk;
 }
 
-/* Sets desc->tune to the tuned configuration for desc's shape (measuring
+/* Chooses, for desc's shape, between VkFFT's configurations (sets
+ * desc->tune; *use_sk = 0) and our kernels (*use_sk = 1, *sk), measuring
  * the candidates on these operands on a miss, each checked against an
- * exact DFT of a few outputs).  X and O: the operands (out of place).  The
- * winner's plan goes into the plan cache, the others are freed.  Returns 0
- * (VkFFT's defaults when nothing could be measured) or DSPK_ECANCELED. */
+ * exact DFT of a few outputs.  X and O: the operands (out of place).  The
+ * winner's VkFFT plan goes into the plan cache, the others are freed.
+ * Returns 0 (VkFFT's defaults when nothing could be measured) or
+ * DSPK_ECANCELED. */
 static int fft_choose(struct dspk__dev *d, struct dspk__vkfft_desc *desc, int inverse,
                       const struct dspk__tensor *X, const struct dspk__tensor *O,
-                      struct dspk__opctx *ctx) {
+                      int *use_sk, struct dspk__vk_sfft_cfg *sk, struct dspk__opctx *ctx) {
   size_t es = desc->dbl ? 16 : 8;
   VkDeviceSize off = O->mem->off + O->offset, inoff = X->mem->off + X->offset;
   char key[128];
   int klen = snprintf(key, sizeof key, "fftune|n=%llu|b=%llu|d=%d|o=%d",
                       (unsigned long long)desc->n, (unsigned long long)desc->batch, desc->dbl,
                       desc->oop);
+  *use_sk = 0;
   struct tplan *tp = dspk__plancache_get(&d->plans, key, (size_t)klen);
   if (tp) {
     desc->tune = tunes[tp->winner].t;
+    *use_sk = tp->use_sk;
+    *sk = tp->sk;
     return 0;
   }
-  char shape[96];
-  struct dspk__autotune_cand cands[NTUNES];
+  char shape[96], names[SK_CANDS][48];
+  struct dspk__autotune_cand cands[NCANDS];
   struct dspk__autotune_req req;
   /* tune_ud holds the reference values: on the heap, not the stack. */
   struct tune_ud *u = calloc(1, sizeof *u);
@@ -739,7 +780,11 @@ static int fft_choose(struct dspk__dev *d, struct dspk__vkfft_desc *desc, int in
   u->xelem = X->offset / es;
   u->om = O->mem;
   u->oelem = O->offset / es;
-  tune_req(d, desc, shape, sizeof shape, cands, &req);
+  u->nsk = sk_cands(d, desc, u->sk);
+  if (u->nsk && (dspk__vk_bind_tensor(d, X, &u->bx, &u->ex) ||
+                 dspk__vk_bind_tensor(d, O, &u->bo, &u->eo)))
+    u->nsk = 0;
+  tune_req(d, desc, shape, sizeof shape, u->sk, u->nsk, names, cands, &req);
   req.ud = u;
   if (ctx) {
     req.progress = ctx->progress;
@@ -747,13 +792,17 @@ static int fft_choose(struct dspk__dev *d, struct dspk__vkfft_desc *desc, int in
     req.cancel = ctx->cancel;
   }
   int w = 0, r = dspk__autotune_choose(d->env.cache, &req, NULL, &w, NULL);
-  if (r < 0)
+  if (r < 0 || w < 0 || w >= NTUNES + u->nsk)
     w = 0;
   for (int i = 0; i < NTUNES; i++)
     if (u->plans[i] && i != w)
       fplan_free(d, u->plans[i]);
-  desc->tune = tunes[w].t;
-  if (u->plans[w]) {
+  int winner = w < NTUNES ? w : 0;
+  desc->tune = tunes[winner].t;
+  if (w >= NTUNES) {
+    *use_sk = 1;
+    *sk = u->sk[w - NTUNES];
+  } else if (u->plans[w]) {
     char pk[DSPK__PLANCACHE_KEY_MAX];
     int pklen = plan_key(desc, pk, sizeof pk);
     if (dspk__plancache_get(&d->plans, pk, (size_t)pklen) ||
@@ -766,7 +815,9 @@ static int fft_choose(struct dspk__dev *d, struct dspk__vkfft_desc *desc, int in
   tp = malloc(sizeof *tp);
   if (tp) {
     tp->kind = 3;
-    tp->winner = w;
+    tp->winner = winner;
+    tp->use_sk = *use_sk;
+    tp->sk = *sk;
     if (dspk__plancache_put(&d->plans, key, (size_t)klen, tp))
       free(tp);
   }
@@ -776,20 +827,23 @@ static int fft_choose(struct dspk__dev *d, struct dspk__vkfft_desc *desc, int in
 int dspk__vk_fft_tune_report(struct dspk__dev *d, uint64_t n, uint64_t batch, int dbl,
                              char *buf, size_t len) {
   struct dspk__vkfft_desc desc = {.n = n, .batch = batch, .dbl = dbl, .oop = 1};
-  char shape[96], timings[2048] = "", winner[64] = "";
-  struct dspk__autotune_cand cands[NTUNES];
+  char shape[96], timings[2048] = "", winner[64] = "", names[SK_CANDS][48];
+  struct dspk__autotune_cand cands[NCANDS];
+  struct dspk__vk_sfft_cfg sk[SK_CANDS];
+  int nsk = sk_cands(d, &desc, sk);
   struct dspk__autotune_req req;
-  tune_req(d, &desc, shape, sizeof shape, cands, &req);
+  tune_req(d, &desc, shape, sizeof shape, sk, nsk, names, cands, &req);
   struct dspk__tune_key k = {.dev = req.dev,
                              .op = req.op,
                              .shape = req.shape,
                              .dtypes = req.dtypes,
                              .layout = req.layout,
-                             .cands_hash = dspk__autotune_cands_hash(cands, NTUNES)};
+                             .cands_hash = dspk__autotune_cands_hash(cands, NTUNES + nsk)};
   if (!d->env.cache || dspk__cache_tune_get(d->env.cache, &k, winner, sizeof winner))
     return DSPK_ENOENT;
   dspk__cache_tune_timings(d->env.cache, &k, timings, sizeof timings);
-  int passes = 0;
+  /* our kernels: one pass up to DSPK__SK_MAXL, else two */
+  int passes = strncmp(winner, "sk:", 3) ? 0 : strncmp(winner, "sk:1:", 5) ? 2 : 1;
   for (unsigned i = 0; i < d->plans.n; i++) {
     struct fplan *p = d->plans.e[i].plan;
     if (p->kind == 1 && p->desc.n == n && p->desc.batch == batch && p->desc.dbl == dbl &&
@@ -803,41 +857,62 @@ int dspk__vk_fft_tune_report(struct dspk__dev *d, uint64_t n, uint64_t batch, in
   return 0;
 }
 
-/* GPU time of `reps` back-to-back recordings between two timestamps,
- * in ms per recording: rec(ud, i) records the i-th. */
-struct prof {
+int dspk__vk_gpu_ms(struct dspk__dev *d, int reps, int (*rec)(void *ud, int i), void *ud,
+                    double *ms) {
   PFN_vkCreateQueryPool CreateQueryPool;
   PFN_vkDestroyQueryPool DestroyQueryPool;
   PFN_vkCmdResetQueryPool CmdResetQueryPool;
   PFN_vkCmdWriteTimestamp CmdWriteTimestamp;
   PFN_vkGetQueryPoolResults GetQueryPoolResults;
+#define LOAD(name) name = (PFN_vk##name)VK(GetDeviceProcAddr)(d->dev, "vk" #name)
+  LOAD(CreateQueryPool);
+  LOAD(DestroyQueryPool);
+  LOAD(CmdResetQueryPool);
+  LOAD(CmdWriteTimestamp);
+  LOAD(GetQueryPoolResults);
+#undef LOAD
+  VkQueueFamilyProperties qf[16];
+  uint32_t nq = 16;
+  VK(GetPhysicalDeviceQueueFamilyProperties)(d->pd, &nq, qf);
+  if (!CreateQueryPool || !DestroyQueryPool || !CmdResetQueryPool || !CmdWriteTimestamp ||
+      !GetQueryPoolResults || d->qfamily >= nq || qf[d->qfamily].timestampValidBits == 0 ||
+      d->props.limits.timestampPeriod <= 0)
+    return DSPK_ENOTSUP;
+  VkQueryPoolCreateInfo qi = {.sType = VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO,
+                              .queryType = VK_QUERY_TYPE_TIMESTAMP,
+                              .queryCount = 2};
   VkQueryPool qp;
-};
-
-static int prof_time(struct dspk__dev *d, struct prof *pf, int reps,
-                     int (*rec)(void *ud, int i), void *ud, double *ms) {
+  VkResult vr = CreateQueryPool(d->dev, &qi, NULL, &qp);
+  if (vr != VK_SUCCESS)
+    return dspk__vk_err(vr);
   VkCommandBuffer cb;
   int r = dspk__vk_cmd(d, &cb);
   if (r)
-    return r;
-  pf->CmdResetQueryPool(cb, pf->qp, 0, 2);
+    goto out;
+  CmdResetQueryPool(cb, qp, 0, 2);
   dspk__vk_barrier(d);
-  pf->CmdWriteTimestamp(cb, VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, pf->qp, 0);
+  CmdWriteTimestamp(cb, VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, qp, 0);
   for (int i = 0; i < reps && r == 0; i++)
     if ((r = rec(ud, i)) == 0)
       r = dspk__vk_cmd(d, &cb); /* still the same command buffer */
   if (r)
-    return r;
-  pf->CmdWriteTimestamp(cb, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, pf->qp, 1);
+    goto out;
+  CmdWriteTimestamp(cb, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, qp, 1);
   if ((r = dspk__vk_submit(d)) || (r = dspk__vk_wait_value(d, d->submitted)))
-    return r;
+    goto out;
   uint64_t ts[2];
-  VkResult vr = pf->GetQueryPoolResults(d->dev, pf->qp, 0, 2, sizeof ts, ts, sizeof ts[0],
-                                        VK_QUERY_RESULT_64_BIT | VK_QUERY_RESULT_WAIT_BIT);
+  vr = GetQueryPoolResults(d->dev, qp, 0, 2, sizeof ts, ts, sizeof ts[0],
+                           VK_QUERY_RESULT_64_BIT | VK_QUERY_RESULT_WAIT_BIT);
   if (vr != VK_SUCCESS)
-    return dspk__vk_err(vr);
-  *ms = (double)(ts[1] - ts[0]) * d->props.limits.timestampPeriod / 1e6 / reps;
-  return 0;
+    r = dspk__vk_err(vr);
+  else
+    *ms = (double)(ts[1] - ts[0]) * d->props.limits.timestampPeriod / 1e6 / reps;
+out:
+  /* the pool may be named by a recorded, unsubmitted command buffer */
+  dspk__vk_submit(d);
+  dspk__vk_wait_value(d, d->submitted);
+  DestroyQueryPool(d->dev, qp, NULL);
+  return r;
 }
 
 struct prof_ud {
@@ -865,27 +940,6 @@ static int rec_fft(void *ud, int i) {
 
 int dspk__vk_fft_profile(struct dspk__dev *d, uint64_t n, uint64_t batch, char *buf,
                          size_t len) {
-  struct prof pf = {0};
-#define LOAD(name) pf.name = (PFN_vk##name)VK(GetDeviceProcAddr)(d->dev, "vk" #name)
-  LOAD(CreateQueryPool);
-  LOAD(DestroyQueryPool);
-  LOAD(CmdResetQueryPool);
-  LOAD(CmdWriteTimestamp);
-  LOAD(GetQueryPoolResults);
-#undef LOAD
-  VkQueueFamilyProperties qf[16];
-  uint32_t nq = 16;
-  VK(GetPhysicalDeviceQueueFamilyProperties)(d->pd, &nq, qf);
-  if (!pf.CreateQueryPool || !pf.DestroyQueryPool || !pf.CmdResetQueryPool ||
-      !pf.CmdWriteTimestamp || !pf.GetQueryPoolResults || d->qfamily >= nq ||
-      qf[d->qfamily].timestampValidBits == 0 || d->props.limits.timestampPeriod <= 0)
-    return DSPK_ENOTSUP;
-  VkQueryPoolCreateInfo qi = {.sType = VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO,
-                              .queryType = VK_QUERY_TYPE_TIMESTAMP,
-                              .queryCount = 2};
-  VkResult vr = pf.CreateQueryPool(d->dev, &qi, NULL, &pf.qp);
-  if (vr != VK_SUCCESS)
-    return dspk__vk_err(vr);
   struct prof_ud u = {.d = d};
   size_t bytes = (size_t)(n * batch) * 8;
   int r, reps = 10, at = 0;
@@ -898,7 +952,7 @@ int dspk__vk_fft_profile(struct dspk__dev *d, uint64_t n, uint64_t batch, char *
   VK(CmdFillBuffer)(cb, u.x->buf, u.x->off, bytes, 0);
   dspk__vk_barrier(d);
   double ms = 0;
-  if ((r = prof_time(d, &pf, reps, rec_copy, &u, &ms)))
+  if ((r = dspk__vk_gpu_ms(d, reps, rec_copy, &u, &ms)))
     goto out;
   at += snprintf(buf + at, len - (size_t)at, "GPU time: copy X->Y %.3f ms (%.0f GB/s moved)",
                  ms, 2.0 * (double)bytes / ms / 1e6);
@@ -915,7 +969,7 @@ int dspk__vk_fft_profile(struct dspk__dev *d, uint64_t n, uint64_t batch, char *
       at += snprintf(buf + at, len - (size_t)at, "; %s: no plan", tunes[i].name);
       continue;
     }
-    r = prof_time(d, &pf, reps, rec_fft, &u, &ms);
+    r = dspk__vk_gpu_ms(d, reps, rec_fft, &u, &ms);
     int passes = dspk__vkfft_passes(u.p->inst[0].f);
     fplan_free(d, u.p);
     u.p = NULL;
@@ -929,7 +983,6 @@ out:
   dspk__vk_wait_value(d, d->submitted);
   dspk__vk_free(d, u.x);
   dspk__vk_free(d, u.y);
-  pf.DestroyQueryPool(d->dev, pf.qp, NULL);
   return r;
 }
 
@@ -995,12 +1048,22 @@ int dspk__vk_fft(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *c
                                   .insize = r2c || oop ? X->mem->bufsize : 0};
   int r;
   /* Tuning runs the candidates on these operands: never in place. */
-  int forced;
-  if (oop && want_tune(d, total, &forced) &&
-      (r = fft_choose(d, &desc, op->u.fft.inverse, X, O, ctx)) == DSPK_ECANCELED)
+  int forced, use_sk = 0;
+  struct dspk__vk_sfft_cfg sk;
+  if (oop && want_tune(d, total, &forced, &sk) &&
+      (r = fft_choose(d, &desc, op->u.fft.inverse, X, O, &use_sk, &sk, ctx)) == DSPK_ECANCELED)
     return r;
-  if (oop && forced >= 0)
+  if (oop && forced >= 0 && forced < NTUNES)
     desc.tune = tunes[forced].t;
+  if (oop && forced == NTUNES && !dbl && dspk__vk_sfft_valid(d, n, batch, &sk))
+    use_sk = 1;
+  if (use_sk) {
+    struct dspk__vk_bind bx, bo;
+    uint32_t ex, eo;
+    if ((r = dspk__vk_bind_tensor(d, X, &bx, &ex)) || (r = dspk__vk_bind_tensor(d, O, &bo, &eo)))
+      return dspk__vk_fail(ctx, r, "fft: operands cannot be bound");
+    return dspk__vk_sfft(d, &sk, n, batch, op->u.fft.inverse, &bx, ex, &bo, eo, ctx);
+  }
   struct fplan *p = NULL;
   r = get_plan(d, &desc, &p, ctx);
   if (r && memcmp(&desc.tune, &(struct dspk__vkfft_tune){0}, sizeof desc.tune)) {

@@ -43,6 +43,9 @@ int dspk__vk_fft_tune_report(struct dspk__dev *d, uint64_t n, uint64_t batch, in
                              char *buf, size_t len);
 int dspk__vk_fft_profile(struct dspk__dev *d, uint64_t n, uint64_t batch, char *buf,
                          size_t len);
+/* backends/vulkan/vk_sfft.h */
+int dspk__vk_sfft_profile(struct dspk__dev *d, uint64_t n, uint64_t batch, char *buf,
+                          size_t len);
 static const struct dspk__backend *V = &dspk__backend_vulkan;
 /* The Vulkan gemm's kernel candidates (backends/vulkan/vk.h, declared here:
  * that header's struct dspk__dev clashes with the CUDA backend's). */
@@ -367,6 +370,11 @@ int main(int argc, char **argv) {
     char prof[4096];
     if (dspk__vk_fft_profile(d, (uint64_t)pn, (uint64_t)pb, prof, sizeof prof) == 0)
       printf("\nfft 2^%d x %lld, %s\n", (int)log2((double)pn), (long long)pb, prof);
+    /* Our kernels: every configuration of each pass, GPU timestamps. */
+    static char skprof[65536];
+    int skr = dspk__vk_sfft_profile(d, (uint64_t)pn, (uint64_t)pb, skprof, sizeof skprof);
+    printf("\nown kernels, fft 2^%d x %lld (C/E ms):\n%s%s\n", (int)log2((double)pn),
+           (long long)pb, skprof, skr ? " (stopped by an error)" : "");
     V->close(d);
     dspk__cache_close(c);
     unlink(path);

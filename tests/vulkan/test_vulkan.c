@@ -21,7 +21,7 @@
 #include "cache/cache.h"
 #include "backends/vulkan/vk.h"
 #include "tests/vulkan/vk_harness.h"
-#include "backends/vulkan/vk.h"
+#include "backends/vulkan/vk_sfft.h"
 #include "backends/vulkan/vk_vkfft.h"
 
 static struct dspk__dev *D;
@@ -548,6 +548,61 @@ static void t_fft_cands(void **state) {
   unsetenv("DSPK_VK_FFT_TUNE");
 }
 
+/* Our own fft kernels (vk_sfft.c), each forced in turn, against FFTW in
+ * both directions: the tuner's short list for one- and two-pass lengths,
+ * plus configurations that reach the edges of the generator (2 and 32
+ * values per thread, one and 16 transforms per workgroup, a batch that
+ * does not fill the last workgroup, unequal two-pass splits); and names
+ * that are not configurations run nothing. */
+static void t_fft_sk(void **state) {
+  (void)state;
+  static const struct {
+    int64_t n, batch;
+  } shapes[] = {{64, 7}, {1024, 3}, {1 << 13, 2}, {1 << 16, 2}};
+  static const char *extra[][2] = {
+      {"64", "sk:1:16/4"},          {"64", "sk:1:1/32"},          {"64", "sk:1:4/2"},
+      {"1024", "sk:1:2/32"},        {"8192", "sk:32:16/8:4/16"},  {"8192", "sk:256:1/32:8/4"},
+      {"32768", "sk:2048:1/16:2/2"}, {"16384", "sk:16:16/16:2/32"},
+  };
+  char name[64];
+  for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+    struct dspk__vk_sfft_cfg c[8];
+    int nc = dspk__vk_sfft_cands(D, (uint64_t)shapes[s].n, (uint64_t)shapes[s].batch, 0, c, 8);
+    assert_true(nc > 0);
+    for (int i = 0; i < nc; i++) {
+      dspk__vk_sfft_name(&c[i], name, sizeof name);
+      print_message("fft kernel %s, n=%lld x %lld\n", name, (long long)shapes[s].n,
+                    (long long)shapes[s].batch);
+      setenv("DSPK_VK_FFT_TUNE", name, 1);
+      for (int inverse = 0; inverse < 2; inverse++)
+        fft_oop_case(DSPK_C64, shapes[s].n, shapes[s].batch, inverse);
+    }
+  }
+  for (size_t i = 0; i < sizeof extra / sizeof extra[0]; i++) {
+    struct dspk__vk_sfft_cfg c;
+    int64_t n = atoll(extra[i][0]);
+    assert_int_equal(dspk__vk_sfft_parse(extra[i][1], &c), 0);
+    if (!dspk__vk_sfft_valid(D, (uint64_t)n, 5, &c)) {
+      print_message("fft kernel %s does not fit this device\n", extra[i][1]);
+      continue;
+    }
+    print_message("fft kernel %s, n=%lld x 5\n", extra[i][1], (long long)n);
+    setenv("DSPK_VK_FFT_TUNE", extra[i][1], 1);
+    fft_oop_case(DSPK_C64, n, 5, (int)(i % 2));
+  }
+  unsetenv("DSPK_VK_FFT_TUNE");
+  struct dspk__vk_sfft_cfg c;
+  static const char *bad[] = {"sk:", "sk:1:4", "sk:1:4/8:4/8", "sk:64:4/8", "sk:64:4/8:4/8x",
+                              "sk:01:4/8"};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+    assert_int_equal(dspk__vk_sfft_parse(bad[i], &c), -1);
+  /* lengths and configurations that do not fit are refused, not run */
+  assert_int_equal(dspk__vk_sfft_parse("sk:1:1/8", &c), 0);
+  assert_false(dspk__vk_sfft_valid(D, 3 * 64, 1, &c));
+  assert_false(dspk__vk_sfft_valid(D, 8192, 1, &c));
+  assert_int_equal(dspk__vk_sfft_cands(D, 3 * 64, 1, 1, &c, 1), 0);
+}
+
 /* Teardown of the tests that force fft tuning: no later test sees it,
  * even when one failed half-way. */
 static int unset_tune(void **state) {
@@ -959,6 +1014,7 @@ int main(void) {
       cmocka_unit_test_teardown(t_fft_tune, unset_tune),
       cmocka_unit_test_teardown(t_fft_inplace, unset_tune),
       cmocka_unit_test_teardown(t_fft_cands, unset_tune),
+      cmocka_unit_test_teardown(t_fft_sk, unset_tune),
       cmocka_unit_test(t_raw_glsl),
       cmocka_unit_test(t_raw_spirv), cmocka_unit_test(t_raw_error),
       cmocka_unit_test(t_cache_restart),

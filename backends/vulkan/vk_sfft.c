@@ -1,0 +1,602 @@
+/*
+ * Our own FFT kernels (see vk_sfft.h for what they compute).
+ *
+ * One pass transforms, per workgroup, C transforms of length L (a power of
+ * two up to DSPK__SK_MAXL) held in shared memory:
+ *   - load: the workgroup's C x L values are read from global memory in the
+ *     order that is contiguous there (transform index fastest for the
+ *     column pass, element index fastest for rows) into shared memory;
+ *   - stages: Stockham radix-R steps; each of the L/E threads of a
+ *     transform reads R values (stride L/R), multiplies them by the
+ *     stage's twiddles, does an R-point DFT in registers (radix-2 steps,
+ *     unrolled, constants inline) and writes them back in sorted order, so
+ *     the result needs no bit reversal;
+ *   - store: read back in the order contiguous in the output; the first of
+ *     two passes multiplies by the four-step twiddle W_n^(column x k), the
+ *     last scales (1/n for the inverse).
+ * Shared memory is padded (one slot in 16, and a shift per transform) so
+ * that strided accesses fall into different banks.
+ *
+ * Twiddles come from a table computed on the host in double precision:
+ * W_L^i for each pass's L, and W_n^m = W_n^(m mod 2^a) * W_n^(2^a (m div
+ * 2^a)) from two tables of about sqrt(n) values each, so no angle is ever
+ * rounded through sin/cos in single precision on the device.
+ *
+ * Twiddles are stored for the forward sign; the inverse conjugates them.
+ */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backends/vulkan/vk.h"
+#include "backends/vulkan/vk_sfft.h"
+
+#define SK_SRC 65536 /* bytes of generated GLSL per kernel, at most */
+#define SK_MAXE 32u  /* values per thread, at most */
+
+struct pass {
+  uint32_t L, C, E;
+  uint32_t s_in, cs_in, bs_in, s_out, cs_out, bs_out; /* strides, elements */
+  uint32_t M, rows; /* transforms per row, rows (batch) */
+  uint32_t twl;     /* this pass's W_L table in the twiddle buffer */
+  int twid, last;   /* four-step twiddle on output; the last pass */
+};
+
+struct splan {
+  int kind; /* 4 (see plan_evict in vk_backend.c) */
+  struct dspk__vk_sfft_cfg cfg;
+  uint64_t n, batch;
+  int np;
+  struct pass p[2];
+  uint32_t ta, tb, abits; /* the four-step twiddle tables */
+  struct dspk__mem *tw, *tmp;
+  char *src[2][2]; /* [inverse][pass], made when first needed */
+};
+
+static int is_pow2(uint64_t v) { return v && !(v & (v - 1)); }
+
+static int ilog2(uint64_t v) {
+  int l = 0;
+  while (((uint64_t)1 << l) < v)
+    l++;
+  return l;
+}
+
+/* Shared-memory slots per transform: padded by one in 16, plus a shift
+ * that puts the C transforms' j-th values in different banks. */
+static uint32_t slots(uint32_t L, uint32_t C) {
+  return L + (L >> 4) + (C < 16 ? 16 / C : 1) % 16;
+}
+
+/* The passes of cfg for n x batch (no checks). */
+static int layout(uint64_t n, uint64_t batch, const struct dspk__vk_sfft_cfg *cfg,
+                  struct pass p[2], uint32_t *ta, uint32_t *tb, uint32_t *abits,
+                  uint32_t *twlen) {
+  memset(p, 0, 2 * sizeof *p);
+  if (cfg->l1 <= 1) {
+    p[0] = (struct pass){.L = (uint32_t)n, .C = cfg->c[0], .E = cfg->e[0], .s_in = 1,
+                         .cs_in = (uint32_t)n, .s_out = 1, .cs_out = (uint32_t)n,
+                         .M = (uint32_t)batch, .rows = 1, .last = 1};
+    *ta = *tb = *abits = 0;
+    *twlen = (uint32_t)n;
+    return 1;
+  }
+  uint32_t n1 = cfg->l1, n2 = (uint32_t)(n / n1), N = (uint32_t)n;
+  p[0] = (struct pass){.L = n1, .C = cfg->c[0], .E = cfg->e[0], .s_in = n2, .cs_in = 1,
+                       .bs_in = N, .s_out = n2, .cs_out = 1, .bs_out = N, .M = n2,
+                       .rows = (uint32_t)batch, .twl = 0, .twid = 1};
+  p[1] = (struct pass){.L = n2, .C = cfg->c[1], .E = cfg->e[1], .s_in = 1, .cs_in = n2,
+                       .bs_in = N, .s_out = n1, .cs_out = 1, .bs_out = N, .M = n1,
+                       .rows = (uint32_t)batch, .twl = n1, .last = 1};
+  *abits = (uint32_t)(ilog2(n) + 1) / 2;
+  *ta = n1 + n2;
+  *tb = *ta + (1u << *abits);
+  *twlen = *tb + (uint32_t)(n >> *abits);
+  return 2;
+}
+
+static int pass_ok(const struct dspk__dev *d, const struct pass *p) {
+  const VkPhysicalDeviceLimits *lim = &d->props.limits;
+  if (!is_pow2(p->C) || !is_pow2(p->E) || p->E < 2 || p->E > SK_MAXE || p->E > p->L ||
+      p->C > p->M || p->L > DSPK__SK_MAXL)
+    return 0;
+  uint64_t wg = (uint64_t)p->C * p->L / p->E;
+  return wg <= lim->maxComputeWorkGroupInvocations && wg <= lim->maxComputeWorkGroupSize[0] &&
+         (uint64_t)p->C * slots(p->L, p->C) * 8 <= lim->maxComputeSharedMemorySize;
+}
+
+int dspk__vk_sfft_valid(const struct dspk__dev *d, uint64_t n, uint64_t batch,
+                        const struct dspk__vk_sfft_cfg *cfg) {
+  if (!is_pow2(n) || n < 4 || batch == 0 || n * batch > ((uint64_t)1 << 31) ||
+      n * batch * 8 > d->props.limits.maxStorageBufferRange)
+    return 0;
+  if (cfg->l1 <= 1 ? n > DSPK__SK_MAXL
+                   : !is_pow2(cfg->l1) || cfg->l1 < 4 || n / cfg->l1 < 4 ||
+                         cfg->l1 > DSPK__SK_MAXL || n / cfg->l1 > DSPK__SK_MAXL)
+    return 0;
+  struct pass p[2];
+  uint32_t ta, tb, ab, tl;
+  int np = layout(n, batch, cfg, p, &ta, &tb, &ab, &tl);
+  for (int i = 0; i < np; i++)
+    if (!pass_ok(d, &p[i]))
+      return 0;
+  return 1;
+}
+
+/* The tuner's short list: per split, values per thread 8 or 16, and the
+ * most transforms per workgroup that fit up to 8 (the column pass reads
+ * C consecutive values per row: 8 make 64 bytes). */
+static int push(const struct dspk__dev *d, uint64_t n, uint64_t batch,
+                struct dspk__vk_sfft_cfg *out, int *k, int max,
+                const struct dspk__vk_sfft_cfg *c) {
+  if (*k >= max || !dspk__vk_sfft_valid(d, n, batch, c))
+    return 0;
+  out[(*k)++] = *c;
+  return 1;
+}
+
+int dspk__vk_sfft_cands(const struct dspk__dev *d, uint64_t n, uint64_t batch, int all,
+                        struct dspk__vk_sfft_cfg *out, int max) {
+  int k = 0;
+  if (!is_pow2(n) || n < 4 || n > (uint64_t)DSPK__SK_MAXL * DSPK__SK_MAXL)
+    return 0;
+  static const uint32_t es[] = {4, 8, 16, 32}, cs[] = {1, 2, 4, 8, 16, 32};
+  int lg = ilog2(n);
+  if (all) {
+    for (int l = 0; l < lg; l++) {
+      uint32_t l1 = l == 0 ? 1 : 1u << l;
+      for (size_t a = 0; a < 6; a++)
+        for (size_t b = 0; b < 4; b++)
+          for (size_t c = 0; c < (l1 > 1 ? 6u : 1u); c++)
+            for (size_t e = 0; e < (l1 > 1 ? 4u : 1u); e++) {
+              struct dspk__vk_sfft_cfg cf = {l1, {cs[a], cs[c]}, {es[b], es[e]}};
+              push(d, n, batch, out, &k, max, &cf);
+            }
+    }
+    return k;
+  }
+  for (uint32_t e = 8; e <= 16; e *= 2) {
+    if (n <= DSPK__SK_MAXL)
+      for (int c = 5; c >= 0; c--) {
+        struct dspk__vk_sfft_cfg cf = {1, {cs[c], 0}, {e, 0}};
+        if (cs[c] * n <= 8192 && push(d, n, batch, out, &k, max, &cf))
+          break;
+      }
+    for (int l = lg / 2; l <= (lg + 1) / 2; l++) {
+      struct dspk__vk_sfft_cfg cf = {1u << l, {0, 0}, {e, e}};
+      for (int c1 = 3; c1 >= 0; c1--)
+        for (int c2 = 3; c2 >= 0; c2--) {
+          cf.c[0] = cs[c1];
+          cf.c[1] = cs[c2];
+          if (dspk__vk_sfft_valid(d, n, batch, &cf))
+            goto found;
+        }
+      continue;
+    found:
+      push(d, n, batch, out, &k, max, &cf);
+      if (lg % 2 == 0)
+        break;
+    }
+  }
+  return k;
+}
+
+void dspk__vk_sfft_name(const struct dspk__vk_sfft_cfg *cfg, char *buf, size_t len) {
+  if (cfg->l1 <= 1)
+    snprintf(buf, len, "sk:1:%u/%u", cfg->c[0], cfg->e[0]);
+  else
+    snprintf(buf, len, "sk:%u:%u/%u:%u/%u", cfg->l1, cfg->c[0], cfg->e[0], cfg->c[1],
+             cfg->e[1]);
+}
+
+int dspk__vk_sfft_parse(const char *s, struct dspk__vk_sfft_cfg *cfg) {
+  unsigned v[5] = {0};
+  char back[64];
+  memset(cfg, 0, sizeof *cfg);
+  if (sscanf(s, "sk:%u:%u/%u:%u/%u", &v[0], &v[1], &v[2], &v[3], &v[4]) < 3)
+    return -1;
+  if (v[0] <= 1)
+    v[3] = v[4] = 0;
+  *cfg = (struct dspk__vk_sfft_cfg){v[0], {v[1], v[3]}, {v[2], v[4]}};
+  dspk__vk_sfft_name(cfg, back, sizeof back);
+  return strcmp(back, s) == 0 ? 0 : -1; /* nothing more, nothing less */
+}
+
+/* ---- code generation ----------------------------------------------------- */
+
+struct sbuf {
+  char *p;
+  size_t len, at;
+  int over;
+};
+
+static void ap(struct sbuf *b, const char *fmt, ...) {
+  va_list ap_;
+  va_start(ap_, fmt);
+  int w = b->over ? 0 : vsnprintf(b->p + b->at, b->len - b->at, fmt, ap_);
+  va_end(ap_);
+  if (w < 0 || (size_t)w >= b->len - b->at)
+    b->over = 1;
+  else
+    b->at += (size_t)w;
+}
+
+static uint32_t bitrev(uint32_t i, int bits) {
+  uint32_t r = 0;
+  for (int k = 0; k < bits; k++)
+    r |= ((i >> k) & 1u) << (bits - 1 - k);
+  return r;
+}
+
+/* An R-point DFT of v[base..base+R) in registers, radix-2 decimation in
+ * time on the bit-reversed view: X[k] ends in v[base + bitrev(k)]. */
+static void gen_dft(struct sbuf *b, uint32_t base, uint32_t R, int inverse) {
+  int bits = ilog2(R);
+  double sg = inverse ? 1.0 : -1.0;
+  for (uint32_t m = 2; m <= R; m *= 2)
+    for (uint32_t k0 = 0; k0 < R; k0 += m)
+      for (uint32_t j = 0; j < m / 2; j++) {
+        uint32_t i0 = base + bitrev(k0 + j, bits), i1 = base + bitrev(k0 + j + m / 2, bits);
+        if (j == 0) {
+        } else if (4 * j == m) {
+          ap(b, "      v[%u] = vec2(%sv[%u].y, %sv[%u].x);\n", i1, inverse ? "-" : "", i1,
+             inverse ? "" : "-", i1);
+        } else {
+          double a = sg * 2.0 * M_PI * (double)j / (double)m;
+          ap(b, "      v[%u] = cmul(v[%u], vec2(%.9e, %.9e));\n", i1, i1, cos(a), sin(a));
+        }
+        ap(b, "      { vec2 a = v[%u]; v[%u] = a + v[%u]; v[%u] = a - v[%u]; }\n", i0, i0, i1,
+           i1, i1);
+      }
+}
+
+/* The GLSL of pass p (see the file comment).  Returns 0 or DSPK_ENOMEM. */
+static int gen_pass(const struct splan *pl, const struct pass *p, int inverse, char **out) {
+  struct sbuf b = {malloc(SK_SRC), SK_SRC, 0, 0};
+  if (!b.p)
+    return DSPK_ENOMEM;
+  uint32_t T = p->L / p->E, WG = p->C * T, SL = slots(p->L, p->C);
+  uint32_t G = (p->M + p->C - 1) / p->C;
+  int guard = p->M % p->C != 0;
+  ap(&b,
+     "#version 450\n"
+     "layout(local_size_x = %u) in;\n"
+     "layout(std430, binding = 0) readonly buffer BX { vec2 x[]; };\n"
+     "layout(std430, binding = 1) writeonly buffer BO { vec2 o[]; };\n"
+     "layout(std430, binding = 2) readonly buffer BW { vec2 tw[]; };\n"
+     "layout(push_constant) uniform PC { uint xoff, ooff, ngroups; float scale; } pc;\n"
+     "shared vec2 s[%u];\n"
+     "vec2 cmul(vec2 a, vec2 b) { return vec2(a.x * b.x - a.y * b.y, a.x * b.y + a.y * b.x); }\n"
+     "vec2 tww(uint i) { vec2 w = tw[i]; return vec2(w.x, %sw.y); }\n"
+     "uint P(uint i) { return i + (i >> 4); }\n"
+     "void main() {\n"
+     "  uint g = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;\n"
+     "  if (g >= pc.ngroups) return;\n"
+     "  uint row = g / %uu, m0 = (g %% %uu) * %uu;\n"
+     "  uint tid = gl_LocalInvocationID.x;\n"
+     "  uint ib = pc.xoff + row * %uu + m0 * %uu;\n"
+     "  for (uint u = 0u; u < %uu; u++) {\n"
+     "    uint i = tid + u * %uu;\n",
+     WG, p->C * SL, inverse ? "-" : "", G, G, p->C, p->bs_in, p->cs_in, p->E, WG);
+  if (p->cs_in == 1)
+    ap(&b, "    uint c = i %% %uu, j = i / %uu;\n", p->C, p->C);
+  else
+    ap(&b, "    uint j = i %% %uu, c = i / %uu;\n", p->L, p->L);
+  if (guard)
+    ap(&b, "    if (m0 + c < %uu)\n  ", p->M);
+  ap(&b,
+     "    s[c * %uu + P(j)] = x[ib + c * %uu + j * %uu];\n"
+     "  }\n"
+     "  barrier();\n"
+     "  uint sb = (tid / %uu) * %uu, t = tid %% %uu;\n"
+     "  vec2 v[%u];\n",
+     SL, p->cs_in, p->s_in, T, SL, T, p->E);
+  uint32_t ns = 1, rem = p->L;
+  while (rem > 1) {
+    uint32_t R = rem >= p->E ? p->E : rem;
+    for (uint32_t q = 0; q < p->E / R; q++) {
+      ap(&b, "  { uint j = t + %uu;\n", q * T);
+      for (uint32_t r = 0; r < R; r++)
+        ap(&b, "    v[%u] = s[sb + P(j + %uu)];\n", q * R + r, r * (p->L / R));
+      if (ns > 1) {
+        ap(&b, "    uint tb = (j %% %uu) * %uu;\n", ns, p->L / (ns * R));
+        for (uint32_t r = 1; r < R; r++)
+          ap(&b, "    v[%u] = cmul(v[%u], tww(%uu + tb * %uu));\n", q * R + r, q * R + r,
+             p->twl, r);
+      }
+      gen_dft(&b, q * R, R, inverse);
+      ap(&b, "  }\n");
+    }
+    ap(&b, "  barrier();\n");
+    for (uint32_t q = 0; q < p->E / R; q++) {
+      ap(&b, "  { uint j = t + %uu; uint d = (j / %uu) * %uu + (j %% %uu);\n", q * T, ns,
+         ns * R, ns);
+      for (uint32_t r = 0; r < R; r++)
+        ap(&b, "    s[sb + P(d + %uu)] = v[%u];\n", r * ns, q * R + bitrev(r, ilog2(R)));
+      ap(&b, "  }\n");
+    }
+    ap(&b, "  barrier();\n");
+    ns *= R;
+    rem /= R;
+  }
+  ap(&b,
+     "  uint ob = pc.ooff + row * %uu + m0 * %uu;\n"
+     "  for (uint u = 0u; u < %uu; u++) {\n"
+     "    uint i = tid + u * %uu;\n",
+     p->bs_out, p->cs_out, p->E, WG);
+  if (p->cs_out == 1)
+    ap(&b, "    uint c = i %% %uu, k = i / %uu;\n", p->C, p->C);
+  else
+    ap(&b, "    uint k = i %% %uu, c = i / %uu;\n", p->L, p->L);
+  ap(&b, "    vec2 val = s[c * %uu + P(k)];\n", SL);
+  if (p->twid)
+    ap(&b,
+       "    uint m = (m0 + c) * k;\n"
+       "    val = cmul(val, cmul(tww(%uu + (m & %uu)), tww(%uu + (m >> %uu))));\n",
+       pl->ta, (1u << pl->abits) - 1, pl->tb, pl->abits);
+  if (p->last)
+    ap(&b, "    val *= pc.scale;\n");
+  if (guard)
+    ap(&b, "    if (m0 + c < %uu)\n  ", p->M);
+  ap(&b,
+     "    o[ob + c * %uu + k * %uu] = val;\n"
+     "  }\n"
+     "}\n",
+     p->cs_out, p->s_out);
+  if (b.over) {
+    free(b.p);
+    return DSPK_ENOMEM;
+  }
+  *out = b.p;
+  return 0;
+}
+
+/* ---- plans ---------------------------------------------------------------- */
+
+static void splan_release(void *ud, void *res) {
+  struct splan *p = res;
+  (void)ud;
+  for (int i = 0; i < 2; i++)
+    for (int j = 0; j < 2; j++)
+      free(p->src[i][j]);
+  free(p);
+}
+
+void dspk__vk_sfft_plan_free(struct dspk__dev *d, void *plan) {
+  struct splan *p = plan;
+  if (!p)
+    return;
+  dspk__vk_free(d, p->tw);
+  dspk__vk_free(d, p->tmp);
+  dspk__retire_push(&d->retire, splan_release, d, p);
+}
+
+static int make_plan(struct dspk__dev *d, uint64_t n, uint64_t batch,
+                     const struct dspk__vk_sfft_cfg *cfg, struct splan **out) {
+  struct splan *p = calloc(1, sizeof *p);
+  if (!p)
+    return DSPK_ENOMEM;
+  p->kind = 4;
+  p->cfg = *cfg;
+  p->n = n;
+  p->batch = batch;
+  uint32_t twlen;
+  p->np = layout(n, batch, cfg, p->p, &p->ta, &p->tb, &p->abits, &twlen);
+  float *tw = malloc((size_t)twlen * 2 * sizeof *tw);
+  int r = DSPK_ENOMEM;
+  if (!tw)
+    goto fail;
+  /* W_L tables of the passes, then the four-step tables */
+  for (int i = 0; i < p->np; i++)
+    for (uint32_t k = 0; k < p->p[i].L; k++) {
+      double a = -2.0 * M_PI * (double)k / (double)p->p[i].L;
+      tw[2 * (p->p[i].twl + k)] = (float)cos(a);
+      tw[2 * (p->p[i].twl + k) + 1] = (float)sin(a);
+    }
+  if (p->np == 2) {
+    for (uint32_t k = 0; k < (1u << p->abits); k++) {
+      double a = -2.0 * M_PI * (double)k / (double)n;
+      tw[2 * (p->ta + k)] = (float)cos(a);
+      tw[2 * (p->ta + k) + 1] = (float)sin(a);
+    }
+    for (uint32_t k = 0; k < (uint32_t)(n >> p->abits); k++) {
+      double a = -2.0 * M_PI * (double)((uint64_t)k << p->abits) / (double)n;
+      tw[2 * (p->tb + k)] = (float)cos(a);
+      tw[2 * (p->tb + k) + 1] = (float)sin(a);
+    }
+  }
+  if ((r = dspk__vk_alloc(d, (size_t)twlen * 8, &p->tw)) ||
+      (r = dspk__vk_write(d, p->tw, 0, tw, (size_t)twlen * 8)))
+    goto fail;
+  if (p->np == 2 && (r = dspk__vk_alloc(d, (size_t)(n * batch) * 8, &p->tmp)))
+    goto fail;
+  free(tw);
+  *out = p;
+  return 0;
+fail:
+  free(tw);
+  dspk__vk_sfft_plan_free(d, p);
+  return r;
+}
+
+static int get_plan(struct dspk__dev *d, uint64_t n, uint64_t batch,
+                    const struct dspk__vk_sfft_cfg *cfg, struct splan **out) {
+  char key[DSPK__PLANCACHE_KEY_MAX], name[64];
+  dspk__vk_sfft_name(cfg, name, sizeof name);
+  int klen = snprintf(key, sizeof key, "sfft|n=%llu|b=%llu|%s", (unsigned long long)n,
+                      (unsigned long long)batch, name);
+  struct splan *p = dspk__plancache_get(&d->plans, key, (size_t)klen);
+  if (p) {
+    *out = p;
+    return 0;
+  }
+  int r = make_plan(d, n, batch, cfg, &p);
+  if (r)
+    return r;
+  if ((r = dspk__plancache_put(&d->plans, key, (size_t)klen, p))) {
+    dspk__vk_sfft_plan_free(d, p);
+    return r;
+  }
+  *out = p;
+  return 0;
+}
+
+/* Records pass i of plan pl. */
+static int run_pass(struct dspk__dev *d, struct splan *pl, int i, int inverse,
+                    const struct dspk__vk_bind *x, uint32_t xelem,
+                    const struct dspk__vk_bind *o, uint32_t oelem, struct dspk__opctx *ctx) {
+  const struct pass *p = &pl->p[i];
+  int r;
+  if (!pl->src[inverse][i] && (r = gen_pass(pl, p, inverse, &pl->src[inverse][i])))
+    return r;
+  struct dspk__vk_kernel *k;
+  if ((r = dspk__vk_kernel(d, "sfft", pl->src[inverse][i], NULL, 0, "main", 3, 16, &k, ctx)))
+    return r;
+  struct dspk__vk_bind tmp = {0}, b[3];
+  if (pl->tmp)
+    tmp = (struct dspk__vk_bind){pl->tmp->buf, pl->tmp->off, pl->tmp->size};
+  b[0] = i == 0 ? *x : tmp;
+  b[1] = i == pl->np - 1 ? *o : tmp;
+  b[2] = (struct dspk__vk_bind){pl->tw->buf, pl->tw->off, pl->tw->size};
+  uint32_t groups = p->rows * ((p->M + p->C - 1) / p->C);
+  struct {
+    uint32_t xoff, ooff, ngroups;
+    float scale;
+  } pc = {i == 0 ? xelem : 0, i == pl->np - 1 ? oelem : 0, groups,
+          inverse ? (float)(1.0 / (double)pl->n) : 1.0f};
+  uint32_t mx = d->props.limits.maxComputeWorkGroupCount[0];
+  uint32_t gx = groups < mx ? groups : mx;
+  if (gx > 65535)
+    gx = 65535;
+  return dspk__vk_dispatch(d, k, b, 3, &pc, sizeof pc, gx, (groups + gx - 1) / gx, 1);
+}
+
+int dspk__vk_sfft(struct dspk__dev *d, const struct dspk__vk_sfft_cfg *cfg, uint64_t n,
+                  uint64_t batch, int inverse, const struct dspk__vk_bind *x, uint32_t xelem,
+                  const struct dspk__vk_bind *o, uint32_t oelem, struct dspk__opctx *ctx) {
+  if (!dspk__vk_sfft_valid(d, n, batch, cfg)) {
+    char name[64];
+    dspk__vk_sfft_name(cfg, name, sizeof name);
+    return dspk__vk_fail(ctx, DSPK_EINVAL, "fft: configuration %s cannot run n=%llu x %llu",
+                         name, (unsigned long long)n, (unsigned long long)batch);
+  }
+  struct splan *pl;
+  int r = get_plan(d, n, batch, cfg, &pl);
+  for (int i = 0; r == 0 && i < pl->np; i++)
+    r = run_pass(d, pl, i, inverse != 0, x, xelem, o, oelem, ctx);
+  return r;
+}
+
+/* ---- profile (benchmarks) -------------------------------------------------- */
+
+struct prof_ud {
+  struct dspk__dev *d;
+  struct splan *pl;
+  int pass; /* -1: the whole transform */
+  struct dspk__vk_bind x, o;
+};
+
+static int rec_pass(void *ud, int i) {
+  struct prof_ud *u = ud;
+  (void)i;
+  int r = 0;
+  for (int p = u->pass < 0 ? 0 : u->pass; r == 0 && p <= (u->pass < 0 ? u->pl->np - 1 : u->pass);
+       p++)
+    r = run_pass(u->d, u->pl, p, 0, &u->x, 0, &u->o, 0, NULL);
+  return r;
+}
+
+/* GPU ms of pass `pass` (-1: all) of cfg, or a negative error. */
+static int time_cfg(struct prof_ud *u, uint64_t n, uint64_t batch,
+                    const struct dspk__vk_sfft_cfg *cfg, int pass, double *ms) {
+  int r = make_plan(u->d, n, batch, cfg, &u->pl);
+  if (r)
+    return r;
+  u->pass = pass;
+  r = dspk__vk_gpu_ms(u->d, 10, rec_pass, u, ms);
+  dspk__vk_sfft_plan_free(u->d, u->pl);
+  u->pl = NULL;
+  return r;
+}
+
+int dspk__vk_sfft_profile(struct dspk__dev *d, uint64_t n, uint64_t batch, char *buf,
+                          size_t len) {
+  static const uint32_t es[] = {2, 4, 8, 16, 32}, cs[] = {1, 2, 4, 8, 16, 32};
+  struct prof_ud u = {.d = d};
+  struct dspk__mem *x = NULL, *y = NULL;
+  size_t bytes = (size_t)(n * batch) * 8, at = 0;
+  int r;
+  buf[0] = 0;
+  if (!is_pow2(n) || n < 16)
+    return DSPK_EINVAL;
+  if ((r = dspk__vk_alloc(d, bytes, &x)) || (r = dspk__vk_alloc(d, bytes, &y)))
+    goto out;
+  VkCommandBuffer cb;
+  if ((r = dspk__vk_cmd(d, &cb)))
+    goto out;
+  VK(CmdFillBuffer)(cb, x->buf, x->off, bytes, 0);
+  dspk__vk_barrier(d);
+  u.x = (struct dspk__vk_bind){x->buf, x->off, bytes};
+  u.o = (struct dspk__vk_bind){y->buf, y->off, bytes};
+  double best_all = 1e30;
+  char best_name[64] = "";
+  for (uint32_t l1 = 1; l1 < n; l1 = l1 == 1 ? 4 : 2 * l1) {
+    if (l1 == 1 ? n > DSPK__SK_MAXL : l1 > DSPK__SK_MAXL || n / l1 > DSPK__SK_MAXL || n / l1 < 4)
+      continue;
+    /* the pass not being varied: 16 values per thread (or its length) */
+    uint32_t L0 = l1 == 1 ? (uint32_t)n : l1, L1 = l1 == 1 ? 16 : (uint32_t)(n / l1);
+    struct dspk__vk_sfft_cfg cfg = {l1, {1, 1}, {L0 < 16 ? L0 : 16, L1 < 16 ? L1 : 16}};
+    int np = l1 == 1 ? 1 : 2;
+    struct dspk__vk_sfft_cfg best = cfg;
+    double sum = 0;
+    for (int p = 0; p < np; p++) {
+      double bms = 1e30;
+      at += (size_t)snprintf(buf + at, at < len ? len - at : 0, "%ssplit %u pass %d:",
+                             at ? "\n" : "", l1, p);
+      for (size_t c = 0; c < 6; c++)
+        for (size_t e = 0; e < 5; e++) {
+          struct dspk__vk_sfft_cfg t = best;
+          t.c[p] = cs[c];
+          t.e[p] = es[e];
+          if (!dspk__vk_sfft_valid(d, n, batch, &t))
+            continue;
+          double ms;
+          if ((r = time_cfg(&u, n, batch, &t, p, &ms)))
+            goto out;
+          at += (size_t)snprintf(buf + at, at < len ? len - at : 0, " %u/%u %.4f", cs[c],
+                                 es[e], ms);
+          if (ms < bms) {
+            bms = ms;
+            cfg.c[p] = cs[c];
+            cfg.e[p] = es[e];
+          }
+        }
+      best.c[p] = cfg.c[p];
+      best.e[p] = cfg.e[p];
+      sum += bms;
+    }
+    double ms;
+    if (!dspk__vk_sfft_valid(d, n, batch, &best))
+      continue;
+    if ((r = time_cfg(&u, n, batch, &best, -1, &ms)))
+      goto out;
+    char name[64];
+    dspk__vk_sfft_name(&best, name, sizeof name);
+    at += (size_t)snprintf(buf + at, at < len ? len - at : 0,
+                           "\nsplit %u best %s: %.4f ms (passes alone %.4f)", l1, name, ms, sum);
+    if (ms < best_all) {
+      best_all = ms;
+      snprintf(best_name, sizeof best_name, "%s", name);
+    }
+  }
+  at += (size_t)snprintf(buf + at, at < len ? len - at : 0, "\nbest %s %.4f ms", best_name,
+                         best_all);
+out:
+  dspk__vk_submit(d);
+  dspk__vk_wait_value(d, d->submitted);
+  dspk__vk_free(d, x);
+  dspk__vk_free(d, y);
+  return r;
+}

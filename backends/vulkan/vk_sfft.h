@@ -1,0 +1,63 @@
+/*
+ * Our own FFT kernels for the Vulkan backend (vk_sfft.c): complex float
+ * (c64) transforms of power-of-two lengths, batched along contiguous rows,
+ * out of place.  A length of at most DSPK__SK_MAXL is one pass (each
+ * workgroup transforms whole rows in shared memory); a longer one, up to
+ * DSPK__SK_MAXL^2, is two passes through a temporary buffer (the four-step
+ * decomposition n = n1 x n2: n2 column transforms of n1, each output
+ * multiplied by its twiddle, then n1 row transforms of n2 written to their
+ * places in the result).  Inside a workgroup a transform is Stockham
+ * radix-R stages, R values held in registers by each thread.
+ *
+ * They are offered to the fft tuner (vk_fft.c) beside VkFFT's
+ * configurations: the fastest correct one is used.
+ */
+#ifndef DSPK_BACKENDS_VULKAN_VK_SFFT_H
+#define DSPK_BACKENDS_VULKAN_VK_SFFT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define DSPK__SK_MAXL 4096u /* the longest transform of one pass */
+
+struct dspk__dev;
+struct dspk__opctx;
+struct dspk__vk_bind;
+
+/* One configuration: l1 the first pass's length (1: a single pass), and
+ * per pass c transforms per workgroup and e values per thread. */
+struct dspk__vk_sfft_cfg {
+  uint32_t l1;
+  uint32_t c[2], e[2];
+};
+
+/* Whether cfg can run n x batch on d (lengths, shared memory, workgroup
+ * size, 32-bit indexing and buffer range). */
+int dspk__vk_sfft_valid(const struct dspk__dev *d, uint64_t n, uint64_t batch,
+                        const struct dspk__vk_sfft_cfg *cfg);
+/* Fills out[0..max) with configurations for n x batch on d and returns
+ * how many: all valid ones when all is set (for measurements), else the
+ * short list the tuner tries.  0 when n is not a power of two in range. */
+int dspk__vk_sfft_cands(const struct dspk__dev *d, uint64_t n, uint64_t batch, int all,
+                        struct dspk__vk_sfft_cfg *out, int max);
+/* The configuration's name ("sk:1024x1024:4/16:4/16", "sk:4096:1/16"),
+ * and back (returns 0, or -1 for a string that is not one). */
+void dspk__vk_sfft_name(const struct dspk__vk_sfft_cfg *cfg, char *buf, size_t len);
+int dspk__vk_sfft_parse(const char *s, struct dspk__vk_sfft_cfg *cfg);
+/* Records O = fft(X) (ifft scaled by 1/n when inverse) of batch rows of n:
+ * X's first element is xelem of binding x, O's oelem of o; they must not
+ * overlap.  The plan (twiddles, temporary buffer) is kept in d's plan
+ * cache.  Returns 0 or an error (message in ctx). */
+int dspk__vk_sfft(struct dspk__dev *d, const struct dspk__vk_sfft_cfg *cfg, uint64_t n,
+                  uint64_t batch, int inverse, const struct dspk__vk_bind *x, uint32_t xelem,
+                  const struct dspk__vk_bind *o, uint32_t oelem, struct dspk__opctx *ctx);
+/* Measures with GPU timestamps, on fresh buffers, each pass of every
+ * configuration for n x batch on d (one pass varied at a time), and the
+ * best of each split whole; writes the figures into buf, a line per pass
+ * and split.  For the benchmark.  Returns 0 or an error. */
+int dspk__vk_sfft_profile(struct dspk__dev *d, uint64_t n, uint64_t batch, char *buf,
+                          size_t len);
+/* Frees a plan of kind 4 (see plan_evict), once the device is done. */
+void dspk__vk_sfft_plan_free(struct dspk__dev *d, void *plan);
+
+#endif
