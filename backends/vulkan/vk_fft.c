@@ -577,7 +577,7 @@ static int sk_cands(struct dspk__dev *d, const struct dspk__vkfft_desc *desc,
                     struct dspk__vk_sfft_cfg *out) {
   if (desc->dbl || desc->r2c || !desc->oop)
     return 0;
-  return dspk__vk_sfft_cands(d, desc->n, desc->batch, 0, out, SK_CANDS);
+  return dspk__vk_sfft_cands(d, desc->n, desc->batch, out, SK_CANDS);
 }
 
 #define TUNE_SAMPLES 32 /* output values checked per candidate and row */

@@ -37,7 +37,7 @@
 #define SK_MAXE 32u  /* values per thread, at most */
 
 struct pass {
-  uint32_t L, C, E;
+  uint32_t L, C, E, H; /* H: groups of C/H transforms taking turns in shared memory */
   uint32_t s_in, cs_in, bs_in, s_out, cs_out, bs_out; /* strides, elements */
   uint32_t M, rows; /* transforms per row, rows (batch) */
   uint32_t twl;     /* this pass's W_L table in the twiddle buffer */
@@ -76,7 +76,8 @@ static int layout(uint64_t n, uint64_t batch, const struct dspk__vk_sfft_cfg *cf
                   uint32_t *twlen) {
   memset(p, 0, 2 * sizeof *p);
   if (cfg->l1 <= 1) {
-    p[0] = (struct pass){.L = (uint32_t)n, .C = cfg->c[0], .E = cfg->e[0], .s_in = 1,
+    p[0] = (struct pass){.L = (uint32_t)n, .C = cfg->c[0], .E = cfg->e[0],
+                         .H = cfg->h[0] ? cfg->h[0] : 1, .s_in = 1,
                          .cs_in = (uint32_t)n, .s_out = 1, .cs_out = (uint32_t)n,
                          .M = (uint32_t)batch, .rows = 1, .last = 1};
     *ta = *tb = *abits = 0;
@@ -84,10 +85,12 @@ static int layout(uint64_t n, uint64_t batch, const struct dspk__vk_sfft_cfg *cf
     return 1;
   }
   uint32_t n1 = cfg->l1, n2 = (uint32_t)(n / n1), N = (uint32_t)n;
-  p[0] = (struct pass){.L = n1, .C = cfg->c[0], .E = cfg->e[0], .s_in = n2, .cs_in = 1,
+  p[0] = (struct pass){.L = n1, .C = cfg->c[0], .E = cfg->e[0],
+                       .H = cfg->h[0] ? cfg->h[0] : 1, .s_in = n2, .cs_in = 1,
                        .bs_in = N, .s_out = n2, .cs_out = 1, .bs_out = N, .M = n2,
                        .rows = (uint32_t)batch, .twl = 0, .twid = 1};
-  p[1] = (struct pass){.L = n2, .C = cfg->c[1], .E = cfg->e[1], .s_in = 1, .cs_in = n2,
+  p[1] = (struct pass){.L = n2, .C = cfg->c[1], .E = cfg->e[1],
+                       .H = cfg->h[1] ? cfg->h[1] : 1, .s_in = 1, .cs_in = n2,
                        .bs_in = N, .s_out = n1, .cs_out = 1, .bs_out = N, .M = n1,
                        .rows = (uint32_t)batch, .twl = n1, .last = 1};
   *abits = (uint32_t)(ilog2(n) + 1) / 2;
@@ -99,12 +102,13 @@ static int layout(uint64_t n, uint64_t batch, const struct dspk__vk_sfft_cfg *cf
 
 static int pass_ok(const struct dspk__dev *d, const struct pass *p) {
   const VkPhysicalDeviceLimits *lim = &d->props.limits;
-  if (!is_pow2(p->C) || !is_pow2(p->E) || p->E < 2 || p->E > SK_MAXE || p->E > p->L ||
-      p->C > p->M || p->L > DSPK__SK_MAXL)
+  if (!is_pow2(p->C) || !is_pow2(p->E) || !is_pow2(p->H) || p->E < 2 || p->E > SK_MAXE ||
+      p->E > p->L || p->C > p->M || p->L > DSPK__SK_MAXL || p->H > p->C || p->H > p->E ||
+      p->H > 4)
     return 0;
-  uint64_t wg = (uint64_t)p->C * p->L / p->E;
+  uint64_t wg = (uint64_t)p->C * p->L / p->E, ch = p->C / p->H;
   return wg <= lim->maxComputeWorkGroupInvocations && wg <= lim->maxComputeWorkGroupSize[0] &&
-         (uint64_t)p->C * slots(p->L, p->C) * 8 <= lim->maxComputeSharedMemorySize;
+         ch * slots(p->L, (uint32_t)ch) * 8 <= lim->maxComputeSharedMemorySize;
 }
 
 int dspk__vk_sfft_valid(const struct dspk__dev *d, uint64_t n, uint64_t batch,
@@ -125,83 +129,114 @@ int dspk__vk_sfft_valid(const struct dspk__dev *d, uint64_t n, uint64_t batch,
   return 1;
 }
 
-/* The tuner's short list: per split, values per thread 8 or 16, and the
- * most transforms per workgroup that fit up to 8 (the column pass reads
- * C consecutive values per row: 8 make 64 bytes). */
-static int push(const struct dspk__dev *d, uint64_t n, uint64_t batch,
-                struct dspk__vk_sfft_cfg *out, int *k, int max,
-                const struct dspk__vk_sfft_cfg *c) {
-  if (*k >= max || !dspk__vk_sfft_valid(d, n, batch, c))
-    return 0;
-  out[(*k)++] = *c;
-  return 1;
+/* Sets pass i of cfg to c transforms per workgroup with the fewest
+ * groups that fit (1, 2 or 4); 0 when none does. */
+static int fit(const struct dspk__dev *d, uint64_t n, uint64_t batch,
+               struct dspk__vk_sfft_cfg *cfg, int i, uint32_t c) {
+  cfg->c[i] = c;
+  for (uint32_t h = 1; h <= 4; h *= 2) {
+    cfg->h[i] = h;
+    if (dspk__vk_sfft_valid(d, n, batch, cfg))
+      return 1;
+  }
+  return 0;
 }
 
-int dspk__vk_sfft_cands(const struct dspk__dev *d, uint64_t n, uint64_t batch, int all,
+/* The tuner's short list, per value count per thread (16, 32): one pass
+ * with workgroups of about 256 threads where n fits; two passes split
+ * near sqrt(n), each pass with 8 transforms per workgroup (the strided
+ * accesses then read and write 64 contiguous bytes), in as few groups as
+ * fit, else 4, 2, 1. */
+int dspk__vk_sfft_cands(const struct dspk__dev *d, uint64_t n, uint64_t batch,
                         struct dspk__vk_sfft_cfg *out, int max) {
   int k = 0;
   if (!is_pow2(n) || n < 4 || n > (uint64_t)DSPK__SK_MAXL * DSPK__SK_MAXL)
     return 0;
-  static const uint32_t es[] = {4, 8, 16, 32}, cs[] = {1, 2, 4, 8, 16, 32};
   int lg = ilog2(n);
-  if (all) {
-    for (int l = 0; l < lg; l++) {
-      uint32_t l1 = l == 0 ? 1 : 1u << l;
-      for (size_t a = 0; a < 6; a++)
-        for (size_t b = 0; b < 4; b++)
-          for (size_t c = 0; c < (l1 > 1 ? 6u : 1u); c++)
-            for (size_t e = 0; e < (l1 > 1 ? 4u : 1u); e++) {
-              struct dspk__vk_sfft_cfg cf = {l1, {cs[a], cs[c]}, {es[b], es[e]}};
-              push(d, n, batch, out, &k, max, &cf);
-            }
+  for (uint32_t e = 16; e <= 32 && k < max; e *= 2) {
+    if (n <= DSPK__SK_MAXL) {
+      struct dspk__vk_sfft_cfg cf = {1, {0, 0}, {e < n ? e : (uint32_t)n, 0}, {0, 0}};
+      uint32_t c = 256 * cf.e[0] / (uint32_t)n;
+      for (c = c ? c : 1; c >= 1 && !fit(d, n, batch, &cf, 0, c); c /= 2)
+        ;
+      if (c >= 1)
+        out[k++] = cf;
+      if (n <= 256)
+        continue;
     }
-    return k;
-  }
-  for (uint32_t e = 8; e <= 16; e *= 2) {
-    if (n <= DSPK__SK_MAXL)
-      for (int c = 5; c >= 0; c--) {
-        struct dspk__vk_sfft_cfg cf = {1, {cs[c], 0}, {e, 0}};
-        if (cs[c] * n <= 8192 && push(d, n, batch, out, &k, max, &cf))
-          break;
+    for (int l = lg / 2; l <= (lg + 1) / 2 && k < max; l++) {
+      uint32_t l1 = 1u << l, l2 = (uint32_t)(n >> l);
+      struct dspk__vk_sfft_cfg cf = {l1, {1, 1}, {e < l1 ? e : l1, e < l2 ? e : l2}, {1, 1}};
+      int ok = 1;
+      for (int i = 0; i < 2 && ok; i++) {
+        uint32_t c = 8;
+        while (c >= 1 && !fit(d, n, batch, &cf, i, c))
+          c /= 2;
+        ok = c >= 1;
       }
-    for (int l = lg / 2; l <= (lg + 1) / 2; l++) {
-      struct dspk__vk_sfft_cfg cf = {1u << l, {0, 0}, {e, e}};
-      for (int c1 = 3; c1 >= 0; c1--)
-        for (int c2 = 3; c2 >= 0; c2--) {
-          cf.c[0] = cs[c1];
-          cf.c[1] = cs[c2];
-          if (dspk__vk_sfft_valid(d, n, batch, &cf))
-            goto found;
-        }
-      continue;
-    found:
-      push(d, n, batch, out, &k, max, &cf);
-      if (lg % 2 == 0)
-        break;
+      int dup = 0;
+      for (int j = 0; j < k; j++)
+        dup |= memcmp(&out[j], &cf, sizeof cf) == 0;
+      if (ok && !dup)
+        out[k++] = cf;
     }
   }
   return k;
 }
 
+/* "C/E", or "C/E/H" when the pass has groups. */
+static int pass_name(char *buf, size_t len, uint32_t c, uint32_t e, uint32_t h) {
+  return h > 1 ? snprintf(buf, len, "%u/%u/%u", c, e, h) : snprintf(buf, len, "%u/%u", c, e);
+}
+
 void dspk__vk_sfft_name(const struct dspk__vk_sfft_cfg *cfg, char *buf, size_t len) {
-  if (cfg->l1 <= 1)
-    snprintf(buf, len, "sk:1:%u/%u", cfg->c[0], cfg->e[0]);
-  else
-    snprintf(buf, len, "sk:%u:%u/%u:%u/%u", cfg->l1, cfg->c[0], cfg->e[0], cfg->c[1],
-             cfg->e[1]);
+  char a[32], b[32] = "";
+  pass_name(a, sizeof a, cfg->c[0], cfg->e[0], cfg->h[0]);
+  if (cfg->l1 > 1)
+    pass_name(b, sizeof b, cfg->c[1], cfg->e[1], cfg->h[1]);
+  snprintf(buf, len, "sk:%u:%s%s%s", cfg->l1 > 1 ? cfg->l1 : 1, a, cfg->l1 > 1 ? ":" : "", b);
+}
+
+/* Reads "C/E" or "C/E/H" at *s, moving past it. */
+static int parse_pass(const char **s, uint32_t *c, uint32_t *e, uint32_t *h) {
+  char *end;
+  unsigned long v[3] = {0, 0, 0};
+  for (int i = 0; i < 3; i++) {
+    if (i > 0 && **s != '/')
+      break;
+    if (i > 0)
+      (*s)++;
+    if (**s < '0' || **s > '9')
+      return -1;
+    v[i] = strtoul(*s, &end, 10);
+    if (v[i] > 65536)
+      return -1;
+    *s = end;
+  }
+  *c = (uint32_t)v[0];
+  *e = (uint32_t)v[1];
+  *h = (uint32_t)v[2];
+  return v[1] ? 0 : -1;
 }
 
 int dspk__vk_sfft_parse(const char *s, struct dspk__vk_sfft_cfg *cfg) {
-  unsigned v[5] = {0};
+  const char *at = s;
+  char *end;
   char back[64];
   memset(cfg, 0, sizeof *cfg);
-  if (sscanf(s, "sk:%u:%u/%u:%u/%u", &v[0], &v[1], &v[2], &v[3], &v[4]) < 3)
+  if (strncmp(at, "sk:", 3) || at[3] < '0' || at[3] > '9')
     return -1;
-  if (v[0] <= 1)
-    v[3] = v[4] = 0;
-  *cfg = (struct dspk__vk_sfft_cfg){v[0], {v[1], v[3]}, {v[2], v[4]}};
+  unsigned long l1 = strtoul(at + 3, &end, 10);
+  at = end;
+  if (l1 > 65536 || *at++ != ':' || parse_pass(&at, &cfg->c[0], &cfg->e[0], &cfg->h[0]))
+    return -1;
+  cfg->l1 = (uint32_t)l1;
+  if (l1 > 1 && (*at++ != ':' || parse_pass(&at, &cfg->c[1], &cfg->e[1], &cfg->h[1])))
+    return -1;
+  if (*at)
+    return -1;
   dspk__vk_sfft_name(cfg, back, sizeof back);
-  return strcmp(back, s) == 0 ? 0 : -1; /* nothing more, nothing less */
+  return strcmp(back, s) == 0 ? 0 : -1; /* the canonical spelling only */
 }
 
 /* ---- code generation ----------------------------------------------------- */
@@ -252,14 +287,58 @@ static void gen_dft(struct sbuf *b, uint32_t base, uint32_t R, int inverse) {
       }
 }
 
-/* The GLSL of pass p (see the file comment).  Returns 0 or DSPK_ENOMEM. */
+/* The radix of each stage of a transform of L with E values per thread:
+ * E while it divides what is left, then the rest.  Returns the count. */
+static int radices(uint32_t L, uint32_t E, uint32_t *rad) {
+  int n = 0;
+  for (uint32_t rem = L; rem > 1; rem /= rad[n++])
+    rad[n] = rem >= E ? E : rem;
+  return n;
+}
+
+/* "if (grp == h) " when the pass has groups (their turns in shared
+ * memory), else nothing. */
+static void turn(struct sbuf *b, const struct pass *p, uint32_t h) {
+  if (p->H > 1)
+    ap(b, "  if (grp == %uu)\n", h);
+}
+
+/* The thread's reads of a stage's inputs from shared memory (radix R). */
+static void gen_read(struct sbuf *b, const struct pass *p, uint32_t R) {
+  uint32_t T = p->L / p->E;
+  ap(b, "  {\n");
+  for (uint32_t q = 0; q < p->E / R; q++)
+    for (uint32_t r = 0; r < R; r++)
+      ap(b, "    v[%u] = s[sb + P(t + %uu)];\n", q * R + r, q * T + r * (p->L / R));
+  ap(b, "  }\n");
+}
+
+/* The thread's writes of a stage's outputs (radix R, after ns values were
+ * combined) to their sorted places in shared memory. */
+static void gen_write(struct sbuf *b, const struct pass *p, uint32_t R, uint32_t ns) {
+  uint32_t T = p->L / p->E;
+  ap(b, "  {\n");
+  for (uint32_t q = 0; q < p->E / R; q++) {
+    ap(b, "    { uint j = t + %uu; uint d = (j / %uu) * %uu + (j %% %uu);\n", q * T, ns,
+       ns * R, ns);
+    for (uint32_t r = 0; r < R; r++)
+      ap(b, "      s[sb + P(d + %uu)] = v[%u];\n", r * ns, q * R + bitrev(r, ilog2(R)));
+    ap(b, "    }\n");
+  }
+  ap(b, "  }\n");
+}
+
+/* The GLSL of pass p (see the file comment).  Returns 0 or DSPK_ENOMEM.
+ * Threads: transform c = tid / T of the workgroup's C, T = L/E threads
+ * each.  With H groups, shared memory holds C/H transforms: group h
+ * (transforms h*C/H ...) uses it in turn for every exchange. */
 static int gen_pass(const struct splan *pl, const struct pass *p, int inverse, char **out) {
   struct sbuf b = {malloc(SK_SRC), SK_SRC, 0, 0};
   if (!b.p)
     return DSPK_ENOMEM;
-  uint32_t T = p->L / p->E, WG = p->C * T, SL = slots(p->L, p->C);
-  uint32_t G = (p->M + p->C - 1) / p->C;
-  int guard = p->M % p->C != 0;
+  uint32_t T = p->L / p->E, WG = p->C * T, CH = p->C / p->H, SL = slots(p->L, CH);
+  uint32_t G = (p->M + p->C - 1) / p->C, rad[16];
+  int guard = p->M % p->C != 0, nst = radices(p->L, p->E, rad);
   ap(&b,
      "#version 450\n"
      "layout(local_size_x = %u) in;\n"
@@ -275,33 +354,50 @@ static int gen_pass(const struct splan *pl, const struct pass *p, int inverse, c
      "  uint g = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;\n"
      "  if (g >= pc.ngroups) return;\n"
      "  uint row = g / %uu, m0 = (g %% %uu) * %uu;\n"
-     "  uint tid = gl_LocalInvocationID.x;\n"
-     "  uint ib = pc.xoff + row * %uu + m0 * %uu;\n"
-     "  for (uint u = 0u; u < %uu; u++) {\n"
-     "    uint i = tid + u * %uu;\n",
-     WG, p->C * SL, inverse ? "-" : "", G, G, p->C, p->bs_in, p->cs_in, p->E, WG);
-  if (p->cs_in == 1)
-    ap(&b, "    uint c = i %% %uu, j = i / %uu;\n", p->C, p->C);
-  else
-    ap(&b, "    uint j = i %% %uu, c = i / %uu;\n", p->L, p->L);
-  if (guard)
-    ap(&b, "    if (m0 + c < %uu)\n  ", p->M);
-  ap(&b,
-     "    s[c * %uu + P(j)] = x[ib + c * %uu + j * %uu];\n"
-     "  }\n"
-     "  barrier();\n"
-     "  uint sb = (tid / %uu) * %uu, t = tid %% %uu;\n"
+     "  uint tid = gl_LocalInvocationID.x, c = tid / %uu, t = tid %% %uu;\n"
+     "  uint grp = c / %uu, sb = (c %% %uu) * %uu;\n"
+     "  uint ib = pc.xoff + row * %uu + m0 * %uu, ob = pc.ooff + row * %uu + m0 * %uu;\n"
      "  vec2 v[%u];\n",
-     SL, p->cs_in, p->s_in, T, SL, T, p->E);
-  uint32_t ns = 1, rem = p->L;
-  while (rem > 1) {
-    uint32_t R = rem >= p->E ? p->E : rem;
+     WG, CH * SL, inverse ? "-" : "", G, G, p->C, T, T, CH, CH, SL, p->bs_in, p->cs_in,
+     p->bs_out, p->cs_out, p->E);
+  /* load, group by group, in the order contiguous in memory; each group's
+   * threads take their first stage's inputs */
+  for (uint32_t h = 0; h < p->H; h++) {
+    ap(&b,
+       "  for (uint u = 0u; u < %uu; u++) {\n"
+       "    uint i = tid + u * %uu;\n",
+       p->E / p->H, WG);
+    if (p->cs_in == 1)
+      ap(&b, "    uint cl = i %% %uu, j = i / %uu;\n", CH, CH);
+    else
+      ap(&b, "    uint j = i %% %uu, cl = i / %uu;\n", p->L, p->L);
+    if (guard)
+      ap(&b, "    if (m0 + %uu + cl < %uu)\n  ", h * CH, p->M);
+    ap(&b,
+       "    s[cl * %uu + P(j)] = x[ib + (%uu + cl) * %uu + j * %uu];\n"
+       "  }\n"
+       "  barrier();\n",
+       SL, h * CH, p->cs_in, p->s_in);
+    turn(&b, p, h);
+    gen_read(&b, p, rad[0]);
+    ap(&b, "  barrier();\n");
+  }
+  uint32_t ns = 1;
+  for (int st = 0; st < nst; st++) {
+    uint32_t R = rad[st];
+    if (st > 0) /* exchange: the previous stage's outputs, this one's inputs */
+      for (uint32_t h = 0; h < p->H; h++) {
+        turn(&b, p, h);
+        gen_write(&b, p, rad[st - 1], ns / rad[st - 1]);
+        ap(&b, "  barrier();\n");
+        turn(&b, p, h);
+        gen_read(&b, p, R);
+        ap(&b, "  barrier();\n");
+      }
     for (uint32_t q = 0; q < p->E / R; q++) {
-      ap(&b, "  { uint j = t + %uu;\n", q * T);
-      for (uint32_t r = 0; r < R; r++)
-        ap(&b, "    v[%u] = s[sb + P(j + %uu)];\n", q * R + r, r * (p->L / R));
+      ap(&b, "  {\n");
       if (ns > 1) {
-        ap(&b, "    uint tb = (j %% %uu) * %uu;\n", ns, p->L / (ns * R));
+        ap(&b, "    uint tb = ((t + %uu) %% %uu) * %uu;\n", q * T, ns, p->L / (ns * R));
         for (uint32_t r = 1; r < R; r++)
           ap(&b, "    v[%u] = cmul(v[%u], tww(%uu + tb * %uu));\n", q * R + r, q * R + r,
              p->twl, r);
@@ -309,42 +405,39 @@ static int gen_pass(const struct splan *pl, const struct pass *p, int inverse, c
       gen_dft(&b, q * R, R, inverse);
       ap(&b, "  }\n");
     }
-    ap(&b, "  barrier();\n");
-    for (uint32_t q = 0; q < p->E / R; q++) {
-      ap(&b, "  { uint j = t + %uu; uint d = (j / %uu) * %uu + (j %% %uu);\n", q * T, ns,
-         ns * R, ns);
-      for (uint32_t r = 0; r < R; r++)
-        ap(&b, "    s[sb + P(d + %uu)] = v[%u];\n", r * ns, q * R + bitrev(r, ilog2(R)));
-      ap(&b, "  }\n");
-    }
-    ap(&b, "  barrier();\n");
     ns *= R;
-    rem /= R;
   }
-  ap(&b,
-     "  uint ob = pc.ooff + row * %uu + m0 * %uu;\n"
-     "  for (uint u = 0u; u < %uu; u++) {\n"
-     "    uint i = tid + u * %uu;\n",
-     p->bs_out, p->cs_out, p->E, WG);
-  if (p->cs_out == 1)
-    ap(&b, "    uint c = i %% %uu, k = i / %uu;\n", p->C, p->C);
-  else
-    ap(&b, "    uint k = i %% %uu, c = i / %uu;\n", p->L, p->L);
-  ap(&b, "    vec2 val = s[c * %uu + P(k)];\n", SL);
-  if (p->twid)
+  /* store, group by group, in the order contiguous in memory */
+  for (uint32_t h = 0; h < p->H; h++) {
+    turn(&b, p, h);
+    gen_write(&b, p, rad[nst - 1], ns / rad[nst - 1]);
     ap(&b,
-       "    uint m = (m0 + c) * k;\n"
-       "    val = cmul(val, cmul(tww(%uu + (m & %uu)), tww(%uu + (m >> %uu))));\n",
-       pl->ta, (1u << pl->abits) - 1, pl->tb, pl->abits);
-  if (p->last)
-    ap(&b, "    val *= pc.scale;\n");
-  if (guard)
-    ap(&b, "    if (m0 + c < %uu)\n  ", p->M);
-  ap(&b,
-     "    o[ob + c * %uu + k * %uu] = val;\n"
-     "  }\n"
-     "}\n",
-     p->cs_out, p->s_out);
+       "  barrier();\n"
+       "  for (uint u = 0u; u < %uu; u++) {\n"
+       "    uint i = tid + u * %uu;\n",
+       p->E / p->H, WG);
+    if (p->cs_out == 1)
+      ap(&b, "    uint cl = i %% %uu, k = i / %uu;\n", CH, CH);
+    else
+      ap(&b, "    uint k = i %% %uu, cl = i / %uu;\n", p->L, p->L);
+    ap(&b, "    vec2 val = s[cl * %uu + P(k)];\n", SL);
+    if (p->twid)
+      ap(&b,
+         "    uint m = (m0 + %uu + cl) * k;\n"
+         "    val = cmul(val, cmul(tww(%uu + (m & %uu)), tww(%uu + (m >> %uu))));\n",
+         h * CH, pl->ta, (1u << pl->abits) - 1, pl->tb, pl->abits);
+    if (p->last)
+      ap(&b, "    val *= pc.scale;\n");
+    if (guard)
+      ap(&b, "    if (m0 + %uu + cl < %uu)\n  ", h * CH, p->M);
+    ap(&b,
+       "    o[ob + (%uu + cl) * %uu + k * %uu] = val;\n"
+       "  }\n",
+       h * CH, p->cs_out, p->s_out);
+    if (h + 1 < p->H)
+      ap(&b, "  barrier();\n");
+  }
+  ap(&b, "}\n");
   if (b.over) {
     free(b.p);
     return DSPK_ENOMEM;
@@ -547,7 +640,8 @@ int dspk__vk_sfft_profile(struct dspk__dev *d, uint64_t n, uint64_t batch, char 
       continue;
     /* the pass not being varied: 16 values per thread (or its length) */
     uint32_t L0 = l1 == 1 ? (uint32_t)n : l1, L1 = l1 == 1 ? 16 : (uint32_t)(n / l1);
-    struct dspk__vk_sfft_cfg cfg = {l1, {1, 1}, {L0 < 16 ? L0 : 16, L1 < 16 ? L1 : 16}};
+    struct dspk__vk_sfft_cfg cfg = {
+        l1, {1, 1}, {L0 < 16 ? L0 : 16, L1 < 16 ? L1 : 16}, {1, 1}};
     int np = l1 == 1 ? 1 : 2;
     struct dspk__vk_sfft_cfg best = cfg;
     double sum = 0;
@@ -556,25 +650,30 @@ int dspk__vk_sfft_profile(struct dspk__dev *d, uint64_t n, uint64_t batch, char 
       at += (size_t)snprintf(buf + at, at < len ? len - at : 0, "%ssplit %u pass %d:",
                              at ? "\n" : "", l1, p);
       for (size_t c = 0; c < 6; c++)
-        for (size_t e = 0; e < 5; e++) {
-          struct dspk__vk_sfft_cfg t = best;
-          t.c[p] = cs[c];
-          t.e[p] = es[e];
-          if (!dspk__vk_sfft_valid(d, n, batch, &t))
-            continue;
-          double ms;
-          if ((r = time_cfg(&u, n, batch, &t, p, &ms)))
-            goto out;
-          at += (size_t)snprintf(buf + at, at < len ? len - at : 0, " %u/%u %.4f", cs[c],
-                                 es[e], ms);
-          if (ms < bms) {
-            bms = ms;
-            cfg.c[p] = cs[c];
-            cfg.e[p] = es[e];
+        for (size_t e = 0; e < 5; e++)
+          for (uint32_t h = 1; h <= 4; h *= 2) {
+            struct dspk__vk_sfft_cfg t = best;
+            t.c[p] = cs[c];
+            t.e[p] = es[e];
+            t.h[p] = h;
+            if (!dspk__vk_sfft_valid(d, n, batch, &t))
+              continue;
+            double ms;
+            if ((r = time_cfg(&u, n, batch, &t, p, &ms)))
+              goto out;
+            char pn[32];
+            pass_name(pn, sizeof pn, cs[c], es[e], h);
+            at += (size_t)snprintf(buf + at, at < len ? len - at : 0, " %s %.4f", pn, ms);
+            if (ms < bms) {
+              bms = ms;
+              cfg.c[p] = cs[c];
+              cfg.e[p] = es[e];
+              cfg.h[p] = h;
+            }
           }
-        }
       best.c[p] = cfg.c[p];
       best.e[p] = cfg.e[p];
+      best.h[p] = cfg.h[p];
       sum += bms;
     }
     double ms;

@@ -25,22 +25,25 @@ struct dspk__opctx;
 struct dspk__vk_bind;
 
 /* One configuration: l1 the first pass's length (1: a single pass), and
- * per pass c transforms per workgroup and e values per thread. */
+ * per pass c transforms per workgroup, e values per thread and h groups
+ * (0 or 1: one) of c/h transforms that take turns in shared memory, so
+ * that more transforms per workgroup fit in it. */
 struct dspk__vk_sfft_cfg {
   uint32_t l1;
-  uint32_t c[2], e[2];
+  uint32_t c[2], e[2], h[2];
 };
 
 /* Whether cfg can run n x batch on d (lengths, shared memory, workgroup
  * size, 32-bit indexing and buffer range). */
 int dspk__vk_sfft_valid(const struct dspk__dev *d, uint64_t n, uint64_t batch,
                         const struct dspk__vk_sfft_cfg *cfg);
-/* Fills out[0..max) with configurations for n x batch on d and returns
- * how many: all valid ones when all is set (for measurements), else the
- * short list the tuner tries.  0 when n is not a power of two in range. */
-int dspk__vk_sfft_cands(const struct dspk__dev *d, uint64_t n, uint64_t batch, int all,
+/* Fills out[0..max) with the configurations the tuner tries for n x
+ * batch on d and returns how many (0 when n is not a power of two in
+ * range). */
+int dspk__vk_sfft_cands(const struct dspk__dev *d, uint64_t n, uint64_t batch,
                         struct dspk__vk_sfft_cfg *out, int max);
-/* The configuration's name ("sk:1024x1024:4/16:4/16", "sk:4096:1/16"),
+/* The configuration's name ("sk:1024:8/16/2:4/16", "sk:1:4/16": first
+ * pass length, then c/e[/h] per pass), 
  * and back (returns 0, or -1 for a string that is not one). */
 void dspk__vk_sfft_name(const struct dspk__vk_sfft_cfg *cfg, char *buf, size_t len);
 int dspk__vk_sfft_parse(const char *s, struct dspk__vk_sfft_cfg *cfg);

@@ -563,11 +563,14 @@ static void t_fft_sk(void **state) {
       {"64", "sk:1:16/4"},          {"64", "sk:1:1/32"},          {"64", "sk:1:4/2"},
       {"1024", "sk:1:2/32"},        {"8192", "sk:32:16/8:4/16"},  {"8192", "sk:256:1/32:8/4"},
       {"32768", "sk:2048:1/16:2/2"}, {"16384", "sk:16:16/16:2/32"},
+      /* groups taking turns in shared memory (and a partial last one) */
+      {"1024", "sk:1:4/16/2"},       {"64", "sk:1:4/2/2"},         {"8192", "sk:64:8/16/2:8/8/4"},
+      {"65536", "sk:256:16/32/4:4/16/2"},
   };
   char name[64];
   for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
     struct dspk__vk_sfft_cfg c[8];
-    int nc = dspk__vk_sfft_cands(D, (uint64_t)shapes[s].n, (uint64_t)shapes[s].batch, 0, c, 8);
+    int nc = dspk__vk_sfft_cands(D, (uint64_t)shapes[s].n, (uint64_t)shapes[s].batch, c, 8);
     assert_true(nc > 0);
     for (int i = 0; i < nc; i++) {
       dspk__vk_sfft_name(&c[i], name, sizeof name);
@@ -592,15 +595,16 @@ static void t_fft_sk(void **state) {
   }
   unsetenv("DSPK_VK_FFT_TUNE");
   struct dspk__vk_sfft_cfg c;
-  static const char *bad[] = {"sk:", "sk:1:4", "sk:1:4/8:4/8", "sk:64:4/8", "sk:64:4/8:4/8x",
-                              "sk:01:4/8"};
+  static const char *bad[] = {"sk:",        "sk:1:4",       "sk:1:4/8:4/8", "sk:64:4/8",
+                              "sk:64:4/8:4/8x", "sk:01:4/8", "sk:1:4/8/1", "sk:1:4/8/2/2",
+                              "sk:1:-4/8", "sk:1:4/0"};
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
     assert_int_equal(dspk__vk_sfft_parse(bad[i], &c), -1);
   /* lengths and configurations that do not fit are refused, not run */
   assert_int_equal(dspk__vk_sfft_parse("sk:1:1/8", &c), 0);
   assert_false(dspk__vk_sfft_valid(D, 3 * 64, 1, &c));
   assert_false(dspk__vk_sfft_valid(D, 8192, 1, &c));
-  assert_int_equal(dspk__vk_sfft_cands(D, 3 * 64, 1, 1, &c, 1), 0);
+  assert_int_equal(dspk__vk_sfft_cands(D, 3 * 64, 1, &c, 1), 0);
 }
 
 /* Teardown of the tests that force fft tuning: no later test sees it,
