@@ -303,13 +303,27 @@ static void turn(struct sbuf *b, const struct pass *p, uint32_t h) {
     ap(b, "  if (grp == %uu)\n", h);
 }
 
-/* The thread's reads of a stage's inputs from shared memory (radix R). */
+/* The shared-memory slot of value base + K of a transform: P(base + K),
+ * or basep + P(K) (basep = P(base) in GLSL) when K or base (aligned set)
+ * is a multiple of 16, so that the constant folds into the instruction. */
+static void slot(char *buf, size_t len, const char *base, const char *basep, uint32_t K,
+                 int aligned) {
+  if (K % 16 == 0 || aligned)
+    snprintf(buf, len, "sb + %s + %uu", basep, K + K / 16);
+  else
+    snprintf(buf, len, "sb + P(%s + %uu)", base, K);
+}
+
+/* The thread's reads of a stage's inputs (radix R) from shared memory. */
 static void gen_read(struct sbuf *b, const struct pass *p, uint32_t R) {
   uint32_t T = p->L / p->E;
+  char ix[64];
   ap(b, "  {\n");
   for (uint32_t q = 0; q < p->E / R; q++)
-    for (uint32_t r = 0; r < R; r++)
-      ap(b, "    v[%u] = s[sb + P(t + %uu)];\n", q * R + r, q * T + r * (p->L / R));
+    for (uint32_t r = 0; r < R; r++) {
+      slot(ix, sizeof ix, "t", "tp", q * T + r * (p->L / R), 0);
+      ap(b, "    v[%u] = s[%s];\n", q * R + r, ix);
+    }
   ap(b, "  }\n");
 }
 
@@ -317,21 +331,44 @@ static void gen_read(struct sbuf *b, const struct pass *p, uint32_t R) {
  * combined) to their sorted places in shared memory. */
 static void gen_write(struct sbuf *b, const struct pass *p, uint32_t R, uint32_t ns) {
   uint32_t T = p->L / p->E;
+  char ix[64];
   ap(b, "  {\n");
   for (uint32_t q = 0; q < p->E / R; q++) {
-    ap(b, "    { uint j = t + %uu; uint d = (j / %uu) * %uu + (j %% %uu);\n", q * T, ns,
-       ns * R, ns);
-    for (uint32_t r = 0; r < R; r++)
-      ap(b, "      s[sb + P(d + %uu)] = v[%u];\n", r * ns, q * R + bitrev(r, ilog2(R)));
+    ap(b, "    { uint j = t + %uu; uint d = (j / %uu) * %uu + (j %% %uu), dp = P(d);\n",
+       q * T, ns, ns * R, ns);
+    for (uint32_t r = 0; r < R; r++) {
+      slot(ix, sizeof ix, "d", "dp", r * ns, ns == 1 && R % 16 == 0);
+      ap(b, "      s[%s] = v[%u];\n", ix, q * R + bitrev(r, ilog2(R)));
+    }
     ap(b, "    }\n");
   }
   ap(b, "  }\n");
 }
 
+/* The value going to output k (GLSL expression kexpr) of transform m0+cexpr
+ * in `val`: the four-step twiddle on the first of two passes, the scale on
+ * the last. */
+static void gen_out(struct sbuf *b, const struct splan *pl, const struct pass *p,
+                    const char *cexpr, const char *kexpr) {
+  if (p->twid)
+    ap(b,
+       "      { uint m = (m0 + %s) * (%s);\n"
+       "        val = cmul(val, cmul(tww(%uu + (m & %uu)), tww(%uu + (m >> %uu)))); }\n",
+       cexpr, kexpr, pl->ta, (1u << pl->abits) - 1, pl->tb, pl->abits);
+  if (p->last)
+    ap(b, "      val *= pc.scale;\n");
+}
+
 /* The GLSL of pass p (see the file comment).  Returns 0 or DSPK_ENOMEM.
- * Threads: transform c = tid / T of the workgroup's C, T = L/E threads
- * each.  With H groups, shared memory holds C/H transforms: group h
- * (transforms h*C/H ...) uses it in turn for every exchange. */
+ *
+ * Each thread works on transform c of the workgroup's C, as thread t of
+ * its T = L/E.  A pass over columns (transforms adjacent in memory) numbers
+ * threads transform-fastest, a pass over rows thread-fastest, so that the
+ * first stage reads its inputs straight from global memory in contiguous
+ * pieces.  The last stage writes straight to global memory too, except for
+ * the row pass of two (its outputs go to columns): it stores through
+ * shared memory, transform-fastest.  With H groups, shared memory holds
+ * C/H transforms: group h (transforms h*C/H ...) uses it in turn. */
 static int gen_pass(const struct splan *pl, const struct pass *p, int inverse, char **out) {
   struct sbuf b = {malloc(SK_SRC), SK_SRC, 0, 0};
   if (!b.p)
@@ -339,6 +376,8 @@ static int gen_pass(const struct splan *pl, const struct pass *p, int inverse, c
   uint32_t T = p->L / p->E, WG = p->C * T, CH = p->C / p->H, SL = slots(p->L, CH);
   uint32_t G = (p->M + p->C - 1) / p->C, rad[16];
   int guard = p->M % p->C != 0, nst = radices(p->L, p->E, rad);
+  int cf = p->cs_in == 1;                  /* columns: transform-fastest threads */
+  int direct_out = cf || p->cs_out != 1;   /* else through shared memory */
   ap(&b,
      "#version 450\n"
      "layout(local_size_x = %u) in;\n"
@@ -354,34 +393,28 @@ static int gen_pass(const struct splan *pl, const struct pass *p, int inverse, c
      "  uint g = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;\n"
      "  if (g >= pc.ngroups) return;\n"
      "  uint row = g / %uu, m0 = (g %% %uu) * %uu;\n"
-     "  uint tid = gl_LocalInvocationID.x, c = tid / %uu, t = tid %% %uu;\n"
-     "  uint grp = c / %uu, sb = (c %% %uu) * %uu;\n"
+     "  uint tid = gl_LocalInvocationID.x;\n",
+     WG, CH * SL, inverse ? "-" : "", G, G, p->C);
+  if (cf)
+    ap(&b, "  uint c = tid %% %uu, t = tid / %uu;\n", p->C, p->C);
+  else
+    ap(&b, "  uint c = tid / %uu, t = tid %% %uu;\n", T, T);
+  ap(&b,
+     "  uint grp = c / %uu, sb = (c %% %uu) * %uu, tp = P(t);\n"
      "  uint ib = pc.xoff + row * %uu + m0 * %uu, ob = pc.ooff + row * %uu + m0 * %uu;\n"
+     "  uint xt = ib + c * %uu + t * %uu, ot = ob + c * %uu + t * %uu;\n"
      "  vec2 v[%u];\n",
-     WG, CH * SL, inverse ? "-" : "", G, G, p->C, T, T, CH, CH, SL, p->bs_in, p->cs_in,
-     p->bs_out, p->cs_out, p->E);
-  /* load, group by group, in the order contiguous in memory; each group's
-   * threads take their first stage's inputs */
-  for (uint32_t h = 0; h < p->H; h++) {
-    ap(&b,
-       "  for (uint u = 0u; u < %uu; u++) {\n"
-       "    uint i = tid + u * %uu;\n",
-       p->E / p->H, WG);
-    if (p->cs_in == 1)
-      ap(&b, "    uint cl = i %% %uu, j = i / %uu;\n", CH, CH);
-    else
-      ap(&b, "    uint j = i %% %uu, cl = i / %uu;\n", p->L, p->L);
-    if (guard)
-      ap(&b, "    if (m0 + %uu + cl < %uu)\n  ", h * CH, p->M);
-    ap(&b,
-       "    s[cl * %uu + P(j)] = x[ib + (%uu + cl) * %uu + j * %uu];\n"
-       "  }\n"
-       "  barrier();\n",
-       SL, h * CH, p->cs_in, p->s_in);
-    turn(&b, p, h);
-    gen_read(&b, p, rad[0]);
-    ap(&b, "  barrier();\n");
-  }
+     CH, CH, SL, p->bs_in, p->cs_in, p->bs_out, p->cs_out, p->cs_in, p->s_in, p->cs_out,
+     p->s_out, p->E);
+  /* the first stage's inputs, straight from global memory */
+  if (guard)
+    ap(&b, "  if (m0 + c < %uu) {\n", p->M);
+  for (uint32_t q = 0; q < p->E / rad[0]; q++)
+    for (uint32_t r = 0; r < rad[0]; r++)
+      ap(&b, "    v[%u] = x[xt + %uu];\n", q * rad[0] + r,
+         (q * T + r * (p->L / rad[0])) * p->s_in);
+  if (guard)
+    ap(&b, "  }\n");
   uint32_t ns = 1;
   for (int st = 0; st < nst; st++) {
     uint32_t R = rad[st];
@@ -407,35 +440,51 @@ static int gen_pass(const struct splan *pl, const struct pass *p, int inverse, c
     }
     ns *= R;
   }
-  /* store, group by group, in the order contiguous in memory */
-  for (uint32_t h = 0; h < p->H; h++) {
-    turn(&b, p, h);
-    gen_write(&b, p, rad[nst - 1], ns / rad[nst - 1]);
-    ap(&b,
-       "  barrier();\n"
-       "  for (uint u = 0u; u < %uu; u++) {\n"
-       "    uint i = tid + u * %uu;\n",
-       p->E / p->H, WG);
-    if (p->cs_out == 1)
-      ap(&b, "    uint cl = i %% %uu, k = i / %uu;\n", CH, CH);
-    else
-      ap(&b, "    uint k = i %% %uu, cl = i / %uu;\n", p->L, p->L);
-    ap(&b, "    vec2 val = s[cl * %uu + P(k)];\n", SL);
-    if (p->twid)
-      ap(&b,
-         "    uint m = (m0 + %uu + cl) * k;\n"
-         "    val = cmul(val, cmul(tww(%uu + (m & %uu)), tww(%uu + (m >> %uu))));\n",
-         h * CH, pl->ta, (1u << pl->abits) - 1, pl->tb, pl->abits);
-    if (p->last)
-      ap(&b, "    val *= pc.scale;\n");
+  uint32_t RL = rad[nst - 1], nl = ns / RL; /* the last stage */
+  if (direct_out) {
+    /* thread t holds outputs k = t + q*T + r*nl of its transform */
     if (guard)
-      ap(&b, "    if (m0 + %uu + cl < %uu)\n  ", h * CH, p->M);
-    ap(&b,
-       "    o[ob + (%uu + cl) * %uu + k * %uu] = val;\n"
-       "  }\n",
-       h * CH, p->cs_out, p->s_out);
-    if (h + 1 < p->H)
+      ap(&b, "  if (m0 + c < %uu) {\n", p->M);
+    for (uint32_t q = 0; q < p->E / RL; q++)
+      for (uint32_t r = 0; r < RL; r++) {
+        char k[48];
+        uint32_t K = q * T + r * nl;
+        snprintf(k, sizeof k, "t + %uu", K);
+        ap(&b, "    { vec2 val = v[%u];\n", q * RL + bitrev(r, ilog2(RL)));
+        gen_out(&b, pl, p, "c", k);
+        ap(&b, "      o[ot + %uu] = val; }\n", K * p->s_out);
+      }
+    if (guard)
+      ap(&b, "  }\n");
+  } else {
+    /* through shared memory, group by group, transform-fastest */
+    ap(&b, "  uint cl = tid %% %uu, k0 = tid / %uu, kp = P(k0);\n", CH, CH);
+    for (uint32_t h = 0; h < p->H; h++) {
+      if (h > 0)
+        ap(&b, "  barrier();\n");
+      turn(&b, p, h);
+      gen_write(&b, p, RL, nl);
       ap(&b, "  barrier();\n");
+      char cexpr[48];
+      snprintf(cexpr, sizeof cexpr, "%uu + cl", h * CH);
+      if (guard)
+        ap(&b, "  if (m0 + %s < %uu) {\n", cexpr, p->M);
+      for (uint32_t u = 0; u < p->E / p->H; u++) {
+        uint32_t K = u * (WG / CH);
+        char ix[64], k[48];
+        if (K % 16 == 0)
+          snprintf(ix, sizeof ix, "cl * %uu + kp + %uu", SL, K + K / 16);
+        else
+          snprintf(ix, sizeof ix, "cl * %uu + P(k0 + %uu)", SL, K);
+        snprintf(k, sizeof k, "k0 + %uu", K);
+        ap(&b, "    { vec2 val = s[%s];\n", ix);
+        gen_out(&b, pl, p, cexpr, k);
+        ap(&b, "      o[ob + (%s) * %uu + (%s) * %uu] = val; }\n", cexpr, p->cs_out, k,
+           p->s_out);
+      }
+      if (guard)
+        ap(&b, "  }\n");
+    }
   }
   ap(&b, "}\n");
   if (b.over) {
