@@ -348,13 +348,10 @@ static void gen_write(struct sbuf *b, const struct pass *p, uint32_t R, uint32_t
 /* The value going to output k (GLSL expression kexpr) of transform m0+cexpr
  * in `val`: the four-step twiddle on the first of two passes, the scale on
  * the last. */
-static void gen_out(struct sbuf *b, const struct splan *pl, const struct pass *p,
-                    const char *cexpr, const char *kexpr) {
+static void gen_out(struct sbuf *b, const struct pass *p, const char *cexpr,
+                    const char *kexpr) {
   if (p->twid)
-    ap(b,
-       "      { uint m = (m0 + %s) * (%s);\n"
-       "        val = cmul(val, cmul(tww(%uu + (m & %uu)), tww(%uu + (m >> %uu)))); }\n",
-       cexpr, kexpr, pl->ta, (1u << pl->abits) - 1, pl->tb, pl->abits);
+    ap(b, "      val = cmul(val, wn((m0 + %s) * (%s)));\n", cexpr, kexpr);
   if (p->last)
     ap(b, "      val *= pc.scale;\n");
 }
@@ -388,13 +385,18 @@ static int gen_pass(const struct splan *pl, const struct pass *p, int inverse, c
      "shared vec2 s[%u];\n"
      "vec2 cmul(vec2 a, vec2 b) { return vec2(a.x * b.x - a.y * b.y, a.x * b.y + a.y * b.x); }\n"
      "vec2 tww(uint i) { vec2 w = tw[i]; return vec2(w.x, %sw.y); }\n"
-     "uint P(uint i) { return i + (i >> 4); }\n"
+     "uint P(uint i) { return i + (i >> 4); }\n",
+     WG, CH * SL, inverse ? "-" : "");
+  if (p->twid) /* W_n^m, m < n, from the two four-step tables */
+    ap(&b, "vec2 wn(uint m) { return cmul(tww(%uu + (m & %uu)), tww(%uu + (m >> %uu))); }\n",
+       pl->ta, (1u << pl->abits) - 1, pl->tb, pl->abits);
+  ap(&b,
      "void main() {\n"
      "  uint g = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;\n"
      "  if (g >= pc.ngroups) return;\n"
      "  uint row = g / %uu, m0 = (g %% %uu) * %uu;\n"
      "  uint tid = gl_LocalInvocationID.x;\n",
-     WG, CH * SL, inverse ? "-" : "", G, G, p->C);
+     G, G, p->C);
   if (cf)
     ap(&b, "  uint c = tid %% %uu, t = tid / %uu;\n", p->C, p->C);
   else
@@ -430,10 +432,21 @@ static int gen_pass(const struct splan *pl, const struct pass *p, int inverse, c
     for (uint32_t q = 0; q < p->E / R; q++) {
       ap(&b, "  {\n");
       if (ns > 1) {
+        /* W_L^(tb r) = W_L^(tb 4a) W_L^(tb b) for r = 4a + b: 3 + R/4 - 1
+         * table reads instead of R - 1, one product each (exact to
+         * about 2 ulps) */
         ap(&b, "    uint tb = ((t + %uu) %% %uu) * %uu;\n", q * T, ns, p->L / (ns * R));
-        for (uint32_t r = 1; r < R; r++)
-          ap(&b, "    v[%u] = cmul(v[%u], tww(%uu + tb * %uu));\n", q * R + r, q * R + r,
-             p->twl, r);
+        for (uint32_t r = 1; r < R && r < 4; r++)
+          ap(&b, "    vec2 u%u = tww(%uu + tb * %uu); v[%u] = cmul(v[%u], u%u);\n", r, p->twl,
+             r, q * R + r, q * R + r, r);
+        for (uint32_t a = 4; a < R; a += 4) {
+          ap(&b, "    { vec2 z = tww(%uu + tb * %uu); v[%u] = cmul(v[%u], z);\n", p->twl, a,
+             q * R + a, q * R + a);
+          for (uint32_t r = 1; r < 4; r++)
+            ap(&b, "      v[%u] = cmul(v[%u], cmul(z, u%u));\n", q * R + a + r, q * R + a + r,
+               r);
+          ap(&b, "    }\n");
+        }
       }
       gen_dft(&b, q * R, R, inverse);
       ap(&b, "  }\n");
@@ -445,15 +458,36 @@ static int gen_pass(const struct splan *pl, const struct pass *p, int inverse, c
     /* thread t holds outputs k = t + q*T + r*nl of its transform */
     if (guard)
       ap(&b, "  if (m0 + c < %uu) {\n", p->M);
-    for (uint32_t q = 0; q < p->E / RL; q++)
+    for (uint32_t q = 0; q < p->E / RL; q++) {
+      if (p->twid) {
+        /* W_n^(mc (t + qT + r nl)), r = 4a + b, as base W_n^(mc (t + qT))
+         * times W_n^(mc nl b) times W_n^(mc nl 4a): about RL/2 table
+         * reads instead of 2 RL */
+        ap(&b,
+           "  { uint mc = m0 + c, ms = mc * %uu; vec2 f0 = wn(mc * (t + %uu));\n"
+           "    vec2 f1 = cmul(f0, wn(ms)), f2 = cmul(f0, wn(ms * 2u)), f3 = cmul(f0, wn(ms * 3u));\n",
+           nl, q * T);
+      }
       for (uint32_t r = 0; r < RL; r++) {
         char k[48];
         uint32_t K = q * T + r * nl;
         snprintf(k, sizeof k, "t + %uu", K);
+        if (p->twid && r % 4 == 0 && r > 0)
+          ap(&b, "    vec2 z%u = wn(ms * %uu);\n", r, r);
         ap(&b, "    { vec2 val = v[%u];\n", q * RL + bitrev(r, ilog2(RL)));
-        gen_out(&b, pl, p, "c", k);
+        if (p->twid) {
+          if (r < 4)
+            ap(&b, "      val = cmul(val, f%u);\n", r % 4);
+          else
+            ap(&b, "      val = cmul(val, cmul(z%u, f%u));\n", r - r % 4, r % 4);
+        }
+        if (p->last)
+          ap(&b, "      val *= pc.scale;\n");
         ap(&b, "      o[ot + %uu] = val; }\n", K * p->s_out);
       }
+      if (p->twid)
+        ap(&b, "  }\n");
+    }
     if (guard)
       ap(&b, "  }\n");
   } else {
@@ -478,7 +512,7 @@ static int gen_pass(const struct splan *pl, const struct pass *p, int inverse, c
           snprintf(ix, sizeof ix, "cl * %uu + P(k0 + %uu)", SL, K);
         snprintf(k, sizeof k, "k0 + %uu", K);
         ap(&b, "    { vec2 val = s[%s];\n", ix);
-        gen_out(&b, pl, p, cexpr, k);
+        gen_out(&b, p, cexpr, k);
         ap(&b, "      o[ob + (%s) * %uu + (%s) * %uu] = val; }\n", cexpr, p->cs_out, k,
            p->s_out);
       }
@@ -665,7 +699,7 @@ static int time_cfg(struct prof_ud *u, uint64_t n, uint64_t batch,
 
 int dspk__vk_sfft_profile(struct dspk__dev *d, uint64_t n, uint64_t batch, char *buf,
                           size_t len) {
-  /* (2 and 4 values per thread, and 4 groups, never measured best) */
+  /* (2 and 4 values per thread never measured best) */
   static const uint32_t es[] = {8, 16, 32}, cs[] = {1, 2, 4, 8, 16, 32};
   struct prof_ud u = {.d = d};
   struct dspk__mem *x = NULL, *y = NULL;
@@ -701,7 +735,7 @@ int dspk__vk_sfft_profile(struct dspk__dev *d, uint64_t n, uint64_t batch, char 
                              at ? "\n" : "", l1, p);
       for (size_t c = 0; c < 6; c++)
         for (size_t e = 0; e < 3; e++)
-          for (uint32_t h = 1; h <= 2; h *= 2) {
+          for (uint32_t h = 1; h <= 4; h *= 2) {
             struct dspk__vk_sfft_cfg t = best;
             t.c[p] = cs[c];
             t.e[p] = es[e];
