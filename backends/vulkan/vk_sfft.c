@@ -111,8 +111,17 @@ static int pass_ok(const struct dspk__dev *d, const struct pass *p) {
          ch * slots(p->L, (uint32_t)ch) * 8 <= lim->maxComputeSharedMemorySize;
 }
 
+/* Whether pass i of cfg (all passes when i < 0) can run n x batch on d. */
+static int valid_pass(const struct dspk__dev *d, uint64_t n, uint64_t batch,
+                      const struct dspk__vk_sfft_cfg *cfg, int i);
+
 int dspk__vk_sfft_valid(const struct dspk__dev *d, uint64_t n, uint64_t batch,
                         const struct dspk__vk_sfft_cfg *cfg) {
+  return valid_pass(d, n, batch, cfg, -1);
+}
+
+static int valid_pass(const struct dspk__dev *d, uint64_t n, uint64_t batch,
+                      const struct dspk__vk_sfft_cfg *cfg, int which) {
   if (!is_pow2(n) || n < 4 || batch == 0 || n * batch > ((uint64_t)1 << 31) ||
       n * batch * 8 > d->props.limits.maxStorageBufferRange)
     return 0;
@@ -124,63 +133,71 @@ int dspk__vk_sfft_valid(const struct dspk__dev *d, uint64_t n, uint64_t batch,
   uint32_t ta, tb, ab, tl;
   int np = layout(n, batch, cfg, p, &ta, &tb, &ab, &tl);
   for (int i = 0; i < np; i++)
-    if (!pass_ok(d, &p[i]))
+    if ((which < 0 || which == i) && !pass_ok(d, &p[i]))
       return 0;
   return 1;
 }
 
 /* Sets pass i of cfg to c transforms per workgroup with the fewest
- * groups that fit (1, 2 or 4); 0 when none does. */
+ * groups, at least hmin, that fit (up to 4); 0 when none does. */
 static int fit(const struct dspk__dev *d, uint64_t n, uint64_t batch,
-               struct dspk__vk_sfft_cfg *cfg, int i, uint32_t c) {
+               struct dspk__vk_sfft_cfg *cfg, int i, uint32_t c, uint32_t hmin) {
   cfg->c[i] = c;
-  for (uint32_t h = 1; h <= 4; h *= 2) {
+  for (uint32_t h = hmin; h <= 4; h *= 2) {
     cfg->h[i] = h;
-    if (dspk__vk_sfft_valid(d, n, batch, cfg))
+    if (valid_pass(d, n, batch, cfg, i))
       return 1;
   }
   return 0;
 }
 
-/* The tuner's short list, per value count per thread (16, 32): one pass
- * with workgroups of about 256 threads where n fits; two passes split
- * near sqrt(n), each pass with 8 transforms per workgroup (the strided
- * accesses then read and write 64 contiguous bytes), in as few groups as
- * fit, else 4, 2, 1. */
+/* Pass i of cfg with e values per thread and, from c down, the most
+ * transforms per workgroup that fit (groups from hmin up). */
+static int fit_down(const struct dspk__dev *d, uint64_t n, uint64_t batch,
+                    struct dspk__vk_sfft_cfg *cfg, int i, uint32_t c, uint32_t e,
+                    uint32_t hmin) {
+  for (; c >= 1; c /= 2) {
+    uint32_t L = i == 0 ? (cfg->l1 > 1 ? cfg->l1 : (uint32_t)n) : (uint32_t)(n / cfg->l1);
+    cfg->e[i] = e < L ? e : L;
+    if (fit(d, n, batch, cfg, i, c, c >= hmin ? hmin : 1))
+      return 1;
+  }
+  return 0;
+}
+
+/* The tuner's short list, from the per-pass profiles on the H200
+ * (docs/performance.md): 32 values per thread (16 as a second choice).
+ * One pass, where n fits, with 1 or 2 transforms per workgroup (rows are
+ * contiguous); else two passes split at sqrt(n) and a factor of 2 either
+ * side: the column pass with 4096/L (4 to 16) transforms per workgroup in
+ * at least 2 groups (wider contiguous pieces, less shared memory), the
+ * row pass, whose writes are strided, with up to 8 in the fewest groups. */
 int dspk__vk_sfft_cands(const struct dspk__dev *d, uint64_t n, uint64_t batch,
                         struct dspk__vk_sfft_cfg *out, int max) {
   int k = 0;
   if (!is_pow2(n) || n < 4 || n > (uint64_t)DSPK__SK_MAXL * DSPK__SK_MAXL)
     return 0;
   int lg = ilog2(n);
-  for (uint32_t e = 16; e <= 32 && k < max; e *= 2) {
-    if (n <= DSPK__SK_MAXL) {
-      struct dspk__vk_sfft_cfg cf = {1, {0, 0}, {e < n ? e : (uint32_t)n, 0}, {0, 0}};
-      uint32_t c = 256 * cf.e[0] / (uint32_t)n;
-      for (c = c ? c : 1; c >= 1 && !fit(d, n, batch, &cf, 0, c); c /= 2)
-        ;
-      if (c >= 1)
+  for (uint32_t e = 32; e >= 16 && k < max; e /= 2) {
+    for (uint32_t c = 1; c <= 2 && n <= DSPK__SK_MAXL && k < max; c++) {
+      struct dspk__vk_sfft_cfg cf = {1, {0, 0}, {0, 0}, {0, 0}};
+      if (fit_down(d, n, batch, &cf, 0, c, e, 1))
         out[k++] = cf;
-      if (n <= 256)
-        continue;
     }
-    for (int l = lg / 2; l <= (lg + 1) / 2 && k < max; l++) {
-      uint32_t l1 = 1u << l, l2 = (uint32_t)(n >> l);
-      struct dspk__vk_sfft_cfg cf = {l1, {1, 1}, {e < l1 ? e : l1, e < l2 ? e : l2}, {1, 1}};
-      int ok = 1;
-      for (int i = 0; i < 2 && ok; i++) {
-        uint32_t c = 8;
-        while (c >= 1 && !fit(d, n, batch, &cf, i, c))
-          c /= 2;
-        ok = c >= 1;
-      }
-      int dup = 0;
-      for (int j = 0; j < k; j++)
-        dup |= memcmp(&out[j], &cf, sizeof cf) == 0;
-      if (ok && !dup)
+    for (int l = lg / 2 - 1; l <= lg / 2 + 1 && n > DSPK__SK_MAXL && k < max; l++) {
+      if (l < 2 || lg - l < 2)
+        continue;
+      uint32_t l1 = 1u << l, c0 = 4096 / l1 > 16 ? 16 : 4096 / l1 > 4 ? 4096 / l1 : 4;
+      struct dspk__vk_sfft_cfg cf = {l1, {0, 0}, {0, 0}, {0, 0}};
+      if (fit_down(d, n, batch, &cf, 0, c0, e, 2) && fit_down(d, n, batch, &cf, 1, 8, e, 1))
         out[k++] = cf;
     }
   }
+  /* no configuration twice (small n reach the same one by several roads) */
+  for (int i = 0; i < k; i++)
+    for (int j = i + 1; j < k; j++)
+      if (!memcmp(&out[i], &out[j], sizeof out[i]))
+        out[j--] = out[--k];
   return k;
 }
 

@@ -6,14 +6,17 @@
  *   runner does with data already in device buffers; tile shape from the
  *   autotuner) vs cuBLAS sgemm on the same data; f16 (tiled kernel, f32
  *   accumulation) vs cuBLAS GemmEx f16->f32;
- *   fft 2^20 c64, batch 16, through VkFFT vs cuFFT;
+ *   fft 2^20 c64, batch 16 (VkFFT or our kernels, whichever the tuner
+ *   picks) vs cuFFT;
  *   time to first result (open the device, gemm 1024^2 + fft 2^16, read
  *   back) with a cold cache file vs the same file warm.
  *
  * `bench_vulkan fft [N BATCH]` runs the fft rows only, over more shapes (or
  * the one given), and prints the VkFFT tuning decision of each (winner,
  * passes over memory, every candidate's time) under the table, then each
- * candidate's GPU time (timestamps) next to a plain copy of the data.
+ * VkFFT candidate's GPU time (timestamps) next to a plain copy of the data.
+ * `bench_vulkan fftsk [N BATCH]` times, by GPU timestamps, each pass of
+ * every configuration of our own kernels (backends/vulkan/vk_sfft.c).
  *
  * cuBLAS/cuFFT come through the CUDA backend's dlopen tables when that
  * backend is built and a CUDA driver is present; otherwise only the Vulkan
@@ -323,7 +326,9 @@ static void bench_gemm_cands(struct dspk__dev *d, int n, int reps) {
 
 int main(int argc, char **argv) {
   int quick = argc > 1 && strcmp(argv[1], "quick") == 0;
-  int fft_only = argc > 1 && strcmp(argv[1], "fft") == 0;
+  int fft_only = argc > 1 && strcmp(argv[1], "fft") == 0     ? 1
+                 : argc > 1 && strcmp(argv[1], "fftsk") == 0 ? 2
+                                                             : 0;
   int idx = bench_vk_pick(V);
   if (idx < 0)
     return 1;
@@ -360,21 +365,25 @@ int main(int argc, char **argv) {
   if (fft_only) {
     static const int64_t shapes[][2] = {
         {1 << 20, 16}, {1 << 16, 256}, {1 << 12, 4096}, {1 << 24, 1}, {1 << 22, 4}, {1 << 10, 16384}};
-    if (argc > 3) /* bench_vulkan fft N BATCH: that shape only */
+    if (argc > 3 && fft_only == 1) /* bench_vulkan fft N BATCH: that shape only */
       bench_fft(d, atoll(argv[2]), atoll(argv[3]), 20);
-    for (size_t i = 0; argc <= 3 && i < sizeof shapes / sizeof shapes[0]; i++)
+    for (size_t i = 0; argc <= 3 && fft_only == 1 && i < sizeof shapes / sizeof shapes[0]; i++)
       bench_fft(d, shapes[i][0], shapes[i][1], 20);
     printf("\n%s", fft_notes);
     /* GPU timestamps: each candidate's transform vs a plain copy. */
     int64_t pn = argc > 3 ? atoll(argv[2]) : 1 << 20, pb = argc > 3 ? atoll(argv[3]) : 16;
     char prof[4096];
-    if (dspk__vk_fft_profile(d, (uint64_t)pn, (uint64_t)pb, prof, sizeof prof) == 0)
+    if (fft_only == 1 &&
+        dspk__vk_fft_profile(d, (uint64_t)pn, (uint64_t)pb, prof, sizeof prof) == 0)
       printf("\nfft 2^%d x %lld, %s\n", (int)log2((double)pn), (long long)pb, prof);
-    /* Our kernels: every configuration of each pass, GPU timestamps. */
-    static char skprof[65536];
-    int skr = dspk__vk_sfft_profile(d, (uint64_t)pn, (uint64_t)pb, skprof, sizeof skprof);
-    printf("\nown kernels, fft 2^%d x %lld (C/E ms):\n%s%s\n", (int)log2((double)pn),
-           (long long)pb, skprof, skr ? " (stopped by an error)" : "");
+    /* Our kernels: every configuration of each pass, GPU timestamps
+     * (bench_vulkan fftsk [N BATCH]: only this). */
+    if (fft_only == 2) {
+      static char skprof[65536];
+      int skr = dspk__vk_sfft_profile(d, (uint64_t)pn, (uint64_t)pb, skprof, sizeof skprof);
+      printf("\nown kernels, fft 2^%d x %lld (C/E[/H] ms):\n%s%s\n", (int)log2((double)pn),
+             (long long)pb, skprof, skr ? " (stopped by an error)" : "");
+    }
     V->close(d);
     dspk__cache_close(c);
     unlink(path);
