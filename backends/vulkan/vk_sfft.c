@@ -170,33 +170,35 @@ static int fit_down(const struct dspk__dev *d, uint64_t n, uint64_t batch,
 }
 
 /* The tuner's short list, from the per-pass profiles on the H200
- * (docs/performance.md): 32 values per thread (16 as a second choice).
- * One pass, where n fits, with 1 or 2 transforms per workgroup (rows are
- * contiguous); else two passes split at sqrt(n) and a factor of 2 either
- * side: the column pass with 4096/L (4 to 16) transforms per workgroup in
- * at least 2 groups (wider contiguous pieces, less shared memory), the
- * row pass, whose writes are strided, with up to 8 in the fewest groups. */
+ * (docs/performance.md).  One pass, where n fits, with 1 or 2 transforms
+ * per workgroup (rows are contiguous), 32 or 16 values per thread.
+ * Else two passes, 32 values per thread, split at sqrt(n) and a factor
+ * of 2 either side: the column pass with 4096/L (4 to 16) transforms per
+ * workgroup in at least 2 groups (wide contiguous pieces, little shared
+ * memory), the row pass, whose writes are strided, with up to 8 in the
+ * fewest groups or up to 4; then the even split with 16 values. */
 int dspk__vk_sfft_cands(const struct dspk__dev *d, uint64_t n, uint64_t batch,
                         struct dspk__vk_sfft_cfg *out, int max) {
   int k = 0;
   if (!is_pow2(n) || n < 4 || n > (uint64_t)DSPK__SK_MAXL * DSPK__SK_MAXL)
     return 0;
   int lg = ilog2(n);
-  for (uint32_t e = 32; e >= 16 && k < max; e /= 2) {
-    for (uint32_t c = 1; c <= 2 && n <= DSPK__SK_MAXL && k < max; c++) {
+  for (uint32_t e = 32; e >= 16 && n <= DSPK__SK_MAXL; e /= 2)
+    for (uint32_t c = 1; c <= 2 && k < max; c++) {
       struct dspk__vk_sfft_cfg cf = {1, {0, 0}, {0, 0}, {0, 0}};
       if (fit_down(d, n, batch, &cf, 0, c, e, 1))
         out[k++] = cf;
     }
-    for (int l = lg / 2 - 1; l <= lg / 2 + 1 && n > DSPK__SK_MAXL && k < max; l++) {
+  for (int v = 0; v < 3 && n > DSPK__SK_MAXL; v++)
+    for (int l = lg / 2 - (v < 2); l <= lg / 2 + (v < 2) && k < max; l++) {
       if (l < 2 || lg - l < 2)
         continue;
       uint32_t l1 = 1u << l, c0 = 4096 / l1 > 16 ? 16 : 4096 / l1 > 4 ? 4096 / l1 : 4;
+      uint32_t e = v < 2 ? 32 : 16, c1 = v == 0 ? 8 : 4;
       struct dspk__vk_sfft_cfg cf = {l1, {0, 0}, {0, 0}, {0, 0}};
-      if (fit_down(d, n, batch, &cf, 0, c0, e, 2) && fit_down(d, n, batch, &cf, 1, 8, e, 1))
+      if (fit_down(d, n, batch, &cf, 0, c0, e, 2) && fit_down(d, n, batch, &cf, 1, c1, e, 1))
         out[k++] = cf;
     }
-  }
   /* no configuration twice (small n reach the same one by several roads) */
   for (int i = 0; i < k; i++)
     for (int j = i + 1; j < k; j++)
@@ -377,6 +379,36 @@ static void gen_out(struct sbuf *b, const struct pass *p, const char *cexpr,
     ap(b, "      val *= pc.scale;\n");
 }
 
+/* The twiddles of stage st (radix R after ns values were combined), for
+ * each of the thread's butterflies q: u<st>_<q>_<b> = W_L^(tb b), b < 4,
+ * and z<st>_<q>_<4a> = W_L^(tb 4a). */
+static void gen_stage_tw(struct sbuf *b, const struct pass *p, int st, uint32_t R,
+                         uint32_t ns) {
+  uint32_t T = p->L / p->E;
+  for (uint32_t q = 0; q < p->E / R; q++) {
+    ap(b, "  uint tb%d_%u = ((t + %uu) %% %uu) * %uu;\n", st, q, q * T, ns, p->L / (ns * R));
+    for (uint32_t r = 1; r < R && r < 4; r++)
+      ap(b, "  vec2 u%d_%u_%u = tww(%uu + tb%d_%u * %uu);\n", st, q, r, p->twl, st, q, r);
+    for (uint32_t a = 4; a < R; a += 4)
+      ap(b, "  vec2 z%d_%u_%u = tww(%uu + tb%d_%u * %uu);\n", st, q, a, p->twl, st, q, a);
+  }
+}
+
+/* The four-step twiddles W_n^(mc (t + qT + r nl)) of the thread's outputs,
+ * r = 4a + b, as f<q>_<b> = W_n^(mc (t + qT)) W_n^(mc nl b) times
+ * y<4a> = W_n^(mc nl 4a): about RL/2 table reads instead of 2 RL. */
+static void gen_fourstep_tw(struct sbuf *b, const struct pass *p, uint32_t T, uint32_t RL,
+                            uint32_t nl) {
+  ap(b, "  uint mc = m0 + c, ms = mc * %uu;\n", nl);
+  for (uint32_t r = 4; r < RL; r += 4)
+    ap(b, "  vec2 y%u = wn(ms * %uu);\n", r, r);
+  for (uint32_t q = 0; q < p->E / RL; q++) {
+    ap(b, "  vec2 f%u_0 = wn(mc * (t + %uu));\n", q, q * T);
+    for (uint32_t r = 1; r < 4 && r < RL; r++)
+      ap(b, "  vec2 f%u_%u = cmul(f%u_0, wn(ms * %uu));\n", q, r, q, r);
+  }
+}
+
 /* The GLSL of pass p (see the file comment).  Returns 0 or DSPK_ENOMEM.
  *
  * Each thread works on transform c of the workgroup's C, as thread t of
@@ -409,8 +441,9 @@ static int gen_pass(const struct splan *pl, const struct pass *p, int inverse, c
      "uint P(uint i) { return i + (i >> 4); }\n",
      WG, CH * SL, inverse ? "-" : "");
   if (p->twid) /* W_n^m, m < n, from the two four-step tables */
-    ap(&b, "vec2 wn(uint m) { return cmul(tww(%uu + (m & %uu)), tww(%uu + (m >> %uu))); }\n",
-       pl->ta, (1u << pl->abits) - 1, pl->tb, pl->abits);
+    ap(&b,
+       "vec2 wn(uint m) { m &= %uu; return cmul(tww(%uu + (m & %uu)), tww(%uu + (m >> %uu))); }\n",
+       (uint32_t)(pl->n - 1), pl->ta, (1u << pl->abits) - 1, pl->tb, pl->abits);
   ap(&b,
      "void main() {\n"
      "  uint g = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;\n"
@@ -438,9 +471,18 @@ static int gen_pass(const struct splan *pl, const struct pass *p, int inverse, c
          (q * T + r * (p->L / rad[0])) * p->s_in);
   if (guard)
     ap(&b, "  }\n");
-  uint32_t ns = 1;
+  /* Stage twiddles are read before the exchange (arriving during it) in
+   * two-stage transforms; with three stages the registers that holds
+   * cost more than it saves (H200 profiles, docs/performance.md). */
+  int hoist = nst == 2;
+  uint32_t ns = 1, RL = rad[nst - 1], nl = p->L / RL; /* nl: the last stage's */
   for (int st = 0; st < nst; st++) {
     uint32_t R = rad[st];
+    /* W_L^(tb r) = W_L^(tb 4a) W_L^(tb b) for r = 4a + b: 3 + R/4 - 1
+     * table reads instead of R - 1, one product each (exact to about 2
+     * ulps) */
+    if (ns > 1 && hoist)
+      gen_stage_tw(&b, p, st, R, ns);
     if (st > 0) /* exchange: the previous stage's outputs, this one's inputs */
       for (uint32_t h = 0; h < p->H; h++) {
         turn(&b, p, h);
@@ -450,23 +492,18 @@ static int gen_pass(const struct splan *pl, const struct pass *p, int inverse, c
         gen_read(&b, p, R);
         ap(&b, "  barrier();\n");
       }
+    if (ns > 1 && !hoist)
+      gen_stage_tw(&b, p, st, R, ns);
     for (uint32_t q = 0; q < p->E / R; q++) {
       ap(&b, "  {\n");
       if (ns > 1) {
-        /* W_L^(tb r) = W_L^(tb 4a) W_L^(tb b) for r = 4a + b: 3 + R/4 - 1
-         * table reads instead of R - 1, one product each (exact to
-         * about 2 ulps) */
-        ap(&b, "    uint tb = ((t + %uu) %% %uu) * %uu;\n", q * T, ns, p->L / (ns * R));
         for (uint32_t r = 1; r < R && r < 4; r++)
-          ap(&b, "    vec2 u%u = tww(%uu + tb * %uu); v[%u] = cmul(v[%u], u%u);\n", r, p->twl,
-             r, q * R + r, q * R + r, r);
+          ap(&b, "    v[%u] = cmul(v[%u], u%d_%u_%u);\n", q * R + r, q * R + r, st, q, r);
         for (uint32_t a = 4; a < R; a += 4) {
-          ap(&b, "    { vec2 z = tww(%uu + tb * %uu); v[%u] = cmul(v[%u], z);\n", p->twl, a,
-             q * R + a, q * R + a);
+          ap(&b, "    v[%u] = cmul(v[%u], z%d_%u_%u);\n", q * R + a, q * R + a, st, q, a);
           for (uint32_t r = 1; r < 4; r++)
-            ap(&b, "      v[%u] = cmul(v[%u], cmul(z, u%u));\n", q * R + a + r, q * R + a + r,
-               r);
-          ap(&b, "    }\n");
+            ap(&b, "    v[%u] = cmul(v[%u], cmul(z%d_%u_%u, u%d_%u_%u));\n", q * R + a + r,
+               q * R + a + r, st, q, a, st, q, r);
         }
       }
       gen_dft(&b, q * R, R, inverse);
@@ -474,41 +511,24 @@ static int gen_pass(const struct splan *pl, const struct pass *p, int inverse, c
     }
     ns *= R;
   }
-  uint32_t RL = rad[nst - 1], nl = ns / RL; /* the last stage */
   if (direct_out) {
+    if (p->twid) /* (read earlier, they cost more registers than time) */
+      gen_fourstep_tw(&b, p, T, RL, nl);
     /* thread t holds outputs k = t + q*T + r*nl of its transform */
     if (guard)
       ap(&b, "  if (m0 + c < %uu) {\n", p->M);
-    for (uint32_t q = 0; q < p->E / RL; q++) {
-      if (p->twid) {
-        /* W_n^(mc (t + qT + r nl)), r = 4a + b, as base W_n^(mc (t + qT))
-         * times W_n^(mc nl b) times W_n^(mc nl 4a): about RL/2 table
-         * reads instead of 2 RL */
-        ap(&b,
-           "  { uint mc = m0 + c, ms = mc * %uu; vec2 f0 = wn(mc * (t + %uu));\n"
-           "    vec2 f1 = cmul(f0, wn(ms)), f2 = cmul(f0, wn(ms * 2u)), f3 = cmul(f0, wn(ms * 3u));\n",
-           nl, q * T);
-      }
+    for (uint32_t q = 0; q < p->E / RL; q++)
       for (uint32_t r = 0; r < RL; r++) {
-        char k[48];
         uint32_t K = q * T + r * nl;
-        snprintf(k, sizeof k, "t + %uu", K);
-        if (p->twid && r % 4 == 0 && r > 0)
-          ap(&b, "    vec2 z%u = wn(ms * %uu);\n", r, r);
         ap(&b, "    { vec2 val = v[%u];\n", q * RL + bitrev(r, ilog2(RL)));
-        if (p->twid) {
-          if (r < 4)
-            ap(&b, "      val = cmul(val, f%u);\n", r % 4);
-          else
-            ap(&b, "      val = cmul(val, cmul(z%u, f%u));\n", r - r % 4, r % 4);
-        }
+        if (p->twid && r < 4)
+          ap(&b, "      val = cmul(val, f%u_%u);\n", q, r);
+        else if (p->twid)
+          ap(&b, "      val = cmul(val, cmul(y%u, f%u_%u));\n", r - r % 4, q, r % 4);
         if (p->last)
           ap(&b, "      val *= pc.scale;\n");
         ap(&b, "      o[ot + %uu] = val; }\n", K * p->s_out);
       }
-      if (p->twid)
-        ap(&b, "  }\n");
-    }
     if (guard)
       ap(&b, "  }\n");
   } else {
