@@ -2,27 +2,38 @@
  * Our own FFT kernels (see vk_sfft.h for what they compute).
  *
  * One pass transforms, per workgroup, C transforms of length L (a power of
- * two up to DSPK__SK_MAXL) held in shared memory:
- *   - load: the workgroup's C x L values are read from global memory in the
- *     order that is contiguous there (transform index fastest for the
- *     column pass, element index fastest for rows) into shared memory;
- *   - stages: Stockham radix-R steps; each of the L/E threads of a
- *     transform reads R values (stride L/R), multiplies them by the
- *     stage's twiddles, does an R-point DFT in registers (radix-2 steps,
- *     unrolled, constants inline) and writes them back in sorted order, so
- *     the result needs no bit reversal;
- *   - store: read back in the order contiguous in the output; the first of
- *     two passes multiplies by the four-step twiddle W_n^(column x k), the
- *     last scales (1/n for the inverse).
- * Shared memory is padded (one slot in 16, and a shift per transform) so
- * that strided accesses fall into different banks.
+ * two up to DSPK__SK_MAXL), each by T = L/E threads holding E values:
+ *   - load: the first stage's inputs straight from global memory.  The
+ *     column pass (transforms adjacent in memory) numbers its threads
+ *     transform-fastest, so a warp reads C adjacent values per row; row
+ *     passes number them thread-fastest (rows are contiguous);
+ *   - stages: Stockham radix-R steps; each thread takes R values (stride
+ *     L/R) of its transform, multiplies them by the stage's twiddles, does
+ *     an R-point DFT in registers (radix-2 steps, unrolled, constants
+ *     inline) and writes them back in sorted order through shared memory
+ *     (the exchange), so the result needs no bit reversal;
+ *   - store: the last stage's outputs straight to global memory, except in
+ *     the row pass of two, whose outputs go to columns: it stores through
+ *     shared memory, transform-fastest.  The first of two passes multiplies
+ *     by the four-step twiddle W_n^(column x k), the last scales (1/n for
+ *     the inverse).
+ * With H groups, shared memory holds C/H transforms and the groups take
+ * turns at each exchange (more transforms per workgroup, so wider
+ * contiguous pieces, in the 48 KiB the H200 offers).  Shared memory is
+ * padded (one slot in 16, and a shift per transform) so that strided
+ * accesses fall into different banks.
  *
- * Twiddles come from a table computed on the host in double precision:
+ * Twiddles come from tables computed on the host in double precision:
  * W_L^i for each pass's L, and W_n^m = W_n^(m mod 2^a) * W_n^(2^a (m div
  * 2^a)) from two tables of about sqrt(n) values each, so no angle is ever
- * rounded through sin/cos in single precision on the device.
+ * rounded through sin/cos in single precision on the device.  A thread's
+ * twiddles W^(4a + b) are products W^(4a) W^b of table values (about a
+ * quarter of the reads, within about 2 ulps).  Twiddles are stored for the
+ * forward sign; the inverse conjugates them.
  *
- * Twiddles are stored for the forward sign; the inverse conjugates them.
+ * The configurations offered to the tuner and the choices above come from
+ * per-pass GPU profiles on the H200 (bench_vulkan fftsk; figures in
+ * docs/performance.md).
  */
 #include <math.h>
 #include <stdarg.h>
@@ -33,7 +44,7 @@
 #include "backends/vulkan/vk.h"
 #include "backends/vulkan/vk_sfft.h"
 
-#define SK_SRC 65536 /* bytes of generated GLSL per kernel, at most */
+#define SK_SRC 131072 /* bytes of generated GLSL per kernel, at most (55 KB seen) */
 #define SK_MAXE 32u  /* values per thread, at most */
 
 struct pass {
@@ -753,7 +764,8 @@ int dspk__vk_sfft_profile(struct dspk__dev *d, uint64_t n, uint64_t batch, char 
   static const uint32_t es[] = {8, 16, 32}, cs[] = {1, 2, 4, 8, 16, 32};
   struct prof_ud u = {.d = d};
   struct dspk__mem *x = NULL, *y = NULL;
-  size_t bytes = (size_t)(n * batch) * 8, at = 0;
+  size_t bytes = (size_t)(n * batch) * 8;
+  struct sbuf b = {buf, len, 0, 0};
   int r;
   buf[0] = 0;
   if (!is_pow2(n) || n < 16)
@@ -781,8 +793,7 @@ int dspk__vk_sfft_profile(struct dspk__dev *d, uint64_t n, uint64_t batch, char 
     double sum = 0;
     for (int p = 0; p < np; p++) {
       double bms = 1e30;
-      at += (size_t)snprintf(buf + at, at < len ? len - at : 0, "%ssplit %u pass %d:",
-                             at ? "\n" : "", l1, p);
+      ap(&b, "%ssplit %u pass %d:", b.at ? "\n" : "", l1, p);
       for (size_t c = 0; c < 6; c++)
         for (size_t e = 0; e < 3; e++)
           for (uint32_t h = 1; h <= 4; h *= 2) {
@@ -790,14 +801,14 @@ int dspk__vk_sfft_profile(struct dspk__dev *d, uint64_t n, uint64_t batch, char 
             t.c[p] = cs[c];
             t.e[p] = es[e];
             t.h[p] = h;
-            if (!dspk__vk_sfft_valid(d, n, batch, &t))
+            if (!valid_pass(d, n, batch, &t, p))
               continue;
             double ms;
             if ((r = time_cfg(&u, n, batch, &t, p, &ms)))
               goto out;
             char pn[32];
             pass_name(pn, sizeof pn, cs[c], es[e], h);
-            at += (size_t)snprintf(buf + at, at < len ? len - at : 0, " %s %.4f", pn, ms);
+            ap(&b, " %s %.4f", pn, ms);
             if (ms < bms) {
               bms = ms;
               cfg.c[p] = cs[c];
@@ -811,21 +822,19 @@ int dspk__vk_sfft_profile(struct dspk__dev *d, uint64_t n, uint64_t batch, char 
       sum += bms;
     }
     double ms;
-    if (!dspk__vk_sfft_valid(d, n, batch, &best))
-      continue;
+    if (sum >= 1e30 || !dspk__vk_sfft_valid(d, n, batch, &best))
+      continue; /* a pass with no configuration measured */
     if ((r = time_cfg(&u, n, batch, &best, -1, &ms)))
       goto out;
     char name[64];
     dspk__vk_sfft_name(&best, name, sizeof name);
-    at += (size_t)snprintf(buf + at, at < len ? len - at : 0,
-                           "\nsplit %u best %s: %.4f ms (passes alone %.4f)", l1, name, ms, sum);
+    ap(&b, "\nsplit %u best %s: %.4f ms (passes alone %.4f)", l1, name, ms, sum);
     if (ms < best_all) {
       best_all = ms;
       snprintf(best_name, sizeof best_name, "%s", name);
     }
   }
-  at += (size_t)snprintf(buf + at, at < len ? len - at : 0, "\nbest %s %.4f ms", best_name,
-                         best_all);
+  ap(&b, "\nbest %s %.4f ms", best_name, best_all);
 out:
   dspk__vk_submit(d);
   dspk__vk_wait_value(d, d->submitted);
