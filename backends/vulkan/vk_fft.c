@@ -594,6 +594,7 @@ struct tune_ud {
   struct fplan *plans[NCANDS];
   int checked[NCANDS];
   struct dspk__vk_sfft_cfg sk[SK_CANDS]; /* candidates NTUNES.. */
+  void *skplans[SK_CANDS];               /* their plans (only the winner's is kept) */
   int nsk;
   struct dspk__vk_bind bx, bo;         /* the operands, for our kernels */
   uint32_t ex, eo;
@@ -708,7 +709,8 @@ static int tune_run(void *ud, int i) {
   }
   for (int k = 0; k < TUNE_REPS && r == 0; k++)
     r = i >= NTUNES ? dspk__vk_sfft(u->d, &u->sk[i - NTUNES], u->desc.n, u->desc.batch,
-                                    u->inverse, &u->bx, u->ex, &u->bo, u->eo, NULL)
+                                    u->inverse, &u->bx, u->ex, &u->bo, u->eo,
+                                    &u->skplans[i - NTUNES], NULL)
                     : fft_launch(u->d, u->plans[i], u->inverse, u->desc.buf, u->off,
                                  u->desc.inbuf, u->inoff, NULL);
   if (r == 0)
@@ -805,6 +807,11 @@ static int fft_choose(struct dspk__dev *d, struct dspk__vkfft_desc *desc, int in
   for (int i = 0; i < NTUNES; i++)
     if (u->plans[i] && i != w)
       fplan_free(d, u->plans[i]);
+  for (int i = 0; i < u->nsk; i++) /* each holds a temporary as large as X */
+    if (i + NTUNES == w)
+      dspk__vk_sfft_keep(d, u->skplans[i]);
+    else
+      dspk__vk_sfft_plan_free(d, u->skplans[i]);
   int winner = w < NTUNES ? w : 0;
   desc->tune = tunes[winner].t;
   if (w >= NTUNES) {
@@ -1071,7 +1078,7 @@ int dspk__vk_fft(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *c
     uint32_t ex, eo;
     if ((r = dspk__vk_bind_tensor(d, X, &bx, &ex)) || (r = dspk__vk_bind_tensor(d, O, &bo, &eo)))
       return dspk__vk_fail(ctx, r, "fft: operands cannot be bound");
-    return dspk__vk_sfft(d, &sk, n, batch, op->u.fft.inverse, &bx, ex, &bo, eo, ctx);
+    return dspk__vk_sfft(d, &sk, n, batch, op->u.fft.inverse, &bx, ex, &bo, eo, NULL, ctx);
   }
   struct fplan *p = NULL;
   r = get_plan(d, &desc, &p, ctx);

@@ -649,12 +649,18 @@ fail:
   return r;
 }
 
+static int plan_key(uint64_t n, uint64_t batch, const struct dspk__vk_sfft_cfg *cfg,
+                    char *key, size_t len) {
+  char name[64];
+  dspk__vk_sfft_name(cfg, name, sizeof name);
+  return snprintf(key, len, "sfft|n=%llu|b=%llu|%s", (unsigned long long)n,
+                  (unsigned long long)batch, name);
+}
+
 static int get_plan(struct dspk__dev *d, uint64_t n, uint64_t batch,
                     const struct dspk__vk_sfft_cfg *cfg, struct splan **out) {
-  char key[DSPK__PLANCACHE_KEY_MAX], name[64];
-  dspk__vk_sfft_name(cfg, name, sizeof name);
-  int klen = snprintf(key, sizeof key, "sfft|n=%llu|b=%llu|%s", (unsigned long long)n,
-                      (unsigned long long)batch, name);
+  char key[DSPK__PLANCACHE_KEY_MAX];
+  int klen = plan_key(n, batch, cfg, key, sizeof key);
   struct splan *p = dspk__plancache_get(&d->plans, key, (size_t)klen);
   if (p) {
     *out = p;
@@ -669,6 +675,17 @@ static int get_plan(struct dspk__dev *d, uint64_t n, uint64_t batch,
   }
   *out = p;
   return 0;
+}
+
+void dspk__vk_sfft_keep(struct dspk__dev *d, void *plan) {
+  struct splan *p = plan;
+  char key[DSPK__PLANCACHE_KEY_MAX];
+  if (!p)
+    return;
+  int klen = plan_key(p->n, p->batch, &p->cfg, key, sizeof key);
+  if (dspk__plancache_get(&d->plans, key, (size_t)klen) ||
+      dspk__plancache_put(&d->plans, key, (size_t)klen, p))
+    dspk__vk_sfft_plan_free(d, p);
 }
 
 /* Records pass i of plan pl. */
@@ -712,15 +729,20 @@ static int run_pass(struct dspk__dev *d, struct splan *pl, int i, int inverse,
 
 int dspk__vk_sfft(struct dspk__dev *d, const struct dspk__vk_sfft_cfg *cfg, uint64_t n,
                   uint64_t batch, int inverse, const struct dspk__vk_bind *x, uint32_t xelem,
-                  const struct dspk__vk_bind *o, uint32_t oelem, struct dspk__opctx *ctx) {
+                  const struct dspk__vk_bind *o, uint32_t oelem, void **own,
+                  struct dspk__opctx *ctx) {
   if (!dspk__vk_sfft_valid(d, n, batch, cfg)) {
     char name[64];
     dspk__vk_sfft_name(cfg, name, sizeof name);
     return dspk__vk_fail(ctx, DSPK_EINVAL, "fft: configuration %s cannot run n=%llu x %llu",
                          name, (unsigned long long)n, (unsigned long long)batch);
   }
-  struct splan *pl;
-  int r = get_plan(d, n, batch, cfg, &pl);
+  struct splan *pl = own ? *own : NULL;
+  int r = 0;
+  if (!own)
+    r = get_plan(d, n, batch, cfg, &pl);
+  else if (!pl && (r = make_plan(d, n, batch, cfg, &pl)) == 0)
+    *own = pl;
   for (int i = 0; r == 0 && i < pl->np; i++)
     r = run_pass(d, pl, i, inverse != 0, x, xelem, o, oelem, ctx);
   return r;

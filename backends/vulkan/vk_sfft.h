@@ -50,10 +50,17 @@ int dspk__vk_sfft_parse(const char *s, struct dspk__vk_sfft_cfg *cfg);
 /* Records O = fft(X) (ifft scaled by 1/n when inverse) of batch rows of n:
  * X's first element is xelem of binding x, O's oelem of o; they must not
  * overlap.  The plan (twiddles, temporary buffer) is kept in d's plan
- * cache.  Returns 0 or an error (message in ctx). */
+ * cache, or, when own is not NULL, in *own (made there when NULL; the
+ * caller then frees it with dspk__vk_sfft_plan_free or hands it to the
+ * plan cache with dspk__vk_sfft_keep: the tuner keeps only the winner's).
+ * Returns 0 or an error (message in ctx). */
 int dspk__vk_sfft(struct dspk__dev *d, const struct dspk__vk_sfft_cfg *cfg, uint64_t n,
                   uint64_t batch, int inverse, const struct dspk__vk_bind *x, uint32_t xelem,
-                  const struct dspk__vk_bind *o, uint32_t oelem, struct dspk__opctx *ctx);
+                  const struct dspk__vk_bind *o, uint32_t oelem, void **own,
+                  struct dspk__opctx *ctx);
+/* Puts a plan made through own into d's plan cache (or frees it when the
+ * cache has one for its key or cannot take it). */
+void dspk__vk_sfft_keep(struct dspk__dev *d, void *plan);
 /* Measures with GPU timestamps, on fresh buffers, each pass of every
  * configuration for n x batch on d (one pass varied at a time), and the
  * best of each split whole; writes the figures into buf, a line per pass

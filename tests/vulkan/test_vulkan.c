@@ -678,6 +678,12 @@ static void t_fft_tune(void **state) {
   assert_null(strstr(rep, " 0 passes")); /* the winner's plan is cached */
   /* Every candidate ran and matched the exact DFT (tune_check). */
   assert_null(strstr(rep, "\"error\""));
+  /* Of our kernels' plans (each with a temporary as large as X) only the
+   * winner's stays in the plan cache. */
+  int sk_plans = 0;
+  for (unsigned i = 0; i < d->plans.n; i++)
+    sk_plans += *(int *)d->plans.e[i].plan == 4;
+  assert_true(sk_plans == (strstr(rep, "winner sk:") ? 1 : 0));
   VKB->close(d);
   dspk__cache_close(c);
   unlink(path);
