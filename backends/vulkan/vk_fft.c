@@ -36,8 +36,8 @@
  * and device (candidates in `tunes`, then, for complex float
  * power-of-two lengths, our own kernels' short list from vk_sfft.c); the
  * winner is stored in the persistent cache with every candidate's timing.
- * On the H200 our kernels win at 2^20 x 16 (two passes of 1024, 0.92 of
- * cuFFT against VkFFT's 0.76: docs/performance.md).
+ * On the H200 our kernels win at 2^20 x 16 (two passes of 1024, 0.92-0.95
+ * of cuFFT against VkFFT's 0.76: docs/performance.md).
  */
 #include <complex.h>
 #include <math.h>
