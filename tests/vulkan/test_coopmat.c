@@ -554,10 +554,7 @@ static void t_cache_restart(void **state) {
   static const int kinds[] = {DSPK__VK_CM_EMU, DSPK__VK_CM_KHR, DSPK__VK_CM_NV};
   for (int m = 0; m < 3; m++) {
     char path[] = "/tmp/dspk-coopmat-cache-XXXXXX";
-    int fd = mkstemp(path);
-    assert_true(fd >= 0);
-    close(fd);
-    unlink(path);
+    assert_int_equal(h_cache_path(path), 0);
     int skipped = 0;
     for (int round = 0; round < 2 && !skipped; round++) {
       struct dspk__cache *c;
@@ -590,12 +587,7 @@ static void t_cache_restart(void **state) {
       VKB->close(d);
       dspk__cache_close(c);
     }
-    unlink(path);
-    char side[64];
-    snprintf(side, sizeof side, "%s-wal", path);
-    unlink(side);
-    snprintf(side, sizeof side, "%s-shm", path);
-    unlink(side);
+    h_cache_unlink(path);
   }
 }
 

@@ -656,10 +656,7 @@ static void t_fft_inplace(void **state) {
 static void t_fft_tune(void **state) {
   (void)state;
   char path[] = "/tmp/dspk-vk-fft-tune-XXXXXX";
-  int fd = mkstemp(path);
-  assert_true(fd >= 0);
-  close(fd);
-  unlink(path);
+  assert_int_equal(h_cache_path(path), 0);
   struct dspk__cache *c;
   assert_int_equal(dspk__cache_open(path, NULL, &c, NULL, 0), 0);
   struct dspk__devenv env = {.cache = c};
@@ -686,12 +683,7 @@ static void t_fft_tune(void **state) {
   assert_true(sk_plans == (strstr(rep, "winner sk:") ? 1 : 0));
   VKB->close(d);
   dspk__cache_close(c);
-  unlink(path);
-  char wal[64];
-  snprintf(wal, sizeof wal, "%s-wal", path);
-  unlink(wal);
-  snprintf(wal, sizeof wal, "%s-shm", path);
-  unlink(wal);
+  h_cache_unlink(path);
 }
 
 static const char raw_glsl[] =
@@ -867,10 +859,7 @@ static void workload(struct dspk__dev *d) {
 static void t_cache_restart(void **state) {
   (void)state;
   char path[] = "/tmp/dspk-vk-cache-XXXXXX";
-  int fd = mkstemp(path);
-  assert_true(fd >= 0);
-  close(fd);
-  unlink(path);
+  assert_int_equal(h_cache_path(path), 0);
   struct dspk__devstats st;
   for (int round = 0; round < 2; round++) {
     struct dspk__cache *c;
@@ -894,12 +883,7 @@ static void t_cache_restart(void **state) {
     }
     dspk__cache_close(c);
   }
-  unlink(path);
-  char wal[64];
-  snprintf(wal, sizeof wal, "%s-wal", path);
-  unlink(wal);
-  snprintf(wal, sizeof wal, "%s-shm", path);
-  unlink(wal);
+  h_cache_unlink(path);
 }
 
 /* One gemm with alpha 1.5 (and beta -0.5 with C), A uploaded `apad` bytes

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "backends/backend.h"
 
@@ -27,6 +28,26 @@ struct htensor {
   int64_t n;
   double complex *v;
 };
+
+/* A fresh path for a cache file from template path ("...XXXXXX"): made
+ * unique by mkstemp, then removed so that the cache creates it.  0 or -1. */
+static inline int h_cache_path(char *path) {
+  int fd = mkstemp(path);
+  if (fd < 0)
+    return -1;
+  close(fd);
+  unlink(path);
+  return 0;
+}
+/* Removes a cache file and SQLite's -wal and -shm files beside it. */
+static inline void h_cache_unlink(const char *path) {
+  char side[4096];
+  unlink(path);
+  snprintf(side, sizeof side, "%s-wal", path);
+  unlink(side);
+  snprintf(side, sizeof side, "%s-shm", path);
+  unlink(side);
+}
 
 static uint64_t h_seed = 12345;
 static inline double h_rand(void) { /* uniform in [-1, 1) */
