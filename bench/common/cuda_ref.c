@@ -6,30 +6,14 @@
 #include <time.h>
 
 #include "backends/cuda/cuda_internal.h"
+#include "bench/common/bench_util.h"
 #include "bench/common/cuda_ref.h"
 
 #define CU dspk__cu
 #define BL dspk__cublas
 #define FF dspk__cufft
 
-static void die(const char *what, long rc) {
-  fprintf(stderr, "cuda reference: %s failed (%ld)\n", what, rc);
-  exit(1);
-}
-#define CK(x) do { long r_ = (long)(x); if (r_) die(#x, r_); } while (0)
-
-static double now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
-
-static double median3(const double *v) {
-  double a = v[0], b = v[1], c = v[2];
-  if ((a <= b && b <= c) || (c <= b && b <= a)) return b;
-  if ((b <= a && a <= c) || (c <= a && a <= b)) return a;
-  return c;
-}
+#define CK(x) DSPK_BENCH_CK("cuda reference", x)
 
 double dspk_bench_cublas_gemm(dspk_dtype dt, int n, const void *ha, const void *hb, int reps) {
   size_t isz = dt == DSPK_F32 ? 4 : 2, nn = (size_t)n * n;
@@ -48,7 +32,7 @@ double dspk_bench_cublas_gemm(dspk_dtype dt, int n, const void *ha, const void *
   CK(CU.cuMemcpyHtoDAsync(a, ha, nn * isz, st));
   CK(CU.cuMemcpyHtoDAsync(b, hb, nn * isz, st));
   for (int k = -1; k < 3; k++) {
-    double t0 = now_ms();
+    double t0 = dspk_bench_now_ms();
     for (int i = 0; i < (k < 0 ? 1 : reps); i++) {
       if (dt == DSPK_F32)
         CK(BL.cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, (float *)b, n,
@@ -60,14 +44,14 @@ double dspk_bench_cublas_gemm(dspk_dtype dt, int n, const void *ha, const void *
     }
     CK(CU.cuStreamSynchronize(st));
     if (k >= 0)
-      v[k] = (now_ms() - t0) / reps;
+      v[k] = (dspk_bench_now_ms() - t0) / reps;
   }
   BL.cublasDestroy(h);
   CU.cuMemFree(a);
   CU.cuMemFree(b);
   CU.cuMemFree(c);
   CU.cuStreamDestroy(st);
-  return median3(v);
+  return dspk_bench_median3(v);
 }
 
 double dspk_bench_cufft(int64_t n, int64_t batch, const void *hx, int reps) {
@@ -86,16 +70,16 @@ double dspk_bench_cufft(int64_t n, int64_t batch, const void *hx, int reps) {
   CK(FF.cufftMakePlanMany64(p, 1, &nn, NULL, 1, n, NULL, 1, n, CUFFT_C2C, batch, &ws));
   CK(FF.cufftSetStream(p, (cudaStream_t)st));
   for (int k = -1; k < 3; k++) {
-    double t0 = now_ms();
+    double t0 = dspk_bench_now_ms();
     for (int i = 0; i < (k < 0 ? 1 : reps); i++)
       CK(FF.cufftExecC2C(p, (cufftComplex *)x, (cufftComplex *)y, CUFFT_FORWARD));
     CK(CU.cuStreamSynchronize(st));
     if (k >= 0)
-      v[k] = (now_ms() - t0) / reps;
+      v[k] = (dspk_bench_now_ms() - t0) / reps;
   }
   FF.cufftDestroy(p);
   CU.cuMemFree(x);
   CU.cuMemFree(y);
   CU.cuStreamDestroy(st);
-  return median3(v);
+  return dspk_bench_median3(v);
 }

@@ -27,23 +27,14 @@
 #include <time.h>
 
 #include "backends/cuda/cuda_internal.h"
+#include "bench/common/bench_util.h"
 #include "bench/common/cuda_ref.h"
 #include "dspk/dspk.h"
 
 #define CU dspk__cu
 #define BL dspk__cublas
 
-static double now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
-
-static void die(const char *what, long rc) {
-  fprintf(stderr, "bench_cuda: %s failed (%ld)\n", what, rc);
-  exit(1);
-}
-#define CK(x) do { long r_ = (long)(x); if (r_) die(#x, r_); } while (0)
+#define CK(x) DSPK_BENCH_CK("bench_cuda", x)
 
 static void fill_random(void *p, size_t n, dspk_dtype dt) {
   uint64_t s = 88172645463325252ull;
@@ -60,12 +51,8 @@ static void fill_random(void *p, size_t n, dspk_dtype dt) {
   }
 }
 
-static int cmp_d(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
 static double median(double *v, int n) {
-  qsort(v, (size_t)n, sizeof(*v), cmp_d);
+  qsort(v, (size_t)n, sizeof(*v), dspk_bench_cmp_d);
   return v[n / 2];
 }
 
@@ -94,14 +81,14 @@ static double time_backend(struct dspk__op *op, int reps) {
   CK(B->run(dev, op, &ctx));
   CK(B->sync(dev));
   for (int k = 0; k < 3; k++) {
-    double t0 = now_ms();
+    double t0 = dspk_bench_now_ms();
     for (int i = 0; i < reps; i++)
       if (B->run(dev, op, &ctx)) {
         fprintf(stderr, "run: %s\n", err);
         exit(1);
       }
     CK(B->sync(dev));
-    v[k] = (now_ms() - t0) / reps;
+    v[k] = (dspk_bench_now_ms() - t0) / reps;
   }
   return median(v, 3);
 }
@@ -210,7 +197,7 @@ static void bench_trace(int sync_on_evict, int64_t i0, int64_t di, int64_t j, in
   memset(&s0, 0, sizeof(s0));
   memset(&s1, 0, sizeof(s1));
   B->stats(dev, &s0);
-  t0 = now_ms();
+  t0 = dspk_bench_now_ms();
   for (int t = 0; t < NT; t++) {
     struct dspk__op op;
     int64_t as[3] = {i0 + di * shapes[t], k / 16, 16}, bs[3] = {j, 16, k / 16};
@@ -235,7 +222,7 @@ static void bench_trace(int sync_on_evict, int64_t i0, int64_t di, int64_t j, in
     }
   }
   CK(B->sync(dev));
-  wall = now_ms() - t0;
+  wall = dspk_bench_now_ms() - t0;
   B->stats(dev, &s1);
   for (int t = 0; t < NT; t++) {
     float ms;
@@ -315,7 +302,7 @@ static double time_daemon(dspk_client *c, const dspk_task *t, uint64_t probe_buf
   dspk_result r;
   float tmp;
   for (int k = -1; k < 3; k++) {
-    double t0 = now_ms();
+    double t0 = dspk_bench_now_ms();
     int n = k < 0 ? 1 : reps;
     for (int i = 0; i < n; i++)
       CK(dspk_submit(c, t, &tk[i]));
@@ -330,7 +317,7 @@ static double time_daemon(dspk_client *c, const dspk_task *t, uint64_t probe_buf
     /* A read orders after all the device's work. */
     CK(dspk_buffer_read(c, probe_buf, 0, &tmp, sizeof(tmp)));
     if (k >= 0)
-      v[k] = (now_ms() - t0) / n;
+      v[k] = (dspk_bench_now_ms() - t0) / n;
   }
   return median(v, 3);
 }
@@ -431,7 +418,7 @@ static int mode_daemon(const char *sock) {
 /* ---- first result of a fresh process ----------------------------------------- */
 
 static int mode_firstresult(void) {
-  double t0 = now_ms();
+  double t0 = dspk_bench_now_ms();
   char why[256];
   int n = 1024;
   size_t bytes = (size_t)n * n * 4;
@@ -461,7 +448,7 @@ static int mode_firstresult(void) {
                     &zero, (float *)dc, n));
   CK(CU.cuMemcpyDtoHAsync(c, dc, bytes, st));
   CK(CU.cuStreamSynchronize(st));
-  printf("in-process first result: %.1f ms inside main (c[0]=%g)\n", now_ms() - t0, c[0]);
+  printf("in-process first result: %.1f ms inside main (c[0]=%g)\n", dspk_bench_now_ms() - t0, c[0]);
   return 0;
 }
 

@@ -20,28 +20,15 @@
 #include <time.h>
 
 #include "backends/cuda/cuda_internal.h"
+#include "bench/common/bench_util.h"
 
 static const struct dspk__backend *GPU = &dspk__backend_cuda;
 static struct dspk__dev *dev;
 
-static double now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
+#define CK(x) DSPK_BENCH_CK("bench_cuda_staging", x)
 
-static void die(const char *what, long rc) {
-  fprintf(stderr, "bench_cuda_staging: %s failed (%ld)\n", what, rc);
-  exit(1);
-}
-#define CK(x) do { long r_ = (long)(x); if (r_) die(#x, r_); } while (0)
-
-static int cmp_d(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
 static double median(double *v, int n) {
-  qsort(v, (size_t)n, sizeof(*v), cmp_d);
+  qsort(v, (size_t)n, sizeof(*v), dspk_bench_cmp_d);
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
@@ -54,20 +41,20 @@ static void copy_times(size_t n, double *w_ms, double *r_ms) {
   struct dspk__mem *m;
   unsigned char *h = malloc(n);
   if (!h)
-    die("malloc", 1);
+    dspk_bench_die("bench_cuda_staging", "malloc", 1);
   memset(h, 1, n);
   CK(GPU->alloc(dev, n, &m));
   CK(GPU->write(dev, m, 0, h, n)); /* warm-up */
   CK(GPU->sync(dev));
   CK(GPU->read(dev, m, 0, h, n));
   for (int i = 0; i < REPS; i++) {
-    double t0 = now_ms();
+    double t0 = dspk_bench_now_ms();
     CK(GPU->write(dev, m, 0, h, n));
     CK(GPU->sync(dev));
-    double t1 = now_ms();
+    double t1 = dspk_bench_now_ms();
     CK(GPU->read(dev, m, 0, h, n));
     w[i] = t1 - t0;
-    r[i] = now_ms() - t1;
+    r[i] = dspk_bench_now_ms() - t1;
   }
   GPU->free(dev, m);
   free(h);
@@ -84,7 +71,7 @@ static double gemm_task_ms(void) {
   atomic_int cancel = 0;
   struct dspk__opctx ctx = {&cancel, NULL, NULL, err, sizeof(err)};
   if (!a || !b || !c)
-    die("malloc", 1);
+    dspk_bench_die("bench_cuda_staging", "malloc", 1);
   for (size_t i = 0; i < (size_t)N * N; i++) {
     a[i] = (float)(i % 17) * 0.25f;
     b[i] = (float)(i % 13) * 0.5f;
@@ -94,7 +81,7 @@ static double gemm_task_ms(void) {
     struct dspk__op op;
     struct dspk__mem *ma, *mb, *mc;
     char msg[256];
-    double t0 = now_ms();
+    double t0 = dspk_bench_now_ms();
     memset(&op, 0, sizeof(op));
     op.kind = DSPK_OP_GEMM;
     op.nin = 2;
@@ -119,7 +106,7 @@ static double gemm_task_ms(void) {
     GPU->free(dev, mb);
     GPU->free(dev, mc);
     if (it >= 0)
-      t[it] = now_ms() - t0;
+      t[it] = dspk_bench_now_ms() - t0;
   }
   /* c[0] = sum_k a[k] b[k*N]: a check that the gemm ran. */
   {
@@ -127,7 +114,7 @@ static double gemm_task_ms(void) {
     for (int k = 0; k < N; k++)
       ref += (double)a[k] * b[(size_t)k * N];
     if (c[0] < ref * 0.999 || c[0] > ref * 1.001)
-      die("gemm result check", 1);
+      dspk_bench_die("bench_cuda_staging", "gemm result check", 1);
   }
   free(a);
   free(b);

@@ -19,6 +19,7 @@
 #include <time.h>
 
 #include "backends/backend.h"
+#include "bench/common/bench_util.h"
 #include "bench/vulkan/bench_vk.h"
 
 extern const struct dspk__backend dspk__backend_vulkan;
@@ -26,12 +27,6 @@ static const struct dspk__backend *V = &dspk__backend_vulkan;
 /* backends/vulkan/vk_coopmat.c (vk.h is not included: see bench_vulkan.c). */
 int dspk__vk_coopmat_describe(struct dspk__dev *d, char *buf, size_t len);
 const char *dspk__vk_coopmat_tile_name(int i);
-
-static double now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
 
 /* Values k/256, |k| <= 256: exact in f16, products exact in f32. */
 static void fill(uint16_t *h, float *f, size_t n, uint64_t seed) {
@@ -110,20 +105,20 @@ static int bench_path(int idx, const char *mode, const int *sizes, int nsizes) {
     char msg[256];
     if (dspk__op_infer(&op, msg, sizeof msg) || V->alloc(d, nn * 4, &op.out[0].mem))
       goto fail;
-    double t0 = now_ms();
+    double t0 = dspk_bench_now_ms();
     if (run(d, &op) || V->sync(d))
       goto fail;
-    double first = now_ms() - t0;
+    double first = dspk_bench_now_ms() - t0;
     int reps = n >= 8192 ? 5 : n >= 4096 ? 10 : 20;
     double v[3];
     for (int k = 0; k < 3; k++) {
-      t0 = now_ms();
+      t0 = dspk_bench_now_ms();
       for (int i = 0; i < reps; i++)
         if (run(d, &op))
           goto fail;
       if (V->sync(d))
         goto fail;
-      v[k] = (now_ms() - t0) / reps;
+      v[k] = (dspk_bench_now_ms() - t0) / reps;
     }
     double a = v[0], b = v[1], c = v[2], t;
     if (a > b) { t = a; a = b; b = t; }

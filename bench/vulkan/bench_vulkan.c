@@ -31,6 +31,7 @@
 #include <unistd.h>
 
 #include "backends/backend.h"
+#include "bench/common/bench_util.h"
 #include "bench/vulkan/bench_vk.h"
 #include "cache/cache.h"
 #ifdef DSPK_BENCH_CUDA
@@ -60,24 +61,7 @@ const char *dspk__vk_gemm_last(void);
  * (declared here for the reason vk_vkfft.h is not included). */
 int dspk__vk_coopmat_describe(struct dspk__dev *d, char *buf, size_t len);
 
-static double now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
-static void die(const char *what, long rc) {
-  fprintf(stderr, "bench_vulkan: %s failed (%ld)\n", what, rc);
-  exit(1);
-}
-#define CK(x) do { long r_ = (long)(x); if (r_) die(#x, r_); } while (0)
-
-static double median3(double *v) {
-  double a = v[0], b = v[1], c = v[2];
-  if (a > b) { double t = a; a = b; b = t; }
-  if (b > c) { double t = b; b = c; c = t; }
-  if (a > b) { double t = a; a = b; b = t; }
-  return b;
-}
+#define CK(x) DSPK_BENCH_CK("bench_vulkan", x)
 
 static void fill(void *p, size_t n, dspk_dtype dt) {
   uint64_t s = 88172645463325252ull;
@@ -136,13 +120,13 @@ static double time_op(struct dspk__dev *d, struct dspk__op *op, int reps) {
   CK(run_op(d, op));
   CK(V->sync(d));
   for (int k = 0; k < 3; k++) {
-    double t0 = now_ms();
+    double t0 = dspk_bench_now_ms();
     for (int i = 0; i < reps; i++)
       CK(run_op(d, op));
     CK(V->sync(d));
-    v[k] = (now_ms() - t0) / reps;
+    v[k] = (dspk_bench_now_ms() - t0) / reps;
   }
-  return median3(v);
+  return dspk_bench_median3(v);
 }
 
 static void place_outputs(struct dspk__dev *d, struct dspk__op *op) {
@@ -185,10 +169,10 @@ static void bench_gemm(struct dspk__dev *d, dspk_dtype dt, int n, int reps) {
   op.in[0] = upload(d, dt, 2, shape, ha);
   op.in[1] = upload(d, dt, 2, shape, hb);
   place_outputs(d, &op);
-  double tt = now_ms();
+  double tt = dspk_bench_now_ms();
   CK(run_op(d, &op)); /* includes the tile tuning on a cold cache */
   CK(V->sync(d));
-  tt = now_ms() - tt;
+  tt = dspk_bench_now_ms() - tt;
   const char *win = dspk__vk_gemm_last(); /* the autotuner's choice */
   double tv = time_op(d, &op, reps), flop = 2.0 * n * (double)n * n;
   free_op(d, &op);
@@ -243,7 +227,7 @@ static double first_result(int idx, struct dspk__cache *c, uint64_t *compiled) {
   size_t nn = (size_t)n * n;
   float *h = malloc(nn * 4 * 2);
   fill(h, nn * 2, DSPK_F32);
-  double t0 = now_ms();
+  double t0 = dspk_bench_now_ms();
   struct dspk__dev *d = open_dev(idx, c);
   int64_t gs[2] = {n, n}, fs[2] = {1, 1 << 16};
   struct dspk__op g = {.kind = DSPK_OP_GEMM, .nin = 2}, f = {.kind = DSPK_OP_FFT, .nin = 1};
@@ -257,7 +241,7 @@ static double first_result(int idx, struct dspk__cache *c, uint64_t *compiled) {
   CK(run_op(d, &f));
   CK(V->read(d, g.out[0].mem, 0, h, nn * 4));
   CK(V->read(d, f.out[0].mem, 0, h + nn, (size_t)(1 << 16) * 8));
-  double t = now_ms() - t0;
+  double t = dspk_bench_now_ms() - t0;
   struct dspk__devstats st = {0};
   V->stats(d, &st);
   *compiled = st.kernels_compiled;
@@ -307,10 +291,10 @@ static void bench_gemm_cands(struct dspk__dev *d, int n, int reps) {
       printf(" - |\n");
   }
   dspk__vk_gemm_force(-1);
-  double tt = now_ms();
+  double tt = dspk_bench_now_ms();
   CK(run_op(d, &op));
   CK(V->sync(d));
-  tt = now_ms() - tt;
+  tt = dspk_bench_now_ms() - tt;
   const char *win = dspk__vk_gemm_last();
   double tv = time_op(d, &op, reps);
   printf("| gemm %d^2 f32 | autotuned: %s (first call %.0f ms) | %.3f ms | %.1f TFLOP/s |", n,
