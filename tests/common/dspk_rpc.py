@@ -1,7 +1,7 @@
 """A small msgpack-RPC client of dspkd written from docs/protocol.md, shared
 by the Python end-to-end scripts (tests/lifecycle, tests/daemon/gpu_smoke.py).
-Needs only python3 and msgpack.  tests/daemon/dspkd_test.py keeps a client of
-its own on purpose: it checks the protocol's framing rules as it reads."""
+Needs only python3 and msgpack.  tests/daemon/dspkd_test.py derives a stricter
+client from it that checks the protocol's framing rules as it reads."""
 import socket
 
 import msgpack
@@ -16,6 +16,7 @@ class RpcError(Exception):
     def __init__(self, err):
         super().__init__("%s: %s" % (err.get("name"), err.get("message")))
         self.name = err.get("name")
+        self.code = err.get("code")
         self.err = err
 
 

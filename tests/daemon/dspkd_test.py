@@ -24,40 +24,27 @@ import time
 import msgpack
 import numpy as np
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+import dspk_rpc  # noqa: E402
+from dspk_rpc import RpcError, check  # noqa: E402
+
 TIMEOUT = 30.0  # seconds any single wait may take before the test fails
 
 DTYPES = {"f32": np.float32, "f64": np.float64, "c64": np.complex64, "c128": np.complex128}
 NAMES = {np.dtype(v): k for k, v in DTYPES.items()}
 
 
-class RpcError(Exception):
-    def __init__(self, err):
-        super().__init__("%s: %s" % (err.get("name"), err.get("message")))
-        self.err = err
-        self.name = err.get("name")
-        self.code = err.get("code")
-
-
-def check(cond, what):
-    if not cond:
-        raise AssertionError(what)
-
-
 # ---- a client written from docs/protocol.md ---------------------------------
 
-class Client:
+class Client(dspk_rpc.Client):
+    """The shared client (tests/common/dspk_rpc.py), stricter: every message
+    it reads is checked against the protocol's rules, notifications are kept,
+    and a request may carry a chosen msgid."""
+
     def __init__(self, path):
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.settimeout(TIMEOUT)
-        self.sock.connect(path)
-        self.up = msgpack.Unpacker(raw=False, max_buffer_size=1 << 30)
-        self.msgid = 0
-        self.responses = {}
+        super().__init__(path, TIMEOUT)
         self.notifications = []
         self.eof = False
-
-    def close(self):
-        self.sock.close()
 
     def send(self, method, args=None, msgid=None):
         if msgid is None:
@@ -83,17 +70,6 @@ class Client:
                 self.responses[m[1]] = m
             else:
                 self.notifications.append(m)
-
-    def wait(self, msgid):
-        while msgid not in self.responses:
-            self.pump()
-        m = self.responses.pop(msgid)
-        if m[2] is not None:
-            raise RpcError(m[2])
-        return m[3]
-
-    def call(self, method, args=None):
-        return self.wait(self.send(method, args))
 
     def expect_error(self, name, method, args=None):
         try:
