@@ -591,7 +591,7 @@ struct tune_ud {
   struct dspk__vkfft_desc desc;
   int inverse;
   VkDeviceSize off, inoff;
-  struct fplan *plans[NCANDS];
+  struct fplan *plans[NTUNES]; /* VkFFT's candidates' plans */
   int checked[NCANDS];
   struct dspk__vk_sfft_cfg sk[SK_CANDS]; /* candidates NTUNES.. */
   void *skplans[SK_CANDS];               /* their plans (only the winner's is kept) */

@@ -28,7 +28,8 @@
  * 2^a)) from two tables of about sqrt(n) values each, so no angle is ever
  * rounded through sin/cos in single precision on the device.  A thread's
  * twiddles W^(4a + b) are products W^(4a) W^b of table values (about a
- * quarter of the reads, within about 2 ulps).  Twiddles are stored for the
+ * quarter of the reads; one more rounded product, so an error of about 2
+ * ulps by estimate: the fft tests' tolerances hold).  Twiddles are stored for the
  * forward sign; the inverse conjugates them.
  *
  * The configurations offered to the tuner and the choices above come from
@@ -490,8 +491,8 @@ static int gen_pass(const struct splan *pl, const struct pass *p, int inverse, c
   for (int st = 0; st < nst; st++) {
     uint32_t R = rad[st];
     /* W_L^(tb r) = W_L^(tb 4a) W_L^(tb b) for r = 4a + b: 3 + R/4 - 1
-     * table reads instead of R - 1, one product each (exact to about 2
-     * ulps) */
+     * table reads instead of R - 1, one product each (see the file
+     * comment) */
     if (ns > 1 && hoist)
       gen_stage_tw(&b, p, st, R, ns);
     if (st > 0) /* exchange: the previous stage's outputs, this one's inputs */
