@@ -111,6 +111,15 @@ struct dspk__vk_kernel {
   uint64_t last_use;
 };
 
+/* A kernel remembered by its user (a plan, a tile), so that a launch need
+ * not find it again by hashing its source: valid while the device's kernel
+ * table still holds it, which dspk__vk_kmemo_get (vk_shader.c) checks by
+ * key. */
+struct dspk__vk_kmemo {
+  struct dspk__vk_kernel *k;
+  uint64_t key[2];
+};
+
 /* VK_KHR_cooperative_matrix, for Vulkan headers older than 1.3.255 (Debian
  * 12 has 1.3.239).  Values from the Vulkan registry (vk.xml). */
 #ifndef VK_KHR_cooperative_matrix
@@ -176,10 +185,7 @@ struct dspk__vk_coopmat {
   char why[160];       /* why the path is off, or what it is */
   VkPhysicalDeviceCooperativeMatrixFeaturesKHR fkhr; /* chained at CreateDevice */
   VkPhysicalDeviceCooperativeMatrixFeaturesNV fnv;
-  /* Kernels per tile and variant; the kernel table may evict them, so each
-   * is checked against its key before use. */
-  struct dspk__vk_kernel *kern[DSPK__VK_CM_TILES][DSPK__VK_CM_VARIANTS];
-  uint64_t kkey[DSPK__VK_CM_TILES][DSPK__VK_CM_VARIANTS][2];
+  struct dspk__vk_kmemo kern[DSPK__VK_CM_TILES][DSPK__VK_CM_VARIANTS];
   uint64_t ngemm; /* gemms recorded on this path */
 };
 
@@ -318,6 +324,10 @@ int dspk__vk_dispatch(struct dspk__dev *d, struct dspk__vk_kernel *k,
  * and profiles. */
 int dspk__vk_gpu_ms(struct dspk__dev *d, int reps, int (*rec)(void *ud, int i), void *ud,
                     double *ms);
+
+/* m's kernel (marked used), or NULL when it was never set or was evicted. */
+struct dspk__vk_kernel *dspk__vk_kmemo_get(struct dspk__dev *d, struct dspk__vk_kmemo *m);
+void dspk__vk_kmemo_set(struct dspk__vk_kmemo *m, struct dspk__vk_kernel *k);
 
 /* ---- vk_coopmat.c ------------------------------------------------------- */
 

@@ -945,10 +945,8 @@ void dspk__vk_coopmat_tune_min(uint64_t n) { tune_min = n ? n : TUNE_MIN; }
 static int get_kernel(struct dspk__dev *d, int tile, unsigned flags,
                       struct dspk__vk_kernel **out, struct dspk__opctx *ctx) {
   struct dspk__vk_coopmat *cm = &d->cm;
-  struct dspk__vk_kernel *k = cm->kern[tile][flags];
-  uint64_t *key = cm->kkey[tile][flags];
-  if (k && k->pipe && k->key[0] == key[0] && k->key[1] == key[1]) {
-    k->last_use = ++d->kclock;
+  struct dspk__vk_kernel *k = dspk__vk_kmemo_get(d, &cm->kern[tile][flags]);
+  if (k) {
     *out = k;
     return 0;
   }
@@ -976,9 +974,7 @@ static int get_kernel(struct dspk__dev *d, int tile, unsigned flags,
   }
   if (r)
     return r;
-  cm->kern[tile][flags] = k;
-  key[0] = k->key[0];
-  key[1] = k->key[1];
+  dspk__vk_kmemo_set(&cm->kern[tile][flags], k);
   *out = k;
   return 0;
 }

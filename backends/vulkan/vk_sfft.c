@@ -65,10 +65,8 @@ struct splan {
   uint32_t ta, tb, abits; /* the four-step twiddle tables */
   struct dspk__mem *tw, *tmp;
   char *src[2][2]; /* [inverse][pass], made when first needed */
-  /* Their kernels while the device's table holds them (the key checked
-   * before use: hashing tens of KB of source per launch is too slow). */
-  struct dspk__vk_kernel *kern[2][2];
-  uint64_t kkey[2][2][2];
+  /* Their kernels (hashing tens of KB of source per launch is too slow). */
+  struct dspk__vk_kmemo kern[2][2];
 };
 
 static int is_pow2(uint64_t v) { return v && !(v & (v - 1)); }
@@ -697,17 +695,12 @@ static int run_pass(struct dspk__dev *d, struct splan *pl, int i, int inverse,
   int r;
   if (!pl->src[inverse][i] && (r = gen_pass(pl, p, inverse, &pl->src[inverse][i])))
     return r;
-  struct dspk__vk_kernel *k = pl->kern[inverse][i];
-  uint64_t *key = pl->kkey[inverse][i];
-  if (k && k->pipe && k->key[0] == key[0] && k->key[1] == key[1]) {
-    k->last_use = ++d->kclock;
-  } else {
+  struct dspk__vk_kernel *k = dspk__vk_kmemo_get(d, &pl->kern[inverse][i]);
+  if (!k) {
     if ((r = dspk__vk_kernel(d, "sfft", pl->src[inverse][i], NULL, 0, "main", 3, 16, &k,
                              ctx)))
       return r;
-    pl->kern[inverse][i] = k;
-    key[0] = k->key[0];
-    key[1] = k->key[1];
+    dspk__vk_kmemo_set(&pl->kern[inverse][i], k);
   }
   struct dspk__vk_bind tmp = {0}, b[3];
   if (pl->tmp)

@@ -264,6 +264,20 @@ static int make_pipeline(struct dspk__dev *d, const uint32_t *spv, size_t nbytes
   return 0;
 }
 
+struct dspk__vk_kernel *dspk__vk_kmemo_get(struct dspk__dev *d, struct dspk__vk_kmemo *m) {
+  struct dspk__vk_kernel *k = m->k;
+  if (!k || !k->pipe || k->key[0] != m->key[0] || k->key[1] != m->key[1])
+    return NULL;
+  k->last_use = ++d->kclock;
+  return k;
+}
+
+void dspk__vk_kmemo_set(struct dspk__vk_kmemo *m, struct dspk__vk_kernel *k) {
+  m->k = k;
+  m->key[0] = k->key[0];
+  m->key[1] = k->key[1];
+}
+
 int dspk__vk_kernel(struct dspk__dev *d, const char *name, const char *src,
                     const void *spirv, size_t nbytes, const char *entry, int nbind,
                     uint32_t pcsize, struct dspk__vk_kernel **out,
