@@ -27,6 +27,7 @@
 
 #include "daemon/config.h"
 #include "daemon/log.h"
+#include "proto/units.h"
 
 enum ktype { K_SOCKET, K_STR, K_BOOL, K_LEVEL, K_UINT, K_SIZE, K_MS, K_USERS, K_GROUPS };
 
@@ -105,29 +106,23 @@ static void put_uint(void *p, size_t width, uint64_t v) {
   }
 }
 
-/* Parses an unsigned decimal with an optional unit suffix: for sizes K, M,
- * G (powers of 1024), for durations ms or s.  0 or -1. */
+/* Parses an unsigned decimal; for sizes with an optional binary unit
+ * (proto/units.h: K, M, G, T, KiB...), for durations with ms or s.  0 or
+ * -1. */
 static int parse_uint(const char *s, enum ktype t, uint64_t *out) {
   char *end;
   unsigned long long v;
   uint64_t mul = 1;
 
+  if (t == K_SIZE)
+    return dspk__parse_size(s, out);
   if (!*s || *s == '-' || *s == '+')
     return -1;
   errno = 0;
   v = strtoull(s, &end, 10);
   if (errno || end == s)
     return -1;
-  if (t == K_SIZE && *end) {
-    if (strcmp(end, "K") == 0 || strcmp(end, "KiB") == 0)
-      mul = 1024;
-    else if (strcmp(end, "M") == 0 || strcmp(end, "MiB") == 0)
-      mul = 1024 * 1024;
-    else if (strcmp(end, "G") == 0 || strcmp(end, "GiB") == 0)
-      mul = 1024 * 1024 * 1024;
-    else
-      return -1;
-  } else if (t == K_MS && *end) {
+  if (t == K_MS && *end) {
     if (strcmp(end, "s") == 0)
       mul = 1000;
     else if (strcmp(end, "ms") != 0)
@@ -314,7 +309,7 @@ static int handler(void *user, const char *section, const char *name, const char
     if (parse_uint(value, k->type, &v) != 0 || v < k->lo || v > k->hi)
       return perr(p, "%s: expected an integer from %llu to %llu%s, got \"%s\"", name,
                   (unsigned long long)k->lo, (unsigned long long)k->hi,
-                  k->type == K_SIZE  ? " (suffix K, M or G allowed)"
+                  k->type == K_SIZE  ? " (suffix K, M, G or T allowed)"
                   : k->type == K_MS ? " milliseconds (or with suffix s)"
                                     : "",
                   value);

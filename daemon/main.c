@@ -30,6 +30,7 @@
 #include "daemon/teardown.h"
 
 #include "cache/cache.h"
+#include "proto/units.h"
 
 static void usage(FILE *f) {
   fprintf(f,
@@ -45,26 +46,29 @@ static void usage(FILE *f) {
           "                       $CACHE_DIRECTORY/cache.db under systemd, else\n"
           "                       $XDG_CACHE_HOME/dspk/cache.db (~/.cache/dspk/cache.db)\n"
           "  --no-cache           run without a persistent cache (as --cache \"\")\n"
-          "  --cache-max-bytes N  size bound of the cache; least recently used entries\n"
-          "                       are evicted (default 268435456)\n"
+          "  --cache-max-bytes SIZE  size bound of the cache; least recently used entries\n"
+          "                       are evicted (default 256M)\n"
           "  --backends LIST      comma list of backends to use (default: every one available)\n"
           "  --foreground         stay in the foreground (default: detach once listening)\n"
           "  --log-level LEVEL    error, warn, info (default) or debug\n"
           "  --ready-fd N         write \"READY\\n\" to file descriptor N once listening, close it\n"
-          "  --max-message BYTES  largest message (default 268435456)\n"
+          "  --max-message SIZE   largest message (default 256M)\n"
           "  --max-depth N        nesting of arrays/maps (default 16)\n"
           "  --max-objects N      msgpack objects in one message (default 1048576)\n"
           "  --max-rank N         tensor rank (default 8, at most 8)\n"
           "  --max-elements N     elements in one tensor (default 2147483648)\n"
           "  --max-inflight N     requests in flight per connection (default 1024)\n"
-          "  --max-unsent BYTES   unwritten response bytes per connection before reading\n"
-          "                       pauses (default 67108864)\n"
+          "  --max-unsent SIZE    unwritten response bytes per connection before reading\n"
+          "                       pauses (default 64M)\n"
           "  --max-buffers N      buffers per connection (default 4096)\n"
           "  --max-clients N      open connections (default 256)\n"
           "  --shutdown-timeout MS  at stop, cancel tasks still running after this\n"
           "                       (default 10000)\n"
-          "  --help               show this help\n"
-          "  --version            show the version\n");
+          "  -h, --help           show this help\n"
+          "  -V, --version        show the version\n"
+          "\n"
+          "SIZE is a byte count with an optional binary unit: K or KiB, M or MiB, G or\n"
+          "GiB, T or TiB (2M = 2097152).\n");
 }
 
 enum {
@@ -116,6 +120,22 @@ bad:
   fprintf(stderr, "dspkd: --%s: expected an integer from %llu to %llu, got \"%s\"\n", opt,
           (unsigned long long)lo, (unsigned long long)hi, s);
   return -1;
+}
+
+/* Parses a byte count with an optional unit (proto/units.h: 2M, 64KiB) in
+ * [lo, hi]; 0, or -1 with a message. */
+static int parse_bytes(const char *opt, const char *s, uint64_t lo, uint64_t hi,
+                       uint64_t *out) {
+  uint64_t v;
+  if (dspk__parse_size(s, &v) != 0 || v < lo || v > hi) {
+    fprintf(stderr,
+            "dspkd: --%s: expected a size from %llu to %llu bytes (suffix K, M, G or T "
+            "allowed), got \"%s\"\n",
+            opt, (unsigned long long)lo, (unsigned long long)hi, s);
+    return -1;
+  }
+  *out = v;
+  return 0;
 }
 
 /* Fills cfg->socket_path from --socket, $DSPK_SOCKET or the default, and
@@ -280,7 +300,7 @@ int main(int argc, char **argv) {
 
   dspkd_config_defaults(cfg);
 
-  while ((opt = getopt_long(argc, argv, "", long_opts, NULL)) != -1) {
+  while ((opt = getopt_long(argc, argv, "hV", long_opts, NULL)) != -1) {
     switch (opt) {
     case OPT_SOCKET: given_socket = optarg; break;
     case OPT_CACHE:
@@ -289,7 +309,7 @@ int main(int argc, char **argv) {
       break;
     case OPT_NO_CACHE: cli_cache = -1; break;
     case OPT_CACHE_MAX_BYTES:
-      if (parse_count("cache-max-bytes", optarg, 4096, (uint64_t)1 << 40, &v)) return 2;
+      if (parse_bytes("cache-max-bytes", optarg, 4096, (uint64_t)1 << 40, &v)) return 2;
       cfg->cache_max_bytes = v;
       break;
     case OPT_BACKENDS: cfg->backends = optarg; break;
@@ -310,7 +330,7 @@ int main(int argc, char **argv) {
       cfg->ready_fd = (int)v;
       break;
     case OPT_MAX_MESSAGE:
-      if (parse_count("max-message", optarg, 64, (uint64_t)1 << 32, &v)) return 2;
+      if (parse_bytes("max-message", optarg, 64, (uint64_t)1 << 32, &v)) return 2;
       cfg->lim.max_message = (size_t)v;
       break;
     case OPT_MAX_DEPTH:
@@ -334,7 +354,7 @@ int main(int argc, char **argv) {
       cfg->max_inflight = (size_t)v;
       break;
     case OPT_MAX_UNSENT:
-      if (parse_count("max-unsent", optarg, 1, (uint64_t)1 << 40, &v)) return 2;
+      if (parse_bytes("max-unsent", optarg, 1, (uint64_t)1 << 40, &v)) return 2;
       cfg->max_unsent = (size_t)v;
       break;
     case OPT_MAX_BUFFERS:
@@ -350,9 +370,11 @@ int main(int argc, char **argv) {
       cfg->shutdown_timeout_ms = v;
       break;
     case OPT_CONFIG: break; /* read by dspkd_config_start() */
+    case 'h':
     case OPT_HELP:
       usage(stdout);
       return 0;
+    case 'V':
     case OPT_VERSION:
       printf("dspkd %s (protocol %d)\n", DSPKD_VERSION, DSPK_PROTOCOL_VERSION);
       return 0;

@@ -55,11 +55,14 @@ int dspk__sub_ping(dspk__sub_ctx *ctx, int argc, char **argv) {
         return dspk__sub_usage(ctx, "bad COUNT '%s' (want 1..1000000)",
                                optarg);
       break;
-    case 's':
-      if (dspk__sub_parse_long(optarg, 0, 64L << 20, &size) < 0)
-        return dspk__sub_usage(ctx, "bad size '%s' (want 0..67108864)",
+    case 's': {
+      uint64_t v;
+      if (dspk__sub_parse_size(optarg, 0, 64u << 20, &v) < 0)
+        return dspk__sub_usage(ctx, "bad size '%s' (want 0..64M bytes)",
                                optarg);
+      size = (long)v;
       break;
+    }
     case 'j':
       json = true;
       break;

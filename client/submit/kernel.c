@@ -226,10 +226,15 @@ int dspk__sub_kernel(dspk__sub_ctx *ctx, int argc, char **argv) {
                                optarg);
       have_block = true;
       break;
-    case 's':
-      if (dspk__sub_parse_long(optarg, 0, UINT32_MAX, &shared) < 0)
-        return dspk__sub_usage(ctx, "bad --shared '%s' (want bytes)", optarg);
+    case 's': {
+      uint64_t v;
+      if (dspk__sub_parse_size(optarg, 0, UINT32_MAX, &v) < 0)
+        return dspk__sub_usage(ctx, "bad --shared '%s' (want bytes, e.g. "
+                                    "4096 or 48K)",
+                               optarg);
+      shared = (long)v;
       break;
+    }
     case 'l':
       if (strcmp(optarg, "cuda") && strcmp(optarg, "hip") &&
           strcmp(optarg, "glsl") && strcmp(optarg, "spirv"))

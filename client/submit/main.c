@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "client/submit/submit.h"
+#include "proto/units.h"
 
 #define PROG "dspk-submit"
 
@@ -299,6 +300,15 @@ int dspk__sub_parse_long(const char *s, long lo, long hi, long *out) {
   errno = 0;
   v = strtol(s, &end, 10);
   if (*end != '\0' || errno == ERANGE || v < lo || v > hi)
+    return -1;
+  *out = v;
+  return 0;
+}
+
+int dspk__sub_parse_size(const char *s, uint64_t lo, uint64_t hi,
+                         uint64_t *out) {
+  uint64_t v;
+  if (dspk__parse_size(s, &v) != 0 || v < lo || v > hi)
     return -1;
   *out = v;
   return 0;

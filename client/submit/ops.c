@@ -248,8 +248,8 @@ void dspk__sub_print_summary(const dspk_result *res, const dspk_tensor *t) {
 
 static size_t inline_max(void) {
   const char *e = getenv("DSPK_SUBMIT_INLINE_MAX");
-  long v;
-  if (e != NULL && dspk__sub_parse_long(e, 0, 1L << 40, &v) == 0)
+  uint64_t v;
+  if (e != NULL && dspk__sub_parse_size(e, 0, (uint64_t)1 << 40, &v) == 0)
     return (size_t)v;
   return INLINE_MAX_DEFAULT;
 }

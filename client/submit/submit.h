@@ -15,6 +15,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "dspk/dspk.h"
 
@@ -87,6 +88,11 @@ int dspk__sub_missing_arg(const dspk__sub_ctx *ctx, char **argv);
 /* Strict number parsing of a whole string: 0 on success, -1 otherwise. */
 int dspk__sub_parse_double(const char *s, double *out);
 int dspk__sub_parse_long(const char *s, long lo, long hi, long *out);
+
+/* A byte count with an optional binary unit (K, M, G, T, KiB, ...: 2M is
+ * 2097152; proto/units.h) in [lo, hi]: 0 on success, -1 otherwise. */
+int dspk__sub_parse_size(const char *s, uint64_t lo, uint64_t hi,
+                         uint64_t *out);
 
 /* Monotonic time in microseconds. */
 double dspk__sub_now_us(void);

@@ -1,0 +1,34 @@
+/*
+ * Sizes with unit suffixes (proto/units.h).
+ */
+#include "proto/units.h"
+
+#include <string.h>
+
+int dspk__parse_size(const char *s, uint64_t *out) {
+  static const struct {
+    const char *name;
+    unsigned shift;
+  } units[] = {{"", 0},    {"K", 10},  {"KiB", 10}, {"M", 20}, {"MiB", 20},
+               {"G", 30},  {"GiB", 30}, {"T", 40},  {"TiB", 40}};
+  uint64_t v = 0;
+  const char *p = s;
+
+  if (s == NULL || *p < '0' || *p > '9')
+    return -1;
+  for (; *p >= '0' && *p <= '9'; p++) {
+    unsigned d = (unsigned)(*p - '0');
+    if (v > (UINT64_MAX - d) / 10)
+      return -1;
+    v = v * 10 + d;
+  }
+  for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
+    if (strcmp(p, units[i].name) != 0)
+      continue;
+    if (units[i].shift && v > (UINT64_MAX >> units[i].shift))
+      return -1;
+    *out = v << units[i].shift;
+    return 0;
+  }
+  return -1;
+}
