@@ -298,7 +298,7 @@ static int handler(void *user, const char *section, const char *name, const char
   case K_LEVEL: {
     enum dspkd_level l;
     if (dspkd_log_parse_level(value, &l) != 0)
-      return perr(p, "%s: expected error, warn, info or debug, got \"%s\"", name, value);
+      return perr(p, "%s: expected error, warn, notice, info or debug, got \"%s\"", name, value);
     if (!(p->skip & ((uint64_t)1 << idx)))
       *(int *)field = (int)l;
     return 1;

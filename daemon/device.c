@@ -48,9 +48,29 @@ void job_free(struct dspkd *d, struct job *j) {
     dbuf_unref(d, j->refs[i]);
   chunk_unref(j->chunk);
   wreq_free(j->resp);
+  free(j->errmsg);
   if (j->conn)
     conn_unref(j->conn);
   free(j);
+}
+
+static const char *op_name(dspk_op kind) {
+  switch (kind) {
+#define XX(e, name)                                                            \
+  case DSPK_OP_##e:                                                            \
+    return name;
+    DSPK_OP_MAP(XX)
+#undef XX
+  default:
+    return "?";
+  }
+}
+
+/* The log line of a task that failed (loop thread). */
+static void log_task_failed(struct job *j, int code) {
+  struct conn *c = j->conn;
+  dspkd_log_task_failed(j->dev ? j->dev->id : NULL, op_name(j->op.kind), c ? c->id : 0,
+                        c ? (long)c->pid : 0L, code, j->errmsg);
 }
 
 static void ring_push(struct device *dev, struct cqueue *q) {
@@ -134,6 +154,8 @@ static void finish_dropped(struct dspkd *d, struct job *list, int code) {
     struct job *j = list, *next = j->next;
     struct conn *c = j->conn;
     conn_unlink_job(j);
+    if (code && j->kind == JOB_TASK)
+      log_task_failed(j, code);
     if (code && c && !c->closing)
       conn_send_error(c, j->msgid, code,
                       code == DSPK_ESHUTDOWN ? "the daemon is stopping" : NULL);
@@ -246,6 +268,8 @@ static int resubmit_on_cpu(struct dspkd *d, struct job *j) {
   wreq_free(j->resp);
   j->resp = NULL;
   j->err = 0;
+  free(j->errmsg);
+  j->errmsg = NULL;
   j->any = false;
   j->progress_ms = 0;
   j->dev = cpu;
@@ -284,6 +308,8 @@ void dspkd_done_cb(uv_async_t *h) {
     conn_unlink_job(j);
     if (j->any && j->err == DSPK_ENOTSUP && !c->closing && resubmit_on_cpu(d, j))
       continue;
+    if (j->kind == JOB_TASK && j->err < 0)
+      log_task_failed(j, j->err);
     if (j->kind == JOB_BUF_CREATE && j->err == 0 && !c->closing) {
       /* The slot was reserved when the request came in. */
       if (conn_buf_add(c, j->buf) != 0)
@@ -304,8 +330,11 @@ void dspkd_done_cb(uv_async_t *h) {
 
 static void runner_log(void *ud, int level, const char *msg) {
   struct device *dev = ud;
-  enum dspkd_level l = level <= 0 ? DSPKD_ERROR : level >= 3 ? DSPKD_DEBUG
-                                                             : (enum dspkd_level)level;
+  /* The backends' levels: 0 error, 1 warn, 2 info, 3 debug. */
+  enum dspkd_level l = level <= 0   ? DSPKD_ERROR
+                       : level == 1 ? DSPKD_WARN
+                       : level == 2 ? DSPKD_INFO
+                                    : DSPKD_DEBUG;
   dspkd_log(l, "%s: %s", dev->id, msg);
 }
 
@@ -437,6 +466,12 @@ static bool selected(const char *list, const char *name) {
 }
 
 /* Every backend dspk has, built into this binary or not. */
+/* Whether the backends list names the backend explicitly (no list: every
+ * backend is merely tried). */
+static bool asked(const char *list, const char *name) {
+  return list && *list && selected(list, name);
+}
+
 static const char *const all_backends[] = {"cpu", "cuda", "vulkan", "hip"};
 
 static bool built(const char *name, size_t len) {
@@ -489,9 +524,15 @@ int dspkd_devices_start(struct dspkd *d) {
   err = check_backend_list(d->cfg.backends);
   if (err < 0)
     return err;
-  for (size_t i = 0; i < sizeof all_backends / sizeof all_backends[0]; i++)
-    if (!built(all_backends[i], strlen(all_backends[i])))
-      add_unavailable(d, all_backends[i], "not built into this dspkd");
+  for (size_t i = 0; i < sizeof all_backends / sizeof all_backends[0]; i++) {
+    if (built(all_backends[i], strlen(all_backends[i])))
+      continue;
+    add_unavailable(d, all_backends[i], "not built into this dspkd");
+    /* Asked for by name: say so at the start, not at the first task. */
+    if (asked(d->cfg.backends, all_backends[i]))
+      dspkd_warn("backend %s was asked for (backends=%s) but this dspkd was built without "
+                 "it: no %s devices", all_backends[i], d->cfg.backends, all_backends[i]);
+  }
   for (int b = 0; dspk__backends[b]; b++) {
     const struct dspk__backend *be = dspk__backends[b];
     struct dspk__devinfo info[MAX_PROBE];
@@ -504,8 +545,14 @@ int dspkd_devices_start(struct dspkd *d) {
     }
     memset(info, 0, sizeof info);
     n = be->probe(info, MAX_PROBE, why, sizeof why);
-    if (n <= 0) {
+    if (n <= 0 && asked(d->cfg.backends, be->name)) {
+      dspkd_warn("backend %s was asked for (backends=%s) but has no device: %s; tasks "
+                 "for %s devices fail with ENODEV", be->name, d->cfg.backends,
+                 why[0] ? why : "none found", be->name);
+    } else if (n <= 0) {
       dspkd_info("backend %s: no devices: %s", be->name, why[0] ? why : "none found");
+    }
+    if (n <= 0) {
       add_unavailable(d, be->name, why[0] ? why : (n < 0 ? dspk__strerror(n) : "no device"));
       continue;
     }

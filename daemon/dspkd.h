@@ -139,6 +139,7 @@ struct job {
   /* result: the encoded response frame (runner), or NULL */
   struct wreq *resp;
   int err;
+  char *errmsg;              /* task: the failure's message (malloc'd), or NULL */
   uint64_t progress_ms;      /* runner: when task.progress was last sent */
   bool any;                  /* task.run chose "any": may move to cpu on ENOTSUP */
 };

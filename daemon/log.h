@@ -1,17 +1,34 @@
 /*
- * dspkd's log: one line per event on stderr, prefixed with the daemon's
- * name, pid and severity ("dspkd[42]: warn: ...").  Only daemon/ logs; the
- * libraries it calls return codes and messages and the daemon decides, once,
- * at the boundary, what to log.  Thread-safe: one write(2) per line.
+ * dspkd's log: one line per event on stderr.  On a terminal or a file each
+ * line is prefixed with the daemon's name, pid and severity
+ * ("dspkd[42]: warn: ...").  When stderr is the systemd journal (the
+ * JOURNAL_STREAM variable names stderr's device and inode, see
+ * systemd.exec(5)), each line instead starts with its syslog priority,
+ * "<3>" for an error, "<4>" warn, "<5>" notice, "<6>" info, "<7>" debug,
+ * which journald stores as the entry's PRIORITY (name and pid it records
+ * itself), so `journalctl -p err` finds the errors.  Control characters in
+ * a message are folded, so an event is always one line.  Only daemon/
+ * logs; the libraries it calls return codes and messages and the daemon
+ * decides, once, at the boundary, what to log.  Thread-safe: one write(2)
+ * per line.
  */
 #ifndef DSPKD_LOG_H
 #define DSPKD_LOG_H
 
-enum dspkd_level { DSPKD_ERROR = 0, DSPKD_WARN = 1, DSPKD_INFO = 2, DSPKD_DEBUG = 3 };
+#include <stdint.h>
+
+enum dspkd_level {
+  DSPKD_ERROR = 0,  /* something the administrator must look at */
+  DSPKD_WARN = 1,   /* degraded, or likely to fail later */
+  DSPKD_NOTICE = 2, /* normal but significant: a client's failed request */
+  DSPKD_INFO = 3,
+  DSPKD_DEBUG = 4
+};
 
 /* Sets the most verbose level that is written (default DSPKD_INFO). */
 void dspkd_log_set_level(enum dspkd_level level);
-/* Parses "error", "warn", "info" or "debug"; 0 and *out, or -1 when unknown. */
+/* Parses "error", "warn", "notice", "info" or "debug"; 0 and *out, or -1
+ * when unknown. */
 int dspkd_log_parse_level(const char *s, enum dspkd_level *out);
 /* Returns 1 when messages of this level are written. */
 int dspkd_log_enabled(enum dspkd_level level);
@@ -19,8 +36,24 @@ int dspkd_log_enabled(enum dspkd_level level);
 void dspkd_log(enum dspkd_level level, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
+/* The level a failed task is logged at, by its error code: errors of the
+ * daemon or a device (EDEVICE, EIO, EINTERNAL, ETIMEDOUT, unknown codes)
+ * at error; resource pressure (ENOMEM, EBUSY) at warn; the client's own
+ * mistakes (EINVAL, ESHAPE, EDTYPE, ENODEV, ECOMPILE, ENOTSUP, ...) at
+ * notice; cancellations and the stop (ECANCELED, ESHUTDOWN, ECLOSED) at
+ * info.  docs/systemd.md has the table. */
+enum dspkd_level dspkd_log_task_level(int code);
+
+/* The one line of a failed task:
+ *   task failed: device=cpu:0 op=gemm client=3 pid=1234: ESHAPE: message
+ * at dspkd_log_task_level(code).  device is the device that ran it, or the
+ * one the request named when it failed before reaching a device. */
+void dspkd_log_task_failed(const char *device, const char *op, uint64_t client,
+                           long pid, int code, const char *msg);
+
 #define dspkd_error(...) dspkd_log(DSPKD_ERROR, __VA_ARGS__)
 #define dspkd_warn(...) dspkd_log(DSPKD_WARN, __VA_ARGS__)
+#define dspkd_notice(...) dspkd_log(DSPKD_NOTICE, __VA_ARGS__)
 #define dspkd_info(...) dspkd_log(DSPKD_INFO, __VA_ARGS__)
 #define dspkd_debug(...)                                                       \
   do {                                                                         \

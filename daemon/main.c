@@ -50,7 +50,7 @@ static void usage(FILE *f) {
           "                       are evicted (default 256M)\n"
           "  --backends LIST      comma list of backends to use (default: every one available)\n"
           "  --foreground         stay in the foreground (default: detach once listening)\n"
-          "  --log-level LEVEL    error, warn, info (default) or debug\n"
+          "  --log-level LEVEL    error, warn, notice, info (default) or debug\n"
           "  --ready-fd N         write \"READY\\n\" to file descriptor N once listening, close it\n"
           "  --max-message SIZE   largest message (default 256M)\n"
           "  --max-depth N        nesting of arrays/maps (default 16)\n"
@@ -316,7 +316,7 @@ int main(int argc, char **argv) {
     case OPT_FOREGROUND: cfg->foreground = true; break;
     case OPT_LOG_LEVEL:
       if (dspkd_log_parse_level(optarg, &level) != 0) {
-        fprintf(stderr, "dspkd: --log-level: expected error, warn, info or debug\n");
+        fprintf(stderr, "dspkd: --log-level: expected error, warn, notice, info or debug\n");
         return 2;
       }
       dspkd_log_set_level(level);

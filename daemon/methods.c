@@ -301,7 +301,7 @@ static int m_buffer_create(struct req *r) {
   struct job *j;
   int err = 0;
 
-  if ((err = dspk__arg_str(r->args, "device", devname, sizeof devname, r->msg, sizeof r->msg)))
+  if ((err = dspk__arg_str(r->args, "device", devname, 48, r->msg, sizeof r->msg)))
     return err;
   if (dspk__obj_u64(dspk__map_get(r->args, "size"), &size) != 0)
     return fail(r, DSPK_EINVAL, "size: expected a byte count");
@@ -660,24 +660,26 @@ static int pin(struct req *r, struct device **pinned, struct device *dev,
   return 0;
 }
 
-static int m_task_run(struct req *r) {
+/* task.run up to the job's submission; opname and devname (16 and 48
+ * bytes) get what the request named, for the caller's log line. */
+static int task_run(struct req *r, char *opname, char *devname) {
   struct conn *c = r->c;
   struct dspkd *d = c->d;
   const msgpack_object *inputs, *outputs;
-  char opname[16] = "", devname[48] = "any", what[32];
+  char what[32];
   struct device *pinned = NULL, *dev = NULL;
   struct job *j;
   dspk_op kind;
   int err = 0;
 
-  if ((err = dspk__arg_str(r->args, "op", opname, sizeof opname, r->msg, sizeof r->msg)))
+  if ((err = dspk__arg_str(r->args, "op", opname, 16, r->msg, sizeof r->msg)))
     return err;
   if (!opname[0])
     return fail(r, DSPK_EINVAL, "op: required (gemm, fft, fir, contract, reduce, map, kernel)");
   if (parse_op(opname, &kind) != 0)
     return fail(r, DSPK_EINVAL, "op: unknown op \"%s\" (gemm, fft, fir, contract, "
                 "reduce, map, kernel)", opname);
-  if ((err = dspk__arg_str(r->args, "device", devname, sizeof devname, r->msg, sizeof r->msg)))
+  if ((err = dspk__arg_str(r->args, "device", devname, 48, r->msg, sizeof r->msg)))
     return err;
   inputs = dspk__map_get(r->args, "inputs");
   if (!inputs || inputs->type != MSGPACK_OBJECT_ARRAY || inputs->via.array.size == 0)
@@ -804,6 +806,15 @@ static int m_task_run(struct req *r) {
   return 0;
 fail:
   job_free(d, j);
+  return err;
+}
+
+static int m_task_run(struct req *r) {
+  char opname[16] = "", devname[48] = "any";
+  int err = task_run(r, opname, devname);
+  /* A request refused before it reached a device is a failed task too. */
+  if (err < 0)
+    dspkd_log_task_failed(devname, opname, r->c->id, (long)r->c->pid, err, r->msg);
   return err;
 }
 

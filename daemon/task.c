@@ -27,6 +27,10 @@ static void release_host(void *p) { free(p); }
 /* Encodes an error response into j->resp and records the code. */
 static void fail(struct job *j, int code, const char *msg) {
   j->err = code;
+  if (j->kind == JOB_TASK && msg && *msg) {
+    free(j->errmsg);
+    j->errmsg = strdup(msg); /* for the loop's log line; NULL is fine */
+  }
   wreq_free(j->resp);
   j->resp = wreq_new();
   if (j->resp)

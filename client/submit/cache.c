@@ -204,9 +204,11 @@ static int cache_clear(dspk__sub_ctx *ctx, int argc, char **argv) {
   static const struct option opts[] = {{"kernels", no_argument, NULL, 'k'},
                                        {"autotune", no_argument, NULL, 'a'},
                                        {"blobs", no_argument, NULL, 'b'},
+                                       {"json", no_argument, NULL, 'j'},
                                        {"help", no_argument, NULL, 'h'},
                                        {NULL, 0, NULL, 0}};
   unsigned kinds = 0, cleared = 0;
+  bool json = false;
   int opt, rc;
 
   while ((opt = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
@@ -219,6 +221,9 @@ static int cache_clear(dspk__sub_ctx *ctx, int argc, char **argv) {
       break;
     case 'b':
       kinds |= DSPK_CACHE_BLOBS;
+      break;
+    case 'j':
+      json = true;
       break;
     case 'h':
       return dspk__sub_help(ctx);
@@ -236,6 +241,22 @@ static int cache_clear(dspk__sub_ctx *ctx, int argc, char **argv) {
   rc = dspk_cache_clear(ctx->client, kinds, &cleared);
   if (rc < 0)
     return dspk__sub_fail_client(ctx, rc);
+  if (json) {
+    const char *sep = "";
+    printf("{\"cleared\":[");
+    if (cleared & DSPK_CACHE_KERNELS) {
+      printf("%s\"kernels\"", sep);
+      sep = ",";
+    }
+    if (cleared & DSPK_CACHE_AUTOTUNE) {
+      printf("%s\"autotune\"", sep);
+      sep = ",";
+    }
+    if (cleared & DSPK_CACHE_BLOBS)
+      printf("%s\"blobs\"", sep);
+    printf("]}\n");
+    return DSPK__SUB_EXIT_OK;
+  }
   printf("cleared%s%s%s\n", cleared & DSPK_CACHE_KERNELS ? " kernels" : "",
          cleared & DSPK_CACHE_AUTOTUNE ? " autotune" : "",
          cleared & DSPK_CACHE_BLOBS ? " blobs" : "");

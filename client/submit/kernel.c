@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "client/submit/npy.h"
 #include "client/submit/submit.h"
@@ -192,6 +193,7 @@ int dspk__sub_kernel(dspk__sub_ctx *ctx, int argc, char **argv) {
       {"device", required_argument, NULL, 'd'},
       {"output", required_argument, NULL, 'o'},
       {"help", no_argument, NULL, 'h'},
+      {"json", no_argument, NULL, 'j'},
       {NULL, 0, NULL, 0}};
   const char *entry = NULL, *lang = NULL, *device = NULL;
   uint32_t grid[3] = {1, 1, 1}, block[3] = {1, 1, 1};
@@ -204,7 +206,8 @@ int dspk__sub_kernel(dspk__sub_ctx *ctx, int argc, char **argv) {
   dspk_task t;
   char *src = NULL, err[768];
   size_t srclen = 0;
-  bool have_grid = false, have_block = false;
+  bool have_grid = false, have_block = false, json = false;
+  const char *saved[DSPK_MAX_OUTPUTS] = {NULL};
 
   memset(tens, 0, sizeof tens);
   memset(&res, 0, sizeof res);
@@ -266,6 +269,9 @@ int dspk__sub_kernel(dspk__sub_ctx *ctx, int argc, char **argv) {
       nouts++;
       break;
     }
+    case 'j':
+      json = true;
+      break;
     case 'h':
       return dspk__sub_help(ctx);
     case ':':
@@ -276,6 +282,17 @@ int dspk__sub_kernel(dspk__sub_ctx *ctx, int argc, char **argv) {
   }
   if (optind >= argc)
     return dspk__sub_usage(ctx, "missing SOURCE");
+  /* SOURCE and the tensor arguments: standard input at most once. */
+  if (dspk__sub_stdin_once(ctx, argv + optind, argc - optind) != 0)
+    return DSPK__SUB_EXIT_USAGE;
+  for (int i = 0, n = 0; i < nouts; i++) {
+    n += strcmp(outs[i].path, "-") == 0;
+    if (n > 1)
+      return dspk__sub_usage(ctx, "standard output (-o -) can take one tensor");
+    if (n == 1 && strcmp(outs[i].path, "-") == 0 && isatty(STDOUT_FILENO) == 1)
+      return dspk__sub_usage(ctx, "-o -: standard output is a terminal; "
+                                  "redirect it to a file or a pipe");
+  }
   if (entry == NULL || entry[0] == '\0')
     return dspk__sub_usage(ctx, "missing --entry NAME");
   if (!have_grid || !have_block)
@@ -310,7 +327,7 @@ int dspk__sub_kernel(dspk__sub_ctx *ctx, int argc, char **argv) {
         goto out;
       }
     } else {
-      rc = dspk__npy_load(a, &tens[ntens], err, sizeof err);
+      rc = dspk__npy_input(a, &tens[ntens], err, sizeof err);
       if (rc < 0) {
         dspk__sub_fail(ctx, rc, "%s", err);
         goto out;
@@ -359,29 +376,43 @@ int dspk__sub_kernel(dspk__sub_ctx *ctx, int argc, char **argv) {
   }
   for (int i = 0; i < nouts; i++) {
     const dspk_tensor *o;
-    uint64_t shape[DSPK_MAX_RANK];
     if ((unsigned)outs[i].index >= res.nout || res.out[outs[i].index].is_ref) {
       dspk__sub_fail(ctx, DSPK_EPROTO, "the daemon returned no tensor %d",
                      outs[i].index);
       goto out_res;
     }
     o = &res.out[outs[i].index];
-    for (unsigned d = 0; d < o->rank; d++)
-      shape[d] = (uint64_t)o->shape[d];
-    rc = dspk__npy_save(outs[i].path, o->dtype, (int)o->rank, shape, o->data,
-                        err, sizeof err);
+    rc = dspk__sub_save(o, outs[i].path, err, sizeof err);
     if (rc < 0) {
       dspk__sub_fail(ctx, rc, "%s", err);
       goto out_res;
     }
+    saved[outs[i].index] = outs[i].path;
   }
-  if (nouts == 0) {
-    for (unsigned i = 0; i < res.nout; i++) {
-      printf("tensor %u: ", i);
-      dspk__sub_print_summary(&res, &res.out[i]);
+  {
+    /* The report goes to stdout, unless a tensor itself does; with -o
+     * only the saved tensors are reported. */
+    FILE *f = stdout;
+    for (int i = 0; i < nouts; i++)
+      if (strcmp(outs[i].path, "-") == 0)
+        f = stderr;
+    if (json) {
+      dspk__sub_json_result(f, &res, saved);
+    } else {
+      for (unsigned i = 0; i < res.nout; i++) {
+        if (nouts > 0 && saved[i] == NULL)
+          continue;
+        fprintf(f, "tensor %u: ", i);
+        dspk__sub_print_summary(f, &res, &res.out[i], saved[i]);
+      }
+      if (res.nout == 0) {
+        char tm[32];
+        fprintf(f, "ran on %s", res.device);
+        if (res.time_us > 0)
+          fprintf(f, ", %s", dspk__sub_fmt_time(res.time_us, tm, sizeof tm));
+        fputc('\n', f);
+      }
     }
-    if (res.nout == 0)
-      printf("ran on %s\n", res.device);
   }
   status = DSPK__SUB_EXIT_OK;
 out_res:

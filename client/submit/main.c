@@ -13,6 +13,7 @@
  */
 #include <errno.h>
 #include <getopt.h>
+#include <grp.h>
 #include <malloc.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -21,6 +22,7 @@
 #include <stdint.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -274,8 +276,36 @@ int dspk__sub_connect(dspk__sub_ctx *ctx) {
     shown = dspk_default_socket(path, sizeof path) == 0 ? path : "(default)";
   {
     const char *why = dspk_connect_error();
-    return dspk__sub_fail(ctx, rc, "cannot connect to %s: %s", shown,
-                          why && why[0] ? why : dspk_strerror(rc));
+    char pre[600], hint[320] = "";
+    struct stat st;
+    if (why == NULL || why[0] == '\0')
+      why = dspk_strerror(rc);
+    /* The library says "connect to PATH: reason"; PATH is named once. */
+    snprintf(pre, sizeof pre, "connect to %s: ", shown);
+    if (strncmp(why, pre, strlen(pre)) == 0)
+      why += strlen(pre);
+    if (rc == DSPK_ECONNECT) {
+      snprintf(hint, sizeof hint,
+               "; is dspkd running? See 'systemctl status dspkd.socket "
+               "dspkd.service' (or 'systemctl --user ...'), or start one with "
+               "'dspkd --foreground'");
+    } else if (rc == DSPK_EPERM && strstr(why, "allow_") == NULL &&
+               stat(shown, &st) == 0) {
+      /* Unix permissions on the socket: who may connect is its group. */
+      struct group *g = getgrgid(st.st_gid);
+      if (g != NULL)
+        snprintf(hint, sizeof hint,
+                 "; the socket belongs to group '%s' (mode %04o): ask to be "
+                 "added to it ('sudo usermod -aG %s USER', then log in again)",
+                 g->gr_name, (unsigned)(st.st_mode & 07777), g->gr_name);
+      else
+        snprintf(hint, sizeof hint,
+                 "; the socket's group (gid %ld, mode %04o) decides who may "
+                 "connect",
+                 (long)st.st_gid, (unsigned)(st.st_mode & 07777));
+    }
+    return dspk__sub_fail(ctx, rc, "cannot connect to %s: %s%s", shown, why,
+                          hint);
   }
 }
 

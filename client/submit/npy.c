@@ -478,6 +478,27 @@ fail:
   return rc;
 }
 
+int dspk__npy_adopt(void *buf, size_t len, const char *name, dspk__npy *out,
+                    char *err, size_t errlen) {
+  dspk__npy_header h;
+  size_t doff, nbytes;
+  uint64_t count;
+  void *data;
+  int rc;
+
+  rc = parse_image(buf, len, &h, &doff, &count, &nbytes, err, errlen);
+  if (rc < 0) {
+    free(buf);
+    prefix_name(err, errlen, name);
+    return rc;
+  }
+  if (nbytes)
+    memmove(buf, (unsigned char *)buf + doff, nbytes);
+  data = realloc(buf, nbytes ? nbytes : 1); /* shrinking: keeps buf if it fails */
+  fill_out(out, &h, count, nbytes, data ? data : buf);
+  return 0;
+}
+
 /* read(2) until n bytes or EOF; returns bytes read or -1 on error. */
 static ssize_t read_full(int fd, void *buf, size_t n) {
   size_t got = 0;
@@ -597,6 +618,41 @@ fail:
   return rc;
 }
 
+int dspk__npy_load_fd(int fd, const char *name, dspk__npy *out, char *err,
+                      size_t errlen) {
+  size_t cap = 1 << 16, len = 0;
+  unsigned char *buf = malloc(cap);
+
+  for (;;) {
+    ssize_t r;
+    if (buf == NULL) {
+      seterr(err, errlen, "%s: out of memory after %zu bytes", name, len);
+      return DSPK_ENOMEM;
+    }
+    if (len == cap) {
+      unsigned char *nb = cap > SIZE_MAX / 2 ? NULL : realloc(buf, cap * 2);
+      if (nb == NULL)
+        free(buf);
+      buf = nb;
+      cap *= 2;
+      continue;
+    }
+    r = read(fd, buf + len, cap - len);
+    if (r < 0 && errno == EINTR)
+      continue;
+    if (r < 0) {
+      int e = errno;
+      free(buf);
+      seterr(err, errlen, "%s: %s", name, strerror(e));
+      return DSPK_EIO;
+    }
+    if (r == 0)
+      break;
+    len += (size_t)r;
+  }
+  return dspk__npy_adopt(buf, len, name, out, err, errlen);
+}
+
 int dspk__npy_header_build(dspk_dtype dtype, int rank, const uint64_t *shape,
                            unsigned char **out, size_t *len) {
   const char *descr = dspk__npy_descr(dtype);
@@ -645,6 +701,40 @@ static int write_full(int fd, const void *buf, size_t n) {
     done += (size_t)w;
   }
   return 0;
+}
+
+int dspk__npy_write_fd(int fd, dspk_dtype dtype, int rank,
+                       const uint64_t *shape, const void *data, char *err,
+                       size_t errlen) {
+  dspk__npy_header h;
+  unsigned char *hdr = NULL;
+  size_t hlen, nbytes;
+  uint64_t count;
+  int rc;
+
+  memset(&h, 0, sizeof h);
+  if (rank < 0 || rank > DSPK_MAX_RANK || dspk__npy_descr(dtype) == NULL) {
+    seterr(err, errlen, "cannot write this array as .npy");
+    return rank < 0 || rank > DSPK_MAX_RANK ? DSPK_ELIMIT : DSPK_EDTYPE;
+  }
+  h.dtype = dtype;
+  h.rank = rank;
+  if (rank)
+    memcpy(h.shape, shape, (size_t)rank * sizeof *shape);
+  rc = header_sizes(&h, &count, &nbytes, err, errlen);
+  if (rc < 0)
+    return rc;
+  rc = dspk__npy_header_build(dtype, rank, shape, &hdr, &hlen);
+  if (rc < 0) {
+    seterr(err, errlen, "cannot build the header");
+    return rc;
+  }
+  if (write_full(fd, hdr, hlen) < 0 || write_full(fd, data, nbytes) < 0) {
+    seterr(err, errlen, "writing the .npy: %s", strerror(errno));
+    rc = DSPK_EIO;
+  }
+  free(hdr);
+  return rc;
 }
 
 int dspk__npy_save(const char *path, dspk_dtype dtype, int rank,
@@ -756,4 +846,30 @@ void dspk__npy_free(dspk__npy *a) {
   else
     free(a->data);
   memset(a, 0, sizeof *a);
+}
+
+int dspk__npy_input(const char *spec, dspk__npy *out, char *err,
+                    size_t errlen) {
+  const char *npz = NULL, *p;
+  size_t len = strlen(spec);
+
+  if (strcmp(spec, "-") == 0)
+    return dspk__npy_load_fd(STDIN_FILENO, "<stdin>", out, err, errlen);
+  /* "FILE.npz:NAME": the last ".npz:" splits; "FILE.npz": no member. */
+  for (p = strstr(spec, ".npz:"); p != NULL; p = strstr(p + 1, ".npz:"))
+    npz = p;
+  if (npz != NULL) {
+    char *path = strndup(spec, (size_t)(npz - spec) + 4);
+    int rc;
+    if (path == NULL) {
+      seterr(err, errlen, "out of memory");
+      return DSPK_ENOMEM;
+    }
+    rc = dspk__npz_load(path, npz + 5, out, err, errlen);
+    free(path);
+    return rc;
+  }
+  if (len >= 4 && strcmp(spec + len - 4, ".npz") == 0)
+    return dspk__npz_load(spec, NULL, out, err, errlen);
+  return dspk__npy_view(spec, out, err, errlen);
 }

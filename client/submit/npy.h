@@ -91,6 +91,42 @@ int dspk__npy_save(const char *path, dspk_dtype dtype, int rank,
 int dspk__npy_header_build(dspk_dtype dtype, int rank, const uint64_t *shape,
                            unsigned char **out, size_t *len);
 
+/* Like dspk__npy_load_mem, but takes ownership of buf (malloc'd, len
+ * bytes): the data is moved to its start and kept, no copy is made.  buf
+ * is freed on failure. */
+int dspk__npy_adopt(void *buf, size_t len, const char *name, dspk__npy *out,
+                    char *err, size_t errlen);
+
+/* Reads one whole .npy image from the file descriptor fd (a pipe: read to
+ * its end) and parses it; name is used in messages ("<stdin>").  Same
+ * returns as dspk__npy_load_mem; DSPK_EIO when reading fails. */
+int dspk__npy_load_fd(int fd, const char *name, dspk__npy *out, char *err,
+                      size_t errlen);
+
+/* Writes an array as .npy (the header dspk__npy_header_build makes, then
+ * the data) to the file descriptor fd, e.g. standard output.  Returns 0 or
+ * a negative dspk code with a message in err. */
+int dspk__npy_write_fd(int fd, dspk_dtype dtype, int rank,
+                       const uint64_t *shape, const void *data, char *err,
+                       size_t errlen);
+
+/* Reads the array named member (NULL: the only one) from the numpy .npz
+ * archive at path (numpy.savez, stored, or numpy.savez_compressed,
+ * deflated; read with libzip).  member is the name given to savez, the
+ * archive entry is member + ".npy" (an entry called exactly member is
+ * accepted too).  Returns 0 and fills *out, or a negative dspk code
+ * (DSPK_ENOENT for a missing file or member, DSPK_EINVAL for a damaged
+ * archive, else as dspk__npy_load_mem) with a message naming the file and
+ * member in err. */
+int dspk__npz_load(const char *path, const char *member, dspk__npy *out,
+                   char *err, size_t errlen);
+
+/* Loads a command-line input: "-" is a .npy on standard input,
+ * "FILE.npz:NAME" the array NAME of an archive, "FILE.npz" its only
+ * array, anything else a .npy file (mapped when large, dspk__npy_view). */
+int dspk__npy_input(const char *spec, dspk__npy *out, char *err,
+                    size_t errlen);
+
 /* Frees the data of a (accepts NULL and a zeroed struct); a is zeroed. */
 void dspk__npy_free(dspk__npy *a);
 

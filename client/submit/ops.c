@@ -31,6 +31,7 @@ enum {
   OPT_ALPHA,
   OPT_BETA,
   OPT_INVERSE,
+  OPT_JSON,
 };
 
 /* Bits of op_args.allowed. */
@@ -48,7 +49,7 @@ typedef struct op_args {
   const char *device;
   int npos;
   char **pos;
-  bool trans_a, trans_b, inverse, have_alpha, have_beta;
+  bool trans_a, trans_b, inverse, have_alpha, have_beta, json;
   double alpha, beta;
   unsigned naxes;
   int axes[DSPK_MAX_RANK];
@@ -85,6 +86,7 @@ static int parse_op_args(dspk__sub_ctx *ctx, int argc, char **argv,
       {"alpha", required_argument, NULL, OPT_ALPHA},
       {"beta", required_argument, NULL, OPT_BETA},
       {"inverse", no_argument, NULL, OPT_INVERSE},
+      {"json", no_argument, NULL, OPT_JSON},
       {NULL, 0, NULL, 0}};
   static const struct {
     int id;
@@ -124,6 +126,9 @@ static int parse_op_args(dspk__sub_ctx *ctx, int argc, char **argv,
     case OPT_INVERSE:
       a->inverse = true;
       break;
+    case OPT_JSON:
+      a->json = true;
+      break;
     case OPT_ALPHA:
       if (dspk__sub_parse_double(optarg, &a->alpha) < 0)
         return dspk__sub_usage(ctx, "bad --alpha '%s' (want a number)",
@@ -145,6 +150,10 @@ static int parse_op_args(dspk__sub_ctx *ctx, int argc, char **argv,
   a->npos = argc - optind;
   if (a->output != NULL && a->output[0] == '\0')
     return dspk__sub_usage(ctx, "empty output file name");
+  if (a->output != NULL && strcmp(a->output, "-") == 0 &&
+      isatty(STDOUT_FILENO) == 1)
+    return dspk__sub_usage(ctx, "-o -: standard output is a terminal; "
+                                "redirect it to a file or a pipe");
   return -1;
 }
 
@@ -195,48 +204,155 @@ static float half_to_float(uint16_t h) {
   return h & 0x8000 ? -v : v;
 }
 
-static void print_value(const dspk_tensor *t, uint64_t i) {
+/* Element i of t as a double pair (imaginary part 0 for real dtypes). */
+static void value_at(const dspk_tensor *t, uint64_t i, double *re, double *im) {
   const void *d = t->data;
+  *im = 0;
   switch (t->dtype) {
   case DSPK_F32:
-    printf("%.7g", (double)((const float *)d)[i]);
+    *re = (double)((const float *)d)[i];
     break;
   case DSPK_F64:
-    printf("%.15g", ((const double *)d)[i]);
+    *re = ((const double *)d)[i];
     break;
   case DSPK_C64:
-    printf("%.7g%+.7gj", (double)((const float *)d)[2 * i],
-           (double)((const float *)d)[2 * i + 1]);
+    *re = (double)((const float *)d)[2 * i];
+    *im = (double)((const float *)d)[2 * i + 1];
     break;
   case DSPK_C128:
-    printf("%.15g%+.15gj", ((const double *)d)[2 * i],
-           ((const double *)d)[2 * i + 1]);
+    *re = ((const double *)d)[2 * i];
+    *im = ((const double *)d)[2 * i + 1];
     break;
   case DSPK_F16:
-    printf("%.4g", (double)half_to_float(((const uint16_t *)d)[i]));
+    *re = (double)half_to_float(((const uint16_t *)d)[i]);
     break;
   default:
-    printf("?");
+    *re = NAN;
     break;
   }
 }
 
-/* The summary printed when no -o is given:
- *   f64 (3, 4) on cpu:0: [1, 2.5, -3, 0.25, 7, 8, ...] (12 values) */
-void dspk__sub_print_summary(const dspk_result *res, const dspk_tensor *t) {
-  enum { SHOW = 8 };
-  uint64_t n = dspk_tensor_numel(t);
-  printf("%s (", dspk_dtype_name(t->dtype));
-  for (unsigned i = 0; i < t->rank; i++)
-    printf("%s%lld", i ? ", " : "", (long long)t->shape[i]);
-  printf("%s) on %s: [", t->rank == 1 ? "," : "", res->device);
-  for (uint64_t i = 0; i < n && i < SHOW; i++) {
-    if (i)
-      printf(", ");
-    print_value(t, i);
+static void print_value(FILE *f, const dspk_tensor *t, uint64_t i) {
+  double re, im;
+  value_at(t, i, &re, &im);
+  switch (t->dtype) {
+  case DSPK_F32:
+    fprintf(f, "%.7g", re);
+    break;
+  case DSPK_F64:
+    fprintf(f, "%.15g", re);
+    break;
+  case DSPK_C64:
+    fprintf(f, "%.7g%+.7gj", re, im);
+    break;
+  case DSPK_C128:
+    fprintf(f, "%.15g%+.15gj", re, im);
+    break;
+  case DSPK_F16:
+    fprintf(f, "%.4g", re);
+    break;
+  default:
+    fprintf(f, "?");
+    break;
   }
-  printf("%s] (%llu value%s)\n", n > SHOW ? ", ..." : "",
-         (unsigned long long)n, n == 1 ? "" : "s");
+}
+
+const char *dspk__sub_fmt_time(uint64_t us, char *buf, size_t cap) {
+  if (us < 10000)
+    snprintf(buf, cap, "%llu us", (unsigned long long)us);
+  else if (us < 10000000)
+    snprintf(buf, cap, "%.1f ms", (double)us / 1e3);
+  else
+    snprintf(buf, cap, "%.2f s", (double)us / 1e6);
+  return buf;
+}
+
+/* Values shown by a summary (and the "head" of --json). */
+#define SUMMARY_SHOW 8
+
+void dspk__sub_print_summary(FILE *f, const dspk_result *res,
+                             const dspk_tensor *t, const char *saved) {
+  uint64_t n = dspk_tensor_numel(t);
+  char tm[32];
+  fprintf(f, "%s (", dspk_dtype_name(t->dtype));
+  for (unsigned i = 0; i < t->rank; i++)
+    fprintf(f, "%s%lld", i ? ", " : "", (long long)t->shape[i]);
+  fprintf(f, "%s) on %s", t->rank == 1 ? "," : "", res->device);
+  if (res->time_us > 0)
+    fprintf(f, ", %s", dspk__sub_fmt_time(res->time_us, tm, sizeof tm));
+  if (saved != NULL) {
+    fprintf(f, ": wrote %s\n",
+            strcmp(saved, "-") == 0 ? "standard output" : saved);
+    return;
+  }
+  fputs(": [", f);
+  for (uint64_t i = 0; i < n && i < SUMMARY_SHOW; i++) {
+    if (i)
+      fputs(", ", f);
+    print_value(f, t, i);
+  }
+  fprintf(f, "%s] (%llu value%s)\n", n > SUMMARY_SHOW ? ", ..." : "",
+          (unsigned long long)n, n == 1 ? "" : "s");
+}
+
+void dspk__sub_json_str(FILE *f, const char *s) {
+  fputc('"', f);
+  for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+    if (*p == '"' || *p == '\\')
+      fprintf(f, "\\%c", *p);
+    else if (*p < 0x20 || *p == 0x7f)
+      fprintf(f, "\\u%04x", *p);
+    else
+      fputc(*p, f);
+  }
+  fputc('"', f);
+}
+
+static void json_num(FILE *f, double v) {
+  if (isfinite(v))
+    fprintf(f, "%.17g", v);
+  else
+    fputs("null", f);
+}
+
+void dspk__sub_json_result(FILE *f, const dspk_result *res,
+                           const char *const *saved) {
+  fputs("{\"device\":", f);
+  dspk__sub_json_str(f, res->device);
+  fprintf(f, ",\"time_us\":%llu,\"outputs\":[", (unsigned long long)res->time_us);
+  for (unsigned k = 0; k < res->nout; k++) {
+    const dspk_tensor *t = &res->out[k];
+    uint64_t n = dspk_tensor_numel(t);
+    bool cplx = t->dtype == DSPK_C64 || t->dtype == DSPK_C128;
+    fprintf(f, "%s{\"dtype\":\"%s\",\"shape\":[", k ? "," : "",
+            dspk_dtype_name(t->dtype));
+    for (unsigned i = 0; i < t->rank; i++)
+      fprintf(f, "%s%lld", i ? "," : "", (long long)t->shape[i]);
+    fprintf(f, "],\"count\":%llu", (unsigned long long)n);
+    if (saved != NULL && saved[k] != NULL) {
+      fputs(",\"file\":", f);
+      dspk__sub_json_str(f, saved[k]);
+    } else if (!t->is_ref && t->data != NULL) {
+      fputs(",\"head\":[", f);
+      for (uint64_t i = 0; i < n && i < SUMMARY_SHOW; i++) {
+        double re, im;
+        value_at(t, i, &re, &im);
+        fputs(i ? "," : "", f);
+        if (cplx) {
+          fputc('[', f);
+          json_num(f, re);
+          fputc(',', f);
+          json_num(f, im);
+          fputc(']', f);
+        } else {
+          json_num(f, re);
+        }
+      }
+      fputc(']', f);
+    }
+    fputc('}', f);
+  }
+  fputs("]}\n", f);
 }
 
 /* Inline bytes above which inputs travel through daemon buffers, so that
@@ -298,9 +414,11 @@ static int run_task(dspk__sub_ctx *ctx, const op_args *a, dspk_task *t,
 
   memset(in, 0, sizeof in);
   memset(&res, 0, sizeof res);
+  if (dspk__sub_stdin_once(ctx, files, nfiles) != 0)
+    return DSPK__SUB_EXIT_USAGE;
   for (i = 0; i < nfiles; i++) {
     int64_t shape[DSPK_MAX_RANK];
-    rc = dspk__npy_view(files[i], &in[i], err, sizeof err);
+    rc = dspk__npy_input(files[i], &in[i], err, sizeof err);
     if (rc < 0) {
       dspk__sub_fail(ctx, rc, "%s", err);
       goto out;
@@ -340,18 +458,22 @@ static int run_task(dspk__sub_ctx *ctx, const op_args *a, dspk_task *t,
     goto out_res;
   }
   if (a->output != NULL) {
-    const dspk_tensor *o = &res.out[0];
-    uint64_t shape[DSPK_MAX_RANK];
-    for (unsigned k = 0; k < o->rank; k++)
-      shape[k] = (uint64_t)o->shape[k];
-    rc = dspk__npy_save(a->output, o->dtype, (int)o->rank, shape, o->data,
-                        err, sizeof err);
+    rc = dspk__sub_save(&res.out[0], a->output, err, sizeof err);
     if (rc < 0) {
       dspk__sub_fail(ctx, rc, "%s", err);
       goto out_res;
     }
-  } else {
-    dspk__sub_print_summary(&res, &res.out[0]);
+  }
+  {
+    /* The report goes to stdout, unless the array itself does. */
+    FILE *f = a->output && strcmp(a->output, "-") == 0 ? stderr : stdout;
+    const char *saved[DSPK_MAX_OUTPUTS] = {a->output};
+    dspk_result first = res; /* a view: the commands return output 0 */
+    first.nout = 1;
+    if (a->json)
+      dspk__sub_json_result(f, &first, saved);
+    else
+      dspk__sub_print_summary(f, &res, &res.out[0], a->output);
   }
   status = DSPK__SUB_EXIT_OK;
 out_res:
@@ -497,4 +619,37 @@ int dspk__sub_map(dspk__sub_ctx *ctx, int argc, char **argv) {
   t.map.fn = (dspk_mapfn)fn;
   t.map.alpha = a.alpha;
   return run_task(ctx, &a, &t, a.pos + 1, a.npos - 1);
+}
+
+int dspk__sub_save(const dspk_tensor *o, const char *path, char *err,
+                   size_t errlen) {
+  uint64_t shape[DSPK_MAX_RANK];
+  for (unsigned k = 0; k < o->rank; k++)
+    shape[k] = (uint64_t)o->shape[k];
+  if (strcmp(path, "-") == 0) {
+    int rc = dspk__npy_write_fd(STDOUT_FILENO, o->dtype, (int)o->rank, shape,
+                                o->data, err, errlen);
+    if (rc < 0)
+      return rc;
+    return 0;
+  }
+  return dspk__npy_save(path, o->dtype, (int)o->rank, shape, o->data, err,
+                        errlen);
+}
+
+int dspk__sub_stdin_once(const dspk__sub_ctx *ctx, char *const *files,
+                         int nfiles) {
+  int n = 0;
+  for (int i = 0; i < nfiles; i++)
+    n += strcmp(files[i], "-") == 0;
+  if (n > 1) {
+    dspk__sub_usage(ctx, "standard input (-) can be read only once");
+    return -1;
+  }
+  if (n == 1 && isatty(STDIN_FILENO) == 1) {
+    dspk__sub_usage(ctx, "-: standard input is a terminal; pipe a .npy "
+                         "into it");
+    return -1;
+  }
+  return 0;
 }

@@ -15,6 +15,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <stdint.h>
 
 #include "dspk/dspk.h"
@@ -50,9 +51,39 @@ int dspk__sub_map(dspk__sub_ctx *ctx, int argc, char **argv);
 int dspk__sub_kernel(dspk__sub_ctx *ctx, int argc, char **argv);
 int dspk__sub_cache(dspk__sub_ctx *ctx, int argc, char **argv);
 
-/* Prints the one-line summary of an output tensor t of res (ops.c):
- *   f64 (3, 4) on cpu:0: [1, 2.5, ...] (12 values) */
-void dspk__sub_print_summary(const dspk_result *res, const dspk_tensor *t);
+/* Prints the one-line summary of an output tensor t of res (ops.c) on f:
+ *   f64 (3, 4) on cpu:0, 35 us: [1, 2.5, ...] (12 values)
+ * or, when saved is not NULL (the file t was written to, "-" for stdout),
+ *   f64 (3, 4) on cpu:0, 35 us: wrote out.npy
+ * The time is left out when the daemon sent none. */
+void dspk__sub_print_summary(FILE *f, const dspk_result *res,
+                             const dspk_tensor *t, const char *saved);
+
+/* Prints res as one line of JSON on f (ops.c):
+ *   {"device":"cpu:0","time_us":35,"outputs":[{"dtype":"f64",
+ *    "shape":[3,4],"count":12,"head":[1,2.5,...]}]}
+ * saved (NULL, or one entry per output, NULL where not saved) gives the
+ * files outputs were written to: those have "file" instead of "head"
+ * (the first values, at most 8; complex ones as [re, im]). */
+void dspk__sub_json_result(FILE *f, const dspk_result *res,
+                           const char *const *saved);
+
+/* Writes s as a JSON string (quoted, escaped) on f. */
+void dspk__sub_json_str(FILE *f, const char *s);
+
+/* "35 us", "12.3 ms", "4.56 s" into buf; returns buf. */
+const char *dspk__sub_fmt_time(uint64_t us, char *buf, size_t cap);
+
+/* Writes tensor o as .npy to path, "-" for standard output (ops.c).
+ * 0, or a negative dspk code with a message in err. */
+int dspk__sub_save(const dspk_tensor *o, const char *path, char *err,
+                   size_t errlen);
+
+/* Checks that at most one of files is "-" (standard input) and that stdin
+ * is not a terminal when one is; otherwise reports a usage error and
+ * returns -1 (the caller exits with DSPK__SUB_EXIT_USAGE). */
+int dspk__sub_stdin_once(const dspk__sub_ctx *ctx, char *const *files,
+                         int nfiles);
 
 /* The command table (main.c), terminated by a NULL name. */
 extern const dspk__sub_cmd dspk__sub_cmds[];
