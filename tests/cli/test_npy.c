@@ -7,7 +7,9 @@
  * also reads back a file we wrote and checks it); and malformed images built
  * byte by byte in memory (bad magic, versions, truncations, every header
  * syntax error the parser names, rank and size limits, data-length
- * mismatches).  The python interpreter comes from argv[1] (set by CMake);
+ * mismatches); .npz archives made by numpy and by zipfile (stored and
+ * deflated members, broken ones); .npy streams through a pipe.  The python
+ * interpreter comes from argv[1] (set by CMake);
  * without it the numpy cases are skipped, the others still run.
  */
 #include <setjmp.h>
@@ -497,6 +499,159 @@ static void test_malformed_files(void **state) {
   assert_int_equal(dspk__npy_load(path, &a, err, sizeof err), DSPK_EINVAL);
 }
 
+/* ---- .npz archives, standard input and output ---------------------------- */
+
+/* Archives: numpy.savez (stored) and numpy.savez_compressed (deflated),
+ * and the same members written with zipfile by hand, stored and deflated
+ * explicitly; plus broken ones (a flipped data byte fails the CRC). */
+static const char npz_py[] =
+    "import sys, zipfile, io, numpy as np\n"
+    "d = sys.argv[1]\n"
+    "def v(shape, dt):\n"
+    "    n = int(np.prod(shape))\n"
+    "    i = np.arange(n, dtype=np.float64)\n"
+    "    x = i * 0.5 - 3.0\n"
+    "    if np.dtype(dt).kind == 'c':\n"
+    "        x = x + 1j * (1.0 - i * 0.25)\n"
+    "    return x.astype(dt).reshape(shape)\n"
+    "a, b, c = v((2, 3), '<f4'), v((4,), '<c8'), v((60, 50), '<f8')\n"
+    "np.savez(d + '/stored.npz', a=a, b=b, c=c)\n"
+    "np.savez_compressed(d + '/deflated.npz', a=a, b=b, c=c)\n"
+    "np.savez(d + '/one.npz', only=c)\n"
+    "def npy(x):\n"
+    "    f = io.BytesIO(); np.save(f, x); return f.getvalue()\n"
+    "for name, method in (('zs', zipfile.ZIP_STORED), ('zd', zipfile.ZIP_DEFLATED)):\n"
+    "    with zipfile.ZipFile(d + '/' + name + '.npz', 'w', method) as z:\n"
+    "        z.writestr('a.npy', npy(a))\n"
+    "        z.writestr('c.npy', npy(c))\n"
+    "        z.writestr('raw', npy(b))\n"
+    "        z.writestr('bad.npy', b'not an npy at all')\n"
+    "# numpy itself reads what the test expects.\n"
+    "for f in ('stored', 'deflated', 'zs', 'zd'):\n"
+    "    z = np.load(d + '/' + f + '.npz')\n"
+    "    assert (z['a'] == a).all() and (z['c'] == c).all()\n"
+    "raw = bytearray(open(d + '/zs.npz', 'rb').read())\n"
+    "k = raw.find(npy(c)) + 200\n"
+    "raw[k] ^= 0xff\n"
+    "open(d + '/crc.npz', 'wb').write(bytes(raw))\n"
+    "open(d + '/notzip.npz', 'wb').write(b'PK but not really a zip file' * 4)\n";
+
+static void npz_ok(const char *spec, dspk_dtype dt, int rank,
+                   const uint64_t *shape) {
+  char full[400], err[512] = "";
+  dspk__npy a;
+  snprintf(full, sizeof full, "%s/%s", tmpdir, spec);
+  if (dspk__npy_input(full, &a, err, sizeof err) != 0)
+    fail_msg("%s: %s", spec, err);
+  assert_int_equal(a.dtype, dt);
+  assert_int_equal(a.rank, rank);
+  for (int i = 0; i < rank; i++)
+    assert_int_equal(a.shape[i], shape[i]);
+  check_values(&a);
+  dspk__npy_free(&a);
+}
+
+static void npz_fail(const char *spec, int code, const char *needle) {
+  char full[400], err[512] = "";
+  dspk__npy a;
+  snprintf(full, sizeof full, "%s/%s", tmpdir, spec);
+  assert_int_equal(dspk__npy_input(full, &a, err, sizeof err), code);
+  if (strstr(err, needle) == NULL)
+    fail_msg("%s: message '%s' lacks '%s'", spec, err, needle);
+}
+
+static void test_npz(void **state) {
+  static const uint64_t sa[2] = {2, 3}, sb[1] = {4}, sc[2] = {60, 50};
+  static const char *const kinds[] = {"stored", "deflated", "zs", "zd"};
+  char spec[64];
+  (void)state;
+  if (python == NULL)
+    skip();
+  assert_int_equal(run_python(npz_py), 0);
+  for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
+    snprintf(spec, sizeof spec, "%s.npz:a", kinds[k]);
+    npz_ok(spec, DSPK_F32, 2, sa);
+    snprintf(spec, sizeof spec, "%s.npz:c", kinds[k]);
+    npz_ok(spec, DSPK_F64, 2, sc);
+    snprintf(spec, sizeof spec, "%s.npz:zz", kinds[k]);
+    npz_fail(spec, DSPK_ENOENT, "no array 'zz'");
+    snprintf(spec, sizeof spec, "%s.npz", kinds[k]);
+    npz_fail(spec, DSPK_EINVAL, "name one as");
+  }
+  npz_ok("stored.npz:b", DSPK_C64, 1, sb);
+  npz_ok("deflated.npz:b", DSPK_C64, 1, sb);
+  npz_ok("zd.npz:raw", DSPK_C64, 1, sb); /* an entry named exactly */
+  npz_ok("one.npz", DSPK_F64, 2, sc);    /* the only array */
+  npz_ok("one.npz:only", DSPK_F64, 2, sc);
+  npz_fail("zs.npz:bad", DSPK_EINVAL, "zs.npz:bad: not a .npy file");
+  npz_fail("zd.npz:bad", DSPK_EINVAL, "bad magic");
+  npz_fail("crc.npz:c", DSPK_EINVAL, "crc.npz:c: CRC");
+  npz_fail("notzip.npz:a", DSPK_EINVAL, "zip archive");
+  npz_fail("missing.npz:a", DSPK_ENOENT, "missing.npz");
+  npz_fail("stored.npz:", DSPK_EINVAL, "empty array name");
+  npz_fail("zs.npz:zz", DSPK_ENOENT, "it has: a, c, raw, bad");
+}
+
+/* A .npy read from a pipe to its end, and written to a descriptor. */
+static void test_fd_streams(void **state) {
+  static const uint64_t shape[2] = {3, 5};
+  unsigned char *hdr;
+  size_t hlen;
+  char path[300], err[256] = "";
+  double data[15];
+  int fds[2];
+  pid_t pid;
+  dspk__npy a, b;
+  (void)state;
+  fill(DSPK_F64, data, 15);
+  /* Written through write_fd: the same bytes as a saved file. */
+  snprintf(path, sizeof path, "%s/fd.npy", tmpdir);
+  {
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(dspk__npy_write_fd(fileno(f), DSPK_F64, 2, shape, data,
+                                        err, sizeof err),
+                     0);
+    fclose(f);
+  }
+  assert_int_equal(dspk__npy_load(path, &a, err, sizeof err), 0);
+  check_values(&a);
+  assert_int_equal(dspk__npy_header_build(DSPK_F64, 2, shape, &hdr, &hlen), 0);
+  /* Through a pipe, in small writes by another process. */
+  assert_int_equal(pipe(fds), 0);
+  pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    close(fds[0]);
+    for (size_t i = 0; i < hlen; i += 7)
+      if (write(fds[1], hdr + i, hlen - i < 7 ? hlen - i : 7) < 0)
+        _exit(1);
+    if (write(fds[1], data, sizeof data) != (ssize_t)sizeof data)
+      _exit(1);
+    _exit(0);
+  }
+  close(fds[1]);
+  assert_int_equal(dspk__npy_load_fd(fds[0], "<pipe>", &b, err, sizeof err), 0);
+  close(fds[0]);
+  assert_int_equal(waitpid(pid, NULL, 0), pid);
+  assert_int_equal(b.rank, 2);
+  assert_int_equal(b.shape[0], 3);
+  assert_int_equal(b.shape[1], 5);
+  check_values(&b);
+  dspk__npy_free(&a);
+  dspk__npy_free(&b);
+  /* A truncated stream names the source. */
+  assert_int_equal(pipe(fds), 0);
+  assert_int_equal(write(fds[1], hdr, hlen), (ssize_t)hlen);
+  close(fds[1]);
+  assert_int_equal(dspk__npy_load_fd(fds[0], "<stdin>", &b, err, sizeof err),
+                   DSPK_EINVAL);
+  close(fds[0]);
+  if (strstr(err, "<stdin>") == NULL || strstr(err, "data size") == NULL)
+    fail_msg("truncated stream: '%s'", err);
+  free(hdr);
+}
+
 static int setup(void **state) {
   (void)state;
   const char *t = getenv("TMPDIR");
@@ -521,6 +676,8 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_malformed_headers),
       cmocka_unit_test(test_malformed_preamble),
       cmocka_unit_test(test_malformed_files),
+      cmocka_unit_test(test_npz),
+      cmocka_unit_test(test_fd_streams),
   };
   if (argc > 1 && argv[1][0] != '\0')
     python = argv[1];
