@@ -20,6 +20,15 @@ Suites (the first argument after the options):
           folded onto one stderr line
   kernel  dspk-submit kernel with a GLSL compute shader on vulkan:0 (lavapipe
           on a machine without a GPU); exit 77 (skip) without a Vulkan device
+  shell   --json on every command (device, time_us, output shapes), '-' for
+          .npy on stdin/stdout (a pipeline), .npz inputs (stored and
+          deflated), size suffixes in dspk-submit, dspkd flags and config
+          keys, dspkd -h/-V, connect errors with hints (ECONNECT, EPERM
+          naming the socket's group), the warning for an asked-for backend
+          without devices
+  journal dspkd's log when stderr is the journal (JOURNAL_STREAM): "<N>"
+          priorities, one line per failed task at notice, a start error at
+          <3>; the terminal format otherwise
   errors  bad input: wrong dtype, mismatched shapes, missing/malformed files,
           unknown device, no daemon, command-line mistakes: non-zero exit and
           exactly one "dspk-submit: CMD: ENAME: ..." line on stderr; the daemon
@@ -57,15 +66,25 @@ def check(cond, msg):
 # ---- the daemon -------------------------------------------------------------
 
 class Daemon:
-    def __init__(self, dspkd, tmp, backends="cpu"):
-        self.sock = os.path.join(tmp, "dspkd.sock")
-        self.log = os.path.join(tmp, "dspkd.log")
+    def __init__(self, dspkd, tmp, backends="cpu", extra=("--no-cache",),
+                 name="dspkd", journal=False, stream=None):
+        """journal: JOURNAL_STREAM names the log file's device and inode,
+        as systemd does when stderr is the journal."""
+        self.sock = os.path.join(tmp, name + ".sock")
+        self.log = os.path.join(tmp, name + ".log")
         r, w = os.pipe()
         with open(self.log, "wb") as logf:
+            env = dict(os.environ)
+            env.pop("JOURNAL_STREAM", None)
+            if stream:
+                env["JOURNAL_STREAM"] = stream
+            if journal:
+                st = os.fstat(logf.fileno())
+                env["JOURNAL_STREAM"] = "%d:%d" % (st.st_dev, st.st_ino)
             self.proc = subprocess.Popen(
                 [dspkd, "--socket", self.sock, "--backends", backends,
-                 "--foreground", "--ready-fd", str(w), "--no-cache"],
-                pass_fds=(w,), stdin=subprocess.DEVNULL,
+                 "--foreground", "--ready-fd", str(w)] + list(extra),
+                pass_fds=(w,), stdin=subprocess.DEVNULL, env=env,
                 stdout=logf, stderr=subprocess.STDOUT)
         os.close(w)
         buf = b""
@@ -83,6 +102,10 @@ class Daemon:
         finally:
             os.close(r)
         check(buf == b"READY\n", "dspkd wrote %r on the ready fd" % buf)
+
+    def logtext(self):
+        with open(self.log, "rb") as f:
+            return f.read().decode(errors="replace")
 
     def logtail(self):
         try:
@@ -111,14 +134,19 @@ class Cli:
         self.sock = sock
         self.runs = 0
 
-    def run(self, *args, env=None, sock=True):
+    def run(self, *args, env=None, sock=True, data=None, raw=False,
+            preexec_fn=None):
+        """data: bytes for standard input (else /dev/null); raw: stdout as
+        bytes."""
         argv = [self.binary] + (["--socket", self.sock] if sock else []) + \
             [str(a) for a in args]
         self.runs += 1
-        p = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True,
-                           env=env, timeout=120)
-        return p.returncode, p.stdout.decode(errors="replace"), \
-            p.stderr.decode(errors="replace")
+        kw = {"input": data} if data is not None else \
+            {"stdin": subprocess.DEVNULL}
+        p = subprocess.run(argv, capture_output=True, env=env, timeout=120,
+                           preexec_fn=preexec_fn, **kw)
+        return p.returncode, p.stdout if raw else \
+            p.stdout.decode(errors="replace"), p.stderr.decode(errors="replace")
 
     def ok(self, *args, **kw):
         rc, out, err = self.run(*args, **kw)
@@ -569,14 +597,21 @@ def suite_info(cli, tmp):
     # Without -o a summary is printed.
     a = os.path.join(tmp, "a.npy")
     np.save(a, np.arange(12, dtype="<f8").reshape(3, 4))
+    # (with where it ran and the daemon's time for it).
     out = cli.ok("reduce", "sum", a, "--axis", "0")
-    check(out == "f64 (4,) on cpu:0: [12, 15, 18, 21] (4 values)\n",
-          "summary %r" % out)
+    check(re.fullmatch(r"f64 \(4,\) on cpu:0, %s: \[12, 15, 18, 21\] "
+                       r"\(4 values\)\n" % TIME, out), "summary %r" % out)
     out = cli.ok("map", "scale", a, "--alpha", "0.5")
-    check(out == "f64 (3, 4) on cpu:0: [0, 0.5, 1, 1.5, 2, 2.5, 3, 3.5, ...] "
-          "(12 values)\n", "summary %r" % out)
+    check(re.fullmatch(r"f64 \(3, 4\) on cpu:0, %s: \[0, 0.5, 1, 1.5, 2, "
+                       r"2.5, 3, 3.5, \.\.\.\] \(12 values\)\n" % TIME, out),
+          "summary %r" % out)
     out = cli.ok("reduce", "max", a, "--device", "cpu:0")
-    check(out == "f64 () on cpu:0: [11] (1 value)\n", "summary %r" % out)
+    check(re.fullmatch(r"f64 \(\) on cpu:0, %s: \[11\] \(1 value\)\n"
+                       % TIME, out), "summary %r" % out)
+
+
+# The time in a summary: "35 us", "12.3 ms", "4.56 s".
+TIME = r"(?:[1-9][0-9]{0,3} us|[0-9]+\.[0-9] ms|[0-9]+\.[0-9]{2} s)"
 
 
 cli_daemon_pid = [None]
@@ -686,7 +721,8 @@ def suite_errors(cli, tmp):
     # After all that, the daemon still serves.
     cli.ok("ping")
     out = cli.ok("map", "abs", a34)
-    check(out.startswith("f32 (3, 4) on cpu:0: [1, 1,"), "after errors %r" % out)
+    check(re.match(r"f32 \(3, 4\) on cpu:0, %s: \[1, 1," % TIME, out),
+          "after errors %r" % out)
 
 
 # ---- progress line and multi-line errors, against a scripted fake daemon ------
@@ -891,9 +927,19 @@ def suite_kernel(cli, tmp):
     out = cli.ok("kernel", src, "-e", "main", "-g", "1", "-b", "64", "-d",
                  "vulkan:0", "zeros:f32:4", "zeros:f64:4", "i32:4", "f32:1",
                  "f64:1")
-    check(out == "tensor 0: f32 (4,) on vulkan:0: [0, 1, 2, 3] (4 values)\n"
-          "tensor 1: f64 (4,) on vulkan:0: [0, 0, 0, 0] (4 values)\n",
+    check(re.fullmatch(r"tensor 0: f32 \(4,\) on vulkan:0, %s: \[0, 1, 2, 3\] "
+                       r"\(4 values\)\n"
+                       r"tensor 1: f64 \(4,\) on vulkan:0, %s: \[0, 0, 0, 0\] "
+                       r"\(4 values\)\n" % (TIME, TIME), out),
           "kernel summaries %r" % out)
+    # --json: every tensor argument, where it ran, its time.
+    j = json.loads(cli.ok("kernel", src, "-e", "main", "-g", "1", "-b", "64",
+                          "-d", "vulkan:0", "zeros:f32:4", "zeros:f64:4",
+                          "i32:4", "f32:1", "f64:1", "--json"))
+    check(j["device"] == "vulkan:0" and j["time_us"] > 0 and
+          [(o["dtype"], o["shape"], o["head"]) for o in j["outputs"]] ==
+          [("f32", [4], [0, 1, 2, 3]), ("f64", [4], [0, 0, 0, 0])],
+          "kernel --json %r" % j)
     # A compile error is one line with the compiler's message.
     with open(src, "w") as f:
         f.write(GLSL_AXPY.replace("float(i);", "float(i)"))
@@ -903,6 +949,277 @@ def suite_kernel(cli, tmp):
     print("kernel: ok on vulkan:0")
     return 0
 
+
+
+# ---- the CLI as shell users expect it ------------------------------------------
+
+def npy_bytes(x):
+    import io
+    f = io.BytesIO()
+    np.save(f, x)
+    return f.getvalue()
+
+
+def npy_from(b):
+    import io
+    return np.load(io.BytesIO(b))
+
+
+def close_to(got, ref, what, tol=1e-10):
+    got = [complex(v) for v in np.asarray(got).reshape(-1).tolist()]
+    ref = [complex(v) for v in ref]
+    check(len(got) == len(ref), "%s: %d values, want %d" % (what, len(got),
+                                                         len(ref)))
+    scale = 1.0 + max([abs(v) for v in ref] or [0.0])
+    for i, (g, r) in enumerate(zip(got, ref)):
+        check(abs(g - r) <= tol * scale, "%s: element %d is %r, reference %r"
+              % (what, i, g, r))
+
+
+def suite_shell(cli, tmp, dspkd):
+    rng = np.random.default_rng(SEED + 7)
+    a = rng.uniform(-2, 2, (3, 4))
+    b = rng.uniform(-2, 2, (4, 5))
+    x = rng.uniform(-2, 2, (2, 8)) + 1j * rng.uniform(-2, 2, (2, 8))
+    fa, fb = os.path.join(tmp, "a.npy"), os.path.join(tmp, "b.npy")
+    np.save(fa, a)
+    np.save(fb, b)
+    ref_ab, _ = ref_gemm(a.reshape(-1).tolist(), a.shape, b.reshape(-1).tolist(),
+                         b.shape, None, None, False, False, 1.0, 0.0)
+
+    # --json on a compute command: device, time and output shapes.
+    j = json.loads(cli.ok("gemm", fa, fb, "--json"))
+    check(j["device"] == "cpu:0" and isinstance(j["time_us"], int) and
+          j["time_us"] > 0, "gemm --json %r" % j)
+    check(len(j["outputs"]) == 1 and j["outputs"][0]["dtype"] == "f64" and
+          j["outputs"][0]["shape"] == [3, 5] and j["outputs"][0]["count"] == 15,
+          "gemm --json outputs %r" % j)
+    close_to(j["outputs"][0]["head"], ref_ab[:8], "gemm --json head")
+    out = os.path.join(tmp, "o.npy")
+    j = json.loads(cli.ok("fft", "-", "-o", out, "--json", data=npy_bytes(x)))
+    check(j["outputs"] == [{"dtype": "c128", "shape": [2, 8], "count": 16,
+                            "file": out}], "fft --json -o %r" % j)
+    ref, _ = ref_fft(x.reshape(-1).tolist(), x.shape, False)
+    close_to(np.load(out), ref, "fft from stdin")
+    # Complex values in "head" are [re, im] pairs.
+    j = json.loads(cli.ok("fft", "-", "--json", data=npy_bytes(x[:1, :3])))
+    head = j["outputs"][0]["head"]
+    check(all(isinstance(v, list) and len(v) == 2 for v in head),
+          "complex head %r" % head)
+    close_to([complex(*v) for v in head],
+             ref_fft(x[:1, :3].reshape(-1).tolist(), (1, 3), False)[0],
+             "fft --json head")
+    # Text with -o: where it ran, its time and the file.
+    o = cli.ok("gemm", fa, fb, "-o", out)
+    check(re.fullmatch(r"f64 \(3, 5\) on cpu:0, %s: wrote %s\n"
+                       % (TIME, re.escape(out)), o), "gemm -o text %r" % o)
+    close_to(np.load(out), ref_ab, "gemm -o")
+
+    # '-': a .npy from stdin, the result .npy on stdout, the summary on
+    # stderr; a pipeline of two commands.
+    rc, y, err = cli.run("gemm", "-", fb, "-o", "-", data=npy_bytes(a),
+                         raw=True)
+    check(rc == 0, "gemm - -o -: exit %d, %r" % (rc, err))
+    close_to(npy_from(y), ref_ab, "gemm stdin/stdout")
+    check(re.fullmatch(r"f64 \(3, 5\) on cpu:0, %s: wrote standard output\n"
+                       % TIME, err), "summary on stderr %r" % err)
+    rc, y2, err = cli.run("map", "scale", "-", "--alpha", "2", "-o", "-",
+                          data=y, raw=True)
+    check(rc == 0, "second stage: %r" % err)
+    close_to(npy_from(y2), [2 * v for v in ref_ab], "pipeline")
+    rc, y, err = cli.run("reduce", "sum", "-", "-o", "-", "--json",
+                         data=npy_bytes(a), raw=True)
+    check(rc == 0 and json.loads(err)["outputs"][0]["file"] == "-",
+          "--json goes to stderr with -o -: %r" % err)
+    close_to(npy_from(y), [sum(a.reshape(-1).tolist())], "reduce stdin")
+    cli.fails(["gemm", "-", "-"], "gemm", "EINVAL", rc_want=2, detail="once")
+    cli.fails(["gemm", "-", fb], "gemm", "EINVAL", detail="<stdin>")  # empty
+
+    # .npz inputs: numpy.savez (stored) and savez_compressed (deflated).
+    for kind, save in (("stored", np.savez), ("deflated",
+                                               np.savez_compressed)):
+        z = os.path.join(tmp, kind + ".npz")
+        save(z, a=a, b=b)
+        cli.ok("gemm", z + ":a", z + ":b", "-o", out)
+        close_to(np.load(out), ref_ab, "gemm from %s npz" % kind)
+        cli.fails(["gemm", z + ":a", z + ":nope"], "gemm", "ENOENT",
+                  detail="it has: a, b")
+        cli.fails(["gemm", z, fb], "gemm", "EINVAL", detail=z + ":NAME")
+    one = os.path.join(tmp, "one.npz")
+    np.savez(one, only=a)
+    cli.ok("gemm", one, fb, "-o", out)
+    close_to(np.load(out), ref_ab, "gemm from a one-array npz")
+
+    # --json on every other command.
+    for args in (["ping"], ["ping", "-c", "3"], ["devices"], ["status"],
+                 ["cache", "stats"], ["cache", "clear"]):
+        j = json.loads(cli.ok(*(args + ["--json"])))
+        check(isinstance(j, dict), "%s --json: %r" % (args, j))
+    check(j == {"cleared": ["kernels", "autotune", "blobs"]},
+          "cache clear --json %r" % j)
+
+    # Size suffixes: dspk-submit ...
+    out = cli.ok("ping", "-s", "2K")
+    check(" 2048 bytes" in out, "ping -s 2K: %r" % out)
+    cli.fails(["ping", "-s", "65M"], "ping", "EINVAL", rc_want=2)
+    cli.fails(["ping", "-s", "1X"], "ping", "EINVAL", rc_want=2)
+    # ... and dspkd's flags and configuration keys.
+    conf = os.path.join(tmp, "dspkd.conf")
+    with open(conf, "w") as f:
+        f.write("[limits]\nmax_unsent = 3MiB\n")
+    d2 = Daemon(dspkd, tmp, extra=["--no-cache", "--max-message", "2M",
+                                   "--config", conf], name="sized")
+    try:
+        lim = json.loads(Cli(cli.binary, d2.sock).ok("status", "--json"))[
+            "daemon"]["limits"]
+        check(lim["max_message"] == 2 << 20 and lim["max_unsent"] == 3 << 20,
+              "limits %r" % lim)
+    finally:
+        d2.stop()
+    for bad in (["--max-message", "2Q"], ["--max-message", "16777216T"],
+                ["--max-unsent", "-1K"]):
+        p = subprocess.run([dspkd] + bad, capture_output=True, timeout=30,
+                           stdin=subprocess.DEVNULL)
+        check(p.returncode == 2 and b"suffix K, M, G or T" in p.stderr,
+              "dspkd %s: %d %r" % (bad, p.returncode, p.stderr))
+    with open(conf, "w") as f:
+        f.write("[limits]\nmax_message = 1.5M\n")
+    p = subprocess.run([dspkd, "--config", conf, "--socket",
+                        os.path.join(tmp, "x.sock")], capture_output=True,
+                       timeout=30, stdin=subprocess.DEVNULL)
+    check(p.returncode == 2 and b"dspkd.conf:2: max_message" in p.stderr,
+          "bad size in the file: %d %r" % (p.returncode, p.stderr))
+
+    # dspkd -h and -V, like --help and --version; dspk-submit -V.
+    for short, long_ in (("-h", "--help"), ("-V", "--version")):
+        ps = subprocess.run([dspkd, short], capture_output=True, timeout=30)
+        pl = subprocess.run([dspkd, long_], capture_output=True, timeout=30)
+        check(ps.returncode == 0 and ps.stdout == pl.stdout and ps.stdout,
+              "dspkd %s: %r" % (short, ps.stdout[:80]))
+    v = cli.ok("-V", sock=False)
+    check(v == cli.ok("--version", sock=False) and v.startswith("dspk-submit "),
+          "dspk-submit -V %r" % v)
+
+    # Errors that say what to do: nothing listening ...
+    nobody = Cli(cli.binary, os.path.join(tmp, "nobody.sock"))
+    err = nobody.fails(["ping"], "ping", "ECONNECT", detail="nobody.sock")
+    check("dspkd.socket" in err and "dspkd --foreground" in err,
+          "ECONNECT hint %r" % err)
+    # ... and a socket this user may not open: the hint names its group.
+    suite_shell_eperm(cli, tmp)
+
+    # An asked-for backend without devices warns at the start.
+    d3 = Daemon(dspkd, tmp, backends="cpu,cuda", name="cuda")
+    try:
+        ids = [d["id"] for d in json.loads(
+            Cli(cli.binary, d3.sock).ok("devices", "--json"))["devices"]]
+    finally:
+        d3.stop()
+    warned = re.search(r"^dspkd\[\d+\]: warn: backend cuda was asked for "
+                       r"\(backends=cpu,cuda\) but (has no device: \S|this "
+                       r"dspkd was built without it)", d3.logtext(), re.M)
+    if "cuda:0" in ids:
+        check(not warned, "warned although cuda:0 exists")
+    else:
+        check(warned, "no warning for cuda: %r" % d3.logtext())
+
+
+def suite_shell_eperm(cli, tmp):
+    import grp
+    import socket
+    path = os.path.join(tmp, "perm.sock")
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(path)
+    srv.listen(1)
+    try:
+        preexec = None
+        if os.geteuid() == 0:
+            # root passes any permission check: run the client as nobody.
+            os.chmod(path, 0o660)
+            os.chmod(tmp, 0o755)
+            def preexec():
+                os.setgroups([])
+                os.setgid(65534)
+                os.setuid(65534)
+        else:
+            os.chmod(path, 0o000)
+        group = grp.getgrgid(os.stat(path).st_gid).gr_name
+        rc, out, err = Cli(cli.binary, path).run("ping", preexec_fn=preexec)
+        check(rc == 1 and err.startswith("dspk-submit: ping: EPERM: "),
+              "EPERM: exit %d %r" % (rc, err))
+        check("group '%s'" % group in err and "usermod -aG %s" % group in err,
+              "EPERM hint %r" % err)
+    finally:
+        srv.close()
+        os.chmod(tmp, 0o700)
+
+
+# ---- logs journald understands --------------------------------------------------
+
+def suite_journal(cli, tmp, dspkd):
+    a = os.path.join(tmp, "a.npy")
+    np.save(a, np.ones((3, 4)))
+    # stderr is "the journal" (JOURNAL_STREAM matches it): <N> prefixes.
+    d = Daemon(dspkd, tmp, name="journal", journal=True)
+    jcli = Cli(cli.binary, d.sock)
+    try:
+        p = subprocess.Popen([cli.binary, "--socket", d.sock, "gemm", a, a],
+                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE)
+        _, err = p.communicate(timeout=60)
+        check(p.returncode == 1 and b"ESHAPE" in err, "gemm: %r" % err)
+        jcli.fails(["fft", a, "--device", "cpu:9"], "fft", "ENODEV")
+        jcli.ok("ping")  # the lines above are written before this answer
+    finally:
+        d.stop()
+    lines = d.logtext().splitlines()
+    check(lines and all(re.match(r"<[3-7]>[^<]", l) for l in lines),
+          "journal lines without a priority: %r" % lines)
+    check(not any(l.startswith("<3>") or "dspkd[" in l for l in lines),
+          "an error or a name/pid prefix in a clean run: %r" % lines)
+    check(any(re.match(r"<6>listening on ", l) for l in lines),
+          "info lines at <6>: %r" % lines)
+    # One line per failed task, at notice: the client's mistakes.
+    failed = [l for l in lines if "task failed" in l]
+    check(len(failed) == 2, "failed-task lines %r" % failed)
+    check(re.fullmatch(r"<5>task failed: device=any op=gemm client=\d+ "
+                       r"pid=%d: ESHAPE: gemm: .+" % p.pid, failed[0]),
+          "gemm line %r" % failed[0])
+    check(re.fullmatch(r"<5>task failed: device=cpu:9 op=fft client=\d+ "
+                       r"pid=\d+: ENODEV: no device .+", failed[1]),
+          "fft line %r" % failed[1])
+    # A real error is <3>: a daemon that cannot start.
+    bad = os.path.join(tmp, "notasocket")
+    with open(bad, "w") as f:
+        f.write("x")
+    with open(os.path.join(tmp, "err.log"), "wb") as logf:
+        st = os.fstat(logf.fileno())
+        env = dict(os.environ, JOURNAL_STREAM="%d:%d" % (st.st_dev, st.st_ino))
+        rc = subprocess.run([dspkd, "--socket", bad, "--foreground",
+                             "--no-cache", "--backends", "cpu"], env=env,
+                            stdin=subprocess.DEVNULL, stdout=logf,
+                            stderr=logf, timeout=60).returncode
+    with open(os.path.join(tmp, "err.log")) as f:
+        text = f.read()
+    check(rc == 1 and re.search(r"^<3>.*notasocket exists and is not a socket",
+                                text, re.M), "start error: %d %r" % (rc, text))
+
+    # Not the journal (no JOURNAL_STREAM, or one naming another stream):
+    # the terminal format, the same failed-task line.
+    for stream in (None, "1:2"):
+        d = Daemon(dspkd, tmp, name="term%s" % bool(stream), stream=stream)
+        try:
+            Cli(cli.binary, d.sock).fails(["gemm", a, a], "gemm", "ESHAPE")
+            Cli(cli.binary, d.sock).ok("ping")
+        finally:
+            d.stop()
+        text = d.logtext()
+        check(re.search(r"^dspkd\[%d\]: info: listening on " % d.proc.pid,
+                        text, re.M) and "<6>" not in text,
+              "terminal format (%s): %r" % (stream, text))
+        check(re.search(r"^dspkd\[%d\]: notice: task failed: device=any "
+                        r"op=gemm client=\d+ pid=\d+: ESHAPE: " % d.proc.pid,
+                        text, re.M), "terminal failed-task line %r" % text)
 
 # ---- help --------------------------------------------------------------------
 
@@ -934,7 +1251,7 @@ def main():
     ap.add_argument("--submit", required=True)
     ap.add_argument("--daemon")
     ap.add_argument("suite", choices=["help", "info", "ops", "errors", "fake",
-                                      "kernel"])
+                                      "kernel", "shell", "journal"])
     opt = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="dspk-cli-") as tmp:
         daemon, rc = None, 0
@@ -943,15 +1260,23 @@ def main():
                 suite_help(Cli(opt.submit, None), tmp)
             elif opt.suite == "fake":
                 suite_fake(Cli(opt.submit, None), tmp)
+            elif opt.suite == "journal":
+                check(opt.daemon, "--daemon is needed for journal")
+                suite_journal(Cli(opt.submit, None), tmp, opt.daemon)
             else:
                 check(opt.daemon, "--daemon is needed for " + opt.suite)
                 daemon = Daemon(opt.daemon, tmp, "cpu,vulkan"
-                                if opt.suite == "kernel" else "cpu")
+                                if opt.suite == "kernel" else "cpu",
+                                extra=["--cache", os.path.join(tmp, "c.db")]
+                                if opt.suite == "shell" else ["--no-cache"])
                 cli_daemon_pid[0] = daemon.proc.pid
                 cli = Cli(opt.submit, daemon.sock)
-                rc = {"info": suite_info, "ops": suite_ops,
-                      "errors": suite_errors,
-                      "kernel": suite_kernel}[opt.suite](cli, tmp)
+                if opt.suite == "shell":
+                    rc = suite_shell(cli, tmp, opt.daemon)
+                else:
+                    rc = {"info": suite_info, "ops": suite_ops,
+                          "errors": suite_errors,
+                          "kernel": suite_kernel}[opt.suite](cli, tmp)
                 d, daemon = daemon, None
                 d.stop()
         except Failure as e:
