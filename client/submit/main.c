@@ -31,6 +31,16 @@
 
 #define PROG "dspk-submit"
 
+/* Shared by the --help of the compute commands. */
+#define INPUTS_HELP                                                            \
+  "\n"                                                                         \
+  "An input is a .npy file, - for a .npy on standard input, FILE.npz:NAME\n"   \
+  "for the array NAME of a numpy .npz archive (FILE.npz alone: its only\n"     \
+  "array).  -o - writes the result .npy to standard output; the summary\n"    \
+  "then goes to standard error.  The summary (or the JSON: device, time_us,\n" \
+  "outputs with dtype, shape, count and the first values or the file) says\n"  \
+  "where the task ran and the daemon's time for it.\n"
+
 const dspk__sub_cmd dspk__sub_cmds[] = {
     {"ping", dspk__sub_ping, "round trip to the daemon, with timing",
      "usage: dspk-submit ping [-c COUNT] [-s BYTES] [--json]\n"
@@ -40,7 +50,8 @@ const dspk__sub_cmd dspk__sub_cmds[] = {
      "\n"
      "  -c, --count COUNT   COUNT round trips (1..1000000); prints min, median\n"
      "                      and 99th percentile in microseconds\n"
-     "  -s, --size BYTES    payload bytes echoed by the daemon (default 0)\n"
+     "  -s, --size SIZE     payload bytes echoed by the daemon (default 0;\n"
+     "                      suffixes K, M: 2K = 2048)\n"
      "      --json          print {\"count\":..,\"min_us\":..,\"median_us\":..,\n"
      "                      \"p99_us\":..} instead of text\n"},
     {"devices", dspk__sub_devices, "list the daemon's compute devices",
@@ -61,6 +72,7 @@ const dspk__sub_cmd dspk__sub_cmds[] = {
     {"gemm", dspk__sub_gemm, "C = alpha*op(A)@op(B) + beta*C",
      "usage: dspk-submit gemm A.npy B.npy [C.npy] [-o OUT.npy] [--trans-a]\n"
      "                        [--trans-b] [--alpha X] [--beta Y] [--device ID]\n"
+     "                        [--json]\n"
      "\n"
      "Matrix product with numpy.matmul semantics (leading batch dimensions\n"
      "broadcast): OUT = alpha * op(A) @ op(B) + beta * C, where op transposes\n"
@@ -70,9 +82,11 @@ const dspk__sub_cmd dspk__sub_cmds[] = {
      "  --alpha X              scale of the product (default 1)\n"
      "  --beta Y               scale of C (default 1 when C.npy is given)\n"
      "  -o, --output OUT.npy   write the result; without it, print a summary\n"
-     "  -d, --device ID        device to run on (default any)\n"},
+     "  -d, --device ID        device to run on (default any)\n"
+     "      --json             print the result as JSON\n"
+     INPUTS_HELP},
     {"fft", dspk__sub_fft, "FFT along the last axis",
-     "usage: dspk-submit fft X.npy [-o Y.npy] [--inverse] [--device ID]\n"
+     "usage: dspk-submit fft X.npy [-o Y.npy] [--inverse] [--device ID] [--json]\n"
      "\n"
      "Batched FFT along the last axis.  Complex X (c64, c128): numpy.fft.fft,\n"
      "or numpy.fft.ifft with --inverse (same normalisation as numpy).  Real X\n"
@@ -80,27 +94,33 @@ const dspk__sub_cmd dspk__sub_cmds[] = {
      "\n"
      "  --inverse              inverse transform (complex input only)\n"
      "  -o, --output Y.npy     write the result; without it, print a summary\n"
-     "  -d, --device ID        device to run on (default any)\n"},
+     "  -d, --device ID        device to run on (default any)\n"
+     "      --json             print the result as JSON\n"
+     INPUTS_HELP},
     {"fir", dspk__sub_fir, "causal FIR filter along the last axis",
-     "usage: dspk-submit fir X.npy H.npy [-o Y.npy] [--device ID]\n"
+     "usage: dspk-submit fir X.npy H.npy [-o Y.npy] [--device ID] [--json]\n"
      "\n"
      "Filters X along its last axis with the taps H (1-D, same dtype):\n"
      "Y = scipy.signal.lfilter(H, 1, X), same shape as X; f32, f64, c64.\n"
      "\n"
      "  -o, --output Y.npy     write the result; without it, print a summary\n"
-     "  -d, --device ID        device to run on (default any)\n"},
+     "  -d, --device ID        device to run on (default any)\n"
+     "      --json             print the result as JSON\n"
+     INPUTS_HELP},
     {"contract", dspk__sub_contract, "two-operand einsum",
      "usage: dspk-submit contract SUBSCRIPTS A.npy B.npy [-o C.npy]\n"
-     "                            [--device ID]\n"
+     "                            [--device ID] [--json]\n"
      "\n"
      "Tensor contraction C = numpy.einsum(SUBSCRIPTS, A, B) with an explicit\n"
      "output, e.g. \"ik,kj->ij\", \"bij,bjk->bik\", \"abc,cd->abd\", \"ik,kj->ji\".\n"
      "\n"
      "  -o, --output C.npy     write the result; without it, print a summary\n"
-     "  -d, --device ID        device to run on (default any)\n"},
+     "  -d, --device ID        device to run on (default any)\n"
+     "      --json             print the result as JSON\n"
+     INPUTS_HELP},
     {"reduce", dspk__sub_reduce, "sum, max, min or mean over axes",
      "usage: dspk-submit reduce sum|max|min|mean X.npy [--axis K ...]\n"
-     "                          [-o Y.npy] [--device ID]\n"
+     "                          [-o Y.npy] [--device ID] [--json]\n"
      "\n"
      "Reduces X over the given axes like X.sum(axis=...) (max, min, mean\n"
      "alike); over all axes when no --axis is given.\n"
@@ -108,10 +128,12 @@ const dspk__sub_cmd dspk__sub_cmds[] = {
      "  -a, --axis K[,K...]    axis to reduce (negative counts from the end);\n"
      "                         repeat or use commas for several\n"
      "  -o, --output Y.npy     write the result; without it, print a summary\n"
-     "  -d, --device ID        device to run on (default any)\n"},
+     "  -d, --device ID        device to run on (default any)\n"
+     "      --json             print the result as JSON\n"
+     INPUTS_HELP},
     {"map", dspk__sub_map, "elementwise add, sub, mul, scale, axpy, abs, exp",
      "usage: dspk-submit map FN A.npy [B.npy] [--alpha X] [-o Y.npy]\n"
-     "                       [--device ID]\n"
+     "                       [--device ID] [--json]\n"
      "\n"
      "Elementwise functions:\n"
      "  add, sub, mul   Y = A + B, A - B, A * B (same shapes)\n"
@@ -121,18 +143,21 @@ const dspk__sub_cmd dspk__sub_cmds[] = {
      "\n"
      "  --alpha X              the scalar of scale and axpy (default 1)\n"
      "  -o, --output Y.npy     write the result; without it, print a summary\n"
-     "  -d, --device ID        device to run on (default any)\n"},
+     "  -d, --device ID        device to run on (default any)\n"
+     "      --json             print the result as JSON\n"
+     INPUTS_HELP},
     {"kernel", dspk__sub_kernel, "run a raw kernel (CUDA C, HIP, GLSL, SPIR-V)",
      "usage: dspk-submit kernel SOURCE --entry NAME --grid X[,Y[,Z]]\n"
-     "                          --block X[,Y[,Z]] [--shared BYTES]\n"
+     "                          --block X[,Y[,Z]] [--shared SIZE]\n"
      "                          [--lang cuda|hip|glsl|spirv] [--device ID]\n"
-     "                          [-o [K=]OUT.npy ...] [ARG ...]\n"
+     "                          [-o [K=]OUT.npy ...] [--json] [ARG ...]\n"
      "\n"
      "Compiles SOURCE (a file, or - for stdin) on the daemon (cached) and\n"
      "launches its kernel NAME.  The language comes from --lang or the\n"
      "extension (.cu cuda, .hip hip, .comp/.glsl glsl, .spv spirv; else\n"
      "cuda).  ARGs are the kernel's parameters, in order:\n"
      "  FILE.npy              a tensor (device pointer), initialised from FILE\n"
+     "                        (or -, FILE.npz:NAME as for the other commands)\n"
      "  zeros:DTYPE:D0xD1...  a zero-filled tensor, e.g. zeros:f32:1024\n"
      "  i32:V u32:V i64:V f32:V f64:V   a scalar\n"
      "The kernel writes its results into its tensors; the daemon returns\n"
@@ -141,16 +166,18 @@ const dspk__sub_cmd dspk__sub_cmds[] = {
      "  -e, --entry NAME       the kernel function\n"
      "  -g, --grid X[,Y[,Z]]   blocks in the grid\n"
      "  -b, --block X[,Y[,Z]]  threads per block\n"
-     "  -s, --shared BYTES     dynamic shared memory (default 0)\n"
+     "  -s, --shared SIZE      dynamic shared memory (default 0; 48K = 49152)\n"
      "  -o, --output [K=]FILE  save tensor argument K (0-based; default: the\n"
      "                         one after the previous -o, from 0) as .npy;\n"
-     "                         repeatable.  Without -o, print summaries\n"
+     "                         repeatable; - for standard output.  Without\n"
+     "                         -o, print summaries of every tensor\n"
      "  -d, --device ID        device to run on (default any)\n"
+     "      --json             print the result as JSON\n"
      "\n"
      "A compilation error (ECOMPILE) carries the compiler's log.\n"},
     {"cache", dspk__sub_cache, "the daemon's cache of kernels and tunings",
      "usage: dspk-submit cache stats [--json]\n"
-     "       dspk-submit cache clear [--kernels] [--autotune] [--blobs]\n"
+     "       dspk-submit cache clear [--kernels] [--autotune] [--blobs] [--json]\n"
      "\n"
      "stats shows the daemon's persistent cache (compiled kernels, autotune\n"
      "decisions, blobs): entries, bytes, hits and misses per kind, one\n"
@@ -167,7 +194,8 @@ static const char prog_help[] =
     "       dspk-submit COMMAND --help\n"
     "\n"
     "Submits work to dspkd, the dspk compute daemon.  Arrays are numpy .npy\n"
-    "files (little-endian f4, f8, c8, c16; C order).\n"
+    "files (little-endian f4, f8, c8, c16; C order), - for standard input or\n"
+    "output, or FILE.npz:NAME.  Every command takes --json.\n"
     "\n"
     "Options:\n"
     "  -S, --socket PATH   daemon socket (default: $DSPK_SOCKET, else\n"

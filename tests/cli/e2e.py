@@ -1051,6 +1051,14 @@ def suite_shell(cli, tmp, dspkd):
     close_to(np.load(out), ref_ab, "gemm from a one-array npz")
 
     # --json on every other command.
+    v = os.path.join(tmp, "v.npy")
+    np.save(v, np.array([1.0, -2.0, 3.0]))
+    for args, shape in ((["map", "abs", v], [3]), (["fir", v, v], [3]),
+                        (["contract", "i,i->i", v, v], [3]),
+                        (["reduce", "max", v], [])):
+        j = json.loads(cli.ok(*(args + ["--json"])))
+        check(j["device"] == "cpu:0" and j["time_us"] > 0 and
+              j["outputs"][0]["shape"] == shape, "%s --json: %r" % (args, j))
     for args in (["ping"], ["ping", "-c", "3"], ["devices"], ["status"],
                  ["cache", "stats"], ["cache", "clear"]):
         j = json.loads(cli.ok(*(args + ["--json"])))
@@ -1237,6 +1245,7 @@ def suite_help(cli, tmp):
               "%s --help: %r" % (c, a[:80]))
         check(cli.ok(c, "-h", sock=False) == a, "%s -h differs" % c)
         check(cli.ok("help", c, sock=False) == a, "help %s differs" % c)
+        check("--json" in a, "%s --help lacks --json" % c)
         # --help wins over other arguments, and needs no daemon.
         check(cli.ok("--socket", "/nonexistent", c, "x.npy", "--help",
                      sock=False) == a, "%s x --help differs" % c)
