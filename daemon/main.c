@@ -68,7 +68,10 @@ static void usage(FILE *f) {
           "  -V, --version        show the version\n"
           "\n"
           "SIZE is a byte count with an optional binary unit: K or KiB, M or MiB, G or\n"
-          "GiB, T or TiB (2M = 2097152).\n");
+          "GiB, T or TiB (2M = 2097152).\n"
+          "\n"
+          "The log goes to stderr, one line per event; when stderr is the systemd journal\n"
+          "(JOURNAL_STREAM) each line carries its syslog priority (<3> error ... <7> debug).\n");
 }
 
 enum {
