@@ -465,13 +465,13 @@ static bool selected(const char *list, const char *name) {
   return false;
 }
 
-/* Every backend dspk has, built into this binary or not. */
 /* Whether the backends list names the backend explicitly (no list: every
  * backend is merely tried). */
 static bool asked(const char *list, const char *name) {
   return list && *list && selected(list, name);
 }
 
+/* Every backend dspk has, built into this binary or not. */
 static const char *const all_backends[] = {"cpu", "cuda", "vulkan", "hip"};
 
 static bool built(const char *name, size_t len) {

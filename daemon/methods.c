@@ -301,7 +301,7 @@ static int m_buffer_create(struct req *r) {
   struct job *j;
   int err = 0;
 
-  if ((err = dspk__arg_str(r->args, "device", devname, 48, r->msg, sizeof r->msg)))
+  if ((err = dspk__arg_str(r->args, "device", devname, sizeof devname, r->msg, sizeof r->msg)))
     return err;
   if (dspk__obj_u64(dspk__map_get(r->args, "size"), &size) != 0)
     return fail(r, DSPK_EINVAL, "size: expected a byte count");
@@ -660,8 +660,13 @@ static int pin(struct req *r, struct device **pinned, struct device *dev,
   return 0;
 }
 
-/* task.run up to the job's submission; opname and devname (16 and 48
- * bytes) get what the request named, for the caller's log line. */
+/* Room for task.run's op and device names. */
+#define OPNAME_LEN 16
+#define DEVNAME_LEN 48
+
+/* task.run up to the job's submission; opname and devname (OPNAME_LEN and
+ * DEVNAME_LEN bytes) get what the request named, for the caller's log
+ * line. */
 static int task_run(struct req *r, char *opname, char *devname) {
   struct conn *c = r->c;
   struct dspkd *d = c->d;
@@ -672,14 +677,14 @@ static int task_run(struct req *r, char *opname, char *devname) {
   dspk_op kind;
   int err = 0;
 
-  if ((err = dspk__arg_str(r->args, "op", opname, 16, r->msg, sizeof r->msg)))
+  if ((err = dspk__arg_str(r->args, "op", opname, OPNAME_LEN, r->msg, sizeof r->msg)))
     return err;
   if (!opname[0])
     return fail(r, DSPK_EINVAL, "op: required (gemm, fft, fir, contract, reduce, map, kernel)");
   if (parse_op(opname, &kind) != 0)
     return fail(r, DSPK_EINVAL, "op: unknown op \"%s\" (gemm, fft, fir, contract, "
                 "reduce, map, kernel)", opname);
-  if ((err = dspk__arg_str(r->args, "device", devname, 48, r->msg, sizeof r->msg)))
+  if ((err = dspk__arg_str(r->args, "device", devname, DEVNAME_LEN, r->msg, sizeof r->msg)))
     return err;
   inputs = dspk__map_get(r->args, "inputs");
   if (!inputs || inputs->type != MSGPACK_OBJECT_ARRAY || inputs->via.array.size == 0)
@@ -810,7 +815,7 @@ fail:
 }
 
 static int m_task_run(struct req *r) {
-  char opname[16] = "", devname[48] = "any";
+  char opname[OPNAME_LEN] = "", devname[DEVNAME_LEN] = "any";
   int err = task_run(r, opname, devname);
   /* A request refused before it reached a device is a failed task too. */
   if (err < 0)
