@@ -376,7 +376,7 @@ int dspk__sub_kernel(dspk__sub_ctx *ctx, int argc, char **argv) {
       dspk__sub_print_summary(&res, &res.out[i]);
     }
     if (res.nout == 0)
-      printf("ran on %s\n", res.device);
+      printf("ran on %s\n", dspk__sub_esc(res.device));
   }
   status = DSPK__SUB_EXIT_OK;
 out_res:

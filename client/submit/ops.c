@@ -176,7 +176,7 @@ static void on_progress(void *ud, uint32_t ticket, const char *what,
     fraction = 0;
   if (fraction > 1)
     fraction = 1;
-  fprintf(stderr, "\r\033[K%s: %s %3.0f%%", p->cmd, what ? what : "working",
+  fprintf(stderr, "\r\033[K%s: %s %3.0f%%", p->cmd, what ? dspk__sub_esc(what) : "working",
           fraction * 100.0);
   fflush(stderr);
   p->drawn = true;
@@ -229,7 +229,7 @@ void dspk__sub_print_summary(const dspk_result *res, const dspk_tensor *t) {
   printf("%s (", dspk_dtype_name(t->dtype));
   for (unsigned i = 0; i < t->rank; i++)
     printf("%s%lld", i ? ", " : "", (long long)t->shape[i]);
-  printf("%s) on %s: [", t->rank == 1 ? "," : "", res->device);
+  printf("%s) on %s: [", t->rank == 1 ? "," : "", dspk__sub_esc(res->device));
   for (uint64_t i = 0; i < n && i < SHOW; i++) {
     if (i)
       printf(", ");

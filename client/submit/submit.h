@@ -16,6 +16,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "client/submit/escape.h"
 #include "dspk/dspk.h"
 
 /* Exit statuses (documented in docs/cli.md). */
