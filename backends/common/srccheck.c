@@ -16,12 +16,12 @@ struct lex {
   const char *s;
   size_t n, i;
   unsigned line;
-  bool tri;
+  bool tri, splices;
 };
 
 /* Skips splices at the current position. */
 static void splice(struct lex *L) {
-  for (;;) {
+  while (L->splices) {
     size_t i = L->i, k = 0;
     if (i < L->n && L->s[i] == '\\')
       k = 1;
@@ -185,9 +185,9 @@ static const char *const cuda_pragmas[] = {
     "diag_warning",   "diag_error",       "diag_default",  NULL};
 
 /* One pass; 0, or the refused thing written to what and its line. */
-static int scan(const char *src, size_t len, enum dspk__src_lang lang, bool tri, char *what,
-                size_t wcap, unsigned *line) {
-  struct lex L = {.s = src, .n = len, .line = 1, .tri = tri};
+static int scan(const char *src, size_t len, enum dspk__src_lang lang, bool tri, bool splices,
+                char *what, size_t wcap, unsigned *line) {
+  struct lex L = {.s = src, .n = len, .line = 1, .tri = tri, .splices = splices};
   bool line_start = true;
   char w[40];
   int c;
@@ -239,7 +239,9 @@ static int scan(const char *src, size_t len, enum dspk__src_lang lang, bool tri,
       continue;
     }
     line_start = false;
-    if (c == '"' || c == '\'') {
+    /* GLSL has no string or character literals: quotes are not skipped
+     * over, so nothing can hide behind one. */
+    if (lang == DSPK__SRC_CUDA && (c == '"' || c == '\'')) {
       literal(&L, c);
       continue;
     }
@@ -274,9 +276,13 @@ int dspk__src_check(const char *src, size_t len, enum dspk__src_lang lang, const
                     char *msg, size_t msglen) {
   char what[64];
   unsigned line = 0;
-  int rc = scan(src, len, lang, false, what, sizeof what, &line);
-  if (!rc && lang == DSPK__SRC_CUDA)
-    rc = scan(src, len, lang, true, what, sizeof what, &line);
+  /* Every reading a compiler might make: C++ always splices lines and may
+   * or may not read trigraphs; glslang splices only from GLSL 4.20 on (and
+   * in a comment only there), so GLSL is read both ways. */
+  int rc = scan(src, len, lang, false, true, what, sizeof what, &line);
+  if (!rc)
+    rc = lang == DSPK__SRC_CUDA ? scan(src, len, lang, true, true, what, sizeof what, &line)
+                                : scan(src, len, lang, false, false, what, sizeof what, &line);
   if (rc && msg && msglen)
     dspk__format(msg, msglen,
                  "%s:%u: %s is refused: raw kernels cannot read files (put what the "

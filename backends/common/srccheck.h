@@ -7,10 +7,13 @@
  * whether or not the named file exists and no byte of it is ever read.
  *
  * The scan follows the preprocessor's lexing: line splices, comments,
- * string and character literals (raw strings in CUDA), the alternative
- * spellings of '#' (%: in both languages' C lineage; ??= in CUDA, scanned
- * both with and without trigraphs so neither reading can hide a directive),
- * and whitespace or comments between '#' and the directive's name.  It is
+ * string and character literals and raw strings (CUDA only: GLSL has no
+ * literals, so a quote hides nothing there), the alternative spellings of
+ * '#' (%:, and ??= in CUDA), and whitespace or comments between '#' and the
+ * directive's name.  Where compilers may read a source two ways, it is
+ * scanned both ways and refused if either finds something: CUDA with and
+ * without trigraphs, GLSL with and without line splices (glslang splices
+ * only from GLSL 4.20 on, in comments too).  It is
  * deliberately stricter than the compiler: a directive inside #if 0 or a
  * macro body is refused too.  The daemon's own kernels include nothing
  * (backends/kernels/ concatenates the prelude), so the rule has no

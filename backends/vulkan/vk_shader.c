@@ -55,10 +55,12 @@ static void key_of(struct dspk__dev *d, const char *name, const char *src,
 
 /* glslang's includer, for GL_GOOGLE_include_directive and
  * GL_ARB_shading_language_include: without callbacks the C interface reads
- * files relative to the working directory.  These refuse every name (an
- * empty header_name is glslang's "failed"; header_data its message), the
- * same way whether or not the file exists.  dspk__src_check refuses the
- * directive first; this is the second wall. */
+ * files relative to the working directory.  dspk__src_check refuses every
+ * include before glslang runs; where glslang's C interface takes include
+ * callbacks (newer than glslang 12), these refuse every name as a second
+ * wall (an empty header_name is glslang's "failed"; header_data its
+ * message), the same way whether or not the file exists. */
+#ifdef DSPK_GLSLANG_HAS_CALLBACKS
 static glsl_include_result_t refused = {
     .header_name = "",
     .header_data = "raw kernels cannot read files: #include is refused",
@@ -75,6 +77,7 @@ static int include_free(void *ctx, glsl_include_result_t *r) {
   (void)ctx, (void)r; /* static */
   return 0;
 }
+#endif
 
 static int compile(const char *src, uint32_t **spv, size_t *nwords, char *log,
                    size_t loglen) {
@@ -92,9 +95,11 @@ static int compile(const char *src, uint32_t **spv, size_t *nwords, char *log,
       .forward_compatible = 0,
       .messages = GLSLANG_MSG_DEFAULT_BIT,
       .resource = glslang_default_resource(),
+#ifdef DSPK_GLSLANG_HAS_CALLBACKS
       .callbacks = {.include_system = include_refuse,
                     .include_local = include_refuse,
                     .free_include_result = include_free},
+#endif
   };
   int r = DSPK_ECOMPILE;
   glslang_program_t *prog = NULL;

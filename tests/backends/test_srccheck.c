@@ -76,6 +76,14 @@ static void test_cuda_only(void **st) {
   assert_int_equal(check("#pragma include_alias(\"a\", \"b\")\n", DSPK__SRC_CUDA, msg,
                          sizeof msg),
                    DSPK_ECOMPILE);
+  /* GLSL before 4.20 does not splice a comment's line: the next line's
+   * directive is live there, so it is refused in GLSL. */
+  assert_int_equal(check("#version 410\n// c \\\n#include \"a\"\n", DSPK__SRC_GLSL, msg,
+                         sizeof msg),
+                   DSPK_ECOMPILE);
+  /* GLSL has no literals: a quote hides nothing. */
+  assert_int_equal(check("' __has_include\n", DSPK__SRC_GLSL, msg, sizeof msg),
+                   DSPK_ECOMPILE);
   /* GLSL pragmas open nothing. */
   assert_int_equal(check("#pragma optimize(off)\n", DSPK__SRC_GLSL, msg, sizeof msg), 0);
 }

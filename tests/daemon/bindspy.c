@@ -5,7 +5,9 @@
  * 660"), so the test sees whether the socket ever existed with a mode other
  * than its final one.  Test-only; never installed.
  */
+#ifndef _GNU_SOURCE
 #define _GNU_SOURCE
+#endif
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -31,7 +33,7 @@ static void record(const char *ev) {
   }
 }
 
-int bind(int fd, const struct sockaddr *a, socklen_t len) {
+__attribute__((visibility("default"))) int bind(int fd, const struct sockaddr *a, socklen_t len) {
   static int (*real)(int, const struct sockaddr *, socklen_t);
   int r, e;
   if (!real)
@@ -44,7 +46,7 @@ int bind(int fd, const struct sockaddr *a, socklen_t len) {
   return r;
 }
 
-int chmod(const char *path, mode_t mode) {
+__attribute__((visibility("default"))) int chmod(const char *path, mode_t mode) {
   static int (*real)(const char *, mode_t);
   int r, e;
   if (!real)
@@ -56,7 +58,7 @@ int chmod(const char *path, mode_t mode) {
   return r;
 }
 
-int fchmodat(int dirfd, const char *path, mode_t mode, int flags) {
+__attribute__((visibility("default"))) int fchmodat(int dirfd, const char *path, mode_t mode, int flags) {
   static int (*real)(int, const char *, mode_t, int);
   int r, e;
   if (!real)

@@ -127,9 +127,10 @@ class Skip(Exception):
 class Daemon:
     def __init__(self, exe, tmp, extra=(), sock=None, env=None, cwd=None, umask=None):
         self.sock = sock or os.path.join(tmp, "dspkd.sock")
-        self.log = open(os.path.join(tmp, "dspkd-%d.log" % random.randrange(1 << 30)), "w+")
+        self.log = open(os.path.join(tmp, "dspkd-%d.log" % random.randrange(1 << 30)), "w+",
+                        errors="replace")
         r, w = os.pipe()
-        args = [exe, "--foreground", "--socket", self.sock, "--ready-fd", str(w),
+        args = [os.path.abspath(exe), "--foreground", "--socket", self.sock, "--ready-fd", str(w),
                 "--log-level", "debug"] + list(extra)
         if "--backends" not in extra:
             args += ["--backends", "cpu"]
