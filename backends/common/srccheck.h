@@ -17,7 +17,9 @@
  * deliberately stricter than the compiler: a directive inside #if 0 or a
  * macro body is refused too.  The daemon's own kernels include nothing
  * (backends/kernels/ concatenates the prelude), so the rule has no
- * exceptions.
+ * exceptions.  Called by every compiler entry: dspk__cuda_compile (NVRTC,
+ * which has no include callback at all) and the Vulkan backend's GLSL
+ * compile (glslang); a hiprtc backend would call it with DSPK__SRC_CUDA.
  */
 #ifndef DSPK_BACKENDS_COMMON_SRCCHECK_H
 #define DSPK_BACKENDS_COMMON_SRCCHECK_H
