@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "backends/op.h"
+#include "proto/utf8.h"
 
 /* Writes the formatted message (when msg is not NULL) and returns code. */
 static int fail(char *msg, size_t msglen, int code, const char *fmt, ...)
@@ -28,7 +29,7 @@ static int fail(char *msg, size_t msglen, int code, const char *fmt, ...) {
   if (msg && msglen) {
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, msglen, fmt, ap);
+    dspk__vformat(msg, msglen, fmt, ap);
     va_end(ap);
   }
   return code;
@@ -509,7 +510,7 @@ int dspk__op_fail(struct dspk__opctx *ctx, int code, const char *fmt, ...) {
   if (ctx && ctx->errmsg && ctx->errmsg_len) {
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(ctx->errmsg, ctx->errmsg_len, fmt, ap);
+    dspk__vformat(ctx->errmsg, ctx->errmsg_len, fmt, ap);
     va_end(ap);
   }
   return code;

@@ -32,7 +32,7 @@ static _Thread_local char connect_err[512];
 int dspk__cerr(dspk_client *c, int code, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(c->err, sizeof(c->err), fmt, ap);
+  dspk__vformat(c->err, sizeof(c->err), fmt, ap);
   va_end(ap);
   return code;
 }

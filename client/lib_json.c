@@ -166,7 +166,7 @@ void dspk__strncpy_obj(const msgpack_object *o, char *buf, size_t buflen) {
   if (!buflen)
     return;
   if (o && o->type == MSGPACK_OBJECT_STR) {
-    n = o->via.str.size < buflen - 1 ? o->via.str.size : buflen - 1;
+    n = dspk__utf8_cut(o->via.str.ptr, o->via.str.size, buflen - 1);
     memcpy(buf, o->via.str.ptr, n);
   }
   buf[n] = '\0';

@@ -43,7 +43,7 @@ int dspkd_admin_may_connect(struct conn *c) {
   return dspkd_policy_may_connect(cfg, c->uid, c->gid, groups, n);
 }
 
-static int is_admin(struct conn *c) {
+int dspkd_admin_is(struct conn *c) {
   gid_t groups[MAX_GROUPS];
   size_t n;
   if (c->uid == (uid_t)-1)
@@ -76,7 +76,7 @@ int dspkd_admin_dispatch(struct req *r, const char *method, size_t len) {
       which = i;
   if (which < 0)
     return 1;
-  if (!is_admin(c)) {
+  if (!dspkd_admin_is(c)) {
     dspkd_warn("client %llu (pid %ld uid %ld): %s refused: not an admin",
                (unsigned long long)c->id, (long)c->pid, (long)c->uid, names[which]);
     snprintf(r->msg, sizeof r->msg, "%s: uid %ld is not an admin (admin_users and "

@@ -21,4 +21,8 @@ int dspkd_admin_may_connect(struct conn *c);
  * that is not an admin), or 1 when the method is not an admin method. */
 int dspkd_admin_dispatch(struct req *r, const char *method, size_t len);
 
+/* 1 when c's peer may call the admin methods (and sees every connection in
+ * full in status), under the policy in force now. */
+int dspkd_admin_is(struct conn *c);
+
 #endif /* DSPKD_ADMIN_H */

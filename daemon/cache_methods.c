@@ -179,7 +179,7 @@ int dspkd_m_cache_clear(struct req *r) {
       if (k < 0) {
         snprintf(r->msg, sizeof r->msg,
                  "kinds[%u]: unknown kind \"%.*s\" (kernels, autotune, blobs)", i,
-                 (int)(n > 32 ? 32 : n), s);
+                 (int)dspk__utf8_cut(s, n, 32), s);
         return DSPK_EINVAL;
       }
       mask |= DSPK__CACHE_MASK(k);

@@ -568,6 +568,19 @@ int dspkd_socket_check(const char *path) {
   return 0;
 }
 
+/* Binds the socket so that it is created with mode 0660, never wider for a
+ * moment (a bind then chmod leaves the umask's mode visible in between):
+ * the umask is 0117 around the bind.  The umask is the process's, and the
+ * device threads already run; a file one of them creates in that window
+ * gets a narrower mode than it would, never a wider one, and the daemon's
+ * own files (cache database, wisdom) are read back only by the daemon. */
+int dspkd_bind_0660(uv_pipe_t *p, const char *path) {
+  mode_t old = umask(0117);
+  int r = uv_pipe_bind(p, path);
+  umask(old);
+  return r;
+}
+
 int dspkd_listen(struct dspkd *d) {
   const char *path = d->cfg.socket_path;
   int r;
@@ -594,9 +607,7 @@ int dspkd_listen(struct dspkd *d) {
     return r;
   uv_pipe_init(d->loop, &d->listener, 0);
   d->listener.data = d;
-  r = uv_pipe_bind(&d->listener, path);
-  if (r == 0 && chmod(path, 0660) != 0)
-    r = uv_translate_sys_error(errno);
+  r = dspkd_bind_0660(&d->listener, path);
   if (r == 0)
     r = uv_listen((uv_stream_t *)&d->listener, 128, on_connection);
   if (r < 0) {

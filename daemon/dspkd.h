@@ -247,8 +247,12 @@ struct dspkd {
 /* Refuses a path too long for sockaddr_un, a non-socket file or a live
  * daemon's socket (logged); removes a stale socket.  0 or a negative code. */
 int dspkd_socket_check(const char *path);
-/* Binds, chmods 0660 and listens.  0 or a negative code (logged). */
+/* Binds (created with mode 0660: dspkd_bind_0660) and listens.  0 or a
+ * negative code (logged). */
 int dspkd_listen(struct dspkd *d);
+/* uv_pipe_bind under umask 0117, so the socket is created with mode 0660.
+ * 0 or a libuv error. */
+int dspkd_bind_0660(uv_pipe_t *p, const char *path);
 /* Queues a frame for writing and takes wr (freed once written, or at once
  * when the connection is closing or the frame could not be encoded). */
 void conn_send(struct conn *c, struct wreq *wr);

@@ -18,6 +18,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "daemon/admin.h"
 #include "daemon/dspkd.h"
 #include "daemon/log.h"
 
@@ -25,7 +26,7 @@ __attribute__((format(printf, 3, 4)))
 static int fail(struct req *r, int code, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(r->msg, sizeof r->msg, fmt, ap);
+  dspk__vformat(r->msg, sizeof r->msg, fmt, ap);
   va_end(ap);
   return code;
 }
@@ -200,16 +201,31 @@ static int m_devices(struct req *r) {
   return 0;
 }
 
+/* Whether the caller of status sees connection c in full: an admin sees
+ * every connection, anyone else those of its own uid (and itself). */
+static bool status_shows(const struct conn *caller, bool admin, const struct conn *c) {
+  return admin || c == caller || (caller->uid != (uid_t)-1 && c->uid == caller->uid);
+}
+
 static int m_status(struct req *r) {
   struct dspkd *d = r->c->d;
   struct wreq *wr;
   msgpack_packer *pk;
+  bool admin = dspkd_admin_is(r->c);
+  uint64_t shown = 0, other_inflight = 0, other_buffers = 0;
   int n = 0;
 
+  for (struct conn *c = d->conns; c; c = c->next)
+    if (status_shows(r->c, admin, c))
+      shown++;
+    else {
+      other_inflight += c->inflight;
+      other_buffers += c->nbufs;
+    }
   if (!(wr = reply(r)))
     return DSPK_ENOMEM;
   pk = &wr->w.pk;
-  msgpack_pack_map(pk, 3);
+  msgpack_pack_map(pk, 4);
 
   dspk__pack_str(pk, "daemon");
   msgpack_pack_map(pk, 7);
@@ -223,8 +239,10 @@ static int m_status(struct req *r) {
   limits_map(pk, &d->cfg);
 
   dspk__pack_str(pk, "clients");
-  msgpack_pack_array(pk, d->nconns);
+  msgpack_pack_array(pk, shown);
   for (struct conn *c = d->conns; c; c = c->next) {
+    if (!status_shows(r->c, admin, c))
+      continue;
     msgpack_pack_map(pk, 11);
     kv_u64(pk, "id", c->id);
     kv_i64(pk, "pid", (int64_t)c->pid);
@@ -238,6 +256,12 @@ static int m_status(struct req *r) {
     kv_u64(pk, "requests", c->requests);
     kv_bool(pk, "self", c == r->c);
   }
+  /* The connections not listed: counts only, nothing that names them. */
+  dspk__pack_str(pk, "other_clients");
+  msgpack_pack_map(pk, 3);
+  kv_u64(pk, "connections", d->nconns - shown);
+  kv_u64(pk, "inflight", other_inflight);
+  kv_u64(pk, "buffers", other_buffers);
 
   dspk__pack_str(pk, "devices");
   for (int i = 0; i < d->ndevs; i++)
@@ -863,7 +887,7 @@ int dspkd_dispatch(struct req *r, const char *method, size_t len) {
   for (size_t i = 0; i < sizeof methods / sizeof methods[0]; i++)
     if (strlen(methods[i].name) == len && memcmp(methods[i].name, method, len) == 0)
       return methods[i].fn(r);
-  return fail(r, DSPK_ENOMETHOD, "unknown method \"%.*s\"", (int)(len > 64 ? 64 : len),
+  return fail(r, DSPK_ENOMETHOD, "unknown method \"%.*s\"", (int)dspk__utf8_cut(method, len, 64),
               method);
 }
 

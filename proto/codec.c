@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "proto/codec.h"
+#include "proto/utf8.h"
 
 /* Payloads below this are copied into the packer chunk: a separate iovec for
  * a few bytes costs more than the copy. */
@@ -29,7 +30,7 @@ static int fail(int code, char *msg, size_t msglen, const char *fmt, ...) {
   if (msg && msglen) {
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, msglen, fmt, ap);
+    dspk__vformat(msg, msglen, fmt, ap);
     va_end(ap);
   }
   return code;
@@ -281,7 +282,7 @@ int dspk__tensor_decode(const msgpack_object *o,
     return fail(DSPK_EINVAL, msg, msglen, "tensor dtype: expected a string");
   if (dspk__dtype_from_name(s, slen, &t.dtype) != 0)
     return fail(DSPK_EDTYPE, msg, msglen, "unknown dtype \"%.*s\"",
-                (int)(slen > 16 ? 16 : slen), s);
+                (int)dspk__utf8_cut(s, slen, 16), s);
   isz = dspk__dtype_size(t.dtype);
 
   v = dspk__map_get(o, "shape");
@@ -558,9 +559,23 @@ void dspk__wbuf_free(struct dspk__wbuf *w) {
 /* ---- packing helpers --------------------------------------------------- */
 
 void dspk__pack_str(msgpack_packer *pk, const char *s) {
-  size_t n = strlen(s);
-  msgpack_pack_str(pk, n);
-  msgpack_pack_str_body(pk, s, n);
+  static const char replacement[3] = {(char)0xEF, (char)0xBF, (char)0xBD};
+  size_t n = strlen(s), i = 0, k;
+
+  msgpack_pack_str(pk, dspk__utf8_sanitized_len(s, n));
+  /* Well-formed runs as they are; each byte that starts no character (a
+   * client's, echoed in a message) becomes U+FFFD: a str stays valid. */
+  while (i < n) {
+    size_t run = i;
+    while (run < n && (k = dspk__utf8_seq(s + run, n - run)))
+      run += k;
+    msgpack_pack_str_body(pk, s + i, run - i);
+    if (run < n) {
+      msgpack_pack_str_body(pk, replacement, sizeof replacement);
+      run++;
+    }
+    i = run;
+  }
 }
 
 void dspk__pack_error(msgpack_packer *pk, int code, const char *message) {

@@ -19,6 +19,7 @@
 #include "dspk/types.h"
 #include "proto/dtype.h"
 #include "proto/frame.h"
+#include "proto/utf8.h"
 
 #define DSPK_PROTOCOL_VERSION 1
 

@@ -29,6 +29,7 @@
 
 #include "dspk/errors.h"
 #include "proto/frame.h"
+#include "proto/utf8.h"
 
 /* Deepest nesting the scanner can track; a configured max_depth above this
  * is treated as this value. */
@@ -49,7 +50,7 @@ static ssize_t fail(int code, char *msg, size_t msglen, const char *fmt, ...) {
   if (msg && msglen) {
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, msglen, fmt, ap);
+    dspk__vformat(msg, msglen, fmt, ap);
     va_end(ap);
   }
   return code;

@@ -10,6 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backends/common/srccheck.h"
+#include "proto/utf8.h"
 #include "backends/cuda/cuda_internal.h"
 #include "cache/cache.h"
 
@@ -49,6 +51,10 @@ int dspk__cuda_compile(struct dspk__dev *dev, const char *arch,
   int rc;
   if (log && loglen)
     log[0] = 0;
+  /* NVRTC has no include callback: it opens any path a source names.
+   * Refused from the text, before NVRTC sees it (srccheck.h). */
+  if (dspk__src_check(src, len, DSPK__SRC_CUDA, name, log, loglen))
+    return DSPK_ECOMPILE;
   if (dspk__cuda_load_nvrtc(why, sizeof(why)) != 0) {
     if (log && loglen)
       snprintf(log, loglen, "NVRTC unavailable: %s", why);
@@ -92,7 +98,7 @@ int dspk__cuda_compile(struct dspk__dev *dev, const char *arch,
         char *full = malloc(ls + 1);
         if (full && NV.nvrtcGetProgramLog(prog, full) == NVRTC_SUCCESS) {
           full[ls] = 0;
-          snprintf(log + k, loglen - (size_t)k, "%s", full);
+          dspk__format(log + k, loglen - (size_t)k, "%s", full);
         }
         free(full);
       }

@@ -23,6 +23,8 @@
 #include <glslang/Public/resource_limits_c.h>
 #include <glslang/build_info.h>
 
+#include "backends/common/srccheck.h"
+#include "proto/utf8.h"
 #include "backends/vulkan/vk.h"
 #include "cache/cache.h"
 
@@ -51,6 +53,32 @@ static void key_of(struct dspk__dev *d, const char *name, const char *src,
   k->options = compile_options;
 }
 
+/* glslang's includer, for GL_GOOGLE_include_directive and
+ * GL_ARB_shading_language_include: without callbacks the C interface reads
+ * files relative to the working directory.  dspk__src_check refuses every
+ * include before glslang runs; where glslang's C interface takes include
+ * callbacks (newer than glslang 12), these refuse every name as a second
+ * wall (an empty header_name is glslang's "failed"; header_data its
+ * message), the same way whether or not the file exists. */
+#ifdef DSPK_GLSLANG_HAS_CALLBACKS
+static glsl_include_result_t refused = {
+    .header_name = "",
+    .header_data = "raw kernels cannot read files: #include is refused",
+    .header_length = sizeof "raw kernels cannot read files: #include is refused" - 1,
+};
+
+static glsl_include_result_t *include_refuse(void *ctx, const char *header, const char *includer,
+                                             size_t depth) {
+  (void)ctx, (void)header, (void)includer, (void)depth;
+  return &refused;
+}
+
+static int include_free(void *ctx, glsl_include_result_t *r) {
+  (void)ctx, (void)r; /* static */
+  return 0;
+}
+#endif
+
 static int compile(const char *src, uint32_t **spv, size_t *nwords, char *log,
                    size_t loglen) {
   glslang_input_t in = {
@@ -67,14 +95,22 @@ static int compile(const char *src, uint32_t **spv, size_t *nwords, char *log,
       .forward_compatible = 0,
       .messages = GLSLANG_MSG_DEFAULT_BIT,
       .resource = glslang_default_resource(),
+#ifdef DSPK_GLSLANG_HAS_CALLBACKS
+      .callbacks = {.include_system = include_refuse,
+                    .include_local = include_refuse,
+                    .free_include_result = include_free},
+#endif
   };
   int r = DSPK_ECOMPILE;
   glslang_program_t *prog = NULL;
-  glslang_shader_t *sh = glslang_shader_create(&in);
+  glslang_shader_t *sh;
+  if (dspk__src_check(src, strlen(src), DSPK__SRC_GLSL, "kernel.comp", log, loglen))
+    return DSPK_ECOMPILE;
+  sh = glslang_shader_create(&in);
   if (!sh)
     return DSPK_ENOMEM;
   if (!glslang_shader_preprocess(sh, &in) || !glslang_shader_parse(sh, &in)) {
-    snprintf(log, loglen, "%s", glslang_shader_get_info_log(sh));
+    dspk__format(log, loglen, "%s", glslang_shader_get_info_log(sh));
     goto out;
   }
   prog = glslang_program_create();
@@ -84,7 +120,7 @@ static int compile(const char *src, uint32_t **spv, size_t *nwords, char *log,
   }
   glslang_program_add_shader(prog, sh);
   if (!glslang_program_link(prog, GLSLANG_MSG_SPV_RULES_BIT | GLSLANG_MSG_VULKAN_RULES_BIT)) {
-    snprintf(log, loglen, "%s", glslang_program_get_info_log(prog));
+    dspk__format(log, loglen, "%s", glslang_program_get_info_log(prog));
     goto out;
   }
   glslang_program_SPIRV_generate(prog, GLSLANG_STAGE_COMPUTE);

@@ -99,7 +99,7 @@ static int flat_value(flat *f) {
     skip_ws(f);
     if (*f->p == '}') {
       f->p++;
-      printf("%-36s {}\n", f->path);
+      printf("%-36s {}\n", dspk__sub_esc(f->path));
     } else {
       for (;;) {
         skip_ws(f);
@@ -126,7 +126,7 @@ static int flat_value(flat *f) {
     skip_ws(f);
     if (*f->p == ']') {
       f->p++;
-      printf("%-36s []\n", f->path);
+      printf("%-36s []\n", dspk__sub_esc(f->path));
     } else {
       for (;; i++) {
         snprintf(buf, sizeof buf, "%d", i);
@@ -145,14 +145,14 @@ static int flat_value(flat *f) {
   } else if (*f->p == '"') {
     if (json_string(f, buf, sizeof buf) < 0)
       return -1;
-    printf("%-36s %s\n", f->path, buf);
+    printf("%-36s %s\n", dspk__sub_esc(f->path), dspk__sub_esc(buf));
   } else {
     const char *s = f->p;
     while (*f->p && !strchr(",}] \n\t\r", *f->p))
       f->p++;
     if (f->p == s)
       return -1;
-    printf("%-36s %.*s\n", f->path, (int)(f->p - s), s);
+    printf("%-36s %.*s\n", dspk__sub_esc(f->path), (int)(f->p - s), s);
   }
   f->depth--;
   return 0;
@@ -188,7 +188,8 @@ static int cache_stats(dspk__sub_ctx *ctx, int argc, char **argv) {
   if (rc < 0)
     return dspk__sub_fail_client(ctx, rc);
   if (json) {
-    printf("%s\n", text);
+    dspk__sub_put(stdout, text, DSPK__SUB_ESC_JSON);
+    putchar('\n');
   } else {
     flat f = {text, 0, ""};
     if (flat_value(&f) < 0) {

@@ -187,15 +187,16 @@ int dspk__sub_devices(dspk__sub_ctx *ctx, int argc, char **argv) {
   if (rc < 0)
     return dspk__sub_fail_client(ctx, rc);
   if (json) {
-    printf("%s\n", l->json ? l->json : "{}");
+    dspk__sub_put(stdout, l->json ? l->json : "{}", DSPK__SUB_ESC_JSON);
+    putchar('\n');
     goto out;
   }
   printf("%-10s %-8s %-10s %s\n", "ID", "TYPE", "MEMORY", "NAME");
   for (size_t i = 0; i < l->ndevices; i++) {
     const dspk_device *d = &l->devices[i];
-    printf("%-10s %-8s %-10s %s%s%s%s\n", d->id, d->type,
-           human_bytes(d->memory, mem, sizeof mem), d->name,
-           d->arch[0] ? " [" : "", d->arch, d->arch[0] ? "]" : "");
+    printf("%-10s %-8s %-10s %s%s%s%s\n", dspk__sub_esc(d->id), dspk__sub_esc(d->type),
+           human_bytes(d->memory, mem, sizeof mem), dspk__sub_esc(d->name),
+           d->arch[0] ? " [" : "", dspk__sub_esc(d->arch), d->arch[0] ? "]" : "");
     if (d->software)
       printf("%-10s (software implementation)\n", "");
   }
@@ -203,8 +204,8 @@ int dspk__sub_devices(dspk__sub_ctx *ctx, int argc, char **argv) {
     if (l->nunavailable > 0)
       printf("\nunavailable backends:\n");
     for (size_t i = 0; i < l->nunavailable; i++)
-      printf("  %-8s %s\n", l->unavailable[i].backend,
-             l->unavailable[i].reason);
+      printf("  %-8s %s\n", dspk__sub_esc(l->unavailable[i].backend),
+             dspk__sub_esc(l->unavailable[i].reason));
   }
 out:
   dspk_device_list_free(l);
@@ -228,11 +229,12 @@ int dspk__sub_status(dspk__sub_ctx *ctx, int argc, char **argv) {
   if (rc < 0)
     return dspk__sub_fail_client(ctx, rc);
   if (json) {
-    printf("%s\n", s->json ? s->json : "{}");
+    dspk__sub_put(stdout, s->json ? s->json : "{}", DSPK__SUB_ESC_JSON);
+    putchar('\n');
     goto out;
   }
-  printf("dspkd %s, pid %lld, up %.1f s, socket %s\n", s->version,
-         (long long)s->pid, s->uptime_s, s->socket);
+  printf("dspkd %s, pid %lld, up %.1f s, socket %s\n", dspk__sub_esc(s->version),
+         (long long)s->pid, s->uptime_s, dspk__sub_esc(s->socket));
   printf("\n%zu client%s:\n", s->nclients, s->nclients == 1 ? "" : "s");
   printf("  %-6s %-8s %-6s %-6s %-8s %-8s %s\n", "ID", "PID", "UID", "GID",
          "INFLIGHT", "BUFFERS", "NAME");
@@ -241,14 +243,14 @@ int dspk__sub_status(dspk__sub_ctx *ctx, int argc, char **argv) {
     printf("  %-6llu %-8lld %-6lld %-6lld %-8llu %-8llu %s\n",
            (unsigned long long)c->id, (long long)c->pid, (long long)c->uid,
            (long long)c->gid, (unsigned long long)c->inflight,
-           (unsigned long long)c->buffers, c->name);
+           (unsigned long long)c->buffers, dspk__sub_esc(c->name));
   }
   printf("\n%zu device%s:\n", s->ndevices, s->ndevices == 1 ? "" : "s");
   printf("  %-10s %-8s %-8s %-10s %s\n", "ID", "QUEUED", "RUNNING",
          "COMPLETED", "FAILED");
   for (size_t i = 0; i < s->ndevices; i++) {
     const dspk_status_device *d = &s->devices[i];
-    printf("  %-10s %-8llu %-8llu %-10llu %llu\n", d->id,
+    printf("  %-10s %-8llu %-8llu %-10llu %llu\n", dspk__sub_esc(d->id),
            (unsigned long long)d->queued, (unsigned long long)d->running,
            (unsigned long long)d->completed, (unsigned long long)d->failed);
   }

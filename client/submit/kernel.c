@@ -407,7 +407,7 @@ int dspk__sub_kernel(dspk__sub_ctx *ctx, int argc, char **argv) {
       }
       if (res.nout == 0) {
         char tm[32];
-        fprintf(f, "ran on %s", res.device);
+        fprintf(f, "ran on %s", dspk__sub_esc(res.device));
         if (res.time_us > 0)
           fprintf(f, ", %s", dspk__sub_fmt_time(res.time_us, tm, sizeof tm));
         fputc('\n', f);

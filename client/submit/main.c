@@ -233,21 +233,14 @@ int dspk__sub_help(const dspk__sub_ctx *ctx) {
   return DSPK__SUB_EXIT_OK;
 }
 
-/* Writes msg to stderr with newlines and other control characters folded,
- * so that an error is always exactly one line. */
-static void put_one_line(const char *msg) {
-  const unsigned char *p = (const unsigned char *)msg;
+/* Writes msg to stderr as one line: newlines become "; " and every other
+ * control character is escaped (escape.h), whoever wrote the message. */
+static void put_one_line(char *msg) {
   size_t len = strlen(msg);
-  while (len > 0 && (p[len - 1] == '\n' || p[len - 1] == ' '))
+  while (len > 0 && (msg[len - 1] == '\n' || msg[len - 1] == ' '))
     len--;
-  for (size_t i = 0; i < len; i++) {
-    if (p[i] == '\n')
-      fputs("; ", stderr);
-    else if (p[i] < 0x20 || p[i] == 0x7f)
-      fputc(' ', stderr);
-    else
-      fputc(p[i], stderr);
-  }
+  msg[len] = '\0';
+  dspk__sub_put(stderr, msg, DSPK__SUB_ESC_LINE);
 }
 
 static void vreport(const dspk__sub_ctx *ctx, const char *name,

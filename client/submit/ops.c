@@ -185,7 +185,7 @@ static void on_progress(void *ud, uint32_t ticket, const char *what,
     fraction = 0;
   if (fraction > 1)
     fraction = 1;
-  fprintf(stderr, "\r\033[K%s: %s %3.0f%%", p->cmd, what ? what : "working",
+  fprintf(stderr, "\r\033[K%s: %s %3.0f%%", p->cmd, what ? dspk__sub_esc(what) : "working",
           fraction * 100.0);
   fflush(stderr);
   p->drawn = true;
@@ -277,7 +277,7 @@ void dspk__sub_print_summary(FILE *f, const dspk_result *res,
   fprintf(f, "%s (", dspk_dtype_name(t->dtype));
   for (unsigned i = 0; i < t->rank; i++)
     fprintf(f, "%s%lld", i ? ", " : "", (long long)t->shape[i]);
-  fprintf(f, "%s) on %s", t->rank == 1 ? "," : "", res->device);
+  fprintf(f, "%s) on %s", t->rank == 1 ? "," : "", dspk__sub_esc(res->device));
   if (res->time_us > 0)
     fprintf(f, ", %s", dspk__sub_fmt_time(res->time_us, tm, sizeof tm));
   if (saved != NULL) {

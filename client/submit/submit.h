@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdint.h>
 
+#include "client/submit/escape.h"
 #include "dspk/dspk.h"
 
 /* Exit statuses (documented in docs/cli.md). */

@@ -744,6 +744,20 @@ class FakeDaemon:
                                     "misses": 0}},
              "recent": [1.5, "x\ty", True, None, []]}
 
+    # Names and messages a hostile client or daemon could carry: terminal
+    # escape sequences (clear screen, set title), BEL, newline, DEL, a C1
+    # CSI (U+009B), and a non-ASCII letter that must print as it is.
+    EVIL = "evil\x1b[2J\x1b]0;pwned\x07\nline2\x7f\u009b31m caf\u00e9"
+    STATUS = {"daemon": {"version": "1\x1b[5m", "pid": 7, "uptime_s": 1.0,
+                         "socket": "/s\rock", "connections": 1, "stopping": False,
+                         "limits": {}},
+              "clients": [{"id": 1, "pid": 2, "uid": 3, "gid": 4, "name": EVIL,
+                           "inflight": 0, "buffers": 0, "buffer_bytes": 0, "unsent": 0,
+                           "requests": 1, "self": True}],
+              "other_clients": {"connections": 0, "inflight": 0, "buffers": 0},
+              "devices": [{"id": "fake:0\x1b[A", "queued": 0, "running": 0,
+                           "completed": 0, "failed": 0, "stats": {}}]}
+
     def __init__(self, tmp):
         import socket
         import threading
@@ -783,6 +797,11 @@ class FakeDaemon:
                                                  "server": "dspkd"}])
                 elif method == "cache.stats":
                     out.append([1, msgid, None, self.STATS])
+                elif method == "status":
+                    out.append([1, msgid, None, self.STATUS])
+                elif method == "devices":
+                    out.append([1, msgid, {"code": -6, "name": "ENODEV",
+                                           "message": self.EVIL}, None])
                 elif method == "task.run" and args.get("op") == "map":
                     for frac in (0.0, 0.5, 1.0):
                         out.append([2, "task.progress",
@@ -868,6 +887,29 @@ def suite_fake(cli, tmp):
         check(lines == want, "cache stats: %r" % out)
         j = json.loads(fcli.ok("cache", "stats", "--json"))
         check(j == FakeDaemon.STATS, "cache stats --json: %r" % j)
+        # Nothing the daemon sends reaches the terminal raw: every control
+        # character is escaped in tables, error lines and JSON alike.
+        def inert(text, what):
+            for bad in ("\x1b", "\x07", "\x7f", "\u009b", "\r"):
+                check(bad not in text, "%s: raw %r in %r" % (what, bad, text))
+        rc, out, err = fcli.run("status")
+        check(rc == 0, "status: rc %d, %r" % (rc, err))
+        inert(out, "status")
+        check("evil\\x1b[2J\\x1b]0;pwned\\x07\\nline2\\x7f\\u009b31m caf\u00e9" in out,
+              "status: the name escaped: %r" % out)
+        check("1\\x1b[5m" in out and "/s\\rock" in out and "fake:0\\x1b[A" in out,
+              "status: every daemon string escaped: %r" % out)
+        check(len(out.splitlines()) == 9, "status: no line added by a name: %r" % out)
+        rc, out, err = fcli.run("status", "--json")
+        check(rc == 0, "status --json: rc %d" % rc)
+        inert(out, "status --json")
+        j = json.loads(out)
+        check(j["clients"][0]["name"] == FakeDaemon.EVIL,
+              "status --json: valid JSON that decodes to the name: %r" % out)
+        err = fcli.fails(["devices"], "devices", "ENODEV")
+        inert(err, "error line")
+        check("evil\\x1b[2J\\x1b]0;pwned\\x07; line2\\x7f\\u009b31m caf\u00e9" in err,
+              "error line escaped: %r" % err)
         fcli.fails(["cache", "frob"], "cache", "EINVAL", rc_want=2)
         fcli.fails(["cache"], "cache", "EINVAL", rc_want=2)
         fcli.fails(["cache", "stats", "x"], "cache", "EINVAL", rc_want=2)

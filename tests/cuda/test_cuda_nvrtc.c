@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -75,6 +76,87 @@ static void test_compile_error_returns_log(void **state) {
   assert_non_null(strstr(log, "error"));
 }
 
+/* A client's source cannot make NVRTC read a file: an include of a file
+ * that exists (with identifiers NVRTC would quote) and of one that does not
+ * fail alike, with ECOMPILE, and the log holds none of the file.  Every way
+ * to name a file is tried: quotes, angle brackets, a relative path, spaces,
+ * comments and a splice inside the directive, a digraph and a trigraph for
+ * '#', __has_include, _Pragma, and a pragma naming a file. */
+static void test_includes_refused(void **state) {
+  static const char *const forms[] = {
+      "#include \"%s\"\n",
+      "#include <%s>\n",
+      "  # /* c */ include \"%s\"\n",
+      "#inc\\\nlude \"%s\"\n",
+      "%%:include \"%s\"\n",
+      "?\?=include \"%s\"\n",
+      "#include_next \"%s\"\n",
+      "#if __has_include(\"%s\")\n#endif\n",
+      "_Pragma(\"GCC dependency \\\"%s\\\"\")\n",
+      "#pragma GCC dependency \"%s\"\n",
+      "/* */ #include \"%s\"\n",
+  };
+  char dir[] = "/tmp/dspk-nvrtc-XXXXXX", there[64], missing[64], src[256], log1[4096],
+       log2[4096];
+  FILE *f;
+  (void)state;
+  assert_non_null(mkdtemp(dir));
+  snprintf(there, sizeof there, "%s/secret.h", dir);
+  snprintf(missing, sizeof missing, "%s/missing.h", dir);
+  f = fopen(there, "w");
+  assert_non_null(f);
+  fputs("secret_token_xyzzy plugh_identifier;\n", f);
+  fclose(f);
+  for (size_t i = 0; i < sizeof forms / sizeof forms[0]; i++) {
+    const char *paths[2] = {there, missing};
+    char *logs[2] = {log1, log2};
+    for (int p = 0; p < 2; p++) {
+      void *bin = NULL;
+      size_t blen = 0;
+      int n = snprintf(src, sizeof src, forms[i], paths[p]);
+      /* Only the file name differs between the two: compare the logs with
+       * the name blanked. */
+      n += snprintf(src + n, sizeof src - (size_t)n,
+                    "extern \"C\" __global__ void k(float *x) { x[0] = 1; }\n");
+      assert_int_equal(dspk__cuda_compile(NULL, "sm_80", "kernel.cu", src, strlen(src), &bin,
+                                          &blen, logs[p], sizeof log1),
+                       DSPK_ECOMPILE);
+      assert_null(bin);
+      assert_null(strstr(logs[p], "xyzzy"));
+      assert_null(strstr(logs[p], "plugh"));
+      assert_non_null(strstr(logs[p], "raw kernels cannot read files"));
+    }
+    assert_string_equal(log1, log2);
+  }
+  /* A relative path from the working directory, as the report found. */
+  {
+    void *bin = NULL;
+    size_t blen = 0;
+    const char *rel = "#include \"../../../../../../../../etc/passwd\"\n";
+    assert_int_equal(dspk__cuda_compile(NULL, "sm_80", "kernel.cu", rel, strlen(rel), &bin,
+                                        &blen, log1, sizeof log1),
+                     DSPK_ECOMPILE);
+    assert_null(strstr(log1, "root"));
+  }
+  /* Pragmas that name no file, and "#include" in a string or comment, still
+   * compile. */
+  {
+    void *bin = NULL;
+    size_t blen = 0;
+    const char *ok = "// #include \"x.h\"\n"
+                     "extern \"C\" __global__ void k(float *x) {\n"
+                     "  const char *s = \"#include <y.h>\"; (void)s;\n"
+                     "#pragma unroll\n"
+                     "  for (int i = 0; i < 4; i++) x[i] = 1;\n}\n";
+    assert_int_equal(dspk__cuda_compile(NULL, "sm_80", "kernel.cu", ok, strlen(ok), &bin,
+                                        &blen, log1, sizeof log1),
+                     0);
+    free(bin);
+  }
+  unlink(there);
+  rmdir(dir);
+}
+
 static void test_sources_in_hiprtc_subset(void **state) {
   static const char *const banned[] = {"#include", "asm(", "asm volatile", "__ldg",
                                        "_sync(", "cooperative_groups", "__nv",
@@ -97,6 +179,7 @@ int main(void) {
       cmocka_unit_test(test_typed_family_rejects_other_dtypes),
       cmocka_unit_test(test_compile_error_returns_log),
       cmocka_unit_test(test_sources_in_hiprtc_subset),
+      cmocka_unit_test(test_includes_refused),
   };
   if (dspk__cuda_load_nvrtc(why, sizeof(why)) != 0) {
     printf("skipped: %s\n", why);

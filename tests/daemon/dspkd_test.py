@@ -120,18 +120,24 @@ def close_enough(got, want, what, dtype):
 DAEMONS = []
 
 
+class Skip(Exception):
+    """The group cannot run here (exit 77, reported as skipped)."""
+
+
 class Daemon:
-    def __init__(self, exe, tmp, extra=(), sock=None):
+    def __init__(self, exe, tmp, extra=(), sock=None, env=None, cwd=None, umask=None):
         self.sock = sock or os.path.join(tmp, "dspkd.sock")
-        self.log = open(os.path.join(tmp, "dspkd-%d.log" % random.randrange(1 << 30)), "w+")
+        self.log = open(os.path.join(tmp, "dspkd-%d.log" % random.randrange(1 << 30)), "w+",
+                        errors="replace")
         r, w = os.pipe()
-        args = [exe, "--foreground", "--socket", self.sock, "--ready-fd", str(w),
+        args = [os.path.abspath(exe), "--foreground", "--socket", self.sock, "--ready-fd", str(w),
                 "--log-level", "debug"] + list(extra)
         if "--backends" not in extra:
             args += ["--backends", "cpu"]
         if "--cache" not in extra:
             args += ["--no-cache"]  # never the user's ~/.cache
-        self.proc = subprocess.Popen(args, pass_fds=[w], stderr=self.log)
+        self.proc = subprocess.Popen(args, pass_fds=[w], stderr=self.log, env=env, cwd=cwd,
+                                     preexec_fn=None if umask is None else lambda: os.umask(umask))
         DAEMONS.append(self)
         os.close(w)
         ready, _, _ = select.select([r], [], [], TIMEOUT)
@@ -791,6 +797,230 @@ def t_wire(exe, tmp):
     d.stop()
 
 
+# ---- issue 11: files, strings, privacy, the socket's mode ----------------------
+
+def strict_exchange(path, frames):
+    """Sends raw frames on a new connection and returns the answers, decoded
+    the strictest way: str must be valid UTF-8 (raw=False,
+    unicode_errors='strict'), or UnicodeDecodeError fails the test."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(TIMEOUT)
+    s.connect(path)
+    up = msgpack.Unpacker(raw=False, unicode_errors="strict")
+    for f in frames:
+        s.sendall(f)
+    out = []
+    while len(out) < len(frames):
+        data = s.recv(1 << 16)
+        check(data, "daemon closed the connection early")
+        up.feed(data)
+        out.extend(up)
+    s.close()
+    return out
+
+
+def raw_str(b):
+    """A msgpack str header and body from arbitrary bytes (even invalid UTF-8)."""
+    check(len(b) < 256, "short str")
+    return b"\xd9" + bytes([len(b)]) + b
+
+
+def raw_request(msgid, method_bytes, args_packed=None):
+    body = b"\x94\x00" + msgpack.packb(msgid) + raw_str(method_bytes)
+    return body + (b"\x91" + args_packed if args_packed is not None else b"\x90")
+
+
+def t_utf8(exe, tmp):
+    """Client strings echoed in error messages: cut at a character boundary,
+    and invalid UTF-8 replaced, so every answer is a valid msgpack str."""
+    d = Daemon(exe, tmp)
+    e_acute = "\u00e9".encode()
+    # The method name is echoed cut at 64 bytes: a two-byte character
+    # across the cut.
+    long_method = b"m" * 63 + e_acute + b"tail"
+    # The dtype name is echoed cut at 16 bytes.
+    dt = "f" * 15 + "\u00e9"
+    task = msgpack.packb({"op": "map", "device": "cpu:0", "options": {"fn": "abs"},
+                          "inputs": [{"dtype": dt, "shape": [1], "data": b"\0" * 4}]},
+                         use_bin_type=True)
+    # cache.clear echoes an unknown kind cut at 32 bytes.
+    kinds = msgpack.packb({"kinds": ["k" * 31 + "\u20ac"]}, use_bin_type=True)
+    # Bytes that are not UTF-8 at all, echoed whole.
+    bad = b"bad\xff\xfe\xc3"
+    frames = [raw_request(1, long_method), raw_request(2, b"task.run", task),
+              raw_request(3, b"cache.clear", kinds), raw_request(4, bad)]
+    answers = strict_exchange(d.sock, frames)
+    byid = {m[1]: m for m in answers}
+    check(sorted(byid) == [1, 2, 3, 4], "one answer each: %r" % (answers,))
+    m1 = byid[1][2]["message"]
+    check(byid[1][2]["name"] == "ENOMETHOD", "unknown method: %r" % (byid[1],))
+    check(("m" * 63) in m1 and "\u00e9" not in m1 and "\ufffd" not in m1,
+          "cut before the character, not inside it: %r" % m1)
+    check(byid[2][2]["name"] == "EDTYPE", "bad dtype: %r" % (byid[2],))
+    check("f" * 15 + "\"" in byid[2][2]["message"], "dtype cut whole: %r" % (byid[2],))
+    check(byid[3][2]["name"] == "EINVAL" and "k" * 31 + "\"" in byid[3][2]["message"],
+          "kind cut whole: %r" % (byid[3],))
+    m4 = byid[4][2]["message"]
+    check("bad\ufffd\ufffd\ufffd" in m4, "invalid bytes replaced by U+FFFD: %r" % m4)
+    # A hello name that is not UTF-8 comes back sanitized in status.
+    hello = b"\x82" + raw_str(b"version") + b"\x01" + raw_str(b"client") + raw_str(b"n\x80me")
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(TIMEOUT)
+    s.connect(d.sock)
+    s.sendall(raw_request(1, b"hello", hello) + raw_request(2, b"status", b"\x80"))
+    up = msgpack.Unpacker(raw=False, unicode_errors="strict")
+    got = {}
+    while len(got) < 2:
+        data = s.recv(1 << 16)
+        check(data, "status answered")
+        up.feed(data)
+        for m in up:
+            got[m[1]] = m
+    s.close()
+    names = [c["name"] for c in got[2][3]["clients"]]
+    check("n\ufffdme" in names, "sanitized name in status: %r" % names)
+    d.stop()
+
+
+def t_privacy(exe, tmp):
+    """status: a non-admin sees its own uid's connections in full and only
+    counts for the rest; an admin sees everything."""
+    nobody = 65534
+    d = Daemon(exe, tmp)
+    # The test runs as root: the other user reaches the socket (0660,
+    # group root) through group 0, and the directory through o+x.
+    os.chmod(tmp, 0o711)
+    root = d.client()
+    root.call("hello", {"version": 1, "client": "root-secret-name"})
+    r1, w1 = os.pipe()
+    r2, w2 = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.close(r1)
+            os.close(w2)
+            os.setgroups([])
+            os.setgid(0)
+            os.setuid(nobody)
+            a, b = Client(d.sock), Client(d.sock)
+            a.call("hello", {"version": 1, "client": "mine-a"})
+            b.call("hello", {"version": 1, "client": "mine-b"})
+            a.send("status", {})
+            raw = b""
+            while True:  # the raw answer, to look for the other's name in it
+                data = a.sock.recv(1 << 16)
+                raw += data
+                try:
+                    msg = msgpack.unpackb(raw, raw=False)
+                    break
+                except (msgpack.OutOfData, ValueError):
+                    continue
+            os.write(w1, msgpack.packb({"status": msg[3], "raw": raw}, use_bin_type=True))
+            os.close(w1)
+            os.read(r2, 1)  # held open until the parent has looked
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(w1)
+    os.close(r2)
+    data = b""
+    while True:
+        chunk = os.read(r1, 1 << 16)
+        if not chunk:
+            break
+        data += chunk
+    os.close(r1)
+    got = msgpack.unpackb(data, raw=False)
+    st, raw = got["status"], got["raw"]
+    mine = st["clients"]
+    check(sorted(c["name"] for c in mine) == ["mine-a", "mine-b"],
+          "non-admin sees its own connections: %r" % mine)
+    check(all(c["uid"] == nobody and c["pid"] == pid for c in mine), "in full: %r" % mine)
+    check(sum(1 for c in mine if c["self"]) == 1, "self marked once")
+    check(st["other_clients"] == {"connections": 1, "inflight": 0, "buffers": 0},
+          "the rest as counts: %r" % st["other_clients"])
+    check(st["daemon"]["connections"] == 3, "total connections")
+    check(b"root-secret-name" not in raw, "no other user's name in the answer")
+    # The admin (root) sees all three in full.
+    full = root.call("status", {})
+    names = sorted(c["name"] for c in full["clients"])
+    check(names == ["mine-a", "mine-b", "root-secret-name"], "admin sees all: %r" % names)
+    check(full["other_clients"]["connections"] == 0, "admin: nothing hidden")
+    uids = sorted(c["uid"] for c in full["clients"])
+    check(uids == [0, nobody, nobody], "admin sees uids: %r" % uids)
+    os.write(w2, b"x")
+    os.close(w2)
+    _, status = os.waitpid(pid, 0)
+    check(os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, "child ok")
+    root.close()
+    d.stop()
+
+
+def t_sockmode(exe, tmp):
+    """The socket never exists with a mode other than 0660, even under umask
+    0: an LD_PRELOAD shim records its mode after every bind and chmod."""
+    spy = os.environ.get("DSPK_BINDSPY")
+    check(spy and os.path.exists(spy), "DSPK_BINDSPY names the shim (tests/daemon/CMakeLists.txt)")
+    path = os.path.join(tmp, "mode.sock")
+    log = os.path.join(tmp, "bindspy.log")
+    env = dict(os.environ, LD_PRELOAD=spy, DSPK_BINDSPY_PATH=path, DSPK_BINDSPY_LOG=log)
+    # The shim is not instrumented: ASan must not insist on coming first.
+    env["ASAN_OPTIONS"] = (env.get("ASAN_OPTIONS", "") + ":verify_asan_link_order=0").lstrip(":")
+    d = Daemon(exe, tmp, sock=path, env=env, umask=0)
+    events = open(log).read().split("\n") if os.path.exists(log) else []
+    events = [e for e in events if e]
+    check(any(e.startswith("bind ") for e in events), "bind recorded: %r" % events)
+    check(all(e.split()[1] == "660" for e in events), "mode 0660 at every step: %r" % events)
+    check(os.stat(path).st_mode & 0o777 == 0o660, "final mode")
+    d.stop()
+
+
+KERNEL_OK = """#version 450
+layout(local_size_x = 1) in;
+layout(std430, binding = 0) buffer B { float x[]; };
+void main() { x[0] = 7.0; }
+"""
+
+
+def t_kernelfs(exe, tmp):
+    """Raw kernels cannot read files: #include (both GLSL include extensions)
+    is ECOMPILE, the same for an existing and a missing file, and no byte
+    of the file reaches the answer."""
+    work = os.path.join(tmp, "work")
+    os.makedirs(work, exist_ok=True)
+    with open(os.path.join(tmp, "secret.glsl"), "w") as f:
+        f.write("secret_token_xyzzy plugh_identifier;\n")
+    d = Daemon(exe, tmp, ["--backends", "cpu,vulkan"], cwd=work)
+    c = d.client()
+    vk = [x["id"] for x in c.call("devices", {})["devices"] if x["backend"] == "vulkan"]
+    if not vk:
+        c.close()
+        d.stop()
+        raise Skip("no vulkan device")
+
+    def kernel(src):
+        return {"op": "kernel", "device": vk[0], "inputs": [tensor(np.zeros(4, np.float32))],
+                "options": {"lang": "glsl", "source": src, "args": [{"tensor": 0}]}}
+
+    out = c.call("task.run", kernel(KERNEL_OK))["outputs"]
+    check(array(out[0])[0] == 7.0, "a kernel without includes runs")
+    head = "#version 450\n%s\n#include \"%s\"\n" + KERNEL_OK.split("\n", 1)[1]
+    for ext in ("#extension GL_GOOGLE_include_directive : require",
+                "#extension GL_ARB_shading_language_include : require"):
+        msgs = []
+        for name in ("../secret.glsl", "../missing.glsl", os.path.join(tmp, "secret.glsl"),
+                     os.path.join(tmp, "missing.glsl")):
+            e = c.expect_error("ECOMPILE", "task.run", kernel(head % (ext, name)))
+            m = e.err["message"]
+            check("xyzzy" not in m and "plugh" not in m, "no file content: %r" % m)
+            check("raw kernels cannot read files" in m, "clear message: %r" % m)
+            msgs.append(m)
+        check(len(set(msgs)) == 1, "same error for existing and missing files: %r" % msgs)
+    c.close()
+    d.stop()
+
+
 GROUPS = {
     "basic": t_basic,
     "buffers": t_buffers,
@@ -807,6 +1037,10 @@ GROUPS = {
     "progress": t_progress,
     "limits": t_limits,
     "wire": t_wire,
+    "utf8": t_utf8,
+    "privacy": t_privacy,
+    "sockmode": t_sockmode,
+    "kernelfs": t_kernelfs,
 }
 
 
@@ -822,6 +1056,9 @@ def main():
             t0 = time.monotonic()
             GROUPS[name](a.dspkd, tmp)
             print("ok %s (%.2f s)" % (name, time.monotonic() - t0))
+    except Skip as e:
+        print("skipped: %s" % e)
+        sys.exit(77)
     except BaseException:
         for d in DAEMONS:
             if d.proc.poll() is None:

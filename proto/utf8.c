@@ -1,0 +1,117 @@
+/* UTF-8 cutting, formatting and sanitizing (proto/utf8.h). */
+#include "proto/utf8.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static const char replacement[3] = {(char)0xEF, (char)0xBF, (char)0xBD};
+
+static int cont(unsigned char c) { return (c & 0xC0) == 0x80; }
+
+size_t dspk__utf8_seq(const char *s, size_t n) {
+  const unsigned char *u = (const unsigned char *)s;
+  unsigned char lo = 0x80, hi = 0xBF;
+  size_t len;
+
+  if (n == 0)
+    return 0;
+  if (u[0] < 0x80)
+    return 1;
+  if (u[0] >= 0xC2 && u[0] <= 0xDF)
+    len = 2;
+  else if (u[0] >= 0xE0 && u[0] <= 0xEF) {
+    len = 3;
+    if (u[0] == 0xE0)
+      lo = 0xA0; /* overlong below */
+    else if (u[0] == 0xED)
+      hi = 0x9F; /* surrogates above */
+  } else if (u[0] >= 0xF0 && u[0] <= 0xF4) {
+    len = 4;
+    if (u[0] == 0xF0)
+      lo = 0x90;
+    else if (u[0] == 0xF4)
+      hi = 0x8F; /* above U+10FFFF */
+  } else
+    return 0;
+  if (n < len || u[1] < lo || u[1] > hi)
+    return 0;
+  for (size_t i = 2; i < len; i++)
+    if (!cont(u[i]))
+      return 0;
+  return len;
+}
+
+bool dspk__utf8_valid(const char *s, size_t n) {
+  for (size_t i = 0, k; i < n; i += k)
+    if (!(k = dspk__utf8_seq(s + i, n - i)))
+      return false;
+  return true;
+}
+
+size_t dspk__utf8_cut(const char *s, size_t n, size_t max) {
+  const unsigned char *u = (const unsigned char *)s;
+  size_t p = max;
+
+  if (n <= max)
+    return n;
+  /* u[max] is the first byte left out: if it continues a character, the
+   * cut moves back to that character's lead byte. */
+  while (p > 0 && max - p < 3 && cont(u[p]))
+    p--;
+  if (!cont(u[max]) || u[p] < 0xC0)
+    return max;
+  return p + (u[p] >= 0xF0 ? 4 : u[p] >= 0xE0 ? 3 : 2) > max ? p : max;
+}
+
+size_t dspk__utf8_copy(char *dst, size_t cap, const char *s, size_t n) {
+  size_t k;
+  if (cap == 0)
+    return 0;
+  k = dspk__utf8_cut(s, n, cap - 1);
+  memmove(dst, s, k);
+  dst[k] = '\0';
+  return k;
+}
+
+/* n once a character cut short at the end of s[0..n) is dropped. */
+static size_t trim_incomplete(const char *s, size_t n) {
+  const unsigned char *u = (const unsigned char *)s;
+  size_t p = n, want;
+  while (p > 0 && n - p < 3 && cont(u[p - 1]))
+    p--;
+  if (p == 0 || u[p - 1] < 0xC0)
+    return n;
+  want = u[p - 1] >= 0xF0 ? 4 : u[p - 1] >= 0xE0 ? 3 : 2;
+  return n - (p - 1) < want ? p - 1 : n;
+}
+
+int dspk__vformat(char *buf, size_t cap, const char *fmt, va_list ap) {
+  int r = vsnprintf(buf, cap, fmt, ap);
+  if (r >= 0 && cap > 0 && (size_t)r >= cap)
+    buf[trim_incomplete(buf, cap - 1)] = '\0';
+  return r;
+}
+
+int dspk__format(char *buf, size_t cap, const char *fmt, ...) {
+  va_list ap;
+  int r;
+  va_start(ap, fmt);
+  r = dspk__vformat(buf, cap, fmt, ap);
+  va_end(ap);
+  return r;
+}
+
+size_t dspk__utf8_sanitized_len(const char *s, size_t n) {
+  size_t out = 0;
+  for (size_t i = 0, k; i < n; i += k ? k : 1)
+    out += (k = dspk__utf8_seq(s + i, n - i)) ? k : sizeof replacement;
+  return out;
+}
+
+void dspk__utf8_sanitize(char *dst, const char *s, size_t n) {
+  for (size_t i = 0, k; i < n; i += k ? k : 1) {
+    k = dspk__utf8_seq(s + i, n - i);
+    memcpy(dst, k ? s + i : replacement, k ? k : sizeof replacement);
+    dst += k ? k : sizeof replacement;
+  }
+}

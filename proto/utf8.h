@@ -1,0 +1,49 @@
+/*
+ * UTF-8 helpers for every string the wire carries (a msgpack str must be
+ * well-formed UTF-8, RFC 3629): cutting a string to a byte budget without
+ * splitting a character, formatting into a fixed buffer with the same rule,
+ * and measuring the form of a string whose ill-formed bytes are replaced by
+ * U+FFFD (dspk__pack_str packs that form, so nothing a client sends can make
+ * the daemon emit an invalid str).  Pure functions: no allocation, no I/O.
+ */
+#ifndef DSPK_PROTO_UTF8_H
+#define DSPK_PROTO_UTF8_H
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+
+/* The length (1 to 4) of the well-formed sequence that starts s[0..n), or 0
+ * when none does (a stray continuation byte, an overlong form, a surrogate,
+ * a code point above U+10FFFF, or a sequence cut short by n). */
+size_t dspk__utf8_seq(const char *s, size_t n);
+
+/* true when s[0..n) is well-formed UTF-8. */
+bool dspk__utf8_valid(const char *s, size_t n);
+
+/* The length of the longest prefix of s[0..n) of at most max bytes that does
+ * not end inside a character: n when n <= max, else max moved back to the
+ * start of the character it would split. */
+size_t dspk__utf8_cut(const char *s, size_t n, size_t max);
+
+/* Copies the longest prefix of s[0..n) that fits in cap - 1 bytes without
+ * splitting a character, and a NUL; returns the bytes copied (cap > 0). */
+size_t dspk__utf8_copy(char *dst, size_t cap, const char *s, size_t n);
+
+/* vsnprintf, except that output cut at cap is cut at a character boundary
+ * (the text is never left ending in part of a character).  Returns what
+ * vsnprintf returns. */
+int dspk__vformat(char *buf, size_t cap, const char *fmt, va_list ap)
+    __attribute__((format(printf, 3, 0)));
+int dspk__format(char *buf, size_t cap, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* The length of s[0..n) once every byte that starts no well-formed sequence
+ * is replaced by U+FFFD (EF BF BD); n when s is well-formed. */
+size_t dspk__utf8_sanitized_len(const char *s, size_t n);
+
+/* Writes that replaced form to dst (dspk__utf8_sanitized_len(s, n) bytes,
+ * no NUL added). */
+void dspk__utf8_sanitize(char *dst, const char *s, size_t n);
+
+#endif

@@ -1,0 +1,233 @@
+/*
+ * Unit tests of the UTF-8 helpers (proto/utf8.c) and of dspk__pack_str,
+ * which packs every str the daemon sends: the validator against a second,
+ * arithmetic decoder over every string of up to three bytes drawn from the
+ * bytes where the rules change; cutting and formatting never leave part of
+ * a character at any budget; the sanitized form is well-formed, replaces
+ * exactly the ill-formed bytes, and is what dspk__pack_str packs.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+#include <msgpack.h>
+
+#include "proto/codec.h"
+#include "proto/utf8.h"
+
+/* Reference: decodes by the bit patterns, then rejects overlong forms,
+ * surrogates and code points above U+10FFFF.  Returns the length or 0. */
+static size_t ref_seq(const unsigned char *u, size_t n) {
+  size_t len;
+  uint32_t cp;
+  if (n == 0)
+    return 0;
+  if (u[0] < 0x80)
+    return 1;
+  if ((u[0] & 0xE0) == 0xC0)
+    len = 2, cp = u[0] & 0x1F;
+  else if ((u[0] & 0xF0) == 0xE0)
+    len = 3, cp = u[0] & 0x0F;
+  else if ((u[0] & 0xF8) == 0xF0)
+    len = 4, cp = u[0] & 0x07;
+  else
+    return 0;
+  if (n < len)
+    return 0;
+  for (size_t i = 1; i < len; i++) {
+    if ((u[i] & 0xC0) != 0x80)
+      return 0;
+    cp = cp << 6 | (u[i] & 0x3F);
+  }
+  if ((len == 2 && cp < 0x80) || (len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000))
+    return 0;
+  if ((cp >= 0xD800 && cp <= 0xDFFF) || cp > 0x10FFFF)
+    return 0;
+  return len;
+}
+
+static int ref_valid(const unsigned char *u, size_t n) {
+  for (size_t i = 0, k; i < n; i += k)
+    if (!(k = ref_seq(u + i, n - i)))
+      return 0;
+  return 1;
+}
+
+static const unsigned char edges[] = {0x00, 0x41, 0x7F, 0x80, 0x8F, 0x90, 0x9F, 0xA0,
+                                      0xBF, 0xC0, 0xC1, 0xC2, 0xDF, 0xE0, 0xE1, 0xEC,
+                                      0xED, 0xEE, 0xEF, 0xF0, 0xF1, 0xF3, 0xF4, 0xF5,
+                                      0xFF};
+#define NE (sizeof edges)
+
+static void test_valid_against_reference(void **st) {
+  (void)st;
+  unsigned char b[4];
+  size_t checked = 0;
+  for (size_t n = 1; n <= 4; n++) {
+    size_t total = 1;
+    for (size_t i = 0; i < n; i++)
+      total *= NE;
+    for (size_t x = 0; x < total; x++) {
+      size_t y = x;
+      for (size_t i = 0; i < n; i++, y /= NE)
+        b[i] = edges[y % NE];
+      assert_int_equal(dspk__utf8_seq((const char *)b, n), ref_seq(b, n));
+      assert_int_equal(dspk__utf8_valid((const char *)b, n), ref_valid(b, n));
+      checked++;
+    }
+  }
+  assert_true(checked > 390000);
+  /* Known strings. */
+  assert_true(dspk__utf8_valid("caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80", 14));
+  assert_false(dspk__utf8_valid("\xed\xa0\x80", 3)); /* U+D800 */
+  assert_false(dspk__utf8_valid("\xc0\xaf", 2));     /* overlong '/' */
+  assert_false(dspk__utf8_valid("\xf4\x90\x80\x80", 4));
+  assert_false(dspk__utf8_valid("\xe2\x82", 2)); /* cut short */
+}
+
+/* A string of every character length, repeated. */
+static const char mixed[] = "a\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80"
+                            "b\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80";
+
+static void test_cut(void **st) {
+  (void)st;
+  size_t n = strlen(mixed);
+  for (size_t max = 0; max <= n + 2; max++) {
+    size_t k = dspk__utf8_cut(mixed, n, max);
+    assert_true(k <= max && k <= n);
+    assert_true(k + 3 >= (max < n ? max : n)); /* never more than a character lost */
+    assert_true(dspk__utf8_valid(mixed, k));
+    /* And it is the longest such prefix. */
+    for (size_t j = k + 1; j <= max && j <= n; j++)
+      assert_false(dspk__utf8_valid(mixed, j));
+  }
+  assert_int_equal(dspk__utf8_cut("ab\xc3\xa9", 4, 3), 2);
+  assert_int_equal(dspk__utf8_cut("ab\xc3\xa9", 4, 4), 4);
+  /* Ill-formed input is cut at the byte count (nothing to keep whole). */
+  assert_int_equal(dspk__utf8_cut("\x80\x80\x80\x80\x80", 5, 3), 3);
+}
+
+static void test_copy(void **st) {
+  (void)st;
+  char buf[8];
+  size_t n = strlen(mixed);
+  for (size_t cap = 1; cap <= sizeof buf; cap++) {
+    size_t k = dspk__utf8_copy(buf, cap, mixed, n);
+    assert_int_equal(strlen(buf), k);
+    assert_true(k < cap);
+    assert_memory_equal(buf, mixed, k);
+    assert_true(dspk__utf8_valid(buf, k));
+  }
+  assert_int_equal(dspk__utf8_copy(buf, 0, mixed, n), 0);
+}
+
+static void test_format(void **st) {
+  (void)st;
+  char buf[64];
+  for (size_t cap = 1; cap <= sizeof buf; cap++) {
+    memset(buf, 'x', sizeof buf);
+    int r = dspk__format(buf, cap, "unknown method \"%s\"", mixed);
+    assert_int_equal(r, (int)(16 + strlen(mixed) + 1));
+    size_t k = strlen(buf);
+    assert_true(k < cap);
+    assert_true(k + 3 >= (cap - 1 < (size_t)r ? cap - 1 : (size_t)r));
+    assert_true(dspk__utf8_valid(buf, k));
+    assert_memory_equal(buf, "unknown method \"", k < 16 ? k : 16);
+  }
+  /* Not cut: exactly vsnprintf. */
+  assert_int_equal(dspk__format(buf, sizeof buf, "%s!", "\xc3\xa9"), 3);
+  assert_string_equal(buf, "\xc3\xa9!");
+}
+
+static void test_sanitize(void **st) {
+  (void)st;
+  static const struct {
+    const char *in, *out;
+  } cases[] = {
+      {"plain", "plain"},
+      {"caf\xc3\xa9", "caf\xc3\xa9"},
+      {"a\xff" "b", "a\xef\xbf\xbd" "b"},
+      {"\xe2\x82", "\xef\xbf\xbd\xef\xbf\xbd"}, /* cut short: each byte */
+      {"\xed\xa0\x80", "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd"},
+      {"\xc3\xa9\x80", "\xc3\xa9\xef\xbf\xbd"},
+  };
+  char out[64];
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    size_t n = strlen(cases[i].in);
+    size_t m = dspk__utf8_sanitized_len(cases[i].in, n);
+    assert_int_equal(m, strlen(cases[i].out));
+    dspk__utf8_sanitize(out, cases[i].in, n);
+    assert_memory_equal(out, cases[i].out, m);
+    assert_true(dspk__utf8_valid(out, m));
+  }
+}
+
+/* dspk__pack_str packs the sanitized form, so a strict decoder reads it. */
+static void test_pack_str(void **st) {
+  (void)st;
+  static const char *const ins[] = {"ok", "a\xff\xfe" "b\xc3", "caf\xc3\xa9", ""};
+  for (size_t i = 0; i < sizeof ins / sizeof ins[0]; i++) {
+    msgpack_sbuffer sb;
+    msgpack_packer pk;
+    msgpack_unpacked up;
+    size_t off = 0, n = strlen(ins[i]);
+    char want[64];
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    dspk__pack_str(&pk, ins[i]);
+    msgpack_unpacked_init(&up);
+    assert_int_equal(msgpack_unpack_next(&up, sb.data, sb.size, &off), MSGPACK_UNPACK_SUCCESS);
+    assert_int_equal(off, sb.size);
+    assert_int_equal(up.data.type, MSGPACK_OBJECT_STR);
+    dspk__utf8_sanitize(want, ins[i], n);
+    assert_int_equal(up.data.via.str.size, dspk__utf8_sanitized_len(ins[i], n));
+    assert_memory_equal(up.data.via.str.ptr, want, up.data.via.str.size);
+    assert_true(dspk__utf8_valid(up.data.via.str.ptr, up.data.via.str.size));
+    msgpack_unpacked_destroy(&up);
+    msgpack_sbuffer_destroy(&sb);
+  }
+}
+
+/* A client's dtype name is echoed cut to 16 bytes: never mid-character. */
+static void test_codec_echo(void **st) {
+  (void)st;
+  char msg[256];
+  msgpack_sbuffer sb;
+  msgpack_packer pk;
+  msgpack_unpacked up;
+  size_t off = 0;
+  struct dspk__wire_tensor t;
+  /* 15 ASCII bytes, then a two-byte character across the 16-byte cut. */
+  const char *name = "fffffffffffffff\xc3\xa9";
+  msgpack_sbuffer_init(&sb);
+  msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+  msgpack_pack_map(&pk, 2);
+  dspk__pack_str(&pk, "dtype");
+  dspk__pack_str(&pk, name);
+  dspk__pack_str(&pk, "shape");
+  msgpack_pack_array(&pk, 0);
+  msgpack_unpacked_init(&up);
+  assert_int_equal(msgpack_unpack_next(&up, sb.data, sb.size, &off), MSGPACK_UNPACK_SUCCESS);
+  assert_int_equal(dspk__tensor_decode(&up.data, NULL, &t, msg, sizeof msg), DSPK_EDTYPE);
+  assert_string_equal(msg, "unknown dtype \"fffffffffffffff\"");
+  msgpack_unpacked_destroy(&up);
+  msgpack_sbuffer_destroy(&sb);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_valid_against_reference),
+      cmocka_unit_test(test_cut),
+      cmocka_unit_test(test_copy),
+      cmocka_unit_test(test_format),
+      cmocka_unit_test(test_sanitize),
+      cmocka_unit_test(test_pack_str),
+      cmocka_unit_test(test_codec_echo),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
