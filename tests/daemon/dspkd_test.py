@@ -957,17 +957,28 @@ def t_opsize(exe, tmp):
         xr = np.zeros((3, 0), np.float32)
         close_enough(go("reduce", [xr], {"fn": "sum", "axes": [1]})[0], np.zeros(3),
                      dev + ": sum over an empty axis", np.float32)
+        mean = go("reduce", [xr], {"fn": "mean", "axes": [1]})[0]
+        check(mean.shape == (3,) and np.isnan(mean).all(), dev + ": mean over an empty axis "
+              "is NaN, as numpy's: %r" % mean)
+        close_enough(go("reduce", [np.zeros(0, np.float32)])[0], np.float32(0),
+                     dev + ": sum of an empty vector", np.float32)
         c.expect_error("ESHAPE", "task.run", {"op": "reduce", "device": dev,
                                               "inputs": [tensor(xr)],
                                               "options": {"fn": "max", "axes": [1]}})
         xs = rand(rng, (2, 9), np.float32)
         h1 = np.array([0.5], np.float32)
         close_enough(go("fir", [xs, h1])[0], 0.5 * xs, dev + ": fir with 1 tap", np.float32)
+        hl = rand(rng, (20,), np.float32)
+        close_enough(go("fir", [xs, hl])[0], fir_ref(xs, hl), dev + ": more taps than samples",
+                     np.float32)
         ef = go("fir", [np.zeros((2, 0), np.float32), h1])[0]
         check(ef.shape == (2, 0), dev + ": fir of an empty signal")
         cz = go("contract", [np.zeros((3, 0), np.float32), np.zeros((0, 2), np.float32)],
                 {"subscripts": "ij,jk->ik"})[0]
         close_enough(cz, np.zeros((3, 2)), dev + ": contract over an empty label", np.float32)
+        cz = go("contract", [np.zeros((0, 3), np.float32), np.ones((3, 2), np.float32)],
+                {"subscripts": "ij,jk->k"})[0]
+        close_enough(cz, np.zeros(2), dev + ": sum over an empty free label", np.float32)
         em = go("map", [np.zeros((0, 7), np.float32)], {"fn": "exp"})[0]
         check(em.shape == (0, 7), dev + ": map of an empty tensor")
         c.expect_error("ESHAPE", "task.run", {"op": "fft", "device": dev,
