@@ -979,6 +979,15 @@ def t_opsize(exe, tmp):
         cz = go("contract", [np.zeros((0, 3), np.float32), np.ones((3, 2), np.float32)],
                 {"subscripts": "ij,jk->k"})[0]
         close_enough(cz, np.zeros(2), dev + ": sum over an empty free label", np.float32)
+        # Empty operands with a contracted label of 2^40: zeros, no 4 TiB gather.
+        res = c.call("task.run", {"op": "contract", "device": dev,
+                                  "options": {"subscripts": "isj,jtk->ik"},
+                                  "inputs": [{"dtype": "f32", "shape": [2, 0, 1 << 40],
+                                              "data": b""},
+                                             {"dtype": "f32", "shape": [1 << 40, 0, 3],
+                                              "data": b""}]})
+        close_enough(array(res["outputs"][0]), np.zeros((2, 3)),
+                     dev + ": contract of empty operands with a huge label", np.float32)
         em = go("map", [np.zeros((0, 7), np.float32)], {"fn": "exp"})[0]
         check(em.shape == (0, 7), dev + ": map of an empty tensor")
         c.expect_error("ESHAPE", "task.run", {"op": "fft", "device": dev,
