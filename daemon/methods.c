@@ -615,6 +615,7 @@ static int task_options(struct req *r, const msgpack_object *o, struct dspk__op 
   case DSPK_OP_KERNEL: {
     const msgpack_object *src = dspk__map_get(o, "source");
     uint64_t shared = 0;
+    s[0] = '\0'; /* lang absent or nil: no value, refused below */
     if ((err = dspk__arg_str(o, "lang", s, sizeof s, m, ml)))
       return err;
     /* The lang string must outlive this frame's zone: map it to a literal. */
@@ -627,7 +628,8 @@ static int task_options(struct req *r, const msgpack_object *o, struct dspk__op 
     else if (strcmp(s, "hip") == 0)
       op->u.kernel.lang = "hip";
     else
-      return fail(r, DSPK_EINVAL, "options.lang: expected cuda, glsl, spirv or hip");
+      return fail(r, DSPK_EINVAL, "options.lang: %s cuda, glsl, spirv or hip",
+                  s[0] ? "expected" : "required, one of");
     if (dspk__obj_bin(src, &op->u.kernel.source, &op->u.kernel.source_len) != 0)
       return fail(r, DSPK_EINVAL, "options.source: expected str or bin");
     if ((err = dspk__arg_str(o, "entry", op->u.kernel.entry, sizeof op->u.kernel.entry, m, ml)))

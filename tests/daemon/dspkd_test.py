@@ -894,6 +894,31 @@ def t_opsize(exe, tmp):
         close_enough(array(out), want, "%s with options nil" % op, np.float64)
     c.expect_error("EINVAL", "task.run", {"op": "gemm", "device": "cpu:0", "options": 5,
                                           "inputs": [tensor(A), tensor(A.T)]})
+    # nil for every optional argument of every method is the default.
+    check(c.call("hello", {"version": None, "client": None})["protocol"] == 1, "hello nil")
+    check(c.call("ping", {"data": None})["data"] == b"", "ping nil")
+    check(c.call("devices", {"all": None})["unavailable"] == [], "devices nil")
+    nb = c.call("buffer.create", {"device": None, "size": 16})["buffer"]
+    c.call("buffer.write", {"buffer": nb, "offset": None, "data": b"\1" * 16})
+    check(c.call("buffer.read", {"buffer": nb, "offset": None, "size": None})["data"] ==
+          b"\1" * 16, "buffer.read nil")
+    out = c.call("task.run", {"op": "gemm", "device": None, "outputs": [None],
+                              "options": {"trans_a": None, "trans_b": None, "alpha": None,
+                                          "beta": None},
+                              "inputs": [tensor(A), tensor(A.T)]})["outputs"][0]
+    close_enough(array(out), A @ A.T, "gemm options nil", np.float64)
+    out = c.call("task.run", {"op": "reduce", "device": "cpu:0",
+                              "options": {"fn": None, "axes": None},
+                              "inputs": [tensor(A)]})["outputs"][0]
+    close_enough(array(out), A.sum(), "reduce options nil", np.float64)
+    out = c.call("task.run", {"op": "fft", "device": "cpu:0", "options": {"inverse": None},
+                              "inputs": [{"dtype": "c128", "shape": [2, 3], "buffer": None,
+                                          "offset": None,
+                                          "data": A.astype(np.complex128).tobytes()}]})
+    close_enough(array(out["outputs"][0]), np.fft.fft(A), "fft nil", np.complex128)
+    c.expect_error("EINVAL", "task.run", {"op": "kernel", "device": "cpu:0",
+                                          "options": {"lang": None, "source": "x"},
+                                          "inputs": [tensor(A)]})
 
     # 11c. task.cancel with a repeated msgid cancels the first (oldest) in flight:
     # two requests with msgid 50 queue behind a long gemm; one frame carries all.
