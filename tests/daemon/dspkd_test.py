@@ -873,6 +873,27 @@ def t_opsize(exe, tmp):
                                           "inputs": [tensor(np.zeros((129, 0), np.float32)),
                                                      tensor(np.zeros((0, 128), np.float32))],
                                           "outputs": [{"buffer": b}]})
+    # Offsets and lengths from the client never wrap: every bound is checked
+    # as offset <= size and length <= size - offset.
+    M64 = (1 << 64) - 1
+    try:
+        c.call("buffer.create", {"size": M64})
+        raise AssertionError("buffer.create of 2^64-1 bytes accepted")
+    except RpcError as err:
+        check(err.name in ("ENOMEM", "ERANGE"), "buffer.create of 2^64-1 bytes: %s" % err)
+    for method, args, name in (
+            ("buffer.write", {"buffer": b, "offset": M64, "data": b"x"}, "ERANGE"),
+            ("buffer.write", {"buffer": b, "offset": 65535, "data": b"xy"}, "ERANGE"),
+            ("buffer.read", {"buffer": b, "offset": 8, "size": M64 - 7}, "ERANGE"),
+            ("buffer.read", {"buffer": b, "offset": M64}, "ERANGE"),
+            ("task.run", {"op": "map", "options": {"fn": "abs"}, "inputs": [
+                {"dtype": "f32", "shape": [4], "buffer": b, "offset": M64 - 3}]}, "ERANGE"),
+            ("task.run", {"op": "map", "options": {"fn": "abs"}, "inputs": [
+                {"dtype": "f32", "shape": [1 << 62], "buffer": b}]}, "ELIMIT"),
+            ("task.run", {"op": "map", "options": {"fn": "abs"},
+                          "inputs": [tensor(np.ones(4, np.float32))],
+                          "outputs": [{"buffer": b, "offset": M64 - 3}]}, "ERANGE")):
+        c.expect_error(name, method, args)
     # A kernel's inline results are its inputs, which came in one message: no new cap.
 
     # 11a. A zero-element tensor counts 0 elements: [200, 0] with max_elements 100.
