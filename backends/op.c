@@ -54,25 +54,39 @@ static dspk_dtype real_of(dspk_dtype dt) {
   return dt == DSPK_C64 ? DSPK_F32 : dt == DSPK_C128 ? DSPK_F64 : dt;
 }
 
-/* Generic checks of one input: known dtype, rank in range, sizes >= 0 and a
- * numel that fits an int64. */
+/* Writes "[d0, d1, ...]" into buf (cut with "..." when it does not fit). */
+static const char *shape_str(const struct dspk__tensor *t, char *buf, size_t len) {
+  size_t n = 0;
+  int rank = t->rank < 0 ? 0 : t->rank > DSPK_MAX_RANK ? DSPK_MAX_RANK : t->rank;
+  n += (size_t)snprintf(buf, len, "[");
+  for (int i = 0; i < rank && n < len; i++)
+    n += (size_t)snprintf(buf + n, len - n, "%s%lld", i ? ", " : "", (long long)t->shape[i]);
+  if (n < len)
+    snprintf(buf + n, len - n, "]");
+  else if (len > 4)
+    memcpy(buf + len - 4, "...", 4);
+  return buf;
+}
+
+/* Generic checks of one input: known dtype, rank in range, sizes >= 0 and
+ * an extent (dspk__tensor_size) that fits an int64. */
 static int check_tensor(const char *op, const char *name,
                         const struct dspk__tensor *t, char *msg, size_t len) {
+  char sh[96];
   if ((unsigned)t->dtype >= DSPK_DTYPE_COUNT)
     return fail(msg, len, DSPK_EDTYPE, "%s: %s has an unknown dtype (%d)", op,
                 name, (int)t->dtype);
   if (t->rank < 0 || t->rank > DSPK_MAX_RANK)
     return fail(msg, len, DSPK_ESHAPE, "%s: %s has rank %d (allowed 0..%d)", op,
                 name, t->rank, DSPK_MAX_RANK);
-  int64_t n = 1;
-  for (int i = 0; i < t->rank; i++) {
+  for (int i = 0; i < t->rank; i++)
     if (t->shape[i] < 0)
       return fail(msg, len, DSPK_ESHAPE, "%s: %s has a negative size %lld (axis %d)",
                   op, name, (long long)t->shape[i], i);
-    if (t->shape[i] && n > INT64_MAX / t->shape[i])
-      return fail(msg, len, DSPK_ESHAPE, "%s: %s has too many elements", op, name);
-    n *= t->shape[i];
-  }
+  if (dspk__tensor_size(t, NULL, NULL) != 0)
+    return fail(msg, len, DSPK_ELIMIT,
+                "%s: %s %s has too many elements (its size overflows 64 bits)", op,
+                name, shape_str(t, sh, sizeof sh));
   return 0;
 }
 
@@ -357,12 +371,6 @@ static int infer_contract(struct dspk__op *op, char *msg, size_t len) {
   int ro = (int)strlen(lab[2]);
   for (int k = 0; k < ro; k++)
     shape[k] = size[(unsigned char)lab[2][k]];
-  int64_t n = 1;
-  for (int k = 0; k < ro; k++) {
-    if (shape[k] && n > INT64_MAX / shape[k])
-      return fail(msg, len, DSPK_ESHAPE, "contract: the output has too many elements");
-    n *= shape[k];
-  }
   op->nout = 1;
   set_out(op, 0, A->dtype, ro, shape);
   return 0;
@@ -487,12 +495,7 @@ static int infer_kernel(struct dspk__op *op, char *msg, size_t len) {
   return 0;
 }
 
-int dspk__op_infer(struct dspk__op *op, char *msg, size_t msglen) {
-  if (msg && msglen)
-    msg[0] = 0;
-  if (op->nin < 0 || op->nin > DSPK__OP_MAX_IN)
-    return fail(msg, msglen, DSPK_EINVAL, "%s: %d inputs (at most %d)",
-                op_name(op->kind), op->nin, DSPK__OP_MAX_IN);
+static int infer_kind(struct dspk__op *op, char *msg, size_t msglen) {
   switch (op->kind) {
   case DSPK_OP_GEMM: return infer_gemm(op, msg, msglen);
   case DSPK_OP_FFT: return infer_fft(op, msg, msglen);
@@ -504,6 +507,95 @@ int dspk__op_infer(struct dspk__op *op, char *msg, size_t msglen) {
   default:
     return fail(msg, msglen, DSPK_EINVAL, "unknown op %d", (int)op->kind);
   }
+}
+
+void dspk__op_limits_none(struct dspk__op_limits *l) {
+  l->max_elements = UINT64_MAX;
+  l->max_bytes = UINT64_MAX;
+  l->max_inline = UINT64_MAX;
+}
+
+int dspk__op_infer_lim(struct dspk__op *op, const struct dspk__op_limits *lim,
+                       char *msg, size_t msglen) {
+  const char *name = op_name(op->kind);
+  char sh[96];
+  int r;
+  if (msg && msglen)
+    msg[0] = 0;
+  if (op->nin < 0 || op->nin > DSPK__OP_MAX_IN)
+    return fail(msg, msglen, DSPK_EINVAL, "%s: %d inputs (at most %d)",
+                op_name(op->kind), op->nin, DSPK__OP_MAX_IN);
+  op->nout = 0;
+  if ((r = infer_kind(op, msg, msglen)) != 0)
+    return r;
+  for (int i = 0; lim && i < op->nin; i++) {
+    int64_t n = dspk__tensor_numel(&op->in[i]);
+    if ((uint64_t)n > lim->max_elements)
+      return fail(msg, msglen, DSPK_ELIMIT,
+                  "%s: input %d %s has %lld elements, more than max_elements (%llu)",
+                  name, i, shape_str(&op->in[i], sh, sizeof sh), (long long)n,
+                  (unsigned long long)lim->max_elements);
+  }
+  /* Every result's size, checked: an op's result can be far larger than
+   * its operands (a gemm of two zero-element operands). */
+  for (int i = 0; i < op->nout; i++) {
+    int64_t n;
+    if (dspk__tensor_size(&op->out[i], &n, NULL) != 0)
+      return fail(msg, msglen, DSPK_ELIMIT,
+                  "%s: the result %s has too many elements (its size overflows 64 bits)",
+                  name, shape_str(&op->out[i], sh, sizeof sh));
+    if (lim && (uint64_t)n > lim->max_elements)
+      return fail(msg, msglen, DSPK_ELIMIT,
+                  "%s: the result %s has %lld elements, more than max_elements (%llu)",
+                  name, shape_str(&op->out[i], sh, sizeof sh), (long long)n,
+                  (unsigned long long)lim->max_elements);
+  }
+  return 0;
+}
+
+int dspk__op_infer(struct dspk__op *op, char *msg, size_t msglen) {
+  return dspk__op_infer_lim(op, NULL, msg, msglen);
+}
+
+/* *sum += b; an overflow sets *over (a sum beyond 2^64 breaks any limit). */
+static void add_chk(uint64_t *sum, uint64_t b, int *over) {
+  if (__builtin_add_overflow(*sum, b, sum))
+    *over = 1;
+}
+
+int dspk__op_check_results(const struct dspk__op *op, const struct dspk__op_limits *lim,
+                           unsigned inline_mask, unsigned inline_in, char *msg,
+                           size_t msglen) {
+  const char *name = op_name(op->kind);
+  int kernel = op->kind == DSPK_OP_KERNEL;
+  const struct dspk__tensor *res = kernel ? op->in : op->out;
+  int nres = kernel ? op->nin : op->nout;
+  uint64_t inl = 0, tmp = 0;
+  int inl_over = 0, tmp_over = 0;
+  if (!lim)
+    return 0;
+  for (int i = 0; i < nres; i++)
+    if (inline_mask & (1u << i))
+      add_chk(&inl, dspk__tensor_nbytes(&res[i]), &inl_over);
+  if (inl_over || inl > lim->max_inline)
+    return fail(msg, msglen, DSPK_ELIMIT,
+                "%s: the inline result would be %llu bytes, more than the %llu bytes a "
+                "response may carry (max_message less framing): write it into a buffer "
+                "(task.run outputs: [{buffer, offset}])",
+                name, (unsigned long long)inl, (unsigned long long)lim->max_inline);
+  /* Temporaries on the device: inline inputs, and results not written into
+   * a buffer (a kernel's results are its inputs). */
+  for (int i = 0; i < op->nin; i++)
+    if (inline_in & (1u << i))
+      add_chk(&tmp, dspk__tensor_nbytes(&op->in[i]), &tmp_over);
+  if (!kernel)
+    add_chk(&tmp, inl, &tmp_over);
+  if (tmp_over || tmp > lim->max_bytes)
+    return fail(msg, msglen, DSPK_ENOMEM,
+                "%s: needs %llu bytes of device memory for its inline operands and "
+                "results, more than the device has (%llu)",
+                name, (unsigned long long)tmp, (unsigned long long)lim->max_bytes);
+  return 0;
 }
 
 int dspk__op_fail(struct dspk__opctx *ctx, int code, const char *fmt, ...) {

@@ -37,9 +37,22 @@ struct dspk__tensor {
   size_t offset;
 };
 
-/* Number of elements (product of the shape; 1 for rank 0). */
+/*
+ * The sizes of t with overflow-checked arithmetic: *numel, the number of
+ * elements (the product of the shape; 1 for rank 0, 0 when a dimension is 0)
+ * and *nbytes, their size in bytes.  Returns 0, or -1 when a dimension is
+ * negative, the dtype unknown, or the tensor's extent does not fit: the
+ * product of its dimensions with every 0 counted as 1, times the item size,
+ * must fit in an int64, so every stride, batch count and byte offset a
+ * backend derives from the shape is representable even for a tensor with
+ * zero elements.  Either output pointer may be NULL.
+ */
+int dspk__tensor_size(const struct dspk__tensor *t, int64_t *numel, size_t *nbytes);
+/* Number of elements (product of the shape; 1 for rank 0); INT64_MAX when
+ * dspk__tensor_size() refuses the shape. */
 int64_t dspk__tensor_numel(const struct dspk__tensor *t);
-/* Size in bytes of the elements. */
+/* Size in bytes of the elements; SIZE_MAX when dspk__tensor_size() refuses
+ * the shape, so a bounds check made with it fails safe. */
 size_t dspk__tensor_nbytes(const struct dspk__tensor *t);
 
 /* A raw kernel argument: a tensor (by index into op.in) or a scalar. */
@@ -88,12 +101,47 @@ struct dspk__op {
 };
 
 /*
+ * What an op may cost, as the daemon configures it (UINT64_MAX: no limit).
+ * Zero-element tensors count 0 elements whatever their shape.
+ */
+struct dspk__op_limits {
+  uint64_t max_elements; /* elements in one input or one result */
+  uint64_t max_bytes;    /* bytes the task allocates on its device: inline
+                            inputs plus results not written into a buffer */
+  uint64_t max_inline;   /* bytes of the results sent back inline, together */
+};
+
+/* Sets every limit of *l to UINT64_MAX (none). */
+void dspk__op_limits_none(struct dspk__op_limits *l);
+
+/*
  * Validates op's inputs and options and fills op->nout and the dtype, rank
  * and shape of each output (mem/offset are left for the caller to place).
- * Returns 0, or a negative dspk_errno with a one-line explanation in msg
- * that names the operand and axis at fault.
+ * Every shape product and byte count is computed with overflow checks
+ * (dspk__tensor_size), so after a 0 return dspk__tensor_numel/nbytes of every
+ * input and output are exact.  Returns 0, or a negative dspk_errno with a
+ * one-line explanation in msg that names the operand and axis at fault
+ * (ELIMIT for a size that does not fit).  dspk__op_infer applies no limit
+ * beyond representability; dspk__op_infer_lim also refuses an input or
+ * result of more than lim->max_elements elements (ELIMIT).
  */
 int dspk__op_infer(struct dspk__op *op, char *msg, size_t msglen);
+int dspk__op_infer_lim(struct dspk__op *op, const struct dspk__op_limits *lim,
+                       char *msg, size_t msglen);
+
+/*
+ * After dspk__op_infer, once the caller knows where the results go: bit i of
+ * inline_mask set means result i comes back inline (for "kernel", whose
+ * results are its inputs, bit i is input i).  Bit i of inline_in set means
+ * input i is sent inline (copied into a temporary on the device).  Refuses,
+ * with a message naming the result and the limit: inline results of more
+ * than lim->max_inline bytes together (ELIMIT, with the hint to write the
+ * result into a buffer with `outputs`), and more than lim->max_bytes of
+ * temporaries on the device (ENOMEM).  Returns 0 or the negative code.
+ */
+int dspk__op_check_results(const struct dspk__op *op, const struct dspk__op_limits *lim,
+                           unsigned inline_mask, unsigned inline_in, char *msg,
+                           size_t msglen);
 
 /*
  * Parses contract subscripts ("ab,bc->ac", spaces ignored) against A and B,

@@ -200,9 +200,12 @@ int dspkd_cancel(struct conn *c, uint32_t msgid) {
   struct device *dev;
   int found = 0;
 
-  for (j = c->jobs; j; j = j->cnext)
-    if (j->msgid == msgid)
-      break;
+  /* c->jobs is newest first: a repeated msgid cancels the oldest request
+   * still in flight with it (docs/protocol.md). */
+  j = NULL;
+  for (struct job *p = c->jobs; p; p = p->cnext)
+    if (p->msgid == msgid)
+      j = p;
   if (!j)
     return 0;
   dev = j->dev;

@@ -559,6 +559,8 @@ static int task_options(struct req *r, const msgpack_object *o, struct dspk__op 
   bool b;
   int err;
 
+  if (o && o->type == MSGPACK_OBJECT_NIL)
+    o = NULL; /* nil means the default, as an absent key */
   if (o && o->type != MSGPACK_OBJECT_MAP)
     return fail(r, DSPK_EINVAL, "options: expected a map");
   switch (op->kind) {
@@ -637,6 +639,7 @@ static int task_options(struct req *r, const msgpack_object *o, struct dspk__op 
   case DSPK_OP_KERNEL: {
     const msgpack_object *src = dspk__map_get(o, "source");
     uint64_t shared = 0;
+    s[0] = '\0'; /* lang absent or nil: no value, refused below */
     if ((err = dspk__arg_str(o, "lang", s, sizeof s, m, ml)))
       return err;
     /* The lang string must outlive this frame's zone: map it to a literal. */
@@ -649,7 +652,8 @@ static int task_options(struct req *r, const msgpack_object *o, struct dspk__op 
     else if (strcmp(s, "hip") == 0)
       op->u.kernel.lang = "hip";
     else
-      return fail(r, DSPK_EINVAL, "options.lang: expected cuda, glsl, spirv or hip");
+      return fail(r, DSPK_EINVAL, "options.lang: %s cuda, glsl, spirv or hip",
+                  s[0] ? "expected" : "required, one of");
     if (dspk__obj_bin(src, &op->u.kernel.source, &op->u.kernel.source_len) != 0)
       return fail(r, DSPK_EINVAL, "options.source: expected str or bin");
     if ((err = dspk__arg_str(o, "entry", op->u.kernel.entry, sizeof op->u.kernel.entry, m, ml)))
@@ -672,6 +676,21 @@ static int task_options(struct req *r, const msgpack_object *o, struct dspk__op 
     break;
   }
   return 0;
+}
+
+/* Bytes a task.run response spends besides its inline data: the envelope,
+ * the device id, and per result its keys, dtype, shape and bin header
+ * (under 200 bytes with 8 dimensions; 4 results at most). */
+#define RESULT_FRAMING 1024
+
+/* The limits of this daemon's configuration that task.run's op obeys
+ * (max_bytes stays unset until the device is known). */
+static void task_limits(const struct dspkd_config *cfg, struct dspk__op_limits *l) {
+  dspk__op_limits_none(l);
+  l->max_elements = cfg->lim.max_elements;
+  l->max_inline = cfg->lim.max_message > RESULT_FRAMING
+                      ? (uint64_t)cfg->lim.max_message - RESULT_FRAMING
+                      : 0;
 }
 
 /* Pins the task to dev (a referenced buffer's device). */
@@ -697,6 +716,8 @@ static int task_run(struct req *r, char *opname, char *devname) {
   const msgpack_object *inputs, *outputs;
   char what[32];
   struct device *pinned = NULL, *dev = NULL;
+  struct dspk__op_limits lim;
+  unsigned inline_in = 0, inline_out;
   struct job *j;
   dspk_op kind;
   int err = 0;
@@ -743,6 +764,7 @@ static int task_run(struct req *r, char *opname, char *devname) {
     memcpy(t->shape, wt.shape, sizeof wt.shape);
     if (!wt.is_ref) {
       j->in_data[i] = wt.data;
+      inline_in |= 1u << i;
       continue;
     }
     struct dbuf *b = conn_buf_find(c, wt.buffer);
@@ -765,8 +787,12 @@ static int task_run(struct req *r, char *opname, char *devname) {
   }
   if ((err = task_options(r, dspk__map_get(r->args, "options"), &j->op)))
     goto fail;
-  if ((err = dspk__op_infer(&j->op, r->msg, sizeof r->msg)) < 0)
+  task_limits(&d->cfg, &lim);
+  if ((err = dspk__op_infer_lim(&j->op, &lim, r->msg, sizeof r->msg)) < 0)
     goto fail;
+  /* Results come back inline unless outputs names a buffer; a kernel's
+   * results are its inputs, inline as they came. */
+  inline_out = kind == DSPK_OP_KERNEL ? inline_in : (1u << j->op.nout) - 1;
   if (outputs && kind == DSPK_OP_KERNEL && outputs->via.array.size) {
     err = fail(r, DSPK_EINVAL, "outputs: a kernel writes into its inputs");
     goto fail;
@@ -815,6 +841,7 @@ static int task_run(struct req *r, char *opname, char *devname) {
     j->refs[j->nrefs++] = b;
     j->out_buf[k] = b;
     t->offset = (size_t)off;
+    inline_out &= ~(1u << k);
   }
   if (strcmp(devname, "any") == 0 && pinned) {
     dev = pinned;
@@ -828,6 +855,11 @@ static int task_run(struct req *r, char *opname, char *devname) {
       goto fail;
     }
   }
+  if (dev->info.memory)
+    lim.max_bytes = dev->info.memory;
+  if ((err = dspk__op_check_results(&j->op, &lim, inline_out, inline_in, r->msg,
+                                    sizeof r->msg)) < 0)
+    goto fail;
   j->dev = dev;
   r->chunk->refs++; /* inline inputs and kernel source point into the frame */
   j->chunk = r->chunk;

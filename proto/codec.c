@@ -266,7 +266,7 @@ int dspk__tensor_decode(const msgpack_object *o,
   const msgpack_object *v;
   const char *s;
   size_t slen, isz;
-  uint64_t numel = 1;
+  uint64_t numel = 1, extent;
   unsigned max_rank;
 
   if (!lim) {
@@ -284,6 +284,7 @@ int dspk__tensor_decode(const msgpack_object *o,
     return fail(DSPK_EDTYPE, msg, msglen, "unknown dtype \"%.*s\"",
                 (int)dspk__utf8_cut(s, slen, 16), s);
   isz = dspk__dtype_size(t.dtype);
+  extent = isz;
 
   v = dspk__map_get(o, "shape");
   if (!v || v->type != MSGPACK_OBJECT_ARRAY)
@@ -294,18 +295,28 @@ int dspk__tensor_decode(const msgpack_object *o,
                 "tensor rank %" PRIu32 " exceeds max_rank %u",
                 v->via.array.size, max_rank);
   t.rank = v->via.array.size;
+  /* The element count is the product of the shape: 0 when any dimension is
+   * 0, whatever the others are, so a zero-element tensor never breaks
+   * max_elements.  Its extent (the product with zeros counted as 1, times
+   * the item size) must still fit an int64, as backends derive strides from
+   * it (the same rule as dspk__tensor_size). */
   for (unsigned i = 0; i < t.rank; i++) {
     uint64_t d;
     if (dspk__obj_u64(&v->via.array.ptr[i], &d) != 0)
       return fail(DSPK_EINVAL, msg, msglen,
                   "tensor shape[%u]: expected a non-negative integer", i);
-    if (d > lim->max_elements || (d && numel > lim->max_elements / d))
+    if (d > INT64_MAX || (d && __builtin_mul_overflow(extent, d, &extent)) ||
+        extent > INT64_MAX)
       return fail(DSPK_ELIMIT, msg, msglen,
-                  "tensor has more than %" PRIu64
-                  " elements (max_elements)", lim->max_elements);
+                  "tensor shape[%u]: the shape is too large (its size overflows "
+                  "64 bits)", i);
     t.shape[i] = (int64_t)d;
-    numel *= d;
+    numel *= d; /* <= extent: cannot overflow */
   }
+  if (numel > lim->max_elements)
+    return fail(DSPK_ELIMIT, msg, msglen,
+                "tensor has %" PRIu64 " elements, more than %" PRIu64
+                " (max_elements)", numel, lim->max_elements);
   if (numel > SIZE_MAX / isz)
     return fail(DSPK_ELIMIT, msg, msglen, "tensor too large");
   t.nbytes = (size_t)numel * isz;

@@ -161,6 +161,12 @@ int dspk__cpu_contract(struct dspk__dev *dev, struct dspk__op *op,
           K = prod(con, size);
   if (dspk__tensor_numel(O) == 0)
     return 0;
+  if (dspk__tensor_numel(A) == 0 || dspk__tensor_numel(B) == 0) {
+    /* Every sum is empty: zeros, without gathering operands whose labels
+     * (a contracted one of 2^30, say) could still be large. */
+    memset(dspk__cpu_ptr(O), 0, dspk__tensor_nbytes(O));
+    return 0;
+  }
 
   char oa[3 * DSPK_MAX_RANK + 1], ob[3 * DSPK_MAX_RANK + 1],
       oc[3 * DSPK_MAX_RANK + 1];

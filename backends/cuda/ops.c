@@ -610,6 +610,12 @@ static int op_contract(struct dspk__dev *dev, struct dspk__op *op, struct dspk__
     return dspk__cuda_msg(ctx, DSPK_ENOTSUP, "contract: cuBLAS is not available on this host");
   if (dspk__tensor_numel(O) == 0)
     return 0;
+  if (dspk__tensor_numel(T[0]) == 0 || dspk__tensor_numel(T[1]) == 0) {
+    /* Every sum is empty: zeros, before any plan sizes its workspaces by
+     * labels that can still be large. */
+    CUresult r = CU.cuMemsetD8Async(dspk__cuda_ptr(O), 0, dspk__tensor_nbytes(O), dev->stream);
+    return r ? dspk__cuda_err(dev, ctx, "cuMemsetD8Async", r) : 0;
+  }
   memset(&key, 0, sizeof(key));
   snprintf(key.subs, sizeof(key.subs), "%s", op->u.contract.subscripts);
   key.dt = (int)O->dtype;
@@ -623,7 +629,7 @@ static int op_contract(struct dspk__dev *dev, struct dspk__op *op, struct dspk__
       return rc;
     dspk__plancache_put(&dev->contract_plans, &key, sizeof(key), pl);
   }
-  if (pl->K == 0 || dspk__tensor_numel(T[0]) == 0 || dspk__tensor_numel(T[1]) == 0) {
+  if (pl->K == 0) {
     CUresult r = CU.cuMemsetD8Async(dspk__cuda_ptr(O), 0, dspk__tensor_nbytes(O), dev->stream);
     return r ? dspk__cuda_err(dev, ctx, "cuMemsetD8Async", r) : 0;
   }

@@ -1024,6 +1024,20 @@ int dspk__vk_fft(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *c
   if (total == 0)
     return 0;
   uint64_t batch = total / n;
+  if (n == 1) {
+    /* A transform of length 1 is the identity (ifft's 1/n is 1), and rfft
+     * widens to (x, 0); VkFFT refuses n = 1. */
+    struct dspk__vk_bind bx, bo;
+    uint32_t ex, eo;
+    int r = dspk__vk_bind_tensor(d, X, &bx, &ex);
+    if (r == 0)
+      r = dspk__vk_bind_tensor(d, O, &bo, &eo);
+    if (r)
+      return dspk__vk_fail(ctx, r, "fft: operands cannot be bound");
+    if (total > UINT32_MAX)
+      return dspk__vk_fail(ctx, DSPK_ELIMIT, "fft: more than 2^32-1 transforms of length 1");
+    return fft_copy(d, dbl, r2c ? 0 : 1, &bx, ex, &bo, eo, (uint32_t)total, 1, 1, ctx);
+  }
   /* VkFFT 1.2.26's own Bluestein path gave wrong results in our tests
    * (lavapipe): lengths with a prime factor above 13 use ours. */
   if (max_prime(n) > 13 && !r2c) {

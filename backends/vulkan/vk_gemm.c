@@ -924,6 +924,20 @@ static void plan_key(const struct dspk__op *op, char *key, size_t *len) {
   *len = (size_t)n;
 }
 
+/* Records a fill of O with zero bytes. */
+static int fill_zero(struct dspk__dev *d, const struct dspk__tensor *O) {
+  VkCommandBuffer cb;
+  int r = dspk__vk_cmd(d, &cb);
+  if (r)
+    return r;
+  size_t nbytes = dspk__tensor_nbytes(O);
+  if (nbytes && (O->mem->off + O->offset) % 4 == 0 &&
+      O->offset + ((nbytes + 3) & ~(size_t)3) <= O->mem->size)
+    VK(CmdFillBuffer)(cb, O->mem->buf, O->mem->off + O->offset, (nbytes + 3) & ~(size_t)3, 0);
+  dspk__vk_barrier(d);
+  return 0;
+}
+
 int dspk__vk_contract(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *ctx) {
   const struct dspk__tensor *A = &op->in[0], *B = &op->in[1], *O = &op->out[0];
   dspk_dtype dt = A->dtype;
@@ -932,6 +946,13 @@ int dspk__vk_contract(struct dspk__dev *d, struct dspk__op *op, struct dspk__opc
   if (dspk__tensor_numel(A) > UINT32_MAX / 2 || dspk__tensor_numel(B) > UINT32_MAX / 2 ||
       dspk__tensor_numel(O) > UINT32_MAX / 2)
     return dspk__vk_fail(ctx, DSPK_ELIMIT, "contract: operands above 2^31 elements");
+  /* An empty operand: every sum is empty, the output is zero; no plan, as
+   * its gathers are sized by labels that can still be large. */
+  if (dspk__tensor_numel(A) == 0 || dspk__tensor_numel(B) == 0) {
+    if (dspk__tensor_numel(O) == 0)
+      return 0;
+    return fill_zero(d, O);
+  }
   char key[DSPK__PLANCACHE_KEY_MAX];
   size_t klen;
   plan_key(op, key, &klen);
@@ -1007,14 +1028,7 @@ int dspk__vk_contract(struct dspk__dev *d, struct dspk__op *op, struct dspk__opc
   g.bind[2] = g.bind[3];
   if (p->K == 0 || p->M * p->N * p->B_ == 0) {
     /* Empty sums: the output is zero. */
-    VkCommandBuffer cb;
-    if ((r = dspk__vk_cmd(d, &cb)))
-      goto out;
-    size_t nbytes = dspk__tensor_nbytes(O);
-    if (nbytes && (O->mem->off + O->offset) % 4 == 0 &&
-        O->offset + ((nbytes + 3) & ~(size_t)3) <= O->mem->size)
-      VK(CmdFillBuffer)(cb, O->mem->buf, O->mem->off + O->offset, (nbytes + 3) & ~(size_t)3, 0);
-    dspk__vk_barrier(d);
+    r = fill_zero(d, O);
     goto out;
   }
   if ((r = gemm_exec(d, &g, ctx)))

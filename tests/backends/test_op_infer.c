@@ -236,9 +236,213 @@ static void test_generic(void **state) {
   op = OP(DSPK_OP_MAP, 1, T(DSPK_F32, 2, 1 << 30, 1 << 30));
   op.u.map.fn = DSPK_MAP_EXP;
   op.in[0].shape[1] = INT64_MAX / 2;
-  expect_err(&op, DSPK_ESHAPE, "too many elements", NULL);
+  expect_err(&op, DSPK_ELIMIT, "too many elements", NULL);
   op = OP(DSPK_OP_COUNT, 0);
   expect_err(&op, DSPK_EINVAL, "unknown op", NULL);
+}
+
+/* ---- result sizes (issue 11) ------------------------------------------- */
+
+static struct dspk__tensor T64(dspk_dtype dt, int rank, const int64_t *shape) {
+  struct dspk__tensor t;
+  memset(&t, 0, sizeof t);
+  t.dtype = dt;
+  t.rank = rank;
+  for (int i = 0; i < rank; i++)
+    t.shape[i] = shape[i];
+  return t;
+}
+
+static struct dspk__op_limits LIM(uint64_t max_elements, uint64_t max_bytes,
+                                  uint64_t max_inline) {
+  struct dspk__op_limits l = {max_elements, max_bytes, max_inline};
+  return l;
+}
+
+static int infer_lim(struct dspk__op *op, struct dspk__op_limits l) {
+  msg[0] = 0;
+  int rc = dspk__op_infer_lim(op, &l, msg, sizeof msg);
+  if (rc)
+    assert_true(msg[0] != 0);
+  return rc;
+}
+
+static void test_tensor_size(void **state) {
+  (void)state;
+  int64_t n;
+  size_t nb;
+  int64_t s1[] = {3, 0, 5};
+  struct dspk__tensor t = T64(DSPK_C128, 3, s1);
+  assert_int_equal(dspk__tensor_size(&t, &n, &nb), 0);
+  assert_int_equal(n, 0);
+  assert_int_equal(nb, 0);
+  int64_t s2[] = {(int64_t)1 << 30, (int64_t)1 << 30, 1};
+  t = T64(DSPK_F32, 3, s2);
+  assert_int_equal(dspk__tensor_size(&t, &n, &nb), 0);
+  assert_int_equal(n, (int64_t)1 << 60);
+  assert_true(nb == (size_t)1 << 62);
+  /* 2^61 f32 elements are 2^63 bytes: one past INT64_MAX. */
+  t.shape[2] = 2;
+  assert_int_equal(dspk__tensor_size(&t, &n, &nb), -1);
+  /* 2^62 elements of 4 bytes: 2^64 bytes, the wrap to 0 of issue 11. */
+  int64_t s3[] = {4, (int64_t)1 << 30, (int64_t)1 << 30};
+  t = T64(DSPK_F32, 3, s3);
+  assert_int_equal(dspk__tensor_size(&t, &n, &nb), -1);
+  assert_int_equal(dspk__tensor_numel(&t), INT64_MAX);
+  assert_true(dspk__tensor_nbytes(&t) == SIZE_MAX);
+  /* A zero dimension does not hide an extent that overflows. */
+  int64_t s4[] = {INT64_MAX, 2, 0};
+  t = T64(DSPK_F32, 3, s4);
+  assert_int_equal(dspk__tensor_size(&t, &n, &nb), -1);
+  int64_t s5[] = {INT64_MAX, 0};
+  t = T64(DSPK_F32, 2, s5);
+  assert_int_equal(dspk__tensor_size(&t, &n, &nb), -1);
+  int64_t s6[] = {((int64_t)1 << 61) - 1, 0};
+  t = T64(DSPK_F32, 2, s6);
+  assert_int_equal(dspk__tensor_size(&t, &n, &nb), 0);
+  assert_int_equal(n, 0);
+  int64_t s7[] = {-1};
+  t = T64(DSPK_F32, 1, s7);
+  assert_int_equal(dspk__tensor_size(&t, &n, &nb), -1);
+  t = T64(DSPK_DTYPE_COUNT, 0, NULL);
+  assert_int_equal(dspk__tensor_size(&t, &n, &nb), -1);
+  t = T64(DSPK_F64, 0, NULL);
+  assert_int_equal(dspk__tensor_size(&t, &n, &nb), 0);
+  assert_int_equal(n, 1);
+  assert_int_equal(nb, 8);
+}
+
+static void test_result_overflow(void **state) {
+  (void)state;
+  struct dspk__op_limits none;
+  dspk__op_limits_none(&none);
+  /* The 70-byte probe of issue 11: [2^30,0] x [4,0,2^30] would be a
+   * [4,2^30,2^30] f32 result whose byte count wraps to 0. */
+  int64_t a[] = {(int64_t)1 << 30, 0}, b[] = {4, 0, (int64_t)1 << 30};
+  struct dspk__op op = OP(DSPK_OP_GEMM, 2, T64(DSPK_F32, 2, a), T64(DSPK_F32, 3, b));
+  expect_err(&op, DSPK_ELIMIT, "gemm: the result [4, 1073741824, 1073741824]",
+             "overflows");
+  /* Within 64 bits but above max_elements. */
+  op = OP(DSPK_OP_GEMM, 2, T64(DSPK_F32, 2, a), T64(DSPK_F32, 3, b));
+  op.in[1].shape[0] = 1;
+  assert_int_equal(infer_lim(&op, LIM((uint64_t)1 << 31, UINT64_MAX, UINT64_MAX)),
+                   DSPK_ELIMIT);
+  assert_non_null(strstr(msg, "more than max_elements (2147483648)"));
+  assert_int_equal(infer_lim(&op, none), 0);
+  assert_int_equal(op.out[0].shape[1], (int64_t)1 << 30);
+  /* int64-sized dimensions: no signed overflow anywhere (UBSan). */
+  int64_t h[] = {INT64_MAX / 2, 0}, h2[] = {0, INT64_MAX / 2};
+  op = OP(DSPK_OP_GEMM, 2, T64(DSPK_F32, 2, h), T64(DSPK_F32, 2, h2));
+  expect_err(&op, DSPK_ELIMIT, "gemm: A", "too many elements");
+  int64_t g1[] = {(int64_t)1 << 40, 0}, g2[] = {0, (int64_t)1 << 40};
+  op = OP(DSPK_OP_GEMM, 2, T64(DSPK_F64, 2, g1), T64(DSPK_F64, 2, g2));
+  expect_err(&op, DSPK_ELIMIT, "the result [1099511627776, 1099511627776]", NULL);
+  /* contract: an outer product of two large zero-element-free vectors. */
+  int64_t v[] = {(int64_t)1 << 32};
+  op = OP(DSPK_OP_CONTRACT, 2, T64(DSPK_C128, 1, v), T64(DSPK_C128, 1, v));
+  strcpy(op.u.contract.subscripts, "i,j->ij");
+  expect_err(&op, DSPK_ELIMIT, "contract: the result", "overflows");
+  op = OP(DSPK_OP_CONTRACT, 2, T64(DSPK_C128, 1, v), T64(DSPK_C128, 1, v));
+  strcpy(op.u.contract.subscripts, "i,i->i");
+  assert_int_equal(infer_lim(&op, LIM((uint64_t)1 << 31, UINT64_MAX, UINT64_MAX)),
+                   DSPK_ELIMIT);
+  assert_non_null(strstr(msg, "input 0 [4294967296]"));
+  /* Every dtype: the result's bytes are numel * item size, checked. */
+  static const dspk_dtype dts[] = {DSPK_F32, DSPK_F64, DSPK_C64, DSPK_C128};
+  for (size_t k = 0; k < sizeof dts / sizeof dts[0]; k++) {
+    int64_t x[] = {(int64_t)1 << 20, (int64_t)1 << 20};
+    op = OP(DSPK_OP_MAP, 1, T64(dts[k], 2, x));
+    op.u.map.fn = DSPK_MAP_EXP;
+    assert_int_equal(infer_lim(&op, none), 0);
+    assert_true(dspk__tensor_nbytes(&op.out[0]) ==
+                ((size_t)1 << 40) * dspk__dtype_size(dts[k]));
+  }
+}
+
+static void test_zero_dims(void **state) {
+  (void)state;
+  struct dspk__op_limits l100 = LIM(100, UINT64_MAX, UINT64_MAX);
+  /* [200, 0] with max_elements 100: zero elements, accepted (issue 11). */
+  int64_t z[] = {200, 0};
+  struct dspk__op op = OP(DSPK_OP_MAP, 1, T64(DSPK_F32, 2, z));
+  op.u.map.fn = DSPK_MAP_ABS;
+  assert_int_equal(infer_lim(&op, l100), 0);
+  assert_int_equal(op.out[0].shape[0], 200);
+  assert_int_equal(dspk__tensor_nbytes(&op.out[0]), 0);
+  /* gemm with K = 0: an M x N result (zeros), bounded by max_elements. */
+  int64_t a[] = {16384, 0}, b[] = {0, 16384};
+  op = OP(DSPK_OP_GEMM, 2, T64(DSPK_F32, 2, a), T64(DSPK_F32, 2, b));
+  assert_int_equal(infer_lim(&op, l100), DSPK_ELIMIT);
+  assert_non_null(strstr(msg, "the result [16384, 16384] has 268435456 elements"));
+  int64_t a2[] = {10, 0}, b2[] = {0, 10};
+  op = OP(DSPK_OP_GEMM, 2, T64(DSPK_F32, 2, a2), T64(DSPK_F32, 2, b2));
+  assert_int_equal(infer_lim(&op, l100), 0);
+  assert_int_equal(dspk__tensor_numel(&op.out[0]), 100);
+  /* reduce over an empty axis: sum gives zeros, max has no identity. */
+  int64_t x[] = {7, 0};
+  op = OP(DSPK_OP_REDUCE, 1, T64(DSPK_F64, 2, x));
+  op.u.reduce.fn = DSPK_REDUCE_SUM;
+  op.u.reduce.axes = 2;
+  assert_int_equal(infer_lim(&op, l100), 0);
+  assert_int_equal(op.out[0].rank, 1);
+  assert_int_equal(op.out[0].shape[0], 7);
+  op.u.reduce.fn = DSPK_REDUCE_MAX;
+  assert_int_equal(infer_lim(&op, l100), DSPK_ESHAPE);
+  /* fft: length 1 is valid, length 0 is not. */
+  int64_t f1[] = {5, 1}, f0[] = {5, 0};
+  op = OP(DSPK_OP_FFT, 1, T64(DSPK_C64, 2, f1));
+  assert_int_equal(infer_lim(&op, l100), 0);
+  op = OP(DSPK_OP_FFT, 1, T64(DSPK_F32, 2, f1));
+  assert_int_equal(infer_lim(&op, l100), 0);
+  assert_int_equal(op.out[0].shape[1], 1);
+  op = OP(DSPK_OP_FFT, 1, T64(DSPK_C64, 2, f0));
+  assert_int_equal(infer_lim(&op, l100), DSPK_ESHAPE);
+  /* fir: one tap is valid, zero taps are not; an empty X gives an empty Y. */
+  int64_t h1[] = {1}, h0[] = {0}, xe[] = {0, 9};
+  op = OP(DSPK_OP_FIR, 2, T64(DSPK_F32, 2, f1), T64(DSPK_F32, 1, h1));
+  assert_int_equal(infer_lim(&op, l100), 0);
+  op = OP(DSPK_OP_FIR, 2, T64(DSPK_F32, 2, f1), T64(DSPK_F32, 1, h0));
+  assert_int_equal(infer_lim(&op, l100), DSPK_ESHAPE);
+  op = OP(DSPK_OP_FIR, 2, T64(DSPK_F32, 2, xe), T64(DSPK_F32, 1, h1));
+  assert_int_equal(infer_lim(&op, l100), 0);
+  assert_int_equal(dspk__tensor_numel(&op.out[0]), 0);
+}
+
+static void test_check_results(void **state) {
+  (void)state;
+  struct dspk__op_limits l = LIM(UINT64_MAX, UINT64_MAX, 1000);
+  int64_t a[] = {10, 0}, b[] = {0, 25};
+  struct dspk__op op = OP(DSPK_OP_GEMM, 2, T64(DSPK_F32, 2, a), T64(DSPK_F32, 2, b));
+  assert_int_equal(infer_lim(&op, l), 0);
+  /* 10 x 25 f32 = 1000 bytes: exactly the inline cap. */
+  assert_int_equal(dspk__op_check_results(&op, &l, 1, 3, msg, sizeof msg), 0);
+  op.in[1].shape[1] = 26;
+  assert_int_equal(infer_lim(&op, l), 0);
+  assert_int_equal(dspk__op_check_results(&op, &l, 1, 3, msg, sizeof msg), DSPK_ELIMIT);
+  assert_non_null(strstr(msg, "1040 bytes"));
+  assert_non_null(strstr(msg, "write it into a buffer"));
+  /* The same result written into a buffer is not inline. */
+  assert_int_equal(dspk__op_check_results(&op, &l, 0, 3, msg, sizeof msg), 0);
+  /* Device memory: inline inputs and inline results are temporaries. */
+  int64_t x[] = {100};
+  op = OP(DSPK_OP_MAP, 1, T64(DSPK_F64, 1, x));
+  op.u.map.fn = DSPK_MAP_EXP;
+  assert_int_equal(infer_lim(&op, l), 0);
+  l = LIM(UINT64_MAX, 1599, UINT64_MAX);
+  assert_int_equal(dspk__op_check_results(&op, &l, 1, 1, msg, sizeof msg), DSPK_ENOMEM);
+  assert_non_null(strstr(msg, "1600 bytes"));
+  assert_int_equal(dspk__op_check_results(&op, &l, 0, 1, msg, sizeof msg), 0);
+  assert_int_equal(dspk__op_check_results(&op, &l, 1, 0, msg, sizeof msg), 0);
+  /* A kernel's results are its inputs: inline ones count against the cap. */
+  op = OP(DSPK_OP_KERNEL, 2, T64(DSPK_F64, 1, x), T64(DSPK_F64, 1, x));
+  op.u.kernel.lang = "glsl";
+  op.u.kernel.source = "x";
+  l = LIM(UINT64_MAX, UINT64_MAX, 1000);
+  assert_int_equal(infer_lim(&op, l), 0);
+  assert_int_equal(dspk__op_check_results(&op, &l, 1, 1, msg, sizeof msg), 0);
+  assert_int_equal(dspk__op_check_results(&op, &l, 3, 3, msg, sizeof msg), DSPK_ELIMIT);
+  /* No limits: nothing is refused. */
+  assert_int_equal(dspk__op_check_results(&op, NULL, 3, 3, msg, sizeof msg), 0);
 }
 
 int main(void) {
@@ -247,6 +451,8 @@ int main(void) {
       cmocka_unit_test(test_fir),    cmocka_unit_test(test_contract),
       cmocka_unit_test(test_reduce), cmocka_unit_test(test_map),
       cmocka_unit_test(test_generic),
+      cmocka_unit_test(test_tensor_size), cmocka_unit_test(test_result_overflow),
+      cmocka_unit_test(test_zero_dims), cmocka_unit_test(test_check_results),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

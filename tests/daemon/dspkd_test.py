@@ -1021,6 +1021,260 @@ def t_kernelfs(exe, tmp):
     d.stop()
 
 
+def raw_responses(c, want):
+    """Reads until `want` responses arrived; returns them in arrival order
+    (c.responses keys by msgid, which a repeated msgid would overwrite)."""
+    got = []
+    while len(got) < want:
+        data = c.sock.recv(1 << 20)
+        check(data, "connection closed by the daemon")
+        c.up.feed(data)
+        for m in c.up:
+            if m[0] == 1:
+                got.append(m)
+    return got
+
+
+def probe(c, frame):
+    """Sends a hand-made frame (bytes); returns (error name or None, result)."""
+    c.sock.sendall(frame)
+    m = raw_responses(c, 1)[0]
+    return (m[2]["name"] if m[2] else None), (m[2]["message"] if m[2] else m[3])
+
+
+def t_opsize(exe, tmp):
+    """Issue 11: every op's result size checked (overflow, max_elements, the
+    inline cap of max_message, device memory) from hand-made frames over the
+    socket; zero-element tensors; options nil; task.cancel of a repeated
+    msgid; degenerate sizes on every device (cpu, and vulkan where present)."""
+    d = Daemon(exe, tmp, ["--max-message", "65536", "--max-elements", "100000"])
+    c = d.client()
+    lim = c.call("hello")["limits"]
+    check(lim["max_message"] == 65536 and lim["max_elements"] == 100000, "limits: %r" % lim)
+
+    def gemm_frame(msgid, sa, sb, extra=b""):
+        # The ~70-byte task.run of the issue, byte for byte through msgpack.
+        t = lambda s: {"dtype": "f32", "shape": s, "data": b""}
+        return msgpack.packb([0, msgid, "task.run", [{"op": "gemm", "inputs": [t(sa), t(sb)]}]],
+                             use_bin_type=True)
+
+    # 1. [2^30,0] x [4,0,2^30]: the result's byte count used to wrap to 0 (SIGSEGV).
+    f = gemm_frame(1, [1 << 30, 0], [4, 0, 1 << 30])
+    check(len(f) < 100, "a small frame: %d bytes" % len(f))
+    err, why = probe(c, f)
+    check(err == "ELIMIT" and "gemm: the result [4, 1073741824, 1073741824]" in why,
+          "wrapping result refused: %s %s" % (err, why))
+    # int64-sized dimensions (UBSan reported signed overflow).
+    for sa, sb in (([1 << 62, 0], [0, 1 << 62]), ([(1 << 63) - 1, 0], [0, 3]),
+                   ([1 << 40, 1 << 40, 0], [0, 5]), ([1 << 31, 0], [0, 1 << 31])):
+        err, why = probe(c, gemm_frame(2, sa, sb))
+        check(err == "ELIMIT", "%r x %r: %s %s" % (sa, sb, err, why))
+    err, why = probe(c, msgpack.packb([0, 3, "task.run", [{"op": "map", "options": {"fn": "abs"},
+                                       "inputs": [{"dtype": "c128", "shape": [(1 << 64) - 1, 0],
+                                                   "data": b""}]}]], use_bin_type=True))
+    check(err == "ELIMIT", "shape beyond int64: %s %s" % (err, why))
+    # A result within 64 bits but above max_elements.
+    err, why = probe(c, gemm_frame(4, [1000, 0], [0, 1000]))
+    check(err == "ELIMIT" and "more than max_elements (100000)" in why, "%s %s" % (err, why))
+    check(c.call("ping", {"data": b"alive"})["data"] == b"alive", "the daemon is still up")
+
+    # 2. Output amplification: an inline result must fit one message.
+    err, why = probe(c, gemm_frame(5, [128, 0], [0, 128]))  # 64 KiB of zeros
+    check(err == "ELIMIT" and "write it into a buffer" in why, "inline cap: %s %s" % (err, why))
+    cap = 65536 - 1024
+    n = cap // 4
+    ok = run(c, "gemm", [np.zeros((1, 0), np.float32), np.zeros((0, n), np.float32)])[0]
+    check(ok.shape == (1, n) and not ok.any(), "a result of exactly max_message - 1024 bytes")
+    c.expect_error("ELIMIT", "task.run", {"op": "gemm", "device": "cpu:0", "inputs": [
+        tensor(np.zeros((1, 0), np.float32)), tensor(np.zeros((0, n + 1), np.float32))]})
+    # The same result written into a buffer is fine, and holds zeros.
+    b = c.call("buffer.create", {"size": 128 * 128 * 4})["buffer"]
+    c.call("buffer.write", {"buffer": b, "data": b"\xff" * 32768})
+    res = c.call("task.run", {"op": "gemm", "device": "cpu:0",
+                              "inputs": [tensor(np.zeros((128, 0), np.float32)),
+                                         tensor(np.zeros((0, 128), np.float32))],
+                              "outputs": [{"buffer": b}]})
+    check(res["outputs"][0] == {"dtype": "f32", "shape": [128, 128], "buffer": b, "offset": 0},
+          "result by reference: %r" % res["outputs"])
+    data = c.call("buffer.read", {"buffer": b, "size": 32768})["data"]
+    data += c.call("buffer.read", {"buffer": b, "offset": 32768})["data"]
+    check(data == bytes(65536), "K = 0 gives zeros")
+    c.expect_error("ERANGE", "task.run", {"op": "gemm", "device": "cpu:0",
+                                          "inputs": [tensor(np.zeros((129, 0), np.float32)),
+                                                     tensor(np.zeros((0, 128), np.float32))],
+                                          "outputs": [{"buffer": b}]})
+    # Offsets and lengths from the client never wrap: every bound is checked
+    # as offset <= size and length <= size - offset.
+    M64 = (1 << 64) - 1
+    try:
+        c.call("buffer.create", {"size": M64})
+        raise AssertionError("buffer.create of 2^64-1 bytes accepted")
+    except RpcError as err:
+        check(err.name in ("ENOMEM", "ERANGE"), "buffer.create of 2^64-1 bytes: %s" % err)
+    for method, args, name in (
+            ("buffer.write", {"buffer": b, "offset": M64, "data": b"x"}, "ERANGE"),
+            ("buffer.write", {"buffer": b, "offset": 65535, "data": b"xy"}, "ERANGE"),
+            ("buffer.read", {"buffer": b, "offset": 8, "size": M64 - 7}, "ERANGE"),
+            ("buffer.read", {"buffer": b, "offset": M64}, "ERANGE"),
+            ("task.run", {"op": "map", "options": {"fn": "abs"}, "inputs": [
+                {"dtype": "f32", "shape": [4], "buffer": b, "offset": M64 - 3}]}, "ERANGE"),
+            ("task.run", {"op": "map", "options": {"fn": "abs"}, "inputs": [
+                {"dtype": "f32", "shape": [1 << 62], "buffer": b}]}, "ELIMIT"),
+            ("task.run", {"op": "map", "options": {"fn": "abs"},
+                          "inputs": [tensor(np.ones(4, np.float32))],
+                          "outputs": [{"buffer": b, "offset": M64 - 3}]}, "ERANGE")):
+        c.expect_error(name, method, args)
+    # A kernel's inline results are its inputs, which came in one message: no new cap.
+
+    # 11a. A zero-element tensor counts 0 elements: [200, 0] with max_elements 100.
+    d2 = Daemon(exe, tmp, ["--max-elements", "100"], sock=os.path.join(tmp, "d2.sock"))
+    c2 = d2.client()
+    z = run(c2, "map", [np.zeros((200, 0))], {"fn": "abs"})[0]
+    check(z.shape == (200, 0), "[200, 0] accepted under max_elements 100")
+    c2.expect_error("ELIMIT", "task.run", {"op": "map", "device": "cpu:0", "options": {"fn": "abs"},
+                                           "inputs": [tensor(np.zeros((101,)))]})
+    c2.close()
+    d2.stop()
+
+    # 11b. options: nil means the default (as an absent key).
+    A = np.arange(6, dtype=np.float64).reshape(2, 3)
+    for op, ins, want in (("gemm", [A, A.T], A @ A.T), ("fft", [A.astype(np.complex128)],
+                                                         np.fft.fft(A))):
+        out = c.call("task.run", {"op": op, "device": "cpu:0", "options": None,
+                                  "inputs": [tensor(x) for x in ins]})["outputs"][0]
+        close_enough(array(out), want, "%s with options nil" % op, np.float64)
+    c.expect_error("EINVAL", "task.run", {"op": "gemm", "device": "cpu:0", "options": 5,
+                                          "inputs": [tensor(A), tensor(A.T)]})
+    # nil for every optional argument of every method is the default.
+    check(c.call("hello", {"version": None, "client": None})["protocol"] == 1, "hello nil")
+    check(c.call("ping", {"data": None})["data"] == b"", "ping nil")
+    check(c.call("devices", {"all": None})["unavailable"] == [], "devices nil")
+    nb = c.call("buffer.create", {"device": None, "size": 16})["buffer"]
+    c.call("buffer.write", {"buffer": nb, "offset": None, "data": b"\1" * 16})
+    check(c.call("buffer.read", {"buffer": nb, "offset": None, "size": None})["data"] ==
+          b"\1" * 16, "buffer.read nil")
+    out = c.call("task.run", {"op": "gemm", "device": None, "outputs": [None],
+                              "options": {"trans_a": None, "trans_b": None, "alpha": None,
+                                          "beta": None},
+                              "inputs": [tensor(A), tensor(A.T)]})["outputs"][0]
+    close_enough(array(out), A @ A.T, "gemm options nil", np.float64)
+    out = c.call("task.run", {"op": "reduce", "device": "cpu:0",
+                              "options": {"fn": None, "axes": None},
+                              "inputs": [tensor(A)]})["outputs"][0]
+    close_enough(array(out), A.sum(), "reduce options nil", np.float64)
+    out = c.call("task.run", {"op": "fft", "device": "cpu:0", "options": {"inverse": None},
+                              "inputs": [{"dtype": "c128", "shape": [2, 3], "buffer": None,
+                                          "offset": None,
+                                          "data": A.astype(np.complex128).tobytes()}]})
+    close_enough(array(out["outputs"][0]), np.fft.fft(A), "fft nil", np.complex128)
+    c.expect_error("EINVAL", "task.run", {"op": "kernel", "device": "cpu:0",
+                                          "options": {"lang": None, "source": "x"},
+                                          "inputs": [tensor(A)]})
+
+    # 11c. task.cancel with a repeated msgid cancels the first (oldest) in flight:
+    # two requests with msgid 50 queue behind a long gemm; one frame carries all.
+    big = np.ones((1200, 1200))
+    frames = msgpack.packb([0, 40, "task.run", [{"op": "gemm", "device": "cpu:0",
+                                                 "inputs": [tensor(big), tensor(big)]}]],
+                           use_bin_type=True)
+    d3 = Daemon(exe, tmp, ["--max-message", str(64 << 20)], sock=os.path.join(tmp, "d3.sock"))
+    c3 = d3.client()
+    frames += msgpack.packb([0, 50, "task.run", [{"op": "map", "device": "cpu:0",
+                                                  "options": {"fn": "abs"},
+                                                  "inputs": [tensor(np.ones(1))]}]],
+                            use_bin_type=True)
+    frames += msgpack.packb([0, 50, "task.run", [{"op": "map", "device": "cpu:0",
+                                                  "options": {"fn": "abs"},
+                                                  "inputs": [tensor(np.ones(2))]}]],
+                            use_bin_type=True)
+    frames += msgpack.packb([0, 60, "task.cancel", [{"msgid": 50}]], use_bin_type=True)
+    c3.sock.sendall(frames)
+    got = raw_responses(c3, 4)
+    by = {}
+    for m in got:
+        by.setdefault(m[1], []).append(m)
+    check(by[60][0][3] == {"canceled": True}, "cancel answered: %r" % by[60])
+    check(by[40][0][2] is None, "the long gemm ran")
+    check(len(by[50]) == 2, "two answers to msgid 50")
+    canceled = [m for m in by[50] if m[2] is not None]
+    ran = [m for m in by[50] if m[2] is None]
+    check(len(canceled) == 1 and canceled[0][2]["name"] == "ECANCELED", "one is canceled")
+    # The first request (input of shape [1]) is the one canceled; the second ran.
+    check(len(ran) == 1 and ran[0][3]["outputs"][0]["shape"] == [2],
+          "the second request with msgid 50 (shape [2]) ran, not the first: %r"
+          % (ran[0][3]["outputs"][0]["shape"],))
+    c3.close()
+    d3.stop()
+
+    # 11d. Degenerate sizes give the mathematically right answer on every device.
+    devs = [x["id"] for x in c.call("devices")["devices"]]
+    c.close()
+    d.stop()
+    d = Daemon(exe, tmp, ["--backends", "cpu,vulkan"])
+    c = d.client()
+    devs = [x["id"] for x in c.call("devices")["devices"]]
+    rng = np.random.default_rng(11)
+    print("opsize: degenerate sizes on %s" % ", ".join(devs))
+    for dev in devs:
+        def go(op, ins, opts=None):
+            args = {"op": op, "device": dev, "inputs": [tensor(x) for x in ins]}
+            if opts is not None:
+                args["options"] = opts
+            return [array(t) for t in c.call("task.run", args)["outputs"]]
+        x1 = rand(rng, (5, 1), np.complex64)
+        close_enough(go("fft", [x1])[0], x1, dev + ": fft n=1", np.complex64)
+        close_enough(go("fft", [x1], {"inverse": True})[0], x1, dev + ": ifft n=1", np.complex64)
+        r1 = rand(rng, (4, 1), np.float32)
+        close_enough(go("fft", [r1])[0], np.fft.rfft(r1), dev + ": rfft n=1", np.complex64)
+        close_enough(go("gemm", [np.zeros((3, 0), np.float32), np.zeros((0, 4), np.float32)])[0],
+                     np.zeros((3, 4)), dev + ": gemm K=0", np.float32)
+        C = rand(rng, (3, 4), np.float32)
+        close_enough(go("gemm", [np.zeros((3, 0), np.float32), np.zeros((0, 4), np.float32), C],
+                        {"beta": 2.0})[0], 2 * C, dev + ": gemm K=0 with beta*C", np.float32)
+        e = go("gemm", [np.zeros((0, 5), np.float32), np.zeros((5, 4), np.float32)])[0]
+        check(e.shape == (0, 4), dev + ": gemm M=0")
+        xr = np.zeros((3, 0), np.float32)
+        close_enough(go("reduce", [xr], {"fn": "sum", "axes": [1]})[0], np.zeros(3),
+                     dev + ": sum over an empty axis", np.float32)
+        mean = go("reduce", [xr], {"fn": "mean", "axes": [1]})[0]
+        check(mean.shape == (3,) and np.isnan(mean).all(), dev + ": mean over an empty axis "
+              "is NaN, as numpy's: %r" % mean)
+        close_enough(go("reduce", [np.zeros(0, np.float32)])[0], np.float32(0),
+                     dev + ": sum of an empty vector", np.float32)
+        c.expect_error("ESHAPE", "task.run", {"op": "reduce", "device": dev,
+                                              "inputs": [tensor(xr)],
+                                              "options": {"fn": "max", "axes": [1]}})
+        xs = rand(rng, (2, 9), np.float32)
+        h1 = np.array([0.5], np.float32)
+        close_enough(go("fir", [xs, h1])[0], 0.5 * xs, dev + ": fir with 1 tap", np.float32)
+        hl = rand(rng, (20,), np.float32)
+        close_enough(go("fir", [xs, hl])[0], fir_ref(xs, hl), dev + ": more taps than samples",
+                     np.float32)
+        ef = go("fir", [np.zeros((2, 0), np.float32), h1])[0]
+        check(ef.shape == (2, 0), dev + ": fir of an empty signal")
+        cz = go("contract", [np.zeros((3, 0), np.float32), np.zeros((0, 2), np.float32)],
+                {"subscripts": "ij,jk->ik"})[0]
+        close_enough(cz, np.zeros((3, 2)), dev + ": contract over an empty label", np.float32)
+        cz = go("contract", [np.zeros((0, 3), np.float32), np.ones((3, 2), np.float32)],
+                {"subscripts": "ij,jk->k"})[0]
+        close_enough(cz, np.zeros(2), dev + ": sum over an empty free label", np.float32)
+        # Empty operands with a contracted label of 2^40: zeros, no 4 TiB gather.
+        res = c.call("task.run", {"op": "contract", "device": dev,
+                                  "options": {"subscripts": "isj,jtk->ik"},
+                                  "inputs": [{"dtype": "f32", "shape": [2, 0, 1 << 40],
+                                              "data": b""},
+                                             {"dtype": "f32", "shape": [1 << 40, 0, 3],
+                                              "data": b""}]})
+        close_enough(array(res["outputs"][0]), np.zeros((2, 3)),
+                     dev + ": contract of empty operands with a huge label", np.float32)
+        em = go("map", [np.zeros((0, 7), np.float32)], {"fn": "exp"})[0]
+        check(em.shape == (0, 7), dev + ": map of an empty tensor")
+        c.expect_error("ESHAPE", "task.run", {"op": "fft", "device": dev,
+                                              "inputs": [tensor(np.zeros((2, 0), np.complex64))]})
+    c.close()
+    d.stop()
+
+
 GROUPS = {
     "basic": t_basic,
     "buffers": t_buffers,
@@ -1041,6 +1295,7 @@ GROUPS = {
     "privacy": t_privacy,
     "sockmode": t_sockmode,
     "kernelfs": t_kernelfs,
+    "opsize": t_opsize,
 }
 
 

@@ -433,6 +433,27 @@ static void test_tensor_decode(void **state) {
   uint64_t s64[] = {4, 4, 4};
   assert_int_equal(decode_tensor("f32", 3, s64, 256, false, 0, &l, &t, why),
                    DSPK_ELIMIT);
+  /* A zero-element tensor has 0 elements whatever its other dimensions:
+   * max_elements counts elements, not dimensions (issue 11). */
+  uint64_t s200_0[] = {200, 0};
+  l.max_elements = 100;
+  assert_int_equal(decode_tensor("f32", 2, s200_0, 0, false, 0, &l, &t, why), 0);
+  assert_int_equal(t.nbytes, 0);
+  assert_int_equal(t.shape[0], 200);
+  uint64_t s0_big[] = {0, 1ull << 40};
+  assert_int_equal(decode_tensor("f32", 2, s0_big, 0, false, 0, &l, &t, why), 0);
+  /* ...but its extent (zeros counted as 1, times the item size) must fit
+   * an int64, so strides derived from it are representable. */
+  uint64_t s0_huge[] = {1ull << 40, 1ull << 40, 0};
+  assert_int_equal(decode_tensor("f32", 3, s0_huge, 0, false, 0, &l, &t, why),
+                   DSPK_ELIMIT);
+  uint64_t s0_edge[] = {1ull << 60, 0}; /* f32: 2^62 bytes of extent, f64: 2^63 */
+  assert_int_equal(decode_tensor("f32", 2, s0_edge, 0, false, 0, &l, &t, why), 0);
+  assert_int_equal(decode_tensor("f64", 2, s0_edge, 0, false, 0, &l, &t, why),
+                   DSPK_ELIMIT);
+  uint64_t s0_over[] = {UINT64_MAX, 0};
+  assert_int_equal(decode_tensor("f32", 2, s0_over, 0, false, 0, &l, &t, why),
+                   DSPK_ELIMIT);
   /* Products that overflow 64 bits are refused, not wrapped. */
   dspk__limits_default(&l);
   l.max_elements = UINT64_MAX;
