@@ -2,7 +2,8 @@
 # install.prefix: `cmake --install BUILD --prefix P` writes nothing outside
 # P (every path of install_manifest.txt, and a listing of the scratch
 # directory), DESTDIR=D puts everything under D; an install to /usr under
-# DESTDIR puts the units in systemd's directories (pkg-config systemd).  The
+# DESTDIR puts the units in systemd's directories (pkg-config systemd) and
+# the configuration in /etc.  The
 # installed tree runs from any prefix: it is moved elsewhere, then
 # P/bin/dspk-submit --help runs, resolves libdspkclient from P (not the build
 # tree), pkg-config finds dspkclient there, the man pages and the bash
@@ -62,8 +63,9 @@ unitdir=$(pkg-config --variable=systemdsystemunitdir systemd 2>/dev/null || echo
 sysusersdir=$(pkg-config --variable=sysusersdir systemd 2>/dev/null || echo /usr/lib/sysusers.d)
 DESTDIR="$tmp/usr" cmake --install "$build" --prefix /usr >/dev/null
 check_destdir "$tmp/usr"
-out=$(grep -v -e '^/usr/' -e "^$unitdir/" "$build/install_manifest.txt" || true)
-[ -z "$out" ] || fail "installed to /usr, outside /usr and $unitdir: $out"
+out=$(grep -v -e '^/usr/' -e "^$unitdir/" -e '^/etc/dspk/' "$build/install_manifest.txt" || true)
+[ -z "$out" ] || fail "installed to /usr, outside /usr, $unitdir and /etc/dspk: $out"
+[ -f "$tmp/usr/etc/dspk/dspkd.conf" ] || fail "no DESTDIR/etc/dspk/dspkd.conf"
 [ -f "$tmp/usr$unitdir/dspkd.socket" ] || fail "no dspkd.socket in DESTDIR$unitdir"
 [ -f "$tmp/usr$sysusersdir/dspk.conf" ] || fail "no dspk.conf in DESTDIR$sysusersdir"
 grep -q '^ExecStart=/usr/sbin/dspkd ' "$tmp/usr$unitdir/dspkd.service" || fail "ExecStart not /usr/sbin/dspkd"
