@@ -25,10 +25,19 @@ done
 had_user=no; getent passwd dspk >/dev/null && had_user=yes
 had_group=no; getent group dspk >/dev/null && had_group=yes
 
+# A python3 with numpy writes the inputs and checks the result (pyenv shims
+# may hide the system one).
+py=""
+for c in /usr/bin/python3 python3; do
+  if "$c" -c 'import numpy' 2>/dev/null; then py=$c; break; fi
+done
+[ -n "$py" ] || fail "no python3 with numpy (python3-numpy)"
+
 tmp=$(mktemp -d)
 chmod 755 "$tmp"   # apt's sandbox user reads the .deb files
 pid="" catpid=""
 cleanup() {
+  set +e
   [ -n "$pid" ] && kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null
   [ -n "$catpid" ] && wait "$catpid" 2>/dev/null
   DEBIAN_FRONTEND=noninteractive apt-get purge -y -qq $pkgs >/dev/null 2>&1 || true
@@ -86,14 +95,14 @@ catpid=$!
 exec 4<&-
 case $first in "Listening on /run/dspk/dspkd.sock"*) ;; *) fail "activator: '$first'" ;; esac
 cd "$tmp"
-python3 -c "
+"$py" -c "
 import numpy as np
 rng = np.random.default_rng(7)
 np.save('a.npy', rng.standard_normal((33, 17)))
 np.save('b.npy', rng.standard_normal((17, 9)))"
 /usr/bin/dspk-submit gemm a.npy b.npy -o c.npy --device cpu:0 ||
   { cat "$tmp/dspkd.log"; fail "dspk-submit gemm through /run/dspk/dspkd.sock"; }
-python3 -c "
+"$py" -c "
 import numpy as np, sys
 a, b, c = (np.load(f) for f in ('a.npy', 'b.npy', 'c.npy'))
 ref = [[sum(a[i, k] * b[k, j] for k in range(a.shape[1])) for j in range(b.shape[1])]
@@ -108,13 +117,14 @@ pid=""
 wait "$catpid" || true
 catpid=""
 [ $rc -eq 0 ] || { cat "$tmp/dspkd.log"; fail "dspkd exited with $rc at SIGTERM"; }
+rm -f /run/dspk/dspkd.sock   # the activator's; dspkd.socket's RemoveOnStop= would remove it
 
 # 4. Purge: nothing of the packages is left.
 DEBIAN_FRONTEND=noninteractive apt-get purge -y -qq $pkgs >"$tmp/apt.log" 2>&1 ||
   { cat "$tmp/apt.log"; fail "apt-get purge"; }
 for f in /usr/sbin/dspkd /usr/bin/dspk-submit /etc/dspk /var/cache/dspk \
          /etc/systemd/system/sockets.target.wants/dspkd.socket /etc/systemd/system/dspkd.socket \
-         /usr/include/dspk "$unit"; do
+         /usr/include/dspk /run/dspk "$unit"; do
   [ -e "$f" ] || [ -L "$f" ] && fail "$f left after purge"
 done
 echo "debs: built, installed, served a gemm as dspk through /run/dspk/dspkd.sock, purged: ok"
