@@ -1,11 +1,10 @@
 #!/usr/bin/env python3
 """Converts a Markdown page written as a man page (docs/cli.md: "# name(N)",
 "## SECTION", "### subsection", paragraphs, ``` blocks, "- " lists,
-"term" + ": definition" lists, `code`, **bold**, [text](link)) into scdoc,
-so the man page is generated from the one document instead of being kept
-twice.  Usage: md2scd.py IN.md OUT.scd.  Anything it does not know (a table,
-a deeper heading) stops it with the line named, so the page cannot silently
-lose text."""
+"####" headings, "term" + ": definition" lists, numbered lists, tables,
+"> " quotes, `code`, **bold**, [text](link)) into scdoc, so the man page is
+generated from the one document instead of being kept twice.
+Usage: md2scd.py IN.md OUT.scd"""
 import re
 import sys
 
@@ -50,14 +49,41 @@ def convert(lines, path):
                 sys.exit(f'{where}: unterminated code block')
             out.append('```')
             i += 1
-        elif line.startswith('### '):
-            out.append('## ' + inline(line[4:]))
+        elif re.match(r'^#{3,6} ', line):
+            out.append('## ' + inline(line.split(' ', 1)[1]))
             i += 1
         elif line.startswith('## '):
             out.append('# ' + inline(line[3:]))
             i += 1
-        elif line.startswith('#') or line.startswith('|'):
-            sys.exit(f'{where}: md2scd does not handle this line: {line}')
+        elif line.startswith('|'):
+            # A table: header row, the |---| rule, rows; scdoc's boxed table.
+            rows = []
+            while i < n and lines[i].startswith('|'):
+                cells = [c.strip() for c in lines[i].strip().strip('|').split('|')]
+                if not all(re.match(r'^:?-+:?$', c) for c in cells):
+                    rows.append(cells)
+                i += 1
+            if out and out[-1] != '':
+                out.append('')
+            for r, cells in enumerate(rows):
+                for c, cell in enumerate(cells):
+                    text = inline(cell) or '-'
+                    if r == 0:
+                        text = '*' + text + '*' if not text.startswith('*') else text
+                        out.append(('[[ ' if c == 0 else ':[ ') + text)
+                    else:
+                        out.append(('|  ' if c == 0 else ':  ') + text)
+            if i < n and lines[i].strip():
+                out.append('')
+        elif re.match(r'^\d+\. ', line):
+            out.append('. ' + inline(line.split(' ', 1)[1]))
+            i += 1
+            while i < n and lines[i].startswith('   ') and lines[i].strip():
+                out.append('  ' + inline(lines[i].strip()))
+                i += 1
+        elif line.startswith('> '):
+            out.append('\t' + inline(line[2:]))
+            i += 1
         elif line.startswith('- '):
             out.append('- ' + inline(line[2:]))
             i += 1
