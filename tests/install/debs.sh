@@ -7,7 +7,8 @@
 # systemd), then serves a task the way dspkd.socket does: systemd-socket-
 # activate listens on /run/dspk/dspkd.sock and starts the installed
 # /usr/sbin/dspkd as the dspk user on the first connection of the installed
-# dspk-submit, whose gemm is checked against numpy.  Finally the packages
+# dspk-submit, whose gemm is checked against numpy, and of a program built
+# with find_package(dspk) against libdspkclient-dev.  Finally the packages
 # are purged and the machine is left as it was (the dspk user, kept by the
 # package as Debian does, is removed when this test created it).
 # Usage: debs.sh [BUILD_DIR]   (default build-deb)
@@ -80,6 +81,16 @@ man -w dspkd >/dev/null && man -w dspk.conf >/dev/null && man -w dspk-submit >/d
 [ -f /usr/share/bash-completion/completions/dspk-submit ] || fail "no bash completion"
 /usr/bin/dspk-submit --version >/dev/null || fail "installed dspk-submit does not run"
 
+# The -dev package serves a find_package(dspk) project from the system
+# directories (tests/install/consumer), and pkg-config.
+cmake -S "$here/tests/install/consumer" -B "$tmp/consumer" -DCMAKE_BUILD_TYPE=Release \
+      >"$tmp/consumer.log" 2>&1 && cmake --build "$tmp/consumer" >>"$tmp/consumer.log" 2>&1 ||
+  { cat "$tmp/consumer.log"; fail "consumer against the installed libdspkclient-dev"; }
+ldd "$tmp/consumer/consumer" | grep -Eq 'libdspkclient.so.0 => (/usr)?/lib/' ||
+  fail "consumer does not use the installed libdspkclient: $(ldd "$tmp/consumer/consumer")"
+libs=$(pkg-config --libs dspkclient | sed 's/ *$//')
+[ "$libs" = "-ldspkclient" ] || fail "pkg-config --libs dspkclient: '$libs'"
+
 # 3. Serve a task as dspkd.socket would: systemd-socket-activate binds the
 # configured socket (it says "Listening on" once it listens), starts dspkd
 # as dspk (the unit's User=) at the first connection.
@@ -109,6 +120,8 @@ ref = [[sum(a[i, k] * b[k, j] for k in range(a.shape[1])) for j in range(b.shape
        for i in range(a.shape[0])]
 sys.exit(0 if c.shape == (33, 9) and np.allclose(c, ref, rtol=1e-12, atol=1e-12) else 1)" ||
   fail "wrong gemm result"
+"$tmp/consumer/consumer" /run/dspk/dspkd.sock >"$tmp/consumer.out" ||
+  { cat "$tmp/consumer.out"; fail "consumer's gemm through /run/dspk/dspkd.sock"; }
 [ "$(ps -o user= -p "$pid")" = dspk ] || fail "dspkd runs as $(ps -o user= -p "$pid"), not dspk"
 [ "$(stat -c %U /var/cache/dspk/cache.db)" = dspk ] || fail "no cache of dspk in /var/cache/dspk"
 kill -TERM "$pid"
