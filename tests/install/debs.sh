@@ -4,7 +4,8 @@
 # builds them (packaging/build-debs.sh), installs them with apt, checks the
 # dspk user and group, the directories, the conffile and the enabled socket
 # (the sockets.target.wants link deb-systemd-helper makes; PID 1 need not be
-# systemd), then serves a task the way dspkd.socket does: systemd-socket-
+# systemd) and that an upgrade keeps the administrator's conffile edit and
+# socket state, then serves a task the way dspkd.socket does: systemd-socket-
 # activate listens on /run/dspk/dspkd.sock and starts the installed
 # /usr/sbin/dspkd as the dspk user on the first connection of the installed
 # dspk-submit, whose gemm is checked against numpy, and of a program built
@@ -80,6 +81,21 @@ man -w dspkd >/dev/null && man -w dspk.conf >/dev/null && man -w dspk-submit >/d
   fail "man pages not installed"
 [ -f /usr/share/bash-completion/completions/dspk-submit ] || fail "no bash completion"
 /usr/bin/dspk-submit --version >/dev/null || fail "installed dspk-submit does not run"
+
+# An upgrade (the package installed over itself: postinst configure with
+# the old version) keeps the administrator's choices: an edited conffile,
+# a disabled socket stays disabled, an enabled one enabled.
+link=/etc/systemd/system/sockets.target.wants/dspkd.socket
+echo '# edited by the administrator' >>/etc/dspk/dspkd.conf
+# As an administrator does (systemctl works on the links without PID 1).
+systemctl disable dspkd.socket >/dev/null 2>&1 || rm -f $link
+[ -L $link ] && fail "systemctl disable left $link"
+dpkg -i "$tmp"/debs/dspkd_*.deb >"$tmp/dpkg.log" 2>&1 || { cat "$tmp/dpkg.log"; fail "upgrade"; }
+grep -q '^# edited by the administrator' /etc/dspk/dspkd.conf || fail "upgrade replaced the edited dspkd.conf"
+[ -L $link ] && fail "upgrade enabled a socket the administrator disabled"
+systemctl enable dspkd.socket >/dev/null 2>&1 || ln -s "$unit" $link
+dpkg -i "$tmp"/debs/dspkd_*.deb >"$tmp/dpkg.log" 2>&1 || { cat "$tmp/dpkg.log"; fail "upgrade"; }
+[ -L $link ] || fail "upgrade disabled the socket"
 
 # The -dev package serves a find_package(dspk) project from the system
 # directories (tests/install/consumer), and pkg-config.
