@@ -45,7 +45,7 @@ for p in man1/dspk-submit.1 man5/dspk.conf.5 man8/dspkd.8; do
   warn=$(LC_ALL=C.UTF-8 MANWIDTH=80 man --warnings -l "$build/man/$p" 2>&1 >/dev/null)
   [ -z "$warn" ] || fail "$p: $warn"
 done
-for ref in $(sed -n 's/^Documentation=//p' "$src/systemd/dspkd.service.in"); do
+for ref in $(sed -n 's/^Documentation=//p' "$src/systemd/dspkd.service.in" "$src/systemd/dspkd.socket"); do
   case $ref in
     man:*) name=${ref#man:} page=${name%(*} sec=${name#*(} sec=${sec%)}
            [ -s "$build/man/man$sec/$page.$sec" ] || fail "Documentation=$ref: no such page" ;;
