@@ -27,7 +27,7 @@ complete_is() {
     [[ $got == *" $w "* ]] || { echo "FAIL: '$line' offered [${COMPREPLY[*]}], not $w"; bad=1; }
   done
 }
-cd "$tmp"
+cd "$tmp" || exit 1
 : >a.npy; : >b.npy; : >notes.txt
 complete_is "dspk-submit ge" gemm
 complete_is "dspk-submit " ping devices gemm fft reduce cache help
@@ -41,5 +41,10 @@ complete_is "dspk-submit kernel --lang " cuda glsl
 # A non-.npy file is not offered as an array.
 complete_is "dspk-submit gemm n"
 [[ ${#COMPREPLY[@]} -eq 0 ]] || { echo "FAIL: notes.txt offered as an array"; bad=1; }
+# A file name with a space is one candidate.
+: >"with space.npy"
+complete_is "dspk-submit fft w"
+[[ ${#COMPREPLY[@]} -eq 1 && ${COMPREPLY[0]} == "with space.npy" ]] ||
+  { echo "FAIL: 'with space.npy' offered as [${COMPREPLY[*]}] (${#COMPREPLY[@]} words)"; bad=1; }
 [ $bad -eq 0 ] && echo "completion: ok"
 exit $bad

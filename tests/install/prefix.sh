@@ -33,7 +33,7 @@ check_manifest() {
 mkdir "$tmp/scratch"
 cmake --install "$build" --prefix "$tmp/scratch/p" >/dev/null
 check_manifest "$tmp/scratch/p"
-ls "$tmp/scratch" | grep -qvx p && fail "cmake --install wrote next to the prefix"
+[ "$(ls -A "$tmp/scratch")" = p ] || fail "cmake --install wrote next to the prefix"
 for f in bin/dspk-submit sbin/dspkd lib/systemd/system/dspkd.service \
          lib/systemd/system/dspkd.socket lib/sysusers.d/dspk.conf lib/tmpfiles.d/dspk.conf \
          etc/dspk/dspkd.conf share/man/man8/dspkd.8 share/man/man5/dspk.conf.5 \
