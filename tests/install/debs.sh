@@ -127,7 +127,7 @@ import numpy as np
 rng = np.random.default_rng(7)
 np.save('a.npy', rng.standard_normal((33, 17)))
 np.save('b.npy', rng.standard_normal((17, 9)))"
-/usr/bin/dspk-submit gemm a.npy b.npy -o c.npy --device cpu:0 ||
+/usr/bin/dspk-submit gemm a.npy b.npy -o c.npy --device cpu:0 >"$tmp/submit.out" ||
   { cat "$tmp/dspkd.log"; fail "dspk-submit gemm through /run/dspk/dspkd.sock"; }
 "$py" -c "
 import numpy as np, sys
