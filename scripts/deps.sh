@@ -5,7 +5,7 @@ set -eu
 PKGS="build-essential cmake pkg-config git libuv1-dev libmsgpack-dev libsqlite3-dev
 libopenblas-dev libfftw3-dev libsystemd-dev libinih-dev libcmocka-dev python3
 python3-numpy python3-msgpack libvulkan-dev mesa-vulkan-drivers glslang-dev
-glslang-tools libvkfft-dev systemd libzip-dev"
+glslang-tools libvkfft-dev systemd libzip-dev scdoc man-db file dpkg-dev"
 missing=""
 for p in $PKGS; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing="$missing $p"

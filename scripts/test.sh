@@ -1,15 +1,25 @@
 #!/bin/sh
 # The README's second command, also run by CI (.ci/run): installs missing
 # packages, builds with -Werror and runs the whole test suite, then builds
-# again with AddressSanitizer + UBSan and runs the suite again.  GPU tests
+# the Debian packages and tests them installed (tests/install/debs.sh), then
+# builds again with AddressSanitizer + UBSan and runs the suite again.  GPU tests
 # (ctest label "gpu") need a GPU and run with scripts/gpu-suite.sh instead.
 set -eu
 here=$(cd "$(dirname "$0")/.." && pwd)
 jobs=$(nproc)
 "$here/scripts/build.sh" "$here/build"
 (cd "$here/build" && ctest --output-on-failure -j"$jobs" -LE gpu)
+# The Debian packages: built, installed with apt, used, purged (needs root;
+# CI runs as root on a fresh machine).
+pkg_note=""
+if [ "$(id -u)" -eq 0 ]; then
+  sh "$here/tests/install/debs.sh" "$here/build-deb"
+else
+  pkg_note=" (except tests/install/debs.sh, which needs root)"
+  echo "scripts/test.sh: not root: the package test tests/install/debs.sh did not run" >&2
+fi
 "$here/scripts/build.sh" "$here/build-asan" -DDSPK_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug
 (cd "$here/build-asan" && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
    UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
    ctest --output-on-failure -j"$jobs" -LE 'gpu|noasan')
-echo "all tests passed"
+echo "all tests passed$pkg_note"

@@ -1,0 +1,56 @@
+#!/bin/sh
+# install.docs: the man pages describe what the binaries do.  Every key of
+# the configuration table in daemon/config.c is in dspk.conf(5) (the scdoc
+# source) and in the example systemd/dspkd.conf; every long option of
+# `dspkd --help` is in dspkd(8); every command of `dspk-submit --help` is
+# in dspk-submit(1) (generated from docs/cli.md); the generated pages render
+# without a groff warning; and the unit's Documentation= names pages that
+# exist.  Usage: docs.sh BUILD SRC DSPKD DSPK_SUBMIT
+set -eu
+build=$1 src=$2 dspkd=$3 submit=$4
+bad=0
+fail() { echo "FAIL: $*" >&2; bad=1; }
+
+# Keys: the rows {"section", "key", K_... of daemon/config.c's table.
+keys=$(sed -n 's/^ *{"\([a-z_]*\)", "\([a-z_]*\)", K_.*/\1.\2/p' "$src/daemon/config.c")
+[ "$(echo "$keys" | wc -l)" -ge 10 ] || fail "read only $(echo "$keys" | wc -l) keys from config.c"
+for sk in $keys; do
+  section=${sk%%.*} key=${sk#*.}
+  # Under its own section heading; scdoc escapes _ as \_ in the source.
+  awk -v s="# [$section]" -v k="$key" '
+    BEGIN {gsub(/_/, "\\_", k); k = "*" k "* = "}
+    $0 == s {on = 1; next} /^# / {on = 0} on && index($0, k) {found = 1}
+    END {exit !found}' "$src/man/dspk.conf.5.scd" ||
+    fail "dspk.conf(5) does not describe $key in [$section]"
+  grep -q "^#\{0,1\}$key = " "$src/systemd/dspkd.conf" ||
+    fail "systemd/dspkd.conf has no line for $key"
+done
+
+# Options of dspkd.
+for opt in $("$dspkd" --help | grep -o -- '--[a-z][a-z-]*' | sort -u); do
+  grep -q -- "\*$opt\*" "$src/man/dspkd.8.scd" || fail "dspkd(8) does not describe $opt"
+done
+
+# Commands of dspk-submit.
+cmds=$("$submit" --help | awk '/^Commands:/ {on = 1; next} on && /^  [a-z]/ {print $1}')
+[ -n "$cmds" ] || fail "no commands in dspk-submit --help"
+page=$build/man/man1/dspk-submit.1
+for c in $cmds; do
+  grep -q "^\.SS $c\b\|^\.SS \"$c\b" "$page" || fail "dspk-submit(1) has no section for $c"
+done
+
+# The pages render cleanly, and Documentation= names them.
+for p in man1/dspk-submit.1 man5/dspk.conf.5 man8/dspkd.8; do
+  [ -s "$build/man/$p" ] || { fail "$p not generated"; continue; }
+  warn=$(LC_ALL=C.UTF-8 MANWIDTH=80 man --warnings -l "$build/man/$p" 2>&1 >/dev/null)
+  [ -z "$warn" ] || fail "$p: $warn"
+done
+for ref in $(sed -n 's/^Documentation=//p' "$src/systemd/dspkd.service.in" "$src/systemd/dspkd.socket"); do
+  case $ref in
+    man:*) name=${ref#man:} page=${name%(*} sec=${name#*(} sec=${sec%)}
+           [ -s "$build/man/man$sec/$page.$sec" ] || fail "Documentation=$ref: no such page" ;;
+    *) fail "Documentation=$ref is not a man page" ;;
+  esac
+done
+[ $bad -eq 0 ] && echo "docs: ok"
+exit $bad

@@ -1,0 +1,106 @@
+#!/bin/sh
+# install.prefix: `cmake --install BUILD --prefix P` writes nothing outside
+# P (every path of install_manifest.txt, and a listing of the scratch
+# directory), DESTDIR=D puts everything under D; an install to /usr under
+# DESTDIR puts the units in systemd's directories (pkg-config systemd) and
+# the configuration in /etc.  The
+# installed tree runs from any prefix: it is moved elsewhere, then
+# P/bin/dspk-submit --help runs, resolves libdspkclient from P (not the build
+# tree), pkg-config finds dspkclient there, the man pages and the bash
+# completion are there, and tests/install/consumer (find_package(dspk),
+# dspk::client) builds against it and runs a gemm on the installed dspkd.
+# Usage: prefix.sh BUILD SRC
+set -eu
+build=$1 src=$2
+tmp=$(mktemp -d)
+pid=""
+cleanup() {
+  [ -n "$pid" ] && kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+# Every installed path (the manifest) must lie under $1.
+check_manifest() {
+  under=$1
+  [ -s "$build/install_manifest.txt" ] || fail "no install_manifest.txt"
+  out=$(grep -v "^$under/" "$build/install_manifest.txt" || true)
+  [ -z "$out" ] || fail "installed outside $under: $out"
+}
+
+# 1. --prefix P.
+mkdir "$tmp/scratch"
+cmake --install "$build" --prefix "$tmp/scratch/p" >/dev/null
+check_manifest "$tmp/scratch/p"
+[ "$(ls -A "$tmp/scratch")" = p ] || fail "cmake --install wrote next to the prefix"
+for f in bin/dspk-submit sbin/dspkd lib/systemd/system/dspkd.service \
+         lib/systemd/system/dspkd.socket lib/sysusers.d/dspk.conf lib/tmpfiles.d/dspk.conf \
+         etc/dspk/dspkd.conf share/man/man8/dspkd.8 share/man/man5/dspk.conf.5 \
+         share/man/man1/dspk-submit.1 share/bash-completion/completions/dspk-submit \
+         share/doc/dspkd/admin.md lib/cmake/dspk/dspkConfig.cmake include/dspk/dspk.h; do
+  [ -f "$tmp/scratch/p/$f" ] || fail "missing $f under the prefix"
+done
+grep -q "^ExecStart=$tmp/scratch/p/sbin/dspkd " "$tmp/scratch/p/lib/systemd/system/dspkd.service" ||
+  fail "ExecStart does not name the installed dspkd"
+
+# The files under DESTDIR $1 must be exactly the manifest's (which names
+# them without DESTDIR): then nothing was written outside DESTDIR.
+check_destdir() {
+  (cd "$1" && find . -type f -o -type l) | sed 's|^\.||' | sort >"$tmp/found"
+  sort "$build/install_manifest.txt" >"$tmp/manifest"
+  cmp -s "$tmp/found" "$tmp/manifest" ||
+    fail "DESTDIR=$1: files differ from the manifest: $(diff "$tmp/manifest" "$tmp/found")"
+}
+
+# 2. DESTDIR with another prefix: everything under DESTDIR/prefix.
+DESTDIR="$tmp/dest" cmake --install "$build" --prefix /opt/dspk >/dev/null
+check_manifest /opt/dspk
+check_destdir "$tmp/dest"
+
+# 3. DESTDIR with /usr: the units where systemd looks, nothing outside DESTDIR.
+unitdir=$(pkg-config --variable=systemdsystemunitdir systemd 2>/dev/null || echo /lib/systemd/system)
+sysusersdir=$(pkg-config --variable=sysusersdir systemd 2>/dev/null || echo /usr/lib/sysusers.d)
+DESTDIR="$tmp/usr" cmake --install "$build" --prefix /usr >/dev/null
+check_destdir "$tmp/usr"
+out=$(grep -v -e '^/usr/' -e "^$unitdir/" -e '^/etc/dspk/' "$build/install_manifest.txt" || true)
+[ -z "$out" ] || fail "installed to /usr, outside /usr, $unitdir and /etc/dspk: $out"
+[ -f "$tmp/usr/etc/dspk/dspkd.conf" ] || fail "no DESTDIR/etc/dspk/dspkd.conf"
+[ -f "$tmp/usr$unitdir/dspkd.socket" ] || fail "no dspkd.socket in DESTDIR$unitdir"
+[ -f "$tmp/usr$sysusersdir/dspk.conf" ] || fail "no dspk.conf in DESTDIR$sysusersdir"
+grep -q '^ExecStart=/usr/sbin/dspkd ' "$tmp/usr$unitdir/dspkd.service" || fail "ExecStart not /usr/sbin/dspkd"
+
+# 4. The tree runs from anywhere: move it, then run it.
+mv "$tmp/scratch/p" "$tmp/moved"
+p=$tmp/moved
+unset LD_LIBRARY_PATH
+"$p/bin/dspk-submit" --help >"$tmp/help" || fail "$p/bin/dspk-submit --help failed"
+grep -q '^usage: dspk-submit' "$tmp/help" || fail "unexpected --help output"
+lib=$(realpath "$(ldd "$p/bin/dspk-submit" | awk '$1 ~ /^libdspkclient/ {print $3}')")
+[ "$lib" = "$(realpath "$p/lib/libdspkclient.so.0")" ] || fail "libdspkclient resolved to '$lib', not $p/lib"
+"$p/sbin/dspkd" --version >/dev/null || fail "installed dspkd --version failed"
+inc=$(PKG_CONFIG_PATH="$p/lib/pkgconfig" pkg-config --cflags-only-I dspkclient | sed 's/^-I//; s/ *$//')
+[ "$(realpath "$inc")" = "$p/include" ] || fail "pkg-config --cflags dspkclient: '$inc'"
+MANPATH="$p/share/man" man -w dspkd >/dev/null || fail "man dspkd not found"
+
+# 5. A find_package(dspk) consumer against the installed prefix.
+cmake -S "$src/tests/install/consumer" -B "$tmp/consumer" -DCMAKE_PREFIX_PATH="$p" \
+      -DCMAKE_BUILD_TYPE=Release >"$tmp/consumer.log" 2>&1 || { cat "$tmp/consumer.log"; fail "consumer configure"; }
+cmake --build "$tmp/consumer" >>"$tmp/consumer.log" 2>&1 || { cat "$tmp/consumer.log"; fail "consumer build"; }
+lib=$(realpath "$(ldd "$tmp/consumer/consumer" | awk '$1 ~ /^libdspkclient/ {print $3}')")
+[ "$lib" = "$(realpath "$p/lib/libdspkclient.so.0")" ] || fail "consumer's libdspkclient is '$lib'"
+"$tmp/consumer/consumer" | grep -q 'consumer ok' || fail "consumer (no daemon) failed"
+
+# ... and against the installed dspkd (started on a private socket; its
+# --ready-fd line says when it listens).
+mkfifo "$tmp/ready"
+"$p/sbin/dspkd" --foreground --config "" --no-cache --backends cpu \
+    --socket "$tmp/d.sock" --ready-fd 3 3>"$tmp/ready" 2>"$tmp/dspkd.log" &
+pid=$!
+read -r line <"$tmp/ready" || true
+[ "$line" = READY ] || { cat "$tmp/dspkd.log"; fail "installed dspkd did not start"; }
+"$tmp/consumer/consumer" "$tmp/d.sock" || fail "consumer gemm against the installed dspkd"
+kill "$pid"
+wait "$pid" || fail "dspkd exited with status $? at SIGTERM"
+pid=""
+echo "install to a prefix: ok"
