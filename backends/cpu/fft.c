@@ -27,6 +27,8 @@
 
 /* Rows per execute call are chosen so a chunk is about this many elements. */
 #define CHUNK_ELEMS ((int64_t)1 << 22)
+/* Seconds one FFTW planner call may spend measuring (fftw_set_timelimit). */
+#define PLAN_TIMELIMIT_S 0.05
 
 static pthread_mutex_t fftw_mu = PTHREAD_MUTEX_INITIALIZER;
 
@@ -140,6 +142,14 @@ static void *make_plan(int kind, int dbl, int n, int batch, int inplace,
   void *plan = NULL;
   if (!in || !out)
     goto done;
+  /* A cold FFTW_MEASURE plan of a large size can measure for seconds, and
+   * the planner cannot be interrupted: bound it, so a canceled task (or a
+   * stopping daemon) waits at most about this long for the planner.  FFTW
+   * then keeps the best plan it measured in that time. */
+  if (dbl)
+    fftw_set_timelimit(PLAN_TIMELIMIT_S);
+  else
+    fftwf_set_timelimit(PLAN_TIMELIMIT_S);
   /* With MEASURE (FFTW_ESTIMATE unset), a plan that stored wisdom already
    * answers is made without measuring and adds no wisdom: only a measured
    * plan makes the device's wisdom worth saving again. */
