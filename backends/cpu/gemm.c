@@ -13,6 +13,7 @@
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <fftw3.h> /* before cblas.h: see cpu.h */
 #include <cblas.h>
@@ -182,13 +183,23 @@ static void scale_out(void *p, dspk_dtype dt, int64_t n, double beta) {
   }
 }
 
-/* Work of one BLAS call, in multiply-adds: larger products are cut into
- * tiles of about this size so that a cancel request is seen between tiles
- * (about 100 ms on a slow core is the promise of docs/protocol.md), while a
- * tile stays large enough (at least TILE_MIN rows and columns) that BLAS's
+/* Large products are cut into tiles so that a cancel request is seen
+ * between tiles: docs/protocol.md promises about 100 ms.  A tile is sized
+ * from the device's measured speed to take about TILE_S (TILE_WORK0
+ * multiply-adds before the first measurement), within TILE_WORK_MIN and
+ * TILE_WORK_MAX, and keeps at least TILE_MIN rows and columns so that BLAS's
  * packing of its panels costs little. */
-#define TILE_WORK ((int64_t)1 << 28)
+#define TILE_S 0.03
+#define TILE_WORK0 ((int64_t)1 << 26)
+#define TILE_WORK_MIN ((int64_t)1 << 24)
+#define TILE_WORK_MAX ((int64_t)1 << 34)
 #define TILE_MIN 256
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
 
 /* One BLAS gemm call on row-major operands of dtype dt: c = alpha*op(a)@op(b)
  * + beta*c, m x n x k; alpha and beta are real (imaginary part 0). */
@@ -221,25 +232,34 @@ static void blas_gemm(dspk_dtype dt, int ta, int tb, int64_t m, int64_t n, int64
   }
 }
 
-/* blas_gemm in tiles of about TILE_WORK multiply-adds (rows, columns, and
- * the inner dimension, whose later pieces accumulate with beta 1), checking
- * the cancel flag before each tile but the first.  es: the item size of the
- * operands.  0 or DSPK_ECANCELED. */
-static int gemm_tiled(dspk_dtype dt, size_t es, int ta, int tb, int64_t M, int64_t N,
-                      int64_t K, double alpha, const char *a, int lda, const char *b,
-                      int ldb, double beta, char *c, int ldc,
+/* blas_gemm in tiles (rows, columns, and the inner dimension, whose later
+ * pieces accumulate with beta 1), checking the cancel flag before each tile
+ * but the first, and measuring the device's speed (dev->gemm_rate, complex
+ * products counting 4 multiply-adds).  es: the item size of the operands.
+ * 0 or DSPK_ECANCELED. */
+static int gemm_tiled(struct dspk__dev *dev, dspk_dtype dt, size_t es, int ta, int tb,
+                      int64_t M, int64_t N, int64_t K, double alpha, const char *a,
+                      int lda, const char *b, int ldb, double beta, char *c, int ldc,
                       const struct dspk__opctx *ctx) {
   int64_t tm = M, tn = N, tk = K;
+  int64_t cost = dt == DSPK_C64 || dt == DSPK_C128 ? 4 : 1;
+  int64_t work = TILE_WORK0;
   bool first = true;
 
-  if (M * N > TILE_WORK / K) { /* K >= 1 here */
+  if (dev->gemm_rate > 0) {
+    double w = dev->gemm_rate * TILE_S / (double)cost;
+    work = w < (double)TILE_WORK_MIN   ? TILE_WORK_MIN
+           : w > (double)TILE_WORK_MAX ? TILE_WORK_MAX
+                                       : (int64_t)w;
+  }
+  if (M * N > work / K) { /* K >= 1 here */
     int64_t side = TILE_MIN;
-    while (side * 2 * side * 2 <= TILE_WORK / K)
+    while (side * 2 * side * 2 <= work / K)
       side *= 2;
     tm = M < side ? M : side;
     tn = N < side ? N : side;
-    if (tm * tn > TILE_WORK / K) {
-      tk = TILE_WORK / (tm * tn);
+    if (tm * tn > work / K) {
+      tk = work / (tm * tn);
       if (tk < TILE_MIN)
         tk = TILE_MIN;
       if (tk > K)
@@ -258,8 +278,13 @@ static int gemm_tiled(dspk_dtype dt, size_t es, int ta, int tb, int64_t M, int64
         /* op(A)[r, p] and op(B)[p, q] in the stored layouts. */
         const char *pa = a + (size_t)(ta ? p * lda + r : r * lda + p) * es;
         const char *pb = b + (size_t)(tb ? q * ldb + p : p * ldb + q) * es;
+        double t0 = now_s();
         blas_gemm(dt, ta, tb, mr, nq, kp, alpha, pa, lda, pb, ldb, p ? 1.0 : beta,
                   c + (size_t)(r * ldc + q) * es, ldc);
+        double dt_s = now_s() - t0;
+        /* Only tiles long enough to time well teach the speed. */
+        if (dt_s > 1e-3)
+          dev->gemm_rate = (double)(mr * nq * kp * cost) / dt_s;
       }
     }
   }
@@ -346,7 +371,7 @@ int dspk__cpu_gemm(struct dspk__dev *dev, struct dspk__op *op,
     }
     const char *a = (const char *)pa + oa * ies, *bm = (const char *)pb + ob * ies;
     char *c = po + b * M * N * es;
-    rc = gemm_tiled(O->dtype == DSPK_F64 ? DSPK_F64 : DSPK_F32, ies, ta, tb, M, N, K,
+    rc = gemm_tiled(dev, O->dtype == DSPK_F64 ? DSPK_F64 : DSPK_F32, ies, ta, tb, M, N, K,
                     alpha, a, lda, bm, ldb, beta, c, ldc, ctx);
     if (rc < 0)
       break;
@@ -388,7 +413,7 @@ int dspk__cpu_gemm_batched(struct dspk__dev *dev, dspk_dtype dt, int64_t batch,
                          dspk__dtype_name(dt));
       break;
     }
-    rc = gemm_tiled(dt, es, 0, 0, M, N, K, 1.0, (const char *)A + b * M * K * es, (int)K,
+    rc = gemm_tiled(dev, dt, es, 0, 0, M, N, K, 1.0, (const char *)A + b * M * K * es, (int)K,
                     (const char *)B + b * K * N * es, (int)N, 0.0,
                     (char *)C + b * M * N * es, (int)N, ctx);
   }

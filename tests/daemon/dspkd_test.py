@@ -1228,17 +1228,20 @@ def t_cancel(exe, tmp):
     d = Daemon(exe, tmp)
     c = d.client()
     rng = np.random.default_rng(21)
-    A = rng.standard_normal((300, 6000))
-    B = rng.standard_normal((6000, 280))
+    # The first gemm of a fresh daemon runs in tiles of 2^26 multiply-adds:
+    # 256 x 256 x 1024, so 300 x 2100 x 280 has uneven tiles in every
+    # dimension; later ones are sized by the measured speed.
+    A = rng.standard_normal((300, 2100))
+    B = rng.standard_normal((2100, 280))
     for ta in (False, True):
         for tb in (False, True):
             a = A.T.copy() if ta else A
             b = B.T.copy() if tb else B
             got = run(c, "gemm", [a, b], {"trans_a": ta, "trans_b": tb})[0]
             close_enough(got, A @ B, "tiled gemm trans_a=%s trans_b=%s" % (ta, tb), np.float64)
-    A32 = rng.standard_normal((2, 700, 600)).astype(np.float32)
-    B32 = rng.standard_normal((600, 900)).astype(np.float32)
-    C32 = rng.standard_normal((700, 900)).astype(np.float32)
+    A32 = rng.standard_normal((2, 300, 600)).astype(np.float32)
+    B32 = rng.standard_normal((600, 500)).astype(np.float32)
+    C32 = rng.standard_normal((300, 500)).astype(np.float32)
     got = run(c, "gemm", [A32, B32, C32], {"alpha": 0.5, "beta": 2.0})[0]
     want = 0.5 * (A32.astype(np.float64) @ B32) + 2.0 * C32
     close_enough(got, want, "tiled batched gemm with C", np.float32)
