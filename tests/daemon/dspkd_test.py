@@ -1223,8 +1223,9 @@ def t_memquota(exe, tmp):
 
 def t_cancel(exe, tmp):
     """Long cpu work is cancelable: a gemm runs in tiles (checked here against
-    numpy, every transpose, a split inner dimension), and a second SIGTERM
-    during one large gemm answers it ECANCELED at once (issue 11, point 10)."""
+    numpy, every transpose, a split inner dimension), a second SIGTERM during
+    one large gemm answers it ECANCELED at once, and FFTW's planning is
+    bounded (issue 11, point 10)."""
     d = Daemon(exe, tmp)
     c = d.client()
     rng = np.random.default_rng(21)
@@ -1281,6 +1282,33 @@ def t_cancel(exe, tmp):
     c.expect_closed()
     rc = d.proc.wait(TIMEOUT)
     check(rc == 0, "exit 0 after two SIGTERMs, got %d:\n%s" % (rc, d.logtext()))
+
+    # A cold FFTW_MEASURE plan (a cache makes the cpu measure) of 2^22 points
+    # measured for minutes and could not be interrupted; now its planning is
+    # bounded, so a canceled fft is answered at once.
+    d = Daemon(exe, tmp, ["--cache", os.path.join(tmp, "cancel-cache.db")])
+    c, watcher = d.client(), d.client()
+    n = 1 << 22
+    a = c.call("buffer.create", {"device": "cpu:0", "size": n * 8})["buffer"]
+    o = c.call("buffer.create", {"device": "cpu:0", "size": n * 8})["buffer"]
+    mid = c.send("task.run", {"op": "fft", "device": "cpu:0", "outputs": [{"buffer": o}],
+                              "inputs": [{"buffer": a, "dtype": "c64", "shape": [n]}]})
+    deadline = time.monotonic() + TIMEOUT
+    while cpu_running(watcher)[1] == 0 and mid not in c.responses:
+        check(time.monotonic() < deadline, "the fft started")
+        if select.select([c.sock], [], [], 0)[0]:
+            c.pump()
+    t0 = time.monotonic()
+    c.call("task.cancel", {"msgid": mid})
+    try:
+        c.wait(mid)  # its result, when it finished before the cancel
+    except RpcError as e:
+        check(e.name == "ECANCELED", "canceled fft: ECANCELED, got %s" % e.name)
+    dt = time.monotonic() - t0
+    check(dt < 3.0, "a cold-planned fft answered within %.2f s of its cancel" % dt)
+    c.close()
+    watcher.close()
+    d.stop()
 
 
 GROUPS = {
