@@ -350,7 +350,7 @@ static int handler(void *user, const char *section, const char *name, const char
     return 1;
   case K_SHARE:
     if (dspkd_config_parse_share(value, k->lo, k->hi, &v) != 0)
-      return perr(p, "%s: expected a size from %llu to %llu (suffix K, M or G allowed) "
+      return perr(p, "%s: expected a size from %llu to %llu (suffix K, M, G or T allowed) "
                   "or a share of each device's memory from 1%% to 100%%, got \"%s\"", name,
                   (unsigned long long)k->lo, (unsigned long long)k->hi, value);
     if (!(p->skip & ((uint64_t)1 << idx)))

@@ -63,11 +63,11 @@ static void usage(FILE *f) {
           "  --max-buffers N      buffers per connection (default 4096)\n"
           "  --max-clients N      open connections (default 256)\n"
           "  --max-user-clients N open connections of one user (default 64)\n"
-          "  --max-user-partial BYTES  bytes of incomplete messages of one user's\n"
-          "                       connections together (default 1073741824)\n"
-          "  --max-user-memory BYTES|N%%  device memory of one user on each device:\n"
+          "  --max-user-partial SIZE  bytes of incomplete messages of one user's\n"
+          "                       connections together (default 1G)\n"
+          "  --max-user-memory SIZE|N%%  device memory of one user on each device:\n"
           "                       buffers and tasks in flight (default 50%%)\n"
-          "  --max-conn-memory BYTES|N%%  the same for one connection (default 100%%)\n"
+          "  --max-conn-memory SIZE|N%%  the same for one connection (default 100%%)\n"
           "  --shutdown-timeout MS  at stop, cancel tasks still running after this\n"
           "                       (default 10000)\n"
           "  -h, --help           show this help\n"
@@ -384,13 +384,13 @@ int main(int argc, char **argv) {
       cfg->max_user_clients = (size_t)v;
       break;
     case OPT_MAX_USER_PARTIAL:
-      if (parse_count("max-user-partial", optarg, 4096, (uint64_t)1 << 40, &v)) return 2;
+      if (parse_bytes("max-user-partial", optarg, 4096, (uint64_t)1 << 40, &v)) return 2;
       cfg->max_user_partial = v;
       break;
     case OPT_MAX_USER_MEMORY:
     case OPT_MAX_CONN_MEMORY:
       if (dspkd_config_parse_share(optarg, 1, (uint64_t)1 << 50, &v) != 0) {
-        fprintf(stderr, "dspkd: --%s: expected a size (suffix K, M or G allowed) or a "
+        fprintf(stderr, "dspkd: --%s: expected a size (suffix K, M, G or T allowed) or a "
                 "share of each device's memory from 1%% to 100%%\n",
                 opt == OPT_MAX_USER_MEMORY ? "max-user-memory" : "max-conn-memory");
         return 2;
