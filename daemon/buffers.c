@@ -50,6 +50,7 @@ int conn_buf_add(struct conn *c, struct dbuf *b) {
   c->bufs[i] = b;
   c->nbufs++;
   c->buf_bytes += b->size;
+  dspkd_quota_buf(c, b, 1);
   dbuf_ref(b);
   return 0;
 }
@@ -63,6 +64,7 @@ struct dbuf *conn_buf_remove(struct conn *c, uint64_t id) {
   memmove(&c->bufs[i], &c->bufs[i + 1], (c->nbufs - (size_t)i - 1) * sizeof(*c->bufs));
   c->nbufs--;
   c->buf_bytes -= b->size;
+  dspkd_quota_buf(c, b, -1);
   return b; /* the caller drops the table's reference */
 }
 

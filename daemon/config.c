@@ -29,7 +29,9 @@
 #include "daemon/log.h"
 #include "proto/units.h"
 
-enum ktype { K_SOCKET, K_STR, K_BOOL, K_LEVEL, K_UINT, K_SIZE, K_MS, K_USERS, K_GROUPS };
+/* K_SHARE: a size in bytes, or a share of a device's memory ("50%"). */
+enum ktype { K_SOCKET, K_STR, K_BOOL, K_LEVEL, K_UINT, K_SIZE, K_MS, K_USERS, K_GROUPS,
+             K_SHARE };
 
 struct key {
   const char *section;
@@ -65,6 +67,10 @@ static const struct key keys[] = {
     /* Appended, so the indices above (KEY_LOG_LEVEL) stay. */
     {"daemon", "no_cache", K_BOOL, F(no_cache), 0, 0, false},
     {"daemon", "cache_max_bytes", K_SIZE, F(cache_max_bytes), 4096, (uint64_t)1 << 40, false},
+    {"limits", "max_user_clients", K_UINT, F(max_user_clients), 1, 1 << 20, true},
+    {"limits", "max_user_partial", K_SIZE, F(max_user_partial), 4096, (uint64_t)1 << 40, true},
+    {"limits", "max_user_memory", K_SHARE, F(max_user_memory), 1, (uint64_t)1 << 50, true},
+    {"limits", "max_conn_memory", K_SHARE, F(max_conn_memory), 1, (uint64_t)1 << 50, true},
 };
 #define NKEYS (sizeof keys / sizeof keys[0])
 _Static_assert(NKEYS <= 60, "the key masks are 64-bit");
@@ -91,6 +97,12 @@ void dspkd_config_defaults(struct dspkd_config *cfg) {
   cfg->max_unsent = (size_t)64 << 20;
   cfg->max_buffers = 4096;
   cfg->max_clients = 256;
+  /* One user may hold a quarter of the connections, half of each device's
+   * memory, and four largest messages in incomplete frames. */
+  cfg->max_user_clients = 64;
+  cfg->max_user_partial = (uint64_t)1 << 30;
+  cfg->max_user_memory = DSPKD_SHARE(50);
+  cfg->max_conn_memory = DSPKD_SHARE(100);
   cfg->shutdown_timeout_ms = 10000;
   cfg->log_level = DSPKD_INFO;
 }
@@ -133,6 +145,26 @@ static int parse_uint(const char *s, enum ktype t, uint64_t *out) {
   if (v > UINT64_MAX / mul)
     return -1;
   *out = (uint64_t)v * mul;
+  return 0;
+}
+
+int dspkd_config_parse_share(const char *s, uint64_t lo, uint64_t hi, uint64_t *out) {
+  size_t n = strlen(s);
+  uint64_t v;
+  if (n > 1 && s[n - 1] == '%') {
+    char num[8];
+    if (n - 1 >= sizeof num)
+      return -1;
+    memcpy(num, s, n - 1);
+    num[n - 1] = '\0';
+    if (parse_uint(num, K_UINT, &v) != 0 || v < 1 || v > 100)
+      return -1;
+    *out = DSPKD_SHARE(v);
+    return 0;
+  }
+  if (parse_uint(s, K_SIZE, &v) != 0 || v < lo || v > hi)
+    return -1;
+  *out = v;
   return 0;
 }
 
@@ -313,6 +345,14 @@ static int handler(void *user, const char *section, const char *name, const char
                   : k->type == K_MS ? " milliseconds (or with suffix s)"
                                     : "",
                   value);
+    if (!(p->skip & ((uint64_t)1 << idx)))
+      put_uint(field, k->width, v);
+    return 1;
+  case K_SHARE:
+    if (dspkd_config_parse_share(value, k->lo, k->hi, &v) != 0)
+      return perr(p, "%s: expected a size from %llu to %llu (suffix K, M, G or T allowed) "
+                  "or a share of each device's memory from 1%% to 100%%, got \"%s\"", name,
+                  (unsigned long long)k->lo, (unsigned long long)k->hi, value);
     if (!(p->skip & ((uint64_t)1 << idx)))
       put_uint(field, k->width, v);
     return 1;

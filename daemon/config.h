@@ -24,6 +24,10 @@
 /* Fills cfg with the built-in defaults (everything --help documents). */
 void dspkd_config_defaults(struct dspkd_config *cfg);
 
+/* Parses a quota given as a size (lo to hi bytes, suffix K, M or G) or as a
+ * share of each device's memory ("1%" to "100%", DSPKD_SHARE).  0 or -1. */
+int dspkd_config_parse_share(const char *s, uint64_t lo, uint64_t hi, uint64_t *out);
+
 /*
  * After the command line was parsed into cfg: finds --config in argv (or
  * the default file, when it exists) and applies every key of the file that

@@ -197,6 +197,17 @@ void chunk_unref(struct rchunk *k) {
     free(k);
 }
 
+/* Counts the connection's read buffer (c->rb) in its user's rbytes, after
+ * any change of c->rb. */
+static void rb_count(struct conn *c) {
+  uint64_t cap = c->rb ? c->rb->cap : 0;
+  if (c->user) {
+    c->user->rbytes -= c->rbytes;
+    c->user->rbytes += cap;
+  }
+  c->rbytes = cap;
+}
+
 void conn_ref(struct conn *c) { c->refs++; }
 
 void conn_unref(struct conn *c) {
@@ -212,8 +223,12 @@ void conn_unref(struct conn *c) {
   d->nconns--;
   dspkd_debug("client %llu: gone", (unsigned long long)c->id);
   chunk_unref(c->rb);
+  c->rb = NULL;
+  rb_count(c);
+  dspkd_user_put(d, c->user);
   free(c->bufs);
   free(c->q);
+  free(c->mem);
   free(c);
   dspkd_stop_progress(d);
 }
@@ -235,8 +250,10 @@ void conn_close(struct conn *c, const char *why) {
   dspkd_drop_queued(d, c, 0);
   for (struct job *j = c->jobs; j; j = j->cnext)
     atomic_store(&j->cancel, 1);
-  for (size_t i = 0; i < c->nbufs; i++)
+  for (size_t i = 0; i < c->nbufs; i++) {
+    dspkd_quota_buf(c, c->bufs[i], -1);
     dbuf_unref(d, c->bufs[i]);
+  }
   c->nbufs = 0;
   c->buf_bytes = 0;
   uv_close((uv_handle_t *)&c->pipe, on_conn_close);
@@ -247,7 +264,8 @@ void conn_close(struct conn *c, const char *why) {
 static bool may_read(const struct conn *c) {
   const struct dspkd *d = c->d;
   return !c->closing && !d->stopping && !c->close_after_flush &&
-         c->inflight < d->cfg.max_inflight && c->unsent <= d->cfg.max_unsent;
+         c->inflight < d->cfg.max_inflight &&
+         c->unsent + c->reserved <= d->cfg.max_unsent;
 }
 
 static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
@@ -262,6 +280,7 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
     if (k->cap > RCHUNK_KEEP) { /* give a big idle buffer back */
       free(k);
       c->rb = k = NULL;
+      rb_count(c);
     }
   }
   if (k && k->cap - k->end >= READ_MIN) {
@@ -289,6 +308,13 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
       cap = limit;
     if (cap < pending + READ_MIN)
       cap = pending + READ_MIN;
+    /* The user's read buffers together stay within max_user_partial: past
+     * it the frame cannot be taken in (on_read closes the connection). */
+    if (c->user && cap > RCHUNK_MIN &&
+        c->user->rbytes - c->rbytes + cap > c->d->cfg.max_user_partial) {
+      c->over_partial = true;
+      return;
+    }
     if (k && k->refs == 1 && k->start == 0) {
       nk = realloc(k, sizeof(*k) + cap);
       if (!nk)
@@ -308,6 +334,7 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
     }
     nk->cap = cap;
     c->rb = k = nk;
+    rb_count(c);
   }
   buf->base = k->data + k->end;
   buf->len = k->cap - k->end;
@@ -411,6 +438,14 @@ static void conn_process(struct conn *c) {
 static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
   struct conn *c = s->data;
   (void)buf;
+  if (n == UV_ENOBUFS && c->over_partial) {
+    char msg[160];
+    snprintf(msg, sizeof msg, "this user's connections hold more than %llu bytes of "
+             "incomplete messages (max_user_partial)",
+             (unsigned long long)c->d->cfg.max_user_partial);
+    conn_protocol_error(c, DSPK_ELIMIT, msg);
+    return;
+  }
   if (n < 0) {
     if (n != UV_EOF)
       dspkd_debug("client %llu: read: %s", (unsigned long long)c->id,
@@ -513,6 +548,18 @@ static void on_connection(uv_stream_t *server, int status) {
     char msg[96];
     snprintf(msg, sizeof msg, "more than %zu connections (max_clients)",
              d->cfg.max_clients);
+    conn_protocol_error(c, DSPK_ELIMIT, msg);
+    return;
+  }
+  if (!(c->mem = calloc(d->ndevs ? (size_t)d->ndevs : 1, sizeof(*c->mem))) ||
+      !(c->user = dspkd_user_get(d, c->uid))) {
+    conn_protocol_error(c, DSPK_ENOMEM, "out of memory");
+    return;
+  }
+  if (c->user->nconns > d->cfg.max_user_clients) {
+    char msg[96];
+    snprintf(msg, sizeof msg, "this user has %zu connections already (max_user_clients)",
+             c->user->nconns - 1);
     conn_protocol_error(c, DSPK_ELIMIT, msg);
     return;
   }
@@ -644,8 +691,14 @@ static void on_grace(uv_timer_t *t) {
   for (struct conn *c = d->conns, *next; c; c = next) {
     next = c->next;
     conn_ref(c);
-    for (struct job *j = c->jobs; j; j = j->cnext)
+    /* Every request gets its answer: a task still running now (its work
+     * did not look at the cancel flag) is answered ECANCELED here, and its
+     * own result, when it comes, is dropped with the connection. */
+    for (struct job *j = c->jobs; j; j = j->cnext) {
       atomic_store(&j->cancel, 1);
+      conn_send_error(c, j->msgid, DSPK_ECANCELED,
+                      "the daemon is stopping: the request was canceled");
+    }
     conn_close(c, "daemon stopping");
     conn_unref(c);
   }

@@ -115,6 +115,7 @@ void job_submit(struct job *j) {
       c->jobs->cprev = j;
     c->jobs = j;
     c->inflight++;
+    dspkd_quota_charge(j);
   }
   pthread_mutex_lock(&dev->mu);
   j->state = JOB_QUEUED;
@@ -146,6 +147,7 @@ static void conn_unlink_job(struct job *j) {
     j->cnext->cprev = j->cprev;
   j->cprev = j->cnext = NULL;
   c->inflight--;
+  dspkd_quota_release(j);
 }
 
 /* Answers (code != 0) and frees jobs taken out of a queue. */

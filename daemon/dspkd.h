@@ -43,6 +43,12 @@ struct dspkd_idlist {
   uint32_t id[DSPKD_MAX_IDS];
 };
 
+/* A quota given as a share of a device's memory ("50%" in the
+ * configuration) rather than in bytes. */
+#define DSPKD_SHARE(pct) (((uint64_t)1 << 63) | (uint64_t)(pct))
+#define DSPKD_SHARE_IS(v) (((v) >> 63) != 0)
+#define DSPKD_SHARE_PCT(v) ((v) & 0xff)
+
 /* Configuration from the command line (daemon/main.c) and the configuration
  * file (daemon/config.c). */
 struct dspkd_config {
@@ -58,6 +64,11 @@ struct dspkd_config {
   size_t max_unsent;        /* bytes of responses not yet written, per connection */
   size_t max_buffers;       /* buffers per connection */
   size_t max_clients;       /* open connections */
+  /* Quotas (daemon/quota.c): per user (uid) and per connection. */
+  size_t max_user_clients;  /* open connections of one user */
+  uint64_t max_user_partial; /* read-buffer bytes (incomplete frames) of one user */
+  uint64_t max_user_memory; /* bytes per device of one user; 0: half the device's */
+  uint64_t max_conn_memory; /* bytes per device of one connection; 0: no own bound */
   uint64_t shutdown_timeout_ms; /* grace for running tasks at stop */
   /* daemon/config.c: the configuration file's extra settings. */
   int log_level;            /* enum dspkd_level */
@@ -142,6 +153,11 @@ struct job {
   char *errmsg;              /* task: the failure's message (malloc'd), or NULL */
   uint64_t progress_ms;      /* runner: when task.progress was last sent */
   bool any;                  /* task.run chose "any": may move to cpu on ENOTSUP */
+  /* daemon/quota.c: what job_submit charged to its connection and user,
+   * given back when the job leaves the connection's in-flight list. */
+  size_t resv_answer;        /* bytes its answer may take (max_unsent) */
+  uint64_t resv_mem;         /* device memory it may take on resv_dev */
+  struct device *resv_dev;
 };
 
 /* A notification a runner encoded for a job's client (task.progress).  It
@@ -182,6 +198,16 @@ struct unavailable {
   char reason[320];
 };
 
+/* One user's (uid's) share of the daemon, for the quotas: counted over
+ * every connection of that uid.  Loop thread only. */
+struct duser {
+  struct duser *next;
+  uid_t uid;
+  size_t nconns;                      /* connections (until freed) */
+  uint64_t rbytes;                    /* bytes of their read buffers */
+  uint64_t mem[DSPKD_MAX_DEVICES];    /* device memory: buffers + jobs in flight */
+};
+
 struct conn {
   uv_pipe_t pipe;
   struct dspkd *d;
@@ -205,6 +231,13 @@ struct conn {
   size_t nbufs, capbufs;
   uint64_t buf_bytes;
   struct cqueue *q;         /* [d->ndevs] */
+  /* daemon/quota.c */
+  struct duser *user;       /* this uid's counters (NULL until accepted) */
+  size_t reserved;          /* answer bytes reserved by jobs in flight */
+  size_t creating;          /* buffer.create jobs in flight */
+  uint64_t rbytes;          /* bytes of rb counted in user->rbytes */
+  bool over_partial;        /* the read buffer could not grow: max_user_partial */
+  uint64_t *mem;            /* [d->ndevs] device memory: buffers + jobs in flight */
   uint64_t requests;
 };
 
@@ -229,6 +262,7 @@ struct dspkd {
 
   struct conn *conns;
   size_t nconns;
+  struct duser *users;      /* daemon/quota.c */
   uint64_t next_conn_id;
   uint64_t next_buf_id;
   bool stopping;
@@ -317,6 +351,26 @@ void dspkd_device_counters(struct device *dev, uint64_t *queued, uint64_t *runni
 
 /* Runner thread: hands a notification for the job's client to the loop. */
 void dspkd_post_note(struct dspkd *d, struct job *j, struct wreq *wr);
+
+/* daemon/quota.c: the quotas of docs/protocol.md ("Quotas"). */
+/* Finds or makes the user's counters and counts one more connection of it;
+ * NULL when out of memory. */
+struct duser *dspkd_user_get(struct dspkd *d, uid_t uid);
+/* Counts one connection of the user less (frees it after the last). */
+void dspkd_user_put(struct dspkd *d, struct duser *u);
+/* Charges a buffer of the connection's table to it and its user (sign 1),
+ * or gives it back (-1). */
+void dspkd_quota_buf(struct conn *c, const struct dbuf *b, int sign);
+/* Checks a new job against the memory quotas of its connection and user:
+ * 0, or DSPK_ELIMIT with msg set.  job_submit charges it. */
+int dspkd_quota_check(const struct job *j, char *msg, size_t len);
+/* Charges (job_submit) or gives back (when it leaves the in-flight list)
+ * what the job may take: its answer's bytes and its device memory. */
+void dspkd_quota_charge(struct job *j);
+void dspkd_quota_release(struct job *j);
+/* The memory quota of one user, or one connection (conn true), on dev;
+ * UINT64_MAX when none. */
+uint64_t dspkd_quota_mem(const struct dspkd *d, const struct device *dev, bool conn);
 
 /* daemon/task.c: runner side of each job kind; encodes j->resp. */
 void job_execute(struct device *dev, struct job *j);

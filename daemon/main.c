@@ -62,6 +62,12 @@ static void usage(FILE *f) {
           "                       pauses (default 64M)\n"
           "  --max-buffers N      buffers per connection (default 4096)\n"
           "  --max-clients N      open connections (default 256)\n"
+          "  --max-user-clients N open connections of one user (default 64)\n"
+          "  --max-user-partial SIZE  bytes of incomplete messages of one user's\n"
+          "                       connections together (default 1G)\n"
+          "  --max-user-memory SIZE|N%%  device memory of one user on each device:\n"
+          "                       buffers and tasks in flight (default 50%%)\n"
+          "  --max-conn-memory SIZE|N%%  the same for one connection (default 100%%)\n"
           "  --shutdown-timeout MS  at stop, cancel tasks still running after this\n"
           "                       (default 10000)\n"
           "  -h, --help           show this help\n"
@@ -78,7 +84,8 @@ enum {
   OPT_SOCKET = 256, OPT_CACHE, OPT_BACKENDS, OPT_FOREGROUND, OPT_LOG_LEVEL, OPT_READY_FD,
   OPT_MAX_MESSAGE, OPT_MAX_DEPTH, OPT_MAX_OBJECTS, OPT_MAX_RANK, OPT_MAX_ELEMENTS,
   OPT_MAX_INFLIGHT, OPT_MAX_UNSENT, OPT_MAX_BUFFERS, OPT_MAX_CLIENTS, OPT_SHUTDOWN_TIMEOUT,
-  OPT_HELP, OPT_VERSION, OPT_CONFIG, OPT_NO_CACHE, OPT_CACHE_MAX_BYTES
+  OPT_HELP, OPT_VERSION, OPT_CONFIG, OPT_NO_CACHE, OPT_CACHE_MAX_BYTES,
+  OPT_MAX_USER_CLIENTS, OPT_MAX_USER_PARTIAL, OPT_MAX_USER_MEMORY, OPT_MAX_CONN_MEMORY
 };
 
 static const struct option long_opts[] = {
@@ -99,6 +106,10 @@ static const struct option long_opts[] = {
     {"max-unsent", required_argument, NULL, OPT_MAX_UNSENT},
     {"max-buffers", required_argument, NULL, OPT_MAX_BUFFERS},
     {"max-clients", required_argument, NULL, OPT_MAX_CLIENTS},
+    {"max-user-clients", required_argument, NULL, OPT_MAX_USER_CLIENTS},
+    {"max-user-partial", required_argument, NULL, OPT_MAX_USER_PARTIAL},
+    {"max-user-memory", required_argument, NULL, OPT_MAX_USER_MEMORY},
+    {"max-conn-memory", required_argument, NULL, OPT_MAX_CONN_MEMORY},
     {"shutdown-timeout", required_argument, NULL, OPT_SHUTDOWN_TIMEOUT},
     {"config", required_argument, NULL, OPT_CONFIG},
     {"help", no_argument, NULL, OPT_HELP},
@@ -367,6 +378,27 @@ int main(int argc, char **argv) {
     case OPT_MAX_CLIENTS:
       if (parse_count("max-clients", optarg, 1, 1 << 20, &v)) return 2;
       cfg->max_clients = (size_t)v;
+      break;
+    case OPT_MAX_USER_CLIENTS:
+      if (parse_count("max-user-clients", optarg, 1, 1 << 20, &v)) return 2;
+      cfg->max_user_clients = (size_t)v;
+      break;
+    case OPT_MAX_USER_PARTIAL:
+      if (parse_bytes("max-user-partial", optarg, 4096, (uint64_t)1 << 40, &v)) return 2;
+      cfg->max_user_partial = v;
+      break;
+    case OPT_MAX_USER_MEMORY:
+    case OPT_MAX_CONN_MEMORY:
+      if (dspkd_config_parse_share(optarg, 1, (uint64_t)1 << 50, &v) != 0) {
+        fprintf(stderr, "dspkd: --%s: expected a size (suffix K, M, G or T allowed) or a "
+                "share of each device's memory from 1%% to 100%%\n",
+                opt == OPT_MAX_USER_MEMORY ? "max-user-memory" : "max-conn-memory");
+        return 2;
+      }
+      if (opt == OPT_MAX_USER_MEMORY)
+        cfg->max_user_memory = v;
+      else
+        cfg->max_conn_memory = v;
       break;
     case OPT_SHUTDOWN_TIMEOUT:
       if (parse_count("shutdown-timeout", optarg, 0, (uint64_t)1 << 40, &v)) return 2;

@@ -336,9 +336,10 @@ static int m_buffer_create(struct req *r) {
                 size, dev->id, dev->info.memory);
   if (size > SIZE_MAX / 2)
     return fail(r, DSPK_ERANGE, "size %" PRIu64 " is too large", size);
-  if (c->nbufs >= c->d->cfg.max_buffers)
+  /* Creates still in flight count: pipelined creates cannot overshoot. */
+  if (c->nbufs + c->creating >= c->d->cfg.max_buffers)
     return fail(r, DSPK_ELIMIT, "this connection already has %zu buffers (max_buffers)",
-                c->nbufs);
+                c->nbufs + c->creating);
   if (!(b = calloc(1, sizeof(*b))))
     return DSPK_ENOMEM;
   if (!(j = job_new(c, JOB_BUF_CREATE, r->msgid, dev))) {
@@ -351,6 +352,10 @@ static int m_buffer_create(struct req *r) {
   b->refs = 1; /* the job's */
   j->buf = b;
   j->refs[j->nrefs++] = b;
+  if ((err = dspkd_quota_check(j, r->msg, sizeof r->msg)) < 0) {
+    job_free(c->d, j);
+    return err;
+  }
   job_submit(j);
   return 0;
 }
@@ -861,6 +866,8 @@ static int task_run(struct req *r, char *opname, char *devname) {
                                     sizeof r->msg)) < 0)
     goto fail;
   j->dev = dev;
+  if ((err = dspkd_quota_check(j, r->msg, sizeof r->msg)) < 0)
+    goto fail;
   r->chunk->refs++; /* inline inputs and kernel source point into the frame */
   j->chunk = r->chunk;
   job_submit(j);

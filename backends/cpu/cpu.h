@@ -73,6 +73,9 @@ struct dspk__dev {
   /* OpenBLAS threads for gemm/contract, an override; 0 leaves the choice to
    * dspk__cpu_gemm_threads(). */
   int gemm_threads;
+  /* gemm's speed as last measured (multiply-adds per second, 0 before the
+   * first): sizes its tiles so that each takes about GEMM_TILE_S. */
+  double gemm_rate;
   /* Set when a plan was measured: its wisdom goes to the cache after the
    * op (dspk__cpu_fft_wisdom_flush). */
   int wisdom_dirty;

@@ -27,6 +27,10 @@
 
 /* Rows per execute call are chosen so a chunk is about this many elements. */
 #define CHUNK_ELEMS ((int64_t)1 << 22)
+/* Seconds one FFTW planner call may spend measuring (fftw_set_timelimit)
+ * for a transform of PLAN_LIMIT_POINTS points (n * batch) or more. */
+#define PLAN_TIMELIMIT_S 0.1
+#define PLAN_LIMIT_POINTS ((int64_t)1 << 16)
 
 static pthread_mutex_t fftw_mu = PTHREAD_MUTEX_INITIALIZER;
 
@@ -140,6 +144,18 @@ static void *make_plan(int kind, int dbl, int n, int batch, int inplace,
   void *plan = NULL;
   if (!in || !out)
     goto done;
+  /* A cold FFTW_MEASURE plan of a large size can measure for minutes, and
+   * the planner cannot be interrupted: bound it, so a canceled task (or a
+   * stopping daemon) waits at most about that long for the planner.  FFTW
+   * then keeps the best plan it measured in that time (a plan cut short
+   * makes no wisdom).  Smaller sizes measure in well under that on an idle
+   * machine, and unbounded, so their wisdom is complete. */
+  double limit = (int64_t)n * batch >= PLAN_LIMIT_POINTS ? PLAN_TIMELIMIT_S
+                                                         : FFTW_NO_TIMELIMIT;
+  if (dbl)
+    fftw_set_timelimit(limit);
+  else
+    fftwf_set_timelimit(limit);
   /* With MEASURE (FFTW_ESTIMATE unset), a plan that stored wisdom already
    * answers is made without measuring and adds no wisdom: only a measured
    * plan makes the device's wisdom worth saving again. */

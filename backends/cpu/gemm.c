@@ -10,8 +10,10 @@
 #include <limits.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <fftw3.h> /* before cblas.h: see cpu.h */
 #include <cblas.h>
@@ -181,6 +183,114 @@ static void scale_out(void *p, dspk_dtype dt, int64_t n, double beta) {
   }
 }
 
+/* Large products are cut into tiles so that a cancel request is seen
+ * between tiles: docs/protocol.md promises about 100 ms.  A tile is sized
+ * from the device's measured speed to take about TILE_S (TILE_WORK0
+ * multiply-adds before the first measurement), within TILE_WORK_MIN and
+ * TILE_WORK_MAX, and keeps at least TILE_MIN rows and columns so that BLAS's
+ * packing of its panels costs little. */
+#define TILE_S 0.03
+#define TILE_WORK0 ((int64_t)1 << 26)
+#define TILE_WORK_MIN ((int64_t)1 << 24)
+#define TILE_WORK_MAX ((int64_t)1 << 34)
+#define TILE_MIN 256
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* One BLAS gemm call on row-major operands of dtype dt: c = alpha*op(a)@op(b)
+ * + beta*c, m x n x k; alpha and beta are real (imaginary part 0). */
+static void blas_gemm(dspk_dtype dt, int ta, int tb, int64_t m, int64_t n, int64_t k,
+                      double alpha, const void *a, int lda, const void *b, int ldb,
+                      double beta, void *c, int ldc) {
+  enum CBLAS_TRANSPOSE TA = ta ? CblasTrans : CblasNoTrans,
+                       TB = tb ? CblasTrans : CblasNoTrans;
+  switch (dt) {
+  case DSPK_F64:
+    cblas_dgemm(CblasRowMajor, TA, TB, (int)m, (int)n, (int)k, alpha, a, lda, b, ldb,
+                beta, c, ldc);
+    break;
+  case DSPK_C64: {
+    const float al[2] = {(float)alpha, 0}, be[2] = {(float)beta, 0};
+    cblas_cgemm(CblasRowMajor, TA, TB, (int)m, (int)n, (int)k, al, a, lda, b, ldb, be, c,
+                ldc);
+    break;
+  }
+  case DSPK_C128: {
+    const double al[2] = {alpha, 0}, be[2] = {beta, 0};
+    cblas_zgemm(CblasRowMajor, TA, TB, (int)m, (int)n, (int)k, al, a, lda, b, ldb, be, c,
+                ldc);
+    break;
+  }
+  default:
+    cblas_sgemm(CblasRowMajor, TA, TB, (int)m, (int)n, (int)k, (float)alpha, a, lda, b,
+                ldb, (float)beta, c, ldc);
+    break;
+  }
+}
+
+/* blas_gemm in tiles (rows, columns, and the inner dimension, whose later
+ * pieces accumulate with beta 1), checking the cancel flag before each tile
+ * but the first, and measuring the device's speed (dev->gemm_rate, complex
+ * products counting 4 multiply-adds).  es: the item size of the operands.
+ * 0 or DSPK_ECANCELED. */
+static int gemm_tiled(struct dspk__dev *dev, dspk_dtype dt, size_t es, int ta, int tb,
+                      int64_t M, int64_t N, int64_t K, double alpha, const char *a,
+                      int lda, const char *b, int ldb, double beta, char *c, int ldc,
+                      const struct dspk__opctx *ctx) {
+  int64_t tm = M, tn = N, tk = K;
+  int64_t cost = dt == DSPK_C64 || dt == DSPK_C128 ? 4 : 1;
+  int64_t work = TILE_WORK0;
+  bool first = true;
+
+  if (dev->gemm_rate > 0) {
+    double w = dev->gemm_rate * TILE_S / (double)cost;
+    work = w < (double)TILE_WORK_MIN   ? TILE_WORK_MIN
+           : w > (double)TILE_WORK_MAX ? TILE_WORK_MAX
+                                       : (int64_t)w;
+  }
+  if (M * N > work / K) { /* K >= 1 here */
+    int64_t side = TILE_MIN;
+    while (side * 2 * side * 2 <= work / K)
+      side *= 2;
+    tm = M < side ? M : side;
+    tn = N < side ? N : side;
+    if (tm * tn > work / K) {
+      tk = work / (tm * tn);
+      if (tk < TILE_MIN)
+        tk = TILE_MIN;
+      if (tk > K)
+        tk = K;
+    }
+  }
+  for (int64_t r = 0; r < M; r += tm) {
+    int64_t mr = M - r < tm ? M - r : tm;
+    for (int64_t q = 0; q < N; q += tn) {
+      int64_t nq = N - q < tn ? N - q : tn;
+      for (int64_t p = 0; p < K; p += tk) {
+        int64_t kp = K - p < tk ? K - p : tk;
+        if (!first && dspk__cpu_canceled(ctx))
+          return DSPK_ECANCELED;
+        first = false;
+        /* op(A)[r, p] and op(B)[p, q] in the stored layouts. */
+        const char *pa = a + (size_t)(ta ? p * lda + r : r * lda + p) * es;
+        const char *pb = b + (size_t)(tb ? q * ldb + p : p * ldb + q) * es;
+        double t0 = now_s();
+        blas_gemm(dt, ta, tb, mr, nq, kp, alpha, pa, lda, pb, ldb, p ? 1.0 : beta,
+                  c + (size_t)(r * ldc + q) * es, ldc);
+        double dt_s = now_s() - t0;
+        /* Only tiles long enough to time well teach the speed. */
+        if (dt_s > 1e-3)
+          dev->gemm_rate = (double)(mr * nq * kp * cost) / dt_s;
+      }
+    }
+  }
+  return 0;
+}
+
 int dspk__cpu_gemm(struct dspk__dev *dev, struct dspk__op *op,
                    struct dspk__opctx *ctx) {
   const struct dspk__tensor *A = &op->in[0], *B = &op->in[1];
@@ -232,8 +342,6 @@ int dspk__cpu_gemm(struct dspk__dev *dev, struct dspk__op *op,
   int lda = (int)(ta ? M : K), ldb = (int)(tb ? K : N), ldc = (int)N;
   if (lda < 1) lda = 1;
   if (ldb < 1) ldb = 1;
-  enum CBLAS_TRANSPOSE TA = ta ? CblasTrans : CblasNoTrans,
-                       TB = tb ? CblasTrans : CblasNoTrans;
 
   /* Batch offsets (in elements) with broadcasting. */
   int nb = ro - 2;
@@ -263,14 +371,10 @@ int dspk__cpu_gemm(struct dspk__dev *dev, struct dspk__op *op,
     }
     const char *a = (const char *)pa + oa * ies, *bm = (const char *)pb + ob * ies;
     char *c = po + b * M * N * es;
-    if (O->dtype == DSPK_F64)
-      cblas_dgemm(CblasRowMajor, TA, TB, (int)M, (int)N, (int)K, alpha,
-                  (const double *)a, lda, (const double *)bm, ldb, beta,
-                  (double *)c, ldc);
-    else
-      cblas_sgemm(CblasRowMajor, TA, TB, (int)M, (int)N, (int)K, (float)alpha,
-                  (const float *)a, lda, (const float *)bm, ldb, (float)beta,
-                  (float *)c, ldc);
+    rc = gemm_tiled(dev, O->dtype == DSPK_F64 ? DSPK_F64 : DSPK_F32, ies, ta, tb, M, N, K,
+                    alpha, a, lda, bm, ldb, beta, c, ldc, ctx);
+    if (rc < 0)
+      break;
     for (int i = nb - 1; i >= 0; i--) {
       if (++idx[i] < O->shape[i])
         break;
@@ -299,41 +403,19 @@ int dspk__cpu_gemm_batched(struct dspk__dev *dev, dspk_dtype dt, int64_t batch,
   }
   int prev = threads_enter(dev, dt, M, N, K, batch);
   int rc = 0;
-  static const float one_c[2] = {1, 0}, zero_c[2] = {0, 0};
-  static const double one_z[2] = {1, 0}, zero_z[2] = {0, 0};
-  for (int64_t b = 0; b < batch; b++) {
+  for (int64_t b = 0; b < batch && rc == 0; b++) {
     if (b && dspk__cpu_canceled(ctx)) {
       rc = DSPK_ECANCELED;
       break;
     }
-    const char *a = (const char *)A + b * M * K * es;
-    const char *bm = (const char *)B + b * K * N * es;
-    char *c = (char *)C + b * M * N * es;
-    switch (dt) {
-    case DSPK_F32:
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)M, (int)N,
-                  (int)K, 1.0f, (const float *)a, (int)K, (const float *)bm,
-                  (int)N, 0.0f, (float *)c, (int)N);
-      break;
-    case DSPK_F64:
-      cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)M, (int)N,
-                  (int)K, 1.0, (const double *)a, (int)K, (const double *)bm,
-                  (int)N, 0.0, (double *)c, (int)N);
-      break;
-    case DSPK_C64:
-      cblas_cgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)M, (int)N,
-                  (int)K, one_c, a, (int)K, bm, (int)N, zero_c, c, (int)N);
-      break;
-    case DSPK_C128:
-      cblas_zgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)M, (int)N,
-                  (int)K, one_z, a, (int)K, bm, (int)N, zero_z, c, (int)N);
-      break;
-    default:
+    if (dt != DSPK_F32 && dt != DSPK_F64 && dt != DSPK_C64 && dt != DSPK_C128) {
       rc = dspk__cpu_err(ctx, DSPK_EDTYPE, "contract: dtype %s not supported",
                          dspk__dtype_name(dt));
-      b = batch;
       break;
     }
+    rc = gemm_tiled(dev, dt, es, 0, 0, M, N, K, 1.0, (const char *)A + b * M * K * es, (int)K,
+                    (const char *)B + b * K * N * es, (int)N, 0.0,
+                    (char *)C + b * M * N * es, (int)N, ctx);
   }
   threads_leave(prev);
   return rc;

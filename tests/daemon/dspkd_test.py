@@ -1275,6 +1275,300 @@ def t_opsize(exe, tmp):
     d.stop()
 
 
+def cpu_running(c):
+    """Tasks queued and running on cpu:0, from status."""
+    cpu = [x for x in c.call("status")["devices"] if x["id"] == "cpu:0"][0]
+    return cpu["queued"], cpu["running"]
+
+
+def t_unsent(exe, tmp):
+    """max_unsent bounds the answers of requests already admitted: 40
+    pipelined buffer.reads of a client that reads nothing do not make the
+    daemon hold 40 answers (issue 11, point 4)."""
+    d = Daemon(exe, tmp, ["--max-unsent", "1000000"])
+    lazy = d.client()
+    size = 1 << 20
+    data = np.random.default_rng(11).integers(0, 255, size, dtype=np.uint8).tobytes()
+    b = lazy.call("buffer.create", {"size": size})["buffer"]
+    lazy.call("buffer.write", {"buffer": b, "data": data})
+    first = lazy.msgid + 1
+    frames = b"".join(msgpack.packb([0, first + i, "buffer.read", [{"buffer": b}]],
+                                    use_bin_type=True) for i in range(40))
+    lazy.sock.sendall(frames)
+    lazy.msgid += 40
+    # Once nothing of the lazy client is in flight or on the device, what the
+    # daemon holds for it is what it will ever hold until the client reads.
+    good = d.client()
+    deadline = time.monotonic() + TIMEOUT
+    while True:
+        st = good.call("status")
+        me = [x for x in st["clients"] if not x["self"]][0]
+        cpu = [x for x in st["devices"] if x["id"] == "cpu:0"][0]
+        if me["inflight"] == 0 and cpu["queued"] == 0 and cpu["running"] == 0:
+            break
+        check(time.monotonic() < deadline, "reads settled: %r" % me)
+    check(me["unsent"] <= 1000000 + size + 1024,
+          "unsent answers bounded by max_unsent plus one answer: %r" % me)
+    for i in range(40):
+        check(lazy.wait(first + i)["data"] == data, "answer %d" % i)
+    lazy.close()
+    good.close()
+    d.stop()
+
+
+def t_createpipe(exe, tmp):
+    """Pipelined buffer.create cannot exceed max_buffers: creates in flight
+    count (issue 11, point 5)."""
+    d = Daemon(exe, tmp, ["--max-buffers", "16"])
+    c = d.client()
+    first = c.msgid + 1
+    c.sock.sendall(b"".join(msgpack.packb([0, first + i, "buffer.create", [{"size": 64}]],
+                                          use_bin_type=True) for i in range(40)))
+    c.msgid += 40
+    ok = refused = 0
+    for i in range(40):
+        try:
+            c.wait(first + i)
+            ok += 1
+        except RpcError as e:
+            check(e.name == "ELIMIT", "create %d: expected ELIMIT, got %s" % (i, e.name))
+            check("max_buffers" in e.err["message"], "the message names max_buffers")
+            refused += 1
+    check(ok == 16 and refused == 24, "16 created, 24 refused: %d, %d" % (ok, refused))
+    me = [x for x in c.call("status")["clients"] if x["self"]][0]
+    check(me["buffers"] == 16, "status shows 16 buffers: %r" % me)
+    c.close()
+    d.stop()
+
+
+OTHER_UID = 65534  # nobody
+
+CHILD_PING = r"""
+import socket, sys, msgpack
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.settimeout(30)
+s.connect(sys.argv[1])
+s.sendall(msgpack.packb([0, 1, "ping", [{"data": b"other"}]], use_bin_type=True))
+up = msgpack.Unpacker(raw=False)
+while True:
+    data = s.recv(1 << 16)
+    if not data:
+        sys.exit("closed: the other user was refused")
+    up.feed(data)
+    for m in up:
+        if m[0] == 1 and m[1] == 1 and m[3] == {"data": b"other"}:
+            sys.exit(0)
+        sys.exit("unexpected %r" % (m,))
+"""
+
+
+def t_userconns(exe, tmp):
+    """One user's connections are bounded (max_user_clients), so another user
+    can still connect (issue 11, point 7).  Switches a child to uid 65534:
+    root only, skipped (exit 77) otherwise."""
+    if os.geteuid() != 0:
+        print("skip userconns: needs root to run a client as another user")
+        sys.exit(77)
+    # The other user runs with gid 0: the socket (mode 0660, group root) and
+    # its directory (0750) let it in; the test's directory lets it pass.
+    os.chmod(tmp, 0o711)
+    sdir = os.path.join(tmp, "shared")
+    os.mkdir(sdir)
+    os.chmod(sdir, 0o750)
+    d = Daemon(exe, tmp, ["--max-clients", "8", "--max-user-clients", "3"],
+               sock=os.path.join(sdir, "dspkd.sock"))
+    mine = [d.client() for _ in range(3)]
+    for c in mine:
+        check(c.call("ping", {"data": b"x"})["data"] == b"x", "own connections served")
+    extra = d.client()
+    notes = extra.expect_closed()
+    check(any(n[1] == "protocol.error" and n[2][0]["name"] == "ELIMIT"
+              and "max_user_clients" in n[2][0]["message"] for n in notes),
+          "a fourth connection of the same user is refused: %r" % notes)
+    extra.close()
+    r = subprocess.run([sys.executable, "-c", CHILD_PING, d.sock], user=OTHER_UID, group=0,
+                       extra_groups=[], capture_output=True, text=True, timeout=TIMEOUT)
+    check(r.returncode == 0, "another user connects and is served: %s" % r.stderr)
+    for c in mine:
+        c.close()
+    d.stop()
+
+
+def t_partial(exe, tmp):
+    """One user's incomplete messages together are bounded (max_user_partial):
+    two connections each sending most of a 1.2 MB message against a 3 MiB
+    quota: one is refused with ELIMIT, the other is served (issue 11, point 7)."""
+    d = Daemon(exe, tmp, ["--max-user-partial", str(3 << 20)])
+    blob = b"\x5a" * 1200000
+    frame = msgpack.packb([0, 1, "ping", [{"data": blob}]], use_bin_type=True)
+    cut = len(frame) - 1000
+    a, b = d.client(), d.client()
+    errors = []
+
+    def send(c):
+        try:
+            c.sock.sendall(frame[:cut])
+        except OSError as e:  # the daemon closed it while we sent
+            errors.append(e)
+    ts = [threading.Thread(target=send, args=(c,)) for c in (a, b)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(TIMEOUT)
+    ready, _, _ = select.select([a.sock, b.sock], [], [], TIMEOUT)
+    check(len(ready) >= 1, "one connection is refused")
+    refused = a if a.sock in ready else b
+    other = b if refused is a else a
+    notes = refused.expect_closed()
+    check(any(n[1] == "protocol.error" and n[2][0]["name"] == "ELIMIT"
+              and "max_user_partial" in n[2][0]["message"] for n in notes),
+          "refused with ELIMIT naming max_user_partial: %r" % notes)
+    other.sock.sendall(frame[cut:])
+    check(other.wait(1)["data"] == blob, "the other connection's message is served")
+    refused.close()
+    other.close()
+    d.stop()
+
+
+def t_memquota(exe, tmp):
+    """Device memory per connection (max_conn_memory) and per user
+    (max_user_memory): buffers, creates in flight and tasks' inline operands;
+    the default keeps one user to half of a device (issue 11, point 7)."""
+    M = 1 << 20
+    d = Daemon(exe, tmp, ["--max-user-memory", "64M", "--max-conn-memory", "48M"])
+    c1, c2 = d.client(), d.client()
+    b1 = c1.call("buffer.create", {"device": "cpu:0", "size": 40 * M})["buffer"]
+    e = c1.expect_error("ELIMIT", "buffer.create", {"device": "cpu:0", "size": 10 * M})
+    check("max_conn_memory" in e.err["message"], "names max_conn_memory: %s" % e.err)
+    c2.call("buffer.create", {"device": "cpu:0", "size": 20 * M})
+    e = c2.expect_error("ELIMIT", "buffer.create", {"device": "cpu:0", "size": 8 * M})
+    check("max_user_memory" in e.err["message"], "names max_user_memory: %s" % e.err)
+    # Pipelined creates count while in flight: two of three 2 MiB fit in the 4 MiB left.
+    first = c2.msgid + 1
+    c2.sock.sendall(b"".join(msgpack.packb([0, first + i, "buffer.create",
+                                            [{"device": "cpu:0", "size": 2 * M}]],
+                                           use_bin_type=True) for i in range(3)))
+    c2.msgid += 3
+    got = []
+    for i in range(3):
+        try:
+            c2.wait(first + i)
+            got.append("ok")
+        except RpcError as e:
+            got.append(e.name)
+    check(got == ["ok", "ok", "ELIMIT"], "pipelined creates within the quota: %r" % got)
+    # A task's inline operands and results count too: 4 MiB in + 4 MiB out.
+    x = np.ones(M // 2)
+    e = c2.expect_error("ELIMIT", "task.run", {"op": "map", "device": "cpu:0",
+                                               "options": {"fn": "abs"},
+                                               "inputs": [tensor(x)]})
+    check("max_user_memory" in e.err["message"], "task names max_user_memory: %s" % e.err)
+    c1.call("buffer.free", {"buffer": b1})
+    close_enough(run(c2, "map", [x], {"fn": "abs"})[0], x, "task after the free", np.float64)
+    c1.call("buffer.create", {"device": "cpu:0", "size": 20 * M})
+    c1.close()
+    c2.close()
+    d.stop()
+    # Defaults: one user may hold at most half of a device's memory.
+    d = Daemon(exe, tmp)
+    c = d.client()
+    mem = [x for x in c.call("devices")["devices"] if x["id"] == "cpu:0"][0]["memory"]
+    e = c.expect_error("ELIMIT", "buffer.create", {"device": "cpu:0", "size": mem // 100 * 60})
+    check("max_user_memory" in e.err["message"], "default quota: %s" % e.err)
+    c.close()
+    d.stop()
+
+
+def t_cancel(exe, tmp):
+    """Long cpu work is cancelable: a gemm runs in tiles (checked here against
+    numpy, every transpose, a split inner dimension), a second SIGTERM during
+    one large gemm answers it ECANCELED at once, and FFTW's planning is
+    bounded (issue 11, point 10)."""
+    d = Daemon(exe, tmp)
+    c = d.client()
+    rng = np.random.default_rng(21)
+    # The first gemm of a fresh daemon runs in tiles of 2^26 multiply-adds:
+    # 256 x 256 x 1024, so 300 x 2100 x 280 has uneven tiles in every
+    # dimension; later ones are sized by the measured speed.
+    A = rng.standard_normal((300, 2100))
+    B = rng.standard_normal((2100, 280))
+    for ta in (False, True):
+        for tb in (False, True):
+            a = A.T.copy() if ta else A
+            b = B.T.copy() if tb else B
+            got = run(c, "gemm", [a, b], {"trans_a": ta, "trans_b": tb})[0]
+            close_enough(got, A @ B, "tiled gemm trans_a=%s trans_b=%s" % (ta, tb), np.float64)
+    A32 = rng.standard_normal((2, 300, 600)).astype(np.float32)
+    B32 = rng.standard_normal((600, 500)).astype(np.float32)
+    C32 = rng.standard_normal((300, 500)).astype(np.float32)
+    got = run(c, "gemm", [A32, B32, C32], {"alpha": 0.5, "beta": 2.0})[0]
+    want = 0.5 * (A32.astype(np.float64) @ B32) + 2.0 * C32
+    close_enough(got, want, "tiled batched gemm with C", np.float32)
+    c.close()
+    d.stop()
+
+    d = Daemon(exe, tmp)
+    c, watcher = d.client(), d.client()
+    n = 6144  # a few seconds and more on one core: one BLAS call used to run it all
+    a = c.call("buffer.create", {"device": "cpu:0", "size": n * n * 4})["buffer"]
+    o = c.call("buffer.create", {"device": "cpu:0", "size": n * n * 4})["buffer"]
+    mid = c.send("task.run", gemm_task((a, o), n))
+    deadline = time.monotonic() + TIMEOUT
+    while cpu_running(watcher)[1] == 0:
+        check(time.monotonic() < deadline, "the gemm started")
+    # A task queued behind the gemm: its ESHUTDOWN shows the first SIGTERM
+    # was taken (two signals sent at once may arrive as one).
+    queued = watcher.send("task.run", {"op": "map", "device": "cpu:0", "options": {"fn": "abs"},
+                                       "inputs": [tensor(np.ones(4))]})
+    while cpu_running(watcher)[0] == 0:
+        check(time.monotonic() < deadline, "the small task queued")
+    d.proc.send_signal(signal.SIGTERM)
+    try:
+        watcher.wait(queued)
+        raise AssertionError("the queued task ran")
+    except RpcError as e:
+        check(e.name == "ESHUTDOWN", "queued task: ESHUTDOWN, got %s" % e.name)
+    t0 = time.monotonic()
+    d.proc.send_signal(signal.SIGTERM)
+    try:
+        c.wait(mid)
+        raise AssertionError("the gemm finished instead of being canceled")
+    except RpcError as e:
+        check(e.name == "ECANCELED", "second SIGTERM: ECANCELED, got %s" % e.name)
+    dt = time.monotonic() - t0
+    check(dt < 1.5, "canceled within %.2f s of the second SIGTERM" % dt)
+    c.expect_closed()
+    rc = d.proc.wait(TIMEOUT)
+    check(rc == 0, "exit 0 after two SIGTERMs, got %d:\n%s" % (rc, d.logtext()))
+
+    # A cold FFTW_MEASURE plan (a cache makes the cpu measure) of 2^22 points
+    # measured for minutes and could not be interrupted; now its planning is
+    # bounded, so a canceled fft is answered at once.
+    d = Daemon(exe, tmp, ["--cache", os.path.join(tmp, "cancel-cache.db")])
+    c, watcher = d.client(), d.client()
+    n = 1 << 22
+    a = c.call("buffer.create", {"device": "cpu:0", "size": n * 8})["buffer"]
+    o = c.call("buffer.create", {"device": "cpu:0", "size": n * 8})["buffer"]
+    mid = c.send("task.run", {"op": "fft", "device": "cpu:0", "outputs": [{"buffer": o}],
+                              "inputs": [{"buffer": a, "dtype": "c64", "shape": [n]}]})
+    deadline = time.monotonic() + TIMEOUT
+    while cpu_running(watcher)[1] == 0 and mid not in c.responses:
+        check(time.monotonic() < deadline, "the fft started")
+        if select.select([c.sock], [], [], 0)[0]:
+            c.pump()
+    t0 = time.monotonic()
+    c.call("task.cancel", {"msgid": mid})
+    try:
+        c.wait(mid)  # its result, when it finished before the cancel
+    except RpcError as e:
+        check(e.name == "ECANCELED", "canceled fft: ECANCELED, got %s" % e.name)
+    dt = time.monotonic() - t0
+    check(dt < 3.0, "a cold-planned fft answered within %.2f s of its cancel" % dt)
+    c.close()
+    watcher.close()
+    d.stop()
+
+
 GROUPS = {
     "basic": t_basic,
     "buffers": t_buffers,
@@ -1296,6 +1590,12 @@ GROUPS = {
     "sockmode": t_sockmode,
     "kernelfs": t_kernelfs,
     "opsize": t_opsize,
+    "unsent": t_unsent,
+    "createpipe": t_createpipe,
+    "userconns": t_userconns,
+    "partial": t_partial,
+    "memquota": t_memquota,
+    "cancel": t_cancel,
 }
 
 

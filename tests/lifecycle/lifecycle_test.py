@@ -434,6 +434,8 @@ def t_config(exe, tmp):
                '%(f)s:3: unknown key "max_cliens" in [limits]')
     start_fail("# comment\n[limits]\nmax_depth = 2\n", "%(f)s:3: max_depth: expected an integer")
     start_fail("[limits]\nmax_unsent = 12Q\n", "%(f)s:2: max_unsent")
+    start_fail("[limits]\nmax_user_memory = 150%\n", "%(f)s:2: max_user_memory: expected a size")
+    start_fail("[limits]\nmax_conn_memory = 0\n", "%(f)s:2: max_conn_memory: expected a size")
     start_fail("[daemon]\nforeground = maybe\n", "%(f)s:2: foreground: expected yes or no")
     start_fail("[nosuch]\nsocket = /x\n", '%(f)s:2: key "socket" belongs in section [daemon]')
     start_fail("[daemon]\nthis line is wrong\n", "%(f)s:2: syntax error")

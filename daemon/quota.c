@@ -1,0 +1,178 @@
+/*
+ * Quotas and the accounting behind them (docs/protocol.md, "Quotas"): what
+ * each connection and each user (uid) holds of the daemon.  Everything here
+ * runs on the loop thread.
+ *
+ * - Answers: job_submit reserves the bytes a job's answer may take (the
+ *   data of a buffer.read, the inline results of a task) in c->reserved;
+ *   the connection is not read while unsent + reserved answers exceed
+ *   max_unsent, so answers of admitted requests cannot pile up beyond it
+ *   (by more than one answer).
+ * - Device memory: a connection's buffers (created or being created) and
+ *   the device memory its tasks in flight take for inline operands and
+ *   results count against max_conn_memory (per connection) and
+ *   max_user_memory (per user), on each device.  A request beyond either is
+ *   answered ELIMIT before anything is allocated.
+ * - Connections and read buffers per user: max_user_clients and
+ *   max_user_partial (checked by daemon/conn.c with these counters).
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "daemon/dspkd.h"
+
+struct duser *dspkd_user_get(struct dspkd *d, uid_t uid) {
+  struct duser *u;
+  for (u = d->users; u; u = u->next)
+    if (u->uid == uid)
+      break;
+  if (!u) {
+    if (!(u = calloc(1, sizeof(*u))))
+      return NULL;
+    u->uid = uid;
+    u->next = d->users;
+    d->users = u;
+  }
+  u->nconns++;
+  return u;
+}
+
+void dspkd_user_put(struct dspkd *d, struct duser *u) {
+  if (!u || --u->nconns > 0)
+    return;
+  for (struct duser **p = &d->users; *p; p = &(*p)->next) {
+    if (*p == u) {
+      *p = u->next;
+      break;
+    }
+  }
+  free(u);
+}
+
+uint64_t dspkd_quota_mem(const struct dspkd *d, const struct device *dev, bool conn) {
+  uint64_t v = conn ? d->cfg.max_conn_memory : d->cfg.max_user_memory;
+  if (DSPKD_SHARE_IS(v)) {
+    uint64_t pct = DSPKD_SHARE_PCT(v);
+    if (!dev->info.memory || pct >= 100)
+      return UINT64_MAX;
+    return dev->info.memory / 100 * pct + dev->info.memory % 100 * pct / 100;
+  }
+  return v;
+}
+
+/* Device memory a job may take on its device: a new buffer, or a task's
+ * inline operands and results (temporaries on the device). */
+static uint64_t job_mem(const struct job *j) {
+  uint64_t n = 0;
+  switch (j->kind) {
+  case JOB_BUF_CREATE:
+    return j->buf->size;
+  case JOB_TASK:
+    for (int i = 0; i < j->op.nin; i++)
+      if (!j->in_buf[i])
+        n += dspk__tensor_nbytes(&j->op.in[i]);
+    for (int i = 0; i < j->op.nout; i++)
+      if (!j->out_buf[i])
+        n += dspk__tensor_nbytes(&j->op.out[i]);
+    return n;
+  default:
+    return 0;
+  }
+}
+
+/* Bytes the job's answer may take: its inline data and some for the rest
+ * of the frame (a tensor's meta data, time_us, the envelope). */
+#define ANSWER_OVERHEAD 64
+#define TENSOR_OVERHEAD 128
+static size_t job_answer(const struct job *j) {
+  size_t n = ANSWER_OVERHEAD;
+  switch (j->kind) {
+  case JOB_BUF_READ:
+    return n + (size_t)j->size;
+  case JOB_TASK:
+    if (j->op.kind == DSPK_OP_KERNEL) { /* a kernel returns its inputs */
+      for (int i = 0; i < j->op.nin; i++)
+        n += TENSOR_OVERHEAD + (j->in_buf[i] ? 0 : dspk__tensor_nbytes(&j->op.in[i]));
+    } else {
+      for (int i = 0; i < j->op.nout; i++)
+        n += TENSOR_OVERHEAD + (j->out_buf[i] ? 0 : dspk__tensor_nbytes(&j->op.out[i]));
+    }
+    return n;
+  default:
+    return n;
+  }
+}
+
+static int over(char *msg, size_t len, const struct job *j, uint64_t need, uint64_t held,
+                uint64_t lim, const char *who, const char *key) {
+  snprintf(msg, len, "%s needs %" PRIu64 " bytes of %s, and %s already holds %" PRIu64
+           " of the %" PRIu64 " it may (%s)",
+           j->kind == JOB_BUF_CREATE ? "the buffer" : "the task's inline operands and results",
+           need, j->dev->id, who, held, lim, key);
+  return DSPK_ELIMIT;
+}
+
+int dspkd_quota_check(const struct job *j, char *msg, size_t len) {
+  const struct conn *c = j->conn;
+  const struct dspkd *d;
+  uint64_t need = job_mem(j), lim, held;
+  int idx;
+
+  if (!c || !need || !c->user || !c->mem)
+    return 0;
+  d = c->d;
+  idx = j->dev->idx;
+  lim = dspkd_quota_mem(d, j->dev, true);
+  held = c->mem[idx];
+  if (need > lim || held > lim - need)
+    return over(msg, len, j, need, held, lim, "this connection", "max_conn_memory");
+  lim = dspkd_quota_mem(d, j->dev, false);
+  held = c->user->mem[idx];
+  if (need > lim || held > lim - need)
+    return over(msg, len, j, need, held, lim, "this user", "max_user_memory");
+  return 0;
+}
+
+void dspkd_quota_charge(struct job *j) {
+  struct conn *c = j->conn;
+  if (!c)
+    return;
+  j->resv_answer = job_answer(j);
+  c->reserved += j->resv_answer;
+  if (j->kind == JOB_BUF_CREATE)
+    c->creating++;
+  j->resv_mem = job_mem(j);
+  j->resv_dev = j->dev;
+  if (j->resv_mem && c->user && c->mem) {
+    c->mem[j->dev->idx] += j->resv_mem;
+    c->user->mem[j->dev->idx] += j->resv_mem;
+  }
+}
+
+void dspkd_quota_release(struct job *j) {
+  struct conn *c = j->conn;
+  if (!c)
+    return;
+  c->reserved -= j->resv_answer;
+  j->resv_answer = 0;
+  if (j->kind == JOB_BUF_CREATE)
+    c->creating--;
+  if (j->resv_mem && c->user && c->mem) {
+    c->mem[j->resv_dev->idx] -= j->resv_mem;
+    c->user->mem[j->resv_dev->idx] -= j->resv_mem;
+  }
+  j->resv_mem = 0;
+}
+
+void dspkd_quota_buf(struct conn *c, const struct dbuf *b, int sign) {
+  if (!c->user || !c->mem)
+    return;
+  if (sign > 0) {
+    c->mem[b->dev->idx] += b->size;
+    c->user->mem[b->dev->idx] += b->size;
+  } else {
+    c->mem[b->dev->idx] -= b->size;
+    c->user->mem[b->dev->idx] -= b->size;
+  }
+}
