@@ -1,0 +1,830 @@
+"""The connection to dspkd: framing, request matching, ops, device buffers.
+
+One socket per Client.  Requests are written under a send lock.  Responses are read by
+whichever thread needs one (a lock-protected pump: the first waiting thread reads and files
+every response by msgid, the others wait for theirs), so a synchronous call costs no thread
+switch; while futures of :meth:`Client.submit` are pending, a reader thread keeps reading so
+that their callbacks run and ``concurrent.futures.wait`` works without anyone pumping.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import select
+import socket as _socket
+import sys
+import threading
+import time
+from typing import (Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence,
+                    Tuple, Union)
+
+import msgpack
+import numpy as np
+
+from . import _errors
+from ._dtypes import numpy_dtype, wire_name
+from ._errors import Error
+
+__all__ = ["connect", "default_socket", "Client", "DeviceArray", "TaskFuture"]
+
+ArrayLike = Any  # numpy.ndarray, DeviceArray, or anything numpy.asarray accepts
+Progress = Callable[[str, float], None]
+
+_BIG = 1 << 16          # bytes: a bin at least this large goes to the socket uncopied
+_READ_CHUNK = 1 << 20   # bytes asked of recv at a time
+_HEADROOM = 4096        # bytes of a message besides its payload (msgpack framing, keys)
+_DEFAULT_MAX_MESSAGE = 268435456
+
+
+def default_socket() -> str:
+    """The socket path of docs/protocol.md: ``$DSPK_SOCKET``; else, unless root,
+    ``$XDG_RUNTIME_DIR/dspk/dspkd.sock``; else ``/run/dspk/dspkd.sock``."""
+    env = os.environ.get("DSPK_SOCKET")
+    if env:
+        return env
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    if os.geteuid() != 0 and xdg:
+        return os.path.join(xdg, "dspk", "dspkd.sock")
+    return "/run/dspk/dspkd.sock"
+
+
+def connect(socket: Optional[str] = None, *, name: Optional[str] = None,
+            timeout: Optional[float] = None) -> "Client":
+    """Connects to dspkd and returns a :class:`Client`.
+
+    Args:
+        socket: the socket path; None: :func:`default_socket` (``$DSPK_SOCKET``, ...).
+        name: the name of this connection in the daemon's ``status`` (at most 63 bytes;
+            default: "python:" and the script's name).
+        timeout: seconds any one call may wait for its answer before it raises
+            :class:`dspk.Timeout` (None: wait for ever; a daemon that goes away always
+            ends the wait with :class:`dspk.Closed`).
+
+    Raises:
+        dspk.ConnectError: no daemon listens there.
+    """
+    return Client(socket, name=name, timeout=timeout)
+
+
+class _Placeholder:
+    """Marks where a large payload goes in an encoded message (see Client._encode)."""
+    __slots__ = ("view",)
+
+    def __init__(self, view: memoryview) -> None:
+        self.view = view
+
+
+class TaskFuture(concurrent.futures.Future):
+    """A :class:`concurrent.futures.Future` of one request.  ``msgid`` is its request's
+    id; ``cancel()`` on a pending one also asks the daemon to drop the task."""
+    msgid: int = 0
+
+
+class _Call:
+    __slots__ = ("future", "decode", "progress", "is_async")
+
+    def __init__(self, future: TaskFuture, decode: Optional[Callable[[Any], Any]],
+                 progress: Optional[Progress], is_async: bool) -> None:
+        self.future = future
+        self.decode = decode
+        self.progress = progress
+        self.is_async = is_async
+
+
+class DeviceArray:
+    """A tensor in a daemon-side buffer (``buffer.create``), owned by one connection.
+
+    Pass it as an operand of any op (the task reads it where it is) or as ``out=`` (the
+    result stays on the device).  ``numpy()`` copies it back; ``free()`` releases it (also
+    when the connection closes).  Usable as a context manager that frees it.
+    """
+
+    def __init__(self, client: "Client", buffer: int, device: str, shape: Tuple[int, ...],
+                 dtype: np.dtype, offset: int = 0, size: Optional[int] = None) -> None:
+        self.client = client
+        self.buffer = buffer
+        self.device = device
+        self.shape = tuple(int(n) for n in shape)
+        self.dtype = np.dtype(dtype)
+        self.offset = offset
+        self.size_bytes = size if size is not None else self.nbytes
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the tensor (product of the shape times the item size)."""
+        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def numpy(self) -> np.ndarray:
+        """A numpy copy of the tensor (``buffer.read``, in chunks below the daemon's
+        message limit)."""
+        return self.client._read_array(self)
+
+    def free(self) -> None:
+        """Frees the buffer (``buffer.free``); requests already sent still see it."""
+        self.client._free_buffer(self.buffer)
+
+    def _ref(self) -> Dict[str, Any]:
+        return {"buffer": self.buffer, "offset": self.offset, "dtype": wire_name(self.dtype),
+                "shape": list(self.shape)}
+
+    def __enter__(self) -> "DeviceArray":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            self.free()
+        except _errors.Closed:
+            pass
+
+    def __repr__(self) -> str:
+        return "DeviceArray(buffer=%d, device=%r, shape=%r, dtype=%s)" % (
+            self.buffer, self.device, self.shape, self.dtype)
+
+
+def _as_array(x: Any) -> np.ndarray:
+    """x as a C-contiguous little-endian numpy array of a dspk dtype."""
+    a = np.asarray(x)
+    if a.dtype.kind in "biu" and a.dtype.names is None:
+        raise _errors.DtypeError("dtype %s has no dspk equivalent (float32, float64, "
+                                 "complex64, complex128, float16, dspk.bfloat16)" % a.dtype)
+    wire_name(a.dtype)  # raises DtypeError
+    if a.dtype.byteorder == ">":
+        a = a.astype(a.dtype.newbyteorder("<"))
+    if not a.flags.c_contiguous:
+        a = a.copy(order="C")
+    return a
+
+
+class Client:
+    """A connection to dspkd (see :func:`connect`).  Thread-safe: any number of threads
+    may call it at once; each call waits only for its own answer."""
+
+    def __init__(self, socket: Optional[str] = None, *, name: Optional[str] = None,
+                 timeout: Optional[float] = None) -> None:
+        self.socket_path = socket or default_socket()
+        self.timeout = timeout
+        sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+        try:
+            sock.connect(self.socket_path)
+        except OSError as e:
+            sock.close()
+            raise _errors.ConnectError("cannot connect to dspkd at %s: %s"
+                                       % (self.socket_path, e.strerror or e)) from None
+        self._sock = sock
+        self._unpacker = msgpack.Unpacker(raw=False, max_buffer_size=0)
+        self._rbuf = bytearray(_READ_CHUNK)
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._send_lock = threading.Lock()
+        self._pending: Dict[int, _Call] = {}
+        self._next_id = 1
+        self._reading = False            # some thread is in the pump
+        self._reader_ident = 0           # ...this one
+        self._async = 0                  # pending submit() futures
+        self._thread: Optional[threading.Thread] = None
+        self._closed: Optional[Error] = None   # set once the connection is unusable
+        self._protocol_error: Optional[Error] = None
+        self._nonce = os.urandom(16)
+        self.limits: Dict[str, int] = {}
+        if name is None:
+            name = "python:" + os.path.basename(sys.argv[0] if sys.argv and sys.argv[0]
+                                                else "python")
+        raw = name.encode("utf-8")[:63]
+        name = raw.decode("utf-8", "ignore")
+        try:
+            hello = self._call("hello", {"version": 1, "client": name})
+        except BaseException:
+            self.close()
+            raise
+        self.name = name
+        self.daemon_version: str = hello.get("daemon", "")
+        self.client_id: int = hello.get("client_id", 0)
+        self.limits = dict(hello.get("limits") or {})
+
+    # ---- connection --------------------------------------------------------------
+
+    def close(self) -> None:
+        """Closes the connection (idempotent).  Pending calls end with dspk.Closed; the
+        daemon frees this connection's buffers and drops its queued tasks."""
+        with self._lock:
+            already = self._closed is not None
+            if not already:
+                self._closed = _errors.Closed("connection closed by the client")
+        if not already:
+            try:
+                self._sock.shutdown(_socket.SHUT_RDWR)
+            except OSError:
+                pass
+        self._fail_all()
+        t = self._thread
+        if t is not None and t is not threading.current_thread():
+            t.join()
+        with self._send_lock, self._lock:
+            if self._sock.fileno() >= 0 and not self._reading:
+                self._sock.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            if getattr(self, "_closed", True) is None:
+                self.close()
+        except Exception:
+            pass
+
+    @property
+    def closed(self) -> bool:
+        return self._closed is not None
+
+    @property
+    def max_message(self) -> int:
+        return int(self.limits.get("max_message", _DEFAULT_MAX_MESSAGE))
+
+    # ---- wire --------------------------------------------------------------------
+
+    def _encode(self, msg: List[Any], bigs: List[memoryview]) -> List[Any]:
+        """The message as a list of byte chunks; each payload in ``bigs`` (already in
+        ``msg`` as a placeholder ExtType) is spliced in as a bin32 without a copy."""
+        if not bigs:
+            return [msgpack.packb(msg, use_bin_type=True)]
+        packed = msgpack.packb(msg, use_bin_type=True)
+        chunks: List[Any] = []
+        pos = 0
+        for i, view in enumerate(bigs):
+            tag = self._nonce + i.to_bytes(4, "little")
+            ext = msgpack.packb(msgpack.ExtType(1, tag))
+            at = packed.find(ext, pos)
+            assert at >= 0
+            chunks.append(packed[pos:at])
+            chunks.append(b"\xc6" + view.nbytes.to_bytes(4, "big"))
+            chunks.append(view)
+            pos = at + len(ext)
+        chunks.append(packed[pos:])
+        return chunks
+
+    def _bin(self, data: Any, bigs: List[memoryview]) -> Any:
+        """``data`` for a request: small as bytes, large as a placeholder spliced in by
+        _encode."""
+        view = memoryview(data).cast("B")
+        if view.nbytes < _BIG:
+            return view.tobytes()
+        bigs.append(view)
+        return msgpack.ExtType(1, self._nonce + (len(bigs) - 1).to_bytes(4, "little"))
+
+    def _send_chunks(self, chunks: List[Any]) -> None:
+        views = [memoryview(c).cast("B") for c in chunks]
+        with self._send_lock:
+            if self._closed is not None:
+                raise self._closed_error()
+            try:
+                while views:
+                    n = self._sock.sendmsg(views[:512])
+                    while n and views:
+                        if n >= views[0].nbytes:
+                            n -= views[0].nbytes
+                            views.pop(0)
+                        else:
+                            views[0] = views[0][n:]
+                            n = 0
+            except OSError as e:
+                self._connection_lost(_errors.Closed("connection to dspkd lost while "
+                                                     "sending: %s" % (e.strerror or e)))
+                raise self._closed_error() from None
+
+    def _start(self, method: str, args: Optional[Mapping[str, Any]],
+               decode: Optional[Callable[[Any], Any]] = None,
+               progress: Optional[Progress] = None, is_async: bool = False,
+               bigs: Optional[List[memoryview]] = None) -> TaskFuture:
+        fut = TaskFuture()
+        with self._lock:
+            if self._closed is not None:
+                raise self._closed_error()
+            msgid = self._next_id
+            while msgid in self._pending:
+                msgid = msgid % 0xFFFFFFFF + 1
+            self._next_id = msgid % 0xFFFFFFFF + 1
+            fut.msgid = msgid
+            self._pending[msgid] = _Call(fut, decode, progress, is_async)
+            if is_async:
+                self._async += 1
+        chunks = self._encode([0, msgid, method, [args] if args is not None else []],
+                              bigs or [])
+        try:
+            self._send_chunks(chunks)
+        except Error:
+            with self._lock:
+                self._pending.pop(msgid, None)
+                if is_async:
+                    self._async -= 1
+            raise
+        if is_async:
+            fut.add_done_callback(self._on_async_done)
+            self._ensure_reader()
+        return fut
+
+    def _on_async_done(self, fut: concurrent.futures.Future) -> None:
+        if fut.cancelled():
+            msgid = getattr(fut, "msgid", 0)
+            try:
+                if self._closed is None:
+                    self._start("task.cancel", {"msgid": msgid})
+            except Error:
+                pass
+
+    def _call(self, method: str, args: Optional[Mapping[str, Any]] = None,
+              decode: Optional[Callable[[Any], Any]] = None,
+              bigs: Optional[List[memoryview]] = None) -> Any:
+        return self._wait(self._start(method, args, decode, bigs=bigs))
+
+    def _closed_error(self) -> Error:
+        err = self._closed or _errors.Closed("connection closed")
+        return _errors.error_from({"code": err.code, "name": err.name,
+                                   "message": err.message})
+
+    # ---- the pump ----------------------------------------------------------------
+
+    def _wait(self, fut: TaskFuture) -> Any:
+        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        me = threading.get_ident()
+        while not fut.done():
+            with self._lock:
+                if fut.done():
+                    break
+                if self._reading and self._reader_ident != me:
+                    left = None if deadline is None else deadline - time.monotonic()
+                    if left is not None and left <= 0:
+                        self._timed_out(fut)
+                    self._cond.wait(left)
+                    continue
+                nested = self._reading
+                self._reading, self._reader_ident = True, me
+            try:
+                while not fut.done():
+                    left = None if deadline is None else deadline - time.monotonic()
+                    if left is not None and (left <= 0 or not self._readable(left)):
+                        self._timed_out(fut)
+                    self._read_once()
+            finally:
+                if not nested:
+                    with self._lock:
+                        self._reading, self._reader_ident = False, 0
+                        self._cond.notify_all()
+        return fut.result()
+
+    def _timed_out(self, fut: TaskFuture) -> None:
+        raise _errors.Timeout("no answer to request %d within %gs" % (fut.msgid, self.timeout))
+
+    def _readable(self, timeout: float) -> bool:
+        try:
+            r, _, _ = select.select([self._sock], [], [], timeout)
+        except (OSError, ValueError):
+            return True
+        return bool(r)
+
+    def _read_once(self) -> None:
+        """Reads what the socket has (blocking) and files every whole message."""
+        try:
+            n = self._sock.recv_into(self._rbuf)
+        except OSError as e:
+            n = -1
+            lost = _errors.Closed("connection to dspkd lost: %s" % (e.strerror or e))
+        if n <= 0:
+            if n == 0:
+                lost = self._protocol_error or _errors.Closed(
+                    "the daemon closed the connection")
+            self._connection_lost(lost)
+            return
+        self._unpacker.feed(memoryview(self._rbuf)[:n])  # feed() copies
+        if n == len(self._rbuf) and n < 16 * _READ_CHUNK:  # a large answer: read more at once
+            self._rbuf = bytearray(2 * n)
+        done = False
+        for msg in self._unpacker:
+            done = self._dispatch(msg) or done
+        if done:
+            with self._lock:
+                self._cond.notify_all()
+
+    def _dispatch(self, msg: Any) -> bool:
+        if not isinstance(msg, list) or not msg:
+            return False
+        if msg[0] == 1 and len(msg) == 4:
+            with self._lock:
+                call = self._pending.pop(msg[1], None)
+                if call is not None and call.is_async:
+                    self._async -= 1
+            if call is None:
+                return False
+            fut = call.future
+            if msg[2] is not None:
+                err = msg[2] if isinstance(msg[2], dict) else {"message": str(msg[2])}
+                self._settle(fut, exc=_errors.error_from(err))
+            else:
+                try:
+                    value = call.decode(msg[3]) if call.decode else msg[3]
+                except Exception as e:  # noqa: BLE001 - a bad answer fails its call only
+                    self._settle(fut, exc=e)
+                else:
+                    self._settle(fut, value=value)
+            return True
+        if msg[0] == 2 and len(msg) >= 3:
+            params = msg[2][0] if isinstance(msg[2], list) and msg[2] else {}
+            if msg[1] == "task.progress" and isinstance(params, dict):
+                with self._lock:
+                    call = self._pending.get(params.get("msgid"))
+                if call is not None and call.progress is not None:
+                    try:
+                        call.progress(str(params.get("what", "")),
+                                      float(params.get("fraction", 0.0)))
+                    except Exception:  # noqa: BLE001 - a callback's error is its own
+                        pass
+            elif msg[1] == "protocol.error" and isinstance(params, dict):
+                self._protocol_error = _errors.error_from(params)
+        return False
+
+    @staticmethod
+    def _settle(fut: concurrent.futures.Future, value: Any = None,
+                exc: Optional[BaseException] = None) -> None:
+        try:
+            if exc is not None:
+                fut.set_exception(exc)
+            else:
+                fut.set_result(value)
+        except concurrent.futures.InvalidStateError:
+            pass  # canceled by the caller meanwhile
+
+    def _connection_lost(self, err: Error) -> None:
+        with self._lock:
+            if self._closed is None:
+                self._closed = err
+        self._fail_all()
+
+    def _fail_all(self) -> None:
+        with self._lock:
+            calls = list(self._pending.values())
+            self._pending.clear()
+            self._async = 0
+            err = self._closed
+            self._cond.notify_all()
+        for call in calls:
+            self._settle(call.future, exc=_errors.error_from(
+                {"code": err.code, "name": err.name, "message": err.message}
+                if err else {"code": -15, "name": "ECLOSED", "message": "closed"}))
+
+    def _ensure_reader(self) -> None:
+        with self._lock:
+            if self._thread is not None and self._thread.is_alive():
+                self._cond.notify_all()
+                return
+            self._thread = threading.Thread(target=self._reader_main, daemon=True,
+                                            name="dspk-reader")
+            self._thread.start()
+
+    def _reader_main(self) -> None:
+        """Reads while submit() futures are pending; exits when none is (the next
+        submit() starts it again)."""
+        me = threading.get_ident()
+        while True:
+            with self._lock:
+                while self._reading and self._async and self._closed is None:
+                    self._cond.wait()
+                if not self._async or self._closed is not None:
+                    self._thread = None if self._thread is threading.current_thread() \
+                        else self._thread
+                    return
+                self._reading, self._reader_ident = True, me
+            try:
+                while self._closed is None:
+                    with self._lock:
+                        if not self._async:
+                            break
+                    self._read_once()
+            finally:
+                with self._lock:
+                    self._reading, self._reader_ident = False, 0
+                    self._cond.notify_all()
+
+    # ---- simple methods ----------------------------------------------------------
+
+    def ping(self, data: bytes = b"") -> float:
+        """One round trip to the daemon's main loop; returns its time in seconds."""
+        t0 = time.perf_counter()
+        res = self._call("ping", {"data": bytes(data)} if data else None)
+        dt = time.perf_counter() - t0
+        if bytes(res.get("data", b"")) != bytes(data):
+            raise _errors.ProtocolError("ping: the daemon echoed other data")
+        return dt
+
+    def devices(self, all: bool = False) -> List[Dict[str, Any]]:
+        """The daemon's devices (``{id, backend, name, type, memory, software, ...}``).
+        With ``all=True``, backends without a usable device follow as
+        ``{backend, reason}`` entries."""
+        res = self._call("devices", {"all": True} if all else None)
+        out = list(res.get("devices") or [])
+        if all:
+            out += list(res.get("unavailable") or [])
+        return out
+
+    def status(self) -> Dict[str, Any]:
+        """The daemon's ``status``: ``{daemon, clients, devices}`` (docs/protocol.md)."""
+        return self._call("status")
+
+    def cancel(self, future: concurrent.futures.Future) -> bool:
+        """Asks the daemon to cancel the request of ``future`` (from :meth:`submit`);
+        True when it was still in flight (the future then fails with dspk.Canceled)."""
+        return bool(self._call("task.cancel", {"msgid": getattr(future, "msgid", 0)})
+                    .get("canceled"))
+
+    # ---- device buffers ----------------------------------------------------------
+
+    def empty(self, shape: Union[int, Sequence[int]], dtype: Any = np.float32,
+              device: str = "any") -> DeviceArray:
+        """An uninitialised DeviceArray (``buffer.create``), e.g. for ``out=``."""
+        shape_t = (int(shape),) if np.isscalar(shape) else tuple(int(n) for n in shape)
+        dt = np.dtype(dtype)
+        wire_name(dt)
+        nbytes = int(np.prod(shape_t, dtype=np.int64)) * dt.itemsize
+        res = self._call("buffer.create", {"device": device, "size": nbytes})
+        return DeviceArray(self, int(res["buffer"]), str(res["device"]), shape_t, dt,
+                           size=int(res.get("size", nbytes)))
+
+    def to_device(self, array: ArrayLike, device: str = "any") -> DeviceArray:
+        """Copies ``array`` into a new daemon buffer on ``device`` (``"any"``: the daemon
+        chooses) and returns it as a DeviceArray."""
+        a = _as_array(array)
+        d = self.empty(a.shape, a.dtype, device)
+        try:
+            self._write(d.buffer, 0, memoryview(a.reshape(-1).view(np.uint8)))
+        except BaseException:
+            try:
+                d.free()
+            except Error:
+                pass
+            raise
+        return d
+
+    def empty_shared(self, shape: Union[int, Sequence[int]], dtype: Any = np.float32
+                     ) -> np.ndarray:
+        """A numpy array in memory shared with the daemon (zero-copy operands).
+
+        Not available: docs/protocol.md (protocol version 1) has no shared-memory method,
+        so this always raises :class:`dspk.NotSupported` (a NotImplementedError).  Use
+        :meth:`to_device` and ``out=`` to keep data in the daemon between calls.
+        """
+        raise _errors.NotSupported(
+            "empty_shared: this daemon's protocol (version 1) has no shared-memory "
+            "buffers; use Client.to_device() and out= to keep data in the daemon")
+
+    def _chunk(self) -> int:
+        return max(1, self.max_message - _HEADROOM)
+
+    def _write(self, buffer: int, offset: int, view: memoryview) -> None:
+        """buffer.write in chunks below max_message, pipelined, then all answers."""
+        step = self._chunk()
+        futs = []
+        try:
+            for pos in range(0, view.nbytes, step):
+                bigs: List[memoryview] = []
+                data = self._bin(view[pos:pos + step], bigs)
+                futs.append(self._start("buffer.write", {"buffer": buffer,
+                                                         "offset": offset + pos,
+                                                         "data": data}, bigs=bigs))
+        finally:
+            for f in futs:
+                self._wait(f)
+
+    def _read_array(self, d: DeviceArray) -> np.ndarray:
+        out = np.empty(d.shape, dtype=d.dtype)
+        flat = out.reshape(-1).view(np.uint8)
+        step = max(1, self.max_message - 64)   # protocol.md: at most max_message - 64
+        futs = []
+        for pos in range(0, d.nbytes, step):
+            n = min(step, d.nbytes - pos)
+            futs.append((pos, n, self._start("buffer.read", {"buffer": d.buffer,
+                                                            "offset": d.offset + pos,
+                                                            "size": n})))
+        for pos, n, f in futs:
+            data = self._wait(f)["data"]
+            if len(data) != n:
+                raise _errors.ProtocolError("buffer.read: %d bytes, asked %d" % (len(data), n))
+            flat[pos:pos + n] = np.frombuffer(data, np.uint8)
+        return out
+
+    def _free_buffer(self, buffer: int) -> None:
+        self._call("buffer.free", {"buffer": buffer})
+
+    # ---- tasks -------------------------------------------------------------------
+
+    def _task_request(self, op: str, inputs: Sequence[ArrayLike], options: Dict[str, Any],
+                      device: str, out: Optional[DeviceArray]
+                      ) -> Tuple[Dict[str, Any], List[memoryview], List[int],
+                                 Callable[[Any], Any]]:
+        bigs: List[memoryview] = []
+        temps: List[int] = []
+        tensors: List[Dict[str, Any]] = []
+        inline: List[Tuple[np.ndarray, Dict[str, Any]]] = []
+        target = device
+        for x in inputs:
+            if isinstance(x, DeviceArray):
+                if x.client is not self:
+                    raise _errors.InvalidArgument("a DeviceArray of another connection")
+                tensors.append(x._ref())
+                if target == "any":
+                    target = x.device
+            else:
+                a = _as_array(x)
+                t: Dict[str, Any] = {"dtype": wire_name(a.dtype), "shape": list(a.shape)}
+                tensors.append(t)
+                inline.append((a, t))
+        total = sum(a.nbytes for a, _ in inline)
+        # A message must stay below max_message: the largest operands of one that would
+        # not go through temporary buffers (freed right after the task is sent).
+        for a, t in sorted(inline, key=lambda p: -p[0].nbytes):
+            if total + _HEADROOM <= self.max_message:
+                break
+            d = self.to_device(a, target)
+            temps.append(d.buffer)
+            target = d.device
+            total -= a.nbytes
+            t.update(d._ref())
+        for a, t in inline:
+            if "buffer" not in t:
+                t["data"] = self._bin(a.reshape(-1).view(np.uint8), bigs)
+        args: Dict[str, Any] = {"op": op, "device": device, "inputs": tensors}
+        if options:
+            args["options"] = options
+        if out is not None:
+            if not isinstance(out, DeviceArray) or out.client is not self:
+                raise _errors.InvalidArgument("out= must be a DeviceArray of this connection")
+            args["outputs"] = [{"buffer": out.buffer, "offset": out.offset}]
+        operands = [x for x in inputs if isinstance(x, DeviceArray)]
+
+        def decode(res: Any) -> Any:
+            outs = [self._decode_tensor(t, operands, out) for t in res.get("outputs", [])]
+            return outs
+
+        return args, bigs, temps, decode
+
+    def _decode_tensor(self, t: Mapping[str, Any], operands: Sequence[DeviceArray],
+                       out: Optional[DeviceArray]) -> Union[np.ndarray, DeviceArray]:
+        dt = numpy_dtype(t["dtype"])
+        shape = tuple(int(n) for n in t["shape"])
+        if "buffer" in t and t.get("data") is None:
+            for cand in ([out] if out is not None else []) + list(operands):
+                if cand.buffer == t["buffer"] and cand.offset == t.get("offset", 0) \
+                        and cand.shape == shape and cand.dtype == dt:
+                    return cand
+            owner = out or next((o for o in operands if o.buffer == t["buffer"]), None)
+            return DeviceArray(self, int(t["buffer"]), owner.device if owner else "",
+                               shape, dt, int(t.get("offset", 0)))
+        data = t["data"]
+        n = int(np.prod(shape, dtype=np.int64))
+        if len(data) != n * dt.itemsize:
+            raise _errors.ProtocolError("result of %d bytes for shape %s %s"
+                                        % (len(data), shape, dt))
+        # A writable array: numpy refuses to write into the bytes object msgpack made.
+        return np.frombuffer(data, dtype=dt, count=n).reshape(shape).copy()
+
+    def _run(self, op: str, inputs: Sequence[ArrayLike], options: Dict[str, Any],
+             device: str, out: Optional[DeviceArray], single: bool = True,
+             progress: Optional[Progress] = None, is_async: bool = False) -> TaskFuture:
+        args, bigs, temps, decode = self._task_request(op, inputs, options, device, out)
+
+        def result(res: Any) -> Any:
+            outs = decode(res)
+            return outs[0] if single else outs
+
+        fut = self._start("task.run", args, result, progress, is_async, bigs)
+        for b in temps:  # the task already sent still sees them (buffer.free)
+            self._start("buffer.free", {"buffer": b}, is_async=True)
+        return fut
+
+    # Each op builds its request in _op_<name> and returns the future; the public
+    # methods wait for it, submit() hands it out.
+
+    def _op_gemm(self, a: ArrayLike, b: ArrayLike, c: Optional[ArrayLike] = None, *,
+                 alpha: float = 1.0, beta: float = 0.0, trans_a: bool = False,
+                 trans_b: bool = False, device: str = "any",
+                 out: Optional[DeviceArray] = None, **kw: Any) -> TaskFuture:
+        inputs = [a, b] + ([c] if c is not None else [])
+        opts = {"alpha": float(alpha), "beta": float(beta), "trans_a": bool(trans_a),
+                "trans_b": bool(trans_b)}
+        return self._run("gemm", inputs, opts, device, out, **kw)
+
+    def _op_fft(self, x: ArrayLike, *, inverse: bool = False, device: str = "any",
+                out: Optional[DeviceArray] = None, **kw: Any) -> TaskFuture:
+        return self._run("fft", [x], {"inverse": bool(inverse)}, device, out, **kw)
+
+    def _op_fir(self, x: ArrayLike, h: ArrayLike, *, device: str = "any",
+                out: Optional[DeviceArray] = None, **kw: Any) -> TaskFuture:
+        return self._run("fir", [x, h], {}, device, out, **kw)
+
+    def _op_contract(self, subscripts: str, a: ArrayLike, b: ArrayLike, *,
+                     device: str = "any", out: Optional[DeviceArray] = None,
+                     **kw: Any) -> TaskFuture:
+        return self._run("contract", [a, b], {"subscripts": str(subscripts)}, device, out,
+                         **kw)
+
+    def _op_reduce(self, x: ArrayLike, fn: str = "sum",
+                   axes: Union[None, int, Sequence[int]] = None, *, device: str = "any",
+                   out: Optional[DeviceArray] = None, **kw: Any) -> TaskFuture:
+        opts: Dict[str, Any] = {"fn": str(fn)}
+        if axes is not None:
+            opts["axes"] = [int(axes)] if np.isscalar(axes) else [int(v) for v in axes]
+        return self._run("reduce", [x], opts, device, out, **kw)
+
+    def _op_map(self, fn: str, a: ArrayLike, b: Optional[ArrayLike] = None, *,
+                alpha: float = 1.0, device: str = "any",
+                out: Optional[DeviceArray] = None, **kw: Any) -> TaskFuture:
+        inputs = [a] + ([b] if b is not None else [])
+        return self._run("map", inputs, {"fn": str(fn), "alpha": float(alpha)}, device,
+                         out, **kw)
+
+    def _op_kernel(self, source: Union[str, bytes], *tensors: ArrayLike, lang: str,
+                   grid: Union[int, Sequence[int]], block: Union[None, int,
+                                                                 Sequence[int]] = None,
+                   args: Optional[Sequence[Mapping[str, Any]]] = None, entry: str = "main",
+                   shared: int = 0, device: str = "any", **kw: Any) -> TaskFuture:
+        def dims(v: Union[int, Sequence[int]]) -> List[int]:
+            return [int(v)] if np.isscalar(v) else [int(n) for n in v]
+
+        opts: Dict[str, Any] = {"lang": str(lang), "entry": str(entry), "grid": dims(grid),
+                                "shared": int(shared),
+                                "source": source if isinstance(source, str) else bytes(source)}
+        if block is not None:
+            opts["block"] = dims(block)
+        if args is not None:
+            opts["args"] = [dict(a) for a in args]
+        return self._run("kernel", list(tensors), opts, device, None, single=False, **kw)
+
+    _OPS = ("gemm", "fft", "fir", "contract", "reduce", "map", "kernel")
+
+    def gemm(self, a: ArrayLike, b: ArrayLike, c: Optional[ArrayLike] = None, *,
+             alpha: float = 1.0, beta: float = 0.0, trans_a: bool = False,
+             trans_b: bool = False, device: str = "any",
+             out: Optional[DeviceArray] = None) -> Any:
+        """``alpha * op(a) @ op(b) + beta * c`` (op swaps the last two axes when trans_*);
+        batch axes broadcast as in numpy.matmul.  f32/f64 (f16 and bf16 in, f32 out).
+        Returns a numpy array, or ``out`` (a DeviceArray) when given."""
+        return self._wait(self._op_gemm(a, b, c, alpha=alpha, beta=beta, trans_a=trans_a,
+                                        trans_b=trans_b, device=device, out=out))
+
+    def fft(self, x: ArrayLike, *, inverse: bool = False, device: str = "any",
+            out: Optional[DeviceArray] = None) -> Any:
+        """numpy.fft.fft (ifft when ``inverse``) of complex x along the last axis; real x
+        gives numpy.fft.rfft."""
+        return self._wait(self._op_fft(x, inverse=inverse, device=device, out=out))
+
+    def fir(self, x: ArrayLike, h: ArrayLike, *, device: str = "any",
+            out: Optional[DeviceArray] = None) -> Any:
+        """``scipy.signal.lfilter(h, 1, x)`` along the last axis (same shape as x)."""
+        return self._wait(self._op_fir(x, h, device=device, out=out))
+
+    def contract(self, subscripts: str, a: ArrayLike, b: ArrayLike, *, device: str = "any",
+                 out: Optional[DeviceArray] = None) -> Any:
+        """``numpy.einsum(subscripts, a, b)``; subscripts need an explicit ``->``."""
+        return self._wait(self._op_contract(subscripts, a, b, device=device, out=out))
+
+    def reduce(self, x: ArrayLike, fn: str = "sum",
+               axes: Union[None, int, Sequence[int]] = None, *, device: str = "any",
+               out: Optional[DeviceArray] = None) -> Any:
+        """``x.sum/max/min/mean(axis=axes)`` (``fn``; axes None: all, giving shape ())."""
+        return self._wait(self._op_reduce(x, fn, axes, device=device, out=out))
+
+    def map(self, fn: str, a: ArrayLike, b: Optional[ArrayLike] = None, *,
+            alpha: float = 1.0, device: str = "any",
+            out: Optional[DeviceArray] = None) -> Any:
+        """Elementwise ``fn``: add, sub, mul (a, b), scale (alpha*a), axpy (alpha*a+b),
+        abs, exp."""
+        return self._wait(self._op_map(fn, a, b, alpha=alpha, device=device, out=out))
+
+    def kernel(self, source: Union[str, bytes], *tensors: ArrayLike, lang: str,
+               grid: Union[int, Sequence[int]],
+               block: Union[None, int, Sequence[int]] = None,
+               args: Optional[Sequence[Mapping[str, Any]]] = None, entry: str = "main",
+               shared: int = 0, device: str = "any") -> List[Any]:
+        """Runs a raw kernel (``lang``: "cuda", "glsl", "spirv", "hip") on a GPU device.
+        ``args`` are its parameters in order, each a one-key dict: ``{"tensor": i}``,
+        ``{"i32": v}``, ``{"u32": v}``, ``{"i64": v}``, ``{"f32": v}``, ``{"f64": v}``.
+        Returns every tensor after the run (numpy arrays; DeviceArrays stay DeviceArrays)."""
+        return self._wait(self._op_kernel(source, *tensors, lang=lang, grid=grid,
+                                          block=block, args=args, entry=entry,
+                                          shared=shared, device=device))
+
+    def submit(self, op: str, *args: Any, progress: Optional[Progress] = None,
+               **kwargs: Any) -> TaskFuture:
+        """Sends ``op`` (a name of the ops above: "gemm", "fft", ...) without waiting and
+        returns a Future of its result; any number may be in flight on one connection.
+        ``progress(what, fraction)`` is called for the daemon's task.progress
+        notifications (autotuning), from the thread reading the connection."""
+        if op not in self._OPS:
+            raise _errors.InvalidArgument("submit: unknown op %r (one of %s)"
+                                          % (op, ", ".join(self._OPS)))
+        return getattr(self, "_op_" + op)(*args, progress=progress, is_async=True, **kwargs)

@@ -1,0 +1,68 @@
+"""numpy dtypes and the protocol's dtype names, bfloat16 included."""
+from __future__ import annotations
+
+from typing import Any, Dict
+
+import numpy as np
+
+from ._errors import DtypeError
+
+__all__ = ["bfloat16", "to_bfloat16", "from_bfloat16", "wire_name", "numpy_dtype",
+           "DTYPES"]
+
+#: numpy has no bfloat16: dspk.bfloat16 is a 2-byte numpy dtype (one little-endian
+#: uint16 field named "bf16" holding the raw bits) that marks an array as bf16 on the
+#: wire.  Make one with :func:`to_bfloat16`, read one with :func:`from_bfloat16`.
+#: Arrays of ml_dtypes' ``bfloat16`` are accepted too, where that package is installed.
+bfloat16: np.dtype = np.dtype([("bf16", "<u2")])
+
+#: The protocol's dtype names and their numpy dtypes (all little-endian).
+DTYPES: Dict[str, np.dtype] = {
+    "f32": np.dtype("<f4"),
+    "f64": np.dtype("<f8"),
+    "c64": np.dtype("<c8"),
+    "c128": np.dtype("<c16"),
+    "f16": np.dtype("<f2"),
+    "bf16": bfloat16,
+}
+
+_KIND_NAMES = {("f", 4): "f32", ("f", 8): "f64", ("c", 8): "c64", ("c", 16): "c128",
+               ("f", 2): "f16"}
+
+
+def wire_name(dtype: Any) -> str:
+    """The protocol's name of a numpy dtype ("f32", ...); DtypeError if it has none."""
+    dt = np.dtype(dtype)
+    if dt == bfloat16 or (dt.name == "bfloat16" and dt.itemsize == 2):
+        return "bf16"
+    name = _KIND_NAMES.get((dt.kind, dt.itemsize))
+    if name is None:
+        raise DtypeError("dtype %s has no dspk equivalent (float32, float64, complex64, "
+                         "complex128, float16, dspk.bfloat16)" % dt)
+    return name
+
+
+def numpy_dtype(name: str) -> np.dtype:
+    """The numpy dtype of a protocol dtype name ("bf16" gives dspk.bfloat16)."""
+    try:
+        return DTYPES[name]
+    except KeyError:
+        raise DtypeError("the daemon sent unknown dtype %r" % (name,)) from None
+
+
+def to_bfloat16(x: Any) -> np.ndarray:
+    """A dspk.bfloat16 array of ``x`` (rounded to nearest even; NaN stays NaN)."""
+    f = np.ascontiguousarray(np.asarray(x, dtype="<f4"))
+    u = f.view("<u4").astype(np.uint64)
+    rounded = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
+    nan = np.isnan(f)
+    bits = np.where(nan, (u >> 16) | 0x40, rounded).astype("<u2")
+    return bits.view(bfloat16).reshape(f.shape)
+
+
+def from_bfloat16(x: np.ndarray) -> np.ndarray:
+    """float32 values of a bfloat16 array (dspk.bfloat16 or ml_dtypes.bfloat16)."""
+    a = np.ascontiguousarray(x)
+    if a.dtype.itemsize != 2:
+        raise DtypeError("from_bfloat16: dtype %s is not a bfloat16" % a.dtype)
+    return (a.view("<u2").astype("<u4") << 16).view("<f4").reshape(a.shape)
