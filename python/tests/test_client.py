@@ -1,0 +1,292 @@
+"""The connection: discovery, info calls, errors, DeviceArrays, futures, threads, a
+daemon that goes away, and the message-size limit."""
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import dspk
+from conftest import TIMEOUT, Daemon
+
+RNG = np.random.default_rng(7)
+
+
+def f32(*shape):
+    return RNG.uniform(-1, 1, shape).astype(np.float32)
+
+
+# ---- connecting -------------------------------------------------------------------
+
+def test_default_socket(monkeypatch):
+    monkeypatch.setenv("DSPK_SOCKET", "/x/y.sock")
+    assert dspk.default_socket() == "/x/y.sock"
+    monkeypatch.delenv("DSPK_SOCKET")
+    monkeypatch.setenv("XDG_RUNTIME_DIR", "/run/user/1234")
+    want = "/run/dspk/dspkd.sock" if os.geteuid() == 0 else "/run/user/1234/dspk/dspkd.sock"
+    assert dspk.default_socket() == want
+    monkeypatch.delenv("XDG_RUNTIME_DIR")
+    assert dspk.default_socket() == "/run/dspk/dspkd.sock"
+
+
+def test_connect_from_environment(daemon, monkeypatch):
+    monkeypatch.setenv("DSPK_SOCKET", daemon.socket)
+    with dspk.connect(name="from-env") as c:
+        assert c.socket_path == daemon.socket
+        me = [x for x in c.status()["clients"] if x["self"]]
+        assert len(me) == 1 and me[0]["name"] == "from-env"
+        assert c.limits["max_message"] > 0 and c.daemon_version
+    assert c.closed
+    with pytest.raises(dspk.Closed):
+        c.ping()
+
+
+def test_connect_error(tmp_path):
+    with pytest.raises(dspk.ConnectError) as e:
+        dspk.connect(str(tmp_path / "none.sock"))
+    assert e.value.code == -16 and "none.sock" in e.value.message
+    assert isinstance(e.value, ConnectionError)
+
+
+def test_ping_devices_status(client):
+    assert 0 < client.ping() < TIMEOUT
+    client.ping(b"\x00abc" * 1000)
+    devs = client.devices()
+    assert [d["id"] for d in devs] == ["cpu:0"] and devs[0]["backend"] == "cpu"
+    alld = client.devices(all=True)
+    assert alld[0]["id"] == "cpu:0"
+    assert all("reason" in d for d in alld[1:])  # backends not selected by --backends
+    st = client.status()
+    assert st["daemon"]["socket"] == client.socket_path
+    assert any(c["self"] and c["name"] == "pytest" for c in st["clients"])
+
+
+# ---- errors -----------------------------------------------------------------------
+
+def test_errors(client):
+    with pytest.raises(dspk.ShapeError) as e:
+        client.gemm(f32(3, 4), f32(5, 6))
+    err = e.value
+    assert (err.code, err.name) == (-8, "ESHAPE") and "K=" in err.message
+    assert isinstance(err, dspk.Error) and isinstance(err, ValueError)
+    assert str(err).startswith("ESHAPE: ")
+    with pytest.raises(dspk.NoDevice):
+        client.gemm(f32(2, 2), f32(2, 2), device="nope:7")
+    with pytest.raises(dspk.InvalidArgument):
+        client.map("frobnicate", f32(3))
+    with pytest.raises(dspk.DtypeError):  # refused here, before sending
+        client.map("exp", np.arange(4))
+    with pytest.raises(dspk.InvalidArgument):
+        client.submit("nosuchop", f32(2))
+    client.ping()  # the connection stays usable after every error
+
+
+def test_empty_shared_is_not_supported(client):
+    with pytest.raises(dspk.NotSupported) as e:
+        client.empty_shared((4, 4), np.float32)
+    assert isinstance(e.value, NotImplementedError) and "shared" in e.value.message
+
+
+# ---- DeviceArrays -----------------------------------------------------------------
+
+def test_device_arrays(client):
+    a, b = f32(64, 32), f32(32, 48)
+    da, db = client.to_device(a), client.to_device(b, device="cpu:0")
+    assert da.device == "cpu:0" and da.shape == (64, 32) and da.dtype == np.float32
+    np.testing.assert_array_equal(da.numpy(), a)
+    out = client.empty((64, 48), np.float32)
+    got = client.gemm(da, db, out=out)
+    assert got is out
+    np.testing.assert_allclose(out.numpy(), a @ b, rtol=1e-4, atol=1e-5)
+    # mixing a DeviceArray and a numpy operand, and chaining results on the device
+    out2 = client.empty((64, 48), np.float32)
+    client.map("scale", out, alpha=2.0, out=out2)
+    np.testing.assert_allclose(client.map("add", out2, a @ b), 3 * (a @ b), rtol=1e-4,
+                               atol=1e-5)
+    for d in (da, db, out, out2):
+        d.free()
+    with pytest.raises(dspk.NoBuffer):
+        da.numpy()
+    with client.to_device(np.arange(10, dtype=np.complex128)) as dc:
+        np.testing.assert_array_equal(client.fft(dc), np.fft.fft(np.arange(10)))
+
+
+def test_device_array_dtypes(client):
+    for x in (f32(5, 3), f32(4).astype(np.float64), (f32(6) + 1j).astype(np.complex64),
+              (f32(2, 2) + 1j).astype(np.complex128), f32(9).astype(np.float16),
+              dspk.to_bfloat16(f32(3, 3)), f32(3).astype(">f4")):
+        with client.to_device(x) as d:
+            back = d.numpy()
+            assert back.dtype == (x.dtype.newbyteorder("<") if x.dtype.byteorder == ">"
+                                  else x.dtype)
+            np.testing.assert_array_equal(back.view(np.uint8), np.ascontiguousarray(
+                x.astype(back.dtype)).view(np.uint8))
+
+
+def test_small_max_message_chunks_and_stages():
+    """With --max-message 1 MiB, to_device/numpy() go in chunks below the limit and a
+    task whose operands do not fit in one message stages them through buffers."""
+    d = Daemon(["--max-message", str(1 << 20)])
+    try:
+        with dspk.connect(d.socket, timeout=TIMEOUT) as c:
+            assert c.max_message == 1 << 20
+            x = f32(3 * 1024 * 1024 // 4 + 5)      # 3 MiB + 20 bytes
+            with c.to_device(x) as dx:
+                np.testing.assert_array_equal(dx.numpy(), x)
+            a, b = f32(600, 300), f32(300, 200)    # 720 KB + 240 KB > 1 MiB together
+            np.testing.assert_allclose(c.gemm(a, b), a @ b, rtol=1e-4, atol=1e-4)
+            big = f32(512, 512)                    # each operand alone is 1 MiB
+            np.testing.assert_allclose(c.map("add", big, big), 2 * big)
+            assert c.status()["clients"][0]["buffers"] == 0  # temporaries freed
+            c.ping()
+    finally:
+        d.stop()
+
+
+# ---- futures ----------------------------------------------------------------------
+
+def test_many_futures_in_flight(client):
+    xs = [f32(8, 8) for _ in range(300)]
+    futs = [client.submit("gemm", x, x) for x in xs]
+    futs += [client.submit("fft", x.astype(np.complex64)) for x in xs[:50]]
+    done, pending = concurrent.futures.wait(futs, timeout=TIMEOUT)
+    assert not pending
+    for x, f in zip(xs, futs):
+        np.testing.assert_allclose(f.result(), x @ x, rtol=1e-4, atol=1e-5)
+    for x, f in zip(xs, futs[300:]):
+        np.testing.assert_allclose(f.result(), np.fft.fft(x), rtol=1e-4, atol=1e-4)
+    assert len({f.msgid for f in futs}) == len(futs)
+    # an error fails its own future only
+    bad = client.submit("gemm", f32(2, 3), f32(4, 5))
+    good = client.submit("map", "scale", f32(3), alpha=0.0)
+    assert isinstance(bad.exception(TIMEOUT), dspk.ShapeError)
+    assert not good.result(TIMEOUT).any()
+
+
+def test_future_callbacks_without_waiting(client):
+    """Futures complete with no thread waiting on them (the reader thread reads)."""
+    hit = threading.Event()
+    fut = client.submit("map", "add", f32(100), f32(100))
+    fut.add_done_callback(lambda f: hit.set())
+    assert hit.wait(TIMEOUT)
+
+
+def test_progress_callback():
+    """task.progress reaches the callback before the result (a fir of a new shape is
+    autotuned on the cpu)."""
+    d = Daemon()
+    try:
+        with dspk.connect(d.socket, timeout=TIMEOUT) as c:
+            seen = []
+            x, h = f32(1 << 16), f32(300)
+            fut = c.submit("fir", x, h, progress=lambda what, frac: seen.append((what, frac)))
+            y = fut.result(TIMEOUT)
+            n = len(seen)
+            assert n > 0, "no task.progress for an autotuned fir"
+            assert all(isinstance(w, str) and w and 0.0 <= f <= 1.0 for w, f in seen)
+            assert y.shape == x.shape
+            c.ping()  # nothing about that task arrives after its result
+            assert len(seen) == n
+    finally:
+        d.stop()
+
+
+def test_cancel(client):
+    # Queue many tasks and cancel the last: either canceled by the daemon or finished.
+    xs = [f32(200, 200) for _ in range(30)]
+    futs = [client.submit("gemm", x, x) for x in xs]
+    last = futs[-1]
+    if client.cancel(last):
+        with pytest.raises(dspk.Canceled):
+            last.result(TIMEOUT)
+    for f in futs[:-1]:
+        f.result(TIMEOUT)
+
+
+# ---- threads ----------------------------------------------------------------------
+
+def test_threads_share_one_client(client):
+    errors = []
+
+    def worker(seed):
+        rng = np.random.default_rng(seed)
+        try:
+            for i in range(40):
+                a = rng.standard_normal((16, 16)).astype(np.float32)
+                k = (seed + i) % 4
+                if k == 0:
+                    np.testing.assert_allclose(client.gemm(a, a), a @ a, rtol=1e-4, atol=1e-4)
+                elif k == 1:
+                    np.testing.assert_allclose(client.reduce(a, "sum", 0), a.sum(0),
+                                               rtol=1e-4, atol=1e-4)
+                elif k == 2:
+                    client.ping()
+                else:
+                    with client.to_device(a) as d:
+                        np.testing.assert_array_equal(d.numpy(), a)
+                    f = client.submit("map", "scale", a, alpha=3.0)
+                    np.testing.assert_allclose(f.result(TIMEOUT), 3 * a, rtol=1e-6)
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(s,)) for s in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(TIMEOUT)
+    assert not any(t.is_alive() for t in threads)
+    assert not errors, errors[0]
+
+
+# ---- a daemon that goes away ------------------------------------------------------
+
+def test_daemon_killed_mid_call(fresh_daemon):
+    c = dspk.connect(fresh_daemon.socket, timeout=TIMEOUT)
+    a = f32(1024, 1024)
+    futs = [c.submit("gemm", a, a) for _ in range(20)]
+    result = {}
+
+    def sync_call():
+        try:
+            result["v"] = c.gemm(a, a)
+        except dspk.Error as e:
+            result["e"] = e
+
+    futs[0].result(TIMEOUT)  # the daemon is busy with the rest
+    t = threading.Thread(target=sync_call)
+    t.start()
+    fresh_daemon.proc.send_signal(signal.SIGKILL)
+    fresh_daemon.proc.wait()
+    t.join(TIMEOUT)
+    assert not t.is_alive(), "a call hung after the daemon died"
+    assert isinstance(result.get("e"), dspk.Closed)
+    outcomes = [f.exception(TIMEOUT) for f in futs]
+    assert isinstance(outcomes[-1], dspk.Closed)
+    assert all(e is None or isinstance(e, dspk.Closed) for e in outcomes)
+    with pytest.raises(dspk.Closed):
+        c.ping()
+    c.close()
+
+
+def test_daemon_stopped_mid_call(fresh_daemon):
+    """SIGTERM: queued requests get ESHUTDOWN, running ones finish, then the
+    connection closes; every call ends."""
+    c = dspk.connect(fresh_daemon.socket, timeout=TIMEOUT)
+    a = f32(512, 512)
+    futs = [c.submit("gemm", a, a) for _ in range(40)]
+    futs[0].result(TIMEOUT)
+    fresh_daemon.proc.send_signal(signal.SIGTERM)
+    for f in futs:
+        e = f.exception(TIMEOUT)
+        assert e is None or isinstance(e, (dspk.Shutdown, dspk.Closed, dspk.Canceled)), e
+    assert any(isinstance(f.exception(), dspk.Shutdown) for f in futs) or \
+        all(f.exception() is None for f in futs)
+    assert fresh_daemon.proc.wait(TIMEOUT) == 0
+    with pytest.raises(dspk.Closed):
+        c.ping()
+    c.close()

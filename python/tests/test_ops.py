@@ -1,0 +1,210 @@
+"""Every op and dtype of the cpu backend against numpy references."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import dspk
+
+RNG = np.random.default_rng(13)
+FLOAT = [np.float32, np.float64]
+ALL = [np.float32, np.float64, np.complex64, np.complex128]
+
+
+def rand(shape, dtype):
+    dt = np.dtype(dtype)
+    x = RNG.uniform(-1, 1, shape)
+    if dt.kind == "c":
+        x = x + 1j * RNG.uniform(-1, 1, shape)
+    return x.astype(dt)
+
+
+def close(got, want, dtype, scale=1.0):
+    """got ~ want within the precision of dtype, relative to want's largest entry."""
+    got = np.asarray(got)
+    want = np.asarray(want)
+    assert got.shape == want.shape, (got.shape, want.shape)
+    single = np.dtype(dtype) in (np.float32, np.complex64, np.float16) or \
+        np.dtype(dtype) == dspk.bfloat16
+    tol = (1e-4 if single else 1e-11) * scale
+    ref = max(1.0, float(np.max(np.abs(want)))) if want.size else 1.0
+    err = float(np.max(np.abs(got.astype(np.complex128) - want))) if want.size else 0.0
+    assert err <= tol * ref, "max error %g (reference scale %g)" % (err, ref)
+
+
+@pytest.mark.parametrize("dtype", FLOAT)
+def test_gemm(client, dtype):
+    a, b, c = rand((33, 17), dtype), rand((17, 20), dtype), rand((33, 20), dtype)
+    got = client.gemm(a, b, device="cpu:0")
+    assert got.dtype == np.dtype(dtype) and got.flags.writeable
+    close(got, a.astype(np.float64) @ b, dtype)
+    close(client.gemm(a, b, c, alpha=0.5, beta=-2.0), 0.5 * (a @ b) - 2.0 * c, dtype)
+    close(client.gemm(a.T.copy(), b.T.copy(), trans_a=True, trans_b=True), a @ b, dtype)
+    # batch axes broadcast as in numpy.matmul; a non-contiguous view is fine
+    ab, bb = rand((3, 1, 5, 4), dtype), rand((2, 4, 6), dtype)
+    close(client.gemm(ab, bb), np.matmul(ab, bb), dtype)
+    close(client.gemm(a[:, ::2], b[::2, :]), a[:, ::2] @ b[::2, :], dtype)
+
+
+def test_gemm_half_and_bf16(client):
+    a, b = rand((16, 24), np.float32), rand((24, 8), np.float32)
+    ah, bh = a.astype(np.float16), b.astype(np.float16)
+    got = client.gemm(ah, bh)
+    assert got.dtype == np.float32  # f16 in, f32 out
+    close(got, ah.astype(np.float64) @ bh.astype(np.float64), np.float32)
+    ab, bb = dspk.to_bfloat16(a), dspk.to_bfloat16(b)
+    assert ab.dtype == dspk.bfloat16
+    got = client.gemm(ab, bb)
+    assert got.dtype == np.float32
+    want = dspk.from_bfloat16(ab).astype(np.float64) @ dspk.from_bfloat16(bb)
+    close(got, want, np.float32)
+    np.testing.assert_allclose(dspk.from_bfloat16(ab), a, rtol=2 ** -8)
+
+
+def test_gemm_complex_is_edtype(client):
+    a = rand((4, 4), np.complex64)
+    with pytest.raises(dspk.DtypeError) as e:
+        client.gemm(a, a)
+    assert e.value.code == -7 and e.value.name == "EDTYPE" and "gemm" in e.value.message
+
+
+@pytest.mark.parametrize("dtype", [np.complex64, np.complex128])
+def test_fft_complex(client, dtype):
+    x = rand((3, 256), dtype)
+    y = client.fft(x)
+    assert y.dtype == np.dtype(dtype)
+    close(y, np.fft.fft(x.astype(np.complex128)), dtype, scale=16)
+    close(client.fft(x, inverse=True), np.fft.ifft(x.astype(np.complex128)), dtype)
+    odd = rand(97, dtype)
+    close(client.fft(odd), np.fft.fft(odd.astype(np.complex128)), dtype, scale=16)
+
+
+@pytest.mark.parametrize("dtype,out", [(np.float32, np.complex64),
+                                       (np.float64, np.complex128)])
+def test_fft_real(client, dtype, out):
+    x = rand((2, 100), dtype)
+    y = client.fft(x)
+    assert y.dtype == np.dtype(out) and y.shape == (2, 51)
+    close(y, np.fft.rfft(x.astype(np.float64)), dtype, scale=16)
+    with pytest.raises(dspk.Error):
+        client.fft(x, inverse=True)  # real + inverse is an error
+
+
+def lfilter(h, x):
+    """scipy.signal.lfilter(h, 1, x) along the last axis, in float64/complex128."""
+    x2 = x.reshape(-1, x.shape[-1]).astype(np.complex128)
+    y = np.stack([np.convolve(row, h.astype(np.complex128))[:x.shape[-1]] for row in x2])
+    return y.reshape(x.shape)
+
+
+@pytest.mark.parametrize("dtype", ALL)
+def test_fir(client, dtype):
+    x, h = rand((2, 300), dtype), rand(17, dtype)
+    y = client.fir(x, h)
+    assert y.dtype == np.dtype(dtype) and y.shape == x.shape
+    close(y, lfilter(h, x), dtype, scale=8)
+
+
+@pytest.mark.parametrize("dtype", ALL)
+def test_contract(client, dtype):
+    a, b = rand((4, 5, 6), dtype), rand((6, 5, 3), dtype)
+    for subs in ("ijk,kjl->il", "ijk,klm->ijlm", "ijk,kjl->li"):
+        bb = b if subs != "ijk,klm->ijlm" else rand((6, 2, 3), dtype)
+        close(client.contract(subs, a, bb), np.einsum(subs, a.astype(np.complex128), bb),
+              dtype, scale=8)
+    with pytest.raises(dspk.Error):
+        client.contract("ij,jk", a[0], b[:, 0])  # no explicit ->
+
+
+@pytest.mark.parametrize("dtype", ALL)
+def test_reduce(client, dtype):
+    x = rand((4, 6, 5), dtype)
+    x64 = x.astype(np.complex128 if np.dtype(dtype).kind == "c" else np.float64)
+    fns = ["sum", "mean"] + (["max", "min"] if np.dtype(dtype).kind == "f" else [])
+    for fn in fns:
+        ref = getattr(x64, fn)
+        close(client.reduce(x, fn), ref(), dtype, scale=30)
+        close(client.reduce(x, fn, axes=1), ref(axis=1), dtype, scale=8)
+        close(client.reduce(x, fn, axes=[0, -1]), ref(axis=(0, 2)), dtype, scale=8)
+    assert client.reduce(x).shape == ()
+    if np.dtype(dtype).kind == "c":
+        with pytest.raises(dspk.Error):
+            client.reduce(x, "max")
+
+
+@pytest.mark.parametrize("dtype", ALL)
+def test_map(client, dtype):
+    a, b = rand((7, 9), dtype), rand((7, 9), dtype)
+    close(client.map("add", a, b), a + b, dtype)
+    close(client.map("sub", a, b), a - b, dtype)
+    close(client.map("mul", a, b), a * b, dtype)
+    close(client.map("scale", a, alpha=2.5), 2.5 * a, dtype)
+    close(client.map("axpy", a, b, alpha=-0.5), -0.5 * a + b, dtype)
+    close(client.map("exp", a), np.exp(a.astype(np.complex128)), dtype)
+    got = client.map("abs", a)
+    close(got, np.abs(a), dtype)
+    assert got.dtype == np.abs(a).dtype  # complex gives the real dtype
+
+
+def test_half_is_refused_where_unsupported(client):
+    x = rand(64, np.float16)
+    for call in (lambda: client.fft(x), lambda: client.map("exp", x),
+                 lambda: client.reduce(x)):
+        with pytest.raises(dspk.DtypeError):
+            call()
+
+
+def test_kernel_on_cpu_is_enotsup(client):
+    with pytest.raises(dspk.NotSupported) as e:
+        client.kernel("void main() {}", np.zeros(4, np.float32), lang="glsl", grid=1,
+                      block=1, device="cpu:0")
+    assert isinstance(e.value, NotImplementedError) and e.value.code == -19
+
+
+def test_zero_size_and_scalar(client):
+    x = np.zeros((0, 5), np.float32)
+    assert client.map("scale", x, alpha=2.0).shape == (0, 5)
+    s = np.array(3.0, np.float64)
+    got = client.map("scale", s, alpha=2.0)
+    assert got.shape == () and got == 6.0
+
+
+GLSL_AXPY = """#version 450
+layout(local_size_x = 64) in;
+layout(std430, binding = 0) buffer BY { float y[]; };
+layout(std430, binding = 1) buffer BZ { double z[]; };
+layout(push_constant) uniform PC { int n; float alpha; double beta; } pc;
+void main() {
+  uint i = gl_GlobalInvocationID.x;
+  if (i < uint(pc.n)) {
+    y[i] = pc.alpha * float(z[i]) + float(i);
+    z[i] = z[i] * pc.beta;
+  }
+}
+"""
+
+
+def test_kernel_glsl_on_vulkan():
+    """A raw GLSL kernel on vulkan:0 (lavapipe where there is no GPU)."""
+    from conftest import Daemon
+    d = Daemon(["--backends", "cpu,vulkan"])
+    try:
+        with dspk.connect(d.socket) as c:
+            if "vulkan:0" not in [x["id"] for x in c.devices()]:
+                pytest.skip("no vulkan:0 device here")
+            n = 1000
+            z = rand(n, np.float64)
+            dz = c.to_device(z, device="vulkan:0")
+            y, z2 = c.kernel(GLSL_AXPY, np.zeros(n, np.float32), dz, lang="glsl",
+                             grid=(n + 63) // 64, block=64, device="vulkan:0",
+                             args=[{"tensor": 0}, {"tensor": 1}, {"i32": n},
+                                   {"f32": 1.5}, {"f64": -0.25}])
+            assert z2 is dz and isinstance(y, np.ndarray)
+            np.testing.assert_allclose(y, 1.5 * z.astype(np.float32) + np.arange(n),
+                                       rtol=1e-5, atol=1e-5)
+            np.testing.assert_array_equal(dz.numpy(), z * -0.25)
+            with pytest.raises(dspk.CompileError):
+                c.kernel(GLSL_AXPY.replace("float(i);", "float(i)"), np.zeros(4, np.float32),
+                         dz, lang="glsl", grid=1, block=64, device="vulkan:0")
+    finally:
+        d.stop()
