@@ -280,7 +280,7 @@ class Client:
         return msgpack.ExtType(1, self._nonce + (len(bigs) - 1).to_bytes(4, "little"))
 
     def _send_chunks(self, chunks: List[Any]) -> None:
-        views = [memoryview(c).cast("B") for c in chunks]
+        views = [v for v in (memoryview(c).cast("B") for c in chunks) if v.nbytes]
         with self._send_lock:
             if self._closed is not None:
                 raise self._closed_error()

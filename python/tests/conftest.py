@@ -30,8 +30,9 @@ class Daemon:
         self.socket = os.path.join(self.dir, "dspkd.sock")
         self.logpath = os.path.join(self.dir, "dspkd.log")
         extra = list(extra or [])
-        args = [exe, "--foreground", "--socket", self.socket, "--no-cache",
-                "--log-level", "debug"]
+        args = [exe, "--foreground", "--socket", self.socket, "--log-level", "debug"]
+        if "--cache" not in extra:
+            args += ["--no-cache"]  # never the user's ~/.cache
         if "--backends" not in extra:
             args += ["--backends", "cpu"]
         args += extra + shlex.split(os.environ.get("DSPKD_ARGS", ""))
