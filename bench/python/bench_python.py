@@ -1,0 +1,138 @@
+#!/usr/bin/python3
+"""The Python client against numpy and against the C client, side by side in one run.
+
+    bench_python.py --dspkd build/daemon/dspkd --submit build/client/submit/dspk-submit
+    bench_python.py --socket PATH --submit ...      (a daemon already running)
+
+Cases (docs/performance.md, "Python client"):
+  gemm 2048x2048 f32, numpy arrays in, numpy result out  vs numpy's a @ b
+  fft c64 2^20                                            vs numpy.fft.fft
+  ping round trip from Python                             vs `dspk-submit ping -c N`
+Each line: median, and the spread (min .. max) over the repetitions.  The daemon of
+--dspkd is started on a private socket with --backends cpu (the cpu:0 device: the same
+OpenBLAS as numpy's, and FFTW), so it shares this machine's cores with the client.
+Import dspk from python/ of this tree unless it is installed.
+"""
+import argparse
+import json
+import os
+import platform
+import select
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+try:
+    import dspk
+except ImportError:
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                    "..", "..", "python"))
+    import dspk
+
+
+def timed(fn, reps, warm=2):
+    for _ in range(warm):
+        fn()
+    t = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        t.append(time.perf_counter() - t0)
+    return t
+
+
+def line(name, t, unit=1e3, u="ms"):
+    return "%-34s median %9.3f %s  (min %9.3f .. max %9.3f, n=%d)" % (
+        name, statistics.median(t) * unit, u, min(t) * unit, max(t) * unit, len(t))
+
+
+def start_daemon(exe, tmp):
+    sock = os.path.join(tmp, "dspkd.sock")
+    r, w = os.pipe()
+    proc = subprocess.Popen([exe, "--foreground", "--socket", sock, "--backends", "cpu",
+                             "--no-cache", "--ready-fd", str(w)], pass_fds=[w],
+                            stderr=subprocess.DEVNULL)
+    os.close(w)
+    ready, _, _ = select.select([r], [], [], 60)
+    if not ready or os.read(r, 16) != b"READY\n":
+        proc.kill()
+        sys.exit("dspkd did not start")
+    os.close(r)
+    return proc, sock
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--dspkd", help="start this dspkd on a private socket")
+    ap.add_argument("--socket", help="use the daemon at this socket")
+    ap.add_argument("--submit", help="dspk-submit, for the C client's ping")
+    ap.add_argument("--reps", type=int, default=9, help="repetitions of gemm and fft")
+    ap.add_argument("--pings", type=int, default=5000, help="round trips per ping run")
+    opt = ap.parse_args()
+    proc = None
+    tmp = tempfile.mkdtemp(prefix="dspk-bench-")
+    if opt.dspkd:
+        proc, sock = start_daemon(opt.dspkd, tmp)
+    else:
+        sock = opt.socket or dspk.default_socket()
+    try:
+        c = dspk.connect(sock, name="bench_python")
+        rng = np.random.default_rng(1)
+        print("# %s, %s, %d cpus, load average %s at start" % (
+            time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), platform.processor()
+            or platform.machine(), os.cpu_count(), " ".join("%.2f" % v for v in
+                                                           os.getloadavg())))
+        print("# python %s, numpy %s, dspkd %s, device cpu:0" % (
+            platform.python_version(), np.__version__, c.daemon_version))
+
+        n = 2048
+        a = rng.standard_normal((n, n)).astype(np.float32)
+        b = rng.standard_normal((n, n)).astype(np.float32)
+        ref = a @ b
+        got = c.gemm(a, b, device="cpu:0")
+        assert np.allclose(got, ref, rtol=1e-3, atol=1e-2), "gemm result differs"
+        t_np = timed(lambda: a @ b, opt.reps)
+        t_dk = timed(lambda: c.gemm(a, b, device="cpu:0"), opt.reps)
+        print(line("gemm 2048^2 f32  numpy a @ b", t_np))
+        print(line("gemm 2048^2 f32  dspk c.gemm", t_dk))
+        print("%-34s %.3f (numpy median / dspk median; >1: dspk faster)" % (
+            "gemm  ratio", statistics.median(t_np) / statistics.median(t_dk)))
+
+        x = (rng.standard_normal(1 << 20) + 1j * rng.standard_normal(1 << 20)).astype(
+            np.complex64)
+        got = c.fft(x, device="cpu:0")
+        assert np.allclose(got, np.fft.fft(x), rtol=1e-3, atol=1e-1), "fft result differs"
+        t_np = timed(lambda: np.fft.fft(x), opt.reps)
+        t_dk = timed(lambda: c.fft(x, device="cpu:0"), opt.reps)
+        print(line("fft 2^20 c64     numpy.fft.fft", t_np))
+        print(line("fft 2^20 c64     dspk c.fft", t_dk))
+        print("%-34s %.3f (numpy median / dspk median; >1: dspk faster)" % (
+            "fft   ratio", statistics.median(t_np) / statistics.median(t_dk)))
+
+        t_py = timed(c.ping, opt.pings, warm=100)
+        print(line("ping             python c.ping()", t_py, 1e6, "us"))
+        if opt.submit:
+            out = subprocess.run([opt.submit, "--socket", sock, "ping", "-c",
+                                  str(opt.pings), "--json"], check=True,
+                                 capture_output=True, text=True).stdout
+            j = json.loads(out.strip().splitlines()[-1])
+            print("%-34s median %9.3f us  (min %9.3f .. p99 %9.3f, n=%d)" % (
+                "ping             C dspk-submit", j["median_us"], j["min_us"],
+                j.get("p99_us", float("nan")), j["count"]))
+            print("%-34s %.3f (python median / C median; <= 2 wanted)" % (
+                "ping  ratio", statistics.median(t_py) * 1e6 / j["median_us"]))
+        print("# load average at end %s" % " ".join("%.2f" % v for v in os.getloadavg()))
+        c.close()
+    finally:
+        if proc:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait()
+
+
+if __name__ == "__main__":
+    main()
