@@ -294,3 +294,100 @@ def test_daemon_stopped_mid_call(fresh_daemon):
     with pytest.raises(dspk.Closed):
         c.ping()
     c.close()
+
+
+# ---- against a scripted fake daemon --------------------------------------------------
+
+class FakeDaemon:
+    """Accepts one connection, answers hello, then does what the test says."""
+
+    def __init__(self, path):
+        import socket as s
+        self.srv = s.socket(s.AF_UNIX, s.SOCK_STREAM)
+        self.srv.bind(path)
+        self.srv.listen(1)
+        self.path = path
+        self.conn = None
+        self.requests = []
+        self.got = threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self):
+        import msgpack
+        self.conn, _ = self.srv.accept()
+        up = msgpack.Unpacker(raw=False)
+        while True:
+            data = self.conn.recv(1 << 16)
+            if not data:
+                return
+            up.feed(data)
+            for m in up:
+                if m[2] == "hello":
+                    self.conn.sendall(msgpack.packb([1, m[1], None, {
+                        "protocol": 1, "daemon": "fake", "server": "dspkd", "client_id": 1,
+                        "limits": {"max_message": 1 << 20}}]))
+                else:
+                    self.requests.append(m)
+                    self.got.set()
+
+    def send(self, msg):
+        import msgpack
+        self.conn.sendall(msgpack.packb(msg))
+
+    def close(self):
+        import socket as s
+        if self.conn is not None:
+            self.conn.shutdown(s.SHUT_RDWR)
+            self.conn.close()
+        self.srv.close()
+
+
+def test_timeout_then_closed(tmp_path):
+    fake = FakeDaemon(str(tmp_path / "fake.sock"))
+    c = dspk.connect(fake.path, timeout=0.3)
+    assert c.daemon_version == "fake" and c.max_message == 1 << 20
+    with pytest.raises(dspk.Timeout) as e:
+        c.ping()               # never answered
+    assert e.value.code == -21 and isinstance(e.value, TimeoutError)
+    fut = c.submit("map", "abs", f32(4))
+    assert fake.got.wait(TIMEOUT)
+    fake.close()               # the "daemon" goes away: the future ends, no hang
+    assert isinstance(fut.exception(TIMEOUT), dspk.Closed)
+    c.close()
+
+
+def test_protocol_error_before_close(tmp_path):
+    fake = FakeDaemon(str(tmp_path / "fake.sock"))
+    c = dspk.connect(fake.path, timeout=TIMEOUT)
+    fut = c.submit("map", "abs", f32(4))
+    assert fake.got.wait(TIMEOUT)
+    fake.send([2, "protocol.error", [{"code": -4, "name": "ELIMIT", "message": "too big"}]])
+    fake.close()
+    e = fut.exception(TIMEOUT)
+    assert isinstance(e, dspk.LimitExceeded) and e.message == "too big"
+    with pytest.raises(dspk.LimitExceeded):
+        c.ping()
+    c.close()
+
+
+def test_answers_out_of_order_and_progress(tmp_path):
+    """Answers are matched by msgid in any order; progress goes to its own future."""
+    fake = FakeDaemon(str(tmp_path / "fake.sock"))
+    c = dspk.connect(fake.path, timeout=TIMEOUT)
+    seen = {0: [], 1: []}
+    futs = [c.submit("map", "abs", f32(2), progress=lambda w, f, i=i: seen[i].append((w, f)))
+            for i in range(2)]
+    while len(fake.requests) < 2:
+        assert fake.got.wait(TIMEOUT)
+        fake.got.clear()
+    ids = [m[1] for m in fake.requests]
+    out = {"dtype": "f32", "shape": [2], "data": np.array([1, 2], np.float32).tobytes()}
+    fake.send([2, "task.progress", [{"msgid": ids[1], "what": "autotune x", "fraction": 0.5}]])
+    fake.send([1, ids[1], None, {"device": "cpu:0", "outputs": [out], "time_us": 1}])
+    fake.send([1, ids[0], {"code": -8, "name": "ESHAPE", "message": "A axis 0"}, None])
+    np.testing.assert_array_equal(futs[1].result(TIMEOUT), [1, 2])
+    assert isinstance(futs[0].exception(TIMEOUT), dspk.ShapeError)
+    assert seen == {0: [], 1: [("autotune x", 0.5)]}
+    fake.close()
+    c.close()
