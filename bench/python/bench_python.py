@@ -6,6 +6,7 @@
 
 Cases (docs/performance.md, "Python client"):
   gemm 2048x2048 f32, numpy arrays in, numpy result out  vs numpy's a @ b
+  (and with operands and result kept in the daemon: DeviceArrays, out=)
   fft c64 2^20                                            vs numpy.fft.fft
   ping round trip from Python                             vs `dspk-submit ping -c N`
 Each line: median, and the spread (min .. max) over the repetitions.  The daemon of
@@ -98,10 +99,19 @@ def main():
         assert np.allclose(got, ref, rtol=1e-3, atol=1e-2), "gemm result differs"
         t_np = timed(lambda: a @ b, opt.reps)
         t_dk = timed(lambda: c.gemm(a, b, device="cpu:0"), opt.reps)
+        da, db = c.to_device(a, "cpu:0"), c.to_device(b, "cpu:0")
+        dc = c.empty((n, n), np.float32, "cpu:0")
+        t_dev = timed(lambda: c.gemm(da, db, out=dc), opt.reps)
+        assert np.allclose(dc.numpy(), ref, rtol=1e-3, atol=1e-2), "gemm result differs"
+        for d in (da, db, dc):
+            d.free()
         print(line("gemm 2048^2 f32  numpy a @ b", t_np))
         print(line("gemm 2048^2 f32  dspk c.gemm", t_dk))
+        print(line("gemm 2048^2 f32  dspk DeviceArrays", t_dev))
         print("%-34s %.3f (numpy median / dspk median; >1: dspk faster)" % (
             "gemm  ratio", statistics.median(t_np) / statistics.median(t_dk)))
+        print("%-34s %.3f (numpy median / DeviceArray median)" % (
+            "gemm  ratio, DeviceArrays", statistics.median(t_np) / statistics.median(t_dev)))
 
         x = (rng.standard_normal(1 << 20) + 1j * rng.standard_normal(1 << 20)).astype(
             np.complex64)
