@@ -9,6 +9,7 @@ Cases (docs/performance.md, "Python client"):
   (and with operands and result kept in the daemon: DeviceArrays, out=)
   fft c64 2^20                                            vs numpy.fft.fft
   ping round trip from Python                             vs `dspk-submit ping -c N`
+The two sides of a comparison take turns in every repetition.
 Each line: median, and the spread (min .. max) over the repetitions.  The daemon of
 --dspkd is started on a private socket with --backends cpu (the cpu:0 device: the same
 OpenBLAS as numpy's, and FFTW), so it shares this machine's cores with the client.
@@ -44,6 +45,21 @@ def timed(fn, reps, warm=2):
         t0 = time.perf_counter()
         fn()
         t.append(time.perf_counter() - t0)
+    return t
+
+
+def interleaved(fns, reps, warm=2):
+    """Times of each fn, the fns taking turns in every repetition (fair under a load
+    that changes during the run)."""
+    for fn in fns:
+        for _ in range(warm):
+            fn()
+    t = [[] for _ in fns]
+    for _ in range(reps):
+        for i, fn in enumerate(fns):
+            t0 = time.perf_counter()
+            fn()
+            t[i].append(time.perf_counter() - t0)
     return t
 
 
@@ -97,11 +113,11 @@ def main():
         ref = a @ b
         got = c.gemm(a, b, device="cpu:0")
         assert np.allclose(got, ref, rtol=1e-3, atol=1e-2), "gemm result differs"
-        t_np = timed(lambda: a @ b, opt.reps)
-        t_dk = timed(lambda: c.gemm(a, b, device="cpu:0"), opt.reps)
         da, db = c.to_device(a, "cpu:0"), c.to_device(b, "cpu:0")
         dc = c.empty((n, n), np.float32, "cpu:0")
-        t_dev = timed(lambda: c.gemm(da, db, out=dc), opt.reps)
+        t_np, t_dk, t_dev = interleaved([lambda: a @ b,
+                                         lambda: c.gemm(a, b, device="cpu:0"),
+                                         lambda: c.gemm(da, db, out=dc)], opt.reps)
         assert np.allclose(dc.numpy(), ref, rtol=1e-3, atol=1e-2), "gemm result differs"
         for d in (da, db, dc):
             d.free()
@@ -117,8 +133,8 @@ def main():
             np.complex64)
         got = c.fft(x, device="cpu:0")
         assert np.allclose(got, np.fft.fft(x), rtol=1e-3, atol=1e-1), "fft result differs"
-        t_np = timed(lambda: np.fft.fft(x), opt.reps)
-        t_dk = timed(lambda: c.fft(x, device="cpu:0"), opt.reps)
+        t_np, t_dk = interleaved([lambda: np.fft.fft(x),
+                                  lambda: c.fft(x, device="cpu:0")], opt.reps)
         print(line("fft 2^20 c64     numpy.fft.fft", t_np))
         print(line("fft 2^20 c64     dspk c.fft", t_dk))
         print("%-34s %.3f (numpy median / dspk median; >1: dspk faster)" % (
