@@ -108,6 +108,7 @@ class DeviceArray:
         self.dtype = np.dtype(dtype)
         self.offset = offset
         self.size_bytes = size if size is not None else self.nbytes
+        self._freed = False
 
     @property
     def nbytes(self) -> int:
@@ -124,8 +125,11 @@ class DeviceArray:
         return self.client._read_array(self)
 
     def free(self) -> None:
-        """Frees the buffer (``buffer.free``); requests already sent still see it."""
-        self.client._free_buffer(self.buffer)
+        """Frees the buffer (``buffer.free``); requests already sent still see it.  A
+        second free() of the same DeviceArray does nothing."""
+        if not self._freed:
+            self._freed = True
+            self.client._free_buffer(self.buffer)
 
     def _ref(self) -> Dict[str, Any]:
         return {"buffer": self.buffer, "offset": self.offset, "dtype": wire_name(self.dtype),

@@ -110,6 +110,7 @@ def test_device_arrays(client):
                                atol=1e-5)
     for d in (da, db, out, out2):
         d.free()
+    da.free()  # a second free() of the same object does nothing
     with pytest.raises(dspk.NoBuffer):
         da.numpy()
     with client.to_device(np.arange(10, dtype=np.complex128)) as dc:
