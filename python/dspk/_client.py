@@ -519,10 +519,12 @@ class Client:
 
     def ping(self, data: bytes = b"") -> float:
         """One round trip to the daemon's main loop; returns its time in seconds."""
+        bigs: List[memoryview] = []
+        args = {"data": self._bin(data, bigs)} if len(data) else None
         t0 = time.perf_counter()
-        res = self._call("ping", {"data": bytes(data)} if data else None)
+        res = self._call("ping", args, bigs=bigs)
         dt = time.perf_counter() - t0
-        if bytes(res.get("data", b"")) != bytes(data):
+        if res.get("data", b"") != memoryview(data).cast("B"):
             raise _errors.ProtocolError("ping: the daemon echoed other data")
         return dt
 

@@ -56,6 +56,7 @@ def test_connect_error(tmp_path):
 def test_ping_devices_status(client):
     assert 0 < client.ping() < TIMEOUT
     client.ping(b"\x00abc" * 1000)
+    client.ping(os.urandom(200000))  # large data goes to the socket uncopied
     devs = client.devices()
     assert [d["id"] for d in devs] == ["cpu:0"] and devs[0]["backend"] == "cpu"
     alld = client.devices(all=True)
