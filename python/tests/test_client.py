@@ -131,8 +131,9 @@ def test_device_array_dtypes(client):
 
 
 def test_small_max_message_chunks_and_stages():
-    """With --max-message 1 MiB, to_device/numpy() go in chunks below the limit and a
-    task whose operands do not fit in one message stages them through buffers."""
+    """With --max-message 1 MiB, to_device/numpy() go in chunks below the limit, a
+    task whose operands do not fit in one message stages them through buffers, and a
+    result too large for one answer goes through out=."""
     d = Daemon(["--max-message", str(1 << 20)])
     try:
         with dspk.connect(d.socket, timeout=TIMEOUT) as c:
@@ -143,7 +144,14 @@ def test_small_max_message_chunks_and_stages():
             a, b = f32(600, 300), f32(300, 200)    # 720 KB + 240 KB > 1 MiB together
             np.testing.assert_allclose(c.gemm(a, b), a @ b, rtol=1e-4, atol=1e-4)
             big = f32(512, 512)                    # each operand alone is 1 MiB
-            np.testing.assert_allclose(c.map("add", big, big), 2 * big)
+            # A result above max_message - 1024 bytes cannot come back inline
+            # (protocol.md, Limits): ELIMIT before any work, and out= carries it.
+            with pytest.raises(dspk.LimitExceeded) as e:
+                c.map("add", big, big)
+            assert "buffer" in e.value.message
+            with c.empty(big.shape, np.float32) as out:
+                assert c.map("add", big, big, out=out) is out
+                np.testing.assert_allclose(out.numpy(), 2 * big)
             me = [x for x in c.status()["clients"] if x["self"]][0]
             assert me["buffers"] == 0  # temporaries freed
             c.ping()
