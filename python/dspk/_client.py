@@ -34,6 +34,7 @@ _BIG = 1 << 16          # bytes: a bin at least this large goes to the socket un
 _READ_CHUNK = 1 << 20   # bytes asked of recv at a time
 _HEADROOM = 4096        # bytes of a message besides its payload (msgpack framing, keys)
 _DEFAULT_MAX_MESSAGE = 268435456
+_RESULT_FRAMING = 1024  # protocol.md: inline results may carry max_message - 1024 bytes
 
 
 def default_socket() -> str:
@@ -161,6 +162,53 @@ def _as_array(x: Any) -> np.ndarray:
     if not a.flags.c_contiguous:
         a = a.copy(order="C")
     return a
+
+
+def _meta(x: Any) -> Tuple[Tuple[int, ...], np.dtype]:
+    if isinstance(x, DeviceArray):
+        return x.shape, x.dtype
+    a = np.asarray(x)
+    return tuple(a.shape), a.dtype
+
+
+def _result_bound(op: str, inputs: Sequence[Any], options: Mapping[str, Any]
+                  ) -> Optional[int]:
+    """At least the bytes of the op's one result (None: unknown, or an error the
+    daemon will name)."""
+    try:
+        metas = [_meta(x) for x in inputs]
+        (sa, da) = metas[0]
+
+        def size(shape: Sequence[int]) -> int:
+            return int(np.prod(shape, dtype=np.int64)) if len(shape) else 1
+
+        if op == "gemm":
+            sb = metas[1][0]
+            m = sa[-1] if options.get("trans_a") else sa[-2]
+            n = sb[-2] if options.get("trans_b") else sb[-1]
+            batch = np.broadcast_shapes(tuple(sa[:-2]), tuple(sb[:-2]))
+            return size(batch) * m * n * (8 if da.itemsize == 8 else 4)
+        if op == "fft":
+            if da.kind == "c":
+                return size(sa) * da.itemsize
+            return size(sa[:-1]) * (sa[-1] // 2 + 1) * 2 * da.itemsize
+        if op in ("fir", "map"):
+            return size(sa) * da.itemsize
+        if op == "reduce":
+            axes = options.get("axes")
+            if axes is None:
+                return da.itemsize
+            gone = {int(a) % len(sa) for a in axes}
+            return size([n for i, n in enumerate(sa) if i not in gone]) * da.itemsize
+        if op == "contract":
+            ins, outs = str(options["subscripts"]).replace(" ", "").split("->")
+            dims: Dict[str, int] = {}
+            for labels, (shape, _) in zip(ins.split(","), metas):
+                dims.update(zip(labels, shape))
+            return size([dims[c] for c in outs]) * max(da.itemsize, metas[1][1].itemsize)
+    except Exception:  # noqa: BLE001 - malformed operands: the daemon's error says why
+        return None
+    return None
 
 
 class Client:
@@ -606,21 +654,31 @@ class Client:
             for f in futs:
                 self._wait(f)
 
+    def _start_reads(self, buffer: int, offset: int, flat: np.ndarray,
+                     is_async: bool = False) -> List[TaskFuture]:
+        """buffer.read requests filling ``flat`` (uint8), each at most max_message - 64
+        bytes as protocol.md requires; their futures complete when their piece is in."""
+        step = max(1, self.max_message - 64)
+        futs = []
+        for pos in range(0, flat.nbytes, step):
+            n = min(step, flat.nbytes - pos)
+
+            def fill(res: Any, pos: int = pos, n: int = n) -> None:
+                data = res["data"]
+                if len(data) != n:
+                    raise _errors.ProtocolError("buffer.read: %d bytes, asked %d"
+                                                % (len(data), n))
+                flat[pos:pos + n] = np.frombuffer(data, np.uint8)
+
+            futs.append(self._start("buffer.read", {"buffer": buffer, "offset": offset + pos,
+                                                    "size": n}, fill, is_async=is_async))
+        return futs
+
     def _read_array(self, d: DeviceArray) -> np.ndarray:
         out = np.empty(d.shape, dtype=d.dtype)
-        flat = out.reshape(-1).view(np.uint8)
-        step = max(1, self.max_message - 64)   # protocol.md: at most max_message - 64
-        futs = []
-        for pos in range(0, d.nbytes, step):
-            n = min(step, d.nbytes - pos)
-            futs.append((pos, n, self._start("buffer.read", {"buffer": d.buffer,
-                                                            "offset": d.offset + pos,
-                                                            "size": n})))
-        for pos, n, f in futs:
-            data = self._wait(f)["data"]
-            if len(data) != n:
-                raise _errors.ProtocolError("buffer.read: %d bytes, asked %d" % (len(data), n))
-            flat[pos:pos + n] = np.frombuffer(data, np.uint8)
+        futs = self._start_reads(d.buffer, d.offset, out.reshape(-1).view(np.uint8))
+        for f in futs:
+            self._wait(f)
         return out
 
     def _free_buffer(self, buffer: int) -> None:
@@ -631,7 +689,7 @@ class Client:
     def _task_request(self, op: str, inputs: Sequence[ArrayLike], options: Dict[str, Any],
                       device: str, out: Optional[DeviceArray]
                       ) -> Tuple[Dict[str, Any], List[memoryview], List[int],
-                                 Callable[[Any], Any]]:
+                                 Callable[[Any], Any], str]:
         bigs: List[memoryview] = []
         temps: List[int] = []
         tensors: List[Dict[str, Any]] = []
@@ -676,7 +734,7 @@ class Client:
             outs = [self._decode_tensor(t, operands, out) for t in res.get("outputs", [])]
             return outs
 
-        return args, bigs, temps, decode
+        return args, bigs, temps, decode, target
 
     def _decode_tensor(self, t: Mapping[str, Any], operands: Sequence[DeviceArray],
                        out: Optional[DeviceArray]) -> Union[np.ndarray, DeviceArray]:
@@ -701,16 +759,90 @@ class Client:
     def _run(self, op: str, inputs: Sequence[ArrayLike], options: Dict[str, Any],
              device: str, out: Optional[DeviceArray], single: bool = True,
              progress: Optional[Progress] = None, is_async: bool = False) -> TaskFuture:
-        args, bigs, temps, decode = self._task_request(op, inputs, options, device, out)
+        args, bigs, temps, decode, target = self._task_request(op, inputs, options, device,
+                                                               out)
 
         def result(res: Any) -> Any:
             outs = decode(res)
             return outs[0] if single else outs
 
-        fut = self._start("task.run", args, result, progress, is_async, bigs)
+        bound = None
+        if out is None and single:
+            bound = _result_bound(op, inputs, options)
+        if bound is not None and bound > self.max_message - _RESULT_FRAMING:
+            # Too large to come back inline (protocol.md, Limits): into a temporary
+            # buffer, read back in pieces.
+            res = self._call("buffer.create", {"device": target, "size": bound})
+            tmp = int(res["buffer"])
+            args["outputs"] = [{"buffer": tmp, "offset": 0}]
+            fut = self._start_staged(args, bigs, tmp, progress, is_async)
+        else:
+            fut = self._start("task.run", args, result, progress, is_async, bigs)
         for b in temps:  # the task already sent still sees them (buffer.free)
             self._start("buffer.free", {"buffer": b}, is_async=True)
         return fut
+
+    def _start_staged(self, args: Dict[str, Any], bigs: List[memoryview], tmp: int,
+                      progress: Optional[Progress], is_async: bool) -> TaskFuture:
+        """task.run writing its one result into buffer ``tmp``; the future returned gets
+        the result as a numpy array once every buffer.read of it is in."""
+        user = TaskFuture()
+        try:
+            inner = self._start("task.run", args, None, progress, is_async, bigs)
+        except BaseException:
+            self._free_quietly(tmp)
+            raise
+        user.msgid = inner.msgid
+
+        def finish(value: Any = None, exc: Optional[BaseException] = None) -> None:
+            if user.done():
+                return
+            self._free_quietly(tmp)
+            self._settle(user, value, exc)
+
+        def on_task(f: concurrent.futures.Future) -> None:
+            if f.cancelled():
+                finish(exc=_errors.Canceled("task canceled"))
+                return
+            if f.exception() is not None:
+                finish(exc=f.exception())
+                return
+            try:
+                t = f.result()["outputs"][0]
+                arr = np.empty(tuple(int(n) for n in t["shape"]), numpy_dtype(t["dtype"]))
+                reads = self._start_reads(tmp, int(t.get("offset") or 0),
+                                          arr.reshape(-1).view(np.uint8), is_async)
+            except BaseException as e:  # noqa: BLE001 - the caller's future gets it
+                finish(exc=e)
+                return
+            left = [len(reads)]
+            lock = threading.Lock()
+
+            def on_read(rf: concurrent.futures.Future) -> None:
+                e = _errors.Canceled("read canceled") if rf.cancelled() else rf.exception()
+                if e is not None:
+                    finish(exc=e)
+                    return
+                with lock:
+                    left[0] -= 1
+                    last = left[0] == 0
+                if last:
+                    finish(value=arr)
+
+            if not reads:
+                finish(value=arr)
+            for rf in reads:
+                rf.add_done_callback(on_read)
+
+        inner.add_done_callback(on_task)
+        user.add_done_callback(lambda u: inner.cancel() if u.cancelled() else None)
+        return user
+
+    def _free_quietly(self, buffer: int) -> None:
+        try:
+            self._start("buffer.free", {"buffer": buffer}, is_async=True)
+        except Error:
+            pass
 
     # Each op builds its request in _op_<name> and returns the future; the public
     # methods wait for it, submit() hands it out.

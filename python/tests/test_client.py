@@ -133,7 +133,7 @@ def test_device_array_dtypes(client):
 def test_small_max_message_chunks_and_stages():
     """With --max-message 1 MiB, to_device/numpy() go in chunks below the limit, a
     task whose operands do not fit in one message stages them through buffers, and a
-    result too large for one answer goes through out=."""
+    result too large for one answer comes back through a temporary buffer."""
     d = Daemon(["--max-message", str(1 << 20)])
     try:
         with dspk.connect(d.socket, timeout=TIMEOUT) as c:
@@ -144,11 +144,22 @@ def test_small_max_message_chunks_and_stages():
             a, b = f32(600, 300), f32(300, 200)    # 720 KB + 240 KB > 1 MiB together
             np.testing.assert_allclose(c.gemm(a, b), a @ b, rtol=1e-4, atol=1e-4)
             big = f32(512, 512)                    # each operand alone is 1 MiB
-            # A result above max_message - 1024 bytes cannot come back inline
-            # (protocol.md, Limits): ELIMIT before any work, and out= carries it.
-            with pytest.raises(dspk.LimitExceeded) as e:
-                c.map("add", big, big)
-            assert "buffer" in e.value.message
+            # Results above max_message - 1024 bytes cannot come back inline
+            # (protocol.md, Limits): they go through a temporary buffer, read in pieces.
+            np.testing.assert_allclose(c.map("add", big, big), 2 * big)
+            g = c.gemm(f32(700, 3), f32(3, 900))   # 2.5 MB from small operands
+            assert g.shape == (700, 900)
+            x = (f32(3, 70000) + 1j).astype(np.complex64)
+            np.testing.assert_allclose(c.fft(x), np.fft.fft(x), rtol=1e-3, atol=1e-2)
+            e = c.contract("i,j->ij", f32(600), f32(600))
+            assert e.shape == (600, 600)
+            np.testing.assert_allclose(c.reduce(big, "sum", axes=0), big.sum(0), rtol=1e-4,
+                                       atol=1e-4)
+            futs = [c.submit("map", "scale", big, alpha=float(k)) for k in range(4)]
+            for k, f in enumerate(futs):
+                np.testing.assert_allclose(f.result(TIMEOUT), k * big)
+            with pytest.raises(dspk.ShapeError):   # errors of a staged task reach the caller
+                c.map("add", big, f32(512, 511))
             with c.empty(big.shape, np.float32) as out:
                 assert c.map("add", big, big, out=out) is out
                 np.testing.assert_allclose(out.numpy(), 2 * big)
