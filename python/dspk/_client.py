@@ -15,7 +15,7 @@ import socket as _socket
 import sys
 import threading
 import time
-from typing import (Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence,
+from typing import (Any, Callable, Dict, List, Mapping, Optional, Sequence,
                     Tuple, Union)
 
 import msgpack
@@ -65,14 +65,6 @@ def connect(socket: Optional[str] = None, *, name: Optional[str] = None,
         dspk.ConnectError: no daemon listens there.
     """
     return Client(socket, name=name, timeout=timeout)
-
-
-class _Placeholder:
-    """Marks where a large payload goes in an encoded message (see Client._encode)."""
-    __slots__ = ("view",)
-
-    def __init__(self, view: memoryview) -> None:
-        self.view = view
 
 
 class TaskFuture(concurrent.futures.Future):

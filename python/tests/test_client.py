@@ -6,7 +6,6 @@ import concurrent.futures
 import os
 import signal
 import threading
-import time
 
 import numpy as np
 import pytest
