@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import select
 import shlex
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -64,6 +65,7 @@ class Daemon:
             pytest.fail("dspkd did not stop on SIGTERM:\n" + self.log())
         if expect_rc is not None and rc != expect_rc:
             pytest.fail("dspkd exited with %s:\n%s" % (rc, self.log()))
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
@@ -86,5 +88,4 @@ def fresh_daemon() -> Iterator[Daemon]:
     """A daemon of one test (it may be killed by the test)."""
     d = Daemon()
     yield d
-    if d.proc.poll() is None:
-        d.stop(expect_rc=None)
+    d.stop(expect_rc=None)
