@@ -18,8 +18,8 @@
 struct dspk__limits {
   size_t max_message;    /* bytes in one message */
   unsigned max_depth;    /* nesting of arrays/maps (top-level array is 1);
-                            the scanner tracks at most 64 levels, so a larger
-                            value acts as 64 */
+                            msgpack-c decodes at most 32 levels, so a larger
+                            value acts as 32 */
   size_t max_objects;    /* msgpack objects in one message */
   unsigned max_rank;     /* tensor rank (<= DSPK_MAX_RANK) */
   uint64_t max_elements; /* elements in one tensor */

@@ -1,0 +1,76 @@
+/*
+ * The frame scanner (proto/frame.c) against msgpack-c: the first four input
+ * bytes pick the limits, the rest is the byte stream.  Oracles: a frame the
+ * scanner accepts (n > 0) is exactly one object that msgpack-c unpacks in
+ * n bytes, within max_depth and max_objects; no proper prefix of it is
+ * complete; the scanner never claims more bytes than it was given.
+ */
+#include <msgpack.h>
+#include <string.h>
+
+#include "dspk/errors.h"
+#include "proto/frame.h"
+#include "tests/fuzz/fuzz_common.h"
+
+/* Depth (top level is 1) and object count of an unpacked tree. */
+static void measure(const msgpack_object *o, unsigned depth, unsigned *maxd,
+                    size_t *count) {
+  (*count)++;
+  if (o->type == MSGPACK_OBJECT_ARRAY || o->type == MSGPACK_OBJECT_MAP) {
+    if (depth > *maxd)
+      *maxd = depth;
+  }
+  if (o->type == MSGPACK_OBJECT_ARRAY) {
+    for (uint32_t i = 0; i < o->via.array.size; i++)
+      measure(&o->via.array.ptr[i], depth + 1, maxd, count);
+  } else if (o->type == MSGPACK_OBJECT_MAP) {
+    for (uint32_t i = 0; i < o->via.map.size; i++) {
+      measure(&o->via.map.ptr[i].key, depth + 1, maxd, count);
+      measure(&o->via.map.ptr[i].val, depth + 1, maxd, count);
+    }
+  }
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+  struct dspk__limits lim;
+  char msg[128];
+  ssize_t n;
+
+  dspk__limits_default(&lim);
+  /* Small limits so that every bound is reachable with short inputs. */
+  lim.max_message = 16 + fuzz_take(&data, &size, 2) % 8192;
+  lim.max_depth = 1 + (unsigned)fuzz_take(&data, &size, 1) % 70;
+  lim.max_objects = 1 + fuzz_take(&data, &size, 1) * 16;
+
+  n = dspk__frame_scan(data, size, &lim, msg, sizeof msg);
+  FUZZ_CHECK(n == 0 || n == DSPK_EPROTO || n == DSPK_ELIMIT || n > 0);
+  if (n == 0)
+    FUZZ_CHECK(size <= lim.max_message);
+  if (n <= 0)
+    return 0;
+  FUZZ_CHECK((size_t)n <= size && (size_t)n <= lim.max_message);
+
+  /* The same frame alone scans to the same length; its prefixes are
+   * incomplete or refused, never complete. */
+  FUZZ_CHECK(dspk__frame_scan(data, (size_t)n, &lim, msg, sizeof msg) == n);
+  FUZZ_CHECK(dspk__frame_scan(data, (size_t)n - 1, &lim, msg, sizeof msg) <= 0);
+
+  {
+    msgpack_zone zone;
+    msgpack_object root;
+    size_t off = 0;
+    unsigned maxd = 0;
+    size_t count = 0;
+    unsigned depth_lim = lim.max_depth < 64 ? lim.max_depth : 64;
+
+    FUZZ_CHECK(msgpack_zone_init(&zone, 2048));
+    FUZZ_CHECK(msgpack_unpack((const char *)data, (size_t)n, &off, &zone, &root) ==
+               MSGPACK_UNPACK_SUCCESS);
+    FUZZ_CHECK(off == (size_t)n);
+    measure(&root, 1, &maxd, &count);
+    FUZZ_CHECK(maxd <= depth_lim);
+    FUZZ_CHECK(count <= lim.max_objects);
+    msgpack_zone_destroy(&zone);
+  }
+  return 0;
+}
