@@ -324,6 +324,10 @@ void dspkd_done_cb(uv_async_t *h) {
     if (j->resp && !c->closing) {
       conn_send(c, j->resp);
       j->resp = NULL;
+    } else if (!c->closing) {
+      /* The runner could not allocate the answer: answer ENOMEM (the
+       * connection closes if even that fails), never nothing. */
+      conn_send_error(c, j->msgid, DSPK_ENOMEM, "out of memory: the answer could not be built");
     }
     conn_update_read(c);
     job_free(d, j);

@@ -2,7 +2,8 @@
 # The README's second command, also run by CI (.ci/run): installs missing
 # packages, builds with -Werror and runs the whole test suite, then builds
 # the Debian packages and tests them installed (tests/install/debs.sh), then
-# builds again with AddressSanitizer + UBSan and runs the suite again.  GPU tests
+# builds again with AddressSanitizer + UBSan and runs the suite again, then
+# runs every fuzzer of tests/fuzz for a bounded time (scripts/fuzz.sh).  GPU tests
 # (ctest label "gpu") need a GPU and run with scripts/gpu-suite.sh instead.
 set -eu
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -22,4 +23,7 @@ fi
 (cd "$here/build-asan" && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
    UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
    ctest --output-on-failure -j"$jobs" -LE 'gpu|noasan')
+# libFuzzer harnesses (tests/fuzz) under clang + ASan/UBSan, each for a
+# bounded time (DSPK_FUZZ_SECONDS, 30 by default): any finding fails CI.
+"$here/scripts/fuzz.sh"
 echo "all tests passed$pkg_note"
