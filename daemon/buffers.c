@@ -74,8 +74,13 @@ void dbuf_unref(struct dspkd *d, struct dbuf *b) {
   struct job *j;
   if (!b || --b->refs > 0)
     return;
-  /* The memory belongs to the runner: it frees it and this struct. */
-  j = job_new(NULL, JOB_BUF_FREE, 0, b->dev);
+  /* The memory belongs to the runner: it frees it and this struct, with
+   * the job reserved at creation (found by tests/oom: a failed allocation
+   * here leaked the buffer). */
+  j = b->free_job;
+  b->free_job = NULL;
+  if (!j)
+    j = job_new(NULL, JOB_BUF_FREE, 0, b->dev);
   if (!j) {
     /* Without a job the memory cannot reach its runner: it is leaked (the
      * backend's close still releases it), never freed from this thread. */

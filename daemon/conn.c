@@ -488,6 +488,24 @@ void conn_update_read(struct conn *c) {
 
 static void on_reject_close(uv_handle_t *h) { free(h); }
 
+/* libuv stops watching the listener until a pending connection is accepted,
+ * so one left unaccepted for want of memory would lock every client out: a
+ * handle kept aside refuses it, and a connection that arrives while that
+ * handle is still closing is refused when it is free again (found by
+ * tests/oom, failing every allocation from the accept on). */
+static uv_pipe_t spare_pipe;
+static bool spare_busy, spare_wanted;
+static void on_connection(uv_stream_t *server, int status);
+
+static void on_spare_close(uv_handle_t *h) {
+  uv_stream_t *server = h->data;
+  spare_busy = false;
+  if (spare_wanted && !uv_is_closing((uv_handle_t *)server)) {
+    spare_wanted = false;
+    on_connection(server, 0);
+  }
+}
+
 static void on_connection(uv_stream_t *server, int status) {
   struct dspkd *d = server->data;
   struct conn *c;
@@ -502,14 +520,22 @@ static void on_connection(uv_stream_t *server, int status) {
   c = calloc(1, sizeof(*c));
   if (!c || !(c->q = calloc(d->ndevs ? (size_t)d->ndevs : 1, sizeof(*c->q)))) {
     uv_pipe_t *tmp = malloc(sizeof(*tmp));
+    uv_close_cb done = on_reject_close;
     free(c);
     dspkd_error("accept: out of memory");
-    if (tmp && uv_pipe_init(d->loop, tmp, 0) == 0) {
-      if (uv_accept(server, (uv_stream_t *)tmp) != 0) {}
-      uv_close((uv_handle_t *)tmp, on_reject_close);
-    } else {
-      free(tmp);
+    if (!tmp && !spare_busy) {
+      tmp = &spare_pipe;
+      spare_busy = true;
+      done = on_spare_close;
     }
+    if (!tmp) {
+      spare_wanted = true;
+      return;
+    }
+    uv_pipe_init(d->loop, tmp, 0);
+    tmp->data = server;
+    if (uv_accept(server, (uv_stream_t *)tmp) != 0) {}
+    uv_close((uv_handle_t *)tmp, done);
     return;
   }
   uv_pipe_init(d->loop, &c->pipe, 0);

@@ -109,6 +109,8 @@ struct dbuf {
   uint64_t size;
   struct dspk__mem *mem; /* runner only: set by the create job */
   int refs;              /* loop only: the connection's table + each job */
+  struct job *free_job;  /* the JOB_BUF_FREE that releases it, allocated with
+                            it, so that releasing never needs memory */
 };
 
 /* One connection's FIFO of jobs for one device, linked into the device's

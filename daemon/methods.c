@@ -342,7 +342,9 @@ static int m_buffer_create(struct req *r) {
                 c->nbufs + c->creating);
   if (!(b = calloc(1, sizeof(*b))))
     return DSPK_ENOMEM;
-  if (!(j = job_new(c, JOB_BUF_CREATE, r->msgid, dev))) {
+  if (!(b->free_job = job_new(NULL, JOB_BUF_FREE, 0, dev)) ||
+      !(j = job_new(c, JOB_BUF_CREATE, r->msgid, dev))) {
+    free(b->free_job); /* a fresh job without a connection holds nothing */
     free(b);
     return DSPK_ENOMEM;
   }

@@ -6,7 +6,8 @@
  * time the process accepts a connection (accept4, which libuv uses), it
  * reads a number N from the file named by $DSPK_OOM_CTL and re-arms: the Nth
  * allocation counted from that accept fails (returns NULL, errno ENOMEM),
- * once; N = 0 disarms.  At the same moment it writes how many allocations
+ * once; with "N+" in the file the Nth and every later one fail, until the
+ * next accept; N = 0 disarms.  At the same moment it writes how many allocations
  * the previous armed period counted to $DSPK_OOM_CTL.count, so the test
  * knows how many N there are to try.
  *
@@ -24,6 +25,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <link.h>
+#include <limits.h>
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -50,6 +52,7 @@ static int resolving;
 static atomic_long countdown; /* fail when it reaches 0; <= 0 before: off */
 static atomic_long counted;   /* counted allocations since the last arm */
 static atomic_int armed;
+static atomic_int persist;    /* every allocation from the Nth on fails */
 
 /* Address ranges whose allocations count: the executable, libuv, msgpack. */
 struct range {
@@ -117,7 +120,10 @@ static int should_fail(const void *ra) {
   if (mine < 0)
     return 0;
   atomic_fetch_add(&counted, 1);
-  if (atomic_fetch_sub(&countdown, 1) == 1) {
+  long left = atomic_fetch_sub(&countdown, 1);
+  if (left < 1 && atomic_load(&persist) && left > LONG_MIN / 2)
+    return 1;
+  if (left == 1) {
     /* "oom_shim: failing an allocation from OBJECT+0xOFFSET" for
      * addr2line -e OBJECT OFFSET. */
     char line[512], *p = line;
@@ -253,8 +259,10 @@ static void rearm(void) {
     return;
   r = read(fd, buf, sizeof buf - 1);
   close(fd);
-  for (ssize_t i = 0; i < r && buf[i] >= '0' && buf[i] <= '9'; i++)
+  ssize_t i = 0;
+  for (; i < r && buf[i] >= '0' && buf[i] <= '9'; i++)
     n = n * 10 + (buf[i] - '0');
+  atomic_store(&persist, n > 0 && i < r && buf[i] == '+');
   atomic_store(&counted, 0);
   atomic_store(&countdown, n);
   atomic_store(&armed, 1); /* counting even when n == 0, for the count file */

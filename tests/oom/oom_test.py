@@ -6,7 +6,9 @@ dspkd runs with tests/oom's shim preloaded (oom_shim.c).  A first
 connection sends the request set below with no fault and the shim counts
 the allocations it caused (C).  Then, for every N in 1..C+3, a fresh
 connection arms the shim to fail the Nth allocation counted from its accept
-and sends the same requests, one at a time.  For every N:
+and sends the same requests, one at a time; then the same again with the
+Nth and every later allocation failing (until the next accept).  For every
+N:
   - each request gets exactly one well-formed answer (a result or an error;
     a failed allocation answers ENOMEM or, where a later step fails, the
     error of that step), or the daemon closes the connection; it closes a
@@ -160,9 +162,9 @@ def main():
     ctl = os.path.join(tmp, "ctl")
     log = open(os.path.join(tmp, "dspkd.log"), "w+")
 
-    def arm(n):
+    def arm(n, persist=False):
         with open(ctl, "w") as f:
-            f.write("%d\n" % n)
+            f.write("%d%s\n" % (n, "+" if persist else ""))
 
     def logtext():
         log.flush()
@@ -187,7 +189,7 @@ def main():
     ready, _, _ = select.select([r], [], [], TIMEOUT)
     check(ready and os.read(r, 16) == b"READY\n", "dspkd did not become ready")
     os.close(r)
-    tally = {"all answered": 0, "closed": 0}
+    tally = {}
     errors = {}
     try:
         # The reference run: everything succeeds; count its allocations.
@@ -200,23 +202,26 @@ def main():
         last = count + 3
         if o.max_n:
             last = min(last, o.max_n)
-        for n in range(1, last + 1):
-            arm(n)
-            try:
-                out, closed = run_set(sock)
-            except AssertionError as e:
-                raise AssertionError("allocation %d failed: %s\n%s" % (n, e, logtext()[-3000:]))
-            arm(0)
-            check(proc.poll() is None, "dspkd died when allocation %d failed:\n%s"
-                  % (n, logtext()[-8000:]))
-            for x in out:
-                if x != "ok":
-                    errors[x] = errors.get(x, 0) + 1
-            if closed:
-                tally["closed"] += 1
-                ping(sock)
-            else:
-                tally["all answered"] += 1
+        for persist in (False, True):
+            what = "allocations %d and later" if persist else "allocation %d"
+            for n in range(1, last + 1):
+                arm(n, persist)
+                try:
+                    out, closed = run_set(sock)
+                except AssertionError as e:
+                    raise AssertionError("%s failed: %s\n%s" % (what % n, e,
+                                                                  logtext()[-3000:]))
+                arm(0)
+                check(proc.poll() is None, "dspkd died when %s failed:\n%s"
+                      % (what % n, logtext()[-8000:]))
+                for x in out:
+                    if x != "ok":
+                        errors[x] = errors.get(x, 0) + 1
+                key = ("persistent " if persist else "") + ("closed" if closed
+                                                            else "all answered")
+                tally[key] = tally.get(key, 0) + 1
+                if closed:
+                    ping(sock)
         ping(sock)
         # Failing allocations must show up as answers, or this test tests
         # nothing.
