@@ -15,8 +15,10 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 dir=${DSPK_FUZZ_DIR:-"$here/build-fuzz"}
 secs=${DSPK_FUZZ_SECONDS:-30}
 "$here/scripts/deps.sh"
+# Debug keeps assert() on; -O1 roughly doubles the executions per second.
 CC=${DSPK_FUZZ_CC:-clang} cmake -S "$here" -B "$dir" -DDSPK_FUZZ=ON \
-  -DCMAKE_BUILD_TYPE=Debug -DDSPK_WITH_CUDA=OFF -DDSPK_WITH_VULKAN=OFF >/dev/null
+  -DCMAKE_BUILD_TYPE=Debug -DCMAKE_C_FLAGS=-O1 -DDSPK_WITH_CUDA=OFF \
+  -DDSPK_WITH_VULKAN=OFF >/dev/null
 cmake --build "$dir" -j"$(nproc)" --target fuzz_all
 names=${*:-$(cd "$here/tests/fuzz" && ls fuzz_*.c | sed 's/\.c$//')}
 mkdir -p "$dir/fuzz-artifacts"
@@ -38,7 +40,7 @@ for name in $names; do
     exit 1
   fi
   # The last status line: executions, coverage (cov: edges, ft: features).
-  grep -E '^#[0-9]+ +DONE' "$log" | tail -n 1 | sed "s/^/fuzz.sh: $name: /" >&2 || true
+  grep -E '^#[0-9]+[[:space:]]+DONE' "$log" | tail -n 1 | sed "s/^/fuzz.sh: $name: /" >&2 || true
   grep -E '^stat::(number_of_executed_units|average_exec_per_sec|peak_rss_mb)' "$log" |
     tr '\n' ' ' | sed "s/^/fuzz.sh: $name: /; s/\$/\n/" >&2 || true
 done

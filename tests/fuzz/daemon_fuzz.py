@@ -421,8 +421,9 @@ def main():
                 for s in idle:
                     s.close()
                 idle.clear()
-            check(proc.poll() is None, "dspkd died (status %s) after %d frames:\n%s"
-                  % (proc.returncode, stats.frames, logtext()[-6000:]))
+            if proc.poll() is not None:
+                raise AssertionError("dspkd died (status %s) after %d frames:\n%s"
+                                     % (proc.returncode, stats.frames, logtext()[-6000:]))
         for s in idle:
             s.close()
         # Still serving: a fresh connection gets its ping answered.

@@ -212,8 +212,9 @@ def main():
                     raise AssertionError("%s failed: %s\n%s" % (what % n, e,
                                                                   logtext()[-3000:]))
                 arm(0)
-                check(proc.poll() is None, "dspkd died when %s failed:\n%s"
-                      % (what % n, logtext()[-8000:]))
+                if proc.poll() is not None:
+                    raise AssertionError("dspkd died when %s failed:\n%s"
+                                         % (what % n, logtext()[-8000:]))
                 for x in out:
                     if x != "ok":
                         errors[x] = errors.get(x, 0) + 1
