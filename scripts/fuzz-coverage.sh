@@ -36,8 +36,9 @@ for name in $names; do
   LLVM_PROFILE_FILE="$dir/$name.profraw" ASAN_OPTIONS=detect_leaks=0 \
     "$dir/tests/fuzz/$name" -runs=0 $dirs >/dev/null 2>&1
   "$prof" merge -sparse "$dir/$name.profraw" -o "$dir/$name.profdata"
-  echo "== $name ($(cat $dirs 2>/dev/null | wc -c) corpus bytes)"
+  # shellcheck disable=SC2086
+  echo "== $name ($(find $dirs -type f | wc -l) corpus inputs)"
   # shellcheck disable=SC2086
   (cd "$here" && "$cov" report "$dir/tests/fuzz/$name" -instr-profile="$dir/$name.profdata" \
-     $files | sed -n '3,$p' | grep -v '^-')
+     $files | grep -v '^-')
 done
