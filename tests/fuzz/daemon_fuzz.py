@@ -381,7 +381,7 @@ def main():
         f.write("[policy]\nadmin_users = 65534\n"
                 "[limits]\nmax_message = 1M\nmax_elements = 1048576\nmax_buffers = 8\n"
                 "max_inflight = 64\nmax_unsent = 4M\nmax_clients = 64\n")
-    log = open(os.path.join(tmp, "dspkd.log"), "w+")
+    log = open(os.path.join(tmp, "dspkd.log"), "w+", errors="replace")  # it quotes client bytes
     r, w = os.pipe()
     env = dict(os.environ)
     env.setdefault("ASAN_OPTIONS", "detect_leaks=1:abort_on_error=1")

@@ -160,7 +160,7 @@ def main():
     tmp = tempfile.mkdtemp(prefix="dspk-oom-")
     sock = os.path.join(tmp, "dspkd.sock")
     ctl = os.path.join(tmp, "ctl")
-    log = open(os.path.join(tmp, "dspkd.log"), "w+")
+    log = open(os.path.join(tmp, "dspkd.log"), "w+", errors="replace")  # it quotes client bytes
 
     def arm(n, persist=False):
         with open(ctl, "w") as f:
