@@ -1,8 +1,9 @@
 /*
  * Tensor decoding (dspk__tensor_decode) with fuzzed limits: the first four
  * bytes choose max_rank and max_elements, the rest is one msgpack object.
- * Oracles: a decoded tensor obeys the limits, its byte count is numel times
- * the item size, inline data lies inside the input; and a decoded tensor
+ * Oracles: a decoded tensor obeys the limits and the int64 size rule of
+ * docs/protocol.md, its byte count is numel times the item size, inline
+ * data lies inside the input; and a decoded tensor
  * packed again with dspk__pack_tensor_meta decodes to the same tensor.
  */
 #include <msgpack.h>
@@ -82,11 +83,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (msgpack_unpack((const char *)data, (size_t)n, &off, &zone, &root) ==
           MSGPACK_UNPACK_SUCCESS &&
       dspk__tensor_decode(&root, &lim, &t, msg, sizeof msg) == 0) {
-    uint64_t numel = 1;
+    /* docs/protocol.md, Tensors: at most max_elements elements (a zero
+     * dimension makes 0 whatever the others); every dimension an int64, and
+     * the product with each 0 counted as 1, times the item size, at most
+     * 2^63-1 bytes.  Checked in 128 bits. */
+    unsigned __int128 numel = 1, nonzero = 1;
     FUZZ_CHECK(t.rank <= lim.max_rank);
     for (unsigned k = 0; k < t.rank; k++) {
-      FUZZ_CHECK(t.shape[k] >= 0 && (uint64_t)t.shape[k] <= lim.max_elements);
+      FUZZ_CHECK(t.shape[k] >= 0);
       numel *= (uint64_t)t.shape[k];
+      nonzero *= t.shape[k] ? (uint64_t)t.shape[k] : 1;
+      FUZZ_CHECK(nonzero * dspk__dtype_size(t.dtype) <= (unsigned __int128)INT64_MAX);
     }
     FUZZ_CHECK(numel <= lim.max_elements);
     FUZZ_CHECK(t.nbytes == numel * dspk__dtype_size(t.dtype));

@@ -16,8 +16,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 def put(name, items):
     d = os.path.join(HERE, "corpus", name)
     os.makedirs(d, exist_ok=True)
+    # Only the seeds: inputs added by hand (crash reproducers) stay.
     for f in os.listdir(d):
-        os.unlink(os.path.join(d, f))
+        if f.startswith("seed"):
+            os.unlink(os.path.join(d, f))
     for i, data in enumerate(items):
         with open(os.path.join(d, "seed%02d" % i), "wb") as f:
             f.write(data)
