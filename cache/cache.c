@@ -33,8 +33,10 @@
 #define DEFAULT_MAX_BYTES (UINT64_C(256) << 20)
 #define DEFAULT_BUSY_MS 5000
 
+/* Atomics, so dspk__cache_counts() reads them without the mutex, which a
+ * statement may hold for as long as SQLite's busy timeout. */
 struct kcount {
-  uint64_t hits, misses, puts, evictions;
+  _Atomic uint64_t hits, misses, puts, evictions;
 };
 
 struct dspk__cache {
@@ -1149,6 +1151,19 @@ int dspk__cache_check(struct dspk__cache *c) {
 /* See cache.h. */
 uint64_t dspk__cache_epoch(const struct dspk__cache *c) {
   return c ? atomic_load(&((struct dspk__cache *)c)->epoch) : 0;
+}
+
+/* See cache.h. */
+void dspk__cache_counts(struct dspk__cache *c, struct dspk__cache_kstats *out) {
+  for (int k = 0; k < DSPK__CACHE_NKINDS; k++) {
+    memset(&out[k], 0, sizeof out[k]);
+    if (!c)
+      continue;
+    out[k].hits = atomic_load(&c->count[k].hits);
+    out[k].misses = atomic_load(&c->count[k].misses);
+    out[k].puts = atomic_load(&c->count[k].puts);
+    out[k].evictions = atomic_load(&c->count[k].evictions);
+  }
 }
 
 /* See cache.h. */

@@ -211,6 +211,11 @@ int dspk__cache_check(struct dspk__cache *c);
  * dspk__cache_clear() removes them.  In-process memos of decisions (the
  * autotune framework) compare it to know when to forget.  0 for NULL. */
 uint64_t dspk__cache_epoch(const struct dspk__cache *c);
+/* The counters of this process (hits, misses, puts, evictions) of every
+ * kind into out[DSPK__CACHE_NKINDS], the rest zero; never waits on the file
+ * or the cache's lock, so an event loop may call it.  c may be NULL (all
+ * zero). */
+void dspk__cache_counts(struct dspk__cache *c, struct dspk__cache_kstats *out);
 /* Counts a hit of `kind` served from a caller's in-process memo (the
  * autotune framework remembers decisions), so stats stay truthful. */
 void dspk__cache_count_hit(struct dspk__cache *c, int kind);

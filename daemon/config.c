@@ -71,6 +71,7 @@ static const struct key keys[] = {
     {"limits", "max_user_partial", K_SIZE, F(max_user_partial), 4096, (uint64_t)1 << 40, true},
     {"limits", "max_user_memory", K_SHARE, F(max_user_memory), 1, (uint64_t)1 << 50, true},
     {"limits", "max_conn_memory", K_SHARE, F(max_conn_memory), 1, (uint64_t)1 << 50, true},
+    {"daemon", "metrics_listen", K_STR, F(metrics_listen), 0, 0, false},
 };
 #define NKEYS (sizeof keys / sizeof keys[0])
 _Static_assert(NKEYS <= 60, "the key masks are 64-bit");
@@ -87,7 +88,7 @@ static char conf_path[PATH_MAX];
 static bool have_conf;
 static uint64_t flag_mask; /* bit i: keys[i] came from the command line */
 static char file_socket[256];
-static char *file_strs[2]; /* cache, backends: strings the configuration owns */
+static char *file_strs[3]; /* cache, backends, metrics_listen: strings the configuration owns */
 
 void dspkd_config_defaults(struct dspkd_config *cfg) {
   memset(cfg, 0, sizeof *cfg);
@@ -367,7 +368,8 @@ static int handler(void *user, const char *section, const char *name, const char
   }
   }
 
-  /* socket, cache, backends: strings that only a restart changes. */
+  /* socket, cache, backends, metrics_listen: strings that only a restart
+   * changes. */
   if (p->skip & ((uint64_t)1 << idx))
     return 1;
   if (p->running) {
@@ -379,7 +381,7 @@ static int handler(void *user, const char *section, const char *name, const char
   if (k->type == K_SOCKET) {
     snprintf(file_socket, sizeof file_socket, "%s", value);
   } else {
-    int slot = strcmp(k->name, "cache") == 0 ? 0 : 1;
+    int slot = strcmp(k->name, "cache") == 0 ? 0 : strcmp(k->name, "backends") == 0 ? 1 : 2;
     char *s = strdup(value);
     if (!s)
       return perr(p, "out of memory");

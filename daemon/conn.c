@@ -55,6 +55,8 @@ static void on_write(uv_write_t *req, int status) {
   struct conn *c = wr->c;
 
   c->unsent -= wr->len;
+  if (status >= 0)
+    c->d->obs.bytes_out += wr->len;
   wreq_free(wr);
   if (status < 0 && !c->closing) {
     dspkd_debug("client %llu: write failed: %s", (unsigned long long)c->id,
@@ -130,6 +132,8 @@ void conn_send(struct conn *c, struct wreq *wr) {
    * completion round through the loop and an epoll_ctl per answer. */
   if (c->unsent == 0) {
     int w = uv_try_write((uv_stream_t *)&c->pipe, wr->bufs, (unsigned)n);
+    if (w > 0)
+      c->d->obs.bytes_out += (size_t)w;
     if (w >= 0 && (size_t)w == wr->len) {
       wreq_free(wr);
       return;
@@ -456,6 +460,7 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
   if (n == 0)
     return;
   c->rb->end += (size_t)n;
+  c->d->obs.bytes_in += (size_t)n;
   conn_ref(c);
   conn_process(c);
   conn_update_read(c);
@@ -548,6 +553,7 @@ static void on_connection(uv_stream_t *server, int status) {
     d->conns->prev = c;
   d->conns = c;
   d->nconns++;
+  d->obs.conns_total++;
   if (uv_accept(server, (uv_stream_t *)&c->pipe) != 0) {
     c->closing = true;
     uv_close((uv_handle_t *)&c->pipe, on_conn_close);
@@ -766,6 +772,7 @@ void dspkd_stop(struct dspkd *d) {
   d->stopping = true;
   dspkd_info("stopping");
   dspkd_notify_stopping(d);
+  dspkd_trace_stop_all(d); /* answered now, before the connections close */
   if (d->listening) {
     uv_close((uv_handle_t *)&d->listener, NULL);
     d->listening = false;

@@ -117,6 +117,8 @@ void job_submit(struct job *j) {
     c->inflight++;
     dspkd_quota_charge(j);
   }
+  memset(&j->t, 0, sizeof j->t);
+  j->t.queued = dspkd_now_ns();
   pthread_mutex_lock(&dev->mu);
   j->state = JOB_QUEUED;
   j->q = q;
@@ -378,6 +380,7 @@ static void *runner_main(void *arg) {
     dev->stats = stats;
   }
   dev->open_state = 1;
+  dev->obs.start_ns = dspkd_now_ns();
   pthread_cond_broadcast(&dev->cv);
 
   for (;;) {
@@ -408,6 +411,7 @@ static void *runner_main(void *arg) {
       dev->queued--;
       dev->running++;
     }
+    dspkd_obs_job_start(dev, j); /* daemon/metrics.c */
     pthread_mutex_unlock(&dev->mu);
 
     job_execute(dev, j); /* a JOB_BUF_FREE frees itself */
@@ -419,6 +423,7 @@ static void *runner_main(void *arg) {
     pthread_mutex_lock(&dev->mu);
     if (dev->be->stats)
       dev->stats = stats;
+    dspkd_obs_job_end(dev, counted ? j : NULL);
     if (counted) {
       dev->running--;
       if (j->err)

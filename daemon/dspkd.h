@@ -26,6 +26,7 @@
 #include <uv.h>
 
 #include "backends/backend.h"
+#include "daemon/observe.h"
 #include "proto/codec.h"
 #include "proto/frame.h"
 
@@ -70,6 +71,7 @@ struct dspkd_config {
   uint64_t max_user_memory; /* bytes per device of one user; 0: half the device's */
   uint64_t max_conn_memory; /* bytes per device of one connection; 0: no own bound */
   uint64_t shutdown_timeout_ms; /* grace for running tasks at stop */
+  const char *metrics_listen; /* "ADDR:PORT" of the HTTP metrics listener, or NULL */
   /* daemon/config.c: the configuration file's extra settings. */
   int log_level;            /* enum dspkd_level */
   struct dspkd_idlist allow_users, allow_groups; /* may connect (both empty: anyone) */
@@ -160,6 +162,7 @@ struct job {
   size_t resv_answer;        /* bytes its answer may take (max_unsent) */
   uint64_t resv_mem;         /* device memory it may take on resv_dev */
   struct device *resv_dev;
+  struct job_times t;        /* daemon/observe.h */
 };
 
 /* A notification a runner encoded for a job's client (task.progress).  It
@@ -193,6 +196,7 @@ struct device {
   bool exited;
   uint64_t queued, running, completed, failed;
   struct dspk__devstats stats;
+  struct dev_obs obs;  /* daemon/observe.h */
 };
 
 struct unavailable {
@@ -277,6 +281,7 @@ struct dspkd {
   int activation_fd;
   bool activated;
   bool grace_expired;       /* the stop's deadline passed: tasks canceled */
+  struct dspkd_obs obs;     /* daemon/observe.h */
 };
 
 /* daemon/conn.c */

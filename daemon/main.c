@@ -70,6 +70,8 @@ static void usage(FILE *f) {
           "  --max-conn-memory SIZE|N%%  the same for one connection (default 100%%)\n"
           "  --shutdown-timeout MS  at stop, cancel tasks still running after this\n"
           "                       (default 10000)\n"
+          "  --metrics-listen ADDR:PORT  serve Prometheus metrics over HTTP at\n"
+          "                       http://ADDR:PORT/metrics (default: off)\n"
           "  -h, --help           show this help\n"
           "  -V, --version        show the version\n"
           "\n"
@@ -85,7 +87,8 @@ enum {
   OPT_MAX_MESSAGE, OPT_MAX_DEPTH, OPT_MAX_OBJECTS, OPT_MAX_RANK, OPT_MAX_ELEMENTS,
   OPT_MAX_INFLIGHT, OPT_MAX_UNSENT, OPT_MAX_BUFFERS, OPT_MAX_CLIENTS, OPT_SHUTDOWN_TIMEOUT,
   OPT_HELP, OPT_VERSION, OPT_CONFIG, OPT_NO_CACHE, OPT_CACHE_MAX_BYTES,
-  OPT_MAX_USER_CLIENTS, OPT_MAX_USER_PARTIAL, OPT_MAX_USER_MEMORY, OPT_MAX_CONN_MEMORY
+  OPT_MAX_USER_CLIENTS, OPT_MAX_USER_PARTIAL, OPT_MAX_USER_MEMORY, OPT_MAX_CONN_MEMORY,
+  OPT_METRICS_LISTEN
 };
 
 static const struct option long_opts[] = {
@@ -112,6 +115,7 @@ static const struct option long_opts[] = {
     {"max-conn-memory", required_argument, NULL, OPT_MAX_CONN_MEMORY},
     {"shutdown-timeout", required_argument, NULL, OPT_SHUTDOWN_TIMEOUT},
     {"config", required_argument, NULL, OPT_CONFIG},
+    {"metrics-listen", required_argument, NULL, OPT_METRICS_LISTEN},
     {"help", no_argument, NULL, OPT_HELP},
     {"version", no_argument, NULL, OPT_VERSION},
     {NULL, 0, NULL, 0},
@@ -404,6 +408,7 @@ int main(int argc, char **argv) {
       if (parse_count("shutdown-timeout", optarg, 0, (uint64_t)1 << 40, &v)) return 2;
       cfg->shutdown_timeout_ms = v;
       break;
+    case OPT_METRICS_LISTEN: cfg->metrics_listen = optarg; break;
     case OPT_CONFIG: break; /* read by dspkd_config_start() */
     case 'h':
     case OPT_HELP:
@@ -478,6 +483,8 @@ int main(int argc, char **argv) {
   if (dspkd_devices_start(d) != 0)
     goto out_devices;
   dspkd_teardown_arm(d); /* exit() from now on closes the devices first */
+  if (dspkd_metrics_http_start(d) != 0)
+    goto out_devices;
   if (dspkd_socket_open(d) != 0)
     goto out_devices;
   uv_signal_start(&d->sigterm, on_signal, SIGTERM);
@@ -514,7 +521,12 @@ out_handles:
   dspkd_devices_join(d, true);
   uv_run(&loop, UV_RUN_DEFAULT);
 out_done:
+  if (d->obs.http) {
+    dspkd_metrics_http_stop(d);
+    uv_run(&loop, UV_RUN_DEFAULT); /* its handle's close */
+  }
   dspkd_devices_join(d, true);
+  dspkd_trace_free(d);
   dspkd_teardown_disarm();
   dspkd_backends_shutdown(d);
   dspk__cache_close(d->cache);

@@ -270,16 +270,35 @@ static int m_status(struct req *r) {
   for (int i = 0; i < d->ndevs; i++) {
     struct device *dev = &d->devs[i];
     struct dspk__devstats s;
+    struct dev_activity act;
     uint64_t q, run, done, failed;
     if (dev->open_state != 1)
       continue;
     dspkd_device_counters(dev, &q, &run, &done, &failed, &s);
-    msgpack_pack_map(pk, 6);
+    dspkd_obs_activity(dev, &act);
+    msgpack_pack_map(pk, 10);
     kv_str(pk, "id", dev->id);
     kv_u64(pk, "queued", q);
     kv_u64(pk, "running", run);
     kv_u64(pk, "completed", done);
     kv_u64(pk, "failed", failed);
+    dspk__pack_str(pk, "busy");
+    msgpack_pack_double(pk, act.busy);
+    kv_u64(pk, "clients", act.clients);
+    kv_u64(pk, "memory", dev->info.memory);
+    dspk__pack_str(pk, "running_op");
+    if (!act.running) {
+      msgpack_pack_nil(pk);
+    } else {
+      /* Whose job it is only to its own user (and root, the daemon's user). */
+      bool mine = act.client && (r->c->uid == (uid_t)act.uid || r->c->uid == 0 ||
+                                 r->c->uid == geteuid());
+      msgpack_pack_map(pk, mine ? 3 : 2);
+      kv_str(pk, "name", act.what);
+      kv_u64(pk, "age_ms", act.age_ns / 1000000);
+      if (mine)
+        kv_u64(pk, "client", act.client);
+    }
     dspk__pack_str(pk, "stats");
     msgpack_pack_map(pk, 12);
     kv_u64(pk, "pool_bytes_in_use", s.pool_bytes_in_use);
@@ -922,6 +941,8 @@ static const struct {
     {"task.cancel", m_task_cancel},
     {"cache.stats", dspkd_m_cache_stats}, /* daemon/cache_methods.c */
     {"cache.clear", dspkd_m_cache_clear},
+    {"metrics", dspkd_m_metrics}, /* daemon/metrics.c */
+    {"trace", dspkd_m_trace},     /* daemon/trace.c */
 };
 
 int dspkd_dispatch(struct req *r, const char *method, size_t len) {

@@ -152,6 +152,12 @@ static void on_progress(void *ud, const char *what, double fraction) {
   struct wreq *wr;
   uint64_t now = dspkd_now_ms();
 
+  /* The trace's tuning phase: from the tuner's first report to its last. */
+  if (what && strncmp(what, "autotune", 8) == 0) {
+    j->t.tune_end = dspkd_now_ns();
+    if (!j->t.tune_start)
+      j->t.tune_start = j->t.tune_end;
+  }
   if (fraction < 1.0 && j->progress_ms && now - j->progress_ms < PROGRESS_MS)
     return;
   j->progress_ms = now;
@@ -221,12 +227,14 @@ static void exec_task(struct device *dev, struct job *j) {
     t->mem = tmp_out[i];
     t->offset = 0;
   }
+  j->t.upload_end = now_ns();
   /* Results without elements need no work, whatever the operands' sizes
    * (dspk__op_infer checked that every size is representable). */
   for (int i = 0; i < op->nout && !empty_res; i++)
     empty_res = dspk__tensor_numel(&op->out[i]) != 0 ? -1 : 0;
   if (op->kind == DSPK_OP_KERNEL || op->nout == 0 || empty_res < 0)
     err = be->run(dev->bdev, op, &ctx);
+  j->t.compute_end = now_ns();
   if (err < 0)
     goto out;
   if (atomic_load(&j->cancel)) {

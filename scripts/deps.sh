@@ -7,7 +7,8 @@ libopenblas-dev libfftw3-dev libsystemd-dev libinih-dev libcmocka-dev python3
 python3-numpy python3-msgpack python3-venv python3-pip python3-setuptools python3-wheel
 python3-pytest libvulkan-dev mesa-vulkan-drivers glslang-dev
 glslang-tools libvkfft-dev systemd libzip-dev scdoc man-db file dpkg-dev clang
-libclang-rt-14-dev"
+libclang-rt-14-dev libmicrohttpd-dev
+python3-prometheus-client tmux"
 missing=""
 for p in $PKGS; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing="$missing $p"

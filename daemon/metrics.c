@@ -1,0 +1,722 @@
+/*
+ * Metrics (daemon/observe.h): what each runner records about its jobs, the
+ * activity that `status` reports per device, and the Prometheus text of the
+ * `metrics` method and of the optional HTTP listener (--metrics-listen).
+ *
+ * The text is rendered on the loop thread only, from the loop's own
+ * counters, each device's record copied under its mutex, and the cache's
+ * atomic counters.  The HTTP listener is libmicrohttpd with its own polling
+ * thread; for each scrape that thread wakes the loop (uv_async_send), waits
+ * for the loop to render the text, and serves it: it never reads the
+ * daemon's state itself, so the loop stays the only owner of connections
+ * and devices.
+ */
+#include <netdb.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#ifdef DSPKD_HAVE_MHD
+#include <microhttpd.h>
+#endif
+
+#include "cache/cache.h"
+#include "daemon/dspkd.h"
+#include "daemon/log.h"
+
+#define NS 1000000000ull
+#define BUSY_WINDOW_S 5 /* the busy fraction covers the last 4 to 5 seconds */
+
+uint64_t dspkd_now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * NS + (uint64_t)ts.tv_nsec;
+}
+
+static const char *const op_names[DSPK_OP_COUNT] = {
+#define XX(e, name) name,
+    DSPK_OP_MAP(XX)
+#undef XX
+};
+
+static const char *const result_names[3] = {"ok", "error", "canceled"};
+
+const char *dspkd_obs_job_name(int kind, int op) {
+  switch (kind) {
+  case JOB_TASK:
+    return op >= 0 && op < DSPK_OP_COUNT ? op_names[op] : "task";
+  case JOB_BUF_CREATE:
+    return "buffer.create";
+  case JOB_BUF_WRITE:
+    return "buffer.write";
+  case JOB_BUF_READ:
+    return "buffer.read";
+  default:
+    return "buffer.free";
+  }
+}
+
+/* ---- runner side ------------------------------------------------------ */
+
+static void hist_add(struct dspkd_hist *h, uint64_t ns) {
+  static const double bounds[DSPKD_HIST_N] = DSPKD_HIST_BOUNDS;
+  double s = (double)ns / (double)NS;
+  int i = 0;
+  while (i < DSPKD_HIST_N && s > bounds[i])
+    i++;
+  h->bucket[i]++;
+  h->count++;
+  h->sum_ns += ns;
+}
+
+/* Adds the busy interval [t0, t1) to the total and to the one-second slots
+ * (only the last DSPKD_BUSY_SLOTS seconds of it can still be read). */
+static void busy_add(struct dev_obs *o, uint64_t t0, uint64_t t1) {
+  uint64_t lo = t0;
+  if (t1 <= t0)
+    return;
+  o->busy_ns += t1 - t0;
+  if (t1 / NS >= DSPKD_BUSY_SLOTS && lo < (t1 / NS - DSPKD_BUSY_SLOTS + 1) * NS)
+    lo = (t1 / NS - DSPKD_BUSY_SLOTS + 1) * NS;
+  for (uint64_t s = lo / NS; s <= t1 / NS; s++) {
+    uint64_t a = s * NS > lo ? s * NS : lo, b = (s + 1) * NS < t1 ? (s + 1) * NS : t1;
+    int i = (int)(s % DSPKD_BUSY_SLOTS);
+    if (b <= a)
+      continue;
+    if (o->slot_sec[i] != s) {
+      o->slot_sec[i] = s;
+      o->slot_ns[i] = 0;
+    }
+    o->slot_ns[i] += b - a;
+  }
+}
+
+void dspkd_obs_job_start(struct device *dev, struct job *j) {
+  struct dev_obs *o = &dev->obs;
+  uint64_t now = dspkd_now_ns();
+
+  j->t.start = now;
+  if (j->conn && j->t.queued && now >= j->t.queued)
+    hist_add(&o->queue, now - j->t.queued);
+  o->run_start = now;
+  o->run_queued = j->t.queued;
+  o->run_kind = (uint8_t)j->kind;
+  o->run_op = (uint8_t)j->op.kind;
+  o->run_client = j->conn ? j->conn->id : 0;
+  o->run_uid = j->conn ? (uint32_t)j->conn->uid : 0;
+  o->run_msgid = j->msgid;
+  o->run_q = j->q;
+}
+
+/* Keeps the job in the trace ring while a trace is in progress. */
+static void trace_keep(struct dev_obs *o, const struct job *j, uint64_t start, uint64_t end) {
+  struct trace_rec *r;
+  if (!o->tracers || !o->rec)
+    return;
+  r = &o->rec[o->seq++ % DSPKD_TRACE_RING];
+  memset(r, 0, sizeof *r);
+  if (j) {
+    r->t = j->t;
+    r->err = j->err;
+    r->msgid = j->msgid;
+  } else {
+    r->t.queued = o->run_queued;
+    r->msgid = o->run_msgid;
+  }
+  r->t.start = start;
+  r->t.end = end;
+  r->client = o->run_client;
+  r->kind = o->run_kind;
+  r->op = o->run_op;
+}
+
+void dspkd_obs_job_end(struct device *dev, struct job *j) {
+  struct dev_obs *o = &dev->obs;
+  uint64_t now = dspkd_now_ns(), start = o->run_start;
+
+  if (j) {
+    j->t.end = now;
+    if (j->kind == JOB_TASK && j->op.kind < DSPK_OP_COUNT) {
+      int res = j->err == 0 ? 0 : j->err == DSPK_ECANCELED ? 2 : 1;
+      o->tasks[j->op.kind][res]++;
+      hist_add(&o->run[j->op.kind], now - start);
+    }
+  }
+  busy_add(o, start, now);
+  trace_keep(o, j, start, now);
+  o->run_start = 0;
+}
+
+/* ---- activity (status, top) ------------------------------------------- */
+
+void dspkd_obs_activity(struct device *dev, struct dev_activity *a) {
+  struct dev_obs *o = &dev->obs;
+  uint64_t now = dspkd_now_ns(), s_now = now / NS, busy = 0, win;
+  uint64_t s_lo = s_now >= BUSY_WINDOW_S - 1 ? s_now - (BUSY_WINDOW_S - 1) : 0;
+  uint64_t win_start = s_lo * NS;
+
+  memset(a, 0, sizeof *a);
+  pthread_mutex_lock(&dev->mu);
+  if (o->start_ns > win_start)
+    win_start = o->start_ns;
+  for (uint64_t s = s_lo; s <= s_now; s++) {
+    int i = (int)(s % DSPKD_BUSY_SLOTS);
+    if (o->slot_sec[i] == s)
+      busy += o->slot_ns[i];
+  }
+  if (o->run_start) {
+    busy += now - (o->run_start > win_start ? o->run_start : win_start);
+    a->running = true;
+    a->what = dspkd_obs_job_name(o->run_kind, o->run_op);
+    a->age_ns = now - o->run_start;
+    a->client = o->run_client;
+    a->uid = o->run_uid;
+  }
+  /* Connections with queued jobs here (the ring holds one queue per
+   * connection, plus the internal one), and the running job's. */
+  for (struct cqueue *q = dev->ring_head; q; q = q->next)
+    if (q != &dev->sysq)
+      a->clients++;
+  if (o->run_start && o->run_q && o->run_q != &dev->sysq && !o->run_q->in_ring)
+    a->clients++;
+  pthread_mutex_unlock(&dev->mu);
+  win = now > win_start ? now - win_start : 0;
+  a->busy = win ? (double)busy / (double)win : 0;
+  if (a->busy > 1)
+    a->busy = 1;
+}
+
+/* ---- the Prometheus text ---------------------------------------------- */
+
+struct tbuf {
+  char *p;
+  size_t len, cap;
+  int err;
+};
+
+__attribute__((format(printf, 2, 3)))
+static void tput(struct tbuf *t, const char *fmt, ...) {
+  va_list ap;
+  int n;
+  if (t->err)
+    return;
+  for (;;) {
+    va_start(ap, fmt);
+    n = vsnprintf(t->p ? t->p + t->len : NULL, t->p ? t->cap - t->len : 0, fmt, ap);
+    va_end(ap);
+    if (n < 0) {
+      t->err = DSPK_EINTERNAL;
+      return;
+    }
+    if (t->p && (size_t)n < t->cap - t->len) {
+      t->len += (size_t)n;
+      return;
+    }
+    size_t cap = t->cap ? t->cap : 16384;
+    while (cap - t->len <= (size_t)n)
+      cap *= 2;
+    char *p = realloc(t->p, cap);
+    if (!p) {
+      t->err = DSPK_ENOMEM;
+      return;
+    }
+    t->p = p;
+    t->cap = cap;
+  }
+}
+
+/* # HELP and # TYPE of a family. */
+static void family(struct tbuf *t, const char *name, const char *type, const char *help) {
+  tput(t, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+/* A label value with \, " and newlines escaped (the format's rules). */
+static const char *lv(const char *s, char *buf, size_t cap) {
+  size_t n = 0;
+  for (; *s && n + 2 < cap; s++) {
+    if (*s == '\\' || *s == '"' || *s == '\n') {
+      buf[n++] = '\\';
+      buf[n++] = *s == '\n' ? 'n' : *s;
+    } else {
+      buf[n++] = *s;
+    }
+  }
+  buf[n] = '\0';
+  return buf;
+}
+
+/* What the text shows of one device, copied under its mutex. */
+struct devsnap {
+  const struct device *dev;
+  char id[96];
+  uint64_t queued, running, completed, failed;
+  struct dspk__devstats stats;
+  struct dev_obs obs;
+  struct dev_activity act;
+};
+
+static void hist_lines(struct tbuf *t, const char *name, const char *labels,
+                       const struct dspkd_hist *h) {
+  static const double bounds[DSPKD_HIST_N] = DSPKD_HIST_BOUNDS;
+  uint64_t cum = 0;
+  for (int i = 0; i < DSPKD_HIST_N; i++) {
+    cum += h->bucket[i];
+    tput(t, "%s_bucket{%s,le=\"%g\"} %llu\n", name, labels, bounds[i], (unsigned long long)cum);
+  }
+  tput(t, "%s_bucket{%s,le=\"+Inf\"} %llu\n", name, labels, (unsigned long long)h->count);
+  tput(t, "%s_sum{%s} %.9f\n", name, labels, (double)h->sum_ns / (double)NS);
+  tput(t, "%s_count{%s} %llu\n", name, labels, (unsigned long long)h->count);
+}
+
+/* One gauge or counter family with one sample per device. */
+#define PER_DEVICE(t, snaps, n, name, type, help, fmt, expr)                                 \
+  do {                                                                                     \
+    family(t, name, type, help);                                                           \
+    for (int i_ = 0; i_ < (n); i_++) {                                                     \
+      const struct devsnap *s = &(snaps)[i_];                                              \
+      tput(t, name "{device=\"%s\"} " fmt "\n", s->id, expr);                              \
+    }                                                                                      \
+  } while (0)
+
+static void render_devices(struct tbuf *t, const struct devsnap *sn, int n) {
+  char labels[256];
+
+  family(t, "dspk_tasks_total", "counter",
+         "task.run requests finished, by device, op and result (ok, error, canceled).");
+  for (int i = 0; i < n; i++)
+    for (int op = 0; op < DSPK_OP_COUNT; op++)
+      for (int r = 0; r < 3; r++)
+        if (sn[i].obs.tasks[op][r] || r == 0)
+          tput(t, "dspk_tasks_total{device=\"%s\",op=\"%s\",result=\"%s\"} %llu\n", sn[i].id,
+               op_names[op], result_names[r], (unsigned long long)sn[i].obs.tasks[op][r]);
+
+  family(t, "dspk_task_queue_seconds", "histogram",
+         "Time client jobs (tasks and buffer transfers) waited in the device's queue.");
+  for (int i = 0; i < n; i++) {
+    snprintf(labels, sizeof labels, "device=\"%s\"", sn[i].id);
+    hist_lines(t, "dspk_task_queue_seconds", labels, &sn[i].obs.queue);
+  }
+  family(t, "dspk_task_run_seconds", "histogram",
+         "Time task.run requests ran on the device (upload, tuning, compute, download).");
+  for (int i = 0; i < n; i++)
+    for (int op = 0; op < DSPK_OP_COUNT; op++) {
+      if (!sn[i].obs.run[op].count)
+        continue;
+      snprintf(labels, sizeof labels, "device=\"%s\",op=\"%s\"", sn[i].id, op_names[op]);
+      hist_lines(t, "dspk_task_run_seconds", labels, &sn[i].obs.run[op]);
+    }
+
+  PER_DEVICE(t, sn, n, "dspk_queue_depth", "gauge", "Client jobs queued on the device.", "%llu",
+             (unsigned long long)s->queued);
+  PER_DEVICE(t, sn, n, "dspk_running_jobs", "gauge", "Jobs running on the device (0 or 1).",
+             "%llu", (unsigned long long)s->running);
+  family(t, "dspk_jobs_total", "counter",
+         "Client jobs (tasks and buffer transfers) finished on the device, by result.");
+  for (int i = 0; i < n; i++) {
+    tput(t, "dspk_jobs_total{device=\"%s\",result=\"ok\"} %llu\n", sn[i].id,
+         (unsigned long long)sn[i].completed);
+    tput(t, "dspk_jobs_total{device=\"%s\",result=\"error\"} %llu\n", sn[i].id,
+         (unsigned long long)sn[i].failed);
+  }
+  PER_DEVICE(t, sn, n, "dspk_device_busy_ratio", "gauge",
+             "Fraction of the last 4 to 5 seconds the device spent running jobs.", "%.4f",
+             s->act.busy);
+  PER_DEVICE(t, sn, n, "dspk_device_busy_seconds_total", "counter",
+             "Time the device spent running jobs.", "%.6f",
+             (double)(s->obs.busy_ns + (s->act.running ? s->act.age_ns : 0)) / (double)NS);
+  PER_DEVICE(t, sn, n, "dspk_device_memory_bytes", "gauge", "The device's memory.", "%llu",
+             (unsigned long long)s->dev->info.memory);
+  PER_DEVICE(t, sn, n, "dspk_memory_in_use_bytes", "gauge",
+             "Device memory the daemon's pool has handed out.", "%llu",
+             (unsigned long long)s->stats.pool_bytes_in_use);
+  PER_DEVICE(t, sn, n, "dspk_memory_cached_bytes", "gauge",
+             "Device memory the daemon's pool keeps for reuse.", "%llu",
+             (unsigned long long)s->stats.pool_bytes_cached);
+  PER_DEVICE(t, sn, n, "dspk_pool_hits_total", "counter",
+             "Allocations served from the pool's cached blocks.", "%llu",
+             (unsigned long long)s->stats.pool_hits);
+  PER_DEVICE(t, sn, n, "dspk_pool_misses_total", "counter",
+             "Allocations that needed new device memory.", "%llu",
+             (unsigned long long)s->stats.pool_misses);
+  PER_DEVICE(t, sn, n, "dspk_retire_deferred_total", "counter",
+             "Frees deferred until the device finished with the memory.", "%llu",
+             (unsigned long long)s->stats.retire_deferred);
+  PER_DEVICE(t, sn, n, "dspk_retire_released_total", "counter",
+             "Deferred frees released.", "%llu",
+             (unsigned long long)s->stats.retire_released);
+  PER_DEVICE(t, sn, n, "dspk_retire_barrier_fallbacks_total", "counter",
+             "Deferred frees that had to wait for the whole device.", "%llu",
+             (unsigned long long)s->stats.retire_barrier_fallbacks);
+  PER_DEVICE(t, sn, n, "dspk_retire_leaked_total", "counter",
+             "Deferred frees that could not be released.", "%llu",
+             (unsigned long long)s->stats.retire_leaked);
+  PER_DEVICE(t, sn, n, "dspk_retire_in_flight", "gauge", "Deferred frees not yet released.",
+             "%llu", (unsigned long long)s->stats.retire_in_flight);
+  PER_DEVICE(t, sn, n, "dspk_retire_max_in_flight", "gauge",
+             "Most deferred frees outstanding at once.", "%llu",
+             (unsigned long long)s->stats.retire_max_in_flight);
+  PER_DEVICE(t, sn, n, "dspk_kernels_compiled_total", "counter",
+             "Kernels the device's backend compiled.", "%llu",
+             (unsigned long long)s->stats.kernels_compiled);
+  PER_DEVICE(t, sn, n, "dspk_kernel_cache_hits_total", "counter",
+             "Kernels the device's backend found already compiled.", "%llu",
+             (unsigned long long)s->stats.kernel_cache_hits);
+}
+
+int dspkd_metrics_render(struct dspkd *d, char **text, size_t *len) {
+  struct tbuf t = {0};
+  struct devsnap *sn;
+  struct dspk__cache_kstats ks[DSPK__CACHE_NKINDS];
+  char ver[64];
+  int n = 0;
+
+  sn = calloc(d->ndevs ? (size_t)d->ndevs : 1, sizeof *sn);
+  if (!sn)
+    return DSPK_ENOMEM;
+  for (int i = 0; i < d->ndevs; i++) {
+    struct device *dev = &d->devs[i];
+    struct devsnap *s = &sn[n];
+    if (dev->open_state != 1)
+      continue;
+    s->dev = dev;
+    lv(dev->id, s->id, sizeof s->id);
+    dspkd_obs_activity(dev, &s->act);
+    pthread_mutex_lock(&dev->mu);
+    s->queued = dev->queued;
+    s->running = dev->running;
+    s->completed = dev->completed;
+    s->failed = dev->failed;
+    s->stats = dev->stats;
+    s->obs = dev->obs;
+    pthread_mutex_unlock(&dev->mu);
+    n++;
+  }
+
+  family(&t, "dspk_info", "gauge", "The daemon's version.");
+  tput(&t, "dspk_info{version=\"%s\"} 1\n", lv(DSPKD_VERSION, ver, sizeof ver));
+  family(&t, "dspk_uptime_seconds", "gauge", "Seconds since the daemon started.");
+  tput(&t, "dspk_uptime_seconds %.3f\n", (double)(dspkd_now_ms() - d->start_ms) / 1000.0);
+  family(&t, "dspk_connections", "gauge", "Client connections open now.");
+  tput(&t, "dspk_connections %zu\n", d->nconns);
+  family(&t, "dspk_connections_total", "counter", "Client connections accepted.");
+  tput(&t, "dspk_connections_total %llu\n", (unsigned long long)d->obs.conns_total);
+  family(&t, "dspk_received_bytes_total", "counter", "Bytes read from clients.");
+  tput(&t, "dspk_received_bytes_total %llu\n", (unsigned long long)d->obs.bytes_in);
+  family(&t, "dspk_sent_bytes_total", "counter", "Bytes written to clients.");
+  tput(&t, "dspk_sent_bytes_total %llu\n", (unsigned long long)d->obs.bytes_out);
+
+  render_devices(&t, sn, n);
+
+  dspk__cache_counts(d->cache, ks);
+  family(&t, "dspk_cache_hits_total", "counter",
+         "Lookups the persistent cache answered, by kind (kernels, autotune, blobs).");
+  for (int k = 0; k < DSPK__CACHE_NKINDS; k++)
+    tput(&t, "dspk_cache_hits_total{kind=\"%s\"} %llu\n", dspk__cache_kind_name(k),
+         (unsigned long long)ks[k].hits);
+  family(&t, "dspk_cache_misses_total", "counter", "Lookups the persistent cache missed.");
+  for (int k = 0; k < DSPK__CACHE_NKINDS; k++)
+    tput(&t, "dspk_cache_misses_total{kind=\"%s\"} %llu\n", dspk__cache_kind_name(k),
+         (unsigned long long)ks[k].misses);
+  family(&t, "dspk_cache_puts_total", "counter",
+         "Entries stored in the persistent cache (compiled kernels, tunings, blobs).");
+  for (int k = 0; k < DSPK__CACHE_NKINDS; k++)
+    tput(&t, "dspk_cache_puts_total{kind=\"%s\"} %llu\n", dspk__cache_kind_name(k),
+         (unsigned long long)ks[k].puts);
+  family(&t, "dspk_cache_evictions_total", "counter",
+         "Entries the persistent cache evicted to stay within its size.");
+  for (int k = 0; k < DSPK__CACHE_NKINDS; k++)
+    tput(&t, "dspk_cache_evictions_total{kind=\"%s\"} %llu\n", dspk__cache_kind_name(k),
+         (unsigned long long)ks[k].evictions);
+  free(sn);
+  if (t.err) {
+    free(t.p);
+    return t.err;
+  }
+  *text = t.p;
+  *len = t.len;
+  return 0;
+}
+
+int dspkd_m_metrics(struct req *r) {
+  struct wreq *wr;
+  char *text;
+  size_t len;
+  int err = dspkd_metrics_render(r->c->d, &text, &len);
+  if (err < 0)
+    return err;
+  if (!(wr = wreq_new())) {
+    free(text);
+    return DSPK_ENOMEM;
+  }
+  dspk__pack_result_head(&wr->w.pk, r->msgid);
+  msgpack_pack_str(&wr->w.pk, len);
+  msgpack_pack_str_body(&wr->w.pk, text, len);
+  free(text);
+  conn_send(r->c, wr);
+  return 0;
+}
+
+/* ---- the HTTP listener ------------------------------------------------- */
+
+#ifdef DSPKD_HAVE_MHD
+
+#define SCRAPE_WAIT_S 5 /* a scrape the loop did not answer by then gets 503 */
+
+struct metrics_http {
+  struct dspkd *d;
+  struct MHD_Daemon *mhd;
+  uv_async_t async;     /* wakes the loop to render */
+  pthread_mutex_t mu;
+  pthread_cond_t cv;    /* on CLOCK_MONOTONIC */
+  /* Guarded by mu. */
+  bool closed;
+  uint64_t asked, served; /* scrape numbers */
+  char *text;             /* the text of scrape `served` */
+  size_t len;
+  int err;
+};
+
+/* Loop thread: renders the text a scrape waits for. */
+static void on_scrape(uv_async_t *a) {
+  struct metrics_http *h = a->data;
+  uint64_t want;
+  char *text = NULL;
+  size_t len = 0;
+  int err;
+
+  pthread_mutex_lock(&h->mu);
+  want = h->asked;
+  pthread_mutex_unlock(&h->mu);
+  err = dspkd_metrics_render(h->d, &text, &len);
+  pthread_mutex_lock(&h->mu);
+  free(h->text);
+  h->text = text;
+  h->len = len;
+  h->err = err;
+  h->served = want;
+  pthread_cond_broadcast(&h->cv);
+  pthread_mutex_unlock(&h->mu);
+}
+
+static enum MHD_Result respond(struct MHD_Connection *conn, unsigned status, char *body,
+                               size_t len, const char *type) {
+  struct MHD_Response *resp;
+  enum MHD_Result ret;
+  resp = MHD_create_response_from_buffer(len, body, MHD_RESPMEM_MUST_FREE);
+  if (!resp) {
+    free(body);
+    return MHD_NO;
+  }
+  MHD_add_response_header(resp, "Content-Type", type);
+  if (status == MHD_HTTP_METHOD_NOT_ALLOWED)
+    MHD_add_response_header(resp, "Allow", "GET, HEAD");
+  ret = MHD_queue_response(conn, status, resp);
+  MHD_destroy_response(resp);
+  return ret;
+}
+
+static enum MHD_Result respond_msg(struct MHD_Connection *conn, unsigned status,
+                                   const char *msg) {
+  char *body = strdup(msg);
+  if (!body)
+    return MHD_NO;
+  return respond(conn, status, body, strlen(body), "text/plain; charset=utf-8");
+}
+
+/* libmicrohttpd's thread: GET /metrics. */
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
+                                  const char *method, const char *version,
+                                  const char *upload, size_t *upload_size, void **state) {
+  struct metrics_http *h = cls;
+  struct timespec deadline;
+  uint64_t mine;
+  char *text = NULL;
+  size_t len = 0;
+  int err = DSPK_ETIMEDOUT;
+
+  (void)version;
+  (void)upload;
+  if (!*state) { /* first call: headers only; answer on the next */
+    *state = h;
+    return MHD_YES;
+  }
+  if (*upload_size) {
+    *upload_size = 0;
+    return MHD_YES;
+  }
+  if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0)
+    return respond_msg(conn, MHD_HTTP_METHOD_NOT_ALLOWED, "only GET /metrics\n");
+  if (strcmp(url, "/metrics") != 0)
+    return respond_msg(conn, MHD_HTTP_NOT_FOUND, "not found: the metrics are at /metrics\n");
+
+  pthread_mutex_lock(&h->mu);
+  if (h->closed) {
+    pthread_mutex_unlock(&h->mu);
+    return respond_msg(conn, MHD_HTTP_SERVICE_UNAVAILABLE, "dspkd is stopping\n");
+  }
+  mine = ++h->asked;
+  pthread_mutex_unlock(&h->mu);
+  uv_async_send(&h->async);
+  clock_gettime(CLOCK_MONOTONIC, &deadline);
+  deadline.tv_sec += SCRAPE_WAIT_S;
+  pthread_mutex_lock(&h->mu);
+  while (h->served < mine && !h->closed)
+    if (pthread_cond_timedwait(&h->cv, &h->mu, &deadline) != 0)
+      break;
+  if (h->served >= mine) {
+    text = h->text;
+    len = h->len;
+    err = h->err;
+    h->text = NULL;
+  }
+  pthread_mutex_unlock(&h->mu);
+  if (!text) {
+    char msg[128];
+    snprintf(msg, sizeof msg, "metrics not available: %s\n", dspk__strerror(err));
+    return respond_msg(conn, MHD_HTTP_SERVICE_UNAVAILABLE, msg);
+  }
+  return respond(conn, MHD_HTTP_OK, text, len, "text/plain; version=0.0.4; charset=utf-8");
+}
+
+static void mhd_log(void *cls, const char *fmt, va_list ap) {
+  char msg[512];
+  (void)cls;
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  msg[strcspn(msg, "\n")] = '\0';
+  dspkd_warn("metrics listener: %s", msg);
+}
+
+/* Splits "ADDR:PORT" ("[V6]:PORT", ":PORT" for every address) and resolves
+ * it.  0 or DSPK_EINVAL with msg set. */
+static int parse_listen(const char *spec, struct sockaddr_storage *sa, socklen_t *salen,
+                        char *msg, size_t msglen) {
+  struct addrinfo hints, *res = NULL;
+  char host[256];
+  const char *colon = strrchr(spec, ':'), *port;
+  size_t n;
+  int r;
+
+  if (!colon || !colon[1]) {
+    snprintf(msg, msglen, "expected ADDR:PORT, e.g. 127.0.0.1:9464");
+    return DSPK_EINVAL;
+  }
+  port = colon + 1;
+  n = (size_t)(colon - spec);
+  if (n >= 2 && spec[0] == '[' && spec[n - 1] == ']') {
+    spec++;
+    n -= 2;
+  }
+  if (n >= sizeof host) {
+    snprintf(msg, msglen, "address too long");
+    return DSPK_EINVAL;
+  }
+  memcpy(host, spec, n);
+  host[n] = '\0';
+  memset(&hints, 0, sizeof hints);
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  r = getaddrinfo(n ? host : NULL, port, &hints, &res);
+  if (r != 0) {
+    snprintf(msg, msglen, "cannot resolve \"%s\": %s", spec, gai_strerror(r));
+    return DSPK_EINVAL;
+  }
+  memcpy(sa, res->ai_addr, res->ai_addrlen);
+  *salen = res->ai_addrlen;
+  freeaddrinfo(res);
+  return 0;
+}
+
+int dspkd_metrics_http_start(struct dspkd *d) {
+  const char *spec = d->cfg.metrics_listen;
+  struct metrics_http *h;
+  struct sockaddr_storage sa;
+  socklen_t salen;
+  pthread_condattr_t ca;
+  sigset_t all, old;
+  const union MHD_DaemonInfo *info;
+  char msg[320];
+  unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG;
+
+  if (!spec || !*spec)
+    return 0;
+  if (parse_listen(spec, &sa, &salen, msg, sizeof msg) != 0) {
+    dspkd_error("metrics_listen %s: %s", spec, msg);
+    return DSPK_EINVAL;
+  }
+  h = calloc(1, sizeof *h);
+  if (!h)
+    return DSPK_ENOMEM;
+  h->d = d;
+  pthread_mutex_init(&h->mu, NULL);
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&h->cv, &ca);
+  pthread_condattr_destroy(&ca);
+  uv_async_init(d->loop, &h->async, on_scrape);
+  h->async.data = h;
+  uv_unref((uv_handle_t *)&h->async); /* scrapes never keep the loop alive */
+  if (sa.ss_family == AF_INET6)
+    flags |= MHD_USE_IPv6;
+  /* Its thread takes none of the daemon's signals: those reach the loop. */
+  sigfillset(&all);
+  pthread_sigmask(SIG_BLOCK, &all, &old);
+  h->mhd = MHD_start_daemon(flags, 0, NULL, NULL, on_request, h,
+                            MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
+                            MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
+                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)16,
+                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)30,
+                            MHD_OPTION_END);
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  d->obs.http = h;
+  if (!h->mhd) {
+    dspkd_error("metrics_listen %s: cannot listen (address in use, or not allowed)", spec);
+    return DSPK_EIO;
+  }
+  info = MHD_get_daemon_info(h->mhd, MHD_DAEMON_INFO_BIND_PORT);
+  dspkd_info("metrics: serving http://%s/metrics (port %u)", spec,
+             info ? (unsigned)info->port : 0u);
+  return 0;
+}
+
+static void on_http_close(uv_handle_t *a) {
+  struct metrics_http *h = a->data;
+  free(h->text);
+  pthread_mutex_destroy(&h->mu);
+  pthread_cond_destroy(&h->cv);
+  free(h);
+}
+
+void dspkd_metrics_http_stop(struct dspkd *d) {
+  struct metrics_http *h = d->obs.http;
+  if (!h)
+    return;
+  pthread_mutex_lock(&h->mu);
+  h->closed = true;
+  pthread_cond_broadcast(&h->cv);
+  pthread_mutex_unlock(&h->mu);
+  if (h->mhd)
+    MHD_stop_daemon(h->mhd); /* joins its thread */
+  d->obs.http = NULL;
+  uv_close((uv_handle_t *)&h->async, on_http_close);
+}
+
+#else /* !DSPKD_HAVE_MHD */
+
+int dspkd_metrics_http_start(struct dspkd *d) {
+  if (!d->cfg.metrics_listen || !*d->cfg.metrics_listen)
+    return 0;
+  dspkd_error("metrics_listen %s: this dspkd was built without libmicrohttpd",
+              d->cfg.metrics_listen);
+  return DSPK_ENOTSUP;
+}
+
+void dspkd_metrics_http_stop(struct dspkd *d) { (void)d; }
+
+#endif

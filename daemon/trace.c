@@ -1,0 +1,272 @@
+/*
+ * The `trace` method (docs/protocol.md): records every job every device
+ * runs for the given seconds, then answers with each job's phases (queue,
+ * upload, tuning, compute, download), so a client can draw what each device
+ * did and when it sat idle (dspk-submit trace writes Chrome trace-event
+ * JSON from it).
+ *
+ * While at least one trace is in progress, each runner keeps its finished
+ * jobs in a ring of DSPKD_TRACE_RING records (daemon/metrics.c,
+ * trace_keep); a trace remembers where each ring stood when it began and at
+ * its end copies what came after, under the device's mutex.  A device that
+ * finished more jobs than the ring holds reports the oldest as dropped.
+ * The job running at the end is included, marked running.  Traces in
+ * progress at the daemon's stop are answered at once with what they have.
+ * Loop thread only, except the rings (each guarded by its device's mutex).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/dspkd.h"
+#include "daemon/log.h"
+
+#define TRACE_MAX_S 600.0  /* longest trace */
+#define TRACE_MAX_SESSIONS 8
+
+struct trace_sess {
+  struct trace_sess *next;
+  struct dspkd *d;
+  struct conn *c;
+  uint32_t msgid;
+  uv_timer_t timer;
+  uint64_t t0;
+  uint64_t seq0[DSPKD_MAX_DEVICES];
+};
+
+struct trec {
+  struct trace_rec r;
+  int dev;
+};
+
+static void kv_u64(msgpack_packer *pk, const char *k, uint64_t v) {
+  dspk__pack_str(pk, k);
+  msgpack_pack_uint64(pk, v);
+}
+
+static void pack_rec(msgpack_packer *pk, const struct dspkd *d, const struct trec *x) {
+  const struct trace_rec *r = &x->r;
+  bool task = r->kind == JOB_TASK;
+  int n = 10 + (task && r->t.upload_end) + (task && r->t.compute_end) +
+          2 * (task && r->t.tune_start);
+
+  msgpack_pack_map(pk, (size_t)n);
+  dspk__pack_str(pk, "device");
+  dspk__pack_str(pk, d->devs[x->dev].id);
+  dspk__pack_str(pk, "kind");
+  dspk__pack_str(pk, task ? "task" : dspkd_obs_job_name(r->kind, 0));
+  dspk__pack_str(pk, "name");
+  dspk__pack_str(pk, dspkd_obs_job_name(r->kind, r->op));
+  kv_u64(pk, "client", r->client);
+  kv_u64(pk, "msgid", r->msgid);
+  dspk__pack_str(pk, "error");
+  if (r->err)
+    dspk__pack_str(pk, dspk__err_name(r->err));
+  else
+    msgpack_pack_nil(pk);
+  dspk__pack_str(pk, "running");
+  if (r->running)
+    msgpack_pack_true(pk);
+  else
+    msgpack_pack_false(pk);
+  kv_u64(pk, "queued_us", (r->t.queued ? r->t.queued : r->t.start) / 1000);
+  kv_u64(pk, "start_us", r->t.start / 1000);
+  kv_u64(pk, "end_us", r->t.end / 1000);
+  if (task && r->t.upload_end)
+    kv_u64(pk, "upload_end_us", r->t.upload_end / 1000);
+  if (task && r->t.compute_end)
+    kv_u64(pk, "compute_end_us", r->t.compute_end / 1000);
+  if (task && r->t.tune_start) {
+    kv_u64(pk, "tune_start_us", r->t.tune_start / 1000);
+    kv_u64(pk, "tune_end_us", r->t.tune_end / 1000);
+  }
+}
+
+/* Takes the records of every device since the trace began (and the job
+ * running now), and stops recording for this trace.  *out malloc'd. */
+static int collect(struct trace_sess *s, uint64_t now, struct trec **out, size_t *n,
+                   uint64_t *dropped) {
+  struct dspkd *d = s->d;
+  size_t cap = 0, k = 0;
+  struct trec *v = NULL;
+  int err = 0;
+
+  *dropped = 0;
+  for (int i = 0; i < d->ndevs; i++) {
+    struct device *dev = &d->devs[i];
+    struct dev_obs *o = &dev->obs;
+    uint64_t from;
+    if (dev->open_state != 1)
+      continue;
+    pthread_mutex_lock(&dev->mu);
+    from = s->seq0[i];
+    if (o->seq - from > DSPKD_TRACE_RING) {
+      *dropped += o->seq - from - DSPKD_TRACE_RING;
+      from = o->seq - DSPKD_TRACE_RING;
+    }
+    if (!err && k + (o->seq - from) + 1 > cap) {
+      size_t nc = k + (size_t)(o->seq - from) + 1 + cap;
+      struct trec *nv = realloc(v, nc * sizeof *nv);
+      if (nv) {
+        v = nv;
+        cap = nc;
+      } else {
+        err = DSPK_ENOMEM;
+      }
+    }
+    for (uint64_t q = from; !err && o->rec && q < o->seq; q++) {
+      v[k].r = o->rec[q % DSPKD_TRACE_RING];
+      v[k++].dev = i;
+    }
+    if (!err && o->run_start) {
+      struct trace_rec *r = &v[k].r;
+      memset(r, 0, sizeof *r);
+      r->t.queued = o->run_queued;
+      r->t.start = o->run_start;
+      r->t.end = now;
+      r->client = o->run_client;
+      r->msgid = o->run_msgid;
+      r->kind = o->run_kind;
+      r->op = o->run_op;
+      r->running = true;
+      v[k++].dev = i;
+    }
+    o->tracers--;
+    pthread_mutex_unlock(&dev->mu);
+  }
+  if (err) {
+    free(v);
+    return err;
+  }
+  *out = v;
+  *n = k;
+  return 0;
+}
+
+static void on_timer_close(uv_handle_t *h) { free(h->data); }
+
+/* Answers the trace and forgets it. */
+static void finish(struct trace_sess *s) {
+  struct dspkd *d = s->d;
+  struct conn *c = s->c;
+  struct trace_sess **pp;
+  struct trec *v = NULL;
+  size_t n = 0;
+  uint64_t dropped = 0, now = dspkd_now_ns();
+  int err, ndev = 0;
+
+  for (pp = &d->obs.traces; *pp && *pp != s; pp = &(*pp)->next)
+    ;
+  if (*pp)
+    *pp = s->next;
+  uv_timer_stop(&s->timer);
+  err = collect(s, now, &v, &n, &dropped);
+  if (!c->closing) {
+    struct wreq *wr = err ? NULL : wreq_new();
+    if (!wr) {
+      conn_send_error(c, s->msgid, DSPK_ENOMEM, "out of memory for the trace");
+    } else {
+      msgpack_packer *pk = &wr->w.pk;
+      dspk__pack_result_head(pk, s->msgid);
+      msgpack_pack_map(pk, 5);
+      kv_u64(pk, "start_us", s->t0 / 1000);
+      kv_u64(pk, "end_us", now / 1000);
+      kv_u64(pk, "dropped", dropped);
+      dspk__pack_str(pk, "devices");
+      for (int i = 0; i < d->ndevs; i++)
+        ndev += d->devs[i].open_state == 1;
+      msgpack_pack_array(pk, (size_t)ndev);
+      for (int i = 0; i < d->ndevs; i++)
+        if (d->devs[i].open_state == 1)
+          dspk__pack_str(pk, d->devs[i].id);
+      dspk__pack_str(pk, "jobs");
+      msgpack_pack_array(pk, n);
+      for (size_t i = 0; i < n; i++)
+        pack_rec(pk, d, &v[i]);
+      conn_send(c, wr);
+    }
+  }
+  free(v);
+  dspkd_debug("client %llu: trace #%u: %zu jobs, %llu dropped", (unsigned long long)c->id,
+              s->msgid, n, (unsigned long long)dropped);
+  uv_close((uv_handle_t *)&s->timer, on_timer_close);
+  conn_unref(c);
+}
+
+static void on_timer(uv_timer_t *t) { finish(t->data); }
+
+int dspkd_m_trace(struct req *r) {
+  struct dspkd *d = r->c->d;
+  struct trace_sess *s;
+  struct trace_rec *fresh[DSPKD_MAX_DEVICES] = {0};
+  double seconds = 0;
+  int err, nsess = 0;
+
+  if ((err = dspk__arg_f64(r->args, "seconds", &seconds, r->msg, sizeof r->msg)))
+    return err;
+  if (!(seconds > 0 && seconds <= TRACE_MAX_S)) {
+    snprintf(r->msg, sizeof r->msg, "seconds: expected a number in (0, %g]", TRACE_MAX_S);
+    return DSPK_EINVAL;
+  }
+  if (d->stopping) {
+    snprintf(r->msg, sizeof r->msg, "the daemon is stopping");
+    return DSPK_ESHUTDOWN;
+  }
+  for (s = d->obs.traces; s; s = s->next)
+    nsess++;
+  if (nsess >= TRACE_MAX_SESSIONS) {
+    snprintf(r->msg, sizeof r->msg, "%d traces are in progress already", nsess);
+    return DSPK_EBUSY;
+  }
+  s = calloc(1, sizeof *s);
+  if (!s)
+    return DSPK_ENOMEM;
+  /* The rings, allocated at the first trace (only the loop sets them). */
+  for (int i = 0; i < d->ndevs; i++) {
+    struct device *dev = &d->devs[i];
+    if (dev->open_state != 1 || dev->obs.rec)
+      continue;
+    fresh[i] = calloc(DSPKD_TRACE_RING, sizeof *fresh[i]);
+    if (!fresh[i]) {
+      for (int k = 0; k <= i; k++)
+        free(fresh[k]);
+      free(s);
+      return DSPK_ENOMEM;
+    }
+  }
+  for (int i = 0; i < d->ndevs; i++) {
+    struct device *dev = &d->devs[i];
+    if (dev->open_state != 1)
+      continue;
+    pthread_mutex_lock(&dev->mu);
+    if (fresh[i])
+      dev->obs.rec = fresh[i];
+    dev->obs.tracers++;
+    s->seq0[i] = dev->obs.seq;
+    pthread_mutex_unlock(&dev->mu);
+  }
+  s->d = d;
+  s->c = r->c;
+  s->msgid = r->msgid;
+  s->t0 = dspkd_now_ns();
+  uv_timer_init(d->loop, &s->timer);
+  s->timer.data = s;
+  conn_ref(r->c);
+  s->next = d->obs.traces;
+  d->obs.traces = s;
+  uv_timer_start(&s->timer, on_timer, (uint64_t)(seconds * 1000.0 + 0.5), 0);
+  dspkd_debug("client %llu: trace #%u for %.3f s", (unsigned long long)r->c->id, r->msgid,
+              seconds);
+  return 0;
+}
+
+void dspkd_trace_stop_all(struct dspkd *d) {
+  while (d->obs.traces)
+    finish(d->obs.traces);
+}
+
+void dspkd_trace_free(struct dspkd *d) {
+  for (int i = 0; i < d->ndevs; i++) {
+    free(d->devs[i].obs.rec);
+    d->devs[i].obs.rec = NULL;
+  }
+}
