@@ -242,7 +242,8 @@ DSPK_EXPORT int dspk_status_get(dspk_client *c, dspk_status **out) {
   s->ndevices = arr_size(dv);
   s->clients = calloc(s->nclients + 1, sizeof(*s->clients));
   s->devices = calloc(s->ndevices + 1, sizeof(*s->devices));
-  if (!s->clients || !s->devices ||
+  s->activity = calloc(s->ndevices + 1, sizeof(*s->activity));
+  if (!s->clients || !s->devices || !s->activity ||
       dspk__to_json(r.msg.result, &s->json) != 0)
     goto err_status;
   dspk__strncpy_obj(dspk__map_get(d, "version"), s->version,
@@ -250,6 +251,7 @@ DSPK_EXPORT int dspk_status_get(dspk_client *c, dspk_status **out) {
   dspk__obj_i64(dspk__map_get(d, "pid"), &s->pid);
   dspk__obj_f64(dspk__map_get(d, "uptime_s"), &s->uptime_s);
   dspk__strncpy_obj(dspk__map_get(d, "socket"), s->socket, sizeof s->socket);
+  dspk__obj_u64(dspk__map_get(d, "connections"), &s->connections);
   for (size_t i = 0; i < s->nclients; i++) {
     const msgpack_object *o = &cl->via.array.ptr[i];
     dspk_status_client *x = &s->clients[i];
@@ -269,6 +271,7 @@ DSPK_EXPORT int dspk_status_get(dspk_client *c, dspk_status **out) {
     dspk__obj_u64(dspk__map_get(o, "running"), &x->running);
     dspk__obj_u64(dspk__map_get(o, "completed"), &x->completed);
     dspk__obj_u64(dspk__map_get(o, "failed"), &x->failed);
+    dspk__status_activity(o, &s->activity[i]);
   }
   dspk__resp_free(&r);
   *out = s;
@@ -286,6 +289,7 @@ DSPK_EXPORT void dspk_status_free(dspk_status *s) {
     return;
   free(s->clients);
   free(s->devices);
+  free(s->activity);
   free(s->json);
   free(s);
 }

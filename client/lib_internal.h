@@ -86,11 +86,26 @@ int dspk__call(dspk_client *c, const char *method,
                void (*pack)(void *ud, struct dspk__wbuf *w), void *ud,
                struct dspk__resp *r);
 
+/* A growing JSON text (lib_json.c): p is NUL-terminated, err is the first
+ * failure (DSPK_ENOMEM), after which nothing more is written. */
+struct dspk__jbuf {
+  char *p;
+  size_t len, cap;
+  int err;
+};
+void dspk__jput(struct dspk__jbuf *j, const char *s, size_t n);
+void dspk__jputs(struct dspk__jbuf *j, const char *s);
+/* s[0..n) as a JSON string, quoted and escaped. */
+void dspk__jstr(struct dspk__jbuf *j, const char *s, size_t n);
+
 /* Converts o to JSON text (NUL-terminated, malloc'd) in *out.  0 or
  * DSPK_ENOMEM. */
 int dspk__to_json(const msgpack_object *o, char **out);
 
 /* Copies a str value into buf, truncating; "" when o is not a str. */
 void dspk__strncpy_obj(const msgpack_object *o, char *buf, size_t buflen);
+
+/* Fills a from one device of the status answer (lib_observe.c). */
+void dspk__status_activity(const msgpack_object *dev, dspk_device_activity *a);
 
 #endif /* DSPK_CLIENT_LIB_INTERNAL_H */

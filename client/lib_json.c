@@ -13,13 +13,7 @@
 
 #include "client/lib_internal.h"
 
-struct jbuf {
-  char *p;
-  size_t len, cap;
-  int err;
-};
-
-static void jput(struct jbuf *j, const char *s, size_t n) {
+void dspk__jput(struct dspk__jbuf *j, const char *s, size_t n) {
   if (j->err)
     return;
   if (j->cap - j->len < n + 1) {
@@ -39,36 +33,36 @@ static void jput(struct jbuf *j, const char *s, size_t n) {
   j->p[j->len] = '\0';
 }
 
-static void jputs(struct jbuf *j, const char *s) { jput(j, s, strlen(s)); }
+void dspk__jputs(struct dspk__jbuf *j, const char *s) { dspk__jput(j, s, strlen(s)); }
 
-static void jstr(struct jbuf *j, const char *s, size_t n) {
-  jput(j, "\"", 1);
+void dspk__jstr(struct dspk__jbuf *j, const char *s, size_t n) {
+  dspk__jput(j, "\"", 1);
   for (size_t i = 0; i < n; i++) {
     unsigned char ch = (unsigned char)s[i];
     char esc[8];
     switch (ch) {
-    case '"': jput(j, "\\\"", 2); break;
-    case '\\': jput(j, "\\\\", 2); break;
-    case '\n': jput(j, "\\n", 2); break;
-    case '\r': jput(j, "\\r", 2); break;
-    case '\t': jput(j, "\\t", 2); break;
+    case '"': dspk__jput(j, "\\\"", 2); break;
+    case '\\': dspk__jput(j, "\\\\", 2); break;
+    case '\n': dspk__jput(j, "\\n", 2); break;
+    case '\r': dspk__jput(j, "\\r", 2); break;
+    case '\t': dspk__jput(j, "\\t", 2); break;
     default:
       if (ch < 0x20) {
         snprintf(esc, sizeof esc, "\\u%04x", ch);
-        jput(j, esc, 6);
+        dspk__jput(j, esc, 6);
       } else {
-        jput(j, (const char *)&s[i], 1);
+        dspk__jput(j, (const char *)&s[i], 1);
       }
     }
   }
-  jput(j, "\"", 1);
+  dspk__jput(j, "\"", 1);
 }
 
-static void jbase64(struct jbuf *j, const unsigned char *p, size_t n) {
+static void jbase64(struct dspk__jbuf *j, const unsigned char *p, size_t n) {
   static const char tab[] =
       "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
   char q[4];
-  jput(j, "\"", 1);
+  dspk__jput(j, "\"", 1);
   for (size_t i = 0; i < n; i += 3) {
     uint32_t v = (uint32_t)p[i] << 16;
     if (i + 1 < n)
@@ -79,80 +73,80 @@ static void jbase64(struct jbuf *j, const unsigned char *p, size_t n) {
     q[1] = tab[(v >> 12) & 63];
     q[2] = i + 1 < n ? tab[(v >> 6) & 63] : '=';
     q[3] = i + 2 < n ? tab[v & 63] : '=';
-    jput(j, q, 4);
+    dspk__jput(j, q, 4);
   }
-  jput(j, "\"", 1);
+  dspk__jput(j, "\"", 1);
 }
 
-static void jval(struct jbuf *j, const msgpack_object *o) {
+static void jval(struct dspk__jbuf *j, const msgpack_object *o) {
   char num[64];
 
   switch (o->type) {
-  case MSGPACK_OBJECT_NIL: jputs(j, "null"); break;
-  case MSGPACK_OBJECT_BOOLEAN: jputs(j, o->via.boolean ? "true" : "false");
+  case MSGPACK_OBJECT_NIL: dspk__jputs(j, "null"); break;
+  case MSGPACK_OBJECT_BOOLEAN: dspk__jputs(j, o->via.boolean ? "true" : "false");
     break;
   case MSGPACK_OBJECT_POSITIVE_INTEGER:
     snprintf(num, sizeof num, "%" PRIu64, o->via.u64);
-    jputs(j, num);
+    dspk__jputs(j, num);
     break;
   case MSGPACK_OBJECT_NEGATIVE_INTEGER:
     snprintf(num, sizeof num, "%" PRId64, o->via.i64);
-    jputs(j, num);
+    dspk__jputs(j, num);
     break;
   case MSGPACK_OBJECT_FLOAT32:
   case MSGPACK_OBJECT_FLOAT64:
     if (isfinite(o->via.f64)) {
       snprintf(num, sizeof num, "%.17g", o->via.f64);
-      jputs(j, num);
+      dspk__jputs(j, num);
     } else {
-      jputs(j, "null");
+      dspk__jputs(j, "null");
     }
     break;
-  case MSGPACK_OBJECT_STR: jstr(j, o->via.str.ptr, o->via.str.size); break;
+  case MSGPACK_OBJECT_STR: dspk__jstr(j, o->via.str.ptr, o->via.str.size); break;
   case MSGPACK_OBJECT_BIN:
     jbase64(j, (const unsigned char *)o->via.bin.ptr, o->via.bin.size);
     break;
   case MSGPACK_OBJECT_ARRAY:
-    jput(j, "[", 1);
+    dspk__jput(j, "[", 1);
     for (uint32_t i = 0; i < o->via.array.size; i++) {
       if (i)
-        jput(j, ",", 1);
+        dspk__jput(j, ",", 1);
       jval(j, &o->via.array.ptr[i]);
     }
-    jput(j, "]", 1);
+    dspk__jput(j, "]", 1);
     break;
   case MSGPACK_OBJECT_MAP:
-    jput(j, "{", 1);
+    dspk__jput(j, "{", 1);
     for (uint32_t i = 0; i < o->via.map.size; i++) {
       const msgpack_object_kv *kv = &o->via.map.ptr[i];
       if (i)
-        jput(j, ",", 1);
+        dspk__jput(j, ",", 1);
       if (kv->key.type == MSGPACK_OBJECT_STR) {
-        jstr(j, kv->key.via.str.ptr, kv->key.via.str.size);
+        dspk__jstr(j, kv->key.via.str.ptr, kv->key.via.str.size);
       } else {
-        struct jbuf k = {0};
+        struct dspk__jbuf k = {0};
         jval(&k, &kv->key);
         if (k.err)
           j->err = k.err;
-        jstr(j, k.p ? k.p : "", k.len);
+        dspk__jstr(j, k.p ? k.p : "", k.len);
         free(k.p);
       }
-      jput(j, ":", 1);
+      dspk__jput(j, ":", 1);
       jval(j, &kv->val);
     }
-    jput(j, "}", 1);
+    dspk__jput(j, "}", 1);
     break;
   default: /* ext: never accepted by the scanner */
-    jputs(j, "null");
+    dspk__jputs(j, "null");
   }
 }
 
 int dspk__to_json(const msgpack_object *o, char **out) {
-  struct jbuf j = {0};
+  struct dspk__jbuf j = {0};
   if (o)
     jval(&j, o);
   else
-    jputs(&j, "null");
+    dspk__jputs(&j, "null");
   if (j.err) {
     free(j.p);
     return j.err;

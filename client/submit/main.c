@@ -186,6 +186,38 @@ const dspk__sub_cmd dspk__sub_cmds[] = {
      "only root and the daemon's own user may (EPERM otherwise).\n"
      "\n"
      "  --json   print the daemon's answer as JSON\n"},
+    {"metrics", dspk__sub_metrics, "the daemon's metrics (Prometheus text)",
+     "usage: dspk-submit metrics [--json]\n"
+     "\n"
+     "Prints the daemon's counters in Prometheus text format: per device tasks\n"
+     "by op and result, queue and run time histograms, queue depth, memory,\n"
+     "busy fraction, retirement counters; cache hits, misses and compiles;\n"
+     "connections, bytes in and out, uptime.  (dspkd --metrics-listen serves\n"
+     "the same text over HTTP for Prometheus to scrape.)\n"
+     "\n"
+     "  --json   print the samples as a JSON list of {name, labels, value}\n"},
+    {"top", dspk__sub_top, "live view of the devices and clients",
+     "usage: dspk-submit top [-n SECONDS] [--once]\n"
+     "\n"
+     "Shows, refreshed every SECONDS, one line per device: BUSY (share of the\n"
+     "last 4 to 5 seconds spent running jobs), memory the daemon's pool has in\n"
+     "use and cached of the device's total, queued jobs, clients with work on\n"
+     "it, jobs done and failed, and the job RUNNING now with its age; then the\n"
+     "connected clients.  Keys: q quits, space refreshes.\n"
+     "\n"
+     "  -n, --interval SECONDS   time between refreshes (0.1 to 3600, default 1)\n"
+     "      --once               print one frame and exit\n"},
+    {"trace", dspk__sub_trace, "record what every device runs (Chrome trace JSON)",
+     "usage: dspk-submit trace -o FILE [--seconds N]\n"
+     "\n"
+     "Records every job on every device for N seconds (default 5, at most 600)\n"
+     "and writes Chrome trace-event JSON that Perfetto (ui.perfetto.dev) and\n"
+     "chrome://tracing open: one process per device; on its runner thread each\n"
+     "job with its phases (upload, compute, tuning, download), and on a thread\n"
+     "per client the time each job waited in the queue.\n"
+     "\n"
+     "  -o, --output FILE   where to write the trace (- for standard output)\n"
+     "  -s, --seconds N     how long to record (default 5)\n"},
     {NULL, NULL, NULL, NULL},
 };
 

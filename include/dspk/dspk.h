@@ -160,6 +160,19 @@ typedef struct dspk_status_device {
   uint64_t queued, running, completed, failed;
 } dspk_status_device;
 
+/* What a device is doing (status's busy, clients, memory, running_op and
+ * pool statistics), for live views such as dspk-submit top. */
+typedef struct dspk_device_activity {
+  double busy;               /* fraction of the last 4 to 5 s spent running jobs */
+  uint64_t clients;          /* connections with jobs queued or running on it */
+  uint64_t memory;           /* the device's memory, bytes (0: unknown) */
+  uint64_t memory_in_use;    /* bytes the daemon's pool has handed out */
+  uint64_t memory_cached;    /* bytes the pool keeps for reuse */
+  bool running;              /* a job runs now: */
+  char running_op[32];       /*   its op ("gemm") or method ("buffer.write") */
+  double running_age_s;      /*   for how long */
+} dspk_device_activity;
+
 typedef struct dspk_status {
   char version[32];    /* daemon version */
   int64_t pid;
@@ -170,11 +183,31 @@ typedef struct dspk_status {
   size_t ndevices;
   dspk_status_device *devices;
   char *json;          /* the whole result as JSON text (incl. stats) */
+  uint64_t connections;           /* connections open now */
+  dspk_device_activity *activity; /* [ndevices], parallel to devices */
 } dspk_status;
 
 /* The `status` method.  *out is freed with dspk_status_free(). */
 DSPK_EXPORT int dspk_status_get(dspk_client *c, dspk_status **out);
 DSPK_EXPORT void dspk_status_free(dspk_status *s);
+
+/* ---- metrics and traces -------------------------------------------------- */
+
+/* The `metrics` method: the daemon's counters as Prometheus text
+ * (exposition format 0.0.4) in *text_out (free with dspk_free()). */
+DSPK_EXPORT int dspk_metrics(dspk_client *c, char **text_out);
+
+/* The `trace` method: records every job on every device for `seconds`
+ * (0 < seconds <= 600; the call blocks that long) and returns it as Chrome
+ * trace-event JSON in *json_out (free with dspk_free()), which Perfetto and
+ * chrome://tracing open: {"traceEvents": [...], "displayTimeUnit": "ms",
+ * "otherData": {...}}.  One process (pid) per device; on thread 1 each job
+ * is an "X" event (category "task" or "buffer") with its phases nested in
+ * it (category "phase": upload, compute, tuning inside compute, download);
+ * the time each job waited in the queue is an "X" event of category
+ * "queue" on a thread of its client.  Timestamps are microseconds from the
+ * first event. */
+DSPK_EXPORT int dspk_trace(dspk_client *c, double seconds, char **json_out);
 
 /* ---- daemon-side buffers ------------------------------------------------- */
 

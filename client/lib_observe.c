@@ -1,0 +1,313 @@
+/*
+ * libdspkclient's calls that watch the daemon: dspk_metrics (the Prometheus
+ * text), dspk_trace (a recording of every job, turned into Chrome
+ * trace-event JSON), and the per-device activity of dspk_status_get.
+ *
+ * The trace's conversion: the daemon answers with one record per job
+ * (docs/protocol.md, `trace`); each becomes an "X" (complete) event on its
+ * device's runner thread with its phases nested inside, and its wait in the
+ * queue an "X" event on a thread of its client.  Queue waits of one client
+ * overlap (a FIFO holds several jobs), and slices on one thread must nest,
+ * so each client gets as many queue threads as it needs: a wait goes to the
+ * first of them that is free by the time it begins.
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "client/lib_internal.h"
+
+#define RUN_TID 1
+#define QUEUE_LANES 16   /* queue threads per client and device */
+#define QUEUE_TID0 1000  /* tid of a client's queue lane: 1000 + 16 * client + lane */
+
+void dspk__status_activity(const msgpack_object *dev, dspk_device_activity *a) {
+  const msgpack_object *run = dspk__map_get(dev, "running_op");
+  const msgpack_object *st = dspk__map_get(dev, "stats");
+  double age_ms = 0;
+
+  memset(a, 0, sizeof *a);
+  dspk__obj_f64(dspk__map_get(dev, "busy"), &a->busy);
+  dspk__obj_u64(dspk__map_get(dev, "clients"), &a->clients);
+  dspk__obj_u64(dspk__map_get(dev, "memory"), &a->memory);
+  dspk__obj_u64(dspk__map_get(st, "pool_bytes_in_use"), &a->memory_in_use);
+  dspk__obj_u64(dspk__map_get(st, "pool_bytes_cached"), &a->memory_cached);
+  if (run && run->type == MSGPACK_OBJECT_MAP) {
+    a->running = true;
+    dspk__strncpy_obj(dspk__map_get(run, "name"), a->running_op, sizeof a->running_op);
+    dspk__obj_f64(dspk__map_get(run, "age_ms"), &age_ms);
+    a->running_age_s = age_ms / 1000.0;
+  }
+}
+
+DSPK_EXPORT int dspk_metrics(dspk_client *c, char **text_out) {
+  struct dspk__resp r;
+  const char *s;
+  size_t n;
+  char *text;
+  int rc;
+
+  if (!c || !text_out)
+    return DSPK_EINVAL;
+  rc = dspk__call(c, "metrics", NULL, NULL, &r);
+  if (rc != 0)
+    return rc;
+  if (dspk__obj_str(r.msg.result, &s, &n) != 0) {
+    dspk__resp_free(&r);
+    return dspk__cerr(c, DSPK_EPROTO, "metrics: the answer is not a string");
+  }
+  text = malloc(n + 1);
+  if (!text) {
+    dspk__resp_free(&r);
+    return dspk__cerr(c, DSPK_ENOMEM, "out of memory");
+  }
+  memcpy(text, s, n);
+  text[n] = '\0';
+  dspk__resp_free(&r);
+  *text_out = text;
+  return 0;
+}
+
+/* ---- trace ---------------------------------------------------------------- */
+
+static void pack_seconds(void *ud, struct dspk__wbuf *w) {
+  msgpack_pack_map(&w->pk, 1);
+  dspk__pack_str(&w->pk, "seconds");
+  msgpack_pack_double(&w->pk, *(const double *)ud);
+}
+
+/* Queue lanes in use: the end of the last wait on each lane of a client on
+ * a device. */
+struct lanes {
+  uint64_t client;
+  int pid;
+  int used;
+  uint64_t end[QUEUE_LANES];
+};
+
+struct conv {
+  struct dspk__jbuf j;
+  uint64_t base; /* us: the earliest time in the trace */
+  int nev;
+  struct lanes *lanes;
+  size_t nlanes, caplanes;
+};
+
+static uint64_t get_u64(const msgpack_object *m, const char *k) {
+  uint64_t v = 0;
+  dspk__obj_u64(dspk__map_get(m, k), &v);
+  return v;
+}
+
+/* Starts an event: {"name":NAME,"ph":PH,"pid":P,"tid":T, ... (no closing). */
+static void ev_head(struct conv *cv, const char *name, size_t nlen, const char *ph, int pid,
+                    uint64_t tid) {
+  char num[96];
+  dspk__jputs(&cv->j, cv->nev++ ? ",\n{\"name\":" : "\n{\"name\":");
+  dspk__jstr(&cv->j, name, nlen);
+  snprintf(num, sizeof num, ",\"ph\":\"%s\",\"pid\":%d,\"tid\":%" PRIu64, ph, pid, tid);
+  dspk__jputs(&cv->j, num);
+}
+
+/* Metadata: process_name / thread_name / *_sort_index. */
+static void ev_meta(struct conv *cv, const char *what, int pid, uint64_t tid, const char *name,
+                    long sort) {
+  char num[64];
+  ev_head(cv, what, strlen(what), "M", pid, tid);
+  if (name) {
+    dspk__jputs(&cv->j, ",\"args\":{\"name\":");
+    dspk__jstr(&cv->j, name, strlen(name));
+    dspk__jputs(&cv->j, "}}");
+  } else {
+    snprintf(num, sizeof num, ",\"args\":{\"sort_index\":%ld}}", sort);
+    dspk__jputs(&cv->j, num);
+  }
+}
+
+/* A complete event [t0, t1] (us, absolute); args is JSON text or NULL. */
+static void ev_x(struct conv *cv, const char *name, size_t nlen, const char *cat, int pid,
+                 uint64_t tid, uint64_t t0, uint64_t t1, const char *args) {
+  char num[96];
+  if (t1 < t0)
+    t1 = t0;
+  ev_head(cv, name, nlen, "X", pid, tid);
+  snprintf(num, sizeof num, ",\"cat\":\"%s\",\"ts\":%" PRIu64 ",\"dur\":%" PRIu64, cat,
+           t0 - cv->base, t1 - t0);
+  dspk__jputs(&cv->j, num);
+  if (args) {
+    dspk__jputs(&cv->j, ",\"args\":");
+    dspk__jputs(&cv->j, args);
+  }
+  dspk__jputs(&cv->j, "}");
+}
+
+/* The queue thread of this client on this device that is free at t0 (the
+ * last one when all are busy); names it when it is new. */
+static uint64_t queue_tid(struct conv *cv, int pid, uint64_t client, uint64_t t0,
+                          uint64_t t1) {
+  struct lanes *l = NULL;
+  int k;
+  char name[64];
+
+  for (size_t i = 0; i < cv->nlanes; i++)
+    if (cv->lanes[i].pid == pid && cv->lanes[i].client == client)
+      l = &cv->lanes[i];
+  if (!l) {
+    if (cv->nlanes == cv->caplanes) {
+      size_t cap = cv->caplanes ? 2 * cv->caplanes : 16;
+      struct lanes *nl = realloc(cv->lanes, cap * sizeof *nl);
+      if (!nl) {
+        cv->j.err = DSPK_ENOMEM;
+        return QUEUE_TID0;
+      }
+      cv->lanes = nl;
+      cv->caplanes = cap;
+    }
+    l = &cv->lanes[cv->nlanes++];
+    memset(l, 0, sizeof *l);
+    l->pid = pid;
+    l->client = client;
+  }
+  for (k = 0; k < QUEUE_LANES - 1; k++)
+    if (k >= l->used || l->end[k] <= t0)
+      break;
+  if (k >= l->used) {
+    uint64_t tid = QUEUE_TID0 + QUEUE_LANES * client + (uint64_t)k;
+    l->used = k + 1;
+    if (client)
+      snprintf(name, sizeof name, k ? "client %" PRIu64 " queue %d" : "client %" PRIu64 " queue",
+               client, k + 1);
+    else
+      snprintf(name, sizeof name, k ? "daemon queue %d" : "daemon queue", k + 1);
+    ev_meta(cv, "thread_name", pid, tid, name, 0);
+    ev_meta(cv, "thread_sort_index", pid, tid, NULL, (long)(tid > 0x7fffffff ? 0x7fffffff : tid));
+  }
+  l->end[k] = t1;
+  return QUEUE_TID0 + QUEUE_LANES * client + (uint64_t)k;
+}
+
+/* One job record: its queue wait, its run and its phases. */
+static void conv_job(struct conv *cv, const msgpack_object *job, int pid) {
+  const msgpack_object *err = dspk__map_get(job, "error");
+  const char *name, *kind, *e = NULL;
+  size_t nlen, klen, elen = 0;
+  bool running = false, task;
+  uint64_t client = get_u64(job, "client"), msgid = get_u64(job, "msgid");
+  uint64_t q = get_u64(job, "queued_us"), s = get_u64(job, "start_us");
+  uint64_t end = get_u64(job, "end_us");
+  uint64_t up = get_u64(job, "upload_end_us"), comp = get_u64(job, "compute_end_us");
+  uint64_t t0 = get_u64(job, "tune_start_us"), t1 = get_u64(job, "tune_end_us");
+  struct dspk__jbuf a = {0};
+  char num[96];
+
+  if (dspk__obj_str(dspk__map_get(job, "name"), &name, &nlen) != 0) {
+    name = "job";
+    nlen = 3;
+  }
+  if (dspk__obj_str(dspk__map_get(job, "kind"), &kind, &klen) != 0)
+    kind = "", klen = 0;
+  task = klen == 4 && memcmp(kind, "task", 4) == 0;
+  if (err && err->type == MSGPACK_OBJECT_STR)
+    dspk__obj_str(err, &e, &elen);
+  dspk__arg_bool(job, "running", &running, NULL, 0);
+
+  snprintf(num, sizeof num, "{\"client\":%" PRIu64 ",\"msgid\":%" PRIu64, client, msgid);
+  dspk__jputs(&a, num);
+  if (e) {
+    dspk__jputs(&a, ",\"error\":");
+    dspk__jstr(&a, e, elen);
+  }
+  if (running)
+    dspk__jputs(&a, ",\"running\":true");
+  dspk__jputs(&a, "}");
+  if (a.err) {
+    cv->j.err = a.err;
+    free(a.p);
+    return;
+  }
+  if (q < s)
+    ev_x(cv, name, nlen, "queue", pid, queue_tid(cv, pid, client, q, s), q, s, a.p);
+  ev_x(cv, name, nlen, task ? "task" : "buffer", pid, RUN_TID, s, end, a.p);
+  free(a.p);
+  if (!task)
+    return;
+  if (up)
+    ev_x(cv, "upload", 6, "phase", pid, RUN_TID, s, up, NULL);
+  if (up && comp)
+    ev_x(cv, "compute", 7, "phase", pid, RUN_TID, up, comp, NULL);
+  if (t0 && t1 && up && comp)
+    ev_x(cv, "tuning", 6, "phase", pid, RUN_TID, t0 < up ? up : t0, t1 > comp ? comp : t1,
+         NULL);
+  if (comp && !running)
+    ev_x(cv, "download", 8, "phase", pid, RUN_TID, comp, end, NULL);
+}
+
+/* The daemon's answer as Chrome trace-event JSON. */
+static int convert(const msgpack_object *res, char **out) {
+  const msgpack_object *devs = dspk__map_get(res, "devices");
+  const msgpack_object *jobs = dspk__map_get(res, "jobs");
+  struct conv cv = {0};
+  uint64_t start = get_u64(res, "start_us"), end = get_u64(res, "end_us");
+  char num[160], id[64];
+  uint32_t ndev = devs && devs->type == MSGPACK_OBJECT_ARRAY ? devs->via.array.size : 0;
+  uint32_t njob = jobs && jobs->type == MSGPACK_OBJECT_ARRAY ? jobs->via.array.size : 0;
+
+  cv.base = start;
+  for (uint32_t i = 0; i < njob; i++) {
+    uint64_t q = get_u64(&jobs->via.array.ptr[i], "queued_us");
+    if (q && q < cv.base)
+      cv.base = q;
+  }
+  dspk__jputs(&cv.j, "{\"traceEvents\":[");
+  for (uint32_t i = 0; i < ndev; i++) {
+    dspk__strncpy_obj(&devs->via.array.ptr[i], id, sizeof id);
+    ev_meta(&cv, "process_name", (int)i + 1, 0, id, 0);
+    ev_meta(&cv, "process_sort_index", (int)i + 1, 0, NULL, (long)i);
+    ev_meta(&cv, "thread_name", (int)i + 1, RUN_TID, "runner", 0);
+    ev_meta(&cv, "thread_sort_index", (int)i + 1, RUN_TID, NULL, 0);
+  }
+  for (uint32_t i = 0; i < njob; i++) {
+    const msgpack_object *job = &jobs->via.array.ptr[i];
+    const msgpack_object *dev = dspk__map_get(job, "device");
+    int pid = 0;
+    for (uint32_t k = 0; k < ndev && dev; k++) {
+      dspk__strncpy_obj(&devs->via.array.ptr[k], id, sizeof id);
+      if (dev->type == MSGPACK_OBJECT_STR && dev->via.str.size == strlen(id) &&
+          memcmp(dev->via.str.ptr, id, strlen(id)) == 0)
+        pid = (int)k + 1;
+    }
+    if (pid)
+      conv_job(&cv, job, pid);
+  }
+  snprintf(num, sizeof num,
+           "\n],\"displayTimeUnit\":\"ms\",\"otherData\":{\"start_us\":%" PRIu64
+           ",\"end_us\":%" PRIu64 ",\"dropped\":%" PRIu64 ",\"jobs\":%" PRIu32 "}}\n",
+           start - cv.base, end - cv.base, get_u64(res, "dropped"), njob);
+  dspk__jputs(&cv.j, num);
+  free(cv.lanes);
+  if (cv.j.err) {
+    free(cv.j.p);
+    return cv.j.err;
+  }
+  *out = cv.j.p;
+  return 0;
+}
+
+DSPK_EXPORT int dspk_trace(dspk_client *c, double seconds, char **json_out) {
+  struct dspk__resp r;
+  char *json = NULL;
+  int rc;
+
+  if (!c || !json_out || !(seconds > 0))
+    return DSPK_EINVAL;
+  rc = dspk__call(c, "trace", pack_seconds, &seconds, &r);
+  if (rc != 0)
+    return rc;
+  rc = convert(r.msg.result, &json);
+  dspk__resp_free(&r);
+  if (rc != 0)
+    return dspk__cerr(c, rc, "out of memory");
+  *json_out = json;
+  return 0;
+}

@@ -1,0 +1,140 @@
+/*
+ * dspk-submit metrics: prints the daemon's Prometheus text (the `metrics`
+ * method), as is, or with --json as a list of samples
+ * [{"name":..,"labels":{..},"value":..}] for scripts without a Prometheus
+ * parser.  The text is the daemon's own exposition format 0.0.4 output, so
+ * each sample line is NAME{LABELS} VALUE with label values escaped.
+ */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "client/submit/submit.h"
+
+/* Writes s[0..n) as a JSON string. */
+static void json_str(const char *s, size_t n) {
+  putchar('"');
+  for (size_t i = 0; i < n; i++) {
+    unsigned char ch = (unsigned char)s[i];
+    if (ch == '"' || ch == '\\')
+      printf("\\%c", ch);
+    else if (ch < 0x20)
+      printf("\\u%04x", ch);
+    else
+      putchar(ch);
+  }
+  putchar('"');
+}
+
+/* Prints the labels of one sample, {a="x",b="y"}, as a JSON object; p
+ * points after the '{'.  Returns the position after the '}', or NULL. */
+static const char *json_labels(const char *p) {
+  int first = 1;
+  putchar('{');
+  while (*p && *p != '}') {
+    const char *eq = strchr(p, '=');
+    if (!eq || eq[1] != '"')
+      return NULL;
+    if (!first)
+      putchar(',');
+    first = 0;
+    json_str(p, (size_t)(eq - p));
+    putchar(':');
+    p = eq + 2;
+    putchar('"');
+    for (; *p && *p != '"'; p++) {
+      if (*p == '\\' && p[1]) {
+        p++;
+        if (*p == 'n')
+          fputs("\\n", stdout);
+        else
+          printf("\\%c", *p);
+      } else {
+        putchar(*p);
+      }
+    }
+    putchar('"');
+    if (*p != '"')
+      return NULL;
+    p++;
+    if (*p == ',')
+      p++;
+  }
+  putchar('}');
+  return *p == '}' ? p + 1 : NULL;
+}
+
+static int print_json(const char *text) {
+  int n = 0;
+  printf("[");
+  for (const char *line = text; *line;) {
+    const char *eol = strchr(line, '\n');
+    size_t len = eol ? (size_t)(eol - line) : strlen(line);
+    if (len && line[0] != '#') {
+      size_t nl = strcspn(line, "{ ");
+      const char *p = line + nl;
+      printf("%s\n{\"name\":", n++ ? "," : "");
+      json_str(line, nl);
+      printf(",\"labels\":");
+      if (*p == '{') {
+        p = json_labels(p + 1);
+        if (!p)
+          return -1;
+      } else {
+        printf("{}");
+      }
+      while (*p == ' ')
+        p++;
+      /* Prometheus writes +Inf, -Inf and NaN, which JSON has no numbers for. */
+      if (strncmp(p, "NaN", 3) == 0 || strncmp(p, "+Inf", 4) == 0 ||
+          strncmp(p, "-Inf", 4) == 0) {
+        printf(",\"value\":\"%.*s\"}", (int)strcspn(p, " \n"), p);
+      } else {
+        printf(",\"value\":%.*s}", (int)strcspn(p, " \n"), p);
+      }
+    }
+    line += len + (eol != NULL);
+  }
+  printf("\n]\n");
+  return 0;
+}
+
+int dspk__sub_metrics(dspk__sub_ctx *ctx, int argc, char **argv) {
+  static const struct option opts[] = {{"json", no_argument, NULL, 'j'},
+                                       {"help", no_argument, NULL, 'h'},
+                                       {NULL, 0, NULL, 0}};
+  bool json = false;
+  char *text = NULL;
+  int opt, rc;
+
+  while ((opt = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
+    switch (opt) {
+    case 'j':
+      json = true;
+      break;
+    case 'h':
+      return dspk__sub_help(ctx);
+    case ':':
+      return dspk__sub_missing_arg(ctx, argv);
+    default:
+      return dspk__sub_bad_option(ctx, argv);
+    }
+  }
+  if (optind < argc)
+    return dspk__sub_usage(ctx, "unexpected argument '%s'", argv[optind]);
+  rc = dspk__sub_connect(ctx);
+  if (rc != 0)
+    return rc;
+  rc = dspk_metrics(ctx->client, &text);
+  if (rc < 0)
+    return dspk__sub_fail_client(ctx, rc);
+  if (!json) {
+    fputs(text, stdout);
+  } else if (print_json(text) != 0) {
+    dspk_free(text);
+    return dspk__sub_fail(ctx, DSPK_EPROTO, "the daemon's metrics text does not parse");
+  }
+  dspk_free(text);
+  return DSPK__SUB_EXIT_OK;
+}
