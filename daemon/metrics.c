@@ -411,6 +411,14 @@ int dspkd_metrics_render(struct dspkd *d, char **text, size_t *len) {
   family(&t, "dspk_sent_bytes_total", "counter", "Bytes written to clients.");
   tput(&t, "dspk_sent_bytes_total %llu\n", (unsigned long long)d->obs.bytes_out);
 
+  family(&t, "dspk_traces_in_progress", "gauge", "trace requests recording now.");
+  {
+    int k = 0;
+    for (const struct trace_sess *ts = d->obs.traces; ts; ts = dspkd_trace_next(ts))
+      k++;
+    tput(&t, "dspk_traces_in_progress %d\n", k);
+  }
+
   render_devices(&t, sn, n);
 
   dspk__cache_counts(d->cache, ks);
@@ -668,8 +676,8 @@ int dspkd_metrics_http_start(struct dspkd *d) {
   sigfillset(&all);
   pthread_sigmask(SIG_BLOCK, &all, &old);
   h->mhd = MHD_start_daemon(flags, 0, NULL, NULL, on_request, h,
-                            MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
                             MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
+                            MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
                             MHD_OPTION_CONNECTION_LIMIT, (unsigned)16,
                             MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)30,
                             MHD_OPTION_END);
@@ -680,7 +688,8 @@ int dspkd_metrics_http_start(struct dspkd *d) {
     return DSPK_EIO;
   }
   info = MHD_get_daemon_info(h->mhd, MHD_DAEMON_INFO_BIND_PORT);
-  dspkd_info("metrics: serving http://%s/metrics (port %u)", spec,
+  /* The port the system chose, when the address asked for port 0. */
+  dspkd_info("metrics: serving http://%.*s:%u/metrics", (int)(strrchr(spec, ':') - spec), spec,
              info ? (unsigned)info->port : 0u);
   return 0;
 }

@@ -132,6 +132,8 @@ void dspkd_metrics_http_stop(struct dspkd *d);
 
 /* daemon/trace.c */
 int dspkd_m_trace(struct req *r);
+/* The next trace in progress after s (d->obs.traces is the first). */
+const struct trace_sess *dspkd_trace_next(const struct trace_sess *s);
 /* At the stop: answers every trace in progress with what it recorded. */
 void dspkd_trace_stop_all(struct dspkd *d);
 /* Frees the devices' trace rings, after the runners are joined. */

@@ -259,6 +259,8 @@ int dspkd_m_trace(struct req *r) {
   return 0;
 }
 
+const struct trace_sess *dspkd_trace_next(const struct trace_sess *s) { return s->next; }
+
 void dspkd_trace_stop_all(struct dspkd *d) {
   while (d->obs.traces)
     finish(d->obs.traces);

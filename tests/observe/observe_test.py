@@ -1,0 +1,467 @@
+#!/usr/bin/python3
+"""End-to-end tests of what dspkd tells about itself: the `metrics` method and
+its HTTP listener (read with Prometheus's own parser, python3-prometheus-
+client), `dspk-submit top` (driven in tmux, read with capture-pane) and
+`trace` / `dspk-submit trace` (Chrome trace-event JSON).
+
+Each group starts its own dspkd (cpu only, no cache) on a temporary socket,
+waits for READY and for each condition by polling with a deadline, never a
+fixed sleep, runs a known sequence of tasks and checks the counters, the
+screen or the trace against it.
+
+    observe_test.py --dspkd PATH --submit PATH GROUP
+"""
+import argparse
+import json
+import os
+import re
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+
+import numpy as np
+from prometheus_client.parser import text_string_to_metric_families
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+import dspk_rpc  # noqa: E402
+from dspk_rpc import RpcError, check  # noqa: E402
+
+TIMEOUT = 30.0
+DAEMONS = []
+
+
+def tensor(a):
+    names = {np.dtype(np.float64): "f64", np.dtype(np.complex128): "c128"}
+    a = np.ascontiguousarray(a)
+    return {"dtype": names[a.dtype], "shape": list(a.shape), "data": a.tobytes()}
+
+
+class Daemon:
+    def __init__(self, exe, tmp, extra=()):
+        self.sock = os.path.join(tmp, "dspkd-%d.sock" % len(DAEMONS))
+        self.log = open(os.path.join(tmp, "dspkd-%d.log" % len(DAEMONS)), "w+")
+        r, w = os.pipe()
+        args = [exe, "--foreground", "--socket", self.sock, "--ready-fd", str(w),
+                "--backends", "cpu", "--no-cache", "--log-level", "debug"] + list(extra)
+        self.proc = subprocess.Popen(args, pass_fds=[w], stderr=self.log)
+        DAEMONS.append(self)
+        os.close(w)
+        ready, _, _ = select.select([r], [], [], TIMEOUT)
+        data = os.read(r, 16) if ready else b""
+        os.close(r)
+        if data != b"READY\n":
+            self.proc.kill()
+            self.proc.wait()
+            raise AssertionError("dspkd did not become ready:\n" + self.logtext())
+
+    def logtext(self):
+        self.log.flush()
+        self.log.seek(0)
+        return self.log.read()
+
+    def client(self):
+        return dspk_rpc.Client(self.sock, TIMEOUT)
+
+    def metrics_url(self):
+        m = re.search(r"metrics: serving (http://\S+/metrics)", self.logtext())
+        check(m, "the log names the metrics URL:\n" + self.logtext())
+        return m.group(1)
+
+    def stop(self):
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            rc = self.proc.wait(TIMEOUT)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise AssertionError("dspkd did not stop on SIGTERM:\n" + self.logtext())
+        check(rc == 0, "dspkd exited with %d after SIGTERM:\n%s" % (rc, self.logtext()))
+
+
+def wait_until(what, fn, timeout=TIMEOUT, every=0.02):
+    """Polls fn() until it returns something true; fails after timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        v = fn()
+        if v:
+            return v
+        check(time.monotonic() < deadline, "timed out waiting for " + what)
+        time.sleep(every)
+
+
+def samples(text):
+    """{(name, frozenset(labels)): value} through Prometheus's parser."""
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out[(s.name, frozenset(s.labels.items()))] = s.value
+    return out
+
+
+def val(ss, name, **labels):
+    key = (name, frozenset(labels.items()))
+    check(key in ss, "metric %s%r present" % (name, labels))
+    return ss[key]
+
+
+def running_mine(c, dev="cpu:0"):
+    """The running_op of dev in status, or None."""
+    for x in c.call("status")["devices"]:
+        if x["id"] == dev:
+            return x["running_op"]
+    return None
+
+
+# ---- metrics -------------------------------------------------------------------
+
+def check_histograms(ss, name):
+    """Buckets are cumulative, +Inf equals _count, for every series."""
+    series = {}
+    for (n, labels), v in ss.items():
+        if n == name + "_bucket":
+            d = dict(labels)
+            le = d.pop("le")
+            series.setdefault(frozenset(d.items()), []).append(
+                (float("inf") if le == "+Inf" else float(le), v))
+    check(series, "%s has series" % name)
+    for labels, b in series.items():
+        b.sort()
+        check(all(b[i][1] <= b[i + 1][1] for i in range(len(b) - 1)), "%s cumulative" % name)
+        check(b[-1][0] == float("inf") and b[-1][1] == ss[(name + "_count", labels)],
+              "%s: +Inf bucket is the count" % name)
+
+
+def t_metrics(exe, submit, tmp):
+    """A known sequence of tasks, then the counters through the method, the
+    HTTP listener and dspk-submit metrics --json."""
+    d = Daemon(exe, tmp, ["--metrics-listen", "127.0.0.1:0"])
+    url = d.metrics_url()
+    c = d.client()
+    rng = np.random.default_rng(1)
+    A = rng.standard_normal((64, 64))
+    sent = 0
+    for _ in range(3):
+        c.call("task.run", {"op": "gemm", "device": "cpu:0", "inputs": [tensor(A), tensor(A)]})
+        sent += 2 * A.nbytes
+    c.call("task.run", {"op": "fft", "device": "cpu:0", "inputs": [tensor(A)]})
+    sent += A.nbytes
+    # Operands in buffers, so the gemms below cost no transfer: 3 buffer jobs.
+    N = 1200
+    B = rng.standard_normal((N, N))
+    bb = c.call("buffer.create", {"device": "cpu:0", "size": B.nbytes})["buffer"]
+    c.call("buffer.write", {"buffer": bb, "data": B.tobytes()})
+    ob = c.call("buffer.create", {"device": "cpu:0", "size": B.nbytes})["buffer"]
+    sent += B.nbytes
+    ref = {"buffer": bb, "dtype": "f64", "shape": [N, N]}
+    # A gemm canceled while it runs finishes as ECANCELED.  It may finish
+    # before the cancel arrives on a fast machine: then it counts as ok and
+    # the next one is tried.
+    extra_ok = tries = 0
+    while True:
+        tries += 1
+        check(tries <= 20, "a running gemm canceled within 20 tries")
+        slow = c.send("task.run", {"op": "gemm", "inputs": [ref, ref],
+                                   "outputs": [{"buffer": ob}]})
+        wait_until("the slow gemm to run", lambda: running_mine(c), every=0.001)
+        c.call("task.cancel", {"msgid": slow})
+        outcome = c.outcome(slow)
+        check(outcome in ("ok", "ECANCELED"), "slow gemm: %s" % outcome)
+        if outcome == "ECANCELED":
+            break
+        extra_ok += 1
+    # A request refused before it reaches a device is not a task.
+    try:
+        c.call("task.run", {"op": "gemm", "device": "cpu:0", "inputs": [tensor(A)]})
+        check(False, "a gemm of one input is refused")
+    except RpcError:
+        pass
+
+    text = c.call("metrics")
+    check(isinstance(text, str), "metrics answers a str")
+    ss = samples(text)
+    dev = {"device": "cpu:0"}
+    check(val(ss, "dspk_tasks_total", op="gemm", result="ok", **dev) == 3 + extra_ok,
+          "3 (+%d) gemms ok" % extra_ok)
+    check(val(ss, "dspk_tasks_total", op="fft", result="ok", **dev) == 1, "1 fft ok")
+    check(val(ss, "dspk_tasks_total", op="gemm", result="canceled", **dev) == 1, "1 canceled")
+    check(("dspk_tasks_total", frozenset(dict(op="gemm", result="error", **dev).items()))
+          not in ss, "no gemm failed")
+    check(val(ss, "dspk_task_run_seconds_count", op="gemm", **dev) == 3 + tries,
+          "every gemm run timed")
+    check(val(ss, "dspk_task_run_seconds_count", op="fft", **dev) == 1, "1 fft run timed")
+    check(val(ss, "dspk_task_queue_seconds_count", **dev) == 4 + 3 + tries,
+          "every task and buffer job queued")
+    check(0 < val(ss, "dspk_task_run_seconds_sum", op="gemm", **dev) < 60, "gemm run time")
+    check_histograms(ss, "dspk_task_run_seconds")
+    check_histograms(ss, "dspk_task_queue_seconds")
+    check(val(ss, "dspk_queue_depth", **dev) == 0, "queue empty")
+    check(val(ss, "dspk_running_jobs", **dev) == 0, "nothing running")
+    check(val(ss, "dspk_jobs_total", result="ok", **dev) == 4 + 3 + extra_ok, "jobs ok")
+    check(val(ss, "dspk_jobs_total", result="error", **dev) == 1, "1 job failed (canceled)")
+    up = val(ss, "dspk_uptime_seconds")
+    busy = val(ss, "dspk_device_busy_seconds_total", **dev)
+    check(0 < busy <= up, "busy time %g within uptime %g" % (busy, up))
+    check(0 <= val(ss, "dspk_device_busy_ratio", **dev) <= 1, "busy ratio")
+    check(val(ss, "dspk_device_memory_bytes", **dev) > 0, "device memory")
+    for n in ("dspk_memory_in_use_bytes", "dspk_memory_cached_bytes",
+              "dspk_retire_deferred_total", "dspk_retire_released_total",
+              "dspk_retire_leaked_total", "dspk_kernels_compiled_total"):
+        check(val(ss, n, **dev) >= 0, n)
+    for kind in ("kernels", "autotune", "blobs"):
+        check(val(ss, "dspk_cache_hits_total", kind=kind) == 0, "no cache: no hits")
+        check(val(ss, "dspk_cache_misses_total", kind=kind) == 0, "no cache: no misses")
+    check(val(ss, "dspk_connections") == 1, "one connection open")
+    check(val(ss, "dspk_connections_total") == 1, "one accepted")
+    check(val(ss, "dspk_received_bytes_total") > sent, "bytes in > %d tensor bytes" % sent)
+    check(val(ss, "dspk_sent_bytes_total") > 3 * A.nbytes, "bytes out > the gemm results")
+    check(val(ss, "dspk_info", version=val_version(c)) == 1, "version")
+
+    # The same counters over HTTP, with the Prometheus content type.
+    with urllib.request.urlopen(url, timeout=TIMEOUT) as r:
+        check(r.status == 200, "GET /metrics")
+        check(r.headers["Content-Type"].startswith("text/plain; version=0.0.4"), "content type")
+        hs = samples(r.read().decode())
+    for key in (("dspk_tasks_total", dict(op="gemm", result="ok", **dev)),
+                ("dspk_tasks_total", dict(op="gemm", result="canceled", **dev)),
+                ("dspk_task_run_seconds_count", dict(op="gemm", **dev)),
+                ("dspk_connections", {}), ("dspk_connections_total", {})):
+        check(val(hs, key[0], **key[1]) == val(ss, key[0], **key[1]), "HTTP agrees: %r" % (key,))
+    for path, method, code in (("/", "GET", 404), ("/metrics", "POST", 405)):
+        req = urllib.request.Request(url.replace("/metrics", path), method=method,
+                                     data=b"x" if method == "POST" else None)
+        try:
+            urllib.request.urlopen(req, timeout=TIMEOUT)
+            check(False, "%s %s refused" % (method, path))
+        except urllib.error.HTTPError as e:
+            check(e.code == code, "%s %s: %d" % (method, path, e.code))
+
+    # dspk-submit metrics: the text, and --json with the same values.
+    p = subprocess.run([submit, "-S", d.sock, "metrics"], capture_output=True, text=True,
+                       timeout=TIMEOUT)
+    check(p.returncode == 0, "dspk-submit metrics: %s" % p.stderr)
+    cs = samples(p.stdout)
+    check(val(cs, "dspk_tasks_total", op="gemm", result="ok", **dev) == 3 + extra_ok,
+          "CLI text")
+    check(val(cs, "dspk_connections_total") == 2, "the CLI's connection counted")
+    p = subprocess.run([submit, "-S", d.sock, "metrics", "--json"], capture_output=True,
+                       text=True, timeout=TIMEOUT)
+    check(p.returncode == 0, "dspk-submit metrics --json: %s" % p.stderr)
+    js = json.loads(p.stdout)
+    got = [x["value"] for x in js if x["name"] == "dspk_tasks_total" and
+           x["labels"] == {"device": "cpu:0", "op": "fft", "result": "ok"}]
+    check(got == [1], "JSON sample: %r" % got)
+    infs = [x for x in js if x["labels"].get("le") == "+Inf"]
+    check(infs and all(isinstance(x["value"], (int, float)) for x in infs), "+Inf buckets")
+    c.close()
+    d.stop()
+
+    # The configuration key does what the flag does; a bad address stops the start.
+    conf = os.path.join(tmp, "metrics.conf")
+    with open(conf, "w") as f:
+        f.write("[daemon]\nmetrics_listen = 127.0.0.1:0\n")
+    d = Daemon(exe, tmp, ["--config", conf])
+    with urllib.request.urlopen(d.metrics_url(), timeout=TIMEOUT) as r:
+        check(val(samples(r.read().decode()), "dspk_connections") == 0, "no client yet")
+    d.stop()
+    p = subprocess.run([exe, "--foreground", "--socket", os.path.join(tmp, "bad.sock"),
+                        "--backends", "cpu", "--no-cache", "--metrics-listen", "127.0.0.1"],
+                       capture_output=True, text=True, timeout=TIMEOUT)
+    check(p.returncode == 1 and "metrics_listen" in p.stderr and "ADDR:PORT" in p.stderr,
+          "a listen address without a port is refused: %d %s" % (p.returncode, p.stderr))
+
+
+def val_version(c):
+    return c.call("status")["daemon"]["version"]
+
+
+# ---- trace -----------------------------------------------------------------------
+
+def t_trace(exe, submit, tmp):
+    """dspk-submit trace while gemm, fft and reduce run in order: valid Chrome
+    trace-event JSON with the three tasks in order on cpu:0."""
+    d = Daemon(exe, tmp)
+    c = d.client()
+    for bad in ({}, {"seconds": 0}, {"seconds": -1}, {"seconds": 601}, {"seconds": "1"}):
+        try:
+            c.call("trace", bad)
+            check(False, "trace %r refused" % bad)
+        except RpcError as e:
+            check(e.name == "EINVAL", "trace %r: %s" % (bad, e.name))
+    out = os.path.join(tmp, "t.json")
+    tr = subprocess.Popen([submit, "-S", d.sock, "trace", "-o", out, "--seconds", "3"],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_until("the trace to start", lambda: samples(c.call("metrics")).get(
+        ("dspk_traces_in_progress", frozenset())) == 1)
+    rng = np.random.default_rng(2)
+    A = rng.standard_normal((128, 128))
+    ids = []
+    for op, ins, opts in (("gemm", [A, A], None), ("fft", [A], None),
+                          ("reduce", [A], {"fn": "sum"})):
+        args = {"op": op, "device": "cpu:0", "inputs": [tensor(x) for x in ins]}
+        if opts:
+            args["options"] = opts
+        mid = c.send("task.run", args)
+        c.wait(mid)
+        ids.append(mid)
+    so, se = tr.communicate(timeout=TIMEOUT)
+    check(tr.returncode == 0, "dspk-submit trace: %s" % se)
+    with open(out) as f:
+        doc = json.load(f)
+    ev = doc["traceEvents"]
+    check(isinstance(ev, list) and ev, "traceEvents is a non-empty list")
+    for e in ev:
+        for k in ("name", "ph", "pid", "tid"):
+            check(k in e, "event has %s: %r" % (k, e))
+        check(e["ph"] in ("X", "M"), "complete or metadata events: %r" % e)
+        if e["ph"] == "X":
+            check(isinstance(e["ts"], (int, float)) and e["ts"] >= 0, "ts >= 0: %r" % e)
+            check(isinstance(e["dur"], (int, float)) and e["dur"] >= 0, "dur >= 0: %r" % e)
+    pids = {e["args"]["name"]: e["pid"] for e in ev
+            if e["ph"] == "M" and e["name"] == "process_name"}
+    check("cpu:0" in pids, "a process for cpu:0: %r" % pids)
+    cpu = pids["cpu:0"]
+    tasks = sorted((e for e in ev if e["ph"] == "X" and e["pid"] == cpu and e["cat"] == "task"),
+                   key=lambda e: e["ts"])
+    check([e["name"] for e in tasks] == ["gemm", "fft", "reduce"],
+          "the tasks in order: %r" % [e["name"] for e in tasks])
+    check([e["args"]["msgid"] for e in tasks] == ids, "their msgids")
+    check(len({e["tid"] for e in tasks}) == 1, "one runner thread")
+    for t in tasks:
+        inside = [e for e in ev if e["ph"] == "X" and e["pid"] == cpu and e["tid"] == t["tid"]
+                  and e["cat"] == "phase" and t["ts"] <= e["ts"]
+                  and e["ts"] + e["dur"] <= t["ts"] + t["dur"]]
+        names = [e["name"] for e in sorted(inside, key=lambda e: e["ts"])]
+        check(names == ["upload", "compute", "download"], "%s phases: %r" % (t["name"], names))
+    queued = [e for e in ev if e["ph"] == "X" and e.get("cat") == "queue"]
+    for t in tasks:
+        q = [e for e in queued if e["args"]["msgid"] == t["args"]["msgid"]
+             and e["args"]["client"] == t["args"]["client"]]
+        check(len(q) <= 1 and all(e["ts"] + e["dur"] == t["ts"] for e in q),
+              "a queue wait ends where its task starts")
+    check(doc["otherData"]["dropped"] == 0, "nothing dropped")
+
+    # A trace still recording when the daemon stops is answered at once.
+    t0 = time.monotonic()
+    mid = c.send("trace", {"seconds": 600})
+    wait_until("the second trace", lambda: samples(c.call("metrics")).get(
+        ("dspk_traces_in_progress", frozenset())) == 1)
+    d.proc.send_signal(signal.SIGTERM)
+    res = c.wait(mid)
+    check(time.monotonic() - t0 < TIMEOUT and res["jobs"] == [] and res["devices"] == ["cpu:0"],
+          "trace answered at the stop: %r" % res)
+    c.close()
+    check(d.proc.wait(TIMEOUT) == 0, "dspkd exits 0")
+
+
+# ---- top -------------------------------------------------------------------------
+
+class Tmux:
+    def __init__(self, tmp):
+        self.sock = os.path.join(tmp, "tmux.sock")
+        self.env = dict(os.environ, TERM="xterm-256color")
+
+    def run(self, *args, check_rc=True):
+        p = subprocess.run(["tmux", "-S", self.sock] + list(args), capture_output=True,
+                           text=True, env=self.env, timeout=TIMEOUT)
+        if check_rc:
+            check(p.returncode == 0, "tmux %r: %s" % (args, p.stderr))
+        return p
+
+    def screen(self):
+        return self.run("capture-pane", "-p", "-t", "top").stdout
+
+    def alive(self):
+        return self.run("has-session", "-t", "top", check_rc=False).returncode == 0
+
+    def kill(self):
+        self.run("kill-server", check_rc=False)
+
+
+def device_line(screen, dev="cpu:0"):
+    for line in screen.splitlines():
+        if line.startswith(dev + " "):
+            return line
+    return None
+
+
+def t_top(exe, submit, tmp):
+    """dspk-submit top in tmux: the device line, the running op while a long
+    gemm runs, q quits with status 0; --once prints one frame."""
+    d = Daemon(exe, tmp)
+    p = subprocess.run([submit, "-S", d.sock, "top", "--once"], capture_output=True, text=True,
+                       timeout=TIMEOUT)
+    check(p.returncode == 0, "top --once: %s" % p.stderr)
+    line = device_line(p.stdout)
+    check(line and re.search(r"\b0%", line) and line.rstrip().endswith("-"),
+          "an idle cpu:0 line: %r" % p.stdout)
+    check("BUSY" in p.stdout and "RUNNING" in p.stdout, "headers: %r" % p.stdout)
+
+    tm = Tmux(tmp)
+    rc = os.path.join(tmp, "top.rc")
+    try:
+        tm.run("new-session", "-d", "-s", "top", "-x", "160", "-y", "40",
+               "%s -S %s top -n 0.1; echo $? > %s" % (submit, d.sock, rc))
+        wait_until("the cpu:0 line in top", lambda: device_line(tm.screen()))
+        c = d.client()
+        c.call("hello", {"version": 1, "client": "observe-test"})
+        N = 1000
+        B = np.random.default_rng(3).standard_normal((N, N))
+        bb = c.call("buffer.create", {"device": "cpu:0", "size": B.nbytes})["buffer"]
+        c.call("buffer.write", {"buffer": bb, "data": B.tobytes()})
+        ob = c.call("buffer.create", {"device": "cpu:0", "size": B.nbytes})["buffer"]
+        ref = {"buffer": bb, "dtype": "f64", "shape": [N, N]}
+        # Gemms back to back on buffers: one runs while the others wait, so
+        # the screen shows a gemm running long before the last one ends.
+        for _ in range(200):
+            c.send("task.run", {"op": "gemm", "inputs": [ref, ref], "outputs": [{"buffer": ob}]})
+        seen = wait_until("a running gemm in top", lambda: (
+            lambda ln: ln if ln and re.search(r"\bgemm \d+(\.\d)?[sm]", ln) else None)(
+                device_line(tm.screen())))
+        print("top showed: %s" % seen.rstrip())
+        check(re.search(r"\d+%", seen), "busy shown: %r" % seen)
+        check("observe-test" in tm.screen(), "the client listed by name")
+        c.close()  # drops the queued gemms, cancels the running one
+        wait_until("the device idle again", lambda: (
+            lambda ln: ln and ln.rstrip().endswith("-"))(device_line(tm.screen())))
+        tm.run("send-keys", "-t", "top", "q")
+        wait_until("top to quit", lambda: not tm.alive())
+        with open(rc) as f:
+            check(f.read().strip() == "0", "top exits 0 on q")
+    finally:
+        tm.kill()
+    d.stop()
+
+
+GROUPS = {"metrics": t_metrics, "trace": t_trace, "top": t_top}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dspkd", required=True)
+    ap.add_argument("--submit", required=True)
+    ap.add_argument("group", choices=sorted(GROUPS))
+    a = ap.parse_args()
+    tmp = tempfile.mkdtemp(prefix="dspk-obs-", dir="/tmp")
+    try:
+        t0 = time.monotonic()
+        GROUPS[a.group](a.dspkd, a.submit, tmp)
+        print("ok %s (%.2f s)" % (a.group, time.monotonic() - t0))
+    except BaseException:
+        for d in DAEMONS:
+            if d.proc.poll() is None:
+                d.proc.kill()
+                d.proc.wait()
+            sys.stderr.write("---- dspkd log ----\n" + d.logtext()[-4000:])
+        raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
