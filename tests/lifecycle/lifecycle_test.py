@@ -481,6 +481,8 @@ def t_config(exe, tmp):
     enabled = re.sub(r"(?m)^socket = .*$", "socket = %s" % os.path.join(tmp, "ex.sock"),
                      enabled)
     enabled = re.sub(r"(?m)^cache = .*$", "cache = %s" % os.path.join(tmp, "ex.db"), enabled)
+    # A port the system picks: the example's may be taken on the test machine.
+    enabled = re.sub(r"(?m)^metrics_listen = .*$", "metrics_listen = 127.0.0.1:0", enabled)
     conf = os.path.join(tmp, "example.conf")
     write(conf, enabled)
     d = Daemon(exe, tmp, ["--config", conf])
