@@ -356,6 +356,23 @@ static void test_devices_status(void **state) {
   assert_true(me);
   dspk_status_free(s);
 
+  /* What each device is doing (status's busy, memory, running_op). */
+  assert_int_equal(dspk_status_get(C, &s), 0);
+  assert_non_null(s->activity);
+  assert_true(s->connections >= 1);
+  for (size_t i = 0; i < s->ndevices; i++) {
+    assert_true(s->activity[i].busy >= 0 && s->activity[i].busy <= 1);
+    if (strcmp(s->devices[i].id, "cpu:0") == 0)
+      assert_true(s->activity[i].memory > 0);
+  }
+  dspk_status_free(s);
+
+  char *text = NULL;
+  assert_int_equal(dspk_metrics(C, &text), 0);
+  assert_non_null(strstr(text, "# TYPE dspk_tasks_total counter\n"));
+  assert_non_null(strstr(text, "dspk_queue_depth{device=\"cpu:0\"} "));
+  dspk_free(text);
+
   char *json = NULL;
   assert_int_equal(dspk_call_json(C, "status", &json), 0);
   assert_true(json[0] == '{');

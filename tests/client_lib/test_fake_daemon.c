@@ -359,6 +359,128 @@ static void test_out_of_order_progress(void **state) {
   pthread_join(t, NULL);
 }
 
+/* A trace answer with known jobs: overlapping queue waits of one client,
+ * a tuned task, a failed buffer job on a second device, a running task. */
+struct fjob {
+  const char *dev, *kind, *name, *err;
+  uint64_t client, msgid, q, s, e, up, comp, t0, t1;
+  bool running;
+};
+
+static void pack_kv(msgpack_packer *p, const char *k, uint64_t v) {
+  dspk__pack_str(p, k);
+  msgpack_pack_uint64(p, v);
+}
+
+static void s_trace(struct srv *s) {
+  static const struct fjob jobs[] = {
+      {"cpu:0", "task", "gemm", NULL, 3, 1, 1000, 1100, 2000, 1150, 1900, 1200, 1800, false},
+      {"cpu:0", "task", "fft", NULL, 3, 2, 1010, 2000, 2100, 2010, 2090, 0, 0, false},
+      {"vulkan:0", "buffer.write", "buffer.write", "EIO", 4, 5, 1500, 1500, 1600, 0, 0, 0, 0,
+       false},
+      {"cpu:0", "task", "reduce", NULL, 3, 3, 2100, 2100, 2500, 0, 0, 0, 0, true},
+  };
+  char m[64];
+  struct pk k;
+  answer_hello(s, 1);
+  uint32_t id = srv_read(s, m, sizeof m);
+  if (strcmp(m, "trace") != 0)
+    abort();
+  msgpack_packer *p = pk_begin(&k);
+  dspk__pack_result_head(p, id);
+  msgpack_pack_map(p, 5);
+  pack_kv(p, "start_us", 1050);
+  pack_kv(p, "end_us", 2500);
+  pack_kv(p, "dropped", 2);
+  dspk__pack_str(p, "devices");
+  msgpack_pack_array(p, 2);
+  dspk__pack_str(p, "cpu:0");
+  dspk__pack_str(p, "vulkan:0");
+  dspk__pack_str(p, "jobs");
+  msgpack_pack_array(p, 4);
+  for (int i = 0; i < 4; i++) {
+    const struct fjob *j = &jobs[i];
+    msgpack_pack_map(p, 10 + (j->up != 0) + (j->comp != 0) + 2 * (j->t0 != 0));
+    dspk__pack_str(p, "device");
+    dspk__pack_str(p, j->dev);
+    dspk__pack_str(p, "kind");
+    dspk__pack_str(p, j->kind);
+    dspk__pack_str(p, "name");
+    dspk__pack_str(p, j->name);
+    pack_kv(p, "client", j->client);
+    pack_kv(p, "msgid", j->msgid);
+    dspk__pack_str(p, "error");
+    if (j->err)
+      dspk__pack_str(p, j->err);
+    else
+      msgpack_pack_nil(p);
+    dspk__pack_str(p, "running");
+    if (j->running)
+      msgpack_pack_true(p);
+    else
+      msgpack_pack_false(p);
+    pack_kv(p, "queued_us", j->q);
+    pack_kv(p, "start_us", j->s);
+    pack_kv(p, "end_us", j->e);
+    if (j->up)
+      pack_kv(p, "upload_end_us", j->up);
+    if (j->comp)
+      pack_kv(p, "compute_end_us", j->comp);
+    if (j->t0) {
+      pack_kv(p, "tune_start_us", j->t0);
+      pack_kv(p, "tune_end_us", j->t1);
+    }
+  }
+  pk_send(s, &k);
+  srv_read(s, m, sizeof m);
+}
+
+static void test_trace_json(void **state) {
+  (void)state;
+  pthread_t t = run_script(s_trace);
+  dspk_client *c;
+  char *json = NULL;
+  assert_int_equal(dspk_connect(path, NULL, &c), 0);
+  assert_int_equal(dspk_trace(c, 0, &json), DSPK_EINVAL); /* refused before sending */
+  assert_int_equal(dspk_trace(c, 1.5, &json), 0);
+  /* Times are microseconds from the earliest one (the gemm's queueing, 1000). */
+  static const char *const want[] = {
+      "{\"traceEvents\":[",
+      "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":1,\"tid\":0,\"args\":{\"name\":\"cpu:0\"}}",
+      "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":2,\"tid\":0,\"args\":{\"name\":\"vulkan:0\"}}",
+      /* the gemm waited on its client's first queue thread (1000 + 16 * 3) */
+      "{\"name\":\"gemm\",\"ph\":\"X\",\"pid\":1,\"tid\":1048,\"cat\":\"queue\",\"ts\":0,\"dur\":100,"
+      "\"args\":{\"client\":3,\"msgid\":1}}",
+      "{\"name\":\"gemm\",\"ph\":\"X\",\"pid\":1,\"tid\":1,\"cat\":\"task\",\"ts\":100,\"dur\":900,",
+      "{\"name\":\"upload\",\"ph\":\"X\",\"pid\":1,\"tid\":1,\"cat\":\"phase\",\"ts\":100,\"dur\":50}",
+      "{\"name\":\"compute\",\"ph\":\"X\",\"pid\":1,\"tid\":1,\"cat\":\"phase\",\"ts\":150,\"dur\":750}",
+      "{\"name\":\"tuning\",\"ph\":\"X\",\"pid\":1,\"tid\":1,\"cat\":\"phase\",\"ts\":200,\"dur\":600}",
+      "{\"name\":\"download\",\"ph\":\"X\",\"pid\":1,\"tid\":1,\"cat\":\"phase\",\"ts\":900,\"dur\":100}",
+      /* the fft's wait overlaps the gemm's: a second queue thread */
+      "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":1,\"tid\":1049,\"args\":{\"name\":\"client 3 queue 2\"}}",
+      "{\"name\":\"fft\",\"ph\":\"X\",\"pid\":1,\"tid\":1049,\"cat\":\"queue\",\"ts\":10,\"dur\":990,",
+      "{\"name\":\"buffer.write\",\"ph\":\"X\",\"pid\":2,\"tid\":1,\"cat\":\"buffer\",\"ts\":500,"
+      "\"dur\":100,\"args\":{\"client\":4,\"msgid\":5,\"error\":\"EIO\"}}",
+      "{\"name\":\"reduce\",\"ph\":\"X\",\"pid\":1,\"tid\":1,\"cat\":\"task\",\"ts\":1100,\"dur\":400,"
+      "\"args\":{\"client\":3,\"msgid\":3,\"running\":true}}",
+      "\"otherData\":{\"start_us\":50,\"end_us\":1500,\"dropped\":2,\"jobs\":4}}",
+  };
+  for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+    if (!strstr(json, want[i]))
+      fail_msg("missing %s in\n%s", want[i], json);
+  /* No queue wait (nor queue thread) for a job that never waited; two
+   * downloads (gemm, fft: the running reduce has no phases). */
+  assert_null(strstr(json, "\"cat\":\"queue\",\"ts\":500"));
+  assert_null(strstr(json, "client 4 queue"));
+  int downloads = 0;
+  for (const char *p = json; (p = strstr(p, "\"name\":\"download\"")); p++)
+    downloads++;
+  assert_int_equal(downloads, 2);
+  dspk_free(json);
+  dspk_close(c);
+  pthread_join(t, NULL);
+}
+
 static int setup(void **state) {
   (void)state;
   struct sockaddr_un sa = {.sun_family = AF_UNIX};
@@ -391,6 +513,7 @@ int main(void) {
       cmocka_unit_test(test_protocol_error_notice),
       cmocka_unit_test(test_close_mid_frame),
       cmocka_unit_test(test_out_of_order_progress),
+      cmocka_unit_test(test_trace_json),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }
