@@ -252,6 +252,7 @@ void conn_close(struct conn *c, const char *why) {
   /* Queued jobs are dropped unanswered, running ones asked to stop; each
    * still holds a reference and frees its resources when it comes back. */
   dspkd_drop_queued(d, c, 0);
+  dspkd_trace_conn_closed(c); /* its traces stop recording */
   for (struct job *j = c->jobs; j; j = j->cnext)
     atomic_store(&j->cancel, 1);
   for (size_t i = 0; i < c->nbufs; i++) {
@@ -772,7 +773,6 @@ void dspkd_stop(struct dspkd *d) {
   d->stopping = true;
   dspkd_info("stopping");
   dspkd_notify_stopping(d);
-  dspkd_trace_stop_all(d); /* answered now, before the connections close */
   if (d->listening) {
     uv_close((uv_handle_t *)&d->listener, NULL);
     d->listening = false;
@@ -785,6 +785,7 @@ void dspkd_stop(struct dspkd *d) {
     conn_update_read(c);
   }
   dspkd_drop_queued(d, NULL, DSPK_ESHUTDOWN);
+  dspkd_trace_stop_all(d); /* answered now, before the connections close */
   uv_timer_start(&d->grace_timer, on_grace, d->cfg.shutdown_timeout_ms, 0);
   dspkd_stop_progress(d);
 }

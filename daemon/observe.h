@@ -26,6 +26,7 @@ struct job;
 struct req;
 struct trace_sess;
 struct cqueue;
+struct conn;
 struct metrics_http;
 
 /* CLOCK_MONOTONIC times of a job's phases, in nanoseconds; 0: not reached.
@@ -134,6 +135,8 @@ void dspkd_metrics_http_stop(struct dspkd *d);
 int dspkd_m_trace(struct req *r);
 /* The next trace in progress after s (d->obs.traces is the first). */
 const struct trace_sess *dspkd_trace_next(const struct trace_sess *s);
+/* A connection closes (c->closing set): its traces end, unanswered. */
+void dspkd_trace_conn_closed(struct conn *c);
 /* At the stop: answers every trace in progress with what it recorded. */
 void dspkd_trace_stop_all(struct dspkd *d);
 /* Frees the devices' trace rings, after the runners are joined. */

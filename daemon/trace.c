@@ -261,6 +261,15 @@ int dspkd_m_trace(struct req *r) {
 
 const struct trace_sess *dspkd_trace_next(const struct trace_sess *s) { return s->next; }
 
+void dspkd_trace_conn_closed(struct conn *c) {
+  struct trace_sess *s = c->d->obs.traces, *next;
+  for (; s; s = next) {
+    next = s->next;
+    if (s->c == c)
+      finish(s); /* unanswered: the connection is closing */
+  }
+}
+
 void dspkd_trace_stop_all(struct dspkd *d) {
   while (d->obs.traces)
     finish(d->obs.traces);

@@ -346,6 +346,14 @@ def t_trace(exe, submit, tmp):
               "a queue wait ends where its task starts")
     check(doc["otherData"]["dropped"] == 0, "nothing dropped")
 
+    # A client that leaves ends its trace (and the recording) at once.
+    gone = d.client()
+    gone.send("trace", {"seconds": 600})
+    traces = lambda: samples(c.call("metrics")).get(("dspk_traces_in_progress", frozenset()))
+    wait_until("the client's trace to start", lambda: traces() == 1)
+    gone.close()
+    wait_until("the trace to end with its client", lambda: traces() == 0)
+
     # A trace still recording when the daemon stops is answered at once.
     t0 = time.monotonic()
     mid = c.send("trace", {"seconds": 600})
