@@ -48,7 +48,9 @@ class Daemon:
         self.log = open(os.path.join(tmp, "dspkd-%d.log" % len(DAEMONS)), "w+")
         r, w = os.pipe()
         args = [exe, "--foreground", "--socket", self.sock, "--ready-fd", str(w),
-                "--backends", "cpu", "--no-cache", "--log-level", "debug"] + list(extra)
+                "--no-cache", "--log-level", "debug"] + list(extra)
+        if "--backends" not in extra:
+            args += ["--backends", "cpu"]
         self.proc = subprocess.Popen(args, pass_fds=[w], stderr=self.log)
         DAEMONS.append(self)
         os.close(w)
@@ -367,6 +369,39 @@ def t_trace(exe, submit, tmp):
     check(d.proc.wait(TIMEOUT) == 0, "dspkd exits 0")
 
 
+def t_trace_tune(exe, submit, tmp):
+    """A gemm on vulkan:0 autotunes on its first run: its trace record has the
+    tuning phase inside compute (exit 77, skipped, without a Vulkan device)."""
+    d = Daemon(exe, tmp, ["--backends", "cpu,vulkan"])
+    c = d.client()
+    if "vulkan:0" not in [x["id"] for x in c.call("devices")["devices"]]:
+        print("skip: no vulkan:0")
+        c.close()
+        d.stop()
+        sys.exit(77)
+    mid = c.send("trace", {"seconds": 600})
+    wait_until("the trace to start", lambda: samples(c.call("metrics")).get(
+        ("dspk_traces_in_progress", frozenset())) == 1)
+    A = np.random.default_rng(4).standard_normal((256, 256)).astype(np.float32)
+    g = c.call("task.run", {"op": "gemm", "device": "vulkan:0", "inputs": [
+        {"dtype": "f32", "shape": [256, 256], "data": A.tobytes()}] * 2})
+    check(g["device"] == "vulkan:0", "ran on vulkan:0")
+    ss = samples(c.call("metrics"))
+    check(val(ss, "dspk_kernels_compiled_total", device="vulkan:0") > 0, "kernels compiled")
+    check(val(ss, "dspk_tasks_total", device="vulkan:0", op="gemm", result="ok") == 1, "gemm ok")
+    # The stop answers the trace at once with what it recorded.
+    d.proc.send_signal(signal.SIGTERM)
+    jobs = [j for j in c.wait(mid)["jobs"] if j["device"] == "vulkan:0"]
+    check(len(jobs) == 1 and jobs[0]["name"] == "gemm", "one gemm on vulkan:0: %r" % jobs)
+    j = jobs[0]
+    check("tune_start_us" in j, "the gemm tuned: %r" % j)
+    check(j["queued_us"] <= j["start_us"] <= j["upload_end_us"] <= j["tune_start_us"]
+          <= j["tune_end_us"] <= j["compute_end_us"] <= j["end_us"], "phases in order: %r" % j)
+    check(j["tune_end_us"] > j["tune_start_us"], "tuning took time")
+    c.close()
+    check(d.proc.wait(TIMEOUT) == 0, "dspkd exits 0")
+
+
 # ---- top -------------------------------------------------------------------------
 
 class Tmux:
@@ -446,7 +481,7 @@ def t_top(exe, submit, tmp):
     d.stop()
 
 
-GROUPS = {"metrics": t_metrics, "trace": t_trace, "top": t_top}
+GROUPS = {"metrics": t_metrics, "trace": t_trace, "trace_tune": t_trace_tune, "top": t_top}
 
 
 def main():
