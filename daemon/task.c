@@ -17,7 +17,6 @@
  */
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "daemon/dspkd.h"
 #include "daemon/log.h"
@@ -54,13 +53,6 @@ static void pack_kv_str(msgpack_packer *pk, const char *k, const char *v) {
 static void pack_kv_u64(msgpack_packer *pk, const char *k, uint64_t v) {
   dspk__pack_str(pk, k);
   msgpack_pack_uint64(pk, v);
-}
-
-/* CLOCK_MONOTONIC in nanoseconds. */
-static uint64_t now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
 static void exec_create(struct device *dev, struct job *j) {
@@ -185,7 +177,7 @@ static void exec_task(struct device *dev, struct job *j) {
   struct dspk__opctx ctx = {.cancel = &j->cancel, .progress = on_progress, .progress_ud = j,
                             .errmsg = msg, .errmsg_len = sizeof msg};
   struct wreq *wr;
-  uint64_t t0 = now_ns(), dt;
+  uint64_t t0 = dspkd_now_ns(), dt;
 
   if (atomic_load(&j->cancel)) {
     err = DSPK_ECANCELED;
@@ -227,14 +219,14 @@ static void exec_task(struct device *dev, struct job *j) {
     t->mem = tmp_out[i];
     t->offset = 0;
   }
-  j->t.upload_end = now_ns();
+  j->t.upload_end = dspkd_now_ns();
   /* Results without elements need no work, whatever the operands' sizes
    * (dspk__op_infer checked that every size is representable). */
   for (int i = 0; i < op->nout && !empty_res; i++)
     empty_res = dspk__tensor_numel(&op->out[i]) != 0 ? -1 : 0;
   if (op->kind == DSPK_OP_KERNEL || op->nout == 0 || empty_res < 0)
     err = be->run(dev->bdev, op, &ctx);
-  j->t.compute_end = now_ns();
+  j->t.compute_end = dspkd_now_ns();
   if (err < 0)
     goto out;
   if (atomic_load(&j->cancel)) {
@@ -281,7 +273,7 @@ static void exec_task(struct device *dev, struct job *j) {
   }
   /* Outputs go by reference, so the time ends with the response encoded;
    * rounded up, so a task that ran always reports at least 1. */
-  dt = now_ns() - t0;
+  dt = dspkd_now_ns() - t0;
   pack_kv_u64(&wr->w.pk, "time_us", (dt + 999) / 1000);
 out:
   for (int i = 0; i < DSPK__OP_MAX_IN; i++)

@@ -296,7 +296,7 @@ def t_trace(exe, submit, tmp):
         except RpcError as e:
             check(e.name == "EINVAL", "trace %r: %s" % (bad, e.name))
     out = os.path.join(tmp, "t.json")
-    tr = subprocess.Popen([submit, "-S", d.sock, "trace", "-o", out, "--seconds", "3"],
+    tr = subprocess.Popen([submit, "-S", d.sock, "trace", "-o", out, "--seconds", "5"],
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     wait_until("the trace to start", lambda: samples(c.call("metrics")).get(
         ("dspk_traces_in_progress", frozenset())) == 1)
