@@ -197,7 +197,7 @@ const dspk__sub_cmd dspk__sub_cmds[] = {
      "\n"
      "  --json   print the samples as a JSON list of {name, labels, value}\n"},
     {"top", dspk__sub_top, "live view of the devices and clients",
-     "usage: dspk-submit top [-n SECONDS] [--once]\n"
+     "usage: dspk-submit top [-n SECONDS] [--once] [--json]\n"
      "\n"
      "Shows, refreshed every SECONDS, one line per device: BUSY (share of the\n"
      "last 4 to 5 seconds spent running jobs), memory the daemon's pool has in\n"
@@ -206,9 +206,10 @@ const dspk__sub_cmd dspk__sub_cmds[] = {
      "connected clients.  Keys: q quits, space refreshes.\n"
      "\n"
      "  -n, --interval SECONDS   time between refreshes (0.1 to 3600, default 1)\n"
-     "      --once               print one frame and exit\n"},
+     "      --once               print one frame and exit\n"
+     "      --json               print one frame's data (the status answer) as JSON\n"},
     {"trace", dspk__sub_trace, "record what every device runs (Chrome trace JSON)",
-     "usage: dspk-submit trace -o FILE [--seconds N]\n"
+     "usage: dspk-submit trace -o FILE [--seconds N] [--json]\n"
      "\n"
      "Records every job on every device for N seconds (default 5, at most 600)\n"
      "and writes Chrome trace-event JSON that Perfetto (ui.perfetto.dev) and\n"
@@ -217,7 +218,8 @@ const dspk__sub_cmd dspk__sub_cmds[] = {
      "per client the time each job waited in the queue.\n"
      "\n"
      "  -o, --output FILE   where to write the trace (- for standard output)\n"
-     "  -s, --seconds N     how long to record (default 5)\n"},
+     "  -s, --seconds N     how long to record (default 5)\n"
+     "      --json          then print {\"output\":..,\"seconds\":..,\"jobs\":..,\"dropped\":..}\n"},
     {NULL, NULL, NULL, NULL},
 };
 

@@ -12,8 +12,8 @@
 
 #include "client/submit/submit.h"
 
-/* Writes s[0..n) as a JSON string. */
-static void json_str(const char *s, size_t n) {
+/* Writes s[0..n) as a JSON string (the sample's pieces are not terminated). */
+static void json_strn(const char *s, size_t n) {
   putchar('"');
   for (size_t i = 0; i < n; i++) {
     unsigned char ch = (unsigned char)s[i];
@@ -39,7 +39,7 @@ static const char *json_labels(const char *p) {
     if (!first)
       putchar(',');
     first = 0;
-    json_str(p, (size_t)(eq - p));
+    json_strn(p, (size_t)(eq - p));
     putchar(':');
     p = eq + 2;
     putchar('"');
@@ -75,7 +75,7 @@ static int print_json(const char *text) {
       size_t nl = strcspn(line, "{ ");
       const char *p = line + nl;
       printf("%s\n{\"name\":", n++ ? "," : "");
-      json_str(line, nl);
+      json_strn(line, nl);
       printf(",\"labels\":");
       if (*p == '{') {
         p = json_labels(p + 1);

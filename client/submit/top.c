@@ -8,7 +8,8 @@
  *
  * On a terminal the view takes the alternate screen and reads single keys
  * (q quits); the terminal is restored on every way out, SIGINT and SIGTERM
- * included.  --once prints one frame and exits, for scripts.
+ * included.  --once prints one frame and exits, for scripts; --json prints
+ * the status answer it reads (one frame's data) as JSON.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -116,10 +117,11 @@ static void draw(const dspk_status *s) {
 int dspk__sub_top(dspk__sub_ctx *ctx, int argc, char **argv) {
   static const struct option opts[] = {{"interval", required_argument, NULL, 'n'},
                                        {"once", no_argument, NULL, '1'},
+                                       {"json", no_argument, NULL, 'j'},
                                        {"help", no_argument, NULL, 'h'},
                                        {NULL, 0, NULL, 0}};
   double interval = 1;
-  bool once = false, keys, screen;
+  bool once = false, json = false, keys, screen;
   struct termios saved, raw;
   struct sigaction sa, old_int, old_term;
   dspk_status *s = NULL;
@@ -133,6 +135,9 @@ int dspk__sub_top(dspk__sub_ctx *ctx, int argc, char **argv) {
       break;
     case '1':
       once = true;
+      break;
+    case 'j':
+      json = once = true;
       break;
     case 'h':
       return dspk__sub_help(ctx);
@@ -151,7 +156,10 @@ int dspk__sub_top(dspk__sub_ctx *ctx, int argc, char **argv) {
     rc = dspk_status_get(ctx->client, &s);
     if (rc < 0)
       return dspk__sub_fail_client(ctx, rc);
-    frame(stdout, s, false);
+    if (json)
+      printf("%s\n", s->json ? s->json : "{}");
+    else
+      frame(stdout, s, false);
     dspk_status_free(s);
     return DSPK__SUB_EXIT_OK;
   }

@@ -48,10 +48,12 @@ static int write_file(const char *path, const char *text) {
 int dspk__sub_trace(dspk__sub_ctx *ctx, int argc, char **argv) {
   static const struct option opts[] = {{"output", required_argument, NULL, 'o'},
                                        {"seconds", required_argument, NULL, 's'},
+                                       {"json", no_argument, NULL, 'j'},
                                        {"help", no_argument, NULL, 'h'},
                                        {NULL, 0, NULL, 0}};
   const char *out = NULL;
   double seconds = 5;
+  bool summary = false;
   char *json = NULL;
   int opt, rc;
 
@@ -65,6 +67,9 @@ int dspk__sub_trace(dspk__sub_ctx *ctx, int argc, char **argv) {
         return dspk__sub_usage(ctx, "bad --seconds '%s' (want more than 0, at most 600)",
                                optarg);
       break;
+    case 'j':
+      summary = true;
+      break;
     case 'h':
       return dspk__sub_help(ctx);
     case ':':
@@ -77,6 +82,8 @@ int dspk__sub_trace(dspk__sub_ctx *ctx, int argc, char **argv) {
     return dspk__sub_usage(ctx, "unexpected argument '%s'", argv[optind]);
   if (!out)
     return dspk__sub_usage(ctx, "missing -o FILE (- for standard output)");
+  if (summary && strcmp(out, "-") == 0)
+    return dspk__sub_usage(ctx, "--json prints a summary: it needs -o FILE, not -");
   rc = dspk__sub_connect(ctx);
   if (rc != 0)
     return rc;
@@ -89,6 +96,21 @@ int dspk__sub_trace(dspk__sub_ctx *ctx, int argc, char **argv) {
     int e = errno;
     dspk_free(json);
     return dspk__sub_fail(ctx, DSPK_EIO, "cannot write %s: %s", out, strerror(e));
+  }
+  if (summary) {
+    /* The numbers of the trace's otherData (lib_observe.c writes it last). */
+    const char *o = strstr(json, "\"otherData\":");
+    unsigned long long jobs = 0, dropped = 0;
+    if (o) {
+      const char *p = strstr(o, "\"jobs\":"), *q = strstr(o, "\"dropped\":");
+      if (p)
+        jobs = strtoull(p + 7, NULL, 10);
+      if (q)
+        dropped = strtoull(q + 10, NULL, 10);
+    }
+    printf("{\"output\":");
+    dspk__sub_json_str(stdout, out);
+    printf(",\"seconds\":%g,\"jobs\":%llu,\"dropped\":%llu}\n", seconds, jobs, dropped);
   }
   dspk_free(json);
   return DSPK__SUB_EXIT_OK;

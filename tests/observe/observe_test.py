@@ -296,7 +296,7 @@ def t_trace(exe, submit, tmp):
         except RpcError as e:
             check(e.name == "EINVAL", "trace %r: %s" % (bad, e.name))
     out = os.path.join(tmp, "t.json")
-    tr = subprocess.Popen([submit, "-S", d.sock, "trace", "-o", out, "--seconds", "5"],
+    tr = subprocess.Popen([submit, "-S", d.sock, "trace", "-o", out, "--seconds", "5", "--json"],
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     wait_until("the trace to start", lambda: samples(c.call("metrics")).get(
         ("dspk_traces_in_progress", frozenset())) == 1)
@@ -313,6 +313,8 @@ def t_trace(exe, submit, tmp):
         ids.append(mid)
     so, se = tr.communicate(timeout=TIMEOUT)
     check(tr.returncode == 0, "dspk-submit trace: %s" % se)
+    check(json.loads(so) == {"output": out, "seconds": 5, "jobs": 3, "dropped": 0},
+          "trace --json summary: %r" % so)
     with open(out) as f:
         doc = json.load(f)
     ev = doc["traceEvents"]
@@ -444,6 +446,12 @@ def t_top(exe, submit, tmp):
     check(line and re.search(r"\b0%", line) and line.rstrip().endswith("-"),
           "an idle cpu:0 line: %r" % p.stdout)
     check("BUSY" in p.stdout and "RUNNING" in p.stdout, "headers: %r" % p.stdout)
+    p = subprocess.run([submit, "-S", d.sock, "top", "--json"], capture_output=True, text=True,
+                       timeout=TIMEOUT)
+    check(p.returncode == 0, "top --json: %s" % p.stderr)
+    devs = {x["id"]: x for x in json.loads(p.stdout)["devices"]}
+    check(devs["cpu:0"]["running_op"] is None and devs["cpu:0"]["busy"] == 0,
+          "top --json: an idle cpu:0: %r" % devs)
 
     tm = Tmux(tmp)
     rc = os.path.join(tmp, "top.rc")
