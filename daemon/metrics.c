@@ -650,7 +650,9 @@ int dspkd_metrics_http_start(struct dspkd *d) {
   sigset_t all, old;
   const union MHD_DaemonInfo *info;
   char msg[320];
-  unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG;
+  /* epoll or poll, never select: the daemon's descriptors may pass
+   * FD_SETSIZE with many clients. */
+  unsigned flags = MHD_USE_AUTO_INTERNAL_THREAD | MHD_USE_ERROR_LOG;
 
   if (!spec || !*spec)
     return 0;
