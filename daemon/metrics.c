@@ -259,6 +259,7 @@ struct devsnap {
   struct dspk__devstats stats;
   struct dev_obs obs;
   struct dev_activity act;
+  uint64_t busy_ns; /* obs.busy_ns and the running job's time so far */
 };
 
 static void hist_lines(struct tbuf *t, const char *name, const char *labels,
@@ -329,7 +330,7 @@ static void render_devices(struct tbuf *t, const struct devsnap *sn, int n) {
              s->act.busy);
   PER_DEVICE(t, sn, n, "dspk_device_busy_seconds_total", "counter",
              "Time the device spent running jobs.", "%.6f",
-             (double)(s->obs.busy_ns + (s->act.running ? s->act.age_ns : 0)) / (double)NS);
+             (double)s->busy_ns / (double)NS);
   PER_DEVICE(t, sn, n, "dspk_device_memory_bytes", "gauge", "The device's memory.", "%llu",
              (unsigned long long)s->dev->info.memory);
   PER_DEVICE(t, sn, n, "dspk_memory_in_use_bytes", "gauge",
@@ -394,6 +395,9 @@ int dspkd_metrics_render(struct dspkd *d, char **text, size_t *len) {
     s->failed = dev->failed;
     s->stats = dev->stats;
     s->obs = dev->obs;
+    /* The running job's time so far, read with the total it will join, so
+     * the busy counter never goes back. */
+    s->busy_ns = s->obs.busy_ns + (s->obs.run_start ? dspkd_now_ns() - s->obs.run_start : 0);
     pthread_mutex_unlock(&dev->mu);
     n++;
   }
