@@ -290,9 +290,10 @@ static int m_status(struct req *r) {
     if (!act.running) {
       msgpack_pack_nil(pk);
     } else {
-      /* Whose job it is only to its own user (and root, the daemon's user). */
-      bool mine = act.client && (r->c->uid == (uid_t)act.uid || r->c->uid == 0 ||
-                                 r->c->uid == geteuid());
+      /* Whose job it is as the clients list tells: to an admin, and to the
+       * job's own user. */
+      bool mine = act.client && (admin || (r->c->uid != (uid_t)-1 &&
+                                           r->c->uid == (uid_t)act.uid));
       msgpack_pack_map(pk, mine ? 3 : 2);
       kv_str(pk, "name", act.what);
       kv_u64(pk, "age_ms", act.age_ns / 1000000);
