@@ -171,12 +171,8 @@ static int cache_stats(dspk__sub_ctx *ctx, int argc, char **argv) {
     case 'j':
       json = true;
       break;
-    case 'h':
-      return dspk__sub_help(ctx);
-    case ':':
-      return dspk__sub_missing_arg(ctx, argv);
     default:
-      return dspk__sub_bad_option(ctx, argv);
+      return dspk__sub_opt_other(ctx, opt, argv);
     }
   }
   if (optind < argc)
@@ -226,12 +222,8 @@ static int cache_clear(dspk__sub_ctx *ctx, int argc, char **argv) {
     case 'j':
       json = true;
       break;
-    case 'h':
-      return dspk__sub_help(ctx);
-    case ':':
-      return dspk__sub_missing_arg(ctx, argv);
     default:
-      return dspk__sub_bad_option(ctx, argv);
+      return dspk__sub_opt_other(ctx, opt, argv);
     }
   }
   if (optind < argc)

@@ -66,12 +66,8 @@ int dspk__sub_ping(dspk__sub_ctx *ctx, int argc, char **argv) {
     case 'j':
       json = true;
       break;
-    case 'h':
-      return dspk__sub_help(ctx);
-    case ':':
-      return dspk__sub_missing_arg(ctx, argv);
     default:
-      return dspk__sub_bad_option(ctx, argv);
+      return dspk__sub_opt_other(ctx, opt, argv);
     }
   }
   if (optind < argc)
@@ -158,12 +154,8 @@ static int flag_opts(dspk__sub_ctx *ctx, int argc, char **argv, bool *json,
     case 'j':
       *json = true;
       break;
-    case 'h':
-      return dspk__sub_help(ctx);
-    case ':':
-      return dspk__sub_missing_arg(ctx, argv);
     default:
-      return dspk__sub_bad_option(ctx, argv);
+      return dspk__sub_opt_other(ctx, opt, argv);
     }
   }
   if (optind < argc)

@@ -405,6 +405,14 @@ int dspk__sub_bad_option(const dspk__sub_ctx *ctx, char **argv) {
   return dspk__sub_usage(ctx, "unknown option '%s'", argv[optind - 1]);
 }
 
+int dspk__sub_opt_other(dspk__sub_ctx *ctx, int opt, char **argv) {
+  if (opt == 'h')
+    return dspk__sub_help(ctx);
+  if (opt == ':')
+    return dspk__sub_missing_arg(ctx, argv);
+  return dspk__sub_bad_option(ctx, argv);
+}
+
 int dspk__sub_missing_arg(const dspk__sub_ctx *ctx, char **argv) {
   return dspk__sub_usage(ctx, "option '%s' needs an argument",
                          argv[optind - 1]);

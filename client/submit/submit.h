@@ -119,6 +119,9 @@ int dspk__sub_help(const dspk__sub_ctx *ctx);
 /* Usage errors for getopt_long's '?' and ':' returns (argv as passed to
  * getopt_long); return DSPK__SUB_EXIT_USAGE. */
 int dspk__sub_bad_option(const dspk__sub_ctx *ctx, char **argv);
+/* What every command's getopt loop does with -h/--help (its help), a
+ * missing option argument and an unknown option; returns the exit status. */
+int dspk__sub_opt_other(dspk__sub_ctx *ctx, int opt, char **argv);
 int dspk__sub_missing_arg(const dspk__sub_ctx *ctx, char **argv);
 
 /* Strict number parsing of a whole string: 0 on success, -1 otherwise. */

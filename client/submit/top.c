@@ -139,12 +139,8 @@ int dspk__sub_top(dspk__sub_ctx *ctx, int argc, char **argv) {
     case 'j':
       json = once = true;
       break;
-    case 'h':
-      return dspk__sub_help(ctx);
-    case ':':
-      return dspk__sub_missing_arg(ctx, argv);
     default:
-      return dspk__sub_bad_option(ctx, argv);
+      return dspk__sub_opt_other(ctx, opt, argv);
     }
   }
   if (optind < argc)

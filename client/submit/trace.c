@@ -70,12 +70,8 @@ int dspk__sub_trace(dspk__sub_ctx *ctx, int argc, char **argv) {
     case 'j':
       summary = true;
       break;
-    case 'h':
-      return dspk__sub_help(ctx);
-    case ':':
-      return dspk__sub_missing_arg(ctx, argv);
     default:
-      return dspk__sub_bad_option(ctx, argv);
+      return dspk__sub_opt_other(ctx, opt, argv);
     }
   }
   if (optind < argc)
