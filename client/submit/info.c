@@ -237,6 +237,12 @@ int dspk__sub_status(dspk__sub_ctx *ctx, int argc, char **argv) {
            (long long)c->gid, (unsigned long long)c->inflight,
            (unsigned long long)c->buffers, dspk__sub_esc(c->name));
   }
+  /* A non-admin sees its own uid's connections; the rest only as a count. */
+  if (s->connections > s->nclients) {
+    unsigned long long more = (unsigned long long)(s->connections - s->nclients);
+    printf("  and %llu connection%s of other users (not shown)\n", more,
+           more == 1 ? "" : "s");
+  }
   printf("\n%zu device%s:\n", s->ndevices, s->ndevices == 1 ? "" : "s");
   printf("  %-10s %-8s %-8s %-10s %s\n", "ID", "QUEUED", "RUNNING",
          "COMPLETED", "FAILED");

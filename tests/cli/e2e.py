@@ -749,12 +749,12 @@ class FakeDaemon:
     # CSI (U+009B), and a non-ASCII letter that must print as it is.
     EVIL = "evil\x1b[2J\x1b]0;pwned\x07\nline2\x7f\u009b31m caf\u00e9"
     STATUS = {"daemon": {"version": "1\x1b[5m", "pid": 7, "uptime_s": 1.0,
-                         "socket": "/s\rock", "connections": 1, "stopping": False,
+                         "socket": "/s\rock", "connections": 3, "stopping": False,
                          "limits": {}},
               "clients": [{"id": 1, "pid": 2, "uid": 3, "gid": 4, "name": EVIL,
                            "inflight": 0, "buffers": 0, "buffer_bytes": 0, "unsent": 0,
                            "requests": 1, "self": True}],
-              "other_clients": {"connections": 0, "inflight": 0, "buffers": 0},
+              "other_clients": {"connections": 2, "inflight": 0, "buffers": 0},
               "devices": [{"id": "fake:0\x1b[A", "queued": 0, "running": 0,
                            "completed": 0, "failed": 0, "stats": {}}]}
 
@@ -899,7 +899,9 @@ def suite_fake(cli, tmp):
               "status: the name escaped: %r" % out)
         check("1\\x1b[5m" in out and "/s\\rock" in out and "fake:0\\x1b[A" in out,
               "status: every daemon string escaped: %r" % out)
-        check(len(out.splitlines()) == 9, "status: no line added by a name: %r" % out)
+        check("and 2 connections of other users (not shown)" in out,
+              "status: the other users' connections as a count: %r" % out)
+        check(len(out.splitlines()) == 10, "status: no line added by a name: %r" % out)
         rc, out, err = fcli.run("status", "--json")
         check(rc == 0, "status --json: rc %d" % rc)
         inert(out, "status --json")
