@@ -413,6 +413,22 @@ int dspk__sub_opt_other(dspk__sub_ctx *ctx, int opt, char **argv) {
   return dspk__sub_bad_option(ctx, argv);
 }
 
+int dspk__sub_json_only(dspk__sub_ctx *ctx, int argc, char **argv, bool *json) {
+  static const struct option opts[] = {{"json", no_argument, NULL, 'j'},
+                                       {"help", no_argument, NULL, 'h'},
+                                       {NULL, 0, NULL, 0}};
+  int opt;
+
+  while ((opt = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
+    if (opt != 'j')
+      return dspk__sub_opt_other(ctx, opt, argv);
+    *json = true;
+  }
+  if (optind < argc)
+    return dspk__sub_usage(ctx, "unexpected argument '%s'", argv[optind]);
+  return -1;
+}
+
 int dspk__sub_missing_arg(const dspk__sub_ctx *ctx, char **argv) {
   return dspk__sub_usage(ctx, "option '%s' needs an argument",
                          argv[optind - 1]);

@@ -101,24 +101,12 @@ static int print_json(const char *text) {
 }
 
 int dspk__sub_metrics(dspk__sub_ctx *ctx, int argc, char **argv) {
-  static const struct option opts[] = {{"json", no_argument, NULL, 'j'},
-                                       {"help", no_argument, NULL, 'h'},
-                                       {NULL, 0, NULL, 0}};
   bool json = false;
   char *text = NULL;
-  int opt, rc;
+  int rc = dspk__sub_json_only(ctx, argc, argv, &json);
 
-  while ((opt = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
-    switch (opt) {
-    case 'j':
-      json = true;
-      break;
-    default:
-      return dspk__sub_opt_other(ctx, opt, argv);
-    }
-  }
-  if (optind < argc)
-    return dspk__sub_usage(ctx, "unexpected argument '%s'", argv[optind]);
+  if (rc >= 0)
+    return rc;
   rc = dspk__sub_connect(ctx);
   if (rc != 0)
     return rc;

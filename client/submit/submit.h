@@ -122,6 +122,9 @@ int dspk__sub_bad_option(const dspk__sub_ctx *ctx, char **argv);
 /* What every command's getopt loop does with -h/--help (its help), a
  * missing option argument and an unknown option; returns the exit status. */
 int dspk__sub_opt_other(dspk__sub_ctx *ctx, int opt, char **argv);
+/* Parses the arguments of a command that takes only --json and --help:
+ * returns -1 when the command should run (*json set), else its exit status. */
+int dspk__sub_json_only(dspk__sub_ctx *ctx, int argc, char **argv, bool *json);
 int dspk__sub_missing_arg(const dspk__sub_ctx *ctx, char **argv);
 
 /* Strict number parsing of a whole string: 0 on success, -1 otherwise. */
