@@ -140,6 +140,64 @@ DSPK_EXPORT int dspk_call_json(dspk_client *c, const char *method,
   return 0;
 }
 
+/* ---- Slurm jobs (admin) ---------------------------------------------------- */
+
+struct job_args {
+  uint64_t job;
+  uint32_t uid;
+  const char *const *uuids;
+  size_t n;
+  bool reg;
+};
+
+static void pack_job(void *ud, struct dspk__wbuf *w) {
+  const struct job_args *a = ud;
+  msgpack_pack_map(&w->pk, a->reg ? 3 : 1);
+  dspk__pack_str(&w->pk, "job");
+  msgpack_pack_uint64(&w->pk, a->job);
+  if (!a->reg)
+    return;
+  dspk__pack_str(&w->pk, "uid");
+  msgpack_pack_uint32(&w->pk, a->uid);
+  dspk__pack_str(&w->pk, "devices");
+  msgpack_pack_array(&w->pk, a->n);
+  for (size_t i = 0; i < a->n; i++)
+    dspk__pack_str(&w->pk, a->uuids[i]);
+}
+
+static int job_call(dspk_client *c, const char *method, const struct job_args *a,
+                    char **json_out) {
+  struct dspk__resp r;
+  char *json;
+  int rc;
+
+  if (!c || !json_out || !a->job || (a->n && !a->uuids))
+    return DSPK_EINVAL;
+  for (size_t i = 0; i < a->n; i++)
+    if (!a->uuids[i])
+      return DSPK_EINVAL;
+  rc = dspk__call(c, method, pack_job, (void *)a, &r);
+  if (rc != 0)
+    return rc;
+  rc = dspk__to_json(r.msg.result, &json);
+  dspk__resp_free(&r);
+  if (rc != 0)
+    return dspk__cerr(c, rc, "out of memory");
+  *json_out = json;
+  return 0;
+}
+
+DSPK_EXPORT int dspk_job_register(dspk_client *c, uint64_t job, uint32_t uid,
+                                  const char *const *uuids, size_t n, char **json_out) {
+  struct job_args a = {job, uid, uuids, n, true};
+  return job_call(c, "job.register", &a, json_out);
+}
+
+DSPK_EXPORT int dspk_job_end(dspk_client *c, uint64_t job, char **json_out) {
+  struct job_args a = {job, 0, NULL, 0, false};
+  return job_call(c, "job.end", &a, json_out);
+}
+
 static void pack_devices(void *ud, struct dspk__wbuf *w) {
   msgpack_pack_map(&w->pk, 1);
   dspk__pack_str(&w->pk, "all");

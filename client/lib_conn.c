@@ -493,22 +493,42 @@ int dspk__call(dspk_client *c, const char *method,
 
 /* ---- connect / close ---------------------------------------------------- */
 
-struct hello_args { const char *name; };
+struct hello_args { const char *name; uint64_t job; };
+
+/* The Slurm job this process runs in, which hello tells the daemon
+ * (docs/protocol.md, "Slurm jobs"): $DSPK_JOB, else $SLURM_JOB_ID; 0 when
+ * neither is a job id. */
+static uint64_t env_job(void) {
+  const char *v = getenv("DSPK_JOB");
+  char *end;
+  unsigned long long id;
+  if (!v || !*v)
+    v = getenv("SLURM_JOB_ID");
+  if (!v || *v < '1' || *v > '9')
+    return 0;
+  errno = 0;
+  id = strtoull(v, &end, 10);
+  return errno || *end ? 0 : (uint64_t)id;
+}
 
 static void pack_hello(void *ud, struct dspk__wbuf *w) {
   struct hello_args *a = ud;
-  msgpack_pack_map(&w->pk, 2);
+  msgpack_pack_map(&w->pk, a->job ? 3 : 2);
   dspk__pack_str(&w->pk, "version");
   msgpack_pack_uint32(&w->pk, DSPK_PROTOCOL_VERSION);
   dspk__pack_str(&w->pk, "client");
   dspk__pack_str(&w->pk, a->name);
+  if (a->job) {
+    dspk__pack_str(&w->pk, "job");
+    msgpack_pack_uint64(&w->pk, a->job);
+  }
 }
 
 DSPK_EXPORT int dspk_connect(const char *socket_path, const char *client_name,
                              dspk_client **out) {
   char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
   struct sockaddr_un sa = {.sun_family = AF_UNIX};
-  struct hello_args ha = {client_name ? client_name : "libdspkclient"};
+  struct hello_args ha = {client_name ? client_name : "libdspkclient", env_job()};
   struct dspk__resp r;
   dspk_client *c;
   int rc;

@@ -194,6 +194,7 @@ static void conv_job(struct conv *cv, const msgpack_object *job, int pid) {
   size_t nlen, klen, elen = 0;
   bool running = false, task;
   uint64_t client = get_u64(job, "client"), msgid = get_u64(job, "msgid");
+  uint64_t sjob = get_u64(job, "job");
   uint64_t q = get_u64(job, "queued_us"), s = get_u64(job, "start_us");
   uint64_t end = get_u64(job, "end_us");
   uint64_t up = get_u64(job, "upload_end_us"), comp = get_u64(job, "compute_end_us");
@@ -214,6 +215,10 @@ static void conv_job(struct conv *cv, const msgpack_object *job, int pid) {
 
   snprintf(num, sizeof num, "{\"client\":%" PRIu64 ",\"msgid\":%" PRIu64, client, msgid);
   dspk__jputs(&a, num);
+  if (sjob) {
+    snprintf(num, sizeof num, ",\"job\":%" PRIu64, sjob);
+    dspk__jputs(&a, num);
+  }
   if (e) {
     dspk__jputs(&a, ",\"error\":");
     dspk__jstr(&a, e, elen);

@@ -66,12 +66,13 @@ static int reply_true(struct req *r, const char *key) {
 }
 
 int dspkd_admin_dispatch(struct req *r, const char *method, size_t len) {
-  static const char *const names[] = {"daemon.reload", "daemon.stop"};
+  static const char *const names[] = {"daemon.reload", "daemon.stop", "job.register",
+                                      "job.end"};
   struct conn *c = r->c;
   struct dspkd *d = c->d;
   int which = -1, err;
 
-  for (int i = 0; i < 2; i++)
+  for (int i = 0; i < 4; i++)
     if (strlen(names[i]) == len && memcmp(names[i], method, len) == 0)
       which = i;
   if (which < 0)
@@ -83,6 +84,10 @@ int dspkd_admin_dispatch(struct req *r, const char *method, size_t len) {
              "admin_groups in the [policy] of dspkd.conf)", names[which], (long)c->uid);
     return DSPK_EPERM;
   }
+  if (which == 2)
+    return dspkd_m_job_register(r); /* daemon/jobs.c */
+  if (which == 3)
+    return dspkd_m_job_end(r);
   if (which == 0) {
     dspkd_info("client %llu (uid %ld): daemon.reload", (unsigned long long)c->id,
                (long)c->uid);

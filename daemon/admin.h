@@ -6,6 +6,8 @@
  * admin_users/admin_groups who may call the admin methods:
  *   daemon.reload  read the configuration file again (as SIGHUP)
  *   daemon.stop    stop the daemon in order (as SIGTERM)
+ *   job.register   a Slurm job's prolog: the job, its uid and GPUs (daemon/jobs.c)
+ *   job.end        its epilog: closes the job's connections
  * Loop thread only.
  */
 #ifndef DSPKD_ADMIN_H

@@ -72,6 +72,8 @@ static const struct key keys[] = {
     {"limits", "max_user_memory", K_SHARE, F(max_user_memory), 1, (uint64_t)1 << 50, true},
     {"limits", "max_conn_memory", K_SHARE, F(max_conn_memory), 1, (uint64_t)1 << 50, true},
     {"daemon", "metrics_listen", K_STR, F(metrics_listen), 0, 0, false},
+    {"limits", "max_job_memory", K_SHARE, F(max_job_memory), 1, (uint64_t)1 << 50, true},
+    {"policy", "job_required", K_BOOL, F(job_required), 0, 0, true},
 };
 #define NKEYS (sizeof keys / sizeof keys[0])
 _Static_assert(NKEYS <= 60, "the key masks are 64-bit");
@@ -104,6 +106,7 @@ void dspkd_config_defaults(struct dspkd_config *cfg) {
   cfg->max_user_partial = (uint64_t)1 << 30;
   cfg->max_user_memory = DSPKD_SHARE(50);
   cfg->max_conn_memory = DSPKD_SHARE(100);
+  cfg->max_job_memory = DSPKD_SHARE(100);
   cfg->shutdown_timeout_ms = 10000;
   cfg->log_level = DSPKD_INFO;
 }

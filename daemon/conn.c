@@ -230,6 +230,7 @@ void conn_unref(struct conn *c) {
   c->rb = NULL;
   rb_count(c);
   dspkd_user_put(d, c->user);
+  dspkd_job_conn_gone(c);
   free(c->bufs);
   free(c->q);
   free(c->mem);

@@ -70,6 +70,7 @@ struct dspkd_config {
   uint64_t max_user_partial; /* read-buffer bytes (incomplete frames) of one user */
   uint64_t max_user_memory; /* bytes per device of one user; 0: half the device's */
   uint64_t max_conn_memory; /* bytes per device of one connection; 0: no own bound */
+  uint64_t max_job_memory;  /* bytes per device of one Slurm job (daemon/jobs.c) */
   uint64_t shutdown_timeout_ms; /* grace for running tasks at stop */
   const char *metrics_listen; /* "ADDR:PORT" of the HTTP metrics listener, or NULL */
   /* daemon/config.c: the configuration file's extra settings. */
@@ -77,6 +78,7 @@ struct dspkd_config {
   struct dspkd_idlist allow_users, allow_groups; /* may connect (both empty: anyone) */
   struct dspkd_idlist admin_users, admin_groups; /* admin methods (both empty: root
                                                     and the daemon's own user) */
+  bool job_required;        /* a connection without a Slurm job gets the cpu only */
 };
 
 /* A connection's read buffer.  Frames are scanned and decoded in place; a
@@ -113,6 +115,7 @@ struct dbuf {
   int refs;              /* loop only: the connection's table + each job */
   struct job *free_job;  /* the JOB_BUF_FREE that releases it, allocated with
                             it, so that releasing never needs memory */
+  struct djob *qjob;     /* daemon/quota.c: the Slurm job it is charged to */
 };
 
 /* One connection's FIFO of jobs for one device, linked into the device's
@@ -162,6 +165,8 @@ struct job {
   size_t resv_answer;        /* bytes its answer may take (max_unsent) */
   uint64_t resv_mem;         /* device memory it may take on resv_dev */
   struct device *resv_dev;
+  struct djob *resv_job;     /* the Slurm job charged with resv_mem, or NULL */
+  uint64_t slurm_job;        /* its connection's Slurm job id (traces), 0: none */
   struct job_times t;        /* daemon/observe.h */
 };
 
@@ -202,6 +207,26 @@ struct device {
 struct unavailable {
   char backend[32];
   char reason[320];
+};
+
+/* A Slurm job registered by the prolog (daemon/jobs.c, job.register): the
+ * uid it runs as and the UUIDs of the GPUs Slurm gave it on this node.  Its
+ * connections may use those devices and the cpu only.  Freed after job.end
+ * once no connection refers to it.  Loop thread only. */
+#define DSPKD_JOB_MAX_DEVICES 64
+#define DSPKD_UUID_LEN 40 /* a normalised UUID: lower-case hex digits only */
+struct djob {
+  struct djob *next;
+  uint64_t id;
+  uid_t uid;
+  int ndevs;
+  char uuid[DSPKD_JOB_MAX_DEVICES][DSPKD_UUID_LEN];
+  size_t nconns;                      /* connections bound to it (until freed) */
+  bool ended;                         /* job.end came: no new connections */
+  struct conn *end_conn;              /* job.end's caller, answered when nconns is 0 */
+  uint32_t end_msgid;
+  uint64_t end_conns, end_inflight, end_buffers; /* what job.end closed */
+  uint64_t mem[DSPKD_MAX_DEVICES];    /* device memory of its connections */
 };
 
 /* One user's (uid's) share of the daemon, for the quotas: counted over
@@ -245,6 +270,11 @@ struct conn {
   bool over_partial;        /* the read buffer could not grow: max_user_partial */
   uint64_t *mem;            /* [d->ndevs] device memory: buffers + jobs in flight */
   uint64_t requests;
+  /* daemon/jobs.c: the Slurm job of the connection, decided at its first
+   * request that needs a device and kept for its life. */
+  int job_state;            /* 0: not decided, 1: decided (job may be NULL) */
+  struct djob *job;         /* NULL: no job (every device) */
+  uint64_t job_claim;       /* hello's job (SLURM_JOB_ID), 0: none */
 };
 
 struct dspkd {
@@ -269,6 +299,10 @@ struct dspkd {
   struct conn *conns;
   size_t nconns;
   struct duser *users;      /* daemon/quota.c */
+  struct djob *jobs;        /* daemon/jobs.c: registered Slurm jobs */
+  size_t njobs;
+  uint64_t ended_jobs[256]; /* ids of the last jobs ended, so a claim of one fails */
+  unsigned nended;
   uint64_t next_conn_id;
   uint64_t next_buf_id;
   bool stopping;
@@ -367,7 +401,7 @@ struct duser *dspkd_user_get(struct dspkd *d, uid_t uid);
 void dspkd_user_put(struct dspkd *d, struct duser *u);
 /* Charges a buffer of the connection's table to it and its user (sign 1),
  * or gives it back (-1). */
-void dspkd_quota_buf(struct conn *c, const struct dbuf *b, int sign);
+void dspkd_quota_buf(struct conn *c, struct dbuf *b, int sign);
 /* Checks a new job against the memory quotas of its connection and user:
  * 0, or DSPK_ELIMIT with msg set.  job_submit charges it. */
 int dspkd_quota_check(const struct job *j, char *msg, size_t len);
@@ -378,6 +412,34 @@ void dspkd_quota_release(struct job *j);
 /* The memory quota of one user, or one connection (conn true), on dev;
  * UINT64_MAX when none. */
 uint64_t dspkd_quota_mem(const struct dspkd *d, const struct device *dev, bool conn);
+
+/* daemon/jobs.c: Slurm jobs (docs/cluster.md, docs/protocol.md "Slurm jobs"). */
+/* Decides the connection's job if not yet done: 0 (c->job set, or NULL for
+ * no job), or DSPK_EPERM with msg set (a claim it may not make, or a uid
+ * with several jobs here and no claim). */
+int dspkd_job_resolve(struct conn *c, char *msg, size_t len);
+/* The same decision without keeping it (status): 0 with *job (NULL: no
+ * job), or DSPK_EPERM with msg set. */
+int dspkd_job_decide(struct conn *c, struct djob **job, char *msg, size_t len);
+/* 1 when the connection may use dev (its job's allocation, the cpu). */
+int dspkd_job_dev_ok(const struct conn *c, const struct device *dev);
+/* The same for job j (NULL: none) of a connection whose job is decided or
+ * not: the cpu always; a job's GPUs by UUID; without a job every device once
+ * decided (unless job_required). */
+int dspkd_job_dev_allowed(const struct dspkd *d, const struct djob *j, bool decided,
+                          const struct device *dev);
+/* "any" for the connection: dspkd_device_any() among the devices it may use. */
+struct device *dspkd_job_device_any(struct conn *c);
+/* Drops the connection's reference to its job (conn.c, when it is freed). */
+void dspkd_job_conn_gone(struct conn *c);
+/* The admin methods job.register and job.end (daemon/admin.c). */
+int dspkd_m_job_register(struct req *r);
+int dspkd_m_job_end(struct req *r);
+/* Frees every job (at exit). */
+void dspkd_jobs_free(struct dspkd *d);
+/* Normalises a UUID for comparison (hex digits, lower case: "GPU-" and
+ * dashes dropped).  0, or -1 when it has no hex digit or is too long. */
+int dspkd_uuid_norm(const char *in, size_t len, char out[DSPKD_UUID_LEN]);
 
 /* daemon/task.c: runner side of each job kind; encodes j->resp. */
 void job_execute(struct device *dev, struct job *j);

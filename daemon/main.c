@@ -527,6 +527,7 @@ out_done:
   }
   dspkd_devices_join(d, true);
   dspkd_trace_free(d);
+  dspkd_jobs_free(d);
   dspkd_teardown_disarm();
   dspkd_backends_shutdown(d);
   dspk__cache_close(d->cache);

@@ -89,19 +89,43 @@ static void limits_map(msgpack_packer *pk, const struct dspkd_config *cfg) {
   kv_u64(pk, "max_clients", cfg->max_clients);
 }
 
-/* Resolves a device name ("any" or an id); NULL with r->msg set. */
+/* Whether the connection may use dev (daemon/jobs.c: its Slurm job's
+ * allocation): 0, or ENODEV (EPERM when its job cannot be decided) with
+ * r->msg set. */
+static int device_ok(struct req *r, const struct device *dev) {
+  struct conn *c = r->c;
+  int err = dspkd_job_resolve(c, r->msg, sizeof r->msg);
+  if (err < 0)
+    return err;
+  if (dspkd_job_dev_ok(c, dev))
+    return 0;
+  if (c->job)
+    return fail(r, DSPK_ENODEV, "device %s is not in the allocation of Slurm job %" PRIu64,
+                dev->id, c->job->id);
+  return fail(r, DSPK_ENODEV, "device %s: this connection has no Slurm job on this node "
+              "(job_required)", dev->id);
+}
+
+/* Resolves a device name ("any" or an id) among the devices the connection
+ * may use; NULL with r->msg set. */
 static struct device *resolve_device(struct req *r, const char *name, int *err) {
   struct dspkd *d = r->c->d;
   struct device *dev;
+  if ((*err = dspkd_job_resolve(r->c, r->msg, sizeof r->msg)) < 0)
+    return NULL;
   if (strcmp(name, "any") == 0) {
-    dev = dspkd_device_any(d);
+    dev = dspkd_job_device_any(r->c);
     if (!dev)
       *err = fail(r, DSPK_ENODEV, "no device is available");
     return dev;
   }
   dev = dspkd_device_find(d, name, strlen(name));
-  if (!dev)
+  if (!dev) {
     *err = fail(r, DSPK_ENODEV, "no device \"%s\" (the devices method lists them)", name);
+    return NULL;
+  }
+  if ((*err = device_ok(r, dev)) < 0)
+    return NULL;
   return dev;
 }
 
@@ -114,14 +138,21 @@ static int m_hello(struct req *r) {
   struct wreq *wr;
   int err;
 
+  uint64_t job = 0;
+
   if ((err = dspk__arg_u64(r->args, "version", &version, r->msg, sizeof r->msg)) ||
-      (err = dspk__arg_str(r->args, "client", name, sizeof name, r->msg, sizeof r->msg)))
+      (err = dspk__arg_str(r->args, "client", name, sizeof name, r->msg, sizeof r->msg)) ||
+      (err = dspk__arg_u64(r->args, "job", &job, r->msg, sizeof r->msg)))
     return err;
   if (version != DSPK_PROTOCOL_VERSION)
     return fail(r, DSPK_EVERSION, "client speaks protocol %" PRIu64
                 ", this daemon speaks %d", version, DSPK_PROTOCOL_VERSION);
   if (name[0])
     memcpy(c->name, name, sizeof name);
+  /* The Slurm job the client says it belongs to (daemon/jobs.c checks it
+   * at the first request that needs a device). */
+  if (job && !c->job_state)
+    c->job_claim = job;
   if (!(wr = reply(r)))
     return DSPK_ENOMEM;
   msgpack_pack_map(&wr->w.pk, 5);
@@ -167,17 +198,19 @@ static int m_devices(struct req *r) {
 
   if ((err = dspk__arg_bool(r->args, "all", &all, r->msg, sizeof r->msg)))
     return err;
+  if ((err = dspkd_job_resolve(r->c, r->msg, sizeof r->msg)) < 0)
+    return err;
   if (!(wr = reply(r)))
     return DSPK_ENOMEM;
   pk = &wr->w.pk;
   for (int i = 0; i < d->ndevs; i++)
-    n += d->devs[i].open_state == 1;
+    n += d->devs[i].open_state == 1 && dspkd_job_dev_ok(r->c, &d->devs[i]);
   msgpack_pack_map(pk, 2);
   dspk__pack_str(pk, "devices");
   msgpack_pack_array(pk, (size_t)n);
   for (int i = 0; i < d->ndevs; i++) {
     const struct device *dev = &d->devs[i];
-    if (dev->open_state != 1)
+    if (dev->open_state != 1 || !dspkd_job_dev_ok(r->c, dev))
       continue;
     msgpack_pack_map(pk, 9);
     kv_str(pk, "id", dev->id);
@@ -213,8 +246,19 @@ static int m_status(struct req *r) {
   msgpack_packer *pk;
   bool admin = dspkd_admin_is(r->c);
   uint64_t shown = 0, other_inflight = 0, other_buffers = 0;
+  char ignored[8];
+  struct djob *myjob = r->c->job;
+  bool decided = r->c->job_state != 0;
+  size_t njobs = 0;
   int n = 0;
 
+  /* The caller's job decides which devices it is shown (without deciding
+   * it for good: status is not a request that needs a device).  A uid with
+   * several jobs here and no claim sees the cpu only. */
+  if (!decided)
+    decided = dspkd_job_decide(r->c, &myjob, ignored, sizeof ignored) == 0;
+  for (const struct djob *j = d->jobs; j; j = j->next)
+    njobs += admin || (r->c->uid != (uid_t)-1 && j->uid == r->c->uid);
   for (struct conn *c = d->conns; c; c = c->next)
     if (status_shows(r->c, admin, c))
       shown++;
@@ -225,7 +269,7 @@ static int m_status(struct req *r) {
   if (!(wr = reply(r)))
     return DSPK_ENOMEM;
   pk = &wr->w.pk;
-  msgpack_pack_map(pk, 4);
+  msgpack_pack_map(pk, 5);
 
   dspk__pack_str(pk, "daemon");
   msgpack_pack_map(pk, 7);
@@ -243,7 +287,7 @@ static int m_status(struct req *r) {
   for (struct conn *c = d->conns; c; c = c->next) {
     if (!status_shows(r->c, admin, c))
       continue;
-    msgpack_pack_map(pk, 11);
+    msgpack_pack_map(pk, 12);
     kv_u64(pk, "id", c->id);
     kv_i64(pk, "pid", (int64_t)c->pid);
     kv_i64(pk, "uid", c->uid == (uid_t)-1 ? -1 : (int64_t)c->uid);
@@ -255,6 +299,11 @@ static int m_status(struct req *r) {
     kv_u64(pk, "unsent", c->unsent);
     kv_u64(pk, "requests", c->requests);
     kv_bool(pk, "self", c == r->c);
+    dspk__pack_str(pk, "job");
+    if (c->job)
+      msgpack_pack_uint64(pk, c->job->id);
+    else
+      msgpack_pack_nil(pk);
   }
   /* The connections not listed: counts only, nothing that names them. */
   dspk__pack_str(pk, "other_clients");
@@ -263,16 +312,45 @@ static int m_status(struct req *r) {
   kv_u64(pk, "inflight", other_inflight);
   kv_u64(pk, "buffers", other_buffers);
 
+  /* The Slurm jobs registered here (daemon/jobs.c): to an admin every one,
+   * to anyone else those of its uid. */
+  dspk__pack_str(pk, "jobs");
+  msgpack_pack_array(pk, njobs);
+  for (const struct djob *j = d->jobs; j; j = j->next) {
+    uint64_t inflight = 0, buffers = 0, bytes = 0;
+    if (!admin && (r->c->uid == (uid_t)-1 || j->uid != r->c->uid))
+      continue;
+    for (const struct conn *c = d->conns; c; c = c->next)
+      if (c->job == j) {
+        inflight += c->inflight;
+        buffers += c->nbufs;
+        bytes += c->buf_bytes;
+      }
+    msgpack_pack_map(pk, 8);
+    kv_u64(pk, "job", j->id);
+    kv_i64(pk, "uid", (int64_t)j->uid);
+    dspk__pack_str(pk, "devices");
+    msgpack_pack_array(pk, (size_t)j->ndevs);
+    for (int k = 0; k < j->ndevs; k++)
+      dspk__pack_str(pk, j->uuid[k]);
+    kv_u64(pk, "connections", j->nconns);
+    kv_u64(pk, "inflight", inflight);
+    kv_u64(pk, "buffers", buffers);
+    kv_u64(pk, "buffer_bytes", bytes);
+    kv_bool(pk, "ended", j->ended);
+  }
+
   dspk__pack_str(pk, "devices");
   for (int i = 0; i < d->ndevs; i++)
-    n += d->devs[i].open_state == 1;
+    n += d->devs[i].open_state == 1 &&
+         (admin || dspkd_job_dev_allowed(d, myjob, decided, &d->devs[i]));
   msgpack_pack_array(pk, (size_t)n);
   for (int i = 0; i < d->ndevs; i++) {
     struct device *dev = &d->devs[i];
     struct dspk__devstats s;
     struct dev_activity act;
     uint64_t q, run, done, failed;
-    if (dev->open_state != 1)
+    if (dev->open_state != 1 || !(admin || dspkd_job_dev_allowed(d, myjob, decided, dev)))
       continue;
     dspkd_device_counters(dev, &q, &run, &done, &failed, &s);
     dspkd_obs_activity(dev, &act);
@@ -392,6 +470,8 @@ static int m_buffer_write(struct req *r) {
 
   if (!(b = arg_buffer(r, &err)))
     return err;
+  if ((err = device_ok(r, b->dev)) < 0)
+    return err;
   if ((err = dspk__arg_u64(r->args, "offset", &off, r->msg, sizeof r->msg)))
     return err;
   if (dspk__obj_bin(dspk__map_get(r->args, "data"), &data, &len) != 0)
@@ -421,6 +501,8 @@ static int m_buffer_read(struct req *r) {
   int err = 0;
 
   if (!(b = arg_buffer(r, &err)))
+    return err;
+  if ((err = device_ok(r, b->dev)) < 0)
     return err;
   if ((err = dspk__arg_u64(r->args, "offset", &off, r->msg, sizeof r->msg)))
     return err;
@@ -872,6 +954,8 @@ static int task_run(struct req *r, char *opname, char *devname) {
   }
   if (strcmp(devname, "any") == 0 && pinned) {
     dev = pinned;
+    if ((err = device_ok(r, dev)) < 0)
+      goto fail;
   } else {
     j->any = strcmp(devname, "any") == 0;
     if (!(dev = resolve_device(r, devname, &err)))

@@ -109,6 +109,7 @@ void dspkd_obs_job_start(struct device *dev, struct job *j) {
   o->run_kind = (uint8_t)j->kind;
   o->run_op = (uint8_t)j->op.kind;
   o->run_client = j->conn ? j->conn->id : 0;
+  o->run_job = j->slurm_job;
   o->run_uid = j->conn ? (uint32_t)j->conn->uid : 0;
   o->run_msgid = j->msgid;
   o->run_q = j->q;
@@ -132,6 +133,7 @@ static void trace_keep(struct dev_obs *o, const struct job *j, uint64_t start, u
   r->t.start = start;
   r->t.end = end;
   r->client = o->run_client;
+  r->slurm_job = o->run_job;
   r->kind = o->run_kind;
   r->op = o->run_op;
 }
@@ -370,6 +372,32 @@ static void render_devices(struct tbuf *t, const struct devsnap *sn, int n) {
              (unsigned long long)s->stats.kernel_cache_hits);
 }
 
+/* The Slurm jobs registered here (daemon/jobs.c), labelled by job id. */
+static void render_jobs(struct tbuf *t, const struct dspkd *d) {
+  static const char *const names[4] = {"connections", "inflight", "buffers", "buffer_bytes"};
+  static const char *const helps[4] = {
+      "Connections of the Slurm job open now.", "Requests of the Slurm job in flight.",
+      "Buffers the Slurm job holds.", "Bytes of the buffers the Slurm job holds."};
+  family(t, "dspk_slurm_jobs", "gauge",
+         "Slurm jobs registered on this node (job.register), those ending included.");
+  tput(t, "dspk_slurm_jobs %zu\n", d->njobs);
+  for (int k = 0; k < 4; k++) {
+    char name[48];
+    snprintf(name, sizeof name, "dspk_slurm_job_%s", names[k]);
+    family(t, name, "gauge", helps[k]);
+    for (const struct djob *j = d->jobs; j; j = j->next) {
+      uint64_t v = 0;
+      for (const struct conn *c = d->conns; c; c = c->next) {
+        if (c->job != j)
+          continue;
+        v += k == 0 ? 1 : k == 1 ? c->inflight : k == 2 ? c->nbufs : c->buf_bytes;
+      }
+      tput(t, "%s{job=\"%llu\"} %llu\n", name, (unsigned long long)j->id,
+           (unsigned long long)v);
+    }
+  }
+}
+
 int dspkd_metrics_render(struct dspkd *d, char **text, size_t *len) {
   struct tbuf t = {0};
   struct devsnap *sn;
@@ -414,6 +442,8 @@ int dspkd_metrics_render(struct dspkd *d, char **text, size_t *len) {
   tput(&t, "dspk_received_bytes_total %llu\n", (unsigned long long)d->obs.bytes_in);
   family(&t, "dspk_sent_bytes_total", "counter", "Bytes written to clients.");
   tput(&t, "dspk_sent_bytes_total %llu\n", (unsigned long long)d->obs.bytes_out);
+
+  render_jobs(&t, d);
 
   family(&t, "dspk_traces_in_progress", "gauge", "trace requests recording now.");
   {

@@ -58,6 +58,7 @@ struct dspkd_hist {
 struct trace_rec {
   struct job_times t;
   uint64_t client;  /* connection id; 0: internal */
+  uint64_t slurm_job; /* its connection's Slurm job (daemon/jobs.c), 0: none */
   uint32_t msgid;
   int32_t err;      /* 0 or a negative code */
   uint8_t kind;     /* enum job_kind */
@@ -78,6 +79,7 @@ struct dev_obs {
   /* The job running now (run_start == 0: idle). */
   uint64_t run_start, run_queued;
   uint64_t run_client;
+  uint64_t run_job;     /* its Slurm job, 0: none */
   uint32_t run_msgid, run_uid;
   uint8_t run_kind, run_op;
   struct cqueue *run_q; /* its connection's queue (alive while it runs) */

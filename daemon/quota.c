@@ -13,6 +13,8 @@
  *   results count against max_conn_memory (per connection) and
  *   max_user_memory (per user), on each device.  A request beyond either is
  *   answered ELIMIT before anything is allocated.
+ *   A connection of a Slurm job (daemon/jobs.c) also counts against
+ *   max_job_memory, over every connection of that job.
  * - Connections and read buffers per user: max_user_clients and
  *   max_user_partial (checked by daemon/conn.c with these counters).
  */
@@ -50,8 +52,8 @@ void dspkd_user_put(struct dspkd *d, struct duser *u) {
   free(u);
 }
 
-uint64_t dspkd_quota_mem(const struct dspkd *d, const struct device *dev, bool conn) {
-  uint64_t v = conn ? d->cfg.max_conn_memory : d->cfg.max_user_memory;
+/* A memory quota's value on dev: bytes, or a share of its memory. */
+static uint64_t quota_on(uint64_t v, const struct device *dev) {
   if (DSPKD_SHARE_IS(v)) {
     uint64_t pct = DSPKD_SHARE_PCT(v);
     if (!dev->info.memory || pct >= 100)
@@ -59,6 +61,10 @@ uint64_t dspkd_quota_mem(const struct dspkd *d, const struct device *dev, bool c
     return dev->info.memory / 100 * pct + dev->info.memory % 100 * pct / 100;
   }
   return v;
+}
+
+uint64_t dspkd_quota_mem(const struct dspkd *d, const struct device *dev, bool conn) {
+  return quota_on(conn ? d->cfg.max_conn_memory : d->cfg.max_user_memory, dev);
 }
 
 /* Device memory a job may take on its device: a new buffer, or a task's
@@ -131,6 +137,12 @@ int dspkd_quota_check(const struct job *j, char *msg, size_t len) {
   held = c->user->mem[idx];
   if (need > lim || held > lim - need)
     return over(msg, len, j, need, held, lim, "this user", "max_user_memory");
+  if (c->job) {
+    lim = quota_on(d->cfg.max_job_memory, j->dev);
+    held = c->job->mem[idx];
+    if (need > lim || held > lim - need)
+      return over(msg, len, j, need, held, lim, "this Slurm job", "max_job_memory");
+  }
   return 0;
 }
 
@@ -144,9 +156,12 @@ void dspkd_quota_charge(struct job *j) {
     c->creating++;
   j->resv_mem = job_mem(j);
   j->resv_dev = j->dev;
+  j->slurm_job = c->job ? c->job->id : 0;
   if (j->resv_mem && c->user && c->mem) {
     c->mem[j->dev->idx] += j->resv_mem;
     c->user->mem[j->dev->idx] += j->resv_mem;
+    if ((j->resv_job = c->job))
+      c->job->mem[j->dev->idx] += j->resv_mem;
   }
 }
 
@@ -161,18 +176,26 @@ void dspkd_quota_release(struct job *j) {
   if (j->resv_mem && c->user && c->mem) {
     c->mem[j->resv_dev->idx] -= j->resv_mem;
     c->user->mem[j->resv_dev->idx] -= j->resv_mem;
+    if (j->resv_job)
+      j->resv_job->mem[j->resv_dev->idx] -= j->resv_mem;
   }
   j->resv_mem = 0;
+  j->resv_job = NULL;
 }
 
-void dspkd_quota_buf(struct conn *c, const struct dbuf *b, int sign) {
+void dspkd_quota_buf(struct conn *c, struct dbuf *b, int sign) {
   if (!c->user || !c->mem)
     return;
   if (sign > 0) {
     c->mem[b->dev->idx] += b->size;
     c->user->mem[b->dev->idx] += b->size;
+    if ((b->qjob = c->job))
+      b->qjob->mem[b->dev->idx] += b->size;
   } else {
     c->mem[b->dev->idx] -= b->size;
     c->user->mem[b->dev->idx] -= b->size;
+    if (b->qjob)
+      b->qjob->mem[b->dev->idx] -= b->size;
+    b->qjob = NULL;
   }
 }

@@ -46,7 +46,7 @@ static void kv_u64(msgpack_packer *pk, const char *k, uint64_t v) {
 static void pack_rec(msgpack_packer *pk, const struct dspkd *d, const struct trec *x) {
   const struct trace_rec *r = &x->r;
   bool task = r->kind == JOB_TASK;
-  int n = 10 + (task && r->t.upload_end) + (task && r->t.compute_end) +
+  int n = 11 + (task && r->t.upload_end) + (task && r->t.compute_end) +
           2 * (task && r->t.tune_start);
 
   msgpack_pack_map(pk, (size_t)n);
@@ -57,6 +57,11 @@ static void pack_rec(msgpack_packer *pk, const struct dspkd *d, const struct tre
   dspk__pack_str(pk, "name");
   dspk__pack_str(pk, dspkd_obs_job_name(r->kind, r->op));
   kv_u64(pk, "client", r->client);
+  dspk__pack_str(pk, "job"); /* the client's Slurm job */
+  if (r->slurm_job)
+    msgpack_pack_uint64(pk, r->slurm_job);
+  else
+    msgpack_pack_nil(pk);
   kv_u64(pk, "msgid", r->msgid);
   dspk__pack_str(pk, "error");
   if (r->err)
@@ -124,6 +129,7 @@ static int collect(struct trace_sess *s, uint64_t now, struct trec **out, size_t
       r->t.start = o->run_start;
       r->t.end = now;
       r->client = o->run_client;
+      r->slurm_job = o->run_job;
       r->msgid = o->run_msgid;
       r->kind = o->run_kind;
       r->op = o->run_op;

@@ -8,7 +8,8 @@ python3-numpy python3-msgpack python3-venv python3-pip python3-setuptools python
 python3-pytest libvulkan-dev mesa-vulkan-drivers glslang-dev
 glslang-tools libvkfft-dev systemd libzip-dev scdoc man-db file dpkg-dev clang
 libclang-rt-14-dev libmicrohttpd-dev
-python3-prometheus-client tmux"
+python3-prometheus-client tmux python3-yaml
+slurmctld slurmd slurm-client munge"
 missing=""
 for p in $PKGS; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing="$missing $p"

@@ -220,6 +220,23 @@ const dspk__sub_cmd dspk__sub_cmds[] = {
      "  -o, --output FILE   where to write the trace (- for standard output)\n"
      "  -s, --seconds N     how long to record (default 5)\n"
      "      --json          then print {\"output\":..,\"seconds\":..,\"jobs\":..,\"dropped\":..}\n"},
+    {"job", dspk__sub_job, "register or end a Slurm job (prolog, epilog; admin)",
+     "usage: dspk-submit job register [--job ID] [--uid UID] [--devices UUID,...] [--json]\n"
+     "       dspk-submit job end [--job ID] [--json]\n"
+     "\n"
+     "What the Slurm prolog and epilog of a node call (docs/cluster.md); only\n"
+     "the daemon's admins may (EPERM otherwise).\n"
+     "register tells the daemon that job ID runs as UID with the GPUs whose\n"
+     "UUIDs are listed (none: the cpu only); its clients then see and use\n"
+     "those devices and the cpu, and others answer ENODEV.\n"
+     "end closes the job's connections (queued and running work canceled,\n"
+     "buffers freed) and returns once nothing of the job is left.\n"
+     "\n"
+     "  --job ID            the Slurm job id (default $SLURM_JOB_ID)\n"
+     "  --uid UID           the uid the job runs as (default $SLURM_JOB_UID)\n"
+     "  --devices UUID,...  the job's GPUs by UUID (as devices lists them;\n"
+     "                      dashes, case and a GPU- prefix do not matter)\n"
+     "  --json              print the daemon's answer as JSON\n"},
     {NULL, NULL, NULL, NULL},
 };
 

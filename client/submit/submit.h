@@ -55,6 +55,7 @@ int dspk__sub_cache(dspk__sub_ctx *ctx, int argc, char **argv);
 int dspk__sub_metrics(dspk__sub_ctx *ctx, int argc, char **argv);
 int dspk__sub_top(dspk__sub_ctx *ctx, int argc, char **argv);
 int dspk__sub_trace(dspk__sub_ctx *ctx, int argc, char **argv);
+int dspk__sub_job(dspk__sub_ctx *ctx, int argc, char **argv);
 
 /* Prints the one-line summary of an output tensor t of res (ops.c) on f:
  *   f64 (3, 4) on cpu:0, 35 us: [1, 2.5, ...] (12 values)

@@ -117,6 +117,20 @@ DSPK_EXPORT int dspk_ping(dspk_client *c, const void *data, size_t n);
 DSPK_EXPORT int dspk_call_json(dspk_client *c, const char *method,
                                char **json_out);
 
+/*
+ * Slurm jobs (admin; docs/cluster.md): the prolog of a job registers it with
+ * the node's daemon, the epilog ends it.  dspk_job_register gives the job's
+ * uid and the UUIDs of the GPUs Slurm allocated to it on this node (n may be
+ * 0: the cpu only); its clients then see and use those devices and the cpu.
+ * dspk_job_end closes the job's connections (their work canceled, their
+ * buffers freed) and returns once they are gone.  Both return the daemon's
+ * answer as JSON in *json_out (free with dspk_free()); DSPK_EPERM for a
+ * caller that is not an admin of the daemon.
+ */
+DSPK_EXPORT int dspk_job_register(dspk_client *c, uint64_t job, uint32_t uid,
+                                  const char *const *uuids, size_t n, char **json_out);
+DSPK_EXPORT int dspk_job_end(dspk_client *c, uint64_t job, char **json_out);
+
 typedef struct dspk_device {
   char id[32];       /* "cpu:0", "cuda:1": what task.device takes */
   char backend[16];  /* "cpu", "cuda", "vulkan" */

@@ -203,6 +203,13 @@ def _result_bound(op: str, inputs: Sequence[Any], options: Mapping[str, Any]
     return None
 
 
+
+def _env_job() -> int:
+    """The Slurm job this process runs in, which hello tells the daemon so that it
+    enforces the job's GPU allocation: $DSPK_JOB, else $SLURM_JOB_ID (0: none)."""
+    v = os.environ.get("DSPK_JOB") or os.environ.get("SLURM_JOB_ID") or ""
+    return int(v) if v.isascii() and v.isdigit() and not v.startswith("0") else 0
+
 class Client:
     """A connection to dspkd (see :func:`connect`).  Thread-safe: any number of threads
     may call it at once; each call waits only for its own answer."""
@@ -239,8 +246,12 @@ class Client:
                                                 else "python")
         raw = name.encode("utf-8")[:63]
         name = raw.decode("utf-8", "ignore")
+        params: Dict[str, Any] = {"version": 1, "client": name}
+        job = _env_job()
+        if job:
+            params["job"] = job     # the Slurm job this process runs in
         try:
-            hello = self._call("hello", {"version": 1, "client": name})
+            hello = self._call("hello", params)
         except BaseException:
             self.close()
             raise

@@ -1,0 +1,116 @@
+/*
+ * dspk-submit job register|end: the admin side of Slurm jobs
+ * (docs/cluster.md), what the prolog and the epilog that the packages
+ * install call.  --job defaults to $SLURM_JOB_ID and --uid to
+ * $SLURM_JOB_UID, which Slurm sets in both.
+ */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "client/submit/submit.h"
+
+#define MAX_UUIDS 64
+
+/* A positive decimal job id or uid from an option or the environment. */
+static int parse_id(const char *s, unsigned long long max, unsigned long long *out) {
+  char *end;
+  if (!s || *s < '0' || *s > '9')
+    return -1;
+  *out = strtoull(s, &end, 10);
+  return *end || *out > max ? -1 : 0;
+}
+
+static int job_print(const dspk__sub_ctx *ctx, char *text, bool json, const char *what,
+                     unsigned long long job) {
+  (void)ctx;
+  if (json) {
+    dspk__sub_put(stdout, text, DSPK__SUB_ESC_JSON);
+    putchar('\n');
+  } else {
+    printf("job %llu: %s\n", job, what);
+  }
+  dspk_free(text);
+  return DSPK__SUB_EXIT_OK;
+}
+
+int dspk__sub_job(dspk__sub_ctx *ctx, int argc, char **argv) {
+  static const struct option opts[] = {{"job", required_argument, NULL, 'J'},
+                                       {"uid", required_argument, NULL, 'u'},
+                                       {"devices", required_argument, NULL, 'D'},
+                                       {"json", no_argument, NULL, 'j'},
+                                       {"help", no_argument, NULL, 'h'},
+                                       {NULL, 0, NULL, 0}};
+  const char *jobs = getenv("SLURM_JOB_ID"), *uids = getenv("SLURM_JOB_UID");
+  const char *devs = NULL, *uuids[MAX_UUIDS];
+  char devbuf[4096], *save = NULL, *text = NULL;
+  unsigned long long job, uid = 0;
+  size_t n = 0;
+  bool json = false, reg;
+  int opt, rc;
+
+  for (int i = 1; i < argc && strcmp(argv[i], "--") != 0; i++)
+    if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0)
+      return dspk__sub_help(ctx);
+  if (argc < 2)
+    return dspk__sub_usage(ctx, "missing SUBCOMMAND (register, end)");
+  if (strcmp(argv[1], "register") == 0)
+    reg = true;
+  else if (strcmp(argv[1], "end") == 0)
+    reg = false;
+  else
+    return dspk__sub_usage(ctx, "unknown subcommand '%s' (want register or end)", argv[1]);
+  argc--;
+  argv++;
+  while ((opt = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
+    switch (opt) {
+    case 'J':
+      jobs = optarg;
+      break;
+    case 'u':
+      uids = optarg;
+      break;
+    case 'D':
+      devs = optarg;
+      break;
+    case 'j':
+      json = true;
+      break;
+    default:
+      return dspk__sub_opt_other(ctx, opt, argv);
+    }
+  }
+  if (optind < argc)
+    return dspk__sub_usage(ctx, "unexpected argument '%s'", argv[optind]);
+  if (!jobs || parse_id(jobs, UINT64_MAX, &job) != 0 || job == 0)
+    return dspk__sub_usage(ctx, "--job: a Slurm job id (default $SLURM_JOB_ID) is needed");
+  if (reg && (!uids || parse_id(uids, 0xfffffffeULL, &uid) != 0))
+    return dspk__sub_usage(ctx, "--uid: the job's uid (default $SLURM_JOB_UID) is needed");
+  if (!reg && devs)
+    return dspk__sub_usage(ctx, "--devices belongs to register");
+  if (devs) {
+    if (strlen(devs) >= sizeof devbuf)
+      return dspk__sub_usage(ctx, "--devices: too long");
+    strcpy(devbuf, devs);
+    for (char *t = strtok_r(devbuf, ", ", &save); t; t = strtok_r(NULL, ", ", &save)) {
+      if (n == MAX_UUIDS)
+        return dspk__sub_usage(ctx, "--devices: at most %d UUIDs", MAX_UUIDS);
+      uuids[n++] = t;
+    }
+  }
+  rc = dspk__sub_connect(ctx);
+  if (rc != 0)
+    return rc;
+  if (reg)
+    rc = dspk_job_register(ctx->client, job, (uint32_t)uid, uuids, n, &text);
+  else
+    rc = dspk_job_end(ctx->client, job, &text);
+  if (rc < 0)
+    return dspk__sub_fail_client(ctx, rc);
+  return job_print(ctx, text, json,
+                   reg ? "registered"
+                   : strstr(text, "\"ended\":false") ? "not registered on this node"
+                                                     : "ended",
+                   job);
+}

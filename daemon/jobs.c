@@ -1,0 +1,412 @@
+/*
+ * Slurm jobs (docs/cluster.md; docs/protocol.md, "Slurm jobs"): which job
+ * each connection belongs to, and the devices it may therefore use.
+ *
+ * The prolog of a job registers it (job.register, an admin method): its id,
+ * the uid it runs as and the UUIDs of the GPUs Slurm gave it on this node.
+ * A connection's job is decided once, at its first request that needs a
+ * device (devices, buffer.create, task.run), from, in this order:
+ *   1. the peer's cgroup (/proc/PID/cgroup): Slurm's cgroup plugins put a
+ *      job's processes under a path with ".../job_<id>/...";
+ *   2. the job the client claimed in hello (libdspkclient and the Python
+ *      client send SLURM_JOB_ID);
+ *   3. without either: the uid's only registered job on this node.
+ * A job named by 1 or 2 must be registered for the peer's uid; one that
+ * ended on this node, or belongs to another uid, is EPERM, and so is a job
+ * that is not registered while the uid has registered jobs here (a process
+ * cannot step out of its allocation by naming a job that does not exist).
+ * A uid with several jobs here and no claim is EPERM until it names one.  A
+ * uid without registered jobs has no job: every device (as on a host
+ * without Slurm), unless job_required is set (then the cpu only).
+ *
+ * A connection of a job sees and uses the cpu devices and the devices whose
+ * UUID is in the job's allocation; the same GPU through two backends has one
+ * UUID, so it is allowed (or not) under both.  job.end closes the job's
+ * connections (queued work dropped, running tasks canceled, buffers freed)
+ * and answers once the last of them is gone.
+ * Loop thread only.
+ */
+#include <ctype.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/dspkd.h"
+#include "daemon/log.h"
+
+#define MAX_JOBS 4096
+
+int dspkd_uuid_norm(const char *in, size_t len, char out[DSPKD_UUID_LEN]) {
+  size_t n = 0;
+  for (size_t i = 0; i < len && in[i]; i++) {
+    if (!isxdigit((unsigned char)in[i]))
+      continue;
+    if (n + 1 >= DSPKD_UUID_LEN)
+      return -1;
+    out[n++] = (char)tolower((unsigned char)in[i]);
+  }
+  out[n] = '\0';
+  return n ? 0 : -1;
+}
+
+static struct djob *job_find(struct dspkd *d, uint64_t id) {
+  for (struct djob *j = d->jobs; j; j = j->next)
+    if (j->id == id && !j->ended)
+      return j;
+  return NULL;
+}
+
+static bool job_was_ended(const struct dspkd *d, uint64_t id) {
+  unsigned n = d->nended < 256 ? d->nended : 256;
+  for (unsigned i = 0; i < n; i++)
+    if (d->ended_jobs[i] == id)
+      return true;
+  return false;
+}
+
+static void job_unlink(struct dspkd *d, struct djob *j) {
+  for (struct djob **p = &d->jobs; *p; p = &(*p)->next)
+    if (*p == j) {
+      *p = j->next;
+      d->njobs--;
+      return;
+    }
+}
+
+/* Answers a job.end whose connections are all gone and frees the job. */
+static void job_finish(struct dspkd *d, struct djob *j) {
+  if (j->end_conn) {
+    struct wreq *wr = wreq_new();
+    if (wr) {
+      dspk__pack_result_head(&wr->w.pk, j->end_msgid);
+      msgpack_pack_map(&wr->w.pk, 5);
+      dspk__pack_str(&wr->w.pk, "job");
+      msgpack_pack_uint64(&wr->w.pk, j->id);
+      dspk__pack_str(&wr->w.pk, "ended");
+      msgpack_pack_true(&wr->w.pk);
+      dspk__pack_str(&wr->w.pk, "connections");
+      msgpack_pack_uint64(&wr->w.pk, j->end_conns);
+      dspk__pack_str(&wr->w.pk, "inflight");
+      msgpack_pack_uint64(&wr->w.pk, j->end_inflight);
+      dspk__pack_str(&wr->w.pk, "buffers");
+      msgpack_pack_uint64(&wr->w.pk, j->end_buffers);
+      conn_send(j->end_conn, wr);
+    }
+    conn_unref(j->end_conn);
+    j->end_conn = NULL;
+  }
+  job_unlink(d, j);
+  free(j);
+}
+
+/* The job id in the peer's cgroup path ("/job_<id>/" of Slurm's cgroup
+ * plugins, v1 and v2), or 0. */
+static uint64_t cgroup_job(pid_t pid) {
+  char path[64], line[1024];
+  uint64_t id = 0;
+  FILE *f;
+  if (pid <= 0)
+    return 0;
+  snprintf(path, sizeof path, "/proc/%ld/cgroup", (long)pid);
+  if (!(f = fopen(path, "re")))
+    return 0;
+  while (!id && fgets(line, sizeof line, f)) {
+    for (char *p = strstr(line, "/job_"); p && !id; p = strstr(p + 1, "/job_")) {
+      char *end;
+      unsigned long long v = strtoull(p + 5, &end, 10);
+      if (end != p + 5 && (*end == '/' || *end == '\n' || *end == '\0'))
+        id = v;
+    }
+  }
+  fclose(f);
+  return id;
+}
+
+static void job_bind(struct conn *c, struct djob *j) {
+  c->job = j;
+  c->job_state = 1;
+  if (j) {
+    j->nconns++;
+    dspkd_debug("client %llu (pid %ld uid %ld): Slurm job %" PRIu64,
+                (unsigned long long)c->id, (long)c->pid, (long)c->uid, j->id);
+  }
+}
+
+int dspkd_job_decide(struct conn *c, struct djob **out, char *msg, size_t len) {
+  struct dspkd *d = c->d;
+  uint64_t claim;
+  const char *how = "cgroup";
+  size_t mine = 0;
+  struct djob *only = NULL;
+
+  *out = NULL;
+  for (struct djob *j = d->jobs; j; j = j->next)
+    if (!j->ended && c->uid != (uid_t)-1 && j->uid == c->uid) {
+      mine++;
+      only = j;
+    }
+  claim = cgroup_job(c->pid);
+  if (!claim) {
+    claim = c->job_claim;
+    how = "claimed";
+  }
+  if (claim) {
+    struct djob *j = job_find(d, claim);
+    if (j && j->uid == c->uid) {
+      *out = j;
+      return 0;
+    }
+    if (j) {
+      snprintf(msg, len, "Slurm job %" PRIu64 " (%s) runs as another user on this node", claim,
+               how);
+      return DSPK_EPERM;
+    }
+    if (job_was_ended(d, claim)) {
+      snprintf(msg, len, "Slurm job %" PRIu64 " (%s) has ended on this node", claim, how);
+      return DSPK_EPERM;
+    }
+    if (mine) {
+      snprintf(msg, len, "Slurm job %" PRIu64 " (%s) is not registered on this node; uid %ld "
+               "has %zu job(s) here", claim, how, (long)c->uid, mine);
+      return DSPK_EPERM;
+    }
+    return 0; /* no job of this uid here: as without Slurm */
+  }
+  if (mine > 1) {
+    snprintf(msg, len, "uid %ld has %zu Slurm jobs on this node: name one (hello's job, "
+             "which the clients take from SLURM_JOB_ID)", (long)c->uid, mine);
+    return DSPK_EPERM;
+  }
+  *out = only;
+  return 0;
+}
+
+int dspkd_job_resolve(struct conn *c, char *msg, size_t len) {
+  struct djob *j;
+  int err;
+  if (c->job_state)
+    return 0;
+  if ((err = dspkd_job_decide(c, &j, msg, len)) < 0)
+    return err;
+  job_bind(c, j);
+  return 0;
+}
+
+int dspkd_job_dev_allowed(const struct dspkd *d, const struct djob *j, bool decided,
+                          const struct device *dev) {
+  char u[DSPKD_UUID_LEN];
+  if (strcmp(dev->be->name, "cpu") == 0)
+    return 1;
+  if (!j) /* not decided yet: the cpu only */
+    return decided && !d->cfg.job_required;
+  if (dspkd_uuid_norm(dev->info.uuid, sizeof dev->info.uuid, u) != 0)
+    return 0;
+  for (int i = 0; i < j->ndevs; i++)
+    if (strcmp(j->uuid[i], u) == 0)
+      return 1;
+  return 0;
+}
+
+int dspkd_job_dev_ok(const struct conn *c, const struct device *dev) {
+  return dspkd_job_dev_allowed(c->d, c->job, c->job_state != 0, dev);
+}
+
+struct device *dspkd_job_device_any(struct conn *c) {
+  struct dspkd *d = c->d;
+  struct device *best = NULL, *cpu = NULL, *soft = NULL;
+  uint64_t best_load = 0;
+  if (!c->job && !c->d->cfg.job_required)
+    return dspkd_device_any(d);
+  for (int i = 0; i < d->ndevs; i++) {
+    struct device *dev = &d->devs[i];
+    uint64_t load;
+    if (dev->open_state != 1 || !dspkd_job_dev_ok(c, dev))
+      continue;
+    if (strcmp(dev->be->name, "cpu") == 0) {
+      if (!cpu)
+        cpu = dev;
+      continue;
+    }
+    if (dev->info.software) {
+      if (!soft)
+        soft = dev;
+      continue;
+    }
+    pthread_mutex_lock(&dev->mu);
+    load = dev->queued + dev->running;
+    pthread_mutex_unlock(&dev->mu);
+    if (!best || load < best_load) {
+      best = dev;
+      best_load = load;
+    }
+  }
+  return best ? best : cpu ? cpu : soft;
+}
+
+void dspkd_job_conn_gone(struct conn *c) {
+  struct djob *j = c->job;
+  c->job = NULL;
+  if (!j || --j->nconns > 0 || !j->ended)
+    return;
+  job_finish(c->d, j);
+}
+
+/* ---- job.register, job.end ----------------------------------------------- */
+
+static int fail(struct req *r, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int fail(struct req *r, int code, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  dspk__vformat(r->msg, sizeof r->msg, fmt, ap);
+  va_end(ap);
+  return code;
+}
+
+static int arg_job(struct req *r, uint64_t *id) {
+  if (dspk__obj_u64(dspk__map_get(r->args, "job"), id) != 0 || *id == 0)
+    return fail(r, DSPK_EINVAL, "job: expected the Slurm job id (a positive integer)");
+  return 0;
+}
+
+int dspkd_m_job_register(struct req *r) {
+  struct dspkd *d = r->c->d;
+  const msgpack_object *devs = dspk__map_get(r->args, "devices");
+  struct djob *j, tmp;
+  uint64_t id, uid;
+  struct wreq *wr;
+  msgpack_packer *pk;
+  int err, nmatch = 0;
+
+  if ((err = arg_job(r, &id)))
+    return err;
+  if (dspk__obj_u64(dspk__map_get(r->args, "uid"), &uid) != 0 || uid >= (uint64_t)(uid_t)-1)
+    return fail(r, DSPK_EINVAL, "uid: expected the uid the job runs as");
+  if (devs && devs->type == MSGPACK_OBJECT_NIL)
+    devs = NULL;
+  if (devs && devs->type != MSGPACK_OBJECT_ARRAY)
+    return fail(r, DSPK_EINVAL, "devices: expected an array of device UUIDs");
+  if (devs && devs->via.array.size > DSPKD_JOB_MAX_DEVICES)
+    return fail(r, DSPK_ELIMIT, "devices: %u UUIDs, at most %d", devs->via.array.size,
+                DSPKD_JOB_MAX_DEVICES);
+  memset(&tmp, 0, sizeof tmp);
+  tmp.id = id;
+  tmp.uid = (uid_t)uid;
+  for (uint32_t i = 0; devs && i < devs->via.array.size; i++) {
+    const msgpack_object *o = &devs->via.array.ptr[i];
+    if (o->type != MSGPACK_OBJECT_STR ||
+        dspkd_uuid_norm(o->via.str.ptr, o->via.str.size, tmp.uuid[tmp.ndevs]) != 0)
+      return fail(r, DSPK_EINVAL, "devices[%u]: expected a device UUID (hex digits, "
+                  "dashes and a GPU- prefix allowed)", i);
+    tmp.ndevs++;
+  }
+  j = job_find(d, id);
+  if (j && j->uid != tmp.uid)
+    return fail(r, DSPK_EBUSY, "Slurm job %" PRIu64 " is registered for uid %ld already",
+                id, (long)j->uid);
+  if (!j) {
+    if (d->njobs >= MAX_JOBS)
+      return fail(r, DSPK_ELIMIT, "%d Slurm jobs are registered on this node already", MAX_JOBS);
+    if (!(j = calloc(1, sizeof *j)))
+      return DSPK_ENOMEM;
+    j->id = id;
+    j->uid = tmp.uid;
+    j->next = d->jobs;
+    d->jobs = j;
+    d->njobs++;
+    /* A requeued job comes back with its id: it may be claimed again. */
+    for (unsigned i = 0; i < 256; i++)
+      if (d->ended_jobs[i] == id)
+        d->ended_jobs[i] = 0;
+  }
+  /* A second registration (the prolog ran again) replaces the devices. */
+  j->ndevs = tmp.ndevs;
+  memcpy(j->uuid, tmp.uuid, sizeof j->uuid);
+  if (!(wr = wreq_new()))
+    return DSPK_ENOMEM;
+  pk = &wr->w.pk;
+  dspk__pack_result_head(pk, r->msgid);
+  msgpack_pack_map(pk, 3);
+  dspk__pack_str(pk, "job");
+  msgpack_pack_uint64(pk, id);
+  dspk__pack_str(pk, "uid");
+  msgpack_pack_uint64(pk, uid);
+  /* The devices of this daemon the allocation matched: the cpu devices
+   * always, the others by UUID. */
+  for (int i = 0; i < d->ndevs; i++)
+    nmatch += d->devs[i].open_state == 1 && dspkd_job_dev_allowed(d, j, true, &d->devs[i]);
+  dspk__pack_str(pk, "devices");
+  msgpack_pack_array(pk, (size_t)nmatch);
+  for (int i = 0; i < d->ndevs; i++)
+    if (d->devs[i].open_state == 1 && dspkd_job_dev_allowed(d, j, true, &d->devs[i]))
+      dspk__pack_str(pk, d->devs[i].id);
+  conn_send(r->c, wr);
+  dspkd_info("client %llu (uid %ld): Slurm job %" PRIu64 " registered for uid %ld, %d GPU(s), "
+             "%d device(s) here", (unsigned long long)r->c->id, (long)r->c->uid, id,
+             (long)j->uid, j->ndevs, nmatch);
+  return 0;
+}
+
+int dspkd_m_job_end(struct req *r) {
+  struct dspkd *d = r->c->d;
+  struct djob *j;
+  uint64_t id, nconns = 0, inflight = 0, buffers = 0;
+  int err;
+
+  if ((err = arg_job(r, &id)))
+    return err;
+  j = job_find(d, id);
+  if (j && r->c->job == j)
+    return fail(r, DSPK_EINVAL, "this connection belongs to Slurm job %" PRIu64
+                " and cannot end it", id);
+  if (!job_was_ended(d, id))
+    d->ended_jobs[d->nended++ % 256] = id;
+  if (!j) {
+    struct wreq *wr = wreq_new();
+    if (!wr)
+      return DSPK_ENOMEM;
+    dspk__pack_result_head(&wr->w.pk, r->msgid);
+    msgpack_pack_map(&wr->w.pk, 2);
+    dspk__pack_str(&wr->w.pk, "job");
+    msgpack_pack_uint64(&wr->w.pk, id);
+    dspk__pack_str(&wr->w.pk, "ended");
+    msgpack_pack_false(&wr->w.pk); /* not registered: nothing to end */
+    conn_send(r->c, wr);
+    return 0;
+  }
+  j->ended = true;
+  for (struct conn *c = d->conns; c; c = c->next) {
+    if (c->job != j || c->closing)
+      continue;
+    nconns++;
+    inflight += c->inflight;
+    buffers += c->nbufs;
+    conn_close(c, "its Slurm job ended");
+  }
+  dspkd_info("client %llu (uid %ld): Slurm job %" PRIu64 " ended: %" PRIu64 " connection(s) "
+             "closed, %" PRIu64 " request(s) in flight canceled, %" PRIu64 " buffer(s) freed",
+             (unsigned long long)r->c->id, (long)r->c->uid, id, nconns, inflight, buffers);
+  /* Answered when the last of its connections is gone (now, when none). */
+  j->end_conns = nconns;
+  j->end_inflight = inflight;
+  j->end_buffers = buffers;
+  conn_ref(r->c);
+  j->end_conn = r->c;
+  j->end_msgid = r->msgid;
+  if (!j->nconns)
+    job_finish(d, j);
+  return 0;
+}
+
+void dspkd_jobs_free(struct dspkd *d) {
+  while (d->jobs) {
+    struct djob *j = d->jobs;
+    d->jobs = j->next;
+    if (j->end_conn)
+      conn_unref(j->end_conn);
+    free(j);
+  }
+  d->njobs = 0;
+}

@@ -1,0 +1,295 @@
+#!/usr/bin/env python3
+"""Slurm jobs in dspkd without Slurm (docs/protocol.md, "Slurm jobs"): job.register and
+job.end as the prolog and epilog call them, a connection's job from its hello claim, from
+its uid's only job and from its cgroup, the allocation enforced by device UUID (devices
+filtered, ENODEV for the others, buffers included, "any" among the allowed), per-job
+memory quota, the job in status, metrics and traces, and nothing of a job left after
+job.end.  The excluded device is lavapipe (Vulkan), so the test needs a Vulkan device;
+exit 77 (skipped) without one.
+
+    jobs_test.py --dspkd PATH
+"""
+import argparse
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+
+import msgpack
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+from dspk_rpc import Client, RpcError, check  # noqa: E402
+
+TIMEOUT = 60
+NOBODY = 65534
+
+
+class Daemon:
+    def __init__(self, exe, tmp, extra=()):
+        self.sock = os.path.join(tmp, "dspkd.sock")
+        self.log = open(os.path.join(tmp, "dspkd.log"), "w+", errors="replace")
+        r, w = os.pipe()
+        args = [exe, "--foreground", "--socket", self.sock, "--ready-fd", str(w),
+                "--log-level", "debug", "--no-cache", "--backends", "cpu,vulkan"] + list(extra)
+        self.proc = subprocess.Popen(args, pass_fds=[w], stderr=self.log)
+        os.close(w)
+        ready, _, _ = select.select([r], [], [], TIMEOUT)
+        data = os.read(r, 16) if ready else b""
+        os.close(r)
+        if data != b"READY\n":
+            self.proc.kill()
+            self.proc.wait()
+            raise AssertionError("dspkd did not become ready:\n" + self.logtext())
+
+    def logtext(self):
+        self.log.flush()
+        self.log.seek(0)
+        return self.log.read()
+
+    def client(self, job=None):
+        c = Client(self.sock, TIMEOUT)
+        args = {"version": 1, "client": "jobs-test"}
+        if job is not None:
+            args["job"] = job
+        c.call("hello", args)
+        return c
+
+    def stop(self):
+        self.proc.send_signal(signal.SIGTERM)
+        rc = self.proc.wait(TIMEOUT)
+        check(rc == 0, "dspkd exited with %d:\n%s" % (rc, self.logtext()))
+
+
+def err_of(c, method, args):
+    try:
+        c.call(method, args)
+    except RpcError as e:
+        return e.name, str(e)
+    return "ok", ""
+
+
+def ids(c):
+    return [d["id"] for d in c.call("devices", {})["devices"]]
+
+
+def gemm_args(device, n=4):
+    import numpy as np
+    a = np.arange(n * n, dtype=np.float32).reshape(n, n)
+    t = {"dtype": "f32", "shape": [n, n], "data": a.tobytes()}
+    return {"op": "gemm", "device": device, "inputs": [t, t]}, a @ a
+
+
+def metrics(c):
+    return c.call("metrics", {})
+
+
+def status_job(c, job):
+    for j in c.call("status", {})["jobs"]:
+        if j["job"] == job:
+            return j
+    return None
+
+
+def run(exe, tmp):
+    import numpy as np
+    d = Daemon(exe, tmp, ["--max-job-memory", "1M"])
+    try:
+        admin = d.client()
+        devs = admin.call("devices", {})["devices"]
+        vk = [x for x in devs if x["backend"] == "vulkan" and x["uuid"]]
+        if not vk:
+            print("no Vulkan device with a UUID (lavapipe): the jobs test needs one")
+            return 77
+        gpu = vk[0]
+        cpu = [x for x in devs if x["backend"] == "cpu"][0]
+
+        # The admin methods: EPERM for anyone else (a child as uid 65534).
+        os.chmod(tmp, 0o711)
+        os.chmod(d.sock, 0o666)
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                os.close(r)
+                os.setgroups([])
+                os.setgid(NOBODY)
+                os.setuid(NOBODY)
+                c = d.client()
+                out = [err_of(c, "job.register", {"job": 5, "uid": NOBODY, "devices": []})[0],
+                       err_of(c, "job.end", {"job": 5})[0]]
+                os.write(w, msgpack.packb(out))
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(w)
+        got = msgpack.unpackb(os.read(r, 256))
+        os.close(r)
+        os.waitpid(pid, 0)
+        check(got == ["EPERM", "EPERM"], "job.register/end by a non-admin: %r" % got)
+
+        # Bad arguments.
+        for bad in ({"uid": 0}, {"job": 0, "uid": 0}, {"job": 7, "uid": 0, "devices": [""]},
+                    {"job": 7, "uid": 0, "devices": "x"}, {"job": 7}):
+            check(err_of(admin, "job.register", bad)[0] == "EINVAL", "job.register %r" % bad)
+
+        # Job 100 of uid 0 (this test runs as root) has no GPU: cpu only.
+        me = os.getuid()
+        ans = admin.call("job.register", {"job": 100, "uid": me, "devices": []})
+        check(ans["devices"] == [cpu["id"]], "job 100 matches the cpu only: %r" % ans)
+        # Job 101 of uid 0 has the Vulkan device, named as nvidia-smi would (GPU-, dashes,
+        # upper case): the UUID is compared by its hex digits.
+        u = gpu["uuid"].replace("-", "").upper()
+        fancy = "GPU-%s-%s-%s-%s-%s" % (u[:8], u[8:12], u[12:16], u[16:20], u[20:])
+        ans = admin.call("job.register", {"job": 101, "uid": me, "devices": [fancy]})
+        check(sorted(ans["devices"]) == sorted([cpu["id"], gpu["id"]]),
+              "job 101 matches cpu and %s: %r" % (gpu["id"], ans))
+        check(err_of(admin, "job.register", {"job": 101, "uid": NOBODY})[0] == "EBUSY",
+              "job 101 registered again for another uid")
+
+        # Two jobs of this uid: a connection that names none gets EPERM for devices.
+        c = d.client()
+        e = err_of(c, "devices", {})
+        check(e[0] == "EPERM" and "2 Slurm jobs" in e[1], "no claim with two jobs: %r" % (e,))
+        check(err_of(c, "task.run", gemm_args("cpu:0")[0])[0] == "EPERM", "task.run unclaimed")
+        # ... and names one that is not registered here: EPERM.
+        c9 = d.client(job=999)
+        e = err_of(c9, "devices", {})
+        check(e[0] == "EPERM" and "not registered" in e[1], "claim of job 999: %r" % (e,))
+
+        # Job 100: the cpu only.  The Vulkan device is filtered and ENODEV, "any" is cpu.
+        c100 = d.client(job=100)
+        check(ids(c100) == [cpu["id"]], "job 100 devices: %r" % ids(c100))
+        e = err_of(c100, "buffer.create", {"device": gpu["id"], "size": 64})
+        check(e[0] == "ENODEV" and "job 100" in e[1], "buffer on the excluded device: %r" % (e,))
+        args, want = gemm_args(gpu["id"])
+        check(err_of(c100, "task.run", args)[0] == "ENODEV", "task on the excluded device")
+        args, want = gemm_args("any")
+        res = c100.call("task.run", args)
+        check(res["device"] == cpu["id"], "any picks the cpu for job 100: %r" % res["device"])
+        got = np.frombuffer(res["outputs"][0]["data"], dtype=np.float32).reshape(4, 4)
+        check(np.allclose(got, want), "gemm of job 100")
+        st = c100.call("status", {})
+        check([x["id"] for x in st["devices"]] == [cpu["id"]], "job 100's status: cpu only")
+
+        # Job 101: its GPU works, by name and through a buffer.
+        c101 = d.client(job=101)
+        check(sorted(ids(c101)) == sorted([cpu["id"], gpu["id"]]), "job 101 devices")
+        b = c101.call("buffer.create", {"device": gpu["id"], "size": 1000})["buffer"]
+        c101.call("buffer.write", {"buffer": b, "data": b"\1" * 1000})
+        args, want = gemm_args(gpu["id"])
+        res = c101.call("task.run", args)
+        got = np.frombuffer(res["outputs"][0]["data"], dtype=np.float32).reshape(4, 4)
+        check(np.allclose(got, want), "gemm of job 101 on %s" % gpu["id"])
+
+        # A claim of another uid's job is EPERM.
+        admin.call("job.register", {"job": 102, "uid": NOBODY, "devices": []})
+        e = err_of(d.client(job=102), "devices", {})
+        check(e[0] == "EPERM" and "another user" in e[1], "claim of nobody's job: %r" % (e,))
+
+        # Per-job memory (--max-job-memory 1M): a second connection of job 101 cannot
+        # pass the job's total on the device.
+        c101b = d.client(job=101)
+        e = err_of(c101b, "buffer.create", {"device": cpu["id"], "size": 600 << 10})
+        check(e[0] == "ok", "first 600K of job 101 on the cpu")
+        e = err_of(c101, "buffer.create", {"device": cpu["id"], "size": 600 << 10})
+        check(e[0] == "ELIMIT" and "max_job_memory" in e[1], "job quota: %r" % (e,))
+
+        # The cgroup names the job even without a claim (Slurm's cgroup plugins: a path
+        # with /job_<id>/).  Needs a writable cgroup v1 hierarchy; said when it is not.
+        cg_root = "/sys/fs/cgroup/freezer"
+        cg = os.path.join(cg_root, "dspk-jobs-test-%d" % os.getpid(), "job_100")
+        try:
+            os.makedirs(cg)
+        except OSError as e:
+            print("note: the cgroup case did not run (%s)" % e)
+            cg = None
+        if cg:
+            try:
+                with open(os.path.join(cg, "cgroup.procs"), "w") as f:
+                    f.write(str(os.getpid()))
+                ccg = d.client()  # no claim; the uid has two jobs
+                check(ids(ccg) == [cpu["id"]], "job 100 from the cgroup")
+                ccg.close()
+            finally:
+                with open(os.path.join(cg_root, "cgroup.procs"), "w") as f:
+                    f.write(str(os.getpid()))
+                os.rmdir(cg)
+                os.rmdir(os.path.dirname(cg))
+
+        # status, metrics, traces show the job.
+        st = admin.call("status", {})
+        mine = [x for x in st["clients"] if x["job"] == 101]
+        check(len(mine) == 2, "status: two clients of job 101: %r" % st["clients"])
+        j = status_job(admin, 101)
+        check(j and j["connections"] == 2 and j["buffers"] == 2 and not j["ended"],
+              "status: job 101: %r" % j)
+        m = metrics(admin)
+        check('dspk_slurm_job_buffers{job="101"} 2' in m, "metrics: job 101's buffers")
+        check('dspk_slurm_job_connections{job="100"} 1' in m, "metrics: job 100")
+        tr = c101.send("trace", {"seconds": 1.0})
+        c101.call("task.run", gemm_args(gpu["id"])[0])
+        jobs = [x.get("job") for x in c101.wait(tr)["jobs"]]
+        check(101 in jobs, "trace: the task of job 101: %r" % jobs)
+
+        # job.end 101 (the epilog): its connections are closed, buffers freed, work
+        # canceled; the answer comes once they are gone.
+        c101.send("task.run", gemm_args(gpu["id"], 64)[0])  # in flight at the end
+        ans = admin.call("job.end", {"job": 101})
+        check(ans["ended"] and ans["connections"] == 2 and ans["buffers"] == 2,
+              "job.end 101: %r" % ans)
+        c101.expect_eof()
+        c101b.expect_eof()
+        check(status_job(admin, 101) is None, "status: job 101 gone")
+        st = admin.call("status", {})
+        check(not [x for x in st["clients"] if x["job"] == 101], "no client of job 101 left")
+        check("101" not in "".join(x for x in metrics(admin).splitlines()
+                                   if x.startswith("dspk_slurm_job")), "metrics: 101 gone")
+        # A claim of the ended job is EPERM, and ending it again finds nothing.
+        e = err_of(d.client(job=101), "devices", {})
+        check(e[0] == "EPERM" and "ended" in e[1], "claim of an ended job: %r" % (e,))
+        check(admin.call("job.end", {"job": 101})["ended"] is False, "job.end twice")
+
+        # Now the uid has one job (100): a connection without a claim is bound to it.
+        c1 = d.client()
+        check(ids(c1) == [cpu["id"]], "the uid's only job binds an unclaimed connection")
+        # A connection of a job cannot end it.
+        e = err_of(c1, "job.end", {"job": 100})
+        check(e[0] == "EINVAL", "job.end from the job's own connection: %r" % (e,))
+        for x in (c, c9, c100, c1):
+            x.close()
+        admin.call("job.end", {"job": 100})
+        admin.call("job.end", {"job": 102})
+        check(admin.call("status", {})["jobs"] == [], "no job left")
+        # Without registered jobs: every device again.
+        check(gpu["id"] in ids(d.client()), "no job: every device")
+        d.stop()
+    except BaseException:
+        sys.stderr.write(d.logtext()[-6000:])
+        d.proc.kill()
+        raise
+    return 0
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dspkd", required=True)
+    a = ap.parse_args()
+    if os.getuid() != 0:
+        print("not root: the jobs test switches a child to uid 65534 (needs root)")
+        return 77
+    tmp = tempfile.mkdtemp(prefix="dspk-jobs-")
+    try:
+        rc = run(os.path.abspath(a.dspkd), tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if rc == 0:
+        print("jobs: ok")
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
