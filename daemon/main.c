@@ -68,6 +68,10 @@ static void usage(FILE *f) {
           "  --max-user-memory SIZE|N%%  device memory of one user on each device:\n"
           "                       buffers and tasks in flight (default 50%%)\n"
           "  --max-conn-memory SIZE|N%%  the same for one connection (default 100%%)\n"
+          "  --max-job-memory SIZE|N%%  the same for one Slurm job's connections\n"
+          "                       together (default 100%%)\n"
+          "  --job-required       a connection without a registered Slurm job may use\n"
+          "                       the cpu only (default: every device)\n"
           "  --shutdown-timeout MS  at stop, cancel tasks still running after this\n"
           "                       (default 10000)\n"
           "  --metrics-listen ADDR:PORT  serve Prometheus metrics over HTTP at\n"
@@ -88,7 +92,7 @@ enum {
   OPT_MAX_INFLIGHT, OPT_MAX_UNSENT, OPT_MAX_BUFFERS, OPT_MAX_CLIENTS, OPT_SHUTDOWN_TIMEOUT,
   OPT_HELP, OPT_VERSION, OPT_CONFIG, OPT_NO_CACHE, OPT_CACHE_MAX_BYTES,
   OPT_MAX_USER_CLIENTS, OPT_MAX_USER_PARTIAL, OPT_MAX_USER_MEMORY, OPT_MAX_CONN_MEMORY,
-  OPT_METRICS_LISTEN
+  OPT_METRICS_LISTEN, OPT_MAX_JOB_MEMORY, OPT_JOB_REQUIRED
 };
 
 static const struct option long_opts[] = {
@@ -113,6 +117,8 @@ static const struct option long_opts[] = {
     {"max-user-partial", required_argument, NULL, OPT_MAX_USER_PARTIAL},
     {"max-user-memory", required_argument, NULL, OPT_MAX_USER_MEMORY},
     {"max-conn-memory", required_argument, NULL, OPT_MAX_CONN_MEMORY},
+    {"max-job-memory", required_argument, NULL, OPT_MAX_JOB_MEMORY},
+    {"job-required", no_argument, NULL, OPT_JOB_REQUIRED},
     {"shutdown-timeout", required_argument, NULL, OPT_SHUTDOWN_TIMEOUT},
     {"config", required_argument, NULL, OPT_CONFIG},
     {"metrics-listen", required_argument, NULL, OPT_METRICS_LISTEN},
@@ -393,17 +399,23 @@ int main(int argc, char **argv) {
       break;
     case OPT_MAX_USER_MEMORY:
     case OPT_MAX_CONN_MEMORY:
+    case OPT_MAX_JOB_MEMORY:
       if (dspkd_config_parse_share(optarg, 1, (uint64_t)1 << 50, &v) != 0) {
         fprintf(stderr, "dspkd: --%s: expected a size (suffix K, M, G or T allowed) or a "
                 "share of each device's memory from 1%% to 100%%\n",
-                opt == OPT_MAX_USER_MEMORY ? "max-user-memory" : "max-conn-memory");
+                opt == OPT_MAX_USER_MEMORY   ? "max-user-memory"
+                : opt == OPT_MAX_CONN_MEMORY ? "max-conn-memory"
+                                             : "max-job-memory");
         return 2;
       }
       if (opt == OPT_MAX_USER_MEMORY)
         cfg->max_user_memory = v;
-      else
+      else if (opt == OPT_MAX_CONN_MEMORY)
         cfg->max_conn_memory = v;
+      else
+        cfg->max_job_memory = v;
       break;
+    case OPT_JOB_REQUIRED: cfg->job_required = true; break;
     case OPT_SHUTDOWN_TIMEOUT:
       if (parse_count("shutdown-timeout", optarg, 0, (uint64_t)1 << 40, &v)) return 2;
       cfg->shutdown_timeout_ms = v;

@@ -240,6 +240,16 @@ static bool status_shows(const struct conn *caller, bool admin, const struct con
   return admin || c == caller || (caller->uid != (uid_t)-1 && c->uid == caller->uid);
 }
 
+/* Whether status shows dev to a caller of Slurm job j (NULL: none or not
+ * decided): the devices the caller may use; an admin outside any job (the
+ * prolog's, a monitor's connection) sees them all. */
+static bool status_dev(const struct dspkd *d, bool admin, const struct djob *j, bool decided,
+                       const struct device *dev) {
+  if (admin && !j)
+    return true;
+  return dspkd_job_dev_allowed(d, j, decided, dev) != 0;
+}
+
 static int m_status(struct req *r) {
   struct dspkd *d = r->c->d;
   struct wreq *wr;
@@ -342,15 +352,14 @@ static int m_status(struct req *r) {
 
   dspk__pack_str(pk, "devices");
   for (int i = 0; i < d->ndevs; i++)
-    n += d->devs[i].open_state == 1 &&
-         (admin || dspkd_job_dev_allowed(d, myjob, decided, &d->devs[i]));
+    n += d->devs[i].open_state == 1 && status_dev(d, admin, myjob, decided, &d->devs[i]);
   msgpack_pack_array(pk, (size_t)n);
   for (int i = 0; i < d->ndevs; i++) {
     struct device *dev = &d->devs[i];
     struct dspk__devstats s;
     struct dev_activity act;
     uint64_t q, run, done, failed;
-    if (dev->open_state != 1 || !(admin || dspkd_job_dev_allowed(d, myjob, decided, dev)))
+    if (dev->open_state != 1 || !status_dev(d, admin, myjob, decided, dev))
       continue;
     dspkd_device_counters(dev, &q, &run, &done, &failed, &s);
     dspkd_obs_activity(dev, &act);
