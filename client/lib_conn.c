@@ -65,11 +65,14 @@ DSPK_EXPORT void dspk_free(void *p) { free(p); }
 DSPK_EXPORT int dspk_default_socket(char *buf, size_t buflen) {
   const char *env = getenv("DSPK_SOCKET");
   const char *xdg = getenv("XDG_RUNTIME_DIR");
+  const char *job = getenv("SLURM_JOB_ID");
   int n;
 
+  /* In a Slurm job the node's daemon (docs/cluster.md), not the session's
+   * XDG_RUNTIME_DIR that sbatch carried over from the login node. */
   if (env && *env)
     n = snprintf(buf, buflen, "%s", env);
-  else if (geteuid() != 0 && xdg && *xdg)
+  else if (geteuid() != 0 && xdg && *xdg && !(job && *job))
     n = snprintf(buf, buflen, "%s/dspk/dspkd.sock", xdg);
   else
     n = snprintf(buf, buflen, "/run/dspk/dspkd.sock");

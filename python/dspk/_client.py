@@ -38,13 +38,14 @@ _RESULT_FRAMING = 1024  # protocol.md: inline results may carry max_message - 10
 
 
 def default_socket() -> str:
-    """The socket path of docs/protocol.md: ``$DSPK_SOCKET``; else, unless root,
-    ``$XDG_RUNTIME_DIR/dspk/dspkd.sock``; else ``/run/dspk/dspkd.sock``."""
+    """The socket path of docs/protocol.md: ``$DSPK_SOCKET``; else, unless root or in a
+    Slurm job (``$SLURM_JOB_ID`` set), ``$XDG_RUNTIME_DIR/dspk/dspkd.sock``; else
+    ``/run/dspk/dspkd.sock``, the node's daemon."""
     env = os.environ.get("DSPK_SOCKET")
     if env:
         return env
     xdg = os.environ.get("XDG_RUNTIME_DIR")
-    if os.geteuid() != 0 and xdg:
+    if os.geteuid() != 0 and xdg and not os.environ.get("SLURM_JOB_ID"):
         return os.path.join(xdg, "dspk", "dspkd.sock")
     return "/run/dspk/dspkd.sock"
 

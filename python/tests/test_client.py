@@ -29,8 +29,37 @@ def test_default_socket(monkeypatch):
     monkeypatch.setenv("XDG_RUNTIME_DIR", "/run/user/1234")
     want = "/run/dspk/dspkd.sock" if os.geteuid() == 0 else "/run/user/1234/dspk/dspkd.sock"
     assert dspk.default_socket() == want
+    # In a Slurm job: the node's daemon, whatever XDG_RUNTIME_DIR sbatch carried over.
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    assert dspk.default_socket() == "/run/dspk/dspkd.sock"
+    monkeypatch.delenv("SLURM_JOB_ID")
     monkeypatch.delenv("XDG_RUNTIME_DIR")
     assert dspk.default_socket() == "/run/dspk/dspkd.sock"
+
+
+def test_slurm_job_claim(daemon, monkeypatch):
+    """hello names the Slurm job of $SLURM_JOB_ID ($DSPK_JOB wins): with two jobs of this
+    uid registered, only the claim decides the connection's job (docs/cluster.md)."""
+    if os.geteuid() != 0:
+        pytest.skip("registering jobs needs an admin of the daemon (root)")
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    monkeypatch.delenv("DSPK_JOB", raising=False)
+    with dspk.connect(daemon.socket) as admin:
+        for job in (4242, 4243):
+            admin._call("job.register", {"job": job, "uid": 0, "devices": []})
+        try:
+            monkeypatch.setenv("SLURM_JOB_ID", "4243")
+            with dspk.connect(daemon.socket) as c:
+                assert [d["backend"] for d in c.devices()] == ["cpu"]
+                me = [x for x in c.status()["clients"] if x["self"]]
+                assert me[0]["job"] == 4243
+            monkeypatch.setenv("DSPK_JOB", "4999")   # not registered here
+            with dspk.connect(daemon.socket) as c:
+                with pytest.raises(dspk.PermissionDenied):
+                    c.devices()
+        finally:
+            for job in (4242, 4243):
+                admin._call("job.end", {"job": job})
 
 
 def test_connect_from_environment(daemon, monkeypatch):
