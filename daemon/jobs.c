@@ -404,8 +404,9 @@ void dspkd_jobs_free(struct dspkd *d) {
   while (d->jobs) {
     struct djob *j = d->jobs;
     d->jobs = j->next;
-    if (j->end_conn)
-      conn_unref(j->end_conn);
+    /* A pending job.end holds its caller (j->end_conn) only while a
+     * connection of the job is alive, and the stop waits for every
+     * connection: none is left here. */
     free(j);
   }
   d->njobs = 0;

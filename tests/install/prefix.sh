@@ -38,9 +38,18 @@ for f in bin/dspk-submit sbin/dspkd lib/systemd/system/dspkd.service \
          lib/systemd/system/dspkd.socket lib/sysusers.d/dspk.conf lib/tmpfiles.d/dspk.conf \
          etc/dspk/dspkd.conf share/man/man8/dspkd.8 share/man/man5/dspk.conf.5 \
          share/man/man1/dspk-submit.1 share/bash-completion/completions/dspk-submit \
-         share/doc/dspkd/admin.md lib/cmake/dspk/dspkConfig.cmake include/dspk/dspk.h; do
+         share/doc/dspkd/admin.md lib/cmake/dspk/dspkConfig.cmake include/dspk/dspk.h \
+         share/doc/dspkd/cluster.md share/doc/dspkd/examples/dspkd-daemonset.yaml \
+         libexec/dspk/slurm/prolog libexec/dspk/slurm/epilog; do
   [ -f "$tmp/scratch/p/$f" ] || fail "missing $f under the prefix"
 done
+# The Slurm prolog runs the dspk-submit of its own tree (here it cannot reach a
+# daemon: ECONNECT from that dspk-submit); the epilog without a socket does nothing.
+out=$(SLURM_JOB_ID=7 SLURM_JOB_UID=0 DSPK_SOCKET=$tmp/none.sock \
+      "$tmp/scratch/p/libexec/dspk/slurm/prolog" 2>&1) && fail "prolog without a daemon succeeded"
+case $out in *"dspk-submit: job: ECONNECT"*) ;; *) fail "prolog: $out" ;; esac
+SLURM_JOB_ID=7 DSPK_SOCKET=$tmp/none.sock "$tmp/scratch/p/libexec/dspk/slurm/epilog" ||
+  fail "epilog without a daemon socket failed"
 grep -q "^ExecStart=$tmp/scratch/p/sbin/dspkd " "$tmp/scratch/p/lib/systemd/system/dspkd.service" ||
   fail "ExecStart does not name the installed dspkd"
 
