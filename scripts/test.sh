@@ -16,8 +16,9 @@ pkg_note=""
 if [ "$(id -u)" -eq 0 ]; then
   sh "$here/tests/install/debs.sh" "$here/build-deb"
 else
-  pkg_note=" (except tests/install/debs.sh, which needs root)"
-  echo "scripts/test.sh: not root: the package test tests/install/debs.sh did not run" >&2
+  pkg_note=" (except tests/install/debs.sh and the Slurm cluster test, which need root)"
+  echo "scripts/test.sh: not root: the package test tests/install/debs.sh did not run," \
+       "nor the Slurm cluster test (ctest -L slurm: reported as not run)" >&2
 fi
 "$here/scripts/build.sh" "$here/build-asan" -DDSPK_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug
 (cd "$here/build-asan" && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \

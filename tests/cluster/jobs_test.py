@@ -271,6 +271,22 @@ def run(exe, tmp):
         sys.stderr.write(d.logtext()[-6000:])
         d.proc.kill()
         raise
+    # --job-required: a connection without a registered job gets the cpu only.
+    os.unlink(os.path.join(tmp, "dspkd.log"))
+    d = Daemon(exe, tmp, ["--job-required"])
+    try:
+        c = d.client()
+        check(ids(c) == [cpu["id"]], "job_required, no job: the cpu only")
+        e = err_of(c, "buffer.create", {"device": gpu["id"], "size": 64})
+        check(e[0] == "ENODEV" and "job_required" in e[1], "job_required: %r" % (e,))
+        c.call("job.register", {"job": 5, "uid": os.getuid(), "devices": [gpu["uuid"]]})
+        check(sorted(ids(d.client())) == sorted([cpu["id"], gpu["id"]]), "with a job: its GPU")
+        c.close()
+        d.stop()
+    except BaseException:
+        sys.stderr.write(d.logtext()[-6000:])
+        d.proc.kill()
+        raise
     return 0
 
 
