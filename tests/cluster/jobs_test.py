@@ -1,15 +1,16 @@
 #!/usr/bin/env python3
 """Slurm jobs in dspkd without Slurm (docs/protocol.md, "Slurm jobs"): job.register and
-job.end as the prolog and epilog call them, a connection's job from its hello claim, from
+job.end (raw, and through `dspk-submit job register|end` as the prolog and epilog call them), a connection's job from its hello claim, from
 its uid's only job and from its cgroup, the allocation enforced by device UUID (devices
 filtered, ENODEV for the others, buffers included, "any" among the allowed), per-job
 memory quota, the job in status, metrics and traces, and nothing of a job left after
 job.end.  The excluded device is lavapipe (Vulkan), so the test needs a Vulkan device;
 exit 77 (skipped) without one.
 
-    jobs_test.py --dspkd PATH
+    jobs_test.py --dspkd PATH --submit DSPK_SUBMIT
 """
 import argparse
+import json
 import os
 import select
 import shutil
@@ -93,7 +94,35 @@ def status_job(c, job):
     return None
 
 
-def run(exe, tmp):
+def cli(d, submit, gpu, cpu):
+    """dspk-submit job register/end, as the prolog and epilog call them."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    env["DSPK_SOCKET"] = d.sock
+
+    def sub(*args, **kw):
+        return subprocess.run([submit] + list(args), capture_output=True, text=True,
+                              timeout=TIMEOUT, env=dict(env, **kw))
+    p = sub("job", "register", "--devices", "GPU-" + gpu["uuid"].upper(), "--json",
+            SLURM_JOB_ID="300", SLURM_JOB_UID=str(NOBODY))
+    check(p.returncode == 0, "job register: %s" % p.stderr)
+    ans = json.loads(p.stdout)
+    check(ans["job"] == 300 and ans["uid"] == NOBODY and
+          sorted(ans["devices"]) == sorted([cpu["id"], gpu["id"]]), "register: %r" % ans)
+    p = sub("job", "register", "--job", "301", "--uid", "0")  # no --devices: the cpu only
+    check(p.returncode == 0 and p.stdout == "job 301: registered\n", "301: %r" % p.stdout)
+    p = sub("job", "register", "--job", "301")
+    check(p.returncode == 2 and "--uid" in p.stderr, "register without a uid: %r" % p.stderr)
+    p = sub("job", "end")
+    check(p.returncode == 2 and "--job" in p.stderr, "end without a job: %r" % p.stderr)
+    p = sub("job", "frob", "--job", "1")
+    check(p.returncode == 2, "unknown subcommand")
+    for job, want in (("300", "ended"), ("301", "ended"), ("300", "not registered on this node")):
+        p = sub("job", "end", "--job", job)
+        check(p.returncode == 0 and p.stdout == "job %s: %s\n" % (job, want),
+              "end %s: %r %r" % (job, p.stdout, p.stderr))
+
+
+def run(exe, submit, tmp):
     import numpy as np
     d = Daemon(exe, tmp, ["--max-job-memory", "1M"])
     try:
@@ -105,6 +134,7 @@ def run(exe, tmp):
             return 77
         gpu = vk[0]
         cpu = [x for x in devs if x["backend"] == "cpu"][0]
+        cli(d, submit, gpu, cpu)
 
         # The admin methods: EPERM for anyone else (a child as uid 65534).
         os.chmod(tmp, 0o711)
@@ -293,13 +323,14 @@ def run(exe, tmp):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--dspkd", required=True)
+    ap.add_argument("--submit", required=True)
     a = ap.parse_args()
     if os.getuid() != 0:
         print("not root: the jobs test switches a child to uid 65534 (needs root)")
         return 77
     tmp = tempfile.mkdtemp(prefix="dspk-jobs-")
     try:
-        rc = run(os.path.abspath(a.dspkd), tmp)
+        rc = run(os.path.abspath(a.dspkd), os.path.abspath(a.submit), tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     if rc == 0:
