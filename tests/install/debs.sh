@@ -81,6 +81,14 @@ man -w dspkd >/dev/null && man -w dspk.conf >/dev/null && man -w dspk-submit >/d
   fail "man pages not installed"
 [ -f /usr/share/bash-completion/completions/dspk-submit ] || fail "no bash completion"
 /usr/bin/dspk-submit --version >/dev/null || fail "installed dspk-submit does not run"
+# The Slurm prolog and epilog (dspk-tools; docs/cluster.md), and the prolog
+# runs /usr/bin/dspk-submit (no daemon on this socket: its ECONNECT).
+for s in prolog epilog; do
+  [ -x /usr/libexec/dspk/slurm/$s ] || fail "no /usr/libexec/dspk/slurm/$s"
+done
+out=$(SLURM_JOB_ID=7 SLURM_JOB_UID=0 DSPK_SOCKET=$tmp/none.sock /usr/libexec/dspk/slurm/prolog 2>&1)
+case $out in *"dspk-submit: job: ECONNECT"*) ;; *) fail "installed prolog: $out" ;; esac
+[ -f /usr/share/doc/dspkd/cluster.md ] || fail "no /usr/share/doc/dspkd/cluster.md"
 
 # An upgrade (the package installed over itself: postinst configure with
 # the old version) keeps the administrator's choices: an edited conffile,
@@ -153,7 +161,7 @@ DEBIAN_FRONTEND=noninteractive apt-get purge -y -qq $pkgs >"$tmp/apt.log" 2>&1 |
   { cat "$tmp/apt.log"; fail "apt-get purge"; }
 for f in /usr/sbin/dspkd /usr/bin/dspk-submit /etc/dspk /var/cache/dspk \
          /etc/systemd/system/sockets.target.wants/dspkd.socket /etc/systemd/system/dspkd.socket \
-         /usr/include/dspk /run/dspk "$unit"; do
+         /usr/include/dspk /run/dspk /usr/libexec/dspk/slurm "$unit"; do
   [ -e "$f" ] || [ -L "$f" ] && fail "$f left after purge"
 done
 echo "debs: built, installed, served a gemm as dspk through /run/dspk/dspkd.sock, purged: ok"
