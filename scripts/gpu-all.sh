@@ -1,6 +1,6 @@
 #!/bin/bash
 # Everything that needs a GPU, in one go, one step after the other: the CUDA
-# and Vulkan GPU tests, the CUDA suite's benchmarks (scripts/gpu-suite.sh
+# and Vulkan GPU tests (Slurm job allocations by UUID included), the CUDA suite's benchmarks (scripts/gpu-suite.sh
 # bench), the staging and Vulkan benchmarks, then the Vulkan exit test
 # (scripts/vk-exit-test.sh, 100 runs of each mode, the three modes at once).
 # Logs go to OUTDIR/logs, packed into OUTDIR/logs.tgz at the end.  On the
@@ -25,6 +25,9 @@ step() {
 }
 step test_cuda_gpu 240 "$B/tests/cuda/test_cuda_gpu"
 step gpu_smoke 120 python3 tests/daemon/gpu_smoke.py --dspkd "$B/daemon/dspkd"
+# Slurm job allocations by UUID on real GPUs: nvidia-smi's UUIDs name the cuda
+# devices, cuda and vulkan twins of one GPU allowed together (docs/cluster.md).
+step gpu_jobs 120 python3 tests/cluster/gpu_jobs.py --dspkd "$B/daemon/dspkd"
 step test_vulkan 120 "$B/tests/vulkan/test_vulkan"
 step test_coopmat 120 "$B/tests/vulkan/test_coopmat"
 step gpu_suite 300 scripts/gpu-suite.sh "$B" "$L/cuda" bench
