@@ -6,6 +6,7 @@
  *   cuda.c     the backend table: probe, open/close, memory, fences, faults
  *   nvrtc.c    NVRTC compilation through the kernel cache, modules
  *   ops.c      gemm, fft, fir, reduce, map, contract, raw kernels
+ *   fir_fft.c  fir's FFT (overlap-save) path and its choice against the direct kernel
  *
  * Every function here runs on the device's runner thread (probe excepted).
  */
@@ -196,6 +197,24 @@ int dspk__cuda_set_reduce_force(struct dspk__dev *dev, const char *name);
 int dspk__cuda_run(struct dspk__dev *dev, struct dspk__op *op,
                    struct dspk__opctx *ctx);
 void dspk__cuda_fft_plan_evict(void *ud, void *plan);
+/* The cached cuFFT plan of `batch` transforms of type t (a cufftType) along
+ * contiguous rows of n input and nout output elements, its stream and work
+ * area set; the handle stays valid until the plan cache evicts it. */
+int dspk__cuda_fft_plan(struct dspk__dev *dev, int t, long long n, long long nout,
+                        long long batch, cufftHandle *out, struct dspk__opctx *ctx);
+/* fir's direct kernel (backends/kernels/fir.cu). */
+int dspk__cuda_fir_direct(struct dspk__dev *dev, struct dspk__op *op,
+                          struct dspk__opctx *ctx);
+
+/* fir_fft.c.  fir: the direct kernel or FFT convolution (overlap-save
+ * through cuFFT), chosen by the autotune framework per shape class. */
+int dspk__cuda_fir(struct dspk__dev *dev, struct dspk__op *op, struct dspk__opctx *ctx);
+/* Test and benchmark hooks (process-wide): force fir's path (-1: the
+ * tuned choice, 0: direct, 1..3: overlap-save with blocks of 2^(m+1) times
+ * the filter's length rounded up to a power of two, "ols-x2".."ols-x8"),
+ * and the name of the path the calling thread's last fir took. */
+void dspk__cuda_fir_force(int mode);
+const char *dspk__cuda_fir_last(void);
 void dspk__cuda_contract_plan_evict(void *ud, void *plan);
 void dspk__cuda_raw_module_evict(void *ud, void *mod);
 

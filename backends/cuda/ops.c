@@ -244,29 +244,16 @@ void dspk__cuda_fft_plan_evict(void *ud, void *plan) {
   dspk__cuda_retire(ud, fftplan_release, NULL, plan);
 }
 
-static int op_fft(struct dspk__dev *dev, struct dspk__op *op, struct dspk__opctx *ctx) {
-  const struct dspk__tensor *X = &op->in[0], *Y = &op->out[0];
-  long long n = X->shape[X->rank - 1], nout = Y->shape[Y->rank - 1];
-  long long batch = n ? dspk__tensor_numel(X) / n : 0;
-  cufftType type;
+/* The cached cuFFT plan of batch transforms of type t along contiguous rows
+ * of n (inputs) and nout (outputs) elements, its stream set and work area
+ * from the pool.  Also used by fir's FFT path (fir_fft.c). */
+int dspk__cuda_fft_plan(struct dspk__dev *dev, int t, long long n, long long nout,
+                        long long batch, cufftHandle *out, struct dspk__opctx *ctx) {
+  cufftType type = (cufftType)t;
   struct { int type; long long n, batch; } key;
   struct fftplan *pl;
   cufftResult s;
-  void *in = (void *)(uintptr_t)dspk__cuda_ptr(X), *out = (void *)(uintptr_t)dspk__cuda_ptr(Y);
   int rc;
-  if (!FF.lib)
-    return dspk__cuda_msg(ctx, DSPK_ENOTSUP, "fft: cuFFT is not available on this host");
-  if (batch == 0)
-    return 0;
-  switch (X->dtype) {
-  case DSPK_C64: type = CUFFT_C2C; break;
-  case DSPK_C128: type = CUFFT_Z2Z; break;
-  case DSPK_F32: type = CUFFT_R2C; break;
-  case DSPK_F64: type = CUFFT_D2Z; break;
-  default:
-    return dspk__cuda_msg(ctx, DSPK_EDTYPE, "fft: dtype %s not supported",
-                          dspk__dtype_name(X->dtype));
-  }
   memset(&key, 0, sizeof(key));
   key.type = type;
   key.n = n;
@@ -303,15 +290,43 @@ static int op_fft(struct dspk__dev *dev, struct dspk__op *op, struct dspk__opctx
     }
     dspk__plancache_put(&dev->fft_plans, &key, sizeof(key), pl);
   }
+  *out = pl->h;
+  return 0;
+}
+
+static int op_fft(struct dspk__dev *dev, struct dspk__op *op, struct dspk__opctx *ctx) {
+  const struct dspk__tensor *X = &op->in[0], *Y = &op->out[0];
+  long long n = X->shape[X->rank - 1], nout = Y->shape[Y->rank - 1];
+  long long batch = n ? dspk__tensor_numel(X) / n : 0;
+  cufftType type;
+  cufftHandle h;
+  cufftResult s;
+  void *in = (void *)(uintptr_t)dspk__cuda_ptr(X), *out = (void *)(uintptr_t)dspk__cuda_ptr(Y);
+  int rc;
+  if (!FF.lib)
+    return dspk__cuda_msg(ctx, DSPK_ENOTSUP, "fft: cuFFT is not available on this host");
+  if (batch == 0)
+    return 0;
+  switch (X->dtype) {
+  case DSPK_C64: type = CUFFT_C2C; break;
+  case DSPK_C128: type = CUFFT_Z2Z; break;
+  case DSPK_F32: type = CUFFT_R2C; break;
+  case DSPK_F64: type = CUFFT_D2Z; break;
+  default:
+    return dspk__cuda_msg(ctx, DSPK_EDTYPE, "fft: dtype %s not supported",
+                          dspk__dtype_name(X->dtype));
+  }
+  if ((rc = dspk__cuda_fft_plan(dev, type, n, nout, batch, &h, ctx)))
+    return rc;
   switch (type) {
   case CUFFT_C2C:
-    s = FF.cufftExecC2C(pl->h, in, out, op->u.fft.inverse ? CUFFT_INVERSE : CUFFT_FORWARD);
+    s = FF.cufftExecC2C(h, in, out, op->u.fft.inverse ? CUFFT_INVERSE : CUFFT_FORWARD);
     break;
   case CUFFT_Z2Z:
-    s = FF.cufftExecZ2Z(pl->h, in, out, op->u.fft.inverse ? CUFFT_INVERSE : CUFFT_FORWARD);
+    s = FF.cufftExecZ2Z(h, in, out, op->u.fft.inverse ? CUFFT_INVERSE : CUFFT_FORWARD);
     break;
-  case CUFFT_R2C: s = FF.cufftExecR2C(pl->h, in, out); break;
-  default: s = FF.cufftExecD2Z(pl->h, in, out); break;
+  case CUFFT_R2C: s = FF.cufftExecR2C(h, in, out); break;
+  default: s = FF.cufftExecD2Z(h, in, out); break;
   }
   if (s != CUFFT_SUCCESS)
     return dspk__cuda_msg(ctx, DSPK_EDEVICE, "fft: cufftExec failed: %d", s);
@@ -322,7 +337,8 @@ static int op_fft(struct dspk__dev *dev, struct dspk__op *op, struct dspk__opctx
 
 /* ---- fir, map, reduce ---------------------------------------------------- */
 
-static int op_fir(struct dspk__dev *dev, struct dspk__op *op, struct dspk__opctx *ctx) {
+/* fir's direct kernel (fir_fft.c chooses between it and the FFT path). */
+int dspk__cuda_fir_direct(struct dspk__dev *dev, struct dspk__op *op, struct dspk__opctx *ctx) {
   const struct dspk__tensor *X = &op->in[0], *H = &op->in[1], *Y = &op->out[0];
   CUdeviceptr x = dspk__cuda_ptr(X), h = dspk__cuda_ptr(H), y = dspk__cuda_ptr(Y);
   int64_t n = X->shape[X->rank - 1], total = dspk__tensor_numel(X);
@@ -770,7 +786,7 @@ int dspk__cuda_run(struct dspk__dev *dev, struct dspk__op *op, struct dspk__opct
   switch (op->kind) {
   case DSPK_OP_GEMM: return op_gemm(dev, op, ctx);
   case DSPK_OP_FFT: return op_fft(dev, op, ctx);
-  case DSPK_OP_FIR: return op_fir(dev, op, ctx);
+  case DSPK_OP_FIR: return dspk__cuda_fir(dev, op, ctx);
   case DSPK_OP_CONTRACT: return op_contract(dev, op, ctx);
   case DSPK_OP_REDUCE: return op_reduce(dev, op, ctx);
   case DSPK_OP_MAP: return op_map(dev, op, ctx);

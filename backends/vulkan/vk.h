@@ -389,6 +389,16 @@ int dspk__vk_run(struct dspk__dev *d, struct dspk__op *op,
 int dspk__vk_map(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *ctx);
 int dspk__vk_reduce(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *ctx);
 int dspk__vk_fir(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *ctx);
+int dspk__vk_fir_direct(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *ctx);
+/* fir's path, for tests and benchmarks (vk_fir.c, process-wide): force one
+ * (-1: the tuned choice; 0: direct; 1..3: overlap-save with blocks of
+ * 2^(m+1) times the filter's length rounded up to a power of two,
+ * "ols-x2".."ols-x8"), tune even on software devices (lavapipe) when
+ * `always` is set, and the name of the path the calling thread's last fir
+ * took. */
+void dspk__vk_fir_force(int mode);
+void dspk__vk_fir_tune_always(int always);
+const char *dspk__vk_fir_last(void);
 int dspk__vk_kernel_op(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *ctx);
 int dspk__vk_gemm(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *ctx);
 int dspk__vk_contract(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *ctx);

@@ -1,6 +1,7 @@
 /*
  * The simple ops of the Vulkan backend, with the semantics of the cpu
- * backend (backends/op.c documents them): map, reduce and fir as GLSL
+ * backend (backends/op.c documents them): map, reduce and fir's direct
+ * kernel (vk_fir.c has its FFT path and the choice) as GLSL
  * generated per dtype and function, and raw kernels (GLSL source or SPIR-V)
  * with buffer bindings and push constants.  Also the op dispatcher.
  *
@@ -278,7 +279,8 @@ int dspk__vk_reduce(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx
 
 /* ---- fir ---------------------------------------------------------------- */
 
-int dspk__vk_fir(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *ctx) {
+/* The direct kernel (vk_fir.c chooses between it and FFT convolution). */
+int dspk__vk_fir_direct(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *ctx) {
   const struct dspk__tensor *X = &op->in[0], *H = &op->in[1];
   dspk_dtype dt = X->dtype;
   int r = need_dtype(d, dt, ctx, "fir");

@@ -1,0 +1,351 @@
+/*
+ * fir on the Vulkan backend: the direct kernel (vk_ops.c: one invocation
+ * per output sample, k multiply-adds each) or FFT convolution by
+ * overlap-save through the backend's own fft (vk_fft.c: VkFFT, or our
+ * Stockham kernels where the fft tuner measured them faster), chosen by
+ * the shared autotune framework per shape class and device.
+ *
+ * Overlap-save: each row of n samples is cut into blocks of L = 2^lg
+ * samples that overlap by k-1 (block b starts at sample b*S - (k-1), S =
+ * L-k+1; samples outside the row read as zero).  A gather kernel writes the
+ * blocks as complex rows (a real signal packs two consecutive blocks into
+ * the real and imaginary parts of one row, which the real filter keeps
+ * apart); one batched out-of-place transform, a multiplication by the
+ * transform of the zero-padded filter, the inverse transform (scaled by
+ * 1/L, as numpy.fft.ifft) and a scatter kernel that keeps the last S
+ * samples of each block.  Temporaries: two (blocks x L) complex buffers
+ * and two of L for the filter, retired after the task.
+ *
+ * The choice: filters of at most FIR_DIRECT_MAX_K taps are always direct.
+ * For longer ones on a hardware device the candidates are "direct",
+ * "ols-x2", "ols-x4" and "ols-x8" (L = 2, 4, 8 times the filter's length
+ * rounded up to a power of two, at least 64, at most the row's full
+ * convolution length rounded up), timed on the task's own operands the
+ * first time a shape class (n = 2^a total samples, row = 2^b, k = 2^c
+ * taps; op "fir", layout "path") is seen on a device; the decision and the
+ * timings persist in the cache like every other autotune decision.
+ * Software devices (lavapipe) and tasks whose output overlaps an input use
+ * the heuristic instead: overlap-save ols-x4 from FIR_FFT_MIN_K taps on.
+ * dspk__vk_fir_force and dspk__vk_fir_tune_always are the tests' handles.
+ *
+ * Precision: f32 and c64 transform in single precision (an error of a few
+ * ulps of the largest output times log2(L), against the direct kernel's
+ * single-precision sums of k products), f64 and c128 in double.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backends/common/autotune.h"
+#include "backends/vulkan/vk.h"
+
+#define FIR_DIRECT_MAX_K 32 /* taps: always direct */
+#define FIR_FFT_MIN_K 128   /* taps: FFT when no decision is measured */
+#define FIR_MIN_LG 6        /* blocks of at least 64 samples */
+#define FIR_MAX_LG 28
+#define FIR_MAX_ELEMS ((int64_t)1 << 31) /* 32-bit indexing with room */
+#define NCANDS 4
+
+static const char *const cand_names[NCANDS] = {"direct", "ols-x2", "ols-x4", "ols-x8"};
+static int fir_force = -1, fir_tune_always;
+static _Thread_local const char *fir_last = "";
+
+void dspk__vk_fir_force(int mode) { fir_force = mode >= 0 && mode < NCANDS ? mode : -1; }
+void dspk__vk_fir_tune_always(int always) { fir_tune_always = always; }
+const char *dspk__vk_fir_last(void) { return fir_last; }
+
+struct geo {
+  uint32_t lg;
+  int64_t L, S, nb, nblk, nc;
+};
+
+/* Layout for rows of n samples, k taps (k <= n), mode m (1..3). */
+static int geometry(int64_t n, int64_t k, int64_t rows, int cplx, int m, struct geo *g) {
+  int lg = dspk__autotune_pow2((uint64_t)k) + m;
+  int full = dspk__autotune_pow2((uint64_t)(n + k - 1));
+  if (lg > full)
+    lg = full;
+  if (lg < FIR_MIN_LG)
+    lg = FIR_MIN_LG;
+  if (lg > FIR_MAX_LG)
+    return DSPK_ELIMIT;
+  g->lg = (uint32_t)lg;
+  g->L = (int64_t)1 << lg;
+  g->S = g->L - k + 1;
+  g->nb = (n + g->S - 1) / g->S;
+  g->nblk = rows * g->nb;
+  g->nc = cplx ? g->nblk : (g->nblk + 1) / 2;
+  return g->nc * g->L > FIR_MAX_ELEMS ? DSPK_ELIMIT : 0;
+}
+
+/* One of the path's kernels for dtype dt: 0 hpad, 1 gather, 2 cmul,
+ * 3 scatter. */
+static int fir_kernel(struct dspk__dev *d, dspk_dtype dt, int which,
+                      struct dspk__vk_kernel **out, struct dspk__opctx *ctx) {
+  static const char *const names[4] = {"fir.hpad", "fir.gather", "fir.cmul", "fir.scatter"};
+  static const int nbind[4] = {2, 2, 2, 2};
+  static const uint32_t pcs[4] = {12, 32, 8, 28};
+  static const char *const body[4] = {
+      /* hp = h zero-padded to L, as complex */
+      "layout(std430, binding = 0) readonly buffer BH { T h[]; };\n"
+      "layout(std430, binding = 1) writeonly buffer BP { C hp[]; };\n"
+      "layout(push_constant) uniform PC { uint L, k, oh; } pc;\n"
+      "void main() {\n"
+      "  for (uint i = gl_GlobalInvocationID.x; i < pc.L; i += STRIDE)\n"
+      "    hp[i] = i < pc.k ? TOC(h[pc.oh + i]) : C(0);\n}\n",
+      /* the blocks */
+      "layout(std430, binding = 0) readonly buffer BX { T x[]; };\n"
+      "layout(std430, binding = 1) writeonly buffer BB { C b[]; };\n"
+      "layout(push_constant) uniform PC { uint total, n, km1, S, lg, nb, nblk, ox; } pc;\n"
+      "void main() {\n"
+      "  uint mask = (1u << pc.lg) - 1u;\n"
+      "  for (uint i = gl_GlobalInvocationID.x; i < pc.total; i += STRIDE) {\n"
+      "    uint c = i >> pc.lg, j = i & mask;\n"
+      "    C v = C(0);\n"
+      "    for (uint p = 0u; p < PARTS; p++) {\n"
+      "      uint g = c * PARTS + p;\n"
+      "      if (g >= pc.nblk) break;\n"
+      "      uint row = g / pc.nb, t = (g - row * pc.nb) * pc.S + j;\n"
+      "      if (t >= pc.km1 && t - pc.km1 < pc.n) {\n"
+      "        T xv = x[pc.ox + row * pc.n + t - pc.km1];\n"
+      "#if CPLX\n        v = xv;\n#else\n        v[p] = xv;\n#endif\n"
+      "      }\n"
+      "    }\n"
+      "    b[i] = v;\n"
+      "  }\n}\n",
+      /* f *= hs, per block */
+      "layout(std430, binding = 0) buffer BF { C f[]; };\n"
+      "layout(std430, binding = 1) readonly buffer BS { C hs[]; };\n"
+      "layout(push_constant) uniform PC { uint total, lg; } pc;\n"
+      "void main() {\n"
+      "  uint mask = (1u << pc.lg) - 1u;\n"
+      "  for (uint i = gl_GlobalInvocationID.x; i < pc.total; i += STRIDE) {\n"
+      "    C a = f[i], h = hs[i & mask];\n"
+      "    f[i] = C(a.x * h.x - a.y * h.y, a.x * h.y + a.y * h.x);\n"
+      "  }\n}\n",
+      /* y from the last S samples of each block */
+      "layout(std430, binding = 0) readonly buffer BB { C b[]; };\n"
+      "layout(std430, binding = 1) writeonly buffer BY { T y[]; };\n"
+      "layout(push_constant) uniform PC { uint total, n, km1, S, lg, nb, oy; } pc;\n"
+      "void main() {\n"
+      "  for (uint i = gl_GlobalInvocationID.x; i < pc.total; i += STRIDE) {\n"
+      "    uint row = i / pc.n, t = i - row * pc.n, blk = t / pc.S, j = t - blk * pc.S;\n"
+      "    uint g = row * pc.nb + blk;\n"
+      "#if CPLX\n"
+      "    y[pc.oy + i] = b[(g << pc.lg) + pc.km1 + j];\n"
+      "#else\n"
+      "    C v = b[((g >> 1u) << pc.lg) + pc.km1 + j];\n"
+      "    y[pc.oy + i] = (g & 1u) != 0u ? v.y : v.x;\n"
+      "#endif\n"
+      "  }\n}\n"};
+  int cplx = dt == DSPK_C64 || dt == DSPK_C128, dbl = dt == DSPK_F64 || dt == DSPK_C128;
+  char src[4096];
+  snprintf(src, sizeof src,
+           "#version 450\n"
+           "layout(local_size_x = %d) in;\n"
+           "#define T %s\n#define C %s\n#define CPLX %d\n#define PARTS %du\n"
+           "#define STRIDE (gl_NumWorkGroups.x * %du)\n"
+           "#if CPLX\n#define TOC(v) (v)\n#else\n#define TOC(v) C(v, 0)\n#endif\n%s",
+           DSPK__VK_WG, dspk__vk_glsl_type(dt), dbl ? "dvec2" : "vec2", cplx, cplx ? 1 : 2,
+           DSPK__VK_WG, body[which]);
+  return dspk__vk_kernel(d, names[which], src, NULL, 0, "main", nbind[which], pcs[which],
+                         out, ctx);
+}
+
+static uint32_t groups(int64_t n) {
+  int64_t g = (n + DSPK__VK_WG - 1) / DSPK__VK_WG;
+  return g < 1 ? 1 : g > 65535 ? 65535 : (uint32_t)g;
+}
+
+/* An FFT (the backend's fft op) of rows of L complex values from a to b. */
+static int fft_rows(struct dspk__dev *d, dspk_dtype cdt, struct dspk__mem *a,
+                    struct dspk__mem *b, int64_t rows, int64_t L, int inverse,
+                    struct dspk__opctx *ctx) {
+  struct dspk__op f;
+  memset(&f, 0, sizeof f);
+  f.kind = DSPK_OP_FFT;
+  f.nin = f.nout = 1;
+  f.in[0].dtype = f.out[0].dtype = cdt;
+  f.in[0].rank = f.out[0].rank = 2;
+  f.in[0].shape[0] = f.out[0].shape[0] = rows;
+  f.in[0].shape[1] = f.out[0].shape[1] = L;
+  f.in[0].mem = a;
+  f.out[0].mem = b;
+  f.u.fft.inverse = inverse;
+  return dspk__vk_fft(d, &f, ctx);
+}
+
+static struct dspk__vk_bind whole(const struct dspk__mem *m, VkDeviceSize bytes) {
+  return (struct dspk__vk_bind){m->buf, m->off, bytes};
+}
+
+/* The overlap-save path with blocks of mode m (1..3). */
+static int fir_ols(struct dspk__dev *d, struct dspk__op *op, int m, struct dspk__opctx *ctx) {
+  const struct dspk__tensor *X = &op->in[0], *H = &op->in[1], *Y = &op->out[0];
+  dspk_dtype dt = X->dtype;
+  int cplx = dt == DSPK_C64 || dt == DSPK_C128, dbl = dt == DSPK_F64 || dt == DSPK_C128;
+  dspk_dtype cdt = dbl ? DSPK_C128 : DSPK_C64;
+  size_t cs = dbl ? 16 : 8;
+  int64_t n = X->shape[X->rank - 1], total = dspk__tensor_numel(X);
+  int64_t rows = total / n, k = H->shape[0] < n ? H->shape[0] : n;
+  struct geo g;
+  struct dspk__mem *hp = NULL, *hs = NULL, *bb = NULL, *ff = NULL;
+  struct dspk__vk_kernel *kk[4];
+  struct dspk__vk_bind bx, bh, by;
+  uint32_t ex, eh, ey;
+  int r;
+  if (dbl && !d->has_f64)
+    return dspk__vk_fail(ctx, DSPK_EDTYPE,
+                         "fir: this Vulkan device lacks shaderFloat64 (dtype %s)",
+                         dspk__dtype_name(dt));
+  if (total >= FIR_MAX_ELEMS || geometry(n, k, rows, cplx, m, &g))
+    return dspk__vk_fail(ctx, DSPK_ELIMIT,
+                         "fir: %lld samples with %lld taps are too many for FFT "
+                         "convolution on vulkan (32-bit indexing)",
+                         (long long)total, (long long)k);
+  for (int i = 0; i < 4; i++)
+    if ((r = fir_kernel(d, dt, i, &kk[i], ctx)))
+      return r;
+  if ((r = dspk__vk_bind_tensor(d, X, &bx, &ex)) || (r = dspk__vk_bind_tensor(d, H, &bh, &eh)) ||
+      (r = dspk__vk_bind_tensor(d, Y, &by, &ey)))
+    return dspk__vk_fail(ctx, r, "fir: operands cannot be bound");
+  size_t bbytes = (size_t)(g.nc * g.L) * cs;
+  if ((r = dspk__vk_alloc(d, (size_t)g.L * cs, &hp)) ||
+      (r = dspk__vk_alloc(d, (size_t)g.L * cs, &hs)) || (r = dspk__vk_alloc(d, bbytes, &bb)) ||
+      (r = dspk__vk_alloc(d, bbytes, &ff))) {
+    r = dspk__vk_fail(ctx, r, "fir: no device memory for %lld blocks of %lld samples",
+                      (long long)g.nc, (long long)g.L);
+    goto out;
+  }
+  if (bbytes > d->props.limits.maxStorageBufferRange) {
+    r = dspk__vk_fail(ctx, DSPK_ELIMIT,
+                      "fir: %zu bytes of blocks exceed the device's maxStorageBufferRange",
+                      bbytes);
+    goto out;
+  }
+  {
+    uint32_t L = (uint32_t)g.L, tb = (uint32_t)(g.nc * g.L);
+    uint32_t pad[3] = {L, (uint32_t)k, eh};
+    uint32_t gat[8] = {tb, (uint32_t)n, (uint32_t)(k - 1), (uint32_t)g.S, g.lg,
+                       (uint32_t)g.nb, (uint32_t)g.nblk, ex};
+    uint32_t mul[2] = {tb, g.lg};
+    uint32_t sct[7] = {(uint32_t)total, (uint32_t)n, (uint32_t)(k - 1), (uint32_t)g.S, g.lg,
+                       (uint32_t)g.nb, ey};
+    struct dspk__vk_bind b1[2] = {bh, whole(hp, (VkDeviceSize)L * cs)};
+    struct dspk__vk_bind b2[2] = {bx, whole(bb, bbytes)};
+    struct dspk__vk_bind b3[2] = {whole(ff, bbytes), whole(hs, (VkDeviceSize)L * cs)};
+    struct dspk__vk_bind b4[2] = {whole(bb, bbytes), by};
+    if ((r = dspk__vk_dispatch(d, kk[0], b1, 2, pad, sizeof pad, groups(L), 1, 1)) ||
+        (r = fft_rows(d, cdt, hp, hs, 1, g.L, 0, ctx)) ||
+        (r = dspk__vk_dispatch(d, kk[1], b2, 2, gat, sizeof gat, groups(tb), 1, 1)) ||
+        (r = fft_rows(d, cdt, bb, ff, g.nc, g.L, 0, ctx)) ||
+        (r = dspk__vk_dispatch(d, kk[2], b3, 2, mul, sizeof mul, groups(tb), 1, 1)) ||
+        (r = fft_rows(d, cdt, ff, bb, g.nc, g.L, 1, ctx)))
+      goto out;
+    r = dspk__vk_dispatch(d, kk[3], b4, 2, sct, sizeof sct, groups(total), 1, 1);
+  }
+out:
+  /* The temporaries go back once the recorded work has run. */
+  dspk__vk_submit(d);
+  dspk__vk_free(d, hp);
+  dspk__vk_free(d, hs);
+  dspk__vk_free(d, bb);
+  dspk__vk_free(d, ff);
+  return r;
+}
+
+static int run_path(struct dspk__dev *d, struct dspk__op *op, int c, struct dspk__opctx *ctx) {
+  fir_last = cand_names[c];
+  return c == 0 ? dspk__vk_fir_direct(d, op, ctx) : fir_ols(d, op, c, ctx);
+}
+
+struct tune_ud {
+  struct dspk__dev *d;
+  struct dspk__op *op;
+  struct dspk__opctx ctx; /* the task's cancel and progress, a scratch message */
+  char msg[256];
+};
+
+/* One candidate on the task's operands, to completion. */
+static int cand_run(void *ud, int idx) {
+  struct tune_ud *u = ud;
+  int r = run_path(u->d, u->op, idx, &u->ctx);
+  int s = dspk__vk_submit(u->d);
+  if (r == 0)
+    r = s;
+  if (r == 0)
+    r = dspk__vk_wait_value(u->d, u->d->submitted);
+  return r;
+}
+
+/* Whether the output shares memory with an input (tuning reruns the op on
+ * the task's operands, harmless only when it does not). */
+static int overlaps(const struct dspk__op *op) {
+  const struct dspk__tensor *Y = &op->out[0];
+  VkDeviceSize y = Y->mem->off + Y->offset, ye = y + dspk__tensor_nbytes(Y);
+  for (int i = 0; i < 2; i++) {
+    const struct dspk__tensor *A = &op->in[i];
+    VkDeviceSize a = A->mem->off + A->offset, ae = a + dspk__tensor_nbytes(A);
+    if (A->mem->buf == Y->mem->buf && a < ye && y < ae)
+      return 1;
+  }
+  return 0;
+}
+
+int dspk__vk_fir(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *ctx) {
+  static const struct dspk__autotune_cand cands[NCANDS] = {
+      {"direct", cand_run}, {"ols-x2", cand_run}, {"ols-x4", cand_run}, {"ols-x8", cand_run}};
+  const struct dspk__tensor *X = &op->in[0];
+  int64_t n = X->shape[X->rank - 1], total = dspk__tensor_numel(X);
+  int64_t k = op->in[1].shape[0] < n ? op->in[1].shape[0] : n;
+  if (total == 0 || !X->mem || !op->out[0].mem)
+    return run_path(d, op, 0, ctx);
+  if (fir_force >= 0)
+    return run_path(d, op, fir_force, ctx);
+  if (k <= FIR_DIRECT_MAX_K)
+    return run_path(d, op, 0, ctx);
+  if ((d->props.deviceType != VK_PHYSICAL_DEVICE_TYPE_CPU || fir_tune_always) && !overlaps(op)) {
+    struct tune_ud u = {.d = d, .op = op};
+    struct dspk__autotune_req req;
+    char shape[96];
+    u.ctx.errmsg = u.msg;
+    u.ctx.errmsg_len = sizeof u.msg;
+    snprintf(shape, sizeof shape, "n=2^%d,row=2^%d,k=2^%d",
+             dspk__autotune_pow2((uint64_t)total), dspk__autotune_pow2((uint64_t)n),
+             dspk__autotune_pow2((uint64_t)k));
+    memset(&req, 0, sizeof req);
+    req.op = "fir";
+    req.shape = shape;
+    req.dtypes = dspk__dtype_name(X->dtype);
+    req.layout = "path";
+    req.dev = dspk__vk_devid(d);
+    req.cands = cands;
+    req.ncands = NCANDS;
+    req.ud = &u;
+    if (ctx) {
+      u.ctx.cancel = ctx->cancel;
+      u.ctx.progress = ctx->progress;
+      u.ctx.progress_ud = ctx->progress_ud;
+      req.progress = ctx->progress;
+      req.progress_ud = ctx->progress_ud;
+      req.cancel = ctx->cancel;
+    }
+    for (;;) {
+      int w, r = dspk__autotune_choose(d->env.cache, &req, NULL, &w, NULL);
+      if (r == DSPK_ECANCELED)
+        return dspk__vk_fail(ctx, r, "fir: canceled while tuning");
+      if (r < 0)
+        break; /* no decision: the heuristic below */
+      r = run_path(d, op, w, ctx);
+      if (r == 0 || w == 0 || r == DSPK_ECANCELED)
+        return r;
+      dspk__autotune_failed(d->env.cache, &req, w);
+    }
+  }
+  if (k >= FIR_FFT_MIN_K) {
+    int r = run_path(d, op, 2, ctx);
+    if (r != DSPK_ENOTSUP && r != DSPK_ELIMIT)
+      return r;
+  }
+  return run_path(d, op, 0, ctx);
+}
