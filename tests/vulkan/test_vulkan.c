@@ -19,6 +19,7 @@
 #include <glslang/Public/resource_limits_c.h>
 
 #include "cache/cache.h"
+#include "backends/common/autotune.h"
 #include "backends/vulkan/vk.h"
 #include "tests/vulkan/vk_harness.h"
 #include "backends/vulkan/vk_sfft.h"
@@ -998,11 +999,140 @@ static void t_gemm_cands(void **state) {
   print_message("gemm 128x128x1024 f32: autotuner chose %s\n", dspk__vk_gemm_last());
 }
 
+/* fir with the path forced (mode: 0 direct, 1..3 overlap-save ols-x2..x8,
+ * -1 the normal choice) on device d: rows x n signal, k taps, against a
+ * double-precision direct loop.  Returns the relative error (max abs diff
+ * over max abs reference); *out gets the result when not NULL. */
+static double fir_case(struct dspk__dev *d, dspk_dtype dt, int64_t rows, int64_t n, int64_t k,
+                       int mode, struct htensor *out) {
+  char msg[512];
+  int64_t xs[2] = {rows, n}, hs[1] = {k};
+  struct htensor X = h_make(dt, 2, xs, 1), Hh, got;
+  struct dspk__op op = {.kind = DSPK_OP_FIR, .nin = 2};
+  struct dspk__dev *save = D;
+  Hh = h_make(dt, 1, hs, 1);
+  D = d;
+  assert_int_equal(h_upload(d, &X, dspk__dtype_size(dt) * 5, &op.in[0]), 0);
+  assert_int_equal(h_upload(d, &Hh, 0, &op.in[1]), 0);
+  dspk__vk_fir_force(mode);
+  int r = h_run(d, &op, &got, msg, sizeof msg);
+  dspk__vk_fir_force(-1);
+  D = save;
+  if (r)
+    fail_msg("fir %s %lldx%lld k=%lld mode %d: %d %s", dspk__dtype_name(dt), (long long)rows,
+             (long long)n, (long long)k, mode, r, msg);
+  if (mode >= 0)
+    assert_string_equal(dspk__vk_fir_last(),
+                        mode == 0 ? "direct" : mode == 1 ? "ols-x2" : mode == 2 ? "ols-x4"
+                                                                        : "ols-x8");
+  double complex *want = calloc(X.n ? X.n : 1, sizeof *want);
+  for (int64_t b = 0; b < rows; b++)
+    for (int64_t i = 0; i < n; i++)
+      for (int64_t t = 0; t < k && t <= i; t++)
+        want[b * n + i] += Hh.v[t] * X.v[b * n + i - t];
+  double e = h_relerr(&got, want, X.n);
+  free(want);
+  h_free(&X);
+  h_free(&Hh);
+  if (out)
+    *out = got;
+  else
+    h_free(&got);
+  return e;
+}
+
+/* fir's FFT (overlap-save) path forced in each of its block sizes and the
+ * direct path, against the reference and against each other: lengths not
+ * powers of two, batches of rows, a signal shorter than the filter, one
+ * tap, a filter longer than a block's stride; every dtype the device has. */
+static void t_fir_fft(void **state) {
+  (void)state;
+  static const int64_t cases[][3] = {
+      {1, 1000, 200}, {3, 777, 129}, {2, 50, 300}, {1, 513, 1},
+      {4, 3001, 64},  {1, 9000, 1500}, {5, 1, 7},  {2, 130, 130}};
+  for (int di = 0; di < 4; di++) {
+    dspk_dtype dt = STD[di];
+    if ((dt == DSPK_F64 || dt == DSPK_C128) && !D->has_f64)
+      continue;
+    /* single precision: the direct sums and the transforms both round;
+     * double: the transforms' twiddles decide */
+    double tol = dt == DSPK_F32 || dt == DSPK_C64 ? 1e-5 : 1e-12;
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+      int64_t rows = cases[c][0], n = cases[c][1], k = cases[c][2];
+      struct htensor ref, got;
+      uint64_t seed = h_seed;
+      double e0 = fir_case(D, dt, rows, n, k, 0, &ref);
+      if (!(e0 <= tol))
+        fail_msg("fir direct %s %lldx%lld k=%lld: rel err %g", dspk__dtype_name(dt),
+                 (long long)rows, (long long)n, (long long)k, e0);
+      for (int m = 1; m <= 3; m++) {
+        h_seed = seed;
+        double e = fir_case(D, dt, rows, n, k, m, &got);
+        double ed = h_relerr(&got, ref.v, ref.n);
+        if (!(e <= tol) || !(ed <= 2 * tol))
+          fail_msg("fir ols mode %d %s %lldx%lld k=%lld: rel err %g (vs direct %g)", m,
+                   dspk__dtype_name(dt), (long long)rows, (long long)n, (long long)k, e, ed);
+        h_free(&got);
+      }
+      h_free(&ref);
+    }
+  }
+}
+
+/* The choice through the autotuner (forced to tune on this device, as a
+ * hardware device would): a short filter stays direct without a tuning,
+ * a long one is tuned, the result is right, and the decision is in the
+ * cache under op "fir", layout "path", with the four candidates' hash;
+ * a reopened device takes it from the cache. */
+static void t_fir_tune(void **state) {
+  (void)state;
+  char path[] = "/tmp/dspk-vk-fir-tune-XXXXXX";
+  assert_int_equal(h_cache_path(path), 0);
+  struct dspk__cache *c;
+  assert_int_equal(dspk__cache_open(path, NULL, &c, NULL, 0), 0);
+  struct dspk__devenv env = {.cache = c};
+  struct dspk__dev *d;
+  char winner[64] = "";
+  dspk__autotune_forget_all();
+  dspk__vk_fir_tune_always(1);
+  for (int round = 0; round < 2; round++) {
+    assert_int_equal(VKB->open(0, &env, &d), 0);
+    double e = fir_case(d, DSPK_F32, 1, 20000, 16, -1, NULL);
+    assert_true(e <= 1e-5);
+    assert_string_equal(dspk__vk_fir_last(), "direct");
+    e = fir_case(d, DSPK_F32, 2, 20000, 1000, -1, NULL);
+    print_message("fir f32 2x20000, 1000 taps (round %d): %s, rel err %g\n", round,
+                  dspk__vk_fir_last(), e);
+    assert_true(e <= 1e-5);
+    static const struct dspk__autotune_cand names[4] = {
+        {"direct", NULL}, {"ols-x2", NULL}, {"ols-x4", NULL}, {"ols-x8", NULL}};
+    struct dspk__tune_key k = {.dev = dspk__vk_devid(d),
+                               .op = "fir",
+                               .shape = "n=2^16,row=2^15,k=2^10",
+                               .dtypes = "f32",
+                               .layout = "path",
+                               .cands_hash = dspk__autotune_cands_hash(names, 4)};
+    char w[64];
+    assert_int_equal(dspk__cache_tune_get(c, &k, w, sizeof w), 0);
+    assert_string_equal(w, dspk__vk_fir_last());
+    if (round == 0)
+      snprintf(winner, sizeof winner, "%s", w);
+    else
+      assert_string_equal(w, winner);
+    VKB->close(d);
+    dspk__autotune_forget_all(); /* the second round reads the cache */
+  }
+  dspk__vk_fir_tune_always(0);
+  dspk__cache_close(c);
+  h_cache_unlink(path);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(t_probe),     cmocka_unit_test(t_memory),
       cmocka_unit_test(t_map),       cmocka_unit_test(t_reduce),
-      cmocka_unit_test(t_fir),       cmocka_unit_test(t_gemm),
+      cmocka_unit_test(t_fir),       cmocka_unit_test(t_fir_fft),
+      cmocka_unit_test(t_fir_tune),  cmocka_unit_test(t_gemm),
       cmocka_unit_test(t_contract),  cmocka_unit_test(t_fft),
       cmocka_unit_test(t_fft_oop),   cmocka_unit_test(t_fft_buffers),
       cmocka_unit_test_teardown(t_fft_tune, unset_tune),
