@@ -30,7 +30,7 @@ step gpu_smoke 120 python3 tests/daemon/gpu_smoke.py --dspkd "$B/daemon/dspkd"
 step gpu_jobs 120 python3 tests/cluster/gpu_jobs.py --dspkd "$B/daemon/dspkd"
 step test_vulkan 120 "$B/tests/vulkan/test_vulkan"
 step test_coopmat 120 "$B/tests/vulkan/test_coopmat"
-step gpu_suite 300 scripts/gpu-suite.sh "$B" "$L/cuda" bench
+step gpu_suite 420 scripts/gpu-suite.sh "$B" "$L/cuda" bench
 step staging 60 "$B/bench/cuda_staging/bench_cuda_staging"
 step bench_vulkan 150 "$B/bench/vulkan/bench_vulkan"
 step bench_fft 90 "$B/bench/vulkan/bench_vulkan" fft

@@ -14,6 +14,8 @@
 #    in-process, a raw kernel and a compile error through dspk-submit, the
 #    first result of a fresh dspk-submit process vs a fresh in-process
 #    program, and a daemon restart with a warm cache (compile count 0).
+#    fir of 2^24 f32 samples with 4096 taps on cuda:0 and on the Vulkan
+#    device vs an in-process cuFFT overlap-save (OUTDIR/fir.md).
 set -u
 BUILD=${1:-build}
 OUT=${2:-gpu-out}
@@ -59,6 +61,22 @@ if [ "$WHAT" = all ] || [ "$WHAT" = bench ]; then
   start_daemon
   "$SUBMIT" -S "$SOCK" devices --all 2>&1 | tee -a "$OUT/daemon.log"
   "$BENCH" daemon "$SOCK" 2>&1 | tee -a "$OUT/daemon.log" || fail=1
+
+  section "fir 2^24 f32 x 4096 taps through dspkd vs an in-process cuFFT overlap-save"
+  # cuda:0, then the first Vulkan device that is not lavapipe (issue 18:
+  # goal >= 0.9 for both).  The first task of each tunes the path; the
+  # decisions stored in the cache follow.
+  VKDEV=$("$SUBMIT" -S "$SOCK" devices | awk '/^vulkan:/ && !/llvmpipe/ {print $1; exit}')
+  for d in cuda:0 $VKDEV; do
+    "$BENCH" fir "$SOCK" "$d" 2>&1 | tee -a "$OUT/fir.md" || fail=1
+  done
+  python3 - "$TMP/cache.db" <<'PY' 2>&1 | tee -a "$OUT/fir.md"
+import sqlite3, sys
+db = sqlite3.connect(sys.argv[1])
+for row in db.execute("select backend, device, shape, dtypes, winner, timings from autotune "
+                      "where op = 'fir' and layout = 'path'"):
+    print("fir decision:", *row)
+PY
 
   section "raw kernel and compile error through dspk-submit"
   cat > "$TMP/k.cu" <<'K'

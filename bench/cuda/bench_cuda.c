@@ -12,6 +12,11 @@
  *   bench_cuda daemon SOCKET
  *       the same gemm/fft through a running dspkd (operands and outputs in
  *       daemon buffers on cuda:0, tasks pipelined) vs in-process.
+ *   bench_cuda fir SOCKET DEVICE
+ *       fir of 2^24 f32 samples with 4096 taps on DEVICE (cuda:0, vulkan:N)
+ *       through a running dspkd (daemon buffers) vs an overlap-save fir
+ *       written with cuFFT in-process (the best of three block lengths);
+ *       the outputs are compared (exit 1 when they differ).
  *   bench_cuda firstresult
  *       what a fresh process pays to get one gemm 1024^2 on the GPU by
  *       itself: load the driver, context, cuBLAS, copies, gemm, copy back.
@@ -415,6 +420,83 @@ static int mode_daemon(const char *sock) {
   return 0;
 }
 
+/* ---- fir through the daemon vs an in-process cuFFT overlap-save -------------- */
+
+/* fir of 2^24 f32 samples with 4096 taps on `device` through dspkd (signal,
+ * taps and output in daemon buffers; the first task, untimed, lets the
+ * autotuner choose the path) vs dspk_bench_cufft_fir on cuda:0; the two
+ * outputs are compared. */
+static int mode_fir(const char *sock, const char *device) {
+  dspk_client *c;
+  char why[256];
+  struct dspk__devinfo info[DSPK__CUDA_MAX_DEVICES];
+  int64_t n = (int64_t)1 << 24, k = 4096, L = 0;
+  int reps = 20;
+  float *hx = malloc((size_t)n * 4), *hh = malloc((size_t)k * 4);
+  float *yd = malloc((size_t)n * 4), *yr = malloc((size_t)n * 4);
+  uint64_t bx, bh, by;
+  dspk_task t;
+  dspk_tensor in[2];
+  double td, tr, md = 0, mr = 1e-30;
+  CUcontext ctx;
+  if (dspk_connect(sock, "bench_cuda", &c)) {
+    fprintf(stderr, "bench_cuda: connect: %s\n", dspk_connect_error());
+    return 1;
+  }
+  if (B->probe(info, DSPK__CUDA_MAX_DEVICES, why, sizeof(why)) < 1)
+    return 1;
+  fill_random(hx, (size_t)n, DSPK_F32);
+  fill_random(hh, (size_t)k, DSPK_F32);
+  for (int64_t i = 0; i < k; i++)
+    hh[i] *= 0.05f; /* keeps the outputs of order 1 */
+  CK(dspk_buffer_create(c, device, (size_t)n * 4, &bx));
+  CK(dspk_buffer_create(c, device, (size_t)k * 4, &bh));
+  CK(dspk_buffer_create(c, device, (size_t)n * 4, &by));
+  CK(buf_write(c, bx, hx, (size_t)n * 4));
+  CK(buf_write(c, bh, hh, (size_t)k * 4));
+  dspk_task_init(&t, DSPK_OP_FIR);
+  t.device = device;
+  memset(in, 0, sizeof(in));
+  for (int i = 0; i < 2; i++) {
+    in[i].dtype = DSPK_F32;
+    in[i].rank = 1;
+    in[i].shape[0] = i ? k : n;
+    in[i].is_ref = true;
+    in[i].buffer = i ? bh : bx;
+  }
+  t.inputs = in;
+  t.ninputs = 2;
+  t.nout_refs = 1;
+  t.out_refs[0].buffer = by;
+  t.out_refs[0].offset = 0;
+  td = time_daemon(c, &t, by, reps);
+  for (size_t off = 0; off < (size_t)n * 4; off += (size_t)64 << 20) {
+    size_t m = (size_t)n * 4 - off < ((size_t)64 << 20) ? (size_t)n * 4 - off : ((size_t)64 << 20);
+    CK(dspk_buffer_read(c, by, off, (char *)yd + off, m));
+  }
+  CK(dspk__cuda_load_nvrtc(why, sizeof(why)));
+  CK(dspk__cuda_load_cufft(why, sizeof(why)));
+  CK(CU.cuDevicePrimaryCtxRetain(&ctx, 0));
+  CK(CU.cuCtxSetCurrent(ctx));
+  tr = dspk_bench_cufft_fir(n, k, hx, hh, reps, yr, &L);
+  for (int64_t i = 0; i < n; i++) {
+    md = fmax(md, fabs((double)yd[i] - yr[i]));
+    mr = fmax(mr, fabs((double)yr[i]));
+  }
+  printf("| fir 2^24 f32, 4096 taps on %s | %.3f ms (%.2f GS/s) | cuFFT overlap-save L=%lld: "
+         "%.3f ms | **%.3f** | max diff / max %.2g |\n",
+         device, td, (double)n / td / 1e6, (long long)L, tr, tr / td, md / mr);
+  CK(dspk_buffer_free(c, bx));
+  CK(dspk_buffer_free(c, bh));
+  CK(dspk_buffer_free(c, by));
+  dspk_close(c);
+  free(hx);
+  free(hh);
+  free(yd);
+  free(yr);
+  return md / mr <= 1e-4 ? 0 : 1;
+}
+
 /* ---- first result of a fresh process ----------------------------------------- */
 
 static int mode_firstresult(void) {
@@ -484,10 +566,13 @@ int main(int argc, char **argv) {
     return mode_backend();
   if (argc >= 3 && strcmp(argv[1], "daemon") == 0)
     return mode_daemon(argv[2]);
+  if (argc >= 4 && strcmp(argv[1], "fir") == 0)
+    return mode_fir(argv[2], argv[3]);
   if (argc >= 2 && strcmp(argv[1], "firstresult") == 0)
     return mode_firstresult();
   if (argc >= 3 && strcmp(argv[1], "mknpy") == 0)
     return mode_mknpy(argv[2]);
-  fprintf(stderr, "usage: bench_cuda backend | daemon SOCKET | firstresult | mknpy DIR\n");
+  fprintf(stderr, "usage: bench_cuda backend | daemon SOCKET | fir SOCKET DEVICE | "
+                  "firstresult | mknpy DIR\n");
   return 2;
 }
