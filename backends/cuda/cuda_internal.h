@@ -211,7 +211,7 @@ int dspk__cuda_fir_direct(struct dspk__dev *dev, struct dspk__op *op,
 int dspk__cuda_fir(struct dspk__dev *dev, struct dspk__op *op, struct dspk__opctx *ctx);
 /* Test and benchmark hooks (process-wide): force fir's path (-1: the
  * tuned choice, 0: direct, 1..3: overlap-save with blocks of 2^(m+1) times
- * the filter's length rounded up to a power of two, "ols-x2".."ols-x8"),
+ * the filter's length rounded up to a power of two, "ols-x4".."ols-x16"),
  * and the name of the path the calling thread's last fir took. */
 void dspk__cuda_fir_force(int mode);
 const char *dspk__cuda_fir_last(void);

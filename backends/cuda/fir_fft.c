@@ -17,15 +17,15 @@
  * and L more for the filter, from the pool, retired after the task.
  *
  * The choice: filters of at most FIR_DIRECT_MAX_K taps are always direct.
- * For longer ones the candidates are "direct" and "ols-x2", "ols-x4",
- * "ols-x8" (L = 2, 4, 8 times the filter's length rounded up to a power of
- * two, at least FIR_MIN_L, at most the row's full convolution length
- * rounded up), timed on the task's own operands the first time a shape
+ * For longer ones the candidates are "direct" and "ols-x4", "ols-x8",
+ * "ols-x16" (L = 4, 8, 16 times the filter's length rounded up to a power
+ * of two, at least 64, at most the row's full convolution length rounded
+ * up), timed on the task's own operands the first time a shape
  * class (n = 2^a total samples, row = 2^b, k = 2^c taps; op "fir", layout
  * "path") is seen on a device; the decision and every timing persist in
  * the cache like every other autotune decision.  Without a decision (no
  * tuning possible: the output overlaps an input) the heuristic is FFT with
- * ols-x4 from FIR_FFT_MIN_K taps on.
+ * ols-x8 from FIR_FFT_MIN_K taps on.
  *
  * Precision: f32 and c64 transform in single precision (error about
  * log2(L) ulps of the largest output, against the direct kernel's double
@@ -44,9 +44,9 @@
 #define FIR_FFT_MIN_K 128   /* taps: FFT when no decision can be measured */
 #define FIR_MIN_LG 6        /* blocks of at least 64 samples */
 #define FIR_MAX_LG 30
-#define NCANDS 4 /* direct, ols-x2, ols-x4, ols-x8 */
+#define NCANDS 4 /* direct, ols-x4, ols-x8, ols-x16 */
 
-static const char *const cand_names[NCANDS] = {"direct", "ols-x2", "ols-x4", "ols-x8"};
+static const char *const cand_names[NCANDS] = {"direct", "ols-x4", "ols-x8", "ols-x16"};
 static int fir_force = -1;
 static _Thread_local const char *fir_last = "";
 
@@ -59,9 +59,10 @@ struct geo {
   int64_t L, S, nb, nblk, nc;
 };
 
-/* Layout for rows of n samples, k taps (k <= n), mode m (1..3). */
+/* Layout for rows of n samples, k taps (k <= n), mode m (1..3: blocks of
+ * 2^(m+1) times k rounded up to a power of two). */
 static int geometry(int64_t n, int64_t k, int64_t rows, int cplx, int m, struct geo *g) {
-  int lg = dspk__autotune_pow2((uint64_t)k) + m;
+  int lg = dspk__autotune_pow2((uint64_t)k) + m + 1;
   int full = dspk__autotune_pow2((uint64_t)(n + k - 1));
   if (lg > full)
     lg = full;
@@ -123,13 +124,14 @@ static int fir_ols(struct dspk__dev *dev, struct dspk__op *op, int m, struct dsp
     CUdeviceptr x = dspk__cuda_ptr(X), h = dspk__cuda_ptr(H), y = dspk__cuda_ptr(Y);
     CUdeviceptr php = (CUdeviceptr)hp->handle, pbb = (CUdeviceptr)bb->handle;
     int64_t L = g.L, S = g.S, nb = g.nb, nblk = g.nblk, tb = g.nc * g.L;
+    int64_t ts = cplx ? total : g.nc * g.S;
     int lg = g.lg, type = dbl ? CUFFT_Z2Z : CUFFT_C2C;
     float sf = 1.0f / (float)L;
     double sd = 1.0 / (double)L;
     void *apad[5] = {&h, &php, &k, &L, dbl ? (void *)&sd : (void *)&sf};
     void *agat[9] = {&x, &pbb, &n, &k, &S, &lg, &nb, &nblk, &tb};
     void *amul[4] = {&pbb, &php, &lg, &tb};
-    void *asct[8] = {&pbb, &y, &n, &k, &S, &lg, &nb, &total};
+    void *asct[9] = {&pbb, &y, &n, &k, &S, &lg, &nb, &nblk, &ts};
     /* The filter's spectrum; each plan is executed before the next is
      * looked up, so an eviction retires a plan behind its last use. */
     if ((rc = dspk__cuda_launch1d(dev, fpad, L, apad, ctx)) ||
@@ -141,7 +143,7 @@ static int fir_ols(struct dspk__dev *dev, struct dspk__op *op, int m, struct dsp
         (rc = dspk__cuda_launch1d(dev, fmul, tb, amul, ctx)) ||
         (rc = exec(pb, dbl, pbb, CUFFT_INVERSE, ctx)))
       goto out;
-    rc = dspk__cuda_launch1d(dev, fsct, total, asct, ctx);
+    rc = dspk__cuda_launch1d(dev, fsct, ts, asct, ctx);
   }
 out:
   if (hp)
@@ -188,7 +190,7 @@ static int overlaps(const struct dspk__op *op) {
 
 int dspk__cuda_fir(struct dspk__dev *dev, struct dspk__op *op, struct dspk__opctx *ctx) {
   static const struct dspk__autotune_cand cands[NCANDS] = {
-      {"direct", cand_run}, {"ols-x2", cand_run}, {"ols-x4", cand_run}, {"ols-x8", cand_run}};
+      {"direct", cand_run}, {"ols-x4", cand_run}, {"ols-x8", cand_run}, {"ols-x16", cand_run}};
   const struct dspk__tensor *X = &op->in[0];
   int64_t n = X->shape[X->rank - 1], total = dspk__tensor_numel(X);
   int64_t k = op->in[1].shape[0] < n ? op->in[1].shape[0] : n;

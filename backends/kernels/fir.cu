@@ -108,15 +108,30 @@ extern "C" __global__ void dspk_fir_cmul(dspk_firc *b, const dspk_firc *hs, int 
   }
 }
 
-/* y (total = rows*n samples) from the filtered blocks. */
+/* y from the filtered blocks: complex signals one output per item (total =
+ * rows*n); real ones one complex value per item (total = nc*S), which
+ * holds an output of block 2c (real part) and one of block 2c+1
+ * (imaginary part), so each value is read once. */
 extern "C" __global__ void dspk_fir_scatter(const dspk_firc *b, DSPK_T *y, dspk_i64 n, int k,
-                                            dspk_i64 S, int lg, dspk_i64 nb, dspk_i64 total) {
+                                            dspk_i64 S, int lg, dspk_i64 nb, dspk_i64 nblk,
+                                            dspk_i64 total) {
   DSPK_LOOP(i, total) {
+#if DSPK_COMPLEX
     dspk_i64 row = dspk_fir_div(i, n), t = i - row * n;
     dspk_i64 blk = dspk_fir_div(t, S), j = t - blk * S;
-    dspk_i64 g = row * nb + blk;
-    int part = DSPK_COMPLEX ? 0 : (int)(g & 1);
-    dspk_i64 c = DSPK_COMPLEX ? g : g >> 1;
-    dspk_firc_get(&y[i], part, b[(c << lg) + (k - 1) + j]);
+    dspk_firc_get(&y[i], 0, b[((row * nb + blk) << lg) + (k - 1) + j]);
+    (void)nblk;
+#else
+    dspk_i64 c = dspk_fir_div(i, S), j = i - c * S;
+    dspk_firc v = b[(c << lg) + (k - 1) + j];
+    for (int p = 0; p < 2; p++) {
+      dspk_i64 g = 2 * c + p;
+      if (g >= nblk)
+        break;
+      dspk_i64 row = dspk_fir_div(g, nb), t = (g - row * nb) * S + j;
+      if (t < n)
+        dspk_firc_get(&y[row * n + t], p, v);
+    }
+#endif
   }
 }

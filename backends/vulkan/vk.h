@@ -393,7 +393,7 @@ int dspk__vk_fir_direct(struct dspk__dev *d, struct dspk__op *op, struct dspk__o
 /* fir's path, for tests and benchmarks (vk_fir.c, process-wide): force one
  * (-1: the tuned choice; 0: direct; 1..3: overlap-save with blocks of
  * 2^(m+1) times the filter's length rounded up to a power of two,
- * "ols-x2".."ols-x8"), tune even on software devices (lavapipe) when
+ * "ols-x4".."ols-x16"), tune even on software devices (lavapipe) when
  * `always` is set, and the name of the path the calling thread's last fir
  * took. */
 void dspk__vk_fir_force(int mode);

@@ -18,14 +18,14 @@
  *
  * The choice: filters of at most FIR_DIRECT_MAX_K taps are always direct.
  * For longer ones on a hardware device the candidates are "direct",
- * "ols-x2", "ols-x4" and "ols-x8" (L = 2, 4, 8 times the filter's length
+ * "ols-x4", "ols-x8" and "ols-x16" (L = 4, 8, 16 times the filter's length
  * rounded up to a power of two, at least 64, at most the row's full
  * convolution length rounded up), timed on the task's own operands the
  * first time a shape class (n = 2^a total samples, row = 2^b, k = 2^c
  * taps; op "fir", layout "path") is seen on a device; the decision and the
  * timings persist in the cache like every other autotune decision.
  * Software devices (lavapipe) and tasks whose output overlaps an input use
- * the heuristic instead: overlap-save ols-x4 from FIR_FFT_MIN_K taps on.
+ * the heuristic instead: overlap-save ols-x8 from FIR_FFT_MIN_K taps on.
  * dspk__vk_fir_force and dspk__vk_fir_tune_always are the tests' handles.
  *
  * Precision: f32 and c64 transform in single precision (an error of a few
@@ -46,7 +46,7 @@
 #define FIR_MAX_ELEMS ((int64_t)1 << 31) /* 32-bit indexing with room */
 #define NCANDS 4
 
-static const char *const cand_names[NCANDS] = {"direct", "ols-x2", "ols-x4", "ols-x8"};
+static const char *const cand_names[NCANDS] = {"direct", "ols-x4", "ols-x8", "ols-x16"};
 static int fir_force = -1, fir_tune_always;
 static _Thread_local const char *fir_last = "";
 
@@ -59,9 +59,10 @@ struct geo {
   int64_t L, S, nb, nblk, nc;
 };
 
-/* Layout for rows of n samples, k taps (k <= n), mode m (1..3). */
+/* Layout for rows of n samples, k taps (k <= n), mode m (1..3: blocks of
+ * 2^(m+1) times k rounded up to a power of two). */
 static int geometry(int64_t n, int64_t k, int64_t rows, int cplx, int m, struct geo *g) {
-  int lg = dspk__autotune_pow2((uint64_t)k) + m;
+  int lg = dspk__autotune_pow2((uint64_t)k) + m + 1;
   int full = dspk__autotune_pow2((uint64_t)(n + k - 1));
   if (lg > full)
     lg = full;
@@ -84,7 +85,7 @@ static int fir_kernel(struct dspk__dev *d, dspk_dtype dt, int which,
                       struct dspk__vk_kernel **out, struct dspk__opctx *ctx) {
   static const char *const names[4] = {"fir.hpad", "fir.gather", "fir.cmul", "fir.scatter"};
   static const int nbind[4] = {2, 2, 2, 2};
-  static const uint32_t pcs[4] = {12, 32, 8, 28};
+  static const uint32_t pcs[4] = {12, 32, 8, 32};
   static const char *const body[4] = {
       /* hp = h zero-padded to L, as complex */
       "layout(std430, binding = 0) readonly buffer BH { T h[]; };\n"
@@ -123,19 +124,27 @@ static int fir_kernel(struct dspk__dev *d, dspk_dtype dt, int which,
       "    C a = f[i], h = hs[i & mask];\n"
       "    f[i] = C(a.x * h.x - a.y * h.y, a.x * h.y + a.y * h.x);\n"
       "  }\n}\n",
-      /* y from the last S samples of each block */
+      /* y from the last S samples of each block: complex signals one
+       * output per invocation (total = rows*n), real ones one complex value
+       * per invocation (total = nc*S), an output of block 2c in its real
+       * part and one of block 2c+1 in its imaginary part */
       "layout(std430, binding = 0) readonly buffer BB { C b[]; };\n"
       "layout(std430, binding = 1) writeonly buffer BY { T y[]; };\n"
-      "layout(push_constant) uniform PC { uint total, n, km1, S, lg, nb, oy; } pc;\n"
+      "layout(push_constant) uniform PC { uint total, n, km1, S, lg, nb, nblk, oy; } pc;\n"
       "void main() {\n"
       "  for (uint i = gl_GlobalInvocationID.x; i < pc.total; i += STRIDE) {\n"
-      "    uint row = i / pc.n, t = i - row * pc.n, blk = t / pc.S, j = t - blk * pc.S;\n"
-      "    uint g = row * pc.nb + blk;\n"
       "#if CPLX\n"
-      "    y[pc.oy + i] = b[(g << pc.lg) + pc.km1 + j];\n"
+      "    uint row = i / pc.n, t = i - row * pc.n, blk = t / pc.S, j = t - blk * pc.S;\n"
+      "    y[pc.oy + i] = b[((row * pc.nb + blk) << pc.lg) + pc.km1 + j];\n"
       "#else\n"
-      "    C v = b[((g >> 1u) << pc.lg) + pc.km1 + j];\n"
-      "    y[pc.oy + i] = (g & 1u) != 0u ? v.y : v.x;\n"
+      "    uint c = i / pc.S, j = i - c * pc.S;\n"
+      "    C v = b[(c << pc.lg) + pc.km1 + j];\n"
+      "    for (uint p = 0u; p < 2u; p++) {\n"
+      "      uint g = 2u * c + p;\n"
+      "      if (g >= pc.nblk) break;\n"
+      "      uint row = g / pc.nb, t = (g - row * pc.nb) * pc.S + j;\n"
+      "      if (t < pc.n) y[pc.oy + row * pc.n + t] = v[p];\n"
+      "    }\n"
       "#endif\n"
       "  }\n}\n"};
   int cplx = dt == DSPK_C64 || dt == DSPK_C128, dbl = dt == DSPK_F64 || dt == DSPK_C128;
@@ -229,8 +238,9 @@ static int fir_ols(struct dspk__dev *d, struct dspk__op *op, int m, struct dspk_
     uint32_t gat[8] = {tb, (uint32_t)n, (uint32_t)(k - 1), (uint32_t)g.S, g.lg,
                        (uint32_t)g.nb, (uint32_t)g.nblk, ex};
     uint32_t mul[2] = {tb, g.lg};
-    uint32_t sct[7] = {(uint32_t)total, (uint32_t)n, (uint32_t)(k - 1), (uint32_t)g.S, g.lg,
-                       (uint32_t)g.nb, ey};
+    uint32_t ts = (uint32_t)(cplx ? total : g.nc * g.S);
+    uint32_t sct[8] = {ts, (uint32_t)n, (uint32_t)(k - 1), (uint32_t)g.S, g.lg,
+                       (uint32_t)g.nb, (uint32_t)g.nblk, ey};
     struct dspk__vk_bind b1[2] = {bh, whole(hp, (VkDeviceSize)L * cs)};
     struct dspk__vk_bind b2[2] = {bx, whole(bb, bbytes)};
     struct dspk__vk_bind b3[2] = {whole(ff, bbytes), whole(hs, (VkDeviceSize)L * cs)};
@@ -242,7 +252,7 @@ static int fir_ols(struct dspk__dev *d, struct dspk__op *op, int m, struct dspk_
         (r = dspk__vk_dispatch(d, kk[2], b3, 2, mul, sizeof mul, groups(tb), 1, 1)) ||
         (r = fft_rows(d, cdt, ff, bb, g.nc, g.L, 1, ctx)))
       goto out;
-    r = dspk__vk_dispatch(d, kk[3], b4, 2, sct, sizeof sct, groups(total), 1, 1);
+    r = dspk__vk_dispatch(d, kk[3], b4, 2, sct, sizeof sct, groups(ts), 1, 1);
   }
 out:
   /* The temporaries go back once the recorded work has run. */
@@ -294,7 +304,7 @@ static int overlaps(const struct dspk__op *op) {
 
 int dspk__vk_fir(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *ctx) {
   static const struct dspk__autotune_cand cands[NCANDS] = {
-      {"direct", cand_run}, {"ols-x2", cand_run}, {"ols-x4", cand_run}, {"ols-x8", cand_run}};
+      {"direct", cand_run}, {"ols-x4", cand_run}, {"ols-x8", cand_run}, {"ols-x16", cand_run}};
   const struct dspk__tensor *X = &op->in[0];
   int64_t n = X->shape[X->rank - 1], total = dspk__tensor_numel(X);
   int64_t k = op->in[1].shape[0] < n ? op->in[1].shape[0] : n;
@@ -343,7 +353,7 @@ int dspk__vk_fir(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *c
     }
   }
   if (k >= FIR_FFT_MIN_K) {
-    int r = run_path(d, op, 2, ctx);
+    int r = run_path(d, op, 2, ctx); /* ols-x8 */
     if (r != DSPK_ENOTSUP && r != DSPK_ELIMIT)
       return r;
   }

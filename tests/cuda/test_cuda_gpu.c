@@ -393,7 +393,7 @@ static void test_fir_fft(void **state) {
   static const int64_t cases[][3] = {
       {1, 1000, 200}, {3, 777, 129}, {2, 50, 300},  {1, 513, 1},     {4, 3001, 64},
       {1, 9000, 1500}, {5, 1, 7},    {2, 130, 130}, {1, 1 << 20, 4096}, {3, 100000, 1000}};
-  static const char *const names[4] = {"direct", "ols-x2", "ols-x4", "ols-x8"};
+  static const char *const names[4] = {"direct", "ols-x4", "ols-x8", "ols-x16"};
   (void)state;
   for (int di = 0; di < 4; di++) {
     dspk_dtype dt = std4[di];
@@ -438,7 +438,7 @@ static void count_fir_tuning(void *ud, const char *what, double fraction) {
  * "path", and after a restart it comes from the cache (no tuning). */
 static void test_fir_tuned(void **state) {
   static const struct dspk__autotune_cand names[4] = {
-      {"direct", NULL}, {"ols-x2", NULL}, {"ols-x4", NULL}, {"ols-x8", NULL}};
+      {"direct", NULL}, {"ols-x4", NULL}, {"ols-x8", NULL}, {"ols-x16", NULL}};
   char path[] = "/tmp/dspk-cuda-firtuneXXXXXX", file[64], first[64] = "";
   int64_t xs[2] = {1, 1 << 22}, hs[1] = {4096};
   struct dspk__tensor tx = T(DSPK_F32, 2, xs), th = T(DSPK_F32, 1, hs);
