@@ -1021,6 +1021,38 @@ def t_kernelfs(exe, tmp):
     d.stop()
 
 
+def t_firvk(exe, tmp):
+    """Issue 18: fir on the Vulkan device (lavapipe in CI) through dspkd
+    against numpy's convolution: long filters (from 128 taps the software
+    device takes the FFT, overlap-save, path), short ones (direct), a
+    signal shorter than its filter, one tap, batches, lengths that are not
+    powers of two, every dtype the device offers."""
+    d = Daemon(exe, tmp, ["--backends", "cpu,vulkan"])
+    c = d.client()
+    devs = c.call("devices", {})["devices"]
+    vk = [x["id"] for x in devs if x["backend"] == "vulkan"]
+    if not vk:
+        c.close()
+        d.stop()
+        raise Skip("no vulkan device")
+    rng = np.random.default_rng(18)
+    shapes = [((1, 5000), 1000), ((3, 777), 129), ((2, 50), 300), ((4, 513), 1),
+              ((2, 3, 1001), 200), ((1, 2000), 17), ((130,), 130)]
+    for dt in (np.float32, np.float64, np.complex64, np.complex128):
+        for xs, k in shapes:
+            X, H = rand(rng, xs, dt), rand(rng, (k,), dt)
+            try:
+                got = run(c, "fir", [X, H], device=vk[0])[0]
+            except RpcError as e:
+                if np.dtype(dt) in (np.float64, np.complex128) and e.err["name"] == "EDTYPE":
+                    break  # no shaderFloat64 on this device
+                raise
+            close_enough(got, fir_ref(X, H), "fir %s %s k=%d on %s" % (np.dtype(dt), xs, k, vk[0]),
+                         dt)
+    c.close()
+    d.stop()
+
+
 def raw_responses(c, want):
     """Reads until `want` responses arrived; returns them in arrival order
     (c.responses keys by msgid, which a repeated msgid would overwrite)."""
@@ -1589,6 +1621,7 @@ GROUPS = {
     "privacy": t_privacy,
     "sockmode": t_sockmode,
     "kernelfs": t_kernelfs,
+    "firvk": t_firvk,
     "opsize": t_opsize,
     "unsent": t_unsent,
     "createpipe": t_createpipe,
