@@ -392,9 +392,12 @@ static const struct dspk__retire_ops rt_ops = {
     .barrier = rt_barrier};
 
 /* Plans start with an int kind: 0 contract (plain memory), 1 fft,
- * 2 Bluestein fft, 3 an fft tuning decision, 4 our own fft kernels. */
+ * 2 Bluestein fft, 3 an fft tuning decision, 4 our own fft kernels,
+ * 5 fir's overlap-save workspace (vk_fir.c). */
 static void plan_evict(void *ud, void *plan) {
-  if (*(int *)plan != 0)
+  if (*(int *)plan == 5)
+    dspk__vk_fir_ws_free(ud, plan);
+  else if (*(int *)plan != 0)
     dspk__vk_fft_plan_free(ud, plan);
   else
     free(plan);

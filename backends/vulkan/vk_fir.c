@@ -14,7 +14,8 @@
  * transform of the zero-padded filter, the inverse transform (scaled by
  * 1/L, as numpy.fft.ifft) and a scatter kernel that keeps the last S
  * samples of each block.  Temporaries: two (blocks x L) complex buffers
- * and two of L for the filter, retired after the task.
+ * and two of L for the filter, kept per block layout in the device's plan
+ * cache for the next task (get_ws).
  *
  * The choice: filters of at most FIR_DIRECT_MAX_K taps are always direct.
  * For longer ones on a hardware device the candidates are "direct",
@@ -188,6 +189,53 @@ static struct dspk__vk_bind whole(const struct dspk__mem *m, VkDeviceSize bytes)
   return (struct dspk__vk_bind){m->buf, m->off, bytes};
 }
 
+/* The temporaries of one block layout, kept in the device's plan cache
+ * (kind 5) from task to task: the fft's VkFFT instances stay bound to the
+ * same buffers, so a stream of tasks never waits for one to finish (one
+ * queue, every command buffer opened by a full barrier: reuse is ordered). */
+struct fir_ws {
+  int kind; /* 5 (see plan_evict in vk_backend.c) */
+  int busy, evicted; /* evicted while a task records with it: freed after */
+  struct dspk__mem *hp, *hs, *bb, *ff;
+};
+
+void dspk__vk_fir_ws_free(struct dspk__dev *d, void *ws) {
+  struct fir_ws *w = ws;
+  if (w->busy) {
+    w->evicted = 1;
+    return;
+  }
+  /* through the retirement queue: released once the device is done */
+  dspk__vk_free(d, w->hp);
+  dspk__vk_free(d, w->hs);
+  dspk__vk_free(d, w->bb);
+  dspk__vk_free(d, w->ff);
+  free(w);
+}
+
+static int get_ws(struct dspk__dev *d, size_t hbytes, size_t bbytes, struct fir_ws **out) {
+  char key[96];
+  int klen = snprintf(key, sizeof key, "firws|%zu|%zu", hbytes, bbytes);
+  struct fir_ws *w = dspk__plancache_get(&d->plans, key, (size_t)klen);
+  int r;
+  if (w) {
+    *out = w;
+    return 0;
+  }
+  w = calloc(1, sizeof *w);
+  if (!w)
+    return DSPK_ENOMEM;
+  w->kind = 5;
+  if ((r = dspk__vk_alloc(d, hbytes, &w->hp)) || (r = dspk__vk_alloc(d, hbytes, &w->hs)) ||
+      (r = dspk__vk_alloc(d, bbytes, &w->bb)) || (r = dspk__vk_alloc(d, bbytes, &w->ff)) ||
+      (r = dspk__plancache_put(&d->plans, key, (size_t)klen, w))) {
+    dspk__vk_fir_ws_free(d, w);
+    return r;
+  }
+  *out = w;
+  return 0;
+}
+
 /* The overlap-save path with blocks of mode m (1..3). */
 static int fir_ols(struct dspk__dev *d, struct dspk__op *op, int m, struct dspk__opctx *ctx) {
   const struct dspk__tensor *X = &op->in[0], *H = &op->in[1], *Y = &op->out[0];
@@ -198,7 +246,7 @@ static int fir_ols(struct dspk__dev *d, struct dspk__op *op, int m, struct dspk_
   int64_t n = X->shape[X->rank - 1], total = dspk__tensor_numel(X);
   int64_t rows = total / n, k = H->shape[0] < n ? H->shape[0] : n;
   struct geo g;
-  struct dspk__mem *hp = NULL, *hs = NULL, *bb = NULL, *ff = NULL;
+  struct fir_ws *w;
   struct dspk__vk_kernel *kk[4];
   struct dspk__vk_bind bx, bh, by;
   uint32_t ex, eh, ey;
@@ -212,55 +260,45 @@ static int fir_ols(struct dspk__dev *d, struct dspk__op *op, int m, struct dspk_
                          "fir: %lld samples with %lld taps are too many for FFT "
                          "convolution on vulkan (32-bit indexing)",
                          (long long)total, (long long)k);
+  size_t bbytes = (size_t)(g.nc * g.L) * cs, hbytes = (size_t)g.L * cs;
+  if (bbytes > d->props.limits.maxStorageBufferRange)
+    return dspk__vk_fail(ctx, DSPK_ELIMIT,
+                         "fir: %zu bytes of blocks exceed the device's maxStorageBufferRange",
+                         bbytes);
   for (int i = 0; i < 4; i++)
     if ((r = fir_kernel(d, dt, i, &kk[i], ctx)))
       return r;
   if ((r = dspk__vk_bind_tensor(d, X, &bx, &ex)) || (r = dspk__vk_bind_tensor(d, H, &bh, &eh)) ||
       (r = dspk__vk_bind_tensor(d, Y, &by, &ey)))
     return dspk__vk_fail(ctx, r, "fir: operands cannot be bound");
-  size_t bbytes = (size_t)(g.nc * g.L) * cs;
-  if ((r = dspk__vk_alloc(d, (size_t)g.L * cs, &hp)) ||
-      (r = dspk__vk_alloc(d, (size_t)g.L * cs, &hs)) || (r = dspk__vk_alloc(d, bbytes, &bb)) ||
-      (r = dspk__vk_alloc(d, bbytes, &ff))) {
-    r = dspk__vk_fail(ctx, r, "fir: no device memory for %lld blocks of %lld samples",
-                      (long long)g.nc, (long long)g.L);
-    goto out;
-  }
-  if (bbytes > d->props.limits.maxStorageBufferRange) {
-    r = dspk__vk_fail(ctx, DSPK_ELIMIT,
-                      "fir: %zu bytes of blocks exceed the device's maxStorageBufferRange",
-                      bbytes);
-    goto out;
-  }
-  {
-    uint32_t L = (uint32_t)g.L, tb = (uint32_t)(g.nc * g.L);
-    uint32_t pad[3] = {L, (uint32_t)k, eh};
-    uint32_t gat[8] = {tb, (uint32_t)n, (uint32_t)(k - 1), (uint32_t)g.S, g.lg,
-                       (uint32_t)g.nb, (uint32_t)g.nblk, ex};
-    uint32_t mul[2] = {tb, g.lg};
-    uint32_t ts = (uint32_t)(cplx ? total : g.nc * g.S);
-    uint32_t sct[8] = {ts, (uint32_t)n, (uint32_t)(k - 1), (uint32_t)g.S, g.lg,
-                       (uint32_t)g.nb, (uint32_t)g.nblk, ey};
-    struct dspk__vk_bind b1[2] = {bh, whole(hp, (VkDeviceSize)L * cs)};
-    struct dspk__vk_bind b2[2] = {bx, whole(bb, bbytes)};
-    struct dspk__vk_bind b3[2] = {whole(ff, bbytes), whole(hs, (VkDeviceSize)L * cs)};
-    struct dspk__vk_bind b4[2] = {whole(bb, bbytes), by};
-    if ((r = dspk__vk_dispatch(d, kk[0], b1, 2, pad, sizeof pad, groups(L), 1, 1)) ||
-        (r = fft_rows(d, cdt, hp, hs, 1, g.L, 0, ctx)) ||
-        (r = dspk__vk_dispatch(d, kk[1], b2, 2, gat, sizeof gat, groups(tb), 1, 1)) ||
-        (r = fft_rows(d, cdt, bb, ff, g.nc, g.L, 0, ctx)) ||
-        (r = dspk__vk_dispatch(d, kk[2], b3, 2, mul, sizeof mul, groups(tb), 1, 1)) ||
-        (r = fft_rows(d, cdt, ff, bb, g.nc, g.L, 1, ctx)))
-      goto out;
+  if ((r = get_ws(d, hbytes, bbytes, &w)))
+    return dspk__vk_fail(ctx, r, "fir: no device memory for %lld blocks of %lld samples",
+                         (long long)g.nc, (long long)g.L);
+  uint32_t L = (uint32_t)g.L, tb = (uint32_t)(g.nc * g.L);
+  uint32_t ts = (uint32_t)(cplx ? total : g.nc * g.S);
+  uint32_t pad[3] = {L, (uint32_t)k, eh};
+  uint32_t gat[8] = {tb, (uint32_t)n, (uint32_t)(k - 1), (uint32_t)g.S, g.lg,
+                     (uint32_t)g.nb, (uint32_t)g.nblk, ex};
+  uint32_t mul[2] = {tb, g.lg};
+  uint32_t sct[8] = {ts, (uint32_t)n, (uint32_t)(k - 1), (uint32_t)g.S, g.lg,
+                     (uint32_t)g.nb, (uint32_t)g.nblk, ey};
+  struct dspk__vk_bind b1[2] = {bh, whole(w->hp, hbytes)};
+  struct dspk__vk_bind b2[2] = {bx, whole(w->bb, bbytes)};
+  struct dspk__vk_bind b3[2] = {whole(w->ff, bbytes), whole(w->hs, hbytes)};
+  struct dspk__vk_bind b4[2] = {whole(w->bb, bbytes), by};
+  /* The transforms may add plans to the cache and so evict w: while busy,
+   * its eviction waits for the end of this recording. */
+  w->busy = 1;
+  if ((r = dspk__vk_dispatch(d, kk[0], b1, 2, pad, sizeof pad, groups(L), 1, 1)) == 0 &&
+      (r = fft_rows(d, cdt, w->hp, w->hs, 1, g.L, 0, ctx)) == 0 &&
+      (r = dspk__vk_dispatch(d, kk[1], b2, 2, gat, sizeof gat, groups(tb), 1, 1)) == 0 &&
+      (r = fft_rows(d, cdt, w->bb, w->ff, g.nc, g.L, 0, ctx)) == 0 &&
+      (r = dspk__vk_dispatch(d, kk[2], b3, 2, mul, sizeof mul, groups(tb), 1, 1)) == 0 &&
+      (r = fft_rows(d, cdt, w->ff, w->bb, g.nc, g.L, 1, ctx)) == 0)
     r = dspk__vk_dispatch(d, kk[3], b4, 2, sct, sizeof sct, groups(ts), 1, 1);
-  }
-out:
-  /* The temporaries go back once the recorded work has run. */
-  dspk__vk_submit(d);
-  dspk__vk_free(d, hp);
-  dspk__vk_free(d, hs);
-  dspk__vk_free(d, bb);
-  dspk__vk_free(d, ff);
+  w->busy = 0;
+  if (w->evicted)
+    dspk__vk_fir_ws_free(d, w);
   return r;
 }
 
