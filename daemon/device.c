@@ -406,7 +406,7 @@ static void *runner_main(void *arg) {
       ring_push(dev, q);
     j->next = NULL;
     j->state = JOB_RUNNING;
-    counted = j->kind != JOB_BUF_FREE;
+    counted = j->kind != JOB_BUF_FREE && j->kind != JOB_TRIM;
     if (counted) {
       dev->queued--;
       dev->running++;
@@ -414,7 +414,7 @@ static void *runner_main(void *arg) {
     dspkd_obs_job_start(dev, j); /* daemon/metrics.c */
     pthread_mutex_unlock(&dev->mu);
 
-    job_execute(dev, j); /* a JOB_BUF_FREE frees itself */
+    job_execute(dev, j); /* a JOB_BUF_FREE or JOB_TRIM frees itself */
 
     if (dev->be->stats) {
       memset(&stats, 0, sizeof stats);
