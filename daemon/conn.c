@@ -348,7 +348,10 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
     /* A frame may be at most max_message bytes; the scanner refuses it
      * before the buffer grows further. */
     limit = c->d->cfg.lim.max_message + READ_MIN;
-    cap = k ? 2 * k->cap : RCHUNK_MIN;
+    /* Doubled when one frame outgrew the buffer; the same size when jobs
+     * still hold it (pipelined frames would otherwise double it up to
+     * max_message, each one a fresh mapping). */
+    cap = !k ? RCHUNK_MIN : k->refs > 1 ? k->cap : 2 * k->cap;
     if (cap < 2 * pending)
       cap = 2 * pending;
     if (cap < RCHUNK_MIN)
