@@ -202,6 +202,7 @@ struct device {
   int open_state;      /* 0: opening, 1: open, < 0: open failed */
   char open_err[256];
   bool exited;
+  bool busy;           /* the runner is executing a job (any kind) */
   uint64_t queued, running, completed, failed;
   struct dspk__devstats stats;
   struct dev_obs obs;  /* daemon/observe.h */
