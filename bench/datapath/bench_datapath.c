@@ -203,10 +203,10 @@ static dspk_tensor ref(dspk_dtype dt, unsigned rank, int64_t a, int64_t b, uint6
   return t;
 }
 
-/* OpenBLAS's workers spin a while after a call; a pause lets them park so
- * each side is timed alone. */
+/* OpenBLAS's workers spin a while after a call; a pause (1 s, as in
+ * bench_core) lets them park so each side is timed alone. */
 static void settle(void) {
-  struct timespec ts = {0, 300 * 1000 * 1000};
+  struct timespec ts = {1, 0};
   nanosleep(&ts, NULL);
 }
 
@@ -314,6 +314,7 @@ int main(int argc, char **argv) {
         double a = 0, b = 0, p = 0;
         for (int k = 0; k < reps; k++)
           a += run(c, &ti);
+        settle();
         for (int k = 0; k < reps; k++)
           b += run(c, &tr);
         settle();
