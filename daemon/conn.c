@@ -218,8 +218,6 @@ void chunk_unref(struct rchunk *k) {
     chunk_release(k);
 }
 
-uint64_t dspkd_spare_bytes(void) { return spare_chunk ? spare_chunk->cap : 0; }
-
 /* The idle trim: no client is connected; the spare read buffer, each
  * device's cached memory (a job on its runner) and the heap's free pages
  * go back to the system. */
@@ -237,7 +235,6 @@ static void on_trim(uv_timer_t *t) {
     job_submit(j);
   }
   malloc_trim(0);
-  d->trims++;
   dspkd_debug("idle: no clients for %llu ms: cached memory given back",
               (unsigned long long)d->cfg.idle_trim_ms);
 }
@@ -367,9 +364,9 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
       c->over_partial = true;
       return;
     }
-    /* A large frame is coming: the spare buffer, when it is larger and
+    /* A large frame is coming: the spare buffer, when it is as large and
      * the user's bound allows it, saves growing through fresh mappings. */
-    if (cap > RCHUNK_KEEP && spare_chunk && spare_chunk->cap > cap &&
+    if (cap > RCHUNK_KEEP && spare_chunk && spare_chunk->cap >= cap &&
         spare_chunk->cap <= limit &&
         (!c->user ||
          c->user->rbytes - c->rbytes + spare_chunk->cap <= c->d->cfg.max_user_partial)) {

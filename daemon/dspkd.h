@@ -290,7 +290,6 @@ struct dspkd {
   uv_async_t done_async;
   uv_timer_t grace_timer;   /* shutdown: cancel what still runs after it */
   uv_timer_t trim_timer;    /* idle: give cached memory back (daemon/conn.c) */
-  uint64_t trims;           /* idle trims done */
   bool handles_closed;
   pthread_mutex_t done_mu;
   struct job *done_head, *done_tail; /* guarded by done_mu */
@@ -344,8 +343,6 @@ void conn_unref(struct conn *c);
 /* Re-evaluates whether the connection may read (limits, backpressure). */
 void conn_update_read(struct conn *c);
 void chunk_unref(struct rchunk *k);
-/* Bytes of the spare read buffer kept for the next large frame. */
-uint64_t dspkd_spare_bytes(void);
 /* Starts the orderly stop: no more accepting or reading, queued jobs fail
  * with ESHUTDOWN, connections close once idle, then runners stop. */
 void dspkd_stop(struct dspkd *d);
