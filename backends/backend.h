@@ -104,6 +104,10 @@ struct dspk__backend {
   int (*run)(struct dspk__dev *dev, struct dspk__op *op,
              struct dspk__opctx *ctx);
 
+  /* Optional.  Gives cached memory back (the pool's free lists): the daemon
+   * calls it when no client has been connected for a while. */
+  void (*trim)(struct dspk__dev *dev);
+
   /* Optional.  Fills the counters shown by `status`. */
   void (*stats)(struct dspk__dev *dev, struct dspk__devstats *out);
 };

@@ -424,57 +424,93 @@ static size_t chunk_max(const dspk_client *c) {
   return c->send_max > 8192 ? c->send_max - 4096 : c->send_max / 2;
 }
 
+/* Large transfers go in pieces of at most PIECE bytes with up to WINDOW
+ * requests in flight: the daemon copies one piece into the buffer (or out
+ * of it) while the next crosses the socket, and its read buffers stay
+ * small enough to be reused rather than mapped afresh for each transfer. */
+#define PIECE ((size_t)4 << 20)
+#define WINDOW 8
+
+static size_t piece_max(const dspk_client *c) {
+  size_t m = chunk_max(c);
+  return m < PIECE ? m : PIECE;
+}
+
+/* Waits for the oldest of the pieces in flight (ids[*head..*tail)); a read
+ * lands in its place in dst.  Keeps the first error in *first. */
+static void piece_wait(dspk_client *c, const uint32_t *ids, char *const *dsts,
+                       const size_t *lens, size_t *head, int *first, char *err) {
+  size_t i = *head % WINDOW;
+  int rc;
+  if (dsts[i]) {
+    rc = dspk__wait_into(c, ids[i], dsts[i], lens[i]);
+  } else {
+    struct dspk__resp r;
+    rc = dspk__wait(c, ids[i], &r);
+    if (rc == 0)
+      dspk__resp_free(&r);
+  }
+  if (rc != 0 && *first == 0) {
+    *first = rc;
+    memcpy(err, c->err, sizeof c->err);
+  }
+  (*head)++;
+}
+
+/* Writes (dst NULL) or reads n bytes at offset in pieces (see PIECE). */
+static int transfer(dspk_client *c, uint64_t id, uint64_t offset, const void *src,
+                    void *dst, size_t n) {
+  uint32_t ids[WINDOW];
+  char *dsts[WINDOW];
+  size_t lens[WINDOW], head = 0, tail = 0, done = 0;
+  char err[sizeof c->err];
+  int first = 0;
+
+  do {
+    size_t k = n - done < piece_max(c) ? n - done : piece_max(c);
+    struct buf_args a = {.id = id, .offset = offset + done, .size = k,
+                         .kind = dst ? 2 : 1};
+    uint32_t msgid;
+    int rc;
+    if (!dst)
+      a.data = (const char *)src + done;
+    if (tail - head == WINDOW)
+      piece_wait(c, ids, dsts, lens, &head, &first, err);
+    if (first != 0)
+      break;
+    rc = dspk__send_call(c, dst ? "buffer.read" : "buffer.write", pack_buf, &a, &msgid);
+    if (rc != 0) {
+      first = rc;
+      memcpy(err, c->err, sizeof c->err);
+      break;
+    }
+    ids[tail % WINDOW] = msgid;
+    dsts[tail % WINDOW] = dst ? (char *)dst + done : NULL;
+    lens[tail % WINDOW] = k;
+    tail++;
+    done += k;
+  } while (done < n);
+  /* Every answer is taken, also after an error: the stream stays in step. */
+  while (head < tail)
+    piece_wait(c, ids, dsts, lens, &head, &first, err);
+  if (first != 0)
+    memcpy(c->err, err, sizeof c->err);
+  return first;
+}
+
 DSPK_EXPORT int dspk_buffer_write(dspk_client *c, uint64_t id,
                                   uint64_t offset, const void *data,
                                   size_t n) {
-  struct dspk__resp r;
-  size_t done = 0;
-  int rc;
-
   if (!c || (n && !data))
     return DSPK_EINVAL;
-  /* Bigger than one message allows: several writes, in order. */
-  do {
-    size_t k = n - done < chunk_max(c) ? n - done : chunk_max(c);
-    struct buf_args a = {.id = id, .offset = offset + done,
-                         .data = (const char *)data + done, .size = k,
-                         .kind = 1};
-    rc = dspk__call(c, "buffer.write", pack_buf, &a, &r);
-    if (rc != 0)
-      return rc;
-    dspk__resp_free(&r);
-    done += k;
-  } while (done < n);
-  return 0;
+  return transfer(c, id, offset, data, NULL, n);
 }
 
 DSPK_EXPORT int dspk_buffer_read(dspk_client *c, uint64_t id, uint64_t offset,
                                  void *dst, size_t n) {
-  struct dspk__resp r;
-  const void *p;
-  size_t len, done = 0;
-  int rc;
-
   if (!c || (n && !dst))
     return DSPK_EINVAL;
-  do {
-    size_t k = n - done < chunk_max(c) ? n - done : chunk_max(c);
-    struct buf_args a = {.id = id, .offset = offset + done, .size = k,
-                         .kind = 2};
-    rc = dspk__call(c, "buffer.read", pack_buf, &a, &r);
-    if (rc != 0)
-      return rc;
-    if (dspk__obj_bin(dspk__map_get(r.msg.result, "data"), &p, &len) != 0 ||
-        len != k)
-      rc = dspk__cerr(c, DSPK_EPROTO, "buffer.read: expected %zu bytes", k);
-    else if (k)
-      memcpy((char *)dst + done, p, k);
-    dspk__resp_free(&r);
-    if (rc != 0)
-      return rc;
-    done += k;
-  } while (done < n);
-  return 0;
+  return transfer(c, id, offset, NULL, dst, n);
 }
 
 DSPK_EXPORT int dspk_buffer_free(dspk_client *c, uint64_t id) {

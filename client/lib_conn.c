@@ -187,9 +187,18 @@ static int fill(dspk_client *c, bool dontwait) {
 
   if (c->rcap - c->rlen < RBUF_MIN / 4) {
     size_t cap = c->rcap ? 2 * c->rcap : RBUF_MIN;
-    char *p = realloc(c->rbuf, cap);
-    if (!p)
+    char *p;
+    if (c->spare && c->spare_cap >= cap) { /* grown before: take it again */
+      p = c->spare;
+      cap = c->spare_cap;
+      c->spare = NULL;
+      c->spare_cap = 0;
+      if (c->rlen)
+        memcpy(p, c->rbuf, c->rlen);
+      free(c->rbuf);
+    } else if (!(p = realloc(c->rbuf, cap))) {
       return mark_broken(c, dspk__cerr(c, DSPK_ENOMEM, "out of memory"));
+    }
     c->rbuf = p;
     c->rcap = cap;
   }
@@ -214,7 +223,7 @@ static int fill(dspk_client *c, bool dontwait) {
 
 /* Takes the next complete frame out of the stream into an owned buffer.
  * A big frame that fills rbuf is handed over whole (no copy). */
-static int next_frame(dspk_client *c, char **buf, size_t *len) {
+static int next_frame(dspk_client *c, char **buf, size_t *len, size_t *cap) {
   char why[256];
   ssize_t n;
   int rc;
@@ -235,9 +244,11 @@ static int next_frame(dspk_client *c, char **buf, size_t *len) {
       return rc;
   }
   size_t rest = c->rlen - (size_t)n;
+  *cap = 0;
   if (rest == 0 && (size_t)n > RBUF_MIN) {
     *buf = c->rbuf;
     *len = (size_t)n;
+    *cap = c->rcap;
     c->rbuf = NULL;
     c->rcap = c->rlen = 0;
     return 0;
@@ -285,7 +296,7 @@ static void handle_notify(dspk_client *c, const struct dspk__msg *m) {
 }
 
 /* Unpacks an accepted frame into r and parses its envelope. */
-static int decode(dspk_client *c, char *buf, size_t len,
+static int decode(dspk_client *c, char *buf, size_t len, size_t cap,
                   struct dspk__resp *r) {
   const msgpack_object *root;
   size_t off = 0;
@@ -295,6 +306,7 @@ static int decode(dspk_client *c, char *buf, size_t len,
   why[0] = '\0';
   r->buf = buf;
   r->len = len;
+  r->cap = cap;
   r->owner = c;
   r->zone = NULL;
   msgpack_unpacked_init(&r->up);
@@ -336,10 +348,16 @@ static void resp_unpacked_free(struct dspk__resp *r) {
 
 /* Gives back r's frame bytes (the borrowed fbuf, or its own). */
 static void resp_buf_free(struct dspk__resp *r) {
-  if (r->owner && r->buf == r->owner->fbuf)
-    r->owner->fbuf_busy = false;
-  else
+  dspk_client *c = r->owner;
+  if (c && r->buf == c->fbuf) {
+    c->fbuf_busy = false;
+  } else if (c && r->cap > c->spare_cap) {
+    free(c->spare);
+    c->spare = r->buf;
+    c->spare_cap = r->cap;
+  } else {
     free(r->buf);
+  }
   r->buf = NULL;
 }
 
@@ -382,7 +400,7 @@ static int wait_common(dspk_client *c, bool any, uint32_t *msgid,
                        struct dspk__resp *out) {
   struct dspk__resp r;
   char *buf = NULL;
-  size_t len = 0;
+  size_t len = 0, cap = 0;
   int rc;
 
   /* A response that already arrived. */
@@ -391,7 +409,7 @@ static int wait_common(dspk_client *c, bool any, uint32_t *msgid,
       struct dspk__frame f = c->done[i];
       c->done[i] = c->done[--c->ndone];
       inflight_del(c, f.msgid);
-      rc = decode(c, f.buf, f.len, &r);
+      rc = decode(c, f.buf, f.len, 0, &r);
       if (rc != 0)
         return rc;
       *msgid = f.msgid;
@@ -405,10 +423,10 @@ static int wait_common(dspk_client *c, bool any, uint32_t *msgid,
     return dspk__cerr(c, DSPK_ENOENT, "no request in flight");
 
   for (;;) {
-    rc = next_frame(c, &buf, &len);
+    rc = next_frame(c, &buf, &len, &cap);
     if (rc != 0)
       return rc;
-    rc = decode(c, buf, len, &r);
+    rc = decode(c, buf, len, cap, &r);
     if (rc != 0)
       return rc;
     if (r.msg.type == DSPK__NOTIFY) {
@@ -457,6 +475,7 @@ static int wait_common(dspk_client *c, bool any, uint32_t *msgid,
     }
     resp_unpacked_free(&r);
     c->done[c->ndone++] = (struct dspk__frame){id, r.buf, r.len};
+    r.cap = 0; /* the kept frame is freed plainly */
   }
 }
 
@@ -476,22 +495,114 @@ int dspk__wait_any(dspk_client *c, uint32_t *msgid, struct dspk__resp *r) {
   return rc;
 }
 
+int dspk__send_call(dspk_client *c, const char *method,
+                    void (*pack)(void *ud, struct dspk__wbuf *w), void *ud,
+                    uint32_t *id) {
+  struct dspk__wbuf w;
+  int rc;
+
+  *id = dspk__next_id(c);
+  dspk__wbuf_init(&w);
+  dspk__pack_request_head(&w.pk, *id, method, pack != NULL);
+  if (pack)
+    pack(ud, &w);
+  rc = dspk__send(c, &w, *id);
+  dspk__wbuf_free(&w);
+  return rc;
+}
+
 int dspk__call(dspk_client *c, const char *method,
                void (*pack)(void *ud, struct dspk__wbuf *w), void *ud,
                struct dspk__resp *r) {
-  struct dspk__wbuf w;
-  uint32_t id = dspk__next_id(c);
-  int rc;
-
-  dspk__wbuf_init(&w);
-  dspk__pack_request_head(&w.pk, id, method, pack != NULL);
-  if (pack)
-    pack(ud, &w);
-  rc = dspk__send(c, &w, id);
-  dspk__wbuf_free(&w);
+  uint32_t id;
+  int rc = dspk__send_call(c, method, pack, ud, &id);
   if (rc != 0)
     return rc;
   return dspk__wait(c, id, r);
+}
+
+/* Matches the head of a buffer.read answer, [1, msgid, nil, {"data": bin}],
+ * at p[0..len): the header's length once it is all there and matches (with
+ * the bin's length in *n), 0 while it may still match, -1 when it does not. */
+static ssize_t read_head(const unsigned char *p, size_t len, uint32_t msgid, size_t *n) {
+  unsigned char want[16];
+  size_t h = 0, i;
+  want[h++] = 0x94;
+  want[h++] = 0x01;
+  if (msgid < 128) {
+    want[h++] = (unsigned char)msgid;
+  } else if (msgid < 256) {
+    want[h++] = 0xcc;
+    want[h++] = (unsigned char)msgid;
+  } else if (msgid < 65536) {
+    want[h++] = 0xcd;
+    want[h++] = (unsigned char)(msgid >> 8);
+    want[h++] = (unsigned char)msgid;
+  } else {
+    want[h++] = 0xce;
+    for (int s = 24; s >= 0; s -= 8)
+      want[h++] = (unsigned char)(msgid >> s);
+  }
+  memcpy(want + h, "\xc0\x81\xa4" "data", 7);
+  h += 7;
+  for (i = 0; i < h && i < len; i++)
+    if (p[i] != want[i])
+      return -1;
+  if (len < h + 1)
+    return 0;
+  size_t w = p[h] == 0xc4 ? 1 : p[h] == 0xc5 ? 2 : p[h] == 0xc6 ? 4 : 0;
+  if (!w)
+    return -1;
+  if (len < h + 1 + w)
+    return 0;
+  *n = 0;
+  for (i = 0; i < w; i++)
+    *n = *n << 8 | p[h + 1 + i];
+  return (ssize_t)(h + 1 + w);
+}
+
+int dspk__wait_into(dspk_client *c, uint32_t msgid, void *dst, size_t n) {
+  struct dspk__resp r;
+  const void *p;
+  size_t len;
+  ssize_t h = 0;
+  int rc;
+
+  if (!dspk__inflight_has(c, msgid))
+    return dspk__cerr(c, DSPK_ENOENT, "request %u is not in flight", msgid);
+  /* The fast path: no earlier answer is kept and this one is next. */
+  while (c->ndone == 0 && !c->broken &&
+         (h = read_head((const unsigned char *)c->rbuf, c->rlen, msgid, &len)) == 0)
+    if ((rc = fill(c, false)) != 0)
+      return rc;
+  if (c->ndone == 0 && !c->broken && h > 0 && len == n) {
+    size_t have = c->rlen - (size_t)h < n ? c->rlen - (size_t)h : n;
+    memcpy(dst, c->rbuf + h, have);
+    c->rlen -= (size_t)h + have;
+    memmove(c->rbuf, c->rbuf + h + have, c->rlen);
+    while (have < n) {
+      ssize_t got = recv(c->fd, (char *)dst + have, n - have, MSG_WAITALL);
+      if (got < 0 && errno == EINTR)
+        continue;
+      if (got <= 0)
+        return mark_broken(c, dspk__cerr(c, got == 0 ? DSPK_ECLOSED : DSPK_EIO,
+                                         "reading from the daemon: %s",
+                                         got == 0 ? "connection closed" : strerror(errno)));
+      have += (size_t)got;
+    }
+    inflight_del(c, msgid);
+    c->err[0] = '\0';
+    return 0;
+  }
+  rc = dspk__wait(c, msgid, &r);
+  if (rc != 0)
+    return rc;
+  if (dspk__obj_bin(dspk__map_get(r.msg.result, "data"), &p, &len) != 0 || len != n)
+    rc = dspk__cerr(c, DSPK_EPROTO, "buffer.read: expected %zu bytes", n);
+  else if (n)
+    memcpy(dst, p, n);
+  dspk__resp_free(&r);
+  return rc;
 }
 
 /* ---- connect / close ---------------------------------------------------- */
@@ -616,6 +727,7 @@ err_socket:
   close(c->fd);
 err_alloc:
   free(c->rbuf);
+  free(c->spare);
   free(c->inflight);
   for (size_t i = 0; i < c->ndone; i++)
     free(c->done[i].buf);
@@ -632,6 +744,7 @@ DSPK_EXPORT void dspk_close(dspk_client *c) {
   if (c->fd >= 0)
     close(c->fd);
   free(c->rbuf);
+  free(c->spare);
   free(c->inflight);
   for (size_t i = 0; i < c->ndone; i++)
     free(c->done[i].buf);

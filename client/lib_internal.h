@@ -33,6 +33,11 @@ struct dspk_client {
   /* Received bytes not yet consumed. */
   char *rbuf;
   size_t rlen, rcap;
+  /* A large rbuf handed over with its frame comes back here when the
+   * response is freed, so the next large frame does not grow a fresh
+   * buffer again (realloc copies, page faults). */
+  char *spare;
+  size_t spare_cap;
   /* Requests sent and not yet waited for. */
   uint32_t *inflight;
   size_t ninflight, capinflight;
@@ -55,6 +60,7 @@ struct dspk__resp {
   msgpack_unpacked up;       /* used when zone is NULL */
   msgpack_zone *zone;        /* the client's zone when borrowed, else NULL */
   dspk_client *owner;        /* lender of fbuf/zone */
+  size_t cap;                /* bytes of buf when it was the client's rbuf, else 0 */
   struct dspk__msg msg;
 };
 
@@ -77,6 +83,15 @@ int dspk__wait(dspk_client *c, uint32_t msgid, struct dspk__resp *r);
 /* Like dspk__wait for the first in-flight request to complete. */
 int dspk__wait_any(dspk_client *c, uint32_t *msgid, struct dspk__resp *r);
 void dspk__resp_free(struct dspk__resp *r);
+/* Waits for the response to msgid, a buffer.read of n bytes, and puts its
+ * data into dst: read from the socket straight into dst when the answer is
+ * next in the stream, else through dspk__wait.  0 or a negative code. */
+int dspk__wait_into(dspk_client *c, uint32_t msgid, void *dst, size_t n);
+/* Packs and sends a request (as dspk__call does) without waiting: its
+ * msgid in *id.  0 or a negative code. */
+int dspk__send_call(dspk_client *c, const char *method,
+                    void (*pack)(void *ud, struct dspk__wbuf *w), void *ud,
+                    uint32_t *id);
 /* True when msgid is in flight. */
 bool dspk__inflight_has(const dspk_client *c, uint32_t msgid);
 

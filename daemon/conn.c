@@ -13,6 +13,7 @@
  * `protocol.error` notification and that connection alone is closed.
  */
 #include <errno.h>
+#include <malloc.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -196,9 +197,46 @@ static void conn_protocol_error(struct conn *c, int code, const char *msg) {
 
 /* ---- connection lifetime ---------------------------------------------- */
 
+/* One large read buffer kept after use, for the next large frame of any
+ * connection: a buffer above the malloc mmap threshold is a fresh mapping
+ * each time (every page faulted in and cleared again), which was most of
+ * the cost of a large transfer.  Loop thread only; given back by the idle
+ * trim. */
+static struct rchunk *spare_chunk;
+
+static void chunk_release(struct rchunk *k) {
+  if (k->cap > RCHUNK_KEEP && (!spare_chunk || spare_chunk->cap < k->cap)) {
+    free(spare_chunk);
+    spare_chunk = k;
+    return;
+  }
+  free(k);
+}
+
 void chunk_unref(struct rchunk *k) {
   if (k && --k->refs == 0)
-    free(k);
+    chunk_release(k);
+}
+
+/* The idle trim: no client is connected; the spare read buffer, each
+ * device's cached memory (a job on its runner) and the heap's free pages
+ * go back to the system. */
+static void on_trim(uv_timer_t *t) {
+  struct dspkd *d = t->data;
+  if (d->nconns > 0 || d->stopping)
+    return;
+  free(spare_chunk);
+  spare_chunk = NULL;
+  for (int i = 0; i < d->ndevs; i++) {
+    struct device *dev = &d->devs[i];
+    struct job *j;
+    if (dev->open_state != 1 || !(j = job_new(NULL, JOB_TRIM, 0, dev)))
+      continue;
+    job_submit(j);
+  }
+  malloc_trim(0);
+  dspkd_debug("idle: no clients for %llu ms: cached memory given back",
+              (unsigned long long)d->cfg.idle_trim_ms);
 }
 
 /* Counts the connection's read buffer (c->rb) in its user's rbytes, after
@@ -226,6 +264,8 @@ void conn_unref(struct conn *c) {
     c->next->prev = c->prev;
   d->nconns--;
   dspkd_debug("client %llu: gone", (unsigned long long)c->id);
+  if (d->nconns == 0 && !d->stopping && !uv_is_closing((uv_handle_t *)&d->trim_timer))
+    uv_timer_start(&d->trim_timer, on_trim, d->cfg.idle_trim_ms, 0);
   chunk_unref(c->rb);
   c->rb = NULL;
   rb_count(c);
@@ -283,8 +323,8 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
   *buf = uv_buf_init(NULL, 0);
   if (k && k->refs == 1 && k->start == k->end) {
     k->start = k->end = 0;
-    if (k->cap > RCHUNK_KEEP) { /* give a big idle buffer back */
-      free(k);
+    if (k->cap > RCHUNK_KEEP) { /* a big idle buffer becomes the spare */
+      chunk_release(k);
       c->rb = k = NULL;
       rb_count(c);
     }
@@ -305,7 +345,10 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
     /* A frame may be at most max_message bytes; the scanner refuses it
      * before the buffer grows further. */
     limit = c->d->cfg.lim.max_message + READ_MIN;
-    cap = k ? 2 * k->cap : RCHUNK_MIN;
+    /* Doubled when one frame outgrew the buffer; the same size when jobs
+     * still hold it (pipelined frames would otherwise double it up to
+     * max_message, each one a fresh mapping). */
+    cap = !k ? RCHUNK_MIN : k->refs > 1 ? k->cap : 2 * k->cap;
     if (cap < 2 * pending)
       cap = 2 * pending;
     if (cap < RCHUNK_MIN)
@@ -320,6 +363,24 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
         c->user->rbytes - c->rbytes + cap > c->d->cfg.max_user_partial) {
       c->over_partial = true;
       return;
+    }
+    /* A large frame is coming: the spare buffer, when it is as large and
+     * the user's bound allows it, saves growing through fresh mappings. */
+    if (cap > RCHUNK_KEEP && spare_chunk && spare_chunk->cap >= cap &&
+        spare_chunk->cap <= limit &&
+        (!c->user ||
+         c->user->rbytes - c->rbytes + spare_chunk->cap <= c->d->cfg.max_user_partial)) {
+      nk = spare_chunk;
+      spare_chunk = NULL;
+      nk->refs = 1;
+      nk->start = 0;
+      nk->end = pending;
+      if (pending)
+        memcpy(nk->data, k->data + k->start, pending);
+      chunk_unref(k);
+      c->rb = k = nk;
+      rb_count(c);
+      goto have;
     }
     if (k && k->refs == 1 && k->start == 0) {
       nk = realloc(k, sizeof(*k) + cap);
@@ -342,6 +403,7 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
     c->rb = k = nk;
     rb_count(c);
   }
+have:
   buf->base = k->data + k->end;
   buf->len = k->cap - k->end;
 }
@@ -556,6 +618,7 @@ static void on_connection(uv_stream_t *server, int status) {
   d->conns = c;
   d->nconns++;
   d->obs.conns_total++;
+  uv_timer_stop(&d->trim_timer);
   if (uv_accept(server, (uv_stream_t *)&c->pipe) != 0) {
     c->closing = true;
     uv_close((uv_handle_t *)&c->pipe, on_conn_close);
@@ -817,8 +880,11 @@ void dspkd_stop_progress(struct dspkd *d) {
   }
   if (d->runners_stopped && !d->handles_closed && dspkd_devices_join(d, false)) {
     d->handles_closed = true;
+    free(spare_chunk);
+    spare_chunk = NULL;
     uv_close((uv_handle_t *)&d->done_async, NULL);
     uv_close((uv_handle_t *)&d->grace_timer, NULL);
+    uv_close((uv_handle_t *)&d->trim_timer, NULL);
     uv_close((uv_handle_t *)&d->sigterm, NULL);
     uv_close((uv_handle_t *)&d->sigint, NULL);
   }

@@ -103,6 +103,68 @@ static void ring_remove(struct device *dev, struct cqueue *q) {
   q->in_ring = false;
 }
 
+/* Finished jobs go to the loop: the done list and a wake-up. */
+static void post_done(struct dspkd *d, struct job *j) {
+  pthread_mutex_lock(&d->done_mu);
+  if (d->done_tail)
+    d->done_tail->next = j;
+  else
+    d->done_head = j;
+  d->done_tail = j;
+  pthread_mutex_unlock(&d->done_mu);
+  uv_async_send(&d->done_async);
+}
+
+/* A tiny task on the cpu: at most this many bytes of operands and results. */
+#define INLINE_MAX_BYTES ((size_t)64 << 10)
+
+/* Runs a tiny map or reduce on cpu:0 on the loop thread itself when the
+ * runner is idle with nothing queued: handing it to the runner and its
+ * answer back cost two thread wake-ups (about 17 us on a VM, more than the
+ * task and its ping-sized round trip together).  The runner is asleep and
+ * stays so (only the loop queues jobs, and it is busy here), so the
+ * backend is still used by one thread at a time.  Ops that may plan or
+ * tune (fft, gemm, fir) always go to the runner.  true when it ran. */
+static bool run_inline(struct device *dev, struct job *j) {
+  const struct dspk__op *op = &j->op;
+  size_t bytes = 0;
+
+  if (j->kind != JOB_TASK || strcmp(dev->be->name, "cpu") != 0 ||
+      (op->kind != DSPK_OP_MAP && op->kind != DSPK_OP_REDUCE))
+    return false;
+  for (int i = 0; i < op->nin; i++)
+    bytes += dspk__tensor_nbytes(&op->in[i]);
+  for (int i = 0; i < op->nout; i++)
+    bytes += dspk__tensor_nbytes(&op->out[i]);
+  if (bytes > INLINE_MAX_BYTES)
+    return false;
+  pthread_mutex_lock(&dev->mu);
+  if (dev->busy || dev->ring_head || dev->stop || dev->open_state != 1) {
+    pthread_mutex_unlock(&dev->mu);
+    return false;
+  }
+  dev->busy = true;
+  j->state = JOB_RUNNING;
+  dev->running++;
+  dspkd_obs_job_start(dev, j);
+  pthread_mutex_unlock(&dev->mu);
+
+  job_execute(dev, j);
+
+  pthread_mutex_lock(&dev->mu);
+  dspkd_obs_job_end(dev, j);
+  dev->running--;
+  if (j->err)
+    dev->failed++;
+  else
+    dev->completed++;
+  j->state = JOB_DONE;
+  dev->busy = false;
+  pthread_mutex_unlock(&dev->mu);
+  post_done(dev->d, j);
+  return true;
+}
+
 void job_submit(struct job *j) {
   struct device *dev = j->dev;
   struct conn *c = j->conn;
@@ -119,6 +181,8 @@ void job_submit(struct job *j) {
   }
   memset(&j->t, 0, sizeof j->t);
   j->t.queued = dspkd_now_ns();
+  if (c && run_inline(dev, j))
+    return;
   pthread_mutex_lock(&dev->mu);
   j->state = JOB_QUEUED;
   j->q = q;
@@ -406,7 +470,8 @@ static void *runner_main(void *arg) {
       ring_push(dev, q);
     j->next = NULL;
     j->state = JOB_RUNNING;
-    counted = j->kind != JOB_BUF_FREE;
+    dev->busy = true;
+    counted = j->kind != JOB_BUF_FREE && j->kind != JOB_TRIM;
     if (counted) {
       dev->queued--;
       dev->running++;
@@ -414,7 +479,7 @@ static void *runner_main(void *arg) {
     dspkd_obs_job_start(dev, j); /* daemon/metrics.c */
     pthread_mutex_unlock(&dev->mu);
 
-    job_execute(dev, j); /* a JOB_BUF_FREE frees itself */
+    job_execute(dev, j); /* a JOB_BUF_FREE or JOB_TRIM frees itself */
 
     if (dev->be->stats) {
       memset(&stats, 0, sizeof stats);
@@ -431,15 +496,9 @@ static void *runner_main(void *arg) {
       else
         dev->completed++;
       j->state = JOB_DONE;
-      pthread_mutex_lock(&d->done_mu);
-      if (d->done_tail)
-        d->done_tail->next = j;
-      else
-        d->done_head = j;
-      d->done_tail = j;
-      pthread_mutex_unlock(&d->done_mu);
-      uv_async_send(&d->done_async);
+      post_done(d, j);
     }
+    dev->busy = false;
   }
   pthread_mutex_unlock(&dev->mu);
 

@@ -72,6 +72,7 @@ struct dspkd_config {
   uint64_t max_conn_memory; /* bytes per device of one connection; 0: no own bound */
   uint64_t max_job_memory;  /* bytes per device of one Slurm job (daemon/jobs.c) */
   uint64_t shutdown_timeout_ms; /* grace for running tasks at stop */
+  uint64_t idle_trim_ms;    /* after the last client left: give cached memory back */
   const char *metrics_listen; /* "ADDR:PORT" of the HTTP metrics listener, or NULL */
   /* daemon/config.c: the configuration file's extra settings. */
   int log_level;            /* enum dspkd_level */
@@ -126,7 +127,9 @@ struct cqueue {
   bool in_ring;
 };
 
-enum job_kind { JOB_TASK, JOB_BUF_CREATE, JOB_BUF_WRITE, JOB_BUF_READ, JOB_BUF_FREE };
+/* JOB_TRIM: internal, gives the device's cached memory back (idle trim). */
+enum job_kind { JOB_TASK, JOB_BUF_CREATE, JOB_BUF_WRITE, JOB_BUF_READ, JOB_BUF_FREE,
+                JOB_TRIM };
 enum job_state { JOB_QUEUED, JOB_RUNNING, JOB_DONE };
 
 struct job {
@@ -199,6 +202,7 @@ struct device {
   int open_state;      /* 0: opening, 1: open, < 0: open failed */
   char open_err[256];
   bool exited;
+  bool busy;           /* the runner is executing a job (any kind) */
   uint64_t queued, running, completed, failed;
   struct dspk__devstats stats;
   struct dev_obs obs;  /* daemon/observe.h */
@@ -285,6 +289,7 @@ struct dspkd {
   uv_signal_t sigterm, sigint;
   uv_async_t done_async;
   uv_timer_t grace_timer;   /* shutdown: cancel what still runs after it */
+  uv_timer_t trim_timer;    /* idle: give cached memory back (daemon/conn.c) */
   bool handles_closed;
   pthread_mutex_t done_mu;
   struct job *done_head, *done_tail; /* guarded by done_mu */

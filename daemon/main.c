@@ -74,6 +74,8 @@ static void usage(FILE *f) {
           "                       the cpu only (default: every device)\n"
           "  --shutdown-timeout MS  at stop, cancel tasks still running after this\n"
           "                       (default 10000)\n"
+          "  --idle-trim MS       once the last client has left, give cached memory\n"
+          "                       back after this long (default 5000)\n"
           "  --metrics-listen ADDR:PORT  serve Prometheus metrics over HTTP at\n"
           "                       http://ADDR:PORT/metrics (default: off)\n"
           "  -h, --help           show this help\n"
@@ -92,7 +94,7 @@ enum {
   OPT_MAX_INFLIGHT, OPT_MAX_UNSENT, OPT_MAX_BUFFERS, OPT_MAX_CLIENTS, OPT_SHUTDOWN_TIMEOUT,
   OPT_HELP, OPT_VERSION, OPT_CONFIG, OPT_NO_CACHE, OPT_CACHE_MAX_BYTES,
   OPT_MAX_USER_CLIENTS, OPT_MAX_USER_PARTIAL, OPT_MAX_USER_MEMORY, OPT_MAX_CONN_MEMORY,
-  OPT_METRICS_LISTEN, OPT_MAX_JOB_MEMORY, OPT_JOB_REQUIRED
+  OPT_METRICS_LISTEN, OPT_MAX_JOB_MEMORY, OPT_JOB_REQUIRED, OPT_IDLE_TRIM
 };
 
 static const struct option long_opts[] = {
@@ -120,6 +122,7 @@ static const struct option long_opts[] = {
     {"max-job-memory", required_argument, NULL, OPT_MAX_JOB_MEMORY},
     {"job-required", no_argument, NULL, OPT_JOB_REQUIRED},
     {"shutdown-timeout", required_argument, NULL, OPT_SHUTDOWN_TIMEOUT},
+    {"idle-trim", required_argument, NULL, OPT_IDLE_TRIM},
     {"config", required_argument, NULL, OPT_CONFIG},
     {"metrics-listen", required_argument, NULL, OPT_METRICS_LISTEN},
     {"help", no_argument, NULL, OPT_HELP},
@@ -420,6 +423,10 @@ int main(int argc, char **argv) {
       if (parse_count("shutdown-timeout", optarg, 0, (uint64_t)1 << 40, &v)) return 2;
       cfg->shutdown_timeout_ms = v;
       break;
+    case OPT_IDLE_TRIM:
+      if (parse_count("idle-trim", optarg, 0, (uint64_t)1 << 40, &v)) return 2;
+      cfg->idle_trim_ms = v;
+      break;
     case OPT_METRICS_LISTEN: cfg->metrics_listen = optarg; break;
     case OPT_CONFIG: break; /* read by dspkd_config_start() */
     case 'h':
@@ -484,6 +491,8 @@ int main(int argc, char **argv) {
   d->done_async.data = d;
   uv_timer_init(&loop, &d->grace_timer);
   d->grace_timer.data = d;
+  uv_timer_init(&loop, &d->trim_timer);
+  d->trim_timer.data = d;
   uv_signal_init(&loop, &d->sigterm);
   uv_signal_init(&loop, &d->sigint);
   d->sigterm.data = d->sigint.data = d;
@@ -527,6 +536,7 @@ out_devices:
 out_handles:
   uv_close((uv_handle_t *)&d->done_async, NULL);
   uv_close((uv_handle_t *)&d->grace_timer, NULL);
+  uv_close((uv_handle_t *)&d->trim_timer, NULL);
   uv_close((uv_handle_t *)&d->sigterm, NULL);
   uv_close((uv_handle_t *)&d->sigint, NULL);
   dspkd_lifecycle_close(d);

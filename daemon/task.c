@@ -308,5 +308,19 @@ void job_execute(struct device *dev, struct job *j) {
     free(j->buf);
     free(j);
     break;
+  case JOB_TRIM:
+    if (dev->be->trim)
+      dev->be->trim(dev->bdev);
+    if (dev->be->stats) { /* status shows it from now on */
+      struct dspk__devstats st;
+      memset(&st, 0, sizeof st);
+      dev->be->stats(dev->bdev, &st);
+      pthread_mutex_lock(&dev->mu);
+      dev->stats = st;
+      pthread_mutex_unlock(&dev->mu);
+    }
+    dspkd_debug("%s: idle: cached memory given back", dev->id);
+    free(j);
+    break;
   }
 }

@@ -287,6 +287,12 @@ static int cpu_run(struct dspk__dev *dev, struct dspk__op *op,
   }
 }
 
+static void cpu_trim(struct dspk__dev *dev) {
+  pthread_mutex_lock(&dev->pool_mu);
+  dspk__pool_trim(&dev->pool);
+  pthread_mutex_unlock(&dev->pool_mu);
+}
+
 static void cpu_stats(struct dspk__dev *dev, struct dspk__devstats *out) {
   memset(out, 0, sizeof *out);
   pthread_mutex_lock(&dev->pool_mu);
@@ -313,5 +319,6 @@ const struct dspk__backend dspk__backend_cpu = {
     .fence_destroy = cpu_fence_destroy,
     .sync = cpu_sync,
     .run = cpu_run,
+    .trim = cpu_trim,
     .stats = cpu_stats,
 };

@@ -228,13 +228,15 @@ DSPK_EXPORT int dspk_trace(dspk_client *c, double seconds, char **json_out);
 /* Buffers belong to the connection and are freed when it closes. */
 DSPK_EXPORT int dspk_buffer_create(dspk_client *c, const char *device,
                                    size_t size, uint64_t *id_out);
-/* Writes n bytes at offset.  data is sent in place (not copied).  More than
- * one message holds (the daemon's max_message) is sent as several writes in
- * order; on a failure the earlier parts may have been written. */
+/* Writes n bytes at offset.  data is sent in place (not copied), in pieces
+ * of at most 4 MiB (and of the daemon's max_message) with up to 8 in flight,
+ * so the daemon stores one while the next arrives; on a failure (the first
+ * failing piece's code) other pieces may have been written. */
 DSPK_EXPORT int dspk_buffer_write(dspk_client *c, uint64_t id,
                                   uint64_t offset, const void *data, size_t n);
 /* Reads exactly n bytes at offset into dst (DSPK_EPROTO if the daemon sends
- * another amount), in several reads when n exceeds one message. */
+ * another amount), in pipelined pieces as dspk_buffer_write; each answer's
+ * data is read from the socket straight into dst. */
 DSPK_EXPORT int dspk_buffer_read(dspk_client *c, uint64_t id, uint64_t offset,
                                  void *dst, size_t n);
 DSPK_EXPORT int dspk_buffer_free(dspk_client *c, uint64_t id);

@@ -90,6 +90,16 @@ static void test_fir_choice(void **state) {
   assert_int_equal(dspk__cpu_tune_fir(dev, DSPK_F32, 70000, 300, &cctx), DSPK_ECANCELED);
 }
 
+/* The link wraps aligned_alloc (tests/autotune/CMakeLists.txt): the calls
+ * are counted, so a test can tell that the tuner made no scratch. */
+void *__real_aligned_alloc(size_t align, size_t n);
+void *__wrap_aligned_alloc(size_t align, size_t n);
+static int aligned_allocs;
+void *__wrap_aligned_alloc(size_t align, size_t n) {
+  aligned_allocs++;
+  return __real_aligned_alloc(align, n);
+}
+
 static void test_gemm_threads(void **state) {
   (void)state;
   uint64_t before = tune_stats().puts;
@@ -97,7 +107,11 @@ static void test_gemm_threads(void **state) {
   assert_true(t >= 0);
   if (t > 0) /* more than one thread available: it was measured */
     assert_int_equal(tune_stats().puts, before + 1);
+  /* A decision already made is looked up before any scratch matrix is
+   * allocated and filled (that was 16% of a small gemm's runner time). */
+  aligned_allocs = 0;
   assert_int_equal(dspk__cpu_tune_gemm_threads(dev, DSPK_F32, 60, 50, 40), t);
+  assert_int_equal(aligned_allocs, 0);
   assert_int_equal(dspk__cpu_tune_gemm_threads(dev, DSPK_F32, 2048, 2048, 2048), 0);
   assert_int_equal(dspk__cpu_tune_gemm_threads(dev, DSPK_C64, 8, 8, 8), 0);
 }

@@ -869,6 +869,69 @@ static void test_buffers(void **state) {
   free(rd);
 }
 
+
+/* Transfers in pipelined pieces (client/lib_calls.c): many sizes and
+ * offsets byte for byte, reads landing straight in the caller's memory
+ * with other answers pending (the fallback path), and an error in a middle
+ * piece that leaves the stream in step. */
+static void test_transfer_pieces(void **state) {
+  (void)state;
+  size_t size = 21 << 20;
+  unsigned char *ref = calloc(1, size), *src = malloc(size), *rd = malloc(size + 16);
+  uint64_t id;
+  assert_non_null(ref);
+  assert_non_null(src);
+  assert_non_null(rd);
+  rs = 9119;
+  for (size_t i = 0; i < size; i++)
+    src[i] = (unsigned char)rnd();
+  assert_int_equal(dspk_buffer_create(C, "cpu:0", size, &id), 0);
+  static const size_t sizes[] = {0, 1, 3, 4095, 4096, 65537, (4 << 20) - 1, 4 << 20,
+                                 (4 << 20) + 1, (9 << 20) + 7, 21 << 20};
+  for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+    size_t n = sizes[i], off = n < size ? (size_t)rnd() % (size - n + 1) : 0;
+    size_t soff = (size_t)rnd() % (size - n + 1);
+    assert_int_equal(dspk_buffer_write(C, id, off, src + soff, n), 0);
+    memcpy(ref + off, src + soff, n);
+    size_t roff = n < size ? (size_t)rnd() % (size - n + 1) : 0;
+    memset(rd, 0xA5, size + 16);
+    assert_int_equal(dspk_buffer_read(C, id, roff, rd + 3, n), 0);
+    assert_memory_equal(rd + 3, ref + roff, n);
+    assert_int_equal(rd[2], 0xA5); /* nothing written around it */
+    assert_int_equal(rd[3 + n], 0xA5);
+  }
+  /* A task in flight: its answer comes first or between the pieces'. */
+  int64_t sa[2] = {40, 30}, sb[2] = {30, 20};
+  struct arr A = arr_new(DSPK_F64, 2, sa, true), B = arr_new(DSPK_F64, 2, sb, true);
+  dspk_tensor in[2] = {arr_tensor(&A), arr_tensor(&B)};
+  dspk_task t;
+  uint32_t tk;
+  dspk_task_init(&t, DSPK_OP_GEMM);
+  t.inputs = in;
+  t.ninputs = 2;
+  t.device = "cpu:0";
+  assert_int_equal(dspk_submit(C, &t, &tk), 0);
+  assert_int_equal(dspk_buffer_read(C, id, 0, rd, size), 0);
+  assert_memory_equal(rd, ref, size);
+  dspk_result r;
+  assert_int_equal(dspk_wait(C, tk, &r), 0);
+  dspk_result_free(&r);
+  arr_free(&A);
+  arr_free(&B);
+  /* The third piece overruns: ERANGE, the first pieces landed, and the
+   * connection still answers in order. */
+  assert_int_equal(dspk_buffer_write(C, id, size - (9 << 20), src, 12 << 20), DSPK_ERANGE);
+  assert_non_null(strstr(dspk_last_error(C), "overruns"));
+  assert_int_equal(dspk_buffer_read(C, id, size - (9 << 20), rd, 8 << 20), 0);
+  assert_memory_equal(rd, src, 8 << 20);
+  assert_int_equal(dspk_buffer_read(C, id, size - (1 << 20), rd, 2 << 20), DSPK_ERANGE);
+  assert_int_equal(dspk_ping(C, "after", 5), 0);
+  assert_int_equal(dspk_buffer_free(C, id), 0);
+  free(ref);
+  free(src);
+  free(rd);
+}
+
 /* ---- several requests in flight ----------------------------------------- */
 
 static void test_inflight(void **state) {
@@ -1314,6 +1377,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_reduce),
       cmocka_unit_test(test_map),
       cmocka_unit_test(test_buffers),
+      cmocka_unit_test(test_transfer_pieces),
       cmocka_unit_test(test_inflight),
       cmocka_unit_test(test_backpressure),
       cmocka_unit_test(test_cancel),

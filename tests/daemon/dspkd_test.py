@@ -1601,7 +1601,128 @@ def t_cancel(exe, tmp):
     d.stop()
 
 
+def t_idletrim(exe, tmp):
+    """Once the last client has left (and idle_trim has passed), the device
+    pool gives its cached blocks back: status then shows no cached bytes.
+    Before that the freed buffer's 48 MiB stay cached for the next client."""
+    d = Daemon(exe, tmp, extra=["--idle-trim", "0"])
+    c = d.client()
+    b = c.call("buffer.create", {"device": "cpu:0", "size": 48 << 20})["buffer"]
+    c.call("buffer.write", {"buffer": b, "offset": (48 << 20) - 4, "data": b"abcd"})
+    c.call("buffer.free", {"buffer": b})
+    # The release runs on the runner after the answer; a create queued
+    # behind it is answered once the runner has counted it.
+    c.call("buffer.create", {"device": "cpu:0", "size": 64})
+    st = [x for x in c.call("status")["devices"] if x["id"] == "cpu:0"][0]["stats"]
+    check(st["pool_bytes_cached"] >= 48 << 20,
+          "a freed block stays cached while a client is connected: %r" % st)
+    c.close()
+    # The event: the runner's line after the trim (status is updated first).
+    deadline = time.monotonic() + TIMEOUT
+    while "cpu:0: idle: cached memory given back" not in d.logtext():
+        check(time.monotonic() < deadline, "no idle trim after the last client left")
+        time.sleep(0.02)
+    c = d.client()
+    st = [x for x in c.call("status")["devices"] if x["id"] == "cpu:0"][0]["stats"]
+    check(st["pool_bytes_cached"] == 0, "idle trim emptied the pool: %r" % st)
+    check(st["pool_bytes_in_use"] == 0, "nothing in use: %r" % st)
+    c.close()
+    d.stop()
+    # Before idle_trim has passed, a client that comes back finds the cache.
+    d = Daemon(exe, tmp, extra=["--idle-trim", "600000"])
+    c = d.client()
+    b = c.call("buffer.create", {"device": "cpu:0", "size": 48 << 20})["buffer"]
+    c.call("buffer.free", {"buffer": b})
+    c.call("buffer.create", {"device": "cpu:0", "size": 64})
+    c.close()
+    c = d.client()
+    st = [x for x in c.call("status")["devices"] if x["id"] == "cpu:0"][0]["stats"]
+    check(st["pool_bytes_cached"] >= 48 << 20, "no trim before idle_trim: %r" % st)
+    c.close()
+    d.stop()
+
+
+def t_reuse(exe, tmp):
+    """The socket path reuses its memory: writes and reads of many sizes
+    (around the read buffer's and malloc's thresholds) come back byte for
+    byte, pipelined, with reads racing frees and later writes; and a large
+    frame after the first faults in few pages (a fresh mapping per frame
+    faulted in every page of it)."""
+    d = Daemon(exe, tmp)
+    c = d.client()
+    rng = np.random.default_rng(12)
+    size = 34 << 20
+    b = c.call("buffer.create", {"device": "cpu:0", "size": size})["buffer"]
+    ref = bytearray(size)
+    sizes = [1, 7, 65535, (1 << 20) + 3, 5 << 20]
+    for n in sizes:
+        off = int(rng.integers(0, size - n + 1))
+        data = rng.bytes(n)
+        ref[off:off + n] = data
+        w = c.send("buffer.write", {"buffer": b, "offset": off, "data": data})
+        # Pipelined behind the write: a read of a different range.
+        o2 = int(rng.integers(0, size - n + 1))
+        r = c.send("buffer.read", {"buffer": b, "offset": o2, "size": n})
+        c.wait(w)
+        got = c.wait(r)["data"]
+        check(got == bytes(ref[o2:o2 + n]), "read of %d bytes at %d matches" % (n, o2))
+    check(c.call("buffer.read", {"buffer": b})["data"] == bytes(ref), "whole buffer matches")
+    # A read answered while a later write changes the buffer and a free drops
+    # it: the answer holds the bytes as they were when it was read.
+    before = bytes(ref[:8 << 20])
+    r = c.send("buffer.read", {"buffer": b, "size": 8 << 20})
+    w = c.send("buffer.write", {"buffer": b, "data": bytes(8 << 20)})
+    f = c.send("buffer.free", {"buffer": b})
+    check(c.wait(r)["data"] == before, "read answer unchanged by a later write and free")
+    c.wait(w)
+    c.wait(f)
+    # Large frames: after the first, the read buffer is reused.
+    b = c.call("buffer.create", {"device": "cpu:0", "size": size})["buffer"]
+    data = rng.bytes(size)
+    for i in range(3):
+        before = minflt(d.proc.pid)
+        c.call("buffer.write", {"buffer": b, "data": data})
+        faults = minflt(d.proc.pid) - before
+    check(faults < 2000, "a 34 MiB write after the first faulted %d pages (want < 2000)" % faults)
+    check(c.call("buffer.read", {"buffer": b, "offset": size - 4096})["data"] == data[-4096:],
+          "large write landed")
+    c.close()
+    d.stop()
+
+
+def t_reduceacc(exe, tmp):
+    """reduce sum/mean of a large f32 tensor (split over threads in fixed
+    blocks): close to numpy's float64 sum, the same bits on every run, and
+    the same as a one-thread sum of the same blocks would give within
+    rounding; rows of a 2-d reduce over the last axis too."""
+    d = Daemon(exe, tmp)
+    c = d.client()
+    rng = np.random.default_rng(21)
+    n = (1 << 22) + 12345
+    x = (rng.standard_normal(n) * 3 + 1000).astype(np.float32)
+    want = np.sum(x.astype(np.float64))
+    outs = [run(c, "reduce", [x], {"fn": "sum"})[0] for _ in range(2)]
+    got = [float(np.asarray(o).reshape(-1)[0]) for o in outs]
+    check(got[0] == got[1], "reduce is deterministic: %r" % got)
+    check(abs(got[0] - want) <= 1e-6 * abs(want), "sum %r vs numpy float64 %r" % (got[0], want))
+    m = float(np.asarray(run(c, "reduce", [x], {"fn": "mean"})[0]).reshape(-1)[0])
+    check(abs(m - want / n) <= 1e-6 * abs(want / n), "mean %r vs %r" % (m, want / n))
+    xd = rng.standard_normal(1 << 21) * 1e3
+    gd = float(np.asarray(run(c, "reduce", [xd], {"fn": "sum"})[0]).reshape(-1)[0])
+    wd = float(np.sum(xd))
+    check(abs(gd - wd) <= 1e-9 * np.sum(np.abs(xd)), "f64 sum %r vs %r" % (gd, wd))
+    y = rng.standard_normal((37, 40000)).astype(np.float32)
+    gy = np.asarray(run(c, "reduce", [y], {"fn": "sum", "axes": [1]})[0])
+    wy = np.sum(y.astype(np.float64), axis=1)
+    check(np.allclose(gy, wy, rtol=1e-5, atol=1e-3), "row sums match numpy")
+    c.close()
+    d.stop()
+
+
 GROUPS = {
+    "idletrim": t_idletrim,
+    "reuse": t_reuse,
+    "reduceacc": t_reduceacc,
     "basic": t_basic,
     "buffers": t_buffers,
     "ops": t_ops,
