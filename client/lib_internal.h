@@ -46,6 +46,10 @@ struct dspk_client {
   bool zone_ready, zone_busy;
   bool fbuf_busy;
   char fbuf[4096];
+  /* lib_shm.c: shared allocations (the caller's and temporaries). */
+  struct dspk__shm *shm;
+  size_t nshm, capshm;
+  size_t shm_threshold;     /* inline operands from this size go shared; 0: off */
 };
 
 /* A decoded response: the frame and its unpacked envelope. */
@@ -69,6 +73,32 @@ uint32_t dspk__next_id(dspk_client *c);
  * may have been partly sent the connection is marked broken.  w stays owned
  * by the caller. */
 int dspk__send(dspk_client *c, struct dspk__wbuf *w, uint32_t msgid);
+/* The same, passing fd (SCM_RIGHTS) with the frame's first byte. */
+int dspk__send_fd(dspk_client *c, struct dspk__wbuf *w, uint32_t msgid, int fd);
+
+/* lib_shm.c */
+struct dspk__shm {
+  char *ptr;
+  size_t size;
+  uint64_t id;
+  char device[32];
+  int state;        /* 0: the caller's; 1: temporary, in use by `ticket`;
+                       2: temporary, idle; 3: temporary, being filled */
+  uint32_t ticket;
+};
+/* The reference for an inline operand of task `device`: 1 with *id, *off
+ * when it lies in a shared allocation or was copied into a temporary one
+ * (state 3 until dspk__shm_sent), 0 when it goes inline, or a negative
+ * code. */
+int dspk__shm_operand(dspk_client *c, const char *device, const void *data,
+                      size_t n, uint64_t *id, uint64_t *off);
+/* After a submit: temporaries being filled belong to ticket (ok) or are
+ * idle again (!ok). */
+void dspk__shm_sent(dspk_client *c, uint32_t ticket, bool ok);
+/* After ticket's answer: its temporaries are idle (kept for reuse). */
+void dspk__shm_done(dspk_client *c, uint32_t ticket);
+/* dspk_close: unmaps everything (the daemon frees the buffers). */
+void dspk__shm_close(dspk_client *c);
 
 /* Waits for the response to msgid (which must be in flight) and consumes
  * it: 0 with *r filled (free with dspk__resp_free), an error response's code
