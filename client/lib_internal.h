@@ -92,6 +92,10 @@ struct dspk__shm {
  * code. */
 int dspk__shm_operand(dspk_client *c, const char *device, const void *data,
                       size_t n, uint64_t *id, uint64_t *off);
+/* Where buffer id's bytes [off, off+n) are in this process, when id is a
+ * dspk_shared_alloc of c and no request is in flight (so a local copy keeps
+ * the order the daemon would give); else NULL. */
+char *dspk__shm_local(dspk_client *c, uint64_t id, uint64_t off, size_t n);
 /* After a submit: temporaries being filled belong to ticket (ok) or are
  * idle again (!ok). */
 void dspk__shm_sent(dspk_client *c, uint32_t ticket, bool ok);

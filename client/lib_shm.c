@@ -198,6 +198,17 @@ int dspk__shm_operand(dspk_client *c, const char *device, const void *data,
   return 1;
 }
 
+char *dspk__shm_local(dspk_client *c, uint64_t id, uint64_t off, size_t n) {
+  if (c->ninflight > 0 || c->broken) /* keep the daemon's order of requests */
+    return NULL;
+  for (size_t i = 0; i < c->nshm; i++) {
+    struct dspk__shm *s = &c->shm[i];
+    if (s->state == 0 && s->id == id)
+      return off <= s->size && n <= s->size - off ? s->ptr + off : NULL;
+  }
+  return NULL;
+}
+
 void dspk__shm_sent(dspk_client *c, uint32_t ticket, bool ok) {
   for (size_t i = 0; i < c->nshm; i++)
     if (c->shm[i].state == 3) {

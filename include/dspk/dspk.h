@@ -251,7 +251,9 @@ DSPK_EXPORT int dspk_buffer_free(dspk_client *c, uint64_t id);
  * dspk_tensor whose data lies inside a shared allocation of the same client
  * is sent as a reference to it (whatever its size), and a result written
  * with out_refs to {id_out, offset} lands in it.  dspk_buffer_read/write
- * of the id work too.  Writing the memory while a task uses it gives that
+ * of the id work too: with no request of c in flight they are a memcpy in
+ * this process (the daemon holds the same pages), else they go to the
+ * daemon in order behind the requests in flight.  Writing the memory while a task uses it gives that
  * task undefined results (never a crash).  Freed by dspk_shared_free() or
  * dspk_close().
  */
