@@ -91,7 +91,8 @@ static void exec_create(struct device *dev, struct job *j) {
 static void exec_write(struct device *dev, struct job *j) {
   struct wreq *wr;
   int err = 0;
-  if (j->buf->host) /* shared: the mapping holds the contents */
+  /* Shared: the mapping holds the contents (after the device's work on it). */
+  if (j->buf->host && (!j->buf->host_direct || (err = dev->be->sync(dev->bdev)) == 0))
     memcpy((char *)j->buf->host + j->off, j->data, (size_t)j->size);
   else
     err = dev->be->write(dev->bdev, j->buf->mem, (size_t)j->off, j->data,
@@ -118,8 +119,9 @@ static void exec_read(struct device *dev, struct job *j) {
     return;
   }
   if (j->buf->host) { /* shared: the mapping holds the contents */
-    memcpy(host, (char *)j->buf->host + j->off, (size_t)j->size);
-    err = 0;
+    err = j->buf->host_direct ? dev->be->sync(dev->bdev) : 0;
+    if (err == 0)
+      memcpy(host, (char *)j->buf->host + j->off, (size_t)j->size);
   } else {
     err = dev->be->read(dev->bdev, j->buf->mem, (size_t)j->off, host, (size_t)j->size);
   }
@@ -270,6 +272,14 @@ static void exec_task(struct device *dev, struct job *j) {
   }
   for (int i = 0; i < nres; i++) {
     size_t n = dspk__tensor_nbytes(&res[i]);
+    if (res_buf[i] && res_buf[i]->host_direct) {
+      /* The device wrote the client's pages itself: answered once done. */
+      if ((err = be->sync(dev->bdev)) < 0) {
+        snprintf(msg, sizeof msg, "%s failed writing output %d", dev->id, i);
+        goto out;
+      }
+      continue;
+    }
     if (res_buf[i]) {
       /* A shared buffer the device cannot use in place: one copy out. */
       if ((err = dspkd_shm_sync(dev, res_buf[i], res[i].offset, n, false)) < 0) {
