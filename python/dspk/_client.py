@@ -248,6 +248,7 @@ class Client:
         self._nonce = os.urandom(16)
         # Shared arrays of empty_shared(): buffer id -> (address, bytes, device).
         self._shared: Dict[int, Tuple[int, int, str]] = {}
+        self._dead_shared: List[int] = []  # collected shared arrays: buffer.free owed
         self.limits: Dict[str, int] = {}
         if name is None:
             name = "python:" + os.path.basename(sys.argv[0] if sys.argv and sys.argv[0]
@@ -371,6 +372,12 @@ class Client:
                progress: Optional[Progress] = None, is_async: bool = False,
                bigs: Optional[List[memoryview]] = None,
                fds: Optional[List[int]] = None) -> TaskFuture:
+        while self._dead_shared and self._closed is None:
+            try:
+                dead = self._dead_shared.pop()
+            except IndexError:
+                break
+            self._free_quietly(dead)
         fut = TaskFuture()
         with self._lock:
             if self._closed is not None:
@@ -673,12 +680,13 @@ class Client:
 
     @staticmethod
     def _shared_gone(ref: "weakref.ref[Client]", buf: int) -> None:
+        # Runs inside garbage collection, maybe while this thread holds the client's
+        # locks: only note it; the next request sends the buffer.free.
         client = ref()
         if client is None:
             return
         client._shared.pop(buf, None)
-        if client._closed is None:
-            client._free_quietly(buf)
+        client._dead_shared.append(buf)
 
     def _shared_ref(self, a: np.ndarray) -> Optional[Tuple[int, int, str]]:
         """(buffer, offset, device) when ``a`` is a C-contiguous array inside a shared
