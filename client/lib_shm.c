@@ -74,6 +74,7 @@ static int shm_new(dspk_client *c, const char *device, size_t n, int state,
     close(fd);
     return rc;
   }
+  (void)madvise(p, n, MADV_HUGEPAGE); /* where shmem_enabled allows it */
   msgid = dspk__next_id(c);
   dspk__wbuf_init(&w);
   dspk__pack_request_head(&w.pk, msgid, "buffer.import", true);

@@ -668,6 +668,11 @@ class Client:
             os.ftruncate(fd, size)
             fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW)
             mm = mmap.mmap(fd, size)
+            if hasattr(mmap, "MADV_HUGEPAGE"):  # where shmem_enabled allows it
+                try:
+                    mm.madvise(mmap.MADV_HUGEPAGE)
+                except OSError:
+                    pass
             res = self._wait(self._start("buffer.import", {"device": device, "size": size},
                                          fds=[fd]))
         finally:
