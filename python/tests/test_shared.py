@@ -239,6 +239,42 @@ os._exit(0)
     np.testing.assert_allclose(client.gemm(a, a.T), a @ a.T)
 
 
+def test_staged_path_on_cpu():
+    """The path of a device that cannot use the pages in place (cuda): a block of its own,
+    one copy in before each task and one out after it (DSPKD_TEST_SHM_STAGED=1 forces it on
+    the cpu).  Results must be in the client's pages when the answer comes."""
+    from conftest import Daemon
+    old = os.environ.get("DSPKD_TEST_SHM_STAGED")
+    os.environ["DSPKD_TEST_SHM_STAGED"] = "1"
+    try:
+        d = Daemon()
+    finally:
+        if old is None:
+            del os.environ["DSPKD_TEST_SHM_STAGED"]
+        else:
+            os.environ["DSPKD_TEST_SHM_STAGED"] = old
+    try:
+        with dspk.connect(d.socket, timeout=60) as c:
+            rng = np.random.default_rng(4)
+            a = c.empty_shared((100, 70), np.float64)
+            b = c.empty_shared((70, 90), np.float64)
+            big = c.empty_shared((300, 90), np.float64)
+            a[:] = rng.standard_normal(a.shape)
+            b[:] = rng.standard_normal(b.shape)
+            big[:] = -7
+            out = big[100:200]  # a slice: the result goes at an offset
+            assert c.gemm(a, b, out=out) is out
+            np.testing.assert_allclose(out, a @ b, rtol=1e-12, atol=1e-12)
+            assert (big[:100] == -7).all() and (big[200:] == -7).all()  # only its bytes
+            a[:] = 2.0  # between tasks: the next copy in sees it
+            np.testing.assert_allclose(c.gemm(a, b), 2.0 * np.ones((100, 70)) @ b,
+                                       rtol=1e-12)
+            np.testing.assert_allclose(c.reduce(out), out.sum(),
+                                       rtol=1e-9)
+    finally:
+        d.stop()
+
+
 # ---- the raw methods -------------------------------------------------------------
 
 def test_import_checks(raw):
