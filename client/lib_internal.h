@@ -50,6 +50,8 @@ struct dspk_client {
   struct dspk__shm *shm;
   size_t nshm, capshm;
   size_t shm_threshold;     /* inline operands from this size go shared; 0: off */
+  int shm_any;              /* "any" is cpu:0 (the daemon has no hardware device):
+                               0 not known yet, 1 yes, 2 no */
 };
 
 /* A decoded response: the frame and its unpacked envelope. */

@@ -169,6 +169,26 @@ int dspk__shm_operand(dspk_client *c, const char *device, const void *data,
   }
   if (!c->shm_threshold || n < c->shm_threshold)
     return 0;
+  /* A temporary pins the task to its device.  For "any" that is right only
+   * when "any" can mean nothing but cpu:0 (no hardware device: every device
+   * is the cpu or a software renderer); else the daemon's choice, and its
+   * move to cpu:0 on ENOTSUP, stay free and the operand goes inline. */
+  if (strcmp(device, "any") == 0) {
+    if (c->shm_any == 0) {
+      dspk_device_list *l = NULL;
+      c->shm_any = 2;
+      if (dspk_devices(c, false, &l) == 0) {
+        bool hw = false;
+        for (size_t i = 0; i < l->ndevices; i++)
+          hw |= strcmp(l->devices[i].backend, "cpu") != 0 && !l->devices[i].software;
+        c->shm_any = hw ? 2 : 1;
+      }
+      dspk_device_list_free(l);
+    }
+    if (c->shm_any != 1)
+      return 0;
+    device = "cpu:0";
+  }
   /* A temporary: the smallest idle one of this device that fits. */
   for (size_t i = 0; i < c->nshm; i++) {
     struct dspk__shm *s = &c->shm[i];

@@ -267,6 +267,8 @@ DSPK_EXPORT int dspk_shared_free(dspk_client *c, void *ptr);
 /* Inline operands of at least this many bytes that are not in shared memory
  * go through a temporary shared buffer (one copy, into memory this client
  * reuses) instead of the socket, on the task's device; 0 turns it off.
+ * For a task on "any" only when the daemon has no hardware device ("any"
+ * is then cpu:0), so that the daemon's choice of device stays free.
  * The default is DSPK_SHARED_THRESHOLD (or $DSPK_SHARED_THRESHOLD, bytes,
  * when set at dspk_connect). */
 #define DSPK_SHARED_THRESHOLD ((size_t)1 << 20)

@@ -199,6 +199,20 @@ static void test_auto_threshold(void **state) {
   check_gemm(r.out[0].data, a, b, m, k, n);
   dspk_result_free(&r);
   assert_int_equal(count_state(2), 1); /* the same temporary again */
+  /* "any" on a daemon without a hardware device is cpu:0: the same again */
+  {
+    dspk_tensor in[2] = {t2(a, m, k), t2(b, k, n)};
+    dspk_task t;
+    dspk_task_init(&t, DSPK_OP_GEMM);
+    t.ninputs = 2;
+    t.inputs = in;
+    assert_int_equal(dspk_run(C, &t, &r), 0);
+    check_gemm(r.out[0].data, a, b, m, k, n);
+    assert_string_equal(r.out[0].is_ref ? "" : r.device, "cpu:0");
+    dspk_result_free(&r);
+    assert_int_equal(C->shm_any, 1);
+    assert_int_equal(count_state(2), 1);
+  }
   /* two in flight: two temporaries, both idle after the waits */
   {
     dspk_tensor in[2] = {t2(a, m, k), t2(b, k, n)};
