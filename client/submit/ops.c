@@ -387,13 +387,29 @@ static int offload_inputs(dspk__sub_ctx *ctx, const op_args *a,
    * reference.  Not for a raw kernel, whose inline inputs come back. */
   if (e != NULL && *e && dspk__sub_parse_size(e, 0, (uint64_t)1 << 40, &v) == 0)
     shm_min = (size_t)v;
+  /* A shared buffer pins the task to its device: for "any" only when that
+   * can be nothing but cpu:0 (no hardware device), as the library does. */
+  const char *dev = a->device && strcmp(a->device, "any") != 0 ? a->device : NULL;
+  if (!dev && shm_min) {
+    dspk_device_list *l = NULL;
+    bool hw = true;
+    if (dspk_devices(ctx->client, false, &l) == 0) {
+      hw = false;
+      for (size_t k = 0; k < l->ndevices; k++)
+        hw |= strcmp(l->devices[k].backend, "cpu") != 0 && !l->devices[k].software;
+    }
+    dspk_device_list_free(l);
+    if (hw)
+      shm_min = 0;
+    else
+      dev = "cpu:0";
+  }
   for (i = 0; op != DSPK_OP_KERNEL && shm_min && i < n; i++) {
     void *p;
     uint64_t id;
     if (tin[i].nbytes < shm_min)
       continue;
-    rc = dspk_shared_alloc(ctx->client, a->device ? a->device : "any", tin[i].nbytes,
-                           &p, &id);
+    rc = dspk_shared_alloc(ctx->client, dev, tin[i].nbytes, &p, &id);
     if (rc < 0)
       return dspk__sub_fail_client(ctx, rc);
     memcpy(p, tin[i].data, tin[i].nbytes); /* freed with the connection */
