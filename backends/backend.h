@@ -108,6 +108,23 @@ struct dspk__backend {
    * calls it when no client has been connected for a while. */
   void (*trim)(struct dspk__dev *dev);
 
+  /* Optional: host memory the daemon maps from a client (shared-memory
+   * buffers, docs/protocol.md "Shared memory").  ptr is page-aligned and
+   * stays mapped until free() of the block returned (or host_unregister)
+   * has returned.
+   * import_host makes ptr itself a block of this device: ops read and write
+   * it in place, no copy (cpu; a GPU that can map host memory).  free()
+   * releases only the block's bookkeeping, never the memory.  DSPK_ENOTSUP
+   * (or NULL): the daemon allocates a block of its own and copies between
+   * ptr and it around each task (one staging copy).
+   * host_register pins ptr for DMA (cuMemHostRegister), so those copies go
+   * straight from and to the client's pages; host_unregister undoes it
+   * before the daemon unmaps ptr.  A failed register only costs speed. */
+  int (*import_host)(struct dspk__dev *dev, void *ptr, size_t n,
+                     struct dspk__mem **out);
+  int (*host_register)(struct dspk__dev *dev, void *ptr, size_t n);
+  void (*host_unregister)(struct dspk__dev *dev, void *ptr);
+
   /* Optional.  Fills the counters shown by `status`. */
   void (*stats)(struct dspk__dev *dev, struct dspk__devstats *out);
 };

@@ -501,15 +501,28 @@ static int transfer(dspk_client *c, uint64_t id, uint64_t offset, const void *sr
 DSPK_EXPORT int dspk_buffer_write(dspk_client *c, uint64_t id,
                                   uint64_t offset, const void *data,
                                   size_t n) {
+  char *local;
+
   if (!c || (n && !data))
     return DSPK_EINVAL;
+  /* A shared buffer of ours with nothing in flight: its bytes are here. */
+  if ((local = dspk__shm_local(c, id, offset, n)) != NULL) {
+    memcpy(local, data, n);
+    return 0;
+  }
   return transfer(c, id, offset, data, NULL, n);
 }
 
 DSPK_EXPORT int dspk_buffer_read(dspk_client *c, uint64_t id, uint64_t offset,
                                  void *dst, size_t n) {
+  char *local;
+
   if (!c || (n && !dst))
     return DSPK_EINVAL;
+  if ((local = dspk__shm_local(c, id, offset, n)) != NULL) {
+    memcpy(dst, local, n);
+    return 0;
+  }
   return transfer(c, id, offset, NULL, dst, n);
 }
 
@@ -572,18 +585,23 @@ static int check_task(dspk_client *c, const dspk_task *t) {
   return 0;
 }
 
-static void pack_tensor(struct dspk__wbuf *w, const dspk_tensor *x) {
+#define DSPK_SHM_OPERANDS 8 /* inputs looked at for shared memory */
+
+/* shm: the inline operand is in shared memory (lib_shm.c): a reference to
+ * buffer sid at soff instead of its bytes. */
+static void pack_tensor(struct dspk__wbuf *w, const dspk_tensor *x, bool shm,
+                        uint64_t sid, uint64_t soff) {
   msgpack_packer *pk = &w->pk;
   int64_t shape[DSPK_MAX_RANK];
 
   for (unsigned k = 0; k < x->rank; k++)
     shape[k] = x->shape[k];
-  if (x->is_ref) {
+  if (x->is_ref || shm) {
     msgpack_pack_map(pk, 4);
     dspk__pack_str(pk, "buffer");
-    msgpack_pack_uint64(pk, x->buffer);
+    msgpack_pack_uint64(pk, shm ? sid : x->buffer);
     dspk__pack_str(pk, "offset");
-    msgpack_pack_uint64(pk, x->offset);
+    msgpack_pack_uint64(pk, shm ? soff : x->offset);
     dspk__pack_tensor_meta(pk, x->dtype, x->rank, shape);
   } else {
     msgpack_pack_map(pk, 3);
@@ -700,6 +718,9 @@ DSPK_EXPORT int dspk_submit(dspk_client *c, const dspk_task *t,
                             uint32_t *ticket) {
   struct dspk__wbuf w;
   msgpack_packer *pk;
+  const char *dev;
+  uint64_t sid[DSPK_SHM_OPERANDS], soff[DSPK_SHM_OPERANDS];
+  bool shm[DSPK_SHM_OPERANDS] = {0};
   uint32_t id;
   int rc;
 
@@ -708,6 +729,21 @@ DSPK_EXPORT int dspk_submit(dspk_client *c, const dspk_task *t,
   rc = check_task(c, t);
   if (rc != 0)
     return rc;
+  /* Operands in shared memory, or big enough to go through it (lib_shm.c). */
+  dev = t->device && *t->device ? t->device : "any";
+  /* Not for a raw kernel: its inline inputs come back inline. */
+  for (unsigned i = 0; t->op != DSPK_OP_KERNEL && i < t->ninputs && i < DSPK_SHM_OPERANDS;
+       i++) {
+    const dspk_tensor *x = &t->inputs[i];
+    if (x->is_ref || !x->nbytes)
+      continue;
+    rc = dspk__shm_operand(c, dev, x->data, x->nbytes, &sid[i], &soff[i]);
+    if (rc < 0) {
+      dspk__shm_sent(c, 0, false);
+      return rc;
+    }
+    shm[i] = rc == 1;
+  }
   id = dspk__next_id(c);
   dspk__wbuf_init(&w);
   pk = &w.pk;
@@ -718,7 +754,8 @@ DSPK_EXPORT int dspk_submit(dspk_client *c, const dspk_task *t,
   dspk__pack_str(pk, "inputs");
   msgpack_pack_array(pk, t->ninputs);
   for (unsigned i = 0; i < t->ninputs; i++)
-    pack_tensor(&w, &t->inputs[i]);
+    pack_tensor(&w, &t->inputs[i], i < DSPK_SHM_OPERANDS && shm[i],
+                i < DSPK_SHM_OPERANDS ? sid[i] : 0, i < DSPK_SHM_OPERANDS ? soff[i] : 0);
   dspk__pack_str(pk, "options");
   pack_options(&w, t);
   if (t->nout_refs) {
@@ -734,6 +771,7 @@ DSPK_EXPORT int dspk_submit(dspk_client *c, const dspk_task *t,
   }
   rc = dspk__send(c, &w, id);
   dspk__wbuf_free(&w);
+  dspk__shm_sent(c, id, rc == 0);
   if (rc != 0)
     return rc;
   *ticket = id;
@@ -806,6 +844,7 @@ DSPK_EXPORT int dspk_wait(dspk_client *c, uint32_t ticket, dspk_result *res) {
   if (!c || !res)
     return DSPK_EINVAL;
   rc = dspk__wait(c, ticket, &r);
+  dspk__shm_done(c, ticket); /* its temporary shared operands are free */
   if (rc != 0)
     return rc;
   rc = decode_result(c, r.msg.result, res);
@@ -822,6 +861,8 @@ DSPK_EXPORT int dspk_wait_any(dspk_client *c, uint32_t *ticket,
   if (!c || !ticket || !res)
     return DSPK_EINVAL;
   rc = dspk__wait_any(c, &id, &r);
+  if (id != 0)
+    dspk__shm_done(c, id);
   if (rc == 0) {
     rc = decode_result(c, r.msg.result, res);
     dspk__resp_free(&r);

@@ -109,6 +109,11 @@ uint32_t dspk__next_id(dspk_client *c) {
 static int fill(dspk_client *c, bool dontwait);
 
 int dspk__send(dspk_client *c, struct dspk__wbuf *w, uint32_t msgid) {
+  return dspk__send_fd(c, w, msgid, -1);
+}
+
+int dspk__send_fd(dspk_client *c, struct dspk__wbuf *w, uint32_t msgid, int fd) {
+  union { char buf[CMSG_SPACE(sizeof(int))]; struct cmsghdr align; } cm;
   struct iovec *iov;
   size_t niov, total;
   int rc;
@@ -140,6 +145,17 @@ int dspk__send(dspk_client *c, struct dspk__wbuf *w, uint32_t msgid) {
     ssize_t n;
     mh.msg_iov = iov;
     mh.msg_iovlen = niov > IOV_MAX ? IOV_MAX : niov;
+    if (fd >= 0) { /* with the frame's first byte (protocol.md, Shared memory) */
+      struct cmsghdr *h;
+      memset(&cm, 0, sizeof cm);
+      mh.msg_control = cm.buf;
+      mh.msg_controllen = sizeof cm.buf;
+      h = CMSG_FIRSTHDR(&mh);
+      h->cmsg_level = SOL_SOCKET;
+      h->cmsg_type = SCM_RIGHTS;
+      h->cmsg_len = CMSG_LEN(sizeof(int));
+      memcpy(CMSG_DATA(h), &fd, sizeof fd);
+    }
     n = sendmsg(c->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (n < 0) {
       if (errno == EINTR)
@@ -164,6 +180,7 @@ int dspk__send(dspk_client *c, struct dspk__wbuf *w, uint32_t msgid) {
       mark_broken(c, code);
       return dspk__cerr(c, code, "sending to the daemon: %s", strerror(e));
     }
+    fd = -1; /* sent */
     while (niov > 0 && (size_t)n >= iov->iov_len) {
       n -= (ssize_t)iov->iov_len;
       iov++;
@@ -680,6 +697,12 @@ DSPK_EXPORT int dspk_connect(const char *socket_path, const char *client_name,
     c->lim.max_message = (size_t)4 << 30;
   c->lim.max_depth = 32;
   c->send_max = (size_t)256 << 20; /* until hello says otherwise */
+  c->shm_threshold = DSPK_SHARED_THRESHOLD;
+  {
+    const char *e = getenv("DSPK_SHARED_THRESHOLD");
+    if (e && *e)
+      c->shm_threshold = (size_t)strtoull(e, NULL, 0);
+  }
   c->lim.max_elements = (uint64_t)1 << 32;
   c->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (c->fd < 0) {
@@ -741,6 +764,7 @@ err_alloc:
 DSPK_EXPORT void dspk_close(dspk_client *c) {
   if (!c)
     return;
+  dspk__shm_close(c);
   if (c->fd >= 0)
     close(c->fd);
   free(c->rbuf);

@@ -51,6 +51,12 @@ struct dspk_client {
   bool zone_ready, zone_busy;
   bool fbuf_busy;
   char fbuf[4096];
+  /* lib_shm.c: shared allocations (the caller's and temporaries). */
+  struct dspk__shm *shm;
+  size_t nshm, capshm;
+  size_t shm_threshold;     /* inline operands from this size go shared; 0: off */
+  int shm_any;              /* "any" is cpu:0 (the daemon has no hardware device):
+                               0 not known yet, 1 yes, 2 no */
 };
 
 /* A decoded response: the frame and its unpacked envelope. */
@@ -75,6 +81,36 @@ uint32_t dspk__next_id(dspk_client *c);
  * may have been partly sent the connection is marked broken.  w stays owned
  * by the caller. */
 int dspk__send(dspk_client *c, struct dspk__wbuf *w, uint32_t msgid);
+/* The same, passing fd (SCM_RIGHTS) with the frame's first byte. */
+int dspk__send_fd(dspk_client *c, struct dspk__wbuf *w, uint32_t msgid, int fd);
+
+/* lib_shm.c */
+struct dspk__shm {
+  char *ptr;
+  size_t size;
+  uint64_t id;
+  char device[32];
+  int state;        /* 0: the caller's; 1: temporary, in use by `ticket`;
+                       2: temporary, idle; 3: temporary, being filled */
+  uint32_t ticket;
+};
+/* The reference for an inline operand of task `device`: 1 with *id, *off
+ * when it lies in a shared allocation or was copied into a temporary one
+ * (state 3 until dspk__shm_sent), 0 when it goes inline, or a negative
+ * code. */
+int dspk__shm_operand(dspk_client *c, const char *device, const void *data,
+                      size_t n, uint64_t *id, uint64_t *off);
+/* Where buffer id's bytes [off, off+n) are in this process, when id is a
+ * dspk_shared_alloc of c and no request is in flight (so a local copy keeps
+ * the order the daemon would give); else NULL. */
+char *dspk__shm_local(dspk_client *c, uint64_t id, uint64_t off, size_t n);
+/* After a submit: temporaries being filled belong to ticket (ok) or are
+ * idle again (!ok). */
+void dspk__shm_sent(dspk_client *c, uint32_t ticket, bool ok);
+/* After ticket's answer: its temporaries are idle (kept for reuse). */
+void dspk__shm_done(dspk_client *c, uint32_t ticket);
+/* dspk_close: unmaps everything (the daemon frees the buffers). */
+void dspk__shm_close(dspk_client *c);
 
 /* Waits for the response to msgid (which must be in flight) and consumes
  * it: 0 with *r filled (free with dspk__resp_free), an error response's code

@@ -39,14 +39,21 @@ struct wreq *wreq_new(void) {
   struct wreq *wr = malloc(sizeof(*wr));
   if (wr) {
     memset(wr, 0, offsetof(struct wreq, w));
+    wr->fd = -1;
     dspk__wbuf_init(&wr->w);
   }
   return wr;
 }
 
+static void free_handle(uv_handle_t *h) { free(h); }
+
 void wreq_free(struct wreq *wr) {
   if (!wr)
     return;
+  if (wr->fd >= 0)
+    close(wr->fd);
+  if (wr->fd_pipe) /* loop thread only: conn_send made it */
+    uv_close((uv_handle_t *)wr->fd_pipe, free_handle);
   dspk__wbuf_free(&wr->w); /* also the iovecs wr->bufs points at */
   free(wr);
 }
@@ -128,6 +135,21 @@ void conn_send(struct conn *c, struct wreq *wr) {
     return;
   }
   wr->c = c;
+  if (wr->fd >= 0) {
+    /* A memfd for the client (buffer.share): libuv sends it with the
+     * frame's first byte, through a handle that owns it from here on. */
+    if (!(wr->fd_pipe = malloc(sizeof(*wr->fd_pipe)))) {
+      wreq_free(wr);
+      conn_close(c, "out of memory");
+      return;
+    }
+    uv_pipe_init(c->d->loop, wr->fd_pipe, 0);
+    if (uv_pipe_open(wr->fd_pipe, wr->fd) == 0)
+      wr->fd = -1;
+    err = uv_write2(&wr->req, (uv_stream_t *)&c->pipe, wr->bufs, (unsigned)n,
+                    (uv_stream_t *)wr->fd_pipe, on_write);
+    goto queued;
+  }
   /* Nothing queued before it: write what the socket takes now.  A small
    * answer (ping, errors) usually goes whole, which spares uv_write's
    * completion round through the loop and an epoll_ctl per answer. */
@@ -149,6 +171,7 @@ void conn_send(struct conn *c, struct wreq *wr) {
   }
   err = uv_write(&wr->req, (uv_stream_t *)&c->pipe, wr->bufs, (unsigned)n,
                  on_write);
+queued:
   if (err < 0) {
     wreq_free(wr);
     conn_close(c, "write failed");
@@ -294,6 +317,7 @@ void conn_close(struct conn *c, const char *why) {
    * still holds a reference and frees its resources when it comes back. */
   dspkd_drop_queued(d, c, 0);
   dspkd_trace_conn_closed(c); /* its traces stop recording */
+  dspkd_shm_conn_closed(c);   /* fds no buffer.import claimed */
   for (struct job *j = c->jobs; j; j = j->cnext)
     atomic_store(&j->cancel, 1);
   for (size_t i = 0; i < c->nbufs; i++) {
@@ -494,6 +518,10 @@ static void conn_process(struct conn *c) {
       break;
     }
     p = k->data + k->start;
+    /* Where this frame starts in the stream: fds that came before it were
+     * not sent with it (daemon/shm.c). */
+    c->frame_pos = c->rx_pos - (k->end - k->start);
+    dspkd_shm_drop_stale(c);
     k->start += (size_t)n;
     k->refs++; /* the frame's bytes stay put while the request is decoded */
     conn_frame(c, k, p, (size_t)n);
@@ -524,7 +552,20 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
   if (n == 0)
     return;
   c->rb->end += (size_t)n;
+  c->rx_pos += (size_t)n;
   c->d->obs.bytes_in += (size_t)n;
+  /* SCM_RIGHTS descriptors that came with these bytes (buffer.import). */
+  if (uv_pipe_pending_count(&c->pipe) > 0) {
+    int err = dspkd_shm_take_fds(c);
+    if (err < 0) {
+      char msg[96];
+      snprintf(msg, sizeof msg, err == DSPK_ELIMIT ? "more than %d file descriptors "
+               "not claimed by a buffer.import" : "cannot take a file descriptor "
+               "(out of memory; limit %d)", DSPKD_MAX_FDS);
+      conn_protocol_error(c, err, msg);
+      return;
+    }
+  }
   conn_ref(c);
   conn_process(c);
   conn_update_read(c);
@@ -607,7 +648,9 @@ static void on_connection(uv_stream_t *server, int status) {
     uv_close((uv_handle_t *)tmp, done);
     return;
   }
-  uv_pipe_init(d->loop, &c->pipe, 0);
+  /* ipc: the socket carries SCM_RIGHTS descriptors (buffer.import); on Unix
+   * libuv adds no framing of its own, the stream stays the protocol's. */
+  uv_pipe_init(d->loop, &c->pipe, 1);
   c->pipe.data = c;
   c->d = d;
   c->refs = 1;

@@ -100,6 +100,9 @@ struct wreq {
   struct conn *c;
   size_t len;
   uv_buf_t *bufs;
+  int fd;              /* >= 0: sent with the frame's first byte (SCM_RIGHTS),
+                          then closed (daemon/shm.c); -1: none */
+  uv_pipe_t *fd_pipe;  /* the handle libuv sends fd through */
   struct dspk__wbuf w;
 };
 /* Returns a new wreq with an initialised wbuf, or NULL. */
@@ -117,6 +120,14 @@ struct dbuf {
   struct job *free_job;  /* the JOB_BUF_FREE that releases it, allocated with
                             it, so that releasing never needs memory */
   struct djob *qjob;     /* daemon/quota.c: the Slurm job it is charged to */
+  /* Shared memory (daemon/shm.c): the daemon's own MAP_SHARED mapping of a
+   * memfd (buffer.import, buffer.share), or NULL.  host_direct: mem is that
+   * mapping itself (backend import_host), else the runner copies between it
+   * and mem around each task.  Runner only once created. */
+  void *host;
+  bool host_direct;
+  bool host_registered;  /* backend host_register succeeded */
+  int share_fd;          /* buffer.share: the memfd until its answer takes it */
 };
 
 /* One connection's FIFO of jobs for one device, linked into the device's
@@ -279,6 +290,14 @@ struct conn {
   int job_state;            /* 0: not decided, 1: decided (job may be NULL) */
   struct djob *job;         /* NULL: no job (every device) */
   uint64_t job_claim;       /* hello's job (SLURM_JOB_ID), 0: none */
+  /* daemon/shm.c: file descriptors received (SCM_RIGHTS) and not yet
+   * claimed by a buffer.import, with the stream position (bytes received)
+   * at the end of the read that brought each; and the position where the
+   * frame being handled starts. */
+  struct { int fd; uint64_t pos; } fds[8];
+  int nfds;
+  uint64_t rx_pos;
+  uint64_t frame_pos;
 };
 
 struct dspkd {
@@ -360,6 +379,29 @@ void dbuf_ref(struct dbuf *b);
 /* Drops a reference; the last one queues the release of its memory on the
  * device's runner. */
 void dbuf_unref(struct dspkd *d, struct dbuf *b);
+
+/* daemon/shm.c: shared-memory buffers (docs/protocol.md "Shared memory"). */
+#define DSPKD_MAX_FDS 8
+struct req;
+/* Loop: takes the fds libuv received with the last read into c->fds (a
+ * protocol error past DSPKD_MAX_FDS).  0, or -1 when the connection closed. */
+int dspkd_shm_take_fds(struct conn *c);
+/* Loop: closes the fds that came with bytes before the frame starting at
+ * c->frame_pos (stray: no buffer.import claimed them). */
+void dspkd_shm_drop_stale(struct conn *c);
+/* Loop: closes every unclaimed fd (the connection closes). */
+void dspkd_shm_conn_closed(struct conn *c);
+int dspkd_m_buffer_import(struct req *r);
+int dspkd_m_buffer_share(struct req *r);
+/* Runner: places a shared buffer on its device (import_host, else a block
+ * of its own, pinned with host_register where offered).  0 or a code. */
+int dspkd_shm_create(struct device *dev, struct dbuf *b);
+/* Runner: undoes dspkd_shm_create after be->free (unregister, unmap). */
+void dspkd_shm_release(struct device *dev, struct dbuf *b);
+/* Runner, task.run: copies a tensor's bytes from a staged shared buffer's
+ * mapping to its block (to_dev) or back.  0 or a code. */
+int dspkd_shm_sync(struct device *dev, struct dbuf *b, uint64_t off, size_t n,
+                   bool to_dev);
 
 /* daemon/device.c */
 /* Probes every backend (filtered by cfg.backends), starts one runner per
@@ -460,6 +502,9 @@ struct req {
 /* Runs the request's method: returns 0 when it answered or queued a job,
  * or a negative code that the caller answers with r->msg. */
 int dspkd_dispatch(struct req *r, const char *method, size_t len);
+/* Resolves a task's or buffer's device name ("any" or an id) for the
+ * connection (its Slurm job's devices): NULL with *err and r->msg set. */
+struct device *dspkd_resolve_device(struct req *r, const char *name, int *err);
 
 /* daemon/cache_methods.c: the cache.stats and cache.clear handlers of
  * dspkd_dispatch (same contract: 0 when answered or queued, else a negative

@@ -129,6 +129,11 @@ static struct device *resolve_device(struct req *r, const char *name, int *err) 
   return dev;
 }
 
+/* For handlers in other files (daemon/shm.c): resolve_device. */
+struct device *dspkd_resolve_device(struct req *r, const char *name, int *err) {
+  return resolve_device(r, name, err);
+}
+
 /* ---- hello, ping ------------------------------------------------------ */
 
 static int m_hello(struct req *r) {
@@ -1031,6 +1036,8 @@ static const struct {
     {"buffer.write", m_buffer_write},
     {"buffer.read", m_buffer_read},
     {"buffer.free", m_buffer_free},
+    {"buffer.import", dspkd_m_buffer_import}, /* daemon/shm.c */
+    {"buffer.share", dspkd_m_buffer_share},
     {"task.run", m_task_run},
     {"task.cancel", m_task_cancel},
     {"cache.stats", dspkd_m_cache_stats}, /* daemon/cache_methods.c */

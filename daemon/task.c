@@ -58,7 +58,13 @@ static void pack_kv_u64(msgpack_packer *pk, const char *k, uint64_t v) {
 static void exec_create(struct device *dev, struct job *j) {
   struct dspk__mem *mem = NULL;
   struct wreq *wr;
-  int err = dev->be->alloc(dev->bdev, (size_t)j->buf->size, &mem);
+  int err;
+  if (j->buf->host) { /* buffer.import / buffer.share (daemon/shm.c) */
+    err = dspkd_shm_create(dev, j->buf);
+    mem = j->buf->mem;
+  } else {
+    err = dev->be->alloc(dev->bdev, (size_t)j->buf->size, &mem);
+  }
   if (err < 0) {
     char msg[128];
     snprintf(msg, sizeof msg, "cannot allocate %llu bytes on %s",
@@ -76,12 +82,21 @@ static void exec_create(struct device *dev, struct job *j) {
   pack_kv_u64(&wr->w.pk, "buffer", j->buf->id);
   pack_kv_str(&wr->w.pk, "device", dev->id);
   pack_kv_u64(&wr->w.pk, "size", j->buf->size);
+  if (j->buf->host && j->buf->share_fd >= 0) { /* buffer.share: goes with the answer */
+    wr->fd = j->buf->share_fd;
+    j->buf->share_fd = -1;
+  }
 }
 
 static void exec_write(struct device *dev, struct job *j) {
   struct wreq *wr;
-  int err = dev->be->write(dev->bdev, j->buf->mem, (size_t)j->off, j->data,
-                           (size_t)j->size);
+  int err = 0;
+  /* Shared: the mapping holds the contents (after the device's work on it). */
+  if (j->buf->host && (!j->buf->host_direct || (err = dev->be->sync(dev->bdev)) == 0))
+    memcpy((char *)j->buf->host + j->off, j->data, (size_t)j->size);
+  else
+    err = dev->be->write(dev->bdev, j->buf->mem, (size_t)j->off, j->data,
+                         (size_t)j->size);
   if (err < 0) {
     fail(j, err, "buffer.write failed on the device");
     return;
@@ -103,7 +118,13 @@ static void exec_read(struct device *dev, struct job *j) {
     fail(j, DSPK_ENOMEM, "no host memory for buffer.read");
     return;
   }
-  err = dev->be->read(dev->bdev, j->buf->mem, (size_t)j->off, host, (size_t)j->size);
+  if (j->buf->host) { /* shared: the mapping holds the contents */
+    err = j->buf->host_direct ? dev->be->sync(dev->bdev) : 0;
+    if (err == 0)
+      memcpy(host, (char *)j->buf->host + j->off, (size_t)j->size);
+  } else {
+    err = dev->be->read(dev->bdev, j->buf->mem, (size_t)j->off, host, (size_t)j->size);
+  }
   if (err < 0) {
     free(host);
     fail(j, err, "buffer.read failed on the device");
@@ -187,6 +208,12 @@ static void exec_task(struct device *dev, struct job *j) {
     struct dspk__tensor *t = &op->in[i];
     if (j->in_buf[i]) {
       t->mem = j->in_buf[i]->mem;
+      /* A shared buffer the device cannot use in place: one copy in. */
+      if ((err = dspkd_shm_sync(dev, j->in_buf[i], t->offset, dspk__tensor_nbytes(t),
+                                true)) < 0) {
+        snprintf(msg, sizeof msg, "cannot copy shared input %d to %s", i, dev->id);
+        goto out;
+      }
       continue;
     }
     size_t n = dspk__tensor_nbytes(t);
@@ -245,8 +272,22 @@ static void exec_task(struct device *dev, struct job *j) {
   }
   for (int i = 0; i < nres; i++) {
     size_t n = dspk__tensor_nbytes(&res[i]);
-    if (res_buf[i])
+    if (res_buf[i] && res_buf[i]->host_direct) {
+      /* The device wrote the client's pages itself: answered once done. */
+      if ((err = be->sync(dev->bdev)) < 0) {
+        snprintf(msg, sizeof msg, "%s failed writing output %d", dev->id, i);
+        goto out;
+      }
       continue;
+    }
+    if (res_buf[i]) {
+      /* A shared buffer the device cannot use in place: one copy out. */
+      if ((err = dspkd_shm_sync(dev, res_buf[i], res[i].offset, n, false)) < 0) {
+        snprintf(msg, sizeof msg, "cannot copy output %d to its shared buffer", i);
+        goto out;
+      }
+      continue;
+    }
     host[i] = malloc(n ? n : 1);
     if (!host[i]) {
       err = DSPK_ENOMEM;
@@ -305,6 +346,8 @@ void job_execute(struct device *dev, struct job *j) {
   case JOB_BUF_FREE:
     if (j->buf->mem)
       dev->be->free(dev->bdev, j->buf->mem);
+    if (j->buf->host)
+      dspkd_shm_release(dev, j->buf); /* after free: unpin, unmap */
     free(j->buf);
     free(j);
     break;

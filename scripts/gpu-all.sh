@@ -28,6 +28,7 @@ step gpu_smoke 120 python3 tests/daemon/gpu_smoke.py --dspkd "$B/daemon/dspkd"
 # Slurm job allocations by UUID on real GPUs: nvidia-smi's UUIDs name the cuda
 # devices, cuda and vulkan twins of one GPU allowed together (docs/cluster.md).
 step gpu_jobs 120 python3 tests/cluster/gpu_jobs.py --dspkd "$B/daemon/dspkd"
+step shm_gpu 180 python3 tests/daemon/shm_gpu.py --dspkd "$B/daemon/dspkd"
 step test_vulkan 120 "$B/tests/vulkan/test_vulkan"
 step test_coopmat 120 "$B/tests/vulkan/test_coopmat"
 step gpu_suite 420 scripts/gpu-suite.sh "$B" "$L/cuda" bench

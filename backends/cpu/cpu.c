@@ -175,6 +175,7 @@ static int cpu_alloc(struct dspk__dev *dev, size_t n, struct dspk__mem **out) {
   if (!m)
     return DSPK_ENOMEM;
   m->blk = NULL;
+  m->foreign = 0;
   if (n >= DSPK__CPU_BIG_BLOCK) {
     pthread_mutex_lock(&dev->pool_mu);
     int err = dspk__pool_get(&dev->pool, n, &m->blk);
@@ -203,6 +204,10 @@ static int cpu_alloc(struct dspk__dev *dev, size_t n, struct dspk__mem **out) {
 static void cpu_free(struct dspk__dev *dev, struct dspk__mem *mem) {
   if (!mem)
     return;
+  if (mem->foreign) { /* a client's mapping: the daemon unmaps it */
+    free(mem);
+    return;
+  }
   dev->bytes_in_use -= mem->size;
   if (mem->blk) {
     pthread_mutex_lock(&dev->pool_mu);
@@ -231,6 +236,22 @@ static int cpu_read(struct dspk__dev *dev, struct dspk__mem *mem, size_t off,
     return DSPK_ERANGE;
   if (n)
     memcpy(dst, (char *)mem->ptr + off, n);
+  return 0;
+}
+
+/* Shared memory: the client's pages are the block, so ops read and write
+ * them in place (page-aligned, so the 64-byte alignment holds). */
+static int cpu_import_host(struct dspk__dev *dev, void *ptr, size_t n,
+                           struct dspk__mem **out) {
+  struct dspk__mem *m = malloc(sizeof *m);
+  (void)dev;
+  if (!m)
+    return DSPK_ENOMEM;
+  m->ptr = ptr;
+  m->size = n;
+  m->blk = NULL;
+  m->foreign = 1;
+  *out = m;
   return 0;
 }
 
@@ -313,6 +334,7 @@ const struct dspk__backend dspk__backend_cpu = {
     .free = cpu_free,
     .write = cpu_write,
     .read = cpu_read,
+    .import_host = cpu_import_host,
     .fence_record = cpu_fence_record,
     .fence_query = cpu_fence_query,
     .fence_wait = cpu_fence_wait,

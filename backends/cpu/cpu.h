@@ -28,6 +28,7 @@ struct dspk__mem {
   void *ptr;   /* 64-byte aligned (2 MiB for large blocks) */
   size_t size; /* usable bytes */
   struct dspk__pool_block *blk; /* large blocks: the pool's; else NULL */
+  int foreign; /* import_host: ptr is a client's mapping, not ours to free */
 };
 
 /* Blocks of at least this size come from the device's pool of 2 MiB

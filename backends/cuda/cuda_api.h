@@ -35,7 +35,8 @@
   XX(cuModuleUnload) XX(cuModuleGetFunction) XX(cuLaunchKernel)               \
   XX(cuGetErrorName) XX(cuGetErrorString) XX(cuFuncSetAttribute)              \
   XX(cuIpcGetMemHandle) XX(cuIpcOpenMemHandle) XX(cuIpcCloseMemHandle)         \
-  XX(cuMemAllocHost) XX(cuMemcpyHtoD) XX(cuMemcpyDtoH)
+  XX(cuMemAllocHost) XX(cuMemcpyHtoD) XX(cuMemcpyDtoH)                        \
+  XX(cuMemHostRegister) XX(cuMemHostUnregister)
 
 #define DSPK__NVRTC_FUNCS(XX)                                                  \
   XX(nvrtcVersion) XX(nvrtcCreateProgram) XX(nvrtcCompileProgram)              \

@@ -112,6 +112,10 @@ struct dspk__dev {
   uint64_t kernels_compiled, kernel_cache_hits, faults;
 
   struct dspk__cuda_stage stage;
+  /* Client mappings pinned with cuMemHostRegister (shared-memory buffers,
+   * backend host_register): copies from and to them skip the ring. */
+  struct { void *p; size_t n; } *hostreg;
+  size_t nhostreg, caphostreg;
   /* Test hook: the reduction candidate (tune.c) every reduction launches,
    * bypassing autotuning; NULL for the normal choice. */
   const char *reduce_force;
@@ -233,6 +237,12 @@ int dspk__cuda_stage_config(struct dspk__dev *dev, int nchunks, size_t chunk);
  * for the backend's own transfers.  stage_write returns once src has been
  * copied (the DMA may still run); stage_read once dst is filled, which also
  * orders it after all work enqueued before.  0 or a dspk_errno. */
+/* host_register / host_unregister of the backend table (cuda.c):
+ * cuMemHostRegister of a client's mapping, remembered so that
+ * dspk__cuda_stage_write/read DMA straight from and to it; unregister first
+ * drains the stream (a copy may still read the pages).  0 or a dspk_errno. */
+int dspk__cuda_host_register(struct dspk__dev *dev, void *p, size_t n);
+void dspk__cuda_host_unregister(struct dspk__dev *dev, void *p);
 int dspk__cuda_stage_write(struct dspk__dev *dev, CUdeviceptr dst,
                            const void *src, size_t n);
 int dspk__cuda_stage_read(struct dspk__dev *dev, void *dst, CUdeviceptr src,

@@ -97,6 +97,7 @@ struct dspk__mem {
   struct dspk__pool_block *pb; /* the pool's record of this block */
   int host;                    /* staging memory (host-visible pool) */
   VkDeviceSize bufsize;        /* size of the whole VkBuffer */
+  int imported;                /* import_host: dm and buf over a client's pages */
 };
 
 /* One compiled kernel: pipeline and its layouts. */
@@ -211,6 +212,9 @@ struct dspk__dev {
   VkCommandBuffer rec; /* the command buffer being recorded, or NULL */
   struct dspk__vk_cmd *rec_slot;
   PFN_vkCmdPushDescriptorSetKHR CmdPushDescriptorSetKHR;
+  /* VK_EXT_external_memory_host (import_host), when offered: */
+  PFN_vkGetMemoryHostPointerPropertiesEXT GetMemoryHostPointerPropertiesEXT;
+  VkDeviceSize host_import_align; /* minImportedHostPointerAlignment; 0: none */
   int has_f64, has_int64, has_coopmat, has_f16;
   uint32_t devtype_local, devtype_host; /* memory type indices */
   int local_is_host;  /* device memory is host-visible (lavapipe, UMA) */
@@ -263,6 +267,11 @@ int dspk__vk_mem_init(struct dspk__dev *d);
 void dspk__vk_mem_fini(struct dspk__dev *d);
 int dspk__vk_alloc(struct dspk__dev *d, size_t n, struct dspk__mem **out);
 void dspk__vk_free(struct dspk__dev *d, struct dspk__mem *m);
+/* import_host of the backend table (VK_EXT_external_memory_host): a block
+ * over the client's pages; DSPK_ENOTSUP where the device lacks it or ptr/n
+ * do not meet its alignment.  Its free waits for the queue and releases at
+ * once (the daemon unmaps right after). */
+int dspk__vk_import_host(struct dspk__dev *d, void *ptr, size_t n, struct dspk__mem **out);
 /* A host-visible staging block of at least n bytes (freed like any block). */
 int dspk__vk_alloc_host(struct dspk__dev *d, size_t n, struct dspk__mem **out);
 int dspk__vk_write(struct dspk__dev *d, struct dspk__mem *m, size_t off,

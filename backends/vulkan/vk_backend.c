@@ -458,9 +458,13 @@ static int vk_open(int index, const struct dspk__devenv *env, struct dspk__dev *
   d->has_int64 = f2.features.shaderInt64;
   d->has_f16 = f12.shaderFloat16 && f11.storageBuffer16BitAccess;
 
-  const char *exts[4];
+  const char *exts[6];
   uint32_t next = 0;
   exts[next++] = VK_KHR_PUSH_DESCRIPTOR_EXTENSION_NAME;
+  /* Shared-memory buffers in place (import_host), where offered. */
+  int ext_host = dspk__vk_has_ext(d->pd, VK_EXT_EXTERNAL_MEMORY_HOST_EXTENSION_NAME);
+  if (ext_host)
+    exts[next++] = VK_EXT_EXTERNAL_MEMORY_HOST_EXTENSION_NAME;
   /* The cooperative-matrix gemm path: its extension and feature (vk_coopmat.c). */
   dspk__vk_coopmat_setup(d, d->has_f16 && f12.vulkanMemoryModel, exts, &next, &e12.pNext);
   float prio = 1.0f;
@@ -480,6 +484,17 @@ static int vk_open(int index, const struct dspk__devenv *env, struct dspk__dev *
     goto fail;
   }
   VK(GetDeviceQueue)(d->dev, d->qfamily, 0, &d->queue);
+  if (ext_host) {
+    VkPhysicalDeviceExternalMemoryHostPropertiesEXT hp = {
+        .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_EXTERNAL_MEMORY_HOST_PROPERTIES_EXT};
+    VkPhysicalDeviceProperties2 p2 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2,
+                                      .pNext = &hp};
+    VK(GetPhysicalDeviceProperties2)(d->pd, &p2);
+    d->GetMemoryHostPointerPropertiesEXT = (PFN_vkGetMemoryHostPointerPropertiesEXT)VK(
+        GetDeviceProcAddr)(d->dev, "vkGetMemoryHostPointerPropertiesEXT");
+    d->host_import_align = d->GetMemoryHostPointerPropertiesEXT
+                               ? hp.minImportedHostPointerAlignment : 0;
+  }
   d->CmdPushDescriptorSetKHR = (PFN_vkCmdPushDescriptorSetKHR)VK(GetDeviceProcAddr)(
       d->dev, "vkCmdPushDescriptorSetKHR");
   if (!d->CmdPushDescriptorSetKHR) {
@@ -571,6 +586,7 @@ const struct dspk__backend dspk__backend_vulkan = {
     .free = vk_free,
     .write = dspk__vk_write,
     .read = dspk__vk_read,
+    .import_host = dspk__vk_import_host,
     .fence_record = vk_fence_record,
     .fence_query = vk_fence_query,
     .fence_wait = vk_fence_wait,

@@ -17,6 +17,7 @@
  */
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "backends/vulkan/vk.h"
 
@@ -264,6 +265,16 @@ int dspk__vk_alloc_host(struct dspk__dev *d, size_t n, struct dspk__mem **out) {
 void dspk__vk_free(struct dspk__dev *d, struct dspk__mem *m) {
   if (!m)
     return;
+  if (m->imported) {
+    /* The client's pages: unmapped by the daemon when this returns, so
+     * nothing enqueued may still use them. */
+    (void)dspk__vk_submit(d);
+    (void)dspk__vk_wait_value(d, d->submitted);
+    VK(DestroyBuffer)(d->dev, m->buf, NULL);
+    VK(FreeMemory)(d->dev, m->dm, NULL);
+    free(m);
+    return;
+  }
   dspk__retire_push(&d->retire, dspk__pool_put_cb, m->host ? &d->hpool : &d->pool,
                     m->pb);
 }
@@ -353,4 +364,76 @@ int dspk__vk_read(struct dspk__dev *d, struct dspk__mem *m, size_t off, void *ds
 out:
   dspk__vk_free(d, s);
   return r;
+}
+
+/* ---- shared memory: a client's pages as device memory ---------------------- */
+
+int dspk__vk_import_host(struct dspk__dev *d, void *ptr, size_t n, struct dspk__mem **out) {
+  VkDeviceSize a = d->host_import_align, len;
+  long page = sysconf(_SC_PAGESIZE);
+  VkMemoryHostPointerPropertiesEXT hp = {
+      .sType = VK_STRUCTURE_TYPE_MEMORY_HOST_POINTER_PROPERTIES_EXT};
+  VkExternalMemoryBufferCreateInfo eb = {
+      .sType = VK_STRUCTURE_TYPE_EXTERNAL_MEMORY_BUFFER_CREATE_INFO,
+      .handleTypes = VK_EXTERNAL_MEMORY_HANDLE_TYPE_HOST_ALLOCATION_BIT_EXT};
+  VkMemoryRequirements mr;
+  struct dspk__mem *m;
+  VkResult vr;
+  uint32_t type = UINT32_MAX;
+
+  if (!a || !d->GetMemoryHostPointerPropertiesEXT || (uintptr_t)ptr % a)
+    return DSPK_ENOTSUP;
+  /* The import covers whole alignment units; past the mapping's last page
+   * there is nothing to touch, so a larger unit cannot be used. */
+  len = (n + a - 1) / a * a;
+  if (page <= 0 || len > (n + (size_t)page - 1) / (size_t)page * (size_t)page)
+    return DSPK_ENOTSUP;
+  if (d->GetMemoryHostPointerPropertiesEXT(
+          d->dev, VK_EXTERNAL_MEMORY_HANDLE_TYPE_HOST_ALLOCATION_BIT_EXT, ptr, &hp) !=
+      VK_SUCCESS)
+    return DSPK_ENOTSUP;
+  if (!(m = calloc(1, sizeof *m)))
+    return DSPK_ENOMEM;
+  VkBufferCreateInfo bi = {.sType = VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO,
+                           .pNext = &eb,
+                           .size = len,
+                           .usage = usage,
+                           .sharingMode = VK_SHARING_MODE_EXCLUSIVE};
+  if ((vr = VK(CreateBuffer)(d->dev, &bi, NULL, &m->buf)) != VK_SUCCESS) {
+    free(m);
+    return dspk__vk_err(vr);
+  }
+  VK(GetBufferMemoryRequirements)(d->dev, m->buf, &mr);
+  for (uint32_t i = 0; i < d->memprops.memoryTypeCount; i++)
+    if ((hp.memoryTypeBits & mr.memoryTypeBits & (1u << i)) &&
+        (type == UINT32_MAX || is_coherent(d, i)))
+      type = i;
+  if (type == UINT32_MAX || mr.size > len) {
+    VK(DestroyBuffer)(d->dev, m->buf, NULL);
+    free(m);
+    return DSPK_ENOTSUP;
+  }
+  VkImportMemoryHostPointerInfoEXT imp = {
+      .sType = VK_STRUCTURE_TYPE_IMPORT_MEMORY_HOST_POINTER_INFO_EXT,
+      .handleType = VK_EXTERNAL_MEMORY_HANDLE_TYPE_HOST_ALLOCATION_BIT_EXT,
+      .pHostPointer = ptr};
+  VkMemoryAllocateInfo ai = {.sType = VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO,
+                             .pNext = &imp,
+                             .allocationSize = len,
+                             .memoryTypeIndex = type};
+  if ((vr = VK(AllocateMemory)(d->dev, &ai, NULL, &m->dm)) != VK_SUCCESS ||
+      (vr = VK(BindBufferMemory)(d->dev, m->buf, m->dm, 0)) != VK_SUCCESS) {
+    if (m->dm)
+      VK(FreeMemory)(d->dev, m->dm, NULL);
+    VK(DestroyBuffer)(d->dev, m->buf, NULL);
+    free(m);
+    return vr == VK_ERROR_INVALID_EXTERNAL_HANDLE ? DSPK_ENOTSUP : dspk__vk_err(vr);
+  }
+  m->size = n;
+  m->bufsize = len;
+  m->map = ptr;
+  m->coherent = is_coherent(d, type);
+  m->imported = 1;
+  *out = m;
+  return 0;
 }

@@ -376,16 +376,54 @@ static size_t inline_max(void) {
  * tensor into a reference.  The buffers belong to the connection and go
  * with it.  Returns 0 or the exit status of a reported failure. */
 static int offload_inputs(dspk__sub_ctx *ctx, const op_args *a,
-                          dspk_tensor *tin, int n) {
-  size_t total = 0;
+                          dspk_tensor *tin, int n, dspk_op op) {
+  size_t total = 0, shm_min = DSPK_SHARED_THRESHOLD;
+  const char *e = getenv("DSPK_SHARED_THRESHOLD");
+  uint64_t v;
   int i, rc;
+  /* Big inputs go through shared memory (protocol.md, Shared memory): a
+   * .npy file is no memfd (it cannot be sealed), so its data is copied once
+   * into one, which the daemon then reads in place; the request carries a
+   * reference.  Not for a raw kernel, whose inline inputs come back. */
+  if (e != NULL && *e && dspk__sub_parse_size(e, 0, (uint64_t)1 << 40, &v) == 0)
+    shm_min = (size_t)v;
+  /* A shared buffer pins the task to its device: for "any" only when that
+   * can be nothing but cpu:0 (no hardware device), as the library does. */
+  const char *dev = a->device && strcmp(a->device, "any") != 0 ? a->device : NULL;
+  if (!dev && shm_min) {
+    dspk_device_list *l = NULL;
+    bool hw = true;
+    if (dspk_devices(ctx->client, false, &l) == 0) {
+      hw = false;
+      for (size_t k = 0; k < l->ndevices; k++)
+        hw |= strcmp(l->devices[k].backend, "cpu") != 0 && !l->devices[k].software;
+    }
+    dspk_device_list_free(l);
+    if (hw)
+      shm_min = 0;
+    else
+      dev = "cpu:0";
+  }
+  for (i = 0; op != DSPK_OP_KERNEL && shm_min && i < n; i++) {
+    void *p;
+    uint64_t id;
+    if (tin[i].nbytes < shm_min)
+      continue;
+    rc = dspk_shared_alloc(ctx->client, dev, tin[i].nbytes, &p, &id);
+    if (rc < 0)
+      return dspk__sub_fail_client(ctx, rc);
+    memcpy(p, tin[i].data, tin[i].nbytes); /* freed with the connection */
+    tin[i].data = p;
+  }
   for (i = 0; i < n; i++)
-    total += tin[i].nbytes;
+    if (op == DSPK_OP_KERNEL || !shm_min || tin[i].nbytes < shm_min)
+      total += tin[i].nbytes;
   if (total <= inline_max())
     return 0;
   for (i = 0; i < n; i++) {
     uint64_t id;
-    if (tin[i].nbytes < INLINE_SMALL)
+    if (tin[i].nbytes < INLINE_SMALL ||
+        (op != DSPK_OP_KERNEL && shm_min && tin[i].nbytes >= shm_min))
       continue;
     rc = dspk_buffer_create(ctx->client, a->device ? a->device : "any",
                             tin[i].nbytes, &id);
@@ -436,7 +474,7 @@ static int run_task(dspk__sub_ctx *ctx, const op_args *a, dspk_task *t,
   rc = dspk__sub_connect(ctx);
   if (rc != 0)
     goto out;
-  if (offload_inputs(ctx, a, tin, nfiles) != 0)
+  if (offload_inputs(ctx, a, tin, nfiles, t->op) != 0)
     goto out;
   dspk_set_progress(ctx->client, on_progress, &ps);
   rc = dspk_run(ctx->client, t, &res);

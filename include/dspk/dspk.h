@@ -241,6 +241,41 @@ DSPK_EXPORT int dspk_buffer_read(dspk_client *c, uint64_t id, uint64_t offset,
                                  void *dst, size_t n);
 DSPK_EXPORT int dspk_buffer_free(dspk_client *c, uint64_t id);
 
+/* ---- shared memory ------------------------------------------------------- */
+
+/*
+ * Memory shared with the daemon (docs/protocol.md, "Shared memory"): a
+ * memfd sealed against shrinking and growing, mapped here and imported by
+ * the daemon as a buffer (buffer.import).  *ptr_out is the caller's mapping
+ * (page-aligned, bytes long, zero-filled), *id_out its buffer id on device
+ * (NULL: "cpu:0"; on the cpu the daemon's ops read and write these very
+ * pages).  Fill it and pass it to tasks with no copy at all: an inline
+ * dspk_tensor whose data lies inside a shared allocation of the same client
+ * is sent as a reference to it (whatever its size), and a result written
+ * with out_refs to {id_out, offset} lands in it.  dspk_buffer_read/write
+ * of the id work too: with no request of c in flight they are a memcpy in
+ * this process (the daemon holds the same pages), else they go to the
+ * daemon in order behind the requests in flight.  Writing the memory while a task uses it gives that
+ * task undefined results (never a crash).  Freed by dspk_shared_free() or
+ * dspk_close().
+ */
+DSPK_EXPORT int dspk_shared_alloc(dspk_client *c, const char *device,
+                                  size_t bytes, void **ptr_out,
+                                  uint64_t *id_out);
+/* Frees an allocation of dspk_shared_alloc (ptr: its start): buffer.free,
+ * then unmaps.  Tasks already sent still see the daemon's mapping. */
+DSPK_EXPORT int dspk_shared_free(dspk_client *c, void *ptr);
+
+/* Inline operands of at least this many bytes that are not in shared memory
+ * go through a temporary shared buffer (one copy, into memory this client
+ * reuses) instead of the socket, on the task's device; 0 turns it off.
+ * For a task on "any" only when the daemon has no hardware device ("any"
+ * is then cpu:0), so that the daemon's choice of device stays free.
+ * The default is DSPK_SHARED_THRESHOLD (or $DSPK_SHARED_THRESHOLD, bytes,
+ * when set at dspk_connect). */
+#define DSPK_SHARED_THRESHOLD ((size_t)1 << 20)
+DSPK_EXPORT void dspk_set_shared_threshold(dspk_client *c, size_t bytes);
+
 /* ---- tasks --------------------------------------------------------------- */
 
 /*

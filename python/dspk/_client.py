@@ -8,13 +8,17 @@ that their callbacks run and ``concurrent.futures.wait`` works without anyone pu
 """
 from __future__ import annotations
 
+import array as _array
 import concurrent.futures
+import fcntl
+import mmap
 import os
 import select
 import socket as _socket
 import sys
 import threading
 import time
+import weakref
 from typing import (Any, Callable, Dict, List, Mapping, Optional, Sequence,
                     Tuple, Union)
 
@@ -29,6 +33,7 @@ __all__ = ["connect", "default_socket", "Client", "DeviceArray", "TaskFuture"]
 
 ArrayLike = Any  # numpy.ndarray, DeviceArray, or anything numpy.asarray accepts
 Progress = Callable[[str, float], None]
+OutArg = Union["DeviceArray", np.ndarray]  # a DeviceArray, or a shared array (empty_shared)
 
 _BIG = 1 << 16          # bytes: a bin at least this large goes to the socket uncopied
 _READ_CHUNK = 1 << 20   # bytes asked of recv at a time
@@ -241,6 +246,9 @@ class Client:
         self._closed: Optional[Error] = None   # set once the connection is unusable
         self._protocol_error: Optional[Error] = None
         self._nonce = os.urandom(16)
+        # Shared arrays of empty_shared(): buffer id -> (address, bytes, device).
+        self._shared: Dict[int, Tuple[int, int, str]] = {}
+        self._dead_shared: List[int] = []  # collected shared arrays: buffer.free owed
         self.limits: Dict[str, int] = {}
         if name is None:
             name = "python:" + os.path.basename(sys.argv[0] if sys.argv and sys.argv[0]
@@ -335,14 +343,18 @@ class Client:
         bigs.append(view)
         return msgpack.ExtType(1, self._nonce + (len(bigs) - 1).to_bytes(4, "little"))
 
-    def _send_chunks(self, chunks: List[Any]) -> None:
+    def _send_chunks(self, chunks: List[Any], fds: Optional[List[int]] = None) -> None:
         views = [v for v in (memoryview(c).cast("B") for c in chunks) if v.nbytes]
+        # File descriptors go with the frame's first byte (protocol.md, Shared memory).
+        anc = [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, _array.array("i", fds))] \
+            if fds else []
         with self._send_lock:
             if self._closed is not None:
                 raise self._closed_error()
             try:
                 while views:
-                    n = self._sock.sendmsg(views[:512])
+                    n = self._sock.sendmsg(views[:512], anc)
+                    anc = []
                     while n and views:
                         if n >= views[0].nbytes:
                             n -= views[0].nbytes
@@ -358,7 +370,14 @@ class Client:
     def _start(self, method: str, args: Optional[Mapping[str, Any]],
                decode: Optional[Callable[[Any], Any]] = None,
                progress: Optional[Progress] = None, is_async: bool = False,
-               bigs: Optional[List[memoryview]] = None) -> TaskFuture:
+               bigs: Optional[List[memoryview]] = None,
+               fds: Optional[List[int]] = None) -> TaskFuture:
+        while self._dead_shared and self._closed is None:
+            try:
+                dead = self._dead_shared.pop()
+            except IndexError:
+                break
+            self._free_quietly(dead)
         fut = TaskFuture()
         with self._lock:
             if self._closed is not None:
@@ -374,7 +393,7 @@ class Client:
         chunks = self._encode([0, msgid, method, [args] if args is not None else []],
                               bigs or [])
         try:
-            self._send_chunks(chunks)
+            self._send_chunks(chunks, fds)
         except Error:
             with self._lock:
                 self._pending.pop(msgid, None)
@@ -628,17 +647,62 @@ class Client:
             raise
         return d
 
-    def empty_shared(self, shape: Union[int, Sequence[int]], dtype: Any = np.float32
-                     ) -> np.ndarray:
-        """A numpy array in memory shared with the daemon (zero-copy operands).
+    def empty_shared(self, shape: Union[int, Sequence[int]], dtype: Any = np.float32,
+                     device: str = "cpu:0") -> np.ndarray:
+        """An uninitialised numpy array in memory shared with the daemon.
 
-        Not available: docs/protocol.md (protocol version 1) has no shared-memory method,
-        so this always raises :class:`dspk.NotSupported` (a NotImplementedError).  Use
-        :meth:`to_device` and ``out=`` to keep data in the daemon between calls.
+        The array lives in a memfd (sealed against shrinking and growing) that the daemon
+        maps too (``buffer.import``): passing it, or any C-contiguous slice of it, as an
+        operand or as ``out=`` copies nothing; on ``cpu:0`` the daemon reads and writes
+        these very pages.  The daemon's buffer is freed when the array (and every view
+        of it) is garbage collected, or when the connection closes; the array stays
+        usable after that as ordinary memory.
         """
-        raise _errors.NotSupported(
-            "empty_shared: this daemon's protocol (version 1) has no shared-memory "
-            "buffers; use Client.to_device() and out= to keep data in the daemon")
+        shape_t = (int(shape),) if np.isscalar(shape) else tuple(int(n) for n in shape)
+        dt = np.dtype(dtype)
+        wire_name(dt)
+        nbytes = int(np.prod(shape_t, dtype=np.int64)) * dt.itemsize
+        size = max(nbytes, 1)
+        fd = os.memfd_create("dspk-shared", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        try:
+            os.ftruncate(fd, size)
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW)
+            mm = mmap.mmap(fd, size)
+            if hasattr(mmap, "MADV_HUGEPAGE"):  # where shmem_enabled allows it
+                try:
+                    mm.madvise(mmap.MADV_HUGEPAGE)
+                except OSError:
+                    pass
+            res = self._wait(self._start("buffer.import", {"device": device, "size": size},
+                                         fds=[fd]))
+        finally:
+            os.close(fd)
+        buf = int(res["buffer"])
+        arr = np.frombuffer(mm, dtype=np.uint8, count=nbytes).view(dt).reshape(shape_t)
+        self._shared[buf] = (arr.__array_interface__["data"][0], size, str(res["device"]))
+        weakref.finalize(mm, Client._shared_gone, weakref.ref(self), buf)
+        return arr
+
+    @staticmethod
+    def _shared_gone(ref: "weakref.ref[Client]", buf: int) -> None:
+        # Runs inside garbage collection, maybe while this thread holds the client's
+        # locks: only note it; the next request sends the buffer.free.
+        client = ref()
+        if client is None:
+            return
+        client._shared.pop(buf, None)
+        client._dead_shared.append(buf)
+
+    def _shared_ref(self, a: np.ndarray) -> Optional[Tuple[int, int, str]]:
+        """(buffer, offset, device) when ``a`` is a C-contiguous array inside a shared
+        array of this connection, else None."""
+        if not self._shared or not a.flags.c_contiguous:
+            return None
+        addr = a.__array_interface__["data"][0]
+        for buf, (base, size, dev) in list(self._shared.items()):
+            if base <= addr and addr + a.nbytes <= base + size:
+                return buf, addr - base, dev
+        return None
 
     def _chunk(self) -> int:
         return max(1, self.max_message - _HEADROOM)
@@ -691,7 +755,7 @@ class Client:
     # ---- tasks -------------------------------------------------------------------
 
     def _task_request(self, op: str, inputs: Sequence[ArrayLike], options: Dict[str, Any],
-                      device: str, out: Optional[DeviceArray]
+                      device: str, out: Optional[OutArg]
                       ) -> Tuple[Dict[str, Any], List[memoryview], List[int],
                                  Callable[[Any], Any], str]:
         bigs: List[memoryview] = []
@@ -710,6 +774,12 @@ class Client:
                 a = _as_array(x)
                 t: Dict[str, Any] = {"dtype": wire_name(a.dtype), "shape": list(a.shape)}
                 tensors.append(t)
+                ref = self._shared_ref(a)
+                if ref is not None:  # a shared array: the task reads it in place
+                    t["buffer"], t["offset"] = ref[0], ref[1]
+                    if target == "any":
+                        target = ref[2]
+                    continue
                 inline.append((a, t))
         total = sum(a.nbytes for a, _ in inline)
         # A message must stay below max_message: the largest operands of one that would
@@ -728,20 +798,41 @@ class Client:
         args: Dict[str, Any] = {"op": op, "device": device, "inputs": tensors}
         if options:
             args["options"] = options
+        out_shared = None
         if out is not None:
-            if not isinstance(out, DeviceArray) or out.client is not self:
+            if isinstance(out, np.ndarray):
+                ref = self._shared_ref(out)
+                if ref is None:
+                    raise _errors.InvalidArgument("out= must be a DeviceArray or a shared "
+                                                  "array (Client.empty_shared) of this "
+                                                  "connection")
+                out_shared = out
+                args["outputs"] = [{"buffer": ref[0], "offset": ref[1]}]
+                out = None
+            elif not isinstance(out, DeviceArray) or out.client is not self:
                 raise _errors.InvalidArgument("out= must be a DeviceArray of this connection")
-            args["outputs"] = [{"buffer": out.buffer, "offset": out.offset}]
+            else:
+                args["outputs"] = [{"buffer": out.buffer, "offset": out.offset}]
         operands = [x for x in inputs if isinstance(x, DeviceArray)]
 
         def decode(res: Any) -> Any:
-            outs = [self._decode_tensor(t, operands, out) for t in res.get("outputs", [])]
-            return outs
+            outs = res.get("outputs", [])
+            if out_shared is not None and outs:
+                t = outs[0]
+                if numpy_dtype(t["dtype"]) != out_shared.dtype or \
+                        tuple(int(n) for n in t["shape"]) != out_shared.shape:
+                    raise _errors.InvalidArgument(
+                        "out=: the result is %s %s, the shared array %s %s (its bytes were "
+                        "overwritten)" % (t["dtype"], tuple(t["shape"]), out_shared.dtype,
+                                          out_shared.shape))
+                return [out_shared] + [self._decode_tensor(t, operands, None)
+                                       for t in outs[1:]]
+            return [self._decode_tensor(t, operands, out) for t in outs]
 
         return args, bigs, temps, decode, target
 
     def _decode_tensor(self, t: Mapping[str, Any], operands: Sequence[DeviceArray],
-                       out: Optional[DeviceArray]) -> Union[np.ndarray, DeviceArray]:
+                       out: Optional[OutArg]) -> Union[np.ndarray, DeviceArray]:
         dt = numpy_dtype(t["dtype"])
         shape = tuple(int(n) for n in t["shape"])
         if "buffer" in t and t.get("data") is None:
@@ -761,7 +852,7 @@ class Client:
         return np.frombuffer(data, dtype=dt, count=n).reshape(shape).copy()
 
     def _run(self, op: str, inputs: Sequence[ArrayLike], options: Dict[str, Any],
-             device: str, out: Optional[DeviceArray], single: bool = True,
+             device: str, out: Optional[OutArg], single: bool = True,
              progress: Optional[Progress] = None, is_async: bool = False) -> TaskFuture:
         args, bigs, temps, decode, target = self._task_request(op, inputs, options, device,
                                                                out)
@@ -771,7 +862,7 @@ class Client:
             return outs[0] if single else outs
 
         bound = None
-        if out is None and single:
+        if out is None and "outputs" not in args and single:
             bound = _result_bound(op, inputs, options)
         if bound is not None and bound > self.max_message - _RESULT_FRAMING:
             # Too large to come back inline (protocol.md, Limits): into a temporary
@@ -854,29 +945,29 @@ class Client:
     def _op_gemm(self, a: ArrayLike, b: ArrayLike, c: Optional[ArrayLike] = None, *,
                  alpha: float = 1.0, beta: float = 0.0, trans_a: bool = False,
                  trans_b: bool = False, device: str = "any",
-                 out: Optional[DeviceArray] = None, **kw: Any) -> TaskFuture:
+                 out: Optional[OutArg] = None, **kw: Any) -> TaskFuture:
         inputs = [a, b] + ([c] if c is not None else [])
         opts = {"alpha": float(alpha), "beta": float(beta), "trans_a": bool(trans_a),
                 "trans_b": bool(trans_b)}
         return self._run("gemm", inputs, opts, device, out, **kw)
 
     def _op_fft(self, x: ArrayLike, *, inverse: bool = False, device: str = "any",
-                out: Optional[DeviceArray] = None, **kw: Any) -> TaskFuture:
+                out: Optional[OutArg] = None, **kw: Any) -> TaskFuture:
         return self._run("fft", [x], {"inverse": bool(inverse)}, device, out, **kw)
 
     def _op_fir(self, x: ArrayLike, h: ArrayLike, *, device: str = "any",
-                out: Optional[DeviceArray] = None, **kw: Any) -> TaskFuture:
+                out: Optional[OutArg] = None, **kw: Any) -> TaskFuture:
         return self._run("fir", [x, h], {}, device, out, **kw)
 
     def _op_contract(self, subscripts: str, a: ArrayLike, b: ArrayLike, *,
-                     device: str = "any", out: Optional[DeviceArray] = None,
+                     device: str = "any", out: Optional[OutArg] = None,
                      **kw: Any) -> TaskFuture:
         return self._run("contract", [a, b], {"subscripts": str(subscripts)}, device, out,
                          **kw)
 
     def _op_reduce(self, x: ArrayLike, fn: str = "sum",
                    axes: Union[None, int, Sequence[int]] = None, *, device: str = "any",
-                   out: Optional[DeviceArray] = None, **kw: Any) -> TaskFuture:
+                   out: Optional[OutArg] = None, **kw: Any) -> TaskFuture:
         opts: Dict[str, Any] = {"fn": str(fn)}
         if axes is not None:
             opts["axes"] = [int(axes)] if np.isscalar(axes) else [int(v) for v in axes]
@@ -884,7 +975,7 @@ class Client:
 
     def _op_map(self, fn: str, a: ArrayLike, b: Optional[ArrayLike] = None, *,
                 alpha: float = 1.0, device: str = "any",
-                out: Optional[DeviceArray] = None, **kw: Any) -> TaskFuture:
+                out: Optional[OutArg] = None, **kw: Any) -> TaskFuture:
         inputs = [a] + ([b] if b is not None else [])
         return self._run("map", inputs, {"fn": str(fn), "alpha": float(alpha)}, device,
                          out, **kw)
@@ -911,7 +1002,7 @@ class Client:
     def gemm(self, a: ArrayLike, b: ArrayLike, c: Optional[ArrayLike] = None, *,
              alpha: float = 1.0, beta: float = 0.0, trans_a: bool = False,
              trans_b: bool = False, device: str = "any",
-             out: Optional[DeviceArray] = None) -> Any:
+             out: Optional[OutArg] = None) -> Any:
         """``alpha * op(a) @ op(b) + beta * c`` (op swaps the last two axes when trans_*);
         batch axes broadcast as in numpy.matmul.  f32/f64 (f16 and bf16 in, f32 out).
         Returns a numpy array, or ``out`` (a DeviceArray) when given."""
@@ -919,30 +1010,30 @@ class Client:
                                         trans_b=trans_b, device=device, out=out))
 
     def fft(self, x: ArrayLike, *, inverse: bool = False, device: str = "any",
-            out: Optional[DeviceArray] = None) -> Any:
+            out: Optional[OutArg] = None) -> Any:
         """numpy.fft.fft (ifft when ``inverse``) of complex x along the last axis; real x
         gives numpy.fft.rfft."""
         return self._wait(self._op_fft(x, inverse=inverse, device=device, out=out))
 
     def fir(self, x: ArrayLike, h: ArrayLike, *, device: str = "any",
-            out: Optional[DeviceArray] = None) -> Any:
+            out: Optional[OutArg] = None) -> Any:
         """``scipy.signal.lfilter(h, 1, x)`` along the last axis (same shape as x)."""
         return self._wait(self._op_fir(x, h, device=device, out=out))
 
     def contract(self, subscripts: str, a: ArrayLike, b: ArrayLike, *, device: str = "any",
-                 out: Optional[DeviceArray] = None) -> Any:
+                 out: Optional[OutArg] = None) -> Any:
         """``numpy.einsum(subscripts, a, b)``; subscripts need an explicit ``->``."""
         return self._wait(self._op_contract(subscripts, a, b, device=device, out=out))
 
     def reduce(self, x: ArrayLike, fn: str = "sum",
                axes: Union[None, int, Sequence[int]] = None, *, device: str = "any",
-               out: Optional[DeviceArray] = None) -> Any:
+               out: Optional[OutArg] = None) -> Any:
         """``x.sum/max/min/mean(axis=axes)`` (``fn``; axes None: all, giving shape ())."""
         return self._wait(self._op_reduce(x, fn, axes, device=device, out=out))
 
     def map(self, fn: str, a: ArrayLike, b: Optional[ArrayLike] = None, *,
             alpha: float = 1.0, device: str = "any",
-            out: Optional[DeviceArray] = None) -> Any:
+            out: Optional[OutArg] = None) -> Any:
         """Elementwise ``fn``: add, sub, mul (a, b), scale (alpha*a), axpy (alpha*a+b),
         abs, exp."""
         return self._wait(self._op_map(fn, a, b, alpha=alpha, device=device, out=out))

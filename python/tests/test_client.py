@@ -115,10 +115,12 @@ def test_errors(client):
     client.ping()  # the connection stays usable after every error
 
 
-def test_empty_shared_is_not_supported(client):
-    with pytest.raises(dspk.NotSupported) as e:
-        client.empty_shared((4, 4), np.float32)
-    assert isinstance(e.value, NotImplementedError) and "shared" in e.value.message
+def test_empty_shared_is_an_ndarray(client):
+    """empty_shared is supported now (tests/test_shared.py has the rest)."""
+    a = client.empty_shared((4, 4), np.float32)
+    assert type(a) is np.ndarray and a.shape == (4, 4) and a.dtype == np.float32
+    a[:] = 1
+    assert client.reduce(a) == 16
 
 
 # ---- DeviceArrays -----------------------------------------------------------------

@@ -528,6 +528,30 @@ class Ops:
                      ref_map(fn, A, B, 1.0), sa, "c128")
 
 
+    def shared(self):
+        """Inputs of DSPK_SHARED_THRESHOLD bytes or more go through shared memory
+        (buffer.import): exact results, and their bytes never cross the socket."""
+        env = dict(os.environ, DSPK_SHARED_THRESHOLD="4096")
+
+        def received():
+            m = re.search(r"^dspk_received_bytes_total (\d+)$", self.cli.ok("metrics"),
+                          re.M)
+            check(m, "metrics has dspk_received_bytes_total")
+            return int(m.group(1))
+
+        pa, A, sa = self.arr((60, 50), "f64")   # 24000 bytes: shared
+        pb, B, sb = self.arr((50, 40), "f64")   # 16000 bytes: shared
+        pc, C, sc = self.arr((40,), "f64")      # 320 bytes: inline
+        before = received()
+        ref, osh = ref_gemm(A, sa, B, sb, C, sc, False, False, 1.0, 1.0)
+        self.run("gemm shared", ["gemm", pa, pb, pc], ref, osh, "f64", env)
+        got = received() - before
+        check(got < 4000, "gemm with shared inputs sent %d bytes to the daemon" % got)
+        px, X, sx = self.arr((4, 700), "f32")
+        ref, osh = ref_reduce("sum", X, sx, [1])
+        self.run("reduce shared --device cpu:0", ["reduce", "sum", px, "--axis", "1",
+                                                  "--device", "cpu:0"], ref, osh, "f32", env)
+
     def offload(self):
         """Inputs above DSPK_SUBMIT_INLINE_MAX travel through daemon
         buffers (here: every input of 4 KiB or more)."""
@@ -549,7 +573,7 @@ class Ops:
 
 def suite_ops(cli, tmp):
     ops = Ops(cli, tmp)
-    for name in ("gemm", "fft", "fir", "contract", "reduce", "map", "offload"):
+    for name in ("gemm", "fft", "fir", "contract", "reduce", "map", "offload", "shared"):
         getattr(ops, name)()
     print("ops: %d cases checked against naive references" % ops.cases)
 

@@ -315,11 +315,76 @@ static void test_faults(void **state) {
   random_traffic(100, 8192);
 }
 
+/* Shared-memory buffers: a client mapping registered with cuMemHostRegister
+ * is copied with one DMA from and to its own pages (no ring chunk), and
+ * unregistering drains the stream first (a queued copy may still read it). */
+static int nregistered, unregistered_pending;
+static CUresult f_register(void *p, size_t n, unsigned flags) {
+  (void)flags;
+  assert_true(npinned < 8);
+  pinned[npinned].p = p;
+  pinned[npinned++].n = n;
+  nregistered++;
+  return CUDA_SUCCESS;
+}
+static CUresult f_unregister(void *p) {
+  for (int i = 0; i < npinned; i++)
+    if (pinned[i].p == p) {
+      unregistered_pending += (int)(queued - executed);
+      pinned[i] = pinned[--npinned];
+      nregistered--;
+      return CUDA_SUCCESS;
+    }
+  fail_msg("cuMemHostUnregister of memory not registered");
+  return CUDA_ERROR_INVALID_VALUE;
+}
+
+static void test_host_register(void **state) {
+  enum { N = 3 * 4096 + 100 };
+  unsigned char *h = malloc(N), *back = malloc(N);
+  (void)state;
+  dspk__cu.cuMemHostRegister = f_register;
+  dspk__cu.cuMemHostUnregister = f_unregister;
+  assert_int_equal(dspk__cuda_stage_config(dev, 2, 4096), 0);
+  for (int i = 0; i < N; i++)
+    h[i] = (unsigned char)(i * 7 + 1);
+  assert_int_equal(dspk__cuda_host_register(dev, h, N), 0);
+  assert_int_equal(nregistered, 1);
+  uint64_t before = dev->stage.chunks_h2d, q0 = queued;
+  memset(devmem, 0, N);
+  assert_int_equal(dspk__cuda_stage_write(dev, (CUdeviceptr)(uintptr_t)devmem, h + 50,
+                                          N - 50), 0);
+  assert_int_equal(dev->stage.chunks_h2d, before); /* no ring chunk */
+  assert_int_equal(queued - q0, 1);                /* one DMA, queued */
+  assert_true(queue[q0 % QMAX].src == h + 50);     /* from the client's pages */
+  /* read back into another part of the registered mapping: one DMA too */
+  memset(h, 0, 50);
+  assert_int_equal(dspk__cuda_stage_read(dev, h, (CUdeviceptr)(uintptr_t)devmem, 40), 0);
+  for (int i = 0; i < 40; i++)
+    assert_int_equal(h[i], (unsigned char)((i + 50) * 7 + 1));
+  /* a queued write from the mapping, then unregister: drained first */
+  assert_int_equal(dspk__cuda_stage_write(dev, (CUdeviceptr)(uintptr_t)devmem, h, 64), 0);
+  assert_true(queued > executed);
+  dspk__cuda_host_unregister(dev, h);
+  assert_int_equal(unregistered_pending, 0);
+  assert_int_equal(nregistered, 0);
+  assert_int_equal(dev->nhostreg, 0);
+  /* not registered any more: the ring again */
+  before = dev->stage.chunks_h2d;
+  assert_int_equal(dspk__cuda_stage_write(dev, (CUdeviceptr)(uintptr_t)devmem, h, 5000), 0);
+  assert_true(dev->stage.chunks_h2d > before);
+  assert_int_equal(dspk__cuda_stage_read(dev, back, (CUdeviceptr)(uintptr_t)devmem, 5000), 0);
+  assert_memory_equal(back, h, 5000);
+  free(h);
+  free(back);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_rings, setup, teardown),
       cmocka_unit_test_setup_teardown(test_writes_stay_queued, setup, teardown),
       cmocka_unit_test_setup_teardown(test_faults, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_host_register, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

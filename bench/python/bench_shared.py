@@ -1,0 +1,76 @@
+#!/usr/bin/env python3
+"""Shared arrays (Client.empty_shared) against numpy in one run, interleaved:
+gemm 2048^2 f32 (numpy's a @ b vs c.gemm(a, b, out=o) with a, b, o shared), fft 2^20 c64
+(numpy.fft.fft vs c.fft(x, out=y)), and the bytes one task request puts on the socket.
+
+    python3 bench/python/bench_shared.py --dspkd build/daemon/dspkd [--reps 7]
+"""
+import argparse
+import os
+import select
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                                "python"))
+import dspk  # noqa: E402
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dspkd", required=True)
+    ap.add_argument("--reps", type=int, default=7)
+    a = ap.parse_args()
+    d = tempfile.mkdtemp(prefix="dspk-bsh-")
+    sock = os.path.join(d, "d.sock")
+    r, w = os.pipe()
+    p = subprocess.Popen([a.dspkd, "--foreground", "--socket", sock, "--no-cache",
+                          "--backends", "cpu", "--ready-fd", str(w)], pass_fds=[w],
+                         stderr=subprocess.DEVNULL)
+    os.close(w)
+    select.select([r], [], [], 60)
+    assert os.read(r, 16) == b"READY\n"
+    c = dspk.connect(sock)
+    n = 2048
+    rng = np.random.default_rng(0)
+    A, B = rng.random((n, n), np.float32), rng.random((n, n), np.float32)
+    sa, sb, so = (c.empty_shared((n, n), np.float32) for _ in range(3))
+    sa[:], sb[:] = A, B
+    nf = 1 << 20
+    X = (rng.standard_normal(nf) + 1j * rng.standard_normal(nf)).astype(np.complex64)
+    sx, sy = c.empty_shared(nf, np.complex64), c.empty_shared(nf, np.complex64)
+    sx[:] = X
+    sent = []
+    orig = c._send_chunks
+    c._send_chunks = lambda ch, fds=None: (sent.append(sum(memoryview(x).nbytes for x in ch)),
+                                           orig(ch, fds))[1]
+    res = {"gemm numpy": [], "gemm shared": [], "fft numpy": [], "fft shared": []}
+    for i in range(a.reps + 1):
+        t = time.perf_counter(); A @ B; t1 = time.perf_counter() - t
+        t = time.perf_counter(); c.gemm(sa, sb, out=so); t2 = time.perf_counter() - t
+        t = time.perf_counter(); np.fft.fft(X); t3 = time.perf_counter() - t
+        t = time.perf_counter(); c.fft(sx, out=sy); t4 = time.perf_counter() - t
+        if i:  # the first round warms up
+            for k, v in zip(res, (t1, t2, t3, t4)):
+                res[k].append(v * 1e3)
+    np.testing.assert_allclose(so, A @ B, rtol=1e-3)
+    np.testing.assert_allclose(sy, np.fft.fft(X), rtol=1e-2, atol=1e-2)
+    for k, v in res.items():
+        print("| %s | %.1f | %.1f .. %.1f |" % (k, statistics.median(v), min(v), max(v)))
+    print("gemm ratio numpy/shared %.3f, fft ratio numpy/shared %.2f"
+          % (statistics.median(res["gemm numpy"]) / statistics.median(res["gemm shared"]),
+             statistics.median(res["fft numpy"]) / statistics.median(res["fft shared"])))
+    print("bytes sent per task request: max %d" % max(sent))
+    c.close()
+    p.terminate()
+    p.wait()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

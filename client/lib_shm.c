@@ -1,0 +1,253 @@
+/*
+ * libdspkclient's shared memory (docs/protocol.md, "Shared memory"): memfds
+ * sealed against shrinking and growing, mapped here and imported by the
+ * daemon with buffer.import (the fd goes with the request's first byte).
+ *
+ * The caller's allocations (dspk_shared_alloc) are zero-copy operands: an
+ * inline tensor whose data lies in one is sent as a reference.  Other
+ * inline operands of at least c->shm_threshold bytes are copied once into a
+ * temporary shared buffer instead of being written to the socket (where the
+ * daemon would read them into its own buffer and copy them again).  A
+ * temporary belongs to its task until that task's answer is consumed
+ * (dspk_wait), then it is kept for the next task (at most SHM_IDLE_MAX idle
+ * ones), so a stream of big tasks reuses the same pages instead of faulting
+ * in fresh ones.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "client/lib_internal.h"
+
+#define SHM_IDLE_MAX 6
+#define SHM_ROUND ((size_t)2 << 20) /* temporaries: whole 2 MiB */
+
+struct import_args {
+  const char *device;
+  size_t size;
+};
+
+static void pack_import(void *ud, struct dspk__wbuf *w) {
+  struct import_args *a = ud;
+  msgpack_pack_map(&w->pk, 2);
+  dspk__pack_str(&w->pk, "device");
+  dspk__pack_str(&w->pk, a->device);
+  dspk__pack_str(&w->pk, "size");
+  msgpack_pack_uint64(&w->pk, a->size);
+}
+
+static int buffer_free(dspk_client *c, uint64_t id) {
+  return dspk_buffer_free(c, id);
+}
+
+/* A sealed memfd of n bytes mapped here and imported on device. */
+static int shm_new(dspk_client *c, const char *device, size_t n, int state,
+                   struct dspk__shm **out) {
+  struct import_args a = {.device = device, .size = n};
+  struct dspk__wbuf w;
+  struct dspk__resp r;
+  struct dspk__shm *s;
+  uint32_t msgid;
+  uint64_t id;
+  void *p = MAP_FAILED;
+  int fd, rc;
+
+  if (c->nshm == c->capshm) {
+    size_t cap = c->capshm ? 2 * c->capshm : 8;
+    struct dspk__shm *ns = realloc(c->shm, cap * sizeof(*ns));
+    if (!ns)
+      return dspk__cerr(c, DSPK_ENOMEM, "out of memory");
+    c->shm = ns;
+    c->capshm = cap;
+  }
+  fd = memfd_create("dspk-shared", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0)
+    return dspk__cerr(c, DSPK_ENOMEM, "memfd_create: %s", strerror(errno));
+  if (ftruncate(fd, (off_t)n) != 0 ||
+      fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) != 0 ||
+      (p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) == MAP_FAILED) {
+    rc = dspk__cerr(c, DSPK_ENOMEM, "shared memory of %zu bytes: %s", n,
+                    strerror(errno));
+    close(fd);
+    return rc;
+  }
+  (void)madvise(p, n, MADV_HUGEPAGE); /* where shmem_enabled allows it */
+  msgid = dspk__next_id(c);
+  dspk__wbuf_init(&w);
+  dspk__pack_request_head(&w.pk, msgid, "buffer.import", true);
+  pack_import(&a, &w);
+  rc = dspk__send_fd(c, &w, msgid, fd);
+  dspk__wbuf_free(&w);
+  close(fd); /* the mapping and the daemon's copy keep the memory */
+  if (rc == 0)
+    rc = dspk__wait(c, msgid, &r);
+  if (rc != 0) {
+    munmap(p, n);
+    return rc;
+  }
+  if (dspk__obj_u64(dspk__map_get(r.msg.result, "buffer"), &id) != 0)
+    rc = dspk__cerr(c, DSPK_EPROTO, "buffer.import: no buffer id in result");
+  dspk__resp_free(&r);
+  if (rc != 0) {
+    munmap(p, n);
+    return rc;
+  }
+  s = &c->shm[c->nshm++];
+  memset(s, 0, sizeof *s);
+  s->ptr = p;
+  s->size = n;
+  s->id = id;
+  s->state = state;
+  snprintf(s->device, sizeof s->device, "%s", device);
+  *out = s;
+  return 0;
+}
+
+static void shm_drop(dspk_client *c, size_t i, bool tell) {
+  struct dspk__shm s = c->shm[i];
+  memmove(&c->shm[i], &c->shm[i + 1], (c->nshm - i - 1) * sizeof(c->shm[0]));
+  c->nshm--;
+  if (tell && !c->broken)
+    (void)buffer_free(c, s.id); /* requests already sent still see it */
+  munmap(s.ptr, s.size);
+}
+
+DSPK_EXPORT int dspk_shared_alloc(dspk_client *c, const char *device,
+                                  size_t bytes, void **ptr_out,
+                                  uint64_t *id_out) {
+  struct dspk__shm *s;
+  int rc;
+  if (!c || !ptr_out || !id_out || bytes == 0)
+    return c ? dspk__cerr(c, DSPK_EINVAL, "dspk_shared_alloc: bytes must be > 0")
+             : DSPK_EINVAL;
+  rc = shm_new(c, device && *device ? device : "cpu:0", bytes, 0, &s);
+  if (rc != 0)
+    return rc;
+  *ptr_out = s->ptr;
+  *id_out = s->id;
+  return 0;
+}
+
+DSPK_EXPORT int dspk_shared_free(dspk_client *c, void *ptr) {
+  if (!c)
+    return DSPK_EINVAL;
+  for (size_t i = 0; i < c->nshm; i++)
+    if (c->shm[i].ptr == ptr && c->shm[i].state == 0) {
+      uint64_t id = c->shm[i].id;
+      int rc = c->broken ? 0 : buffer_free(c, id);
+      c->shm[i].id = 0;
+      shm_drop(c, i, false);
+      return rc;
+    }
+  return dspk__cerr(c, DSPK_EINVAL, "dspk_shared_free: not a shared allocation");
+}
+
+DSPK_EXPORT void dspk_set_shared_threshold(dspk_client *c, size_t bytes) {
+  if (c)
+    c->shm_threshold = bytes;
+}
+
+int dspk__shm_operand(dspk_client *c, const char *device, const void *data,
+                      size_t n, uint64_t *id, uint64_t *off) {
+  const char *p = data;
+  struct dspk__shm *best = NULL;
+  size_t want;
+  int rc;
+
+  if (!p)
+    return 0;
+  for (size_t i = 0; i < c->nshm; i++) {
+    struct dspk__shm *s = &c->shm[i];
+    if (s->state == 0 && p >= s->ptr && n <= s->size && (size_t)(p - s->ptr) <= s->size - n) {
+      *id = s->id;
+      *off = (uint64_t)(p - s->ptr);
+      return 1;
+    }
+  }
+  if (!c->shm_threshold || n < c->shm_threshold)
+    return 0;
+  /* A temporary pins the task to its device.  For "any" that is right only
+   * when "any" can mean nothing but cpu:0 (no hardware device: every device
+   * is the cpu or a software renderer); else the daemon's choice, and its
+   * move to cpu:0 on ENOTSUP, stay free and the operand goes inline. */
+  if (strcmp(device, "any") == 0) {
+    if (c->shm_any == 0) {
+      dspk_device_list *l = NULL;
+      c->shm_any = 2;
+      if (dspk_devices(c, false, &l) == 0) {
+        bool hw = false;
+        for (size_t i = 0; i < l->ndevices; i++)
+          hw |= strcmp(l->devices[i].backend, "cpu") != 0 && !l->devices[i].software;
+        c->shm_any = hw ? 2 : 1;
+      }
+      dspk_device_list_free(l);
+    }
+    if (c->shm_any != 1)
+      return 0;
+    device = "cpu:0";
+  }
+  /* A temporary: the smallest idle one of this device that fits. */
+  for (size_t i = 0; i < c->nshm; i++) {
+    struct dspk__shm *s = &c->shm[i];
+    if (s->state == 2 && s->size >= n && strcmp(s->device, device) == 0 &&
+        (!best || s->size < best->size))
+      best = s;
+  }
+  if (!best) {
+    size_t idle = 0;
+    for (size_t i = 0; i < c->nshm; i++)
+      idle += c->shm[i].state == 2;
+    for (size_t i = 0; idle >= SHM_IDLE_MAX && i < c->nshm;) {
+      if (c->shm[i].state == 2) {
+        shm_drop(c, i, true);
+        idle--;
+      } else {
+        i++;
+      }
+    }
+    want = (n + SHM_ROUND - 1) / SHM_ROUND * SHM_ROUND;
+    if ((rc = shm_new(c, device, want, 2, &best)) != 0)
+      return rc;
+  }
+  best->state = 3;
+  memcpy(best->ptr, p, n);
+  *id = best->id;
+  *off = 0;
+  return 1;
+}
+
+char *dspk__shm_local(dspk_client *c, uint64_t id, uint64_t off, size_t n) {
+  if (c->ninflight > 0 || c->broken) /* keep the daemon's order of requests */
+    return NULL;
+  for (size_t i = 0; i < c->nshm; i++) {
+    struct dspk__shm *s = &c->shm[i];
+    if (s->state == 0 && s->id == id)
+      return off <= s->size && n <= s->size - off ? s->ptr + off : NULL;
+  }
+  return NULL;
+}
+
+void dspk__shm_sent(dspk_client *c, uint32_t ticket, bool ok) {
+  for (size_t i = 0; i < c->nshm; i++)
+    if (c->shm[i].state == 3) {
+      c->shm[i].state = ok ? 1 : 2;
+      c->shm[i].ticket = ticket;
+    }
+}
+
+void dspk__shm_done(dspk_client *c, uint32_t ticket) {
+  for (size_t i = 0; i < c->nshm; i++)
+    if (c->shm[i].state == 1 && c->shm[i].ticket == ticket)
+      c->shm[i].state = 2;
+}
+
+void dspk__shm_close(dspk_client *c) {
+  for (size_t i = 0; i < c->nshm; i++)
+    munmap(c->shm[i].ptr, c->shm[i].size);
+  free(c->shm);
+  c->shm = NULL;
+  c->nshm = c->capshm = 0;
+}

@@ -1,0 +1,310 @@
+/*
+ * Shared-memory buffers (docs/protocol.md, "Shared memory"): a client passes
+ * a memfd over SCM_RIGHTS with a buffer.import request, or asks for one with
+ * buffer.share and maps the memfd that comes with the answer.  Either way
+ * the daemon maps the memory itself (MAP_SHARED, read-write) and the buffer
+ * is a buffer like any other: same ids, same table, same quotas.
+ *
+ * Why the seals: a client that shrinks a file the daemon has mapped makes
+ * the daemon's next access to the lost pages a SIGBUS.  buffer.import
+ * therefore takes only a memfd sealed with F_SEAL_SHRINK (and no hugetlbfs
+ * file, whose faults can SIGBUS when huge pages run out); it maps exactly
+ * the bytes the request names, which the file held when it was checked and
+ * must keep for good.  Growing is harmless (the mapping does not grow).
+ *
+ * Placement on the device (runner): a backend with import_host uses the
+ * mapping itself as its block (cpu: ops read and write the client's pages
+ * in place); any other keeps a block of its own and the runner copies the
+ * tensors a task uses from the mapping before the task and its results back
+ * after it (dspkd_shm_sync), with the mapping pinned for DMA where the
+ * backend offers host_register.  The mapping is the buffer's contents
+ * between tasks; buffer.write and buffer.read copy into and out of it.
+ *
+ * File descriptors travel on the connection's socket, which libuv opens as
+ * an IPC pipe: each read may bring some (libuv queues them on the handle).
+ * They are taken off the handle at once (dspkd_shm_take_fds) and kept with
+ * the stream position at the end of the read that brought them; the frame
+ * that starts at or after that position cannot be the one they came with,
+ * so they are closed as stray before it is handled (dspkd_shm_drop_stale).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/vfs.h>
+#include <unistd.h>
+
+#include "daemon/dspkd.h"
+#include "daemon/log.h"
+
+#ifndef HUGETLBFS_MAGIC
+#define HUGETLBFS_MAGIC 0x958458f6
+#endif
+
+/* ---- file descriptors on the connection ------------------------------- */
+
+static void free_handle(uv_handle_t *h) { free(h); }
+
+int dspkd_shm_take_fds(struct conn *c) {
+  while (uv_pipe_pending_count(&c->pipe) > 0) {
+    uv_pipe_t *tmp = malloc(sizeof(*tmp));
+    uv_os_fd_t ofd;
+    int fd = -1;
+
+    if (!tmp)
+      return DSPK_ENOMEM;
+    /* libuv hands a received descriptor out only through a handle: accept
+     * it into a pipe, keep a duplicate, and let the handle close its own. */
+    uv_pipe_init(c->d->loop, tmp, 0);
+    if (uv_accept((uv_stream_t *)&c->pipe, (uv_stream_t *)tmp) == 0 &&
+        uv_fileno((uv_handle_t *)tmp, &ofd) == 0)
+      fd = fcntl(ofd, F_DUPFD_CLOEXEC, 0);
+    uv_close((uv_handle_t *)tmp, free_handle);
+    if (fd < 0)
+      return DSPK_ENOMEM;
+    if (c->nfds == DSPKD_MAX_FDS) {
+      close(fd);
+      return DSPK_ELIMIT;
+    }
+    c->fds[c->nfds].fd = fd;
+    c->fds[c->nfds].pos = c->rx_pos;
+    c->nfds++;
+  }
+  return 0;
+}
+
+static void fds_shift(struct conn *c) {
+  memmove(&c->fds[0], &c->fds[1], (size_t)(c->nfds - 1) * sizeof(c->fds[0]));
+  c->nfds--;
+}
+
+void dspkd_shm_drop_stale(struct conn *c) {
+  while (c->nfds > 0 && c->fds[0].pos <= c->frame_pos) {
+    dspkd_debug("client %llu: closing a file descriptor no buffer.import claimed",
+                (unsigned long long)c->id);
+    close(c->fds[0].fd);
+    fds_shift(c);
+  }
+}
+
+void dspkd_shm_conn_closed(struct conn *c) {
+  while (c->nfds > 0) {
+    close(c->fds[0].fd);
+    fds_shift(c);
+  }
+}
+
+/* ---- the methods ------------------------------------------------------ */
+
+__attribute__((format(printf, 3, 4)))
+static int fail(struct req *r, int code, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  dspk__vformat(r->msg, sizeof r->msg, fmt, ap);
+  va_end(ap);
+  return code;
+}
+
+/* The arguments both methods take: {device?: "cpu:0", size}. */
+static int shm_args(struct req *r, const char *what, struct device **dev, uint64_t *size) {
+  char devname[48] = "cpu:0";
+  struct dspkd *d = r->c->d;
+  int err;
+
+  if ((err = dspk__arg_str(r->args, "device", devname, sizeof devname, r->msg,
+                           sizeof r->msg)))
+    return err;
+  if (dspk__obj_u64(dspk__map_get(r->args, "size"), size) != 0)
+    return fail(r, DSPK_EINVAL, "size: expected a byte count");
+  if (*size == 0)
+    return fail(r, DSPK_EINVAL, "%s: size must be at least 1 byte", what);
+  if (*size > SIZE_MAX / 2)
+    return fail(r, DSPK_ERANGE, "size %" PRIu64 " is too large", *size);
+  if (!(*dev = dspkd_resolve_device(r, devname, &err)))
+    return err; /* as buffer.create: the connection's Slurm job's devices */
+  if ((*dev)->info.memory && *size > (*dev)->info.memory)
+    return fail(r, DSPK_ENOMEM, "%" PRIu64 " bytes is more than %s has (%" PRIu64 ")",
+                *size, (*dev)->id, (*dev)->info.memory);
+  if (r->c->nbufs + r->c->creating >= d->cfg.max_buffers)
+    return fail(r, DSPK_ELIMIT, "this connection already has %zu buffers (max_buffers)",
+                r->c->nbufs + r->c->creating);
+  return 0;
+}
+
+/* Queues the create job of a shared buffer over the mapping host (which it
+ * takes: unmapped here on failure, else by the buffer's release) and, for
+ * buffer.share, the memfd that goes with the answer. */
+static int shm_submit(struct req *r, struct device *dev, uint64_t size, void *host,
+                      int share_fd) {
+  struct conn *c = r->c;
+  struct dbuf *b;
+  struct job *j;
+  int err;
+
+  /* Huge pages where the system allows them for shared memory
+   * (transparent_hugepage/shmem_enabled "advise"): ops striding through a
+   * large operand miss the TLB far less (docs/performance.md). */
+  (void)madvise(host, (size_t)size, MADV_HUGEPAGE);
+  if (!(b = calloc(1, sizeof(*b))))
+    goto nomem;
+  if (!(b->free_job = job_new(NULL, JOB_BUF_FREE, 0, dev)) ||
+      !(j = job_new(c, JOB_BUF_CREATE, r->msgid, dev))) {
+    free(b->free_job);
+    free(b);
+    goto nomem;
+  }
+  b->id = ++c->d->next_buf_id;
+  b->dev = dev;
+  b->size = size;
+  b->refs = 1; /* the job's */
+  b->host = host;
+  b->share_fd = share_fd;
+  j->buf = b;
+  j->refs[j->nrefs++] = b;
+  if ((err = dspkd_quota_check(j, r->msg, sizeof r->msg)) < 0) {
+    job_free(c->d, j); /* the buffer's release unmaps and closes */
+    return err;
+  }
+  job_submit(j);
+  return 0;
+nomem:
+  munmap(host, (size_t)size);
+  if (share_fd >= 0)
+    close(share_fd);
+  return DSPK_ENOMEM;
+}
+
+int dspkd_m_buffer_import(struct req *r) {
+  struct conn *c = r->c;
+  struct device *dev;
+  struct statfs sfs;
+  struct stat st;
+  uint64_t size;
+  void *host;
+  int fd, seals, err;
+
+  if (c->nfds == 0)
+    return fail(r, DSPK_EINVAL, "buffer.import: no file descriptor came with this request "
+                "(send one memfd with SCM_RIGHTS in the sendmsg that carries the "
+                "request's first byte)");
+  fd = c->fds[0].fd;
+  fds_shift(c);
+  if ((err = shm_args(r, "buffer.import", &dev, &size)))
+    goto out;
+  seals = fcntl(fd, F_GET_SEALS);
+  if (seals < 0) {
+    err = fail(r, DSPK_EINVAL, "buffer.import: the file descriptor is not a memfd "
+               "(F_GET_SEALS: %s)", strerror(errno));
+    goto out;
+  }
+  if (!(seals & F_SEAL_SHRINK)) {
+    err = fail(r, DSPK_EINVAL, "buffer.import: the memfd is not sealed against "
+               "shrinking: add F_SEAL_SHRINK (fcntl F_ADD_SEALS) before sending it");
+    goto out;
+  }
+  if (fstatfs(fd, &sfs) == 0 && (unsigned long)sfs.f_type == HUGETLBFS_MAGIC) {
+    err = fail(r, DSPK_EINVAL, "buffer.import: hugetlb memfds are refused (a fault "
+               "without a free huge page is a SIGBUS)");
+    goto out;
+  }
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    err = fail(r, DSPK_EINVAL, "buffer.import: the file descriptor is not a regular file");
+    goto out;
+  }
+  if ((uint64_t)st.st_size < size) {
+    err = fail(r, DSPK_EINVAL, "buffer.import: the memfd has %lld bytes, fewer than size "
+               "%" PRIu64, (long long)st.st_size, size);
+    goto out;
+  }
+  host = mmap(NULL, (size_t)size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (host == MAP_FAILED) {
+    err = fail(r, DSPK_EINVAL, "buffer.import: cannot map the memfd read-write (%s): "
+               "open it O_RDWR and do not seal it against writing", strerror(errno));
+    goto out;
+  }
+  err = shm_submit(r, dev, size, host, -1);
+out:
+  close(fd);
+  return err;
+}
+
+int dspkd_m_buffer_share(struct req *r) {
+  struct device *dev;
+  uint64_t size;
+  void *host;
+  int fd, err;
+
+  if ((err = shm_args(r, "buffer.share", &dev, &size)))
+    return err;
+  fd = memfd_create("dspk-buffer", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0)
+    return fail(r, errno == EMFILE || errno == ENFILE ? DSPK_ELIMIT : DSPK_ENOMEM,
+                "buffer.share: memfd_create: %s", strerror(errno));
+  if (ftruncate(fd, (off_t)size) != 0 ||
+      fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+    err = fail(r, DSPK_ENOMEM, "buffer.share: cannot size the memfd: %s", strerror(errno));
+    close(fd);
+    return err;
+  }
+  host = mmap(NULL, (size_t)size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (host == MAP_FAILED) {
+    err = fail(r, DSPK_ENOMEM, "buffer.share: cannot map the memfd: %s", strerror(errno));
+    close(fd);
+    return err;
+  }
+  return shm_submit(r, dev, size, host, fd);
+}
+
+/* ---- the runner's side ------------------------------------------------ */
+
+int dspkd_shm_create(struct device *dev, struct dbuf *b) {
+  const struct dspk__backend *be = dev->be;
+  int err = DSPK_ENOTSUP;
+
+  /* Test hook: DSPKD_TEST_SHM_STAGED=1 takes the staged path (a block of
+   * the device's own plus copies, as on cuda) on every backend, so CI runs
+   * it on the cpu. */
+  static int staged = -1;
+  if (staged < 0) {
+    const char *e = getenv("DSPKD_TEST_SHM_STAGED");
+    staged = e && strcmp(e, "1") == 0;
+  }
+  if (be->import_host && !staged)
+    err = be->import_host(dev->bdev, b->host, (size_t)b->size, &b->mem);
+  if (err == 0) {
+    b->host_direct = true;
+    return 0;
+  }
+  if (err != DSPK_ENOTSUP)
+    return err;
+  if ((err = be->alloc(dev->bdev, (size_t)b->size, &b->mem)) < 0)
+    return err;
+  if (be->host_register && be->host_register(dev->bdev, b->host, (size_t)b->size) == 0)
+    b->host_registered = true;
+  return 0;
+}
+
+void dspkd_shm_release(struct device *dev, struct dbuf *b) {
+  if (b->host_registered && dev->be->host_unregister)
+    dev->be->host_unregister(dev->bdev, b->host);
+  b->host_registered = false;
+  if (b->host)
+    munmap(b->host, (size_t)b->size);
+  b->host = NULL;
+  if (b->share_fd >= 0)
+    close(b->share_fd);
+  b->share_fd = -1;
+}
+
+int dspkd_shm_sync(struct device *dev, struct dbuf *b, uint64_t off, size_t n,
+                   bool to_dev) {
+  char *p = (char *)b->host + off;
+  if (!b->host || b->host_direct || n == 0)
+    return 0;
+  return to_dev ? dev->be->write(dev->bdev, b->mem, (size_t)off, p, n)
+                : dev->be->read(dev->bdev, b->mem, (size_t)off, p, n);
+}

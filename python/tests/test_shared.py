@@ -1,0 +1,380 @@
+"""Shared-memory buffers (protocol.md "Shared memory"): Client.empty_shared and the raw
+buffer.import / buffer.share methods, against a real daemon and numpy."""
+from __future__ import annotations
+
+import array
+import fcntl
+import gc
+import mmap
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import msgpack
+import numpy as np
+import pytest
+
+import dspk
+
+SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW
+
+
+class Raw:
+    """A bare protocol connection that can pass file descriptors."""
+
+    def __init__(self, path: str) -> None:
+        self.s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.s.connect(path)
+        self.up = msgpack.Unpacker(raw=False)
+        self.fds: list = []
+        self.id = 0
+
+    def send(self, method, args=None, fds=None):
+        self.id += 1
+        frame = msgpack.packb([0, self.id, method, [args] if args is not None else []],
+                              use_bin_type=True)
+        anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
+        self.s.sendmsg([frame], anc)
+        return self.id
+
+    def recv(self):
+        while True:
+            for msg in self.up:
+                return msg
+            data, anc, _, _ = self.s.recvmsg(1 << 20, socket.CMSG_SPACE(16 * 4))
+            for level, kind, payload in anc:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                    a = array.array("i")
+                    a.frombytes(payload[:len(payload) - len(payload) % 4])
+                    self.fds.extend(a)
+            if not data:
+                return None
+            self.up.feed(data)
+
+    def call(self, method, args=None, fds=None):
+        msgid = self.send(method, args, fds)
+        msg = self.recv()
+        assert msg is not None and msg[0] == 1 and msg[1] == msgid, msg
+        return msg[2], msg[3]
+
+    def close(self):
+        self.s.close()
+        for fd in self.fds:
+            os.close(fd)
+
+
+def memfd(size: int, seals: int = SEALS) -> int:
+    fd = os.memfd_create("t", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    os.ftruncate(fd, size)
+    if seals:
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
+    return fd
+
+
+def task(buf: int, shape, dtype="f32", off=0):
+    return {"buffer": buf, "offset": off, "dtype": dtype, "shape": list(shape)}
+
+
+@pytest.fixture()
+def raw(daemon):
+    r = Raw(daemon.socket)
+    yield r
+    r.close()
+
+
+# ---- Client.empty_shared ---------------------------------------------------------
+
+def test_shared_operands_and_out_against_numpy(client):
+    rng = np.random.default_rng(1)
+    a = client.empty_shared((96, 80), np.float32)
+    b = client.empty_shared((80, 72), np.float32)
+    out = client.empty_shared((96, 72), np.float32)
+    a[:] = rng.standard_normal(a.shape)
+    b[:] = rng.standard_normal(b.shape)
+    res = client.gemm(a, b, out=out)
+    assert res is out
+    np.testing.assert_allclose(out, a @ b, rtol=2e-5, atol=2e-4)
+    # a slice of a shared array is a reference too (offset into the buffer)
+    np.testing.assert_allclose(client.reduce(a[10:20]), a[10:20].sum(), rtol=1e-4)
+    # shared and plain operands mix; fft of a shared complex array
+    x = client.empty_shared(4096, np.complex64)
+    x[:] = rng.standard_normal(4096) + 1j * rng.standard_normal(4096)
+    np.testing.assert_allclose(client.fft(x), np.fft.fft(x), rtol=1e-3, atol=1e-3)
+    np.testing.assert_allclose(client.map("add", a, np.ones_like(a)), a + 1, rtol=1e-6)
+
+
+def test_shared_out_is_written_in_place(client):
+    """The daemon writes the result into the array's own pages: nothing is read back."""
+    x = client.empty_shared(1 << 16, np.float64)
+    x[:] = np.arange(x.size)
+    out = client.empty_shared(1 << 16, np.float64)
+    out[:] = -1
+    addr = out.__array_interface__["data"][0]
+    reads = []
+    orig = client._start
+
+    def spy(method, *a, **k):
+        reads.append(method)
+        return orig(method, *a, **k)
+
+    client._start = spy
+    try:
+        res = client.map("scale", x, alpha=3.0, out=out)
+    finally:
+        client._start = orig
+    assert res is out and np.shares_memory(res, out)
+    assert res.__array_interface__["data"][0] == addr
+    assert reads == ["task.run"]  # no buffer.read, no buffer.write
+    np.testing.assert_array_equal(out, 3.0 * np.arange(x.size))
+
+
+def test_shared_operand_sends_no_data(client):
+    """A 16 MiB operand in a shared array: the request frame is a few hundred bytes."""
+    a = client.empty_shared((2048, 2048), np.float32)
+    a[:] = 1.0
+    sent = []
+    orig = client._send_chunks
+
+    def spy(chunks, fds=None):
+        sent.append(sum(memoryview(c).nbytes for c in chunks))
+        return orig(chunks, fds)
+
+    client._send_chunks = spy
+    try:
+        total = client.reduce(a)
+    finally:
+        client._send_chunks = orig
+    assert total == pytest.approx(2048 * 2048)
+    assert len(sent) == 1 and sent[0] < 512, sent
+    # the same array inline (a copy) is the whole 16 MiB
+    sent.clear()
+    client._send_chunks = spy
+    try:
+        client.reduce(np.array(a))
+    finally:
+        client._send_chunks = orig
+    assert sum(sent) > a.nbytes
+
+
+def test_shared_buffer_freed_with_array(client):
+    def nbufs():
+        me = [c for c in client.status()["clients"] if c["self"]]
+        return me[0]["buffers"]
+
+    before = nbufs()
+    a = client.empty_shared(1000, np.float32)
+    assert nbufs() == before + 1
+    del a
+    gc.collect()
+    assert nbufs() == before  # buffer.free went before status on the same connection
+
+
+def test_shared_out_wrong_shape_is_reported(client):
+    a = client.empty_shared((8, 8), np.float32)
+    a[:] = 1
+    out = client.empty_shared((4, 4), np.float32)
+    with pytest.raises(dspk.Error):   # the 8x8 result does not fit: ERANGE
+        client.gemm(a, a, out=out)
+    big = client.empty_shared(64, np.float32)
+    with pytest.raises(dspk.InvalidArgument):  # fits, but is not the result's shape
+        client.gemm(a, a, out=big)
+
+
+def test_concurrent_writes_do_not_crash(client):
+    """A client writing its shared operand while tasks read it: undefined results for
+    those tasks, never a crash; the next task is exact."""
+    a = client.empty_shared((512, 512), np.float32)
+    a[:] = 1
+    stop = threading.Event()
+
+    def scribble():
+        v = 0.0
+        while not stop.is_set():
+            a[:] = v
+            v += 1
+
+    t = threading.Thread(target=scribble)
+    t.start()
+    try:
+        for _ in range(20):
+            client.gemm(a, a)
+    finally:
+        stop.set()
+        t.join()
+    a[:] = 2
+    np.testing.assert_allclose(client.gemm(a, a), np.full((512, 512), 4 * 512), rtol=1e-6)
+
+
+def test_client_exits_mid_task(daemon, client):
+    """A client that exits with a task in flight on its shared buffers: the buffers go
+    when the task ends, the daemon keeps serving."""
+    code = r"""
+import os, sys, numpy as np, dspk
+c = dspk.connect(sys.argv[1])
+a = c.empty_shared((1024, 1024), np.float32); a[:] = 1
+for _ in range(4):
+    c.submit("gemm", a, a)
+print("sent", flush=True)
+os._exit(0)
+"""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    p = subprocess.run([sys.executable, "-c", code, daemon.socket], env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and "sent" in p.stdout, p.stderr
+    deadline = time.monotonic() + 30
+    while True:
+        st = client.status()
+        if st["daemon"]["connections"] == 1:
+            break
+        assert time.monotonic() < deadline, st
+        time.sleep(0.05)
+    assert [c["buffers"] for c in st["clients"]] == [0] or \
+        all(c["self"] for c in st["clients"])
+    for dev in st["devices"]:
+        assert dev["stats"]["pool_bytes_in_use"] == 0, dev
+    a = np.arange(12, dtype=np.float32).reshape(3, 4)
+    np.testing.assert_allclose(client.gemm(a, a.T), a @ a.T)
+
+
+def test_staged_path_on_cpu():
+    """The path of a device that cannot use the pages in place (cuda): a block of its own,
+    one copy in before each task and one out after it (DSPKD_TEST_SHM_STAGED=1 forces it on
+    the cpu).  Results must be in the client's pages when the answer comes."""
+    from conftest import Daemon
+    old = os.environ.get("DSPKD_TEST_SHM_STAGED")
+    os.environ["DSPKD_TEST_SHM_STAGED"] = "1"
+    try:
+        d = Daemon()
+    finally:
+        if old is None:
+            del os.environ["DSPKD_TEST_SHM_STAGED"]
+        else:
+            os.environ["DSPKD_TEST_SHM_STAGED"] = old
+    try:
+        with dspk.connect(d.socket, timeout=60) as c:
+            rng = np.random.default_rng(4)
+            a = c.empty_shared((100, 70), np.float64)
+            b = c.empty_shared((70, 90), np.float64)
+            big = c.empty_shared((300, 90), np.float64)
+            a[:] = rng.standard_normal(a.shape)
+            b[:] = rng.standard_normal(b.shape)
+            big[:] = -7
+            out = big[100:200]  # a slice: the result goes at an offset
+            assert c.gemm(a, b, out=out) is out
+            np.testing.assert_allclose(out, a @ b, rtol=1e-12, atol=1e-12)
+            assert (big[:100] == -7).all() and (big[200:] == -7).all()  # only its bytes
+            a[:] = 2.0  # between tasks: the next copy in sees it
+            np.testing.assert_allclose(c.gemm(a, b), 2.0 * np.ones((100, 70)) @ b,
+                                       rtol=1e-12)
+            np.testing.assert_allclose(c.reduce(out), out.sum(),
+                                       rtol=1e-9)
+    finally:
+        d.stop()
+
+
+# ---- the raw methods -------------------------------------------------------------
+
+def test_import_checks(raw):
+    """Unsealed, undersized, not a memfd, no fd: EINVAL with a message that says why."""
+    fd = memfd(4096, seals=0)
+    err, _ = raw.call("buffer.import", {"size": 4096}, [fd])
+    assert err["name"] == "EINVAL" and "F_SEAL_SHRINK" in err["message"]
+    os.close(fd)
+    fd = memfd(4096)
+    err, _ = raw.call("buffer.import", {"size": 8192}, [fd])
+    assert err["name"] == "EINVAL" and "fewer than size" in err["message"]
+    err, _ = raw.call("buffer.import", {"size": 0}, [fd])
+    assert err["name"] == "EINVAL"
+    os.close(fd)
+    r, w = os.pipe()
+    err, _ = raw.call("buffer.import", {"size": 16}, [r])
+    assert err["name"] == "EINVAL" and "not a memfd" in err["message"]
+    os.close(r)
+    os.close(w)
+    err, _ = raw.call("buffer.import", {"size": 16})
+    assert err["name"] == "EINVAL" and "no file descriptor" in err["message"]
+    fd = memfd(4096, seals=fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_WRITE)
+    err, _ = raw.call("buffer.import", {"size": 4096}, [fd])
+    assert err["name"] == "EINVAL" and "read-write" in err["message"]
+    os.close(fd)
+    err, res = raw.call("ping")
+    assert err is None
+
+
+def test_import_truncation_refused_and_unmap(raw):
+    """The client cannot shrink a sealed memfd; it may unmap and close its side at once
+    (the daemon holds its own mapping)."""
+    n = 1 << 20
+    fd = memfd(4 * n, seals=fcntl.F_SEAL_SHRINK)  # growing stays allowed
+    mm = mmap.mmap(fd, 4 * n)
+    data = np.random.default_rng(2).standard_normal(n).astype(np.float32)
+    np.frombuffer(mm, np.float32)[:] = data
+    err, res = raw.call("buffer.import", {"size": 4 * n}, [fd])
+    assert err is None, err
+    buf = res["buffer"]
+    with pytest.raises(PermissionError):
+        os.ftruncate(fd, 4096)
+    os.ftruncate(fd, 8 * n)  # grow: fine, the daemon's mapping stays 4 MiB
+    mm.close()
+    os.close(fd)
+    err, res = raw.call("task.run", {"op": "reduce", "device": "cpu:0",
+                                     "inputs": [task(buf, [n])]})
+    assert err is None, err
+    got = np.frombuffer(res["outputs"][0]["data"], np.float32)[0]
+    assert got == pytest.approx(float(data.astype(np.float64).sum()), rel=1e-4, abs=1e-2)
+    err, res = raw.call("buffer.read", {"buffer": buf, "offset": 16, "size": 64})
+    assert err is None and res["data"] == data.tobytes()[16:80]
+    assert raw.call("buffer.free", {"buffer": buf})[0] is None
+
+
+def test_share_maps_the_daemons_memfd(raw):
+    n = 1 << 16
+    err, res = raw.call("buffer.share", {"size": 4 * n})
+    assert err is None, err
+    assert len(raw.fds) == 1
+    fd = raw.fds.pop()
+    seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
+    assert seals & fcntl.F_SEAL_SHRINK and seals & fcntl.F_SEAL_GROW
+    with pytest.raises(PermissionError):
+        os.ftruncate(fd, 4096)
+    with pytest.raises(PermissionError):
+        os.ftruncate(fd, 8 * n)
+    buf = res["buffer"]
+    mm = mmap.mmap(fd, 4 * n)
+    x = np.frombuffer(mm, np.float32)
+    x[:] = np.arange(n, dtype=np.float32)
+    # the daemon writes the result into the same pages, the client sees it
+    err, r2 = raw.call("task.run", {"op": "map", "device": "cpu:0",
+                                    "inputs": [task(buf, [n // 2])],
+                                    "options": {"fn": "scale", "alpha": 2.0},
+                                    "outputs": [{"buffer": buf, "offset": 2 * n}]})
+    assert err is None, err
+    np.testing.assert_array_equal(x[n // 2:], 2 * np.arange(n // 2, dtype=np.float32))
+    del x
+    mm.close()
+    os.close(fd)
+    assert raw.call("buffer.free", {"buffer": buf})[0] is None
+
+
+def test_stray_fds_are_closed(raw):
+    """An fd sent with another request is closed, never taken by a later import."""
+    fd = memfd(4096)
+    err, _ = raw.call("ping", {}, [fd])
+    assert err is None
+    err, _ = raw.call("buffer.import", {"size": 4096})
+    assert err["name"] == "EINVAL" and "no file descriptor" in err["message"]
+    os.close(fd)
+
+
+def test_too_many_fds_close_the_connection(raw):
+    fds = [memfd(4096) for _ in range(9)]
+    raw.send("ping", {}, fds)
+    msg = raw.recv()
+    assert msg is not None and msg[0] == 2 and msg[1] == "protocol.error"
+    assert msg[2][0]["name"] == "ELIMIT"
+    assert raw.recv() is None
+    for fd in fds:
+        os.close(fd)

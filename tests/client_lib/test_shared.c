@@ -1,0 +1,386 @@
+/*
+ * Shared memory through libdspkclient against a real dspkd (argv[1]):
+ * dspk_shared_alloc operands and results (zero copy, checked against plain C
+ * loops), the automatic route of big inline operands through reused
+ * temporary shared buffers, the same tasks over the plain socket (threshold
+ * 0), buffer.read/write of a shared buffer, a memfd without F_SEAL_SHRINK
+ * or too small (EINVAL), the client's truncation refused by the seal, and a
+ * client that unmaps or exits while its task runs.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "client/lib_internal.h"
+#include "dspk/dspk.h"
+
+static const char *dspkd_path;
+static char tmpdir[64];
+static char sockpath[128];
+static pid_t daemon_pid = -1;
+static dspk_client *C;
+
+static int start_daemon(void **state) {
+  int p[2];
+  char fdarg[16], buf[16];
+  ssize_t n;
+  size_t got = 0;
+
+  (void)state;
+  strcpy(tmpdir, "/tmp/dspk-shm-XXXXXX");
+  if (!mkdtemp(tmpdir) || pipe(p) != 0)
+    return -1;
+  snprintf(sockpath, sizeof sockpath, "%s/dspkd.sock", tmpdir);
+  daemon_pid = fork();
+  if (daemon_pid < 0)
+    return -1;
+  if (daemon_pid == 0) {
+    close(p[0]);
+    snprintf(fdarg, sizeof fdarg, "%d", p[1]);
+    execl(dspkd_path, dspkd_path, "--socket", sockpath, "--foreground", "--backends",
+          "cpu", "--log-level", "warn", "--ready-fd", fdarg, "--no-cache", (char *)NULL);
+    _exit(127);
+  }
+  close(p[1]);
+  while (got < sizeof buf - 1 && (n = read(p[0], buf + got, sizeof buf - 1 - got)) > 0)
+    got += (size_t)n;
+  close(p[0]);
+  buf[got] = '\0';
+  if (strcmp(buf, "READY\n") != 0)
+    return -1;
+  return dspk_connect(sockpath, "test_shared", &C) == 0 ? 0 : -1;
+}
+
+static int stop_daemon(void **state) {
+  int st = 0;
+  (void)state;
+  dspk_close(C);
+  if (daemon_pid > 0) {
+    kill(daemon_pid, SIGTERM);
+    if (waitpid(daemon_pid, &st, 0) != daemon_pid)
+      return -1;
+  }
+  unlink(sockpath);
+  rmdir(tmpdir);
+  return WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : -1;
+}
+
+static uint64_t rs = 7;
+static float frand(void) {
+  rs ^= rs << 13;
+  rs ^= rs >> 7;
+  rs ^= rs << 17;
+  return (float)((double)(rs % 2000001) / 1000000.0 - 1.0);
+}
+
+/* C = A(MxK) B(KxN) in double, the reference. */
+static void ref_gemm(const float *a, const float *b, double *c, int m, int k, int n) {
+  for (int i = 0; i < m; i++)
+    for (int j = 0; j < n; j++) {
+      double s = 0;
+      for (int l = 0; l < k; l++)
+        s += (double)a[i * k + l] * b[l * n + j];
+      c[i * n + j] = s;
+    }
+}
+
+static void check_gemm(const float *got, const float *a, const float *b, int m, int k,
+                       int n) {
+  double *want = malloc(sizeof(double) * (size_t)m * (size_t)n);
+  assert_non_null(want);
+  ref_gemm(a, b, want, m, k, n);
+  for (int i = 0; i < m * n; i++)
+    if (fabs(got[i] - want[i]) > 1e-3 * (1 + fabs(want[i])))
+      fail_msg("gemm[%d]: %g, want %g", i, (double)got[i], want[i]);
+  free(want);
+}
+
+/* A 2-D f32 tensor over data (inline; the library sees whether it is shared). */
+static dspk_tensor t2(const float *data, int r, int c) {
+  dspk_tensor t;
+  int64_t shape[2] = {r, c};
+  dspk_tensor_inline(&t, DSPK_F32, 2, shape, data);
+  return t;
+}
+
+static int run_gemm(dspk_client *c, const float *a, const float *b, int m, int k, int n,
+                    const uint64_t *out_id, dspk_result *res) {
+  dspk_tensor in[2] = {t2(a, m, k), t2(b, k, n)};
+  dspk_task t;
+  dspk_task_init(&t, DSPK_OP_GEMM);
+  t.device = "cpu:0";
+  t.ninputs = 2;
+  t.inputs = in;
+  if (out_id) {
+    t.nout_refs = 1;
+    t.out_refs[0].buffer = *out_id;
+    t.out_refs[0].offset = 0;
+  }
+  return dspk_run(c, &t, res);
+}
+
+static size_t count_state(int state) {
+  size_t n = 0;
+  for (size_t i = 0; i < C->nshm; i++)
+    n += C->shm[i].state == state;
+  return n;
+}
+
+/* Zero copies: operands and the result in shared allocations. */
+static void test_shared_alloc_gemm(void **state) {
+  const int m = 200, k = 300, n = 150;
+  float *a, *b, *o;
+  uint64_t ia, ib, io;
+  dspk_result r;
+  (void)state;
+  assert_int_equal(dspk_shared_alloc(C, NULL, sizeof(float) * m * k, (void **)&a, &ia), 0);
+  assert_int_equal(dspk_shared_alloc(C, "cpu:0", sizeof(float) * k * n, (void **)&b, &ib), 0);
+  assert_int_equal(dspk_shared_alloc(C, NULL, sizeof(float) * m * n, (void **)&o, &io), 0);
+  for (int i = 0; i < m * k; i++)
+    a[i] = frand();
+  for (int i = 0; i < k * n; i++)
+    b[i] = frand();
+  assert_int_equal(run_gemm(C, a, b, m, k, n, &io, &r), 0);
+  assert_true(r.out[0].is_ref);
+  assert_int_equal(r.out[0].buffer, io);
+  dspk_result_free(&r);
+  check_gemm(o, a, b, m, k, n); /* the daemon wrote into our pages */
+  /* read/write of the shared buffer's id go through the same pages */
+  float v[4] = {1, 2, 3, 4}, w[4];
+  assert_int_equal(dspk_buffer_write(C, ia, 16, v, sizeof v), 0);
+  assert_memory_equal(a + 4, v, sizeof v);
+  a[100] = 42.0f;
+  assert_int_equal(dspk_buffer_read(C, ia, 400, w, sizeof w), 0);
+  assert_true(w[0] == 42.0f);
+  /* an operand that is a slice of a shared allocation is a reference too */
+  assert_int_equal(run_gemm(C, a + 10 * k, b, 20, k, n, NULL, &r), 0);
+  check_gemm(r.out[0].data, a + 10 * k, b, 20, k, n);
+  dspk_result_free(&r);
+  assert_int_equal(dspk_shared_free(C, a), 0);
+  assert_int_equal(dspk_shared_free(C, b), 0);
+  assert_int_equal(dspk_shared_free(C, o), 0);
+  assert_int_equal(dspk_shared_free(C, o), DSPK_EINVAL);
+  assert_int_equal(dspk_buffer_free(C, ia), DSPK_ENOBUF);
+}
+
+/* Big inline operands through temporaries, reused; and the plain socket. */
+static void test_auto_threshold(void **state) {
+  const int m = 512, k = 1024, n = 64; /* A is 2 MiB, B 256 KiB */
+  float *a = malloc(sizeof(float) * m * k), *b = malloc(sizeof(float) * k * n);
+  dspk_result r;
+  (void)state;
+  for (int i = 0; i < m * k; i++)
+    a[i] = frand();
+  for (int i = 0; i < k * n; i++)
+    b[i] = frand();
+  dspk_set_shared_threshold(C, DSPK_SHARED_THRESHOLD);
+  assert_int_equal(count_state(2) + count_state(1), 0);
+  assert_int_equal(run_gemm(C, a, b, m, k, n, NULL, &r), 0);
+  check_gemm(r.out[0].data, a, b, m, k, n);
+  dspk_result_free(&r);
+  assert_int_equal(count_state(2), 1); /* A went shared, B (small) inline */
+  for (int i = 0; i < 64; i++)
+    a[i] = frand();
+  assert_int_equal(run_gemm(C, a, b, m, k, n, NULL, &r), 0);
+  check_gemm(r.out[0].data, a, b, m, k, n);
+  dspk_result_free(&r);
+  assert_int_equal(count_state(2), 1); /* the same temporary again */
+  /* "any" on a daemon without a hardware device is cpu:0: the same again */
+  {
+    dspk_tensor in[2] = {t2(a, m, k), t2(b, k, n)};
+    dspk_task t;
+    dspk_task_init(&t, DSPK_OP_GEMM);
+    t.ninputs = 2;
+    t.inputs = in;
+    assert_int_equal(dspk_run(C, &t, &r), 0);
+    check_gemm(r.out[0].data, a, b, m, k, n);
+    assert_string_equal(r.out[0].is_ref ? "" : r.device, "cpu:0");
+    dspk_result_free(&r);
+    assert_int_equal(C->shm_any, 1);
+    assert_int_equal(count_state(2), 1);
+  }
+  /* two in flight: two temporaries, both idle after the waits */
+  {
+    dspk_tensor in[2] = {t2(a, m, k), t2(b, k, n)};
+    dspk_task t;
+    uint32_t t1, t2_;
+    dspk_task_init(&t, DSPK_OP_GEMM);
+    t.device = "cpu:0";
+    t.ninputs = 2;
+    t.inputs = in;
+    assert_int_equal(dspk_submit(C, &t, &t1), 0);
+    assert_int_equal(dspk_submit(C, &t, &t2_), 0);
+    assert_int_equal(count_state(1), 2);
+    assert_int_equal(dspk_wait(C, t2_, &r), 0);
+    check_gemm(r.out[0].data, a, b, m, k, n);
+    dspk_result_free(&r);
+    assert_int_equal(dspk_wait(C, t1, &r), 0);
+    check_gemm(r.out[0].data, a, b, m, k, n);
+    dspk_result_free(&r);
+    assert_int_equal(count_state(2), 2);
+  }
+  /* the socket path: threshold 0 */
+  dspk_set_shared_threshold(C, 0);
+  a[5] = 3.0f;
+  assert_int_equal(run_gemm(C, a, b, m, k, n, NULL, &r), 0);
+  check_gemm(r.out[0].data, a, b, m, k, n);
+  dspk_result_free(&r);
+  assert_int_equal(count_state(1), 0);
+  dspk_set_shared_threshold(C, DSPK_SHARED_THRESHOLD);
+  free(a);
+  free(b);
+}
+
+static int sealed_memfd(size_t n, unsigned seals) {
+  int fd = memfd_create("t", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  assert_true(fd >= 0);
+  assert_int_equal(ftruncate(fd, (off_t)n), 0);
+  if (seals)
+    assert_int_equal(fcntl(fd, F_ADD_SEALS, seals), 0);
+  return fd;
+}
+
+/* buffer.import of fd with size: the daemon's answer code. */
+static int import(int fd, uint64_t size) {
+  struct dspk__wbuf w;
+  struct dspk__resp r;
+  uint32_t id = dspk__next_id(C);
+  int rc;
+  dspk__wbuf_init(&w);
+  dspk__pack_request_head(&w.pk, id, "buffer.import", true);
+  msgpack_pack_map(&w.pk, 1);
+  dspk__pack_str(&w.pk, "size");
+  msgpack_pack_uint64(&w.pk, size);
+  rc = dspk__send_fd(C, &w, id, fd);
+  dspk__wbuf_free(&w);
+  if (rc == 0 && (rc = dspk__wait(C, id, &r)) == 0) {
+    uint64_t b;
+    assert_int_equal(dspk__obj_u64(dspk__map_get(r.msg.result, "buffer"), &b), 0);
+    dspk__resp_free(&r);
+    assert_int_equal(dspk_buffer_free(C, b), 0);
+  }
+  return rc;
+}
+
+static void test_seals(void **state) {
+  int fd;
+  (void)state;
+  fd = sealed_memfd(65536, 0);
+  assert_int_equal(import(fd, 65536), DSPK_EINVAL);
+  assert_non_null(strstr(dspk_last_error(C), "F_SEAL_SHRINK"));
+  close(fd);
+  fd = sealed_memfd(4096, F_SEAL_SHRINK);
+  assert_int_equal(import(fd, 8192), DSPK_EINVAL);
+  assert_non_null(strstr(dspk_last_error(C), "fewer than size"));
+  assert_int_equal(import(fd, 4096), 0);
+  assert_int_equal(ftruncate(fd, 0), -1); /* the seal refuses the truncation */
+  assert_int_equal(errno, EPERM);
+  assert_int_equal(ftruncate(fd, 1 << 20), 0); /* growing is allowed, harmless */
+  close(fd);
+  assert_int_equal(dspk_ping(C, "x", 1), 0);
+}
+
+/* The client unmaps its side while its task runs, or exits with tasks in
+ * flight: the daemon's own mapping keeps the task's operands valid. */
+static void test_unmap_and_exit(void **state) {
+  const int m = 768;
+  float *a;
+  uint64_t ia;
+  uint32_t tk;
+  dspk_result r;
+  dspk_status *s;
+  pid_t pid;
+  int st;
+  (void)state;
+  assert_int_equal(dspk_shared_alloc(C, NULL, sizeof(float) * m * m, (void **)&a, &ia), 0);
+  for (int i = 0; i < m * m; i++)
+    a[i] = 1.0f;
+  {
+    dspk_tensor in[2] = {t2(a, m, m), t2(a, m, m)};
+    dspk_task t;
+    dspk_task_init(&t, DSPK_OP_GEMM);
+    t.device = "cpu:0";
+    t.ninputs = 2;
+    t.inputs = in;
+    assert_int_equal(dspk_submit(C, &t, &tk), 0);
+  }
+  assert_int_equal(munmap(a, sizeof(float) * m * m), 0); /* behind the library's back */
+  for (size_t i = 0; i < C->nshm; i++)
+    if (C->shm[i].id == ia) /* so that dspk_close does not unmap it again */
+      C->shm[i].ptr = mmap(NULL, C->shm[i].size, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS,
+                           -1, 0);
+  assert_int_equal(dspk_wait(C, tk, &r), 0);
+  for (int i = 0; i < m * m; i += 997)
+    assert_true(((const float *)r.out[0].data)[i] == (float)m);
+  dspk_result_free(&r);
+
+  pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    dspk_client *k;
+    float *p;
+    uint64_t id;
+    uint32_t tt;
+    if (dspk_connect(sockpath, "exits", &k) != 0 ||
+        dspk_shared_alloc(k, NULL, sizeof(float) * m * m, (void **)&p, &id) != 0)
+      _exit(1);
+    for (int i = 0; i < m * m; i++)
+      p[i] = 1.0f;
+    dspk_tensor in[2] = {t2(p, m, m), t2(p, m, m)};
+    dspk_task t;
+    dspk_task_init(&t, DSPK_OP_GEMM);
+    t.device = "cpu:0";
+    t.ninputs = 2;
+    t.inputs = in;
+    for (int i = 0; i < 3; i++)
+      if (dspk_submit(k, &t, &tt) != 0)
+        _exit(2);
+    _exit(0); /* tasks in flight, buffers mapped */
+  }
+  assert_int_equal(waitpid(pid, &st, 0), pid);
+  assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  for (int tries = 0;; tries++) {
+    struct timespec ts = {0, 20000000};
+    uint64_t conns, inuse = 0;
+    assert_int_equal(dspk_status_get(C, &s), 0);
+    conns = s->connections;
+    if (s->ndevices)
+      inuse = s->activity[0].memory_in_use;
+    dspk_status_free(s);
+    if (conns == 1 && inuse == 0)
+      break;
+    assert_true(tries < 1500); /* 30 s */
+    nanosleep(&ts, NULL);
+  }
+  assert_int_equal(dspk_ping(C, NULL, 0), 0);
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2) {
+    fprintf(stderr, "usage: %s PATH-TO-DSPKD\n", argv[0]);
+    return 2;
+  }
+  dspkd_path = argv[1];
+  signal(SIGPIPE, SIG_IGN);
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_shared_alloc_gemm),
+      cmocka_unit_test(test_auto_threshold),
+      cmocka_unit_test(test_seals),
+      cmocka_unit_test(test_unmap_and_exit),
+  };
+  return cmocka_run_group_tests(tests, start_daemon, stop_daemon);
+}
