@@ -29,8 +29,6 @@
 #include "proto/schema.h"
 
 _Static_assert(sizeof(((struct conn *)0)->name) > DSPK__CLIENT_NAME_MAX, "hello client");
-_Static_assert(DSPK__SUBSCRIPTS_MAX > DSPK__SUBSCRIPTS_LEN, "contract subscripts");
-_Static_assert(DSPK__ENTRY_MAX > DSPK__ENTRY_LEN, "kernel entry");
 
 #define fail(r, code, ...) dspk__fail((r)->msg, sizeof (r)->msg, (code), __VA_ARGS__)
 
@@ -538,7 +536,6 @@ static int kernel_args(struct req *r, const struct dspk__pval *args, struct dspk
       {"tensor", DSPK__KARG_TENSOR}, {"i32", DSPK__KARG_I32}, {"u32", DSPK__KARG_U32},
       {"i64", DSPK__KARG_I64},       {"f32", DSPK__KARG_F32}, {"f64", DSPK__KARG_F64}};
   const msgpack_object *a = args->v.o;
-  _Static_assert(DSPK__KERNEL_MAX_ARGS == 16, "options.args max in proto/schema.c");
   if (!args->set)
     return 0;
   for (uint32_t i = 0; i < a->via.array.size; i++) {
@@ -615,7 +612,9 @@ static int reduce_axes(struct req *r, const struct dspk__pval *axes, struct dspk
   return 0;
 }
 
-/* Decodes the op's options (proto/schema.c's table of the op) into op. */
+/* Decodes the op's options with the op's table (proto/schema.c), which
+ * stores the plain values into op->u; here only what needs more than the
+ * table: a reduce's axes (rank), a kernel's source and args. */
 static int task_options(struct req *r, const msgpack_object *o, struct dspk__op *op) {
   const struct dspk__op_desc *od = &dspk__ops[op->kind];
   struct dspk__pval v[DSPK__MAX_PARAMS];
@@ -624,40 +623,21 @@ static int task_options(struct req *r, const msgpack_object *o, struct dspk__op 
   if ((err = dspk__params_decode(od->options, od->noptions, o, "options.", v, r->msg,
                                  sizeof r->msg)))
     return err;
+  dspk__params_store(od->options, od->noptions, v, &op->u);
   switch (op->kind) {
-  case DSPK_OP_GEMM:
-    op->u.gemm.trans_a = v[DSPK__GEMM_TRANS_A].v.b;
-    op->u.gemm.trans_b = v[DSPK__GEMM_TRANS_B].v.b;
-    op->u.gemm.alpha = v[DSPK__GEMM_ALPHA].v.f;
-    op->u.gemm.beta = v[DSPK__GEMM_BETA].v.f;
-    break;
-  case DSPK_OP_FFT:
-    op->u.fft.inverse = v[DSPK__FFT_INVERSE].v.b;
-    break;
   case DSPK_OP_CONTRACT:
-    dspk__pval_str(&v[DSPK__CONTRACT_SUBSCRIPTS], op->u.contract.subscripts,
-                   sizeof op->u.contract.subscripts);
     if (!op->u.contract.subscripts[0])
       return fail(r, DSPK_EINVAL, "contract needs options.subscripts, e.g. \"ik,kj->ij\"");
     break;
   case DSPK_OP_REDUCE:
-    op->u.reduce.fn = (dspk_reduce)v[DSPK__REDUCE_FN].v.e;
     return reduce_axes(r, &v[DSPK__REDUCE_AXES], op);
-  case DSPK_OP_MAP:
-    op->u.map.fn = (dspk_mapfn)v[DSPK__MAP_FN].v.e;
-    op->u.map.alpha = v[DSPK__MAP_ALPHA].v.f;
-    break;
   case DSPK_OP_KERNEL:
     /* The table's strings outlive the frame's zone. */
     op->u.kernel.lang = dspk__kernel_langs[v[DSPK__KERNEL_LANG].v.e];
     op->u.kernel.source = v[DSPK__KERNEL_SOURCE].v.s.p;
     op->u.kernel.source_len = v[DSPK__KERNEL_SOURCE].v.s.n;
-    dspk__pval_str(&v[DSPK__KERNEL_ENTRY], op->u.kernel.entry, sizeof op->u.kernel.entry);
     if (!op->u.kernel.entry[0]) /* "" as the default */
       snprintf(op->u.kernel.entry, sizeof op->u.kernel.entry, "main");
-    memcpy(op->u.kernel.grid, v[DSPK__KERNEL_GRID].v.dim, sizeof op->u.kernel.grid);
-    memcpy(op->u.kernel.block, v[DSPK__KERNEL_BLOCK].v.dim, sizeof op->u.kernel.block);
-    op->u.kernel.shared_bytes = (uint32_t)v[DSPK__KERNEL_SHARED].v.u;
     return kernel_args(r, &v[DSPK__KERNEL_ARGS], op);
   default:
     break;

@@ -5,6 +5,7 @@
  * (tests/proto/schema_docs.py checks it).
  */
 #include <inttypes.h>
+#include <stddef.h>
 #include <string.h>
 
 #include "proto/schema.h"
@@ -170,22 +171,28 @@ const struct dspk__method dspk__methods[DSPK__M_COUNT] = {
 
 /* ---- the ops of task.run and their options ----------------------------- */
 
+/* Where a row's value goes in union dspk__op_options. */
+#define AT(field) .at = offsetof(union dspk__op_options, field) + 1
+
 static const struct dspk__param gemm_o[] = {
-    [DSPK__GEMM_TRANS_A] = {"trans_a", DSPK__T_BOOL, .def_doc = "false"},
-    [DSPK__GEMM_TRANS_B] = {"trans_b", DSPK__T_BOOL, .def_doc = "false"},
-    [DSPK__GEMM_ALPHA] = {"alpha", DSPK__T_NUM, .def = {.v.f = 1.0}, .def_doc = "1"},
-    [DSPK__GEMM_BETA] = {"beta", DSPK__T_NUM, .def_doc = "0"},
+    [DSPK__GEMM_TRANS_A] = {"trans_a", DSPK__T_BOOL, .def_doc = "false", AT(gemm.trans_a)},
+    [DSPK__GEMM_TRANS_B] = {"trans_b", DSPK__T_BOOL, .def_doc = "false", AT(gemm.trans_b)},
+    [DSPK__GEMM_ALPHA] = {"alpha", DSPK__T_NUM, .def = {.v.f = 1.0}, .def_doc = "1",
+                          AT(gemm.alpha)},
+    [DSPK__GEMM_BETA] = {"beta", DSPK__T_NUM, .def_doc = "0", AT(gemm.beta)},
 };
 static const struct dspk__param fft_o[] = {
-    [DSPK__FFT_INVERSE] = {"inverse", DSPK__T_BOOL, .def_doc = "false"},
+    [DSPK__FFT_INVERSE] = {"inverse", DSPK__T_BOOL, .def_doc = "false", AT(fft.inverse)},
 };
 static const struct dspk__param contract_o[] = {
-    [DSPK__CONTRACT_SUBSCRIPTS] = {"subscripts", DSPK__T_STR, REQ, .max = DSPK__SUBSCRIPTS_LEN,
-                                   .expect = "a string, e.g. \"ik,kj->ij\""},
+    [DSPK__CONTRACT_SUBSCRIPTS] = {"subscripts", DSPK__T_STR, REQ,
+                                   .max = DSPK__SUBSCRIPTS_MAX - 1,
+                                   .expect = "a string, e.g. \"ik,kj->ij\"",
+                                   AT(contract.subscripts)},
 };
 static const struct dspk__param reduce_o[] = {
     [DSPK__REDUCE_FN] = {"fn", DSPK__T_ENUM, .choices = dspk__reduce_names,
-                         .noun = "reduction", .def_doc = "sum"},
+                         .noun = "reduction", .def_doc = "sum", AT(reduce.fn)},
     [DSPK__REDUCE_AXES] = {"axes", DSPK__T_ARRAY, .min = 1,
                            .expect = "a non-empty array of integers (omit it to reduce over "
                                      "every axis)",
@@ -193,22 +200,23 @@ static const struct dspk__param reduce_o[] = {
 };
 static const struct dspk__param map_o[] = {
     [DSPK__MAP_FN] = {"fn", DSPK__T_ENUM, REQ, .choices = dspk__mapfn_names,
-                      .noun = "function"},
-    [DSPK__MAP_ALPHA] = {"alpha", DSPK__T_NUM, .def = {.v.f = 1.0}, .def_doc = "1"},
+                      .noun = "function", AT(map.fn)},
+    [DSPK__MAP_ALPHA] = {"alpha", DSPK__T_NUM, .def = {.v.f = 1.0}, .def_doc = "1",
+                         AT(map.alpha)},
 };
 static const struct dspk__param kernel_o[] = {
     [DSPK__KERNEL_LANG] = {"lang", DSPK__T_ENUM, REQ, .choices = dspk__kernel_langs,
                            .noun = "language"},
     [DSPK__KERNEL_SOURCE] = {"source", DSPK__T_BIN, REQ, .expect = "str or bin"},
-    [DSPK__KERNEL_ENTRY] = {"entry", DSPK__T_STR, .max = DSPK__ENTRY_LEN,
-                            .def = STRDEF("main"), .def_doc = "\"main\""},
+    [DSPK__KERNEL_ENTRY] = {"entry", DSPK__T_STR, .max = DSPK__ENTRY_MAX - 1,
+                            .def = STRDEF("main"), .def_doc = "\"main\"", AT(kernel.entry)},
     [DSPK__KERNEL_GRID] = {"grid", DSPK__T_DIM3, .def = {.v.dim = {1, 1, 1}},
-                           .def_doc = "[1, 1, 1]"},
+                           .def_doc = "[1, 1, 1]", AT(kernel.grid)},
     [DSPK__KERNEL_BLOCK] = {"block", DSPK__T_DIM3, .def = {.v.dim = {1, 1, 1}},
-                            .def_doc = "[1, 1, 1]"},
+                            .def_doc = "[1, 1, 1]", AT(kernel.block)},
     [DSPK__KERNEL_SHARED] = {"shared", DSPK__T_UINT, .max = UINT32_MAX,
-                             .range_err = DSPK_ERANGE, .def_doc = "0"},
-    [DSPK__KERNEL_ARGS] = {"args", DSPK__T_ARRAY, .max = 16,
+                             .range_err = DSPK_ERANGE, .def_doc = "0", AT(kernel.shared_bytes)},
+    [DSPK__KERNEL_ARGS] = {"args", DSPK__T_ARRAY, .max = DSPK__KERNEL_MAX_ARGS,
                            .expect = "an array of at most 16 maps", .def_doc = "[]"},
 };
 
@@ -407,6 +415,49 @@ int dspk__params_decode(const struct dspk__param *params, int n, const msgpack_o
     out[i].set = true;
   }
   return 0;
+}
+
+_Static_assert(sizeof(dspk_reduce) == sizeof(int) && sizeof(dspk_mapfn) == sizeof(int),
+               "enums are stored as int");
+
+void dspk__params_store(const struct dspk__param *params, int n,
+                        const struct dspk__pval *vals, void *target) {
+  for (int i = 0; i < n; i++) {
+    const struct dspk__param *p = &params[i];
+    char *at = (char *)target + p->at - 1;
+    int x;
+    uint32_t u32;
+    if (!p->at)
+      continue;
+    switch (p->type) {
+    case DSPK__T_BOOL:
+      x = vals[i].v.b;
+      memcpy(at, &x, sizeof x);
+      break;
+    case DSPK__T_ENUM:
+      memcpy(at, &vals[i].v.e, sizeof vals[i].v.e);
+      break;
+    case DSPK__T_NUM:
+      memcpy(at, &vals[i].v.f, sizeof vals[i].v.f);
+      break;
+    case DSPK__T_UINT:
+      if (p->max <= UINT32_MAX) {
+        u32 = (uint32_t)vals[i].v.u;
+        memcpy(at, &u32, sizeof u32);
+      } else {
+        memcpy(at, &vals[i].v.u, sizeof vals[i].v.u);
+      }
+      break;
+    case DSPK__T_STR:
+      dspk__pval_str(&vals[i], at, p->max + 1);
+      break;
+    case DSPK__T_DIM3:
+      memcpy(at, vals[i].v.dim, sizeof vals[i].v.dim);
+      break;
+    default: /* bin, arrays, maps: the handler's */
+      break;
+    }
+  }
 }
 
 void dspk__pval_str(const struct dspk__pval *v, char *buf, size_t size) {

@@ -25,6 +25,7 @@
 
 #include "dspk/types.h"
 #include "proto/codec.h"
+#include "proto/options.h"
 
 /* Value types of a parameter. */
 enum dspk__ptype {
@@ -75,6 +76,10 @@ struct dspk__param {
   struct dspk__pval def;         /* the default (def.v), when not required */
   const char *def_doc;           /* the default as docs/protocol.md writes it;
                                     NULL: none, or the zero of the type */
+  size_t at;                     /* op options: 1 + the offset in
+                                    union dspk__op_options where
+                                    dspk__params_store puts the value; 0:
+                                    not stored */
 };
 
 struct dspk__method {
@@ -138,11 +143,9 @@ enum {
 /* Most parameters one method or op has (sizes a dspk__pval array). */
 #define DSPK__MAX_PARAMS 8
 
-/* Room for a string parameter's value with its NUL: the longest of each. */
+/* The longest value of a string parameter (its buffer needs one byte more). */
 #define DSPK__CLIENT_NAME_MAX 63
 #define DSPK__DEVICE_NAME_MAX 47
-#define DSPK__SUBSCRIPTS_LEN 63
-#define DSPK__ENTRY_LEN 63
 
 /* An op's options; its name is dspk__op_names[op]. */
 struct dspk__op_desc {
@@ -175,6 +178,10 @@ const char *dspk__op_name(dspk_op op);
 int dspk__params_decode(const struct dspk__param *params, int n,
                         const msgpack_object *map, const char *prefix,
                         struct dspk__pval *out, char *msg, size_t msglen);
+/* Stores the values of the rows with .at into target (a union
+ * dspk__op_options). */
+void dspk__params_store(const struct dspk__param *params, int n,
+                        const struct dspk__pval *vals, void *target);
 /* Copies a STR value (NUL-terminated) into buf of at least max+1 bytes. */
 void dspk__pval_str(const struct dspk__pval *v, char *buf, size_t size);
 

@@ -224,6 +224,37 @@ static void test_options(void **state) {
   assert_int_equal(v[DSPK__KERNEL_GRID].v.dim[2], 1);
   assert_int_equal(v[DSPK__KERNEL_BLOCK].v.dim[2], 1);
   assert_int_equal(v[DSPK__KERNEL_ENTRY].v.s.n, 4); /* "main" */
+  {
+    union dspk__op_options u;
+    memset(&u, 0xff, sizeof u);
+    dspk__params_store(k->options, k->noptions, v, &u);
+    assert_string_equal(u.kernel.entry, "main");
+    assert_int_equal(u.kernel.grid[0], 7);
+    assert_int_equal(u.kernel.grid[2], 1);
+    assert_int_equal(u.kernel.block[0], 1);
+    assert_int_equal(u.kernel.shared_bytes, 0);
+  }
+  pm_free(&m);
+
+  /* gemm: defaults and given values land in the op's options. */
+  pk = pm_begin(&m);
+  msgpack_pack_map(pk, 2);
+  dspk__pack_str(pk, "trans_b");
+  msgpack_pack_true(pk);
+  dspk__pack_str(pk, "beta");
+  msgpack_pack_int(pk, -2);
+  {
+    const struct dspk__op_desc *g = &dspk__ops[DSPK_OP_GEMM];
+    union dspk__op_options u;
+    memset(&u, 0xff, sizeof u);
+    assert_int_equal(dspk__params_decode(g->options, g->noptions, pm_end(&m), "options.", v,
+                                         msg, sizeof msg), 0);
+    dspk__params_store(g->options, g->noptions, v, &u);
+    assert_int_equal(u.gemm.trans_a, 0);
+    assert_int_equal(u.gemm.trans_b, 1);
+    assert_true(u.gemm.alpha == 1.0);
+    assert_true(u.gemm.beta == -2.0);
+  }
   pm_free(&m);
 
   pk = pm_begin(&m);
@@ -292,6 +323,15 @@ static void test_table(void **state) {
   }
   for (int i = 0; i < DSPK_OP_COUNT; i++) {
     assert_true(dspk__ops[i].noptions <= DSPK__MAX_PARAMS);
+    for (int k = 0; k < dspk__ops[i].noptions; k++) {
+      const struct dspk__param *p = &dspk__ops[i].options[k];
+      assert_non_null(p->name);
+      /* Stored rows are of a storable type, inside the union. */
+      if (p->at)
+        assert_true(p->type <= DSPK__T_STR || p->type == DSPK__T_ENUM ||
+                    p->type == DSPK__T_DIM3);
+      assert_true(p->at <= sizeof(union dspk__op_options));
+    }
     assert_int_equal(dspk__choice_find(dspk__op_names, dspk__op_name((dspk_op)i),
                                        strlen(dspk__op_name((dspk_op)i))), i);
   }
