@@ -99,6 +99,14 @@ def sections(text):
 def check_python(path, schema, errors):
     methods = {m["name"]: {p["name"] for p in m["params"]} for m in schema["methods"]}
     src = open(path).read()
+    ops = re.search(r"_OPS = \(([^)]*)\)", src)
+    if not ops:
+        errors.append("%s: no _OPS list" % path)
+    else:
+        table_ops = {o["name"] for o in schema["ops"]}
+        for op in re.findall(r'"([a-z_]+)"', ops.group(1)):
+            if op not in table_ops:
+                errors.append("%s: _OPS names %r, not an op of the table" % (path, op))
     calls = re.findall(r'_(?:call|start)\(\s*"([a-z_.]+)"\s*(?:,\s*\{([^}]*)\})?', src)
     if not calls:
         errors.append("%s: no method calls found" % path)
