@@ -169,69 +169,10 @@ const struct dspk__method dspk__methods[DSPK__M_COUNT] = {
     M(DSPK__M_JOB_END, "job.end", jend_p, jend_r, true),
 };
 
-/* ---- the ops of task.run and their options ----------------------------- */
+/* ---- the ops of task.run and their options: proto/options.h ------------- */
 
-/* Where a row's value goes in union dspk__op_options. */
-#define AT(field) .at = offsetof(union dspk__op_options, field) + 1
-
-static const struct dspk__param gemm_o[] = {
-    [DSPK__GEMM_TRANS_A] = {"trans_a", DSPK__T_BOOL, .def_doc = "false", AT(gemm.trans_a)},
-    [DSPK__GEMM_TRANS_B] = {"trans_b", DSPK__T_BOOL, .def_doc = "false", AT(gemm.trans_b)},
-    [DSPK__GEMM_ALPHA] = {"alpha", DSPK__T_NUM, .def = {.v.f = 1.0}, .def_doc = "1",
-                          AT(gemm.alpha)},
-    [DSPK__GEMM_BETA] = {"beta", DSPK__T_NUM, .def_doc = "0", AT(gemm.beta)},
-};
-static const struct dspk__param fft_o[] = {
-    [DSPK__FFT_INVERSE] = {"inverse", DSPK__T_BOOL, .def_doc = "false", AT(fft.inverse)},
-};
-static const struct dspk__param contract_o[] = {
-    [DSPK__CONTRACT_SUBSCRIPTS] = {"subscripts", DSPK__T_STR, REQ,
-                                   .max = DSPK__SUBSCRIPTS_MAX - 1,
-                                   .expect = "a string, e.g. \"ik,kj->ij\"",
-                                   AT(contract.subscripts)},
-};
-static const struct dspk__param reduce_o[] = {
-    [DSPK__REDUCE_FN] = {"fn", DSPK__T_ENUM, .choices = dspk__reduce_names,
-                         .noun = "reduction", .def_doc = "sum", AT(reduce.fn)},
-    [DSPK__REDUCE_AXES] = {"axes", DSPK__T_ARRAY, .min = 1,
-                           .expect = "a non-empty array of integers (omit it to reduce over "
-                                     "every axis)",
-                           .def_doc = "all axes"},
-};
-static const struct dspk__param map_o[] = {
-    [DSPK__MAP_FN] = {"fn", DSPK__T_ENUM, REQ, .choices = dspk__mapfn_names,
-                      .noun = "function", AT(map.fn)},
-    [DSPK__MAP_ALPHA] = {"alpha", DSPK__T_NUM, .def = {.v.f = 1.0}, .def_doc = "1",
-                         AT(map.alpha)},
-};
-static const struct dspk__param kernel_o[] = {
-    [DSPK__KERNEL_LANG] = {"lang", DSPK__T_ENUM, REQ, .choices = dspk__kernel_langs,
-                           .noun = "language"},
-    [DSPK__KERNEL_SOURCE] = {"source", DSPK__T_BIN, REQ, .expect = "str or bin"},
-    [DSPK__KERNEL_ENTRY] = {"entry", DSPK__T_STR, .max = DSPK__ENTRY_MAX - 1,
-                            .def = STRDEF("main"), .def_doc = "\"main\"", AT(kernel.entry)},
-    [DSPK__KERNEL_GRID] = {"grid", DSPK__T_DIM3, .def = {.v.dim = {1, 1, 1}},
-                           .def_doc = "[1, 1, 1]", AT(kernel.grid)},
-    [DSPK__KERNEL_BLOCK] = {"block", DSPK__T_DIM3, .def = {.v.dim = {1, 1, 1}},
-                            .def_doc = "[1, 1, 1]", AT(kernel.block)},
-    [DSPK__KERNEL_SHARED] = {"shared", DSPK__T_UINT, .max = UINT32_MAX,
-                             .range_err = DSPK_ERANGE, .def_doc = "0", AT(kernel.shared_bytes)},
-    [DSPK__KERNEL_ARGS] = {"args", DSPK__T_ARRAY, .max = DSPK__KERNEL_MAX_ARGS,
-                           .expect = "an array of at most 16 maps", .def_doc = "[]"},
-};
-
-#define OP(e, o) [DSPK_OP_##e] = {o, N(o)}
-#define OP0(e) [DSPK_OP_##e] = {NULL, 0}
-
-const struct dspk__op_desc dspk__ops[DSPK_OP_COUNT] = {
-    OP(GEMM, gemm_o),
-    OP(FFT, fft_o),
-    OP0(FIR),
-    OP(CONTRACT, contract_o),
-    OP(REDUCE, reduce_o),
-    OP(MAP, map_o),
-    OP(KERNEL, kernel_o),
-};
+#define DSPK__OPTIONS_TABLE
+#include "proto/options.h"
 
 /* ---- lookups ------------------------------------------------------------ */
 

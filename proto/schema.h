@@ -129,17 +129,6 @@ enum { DSPK__TRACE_SECONDS };
 enum { DSPK__JREG_JOB, DSPK__JREG_UID, DSPK__JREG_DEVICES };
 enum { DSPK__JEND_JOB };
 
-/* The options of each op of task.run (the "options" map). */
-enum { DSPK__GEMM_TRANS_A, DSPK__GEMM_TRANS_B, DSPK__GEMM_ALPHA, DSPK__GEMM_BETA };
-enum { DSPK__FFT_INVERSE };
-enum { DSPK__CONTRACT_SUBSCRIPTS };
-enum { DSPK__REDUCE_FN, DSPK__REDUCE_AXES };
-enum { DSPK__MAP_FN, DSPK__MAP_ALPHA };
-enum {
-  DSPK__KERNEL_LANG, DSPK__KERNEL_SOURCE, DSPK__KERNEL_ENTRY, DSPK__KERNEL_GRID,
-  DSPK__KERNEL_BLOCK, DSPK__KERNEL_SHARED, DSPK__KERNEL_ARGS
-};
-
 /* Most parameters one method or op has (sizes a dspk__pval array). */
 #define DSPK__MAX_PARAMS 8
 
