@@ -41,6 +41,8 @@ def samples(c):
         ("cache.clear", {"kinds": ["blobs"]}),
         ("metrics", None),
         ("trace", {"seconds": 0.01}),
+        ("job.register", {"job": 42, "uid": 0, "devices": []}),
+        ("job.end", {"job": 42}),
         ("daemon.reload", None),
         ("daemon.stop", None),
     ]
