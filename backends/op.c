@@ -20,29 +20,9 @@
 #include <string.h>
 
 #include "backends/op.h"
+#include "proto/schema.h"
 #include "proto/utf8.h"
 
-/* Writes the formatted message (when msg is not NULL) and returns code. */
-static int fail(char *msg, size_t msglen, int code, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static int fail(char *msg, size_t msglen, int code, const char *fmt, ...) {
-  if (msg && msglen) {
-    va_list ap;
-    va_start(ap, fmt);
-    dspk__vformat(msg, msglen, fmt, ap);
-    va_end(ap);
-  }
-  return code;
-}
-
-static const char *op_name(dspk_op k) {
-  switch (k) {
-#define XX(e, name) case DSPK_OP_##e: return name;
-    DSPK_OP_MAP(XX)
-#undef XX
-  default: return "op";
-  }
-}
 
 static int is_real(dspk_dtype dt) { return dt == DSPK_F32 || dt == DSPK_F64; }
 static int is_std(dspk_dtype dt) {
@@ -74,17 +54,17 @@ static int check_tensor(const char *op, const char *name,
                         const struct dspk__tensor *t, char *msg, size_t len) {
   char sh[96];
   if ((unsigned)t->dtype >= DSPK_DTYPE_COUNT)
-    return fail(msg, len, DSPK_EDTYPE, "%s: %s has an unknown dtype (%d)", op,
+    return dspk__fail(msg, len, DSPK_EDTYPE, "%s: %s has an unknown dtype (%d)", op,
                 name, (int)t->dtype);
   if (t->rank < 0 || t->rank > DSPK_MAX_RANK)
-    return fail(msg, len, DSPK_ESHAPE, "%s: %s has rank %d (allowed 0..%d)", op,
+    return dspk__fail(msg, len, DSPK_ESHAPE, "%s: %s has rank %d (allowed 0..%d)", op,
                 name, t->rank, DSPK_MAX_RANK);
   for (int i = 0; i < t->rank; i++)
     if (t->shape[i] < 0)
-      return fail(msg, len, DSPK_ESHAPE, "%s: %s has a negative size %lld (axis %d)",
+      return dspk__fail(msg, len, DSPK_ESHAPE, "%s: %s has a negative size %lld (axis %d)",
                   op, name, (long long)t->shape[i], i);
   if (dspk__tensor_size(t, NULL, NULL) != 0)
-    return fail(msg, len, DSPK_ELIMIT,
+    return dspk__fail(msg, len, DSPK_ELIMIT,
                 "%s: %s %s has too many elements (its size overflows 64 bits)", op,
                 name, shape_str(t, sh, sizeof sh));
   return 0;
@@ -94,10 +74,10 @@ static int check_nin(const struct dspk__op *op, int lo, int hi, char *msg,
                      size_t len) {
   if (op->nin < lo || op->nin > hi) {
     if (lo == hi)
-      return fail(msg, len, DSPK_EINVAL, "%s: takes %d input%s, got %d",
-                  op_name(op->kind), lo, lo == 1 ? "" : "s", op->nin);
-    return fail(msg, len, DSPK_EINVAL, "%s: takes %d to %d inputs, got %d",
-                op_name(op->kind), lo, hi, op->nin);
+      return dspk__fail(msg, len, DSPK_EINVAL, "%s: takes %d input%s, got %d",
+                  dspk__op_name(op->kind), lo, lo == 1 ? "" : "s", op->nin);
+    return dspk__fail(msg, len, DSPK_EINVAL, "%s: takes %d to %d inputs, got %d",
+                dspk__op_name(op->kind), lo, hi, op->nin);
   }
   return 0;
 }
@@ -126,17 +106,17 @@ static int infer_gemm(struct dspk__op *op, char *msg, size_t len) {
   for (int i = 0; i < 2; i++) {
     dspk_dtype dt = op->in[i].dtype;
     if (!(is_real(dt) || dt == DSPK_F16 || dt == DSPK_BF16))
-      return fail(msg, len, DSPK_EDTYPE,
+      return dspk__fail(msg, len, DSPK_EDTYPE,
                   "gemm: %s has dtype %s (supported: f32, f64, f16, bf16)",
                   names[i], dspk__dtype_name(dt));
   }
   if (A->dtype != B->dtype)
-    return fail(msg, len, DSPK_EDTYPE,
+    return dspk__fail(msg, len, DSPK_EDTYPE,
                 "gemm: A has dtype %s but B has dtype %s (must be equal)",
                 dspk__dtype_name(A->dtype), dspk__dtype_name(B->dtype));
   for (int i = 0; i < 2; i++)
     if (op->in[i].rank < 2)
-      return fail(msg, len, DSPK_ESHAPE,
+      return dspk__fail(msg, len, DSPK_ESHAPE,
                   "gemm: %s has rank %d, needs rank >= 2 (1-D vectors are not "
                   "promoted: reshape to (1,K) or (K,1))",
                   names[i], op->in[i].rank);
@@ -145,7 +125,7 @@ static int infer_gemm(struct dspk__op *op, char *msg, size_t len) {
   int am = ta ? ra - 1 : ra - 2, ak = ta ? ra - 2 : ra - 1;
   int bk = tb ? rb - 1 : rb - 2, bn = tb ? rb - 2 : rb - 1;
   if (A->shape[ak] != B->shape[bk])
-    return fail(msg, len, DSPK_ESHAPE,
+    return dspk__fail(msg, len, DSPK_ESHAPE,
                 "gemm: A has K=%lld (axis %d%s) but B has K=%lld (axis %d%s)",
                 (long long)A->shape[ak], ak, ta ? ", trans_a" : "",
                 (long long)B->shape[bk], bk, tb ? ", trans_b" : "");
@@ -157,7 +137,7 @@ static int infer_gemm(struct dspk__op *op, char *msg, size_t len) {
     int ia = i - (ro - ra), ib = i - (ro - rb);
     int64_t da = ia >= 0 ? A->shape[ia] : 1, db = ib >= 0 ? B->shape[ib] : 1;
     if (da != db && da != 1 && db != 1)
-      return fail(msg, len, DSPK_ESHAPE,
+      return dspk__fail(msg, len, DSPK_ESHAPE,
                   "gemm: batch dimensions do not broadcast: A has %lld (axis %d) "
                   "but B has %lld (axis %d)",
                   (long long)da, ia, (long long)db, ib);
@@ -168,17 +148,17 @@ static int infer_gemm(struct dspk__op *op, char *msg, size_t len) {
   if (op->nin == 3) {
     const struct dspk__tensor *C = &op->in[2];
     if (C->dtype != odt)
-      return fail(msg, len, DSPK_EDTYPE,
+      return dspk__fail(msg, len, DSPK_EDTYPE,
                   "gemm: C has dtype %s but the output is %s (must be equal)",
                   dspk__dtype_name(C->dtype), dspk__dtype_name(odt));
     if (C->rank > ro)
-      return fail(msg, len, DSPK_ESHAPE,
+      return dspk__fail(msg, len, DSPK_ESHAPE,
                   "gemm: C has rank %d, more than the output's rank %d",
                   C->rank, ro);
     for (int i = 0; i < C->rank; i++) {
       int io = i + (ro - C->rank);
       if (C->shape[i] != 1 && C->shape[i] != shape[io])
-        return fail(msg, len, DSPK_ESHAPE,
+        return dspk__fail(msg, len, DSPK_ESHAPE,
                     "gemm: C has %lld (axis %d) but the output has %lld (axis "
                     "%d): C must broadcast to the output",
                     (long long)C->shape[i], i, (long long)shape[io], io);
@@ -197,17 +177,17 @@ static int infer_fft(struct dspk__op *op, char *msg, size_t len) {
   if (r || (r = check_tensor("fft", "X", X, msg, len)))
     return r;
   if (!is_std(X->dtype))
-    return fail(msg, len, DSPK_EDTYPE,
+    return dspk__fail(msg, len, DSPK_EDTYPE,
                 "fft: X has dtype %s (supported: c64, c128, and f32, f64 for rfft)",
                 dspk__dtype_name(X->dtype));
   if (X->rank < 1)
-    return fail(msg, len, DSPK_ESHAPE, "fft: X has rank 0, needs rank >= 1");
+    return dspk__fail(msg, len, DSPK_ESHAPE, "fft: X has rank 0, needs rank >= 1");
   int last = X->rank - 1;
   if (X->shape[last] < 1)
-    return fail(msg, len, DSPK_ESHAPE,
+    return dspk__fail(msg, len, DSPK_ESHAPE,
                 "fft: X has length 0 along axis %d (the transform axis)", last);
   if (X->shape[last] > INT32_MAX)
-    return fail(msg, len, DSPK_ESHAPE,
+    return dspk__fail(msg, len, DSPK_ESHAPE,
                 "fft: X has length %lld along axis %d, above 2^31-1",
                 (long long)X->shape[last], last);
   int64_t shape[DSPK_MAX_RANK];
@@ -215,7 +195,7 @@ static int infer_fft(struct dspk__op *op, char *msg, size_t len) {
   dspk_dtype odt = X->dtype;
   if (!dspk__dtype_is_complex(X->dtype)) {
     if (op->u.fft.inverse)
-      return fail(msg, len, DSPK_EINVAL,
+      return dspk__fail(msg, len, DSPK_EINVAL,
                   "fft: X is real (%s): the inverse transform needs complex input "
                   "(real input gives rfft)",
                   dspk__dtype_name(X->dtype));
@@ -236,20 +216,20 @@ static int infer_fir(struct dspk__op *op, char *msg, size_t len) {
       (r = check_tensor("fir", "H", H, msg, len)))
     return r;
   if (!is_std(X->dtype))
-    return fail(msg, len, DSPK_EDTYPE,
+    return dspk__fail(msg, len, DSPK_EDTYPE,
                 "fir: X has dtype %s (supported: f32, f64, c64, c128)",
                 dspk__dtype_name(X->dtype));
   if (H->dtype != X->dtype)
-    return fail(msg, len, DSPK_EDTYPE,
+    return dspk__fail(msg, len, DSPK_EDTYPE,
                 "fir: H has dtype %s but X has dtype %s (must be equal)",
                 dspk__dtype_name(H->dtype), dspk__dtype_name(X->dtype));
   if (X->rank < 1)
-    return fail(msg, len, DSPK_ESHAPE, "fir: X has rank 0, needs rank >= 1");
+    return dspk__fail(msg, len, DSPK_ESHAPE, "fir: X has rank 0, needs rank >= 1");
   if (H->rank != 1)
-    return fail(msg, len, DSPK_ESHAPE, "fir: H has rank %d, must be 1-D (K,)",
+    return dspk__fail(msg, len, DSPK_ESHAPE, "fir: H has rank %d, must be 1-D (K,)",
                 H->rank);
   if (H->shape[0] < 1)
-    return fail(msg, len, DSPK_ESHAPE, "fir: H has length 0 (axis 0), needs >= 1 tap");
+    return dspk__fail(msg, len, DSPK_ESHAPE, "fir: H has length 0 (axis 0), needs >= 1 tap");
   op->nout = 1;
   set_out(op, 0, X->dtype, X->rank, X->shape);
   return 0;
@@ -270,7 +250,7 @@ int dspk__contract_parse(const char *subs, const struct dspk__tensor *A,
   char l[3][DSPK_MAX_RANK + 1];
   size_t slen = strnlen(subs, DSPK__SUBSCRIPTS_MAX);
   if (slen == DSPK__SUBSCRIPTS_MAX)
-    return fail(msg, len, DSPK_EINVAL, "contract: subscripts longer than %d characters",
+    return dspk__fail(msg, len, DSPK_EINVAL, "contract: subscripts longer than %d characters",
                 DSPK__SUBSCRIPTS_MAX - 1);
   for (size_t i = 0; i < slen; i++) {
     char c = subs[i];
@@ -278,14 +258,14 @@ int dspk__contract_parse(const char *subs, const struct dspk__tensor *A,
       continue;
     if (c == ',') {
       if (term != 0)
-        return fail(msg, len, DSPK_EINVAL,
+        return dspk__fail(msg, len, DSPK_EINVAL,
                     "contract: \"%s\": exactly two operands are supported", subs);
       term = 1;
       continue;
     }
     if (c == '-' && i + 1 < slen && subs[i + 1] == '>') {
       if (term != 1 || arrow)
-        return fail(msg, len, DSPK_EINVAL,
+        return dspk__fail(msg, len, DSPK_EINVAL,
                     "contract: \"%s\": expected \"A,B->out\"", subs);
       arrow = 1;
       term = 2;
@@ -293,33 +273,33 @@ int dspk__contract_parse(const char *subs, const struct dspk__tensor *A,
       continue;
     }
     if (c == '.')
-      return fail(msg, len, DSPK_EINVAL,
+      return dspk__fail(msg, len, DSPK_EINVAL,
                   "contract: \"%s\": ellipsis (...) is not supported", subs);
     if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')))
-      return fail(msg, len, DSPK_EINVAL,
+      return dspk__fail(msg, len, DSPK_EINVAL,
                   "contract: \"%s\": '%c' is not a letter (labels are a-z, A-Z)",
                   subs, c);
     if (n[term] == DSPK_MAX_RANK)
-      return fail(msg, len, DSPK_ESHAPE,
+      return dspk__fail(msg, len, DSPK_ESHAPE,
                   "contract: \"%s\": the %s term has more than %d labels", subs,
                   names[term], DSPK_MAX_RANK);
     for (int k = 0; k < n[term]; k++)
       if (l[term][k] == c)
-        return fail(msg, len, DSPK_EINVAL,
+        return dspk__fail(msg, len, DSPK_EINVAL,
                     "contract: \"%s\": label '%c' repeats in the %s term "
                     "(diagonals/traces within one operand are not supported)",
                     subs, c, names[term]);
     l[term][n[term]++] = c;
   }
   if (!arrow)
-    return fail(msg, len, DSPK_EINVAL,
+    return dspk__fail(msg, len, DSPK_EINVAL,
                 "contract: \"%s\": needs an explicit output (\"ij,jk->ik\")", subs);
   for (int t = 0; t < 3; t++)
     l[t][n[t]] = 0;
   const struct dspk__tensor *T[2] = {A, B};
   for (int t = 0; t < 2; t++)
     if (n[t] != T[t]->rank)
-      return fail(msg, len, DSPK_ESHAPE,
+      return dspk__fail(msg, len, DSPK_ESHAPE,
                   "contract: \"%s\": %s has rank %d but its term \"%s\" has %d labels",
                   subs, names[t], T[t]->rank, l[t], n[t]);
   int64_t sz[128];
@@ -331,7 +311,7 @@ int dspk__contract_parse(const char *subs, const struct dspk__tensor *A,
       int c = (unsigned char)l[t][k];
       if (sz[c] >= 0 && sz[c] != T[t]->shape[k]) {
         int ax = where[c] & 0xff;
-        return fail(msg, len, DSPK_ESHAPE,
+        return dspk__fail(msg, len, DSPK_ESHAPE,
                     "contract: label '%c' has size %lld in A (axis %d) but %lld "
                     "in B (axis %d)",
                     c, (long long)sz[c], ax, (long long)T[t]->shape[k], k);
@@ -341,7 +321,7 @@ int dspk__contract_parse(const char *subs, const struct dspk__tensor *A,
     }
   for (int k = 0; k < n[2]; k++)
     if (sz[(unsigned char)l[2][k]] < 0)
-      return fail(msg, len, DSPK_EINVAL,
+      return dspk__fail(msg, len, DSPK_EINVAL,
                   "contract: \"%s\": output label '%c' appears in neither A nor B",
                   subs, l[2][k]);
   memcpy(lab, l, sizeof l);
@@ -356,11 +336,11 @@ static int infer_contract(struct dspk__op *op, char *msg, size_t len) {
       (r = check_tensor("contract", "B", B, msg, len)))
     return r;
   if (!is_std(A->dtype))
-    return fail(msg, len, DSPK_EDTYPE,
+    return dspk__fail(msg, len, DSPK_EDTYPE,
                 "contract: A has dtype %s (supported: f32, f64, c64, c128)",
                 dspk__dtype_name(A->dtype));
   if (B->dtype != A->dtype)
-    return fail(msg, len, DSPK_EDTYPE,
+    return dspk__fail(msg, len, DSPK_EDTYPE,
                 "contract: A has dtype %s but B has dtype %s (must be equal)",
                 dspk__dtype_name(A->dtype), dspk__dtype_name(B->dtype));
   char lab[3][DSPK_MAX_RANK + 1];
@@ -385,19 +365,19 @@ static int infer_reduce(struct dspk__op *op, char *msg, size_t len) {
     return r;
   dspk_reduce fn = op->u.reduce.fn;
   if ((unsigned)fn >= DSPK_REDUCE_COUNT)
-    return fail(msg, len, DSPK_EINVAL, "reduce: unknown function %d", (int)fn);
+    return dspk__fail(msg, len, DSPK_EINVAL, "reduce: unknown function %d", (int)fn);
   if (!is_std(X->dtype))
-    return fail(msg, len, DSPK_EDTYPE,
+    return dspk__fail(msg, len, DSPK_EDTYPE,
                 "reduce: X has dtype %s (supported: f32, f64, c64, c128)",
                 dspk__dtype_name(X->dtype));
   if ((fn == DSPK_REDUCE_MAX || fn == DSPK_REDUCE_MIN) && !is_real(X->dtype))
-    return fail(msg, len, DSPK_EDTYPE,
+    return dspk__fail(msg, len, DSPK_EDTYPE,
                 "reduce: %s needs real X, X has dtype %s",
                 fn == DSPK_REDUCE_MAX ? "max" : "min", dspk__dtype_name(X->dtype));
   uint32_t axes = op->u.reduce.axes;
   for (int b = X->rank; b < 32; b++)
     if (axes & (1u << b))
-      return fail(msg, len, DSPK_EINVAL,
+      return dspk__fail(msg, len, DSPK_EINVAL,
                   "reduce: axis %d out of range for X of rank %d", b, X->rank);
   if (axes == 0)
     axes = X->rank ? (uint32_t)((1ull << X->rank) - 1) : 0;
@@ -406,7 +386,7 @@ static int infer_reduce(struct dspk__op *op, char *msg, size_t len) {
   for (int i = 0; i < X->rank; i++) {
     if (axes & (1u << i)) {
       if (X->shape[i] == 0 && (fn == DSPK_REDUCE_MAX || fn == DSPK_REDUCE_MIN))
-        return fail(msg, len, DSPK_ESHAPE,
+        return dspk__fail(msg, len, DSPK_ESHAPE,
                     "reduce: %s over X's axis %d of length 0 has no identity",
                     fn == DSPK_REDUCE_MAX ? "max" : "min", i);
     } else {
@@ -426,39 +406,34 @@ static int infer_map(struct dspk__op *op, char *msg, size_t len) {
       DSPK_MAPFN_MAP(XX)
 #undef XX
   };
-  static const char *fname[] = {
-#define XX(e, name, n) name,
-      DSPK_MAPFN_MAP(XX)
-#undef XX
-  };
   dspk_mapfn fn = op->u.map.fn;
   if ((unsigned)fn >= DSPK_MAPFN_COUNT)
-    return fail(msg, len, DSPK_EINVAL, "map: unknown function %d", (int)fn);
+    return dspk__fail(msg, len, DSPK_EINVAL, "map: unknown function %d", (int)fn);
   if (op->nin != nin[fn])
-    return fail(msg, len, DSPK_EINVAL, "map: %s takes %d input%s, got %d",
-                fname[fn], nin[fn], nin[fn] == 1 ? "" : "s", op->nin);
+    return dspk__fail(msg, len, DSPK_EINVAL, "map: %s takes %d input%s, got %d",
+                dspk__mapfn_names[fn], nin[fn], nin[fn] == 1 ? "" : "s", op->nin);
   const struct dspk__tensor *A = &op->in[0], *B = &op->in[1];
   int r = check_tensor("map", "A", A, msg, len);
   if (r || (op->nin == 2 && (r = check_tensor("map", "B", B, msg, len))))
     return r;
   if (!is_std(A->dtype))
-    return fail(msg, len, DSPK_EDTYPE,
+    return dspk__fail(msg, len, DSPK_EDTYPE,
                 "map: A has dtype %s (supported: f32, f64, c64, c128)",
                 dspk__dtype_name(A->dtype));
   if (op->nin == 2) {
     if (B->dtype != A->dtype)
-      return fail(msg, len, DSPK_EDTYPE,
+      return dspk__fail(msg, len, DSPK_EDTYPE,
                   "map: %s: A has dtype %s but B has dtype %s (must be equal)",
-                  fname[fn], dspk__dtype_name(A->dtype), dspk__dtype_name(B->dtype));
+                  dspk__mapfn_names[fn], dspk__dtype_name(A->dtype), dspk__dtype_name(B->dtype));
     if (B->rank != A->rank)
-      return fail(msg, len, DSPK_ESHAPE,
+      return dspk__fail(msg, len, DSPK_ESHAPE,
                   "map: %s: A has rank %d but B has rank %d (shapes must be equal)",
-                  fname[fn], A->rank, B->rank);
+                  dspk__mapfn_names[fn], A->rank, B->rank);
     for (int i = 0; i < A->rank; i++)
       if (A->shape[i] != B->shape[i])
-        return fail(msg, len, DSPK_ESHAPE,
+        return dspk__fail(msg, len, DSPK_ESHAPE,
                     "map: %s: A has %lld (axis %d) but B has %lld (axis %d)",
-                    fname[fn], (long long)A->shape[i], i, (long long)B->shape[i], i);
+                    dspk__mapfn_names[fn], (long long)A->shape[i], i, (long long)B->shape[i], i);
   }
   dspk_dtype odt = fn == DSPK_MAP_ABS ? real_of(A->dtype) : A->dtype;
   op->nout = 1;
@@ -478,16 +453,16 @@ static int infer_kernel(struct dspk__op *op, char *msg, size_t len) {
       return r;
   }
   if (!op->u.kernel.lang || !op->u.kernel.source)
-    return fail(msg, len, DSPK_EINVAL, "kernel: needs lang and source");
+    return dspk__fail(msg, len, DSPK_EINVAL, "kernel: needs lang and source");
   if (op->u.kernel.nargs < 0 || op->u.kernel.nargs > DSPK__KERNEL_MAX_ARGS)
-    return fail(msg, len, DSPK_EINVAL, "kernel: %d arguments (at most %d)",
+    return dspk__fail(msg, len, DSPK_EINVAL, "kernel: %d arguments (at most %d)",
                 op->u.kernel.nargs, DSPK__KERNEL_MAX_ARGS);
   for (int i = 0; i < op->u.kernel.nargs; i++) {
     const struct dspk__karg *a = &op->u.kernel.args[i];
     if ((unsigned)a->kind > DSPK__KARG_F64)
-      return fail(msg, len, DSPK_EINVAL, "kernel: argument %d has an unknown kind", i);
+      return dspk__fail(msg, len, DSPK_EINVAL, "kernel: argument %d has an unknown kind", i);
     if (a->kind == DSPK__KARG_TENSOR && (a->v.tensor < 0 || a->v.tensor >= op->nin))
-      return fail(msg, len, DSPK_EINVAL,
+      return dspk__fail(msg, len, DSPK_EINVAL,
                   "kernel: argument %d refers to input %d, there are %d inputs", i,
                   a->v.tensor, op->nin);
   }
@@ -505,7 +480,7 @@ static int infer_kind(struct dspk__op *op, char *msg, size_t msglen) {
   case DSPK_OP_MAP: return infer_map(op, msg, msglen);
   case DSPK_OP_KERNEL: return infer_kernel(op, msg, msglen);
   default:
-    return fail(msg, msglen, DSPK_EINVAL, "unknown op %d", (int)op->kind);
+    return dspk__fail(msg, msglen, DSPK_EINVAL, "unknown op %d", (int)op->kind);
   }
 }
 
@@ -517,21 +492,21 @@ void dspk__op_limits_none(struct dspk__op_limits *l) {
 
 int dspk__op_infer_lim(struct dspk__op *op, const struct dspk__op_limits *lim,
                        char *msg, size_t msglen) {
-  const char *name = op_name(op->kind);
+  const char *name = dspk__op_name(op->kind);
   char sh[96];
   int r;
   if (msg && msglen)
     msg[0] = 0;
   if (op->nin < 0 || op->nin > DSPK__OP_MAX_IN)
-    return fail(msg, msglen, DSPK_EINVAL, "%s: %d inputs (at most %d)",
-                op_name(op->kind), op->nin, DSPK__OP_MAX_IN);
+    return dspk__fail(msg, msglen, DSPK_EINVAL, "%s: %d inputs (at most %d)",
+                dspk__op_name(op->kind), op->nin, DSPK__OP_MAX_IN);
   op->nout = 0;
   if ((r = infer_kind(op, msg, msglen)) != 0)
     return r;
   for (int i = 0; lim && i < op->nin; i++) {
     int64_t n = dspk__tensor_numel(&op->in[i]);
     if ((uint64_t)n > lim->max_elements)
-      return fail(msg, msglen, DSPK_ELIMIT,
+      return dspk__fail(msg, msglen, DSPK_ELIMIT,
                   "%s: input %d %s has %lld elements, more than max_elements (%llu)",
                   name, i, shape_str(&op->in[i], sh, sizeof sh), (long long)n,
                   (unsigned long long)lim->max_elements);
@@ -541,11 +516,11 @@ int dspk__op_infer_lim(struct dspk__op *op, const struct dspk__op_limits *lim,
   for (int i = 0; i < op->nout; i++) {
     int64_t n;
     if (dspk__tensor_size(&op->out[i], &n, NULL) != 0)
-      return fail(msg, msglen, DSPK_ELIMIT,
+      return dspk__fail(msg, msglen, DSPK_ELIMIT,
                   "%s: the result %s has too many elements (its size overflows 64 bits)",
                   name, shape_str(&op->out[i], sh, sizeof sh));
     if (lim && (uint64_t)n > lim->max_elements)
-      return fail(msg, msglen, DSPK_ELIMIT,
+      return dspk__fail(msg, msglen, DSPK_ELIMIT,
                   "%s: the result %s has %lld elements, more than max_elements (%llu)",
                   name, shape_str(&op->out[i], sh, sizeof sh), (long long)n,
                   (unsigned long long)lim->max_elements);
@@ -566,7 +541,7 @@ static void add_chk(uint64_t *sum, uint64_t b, int *over) {
 int dspk__op_check_results(const struct dspk__op *op, const struct dspk__op_limits *lim,
                            unsigned inline_mask, unsigned inline_in, char *msg,
                            size_t msglen) {
-  const char *name = op_name(op->kind);
+  const char *name = dspk__op_name(op->kind);
   int kernel = op->kind == DSPK_OP_KERNEL;
   const struct dspk__tensor *res = kernel ? op->in : op->out;
   int nres = kernel ? op->nin : op->nout;
@@ -578,7 +553,7 @@ int dspk__op_check_results(const struct dspk__op *op, const struct dspk__op_limi
     if (inline_mask & (1u << i))
       add_chk(&inl, dspk__tensor_nbytes(&res[i]), &inl_over);
   if (inl_over || inl > lim->max_inline)
-    return fail(msg, msglen, DSPK_ELIMIT,
+    return dspk__fail(msg, msglen, DSPK_ELIMIT,
                 "%s: the inline result would be %llu bytes, more than the %llu bytes a "
                 "response may carry (max_message less framing): write it into a buffer "
                 "(task.run outputs: [{buffer, offset}])",
@@ -591,7 +566,7 @@ int dspk__op_check_results(const struct dspk__op *op, const struct dspk__op_limi
   if (!kernel)
     add_chk(&tmp, inl, &tmp_over);
   if (tmp_over || tmp > lim->max_bytes)
-    return fail(msg, msglen, DSPK_ENOMEM,
+    return dspk__fail(msg, msglen, DSPK_ENOMEM,
                 "%s: needs %llu bytes of device memory for its inline operands and "
                 "results, more than the device has (%llu)",
                 name, (unsigned long long)tmp, (unsigned long long)lim->max_bytes);

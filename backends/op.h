@@ -18,12 +18,10 @@
 #include "dspk/errors.h"
 #include "dspk/types.h"
 #include "proto/dtype.h"
+#include "proto/options.h"
 
 #define DSPK__OP_MAX_IN 4
 #define DSPK__OP_MAX_OUT 2
-#define DSPK__SUBSCRIPTS_MAX 64
-#define DSPK__KERNEL_MAX_ARGS 16
-#define DSPK__ENTRY_MAX 64
 
 struct dspk__mem; /* a block of device memory, owned by its backend */
 
@@ -55,49 +53,13 @@ int64_t dspk__tensor_numel(const struct dspk__tensor *t);
  * the shape, so a bounds check made with it fails safe. */
 size_t dspk__tensor_nbytes(const struct dspk__tensor *t);
 
-/* A raw kernel argument: a tensor (by index into op.in) or a scalar. */
-enum dspk__karg_kind { DSPK__KARG_TENSOR, DSPK__KARG_I32, DSPK__KARG_U32,
-                       DSPK__KARG_I64, DSPK__KARG_F32, DSPK__KARG_F64 };
-struct dspk__karg {
-  enum dspk__karg_kind kind;
-  union { int tensor; int32_t i32; uint32_t u32; int64_t i64; float f32; double f64; } v;
-};
-
 struct dspk__op {
   dspk_op kind;
   int nin;
   struct dspk__tensor in[DSPK__OP_MAX_IN];
   int nout; /* set by dspk__op_infer(), except for "kernel" (0) */
   struct dspk__tensor out[DSPK__OP_MAX_OUT];
-  union {
-    /* in: A (..., M, K), B (..., K, N), optional C broadcastable to the
-     * output.  out = alpha*op(A)@op(B) + beta*C (numpy.matmul batch rules;
-     * trans_x transposes the last two axes of X).  f32, f64; f16/bf16 inputs
-     * give an f32 output where a backend offers them. */
-    struct { int trans_a, trans_b; double alpha, beta; } gemm;
-    /* in: X (..., N).  Complex X: numpy.fft.fft, or numpy.fft.ifft when
-     * inverse.  Real X: numpy.fft.rfft, out (..., N/2+1) complex. */
-    struct { int inverse; } fft;
-    /* in: X (..., N), H (K,) same dtype.  out = scipy.signal.lfilter(H,1,X). */
-    struct { int unused; } fir;
-    /* in: A, B.  numpy.einsum(subscripts, A, B) with explicit "->". */
-    struct { char subscripts[DSPK__SUBSCRIPTS_MAX]; } contract;
-    /* in: X.  Reduce over the axes whose bits are set (all when 0). */
-    struct { dspk_reduce fn; uint32_t axes; } reduce;
-    /* in: A [, B].  Elementwise; binary functions need equal shapes. */
-    struct { dspk_mapfn fn; double alpha; } map;
-    /* Raw kernel in a backend's source language.  Tensor args refer to
-     * op.in[]; kernels write their results into those tensors in place. */
-    struct {
-      const char *lang; /* "cuda", "glsl", "spirv", "hip" */
-      const void *source;
-      size_t source_len;
-      char entry[DSPK__ENTRY_MAX];
-      uint32_t grid[3], block[3], shared_bytes;
-      int nargs;
-      struct dspk__karg args[DSPK__KERNEL_MAX_ARGS];
-    } kernel;
-  } u;
+  union dspk__op_options u; /* proto/schema.h: decoded by its table */
 };
 
 /*

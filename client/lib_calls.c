@@ -1,8 +1,9 @@
 /*
  * libdspkclient's methods: ping, devices, status, the buffer calls and
  * task.run (synchronous and in flight), on top of the request/response
- * machinery of lib_conn.c.  Requests are packed straight into a dspk__wbuf
- * whose big bin payloads (tensor data, buffer writes) stay in the caller's
+ * machinery of lib_conn.c.  Requests are packed from the protocol's table
+ * (proto/schema.c) by its generic encoder straight into a dspk__wbuf whose
+ * big bin payloads (tensor data, buffer writes) stay in the caller's
  * memory; results are decoded with proto's checked getters and copied into
  * memory the caller owns.
  */
@@ -11,6 +12,7 @@
 #include <string.h>
 
 #include "client/lib_internal.h"
+#include "proto/schema.h"
 
 /* ---- small helpers ------------------------------------------------------ */
 
@@ -59,51 +61,41 @@ DSPK_EXPORT void dspk_task_init(dspk_task *t, dspk_op op) {
     t->kernel.grid[i] = t->kernel.block[i] = 1;
 }
 
-static const char *op_name(dspk_op op) {
-  switch (op) {
-#define XX(e, name) case DSPK_OP_##e: return name;
-    DSPK_OP_MAP(XX)
-#undef XX
-  default: return NULL;
-  }
+/* A request's parameters, packed by the table's encoder. */
+struct params {
+  enum dspk__method_id m;
+  struct dspk__pval v[DSPK__MAX_PARAMS];
+};
+
+static void pack_params(void *ud, struct dspk__wbuf *w) {
+  const struct params *a = ud;
+  dspk__params_encode(w, dspk__methods[a->m].params, dspk__methods[a->m].nparams, a->v);
 }
 
-static const char *reduce_name(dspk_reduce fn) {
-  switch (fn) {
-#define XX(e, name) case DSPK_REDUCE_##e: return name;
-    DSPK_REDUCE_MAP(XX)
-#undef XX
-  default: return NULL;
-  }
+static struct dspk__pval p_u64(uint64_t u) { return (struct dspk__pval){true, {.u = u}}; }
+static struct dspk__pval p_bool(bool b) { return (struct dspk__pval){true, {.b = b}}; }
+static struct dspk__pval p_num(double f) { return (struct dspk__pval){true, {.f = f}}; }
+static struct dspk__pval p_enum(int e) { return (struct dspk__pval){true, {.e = e}}; }
+static struct dspk__pval p_str(const char *s) {
+  return (struct dspk__pval){true, {.s = {s, strlen(s)}}};
+}
+static struct dspk__pval p_bin(const void *p, size_t n) {
+  return (struct dspk__pval){true, {.s = {p, n}}};
+}
+static struct dspk__pval p_pack(void (*fn)(const void *, struct dspk__wbuf *),
+                                const void *ud) {
+  return (struct dspk__pval){true, {.pack = {fn, ud}}};
 }
 
-static const char *mapfn_name(dspk_mapfn fn) {
-  switch (fn) {
-#define XX(e, name, nin) case DSPK_MAP_##e: return name;
-    DSPK_MAPFN_MAP(XX)
-#undef XX
-  default: return NULL;
-  }
-}
-
-static void pack_kv_str(msgpack_packer *pk, const char *k, const char *v) {
-  dspk__pack_str(pk, k);
-  dspk__pack_str(pk, v);
+/* Calls a method of the table with the parameters of a. */
+static int call(dspk_client *c, struct params *a, struct dspk__resp *r) {
+  return dspk__call(c, dspk__methods[a->m].name, pack_params, a, r);
 }
 
 /* ---- ping, JSON calls, devices, status ----------------------------------- */
 
-struct ping_args { const void *data; size_t n; };
-
-static void pack_ping(void *ud, struct dspk__wbuf *w) {
-  struct ping_args *a = ud;
-  msgpack_pack_map(&w->pk, 1);
-  dspk__pack_str(&w->pk, "data");
-  dspk__wbuf_bin_ref(w, a->data, a->n, NULL, NULL);
-}
-
 DSPK_EXPORT int dspk_ping(dspk_client *c, const void *data, size_t n) {
-  struct ping_args a = {data, n};
+  struct params a = {DSPK__M_PING, {[DSPK__PING_DATA] = p_bin(data, n)}};
   struct dspk__resp r;
   const void *echo;
   size_t elen;
@@ -111,7 +103,7 @@ DSPK_EXPORT int dspk_ping(dspk_client *c, const void *data, size_t n) {
 
   if (!c || (n && !data))
     return DSPK_EINVAL;
-  rc = dspk__call(c, "ping", pack_ping, &a, &r);
+  rc = call(c, &a, &r);
   if (rc != 0)
     return rc;
   if (dspk__obj_bin(dspk__map_get(r.msg.result, "data"), &echo, &elen) != 0 ||
@@ -142,41 +134,30 @@ DSPK_EXPORT int dspk_call_json(dspk_client *c, const char *method,
 
 /* ---- Slurm jobs (admin) ---------------------------------------------------- */
 
-struct job_args {
-  uint64_t job;
-  uint32_t uid;
+struct job_uuids {
   const char *const *uuids;
   size_t n;
-  bool reg;
 };
 
-static void pack_job(void *ud, struct dspk__wbuf *w) {
-  const struct job_args *a = ud;
-  msgpack_pack_map(&w->pk, a->reg ? 3 : 1);
-  dspk__pack_str(&w->pk, "job");
-  msgpack_pack_uint64(&w->pk, a->job);
-  if (!a->reg)
-    return;
-  dspk__pack_str(&w->pk, "uid");
-  msgpack_pack_uint32(&w->pk, a->uid);
-  dspk__pack_str(&w->pk, "devices");
+static void pack_uuids(const void *ud, struct dspk__wbuf *w) {
+  const struct job_uuids *a = ud;
   msgpack_pack_array(&w->pk, a->n);
   for (size_t i = 0; i < a->n; i++)
     dspk__pack_str(&w->pk, a->uuids[i]);
 }
 
-static int job_call(dspk_client *c, const char *method, const struct job_args *a,
+static int job_call(dspk_client *c, struct params *a, const struct job_uuids *u,
                     char **json_out) {
   struct dspk__resp r;
   char *json;
   int rc;
 
-  if (!c || !json_out || !a->job || (a->n && !a->uuids))
+  if (!c || !json_out || (u && u->n && !u->uuids))
     return DSPK_EINVAL;
-  for (size_t i = 0; i < a->n; i++)
-    if (!a->uuids[i])
+  for (size_t i = 0; u && i < u->n; i++)
+    if (!u->uuids[i])
       return DSPK_EINVAL;
-  rc = dspk__call(c, method, pack_job, (void *)a, &r);
+  rc = call(c, a, &r);
   if (rc != 0)
     return rc;
   rc = dspk__to_json(r.msg.result, &json);
@@ -189,22 +170,20 @@ static int job_call(dspk_client *c, const char *method, const struct job_args *a
 
 DSPK_EXPORT int dspk_job_register(dspk_client *c, uint64_t job, uint32_t uid,
                                   const char *const *uuids, size_t n, char **json_out) {
-  struct job_args a = {job, uid, uuids, n, true};
-  return job_call(c, "job.register", &a, json_out);
+  struct job_uuids u = {uuids, n};
+  struct params a = {DSPK__M_JOB_REGISTER,
+                     {[DSPK__JREG_JOB] = p_u64(job), [DSPK__JREG_UID] = p_u64(uid),
+                      [DSPK__JREG_DEVICES] = p_pack(pack_uuids, &u)}};
+  if (!job)
+    return DSPK_EINVAL;
+  return job_call(c, &a, &u, json_out);
 }
 
 DSPK_EXPORT int dspk_job_end(dspk_client *c, uint64_t job, char **json_out) {
-  struct job_args a = {job, 0, NULL, 0, false};
-  return job_call(c, "job.end", &a, json_out);
-}
-
-static void pack_devices(void *ud, struct dspk__wbuf *w) {
-  msgpack_pack_map(&w->pk, 1);
-  dspk__pack_str(&w->pk, "all");
-  if (*(bool *)ud)
-    msgpack_pack_true(&w->pk);
-  else
-    msgpack_pack_false(&w->pk);
+  struct params a = {DSPK__M_JOB_END, {[DSPK__JEND_JOB] = p_u64(job)}};
+  if (!job)
+    return DSPK_EINVAL;
+  return job_call(c, &a, NULL, json_out);
 }
 
 static uint32_t arr_size(const msgpack_object *o) {
@@ -213,6 +192,7 @@ static uint32_t arr_size(const msgpack_object *o) {
 
 DSPK_EXPORT int dspk_devices(dspk_client *c, bool all,
                              dspk_device_list **out) {
+  struct params a = {DSPK__M_DEVICES, {[DSPK__DEVICES_ALL] = p_bool(all)}};
   struct dspk__resp r;
   dspk_device_list *l;
   const msgpack_object *devs, *unav;
@@ -220,7 +200,7 @@ DSPK_EXPORT int dspk_devices(dspk_client *c, bool all,
 
   if (!c || !out)
     return DSPK_EINVAL;
-  rc = dspk__call(c, "devices", pack_devices, &all, &r);
+  rc = call(c, &a, &r);
   if (rc != 0)
     return rc;
   devs = dspk__map_get(r.msg.result, "devices");
@@ -354,60 +334,18 @@ DSPK_EXPORT void dspk_status_free(dspk_status *s) {
 
 /* ---- buffers ------------------------------------------------------------ */
 
-struct buf_args {
-  const char *device;
-  uint64_t id, offset, size;
-  const void *data;
-  int kind; /* 0 create, 1 write, 2 read, 3 free */
-};
-
-static void pack_buf(void *ud, struct dspk__wbuf *w) {
-  struct buf_args *a = ud;
-  msgpack_packer *pk = &w->pk;
-
-  switch (a->kind) {
-  case 0:
-    msgpack_pack_map(pk, 2);
-    pack_kv_str(pk, "device", a->device);
-    dspk__pack_str(pk, "size");
-    msgpack_pack_uint64(pk, a->size);
-    break;
-  case 1:
-    msgpack_pack_map(pk, 3);
-    dspk__pack_str(pk, "buffer");
-    msgpack_pack_uint64(pk, a->id);
-    dspk__pack_str(pk, "offset");
-    msgpack_pack_uint64(pk, a->offset);
-    dspk__pack_str(pk, "data");
-    dspk__wbuf_bin_ref(w, a->data, a->size, NULL, NULL);
-    break;
-  case 2:
-    msgpack_pack_map(pk, 3);
-    dspk__pack_str(pk, "buffer");
-    msgpack_pack_uint64(pk, a->id);
-    dspk__pack_str(pk, "offset");
-    msgpack_pack_uint64(pk, a->offset);
-    dspk__pack_str(pk, "size");
-    msgpack_pack_uint64(pk, a->size);
-    break;
-  default:
-    msgpack_pack_map(pk, 1);
-    dspk__pack_str(pk, "buffer");
-    msgpack_pack_uint64(pk, a->id);
-  }
-}
-
 DSPK_EXPORT int dspk_buffer_create(dspk_client *c, const char *device,
                                    size_t size, uint64_t *id_out) {
-  struct buf_args a = {.device = device ? device : "cpu:0", .size = size,
-                       .kind = 0};
+  struct params a = {DSPK__M_BUFFER_CREATE,
+                     {[DSPK__BCREATE_DEVICE] = p_str(device ? device : "cpu:0"),
+                      [DSPK__BCREATE_SIZE] = p_u64(size)}};
   struct dspk__resp r;
   uint64_t id;
   int rc;
 
   if (!c || !id_out)
     return DSPK_EINVAL;
-  rc = dspk__call(c, "buffer.create", pack_buf, &a, &r);
+  rc = call(c, &a, &r);
   if (rc != 0)
     return rc;
   if (dspk__obj_u64(dspk__map_get(r.msg.result, "buffer"), &id) != 0)
@@ -468,17 +406,23 @@ static int transfer(dspk_client *c, uint64_t id, uint64_t offset, const void *sr
 
   do {
     size_t k = n - done < piece_max(c) ? n - done : piece_max(c);
-    struct buf_args a = {.id = id, .offset = offset + done, .size = k,
-                         .kind = dst ? 2 : 1};
+    struct params a = {dst ? DSPK__M_BUFFER_READ : DSPK__M_BUFFER_WRITE, {{0}}};
     uint32_t msgid;
     int rc;
-    if (!dst)
-      a.data = (const char *)src + done;
+    if (dst) {
+      a.v[DSPK__BREAD_BUFFER] = p_u64(id);
+      a.v[DSPK__BREAD_OFFSET] = p_u64(offset + done);
+      a.v[DSPK__BREAD_SIZE] = p_u64(k);
+    } else {
+      a.v[DSPK__BWRITE_BUFFER] = p_u64(id);
+      a.v[DSPK__BWRITE_OFFSET] = p_u64(offset + done);
+      a.v[DSPK__BWRITE_DATA] = p_bin((const char *)src + done, k);
+    }
     if (tail - head == WINDOW)
       piece_wait(c, ids, dsts, lens, &head, &first, err);
     if (first != 0)
       break;
-    rc = dspk__send_call(c, dst ? "buffer.read" : "buffer.write", pack_buf, &a, &msgid);
+    rc = dspk__send_call(c, dspk__methods[a.m].name, pack_params, &a, &msgid);
     if (rc != 0) {
       first = rc;
       memcpy(err, c->err, sizeof c->err);
@@ -527,13 +471,13 @@ DSPK_EXPORT int dspk_buffer_read(dspk_client *c, uint64_t id, uint64_t offset,
 }
 
 DSPK_EXPORT int dspk_buffer_free(dspk_client *c, uint64_t id) {
-  struct buf_args a = {.id = id, .kind = 3};
+  struct params a = {DSPK__M_BUFFER_FREE, {[DSPK__BFREE_BUFFER] = p_u64(id)}};
   struct dspk__resp r;
   int rc;
 
   if (!c)
     return DSPK_EINVAL;
-  rc = dspk__call(c, "buffer.free", pack_buf, &a, &r);
+  rc = call(c, &a, &r);
   if (rc == 0)
     dspk__resp_free(&r);
   return rc;
@@ -543,7 +487,7 @@ DSPK_EXPORT int dspk_buffer_free(dspk_client *c, uint64_t id) {
 
 /* Checks what the library must trust before reading caller memory. */
 static int check_task(dspk_client *c, const dspk_task *t) {
-  if (!op_name(t->op))
+  if ((unsigned)t->op >= DSPK_OP_COUNT)
     return dspk__cerr(c, DSPK_EINVAL, "unknown op %d", (int)t->op);
   if (t->ninputs && !t->inputs)
     return dspk__cerr(c, DSPK_EINVAL, "inputs is NULL");
@@ -570,15 +514,16 @@ static int check_task(dspk_client *c, const dspk_task *t) {
     if (!x->is_ref && x->nbytes && !x->data)
       return dspk__cerr(c, DSPK_EINVAL, "input %u: data is NULL", i);
   }
-  if (t->op == DSPK_OP_REDUCE && (!reduce_name(t->reduce.fn) ||
+  if (t->op == DSPK_OP_REDUCE && ((unsigned)t->reduce.fn >= DSPK_REDUCE_COUNT ||
                                   t->reduce.naxes > DSPK_MAX_RANK))
     return dspk__cerr(c, DSPK_EINVAL, "reduce: bad fn or naxes");
-  if (t->op == DSPK_OP_MAP && !mapfn_name(t->map.fn))
+  if (t->op == DSPK_OP_MAP && (unsigned)t->map.fn >= DSPK_MAPFN_COUNT)
     return dspk__cerr(c, DSPK_EINVAL, "map: bad fn");
   if (t->op == DSPK_OP_CONTRACT && !t->contract.subscripts)
     return dspk__cerr(c, DSPK_EINVAL, "contract: subscripts is NULL");
   if (t->op == DSPK_OP_KERNEL &&
       (t->kernel.nargs > DSPK_KERNEL_MAX_ARGS || !t->kernel.lang ||
+       dspk__choice_find(dspk__kernel_langs, t->kernel.lang, strlen(t->kernel.lang)) < 0 ||
        !t->kernel.entry || (t->kernel.source_len && !t->kernel.source)))
     return dspk__cerr(c, DSPK_EINVAL, "kernel: bad lang, entry, source or "
                       "nargs");
@@ -611,116 +556,131 @@ static void pack_tensor(struct dspk__wbuf *w, const dspk_tensor *x, bool shm,
   }
 }
 
-static void pack_bool(msgpack_packer *pk, const char *k, bool v) {
-  dspk__pack_str(pk, k);
-  if (v)
-    msgpack_pack_true(pk);
-  else
-    msgpack_pack_false(pk);
+/* task.run's inputs: the task's operands, those in shared memory as
+ * references (shm[i]: buffer sid[i] at soff[i]). */
+struct inputs {
+  const dspk_task *t;
+  const bool *shm;
+  const uint64_t *sid, *soff;
+};
+
+static void pack_inputs(const void *ud, struct dspk__wbuf *w) {
+  const struct inputs *in = ud;
+  const dspk_task *t = in->t;
+  msgpack_pack_array(&w->pk, t->ninputs);
+  for (unsigned i = 0; i < t->ninputs; i++) {
+    bool s = i < DSPK_SHM_OPERANDS && in->shm[i];
+    pack_tensor(w, &t->inputs[i], s, s ? in->sid[i] : 0, s ? in->soff[i] : 0);
+  }
 }
 
-static void pack_double(msgpack_packer *pk, const char *k, double v) {
-  dspk__pack_str(pk, k);
-  msgpack_pack_double(pk, v);
+static void pack_outputs(const void *ud, struct dspk__wbuf *w) {
+  const dspk_task *t = ud;
+  msgpack_pack_array(&w->pk, t->nout_refs);
+  for (unsigned i = 0; i < t->nout_refs; i++) {
+    msgpack_pack_map(&w->pk, 2);
+    dspk__pack_str(&w->pk, "buffer");
+    msgpack_pack_uint64(&w->pk, t->out_refs[i].buffer);
+    dspk__pack_str(&w->pk, "offset");
+    msgpack_pack_uint64(&w->pk, t->out_refs[i].offset);
+  }
 }
 
-static void pack_u32x3(msgpack_packer *pk, const char *k, const uint32_t *v) {
-  dspk__pack_str(pk, k);
-  msgpack_pack_array(pk, 3);
-  for (int i = 0; i < 3; i++)
-    msgpack_pack_uint32(pk, v[i]);
+static void pack_axes(const void *ud, struct dspk__wbuf *w) {
+  const dspk_task *t = ud;
+  msgpack_pack_array(&w->pk, t->reduce.naxes);
+  for (unsigned i = 0; i < t->reduce.naxes; i++)
+    msgpack_pack_int(&w->pk, t->reduce.axes[i]);
 }
 
-static void pack_options(struct dspk__wbuf *w, const dspk_task *t) {
+/* args: [{tensor: i} | {i32: v} | {u32: v} | {i64: v} | {f32: v} | {f64: v}] */
+static void pack_kargs(const void *ud, struct dspk__wbuf *w) {
+  const dspk_task *t = ud;
   msgpack_packer *pk = &w->pk;
+  msgpack_pack_array(pk, t->kernel.nargs);
+  for (unsigned i = 0; i < t->kernel.nargs; i++) {
+    const dspk_karg *a = &t->kernel.args[i];
+    msgpack_pack_map(pk, 1);
+    switch (a->kind) {
+    case DSPK_KARG_TENSOR:
+      dspk__pack_str(pk, "tensor");
+      msgpack_pack_int(pk, a->v.tensor);
+      break;
+    case DSPK_KARG_I32:
+      dspk__pack_str(pk, "i32");
+      msgpack_pack_int32(pk, a->v.i32);
+      break;
+    case DSPK_KARG_U32:
+      dspk__pack_str(pk, "u32");
+      msgpack_pack_uint32(pk, a->v.u32);
+      break;
+    case DSPK_KARG_I64:
+      dspk__pack_str(pk, "i64");
+      msgpack_pack_int64(pk, a->v.i64);
+      break;
+    case DSPK_KARG_F32:
+      dspk__pack_str(pk, "f32");
+      msgpack_pack_float(pk, a->v.f32);
+      break;
+    default:
+      dspk__pack_str(pk, "f64");
+      msgpack_pack_double(pk, a->v.f64);
+    }
+  }
+}
+
+/* The options map of t's op, from the op's table in proto/schema.c. */
+static void pack_options(const void *ud, struct dspk__wbuf *w) {
+  const dspk_task *t = ud;
+  const struct dspk__op_desc *od = &dspk__ops[t->op];
+  struct dspk__pval v[DSPK__MAX_PARAMS] = {0};
 
   switch (t->op) {
   case DSPK_OP_GEMM:
-    msgpack_pack_map(pk, 4);
-    pack_bool(pk, "trans_a", t->gemm.trans_a);
-    pack_bool(pk, "trans_b", t->gemm.trans_b);
-    pack_double(pk, "alpha", t->gemm.alpha);
-    pack_double(pk, "beta", t->gemm.beta);
+    v[DSPK__GEMM_TRANS_A] = p_bool(t->gemm.trans_a);
+    v[DSPK__GEMM_TRANS_B] = p_bool(t->gemm.trans_b);
+    v[DSPK__GEMM_ALPHA] = p_num(t->gemm.alpha);
+    v[DSPK__GEMM_BETA] = p_num(t->gemm.beta);
     break;
   case DSPK_OP_FFT:
-    msgpack_pack_map(pk, 1);
-    pack_bool(pk, "inverse", t->fft.inverse);
+    v[DSPK__FFT_INVERSE] = p_bool(t->fft.inverse);
     break;
   case DSPK_OP_CONTRACT:
-    msgpack_pack_map(pk, 1);
-    pack_kv_str(pk, "subscripts", t->contract.subscripts);
+    v[DSPK__CONTRACT_SUBSCRIPTS] = p_str(t->contract.subscripts);
     break;
   case DSPK_OP_REDUCE:
-    msgpack_pack_map(pk, t->reduce.naxes ? 2 : 1);
-    pack_kv_str(pk, "fn", reduce_name(t->reduce.fn));
-    if (t->reduce.naxes) {
-      dspk__pack_str(pk, "axes");
-      msgpack_pack_array(pk, t->reduce.naxes);
-      for (unsigned i = 0; i < t->reduce.naxes; i++)
-        msgpack_pack_int(pk, t->reduce.axes[i]);
-    }
+    v[DSPK__REDUCE_FN] = p_enum((int)t->reduce.fn);
+    if (t->reduce.naxes)
+      v[DSPK__REDUCE_AXES] = p_pack(pack_axes, t);
     break;
   case DSPK_OP_MAP:
-    msgpack_pack_map(pk, 2);
-    pack_kv_str(pk, "fn", mapfn_name(t->map.fn));
-    pack_double(pk, "alpha", t->map.alpha);
+    v[DSPK__MAP_FN] = p_enum((int)t->map.fn);
+    v[DSPK__MAP_ALPHA] = p_num(t->map.alpha);
     break;
   case DSPK_OP_KERNEL:
-    msgpack_pack_map(pk, 7);
-    pack_kv_str(pk, "lang", t->kernel.lang);
-    dspk__pack_str(pk, "source");
-    dspk__wbuf_bin_ref(w, t->kernel.source, t->kernel.source_len, NULL, NULL);
-    pack_kv_str(pk, "entry", t->kernel.entry);
-    pack_u32x3(pk, "grid", t->kernel.grid);
-    pack_u32x3(pk, "block", t->kernel.block);
-    dspk__pack_str(pk, "shared");
-    msgpack_pack_uint32(pk, t->kernel.shared);
-    /* args: [{tensor: i} | {i32: v} | {u32: v} | {i64: v} | {f32: v} |
-     * {f64: v}] */
-    dspk__pack_str(pk, "args");
-    msgpack_pack_array(pk, t->kernel.nargs);
-    for (unsigned i = 0; i < t->kernel.nargs; i++) {
-      const dspk_karg *a = &t->kernel.args[i];
-      msgpack_pack_map(pk, 1);
-      switch (a->kind) {
-      case DSPK_KARG_TENSOR:
-        dspk__pack_str(pk, "tensor");
-        msgpack_pack_int(pk, a->v.tensor);
-        break;
-      case DSPK_KARG_I32:
-        dspk__pack_str(pk, "i32");
-        msgpack_pack_int32(pk, a->v.i32);
-        break;
-      case DSPK_KARG_U32:
-        dspk__pack_str(pk, "u32");
-        msgpack_pack_uint32(pk, a->v.u32);
-        break;
-      case DSPK_KARG_I64:
-        dspk__pack_str(pk, "i64");
-        msgpack_pack_int64(pk, a->v.i64);
-        break;
-      case DSPK_KARG_F32:
-        dspk__pack_str(pk, "f32");
-        msgpack_pack_float(pk, a->v.f32);
-        break;
-      default:
-        dspk__pack_str(pk, "f64");
-        msgpack_pack_double(pk, a->v.f64);
-      }
-    }
+    v[DSPK__KERNEL_LANG] = p_enum(dspk__choice_find(dspk__kernel_langs, t->kernel.lang,
+                                                    strlen(t->kernel.lang)));
+    v[DSPK__KERNEL_SOURCE] = p_bin(t->kernel.source, t->kernel.source_len);
+    v[DSPK__KERNEL_ENTRY] = p_str(t->kernel.entry);
+    v[DSPK__KERNEL_GRID].set = v[DSPK__KERNEL_BLOCK].set = true;
+    memcpy(v[DSPK__KERNEL_GRID].v.dim, t->kernel.grid, sizeof t->kernel.grid);
+    memcpy(v[DSPK__KERNEL_BLOCK].v.dim, t->kernel.block, sizeof t->kernel.block);
+    v[DSPK__KERNEL_SHARED] = p_u64(t->kernel.shared);
+    v[DSPK__KERNEL_ARGS] = p_pack(pack_kargs, t);
     break;
-  default: /* fir: no options */
-    msgpack_pack_map(pk, 0);
+  default:
+    break;
   }
+  dspk__params_encode(w, od->options, od->noptions, v);
 }
 
 DSPK_EXPORT int dspk_submit(dspk_client *c, const dspk_task *t,
                             uint32_t *ticket) {
-  struct dspk__wbuf w;
-  msgpack_packer *pk;
-  const char *dev;
   uint64_t sid[DSPK_SHM_OPERANDS], soff[DSPK_SHM_OPERANDS];
   bool shm[DSPK_SHM_OPERANDS] = {0};
+  struct inputs in = {t, shm, sid, soff};
+  struct params a = {DSPK__M_TASK_RUN, {{0}}};
+  struct dspk__wbuf w;
   uint32_t id;
   int rc;
 
@@ -729,46 +689,31 @@ DSPK_EXPORT int dspk_submit(dspk_client *c, const dspk_task *t,
   rc = check_task(c, t);
   if (rc != 0)
     return rc;
+  a.v[DSPK__RUN_OP] = p_enum((int)t->op);
+  a.v[DSPK__RUN_DEVICE] = p_str(t->device && *t->device ? t->device : "any");
+  a.v[DSPK__RUN_INPUTS] = p_pack(pack_inputs, &in);
+  a.v[DSPK__RUN_OPTIONS] = p_pack(pack_options, t);
   /* Operands in shared memory, or big enough to go through it (lib_shm.c). */
-  dev = t->device && *t->device ? t->device : "any";
   /* Not for a raw kernel: its inline inputs come back inline. */
   for (unsigned i = 0; t->op != DSPK_OP_KERNEL && i < t->ninputs && i < DSPK_SHM_OPERANDS;
        i++) {
     const dspk_tensor *x = &t->inputs[i];
     if (x->is_ref || !x->nbytes)
       continue;
-    rc = dspk__shm_operand(c, dev, x->data, x->nbytes, &sid[i], &soff[i]);
+    rc = dspk__shm_operand(c, a.v[DSPK__RUN_DEVICE].v.s.p, x->data, x->nbytes, &sid[i],
+                           &soff[i]);
     if (rc < 0) {
       dspk__shm_sent(c, 0, false);
       return rc;
     }
     shm[i] = rc == 1;
   }
+  if (t->nout_refs)
+    a.v[DSPK__RUN_OUTPUTS] = p_pack(pack_outputs, t);
   id = dspk__next_id(c);
   dspk__wbuf_init(&w);
-  pk = &w.pk;
-  dspk__pack_request_head(pk, id, "task.run", true);
-  msgpack_pack_map(pk, t->nout_refs ? 5 : 4);
-  pack_kv_str(pk, "op", op_name(t->op));
-  pack_kv_str(pk, "device", t->device && *t->device ? t->device : "any");
-  dspk__pack_str(pk, "inputs");
-  msgpack_pack_array(pk, t->ninputs);
-  for (unsigned i = 0; i < t->ninputs; i++)
-    pack_tensor(&w, &t->inputs[i], i < DSPK_SHM_OPERANDS && shm[i],
-                i < DSPK_SHM_OPERANDS ? sid[i] : 0, i < DSPK_SHM_OPERANDS ? soff[i] : 0);
-  dspk__pack_str(pk, "options");
-  pack_options(&w, t);
-  if (t->nout_refs) {
-    dspk__pack_str(pk, "outputs");
-    msgpack_pack_array(pk, t->nout_refs);
-    for (unsigned i = 0; i < t->nout_refs; i++) {
-      msgpack_pack_map(pk, 2);
-      dspk__pack_str(pk, "buffer");
-      msgpack_pack_uint64(pk, t->out_refs[i].buffer);
-      dspk__pack_str(pk, "offset");
-      msgpack_pack_uint64(pk, t->out_refs[i].offset);
-    }
-  }
+  dspk__pack_request_head(&w.pk, id, "task.run", true);
+  pack_params(&a, &w);
   rc = dspk__send(c, &w, id);
   dspk__wbuf_free(&w);
   dspk__shm_sent(c, id, rc == 0);
@@ -885,20 +830,15 @@ DSPK_EXPORT int dspk_run(dspk_client *c, const dspk_task *t,
   return dspk_wait(c, ticket, res);
 }
 
-static void pack_cancel(void *ud, struct dspk__wbuf *w) {
-  msgpack_pack_map(&w->pk, 1);
-  dspk__pack_str(&w->pk, "msgid");
-  msgpack_pack_uint32(&w->pk, *(uint32_t *)ud);
-}
-
 DSPK_EXPORT int dspk_cancel(dspk_client *c, uint32_t ticket, bool *canceled) {
+  struct params a = {DSPK__M_TASK_CANCEL, {[DSPK__CANCEL_MSGID] = p_u64(ticket)}};
   struct dspk__resp r;
   bool yes = false;
   int rc;
 
   if (!c)
     return DSPK_EINVAL;
-  rc = dspk__call(c, "task.cancel", pack_cancel, &ticket, &r);
+  rc = call(c, &a, &r);
   if (rc != 0)
     return rc;
   dspk__arg_bool(r.msg.result, "canceled", &yes, NULL, 0);
@@ -910,23 +850,14 @@ DSPK_EXPORT int dspk_cancel(dspk_client *c, uint32_t ticket, bool *canceled) {
 
 /* ---- cache --------------------------------------------------------------- */
 
-static const char *const cache_kinds[] = {"kernels", "autotune", "blobs"};
-
-static void pack_cache_clear(void *ud, struct dspk__wbuf *w) {
-  unsigned mask = *(unsigned *)ud;
-  size_t n = 0;
-  for (int k = 0; k < 3; k++)
-    n += (mask >> k) & 1u;
-  msgpack_pack_map(&w->pk, 1);
-  dspk__pack_str(&w->pk, "kinds");
-  msgpack_pack_array(&w->pk, n);
-  for (int k = 0; k < 3; k++)
-    if ((mask >> k) & 1u)
-      dspk__pack_str(&w->pk, cache_kinds[k]);
-}
+/* DSPK_CACHE_* bit k is dspk__cache_kind_names[k], as the table's enum
+ * list bits. */
+_Static_assert(DSPK_CACHE_KERNELS == 1u && DSPK_CACHE_AUTOTUNE == 2u && DSPK_CACHE_BLOBS == 4u,
+               "cache kinds in the order of dspk__cache_kind_names");
 
 DSPK_EXPORT int dspk_cache_clear(dspk_client *c, unsigned kinds,
                                  unsigned *cleared) {
+  struct params p = {DSPK__M_CACHE_CLEAR, {{0}}};
   struct dspk__resp r;
   const msgpack_object *a;
   unsigned mask = kinds & DSPK_CACHE_ALL, got = 0;
@@ -936,7 +867,8 @@ DSPK_EXPORT int dspk_cache_clear(dspk_client *c, unsigned kinds,
     return DSPK_EINVAL;
   if (!mask)
     mask = DSPK_CACHE_ALL;
-  rc = dspk__call(c, "cache.clear", pack_cache_clear, &mask, &r);
+  p.v[DSPK__CCLEAR_KINDS] = (struct dspk__pval){true, {.mask = mask}};
+  rc = call(c, &p, &r);
   if (rc != 0)
     return rc;
   a = dspk__map_get(r.msg.result, "cleared");
@@ -945,9 +877,9 @@ DSPK_EXPORT int dspk_cache_clear(dspk_client *c, unsigned kinds,
     size_t n;
     if (dspk__obj_str(&a->via.array.ptr[i], &s, &n) != 0)
       continue;
-    for (unsigned k = 0; k < 3; k++)
-      if (strlen(cache_kinds[k]) == n && memcmp(cache_kinds[k], s, n) == 0)
-        got |= 1u << k;
+    int k = dspk__choice_find(dspk__cache_kind_names, s, n);
+    if (k >= 0)
+      got |= 1u << k;
   }
   dspk__resp_free(&r);
   if (cleared)

@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "client/lib_internal.h"
+#include "proto/schema.h"
 
 #ifndef DSPK_VERSION_STRING
 #define DSPK_VERSION_STRING "0.0.0"
@@ -642,17 +643,16 @@ static uint64_t env_job(void) {
   return errno || *end ? 0 : (uint64_t)id;
 }
 
+/* hello's params, packed from the protocol's table (proto/schema.c). */
 static void pack_hello(void *ud, struct dspk__wbuf *w) {
+  const struct dspk__method *m = &dspk__methods[DSPK__M_HELLO];
   struct hello_args *a = ud;
-  msgpack_pack_map(&w->pk, a->job ? 3 : 2);
-  dspk__pack_str(&w->pk, "version");
-  msgpack_pack_uint32(&w->pk, DSPK_PROTOCOL_VERSION);
-  dspk__pack_str(&w->pk, "client");
-  dspk__pack_str(&w->pk, a->name);
-  if (a->job) {
-    dspk__pack_str(&w->pk, "job");
-    msgpack_pack_uint64(&w->pk, a->job);
-  }
+  struct dspk__pval v[DSPK__MAX_PARAMS] = {0};
+  v[DSPK__HELLO_VERSION] = (struct dspk__pval){true, {.u = DSPK_PROTOCOL_VERSION}};
+  v[DSPK__HELLO_CLIENT] = (struct dspk__pval){true, {.s = {a->name, strlen(a->name)}}};
+  if (a->job)
+    v[DSPK__HELLO_JOB] = (struct dspk__pval){true, {.u = a->job}};
+  dspk__params_encode(w, m->params, m->nparams, v);
 }
 
 DSPK_EXPORT int dspk_connect(const char *socket_path, const char *client_name,

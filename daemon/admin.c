@@ -65,41 +65,34 @@ static int reply_true(struct req *r, const char *key) {
   return 0;
 }
 
-int dspkd_admin_dispatch(struct req *r, const char *method, size_t len) {
-  static const char *const names[] = {"daemon.reload", "daemon.stop", "job.register",
-                                      "job.end"};
+int dspkd_admin_check(struct req *r, const char *method) {
   struct conn *c = r->c;
-  struct dspkd *d = c->d;
-  int which = -1, err;
+  if (dspkd_admin_is(c))
+    return 0;
+  dspkd_warn("client %llu (pid %ld uid %ld): %s refused: not an admin",
+             (unsigned long long)c->id, (long)c->pid, (long)c->uid, method);
+  return dspk__fail(r->msg, sizeof r->msg, DSPK_EPERM, "%s: uid %ld is not an admin "
+                    "(admin_users and admin_groups in the [policy] of dspkd.conf)", method,
+                    (long)c->uid);
+}
 
-  for (int i = 0; i < 4; i++)
-    if (strlen(names[i]) == len && memcmp(names[i], method, len) == 0)
-      which = i;
-  if (which < 0)
-    return 1;
-  if (!dspkd_admin_is(c)) {
-    dspkd_warn("client %llu (pid %ld uid %ld): %s refused: not an admin",
-               (unsigned long long)c->id, (long)c->pid, (long)c->uid, names[which]);
-    snprintf(r->msg, sizeof r->msg, "%s: uid %ld is not an admin (admin_users and "
-             "admin_groups in the [policy] of dspkd.conf)", names[which], (long)c->uid);
-    return DSPK_EPERM;
-  }
-  if (which == 2)
-    return dspkd_m_job_register(r); /* daemon/jobs.c */
-  if (which == 3)
-    return dspkd_m_job_end(r);
-  if (which == 0) {
-    dspkd_info("client %llu (uid %ld): daemon.reload", (unsigned long long)c->id,
-               (long)c->uid);
-    err = dspkd_config_reload(d, r->msg, sizeof r->msg);
-    if (err < 0)
-      return err;
-    return reply_true(r, "reloaded");
-  }
+int dspkd_m_daemon_reload(struct req *r) {
+  struct conn *c = r->c;
+  int err;
+  dspkd_info("client %llu (uid %ld): daemon.reload", (unsigned long long)c->id, (long)c->uid);
+  err = dspkd_config_reload(c->d, r->msg, sizeof r->msg);
+  if (err < 0)
+    return err;
+  return reply_true(r, "reloaded");
+}
+
+int dspkd_m_daemon_stop(struct req *r) {
+  struct conn *c = r->c;
+  int err;
   dspkd_info("client %llu (uid %ld): daemon.stop", (unsigned long long)c->id, (long)c->uid);
   err = reply_true(r, "stopping");
   if (err < 0)
     return err;
-  dspkd_stop(d);
+  dspkd_stop(c->d);
   return 0;
 }

@@ -18,10 +18,13 @@
 /* 1 when the connection's peer passes the allow lists, else 0. */
 int dspkd_admin_may_connect(struct conn *c);
 
-/* Runs r's method when it is an admin method: returns 0 when it answered, a
- * negative code that the caller answers with r->msg (DSPK_EPERM for a peer
- * that is not an admin), or 1 when the method is not an admin method. */
-int dspkd_admin_dispatch(struct req *r, const char *method, size_t len);
+/* 0 when r's peer may call the admin method, else DSPK_EPERM with the
+ * detail in r->msg (and a warning in the log). */
+int dspkd_admin_check(struct req *r, const char *method);
+/* The handlers of daemon.reload and daemon.stop (dspkd_dispatch's
+ * contract). */
+int dspkd_m_daemon_reload(struct req *r);
+int dspkd_m_daemon_stop(struct req *r);
 
 /* 1 when c's peer may call the admin methods (and sees every connection in
  * full in status), under the policy in force now. */

@@ -157,34 +157,14 @@ int dspkd_m_cache_stats(struct req *r) {
 
 int dspkd_m_cache_clear(struct req *r) {
   struct conn *c = r->c;
-  const msgpack_object *kinds = dspk__map_get(r->args, "kinds");
   unsigned mask = 0;
 
-  /* Arguments first, so a malformed call says so whoever sends it. */
-  if (kinds && kinds->type != MSGPACK_OBJECT_NIL) {
-    if (kinds->type != MSGPACK_OBJECT_ARRAY) {
-      snprintf(r->msg, sizeof r->msg,
-               "kinds: expected an array of \"kernels\", \"autotune\", \"blobs\"");
-      return DSPK_EINVAL;
-    }
-    for (uint32_t i = 0; i < kinds->via.array.size; i++) {
-      const char *s;
-      size_t n;
-      int k;
-      if (dspk__obj_str(&kinds->via.array.ptr[i], &s, &n) != 0) {
-        snprintf(r->msg, sizeof r->msg, "kinds[%u]: expected a string", i);
-        return DSPK_EINVAL;
-      }
-      k = dspk__cache_kind_from_name(s, n);
-      if (k < 0) {
-        snprintf(r->msg, sizeof r->msg,
-                 "kinds[%u]: unknown kind \"%.*s\" (kernels, autotune, blobs)", i,
-                 (int)dspk__utf8_cut(s, n, 32), s);
-        return DSPK_EINVAL;
-      }
-      mask |= DSPK__CACHE_MASK(k);
-    }
-  }
+  /* The arguments were checked before (a malformed call says so whoever
+   * sends it); bit i of the list is dspk__cache_kind_names[i]. */
+  for (int k = 0; dspk__cache_kind_names[k]; k++)
+    if (r->v[DSPK__CCLEAR_KINDS].v.mask & (1u << k))
+      mask |= DSPK__CACHE_MASK(dspk__cache_kind_from_name(
+          dspk__cache_kind_names[k], strlen(dspk__cache_kind_names[k])));
   if (!mask)
     mask = DSPK__CACHE_ALL;
   if (c->uid == (uid_t)-1 || (c->uid != 0 && c->uid != geteuid())) {

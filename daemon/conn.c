@@ -474,9 +474,7 @@ static void conn_frame(struct conn *c, struct rchunk *k, const char *p, size_t n
     struct req r = {.c = c, .msgid = m.msgid, .args = m.args, .chunk = k};
     c->requests++;
     r.msg[0] = '\0';
-    err = dspkd_admin_dispatch(&r, m.method, m.method_len);
-    if (err == 1)
-      err = dspkd_dispatch(&r, m.method, m.method_len);
+    err = dspkd_dispatch(&r, m.method, m.method_len);
     if (err < 0) {
       dspkd_debug("client %llu: %.*s #%u: %s: %s", (unsigned long long)c->id,
                   (int)m.method_len, m.method, m.msgid, dspk__err_name(err), r.msg);

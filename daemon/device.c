@@ -54,22 +54,10 @@ void job_free(struct dspkd *d, struct job *j) {
   free(j);
 }
 
-static const char *op_name(dspk_op kind) {
-  switch (kind) {
-#define XX(e, name)                                                            \
-  case DSPK_OP_##e:                                                            \
-    return name;
-    DSPK_OP_MAP(XX)
-#undef XX
-  default:
-    return "?";
-  }
-}
-
 /* The log line of a task that failed (loop thread). */
 static void log_task_failed(struct job *j, int code) {
   struct conn *c = j->conn;
-  dspkd_log_task_failed(j->dev ? j->dev->id : NULL, op_name(j->op.kind), c ? c->id : 0,
+  dspkd_log_task_failed(j->dev ? j->dev->id : NULL, dspk__op_name(j->op.kind), c ? c->id : 0,
                         c ? (long)c->pid : 0L, code, j->errmsg);
 }
 

@@ -29,6 +29,7 @@
 #include "daemon/observe.h"
 #include "proto/codec.h"
 #include "proto/frame.h"
+#include "proto/schema.h"
 
 #ifndef DSPKD_VERSION
 #define DSPKD_VERSION "0.0.0"
@@ -496,6 +497,8 @@ struct req {
   struct conn *c;
   uint32_t msgid;
   const msgpack_object *args; /* the params map, or NULL */
+  struct dspk__pval v[DSPK__MAX_PARAMS]; /* the params decoded by
+                                           proto/schema.c's table */
   struct rchunk *chunk;       /* the frame's bytes */
   char msg[512];              /* error detail for the response */
 };

@@ -255,42 +255,23 @@ void dspkd_job_conn_gone(struct conn *c) {
 
 /* ---- job.register, job.end ----------------------------------------------- */
 
-static int fail(struct req *r, int code, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static int fail(struct req *r, int code, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  dspk__vformat(r->msg, sizeof r->msg, fmt, ap);
-  va_end(ap);
-  return code;
-}
+#define fail(r, code, ...) dspk__fail((r)->msg, sizeof (r)->msg, (code), __VA_ARGS__)
 
-static int arg_job(struct req *r, uint64_t *id) {
-  if (dspk__obj_u64(dspk__map_get(r->args, "job"), id) != 0 || *id == 0)
-    return fail(r, DSPK_EINVAL, "job: expected the Slurm job id (a positive integer)");
-  return 0;
-}
+/* The params were checked against proto/schema.c's table before these
+ * handlers run (job > 0, uid < 2^32-1, at most 64 devices). */
 
 int dspkd_m_job_register(struct req *r) {
   struct dspkd *d = r->c->d;
-  const msgpack_object *devs = dspk__map_get(r->args, "devices");
+  const msgpack_object *devs = r->v[DSPK__JREG_DEVICES].set ? r->v[DSPK__JREG_DEVICES].v.o
+                                                             : NULL;
   struct djob *j, tmp;
-  uint64_t id, uid;
+  uint64_t id = r->v[DSPK__JREG_JOB].v.u, uid = r->v[DSPK__JREG_UID].v.u;
   struct wreq *wr;
   msgpack_packer *pk;
-  int err, nmatch = 0;
+  int nmatch = 0;
 
-  if ((err = arg_job(r, &id)))
-    return err;
-  if (dspk__obj_u64(dspk__map_get(r->args, "uid"), &uid) != 0 || uid >= (uint64_t)(uid_t)-1)
-    return fail(r, DSPK_EINVAL, "uid: expected the uid the job runs as");
-  if (devs && devs->type == MSGPACK_OBJECT_NIL)
-    devs = NULL;
-  if (devs && devs->type != MSGPACK_OBJECT_ARRAY)
-    return fail(r, DSPK_EINVAL, "devices: expected an array of device UUIDs");
-  if (devs && devs->via.array.size > DSPKD_JOB_MAX_DEVICES)
-    return fail(r, DSPK_ELIMIT, "devices: %u UUIDs, at most %d", devs->via.array.size,
-                DSPKD_JOB_MAX_DEVICES);
+  _Static_assert(DSPKD_JOB_MAX_DEVICES == 64, "job.register devices in proto/schema.c");
+  _Static_assert(sizeof(uid_t) == 4, "job.register uid in proto/schema.c");
   memset(&tmp, 0, sizeof tmp);
   tmp.id = id;
   tmp.uid = (uid_t)uid;
@@ -352,11 +333,8 @@ int dspkd_m_job_register(struct req *r) {
 int dspkd_m_job_end(struct req *r) {
   struct dspkd *d = r->c->d;
   struct djob *j;
-  uint64_t id, nconns = 0, inflight = 0, buffers = 0;
-  int err;
+  uint64_t id = r->v[DSPK__JEND_JOB].v.u, nconns = 0, inflight = 0, buffers = 0;
 
-  if ((err = arg_job(r, &id)))
-    return err;
   j = job_find(d, id);
   if (j && r->c->job == j)
     return fail(r, DSPK_EINVAL, "this connection belongs to Slurm job %" PRIu64

@@ -8,11 +8,16 @@
  * buffer.free, task.cancel) or queue a job on a device's runner (buffer
  * create/write/read, task.run), which answers when it completes.
  *
+ * Every parameter's type, range and default is in proto/schema.c:
+ * dspkd_dispatch decodes the params map against it before the handler runs,
+ * so a handler reads typed values (r->v, indexed by the parameter enums of
+ * proto/schema.h) and checks only what needs the daemon's state (buffers,
+ * devices, shapes).
+ *
  * Handlers return 0 when they answered or queued, or a negative code with
  * the detail in r->msg, which the caller sends as the error response.
  */
 #include <inttypes.h>
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -21,15 +26,11 @@
 #include "daemon/admin.h"
 #include "daemon/dspkd.h"
 #include "daemon/log.h"
+#include "proto/schema.h"
 
-__attribute__((format(printf, 3, 4)))
-static int fail(struct req *r, int code, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  dspk__vformat(r->msg, sizeof r->msg, fmt, ap);
-  va_end(ap);
-  return code;
-}
+_Static_assert(sizeof(((struct conn *)0)->name) > DSPK__CLIENT_NAME_MAX, "hello client");
+
+#define fail(r, code, ...) dspk__fail((r)->msg, sizeof (r)->msg, (code), __VA_ARGS__)
 
 /* Prefixes r->msg with "what: " (for errors of nested decoders). */
 static int prefix(struct req *r, int code, const char *what) {
@@ -138,22 +139,16 @@ struct device *dspkd_resolve_device(struct req *r, const char *name, int *err) {
 
 static int m_hello(struct req *r) {
   struct conn *c = r->c;
-  uint64_t version = DSPK_PROTOCOL_VERSION;
-  char name[sizeof c->name] = "";
+  uint64_t version = r->v[DSPK__HELLO_VERSION].v.u;
   struct wreq *wr;
-  int err;
 
-  uint64_t job = 0;
+  uint64_t job = r->v[DSPK__HELLO_JOB].v.u;
 
-  if ((err = dspk__arg_u64(r->args, "version", &version, r->msg, sizeof r->msg)) ||
-      (err = dspk__arg_str(r->args, "client", name, sizeof name, r->msg, sizeof r->msg)) ||
-      (err = dspk__arg_u64(r->args, "job", &job, r->msg, sizeof r->msg)))
-    return err;
   if (version != DSPK_PROTOCOL_VERSION)
     return fail(r, DSPK_EVERSION, "client speaks protocol %" PRIu64
                 ", this daemon speaks %d", version, DSPK_PROTOCOL_VERSION);
-  if (name[0])
-    memcpy(c->name, name, sizeof name);
+  if (r->v[DSPK__HELLO_CLIENT].v.s.n)
+    dspk__pval_str(&r->v[DSPK__HELLO_CLIENT], c->name, sizeof c->name);
   /* The Slurm job the client says it belongs to (daemon/jobs.c checks it
    * at the first request that needs a device). */
   if (job && !c->job_state)
@@ -174,13 +169,10 @@ static int m_hello(struct req *r) {
 static void release_chunk(void *ud) { chunk_unref(ud); }
 
 static int m_ping(struct req *r) {
-  const msgpack_object *v = dspk__map_get(r->args, "data");
-  const void *data = "";
-  size_t len = 0;
+  const void *data = r->v[DSPK__PING_DATA].v.s.p;
+  size_t len = r->v[DSPK__PING_DATA].v.s.n;
   struct wreq *wr;
 
-  if (v && v->type != MSGPACK_OBJECT_NIL && dspk__obj_bin(v, &data, &len) != 0)
-    return fail(r, DSPK_EINVAL, "data: expected bin");
   if (!(wr = reply(r)))
     return DSPK_ENOMEM;
   msgpack_pack_map(&wr->w.pk, 1);
@@ -196,13 +188,11 @@ static int m_ping(struct req *r) {
 
 static int m_devices(struct req *r) {
   struct dspkd *d = r->c->d;
-  bool all = false;
+  bool all = r->v[DSPK__DEVICES_ALL].v.b;
   struct wreq *wr;
   msgpack_packer *pk;
   int err, n = 0;
 
-  if ((err = dspk__arg_bool(r->args, "all", &all, r->msg, sizeof r->msg)))
-    return err;
   if ((err = dspkd_job_resolve(r->c, r->msg, sizeof r->msg)) < 0)
     return err;
   if (!(wr = reply(r)))
@@ -413,16 +403,10 @@ static int m_status(struct req *r) {
 
 /* ---- buffers ---------------------------------------------------------- */
 
-/* Looks up the "buffer" argument among the connection's buffers. */
-static struct dbuf *arg_buffer(struct req *r, int *err) {
-  uint64_t id;
-  struct dbuf *b;
-  const msgpack_object *v = dspk__map_get(r->args, "buffer");
-  if (dspk__obj_u64(v, &id) != 0) {
-    *err = fail(r, DSPK_EINVAL, "buffer: expected a buffer id");
-    return NULL;
-  }
-  b = conn_buf_find(r->c, id);
+/* Looks up the buffer id r->v[i] among the connection's buffers. */
+static struct dbuf *arg_buffer(struct req *r, int i, int *err) {
+  uint64_t id = r->v[i].v.u;
+  struct dbuf *b = conn_buf_find(r->c, id);
   if (!b)
     *err = fail(r, DSPK_ENOBUF, "no buffer %" PRIu64 " on this connection", id);
   return b;
@@ -430,17 +414,14 @@ static struct dbuf *arg_buffer(struct req *r, int *err) {
 
 static int m_buffer_create(struct req *r) {
   struct conn *c = r->c;
-  char devname[48] = "any";
-  uint64_t size;
+  char devname[DSPK__DEVICE_NAME_MAX + 1];
+  uint64_t size = r->v[DSPK__BCREATE_SIZE].v.u;
   struct device *dev;
   struct dbuf *b;
   struct job *j;
   int err = 0;
 
-  if ((err = dspk__arg_str(r->args, "device", devname, sizeof devname, r->msg, sizeof r->msg)))
-    return err;
-  if (dspk__obj_u64(dspk__map_get(r->args, "size"), &size) != 0)
-    return fail(r, DSPK_EINVAL, "size: expected a byte count");
+  dspk__pval_str(&r->v[DSPK__BCREATE_DEVICE], devname, sizeof devname);
   if (!(dev = resolve_device(r, devname, &err)))
     return err;
   if (dev->info.memory && size > dev->info.memory)
@@ -476,20 +457,16 @@ static int m_buffer_create(struct req *r) {
 
 static int m_buffer_write(struct req *r) {
   struct dbuf *b;
-  uint64_t off = 0;
-  const void *data;
-  size_t len;
+  uint64_t off = r->v[DSPK__BWRITE_OFFSET].v.u;
+  const void *data = r->v[DSPK__BWRITE_DATA].v.s.p;
+  size_t len = r->v[DSPK__BWRITE_DATA].v.s.n;
   struct job *j;
   int err = 0;
 
-  if (!(b = arg_buffer(r, &err)))
+  if (!(b = arg_buffer(r, DSPK__BWRITE_BUFFER, &err)))
     return err;
   if ((err = device_ok(r, b->dev)) < 0)
     return err;
-  if ((err = dspk__arg_u64(r->args, "offset", &off, r->msg, sizeof r->msg)))
-    return err;
-  if (dspk__obj_bin(dspk__map_get(r->args, "data"), &data, &len) != 0)
-    return fail(r, DSPK_EINVAL, "data: expected bin");
   if (off > b->size || len > b->size - off)
     return fail(r, DSPK_ERANGE, "writing %zu bytes at offset %" PRIu64
                 " overruns buffer %" PRIu64 " of %" PRIu64 " bytes", len, off, b->id, b->size);
@@ -509,23 +486,19 @@ static int m_buffer_write(struct req *r) {
 
 static int m_buffer_read(struct req *r) {
   struct dbuf *b;
-  uint64_t off = 0, size;
+  uint64_t off = r->v[DSPK__BREAD_OFFSET].v.u, size;
   uint64_t max = r->c->d->cfg.lim.max_message - 64;
   struct job *j;
   int err = 0;
 
-  if (!(b = arg_buffer(r, &err)))
+  if (!(b = arg_buffer(r, DSPK__BREAD_BUFFER, &err)))
     return err;
   if ((err = device_ok(r, b->dev)) < 0)
-    return err;
-  if ((err = dspk__arg_u64(r->args, "offset", &off, r->msg, sizeof r->msg)))
     return err;
   if (off > b->size)
     return fail(r, DSPK_ERANGE, "offset %" PRIu64 " is past the end of buffer %" PRIu64
                 " (%" PRIu64 " bytes)", off, b->id, b->size);
-  size = b->size - off;
-  if ((err = dspk__arg_u64(r->args, "size", &size, r->msg, sizeof r->msg)))
-    return err;
+  size = r->v[DSPK__BREAD_SIZE].set ? r->v[DSPK__BREAD_SIZE].v.u : b->size - off;
   if (size > b->size - off)
     return fail(r, DSPK_ERANGE, "reading %" PRIu64 " bytes at offset %" PRIu64
                 " overruns buffer %" PRIu64 " of %" PRIu64 " bytes", size, off, b->id, b->size);
@@ -548,7 +521,7 @@ static int m_buffer_free(struct req *r) {
   struct wreq *wr;
   int err = 0;
 
-  if (!(b = arg_buffer(r, &err)))
+  if (!(b = arg_buffer(r, DSPK__BFREE_BUFFER, &err)))
     return err;
   if (!(wr = reply(r)))
     return DSPK_ENOMEM;
@@ -561,67 +534,15 @@ static int m_buffer_free(struct req *r) {
 
 /* ---- task.run --------------------------------------------------------- */
 
-static int parse_op(const char *s, dspk_op *out) {
-#define XX(e, name)                                                            \
-  if (strcmp(s, name) == 0) {                                                  \
-    *out = DSPK_OP_##e;                                                        \
-    return 0;                                                                  \
-  }
-  DSPK_OP_MAP(XX)
-#undef XX
-  return -1;
-}
-
-static int parse_reduce(const char *s, dspk_reduce *out) {
-#define XX(e, name)                                                            \
-  if (strcmp(s, name) == 0) {                                                  \
-    *out = DSPK_REDUCE_##e;                                                    \
-    return 0;                                                                  \
-  }
-  DSPK_REDUCE_MAP(XX)
-#undef XX
-  return -1;
-}
-
-static int parse_mapfn(const char *s, dspk_mapfn *out) {
-#define XX(e, name, nin)                                                       \
-  if (strcmp(s, name) == 0) {                                                  \
-    *out = DSPK_MAP_##e;                                                       \
-    return 0;                                                                  \
-  }
-  DSPK_MAPFN_MAP(XX)
-#undef XX
-  return -1;
-}
-
-/* Reads up to 3 uint32 of an array option into v (missing ones stay 1). */
-static int arg_dim3(struct req *r, const msgpack_object *opts, const char *key,
-                    uint32_t v[3]) {
-  const msgpack_object *a = dspk__map_get(opts, key);
-  v[0] = v[1] = v[2] = 1;
-  if (!a || a->type == MSGPACK_OBJECT_NIL)
-    return 0;
-  if (a->type != MSGPACK_OBJECT_ARRAY || a->via.array.size < 1 || a->via.array.size > 3)
-    return fail(r, DSPK_EINVAL, "options.%s: expected an array of 1 to 3 integers", key);
-  for (uint32_t i = 0; i < a->via.array.size; i++) {
-    uint64_t x;
-    if (dspk__obj_u64(&a->via.array.ptr[i], &x) != 0 || x == 0 || x > UINT32_MAX)
-      return fail(r, DSPK_EINVAL, "options.%s[%u]: expected a positive uint32", key, i);
-    v[i] = (uint32_t)x;
-  }
-  return 0;
-}
-
-static int kernel_args(struct req *r, const msgpack_object *opts, struct dspk__op *op) {
+/* The kernel's args (an array of at most 16 one-key maps, checked by the
+ * decoder): each names its kind by its key. */
+static int kernel_args(struct req *r, const struct dspk__pval *args, struct dspk__op *op) {
   static const struct { const char *key; enum dspk__karg_kind kind; } kinds[] = {
       {"tensor", DSPK__KARG_TENSOR}, {"i32", DSPK__KARG_I32}, {"u32", DSPK__KARG_U32},
       {"i64", DSPK__KARG_I64},       {"f32", DSPK__KARG_F32}, {"f64", DSPK__KARG_F64}};
-  const msgpack_object *a = dspk__map_get(opts, "args");
-  if (!a || a->type == MSGPACK_OBJECT_NIL)
+  const msgpack_object *a = args->v.o;
+  if (!args->set)
     return 0;
-  if (a->type != MSGPACK_OBJECT_ARRAY || a->via.array.size > DSPK__KERNEL_MAX_ARGS)
-    return fail(r, DSPK_EINVAL, "options.args: expected an array of at most %d maps",
-                DSPK__KERNEL_MAX_ARGS);
   for (uint32_t i = 0; i < a->via.array.size; i++) {
     const msgpack_object *m = &a->via.array.ptr[i];
     struct dspk__karg *k = &op->u.kernel.args[i];
@@ -675,126 +596,54 @@ static int kernel_args(struct req *r, const msgpack_object *opts, struct dspk__o
   return 0;
 }
 
+/* The reduce op's axes (a non-empty array, checked by the decoder): each
+ * an integer in [-rank, rank), none repeated. */
+static int reduce_axes(struct req *r, const struct dspk__pval *axes, struct dspk__op *op) {
+  int rank = op->in[0].rank;
+  op->u.reduce.axes = 0;
+  for (uint32_t i = 0; axes->set && i < axes->v.o->via.array.size; i++) {
+    int64_t ax;
+    if (dspk__obj_i64(&axes->v.o->via.array.ptr[i], &ax) != 0)
+      return fail(r, DSPK_EINVAL, "options.axes[%u]: expected an integer", i);
+    if (ax < -rank || ax >= rank)
+      return fail(r, DSPK_EINVAL, "options.axes[%u]: axis %" PRId64
+                  " is out of range for input 0 of rank %d", i, ax, rank);
+    if (ax < 0)
+      ax += rank;
+    if (op->u.reduce.axes & (1u << ax))
+      return fail(r, DSPK_EINVAL, "options.axes: axis %" PRId64 " repeated", ax);
+    op->u.reduce.axes |= 1u << ax;
+  }
+  return 0;
+}
+
+/* Decodes the op's options with the op's table (proto/schema.c), which
+ * stores the plain values into op->u; here only what needs more than the
+ * table: a reduce's axes (rank), a kernel's source and args. */
 static int task_options(struct req *r, const msgpack_object *o, struct dspk__op *op) {
-  char s[DSPK__SUBSCRIPTS_MAX];
-  char *m = r->msg;
-  size_t ml = sizeof r->msg;
-  bool b;
+  const struct dspk__op_desc *od = &dspk__ops[op->kind];
+  struct dspk__pval v[DSPK__MAX_PARAMS];
   int err;
 
-  if (o && o->type == MSGPACK_OBJECT_NIL)
-    o = NULL; /* nil means the default, as an absent key */
-  if (o && o->type != MSGPACK_OBJECT_MAP)
-    return fail(r, DSPK_EINVAL, "options: expected a map");
+  if ((err = dspk__params_decode(od->options, od->noptions, o, "options.", v, r->msg,
+                                 sizeof r->msg)))
+    return err;
+  dspk__params_store(od->options, od->noptions, v, &op->u);
   switch (op->kind) {
-  case DSPK_OP_GEMM:
-    op->u.gemm.alpha = 1.0;
-    op->u.gemm.beta = 0.0;
-    b = false;
-    if ((err = dspk__arg_bool(o, "trans_a", &b, m, ml)))
-      return err;
-    op->u.gemm.trans_a = b;
-    b = false;
-    if ((err = dspk__arg_bool(o, "trans_b", &b, m, ml)))
-      return err;
-    op->u.gemm.trans_b = b;
-    if ((err = dspk__arg_f64(o, "alpha", &op->u.gemm.alpha, m, ml)) ||
-        (err = dspk__arg_f64(o, "beta", &op->u.gemm.beta, m, ml)))
-      return err;
-    break;
-  case DSPK_OP_FFT:
-    b = false;
-    if ((err = dspk__arg_bool(o, "inverse", &b, m, ml)))
-      return err;
-    op->u.fft.inverse = b;
-    break;
-  case DSPK_OP_FIR:
-    break;
   case DSPK_OP_CONTRACT:
-    s[0] = '\0';
-    if ((err = dspk__arg_str(o, "subscripts", s, sizeof s, m, ml)))
-      return err;
-    if (!s[0])
+    if (!op->u.contract.subscripts[0])
       return fail(r, DSPK_EINVAL, "contract needs options.subscripts, e.g. \"ik,kj->ij\"");
-    memcpy(op->u.contract.subscripts, s, sizeof s);
     break;
-  case DSPK_OP_REDUCE: {
-    const msgpack_object *axes = dspk__map_get(o, "axes");
-    int rank = op->in[0].rank;
-    snprintf(s, sizeof s, "sum");
-    if ((err = dspk__arg_str(o, "fn", s, sizeof s, m, ml)))
-      return err;
-    if (parse_reduce(s, &op->u.reduce.fn) != 0)
-      return fail(r, DSPK_EINVAL, "options.fn: unknown reduction \"%s\" "
-                  "(sum, max, min, mean)", s);
-    op->u.reduce.axes = 0;
-    if (axes && axes->type != MSGPACK_OBJECT_NIL) {
-      if (axes->type != MSGPACK_OBJECT_ARRAY || axes->via.array.size == 0)
-        return fail(r, DSPK_EINVAL, "options.axes: expected a non-empty array of "
-                    "integers (omit it to reduce over every axis)");
-      for (uint32_t i = 0; i < axes->via.array.size; i++) {
-        int64_t ax;
-        if (dspk__obj_i64(&axes->via.array.ptr[i], &ax) != 0)
-          return fail(r, DSPK_EINVAL, "options.axes[%u]: expected an integer", i);
-        if (ax < -rank || ax >= rank)
-          return fail(r, DSPK_EINVAL, "options.axes[%u]: axis %" PRId64
-                      " is out of range for input 0 of rank %d", i, ax, rank);
-        if (ax < 0)
-          ax += rank;
-        if (op->u.reduce.axes & (1u << ax))
-          return fail(r, DSPK_EINVAL, "options.axes: axis %" PRId64 " repeated", ax);
-        op->u.reduce.axes |= 1u << ax;
-      }
-    }
-    break;
-  }
-  case DSPK_OP_MAP:
-    s[0] = '\0';
-    if ((err = dspk__arg_str(o, "fn", s, sizeof s, m, ml)))
-      return err;
-    if (parse_mapfn(s, &op->u.map.fn) != 0)
-      return fail(r, DSPK_EINVAL, "options.fn: %s \"%s\" (add, sub, mul, scale, axpy, abs, exp)",
-                  s[0] ? "unknown function" : "required, one of", s);
-    op->u.map.alpha = 1.0;
-    if ((err = dspk__arg_f64(o, "alpha", &op->u.map.alpha, m, ml)))
-      return err;
-    break;
-  case DSPK_OP_KERNEL: {
-    const msgpack_object *src = dspk__map_get(o, "source");
-    uint64_t shared = 0;
-    s[0] = '\0'; /* lang absent or nil: no value, refused below */
-    if ((err = dspk__arg_str(o, "lang", s, sizeof s, m, ml)))
-      return err;
-    /* The lang string must outlive this frame's zone: map it to a literal. */
-    if (strcmp(s, "cuda") == 0)
-      op->u.kernel.lang = "cuda";
-    else if (strcmp(s, "glsl") == 0)
-      op->u.kernel.lang = "glsl";
-    else if (strcmp(s, "spirv") == 0)
-      op->u.kernel.lang = "spirv";
-    else if (strcmp(s, "hip") == 0)
-      op->u.kernel.lang = "hip";
-    else
-      return fail(r, DSPK_EINVAL, "options.lang: %s cuda, glsl, spirv or hip",
-                  s[0] ? "expected" : "required, one of");
-    if (dspk__obj_bin(src, &op->u.kernel.source, &op->u.kernel.source_len) != 0)
-      return fail(r, DSPK_EINVAL, "options.source: expected str or bin");
-    if ((err = dspk__arg_str(o, "entry", op->u.kernel.entry, sizeof op->u.kernel.entry, m, ml)))
-      return err;
-    if (!op->u.kernel.entry[0])
+  case DSPK_OP_REDUCE:
+    return reduce_axes(r, &v[DSPK__REDUCE_AXES], op);
+  case DSPK_OP_KERNEL:
+    /* The table's strings outlive the frame's zone. */
+    op->u.kernel.lang = dspk__kernel_langs[v[DSPK__KERNEL_LANG].v.e];
+    op->u.kernel.source = v[DSPK__KERNEL_SOURCE].v.s.p;
+    op->u.kernel.source_len = v[DSPK__KERNEL_SOURCE].v.s.n;
+    if (!op->u.kernel.entry[0]) /* "" as the default */
       snprintf(op->u.kernel.entry, sizeof op->u.kernel.entry, "main");
-    if ((err = arg_dim3(r, o, "grid", op->u.kernel.grid)) ||
-        (err = arg_dim3(r, o, "block", op->u.kernel.block)))
-      return err;
-    if ((err = dspk__arg_u64(o, "shared", &shared, m, ml)))
-      return err;
-    if (shared > UINT32_MAX)
-      return fail(r, DSPK_ERANGE, "options.shared: too large");
-    op->u.kernel.shared_bytes = (uint32_t)shared;
-    if ((err = kernel_args(r, o, op)))
-      return err;
-    break;
-  }
+    return kernel_args(r, &v[DSPK__KERNEL_ARGS], op);
   default:
     break;
   }
@@ -826,47 +675,26 @@ static int pin(struct req *r, struct device **pinned, struct device *dev,
   return 0;
 }
 
-/* Room for task.run's op and device names. */
-#define OPNAME_LEN 16
-#define DEVNAME_LEN 48
-
-/* task.run up to the job's submission; opname and devname (OPNAME_LEN and
- * DEVNAME_LEN bytes) get what the request named, for the caller's log
- * line. */
-static int task_run(struct req *r, char *opname, char *devname) {
+/* task.run up to the job's submission; devname (DSPK__DEVICE_NAME_MAX + 1
+ * bytes) gets the device the request named. */
+static int task_run(struct req *r, char *devname) {
   struct conn *c = r->c;
   struct dspkd *d = c->d;
-  const msgpack_object *inputs, *outputs;
+  const msgpack_object *inputs = r->v[DSPK__RUN_INPUTS].v.o;
+  const msgpack_object *outputs = r->v[DSPK__RUN_OUTPUTS].set ? r->v[DSPK__RUN_OUTPUTS].v.o
+                                                              : NULL;
+  dspk_op kind = (dspk_op)r->v[DSPK__RUN_OP].v.e;
+  const char *opname = dspk__op_names[kind];
   char what[32];
   struct device *pinned = NULL, *dev = NULL;
   struct dspk__op_limits lim;
   unsigned inline_in = 0, inline_out;
   struct job *j;
-  dspk_op kind;
   int err = 0;
 
-  if ((err = dspk__arg_str(r->args, "op", opname, OPNAME_LEN, r->msg, sizeof r->msg)))
-    return err;
-  if (!opname[0])
-    return fail(r, DSPK_EINVAL, "op: required (gemm, fft, fir, contract, reduce, map, kernel)");
-  if (parse_op(opname, &kind) != 0)
-    return fail(r, DSPK_EINVAL, "op: unknown op \"%s\" (gemm, fft, fir, contract, "
-                "reduce, map, kernel)", opname);
-  if ((err = dspk__arg_str(r->args, "device", devname, DEVNAME_LEN, r->msg, sizeof r->msg)))
-    return err;
-  inputs = dspk__map_get(r->args, "inputs");
-  if (!inputs || inputs->type != MSGPACK_OBJECT_ARRAY || inputs->via.array.size == 0)
-    return fail(r, DSPK_EINVAL, "inputs: expected a non-empty array of tensors");
-  if (inputs->via.array.size > DSPK__OP_MAX_IN)
-    return fail(r, DSPK_EINVAL, "inputs: %u tensors, at most %d", inputs->via.array.size,
-                DSPK__OP_MAX_IN);
-  outputs = dspk__map_get(r->args, "outputs");
-  if (outputs && outputs->type == MSGPACK_OBJECT_NIL)
-    outputs = NULL;
-  if (outputs && (outputs->type != MSGPACK_OBJECT_ARRAY ||
-                  outputs->via.array.size > DSPK__OP_MAX_OUT))
-    return fail(r, DSPK_EINVAL, "outputs: expected an array of at most %d {buffer, offset}",
-                DSPK__OP_MAX_OUT);
+  _Static_assert(DSPK__OP_MAX_IN == 4 && DSPK__OP_MAX_OUT == 2,
+                 "inputs and outputs counts in proto/schema.c");
+  dspk__pval_str(&r->v[DSPK__RUN_DEVICE], devname, DSPK__DEVICE_NAME_MAX + 1);
 
   if (!(j = job_new(c, JOB_TASK, r->msgid, NULL)))
     return DSPK_ENOMEM;
@@ -908,7 +736,7 @@ static int task_run(struct req *r, char *opname, char *devname) {
     j->in_buf[i] = b;
     t->offset = (size_t)wt.offset;
   }
-  if ((err = task_options(r, dspk__map_get(r->args, "options"), &j->op)))
+  if ((err = task_options(r, r->v[DSPK__RUN_OPTIONS].v.o, &j->op)))
     goto fail;
   task_limits(&d->cfg, &lim);
   if ((err = dspk__op_infer_lim(&j->op, &lim, r->msg, sizeof r->msg)) < 0)
@@ -998,21 +826,20 @@ fail:
 }
 
 static int m_task_run(struct req *r) {
-  char opname[OPNAME_LEN] = "", devname[DEVNAME_LEN] = "any";
-  int err = task_run(r, opname, devname);
+  char devname[DSPK__DEVICE_NAME_MAX + 1];
+  int err = task_run(r, devname);
   /* A request refused before it reached a device is a failed task too. */
   if (err < 0)
-    dspkd_log_task_failed(devname, opname, r->c->id, (long)r->c->pid, err, r->msg);
+    dspkd_log_task_failed(devname, dspk__op_names[r->v[DSPK__RUN_OP].v.e], r->c->id,
+                          (long)r->c->pid, err, r->msg);
   return err;
 }
 
 static int m_task_cancel(struct req *r) {
-  uint64_t id;
+  uint64_t id = r->v[DSPK__CANCEL_MSGID].v.u;
   struct wreq *wr;
   int found;
 
-  if (dspk__obj_u64(dspk__map_get(r->args, "msgid"), &id) != 0 || id > UINT32_MAX)
-    return fail(r, DSPK_EINVAL, "msgid: expected the uint32 msgid of a request");
   if (!(wr = reply(r)))
     return DSPK_ENOMEM;
   found = dspkd_cancel(r->c, (uint32_t)id);
@@ -1024,34 +851,51 @@ static int m_task_cancel(struct req *r) {
 
 /* ---- the table -------------------------------------------------------- */
 
-static const struct {
-  const char *name;
-  int (*fn)(struct req *r);
-} methods[] = {
-    {"hello", m_hello},
-    {"ping", m_ping},
-    {"devices", m_devices},
-    {"status", m_status},
-    {"buffer.create", m_buffer_create},
-    {"buffer.write", m_buffer_write},
-    {"buffer.read", m_buffer_read},
-    {"buffer.free", m_buffer_free},
-    {"buffer.import", dspkd_m_buffer_import}, /* daemon/shm.c */
-    {"buffer.share", dspkd_m_buffer_share},
-    {"task.run", m_task_run},
-    {"task.cancel", m_task_cancel},
-    {"cache.stats", dspkd_m_cache_stats}, /* daemon/cache_methods.c */
-    {"cache.clear", dspkd_m_cache_clear},
-    {"metrics", dspkd_m_metrics}, /* daemon/metrics.c */
-    {"trace", dspkd_m_trace},     /* daemon/trace.c */
+/* The handler of each method of proto/schema.c's table. */
+static int (*const handlers[DSPK__M_COUNT])(struct req *r) = {
+    [DSPK__M_HELLO] = m_hello,
+    [DSPK__M_PING] = m_ping,
+    [DSPK__M_DEVICES] = m_devices,
+    [DSPK__M_STATUS] = m_status,
+    [DSPK__M_BUFFER_CREATE] = m_buffer_create,
+    [DSPK__M_BUFFER_WRITE] = m_buffer_write,
+    [DSPK__M_BUFFER_READ] = m_buffer_read,
+    [DSPK__M_BUFFER_FREE] = m_buffer_free,
+    [DSPK__M_BUFFER_IMPORT] = dspkd_m_buffer_import, /* daemon/shm.c */
+    [DSPK__M_BUFFER_SHARE] = dspkd_m_buffer_share,
+    [DSPK__M_TASK_RUN] = m_task_run,
+    [DSPK__M_TASK_CANCEL] = m_task_cancel,
+    [DSPK__M_DAEMON_RELOAD] = dspkd_m_daemon_reload, /* daemon/admin.c */
+    [DSPK__M_DAEMON_STOP] = dspkd_m_daemon_stop,
+    [DSPK__M_CACHE_STATS] = dspkd_m_cache_stats, /* daemon/cache_methods.c */
+    [DSPK__M_CACHE_CLEAR] = dspkd_m_cache_clear,
+    [DSPK__M_METRICS] = dspkd_m_metrics, /* daemon/metrics.c */
+    [DSPK__M_TRACE] = dspkd_m_trace,     /* daemon/trace.c */
+    [DSPK__M_JOB_REGISTER] = dspkd_m_job_register, /* daemon/jobs.c */
+    [DSPK__M_JOB_END] = dspkd_m_job_end,
 };
 
 int dspkd_dispatch(struct req *r, const char *method, size_t len) {
-  for (size_t i = 0; i < sizeof methods / sizeof methods[0]; i++)
-    if (strlen(methods[i].name) == len && memcmp(methods[i].name, method, len) == 0)
-      return methods[i].fn(r);
-  return fail(r, DSPK_ENOMETHOD, "unknown method \"%.*s\"", (int)dspk__utf8_cut(method, len, 64),
-              method);
+  const struct dspk__method *m = dspk__method_find(method, len);
+  int err;
+
+  if (!m || !handlers[m - dspk__methods])
+    return fail(r, DSPK_ENOMETHOD, "unknown method \"%.*s\"",
+                (int)dspk__utf8_cut(method, len, 64), method);
+  /* Admin methods refuse a non-admin before looking at its arguments. */
+  if (m->admin && (err = dspkd_admin_check(r, m->name)) < 0)
+    return err;
+  if ((err = dspk__params_decode(m->params, m->nparams, r->args, NULL, r->v, r->msg,
+                                 sizeof r->msg)) < 0) {
+    if (m == &dspk__methods[DSPK__M_TASK_RUN]) { /* a failed task too */
+      char op[16] = "", dev[DSPK__DEVICE_NAME_MAX + 1] = "any";
+      dspk__obj_strcpy(dspk__map_get(r->args, "op"), op, sizeof op);
+      dspk__obj_strcpy(dspk__map_get(r->args, "device"), dev, sizeof dev);
+      dspkd_log_task_failed(dev, op, r->c->id, (long)r->c->pid, err, r->msg);
+    }
+    return err;
+  }
+  return handlers[m - dspk__methods](r);
 }
 
 uint64_t dspkd_now_ms(void) {

@@ -39,18 +39,12 @@ uint64_t dspkd_now_ns(void) {
   return (uint64_t)ts.tv_sec * NS + (uint64_t)ts.tv_nsec;
 }
 
-static const char *const op_names[DSPK_OP_COUNT] = {
-#define XX(e, name) name,
-    DSPK_OP_MAP(XX)
-#undef XX
-};
-
 static const char *const result_names[3] = {"ok", "error", "canceled"};
 
 const char *dspkd_obs_job_name(int kind, int op) {
   switch (kind) {
   case JOB_TASK:
-    return op >= 0 && op < DSPK_OP_COUNT ? op_names[op] : "task";
+    return op >= 0 && op < DSPK_OP_COUNT ? dspk__op_names[op] : "task";
   case JOB_BUF_CREATE:
     return "buffer.create";
   case JOB_BUF_WRITE:
@@ -297,7 +291,7 @@ static void render_devices(struct tbuf *t, const struct devsnap *sn, int n) {
       for (int r = 0; r < 3; r++)
         if (sn[i].obs.tasks[op][r] || r == 0)
           tput(t, "dspk_tasks_total{device=\"%s\",op=\"%s\",result=\"%s\"} %llu\n", sn[i].id,
-               op_names[op], result_names[r], (unsigned long long)sn[i].obs.tasks[op][r]);
+               dspk__op_names[op], result_names[r], (unsigned long long)sn[i].obs.tasks[op][r]);
 
   family(t, "dspk_task_queue_seconds", "histogram",
          "Time client jobs (tasks and buffer transfers) waited in the device's queue.");
@@ -311,7 +305,7 @@ static void render_devices(struct tbuf *t, const struct devsnap *sn, int n) {
     for (int op = 0; op < DSPK_OP_COUNT; op++) {
       if (!sn[i].obs.run[op].count)
         continue;
-      snprintf(labels, sizeof labels, "device=\"%s\",op=\"%s\"", sn[i].id, op_names[op]);
+      snprintf(labels, sizeof labels, "device=\"%s\",op=\"%s\"", sn[i].id, dspk__op_names[op]);
       hist_lines(t, "dspk_task_run_seconds", labels, &sn[i].obs.run[op]);
     }
 

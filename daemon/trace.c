@@ -204,11 +204,9 @@ int dspkd_m_trace(struct req *r) {
   struct dspkd *d = r->c->d;
   struct trace_sess *s;
   struct trace_rec *fresh[DSPKD_MAX_DEVICES] = {0};
-  double seconds = 0;
-  int err, nsess = 0;
+  double seconds = r->v[DSPK__TRACE_SECONDS].v.f;
+  int nsess = 0;
 
-  if ((err = dspk__arg_f64(r->args, "seconds", &seconds, r->msg, sizeof r->msg)))
-    return err;
   if (!(seconds > 0 && seconds <= TRACE_MAX_S)) {
     snprintf(r->msg, sizeof r->msg, "seconds: expected a number in (0, %g]", TRACE_MAX_S);
     return DSPK_EINVAL;

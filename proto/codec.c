@@ -23,18 +23,6 @@
  * a few bytes costs more than the copy. */
 #define DSPK__WBUF_COPY_MAX 1024
 
-static int fail(int code, char *msg, size_t msglen, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
-static int fail(int code, char *msg, size_t msglen, const char *fmt, ...) {
-  if (msg && msglen) {
-    va_list ap;
-    va_start(ap, fmt);
-    dspk__vformat(msg, msglen, fmt, ap);
-    va_end(ap);
-  }
-  return code;
-}
 
 /* ---- envelope ---------------------------------------------------------- */
 
@@ -48,10 +36,10 @@ int dspk__msg_parse(const msgpack_object *root, struct dspk__msg *out,
   if (has_msgid)
     *has_msgid = false;
   if (root->type != MSGPACK_OBJECT_ARRAY)
-    return fail(DSPK_EPROTO, msg, msglen, "message is not an array");
+    return dspk__fail(msg, msglen, DSPK_EPROTO, "message is not an array");
   e = root->via.array.ptr;
   if (root->via.array.size < 3)
-    return fail(DSPK_EPROTO, msg, msglen,
+    return dspk__fail(msg, msglen, DSPK_EPROTO,
                 "message array has %" PRIu32 " elements, expected 3 or 4",
                 root->via.array.size);
   if (e[1].type == MSGPACK_OBJECT_POSITIVE_INTEGER &&
@@ -62,12 +50,12 @@ int dspk__msg_parse(const msgpack_object *root, struct dspk__msg *out,
       *has_msgid = true;
   }
   if (e[0].type != MSGPACK_OBJECT_POSITIVE_INTEGER || e[0].via.u64 > 2)
-    return fail(DSPK_EPROTO, msg, msglen,
+    return dspk__fail(msg, msglen, DSPK_EPROTO,
                 "message type (element 0) must be 0, 1 or 2");
   type = e[0].via.u64;
   m.type = (enum dspk__msgtype)type;
   if (root->via.array.size != (type == DSPK__NOTIFY ? 3u : 4u))
-    return fail(DSPK_EPROTO, msg, msglen,
+    return dspk__fail(msg, msglen, DSPK_EPROTO,
                 "message of type %" PRIu64 " has %" PRIu32
                 " elements, expected %u", type, root->via.array.size,
                 type == DSPK__NOTIFY ? 3u : 4u);
@@ -75,7 +63,7 @@ int dspk__msg_parse(const msgpack_object *root, struct dspk__msg *out,
   if (type != DSPK__NOTIFY) {
     if (e[1].type != MSGPACK_OBJECT_POSITIVE_INTEGER ||
         e[1].via.u64 > UINT32_MAX)
-      return fail(DSPK_EPROTO, msg, msglen, "msgid must be a uint32");
+      return dspk__fail(msg, msglen, DSPK_EPROTO, "msgid must be a uint32");
     m.msgid = (uint32_t)e[1].via.u64;
   }
 
@@ -86,16 +74,16 @@ int dspk__msg_parse(const msgpack_object *root, struct dspk__msg *out,
     const msgpack_object *meth = type == DSPK__NOTIFY ? &e[1] : &e[2];
     const msgpack_object *params = type == DSPK__NOTIFY ? &e[2] : &e[3];
     if (meth->type != MSGPACK_OBJECT_STR)
-      return fail(DSPK_EPROTO, msg, msglen, "method must be a string");
+      return dspk__fail(msg, msglen, DSPK_EPROTO, "method must be a string");
     m.method = meth->via.str.ptr;
     m.method_len = meth->via.str.size;
     if (params->type != MSGPACK_OBJECT_ARRAY || params->via.array.size > 1)
-      return fail(DSPK_EPROTO, msg, msglen,
+      return dspk__fail(msg, msglen, DSPK_EPROTO,
                   "params must be an array of at most one map");
     if (params->via.array.size == 1) {
       const msgpack_object *a = &params->via.array.ptr[0];
       if (a->type != MSGPACK_OBJECT_MAP && a->type != MSGPACK_OBJECT_NIL)
-        return fail(DSPK_EPROTO, msg, msglen,
+        return dspk__fail(msg, msglen, DSPK_EPROTO,
                     "params must be an array of at most one map");
       m.args = a->type == MSGPACK_OBJECT_MAP ? a : NULL;
     }
@@ -218,7 +206,7 @@ int dspk__arg_u64(const msgpack_object *map, const char *key, uint64_t *out,
                   char *msg, size_t msglen) {
   const msgpack_object *v = arg(map, key);
   if (v && dspk__obj_u64(v, out) != 0)
-    return fail(DSPK_EINVAL, msg, msglen,
+    return dspk__fail(msg, msglen, DSPK_EINVAL,
                 "%s: expected a non-negative integer", key);
   return 0;
 }
@@ -227,7 +215,7 @@ int dspk__arg_f64(const msgpack_object *map, const char *key, double *out,
                   char *msg, size_t msglen) {
   const msgpack_object *v = arg(map, key);
   if (v && dspk__obj_f64(v, out) != 0)
-    return fail(DSPK_EINVAL, msg, msglen, "%s: expected a number", key);
+    return dspk__fail(msg, msglen, DSPK_EINVAL, "%s: expected a number", key);
   return 0;
 }
 
@@ -235,7 +223,7 @@ int dspk__arg_bool(const msgpack_object *map, const char *key, bool *out,
                    char *msg, size_t msglen) {
   const msgpack_object *v = arg(map, key);
   if (v && dspk__obj_bool(v, out) != 0)
-    return fail(DSPK_EINVAL, msg, msglen, "%s: expected a boolean", key);
+    return dspk__fail(msg, msglen, DSPK_EINVAL, "%s: expected a boolean", key);
   return 0;
 }
 
@@ -248,10 +236,10 @@ int dspk__arg_str(const msgpack_object *map, const char *key, char *buf,
     return 0;
   rc = dspk__obj_strcpy(v, buf, buflen);
   if (rc == DSPK_ELIMIT)
-    return fail(rc, msg, msglen, "%s: longer than %zu bytes", key,
+    return dspk__fail(msg, msglen, rc, "%s: longer than %zu bytes", key,
                 buflen ? buflen - 1 : 0);
   if (rc != 0)
-    return fail(rc, msg, msglen, "%s: expected a string", key);
+    return dspk__fail(msg, msglen, rc, "%s: expected a string", key);
   return 0;
 }
 
@@ -275,23 +263,23 @@ int dspk__tensor_decode(const msgpack_object *o,
   }
   max_rank = lim->max_rank < DSPK_MAX_RANK ? lim->max_rank : DSPK_MAX_RANK;
   if (!o || o->type != MSGPACK_OBJECT_MAP)
-    return fail(DSPK_EINVAL, msg, msglen, "tensor must be a map");
+    return dspk__fail(msg, msglen, DSPK_EINVAL, "tensor must be a map");
 
   v = dspk__map_get(o, "dtype");
   if (dspk__obj_str(v, &s, &slen) != 0)
-    return fail(DSPK_EINVAL, msg, msglen, "tensor dtype: expected a string");
+    return dspk__fail(msg, msglen, DSPK_EINVAL, "tensor dtype: expected a string");
   if (dspk__dtype_from_name(s, slen, &t.dtype) != 0)
-    return fail(DSPK_EDTYPE, msg, msglen, "unknown dtype \"%.*s\"",
+    return dspk__fail(msg, msglen, DSPK_EDTYPE, "unknown dtype \"%.*s\"",
                 (int)dspk__utf8_cut(s, slen, 16), s);
   isz = dspk__dtype_size(t.dtype);
   extent = isz;
 
   v = dspk__map_get(o, "shape");
   if (!v || v->type != MSGPACK_OBJECT_ARRAY)
-    return fail(DSPK_EINVAL, msg, msglen,
+    return dspk__fail(msg, msglen, DSPK_EINVAL,
                 "tensor shape: expected an array of integers");
   if (v->via.array.size > max_rank)
-    return fail(DSPK_ELIMIT, msg, msglen,
+    return dspk__fail(msg, msglen, DSPK_ELIMIT,
                 "tensor rank %" PRIu32 " exceeds max_rank %u",
                 v->via.array.size, max_rank);
   t.rank = v->via.array.size;
@@ -303,44 +291,44 @@ int dspk__tensor_decode(const msgpack_object *o,
   for (unsigned i = 0; i < t.rank; i++) {
     uint64_t d;
     if (dspk__obj_u64(&v->via.array.ptr[i], &d) != 0)
-      return fail(DSPK_EINVAL, msg, msglen,
+      return dspk__fail(msg, msglen, DSPK_EINVAL,
                   "tensor shape[%u]: expected a non-negative integer", i);
     if (d > INT64_MAX || (d && __builtin_mul_overflow(extent, d, &extent)) ||
         extent > INT64_MAX)
-      return fail(DSPK_ELIMIT, msg, msglen,
+      return dspk__fail(msg, msglen, DSPK_ELIMIT,
                   "tensor shape[%u]: the shape is too large (its size overflows "
                   "64 bits)", i);
     t.shape[i] = (int64_t)d;
     numel *= d; /* <= extent: cannot overflow */
   }
   if (numel > lim->max_elements)
-    return fail(DSPK_ELIMIT, msg, msglen,
+    return dspk__fail(msg, msglen, DSPK_ELIMIT,
                 "tensor has %" PRIu64 " elements, more than %" PRIu64
                 " (max_elements)", numel, lim->max_elements);
   if (numel > SIZE_MAX / isz)
-    return fail(DSPK_ELIMIT, msg, msglen, "tensor too large");
+    return dspk__fail(msg, msglen, DSPK_ELIMIT, "tensor too large");
   t.nbytes = (size_t)numel * isz;
 
   v = dspk__map_get(o, "buffer");
   if (v && v->type != MSGPACK_OBJECT_NIL) {
     t.is_ref = true;
     if (dspk__obj_u64(v, &t.buffer) != 0)
-      return fail(DSPK_EINVAL, msg, msglen,
+      return dspk__fail(msg, msglen, DSPK_EINVAL,
                   "tensor buffer: expected a buffer id");
     if (dspk__arg_u64(o, "offset", &t.offset, msg, msglen) != 0)
       return DSPK_EINVAL;
     if (t.offset % isz != 0)
-      return fail(DSPK_EINVAL, msg, msglen,
+      return dspk__fail(msg, msglen, DSPK_EINVAL,
                   "tensor offset %" PRIu64 " is not a multiple of the %s "
                   "item size %zu", t.offset, dspk__dtype_name(t.dtype),
                   isz);
   } else {
     v = dspk__map_get(o, "data");
     if (dspk__obj_bin(v, &t.data, &slen) != 0)
-      return fail(DSPK_EINVAL, msg, msglen,
+      return dspk__fail(msg, msglen, DSPK_EINVAL,
                   "tensor needs data (bin) or a buffer reference");
     if (slen != t.nbytes)
-      return fail(DSPK_EINVAL, msg, msglen,
+      return dspk__fail(msg, msglen, DSPK_EINVAL,
                   "tensor data has %zu bytes, its %s shape needs %zu",
                   slen, dspk__dtype_name(t.dtype), t.nbytes);
   }

@@ -50,18 +50,6 @@ void dspk__limits_default(struct dspk__limits *l) {
   l->max_elements = (uint64_t)1 << 31;
 }
 
-static ssize_t fail(int code, char *msg, size_t msglen, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
-static ssize_t fail(int code, char *msg, size_t msglen, const char *fmt, ...) {
-  if (msg && msglen) {
-    va_list ap;
-    va_start(ap, fmt);
-    dspk__vformat(msg, msglen, fmt, ap);
-    va_end(ap);
-  }
-  return code;
-}
 
 /* Big-endian read of n (1, 2, 4 or 8) bytes. */
 static uint64_t be(const unsigned char *p, unsigned n) {
@@ -105,7 +93,7 @@ ssize_t dspk__frame_scan(const void *buf, size_t len,
     }
     objects++;
     if (objects > lim->max_objects)
-      return fail(DSPK_ELIMIT, msg, msglen,
+      return dspk__fail(msg, msglen, DSPK_ELIMIT,
                   "message has more than %zu objects (max_objects)",
                   lim->max_objects);
 
@@ -140,10 +128,10 @@ ssize_t dspk__frame_scan(const void *buf, size_t len,
         container = 2, lenbytes = c == 0xde ? 2 : 4;
         break;
       case 0xc1:
-        return fail(DSPK_EPROTO, msg, msglen,
+        return dspk__fail(msg, msglen, DSPK_EPROTO,
                     "byte 0xc1 (never used in msgpack) at offset %zu", pos);
       default: /* 0xc7-0xc9 ext, 0xd4-0xd8 fixext */
-        return fail(DSPK_EPROTO, msg, msglen,
+        return dspk__fail(msg, msglen, DSPK_EPROTO,
                     "msgpack ext type 0x%02x at offset %zu is not allowed",
                     c, pos);
       }
@@ -169,23 +157,23 @@ ssize_t dspk__frame_scan(const void *buf, size_t len,
       goto toolong;
     uint64_t room = maxmsg - pos - hdr;
     if (payload + owed > room)
-      return fail(DSPK_ELIMIT, msg, msglen,
+      return dspk__fail(msg, msglen, DSPK_ELIMIT,
                   "str/bin of %" PRIu64 " bytes at offset %zu exceeds the "
                   "%zu-byte message limit (max_message)", payload, pos, maxmsg);
     if (children + owed > room)
-      return fail(DSPK_ELIMIT, msg, msglen,
+      return dspk__fail(msg, msglen, DSPK_ELIMIT,
                   "container at offset %zu announces %" PRIu64
                   " elements, more than the bytes left in the message "
                   "(max_message %zu)", pos, children, maxmsg);
     if (children + owed + objects > lim->max_objects)
-      return fail(DSPK_ELIMIT, msg, msglen,
+      return dspk__fail(msg, msglen, DSPK_ELIMIT,
                   "container at offset %zu announces %" PRIu64
                   " elements, more than max_objects %zu allows",
                   pos, children, lim->max_objects);
 
     if (container) {
       if (depth + 1 > max_depth)
-        return fail(DSPK_ELIMIT, msg, msglen,
+        return dspk__fail(msg, msglen, DSPK_ELIMIT,
                     "nesting deeper than %u at offset %zu (max_depth)",
                     max_depth, pos);
       pos += hdr;
@@ -213,6 +201,6 @@ incomplete:
     goto toolong;
   return 0;
 toolong:
-  return fail(DSPK_ELIMIT, msg, msglen,
+  return dspk__fail(msg, msglen, DSPK_ELIMIT,
               "message longer than %zu bytes (max_message)", maxmsg);
 }

@@ -101,6 +101,16 @@ int dspk__format(char *buf, size_t cap, const char *fmt, ...) {
   return r;
 }
 
+int dspk__fail(char *msg, size_t msglen, int code, const char *fmt, ...) {
+  if (msg && msglen) {
+    va_list ap;
+    va_start(ap, fmt);
+    dspk__vformat(msg, msglen, fmt, ap);
+    va_end(ap);
+  }
+  return code;
+}
+
 size_t dspk__utf8_sanitized_len(const char *s, size_t n) {
   size_t out = 0;
   for (size_t i = 0, k; i < n; i += k ? k : 1)

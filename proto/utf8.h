@@ -37,6 +37,11 @@ int dspk__vformat(char *buf, size_t cap, const char *fmt, va_list ap)
     __attribute__((format(printf, 3, 0)));
 int dspk__format(char *buf, size_t cap, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+/* The one "format the detail and return the code" helper of every layer:
+ * writes the message into msg (when msg is not NULL, by dspk__vformat's
+ * rule) and returns code. */
+int dspk__fail(char *msg, size_t msglen, int code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
 
 /* The length of s[0..n) once every byte that starts no well-formed sequence
  * is replaced by U+FFFD (EF BF BD); n when s is well-formed. */

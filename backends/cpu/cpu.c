@@ -293,19 +293,12 @@ static int cpu_run(struct dspk__dev *dev, struct dspk__op *op,
                    struct dspk__opctx *ctx) {
   if (dspk__cpu_canceled(ctx))
     return DSPK_ECANCELED;
-  switch (op->kind) {
-  case DSPK_OP_GEMM: return dspk__cpu_gemm(dev, op, ctx);
-  case DSPK_OP_FFT: return dspk__cpu_fft(dev, op, ctx);
-  case DSPK_OP_FIR: return dspk__cpu_fir(dev, op, ctx);
-  case DSPK_OP_CONTRACT: return dspk__cpu_contract(dev, op, ctx);
-  case DSPK_OP_REDUCE: return dspk__cpu_reduce(dev, op, ctx);
-  case DSPK_OP_MAP: return dspk__cpu_map(dev, op, ctx);
-  case DSPK_OP_KERNEL:
-    return dspk__cpu_err(ctx, DSPK_ENOTSUP,
-                         "kernel: the cpu backend runs no raw kernels");
-  default:
+  static dspk__cpu_op_fn *const ops[DSPK_OP_COUNT] = DSPK__CPU_OPS;
+  if (op->kind == DSPK_OP_KERNEL)
+    return dspk__cpu_err(ctx, DSPK_ENOTSUP, "kernel: the cpu backend runs no raw kernels");
+  if ((unsigned)op->kind >= DSPK_OP_COUNT || !ops[op->kind])
     return dspk__cpu_err(ctx, DSPK_ENOTSUP, "cpu: unknown op %d", (int)op->kind);
-  }
+  return ops[op->kind](dev, op, ctx);
 }
 
 static void cpu_trim(struct dspk__dev *dev) {

@@ -98,13 +98,19 @@ static inline void *dspk__cpu_ptr(const struct dspk__tensor *t) {
 /* 1 when the client asked to cancel the task. */
 int dspk__cpu_canceled(const struct dspk__opctx *ctx);
 
-/* The ops: each returns 0 or a negative dspk_errno (message in ctx). */
-int dspk__cpu_gemm(struct dspk__dev *dev, struct dspk__op *op, struct dspk__opctx *ctx);
-int dspk__cpu_fft(struct dspk__dev *dev, struct dspk__op *op, struct dspk__opctx *ctx);
-int dspk__cpu_fir(struct dspk__dev *dev, struct dspk__op *op, struct dspk__opctx *ctx);
-int dspk__cpu_contract(struct dspk__dev *dev, struct dspk__op *op, struct dspk__opctx *ctx);
-int dspk__cpu_reduce(struct dspk__dev *dev, struct dspk__op *op, struct dspk__opctx *ctx);
-int dspk__cpu_map(struct dspk__dev *dev, struct dspk__op *op, struct dspk__opctx *ctx);
+/* The ops: each returns 0 or a negative dspk_errno (message in ctx).  A new
+ * op's cpu implementation is declared here and listed in DSPK__CPU_OPS,
+ * which cpu_run (cpu.c) dispatches on; an op it lacks is ENOTSUP. */
+typedef int dspk__cpu_op_fn(struct dspk__dev *dev, struct dspk__op *op,
+                            struct dspk__opctx *ctx);
+dspk__cpu_op_fn dspk__cpu_gemm, dspk__cpu_fft, dspk__cpu_fir, dspk__cpu_contract,
+    dspk__cpu_reduce, dspk__cpu_map;
+#define DSPK__CPU_OPS                                                          \
+  {                                                                            \
+    [DSPK_OP_GEMM] = dspk__cpu_gemm, [DSPK_OP_FFT] = dspk__cpu_fft,            \
+    [DSPK_OP_FIR] = dspk__cpu_fir, [DSPK_OP_CONTRACT] = dspk__cpu_contract,    \
+    [DSPK_OP_REDUCE] = dspk__cpu_reduce, [DSPK_OP_MAP] = dspk__cpu_map,        \
+  }
 
 /* Batched, contiguous row-major C[b] = A[b] @ B[b] (A: M x K, B: K x N,
  * C: M x N, beta 0) for f32/f64/c64/c128, one BLAS call per batch, polling

@@ -29,10 +29,16 @@ class Client:
         self.msgid = 0
         self.responses = {}
 
-    def send(self, method, args=None):
+    def send(self, method, args=None, fds=None):
+        """fds: file descriptors sent with the request's first byte
+        (buffer.import)."""
         self.msgid += 1
         params = [args] if args is not None else []
-        self.sock.sendall(msgpack.packb([0, self.msgid, method, params], use_bin_type=True))
+        frame = msgpack.packb([0, self.msgid, method, params], use_bin_type=True)
+        if fds:
+            n = socket.send_fds(self.sock, [frame[:1]], fds)
+            frame = frame[n:]
+        self.sock.sendall(frame)
         return self.msgid
 
     def pump(self):
@@ -60,8 +66,8 @@ class Client:
         except RpcError as e:
             return e.name
 
-    def call(self, method, args=None):
-        return self.wait(self.send(method, args))
+    def call(self, method, args=None, fds=None):
+        return self.wait(self.send(method, args, fds))
 
     def expect_eof(self):
         try:

@@ -2,7 +2,9 @@
  * The message decoder as the daemon runs it on a request (daemon/conn.c's
  * conn_frame): frame scan, msgpack_unpack, dspk__msg_parse, then every
  * typed getter and dspk__tensor_decode on every params value (and on every
- * element of an array value, as task.run's inputs), and the answer packed
+ * element of an array value, as task.run's inputs), the schema decoder of
+ * proto/schema.c with every method's table and every op's options table,
+ * and the answer packed
  * back through a dspk__wbuf.  Oracles: accepted envelopes are well formed;
  * decoded pointers stay inside the frame; the packed answer is a frame the
  * scanner and dspk__msg_parse accept, with the request's msgid.
@@ -13,6 +15,7 @@
 #include "dspk/errors.h"
 #include "proto/codec.h"
 #include "proto/frame.h"
+#include "proto/schema.h"
 #include "tests/fuzz/fuzz_common.h"
 
 static const uint8_t *frame_lo, *frame_hi;
@@ -61,6 +64,50 @@ static void visit_value(const msgpack_object *v, const struct dspk__limits *lim)
       check_inside(t.data, t.nbytes);
   } else {
     FUZZ_CHECK(strlen(msg) < sizeof msg);
+  }
+}
+
+/* Decodes map against a table as dspkd_dispatch does; checks what every
+ * accepted value promises its handler. */
+static void visit_schema(const struct dspk__param *ps, int n, const msgpack_object *map) {
+  struct dspk__pval v[DSPK__MAX_PARAMS];
+  char msg[256];
+  msg[0] = '\0';
+  FUZZ_CHECK(n <= DSPK__MAX_PARAMS);
+  if (dspk__params_decode(ps, n, map, "options.", v, msg, sizeof msg) != 0) {
+    FUZZ_CHECK(msg[0] && strlen(msg) < sizeof msg);
+    return;
+  }
+  for (int i = 0; i < n; i++) {
+    if (!v[i].set) {
+      FUZZ_CHECK(!(ps[i].flags & DSPK__P_REQUIRED));
+      continue;
+    }
+    switch (ps[i].type) {
+    case DSPK__T_UINT:
+      FUZZ_CHECK(v[i].v.u >= ps[i].min && v[i].v.u <= ps[i].max);
+      break;
+    case DSPK__T_STR:
+      FUZZ_CHECK(v[i].v.s.n <= ps[i].max && !memchr(v[i].v.s.p, 0, v[i].v.s.n));
+      /* fall through */
+    case DSPK__T_BIN:
+      check_inside(v[i].v.s.p, v[i].v.s.n);
+      break;
+    case DSPK__T_ENUM:
+      FUZZ_CHECK(v[i].v.e >= 0 && ps[i].choices[v[i].v.e]);
+      break;
+    case DSPK__T_DIM3:
+      for (int k = 0; k < 3; k++)
+        FUZZ_CHECK(v[i].v.dim[k] >= 1);
+      break;
+    case DSPK__T_ARRAY:
+      FUZZ_CHECK(v[i].v.o->type == MSGPACK_OBJECT_ARRAY &&
+                 v[i].v.o->via.array.size >= ps[i].min &&
+                 (!ps[i].max || v[i].v.o->via.array.size <= ps[i].max));
+      break;
+    default:
+      break;
+    }
   }
 }
 
@@ -161,6 +208,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       (void)dspk__arg_bool(m.args, "inverse", &b, msg, sizeof msg);
       (void)dspk__arg_str(m.args, "op", s, sizeof s, msg, sizeof msg);
     }
+    for (int k = 0; k < DSPK__M_COUNT; k++)
+      visit_schema(dspk__methods[k].params, dspk__methods[k].nparams, m.args);
+    for (int k = 0; k < DSPK_OP_COUNT; k++)
+      visit_schema(dspk__ops[k].options, dspk__ops[k].noptions,
+                   dspk__map_get(m.args, "options"));
   }
   if (m.type == DSPK__REQUEST)
     answer(m.msgid, m.method, m.method_len, DSPK_ENOTSUP);

@@ -40,7 +40,7 @@ for f in bin/dspk-submit sbin/dspkd lib/systemd/system/dspkd.service \
          share/man/man1/dspk-submit.1 share/bash-completion/completions/dspk-submit \
          share/doc/dspkd/admin.md lib/cmake/dspk/dspkConfig.cmake include/dspk/dspk.h \
          share/doc/dspkd/cluster.md share/doc/dspkd/examples/dspkd-daemonset.yaml \
-         libexec/dspk/slurm/prolog libexec/dspk/slurm/epilog; do
+         libexec/dspk/slurm/prolog libexec/dspk/slurm/epilog share/dspk/protocol.json; do
   [ -f "$tmp/scratch/p/$f" ] || fail "missing $f under the prefix"
 done
 # The Slurm prolog runs the dspk-submit of its own tree (here it cannot reach a

@@ -1,0 +1,579 @@
+/*
+ * The protocol's description (proto/schema.h): the table of methods, ops
+ * and their parameters, the generic decoder and encoder over it, and its
+ * JSON export.  docs/protocol.md documents every row
+ * (tests/proto/schema_docs.py checks it).
+ */
+#include <inttypes.h>
+#include <stddef.h>
+#include <string.h>
+
+#include "proto/schema.h"
+#include "proto/utf8.h"
+
+/* ---- name lists, built once from include/dspk/types.h ------------------ */
+
+const char *const dspk__op_names[] = {
+#define XX(e, name) [DSPK_OP_##e] = name,
+    DSPK_OP_MAP(XX)
+#undef XX
+    [DSPK_OP_COUNT] = NULL};
+
+const char *const dspk__reduce_names[] = {
+#define XX(e, name) [DSPK_REDUCE_##e] = name,
+    DSPK_REDUCE_MAP(XX)
+#undef XX
+    [DSPK_REDUCE_COUNT] = NULL};
+
+const char *const dspk__mapfn_names[] = {
+#define XX(e, name, nin) [DSPK_MAP_##e] = name,
+    DSPK_MAPFN_MAP(XX)
+#undef XX
+    [DSPK_MAPFN_COUNT] = NULL};
+
+const char *const dspk__kernel_langs[] = {"cuda", "glsl", "spirv", "hip", NULL};
+
+const char *const dspk__cache_kind_names[] = {"kernels", "autotune", "blobs", NULL};
+
+/* ---- the methods -------------------------------------------------------- */
+
+#define REQ DSPK__P_REQUIRED
+#define N(a) ((int)(sizeof(a) / sizeof((a)[0])))
+#define STRDEF(lit) {.v.s = {lit, sizeof(lit) - 1}}
+
+static const struct dspk__param hello_p[] = {
+    [DSPK__HELLO_VERSION] = {"version", DSPK__T_UINT, .max = UINT64_MAX, .def = {.v.u = 1},
+                             .def_doc = "1"},
+    [DSPK__HELLO_CLIENT] = {"client", DSPK__T_STR, .max = DSPK__CLIENT_NAME_MAX},
+    [DSPK__HELLO_JOB] = {"job", DSPK__T_UINT, .max = UINT64_MAX},
+};
+static const char *const hello_r[] = {"protocol", "daemon", "server", "client_id", "limits",
+                                      NULL};
+
+static const struct dspk__param ping_p[] = {
+    [DSPK__PING_DATA] = {"data", DSPK__T_BIN, .def = STRDEF(""), .def_doc = "empty"},
+};
+static const char *const ping_r[] = {"data", NULL};
+
+static const struct dspk__param devices_p[] = {
+    [DSPK__DEVICES_ALL] = {"all", DSPK__T_BOOL, .def_doc = "false"},
+};
+static const char *const devices_r[] = {"devices", "unavailable", NULL};
+
+static const char *const status_r[] = {"daemon", "clients", "other_clients", "jobs", "devices",
+                                       NULL};
+
+/* "device?: any": an id from devices, or "any" (the handler resolves it). */
+#define DEVICE_P {"device", DSPK__T_STR, .max = DSPK__DEVICE_NAME_MAX, .def = STRDEF("any"), \
+                  .def_doc = "\"any\""}
+#define BUFFER_P {"buffer", DSPK__T_UINT, REQ, .max = UINT64_MAX, .expect = "a buffer id"}
+#define OFFSET_P {"offset", DSPK__T_UINT, .max = UINT64_MAX, .def_doc = "0"}
+
+static const struct dspk__param bcreate_p[] = {
+    [DSPK__BCREATE_DEVICE] = DEVICE_P,
+    [DSPK__BCREATE_SIZE] = {"size", DSPK__T_UINT, REQ, .max = UINT64_MAX,
+                            .expect = "a byte count"},
+};
+static const char *const bcreate_r[] = {"buffer", "device", "size", NULL};
+
+static const struct dspk__param bwrite_p[] = {
+    [DSPK__BWRITE_BUFFER] = BUFFER_P,
+    [DSPK__BWRITE_OFFSET] = OFFSET_P,
+    [DSPK__BWRITE_DATA] = {"data", DSPK__T_BIN, REQ},
+};
+static const char *const bwrite_r[] = {"size", NULL};
+
+static const struct dspk__param bread_p[] = {
+    [DSPK__BREAD_BUFFER] = BUFFER_P,
+    [DSPK__BREAD_OFFSET] = OFFSET_P,
+    [DSPK__BREAD_SIZE] = {"size", DSPK__T_UINT, .max = UINT64_MAX,
+                          .def_doc = "rest of the buffer"},
+};
+static const char *const bread_r[] = {"data", NULL};
+
+static const struct dspk__param bfree_p[] = {
+    [DSPK__BFREE_BUFFER] = BUFFER_P,
+};
+static const char *const empty_r[] = {NULL};
+
+/* buffer.import and buffer.share: a shared buffer lives on cpu:0 unless
+ * asked otherwise. */
+static const struct dspk__param bshm_p[] = {
+    [DSPK__BSHM_DEVICE] = {"device", DSPK__T_STR, .max = DSPK__DEVICE_NAME_MAX,
+                           .def = STRDEF("cpu:0"), .def_doc = "\"cpu:0\""},
+    [DSPK__BSHM_SIZE] = {"size", DSPK__T_UINT, REQ, .max = UINT64_MAX,
+                         .expect = "a byte count"},
+};
+
+static const struct dspk__param run_p[] = {
+    [DSPK__RUN_OP] = {"op", DSPK__T_ENUM, REQ, .choices = dspk__op_names, .noun = "op"},
+    [DSPK__RUN_DEVICE] = DEVICE_P,
+    [DSPK__RUN_INPUTS] = {"inputs", DSPK__T_ARRAY, REQ, .min = 1, .max = 4,
+                          .expect = "a non-empty array of at most 4 tensors"},
+    [DSPK__RUN_OPTIONS] = {"options", DSPK__T_MAP},
+    [DSPK__RUN_OUTPUTS] = {"outputs", DSPK__T_ARRAY, .max = 2,
+                           .expect = "an array of at most 2 {buffer, offset}"},
+};
+static const char *const run_r[] = {"device", "outputs", "time_us", NULL};
+
+static const struct dspk__param cancel_p[] = {
+    [DSPK__CANCEL_MSGID] = {"msgid", DSPK__T_UINT, REQ, .max = UINT32_MAX,
+                            .expect = "the uint32 msgid of a request"},
+};
+static const char *const cancel_r[] = {"canceled", NULL};
+
+static const char *const reload_r[] = {"reloaded", NULL};
+static const char *const stop_r[] = {"stopping", NULL};
+
+static const char *const cstats_r[] = {"path", "in_memory", "max_bytes", "file_bytes", "kinds",
+                                       NULL};
+static const struct dspk__param cclear_p[] = {
+    [DSPK__CCLEAR_KINDS] = {"kinds", DSPK__T_ENUMS, .choices = dspk__cache_kind_names,
+                            .noun = "kind", .def_doc = "every kind"},
+};
+static const char *const cclear_r[] = {"cleared", NULL};
+
+static const struct dspk__param trace_p[] = {
+    [DSPK__TRACE_SECONDS] = {"seconds", DSPK__T_NUM, REQ},
+};
+static const char *const trace_r[] = {"start_us", "end_us", "dropped", "devices", "jobs", NULL};
+
+/* Slurm jobs (daemon/jobs.c). */
+#define JOB_P {"job", DSPK__T_UINT, REQ, .min = 1, .max = UINT64_MAX,                \
+               .expect = "the Slurm job id (a positive integer)"}
+static const struct dspk__param jreg_p[] = {
+    [DSPK__JREG_JOB] = JOB_P,
+    [DSPK__JREG_UID] = {"uid", DSPK__T_UINT, REQ, .max = UINT32_MAX - 1,
+                        .expect = "the uid the job runs as"},
+    [DSPK__JREG_DEVICES] = {"devices", DSPK__T_ARRAY, .max = 64, .range_err = DSPK_ELIMIT,
+                            .expect = "an array of device UUIDs", .def_doc = "none"},
+};
+static const char *const jreg_r[] = {"job", "uid", "devices", NULL};
+static const struct dspk__param jend_p[] = {
+    [DSPK__JEND_JOB] = JOB_P,
+};
+static const char *const jend_r[] = {"job", "ended", "connections", "inflight", "buffers", NULL};
+
+#define M(id, name, p, r, adm) [id] = {name, p, N(p), r, adm}
+#define M0(id, name, r, adm) [id] = {name, NULL, 0, r, adm}
+
+const struct dspk__method dspk__methods[DSPK__M_COUNT] = {
+    M(DSPK__M_HELLO, "hello", hello_p, hello_r, false),
+    M(DSPK__M_PING, "ping", ping_p, ping_r, false),
+    M(DSPK__M_DEVICES, "devices", devices_p, devices_r, false),
+    M0(DSPK__M_STATUS, "status", status_r, false),
+    M(DSPK__M_BUFFER_CREATE, "buffer.create", bcreate_p, bcreate_r, false),
+    M(DSPK__M_BUFFER_WRITE, "buffer.write", bwrite_p, bwrite_r, false),
+    M(DSPK__M_BUFFER_READ, "buffer.read", bread_p, bread_r, false),
+    M(DSPK__M_BUFFER_FREE, "buffer.free", bfree_p, empty_r, false),
+    M(DSPK__M_BUFFER_IMPORT, "buffer.import", bshm_p, bcreate_r, false),
+    M(DSPK__M_BUFFER_SHARE, "buffer.share", bshm_p, bcreate_r, false),
+    M(DSPK__M_TASK_RUN, "task.run", run_p, run_r, false),
+    M(DSPK__M_TASK_CANCEL, "task.cancel", cancel_p, cancel_r, false),
+    M0(DSPK__M_DAEMON_RELOAD, "daemon.reload", reload_r, true),
+    M0(DSPK__M_DAEMON_STOP, "daemon.stop", stop_r, true),
+    M0(DSPK__M_CACHE_STATS, "cache.stats", cstats_r, false),
+    M(DSPK__M_CACHE_CLEAR, "cache.clear", cclear_p, cclear_r, false),
+    M0(DSPK__M_METRICS, "metrics", NULL, false), /* answers a str */
+    M(DSPK__M_TRACE, "trace", trace_p, trace_r, false),
+    M(DSPK__M_JOB_REGISTER, "job.register", jreg_p, jreg_r, true),
+    M(DSPK__M_JOB_END, "job.end", jend_p, jend_r, true),
+};
+
+/* ---- the ops of task.run and their options: proto/options.h ------------- */
+
+#define DSPK__OPTIONS_TABLE
+#include "proto/options.h"
+
+/* ---- lookups ------------------------------------------------------------ */
+
+const struct dspk__method *dspk__method_find(const char *name, size_t len) {
+  for (int i = 0; i < DSPK__M_COUNT; i++)
+    if (strlen(dspk__methods[i].name) == len && memcmp(dspk__methods[i].name, name, len) == 0)
+      return &dspk__methods[i];
+  return NULL;
+}
+
+int dspk__choice_find(const char *const *list, const char *name, size_t len) {
+  for (int i = 0; list[i]; i++)
+    if (strlen(list[i]) == len && memcmp(list[i], name, len) == 0)
+      return i;
+  return -1;
+}
+
+const char *dspk__op_name(dspk_op op) {
+  return (unsigned)op < DSPK_OP_COUNT ? dspk__op_names[op] : "?";
+}
+
+/* ---- the decoder -------------------------------------------------------- */
+
+/* "a, b or c" of a choice list into buf. */
+static void choices_text(const char *const *list, char *buf, size_t size) {
+  size_t used = 0;
+  buf[0] = '\0';
+  for (int i = 0; list[i] && used < size; i++)
+    used += (size_t)snprintf(buf + used, size - used, "%s%s", i ? ", " : "", list[i]);
+}
+
+static const char *expect_text(const struct dspk__param *p, char *buf, size_t size) {
+  if (p->expect)
+    return p->expect;
+  switch (p->type) {
+  case DSPK__T_BOOL: return "a boolean";
+  case DSPK__T_UINT: return "a non-negative integer";
+  case DSPK__T_NUM: return "a number";
+  case DSPK__T_STR: return "a string";
+  case DSPK__T_BIN: return "bin";
+  case DSPK__T_DIM3: return "an array of 1 to 3 integers";
+  case DSPK__T_MAP: return "a map";
+  case DSPK__T_ENUMS: {
+    size_t used = (size_t)snprintf(buf, size, "an array of");
+    for (int i = 0; p->choices[i] && used < size; i++)
+      used += (size_t)snprintf(buf + used, size - used, "%s \"%s\"", i ? "," : "",
+                               p->choices[i]);
+    return buf;
+  }
+  case DSPK__T_ENUM:
+    choices_text(p->choices, buf, size);
+    return buf;
+  default: return "an array";
+  }
+}
+
+/* An enum value: the index of s in p->choices, or EINVAL with a message
+ * naming what (e.g. "options.fn" or "kinds[2]"). */
+static int enum_value(const struct dspk__param *p, const msgpack_object *o, const char *pre,
+                      const char *what, int *out, char *msg, size_t msglen) {
+  char list[160];
+  const char *s;
+  size_t n;
+  choices_text(p->choices, list, sizeof list);
+  if (dspk__obj_str(o, &s, &n) != 0)
+    return dspk__fail(msg, msglen, DSPK_EINVAL, "%s%s: expected a string (%s)", pre, what,
+                      list);
+  *out = dspk__choice_find(p->choices, s, n);
+  if (*out < 0)
+    return dspk__fail(msg, msglen, DSPK_EINVAL, "%s%s: unknown %s \"%.*s\" (%s)", pre, what,
+                      p->noun, (int)dspk__utf8_cut(s, n, 32), s, list);
+  return 0;
+}
+
+static int decode_one(const struct dspk__param *p, const msgpack_object *o, const char *pre,
+                      struct dspk__pval *v, char *msg, size_t msglen) {
+  char buf[160];
+  const char *name = p->name;
+  const void *bp;
+  uint32_t n;
+
+  switch (p->type) {
+  case DSPK__T_BOOL:
+    if (dspk__obj_bool(o, &v->v.b) != 0)
+      goto expected;
+    return 0;
+  case DSPK__T_UINT:
+    if (dspk__obj_u64(o, &v->v.u) != 0)
+      goto expected;
+    if (v->v.u < p->min || v->v.u > p->max) {
+      if (!p->range_err)
+        goto expected;
+      return dspk__fail(msg, msglen, p->range_err, "%s%s: %" PRIu64 " is out of range "
+                        "[%" PRIu64 ", %" PRIu64 "]", pre, name, v->v.u, p->min, p->max);
+    }
+    return 0;
+  case DSPK__T_NUM:
+    if (dspk__obj_f64(o, &v->v.f) != 0)
+      goto expected;
+    return 0;
+  case DSPK__T_STR:
+    if (dspk__obj_str(o, &v->v.s.p, &v->v.s.n) != 0 || memchr(v->v.s.p, '\0', v->v.s.n))
+      goto expected;
+    if (v->v.s.n > p->max)
+      return dspk__fail(msg, msglen, DSPK_ELIMIT, "%s%s: longer than %" PRIu64 " bytes", pre,
+                        name, p->max);
+    return 0;
+  case DSPK__T_BIN:
+    if (dspk__obj_bin(o, &bp, &v->v.s.n) != 0)
+      goto expected;
+    v->v.s.p = bp;
+    return 0;
+  case DSPK__T_ENUM:
+    return enum_value(p, o, pre, name, &v->v.e, msg, msglen);
+  case DSPK__T_ENUMS:
+    if (o->type != MSGPACK_OBJECT_ARRAY)
+      goto expected;
+    v->v.mask = 0;
+    for (uint32_t i = 0; i < o->via.array.size; i++) {
+      char what[64];
+      int e, err;
+      snprintf(what, sizeof what, "%s[%u]", name, i);
+      if ((err = enum_value(p, &o->via.array.ptr[i], pre, what, &e, msg, msglen)))
+        return err;
+      v->v.mask |= 1u << e;
+    }
+    return 0;
+  case DSPK__T_DIM3:
+    n = o->type == MSGPACK_OBJECT_ARRAY ? o->via.array.size : 0;
+    if (n < 1 || n > 3)
+      goto expected;
+    v->v.dim[0] = v->v.dim[1] = v->v.dim[2] = 1;
+    for (uint32_t i = 0; i < n; i++) {
+      uint64_t x;
+      if (dspk__obj_u64(&o->via.array.ptr[i], &x) != 0 || x == 0 || x > UINT32_MAX)
+        return dspk__fail(msg, msglen, DSPK_EINVAL, "%s%s[%u]: expected a positive uint32",
+                          pre, name, i);
+      v->v.dim[i] = (uint32_t)x;
+    }
+    return 0;
+  case DSPK__T_ARRAY:
+    if (o->type != MSGPACK_OBJECT_ARRAY || o->via.array.size < p->min)
+      goto expected;
+    if (p->max && o->via.array.size > p->max) {
+      if (!p->range_err)
+        goto expected;
+      return dspk__fail(msg, msglen, p->range_err, "%s%s: %u items, at most %" PRIu64, pre,
+                        name, o->via.array.size, p->max);
+    }
+    v->v.o = o;
+    return 0;
+  case DSPK__T_MAP:
+    if (o->type != MSGPACK_OBJECT_MAP)
+      goto expected;
+    v->v.o = o;
+    return 0;
+  }
+expected:
+  return dspk__fail(msg, msglen, DSPK_EINVAL, "%s%s: expected %s", pre, name,
+                    expect_text(p, buf, sizeof buf));
+}
+
+int dspk__params_decode(const struct dspk__param *params, int n, const msgpack_object *map,
+                        const char *prefix, struct dspk__pval *out, char *msg, size_t msglen) {
+  char buf[160];
+  const char *pre = prefix ? prefix : "";
+  for (int i = 0; i < n; i++) {
+    const struct dspk__param *p = &params[i];
+    const msgpack_object *o = dspk__map_get(map, p->name);
+    int err;
+    out[i] = p->def;
+    out[i].set = false;
+    if (!o || o->type == MSGPACK_OBJECT_NIL) {
+      if (p->flags & DSPK__P_REQUIRED)
+        return dspk__fail(msg, msglen, DSPK_EINVAL, "%s%s: required (%s)", pre, p->name,
+                          expect_text(p, buf, sizeof buf));
+      continue;
+    }
+    if ((err = decode_one(p, o, pre, &out[i], msg, msglen)))
+      return err;
+    out[i].set = true;
+  }
+  return 0;
+}
+
+_Static_assert(sizeof(dspk_reduce) == sizeof(int) && sizeof(dspk_mapfn) == sizeof(int),
+               "enums are stored as int");
+
+void dspk__params_store(const struct dspk__param *params, int n,
+                        const struct dspk__pval *vals, void *target) {
+  for (int i = 0; i < n; i++) {
+    const struct dspk__param *p = &params[i];
+    char *at = (char *)target + p->at - 1;
+    int x;
+    uint32_t u32;
+    if (!p->at)
+      continue;
+    switch (p->type) {
+    case DSPK__T_BOOL:
+      x = vals[i].v.b;
+      memcpy(at, &x, sizeof x);
+      break;
+    case DSPK__T_ENUM:
+      memcpy(at, &vals[i].v.e, sizeof vals[i].v.e);
+      break;
+    case DSPK__T_NUM:
+      memcpy(at, &vals[i].v.f, sizeof vals[i].v.f);
+      break;
+    case DSPK__T_UINT:
+      if (p->max <= UINT32_MAX) {
+        u32 = (uint32_t)vals[i].v.u;
+        memcpy(at, &u32, sizeof u32);
+      } else {
+        memcpy(at, &vals[i].v.u, sizeof vals[i].v.u);
+      }
+      break;
+    case DSPK__T_STR:
+      dspk__pval_str(&vals[i], at, p->max + 1);
+      break;
+    case DSPK__T_DIM3:
+      memcpy(at, vals[i].v.dim, sizeof vals[i].v.dim);
+      break;
+    default: /* bin, arrays, maps: the handler's */
+      break;
+    }
+  }
+}
+
+void dspk__pval_str(const struct dspk__pval *v, char *buf, size_t size) {
+  size_t n = v->v.s.n < size ? v->v.s.n : size - 1;
+  if (n)
+    memcpy(buf, v->v.s.p, n);
+  buf[n] = '\0';
+}
+
+/* ---- the encoder -------------------------------------------------------- */
+
+void dspk__params_encode(struct dspk__wbuf *w, const struct dspk__param *params, int n,
+                         const struct dspk__pval *vals) {
+  msgpack_packer *pk = &w->pk;
+  size_t count = 0;
+  for (int i = 0; i < n; i++)
+    count += vals[i].set;
+  msgpack_pack_map(pk, count);
+  for (int i = 0; i < n; i++) {
+    const struct dspk__param *p = &params[i];
+    const struct dspk__pval *v = &vals[i];
+    if (!v->set)
+      continue;
+    dspk__pack_str(pk, p->name);
+    switch (p->type) {
+    case DSPK__T_BOOL:
+      if (v->v.b)
+        msgpack_pack_true(pk);
+      else
+        msgpack_pack_false(pk);
+      break;
+    case DSPK__T_UINT:
+      msgpack_pack_uint64(pk, v->v.u);
+      break;
+    case DSPK__T_NUM:
+      msgpack_pack_double(pk, v->v.f);
+      break;
+    case DSPK__T_STR:
+      msgpack_pack_str(pk, v->v.s.n);
+      msgpack_pack_str_body(pk, v->v.s.p, v->v.s.n);
+      break;
+    case DSPK__T_BIN:
+      dspk__wbuf_bin_ref(w, v->v.s.p, v->v.s.n, NULL, NULL);
+      break;
+    case DSPK__T_ENUM:
+      dspk__pack_str(pk, p->choices[v->v.e]);
+      break;
+    case DSPK__T_ENUMS: {
+      size_t k = 0;
+      for (int c = 0; p->choices[c]; c++)
+        k += (v->v.mask >> c) & 1u;
+      msgpack_pack_array(pk, k);
+      for (int c = 0; p->choices[c]; c++)
+        if ((v->v.mask >> c) & 1u)
+          dspk__pack_str(pk, p->choices[c]);
+      break;
+    }
+    case DSPK__T_DIM3:
+      msgpack_pack_array(pk, 3);
+      for (int k = 0; k < 3; k++)
+        msgpack_pack_uint32(pk, v->v.dim[k]);
+      break;
+    case DSPK__T_ARRAY:
+    case DSPK__T_MAP:
+      v->v.pack.fn(v->v.pack.ud, w);
+      break;
+    }
+  }
+}
+
+/* ---- JSON export ---------------------------------------------------------- */
+
+static const char *type_name(enum dspk__ptype t) {
+  switch (t) {
+  case DSPK__T_BOOL: return "bool";
+  case DSPK__T_UINT: return "uint";
+  case DSPK__T_NUM: return "number";
+  case DSPK__T_STR: return "str";
+  case DSPK__T_BIN: return "bin";
+  case DSPK__T_ENUM: return "enum";
+  case DSPK__T_ENUMS: return "enum_list";
+  case DSPK__T_DIM3: return "dim3";
+  case DSPK__T_ARRAY: return "array";
+  case DSPK__T_MAP: return "map";
+  }
+  return "?";
+}
+
+/* A JSON string (the table's strings are ASCII without control bytes). */
+static void jstr(FILE *f, const char *s) {
+  fputc('"', f);
+  for (; *s; s++) {
+    if (*s == '"' || *s == '\\')
+      fputc('\\', f);
+    fputc(*s, f);
+  }
+  fputc('"', f);
+}
+
+static void jlist(FILE *f, const char *const *l) {
+  fputc('[', f);
+  for (int i = 0; l && l[i]; i++) {
+    if (i)
+      fputs(", ", f);
+    jstr(f, l[i]);
+  }
+  fputc(']', f);
+}
+
+static void jparams(FILE *f, const struct dspk__param *ps, int n, const char *indent) {
+  fputc('[', f);
+  for (int i = 0; i < n; i++) {
+    const struct dspk__param *p = &ps[i];
+    fprintf(f, "%s\n%s  {\"name\": ", i ? "," : "", indent);
+    jstr(f, p->name);
+    fprintf(f, ", \"type\": \"%s\", \"required\": %s", type_name(p->type),
+            p->flags & DSPK__P_REQUIRED ? "true" : "false");
+    if (p->type == DSPK__T_UINT && (p->min || p->max != UINT64_MAX))
+      fprintf(f, ", \"min\": %" PRIu64 ", \"max\": %" PRIu64, p->min, p->max);
+    if (p->type == DSPK__T_STR)
+      fprintf(f, ", \"max_bytes\": %" PRIu64, p->max);
+    if (p->type == DSPK__T_ARRAY) {
+      fprintf(f, ", \"min_items\": %" PRIu64, p->min);
+      if (p->max)
+        fprintf(f, ", \"max_items\": %" PRIu64, p->max);
+    }
+    if (p->choices) {
+      fputs(", \"choices\": ", f);
+      jlist(f, p->choices);
+    }
+    if (p->def_doc) {
+      fputs(", \"default\": ", f);
+      jstr(f, p->def_doc);
+    }
+    fputc('}', f);
+  }
+  if (n)
+    fprintf(f, "\n%s", indent);
+  fputc(']', f);
+}
+
+int dspk__schema_json(FILE *f) {
+  fprintf(f, "{\"protocol\": %d,\n \"methods\": [", DSPK_PROTOCOL_VERSION);
+  for (int i = 0; i < DSPK__M_COUNT; i++) {
+    const struct dspk__method *m = &dspk__methods[i];
+    fprintf(f, "%s\n  {\"name\": ", i ? "," : "");
+    jstr(f, m->name);
+    fprintf(f, ", \"admin\": %s, \"result\": ", m->admin ? "true" : "false");
+    if (m->results)
+      jlist(f, m->results);
+    else
+      fputs("\"str\"", f);
+    fputs(",\n   \"params\": ", f);
+    jparams(f, m->params, m->nparams, "   ");
+    fputc('}', f);
+  }
+  fputs("],\n \"ops\": [", f);
+  for (int i = 0; i < DSPK_OP_COUNT; i++) {
+    fprintf(f, "%s\n  {\"name\": ", i ? "," : "");
+    jstr(f, dspk__op_names[i]);
+    fputs(", \"options\": ", f);
+    jparams(f, dspk__ops[i].options, dspk__ops[i].noptions, "   ");
+    fputc('}', f);
+  }
+  fputs("]}\n", f);
+  return ferror(f) ? -1 : 0;
+}

@@ -1,0 +1,156 @@
+#!/usr/bin/env python3
+"""docs/protocol.md against the protocol's table (proto/schema.c, exported
+as protocol.json by dspk_schema_json): the tables "Parameters of each
+method" and "Options of each op" hold exactly one row per parameter of the
+table, with its type, whether it is required, its default and its values,
+and nothing the table lacks; every method has its own section naming every
+key of its result; every op is in the table of ops.  Also checks that the
+Python package (python/dspk) calls only methods of the table, with only
+their parameters.
+
+usage: schema_docs.py PROTOCOL_JSON DOCS_PROTOCOL_MD [PYTHON_CLIENT]"""
+import json
+import re
+import sys
+
+PARAMS_HEAD = "| method | parameter | type | required | default | values |"
+OPTIONS_HEAD = "| op | option | type | required | default | values |"
+
+
+def values(p):
+    t = p["type"]
+    if t == "enum":
+        return ", ".join(p["choices"])
+    if t == "enum_list":
+        return "list of: " + ", ".join(p["choices"])
+    if t == "uint" and "max" in p:
+        return "%d to %d" % (p.get("min", 0), p["max"])
+    if t == "str":
+        return "at most %d bytes" % p["max_bytes"]
+    if t == "dim3":
+        return "1 to 3 positive ints"
+    if t == "array":
+        lo, hi = p.get("min_items", 0), p.get("max_items")
+        if hi is not None:
+            return "%d to %d items" % (lo, hi) if lo else "at most %d items" % hi
+        return ("at least %d item%s" % (lo, "s" if lo > 1 else "")) if lo else ""
+    return ""
+
+
+def row(owner, p):
+    return "| %s | %s | %s | %s | %s | %s |" % (
+        owner, p["name"], p["type"], "yes" if p["required"] else "no",
+        p.get("default", ""), values(p))
+
+
+def expected(schema):
+    params, options = [], []
+    for m in schema["methods"]:
+        if not m["params"]:
+            params.append("| %s | — | | | | |" % m["name"])
+        params += [row(m["name"], p) for p in m["params"]]
+    for o in schema["ops"]:
+        if not o["options"]:
+            options.append("| %s | — | | | | |" % o["name"])
+        options += [row(o["name"], p) for p in o["options"]]
+    return params, options
+
+
+def table_rows(lines, head):
+    """The rows of the table whose header line is head."""
+    try:
+        i = lines.index(head)
+    except ValueError:
+        raise SystemExit("docs/protocol.md: no table headed %r" % head)
+    rows = []
+    for line in lines[i + 2:]:
+        if not line.startswith("|"):
+            break
+        rows.append(re.sub(r" +", " ", line.strip()).replace("| |", "|  |"))
+    return rows
+
+
+def norm(r):
+    return [c.strip() for c in r.strip().strip("|").split("|")]
+
+
+def compare(what, want, got, errors):
+    w = {tuple(norm(r)): r for r in want}
+    g = {tuple(norm(r)): r for r in got}
+    for k in w:
+        if k not in g:
+            errors.append("%s: missing or different in docs: %s" % (what, w[k]))
+    for k in g:
+        if k not in w:
+            errors.append("%s: documented but not in the table: %s" % (what, g[k]))
+    if [norm(r) for r in want] != [norm(r) for r in got] and not errors:
+        errors.append("%s: rows in another order than the table" % what)
+
+
+def sections(text):
+    """Heading text -> section body, for the ### headings."""
+    out = {}
+    parts = re.split(r"^### (.*)$", text, flags=re.M)
+    for i in range(1, len(parts), 2):
+        out[parts[i]] = parts[i + 1]
+    return out
+
+
+def check_python(path, schema, errors):
+    methods = {m["name"]: {p["name"] for p in m["params"]} for m in schema["methods"]}
+    src = open(path).read()
+    ops = re.search(r"_OPS = \(([^)]*)\)", src)
+    if not ops:
+        errors.append("%s: no _OPS list" % path)
+    else:
+        table_ops = {o["name"] for o in schema["ops"]}
+        for op in re.findall(r'"([a-z_]+)"', ops.group(1)):
+            if op not in table_ops:
+                errors.append("%s: _OPS names %r, not an op of the table" % (path, op))
+    calls = re.findall(r'_(?:call|start)\(\s*"([a-z_.]+)"\s*(?:,\s*\{([^}]*)\})?', src)
+    if not calls:
+        errors.append("%s: no method calls found" % path)
+    for name, args in calls:
+        if name not in methods:
+            errors.append("%s: calls %r, not a method of the table" % (path, name))
+            continue
+        for key in re.findall(r'"([a-z_]+)"\s*:', args or ""):
+            if key not in methods[name]:
+                errors.append("%s: %s with %r, not a parameter of the table" % (path, name, key))
+
+
+def main():
+    schema = json.load(open(sys.argv[1]))
+    text = open(sys.argv[2]).read()
+    lines = text.splitlines()
+    errors = []
+    want_p, want_o = expected(schema)
+    compare("parameters", want_p, table_rows(lines, PARAMS_HEAD), errors)
+    compare("options", want_o, table_rows(lines, OPTIONS_HEAD), errors)
+    secs = sections(text)
+    for m in schema["methods"]:
+        heads = [h for h in secs if re.search(r"(^|[ ,])%s([ ,(]|$)" % re.escape(m["name"]), h)]
+        if not heads:
+            errors.append("method %s: no ### section" % m["name"])
+            continue
+        body = "".join(secs[h] for h in heads)
+        for key in m["result"] if isinstance(m["result"], list) else []:
+            if not re.search(r"\b%s\b" % re.escape(key), body):
+                errors.append("method %s: result key %r not in its section" % (m["name"], key))
+    run = secs.get("task.run", "")
+    for o in schema["ops"]:
+        if not re.search(r"^\| %s \|" % re.escape(o["name"]), run, flags=re.M):
+            errors.append("op %s: not in the table of ops of task.run" % o["name"])
+    if len(sys.argv) > 3:
+        check_python(sys.argv[3], schema, errors)
+    for e in errors:
+        print(e)
+    if errors:
+        return 1
+    print("docs/protocol.md matches the table: %d methods, %d ops" %
+          (len(schema["methods"]), len(schema["ops"])))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,140 @@
+#!/usr/bin/env python3
+"""Every method of the protocol's table (protocol.json, from proto/schema.c)
+against a running dspkd: called with valid arguments, its result is a map
+with exactly the table's result keys (a str for metrics); called without
+a required parameter, or with a parameter of the wrong type, it is EINVAL
+naming that parameter.  A method the table lists without a sample call here
+fails the test, so a new method gets one.
+
+usage: schema_results.py PROTOCOL_JSON DSPKD"""
+import fcntl
+import json
+import os
+import select
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+from dspk_rpc import Client, RpcError, check  # noqa: E402
+
+TIMEOUT = 30
+
+
+def samples(c):
+    """A valid call of every method, in an order that works (buffer before its use,
+    daemon.stop last)."""
+    f32 = {"dtype": "f32", "shape": [2], "data": b"\0" * 8}
+    return [
+        ("hello", {"version": 1, "client": "schema"}),
+        ("ping", {"data": b"x"}),
+        ("devices", {"all": True}),
+        ("status", None),
+        ("buffer.create", {"device": "cpu:0", "size": 16}),
+        ("buffer.write", lambda st: {"buffer": st["buffer"], "offset": 0, "data": b"\0" * 8}),
+        ("buffer.read", lambda st: {"buffer": st["buffer"], "offset": 0, "size": 8}),
+        ("task.run", lambda st: {"op": "map", "device": "cpu:0", "inputs": [f32],
+                                 "options": {"fn": "abs"},
+                                 "outputs": [{"buffer": st["buffer"], "offset": 0}]}),
+        ("buffer.free", lambda st: {"buffer": st["buffer"]}),
+        ("buffer.import", {"device": "cpu:0", "size": 4096}),
+        ("buffer.share", {"device": "cpu:0", "size": 4096}),
+        ("task.cancel", {"msgid": 12345}),
+        ("cache.stats", None),
+        ("cache.clear", {"kinds": ["blobs"]}),
+        ("metrics", None),
+        ("trace", {"seconds": 0.01}),
+        ("job.register", {"job": 42, "uid": 0, "devices": []}),
+        ("job.end", {"job": 42}),
+        ("daemon.reload", None),
+        ("daemon.stop", None),
+    ]
+
+
+def memfd(size):
+    """A memfd of size bytes sealed against shrinking, as buffer.import takes."""
+    fd = os.memfd_create("schema", os.MFD_ALLOW_SEALING)
+    os.ftruncate(fd, size)
+    fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK)
+    return fd
+
+
+def wrong(p):
+    """A value of another type than p's."""
+    return b"\x01" if p["type"] in ("str", "enum", "uint", "number", "bool") else 5
+
+
+def main():
+    schema = json.load(open(sys.argv[1]))
+    exe = sys.argv[2]
+    methods = {m["name"]: m for m in schema["methods"]}
+    tmp = tempfile.mkdtemp(prefix="dspk-schema-")
+    sock = os.path.join(tmp, "d.sock")
+    conf = os.path.join(tmp, "dspkd.conf")
+    open(conf, "w").write("")
+    r, w = os.pipe()
+    log = open(os.path.join(tmp, "log"), "w+")
+    proc = subprocess.Popen([exe, "--foreground", "--socket", sock, "--ready-fd", str(w),
+                             "--backends", "cpu", "--cache", os.path.join(tmp, "c.db"),
+                             "--config", conf], pass_fds=[w], stderr=log)
+    os.close(w)
+    ready, _, _ = select.select([r], [], [], TIMEOUT)
+    check(ready and os.read(r, 16) == b"READY\n", "dspkd ready")
+    c = Client(sock, TIMEOUT)
+    state = {}
+    called = set()
+    try:
+        for name, args in samples(c):
+            check(name in methods, "sample call of %s, which the table lacks" % name)
+            m = methods[name]
+            if callable(args):
+                args = args(state)
+            # Each parameter: a wrong type, then (if required) absent, is EINVAL
+            # naming it (admin methods and those without params have none).
+            for p in m["params"]:
+                bad = dict(args or {})
+                bad[p["name"]] = wrong(p)
+                try:
+                    c.call(name, bad)
+                    raise AssertionError("%s with %s=%r accepted" % (name, p["name"], bad[p["name"]]))
+                except RpcError as e:
+                    check(e.name == "EINVAL" and p["name"] in e.err["message"],
+                          "%s %s of another type: %s" % (name, p["name"], e))
+                if p["required"]:
+                    bad = dict(args)
+                    del bad[p["name"]]
+                    try:
+                        c.call(name, bad)
+                        raise AssertionError("%s without %s accepted" % (name, p["name"]))
+                    except RpcError as e:
+                        check(e.name == "EINVAL" and p["name"] in e.err["message"],
+                              "%s without %s: %s" % (name, p["name"], e))
+            fds = [memfd(4096)] if name == "buffer.import" else None
+            try:
+                res = c.call(name, args, fds)
+            finally:
+                for fd in fds or []:
+                    os.close(fd)
+            if m["result"] == "str":
+                check(isinstance(res, str), "%s answers a str" % name)
+            else:
+                check(isinstance(res, dict) and sorted(res) == sorted(m["result"]),
+                      "%s: result keys %r, the table says %r" % (name, sorted(res),
+                                                                 sorted(m["result"])))
+            if name == "buffer.create":
+                state["buffer"] = res["buffer"]
+            called.add(name)
+        check(called == set(methods), "no sample call of %s" % sorted(set(methods) - called))
+        check(proc.wait(TIMEOUT) == 0, "dspkd stopped by daemon.stop")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        log.seek(0)
+    print("every method of the table answers its table's result keys (%d methods)"
+          % len(called))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
