@@ -74,6 +74,8 @@ static const struct key keys[] = {
     {"daemon", "metrics_listen", K_STR, F(metrics_listen), 0, 0, false},
     {"limits", "max_job_memory", K_SHARE, F(max_job_memory), 1, (uint64_t)1 << 50, true},
     {"policy", "job_required", K_BOOL, F(job_required), 0, 0, true},
+    {"daemon", "device_inflight", K_UINT, F(device_inflight), 1, DSPKD_MAX_DEVICE_INFLIGHT,
+     false},
 };
 #define NKEYS (sizeof keys / sizeof keys[0])
 _Static_assert(NKEYS <= 60, "the key masks are 64-bit");
@@ -108,6 +110,7 @@ void dspkd_config_defaults(struct dspkd_config *cfg) {
   cfg->max_conn_memory = DSPKD_SHARE(100);
   cfg->max_job_memory = DSPKD_SHARE(100);
   cfg->shutdown_timeout_ms = 10000;
+  cfg->device_inflight = 4;
   cfg->log_level = DSPKD_INFO;
 }
 

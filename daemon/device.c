@@ -349,6 +349,118 @@ static void runner_log(void *ud, int level, const char *msg) {
   dspkd_log(l, "%s: %s", dev->id, msg);
 }
 
+/* ---- the in-flight list ------------------------------------------------
+
+ * A runner enqueues a job's work (job_execute), records a fence behind it
+ * and keeps the job in its in-flight list, up to dev->depth jobs, taking
+ * the next job meanwhile: a GPU then has the next task's work queued before
+ * the previous one finished.  A job is answered, oldest first, once its
+ * fence completed: its outputs are final, an error the device reports
+ * through its fence becomes its own answer, and its time_us covers the
+ * device's work.  On the cpu every fence is reached when run returns, so
+ * each job is answered right after it ran.  Runner thread only. */
+
+static void ifl_push(struct device *dev, struct job *j) {
+  j->inext = NULL;
+  if (dev->ifl_tail)
+    dev->ifl_tail->inext = j;
+  else
+    dev->ifl_head = j;
+  dev->ifl_tail = j;
+  dev->nifl++;
+}
+
+/* The oldest job's work is done (err: what its fence reported): answers it
+ * (a client job goes on the done list) or frees it (an internal job). */
+static void ifl_complete(struct device *dev, int err) {
+  struct dspkd *d = dev->d;
+  struct job *j = dev->ifl_head;
+  uint64_t now = dspkd_now_ns();
+  uint64_t start = j->t.start > dev->last_done_ns ? j->t.start : dev->last_done_ns;
+  bool counted = j->kind != JOB_BUF_FREE;
+  struct dspk__devstats stats;
+
+  dev->ifl_head = j->inext;
+  if (!dev->ifl_head)
+    dev->ifl_tail = NULL;
+  dev->nifl--;
+  j->inext = NULL;
+  dev->last_done_ns = now;
+  if (counted)
+    job_finish(dev, j, err, now - start);
+  if (dev->be->stats) {
+    memset(&stats, 0, sizeof stats);
+    dev->be->stats(dev->bdev, &stats);
+  }
+  pthread_mutex_lock(&dev->mu);
+  if (dev->be->stats)
+    dev->stats = stats;
+  dspkd_obs_job_end(dev, j, start, now, dev->ifl_head);
+  if (counted) {
+    dev->running--;
+    if (j->err)
+      dev->failed++;
+    else
+      dev->completed++;
+    j->state = JOB_DONE;
+    pthread_mutex_lock(&d->done_mu);
+    if (d->done_tail)
+      d->done_tail->next = j;
+    else
+      d->done_head = j;
+    d->done_tail = j;
+    pthread_mutex_unlock(&d->done_mu);
+  }
+  pthread_mutex_unlock(&dev->mu);
+  if (counted)
+    uv_async_send(&d->done_async);
+  else
+    free(j);
+}
+
+/* Answers the in-flight jobs whose work is done, oldest first.  wait: block
+ * until the oldest one is done.  Runner thread, dev->mu not held. */
+static void ifl_reap(struct device *dev, bool wait) {
+  const struct dspk__backend *be = dev->be;
+  while (dev->ifl_head) {
+    struct job *j = dev->ifl_head;
+    int r = 1;
+    if (j->fence) {
+      if (wait) {
+        r = be->fence_wait(dev->bdev, j->fence);
+        if (r == 0)
+          r = 1;
+      } else {
+        r = be->fence_query(dev->bdev, j->fence);
+      }
+      if (r == 0)
+        return;
+      be->fence_destroy(dev->bdev, j->fence);
+      j->fence = NULL;
+    }
+    ifl_complete(dev, r < 0 ? r : 0);
+    wait = false;
+  }
+}
+
+/* Runs one job taken from the ring (dev->mu not held): enqueues its work,
+ * records its fence and puts it in the in-flight list. */
+static void run_one(struct device *dev, struct job *j) {
+  const struct dspk__backend *be = dev->be;
+  job_execute(dev, j);
+  /* A failed job waits for nothing of its own; an internal free is
+   * deferred release by the backend's contract. */
+  if (j->kind != JOB_BUF_FREE && j->err == 0 && be->fence_record) {
+    int err = be->fence_record(dev->bdev, &j->fence);
+    if (err < 0) {
+      j->fence = NULL;
+      job_finish(dev, j, err, 0);
+    }
+  }
+  ifl_push(dev, j);
+  ifl_reap(dev, false);
+}
+
 static void *runner_main(void *arg) {
   struct device *dev = arg;
   struct dspkd *d = dev->d;
@@ -386,12 +498,19 @@ static void *runner_main(void *arg) {
   for (;;) {
     struct cqueue *q;
     struct job *j;
-    bool counted;
 
-    while (!dev->ring_head && !dev->stop)
+    while (!dev->ring_head && !dev->ifl_head && !dev->stop)
       pthread_cond_wait(&dev->cv, &dev->mu);
-    if (!dev->ring_head)
-      break;
+    if (!dev->ring_head || dev->nifl >= dev->depth) {
+      /* Nothing more to enqueue (or enough enqueued): wait for the oldest
+       * job in flight; none left and stopping: exit. */
+      if (!dev->ifl_head)
+        break;
+      pthread_mutex_unlock(&dev->mu);
+      ifl_reap(dev, true);
+      pthread_mutex_lock(&dev->mu);
+      continue;
+    }
     /* Round robin: the head queue gives one job and goes to the tail. */
     q = dev->ring_head;
     j = q->head;
@@ -406,40 +525,14 @@ static void *runner_main(void *arg) {
       ring_push(dev, q);
     j->next = NULL;
     j->state = JOB_RUNNING;
-    counted = j->kind != JOB_BUF_FREE;
-    if (counted) {
+    if (j->kind != JOB_BUF_FREE) {
       dev->queued--;
       dev->running++;
     }
     dspkd_obs_job_start(dev, j); /* daemon/metrics.c */
     pthread_mutex_unlock(&dev->mu);
-
-    job_execute(dev, j); /* a JOB_BUF_FREE frees itself */
-
-    if (dev->be->stats) {
-      memset(&stats, 0, sizeof stats);
-      dev->be->stats(bdev, &stats);
-    }
+    run_one(dev, j);
     pthread_mutex_lock(&dev->mu);
-    if (dev->be->stats)
-      dev->stats = stats;
-    dspkd_obs_job_end(dev, counted ? j : NULL);
-    if (counted) {
-      dev->running--;
-      if (j->err)
-        dev->failed++;
-      else
-        dev->completed++;
-      j->state = JOB_DONE;
-      pthread_mutex_lock(&d->done_mu);
-      if (d->done_tail)
-        d->done_tail->next = j;
-      else
-        d->done_head = j;
-      d->done_tail = j;
-      pthread_mutex_unlock(&d->done_mu);
-      uv_async_send(&d->done_async);
-    }
   }
   pthread_mutex_unlock(&dev->mu);
 
@@ -580,6 +673,7 @@ int dspkd_devices_start(struct dspkd *d) {
       dev->bindex = i;
       dev->info = info[i];
       snprintf(dev->id, sizeof dev->id, "%s:%d", be->name, i);
+      dev->depth = d->cfg.device_inflight ? d->cfg.device_inflight : 1;
       pthread_mutex_init(&dev->mu, NULL);
       pthread_cond_init(&dev->cv, NULL);
       d->ndevs++;

@@ -36,6 +36,8 @@
 
 #define DSPKD_MAX_DEVICES 64
 #define DSPKD_MAX_UNAVAILABLE 16
+/* Upper bound of the configuration's device_inflight. */
+#define DSPKD_MAX_DEVICE_INFLIGHT 64
 
 /* A list of user or group ids from the configuration's access policy. */
 #define DSPKD_MAX_IDS 32
@@ -72,6 +74,7 @@ struct dspkd_config {
   uint64_t max_conn_memory; /* bytes per device of one connection; 0: no own bound */
   uint64_t max_job_memory;  /* bytes per device of one Slurm job (daemon/jobs.c) */
   uint64_t shutdown_timeout_ms; /* grace for running tasks at stop */
+  unsigned device_inflight; /* jobs a runner enqueues on its device ahead of their answers */
   const char *metrics_listen; /* "ADDR:PORT" of the HTTP metrics listener, or NULL */
   /* daemon/config.c: the configuration file's extra settings. */
   int log_level;            /* enum dspkd_level */
@@ -168,6 +171,11 @@ struct job {
   struct djob *resv_job;     /* the Slurm job charged with resv_mem, or NULL */
   uint64_t slurm_job;        /* its connection's Slurm job id (traces), 0: none */
   struct job_times t;        /* daemon/observe.h */
+  /* runner: the fence recorded after its work was enqueued (NULL: none,
+   * its work is done once the jobs before it are), and its place in the
+   * device's in-flight list */
+  struct dspk__fence *fence;
+  struct job *inext;
 };
 
 /* A notification a runner encoded for a job's client (task.progress).  It
@@ -199,6 +207,14 @@ struct device {
   int open_state;      /* 0: opening, 1: open, < 0: open failed */
   char open_err[256];
   bool exited;
+  /* Runner only: jobs taken whose work may still run on the device, oldest
+   * first, answered in that order as their fences complete (at most
+   * `depth`, the configuration's device_inflight); and when the last of
+   * them finished. */
+  struct job *ifl_head, *ifl_tail;
+  unsigned nifl, depth;
+  uint64_t last_done_ns;
+  /* Guarded by mu. */
   uint64_t queued, running, completed, failed;
   struct dspk__devstats stats;
   struct dev_obs obs;  /* daemon/observe.h */
@@ -441,8 +457,13 @@ void dspkd_jobs_free(struct dspkd *d);
  * dashes dropped).  0, or -1 when it has no hex digit or is too long. */
 int dspkd_uuid_norm(const char *in, size_t len, char out[DSPKD_UUID_LEN]);
 
-/* daemon/task.c: runner side of each job kind; encodes j->resp. */
+/* daemon/task.c: runner side of each job kind; encodes j->resp.  The
+ * job's work may still run on the device when it returns. */
 void job_execute(struct device *dev, struct job *j);
+/* Runner: the job's work finished on the device.  err < 0: the device
+ * reported that error for it (the answer becomes that error); else a task's
+ * answer gets time_us = ns (rounded up to microseconds). */
+void job_finish(struct device *dev, struct job *j, int err, uint64_t ns);
 
 /* daemon/methods.c */
 struct req {

@@ -76,6 +76,8 @@ static void usage(FILE *f) {
           "                       (default 10000)\n"
           "  --metrics-listen ADDR:PORT  serve Prometheus metrics over HTTP at\n"
           "                       http://ADDR:PORT/metrics (default: off)\n"
+          "  --device-inflight N  tasks a device has enqueued ahead of their answers\n"
+          "                       (default 4, at most 64)\n"
           "  -h, --help           show this help\n"
           "  -V, --version        show the version\n"
           "\n"
@@ -92,7 +94,7 @@ enum {
   OPT_MAX_INFLIGHT, OPT_MAX_UNSENT, OPT_MAX_BUFFERS, OPT_MAX_CLIENTS, OPT_SHUTDOWN_TIMEOUT,
   OPT_HELP, OPT_VERSION, OPT_CONFIG, OPT_NO_CACHE, OPT_CACHE_MAX_BYTES,
   OPT_MAX_USER_CLIENTS, OPT_MAX_USER_PARTIAL, OPT_MAX_USER_MEMORY, OPT_MAX_CONN_MEMORY,
-  OPT_METRICS_LISTEN, OPT_MAX_JOB_MEMORY, OPT_JOB_REQUIRED
+  OPT_METRICS_LISTEN, OPT_MAX_JOB_MEMORY, OPT_JOB_REQUIRED, OPT_DEVICE_INFLIGHT
 };
 
 static const struct option long_opts[] = {
@@ -122,6 +124,7 @@ static const struct option long_opts[] = {
     {"shutdown-timeout", required_argument, NULL, OPT_SHUTDOWN_TIMEOUT},
     {"config", required_argument, NULL, OPT_CONFIG},
     {"metrics-listen", required_argument, NULL, OPT_METRICS_LISTEN},
+    {"device-inflight", required_argument, NULL, OPT_DEVICE_INFLIGHT},
     {"help", no_argument, NULL, OPT_HELP},
     {"version", no_argument, NULL, OPT_VERSION},
     {NULL, 0, NULL, 0},
@@ -421,6 +424,10 @@ int main(int argc, char **argv) {
       cfg->shutdown_timeout_ms = v;
       break;
     case OPT_METRICS_LISTEN: cfg->metrics_listen = optarg; break;
+    case OPT_DEVICE_INFLIGHT:
+      if (parse_count("device-inflight", optarg, 1, DSPKD_MAX_DEVICE_INFLIGHT, &v)) return 2;
+      cfg->device_inflight = (unsigned)v;
+      break;
     case OPT_CONFIG: break; /* read by dspkd_config_start() */
     case 'h':
     case OPT_HELP:
