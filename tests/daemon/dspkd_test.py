@@ -1683,6 +1683,51 @@ def t_done(exe, tmp):
     d.stop()
 
 
+def t_fencefault(exe, tmp):
+    """An error the device reports later lands on the request whose fence
+    reported it: cuda:0 on a fake driver (tests/cuda/fake_libcuda.c, path in
+    $DSPK_TEST_FAKE_CUDA) reports an error at the event behind a copy whose
+    data starts with "DEVFAULT"; its events complete only when waited for,
+    so several requests are in flight at once.  Of writes pipelined on one
+    connection only the marked one is answered EDEVICE (naming the device);
+    the ones before and after it succeed, and a read sees the last write."""
+    fake = os.environ.get("DSPK_TEST_FAKE_CUDA")
+    if not fake:
+        raise Skip("DSPK_TEST_FAKE_CUDA not set")
+    env = dict(os.environ, DSPK_CUDA_DRIVER=fake, DSPK_CUDA_STAGE_CHUNKS="0")
+    d = Daemon(exe, tmp, ["--backends", "cpu,cuda"], env=env)
+    c = d.client()
+    if "cuda:0" not in [x["id"] for x in c.call("devices", {})["devices"]]:
+        c.close()
+        d.stop()
+        raise Skip("no cuda:0 on the fake driver:\n" + d.logtext()[-2000:])
+    b = c.call("buffer.create", {"device": "cuda:0", "size": 64})["buffer"]
+    for rnd in range(3):
+        datas = [bytes([65 + rnd]) * 64, b"DEVFAULT" + bytes(56), bytes([97 + rnd]) * 64]
+        if rnd == 1:
+            datas = [datas[1], datas[0], datas[2]]
+        mids = [c.send("buffer.write", {"buffer": b, "data": x}) for x in datas]
+        rid = c.send("buffer.read", {"buffer": b})
+        for m, x in zip(mids, datas):
+            if x.startswith(b"DEVFAULT"):
+                try:
+                    c.wait(m)
+                except RpcError as e:
+                    check(e.name == "EDEVICE" and "cuda:0" in e.err["message"],
+                          "the faulting write: %s %s" % (e.name, e.err["message"]))
+                else:
+                    raise AssertionError("round %d: the write the device faulted on "
+                                         "succeeded" % rnd)
+            else:
+                check(c.wait(m)["size"] == 64, "round %d: a write beside the fault "
+                      "failed" % rnd)
+        check(c.wait(rid)["data"] == datas[-1], "round %d: read after the writes" % rnd)
+    st = [x for x in c.call("status", {})["devices"] if x["id"] == "cuda:0"][0]
+    check(st["failed"] == 3 and st["completed"] >= 10, "cuda:0 counters: %r" % st)
+    c.close()
+    d.stop()
+
+
 GROUPS = {
     "basic": t_basic,
     "buffers": t_buffers,
@@ -1712,6 +1757,7 @@ GROUPS = {
     "memquota": t_memquota,
     "cancel": t_cancel,
     "done": t_done,
+    "fencefault": t_fencefault,
 }
 
 
