@@ -121,13 +121,8 @@ struct dbuf {
   struct djob *qjob;     /* daemon/quota.c: the Slurm job it is charged to */
 };
 
-/* One connection's FIFO of jobs for one device, linked into the device's
- * round-robin ring while it holds jobs.  Guarded by the device's mutex. */
-struct cqueue {
-  struct job *head, *tail;
-  struct cqueue *next; /* in the ring */
-  bool in_ring;
-};
+/* One connection's FIFO of jobs for one device (daemon/sched.c). */
+struct cqueue;
 
 enum job_kind { JOB_TASK, JOB_BUF_CREATE, JOB_BUF_WRITE, JOB_BUF_READ, JOB_BUF_FREE };
 enum job_state { JOB_QUEUED, JOB_RUNNING, JOB_DONE };
@@ -163,7 +158,7 @@ struct job {
   char *errmsg;              /* task: the failure's message (malloc'd), or NULL */
   uint64_t progress_ms;      /* runner: when task.progress was last sent */
   bool any;                  /* task.run chose "any": may move to cpu on ENOTSUP */
-  /* daemon/quota.c: what job_submit charged to its connection and user,
+  /* daemon/quota.c: what dspkd_sched_submit charged to its connection and user,
    * given back when the job leaves the connection's in-flight list. */
   size_t resv_answer;        /* bytes its answer may take (max_unsent) */
   uint64_t resv_mem;         /* device memory it may take on resv_dev */
@@ -200,17 +195,19 @@ struct device {
 
   pthread_mutex_t mu;
   pthread_cond_t cv;
-  /* Guarded by mu. */
+  /* The scheduler's (daemon/sched.c), guarded by mu: the ring of queues
+   * with jobs, the queue of internal jobs, and the request to stop. */
   struct cqueue *ring_head, *ring_tail;
-  struct cqueue sysq;  /* internal jobs: buffer frees */
+  struct cqueue *sysq; /* internal jobs: buffer frees */
   bool stop;           /* exit once the ring is empty */
+  /* Guarded by mu. */
   int open_state;      /* 0: opening, 1: open, < 0: open failed */
   char open_err[256];
   bool exited;
-  /* Runner only: jobs taken whose work may still run on the device, oldest
-   * first, answered in that order as their fences complete (at most
-   * `depth`, the configuration's device_inflight); and when the last of
-   * them finished. */
+  /* The scheduler's, runner only: jobs taken whose work may still run on
+   * the device, oldest first, answered in that order as their fences
+   * complete (at most `depth`, the configuration's device_inflight); and
+   * when the last of them finished. */
   struct job *ifl_head, *ifl_tail;
   unsigned nifl, depth;
   uint64_t last_done_ns;
@@ -354,6 +351,14 @@ void conn_unref(struct conn *c);
 /* Re-evaluates whether the connection may read (limits, backpressure). */
 void conn_update_read(struct conn *c);
 void chunk_unref(struct rchunk *k);
+/* At the stop: closes the listener and removes the socket's file (unless
+ * systemd owns it). */
+void dspkd_listen_stop(struct dspkd *d);
+/* At the stop: answers each complete request already read but not yet
+ * started with ESHUTDOWN. */
+void conn_refuse_buffered(struct conn *c);
+
+/* daemon/lifecycle.c: the stop sequence. */
 /* Starts the orderly stop: no more accepting or reading, queued jobs fail
  * with ESHUTDOWN, connections close once idle, then runners stop. */
 void dspkd_stop(struct dspkd *d);
@@ -376,10 +381,6 @@ void dbuf_unref(struct dspkd *d, struct dbuf *b);
 /* Probes every backend (filtered by cfg.backends), starts one runner per
  * device and waits until each opened its device.  0 or a negative code. */
 int dspkd_devices_start(struct dspkd *d);
-/* Asks every runner to exit once its queue is empty. */
-void dspkd_devices_stop(struct dspkd *d);
-/* Joins runners that have exited; returns 1 when all are joined. */
-int dspkd_devices_join(struct dspkd *d, bool wait);
 void dspkd_backends_shutdown(struct dspkd *d);
 struct device *dspkd_device_find(struct dspkd *d, const char *id, size_t len);
 /* Picks the device for "any": least-loaded hardware device (each GPU through
@@ -387,27 +388,6 @@ struct device *dspkd_device_find(struct dspkd *d, const char *id, size_t len);
 struct device *dspkd_device_any(struct dspkd *d);
 /* The first open cpu device, or NULL. */
 struct device *dspkd_device_cpu(struct dspkd *d);
-struct job *job_new(struct conn *c, enum job_kind kind, uint32_t msgid,
-                    struct device *dev);
-/* Adds a job to the connection's FIFO for the device (takes ownership). */
-void job_submit(struct job *j);
-/* Frees a job the loop owns: drops its buffers, chunk and connection. */
-void job_free(struct dspkd *d, struct job *j);
-/* Loop thread: the async callback that collects finished jobs. */
-void dspkd_done_cb(uv_async_t *h);
-/* Loop thread: removes every queued job of the connection (or of everyone
- * when c is NULL) and answers each with code (or drops it when code is 0). */
-void dspkd_drop_queued(struct dspkd *d, struct conn *c, int code);
-/* Loop thread: cancels the connection's request msgid: 1 when it was queued
- * or running, 0 when unknown. */
-int dspkd_cancel(struct conn *c, uint32_t msgid);
-/* A snapshot of a device's counters (takes its mutex). */
-void dspkd_device_counters(struct device *dev, uint64_t *queued, uint64_t *running,
-                           uint64_t *completed, uint64_t *failed,
-                           struct dspk__devstats *stats);
-
-/* Runner thread: hands a notification for the job's client to the loop. */
-void dspkd_post_note(struct dspkd *d, struct job *j, struct wreq *wr);
 
 /* daemon/quota.c: the quotas of docs/protocol.md ("Quotas"). */
 /* Finds or makes the user's counters and counts one more connection of it;
@@ -419,9 +399,9 @@ void dspkd_user_put(struct dspkd *d, struct duser *u);
  * or gives it back (-1). */
 void dspkd_quota_buf(struct conn *c, struct dbuf *b, int sign);
 /* Checks a new job against the memory quotas of its connection and user:
- * 0, or DSPK_ELIMIT with msg set.  job_submit charges it. */
+ * 0, or DSPK_ELIMIT with msg set.  dspkd_sched_submit charges it. */
 int dspkd_quota_check(const struct job *j, char *msg, size_t len);
-/* Charges (job_submit) or gives back (when it leaves the in-flight list)
+/* Charges (dspkd_sched_submit) or gives back (when it leaves the in-flight list)
  * what the job may take: its answer's bytes and its device memory. */
 void dspkd_quota_charge(struct job *j);
 void dspkd_quota_release(struct job *j);

@@ -25,6 +25,7 @@
 #include "daemon/activation.h"
 #include "daemon/config.h"
 #include "daemon/dspkd.h"
+#include "daemon/sched.h"
 #include "daemon/lifecycle.h"
 #include "daemon/log.h"
 #include "daemon/teardown.h"
@@ -487,7 +488,7 @@ int main(int argc, char **argv) {
     goto out_loop;
   }
   pthread_mutex_init(&d->done_mu, NULL);
-  uv_async_init(&loop, &d->done_async, dspkd_done_cb);
+  uv_async_init(&loop, &d->done_async, dspkd_sched_done_cb);
   d->done_async.data = d;
   uv_timer_init(&loop, &d->grace_timer);
   d->grace_timer.data = d;
@@ -519,7 +520,7 @@ int main(int argc, char **argv) {
     dspkd_error("the event loop ended unexpectedly; stopping the devices");
     d->exit_code = 1;
     d->stopping = d->runners_stopped = true;
-    dspkd_devices_stop(d);
+    dspkd_sched_stop(d);
   }
   dspkd_lifecycle_close(d);
   rc = d->exit_code;
@@ -529,7 +530,7 @@ out_devices:
   /* Start-up failed after the runners started: stop them in order. */
   d->stopping = true;
   d->runners_stopped = true;
-  dspkd_devices_stop(d);
+  dspkd_sched_stop(d);
   rc = 1;
 out_handles:
   uv_close((uv_handle_t *)&d->done_async, NULL);
@@ -537,14 +538,14 @@ out_handles:
   uv_close((uv_handle_t *)&d->sigterm, NULL);
   uv_close((uv_handle_t *)&d->sigint, NULL);
   dspkd_lifecycle_close(d);
-  dspkd_devices_join(d, true);
+  dspkd_sched_join(d, true);
   uv_run(&loop, UV_RUN_DEFAULT);
 out_done:
   if (d->obs.http) {
     dspkd_metrics_http_stop(d);
     uv_run(&loop, UV_RUN_DEFAULT); /* its handle's close */
   }
-  dspkd_devices_join(d, true);
+  dspkd_sched_join(d, true);
   dspkd_trace_free(d);
   dspkd_jobs_free(d);
   dspkd_teardown_disarm();

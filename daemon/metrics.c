@@ -29,6 +29,7 @@
 #include "cache/cache.h"
 #include "daemon/dspkd.h"
 #include "daemon/log.h"
+#include "daemon/sched.h"
 
 #define NS 1000000000ull
 #define BUSY_WINDOW_S 5 /* the busy fraction covers the last 4 to 5 seconds */
@@ -187,11 +188,7 @@ void dspkd_obs_activity(struct device *dev, struct dev_activity *a) {
   }
   /* Connections with queued jobs here (the ring holds one queue per
    * connection, plus the internal one), and the running job's. */
-  for (struct cqueue *q = dev->ring_head; q; q = q->next)
-    if (q != &dev->sysq)
-      a->clients++;
-  if (o->run_start && o->run_q && o->run_q != &dev->sysq && !o->run_q->in_ring)
-    a->clients++;
+  a->clients = dspkd_sched_clients_locked(dev, o->run_start ? o->run_q : NULL);
   pthread_mutex_unlock(&dev->mu);
   win = now > win_start ? now - win_start : 0;
   a->busy = win ? (double)busy / (double)win : 0;

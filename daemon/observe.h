@@ -30,7 +30,7 @@ struct conn;
 struct metrics_http;
 
 /* CLOCK_MONOTONIC times of a job's phases, in nanoseconds; 0: not reached.
- * queued is set by job_submit (loop), the rest by the runner. */
+ * queued is set by dspkd_sched_submit (loop), the rest by the runner. */
 struct job_times {
   uint64_t queued, start;
   uint64_t upload_end;  /* task: inputs copied to the device */

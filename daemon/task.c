@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "daemon/dspkd.h"
+#include "daemon/sched.h"
 #include "daemon/log.h"
 
 static void release_host(void *p) { free(p); }
@@ -164,7 +165,7 @@ static void on_progress(void *ud, const char *what, double fraction) {
   pack_kv_str(&wr->w.pk, "what", what ? what : "");
   dspk__pack_str(&wr->w.pk, "fraction");
   msgpack_pack_double(&wr->w.pk, fraction < 0 ? 0 : fraction > 1 ? 1 : fraction);
-  dspkd_post_note(j->dev->d, j, wr);
+  dspkd_sched_post_note(j->dev->d, j, wr);
 }
 
 static void exec_task(struct device *dev, struct job *j) {
