@@ -152,7 +152,7 @@ void dspkd_obs_job_end(struct device *dev, struct job *j, uint64_t start, uint64
   if (j->kind == JOB_TASK && j->op.kind < DSPK_OP_COUNT) {
     int res = j->err == 0 ? 0 : j->err == DSPK_ECANCELED ? 2 : 1;
     o->tasks[j->op.kind][res]++;
-    hist_add(&o->run[j->op.kind], now - start);
+    hist_add(&o->run[j->op.kind], now - j->t.start); /* as its time_us */
   }
   busy_add(o, start, now);
   trace_keep(o, j, start, now);

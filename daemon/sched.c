@@ -403,8 +403,11 @@ static void ifl_complete(struct device *dev, int err) {
   dev->nifl--;
   j->inext = NULL;
   dev->last_done_ns = now;
+  /* time_us: from when the runner took it, so never less than its work on
+   * the device (the turn's start, kept for the busy time, can be later than
+   * the work's start when the runner saw the job before it finish late). */
   if (counted)
-    dspkd_job_finish(dev, j, err, now - start);
+    dspkd_job_finish(dev, j, err, now - j->t.start);
   if (dev->be->stats) {
     memset(&stats, 0, sizeof stats);
     dev->be->stats(dev->bdev, &stats);

@@ -1608,8 +1608,8 @@ def t_done(exe, tmp):
     result comes back inline, which must wait for it anyway); a tiny task on
     the same device from a second connection, sent as soon as the answer
     arrives, does not wait behind it; tasks pipelined on the device
-    are answered in order, each time_us its own turn (their sum within the
-    wall time), and the buffer holds the right result.  Skipped without a
+    are answered in order, each time_us at least the task's work and within
+    the pipeline's wall time, and the buffer holds the right result.  Skipped without a
     vulkan device (lavapipe in CI)."""
     d = Daemon(exe, tmp, ["--backends", "cpu,vulkan", "--no-cache"])
     c = d.client()
@@ -1662,7 +1662,7 @@ def t_done(exe, tmp):
         got = np.frombuffer(c.call("buffer.read", {"buffer": bY})["data"], np.float32)
         close_enough(got.reshape(X.shape), ref, "fir into a buffer", np.float32)
 
-    # A pipeline: answers in order, each time_us its own turn on the device.
+    # A pipeline: answers in order, each time_us at least the task's work.
     n = 4
     t0 = time.monotonic()
     mids = [c.send("task.run", into) for _ in range(n)]
@@ -1675,8 +1675,8 @@ def t_done(exe, tmp):
     times = [c.wait(m)["time_us"] for m in mids]
     check(all(t >= t_ref / 3 for t in times), "pipelined time_us %r (fir %d us)" %
           (times, t_ref))
-    check(sum(times) <= wall_us * 1.05 + 2000, "pipelined time_us %r add up to more than "
-          "the %d us the pipeline took" % (times, wall_us))
+    check(max(times) <= wall_us, "pipelined time_us %r: more than the %d us the pipeline "
+          "took" % (times, wall_us))
     got = np.frombuffer(c.call("buffer.read", {"buffer": bY})["data"], np.float32)
     close_enough(got.reshape(X.shape), ref, "pipelined fir into a buffer", np.float32)
     other.close()

@@ -165,8 +165,8 @@ def main():
         check(max(singles) >= (0.8 if dev.startswith("cuda") else 0.2) * per_us,
               "gemm %d^2 answered before its work was done: time_us %s, the device takes "
               "%.0f us per gemm" % (G, singles, per_us))
-        check(sum(btimes) <= 1.05 * per_us * nb + 2000,
-              "pipelined time_us %s add up to more than the batch took" % btimes)
+        check(max(btimes) <= per_us * nb + 2000,
+              "pipelined time_us %s: more than the batch took" % btimes)
         close(unf32(c.call("buffer.read", {"buffer": go, "offset": 4 * (G * G - 3)})["data"]),
               [1.0 / G] * 3, "gemm %d^2 into a buffer" % G)
         c.call("buffer.free", {"buffer": gb})
