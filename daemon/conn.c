@@ -33,7 +33,7 @@
 
 /* ---- outgoing frames -------------------------------------------------- */
 
-struct wreq *dspkd_wreq_new(void) {
+struct wreq *wreq_new(void) {
   /* Zero all but the wbuf, whose init sets what it needs (its inline bytes
    * need no clearing). */
   struct wreq *wr = malloc(sizeof(*wr));
@@ -44,7 +44,7 @@ struct wreq *dspkd_wreq_new(void) {
   return wr;
 }
 
-void dspkd_wreq_free(struct wreq *wr) {
+void wreq_free(struct wreq *wr) {
   if (!wr)
     return;
   dspk__wbuf_free(&wr->w); /* also the iovecs wr->bufs points at */
@@ -58,17 +58,17 @@ static void on_write(uv_write_t *req, int status) {
   c->unsent -= wr->len;
   if (status >= 0)
     c->d->obs.bytes_out += wr->len;
-  dspkd_wreq_free(wr);
+  wreq_free(wr);
   if (status < 0 && !c->closing) {
     dspkd_debug("client %llu: write failed: %s", (unsigned long long)c->id,
                 uv_strerror(status));
-    dspkd_conn_close(c, "write failed");
+    conn_close(c, "write failed");
   } else if (c->close_after_flush && c->unsent == 0) {
-    dspkd_conn_close(c, "daemon stopping");
+    conn_close(c, "daemon stopping");
   } else {
-    dspkd_conn_update_read(c);
+    conn_update_read(c);
   }
-  dspkd_conn_unref(c);
+  conn_unref(c);
 }
 
 /* libuv's unix uv_buf_t is laid out as a struct iovec (so it can hand its
@@ -109,22 +109,22 @@ static void wreq_skip(struct wreq *wr, size_t *nbufs, size_t done) {
   *nbufs -= i;
 }
 
-void dspkd_conn_send(struct conn *c, struct wreq *wr) {
+void conn_send(struct conn *c, struct wreq *wr) {
   size_t n;
   int err;
 
   if (!wr)
     return;
   if (c->closing) {
-    dspkd_wreq_free(wr);
+    wreq_free(wr);
     return;
   }
   err = wreq_bufs(wr, &n);
   if (err < 0) {
     dspkd_error("client %llu: cannot encode a response: %s",
                 (unsigned long long)c->id, dspk__strerror(err));
-    dspkd_wreq_free(wr);
-    dspkd_conn_close(c, "response encoding failed");
+    wreq_free(wr);
+    conn_close(c, "response encoding failed");
     return;
   }
   wr->c = c;
@@ -136,12 +136,12 @@ void dspkd_conn_send(struct conn *c, struct wreq *wr) {
     if (w > 0)
       c->d->obs.bytes_out += (size_t)w;
     if (w >= 0 && (size_t)w == wr->len) {
-      dspkd_wreq_free(wr);
+      wreq_free(wr);
       return;
     }
     if (w < 0 && w != UV_EAGAIN) {
-      dspkd_wreq_free(wr);
-      dspkd_conn_close(c, "write failed");
+      wreq_free(wr);
+      conn_close(c, "write failed");
       return;
     }
     if (w > 0)
@@ -150,27 +150,27 @@ void dspkd_conn_send(struct conn *c, struct wreq *wr) {
   err = uv_write(&wr->req, (uv_stream_t *)&c->pipe, wr->bufs, (unsigned)n,
                  on_write);
   if (err < 0) {
-    dspkd_wreq_free(wr);
-    dspkd_conn_close(c, "write failed");
+    wreq_free(wr);
+    conn_close(c, "write failed");
     return;
   }
   c->unsent += wr->len;
-  dspkd_conn_ref(c);
-  dspkd_conn_update_read(c);
+  conn_ref(c);
+  conn_update_read(c);
 }
 
-void dspkd_conn_send_error(struct conn *c, uint32_t msgid, int code, const char *msg) {
+void conn_send_error(struct conn *c, uint32_t msgid, int code, const char *msg) {
   struct wreq *wr;
   if (c->closing)
     return;
-  wr = dspkd_wreq_new();
+  wr = wreq_new();
   if (!wr) {
-    dspkd_conn_close(c, "out of memory");
+    conn_close(c, "out of memory");
     return;
   }
   dspk__pack_error_response(&wr->w.pk, msgid, code,
                             msg && *msg ? msg : dspk__strerror(code));
-  dspkd_conn_send(c, wr);
+  conn_send(c, wr);
 }
 
 /* Sends [2, "protocol.error", [error]] as far as the socket takes it now,
@@ -184,20 +184,20 @@ static void conn_protocol_error(struct conn *c, int code, const char *msg) {
              (unsigned long long)c->id, (long)c->pid, dspk__err_name(code), msg);
   if (c->closing)
     return;
-  wr = dspkd_wreq_new();
+  wr = wreq_new();
   if (wr) {
     dspk__pack_notify_head(&wr->w.pk, "protocol.error");
     dspk__pack_error(&wr->w.pk, code, msg);
     if (c->unsent == 0 && wreq_bufs(wr, &n) == 0)
       (void)uv_try_write((uv_stream_t *)&c->pipe, wr->bufs, (unsigned)n);
-    dspkd_wreq_free(wr);
+    wreq_free(wr);
   }
-  dspkd_conn_close(c, msg);
+  conn_close(c, msg);
 }
 
 /* ---- connection lifetime ---------------------------------------------- */
 
-void dspkd_chunk_unref(struct rchunk *k) {
+void chunk_unref(struct rchunk *k) {
   if (k && --k->refs == 0)
     free(k);
 }
@@ -213,9 +213,9 @@ static void rb_count(struct conn *c) {
   c->rbytes = cap;
 }
 
-void dspkd_conn_ref(struct conn *c) { c->refs++; }
+void conn_ref(struct conn *c) { c->refs++; }
 
-void dspkd_conn_unref(struct conn *c) {
+void conn_unref(struct conn *c) {
   struct dspkd *d = c->d;
   if (--c->refs > 0)
     return;
@@ -227,7 +227,7 @@ void dspkd_conn_unref(struct conn *c) {
     c->next->prev = c->prev;
   d->nconns--;
   dspkd_debug("client %llu: gone", (unsigned long long)c->id);
-  dspkd_chunk_unref(c->rb);
+  chunk_unref(c->rb);
   c->rb = NULL;
   rb_count(c);
   dspkd_user_put(d, c->user);
@@ -239,9 +239,9 @@ void dspkd_conn_unref(struct conn *c) {
   dspkd_stop_progress(d);
 }
 
-static void on_conn_close(uv_handle_t *h) { dspkd_conn_unref(h->data); }
+static void on_conn_close(uv_handle_t *h) { conn_unref(h->data); }
 
-void dspkd_conn_close(struct conn *c, const char *why) {
+void conn_close(struct conn *c, const char *why) {
   struct dspkd *d = c->d;
 
   if (c->closing)
@@ -258,7 +258,7 @@ void dspkd_conn_close(struct conn *c, const char *why) {
   dspkd_sched_cancel_all(d, c);
   for (size_t i = 0; i < c->nbufs; i++) {
     dspkd_quota_buf(c, c->bufs[i], -1);
-    dspkd_dbuf_unref(d, c->bufs[i]);
+    dbuf_unref(d, c->bufs[i]);
   }
   c->nbufs = 0;
   c->buf_bytes = 0;
@@ -336,7 +336,7 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
       nk->end = pending;
       if (pending)
         memcpy(nk->data, k->data + k->start, pending);
-      dspkd_chunk_unref(k);
+      chunk_unref(k);
     }
     nk->cap = cap;
     c->rb = k = nk;
@@ -370,7 +370,7 @@ static void conn_frame(struct conn *c, struct rchunk *k, const char *p, size_t n
     if (has_msgid && root.type == MSGPACK_OBJECT_ARRAY &&
         root.via.array.ptr[0].type == MSGPACK_OBJECT_POSITIVE_INTEGER &&
         root.via.array.ptr[0].via.u64 == DSPK__REQUEST)
-      dspkd_conn_send_error(c, msgid, err, msg);
+      conn_send_error(c, msgid, err, msg);
     else
       conn_protocol_error(c, err, msg);
     goto out;
@@ -394,7 +394,7 @@ static void conn_frame(struct conn *c, struct rchunk *k, const char *p, size_t n
     if (err < 0) {
       dspkd_debug("client %llu: %.*s #%u: %s: %s", (unsigned long long)c->id,
                   (int)m.method_len, m.method, m.msgid, dspk__err_name(err), r.msg);
-      dspkd_conn_send_error(c, m.msgid, err, r.msg);
+      conn_send_error(c, m.msgid, err, r.msg);
     }
   }
 out:
@@ -410,7 +410,7 @@ static void conn_process(struct conn *c) {
   if (c->in_process)
     return;
   c->in_process = true;
-  dspkd_conn_ref(c);
+  conn_ref(c);
   c->held = false;
   for (;;) {
     struct rchunk *k = c->rb;
@@ -435,10 +435,10 @@ static void conn_process(struct conn *c) {
     k->start += (size_t)n;
     k->refs++; /* the frame's bytes stay put while the request is decoded */
     conn_frame(c, k, p, (size_t)n);
-    dspkd_chunk_unref(k);
+    chunk_unref(k);
   }
   c->in_process = false;
-  dspkd_conn_unref(c);
+  conn_unref(c);
 }
 
 static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
@@ -456,28 +456,28 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
     if (n != UV_EOF)
       dspkd_debug("client %llu: read: %s", (unsigned long long)c->id,
                   uv_strerror((int)n));
-    dspkd_conn_close(c, n == UV_EOF ? "end of stream" : uv_strerror((int)n));
+    conn_close(c, n == UV_EOF ? "end of stream" : uv_strerror((int)n));
     return;
   }
   if (n == 0)
     return;
   c->rb->end += (size_t)n;
   c->d->obs.bytes_in += (size_t)n;
-  dspkd_conn_ref(c);
+  conn_ref(c);
   conn_process(c);
-  dspkd_conn_update_read(c);
-  dspkd_conn_unref(c);
+  conn_update_read(c);
+  conn_unref(c);
 }
 
-void dspkd_conn_update_read(struct conn *c) {
+void conn_update_read(struct conn *c) {
   bool want;
 
   if (c->closing)
     return;
   if (c->held && !c->in_process && may_read(c)) {
-    dspkd_conn_ref(c);
+    conn_ref(c);
     conn_process(c);
-    dspkd_conn_unref(c);
+    conn_unref(c);
     if (c->closing)
       return;
   }
@@ -597,7 +597,7 @@ static void on_connection(uv_stream_t *server, int status) {
     conn_protocol_error(c, DSPK_ELIMIT, msg);
     return;
   }
-  dspkd_conn_update_read(c);
+  conn_update_read(c);
 }
 
 static int socket_is_live(const char *path) {
@@ -717,7 +717,7 @@ void dspkd_listen_stop(struct dspkd *d) {
  * started (held back by the in-flight or unsent bounds) with ESHUTDOWN, so
  * no request the daemon took in goes unanswered.  Bytes still in the
  * kernel's socket buffer were never taken in; the close tells of those. */
-void dspkd_conn_refuse_buffered(struct conn *c) {
+void conn_refuse_buffered(struct conn *c) {
   const struct dspk__limits *lim = &c->d->cfg.lim;
   struct rchunk *k = c->rb;
   char msg[256];
@@ -737,7 +737,7 @@ void dspkd_conn_refuse_buffered(struct conn *c) {
             MSGPACK_UNPACK_SUCCESS &&
         dspk__msg_parse(&root, &m, &msgid, &has_msgid, msg, sizeof msg) == 0 &&
         m.type == DSPK__REQUEST)
-      dspkd_conn_send_error(c, m.msgid, DSPK_ESHUTDOWN, "the daemon is stopping");
+      conn_send_error(c, m.msgid, DSPK_ESHUTDOWN, "the daemon is stopping");
     msgpack_zone_clear(&c->d->zone);
     k->start += (size_t)n;
   }

@@ -494,7 +494,7 @@ int dspkd_m_metrics(struct req *r) {
   int err = dspkd_metrics_render(r->c->d, &text, &len);
   if (err < 0)
     return err;
-  if (!(wr = dspkd_wreq_new())) {
+  if (!(wr = wreq_new())) {
     free(text);
     return DSPK_ENOMEM;
   }
@@ -502,7 +502,7 @@ int dspkd_m_metrics(struct req *r) {
   msgpack_pack_str(&wr->w.pk, len);
   msgpack_pack_str_body(&wr->w.pk, text, len);
   free(text);
-  dspkd_conn_send(r->c, wr);
+  conn_send(r->c, wr);
   return 0;
 }
 
