@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "daemon/dspkd.h"
+#include "daemon/sched.h"
 #include "daemon/log.h"
 
 static ssize_t find_index(const struct conn *c, uint64_t id) {
@@ -80,7 +81,7 @@ void dbuf_unref(struct dspkd *d, struct dbuf *b) {
   j = b->free_job;
   b->free_job = NULL;
   if (!j)
-    j = job_new(NULL, JOB_BUF_FREE, 0, b->dev);
+    j = dspkd_job_new(NULL, JOB_BUF_FREE, 0, b->dev);
   if (!j) {
     /* Without a job the memory cannot reach its runner: it is leaked (the
      * backend's close still releases it), never freed from this thread. */
@@ -90,5 +91,5 @@ void dbuf_unref(struct dspkd *d, struct dbuf *b) {
   }
   (void)d;
   j->buf = b;
-  job_submit(j);
+  dspkd_sched_submit(j);
 }

@@ -75,6 +75,8 @@ static const struct key keys[] = {
     {"limits", "max_job_memory", K_SHARE, F(max_job_memory), 1, (uint64_t)1 << 50, true},
     {"policy", "job_required", K_BOOL, F(job_required), 0, 0, true},
     {"daemon", "idle_trim", K_MS, F(idle_trim_ms), 0, (uint64_t)1 << 40, true},
+    {"daemon", "device_inflight", K_UINT, F(device_inflight), 1, DSPKD_MAX_DEVICE_INFLIGHT,
+     false},
 };
 #define NKEYS (sizeof keys / sizeof keys[0])
 _Static_assert(NKEYS <= 60, "the key masks are 64-bit");
@@ -110,6 +112,7 @@ void dspkd_config_defaults(struct dspkd_config *cfg) {
   cfg->max_job_memory = DSPKD_SHARE(100);
   cfg->shutdown_timeout_ms = 10000;
   cfg->idle_trim_ms = 5000;
+  cfg->device_inflight = 4;
   cfg->log_level = DSPKD_INFO;
 }
 

@@ -3,7 +3,7 @@
  * (with the peer's SO_PEERCRED), reading into a per-connection buffer,
  * validating each frame with dspk__frame_scan() before msgpack-c decodes it
  * in place, dispatching requests, writing responses, backpressure, and the
- * orderly stop of the whole daemon.
+ * connections' part of the stop (the sequence is daemon/lifecycle.c's).
  *
  * A connection lives until its socket is closed and its last in-flight job
  * and write are done (a refcount on the loop thread).  Reading stops while a
@@ -24,6 +24,7 @@
 
 #include "daemon/admin.h"
 #include "daemon/dspkd.h"
+#include "daemon/sched.h"
 #include "daemon/log.h"
 #include "daemon/notify.h"
 
@@ -253,9 +254,9 @@ static void on_trim(uv_timer_t *t) {
   for (int i = 0; i < d->ndevs; i++) {
     struct device *dev = &d->devs[i];
     struct job *j;
-    if (dev->open_state != 1 || !(j = job_new(NULL, JOB_TRIM, 0, dev)))
+    if (dev->open_state != 1 || !(j = dspkd_job_new(NULL, JOB_TRIM, 0, dev)))
       continue;
-    job_submit(j);
+    dspkd_sched_submit(j);
   }
   malloc_trim(0);
   dspkd_debug("idle: no clients for %llu ms: cached memory given back",
@@ -295,7 +296,7 @@ void conn_unref(struct conn *c) {
   dspkd_user_put(d, c->user);
   dspkd_job_conn_gone(c);
   free(c->bufs);
-  free(c->q);
+  dspkd_sched_conn_free(c->q);
   free(c->mem);
   free(c);
   dspkd_stop_progress(d);
@@ -315,11 +316,10 @@ void conn_close(struct conn *c, const char *why) {
   c->reading = false;
   /* Queued jobs are dropped unanswered, running ones asked to stop; each
    * still holds a reference and frees its resources when it comes back. */
-  dspkd_drop_queued(d, c, 0);
+  dspkd_sched_drop(d, c, 0);
   dspkd_trace_conn_closed(c); /* its traces stop recording */
   dspkd_shm_conn_closed(c);   /* fds no buffer.import claimed */
-  for (struct job *j = c->jobs; j; j = j->cnext)
-    atomic_store(&j->cancel, 1);
+  dspkd_sched_cancel_all(d, c);
   for (size_t i = 0; i < c->nbufs; i++) {
     dspkd_quota_buf(c, c->bufs[i], -1);
     dbuf_unref(d, c->bufs[i]);
@@ -626,7 +626,7 @@ static void on_connection(uv_stream_t *server, int status) {
     return;
   }
   c = calloc(1, sizeof(*c));
-  if (!c || !(c->q = calloc(d->ndevs ? (size_t)d->ndevs : 1, sizeof(*c->q)))) {
+  if (!c || !(c->q = dspkd_sched_conn_new(d))) {
     uv_pipe_t *tmp = malloc(sizeof(*tmp));
     uv_close_cb done = on_reject_close;
     free(c);
@@ -805,48 +805,23 @@ int dspkd_listen(struct dspkd *d) {
   return 0;
 }
 
-/* ---- stopping --------------------------------------------------------- */
+/* ---- stopping (the sequence is daemon/lifecycle.c's) ------------------- */
 
-/* The grace timer fires twice: at the deadline it cancels what still runs
- * (each client then gets ECANCELED before its connection closes); if
- * connections remain GRACE_FLUSH_MS later (a task that ignores its cancel
- * flag, a client that stopped reading its answers) it closes them. */
-#define GRACE_FLUSH_MS 2000
-
-static void on_grace(uv_timer_t *t) {
-  struct dspkd *d = t->data;
-  if (!d->grace_expired) {
-    d->grace_expired = true;
-    dspkd_warn("tasks still running at the stop deadline: canceling them");
-    for (struct conn *c = d->conns; c; c = c->next)
-      for (struct job *j = c->jobs; j; j = j->cnext)
-        atomic_store(&j->cancel, 1);
-    uv_timer_start(&d->grace_timer, on_grace, GRACE_FLUSH_MS, 0);
+void dspkd_listen_stop(struct dspkd *d) {
+  if (!d->listening)
     return;
-  }
-  dspkd_warn("connections still open %d ms after the deadline: closing them",
-             GRACE_FLUSH_MS);
-  for (struct conn *c = d->conns, *next; c; c = next) {
-    next = c->next;
-    conn_ref(c);
-    /* Every request gets its answer: a task still running now (its work
-     * did not look at the cancel flag) is answered ECANCELED here, and its
-     * own result, when it comes, is dropped with the connection. */
-    for (struct job *j = c->jobs; j; j = j->cnext) {
-      atomic_store(&j->cancel, 1);
-      conn_send_error(c, j->msgid, DSPK_ECANCELED,
-                      "the daemon is stopping: the request was canceled");
-    }
-    conn_close(c, "daemon stopping");
-    conn_unref(c);
-  }
+  uv_close((uv_handle_t *)&d->listener, NULL);
+  d->listening = false;
+  /* An activated socket's file belongs to systemd (RemoveOnStop=). */
+  if (!d->activated && unlink(d->cfg.socket_path) != 0 && errno != ENOENT)
+    dspkd_warn("cannot remove %s: %s", d->cfg.socket_path, strerror(errno));
 }
 
 /* At the stop: answers each complete request already read but not yet
  * started (held back by the in-flight or unsent bounds) with ESHUTDOWN, so
  * no request the daemon took in goes unanswered.  Bytes still in the
  * kernel's socket buffer were never taken in; the close tells of those. */
-static void conn_refuse_buffered(struct conn *c) {
+void conn_refuse_buffered(struct conn *c) {
   const struct dspk__limits *lim = &c->d->cfg.lim;
   struct rchunk *k = c->rb;
   char msg[256];
@@ -872,61 +847,10 @@ static void conn_refuse_buffered(struct conn *c) {
   }
 }
 
-void dspkd_stop(struct dspkd *d) {
-  if (d->stopping)
-    return;
-  d->stopping = true;
-  dspkd_info("stopping");
-  dspkd_notify_stopping(d);
-  if (d->listening) {
-    uv_close((uv_handle_t *)&d->listener, NULL);
-    d->listening = false;
-    /* An activated socket's file belongs to systemd (RemoveOnStop=). */
-    if (!d->activated && unlink(d->cfg.socket_path) != 0 && errno != ENOENT)
-      dspkd_warn("cannot remove %s: %s", d->cfg.socket_path, strerror(errno));
-  }
-  for (struct conn *c = d->conns; c; c = c->next) {
-    conn_refuse_buffered(c);
-    conn_update_read(c);
-  }
-  dspkd_drop_queued(d, NULL, DSPK_ESHUTDOWN);
-  dspkd_trace_stop_all(d); /* answered now, before the connections close */
-  uv_timer_start(&d->grace_timer, on_grace, d->cfg.shutdown_timeout_ms, 0);
-  dspkd_stop_progress(d);
-}
-
-void dspkd_stop_now(struct dspkd *d) {
-  if (!d->stopping || d->grace_expired || d->handles_closed)
-    return;
-  uv_timer_start(&d->grace_timer, on_grace, 0, 0);
-}
-
-void dspkd_stop_progress(struct dspkd *d) {
-  if (!d->stopping)
-    return;
-  for (struct conn *c = d->conns, *next; c; c = next) {
-    next = c->next;
-    if (c->closing || c->jobs)
-      continue;
-    if (c->unsent == 0) {
-      conn_close(c, "daemon stopping");
-    } else if (!c->close_after_flush) {
-      c->close_after_flush = true;
-      conn_update_read(c);
-    }
-  }
-  if (d->nconns == 0 && !d->runners_stopped) {
-    d->runners_stopped = true;
-    dspkd_devices_stop(d);
-  }
-  if (d->runners_stopped && !d->handles_closed && dspkd_devices_join(d, false)) {
-    d->handles_closed = true;
-    free(spare_chunk);
-    spare_chunk = NULL;
-    uv_close((uv_handle_t *)&d->done_async, NULL);
-    uv_close((uv_handle_t *)&d->grace_timer, NULL);
-    uv_close((uv_handle_t *)&d->trim_timer, NULL);
-    uv_close((uv_handle_t *)&d->sigterm, NULL);
-    uv_close((uv_handle_t *)&d->sigint, NULL);
-  }
+/* The last step of the stop sequence (daemon/lifecycle.c): the transport's
+ * own handles and memory. */
+void dspkd_conn_handles_close(struct dspkd *d) {
+  free(spare_chunk);
+  spare_chunk = NULL;
+  uv_close((uv_handle_t *)&d->trim_timer, NULL);
 }

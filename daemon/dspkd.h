@@ -37,6 +37,8 @@
 
 #define DSPKD_MAX_DEVICES 64
 #define DSPKD_MAX_UNAVAILABLE 16
+/* Upper bound of the configuration's device_inflight. */
+#define DSPKD_MAX_DEVICE_INFLIGHT 64
 
 /* A list of user or group ids from the configuration's access policy. */
 #define DSPKD_MAX_IDS 32
@@ -74,6 +76,7 @@ struct dspkd_config {
   uint64_t max_job_memory;  /* bytes per device of one Slurm job (daemon/jobs.c) */
   uint64_t shutdown_timeout_ms; /* grace for running tasks at stop */
   uint64_t idle_trim_ms;    /* after the last client left: give cached memory back */
+  unsigned device_inflight; /* jobs a runner enqueues on its device ahead of their answers */
   const char *metrics_listen; /* "ADDR:PORT" of the HTTP metrics listener, or NULL */
   /* daemon/config.c: the configuration file's extra settings. */
   int log_level;            /* enum dspkd_level */
@@ -131,13 +134,8 @@ struct dbuf {
   int share_fd;          /* buffer.share: the memfd until its answer takes it */
 };
 
-/* One connection's FIFO of jobs for one device, linked into the device's
- * round-robin ring while it holds jobs.  Guarded by the device's mutex. */
-struct cqueue {
-  struct job *head, *tail;
-  struct cqueue *next; /* in the ring */
-  bool in_ring;
-};
+/* One connection's FIFO of jobs for one device (daemon/sched.c). */
+struct cqueue;
 
 /* JOB_TRIM: internal, gives the device's cached memory back (idle trim). */
 enum job_kind { JOB_TASK, JOB_BUF_CREATE, JOB_BUF_WRITE, JOB_BUF_READ, JOB_BUF_FREE,
@@ -175,7 +173,7 @@ struct job {
   char *errmsg;              /* task: the failure's message (malloc'd), or NULL */
   uint64_t progress_ms;      /* runner: when task.progress was last sent */
   bool any;                  /* task.run chose "any": may move to cpu on ENOTSUP */
-  /* daemon/quota.c: what job_submit charged to its connection and user,
+  /* daemon/quota.c: what dspkd_sched_submit charged to its connection and user,
    * given back when the job leaves the connection's in-flight list. */
   size_t resv_answer;        /* bytes its answer may take (max_unsent) */
   uint64_t resv_mem;         /* device memory it may take on resv_dev */
@@ -183,6 +181,11 @@ struct job {
   struct djob *resv_job;     /* the Slurm job charged with resv_mem, or NULL */
   uint64_t slurm_job;        /* its connection's Slurm job id (traces), 0: none */
   struct job_times t;        /* daemon/observe.h */
+  /* runner: the fence recorded after its work was enqueued (NULL: none,
+   * its work is done once the jobs before it are), and its place in the
+   * device's in-flight list */
+  struct dspk__fence *fence;
+  struct job *inext;
 };
 
 /* A notification a runner encoded for a job's client (task.progress).  It
@@ -207,14 +210,24 @@ struct device {
 
   pthread_mutex_t mu;
   pthread_cond_t cv;
-  /* Guarded by mu. */
+  /* The scheduler's (daemon/sched.c), guarded by mu: the ring of queues
+   * with jobs, the queue of internal jobs, and the request to stop. */
   struct cqueue *ring_head, *ring_tail;
-  struct cqueue sysq;  /* internal jobs: buffer frees */
+  struct cqueue *sysq; /* internal jobs: buffer frees */
   bool stop;           /* exit once the ring is empty */
+  /* Guarded by mu. */
   int open_state;      /* 0: opening, 1: open, < 0: open failed */
   char open_err[256];
   bool exited;
-  bool busy;           /* the runner is executing a job (any kind) */
+  bool busy;           /* a job runs or is in flight on the device (sched.c) */
+  /* The scheduler's, runner only: jobs taken whose work may still run on
+   * the device, oldest first, answered in that order as their fences
+   * complete (at most `depth`, the configuration's device_inflight); and
+   * when the last of them finished. */
+  struct job *ifl_head, *ifl_tail;
+  unsigned nifl, depth;
+  uint64_t last_done_ns;
+  /* Guarded by mu. */
   uint64_t queued, running, completed, failed;
   struct dspk__devstats stats;
   struct dev_obs obs;  /* daemon/observe.h */
@@ -363,6 +376,17 @@ void conn_unref(struct conn *c);
 /* Re-evaluates whether the connection may read (limits, backpressure). */
 void conn_update_read(struct conn *c);
 void chunk_unref(struct rchunk *k);
+/* At the stop: closes the listener and removes the socket's file (unless
+ * systemd owns it). */
+void dspkd_listen_stop(struct dspkd *d);
+/* Frees the transport's spare read buffer and closes its idle-trim timer
+ * (the stop sequence's last step). */
+void dspkd_conn_handles_close(struct dspkd *d);
+/* At the stop: answers each complete request already read but not yet
+ * started with ESHUTDOWN. */
+void conn_refuse_buffered(struct conn *c);
+
+/* daemon/lifecycle.c: the stop sequence. */
 /* Starts the orderly stop: no more accepting or reading, queued jobs fail
  * with ESHUTDOWN, connections close once idle, then runners stop. */
 void dspkd_stop(struct dspkd *d);
@@ -408,10 +432,6 @@ int dspkd_shm_sync(struct device *dev, struct dbuf *b, uint64_t off, size_t n,
 /* Probes every backend (filtered by cfg.backends), starts one runner per
  * device and waits until each opened its device.  0 or a negative code. */
 int dspkd_devices_start(struct dspkd *d);
-/* Asks every runner to exit once its queue is empty. */
-void dspkd_devices_stop(struct dspkd *d);
-/* Joins runners that have exited; returns 1 when all are joined. */
-int dspkd_devices_join(struct dspkd *d, bool wait);
 void dspkd_backends_shutdown(struct dspkd *d);
 struct device *dspkd_device_find(struct dspkd *d, const char *id, size_t len);
 /* Picks the device for "any": least-loaded hardware device (each GPU through
@@ -419,27 +439,6 @@ struct device *dspkd_device_find(struct dspkd *d, const char *id, size_t len);
 struct device *dspkd_device_any(struct dspkd *d);
 /* The first open cpu device, or NULL. */
 struct device *dspkd_device_cpu(struct dspkd *d);
-struct job *job_new(struct conn *c, enum job_kind kind, uint32_t msgid,
-                    struct device *dev);
-/* Adds a job to the connection's FIFO for the device (takes ownership). */
-void job_submit(struct job *j);
-/* Frees a job the loop owns: drops its buffers, chunk and connection. */
-void job_free(struct dspkd *d, struct job *j);
-/* Loop thread: the async callback that collects finished jobs. */
-void dspkd_done_cb(uv_async_t *h);
-/* Loop thread: removes every queued job of the connection (or of everyone
- * when c is NULL) and answers each with code (or drops it when code is 0). */
-void dspkd_drop_queued(struct dspkd *d, struct conn *c, int code);
-/* Loop thread: cancels the connection's request msgid: 1 when it was queued
- * or running, 0 when unknown. */
-int dspkd_cancel(struct conn *c, uint32_t msgid);
-/* A snapshot of a device's counters (takes its mutex). */
-void dspkd_device_counters(struct device *dev, uint64_t *queued, uint64_t *running,
-                           uint64_t *completed, uint64_t *failed,
-                           struct dspk__devstats *stats);
-
-/* Runner thread: hands a notification for the job's client to the loop. */
-void dspkd_post_note(struct dspkd *d, struct job *j, struct wreq *wr);
 
 /* daemon/quota.c: the quotas of docs/protocol.md ("Quotas"). */
 /* Finds or makes the user's counters and counts one more connection of it;
@@ -451,9 +450,9 @@ void dspkd_user_put(struct dspkd *d, struct duser *u);
  * or gives it back (-1). */
 void dspkd_quota_buf(struct conn *c, struct dbuf *b, int sign);
 /* Checks a new job against the memory quotas of its connection and user:
- * 0, or DSPK_ELIMIT with msg set.  job_submit charges it. */
+ * 0, or DSPK_ELIMIT with msg set.  dspkd_sched_submit charges it. */
 int dspkd_quota_check(const struct job *j, char *msg, size_t len);
-/* Charges (job_submit) or gives back (when it leaves the in-flight list)
+/* Charges (dspkd_sched_submit) or gives back (when it leaves the in-flight list)
  * what the job may take: its answer's bytes and its device memory. */
 void dspkd_quota_charge(struct job *j);
 void dspkd_quota_release(struct job *j);
@@ -489,8 +488,13 @@ void dspkd_jobs_free(struct dspkd *d);
  * dashes dropped).  0, or -1 when it has no hex digit or is too long. */
 int dspkd_uuid_norm(const char *in, size_t len, char out[DSPKD_UUID_LEN]);
 
-/* daemon/task.c: runner side of each job kind; encodes j->resp. */
+/* daemon/task.c: runner side of each job kind; encodes j->resp.  The
+ * job's work may still run on the device when it returns. */
 void job_execute(struct device *dev, struct job *j);
+/* Runner: the job's work finished on the device.  err < 0: the device
+ * reported that error for it (the answer becomes that error); else a task's
+ * answer gets time_us = ns (rounded up to microseconds). */
+void job_finish(struct device *dev, struct job *j, int err, uint64_t ns);
 
 /* daemon/methods.c */
 struct req {

@@ -76,7 +76,7 @@ static void job_unlink(struct dspkd *d, struct djob *j) {
 }
 
 /* Answers a job.end whose connections are all gone and frees the job. */
-static void job_finish(struct dspkd *d, struct djob *j) {
+static void djob_finish(struct dspkd *d, struct djob *j) {
   if (j->end_conn) {
     struct wreq *wr = wreq_new();
     if (wr) {
@@ -250,7 +250,7 @@ void dspkd_job_conn_gone(struct conn *c) {
   c->job = NULL;
   if (!j || --j->nconns > 0 || !j->ended)
     return;
-  job_finish(c->d, j);
+  djob_finish(c->d, j);
 }
 
 /* ---- job.register, job.end ----------------------------------------------- */
@@ -374,7 +374,7 @@ int dspkd_m_job_end(struct req *r) {
   j->end_conn = r->c;
   j->end_msgid = r->msgid;
   if (!j->nconns)
-    job_finish(d, j);
+    djob_finish(d, j);
   return 0;
 }
 

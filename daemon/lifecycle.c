@@ -5,6 +5,7 @@
  * stop (dspkd_stop() is idempotent, whoever runs first), the second makes it
  * fast.  SIGHUP reloads the configuration, or, under the test hook
  * DSPKD_TEST_EXIT (daemon/teardown.h), takes the exit path under test.
+ * The stop sequence itself is here too (dspkd_stop and what follows it).
  */
 #include <signal.h>
 #include <stdio.h>
@@ -15,6 +16,7 @@
 #include "daemon/lifecycle.h"
 #include "daemon/log.h"
 #include "daemon/notify.h"
+#include "daemon/sched.h"
 #include "daemon/teardown.h"
 
 static struct {
@@ -111,4 +113,98 @@ void dspkd_lifecycle_close(struct dspkd *d) {
   uv_close((uv_handle_t *)&s.hup, NULL);
   dspkd_notify_close(d);
   uv_run(d->loop, UV_RUN_DEFAULT);
+}
+
+/* ---- the stop sequence ------------------------------------------------- */
+
+/* The orderly stop, in one place: stop accepting (conn.c closes the
+ * listener and removes the socket), refuse what was read but not started,
+ * have the scheduler answer every queued job ESHUTDOWN, let running jobs
+ * finish within the grace period (then cancel them; close what is still
+ * open GRACE_FLUSH_MS later), close each connection once it is owed
+ * nothing, then have the scheduler stop and join the runners, and close the
+ * loop's handles. */
+
+/* The grace timer fires twice: at the deadline it cancels what still runs
+ * (each client then gets ECANCELED before its connection closes); if
+ * connections remain GRACE_FLUSH_MS later (a task that ignores its cancel
+ * flag, a client that stopped reading its answers) it closes them. */
+#define GRACE_FLUSH_MS 2000
+
+static void on_grace(uv_timer_t *t) {
+  struct dspkd *d = t->data;
+  if (!d->grace_expired) {
+    d->grace_expired = true;
+    dspkd_warn("tasks still running at the stop deadline: canceling them");
+    dspkd_sched_cancel_all(d, NULL);
+    uv_timer_start(&d->grace_timer, on_grace, GRACE_FLUSH_MS, 0);
+    return;
+  }
+  dspkd_warn("connections still open %d ms after the deadline: closing them",
+             GRACE_FLUSH_MS);
+  for (struct conn *c = d->conns, *next; c; c = next) {
+    next = c->next;
+    conn_ref(c);
+    /* Every request gets its answer: a task still running now (its work
+     * did not look at the cancel flag) is answered ECANCELED here, and its
+     * own result, when it comes, is dropped with the connection. */
+    for (struct job *j = c->jobs; j; j = j->cnext) {
+      atomic_store(&j->cancel, 1);
+      conn_send_error(c, j->msgid, DSPK_ECANCELED,
+                      "the daemon is stopping: the request was canceled");
+    }
+    conn_close(c, "daemon stopping");
+    conn_unref(c);
+  }
+}
+
+void dspkd_stop(struct dspkd *d) {
+  if (d->stopping)
+    return;
+  d->stopping = true;
+  dspkd_info("stopping");
+  dspkd_notify_stopping(d);
+  dspkd_listen_stop(d);
+  for (struct conn *c = d->conns; c; c = c->next) {
+    conn_refuse_buffered(c);
+    conn_update_read(c);
+  }
+  dspkd_sched_drop(d, NULL, DSPK_ESHUTDOWN);
+  dspkd_trace_stop_all(d); /* answered now, before the connections close */
+  uv_timer_start(&d->grace_timer, on_grace, d->cfg.shutdown_timeout_ms, 0);
+  dspkd_stop_progress(d);
+}
+
+void dspkd_stop_now(struct dspkd *d) {
+  if (!d->stopping || d->grace_expired || d->handles_closed)
+    return;
+  uv_timer_start(&d->grace_timer, on_grace, 0, 0);
+}
+
+void dspkd_stop_progress(struct dspkd *d) {
+  if (!d->stopping)
+    return;
+  for (struct conn *c = d->conns, *next; c; c = next) {
+    next = c->next;
+    if (c->closing || c->jobs)
+      continue;
+    if (c->unsent == 0) {
+      conn_close(c, "daemon stopping");
+    } else if (!c->close_after_flush) {
+      c->close_after_flush = true;
+      conn_update_read(c);
+    }
+  }
+  if (d->nconns == 0 && !d->runners_stopped) {
+    d->runners_stopped = true;
+    dspkd_sched_stop(d);
+  }
+  if (d->runners_stopped && !d->handles_closed && dspkd_sched_join(d, false)) {
+    d->handles_closed = true;
+    dspkd_conn_handles_close(d);
+    uv_close((uv_handle_t *)&d->done_async, NULL);
+    uv_close((uv_handle_t *)&d->grace_timer, NULL);
+    uv_close((uv_handle_t *)&d->sigterm, NULL);
+    uv_close((uv_handle_t *)&d->sigint, NULL);
+  }
 }

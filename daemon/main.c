@@ -25,6 +25,7 @@
 #include "daemon/activation.h"
 #include "daemon/config.h"
 #include "daemon/dspkd.h"
+#include "daemon/sched.h"
 #include "daemon/lifecycle.h"
 #include "daemon/log.h"
 #include "daemon/teardown.h"
@@ -78,6 +79,8 @@ static void usage(FILE *f) {
           "                       back after this long (default 5000)\n"
           "  --metrics-listen ADDR:PORT  serve Prometheus metrics over HTTP at\n"
           "                       http://ADDR:PORT/metrics (default: off)\n"
+          "  --device-inflight N  tasks a device has enqueued ahead of their answers\n"
+          "                       (default 4, at most 64)\n"
           "  -h, --help           show this help\n"
           "  -V, --version        show the version\n"
           "\n"
@@ -94,7 +97,8 @@ enum {
   OPT_MAX_INFLIGHT, OPT_MAX_UNSENT, OPT_MAX_BUFFERS, OPT_MAX_CLIENTS, OPT_SHUTDOWN_TIMEOUT,
   OPT_HELP, OPT_VERSION, OPT_CONFIG, OPT_NO_CACHE, OPT_CACHE_MAX_BYTES,
   OPT_MAX_USER_CLIENTS, OPT_MAX_USER_PARTIAL, OPT_MAX_USER_MEMORY, OPT_MAX_CONN_MEMORY,
-  OPT_METRICS_LISTEN, OPT_MAX_JOB_MEMORY, OPT_JOB_REQUIRED, OPT_IDLE_TRIM
+  OPT_METRICS_LISTEN, OPT_MAX_JOB_MEMORY, OPT_JOB_REQUIRED, OPT_IDLE_TRIM,
+  OPT_DEVICE_INFLIGHT
 };
 
 static const struct option long_opts[] = {
@@ -125,6 +129,7 @@ static const struct option long_opts[] = {
     {"idle-trim", required_argument, NULL, OPT_IDLE_TRIM},
     {"config", required_argument, NULL, OPT_CONFIG},
     {"metrics-listen", required_argument, NULL, OPT_METRICS_LISTEN},
+    {"device-inflight", required_argument, NULL, OPT_DEVICE_INFLIGHT},
     {"help", no_argument, NULL, OPT_HELP},
     {"version", no_argument, NULL, OPT_VERSION},
     {NULL, 0, NULL, 0},
@@ -428,6 +433,10 @@ int main(int argc, char **argv) {
       cfg->idle_trim_ms = v;
       break;
     case OPT_METRICS_LISTEN: cfg->metrics_listen = optarg; break;
+    case OPT_DEVICE_INFLIGHT:
+      if (parse_count("device-inflight", optarg, 1, DSPKD_MAX_DEVICE_INFLIGHT, &v)) return 2;
+      cfg->device_inflight = (unsigned)v;
+      break;
     case OPT_CONFIG: break; /* read by dspkd_config_start() */
     case 'h':
     case OPT_HELP:
@@ -487,7 +496,7 @@ int main(int argc, char **argv) {
     goto out_loop;
   }
   pthread_mutex_init(&d->done_mu, NULL);
-  uv_async_init(&loop, &d->done_async, dspkd_done_cb);
+  uv_async_init(&loop, &d->done_async, dspkd_sched_done_cb);
   d->done_async.data = d;
   uv_timer_init(&loop, &d->grace_timer);
   d->grace_timer.data = d;
@@ -521,7 +530,7 @@ int main(int argc, char **argv) {
     dspkd_error("the event loop ended unexpectedly; stopping the devices");
     d->exit_code = 1;
     d->stopping = d->runners_stopped = true;
-    dspkd_devices_stop(d);
+    dspkd_sched_stop(d);
   }
   dspkd_lifecycle_close(d);
   rc = d->exit_code;
@@ -531,7 +540,7 @@ out_devices:
   /* Start-up failed after the runners started: stop them in order. */
   d->stopping = true;
   d->runners_stopped = true;
-  dspkd_devices_stop(d);
+  dspkd_sched_stop(d);
   rc = 1;
 out_handles:
   uv_close((uv_handle_t *)&d->done_async, NULL);
@@ -540,14 +549,14 @@ out_handles:
   uv_close((uv_handle_t *)&d->sigterm, NULL);
   uv_close((uv_handle_t *)&d->sigint, NULL);
   dspkd_lifecycle_close(d);
-  dspkd_devices_join(d, true);
+  dspkd_sched_join(d, true);
   uv_run(&loop, UV_RUN_DEFAULT);
 out_done:
   if (d->obs.http) {
     dspkd_metrics_http_stop(d);
     uv_run(&loop, UV_RUN_DEFAULT); /* its handle's close */
   }
-  dspkd_devices_join(d, true);
+  dspkd_sched_join(d, true);
   dspkd_trace_free(d);
   dspkd_jobs_free(d);
   dspkd_teardown_disarm();

@@ -25,6 +25,7 @@
 
 #include "daemon/admin.h"
 #include "daemon/dspkd.h"
+#include "daemon/sched.h"
 #include "daemon/log.h"
 #include "proto/schema.h"
 
@@ -356,7 +357,7 @@ static int m_status(struct req *r) {
     uint64_t q, run, done, failed;
     if (dev->open_state != 1 || !status_dev(d, admin, myjob, decided, dev))
       continue;
-    dspkd_device_counters(dev, &q, &run, &done, &failed, &s);
+    dspkd_sched_counters(dev, &q, &run, &done, &failed, &s);
     dspkd_obs_activity(dev, &act);
     msgpack_pack_map(pk, 10);
     kv_str(pk, "id", dev->id);
@@ -435,8 +436,8 @@ static int m_buffer_create(struct req *r) {
                 c->nbufs + c->creating);
   if (!(b = calloc(1, sizeof(*b))))
     return DSPK_ENOMEM;
-  if (!(b->free_job = job_new(NULL, JOB_BUF_FREE, 0, dev)) ||
-      !(j = job_new(c, JOB_BUF_CREATE, r->msgid, dev))) {
+  if (!(b->free_job = dspkd_job_new(NULL, JOB_BUF_FREE, 0, dev)) ||
+      !(j = dspkd_job_new(c, JOB_BUF_CREATE, r->msgid, dev))) {
     free(b->free_job); /* a fresh job without a connection holds nothing */
     free(b);
     return DSPK_ENOMEM;
@@ -448,10 +449,10 @@ static int m_buffer_create(struct req *r) {
   j->buf = b;
   j->refs[j->nrefs++] = b;
   if ((err = dspkd_quota_check(j, r->msg, sizeof r->msg)) < 0) {
-    job_free(c->d, j);
+    dspkd_job_free(c->d, j);
     return err;
   }
-  job_submit(j);
+  dspkd_sched_submit(j);
   return 0;
 }
 
@@ -470,7 +471,7 @@ static int m_buffer_write(struct req *r) {
   if (off > b->size || len > b->size - off)
     return fail(r, DSPK_ERANGE, "writing %zu bytes at offset %" PRIu64
                 " overruns buffer %" PRIu64 " of %" PRIu64 " bytes", len, off, b->id, b->size);
-  if (!(j = job_new(r->c, JOB_BUF_WRITE, r->msgid, b->dev)))
+  if (!(j = dspkd_job_new(r->c, JOB_BUF_WRITE, r->msgid, b->dev)))
     return DSPK_ENOMEM;
   dbuf_ref(b);
   j->buf = b;
@@ -480,7 +481,7 @@ static int m_buffer_write(struct req *r) {
   j->data = data;
   r->chunk->refs++;
   j->chunk = r->chunk;
-  job_submit(j);
+  dspkd_sched_submit(j);
   return 0;
 }
 
@@ -505,14 +506,14 @@ static int m_buffer_read(struct req *r) {
   if (size > max)
     return fail(r, DSPK_ELIMIT, "reading %" PRIu64 " bytes at once; the reply may hold at "
                 "most %" PRIu64 " (max_message): read in pieces", size, max);
-  if (!(j = job_new(r->c, JOB_BUF_READ, r->msgid, b->dev)))
+  if (!(j = dspkd_job_new(r->c, JOB_BUF_READ, r->msgid, b->dev)))
     return DSPK_ENOMEM;
   dbuf_ref(b);
   j->buf = b;
   j->refs[j->nrefs++] = b;
   j->off = off;
   j->size = size;
-  job_submit(j);
+  dspkd_sched_submit(j);
   return 0;
 }
 
@@ -696,7 +697,7 @@ static int task_run(struct req *r, char *devname) {
                  "inputs and outputs counts in proto/schema.c");
   dspk__pval_str(&r->v[DSPK__RUN_DEVICE], devname, DSPK__DEVICE_NAME_MAX + 1);
 
-  if (!(j = job_new(c, JOB_TASK, r->msgid, NULL)))
+  if (!(j = dspkd_job_new(c, JOB_TASK, r->msgid, NULL)))
     return DSPK_ENOMEM;
   j->op.kind = kind;
   j->op.nin = (int)inputs->via.array.size;
@@ -818,10 +819,10 @@ static int task_run(struct req *r, char *devname) {
     goto fail;
   r->chunk->refs++; /* inline inputs and kernel source point into the frame */
   j->chunk = r->chunk;
-  job_submit(j);
+  dspkd_sched_submit(j);
   return 0;
 fail:
-  job_free(d, j);
+  dspkd_job_free(d, j);
   return err;
 }
 
@@ -842,7 +843,7 @@ static int m_task_cancel(struct req *r) {
 
   if (!(wr = reply(r)))
     return DSPK_ENOMEM;
-  found = dspkd_cancel(r->c, (uint32_t)id);
+  found = dspkd_sched_cancel(r->c, (uint32_t)id);
   msgpack_pack_map(&wr->w.pk, 1);
   kv_bool(&wr->w.pk, "canceled", found != 0);
   conn_send(r->c, wr);

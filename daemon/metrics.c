@@ -29,6 +29,7 @@
 #include "cache/cache.h"
 #include "daemon/dspkd.h"
 #include "daemon/log.h"
+#include "daemon/sched.h"
 
 #define NS 1000000000ull
 #define BUSY_WINDOW_S 5 /* the busy fraction covers the last 4 to 5 seconds */
@@ -91,14 +92,13 @@ static void busy_add(struct dev_obs *o, uint64_t t0, uint64_t t1) {
   }
 }
 
-void dspkd_obs_job_start(struct device *dev, struct job *j) {
-  struct dev_obs *o = &dev->obs;
-  uint64_t now = dspkd_now_ns();
-
-  j->t.start = now;
-  if (j->conn && j->t.queued && now >= j->t.queued)
-    hist_add(&o->queue, now - j->t.queued);
-  o->run_start = now;
+/* The device's "running job" is the oldest one taken and not yet finished
+ * on the device (with several enqueued ahead of their answers, the others
+ * wait behind it); run_start is when its turn began: when it was taken, or
+ * when the job before it finished, whichever is later.  So the busy
+ * intervals of successive jobs never overlap. */
+static void run_set(struct dev_obs *o, const struct job *j, uint64_t start) {
+  o->run_start = start;
   o->run_queued = j->t.queued;
   o->run_kind = (uint8_t)j->kind;
   o->run_op = (uint8_t)j->op.kind;
@@ -109,6 +109,17 @@ void dspkd_obs_job_start(struct device *dev, struct job *j) {
   o->run_q = j->q;
 }
 
+void dspkd_obs_job_start(struct device *dev, struct job *j) {
+  struct dev_obs *o = &dev->obs;
+  uint64_t now = dspkd_now_ns();
+
+  j->t.start = now;
+  if (j->conn && j->t.queued && now >= j->t.queued)
+    hist_add(&o->queue, now - j->t.queued);
+  if (!o->run_start)
+    run_set(o, j, now);
+}
+
 /* Keeps the job in the trace ring while a trace is in progress. */
 static void trace_keep(struct dev_obs *o, const struct job *j, uint64_t start, uint64_t end) {
   struct trace_rec *r;
@@ -116,37 +127,32 @@ static void trace_keep(struct dev_obs *o, const struct job *j, uint64_t start, u
     return;
   r = &o->rec[o->seq++ % DSPKD_TRACE_RING];
   memset(r, 0, sizeof *r);
-  if (j) {
-    r->t = j->t;
-    r->err = j->err;
-    r->msgid = j->msgid;
-  } else {
-    r->t.queued = o->run_queued;
-    r->msgid = o->run_msgid;
-  }
+  r->t = j->t;
+  r->err = j->err;
+  r->msgid = j->msgid;
   r->t.start = start;
   r->t.end = end;
-  r->client = o->run_client;
-  r->slurm_job = o->run_job;
-  r->kind = o->run_kind;
-  r->op = o->run_op;
+  r->client = j->conn ? j->conn->id : 0;
+  r->slurm_job = j->slurm_job;
+  r->kind = (uint8_t)j->kind;
+  r->op = (uint8_t)j->op.kind;
 }
 
-void dspkd_obs_job_end(struct device *dev, struct job *j) {
+void dspkd_obs_job_end(struct device *dev, struct job *j, uint64_t start, uint64_t now,
+                       const struct job *next) {
   struct dev_obs *o = &dev->obs;
-  uint64_t now = dspkd_now_ns(), start = o->run_start;
 
-  if (j) {
-    j->t.end = now;
-    if (j->kind == JOB_TASK && j->op.kind < DSPK_OP_COUNT) {
-      int res = j->err == 0 ? 0 : j->err == DSPK_ECANCELED ? 2 : 1;
-      o->tasks[j->op.kind][res]++;
-      hist_add(&o->run[j->op.kind], now - start);
-    }
+  j->t.end = now;
+  if (j->kind == JOB_TASK && j->op.kind < DSPK_OP_COUNT) {
+    int res = j->err == 0 ? 0 : j->err == DSPK_ECANCELED ? 2 : 1;
+    o->tasks[j->op.kind][res]++;
+    hist_add(&o->run[j->op.kind], now - j->t.start); /* as its time_us */
   }
   busy_add(o, start, now);
   trace_keep(o, j, start, now);
   o->run_start = 0;
+  if (next)
+    run_set(o, next, now);
 }
 
 /* ---- activity (status, top) ------------------------------------------- */
@@ -176,11 +182,7 @@ void dspkd_obs_activity(struct device *dev, struct dev_activity *a) {
   }
   /* Connections with queued jobs here (the ring holds one queue per
    * connection, plus the internal one), and the running job's. */
-  for (struct cqueue *q = dev->ring_head; q; q = q->next)
-    if (q != &dev->sysq)
-      a->clients++;
-  if (o->run_start && o->run_q && o->run_q != &dev->sysq && !o->run_q->in_ring)
-    a->clients++;
+  a->clients = dspkd_sched_clients_locked(dev, o->run_start ? o->run_q : NULL);
   pthread_mutex_unlock(&dev->mu);
   win = now > win_start ? now - win_start : 0;
   a->busy = win ? (double)busy / (double)win : 0;

@@ -25,6 +25,7 @@
 #endif
 
 #include "daemon/log.h"
+#include "daemon/sched.h"
 #include "daemon/notify.h"
 
 #define STATUS_MIN_MS 250          /* at most four STATUS= lines a second */
@@ -121,7 +122,7 @@ static void status_line(struct dspkd *d, char *buf, size_t len) {
     if (dev->open_state != 1 || dev->joined)
       continue;
     open++;
-    dspkd_device_counters(dev, &q, &r, &c, &f, &s);
+    dspkd_sched_counters(dev, &q, &r, &c, &f, &s);
     queued += q;
     running += r;
   }

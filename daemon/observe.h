@@ -30,7 +30,7 @@ struct conn;
 struct metrics_http;
 
 /* CLOCK_MONOTONIC times of a job's phases, in nanoseconds; 0: not reached.
- * queued is set by job_submit (loop), the rest by the runner. */
+ * queued is set by dspkd_sched_submit (loop), the rest by the runner. */
 struct job_times {
   uint64_t queued, start;
   uint64_t upload_end;  /* task: inputs copied to the device */
@@ -112,10 +112,13 @@ struct dspkd_obs {
 uint64_t dspkd_now_ns(void);
 
 /* daemon/metrics.c, runner thread with the device's mutex held: a job was
- * taken from the queue (sets j->t.start); the running job ended (j is NULL
- * for an internal job, which has freed itself by then). */
+ * taken from the queue (sets j->t.start); the oldest job taken finished on
+ * the device at `now`, its turn having begun at `start` (when it was taken
+ * or when the job before it finished, whichever is later; sets j->t.end);
+ * next is the job that is oldest now, or NULL. */
 void dspkd_obs_job_start(struct device *dev, struct job *j);
-void dspkd_obs_job_end(struct device *dev, struct job *j);
+void dspkd_obs_job_end(struct device *dev, struct job *j, uint64_t start, uint64_t now,
+                       const struct job *next);
 /* Loop thread: the device's activity now (takes its mutex). */
 void dspkd_obs_activity(struct device *dev, struct dev_activity *a);
 /* The name of a job for display: the op of a task, else its method. */

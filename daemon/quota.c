@@ -3,7 +3,7 @@
  * each connection and each user (uid) holds of the daemon.  Everything here
  * runs on the loop thread.
  *
- * - Answers: job_submit reserves the bytes a job's answer may take (the
+ * - Answers: dspkd_sched_submit reserves the bytes a job's answer may take (the
  *   data of a buffer.read, the inline results of a task) in c->reserved;
  *   the connection is not read while unsent + reserved answers exceed
  *   max_unsent, so answers of admitted requests cannot pile up beyond it

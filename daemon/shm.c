@@ -40,6 +40,7 @@
 
 #include "daemon/dspkd.h"
 #include "daemon/log.h"
+#include "daemon/sched.h"
 
 #ifndef HUGETLBFS_MAGIC
 #define HUGETLBFS_MAGIC 0x958458f6
@@ -151,8 +152,8 @@ static int shm_submit(struct req *r, struct device *dev, uint64_t size, void *ho
   (void)madvise(host, (size_t)size, MADV_HUGEPAGE);
   if (!(b = calloc(1, sizeof(*b))))
     goto nomem;
-  if (!(b->free_job = job_new(NULL, JOB_BUF_FREE, 0, dev)) ||
-      !(j = job_new(c, JOB_BUF_CREATE, r->msgid, dev))) {
+  if (!(b->free_job = dspkd_job_new(NULL, JOB_BUF_FREE, 0, dev)) ||
+      !(j = dspkd_job_new(c, JOB_BUF_CREATE, r->msgid, dev))) {
     free(b->free_job);
     free(b);
     goto nomem;
@@ -166,10 +167,10 @@ static int shm_submit(struct req *r, struct device *dev, uint64_t size, void *ho
   j->buf = b;
   j->refs[j->nrefs++] = b;
   if ((err = dspkd_quota_check(j, r->msg, sizeof r->msg)) < 0) {
-    job_free(c->d, j); /* the buffer's release unmaps and closes */
+    dspkd_job_free(c->d, j); /* the buffer's release unmaps and closes */
     return err;
   }
-  job_submit(j);
+  dspkd_sched_submit(j);
   return 0;
 nomem:
   munmap(host, (size_t)size);

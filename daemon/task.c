@@ -11,14 +11,18 @@
  * request named), the backend runs the op, inline outputs are read back into
  * host memory that the response frame then owns, and temporaries go back to
  * the backend (free is deferred release by the backend's contract).  The
- * result's time_us is this runner's wall time for the task (CLOCK_MONOTONIC,
- * from the start of exec_task to the encoding of the response): upload,
- * planning or autotuning, compute and readback; not queueing, not the socket.
+ * work may still run on the device when exec_task returns: the runner
+ * records a fence and answers once it completed (daemon/device.c), and
+ * job_finish then adds the result's time_us (CLOCK_MONOTONIC, from the
+ * start of the task's turn to the completion of its fence: upload, planning
+ * or autotuning, the device's work and readback; not queueing, not the
+ * socket), or turns the answer into the error the device reported.
  */
 #include <stdlib.h>
 #include <string.h>
 
 #include "daemon/dspkd.h"
+#include "daemon/sched.h"
 #include "daemon/log.h"
 
 static void release_host(void *p) { free(p); }
@@ -182,7 +186,7 @@ static void on_progress(void *ud, const char *what, double fraction) {
   pack_kv_str(&wr->w.pk, "what", what ? what : "");
   dspk__pack_str(&wr->w.pk, "fraction");
   msgpack_pack_double(&wr->w.pk, fraction < 0 ? 0 : fraction > 1 ? 1 : fraction);
-  dspkd_post_note(j->dev->d, j, wr);
+  dspkd_sched_post_note(j->dev->d, j, wr);
 }
 
 static void exec_task(struct device *dev, struct job *j) {
@@ -198,7 +202,6 @@ static void exec_task(struct device *dev, struct job *j) {
   struct dspk__opctx ctx = {.cancel = &j->cancel, .progress = on_progress, .progress_ud = j,
                             .errmsg = msg, .errmsg_len = sizeof msg};
   struct wreq *wr;
-  uint64_t t0 = dspkd_now_ns(), dt;
 
   if (atomic_load(&j->cancel)) {
     err = DSPK_ECANCELED;
@@ -312,10 +315,8 @@ static void exec_task(struct device *dev, struct job *j) {
     pack_tensor(wr, &res[i], res_buf[i], host[i]);
     host[i] = NULL; /* the frame owns it now */
   }
-  /* Outputs go by reference, so the time ends with the response encoded;
-   * rounded up, so a task that ran always reports at least 1. */
-  dt = dspkd_now_ns() - t0;
-  pack_kv_u64(&wr->w.pk, "time_us", (dt + 999) / 1000);
+  /* time_us, the map's third entry, is added by job_finish once the
+   * device has finished the work. */
 out:
   for (int i = 0; i < DSPK__OP_MAX_IN; i++)
     if (tmp_in[i])
@@ -327,6 +328,21 @@ out:
     free(host[i]);
   if (err < 0)
     fail(j, err, msg);
+}
+
+void job_finish(struct device *dev, struct job *j, int err, uint64_t ns) {
+  if (j->err < 0)
+    return; /* answered with the error it already had */
+  if (err < 0) {
+    char msg[160];
+    snprintf(msg, sizeof msg, "%s reported an error while running this %s: %s", dev->id,
+             j->kind == JOB_TASK ? "task" : "request", dspk__strerror(err));
+    fail(j, err, msg);
+    return;
+  }
+  /* Rounded up, so a task that ran always reports at least 1. */
+  if (j->kind == JOB_TASK && j->resp)
+    pack_kv_u64(&j->resp->w.pk, "time_us", (ns + 999) / 1000);
 }
 
 void job_execute(struct device *dev, struct job *j) {
@@ -343,13 +359,13 @@ void job_execute(struct device *dev, struct job *j) {
   case JOB_BUF_READ:
     exec_read(dev, j);
     break;
-  case JOB_BUF_FREE:
+  case JOB_BUF_FREE: /* the runner frees the job itself when it is done */
     if (j->buf->mem)
       dev->be->free(dev->bdev, j->buf->mem);
     if (j->buf->host)
       dspkd_shm_release(dev, j->buf); /* after free: unpin, unmap */
     free(j->buf);
-    free(j);
+    j->buf = NULL;
     break;
   case JOB_TRIM:
     if (dev->be->trim)
@@ -363,7 +379,6 @@ void job_execute(struct device *dev, struct job *j) {
       pthread_mutex_unlock(&dev->mu);
     }
     dspkd_debug("%s: idle: cached memory given back", dev->id);
-    free(j);
-    break;
+    break; /* the runner frees the job itself (an internal job) */
   }
 }

@@ -31,6 +31,7 @@
 #include <unistd.h>
 
 #include "daemon/log.h"
+#include "daemon/sched.h"
 #include "daemon/teardown.h"
 
 #include "cache/cache.h"
@@ -44,24 +45,6 @@ bool dspkd_test_exit_is(const char *what) {
   return e && strcmp(e, what) == 0;
 }
 
-/* Takes every client queue out of the device's ring (dev->mu held). */
-static void unlink_client_queues(struct device *dev) {
-  bool sys = false;
-  for (struct cqueue *q = dev->ring_head, *next; q; q = next) {
-    next = q->next;
-    q->next = NULL;
-    q->in_ring = false;
-    if (q == &dev->sysq) {
-      sys = true;
-      continue;
-    }
-    q->head = q->tail = NULL;
-  }
-  dev->ring_head = dev->ring_tail = sys ? &dev->sysq : NULL;
-  if (sys)
-    dev->sysq.in_ring = true;
-}
-
 static void on_exit_handler(void) {
   struct dspkd *d = armed;
   bool on_loop;
@@ -73,21 +56,7 @@ static void on_exit_handler(void) {
   on_loop = pthread_equal(pthread_self(), loop_thread);
   dspkd_warn("exit() called during operation: closing the devices before the process "
              "ends");
-  for (int i = 0; i < d->ndevs; i++) {
-    struct device *dev = &d->devs[i];
-    if (!dev->thread_started || dev->joined)
-      continue;
-    pthread_mutex_lock(&dev->mu);
-    dev->stop = true;
-    unlink_client_queues(dev);
-    if (on_loop)
-      for (struct conn *c = d->conns; c; c = c->next)
-        for (struct job *j = c->jobs; j; j = j->cnext)
-          if (j->dev == dev && j->state == JOB_RUNNING)
-            atomic_store(&j->cancel, 1);
-    pthread_cond_broadcast(&dev->cv);
-    pthread_mutex_unlock(&dev->mu);
-  }
+  dspkd_sched_abandon(d, on_loop);
   for (int i = 0; i < d->ndevs; i++) {
     struct device *dev = &d->devs[i];
     if (!dev->thread_started || dev->joined)

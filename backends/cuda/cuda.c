@@ -263,7 +263,22 @@ static int stream_sync(struct dspk__dev *dev) {
   return r == CUDA_SUCCESS ? 0 : dspk__cuda_err(dev, NULL, "cuStreamSynchronize", r);
 }
 
-/* The retirement queue's view of the same fences. */
+/* The backend table's fences: the daemon answers a task once its fence
+ * completed, so a fence whose context was rebuilt after a fault reports the
+ * loss of its work (EDEVICE) rather than "reached". */
+static int table_fence_query(struct dspk__dev *dev, struct dspk__fence *f) {
+  if (f->gen != dev->gen)
+    return DSPK_EDEVICE;
+  return fence_query(dev, f);
+}
+static int table_fence_wait(struct dspk__dev *dev, struct dspk__fence *f) {
+  if (f->gen != dev->gen)
+    return DSPK_EDEVICE;
+  return fence_wait(dev, f);
+}
+
+/* The retirement queue's view of the same fences: a fence of a context
+ * that is gone counts as reached (its work, and the memory, went with it). */
 static int rq_record(void *ud, void **f) {
   return fence_record(ud, (struct dspk__fence **)f);
 }
@@ -904,8 +919,8 @@ const struct dspk__backend dspk__backend_cuda = {
     .host_register = cuda_host_register,
     .host_unregister = cuda_host_unregister,
     .fence_record = cuda_fence_record,
-    .fence_query = fence_query,
-    .fence_wait = fence_wait,
+    .fence_query = table_fence_query,
+    .fence_wait = table_fence_wait,
     .fence_destroy = fence_destroy,
     .sync = cuda_sync,
     .run = cuda_run,

@@ -11,7 +11,10 @@
  *       the GPU busy fraction (CUDA events around each task) and throughput.
  *   bench_cuda daemon SOCKET
  *       the same gemm/fft through a running dspkd (operands and outputs in
- *       daemon buffers on cuda:0, tasks pipelined) vs in-process.
+ *       daemon buffers on cuda:0, tasks pipelined) vs in-process; then a
+ *       pipelined stream of gemm 1024^2 on resident buffers, answered on
+ *       completion: the GPU busy fraction (goal >= 95%) and whether every
+ *       answer came after its work (exit 1 if not).
  *   bench_cuda fir SOCKET DEVICE
  *       fir of 2^24 f32 samples with 4096 taps on DEVICE (cuda:0, vulkan:N)
  *       through a running dspkd (daemon buffers) vs an overlap-save fir
@@ -327,9 +330,12 @@ static double time_daemon(dspk_client *c, const dspk_task *t, uint64_t probe_buf
   return median(v, 3);
 }
 
+static int bench_stream(dspk_client *c);
+
 static int mode_daemon(const char *sock) {
   dspk_client *c;
   char why[256];
+  int rc;
   struct dspk__devinfo info[DSPK__CUDA_MAX_DEVICES];
   if (dspk_connect(sock, "bench_cuda", &c)) {
     fprintf(stderr, "bench_cuda: connect: %s\n", dspk_connect_error());
@@ -416,8 +422,95 @@ static int mode_daemon(const char *sock) {
     free(ha);
     free(hb);
   }
+  rc = bench_stream(c);
   dspk_close(c);
-  return 0;
+  return rc;
+}
+
+/* A pipelined stream of gemm 1024^2 f32 on resident buffers through dspkd,
+ * each task answered when the GPU finished it: N tasks with W in flight on
+ * the connection.  The GPU busy fraction is N times the in-process
+ * per-gemm device time (cuBLAS back to back on one stream) over the
+ * stream's wall time; "answered after its work" checks that no task's
+ * time_us is below 90% of that device time (an answer that came before
+ * the work would show a few microseconds). */
+static int bench_stream(dspk_client *c) {
+  enum { N = 4000, W = 32, WARM = 50 };
+  int n = 1024;
+  size_t nn = (size_t)n * n;
+  float *ha = malloc(nn * 4), *hb = malloc(nn * 4), tmp;
+  uint64_t ba, bb, bo, min_us = UINT64_MAX, sum_us = 0;
+  uint32_t tk[W];
+  dspk_tensor in[2];
+  dspk_task t;
+  dspk_result r;
+  char why[256];
+  double t0, wall, tc, busy;
+  int after = 0;
+
+  fill_random(ha, nn, DSPK_F32);
+  fill_random(hb, nn, DSPK_F32);
+  CK(dspk_buffer_create(c, "cuda:0", nn * 4, &ba));
+  CK(dspk_buffer_create(c, "cuda:0", nn * 4, &bb));
+  CK(dspk_buffer_create(c, "cuda:0", nn * 4, &bo));
+  CK(buf_write(c, ba, ha, nn * 4));
+  CK(buf_write(c, bb, hb, nn * 4));
+  dspk_task_init(&t, DSPK_OP_GEMM);
+  t.device = "cuda:0";
+  memset(in, 0, sizeof(in));
+  for (int i = 0; i < 2; i++) {
+    in[i].dtype = DSPK_F32;
+    in[i].rank = 2;
+    in[i].shape[0] = in[i].shape[1] = n;
+    in[i].is_ref = true;
+    in[i].buffer = i ? bb : ba;
+  }
+  t.inputs = in;
+  t.ninputs = 2;
+  t.nout_refs = 1;
+  t.out_refs[0].buffer = bo;
+  for (int pass = 0; pass < 2; pass++) {
+    int total = pass ? N : WARM, sent = 0, done = 0;
+    CK(dspk_buffer_read(c, bo, 0, &tmp, sizeof(tmp)));
+    t0 = dspk_bench_now_ms();
+    while (done < total) {
+      while (sent < total && sent - done < W)
+        CK(dspk_submit(c, &t, &tk[sent++ % W]));
+      if (dspk_wait(c, tk[done++ % W], &r)) {
+        fprintf(stderr, "task: %s\n", dspk_last_error(c));
+        exit(1);
+      }
+      if (pass) {
+        sum_us += r.time_us;
+        if (r.time_us < min_us)
+          min_us = r.time_us;
+      }
+      dspk_result_free(&r);
+    }
+    CK(dspk_buffer_read(c, bo, 0, &tmp, sizeof(tmp)));
+    wall = dspk_bench_now_ms() - t0;
+  }
+  CK(dspk__cuda_load_cublas(why, sizeof(why)));
+  {
+    CUcontext ctx;
+    CK(CU.cuDevicePrimaryCtxRetain(&ctx, 0));
+    CK(CU.cuCtxSetCurrent(ctx));
+  }
+  tc = dspk_bench_cublas_gemm(DSPK_F32, n, ha, hb, 500);
+  busy = N * tc / wall;
+  after = (double)min_us >= 0.9 * tc * 1e3;
+  printf("\n| gemm 1024^2 f32 stream on resident buffers (%d tasks, %d in flight) | per task "
+         "through dspkd | GPU time per gemm in-process | GPU busy | time_us min / mean | "
+         "answered after its work |\n|---|---|---|---|---|---|\n", N, W);
+  printf("| answers on completion | %.4f ms | %.4f ms | %.1f%% (goal >= 95%%) | %llu / %.1f us "
+         "| %s |\n", wall / N, tc, 100.0 * busy, (unsigned long long)min_us,
+         (double)sum_us / N, after ? "yes" : "NO");
+  CK(dspk_buffer_free(c, ba));
+  CK(dspk_buffer_free(c, bb));
+  CK(dspk_buffer_free(c, bo));
+  free(ha);
+  free(hb);
+  return after ? 0 : 1;
 }
 
 /* ---- fir through the daemon vs an in-process cuFFT overlap-save -------------- */

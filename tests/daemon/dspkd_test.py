@@ -1690,6 +1690,89 @@ def t_reuse(exe, tmp):
     d.stop()
 
 
+def t_done(exe, tmp):
+    """An answer means done (docs/protocol.md): a vulkan task writing into a
+    buffer is answered only once the device finished it.  Its time_us covers
+    the device's work (at least a third of the same task's time when the
+    result comes back inline, which must wait for it anyway); a tiny task on
+    the same device from a second connection, sent as soon as the answer
+    arrives, does not wait behind it; tasks pipelined on the device
+    are answered in order, each time_us at least the task's work and within
+    the pipeline's wall time, and the buffer holds the right result.  Skipped without a
+    vulkan device (lavapipe in CI)."""
+    d = Daemon(exe, tmp, ["--backends", "cpu,vulkan", "--no-cache"])
+    c = d.client()
+    vk = [x["id"] for x in c.call("devices", {})["devices"] if x["backend"] == "vulkan"]
+    if not vk:
+        c.close()
+        d.stop()
+        raise Skip("no vulkan device")
+    dev = vk[0]
+    # fir with few taps (the direct kernel, no tuning, no FFT plans), small
+    # operands: about 0.1 to 0.3 s of lavapipe's work.
+    rng = np.random.default_rng(12)
+    X = rng.standard_normal((1, 262144)).astype(np.float32)
+    H = rng.standard_normal(32).astype(np.float32)
+    ref = fir_ref(X.astype(np.float64), H.astype(np.float64))
+
+    def buf(arr):
+        b = c.call("buffer.create", {"device": dev, "size": arr.nbytes})["buffer"]
+        c.call("buffer.write", {"buffer": b, "data": arr.tobytes()})
+        return b
+    bX, bH = buf(X), buf(H)
+    bY = c.call("buffer.create", {"device": dev, "size": X.nbytes})["buffer"]
+    ins = [{"buffer": bX, "dtype": "f32", "shape": list(X.shape)},
+           {"buffer": bH, "dtype": "f32", "shape": list(H.shape)}]
+    inline = {"op": "fir", "device": dev, "inputs": ins}
+    into = {"op": "fir", "device": dev, "inputs": ins, "outputs": [{"buffer": bY}]}
+    c.call("task.run", inline)  # its kernel is built here, once
+    # The device time of this task: inline results wait for the work.
+    t_ref = min(c.call("task.run", inline)["time_us"] for _ in range(2))
+    print("fir %s x %d taps on %s: %d us with the result inline" % (X.shape, H.size, dev,
+                                                                  t_ref))
+
+    other = d.client()
+    tiny = {"op": "map", "device": dev, "inputs": [tensor(np.ones(16, np.float32))],
+            "options": {"fn": "scale", "alpha": 2.0}}
+    other.call("task.run", tiny)  # its kernel is built now, not during the timing
+    for _ in range(2):
+        c.call("buffer.write", {"buffer": bY, "data": bytes(X.nbytes)})
+        r = c.call("task.run", into)
+        t0 = time.monotonic()
+        tr = other.call("task.run", tiny)
+        dt_us = (time.monotonic() - t0) * 1e6
+        close_enough(array(tr["outputs"][0]), np.full(16, 2.0), "map scale", np.float32)
+        check(r["time_us"] >= t_ref / 3,
+              "task.run into a buffer: time_us %d, the task takes about %d us on the "
+              "device: answered before it finished" % (r["time_us"], t_ref))
+        check(dt_us < t_ref / 2,
+              "a tiny task sent right after the fir's answer took %d us (the fir: %d us): "
+              "it waited behind work the answer said was done" % (dt_us, t_ref))
+        got = np.frombuffer(c.call("buffer.read", {"buffer": bY})["data"], np.float32)
+        close_enough(got.reshape(X.shape), ref, "fir into a buffer", np.float32)
+
+    # A pipeline: answers in order, each time_us at least the task's work.
+    n = 4
+    t0 = time.monotonic()
+    mids = [c.send("task.run", into) for _ in range(n)]
+    order = []
+    while len(order) < n:
+        c.pump()
+        order += [m for m in c.responses if m in mids and m not in order]
+    wall_us = (time.monotonic() - t0) * 1e6
+    check(order == mids, "pipelined answers in order: %r, sent %r" % (order, mids))
+    times = [c.wait(m)["time_us"] for m in mids]
+    check(all(t >= t_ref / 3 for t in times), "pipelined time_us %r (fir %d us)" %
+          (times, t_ref))
+    check(max(times) <= wall_us, "pipelined time_us %r: more than the %d us the pipeline "
+          "took" % (times, wall_us))
+    got = np.frombuffer(c.call("buffer.read", {"buffer": bY})["data"], np.float32)
+    close_enough(got.reshape(X.shape), ref, "pipelined fir into a buffer", np.float32)
+    other.close()
+    c.close()
+    d.stop()
+
+
 def t_reduceacc(exe, tmp):
     """reduce sum/mean of a large f32 tensor (split over threads in fixed
     blocks): close to numpy's float64 sum, the same bits on every run, and
@@ -1715,6 +1798,51 @@ def t_reduceacc(exe, tmp):
     gy = np.asarray(run(c, "reduce", [y], {"fn": "sum", "axes": [1]})[0])
     wy = np.sum(y.astype(np.float64), axis=1)
     check(np.allclose(gy, wy, rtol=1e-5, atol=1e-3), "row sums match numpy")
+    c.close()
+    d.stop()
+
+
+def t_fencefault(exe, tmp):
+    """An error the device reports later lands on the request whose fence
+    reported it: cuda:0 on a fake driver (tests/cuda/fake_libcuda.c, path in
+    $DSPK_TEST_FAKE_CUDA) reports an error at the event behind a copy whose
+    data starts with "DEVFAULT"; its events complete only when waited for,
+    so several requests are in flight at once.  Of writes pipelined on one
+    connection only the marked one is answered EDEVICE (naming the device);
+    the ones before and after it succeed, and a read sees the last write."""
+    fake = os.environ.get("DSPK_TEST_FAKE_CUDA")
+    if not fake:
+        raise Skip("DSPK_TEST_FAKE_CUDA not set")
+    env = dict(os.environ, DSPK_CUDA_DRIVER=fake, DSPK_CUDA_STAGE_CHUNKS="0")
+    d = Daemon(exe, tmp, ["--backends", "cpu,cuda"], env=env)
+    c = d.client()
+    if "cuda:0" not in [x["id"] for x in c.call("devices", {})["devices"]]:
+        c.close()
+        d.stop()
+        raise Skip("no cuda:0 on the fake driver:\n" + d.logtext()[-2000:])
+    b = c.call("buffer.create", {"device": "cuda:0", "size": 64})["buffer"]
+    for rnd in range(3):
+        datas = [bytes([65 + rnd]) * 64, b"DEVFAULT" + bytes(56), bytes([97 + rnd]) * 64]
+        if rnd == 1:
+            datas = [datas[1], datas[0], datas[2]]
+        mids = [c.send("buffer.write", {"buffer": b, "data": x}) for x in datas]
+        rid = c.send("buffer.read", {"buffer": b})
+        for m, x in zip(mids, datas):
+            if x.startswith(b"DEVFAULT"):
+                try:
+                    c.wait(m)
+                except RpcError as e:
+                    check(e.name == "EDEVICE" and "cuda:0" in e.err["message"],
+                          "the faulting write: %s %s" % (e.name, e.err["message"]))
+                else:
+                    raise AssertionError("round %d: the write the device faulted on "
+                                         "succeeded" % rnd)
+            else:
+                check(c.wait(m)["size"] == 64, "round %d: a write beside the fault "
+                      "failed" % rnd)
+        check(c.wait(rid)["data"] == datas[-1], "round %d: read after the writes" % rnd)
+    st = [x for x in c.call("status", {})["devices"] if x["id"] == "cuda:0"][0]
+    check(st["failed"] == 3 and st["completed"] >= 10, "cuda:0 counters: %r" % st)
     c.close()
     d.stop()
 
@@ -1750,6 +1878,8 @@ GROUPS = {
     "partial": t_partial,
     "memquota": t_memquota,
     "cancel": t_cancel,
+    "done": t_done,
+    "fencefault": t_fencefault,
 }
 
 

@@ -6,8 +6,9 @@ double precision), so it runs on the GPU machine as well.  Starts dspkd with
 every backend, and when a cuda device is present checks: "any" picks the GPU
 (once, although cuda and vulkan both list it), ops and buffers on the GPU
 against references, many requests in flight, fairness between two clients on
-the GPU, cancel, a disconnect with queued GPU work, and SIGTERM: exit 0 with
-every device closed.  Exits 77 (skipped) when there is no cuda device.
+the GPU, cancel, a disconnect with queued GPU work, answers that mean done
+(a gemm 8192^2 into a buffer: time_us at least its device time), and SIGTERM:
+exit 0 with every device closed.  Exits 77 (skipped) when there is no cuda device.
 
     gpu_smoke.py --dspkd PATH
 """
@@ -130,6 +131,46 @@ def main():
         check(c.wait(t)["device"] == dev, "buffers pin %s" % dev)
         close(unf32(c.call("buffer.read", {"buffer": bc})["data"]), gemm_ref(A, B, m, k, n),
               "gemm in GPU buffers")
+
+        # An answer means done: a gemm written into a buffer is answered once
+        # the device finished it, so its time_us is at least its device time
+        # (measured here as the wall time per gemm of a pipelined batch that
+        # ends with a read, which orders after all of the device's work).
+        G = 8192 if dev.startswith("cuda") else 384
+        gb = c.call("buffer.create", {"device": dev, "size": 4 * G * G})["buffer"]
+        go = c.call("buffer.create", {"device": dev, "size": 4 * G * G})["buffer"]
+        piece = 1 << 24  # floats per write: 64 MiB, below max_message
+        for off in range(0, G * G, piece):
+            c.call("buffer.write", {"buffer": gb, "offset": 4 * off,
+                                    "data": f32([1.0 / G]) * min(piece, G * G - off)})
+        gref = {"buffer": gb, "dtype": "f32", "shape": [G, G]}
+        gtask = {"op": "gemm", "device": dev, "inputs": [gref, gref], "outputs": [{"buffer": go}]}
+        c.call("task.run", gtask)  # planning, first use of the library
+        c.call("buffer.read", {"buffer": go, "size": 4})
+        nb = 8
+        per_us = None
+        for _ in range(2):  # the faster batch: less of the host's noise
+            t0 = time.monotonic()
+            batch = [c.send("task.run", gtask) for _ in range(nb)]
+            bt = [c.wait(m)["time_us"] for m in batch]
+            c.call("buffer.read", {"buffer": go, "size": 4})
+            us = (time.monotonic() - t0) * 1e6 / nb
+            if per_us is None or us < per_us:
+                per_us, btimes = us, bt
+        singles = [c.call("task.run", gtask)["time_us"] for _ in range(3)]
+        print("gemm %d^2 on %s: time_us of single tasks %s, pipelined %s; device time per "
+              "gemm (pipelined wall / %d) %.0f us" % (G, dev, singles, btimes, nb, per_us))
+        # On the cpu a small gemm's wall time is mostly the client's and the
+        # host's noise: there the bound only checks the plumbing.
+        check(max(singles) >= (0.8 if dev.startswith("cuda") else 0.2) * per_us,
+              "gemm %d^2 answered before its work was done: time_us %s, the device takes "
+              "%.0f us per gemm" % (G, singles, per_us))
+        check(max(btimes) <= per_us * nb + 2000,
+              "pipelined time_us %s: more than the batch took" % btimes)
+        close(unf32(c.call("buffer.read", {"buffer": go, "offset": 4 * (G * G - 3)})["data"]),
+              [1.0 / G] * 3, "gemm %d^2 into a buffer" % G)
+        c.call("buffer.free", {"buffer": gb})
+        c.call("buffer.free", {"buffer": go})
 
         # Many in flight, answered by msgid.
         ids_ = {}

@@ -441,6 +441,12 @@ def t_config(exe, tmp):
     start_fail("[daemon]\nthis line is wrong\n", "%(f)s:2: syntax error")
     start_fail("[policy]\nadmin_users = no-such-user-here\n", 'no such user "no-such-user-here"')
     start_fail("[limits]\nmax_rank = 3\nmax_rank = 4\n", '%(f)s:3: key "max_rank" given twice')
+    start_fail("[daemon]\ndevice_inflight = 0\n", "%(f)s:2: device_inflight")
+    start_fail("[daemon]\ndevice_inflight = 65\n", "%(f)s:2: device_inflight")
+    p = subprocess.run([exe, "--foreground", "--device-inflight", "65"],
+                       stderr=subprocess.PIPE, timeout=TIMEOUT)
+    check(p.returncode == 2 and b"--device-inflight: expected an integer from 1 to 64" in
+          p.stderr, "--device-inflight 65: %r" % p.stderr)
     p = subprocess.run([exe, "--foreground", "--config", os.path.join(tmp, "missing.conf")],
                        stderr=subprocess.PIPE, timeout=TIMEOUT)
     check(p.returncode == 2 and b"missing.conf: cannot read" in p.stderr,

@@ -1,0 +1,749 @@
+/*
+ * The scheduler (daemon/sched.h): jobs, the per-device queues, the runner
+ * threads and their in-flight lists, and the loop's side of finished jobs.
+ *
+ * Scheduling: each connection has its own FIFO per device, linked into the
+ * device's ring while it holds jobs; the runner takes one job from the ring's
+ * head queue and moves that queue to the tail, so connections take turns and
+ * a client that floods a device cannot starve another.  Jobs of one
+ * connection on one device start in arrival order.  Internal jobs (releasing
+ * a buffer's memory) have a queue of their own in the same ring.
+ *
+ * Runners: each device's runner opens the device, enqueues its jobs' work
+ * one at a time, and closes the device before it exits; only the runner
+ * ever calls the device's backend.  Finished jobs go on the daemon's done
+ * list and the runner wakes the loop with uv_async_send(); the loop
+ * (dspkd_sched_done_cb) writes the response the runner encoded and frees
+ * the job.
+ */
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/dspkd.h"
+#include "daemon/log.h"
+#include "daemon/sched.h"
+
+/* One connection's FIFO of jobs for one device, linked into the device's
+ * round-robin ring while it holds jobs.  Guarded by the device's mutex. */
+struct cqueue {
+  struct job *head, *tail;
+  struct cqueue *next; /* in the ring */
+  bool in_ring;
+};
+
+/* The internal queue of each device. */
+static struct cqueue dspkd_sched_sysq[DSPKD_MAX_DEVICES];
+
+struct cqueue *dspkd_sched_conn_new(struct dspkd *d) {
+  return calloc(d->ndevs ? (size_t)d->ndevs : 1, sizeof(struct cqueue));
+}
+
+void dspkd_sched_conn_free(struct cqueue *q) { free(q); }
+
+/* ---- jobs ------------------------------------------------------------- */
+
+struct job *dspkd_job_new(struct conn *c, enum job_kind kind, uint32_t msgid,
+                    struct device *dev) {
+  struct job *j = calloc(1, sizeof(*j));
+  if (!j)
+    return NULL;
+  j->kind = kind;
+  j->msgid = msgid;
+  j->dev = dev;
+  j->conn = c;
+  atomic_init(&j->cancel, 0);
+  if (c)
+    conn_ref(c);
+  return j;
+}
+
+void dspkd_job_free(struct dspkd *d, struct job *j) {
+  if (!j)
+    return;
+  for (int i = 0; i < j->nrefs; i++)
+    dbuf_unref(d, j->refs[i]);
+  chunk_unref(j->chunk);
+  wreq_free(j->resp);
+  free(j->errmsg);
+  if (j->conn)
+    conn_unref(j->conn);
+  free(j);
+}
+
+static const char *op_name(dspk_op kind) {
+  switch (kind) {
+#define XX(e, name)                                                            \
+  case DSPK_OP_##e:                                                            \
+    return name;
+    DSPK_OP_MAP(XX)
+#undef XX
+  default:
+    return "?";
+  }
+}
+
+/* The log line of a task that failed (loop thread). */
+static void log_task_failed(struct job *j, int code) {
+  struct conn *c = j->conn;
+  dspkd_log_task_failed(j->dev ? j->dev->id : NULL, op_name(j->op.kind), c ? c->id : 0,
+                        c ? (long)c->pid : 0L, code, j->errmsg);
+}
+
+static void ring_push(struct device *dev, struct cqueue *q) {
+  q->next = NULL;
+  q->in_ring = true;
+  if (dev->ring_tail)
+    dev->ring_tail->next = q;
+  else
+    dev->ring_head = q;
+  dev->ring_tail = q;
+}
+
+/* Unlinks q from the ring (dev->mu held). */
+static void ring_remove(struct device *dev, struct cqueue *q) {
+  struct cqueue *prev = NULL;
+  if (!q->in_ring)
+    return;
+  for (struct cqueue *p = dev->ring_head; p; prev = p, p = p->next) {
+    if (p != q)
+      continue;
+    if (prev)
+      prev->next = q->next;
+    else
+      dev->ring_head = q->next;
+    if (dev->ring_tail == q)
+      dev->ring_tail = prev;
+    break;
+  }
+  q->next = NULL;
+  q->in_ring = false;
+}
+
+/* Finished jobs go to the loop: the done list and a wake-up. */
+static void post_done(struct dspkd *d, struct job *j) {
+  pthread_mutex_lock(&d->done_mu);
+  if (d->done_tail)
+    d->done_tail->next = j;
+  else
+    d->done_head = j;
+  d->done_tail = j;
+  pthread_mutex_unlock(&d->done_mu);
+  uv_async_send(&d->done_async);
+}
+
+/* A tiny task on the cpu: at most this many bytes of operands and results. */
+#define INLINE_MAX_BYTES ((size_t)64 << 10)
+
+/* Runs a tiny map or reduce on cpu:0 on the loop thread itself when the
+ * runner is idle (nothing queued, nothing in flight): handing it to the
+ * runner and its answer back cost two thread wake-ups (about 17 us on a VM,
+ * more than the task and its ping-sized round trip together).  The runner
+ * is asleep and stays so (only the loop queues jobs, and it is busy here),
+ * so the backend is still used by one thread at a time.  The cpu's work is
+ * done when run returns (its fences are always reached).  Ops that may
+ * plan or tune (fft, gemm, fir) always go to the runner.  true when it ran. */
+static bool run_inline(struct device *dev, struct job *j) {
+  const struct dspk__op *op = &j->op;
+  uint64_t start, now;
+  size_t bytes = 0;
+
+  if (j->kind != JOB_TASK || strcmp(dev->be->name, "cpu") != 0 ||
+      (op->kind != DSPK_OP_MAP && op->kind != DSPK_OP_REDUCE))
+    return false;
+  for (int i = 0; i < op->nin; i++)
+    bytes += dspk__tensor_nbytes(&op->in[i]);
+  for (int i = 0; i < op->nout; i++)
+    bytes += dspk__tensor_nbytes(&op->out[i]);
+  if (bytes > INLINE_MAX_BYTES)
+    return false;
+  pthread_mutex_lock(&dev->mu);
+  if (dev->busy || dev->ring_head || dev->stop || dev->open_state != 1) {
+    pthread_mutex_unlock(&dev->mu);
+    return false;
+  }
+  dev->busy = true;
+  j->state = JOB_RUNNING;
+  dev->running++;
+  dspkd_obs_job_start(dev, j);
+  pthread_mutex_unlock(&dev->mu);
+
+  start = j->t.start;
+  job_execute(dev, j);
+  now = dspkd_now_ns();
+  job_finish(dev, j, 0, now - start);
+
+  pthread_mutex_lock(&dev->mu);
+  dspkd_obs_job_end(dev, j, start, now, NULL);
+  dev->running--;
+  if (j->err)
+    dev->failed++;
+  else
+    dev->completed++;
+  j->state = JOB_DONE;
+  dev->busy = false;
+  pthread_mutex_unlock(&dev->mu);
+  post_done(dev->d, j);
+  return true;
+}
+
+void dspkd_sched_submit(struct job *j) {
+  struct device *dev = j->dev;
+  struct conn *c = j->conn;
+  struct cqueue *q = c ? &c->q[dev->idx] : dev->sysq;
+
+  if (c) {
+    j->cprev = NULL;
+    j->cnext = c->jobs;
+    if (c->jobs)
+      c->jobs->cprev = j;
+    c->jobs = j;
+    c->inflight++;
+    dspkd_quota_charge(j);
+  }
+  memset(&j->t, 0, sizeof j->t);
+  j->t.queued = dspkd_now_ns();
+  if (c && run_inline(dev, j))
+    return;
+  pthread_mutex_lock(&dev->mu);
+  j->state = JOB_QUEUED;
+  j->q = q;
+  j->next = NULL;
+  if (q->tail)
+    q->tail->next = j;
+  else
+    q->head = j;
+  q->tail = j;
+  if (!q->in_ring)
+    ring_push(dev, q);
+  if (c)
+    dev->queued++;
+  pthread_cond_signal(&dev->cv);
+  pthread_mutex_unlock(&dev->mu);
+}
+
+/* Removes a finished or dropped job from its connection's in-flight list. */
+static void conn_unlink_job(struct job *j) {
+  struct conn *c = j->conn;
+  if (!c)
+    return;
+  if (j->cprev)
+    j->cprev->cnext = j->cnext;
+  else
+    c->jobs = j->cnext;
+  if (j->cnext)
+    j->cnext->cprev = j->cprev;
+  j->cprev = j->cnext = NULL;
+  c->inflight--;
+  dspkd_quota_release(j);
+}
+
+/* Answers (code != 0) and frees jobs taken out of a queue. */
+static void finish_dropped(struct dspkd *d, struct job *list, int code) {
+  while (list) {
+    struct job *j = list, *next = j->next;
+    struct conn *c = j->conn;
+    conn_unlink_job(j);
+    if (code && j->kind == JOB_TASK)
+      log_task_failed(j, code);
+    if (code && c && !c->closing)
+      conn_send_error(c, j->msgid, code,
+                      code == DSPK_ESHUTDOWN ? "the daemon is stopping" : NULL);
+    if (c)
+      conn_update_read(c);
+    dspkd_job_free(d, j);
+    list = next;
+  }
+}
+
+void dspkd_sched_drop(struct dspkd *d, struct conn *c, int code) {
+  for (int i = 0; i < d->ndevs; i++) {
+    struct device *dev = &d->devs[i];
+    struct job *list = NULL, *tail = NULL;
+    uint64_t n = 0;
+
+    if (dev->open_state != 1 && dev->open_state != 0)
+      continue;
+    pthread_mutex_lock(&dev->mu);
+    for (struct cqueue *q = dev->ring_head, *next; q; q = next) {
+      next = q->next;
+      if (q == dev->sysq || (c && q != &c->q[i]))
+        continue;
+      for (struct job *j = q->head; j; j = j->next)
+        n++;
+      if (tail)
+        tail->next = q->head;
+      else
+        list = q->head;
+      tail = q->tail;
+      q->head = q->tail = NULL;
+      ring_remove(dev, q);
+    }
+    dev->queued -= n;
+    pthread_mutex_unlock(&dev->mu);
+    finish_dropped(d, list, code);
+  }
+}
+
+int dspkd_sched_cancel(struct conn *c, uint32_t msgid) {
+  struct job *j;
+  struct device *dev;
+  int found = 0;
+
+  /* c->jobs is newest first: a repeated msgid cancels the oldest request
+   * still in flight with it (docs/protocol.md). */
+  j = NULL;
+  for (struct job *p = c->jobs; p; p = p->cnext)
+    if (p->msgid == msgid)
+      j = p;
+  if (!j)
+    return 0;
+  dev = j->dev;
+  pthread_mutex_lock(&dev->mu);
+  if (j->state == JOB_QUEUED) {
+    struct cqueue *q = j->q;
+    struct job *prev = NULL;
+    for (struct job *p = q->head; p; prev = p, p = p->next) {
+      if (p != j)
+        continue;
+      if (prev)
+        prev->next = j->next;
+      else
+        q->head = j->next;
+      if (q->tail == j)
+        q->tail = prev;
+      break;
+    }
+    j->next = NULL;
+    if (!q->head)
+      ring_remove(dev, q);
+    dev->queued--;
+    found = 2;
+  } else if (j->state == JOB_RUNNING) {
+    atomic_store(&j->cancel, 1);
+    found = 1;
+  }
+  pthread_mutex_unlock(&dev->mu);
+  if (found == 2)
+    finish_dropped(c->d, j, DSPK_ECANCELED);
+  return found != 0;
+}
+
+void dspkd_sched_post_note(struct dspkd *d, struct job *j, struct wreq *wr) {
+  struct note *n = malloc(sizeof(*n));
+  if (!n) {
+    wreq_free(wr);
+    return;
+  }
+  n->next = NULL;
+  n->c = j->conn; /* only the loop dereferences it */
+  n->wr = wr;
+  pthread_mutex_lock(&d->done_mu);
+  if (d->notes_tail)
+    d->notes_tail->next = n;
+  else
+    d->notes_head = n;
+  d->notes_tail = n;
+  pthread_mutex_unlock(&d->done_mu);
+  uv_async_send(&d->done_async);
+}
+
+/* A task sent to "any" that its device's backend does not support runs on
+ * the cpu instead (only tasks without buffer references go to "any" freely,
+ * so every operand is inline).  Returns 1 when the job was queued again. */
+static int resubmit_on_cpu(struct dspkd *d, struct job *j) {
+  struct device *cpu = dspkd_device_cpu(d);
+  if (!cpu || cpu == j->dev || j->nrefs != 0)
+    return 0;
+  dspkd_debug("client %llu: #%u: %s lacks it (%s); running it on %s",
+              (unsigned long long)j->conn->id, j->msgid, j->dev->id,
+              dspk__strerror(j->err), cpu->id);
+  wreq_free(j->resp);
+  j->resp = NULL;
+  j->err = 0;
+  free(j->errmsg);
+  j->errmsg = NULL;
+  j->any = false;
+  j->progress_ms = 0;
+  j->dev = cpu;
+  dspkd_sched_submit(j);
+  return 1;
+}
+
+void dspkd_sched_done_cb(uv_async_t *h) {
+  struct dspkd *d = h->data;
+  struct job *list;
+  struct note *notes;
+
+  pthread_mutex_lock(&d->done_mu);
+  list = d->done_head;
+  d->done_head = d->done_tail = NULL;
+  notes = d->notes_head;
+  d->notes_head = d->notes_tail = NULL;
+  pthread_mutex_unlock(&d->done_mu);
+
+  /* Notifications first: each precedes its job's completion. */
+  while (notes) {
+    struct note *n = notes;
+    notes = n->next;
+    if (!n->c->closing)
+      conn_send(n->c, n->wr);
+    else
+      wreq_free(n->wr);
+    free(n);
+  }
+
+  while (list) {
+    struct job *j = list;
+    struct conn *c = j->conn;
+    list = j->next;
+    j->next = NULL;
+    conn_unlink_job(j);
+    if (j->any && j->err == DSPK_ENOTSUP && !c->closing && resubmit_on_cpu(d, j))
+      continue;
+    if (j->kind == JOB_TASK && j->err < 0)
+      log_task_failed(j, j->err);
+    if (j->kind == JOB_BUF_CREATE && j->err == 0 && !c->closing) {
+      /* The slot was reserved when the request came in. */
+      if (conn_buf_add(c, j->buf) != 0)
+        dspkd_error("client %llu: cannot record buffer %llu",
+                    (unsigned long long)c->id, (unsigned long long)j->buf->id);
+    }
+    if (j->resp && !c->closing) {
+      conn_send(c, j->resp);
+      j->resp = NULL;
+    } else if (!c->closing) {
+      /* The runner could not allocate the answer: answer ENOMEM (the
+       * connection closes if even that fails), never nothing. */
+      conn_send_error(c, j->msgid, DSPK_ENOMEM, "out of memory: the answer could not be built");
+    }
+    conn_update_read(c);
+    dspkd_job_free(d, j);
+  }
+  dspkd_stop_progress(d);
+}
+
+/* ---- runners ---------------------------------------------------------- */
+
+static void runner_log(void *ud, int level, const char *msg) {
+  struct device *dev = ud;
+  /* The backends' levels: 0 error, 1 warn, 2 info, 3 debug. */
+  enum dspkd_level l = level <= 0   ? DSPKD_ERROR
+                       : level == 1 ? DSPKD_WARN
+                       : level == 2 ? DSPKD_INFO
+                                    : DSPKD_DEBUG;
+  dspkd_log(l, "%s: %s", dev->id, msg);
+}
+
+/* ---- the in-flight list ------------------------------------------------
+
+ * A runner enqueues a job's work (job_execute), records a fence behind it
+ * and keeps the job in its in-flight list, up to dev->depth jobs, taking
+ * the next job meanwhile: a GPU then has the next task's work queued before
+ * the previous one finished.  A job is answered, oldest first, once its
+ * fence completed: its outputs are final, an error the device reports
+ * through its fence becomes its own answer, and its time_us covers the
+ * device's work.  On the cpu every fence is reached when run returns, so
+ * each job is answered right after it ran.  Runner thread only. */
+
+static void ifl_push(struct device *dev, struct job *j) {
+  j->inext = NULL;
+  if (dev->ifl_tail)
+    dev->ifl_tail->inext = j;
+  else
+    dev->ifl_head = j;
+  dev->ifl_tail = j;
+  dev->nifl++;
+}
+
+/* The oldest job's work is done (err: what its fence reported): answers it
+ * (a client job goes on the done list) or frees it (an internal job). */
+static void ifl_complete(struct device *dev, int err) {
+  struct dspkd *d = dev->d;
+  struct job *j = dev->ifl_head;
+  uint64_t now = dspkd_now_ns();
+  uint64_t start = j->t.start > dev->last_done_ns ? j->t.start : dev->last_done_ns;
+  bool counted = j->kind != JOB_BUF_FREE && j->kind != JOB_TRIM;
+  struct dspk__devstats stats;
+
+  dev->ifl_head = j->inext;
+  if (!dev->ifl_head)
+    dev->ifl_tail = NULL;
+  dev->nifl--;
+  j->inext = NULL;
+  dev->last_done_ns = now;
+  /* time_us: from when the runner took it, so never less than its work on
+   * the device (the turn's start, kept for the busy time, can be later than
+   * the work's start when the runner saw the job before it finish late). */
+  if (counted)
+    job_finish(dev, j, err, now - j->t.start);
+  if (dev->be->stats) {
+    memset(&stats, 0, sizeof stats);
+    dev->be->stats(dev->bdev, &stats);
+  }
+  pthread_mutex_lock(&dev->mu);
+  if (dev->be->stats)
+    dev->stats = stats;
+  dspkd_obs_job_end(dev, j, start, now, dev->ifl_head);
+  if (counted) {
+    dev->running--;
+    if (j->err)
+      dev->failed++;
+    else
+      dev->completed++;
+    j->state = JOB_DONE;
+  }
+  pthread_mutex_unlock(&dev->mu);
+  if (counted)
+    post_done(d, j);
+  else
+    free(j);
+}
+
+/* Answers the in-flight jobs whose work is done, oldest first.  wait: block
+ * until the oldest one is done.  Runner thread, dev->mu not held. */
+static void ifl_reap(struct device *dev, bool wait) {
+  const struct dspk__backend *be = dev->be;
+  while (dev->ifl_head) {
+    struct job *j = dev->ifl_head;
+    int r = 1;
+    if (j->fence) {
+      if (wait) {
+        r = be->fence_wait(dev->bdev, j->fence);
+        if (r == 0)
+          r = 1;
+      } else {
+        r = be->fence_query(dev->bdev, j->fence);
+      }
+      if (r == 0)
+        return;
+      be->fence_destroy(dev->bdev, j->fence);
+      j->fence = NULL;
+    }
+    ifl_complete(dev, r < 0 ? r : 0);
+    wait = false;
+  }
+}
+
+/* Runs one job taken from the ring (dev->mu not held): enqueues its work,
+ * records its fence and puts it in the in-flight list. */
+static void run_one(struct device *dev, struct job *j) {
+  const struct dspk__backend *be = dev->be;
+  job_execute(dev, j);
+  /* A failed job waits for nothing of its own; an internal free is
+   * deferred release by the backend's contract. */
+  if (j->kind != JOB_BUF_FREE && j->kind != JOB_TRIM && j->err == 0 && be->fence_record) {
+    int err = be->fence_record(dev->bdev, &j->fence);
+    if (err < 0) {
+      j->fence = NULL;
+      job_finish(dev, j, err, 0);
+    }
+  }
+  ifl_push(dev, j);
+  ifl_reap(dev, false);
+}
+
+static void *runner_main(void *arg) {
+  struct device *dev = arg;
+  struct dspkd *d = dev->d;
+  struct dspk__devenv env = {d->cache, runner_log, dev};
+  struct dspk__dev *bdev = NULL;
+  struct dspk__devstats stats;
+  char why[256] = "";
+  char tname[16];
+  int err;
+
+  /* "dspk-run:" names runners for the exit checks (daemon/teardown.c). */
+  snprintf(tname, sizeof tname, "dspk-run:%.6s", dev->id);
+  pthread_setname_np(pthread_self(), tname);
+  dspkd_heap_warm(); /* this thread's malloc arena */
+  err = dev->be->open(dev->bindex, &env, &bdev);
+  pthread_mutex_lock(&dev->mu);
+  if (err < 0) {
+    dev->open_state = err;
+    snprintf(dev->open_err, sizeof dev->open_err, "%s", why[0] ? why : dspk__strerror(err));
+    dev->exited = true;
+    pthread_cond_broadcast(&dev->cv);
+    pthread_mutex_unlock(&dev->mu);
+    return NULL;
+  }
+  dev->bdev = bdev;
+  if (dev->be->stats) {
+    memset(&stats, 0, sizeof stats);
+    dev->be->stats(bdev, &stats);
+    dev->stats = stats;
+  }
+  dev->open_state = 1;
+  dev->obs.start_ns = dspkd_now_ns();
+  pthread_cond_broadcast(&dev->cv);
+
+  for (;;) {
+    struct cqueue *q;
+    struct job *j;
+
+    /* busy (read by the loop's run_inline): a job is running or in flight. */
+    dev->busy = dev->ifl_head != NULL;
+    while (!dev->ring_head && !dev->ifl_head && !dev->stop)
+      pthread_cond_wait(&dev->cv, &dev->mu);
+    if (!dev->ring_head || dev->nifl >= dev->depth) {
+      /* Nothing more to enqueue (or enough enqueued): wait for the oldest
+       * job in flight; none left and stopping: exit. */
+      if (!dev->ifl_head)
+        break;
+      pthread_mutex_unlock(&dev->mu);
+      ifl_reap(dev, true);
+      pthread_mutex_lock(&dev->mu);
+      continue;
+    }
+    /* Round robin: the head queue gives one job and goes to the tail. */
+    q = dev->ring_head;
+    j = q->head;
+    q->head = j->next;
+    if (!q->head)
+      q->tail = NULL;
+    dev->ring_head = q->next;
+    if (!dev->ring_head)
+      dev->ring_tail = NULL;
+    q->in_ring = false;
+    if (q->head)
+      ring_push(dev, q);
+    j->next = NULL;
+    j->state = JOB_RUNNING;
+    dev->busy = true;
+    if (j->kind != JOB_BUF_FREE && j->kind != JOB_TRIM) {
+      dev->queued--;
+      dev->running++;
+    }
+    dspkd_obs_job_start(dev, j); /* daemon/metrics.c */
+    pthread_mutex_unlock(&dev->mu);
+    run_one(dev, j);
+    pthread_mutex_lock(&dev->mu);
+  }
+  pthread_mutex_unlock(&dev->mu);
+
+  dev->be->close(bdev);
+  dev->bdev = NULL;
+  dspkd_info("%s: device closed", dev->id);
+  pthread_mutex_lock(&dev->mu);
+  dev->exited = true;
+  pthread_mutex_unlock(&dev->mu);
+  uv_async_send(&d->done_async);
+  return NULL;
+}
+
+void dspkd_sched_stop(struct dspkd *d) {
+  for (int i = 0; i < d->ndevs; i++) {
+    struct device *dev = &d->devs[i];
+    pthread_mutex_lock(&dev->mu);
+    dev->stop = true;
+    pthread_cond_broadcast(&dev->cv);
+    pthread_mutex_unlock(&dev->mu);
+  }
+}
+
+int dspkd_sched_join(struct dspkd *d, bool wait) {
+  int all = 1;
+  for (int i = 0; i < d->ndevs; i++) {
+    struct device *dev = &d->devs[i];
+    bool exited;
+    if (dev->joined)
+      continue;
+    pthread_mutex_lock(&dev->mu);
+    exited = dev->exited;
+    pthread_mutex_unlock(&dev->mu);
+    if (!exited && !wait) {
+      all = 0;
+      continue;
+    }
+    pthread_join(dev->thread, NULL);
+    dev->joined = true;
+  }
+  return all;
+}
+
+void dspkd_sched_counters(struct device *dev, uint64_t *queued, uint64_t *running,
+                           uint64_t *completed, uint64_t *failed,
+                           struct dspk__devstats *stats) {
+  pthread_mutex_lock(&dev->mu);
+  *queued = dev->queued;
+  *running = dev->running;
+  *completed = dev->completed;
+  *failed = dev->failed;
+  *stats = dev->stats;
+  pthread_mutex_unlock(&dev->mu);
+}
+
+static void *runner_main(void *arg);
+
+int dspkd_sched_start(struct device *dev) {
+  sigset_t all, old;
+  int err;
+
+  dev->sysq = &dspkd_sched_sysq[dev->idx];
+  memset(dev->sysq, 0, sizeof *dev->sysq);
+  dev->depth = dev->d->cfg.device_inflight ? dev->d->cfg.device_inflight : 1;
+  /* Runners never take the daemon's signals: those reach the loop. */
+  sigfillset(&all);
+  pthread_sigmask(SIG_BLOCK, &all, &old);
+  err = pthread_create(&dev->thread, NULL, runner_main, dev);
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  if (err != 0) {
+    dev->open_state = DSPK_ENOMEM;
+    snprintf(dev->open_err, sizeof dev->open_err, "cannot start its runner: %s",
+             strerror(err));
+    dev->exited = true;
+    dev->joined = true;
+    return DSPK_ENOMEM;
+  }
+  dev->thread_started = true;
+  return 0;
+}
+
+void dspkd_sched_cancel_all(struct dspkd *d, struct conn *c) {
+  for (struct conn *p = c ? c : d->conns; p; p = c ? NULL : p->next)
+    for (struct job *j = p->jobs; j; j = j->cnext)
+      atomic_store(&j->cancel, 1);
+}
+
+/* Takes every client queue out of the device's ring (dev->mu held). */
+static void unlink_client_queues(struct device *dev) {
+  bool sys = false;
+  for (struct cqueue *q = dev->ring_head, *next; q; q = next) {
+    next = q->next;
+    q->next = NULL;
+    q->in_ring = false;
+    if (q == dev->sysq) {
+      sys = true;
+      continue;
+    }
+    q->head = q->tail = NULL;
+  }
+  dev->ring_head = dev->ring_tail = sys ? dev->sysq : NULL;
+  if (sys)
+    dev->sysq->in_ring = true;
+}
+
+void dspkd_sched_abandon(struct dspkd *d, bool on_loop) {
+  for (int i = 0; i < d->ndevs; i++) {
+    struct device *dev = &d->devs[i];
+    if (!dev->thread_started || dev->joined)
+      continue;
+    pthread_mutex_lock(&dev->mu);
+    dev->stop = true;
+    unlink_client_queues(dev);
+    pthread_cond_broadcast(&dev->cv);
+    pthread_mutex_unlock(&dev->mu);
+  }
+  if (on_loop)
+    dspkd_sched_cancel_all(d, NULL);
+}
+
+uint64_t dspkd_sched_clients_locked(struct device *dev, const struct cqueue *run_q) {
+  uint64_t n = 0;
+  for (struct cqueue *q = dev->ring_head; q; q = q->next)
+    if (q != dev->sysq)
+      n++;
+  if (run_q && run_q != dev->sysq && !run_q->in_ring)
+    n++;
+  return n;
+}
