@@ -6,7 +6,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "backends/cuda/worker.h"
+#include "backends/gpurt/worker.h"
 
 int dspk__worker_read(int fd, void *p, size_t n) {
   char *c = p;
