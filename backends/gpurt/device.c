@@ -31,7 +31,8 @@ int dspk__gpurt_err(struct dspk__dev *dev, struct dspk__opctx *ctx,
   const char *name = NULL, *text = NULL;
   const char *rt = drv ? drv->name : "gpu";
   int cls = drv ? drv->classify(r) : DSPK__G_OTHER;
-  char buf[256];
+  char buf[256], api[96];
+  what = dspk__gpurt_api(drv, what, api, sizeof(api));
   if (drv)
     drv->errname(r, &name, &text);
   if (cls == DSPK__G_OOM) {
@@ -509,7 +510,7 @@ static int setup(struct dspk__dev *dev) {
   int r;
   int rc;
   if ((r = drv->ctx_open(dev->ordinal, &dev->ctx, &dev->stream)) != 0)
-    return dspk__gpurt_err(NULL, NULL, "context", r);
+    return dspk__gpurt_err(dev, NULL, "cuDevicePrimaryCtxRetain", r);
   dev->ctx_dead = 0;
   dspk__pool_init(&dev->pool, &pool_ops, dev, 0);
   if ((rc = dspk__retire_init(&dev->retire, &retire_ops, dev,

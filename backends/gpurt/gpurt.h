@@ -26,6 +26,8 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <string.h>
 
 #include "backends/backend.h"
 #include "backends/common/plancache.h"
@@ -78,6 +80,12 @@ struct dspk__gpurt_driver {
   const char *worker;    /* "dspk-cuda-worker" */
   const char *worker_build, *worker_install; /* where the build/install put it */
   struct dspk__gpurt_state *st;
+  /* Messages name driver calls as CUDA's driver API does ("cuEventRecord");
+   * another runtime gives its prefix ("hip": "hipEventRecord") and, NULL
+   * terminated, the pairs whose names differ more ("cuMemAlloc",
+   * "hipMalloc", ...).  NULL: the CUDA names. */
+  const char *api_prefix;
+  const char *const *api_renames;
 
   /* Probe (main thread): loads the runtime, fills st (info, ordinals,
    * sms) and returns the number of devices, or 0 with the reason in why. */
@@ -296,6 +304,22 @@ struct dspk__dev {
  * returns the dspk_errno for it. */
 int dspk__gpurt_err(struct dspk__dev *dev, struct dspk__opctx *ctx,
                    const char *what, int r);
+/* The name of driver call `cuname` ("cuEventRecord") in drv's API. */
+static inline const char *dspk__gpurt_api(const struct dspk__gpurt_driver *drv, const char *cuname,
+                            char *buf, size_t len) {
+  if (!drv || !drv->api_prefix || strncmp(cuname, "cu", 2) != 0)
+    return cuname;
+  for (const char *const *p = drv->api_renames; p && p[0]; p += 2) {
+    size_t n = strlen(p[0]);
+    if (strncmp(cuname, p[0], n) == 0 && (cuname[n] == 0 || cuname[n] == ' ')) {
+      snprintf(buf, len, "%s%s", p[1], cuname + n);
+      return buf;
+    }
+  }
+  snprintf(buf, len, "%s%s", drv->api_prefix, cuname + 2);
+  return buf;
+}
+
 /* Writes a message into ctx->errmsg (when there is one) and returns code. */
 #define dspk__gpurt_msg dspk__op_fail
 

@@ -21,6 +21,13 @@ static const struct dspk__gpurt_driver *D;
 
 static void cu_fail(struct dspk__wrep *rep, const char *what, int r) {
   const char *name = NULL, *text = NULL;
+  char api[96];
+  if (strncmp(what, "kernel worker: ", 15) == 0)
+    snprintf(api, sizeof(api), "kernel worker: %s",
+             dspk__gpurt_api(D, what + 15, (char[96]){0}, 96));
+  else
+    snprintf(api, sizeof(api), "%s", dspk__gpurt_api(D, what, (char[96]){0}, 96));
+  what = api;
   D->errname(r, &name, &text);
   rep->status = DSPK_EDEVICE;
   rep->cuerr = (int32_t)r;

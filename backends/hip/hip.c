@@ -68,15 +68,17 @@ static int ctx_open(int ordinal, void **ctx, dspk__gstream *stream) {
 }
 
 static void ctx_close(int ordinal, void *ctx, dspk__gstream stream, int dead) {
+  hipError_t sel = H.hipSetDevice(ordinal);
   (void)ctx;
-  if (H.hipSetDevice(ordinal) != hipSuccess)
-    return;
-  if (stream && !dead)
-    H.hipStreamDestroy((hipStream_t)stream);
-  /* After a sticky error the device's state in this process is dead: the
-   * reset releases what it held. */
-  if (dead)
+  /* After a sticky error the device's state in this process is dead (and
+   * every call may fail, hipSetDevice included): the reset releases what
+   * it held. */
+  if (dead) {
     H.hipDeviceReset();
+    return;
+  }
+  if (sel == hipSuccess && stream)
+    H.hipStreamDestroy((hipStream_t)stream);
 }
 
 static int event_create(dspk__gevent *ev) {
@@ -409,6 +411,11 @@ static int load(char *why, size_t whylen) {
 
 static struct dspk__gpurt_state hip_state;
 
+static const char *const renames[] = {
+    "cuMemAlloc", "hipMalloc", "cuMemFree", "hipFree", "cuMemHostAlloc", "hipHostMalloc",
+    "cuLaunchKernel", "hipModuleLaunchKernel", "cuDevicePrimaryCtxRetain", "hipSetDevice",
+    NULL};
+
 const struct dspk__gpurt_driver dspk__gpurt_hip = {
     .name = "hip",
     .lang = "hip",
@@ -423,6 +430,8 @@ const struct dspk__gpurt_driver dspk__gpurt_hip = {
     .worker_install = DSPK_HIP_WORKER_INSTALL,
 #endif
     .st = &hip_state,
+    .api_prefix = "hip",
+    .api_renames = renames,
     .probe = probe,
     .unload = dspk__hip_unload,
     .load = load,
