@@ -769,6 +769,7 @@ void dspk__gpurt_stats(struct dspk__dev *dev, struct dspk__devstats *out) {
 void dspk__gpurt_set_sync_on_evict(struct dspk__dev *dev, int on) {
   dev->sync_on_evict = on;
 }
+void dspk__gpurt_set_own_kernels(struct dspk__dev *dev, int on) { dev->own_kernels = on; }
 void dspk__gpurt_set_trace_events(struct dspk__dev *dev, dspk__gevent start, dspk__gevent end) {
   dev->trace_start = start;
   dev->trace_end = end;

@@ -39,7 +39,7 @@
 #include "backends/common/autotune.h"
 #include "backends/gpurt/gpurt.h"
 
-#define HAVE_FFT(dev) ((dev)->drv->fft_name && (dev)->drv->fft_name())
+#define HAVE_FFT(dev) ((dev)->drv->fft_name && (dev)->drv->fft_name() && !(dev)->own_kernels)
 
 #define FIR_DIRECT_MAX_K 32 /* taps: always direct */
 #define FIR_FFT_MIN_K 128   /* taps: FFT when no decision can be measured */

@@ -269,6 +269,7 @@ struct dspk__dev {
   struct dspk__retire retire;
   struct dspk__plancache fft_plans, contract_plans, raw_modules;
   int sync_on_evict;   /* benchmark switch: barrier instead of retirement */
+  int own_kernels;     /* test switch: gemm and fft through our own kernels */
 
   /* Spare events, so recording a fence costs no cuEventCreate. */
   dspk__gevent spare[64];
@@ -422,6 +423,11 @@ void dspk__gpurt_raw_module_evict(void *ud, void *mod);
  * bench/cuda): switch plan eviction to a stream synchronize, and read the
  * compile counters. */
 void dspk__gpurt_set_sync_on_evict(struct dspk__dev *dev, int on);
+/* Test hook: gemm (and contractions) and fft through our own kernels
+ * (kernels/gemm.cu, dft.cu), as on a host without the runtime's BLAS and
+ * FFT libraries, even where they are loaded: the GPU suite checks the HIP
+ * backend's fallbacks on NVIDIA hardware with it. */
+void dspk__gpurt_set_own_kernels(struct dspk__dev *dev, int on);
 void dspk__gpurt_set_trace_events(struct dspk__dev *dev, dspk__gevent start, dspk__gevent end);
 dspk__gstream dspk__gpurt_stream(struct dspk__dev *dev);
 /* Replaces dev's staging ring by one of nchunks chunks of chunk bytes

@@ -89,7 +89,7 @@ static int gemm_rm(struct dspk__dev *dev, dspk_dtype dt, int ta, int tb,
   if (lda < 1) lda = 1;
   if (ldb < 1) ldb = 1;
   if (ldc < 1) ldc = 1;
-  if (dev->blas) {
+  if (dev->blas && !dev->own_kernels) {
     s = DRV->blas_gemm(dev->blas, dt, tb, ta, (int)N, (int)M, (int)K, alpha, B, (int)ldb, sb,
                        A, (int)lda, sa, beta, C, (int)ldc, sc, (int)batch);
     if (s == -1)
@@ -297,7 +297,7 @@ static int op_fft(struct dspk__dev *dev, struct dspk__op *op, struct dspk__opctx
     return dspk__gpurt_msg(ctx, DSPK_EDTYPE, "fft: dtype %s not supported",
                           dspk__dtype_name(X->dtype));
   }
-  if (!DRV->fft_name || !DRV->fft_name()) {
+  if (dev->own_kernels || !DRV->fft_name || !DRV->fft_name()) {
     rc = fft_own(dev, op, n, nout, batch, ctx);
     goto scale;
   }

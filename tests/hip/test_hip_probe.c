@@ -69,7 +69,5 @@ int main(void) {
       cmocka_unit_test(test_missing_runtime),
       cmocka_unit_test(test_real_probe),
   };
-  int rc = cmocka_run_group_tests(tests, NULL, NULL);
-  fflush(stdout);
-  _exit(rc); /* ROCm 5.2's exit handlers abort on a host without a GPU */
+  return cmocka_run_group_tests(tests, NULL, NULL);
 }
