@@ -18,8 +18,8 @@
  *   worker_main.c  the worker process, over the same table
  *
  * Every function here runs on the device's runner thread (probe excepted).
- * The driver's entry points are called through the table's pointers: one
- * indirect call per driver call, as the dlopen'd driver always was.
+ * The driver's entry points are called through the table's pointers, each a
+ * one-line wrapper of the dlopen'd function (the handle types differ).
  */
 #ifndef DSPK_BACKENDS_GPURT_GPURT_H
 #define DSPK_BACKENDS_GPURT_GPURT_H
