@@ -71,8 +71,10 @@ int dspk__gpurt_worker_main(const struct dspk__gpurt_driver *drv, int argc, char
     dspk__gfunc fn = NULL;
     int ok = 1;
     if (dspk__worker_read(FD, &q, sizeof(q)) != 0 || q.magic != DSPK__WORKER_MAGIC ||
-        q.nargs > DSPK__WORKER_MAX_ARGS || q.cubin_len > (256u << 20))
+        q.nargs > DSPK__WORKER_MAX_ARGS || q.cubin_len > (256u << 20)) {
+      drv->ctx_close(atoi(argv[1]), ctx, st, 0);
       return 0; /* the daemon closed the socket (or spoke nonsense) */
+    }
     memset(&rep, 0, sizeof(rep));
     rep.magic = DSPK__WORKER_MAGIC;
     q.entry[sizeof(q.entry) - 1] = 0;
@@ -154,10 +156,14 @@ int dspk__gpurt_worker_main(const struct dspk__gpurt_driver *drv, int argc, char
       }
       free(host[i]);
     }
-    if (rep.fatal)
-      return 3; /* this process's runtime is poisoned: the daemon starts another */
+    free(cubin);
+    if (rep.fatal) {
+      /* This process's runtime is poisoned: the reset releases what the
+       * context held, and the daemon starts another worker. */
+      drv->ctx_close(atoi(argv[1]), ctx, st, 1);
+      return 3;
+    }
     if (mod)
       D->module_unload(mod);
-    free(cubin);
   }
 }

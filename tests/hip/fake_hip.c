@@ -103,6 +103,23 @@ static int is_pinned(const void *p, size_t n) {
   return 0;
 }
 
+/* Everything the fake handed out that hipDeviceReset reclaims, as a real
+ * reset does with a dead device's memory, queues and modules. */
+enum { R_DEV, R_STREAM, R_EVENT, R_MODULE };
+static struct { void *p; int kind; } reg[65536];
+static int nreg;
+static void reg_add(void *p, int kind) {
+  if (nreg < 65536)
+    reg[nreg++] = (__typeof__(reg[0])){p, kind};
+}
+static void reg_del(void *p) {
+  for (int i = nreg - 1; i >= 0; i--)
+    if (reg[i].p == p) {
+      reg[i] = reg[--nreg];
+      return;
+    }
+}
+
 #define ALIVE()                                                                \
   do {                                                                         \
     if (dead)                                                                  \
@@ -158,6 +175,20 @@ EXPORT hipError_t hipSetDevice(int d) {
   return d >= 0 && d < ndev() ? hipSuccess : hipErrorInvalidDevice;
 }
 EXPORT hipError_t hipDeviceReset(void) {
+  executed = queued; /* the queue is gone */
+  for (int i = 0; i < nreg; i++) {
+    switch (reg[i].kind) {
+    case R_DEV: live.dev_allocs--; break;
+    case R_STREAM: live.streams--; break;
+    case R_EVENT: live.events--; break;
+    default:
+      live.modules--;
+      free(((struct ihipModule_t *)reg[i].p)->code);
+      break;
+    }
+    free(reg[i].p);
+  }
+  nreg = 0;
   live.resets++;
   return hipSuccess;
 }
@@ -189,10 +220,12 @@ EXPORT hipError_t hipStreamCreateWithFlags(hipStream_t *s, unsigned flags) {
   (void)flags;
   ALIVE();
   *s = calloc(1, sizeof(**s));
+  reg_add(*s, R_STREAM);
   live.streams++;
   return hipSuccess;
 }
 EXPORT hipError_t hipStreamDestroy(hipStream_t s) {
+  reg_del(s);
   free(s);
   live.streams--;
   return hipSuccess;
@@ -212,10 +245,12 @@ EXPORT hipError_t hipEventCreateWithFlags(hipEvent_t *e, unsigned flags) {
   (void)flags;
   ALIVE();
   *e = calloc(1, sizeof(**e));
+  reg_add(*e, R_EVENT);
   live.events++;
   return hipSuccess;
 }
 EXPORT hipError_t hipEventDestroy(hipEvent_t e) {
+  reg_del(e);
   free(e);
   live.events--;
   return hipSuccess;
@@ -244,11 +279,13 @@ EXPORT hipError_t hipMalloc(void **p, size_t n) {
   if (n > ((size_t)1 << 34))
     return hipErrorOutOfMemory;
   *p = malloc(n ? n : 1);
+  reg_add(*p, R_DEV);
   live.dev_allocs++;
   return hipSuccess;
 }
 EXPORT hipError_t hipFree(void *p) {
   ALIVE();
+  reg_del(p);
   free(p);
   live.dev_allocs--;
   return hipSuccess;
@@ -349,10 +386,12 @@ EXPORT hipError_t hipModuleLoadData(hipModule_t *m, const void *image) {
     return hipErrorInvalidImage;
   *m = calloc(1, sizeof(**m));
   (*m)->code = strdup(image);
+  reg_add(*m, R_MODULE);
   live.modules++;
   return hipSuccess;
 }
 EXPORT hipError_t hipModuleUnload(hipModule_t m) {
+  reg_del(m);
   free(m->code);
   free(m);
   live.modules--;
