@@ -5,7 +5,7 @@
  * from the pool) or our own direct transform, fir/reduce/map through the
  * generated kernels of backends/kernels/ (NVRTC, hiprtc), contract as
  * reduce + permutation kernels + strided-batched gemm with an LRU plan cache whose evictions retire
- * the plan's workspaces through the retirement queue, and raw CUDA C
+ * the plan's workspaces through the retirement queue, and raw CUDA C / HIP C++
  * kernels.  Semantics follow the cpu backend (backends/op.h).
  */
 #include <stdio.h>
@@ -679,7 +679,8 @@ static int contract_launch(struct dspk__dev *dev, struct cplan *pl,
 /* ---- raw kernels --------------------------------------------------------- */
 
 /* A compiled raw kernel: loaded in the daemon's context only to check its
- * entry points (loading runs no code); the cubin goes to the worker. */
+ * entry points (loading runs no code); the code object (cubin, hsaco) goes
+ * to the worker. */
 struct rawmod {
   dspk__gmodule mod;
   struct dspk__dev *dev;
@@ -754,7 +755,7 @@ static int op_kernel(struct dspk__dev *dev, struct dspk__op *op, struct dspk__op
   if (r != 0)
     return dspk__gpurt_err(dev, ctx, "kernel: cuModuleGetFunction", r);
   /* Client code runs in the worker process: a fault there cannot poison
-   * this process's CUDA (sticky errors are per process). */
+   * this process's runtime (sticky errors are per process). */
   return dspk__gpurt_worker_run(dev, op, m->cubin, m->cubin_len, ctx);
 }
 

@@ -1,5 +1,5 @@
 /*
- * Whole-message reads and writes on the socket between the CUDA backend and
+ * Whole-message reads and writes on the socket between a GPU backend and
  * its kernel worker process (worker.h), shared by both sides.
  */
 #include <errno.h>
