@@ -1,12 +1,12 @@
 /*
- * The daemon's side of the kernel worker (see worker.h): starts
- * the runtime's worker (dspk-cuda-worker, dspk-hip-worker) for a device on first use, hands it raw kernels, and
- * reaps and replaces it when a kernel kills its context.
+ * The daemon's side of the kernel worker (see worker.h): starts the
+ * runtime's worker (dspk-cuda-worker, dspk-hip-worker) for a device on
+ * first use, hands it raw kernels, and reaps and replaces it when a kernel
+ * kills its context.
  *
  * The worker binary is looked for in $<env>_WORKER (DSPK_CUDA_WORKER,
- * DSPK_HIP_WORKER), then where the build
- * put it, then where `cmake --install` puts it, then beside the running
- * executable.
+ * DSPK_HIP_WORKER), then where the build put it, then where `cmake
+ * --install` puts it, then beside the running executable.
  */
 #include <errno.h>
 #include <fcntl.h>
