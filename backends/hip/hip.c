@@ -101,6 +101,10 @@ static int mem_alloc(dspk__gptr *p, size_t n) {
 static int mem_free(dspk__gptr p) { return (int)H.hipFree((void *)(uintptr_t)p); }
 static int host_alloc(void **p, size_t n) { return (int)H.hipHostMalloc(p, n, hipHostMallocDefault); }
 static int host_free(void *p) { return (int)H.hipHostFree(p); }
+static int host_register(void *p, size_t n) {
+  return (int)H.hipHostRegister(p, n, hipHostRegisterDefault);
+}
+static int host_unregister(void *p) { return (int)H.hipHostUnregister(p); }
 static int htod_async(dspk__gptr dst, const void *src, size_t n, dspk__gstream s) {
   return (int)H.hipMemcpyHtoDAsync((hipDeviceptr_t)(uintptr_t)dst, (void *)(uintptr_t)src, n,
                                    (hipStream_t)s);
@@ -413,7 +417,7 @@ static struct dspk__gpurt_state hip_state;
 
 static const char *const renames[] = {
     "cuMemAlloc", "hipMalloc", "cuMemFree", "hipFree", "cuMemHostAlloc", "hipHostMalloc",
-    "cuLaunchKernel", "hipModuleLaunchKernel", "cuDevicePrimaryCtxRetain", "hipSetDevice",
+    "cuLaunchKernel", "hipModuleLaunchKernel", "cuMemHostRegister", "hipHostRegister", "cuDevicePrimaryCtxRetain", "hipSetDevice",
     NULL};
 
 const struct dspk__gpurt_driver dspk__gpurt_hip = {
@@ -450,6 +454,8 @@ const struct dspk__gpurt_driver dspk__gpurt_hip = {
     .mem_free = mem_free,
     .host_alloc = host_alloc,
     .host_free = host_free,
+    .host_register = host_register,
+    .host_unregister = host_unregister,
     .htod_async = htod_async,
     .dtoh_async = dtoh_async,
     .memset_async = memset_async,

@@ -34,6 +34,7 @@
   XX(hipStreamQuery) XX(hipEventCreateWithFlags) XX(hipEventDestroy)           \
   XX(hipEventRecord) XX(hipEventQuery) XX(hipEventSynchronize)                 \
   XX(hipMalloc) XX(hipFree) XX(hipHostMalloc) XX(hipHostFree)                  \
+  XX(hipHostRegister) XX(hipHostUnregister)                                    \
   XX(hipMemcpyHtoDAsync) XX(hipMemcpyDtoHAsync) XX(hipMemsetD8Async)           \
   XX(hipMemcpyHtoD) XX(hipMemcpyDtoH) XX(hipModuleLoadData)                    \
   XX(hipModuleUnload) XX(hipModuleGetFunction) XX(hipModuleLaunchKernel)       \

@@ -1717,6 +1717,7 @@ def t_reduceacc(exe, tmp):
     check(np.allclose(gy, wy, rtol=1e-5, atol=1e-3), "row sums match numpy")
     c.close()
 
+
 def t_hip(exe, tmp):
     """The hip backend in the daemon without an AMD GPU (issue 14): with
     --backends hip and no runtime or no device the daemon starts, lists no
