@@ -11,6 +11,9 @@ extern const struct dspk__backend dspk__backend_cpu;
 #ifdef DSPK_HAVE_CUDA
 extern const struct dspk__backend dspk__backend_cuda;
 #endif
+#ifdef DSPK_HAVE_HIP
+extern const struct dspk__backend dspk__backend_hip;
+#endif
 #ifdef DSPK_HAVE_VULKAN
 extern const struct dspk__backend dspk__backend_vulkan;
 #endif
@@ -19,6 +22,9 @@ const struct dspk__backend *const dspk__backends[] = {
     &dspk__backend_cpu,
 #ifdef DSPK_HAVE_CUDA
     &dspk__backend_cuda,
+#endif
+#ifdef DSPK_HAVE_HIP
+    &dspk__backend_hip,
 #endif
 #ifdef DSPK_HAVE_VULKAN
     &dspk__backend_vulkan,

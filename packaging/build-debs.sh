@@ -12,6 +12,7 @@ cmake -S "$here" -B "$dir" -DCMAKE_INSTALL_PREFIX=/usr -DCMAKE_BUILD_TYPE=RelWit
 # Only what the packages hold (not the benchmarks).
 targets="dspkd dspkclient dspk-submit man"
 grep -q '^dspk-cuda-worker:' "$dir/Makefile" 2>/dev/null && targets="$targets dspk-cuda-worker"
+grep -q '^dspk-hip-worker:' "$dir/Makefile" 2>/dev/null && targets="$targets dspk-hip-worker"
 for t in $targets; do
   cmake --build "$dir" -j"$(nproc)" --target "$t"
 done

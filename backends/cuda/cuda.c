@@ -1,31 +1,36 @@
 /*
- * The CUDA backend's table (backends/backend.h): probe, the device
- * lifecycle with fault recovery, memory through the caching pool, fences as
- * CUDA events, and the retirement queue wired to those events.
- *
- * Faults.  CUDA errors such as an illegal address are sticky for the whole
- * process, so client kernels (op "kernel", the only code not ours) run in a
- * separate worker process per device (worker.h): a fault kills that
- * worker's context, the task fails with a clear error, the next raw kernel
- * gets a fresh worker, and the daemon's contexts on this and every other
- * device are untouched.  Should one of the daemon's own ops ever hit a
- * sticky error, the device reports it on every later call (ready()).
- * Memory blocks and fences carry a context generation number so that a
- * context rebuilt by a later design can tell its own from older ones.
+ * The CUDA backend: the CUDA driver API, NVRTC, cuBLAS and cuFFT (opened
+ * with dlopen, cuda_api.h) as a driver table of the shared GPU runtime
+ * (backends/gpurt/gpurt.h), the probe, and the backend's identity.  All the
+ * machinery (pool, staging, retirement, plans, worker, teardown, tuning)
+ * lives in backends/gpurt/; each entry point here is one call of the
+ * dlopen'd function it names.
  */
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "backends/cuda/cuda_internal.h"
+#include "dspk/errors.h"
+#include "proto/utf8.h"
 
 #define CU dspk__cu
+#define NV dspk__nvrtc
+#define BL dspk__cublas
+#define FF dspk__cufft
 
-/* ---- errors ----------------------------------------------------------- */
+/* ---- results ------------------------------------------------------------- */
 
-static int sticky(CUresult r) {
-  switch (r) {
+static int classify(int r) {
+  switch ((CUresult)r) {
+  case CUDA_SUCCESS:
+    return DSPK__G_OK;
+  case CUDA_ERROR_NOT_READY:
+    return DSPK__G_NOT_READY;
+  case CUDA_ERROR_OUT_OF_MEMORY:
+    return DSPK__G_OOM;
+  case CUDA_ERROR_NOT_FOUND:
+    return DSPK__G_NOT_FOUND;
   case CUDA_ERROR_ILLEGAL_ADDRESS:
   case CUDA_ERROR_LAUNCH_TIMEOUT:
   case CUDA_ERROR_ASSERT:
@@ -38,52 +43,300 @@ static int sticky(CUresult r) {
   case CUDA_ERROR_CONTEXT_IS_DESTROYED:
   case CUDA_ERROR_ECC_UNCORRECTABLE:
   case CUDA_ERROR_UNKNOWN:
-    return 1;
+    return DSPK__G_STICKY;
   default:
-    return 0;
+    return DSPK__G_OTHER;
   }
 }
 
-int dspk__cuda_err(struct dspk__dev *dev, struct dspk__opctx *ctx,
-                   const char *what, CUresult r) {
-  const char *name = NULL, *text = NULL;
-  char buf[256];
+static void errname(int r, const char **name, const char **text) {
   if (CU.cuGetErrorName)
-    CU.cuGetErrorName(r, &name);
+    CU.cuGetErrorName((CUresult)r, name);
   if (CU.cuGetErrorString)
-    CU.cuGetErrorString(r, &text);
-  if (r == CUDA_ERROR_OUT_OF_MEMORY) {
-    snprintf(buf, sizeof(buf), "%s: out of device memory on cuda:%d", what,
-             dev ? dev->index : -1);
-    dspk__cuda_msg(ctx, DSPK_ENOMEM, "%s", buf);
-    return DSPK_ENOMEM;
-  }
-  if (dev && sticky(r)) {
-    snprintf(buf, sizeof(buf),
-             "%s: %s (%s) on cuda:%d: the device faulted (a kernel accessed "
-             "memory it does not own, or crashed); its context is reset, "
-             "buffers on it are lost",
-             what, name ? name : "CUDA error", text ? text : "?", dev->index);
-    if (!dev->ctx_dead)
-      dev->faults++;
-    dev->ctx_dead = 1;
-    snprintf(dev->fault, sizeof(dev->fault), "%s", buf);
-  } else {
-    snprintf(buf, sizeof(buf), "%s: %s (%s)", what, name ? name : "CUDA error",
-             text ? text : "?");
-  }
-  dspk__cuda_msg(ctx, DSPK_EDEVICE, "%s", buf);
-  return DSPK_EDEVICE;
+    CU.cuGetErrorString((CUresult)r, text);
 }
 
-/* ---- probe ------------------------------------------------------------- */
+/* ---- the driver API -------------------------------------------------------- */
 
-static struct {
-  int n;
-  CUdevice dev[DSPK__CUDA_MAX_DEVICES];
-  struct dspk__devinfo info[DSPK__CUDA_MAX_DEVICES];
-  char driver_ver[32];
-} g;
+static int ctx_open(int ordinal, void **ctx, dspk__gstream *stream) {
+  CUdevice d;
+  CUcontext c;
+  CUstream s;
+  CUresult r;
+  if ((r = CU.cuDeviceGet(&d, ordinal)) || (r = CU.cuDevicePrimaryCtxRetain(&c, d)))
+    return (int)r;
+  if ((r = CU.cuCtxSetCurrent(c)) || (r = CU.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING))) {
+    CU.cuDevicePrimaryCtxRelease(d);
+    return (int)r;
+  }
+  *ctx = c;
+  *stream = s;
+  return 0;
+}
+
+static void ctx_close(int ordinal, void *ctx, dspk__gstream stream, int dead) {
+  CUdevice d;
+  (void)ctx;
+  if (stream && !dead)
+    CU.cuStreamDestroy((CUstream)stream);
+  if (CU.cuDeviceGet(&d, ordinal) != CUDA_SUCCESS)
+    return;
+  CU.cuDevicePrimaryCtxRelease(d);
+  if (dead)
+    CU.cuDevicePrimaryCtxReset(d);
+}
+
+static int event_create(dspk__gevent *ev) {
+  return (int)CU.cuEventCreate((CUevent *)ev, CU_EVENT_DISABLE_TIMING);
+}
+static int event_destroy(dspk__gevent ev) { return (int)CU.cuEventDestroy((CUevent)ev); }
+static int event_record(dspk__gevent ev, dspk__gstream s) {
+  return (int)CU.cuEventRecord((CUevent)ev, (CUstream)s);
+}
+static int event_query(dspk__gevent ev) { return (int)CU.cuEventQuery((CUevent)ev); }
+static int event_sync(dspk__gevent ev) { return (int)CU.cuEventSynchronize((CUevent)ev); }
+static int stream_sync(dspk__gstream s) { return (int)CU.cuStreamSynchronize((CUstream)s); }
+static int stream_query(dspk__gstream s) { return (int)CU.cuStreamQuery((CUstream)s); }
+static int mem_alloc(dspk__gptr *p, size_t n) {
+  CUdeviceptr d = 0;
+  CUresult r = CU.cuMemAlloc(&d, n);
+  *p = (dspk__gptr)d;
+  return (int)r;
+}
+static int mem_free(dspk__gptr p) { return (int)CU.cuMemFree((CUdeviceptr)p); }
+static int host_alloc(void **p, size_t n) { return (int)CU.cuMemHostAlloc(p, n, 0); }
+static int host_free(void *p) { return (int)CU.cuMemFreeHost(p); }
+static int host_register(void *p, size_t n) { return (int)CU.cuMemHostRegister(p, n, 0); }
+static int host_unregister(void *p) { return (int)CU.cuMemHostUnregister(p); }
+static int htod_async(dspk__gptr dst, const void *src, size_t n, dspk__gstream s) {
+  return (int)CU.cuMemcpyHtoDAsync((CUdeviceptr)dst, src, n, (CUstream)s);
+}
+static int dtoh_async(void *dst, dspk__gptr src, size_t n, dspk__gstream s) {
+  return (int)CU.cuMemcpyDtoHAsync(dst, (CUdeviceptr)src, n, (CUstream)s);
+}
+static int memset_async(dspk__gptr dst, unsigned char v, size_t n, dspk__gstream s) {
+  return (int)CU.cuMemsetD8Async((CUdeviceptr)dst, v, n, (CUstream)s);
+}
+static int htod(dspk__gptr dst, const void *src, size_t n) {
+  return (int)CU.cuMemcpyHtoD((CUdeviceptr)dst, src, n);
+}
+static int dtoh(void *dst, dspk__gptr src, size_t n) {
+  return (int)CU.cuMemcpyDtoH(dst, (CUdeviceptr)src, n);
+}
+static int module_load(dspk__gmodule *m, const void *image) {
+  return (int)CU.cuModuleLoadData((CUmodule *)m, image);
+}
+static int module_unload(dspk__gmodule m) { return (int)CU.cuModuleUnload((CUmodule)m); }
+static int module_func(dspk__gfunc *f, dspk__gmodule m, const char *name) {
+  return (int)CU.cuModuleGetFunction((CUfunction *)f, (CUmodule)m, name);
+}
+static int launch(dspk__gfunc f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                  unsigned by, unsigned bz, unsigned shmem, dspk__gstream s, void **args) {
+  return (int)CU.cuLaunchKernel((CUfunction)f, gx, gy, gz, bx, by, bz, shmem, (CUstream)s,
+                                args, NULL);
+}
+static int func_set_shared(dspk__gfunc f, int bytes) {
+  return (int)CU.cuFuncSetAttribute((CUfunction)f,
+                                    CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes);
+}
+static int ipc_get(unsigned char handle[64], dspk__gptr p) {
+  CUipcMemHandle h;
+  CUresult r = CU.cuIpcGetMemHandle(&h, (CUdeviceptr)p);
+  _Static_assert(sizeof(h) == 64, "CUipcMemHandle is 64 bytes");
+  memcpy(handle, &h, sizeof(h));
+  return (int)r;
+}
+static int ipc_open(dspk__gptr *p, const unsigned char handle[64]) {
+  CUipcMemHandle h;
+  CUdeviceptr d = 0;
+  CUresult r;
+  memcpy(&h, handle, sizeof(h));
+  r = CU.cuIpcOpenMemHandle(&d, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+  *p = (dspk__gptr)d;
+  return (int)r;
+}
+static int ipc_close(dspk__gptr p) { return (int)CU.cuIpcCloseMemHandle((CUdeviceptr)p); }
+
+/* ---- NVRTC ----------------------------------------------------------------- */
+
+static void rtc_version(char *out, size_t len) {
+  snprintf(out, len, "%d.%d", NV.major, NV.minor);
+}
+
+static void rtc_opts(const char *arch, char *out, size_t len) {
+  snprintf(out, len, "--gpu-architecture=%s --std=c++14", arch);
+}
+
+static int rtc_compile(const char *arch, const char *name, const char *text, void **out,
+                       size_t *outlen, char *log, size_t loglen) {
+  char opt_arch[64];
+  const char *opts[2];
+  nvrtcProgram prog = NULL;
+  nvrtcResult r;
+  size_t n = 0;
+  void *bin = NULL;
+  int rc;
+  snprintf(opt_arch, sizeof(opt_arch), "--gpu-architecture=%s", arch);
+  opts[0] = opt_arch;
+  opts[1] = "--std=c++14";
+  if ((r = NV.nvrtcCreateProgram(&prog, text, name, 0, NULL, NULL)) != NVRTC_SUCCESS) {
+    if (log && loglen)
+      snprintf(log, loglen, "nvrtcCreateProgram: %s", NV.nvrtcGetErrorString(r));
+    return r == NVRTC_ERROR_OUT_OF_MEMORY ? DSPK_ENOMEM : DSPK_ECOMPILE;
+  }
+  r = NV.nvrtcCompileProgram(prog, 2, opts);
+  if (r != NVRTC_SUCCESS) {
+    size_t ls = 0;
+    if (log && loglen) {
+      int k = snprintf(log, loglen, "NVRTC (%s) failed to compile %s: ", arch, name);
+      if (k > 0 && (size_t)k < loglen && NV.nvrtcGetProgramLogSize(prog, &ls) == NVRTC_SUCCESS) {
+        char *full = malloc(ls + 1);
+        if (full && NV.nvrtcGetProgramLog(prog, full) == NVRTC_SUCCESS) {
+          full[ls] = 0;
+          dspk__format(log + k, loglen - (size_t)k, "%s", full);
+        }
+        free(full);
+      }
+    }
+    rc = DSPK_ECOMPILE;
+    goto out;
+  }
+  if ((r = NV.nvrtcGetCUBINSize(prog, &n)) != NVRTC_SUCCESS || n == 0) {
+    if (log && loglen)
+      snprintf(log, loglen, "nvrtcGetCUBINSize: %s", NV.nvrtcGetErrorString(r));
+    rc = DSPK_ECOMPILE;
+    goto out;
+  }
+  bin = malloc(n);
+  if (!bin) {
+    rc = DSPK_ENOMEM;
+    goto out;
+  }
+  if ((r = NV.nvrtcGetCUBIN(prog, bin)) != NVRTC_SUCCESS) {
+    if (log && loglen)
+      snprintf(log, loglen, "nvrtcGetCUBIN: %s", NV.nvrtcGetErrorString(r));
+    free(bin);
+    rc = DSPK_ECOMPILE;
+    goto out;
+  }
+  *out = bin;
+  *outlen = n;
+  rc = 0;
+out:
+  NV.nvrtcDestroyProgram(&prog);
+  return rc;
+}
+
+/* ---- cuBLAS ---------------------------------------------------------------- */
+
+static const char *blas_name(void) { return BL.lib ? "cuBLAS" : NULL; }
+
+static int blas_open(void **h, dspk__gstream s, dspk__gptr ws, size_t wsn) {
+  cublasHandle_t b;
+  if (BL.cublasCreate(&b) != CUBLAS_STATUS_SUCCESS)
+    return -1;
+  BL.cublasSetStream(b, (cudaStream_t)s);
+  if (ws)
+    BL.cublasSetWorkspace(b, (void *)(uintptr_t)ws, wsn);
+  *h = b;
+  return 0;
+}
+
+static void blas_close(void *h) {
+  BL.cublasSetWorkspace(h, NULL, 0);
+  BL.cublasDestroy(h);
+}
+
+static int blas_gemm(void *h, dspk_dtype dt, int tx, int ty, int m, int n, int k, double alpha,
+                     dspk__gptr X, int ldx, int64_t sx, dspk__gptr Y, int ldy, int64_t sy,
+                     double beta, dspk__gptr C, int ldc, int64_t sc, int nb) {
+  cublasHandle_t b = h;
+  cublasOperation_t ox = tx ? CUBLAS_OP_T : CUBLAS_OP_N;
+  cublasOperation_t oy = ty ? CUBLAS_OP_T : CUBLAS_OP_N;
+  void *px = (void *)(uintptr_t)X, *py = (void *)(uintptr_t)Y, *pc = (void *)(uintptr_t)C;
+  switch (dt) {
+  case DSPK_F32: {
+    float a = (float)alpha, be = (float)beta;
+    return nb == 1 ? (int)BL.cublasSgemm(b, ox, oy, m, n, k, &a, px, ldx, py, ldy, &be, pc, ldc)
+                   : (int)BL.cublasSgemmStridedBatched(b, ox, oy, m, n, k, &a, px, ldx, sx, py,
+                                                       ldy, sy, &be, pc, ldc, sc, nb);
+  }
+  case DSPK_F64:
+    return nb == 1 ? (int)BL.cublasDgemm(b, ox, oy, m, n, k, &alpha, px, ldx, py, ldy, &beta,
+                                         pc, ldc)
+                   : (int)BL.cublasDgemmStridedBatched(b, ox, oy, m, n, k, &alpha, px, ldx, sx,
+                                                       py, ldy, sy, &beta, pc, ldc, sc, nb);
+  case DSPK_C64: {
+    cuComplex a = {(float)alpha, 0}, be = {(float)beta, 0};
+    return (int)BL.cublasCgemmStridedBatched(b, ox, oy, m, n, k, &a, px, ldx, sx, py, ldy, sy,
+                                             &be, pc, ldc, sc, nb);
+  }
+  case DSPK_C128: {
+    cuDoubleComplex a = {alpha, 0}, be = {beta, 0};
+    return (int)BL.cublasZgemmStridedBatched(b, ox, oy, m, n, k, &a, px, ldx, sx, py, ldy, sy,
+                                             &be, pc, ldc, sc, nb);
+  }
+  case DSPK_F16:
+  case DSPK_BF16: {
+    float a = (float)alpha, be = (float)beta;
+    cudaDataType_t in = dt == DSPK_F16 ? CUDA_R_16F : CUDA_R_16BF;
+    return nb == 1
+               ? (int)BL.cublasGemmEx(b, ox, oy, m, n, k, &a, px, in, ldx, py, in, ldy, &be, pc,
+                                      CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT)
+               : (int)BL.cublasGemmStridedBatchedEx(b, ox, oy, m, n, k, &a, px, in, ldx, sx, py,
+                                                    in, ldy, sy, &be, pc, CUDA_R_32F, ldc, sc,
+                                                    nb, CUBLAS_COMPUTE_32F,
+                                                    CUBLAS_GEMM_DEFAULT);
+  }
+  default:
+    return -1;
+  }
+}
+
+/* ---- cuFFT ------------------------------------------------------------------ */
+
+static const char *fft_name(void) { return FF.lib ? "cuFFT" : NULL; }
+
+static const cufftType fft_types[] = {CUFFT_C2C, CUFFT_Z2Z, CUFFT_R2C, CUFFT_D2Z};
+
+static int fft_plan(void **plan, enum dspk__gfft kind, long long n, long long batch,
+                    long long nout, size_t *ws, dspk__gstream s, int *oom) {
+  cufftHandle h;
+  cufftResult r;
+  long long nn = n;
+  if ((r = FF.cufftCreate(&h)) != CUFFT_SUCCESS)
+    return (int)r;
+  FF.cufftSetAutoAllocation(h, 0);
+  r = FF.cufftMakePlanMany64(h, 1, &nn, NULL, 1, n, NULL, 1, nout, fft_types[kind], batch, ws);
+  if (r != CUFFT_SUCCESS) {
+    *oom = r == CUFFT_ALLOC_FAILED;
+    FF.cufftDestroy(h);
+    return (int)r;
+  }
+  FF.cufftSetStream(h, (cudaStream_t)s);
+  *plan = (void *)(uintptr_t)h;
+  return 0;
+}
+
+static int fft_set_work(void *plan, dspk__gptr ws) {
+  return (int)FF.cufftSetWorkArea((cufftHandle)(uintptr_t)plan, (void *)(uintptr_t)ws);
+}
+
+static int fft_exec(void *plan, enum dspk__gfft kind, dspk__gptr in, dspk__gptr out,
+                    int inverse) {
+  cufftHandle h = (cufftHandle)(uintptr_t)plan;
+  void *i = (void *)(uintptr_t)in, *o = (void *)(uintptr_t)out;
+  switch (kind) {
+  case DSPK__GFFT_C2C: return (int)FF.cufftExecC2C(h, i, o, inverse ? CUFFT_INVERSE : CUFFT_FORWARD);
+  case DSPK__GFFT_Z2Z: return (int)FF.cufftExecZ2Z(h, i, o, inverse ? CUFFT_INVERSE : CUFFT_FORWARD);
+  case DSPK__GFFT_R2C: return (int)FF.cufftExecR2C(h, i, o);
+  default: return (int)FF.cufftExecD2Z(h, i, o);
+  }
+}
+
+static void fft_destroy(void *plan) { FF.cufftDestroy((cufftHandle)(uintptr_t)plan); }
+
+/* ---- probe --------------------------------------------------------------------- */
 
 /* The kernel module's version from /proc ("580.95.05"), or "". */
 static void nvidia_version(char *out, size_t len) {
@@ -109,14 +362,10 @@ static void nvidia_version(char *out, size_t len) {
   fclose(f);
 }
 
-static int cuda_probe(struct dspk__devinfo *info, int max, char *why,
-                      size_t whylen) {
+static int probe(struct dspk__gpurt_state *g, char *why, size_t whylen) {
   CUresult r;
   int n = 0, drv = 0;
-  char kmod[32];
-  if (why && whylen)
-    why[0] = 0;
-  g.n = 0;
+  char kmod[32], driver_ver[32];
   if (dspk__cuda_load_driver(why, whylen) != 0)
     return 0;
   r = CU.cuInit(0);
@@ -144,30 +393,30 @@ static int cuda_probe(struct dspk__devinfo *info, int max, char *why,
     return 0;
   }
   nvidia_version(kmod, sizeof(kmod));
-  snprintf(g.driver_ver, sizeof(g.driver_ver), "%d.%d", drv / 1000,
-           drv % 1000 / 10);
-  if (n > DSPK__CUDA_MAX_DEVICES)
-    n = DSPK__CUDA_MAX_DEVICES;
+  snprintf(driver_ver, sizeof(driver_ver), "%d.%d", drv / 1000, drv % 1000 / 10);
+  if (n > DSPK__GPURT_MAX_DEVICES)
+    n = DSPK__GPURT_MAX_DEVICES;
   for (int i = 0; i < n; i++) {
-    struct dspk__devinfo *d = &g.info[i];
+    struct dspk__devinfo *d = &g->info[i];
     int maj = 0, min = 0;
     size_t mem = 0;
+    CUdevice dev = 0;
     CUuuid u;
     memset(d, 0, sizeof(*d));
-    CU.cuDeviceGet(&g.dev[i], i);
-    CU.cuDeviceGetName(d->name, sizeof(d->name), g.dev[i]);
-    CU.cuDeviceGetAttribute(&maj, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
-                            g.dev[i]);
-    CU.cuDeviceGetAttribute(&min, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
-                            g.dev[i]);
-    CU.cuDeviceTotalMem(&mem, g.dev[i]);
+    CU.cuDeviceGet(&dev, i);
+    g->ordinal[i] = i;
+    CU.cuDeviceGetName(d->name, sizeof(d->name), dev);
+    CU.cuDeviceGetAttribute(&maj, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev);
+    CU.cuDeviceGetAttribute(&min, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev);
+    CU.cuDeviceGetAttribute(&g->sms[i], CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev);
+    CU.cuDeviceTotalMem(&mem, dev);
     snprintf(d->type, sizeof(d->type), "discrete");
     snprintf(d->arch, sizeof(d->arch), "sm_%d%d", maj, min);
     if (kmod[0])
-      snprintf(d->driver, sizeof(d->driver), "%.24s (CUDA %.24s)", kmod, g.driver_ver);
+      snprintf(d->driver, sizeof(d->driver), "%.24s (CUDA %.24s)", kmod, driver_ver);
     else
-      snprintf(d->driver, sizeof(d->driver), "CUDA %.24s", g.driver_ver);
-    if (CU.cuDeviceGetUuid(&u, g.dev[i]) == CUDA_SUCCESS) {
+      snprintf(d->driver, sizeof(d->driver), "CUDA %.24s", driver_ver);
+    if (CU.cuDeviceGetUuid(&u, dev) == CUDA_SUCCESS) {
       const unsigned char *b = (const unsigned char *)u.bytes;
       snprintf(d->uuid, sizeof(d->uuid),
                "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
@@ -176,753 +425,84 @@ static int cuda_probe(struct dspk__devinfo *info, int max, char *why,
     }
     d->memory = mem;
   }
-  g.n = n;
   /* The toolkit libraries are optional: ops that need a missing one fail
    * with ENOTSUP and the library's name.  Loading them here, once, keeps
    * their start-up cost out of every task. */
   dspk__cuda_load_nvrtc(NULL, 0);
   dspk__cuda_load_cublas(NULL, 0);
   dspk__cuda_load_cufft(NULL, 0);
-  for (int i = 0; i < n && i < max; i++)
-    info[i] = g.info[i];
   return n;
 }
 
-static void cuda_shutdown(void) {
-  g.n = 0;
-  dspk__cuda_unload();
-}
-
-/* ---- fences ------------------------------------------------------------ */
-
-static int fence_record(struct dspk__dev *dev, struct dspk__fence **out) {
-  struct dspk__fence *f;
-  CUevent ev;
-  CUresult r;
-  if (dev->ctx_dead)
-    return DSPK_EDEVICE;
-  f = malloc(sizeof(*f));
-  if (!f)
-    return DSPK_ENOMEM;
-  if (dev->nspare > 0) {
-    ev = dev->spare[--dev->nspare];
-  } else if ((r = CU.cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING)) != CUDA_SUCCESS) {
-    free(f);
-    return dspk__cuda_err(dev, NULL, "cuEventCreate", r);
+static int load(char *why, size_t whylen) {
+  int rc = dspk__cuda_load_driver(why, whylen);
+  if (rc == 0 && CU.cuInit(0) != CUDA_SUCCESS) {
+    snprintf(why, whylen, "cuInit failed");
+    rc = DSPK_ENODEV;
   }
-  if ((r = CU.cuEventRecord(ev, dev->stream)) != CUDA_SUCCESS) {
-    CU.cuEventDestroy(ev);
-    free(f);
-    return dspk__cuda_err(dev, NULL, "cuEventRecord", r);
-  }
-  f->ev = ev;
-  f->gen = dev->gen;
-  *out = f;
-  return 0;
-}
-
-static int fence_query(struct dspk__dev *dev, struct dspk__fence *f) {
-  CUresult r;
-  if (f->gen != dev->gen)
-    return 1; /* its context is gone, and with it all its work */
-  r = CU.cuEventQuery(f->ev);
-  if (r == CUDA_SUCCESS)
-    return 1;
-  if (r == CUDA_ERROR_NOT_READY)
-    return 0;
-  return dspk__cuda_err(dev, NULL, "cuEventQuery", r);
-}
-
-static int fence_wait(struct dspk__dev *dev, struct dspk__fence *f) {
-  CUresult r;
-  if (f->gen != dev->gen)
-    return 0;
-  r = CU.cuEventSynchronize(f->ev);
-  return r == CUDA_SUCCESS ? 0 : dspk__cuda_err(dev, NULL, "cuEventSynchronize", r);
-}
-
-static void fence_destroy(struct dspk__dev *dev, struct dspk__fence *f) {
-  if (!f)
-    return;
-  if (f->gen == dev->gen && !dev->ctx_dead) {
-    if (dev->nspare < (int)(sizeof(dev->spare) / sizeof(dev->spare[0])))
-      dev->spare[dev->nspare++] = f->ev;
-    else
-      CU.cuEventDestroy(f->ev);
-  }
-  free(f);
-}
-
-static int stream_sync(struct dspk__dev *dev) {
-  CUresult r;
-  if (dev->ctx_dead)
-    return DSPK_EDEVICE;
-  r = CU.cuStreamSynchronize(dev->stream);
-  if (r == CUDA_SUCCESS)
-    dev->stage.work_queued = 0;
-  return r == CUDA_SUCCESS ? 0 : dspk__cuda_err(dev, NULL, "cuStreamSynchronize", r);
-}
-
-/* The backend table's fences: the daemon answers a task once its fence
- * completed, so a fence whose context was rebuilt after a fault reports the
- * loss of its work (EDEVICE) rather than "reached". */
-static int table_fence_query(struct dspk__dev *dev, struct dspk__fence *f) {
-  if (f->gen != dev->gen)
-    return DSPK_EDEVICE;
-  return fence_query(dev, f);
-}
-static int table_fence_wait(struct dspk__dev *dev, struct dspk__fence *f) {
-  if (f->gen != dev->gen)
-    return DSPK_EDEVICE;
-  return fence_wait(dev, f);
-}
-
-/* The retirement queue's view of the same fences: a fence of a context
- * that is gone counts as reached (its work, and the memory, went with it). */
-static int rq_record(void *ud, void **f) {
-  return fence_record(ud, (struct dspk__fence **)f);
-}
-static int rq_query(void *ud, void *f) { return fence_query(ud, f); }
-static int rq_wait(void *ud, void *f) { return fence_wait(ud, f); }
-static void rq_destroy(void *ud, void *f) { fence_destroy(ud, f); }
-static int rq_barrier(void *ud) { return stream_sync(ud); }
-static const struct dspk__retire_ops retire_ops = {rq_record, rq_query, rq_wait,
-                                                   rq_destroy, rq_barrier};
-
-void dspk__cuda_retire(struct dspk__dev *dev, dspk__retire_release_fn fn,
-                       void *ud, void *res) {
-  if (dev->ctx_dead) {
-    fn(ud, res); /* the context's reset frees the device side */
-    return;
-  }
-  if (dev->sync_on_evict) {
-    if (stream_sync(dev) == 0)
-      fn(ud, res);
-    return;
-  }
-  dspk__retire_push(&dev->retire, fn, ud, res);
-}
-
-/* ---- pool -------------------------------------------------------------- */
-
-static int raw_alloc(void *ud, size_t n, uint64_t *h) {
-  struct dspk__dev *dev = ud;
-  CUdeviceptr p;
-  CUresult r = CU.cuMemAlloc(&p, n);
-  if (r == CUDA_ERROR_OUT_OF_MEMORY)
-    return DSPK_ENOMEM;
-  if (r != CUDA_SUCCESS)
-    return dspk__cuda_err(dev, NULL, "cuMemAlloc", r);
-  *h = (uint64_t)p;
-  return 0;
-}
-
-static void raw_free(void *ud, uint64_t h) {
-  struct dspk__dev *dev = ud;
-  if (!dev->ctx_dead)
-    CU.cuMemFree((CUdeviceptr)h);
-}
-
-static const struct dspk__pool_ops pool_ops = {raw_alloc, raw_free};
-
-int dspk__cuda_tmp_alloc(struct dspk__dev *dev, size_t n,
-                         struct dspk__pool_block **out) {
-  dspk__retire_drain(&dev->retire);
-  return dspk__pool_get(&dev->pool, n ? n : 1, out);
-}
-
-void dspk__cuda_tmp_free(struct dspk__dev *dev, struct dspk__pool_block *b) {
-  if (b)
-    dspk__cuda_retire(dev, dspk__pool_put_cb, &dev->pool, b);
-}
-
-/* ---- pinned staging ------------------------------------------------------ */
-
-/* Why a ring of cuMemHostAlloc chunks and not cuMemHostRegister of the
- * caller's memory: the callers' buffers (a request frame's bytes, a result
- * the daemon is about to send) live for one transfer, and registering them
- * costs a page-table walk and pinning of every page each time (the driver's
- * documentation calls it expensive and advises against doing it per copy),
- * while the copies from pageable memory it would replace run at 5.2 GB/s
- * on the H200.  A ring allocated once per device turns every copy into a
- * host memcpy into pinned memory (overlapped with the DMA of the previous
- * chunk) plus an asynchronous DMA at full PCIe speed, and writes return
- * without waiting for the device.  The chunks are plain (not
- * write-combined) memory because device-to-host copies read them back. */
-
-#define STAGE_CHUNKS_DEFAULT 16
-#define STAGE_CHUNK_DEFAULT ((size_t)2 << 20) /* 16 x 2 MiB = 32 MiB */
-#define STAGE_READ_DIRECT ((size_t)4 << 20)   /* see dspk__cuda_stage_read */
-#define STAGE_WRITE_DIRECT ((size_t)1 << 20)  /* on an idle stream, see dspk__cuda_stage_write */
-
-/* Waits for every copy still using a chunk, then frees the ring.  With a
- * dead context nothing can be waited for: the memory goes with the reset
- * that follows (cuDevicePrimaryCtxReset). */
-static void stage_free(struct dspk__dev *dev) {
-  struct dspk__cuda_stage *s = &dev->stage;
-  int dead = dev->ctx_dead;
-  for (int i = 0; i < s->n; i++) {
-    if (s->busy[i] && !dead && CU.cuEventSynchronize(s->ev[i]) != CUDA_SUCCESS)
-      dead = 1;
-    s->busy[i] = 0;
-  }
-  for (int i = 0; i < s->n; i++)
-    if (s->ev[i] && !dev->ctx_dead)
-      CU.cuEventDestroy(s->ev[i]);
-  /* A broken ring may still be read by a DMA without an event: only a
-   * finished stream makes it safe to free. */
-  if (s->host && !dead && (!s->broken || CU.cuStreamSynchronize(dev->stream) == CUDA_SUCCESS))
-    CU.cuMemFreeHost(s->host);
-  memset(s, 0, sizeof(*s));
-}
-
-/* Allocates a ring of n chunks of chunk bytes (n 0: none).  On failure the
- * ring stays off and the error is returned (open ignores it: copies then
- * go from pageable memory, slower but correct). */
-static int stage_alloc(struct dspk__dev *dev, int n, size_t chunk) {
-  struct dspk__cuda_stage *s = &dev->stage;
-  void *p = NULL;
-  CUresult r;
-  int rc = 0;
-  memset(s, 0, sizeof(*s));
-  if (n <= 0)
-    return 0;
-  if (n < 2 || n > DSPK__CUDA_STAGE_MAX || chunk < 4096 || chunk > ((size_t)1 << 30))
-    return DSPK_EINVAL;
-  chunk = (chunk + 4095) & ~(size_t)4095;
-  if ((r = CU.cuMemHostAlloc(&p, (size_t)n * chunk, 0)) != CUDA_SUCCESS)
-    return dspk__cuda_err(dev, NULL, "cuMemHostAlloc", r);
-  for (int i = 0; i < n; i++) {
-    if ((r = CU.cuEventCreate(&s->ev[i], CU_EVENT_DISABLE_TIMING)) != CUDA_SUCCESS) {
-      rc = dspk__cuda_err(dev, NULL, "cuEventCreate", r);
-      goto err_events;
-    }
-  }
-  s->host = p;
-  s->chunk = chunk;
-  s->n = n;
-  return 0;
-err_events:
-  for (int i = 0; i < n; i++)
-    if (s->ev[i])
-      CU.cuEventDestroy(s->ev[i]);
-  CU.cuMemFreeHost(p);
-  memset(s, 0, sizeof(*s));
   return rc;
 }
 
-/* Takes the next chunk of the ring, waiting until the copy that used it
- * last has finished.  Writes its index.  0 or a dspk_errno. */
-static int stage_take(struct dspk__dev *dev, int *idx) {
-  struct dspk__cuda_stage *s = &dev->stage;
-  int i = s->next;
-  if (s->busy[i]) {
-    CUresult r = CU.cuEventQuery(s->ev[i]);
-    if (r == CUDA_ERROR_NOT_READY) {
-      s->waits++;
-      r = CU.cuEventSynchronize(s->ev[i]);
-    }
-    if (r != CUDA_SUCCESS)
-      return dspk__cuda_err(dev, NULL, "cuEventSynchronize (staging)", r);
-    s->busy[i] = 0;
-  }
-  s->next = (i + 1) % s->n;
-  *idx = i;
-  return 0;
-}
+static struct dspk__gpurt_state cuda_state;
 
-/* Marks chunk i in use by the copy just enqueued.  Should the event fail,
- * the stream is drained instead; should that fail too, the ring is broken
- * (never touched again, freed only once the stream is known to be idle). */
-static int stage_mark(struct dspk__dev *dev, int i) {
-  struct dspk__cuda_stage *s = &dev->stage;
-  CUresult r = CU.cuEventRecord(s->ev[i], dev->stream);
-  if (r == CUDA_SUCCESS) {
-    s->busy[i] = 1;
-    return 0;
-  }
-  if (CU.cuStreamSynchronize(dev->stream) != CUDA_SUCCESS)
-    s->broken = 1;
-  return dspk__cuda_err(dev, NULL, "cuEventRecord (staging)", r);
-}
-
-static int stage_on(const struct dspk__dev *dev) {
-  return dev->stage.host && !dev->stage.broken;
-}
-
-/* ---- client mappings pinned for DMA (shared-memory buffers) ---------------- */
-
-/* Why register here, where the staging comment above argues against it:
- * a shared buffer's mapping lives as long as the buffer and is copied
- * around every task that uses it, so the one-time pinning pays back at the
- * first copy, and its copies then need no staging memcpy at all. */
-static int host_pinned(const struct dspk__dev *dev, const void *p, size_t n) {
-  for (size_t i = 0; i < dev->nhostreg; i++)
-    if ((const char *)p >= (const char *)dev->hostreg[i].p &&
-        n <= dev->hostreg[i].n &&
-        (size_t)((const char *)p - (const char *)dev->hostreg[i].p) <= dev->hostreg[i].n - n)
-      return 1;
-  return 0;
-}
-
-int dspk__cuda_host_register(struct dspk__dev *dev, void *p, size_t n) {
-  CUresult r;
-  if (dev->nhostreg == dev->caphostreg) {
-    size_t cap = dev->caphostreg ? 2 * dev->caphostreg : 8;
-    void *nr = realloc(dev->hostreg, cap * sizeof(*dev->hostreg));
-    if (!nr)
-      return DSPK_ENOMEM;
-    dev->hostreg = nr;
-    dev->caphostreg = cap;
-  }
-  if ((r = CU.cuMemHostRegister(p, n, 0)) != CUDA_SUCCESS)
-    return dspk__cuda_err(dev, NULL, "cuMemHostRegister", r);
-  dev->hostreg[dev->nhostreg].p = p;
-  dev->hostreg[dev->nhostreg].n = n;
-  dev->nhostreg++;
-  return 0;
-}
-
-void dspk__cuda_host_unregister(struct dspk__dev *dev, void *p) {
-  for (size_t i = 0; i < dev->nhostreg; i++)
-    if (dev->hostreg[i].p == p) {
-      /* A copy still queued may read or fill the pages. */
-      if (!dev->ctx_dead && CU.cuStreamSynchronize(dev->stream) == CUDA_SUCCESS)
-        CU.cuMemHostUnregister(p);
-      dev->hostreg[i] = dev->hostreg[--dev->nhostreg];
-      if (dev->nhostreg == 0) {
-        free(dev->hostreg);
-        dev->hostreg = NULL;
-        dev->caphostreg = 0;
-      }
-      return;
-    }
-}
-
-int dspk__cuda_stage_write(struct dspk__dev *dev, CUdeviceptr dst,
-                           const void *src, size_t n) {
-  struct dspk__cuda_stage *s = &dev->stage;
-  const unsigned char *p = src;
-  CUresult r;
-  int rc;
-  if (n == 0)
-    return 0;
-  /* A pinned client mapping: DMA straight from it, asynchronously. */
-  if (dev->nhostreg && host_pinned(dev, src, n)) {
-    r = CU.cuMemcpyHtoDAsync(dst, src, n, dev->stream);
-    return r == CUDA_SUCCESS ? 0 : dspk__cuda_err(dev, NULL, "cuMemcpyHtoDAsync", r);
-  }
-  /* A copy from pageable memory makes the driver synchronize the stream
-   * first: free when the stream holds no ops (only copies, or nothing), and
-   * then the driver's own staged copy is the faster one for large writes (a
-   * gemm 1024^2 task on an idle H200: 0.98 ms pageable vs 1.32 ms through
-   * the ring).  While ops are queued, the ring keeps them running. */
-  if (stage_on(dev) && n >= STAGE_WRITE_DIRECT && dev->stage.work_queued &&
-      CU.cuStreamQuery(dev->stream) == CUDA_SUCCESS)
-    dev->stage.work_queued = 0;
-  if (!stage_on(dev) || (n >= STAGE_WRITE_DIRECT && !dev->stage.work_queued)) {
-    r = CU.cuMemcpyHtoDAsync(dst, src, n, dev->stream);
-    return r == CUDA_SUCCESS ? 0 : dspk__cuda_err(dev, NULL, "cuMemcpyHtoDAsync", r);
-  }
-  /* Chunk k+1 is filled while the DMA of chunk k runs; a chunk is reused
-   * only after the event behind its last DMA. */
-  while (n > 0) {
-    size_t k = n < s->chunk ? n : s->chunk;
-    unsigned char *h;
-    int i;
-    if ((rc = stage_take(dev, &i)))
-      return rc;
-    h = s->host + (size_t)i * s->chunk;
-    memcpy(h, p, k);
-    if ((r = CU.cuMemcpyHtoDAsync(dst, h, k, dev->stream)) != CUDA_SUCCESS)
-      return dspk__cuda_err(dev, NULL, "cuMemcpyHtoDAsync", r);
-    if ((rc = stage_mark(dev, i)))
-      return rc;
-    s->chunks_h2d++;
-    p += k;
-    dst += k;
-    n -= k;
-  }
-  return 0;
-}
-
-int dspk__cuda_stage_read(struct dspk__dev *dev, void *dst, CUdeviceptr src,
-                          size_t n) {
-  struct dspk__cuda_stage *s = &dev->stage;
-  unsigned char *p = dst;
-  size_t issued = 0, done = 0;
-  /* The chunks of this read in flight, oldest first: ring order, so the
-   * oldest is always (first + k) % s->n. */
-  int first = s->next, inflight = 0;
-  CUresult r;
-  int rc;
-  /* Reads from STAGE_READ_DIRECT up go straight to the caller's pageable
-   * memory: a read waits for its data either way, and on the H200 the
-   * driver's own pipelined copy measured 12-15 GB/s there against 8.5-11
-   * through the ring (bench/cuda_staging); below it the ring is faster
-   * (13 vs 7.7 GB/s at 1 MiB).  Writes use the ring unless the stream is
-   * idle (see dspk__cuda_stage_write). */
-  if (!stage_on(dev) || n >= STAGE_READ_DIRECT ||
-      (dev->nhostreg && host_pinned(dev, dst, n))) { /* pinned mapping: DMA into it */
-    if (n > 0 && (r = CU.cuMemcpyDtoHAsync(dst, src, n, dev->stream)) != CUDA_SUCCESS)
-      return dspk__cuda_err(dev, NULL, "cuMemcpyDtoHAsync", r);
-    return stream_sync(dev);
-  }
-  if (n == 0)
-    return stream_sync(dev);
-  /* Up to s->n DMAs in flight; the oldest chunk is copied out while the
-   * later ones run, then refilled with the next part. */
-  while (done < n) {
-    while (issued < n && inflight < s->n) {
-      size_t k = n - issued < s->chunk ? n - issued : s->chunk;
-      int i;
-      if ((rc = stage_take(dev, &i)))
-        return rc;
-      r = CU.cuMemcpyDtoHAsync(s->host + (size_t)i * s->chunk, src + issued, k, dev->stream);
-      if (r != CUDA_SUCCESS)
-        return dspk__cuda_err(dev, NULL, "cuMemcpyDtoHAsync", r);
-      if ((rc = stage_mark(dev, i)))
-        return rc;
-      s->chunks_d2h++;
-      issued += k;
-      inflight++;
-    }
-    {
-      int i = first;
-      size_t k = n - done < s->chunk ? n - done : s->chunk;
-      if ((r = CU.cuEventSynchronize(s->ev[i])) != CUDA_SUCCESS)
-        return dspk__cuda_err(dev, NULL, "cuEventSynchronize (staging)", r);
-      s->busy[i] = 0;
-      memcpy(p + done, s->host + (size_t)i * s->chunk, k);
-      done += k;
-      inflight--;
-      first = (first + 1) % s->n;
-    }
-  }
-  return 0;
-}
-
-int dspk__cuda_stage_config(struct dspk__dev *dev, int nchunks, size_t chunk) {
-  stage_free(dev);
-  return stage_alloc(dev, nchunks, chunk);
-}
-
-/* ---- device setup and teardown ------------------------------------------- */
-
-static unsigned env_uint(const char *name, unsigned dflt) {
-  const char *s = getenv(name);
-  if (s && *s) {
-    long v = strtol(s, NULL, 10);
-    if (v > 0 && v < 4096)
-      return (unsigned)v;
-  }
-  return dflt;
-}
-
-/* Builds everything that lives in a context.  Returns 0 or a dspk_errno. */
-static int setup(struct dspk__dev *dev) {
-  CUresult r;
-  int rc;
-  if ((r = CU.cuDevicePrimaryCtxRetain(&dev->ctx, dev->cudev)) != CUDA_SUCCESS)
-    return dspk__cuda_err(NULL, NULL, "cuDevicePrimaryCtxRetain", r);
-  if ((r = CU.cuCtxSetCurrent(dev->ctx)) != CUDA_SUCCESS) {
-    rc = dspk__cuda_err(NULL, NULL, "cuCtxSetCurrent", r);
-    goto err_ctx;
-  }
-  if ((r = CU.cuStreamCreate(&dev->stream, CU_STREAM_NON_BLOCKING)) != CUDA_SUCCESS) {
-    rc = dspk__cuda_err(NULL, NULL, "cuStreamCreate", r);
-    goto err_ctx;
-  }
-  dev->ctx_dead = 0;
-  dspk__pool_init(&dev->pool, &pool_ops, dev, 0);
-  if ((rc = dspk__retire_init(&dev->retire, &retire_ops, dev,
-                              env_uint("DSPK_CUDA_RETIRE_CAPACITY", 0))))
-    goto err_stream;
-  if ((rc = dspk__plancache_init(&dev->fft_plans, 16, dspk__cuda_fft_plan_evict, dev)))
-    goto err_retire;
-  if ((rc = dspk__plancache_init(&dev->contract_plans,
-                                 env_uint("DSPK_CUDA_PLAN_CACHE", 16),
-                                 dspk__cuda_contract_plan_evict, dev)))
-    goto err_fft;
-  if ((rc = dspk__plancache_init(&dev->raw_modules, 32, dspk__cuda_raw_module_evict, dev)))
-    goto err_contract;
-  if (dspk__cublas.lib) {
-    cublasStatus_t s = dspk__cublas.cublasCreate(&dev->blas);
-    if (s != CUBLAS_STATUS_SUCCESS) {
-      dev->blas = NULL;
-    } else {
-      dspk__cublas.cublasSetStream(dev->blas, dev->stream);
-      if (dspk__pool_get(&dev->pool, DSPK__CUDA_BLAS_WORKSPACE, &dev->blas_ws) == 0)
-        dspk__cublas.cublasSetWorkspace(dev->blas, (void *)(uintptr_t)dev->blas_ws->handle,
-                                        dev->blas_ws->size);
-    }
-  }
-  /* At open, not on first use: pinning 32 MiB takes milliseconds that the
-   * first task of a client should not pay.  Without it copies still work
-   * (from pageable memory), so a failure is not fatal. */
-  {
-    const char *e = getenv("DSPK_CUDA_STAGE_CHUNKS");
-    int n = e && *e ? (int)strtol(e, NULL, 10) : STAGE_CHUNKS_DEFAULT;
-    size_t kib = env_uint("DSPK_CUDA_STAGE_CHUNK_KIB", (unsigned)(STAGE_CHUNK_DEFAULT >> 10));
-    if (n < 0 || n > DSPK__CUDA_STAGE_MAX)
-      n = STAGE_CHUNKS_DEFAULT;
-    if (stage_alloc(dev, n, kib << 10))
-      memset(&dev->stage, 0, sizeof(dev->stage));
-  }
-  return 0;
-err_contract:
-  dspk__plancache_fini(&dev->contract_plans);
-err_fft:
-  dspk__plancache_fini(&dev->fft_plans);
-err_retire:
-  dspk__retire_fini(&dev->retire);
-err_stream:
-  CU.cuStreamDestroy(dev->stream);
-err_ctx:
-  CU.cuDevicePrimaryCtxRelease(dev->cudev);
-  return rc;
-}
-
-/* The ordered teardown of issue 5: synchronize, drain the retirement queue
- * (waiting on each event), free the pool and the pinned staging ring (after
- * the events of its last copies), unload modules, destroy library handles
- * and streams, release the context.  With a dead context nothing
- * waits: the reset that follows frees the device side. */
-static void teardown(struct dspk__dev *dev) {
-  int dead = dev->ctx_dead;
-  dspk__cuda_worker_stop(dev);
-  if (!dead)
-    CU.cuStreamSynchronize(dev->stream);
-  /* Plans hand their workspaces to the queue first. */
-  dspk__plancache_fini(&dev->fft_plans);
-  dspk__plancache_fini(&dev->contract_plans);
-  dspk__plancache_fini(&dev->raw_modules);
-  if (dev->blas)
-    dspk__cublas.cublasSetWorkspace(dev->blas, NULL, 0);
-  if (dev->blas_ws) {
-    dspk__cuda_retire(dev, dspk__pool_put_cb, &dev->pool, dev->blas_ws);
-    dev->blas_ws = NULL;
-  }
-  if (dead)
-    dspk__retire_abandon(&dev->retire);
-  dspk__retire_fini(&dev->retire);
-  dspk__pool_fini(&dev->pool);
-  stage_free(dev);
-  dspk__cuda_modules_unload(dev);
-  if (dev->blas) {
-    dspk__cublas.cublasDestroy(dev->blas);
-    dev->blas = NULL;
-  }
-  while (dev->nspare > 0) {
-    CUevent ev = dev->spare[--dev->nspare];
-    if (!dead)
-      CU.cuEventDestroy(ev);
-  }
-  if (!dead)
-    CU.cuStreamDestroy(dev->stream);
-  dev->stream = NULL;
-  CU.cuDevicePrimaryCtxRelease(dev->cudev);
-  if (dead)
-    CU.cuDevicePrimaryCtxReset(dev->cudev);
-  dev->ctx = NULL;
-}
-
-/* Every entry point starts here.  A sticky error in this process (which
- * the daemon's own ops should never cause: client kernels run in the
- * worker) leaves CUDA unusable in the whole process, as the CUDA
- * documentation says: "to continue using CUDA, the process must be
- * terminated and relaunched".  The device then fails every call with the
- * original fault and that advice. */
-static int ready(struct dspk__dev *dev, struct dspk__opctx *ctx) {
-  if (!dev->ctx_dead)
-    return 0;
-  return dspk__cuda_msg(ctx, DSPK_EDEVICE,
-                        "%s; CUDA cannot recover from this inside a process: restart "
-                        "dspkd", dev->fault);
-}
-
-static int cuda_open(int index, const struct dspk__devenv *env,
-                     struct dspk__dev **out) {
-  struct dspk__dev *dev;
-  int rc;
-  if (index < 0 || index >= g.n)
-    return DSPK_ENODEV;
-  dev = calloc(1, sizeof(*dev));
-  if (!dev)
-    return DSPK_ENOMEM;
-  dev->index = index;
-  dev->worker_fd = -1;
-  dev->cudev = g.dev[index];
-  dev->info = g.info[index];
-  if (env)
-    dev->env = *env;
-  snprintf(dev->arch, sizeof(dev->arch), "%s", dev->info.arch);
-  snprintf(dev->driver_ver, sizeof(dev->driver_ver), "%s", g.driver_ver);
-  if (dspk__nvrtc.lib)
-    snprintf(dev->nvrtc_ver, sizeof(dev->nvrtc_ver), "%d.%d", dspk__nvrtc.major,
-             dspk__nvrtc.minor);
-  CU.cuDeviceGetAttribute(&dev->sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
-                          dev->cudev);
-  if (dev->sms <= 0)
-    dev->sms = 16;
-  dev->gen = 1;
-  if ((rc = setup(dev))) {
-    free(dev);
-    return rc;
-  }
-  *out = dev;
-  return 0;
-}
-
-static void cuda_close(struct dspk__dev *dev) {
-  if (!dev)
-    return;
-  teardown(dev);
-  free(dev->hostreg); /* the daemon unregisters before it closes; never left */
-  free(dev);
-}
-
-/* ---- memory ------------------------------------------------------------ */
-
-static int cuda_alloc(struct dspk__dev *dev, size_t n, struct dspk__mem **out) {
-  struct dspk__mem *m;
-  int rc;
-  if ((rc = ready(dev, NULL)))
-    return rc;
-  m = calloc(1, sizeof(*m));
-  if (!m)
-    return DSPK_ENOMEM;
-  if ((rc = dspk__cuda_tmp_alloc(dev, n, &m->blk))) {
-    free(m);
-    return rc;
-  }
-  m->ptr = (CUdeviceptr)m->blk->handle;
-  m->size = n;
-  m->gen = dev->gen;
-  *out = m;
-  return 0;
-}
-
-static void cuda_free(struct dspk__dev *dev, struct dspk__mem *m) {
-  if (!m)
-    return;
-  if (m->gen == dev->gen)
-    dspk__cuda_tmp_free(dev, m->blk);
-  else
-    free(m->blk); /* its memory went with its context */
-  free(m);
-}
-
-static int check_mem(struct dspk__dev *dev, struct dspk__mem *m, size_t off,
-                     size_t n) {
-  if (m->gen != dev->gen)
-    return DSPK_EDEVICE;
-  if (off > m->size || n > m->size - off)
-    return DSPK_ERANGE;
-  return 0;
-}
-
-static int cuda_write(struct dspk__dev *dev, struct dspk__mem *m, size_t off,
-                      const void *src, size_t n) {
-  int rc;
-  if ((rc = ready(dev, NULL)) || (rc = check_mem(dev, m, off, n)))
-    return rc;
-  return dspk__cuda_stage_write(dev, m->ptr + off, src, n);
-}
-
-static int cuda_read(struct dspk__dev *dev, struct dspk__mem *m, size_t off,
-                     void *dst, size_t n) {
-  int rc;
-  if ((rc = ready(dev, NULL)) || (rc = check_mem(dev, m, off, n)))
-    return rc;
-  if ((rc = dspk__cuda_stage_read(dev, dst, m->ptr + off, n)))
-    return rc;
-  dspk__retire_drain(&dev->retire);
-  return 0;
-}
-
-static int cuda_host_register(struct dspk__dev *dev, void *ptr, size_t n) {
-  int rc = ready(dev, NULL);
-  return rc ? rc : dspk__cuda_host_register(dev, ptr, n);
-}
-
-static void cuda_host_unregister(struct dspk__dev *dev, void *ptr) {
-  dspk__cuda_host_unregister(dev, ptr); /* a dead context: only forgotten */
-}
-
-static int cuda_fence_record(struct dspk__dev *dev, struct dspk__fence **out) {
-  int rc = ready(dev, NULL);
-  return rc ? rc : fence_record(dev, out);
-}
-
-static int cuda_sync(struct dspk__dev *dev) {
-  int rc;
-  if ((rc = ready(dev, NULL)) || (rc = stream_sync(dev)))
-    return rc;
-  dspk__retire_drain(&dev->retire);
-  return 0;
-}
-
-/* ---- ops --------------------------------------------------------------- */
-
-static int cuda_run(struct dspk__dev *dev, struct dspk__op *op,
-                    struct dspk__opctx *ctx) {
-  int rc;
-  if ((rc = ready(dev, ctx)))
-    return rc;
-  for (int i = 0; i < op->nin + op->nout; i++) {
-    const struct dspk__tensor *t = i < op->nin ? &op->in[i] : &op->out[i - op->nin];
-    if (t->mem && t->mem->gen != dev->gen)
-      return dspk__cuda_msg(ctx, DSPK_EDEVICE,
-                            "%s %d was lost when cuda:%d was reset after a fault",
-                            i < op->nin ? "input" : "output",
-                            i < op->nin ? i : i - op->nin, dev->index);
-    if (t->mem && dspk__tensor_nbytes(t) > t->mem->size - t->offset)
-      return dspk__cuda_msg(ctx, DSPK_ERANGE, "%s %d lies outside its buffer",
-                            i < op->nin ? "input" : "output",
-                            i < op->nin ? i : i - op->nin);
-  }
-  dspk__retire_drain(&dev->retire);
-  dev->stage.work_queued = 1;
-  return dspk__cuda_run(dev, op, ctx);
-}
-
-static void cuda_stats(struct dspk__dev *dev, struct dspk__devstats *out) {
-  dspk__pool_stats_fill(&dev->pool, out);
-  dspk__retire_stats_fill(&dev->retire, out);
-  out->kernels_compiled = dev->kernels_compiled;
-  out->kernel_cache_hits = dev->kernel_cache_hits;
-}
-
-/* ---- hooks ------------------------------------------------------------- */
-
-void dspk__cuda_set_sync_on_evict(struct dspk__dev *dev, int on) {
-  dev->sync_on_evict = on;
-}
-void dspk__cuda_set_trace_events(struct dspk__dev *dev, CUevent start, CUevent end) {
-  dev->trace_start = start;
-  dev->trace_end = end;
-}
-CUstream dspk__cuda_stream(struct dspk__dev *dev) { return dev->stream; }
-cublasHandle_t dspk__cuda_blas(struct dspk__dev *dev) { return dev->blas; }
-
-const struct dspk__backend dspk__backend_cuda = {
+const struct dspk__gpurt_driver dspk__gpurt_cuda = {
     .name = "cuda",
-    .probe = cuda_probe,
-    .shutdown = cuda_shutdown,
-    .open = cuda_open,
-    .close = cuda_close,
-    .alloc = cuda_alloc,
-    .free = cuda_free,
-    .write = cuda_write,
-    .read = cuda_read,
-    .host_register = cuda_host_register,
-    .host_unregister = cuda_host_unregister,
-    .fence_record = cuda_fence_record,
-    .fence_query = table_fence_query,
-    .fence_wait = table_fence_wait,
-    .fence_destroy = fence_destroy,
-    .sync = cuda_sync,
-    .run = cuda_run,
-    .stats = cuda_stats,
+    .lang = "cuda",
+    .lang_desc = "CUDA C",
+    .compiler = "nvrtc",
+    .env = "DSPK_CUDA",
+    .worker = "dspk-cuda-worker",
+#ifdef DSPK_CUDA_WORKER_BUILD
+    .worker_build = DSPK_CUDA_WORKER_BUILD,
+#endif
+#ifdef DSPK_CUDA_WORKER_INSTALL
+    .worker_install = DSPK_CUDA_WORKER_INSTALL,
+#endif
+    .st = &cuda_state,
+    .probe = probe,
+    .unload = dspk__cuda_unload,
+    .load = load,
+    .classify = classify,
+    .errname = errname,
+    .ctx_open = ctx_open,
+    .ctx_close = ctx_close,
+    .event_create = event_create,
+    .event_destroy = event_destroy,
+    .event_record = event_record,
+    .event_query = event_query,
+    .event_sync = event_sync,
+    .stream_sync = stream_sync,
+    .stream_query = stream_query,
+    .mem_alloc = mem_alloc,
+    .mem_free = mem_free,
+    .host_alloc = host_alloc,
+    .host_free = host_free,
+    .host_register = host_register,
+    .host_unregister = host_unregister,
+    .htod_async = htod_async,
+    .dtoh_async = dtoh_async,
+    .memset_async = memset_async,
+    .htod = htod,
+    .dtoh = dtoh,
+    .module_load = module_load,
+    .module_unload = module_unload,
+    .module_func = module_func,
+    .launch = launch,
+    .func_set_shared = func_set_shared,
+    .ipc_get = ipc_get,
+    .ipc_open = ipc_open,
+    .ipc_close = ipc_close,
+    .rtc_load = dspk__cuda_load_nvrtc,
+    .rtc_version = rtc_version,
+    .rtc_opts = rtc_opts,
+    .rtc_compile = rtc_compile,
+    .blas_name = blas_name,
+    .blas_open = blas_open,
+    .blas_close = blas_close,
+    .blas_gemm = blas_gemm,
+    .fft_name = fft_name,
+    .fft_plan = fft_plan,
+    .fft_set_work = fft_set_work,
+    .fft_exec = fft_exec,
+    .fft_destroy = fft_destroy,
 };

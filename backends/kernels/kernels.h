@@ -6,7 +6,8 @@
  *
  *   "// dspk <family> <dtype>\n" + dtype block + prelude.cuh + <family>.cu
  *
- * Families: "map", "reduce", "fir" (typed: f32, f64, c64, c128) and
+ * Families: "map", "reduce", "fir", "gemm", "dft" (typed: f32, f64, c64,
+ * c128) and
  * "permute" (untyped: pass DSPK_DTYPE_COUNT).
  */
 #ifndef DSPK_BACKENDS_KERNELS_KERNELS_H
@@ -27,6 +28,7 @@ extern const struct dspk__kernel_file dspk__kernel_files[];
 
 /* The families and whether each takes a dtype. */
 enum dspk__kfamily { DSPK__K_MAP, DSPK__K_REDUCE, DSPK__K_FIR, DSPK__K_PERMUTE,
+                     DSPK__K_GEMM, DSPK__K_DFT, /* the GPU runtimes' fallbacks */
                      DSPK__K_COUNT };
 const char *dspk__kfamily_name(enum dspk__kfamily f);
 int dspk__kfamily_typed(enum dspk__kfamily f);

@@ -11,7 +11,7 @@
 #include "dspk/errors.h"
 
 static const char *const fam_names[DSPK__K_COUNT] = {"map", "reduce", "fir",
-                                                     "permute"};
+                                                     "permute", "gemm", "dft"};
 
 const char *dspk__kfamily_name(enum dspk__kfamily f) {
   return (unsigned)f < DSPK__K_COUNT ? fam_names[f] : "?";

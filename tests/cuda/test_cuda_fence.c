@@ -104,6 +104,7 @@ static int setup(void **state) {
   dspk__cu.cuEventSynchronize = f_evsync;
   dspk__cu.cuStreamSynchronize = f_streamsync;
   dev = calloc(1, sizeof(*dev));
+  dev->drv = &dspk__gpurt_cuda; /* the shared runtime over the CUDA table */
   dev->stream = (CUstream)(uintptr_t)0x5150;
   dev->gen = 1;
   recorded = executed = 0;

@@ -3,7 +3,8 @@
  * them on the GPU machine).  Every op runs on cuda:0 and on the cpu backend
  * with the same random inputs (fixed seeds) and the results must agree;
  * f16/bf16 gemm is checked against naive double loops over the rounded
- * inputs.  Also: raw kernels (arguments, compile errors with the log, a
+ * inputs; gemm, fft and contract also through the shared GPU runtime's own
+ * kernels (the HIP backend's fallbacks without hipBLAS/hipFFT).  Also: raw kernels (arguments, compile errors with the log, a
  * missing entry), the fault path (an illegal address in a raw kernel fails
  * its task with a clear error; the kernel ran in the worker process, so the
  * daemon's context and buffers live on and the next raw kernel gets a fresh
@@ -302,6 +303,45 @@ static void test_fft(void **state) {
              op.u.fft.inverse);
     check_op(what, &op);
   }
+}
+
+/* The shared GPU runtime's own gemm and fft kernels (kernels/gemm.cu,
+ * dft.cu), which the HIP backend uses where hipBLAS/rocBLAS or hipFFT are
+ * missing: here run through the CUDA table on real hardware, against the
+ * cpu backend.  Contractions take the complex gemm kernel. */
+static void test_own_kernels(void **state) {
+  static const int64_t lens[] = {1, 2, 97, 128, 1000, 4096};
+  (void)state;
+  dspk__cuda_set_own_kernels(gpu, 1);
+  test_gemm(state);
+  for (int it = 0; it < 24; it++) {
+    dspk_dtype dt = std4[it % 4];
+    int64_t n = lens[(it / 4) % 6], shape[2] = {irand(1, 3), n};
+    struct dspk__op op;
+    char what[64];
+    memset(&op, 0, sizeof(op));
+    op.kind = DSPK_OP_FFT;
+    op.nin = 1;
+    op.in[0] = T(dt, 2, shape);
+    op.u.fft.inverse = dspk__dtype_is_complex(dt) && (it / 2) % 2;
+    snprintf(what, sizeof(what), "own fft %s n=%lld inv=%d", dspk__dtype_name(dt),
+             (long long)n, op.u.fft.inverse);
+    check_op(what, &op);
+  }
+  for (int it = 0; it < 8; it++) {
+    struct dspk__op op;
+    int64_t as[3] = {irand(1, 3), irand(1, 40), irand(1, 40)}, bs[2];
+    bs[0] = as[2];
+    bs[1] = irand(1, 40);
+    memset(&op, 0, sizeof(op));
+    op.kind = DSPK_OP_CONTRACT;
+    op.nin = 2;
+    op.in[0] = T(std4[it % 4], 3, as);
+    op.in[1] = T(std4[it % 4], 2, bs);
+    snprintf(op.u.contract.subscripts, sizeof(op.u.contract.subscripts), "bij,jk->bki");
+    check_op("own contract bij,jk->bki", &op);
+  }
+  dspk__cuda_set_own_kernels(gpu, 0);
 }
 
 static void test_fir(void **state) {
@@ -1179,6 +1219,7 @@ int main(void) {
       cmocka_unit_test(test_gemm),
       cmocka_unit_test(test_gemm_half),
       cmocka_unit_test(test_fft),
+      cmocka_unit_test(test_own_kernels),
       cmocka_unit_test(test_fir),
       cmocka_unit_test(test_fir_fft),
       cmocka_unit_test(test_reduce),

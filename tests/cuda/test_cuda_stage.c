@@ -176,6 +176,7 @@ static int setup(void **state) {
   dspk__cu.cuMemcpyHtoDAsync = f_htod;
   dspk__cu.cuMemcpyDtoHAsync = f_dtoh;
   dev = calloc(1, sizeof(*dev));
+  dev->drv = &dspk__gpurt_cuda; /* the shared runtime over the CUDA table */
   dev->stream = (CUstream)(uintptr_t)0x5150;
   queued = executed = 0;
   return 0;

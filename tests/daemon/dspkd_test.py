@@ -1799,6 +1799,59 @@ def t_reduceacc(exe, tmp):
     wy = np.sum(y.astype(np.float64), axis=1)
     check(np.allclose(gy, wy, rtol=1e-5, atol=1e-3), "row sums match numpy")
     c.close()
+
+
+def t_hip(exe, tmp):
+    """The hip backend in the daemon without an AMD GPU (issue 14): with
+    --backends hip and no runtime or no device the daemon starts, lists no
+    device and says why; with the fake HIP runtime of tests/hip (its path in
+    DSPK_TEST_FAKEHIP) it lists hip:0 and hip:1 (gfx target, UUID, memory,
+    HIP version and which libraries gemm and fft use), runs gemm and fft on
+    them (the fake's hipBLAS and hipFFT compute on the host) and stops
+    cleanly."""
+    fake = os.environ.get("DSPK_TEST_FAKEHIP")
+    if not fake:
+        raise Skip("DSPK_TEST_FAKEHIP not set")
+    env = dict(os.environ)
+    env.pop("DSPK_HIP_RUNTIME", None)
+    # No runtime at all.
+    env["DSPK_HIP_RUNTIME"] = os.path.join(tmp, "no", "libamdhip64.so.6")
+    d = Daemon(exe, tmp, ["--backends", "hip"], env=env)
+    c = d.client()
+    devs = c.call("devices", {"all": True})
+    check(devs["devices"] == [], "no hip device: %r" % devs)
+    why = [u["reason"] for u in devs["unavailable"] if u["backend"] == "hip"]
+    check(len(why) == 1 and "no HIP runtime" in why[0], "reason without runtime: %r" % why)
+    check("has no device" in d.logtext(), "the log says why")
+    c.expect_error("ENODEV", "task.run", {"op": "map", "device": "hip:0",
+                                          "inputs": [tensor(np.ones(3))],
+                                          "options": {"fn": "abs"}})
+    d.stop()
+    # The fake runtime with no device.
+    env["DSPK_HIP_RUNTIME"] = fake
+    env["FAKE_HIP_DEVICES"] = "0"
+    d = Daemon(exe, tmp, ["--backends", "hip"], env=env)
+    why = [u["reason"] for u in d.client().call("devices", {"all": True})["unavailable"]
+           if u["backend"] == "hip"]
+    check(len(why) == 1 and "no AMD GPU" in why[0], "reason without device: %r" % why)
+    d.stop()
+    # Two fake devices with hipBLAS and hipFFT.
+    env.update({"FAKE_HIP_DEVICES": "2", "DSPK_HIP_BLAS": fake, "DSPK_HIP_FFT": fake})
+    d = Daemon(exe, tmp, ["--backends", "cpu,hip"], env=env)
+    c = d.client()
+    devs = {x["id"]: x for x in c.call("devices")["devices"]}
+    check(set(devs) == {"cpu:0", "hip:0", "hip:1"}, "devices: %r" % sorted(devs))
+    h = devs["hip:0"]
+    check(h["backend"] == "hip" and h["arch"].startswith("gfx90a") and len(h["uuid"]) == 36
+          and h["memory"] == 64 << 30 and h["driver"] == "HIP 6.2.41134; gemm hipBLAS, fft hipFFT",
+          "hip:0: %r" % h)
+    rng = np.random.default_rng(14)
+    A, B = rng.standard_normal((5, 7)), rng.standard_normal((7, 3))
+    close_enough(run(c, "gemm", [A, B], device="hip:1")[0], A @ B, "hip gemm", np.float64)
+    X = (rng.standard_normal((2, 12)) + 1j * rng.standard_normal((2, 12))).astype(np.complex64)
+    close_enough(run(c, "fft", [X], device="hip:0")[0], np.fft.fft(X), "hip fft", np.complex64)
+    st = {x["id"]: x for x in c.call("status")["devices"]}
+    check(st["hip:1"]["completed"] == 1 and st["hip:0"]["completed"] == 1, "status: %r" % st)
     d.stop()
 
 
@@ -1851,6 +1904,7 @@ GROUPS = {
     "idletrim": t_idletrim,
     "reuse": t_reuse,
     "reduceacc": t_reduceacc,
+    "hip": t_hip,
     "basic": t_basic,
     "buffers": t_buffers,
     "ops": t_ops,

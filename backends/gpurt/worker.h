@@ -18,12 +18,12 @@
  * Messages are fixed-size structs, followed by payloads whose lengths they
  * give, in native byte order (both ends are the same build).
  */
-#ifndef DSPK_BACKENDS_CUDA_WORKER_H
-#define DSPK_BACKENDS_CUDA_WORKER_H
+#ifndef DSPK_BACKENDS_GPURT_WORKER_H
+#define DSPK_BACKENDS_GPURT_WORKER_H
 
 #include <stdint.h>
 
-#include <cuda.h>
+#include <stddef.h>
 
 #define DSPK__WORKER_MAGIC 0x64737077u /* "dspw" */
 #define DSPK__WORKER_MAX_ARGS 16
@@ -45,7 +45,7 @@ struct dspk__wreq {
     uint32_t kind, size; /* size: scalar bytes */
     uint64_t offset;     /* IPC: bytes into the allocation */
     uint64_t bytes;      /* DATA: payload bytes */
-    CUipcMemHandle ipc;
+    unsigned char ipc[64]; /* the runtime's IPC handle */
     unsigned char value[8];
   } args[DSPK__WORKER_MAX_ARGS];
 };
@@ -55,12 +55,17 @@ struct dspk__wreq {
 struct dspk__wrep {
   uint32_t magic;
   int32_t status;  /* 0, or a negative dspk_errno */
-  int32_t cuerr;   /* the CUresult behind a failure, 0 if none */
+  int32_t cuerr;   /* the int behind a failure, 0 if none */
   int32_t fatal;   /* 1: the worker's context is dead and it exits */
   int32_t ipc_failed; /* 1: mapping an IPC handle failed (use DATA) */
   char msg[500];
 };
 /* On success, followed by each DATA argument's bytes in order. */
+
+struct dspk__gpurt_driver;
+/* The worker process's main (worker_main.c) over drv: each runtime's worker
+ * binary is a main() that calls it with its driver table. */
+int dspk__gpurt_worker_main(const struct dspk__gpurt_driver *drv, int argc, char **argv);
 
 /* Reads exactly n bytes from fd, retrying on EINTR: 0, or -1 at end of
  * stream or on an error (backends/cuda/worker_io.c, used by both sides). */
@@ -70,4 +75,4 @@ int dspk__worker_read(int fd, void *p, size_t n);
  * -1. */
 int dspk__worker_write(int fd, const void *p, size_t n);
 
-#endif /* DSPK_BACKENDS_CUDA_WORKER_H */
+#endif /* DSPK_BACKENDS_GPURT_WORKER_H */

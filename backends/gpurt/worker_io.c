@@ -1,12 +1,12 @@
 /*
- * Whole-message reads and writes on the socket between the CUDA backend and
+ * Whole-message reads and writes on the socket between a GPU backend and
  * its kernel worker process (worker.h), shared by both sides.
  */
 #include <errno.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "backends/cuda/worker.h"
+#include "backends/gpurt/worker.h"
 
 int dspk__worker_read(int fd, void *p, size_t n) {
   char *c = p;

@@ -1,11 +1,12 @@
 /*
- * The daemon's side of the kernel worker (see worker.h): starts
- * dspk-cuda-worker for a device on first use, hands it raw kernels, and
- * reaps and replaces it when a kernel kills its context.
+ * The daemon's side of the kernel worker (see worker.h): starts the
+ * runtime's worker (dspk-cuda-worker, dspk-hip-worker) for a device on
+ * first use, hands it raw kernels, and reaps and replaces it when a kernel
+ * kills its context.
  *
- * The worker binary is looked for in $DSPK_CUDA_WORKER, then where the build
- * put it, then where `cmake --install` puts it, then beside the running
- * executable.
+ * The worker binary is looked for in $<env>_WORKER (DSPK_CUDA_WORKER,
+ * DSPK_HIP_WORKER), then where the build put it, then where `cmake
+ * --install` puts it, then beside the running executable.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -18,33 +19,32 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "backends/cuda/cuda_internal.h"
-#include "backends/cuda/worker.h"
+#include "backends/gpurt/gpurt.h"
+#include "backends/gpurt/worker.h"
 
 extern char **environ;
 
-#define CU dspk__cu
+#define DRV (dev->drv)
 
-static int find_worker(char *out, size_t len) {
-  const char *env = getenv("DSPK_CUDA_WORKER");
+static int find_worker(const struct dspk__gpurt_driver *drv, char *out, size_t len) {
+  char var[96];
+  const char *env;
   char self[4096];
   ssize_t n;
+  snprintf(var, sizeof(var), "%s_WORKER", drv->env);
+  env = getenv(var);
   if (env && *env) {
     snprintf(out, len, "%s", env);
     return access(out, X_OK) == 0 ? 0 : DSPK_ENOENT;
   }
-#ifdef DSPK_CUDA_WORKER_BUILD
-  if (access(DSPK_CUDA_WORKER_BUILD, X_OK) == 0) {
-    snprintf(out, len, "%s", DSPK_CUDA_WORKER_BUILD);
+  if (drv->worker_build && access(drv->worker_build, X_OK) == 0) {
+    snprintf(out, len, "%s", drv->worker_build);
     return 0;
   }
-#endif
-#ifdef DSPK_CUDA_WORKER_INSTALL
-  if (access(DSPK_CUDA_WORKER_INSTALL, X_OK) == 0) {
-    snprintf(out, len, "%s", DSPK_CUDA_WORKER_INSTALL);
+  if (drv->worker_install && access(drv->worker_install, X_OK) == 0) {
+    snprintf(out, len, "%s", drv->worker_install);
     return 0;
   }
-#endif
   n = readlink("/proc/self/exe", self, sizeof(self) - 1);
   if (n > 0) {
     char *slash;
@@ -52,10 +52,9 @@ static int find_worker(char *out, size_t len) {
     slash = strrchr(self, '/');
     if (slash) {
       size_t dl = (size_t)(slash - self);
-      static const char name[] = "/dspk-cuda-worker";
-      if (dl + sizeof(name) <= len) {
+      if (dl + strlen(drv->worker) + 2 <= len) {
         memcpy(out, self, dl);
-        memcpy(out + dl, name, sizeof(name));
+        snprintf(out + dl, len - dl, "/%s", drv->worker);
         if (access(out, X_OK) == 0)
           return 0;
       }
@@ -81,7 +80,7 @@ static void reap(struct dspk__dev *dev, char *buf, size_t len) {
   dev->worker_pid = 0;
 }
 
-void dspk__cuda_worker_stop(struct dspk__dev *dev) {
+void dspk__gpurt_worker_stop(struct dspk__dev *dev) {
   if (dev->worker_pid > 0)
     reap(dev, NULL, 0); /* closing the socket ends it */
 }
@@ -94,12 +93,13 @@ static int start(struct dspk__dev *dev, struct dspk__opctx *ctx) {
   struct dspk__wrep rep;
   pid_t pid;
   int rc;
-  if (find_worker(path, sizeof(path)) != 0)
-    return dspk__cuda_msg(ctx, DSPK_ENOTSUP,
-                          "kernel: dspk-cuda-worker not found (set DSPK_CUDA_WORKER); raw "
-                          "kernels run in it so a faulting kernel cannot take down the device");
+  if (find_worker(DRV, path, sizeof(path)) != 0)
+    return dspk__gpurt_msg(ctx, DSPK_ENOTSUP,
+                          "kernel: %s not found (set %s_WORKER); raw kernels run in it so "
+                          "a faulting kernel cannot take down the device",
+                          DRV->worker, DRV->env);
   if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0)
-    return dspk__cuda_msg(ctx, DSPK_EIO, "kernel: socketpair: %s", strerror(errno));
+    return dspk__gpurt_msg(ctx, DSPK_EIO, "kernel: socketpair: %s", strerror(errno));
   fd = sv[1];
   if (fd == 3) { /* dup2(3, 3) would keep FD_CLOEXEC */
     fd = fcntl(sv[1], F_DUPFD_CLOEXEC, 4);
@@ -116,19 +116,19 @@ static int start(struct dspk__dev *dev, struct dspk__opctx *ctx) {
   close(fd);
   if (rc != 0) {
     close(sv[0]);
-    return dspk__cuda_msg(ctx, DSPK_EIO, "kernel: cannot start %s: %s", path, strerror(rc));
+    return dspk__gpurt_msg(ctx, DSPK_EIO, "kernel: cannot start %s: %s", path, strerror(rc));
   }
   dev->worker_pid = pid;
   dev->worker_fd = sv[0];
   if (dspk__worker_read(dev->worker_fd, &rep, sizeof(rep)) != 0 || rep.magic != DSPK__WORKER_MAGIC) {
     reap(dev, how, sizeof(how));
-    return dspk__cuda_msg(ctx, DSPK_EDEVICE, "kernel: the kernel worker did not start (%s)",
+    return dspk__gpurt_msg(ctx, DSPK_EDEVICE, "kernel: the kernel worker did not start (%s)",
                           how);
   }
   if (rep.status != 0) {
     rep.msg[sizeof(rep.msg) - 1] = 0;
     reap(dev, NULL, 0);
-    return dspk__cuda_msg(ctx, DSPK_EDEVICE, "kernel: %s", rep.msg);
+    return dspk__gpurt_msg(ctx, DSPK_EDEVICE, "kernel: %s", rep.msg);
   }
   dev->worker_starts++;
   return 0;
@@ -143,7 +143,7 @@ static int attempt(struct dspk__dev *dev, struct dspk__op *op, const void *cubin
   void *host[DSPK__WORKER_MAX_ARGS] = {0};
   const char *entry = op->u.kernel.entry;
   char how[64];
-  CUresult r;
+  int r;
   int rc = 0;
   memset(&q, 0, sizeof(q));
   q.magic = DSPK__WORKER_MAGIC;
@@ -161,7 +161,7 @@ static int attempt(struct dspk__dev *dev, struct dspk__op *op, const void *cubin
       if (use_ipc && t->mem) {
         q.args[i].kind = DSPK__WARG_IPC;
         q.args[i].offset = t->offset;
-        if ((r = CU.cuIpcGetMemHandle(&q.args[i].ipc, t->mem->ptr)) != CUDA_SUCCESS) {
+        if ((r = DRV->ipc_get(q.args[i].ipc, t->mem->ptr)) != 0) {
           *ipc_failed = 1;
           rc = DSPK_ENOTSUP;
           goto out;
@@ -175,8 +175,8 @@ static int attempt(struct dspk__dev *dev, struct dspk__op *op, const void *cubin
           goto out;
         }
         /* Through the pinned staging ring, like every copy of the backend. */
-        if (n && (rc = dspk__cuda_stage_read(dev, host[i], dspk__cuda_ptr(t), n))) {
-          dspk__cuda_msg(ctx, rc, "kernel: staging a tensor failed");
+        if (n && (rc = dspk__gpurt_stage_read(dev, host[i], dspk__gpurt_ptr(t), n))) {
+          dspk__gpurt_msg(ctx, rc, "kernel: staging a tensor failed");
           goto out;
         }
       }
@@ -212,13 +212,13 @@ static int attempt(struct dspk__dev *dev, struct dspk__op *op, const void *cubin
     if (rep.fatal) {
       reap(dev, NULL, 0);
       dev->faults++;
-      rc = dspk__cuda_msg(ctx, DSPK_EDEVICE,
+      rc = dspk__gpurt_msg(ctx, DSPK_EDEVICE,
                           "kernel %s faulted: %s; it ran in an isolated worker process, "
-                          "so cuda:%d and its other work are unaffected (its tensor "
+                          "so %s:%d and its other work are unaffected (its tensor "
                           "arguments may hold partial results)",
-                          entry, rep.msg, dev->index);
+                          entry, rep.msg, DRV->name, dev->index);
     } else {
-      rc = dspk__cuda_msg(ctx, rep.status, "kernel %s: %s", entry, rep.msg);
+      rc = dspk__gpurt_msg(ctx, rep.status, "kernel %s: %s", entry, rep.msg);
     }
     goto out;
   }
@@ -228,10 +228,10 @@ static int attempt(struct dspk__dev *dev, struct dspk__op *op, const void *cubin
     if (dspk__worker_read(dev->worker_fd, host[i], q.args[i].bytes) != 0)
       goto died;
     /* On the device's stream, so later work on it is ordered after. */
-    rc = dspk__cuda_stage_write(dev, dspk__cuda_ptr(&op->in[op->u.kernel.args[i].v.tensor]),
+    rc = dspk__gpurt_stage_write(dev, dspk__gpurt_ptr(&op->in[op->u.kernel.args[i].v.tensor]),
                                 host[i], q.args[i].bytes);
     if (rc) {
-      dspk__cuda_msg(ctx, rc, "kernel: writing a tensor back failed");
+      dspk__gpurt_msg(ctx, rc, "kernel: writing a tensor back failed");
       goto out;
     }
   }
@@ -240,23 +240,23 @@ static int attempt(struct dspk__dev *dev, struct dspk__op *op, const void *cubin
 died:
   reap(dev, how, sizeof(how));
   dev->faults++;
-  rc = dspk__cuda_msg(ctx, DSPK_EDEVICE,
-                      "kernel %s: the kernel worker died (%s); cuda:%d is unaffected", entry,
-                      how, dev->index);
+  rc = dspk__gpurt_msg(ctx, DSPK_EDEVICE,
+                      "kernel %s: the kernel worker died (%s); %s:%d is unaffected", entry,
+                      how, DRV->name, dev->index);
 out:
   for (int i = 0; i < DSPK__WORKER_MAX_ARGS; i++)
     free(host[i]);
   return rc;
 }
 
-int dspk__cuda_worker_run(struct dspk__dev *dev, struct dspk__op *op, const void *cubin,
+int dspk__gpurt_worker_run(struct dspk__dev *dev, struct dspk__op *op, const void *cubin,
                           size_t cubin_len, struct dspk__opctx *ctx) {
   int ipc_failed = 0, rc;
-  CUresult r;
+  int r;
   /* The worker's stream knows nothing of ours: everything enqueued so far
    * (the writes of the kernel's inputs among it) must be done first. */
-  if ((r = CU.cuStreamSynchronize(dev->stream)) != CUDA_SUCCESS)
-    return dspk__cuda_err(dev, ctx, "cuStreamSynchronize", r);
+  if ((r = DRV->stream_sync(dev->stream)) != 0)
+    return dspk__gpurt_err(dev, ctx, "cuStreamSynchronize", r);
   rc = attempt(dev, op, cubin, cubin_len, !dev->ipc_broken, &ipc_failed, ctx);
   if (ipc_failed) {
     dev->ipc_broken = 1;

@@ -1,7 +1,8 @@
 /*
- * fir on the CUDA backend: the direct kernel (ops.c, backends/kernels/fir.cu:
- * a thread per output sample, k multiply-adds each) or FFT convolution by
- * overlap-save through cuFFT (O(log L) per sample), chosen by the shared
+ * fir on the GPU runtimes (cuda, hip): the direct kernel (ops.c,
+ * backends/kernels/fir.cu: a thread per output sample, k multiply-adds each)
+ * or FFT convolution by overlap-save through the runtime's FFT library
+ * (cuFFT, hipFFT; without one, direct only) (O(log L) per sample), chosen by the shared
  * autotune framework per shape class and device.
  *
  * Overlap-save: each row of n samples is cut into blocks of L = 2^lg
@@ -36,9 +37,9 @@
 #include <string.h>
 
 #include "backends/common/autotune.h"
-#include "backends/cuda/cuda_internal.h"
+#include "backends/gpurt/gpurt.h"
 
-#define FF dspk__cufft
+#define HAVE_FFT(dev) ((dev)->drv->fft_name && (dev)->drv->fft_name() && !(dev)->own_kernels)
 
 #define FIR_DIRECT_MAX_K 32 /* taps: always direct */
 #define FIR_FFT_MIN_K 128   /* taps: FFT when no decision can be measured */
@@ -50,8 +51,8 @@ static const char *const cand_names[NCANDS] = {"direct", "ols-x4", "ols-x8", "ol
 static int fir_force = -1;
 static _Thread_local const char *fir_last = "";
 
-void dspk__cuda_fir_force(int mode) { fir_force = mode >= 0 && mode < NCANDS ? mode : -1; }
-const char *dspk__cuda_fir_last(void) { return fir_last; }
+void dspk__gpurt_fir_force(int mode) { fir_force = mode >= 0 && mode < NCANDS ? mode : -1; }
+const char *dspk__gpurt_fir_last(void) { return fir_last; }
 
 /* The block layout of one overlap-save run. */
 struct geo {
@@ -79,16 +80,17 @@ static int geometry(int64_t n, int64_t k, int64_t rows, int cplx, int m, struct 
   return 0;
 }
 
-static int kfn(struct dspk__dev *dev, dspk_dtype dt, const char *name, CUfunction *fn,
+static int kfn(struct dspk__dev *dev, dspk_dtype dt, const char *name, dspk__gfunc *fn,
                struct dspk__opctx *ctx) {
-  return dspk__cuda_kfunc(dev, DSPK__K_FIR, dt, name, fn, ctx);
+  return dspk__gpurt_kfunc(dev, DSPK__K_FIR, dt, name, fn, ctx);
 }
 
-static int exec(cufftHandle h, int dbl, CUdeviceptr p, int dir, struct dspk__opctx *ctx) {
-  void *q = (void *)(uintptr_t)p;
-  cufftResult s = dbl ? FF.cufftExecZ2Z(h, q, q, dir) : FF.cufftExecC2C(h, q, q, dir);
-  return s == CUFFT_SUCCESS ? 0
-                            : dspk__cuda_msg(ctx, DSPK_EDEVICE, "fir: cufftExec failed: %d", s);
+static int exec(struct dspk__dev *dev, void *h, int dbl, dspk__gptr p, int inverse,
+                struct dspk__opctx *ctx) {
+  int s = dev->drv->fft_exec(h, dbl ? DSPK__GFFT_Z2Z : DSPK__GFFT_C2C, p, p, inverse);
+  return s == 0 ? 0
+                : dspk__gpurt_msg(ctx, DSPK_EDEVICE, "fir: %s exec failed: %d",
+                                  dev->drv->fft_name(), s);
 }
 
 /* The overlap-save path with blocks of mode m (1..3). */
@@ -101,31 +103,33 @@ static int fir_ols(struct dspk__dev *dev, struct dspk__op *op, int m, struct dsp
   int64_t rows = total / n, k64 = H->shape[0] < n ? H->shape[0] : n;
   struct geo g;
   struct dspk__pool_block *hp = NULL, *bb = NULL;
-  CUfunction fpad, fgat, fmul, fsct;
-  cufftHandle p1, pb;
+  dspk__gfunc fpad, fgat, fmul, fsct;
+  void *p1, *pb;
   int rc, k = (int)k64;
-  if (!FF.lib)
-    return dspk__cuda_msg(ctx, DSPK_ENOTSUP, "fir: cuFFT is not available on this host");
+  if (!HAVE_FFT(dev))
+    return dspk__gpurt_msg(ctx, DSPK_ENOTSUP, "fir: no FFT library on this %s host",
+                           dev->drv->name);
   if ((rc = geometry(n, k64, rows, cplx, m, &g)))
-    return dspk__cuda_msg(ctx, rc, "fir: %lld taps are too many for FFT convolution",
+    return dspk__gpurt_msg(ctx, rc, "fir: %lld taps are too many for FFT convolution",
                           (long long)k64);
   if ((rc = kfn(dev, dt, "dspk_fir_hpad", &fpad, ctx)) ||
       (rc = kfn(dev, dt, "dspk_fir_gather", &fgat, ctx)) ||
       (rc = kfn(dev, dt, "dspk_fir_cmul", &fmul, ctx)) ||
       (rc = kfn(dev, dt, "dspk_fir_scatter", &fsct, ctx)))
     return rc;
-  if ((rc = dspk__cuda_tmp_alloc(dev, (size_t)g.L * cs, &hp)) ||
-      (rc = dspk__cuda_tmp_alloc(dev, (size_t)(g.nc * g.L) * cs, &bb))) {
-    rc = dspk__cuda_msg(ctx, rc, "fir: no device memory for %lld blocks of %lld samples",
+  if ((rc = dspk__gpurt_tmp_alloc(dev, (size_t)g.L * cs, &hp)) ||
+      (rc = dspk__gpurt_tmp_alloc(dev, (size_t)(g.nc * g.L) * cs, &bb))) {
+    rc = dspk__gpurt_msg(ctx, rc, "fir: no device memory for %lld blocks of %lld samples",
                         (long long)g.nc, (long long)g.L);
     goto out;
   }
   {
-    CUdeviceptr x = dspk__cuda_ptr(X), h = dspk__cuda_ptr(H), y = dspk__cuda_ptr(Y);
-    CUdeviceptr php = (CUdeviceptr)hp->handle, pbb = (CUdeviceptr)bb->handle;
+    dspk__gptr x = dspk__gpurt_ptr(X), h = dspk__gpurt_ptr(H), y = dspk__gpurt_ptr(Y);
+    dspk__gptr php = (dspk__gptr)hp->handle, pbb = (dspk__gptr)bb->handle;
     int64_t L = g.L, S = g.S, nb = g.nb, nblk = g.nblk, tb = g.nc * g.L;
     int64_t ts = cplx ? total : g.nc * g.S;
-    int lg = g.lg, type = dbl ? CUFFT_Z2Z : CUFFT_C2C;
+    int lg = g.lg;
+    enum dspk__gfft type = dbl ? DSPK__GFFT_Z2Z : DSPK__GFFT_C2C;
     float sf = 1.0f / (float)L;
     double sd = 1.0 / (double)L;
     void *apad[5] = {&h, &php, &k, &L, dbl ? (void *)&sd : (void *)&sf};
@@ -134,29 +138,29 @@ static int fir_ols(struct dspk__dev *dev, struct dspk__op *op, int m, struct dsp
     void *asct[9] = {&pbb, &y, &n, &k, &S, &lg, &nb, &nblk, &ts};
     /* The filter's spectrum; each plan is executed before the next is
      * looked up, so an eviction retires a plan behind its last use. */
-    if ((rc = dspk__cuda_launch1d(dev, fpad, L, apad, ctx)) ||
-        (rc = dspk__cuda_fft_plan(dev, type, L, L, 1, &p1, ctx)) ||
-        (rc = exec(p1, dbl, php, CUFFT_FORWARD, ctx)) ||
-        (rc = dspk__cuda_launch1d(dev, fgat, tb, agat, ctx)) ||
-        (rc = dspk__cuda_fft_plan(dev, type, L, L, g.nc, &pb, ctx)) ||
-        (rc = exec(pb, dbl, pbb, CUFFT_FORWARD, ctx)) ||
-        (rc = dspk__cuda_launch1d(dev, fmul, tb, amul, ctx)) ||
-        (rc = exec(pb, dbl, pbb, CUFFT_INVERSE, ctx)))
+    if ((rc = dspk__gpurt_launch1d(dev, fpad, L, apad, ctx)) ||
+        (rc = dspk__gpurt_fft_plan(dev, type, L, L, 1, &p1, ctx)) ||
+        (rc = exec(dev, p1, dbl, php, 0, ctx)) ||
+        (rc = dspk__gpurt_launch1d(dev, fgat, tb, agat, ctx)) ||
+        (rc = dspk__gpurt_fft_plan(dev, type, L, L, g.nc, &pb, ctx)) ||
+        (rc = exec(dev, pb, dbl, pbb, 0, ctx)) ||
+        (rc = dspk__gpurt_launch1d(dev, fmul, tb, amul, ctx)) ||
+        (rc = exec(dev, pb, dbl, pbb, 1, ctx)))
       goto out;
-    rc = dspk__cuda_launch1d(dev, fsct, ts, asct, ctx);
+    rc = dspk__gpurt_launch1d(dev, fsct, ts, asct, ctx);
   }
 out:
   if (hp)
-    dspk__cuda_tmp_free(dev, hp);
+    dspk__gpurt_tmp_free(dev, hp);
   if (bb)
-    dspk__cuda_tmp_free(dev, bb);
+    dspk__gpurt_tmp_free(dev, bb);
   return rc;
 }
 
 static int run_path(struct dspk__dev *dev, struct dspk__op *op, int c,
                     struct dspk__opctx *ctx) {
   fir_last = cand_names[c];
-  return c == 0 ? dspk__cuda_fir_direct(dev, op, ctx) : fir_ols(dev, op, c, ctx);
+  return c == 0 ? dspk__gpurt_fir_direct(dev, op, ctx) : fir_ols(dev, op, c, ctx);
 }
 
 struct tune_ud {
@@ -172,35 +176,35 @@ static int cand_run(void *ud, int idx) {
   int rc = run_path(u->dev, u->op, idx, &u->ctx);
   if (rc)
     return rc;
-  return dspk__cu.cuStreamSynchronize(u->dev->stream) == CUDA_SUCCESS ? 0 : DSPK_EDEVICE;
+  return u->dev->drv->stream_sync(u->dev->stream) == 0 ? 0 : DSPK_EDEVICE;
 }
 
 /* Whether the output shares memory with an input (tuning reruns the op on
  * the task's operands, which is harmless only when it does not). */
 static int overlaps(const struct dspk__op *op) {
   const struct dspk__tensor *Y = &op->out[0];
-  CUdeviceptr y = dspk__cuda_ptr(Y), ye = y + dspk__tensor_nbytes(Y);
+  dspk__gptr y = dspk__gpurt_ptr(Y), ye = y + dspk__tensor_nbytes(Y);
   for (int i = 0; i < 2; i++) {
-    CUdeviceptr a = dspk__cuda_ptr(&op->in[i]), ae = a + dspk__tensor_nbytes(&op->in[i]);
+    dspk__gptr a = dspk__gpurt_ptr(&op->in[i]), ae = a + dspk__tensor_nbytes(&op->in[i]);
     if (a < ye && y < ae)
       return 1;
   }
   return 0;
 }
 
-int dspk__cuda_fir(struct dspk__dev *dev, struct dspk__op *op, struct dspk__opctx *ctx) {
+int dspk__gpurt_fir(struct dspk__dev *dev, struct dspk__op *op, struct dspk__opctx *ctx) {
   static const struct dspk__autotune_cand cands[NCANDS] = {
       {"direct", cand_run}, {"ols-x4", cand_run}, {"ols-x8", cand_run}, {"ols-x16", cand_run}};
   const struct dspk__tensor *X = &op->in[0];
   int64_t n = X->shape[X->rank - 1], total = dspk__tensor_numel(X);
   int64_t k = op->in[1].shape[0] < n ? op->in[1].shape[0] : n;
   if (op->in[1].shape[0] > INT32_MAX)
-    return dspk__cuda_msg(ctx, DSPK_ELIMIT, "fir: H has more than 2^31-1 taps");
+    return dspk__gpurt_msg(ctx, DSPK_ELIMIT, "fir: H has more than 2^31-1 taps");
   if (total == 0)
     return 0;
   if (fir_force >= 0)
     return run_path(dev, op, fir_force, ctx);
-  if (k <= FIR_DIRECT_MAX_K || !FF.lib)
+  if (k <= FIR_DIRECT_MAX_K || !HAVE_FFT(dev))
     return run_path(dev, op, 0, ctx);
   if (!overlaps(op)) {
     struct tune_ud u = {.dev = dev, .op = op};
@@ -216,7 +220,7 @@ int dspk__cuda_fir(struct dspk__dev *dev, struct dspk__op *op, struct dspk__opct
     req.shape = shape;
     req.dtypes = dspk__dtype_name(X->dtype);
     req.layout = "path";
-    req.dev = dspk__cuda_devid(dev);
+    req.dev = dspk__gpurt_devid(dev);
     req.cands = cands;
     req.ncands = NCANDS;
     req.ud = &u;
@@ -231,7 +235,7 @@ int dspk__cuda_fir(struct dspk__dev *dev, struct dspk__op *op, struct dspk__opct
     for (;;) {
       int w, rc = dspk__autotune_choose(dev->env.cache, &req, NULL, &w, NULL);
       if (rc == DSPK_ECANCELED)
-        return dspk__cuda_msg(ctx, rc, "fir: canceled while tuning");
+        return dspk__gpurt_msg(ctx, rc, "fir: canceled while tuning");
       if (rc < 0)
         break; /* no decision: the heuristic below */
       rc = run_path(dev, op, w, ctx);

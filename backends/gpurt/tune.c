@@ -21,21 +21,21 @@
 #include <string.h>
 
 #include "backends/common/autotune.h"
-#include "backends/cuda/cuda_internal.h"
+#include "backends/gpurt/gpurt.h"
 
 #define NCANDS 5
 static const struct dspk__autotune_cand *cands(void);
 
 struct tune_ud {
   struct dspk__dev *dev;
-  CUfunction fn;
+  dspk__gfunc fn;
   int64_t n;
   void **args;
 };
 
 static int block_of(int idx) { return 64 << idx; }
 
-static int launch(struct dspk__dev *dev, CUfunction fn, int64_t n, int block,
+static int launch(struct dspk__dev *dev, dspk__gfunc fn, int64_t n, int block,
                   void **args) {
   int64_t blocks = (n + block - 1) / block;
   int64_t cap = (int64_t)dev->sms * (2048 / block) * 4;
@@ -43,8 +43,8 @@ static int launch(struct dspk__dev *dev, CUfunction fn, int64_t n, int block,
     blocks = cap;
   if (blocks < 1)
     blocks = 1;
-  return dspk__cu.cuLaunchKernel(fn, (unsigned)blocks, 1, 1, (unsigned)block, 1, 1, 0,
-                                 dev->stream, args, NULL) == CUDA_SUCCESS
+  return dev->drv->launch(fn, (unsigned)blocks, 1, 1, (unsigned)block, 1, 1, 0,
+                          dev->stream, args) == 0
              ? 0
              : DSPK_EDEVICE;
 }
@@ -54,7 +54,7 @@ static int cand_run(void *ud, int idx) {
   int rc = launch(t->dev, t->fn, t->n, block_of(idx), t->args);
   if (rc)
     return rc;
-  return dspk__cu.cuStreamSynchronize(t->dev->stream) == CUDA_SUCCESS ? 0 : DSPK_EDEVICE;
+  return t->dev->drv->stream_sync(t->dev->stream) == 0 ? 0 : DSPK_EDEVICE;
 }
 
 static const struct dspk__autotune_cand cand_table[NCANDS] = {
@@ -73,7 +73,7 @@ static void req_init(struct dspk__autotune_req *req, struct dspk__dev *dev,
   req->shape = shape;
   req->dtypes = dtypes;
   req->layout = layout;
-  req->dev = dspk__cuda_devid(dev);
+  req->dev = dspk__gpurt_devid(dev);
   req->cands = cands;
   req->ncands = ncands;
   req->ud = ud;
@@ -84,7 +84,7 @@ static void req_init(struct dspk__autotune_req *req, struct dspk__dev *dev,
   }
 }
 
-int dspk__cuda_launch_tuned(struct dspk__dev *dev, CUfunction fn, int64_t n, void **args,
+int dspk__gpurt_launch_tuned(struct dspk__dev *dev, dspk__gfunc fn, int64_t n, void **args,
                             const char *op, const char *shape_class, dspk_dtype dt,
                             struct dspk__opctx *ctx) {
   struct tune_ud ud = {dev, fn, n, args};
@@ -98,14 +98,14 @@ int dspk__cuda_launch_tuned(struct dspk__dev *dev, CUfunction fn, int64_t n, voi
   for (;;) {
     int w, rc = dspk__autotune_choose(dev->env.cache, &req, NULL, &w, NULL);
     if (rc == DSPK_ECANCELED)
-      return dspk__cuda_msg(ctx, rc, "%s: canceled while tuning", op);
+      return dspk__gpurt_msg(ctx, rc, "%s: canceled while tuning", op);
     if (rc < 0)
       break; /* no decision: the default below */
     if (launch(dev, fn, n, block_of(w), args) == 0)
       return 0;
     dspk__autotune_failed(dev->env.cache, &req, w);
   }
-  return dspk__cuda_launch1d(dev, fn, n, args, ctx);
+  return dspk__gpurt_launch1d(dev, fn, n, args, ctx);
 }
 
 /* ---- reductions ----------------------------------------------------------- */
@@ -126,16 +126,16 @@ static const struct rcand {
 
 struct rtune_ud {
   struct dspk__dev *dev;
-  CUfunction fn[3]; /* by enum rkind */
+  dspk__gfunc fn[3]; /* by enum rkind */
   int64_t nout;
   void **args;
   const struct rcand *c[RCANDS]; /* the offered candidates, in order */
 };
 
-/* Launches candidate c and returns the launch's CUresult.  Shared memory:
+/* Launches candidate c and returns the launch's int.  Shared memory:
  * one accumulator (at most 16 bytes) per thread of the block and warp
  * kernels. */
-static CUresult rlaunch(const struct rtune_ud *u, const struct rcand *c) {
+static int rlaunch(const struct rtune_ud *u, const struct rcand *c) {
   int64_t per = c->kind == R_BLOCK ? 1 : c->kind == R_WARP ? c->block / 32 : c->block;
   int64_t blocks = (u->nout + per - 1) / per;
   int64_t cap = (int64_t)u->dev->sms * (c->kind == R_THREAD ? (2048 / c->block) * 4 : 32);
@@ -144,15 +144,15 @@ static CUresult rlaunch(const struct rtune_ud *u, const struct rcand *c) {
     blocks = cap;
   if (blocks < 1)
     blocks = 1;
-  return dspk__cu.cuLaunchKernel(u->fn[c->kind], (unsigned)blocks, 1, 1, (unsigned)c->block, 1,
-                                 1, shmem, u->dev->stream, u->args, NULL);
+  return u->dev->drv->launch(u->fn[c->kind], (unsigned)blocks, 1, 1, (unsigned)c->block, 1,
+                             1, shmem, u->dev->stream, u->args);
 }
 
 static int rcand_run(void *ud, int idx) {
   struct rtune_ud *u = ud;
-  if (rlaunch(u, u->c[idx]) != CUDA_SUCCESS)
+  if (rlaunch(u, u->c[idx]) != 0)
     return DSPK_EDEVICE;
-  return dspk__cu.cuStreamSynchronize(u->dev->stream) == CUDA_SUCCESS ? 0 : DSPK_EDEVICE;
+  return u->dev->drv->stream_sync(u->dev->stream) == 0 ? 0 : DSPK_EDEVICE;
 }
 
 /* The untuned choice (no cache decision could be made): the heuristic the
@@ -163,7 +163,7 @@ static const struct rcand *rdefault(const struct dspk__dev *dev, int64_t nout, i
   return &rcand_all[7];   /* thread256 */
 }
 
-int dspk__cuda_reduce_launch(struct dspk__dev *dev, dspk_dtype dt, int64_t nout,
+int dspk__gpurt_reduce_launch(struct dspk__dev *dev, dspk_dtype dt, int64_t nout,
                              int64_t nred, int inner, void **args, int tune,
                              struct dspk__opctx *ctx) {
   static const char *const entry[3] = {"dspk_reduce_block", "dspk_reduce_warp",
@@ -172,7 +172,7 @@ int dspk__cuda_reduce_launch(struct dspk__dev *dev, dspk_dtype dt, int64_t nout,
   struct rtune_ud ud;
   struct dspk__autotune_req req;
   char shape[64];
-  CUresult r;
+  int r;
   int n = 0, rc;
   if (nout <= 0)
     return 0;
@@ -181,13 +181,13 @@ int dspk__cuda_reduce_launch(struct dspk__dev *dev, dspk_dtype dt, int64_t nout,
   ud.nout = nout;
   ud.args = args;
   for (int k = 0; k < 3; k++)
-    if ((rc = dspk__cuda_kfunc(dev, DSPK__K_REDUCE, dt, entry[k], &ud.fn[k], ctx)))
+    if ((rc = dspk__gpurt_kfunc(dev, DSPK__K_REDUCE, dt, entry[k], &ud.fn[k], ctx)))
       return rc;
   if (dev->reduce_force) {
     for (int i = 0; i < RCANDS; i++)
       if (strcmp(rcand_all[i].name, dev->reduce_force) == 0) {
         r = rlaunch(&ud, &rcand_all[i]);
-        return r == CUDA_SUCCESS ? 0 : dspk__cuda_err(dev, ctx, "cuLaunchKernel", r);
+        return r == 0 ? 0 : dspk__gpurt_err(dev, ctx, "cuLaunchKernel", r);
       }
   }
   /* The candidates worth timing for this class: a thread per output only
@@ -217,19 +217,19 @@ int dspk__cuda_reduce_launch(struct dspk__dev *dev, dspk_dtype dt, int64_t nout,
       int w;
       rc = dspk__autotune_choose(dev->env.cache, &req, NULL, &w, NULL);
       if (rc == DSPK_ECANCELED)
-        return dspk__cuda_msg(ctx, rc, "reduce: canceled while tuning");
+        return dspk__gpurt_msg(ctx, rc, "reduce: canceled while tuning");
       if (rc < 0)
         break; /* no decision: the default below */
-      if (rlaunch(&ud, ud.c[w]) == CUDA_SUCCESS)
+      if (rlaunch(&ud, ud.c[w]) == 0)
         return 0;
       dspk__autotune_failed(dev->env.cache, &req, w);
     }
   }
   r = rlaunch(&ud, rdefault(dev, nout, nred));
-  return r == CUDA_SUCCESS ? 0 : dspk__cuda_err(dev, ctx, "cuLaunchKernel", r);
+  return r == 0 ? 0 : dspk__gpurt_err(dev, ctx, "cuLaunchKernel", r);
 }
 
-int dspk__cuda_set_reduce_force(struct dspk__dev *dev, const char *name) {
+int dspk__gpurt_set_reduce_force(struct dspk__dev *dev, const char *name) {
   if (name) {
     int i = 0;
     while (i < RCANDS && strcmp(rcand_all[i].name, name) != 0)

@@ -1,23 +1,22 @@
 /*
- * The ops of the CUDA backend, enqueued on the device's stream: gemm
- * through cuBLAS, fft through cuFFT (plans in an LRU cache, work areas from
- * the pool), fir/reduce/map through the generated kernels of
- * backends/kernels/ (NVRTC), contract as reduce + permutation kernels +
- * strided-batched cuBLAS gemm with an LRU plan cache whose evictions retire
- * the plan's workspaces through the retirement queue, and raw CUDA C
+ * The ops of the GPU runtimes, enqueued on the device's stream: gemm
+ * through the runtime's BLAS (cuBLAS, hipBLAS) or our own kernel, fft
+ * through its FFT library (cuFFT, hipFFT: plans in an LRU cache, work areas
+ * from the pool) or our own direct transform, fir/reduce/map through the
+ * generated kernels of backends/kernels/ (NVRTC, hiprtc), contract as
+ * reduce + permutation kernels + strided-batched gemm with an LRU plan cache whose evictions retire
+ * the plan's workspaces through the retirement queue, and raw CUDA C / HIP C++
  * kernels.  Semantics follow the cpu backend (backends/op.h).
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "backends/cuda/cuda_internal.h"
+#include "backends/gpurt/gpurt.h"
 #include "backends/common/autotune.h"
 #include "cache/cache.h"
 
-#define CU dspk__cu
-#define BL dspk__cublas
-#define FF dspk__cufft
+#define DRV (dev->drv)
 
 /* Mirrors of the kernels' parameter structs (backends/kernels/). */
 struct rdesc {
@@ -31,8 +30,9 @@ struct pdesc {
   int64_t n;
 };
 
-static int blas_err(struct dspk__opctx *ctx, const char *what, int s) {
-  return dspk__cuda_msg(ctx, DSPK_EDEVICE, "%s failed: cuBLAS status %d", what, s);
+static int blas_err(struct dspk__dev *dev, struct dspk__opctx *ctx, int s) {
+  return dspk__gpurt_msg(ctx, DSPK_EDEVICE, "gemm failed: %s status %d",
+                         DRV->blas_name(), s);
 }
 
 /* C-order element strides of a shape. */
@@ -46,10 +46,10 @@ static void strides_of(const int64_t *shape, int rank, int64_t *st) {
 
 /* Copies src (element size esz) into the contiguous dst of shape d->shape,
  * reading src at d->stride (0 broadcasts). */
-static int permute(struct dspk__dev *dev, CUdeviceptr src, CUdeviceptr dst,
+static int permute(struct dspk__dev *dev, dspk__gptr src, dspk__gptr dst,
                    size_t esz, struct pdesc *d, struct dspk__opctx *ctx) {
   char entry[32];
-  CUfunction fn;
+  dspk__gfunc fn;
   void *args[3] = {&src, &dst, d};
   int rc;
   d->n = 1;
@@ -58,79 +58,58 @@ static int permute(struct dspk__dev *dev, CUdeviceptr src, CUdeviceptr dst,
   if (d->n == 0)
     return 0;
   snprintf(entry, sizeof(entry), "dspk_permute_%zu", esz);
-  if ((rc = dspk__cuda_kfunc(dev, DSPK__K_PERMUTE, DSPK_F32, entry, &fn, ctx)))
+  if ((rc = dspk__gpurt_kfunc(dev, DSPK__K_PERMUTE, DSPK_F32, entry, &fn, ctx)))
     return rc;
-  return dspk__cuda_launch1d(dev, fn, d->n, args, ctx);
+  return dspk__gpurt_launch1d(dev, fn, d->n, args, ctx);
 }
 
-static int map_scale(struct dspk__dev *dev, CUdeviceptr p, dspk_dtype dt,
+static int map_scale(struct dspk__dev *dev, dspk__gptr p, dspk_dtype dt,
                      int64_t n, double alpha, struct dspk__opctx *ctx) {
-  CUfunction fn;
+  dspk__gfunc fn;
   void *args[5] = {&p, &p, &p, &n, &alpha};
-  int rc = dspk__cuda_kfunc(dev, DSPK__K_MAP, dt, "dspk_map_scale", &fn, ctx);
-  return rc ? rc : dspk__cuda_launch1d(dev, fn, n, args, ctx);
+  int rc = dspk__gpurt_kfunc(dev, DSPK__K_MAP, dt, "dspk_map_scale", &fn, ctx);
+  return rc ? rc : dspk__gpurt_launch1d(dev, fn, n, args, ctx);
 }
 
 /* ---- gemm ---------------------------------------------------------------- */
 
 /* One strided-batched gemm in row-major terms: C[b] (M,N) = alpha op(A[b])
- * op(B[b]) + beta C[b], through cuBLAS's column-major C^T = op(B)^T op(A)^T. */
+ * op(B[b]) + beta C[b], through BLAS's column-major C^T = op(B)^T op(A)^T:
+ * the runtime's BLAS when it has one, else our own kernel (kernels/gemm.cu,
+ * f32/f64/c64/c128). */
 static int gemm_rm(struct dspk__dev *dev, dspk_dtype dt, int ta, int tb,
                    int64_t M, int64_t N, int64_t K, double alpha,
-                   CUdeviceptr A, int64_t sa, CUdeviceptr B, int64_t sb,
-                   double beta, CUdeviceptr C, int64_t sc, int64_t batch,
+                   dspk__gptr A, int64_t sa, dspk__gptr B, int64_t sb,
+                   double beta, dspk__gptr C, int64_t sc, int64_t batch,
                    struct dspk__opctx *ctx) {
-  cublasOperation_t oa = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
-  cublasOperation_t ob = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
-  int lda = (int)(ta ? M : K), ldb = (int)(tb ? K : N), ldc = (int)N;
-  int m = (int)N, n = (int)M, k = (int)K, nb = (int)batch;
-  void *pa = (void *)(uintptr_t)A, *pb = (void *)(uintptr_t)B, *pc = (void *)(uintptr_t)C;
-  cublasStatus_t s;
+  int64_t lda = ta ? M : K, ldb = tb ? K : N, ldc = N;
+  int s, rc;
   if (M > INT32_MAX || N > INT32_MAX || K > INT32_MAX || batch > INT32_MAX)
-    return dspk__cuda_msg(ctx, DSPK_ELIMIT, "gemm: a dimension exceeds 2^31-1");
+    return dspk__gpurt_msg(ctx, DSPK_ELIMIT, "gemm: a dimension exceeds 2^31-1");
   if (lda < 1) lda = 1;
   if (ldb < 1) ldb = 1;
   if (ldc < 1) ldc = 1;
-  switch (dt) {
-  case DSPK_F32: {
-    float a = (float)alpha, b = (float)beta;
-    s = batch == 1 ? BL.cublasSgemm(dev->blas, ob, oa, m, n, k, &a, pb, ldb, pa, lda, &b, pc, ldc)
-                   : BL.cublasSgemmStridedBatched(dev->blas, ob, oa, m, n, k, &a, pb, ldb, sb,
-                                                  pa, lda, sa, &b, pc, ldc, sc, nb);
-    return s ? blas_err(ctx, "cublasSgemm", s) : 0;
+  if (dev->blas && !dev->own_kernels) {
+    s = DRV->blas_gemm(dev->blas, dt, tb, ta, (int)N, (int)M, (int)K, alpha, B, (int)ldb, sb,
+                       A, (int)lda, sa, beta, C, (int)ldc, sc, (int)batch);
+    if (s == -1)
+      return dspk__gpurt_msg(ctx, DSPK_EDTYPE, "gemm: dtype %s not supported on %s",
+                             dspk__dtype_name(dt), DRV->name);
+    return s ? blas_err(dev, ctx, s) : 0;
   }
-  case DSPK_F64:
-    s = batch == 1 ? BL.cublasDgemm(dev->blas, ob, oa, m, n, k, &alpha, pb, ldb, pa, lda, &beta, pc, ldc)
-                   : BL.cublasDgemmStridedBatched(dev->blas, ob, oa, m, n, k, &alpha, pb, ldb, sb,
-                                                  pa, lda, sa, &beta, pc, ldc, sc, nb);
-    return s ? blas_err(ctx, "cublasDgemm", s) : 0;
-  case DSPK_C64: {
-    cuComplex a = {(float)alpha, 0}, b = {(float)beta, 0};
-    s = BL.cublasCgemmStridedBatched(dev->blas, ob, oa, m, n, k, &a, pb, ldb, sb, pa, lda,
-                                     sa, &b, pc, ldc, sc, nb);
-    return s ? blas_err(ctx, "cublasCgemmStridedBatched", s) : 0;
-  }
-  case DSPK_C128: {
-    cuDoubleComplex a = {alpha, 0}, b = {beta, 0};
-    s = BL.cublasZgemmStridedBatched(dev->blas, ob, oa, m, n, k, &a, pb, ldb, sb, pa, lda,
-                                     sa, &b, pc, ldc, sc, nb);
-    return s ? blas_err(ctx, "cublasZgemmStridedBatched", s) : 0;
-  }
-  case DSPK_F16:
-  case DSPK_BF16: {
-    float a = (float)alpha, b = (float)beta;
-    cudaDataType_t in = dt == DSPK_F16 ? CUDA_R_16F : CUDA_R_16BF;
-    s = batch == 1
-            ? BL.cublasGemmEx(dev->blas, ob, oa, m, n, k, &a, pb, in, ldb, pa, in, lda, &b,
-                              pc, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT)
-            : BL.cublasGemmStridedBatchedEx(dev->blas, ob, oa, m, n, k, &a, pb, in, ldb, sb,
-                                            pa, in, lda, sa, &b, pc, CUDA_R_32F, ldc, sc, nb,
-                                            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-    return s ? blas_err(ctx, "cublasGemmEx", s) : 0;
-  }
-  default:
-    return dspk__cuda_msg(ctx, DSPK_EDTYPE, "gemm: dtype %s not supported on cuda",
-                          dspk__dtype_name(dt));
+  if (dt != DSPK_F32 && dt != DSPK_F64 && dt != DSPK_C64 && dt != DSPK_C128)
+    return dspk__gpurt_msg(ctx, DSPK_ENOTSUP,
+                           "gemm: %s in needs a BLAS library (none on this %s host)",
+                           dspk__dtype_name(dt), DRV->name);
+  {
+    dspk__gfunc fn;
+    int64_t m = N, n = M, k = K, nb = batch;
+    int tx = tb, ty = ta;
+    void *args[17] = {&B, &A, &C, &m, &n, &k, &ldb, &lda, &ldc, &sb, &sa, &sc, &nb,
+                      &tx, &ty, &alpha, &beta};
+    if ((rc = dspk__gpurt_kfunc(dev, DSPK__K_GEMM, dt, "dspk_gemm", &fn, ctx)))
+      return rc;
+    return dspk__gpurt_launch1d(dev, fn, m * n * nb, args, ctx);
   }
 }
 
@@ -176,8 +155,6 @@ static int op_gemm(struct dspk__dev *dev, struct dspk__op *op, struct dspk__opct
   size_t isz = dspk__dtype_size(A->dtype), osz = dspk__dtype_size(O->dtype);
   double beta = 0;
   int rc;
-  if (!dev->blas)
-    return dspk__cuda_msg(ctx, DSPK_ENOTSUP, "gemm: cuBLAS is not available on this host");
   for (int i = 0; i < O->rank - 2; i++)
     nb *= O->shape[i];
   if (nb * M * N == 0)
@@ -194,28 +171,28 @@ static int op_gemm(struct dspk__dev *dev, struct dspk__op *op, struct dspk__opct
       d.shape[i] = O->shape[i];
       d.stride[i] = (ci >= 0 && C->shape[ci] != 1) ? cst[ci] : 0;
     }
-    if ((rc = permute(dev, dspk__cuda_ptr(C), dspk__cuda_ptr(O), osz, &d, ctx)))
+    if ((rc = permute(dev, dspk__gpurt_ptr(C), dspk__gpurt_ptr(O), osz, &d, ctx)))
       return rc;
     beta = op->u.gemm.beta;
   }
   if (K == 0) {
     /* An empty sum: out = beta*C (or 0). */
     if (op->nin == 3)
-      return map_scale(dev, dspk__cuda_ptr(O), O->dtype, nb * M * N, beta, ctx);
-    CUresult r = CU.cuMemsetD8Async(dspk__cuda_ptr(O), 0, (size_t)(nb * M * N) * osz, dev->stream);
-    return r ? dspk__cuda_err(dev, ctx, "cuMemsetD8Async", r) : 0;
+      return map_scale(dev, dspk__gpurt_ptr(O), O->dtype, nb * M * N, beta, ctx);
+    int r = DRV->memset_async(dspk__gpurt_ptr(O), 0, (size_t)(nb * M * N) * osz, dev->stream);
+    return r ? dspk__gpurt_err(dev, ctx, "cuMemsetD8Async", r) : 0;
   }
   sa = batch_stride(A, O);
   sb = batch_stride(B, O);
   if (sa >= 0 && sb >= 0)
-    return gemm_rm(dev, A->dtype, ta, tb, M, N, K, op->u.gemm.alpha, dspk__cuda_ptr(A), sa,
-                   dspk__cuda_ptr(B), sb, beta, dspk__cuda_ptr(O), M * N, nb, ctx);
+    return gemm_rm(dev, A->dtype, ta, tb, M, N, K, op->u.gemm.alpha, dspk__gpurt_ptr(A), sa,
+                   dspk__gpurt_ptr(B), sb, beta, dspk__gpurt_ptr(O), M * N, nb, ctx);
   /* Batch shapes that broadcast both ways: one gemm per output matrix. */
   for (int64_t b = 0; b < nb; b++) {
     rc = gemm_rm(dev, A->dtype, ta, tb, M, N, K, op->u.gemm.alpha,
-                 dspk__cuda_ptr(A) + (CUdeviceptr)(batch_offset(A, O, b) * (int64_t)isz), 0,
-                 dspk__cuda_ptr(B) + (CUdeviceptr)(batch_offset(B, O, b) * (int64_t)isz), 0,
-                 beta, dspk__cuda_ptr(O) + (CUdeviceptr)(b * M * N * (int64_t)osz), 0, 1, ctx);
+                 dspk__gpurt_ptr(A) + (dspk__gptr)(batch_offset(A, O, b) * (int64_t)isz), 0,
+                 dspk__gpurt_ptr(B) + (dspk__gptr)(batch_offset(B, O, b) * (int64_t)isz), 0,
+                 beta, dspk__gpurt_ptr(O) + (dspk__gptr)(b * M * N * (int64_t)osz), 0, 1, ctx);
     if (rc)
       return rc;
   }
@@ -225,7 +202,7 @@ static int op_gemm(struct dspk__dev *dev, struct dspk__op *op, struct dspk__opct
 /* ---- fft ----------------------------------------------------------------- */
 
 struct fftplan {
-  cufftHandle h;
+  void *h;
   struct dspk__pool_block *ws;
   struct dspk__dev *dev;
 };
@@ -233,60 +210,67 @@ struct fftplan {
 static void fftplan_release(void *ud, void *p) {
   struct fftplan *pl = p;
   (void)ud;
-  FF.cufftDestroy(pl->h);
+  pl->dev->drv->fft_destroy(pl->h);
   if (pl->ws)
     dspk__pool_put(&pl->dev->pool, pl->ws);
   free(pl);
 }
 
-void dspk__cuda_fft_plan_evict(void *ud, void *plan) {
+void dspk__gpurt_fft_plan_evict(void *ud, void *plan) {
   /* The plan and its work area may still be in use by queued transforms. */
-  dspk__cuda_retire(ud, fftplan_release, NULL, plan);
+  dspk__gpurt_retire(ud, fftplan_release, NULL, plan);
 }
 
-/* The cached cuFFT plan of batch transforms of type t along contiguous rows
- * of n (inputs) and nout (outputs) elements, its stream set and work area
- * from the pool.  Also used by fir's FFT path (fir_fft.c). */
-int dspk__cuda_fft_plan(struct dspk__dev *dev, int t, long long n, long long nout,
-                        long long batch, cufftHandle *out, struct dspk__opctx *ctx) {
-  cufftType type = (cufftType)t;
+/* Without an FFT library: the direct transform of kernels/dft.cu. */
+static int fft_own(struct dspk__dev *dev, struct dspk__op *op, long long n, long long nout,
+                   long long batch, struct dspk__opctx *ctx) {
+  const struct dspk__tensor *X = &op->in[0], *Y = &op->out[0];
+  dspk__gptr x = dspk__gpurt_ptr(X), y = dspk__gpurt_ptr(Y);
+  int64_t nn = n, no = nout, nb = batch;
+  double sign = op->u.fft.inverse ? 1.0 : -1.0;
+  void *args[6] = {&x, &y, &nn, &no, &nb, &sign};
+  dspk__gfunc fn;
+  int rc;
+  if ((rc = dspk__gpurt_kfunc(dev, DSPK__K_DFT, X->dtype, "dspk_dft", &fn, ctx)))
+    return rc;
+  return dspk__gpurt_launch1d(dev, fn, no * nb, args, ctx);
+}
+
+/* The cached FFT-library plan of batch transforms of kind t along
+ * contiguous rows of n (inputs) and nout (outputs) elements, its stream set
+ * and work area from the pool.  Also used by fir's FFT path (fir_fft.c). */
+int dspk__gpurt_fft_plan(struct dspk__dev *dev, enum dspk__gfft type, long long n,
+                         long long nout, long long batch, void **out,
+                         struct dspk__opctx *ctx) {
   struct { int type; long long n, batch; } key;
   struct fftplan *pl;
-  cufftResult s;
-  int rc;
+  int s, rc;
   memset(&key, 0, sizeof(key));
-  key.type = type;
+  key.type = (int)type;
   key.n = n;
   key.batch = batch;
   pl = dspk__plancache_get(&dev->fft_plans, &key, sizeof(key));
   if (!pl) {
     size_t ws = 0;
-    long long nn = n;
+    int oom = 0;
     pl = calloc(1, sizeof(*pl));
     if (!pl)
       return DSPK_ENOMEM;
     pl->dev = dev;
-    if ((s = FF.cufftCreate(&pl->h)) != CUFFT_SUCCESS) {
+    s = DRV->fft_plan(&pl->h, type, n, batch, nout, &ws, dev->stream, &oom);
+    if (s != 0) {
       free(pl);
-      return dspk__cuda_msg(ctx, DSPK_EDEVICE, "cufftCreate failed: %d", s);
+      return dspk__gpurt_msg(ctx, oom ? DSPK_ENOMEM : DSPK_EDEVICE,
+                             "fft: %s plan (n=%lld, batch=%lld) failed: %d",
+                             DRV->fft_name(), n, batch, s);
     }
-    FF.cufftSetAutoAllocation(pl->h, 0);
-    s = FF.cufftMakePlanMany64(pl->h, 1, &nn, NULL, 1, n, NULL, 1, nout, type, batch, &ws);
-    if (s != CUFFT_SUCCESS) {
-      FF.cufftDestroy(pl->h);
-      free(pl);
-      return dspk__cuda_msg(ctx, s == CUFFT_ALLOC_FAILED ? DSPK_ENOMEM : DSPK_EDEVICE,
-                            "fft: cufftMakePlanMany64 (n=%lld, batch=%lld) failed: %d",
-                            n, batch, s);
-    }
-    FF.cufftSetStream(pl->h, (cudaStream_t)dev->stream);
     if (ws > 0) {
-      if ((rc = dspk__cuda_tmp_alloc(dev, ws, &pl->ws))) {
-        FF.cufftDestroy(pl->h);
+      if ((rc = dspk__gpurt_tmp_alloc(dev, ws, &pl->ws))) {
+        DRV->fft_destroy(pl->h);
         free(pl);
-        return dspk__cuda_msg(ctx, rc, "fft: no device memory for a %zu-byte work area", ws);
+        return dspk__gpurt_msg(ctx, rc, "fft: no device memory for a %zu-byte work area", ws);
       }
-      FF.cufftSetWorkArea(pl->h, (void *)(uintptr_t)pl->ws->handle);
+      DRV->fft_set_work(pl->h, pl->ws->handle);
     }
     dspk__plancache_put(&dev->fft_plans, &key, sizeof(key), pl);
   }
@@ -298,65 +282,59 @@ static int op_fft(struct dspk__dev *dev, struct dspk__op *op, struct dspk__opctx
   const struct dspk__tensor *X = &op->in[0], *Y = &op->out[0];
   long long n = X->shape[X->rank - 1], nout = Y->shape[Y->rank - 1];
   long long batch = n ? dspk__tensor_numel(X) / n : 0;
-  cufftType type;
-  cufftHandle h;
-  cufftResult s;
-  void *in = (void *)(uintptr_t)dspk__cuda_ptr(X), *out = (void *)(uintptr_t)dspk__cuda_ptr(Y);
-  int rc;
-  if (!FF.lib)
-    return dspk__cuda_msg(ctx, DSPK_ENOTSUP, "fft: cuFFT is not available on this host");
+  enum dspk__gfft type;
+  void *h;
+  int s, rc;
+  dspk__gptr in = dspk__gpurt_ptr(X), out = dspk__gpurt_ptr(Y);
   if (batch == 0)
     return 0;
   switch (X->dtype) {
-  case DSPK_C64: type = CUFFT_C2C; break;
-  case DSPK_C128: type = CUFFT_Z2Z; break;
-  case DSPK_F32: type = CUFFT_R2C; break;
-  case DSPK_F64: type = CUFFT_D2Z; break;
+  case DSPK_C64: type = DSPK__GFFT_C2C; break;
+  case DSPK_C128: type = DSPK__GFFT_Z2Z; break;
+  case DSPK_F32: type = DSPK__GFFT_R2C; break;
+  case DSPK_F64: type = DSPK__GFFT_D2Z; break;
   default:
-    return dspk__cuda_msg(ctx, DSPK_EDTYPE, "fft: dtype %s not supported",
+    return dspk__gpurt_msg(ctx, DSPK_EDTYPE, "fft: dtype %s not supported",
                           dspk__dtype_name(X->dtype));
   }
-  if ((rc = dspk__cuda_fft_plan(dev, type, n, nout, batch, &h, ctx)))
-    return rc;
-  switch (type) {
-  case CUFFT_C2C:
-    s = FF.cufftExecC2C(h, in, out, op->u.fft.inverse ? CUFFT_INVERSE : CUFFT_FORWARD);
-    break;
-  case CUFFT_Z2Z:
-    s = FF.cufftExecZ2Z(h, in, out, op->u.fft.inverse ? CUFFT_INVERSE : CUFFT_FORWARD);
-    break;
-  case CUFFT_R2C: s = FF.cufftExecR2C(h, in, out); break;
-  default: s = FF.cufftExecD2Z(h, in, out); break;
+  if (dev->own_kernels || !DRV->fft_name || !DRV->fft_name()) {
+    rc = fft_own(dev, op, n, nout, batch, ctx);
+    goto scale;
   }
-  if (s != CUFFT_SUCCESS)
-    return dspk__cuda_msg(ctx, DSPK_EDEVICE, "fft: cufftExec failed: %d", s);
-  if (op->u.fft.inverse)
-    return map_scale(dev, dspk__cuda_ptr(Y), Y->dtype, dspk__tensor_numel(Y), 1.0 / (double)n, ctx);
-  return 0;
+  if ((rc = dspk__gpurt_fft_plan(dev, type, n, nout, batch, &h, ctx)))
+    return rc;
+  s = DRV->fft_exec(h, type, in, out, op->u.fft.inverse);
+  if (s != 0)
+    return dspk__gpurt_msg(ctx, DSPK_EDEVICE, "fft: %s exec failed: %d", DRV->fft_name(), s);
+  rc = 0;
+scale:
+  if (rc == 0 && op->u.fft.inverse)
+    return map_scale(dev, dspk__gpurt_ptr(Y), Y->dtype, dspk__tensor_numel(Y), 1.0 / (double)n, ctx);
+  return rc;
 }
 
 /* ---- fir, map, reduce ---------------------------------------------------- */
 
 /* fir's direct kernel (fir_fft.c chooses between it and the FFT path). */
-int dspk__cuda_fir_direct(struct dspk__dev *dev, struct dspk__op *op, struct dspk__opctx *ctx) {
+int dspk__gpurt_fir_direct(struct dspk__dev *dev, struct dspk__op *op, struct dspk__opctx *ctx) {
   const struct dspk__tensor *X = &op->in[0], *H = &op->in[1], *Y = &op->out[0];
-  CUdeviceptr x = dspk__cuda_ptr(X), h = dspk__cuda_ptr(H), y = dspk__cuda_ptr(Y);
+  dspk__gptr x = dspk__gpurt_ptr(X), h = dspk__gpurt_ptr(H), y = dspk__gpurt_ptr(Y);
   int64_t n = X->shape[X->rank - 1], total = dspk__tensor_numel(X);
   int k;
-  CUfunction fn;
+  dspk__gfunc fn;
   void *args[6] = {&x, &h, &y, &n, &k, &total};
   int rc;
   if (H->shape[0] > INT32_MAX)
-    return dspk__cuda_msg(ctx, DSPK_ELIMIT, "fir: H has more than 2^31-1 taps");
+    return dspk__gpurt_msg(ctx, DSPK_ELIMIT, "fir: H has more than 2^31-1 taps");
   k = (int)H->shape[0];
   if (total == 0)
     return 0;
-  if ((rc = dspk__cuda_kfunc(dev, DSPK__K_FIR, X->dtype, "dspk_fir", &fn, ctx)))
+  if ((rc = dspk__gpurt_kfunc(dev, DSPK__K_FIR, X->dtype, "dspk_fir", &fn, ctx)))
     return rc;
   {
     char cls[32];
     snprintf(cls, sizeof(cls), "k=2^%d", dspk__autotune_pow2((uint64_t)k));
-    return dspk__cuda_launch_tuned(dev, fn, total, args, "fir", cls, X->dtype, ctx);
+    return dspk__gpurt_launch_tuned(dev, fn, total, args, "fir", cls, X->dtype, ctx);
   }
 }
 
@@ -367,29 +345,29 @@ static int op_map(struct dspk__dev *dev, struct dspk__op *op, struct dspk__opctx
 #undef XX
   };
   const struct dspk__tensor *A = &op->in[0], *O = &op->out[0];
-  CUdeviceptr a = dspk__cuda_ptr(A), b = op->nin > 1 ? dspk__cuda_ptr(&op->in[1]) : a;
-  CUdeviceptr o = dspk__cuda_ptr(O);
+  dspk__gptr a = dspk__gpurt_ptr(A), b = op->nin > 1 ? dspk__gpurt_ptr(&op->in[1]) : a;
+  dspk__gptr o = dspk__gpurt_ptr(O);
   int64_t n = dspk__tensor_numel(A);
   double alpha = op->u.map.alpha;
   void *args[5] = {&a, &b, &o, &n, &alpha};
-  CUfunction fn;
+  dspk__gfunc fn;
   int rc;
   if (n == 0)
     return 0;
-  if ((rc = dspk__cuda_kfunc(dev, DSPK__K_MAP, A->dtype, names[op->u.map.fn], &fn, ctx)))
+  if ((rc = dspk__gpurt_kfunc(dev, DSPK__K_MAP, A->dtype, names[op->u.map.fn], &fn, ctx)))
     return rc;
   /* Tuning reruns the kernel, which is harmless only when the output does
    * not alias an input. */
   if (o != a && o != b)
-    return dspk__cuda_launch_tuned(dev, fn, n, args, "map", NULL, A->dtype, ctx);
-  return dspk__cuda_launch1d(dev, fn, n, args, ctx);
+    return dspk__gpurt_launch_tuned(dev, fn, n, args, "map", NULL, A->dtype, ctx);
+  return dspk__gpurt_launch1d(dev, fn, n, args, ctx);
 }
 
 /* Reduces X (contiguous, shape/rank) over the axes in mask into out, with
  * the kernel and launch the autotune framework chose (tune.c). */
 static int reduce_into(struct dspk__dev *dev, dspk_dtype dt, const int64_t *shape,
-                       int rank, uint32_t mask, int fn_code, CUdeviceptr x,
-                       CUdeviceptr out, struct dspk__opctx *ctx) {
+                       int rank, uint32_t mask, int fn_code, dspk__gptr x,
+                       dspk__gptr out, struct dspk__opctx *ctx) {
   struct rdesc d;
   int64_t st[DSPK_MAX_RANK];
   void *args[4] = {&x, &out, &d, &fn_code};
@@ -412,9 +390,9 @@ static int reduce_into(struct dspk__dev *dev, dspk_dtype dt, const int64_t *shap
   if (d.nout == 0)
     return 0;
   /* Tuning runs the kernel several times: only when out is not also read. */
-  overlap = out < x + (CUdeviceptr)((size_t)(d.nout * d.nred_total) * esz) &&
-            x < out + (CUdeviceptr)((size_t)d.nout * esz);
-  return dspk__cuda_reduce_launch(dev, dt, d.nout, d.nred_total, inner, args, !overlap, ctx);
+  overlap = out < x + (dspk__gptr)((size_t)(d.nout * d.nred_total) * esz) &&
+            x < out + (dspk__gptr)((size_t)d.nout * esz);
+  return dspk__gpurt_reduce_launch(dev, dt, d.nout, d.nred_total, inner, args, !overlap, ctx);
 }
 
 static int op_reduce(struct dspk__dev *dev, struct dspk__op *op, struct dspk__opctx *ctx) {
@@ -423,7 +401,7 @@ static int op_reduce(struct dspk__dev *dev, struct dspk__op *op, struct dspk__op
   if (axes == 0)
     axes = X->rank ? (uint32_t)((1ull << X->rank) - 1) : 0;
   return reduce_into(dev, X->dtype, X->shape, X->rank, axes, (int)op->u.reduce.fn,
-                     dspk__cuda_ptr(X), dspk__cuda_ptr(&op->out[0]), ctx);
+                     dspk__gpurt_ptr(X), dspk__gpurt_ptr(&op->out[0]), ctx);
 }
 
 /* ---- contract ------------------------------------------------------------ */
@@ -461,11 +439,11 @@ static void cplan_release(void *ud, void *p) {
   free(pl);
 }
 
-void dspk__cuda_contract_plan_evict(void *ud, void *plan) {
+void dspk__gpurt_contract_plan_evict(void *ud, void *plan) {
   /* Never a stream synchronize: the workspaces go back to the pool once an
    * event behind their last use completes (or, with the benchmark switch,
    * after a synchronize, to measure what that costs). */
-  dspk__cuda_retire(ud, cplan_release, NULL, plan);
+  dspk__gpurt_retire(ud, cplan_release, NULL, plan);
 }
 
 static int cplan_make(struct dspk__dev *dev, const struct dspk__op *op, struct cplan **out,
@@ -482,7 +460,7 @@ static int cplan_make(struct dspk__dev *dev, const struct dspk__op *op, struct c
   int rc;
   if ((rc = dspk__contract_parse(op->u.contract.subscripts, T[0], T[1], lab, size, msg,
                                  sizeof(msg))))
-    return dspk__cuda_msg(ctx, rc, "%s", msg);
+    return dspk__gpurt_msg(ctx, rc, "%s", msg);
   pl = calloc(1, sizeof(*pl));
   if (!pl)
     return DSPK_ENOMEM;
@@ -595,24 +573,24 @@ static int cplan_make(struct dspk__dev *dev, const struct dspk__op *op, struct c
     int64_t n = 1;
     for (int i = 0; i < pl->rank[t]; i++)
       n *= pl->shape[t][i];
-    if (pl->red[t] && (rc = dspk__cuda_tmp_alloc(dev, (size_t)n * esz, &pl->ws_red[t])))
+    if (pl->red[t] && (rc = dspk__gpurt_tmp_alloc(dev, (size_t)n * esz, &pl->ws_red[t])))
       goto fail;
-    if (pl->perm[t] && (rc = dspk__cuda_tmp_alloc(dev, (size_t)n * esz, &pl->ws_perm[t])))
+    if (pl->perm[t] && (rc = dspk__gpurt_tmp_alloc(dev, (size_t)n * esz, &pl->ws_perm[t])))
       goto fail;
   }
   if (pl->perm[2] &&
-      (rc = dspk__cuda_tmp_alloc(dev, (size_t)(pl->nb * pl->M * pl->N) * esz, &pl->ws_perm[2])))
+      (rc = dspk__gpurt_tmp_alloc(dev, (size_t)(pl->nb * pl->M * pl->N) * esz, &pl->ws_perm[2])))
     goto fail;
   *out = pl;
   return 0;
 fail:
   cplan_release(NULL, pl);
-  return dspk__cuda_msg(ctx, rc, "contract: no device memory for the workspaces");
+  return dspk__gpurt_msg(ctx, rc, "contract: no device memory for the workspaces");
 }
 
 static int contract_launch(struct dspk__dev *dev, struct cplan *pl,
                            const struct dspk__tensor *const T[2],
-                           const struct dspk__tensor *O, CUdeviceptr p[2],
+                           const struct dspk__tensor *O, dspk__gptr p[2],
                            struct dspk__opctx *ctx);
 
 static int op_contract(struct dspk__dev *dev, struct dspk__op *op, struct dspk__opctx *ctx) {
@@ -620,17 +598,15 @@ static int op_contract(struct dspk__dev *dev, struct dspk__op *op, struct dspk__
   const struct dspk__tensor *O = &op->out[0];
   struct { char subs[DSPK__SUBSCRIPTS_MAX]; int dt, ra, rb; int64_t sa[DSPK_MAX_RANK], sb[DSPK_MAX_RANK]; } key;
   struct cplan *pl;
-  CUdeviceptr p[2];
+  dspk__gptr p[2];
   int rc;
-  if (!dev->blas)
-    return dspk__cuda_msg(ctx, DSPK_ENOTSUP, "contract: cuBLAS is not available on this host");
   if (dspk__tensor_numel(O) == 0)
     return 0;
   if (dspk__tensor_numel(T[0]) == 0 || dspk__tensor_numel(T[1]) == 0) {
     /* Every sum is empty: zeros, before any plan sizes its workspaces by
      * labels that can still be large. */
-    CUresult r = CU.cuMemsetD8Async(dspk__cuda_ptr(O), 0, dspk__tensor_nbytes(O), dev->stream);
-    return r ? dspk__cuda_err(dev, ctx, "cuMemsetD8Async", r) : 0;
+    int r = DRV->memset_async(dspk__gpurt_ptr(O), 0, dspk__tensor_nbytes(O), dev->stream);
+    return r ? dspk__gpurt_err(dev, ctx, "cuMemsetD8Async", r) : 0;
   }
   memset(&key, 0, sizeof(key));
   snprintf(key.subs, sizeof(key.subs), "%s", op->u.contract.subscripts);
@@ -646,16 +622,16 @@ static int op_contract(struct dspk__dev *dev, struct dspk__op *op, struct dspk__
     dspk__plancache_put(&dev->contract_plans, &key, sizeof(key), pl);
   }
   if (pl->K == 0) {
-    CUresult r = CU.cuMemsetD8Async(dspk__cuda_ptr(O), 0, dspk__tensor_nbytes(O), dev->stream);
-    return r ? dspk__cuda_err(dev, ctx, "cuMemsetD8Async", r) : 0;
+    int r = DRV->memset_async(dspk__gpurt_ptr(O), 0, dspk__tensor_nbytes(O), dev->stream);
+    return r ? dspk__gpurt_err(dev, ctx, "cuMemsetD8Async", r) : 0;
   }
   if (dev->trace_start) {
-    CU.cuEventRecord(dev->trace_start, dev->stream);
+    DRV->event_record(dev->trace_start, dev->stream);
     dev->trace_start = NULL;
   }
   rc = contract_launch(dev, pl, T, O, p, ctx);
   if (dev->trace_end) {
-    CU.cuEventRecord(dev->trace_end, dev->stream);
+    DRV->event_record(dev->trace_end, dev->stream);
     dev->trace_end = NULL;
   }
   return rc;
@@ -664,28 +640,28 @@ static int op_contract(struct dspk__dev *dev, struct dspk__op *op, struct dspk__
 /* The launches of one contraction with a ready plan. */
 static int contract_launch(struct dspk__dev *dev, struct cplan *pl,
                            const struct dspk__tensor *const T[2],
-                           const struct dspk__tensor *O, CUdeviceptr p[2],
+                           const struct dspk__tensor *O, dspk__gptr p[2],
                            struct dspk__opctx *ctx) {
-  CUdeviceptr c;
+  dspk__gptr c;
   size_t esz = dspk__dtype_size(O->dtype);
   int rc;
   for (int t = 0; t < 2; t++) {
-    p[t] = dspk__cuda_ptr(T[t]);
+    p[t] = dspk__gpurt_ptr(T[t]);
     if (pl->red[t]) {
-      CUdeviceptr dst = (CUdeviceptr)pl->ws_red[t]->handle;
+      dspk__gptr dst = (dspk__gptr)pl->ws_red[t]->handle;
       if ((rc = reduce_into(dev, pl->dt, T[t]->shape, T[t]->rank, pl->red_mask[t], 0, p[t],
                             dst, ctx)))
         return rc;
       p[t] = dst;
     }
     if (pl->perm[t]) {
-      CUdeviceptr dst = (CUdeviceptr)pl->ws_perm[t]->handle;
+      dspk__gptr dst = (dspk__gptr)pl->ws_perm[t]->handle;
       if ((rc = permute(dev, p[t], dst, esz, &pl->pd[t], ctx)))
         return rc;
       p[t] = dst;
     }
   }
-  c = pl->perm[2] ? (CUdeviceptr)pl->ws_perm[2]->handle : dspk__cuda_ptr(O);
+  c = pl->perm[2] ? (dspk__gptr)pl->ws_perm[2]->handle : dspk__gpurt_ptr(O);
   /* C^T (b n m) = op(B)^T op(A)^T: the operands swap and so do their flags. */
   rc = pl->swap ? gemm_rm(dev, pl->dt, !pl->trans[1], !pl->trans[0], pl->N, pl->M, pl->K, 1.0,
                           p[1], pl->K * pl->N, p[0], pl->M * pl->K, 0.0, c, pl->M * pl->N,
@@ -696,16 +672,17 @@ static int contract_launch(struct dspk__dev *dev, struct cplan *pl,
   if (rc)
     return rc;
   if (pl->perm[2])
-    return permute(dev, c, dspk__cuda_ptr(O), esz, &pl->pd[2], ctx);
+    return permute(dev, c, dspk__gpurt_ptr(O), esz, &pl->pd[2], ctx);
   return 0;
 }
 
 /* ---- raw kernels --------------------------------------------------------- */
 
 /* A compiled raw kernel: loaded in the daemon's context only to check its
- * entry points (loading runs no code); the cubin goes to the worker. */
+ * entry points (loading runs no code); the code object (cubin, hsaco) goes
+ * to the worker. */
 struct rawmod {
-  CUmodule mod;
+  dspk__gmodule mod;
   struct dspk__dev *dev;
   uint32_t gen;
   void *cubin;
@@ -716,13 +693,13 @@ static void rawmod_release(void *ud, void *p) {
   struct rawmod *m = p;
   (void)ud;
   if (m->gen == m->dev->gen && !m->dev->ctx_dead)
-    CU.cuModuleUnload(m->mod);
+    m->dev->drv->module_unload(m->mod);
   free(m->cubin);
   free(m);
 }
 
-void dspk__cuda_raw_module_evict(void *ud, void *mod) {
-  dspk__cuda_retire(ud, rawmod_release, NULL, mod);
+void dspk__gpurt_raw_module_evict(void *ud, void *mod) {
+  dspk__gpurt_retire(ud, rawmod_release, NULL, mod);
 }
 
 static int op_kernel(struct dspk__dev *dev, struct dspk__op *op, struct dspk__opctx *ctx) {
@@ -730,16 +707,16 @@ static int op_kernel(struct dspk__dev *dev, struct dspk__op *op, struct dspk__op
   struct dspk__hash h;
   struct { uint64_t hi, lo; } key;
   struct rawmod *m;
-  CUfunction fn;
-  CUresult r;
+  dspk__gfunc fn;
+  int r;
   int rc;
-  if (!lang || strcmp(lang, "cuda") != 0)
-    return dspk__cuda_msg(ctx, DSPK_ENOTSUP,
-                          "kernel: cuda devices take lang \"cuda\" (CUDA C), not \"%s\"",
-                          lang ? lang : "");
+  if (!lang || strcmp(lang, DRV->lang) != 0)
+    return dspk__gpurt_msg(ctx, DSPK_ENOTSUP,
+                          "kernel: %s devices take lang \"%s\" (%s), not \"%s\"",
+                          DRV->name, DRV->lang, DRV->lang_desc, lang ? lang : "");
   for (int i = 0; i < 3; i++)
     if (op->u.kernel.grid[i] == 0 || op->u.kernel.block[i] == 0)
-      return dspk__cuda_msg(ctx, DSPK_EINVAL, "kernel: grid and block sizes must be >= 1");
+      return dspk__gpurt_msg(ctx, DSPK_EINVAL, "kernel: grid and block sizes must be >= 1");
   dspk__hash_init(&h);
   dspk__hash_field(&h, op->u.kernel.source, op->u.kernel.source_len);
   key.hi = h.hi;
@@ -750,7 +727,7 @@ static int op_kernel(struct dspk__dev *dev, struct dspk__op *op, struct dspk__op
     size_t loglen = ctx && ctx->errmsg ? ctx->errmsg_len : 0;
     void *bin = NULL;
     size_t blen = 0;
-    if ((rc = dspk__cuda_compile(dev, NULL, "kernel.cu", op->u.kernel.source,
+    if ((rc = dspk__gpurt_compile(DRV, dev, NULL, "kernel.cu", op->u.kernel.source,
                                  op->u.kernel.source_len, &bin, &blen, log, loglen)))
       return rc;
     m = calloc(1, sizeof(*m));
@@ -760,38 +737,39 @@ static int op_kernel(struct dspk__dev *dev, struct dspk__op *op, struct dspk__op
     }
     m->dev = dev;
     m->gen = dev->gen;
-    r = CU.cuModuleLoadData(&m->mod, bin);
-    if (r != CUDA_SUCCESS) {
+    r = DRV->module_load(&m->mod, bin);
+    if (r != 0) {
       free(bin);
       free(m);
-      return dspk__cuda_err(dev, ctx, "kernel: cuModuleLoadData", r);
+      return dspk__gpurt_err(dev, ctx, "kernel: cuModuleLoadData", r);
     }
     m->cubin = bin;
     m->cubin_len = blen;
     dspk__plancache_put(&dev->raw_modules, &key, sizeof(key), m);
   }
-  r = CU.cuModuleGetFunction(&fn, m->mod, op->u.kernel.entry);
-  if (r == CUDA_ERROR_NOT_FOUND)
-    return dspk__cuda_msg(ctx, DSPK_EINVAL,
+  r = DRV->module_func(&fn, m->mod, op->u.kernel.entry);
+  if (DRV->classify(r) == DSPK__G_NOT_FOUND)
+    return dspk__gpurt_msg(ctx, DSPK_EINVAL,
                           "kernel: no entry \"%s\" in the source (declare it extern \"C\" "
                           "__global__)", op->u.kernel.entry);
-  if (r != CUDA_SUCCESS)
-    return dspk__cuda_err(dev, ctx, "kernel: cuModuleGetFunction", r);
+  if (r != 0)
+    return dspk__gpurt_err(dev, ctx, "kernel: cuModuleGetFunction", r);
   /* Client code runs in the worker process: a fault there cannot poison
-   * this process's CUDA (sticky errors are per process). */
-  return dspk__cuda_worker_run(dev, op, m->cubin, m->cubin_len, ctx);
+   * this process's runtime (sticky errors are per process). */
+  return dspk__gpurt_worker_run(dev, op, m->cubin, m->cubin_len, ctx);
 }
 
-int dspk__cuda_run(struct dspk__dev *dev, struct dspk__op *op, struct dspk__opctx *ctx) {
+int dspk__gpurt_run(struct dspk__dev *dev, struct dspk__op *op, struct dspk__opctx *ctx) {
   switch (op->kind) {
   case DSPK_OP_GEMM: return op_gemm(dev, op, ctx);
   case DSPK_OP_FFT: return op_fft(dev, op, ctx);
-  case DSPK_OP_FIR: return dspk__cuda_fir(dev, op, ctx);
+  case DSPK_OP_FIR: return dspk__gpurt_fir(dev, op, ctx);
   case DSPK_OP_CONTRACT: return op_contract(dev, op, ctx);
   case DSPK_OP_REDUCE: return op_reduce(dev, op, ctx);
   case DSPK_OP_MAP: return op_map(dev, op, ctx);
   case DSPK_OP_KERNEL: return op_kernel(dev, op, ctx);
   default:
-    return dspk__cuda_msg(ctx, DSPK_ENOTSUP, "op %d is not supported on cuda", (int)op->kind);
+    return dspk__gpurt_msg(ctx, DSPK_ENOTSUP, "op %d is not supported on %s", (int)op->kind,
+                           DRV->name);
   }
 }

@@ -1,0 +1,156 @@
+/*
+ * Run-time compilation (NVRTC, hiprtc: the driver's rtc_compile), always
+ * through the persistent kernel cache (cache/cache.h) when the device has
+ * one: the key covers the device (runtime, name, arch, UUID, driver
+ * version), the compiler and its version, the source and the options, so a restarted daemon compiles nothing it
+ * compiled before.  Also the per-device table of generated modules (one per
+ * kernel family and dtype, loaded on first use) and the 1-D launcher.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backends/common/srccheck.h"
+#include "proto/utf8.h"
+#include "backends/gpurt/gpurt.h"
+#include "cache/cache.h"
+
+#define DRV (dev->drv)
+
+struct dspk__cache_devid dspk__gpurt_devid(const struct dspk__dev *dev) {
+  return (struct dspk__cache_devid){.backend = dev->drv->name, .name = dev->info.name,
+                                    .arch = dev->arch, .uuid = dev->info.uuid,
+                                    .driver = dev->info.driver};
+}
+
+static void fill_key(struct dspk__dev *dev, struct dspk__kernel_key *k,
+                     const char *name, const char *src, size_t len,
+                     const char *opts, const char *nvver) {
+  memset(k, 0, sizeof(*k));
+  k->dev = dspk__gpurt_devid(dev);
+  k->compiler = dev->drv->compiler;
+  k->compiler_version = nvver;
+  k->name = name;
+  k->source = src;
+  k->source_len = len;
+  k->options = opts;
+}
+
+int dspk__gpurt_compile(const struct dspk__gpurt_driver *drv, struct dspk__dev *dev,
+                        const char *arch, const char *name, const char *src, size_t len,
+                        void **cubin, size_t *cubin_len, char *log, size_t loglen) {
+  char why[160], rtver[32], *text = NULL;
+  struct dspk__kernel_key key;
+  struct dspk__cache *cache = dev ? dev->env.cache : NULL;
+  size_t n = 0;
+  void *bin = NULL;
+  int rc;
+  if (dev)
+    drv = dev->drv;
+  if (log && loglen)
+    log[0] = 0;
+  /* NVRTC and hiprtc have no include callback: they open any path a source
+   * names.  Refused from the text, before the compiler sees it (srccheck.h). */
+  if (dspk__src_check(src, len, DSPK__SRC_CUDA, name, log, loglen))
+    return DSPK_ECOMPILE;
+  if (drv->rtc_load(why, sizeof(why)) != 0) {
+    if (log && loglen)
+      snprintf(log, loglen, "%s unavailable: %s", drv->compiler, why);
+    return DSPK_ENOTSUP;
+  }
+  if (dev)
+    arch = dev->arch;
+  drv->rtc_version(rtver, sizeof(rtver));
+  if (cache) {
+    char joined[128];
+    drv->rtc_opts(arch, joined, sizeof(joined));
+    fill_key(dev, &key, name, src, len, joined, rtver);
+    if (dspk__cache_kernel_get(cache, &key, &bin, &n) == 0) {
+      dev->kernel_cache_hits++;
+      *cubin = bin;
+      *cubin_len = n;
+      return 0;
+    }
+  }
+  /* The compilers want a NUL-terminated source. */
+  text = malloc(len + 1);
+  if (!text)
+    return DSPK_ENOMEM;
+  memcpy(text, src, len);
+  text[len] = 0;
+  rc = drv->rtc_compile(arch, name, text, &bin, &n, log, loglen);
+  free(text);
+  if (rc)
+    return rc;
+  if (dev)
+    dev->kernels_compiled++;
+  /* A failed put costs a later compile, never correctness. */
+  if (cache)
+    dspk__cache_kernel_put(cache, &key, bin, n);
+  *cubin = bin;
+  *cubin_len = n;
+  return 0;
+}
+
+int dspk__gpurt_kfunc(struct dspk__dev *dev, enum dspk__kfamily f, dspk_dtype dt,
+                     const char *entry, dspk__gfunc *out,
+                     struct dspk__opctx *ctx) {
+  struct dspk__gpurt_module *m;
+  int r;
+  int rc;
+  if (!dspk__kfamily_typed(f))
+    dt = (dspk_dtype)0;
+  if ((unsigned)f >= DSPK__K_COUNT || (unsigned)dt >= DSPK_DTYPE_COUNT)
+    return DSPK_EINVAL;
+  m = &dev->mods[f][dt];
+  if (!m->loaded) {
+    char *src = NULL, name[64], log[2048];
+    size_t len = 0, blen = 0;
+    void *bin = NULL;
+    if ((rc = dspk__kernel_source(f, dt, &src, &len)))
+      return dspk__gpurt_msg(ctx, rc, "no %s kernel for %s",
+                            dspk__kfamily_name(f), dspk__dtype_name(dt));
+    snprintf(name, sizeof(name), "dspk_%s_%s.cu", dspk__kfamily_name(f),
+             dspk__kfamily_typed(f) ? dspk__dtype_name(dt) : "any");
+    rc = dspk__gpurt_compile(DRV, dev, NULL, name, src, len, &bin, &blen, log, sizeof(log));
+    free(src);
+    if (rc)
+      return dspk__gpurt_msg(ctx, rc, "%s", log);
+    r = DRV->module_load(&m->mod, bin);
+    free(bin);
+    if (r != 0)
+      return dspk__gpurt_err(dev, ctx, "cuModuleLoadData", r);
+    m->loaded = 1;
+  }
+  r = DRV->module_func(out, m->mod, entry);
+  if (r != 0)
+    return dspk__gpurt_err(dev, ctx, entry, r);
+  return 0;
+}
+
+void dspk__gpurt_modules_unload(struct dspk__dev *dev) {
+  for (int f = 0; f < DSPK__K_COUNT; f++)
+    for (int t = 0; t < DSPK_DTYPE_COUNT; t++) {
+      struct dspk__gpurt_module *m = &dev->mods[f][t];
+      if (m->loaded && !dev->ctx_dead)
+        DRV->module_unload(m->mod);
+      m->loaded = 0;
+    }
+}
+
+int dspk__gpurt_launch1d(struct dspk__dev *dev, dspk__gfunc fn, int64_t n,
+                        void **args, struct dspk__opctx *ctx) {
+  /* 256 threads; enough blocks to cover n, at most 32 per multiprocessor
+   * (grid-stride loops do the rest).  The autotune framework replaces this
+   * choice when it lands. */
+  int64_t blocks = (n + 255) / 256;
+  int64_t cap = (int64_t)dev->sms * 32;
+  int r;
+  if (n <= 0)
+    return 0;
+  if (blocks > cap)
+    blocks = cap;
+  r = DRV->launch(fn, (unsigned)blocks, 1, 1, 256, 1, 1, 0,
+                              dev->stream, args);
+  return r == 0 ? 0 : dspk__gpurt_err(dev, ctx, "cuLaunchKernel", r);
+}
