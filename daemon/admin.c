@@ -54,14 +54,14 @@ int dspkd_admin_is(struct conn *c) {
 
 /* Answers {key: true}.  0 or a negative code. */
 static int reply_true(struct req *r, const char *key) {
-  struct wreq *wr = wreq_new();
+  struct wreq *wr = dspkd_wreq_new();
   if (!wr)
     return DSPK_ENOMEM;
   dspk__pack_result_head(&wr->w.pk, r->msgid);
   msgpack_pack_map(&wr->w.pk, 1);
   dspk__pack_str(&wr->w.pk, key);
   msgpack_pack_true(&wr->w.pk);
-  conn_send(r->c, wr);
+  dspkd_conn_send(r->c, wr);
   return 0;
 }
 

@@ -27,12 +27,12 @@ static ssize_t find_index(const struct conn *c, uint64_t id) {
   return -1;
 }
 
-struct dbuf *conn_buf_find(struct conn *c, uint64_t id) {
+struct dbuf *dspkd_conn_buf_find(struct conn *c, uint64_t id) {
   ssize_t i = find_index(c, id);
   return i < 0 ? NULL : c->bufs[i];
 }
 
-int conn_buf_add(struct conn *c, struct dbuf *b) {
+int dspkd_conn_buf_add(struct conn *c, struct dbuf *b) {
   size_t i;
   if (c->nbufs == c->capbufs) {
     size_t cap = c->capbufs ? 2 * c->capbufs : 16;
@@ -52,11 +52,11 @@ int conn_buf_add(struct conn *c, struct dbuf *b) {
   c->nbufs++;
   c->buf_bytes += b->size;
   dspkd_quota_buf(c, b, 1);
-  dbuf_ref(b);
+  dspkd_dbuf_ref(b);
   return 0;
 }
 
-struct dbuf *conn_buf_remove(struct conn *c, uint64_t id) {
+struct dbuf *dspkd_conn_buf_remove(struct conn *c, uint64_t id) {
   ssize_t i = find_index(c, id);
   struct dbuf *b;
   if (i < 0)
@@ -69,9 +69,9 @@ struct dbuf *conn_buf_remove(struct conn *c, uint64_t id) {
   return b; /* the caller drops the table's reference */
 }
 
-void dbuf_ref(struct dbuf *b) { b->refs++; }
+void dspkd_dbuf_ref(struct dbuf *b) { b->refs++; }
 
-void dbuf_unref(struct dspkd *d, struct dbuf *b) {
+void dspkd_dbuf_unref(struct dspkd *d, struct dbuf *b) {
   struct job *j;
   if (!b || --b->refs > 0)
     return;

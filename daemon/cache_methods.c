@@ -102,22 +102,22 @@ static void after_cb(uv_work_t *w, int status) {
       char msg[128];
       snprintf(msg, sizeof msg, "%s: %s", cw->clear ? "cache.clear" : "cache.stats",
                dspk__strerror(err));
-      conn_send_error(c, cw->msgid, err, msg);
+      dspkd_conn_send_error(c, cw->msgid, err, msg);
     } else {
-      struct wreq *wr = wreq_new();
+      struct wreq *wr = dspkd_wreq_new();
       if (!wr) {
-        conn_send_error(c, cw->msgid, DSPK_ENOMEM, "out of memory");
+        dspkd_conn_send_error(c, cw->msgid, DSPK_ENOMEM, "out of memory");
       } else {
         dspk__pack_result_head(&wr->w.pk, cw->msgid);
         if (cw->clear)
           pack_cleared(&wr->w.pk, cw->mask);
         else
           pack_stats(&wr->w.pk, cw);
-        conn_send(c, wr);
+        dspkd_conn_send(c, wr);
       }
     }
   }
-  conn_unref(c);
+  dspkd_conn_unref(c);
   free(cw);
 }
 
@@ -140,7 +140,7 @@ static int queue(struct req *r, bool clear, unsigned mask) {
     snprintf(r->msg, sizeof r->msg, "cannot queue the call: %s", uv_strerror(err));
     return DSPK_EIO;
   }
-  conn_ref(r->c);
+  dspkd_conn_ref(r->c);
   return 0;
 }
 

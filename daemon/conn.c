@@ -34,7 +34,7 @@
 
 /* ---- outgoing frames -------------------------------------------------- */
 
-struct wreq *wreq_new(void) {
+struct wreq *dspkd_wreq_new(void) {
   /* Zero all but the wbuf, whose init sets what it needs (its inline bytes
    * need no clearing). */
   struct wreq *wr = malloc(sizeof(*wr));
@@ -48,12 +48,12 @@ struct wreq *wreq_new(void) {
 
 static void free_handle(uv_handle_t *h) { free(h); }
 
-void wreq_free(struct wreq *wr) {
+void dspkd_wreq_free(struct wreq *wr) {
   if (!wr)
     return;
   if (wr->fd >= 0)
     close(wr->fd);
-  if (wr->fd_pipe) /* loop thread only: conn_send made it */
+  if (wr->fd_pipe) /* loop thread only: dspkd_conn_send made it */
     uv_close((uv_handle_t *)wr->fd_pipe, free_handle);
   dspk__wbuf_free(&wr->w); /* also the iovecs wr->bufs points at */
   free(wr);
@@ -66,17 +66,17 @@ static void on_write(uv_write_t *req, int status) {
   c->unsent -= wr->len;
   if (status >= 0)
     c->d->obs.bytes_out += wr->len;
-  wreq_free(wr);
+  dspkd_wreq_free(wr);
   if (status < 0 && !c->closing) {
     dspkd_debug("client %llu: write failed: %s", (unsigned long long)c->id,
                 uv_strerror(status));
-    conn_close(c, "write failed");
+    dspkd_conn_close(c, "write failed");
   } else if (c->close_after_flush && c->unsent == 0) {
-    conn_close(c, "daemon stopping");
+    dspkd_conn_close(c, "daemon stopping");
   } else {
-    conn_update_read(c);
+    dspkd_conn_update_read(c);
   }
-  conn_unref(c);
+  dspkd_conn_unref(c);
 }
 
 /* libuv's unix uv_buf_t is laid out as a struct iovec (so it can hand its
@@ -117,22 +117,22 @@ static void wreq_skip(struct wreq *wr, size_t *nbufs, size_t done) {
   *nbufs -= i;
 }
 
-void conn_send(struct conn *c, struct wreq *wr) {
+void dspkd_conn_send(struct conn *c, struct wreq *wr) {
   size_t n;
   int err;
 
   if (!wr)
     return;
   if (c->closing) {
-    wreq_free(wr);
+    dspkd_wreq_free(wr);
     return;
   }
   err = wreq_bufs(wr, &n);
   if (err < 0) {
     dspkd_error("client %llu: cannot encode a response: %s",
                 (unsigned long long)c->id, dspk__strerror(err));
-    wreq_free(wr);
-    conn_close(c, "response encoding failed");
+    dspkd_wreq_free(wr);
+    dspkd_conn_close(c, "response encoding failed");
     return;
   }
   wr->c = c;
@@ -140,8 +140,8 @@ void conn_send(struct conn *c, struct wreq *wr) {
     /* A memfd for the client (buffer.share): libuv sends it with the
      * frame's first byte, through a handle that owns it from here on. */
     if (!(wr->fd_pipe = malloc(sizeof(*wr->fd_pipe)))) {
-      wreq_free(wr);
-      conn_close(c, "out of memory");
+      dspkd_wreq_free(wr);
+      dspkd_conn_close(c, "out of memory");
       return;
     }
     uv_pipe_init(c->d->loop, wr->fd_pipe, 0);
@@ -159,12 +159,12 @@ void conn_send(struct conn *c, struct wreq *wr) {
     if (w > 0)
       c->d->obs.bytes_out += (size_t)w;
     if (w >= 0 && (size_t)w == wr->len) {
-      wreq_free(wr);
+      dspkd_wreq_free(wr);
       return;
     }
     if (w < 0 && w != UV_EAGAIN) {
-      wreq_free(wr);
-      conn_close(c, "write failed");
+      dspkd_wreq_free(wr);
+      dspkd_conn_close(c, "write failed");
       return;
     }
     if (w > 0)
@@ -174,27 +174,27 @@ void conn_send(struct conn *c, struct wreq *wr) {
                  on_write);
 queued:
   if (err < 0) {
-    wreq_free(wr);
-    conn_close(c, "write failed");
+    dspkd_wreq_free(wr);
+    dspkd_conn_close(c, "write failed");
     return;
   }
   c->unsent += wr->len;
-  conn_ref(c);
-  conn_update_read(c);
+  dspkd_conn_ref(c);
+  dspkd_conn_update_read(c);
 }
 
-void conn_send_error(struct conn *c, uint32_t msgid, int code, const char *msg) {
+void dspkd_conn_send_error(struct conn *c, uint32_t msgid, int code, const char *msg) {
   struct wreq *wr;
   if (c->closing)
     return;
-  wr = wreq_new();
+  wr = dspkd_wreq_new();
   if (!wr) {
-    conn_close(c, "out of memory");
+    dspkd_conn_close(c, "out of memory");
     return;
   }
   dspk__pack_error_response(&wr->w.pk, msgid, code,
                             msg && *msg ? msg : dspk__strerror(code));
-  conn_send(c, wr);
+  dspkd_conn_send(c, wr);
 }
 
 /* Sends [2, "protocol.error", [error]] as far as the socket takes it now,
@@ -208,15 +208,15 @@ static void conn_protocol_error(struct conn *c, int code, const char *msg) {
              (unsigned long long)c->id, (long)c->pid, dspk__err_name(code), msg);
   if (c->closing)
     return;
-  wr = wreq_new();
+  wr = dspkd_wreq_new();
   if (wr) {
     dspk__pack_notify_head(&wr->w.pk, "protocol.error");
     dspk__pack_error(&wr->w.pk, code, msg);
     if (c->unsent == 0 && wreq_bufs(wr, &n) == 0)
       (void)uv_try_write((uv_stream_t *)&c->pipe, wr->bufs, (unsigned)n);
-    wreq_free(wr);
+    dspkd_wreq_free(wr);
   }
-  conn_close(c, msg);
+  dspkd_conn_close(c, msg);
 }
 
 /* ---- connection lifetime ---------------------------------------------- */
@@ -237,7 +237,7 @@ static void chunk_release(struct rchunk *k) {
   free(k);
 }
 
-void chunk_unref(struct rchunk *k) {
+void dspkd_chunk_unref(struct rchunk *k) {
   if (k && --k->refs == 0)
     chunk_release(k);
 }
@@ -274,9 +274,9 @@ static void rb_count(struct conn *c) {
   c->rbytes = cap;
 }
 
-void conn_ref(struct conn *c) { c->refs++; }
+void dspkd_conn_ref(struct conn *c) { c->refs++; }
 
-void conn_unref(struct conn *c) {
+void dspkd_conn_unref(struct conn *c) {
   struct dspkd *d = c->d;
   if (--c->refs > 0)
     return;
@@ -290,7 +290,7 @@ void conn_unref(struct conn *c) {
   dspkd_debug("client %llu: gone", (unsigned long long)c->id);
   if (d->nconns == 0 && !d->stopping && !uv_is_closing((uv_handle_t *)&d->trim_timer))
     uv_timer_start(&d->trim_timer, on_trim, d->cfg.idle_trim_ms, 0);
-  chunk_unref(c->rb);
+  dspkd_chunk_unref(c->rb);
   c->rb = NULL;
   rb_count(c);
   dspkd_user_put(d, c->user);
@@ -302,9 +302,9 @@ void conn_unref(struct conn *c) {
   dspkd_stop_progress(d);
 }
 
-static void on_conn_close(uv_handle_t *h) { conn_unref(h->data); }
+static void on_conn_close(uv_handle_t *h) { dspkd_conn_unref(h->data); }
 
-void conn_close(struct conn *c, const char *why) {
+void dspkd_conn_close(struct conn *c, const char *why) {
   struct dspkd *d = c->d;
 
   if (c->closing)
@@ -322,7 +322,7 @@ void conn_close(struct conn *c, const char *why) {
   dspkd_sched_cancel_all(d, c);
   for (size_t i = 0; i < c->nbufs; i++) {
     dspkd_quota_buf(c, c->bufs[i], -1);
-    dbuf_unref(d, c->bufs[i]);
+    dspkd_dbuf_unref(d, c->bufs[i]);
   }
   c->nbufs = 0;
   c->buf_bytes = 0;
@@ -401,7 +401,7 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
       nk->end = pending;
       if (pending)
         memcpy(nk->data, k->data + k->start, pending);
-      chunk_unref(k);
+      dspkd_chunk_unref(k);
       c->rb = k = nk;
       rb_count(c);
       goto have;
@@ -421,7 +421,7 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
       nk->end = pending;
       if (pending)
         memcpy(nk->data, k->data + k->start, pending);
-      chunk_unref(k);
+      dspkd_chunk_unref(k);
     }
     nk->cap = cap;
     c->rb = k = nk;
@@ -456,7 +456,7 @@ static void conn_frame(struct conn *c, struct rchunk *k, const char *p, size_t n
     if (has_msgid && root.type == MSGPACK_OBJECT_ARRAY &&
         root.via.array.ptr[0].type == MSGPACK_OBJECT_POSITIVE_INTEGER &&
         root.via.array.ptr[0].via.u64 == DSPK__REQUEST)
-      conn_send_error(c, msgid, err, msg);
+      dspkd_conn_send_error(c, msgid, err, msg);
     else
       conn_protocol_error(c, err, msg);
     goto out;
@@ -478,7 +478,7 @@ static void conn_frame(struct conn *c, struct rchunk *k, const char *p, size_t n
     if (err < 0) {
       dspkd_debug("client %llu: %.*s #%u: %s: %s", (unsigned long long)c->id,
                   (int)m.method_len, m.method, m.msgid, dspk__err_name(err), r.msg);
-      conn_send_error(c, m.msgid, err, r.msg);
+      dspkd_conn_send_error(c, m.msgid, err, r.msg);
     }
   }
 out:
@@ -494,7 +494,7 @@ static void conn_process(struct conn *c) {
   if (c->in_process)
     return;
   c->in_process = true;
-  conn_ref(c);
+  dspkd_conn_ref(c);
   c->held = false;
   for (;;) {
     struct rchunk *k = c->rb;
@@ -523,10 +523,10 @@ static void conn_process(struct conn *c) {
     k->start += (size_t)n;
     k->refs++; /* the frame's bytes stay put while the request is decoded */
     conn_frame(c, k, p, (size_t)n);
-    chunk_unref(k);
+    dspkd_chunk_unref(k);
   }
   c->in_process = false;
-  conn_unref(c);
+  dspkd_conn_unref(c);
 }
 
 static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
@@ -544,7 +544,7 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
     if (n != UV_EOF)
       dspkd_debug("client %llu: read: %s", (unsigned long long)c->id,
                   uv_strerror((int)n));
-    conn_close(c, n == UV_EOF ? "end of stream" : uv_strerror((int)n));
+    dspkd_conn_close(c, n == UV_EOF ? "end of stream" : uv_strerror((int)n));
     return;
   }
   if (n == 0)
@@ -564,21 +564,21 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
       return;
     }
   }
-  conn_ref(c);
+  dspkd_conn_ref(c);
   conn_process(c);
-  conn_update_read(c);
-  conn_unref(c);
+  dspkd_conn_update_read(c);
+  dspkd_conn_unref(c);
 }
 
-void conn_update_read(struct conn *c) {
+void dspkd_conn_update_read(struct conn *c) {
   bool want;
 
   if (c->closing)
     return;
   if (c->held && !c->in_process && may_read(c)) {
-    conn_ref(c);
+    dspkd_conn_ref(c);
     conn_process(c);
-    conn_unref(c);
+    dspkd_conn_unref(c);
     if (c->closing)
       return;
   }
@@ -701,7 +701,7 @@ static void on_connection(uv_stream_t *server, int status) {
     conn_protocol_error(c, DSPK_ELIMIT, msg);
     return;
   }
-  conn_update_read(c);
+  dspkd_conn_update_read(c);
 }
 
 static int socket_is_live(const char *path) {
@@ -821,7 +821,7 @@ void dspkd_listen_stop(struct dspkd *d) {
  * started (held back by the in-flight or unsent bounds) with ESHUTDOWN, so
  * no request the daemon took in goes unanswered.  Bytes still in the
  * kernel's socket buffer were never taken in; the close tells of those. */
-void conn_refuse_buffered(struct conn *c) {
+void dspkd_conn_refuse_buffered(struct conn *c) {
   const struct dspk__limits *lim = &c->d->cfg.lim;
   struct rchunk *k = c->rb;
   char msg[256];
@@ -841,7 +841,7 @@ void conn_refuse_buffered(struct conn *c) {
             MSGPACK_UNPACK_SUCCESS &&
         dspk__msg_parse(&root, &m, &msgid, &has_msgid, msg, sizeof msg) == 0 &&
         m.type == DSPK__REQUEST)
-      conn_send_error(c, m.msgid, DSPK_ESHUTDOWN, "the daemon is stopping");
+      dspkd_conn_send_error(c, m.msgid, DSPK_ESHUTDOWN, "the daemon is stopping");
     msgpack_zone_clear(&c->d->zone);
     k->start += (size_t)n;
   }

@@ -98,7 +98,7 @@ struct rchunk {
 };
 
 /* An outgoing frame and the libuv request that writes it.  Allocated by
- * whoever encodes the frame (a runner or the loop); conn_send() takes it. */
+ * whoever encodes the frame (a runner or the loop); dspkd_conn_send() takes it. */
 struct wreq {
   uv_write_t req;
   struct conn *c;
@@ -110,9 +110,9 @@ struct wreq {
   struct dspk__wbuf w;
 };
 /* Returns a new wreq with an initialised wbuf, or NULL. */
-struct wreq *wreq_new(void);
+struct wreq *dspkd_wreq_new(void);
 /* Frees the frame (runs the release of each referenced payload).  Accepts NULL. */
-void wreq_free(struct wreq *wr);
+void dspkd_wreq_free(struct wreq *wr);
 
 /* A daemon-side buffer: device memory owned by one connection. */
 struct dbuf {
@@ -368,14 +368,14 @@ int dspkd_listen(struct dspkd *d);
 int dspkd_bind_0660(uv_pipe_t *p, const char *path);
 /* Queues a frame for writing and takes wr (freed once written, or at once
  * when the connection is closing or the frame could not be encoded). */
-void conn_send(struct conn *c, struct wreq *wr);
-void conn_send_error(struct conn *c, uint32_t msgid, int code, const char *msg);
-void conn_close(struct conn *c, const char *why);
-void conn_ref(struct conn *c);
-void conn_unref(struct conn *c);
+void dspkd_conn_send(struct conn *c, struct wreq *wr);
+void dspkd_conn_send_error(struct conn *c, uint32_t msgid, int code, const char *msg);
+void dspkd_conn_close(struct conn *c, const char *why);
+void dspkd_conn_ref(struct conn *c);
+void dspkd_conn_unref(struct conn *c);
 /* Re-evaluates whether the connection may read (limits, backpressure). */
-void conn_update_read(struct conn *c);
-void chunk_unref(struct rchunk *k);
+void dspkd_conn_update_read(struct conn *c);
+void dspkd_chunk_unref(struct rchunk *k);
 /* At the stop: closes the listener and removes the socket's file (unless
  * systemd owns it). */
 void dspkd_listen_stop(struct dspkd *d);
@@ -384,7 +384,7 @@ void dspkd_listen_stop(struct dspkd *d);
 void dspkd_conn_handles_close(struct dspkd *d);
 /* At the stop: answers each complete request already read but not yet
  * started with ESHUTDOWN. */
-void conn_refuse_buffered(struct conn *c);
+void dspkd_conn_refuse_buffered(struct conn *c);
 
 /* daemon/lifecycle.c: the stop sequence. */
 /* Starts the orderly stop: no more accepting or reading, queued jobs fail
@@ -397,13 +397,13 @@ void dspkd_stop_now(struct dspkd *d);
 void dspkd_stop_progress(struct dspkd *d);
 
 /* daemon/buffers.c: the connection's buffer table. */
-struct dbuf *conn_buf_find(struct conn *c, uint64_t id);
-int conn_buf_add(struct conn *c, struct dbuf *b);
-struct dbuf *conn_buf_remove(struct conn *c, uint64_t id);
-void dbuf_ref(struct dbuf *b);
+struct dbuf *dspkd_conn_buf_find(struct conn *c, uint64_t id);
+int dspkd_conn_buf_add(struct conn *c, struct dbuf *b);
+struct dbuf *dspkd_conn_buf_remove(struct conn *c, uint64_t id);
+void dspkd_dbuf_ref(struct dbuf *b);
 /* Drops a reference; the last one queues the release of its memory on the
  * device's runner. */
-void dbuf_unref(struct dspkd *d, struct dbuf *b);
+void dspkd_dbuf_unref(struct dspkd *d, struct dbuf *b);
 
 /* daemon/shm.c: shared-memory buffers (docs/protocol.md "Shared memory"). */
 #define DSPKD_MAX_FDS 8
@@ -490,11 +490,11 @@ int dspkd_uuid_norm(const char *in, size_t len, char out[DSPKD_UUID_LEN]);
 
 /* daemon/task.c: runner side of each job kind; encodes j->resp.  The
  * job's work may still run on the device when it returns. */
-void job_execute(struct device *dev, struct job *j);
+void dspkd_job_execute(struct device *dev, struct job *j);
 /* Runner: the job's work finished on the device.  err < 0: the device
  * reported that error for it (the answer becomes that error); else a task's
  * answer gets time_us = ns (rounded up to microseconds). */
-void job_finish(struct device *dev, struct job *j, int err, uint64_t ns);
+void dspkd_job_finish(struct device *dev, struct job *j, int err, uint64_t ns);
 
 /* daemon/methods.c */
 struct req {

@@ -78,7 +78,7 @@ static void job_unlink(struct dspkd *d, struct djob *j) {
 /* Answers a job.end whose connections are all gone and frees the job. */
 static void djob_finish(struct dspkd *d, struct djob *j) {
   if (j->end_conn) {
-    struct wreq *wr = wreq_new();
+    struct wreq *wr = dspkd_wreq_new();
     if (wr) {
       dspk__pack_result_head(&wr->w.pk, j->end_msgid);
       msgpack_pack_map(&wr->w.pk, 5);
@@ -92,9 +92,9 @@ static void djob_finish(struct dspkd *d, struct djob *j) {
       msgpack_pack_uint64(&wr->w.pk, j->end_inflight);
       dspk__pack_str(&wr->w.pk, "buffers");
       msgpack_pack_uint64(&wr->w.pk, j->end_buffers);
-      conn_send(j->end_conn, wr);
+      dspkd_conn_send(j->end_conn, wr);
     }
-    conn_unref(j->end_conn);
+    dspkd_conn_unref(j->end_conn);
     j->end_conn = NULL;
   }
   job_unlink(d, j);
@@ -305,7 +305,7 @@ int dspkd_m_job_register(struct req *r) {
   /* A second registration (the prolog ran again) replaces the devices. */
   j->ndevs = tmp.ndevs;
   memcpy(j->uuid, tmp.uuid, sizeof j->uuid);
-  if (!(wr = wreq_new()))
+  if (!(wr = dspkd_wreq_new()))
     return DSPK_ENOMEM;
   pk = &wr->w.pk;
   dspk__pack_result_head(pk, r->msgid);
@@ -323,7 +323,7 @@ int dspkd_m_job_register(struct req *r) {
   for (int i = 0; i < d->ndevs; i++)
     if (d->devs[i].open_state == 1 && dspkd_job_dev_allowed(d, j, true, &d->devs[i]))
       dspk__pack_str(pk, d->devs[i].id);
-  conn_send(r->c, wr);
+  dspkd_conn_send(r->c, wr);
   dspkd_info("client %llu (uid %ld): Slurm job %" PRIu64 " registered for uid %ld, %d GPU(s), "
              "%d device(s) here", (unsigned long long)r->c->id, (long)r->c->uid, id,
              (long)j->uid, j->ndevs, nmatch);
@@ -342,7 +342,7 @@ int dspkd_m_job_end(struct req *r) {
   if (!job_was_ended(d, id))
     d->ended_jobs[d->nended++ % 256] = id;
   if (!j) {
-    struct wreq *wr = wreq_new();
+    struct wreq *wr = dspkd_wreq_new();
     if (!wr)
       return DSPK_ENOMEM;
     dspk__pack_result_head(&wr->w.pk, r->msgid);
@@ -351,7 +351,7 @@ int dspkd_m_job_end(struct req *r) {
     msgpack_pack_uint64(&wr->w.pk, id);
     dspk__pack_str(&wr->w.pk, "ended");
     msgpack_pack_false(&wr->w.pk); /* not registered: nothing to end */
-    conn_send(r->c, wr);
+    dspkd_conn_send(r->c, wr);
     return 0;
   }
   j->ended = true;
@@ -361,7 +361,7 @@ int dspkd_m_job_end(struct req *r) {
     nconns++;
     inflight += c->inflight;
     buffers += c->nbufs;
-    conn_close(c, "its Slurm job ended");
+    dspkd_conn_close(c, "its Slurm job ended");
   }
   dspkd_info("client %llu (uid %ld): Slurm job %" PRIu64 " ended: %" PRIu64 " connection(s) "
              "closed, %" PRIu64 " request(s) in flight canceled, %" PRIu64 " buffer(s) freed",
@@ -370,7 +370,7 @@ int dspkd_m_job_end(struct req *r) {
   j->end_conns = nconns;
   j->end_inflight = inflight;
   j->end_buffers = buffers;
-  conn_ref(r->c);
+  dspkd_conn_ref(r->c);
   j->end_conn = r->c;
   j->end_msgid = r->msgid;
   if (!j->nconns)

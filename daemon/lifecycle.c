@@ -144,17 +144,17 @@ static void on_grace(uv_timer_t *t) {
              GRACE_FLUSH_MS);
   for (struct conn *c = d->conns, *next; c; c = next) {
     next = c->next;
-    conn_ref(c);
+    dspkd_conn_ref(c);
     /* Every request gets its answer: a task still running now (its work
      * did not look at the cancel flag) is answered ECANCELED here, and its
      * own result, when it comes, is dropped with the connection. */
     for (struct job *j = c->jobs; j; j = j->cnext) {
       atomic_store(&j->cancel, 1);
-      conn_send_error(c, j->msgid, DSPK_ECANCELED,
+      dspkd_conn_send_error(c, j->msgid, DSPK_ECANCELED,
                       "the daemon is stopping: the request was canceled");
     }
-    conn_close(c, "daemon stopping");
-    conn_unref(c);
+    dspkd_conn_close(c, "daemon stopping");
+    dspkd_conn_unref(c);
   }
 }
 
@@ -166,8 +166,8 @@ void dspkd_stop(struct dspkd *d) {
   dspkd_notify_stopping(d);
   dspkd_listen_stop(d);
   for (struct conn *c = d->conns; c; c = c->next) {
-    conn_refuse_buffered(c);
-    conn_update_read(c);
+    dspkd_conn_refuse_buffered(c);
+    dspkd_conn_update_read(c);
   }
   dspkd_sched_drop(d, NULL, DSPK_ESHUTDOWN);
   dspkd_trace_stop_all(d); /* answered now, before the connections close */
@@ -189,10 +189,10 @@ void dspkd_stop_progress(struct dspkd *d) {
     if (c->closing || c->jobs)
       continue;
     if (c->unsent == 0) {
-      conn_close(c, "daemon stopping");
+      dspkd_conn_close(c, "daemon stopping");
     } else if (!c->close_after_flush) {
       c->close_after_flush = true;
-      conn_update_read(c);
+      dspkd_conn_update_read(c);
     }
   }
   if (d->nconns == 0 && !d->runners_stopped) {

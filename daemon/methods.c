@@ -72,7 +72,7 @@ static void kv_bool(msgpack_packer *pk, const char *k, bool v) {
 
 /* Starts a result response; NULL when out of memory. */
 static struct wreq *reply(struct req *r) {
-  struct wreq *wr = wreq_new();
+  struct wreq *wr = dspkd_wreq_new();
   if (wr)
     dspk__pack_result_head(&wr->w.pk, r->msgid);
   return wr;
@@ -163,11 +163,11 @@ static int m_hello(struct req *r) {
   kv_u64(&wr->w.pk, "client_id", c->id);
   dspk__pack_str(&wr->w.pk, "limits");
   limits_map(&wr->w.pk, &c->d->cfg);
-  conn_send(c, wr);
+  dspkd_conn_send(c, wr);
   return 0;
 }
 
-static void release_chunk(void *ud) { chunk_unref(ud); }
+static void release_chunk(void *ud) { dspkd_chunk_unref(ud); }
 
 static int m_ping(struct req *r) {
   const void *data = r->v[DSPK__PING_DATA].v.s.p;
@@ -181,7 +181,7 @@ static int m_ping(struct req *r) {
   /* Echoed by reference: the frame's bytes stay alive until written. */
   r->chunk->refs++;
   dspk__wbuf_bin_ref(&wr->w, data, len, release_chunk, r->chunk);
-  conn_send(r->c, wr);
+  dspkd_conn_send(r->c, wr);
   return 0;
 }
 
@@ -226,7 +226,7 @@ static int m_devices(struct req *r) {
     kv_str(pk, "backend", d->unavail[i].backend);
     kv_str(pk, "reason", d->unavail[i].reason);
   }
-  conn_send(r->c, wr);
+  dspkd_conn_send(r->c, wr);
   return 0;
 }
 
@@ -398,7 +398,7 @@ static int m_status(struct req *r) {
     kv_u64(pk, "kernels_compiled", s.kernels_compiled);
     kv_u64(pk, "kernel_cache_hits", s.kernel_cache_hits);
   }
-  conn_send(r->c, wr);
+  dspkd_conn_send(r->c, wr);
   return 0;
 }
 
@@ -407,7 +407,7 @@ static int m_status(struct req *r) {
 /* Looks up the buffer id r->v[i] among the connection's buffers. */
 static struct dbuf *arg_buffer(struct req *r, int i, int *err) {
   uint64_t id = r->v[i].v.u;
-  struct dbuf *b = conn_buf_find(r->c, id);
+  struct dbuf *b = dspkd_conn_buf_find(r->c, id);
   if (!b)
     *err = fail(r, DSPK_ENOBUF, "no buffer %" PRIu64 " on this connection", id);
   return b;
@@ -473,7 +473,7 @@ static int m_buffer_write(struct req *r) {
                 " overruns buffer %" PRIu64 " of %" PRIu64 " bytes", len, off, b->id, b->size);
   if (!(j = dspkd_job_new(r->c, JOB_BUF_WRITE, r->msgid, b->dev)))
     return DSPK_ENOMEM;
-  dbuf_ref(b);
+  dspkd_dbuf_ref(b);
   j->buf = b;
   j->refs[j->nrefs++] = b;
   j->off = off;
@@ -508,7 +508,7 @@ static int m_buffer_read(struct req *r) {
                 "most %" PRIu64 " (max_message): read in pieces", size, max);
   if (!(j = dspkd_job_new(r->c, JOB_BUF_READ, r->msgid, b->dev)))
     return DSPK_ENOMEM;
-  dbuf_ref(b);
+  dspkd_dbuf_ref(b);
   j->buf = b;
   j->refs[j->nrefs++] = b;
   j->off = off;
@@ -526,10 +526,10 @@ static int m_buffer_free(struct req *r) {
     return err;
   if (!(wr = reply(r)))
     return DSPK_ENOMEM;
-  conn_buf_remove(r->c, b->id);
-  dbuf_unref(r->c->d, b);
+  dspkd_conn_buf_remove(r->c, b->id);
+  dspkd_dbuf_unref(r->c->d, b);
   msgpack_pack_map(&wr->w.pk, 0);
-  conn_send(r->c, wr);
+  dspkd_conn_send(r->c, wr);
   return 0;
 }
 
@@ -719,7 +719,7 @@ static int task_run(struct req *r, char *devname) {
       inline_in |= 1u << i;
       continue;
     }
-    struct dbuf *b = conn_buf_find(c, wt.buffer);
+    struct dbuf *b = dspkd_conn_buf_find(c, wt.buffer);
     if (!b) {
       err = fail(r, DSPK_ENOBUF, "%s: no buffer %" PRIu64 " on this connection", what,
                  wt.buffer);
@@ -732,7 +732,7 @@ static int task_run(struct req *r, char *devname) {
     }
     if ((err = pin(r, &pinned, b->dev, what, b->id)))
       goto fail;
-    dbuf_ref(b);
+    dspkd_dbuf_ref(b);
     j->refs[j->nrefs++] = b;
     j->in_buf[i] = b;
     t->offset = (size_t)wt.offset;
@@ -770,7 +770,7 @@ static int task_run(struct req *r, char *devname) {
       prefix(r, err, what);
       goto fail;
     }
-    if (!(b = conn_buf_find(c, id))) {
+    if (!(b = dspkd_conn_buf_find(c, id))) {
       err = fail(r, DSPK_ENOBUF, "%s: no buffer %" PRIu64 " on this connection", what, id);
       goto fail;
     }
@@ -789,7 +789,7 @@ static int task_run(struct req *r, char *devname) {
     }
     if ((err = pin(r, &pinned, b->dev, what, b->id)))
       goto fail;
-    dbuf_ref(b);
+    dspkd_dbuf_ref(b);
     j->refs[j->nrefs++] = b;
     j->out_buf[k] = b;
     t->offset = (size_t)off;
@@ -846,7 +846,7 @@ static int m_task_cancel(struct req *r) {
   found = dspkd_sched_cancel(r->c, (uint32_t)id);
   msgpack_pack_map(&wr->w.pk, 1);
   kv_bool(&wr->w.pk, "canceled", found != 0);
-  conn_send(r->c, wr);
+  dspkd_conn_send(r->c, wr);
   return 0;
 }
 

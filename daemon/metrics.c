@@ -488,7 +488,7 @@ int dspkd_m_metrics(struct req *r) {
   int err = dspkd_metrics_render(r->c->d, &text, &len);
   if (err < 0)
     return err;
-  if (!(wr = wreq_new())) {
+  if (!(wr = dspkd_wreq_new())) {
     free(text);
     return DSPK_ENOMEM;
   }
@@ -496,7 +496,7 @@ int dspkd_m_metrics(struct req *r) {
   msgpack_pack_str(&wr->w.pk, len);
   msgpack_pack_str_body(&wr->w.pk, text, len);
   free(text);
-  conn_send(r->c, wr);
+  dspkd_conn_send(r->c, wr);
   return 0;
 }
 

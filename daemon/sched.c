@@ -54,7 +54,7 @@ struct job *dspkd_job_new(struct conn *c, enum job_kind kind, uint32_t msgid,
   j->conn = c;
   atomic_init(&j->cancel, 0);
   if (c)
-    conn_ref(c);
+    dspkd_conn_ref(c);
   return j;
 }
 
@@ -62,12 +62,12 @@ void dspkd_job_free(struct dspkd *d, struct job *j) {
   if (!j)
     return;
   for (int i = 0; i < j->nrefs; i++)
-    dbuf_unref(d, j->refs[i]);
-  chunk_unref(j->chunk);
-  wreq_free(j->resp);
+    dspkd_dbuf_unref(d, j->refs[i]);
+  dspkd_chunk_unref(j->chunk);
+  dspkd_wreq_free(j->resp);
   free(j->errmsg);
   if (j->conn)
-    conn_unref(j->conn);
+    dspkd_conn_unref(j->conn);
   free(j);
 }
 
@@ -169,9 +169,9 @@ static bool run_inline(struct device *dev, struct job *j) {
   pthread_mutex_unlock(&dev->mu);
 
   start = j->t.start;
-  job_execute(dev, j);
+  dspkd_job_execute(dev, j);
   now = dspkd_now_ns();
-  job_finish(dev, j, 0, now - start);
+  dspkd_job_finish(dev, j, 0, now - start);
 
   pthread_mutex_lock(&dev->mu);
   dspkd_obs_job_end(dev, j, start, now, NULL);
@@ -247,10 +247,10 @@ static void finish_dropped(struct dspkd *d, struct job *list, int code) {
     if (code && j->kind == JOB_TASK)
       log_task_failed(j, code);
     if (code && c && !c->closing)
-      conn_send_error(c, j->msgid, code,
+      dspkd_conn_send_error(c, j->msgid, code,
                       code == DSPK_ESHUTDOWN ? "the daemon is stopping" : NULL);
     if (c)
-      conn_update_read(c);
+      dspkd_conn_update_read(c);
     dspkd_job_free(d, j);
     list = next;
   }
@@ -332,7 +332,7 @@ int dspkd_sched_cancel(struct conn *c, uint32_t msgid) {
 void dspkd_sched_post_note(struct dspkd *d, struct job *j, struct wreq *wr) {
   struct note *n = malloc(sizeof(*n));
   if (!n) {
-    wreq_free(wr);
+    dspkd_wreq_free(wr);
     return;
   }
   n->next = NULL;
@@ -358,7 +358,7 @@ static int resubmit_on_cpu(struct dspkd *d, struct job *j) {
   dspkd_debug("client %llu: #%u: %s lacks it (%s); running it on %s",
               (unsigned long long)j->conn->id, j->msgid, j->dev->id,
               dspk__strerror(j->err), cpu->id);
-  wreq_free(j->resp);
+  dspkd_wreq_free(j->resp);
   j->resp = NULL;
   j->err = 0;
   free(j->errmsg);
@@ -387,9 +387,9 @@ void dspkd_sched_done_cb(uv_async_t *h) {
     struct note *n = notes;
     notes = n->next;
     if (!n->c->closing)
-      conn_send(n->c, n->wr);
+      dspkd_conn_send(n->c, n->wr);
     else
-      wreq_free(n->wr);
+      dspkd_wreq_free(n->wr);
     free(n);
   }
 
@@ -405,19 +405,19 @@ void dspkd_sched_done_cb(uv_async_t *h) {
       log_task_failed(j, j->err);
     if (j->kind == JOB_BUF_CREATE && j->err == 0 && !c->closing) {
       /* The slot was reserved when the request came in. */
-      if (conn_buf_add(c, j->buf) != 0)
+      if (dspkd_conn_buf_add(c, j->buf) != 0)
         dspkd_error("client %llu: cannot record buffer %llu",
                     (unsigned long long)c->id, (unsigned long long)j->buf->id);
     }
     if (j->resp && !c->closing) {
-      conn_send(c, j->resp);
+      dspkd_conn_send(c, j->resp);
       j->resp = NULL;
     } else if (!c->closing) {
       /* The runner could not allocate the answer: answer ENOMEM (the
        * connection closes if even that fails), never nothing. */
-      conn_send_error(c, j->msgid, DSPK_ENOMEM, "out of memory: the answer could not be built");
+      dspkd_conn_send_error(c, j->msgid, DSPK_ENOMEM, "out of memory: the answer could not be built");
     }
-    conn_update_read(c);
+    dspkd_conn_update_read(c);
     dspkd_job_free(d, j);
   }
   dspkd_stop_progress(d);
@@ -437,7 +437,7 @@ static void runner_log(void *ud, int level, const char *msg) {
 
 /* ---- the in-flight list ------------------------------------------------
 
- * A runner enqueues a job's work (job_execute), records a fence behind it
+ * A runner enqueues a job's work (dspkd_job_execute), records a fence behind it
  * and keeps the job in its in-flight list, up to dev->depth jobs, taking
  * the next job meanwhile: a GPU then has the next task's work queued before
  * the previous one finished.  A job is answered, oldest first, once its
@@ -476,7 +476,7 @@ static void ifl_complete(struct device *dev, int err) {
    * the device (the turn's start, kept for the busy time, can be later than
    * the work's start when the runner saw the job before it finish late). */
   if (counted)
-    job_finish(dev, j, err, now - j->t.start);
+    dspkd_job_finish(dev, j, err, now - j->t.start);
   if (dev->be->stats) {
     memset(&stats, 0, sizeof stats);
     dev->be->stats(dev->bdev, &stats);
@@ -529,14 +529,14 @@ static void ifl_reap(struct device *dev, bool wait) {
  * records its fence and puts it in the in-flight list. */
 static void run_one(struct device *dev, struct job *j) {
   const struct dspk__backend *be = dev->be;
-  job_execute(dev, j);
+  dspkd_job_execute(dev, j);
   /* A failed job waits for nothing of its own; an internal free is
    * deferred release by the backend's contract. */
   if (j->kind != JOB_BUF_FREE && j->kind != JOB_TRIM && j->err == 0 && be->fence_record) {
     int err = be->fence_record(dev->bdev, &j->fence);
     if (err < 0) {
       j->fence = NULL;
-      job_finish(dev, j, err, 0);
+      dspkd_job_finish(dev, j, err, 0);
     }
   }
   ifl_push(dev, j);

@@ -13,7 +13,7 @@
  * the backend (free is deferred release by the backend's contract).  The
  * work may still run on the device when exec_task returns: the runner
  * records a fence and answers once it completed (daemon/device.c), and
- * job_finish then adds the result's time_us (CLOCK_MONOTONIC, from the
+ * dspkd_job_finish then adds the result's time_us (CLOCK_MONOTONIC, from the
  * start of the task's turn to the completion of its fence: upload, planning
  * or autotuning, the device's work and readback; not queueing, not the
  * socket), or turns the answer into the error the device reported.
@@ -34,16 +34,16 @@ static void fail(struct job *j, int code, const char *msg) {
     free(j->errmsg);
     j->errmsg = strdup(msg); /* for the loop's log line; NULL is fine */
   }
-  wreq_free(j->resp);
-  j->resp = wreq_new();
+  dspkd_wreq_free(j->resp);
+  j->resp = dspkd_wreq_new();
   if (j->resp)
     dspk__pack_error_response(&j->resp->w.pk, j->msgid, code,
                               msg && *msg ? msg : dspk__strerror(code));
 }
 
 static struct wreq *result_head(struct job *j) {
-  wreq_free(j->resp);
-  j->resp = wreq_new();
+  dspkd_wreq_free(j->resp);
+  j->resp = dspkd_wreq_new();
   if (j->resp)
     dspk__pack_result_head(&j->resp->w.pk, j->msgid);
   return j->resp;
@@ -178,7 +178,7 @@ static void on_progress(void *ud, const char *what, double fraction) {
   if (fraction < 1.0 && j->progress_ms && now - j->progress_ms < PROGRESS_MS)
     return;
   j->progress_ms = now;
-  if (!(wr = wreq_new()))
+  if (!(wr = dspkd_wreq_new()))
     return;
   dspk__pack_notify_head(&wr->w.pk, "task.progress");
   msgpack_pack_map(&wr->w.pk, 3);
@@ -315,7 +315,7 @@ static void exec_task(struct device *dev, struct job *j) {
     pack_tensor(wr, &res[i], res_buf[i], host[i]);
     host[i] = NULL; /* the frame owns it now */
   }
-  /* time_us, the map's third entry, is added by job_finish once the
+  /* time_us, the map's third entry, is added by dspkd_job_finish once the
    * device has finished the work. */
 out:
   for (int i = 0; i < DSPK__OP_MAX_IN; i++)
@@ -330,7 +330,7 @@ out:
     fail(j, err, msg);
 }
 
-void job_finish(struct device *dev, struct job *j, int err, uint64_t ns) {
+void dspkd_job_finish(struct device *dev, struct job *j, int err, uint64_t ns) {
   if (j->err < 0)
     return; /* answered with the error it already had */
   if (err < 0) {
@@ -345,7 +345,7 @@ void job_finish(struct device *dev, struct job *j, int err, uint64_t ns) {
     pack_kv_u64(&j->resp->w.pk, "time_us", (ns + 999) / 1000);
 }
 
-void job_execute(struct device *dev, struct job *j) {
+void dspkd_job_execute(struct device *dev, struct job *j) {
   switch (j->kind) {
   case JOB_TASK:
     exec_task(dev, j);

@@ -167,9 +167,9 @@ static void finish(struct trace_sess *s) {
   uv_timer_stop(&s->timer);
   err = collect(s, now, &v, &n, &dropped);
   if (!c->closing) {
-    struct wreq *wr = err ? NULL : wreq_new();
+    struct wreq *wr = err ? NULL : dspkd_wreq_new();
     if (!wr) {
-      conn_send_error(c, s->msgid, DSPK_ENOMEM, "out of memory for the trace");
+      dspkd_conn_send_error(c, s->msgid, DSPK_ENOMEM, "out of memory for the trace");
     } else {
       msgpack_packer *pk = &wr->w.pk;
       dspk__pack_result_head(pk, s->msgid);
@@ -188,14 +188,14 @@ static void finish(struct trace_sess *s) {
       msgpack_pack_array(pk, n);
       for (size_t i = 0; i < n; i++)
         pack_rec(pk, d, &v[i]);
-      conn_send(c, wr);
+      dspkd_conn_send(c, wr);
     }
   }
   free(v);
   dspkd_debug("client %llu: trace #%u: %zu jobs, %llu dropped", (unsigned long long)c->id,
               s->msgid, n, (unsigned long long)dropped);
   uv_close((uv_handle_t *)&s->timer, on_timer_close);
-  conn_unref(c);
+  dspkd_conn_unref(c);
 }
 
 static void on_timer(uv_timer_t *t) { finish(t->data); }
@@ -254,7 +254,7 @@ int dspkd_m_trace(struct req *r) {
   s->t0 = dspkd_now_ns();
   uv_timer_init(d->loop, &s->timer);
   s->timer.data = s;
-  conn_ref(r->c);
+  dspkd_conn_ref(r->c);
   s->next = d->obs.traces;
   d->obs.traces = s;
   uv_timer_start(&s->timer, on_timer, (uint64_t)(seconds * 1000.0 + 0.5), 0);

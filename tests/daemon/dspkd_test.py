@@ -1799,6 +1799,7 @@ def t_reduceacc(exe, tmp):
     wy = np.sum(y.astype(np.float64), axis=1)
     check(np.allclose(gy, wy, rtol=1e-5, atol=1e-3), "row sums match numpy")
     c.close()
+    d.stop()
 
 
 def t_hip(exe, tmp):
