@@ -86,7 +86,8 @@ man -w dspkd >/dev/null && man -w dspk.conf >/dev/null && man -w dspk-submit >/d
 for s in prolog epilog; do
   [ -x /usr/libexec/dspk/slurm/$s ] || fail "no /usr/libexec/dspk/slurm/$s"
 done
-out=$(SLURM_JOB_ID=7 SLURM_JOB_UID=0 DSPK_SOCKET=$tmp/none.sock /usr/libexec/dspk/slurm/prolog 2>&1)
+out=$(SLURM_JOB_ID=7 SLURM_JOB_UID=0 DSPK_SOCKET=$tmp/none.sock /usr/libexec/dspk/slurm/prolog 2>&1) ||
+  true # it fails: no daemon there
 case $out in *"dspk-submit: job: ECONNECT"*) ;; *) fail "installed prolog: $out" ;; esac
 [ -f /usr/share/doc/dspkd/cluster.md ] || fail "no /usr/share/doc/dspkd/cluster.md"
 
