@@ -98,6 +98,7 @@ struct dspk__mem {
   int host;                    /* staging memory (host-visible pool) */
   VkDeviceSize bufsize;        /* size of the whole VkBuffer */
   int imported;                /* import_host: dm and buf over a client's pages */
+  struct dspk__mem *hnext;     /* host_register: the device's next registered mapping */
 };
 
 /* One compiled kernel: pipeline and its layouts. */
@@ -215,6 +216,7 @@ struct dspk__dev {
   /* VK_EXT_external_memory_host (import_host), when offered: */
   PFN_vkGetMemoryHostPointerPropertiesEXT GetMemoryHostPointerPropertiesEXT;
   VkDeviceSize host_import_align; /* minImportedHostPointerAlignment; 0: none */
+  struct dspk__mem *hostregs;     /* host_register: client mappings imported for DMA */
   int has_f64, has_int64, has_coopmat, has_f16;
   uint32_t devtype_local, devtype_host; /* memory type indices */
   int local_is_host;  /* device memory is host-visible (lavapipe, UMA) */
@@ -272,6 +274,8 @@ void dspk__vk_free(struct dspk__dev *d, struct dspk__mem *m);
  * do not meet its alignment.  Its free waits for the queue and releases at
  * once (the daemon unmaps right after). */
 int dspk__vk_import_host(struct dspk__dev *d, void *ptr, size_t n, struct dspk__mem **out);
+int dspk__vk_host_register(struct dspk__dev *d, void *ptr, size_t n);
+void dspk__vk_host_unregister(struct dspk__dev *d, void *ptr);
 /* A host-visible staging block of at least n bytes (freed like any block). */
 int dspk__vk_alloc_host(struct dspk__dev *d, size_t n, struct dspk__mem **out);
 int dspk__vk_write(struct dspk__dev *d, struct dspk__mem *m, size_t off,
