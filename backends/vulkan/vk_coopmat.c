@@ -35,6 +35,7 @@
  * Batches go into the z dimension when every operand's batch axes are whole
  * or broadcast; other gemms, and non-f16 ones, take the scalar kernel.
  */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -603,8 +604,26 @@ static const char body[] =
     "    }\n"
     "}\n";
 
+/* Test hook DSPK_VK_COOPMAT_BODY=FILE: the kernel body read from FILE
+ * instead of `body` (same #defines before it), so that a benchmark can time
+ * kernel variants without a rebuild. */
+static const char *body_override;
+static void load_body_override(void) {
+  const char *f = getenv("DSPK_VK_COOPMAT_BODY");
+  FILE *fp = f ? fopen(f, "r") : NULL;
+  if (!fp)
+    return;
+  static char text[12288];
+  size_t n = fread(text, 1, sizeof text - 1, fp);
+  fclose(fp);
+  text[n] = 0;
+  body_override = text;
+}
+
 int dspk__vk_coopmat_source(char *buf, size_t len, const struct dspk__vk_coopmat *cm,
                             int tile, unsigned flags) {
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
+  pthread_once(&once, load_body_override);
   int emu = cm->kind == DSPK__VK_CM_EMU;
   struct tilep t = tile_params(cm, tile);
   if (t.wm == 0)
@@ -628,7 +647,7 @@ int dspk__vk_coopmat_source(char *buf, size_t len, const struct dspk__vk_coopmat
                   cm->lm, cm->ln, cm->lk, t.fm, t.fn, t.wm, t.wn, t.bk, cm->sgsize, t.nbuf,
                   !!(flags & DSPK__VK_CM_F_AVEC), !!(flags & DSPK__VK_CM_F_BVEC),
                   !!(flags & DSPK__VK_CM_F_AKC), !!(flags & DSPK__VK_CM_F_BNC),
-                  !!(flags & DSPK__VK_CM_F_HASC), body);
+                  !!(flags & DSPK__VK_CM_F_HASC), body_override ? body_override : body);
 }
 
 /* ---- SPIR-V: SPV_NV_cooperative_matrix -> SPV_KHR_cooperative_matrix ------ */

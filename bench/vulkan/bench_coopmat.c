@@ -8,7 +8,9 @@
  * first call (kernel compile), the median time of the following calls, the
  * rate, and the largest relative error of 256 sampled entries against a
  * double-precision reference.  Then the default path again with other
- * workgroup tiles (DSPK_VK_COOPMAT_TILE), to choose the default.  cuBLAS's
+ * workgroup tiles (DSPK_VK_COOPMAT_TILE), to choose the default.
+ * `bench_coopmat --only MODE n...` times one path (auto, khr, nv, off) only,
+ * e.g. with a kernel variant (DSPK_VK_COOPMAT_BODY).  cuBLAS's
  * figures for the same gemm are in bench_vulkan's table.
  */
 #include <math.h>
@@ -161,6 +163,12 @@ static int bench_path(int idx, const char *mode, const int *sizes, int nsizes) {
 
 int main(int argc, char **argv) {
   int sizes[16] = {2048, 4096, 8192}, nsizes = 3;
+  const char *only = NULL; /* --only MODE: that path alone (auto, khr, nv, off) */
+  if (argc > 2 && strcmp(argv[1], "--only") == 0) {
+    only = argv[2];
+    argc -= 2;
+    argv += 2;
+  }
   if (argc > 1) {
     nsizes = 0;
     for (int i = 1; i < argc && nsizes < 16; i++)
@@ -172,6 +180,11 @@ int main(int argc, char **argv) {
     return 1;
   printf("| DSPK_VK_COOPMAT | path | n | first call | time | max rel err (256 samples) |\n"
          "|---|---|---|---|---|---|\n");
+  if (only) {
+    int r = bench_path(idx, strcmp(only, "auto") == 0 ? NULL : only, sizes, nsizes);
+    V->shutdown();
+    return r;
+  }
   bench_path(idx, NULL, sizes, nsizes);
   bench_path(idx, "khr", sizes, nsizes);
   bench_path(idx, "nv", sizes, nsizes);
