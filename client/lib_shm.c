@@ -68,7 +68,7 @@ static int shm_new(dspk_client *c, const char *device, size_t n, int state,
     return dspk__cerr(c, DSPK_ENOMEM, "memfd_create: %s", strerror(errno));
   if (ftruncate(fd, (off_t)n) != 0 ||
       fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) != 0 ||
-      (p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) == MAP_FAILED) {
+      (p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0)) == MAP_FAILED) {
     rc = dspk__cerr(c, DSPK_ENOMEM, "shared memory of %zu bytes: %s", n,
                     strerror(errno));
     close(fd);
