@@ -115,6 +115,17 @@ K
     t1=$(ms)
     echo "dspk-submit gemm 1024^2 on cuda:0 (fresh process): $(( (t1 - t0) / 1000000 )) ms"
   done 2>&1 | tee -a "$OUT/firstresult.log"
+  # Where the time goes: the same through the socket (no shared memory),
+  # and a fresh process that only pings.
+  for i in 1 2 3 4 5; do
+    t0=$(ms)
+    DSPK_SHARED_THRESHOLD=0 "$SUBMIT" -S "$SOCK" gemm "$TMP/a.npy" "$TMP/b.npy" \
+      -o "$TMP/c.npy" --device cuda:0 || fail=1
+    t1=$(ms)
+    "$SUBMIT" -S "$SOCK" ping > /dev/null || fail=1
+    t2=$(ms)
+    echo "without shared memory: $(( (t1 - t0) / 1000000 )) ms; fresh ping: $(( (t2 - t1) / 1000000 )) ms"
+  done 2>&1 | tee -a "$OUT/firstresult.log"
   for i in 1 2 3; do
     t0=$(ms)
     "$BENCH" firstresult || fail=1
