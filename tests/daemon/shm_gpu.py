@@ -4,8 +4,9 @@
 Starts dspkd with every backend and, on each cuda and vulkan device, checks against numpy
 that shared arrays (Client.empty_shared: buffer.import of a sealed memfd) work as operands
 and as out=: cuda keeps a device block and copies around each task, through a mapping
-pinned with cuMemHostRegister; vulkan uses the pages in place where
-VK_EXT_external_memory_host is offered.  Then times a reduce of 64 MiB read from a shared
+pinned with cuMemHostRegister; a discrete Vulkan GPU does the same through a mapping
+imported with VK_EXT_external_memory_host (where offered; else staged copies), and a
+Vulkan device whose memory is host memory (lavapipe) uses the pages in place.  Then times a reduce of 64 MiB read from a shared
 array against the same reduce of a device-resident buffer: the difference is the copy of
 client memory to the device, printed as GB/s.  Exit status 0 when every check passed, 77 without a cuda or vulkan device (ctest
 daemon_shm_gpu: lavapipe in CI).
