@@ -15,7 +15,9 @@
 #    first result of a fresh dspk-submit process vs a fresh in-process
 #    program, and a daemon restart with a warm cache (compile count 0).
 #    fir of 2^24 f32 samples with 4096 taps on cuda:0 and on the Vulkan
-#    device vs an in-process cuFFT overlap-save (OUTDIR/fir.md).
+#    device vs an in-process cuFFT overlap-save (OUTDIR/fir.md); gemm
+#    4096^2 with operands in client memory and 256 MiB client memory ->
+#    cuda:0 vs pinned copies in-process (OUTDIR/clientmem.md).
 set -u
 BUILD=${1:-build}
 OUT=${2:-gpu-out}
@@ -77,6 +79,9 @@ for row in db.execute("select backend, device, shape, dtypes, winner, timings fr
                       "where op = 'fir' and layout = 'path'"):
     print("fir decision:", *row)
 PY
+
+  section "operands in client memory: gemm 4096^2 and 256 MiB to cuda:0 (issue 12)"
+  "$BENCH" clientmem "$SOCK" 2>&1 | tee "$OUT/clientmem.md" || fail=1
 
   section "raw kernel and compile error through dspk-submit"
   cat > "$TMP/k.cu" <<'K'

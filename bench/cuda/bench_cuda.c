@@ -20,6 +20,12 @@
  *       through a running dspkd (daemon buffers) vs an overlap-save fir
  *       written with cuFFT in-process (the best of three block lengths);
  *       the outputs are compared (exit 1 when they differ).
+ *   bench_cuda clientmem SOCKET
+ *       gemm 4096^2 f32 with operands and result in the client's memory
+ *       (malloc'd, and dspk_shared_alloc'd) through dspkd on cuda:0 vs
+ *       pinned copies + cublasSgemm + copy back in-process; and client
+ *       memory -> cuda:0 (256 MiB in a shared buffer) vs cuMemcpyHtoD from
+ *       pinned memory (issue 12's H200 goals: >= 0.9 and >= 0.8).
  *   bench_cuda firstresult
  *       what a fresh process pays to get one gemm 1024^2 on the GPU by
  *       itself: load the driver, context, cuBLAS, copies, gemm, copy back.
@@ -590,6 +596,194 @@ static int mode_fir(const char *sock, const char *device) {
   return md / mr <= 1e-4 ? 0 : 1;
 }
 
+/* ---- operands in client memory (issue 12) ------------------------------------ */
+
+/* Median ms of 3 batches of reps dspk_run calls of t (each waits for its
+ * answer, which comes when the work is done), after one untimed call. */
+static double time_run(dspk_client *c, const dspk_task *t, int reps, uint64_t *time_us) {
+  double v[3];
+  dspk_result r;
+  for (int k = -1; k < 3; k++) {
+    double t0 = dspk_bench_now_ms();
+    for (int i = 0; i < (k < 0 ? 1 : reps); i++) {
+      if (dspk_run(c, t, &r)) {
+        fprintf(stderr, "bench_cuda: task: %s\n", dspk_last_error(c));
+        exit(1);
+      }
+      if (time_us)
+        *time_us = r.time_us;
+      dspk_result_free(&r);
+    }
+    if (k >= 0)
+      v[k] = (dspk_bench_now_ms() - t0) / reps;
+  }
+  return median(v, 3);
+}
+
+/* gemm n^2 f32 with A, B and the result in this process's memory: through
+ * dspkd on cuda:0 with malloc'd operands (libdspkclient sends them through
+ * shared temporaries, the result comes back inline) and with operands and
+ * result in dspk_shared_alloc memory, vs the same in-process: pinned
+ * copies, cublasSgemm, copy back.  Then client memory -> device: a reduce
+ * of 256 MiB in a shared buffer against the same reduce of a resident one
+ * (the runner's time_us; the difference is the copy), vs cuMemcpyHtoD of
+ * 256 MiB from pinned memory in-process. */
+static int mode_clientmem(const char *sock) {
+  const int n = 4096, reps = 10;
+  const size_t bytes = (size_t)n * n * 4, big = (size_t)256 << 20;
+  const char *cdev = "cuda:0";
+  float one = 1, zero = 0;
+  dspk_client *c;
+  char why[256];
+  CUdevice d;
+  CUcontext ctx;
+  CUstream st;
+  CUdeviceptr da, db, dc, dx;
+  cublasHandle_t h;
+  void *pa, *pb, *pc, *px;
+  double v[3];
+  if (dspk_connect(sock, "bench_cuda", &c)) {
+    fprintf(stderr, "bench_cuda: connect: %s\n", dspk_connect_error());
+    return 1;
+  }
+  /* In-process reference. */
+  CK(dspk__cuda_load_driver(why, sizeof(why)));
+  CK(CU.cuInit(0));
+  CK(CU.cuDeviceGet(&d, 0));
+  CK(CU.cuDevicePrimaryCtxRetain(&ctx, d));
+  CK(CU.cuCtxSetCurrent(ctx));
+  CK(CU.cuStreamCreate(&st, CU_STREAM_NON_BLOCKING));
+  CK(dspk__cuda_load_cublas(why, sizeof(why)));
+  CK(BL.cublasCreate(&h));
+  CK(BL.cublasSetStream(h, (cudaStream_t)st));
+  CK(CU.cuMemHostAlloc(&pa, bytes, 0));
+  CK(CU.cuMemHostAlloc(&pb, bytes, 0));
+  CK(CU.cuMemHostAlloc(&pc, bytes, 0));
+  CK(CU.cuMemHostAlloc(&px, big, 0));
+  CK(CU.cuMemAlloc(&da, bytes));
+  CK(CU.cuMemAlloc(&db, bytes));
+  CK(CU.cuMemAlloc(&dc, bytes));
+  CK(CU.cuMemAlloc(&dx, big));
+  fill_random(pa, (size_t)n * n, DSPK_F32);
+  fill_random(pb, (size_t)n * n, DSPK_F32);
+  fill_random(px, big / 4, DSPK_F32);
+  for (int k = -1; k < 3; k++) {
+    double t0 = dspk_bench_now_ms();
+    for (int i = 0; i < (k < 0 ? 1 : reps); i++) {
+      CK(CU.cuMemcpyHtoDAsync(da, pa, bytes, st));
+      CK(CU.cuMemcpyHtoDAsync(db, pb, bytes, st));
+      CK(BL.cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, (float *)db, n,
+                        (float *)da, n, &zero, (float *)dc, n));
+      CK(CU.cuMemcpyDtoHAsync(pc, dc, bytes, st));
+      CK(CU.cuStreamSynchronize(st));
+    }
+    if (k >= 0)
+      v[k] = (dspk_bench_now_ms() - t0) / reps;
+  }
+  double tref = median(v, 3);
+  for (int k = -1; k < 3; k++) {
+    double t0 = dspk_bench_now_ms();
+    for (int i = 0; i < (k < 0 ? 1 : reps); i++) {
+      CK(CU.cuMemcpyHtoDAsync(dx, px, big, st));
+      CK(CU.cuStreamSynchronize(st));
+    }
+    if (k >= 0)
+      v[k] = (dspk_bench_now_ms() - t0) / reps;
+  }
+  double thtod = median(v, 3);
+
+  /* Through dspkd: malloc'd operands, result inline. */
+  float *ma = malloc(bytes), *mb = malloc(bytes);
+  memcpy(ma, pa, bytes);
+  memcpy(mb, pb, bytes);
+  int64_t shape[2] = {n, n};
+  dspk_tensor in[2];
+  dspk_task t;
+  dspk_task_init(&t, DSPK_OP_GEMM);
+  t.device = cdev;
+  dspk_tensor_inline(&in[0], DSPK_F32, 2, shape, ma);
+  dspk_tensor_inline(&in[1], DSPK_F32, 2, shape, mb);
+  t.inputs = in;
+  t.ninputs = 2;
+  double tmal = time_run(c, &t, reps, NULL);
+
+  /* Operands and result in shared memory. */
+  void *sa, *sb, *sc, *sx;
+  uint64_t ia, ib, ic, ix, rx;
+  CK(dspk_shared_alloc(c, cdev, bytes, &sa, &ia));
+  CK(dspk_shared_alloc(c, cdev, bytes, &sb, &ib));
+  CK(dspk_shared_alloc(c, cdev, bytes, &sc, &ic));
+  memcpy(sa, pa, bytes);
+  memcpy(sb, pb, bytes);
+  dspk_tensor_inline(&in[0], DSPK_F32, 2, shape, sa);
+  dspk_tensor_inline(&in[1], DSPK_F32, 2, shape, sb);
+  t.nout_refs = 1;
+  t.out_refs[0].buffer = ic;
+  t.out_refs[0].offset = 0;
+  double tsh = time_run(c, &t, reps, NULL);
+  /* The shared result against the in-process one. */
+  double md = 0, mr = 1e-30;
+  for (size_t i = 0; i < (size_t)n * n; i += 997) {
+    md = fmax(md, fabs((double)((float *)sc)[i] - ((float *)pc)[i]));
+    mr = fmax(mr, fabs((double)((float *)pc)[i]));
+  }
+
+  /* Client memory -> device: reduce of 256 MiB, shared vs resident. */
+  int64_t xs[1] = {(int64_t)(big / 4)};
+  uint64_t us_sh = 0, us_res = 0;
+  CK(dspk_shared_alloc(c, cdev, big, &sx, &ix));
+  memcpy(sx, px, big);
+  CK(dspk_buffer_create(c, cdev, big, &rx));
+  CK(buf_write(c, rx, px, big));
+  dspk_task_init(&t, DSPK_OP_REDUCE);
+  t.device = cdev;
+  dspk_tensor_inline(&in[0], DSPK_F32, 1, xs, sx);
+  t.inputs = in;
+  t.ninputs = 1;
+  double tred_sh = time_run(c, &t, reps, &us_sh);
+  memset(&in[0], 0, sizeof(in[0]));
+  in[0].dtype = DSPK_F32;
+  in[0].rank = 1;
+  in[0].shape[0] = xs[0];
+  in[0].is_ref = true;
+  in[0].buffer = rx;
+  double tred_res = time_run(c, &t, reps, &us_res);
+  double copy_ms = tred_sh - tred_res;
+
+  printf("| gemm %d^2 f32, operands and result in client memory | dspkd on %s | in-process "
+         "(pinned copies + cublasSgemm + copy back) | ratio |\n|---|---|---|---|\n", n, cdev);
+  printf("| malloc'd operands (shared temporaries), result inline | %.3f ms | %.3f ms | **%.3f** |\n",
+         tmal, tref, tref / tmal);
+  printf("| operands and result in dspk_shared_alloc memory | %.3f ms | %.3f ms | **%.3f** |\n",
+         tsh, tref, tref / tsh);
+  printf("(shared result vs in-process: max diff / max %.2g)\n\n", md / mr);
+  printf("| client memory -> %s, 256 MiB | through dspkd | in-process cuMemcpyHtoD from pinned | "
+         "ratio |\n|---|---|---|---|\n", cdev);
+  printf("| reduce on a shared buffer %.3f ms - on a resident one %.3f ms (time_us %llu - %llu) "
+         "| %.1f GB/s | %.3f ms, %.1f GB/s | **%.3f** |\n",
+         tred_sh, tred_res, (unsigned long long)us_sh, (unsigned long long)us_res,
+         copy_ms > 0 ? big / copy_ms / 1e6 : 0.0, thtod, big / thtod / 1e6,
+         copy_ms > 0 ? thtod / copy_ms : 0.0);
+  CK(dspk_shared_free(c, sa));
+  CK(dspk_shared_free(c, sb));
+  CK(dspk_shared_free(c, sc));
+  CK(dspk_shared_free(c, sx));
+  CK(dspk_buffer_free(c, rx));
+  dspk_close(c);
+  free(ma);
+  free(mb);
+  BL.cublasDestroy(h);
+  CU.cuMemFree(da);
+  CU.cuMemFree(db);
+  CU.cuMemFree(dc);
+  CU.cuMemFree(dx);
+  CU.cuMemFreeHost(pa);
+  CU.cuMemFreeHost(pb);
+  CU.cuMemFreeHost(pc);
+  CU.cuMemFreeHost(px);
+  return md / mr <= 1e-3 ? 0 : 1;
+}
+
 /* ---- first result of a fresh process ----------------------------------------- */
 
 static int mode_firstresult(void) {
@@ -661,6 +855,8 @@ int main(int argc, char **argv) {
     return mode_daemon(argv[2]);
   if (argc >= 4 && strcmp(argv[1], "fir") == 0)
     return mode_fir(argv[2], argv[3]);
+  if (argc >= 3 && strcmp(argv[1], "clientmem") == 0)
+    return mode_clientmem(argv[2]);
   if (argc >= 2 && strcmp(argv[1], "firstresult") == 0)
     return mode_firstresult();
   if (argc >= 3 && strcmp(argv[1], "mknpy") == 0)
