@@ -125,6 +125,13 @@ struct dspk__backend {
   int (*host_register)(struct dspk__dev *dev, void *ptr, size_t n);
   void (*host_unregister)(struct dspk__dev *dev, void *ptr);
 
+  /* Optional: the address of a block's bytes when they are plain host
+   * memory that any thread may read until free() of the block (the cpu,
+   * whose work is done when run returns), else NULL.  The daemon then sends
+   * buffer.read answers and large inline results straight from the block
+   * instead of copying them out first (daemon/task.c). */
+  void *(*host_ptr)(struct dspk__dev *dev, struct dspk__mem *mem);
+
   /* Optional.  Fills the counters shown by `status`. */
   void (*stats)(struct dspk__dev *dev, struct dspk__devstats *out);
 };

@@ -114,6 +114,21 @@ struct wreq *dspkd_wreq_new(void);
 /* Frees the frame (runs the release of each referenced payload).  Accepts NULL. */
 void dspkd_wreq_free(struct wreq *wr);
 
+/* A block of device memory that answers are sent from (daemon/task.c):
+ * buffer.read answers and large inline results go to the socket straight
+ * from the block (backend host_ptr) instead of a copy.  The runner counts
+ * each such answer in `sending` and the loop counts it down when the answer
+ * is written or dropped (the frame's release).  Until then the block is
+ * neither freed nor written: a buffer.write or task output to its buffer
+ * moves the buffer to a new block first, and the old block, like a freed
+ * buffer's or a task's temporary result, waits on the device's retired
+ * list until its answers are out (freed by the runner at its next job). */
+struct mpin {
+  atomic_int sending;     /* answers still being written from mem */
+  struct dspk__mem *mem;  /* set when retired */
+  struct mpin *next;      /* in the device's retired list (runner) */
+};
+
 /* A daemon-side buffer: device memory owned by one connection. */
 struct dbuf {
   uint64_t id;
@@ -132,6 +147,7 @@ struct dbuf {
   bool host_direct;
   bool host_registered;  /* backend host_register succeeded */
   int share_fd;          /* buffer.share: the memfd until its answer takes it */
+  struct mpin *pin;      /* runner only: answers sent from mem, or NULL */
 };
 
 /* One connection's FIFO of jobs for one device (daemon/sched.c). */
@@ -227,6 +243,8 @@ struct device {
   struct job *ifl_head, *ifl_tail;
   unsigned nifl, depth;
   uint64_t last_done_ns;
+  /* Runner only: blocks that answers are still sent from (struct mpin). */
+  struct mpin *retired;
   /* Guarded by mu. */
   uint64_t queued, running, completed, failed;
   struct dspk__devstats stats;
@@ -491,6 +509,10 @@ int dspkd_uuid_norm(const char *in, size_t len, char out[DSPKD_UUID_LEN]);
 /* daemon/task.c: runner side of each job kind; encodes j->resp.  The
  * job's work may still run on the device when it returns. */
 void dspkd_job_execute(struct device *dev, struct job *j);
+/* Runner: frees the retired blocks (struct mpin) no answer is sent from
+ * any more; exiting: forgets the others too (the backend's close releases
+ * them). */
+void dspkd_retired_sweep(struct device *dev, bool exiting);
 /* Runner: the job's work finished on the device.  err < 0: the device
  * reported that error for it (the answer becomes that error); else a task's
  * answer gets time_us = ns (rounded up to microseconds). */

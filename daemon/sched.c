@@ -621,6 +621,7 @@ static void *runner_main(void *arg) {
   }
   pthread_mutex_unlock(&dev->mu);
 
+  dspkd_retired_sweep(dev, true);
   dev->be->close(bdev);
   dev->bdev = NULL;
   dspkd_info("%s: device closed", dev->id);

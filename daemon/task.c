@@ -27,6 +27,96 @@
 
 static void release_host(void *p) { free(p); }
 
+/* ---- answers sent from device memory (struct mpin) ---------------------
+ * Runner thread (or the loop running a tiny task while the runner is idle),
+ * except unpin, the frame's release, which the loop runs once the bytes are
+ * written or dropped. */
+
+/* Results smaller than this are copied: a copy that small costs less than
+ * keeping the block. */
+#define SEND_IN_PLACE_MIN ((size_t)64 << 10)
+
+static void unpin(void *ud) {
+  struct mpin *p = ud;
+  atomic_fetch_sub_explicit(&p->sending, 1, memory_order_release);
+}
+
+static bool pin_idle(struct mpin *p) {
+  return atomic_load_explicit(&p->sending, memory_order_acquire) == 0;
+}
+
+/* The host address to send n bytes of mem from, at off, or NULL (copy). */
+static const void *send_ptr(struct device *dev, struct dspk__mem *mem, uint64_t off,
+                            size_t n) {
+  char *p;
+  if (n < SEND_IN_PLACE_MIN || !dev->be->host_ptr || !(p = dev->be->host_ptr(dev->bdev, mem)))
+    return NULL;
+  return p + off;
+}
+
+static void retire(struct device *dev, struct mpin *p, struct dspk__mem *mem) {
+  p->mem = mem;
+  p->next = dev->retired;
+  dev->retired = p;
+}
+
+void dspkd_retired_sweep(struct device *dev, bool exiting) {
+  struct mpin **pp = &dev->retired;
+  while (*pp) {
+    struct mpin *p = *pp;
+    if (pin_idle(p)) {
+      *pp = p->next;
+      dev->be->free(dev->bdev, p->mem);
+      free(p);
+    } else if (exiting) {
+      /* An answer still refers to it (the loop ended without writing it):
+       * the backend's close releases the memory; the pin stays for the
+       * frame's release. */
+      *pp = p->next;
+    } else {
+      pp = &p->next;
+    }
+  }
+}
+
+/* Buffer b is about to be written: when answers are still sent from its
+ * block, it moves to a new block (with its contents, unless `whole`: the
+ * write replaces all of it) and the old one is retired.  0 or a code. */
+static int unpin_for_write(struct device *dev, struct dbuf *b, bool whole) {
+  struct dspk__mem *mem = NULL;
+  struct mpin *p = b->pin;
+  const void *src;
+  int err;
+  if (!p)
+    return 0;
+  if (pin_idle(p)) {
+    b->pin = NULL;
+    free(p);
+    return 0;
+  }
+  if ((err = dev->be->alloc(dev->bdev, (size_t)b->size, &mem)) < 0)
+    return err;
+  if (!whole && b->size) {
+    src = dev->be->host_ptr(dev->bdev, b->mem);
+    if ((err = dev->be->write(dev->bdev, mem, 0, src, (size_t)b->size)) < 0) {
+      dev->be->free(dev->bdev, mem);
+      return err;
+    }
+  }
+  retire(dev, p, b->mem);
+  b->pin = NULL;
+  b->mem = mem;
+  return 0;
+}
+
+/* Counts one more answer sent from b's block; false when out of memory. */
+static bool pin_buffer(struct dbuf *b) {
+  if (!b->pin && !(b->pin = calloc(1, sizeof(*b->pin))))
+    return false;
+  atomic_fetch_add_explicit(&b->pin->sending, 1, memory_order_relaxed);
+  return true;
+}
+
 /* Encodes an error response into j->resp and records the code. */
 static void fail(struct job *j, int code, const char *msg) {
   j->err = code;
@@ -95,6 +185,10 @@ static void exec_create(struct device *dev, struct job *j) {
 static void exec_write(struct device *dev, struct job *j) {
   struct wreq *wr;
   int err = 0;
+  if ((err = unpin_for_write(dev, j->buf, j->off == 0 && j->size == j->buf->size)) < 0) {
+    fail(j, err, "no memory to write a buffer that an answer is still sent from");
+    return;
+  }
   /* Shared: the mapping holds the contents (after the device's work on it). */
   if (j->buf->host && (!j->buf->host_direct || (err = dev->be->sync(dev->bdev)) == 0))
     memcpy((char *)j->buf->host + j->off, j->data, (size_t)j->size);
@@ -116,8 +210,20 @@ static void exec_write(struct device *dev, struct job *j) {
 
 static void exec_read(struct device *dev, struct job *j) {
   struct wreq *wr;
-  void *host = malloc(j->size ? (size_t)j->size : 1);
+  const void *src = j->buf->host ? NULL : send_ptr(dev, j->buf->mem, j->off, (size_t)j->size);
+  void *host;
   int err;
+  if (src) { /* sent from the buffer's block itself (struct mpin) */
+    if (!(wr = result_head(j)) || !pin_buffer(j->buf)) {
+      fail(j, DSPK_ENOMEM, "no host memory for buffer.read");
+      return;
+    }
+    msgpack_pack_map(&wr->w.pk, 1);
+    dspk__pack_str(&wr->w.pk, "data");
+    dspk__wbuf_bin_ref(&wr->w, src, (size_t)j->size, unpin, j->buf->pin);
+    return;
+  }
+  host = malloc(j->size ? (size_t)j->size : 1);
   if (!host) {
     fail(j, DSPK_ENOMEM, "no host memory for buffer.read");
     return;
@@ -148,7 +254,8 @@ static void exec_read(struct device *dev, struct job *j) {
 /* Packs one output tensor: a reference when it went to a buffer, else the
  * bytes read back into host memory (then owned by the frame). */
 static void pack_tensor(struct wreq *wr, const struct dspk__tensor *t,
-                        const struct dbuf *ref, void *host) {
+                        const struct dbuf *ref, const void *data,
+                        void (*release)(void *ud), void *ud) {
   msgpack_packer *pk = &wr->w.pk;
   msgpack_pack_map(pk, ref ? 4 : 3);
   dspk__pack_tensor_meta(pk, t->dtype, (unsigned)t->rank, t->shape);
@@ -157,7 +264,7 @@ static void pack_tensor(struct wreq *wr, const struct dspk__tensor *t,
     pack_kv_u64(pk, "offset", t->offset);
   } else {
     dspk__pack_str(pk, "data");
-    dspk__wbuf_bin_ref(&wr->w, host, dspk__tensor_nbytes(t), release_host, host);
+    dspk__wbuf_bin_ref(&wr->w, data, dspk__tensor_nbytes(t), release, ud);
   }
 }
 
@@ -194,7 +301,11 @@ static void exec_task(struct device *dev, struct job *j) {
   struct dspk__op *op = &j->op;
   struct dspk__mem *tmp_in[DSPK__OP_MAX_IN] = {0};
   struct dspk__mem *tmp_out[DSPK__OP_MAX_OUT] = {0};
-  void *host[DSPK__OP_MAX_IN > DSPK__OP_MAX_OUT ? DSPK__OP_MAX_IN : DSPK__OP_MAX_OUT] = {0};
+#define NRES (DSPK__OP_MAX_IN > DSPK__OP_MAX_OUT ? DSPK__OP_MAX_IN : DSPK__OP_MAX_OUT)
+  void *host[NRES] = {0};
+  /* Large inline results on a device with host_ptr: sent from the block. */
+  const void *direct[NRES] = {0};
+  struct mpin *pins[NRES] = {0};
   struct dspk__tensor *res; /* the tensors the response returns */
   struct dbuf **res_buf;
   int nres, err = 0, empty_res = 0;
@@ -206,6 +317,24 @@ static void exec_task(struct device *dev, struct job *j) {
   if (atomic_load(&j->cancel)) {
     err = DSPK_ECANCELED;
     goto out;
+  }
+  /* Buffers this task writes, while answers are still sent from them: they
+   * move to new blocks first (copied, unless the output covers all of a
+   * buffer that no input reads). */
+  for (int i = 0; i < op->nout + (op->kind == DSPK_OP_KERNEL ? op->nin : 0); i++) {
+    bool out = i < op->nout;
+    struct dbuf *b = out ? j->out_buf[i] : j->in_buf[i - op->nout];
+    bool whole;
+    if (!b || !b->pin)
+      continue;
+    whole = out && op->out[i].offset == 0 && dspk__tensor_nbytes(&op->out[i]) == b->size;
+    for (int k = 0; k < op->nin && whole; k++)
+      whole = j->in_buf[k] != b;
+    if ((err = unpin_for_write(dev, b, whole)) < 0) {
+      snprintf(msg, sizeof msg, "no memory on %s to write a buffer that an answer is "
+               "still sent from", dev->id);
+      goto out;
+    }
   }
   for (int i = 0; i < op->nin; i++) {
     struct dspk__tensor *t = &op->in[i];
@@ -291,6 +420,18 @@ static void exec_task(struct device *dev, struct job *j) {
       }
       continue;
     }
+    {
+      struct dspk__mem **own = op->kind == DSPK_OP_KERNEL ? &tmp_in[i] : &tmp_out[i];
+      if (*own && *own == res[i].mem &&
+          (direct[i] = send_ptr(dev, res[i].mem, res[i].offset, n))) {
+        if (!(pins[i] = calloc(1, sizeof(*pins[i])))) {
+          err = DSPK_ENOMEM;
+          snprintf(msg, sizeof msg, "no host memory for output %d", i);
+          goto out;
+        }
+        continue;
+      }
+    }
     host[i] = malloc(n ? n : 1);
     if (!host[i]) {
       err = DSPK_ENOMEM;
@@ -312,7 +453,16 @@ static void exec_task(struct device *dev, struct job *j) {
   dspk__pack_str(&wr->w.pk, "outputs");
   msgpack_pack_array(&wr->w.pk, (size_t)nres);
   for (int i = 0; i < nres; i++) {
-    pack_tensor(wr, &res[i], res_buf[i], host[i]);
+    if (pins[i]) { /* the frame sends from the temporary, retired until sent */
+      struct dspk__mem **own = op->kind == DSPK_OP_KERNEL ? &tmp_in[i] : &tmp_out[i];
+      atomic_store(&pins[i]->sending, 1);
+      retire(dev, pins[i], *own);
+      *own = NULL;
+      pack_tensor(wr, &res[i], NULL, direct[i], unpin, pins[i]);
+      pins[i] = NULL;
+      continue;
+    }
+    pack_tensor(wr, &res[i], res_buf[i], host[i], release_host, host[i]);
     host[i] = NULL; /* the frame owns it now */
   }
   /* time_us, the map's third entry, is added by dspkd_job_finish once the
@@ -324,8 +474,11 @@ out:
   for (int i = 0; i < DSPK__OP_MAX_OUT; i++)
     if (tmp_out[i])
       be->free(dev->bdev, tmp_out[i]);
-  for (size_t i = 0; i < sizeof host / sizeof host[0]; i++)
+  for (size_t i = 0; i < NRES; i++) {
     free(host[i]);
+    free(pins[i]);
+  }
+#undef NRES
   if (err < 0)
     fail(j, err, msg);
 }
@@ -346,6 +499,8 @@ void dspkd_job_finish(struct device *dev, struct job *j, int err, uint64_t ns) {
 }
 
 void dspkd_job_execute(struct device *dev, struct job *j) {
+  if (dev->retired)
+    dspkd_retired_sweep(dev, false);
   switch (j->kind) {
   case JOB_TASK:
     exec_task(dev, j);
@@ -360,6 +515,13 @@ void dspkd_job_execute(struct device *dev, struct job *j) {
     exec_read(dev, j);
     break;
   case JOB_BUF_FREE: /* the runner frees the job itself when it is done */
+    if (j->buf->pin && !pin_idle(j->buf->pin)) {
+      retire(dev, j->buf->pin, j->buf->mem); /* freed once its answers are out */
+      j->buf->mem = NULL;
+    } else {
+      free(j->buf->pin);
+    }
+    j->buf->pin = NULL;
     if (j->buf->mem)
       dev->be->free(dev->bdev, j->buf->mem);
     if (j->buf->host)

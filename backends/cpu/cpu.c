@@ -317,6 +317,11 @@ static void cpu_stats(struct dspk__dev *dev, struct dspk__devstats *out) {
   out->kernel_cache_hits = dev->plan_hits; /* FFTW plans reused */
 }
 
+static void *cpu_host_ptr(struct dspk__dev *dev, struct dspk__mem *mem) {
+  (void)dev;
+  return mem->ptr;
+}
+
 const struct dspk__backend dspk__backend_cpu = {
     .name = "cpu",
     .probe = cpu_probe,
@@ -328,6 +333,7 @@ const struct dspk__backend dspk__backend_cpu = {
     .write = cpu_write,
     .read = cpu_read,
     .import_host = cpu_import_host,
+    .host_ptr = cpu_host_ptr,
     .fence_record = cpu_fence_record,
     .fence_query = cpu_fence_query,
     .fence_wait = cpu_fence_wait,

@@ -1690,6 +1690,94 @@ def t_reuse(exe, tmp):
     d.stop()
 
 
+def t_sendfrom(exe, tmp):
+    """buffer.read answers and large inline results on cpu:0 are sent from the
+    daemon's memory itself, no copy (docs/architecture.md).  A read whose answer
+    is still being written (this client is not reading) keeps the bytes it read
+    while later requests write the buffer (in part, whole, a task writing it in
+    place) and free it, and another connection's new buffer takes freed memory;
+    results of pipelined tasks stay intact while the next tasks run; a client
+    that leaves with such an answer unsent leaves the daemon well (ASan: no use
+    after free, no leak)."""
+    d = Daemon(exe, tmp)
+    c = d.client()
+    obs = d.client()
+    rng = np.random.default_rng(31)
+    n = 8 << 20                         # f32 elements: 32 MiB, far more than the socket holds
+    size = 4 * n
+
+    def completed():
+        return [x for x in obs.call("status", {})["devices"] if x["id"] == "cpu:0"][0]["completed"]
+
+    def settle(want):
+        deadline = time.monotonic() + TIMEOUT
+        while completed() < want:  # the daemon's own counter: an event, polled
+            check(time.monotonic() < deadline, "the pipelined requests ran")
+            time.sleep(0.01)
+
+    x = rng.standard_normal(n).astype(np.float32)
+    b = c.call("buffer.create", {"device": "cpu:0", "size": size})["buffer"]
+    c.call("buffer.write", {"buffer": b, "data": x.tobytes()})
+    y = x.copy()
+    y[32:32 + (1 << 18)] = 0            # what the partial write below leaves
+    y *= 2                              # and the task after it
+    base = completed()
+    t = {"dtype": "f32", "shape": [n], "buffer": b}
+    r1 = c.send("buffer.read", {"buffer": b})
+    r2 = c.send("buffer.read", {"buffer": b, "offset": 4096, "size": 1 << 20})
+    w1 = c.send("buffer.write", {"buffer": b, "offset": 128, "data": bytes(1 << 20)})
+    t1 = c.send("task.run", {"op": "map", "device": "cpu:0", "inputs": [t],
+                             "options": {"fn": "scale", "alpha": 2.0},
+                             "outputs": [{"buffer": b}]})
+    r3 = c.send("buffer.read", {"buffer": b, "size": 1 << 20})
+    w2 = c.send("buffer.write", {"buffer": b, "data": bytes(size)})
+    f1 = c.send("buffer.free", {"buffer": b})
+    settle(base + 6)                    # the reads, writes and the task (free is no job)
+    deadline = time.monotonic() + TIMEOUT
+    while any(x["buffers"] for x in obs.call("status", {})["clients"] if not x["self"]):
+        check(time.monotonic() < deadline, "buffer.free handled")
+        time.sleep(0.01)
+    # Another connection's buffer of the same size: the pool hands out freed blocks.
+    b2 = obs.call("buffer.create", {"device": "cpu:0", "size": size})["buffer"]
+    obs.call("buffer.write", {"buffer": b2, "data": b"\xab" * size})
+    check(c.wait(r1)["data"] == x.tobytes(), "a read answer in flight kept its bytes")
+    check(c.wait(r2)["data"] == x.tobytes()[4096:4096 + (1 << 20)], "partial read kept")
+    c.wait(w1)
+    c.wait(t1)
+    check(c.wait(r3)["data"] == y.tobytes()[:1 << 20], "a read after the write and the task")
+    c.wait(w2)
+    c.wait(f1)
+    check(obs.call("buffer.read", {"buffer": b2, "offset": size - 8})["data"] == b"\xab" * 8,
+          "the other buffer holds its bytes")
+    obs.call("buffer.free", {"buffer": b2})
+    # Pipelined tasks with large inline results (each sent from its task's own
+    # block), answers read only after all ran.
+    xs = [rng.standard_normal(1 << 20).astype(np.float32) for _ in range(6)]
+    base = completed()
+    ids = [c.send("task.run", {"op": "map", "device": "cpu:0", "inputs": [tensor(v)],
+                               "options": {"fn": "scale", "alpha": float(i + 1)}})
+           for i, v in enumerate(xs)]
+    settle(base + len(ids))
+    for i, (m, v) in enumerate(zip(ids, xs)):
+        got = array(c.wait(m)["outputs"][0])
+        check(got.tobytes() == (v * np.float32(i + 1)).tobytes(), "pipelined result %d" % i)
+    # A client that leaves with a large answer unsent, its buffer freed by the close.
+    c2 = d.client()
+    b3 = c2.call("buffer.create", {"device": "cpu:0", "size": size})["buffer"]
+    c2.call("buffer.write", {"buffer": b3, "data": x.tobytes()})
+    base = completed()
+    c2.send("buffer.read", {"buffer": b3})
+    settle(base + 1)
+    c2.close()
+    b4 = obs.call("buffer.create", {"device": "cpu:0", "size": size})["buffer"]
+    obs.call("buffer.write", {"buffer": b4, "data": bytes(size)})
+    check(obs.call("buffer.read", {"buffer": b4, "size": 64})["data"] == bytes(64),
+          "a new buffer after the client left")
+    c.close()
+    obs.close()
+    d.stop()
+
+
 def t_done(exe, tmp):
     """An answer means done (docs/protocol.md): a vulkan task writing into a
     buffer is answered only once the device finished it.  Its time_us covers
@@ -1904,6 +1992,7 @@ def t_fencefault(exe, tmp):
 GROUPS = {
     "idletrim": t_idletrim,
     "reuse": t_reuse,
+    "sendfrom": t_sendfrom,
     "reduceacc": t_reduceacc,
     "hip": t_hip,
     "basic": t_basic,
