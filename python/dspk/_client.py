@@ -40,6 +40,36 @@ _READ_CHUNK = 1 << 20   # bytes asked of recv at a time
 _HEADROOM = 4096        # bytes of a message besides its payload (msgpack framing, keys)
 _DEFAULT_MAX_MESSAGE = 268435456
 _RESULT_FRAMING = 1024  # protocol.md: inline results may carry max_message - 1024 bytes
+_SHARED_THRESHOLD = 1 << 20  # bytes: default of $DSPK_SHARED_THRESHOLD (as libdspkclient)
+_TEMP_ROUND = 2 << 20   # shared temporaries: whole 2 MiB
+_TEMP_IDLE_MAX = 6      # idle shared temporaries kept for the next tasks
+_UNITS = {"": 1, "K": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MIB": 1 << 20,
+          "G": 1 << 30, "GIB": 1 << 30, "T": 1 << 40, "TIB": 1 << 40}
+
+
+def _env_threshold() -> int:
+    """``$DSPK_SHARED_THRESHOLD`` (a size: digits and an optional binary unit, K, M,
+    G, T or KiB...; 0: never), else 1 MiB, as libdspkclient and dspk-submit."""
+    v = os.environ.get("DSPK_SHARED_THRESHOLD", "").strip()
+    digits = v.rstrip("KMGTiBkmgtib")
+    unit = v[len(digits):].upper()
+    if digits.isascii() and digits.isdigit() and unit in _UNITS:
+        return int(digits) * _UNITS[unit]
+    return _SHARED_THRESHOLD
+
+
+class _Temp:
+    """A shared temporary of the automatic shared-memory path: a sealed memfd the
+    daemon imported (``buffer.import``), reused by later tasks."""
+    __slots__ = ("buffer", "device", "size", "mm", "view", "busy")
+
+    def __init__(self, buffer: int, device: str, size: int, mm: mmap.mmap) -> None:
+        self.buffer = buffer
+        self.device = device
+        self.size = size
+        self.mm = mm
+        self.view = np.frombuffer(mm, dtype=np.uint8)
+        self.busy = True
 
 
 def default_socket() -> str:
@@ -249,6 +279,13 @@ class Client:
         # Shared arrays of empty_shared(): buffer id -> (address, bytes, device).
         self._shared: Dict[int, Tuple[int, int, str]] = {}
         self._dead_shared: List[int] = []  # collected shared arrays: buffer.free owed
+        # The automatic shared-memory path (libdspkclient's): inline operands and
+        # results of at least shared_threshold bytes on cpu:0 go through reused
+        # shared temporaries instead of the socket.
+        self.shared_threshold = _env_threshold()
+        self._temps: List[_Temp] = []
+        self._temp_lock = threading.Lock()
+        self._any_is_cpu: Optional[bool] = None
         self.limits: Dict[str, int] = {}
         if name is None:
             name = "python:" + os.path.basename(sys.argv[0] if sys.argv and sys.argv[0]
@@ -663,6 +700,15 @@ class Client:
         wire_name(dt)
         nbytes = int(np.prod(shape_t, dtype=np.int64)) * dt.itemsize
         size = max(nbytes, 1)
+        mm, buf, dev = self._import_memfd(device, size)
+        arr = np.frombuffer(mm, dtype=np.uint8, count=nbytes).view(dt).reshape(shape_t)
+        self._shared[buf] = (arr.__array_interface__["data"][0], size, dev)
+        weakref.finalize(mm, Client._shared_gone, weakref.ref(self), buf)
+        return arr
+
+    def _import_memfd(self, device: str, size: int) -> Tuple[mmap.mmap, int, str]:
+        """A sealed memfd of ``size`` bytes, mapped here and imported by the daemon on
+        ``device``: (mapping, buffer id, device id)."""
         fd = os.memfd_create("dspk-shared", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         try:
             os.ftruncate(fd, size)
@@ -677,11 +723,56 @@ class Client:
                                          fds=[fd]))
         finally:
             os.close(fd)
-        buf = int(res["buffer"])
-        arr = np.frombuffer(mm, dtype=np.uint8, count=nbytes).view(dt).reshape(shape_t)
-        self._shared[buf] = (arr.__array_interface__["data"][0], size, str(res["device"]))
-        weakref.finalize(mm, Client._shared_gone, weakref.ref(self), buf)
-        return arr
+        return mm, int(res["buffer"]), str(res["device"])
+
+    # ---- the automatic shared-memory path -----------------------------------------
+
+    def _shared_device(self, target: str) -> Optional[str]:
+        """The device of shared temporaries for a task on ``target``, or None (not
+        cpu:0).  "any" counts only when the daemon has no hardware device: a shared
+        buffer pins the task to its device, and "any" must stay free to choose."""
+        if target == "cpu:0":
+            return target
+        if target != "any":
+            return None
+        if self._any_is_cpu is None:
+            try:
+                devs = self._call("devices")["devices"]
+            except Error:
+                return None
+            self._any_is_cpu = all(d.get("backend") == "cpu" or d.get("software")
+                                   for d in devs)
+        return "cpu:0" if self._any_is_cpu else None
+
+    def _temp_get(self, device: str, nbytes: int) -> _Temp:
+        """An idle shared temporary of at least nbytes on device (the smallest that
+        fits), or a new one; busy until _temp_put."""
+        with self._temp_lock:
+            best = None
+            for t in self._temps:
+                if not t.busy and t.device == device and t.size >= nbytes and \
+                        (best is None or t.size < best.size):
+                    best = t
+            if best is not None:
+                best.busy = True
+                return best
+            idle = [t for t in self._temps if not t.busy]
+            drop = idle[:max(0, len(idle) + 1 - _TEMP_IDLE_MAX)]
+            for t in drop:
+                self._temps.remove(t)
+        for t in drop:
+            self._free_quietly(t.buffer)  # requests already sent still see it
+        size = (nbytes + _TEMP_ROUND - 1) // _TEMP_ROUND * _TEMP_ROUND
+        mm, buf, dev = self._import_memfd(device, size)
+        t = _Temp(buf, dev, size, mm)
+        with self._temp_lock:
+            self._temps.append(t)
+        return t
+
+    def _temp_put(self, temps: Sequence[_Temp]) -> None:
+        with self._temp_lock:
+            for t in temps:
+                t.busy = False
 
     @staticmethod
     def _shared_gone(ref: "weakref.ref[Client]", buf: int) -> None:
@@ -757,8 +848,9 @@ class Client:
     def _task_request(self, op: str, inputs: Sequence[ArrayLike], options: Dict[str, Any],
                       device: str, out: Optional[OutArg]
                       ) -> Tuple[Dict[str, Any], List[memoryview], List[int],
-                                 Callable[[Any], Any], str]:
+                                 Callable[[Any], Any], str, List[_Temp]]:
         bigs: List[memoryview] = []
+        shm: List[_Temp] = []
         temps: List[int] = []
         tensors: List[Dict[str, Any]] = []
         inline: List[Tuple[np.ndarray, Dict[str, Any]]] = []
@@ -781,6 +873,24 @@ class Client:
                         target = ref[2]
                     continue
                 inline.append((a, t))
+        # Large operands on cpu:0: copied once into shared temporaries that the
+        # daemon reads in place, instead of crossing the socket (and being copied
+        # again on the daemon's side).  Not for kernel, whose inputs come back.
+        big = [(a, t) for a, t in inline
+               if self.shared_threshold and a.nbytes >= self.shared_threshold]
+        sdev = self._shared_device(target) if big and op != "kernel" else None
+        if sdev is not None:
+            try:
+                for a, t in big:
+                    tmp = self._temp_get(sdev, a.nbytes)
+                    shm.append(tmp)
+                    np.copyto(tmp.view[:a.nbytes], a.reshape(-1).view(np.uint8))
+                    t["buffer"], t["offset"] = tmp.buffer, 0
+            except BaseException:
+                self._temp_put(shm)
+                raise
+            inline = [(a, t) for a, t in inline if "buffer" not in t]
+            target = sdev
         total = sum(a.nbytes for a, _ in inline)
         # A message must stay below max_message: the largest operands of one that would
         # not go through temporary buffers (freed right after the task is sent).
@@ -829,7 +939,7 @@ class Client:
                                        for t in outs[1:]]
             return [self._decode_tensor(t, operands, out) for t in outs]
 
-        return args, bigs, temps, decode, target
+        return args, bigs, temps, decode, target, shm
 
     def _decode_tensor(self, t: Mapping[str, Any], operands: Sequence[DeviceArray],
                        out: Optional[OutArg]) -> Union[np.ndarray, DeviceArray]:
@@ -854,9 +964,36 @@ class Client:
     def _run(self, op: str, inputs: Sequence[ArrayLike], options: Dict[str, Any],
              device: str, out: Optional[OutArg], single: bool = True,
              progress: Optional[Progress] = None, is_async: bool = False) -> TaskFuture:
-        args, bigs, temps, decode, target = self._task_request(op, inputs, options, device,
-                                                               out)
+        args, bigs, temps, decode, target, shm = self._task_request(op, inputs, options,
+                                                                    device, out)
+        try:
+            fut = self._run_request(op, inputs, options, out, single, progress, is_async,
+                                    args, bigs, temps, decode, target, shm)
+        except BaseException:
+            self._temp_put(shm)
+            raise
+        if shm:
+            fut.add_done_callback(lambda f: self._temps_done(f, shm))
+        return fut
 
+    def _temps_done(self, fut: concurrent.futures.Future, shm: List[_Temp]) -> None:
+        """The task of ``fut`` is answered: its temporaries are free for the next.  A
+        canceled one may still run on the daemon: its temporaries are dropped."""
+        if not fut.cancelled():
+            self._temp_put(shm)
+            return
+        with self._temp_lock:
+            for t in shm:
+                if t in self._temps:
+                    self._temps.remove(t)
+        for t in shm:
+            self._free_quietly(t.buffer)
+
+    def _run_request(self, op: str, inputs: Sequence[ArrayLike], options: Dict[str, Any],
+                     out: Optional[OutArg], single: bool, progress: Optional[Progress],
+                     is_async: bool, args: Dict[str, Any], bigs: List[memoryview],
+                     temps: List[int], decode: Callable[[Any], Any], target: str,
+                     shm: List[_Temp]) -> TaskFuture:
         def result(res: Any) -> Any:
             outs = decode(res)
             return outs[0] if single else outs
@@ -864,7 +1001,30 @@ class Client:
         bound = None
         if out is None and "outputs" not in args and single:
             bound = _result_bound(op, inputs, options)
-        if bound is not None and bound > self.max_message - _RESULT_FRAMING:
+        sdev = None
+        if bound is not None and self.shared_threshold and bound >= self.shared_threshold \
+                and op != "kernel":
+            sdev = self._shared_device(target)
+        if sdev is not None:
+            # A large result on cpu:0: written by the daemon into a shared temporary,
+            # copied from there into the array returned (no socket, no unpacking).
+            rt = self._temp_get(sdev, bound)
+            shm.append(rt)
+            args["outputs"] = [{"buffer": rt.buffer, "offset": 0}]
+
+            def from_temp(res: Any) -> Any:
+                t = res["outputs"][0]
+                dt = numpy_dtype(t["dtype"])
+                shape = tuple(int(n) for n in t["shape"])
+                arr = np.empty(shape, dt)
+                if t.get("buffer") != rt.buffer or arr.nbytes > rt.size:
+                    raise _errors.ProtocolError("result of %s %s not in its temporary"
+                                                % (shape, dt))
+                np.copyto(arr.reshape(-1).view(np.uint8), rt.view[:arr.nbytes])
+                return arr
+
+            fut = self._start("task.run", args, from_temp, progress, is_async, bigs)
+        elif bound is not None and bound > self.max_message - _RESULT_FRAMING:
             # Too large to come back inline (protocol.md, Limits): into a temporary
             # buffer, read back in pieces.
             res = self._call("buffer.create", {"device": target, "size": bound})

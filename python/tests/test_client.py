@@ -168,6 +168,7 @@ def test_small_max_message_chunks_and_stages():
     try:
         with dspk.connect(d.socket, timeout=TIMEOUT) as c:
             assert c.max_message == 1 << 20
+            c.shared_threshold = 0  # the socket's path (shared temporaries: test_shared)
             x = f32(3 * 1024 * 1024 // 4 + 5)      # 3 MiB + 20 bytes
             with c.to_device(x) as dx:
                 np.testing.assert_array_equal(dx.numpy(), x)

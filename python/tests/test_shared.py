@@ -149,14 +149,94 @@ def test_shared_operand_sends_no_data(client):
         client._send_chunks = orig
     assert total == pytest.approx(2048 * 2048)
     assert len(sent) == 1 and sent[0] < 512, sent
-    # the same array inline (a copy) is the whole 16 MiB
+    # the same array inline (a copy, the automatic shared path off) is the whole 16 MiB
     sent.clear()
+    client.shared_threshold = 0
     client._send_chunks = spy
     try:
         client.reduce(np.array(a))
     finally:
         client._send_chunks = orig
     assert sum(sent) > a.nbytes
+
+
+# ---- the automatic shared-memory path (plain numpy operands) ----------------------
+
+def _spy_sends(client):
+    sent = []
+    orig = client._send_chunks
+
+    def spy(chunks, fds=None):
+        sent.append(sum(memoryview(c).nbytes for c in chunks))
+        return orig(chunks, fds)
+
+    client._send_chunks = spy
+    return sent, orig
+
+
+def test_auto_shared_large_operands_and_result(client):
+    """Plain numpy operands and results of at least shared_threshold bytes (1 MiB)
+    travel through reused shared temporaries, not the socket: every frame sent is
+    small, results equal numpy's, and the second call imports nothing new."""
+    rng = np.random.default_rng(5)
+    a = rng.standard_normal((640, 512)).astype(np.float32)     # 1.25 MiB
+    b = rng.standard_normal((512, 768)).astype(np.float32)     # 1.5 MiB, result 1.9 MiB
+    x = (rng.standard_normal(1 << 17) + 1j * rng.standard_normal(1 << 17)).astype(np.complex64)
+    assert client.shared_threshold == 1 << 20
+    sent, orig = _spy_sends(client)
+    try:
+        np.testing.assert_allclose(client.gemm(a, b), a @ b, rtol=2e-4, atol=2e-3)
+        first = len(sent)
+        got = client.gemm(a, b)
+        np.testing.assert_allclose(client.fft(x), np.fft.fft(x), rtol=1e-3, atol=1e-2)
+    finally:
+        client._send_chunks = orig
+    assert max(sent) < 4096, sent
+    # first call: devices (may "any" use shared memory?), 3 buffer.import, the task;
+    # then gemm and fft: their tasks only
+    assert first == 5 and len(sent) - first == 2, sent
+    np.testing.assert_allclose(got, a @ b, rtol=2e-4, atol=2e-3)
+    assert got.flags.writeable and got.flags.owndata  # the caller's own array
+    got[:] = 0  # and writing it leaves the next result alone
+    np.testing.assert_allclose(client.gemm(a, b), a @ b, rtol=2e-4, atol=2e-3)
+    # below the threshold, and with the path off: inline, as before
+    small = rng.standard_normal((64, 64)).astype(np.float32)
+    sent, orig = _spy_sends(client)
+    client.shared_threshold = 0
+    try:
+        np.testing.assert_allclose(client.gemm(a, b), a @ b, rtol=2e-4, atol=2e-3)
+        np.testing.assert_allclose(client.map("abs", small), np.abs(small))
+    finally:
+        client._send_chunks = orig
+    assert sum(sent) > a.nbytes + b.nbytes
+
+
+def test_auto_shared_threshold_from_environment(daemon, monkeypatch):
+    import dspk
+    monkeypatch.setenv("DSPK_SHARED_THRESHOLD", "2M")
+    with dspk.connect(daemon.socket) as c:
+        assert c.shared_threshold == 2 << 20
+    monkeypatch.setenv("DSPK_SHARED_THRESHOLD", "0")
+    with dspk.connect(daemon.socket) as c:
+        assert c.shared_threshold == 0
+        x = np.arange(1 << 19, dtype=np.float32)
+        assert c.reduce(x) == pytest.approx(float(x.sum(dtype=np.float64)), rel=1e-6)
+        assert not c._temps
+
+
+def test_auto_shared_futures_do_not_share_temporaries(client):
+    """Many large tasks in flight: each holds its own temporaries until answered."""
+    rng = np.random.default_rng(6)
+    xs = [rng.standard_normal(1 << 19).astype(np.float32) for _ in range(8)]
+    futs = [client.submit("map", "scale", x, alpha=float(i + 1)) for i, x in enumerate(xs)]
+    for i, (f, x) in enumerate(zip(futs, xs)):
+        np.testing.assert_array_equal(f.result(timeout=60), x * np.float32(i + 1))
+    assert len(client._temps) <= 16
+    # reused afterwards: the same tasks import nothing new
+    n = len(client._temps)
+    for i, x in enumerate(xs[:3]):
+        np.testing.assert_array_equal(client.map("scale", x, alpha=2.0), x * np.float32(2))
+    assert len(client._temps) <= max(n, 6)
 
 
 def test_shared_buffer_freed_with_array(client):
