@@ -36,6 +36,7 @@ Progress = Callable[[str, float], None]
 OutArg = Union["DeviceArray", np.ndarray]  # a DeviceArray, or a shared array (empty_shared)
 
 _BIG = 1 << 16          # bytes: a bin at least this large goes to the socket uncopied
+_DIRECT_MIN = 1 << 16   # bytes: a buffer.read answer this large is received in place
 _READ_CHUNK = 1 << 20   # bytes asked of recv at a time
 _HEADROOM = 4096        # bytes of a message besides its payload (msgpack framing, keys)
 _DEFAULT_MAX_MESSAGE = 268435456
@@ -264,6 +265,10 @@ class Client:
         self._sock = sock
         self._unpacker = msgpack.Unpacker(raw=False, max_buffer_size=0)
         self._rbuf = bytearray(_READ_CHUNK)
+        self._fed = 0                    # bytes fed to the unpacker
+        # buffer.read answers received straight into their destination:
+        # msgid -> (the answer frame's first bytes up to its data, destination)
+        self._direct: Dict[int, Tuple[bytes, memoryview]] = {}
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._send_lock = threading.Lock()
@@ -408,7 +413,8 @@ class Client:
                decode: Optional[Callable[[Any], Any]] = None,
                progress: Optional[Progress] = None, is_async: bool = False,
                bigs: Optional[List[memoryview]] = None,
-               fds: Optional[List[int]] = None) -> TaskFuture:
+               fds: Optional[List[int]] = None,
+               into: Optional[memoryview] = None) -> TaskFuture:
         while self._dead_shared and self._closed is None:
             try:
                 dead = self._dead_shared.pop()
@@ -425,6 +431,13 @@ class Client:
             self._next_id = msgid % 0xFFFFFFFF + 1
             fut.msgid = msgid
             self._pending[msgid] = _Call(fut, decode, progress, is_async)
+            if into is not None:  # buffer.read: its answer's bytes go straight to `into`
+                n = into.nbytes
+                self._direct[msgid] = (
+                    b"\x94\x01" + msgpack.packb(msgid) + b"\xc0\x81\xa4data" +
+                    (b"\xc4" + n.to_bytes(1, "big") if n < 1 << 8 else
+                     b"\xc5" + n.to_bytes(2, "big") if n < 1 << 16 else
+                     b"\xc6" + n.to_bytes(4, "big")), into)
             if is_async:
                 self._async += 1
         chunks = self._encode([0, msgid, method, [args] if args is not None else []],
@@ -434,6 +447,7 @@ class Client:
         except Error:
             with self._lock:
                 self._pending.pop(msgid, None)
+                self._direct.pop(msgid, None)
                 if is_async:
                     self._async -= 1
             raise
@@ -514,15 +528,86 @@ class Client:
                     "the daemon closed the connection")
             self._connection_lost(lost)
             return
-        self._unpacker.feed(memoryview(self._rbuf)[:n])  # feed() copies
+        buf = self._rbuf
         if n == len(self._rbuf) and n < 16 * _READ_CHUNK:  # a large answer: read more at once
             self._rbuf = bytearray(2 * n)
         done = False
-        for msg in self._unpacker:
-            done = self._dispatch(msg) or done
+        pos = 0
+        while pos < n:
+            cut = self._find_direct(buf, pos, n) if self._direct else None
+            end = n if cut is None else cut[0]
+            if end > pos:
+                self._unpacker.feed(memoryview(buf)[pos:end])  # feed() copies
+                self._fed += end - pos
+                for msg in self._unpacker:
+                    done = self._dispatch(msg) or done
+                pos = end
+            if cut is None:
+                break
+            if self._unpacker.tell() != self._fed:
+                # Not at a message's start: those bytes lie inside another message.
+                self._unpacker.feed(memoryview(buf)[pos:pos + 1])
+                self._fed += 1
+                pos += 1
+                for msg in self._unpacker:
+                    done = self._dispatch(msg) or done
+                continue
+            took = self._take_direct(buf, pos, n, cut[1])
+            if took < 0:
+                return
+            pos += took
+            done = True
         if done:
             with self._lock:
                 self._cond.notify_all()
+
+    def _find_direct(self, buf: bytearray, pos: int, end: int) -> Optional[Tuple[int, int]]:
+        """(offset, msgid) of the first awaited buffer.read answer that starts in
+        buf[pos:end], or None."""
+        best: Optional[Tuple[int, int]] = None
+        for msgid, (head, _) in list(self._direct.items()):
+            at = buf.find(head, pos, end)
+            if at >= 0 and (best is None or at < best[0]):
+                best = (at, msgid)
+        return best
+
+    def _take_direct(self, buf: bytearray, pos: int, end: int, msgid: int) -> int:
+        """Receives the buffer.read answer msgid, which starts at buf[pos], straight
+        into its destination: the bytes of buf that belong to it are copied, the rest
+        comes from the socket into the destination itself.  Returns how many bytes of
+        buf it took (-1: the connection was lost)."""
+        with self._lock:
+            head, into = self._direct.pop(msgid)
+            call = self._pending.pop(msgid, None)
+            if call is not None and call.is_async:
+                self._async -= 1
+        skip = len(head)
+        n = into.nbytes
+        have = min(n, end - pos - skip)
+        into[:have] = memoryview(buf)[pos + skip:pos + skip + have]
+        got = have
+        while got < n:
+            try:
+                k = self._sock.recv_into(into[got:])
+            except OSError as e:
+                self._connection_lost(_errors.Closed("connection to dspkd lost: %s"
+                                                     % (e.strerror or e)))
+                return -1
+            if k <= 0:
+                self._connection_lost(self._protocol_error or _errors.Closed(
+                    "the daemon closed the connection"))
+                return -1
+            got += k
+        self._unpacker = self._rebase_unpacker()
+        if call is not None:
+            self._settle(call.future, value={"size": n})
+        return skip + have
+
+    def _rebase_unpacker(self) -> msgpack.Unpacker:
+        """A fresh unpacker at a message boundary (the old one holds nothing: a frame
+        is taken over only at a boundary); _fed restarts at its position 0."""
+        self._fed = 0
+        return msgpack.Unpacker(raw=False, max_buffer_size=0)
 
     def _dispatch(self, msg: Any) -> bool:
         if not isinstance(msg, list) or not msg:
@@ -530,6 +615,7 @@ class Client:
         if msg[0] == 1 and len(msg) == 4:
             with self._lock:
                 call = self._pending.pop(msg[1], None)
+                self._direct.pop(msg[1], None)
                 if call is not None and call.is_async:
                     self._async -= 1
             if call is None:
@@ -582,6 +668,7 @@ class Client:
         with self._lock:
             calls = list(self._pending.values())
             self._pending.clear()
+            self._direct.clear()
             self._async = 0
             err = self._closed
             self._cond.notify_all()
@@ -823,14 +910,18 @@ class Client:
             n = min(step, flat.nbytes - pos)
 
             def fill(res: Any, pos: int = pos, n: int = n) -> None:
+                if "data" not in res and res.get("size") == n:
+                    return  # received in place (_take_direct)
                 data = res["data"]
                 if len(data) != n:
                     raise _errors.ProtocolError("buffer.read: %d bytes, asked %d"
                                                 % (len(data), n))
                 flat[pos:pos + n] = np.frombuffer(data, np.uint8)
 
+            into = memoryview(flat[pos:pos + n]) if n >= _DIRECT_MIN else None
             futs.append(self._start("buffer.read", {"buffer": buffer, "offset": offset + pos,
-                                                    "size": n}, fill, is_async=is_async))
+                                                    "size": n}, fill, is_async=is_async,
+                                    into=into))
         return futs
 
     def _read_array(self, d: DeviceArray) -> np.ndarray:

@@ -444,3 +444,40 @@ def test_answers_out_of_order_and_progress(tmp_path):
     assert seen == {0: [], 1: [("autotune x", 0.5)]}
     fake.close()
     c.close()
+
+
+def test_read_received_in_place(client):
+    """A large buffer.read answer goes from the socket straight into the array returned
+    (no unpacking, no bytes object), pipelined pieces and other answers around it too."""
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal(1 << 20).astype(np.float32)        # 4 MiB
+    taken = []
+    orig = client._take_direct
+
+    def spy(*a):
+        r = orig(*a)
+        taken.append(r)
+        return r
+
+    client._take_direct = spy
+    try:
+        with client.to_device(x) as d:
+            np.testing.assert_array_equal(d.numpy(), x)
+            assert len(taken) == 1
+            # reads and pings pipelined from several threads: each answer where it belongs
+            def work(k):
+                for _ in range(3):
+                    client.ping()
+                    np.testing.assert_array_equal(d.numpy(), x)
+            ts = [threading.Thread(target=work, args=(k,)) for k in range(3)]
+            for t in ts:
+                t.start()
+            for t in ts:
+                t.join()
+            futs = client._start_reads(d.buffer, 0, np.empty(x.nbytes, np.uint8), True)
+            for f in futs:
+                f.result(TIMEOUT)
+        assert len(taken) >= 2
+        assert not client._direct
+    finally:
+        client._take_direct = orig
