@@ -674,6 +674,57 @@ static void pack_options(const void *ud, struct dspk__wbuf *w) {
   dspk__params_encode(w, od->options, od->noptions, v);
 }
 
+/* At least the bytes of task t's one result, when the op's rules give it
+ * from the operands' shapes alone (gemm, fft, fir, map: backends/op.c); 0
+ * when unknown or empty (the daemon's checks say what is wrong). */
+static size_t result_bound(const dspk_task *t) {
+  const dspk_tensor *a = t->ninputs > 0 ? &t->inputs[0] : NULL;
+  uint64_t n = 1, es;
+  if (!a || a->rank > DSPK_MAX_RANK || !(es = dspk_dtype_size(a->dtype)))
+    return 0;
+  switch (t->op) {
+  case DSPK_OP_GEMM: {
+    const dspk_tensor *b = t->ninputs > 1 ? &t->inputs[1] : NULL;
+    unsigned ra = a->rank, rb, ro;
+    if (!b || ra < 2 || (rb = b->rank) < 2 || rb > DSPK_MAX_RANK)
+      return 0;
+    ro = ra > rb ? ra : rb;
+    for (unsigned i = 2; i < ro; i++) { /* batch axes, broadcast right-aligned */
+      int64_t da = i < ra ? a->shape[ra - 1 - i] : 1, db = i < rb ? b->shape[rb - 1 - i] : 1;
+      int64_t d = da > db ? da : db;
+      if (d <= 0 || __builtin_mul_overflow(n, (uint64_t)d, &n))
+        return 0;
+    }
+    int64_t m = t->gemm.trans_a ? a->shape[ra - 1] : a->shape[ra - 2];
+    int64_t k = t->gemm.trans_b ? b->shape[rb - 2] : b->shape[rb - 1];
+    if (m <= 0 || k <= 0 || __builtin_mul_overflow(n, (uint64_t)m, &n) ||
+        __builtin_mul_overflow(n, (uint64_t)k, &n))
+      return 0;
+    es = a->dtype == DSPK_F64 ? 8 : 4;
+    break;
+  }
+  case DSPK_OP_FFT:
+    if (a->rank < 1 || a->shape[a->rank - 1] <= 0)
+      return 0;
+    n = dspk_tensor_numel(a);
+    if (a->dtype != DSPK_C64 && a->dtype != DSPK_C128) { /* real: n/2+1 complex */
+      int64_t last = a->shape[a->rank - 1];
+      n = n / (uint64_t)last * (uint64_t)(last / 2 + 1);
+      es *= 2;
+    }
+    break;
+  case DSPK_OP_FIR:
+  case DSPK_OP_MAP:
+    n = dspk_tensor_numel(a);
+    break;
+  default:
+    return 0;
+  }
+  if (__builtin_mul_overflow(n, es, &n) || n > SIZE_MAX)
+    return 0;
+  return (size_t)n;
+}
+
 DSPK_EXPORT int dspk_submit(dspk_client *c, const dspk_task *t,
                             uint32_t *ticket) {
   uint64_t sid[DSPK_SHM_OPERANDS], soff[DSPK_SHM_OPERANDS];
@@ -681,6 +732,8 @@ DSPK_EXPORT int dspk_submit(dspk_client *c, const dspk_task *t,
   struct inputs in = {t, shm, sid, soff};
   struct params a = {DSPK__M_TASK_RUN, {{0}}};
   struct dspk__wbuf w;
+  dspk_task out = {0}; /* its out_refs: the result's temporary */
+  size_t bound;
   uint32_t id;
   int rc;
 
@@ -710,6 +763,19 @@ DSPK_EXPORT int dspk_submit(dspk_client *c, const dspk_task *t,
   }
   if (t->nout_refs)
     a.v[DSPK__RUN_OUTPUTS] = p_pack(pack_outputs, t);
+  /* A large result on the cpu: written by the daemon into a temporary shared
+   * buffer and copied from there by dspk_wait, instead of crossing the socket. */
+  if (!t->nout_refs && t->op != DSPK_OP_KERNEL && (bound = result_bound(t)) != 0) {
+    rc = dspk__shm_result(c, a.v[DSPK__RUN_DEVICE].v.s.p, bound, &out.out_refs[0].buffer);
+    if (rc < 0) {
+      dspk__shm_sent(c, 0, false);
+      return rc;
+    }
+    if (rc == 1) {
+      out.nout_refs = 1;
+      a.v[DSPK__RUN_OUTPUTS] = p_pack(pack_outputs, &out);
+    }
+  }
   id = dspk__next_id(c);
   dspk__wbuf_init(&w);
   dspk__pack_request_head(&w.pk, id, "task.run", true);
@@ -732,9 +798,10 @@ DSPK_EXPORT void dspk_result_free(dspk_result *r) {
   memset(r, 0, sizeof(*r));
 }
 
-/* Decodes a task.run result into res, copying inline outputs into aligned
+/* Decodes a task.run result into res, copying inline outputs, and outputs
+ * in ticket's temporary shared buffer (dspk__shm_result), into aligned
  * memory owned by res. */
-static int decode_result(dspk_client *c, const msgpack_object *result,
+static int decode_result(dspk_client *c, const msgpack_object *result, uint32_t ticket,
                          dspk_result *res) {
   dspk_result out = {0};
   const msgpack_object *outs = dspk__map_get(result, "outputs");
@@ -765,6 +832,12 @@ static int decode_result(dspk_client *c, const msgpack_object *result,
     t->is_ref = wt.is_ref;
     t->buffer = wt.buffer;
     t->offset = wt.offset;
+    if (wt.is_ref && (wt.data = dspk__shm_of_ticket(c, ticket, wt.buffer, wt.offset,
+                                                     wt.nbytes)) != NULL) {
+      t->is_ref = false; /* the result came through a temporary: inline */
+      t->buffer = t->offset = 0;
+      wt.is_ref = false;
+    }
     if (!wt.is_ref) {
       size_t cap = (wt.nbytes + 63) / 64 * 64;
       void *p = aligned_alloc(64, cap ? cap : 64);
@@ -789,11 +862,11 @@ DSPK_EXPORT int dspk_wait(dspk_client *c, uint32_t ticket, dspk_result *res) {
   if (!c || !res)
     return DSPK_EINVAL;
   rc = dspk__wait(c, ticket, &r);
-  dspk__shm_done(c, ticket); /* its temporary shared operands are free */
-  if (rc != 0)
-    return rc;
-  rc = decode_result(c, r.msg.result, res);
-  dspk__resp_free(&r);
+  if (rc == 0) {
+    rc = decode_result(c, r.msg.result, ticket, res);
+    dspk__resp_free(&r);
+  }
+  dspk__shm_done(c, ticket); /* its temporaries are free */
   return rc;
 }
 
@@ -806,14 +879,14 @@ DSPK_EXPORT int dspk_wait_any(dspk_client *c, uint32_t *ticket,
   if (!c || !ticket || !res)
     return DSPK_EINVAL;
   rc = dspk__wait_any(c, &id, &r);
-  if (id != 0)
-    dspk__shm_done(c, id);
   if (rc == 0) {
-    rc = decode_result(c, r.msg.result, res);
+    rc = decode_result(c, r.msg.result, id, res);
     dspk__resp_free(&r);
   }
-  if (id != 0) /* 0: no request was answered (none in flight, I/O error) */
+  if (id != 0) { /* 0: no request was answered (none in flight, I/O error) */
+    dspk__shm_done(c, id);
     *ticket = id;
+  }
   return rc;
 }
 

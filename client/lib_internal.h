@@ -100,6 +100,14 @@ struct dspk__shm {
  * code. */
 int dspk__shm_operand(dspk_client *c, const char *device, const void *data,
                       size_t n, uint64_t *id, uint64_t *off);
+/* A temporary for the one inline result of a task on `device`, of n bytes
+ * (at least the result's): 1 with *id (state 3 until dspk__shm_sent), 0
+ * when the result comes back inline (below the threshold, "any" free to
+ * choose a hardware device), or a negative code. */
+int dspk__shm_result(dspk_client *c, const char *device, size_t n, uint64_t *id);
+/* Bytes [off, off+n) of temporary id while it belongs to ticket, or NULL. */
+const char *dspk__shm_of_ticket(dspk_client *c, uint32_t ticket, uint64_t id,
+                                uint64_t off, size_t n);
 /* Where buffer id's bytes [off, off+n) are in this process, when id is a
  * dspk_shared_alloc of c and no request is in flight (so a local copy keeps
  * the order the daemon would give); else NULL. */

@@ -150,25 +150,14 @@ DSPK_EXPORT void dspk_set_shared_threshold(dspk_client *c, size_t bytes) {
     c->shm_threshold = bytes;
 }
 
-int dspk__shm_operand(dspk_client *c, const char *device, const void *data,
-                      size_t n, uint64_t *id, uint64_t *off) {
-  const char *p = data;
+/* A temporary of at least n bytes for a task on `device`, now being filled
+ * (state 3): 1 with *out, 0 when the task's device rules it out, or a
+ * negative code. */
+static int shm_temp(dspk_client *c, const char *device, size_t n, struct dspk__shm **out) {
   struct dspk__shm *best = NULL;
   size_t want;
   int rc;
 
-  if (!p)
-    return 0;
-  for (size_t i = 0; i < c->nshm; i++) {
-    struct dspk__shm *s = &c->shm[i];
-    if (s->state == 0 && p >= s->ptr && n <= s->size && (size_t)(p - s->ptr) <= s->size - n) {
-      *id = s->id;
-      *off = (uint64_t)(p - s->ptr);
-      return 1;
-    }
-  }
-  if (!c->shm_threshold || n < c->shm_threshold)
-    return 0;
   /* A temporary pins the task to its device.  For "any" that is right only
    * when "any" can mean nothing but cpu:0 (no hardware device: every device
    * is the cpu or a software renderer); else the daemon's choice, and its
@@ -213,10 +202,55 @@ int dspk__shm_operand(dspk_client *c, const char *device, const void *data,
       return rc;
   }
   best->state = 3;
-  memcpy(best->ptr, p, n);
-  *id = best->id;
+  *out = best;
+  return 1;
+}
+
+int dspk__shm_operand(dspk_client *c, const char *device, const void *data,
+                      size_t n, uint64_t *id, uint64_t *off) {
+  const char *p = data;
+  struct dspk__shm *s;
+  int rc;
+
+  if (!p)
+    return 0;
+  for (size_t i = 0; i < c->nshm; i++) {
+    s = &c->shm[i];
+    if (s->state == 0 && p >= s->ptr && n <= s->size && (size_t)(p - s->ptr) <= s->size - n) {
+      *id = s->id;
+      *off = (uint64_t)(p - s->ptr);
+      return 1;
+    }
+  }
+  if (!c->shm_threshold || n < c->shm_threshold)
+    return 0;
+  if ((rc = shm_temp(c, device, n, &s)) != 1)
+    return rc;
+  memcpy(s->ptr, p, n);
+  *id = s->id;
   *off = 0;
   return 1;
+}
+
+int dspk__shm_result(dspk_client *c, const char *device, size_t n, uint64_t *id) {
+  struct dspk__shm *s;
+  int rc;
+  if (!c->shm_threshold || n < c->shm_threshold)
+    return 0;
+  if ((rc = shm_temp(c, device, n, &s)) != 1)
+    return rc;
+  *id = s->id;
+  return 1;
+}
+
+const char *dspk__shm_of_ticket(dspk_client *c, uint32_t ticket, uint64_t id,
+                                uint64_t off, size_t n) {
+  for (size_t i = 0; i < c->nshm; i++) {
+    struct dspk__shm *s = &c->shm[i];
+    if (s->state == 1 && s->ticket == ticket && s->id == id)
+      return off <= s->size && n <= s->size - off ? s->ptr + off : NULL;
+  }
+  return NULL;
 }
 
 char *dspk__shm_local(dspk_client *c, uint64_t id, uint64_t off, size_t n) {

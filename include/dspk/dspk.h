@@ -269,6 +269,9 @@ DSPK_EXPORT int dspk_shared_free(dspk_client *c, void *ptr);
 /* Inline operands of at least this many bytes that are not in shared memory
  * go through a temporary shared buffer (one copy, into memory this client
  * reuses) instead of the socket, on the task's device; 0 turns it off.
+ * So does the one result of a gemm, fft, fir or map task without out_refs
+ * when it is at least that large: the daemon writes it into a temporary,
+ * dspk_wait copies it into the result's own memory (still inline).
  * For a task on "any" only when the daemon has no hardware device ("any"
  * is then cpu:0), so that the daemon's choice of device stays free.
  * The default is DSPK_SHARED_THRESHOLD (or $DSPK_SHARED_THRESHOLD, bytes,

@@ -2,7 +2,8 @@
  * Shared memory through libdspkclient against a real dspkd (argv[1]):
  * dspk_shared_alloc operands and results (zero copy, checked against plain C
  * loops), the automatic route of big inline operands through reused
- * temporary shared buffers, the same tasks over the plain socket (threshold
+ * temporary shared buffers, large results back through them, the same tasks
+ * over the plain socket (threshold
  * 0), buffer.read/write of a shared buffer, a memfd without F_SEAL_SHRINK
  * or too small (EINVAL), the client's truncation refused by the seal, and a
  * client that unmaps or exits while its task runs.
@@ -245,6 +246,86 @@ static void test_auto_threshold(void **state) {
   free(b);
 }
 
+/* Large results come back through a temporary shared buffer (as inline
+ * memory of the result, the caller sees no difference); small ones and
+ * those with threshold 0 through the socket. */
+static void test_auto_result(void **state) {
+  const int m = 512, k = 64, n = 1024; /* A 128 KiB, B 256 KiB: inline; C 2 MiB */
+  float *a = malloc(sizeof(float) * m * k), *b = malloc(sizeof(float) * k * n);
+  dspk_tensor in[2];
+  dspk_task t;
+  dspk_result r;
+  uint32_t ticket;
+  (void)state;
+  for (int i = 0; i < m * k; i++)
+    a[i] = frand();
+  for (int i = 0; i < k * n; i++)
+    b[i] = frand();
+  in[0] = t2(a, m, k);
+  in[1] = t2(b, k, n);
+  dspk_task_init(&t, DSPK_OP_GEMM);
+  t.device = "cpu:0";
+  t.ninputs = 2;
+  t.inputs = in;
+  dspk_set_shared_threshold(C, DSPK_SHARED_THRESHOLD);
+  for (int round = 0; round < 2; round++) {
+    assert_int_equal(dspk_submit(C, &t, &ticket), 0);
+    assert_int_equal(count_state(1), 1); /* the result's temporary, nothing else */
+    assert_int_equal(dspk_wait(C, ticket, &r), 0);
+    assert_int_equal(count_state(1), 0);
+    assert_int_equal(r.nout, 1);
+    assert_false(r.out[0].is_ref);
+    assert_int_equal(r.out[0].nbytes, sizeof(float) * m * n);
+    assert_int_equal((uintptr_t)r.out[0].data % 64, 0);
+    check_gemm(r.out[0].data, a, b, m, k, n);
+    dspk_result_free(&r);
+  }
+  /* fft of a real 1 MiB signal (c64 result of n/2+1): input and result shared */
+  {
+    const int64_t nf = (int64_t)1 << 18;
+    float *x = malloc(sizeof(float) * (size_t)nf);
+    dspk_tensor xt;
+    for (int64_t i = 0; i < nf; i++)
+      x[i] = 1.0f;
+    dspk_tensor_inline(&xt, DSPK_F32, 1, &nf, x);
+    dspk_task_init(&t, DSPK_OP_FFT);
+    t.device = "cpu:0";
+    t.ninputs = 1;
+    t.inputs = &xt;
+    assert_int_equal(dspk_submit(C, &t, &ticket), 0);
+    assert_int_equal(count_state(1), 2);
+    assert_int_equal(dspk_wait(C, ticket, &r), 0);
+    assert_false(r.out[0].is_ref);
+    assert_int_equal(r.out[0].dtype, DSPK_C64);
+    assert_int_equal(r.out[0].shape[0], nf / 2 + 1);
+    {
+      const float *y = r.out[0].data;
+      assert_true(fabs(y[0] - (double)nf) < 1e-3 * (double)nf && fabs(y[1]) < 1e-3);
+      for (int64_t i = 2; i < 2 * (nf / 2 + 1); i++)
+        if (fabs(y[i]) > 1e-2)
+          fail_msg("fft[%lld] = %g, want 0", (long long)i, (double)y[i]);
+    }
+    dspk_result_free(&r);
+    free(x);
+  }
+  /* the socket path: threshold 0 */
+  in[0] = t2(a, m, k);
+  in[1] = t2(b, k, n);
+  dspk_task_init(&t, DSPK_OP_GEMM);
+  t.device = "cpu:0";
+  t.ninputs = 2;
+  t.inputs = in;
+  dspk_set_shared_threshold(C, 0);
+  assert_int_equal(dspk_submit(C, &t, &ticket), 0);
+  assert_int_equal(count_state(1), 0);
+  assert_int_equal(dspk_wait(C, ticket, &r), 0);
+  check_gemm(r.out[0].data, a, b, m, k, n);
+  dspk_result_free(&r);
+  dspk_set_shared_threshold(C, DSPK_SHARED_THRESHOLD);
+  free(a);
+  free(b);
+}
+
 static int sealed_memfd(size_t n, unsigned seals) {
   int fd = memfd_create("t", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   assert_true(fd >= 0);
@@ -379,6 +460,7 @@ int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_shared_alloc_gemm),
       cmocka_unit_test(test_auto_threshold),
+      cmocka_unit_test(test_auto_result),
       cmocka_unit_test(test_seals),
       cmocka_unit_test(test_unmap_and_exit),
   };
