@@ -766,12 +766,9 @@ DSPK_EXPORT int dspk_submit(dspk_client *c, const dspk_task *t,
   /* A large result on the cpu: written by the daemon into a temporary shared
    * buffer and copied from there by dspk_wait, instead of crossing the socket. */
   if (!t->nout_refs && t->op != DSPK_OP_KERNEL && (bound = result_bound(t)) != 0) {
-    rc = dspk__shm_result(c, a.v[DSPK__RUN_DEVICE].v.s.p, bound, &out.out_refs[0].buffer);
-    if (rc < 0) {
-      dspk__shm_sent(c, 0, false);
-      return rc;
-    }
-    if (rc == 1) {
+    /* No shared memory to be had (a limit, a quota): the result comes inline. */
+    if (dspk__shm_result(c, a.v[DSPK__RUN_DEVICE].v.s.p, bound,
+                         &out.out_refs[0].buffer) == 1) {
       out.nout_refs = 1;
       a.v[DSPK__RUN_OUTPUTS] = p_pack(pack_outputs, &out);
     }

@@ -827,8 +827,8 @@ class Client:
                 devs = self._call("devices")["devices"]
             except Error:
                 return None
-            self._any_is_cpu = all(d.get("backend") == "cpu" or d.get("software")
-                                   for d in devs)
+            self._any_is_cpu = any(d.get("id") == "cpu:0" for d in devs) and \
+                all(d.get("backend") == "cpu" or d.get("software") for d in devs)
         return "cpu:0" if self._any_is_cpu else None
 
     def _temp_get(self, device: str, nbytes: int) -> _Temp:
@@ -977,11 +977,19 @@ class Client:
                     shm.append(tmp)
                     np.copyto(tmp.view[:a.nbytes], a.reshape(-1).view(np.uint8))
                     t["buffer"], t["offset"] = tmp.buffer, 0
+            except Error:
+                # No shared memory to be had (a limit, a quota): the socket's path.
+                self._temp_put(shm)
+                shm = []
+                for _, t in big:
+                    t.pop("buffer", None)
+                    t.pop("offset", None)
             except BaseException:
                 self._temp_put(shm)
                 raise
-            inline = [(a, t) for a, t in inline if "buffer" not in t]
-            target = sdev
+            if shm:
+                inline = [(a, t) for a, t in inline if "buffer" not in t]
+                target = sdev
         total = sum(a.nbytes for a, _ in inline)
         # A message must stay below max_message: the largest operands of one that would
         # not go through temporary buffers (freed right after the task is sent).
@@ -1096,10 +1104,15 @@ class Client:
         if bound is not None and self.shared_threshold and bound >= self.shared_threshold \
                 and op != "kernel":
             sdev = self._shared_device(target)
+        rt = None
         if sdev is not None:
+            try:
+                rt = self._temp_get(sdev, bound)
+            except Error:
+                rt = None  # no shared memory to be had: the socket's path
+        if rt is not None:
             # A large result on cpu:0: written by the daemon into a shared temporary,
             # copied from there into the array returned (no socket, no unpacking).
-            rt = self._temp_get(sdev, bound)
             shm.append(rt)
             args["outputs"] = [{"buffer": rt.buffer, "offset": 0}]
 

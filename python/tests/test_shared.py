@@ -458,3 +458,22 @@ def test_too_many_fds_close_the_connection(raw):
     assert raw.recv() is None
     for fd in fds:
         os.close(fd)
+
+
+@pytest.mark.parametrize("limit", [1, 2])
+def test_auto_shared_falls_back_to_the_socket(limit):
+    """When the daemon refuses another buffer (max_buffers), large operands and results
+    go through the socket instead: the op still succeeds."""
+    import dspk
+    from conftest import Daemon
+    d = Daemon(["--max-buffers", str(limit)])
+    try:
+        with dspk.connect(d.socket) as c:
+            rng = np.random.default_rng(7)
+            a = rng.standard_normal((600, 512)).astype(np.float32)   # 1.2 MiB
+            b = rng.standard_normal((512, 700)).astype(np.float32)   # 1.4 MiB, result 1.6 MiB
+            for _ in range(2):
+                np.testing.assert_allclose(c.gemm(a, b), a @ b, rtol=2e-4, atol=2e-3)
+            assert len(c._temps) <= limit
+    finally:
+        d.stop()
