@@ -1,16 +1,20 @@
 /*
- * dspkd's configuration file (daemon/config.h).  One table describes every
- * key: its section, its name (the command-line flag is the same name with
- * dashes), where it lives in struct dspkd_config, its range, and whether a
- * reload may change it.  The file is read with libinih through a reader that
- * counts lines, so every error names file:line.  Unknown sections and keys
- * are errors, not warnings: a typo in a limit must not go unnoticed.
+ * dspkd's settings: the command line and the configuration file
+ * (daemon/config.h).  One table describes every setting once: its section
+ * and key in the file, its option (the same name with dashes), where it
+ * lives in struct dspkd_config, its type and range, its default, its --help
+ * text, and whether a reload may change it.  The defaults, getopt_long's
+ * option list, the --help text, the range checks and the file's keys are all
+ * made from it.  The file is read with libinih through a reader that counts
+ * lines, so every error names file:line.  Unknown sections and keys are
+ * errors, not warnings: a typo in a limit must not go unnoticed.
  *
- * Precedence: command line > file > defaults.  Which keys the command line
- * set is found by scanning argv for the flags of the table (getopt_long's
- * unambiguous prefixes included), so a reload keeps them too.
+ * Precedence: command line > file > defaults.  getopt_long notes which keys
+ * the command line set, so the file and a reload leave them alone.
  */
 #include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
 #include <grp.h>
 #include <limits.h>
 #include <pwd.h>
@@ -29,91 +33,147 @@
 #include "daemon/log.h"
 #include "proto/units.h"
 
-/* K_SHARE: a size in bytes, or a share of a device's memory ("50%"). */
+/* K_SHARE: a size in bytes, or a share of a device's memory ("50%").
+ * K_CONFIG, K_FD, K_HELP and K_VERSION are options of the command line
+ * only (no field, or one the file cannot set). */
 enum ktype { K_SOCKET, K_STR, K_BOOL, K_LEVEL, K_UINT, K_SIZE, K_MS, K_USERS, K_GROUPS,
-             K_SHARE };
+             K_SHARE, K_CONFIG, K_FD, K_HELP, K_VERSION };
 
+/* Where a setting may be given. */
+enum { IN_FILE = 1, IN_ARGV = 2, IN_BOTH = 3 };
+
+/* One daemon setting, described once: the command-line option, the file
+ * key, the --help text, the default and the range all come from its row. */
 struct key {
-  const char *section;
-  const char *name; /* file key; the flag is the same with '-' for '_' */
+  const char *section; /* the file's section; NULL: command line only */
+  const char *name;    /* file key; the option is the same with '-' for '_' */
   enum ktype type;
   size_t off, width; /* the field in struct dspkd_config */
   uint64_t lo, hi;
-  bool reload; /* a reload may change it */
+  bool reload;      /* a reload may change it */
+  int where;        /* IN_FILE, IN_ARGV or both */
+  const char *dflt; /* the default, written as in the file; NULL: none, or see help */
+  const char *arg;  /* the option's value in --help; NULL: takes none */
+  const char *help; /* --help text (" (default DFLT)" is appended) */
 };
 
 #define F(field) offsetof(struct dspkd_config, field), sizeof(((struct dspkd_config *)0)->field)
+#define NOF 0, 0
 
+/* In the order of --help.  tests/install/docs.sh reads the rows that begin
+ * with {"section", "key", K_... and checks the man page and the example
+ * file against them. */
 static const struct key keys[] = {
-    {"daemon", "socket", K_SOCKET, F(socket_path), 0, 0, false},
-    {"daemon", "cache", K_STR, F(cache_path), 0, 0, false},
-    {"daemon", "backends", K_STR, F(backends), 0, 0, false},
-    {"daemon", "foreground", K_BOOL, F(foreground), 0, 0, false},
-    {"daemon", "log_level", K_LEVEL, F(log_level), 0, 0, true},
-    {"daemon", "shutdown_timeout", K_MS, F(shutdown_timeout_ms), 0, (uint64_t)1 << 40, true},
-    {"limits", "max_message", K_SIZE, F(lim.max_message), 64, (uint64_t)1 << 32, true},
-    {"limits", "max_depth", K_UINT, F(lim.max_depth), 4, 1024, true},
-    {"limits", "max_objects", K_UINT, F(lim.max_objects), 16, (uint64_t)1 << 28, true},
-    {"limits", "max_rank", K_UINT, F(lim.max_rank), 1, DSPK_MAX_RANK, true},
-    {"limits", "max_elements", K_UINT, F(lim.max_elements), 1, (uint64_t)1 << 40, true},
-    {"limits", "max_inflight", K_UINT, F(max_inflight), 1, 1 << 20, true},
-    {"limits", "max_unsent", K_SIZE, F(max_unsent), 1, (uint64_t)1 << 40, true},
-    {"limits", "max_buffers", K_UINT, F(max_buffers), 1, 1 << 24, true},
-    {"limits", "max_clients", K_UINT, F(max_clients), 1, 1 << 20, true},
-    {"policy", "allow_users", K_USERS, F(allow_users), 0, 0, true},
-    {"policy", "allow_groups", K_GROUPS, F(allow_groups), 0, 0, true},
-    {"policy", "admin_users", K_USERS, F(admin_users), 0, 0, true},
-    {"policy", "admin_groups", K_GROUPS, F(admin_groups), 0, 0, true},
-    /* Appended, so the indices above (KEY_LOG_LEVEL) stay. */
-    {"daemon", "no_cache", K_BOOL, F(no_cache), 0, 0, false},
-    {"daemon", "cache_max_bytes", K_SIZE, F(cache_max_bytes), 4096, (uint64_t)1 << 40, false},
-    {"limits", "max_user_clients", K_UINT, F(max_user_clients), 1, 1 << 20, true},
-    {"limits", "max_user_partial", K_SIZE, F(max_user_partial), 4096, (uint64_t)1 << 40, true},
-    {"limits", "max_user_memory", K_SHARE, F(max_user_memory), 1, (uint64_t)1 << 50, true},
-    {"limits", "max_conn_memory", K_SHARE, F(max_conn_memory), 1, (uint64_t)1 << 50, true},
-    {"daemon", "metrics_listen", K_STR, F(metrics_listen), 0, 0, false},
-    {"limits", "max_job_memory", K_SHARE, F(max_job_memory), 1, (uint64_t)1 << 50, true},
-    {"policy", "job_required", K_BOOL, F(job_required), 0, 0, true},
-    {"daemon", "idle_trim", K_MS, F(idle_trim_ms), 0, (uint64_t)1 << 40, true},
+    {NULL, "config", K_CONFIG, NOF, 0, 0, false, IN_ARGV, NULL, "PATH",
+     "configuration file (default " DSPKD_CONFIG_DEFAULT " when it exists; \"\" for none); "
+     "options override it"},
+    {"daemon", "socket", K_SOCKET, F(socket_path), 0, 0, false, IN_BOTH, NULL, "PATH",
+     "listen here (default $DSPK_SOCKET, else $XDG_RUNTIME_DIR/dspk/dspkd.sock, "
+     "/run/dspk/dspkd.sock as root)"},
+    {"daemon", "cache", K_STR, F(cache_path), 0, 0, false, IN_BOTH, NULL, "PATH",
+     "the persistent cache file (SQLite); default $CACHE_DIRECTORY/cache.db under systemd, "
+     "else $XDG_CACHE_HOME/dspk/cache.db (~/.cache/dspk/cache.db)"},
+    {"daemon", "no_cache", K_BOOL, F(no_cache), 0, 0, false, IN_BOTH, NULL, NULL,
+     "run without a persistent cache (as --cache \"\")"},
+    {"daemon", "cache_max_bytes", K_SIZE, F(cache_max_bytes), 4096, (uint64_t)1 << 40, false,
+     IN_BOTH, "256M", "SIZE",
+     "size bound of the cache; least recently used entries are evicted"},
+    {"daemon", "backends", K_STR, F(backends), 0, 0, false, IN_BOTH, NULL, "LIST",
+     "comma list of backends to use (default: every one available)"},
+    {"daemon", "foreground", K_BOOL, F(foreground), 0, 0, false, IN_BOTH, NULL, NULL,
+     "stay in the foreground (default: detach once listening)"},
+    {"daemon", "log_level", K_LEVEL, F(log_level), 0, 0, true, IN_BOTH, "info", "LEVEL",
+     "error, warn, notice, info or debug"},
+    {NULL, "ready_fd", K_FD, F(ready_fd), 0, INT_MAX, false, IN_ARGV, NULL, "N",
+     "write \"READY\\n\" to file descriptor N once listening, close it"},
+    {"limits", "max_message", K_SIZE, F(lim.max_message), 64, (uint64_t)1 << 32, true,
+     IN_BOTH, "256M", "SIZE", "largest message"},
+    {"limits", "max_depth", K_UINT, F(lim.max_depth), 4, 1024, true, IN_BOTH, "16", "N",
+     "nesting of arrays/maps"},
+    {"limits", "max_objects", K_UINT, F(lim.max_objects), 16, (uint64_t)1 << 28, true,
+     IN_BOTH, "1048576", "N", "msgpack objects in one message"},
+    {"limits", "max_rank", K_UINT, F(lim.max_rank), 1, DSPK_MAX_RANK, true, IN_BOTH, "8", "N",
+     "tensor rank (at most 8)"},
+    {"limits", "max_elements", K_UINT, F(lim.max_elements), 1, (uint64_t)1 << 40, true,
+     IN_BOTH, "2147483648", "N", "elements in one tensor"},
+    {"limits", "max_inflight", K_UINT, F(max_inflight), 1, 1 << 20, true, IN_BOTH, "1024",
+     "N", "requests in flight per connection"},
+    {"limits", "max_unsent", K_SIZE, F(max_unsent), 1, (uint64_t)1 << 40, true, IN_BOTH,
+     "64M", "SIZE",
+     "unwritten response bytes per connection before reading pauses"},
+    {"limits", "max_buffers", K_UINT, F(max_buffers), 1, 1 << 24, true, IN_BOTH, "4096", "N",
+     "buffers per connection"},
+    {"limits", "max_clients", K_UINT, F(max_clients), 1, 1 << 20, true, IN_BOTH, "256", "N",
+     "open connections"},
+    /* One user may hold a quarter of the connections, half of each device's
+     * memory, and four largest messages in incomplete frames. */
+    {"limits", "max_user_clients", K_UINT, F(max_user_clients), 1, 1 << 20, true, IN_BOTH,
+     "64", "N", "open connections of one user"},
+    {"limits", "max_user_partial", K_SIZE, F(max_user_partial), 4096, (uint64_t)1 << 40,
+     true, IN_BOTH, "1G", "SIZE",
+     "bytes of incomplete messages of one user's connections together"},
+    {"limits", "max_user_memory", K_SHARE, F(max_user_memory), 1, (uint64_t)1 << 50, true,
+     IN_BOTH, "50%", "SIZE|N%",
+     "device memory of one user on each device: buffers and tasks in flight"},
+    {"limits", "max_conn_memory", K_SHARE, F(max_conn_memory), 1, (uint64_t)1 << 50, true,
+     IN_BOTH, "100%", "SIZE|N%", "the same for one connection"},
+    {"limits", "max_job_memory", K_SHARE, F(max_job_memory), 1, (uint64_t)1 << 50, true,
+     IN_BOTH, "100%", "SIZE|N%", "the same for one Slurm job's connections together"},
+    {"policy", "job_required", K_BOOL, F(job_required), 0, 0, true, IN_BOTH, NULL, NULL,
+     "a connection without a registered Slurm job may use the cpu only (default: every "
+     "device)"},
+    {"daemon", "shutdown_timeout", K_MS, F(shutdown_timeout_ms), 0, (uint64_t)1 << 40, true,
+     IN_BOTH, "10000", "MS", "at stop, cancel tasks still running after this"},
+    {"daemon", "idle_trim", K_MS, F(idle_trim_ms), 0, (uint64_t)1 << 40, true, IN_BOTH, "5000",
+     "MS", "once the last client has left, give cached memory back after this long"},
+    {"daemon", "metrics_listen", K_STR, F(metrics_listen), 0, 0, false, IN_BOTH, NULL,
+     "ADDR:PORT",
+     "serve Prometheus metrics over HTTP at http://ADDR:PORT/metrics (default: off)"},
     {"daemon", "device_inflight", K_UINT, F(device_inflight), 1, DSPKD_MAX_DEVICE_INFLIGHT,
-     false},
+     false, IN_BOTH, "4", "N",
+     "tasks a device has enqueued ahead of their answers (at most 64)"},
+    {"policy", "allow_users", K_USERS, F(allow_users), 0, 0, true, IN_FILE, NULL, NULL, NULL},
+    {"policy", "allow_groups", K_GROUPS, F(allow_groups), 0, 0, true, IN_FILE, NULL, NULL,
+     NULL},
+    {"policy", "admin_users", K_USERS, F(admin_users), 0, 0, true, IN_FILE, NULL, NULL, NULL},
+    {"policy", "admin_groups", K_GROUPS, F(admin_groups), 0, 0, true, IN_FILE, NULL, NULL,
+     NULL},
+    {NULL, "help", K_HELP, NOF, 0, 0, false, IN_ARGV, NULL, NULL, "show this help"},
+    {NULL, "version", K_VERSION, NOF, 0, 0, false, IN_ARGV, NULL, NULL, "show the version"},
 };
 #define NKEYS (sizeof keys / sizeof keys[0])
-_Static_assert(NKEYS <= 60, "the key masks are 64-bit");
-
-/* Flags of daemon/main.c that are not configuration keys; the first two
- * take no value, the others one. */
-static const char *const other_flags[] = {"help", "version", "ready-fd", "config"};
-#define NOTHER (sizeof other_flags / sizeof other_flags[0])
-#define FLAG_CONFIG (NKEYS + 3)
-#define KEY_LOG_LEVEL 4 /* keys[4] */
+_Static_assert(NKEYS <= 64, "the key masks are 64-bit");
 
 /* What the start found, for reloads. */
 static char conf_path[PATH_MAX];
 static bool have_conf;
 static uint64_t flag_mask; /* bit i: keys[i] came from the command line */
 static char file_socket[256];
-static char *file_strs[3]; /* cache, backends, metrics_listen: strings the configuration owns */
+static char *file_strs[NKEYS]; /* strings of the file the configuration owns */
+
+static int key_index(const char *name) {
+  for (size_t i = 0; i < NKEYS; i++)
+    if (strcmp(keys[i].name, name) == 0)
+      return (int)i;
+  return -1;
+}
+
+static int store(const struct key *k, const char *value, bool from_file,
+                 struct dspkd_config *cfg, char *why, size_t len);
 
 void dspkd_config_defaults(struct dspkd_config *cfg) {
+  char why[160];
   memset(cfg, 0, sizeof *cfg);
   dspk__limits_default(&cfg->lim);
   cfg->ready_fd = -1;
-  cfg->max_inflight = 1024;
-  cfg->max_unsent = (size_t)64 << 20;
-  cfg->max_buffers = 4096;
-  cfg->max_clients = 256;
-  /* One user may hold a quarter of the connections, half of each device's
-   * memory, and four largest messages in incomplete frames. */
-  cfg->max_user_clients = 64;
-  cfg->max_user_partial = (uint64_t)1 << 30;
-  cfg->max_user_memory = DSPKD_SHARE(50);
-  cfg->max_conn_memory = DSPKD_SHARE(100);
-  cfg->max_job_memory = DSPKD_SHARE(100);
-  cfg->shutdown_timeout_ms = 10000;
-  cfg->idle_trim_ms = 5000;
-  cfg->device_inflight = 4;
-  cfg->log_level = DSPKD_INFO;
+  for (size_t i = 0; i < NKEYS; i++) {
+    if (!keys[i].dflt)
+      continue;
+    /* The table's own defaults always parse (tests/lifecycle checks the
+     * values through status). */
+    if (store(&keys[i], keys[i].dflt, false, cfg, why, sizeof why) != 0)
+      abort();
+  }
 }
 
 /* ---- values ----------------------------------------------------------- */
@@ -270,20 +330,10 @@ static char *reader(char *str, int num, void *stream) {
   return r;
 }
 
-static const struct key *find_key(const char *name, int *idx) {
-  for (size_t i = 0; i < NKEYS; i++) {
-    if (strcmp(keys[i].name, name) == 0) {
-      *idx = (int)i;
-      return &keys[i];
-    }
-  }
-  return NULL;
-}
-
 __attribute__((format(printf, 2, 3))) static int perr(struct parse *p, const char *fmt,
                                                       ...) {
   va_list ap;
-  char msg[256];
+  char msg[320];
   if (p->err_line)
     return 0;
   va_start(ap, fmt);
@@ -294,21 +344,109 @@ __attribute__((format(printf, 2, 3))) static int perr(struct parse *p, const cha
   return 0;
 }
 
+/* Parses value and stores it in cfg's field of k (a string: the pointer
+ * itself, so the caller keeps value alive).  0, or -1 with what was
+ * expected in why. */
+static int store(const struct key *k, const char *value, bool from_file,
+                 struct dspkd_config *cfg, char *why, size_t len) {
+  void *field = (char *)cfg + k->off;
+  uint64_t v;
+
+  switch (k->type) {
+  case K_SOCKET:
+    if (!*value || strlen(value) >= k->width) {
+      snprintf(why, len, "expected a path shorter than %zu bytes", k->width);
+      return -1;
+    }
+    memcpy(field, value, strlen(value) + 1);
+    return 0;
+  case K_STR:
+    /* On the command line "" is a value (--cache "": no cache). */
+    if (from_file && !*value) {
+      snprintf(why, len, "expected a value");
+      return -1;
+    }
+    *(const char **)field = value;
+    return 0;
+  case K_BOOL: {
+    bool b;
+    if (parse_bool(value, &b) != 0) {
+      snprintf(why, len, "expected yes or no, got \"%s\"", value);
+      return -1;
+    }
+    memcpy(field, &b, sizeof b);
+    return 0;
+  }
+  case K_LEVEL: {
+    enum dspkd_level l;
+    if (dspkd_log_parse_level(value, &l) != 0) {
+      snprintf(why, len, "expected error, warn, notice, info or debug, got \"%s\"", value);
+      return -1;
+    }
+    *(int *)field = (int)l;
+    return 0;
+  }
+  case K_UINT:
+  case K_SIZE:
+  case K_MS:
+  case K_FD:
+    if (parse_uint(value, k->type, &v) != 0 || v < k->lo || v > k->hi) {
+      snprintf(why, len, "expected %s from %llu to %llu%s, got \"%s\"",
+               k->type == K_SIZE ? "a size" : "an integer", (unsigned long long)k->lo,
+               (unsigned long long)k->hi,
+               k->type == K_SIZE  ? " bytes (suffix K, M, G or T allowed)"
+               : k->type == K_MS ? " milliseconds (or with suffix s)"
+                                 : "",
+               value);
+      return -1;
+    }
+    if (k->type == K_FD && fcntl((int)v, F_GETFD) < 0) {
+      snprintf(why, len, "%s: not an open file descriptor", value);
+      return -1;
+    }
+    put_uint(field, k->width, v);
+    return 0;
+  case K_SHARE:
+    if (dspkd_config_parse_share(value, k->lo, k->hi, &v) != 0) {
+      snprintf(why, len, "expected a size from %llu to %llu (suffix K, M, G or T allowed) "
+               "or a share of each device's memory from 1%% to 100%%, got \"%s\"",
+               (unsigned long long)k->lo, (unsigned long long)k->hi, value);
+      return -1;
+    }
+    put_uint(field, k->width, v);
+    return 0;
+  case K_USERS:
+  case K_GROUPS: {
+    struct dspkd_idlist l;
+    if (parse_ids(value, k->type == K_GROUPS, &l, why, len) != 0)
+      return -1;
+    memcpy(field, &l, sizeof l);
+    return 0;
+  }
+  case K_CONFIG:
+  case K_HELP:
+  case K_VERSION:
+    break;
+  }
+  return 0;
+}
+
 /* Stores a value; in a reload, keys that need a restart are only compared
  * with the running value (and a difference logged). */
 static int handler(void *user, const char *section, const char *name, const char *value) {
   struct parse *p = user;
-  char kname[64], why[128];
+  struct dspkd_config scratch;
+  char kname[64], why[256];
   const struct key *k;
   int idx;
-  void *field;
-  uint64_t v;
+  bool skip;
 
   snprintf(kname, sizeof kname, "%s", name);
   for (char *c = kname; *c; c++)
     if (*c == '-')
       *c = '_';
-  k = find_key(kname, &idx);
+  idx = key_index(kname);
+  k = idx >= 0 && (keys[idx].where & IN_FILE) ? &keys[idx] : NULL;
   if (!k)
     return perr(p, "unknown key \"%s\" in [%s]", name, section);
   if (strcmp(section, k->section) != 0)
@@ -317,85 +455,34 @@ static int handler(void *user, const char *section, const char *name, const char
   if (p->seen & ((uint64_t)1 << idx))
     return perr(p, "key \"%s\" given twice", name);
   p->seen |= (uint64_t)1 << idx;
-  field = (char *)p->cfg + k->off;
-
-  switch (k->type) {
-  case K_SOCKET:
-    if (!*value || strlen(value) >= sizeof file_socket)
-      return perr(p, "socket: expected a path shorter than %zu bytes", sizeof file_socket);
-    break;
-  case K_STR:
-    if (!*value)
-      return perr(p, "%s: expected a value", name);
-    break;
-  case K_BOOL: {
-    bool b;
-    if (parse_bool(value, &b) != 0)
-      return perr(p, "%s: expected yes or no, got \"%s\"", name, value);
-    if (!(p->skip & ((uint64_t)1 << idx)))
-      memcpy(field, &b, sizeof b);
-    return 1;
-  }
-  case K_LEVEL: {
-    enum dspkd_level l;
-    if (dspkd_log_parse_level(value, &l) != 0)
-      return perr(p, "%s: expected error, warn, notice, info or debug, got \"%s\"", name, value);
-    if (!(p->skip & ((uint64_t)1 << idx)))
-      *(int *)field = (int)l;
-    return 1;
-  }
-  case K_UINT:
-  case K_SIZE:
-  case K_MS:
-    if (parse_uint(value, k->type, &v) != 0 || v < k->lo || v > k->hi)
-      return perr(p, "%s: expected an integer from %llu to %llu%s, got \"%s\"", name,
-                  (unsigned long long)k->lo, (unsigned long long)k->hi,
-                  k->type == K_SIZE  ? " (suffix K, M, G or T allowed)"
-                  : k->type == K_MS ? " milliseconds (or with suffix s)"
-                                    : "",
-                  value);
-    if (!(p->skip & ((uint64_t)1 << idx)))
-      put_uint(field, k->width, v);
-    return 1;
-  case K_SHARE:
-    if (dspkd_config_parse_share(value, k->lo, k->hi, &v) != 0)
-      return perr(p, "%s: expected a size from %llu to %llu (suffix K, M, G or T allowed) "
-                  "or a share of each device's memory from 1%% to 100%%, got \"%s\"", name,
-                  (unsigned long long)k->lo, (unsigned long long)k->hi, value);
-    if (!(p->skip & ((uint64_t)1 << idx)))
-      put_uint(field, k->width, v);
-    return 1;
-  case K_USERS:
-  case K_GROUPS: {
-    struct dspkd_idlist l;
-    if (parse_ids(value, k->type == K_GROUPS, &l, why, sizeof why) != 0)
-      return perr(p, "%s: %s", name, why);
-    if (!(p->skip & ((uint64_t)1 << idx)))
-      memcpy(field, &l, sizeof l);
-    return 1;
-  }
-  }
+  skip = (p->skip & ((uint64_t)1 << idx)) != 0;
 
   /* socket, cache, backends, metrics_listen: strings that only a restart
    * changes. */
-  if (p->skip & ((uint64_t)1 << idx))
-    return 1;
-  if (p->running) {
-    const char *cur = k->type == K_SOCKET ? file_socket : *(const char *const *)field;
-    if (!cur || strcmp(cur, value) != 0)
+  if (p->running && (k->type == K_SOCKET || k->type == K_STR)) {
+    const char *cur = k->type == K_SOCKET ? file_socket
+                                          : *(const char *const *)((const char *)p->running +
+                                                                   k->off);
+    if (store(k, value, true, &scratch, why, sizeof why) != 0)
+      return perr(p, "%s: %s", name, why);
+    if (!skip && (!cur || strcmp(cur, value) != 0))
       dspkd_warn("%s: %s changed; it takes effect at the next start", p->path, name);
     return 1;
   }
+  /* A key the command line set is still checked. */
+  if (store(k, value, true, skip ? &scratch : p->cfg, why, sizeof why) != 0)
+    return perr(p, "%s: %s", name, why);
+  if (skip)
+    return 1;
   if (k->type == K_SOCKET) {
     snprintf(file_socket, sizeof file_socket, "%s", value);
-  } else {
-    int slot = strcmp(k->name, "cache") == 0 ? 0 : strcmp(k->name, "backends") == 0 ? 1 : 2;
+  } else if (k->type == K_STR) {
     char *s = strdup(value);
     if (!s)
       return perr(p, "out of memory");
-    free(file_strs[slot]);
-    file_strs[slot] = s;
-    *(const char **)field = s;
+    free(file_strs[idx]);
+    file_strs[idx] = s;
+    *(const char **)((char *)p->cfg + k->off) = s;
   }
   return 1;
 }
@@ -439,69 +526,145 @@ static int load(const char *path, struct dspkd_config *cfg,
 
 /* ---- the command line ---------------------------------------------------- */
 
-/* Marks the key (or notes the --config value) an argv word names; returns
- * 1 when the flag takes the next word as its value. */
-static int scan_flag(const char *arg, const char *next, const char **config) {
-  char name[64];
-  const char *eq = strchr(arg, '=');
-  size_t n = eq ? (size_t)(eq - arg) : strlen(arg);
-  int match = -1, nmatch = 0;
-  bool exact = false;
+/* The option's name: the key's with '-' for '_'. */
+static void opt_name(const struct key *k, char *out, size_t len) {
+  snprintf(out, len, "%s", k->name);
+  for (char *c = out; *c; c++)
+    if (*c == '_')
+      *c = '-';
+}
 
-  if (n >= sizeof name)
-    return 0;
-  memcpy(name, arg, n);
-  name[n] = '\0';
-  for (char *c = name; *c; c++)
-    if (*c == '-')
-      *c = '_';
-  /* getopt_long accepts any unambiguous prefix: match the same way. */
-  for (size_t i = 0; i < NKEYS + NOTHER && !exact; i++) {
-    char cand[64];
-    snprintf(cand, sizeof cand, "%s", i < NKEYS ? keys[i].name : other_flags[i - NKEYS]);
-    for (char *c = cand; *c; c++)
-      if (*c == '-')
-        *c = '_';
-    if (strncmp(cand, name, n) != 0)
-      continue;
-    if (cand[n] == '\0') {
-      exact = true;
-      match = (int)i;
-      nmatch = 1;
-    } else {
-      match = (int)i;
-      nmatch++;
-    }
+/* Writes text from column 23 on, wrapped before column 80. */
+static void wrap(FILE *f, const char *head, const char *text) {
+  enum { COL = 23, WIDTH = 79 };
+  int col = fprintf(f, "%s", head);
+  if (col <= COL - 2) {
+    fprintf(f, "%*s", COL - col, "");
+    col = COL;
+  } else {
+    fputs("  ", f);
+    col += 2;
   }
-  if (nmatch != 1)
-    return 0;
-  if ((size_t)match < NKEYS)
-    flag_mask |= (uint64_t)1 << match;
-  if ((size_t)match == FLAG_CONFIG)
-    *config = eq ? eq + 1 : next;
-  if ((size_t)match < NKEYS)
-    return !eq && keys[match].type != K_BOOL;
-  return !eq && (size_t)match >= NKEYS + 2;
+  for (bool first = true; *text; first = false) {
+    size_t n = strcspn(text, " ");
+    if (!first && col + 1 + (int)n > WIDTH) {
+      fprintf(f, "\n%*s", COL, "");
+      col = COL;
+    } else if (!first) {
+      fputc(' ', f);
+      col++;
+    }
+    fprintf(f, "%.*s", (int)n, text);
+    col += (int)n;
+    text += n;
+    while (*text == ' ')
+      text++;
+  }
+  fputc('\n', f);
+}
+
+static void usage(FILE *f) {
+  fputs("Usage: dspkd [OPTION]...\n"
+        "The dspk compute daemon: runs compute tasks that clients submit over a Unix\n"
+        "socket (docs/protocol.md) on the host's devices.\n"
+        "\n",
+        f);
+  for (size_t i = 0; i < NKEYS; i++) {
+    const struct key *k = &keys[i];
+    char name[40], head[96], text[400];
+    if (!(k->where & IN_ARGV))
+      continue;
+    opt_name(k, name, sizeof name);
+    snprintf(head, sizeof head, "  %s--%s%s%s",
+             k->type == K_HELP ? "-h, " : k->type == K_VERSION ? "-V, " : "", name,
+             k->arg ? " " : "", k->arg ? k->arg : "");
+    snprintf(text, sizeof text, "%s%s%s%s", k->help, k->dflt ? " (default " : "",
+             k->dflt ? k->dflt : "", k->dflt ? ")" : "");
+    wrap(f, head, text);
+  }
+  fputs("\n"
+        "SIZE is a byte count with an optional binary unit: K or KiB, M or MiB, G or\n"
+        "GiB, T or TiB (2M = 2097152).  Every option but --config, --ready-fd, --help\n"
+        "and --version is also a key of the configuration file (dspk.conf(5)).\n"
+        "\n"
+        "The log goes to stderr, one line per event; when stderr is the systemd journal\n"
+        "(JOURNAL_STREAM) each line carries its syslog priority (<3> error ... <7> debug).\n",
+        f);
+}
+
+/* Parses the command line into cfg with getopt_long (options built from
+ * the table); notes which keys it set in flag_mask and --config in
+ * *config.  0, 1 (help written), 2 (--version), or a negative code
+ * (message written). */
+static int parse_argv(int argc, char **argv, struct dspkd_config *cfg, const char **config,
+                      int *cli_cache) {
+  struct option opts[NKEYS + 1];
+  char names[NKEYS][40];
+  size_t n = 0;
+  int opt;
+
+  for (size_t i = 0; i < NKEYS; i++) {
+    if (!(keys[i].where & IN_ARGV))
+      continue;
+    opt_name(&keys[i], names[i], sizeof names[i]);
+    opts[n++] = (struct option){names[i], keys[i].arg ? required_argument : no_argument, NULL,
+                                256 + (int)i};
+  }
+  opts[n] = (struct option){NULL, 0, NULL, 0};
+  optind = 0; /* glibc: start over (the fuzzer parses many times) */
+  while ((opt = getopt_long(argc, argv, "hV", opts, NULL)) != -1) {
+    const struct key *k;
+    char why[256];
+    if (opt == 'h' || opt == 'V')
+      opt = 256 + key_index(opt == 'h' ? "help" : "version");
+    if (opt < 256) {
+      usage(stderr);
+      return DSPK_EINVAL;
+    }
+    k = &keys[opt - 256];
+    flag_mask |= (uint64_t)1 << (opt - 256);
+    switch (k->type) {
+    case K_HELP:
+      usage(stdout);
+      return 1;
+    case K_VERSION:
+      return 2;
+    case K_CONFIG:
+      *config = optarg;
+      continue;
+    default:
+      break;
+    }
+    if (store(k, k->arg ? optarg : "yes", false, cfg, why, sizeof why) != 0) {
+      fprintf(stderr, "dspkd: --%s: %s\n", names[opt - 256], why);
+      return DSPK_EINVAL;
+    }
+    if (k->off == offsetof(struct dspkd_config, cache_path) && k->type == K_STR)
+      *cli_cache = 1;
+    else if (k->off == offsetof(struct dspkd_config, no_cache))
+      *cli_cache = -1;
+  }
+  if (optind < argc) {
+    fprintf(stderr, "dspkd: unexpected argument \"%s\" (see --help)\n", argv[optind]);
+    return DSPK_EINVAL;
+  }
+  return 0;
 }
 
 int dspkd_config_start(int argc, char **argv, struct dspkd_config *cfg) {
   const char *config = NULL;
   char err[PATH_MAX + 512];
-  int r;
+  int r, cli_cache = 0; /* 1: --cache PATH, -1: --no-cache (the last one wins) */
 
   flag_mask = 0;
-  for (int i = 1; i < argc; i++) {
-    if (strcmp(argv[i], "--") == 0)
-      break;
-    if (strncmp(argv[i], "--", 2) != 0)
-      continue;
-    i += scan_flag(argv[i] + 2, i + 1 < argc ? argv[i + 1] : NULL, &config);
-  }
+  file_socket[0] = '\0';
+  if ((r = parse_argv(argc, argv, cfg, &config, &cli_cache)) != 0)
+    return r;
   if (config && !*config)
-    return 0; /* --config "": no file at all */
+    goto done; /* --config "": no file at all */
   if (!config) {
     if (access(DSPKD_CONFIG_DEFAULT, F_OK) != 0)
-      return 0;
+      goto done;
     config = DSPKD_CONFIG_DEFAULT;
   }
   if (strlen(config) >= sizeof conf_path) {
@@ -515,12 +678,18 @@ int dspkd_config_start(int argc, char **argv, struct dspkd_config *cfg) {
     return r;
   }
   have_conf = true;
-  if (!(flag_mask & ((uint64_t)1 << KEY_LOG_LEVEL)))
-    dspkd_log_set_level((enum dspkd_level)cfg->log_level);
+done:
+  /* Which cache: an option wins over the file; the file's no_cache wins
+   * over its cache; "" is no cache. */
+  if (cli_cache)
+    cfg->no_cache = cli_cache < 0;
+  if (cfg->no_cache || (cfg->cache_path && !cfg->cache_path[0])) {
+    cfg->no_cache = true;
+    cfg->cache_path = NULL;
+  }
+  dspkd_log_set_level((enum dspkd_level)cfg->log_level);
   return 0;
 }
-
-const char *dspkd_config_file_socket(void) { return file_socket[0] ? file_socket : NULL; }
 
 int dspkd_config_reload(struct dspkd *d, char *msg, size_t msglen) {
   struct dspkd_config nw;
@@ -546,8 +715,7 @@ int dspkd_config_reload(struct dspkd *d, char *msg, size_t msglen) {
       continue;
     memcpy((char *)&d->cfg + k->off, (char *)&nw + k->off, k->width);
   }
-  if (!(flag_mask & ((uint64_t)1 << KEY_LOG_LEVEL)))
-    dspkd_log_set_level((enum dspkd_level)d->cfg.log_level);
+  dspkd_log_set_level((enum dspkd_level)d->cfg.log_level);
   dspkd_info("configuration reloaded from %s", conf_path);
   return 0;
 }

@@ -21,7 +21,7 @@
 /* Read at start when --config is not given and the file exists. */
 #define DSPKD_CONFIG_DEFAULT DSPKD_SYSCONFDIR "/dspk/dspkd.conf"
 
-/* Fills cfg with the built-in defaults (everything --help documents). */
+/* Fills cfg with the built-in defaults (the table's, which --help shows). */
 void dspkd_config_defaults(struct dspkd_config *cfg);
 
 /* Parses a quota given as a size (lo to hi bytes, suffix K, M or G) or as a
@@ -29,16 +29,16 @@ void dspkd_config_defaults(struct dspkd_config *cfg);
 int dspkd_config_parse_share(const char *s, uint64_t lo, uint64_t hi, uint64_t *out);
 
 /*
- * After the command line was parsed into cfg: finds --config in argv (or
- * the default file, when it exists) and applies every key of the file that
- * no flag set.  Returns 0, or DSPK_EINVAL/DSPK_ENOENT/DSPK_EIO after writing
- * one line naming the file and line to stderr.  Remembers the file and the
- * flags for dspkd_config_reload().
+ * After dspkd_config_defaults(): parses the command line into cfg (getopt_long
+ * over the settings table), then reads --config (or the default file, when it
+ * exists) and applies every key of the file that no option set, and sets the
+ * log level.  cfg->socket_path is the socket the option or the file named
+ * ("" : neither).  Returns 0; 1 after writing --help to stdout (exit 0); 2
+ * for --version (the caller writes it; exit 0); or DSPK_EINVAL/DSPK_ENOENT/DSPK_EIO after writing one line to
+ * stderr (naming the file and line for the file's errors; exit 2).
+ * Remembers the file and the options for dspkd_config_reload().
  */
 int dspkd_config_start(int argc, char **argv, struct dspkd_config *cfg);
-
-/* socket= from the file read at start, or NULL. */
-const char *dspkd_config_file_socket(void);
 
 /*
  * Reads the file again (SIGHUP) and applies the keys that may change while

@@ -231,6 +231,9 @@ struct device {
   struct cqueue *ring_head, *ring_tail;
   struct cqueue *sysq; /* internal jobs: buffer frees */
   bool stop;           /* exit once the ring is empty */
+  struct job *current; /* the job whose work the runner (or run_inline on
+                          the loop) enqueues now, or NULL: the exit handler
+                          cancels it from any thread */
   /* Guarded by mu. */
   int open_state;      /* 0: opening, 1: open, < 0: open failed */
   char open_err[256];

@@ -43,14 +43,10 @@ static void on_hup(uv_signal_t *h, int signum) {
   struct timespec ts;
   char msg[96];
   (void)signum;
-  if (dspkd_test_exit_is("atexit")) {
-    dspkd_warn("test: calling exit(3) from the loop (DSPKD_TEST_EXIT=atexit)");
-    exit(3);
-  }
-  if (dspkd_test_exit_is("fatal")) {
-    dspkd_fatal(d, "test: a fatal error in the loop (DSPKD_TEST_EXIT=fatal)");
+#ifdef DSPK_TEST_HOOKS
+  if (dspkd_test_exit_on_hup(d))
     return;
-  }
+#endif
   if (d->stopping) {
     dspkd_info("SIGHUP during the stop: not reloading");
     return;

@@ -10,7 +10,6 @@
  */
 #include <errno.h>
 #include <fcntl.h>
-#include <getopt.h>
 #include <limits.h>
 #include <malloc.h>
 #include <signal.h>
@@ -31,153 +30,19 @@
 #include "daemon/teardown.h"
 
 #include "cache/cache.h"
-#include "proto/units.h"
 
-static void usage(FILE *f) {
-  fprintf(f,
-          "Usage: dspkd [OPTION]...\n"
-          "The dspk compute daemon: runs compute tasks that clients submit over a Unix\n"
-          "socket (docs/protocol.md) on the host's devices.\n"
-          "\n"
-          "  --config PATH        configuration file (default " DSPKD_CONFIG_DEFAULT "\n"
-          "                       when it exists; \"\" for none); flags override it\n"
-          "  --socket PATH        listen here (default $DSPK_SOCKET, else\n"
-          "                       $XDG_RUNTIME_DIR/dspk/dspkd.sock, /run/dspk/dspkd.sock as root)\n"
-          "  --cache PATH         the persistent cache file (SQLite); default\n"
-          "                       $CACHE_DIRECTORY/cache.db under systemd, else\n"
-          "                       $XDG_CACHE_HOME/dspk/cache.db (~/.cache/dspk/cache.db)\n"
-          "  --no-cache           run without a persistent cache (as --cache \"\")\n"
-          "  --cache-max-bytes SIZE  size bound of the cache; least recently used entries\n"
-          "                       are evicted (default 256M)\n"
-          "  --backends LIST      comma list of backends to use (default: every one available)\n"
-          "  --foreground         stay in the foreground (default: detach once listening)\n"
-          "  --log-level LEVEL    error, warn, notice, info (default) or debug\n"
-          "  --ready-fd N         write \"READY\\n\" to file descriptor N once listening, close it\n"
-          "  --max-message SIZE   largest message (default 256M)\n"
-          "  --max-depth N        nesting of arrays/maps (default 16)\n"
-          "  --max-objects N      msgpack objects in one message (default 1048576)\n"
-          "  --max-rank N         tensor rank (default 8, at most 8)\n"
-          "  --max-elements N     elements in one tensor (default 2147483648)\n"
-          "  --max-inflight N     requests in flight per connection (default 1024)\n"
-          "  --max-unsent SIZE    unwritten response bytes per connection before reading\n"
-          "                       pauses (default 64M)\n"
-          "  --max-buffers N      buffers per connection (default 4096)\n"
-          "  --max-clients N      open connections (default 256)\n"
-          "  --max-user-clients N open connections of one user (default 64)\n"
-          "  --max-user-partial SIZE  bytes of incomplete messages of one user's\n"
-          "                       connections together (default 1G)\n"
-          "  --max-user-memory SIZE|N%%  device memory of one user on each device:\n"
-          "                       buffers and tasks in flight (default 50%%)\n"
-          "  --max-conn-memory SIZE|N%%  the same for one connection (default 100%%)\n"
-          "  --max-job-memory SIZE|N%%  the same for one Slurm job's connections\n"
-          "                       together (default 100%%)\n"
-          "  --job-required       a connection without a registered Slurm job may use\n"
-          "                       the cpu only (default: every device)\n"
-          "  --shutdown-timeout MS  at stop, cancel tasks still running after this\n"
-          "                       (default 10000)\n"
-          "  --idle-trim MS       once the last client has left, give cached memory\n"
-          "                       back after this long (default 5000)\n"
-          "  --metrics-listen ADDR:PORT  serve Prometheus metrics over HTTP at\n"
-          "                       http://ADDR:PORT/metrics (default: off)\n"
-          "  --device-inflight N  tasks a device has enqueued ahead of their answers\n"
-          "                       (default 4, at most 64)\n"
-          "  -h, --help           show this help\n"
-          "  -V, --version        show the version\n"
-          "\n"
-          "SIZE is a byte count with an optional binary unit: K or KiB, M or MiB, G or\n"
-          "GiB, T or TiB (2M = 2097152).\n"
-          "\n"
-          "The log goes to stderr, one line per event; when stderr is the systemd journal\n"
-          "(JOURNAL_STREAM) each line carries its syslog priority (<3> error ... <7> debug).\n");
-}
-
-enum {
-  OPT_SOCKET = 256, OPT_CACHE, OPT_BACKENDS, OPT_FOREGROUND, OPT_LOG_LEVEL, OPT_READY_FD,
-  OPT_MAX_MESSAGE, OPT_MAX_DEPTH, OPT_MAX_OBJECTS, OPT_MAX_RANK, OPT_MAX_ELEMENTS,
-  OPT_MAX_INFLIGHT, OPT_MAX_UNSENT, OPT_MAX_BUFFERS, OPT_MAX_CLIENTS, OPT_SHUTDOWN_TIMEOUT,
-  OPT_HELP, OPT_VERSION, OPT_CONFIG, OPT_NO_CACHE, OPT_CACHE_MAX_BYTES,
-  OPT_MAX_USER_CLIENTS, OPT_MAX_USER_PARTIAL, OPT_MAX_USER_MEMORY, OPT_MAX_CONN_MEMORY,
-  OPT_METRICS_LISTEN, OPT_MAX_JOB_MEMORY, OPT_JOB_REQUIRED, OPT_IDLE_TRIM,
-  OPT_DEVICE_INFLIGHT
-};
-
-static const struct option long_opts[] = {
-    {"socket", required_argument, NULL, OPT_SOCKET},
-    {"cache", required_argument, NULL, OPT_CACHE},
-    {"no-cache", no_argument, NULL, OPT_NO_CACHE},
-    {"cache-max-bytes", required_argument, NULL, OPT_CACHE_MAX_BYTES},
-    {"backends", required_argument, NULL, OPT_BACKENDS},
-    {"foreground", no_argument, NULL, OPT_FOREGROUND},
-    {"log-level", required_argument, NULL, OPT_LOG_LEVEL},
-    {"ready-fd", required_argument, NULL, OPT_READY_FD},
-    {"max-message", required_argument, NULL, OPT_MAX_MESSAGE},
-    {"max-depth", required_argument, NULL, OPT_MAX_DEPTH},
-    {"max-objects", required_argument, NULL, OPT_MAX_OBJECTS},
-    {"max-rank", required_argument, NULL, OPT_MAX_RANK},
-    {"max-elements", required_argument, NULL, OPT_MAX_ELEMENTS},
-    {"max-inflight", required_argument, NULL, OPT_MAX_INFLIGHT},
-    {"max-unsent", required_argument, NULL, OPT_MAX_UNSENT},
-    {"max-buffers", required_argument, NULL, OPT_MAX_BUFFERS},
-    {"max-clients", required_argument, NULL, OPT_MAX_CLIENTS},
-    {"max-user-clients", required_argument, NULL, OPT_MAX_USER_CLIENTS},
-    {"max-user-partial", required_argument, NULL, OPT_MAX_USER_PARTIAL},
-    {"max-user-memory", required_argument, NULL, OPT_MAX_USER_MEMORY},
-    {"max-conn-memory", required_argument, NULL, OPT_MAX_CONN_MEMORY},
-    {"max-job-memory", required_argument, NULL, OPT_MAX_JOB_MEMORY},
-    {"job-required", no_argument, NULL, OPT_JOB_REQUIRED},
-    {"shutdown-timeout", required_argument, NULL, OPT_SHUTDOWN_TIMEOUT},
-    {"idle-trim", required_argument, NULL, OPT_IDLE_TRIM},
-    {"config", required_argument, NULL, OPT_CONFIG},
-    {"metrics-listen", required_argument, NULL, OPT_METRICS_LISTEN},
-    {"device-inflight", required_argument, NULL, OPT_DEVICE_INFLIGHT},
-    {"help", no_argument, NULL, OPT_HELP},
-    {"version", no_argument, NULL, OPT_VERSION},
-    {NULL, 0, NULL, 0},
-};
-
-/* Parses a decimal count in [lo, hi]; 0, or -1 with a message. */
-static int parse_count(const char *opt, const char *s, uint64_t lo, uint64_t hi,
-                       uint64_t *out) {
-  char *end;
-  unsigned long long v;
-  errno = 0;
-  if (!*s || *s == '-')
-    goto bad;
-  v = strtoull(s, &end, 10);
-  if (errno || *end || v < lo || v > hi)
-    goto bad;
-  *out = v;
-  return 0;
-bad:
-  fprintf(stderr, "dspkd: --%s: expected an integer from %llu to %llu, got \"%s\"\n", opt,
-          (unsigned long long)lo, (unsigned long long)hi, s);
-  return -1;
-}
-
-/* Parses a byte count with an optional unit (proto/units.h: 2M, 64KiB) in
- * [lo, hi]; 0, or -1 with a message. */
-static int parse_bytes(const char *opt, const char *s, uint64_t lo, uint64_t hi,
-                       uint64_t *out) {
-  uint64_t v;
-  if (dspk__parse_size(s, &v) != 0 || v < lo || v > hi) {
-    fprintf(stderr,
-            "dspkd: --%s: expected a size from %llu to %llu bytes (suffix K, M, G or T "
-            "allowed), got \"%s\"\n",
-            opt, (unsigned long long)lo, (unsigned long long)hi, s);
-    return -1;
-  }
-  *out = v;
-  return 0;
-}
-
-/* Fills cfg->socket_path from --socket, $DSPK_SOCKET or the default, and
- * creates the default's directory.  0 or -1 (logged). */
-static int socket_path(struct dspkd_config *cfg, const char *given) {
+/* Fills cfg->socket_path, unless the option or the file set it, from
+ * $DSPK_SOCKET or the default, and creates the default's directory.  0 or
+ * -1 (logged). */
+static int socket_path(struct dspkd_config *cfg) {
   const char *env = getenv("DSPK_SOCKET");
+  const char *given = NULL;
   char dir[sizeof cfg->socket_path];
   int n;
 
-  if (!given && env && *env)
+  if (cfg->socket_path[0])
+    return 0;
+  if (env && *env)
     given = env;
   if (given) {
     if (strlen(given) >= sizeof cfg->socket_path) {
@@ -313,12 +178,8 @@ int main(int argc, char **argv) {
   static struct dspkd daemon_state;
   struct dspkd *d = &daemon_state;
   struct dspkd_config *cfg = &d->cfg;
-  const char *given_socket = NULL;
   uv_loop_t loop;
-  uint64_t v;
-  int opt, detach_fd = -1, rc = 1, activated;
-  int cli_cache = 0; /* 1: --cache PATH, -1: --no-cache (the last one wins) */
-  enum dspkd_level level;
+  int detach_fd = -1, rc = 1, activated;
 
   /* glibc serves blocks of 128 KiB and up with fresh mappings until a freed
    * one raises its threshold, so the first tasks after a start re-fault
@@ -332,140 +193,14 @@ int main(int argc, char **argv) {
 
   dspkd_config_defaults(cfg);
 
-  while ((opt = getopt_long(argc, argv, "hV", long_opts, NULL)) != -1) {
-    switch (opt) {
-    case OPT_SOCKET: given_socket = optarg; break;
-    case OPT_CACHE:
-      cfg->cache_path = optarg;
-      cli_cache = 1;
-      break;
-    case OPT_NO_CACHE: cli_cache = -1; break;
-    case OPT_CACHE_MAX_BYTES:
-      if (parse_bytes("cache-max-bytes", optarg, 4096, (uint64_t)1 << 40, &v)) return 2;
-      cfg->cache_max_bytes = v;
-      break;
-    case OPT_BACKENDS: cfg->backends = optarg; break;
-    case OPT_FOREGROUND: cfg->foreground = true; break;
-    case OPT_LOG_LEVEL:
-      if (dspkd_log_parse_level(optarg, &level) != 0) {
-        fprintf(stderr, "dspkd: --log-level: expected error, warn, notice, info or debug\n");
-        return 2;
-      }
-      dspkd_log_set_level(level);
-      break;
-    case OPT_READY_FD:
-      if (parse_count("ready-fd", optarg, 0, INT_MAX, &v)) return 2;
-      if (fcntl((int)v, F_GETFD) < 0) {
-        fprintf(stderr, "dspkd: --ready-fd %s: not an open file descriptor\n", optarg);
-        return 2;
-      }
-      cfg->ready_fd = (int)v;
-      break;
-    case OPT_MAX_MESSAGE:
-      if (parse_bytes("max-message", optarg, 64, (uint64_t)1 << 32, &v)) return 2;
-      cfg->lim.max_message = (size_t)v;
-      break;
-    case OPT_MAX_DEPTH:
-      if (parse_count("max-depth", optarg, 4, 1024, &v)) return 2;
-      cfg->lim.max_depth = (unsigned)v;
-      break;
-    case OPT_MAX_OBJECTS:
-      if (parse_count("max-objects", optarg, 16, (uint64_t)1 << 28, &v)) return 2;
-      cfg->lim.max_objects = (size_t)v;
-      break;
-    case OPT_MAX_RANK:
-      if (parse_count("max-rank", optarg, 1, DSPK_MAX_RANK, &v)) return 2;
-      cfg->lim.max_rank = (unsigned)v;
-      break;
-    case OPT_MAX_ELEMENTS:
-      if (parse_count("max-elements", optarg, 1, (uint64_t)1 << 40, &v)) return 2;
-      cfg->lim.max_elements = v;
-      break;
-    case OPT_MAX_INFLIGHT:
-      if (parse_count("max-inflight", optarg, 1, 1 << 20, &v)) return 2;
-      cfg->max_inflight = (size_t)v;
-      break;
-    case OPT_MAX_UNSENT:
-      if (parse_bytes("max-unsent", optarg, 1, (uint64_t)1 << 40, &v)) return 2;
-      cfg->max_unsent = (size_t)v;
-      break;
-    case OPT_MAX_BUFFERS:
-      if (parse_count("max-buffers", optarg, 1, 1 << 24, &v)) return 2;
-      cfg->max_buffers = (size_t)v;
-      break;
-    case OPT_MAX_CLIENTS:
-      if (parse_count("max-clients", optarg, 1, 1 << 20, &v)) return 2;
-      cfg->max_clients = (size_t)v;
-      break;
-    case OPT_MAX_USER_CLIENTS:
-      if (parse_count("max-user-clients", optarg, 1, 1 << 20, &v)) return 2;
-      cfg->max_user_clients = (size_t)v;
-      break;
-    case OPT_MAX_USER_PARTIAL:
-      if (parse_bytes("max-user-partial", optarg, 4096, (uint64_t)1 << 40, &v)) return 2;
-      cfg->max_user_partial = v;
-      break;
-    case OPT_MAX_USER_MEMORY:
-    case OPT_MAX_CONN_MEMORY:
-    case OPT_MAX_JOB_MEMORY:
-      if (dspkd_config_parse_share(optarg, 1, (uint64_t)1 << 50, &v) != 0) {
-        fprintf(stderr, "dspkd: --%s: expected a size (suffix K, M, G or T allowed) or a "
-                "share of each device's memory from 1%% to 100%%\n",
-                opt == OPT_MAX_USER_MEMORY   ? "max-user-memory"
-                : opt == OPT_MAX_CONN_MEMORY ? "max-conn-memory"
-                                             : "max-job-memory");
-        return 2;
-      }
-      if (opt == OPT_MAX_USER_MEMORY)
-        cfg->max_user_memory = v;
-      else if (opt == OPT_MAX_CONN_MEMORY)
-        cfg->max_conn_memory = v;
-      else
-        cfg->max_job_memory = v;
-      break;
-    case OPT_JOB_REQUIRED: cfg->job_required = true; break;
-    case OPT_SHUTDOWN_TIMEOUT:
-      if (parse_count("shutdown-timeout", optarg, 0, (uint64_t)1 << 40, &v)) return 2;
-      cfg->shutdown_timeout_ms = v;
-      break;
-    case OPT_IDLE_TRIM:
-      if (parse_count("idle-trim", optarg, 0, (uint64_t)1 << 40, &v)) return 2;
-      cfg->idle_trim_ms = v;
-      break;
-    case OPT_METRICS_LISTEN: cfg->metrics_listen = optarg; break;
-    case OPT_DEVICE_INFLIGHT:
-      if (parse_count("device-inflight", optarg, 1, DSPKD_MAX_DEVICE_INFLIGHT, &v)) return 2;
-      cfg->device_inflight = (unsigned)v;
-      break;
-    case OPT_CONFIG: break; /* read by dspkd_config_start() */
-    case 'h':
-    case OPT_HELP:
-      usage(stdout);
-      return 0;
-    case 'V':
-    case OPT_VERSION:
-      printf("dspkd %s (protocol %d)\n", DSPKD_VERSION, DSPK_PROTOCOL_VERSION);
-      return 0;
-    default:
-      usage(stderr);
-      return 2;
-    }
-  }
-  if (optind < argc) {
-    fprintf(stderr, "dspkd: unexpected argument \"%s\" (see --help)\n", argv[optind]);
-    return 2;
-  }
-
-  /* The file fills what no flag set (daemon/config.h). */
-  if (dspkd_config_start(argc, argv, cfg) != 0)
-    return 2;
-  /* Which cache: a flag wins over the file; the file's no_cache wins over
-   * its cache; "" is no cache. */
-  if (cli_cache)
-    cfg->no_cache = cli_cache < 0;
-  if (cli_cache < 0 || (cfg->cache_path && !cfg->cache_path[0])) {
-    cfg->no_cache = true;
-    cfg->cache_path = NULL;
+  /* The command line, then the file for what no option set (daemon/config.h). */
+  switch (dspkd_config_start(argc, argv, cfg)) {
+  case 0: break;
+  case 1: return 0;
+  case 2:
+    printf("dspkd %s (protocol %d)\n", DSPKD_VERSION, DSPK_PROTOCOL_VERSION);
+    return 0;
+  default: return 2;
   }
 
   signal(SIGPIPE, SIG_IGN);
@@ -473,7 +208,7 @@ int main(int argc, char **argv) {
   if (activated < 0)
     return 1;
   if (!activated &&
-      socket_path(cfg, given_socket ? given_socket : dspkd_config_file_socket()) != 0)
+      socket_path(cfg) != 0)
     return 1;
   /* Before any device opens: a second daemon must not touch the GPUs. */
   if (!activated && dspkd_socket_check(cfg->socket_path) != 0)

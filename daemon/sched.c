@@ -23,6 +23,7 @@
 #include "daemon/dspkd.h"
 #include "daemon/log.h"
 #include "daemon/sched.h"
+#include "daemon/teardown.h"
 
 /* One connection's FIFO of jobs for one device, linked into the device's
  * round-robin ring while it holds jobs.  Guarded by the device's mutex. */
@@ -166,6 +167,7 @@ static bool run_inline(struct device *dev, struct job *j) {
   j->state = JOB_RUNNING;
   dev->running++;
   dspkd_obs_job_start(dev, j);
+  dev->current = j;
   pthread_mutex_unlock(&dev->mu);
 
   start = j->t.start;
@@ -174,6 +176,7 @@ static bool run_inline(struct device *dev, struct job *j) {
   dspkd_job_finish(dev, j, 0, now - start);
 
   pthread_mutex_lock(&dev->mu);
+  dev->current = NULL;
   dspkd_obs_job_end(dev, j, start, now, NULL);
   dev->running--;
   if (j->err)
@@ -529,7 +532,21 @@ static void ifl_reap(struct device *dev, bool wait) {
  * records its fence and puts it in the in-flight list. */
 static void run_one(struct device *dev, struct job *j) {
   const struct dspk__backend *be = dev->be;
-  dspkd_job_execute(dev, j);
+  bool counted = j->kind != JOB_BUF_FREE && j->kind != JOB_TRIM;
+  if (counted) {
+    pthread_mutex_lock(&dev->mu);
+    dev->current = j;
+    pthread_mutex_unlock(&dev->mu);
+  }
+#ifdef DSPK_TEST_HOOKS
+  dspkd_test_runner_job(dev); /* DSPKD_TEST_EXIT=runner (daemon/testhooks.c) */
+#endif
+  dspkd_job_execute(dev, j); /* a JOB_BUF_FREE or JOB_TRIM frees itself */
+  if (counted) {
+    pthread_mutex_lock(&dev->mu);
+    dev->current = NULL;
+    pthread_mutex_unlock(&dev->mu);
+  }
   /* A failed job waits for nothing of its own; an internal free is
    * deferred release by the backend's contract. */
   if (j->kind != JOB_BUF_FREE && j->kind != JOB_TRIM && j->err == 0 && be->fence_record) {
@@ -724,7 +741,8 @@ static void unlink_client_queues(struct device *dev) {
     dev->sysq->in_ring = true;
 }
 
-void dspkd_sched_abandon(struct dspkd *d, bool on_loop) {
+int dspkd_sched_abandon(struct dspkd *d, const struct device *self) {
+  int canceled = 0;
   for (int i = 0; i < d->ndevs; i++) {
     struct device *dev = &d->devs[i];
     if (!dev->thread_started || dev->joined)
@@ -732,11 +750,14 @@ void dspkd_sched_abandon(struct dspkd *d, bool on_loop) {
     pthread_mutex_lock(&dev->mu);
     dev->stop = true;
     unlink_client_queues(dev);
+    if (dev->current && dev != self) {
+      atomic_store(&dev->current->cancel, 1);
+      canceled++;
+    }
     pthread_cond_broadcast(&dev->cv);
     pthread_mutex_unlock(&dev->mu);
   }
-  if (on_loop)
-    dspkd_sched_cancel_all(d, NULL);
+  return canceled;
 }
 
 uint64_t dspkd_sched_clients_locked(struct device *dev, const struct cqueue *run_q) {

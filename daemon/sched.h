@@ -55,11 +55,13 @@ void dspkd_sched_stop(struct dspkd *d);
 /* Joins the runners that have exited (every one when wait); 1 when all
  * are joined. */
 int dspkd_sched_join(struct dspkd *d, bool wait);
-/* Any thread, for the exit path: tells every runner to stop and takes the
+/* Any thread, for the exit path: tells every runner to stop, takes the
  * clients' queued jobs out of the rings (they stay on their connections'
- * lists; the internal frees still run).  on_loop (only the loop thread may
- * walk the connections): also sets the cancel flag of every client job. */
-void dspkd_sched_abandon(struct dspkd *d, bool on_loop);
+ * lists; the internal frees still run) and cancels the job each device
+ * executes (dev->current, under the device's mutex: no walk of the loop's
+ * connections) except self's (the runner calling exit(), or NULL).
+ * Returns how many it canceled. */
+int dspkd_sched_abandon(struct dspkd *d, const struct device *self);
 
 /* The loop's async callback: writes the answers of finished jobs. */
 void dspkd_sched_done_cb(uv_async_t *h);

@@ -1,16 +1,20 @@
 /*
  * The exit-path guard (daemon/teardown.h).
  *
- * The exit handler runs on whichever thread called exit().  It asks every
- * runner to stop, takes the clients' queued jobs out of the rings (they stay
- * on their connections' lists, so nothing is lost to the leak checker; the
- * runner still runs the internal frees, which return device memory before
- * the device closes), cancels the running tasks when it runs on the loop
- * thread (only that thread may walk the connections), and joins every
- * runner: each closes its own device on its own thread before it exits.
- * Then the backends shut down (shared instances last) and the cache closes.
- * A runner that itself called exit() cannot be joined by itself: that is
- * logged, and its device is left to the driver.
+ * The exit handler runs on whichever thread called exit(), and is safe
+ * from any of them.  It asks every runner to stop, takes the clients'
+ * queued jobs out of the rings (they stay on their connections' lists, so
+ * nothing is lost to the leak checker; the runner still runs the internal
+ * frees, which return device memory before the device closes), cancels the
+ * task each runner executes (dev->current, under the device's mutex: no
+ * walk of the loop's connections), and joins every runner: each closes its
+ * own device on its own thread before it exits.  A runner that called
+ * exit() itself closes its own device in the handler (the backend call that
+ * led there never returns).  Then the backends shut down (shared instances
+ * last) and, on the loop thread, the cache closes.  A second exit() while
+ * the teardown runs: from a runner, it closes its device and ends its
+ * thread (the teardown joins it); from another thread, it waits for the
+ * process to end.
  *
  * An atexit handler alone is not enough: exit() runs handlers last-
  * registered first, and GPU drivers register their own (LLVM's static
@@ -23,6 +27,8 @@
  * hands over to libc's exit(), whose handlers then find no device alive.
  */
 #include <dlfcn.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <dirent.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -36,52 +42,89 @@
 
 #include "cache/cache.h"
 
-static struct dspkd *armed;
+static _Atomic(struct dspkd *) armed;
+static _Atomic(struct dspkd *) tearing; /* the teardown under way, or NULL */
+static pthread_t tearing_thread;
 static bool registered;
 static pthread_t loop_thread;
 
-bool dspkd_test_exit_is(const char *what) {
-  const char *e = getenv("DSPKD_TEST_EXIT");
-  return e && strcmp(e, what) == 0;
+/* The device whose runner is the calling thread, or NULL. */
+static struct device *own_device(struct dspkd *d) {
+  for (int i = 0; i < d->ndevs; i++)
+    if (d->devs[i].thread_started && pthread_equal(pthread_self(), d->devs[i].thread))
+      return &d->devs[i];
+  return NULL;
+}
+
+/* Closes the calling runner's own device (it cannot join itself): the
+ * backend call that ended in exit() never returns, so nothing uses it after. */
+static void close_own_device(struct device *dev) {
+  if (dev->bdev) {
+    dev->be->close(dev->bdev);
+    dev->bdev = NULL;
+    dspkd_info("%s: device closed", dev->id);
+  }
 }
 
 static void on_exit_handler(void) {
-  struct dspkd *d = armed;
+  struct dspkd *d = atomic_exchange(&armed, NULL);
+  struct device *self;
   bool on_loop;
-  int closed = 0;
+  int closed = 0, canceled = 0;
 
   if (!d)
     return;
-  armed = NULL;
+  tearing_thread = pthread_self();
+  atomic_store(&tearing, d);
   on_loop = pthread_equal(pthread_self(), loop_thread);
-  dspkd_warn("exit() called during operation: closing the devices before the process "
-             "ends");
-  dspkd_sched_abandon(d, on_loop);
+  self = own_device(d);
+  dspkd_warn("exit() called during operation (%s): closing the devices before the process "
+             "ends", on_loop ? "loop thread" : self ? self->id : "another thread");
+  /* Any thread may do this: the queues and the running job of each device
+   * are under its mutex, not the loop's. */
+  canceled = dspkd_sched_abandon(d, self);
+  if (canceled)
+    dspkd_info("exit handler: canceled %d running task%s", canceled, canceled == 1 ? "" : "s");
   for (int i = 0; i < d->ndevs; i++) {
     struct device *dev = &d->devs[i];
-    if (!dev->thread_started || dev->joined)
+    if (!dev->thread_started || dev->joined || dev == self)
       continue;
-    if (pthread_equal(pthread_self(), dev->thread)) {
-      dspkd_error("%s: exit() was called on its own runner thread; its device cannot "
-                  "be closed in order", dev->id);
-      continue;
-    }
     pthread_join(dev->thread, NULL);
     dev->joined = true;
     closed++;
   }
+  if (self)
+    close_own_device(self);
   dspkd_backends_shutdown(d);
-  dspk__cache_close(d->cache);
-  d->cache = NULL;
-  dspkd_info("exit handler: %d runner%s joined, every device closed", closed,
-             closed == 1 ? "" : "s");
+  /* Only the loop thread uses the cache: from another thread it stays open
+   * (what it committed is on disk already). */
+  if (on_loop) {
+    dspk__cache_close(d->cache);
+    d->cache = NULL;
+  }
+  dspkd_info("exit handler: %d runner%s joined%s, every device closed", closed,
+             closed == 1 ? "" : "s", self ? " and the calling runner's device closed" : "");
 }
 
 /* exit() for the whole process: the ordered teardown, then libc's exit()
- * (found with RTLD_NEXT).  Runs the teardown only while it is armed. */
+ * (found with RTLD_NEXT).  Runs the teardown only while it is armed; the
+ * first caller does it.  A runner that calls exit() while another thread
+ * tears down closes its own device and ends its thread (the teardown joins
+ * it); any other thread waits for the process to end. */
 __attribute__((visibility("default"))) void exit(int status) {
   void (*libc_exit)(int) __attribute__((noreturn));
+  struct dspkd *t;
 
+  if (!atomic_load(&armed) && (t = atomic_load(&tearing)) &&
+      !pthread_equal(pthread_self(), tearing_thread)) {
+    struct device *self = own_device(t);
+    if (self) {
+      close_own_device(self);
+      pthread_exit(NULL);
+    }
+    for (;;)
+      pause();
+  }
   on_exit_handler();
   *(void **)&libc_exit = dlsym(RTLD_NEXT, "exit");
   if (libc_exit)
@@ -91,12 +134,12 @@ __attribute__((visibility("default"))) void exit(int status) {
 
 void dspkd_teardown_arm(struct dspkd *d) {
   loop_thread = pthread_self();
-  armed = d;
+  atomic_store(&armed, d);
   if (!registered && atexit(on_exit_handler) == 0)
     registered = true;
 }
 
-void dspkd_teardown_disarm(void) { armed = NULL; }
+void dspkd_teardown_disarm(void) { atomic_store(&armed, NULL); }
 
 void dspkd_fatal(struct dspkd *d, const char *fmt, ...) {
   char msg[512];

@@ -8,10 +8,13 @@
  * it runs before the handlers the drivers registered while opening), and a
  * fatal error in the loop (a fast, ordered stop with exit status 1).
  *
- * It also holds the test-only hook DSPKD_TEST_EXIT, which makes the daemon
- * take one exit path on purpose so tests/lifecycle can check each one:
+ * The test hook DSPKD_TEST_EXIT (daemon/testhooks.c, test builds only:
+ * proto/testhook.h) makes the daemon take one exit path on purpose so
+ * tests/lifecycle can check each one:
  *   startup-fail  fail the start after the devices opened
  *   atexit        call exit(3) from the loop on SIGHUP
+ *   thread        call exit(4) from a thread of its own on SIGHUP
+ *   runner        on SIGHUP, the runner of the next task calls exit(5)
  *   fatal         take the fatal-error path on SIGHUP
  */
 #ifndef DSPKD_TEARDOWN_H
@@ -40,7 +43,13 @@ void dspkd_teardown_baseline(void);
  * of main: none). */
 void dspkd_teardown_report(void);
 
-/* True when $DSPKD_TEST_EXIT names this path (tests only). */
+#ifdef DSPK_TEST_HOOKS
+/* daemon/testhooks.c: true when $DSPKD_TEST_EXIT names this path. */
 bool dspkd_test_exit_is(const char *what);
+/* SIGHUP under DSPKD_TEST_EXIT: takes the path; true when it did. */
+bool dspkd_test_exit_on_hup(struct dspkd *d);
+/* A runner about to execute a job (DSPKD_TEST_EXIT=runner). */
+void dspkd_test_runner_job(struct device *dev);
+#endif
 
 #endif /* DSPKD_TEARDOWN_H */

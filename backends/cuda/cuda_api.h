@@ -85,9 +85,10 @@ extern struct dspk__cufft_api dspk__cufft;
  * Each loader opens its library once (later calls return the first
  * result), resolves every symbol of its table and returns 0, or a negative
  * dspk_errno with the reason ("libcuda.so.1 not found", "symbol X missing")
- * in why.  DSPK_CUDA_DRIVER (environment) overrides the driver library's
- * path (tests use it); DSPK_CUDA_LIBDIR is searched before the default
- * locations for the toolkit libraries, /usr/local/cuda/lib64 after them.
+ * in why.  The test hook DSPK_CUDA_DRIVER (proto/testhook.h) overrides the
+ * driver library's path; DSPK_CUDA_LIBDIR (environment, dspkd(8)) is
+ * searched before the default locations for the toolkit libraries,
+ * /usr/local/cuda/lib64 after them.
  */
 int dspk__cuda_load_driver(char *why, size_t whylen);
 int dspk__cuda_load_nvrtc(char *why, size_t whylen);

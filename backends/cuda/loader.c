@@ -12,6 +12,7 @@
 
 #include "backends/cuda/cuda_api.h"
 #include "dspk/errors.h"
+#include "proto/testhook.h"
 
 struct dspk__cu_api dspk__cu;
 struct dspk__nvrtc_api dspk__nvrtc;
@@ -73,7 +74,7 @@ int dspk__cuda_load_driver(char *why, size_t whylen) {
   struct loadstate *s = &st_cu;
   const char *libname = "libcuda.so.1";
   if (!s->done) {
-    const char *over = getenv("DSPK_CUDA_DRIVER");
+    const char *over = DSPK_TEST_HOOK("DSPK_CUDA_DRIVER");
     s->done = 1;
     s->rc = 0;
     if (over && *over) {

@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "backends/gpurt/gpurt.h"
+#include "proto/testhook.h"
 
 #define DRV (dev->drv)
 
@@ -506,12 +507,15 @@ int dspk__gpurt_stage_config(struct dspk__dev *dev, int nchunks, size_t chunk) {
 
 /* ---- device setup and teardown ------------------------------------------- */
 
-unsigned dspk__gpurt_env_uint(const struct dspk__gpurt_driver *drv, const char *name,
-                              unsigned dflt) {
+#ifdef DSPK_TEST_HOOKS
+const char *dspk__gpurt_hook(const struct dspk__gpurt_driver *drv, const char *name) {
   char var[96];
-  const char *s;
   snprintf(var, sizeof(var), "%s_%s", drv->env, name);
-  s = getenv(var);
+  return DSPK_TEST_HOOK(var);
+}
+#endif
+
+unsigned dspk__gpurt_hook_uint(const char *s, unsigned dflt) {
   if (s && *s) {
     long v = strtol(s, NULL, 10);
     if (v > 0 && v < 4096)
@@ -529,13 +533,14 @@ static int setup(struct dspk__dev *dev) {
     return dspk__gpurt_err(dev, NULL, "cuDevicePrimaryCtxRetain", r);
   dev->ctx_dead = 0;
   dspk__pool_init(&dev->pool, &pool_ops, dev, 0);
-  if ((rc = dspk__retire_init(&dev->retire, &retire_ops, dev,
-                              dspk__gpurt_env_uint(drv, "RETIRE_CAPACITY", 0))))
+  if ((rc = dspk__retire_init(
+           &dev->retire, &retire_ops, dev,
+           dspk__gpurt_hook_uint(DSPK__GPURT_HOOK(drv, "RETIRE_CAPACITY"), 0))))
     goto err_stream;
   if ((rc = dspk__plancache_init(&dev->fft_plans, 16, dspk__gpurt_fft_plan_evict, dev)))
     goto err_retire;
   if ((rc = dspk__plancache_init(&dev->contract_plans,
-                                 dspk__gpurt_env_uint(drv, "PLAN_CACHE", 16),
+                                 dspk__gpurt_hook_uint(DSPK__GPURT_HOOK(drv, "PLAN_CACHE"), 16),
                                  dspk__gpurt_contract_plan_evict, dev)))
     goto err_fft;
   if ((rc = dspk__plancache_init(&dev->raw_modules, 32, dspk__gpurt_raw_module_evict, dev)))
@@ -555,13 +560,11 @@ static int setup(struct dspk__dev *dev) {
    * first task of a client should not pay.  Without it copies still work
    * (from pageable memory), so a failure is not fatal. */
   {
-    char var[96];
     const char *e;
     int n;
-    size_t kib = dspk__gpurt_env_uint(drv, "STAGE_CHUNK_KIB",
-                                      (unsigned)(STAGE_CHUNK_DEFAULT >> 10));
-    snprintf(var, sizeof(var), "%s_STAGE_CHUNKS", drv->env);
-    e = getenv(var);
+    size_t kib = dspk__gpurt_hook_uint(DSPK__GPURT_HOOK(drv, "STAGE_CHUNK_KIB"),
+                                       (unsigned)(STAGE_CHUNK_DEFAULT >> 10));
+    e = DSPK__GPURT_HOOK(drv, "STAGE_CHUNKS");
     n = e && *e ? (int)strtol(e, NULL, 10) : STAGE_CHUNKS_DEFAULT;
     if (n < 0 || n > DSPK__GPURT_STAGE_MAX)
       n = STAGE_CHUNKS_DEFAULT;

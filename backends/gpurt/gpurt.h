@@ -454,9 +454,17 @@ void *dspk__gpurt_blas(struct dspk__dev *dev);
  * dspk_errno. */
 int dspk__gpurt_host_register(struct dspk__dev *dev, void *p, size_t n);
 void dspk__gpurt_host_unregister(struct dspk__dev *dev, void *p);
-/* The environment knob <driver env prefix>_<name> as a positive integer
- * below 4096, or dflt. */
-unsigned dspk__gpurt_env_uint(const struct dspk__gpurt_driver *drv, const char *name,
-                              unsigned dflt);
+/* Test hooks (proto/testhook.h) under the driver's prefix:
+ * DSPK__GPURT_HOOK(drv, "PLAN_CACHE") is $DSPK_CUDA_PLAN_CACHE (or
+ * $DSPK_HIP_...) in a test build, NULL (the name not compiled in)
+ * otherwise.  dspk__gpurt_hook_uint reads such a value as a positive integer
+ * below 4096, else returns dflt. */
+#ifdef DSPK_TEST_HOOKS
+const char *dspk__gpurt_hook(const struct dspk__gpurt_driver *drv, const char *name);
+#define DSPK__GPURT_HOOK(drv, name) dspk__gpurt_hook(drv, name)
+#else
+#define DSPK__GPURT_HOOK(drv, name) ((void)(drv), (const char *)NULL)
+#endif
+unsigned dspk__gpurt_hook_uint(const char *value, unsigned dflt);
 
 #endif /* DSPK_BACKENDS_GPURT_GPURT_H */

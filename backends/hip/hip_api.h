@@ -104,11 +104,11 @@ extern struct dspk__hipfft_api dspk__hipfft;
 /*
  * Each loader opens its library once (later calls return the first
  * result), resolves every symbol and returns 0, or a negative dspk_errno
- * with the reason in why.  DSPK_HIP_RUNTIME overrides the runtime's path
- * (tests use it; hiprtc is then looked for in that library first);
- * DSPK_HIP_BLAS and DSPK_HIP_FFT override those libraries' paths ("none":
- * do not load); DSPK_HIP_LIBDIR is searched before the default locations,
- * /opt/rocm/lib after them.
+ * with the reason in why.  The test hooks (proto/testhook.h)
+ * DSPK_HIP_RUNTIME, DSPK_HIP_BLAS and DSPK_HIP_FFT override those
+ * libraries' paths ("none": do not load; hiprtc is then looked for in the
+ * runtime's library first); DSPK_HIP_LIBDIR (environment, dspkd(8)) is
+ * searched before the default locations, /opt/rocm/lib after them.
  */
 int dspk__hip_load_runtime(char *why, size_t whylen);
 int dspk__hip_load_hiprtc(char *why, size_t whylen);

@@ -12,6 +12,7 @@
 
 #include "backends/hip/hip_api.h"
 #include "dspk/errors.h"
+#include "proto/testhook.h"
 
 struct dspk__hip_api dspk__hip;
 struct dspk__hiprtc_api dspk__hiprtc;
@@ -53,9 +54,9 @@ static void *open_one(const char *const *names, const char *what, char *why, siz
   return NULL;
 }
 
-/* The path of an override variable: NULL when unset, "" for "none". */
-static const char *override(const char *var) {
-  const char *s = getenv(var);
+/* The path an override test hook (proto/testhook.h) gives: NULL when
+ * unset, "" for "none". */
+static const char *override(const char *s) {
   if (!s || !*s)
     return NULL;
   return strcmp(s, "none") == 0 ? "" : s;
@@ -79,7 +80,7 @@ int dspk__hip_load_runtime(char *why, size_t whylen) {
   static const char *const names[] = {"libamdhip64.so.6", "libamdhip64.so.5",
                                       "libamdhip64.so", NULL};
   struct loadstate *s = &st_rt;
-  const char *over = override("DSPK_HIP_RUNTIME");
+  const char *over = override(DSPK_TEST_HOOK("DSPK_HIP_RUNTIME"));
   const char *libname = over && *over ? over : "libamdhip64";
   if (!s->done) {
     s->done = 1;
@@ -175,12 +176,12 @@ static const struct {
 int dspk__hip_load_blas(char *why, size_t whylen) {
   struct loadstate *s = &st_blas;
   if (!s->done) {
-    const char *over = override("DSPK_HIP_BLAS");
+    const char *over = override(DSPK_TEST_HOOK("DSPK_HIP_BLAS"));
     s->done = 1;
     s->rc = DSPK_ENOTSUP;
     snprintf(s->why, sizeof(s->why), "neither hipBLAS nor rocBLAS found");
     if (over && !*over) {
-      snprintf(s->why, sizeof(s->why), "BLAS disabled (DSPK_HIP_BLAS=none)");
+      snprintf(s->why, sizeof(s->why), "BLAS disabled (test hook: none)");
       goto out;
     }
     for (size_t l = 0; l < sizeof(blas_libs) / sizeof(blas_libs[0]) && s->rc; l++) {
@@ -235,12 +236,12 @@ int dspk__hip_load_fft(char *why, size_t whylen) {
       "hipfftExecD2Z"};
   struct loadstate *s = &st_fft;
   if (!s->done) {
-    const char *over = override("DSPK_HIP_FFT");
+    const char *over = override(DSPK_TEST_HOOK("DSPK_HIP_FFT"));
     void *lib, *f[10];
     s->done = 1;
     s->rc = DSPK_ENOTSUP;
     if (over && !*over) {
-      snprintf(s->why, sizeof(s->why), "FFT disabled (DSPK_HIP_FFT=none)");
+      snprintf(s->why, sizeof(s->why), "FFT disabled (test hook: none)");
       goto out;
     }
     lib = over ? dlopen(over, RTLD_NOW | RTLD_LOCAL)

@@ -384,9 +384,11 @@ int dspk__vk_coopmat_source(char *buf, size_t len, const struct dspk__vk_coopmat
 /* Tests: while on, building a cooperative-matrix kernel fails with
  * DSPK_ECOMPILE (as when a driver rejects it): the path turns itself off on
  * that device and the gemm runs on the scalar kernel. */
+#ifdef DSPK_TEST_HOOKS
 void dspk__vk_coopmat_fault(int on);
 /* Tests: gemms of at least n multiply-adds are tuned (0: the default). */
 void dspk__vk_coopmat_tune_min(uint64_t n);
+#endif
 /* Rewrites a SPIR-V module from SPV_NV_cooperative_matrix to
  * SPV_KHR_cooperative_matrix (types gain a Use inferred from MulAdd
  * operands; loads/stores take a MemoryLayout constant).  *out is malloc'd
@@ -424,7 +426,9 @@ int dspk__vk_fft(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *c
  * the name of the one the calling thread's last gemm launched. */
 int dspk__vk_gemm_ncands(void);
 const char *dspk__vk_gemm_cand_name(int i);
-void dspk__vk_gemm_force(int i);
+#ifdef DSPK_TEST_HOOKS
+void dspk__vk_gemm_force(int i); /* a test hook: test builds only */
+#endif
 const char *dspk__vk_gemm_last(void);
 /* Frees an FFT plan (the plan cache's evict callback uses it). */
 void dspk__vk_fft_plan_free(struct dspk__dev *d, void *plan);

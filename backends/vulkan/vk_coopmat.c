@@ -42,6 +42,7 @@
 
 #include "backends/common/autotune.h"
 #include "backends/vulkan/vk.h"
+#include "proto/testhook.h"
 
 /* Workgroup tiles: wm x wn subgroups, each wtm x wtn of C, bk deep.  The
  * first is the default; for large gemms the autotuner chooses (per shape
@@ -271,7 +272,7 @@ static int offered(struct dspk__dev *d, int khr) {
 /* DSPK_VK_COOPMAT_TILE=wmxwnxwtmxwtnxbk[xnbuf]: one tile, for
  * measurements. */
 static void tile_env(struct dspk__vk_coopmat *cm) {
-  const char *e = getenv("DSPK_VK_COOPMAT_TILE");
+  const char *e = DSPK_TEST_HOOK("DSPK_VK_COOPMAT_TILE");
   unsigned wm, wn, wtm, wtn, bk, nbuf = 1;
   if (!e || sscanf(e, "%ux%ux%ux%ux%ux%u", &wm, &wn, &wtm, &wtn, &bk, &nbuf) < 5 ||
       nbuf < 1 || nbuf > 2)
@@ -292,7 +293,7 @@ void dspk__vk_coopmat_setup(struct dspk__dev *d, int base_ok, const char **exts,
                             uint32_t *next, void **pnext) {
   struct dspk__vk_coopmat *cm = &d->cm;
   memset(cm, 0, sizeof *cm);
-  const char *env = getenv("DSPK_VK_COOPMAT");
+  const char *env = DSPK_TEST_HOOK("DSPK_VK_COOPMAT");
   int want_khr = 1, want_nv = 1, emulate = 0;
   if (env && strcmp(env, "off") == 0) {
     snprintf(cm->why, sizeof cm->why, "off (DSPK_VK_COOPMAT=off)");
@@ -951,12 +952,17 @@ int dspk__vk_coopmat_usable(struct dspk__dev *d, const struct dspk__op *op) {
   return plan(d, op, &p) == 1;
 }
 
-/* Tests: make the next kernel builds fail as a driver rejecting them would;
- * tune smaller gemms. */
+/* Test hooks: make the next kernel builds fail as a driver rejecting them
+ * would; tune smaller gemms.  Not in a production build. */
+#ifdef DSPK_TEST_HOOKS
 static _Atomic int fault;
 static _Atomic uint64_t tune_min = TUNE_MIN;
 void dspk__vk_coopmat_fault(int on) { fault = on; }
 void dspk__vk_coopmat_tune_min(uint64_t n) { tune_min = n ? n : TUNE_MIN; }
+#else
+#define fault 0
+#define tune_min ((uint64_t)TUNE_MIN)
+#endif
 
 /* The kernel of tile `tile` and variant flags: from the device's memo
  * while the kernel table still holds it, else made (for KHR, from the

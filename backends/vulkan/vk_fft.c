@@ -50,6 +50,7 @@
 #include "backends/vulkan/vk_sfft.h"
 #include "backends/vulkan/vk_vkfft.h"
 #include "cache/cache.h"
+#include "proto/testhook.h"
 
 #define FFT_INST 4                      /* instances of one plan */
 #define FFT_TUNE_MIN ((uint64_t)1 << 21) /* elements; smaller: VkFFT's defaults */
@@ -554,7 +555,7 @@ static const struct {
  * set for one of our kernels ("sk:..."); else -1). */
 static int want_tune(struct dspk__dev *d, uint64_t total, int *forced,
                      struct dspk__vk_sfft_cfg *sk) {
-  const char *e = getenv("DSPK_VK_FFT_TUNE");
+  const char *e = DSPK_TEST_HOOK("DSPK_VK_FFT_TUNE");
   *forced = -1;
   if (e && strcmp(e, "off") == 0)
     return 0;

@@ -28,6 +28,7 @@
 
 #include "backends/common/autotune.h"
 #include "backends/vulkan/vk.h"
+#include "proto/testhook.h"
 
 /* A kernel candidate.  v2 = 0: the first kernel (any dtype, strided scalar
  * loads, one shared buffer); v2 = 1: the f32 kernel of gen_gemm2() (vec4
@@ -63,9 +64,14 @@ static const struct tile tiles[] = {
 };
 #define NTILES ((int)(sizeof tiles / sizeof tiles[0]))
 
-/* The candidate forced by dspk__vk_gemm_force() (-1: none), and the name of
- * the candidate that this thread launched last. */
+/* The candidate forced by dspk__vk_gemm_force() (-1: none; a test hook, so
+ * a production build has no such global), and the name of the candidate
+ * that this thread launched last. */
+#ifdef DSPK_TEST_HOOKS
 static _Atomic int forced = -1;
+#else
+#define forced (-1)
+#endif
 static _Thread_local const char *last_name;
 
 /* One batched gemm on device arrays: o[b] = alpha * A[b] @ B[b] (+ beta *
@@ -421,7 +427,7 @@ static int launch(struct dspk__dev *d, const struct gdesc *g, const struct tile 
    * understate the limit run them: they stay unchecked.  Tests on such a
    * driver (lavapipe: shared memory is host memory) lift the check for a
    * forced candidate with DSPK_VK_GEMM_NOLIMITS.) */
-  int checked = t->v2 && !(forced >= 0 && getenv("DSPK_VK_GEMM_NOLIMITS"));
+  int checked = t->v2 && !(forced >= 0 && DSPK_TEST_HOOK("DSPK_VK_GEMM_NOLIMITS"));
   if (checked && (tile_shared(t, g->out_dt) > lim->maxComputeSharedMemorySize ||
                   nthreads > lim->maxComputeWorkGroupInvocations))
     return dspk__vk_fail(ctx, DSPK_ENOTSUP, "gemm: tile %s exceeds this device's limits",
@@ -511,7 +517,7 @@ static int gemm_exec(struct dspk__dev *d, const struct gdesc *g, struct dspk__op
   if (f >= 0 && f < NTILES)
     return launch(d, g, &tiles[f], ctx);
   uint64_t work = (uint64_t)g->M * g->N * g->K * g->nbatch;
-  if (work < ((uint64_t)1 << 24) || getenv("DSPK_VK_GEMM_NOTUNE"))
+  if (work < ((uint64_t)1 << 24) || DSPK_TEST_HOOK("DSPK_VK_GEMM_NOTUNE"))
     return launch(d, g, &tiles[0], ctx);
   /* Candidates: the v2 tiles when they apply (first, so that the slower
    * first-kernel tiles are cut early), then every first-kernel tile, so a
@@ -577,7 +583,9 @@ const char *dspk__vk_gemm_cand_name(int i) {
  * autotuner (a candidate that cannot run the gemm fails it with
  * DSPK_ENOTSUP); i < 0 restores the normal choice.  For tests and
  * benchmarks. */
+#ifdef DSPK_TEST_HOOKS
 void dspk__vk_gemm_force(int i) { forced = i < NTILES ? i : -1; }
+#endif
 
 /* Returns the name of the candidate the calling thread's last gemm launched
  * (static storage), or NULL when it launched none. */

@@ -90,6 +90,24 @@ out=$(SLURM_JOB_ID=7 SLURM_JOB_UID=0 DSPK_SOCKET=$tmp/none.sock /usr/libexec/dsp
   true # it fails: no daemon there
 case $out in *"dspk-submit: job: ECONNECT"*) ;; *) fail "installed prolog: $out" ;; esac
 [ -f /usr/share/doc/dspkd/cluster.md ] || fail "no /usr/share/doc/dspkd/cluster.md"
+# No test hook (proto/testhook.h) in what the packages install: the names
+# of every DSPK_TEST_HOOK("...") in the tree, looked for in the binaries.
+# The GPU runtime's hooks are named under each driver's prefix
+# (DSPK__GPURT_HOOK(drv, "PLAN_CACHE"): DSPK_CUDA_PLAN_CACHE, DSPK_HIP_...).
+hooks=$( (grep -rhoE 'DSPK_TEST_HOOK\("[A-Z_]+"\)' "$here/daemon" "$here/backends" "$here/cache" \
+          "$here/client" "$here/proto" | sed 's/.*("\(.*\)")/\1/'
+          for s in $(grep -rhoE 'DSPK__GPURT_HOOK\([a-z]+, "[A-Z_]+"\)' "$here/backends" |
+                     sed 's/.*"\(.*\)")/\1/'); do
+            echo "DSPK_CUDA_$s"; echo "DSPK_HIP_$s"
+          done) | sort -u)
+[ "$(echo "$hooks" | wc -w)" -ge 5 ] || fail "found only these test hooks in the source: $hooks"
+for bin in /usr/sbin/dspkd /usr/bin/dspk-submit /usr/lib/*/libdspkclient.so.0 \
+           /usr/libexec/dspk/dspk-cuda-worker /usr/libexec/dspk/dspk-hip-worker; do
+  [ -e "$bin" ] || continue
+  for h in $hooks; do
+    ! grep -qa "$h" "$bin" || fail "$bin holds the test hook $h"
+  done
+done
 
 # An upgrade (the package installed over itself: postinst configure with
 # the old version) keeps the administrator's choices: an edited conffile,

@@ -447,6 +447,25 @@ def t_config(exe, tmp):
                        stderr=subprocess.PIPE, timeout=TIMEOUT)
     check(p.returncode == 2 and b"--device-inflight: expected an integer from 1 to 64" in
           p.stderr, "--device-inflight 65: %r" % p.stderr)
+    # The options come from the same table as the keys: the same range checks,
+    # getopt_long's unambiguous prefixes, and --help shows each default.
+    for args, want in ((["--max-dep", "2"], '--max-depth: expected an integer from 4 to 1024, '
+                        'got "2"'),
+                       (["--max-user-memory=150%"], "--max-user-memory: expected a size"),
+                       (["--shutdown-timeout", "5x"], "--shutdown-timeout: expected an integer"),
+                       (["--ready-fd", "999"], "--ready-fd: 999: not an open file descriptor"),
+                       (["--max-u", "1"], "ambiguous"), (["stray"], 'unexpected argument "stray"')):
+        p = subprocess.run([exe, "--foreground", "--config", ""] + args, stderr=subprocess.PIPE,
+                           stdout=subprocess.PIPE, timeout=TIMEOUT)
+        check(p.returncode == 2 and want in p.stderr.decode(), "%r: %r" % (args, p.stderr))
+    p = subprocess.run([exe, "--help"], stdout=subprocess.PIPE, timeout=TIMEOUT)
+    usage = p.stdout.decode()
+    for opt, dflt in (("--max-message SIZE", "256M"), ("--max-user-memory SIZE|N%", "50%"),
+                      ("--log-level LEVEL", "info"), ("--shutdown-timeout MS", "10000")):
+        i = usage.find("  " + opt + " ")
+        entry = " ".join(usage[i:].split("\n  -")[0].split()) if i >= 0 else ""
+        check(p.returncode == 0 and "(default %s)" % dflt in entry,
+              "--help: %s (default %s):\n%s" % (opt, dflt, usage))
     p = subprocess.run([exe, "--foreground", "--config", os.path.join(tmp, "missing.conf")],
                        stderr=subprocess.PIPE, timeout=TIMEOUT)
     check(p.returncode == 2 and b"missing.conf: cannot read" in p.stderr,
@@ -613,6 +632,31 @@ def t_exits(exe, tmp):
     d, log = exit_path(exe, tmp, "atexit", 3)
     i_closed, i_done = log.find("cpu:0: device closed"), log.find("exit handler: 1 runner")
     check(0 <= i_closed < i_done, "device closed, then the handler finished:\n" + log)
+    check("exit handler: canceled 1 running task" in log, "the running task canceled:\n" + log)
+    # exit() from a thread that is neither the loop nor a runner: the running
+    # task is canceled all the same (through its device, not the loop's
+    # connections), the runner joined after it closed its device.
+    d, log = exit_path(exe, tmp, "thread", 4)
+    i_cancel = log.find("exit handler: canceled 1 running task")
+    i_closed, i_done = log.find("cpu:0: device closed"), log.find("exit handler: 1 runner")
+    check(0 <= i_cancel < i_closed < i_done, "thread: canceled, closed, joined:\n" + log)
+    # exit() from a runner (as a backend calling it would): it closes its own
+    # device on its own thread before the process ends.
+    d = Daemon(exe, tmp, env={"DSPKD_TEST_EXIT": "runner"})
+    a = d.client()
+    d.proc.send_signal(signal.SIGHUP)
+    deadline = time.monotonic() + TIMEOUT
+    while "calls exit(5)" not in d.logtext():
+        check(time.monotonic() < deadline, "SIGHUP taken:\n" + d.logtext())
+        time.sleep(0.01)
+    small_task(a)
+    a.expect_eof()
+    rc = d.wait()
+    log = d.logtext()
+    check(rc == 5, "runner: exit status %d, want 5:\n%s" % (rc, log))
+    i_exit, i_closed = log.find("calling exit(5) from the runner"), log.find("cpu:0: device closed")
+    check(0 <= i_exit < i_closed < log.find("the calling runner's device closed"),
+          "runner: its own device closed:\n" + log)
     # A fatal error in the loop: fast ordered stop, exit 1.
     d, log = exit_path(exe, tmp, "fatal", 1)
     check("fatal: test" in log, "logged the fatal error")

@@ -1,0 +1,59 @@
+/*
+ * dspkd's test hooks (daemon/teardown.h): DSPKD_TEST_EXIT makes the daemon
+ * take one exit path on purpose, for tests/lifecycle.  Built only with
+ * DSPK_TEST_HOOKS (proto/testhook.h; daemon/CMakeLists.txt leaves this file
+ * out otherwise), so a production dspkd holds none of it.
+ */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/log.h"
+#include "daemon/teardown.h"
+#include "proto/testhook.h"
+
+static atomic_bool runner_exit; /* DSPKD_TEST_EXIT=runner after SIGHUP */
+
+bool dspkd_test_exit_is(const char *what) {
+  const char *e = DSPK_TEST_HOOK("DSPKD_TEST_EXIT");
+  return e && strcmp(e, what) == 0;
+}
+
+static void *exit_thread(void *arg) {
+  (void)arg;
+  dspkd_warn("test: calling exit(4) from a thread of its own (DSPKD_TEST_EXIT=thread)");
+  exit(4);
+}
+
+bool dspkd_test_exit_on_hup(struct dspkd *d) {
+  if (dspkd_test_exit_is("atexit")) {
+    dspkd_warn("test: calling exit(3) from the loop (DSPKD_TEST_EXIT=atexit)");
+    exit(3);
+  }
+  if (dspkd_test_exit_is("thread")) {
+    pthread_t t;
+    if (pthread_create(&t, NULL, exit_thread, NULL) != 0)
+      dspkd_error("test: cannot start the exit thread");
+    else
+      pthread_detach(t);
+    return true;
+  }
+  if (dspkd_test_exit_is("runner")) {
+    dspkd_warn("test: the next task's runner calls exit(5) (DSPKD_TEST_EXIT=runner)");
+    atomic_store(&runner_exit, true);
+    return true;
+  }
+  if (dspkd_test_exit_is("fatal")) {
+    dspkd_fatal(d, "test: a fatal error in the loop (DSPKD_TEST_EXIT=fatal)");
+    return true;
+  }
+  return false;
+}
+
+void dspkd_test_runner_job(struct device *dev) {
+  if (atomic_exchange(&runner_exit, false)) {
+    dspkd_warn("test: %s: calling exit(5) from the runner (DSPKD_TEST_EXIT=runner)", dev->id);
+    exit(5);
+  }
+}
