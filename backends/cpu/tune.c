@@ -22,7 +22,7 @@
 
 #include "backends/common/autotune.h"
 #include "backends/cpu/tune.h"
-#include "cache/fftw_wisdom.h"
+#include "backends/cpu/fftw_wisdom.h"
 
 /* fir: filters this short are always direct, this long always FFT. */
 #define FIR_DIRECT_MAX_K 8

@@ -1,7 +1,7 @@
 /*
  * Measured choices of the cpu backend, on top of the shared autotune
  * framework (backends/common/autotune.h) and the persistent cache
- * (cache/cache.h, cache/fftw_wisdom.h).  Owned by the cache/autotune area;
+ * (cache/cache.h, backends/cpu/fftw_wisdom.h).  Owned by the cache/autotune area;
  * the cpu backend calls these from its choice points (cpu.h):
  *
  *   fir:  dspk__cpu_fir_use_fft()    -> dspk__cpu_tune_fir()

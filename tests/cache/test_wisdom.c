@@ -1,5 +1,5 @@
 /*
- * Tests of cache/fftw_wisdom.c: wisdom measured in one "process" (an open
+ * Tests of backends/cpu/fftw_wisdom.c: wisdom measured in one "process" (an open
  * cache, FFTW's wisdom then forgotten) lets the next one make the same plan
  * from wisdom alone (FFTW_WISDOM_ONLY succeeds only then), saving writes
  * only when FFTW learnt something, and the blob names carry the precision
@@ -17,7 +17,7 @@
 #include <cmocka.h>
 #include <fftw3.h>
 
-#include "cache/fftw_wisdom.h"
+#include "backends/cpu/fftw_wisdom.h"
 
 #define N 4096
 

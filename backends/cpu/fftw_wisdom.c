@@ -11,7 +11,7 @@
 
 #include <fftw3.h>
 
-#include "cache/fftw_wisdom.h"
+#include "backends/cpu/fftw_wisdom.h"
 
 static pthread_once_t model_once = PTHREAD_ONCE_INIT;
 static char model[128];

@@ -10,8 +10,8 @@
  * the caller holds the lock it uses around planning (the cpu backend's
  * dspk__cpu_fftw_lock) across every call here.
  */
-#ifndef DSPK_CACHE_FFTW_WISDOM_H
-#define DSPK_CACHE_FFTW_WISDOM_H
+#ifndef DSPK_BACKENDS_CPU_FFTW_WISDOM_H
+#define DSPK_BACKENDS_CPU_FFTW_WISDOM_H
 
 #include <stddef.h>
 
@@ -34,4 +34,4 @@ int dspk__fftw_wisdom_load(struct dspk__cache *c);
  * or a negative dspk_errno.  NULL cache: 0. */
 int dspk__fftw_wisdom_save(struct dspk__cache *c);
 
-#endif /* DSPK_CACHE_FFTW_WISDOM_H */
+#endif /* DSPK_BACKENDS_CPU_FFTW_WISDOM_H */
