@@ -139,4 +139,9 @@ struct dspk__backend {
 /* The backends compiled into this build, in probe order (backends/registry.c). */
 extern const struct dspk__backend *const dspk__backends[];
 
+/* Every backend dspk knows, built into this binary or not, NULL-terminated
+ * (backends/registry.c): the daemon takes the names it reports as "not
+ * built into this dspkd" from here, never from a list of its own. */
+extern const char *const dspk__known_backends[];
+
 #endif /* DSPK_BACKENDS_BACKEND_H */

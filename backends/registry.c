@@ -31,3 +31,7 @@ const struct dspk__backend *const dspk__backends[] = {
 #endif
     NULL,
 };
+
+/* Adding a backend: one line here too (docs/backends.md).  The languages
+ * of raw kernels are the protocol's (proto/schema.c). */
+const char *const dspk__known_backends[] = {"cpu", "cuda", "vulkan", "hip", NULL};

@@ -46,9 +46,6 @@ static bool asked(const char *list, const char *name) {
   return list && *list && selected(list, name);
 }
 
-/* Every backend dspk has, built into this binary or not. */
-static const char *const all_backends[] = {"cpu", "cuda", "vulkan", "hip"};
-
 static bool built(const char *name, size_t len) {
   for (int i = 0; dspk__backends[i]; i++)
     if (strlen(dspk__backends[i]->name) == len && memcmp(dspk__backends[i]->name, name, len) == 0)
@@ -68,8 +65,9 @@ static int check_backend_list(const char *list) {
           memcmp(dspk__backends[i]->name, p, len) == 0)
         known = true;
     /* A backend dspk knows but this build lacks is listed as unavailable. */
-    for (size_t i = 0; !known && i < sizeof all_backends / sizeof all_backends[0]; i++)
-      if (strlen(all_backends[i]) == len && memcmp(all_backends[i], p, len) == 0)
+    for (int i = 0; !known && dspk__known_backends[i]; i++)
+      if (strlen(dspk__known_backends[i]) == len &&
+          memcmp(dspk__known_backends[i], p, len) == 0)
         known = true;
     if (!known && len > 0) {
       char have[128] = "";
@@ -98,14 +96,15 @@ int dspkd_devices_start(struct dspkd *d) {
   err = check_backend_list(d->cfg.backends);
   if (err < 0)
     return err;
-  for (size_t i = 0; i < sizeof all_backends / sizeof all_backends[0]; i++) {
-    if (built(all_backends[i], strlen(all_backends[i])))
+  for (int i = 0; dspk__known_backends[i]; i++) {
+    const char *name = dspk__known_backends[i];
+    if (built(name, strlen(name)))
       continue;
-    add_unavailable(d, all_backends[i], "not built into this dspkd");
+    add_unavailable(d, name, "not built into this dspkd");
     /* Asked for by name: say so at the start, not at the first task. */
-    if (asked(d->cfg.backends, all_backends[i]))
+    if (asked(d->cfg.backends, name))
       dspkd_warn("backend %s was asked for (backends=%s) but this dspkd was built without "
-                 "it: no %s devices", all_backends[i], d->cfg.backends, all_backends[i]);
+                 "it: no %s devices", name, d->cfg.backends, name);
   }
   for (int b = 0; dspk__backends[b]; b++) {
     const struct dspk__backend *be = dspk__backends[b];
