@@ -41,6 +41,7 @@
 #include "daemon/dspkd.h"
 #include "daemon/log.h"
 #include "daemon/sched.h"
+#include "proto/testhook.h"
 
 #ifndef HUGETLBFS_MAGIC
 #define HUGETLBFS_MAGIC 0x958458f6
@@ -266,12 +267,12 @@ int dspkd_shm_create(struct device *dev, struct dbuf *b) {
   const struct dspk__backend *be = dev->be;
   int err = DSPK_ENOTSUP;
 
-  /* Test hook: DSPKD_TEST_SHM_STAGED=1 takes the staged path (a block of
-   * the device's own plus copies, as on cuda) on every backend, so CI runs
-   * it on the cpu. */
+  /* Test hook (proto/testhook.h): DSPKD_TEST_SHM_STAGED=1 takes the staged
+   * path (a block of the device's own plus copies, as on cuda) on every
+   * backend, so CI runs it on the cpu. */
   static int staged = -1;
   if (staged < 0) {
-    const char *e = getenv("DSPKD_TEST_SHM_STAGED");
+    const char *e = DSPK_TEST_HOOK("DSPKD_TEST_SHM_STAGED");
     staged = e && strcmp(e, "1") == 0;
   }
   if (be->import_host && !staged)
