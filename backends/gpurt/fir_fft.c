@@ -48,10 +48,15 @@
 #define NCANDS 4 /* direct, ols-x4, ols-x8, ols-x16 */
 
 static const char *const cand_names[NCANDS] = {"direct", "ols-x4", "ols-x8", "ols-x16"};
-static int fir_force = -1;
 static _Thread_local const char *fir_last = "";
 
+/* A test hook (proto/testhook.h): a production build has no such global. */
+#ifdef DSPK_TEST_HOOKS
+static int fir_force = -1;
 void dspk__gpurt_fir_force(int mode) { fir_force = mode >= 0 && mode < NCANDS ? mode : -1; }
+#else
+#define fir_force (-1)
+#endif
 const char *dspk__gpurt_fir_last(void) { return fir_last; }
 
 /* The block layout of one overlap-save run. */

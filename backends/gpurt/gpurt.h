@@ -413,11 +413,14 @@ int dspk__gpurt_fir_direct(struct dspk__dev *dev, struct dspk__op *op,
  * through the runtime's FFT library), chosen by the autotune framework per
  * shape class. */
 int dspk__gpurt_fir(struct dspk__dev *dev, struct dspk__op *op, struct dspk__opctx *ctx);
-/* Test and benchmark hooks (process-wide): force fir's path (-1: the
- * tuned choice, 0: direct, 1..3: overlap-save with blocks of 2^(m+1) times
- * the filter's length rounded up to a power of two, "ols-x4".."ols-x16"),
- * and the name of the path the calling thread's last fir took. */
+/* Test and benchmark hooks (process-wide; the first in test builds only:
+ * DSPK_TEST_HOOKS): force fir's path (-1: the tuned choice, 0: direct,
+ * 1..3: overlap-save with blocks of 2^(m+1) times the filter's length
+ * rounded up to a power of two, "ols-x4".."ols-x16"), and the name of the
+ * path the calling thread's last fir took. */
+#ifdef DSPK_TEST_HOOKS
 void dspk__gpurt_fir_force(int mode);
+#endif
 const char *dspk__gpurt_fir_last(void);
 void dspk__gpurt_contract_plan_evict(void *ud, void *plan);
 void dspk__gpurt_raw_module_evict(void *ud, void *mod);

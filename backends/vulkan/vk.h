@@ -411,11 +411,13 @@ int dspk__vk_fir_direct(struct dspk__dev *d, struct dspk__op *op, struct dspk__o
  * "ols-x4".."ols-x16"), tune even on software devices (lavapipe) when
  * `always` is set, and the name of the path the calling thread's last fir
  * took. */
-void dspk__vk_fir_force(int mode);
+#ifdef DSPK_TEST_HOOKS
+void dspk__vk_fir_force(int mode); /* test hooks: test builds only */
+void dspk__vk_fir_tune_always(int always);
+#endif
 /* Frees fir's workspace (a plan of kind 5, see plan_evict), through the
  * retirement queue. */
 void dspk__vk_fir_ws_free(struct dspk__dev *d, void *ws);
-void dspk__vk_fir_tune_always(int always);
 const char *dspk__vk_fir_last(void);
 int dspk__vk_kernel_op(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *ctx);
 int dspk__vk_gemm(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *ctx);

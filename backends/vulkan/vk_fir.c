@@ -48,11 +48,17 @@
 #define NCANDS 4
 
 static const char *const cand_names[NCANDS] = {"direct", "ols-x4", "ols-x8", "ols-x16"};
-static int fir_force = -1, fir_tune_always;
 static _Thread_local const char *fir_last = "";
 
+/* Test hooks (proto/testhook.h): a production build has no such globals. */
+#ifdef DSPK_TEST_HOOKS
+static int fir_force = -1, fir_tune_always;
 void dspk__vk_fir_force(int mode) { fir_force = mode >= 0 && mode < NCANDS ? mode : -1; }
 void dspk__vk_fir_tune_always(int always) { fir_tune_always = always; }
+#else
+#define fir_force (-1)
+#define fir_tune_always 0
+#endif
 const char *dspk__vk_fir_last(void) { return fir_last; }
 
 struct geo {
