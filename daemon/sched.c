@@ -533,15 +533,10 @@ static void ifl_reap(struct device *dev, bool wait) {
 static void run_one(struct device *dev, struct job *j) {
   const struct dspk__backend *be = dev->be;
   bool counted = j->kind != JOB_BUF_FREE && j->kind != JOB_TRIM;
-  if (counted) {
-    pthread_mutex_lock(&dev->mu);
-    dev->current = j;
-    pthread_mutex_unlock(&dev->mu);
-  }
 #ifdef DSPK_TEST_HOOKS
   dspkd_test_runner_job(dev); /* DSPKD_TEST_EXIT=runner (daemon/testhooks.c) */
 #endif
-  dspkd_job_execute(dev, j); /* a JOB_BUF_FREE or JOB_TRIM frees itself */
+  dspkd_job_execute(dev, j);
   if (counted) {
     pthread_mutex_lock(&dev->mu);
     dev->current = NULL;
@@ -549,7 +544,7 @@ static void run_one(struct device *dev, struct job *j) {
   }
   /* A failed job waits for nothing of its own; an internal free is
    * deferred release by the backend's contract. */
-  if (j->kind != JOB_BUF_FREE && j->kind != JOB_TRIM && j->err == 0 && be->fence_record) {
+  if (counted && j->err == 0 && be->fence_record) {
     int err = be->fence_record(dev->bdev, &j->fence);
     if (err < 0) {
       j->fence = NULL;
@@ -632,6 +627,8 @@ static void *runner_main(void *arg) {
       dev->running++;
     }
     dspkd_obs_job_start(dev, j); /* daemon/metrics.c */
+    /* The exit handler cancels it from any thread (run_one clears it). */
+    dev->current = j->kind != JOB_BUF_FREE && j->kind != JOB_TRIM ? j : NULL;
     pthread_mutex_unlock(&dev->mu);
     run_one(dev, j);
     pthread_mutex_lock(&dev->mu);
