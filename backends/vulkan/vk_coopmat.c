@@ -605,12 +605,14 @@ static const char body[] =
     "    }\n"
     "}\n";
 
-/* Test hook DSPK_VK_COOPMAT_BODY=FILE: the kernel body read from FILE
- * instead of `body` (same #defines before it), so that a benchmark can time
- * kernel variants without a rebuild. */
+/* Test hook DSPK_VK_COOPMAT_BODY=FILE (proto/testhook.h): the kernel body
+ * read from FILE instead of `body` (same #defines before it), so that a
+ * benchmark can time kernel variants without a rebuild.  Not in a
+ * production build. */
+#ifdef DSPK_TEST_HOOKS
 static const char *body_override;
 static void load_body_override(void) {
-  const char *f = getenv("DSPK_VK_COOPMAT_BODY");
+  const char *f = DSPK_TEST_HOOK("DSPK_VK_COOPMAT_BODY");
   FILE *fp = f ? fopen(f, "r") : NULL;
   if (!fp)
     return;
@@ -620,6 +622,10 @@ static void load_body_override(void) {
   text[n] = 0;
   body_override = text;
 }
+#else
+#define body_override ((const char *)NULL)
+static void load_body_override(void) {}
+#endif
 
 int dspk__vk_coopmat_source(char *buf, size_t len, const struct dspk__vk_coopmat *cm,
                             int tile, unsigned flags) {
