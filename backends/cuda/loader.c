@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "backends/cuda/cuda_api.h"
+#include "backends/gpurt/libload.h"
 #include "dspk/errors.h"
 
 struct dspk__cu_api dspk__cu;
@@ -30,29 +31,12 @@ static struct loadstate st_cu, st_nvrtc, st_cublas, st_cufft;
 static void *open_one(const char *const *names, char *tried, size_t len) {
   static const char *const dirs[] = {NULL, "$", "/usr/local/cuda/lib64",
                                      "/usr/local/cuda/targets/x86_64-linux/lib"};
-  const char *env = getenv("DSPK_CUDA_LIBDIR");
+  void *h = dspk__gpurt_dlopen_first(dirs, sizeof(dirs) / sizeof(dirs[0]),
+                                     "DSPK_CUDA_LIBDIR", names);
   tried[0] = 0;
-  for (size_t d = 0; d < sizeof(dirs) / sizeof(dirs[0]); d++) {
-    const char *dir = dirs[d];
-    if (dir && dir[0] == '$') {
-      if (!env || !*env)
-        continue;
-      dir = env;
-    }
-    for (size_t i = 0; names[i]; i++) {
-      char path[512];
-      void *h;
-      if (dir)
-        snprintf(path, sizeof(path), "%s/%s", dir, names[i]);
-      else
-        snprintf(path, sizeof(path), "%s", names[i]);
-      h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-      if (h)
-        return h;
-    }
-  }
-  snprintf(tried, len, "%s not found", names[0]);
-  return NULL;
+  if (!h)
+    snprintf(tried, len, "%s not found", names[0]);
+  return h;
 }
 
 static void finish(struct loadstate *s, char *why, size_t whylen) {

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backends/gpurt/libload.h"
 #include "backends/hip/hip_api.h"
 #include "dspk/errors.h"
 
@@ -29,28 +30,11 @@ static struct loadstate st_rt, st_rtc, st_blas, st_fft;
 
 static void *open_one(const char *const *names, const char *what, char *why, size_t len) {
   static const char *const dirs[] = {"$", NULL, "/opt/rocm/lib"};
-  const char *env = getenv("DSPK_HIP_LIBDIR");
-  for (size_t d = 0; d < sizeof(dirs) / sizeof(dirs[0]); d++) {
-    const char *dir = dirs[d];
-    if (dir && dir[0] == '$') {
-      if (!env || !*env)
-        continue;
-      dir = env;
-    }
-    for (size_t i = 0; names[i]; i++) {
-      char path[512];
-      void *h;
-      if (dir)
-        snprintf(path, sizeof(path), "%s/%s", dir, names[i]);
-      else
-        snprintf(path, sizeof(path), "%s", names[i]);
-      h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-      if (h)
-        return h;
-    }
-  }
-  snprintf(why, len, "%s not found (%s)", names[0], what);
-  return NULL;
+  void *h = dspk__gpurt_dlopen_first(dirs, sizeof(dirs) / sizeof(dirs[0]), "DSPK_HIP_LIBDIR",
+                                     names);
+  if (!h)
+    snprintf(why, len, "%s not found (%s)", names[0], what);
+  return h;
 }
 
 /* The path of an override variable: NULL when unset, "" for "none". */
