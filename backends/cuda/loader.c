@@ -6,6 +6,7 @@
  * the result is remembered so later calls cost nothing.
  */
 #include <dlfcn.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,9 +19,6 @@ struct dspk__cu_api dspk__cu;
 struct dspk__nvrtc_api dspk__nvrtc;
 struct dspk__cublas_api dspk__cublas;
 struct dspk__cufft_api dspk__cufft;
-
-#define STR2(x) #x
-#define STR(x) STR2(x)
 
 struct loadstate {
   int done, rc;
@@ -44,14 +42,55 @@ static void finish(struct loadstate *s, char *why, size_t whylen) {
     snprintf(why, whylen, "%s", s->rc ? s->why : "");
 }
 
-#define RESOLVE(tbl, f)                                                        \
-  do {                                                                         \
-    *(void **)&tbl.f = dlsym(tbl.lib, STR(f));                                 \
-    if (!tbl.f) {                                                              \
-      snprintf(s->why, sizeof(s->why), "%s lacks %s", libname, STR(f));        \
-      goto fail;                                                               \
-    }                                                                          \
-  } while (0);
+#define SYM(api, f) DSPK__GPURT_SYM(struct api, f)
+static const struct dspk__gpurt_sym cu_syms[] = {
+#define XX(f) SYM(dspk__cu_api, f)
+    DSPK__CU_FUNCS(XX)
+#undef XX
+};
+static const struct dspk__gpurt_sym nvrtc_syms[] = {
+#define XX(f) SYM(dspk__nvrtc_api, f)
+    DSPK__NVRTC_FUNCS(XX)
+#undef XX
+};
+static const struct dspk__gpurt_sym cublas_syms[] = {
+#define XX(f) SYM(dspk__cublas_api, f)
+    DSPK__CUBLAS_FUNCS(XX)
+#undef XX
+};
+static const struct dspk__gpurt_sym cufft_syms[] = {
+#define XX(f) SYM(dspk__cufft_api, f)
+    DSPK__CUFFT_FUNCS(XX)
+#undef XX
+};
+#define NSYMS(a) (sizeof(a) / sizeof(a[0]))
+
+/* Fills the table tbl with the n functions of syms from lib.  Returns 0,
+ * or -1 with "LIBNAME lacks FUNCTION" in s->why. */
+static int resolve(struct loadstate *s, void *lib, const char *libname, void *tbl,
+                   const struct dspk__gpurt_sym *syms, size_t n) {
+  const char *missing = dspk__gpurt_resolve(lib, tbl, syms, n);
+  if (missing)
+    snprintf(s->why, sizeof(s->why), "%s lacks %s", libname, missing);
+  return missing ? -1 : 0;
+}
+
+/* Opens the first library of names found and fills its table tbl (size
+ * bytes, the handle in *lib).  Returns 0, or DSPK_ENOTSUP with the table
+ * empty and the reason in s->why. */
+static int load_table(struct loadstate *s, const char *const *names, const char *libname,
+                      void *tbl, size_t size, void **lib, const struct dspk__gpurt_sym *syms,
+                      size_t n) {
+  *lib = open_one(names, s->why, sizeof(s->why));
+  if (!*lib)
+    return DSPK_ENOTSUP;
+  if (resolve(s, *lib, libname, tbl, syms, n) != 0) {
+    dlclose(*lib);
+    memset(tbl, 0, size);
+    return DSPK_ENOTSUP;
+  }
+  return 0;
+}
 
 int dspk__cuda_load_driver(char *why, size_t whylen) {
   struct loadstate *s = &st_cu;
@@ -72,11 +111,8 @@ int dspk__cuda_load_driver(char *why, size_t whylen) {
       s->rc = DSPK_ENODEV;
       goto out;
     }
-#define XX(f) RESOLVE(dspk__cu, f)
-    DSPK__CU_FUNCS(XX)
-#undef XX
-    goto out;
-  fail:
+    if (resolve(s, dspk__cu.lib, libname, &dspk__cu, cu_syms, NSYMS(cu_syms)) == 0)
+      goto out;
     dlclose(dspk__cu.lib);
     memset(&dspk__cu, 0, sizeof(dspk__cu));
     s->rc = DSPK_ENODEV;
@@ -90,30 +126,18 @@ int dspk__cuda_load_nvrtc(char *why, size_t whylen) {
   static const char *const names[] = {"libnvrtc.so.13", "libnvrtc.so.12",
                                       "libnvrtc.so", NULL};
   struct loadstate *s = &st_nvrtc;
-  const char *libname = "libnvrtc";
   if (!s->done) {
     s->done = 1;
-    s->rc = 0;
-    dspk__nvrtc.lib = open_one(names, s->why, sizeof(s->why));
-    if (!dspk__nvrtc.lib) {
-      s->rc = DSPK_ENOTSUP;
-      goto out;
-    }
-#define XX(f) RESOLVE(dspk__nvrtc, f)
-    DSPK__NVRTC_FUNCS(XX)
-#undef XX
-    if (dspk__nvrtc.nvrtcVersion(&dspk__nvrtc.major, &dspk__nvrtc.minor) !=
-        NVRTC_SUCCESS) {
+    s->rc = load_table(s, names, "libnvrtc", &dspk__nvrtc, sizeof(dspk__nvrtc), &dspk__nvrtc.lib,
+                       nvrtc_syms, NSYMS(nvrtc_syms));
+    if (s->rc == 0 &&
+        dspk__nvrtc.nvrtcVersion(&dspk__nvrtc.major, &dspk__nvrtc.minor) != NVRTC_SUCCESS) {
       snprintf(s->why, sizeof(s->why), "nvrtcVersion failed");
-      goto fail;
+      dlclose(dspk__nvrtc.lib);
+      memset(&dspk__nvrtc, 0, sizeof(dspk__nvrtc));
+      s->rc = DSPK_ENOTSUP;
     }
-    goto out;
-  fail:
-    dlclose(dspk__nvrtc.lib);
-    memset(&dspk__nvrtc, 0, sizeof(dspk__nvrtc));
-    s->rc = DSPK_ENOTSUP;
   }
-out:
   finish(s, why, whylen);
   return s->rc;
 }
@@ -122,25 +146,11 @@ int dspk__cuda_load_cublas(char *why, size_t whylen) {
   static const char *const names[] = {"libcublas.so.13", "libcublas.so.12",
                                       "libcublas.so", NULL};
   struct loadstate *s = &st_cublas;
-  const char *libname = "libcublas";
   if (!s->done) {
     s->done = 1;
-    s->rc = 0;
-    dspk__cublas.lib = open_one(names, s->why, sizeof(s->why));
-    if (!dspk__cublas.lib) {
-      s->rc = DSPK_ENOTSUP;
-      goto out;
-    }
-#define XX(f) RESOLVE(dspk__cublas, f)
-    DSPK__CUBLAS_FUNCS(XX)
-#undef XX
-    goto out;
-  fail:
-    dlclose(dspk__cublas.lib);
-    memset(&dspk__cublas, 0, sizeof(dspk__cublas));
-    s->rc = DSPK_ENOTSUP;
+    s->rc = load_table(s, names, "libcublas", &dspk__cublas, sizeof(dspk__cublas),
+                       &dspk__cublas.lib, cublas_syms, NSYMS(cublas_syms));
   }
-out:
   finish(s, why, whylen);
   return s->rc;
 }
@@ -149,25 +159,11 @@ int dspk__cuda_load_cufft(char *why, size_t whylen) {
   static const char *const names[] = {"libcufft.so.12", "libcufft.so.11",
                                       "libcufft.so", NULL};
   struct loadstate *s = &st_cufft;
-  const char *libname = "libcufft";
   if (!s->done) {
     s->done = 1;
-    s->rc = 0;
-    dspk__cufft.lib = open_one(names, s->why, sizeof(s->why));
-    if (!dspk__cufft.lib) {
-      s->rc = DSPK_ENOTSUP;
-      goto out;
-    }
-#define XX(f) RESOLVE(dspk__cufft, f)
-    DSPK__CUFFT_FUNCS(XX)
-#undef XX
-    goto out;
-  fail:
-    dlclose(dspk__cufft.lib);
-    memset(&dspk__cufft, 0, sizeof(dspk__cufft));
-    s->rc = DSPK_ENOTSUP;
+    s->rc = load_table(s, names, "libcufft", &dspk__cufft, sizeof(dspk__cufft), &dspk__cufft.lib,
+                       cufft_syms, NSYMS(cufft_syms));
   }
-out:
   finish(s, why, whylen);
   return s->rc;
 }

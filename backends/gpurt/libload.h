@@ -8,8 +8,10 @@
 #define DSPK_BACKENDS_GPURT_LIBLOAD_H
 
 #include <dlfcn.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 /* Opens the first library of names (sonames, NULL-terminated, newest
  * first) found in the first directory of dirs that has one: NULL stands
@@ -37,6 +39,28 @@ static inline void *dspk__gpurt_dlopen_first(const char *const *dirs, size_t ndi
       if (h)
         return h;
     }
+  }
+  return NULL;
+}
+
+/* A function of a library and where its pointer goes in the driver's
+ * table: DSPK__GPURT_SYM(struct dspk__cu_api, cuInit). */
+struct dspk__gpurt_sym {
+  const char *name;
+  size_t off;
+};
+#define DSPK__GPURT_SYM_STR(f) #f
+#define DSPK__GPURT_SYM(api, f) {DSPK__GPURT_SYM_STR(f), offsetof(api, f)},
+
+/* Fills the table tbl with the n functions of syms from lib.  Returns NULL,
+ * or the name of the first function lib lacks. */
+static inline const char *dspk__gpurt_resolve(void *lib, void *tbl,
+                                              const struct dspk__gpurt_sym *syms, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    void *f = dlsym(lib, syms[i].name);
+    if (!f)
+      return syms[i].name;
+    memcpy((char *)tbl + syms[i].off, &f, sizeof f);
   }
   return NULL;
 }

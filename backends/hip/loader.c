@@ -19,9 +19,6 @@ struct dspk__hiprtc_api dspk__hiprtc;
 struct dspk__hipblas_api dspk__hipblas;
 struct dspk__hipfft_api dspk__hipfft;
 
-#define STR2(x) #x
-#define STR(x) STR2(x)
-
 struct loadstate {
   int done, rc;
   char why[200];
@@ -50,14 +47,27 @@ static void finish(struct loadstate *s, char *why, size_t whylen) {
     snprintf(why, whylen, "%s", s->rc ? s->why : "");
 }
 
-#define RESOLVE(lib, tbl, f, libname)                                          \
-  do {                                                                         \
-    *(void **)&(tbl).f = dlsym(lib, STR(f));                                   \
-    if (!(tbl).f) {                                                            \
-      snprintf(s->why, sizeof(s->why), "%s lacks %s", libname, STR(f));        \
-      goto fail;                                                               \
-    }                                                                          \
-  } while (0);
+static const struct dspk__gpurt_sym hip_syms[] = {
+#define XX(f) DSPK__GPURT_SYM(struct dspk__hip_api, f)
+    DSPK__HIP_FUNCS(XX)
+#undef XX
+};
+static const struct dspk__gpurt_sym hiprtc_syms[] = {
+#define XX(f) DSPK__GPURT_SYM(struct dspk__hiprtc_api, f)
+    DSPK__HIPRTC_FUNCS(XX)
+#undef XX
+};
+#define NSYMS(a) (sizeof(a) / sizeof(a[0]))
+
+/* Fills the table tbl with the n functions of syms from lib.  Returns 0,
+ * or -1 with "LIBNAME lacks FUNCTION" in s->why. */
+static int resolve(struct loadstate *s, void *lib, const char *libname, void *tbl,
+                   const struct dspk__gpurt_sym *syms, size_t n) {
+  const char *missing = dspk__gpurt_resolve(lib, tbl, syms, n);
+  if (missing)
+    snprintf(s->why, sizeof(s->why), "%s lacks %s", libname, missing);
+  return missing ? -1 : 0;
+}
 
 int dspk__hip_load_runtime(char *why, size_t whylen) {
   static const char *const names[] = {"libamdhip64.so.6", "libamdhip64.so.5",
@@ -81,11 +91,8 @@ int dspk__hip_load_runtime(char *why, size_t whylen) {
       s->rc = DSPK_ENODEV;
       goto out;
     }
-#define XX(f) RESOLVE(dspk__hip.lib, dspk__hip, f, libname)
-    DSPK__HIP_FUNCS(XX)
-#undef XX
-    goto out;
-  fail:
+    if (resolve(s, dspk__hip.lib, libname, &dspk__hip, hip_syms, NSYMS(hip_syms)) == 0)
+      goto out;
     dlclose(dspk__hip.lib);
     memset(&dspk__hip, 0, sizeof(dspk__hip));
     s->rc = DSPK_ENODEV;
@@ -119,9 +126,9 @@ int dspk__hip_load_hiprtc(char *why, size_t whylen) {
       s->rc = DSPK_ENOTSUP;
       goto out;
     }
-#define XX(f) RESOLVE(dspk__hiprtc.lib, dspk__hiprtc, f, libname)
-    DSPK__HIPRTC_FUNCS(XX)
-#undef XX
+    if (resolve(s, dspk__hiprtc.lib, libname, &dspk__hiprtc, hiprtc_syms,
+                NSYMS(hiprtc_syms)) != 0)
+      goto fail;
     if (dspk__hiprtc.hiprtcVersion(&dspk__hiprtc.major, &dspk__hiprtc.minor) !=
         HIPRTC_SUCCESS) {
       snprintf(s->why, sizeof(s->why), "hiprtcVersion failed");
