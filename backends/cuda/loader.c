@@ -24,7 +24,10 @@ struct loadstate {
   int done, rc;
   char why[160];
 };
-static struct loadstate st_cu, st_nvrtc, st_cublas, st_cufft;
+/* What each load found, remembered until dspk__cuda_unload. */
+static struct {
+  struct loadstate cu, nvrtc, cublas, cufft;
+} st;
 
 static void *open_one(const char *const *names, char *tried, size_t len) {
   static const char *const dirs[] = {NULL, "$", "/usr/local/cuda/lib64",
@@ -93,7 +96,7 @@ static int load_table(struct loadstate *s, const char *const *names, const char 
 }
 
 int dspk__cuda_load_driver(char *why, size_t whylen) {
-  struct loadstate *s = &st_cu;
+  struct loadstate *s = &st.cu;
   const char *libname = "libcuda.so.1";
   if (!s->done) {
     const char *over = getenv("DSPK_CUDA_DRIVER");
@@ -125,7 +128,7 @@ out:
 int dspk__cuda_load_nvrtc(char *why, size_t whylen) {
   static const char *const names[] = {"libnvrtc.so.13", "libnvrtc.so.12",
                                       "libnvrtc.so", NULL};
-  struct loadstate *s = &st_nvrtc;
+  struct loadstate *s = &st.nvrtc;
   if (!s->done) {
     s->done = 1;
     s->rc = load_table(s, names, "libnvrtc", &dspk__nvrtc, sizeof(dspk__nvrtc), &dspk__nvrtc.lib,
@@ -145,7 +148,7 @@ int dspk__cuda_load_nvrtc(char *why, size_t whylen) {
 int dspk__cuda_load_cublas(char *why, size_t whylen) {
   static const char *const names[] = {"libcublas.so.13", "libcublas.so.12",
                                       "libcublas.so", NULL};
-  struct loadstate *s = &st_cublas;
+  struct loadstate *s = &st.cublas;
   if (!s->done) {
     s->done = 1;
     s->rc = load_table(s, names, "libcublas", &dspk__cublas, sizeof(dspk__cublas),
@@ -158,7 +161,7 @@ int dspk__cuda_load_cublas(char *why, size_t whylen) {
 int dspk__cuda_load_cufft(char *why, size_t whylen) {
   static const char *const names[] = {"libcufft.so.12", "libcufft.so.11",
                                       "libcufft.so", NULL};
-  struct loadstate *s = &st_cufft;
+  struct loadstate *s = &st.cufft;
   if (!s->done) {
     s->done = 1;
     s->rc = load_table(s, names, "libcufft", &dspk__cufft, sizeof(dspk__cufft), &dspk__cufft.lib,
@@ -178,8 +181,5 @@ void dspk__cuda_unload(void) {
   memset(&dspk__cublas, 0, sizeof(dspk__cublas));
   memset(&dspk__nvrtc, 0, sizeof(dspk__nvrtc));
   memset(&dspk__cu, 0, sizeof(dspk__cu));
-  memset(&st_cu, 0, sizeof(st_cu));
-  memset(&st_nvrtc, 0, sizeof(st_nvrtc));
-  memset(&st_cublas, 0, sizeof(st_cublas));
-  memset(&st_cufft, 0, sizeof(st_cufft));
+  memset(&st, 0, sizeof(st));
 }

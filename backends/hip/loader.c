@@ -23,7 +23,10 @@ struct loadstate {
   int done, rc;
   char why[200];
 };
-static struct loadstate st_rt, st_rtc, st_blas, st_fft;
+/* What each load found, remembered until dspk__hip_unload. */
+static struct {
+  struct loadstate rt, rtc, blas, fft;
+} st;
 
 static void *open_one(const char *const *names, const char *what, char *why, size_t len) {
   static const char *const dirs[] = {"$", NULL, "/opt/rocm/lib"};
@@ -72,7 +75,7 @@ static int resolve(struct loadstate *s, void *lib, const char *libname, void *tb
 int dspk__hip_load_runtime(char *why, size_t whylen) {
   static const char *const names[] = {"libamdhip64.so.6", "libamdhip64.so.5",
                                       "libamdhip64.so", NULL};
-  struct loadstate *s = &st_rt;
+  struct loadstate *s = &st.rt;
   const char *over = override("DSPK_HIP_RUNTIME");
   const char *libname = over && *over ? over : "libamdhip64";
   if (!s->done) {
@@ -105,7 +108,7 @@ out:
 int dspk__hip_load_hiprtc(char *why, size_t whylen) {
   static const char *const names[] = {"libhiprtc.so.7", "libhiprtc.so.6", "libhiprtc.so",
                                       NULL};
-  struct loadstate *s = &st_rtc;
+  struct loadstate *s = &st.rtc;
   const char *libname = "hiprtc";
   if (!s->done) {
     s->done = 1;
@@ -164,7 +167,7 @@ static const struct {
 };
 
 int dspk__hip_load_blas(char *why, size_t whylen) {
-  struct loadstate *s = &st_blas;
+  struct loadstate *s = &st.blas;
   if (!s->done) {
     const char *over = override("DSPK_HIP_BLAS");
     s->done = 1;
@@ -224,7 +227,7 @@ int dspk__hip_load_fft(char *why, size_t whylen) {
       "hipfftMakePlanMany64", "hipfftSetWorkArea", "hipfftSetStream",
       "hipfftExecC2C",      "hipfftExecZ2Z",       "hipfftExecR2C",
       "hipfftExecD2Z"};
-  struct loadstate *s = &st_fft;
+  struct loadstate *s = &st.fft;
   if (!s->done) {
     const char *over = override("DSPK_HIP_FFT");
     void *lib, *f[10];
@@ -272,8 +275,5 @@ void dspk__hip_unload(void) {
   memset(&dspk__hipblas, 0, sizeof(dspk__hipblas));
   memset(&dspk__hiprtc, 0, sizeof(dspk__hiprtc));
   memset(&dspk__hip, 0, sizeof(dspk__hip));
-  memset(&st_rt, 0, sizeof(st_rt));
-  memset(&st_rtc, 0, sizeof(st_rtc));
-  memset(&st_blas, 0, sizeof(st_blas));
-  memset(&st_fft, 0, sizeof(st_fft));
+  memset(&st, 0, sizeof(st));
 }
