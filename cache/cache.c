@@ -148,6 +148,14 @@ static int bind_str(sqlite3_stmt *st, int i, const char *s) {
   return sqlite3_bind_text(st, i, s, -1, SQLITE_STATIC);
 }
 
+/* The device's five fields (backend, name, arch, uuid, driver) as
+ * parameters first..first+4. */
+static void bind_dev(sqlite3_stmt *st, int first, const struct dspk__cache_devid *d) {
+  const char *v[5] = {d->backend, d->name, d->arch, d->uuid, d->driver};
+  for (int i = 0; i < 5; i++)
+    bind_str(st, first + i, v[i]);
+}
+
 static size_t slen(const char *s) { return s ? strlen(s) : 0; }
 
 /* Creates every missing directory above path (mode 0700).  Returns 0 or
@@ -725,11 +733,7 @@ static void tune_key(const struct dspk__tune_key *k, char key[DSPK__HASH_HEX],
 static void bind_kernel(sqlite3_stmt *st, const struct dspk__kernel_key *k,
                         const struct kkey *kk) {
   sqlite3_bind_text(st, 1, kk->key, -1, SQLITE_STATIC);
-  bind_str(st, 2, k->dev.backend);
-  bind_str(st, 3, k->dev.name);
-  bind_str(st, 4, k->dev.arch);
-  bind_str(st, 5, k->dev.uuid);
-  bind_str(st, 6, k->dev.driver);
+  bind_dev(st, 2, &k->dev);
   bind_str(st, 7, k->compiler);
   bind_str(st, 8, k->compiler_version);
   bind_str(st, 9, k->name);
@@ -819,11 +823,7 @@ int dspk__cache_kernel_put(struct dspk__cache *c,
     goto out;
   }
   sqlite3_bind_text(st, 1, kk.key, -1, SQLITE_STATIC);
-  bind_str(st, 3, k->dev.backend);
-  bind_str(st, 4, k->dev.name);
-  bind_str(st, 5, k->dev.arch);
-  bind_str(st, 6, k->dev.uuid);
-  bind_str(st, 7, k->dev.driver);
+  bind_dev(st, 3, &k->dev);
   bind_str(st, 8, k->compiler);
   bind_str(st, 9, k->compiler_version);
   bind_str(st, 10, k->name);
@@ -848,11 +848,7 @@ out:
 static void bind_tune(sqlite3_stmt *st, const struct dspk__tune_key *k,
                       const char *key, const char *cands) {
   sqlite3_bind_text(st, 1, key, -1, SQLITE_STATIC);
-  bind_str(st, 2, k->dev.backend);
-  bind_str(st, 3, k->dev.name);
-  bind_str(st, 4, k->dev.arch);
-  bind_str(st, 5, k->dev.uuid);
-  bind_str(st, 6, k->dev.driver);
+  bind_dev(st, 2, &k->dev);
   bind_str(st, 7, k->op);
   bind_str(st, 8, k->shape);
   bind_str(st, 9, k->dtypes);
@@ -956,11 +952,7 @@ int dspk__cache_tune_put(struct dspk__cache *c, const struct dspk__tune_key *k,
     goto out;
   }
   sqlite3_bind_text(st, 1, key, -1, SQLITE_STATIC);
-  bind_str(st, 3, k->dev.backend);
-  bind_str(st, 4, k->dev.name);
-  bind_str(st, 5, k->dev.arch);
-  bind_str(st, 6, k->dev.uuid);
-  bind_str(st, 7, k->dev.driver);
+  bind_dev(st, 3, &k->dev);
   bind_str(st, 8, k->op);
   bind_str(st, 9, k->shape);
   bind_str(st, 10, k->dtypes);

@@ -655,6 +655,19 @@ static void pack_hello(void *ud, struct dspk__wbuf *w) {
   dspk__params_encode(w, m->params, m->nparams, v);
 }
 
+/* Frees what a client holds besides its socket and shared memory. */
+static void client_free(dspk_client *c) {
+  free(c->rbuf);
+  free(c->spare);
+  free(c->inflight);
+  for (size_t i = 0; i < c->ndone; i++)
+    free(c->done[i].buf);
+  free(c->done);
+  if (c->zone_ready)
+    msgpack_zone_destroy(&c->zone);
+  free(c);
+}
+
 DSPK_EXPORT int dspk_connect(const char *socket_path, const char *client_name,
                              dspk_client **out) {
   char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
@@ -749,15 +762,7 @@ DSPK_EXPORT int dspk_connect(const char *socket_path, const char *client_name,
 err_socket:
   close(c->fd);
 err_alloc:
-  free(c->rbuf);
-  free(c->spare);
-  free(c->inflight);
-  for (size_t i = 0; i < c->ndone; i++)
-    free(c->done[i].buf);
-  free(c->done);
-  if (c->zone_ready)
-    msgpack_zone_destroy(&c->zone);
-  free(c);
+  client_free(c);
   return rc;
 }
 
@@ -767,15 +772,7 @@ DSPK_EXPORT void dspk_close(dspk_client *c) {
   dspk__shm_close(c);
   if (c->fd >= 0)
     close(c->fd);
-  free(c->rbuf);
-  free(c->spare);
-  free(c->inflight);
-  for (size_t i = 0; i < c->ndone; i++)
-    free(c->done[i].buf);
-  free(c->done);
-  if (c->zone_ready)
-    msgpack_zone_destroy(&c->zone);
-  free(c);
+  client_free(c);
 }
 
 DSPK_EXPORT void dspk_set_progress(dspk_client *c, dspk_progress_fn fn,

@@ -43,11 +43,6 @@ static void work_cb(uv_work_t *w) {
     cw->err = dspk__cache_stats(cw->cache, &cw->st);
 }
 
-static void kv_u64(msgpack_packer *pk, const char *k, uint64_t v) {
-  dspk__pack_str(pk, k);
-  msgpack_pack_uint64(pk, v);
-}
-
 static void pack_stats(msgpack_packer *pk, const struct cwork *cw) {
   const struct dspk__cache_stats *s = &cw->st;
   msgpack_pack_map(pk, 5);
@@ -58,21 +53,21 @@ static void pack_stats(msgpack_packer *pk, const struct cwork *cw) {
     msgpack_pack_true(pk);
   else
     msgpack_pack_false(pk);
-  kv_u64(pk, "max_bytes", s->max_bytes);
-  kv_u64(pk, "file_bytes", s->file_bytes);
+  dspk__pack_kv_u64(pk, "max_bytes", s->max_bytes);
+  dspk__pack_kv_u64(pk, "file_bytes", s->file_bytes);
   dspk__pack_str(pk, "kinds");
   msgpack_pack_map(pk, DSPK__CACHE_NKINDS);
   for (int k = 0; k < DSPK__CACHE_NKINDS; k++) {
     const struct dspk__cache_kstats *ks = &s->kind[k];
     dspk__pack_str(pk, dspk__cache_kind_name(k));
     msgpack_pack_map(pk, 7);
-    kv_u64(pk, "entries", ks->entries);
-    kv_u64(pk, "bytes", ks->bytes);
-    kv_u64(pk, "stored_hits", ks->stored_hits);
-    kv_u64(pk, "hits", ks->hits);
-    kv_u64(pk, "misses", ks->misses);
-    kv_u64(pk, "puts", ks->puts);
-    kv_u64(pk, "evictions", ks->evictions);
+    dspk__pack_kv_u64(pk, "entries", ks->entries);
+    dspk__pack_kv_u64(pk, "bytes", ks->bytes);
+    dspk__pack_kv_u64(pk, "stored_hits", ks->stored_hits);
+    dspk__pack_kv_u64(pk, "hits", ks->hits);
+    dspk__pack_kv_u64(pk, "misses", ks->misses);
+    dspk__pack_kv_u64(pk, "puts", ks->puts);
+    dspk__pack_kv_u64(pk, "evictions", ks->evictions);
   }
 }
 

@@ -227,13 +227,14 @@ struct device *dspkd_device_cpu(struct dspkd *d) {
   return NULL;
 }
 
-struct device *dspkd_device_any(struct dspkd *d) {
+struct device *dspkd_device_pick(struct dspkd *d,
+                                 bool (*ok)(void *ud, struct dspkd *d, int idx), void *ud) {
   struct device *best = NULL, *cpu = NULL, *soft = NULL;
   uint64_t best_load = 0;
   for (int i = 0; i < d->ndevs; i++) {
     struct device *dev = &d->devs[i];
     uint64_t load;
-    if (dev->open_state != 1 || seen_earlier(d, i))
+    if (dev->open_state != 1 || !ok(ud, d, i))
       continue;
     if (strcmp(dev->be->name, "cpu") == 0) {
       if (!cpu)
@@ -255,6 +256,13 @@ struct device *dspkd_device_any(struct dspkd *d) {
   }
   return best ? best : cpu ? cpu : soft;
 }
+
+static bool first_view(void *ud, struct dspkd *d, int idx) {
+  (void)ud;
+  return !seen_earlier(d, idx);
+}
+
+struct device *dspkd_device_any(struct dspkd *d) { return dspkd_device_pick(d, first_view, NULL); }
 
 void dspkd_heap_warm(void) {
   size_t n = (size_t)DSPKD_HEAP_WARM_MB << 20;

@@ -458,6 +458,10 @@ struct device *dspkd_device_find(struct dspkd *d, const char *id, size_t len);
 /* Picks the device for "any": least-loaded hardware device (each GPU through
  * the first backend that has it), else cpu:0. */
 struct device *dspkd_device_any(struct dspkd *d);
+/* "any" among the open devices ok(ud, d, index) accepts: the least loaded
+ * GPU, else the cpu, else a software device; NULL when none. */
+struct device *dspkd_device_pick(struct dspkd *d,
+                                 bool (*ok)(void *ud, struct dspkd *d, int idx), void *ud);
 /* The first open cpu device, or NULL. */
 struct device *dspkd_device_cpu(struct dspkd *d);
 

@@ -47,29 +47,6 @@ static int prefix(struct req *r, int code, const char *what) {
   return code;
 }
 
-static void kv_str(msgpack_packer *pk, const char *k, const char *v) {
-  dspk__pack_str(pk, k);
-  dspk__pack_str(pk, v);
-}
-
-static void kv_u64(msgpack_packer *pk, const char *k, uint64_t v) {
-  dspk__pack_str(pk, k);
-  msgpack_pack_uint64(pk, v);
-}
-
-static void kv_i64(msgpack_packer *pk, const char *k, int64_t v) {
-  dspk__pack_str(pk, k);
-  msgpack_pack_int64(pk, v);
-}
-
-static void kv_bool(msgpack_packer *pk, const char *k, bool v) {
-  dspk__pack_str(pk, k);
-  if (v)
-    msgpack_pack_true(pk);
-  else
-    msgpack_pack_false(pk);
-}
-
 /* Starts a result response; NULL when out of memory. */
 static struct wreq *reply(struct req *r) {
   struct wreq *wr = dspkd_wreq_new();
@@ -80,15 +57,15 @@ static struct wreq *reply(struct req *r) {
 
 static void limits_map(msgpack_packer *pk, const struct dspkd_config *cfg) {
   msgpack_pack_map(pk, 9);
-  kv_u64(pk, "max_message", cfg->lim.max_message);
-  kv_u64(pk, "max_depth", cfg->lim.max_depth);
-  kv_u64(pk, "max_objects", cfg->lim.max_objects);
-  kv_u64(pk, "max_rank", cfg->lim.max_rank);
-  kv_u64(pk, "max_elements", cfg->lim.max_elements);
-  kv_u64(pk, "max_inflight", cfg->max_inflight);
-  kv_u64(pk, "max_unsent", cfg->max_unsent);
-  kv_u64(pk, "max_buffers", cfg->max_buffers);
-  kv_u64(pk, "max_clients", cfg->max_clients);
+  dspk__pack_kv_u64(pk, "max_message", cfg->lim.max_message);
+  dspk__pack_kv_u64(pk, "max_depth", cfg->lim.max_depth);
+  dspk__pack_kv_u64(pk, "max_objects", cfg->lim.max_objects);
+  dspk__pack_kv_u64(pk, "max_rank", cfg->lim.max_rank);
+  dspk__pack_kv_u64(pk, "max_elements", cfg->lim.max_elements);
+  dspk__pack_kv_u64(pk, "max_inflight", cfg->max_inflight);
+  dspk__pack_kv_u64(pk, "max_unsent", cfg->max_unsent);
+  dspk__pack_kv_u64(pk, "max_buffers", cfg->max_buffers);
+  dspk__pack_kv_u64(pk, "max_clients", cfg->max_clients);
 }
 
 /* Whether the connection may use dev (daemon/jobs.c: its Slurm job's
@@ -157,10 +134,10 @@ static int m_hello(struct req *r) {
   if (!(wr = reply(r)))
     return DSPK_ENOMEM;
   msgpack_pack_map(&wr->w.pk, 5);
-  kv_u64(&wr->w.pk, "protocol", DSPK_PROTOCOL_VERSION);
-  kv_str(&wr->w.pk, "daemon", DSPKD_VERSION);
-  kv_str(&wr->w.pk, "server", "dspkd");
-  kv_u64(&wr->w.pk, "client_id", c->id);
+  dspk__pack_kv_u64(&wr->w.pk, "protocol", DSPK_PROTOCOL_VERSION);
+  dspk__pack_kv_str(&wr->w.pk, "daemon", DSPKD_VERSION);
+  dspk__pack_kv_str(&wr->w.pk, "server", "dspkd");
+  dspk__pack_kv_u64(&wr->w.pk, "client_id", c->id);
   dspk__pack_str(&wr->w.pk, "limits");
   limits_map(&wr->w.pk, &c->d->cfg);
   dspkd_conn_send(c, wr);
@@ -209,22 +186,22 @@ static int m_devices(struct req *r) {
     if (dev->open_state != 1 || !dspkd_job_dev_ok(r->c, dev))
       continue;
     msgpack_pack_map(pk, 9);
-    kv_str(pk, "id", dev->id);
-    kv_str(pk, "backend", dev->be->name);
-    kv_str(pk, "name", dev->info.name);
-    kv_str(pk, "type", dev->info.type);
-    kv_str(pk, "arch", dev->info.arch);
-    kv_str(pk, "driver", dev->info.driver);
-    kv_str(pk, "uuid", dev->info.uuid);
-    kv_u64(pk, "memory", dev->info.memory);
-    kv_bool(pk, "software", dev->info.software != 0);
+    dspk__pack_kv_str(pk, "id", dev->id);
+    dspk__pack_kv_str(pk, "backend", dev->be->name);
+    dspk__pack_kv_str(pk, "name", dev->info.name);
+    dspk__pack_kv_str(pk, "type", dev->info.type);
+    dspk__pack_kv_str(pk, "arch", dev->info.arch);
+    dspk__pack_kv_str(pk, "driver", dev->info.driver);
+    dspk__pack_kv_str(pk, "uuid", dev->info.uuid);
+    dspk__pack_kv_u64(pk, "memory", dev->info.memory);
+    dspk__pack_kv_bool(pk, "software", dev->info.software != 0);
   }
   dspk__pack_str(pk, "unavailable");
   msgpack_pack_array(pk, all ? (size_t)d->nunavail : 0);
   for (int i = 0; all && i < d->nunavail; i++) {
     msgpack_pack_map(pk, 2);
-    kv_str(pk, "backend", d->unavail[i].backend);
-    kv_str(pk, "reason", d->unavail[i].reason);
+    dspk__pack_kv_str(pk, "backend", d->unavail[i].backend);
+    dspk__pack_kv_str(pk, "reason", d->unavail[i].reason);
   }
   dspkd_conn_send(r->c, wr);
   return 0;
@@ -279,12 +256,12 @@ static int m_status(struct req *r) {
 
   dspk__pack_str(pk, "daemon");
   msgpack_pack_map(pk, 7);
-  kv_str(pk, "version", DSPKD_VERSION);
-  kv_i64(pk, "pid", (int64_t)getpid());
-  kv_u64(pk, "uptime_s", (dspkd_now_ms() - d->start_ms) / 1000);
-  kv_str(pk, "socket", d->cfg.socket_path);
-  kv_u64(pk, "connections", d->nconns);
-  kv_bool(pk, "stopping", d->stopping);
+  dspk__pack_kv_str(pk, "version", DSPKD_VERSION);
+  dspk__pack_kv_i64(pk, "pid", (int64_t)getpid());
+  dspk__pack_kv_u64(pk, "uptime_s", (dspkd_now_ms() - d->start_ms) / 1000);
+  dspk__pack_kv_str(pk, "socket", d->cfg.socket_path);
+  dspk__pack_kv_u64(pk, "connections", d->nconns);
+  dspk__pack_kv_bool(pk, "stopping", d->stopping);
   dspk__pack_str(pk, "limits");
   limits_map(pk, &d->cfg);
 
@@ -294,17 +271,17 @@ static int m_status(struct req *r) {
     if (!status_shows(r->c, admin, c))
       continue;
     msgpack_pack_map(pk, 12);
-    kv_u64(pk, "id", c->id);
-    kv_i64(pk, "pid", (int64_t)c->pid);
-    kv_i64(pk, "uid", c->uid == (uid_t)-1 ? -1 : (int64_t)c->uid);
-    kv_i64(pk, "gid", c->gid == (gid_t)-1 ? -1 : (int64_t)c->gid);
-    kv_str(pk, "name", c->name);
-    kv_u64(pk, "inflight", c->inflight);
-    kv_u64(pk, "buffers", c->nbufs);
-    kv_u64(pk, "buffer_bytes", c->buf_bytes);
-    kv_u64(pk, "unsent", c->unsent);
-    kv_u64(pk, "requests", c->requests);
-    kv_bool(pk, "self", c == r->c);
+    dspk__pack_kv_u64(pk, "id", c->id);
+    dspk__pack_kv_i64(pk, "pid", (int64_t)c->pid);
+    dspk__pack_kv_i64(pk, "uid", c->uid == (uid_t)-1 ? -1 : (int64_t)c->uid);
+    dspk__pack_kv_i64(pk, "gid", c->gid == (gid_t)-1 ? -1 : (int64_t)c->gid);
+    dspk__pack_kv_str(pk, "name", c->name);
+    dspk__pack_kv_u64(pk, "inflight", c->inflight);
+    dspk__pack_kv_u64(pk, "buffers", c->nbufs);
+    dspk__pack_kv_u64(pk, "buffer_bytes", c->buf_bytes);
+    dspk__pack_kv_u64(pk, "unsent", c->unsent);
+    dspk__pack_kv_u64(pk, "requests", c->requests);
+    dspk__pack_kv_bool(pk, "self", c == r->c);
     dspk__pack_str(pk, "job");
     if (c->job)
       msgpack_pack_uint64(pk, c->job->id);
@@ -314,9 +291,9 @@ static int m_status(struct req *r) {
   /* The connections not listed: counts only, nothing that names them. */
   dspk__pack_str(pk, "other_clients");
   msgpack_pack_map(pk, 3);
-  kv_u64(pk, "connections", d->nconns - shown);
-  kv_u64(pk, "inflight", other_inflight);
-  kv_u64(pk, "buffers", other_buffers);
+  dspk__pack_kv_u64(pk, "connections", d->nconns - shown);
+  dspk__pack_kv_u64(pk, "inflight", other_inflight);
+  dspk__pack_kv_u64(pk, "buffers", other_buffers);
 
   /* The Slurm jobs registered here (daemon/jobs.c): to an admin every one,
    * to anyone else those of its uid. */
@@ -333,17 +310,17 @@ static int m_status(struct req *r) {
         bytes += c->buf_bytes;
       }
     msgpack_pack_map(pk, 8);
-    kv_u64(pk, "job", j->id);
-    kv_i64(pk, "uid", (int64_t)j->uid);
+    dspk__pack_kv_u64(pk, "job", j->id);
+    dspk__pack_kv_i64(pk, "uid", (int64_t)j->uid);
     dspk__pack_str(pk, "devices");
     msgpack_pack_array(pk, (size_t)j->ndevs);
     for (int k = 0; k < j->ndevs; k++)
       dspk__pack_str(pk, j->uuid[k]);
-    kv_u64(pk, "connections", j->nconns);
-    kv_u64(pk, "inflight", inflight);
-    kv_u64(pk, "buffers", buffers);
-    kv_u64(pk, "buffer_bytes", bytes);
-    kv_bool(pk, "ended", j->ended);
+    dspk__pack_kv_u64(pk, "connections", j->nconns);
+    dspk__pack_kv_u64(pk, "inflight", inflight);
+    dspk__pack_kv_u64(pk, "buffers", buffers);
+    dspk__pack_kv_u64(pk, "buffer_bytes", bytes);
+    dspk__pack_kv_bool(pk, "ended", j->ended);
   }
 
   dspk__pack_str(pk, "devices");
@@ -360,15 +337,15 @@ static int m_status(struct req *r) {
     dspkd_sched_counters(dev, &q, &run, &done, &failed, &s);
     dspkd_obs_activity(dev, &act);
     msgpack_pack_map(pk, 10);
-    kv_str(pk, "id", dev->id);
-    kv_u64(pk, "queued", q);
-    kv_u64(pk, "running", run);
-    kv_u64(pk, "completed", done);
-    kv_u64(pk, "failed", failed);
+    dspk__pack_kv_str(pk, "id", dev->id);
+    dspk__pack_kv_u64(pk, "queued", q);
+    dspk__pack_kv_u64(pk, "running", run);
+    dspk__pack_kv_u64(pk, "completed", done);
+    dspk__pack_kv_u64(pk, "failed", failed);
     dspk__pack_str(pk, "busy");
     msgpack_pack_double(pk, act.busy);
-    kv_u64(pk, "clients", act.clients);
-    kv_u64(pk, "memory", dev->info.memory);
+    dspk__pack_kv_u64(pk, "clients", act.clients);
+    dspk__pack_kv_u64(pk, "memory", dev->info.memory);
     dspk__pack_str(pk, "running_op");
     if (!act.running) {
       msgpack_pack_nil(pk);
@@ -378,25 +355,25 @@ static int m_status(struct req *r) {
       bool mine = act.client && (admin || (r->c->uid != (uid_t)-1 &&
                                            r->c->uid == (uid_t)act.uid));
       msgpack_pack_map(pk, mine ? 3 : 2);
-      kv_str(pk, "name", act.what);
-      kv_u64(pk, "age_ms", act.age_ns / 1000000);
+      dspk__pack_kv_str(pk, "name", act.what);
+      dspk__pack_kv_u64(pk, "age_ms", act.age_ns / 1000000);
       if (mine)
-        kv_u64(pk, "client", act.client);
+        dspk__pack_kv_u64(pk, "client", act.client);
     }
     dspk__pack_str(pk, "stats");
     msgpack_pack_map(pk, 12);
-    kv_u64(pk, "pool_bytes_in_use", s.pool_bytes_in_use);
-    kv_u64(pk, "pool_bytes_cached", s.pool_bytes_cached);
-    kv_u64(pk, "pool_hits", s.pool_hits);
-    kv_u64(pk, "pool_misses", s.pool_misses);
-    kv_u64(pk, "retire_deferred", s.retire_deferred);
-    kv_u64(pk, "retire_released", s.retire_released);
-    kv_u64(pk, "retire_barrier_fallbacks", s.retire_barrier_fallbacks);
-    kv_u64(pk, "retire_leaked", s.retire_leaked);
-    kv_u64(pk, "retire_in_flight", s.retire_in_flight);
-    kv_u64(pk, "retire_max_in_flight", s.retire_max_in_flight);
-    kv_u64(pk, "kernels_compiled", s.kernels_compiled);
-    kv_u64(pk, "kernel_cache_hits", s.kernel_cache_hits);
+    dspk__pack_kv_u64(pk, "pool_bytes_in_use", s.pool_bytes_in_use);
+    dspk__pack_kv_u64(pk, "pool_bytes_cached", s.pool_bytes_cached);
+    dspk__pack_kv_u64(pk, "pool_hits", s.pool_hits);
+    dspk__pack_kv_u64(pk, "pool_misses", s.pool_misses);
+    dspk__pack_kv_u64(pk, "retire_deferred", s.retire_deferred);
+    dspk__pack_kv_u64(pk, "retire_released", s.retire_released);
+    dspk__pack_kv_u64(pk, "retire_barrier_fallbacks", s.retire_barrier_fallbacks);
+    dspk__pack_kv_u64(pk, "retire_leaked", s.retire_leaked);
+    dspk__pack_kv_u64(pk, "retire_in_flight", s.retire_in_flight);
+    dspk__pack_kv_u64(pk, "retire_max_in_flight", s.retire_max_in_flight);
+    dspk__pack_kv_u64(pk, "kernels_compiled", s.kernels_compiled);
+    dspk__pack_kv_u64(pk, "kernel_cache_hits", s.kernel_cache_hits);
   }
   dspkd_conn_send(r->c, wr);
   return 0;
@@ -845,7 +822,7 @@ static int m_task_cancel(struct req *r) {
     return DSPK_ENOMEM;
   found = dspkd_sched_cancel(r->c, (uint32_t)id);
   msgpack_pack_map(&wr->w.pk, 1);
-  kv_bool(&wr->w.pk, "canceled", found != 0);
+  dspk__pack_kv_bool(&wr->w.pk, "canceled", found != 0);
   dspkd_conn_send(r->c, wr);
   return 0;
 }

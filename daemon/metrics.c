@@ -15,6 +15,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -234,6 +235,13 @@ static void family(struct tbuf *t, const char *name, const char *type, const cha
   tput(t, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
 
+/* A family of one sample without labels. */
+static void scalar(struct tbuf *t, const char *name, const char *type, const char *help,
+                   unsigned long long v) {
+  family(t, name, type, help);
+  tput(t, "%s %llu\n", name, v);
+}
+
 /* A label value with \, " and newlines escaped (the format's rules). */
 static const char *lv(const char *s, char *buf, size_t cap) {
   size_t n = 0;
@@ -283,6 +291,40 @@ static void hist_lines(struct tbuf *t, const char *name, const char *labels,
     }                                                                                      \
   } while (0)
 
+/* The backend's counters of a device (struct dspk__devstats): a family
+ * each, a sample per device. */
+#define DEVSTAT(name, type, field, help) {name, type, help, offsetof(struct dspk__devstats, field)}
+static const struct {
+  const char *name, *type, *help;
+  size_t off; /* of a uint64_t in struct dspk__devstats */
+} devstat_families[] = {
+    DEVSTAT("dspk_memory_in_use_bytes", "gauge", pool_bytes_in_use,
+            "Device memory the daemon's pool has handed out."),
+    DEVSTAT("dspk_memory_cached_bytes", "gauge", pool_bytes_cached,
+            "Device memory the daemon's pool keeps for reuse."),
+    DEVSTAT("dspk_pool_hits_total", "counter", pool_hits,
+            "Allocations served from the pool's cached blocks."),
+    DEVSTAT("dspk_pool_misses_total", "counter", pool_misses,
+            "Allocations that needed new device memory."),
+    DEVSTAT("dspk_retire_deferred_total", "counter", retire_deferred,
+            "Frees deferred until the device finished with the memory."),
+    DEVSTAT("dspk_retire_released_total", "counter", retire_released,
+            "Deferred frees released."),
+    DEVSTAT("dspk_retire_barrier_fallbacks_total", "counter", retire_barrier_fallbacks,
+            "Deferred frees that had to wait for the whole device."),
+    DEVSTAT("dspk_retire_leaked_total", "counter", retire_leaked,
+            "Deferred frees that could not be released."),
+    DEVSTAT("dspk_retire_in_flight", "gauge", retire_in_flight,
+            "Deferred frees not yet released."),
+    DEVSTAT("dspk_retire_max_in_flight", "gauge", retire_max_in_flight,
+            "Most deferred frees outstanding at once."),
+    DEVSTAT("dspk_kernels_compiled_total", "counter", kernels_compiled,
+            "Kernels the device's backend compiled."),
+    DEVSTAT("dspk_kernel_cache_hits_total", "counter", kernel_cache_hits,
+            "Kernels the device's backend found already compiled."),
+};
+#undef DEVSTAT
+
 static void render_devices(struct tbuf *t, const struct devsnap *sn, int n) {
   char labels[256];
 
@@ -331,41 +373,14 @@ static void render_devices(struct tbuf *t, const struct devsnap *sn, int n) {
              (double)s->busy_ns / (double)NS);
   PER_DEVICE(t, sn, n, "dspk_device_memory_bytes", "gauge", "The device's memory.", "%llu",
              (unsigned long long)s->dev->info.memory);
-  PER_DEVICE(t, sn, n, "dspk_memory_in_use_bytes", "gauge",
-             "Device memory the daemon's pool has handed out.", "%llu",
-             (unsigned long long)s->stats.pool_bytes_in_use);
-  PER_DEVICE(t, sn, n, "dspk_memory_cached_bytes", "gauge",
-             "Device memory the daemon's pool keeps for reuse.", "%llu",
-             (unsigned long long)s->stats.pool_bytes_cached);
-  PER_DEVICE(t, sn, n, "dspk_pool_hits_total", "counter",
-             "Allocations served from the pool's cached blocks.", "%llu",
-             (unsigned long long)s->stats.pool_hits);
-  PER_DEVICE(t, sn, n, "dspk_pool_misses_total", "counter",
-             "Allocations that needed new device memory.", "%llu",
-             (unsigned long long)s->stats.pool_misses);
-  PER_DEVICE(t, sn, n, "dspk_retire_deferred_total", "counter",
-             "Frees deferred until the device finished with the memory.", "%llu",
-             (unsigned long long)s->stats.retire_deferred);
-  PER_DEVICE(t, sn, n, "dspk_retire_released_total", "counter",
-             "Deferred frees released.", "%llu",
-             (unsigned long long)s->stats.retire_released);
-  PER_DEVICE(t, sn, n, "dspk_retire_barrier_fallbacks_total", "counter",
-             "Deferred frees that had to wait for the whole device.", "%llu",
-             (unsigned long long)s->stats.retire_barrier_fallbacks);
-  PER_DEVICE(t, sn, n, "dspk_retire_leaked_total", "counter",
-             "Deferred frees that could not be released.", "%llu",
-             (unsigned long long)s->stats.retire_leaked);
-  PER_DEVICE(t, sn, n, "dspk_retire_in_flight", "gauge", "Deferred frees not yet released.",
-             "%llu", (unsigned long long)s->stats.retire_in_flight);
-  PER_DEVICE(t, sn, n, "dspk_retire_max_in_flight", "gauge",
-             "Most deferred frees outstanding at once.", "%llu",
-             (unsigned long long)s->stats.retire_max_in_flight);
-  PER_DEVICE(t, sn, n, "dspk_kernels_compiled_total", "counter",
-             "Kernels the device's backend compiled.", "%llu",
-             (unsigned long long)s->stats.kernels_compiled);
-  PER_DEVICE(t, sn, n, "dspk_kernel_cache_hits_total", "counter",
-             "Kernels the device's backend found already compiled.", "%llu",
-             (unsigned long long)s->stats.kernel_cache_hits);
+  for (size_t f = 0; f < sizeof devstat_families / sizeof devstat_families[0]; f++) {
+    const char *name = devstat_families[f].name;
+    family(t, name, devstat_families[f].type, devstat_families[f].help);
+    for (int i = 0; i < n; i++)
+      tput(t, "%s{device=\"%s\"} %llu\n", name, sn[i].id,
+           (unsigned long long)*(const uint64_t *)((const char *)&sn[i].stats +
+                                                   devstat_families[f].off));
+  }
 }
 
 /* The Slurm jobs registered here (daemon/jobs.c), labelled by job id. */
@@ -374,9 +389,8 @@ static void render_jobs(struct tbuf *t, const struct dspkd *d) {
   static const char *const helps[4] = {
       "Connections of the Slurm job open now.", "Requests of the Slurm job in flight.",
       "Buffers the Slurm job holds.", "Bytes of the buffers the Slurm job holds."};
-  family(t, "dspk_slurm_jobs", "gauge",
-         "Slurm jobs registered on this node (job.register), those ending included.");
-  tput(t, "dspk_slurm_jobs %zu\n", d->njobs);
+  scalar(t, "dspk_slurm_jobs", "gauge",
+         "Slurm jobs registered on this node (job.register), those ending included.", d->njobs);
   for (int k = 0; k < 4; k++) {
     char name[48];
     snprintf(name, sizeof name, "dspk_slurm_job_%s", names[k]);
@@ -393,6 +407,24 @@ static void render_jobs(struct tbuf *t, const struct dspkd *d) {
     }
   }
 }
+
+/* The persistent cache's counters (struct dspk__cache_kstats), a family
+ * each, a sample per kind. */
+static const struct {
+  const char *name, *help;
+  size_t off; /* of a uint64_t in struct dspk__cache_kstats */
+} cache_families[] = {
+    {"dspk_cache_hits_total",
+     "Lookups the persistent cache answered, by kind (kernels, autotune, blobs).",
+     offsetof(struct dspk__cache_kstats, hits)},
+    {"dspk_cache_misses_total", "Lookups the persistent cache missed.",
+     offsetof(struct dspk__cache_kstats, misses)},
+    {"dspk_cache_puts_total",
+     "Entries stored in the persistent cache (compiled kernels, tunings, blobs).",
+     offsetof(struct dspk__cache_kstats, puts)},
+    {"dspk_cache_evictions_total", "Entries the persistent cache evicted to stay within its size.",
+     offsetof(struct dspk__cache_kstats, evictions)},
+};
 
 int dspkd_metrics_render(struct dspkd *d, char **text, size_t *len) {
   struct tbuf t = {0};
@@ -430,47 +462,32 @@ int dspkd_metrics_render(struct dspkd *d, char **text, size_t *len) {
   tput(&t, "dspk_info{version=\"%s\"} 1\n", lv(DSPKD_VERSION, ver, sizeof ver));
   family(&t, "dspk_uptime_seconds", "gauge", "Seconds since the daemon started.");
   tput(&t, "dspk_uptime_seconds %.3f\n", (double)(dspkd_now_ms() - d->start_ms) / 1000.0);
-  family(&t, "dspk_connections", "gauge", "Client connections open now.");
-  tput(&t, "dspk_connections %zu\n", d->nconns);
-  family(&t, "dspk_connections_total", "counter", "Client connections accepted.");
-  tput(&t, "dspk_connections_total %llu\n", (unsigned long long)d->obs.conns_total);
-  family(&t, "dspk_received_bytes_total", "counter", "Bytes read from clients.");
-  tput(&t, "dspk_received_bytes_total %llu\n", (unsigned long long)d->obs.bytes_in);
-  family(&t, "dspk_sent_bytes_total", "counter", "Bytes written to clients.");
-  tput(&t, "dspk_sent_bytes_total %llu\n", (unsigned long long)d->obs.bytes_out);
+  scalar(&t, "dspk_connections", "gauge", "Client connections open now.", d->nconns);
+  scalar(&t, "dspk_connections_total", "counter", "Client connections accepted.",
+         d->obs.conns_total);
+  scalar(&t, "dspk_received_bytes_total", "counter", "Bytes read from clients.", d->obs.bytes_in);
+  scalar(&t, "dspk_sent_bytes_total", "counter", "Bytes written to clients.", d->obs.bytes_out);
 
   render_jobs(&t, d);
 
-  family(&t, "dspk_traces_in_progress", "gauge", "trace requests recording now.");
   {
-    int k = 0;
+    unsigned k = 0;
     for (const struct trace_sess *ts = d->obs.traces; ts; ts = dspkd_trace_next(ts))
       k++;
-    tput(&t, "dspk_traces_in_progress %d\n", k);
+    scalar(&t, "dspk_traces_in_progress", "gauge", "trace requests recording now.", k);
   }
 
   render_devices(&t, sn, n);
 
   dspk__cache_counts(d->cache, ks);
-  family(&t, "dspk_cache_hits_total", "counter",
-         "Lookups the persistent cache answered, by kind (kernels, autotune, blobs).");
-  for (int k = 0; k < DSPK__CACHE_NKINDS; k++)
-    tput(&t, "dspk_cache_hits_total{kind=\"%s\"} %llu\n", dspk__cache_kind_name(k),
-         (unsigned long long)ks[k].hits);
-  family(&t, "dspk_cache_misses_total", "counter", "Lookups the persistent cache missed.");
-  for (int k = 0; k < DSPK__CACHE_NKINDS; k++)
-    tput(&t, "dspk_cache_misses_total{kind=\"%s\"} %llu\n", dspk__cache_kind_name(k),
-         (unsigned long long)ks[k].misses);
-  family(&t, "dspk_cache_puts_total", "counter",
-         "Entries stored in the persistent cache (compiled kernels, tunings, blobs).");
-  for (int k = 0; k < DSPK__CACHE_NKINDS; k++)
-    tput(&t, "dspk_cache_puts_total{kind=\"%s\"} %llu\n", dspk__cache_kind_name(k),
-         (unsigned long long)ks[k].puts);
-  family(&t, "dspk_cache_evictions_total", "counter",
-         "Entries the persistent cache evicted to stay within its size.");
-  for (int k = 0; k < DSPK__CACHE_NKINDS; k++)
-    tput(&t, "dspk_cache_evictions_total{kind=\"%s\"} %llu\n", dspk__cache_kind_name(k),
-         (unsigned long long)ks[k].evictions);
+  for (size_t f = 0; f < sizeof cache_families / sizeof cache_families[0]; f++) {
+    const char *name = cache_families[f].name;
+    family(&t, name, "counter", cache_families[f].help);
+    for (int k = 0; k < DSPK__CACHE_NKINDS; k++)
+      tput(&t, "%s{kind=\"%s\"} %llu\n", name, dspk__cache_kind_name(k),
+           (unsigned long long)*(const uint64_t *)((const char *)&ks[k] +
+                                                   cache_families[f].off));
+  }
   free(sn);
   if (t.err) {
     free(t.p);

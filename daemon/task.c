@@ -139,16 +139,6 @@ static struct wreq *result_head(struct job *j) {
   return j->resp;
 }
 
-static void pack_kv_str(msgpack_packer *pk, const char *k, const char *v) {
-  dspk__pack_str(pk, k);
-  dspk__pack_str(pk, v);
-}
-
-static void pack_kv_u64(msgpack_packer *pk, const char *k, uint64_t v) {
-  dspk__pack_str(pk, k);
-  msgpack_pack_uint64(pk, v);
-}
-
 static void exec_create(struct device *dev, struct job *j) {
   struct dspk__mem *mem = NULL;
   struct wreq *wr;
@@ -173,9 +163,9 @@ static void exec_create(struct device *dev, struct job *j) {
     return;
   }
   msgpack_pack_map(&wr->w.pk, 3);
-  pack_kv_u64(&wr->w.pk, "buffer", j->buf->id);
-  pack_kv_str(&wr->w.pk, "device", dev->id);
-  pack_kv_u64(&wr->w.pk, "size", j->buf->size);
+  dspk__pack_kv_u64(&wr->w.pk, "buffer", j->buf->id);
+  dspk__pack_kv_str(&wr->w.pk, "device", dev->id);
+  dspk__pack_kv_u64(&wr->w.pk, "size", j->buf->size);
   if (j->buf->host && j->buf->share_fd >= 0) { /* buffer.share: goes with the answer */
     wr->fd = j->buf->share_fd;
     j->buf->share_fd = -1;
@@ -205,7 +195,7 @@ static void exec_write(struct device *dev, struct job *j) {
     return;
   }
   msgpack_pack_map(&wr->w.pk, 1);
-  pack_kv_u64(&wr->w.pk, "size", j->size);
+  dspk__pack_kv_u64(&wr->w.pk, "size", j->size);
 }
 
 static void exec_read(struct device *dev, struct job *j) {
@@ -260,8 +250,8 @@ static void pack_tensor(struct wreq *wr, const struct dspk__tensor *t,
   msgpack_pack_map(pk, ref ? 4 : 3);
   dspk__pack_tensor_meta(pk, t->dtype, (unsigned)t->rank, t->shape);
   if (ref) {
-    pack_kv_u64(pk, "buffer", ref->id);
-    pack_kv_u64(pk, "offset", t->offset);
+    dspk__pack_kv_u64(pk, "buffer", ref->id);
+    dspk__pack_kv_u64(pk, "offset", t->offset);
   } else {
     dspk__pack_str(pk, "data");
     dspk__wbuf_bin_ref(&wr->w, data, dspk__tensor_nbytes(t), release, ud);
@@ -289,8 +279,8 @@ static void on_progress(void *ud, const char *what, double fraction) {
     return;
   dspk__pack_notify_head(&wr->w.pk, "task.progress");
   msgpack_pack_map(&wr->w.pk, 3);
-  pack_kv_u64(&wr->w.pk, "msgid", j->msgid);
-  pack_kv_str(&wr->w.pk, "what", what ? what : "");
+  dspk__pack_kv_u64(&wr->w.pk, "msgid", j->msgid);
+  dspk__pack_kv_str(&wr->w.pk, "what", what ? what : "");
   dspk__pack_str(&wr->w.pk, "fraction");
   msgpack_pack_double(&wr->w.pk, fraction < 0 ? 0 : fraction > 1 ? 1 : fraction);
   dspkd_sched_post_note(j->dev->d, j, wr);
@@ -449,7 +439,7 @@ static void exec_task(struct device *dev, struct job *j) {
     goto out;
   }
   msgpack_pack_map(&wr->w.pk, 3);
-  pack_kv_str(&wr->w.pk, "device", dev->id);
+  dspk__pack_kv_str(&wr->w.pk, "device", dev->id);
   dspk__pack_str(&wr->w.pk, "outputs");
   msgpack_pack_array(&wr->w.pk, (size_t)nres);
   for (int i = 0; i < nres; i++) {
@@ -495,7 +485,7 @@ void dspkd_job_finish(struct device *dev, struct job *j, int err, uint64_t ns) {
   }
   /* Rounded up, so a task that ran always reports at least 1. */
   if (j->kind == JOB_TASK && j->resp)
-    pack_kv_u64(&j->resp->w.pk, "time_us", (ns + 999) / 1000);
+    dspk__pack_kv_u64(&j->resp->w.pk, "time_us", (ns + 999) / 1000);
 }
 
 void dspkd_job_execute(struct device *dev, struct job *j) {

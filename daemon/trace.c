@@ -38,11 +38,6 @@ struct trec {
   int dev;
 };
 
-static void kv_u64(msgpack_packer *pk, const char *k, uint64_t v) {
-  dspk__pack_str(pk, k);
-  msgpack_pack_uint64(pk, v);
-}
-
 static void pack_rec(msgpack_packer *pk, const struct dspkd *d, const struct trec *x) {
   const struct trace_rec *r = &x->r;
   bool task = r->kind == JOB_TASK;
@@ -56,13 +51,13 @@ static void pack_rec(msgpack_packer *pk, const struct dspkd *d, const struct tre
   dspk__pack_str(pk, task ? "task" : dspkd_obs_job_name(r->kind, 0));
   dspk__pack_str(pk, "name");
   dspk__pack_str(pk, dspkd_obs_job_name(r->kind, r->op));
-  kv_u64(pk, "client", r->client);
+  dspk__pack_kv_u64(pk, "client", r->client);
   dspk__pack_str(pk, "job"); /* the client's Slurm job */
   if (r->slurm_job)
     msgpack_pack_uint64(pk, r->slurm_job);
   else
     msgpack_pack_nil(pk);
-  kv_u64(pk, "msgid", r->msgid);
+  dspk__pack_kv_u64(pk, "msgid", r->msgid);
   dspk__pack_str(pk, "error");
   if (r->err)
     dspk__pack_str(pk, dspk__err_name(r->err));
@@ -73,16 +68,16 @@ static void pack_rec(msgpack_packer *pk, const struct dspkd *d, const struct tre
     msgpack_pack_true(pk);
   else
     msgpack_pack_false(pk);
-  kv_u64(pk, "queued_us", (r->t.queued ? r->t.queued : r->t.start) / 1000);
-  kv_u64(pk, "start_us", r->t.start / 1000);
-  kv_u64(pk, "end_us", r->t.end / 1000);
+  dspk__pack_kv_u64(pk, "queued_us", (r->t.queued ? r->t.queued : r->t.start) / 1000);
+  dspk__pack_kv_u64(pk, "start_us", r->t.start / 1000);
+  dspk__pack_kv_u64(pk, "end_us", r->t.end / 1000);
   if (task && r->t.upload_end)
-    kv_u64(pk, "upload_end_us", r->t.upload_end / 1000);
+    dspk__pack_kv_u64(pk, "upload_end_us", r->t.upload_end / 1000);
   if (task && r->t.compute_end)
-    kv_u64(pk, "compute_end_us", r->t.compute_end / 1000);
+    dspk__pack_kv_u64(pk, "compute_end_us", r->t.compute_end / 1000);
   if (task && r->t.tune_start) {
-    kv_u64(pk, "tune_start_us", r->t.tune_start / 1000);
-    kv_u64(pk, "tune_end_us", r->t.tune_end / 1000);
+    dspk__pack_kv_u64(pk, "tune_start_us", r->t.tune_start / 1000);
+    dspk__pack_kv_u64(pk, "tune_end_us", r->t.tune_end / 1000);
   }
 }
 
@@ -174,9 +169,9 @@ static void finish(struct trace_sess *s) {
       msgpack_packer *pk = &wr->w.pk;
       dspk__pack_result_head(pk, s->msgid);
       msgpack_pack_map(pk, 5);
-      kv_u64(pk, "start_us", s->t0 / 1000);
-      kv_u64(pk, "end_us", now / 1000);
-      kv_u64(pk, "dropped", dropped);
+      dspk__pack_kv_u64(pk, "start_us", s->t0 / 1000);
+      dspk__pack_kv_u64(pk, "end_us", now / 1000);
+      dspk__pack_kv_u64(pk, "dropped", dropped);
       dspk__pack_str(pk, "devices");
       for (int i = 0; i < d->ndevs; i++)
         ndev += d->devs[i].open_state == 1;

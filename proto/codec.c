@@ -577,6 +577,29 @@ void dspk__pack_str(msgpack_packer *pk, const char *s) {
   }
 }
 
+void dspk__pack_kv_str(msgpack_packer *pk, const char *k, const char *v) {
+  dspk__pack_str(pk, k);
+  dspk__pack_str(pk, v);
+}
+
+void dspk__pack_kv_u64(msgpack_packer *pk, const char *k, uint64_t v) {
+  dspk__pack_str(pk, k);
+  msgpack_pack_uint64(pk, v);
+}
+
+void dspk__pack_kv_i64(msgpack_packer *pk, const char *k, int64_t v) {
+  dspk__pack_str(pk, k);
+  msgpack_pack_int64(pk, v);
+}
+
+void dspk__pack_kv_bool(msgpack_packer *pk, const char *k, bool v) {
+  dspk__pack_str(pk, k);
+  if (v)
+    msgpack_pack_true(pk);
+  else
+    msgpack_pack_false(pk);
+}
+
 void dspk__pack_error(msgpack_packer *pk, int code, const char *message) {
   msgpack_pack_map(pk, 3);
   dspk__pack_str(pk, "code");

@@ -122,6 +122,11 @@ void dspk__wbuf_free(struct dspk__wbuf *w);
 
 /* Packing helpers. */
 void dspk__pack_str(msgpack_packer *pk, const char *s);
+/* A map entry: the key k (a str), then the value. */
+void dspk__pack_kv_str(msgpack_packer *pk, const char *k, const char *v);
+void dspk__pack_kv_u64(msgpack_packer *pk, const char *k, uint64_t v);
+void dspk__pack_kv_i64(msgpack_packer *pk, const char *k, int64_t v);
+void dspk__pack_kv_bool(msgpack_packer *pk, const char *k, bool v);
 void dspk__pack_error(msgpack_packer *pk, int code, const char *message);
 /* [0, msgid, method, [  ...caller packs one map, or nothing when nargs=0 ] */
 void dspk__pack_request_head(msgpack_packer *pk, uint32_t msgid, const char *method, bool has_args);

@@ -6,11 +6,13 @@
  * the result is remembered so later calls cost nothing.
  */
 #include <dlfcn.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "backends/cuda/cuda_api.h"
+#include "backends/gpurt/libload.h"
 #include "dspk/errors.h"
 #include "proto/testhook.h"
 
@@ -19,41 +21,24 @@ struct dspk__nvrtc_api dspk__nvrtc;
 struct dspk__cublas_api dspk__cublas;
 struct dspk__cufft_api dspk__cufft;
 
-#define STR2(x) #x
-#define STR(x) STR2(x)
-
 struct loadstate {
   int done, rc;
   char why[160];
 };
-static struct loadstate st_cu, st_nvrtc, st_cublas, st_cufft;
+/* What each load found, remembered until dspk__cuda_unload. */
+static struct {
+  struct loadstate cu, nvrtc, cublas, cufft;
+} st;
 
 static void *open_one(const char *const *names, char *tried, size_t len) {
   static const char *const dirs[] = {NULL, "$", "/usr/local/cuda/lib64",
                                      "/usr/local/cuda/targets/x86_64-linux/lib"};
-  const char *env = getenv("DSPK_CUDA_LIBDIR");
+  void *h = dspk__gpurt_dlopen_first(dirs, sizeof(dirs) / sizeof(dirs[0]),
+                                     "DSPK_CUDA_LIBDIR", names);
   tried[0] = 0;
-  for (size_t d = 0; d < sizeof(dirs) / sizeof(dirs[0]); d++) {
-    const char *dir = dirs[d];
-    if (dir && dir[0] == '$') {
-      if (!env || !*env)
-        continue;
-      dir = env;
-    }
-    for (size_t i = 0; names[i]; i++) {
-      char path[512];
-      void *h;
-      if (dir)
-        snprintf(path, sizeof(path), "%s/%s", dir, names[i]);
-      else
-        snprintf(path, sizeof(path), "%s", names[i]);
-      h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-      if (h)
-        return h;
-    }
-  }
-  snprintf(tried, len, "%s not found", names[0]);
-  return NULL;
+  if (!h)
+    snprintf(tried, len, "%s not found", names[0]);
+  return h;
 }
 
 static void finish(struct loadstate *s, char *why, size_t whylen) {
@@ -61,17 +46,58 @@ static void finish(struct loadstate *s, char *why, size_t whylen) {
     snprintf(why, whylen, "%s", s->rc ? s->why : "");
 }
 
-#define RESOLVE(tbl, f)                                                        \
-  do {                                                                         \
-    *(void **)&tbl.f = dlsym(tbl.lib, STR(f));                                 \
-    if (!tbl.f) {                                                              \
-      snprintf(s->why, sizeof(s->why), "%s lacks %s", libname, STR(f));        \
-      goto fail;                                                               \
-    }                                                                          \
-  } while (0);
+#define SYM(api, f) DSPK__GPURT_SYM(struct api, f)
+static const struct dspk__gpurt_sym cu_syms[] = {
+#define XX(f) SYM(dspk__cu_api, f)
+    DSPK__CU_FUNCS(XX)
+#undef XX
+};
+static const struct dspk__gpurt_sym nvrtc_syms[] = {
+#define XX(f) SYM(dspk__nvrtc_api, f)
+    DSPK__NVRTC_FUNCS(XX)
+#undef XX
+};
+static const struct dspk__gpurt_sym cublas_syms[] = {
+#define XX(f) SYM(dspk__cublas_api, f)
+    DSPK__CUBLAS_FUNCS(XX)
+#undef XX
+};
+static const struct dspk__gpurt_sym cufft_syms[] = {
+#define XX(f) SYM(dspk__cufft_api, f)
+    DSPK__CUFFT_FUNCS(XX)
+#undef XX
+};
+#define NSYMS(a) (sizeof(a) / sizeof(a[0]))
+
+/* Fills the table tbl with the n functions of syms from lib.  Returns 0,
+ * or -1 with "LIBNAME lacks FUNCTION" in s->why. */
+static int resolve(struct loadstate *s, void *lib, const char *libname, void *tbl,
+                   const struct dspk__gpurt_sym *syms, size_t n) {
+  const char *missing = dspk__gpurt_resolve(lib, tbl, syms, n);
+  if (missing)
+    snprintf(s->why, sizeof(s->why), "%s lacks %s", libname, missing);
+  return missing ? -1 : 0;
+}
+
+/* Opens the first library of names found and fills its table tbl (size
+ * bytes, the handle in *lib).  Returns 0, or DSPK_ENOTSUP with the table
+ * empty and the reason in s->why. */
+static int load_table(struct loadstate *s, const char *const *names, const char *libname,
+                      void *tbl, size_t size, void **lib, const struct dspk__gpurt_sym *syms,
+                      size_t n) {
+  *lib = open_one(names, s->why, sizeof(s->why));
+  if (!*lib)
+    return DSPK_ENOTSUP;
+  if (resolve(s, *lib, libname, tbl, syms, n) != 0) {
+    dlclose(*lib);
+    memset(tbl, 0, size);
+    return DSPK_ENOTSUP;
+  }
+  return 0;
+}
 
 int dspk__cuda_load_driver(char *why, size_t whylen) {
-  struct loadstate *s = &st_cu;
+  struct loadstate *s = &st.cu;
   const char *libname = "libcuda.so.1";
   if (!s->done) {
     const char *over = DSPK_TEST_HOOK("DSPK_CUDA_DRIVER");
@@ -89,11 +115,8 @@ int dspk__cuda_load_driver(char *why, size_t whylen) {
       s->rc = DSPK_ENODEV;
       goto out;
     }
-#define XX(f) RESOLVE(dspk__cu, f)
-    DSPK__CU_FUNCS(XX)
-#undef XX
-    goto out;
-  fail:
+    if (resolve(s, dspk__cu.lib, libname, &dspk__cu, cu_syms, NSYMS(cu_syms)) == 0)
+      goto out;
     dlclose(dspk__cu.lib);
     memset(&dspk__cu, 0, sizeof(dspk__cu));
     s->rc = DSPK_ENODEV;
@@ -106,31 +129,19 @@ out:
 int dspk__cuda_load_nvrtc(char *why, size_t whylen) {
   static const char *const names[] = {"libnvrtc.so.13", "libnvrtc.so.12",
                                       "libnvrtc.so", NULL};
-  struct loadstate *s = &st_nvrtc;
-  const char *libname = "libnvrtc";
+  struct loadstate *s = &st.nvrtc;
   if (!s->done) {
     s->done = 1;
-    s->rc = 0;
-    dspk__nvrtc.lib = open_one(names, s->why, sizeof(s->why));
-    if (!dspk__nvrtc.lib) {
-      s->rc = DSPK_ENOTSUP;
-      goto out;
-    }
-#define XX(f) RESOLVE(dspk__nvrtc, f)
-    DSPK__NVRTC_FUNCS(XX)
-#undef XX
-    if (dspk__nvrtc.nvrtcVersion(&dspk__nvrtc.major, &dspk__nvrtc.minor) !=
-        NVRTC_SUCCESS) {
+    s->rc = load_table(s, names, "libnvrtc", &dspk__nvrtc, sizeof(dspk__nvrtc), &dspk__nvrtc.lib,
+                       nvrtc_syms, NSYMS(nvrtc_syms));
+    if (s->rc == 0 &&
+        dspk__nvrtc.nvrtcVersion(&dspk__nvrtc.major, &dspk__nvrtc.minor) != NVRTC_SUCCESS) {
       snprintf(s->why, sizeof(s->why), "nvrtcVersion failed");
-      goto fail;
+      dlclose(dspk__nvrtc.lib);
+      memset(&dspk__nvrtc, 0, sizeof(dspk__nvrtc));
+      s->rc = DSPK_ENOTSUP;
     }
-    goto out;
-  fail:
-    dlclose(dspk__nvrtc.lib);
-    memset(&dspk__nvrtc, 0, sizeof(dspk__nvrtc));
-    s->rc = DSPK_ENOTSUP;
   }
-out:
   finish(s, why, whylen);
   return s->rc;
 }
@@ -138,26 +149,12 @@ out:
 int dspk__cuda_load_cublas(char *why, size_t whylen) {
   static const char *const names[] = {"libcublas.so.13", "libcublas.so.12",
                                       "libcublas.so", NULL};
-  struct loadstate *s = &st_cublas;
-  const char *libname = "libcublas";
+  struct loadstate *s = &st.cublas;
   if (!s->done) {
     s->done = 1;
-    s->rc = 0;
-    dspk__cublas.lib = open_one(names, s->why, sizeof(s->why));
-    if (!dspk__cublas.lib) {
-      s->rc = DSPK_ENOTSUP;
-      goto out;
-    }
-#define XX(f) RESOLVE(dspk__cublas, f)
-    DSPK__CUBLAS_FUNCS(XX)
-#undef XX
-    goto out;
-  fail:
-    dlclose(dspk__cublas.lib);
-    memset(&dspk__cublas, 0, sizeof(dspk__cublas));
-    s->rc = DSPK_ENOTSUP;
+    s->rc = load_table(s, names, "libcublas", &dspk__cublas, sizeof(dspk__cublas),
+                       &dspk__cublas.lib, cublas_syms, NSYMS(cublas_syms));
   }
-out:
   finish(s, why, whylen);
   return s->rc;
 }
@@ -165,26 +162,12 @@ out:
 int dspk__cuda_load_cufft(char *why, size_t whylen) {
   static const char *const names[] = {"libcufft.so.12", "libcufft.so.11",
                                       "libcufft.so", NULL};
-  struct loadstate *s = &st_cufft;
-  const char *libname = "libcufft";
+  struct loadstate *s = &st.cufft;
   if (!s->done) {
     s->done = 1;
-    s->rc = 0;
-    dspk__cufft.lib = open_one(names, s->why, sizeof(s->why));
-    if (!dspk__cufft.lib) {
-      s->rc = DSPK_ENOTSUP;
-      goto out;
-    }
-#define XX(f) RESOLVE(dspk__cufft, f)
-    DSPK__CUFFT_FUNCS(XX)
-#undef XX
-    goto out;
-  fail:
-    dlclose(dspk__cufft.lib);
-    memset(&dspk__cufft, 0, sizeof(dspk__cufft));
-    s->rc = DSPK_ENOTSUP;
+    s->rc = load_table(s, names, "libcufft", &dspk__cufft, sizeof(dspk__cufft), &dspk__cufft.lib,
+                       cufft_syms, NSYMS(cufft_syms));
   }
-out:
   finish(s, why, whylen);
   return s->rc;
 }
@@ -199,8 +182,5 @@ void dspk__cuda_unload(void) {
   memset(&dspk__cublas, 0, sizeof(dspk__cublas));
   memset(&dspk__nvrtc, 0, sizeof(dspk__nvrtc));
   memset(&dspk__cu, 0, sizeof(dspk__cu));
-  memset(&st_cu, 0, sizeof(st_cu));
-  memset(&st_nvrtc, 0, sizeof(st_nvrtc));
-  memset(&st_cublas, 0, sizeof(st_cublas));
-  memset(&st_cufft, 0, sizeof(st_cufft));
+  memset(&st, 0, sizeof(st));
 }

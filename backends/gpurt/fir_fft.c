@@ -32,58 +32,28 @@
  * log2(L) ulps of the largest output, against the direct kernel's double
  * accumulation), f64 and c128 in double.
  */
-#include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 
-#include "backends/common/autotune.h"
+#include "backends/common/fir_tune.h"
 #include "backends/gpurt/gpurt.h"
 
 #define HAVE_FFT(dev) ((dev)->drv->fft_name && (dev)->drv->fft_name() && !(dev)->own_kernels)
 
 #define FIR_DIRECT_MAX_K 32 /* taps: always direct */
 #define FIR_FFT_MIN_K 128   /* taps: FFT when no decision can be measured */
-#define FIR_MIN_LG 6        /* blocks of at least 64 samples */
 #define FIR_MAX_LG 30
-#define NCANDS 4 /* direct, ols-x4, ols-x8, ols-x16 */
-
-static const char *const cand_names[NCANDS] = {"direct", "ols-x4", "ols-x8", "ols-x16"};
 static _Thread_local const char *fir_last = "";
 
 /* A test hook (proto/testhook.h): a production build has no such global. */
 #ifdef DSPK_TEST_HOOKS
 static int fir_force = -1;
-void dspk__gpurt_fir_force(int mode) { fir_force = mode >= 0 && mode < NCANDS ? mode : -1; }
+void dspk__gpurt_fir_force(int mode) {
+  fir_force = mode >= 0 && mode < DSPK__FIR_NPATHS ? mode : -1;
+}
 #else
 #define fir_force (-1)
 #endif
 const char *dspk__gpurt_fir_last(void) { return fir_last; }
-
-/* The block layout of one overlap-save run. */
-struct geo {
-  int lg;
-  int64_t L, S, nb, nblk, nc;
-};
-
-/* Layout for rows of n samples, k taps (k <= n), mode m (1..3: blocks of
- * 2^(m+1) times k rounded up to a power of two). */
-static int geometry(int64_t n, int64_t k, int64_t rows, int cplx, int m, struct geo *g) {
-  int lg = dspk__autotune_pow2((uint64_t)k) + m + 1;
-  int full = dspk__autotune_pow2((uint64_t)(n + k - 1));
-  if (lg > full)
-    lg = full;
-  if (lg < FIR_MIN_LG)
-    lg = FIR_MIN_LG;
-  if (lg > FIR_MAX_LG)
-    return DSPK_ELIMIT;
-  g->lg = lg;
-  g->L = (int64_t)1 << lg;
-  g->S = g->L - k + 1;
-  g->nb = (n + g->S - 1) / g->S;
-  g->nblk = rows * g->nb;
-  g->nc = cplx ? g->nblk : (g->nblk + 1) / 2;
-  return 0;
-}
 
 static int kfn(struct dspk__dev *dev, dspk_dtype dt, const char *name, dspk__gfunc *fn,
                struct dspk__opctx *ctx) {
@@ -106,7 +76,7 @@ static int fir_ols(struct dspk__dev *dev, struct dspk__op *op, int m, struct dsp
   size_t cs = dbl ? 16 : 8;
   int64_t n = X->shape[X->rank - 1], total = dspk__tensor_numel(X);
   int64_t rows = total / n, k64 = H->shape[0] < n ? H->shape[0] : n;
-  struct geo g;
+  struct dspk__fir_geo g;
   struct dspk__pool_block *hp = NULL, *bb = NULL;
   dspk__gfunc fpad, fgat, fmul, fsct;
   void *p1, *pb;
@@ -114,7 +84,7 @@ static int fir_ols(struct dspk__dev *dev, struct dspk__op *op, int m, struct dsp
   if (!HAVE_FFT(dev))
     return dspk__gpurt_msg(ctx, DSPK_ENOTSUP, "fir: no FFT library on this %s host",
                            dev->drv->name);
-  if ((rc = geometry(n, k64, rows, cplx, m, &g)))
+  if ((rc = dspk__fir_geometry(n, k64, rows, cplx, m, FIR_MAX_LG, &g)))
     return dspk__gpurt_msg(ctx, rc, "fir: %lld taps are too many for FFT convolution",
                           (long long)k64);
   if ((rc = kfn(dev, dt, "dspk_fir_hpad", &fpad, ctx)) ||
@@ -164,25 +134,19 @@ out:
 
 static int run_path(struct dspk__dev *dev, struct dspk__op *op, int c,
                     struct dspk__opctx *ctx) {
-  fir_last = cand_names[c];
+  fir_last = dspk__fir_path_names[c];
   return c == 0 ? dspk__gpurt_fir_direct(dev, op, ctx) : fir_ols(dev, op, c, ctx);
 }
 
-struct tune_ud {
-  struct dspk__dev *dev;
-  struct dspk__op *op;
-  struct dspk__opctx ctx; /* the task's cancel and progress, a scratch message */
-  char msg[256];
-};
-
-/* One candidate on the task's operands, to completion. */
-static int cand_run(void *ud, int idx) {
-  struct tune_ud *u = ud;
-  int rc = run_path(u->dev, u->op, idx, &u->ctx);
+/* Waits for what a path enqueued (the autotune candidates run to
+ * completion). */
+static int finish(struct dspk__dev *dev, int rc) {
   if (rc)
     return rc;
-  return u->dev->drv->stream_sync(u->dev->stream) == 0 ? 0 : DSPK_EDEVICE;
+  return dev->drv->stream_sync(dev->stream) == 0 ? 0 : DSPK_EDEVICE;
 }
+
+static int lost(struct dspk__dev *dev) { return dev->ctx_dead; }
 
 /* Whether the output shares memory with an input (tuning reruns the op on
  * the task's operands, which is harmless only when it does not). */
@@ -198,8 +162,6 @@ static int overlaps(const struct dspk__op *op) {
 }
 
 int dspk__gpurt_fir(struct dspk__dev *dev, struct dspk__op *op, struct dspk__opctx *ctx) {
-  static const struct dspk__autotune_cand cands[NCANDS] = {
-      {"direct", cand_run}, {"ols-x4", cand_run}, {"ols-x8", cand_run}, {"ols-x16", cand_run}};
   const struct dspk__tensor *X = &op->in[0];
   int64_t n = X->shape[X->rank - 1], total = dspk__tensor_numel(X);
   int64_t k = op->in[1].shape[0] < n ? op->in[1].shape[0] : n;
@@ -212,42 +174,10 @@ int dspk__gpurt_fir(struct dspk__dev *dev, struct dspk__op *op, struct dspk__opc
   if (k <= FIR_DIRECT_MAX_K || !HAVE_FFT(dev))
     return run_path(dev, op, 0, ctx);
   if (!overlaps(op)) {
-    struct tune_ud u = {.dev = dev, .op = op};
-    struct dspk__autotune_req req;
-    char shape[96];
-    u.ctx.errmsg = u.msg;
-    u.ctx.errmsg_len = sizeof u.msg;
-    snprintf(shape, sizeof shape, "n=2^%d,row=2^%d,k=2^%d",
-             dspk__autotune_pow2((uint64_t)total), dspk__autotune_pow2((uint64_t)n),
-             dspk__autotune_pow2((uint64_t)k));
-    memset(&req, 0, sizeof req);
-    req.op = "fir";
-    req.shape = shape;
-    req.dtypes = dspk__dtype_name(X->dtype);
-    req.layout = "path";
-    req.dev = dspk__gpurt_devid(dev);
-    req.cands = cands;
-    req.ncands = NCANDS;
-    req.ud = &u;
-    if (ctx) {
-      u.ctx.cancel = ctx->cancel;
-      u.ctx.progress = ctx->progress;
-      u.ctx.progress_ud = ctx->progress_ud;
-      req.progress = ctx->progress;
-      req.progress_ud = ctx->progress_ud;
-      req.cancel = ctx->cancel;
-    }
-    for (;;) {
-      int w, rc = dspk__autotune_choose(dev->env.cache, &req, NULL, &w, NULL);
-      if (rc == DSPK_ECANCELED)
-        return dspk__gpurt_msg(ctx, rc, "fir: canceled while tuning");
-      if (rc < 0)
-        break; /* no decision: the heuristic below */
-      rc = run_path(dev, op, w, ctx);
-      if (rc == 0 || w == 0 || rc == DSPK_ECANCELED || dev->ctx_dead)
-        return rc;
-      dspk__autotune_failed(dev->env.cache, &req, w);
-    }
+    static const struct dspk__fir_ops ops = {run_path, finish, lost};
+    int rc = dspk__fir_tuned(dev, op, dev->env.cache, dspk__gpurt_devid(dev), &ops, ctx);
+    if (rc <= 0)
+      return rc;
   }
   return run_path(dev, op, k >= FIR_FFT_MIN_K ? 2 : 0, ctx);
 }

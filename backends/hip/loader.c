@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backends/gpurt/libload.h"
 #include "backends/hip/hip_api.h"
 #include "dspk/errors.h"
 #include "proto/testhook.h"
@@ -19,39 +20,22 @@ struct dspk__hiprtc_api dspk__hiprtc;
 struct dspk__hipblas_api dspk__hipblas;
 struct dspk__hipfft_api dspk__hipfft;
 
-#define STR2(x) #x
-#define STR(x) STR2(x)
-
 struct loadstate {
   int done, rc;
   char why[200];
 };
-static struct loadstate st_rt, st_rtc, st_blas, st_fft;
+/* What each load found, remembered until dspk__hip_unload. */
+static struct {
+  struct loadstate rt, rtc, blas, fft;
+} st;
 
 static void *open_one(const char *const *names, const char *what, char *why, size_t len) {
   static const char *const dirs[] = {"$", NULL, "/opt/rocm/lib"};
-  const char *env = getenv("DSPK_HIP_LIBDIR");
-  for (size_t d = 0; d < sizeof(dirs) / sizeof(dirs[0]); d++) {
-    const char *dir = dirs[d];
-    if (dir && dir[0] == '$') {
-      if (!env || !*env)
-        continue;
-      dir = env;
-    }
-    for (size_t i = 0; names[i]; i++) {
-      char path[512];
-      void *h;
-      if (dir)
-        snprintf(path, sizeof(path), "%s/%s", dir, names[i]);
-      else
-        snprintf(path, sizeof(path), "%s", names[i]);
-      h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-      if (h)
-        return h;
-    }
-  }
-  snprintf(why, len, "%s not found (%s)", names[0], what);
-  return NULL;
+  void *h = dspk__gpurt_dlopen_first(dirs, sizeof(dirs) / sizeof(dirs[0]), "DSPK_HIP_LIBDIR",
+                                     names);
+  if (!h)
+    snprintf(why, len, "%s not found (%s)", names[0], what);
+  return h;
 }
 
 /* The path an override test hook (proto/testhook.h) gives: NULL when
@@ -67,19 +51,32 @@ static void finish(struct loadstate *s, char *why, size_t whylen) {
     snprintf(why, whylen, "%s", s->rc ? s->why : "");
 }
 
-#define RESOLVE(lib, tbl, f, libname)                                          \
-  do {                                                                         \
-    *(void **)&(tbl).f = dlsym(lib, STR(f));                                   \
-    if (!(tbl).f) {                                                            \
-      snprintf(s->why, sizeof(s->why), "%s lacks %s", libname, STR(f));        \
-      goto fail;                                                               \
-    }                                                                          \
-  } while (0);
+static const struct dspk__gpurt_sym hip_syms[] = {
+#define XX(f) DSPK__GPURT_SYM(struct dspk__hip_api, f)
+    DSPK__HIP_FUNCS(XX)
+#undef XX
+};
+static const struct dspk__gpurt_sym hiprtc_syms[] = {
+#define XX(f) DSPK__GPURT_SYM(struct dspk__hiprtc_api, f)
+    DSPK__HIPRTC_FUNCS(XX)
+#undef XX
+};
+#define NSYMS(a) (sizeof(a) / sizeof(a[0]))
+
+/* Fills the table tbl with the n functions of syms from lib.  Returns 0,
+ * or -1 with "LIBNAME lacks FUNCTION" in s->why. */
+static int resolve(struct loadstate *s, void *lib, const char *libname, void *tbl,
+                   const struct dspk__gpurt_sym *syms, size_t n) {
+  const char *missing = dspk__gpurt_resolve(lib, tbl, syms, n);
+  if (missing)
+    snprintf(s->why, sizeof(s->why), "%s lacks %s", libname, missing);
+  return missing ? -1 : 0;
+}
 
 int dspk__hip_load_runtime(char *why, size_t whylen) {
   static const char *const names[] = {"libamdhip64.so.6", "libamdhip64.so.5",
                                       "libamdhip64.so", NULL};
-  struct loadstate *s = &st_rt;
+  struct loadstate *s = &st.rt;
   const char *over = override(DSPK_TEST_HOOK("DSPK_HIP_RUNTIME"));
   const char *libname = over && *over ? over : "libamdhip64";
   if (!s->done) {
@@ -98,11 +95,8 @@ int dspk__hip_load_runtime(char *why, size_t whylen) {
       s->rc = DSPK_ENODEV;
       goto out;
     }
-#define XX(f) RESOLVE(dspk__hip.lib, dspk__hip, f, libname)
-    DSPK__HIP_FUNCS(XX)
-#undef XX
-    goto out;
-  fail:
+    if (resolve(s, dspk__hip.lib, libname, &dspk__hip, hip_syms, NSYMS(hip_syms)) == 0)
+      goto out;
     dlclose(dspk__hip.lib);
     memset(&dspk__hip, 0, sizeof(dspk__hip));
     s->rc = DSPK_ENODEV;
@@ -115,7 +109,7 @@ out:
 int dspk__hip_load_hiprtc(char *why, size_t whylen) {
   static const char *const names[] = {"libhiprtc.so.7", "libhiprtc.so.6", "libhiprtc.so",
                                       NULL};
-  struct loadstate *s = &st_rtc;
+  struct loadstate *s = &st.rtc;
   const char *libname = "hiprtc";
   if (!s->done) {
     s->done = 1;
@@ -136,9 +130,9 @@ int dspk__hip_load_hiprtc(char *why, size_t whylen) {
       s->rc = DSPK_ENOTSUP;
       goto out;
     }
-#define XX(f) RESOLVE(dspk__hiprtc.lib, dspk__hiprtc, f, libname)
-    DSPK__HIPRTC_FUNCS(XX)
-#undef XX
+    if (resolve(s, dspk__hiprtc.lib, libname, &dspk__hiprtc, hiprtc_syms,
+                NSYMS(hiprtc_syms)) != 0)
+      goto fail;
     if (dspk__hiprtc.hiprtcVersion(&dspk__hiprtc.major, &dspk__hiprtc.minor) !=
         HIPRTC_SUCCESS) {
       snprintf(s->why, sizeof(s->why), "hiprtcVersion failed");
@@ -174,7 +168,7 @@ static const struct {
 };
 
 int dspk__hip_load_blas(char *why, size_t whylen) {
-  struct loadstate *s = &st_blas;
+  struct loadstate *s = &st.blas;
   if (!s->done) {
     const char *over = override(DSPK_TEST_HOOK("DSPK_HIP_BLAS"));
     s->done = 1;
@@ -234,7 +228,7 @@ int dspk__hip_load_fft(char *why, size_t whylen) {
       "hipfftMakePlanMany64", "hipfftSetWorkArea", "hipfftSetStream",
       "hipfftExecC2C",      "hipfftExecZ2Z",       "hipfftExecR2C",
       "hipfftExecD2Z"};
-  struct loadstate *s = &st_fft;
+  struct loadstate *s = &st.fft;
   if (!s->done) {
     const char *over = override(DSPK_TEST_HOOK("DSPK_HIP_FFT"));
     void *lib, *f[10];
@@ -282,8 +276,5 @@ void dspk__hip_unload(void) {
   memset(&dspk__hipblas, 0, sizeof(dspk__hipblas));
   memset(&dspk__hiprtc, 0, sizeof(dspk__hiprtc));
   memset(&dspk__hip, 0, sizeof(dspk__hip));
-  memset(&st_rt, 0, sizeof(st_rt));
-  memset(&st_rtc, 0, sizeof(st_rtc));
-  memset(&st_blas, 0, sizeof(st_blas));
-  memset(&st_fft, 0, sizeof(st_fft));
+  memset(&st, 0, sizeof(st));
 }

@@ -1014,6 +1014,17 @@ static uint64_t max_prime(uint64_t n) {
   return n > 1 ? n : p;
 }
 
+/* Binds the input X and the output O; fails the op when either cannot be
+ * bound. */
+static int bind_io(struct dspk__dev *d, const struct dspk__tensor *X, const struct dspk__tensor *O,
+                   struct dspk__vk_bind *bx, uint32_t *ex, struct dspk__vk_bind *bo,
+                   uint32_t *eo, struct dspk__opctx *ctx) {
+  int r;
+  if ((r = dspk__vk_bind_tensor(d, X, bx, ex)) || (r = dspk__vk_bind_tensor(d, O, bo, eo)))
+    return dspk__vk_fail(ctx, r, "fft: operands cannot be bound");
+  return 0;
+}
+
 int dspk__vk_fft(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *ctx) {
   const struct dspk__tensor *X = &op->in[0], *O = &op->out[0];
   int r2c = !dspk__dtype_is_complex(X->dtype);
@@ -1030,11 +1041,9 @@ int dspk__vk_fft(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *c
      * widens to (x, 0); VkFFT refuses n = 1. */
     struct dspk__vk_bind bx, bo;
     uint32_t ex, eo;
-    int r = dspk__vk_bind_tensor(d, X, &bx, &ex);
-    if (r == 0)
-      r = dspk__vk_bind_tensor(d, O, &bo, &eo);
+    int r = bind_io(d, X, O, &bx, &ex, &bo, &eo, ctx);
     if (r)
-      return dspk__vk_fail(ctx, r, "fft: operands cannot be bound");
+      return r;
     if (total > UINT32_MAX)
       return dspk__vk_fail(ctx, DSPK_ELIMIT, "fft: more than 2^32-1 transforms of length 1");
     return fft_copy(d, dbl, r2c ? 0 : 1, &bx, ex, &bo, eo, (uint32_t)total, 1, 1, ctx);
@@ -1044,11 +1053,9 @@ int dspk__vk_fft(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *c
   if (max_prime(n) > 13 && !r2c) {
     struct dspk__vk_bind bx, bo;
     uint32_t ex, eo;
-    int r = dspk__vk_bind_tensor(d, X, &bx, &ex);
-    if (r == 0)
-      r = dspk__vk_bind_tensor(d, O, &bo, &eo);
+    int r = bind_io(d, X, O, &bx, &ex, &bo, &eo, ctx);
     if (r)
-      return dspk__vk_fail(ctx, r, "fft: operands cannot be bound");
+      return r;
     return bluestein(d, &bx, ex, &bo, eo, n, batch, dbl, op->u.fft.inverse, ctx);
   }
   size_t xes = dspk__dtype_size(X->dtype), oes = dspk__dtype_size(O->dtype);
@@ -1091,8 +1098,8 @@ int dspk__vk_fft(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *c
   if (use_sk) {
     struct dspk__vk_bind bx, bo;
     uint32_t ex, eo;
-    if ((r = dspk__vk_bind_tensor(d, X, &bx, &ex)) || (r = dspk__vk_bind_tensor(d, O, &bo, &eo)))
-      return dspk__vk_fail(ctx, r, "fft: operands cannot be bound");
+    if ((r = bind_io(d, X, O, &bx, &ex, &bo, &eo, ctx)))
+      return r;
     return dspk__vk_sfft(d, &sk, n, batch, op->u.fft.inverse, &bx, ex, &bo, eo, NULL, ctx);
   }
   struct fplan *p = NULL;

@@ -37,23 +37,21 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backends/common/autotune.h"
+#include "backends/common/fir_tune.h"
 #include "backends/vulkan/vk.h"
 
 #define FIR_DIRECT_MAX_K 32 /* taps: always direct */
 #define FIR_FFT_MIN_K 128   /* taps: FFT when no decision is measured */
-#define FIR_MIN_LG 6        /* blocks of at least 64 samples */
 #define FIR_MAX_LG 28
 #define FIR_MAX_ELEMS ((int64_t)1 << 31) /* 32-bit indexing with room */
-#define NCANDS 4
-
-static const char *const cand_names[NCANDS] = {"direct", "ols-x4", "ols-x8", "ols-x16"};
 static _Thread_local const char *fir_last = "";
 
 /* Test hooks (proto/testhook.h): a production build has no such globals. */
 #ifdef DSPK_TEST_HOOKS
 static int fir_force = -1, fir_tune_always;
-void dspk__vk_fir_force(int mode) { fir_force = mode >= 0 && mode < NCANDS ? mode : -1; }
+void dspk__vk_fir_force(int mode) {
+  fir_force = mode >= 0 && mode < DSPK__FIR_NPATHS ? mode : -1;
+}
 void dspk__vk_fir_tune_always(int always) { fir_tune_always = always; }
 #else
 #define fir_force (-1)
@@ -61,29 +59,12 @@ void dspk__vk_fir_tune_always(int always) { fir_tune_always = always; }
 #endif
 const char *dspk__vk_fir_last(void) { return fir_last; }
 
-struct geo {
-  uint32_t lg;
-  int64_t L, S, nb, nblk, nc;
-};
-
-/* Layout for rows of n samples, k taps (k <= n), mode m (1..3: blocks of
- * 2^(m+1) times k rounded up to a power of two). */
-static int geometry(int64_t n, int64_t k, int64_t rows, int cplx, int m, struct geo *g) {
-  int lg = dspk__autotune_pow2((uint64_t)k) + m + 1;
-  int full = dspk__autotune_pow2((uint64_t)(n + k - 1));
-  if (lg > full)
-    lg = full;
-  if (lg < FIR_MIN_LG)
-    lg = FIR_MIN_LG;
-  if (lg > FIR_MAX_LG)
-    return DSPK_ELIMIT;
-  g->lg = (uint32_t)lg;
-  g->L = (int64_t)1 << lg;
-  g->S = g->L - k + 1;
-  g->nb = (n + g->S - 1) / g->S;
-  g->nblk = rows * g->nb;
-  g->nc = cplx ? g->nblk : (g->nblk + 1) / 2;
-  return g->nc * g->L > FIR_MAX_ELEMS ? DSPK_ELIMIT : 0;
+/* Layout for rows of n samples, k taps (k <= n), mode m (1..3), within
+ * 32-bit indexing. */
+static int geometry(int64_t n, int64_t k, int64_t rows, int cplx, int m,
+                    struct dspk__fir_geo *g) {
+  int r = dspk__fir_geometry(n, k, rows, cplx, m, FIR_MAX_LG, g);
+  return r ? r : g->nc * g->L > FIR_MAX_ELEMS ? DSPK_ELIMIT : 0;
 }
 
 /* One of the path's kernels for dtype dt: 0 hpad, 1 gather, 2 cmul,
@@ -251,7 +232,7 @@ static int fir_ols(struct dspk__dev *d, struct dspk__op *op, int m, struct dspk_
   size_t cs = dbl ? 16 : 8;
   int64_t n = X->shape[X->rank - 1], total = dspk__tensor_numel(X);
   int64_t rows = total / n, k = H->shape[0] < n ? H->shape[0] : n;
-  struct geo g;
+  struct dspk__fir_geo g;
   struct fir_ws *w;
   struct dspk__vk_kernel *kk[4];
   struct dspk__vk_bind bx, bh, by;
@@ -283,10 +264,10 @@ static int fir_ols(struct dspk__dev *d, struct dspk__op *op, int m, struct dspk_
   uint32_t L = (uint32_t)g.L, tb = (uint32_t)(g.nc * g.L);
   uint32_t ts = (uint32_t)(cplx ? total : g.nc * g.S);
   uint32_t pad[3] = {L, (uint32_t)k, eh};
-  uint32_t gat[8] = {tb, (uint32_t)n, (uint32_t)(k - 1), (uint32_t)g.S, g.lg,
+  uint32_t gat[8] = {tb, (uint32_t)n, (uint32_t)(k - 1), (uint32_t)g.S, (uint32_t)g.lg,
                      (uint32_t)g.nb, (uint32_t)g.nblk, ex};
-  uint32_t mul[2] = {tb, g.lg};
-  uint32_t sct[8] = {ts, (uint32_t)n, (uint32_t)(k - 1), (uint32_t)g.S, g.lg,
+  uint32_t mul[2] = {tb, (uint32_t)g.lg};
+  uint32_t sct[8] = {ts, (uint32_t)n, (uint32_t)(k - 1), (uint32_t)g.S, (uint32_t)g.lg,
                      (uint32_t)g.nb, (uint32_t)g.nblk, ey};
   struct dspk__vk_bind b1[2] = {bh, whole(w->hp, hbytes)};
   struct dspk__vk_bind b2[2] = {bx, whole(w->bb, bbytes)};
@@ -309,26 +290,18 @@ static int fir_ols(struct dspk__dev *d, struct dspk__op *op, int m, struct dspk_
 }
 
 static int run_path(struct dspk__dev *d, struct dspk__op *op, int c, struct dspk__opctx *ctx) {
-  fir_last = cand_names[c];
+  fir_last = dspk__fir_path_names[c];
   return c == 0 ? dspk__vk_fir_direct(d, op, ctx) : fir_ols(d, op, c, ctx);
 }
 
-struct tune_ud {
-  struct dspk__dev *d;
-  struct dspk__op *op;
-  struct dspk__opctx ctx; /* the task's cancel and progress, a scratch message */
-  char msg[256];
-};
-
-/* One candidate on the task's operands, to completion. */
-static int cand_run(void *ud, int idx) {
-  struct tune_ud *u = ud;
-  int r = run_path(u->d, u->op, idx, &u->ctx);
-  int s = dspk__vk_submit(u->d);
+/* Submits what a path recorded and waits for it (the autotune candidates
+ * run to completion). */
+static int finish(struct dspk__dev *d, int r) {
+  int s = dspk__vk_submit(d);
   if (r == 0)
     r = s;
   if (r == 0)
-    r = dspk__vk_wait_value(u->d, u->d->submitted);
+    r = dspk__vk_wait_value(d, d->submitted);
   return r;
 }
 
@@ -347,8 +320,6 @@ static int overlaps(const struct dspk__op *op) {
 }
 
 int dspk__vk_fir(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *ctx) {
-  static const struct dspk__autotune_cand cands[NCANDS] = {
-      {"direct", cand_run}, {"ols-x4", cand_run}, {"ols-x8", cand_run}, {"ols-x16", cand_run}};
   const struct dspk__tensor *X = &op->in[0];
   int64_t n = X->shape[X->rank - 1], total = dspk__tensor_numel(X);
   int64_t k = op->in[1].shape[0] < n ? op->in[1].shape[0] : n;
@@ -359,42 +330,10 @@ int dspk__vk_fir(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *c
   if (k <= FIR_DIRECT_MAX_K)
     return run_path(d, op, 0, ctx);
   if ((d->props.deviceType != VK_PHYSICAL_DEVICE_TYPE_CPU || fir_tune_always) && !overlaps(op)) {
-    struct tune_ud u = {.d = d, .op = op};
-    struct dspk__autotune_req req;
-    char shape[96];
-    u.ctx.errmsg = u.msg;
-    u.ctx.errmsg_len = sizeof u.msg;
-    snprintf(shape, sizeof shape, "n=2^%d,row=2^%d,k=2^%d",
-             dspk__autotune_pow2((uint64_t)total), dspk__autotune_pow2((uint64_t)n),
-             dspk__autotune_pow2((uint64_t)k));
-    memset(&req, 0, sizeof req);
-    req.op = "fir";
-    req.shape = shape;
-    req.dtypes = dspk__dtype_name(X->dtype);
-    req.layout = "path";
-    req.dev = dspk__vk_devid(d);
-    req.cands = cands;
-    req.ncands = NCANDS;
-    req.ud = &u;
-    if (ctx) {
-      u.ctx.cancel = ctx->cancel;
-      u.ctx.progress = ctx->progress;
-      u.ctx.progress_ud = ctx->progress_ud;
-      req.progress = ctx->progress;
-      req.progress_ud = ctx->progress_ud;
-      req.cancel = ctx->cancel;
-    }
-    for (;;) {
-      int w, r = dspk__autotune_choose(d->env.cache, &req, NULL, &w, NULL);
-      if (r == DSPK_ECANCELED)
-        return dspk__vk_fail(ctx, r, "fir: canceled while tuning");
-      if (r < 0)
-        break; /* no decision: the heuristic below */
-      r = run_path(d, op, w, ctx);
-      if (r == 0 || w == 0 || r == DSPK_ECANCELED)
-        return r;
-      dspk__autotune_failed(d->env.cache, &req, w);
-    }
+    static const struct dspk__fir_ops ops = {run_path, finish, NULL};
+    int r = dspk__fir_tuned(d, op, d->env.cache, dspk__vk_devid(d), &ops, ctx);
+    if (r <= 0)
+      return r;
   }
   if (k >= FIR_FFT_MIN_K) {
     int r = run_path(d, op, 2, ctx); /* ols-x8 */

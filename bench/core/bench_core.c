@@ -29,21 +29,12 @@
 #include <unistd.h>
 
 #include "bench/common/bench_daemon.h"
+#include "bench/common/bench_task.h"
+#include "bench/common/bench_util.h"
 #include "dspk/dspk.h"
 
-static double now_us(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
-}
-
-static int cmp_d(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-
 static double pct(double *v, size_t n, double p) {
-  qsort(v, n, sizeof *v, cmp_d);
+  qsort(v, n, sizeof *v, dspk_bench_cmp_d);
   size_t i = (size_t)(p * (n - 1) + 0.5);
   return v[i];
 }
@@ -98,7 +89,7 @@ static int connect_raw(const char *path) {
 
 static double raw_round(int s, size_t req, size_t resp) {
   char buf[4096] = {0};
-  double t0 = now_us();
+  double t0 = dspk_bench_now_us();
   if (write(s, buf, req) != (ssize_t)req)
     die("raw write", 0);
   size_t got = 0;
@@ -108,37 +99,14 @@ static double raw_round(int s, size_t req, size_t resp) {
       die("raw read", 0);
     got += (size_t)n;
   }
-  return now_us() - t0;
+  return dspk_bench_now_us() - t0;
 }
 
 /* ---- helpers for tasks --------------------------------------------------- */
 
-static void *xmalloc(size_t n) {
-  void *p = aligned_alloc(64, (n + 63) / 64 * 64);
-  if (!p)
-    die("malloc", DSPK_ENOMEM);
-  return p;
-}
+static void *xmalloc(size_t n) { return dspk_bench_alloc("bench_core", n); }
 
-static void fill(float *p, size_t n, unsigned seed) {
-  for (size_t i = 0; i < n; i++) {
-    seed = seed * 1103515245u + 12345u;
-    p[i] = (float)((seed >> 8) & 0xffff) / 65536.0f - 0.5f;
-  }
-}
-
-static double run_ref(dspk_client *c, dspk_task *t) {
-  dspk_result r;
-  double t0 = now_us();
-  int err = dspk_run(c, t, &r);
-  double dt = now_us() - t0;
-  if (err < 0) {
-    fprintf(stderr, "bench_core: task: %s\n", dspk_last_error(c));
-    exit(1);
-  }
-  dspk_result_free(&r);
-  return dt;
-}
+static double run_ref(dspk_client *c, dspk_task *t) { return dspk_bench_run("bench_core", c, t); }
 
 /* OpenBLAS's worker threads spin for a while after each call; on a small
  * machine a spinning pool in one process slows the other's gemm.  A pause
@@ -190,10 +158,10 @@ int main(int argc, char **argv) {
     raw_round(rs, req, resp);
   }
   for (int i = 0; i < PINGS; i++) {
-    double t0 = now_us();
+    double t0 = dspk_bench_now_us();
     if ((err = dspk_ping(c, NULL, 0)) < 0)
       die("ping", err);
-    lib[i] = now_us() - t0;
+    lib[i] = dspk_bench_now_us() - t0;
     flo[i] = raw_round(rs, req, resp);
   }
   double lmed = pct(lib, PINGS, 0.5), lp99 = pct(lib, PINGS, 0.99);
@@ -214,8 +182,8 @@ int main(int argc, char **argv) {
   const int64_t n = 2048;
   size_t mbytes = (size_t)(n * n) * sizeof(float);
   float *A = xmalloc(mbytes), *B = xmalloc(mbytes), *C = xmalloc(mbytes);
-  fill(A, (size_t)(n * n), 1);
-  fill(B, (size_t)(n * n), 2);
+  dspk_bench_fill(A, (size_t)(n * n), 1);
+  dspk_bench_fill(B, (size_t)(n * n), 2);
   uint64_t ba, bb, bc;
   if ((err = dspk_buffer_create(c, "cpu:0", mbytes, &ba)) < 0 ||
       (err = dspk_buffer_create(c, "cpu:0", mbytes, &bb)) < 0 ||
@@ -255,9 +223,9 @@ int main(int argc, char **argv) {
     settle();
     dg[r] = run_ref(c, &t);
     settle();
-    double t0 = now_us();
+    double t0 = dspk_bench_now_us();
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, A, n, B, n, 0.0f, C, n);
-    ig[r] = now_us() - t0;
+    ig[r] = dspk_bench_now_us() - t0;
     settle();
     dgi[r] = run_ref(c, &ti);
   }
@@ -266,7 +234,7 @@ int main(int argc, char **argv) {
   const int64_t nf = 1 << 20;
   size_t fbytes = (size_t)nf * 8;
   fftwf_complex *X = fftwf_alloc_complex((size_t)nf), *Y = fftwf_alloc_complex((size_t)nf);
-  fill((float *)X, (size_t)nf * 2, 3);
+  dspk_bench_fill((float *)X, (size_t)nf * 2, 3);
   float *Xsave = xmalloc(fbytes);
   memcpy(Xsave, X, fbytes);
   fftwf_plan p = fftwf_plan_dft_1d((int)nf, X, Y, FFTW_FORWARD, FFTW_MEASURE);
@@ -301,9 +269,9 @@ int main(int argc, char **argv) {
   run_ref(c, &fti);
   for (int r = 0; r < rounds * 5; r++) {
     df[r] = run_ref(c, &ft);
-    double t0 = now_us();
+    double t0 = dspk_bench_now_us();
     fftwf_execute(p);
-    iff[r] = now_us() - t0;
+    iff[r] = dspk_bench_now_us() - t0;
     dfi[r] = run_ref(c, &fti);
   }
 

@@ -33,16 +33,12 @@
 #include <unistd.h>
 
 #include "bench/common/bench_daemon.h"
+#include "bench/common/bench_task.h"
+#include "bench/common/bench_util.h"
 #include "dspk/dspk.h"
 
 #define MIB ((size_t)1 << 20)
 #define MAXR 64
-
-static double now_us(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
-}
 
 static void die(const char *what, int err) {
   fprintf(stderr, "bench_datapath: %s: %s\n", what, err < 0 ? dspk_strerror(err) : strerror(errno));
@@ -50,18 +46,9 @@ static void die(const char *what, int err) {
 }
 
 static void *xmalloc(size_t n) {
-  void *p = aligned_alloc(64, (n + 63) / 64 * 64);
-  if (!p)
-    die("malloc", DSPK_ENOMEM);
+  void *p = dspk_bench_alloc("bench_datapath", n);
   memset(p, 1, n); /* resident, like a user's data */
   return p;
-}
-
-static void fill(float *p, size_t n, unsigned seed) {
-  for (size_t i = 0; i < n; i++) {
-    seed = seed * 1103515245u + 12345u;
-    p[i] = (float)((seed >> 8) & 0xffff) / 65536.0f - 0.5f;
-  }
 }
 
 /* ---- samples and the table --------------------------------------------- */
@@ -88,18 +75,13 @@ static void add(const char *name, double us) {
     s->v[s->n++] = us;
 }
 
-static int cmp_d(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-
 static double q(const char *name, double p) {
   struct series *s = ser(name);
   double t[sizeof s->v / sizeof s->v[0]];
   if (!s->n)
     return 0;
   memcpy(t, s->v, sizeof(double) * (size_t)s->n);
-  qsort(t, (size_t)s->n, sizeof *t, cmp_d);
+  qsort(t, (size_t)s->n, sizeof *t, dspk_bench_cmp_d);
   return t[(size_t)(p * (s->n - 1) + 0.5)];
 }
 
@@ -163,7 +145,7 @@ static double raw_xfer(int s, char op, void *p, size_t n) {
   unsigned char cmd[9] = {(unsigned char)op};
   char k;
   memcpy(cmd + 1, &n, 8);
-  double t0 = now_us();
+  double t0 = dspk_bench_now_us();
   if (write(s, cmd, 9) != 9)
     die("raw cmd", 0);
   for (size_t got = 0; got < n;) {
@@ -174,23 +156,12 @@ static double raw_xfer(int s, char op, void *p, size_t n) {
   }
   if (op == 'W' && read(s, &k, 1) != 1)
     die("raw ack", 0);
-  return now_us() - t0;
+  return dspk_bench_now_us() - t0;
 }
 
 /* ---- tasks -------------------------------------------------------------- */
 
-static double run(dspk_client *c, dspk_task *t) {
-  dspk_result r;
-  double t0 = now_us();
-  int err = dspk_run(c, t, &r);
-  double dt = now_us() - t0;
-  if (err < 0) {
-    fprintf(stderr, "bench_datapath: task: %s\n", dspk_last_error(c));
-    exit(1);
-  }
-  dspk_result_free(&r);
-  return dt;
-}
+static double run(dspk_client *c, dspk_task *t) { return dspk_bench_run("bench_datapath", c, t); }
 
 static dspk_tensor inl(dspk_dtype dt, unsigned rank, int64_t a, int64_t b, const void *p,
                        size_t nbytes) {
@@ -255,18 +226,18 @@ int main(int argc, char **argv) {
     for (int r = -1; r < rounds; r++) { /* round -1: warm-up */
       for (size_t i = 0; i < sizeof xs / sizeof xs[0]; i++) {
         size_t n = xs[i];
-        double t0 = now_us();
+        double t0 = dspk_bench_now_us();
         if ((err = dspk_buffer_write(c, buf, 0, src, n)) < 0)
           die("buffer.write", err);
-        double tw = now_us() - t0;
-        t0 = now_us();
+        double tw = dspk_bench_now_us() - t0;
+        t0 = dspk_bench_now_us();
         if ((err = dspk_buffer_read(c, buf, 0, dst, n)) < 0)
           die("buffer.read", err);
-        double tr = now_us() - t0;
+        double tr = dspk_bench_now_us() - t0;
         double rw = raw_xfer(rs, 'W', src, n), rr = raw_xfer(rs, 'R', dst, n);
-        t0 = now_us();
+        t0 = dspk_bench_now_us();
         memcpy(dst, src, n);
-        double tm = now_us() - t0;
+        double tm = dspk_bench_now_us() - t0;
         if (r < 0)
           continue;
         snprintf(name, sizeof name, "write.dspk.%zu", n / MIB); add(name, tw);
@@ -289,8 +260,8 @@ int main(int argc, char **argv) {
       int n = gn[i];
       size_t nb = (size_t)n * n * 4;
       float *A = xmalloc(nb), *B = xmalloc(nb), *C = xmalloc(nb);
-      fill(A, (size_t)n * n, 1);
-      fill(B, (size_t)n * n, 2);
+      dspk_bench_fill(A, (size_t)n * n, 1);
+      dspk_bench_fill(B, (size_t)n * n, 2);
       uint64_t ba, bb, bc;
       if ((err = dspk_buffer_create(c, "cpu:0", nb, &ba)) < 0 ||
           (err = dspk_buffer_create(c, "cpu:0", nb, &bb)) < 0 ||
@@ -319,10 +290,10 @@ int main(int argc, char **argv) {
           b += run(c, &tr);
         settle();
         for (int k = 0; k < reps; k++) {
-          double t0 = now_us();
+          double t0 = dspk_bench_now_us();
           cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, A, n, B, n,
                       0.0f, C, n);
-          p += now_us() - t0;
+          p += dspk_bench_now_us() - t0;
         }
         settle();
         if (r < 0)
@@ -345,7 +316,7 @@ int main(int argc, char **argv) {
     size_t nf = (size_t)1 << 20;
     fftwf_complex *X = fftwf_malloc(nf * sizeof *X), *Y = fftwf_malloc(nf * sizeof *Y);
     fftwf_plan p = fftwf_plan_dft_1d((int)nf, X, Y, FFTW_FORWARD, FFTW_MEASURE);
-    fill((float *)X, 2 * nf, 3);
+    dspk_bench_fill((float *)X, 2 * nf, 3);
     dspk_tensor in = {.dtype = DSPK_C64, .rank = 1, .shape = {(int64_t)nf}, .data = X,
                       .nbytes = nf * sizeof *X};
     dspk_task t;
@@ -355,9 +326,9 @@ int main(int argc, char **argv) {
     t.ninputs = 1;
     for (int r = -1; r < rounds; r++) {
       double a = run(c, &t);
-      double t0 = now_us();
+      double t0 = dspk_bench_now_us();
       fftwf_execute(p);
-      double b = now_us() - t0;
+      double b = dspk_bench_now_us() - t0;
       if (r >= 0) {
         add("fft.inline", a);
         add("fft.inproc", b);
@@ -371,7 +342,7 @@ int main(int argc, char **argv) {
   /* ---- tiny task vs ping ---- */
   if (has(only, "tiny")) {
     float x[16];
-    fill(x, 16, 4);
+    dspk_bench_fill(x, 16, 4);
     dspk_tensor in = inl(DSPK_F32, 1, 16, 0, x, sizeof x);
     dspk_task t;
     dspk_task_init(&t, DSPK_OP_MAP);
@@ -381,10 +352,10 @@ int main(int argc, char **argv) {
     t.map.fn = DSPK_MAP_ABS;
     for (int r = -1; r < rounds; r++) {
       for (int k = 0; k < 200; k++) {
-        double t0 = now_us();
+        double t0 = dspk_bench_now_us();
         if ((err = dspk_ping(c, NULL, 0)) < 0)
           die("ping", err);
-        double a = now_us() - t0;
+        double a = dspk_bench_now_us() - t0;
         double b = run(c, &t);
         if (r >= 0) {
           add("ping", a);
@@ -398,7 +369,7 @@ int main(int argc, char **argv) {
   if (has(only, "reduce")) {
     size_t n = (size_t)1 << 26, nb = n * 4;
     float *X = xmalloc(nb);
-    fill(X, n, 5);
+    dspk_bench_fill(X, n, 5);
     uint64_t bx;
     if ((err = dspk_buffer_create(c, "cpu:0", nb, &bx)) < 0)
       die("buffer.create", err);
@@ -412,11 +383,11 @@ int main(int argc, char **argv) {
     t.reduce.fn = DSPK_REDUCE_SUM;
     for (int r = -1; r < rounds; r++) {
       double a = run(c, &t);
-      double t0 = now_us();
+      double t0 = dspk_bench_now_us();
       double s = 0; /* a plain serial loop, for scale only */
       for (size_t i = 0; i < n; i++)
         s += X[i];
-      double b = now_us() - t0;
+      double b = dspk_bench_now_us() - t0;
       if (s == 12345.678)
         puts("");
       if (r >= 0) {

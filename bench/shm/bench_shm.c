@@ -31,18 +31,9 @@
 #include <unistd.h>
 
 #include "bench/common/bench_daemon.h"
+#include "bench/common/bench_task.h"
+#include "bench/common/bench_util.h"
 #include "dspk/dspk.h"
-
-static double now_us(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
-}
-
-static int cmp_d(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
 
 struct stat3 {
   double med, min, max;
@@ -50,7 +41,7 @@ struct stat3 {
 
 static struct stat3 stats(double *v, int n) {
   struct stat3 s;
-  qsort(v, (size_t)n, sizeof *v, cmp_d);
+  qsort(v, (size_t)n, sizeof *v, dspk_bench_cmp_d);
   s.med = n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
   s.min = v[0];
   s.max = v[n - 1];
@@ -65,30 +56,12 @@ static void die(const char *what, dspk_client *c, int err) {
 }
 
 static void *xmalloc(size_t n) {
-  void *p = aligned_alloc(64, (n + 63) / 64 * 64);
-  if (!p)
-    die("malloc", NULL, DSPK_ENOMEM);
+  void *p = dspk_bench_alloc("bench_shm", n);
   memset(p, 0, n); /* resident, as a caller's data would be */
   return p;
 }
 
-static void fill(float *p, size_t n, unsigned seed) {
-  for (size_t i = 0; i < n; i++) {
-    seed = seed * 1103515245u + 12345u;
-    p[i] = (float)((seed >> 8) & 0xffff) / 65536.0f - 0.5f;
-  }
-}
-
-static double run(dspk_client *c, dspk_task *t) {
-  dspk_result r;
-  double t0 = now_us();
-  int err = dspk_run(c, t, &r);
-  double dt = now_us() - t0;
-  if (err < 0)
-    die("task", c, err);
-  dspk_result_free(&r);
-  return dt;
-}
+static double run(dspk_client *c, dspk_task *t) { return dspk_bench_run("bench_shm", c, t); }
 
 /* OpenBLAS's threads spin a while after each call; on a small machine that
  * slows the other process's gemm: let them park between sides. */
@@ -140,7 +113,7 @@ int main(int argc, char **argv) {
   /* ---- 1. transfers of 256 MiB ---- */
   const size_t big = (size_t)256 << 20;
   char *src = xmalloc(big), *dst = xmalloc(big);
-  fill((float *)src, big / 4, 9);
+  dspk_bench_fill((float *)src, big / 4, 9);
   void *sh;
   uint64_t shid, plain;
   if ((err = dspk_shared_alloc(c, "cpu:0", big, &sh, &shid)) < 0 ||
@@ -153,27 +126,27 @@ int main(int argc, char **argv) {
   if ((err = dspk_buffer_write(c, plain, 0, src, big)) < 0) /* warm-up */
     die("buffer.write", c, err);
   for (int r = 0; r < rounds; r++) {
-    double t0 = now_us();
+    double t0 = dspk_bench_now_us();
     memcpy(dst, src, big);
-    tm[r] = now_us() - t0;
-    t0 = now_us();
+    tm[r] = dspk_bench_now_us() - t0;
+    t0 = dspk_bench_now_us();
     if ((err = dspk_buffer_write(c, shid, 0, src, big)) < 0)
       die("shared write", c, err);
-    tw[r] = now_us() - t0;
-    t0 = now_us();
+    tw[r] = dspk_bench_now_us() - t0;
+    t0 = dspk_bench_now_us();
     if ((err = dspk_buffer_read(c, shid, 0, dst, big)) < 0)
       die("shared read", c, err);
-    tr[r] = now_us() - t0;
+    tr[r] = dspk_bench_now_us() - t0;
     if (memcmp(dst, src, 4096) != 0)
       die("shared read: wrong bytes", NULL, DSPK_EPROTO);
-    t0 = now_us();
+    t0 = dspk_bench_now_us();
     if ((err = dspk_buffer_write(c, plain, 0, src, big)) < 0)
       die("socket write", c, err);
-    tsw[r] = now_us() - t0;
-    t0 = now_us();
+    tsw[r] = dspk_bench_now_us() - t0;
+    t0 = dspk_bench_now_us();
     if ((err = dspk_buffer_read(c, plain, 0, dst, big)) < 0)
       die("socket read", c, err);
-    tsr[r] = now_us() - t0;
+    tsr[r] = dspk_bench_now_us() - t0;
   }
   double mm = stats(tm, rounds).med;
   printf("## 256 MiB into and out of a buffer on cpu:0 (%d rounds, interleaved)\n\n", rounds);
@@ -195,8 +168,8 @@ int main(int argc, char **argv) {
   float *A = xmalloc(mb), *B = xmalloc(mb), *C = xmalloc(mb);
   float *SA, *SB, *SC;
   uint64_t ia, ib, ic;
-  fill(A, (size_t)(n * n), 1);
-  fill(B, (size_t)(n * n), 2);
+  dspk_bench_fill(A, (size_t)(n * n), 1);
+  dspk_bench_fill(B, (size_t)(n * n), 2);
   if ((err = dspk_shared_alloc(c, "cpu:0", mb, (void **)&SA, &ia)) < 0 ||
       (err = dspk_shared_alloc(c, "cpu:0", mb, (void **)&SB, &ib)) < 0 ||
       (err = dspk_shared_alloc(c, "cpu:0", mb, (void **)&SC, &ic)) < 0)
@@ -249,10 +222,10 @@ int main(int argc, char **argv) {
     settle();
     gsh[r] = run(c, &ts);
     settle();
-    double t0 = now_us();
+    double t0 = dspk_bench_now_us();
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, A, n, B, n, 0.0f, C,
                 n);
-    gref[r] = now_us() - t0;
+    gref[r] = dspk_bench_now_us() - t0;
     settle();
     gin[r] = run(c, &ti);
     settle();
@@ -268,7 +241,7 @@ int main(int argc, char **argv) {
   fftwf_complex *X = fftwf_alloc_complex((size_t)nf), *Y = fftwf_alloc_complex((size_t)nf);
   float *Xs = xmalloc(fb), *FX, *FY;
   uint64_t ix, iy;
-  fill(Xs, (size_t)nf * 2, 3);
+  dspk_bench_fill(Xs, (size_t)nf * 2, 3);
   fftwf_plan p = fftwf_plan_dft_1d((int)nf, X, Y, FFTW_FORWARD, FFTW_MEASURE);
   memcpy(X, Xs, fb); /* MEASURE overwrote the arrays */
   if ((err = dspk_shared_alloc(c, "cpu:0", fb, (void **)&FX, &ix)) < 0 ||
@@ -296,9 +269,9 @@ int main(int argc, char **argv) {
   run(c, &fti);
   for (int r = 0; r < fr; r++) {
     fsh[r] = run(c, &fts);
-    double t0 = now_us();
+    double t0 = dspk_bench_now_us();
     fftwf_execute(p);
-    fref[r] = now_us() - t0;
+    fref[r] = dspk_bench_now_us() - t0;
     fin[r] = run(c, &fti);
   }
   for (size_t i = 0; i < (size_t)nf * 2; i += 4099) {

@@ -161,12 +161,9 @@ static int flat_value(flat *f) {
 static int cache_stats(dspk__sub_ctx *ctx, int argc, char **argv) {
   bool json = false;
   char *text = NULL;
-  int rc = dspk__sub_json_only(ctx, argc, argv, &json);
+  int rc = dspk__sub_json_connect(ctx, argc, argv, &json);
 
   if (rc >= 0)
-    return rc;
-  rc = dspk__sub_connect(ctx);
-  if (rc != 0)
     return rc;
   rc = dspk_call_json(ctx->client, "cache.stats", &text);
   if (rc < 0)
@@ -214,10 +211,7 @@ static int cache_clear(dspk__sub_ctx *ctx, int argc, char **argv) {
       return dspk__sub_opt_other(ctx, opt, argv);
     }
   }
-  if (optind < argc)
-    return dspk__sub_usage(ctx, "unexpected argument '%s'", argv[optind]);
-  rc = dspk__sub_connect(ctx);
-  if (rc != 0)
+  if ((rc = dspk__sub_end_args(ctx, argc, argv)) != 0 || (rc = dspk__sub_connect(ctx)) != 0)
     return rc;
   rc = dspk_cache_clear(ctx->client, kinds, &cleared);
   if (rc < 0)

@@ -70,8 +70,8 @@ int dspk__sub_ping(dspk__sub_ctx *ctx, int argc, char **argv) {
       return dspk__sub_opt_other(ctx, opt, argv);
     }
   }
-  if (optind < argc)
-    return dspk__sub_usage(ctx, "unexpected argument '%s'", argv[optind]);
+  if ((rc = dspk__sub_end_args(ctx, argc, argv)) != 0)
+    return rc;
   if (where == NULL)
     where = dspk_default_socket(path, sizeof path) == 0 ? path : "dspkd";
   rc = dspk__sub_connect(ctx);
@@ -158,9 +158,7 @@ static int flag_opts(dspk__sub_ctx *ctx, int argc, char **argv, bool *json,
       return dspk__sub_opt_other(ctx, opt, argv);
     }
   }
-  if (optind < argc)
-    return dspk__sub_usage(ctx, "unexpected argument '%s'", argv[optind]);
-  return -1;
+  return dspk__sub_end_args(ctx, argc, argv) ? DSPK__SUB_EXIT_USAGE : -1;
 }
 
 int dspk__sub_devices(dspk__sub_ctx *ctx, int argc, char **argv) {

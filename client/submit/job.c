@@ -81,8 +81,8 @@ int dspk__sub_job(dspk__sub_ctx *ctx, int argc, char **argv) {
       return dspk__sub_opt_other(ctx, opt, argv);
     }
   }
-  if (optind < argc)
-    return dspk__sub_usage(ctx, "unexpected argument '%s'", argv[optind]);
+  if ((rc = dspk__sub_end_args(ctx, argc, argv)) != 0)
+    return rc;
   if (!jobs || parse_id(jobs, UINT64_MAX, &job) != 0 || job == 0)
     return dspk__sub_usage(ctx, "--job: a Slurm job id (default $SLURM_JOB_ID) is needed");
   if (reg && (!uids || parse_id(uids, 0xfffffffeULL, &uid) != 0))

@@ -441,9 +441,21 @@ int dspk__sub_json_only(dspk__sub_ctx *ctx, int argc, char **argv, bool *json) {
       return dspk__sub_opt_other(ctx, opt, argv);
     *json = true;
   }
+  return dspk__sub_end_args(ctx, argc, argv) ? DSPK__SUB_EXIT_USAGE : -1;
+}
+
+int dspk__sub_json_connect(dspk__sub_ctx *ctx, int argc, char **argv, bool *json) {
+  int rc = dspk__sub_json_only(ctx, argc, argv, json);
+  if (rc >= 0)
+    return rc;
+  rc = dspk__sub_connect(ctx);
+  return rc != 0 ? rc : -1;
+}
+
+int dspk__sub_end_args(const dspk__sub_ctx *ctx, int argc, char **argv) {
   if (optind < argc)
     return dspk__sub_usage(ctx, "unexpected argument '%s'", argv[optind]);
-  return -1;
+  return 0;
 }
 
 int dspk__sub_missing_arg(const dspk__sub_ctx *ctx, char **argv) {

@@ -103,12 +103,9 @@ static int print_json(const char *text) {
 int dspk__sub_metrics(dspk__sub_ctx *ctx, int argc, char **argv) {
   bool json = false;
   char *text = NULL;
-  int rc = dspk__sub_json_only(ctx, argc, argv, &json);
+  int rc = dspk__sub_json_connect(ctx, argc, argv, &json);
 
   if (rc >= 0)
-    return rc;
-  rc = dspk__sub_connect(ctx);
-  if (rc != 0)
     return rc;
   rc = dspk_metrics(ctx->client, &text);
   if (rc < 0)

@@ -126,6 +126,12 @@ int dspk__sub_opt_other(dspk__sub_ctx *ctx, int opt, char **argv);
 /* Parses the arguments of a command that takes only --json and --help:
  * returns -1 when the command should run (*json set), else its exit status. */
 int dspk__sub_json_only(dspk__sub_ctx *ctx, int argc, char **argv, bool *json);
+/* dspk__sub_json_only, then dspk__sub_connect: returns -1 when the command
+ * should run (connected, *json set), else its exit status. */
+int dspk__sub_json_connect(dspk__sub_ctx *ctx, int argc, char **argv, bool *json);
+/* After a command's getopt loop: 0 when no argument is left, else the usage
+ * error's exit status. */
+int dspk__sub_end_args(const dspk__sub_ctx *ctx, int argc, char **argv);
 int dspk__sub_missing_arg(const dspk__sub_ctx *ctx, char **argv);
 
 /* Strict number parsing of a whole string: 0 on success, -1 otherwise. */

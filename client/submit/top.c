@@ -143,10 +143,7 @@ int dspk__sub_top(dspk__sub_ctx *ctx, int argc, char **argv) {
       return dspk__sub_opt_other(ctx, opt, argv);
     }
   }
-  if (optind < argc)
-    return dspk__sub_usage(ctx, "unexpected argument '%s'", argv[optind]);
-  rc = dspk__sub_connect(ctx);
-  if (rc != 0)
+  if ((rc = dspk__sub_end_args(ctx, argc, argv)) != 0 || (rc = dspk__sub_connect(ctx)) != 0)
     return rc;
   if (once) {
     rc = dspk_status_get(ctx->client, &s);

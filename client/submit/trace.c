@@ -74,8 +74,8 @@ int dspk__sub_trace(dspk__sub_ctx *ctx, int argc, char **argv) {
       return dspk__sub_opt_other(ctx, opt, argv);
     }
   }
-  if (optind < argc)
-    return dspk__sub_usage(ctx, "unexpected argument '%s'", argv[optind]);
+  if ((rc = dspk__sub_end_args(ctx, argc, argv)) != 0)
+    return rc;
   if (!out)
     return dspk__sub_usage(ctx, "missing -o FILE (- for standard output)");
   if (summary && strcmp(out, "-") == 0)

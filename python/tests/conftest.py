@@ -7,15 +7,20 @@ expecting exit status 0.  Extra flags for every daemon: $DSPKD_ARGS.
 from __future__ import annotations
 
 import os
-import select
 import shlex
 import shutil
-import signal
-import subprocess
+import sys
 import tempfile
 from typing import Iterator, List, Optional
 
 import pytest
+
+# The daemon helpers of the repository's other end-to-end tests: tests/common,
+# named by $DSPK_TESTS_COMMON where these tests run from a copy of python/
+# (tests/python/run.sh).
+sys.path.insert(0, os.environ.get("DSPK_TESTS_COMMON") or os.path.join(
+    os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests", "common"))
+import dspk_daemon  # noqa: E402
 
 TIMEOUT = 60.0
 
@@ -30,24 +35,11 @@ class Daemon:
         self.dir = tempfile.mkdtemp(prefix="dspk-py-")
         self.socket = os.path.join(self.dir, "dspkd.sock")
         self.logpath = os.path.join(self.dir, "dspkd.log")
-        extra = list(extra or [])
-        args = [exe, "--foreground", "--socket", self.socket, "--log-level", "debug"]
-        if "--cache" not in extra:
-            args += ["--no-cache"]  # never the user's ~/.cache
-        if "--backends" not in extra:
-            args += ["--backends", "cpu"]
-        args += extra + shlex.split(os.environ.get("DSPKD_ARGS", ""))
-        r, w = os.pipe()
-        args += ["--ready-fd", str(w)]
+        extra = list(extra or []) + shlex.split(os.environ.get("DSPKD_ARGS", ""))
         with open(self.logpath, "w") as log:
-            self.proc = subprocess.Popen(args, pass_fds=[w], stderr=log, stdout=log)
-        os.close(w)
-        ready, _, _ = select.select([r], [], [], TIMEOUT)
-        data = os.read(r, 16) if ready else b""
-        os.close(r)
-        if data != b"READY\n":
-            self.proc.kill()
-            self.proc.wait()
+            self.proc = dspk_daemon.start(dspk_daemon.cmdline(exe, self.socket, extra), TIMEOUT,
+                                          stderr=log, stdout=log)
+        if not self.proc:
             pytest.fail("dspkd did not become ready:\n" + self.log())
 
     def log(self) -> str:
@@ -55,13 +47,8 @@ class Daemon:
             return f.read()
 
     def stop(self, expect_rc: Optional[int] = 0) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            rc = self.proc.wait(TIMEOUT)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        rc = dspk_daemon.stop(self.proc, TIMEOUT)
+        if rc is None:
             pytest.fail("dspkd did not stop on SIGTERM:\n" + self.log())
         if expect_rc is not None and rc != expect_rc:
             pytest.fail("dspkd exited with %s:\n%s" % (rc, self.log()))

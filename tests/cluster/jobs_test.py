@@ -22,6 +22,7 @@ import tempfile
 import msgpack
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+import dspk_daemon  # noqa: E402
 from dspk_rpc import Client, RpcError, check  # noqa: E402
 
 TIMEOUT = 60
@@ -32,17 +33,9 @@ class Daemon:
     def __init__(self, exe, tmp, extra=()):
         self.sock = os.path.join(tmp, "dspkd.sock")
         self.log = open(os.path.join(tmp, "dspkd.log"), "w+", errors="replace")
-        r, w = os.pipe()
-        args = [exe, "--foreground", "--socket", self.sock, "--ready-fd", str(w),
-                "--log-level", "debug", "--no-cache", "--backends", "cpu,vulkan"] + list(extra)
-        self.proc = subprocess.Popen(args, pass_fds=[w], stderr=self.log)
-        os.close(w)
-        ready, _, _ = select.select([r], [], [], TIMEOUT)
-        data = os.read(r, 16) if ready else b""
-        os.close(r)
-        if data != b"READY\n":
-            self.proc.kill()
-            self.proc.wait()
+        args = dspk_daemon.cmdline(exe, self.sock, extra, backends="cpu,vulkan")
+        self.proc = dspk_daemon.start(args, TIMEOUT, stderr=self.log)
+        if not self.proc:
             raise AssertionError("dspkd did not become ready:\n" + self.logtext())
 
     def logtext(self):
@@ -59,9 +52,8 @@ class Daemon:
         return c
 
     def stop(self):
-        self.proc.send_signal(signal.SIGTERM)
-        rc = self.proc.wait(TIMEOUT)
-        check(rc == 0, "dspkd exited with %d:\n%s" % (rc, self.logtext()))
+        rc = dspk_daemon.stop(self.proc, TIMEOUT)
+        check(rc == 0, "dspkd exited with %s:\n%s" % (rc, self.logtext()))
 
 
 def err_of(c, method, args):

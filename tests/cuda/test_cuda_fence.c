@@ -28,32 +28,17 @@
 
 #include "backends/backend.h"
 #include "backends/cuda/cuda_internal.h"
+#include "tests/cuda/fake_events.h"
 
 extern const struct dspk__backend dspk__backend_cuda;
 #define BE dspk__backend_cuda
 
 /* ---- the fake driver ------------------------------------------------------ */
 
-struct fev {
-  uint64_t target; /* sequence number of its last record; 0: never */
-  CUresult err;    /* what the device reports at this point */
-};
 static uint64_t recorded, executed;
-static int nevents;
 static CUresult sticky_err; /* once set, every query and sync reports it */
 static CUresult next_err;   /* the next recorded event reports this */
 
-static CUresult f_evcreate(CUevent *ev, unsigned flags) {
-  (void)flags;
-  *ev = (CUevent)calloc(1, sizeof(struct fev));
-  nevents++;
-  return CUDA_SUCCESS;
-}
-static CUresult f_evdestroy(CUevent ev) {
-  free(ev);
-  nevents--;
-  return CUDA_SUCCESS;
-}
 static CUresult f_evrecord(CUevent ev, CUstream s) {
   struct fev *e = (struct fev *)ev;
   (void)s;
@@ -96,16 +81,7 @@ static struct dspk__dev *dev;
 
 static int setup(void **state) {
   (void)state;
-  memset(&dspk__cu, 0, sizeof(dspk__cu));
-  dspk__cu.cuEventCreate = f_evcreate;
-  dspk__cu.cuEventDestroy = f_evdestroy;
-  dspk__cu.cuEventRecord = f_evrecord;
-  dspk__cu.cuEventQuery = f_evquery;
-  dspk__cu.cuEventSynchronize = f_evsync;
-  dspk__cu.cuStreamSynchronize = f_streamsync;
-  dev = calloc(1, sizeof(*dev));
-  dev->drv = &dspk__gpurt_cuda; /* the shared runtime over the CUDA table */
-  dev->stream = (CUstream)(uintptr_t)0x5150;
+  dev = fake_dev(f_evrecord, f_evquery, f_evsync, f_streamsync);
   dev->gen = 1;
   recorded = executed = 0;
   sticky_err = next_err = CUDA_SUCCESS;

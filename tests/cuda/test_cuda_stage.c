@@ -27,12 +27,10 @@
 #include <cmocka.h>
 
 #include "backends/cuda/cuda_internal.h"
+#include "tests/cuda/fake_events.h"
 
 /* ---- the fake driver ------------------------------------------------------ */
 
-struct fev {
-  uint64_t target; /* sequence number of its last record; 0: never */
-};
 enum { OP_COPY, OP_RECORD };
 struct fop {
   int kind;
@@ -44,7 +42,7 @@ struct fop {
 static struct fop queue[QMAX];
 static uint64_t queued, executed; /* sequence numbers */
 static struct { void *p; size_t n; } pinned[8];
-static int npinned, nevents;
+static int npinned;
 static int fail_hostalloc, fail_record, fail_sync; /* one-shot faults */
 static uint64_t syncs;
 
@@ -101,17 +99,6 @@ static CUresult f_freehost(void *p) {
   return CUDA_ERROR_INVALID_VALUE;
 }
 
-static CUresult f_evcreate(CUevent *ev, unsigned flags) {
-  (void)flags;
-  *ev = (CUevent)calloc(1, sizeof(struct fev));
-  nevents++;
-  return CUDA_SUCCESS;
-}
-static CUresult f_evdestroy(CUevent ev) {
-  free(ev);
-  nevents--;
-  return CUDA_SUCCESS;
-}
 static CUresult f_evrecord(CUevent ev, CUstream s) {
   (void)s;
   if (fail_record) {
@@ -164,20 +151,11 @@ static struct dspk__dev *dev;
 
 static int setup(void **state) {
   (void)state;
-  memset(&dspk__cu, 0, sizeof(dspk__cu));
+  dev = fake_dev(f_evrecord, f_evquery, f_evsync, f_streamsync);
   dspk__cu.cuMemHostAlloc = f_hostalloc;
   dspk__cu.cuMemFreeHost = f_freehost;
-  dspk__cu.cuEventCreate = f_evcreate;
-  dspk__cu.cuEventDestroy = f_evdestroy;
-  dspk__cu.cuEventRecord = f_evrecord;
-  dspk__cu.cuEventQuery = f_evquery;
-  dspk__cu.cuEventSynchronize = f_evsync;
-  dspk__cu.cuStreamSynchronize = f_streamsync;
   dspk__cu.cuMemcpyHtoDAsync = f_htod;
   dspk__cu.cuMemcpyDtoHAsync = f_dtoh;
-  dev = calloc(1, sizeof(*dev));
-  dev->drv = &dspk__gpurt_cuda; /* the shared runtime over the CUDA table */
-  dev->stream = (CUstream)(uintptr_t)0x5150;
   queued = executed = 0;
   return 0;
 }

@@ -25,6 +25,7 @@ import msgpack
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+import dspk_daemon  # noqa: E402
 import dspk_rpc  # noqa: E402
 from dspk_rpc import RpcError, check  # noqa: E402
 
@@ -129,24 +130,13 @@ class Daemon:
         self.sock = sock or os.path.join(tmp, "dspkd.sock")
         self.log = open(os.path.join(tmp, "dspkd-%d.log" % random.randrange(1 << 30)), "w+",
                         errors="replace")
-        r, w = os.pipe()
-        args = [os.path.abspath(exe), "--foreground", "--socket", self.sock, "--ready-fd", str(w),
-                "--log-level", "debug"] + list(extra)
-        if "--backends" not in extra:
-            args += ["--backends", "cpu"]
-        if "--cache" not in extra:
-            args += ["--no-cache"]  # never the user's ~/.cache
-        self.proc = subprocess.Popen(args, pass_fds=[w], stderr=self.log, env=env, cwd=cwd,
-                                     preexec_fn=None if umask is None else lambda: os.umask(umask))
-        DAEMONS.append(self)
-        os.close(w)
-        ready, _, _ = select.select([r], [], [], TIMEOUT)
-        data = os.read(r, 16) if ready else b""
-        os.close(r)
-        if data != b"READY\n":
-            self.proc.kill()
-            self.proc.wait()
+        args = dspk_daemon.cmdline(os.path.abspath(exe), self.sock, extra)
+        self.proc = dspk_daemon.start(
+            args, TIMEOUT, stderr=self.log, env=env, cwd=cwd,
+            preexec_fn=None if umask is None else lambda: os.umask(umask))
+        if not self.proc:
             raise AssertionError("dspkd did not become ready:\n" + self.logtext())
+        DAEMONS.append(self)
 
     def logtext(self):
         self.log.flush()
@@ -157,12 +147,8 @@ class Daemon:
         return Client(self.sock)
 
     def stop(self):
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            rc = self.proc.wait(TIMEOUT)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        rc = dspk_daemon.stop(self.proc, TIMEOUT)
+        if rc is None:
             raise AssertionError("dspkd did not stop on SIGTERM:\n" + self.logtext())
         check(rc == 0, "dspkd exited with %d after SIGTERM:\n%s" % (rc, self.logtext()))
         check(not os.path.exists(self.sock), "socket removed at exit")

@@ -29,6 +29,7 @@ import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+import dspk_daemon  # noqa: E402
 import dspk_rpc  # noqa: E402
 from dspk_rpc import RpcError, check  # noqa: E402
 
@@ -46,21 +47,11 @@ class Daemon:
     def __init__(self, exe, tmp, extra=()):
         self.sock = os.path.join(tmp, "dspkd-%d.sock" % len(DAEMONS))
         self.log = open(os.path.join(tmp, "dspkd-%d.log" % len(DAEMONS)), "w+")
-        r, w = os.pipe()
-        args = [exe, "--foreground", "--socket", self.sock, "--ready-fd", str(w),
-                "--no-cache", "--log-level", "debug"] + list(extra)
-        if "--backends" not in extra:
-            args += ["--backends", "cpu"]
-        self.proc = subprocess.Popen(args, pass_fds=[w], stderr=self.log)
-        DAEMONS.append(self)
-        os.close(w)
-        ready, _, _ = select.select([r], [], [], TIMEOUT)
-        data = os.read(r, 16) if ready else b""
-        os.close(r)
-        if data != b"READY\n":
-            self.proc.kill()
-            self.proc.wait()
+        self.proc = dspk_daemon.start(dspk_daemon.cmdline(exe, self.sock, extra), TIMEOUT,
+                                      stderr=self.log)
+        if not self.proc:
             raise AssertionError("dspkd did not become ready:\n" + self.logtext())
+        DAEMONS.append(self)
 
     def logtext(self):
         self.log.flush()
@@ -76,12 +67,8 @@ class Daemon:
         return m.group(1)
 
     def stop(self):
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            rc = self.proc.wait(TIMEOUT)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        rc = dspk_daemon.stop(self.proc, TIMEOUT)
+        if rc is None:
             raise AssertionError("dspkd did not stop on SIGTERM:\n" + self.logtext())
         check(rc == 0, "dspkd exited with %d after SIGTERM:\n%s" % (rc, self.logtext()))
 

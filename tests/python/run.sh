@@ -6,6 +6,7 @@
 set -eu
 py=$1 dspkd=$2 work=$3
 src=$(cd "$(dirname "$0")/../../python" && pwd)
+common=$(cd "$(dirname "$0")/../common" && pwd)  # the daemon helpers of conftest.py
 rm -rf "$work"
 mkdir -p "$work"
 cp -R "$src" "$work/src"   # pip builds in the tree it installs: keep python/ clean
@@ -14,5 +15,5 @@ cp -R "$src" "$work/src"   # pip builds in the tree it installs: keep python/ cl
 cd "$work"                 # so `import dspk` finds the installed package only
 "$work/venv/bin/python" -c 'import dspk, sys; sys.exit(0 if "/venv/" in dspk.__file__
 else "dspk imported from " + dspk.__file__)'
-DSPKD=$dspkd exec "$work/venv/bin/python" -m pytest -q -p no:cacheprovider \
+DSPK_TESTS_COMMON=$common DSPKD=$dspkd exec "$work/venv/bin/python" -m pytest -q -p no:cacheprovider \
   -o console_output_style=classic "$work/src/tests"

@@ -1,0 +1,91 @@
+/* The fir paths' layout and choice shared by the GPU backends (see
+ * fir_tune.h). */
+#include <stdio.h>
+#include <string.h>
+
+#include "backends/common/autotune.h"
+#include "backends/common/fir_tune.h"
+#include "dspk/errors.h"
+#include "proto/dtype.h"
+
+const char *const dspk__fir_path_names[DSPK__FIR_NPATHS] = {"direct", "ols-x4", "ols-x8",
+                                                            "ols-x16"};
+
+int dspk__fir_geometry(int64_t n, int64_t k, int64_t rows, int cplx, int m, int max_lg,
+                       struct dspk__fir_geo *g) {
+  int lg = dspk__autotune_pow2((uint64_t)k) + m + 1;
+  int full = dspk__autotune_pow2((uint64_t)(n + k - 1));
+  if (lg > full)
+    lg = full;
+  if (lg < DSPK__FIR_MIN_LG)
+    lg = DSPK__FIR_MIN_LG;
+  if (lg > max_lg)
+    return DSPK_ELIMIT;
+  g->lg = lg;
+  g->L = (int64_t)1 << lg;
+  g->S = g->L - k + 1;
+  g->nb = (n + g->S - 1) / g->S;
+  g->nblk = rows * g->nb;
+  g->nc = cplx ? g->nblk : (g->nblk + 1) / 2;
+  return 0;
+}
+
+struct tune_ud {
+  const struct dspk__fir_ops *ops;
+  struct dspk__dev *d;
+  struct dspk__op *op;
+  struct dspk__opctx ctx; /* the task's cancel and progress, a scratch message */
+  char msg[256];
+};
+
+/* One candidate on the task's operands, to completion. */
+static int cand_run(void *ud, int idx) {
+  struct tune_ud *u = ud;
+  return u->ops->finish(u->d, u->ops->run(u->d, u->op, idx, &u->ctx));
+}
+
+int dspk__fir_tuned(struct dspk__dev *d, struct dspk__op *op, struct dspk__cache *cache,
+                    struct dspk__cache_devid devid, const struct dspk__fir_ops *ops,
+                    struct dspk__opctx *ctx) {
+  static const struct dspk__autotune_cand cands[DSPK__FIR_NPATHS] = {
+      {"direct", cand_run}, {"ols-x4", cand_run}, {"ols-x8", cand_run}, {"ols-x16", cand_run}};
+  const struct dspk__tensor *X = &op->in[0];
+  int64_t n = X->shape[X->rank - 1], total = dspk__tensor_numel(X);
+  int64_t k = op->in[1].shape[0] < n ? op->in[1].shape[0] : n;
+  struct tune_ud u = {.ops = ops, .d = d, .op = op};
+  struct dspk__autotune_req req;
+  char shape[96];
+  u.ctx.errmsg = u.msg;
+  u.ctx.errmsg_len = sizeof u.msg;
+  snprintf(shape, sizeof shape, "n=2^%d,row=2^%d,k=2^%d",
+           dspk__autotune_pow2((uint64_t)total), dspk__autotune_pow2((uint64_t)n),
+           dspk__autotune_pow2((uint64_t)k));
+  memset(&req, 0, sizeof req);
+  req.op = "fir";
+  req.shape = shape;
+  req.dtypes = dspk__dtype_name(X->dtype);
+  req.layout = "path";
+  req.dev = devid;
+  req.cands = cands;
+  req.ncands = DSPK__FIR_NPATHS;
+  req.ud = &u;
+  if (ctx) {
+    u.ctx.cancel = ctx->cancel;
+    u.ctx.progress = ctx->progress;
+    u.ctx.progress_ud = ctx->progress_ud;
+    req.progress = ctx->progress;
+    req.progress_ud = ctx->progress_ud;
+    req.cancel = ctx->cancel;
+  }
+  for (;;) {
+    int w, rc = dspk__autotune_choose(cache, &req, NULL, &w, NULL);
+    if (rc == DSPK_ECANCELED)
+      return dspk__op_fail(ctx, rc, "fir: canceled while tuning");
+    if (rc < 0)
+      return 1; /* no decision: the caller's heuristic */
+    rc = ops->run(d, op, w, ctx);
+    if (rc == 0 || w == 0 || rc == DSPK_ECANCELED || (ops->lost && ops->lost(d)))
+      return rc;
+    dspk__autotune_failed(cache, &req, w);
+  }
+}

@@ -1,0 +1,68 @@
+/*
+ * What the GPU backends' fir (backends/gpurt/fir_fft.c,
+ * backends/vulkan/vk_fir.c) share: the four paths ("direct", then
+ * overlap-save with blocks of 4, 8 or 16 times the filter's length,
+ * "ols-x4", "ols-x8", "ols-x16"), the block layout of an overlap-save run,
+ * and the choice of a path by the autotune framework (autotune.h) on the
+ * task's own operands, per shape class (n = 2^a total samples, row = 2^b,
+ * k = 2^c taps; op "fir", layout "path") and device.
+ */
+#ifndef DSPK_BACKENDS_COMMON_FIR_TUNE_H
+#define DSPK_BACKENDS_COMMON_FIR_TUNE_H
+
+#include <stdint.h>
+
+#include "backends/op.h"
+#include "cache/cache.h"
+
+#define DSPK__FIR_NPATHS 4 /* direct, ols-x4, ols-x8, ols-x16 */
+#define DSPK__FIR_MIN_LG 6 /* blocks of at least 64 samples */
+
+struct dspk__dev;
+
+/* The paths' names, also the autotune candidates' names. */
+extern const char *const dspk__fir_path_names[DSPK__FIR_NPATHS];
+
+/* The block layout of one overlap-save run: blocks of L = 2^lg samples
+ * overlapping by k-1 (S = L-k+1 new samples each), nb blocks per row, nblk
+ * in all, nc complex rows (a real signal packs two blocks into one). */
+struct dspk__fir_geo {
+  int lg;
+  int64_t L, S, nb, nblk, nc;
+};
+
+/* Layout for rows of n samples, k taps (k <= n), path m (1..3: blocks of
+ * 2^(m+1) times k rounded up to a power of two, at least 2^DSPK__FIR_MIN_LG,
+ * at most the row's full convolution length rounded up).  Returns 0, or
+ * DSPK_ELIMIT when the blocks would need more than 2^max_lg samples. */
+int dspk__fir_geometry(int64_t n, int64_t k, int64_t rows, int cplx, int m, int max_lg,
+                       struct dspk__fir_geo *g);
+
+/* How a backend runs a path of the op. */
+struct dspk__fir_ops {
+  /* Runs path c (an index of dspk__fir_path_names) of op, as the task does
+   * (enqueued on the device). */
+  int (*run)(struct dspk__dev *d, struct dspk__op *op, int c, struct dspk__opctx *ctx);
+  /* Waits for the work run enqueued; rc is run's result.  Returns the
+   * candidate's result. */
+  int (*finish)(struct dspk__dev *d, int rc);
+  /* Optional: whether the device was lost, so that a failed winner is not
+   * replaced by another candidate. */
+  int (*lost)(struct dspk__dev *d);
+};
+
+/*
+ * Runs op by the path the autotune framework chooses for its shape class on
+ * this device (tuning the candidates on the task's operands the first
+ * time, each run to completion with the task's cancel and progress hooks);
+ * a winner that fails, except the direct path, is reported to the framework
+ * and the choice made again.  Returns the run's result, DSPK_ECANCELED
+ * (with a message in ctx) when the tuning was canceled, or 1 when there is
+ * no decision (the caller runs its heuristic).  The output must not overlap
+ * an input: the candidates rerun the op on the task's operands.
+ */
+int dspk__fir_tuned(struct dspk__dev *d, struct dspk__op *op, struct dspk__cache *cache,
+                    struct dspk__cache_devid devid, const struct dspk__fir_ops *ops,
+                    struct dspk__opctx *ctx);
+
+#endif /* DSPK_BACKENDS_COMMON_FIR_TUNE_H */

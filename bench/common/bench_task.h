@@ -1,0 +1,56 @@
+/*
+ * What the client-side benchmarks (bench_core, bench_shm, bench_datapath)
+ * share (header only): a monotonic clock in µs, 64-byte aligned buffers,
+ * reproducible f32 data, and a task timed through libdspkclient.
+ */
+#ifndef DSPK_BENCH_COMMON_BENCH_TASK_H
+#define DSPK_BENCH_COMMON_BENCH_TASK_H
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "dspk/dspk.h"
+
+static inline double dspk_bench_now_us(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
+}
+
+/* n bytes, 64-byte aligned; "PROG: malloc failed" and exit 1 when there is
+ * no memory. */
+static inline void *dspk_bench_alloc(const char *prog, size_t n) {
+  void *p = aligned_alloc(64, (n + 63) / 64 * 64);
+  if (!p) {
+    fprintf(stderr, "%s: malloc: %s\n", prog, dspk_strerror(DSPK_ENOMEM));
+    exit(1);
+  }
+  return p;
+}
+
+/* n floats in [-0.5, 0.5) from seed (a linear congruential sequence). */
+static inline void dspk_bench_fill(float *p, size_t n, unsigned seed) {
+  for (size_t i = 0; i < n; i++) {
+    seed = seed * 1103515245u + 12345u;
+    p[i] = (float)((seed >> 8) & 0xffff) / 65536.0f - 0.5f;
+  }
+}
+
+/* Runs t through c and returns the time dspk_run took in µs; a failing
+ * task prints "PROG: task: ERROR: DETAIL" and exits 1. */
+static inline double dspk_bench_run(const char *prog, dspk_client *c, dspk_task *t) {
+  dspk_result r;
+  double t0 = dspk_bench_now_us();
+  int err = dspk_run(c, t, &r);
+  double dt = dspk_bench_now_us() - t0;
+  if (err < 0) {
+    fprintf(stderr, "%s: task: %s: %s\n", prog, dspk_strerror(err), dspk_last_error(c));
+    exit(1);
+  }
+  dspk_result_free(&r);
+  return dt;
+}
+
+#endif /* DSPK_BENCH_COMMON_BENCH_TASK_H */

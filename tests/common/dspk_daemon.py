@@ -1,0 +1,56 @@
+"""Starting and stopping a dspkd for the Python end-to-end tests, shared by
+tests/daemon/dspkd_test.py, tests/observe, tests/cluster/jobs_test.py and
+python/tests (conftest.py): the daemon runs in the foreground and says READY
+on --ready-fd when it serves (the tests wait for that, never sleep), and
+stops on SIGTERM.  Needs only python3."""
+import os
+import select
+import signal
+import subprocess
+
+
+def cmdline(exe, sock, extra=(), backends="cpu"):
+    """dspkd's command line for a test: in the foreground on sock, debug log,
+    then extra; backends (unless extra has --backends) and no cache (never
+    the user's ~/.cache, unless extra has --cache)."""
+    extra = list(extra)
+    args = [exe, "--foreground", "--socket", sock, "--log-level", "debug"] + extra
+    if "--backends" not in extra:
+        args += ["--backends", backends]
+    if "--cache" not in extra:
+        args += ["--no-cache"]
+    return args
+
+
+def start(args, timeout, **popen):
+    """Runs the command line args with --ready-fd added (popen: more
+    subprocess.Popen arguments) and waits up to timeout seconds for READY.
+    Returns the process, or None when it did not become ready (it is then
+    killed and reaped; its log says why)."""
+    r, w = os.pipe()
+    try:
+        proc = subprocess.Popen(list(args) + ["--ready-fd", str(w)], pass_fds=[w], **popen)
+    finally:
+        os.close(w)
+    ready, _, _ = select.select([r], [], [], timeout)
+    data = os.read(r, 16) if ready else b""
+    os.close(r)
+    if data != b"READY\n":
+        proc.kill()
+        proc.wait()
+        return None
+    return proc
+
+
+def stop(proc, timeout):
+    """Sends SIGTERM (unless the process has exited) and returns the exit
+    status, or None when it did not exit within timeout seconds (it is then
+    killed and reaped)."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        return None
