@@ -2,8 +2,8 @@
  * The static table of backends compiled into this build, in probe order:
  * the cpu backend always, then each GPU backend whose build option and
  * dependencies were present (backends/CMakeLists.txt defines DSPK_HAVE_*).
- * Adding a backend means one extern line and one table line here (see
- * docs/backends.md).
+ * Adding a backend means one extern line, one table line and its name in
+ * dspk__backend_names here (see docs/backends.md).
  */
 #include "backends/backend.h"
 
@@ -17,6 +17,10 @@ extern const struct dspk__backend dspk__backend_hip;
 #ifdef DSPK_HAVE_VULKAN
 extern const struct dspk__backend dspk__backend_vulkan;
 #endif
+
+/* Every backend dspk has, built into this binary or not: --backends accepts
+ * these names (one this build lacks is listed as unavailable). */
+const char *const dspk__backend_names[] = {"cpu", "cuda", "vulkan", "hip", NULL};
 
 const struct dspk__backend *const dspk__backends[] = {
     &dspk__backend_cpu,

@@ -2,8 +2,9 @@
  * Devices: at start the daemon probes every backend (those --backends
  * selects), lists each device it offers, and has the scheduler
  * (daemon/sched.c) start one runner per device, which opens it; the start
- * waits until each opened.  Also the device lookups (by id, "any", the
- * cpu) and the backends' shutdown after every runner was joined.
+ * waits until each opened.  Also the device lookups (by id; "any", which
+ * routes by the devices' caps) and the backends' shutdown after every
+ * runner was joined.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -46,9 +47,6 @@ static bool asked(const char *list, const char *name) {
   return list && *list && selected(list, name);
 }
 
-/* Every backend dspk has, built into this binary or not. */
-static const char *const all_backends[] = {"cpu", "cuda", "vulkan", "hip"};
-
 static bool built(const char *name, size_t len) {
   for (int i = 0; dspk__backends[i]; i++)
     if (strlen(dspk__backends[i]->name) == len && memcmp(dspk__backends[i]->name, name, len) == 0)
@@ -68,8 +66,8 @@ static int check_backend_list(const char *list) {
           memcmp(dspk__backends[i]->name, p, len) == 0)
         known = true;
     /* A backend dspk knows but this build lacks is listed as unavailable. */
-    for (size_t i = 0; !known && i < sizeof all_backends / sizeof all_backends[0]; i++)
-      if (strlen(all_backends[i]) == len && memcmp(all_backends[i], p, len) == 0)
+    for (int i = 0; !known && dspk__backend_names[i]; i++)
+      if (strlen(dspk__backend_names[i]) == len && memcmp(dspk__backend_names[i], p, len) == 0)
         known = true;
     if (!known && len > 0) {
       char have[128] = "";
@@ -98,14 +96,15 @@ int dspkd_devices_start(struct dspkd *d) {
   err = check_backend_list(d->cfg.backends);
   if (err < 0)
     return err;
-  for (size_t i = 0; i < sizeof all_backends / sizeof all_backends[0]; i++) {
-    if (built(all_backends[i], strlen(all_backends[i])))
+  for (int i = 0; dspk__backend_names[i]; i++) {
+    const char *name = dspk__backend_names[i];
+    if (built(name, strlen(name)))
       continue;
-    add_unavailable(d, all_backends[i], "not built into this dspkd");
+    add_unavailable(d, name, "not built into this dspkd");
     /* Asked for by name: say so at the start, not at the first task. */
-    if (asked(d->cfg.backends, all_backends[i]))
+    if (asked(d->cfg.backends, name))
       dspkd_warn("backend %s was asked for (backends=%s) but this dspkd was built without "
-                 "it: no %s devices", all_backends[i], d->cfg.backends, all_backends[i]);
+                 "it: no %s devices", name, d->cfg.backends, name);
   }
   for (int b = 0; dspk__backends[b]; b++) {
     const struct dspk__backend *be = dspk__backends[b];
@@ -204,15 +203,30 @@ static void uuid_norm(const char *in, char *out, size_t outlen) {
   out[n] = '\0';
 }
 
-/* 1 when an earlier open device is the same hardware (one GPU seen through
- * CUDA and through Vulkan): "any" uses a GPU through its first backend. */
-static bool seen_earlier(struct dspkd *d, int idx) {
+/* Whether device i may take a task of connection c (NULL: any connection)
+ * for "any": open, in c's Slurm job when it has one (or jobs are required),
+ * and able to run op by its caps (op NULL: any device is). */
+static bool candidate(struct dspkd *d, struct conn *c, const struct dspk__op *op, int i) {
+  const struct device *dev = &d->devs[i];
+  char msg[64];
+  if (dev->open_state != 1)
+    return false;
+  if (c && (c->job || d->cfg.job_required) && !dspkd_job_dev_ok(c, dev))
+    return false;
+  return !op || dspk__caps_check(&dev->caps, op, dev->id, msg, sizeof msg) == 0;
+}
+
+/* 1 when an earlier candidate is the same hardware (one GPU seen through
+ * CUDA and through Vulkan): "any" uses a GPU through its first backend
+ * that can run the task. */
+static bool seen_earlier(struct dspkd *d, struct conn *c, const struct dspk__op *op,
+                         int idx) {
   char a[48], b[48];
   uuid_norm(d->devs[idx].info.uuid, a, sizeof a);
   if (!a[0])
     return false;
   for (int i = 0; i < idx; i++) {
-    if (d->devs[i].open_state != 1)
+    if (!candidate(d, c, op, i))
       continue;
     uuid_norm(d->devs[i].info.uuid, b, sizeof b);
     if (strcmp(a, b) == 0)
@@ -221,20 +235,13 @@ static bool seen_earlier(struct dspkd *d, int idx) {
   return false;
 }
 
-struct device *dspkd_device_cpu(struct dspkd *d) {
-  for (int i = 0; i < d->ndevs; i++)
-    if (d->devs[i].open_state == 1 && strcmp(d->devs[i].be->name, "cpu") == 0)
-      return &d->devs[i];
-  return NULL;
-}
-
-struct device *dspkd_device_any(struct dspkd *d) {
+struct device *dspkd_device_any(struct dspkd *d, struct conn *c, const struct dspk__op *op) {
   struct device *best = NULL, *cpu = NULL, *soft = NULL;
   uint64_t best_load = 0;
   for (int i = 0; i < d->ndevs; i++) {
     struct device *dev = &d->devs[i];
     uint64_t load;
-    if (dev->open_state != 1 || seen_earlier(d, i))
+    if (!candidate(d, c, op, i) || seen_earlier(d, c, op, i))
       continue;
     if (strcmp(dev->be->name, "cpu") == 0) {
       if (!cpu)

@@ -213,38 +213,6 @@ int dspkd_job_dev_ok(const struct conn *c, const struct device *dev) {
   return dspkd_job_dev_allowed(c->d, c->job, c->job_state != 0, dev);
 }
 
-struct device *dspkd_job_device_any(struct conn *c) {
-  struct dspkd *d = c->d;
-  struct device *best = NULL, *cpu = NULL, *soft = NULL;
-  uint64_t best_load = 0;
-  if (!c->job && !c->d->cfg.job_required)
-    return dspkd_device_any(d);
-  for (int i = 0; i < d->ndevs; i++) {
-    struct device *dev = &d->devs[i];
-    uint64_t load;
-    if (dev->open_state != 1 || !dspkd_job_dev_ok(c, dev))
-      continue;
-    if (strcmp(dev->be->name, "cpu") == 0) {
-      if (!cpu)
-        cpu = dev;
-      continue;
-    }
-    if (dev->info.software) {
-      if (!soft)
-        soft = dev;
-      continue;
-    }
-    pthread_mutex_lock(&dev->mu);
-    load = dev->queued + dev->running;
-    pthread_mutex_unlock(&dev->mu);
-    if (!best || load < best_load) {
-      best = dev;
-      best_load = load;
-    }
-  }
-  return best ? best : cpu ? cpu : soft;
-}
-
 void dspkd_job_conn_gone(struct conn *c) {
   struct djob *j = c->job;
   c->job = NULL;

@@ -109,14 +109,23 @@ static int device_ok(struct req *r, const struct device *dev) {
 }
 
 /* Resolves a device name ("any" or an id) among the devices the connection
- * may use; NULL with r->msg set. */
-static struct device *resolve_device(struct req *r, const char *name, int *err) {
+ * may use; for "any", among those whose caps cover op (NULL: every device;
+ * none: ENOTSUP, saying why the first usable device cannot).  NULL with
+ * r->msg set. */
+static struct device *resolve_device(struct req *r, const char *name,
+                                     const struct dspk__op *op, int *err) {
   struct dspkd *d = r->c->d;
   struct device *dev;
   if ((*err = dspkd_job_resolve(r->c, r->msg, sizeof r->msg)) < 0)
     return NULL;
   if (strcmp(name, "any") == 0) {
-    dev = dspkd_job_device_any(r->c);
+    dev = dspkd_device_any(d, r->c, op);
+    if (!dev && op && (dev = dspkd_device_any(d, r->c, NULL))) {
+      char why[sizeof r->msg - 64];
+      dspk__caps_check(&dev->caps, op, dev->id, why, sizeof why);
+      *err = fail(r, DSPK_ENOTSUP, "no device runs this task (%s)", why);
+      return NULL;
+    }
     if (!dev)
       *err = fail(r, DSPK_ENODEV, "no device is available");
     return dev;
@@ -133,7 +142,7 @@ static struct device *resolve_device(struct req *r, const char *name, int *err) 
 
 /* For handlers in other files (daemon/shm.c): resolve_device. */
 struct device *dspkd_resolve_device(struct req *r, const char *name, int *err) {
-  return resolve_device(r, name, err);
+  return resolve_device(r, name, NULL, err);
 }
 
 /* ---- hello, ping ------------------------------------------------------ */
@@ -187,6 +196,36 @@ static int m_ping(struct req *r) {
 
 /* ---- devices, status -------------------------------------------------- */
 
+/* A device's caps as `devices` shows them: ops, a map of each op it runs
+ * (raw kernels aside) to the dtypes it runs it on, and kernel_langs. */
+static void pack_caps(msgpack_packer *pk, const struct dspk__devcaps *caps) {
+  size_t n = 0, k;
+  for (int op = 0; op < DSPK_OP_COUNT; op++)
+    n += op != DSPK_OP_KERNEL && caps->dtypes[op] != 0;
+  dspk__pack_str(pk, "ops");
+  msgpack_pack_map(pk, n);
+  for (int op = 0; op < DSPK_OP_COUNT; op++) {
+    if (op == DSPK_OP_KERNEL || !caps->dtypes[op])
+      continue;
+    dspk__pack_str(pk, dspk__op_names[op]);
+    k = 0;
+    for (int dt = 0; dt < DSPK_DTYPE_COUNT; dt++)
+      k += (caps->dtypes[op] >> dt) & 1u;
+    msgpack_pack_array(pk, k);
+    for (int dt = 0; dt < DSPK_DTYPE_COUNT; dt++)
+      if ((caps->dtypes[op] >> dt) & 1u)
+        dspk__pack_str(pk, dspk__dtype_name((dspk_dtype)dt));
+  }
+  dspk__pack_str(pk, "kernel_langs");
+  k = 0;
+  for (int i = 0; dspk__kernel_langs[i]; i++)
+    k += caps->dtypes[DSPK_OP_KERNEL] && ((caps->langs >> i) & 1u);
+  msgpack_pack_array(pk, k);
+  for (int i = 0; dspk__kernel_langs[i]; i++)
+    if (caps->dtypes[DSPK_OP_KERNEL] && ((caps->langs >> i) & 1u))
+      dspk__pack_str(pk, dspk__kernel_langs[i]);
+}
+
 static int m_devices(struct req *r) {
   struct dspkd *d = r->c->d;
   bool all = r->v[DSPK__DEVICES_ALL].v.b;
@@ -208,7 +247,7 @@ static int m_devices(struct req *r) {
     const struct device *dev = &d->devs[i];
     if (dev->open_state != 1 || !dspkd_job_dev_ok(r->c, dev))
       continue;
-    msgpack_pack_map(pk, 9);
+    msgpack_pack_map(pk, 11);
     kv_str(pk, "id", dev->id);
     kv_str(pk, "backend", dev->be->name);
     kv_str(pk, "name", dev->info.name);
@@ -218,6 +257,7 @@ static int m_devices(struct req *r) {
     kv_str(pk, "uuid", dev->info.uuid);
     kv_u64(pk, "memory", dev->info.memory);
     kv_bool(pk, "software", dev->info.software != 0);
+    pack_caps(pk, &dev->caps);
   }
   dspk__pack_str(pk, "unavailable");
   msgpack_pack_array(pk, all ? (size_t)d->nunavail : 0);
@@ -423,7 +463,7 @@ static int m_buffer_create(struct req *r) {
   int err = 0;
 
   dspk__pval_str(&r->v[DSPK__BCREATE_DEVICE], devname, sizeof devname);
-  if (!(dev = resolve_device(r, devname, &err)))
+  if (!(dev = resolve_device(r, devname, NULL, &err)))
     return err;
   if (dev->info.memory && size > dev->info.memory)
     return fail(r, DSPK_ENOMEM, "%" PRIu64 " bytes is more than %s has (%" PRIu64 ")",
@@ -800,8 +840,7 @@ static int task_run(struct req *r, char *devname) {
     if ((err = device_ok(r, dev)) < 0)
       goto fail;
   } else {
-    j->any = strcmp(devname, "any") == 0;
-    if (!(dev = resolve_device(r, devname, &err)))
+    if (!(dev = resolve_device(r, devname, &j->op, &err)))
       goto fail;
     if (pinned && pinned != dev) {
       err = fail(r, DSPK_EINVAL, "the task asks for %s but its buffers are on %s", dev->id,
@@ -809,6 +848,11 @@ static int task_run(struct req *r, char *devname) {
       goto fail;
     }
   }
+  /* Routing by the device's caps: a named device (or the buffers' one)
+   * that lacks the op, the dtype or the kernel language answers ENOTSUP
+   * now and runs nothing. */
+  if ((err = dspk__caps_check(&dev->caps, &j->op, dev->id, r->msg, sizeof r->msg)) < 0)
+    goto fail;
   if (dev->info.memory)
     lim.max_bytes = dev->info.memory;
   if ((err = dspk__op_check_results(&j->op, &lim, inline_out, inline_in, r->msg,

@@ -1013,6 +1013,8 @@ static uint64_t max_prime(uint64_t n) {
   return n > 1 ? n : p;
 }
 
+const int dspk__vk_fft_built = 1;
+
 int dspk__vk_fft(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *ctx) {
   const struct dspk__tensor *X = &op->in[0], *O = &op->out[0];
   int r2c = !dspk__dtype_is_complex(X->dtype);
