@@ -648,10 +648,10 @@ static void pack_hello(void *ud, struct dspk__wbuf *w) {
   const struct dspk__method *m = &dspk__methods[DSPK__M_HELLO];
   struct hello_args *a = ud;
   struct dspk__pval v[DSPK__MAX_PARAMS] = {0};
-  v[DSPK__HELLO_VERSION] = (struct dspk__pval){true, {.u = DSPK_PROTOCOL_VERSION}};
-  v[DSPK__HELLO_CLIENT] = (struct dspk__pval){true, {.s = {a->name, strlen(a->name)}}};
+  v[DSPK__HELLO_VERSION] = (struct dspk__pval){.set = true, .v = {.u = DSPK_PROTOCOL_VERSION}};
+  v[DSPK__HELLO_CLIENT] = (struct dspk__pval){.set = true, .v = {.s = {a->name, strlen(a->name)}}};
   if (a->job)
-    v[DSPK__HELLO_JOB] = (struct dspk__pval){true, {.u = a->job}};
+    v[DSPK__HELLO_JOB] = (struct dspk__pval){.set = true, .v = {.u = a->job}};
   dspk__params_encode(w, m->params, m->nparams, v);
 }
 

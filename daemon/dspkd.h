@@ -528,6 +528,10 @@ struct req {
   struct rchunk *chunk;       /* the frame's bytes */
   char msg[512];              /* error detail for the response */
 };
+/* A result response of method (proto/schema.h's DSPK__M_*) to msgid, its
+ * fields vals (indexed by the method's DSPK__R_* enum) packed by the
+ * protocol table's one encoder; NULL when out of memory (daemon/methods.c). */
+struct wreq *dspkd_result(uint32_t msgid, int method, const struct dspk__pval *vals);
 /* Runs the request's method: returns 0 when it answered or queued a job,
  * or a negative code that the caller answers with r->msg. */
 int dspkd_dispatch(struct req *r, const char *method, size_t len);

@@ -284,9 +284,9 @@ static void test_roundtrip(void **state) {
   msgpack_unpacked up;
   (void)state;
 
-  in[DSPK__RUN_OP] = (struct dspk__pval){true, {.e = DSPK_OP_FFT}};
-  in[DSPK__RUN_DEVICE] = (struct dspk__pval){true, {.s = {"cpu:0", 5}}};
-  in[DSPK__RUN_INPUTS] = (struct dspk__pval){true, {.pack = {pack_two, NULL}}};
+  in[DSPK__RUN_OP] = (struct dspk__pval){.set = true, .v = {.e = DSPK_OP_FFT}};
+  in[DSPK__RUN_DEVICE] = (struct dspk__pval){.set = true, .v = {.s = {"cpu:0", 5}}};
+  in[DSPK__RUN_INPUTS] = (struct dspk__pval){.set = true, .v = {.pack = {pack_two, NULL}}};
   dspk__wbuf_init(&w);
   dspk__params_encode(&w, run->params, run->nparams, in);
   assert_int_equal(dspk__wbuf_iov(&w, &iov, &niov), 0);
