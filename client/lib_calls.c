@@ -61,10 +61,12 @@ DSPK_EXPORT void dspk_task_init(dspk_task *t, dspk_op op) {
     t->kernel.grid[i] = t->kernel.block[i] = 1;
 }
 
-/* A request's parameters, packed by the table's encoder. */
+/* A request's parameters, packed by the table's encoder, and its result's
+ * fields, decoded by the table's decoder (indexed by the DSPK__R_* enum). */
 struct params {
   enum dspk__method_id m;
   struct dspk__pval v[DSPK__MAX_PARAMS];
+  struct dspk__pval res[DSPK__MAX_PARAMS];
 };
 
 static void pack_params(void *ud, struct dspk__wbuf *w) {
@@ -74,13 +76,23 @@ static void pack_params(void *ud, struct dspk__wbuf *w) {
 
 /* Calls a method of the table with the parameters of a. */
 static int call(dspk_client *c, struct params *a, struct dspk__resp *r) {
-  return dspk__call(c, dspk__methods[a->m].name, pack_params, a, r);
+  const struct dspk__method *m = &dspk__methods[a->m];
+  char why[256];
+  int rc = dspk__call(c, m->name, pack_params, a, r);
+  if (rc != 0 || !m->results)
+    return rc;
+  if ((rc = dspk__result_decode(m, r->msg.result, a->res, why, sizeof why)) < 0) {
+    dspk__resp_free(r);
+    return dspk__cerr(c, rc, "%s", why);
+  }
+  return 0;
 }
 
 /* ---- ping, JSON calls, devices, status ----------------------------------- */
 
 DSPK_EXPORT int dspk_ping(dspk_client *c, const void *data, size_t n) {
-  struct params a = {DSPK__M_PING, {[DSPK__PING_DATA] = dspk__pv_bin(data, n, NULL, NULL)}};
+  struct params a = {.m = DSPK__M_PING,
+                     .v = {[DSPK__PING_DATA] = dspk__pv_bin(data, n, NULL, NULL)}};
   struct dspk__resp r;
   const void *echo;
   size_t elen;
@@ -91,8 +103,9 @@ DSPK_EXPORT int dspk_ping(dspk_client *c, const void *data, size_t n) {
   rc = call(c, &a, &r);
   if (rc != 0)
     return rc;
-  if (dspk__obj_bin(dspk__map_get(r.msg.result, "data"), &echo, &elen) != 0 ||
-      elen != n || (n && memcmp(echo, data, n) != 0))
+  echo = a.res[DSPK__R_PING_DATA].v.s.p;
+  elen = a.res[DSPK__R_PING_DATA].v.s.n;
+  if (elen != n || (n && memcmp(echo, data, n) != 0))
     rc = dspk__cerr(c, DSPK_EPROTO, "ping: the echo differs from the data");
   dspk__resp_free(&r);
   return rc;
@@ -156,7 +169,7 @@ static int job_call(dspk_client *c, struct params *a, const struct job_uuids *u,
 DSPK_EXPORT int dspk_job_register(dspk_client *c, uint64_t job, uint32_t uid,
                                   const char *const *uuids, size_t n, char **json_out) {
   struct job_uuids u = {uuids, n};
-  struct params a = {DSPK__M_JOB_REGISTER,
+  struct params a = {.m = DSPK__M_JOB_REGISTER, .v =
                      {[DSPK__JREG_JOB] = dspk__pv_uint(job), [DSPK__JREG_UID] = dspk__pv_uint(uid),
                       [DSPK__JREG_DEVICES] = dspk__pv_pack(pack_uuids, &u)}};
   if (!job)
@@ -165,7 +178,7 @@ DSPK_EXPORT int dspk_job_register(dspk_client *c, uint64_t job, uint32_t uid,
 }
 
 DSPK_EXPORT int dspk_job_end(dspk_client *c, uint64_t job, char **json_out) {
-  struct params a = {DSPK__M_JOB_END, {[DSPK__JEND_JOB] = dspk__pv_uint(job)}};
+  struct params a = {.m = DSPK__M_JOB_END, .v = {[DSPK__JEND_JOB] = dspk__pv_uint(job)}};
   if (!job)
     return DSPK_EINVAL;
   return job_call(c, &a, NULL, json_out);
@@ -177,7 +190,7 @@ static uint32_t arr_size(const msgpack_object *o) {
 
 DSPK_EXPORT int dspk_devices(dspk_client *c, bool all,
                              dspk_device_list **out) {
-  struct params a = {DSPK__M_DEVICES, {[DSPK__DEVICES_ALL] = dspk__pv_bool(all)}};
+  struct params a = {.m = DSPK__M_DEVICES, .v = {[DSPK__DEVICES_ALL] = dspk__pv_bool(all)}};
   struct dspk__resp r;
   dspk_device_list *l;
   const msgpack_object *devs, *unav;
@@ -188,8 +201,8 @@ DSPK_EXPORT int dspk_devices(dspk_client *c, bool all,
   rc = call(c, &a, &r);
   if (rc != 0)
     return rc;
-  devs = dspk__map_get(r.msg.result, "devices");
-  unav = dspk__map_get(r.msg.result, "unavailable");
+  devs = a.res[DSPK__R_DEVICES_DEVICES].v.o;
+  unav = a.res[DSPK__R_DEVICES_UNAVAILABLE].v.o;
   l = calloc(1, sizeof(*l));
   if (!l)
     goto err_nomem;
@@ -245,6 +258,7 @@ DSPK_EXPORT void dspk_device_list_free(dspk_device_list *l) {
 }
 
 DSPK_EXPORT int dspk_status_get(dspk_client *c, dspk_status **out) {
+  struct params a = {.m = DSPK__M_STATUS};
   struct dspk__resp r;
   dspk_status *s;
   const msgpack_object *d, *cl, *dv;
@@ -252,12 +266,12 @@ DSPK_EXPORT int dspk_status_get(dspk_client *c, dspk_status **out) {
 
   if (!c || !out)
     return DSPK_EINVAL;
-  rc = dspk__call(c, "status", NULL, NULL, &r);
+  rc = call(c, &a, &r);
   if (rc != 0)
     return rc;
-  d = dspk__map_get(r.msg.result, "daemon");
-  cl = dspk__map_get(r.msg.result, "clients");
-  dv = dspk__map_get(r.msg.result, "devices");
+  d = a.res[DSPK__R_STATUS_DAEMON].v.o;
+  cl = a.res[DSPK__R_STATUS_CLIENTS].v.o;
+  dv = a.res[DSPK__R_STATUS_DEVICES].v.o;
   s = calloc(1, sizeof(*s));
   if (!s)
     goto err_nomem;
@@ -321,7 +335,7 @@ DSPK_EXPORT void dspk_status_free(dspk_status *s) {
 
 DSPK_EXPORT int dspk_buffer_create(dspk_client *c, const char *device,
                                    size_t size, uint64_t *id_out) {
-  struct params a = {DSPK__M_BUFFER_CREATE,
+  struct params a = {.m = DSPK__M_BUFFER_CREATE, .v =
                      {[DSPK__BCREATE_DEVICE] = dspk__pv_str(device ? device : "cpu:0"),
                       [DSPK__BCREATE_SIZE] = dspk__pv_uint(size)}};
   struct dspk__resp r;
@@ -333,12 +347,10 @@ DSPK_EXPORT int dspk_buffer_create(dspk_client *c, const char *device,
   rc = call(c, &a, &r);
   if (rc != 0)
     return rc;
-  if (dspk__obj_u64(dspk__map_get(r.msg.result, "buffer"), &id) != 0)
-    rc = dspk__cerr(c, DSPK_EPROTO, "buffer.create: no buffer id in result");
+  id = a.res[DSPK__R_BUF_BUFFER].v.u;
   dspk__resp_free(&r);
-  if (rc == 0)
-    *id_out = id;
-  return rc;
+  *id_out = id;
+  return 0;
 }
 
 /* Largest payload of one buffer.write request or buffer.read answer: the
@@ -391,7 +403,7 @@ static int transfer(dspk_client *c, uint64_t id, uint64_t offset, const void *sr
 
   do {
     size_t k = n - done < piece_max(c) ? n - done : piece_max(c);
-    struct params a = {dst ? DSPK__M_BUFFER_READ : DSPK__M_BUFFER_WRITE, {{0}}};
+    struct params a = {.m = dst ? DSPK__M_BUFFER_READ : DSPK__M_BUFFER_WRITE};
     uint32_t msgid;
     int rc;
     if (dst) {
@@ -456,7 +468,7 @@ DSPK_EXPORT int dspk_buffer_read(dspk_client *c, uint64_t id, uint64_t offset,
 }
 
 DSPK_EXPORT int dspk_buffer_free(dspk_client *c, uint64_t id) {
-  struct params a = {DSPK__M_BUFFER_FREE, {[DSPK__BFREE_BUFFER] = dspk__pv_uint(id)}};
+  struct params a = {.m = DSPK__M_BUFFER_FREE, .v = {[DSPK__BFREE_BUFFER] = dspk__pv_uint(id)}};
   struct dspk__resp r;
   int rc;
 
@@ -715,7 +727,7 @@ DSPK_EXPORT int dspk_submit(dspk_client *c, const dspk_task *t,
   uint64_t sid[DSPK_SHM_OPERANDS], soff[DSPK_SHM_OPERANDS];
   bool shm[DSPK_SHM_OPERANDS] = {0};
   struct inputs in = {t, shm, sid, soff};
-  struct params a = {DSPK__M_TASK_RUN, {{0}}};
+  struct params a = {.m = DSPK__M_TASK_RUN};
   struct dspk__wbuf w;
   dspk_task out = {0}; /* its out_refs: the result's temporary */
   size_t bound;
@@ -786,17 +798,18 @@ DSPK_EXPORT void dspk_result_free(dspk_result *r) {
 static int decode_result(dspk_client *c, const msgpack_object *result, uint32_t ticket,
                          dspk_result *res) {
   dspk_result out = {0};
-  const msgpack_object *outs = dspk__map_get(result, "outputs");
+  const msgpack_object *outs;
+  struct dspk__pval v[DSPK__MAX_PARAMS];
   char why[256];
   int rc;
 
-  dspk__strncpy_obj(dspk__map_get(result, "device"), out.device,
-                    sizeof out.device);
-  /* Optional (older daemons lack it): absent or malformed leaves 0. */
-  if (dspk__obj_u64(dspk__map_get(result, "time_us"), &out.time_us) != 0)
-    out.time_us = 0;
-  if (!outs || outs->type != MSGPACK_OBJECT_ARRAY ||
-      outs->via.array.size > DSPK_MAX_OUTPUTS)
+  if ((rc = dspk__result_decode(&dspk__methods[DSPK__M_TASK_RUN], result, v, why,
+                                sizeof why)) < 0)
+    return dspk__cerr(c, rc, "%s", why);
+  dspk__pval_str(&v[DSPK__R_RUN_DEVICE], out.device, sizeof out.device);
+  out.time_us = v[DSPK__R_RUN_TIME_US].v.u;
+  outs = v[DSPK__R_RUN_OUTPUTS].v.o;
+  if (outs->via.array.size > DSPK_MAX_OUTPUTS)
     return dspk__cerr(c, DSPK_EPROTO, "task.run result: bad outputs");
   for (uint32_t i = 0; i < outs->via.array.size; i++) {
     struct dspk__wire_tensor wt;
@@ -886,7 +899,7 @@ DSPK_EXPORT int dspk_run(dspk_client *c, const dspk_task *t,
 }
 
 DSPK_EXPORT int dspk_cancel(dspk_client *c, uint32_t ticket, bool *canceled) {
-  struct params a = {DSPK__M_TASK_CANCEL, {[DSPK__CANCEL_MSGID] = dspk__pv_uint(ticket)}};
+  struct params a = {.m = DSPK__M_TASK_CANCEL, .v = {[DSPK__CANCEL_MSGID] = dspk__pv_uint(ticket)}};
   struct dspk__resp r;
   bool yes = false;
   int rc;
@@ -896,7 +909,7 @@ DSPK_EXPORT int dspk_cancel(dspk_client *c, uint32_t ticket, bool *canceled) {
   rc = call(c, &a, &r);
   if (rc != 0)
     return rc;
-  dspk__arg_bool(r.msg.result, "canceled", &yes, NULL, 0);
+  yes = a.res[DSPK__R_CANCEL_CANCELED].v.b;
   dspk__resp_free(&r);
   if (canceled)
     *canceled = yes;
@@ -912,7 +925,7 @@ _Static_assert(DSPK_CACHE_KERNELS == 1u && DSPK_CACHE_AUTOTUNE == 2u && DSPK_CAC
 
 DSPK_EXPORT int dspk_cache_clear(dspk_client *c, unsigned kinds,
                                  unsigned *cleared) {
-  struct params p = {DSPK__M_CACHE_CLEAR, {{0}}};
+  struct params p = {.m = DSPK__M_CACHE_CLEAR};
   struct dspk__resp r;
   const msgpack_object *a;
   unsigned mask = kinds & DSPK_CACHE_ALL, got = 0;
@@ -926,7 +939,7 @@ DSPK_EXPORT int dspk_cache_clear(dspk_client *c, unsigned kinds,
   rc = call(c, &p, &r);
   if (rc != 0)
     return rc;
-  a = dspk__map_get(r.msg.result, "cleared");
+  a = p.res[DSPK__R_CCLEAR_CLEARED].v.o;
   for (uint32_t i = 0; i < arr_size(a); i++) {
     const char *s;
     size_t n;
