@@ -45,6 +45,39 @@ struct dspk__devenv {
   void *log_ud;
 };
 
+/*
+ * What one device runs, as its backend reports it once, right after open
+ * (the caps member): the daemon checks every task against it before it
+ * queues anything, so "any" goes only to a device that can run the task and
+ * a named device that cannot answers ENOTSUP at once.  Build it with the
+ * helpers below (backends/caps.c).
+ */
+struct dspk__devcaps {
+  /* Per op (dspk_op): bit (1u << dtype) for each dtype of the op's first
+   * input (gemm's A, fft's X, ...) the device runs; 0: not the op at all.
+   * For "kernel", any nonzero value: raw kernels in the languages below. */
+  uint32_t dtypes[DSPK_OP_COUNT];
+  /* Bit i: raw kernels in dspk__kernel_langs[i] (proto/schema.h). */
+  uint32_t langs;
+};
+
+/* Adds the ops of mask (bit 1u << op) to *c with every dtype
+ * dspk__op_infer() accepts for them (dspk__op_dtypes); a backend then takes
+ * away what it lacks.  Raw kernels need a language too (add_lang). */
+void dspk__caps_add_ops(struct dspk__devcaps *c, uint32_t mask);
+#define DSPK__CAPS_OP(op) (1u << (DSPK_OP_##op))
+/* Every op but raw kernels. */
+#define DSPK__CAPS_ALL_OPS (((1u << DSPK_OP_COUNT) - 1) & ~DSPK__CAPS_OP(KERNEL))
+/* Removes dtype dt from every op of *c. */
+void dspk__caps_drop_dtype(struct dspk__devcaps *c, dspk_dtype dt);
+/* Adds raw kernels in language lang (a name of dspk__kernel_langs). */
+void dspk__caps_add_lang(struct dspk__devcaps *c, const char *lang);
+/* 0 when *c covers op (its kind, the dtype of its first input, a kernel's
+ * language); else DSPK_ENOTSUP with a sentence naming who (the device id)
+ * and what it runs instead in msg. */
+int dspk__caps_check(const struct dspk__devcaps *c, const struct dspk__op *op,
+                     const char *who, char *msg, size_t msglen);
+
 /* Counters a device reports in `status`; unused fields stay 0. */
 struct dspk__devstats {
   uint64_t pool_bytes_in_use, pool_bytes_cached, pool_hits, pool_misses;
@@ -97,10 +130,17 @@ struct dspk__backend {
   void (*fence_destroy)(struct dspk__dev *dev, struct dspk__fence *f);
   int (*sync)(struct dspk__dev *dev);
 
-  /* Enqueues op (validated by dspk__op_infer, every operand placed in this
-   * device's memory).  May return before the device finishes; read() and
-   * fences order later host work.  DSPK_ENOTSUP for an op or dtype the
-   * backend lacks. */
+  /* Runner thread, once, right after a successful open: fills *out (zeroed
+   * by the caller) with what this device runs.  The daemon never hands run()
+   * an op the caps exclude. */
+  void (*caps)(struct dspk__dev *dev, struct dspk__devcaps *out);
+
+  /* Enqueues op (validated by dspk__op_infer, covered by caps, every
+   * operand placed in this device's memory).  May return before the device
+   * finishes; read() and fences order later host work.  DSPK_ENOTSUP only
+   * for what the caps cannot say and the work itself shows (an operand's
+   * alignment, a size past a library's limit, a missing worker binary): the
+   * task fails with it, it is not run elsewhere. */
   int (*run)(struct dspk__dev *dev, struct dspk__op *op,
              struct dspk__opctx *ctx);
 
@@ -138,7 +178,6 @@ struct dspk__backend {
 
 /* The backends compiled into this build, in probe order (backends/registry.c). */
 extern const struct dspk__backend *const dspk__backends[];
-
 /* Every backend dspk knows, built into this binary or not, NULL-terminated
  * (backends/registry.c): the daemon takes the names it reports as "not
  * built into this dspkd" from here, never from a list of its own. */

@@ -528,6 +528,20 @@ int dspk__op_infer_lim(struct dspk__op *op, const struct dspk__op_limits *lim,
   return 0;
 }
 
+#define DT(d) (1u << DSPK_##d)
+#define STD_DT (DT(F32) | DT(F64) | DT(C64) | DT(C128))
+const uint32_t dspk__op_dtypes[DSPK_OP_COUNT] = {
+    [DSPK_OP_GEMM] = DT(F32) | DT(F64) | DT(F16) | DT(BF16),
+    [DSPK_OP_FFT] = STD_DT,
+    [DSPK_OP_FIR] = STD_DT,
+    [DSPK_OP_CONTRACT] = STD_DT,
+    [DSPK_OP_REDUCE] = STD_DT,
+    [DSPK_OP_MAP] = STD_DT,
+    [DSPK_OP_KERNEL] = (1u << DSPK_DTYPE_COUNT) - 1,
+};
+#undef DT
+#undef STD_DT
+
 int dspk__op_infer(struct dspk__op *op, char *msg, size_t msglen) {
   return dspk__op_infer_lim(op, NULL, msg, msglen);
 }

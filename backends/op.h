@@ -117,6 +117,11 @@ int dspk__contract_parse(const char *subs, const struct dspk__tensor *A,
                          char lab[3][DSPK_MAX_RANK + 1], int64_t size[128],
                          char *msg, size_t len);
 
+/* The dtypes of each op's first input (gemm's A, fft's X, ...) that
+ * dspk__op_infer() accepts, bit (1u << dtype); every dtype for "kernel".
+ * The row of a new op goes here, next to its case in dspk__op_infer(). */
+extern const uint32_t dspk__op_dtypes[DSPK_OP_COUNT];
+
 /* Per-call context a backend receives with each op (runner thread only). */
 struct dspk__opctx {
   /* Set by the loop thread to ask a running op to stop early; backends poll

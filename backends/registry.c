@@ -2,8 +2,8 @@
  * The static table of backends compiled into this build, in probe order:
  * the cpu backend always, then each GPU backend whose build option and
  * dependencies were present (backends/CMakeLists.txt defines DSPK_HAVE_*).
- * Adding a backend means one extern line and one table line here (see
- * docs/backends.md).
+ * Adding a backend means one extern line, one table line and its name in
+ * dspk__known_backends here (see docs/backends.md).
  */
 #include "backends/backend.h"
 
@@ -32,6 +32,7 @@ const struct dspk__backend *const dspk__backends[] = {
     NULL,
 };
 
-/* Adding a backend: one line here too (docs/backends.md).  The languages
- * of raw kernels are the protocol's (proto/schema.c). */
+/* Every backend dspk has, built into this binary or not: --backends accepts
+ * these names (one this build lacks is listed as unavailable).  The
+ * languages of raw kernels are the protocol's (proto/schema.c). */
 const char *const dspk__known_backends[] = {"cpu", "cuda", "vulkan", "hip", NULL};

@@ -61,10 +61,12 @@ DSPK_EXPORT void dspk_task_init(dspk_task *t, dspk_op op) {
     t->kernel.grid[i] = t->kernel.block[i] = 1;
 }
 
-/* A request's parameters, packed by the table's encoder. */
+/* A request's parameters, packed by the table's encoder, and its result's
+ * fields, decoded by the table's decoder (indexed by the DSPK__R_* enum). */
 struct params {
   enum dspk__method_id m;
   struct dspk__pval v[DSPK__MAX_PARAMS];
+  struct dspk__pval res[DSPK__MAX_PARAMS];
 };
 
 static void pack_params(void *ud, struct dspk__wbuf *w) {
@@ -72,30 +74,25 @@ static void pack_params(void *ud, struct dspk__wbuf *w) {
   dspk__params_encode(w, dspk__methods[a->m].params, dspk__methods[a->m].nparams, a->v);
 }
 
-static struct dspk__pval p_u64(uint64_t u) { return (struct dspk__pval){true, {.u = u}}; }
-static struct dspk__pval p_bool(bool b) { return (struct dspk__pval){true, {.b = b}}; }
-static struct dspk__pval p_num(double f) { return (struct dspk__pval){true, {.f = f}}; }
-static struct dspk__pval p_enum(int e) { return (struct dspk__pval){true, {.e = e}}; }
-static struct dspk__pval p_str(const char *s) {
-  return (struct dspk__pval){true, {.s = {s, strlen(s)}}};
-}
-static struct dspk__pval p_bin(const void *p, size_t n) {
-  return (struct dspk__pval){true, {.s = {p, n}}};
-}
-static struct dspk__pval p_pack(void (*fn)(const void *, struct dspk__wbuf *),
-                                const void *ud) {
-  return (struct dspk__pval){true, {.pack = {fn, ud}}};
-}
-
 /* Calls a method of the table with the parameters of a. */
 static int call(dspk_client *c, struct params *a, struct dspk__resp *r) {
-  return dspk__call(c, dspk__methods[a->m].name, pack_params, a, r);
+  const struct dspk__method *m = &dspk__methods[a->m];
+  char why[256];
+  int rc = dspk__call(c, m->name, pack_params, a, r);
+  if (rc != 0 || !m->results)
+    return rc;
+  if ((rc = dspk__result_decode(m, r->msg.result, a->res, why, sizeof why)) < 0) {
+    dspk__resp_free(r);
+    return dspk__cerr(c, rc, "%s", why);
+  }
+  return 0;
 }
 
 /* ---- ping, JSON calls, devices, status ----------------------------------- */
 
 DSPK_EXPORT int dspk_ping(dspk_client *c, const void *data, size_t n) {
-  struct params a = {DSPK__M_PING, {[DSPK__PING_DATA] = p_bin(data, n)}};
+  struct params a = {.m = DSPK__M_PING,
+                     .v = {[DSPK__PING_DATA] = dspk__pv_bin(data, n, NULL, NULL)}};
   struct dspk__resp r;
   const void *echo;
   size_t elen;
@@ -106,8 +103,9 @@ DSPK_EXPORT int dspk_ping(dspk_client *c, const void *data, size_t n) {
   rc = call(c, &a, &r);
   if (rc != 0)
     return rc;
-  if (dspk__obj_bin(dspk__map_get(r.msg.result, "data"), &echo, &elen) != 0 ||
-      elen != n || (n && memcmp(echo, data, n) != 0))
+  echo = a.res[DSPK__R_PING_DATA].v.s.p;
+  elen = a.res[DSPK__R_PING_DATA].v.s.n;
+  if (elen != n || (n && memcmp(echo, data, n) != 0))
     rc = dspk__cerr(c, DSPK_EPROTO, "ping: the echo differs from the data");
   dspk__resp_free(&r);
   return rc;
@@ -171,16 +169,16 @@ static int job_call(dspk_client *c, struct params *a, const struct job_uuids *u,
 DSPK_EXPORT int dspk_job_register(dspk_client *c, uint64_t job, uint32_t uid,
                                   const char *const *uuids, size_t n, char **json_out) {
   struct job_uuids u = {uuids, n};
-  struct params a = {DSPK__M_JOB_REGISTER,
-                     {[DSPK__JREG_JOB] = p_u64(job), [DSPK__JREG_UID] = p_u64(uid),
-                      [DSPK__JREG_DEVICES] = p_pack(pack_uuids, &u)}};
+  struct params a = {.m = DSPK__M_JOB_REGISTER, .v =
+                     {[DSPK__JREG_JOB] = dspk__pv_uint(job), [DSPK__JREG_UID] = dspk__pv_uint(uid),
+                      [DSPK__JREG_DEVICES] = dspk__pv_pack(pack_uuids, &u)}};
   if (!job)
     return DSPK_EINVAL;
   return job_call(c, &a, &u, json_out);
 }
 
 DSPK_EXPORT int dspk_job_end(dspk_client *c, uint64_t job, char **json_out) {
-  struct params a = {DSPK__M_JOB_END, {[DSPK__JEND_JOB] = p_u64(job)}};
+  struct params a = {.m = DSPK__M_JOB_END, .v = {[DSPK__JEND_JOB] = dspk__pv_uint(job)}};
   if (!job)
     return DSPK_EINVAL;
   return job_call(c, &a, NULL, json_out);
@@ -192,7 +190,7 @@ static uint32_t arr_size(const msgpack_object *o) {
 
 DSPK_EXPORT int dspk_devices(dspk_client *c, bool all,
                              dspk_device_list **out) {
-  struct params a = {DSPK__M_DEVICES, {[DSPK__DEVICES_ALL] = p_bool(all)}};
+  struct params a = {.m = DSPK__M_DEVICES, .v = {[DSPK__DEVICES_ALL] = dspk__pv_bool(all)}};
   struct dspk__resp r;
   dspk_device_list *l;
   const msgpack_object *devs, *unav;
@@ -203,8 +201,8 @@ DSPK_EXPORT int dspk_devices(dspk_client *c, bool all,
   rc = call(c, &a, &r);
   if (rc != 0)
     return rc;
-  devs = dspk__map_get(r.msg.result, "devices");
-  unav = dspk__map_get(r.msg.result, "unavailable");
+  devs = a.res[DSPK__R_DEVICES_DEVICES].v.o;
+  unav = a.res[DSPK__R_DEVICES_UNAVAILABLE].v.o;
   l = calloc(1, sizeof(*l));
   if (!l)
     goto err_nomem;
@@ -260,6 +258,7 @@ DSPK_EXPORT void dspk_device_list_free(dspk_device_list *l) {
 }
 
 DSPK_EXPORT int dspk_status_get(dspk_client *c, dspk_status **out) {
+  struct params a = {.m = DSPK__M_STATUS};
   struct dspk__resp r;
   dspk_status *s;
   const msgpack_object *d, *cl, *dv;
@@ -267,12 +266,12 @@ DSPK_EXPORT int dspk_status_get(dspk_client *c, dspk_status **out) {
 
   if (!c || !out)
     return DSPK_EINVAL;
-  rc = dspk__call(c, "status", NULL, NULL, &r);
+  rc = call(c, &a, &r);
   if (rc != 0)
     return rc;
-  d = dspk__map_get(r.msg.result, "daemon");
-  cl = dspk__map_get(r.msg.result, "clients");
-  dv = dspk__map_get(r.msg.result, "devices");
+  d = a.res[DSPK__R_STATUS_DAEMON].v.o;
+  cl = a.res[DSPK__R_STATUS_CLIENTS].v.o;
+  dv = a.res[DSPK__R_STATUS_DEVICES].v.o;
   s = calloc(1, sizeof(*s));
   if (!s)
     goto err_nomem;
@@ -336,9 +335,9 @@ DSPK_EXPORT void dspk_status_free(dspk_status *s) {
 
 DSPK_EXPORT int dspk_buffer_create(dspk_client *c, const char *device,
                                    size_t size, uint64_t *id_out) {
-  struct params a = {DSPK__M_BUFFER_CREATE,
-                     {[DSPK__BCREATE_DEVICE] = p_str(device ? device : "cpu:0"),
-                      [DSPK__BCREATE_SIZE] = p_u64(size)}};
+  struct params a = {.m = DSPK__M_BUFFER_CREATE, .v =
+                     {[DSPK__BCREATE_DEVICE] = dspk__pv_str(device ? device : "cpu:0"),
+                      [DSPK__BCREATE_SIZE] = dspk__pv_uint(size)}};
   struct dspk__resp r;
   uint64_t id;
   int rc;
@@ -348,12 +347,10 @@ DSPK_EXPORT int dspk_buffer_create(dspk_client *c, const char *device,
   rc = call(c, &a, &r);
   if (rc != 0)
     return rc;
-  if (dspk__obj_u64(dspk__map_get(r.msg.result, "buffer"), &id) != 0)
-    rc = dspk__cerr(c, DSPK_EPROTO, "buffer.create: no buffer id in result");
+  id = a.res[DSPK__R_BUF_BUFFER].v.u;
   dspk__resp_free(&r);
-  if (rc == 0)
-    *id_out = id;
-  return rc;
+  *id_out = id;
+  return 0;
 }
 
 /* Largest payload of one buffer.write request or buffer.read answer: the
@@ -406,17 +403,17 @@ static int transfer(dspk_client *c, uint64_t id, uint64_t offset, const void *sr
 
   do {
     size_t k = n - done < piece_max(c) ? n - done : piece_max(c);
-    struct params a = {dst ? DSPK__M_BUFFER_READ : DSPK__M_BUFFER_WRITE, {{0}}};
+    struct params a = {.m = dst ? DSPK__M_BUFFER_READ : DSPK__M_BUFFER_WRITE};
     uint32_t msgid;
     int rc;
     if (dst) {
-      a.v[DSPK__BREAD_BUFFER] = p_u64(id);
-      a.v[DSPK__BREAD_OFFSET] = p_u64(offset + done);
-      a.v[DSPK__BREAD_SIZE] = p_u64(k);
+      a.v[DSPK__BREAD_BUFFER] = dspk__pv_uint(id);
+      a.v[DSPK__BREAD_OFFSET] = dspk__pv_uint(offset + done);
+      a.v[DSPK__BREAD_SIZE] = dspk__pv_uint(k);
     } else {
-      a.v[DSPK__BWRITE_BUFFER] = p_u64(id);
-      a.v[DSPK__BWRITE_OFFSET] = p_u64(offset + done);
-      a.v[DSPK__BWRITE_DATA] = p_bin((const char *)src + done, k);
+      a.v[DSPK__BWRITE_BUFFER] = dspk__pv_uint(id);
+      a.v[DSPK__BWRITE_OFFSET] = dspk__pv_uint(offset + done);
+      a.v[DSPK__BWRITE_DATA] = dspk__pv_bin((const char *)src + done, k, NULL, NULL);
     }
     if (tail - head == WINDOW)
       piece_wait(c, ids, dsts, lens, &head, &first, err);
@@ -471,7 +468,7 @@ DSPK_EXPORT int dspk_buffer_read(dspk_client *c, uint64_t id, uint64_t offset,
 }
 
 DSPK_EXPORT int dspk_buffer_free(dspk_client *c, uint64_t id) {
-  struct params a = {DSPK__M_BUFFER_FREE, {[DSPK__BFREE_BUFFER] = p_u64(id)}};
+  struct params a = {.m = DSPK__M_BUFFER_FREE, .v = {[DSPK__BFREE_BUFFER] = dspk__pv_uint(id)}};
   struct dspk__resp r;
   int rc;
 
@@ -637,36 +634,36 @@ static void pack_options(const void *ud, struct dspk__wbuf *w) {
 
   switch (t->op) {
   case DSPK_OP_GEMM:
-    v[DSPK__GEMM_TRANS_A] = p_bool(t->gemm.trans_a);
-    v[DSPK__GEMM_TRANS_B] = p_bool(t->gemm.trans_b);
-    v[DSPK__GEMM_ALPHA] = p_num(t->gemm.alpha);
-    v[DSPK__GEMM_BETA] = p_num(t->gemm.beta);
+    v[DSPK__GEMM_TRANS_A] = dspk__pv_bool(t->gemm.trans_a);
+    v[DSPK__GEMM_TRANS_B] = dspk__pv_bool(t->gemm.trans_b);
+    v[DSPK__GEMM_ALPHA] = dspk__pv_num(t->gemm.alpha);
+    v[DSPK__GEMM_BETA] = dspk__pv_num(t->gemm.beta);
     break;
   case DSPK_OP_FFT:
-    v[DSPK__FFT_INVERSE] = p_bool(t->fft.inverse);
+    v[DSPK__FFT_INVERSE] = dspk__pv_bool(t->fft.inverse);
     break;
   case DSPK_OP_CONTRACT:
-    v[DSPK__CONTRACT_SUBSCRIPTS] = p_str(t->contract.subscripts);
+    v[DSPK__CONTRACT_SUBSCRIPTS] = dspk__pv_str(t->contract.subscripts);
     break;
   case DSPK_OP_REDUCE:
-    v[DSPK__REDUCE_FN] = p_enum((int)t->reduce.fn);
+    v[DSPK__REDUCE_FN] = dspk__pv_enum((int)t->reduce.fn);
     if (t->reduce.naxes)
-      v[DSPK__REDUCE_AXES] = p_pack(pack_axes, t);
+      v[DSPK__REDUCE_AXES] = dspk__pv_pack(pack_axes, t);
     break;
   case DSPK_OP_MAP:
-    v[DSPK__MAP_FN] = p_enum((int)t->map.fn);
-    v[DSPK__MAP_ALPHA] = p_num(t->map.alpha);
+    v[DSPK__MAP_FN] = dspk__pv_enum((int)t->map.fn);
+    v[DSPK__MAP_ALPHA] = dspk__pv_num(t->map.alpha);
     break;
   case DSPK_OP_KERNEL:
-    v[DSPK__KERNEL_LANG] = p_enum(dspk__choice_find(dspk__kernel_langs, t->kernel.lang,
+    v[DSPK__KERNEL_LANG] = dspk__pv_enum(dspk__choice_find(dspk__kernel_langs, t->kernel.lang,
                                                     strlen(t->kernel.lang)));
-    v[DSPK__KERNEL_SOURCE] = p_bin(t->kernel.source, t->kernel.source_len);
-    v[DSPK__KERNEL_ENTRY] = p_str(t->kernel.entry);
+    v[DSPK__KERNEL_SOURCE] = dspk__pv_bin(t->kernel.source, t->kernel.source_len, NULL, NULL);
+    v[DSPK__KERNEL_ENTRY] = dspk__pv_str(t->kernel.entry);
     v[DSPK__KERNEL_GRID].set = v[DSPK__KERNEL_BLOCK].set = true;
     memcpy(v[DSPK__KERNEL_GRID].v.dim, t->kernel.grid, sizeof t->kernel.grid);
     memcpy(v[DSPK__KERNEL_BLOCK].v.dim, t->kernel.block, sizeof t->kernel.block);
-    v[DSPK__KERNEL_SHARED] = p_u64(t->kernel.shared);
-    v[DSPK__KERNEL_ARGS] = p_pack(pack_kargs, t);
+    v[DSPK__KERNEL_SHARED] = dspk__pv_uint(t->kernel.shared);
+    v[DSPK__KERNEL_ARGS] = dspk__pv_pack(pack_kargs, t);
     break;
   default:
     break;
@@ -730,7 +727,7 @@ DSPK_EXPORT int dspk_submit(dspk_client *c, const dspk_task *t,
   uint64_t sid[DSPK_SHM_OPERANDS], soff[DSPK_SHM_OPERANDS];
   bool shm[DSPK_SHM_OPERANDS] = {0};
   struct inputs in = {t, shm, sid, soff};
-  struct params a = {DSPK__M_TASK_RUN, {{0}}};
+  struct params a = {.m = DSPK__M_TASK_RUN};
   struct dspk__wbuf w;
   dspk_task out = {0}; /* its out_refs: the result's temporary */
   size_t bound;
@@ -742,10 +739,10 @@ DSPK_EXPORT int dspk_submit(dspk_client *c, const dspk_task *t,
   rc = check_task(c, t);
   if (rc != 0)
     return rc;
-  a.v[DSPK__RUN_OP] = p_enum((int)t->op);
-  a.v[DSPK__RUN_DEVICE] = p_str(t->device && *t->device ? t->device : "any");
-  a.v[DSPK__RUN_INPUTS] = p_pack(pack_inputs, &in);
-  a.v[DSPK__RUN_OPTIONS] = p_pack(pack_options, t);
+  a.v[DSPK__RUN_OP] = dspk__pv_enum((int)t->op);
+  a.v[DSPK__RUN_DEVICE] = dspk__pv_str(t->device && *t->device ? t->device : "any");
+  a.v[DSPK__RUN_INPUTS] = dspk__pv_pack(pack_inputs, &in);
+  a.v[DSPK__RUN_OPTIONS] = dspk__pv_pack(pack_options, t);
   /* Operands in shared memory, or big enough to go through it (lib_shm.c). */
   /* Not for a raw kernel: its inline inputs come back inline. */
   for (unsigned i = 0; t->op != DSPK_OP_KERNEL && i < t->ninputs && i < DSPK_SHM_OPERANDS;
@@ -762,7 +759,7 @@ DSPK_EXPORT int dspk_submit(dspk_client *c, const dspk_task *t,
     shm[i] = rc == 1;
   }
   if (t->nout_refs)
-    a.v[DSPK__RUN_OUTPUTS] = p_pack(pack_outputs, t);
+    a.v[DSPK__RUN_OUTPUTS] = dspk__pv_pack(pack_outputs, t);
   /* A large result on the cpu: written by the daemon into a temporary shared
    * buffer and copied from there by dspk_wait, instead of crossing the socket. */
   if (!t->nout_refs && t->op != DSPK_OP_KERNEL && (bound = result_bound(t)) != 0) {
@@ -770,7 +767,7 @@ DSPK_EXPORT int dspk_submit(dspk_client *c, const dspk_task *t,
     if (dspk__shm_result(c, a.v[DSPK__RUN_DEVICE].v.s.p, bound,
                          &out.out_refs[0].buffer) == 1) {
       out.nout_refs = 1;
-      a.v[DSPK__RUN_OUTPUTS] = p_pack(pack_outputs, &out);
+      a.v[DSPK__RUN_OUTPUTS] = dspk__pv_pack(pack_outputs, &out);
     }
   }
   id = dspk__next_id(c);
@@ -801,17 +798,18 @@ DSPK_EXPORT void dspk_result_free(dspk_result *r) {
 static int decode_result(dspk_client *c, const msgpack_object *result, uint32_t ticket,
                          dspk_result *res) {
   dspk_result out = {0};
-  const msgpack_object *outs = dspk__map_get(result, "outputs");
+  const msgpack_object *outs;
+  struct dspk__pval v[DSPK__MAX_PARAMS];
   char why[256];
   int rc;
 
-  dspk__strncpy_obj(dspk__map_get(result, "device"), out.device,
-                    sizeof out.device);
-  /* Optional (older daemons lack it): absent or malformed leaves 0. */
-  if (dspk__obj_u64(dspk__map_get(result, "time_us"), &out.time_us) != 0)
-    out.time_us = 0;
-  if (!outs || outs->type != MSGPACK_OBJECT_ARRAY ||
-      outs->via.array.size > DSPK_MAX_OUTPUTS)
+  if ((rc = dspk__result_decode(&dspk__methods[DSPK__M_TASK_RUN], result, v, why,
+                                sizeof why)) < 0)
+    return dspk__cerr(c, rc, "%s", why);
+  dspk__pval_str(&v[DSPK__R_RUN_DEVICE], out.device, sizeof out.device);
+  out.time_us = v[DSPK__R_RUN_TIME_US].v.u;
+  outs = v[DSPK__R_RUN_OUTPUTS].v.o;
+  if (outs->via.array.size > DSPK_MAX_OUTPUTS)
     return dspk__cerr(c, DSPK_EPROTO, "task.run result: bad outputs");
   for (uint32_t i = 0; i < outs->via.array.size; i++) {
     struct dspk__wire_tensor wt;
@@ -901,7 +899,7 @@ DSPK_EXPORT int dspk_run(dspk_client *c, const dspk_task *t,
 }
 
 DSPK_EXPORT int dspk_cancel(dspk_client *c, uint32_t ticket, bool *canceled) {
-  struct params a = {DSPK__M_TASK_CANCEL, {[DSPK__CANCEL_MSGID] = p_u64(ticket)}};
+  struct params a = {.m = DSPK__M_TASK_CANCEL, .v = {[DSPK__CANCEL_MSGID] = dspk__pv_uint(ticket)}};
   struct dspk__resp r;
   bool yes = false;
   int rc;
@@ -911,7 +909,7 @@ DSPK_EXPORT int dspk_cancel(dspk_client *c, uint32_t ticket, bool *canceled) {
   rc = call(c, &a, &r);
   if (rc != 0)
     return rc;
-  dspk__arg_bool(r.msg.result, "canceled", &yes, NULL, 0);
+  yes = a.res[DSPK__R_CANCEL_CANCELED].v.b;
   dspk__resp_free(&r);
   if (canceled)
     *canceled = yes;
@@ -927,7 +925,7 @@ _Static_assert(DSPK_CACHE_KERNELS == 1u && DSPK_CACHE_AUTOTUNE == 2u && DSPK_CAC
 
 DSPK_EXPORT int dspk_cache_clear(dspk_client *c, unsigned kinds,
                                  unsigned *cleared) {
-  struct params p = {DSPK__M_CACHE_CLEAR, {{0}}};
+  struct params p = {.m = DSPK__M_CACHE_CLEAR};
   struct dspk__resp r;
   const msgpack_object *a;
   unsigned mask = kinds & DSPK_CACHE_ALL, got = 0;
@@ -937,11 +935,11 @@ DSPK_EXPORT int dspk_cache_clear(dspk_client *c, unsigned kinds,
     return DSPK_EINVAL;
   if (!mask)
     mask = DSPK_CACHE_ALL;
-  p.v[DSPK__CCLEAR_KINDS] = (struct dspk__pval){true, {.mask = mask}};
+  p.v[DSPK__CCLEAR_KINDS] = (struct dspk__pval){.set = true, .v = {.mask = mask}};
   rc = call(c, &p, &r);
   if (rc != 0)
     return rc;
-  a = dspk__map_get(r.msg.result, "cleared");
+  a = p.res[DSPK__R_CCLEAR_CLEARED].v.o;
   for (uint32_t i = 0; i < arr_size(a); i++) {
     const char *s;
     size_t n;

@@ -615,10 +615,21 @@ int dspk__wait_into(dspk_client *c, uint32_t msgid, void *dst, size_t n) {
   rc = dspk__wait(c, msgid, &r);
   if (rc != 0)
     return rc;
-  if (dspk__obj_bin(dspk__map_get(r.msg.result, "data"), &p, &len) != 0 || len != n)
-    rc = dspk__cerr(c, DSPK_EPROTO, "buffer.read: expected %zu bytes", n);
-  else if (n)
-    memcpy(dst, p, n);
+  {
+    struct dspk__pval v[DSPK__MAX_PARAMS];
+    char why[256];
+    if ((rc = dspk__result_decode(&dspk__methods[DSPK__M_BUFFER_READ], r.msg.result, v, why,
+                                  sizeof why)) < 0) {
+      rc = dspk__cerr(c, rc, "%s", why);
+    } else {
+      p = v[DSPK__R_BREAD_DATA].v.s.p;
+      len = v[DSPK__R_BREAD_DATA].v.s.n;
+      if (len != n)
+        rc = dspk__cerr(c, DSPK_EPROTO, "buffer.read: expected %zu bytes", n);
+      else if (n)
+        memcpy(dst, p, n);
+    }
+  }
   dspk__resp_free(&r);
   return rc;
 }
@@ -648,10 +659,10 @@ static void pack_hello(void *ud, struct dspk__wbuf *w) {
   const struct dspk__method *m = &dspk__methods[DSPK__M_HELLO];
   struct hello_args *a = ud;
   struct dspk__pval v[DSPK__MAX_PARAMS] = {0};
-  v[DSPK__HELLO_VERSION] = (struct dspk__pval){true, {.u = DSPK_PROTOCOL_VERSION}};
-  v[DSPK__HELLO_CLIENT] = (struct dspk__pval){true, {.s = {a->name, strlen(a->name)}}};
+  v[DSPK__HELLO_VERSION] = (struct dspk__pval){.set = true, .v = {.u = DSPK_PROTOCOL_VERSION}};
+  v[DSPK__HELLO_CLIENT] = (struct dspk__pval){.set = true, .v = {.s = {a->name, strlen(a->name)}}};
   if (a->job)
-    v[DSPK__HELLO_JOB] = (struct dspk__pval){true, {.u = a->job}};
+    v[DSPK__HELLO_JOB] = (struct dspk__pval){.set = true, .v = {.u = a->job}};
   dspk__params_encode(w, m->params, m->nparams, v);
 }
 
@@ -734,18 +745,21 @@ DSPK_EXPORT int dspk_connect(const char *socket_path, const char *client_name,
     snprintf(connect_err, sizeof connect_err, "hello: %.480s", c->err);
     goto err_socket;
   }
-  dspk__strncpy_obj(dspk__map_get(r.msg.result, "daemon"), c->daemon_version,
-                    sizeof c->daemon_version);
   {
-    uint64_t mm = 0;
-    dspk__arg_u64(dspk__map_get(r.msg.result, "limits"), "max_message", &mm,
-                  NULL, 0);
+    struct dspk__pval v[DSPK__MAX_PARAMS];
+    uint64_t mm = 0, proto;
+    char why[256];
+    if ((rc = dspk__result_decode(&dspk__methods[DSPK__M_HELLO], r.msg.result, v, why,
+                                  sizeof why)) < 0) {
+      snprintf(connect_err, sizeof connect_err, "hello: %.480s", why);
+      dspk__resp_free(&r);
+      goto err_socket;
+    }
+    dspk__pval_str(&v[DSPK__R_HELLO_DAEMON], c->daemon_version, sizeof c->daemon_version);
+    dspk__arg_u64(v[DSPK__R_HELLO_LIMITS].v.o, "max_message", &mm, NULL, 0);
     if (mm >= 4096 && mm <= SIZE_MAX)
       c->send_max = (size_t)mm;
-  }
-  {
-    uint64_t proto = DSPK_PROTOCOL_VERSION;
-    dspk__arg_u64(r.msg.result, "protocol", &proto, NULL, 0);
+    proto = v[DSPK__R_HELLO_PROTOCOL].v.u;
     if (proto != DSPK_PROTOCOL_VERSION) {
       snprintf(connect_err, sizeof connect_err,
                "daemon speaks protocol %llu, this library %d",

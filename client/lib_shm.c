@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "client/lib_internal.h"
+#include "proto/schema.h"
 
 #define SHM_IDLE_MAX 6
 #define SHM_ROUND ((size_t)2 << 20) /* temporaries: whole 2 MiB */
@@ -51,7 +52,7 @@ static int shm_new(dspk_client *c, const char *device, size_t n, int state,
   struct dspk__resp r;
   struct dspk__shm *s;
   uint32_t msgid;
-  uint64_t id;
+  uint64_t id = 0;
   void *p = MAP_FAILED;
   int fd, rc;
 
@@ -88,8 +89,15 @@ static int shm_new(dspk_client *c, const char *device, size_t n, int state,
     munmap(p, n);
     return rc;
   }
-  if (dspk__obj_u64(dspk__map_get(r.msg.result, "buffer"), &id) != 0)
-    rc = dspk__cerr(c, DSPK_EPROTO, "buffer.import: no buffer id in result");
+  {
+    struct dspk__pval v[DSPK__MAX_PARAMS];
+    char why[256];
+    if ((rc = dspk__result_decode(&dspk__methods[DSPK__M_BUFFER_IMPORT], r.msg.result, v, why,
+                                  sizeof why)) < 0)
+      rc = dspk__cerr(c, rc, "%s", why);
+    else
+      id = v[DSPK__R_BUF_BUFFER].v.u;
+  }
   dspk__resp_free(&r);
   if (rc != 0) {
     munmap(p, n);

@@ -52,15 +52,13 @@ int dspkd_admin_is(struct conn *c) {
   return dspkd_policy_is_admin(&c->d->cfg, c->uid, c->gid, groups, n);
 }
 
-/* Answers {key: true}.  0 or a negative code. */
-static int reply_true(struct req *r, const char *key) {
-  struct wreq *wr = dspkd_wreq_new();
+/* Answers method's one-field result (reloaded, stopping): true.  0 or a
+ * negative code. */
+static int reply_true(struct req *r, int method) {
+  struct dspk__pval v[1] = {dspk__pv_bool(true)};
+  struct wreq *wr = dspkd_result(r->msgid, method, v);
   if (!wr)
     return DSPK_ENOMEM;
-  dspk__pack_result_head(&wr->w.pk, r->msgid);
-  msgpack_pack_map(&wr->w.pk, 1);
-  dspk__pack_str(&wr->w.pk, key);
-  msgpack_pack_true(&wr->w.pk);
   dspkd_conn_send(r->c, wr);
   return 0;
 }
@@ -83,14 +81,14 @@ int dspkd_m_daemon_reload(struct req *r) {
   err = dspkd_config_reload(c->d, r->msg, sizeof r->msg);
   if (err < 0)
     return err;
-  return reply_true(r, "reloaded");
+  return reply_true(r, DSPK__M_DAEMON_RELOAD);
 }
 
 int dspkd_m_daemon_stop(struct req *r) {
   struct conn *c = r->c;
   int err;
   dspkd_info("client %llu (uid %ld): daemon.stop", (unsigned long long)c->id, (long)c->uid);
-  err = reply_true(r, "stopping");
+  err = reply_true(r, DSPK__M_DAEMON_STOP);
   if (err < 0)
     return err;
   dspkd_stop(c->d);

@@ -43,19 +43,10 @@ static void work_cb(uv_work_t *w) {
     cw->err = dspk__cache_stats(cw->cache, &cw->st);
 }
 
-static void pack_stats(msgpack_packer *pk, const struct cwork *cw) {
-  const struct dspk__cache_stats *s = &cw->st;
-  msgpack_pack_map(pk, 5);
-  dspk__pack_str(pk, "path");
-  dspk__pack_str(pk, dspk__cache_path(cw->cache));
-  dspk__pack_str(pk, "in_memory");
-  if (s->in_memory)
-    msgpack_pack_true(pk);
-  else
-    msgpack_pack_false(pk);
-  dspk__pack_kv_u64(pk, "max_bytes", s->max_bytes);
-  dspk__pack_kv_u64(pk, "file_bytes", s->file_bytes);
-  dspk__pack_str(pk, "kinds");
+/* cache.stats' kinds: per kind of entry its counters. */
+static void pack_kinds(const void *ud, struct dspk__wbuf *w) {
+  const struct dspk__cache_stats *s = ud;
+  msgpack_packer *pk = &w->pk;
   msgpack_pack_map(pk, DSPK__CACHE_NKINDS);
   for (int k = 0; k < DSPK__CACHE_NKINDS; k++) {
     const struct dspk__cache_kstats *ks = &s->kind[k];
@@ -71,16 +62,31 @@ static void pack_stats(msgpack_packer *pk, const struct cwork *cw) {
   }
 }
 
-static void pack_cleared(msgpack_packer *pk, unsigned mask) {
+/* cache.clear's cleared: the names of the kinds of mask. */
+static void pack_cleared(const void *ud, struct dspk__wbuf *w) {
+  unsigned mask = *(const unsigned *)ud;
   int n = 0;
   for (int k = 0; k < DSPK__CACHE_NKINDS; k++)
     n += (mask & DSPK__CACHE_MASK(k)) != 0;
-  msgpack_pack_map(pk, 1);
-  dspk__pack_str(pk, "cleared");
-  msgpack_pack_array(pk, (size_t)n);
+  msgpack_pack_array(&w->pk, (size_t)n);
   for (int k = 0; k < DSPK__CACHE_NKINDS; k++)
     if (mask & DSPK__CACHE_MASK(k))
-      dspk__pack_str(pk, dspk__cache_kind_name(k));
+      dspk__pack_str(&w->pk, dspk__cache_kind_name(k));
+}
+
+/* The call's result (NULL when out of memory). */
+static struct wreq *result(const struct cwork *cw) {
+  struct dspk__pval v[5];
+  if (cw->clear) {
+    v[DSPK__R_CCLEAR_CLEARED] = dspk__pv_pack(pack_cleared, &cw->mask);
+    return dspkd_result(cw->msgid, DSPK__M_CACHE_CLEAR, v);
+  }
+  v[DSPK__R_CSTATS_PATH] = dspk__pv_str(dspk__cache_path(cw->cache));
+  v[DSPK__R_CSTATS_IN_MEMORY] = dspk__pv_bool(cw->st.in_memory);
+  v[DSPK__R_CSTATS_MAX_BYTES] = dspk__pv_uint(cw->st.max_bytes);
+  v[DSPK__R_CSTATS_FILE_BYTES] = dspk__pv_uint(cw->st.file_bytes);
+  v[DSPK__R_CSTATS_KINDS] = dspk__pv_pack(pack_kinds, &cw->st);
+  return dspkd_result(cw->msgid, DSPK__M_CACHE_STATS, v);
 }
 
 /* Loop thread: answers the call (unless its connection closed meanwhile). */
@@ -99,17 +105,11 @@ static void after_cb(uv_work_t *w, int status) {
                dspk__strerror(err));
       dspkd_conn_send_error(c, cw->msgid, err, msg);
     } else {
-      struct wreq *wr = dspkd_wreq_new();
-      if (!wr) {
+      struct wreq *wr = result(cw);
+      if (!wr)
         dspkd_conn_send_error(c, cw->msgid, DSPK_ENOMEM, "out of memory");
-      } else {
-        dspk__pack_result_head(&wr->w.pk, cw->msgid);
-        if (cw->clear)
-          pack_cleared(&wr->w.pk, cw->mask);
-        else
-          pack_stats(&wr->w.pk, cw);
+      else
         dspkd_conn_send(c, wr);
-      }
     }
   }
   dspkd_conn_unref(c);

@@ -2,8 +2,9 @@
  * Devices: at start the daemon probes every backend (those --backends
  * selects), lists each device it offers, and has the scheduler
  * (daemon/sched.c) start one runner per device, which opens it; the start
- * waits until each opened.  Also the device lookups (by id, "any", the
- * cpu) and the backends' shutdown after every runner was joined.
+ * waits until each opened.  Also the device lookups (by id; "any", which
+ * routes by the devices' caps) and the backends' shutdown after every
+ * runner was joined.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -203,15 +204,30 @@ static void uuid_norm(const char *in, char *out, size_t outlen) {
   out[n] = '\0';
 }
 
-/* 1 when an earlier open device is the same hardware (one GPU seen through
- * CUDA and through Vulkan): "any" uses a GPU through its first backend. */
-static bool seen_earlier(struct dspkd *d, int idx) {
+/* Whether device i may take a task of connection c (NULL: any connection)
+ * for "any": open, in c's Slurm job when it has one (or jobs are required),
+ * and able to run op by its caps (op NULL: any device is). */
+static bool candidate(struct dspkd *d, struct conn *c, const struct dspk__op *op, int i) {
+  const struct device *dev = &d->devs[i];
+  char msg[64];
+  if (dev->open_state != 1)
+    return false;
+  if (c && (c->job || d->cfg.job_required) && !dspkd_job_dev_ok(c, dev))
+    return false;
+  return !op || dspk__caps_check(&dev->caps, op, dev->id, msg, sizeof msg) == 0;
+}
+
+/* 1 when an earlier candidate is the same hardware (one GPU seen through
+ * CUDA and through Vulkan): "any" uses a GPU through its first backend
+ * that can run the task. */
+static bool seen_earlier(struct dspkd *d, struct conn *c, const struct dspk__op *op,
+                         int idx) {
   char a[48], b[48];
   uuid_norm(d->devs[idx].info.uuid, a, sizeof a);
   if (!a[0])
     return false;
   for (int i = 0; i < idx; i++) {
-    if (d->devs[i].open_state != 1)
+    if (!candidate(d, c, op, i))
       continue;
     uuid_norm(d->devs[i].info.uuid, b, sizeof b);
     if (strcmp(a, b) == 0)
@@ -220,21 +236,13 @@ static bool seen_earlier(struct dspkd *d, int idx) {
   return false;
 }
 
-struct device *dspkd_device_cpu(struct dspkd *d) {
-  for (int i = 0; i < d->ndevs; i++)
-    if (d->devs[i].open_state == 1 && strcmp(d->devs[i].be->name, "cpu") == 0)
-      return &d->devs[i];
-  return NULL;
-}
-
-struct device *dspkd_device_pick(struct dspkd *d,
-                                 bool (*ok)(void *ud, struct dspkd *d, int idx), void *ud) {
+struct device *dspkd_device_any(struct dspkd *d, struct conn *c, const struct dspk__op *op) {
   struct device *best = NULL, *cpu = NULL, *soft = NULL;
   uint64_t best_load = 0;
   for (int i = 0; i < d->ndevs; i++) {
     struct device *dev = &d->devs[i];
     uint64_t load;
-    if (dev->open_state != 1 || !ok(ud, d, i))
+    if (!candidate(d, c, op, i) || seen_earlier(d, c, op, i))
       continue;
     if (strcmp(dev->be->name, "cpu") == 0) {
       if (!cpu)
@@ -256,13 +264,6 @@ struct device *dspkd_device_pick(struct dspkd *d,
   }
   return best ? best : cpu ? cpu : soft;
 }
-
-static bool first_view(void *ud, struct dspkd *d, int idx) {
-  (void)ud;
-  return !seen_earlier(d, idx);
-}
-
-struct device *dspkd_device_any(struct dspkd *d) { return dspkd_device_pick(d, first_view, NULL); }
 
 void dspkd_heap_warm(void) {
   size_t n = (size_t)DSPKD_HEAP_WARM_MB << 20;

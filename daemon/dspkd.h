@@ -188,7 +188,6 @@ struct job {
   int err;
   char *errmsg;              /* task: the failure's message (malloc'd), or NULL */
   uint64_t progress_ms;      /* runner: when task.progress was last sent */
-  bool any;                  /* task.run chose "any": may move to cpu on ENOTSUP */
   /* daemon/quota.c: what dspkd_sched_submit charged to its connection and user,
    * given back when the job leaves the connection's in-flight list. */
   size_t resv_answer;        /* bytes its answer may take (max_unsent) */
@@ -219,6 +218,9 @@ struct device {
   int bindex;
   char id[48];
   struct dspk__devinfo info;
+  /* What it runs (the backend's caps, written by the runner before
+   * open_state becomes 1, read-only after): tasks are routed with it. */
+  struct dspk__devcaps caps;
   pthread_t thread;
   bool thread_started;
   bool joined;
@@ -455,15 +457,11 @@ int dspkd_shm_sync(struct device *dev, struct dbuf *b, uint64_t off, size_t n,
 int dspkd_devices_start(struct dspkd *d);
 void dspkd_backends_shutdown(struct dspkd *d);
 struct device *dspkd_device_find(struct dspkd *d, const char *id, size_t len);
-/* Picks the device for "any": least-loaded hardware device (each GPU through
- * the first backend that has it), else cpu:0. */
-struct device *dspkd_device_any(struct dspkd *d);
-/* "any" among the open devices ok(ud, d, index) accepts: the least loaded
- * GPU, else the cpu, else a software device; NULL when none. */
-struct device *dspkd_device_pick(struct dspkd *d,
-                                 bool (*ok)(void *ud, struct dspkd *d, int idx), void *ud);
-/* The first open cpu device, or NULL. */
-struct device *dspkd_device_cpu(struct dspkd *d);
+/* Picks the device for "any" among those connection c may use (its Slurm
+ * job's; c NULL: all) that can run op (its caps; op NULL: any device):
+ * the least-loaded hardware device (each GPU through the first backend that
+ * has it and runs op), else cpu:0, else a software device.  NULL: none. */
+struct device *dspkd_device_any(struct dspkd *d, struct conn *c, const struct dspk__op *op);
 
 /* daemon/quota.c: the quotas of docs/protocol.md ("Quotas"). */
 /* Finds or makes the user's counters and counts one more connection of it;
@@ -500,8 +498,6 @@ int dspkd_job_dev_ok(const struct conn *c, const struct device *dev);
  * decided (unless job_required). */
 int dspkd_job_dev_allowed(const struct dspkd *d, const struct djob *j, bool decided,
                           const struct device *dev);
-/* "any" for the connection: dspkd_device_any() among the devices it may use. */
-struct device *dspkd_job_device_any(struct conn *c);
 /* Drops the connection's reference to its job (conn.c, when it is freed). */
 void dspkd_job_conn_gone(struct conn *c);
 /* The admin methods job.register and job.end (daemon/admin.c). */
@@ -535,6 +531,10 @@ struct req {
   struct rchunk *chunk;       /* the frame's bytes */
   char msg[512];              /* error detail for the response */
 };
+/* A result response of method (proto/schema.h's DSPK__M_*) to msgid, its
+ * fields vals (indexed by the method's DSPK__R_* enum) packed by the
+ * protocol table's one encoder; NULL when out of memory (daemon/methods.c). */
+struct wreq *dspkd_result(uint32_t msgid, int method, const struct dspk__pval *vals);
 /* Runs the request's method: returns 0 when it answered or queued a job,
  * or a negative code that the caller answers with r->msg. */
 int dspkd_dispatch(struct req *r, const char *method, size_t len);

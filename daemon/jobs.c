@@ -78,20 +78,13 @@ static void job_unlink(struct dspkd *d, struct djob *j) {
 /* Answers a job.end whose connections are all gone and frees the job. */
 static void djob_finish(struct dspkd *d, struct djob *j) {
   if (j->end_conn) {
-    struct wreq *wr = dspkd_wreq_new();
+    struct dspk__pval v[5] = {[DSPK__R_JEND_JOB] = dspk__pv_uint(j->id),
+                              [DSPK__R_JEND_ENDED] = dspk__pv_bool(true),
+                              [DSPK__R_JEND_CONNECTIONS] = dspk__pv_uint(j->end_conns),
+                              [DSPK__R_JEND_INFLIGHT] = dspk__pv_uint(j->end_inflight),
+                              [DSPK__R_JEND_BUFFERS] = dspk__pv_uint(j->end_buffers)};
+    struct wreq *wr = dspkd_result(j->end_msgid, DSPK__M_JOB_END, v);
     if (wr) {
-      dspk__pack_result_head(&wr->w.pk, j->end_msgid);
-      msgpack_pack_map(&wr->w.pk, 5);
-      dspk__pack_str(&wr->w.pk, "job");
-      msgpack_pack_uint64(&wr->w.pk, j->id);
-      dspk__pack_str(&wr->w.pk, "ended");
-      msgpack_pack_true(&wr->w.pk);
-      dspk__pack_str(&wr->w.pk, "connections");
-      msgpack_pack_uint64(&wr->w.pk, j->end_conns);
-      dspk__pack_str(&wr->w.pk, "inflight");
-      msgpack_pack_uint64(&wr->w.pk, j->end_inflight);
-      dspk__pack_str(&wr->w.pk, "buffers");
-      msgpack_pack_uint64(&wr->w.pk, j->end_buffers);
       dspkd_conn_send(j->end_conn, wr);
     }
     dspkd_conn_unref(j->end_conn);
@@ -213,16 +206,6 @@ int dspkd_job_dev_ok(const struct conn *c, const struct device *dev) {
   return dspkd_job_dev_allowed(c->d, c->job, c->job_state != 0, dev);
 }
 
-static bool job_dev_ok(void *ud, struct dspkd *d, int idx) {
-  return dspkd_job_dev_ok(ud, &d->devs[idx]);
-}
-
-struct device *dspkd_job_device_any(struct conn *c) {
-  if (!c->job && !c->d->cfg.job_required)
-    return dspkd_device_any(c->d);
-  return dspkd_device_pick(c->d, job_dev_ok, c);
-}
-
 void dspkd_job_conn_gone(struct conn *c) {
   struct djob *j = c->job;
   c->job = NULL;
@@ -238,6 +221,25 @@ void dspkd_job_conn_gone(struct conn *c) {
 /* The params were checked against proto/schema.c's table before these
  * handlers run (job > 0, uid < 2^32-1, at most 64 devices). */
 
+/* job.register's devices: those of this daemon the allocation matched, the
+ * cpu devices always, the others by UUID. */
+struct matched {
+  const struct dspkd *d;
+  const struct djob *j;
+};
+
+static void pack_matched(const void *ud, struct dspk__wbuf *w) {
+  const struct dspkd *d = ((const struct matched *)ud)->d;
+  const struct djob *j = ((const struct matched *)ud)->j;
+  int n = 0;
+  for (int i = 0; i < d->ndevs; i++)
+    n += d->devs[i].open_state == 1 && dspkd_job_dev_allowed(d, j, true, &d->devs[i]);
+  msgpack_pack_array(&w->pk, (size_t)n);
+  for (int i = 0; i < d->ndevs; i++)
+    if (d->devs[i].open_state == 1 && dspkd_job_dev_allowed(d, j, true, &d->devs[i]))
+      dspk__pack_str(&w->pk, d->devs[i].id);
+}
+
 int dspkd_m_job_register(struct req *r) {
   struct dspkd *d = r->c->d;
   const msgpack_object *devs = r->v[DSPK__JREG_DEVICES].set ? r->v[DSPK__JREG_DEVICES].v.o
@@ -245,7 +247,8 @@ int dspkd_m_job_register(struct req *r) {
   struct djob *j, tmp;
   uint64_t id = r->v[DSPK__JREG_JOB].v.u, uid = r->v[DSPK__JREG_UID].v.u;
   struct wreq *wr;
-  msgpack_packer *pk;
+  struct dspk__pval v[3];
+  struct matched mt;
   int nmatch = 0;
 
   _Static_assert(DSPKD_JOB_MAX_DEVICES == 64, "job.register devices in proto/schema.c");
@@ -283,24 +286,15 @@ int dspkd_m_job_register(struct req *r) {
   /* A second registration (the prolog ran again) replaces the devices. */
   j->ndevs = tmp.ndevs;
   memcpy(j->uuid, tmp.uuid, sizeof j->uuid);
-  if (!(wr = dspkd_wreq_new()))
-    return DSPK_ENOMEM;
-  pk = &wr->w.pk;
-  dspk__pack_result_head(pk, r->msgid);
-  msgpack_pack_map(pk, 3);
-  dspk__pack_str(pk, "job");
-  msgpack_pack_uint64(pk, id);
-  dspk__pack_str(pk, "uid");
-  msgpack_pack_uint64(pk, uid);
-  /* The devices of this daemon the allocation matched: the cpu devices
-   * always, the others by UUID. */
   for (int i = 0; i < d->ndevs; i++)
     nmatch += d->devs[i].open_state == 1 && dspkd_job_dev_allowed(d, j, true, &d->devs[i]);
-  dspk__pack_str(pk, "devices");
-  msgpack_pack_array(pk, (size_t)nmatch);
-  for (int i = 0; i < d->ndevs; i++)
-    if (d->devs[i].open_state == 1 && dspkd_job_dev_allowed(d, j, true, &d->devs[i]))
-      dspk__pack_str(pk, d->devs[i].id);
+  v[DSPK__R_JREG_JOB] = dspk__pv_uint(id);
+  v[DSPK__R_JREG_UID] = dspk__pv_uint(uid);
+  mt.d = d;
+  mt.j = j;
+  v[DSPK__R_JREG_DEVICES] = dspk__pv_pack(pack_matched, &mt);
+  if (!(wr = dspkd_result(r->msgid, DSPK__M_JOB_REGISTER, v)))
+    return DSPK_ENOMEM;
   dspkd_conn_send(r->c, wr);
   dspkd_info("client %llu (uid %ld): Slurm job %" PRIu64 " registered for uid %ld, %d GPU(s), "
              "%d device(s) here", (unsigned long long)r->c->id, (long)r->c->uid, id,
@@ -320,15 +314,12 @@ int dspkd_m_job_end(struct req *r) {
   if (!job_was_ended(d, id))
     d->ended_jobs[d->nended++ % 256] = id;
   if (!j) {
-    struct wreq *wr = dspkd_wreq_new();
+    /* Not registered: nothing to end, and no counts. */
+    struct dspk__pval v[5] = {[DSPK__R_JEND_JOB] = dspk__pv_uint(id),
+                              [DSPK__R_JEND_ENDED] = dspk__pv_bool(false)};
+    struct wreq *wr = dspkd_result(r->msgid, DSPK__M_JOB_END, v);
     if (!wr)
       return DSPK_ENOMEM;
-    dspk__pack_result_head(&wr->w.pk, r->msgid);
-    msgpack_pack_map(&wr->w.pk, 2);
-    dspk__pack_str(&wr->w.pk, "job");
-    msgpack_pack_uint64(&wr->w.pk, id);
-    dspk__pack_str(&wr->w.pk, "ended");
-    msgpack_pack_false(&wr->w.pk); /* not registered: nothing to end */
     dspkd_conn_send(r->c, wr);
     return 0;
   }

@@ -47,14 +47,6 @@ static int prefix(struct req *r, int code, const char *what) {
   return code;
 }
 
-/* Starts a result response; NULL when out of memory. */
-static struct wreq *reply(struct req *r) {
-  struct wreq *wr = dspkd_wreq_new();
-  if (wr)
-    dspk__pack_result_head(&wr->w.pk, r->msgid);
-  return wr;
-}
-
 static void limits_map(msgpack_packer *pk, const struct dspkd_config *cfg) {
   msgpack_pack_map(pk, 9);
   dspk__pack_kv_u64(pk, "max_message", cfg->lim.max_message);
@@ -86,14 +78,23 @@ static int device_ok(struct req *r, const struct device *dev) {
 }
 
 /* Resolves a device name ("any" or an id) among the devices the connection
- * may use; NULL with r->msg set. */
-static struct device *resolve_device(struct req *r, const char *name, int *err) {
+ * may use; for "any", among those whose caps cover op (NULL: every device;
+ * none: ENOTSUP, saying why the first usable device cannot).  NULL with
+ * r->msg set. */
+static struct device *resolve_device(struct req *r, const char *name,
+                                     const struct dspk__op *op, int *err) {
   struct dspkd *d = r->c->d;
   struct device *dev;
   if ((*err = dspkd_job_resolve(r->c, r->msg, sizeof r->msg)) < 0)
     return NULL;
   if (strcmp(name, "any") == 0) {
-    dev = dspkd_job_device_any(r->c);
+    dev = dspkd_device_any(d, r->c, op);
+    if (!dev && op && (dev = dspkd_device_any(d, r->c, NULL))) {
+      char why[sizeof r->msg - 64];
+      dspk__caps_check(&dev->caps, op, dev->id, why, sizeof why);
+      *err = fail(r, DSPK_ENOTSUP, "no device runs this task (%s)", why);
+      return NULL;
+    }
     if (!dev)
       *err = fail(r, DSPK_ENODEV, "no device is available");
     return dev;
@@ -110,17 +111,38 @@ static struct device *resolve_device(struct req *r, const char *name, int *err) 
 
 /* For handlers in other files (daemon/shm.c): resolve_device. */
 struct device *dspkd_resolve_device(struct req *r, const char *name, int *err) {
-  return resolve_device(r, name, err);
+  return resolve_device(r, name, NULL, err);
 }
 
 /* ---- hello, ping ------------------------------------------------------ */
 
+/* A result response of method (proto/schema.h's id) to msgid: fields vals
+ * (indexed by the method's result enum) through the table's encoder. */
+struct wreq *dspkd_result(uint32_t msgid, int method, const struct dspk__pval *vals) {
+  struct wreq *wr = dspkd_wreq_new();
+  if (wr) {
+    dspk__pack_result_head(&wr->w.pk, msgid);
+    dspk__result_encode(&wr->w, &dspk__methods[method], vals);
+  }
+  return wr;
+}
+
+/* Answers r with its method's result (dspkd_result).  0 or ENOMEM. */
+static int answer(struct req *r, int method, const struct dspk__pval *vals) {
+  struct wreq *wr = dspkd_result(r->msgid, method, vals);
+  if (!wr)
+    return DSPK_ENOMEM;
+  dspkd_conn_send(r->c, wr);
+  return 0;
+}
+
+static void pack_limits(const void *ud, struct dspk__wbuf *w) { limits_map(&w->pk, ud); }
+
 static int m_hello(struct req *r) {
   struct conn *c = r->c;
   uint64_t version = r->v[DSPK__HELLO_VERSION].v.u;
-  struct wreq *wr;
-
   uint64_t job = r->v[DSPK__HELLO_JOB].v.u;
+  struct dspk__pval v[5] = {0};
 
   if (version != DSPK_PROTOCOL_VERSION)
     return fail(r, DSPK_EVERSION, "client speaks protocol %" PRIu64
@@ -131,61 +153,75 @@ static int m_hello(struct req *r) {
    * at the first request that needs a device). */
   if (job && !c->job_state)
     c->job_claim = job;
-  if (!(wr = reply(r)))
-    return DSPK_ENOMEM;
-  msgpack_pack_map(&wr->w.pk, 5);
-  dspk__pack_kv_u64(&wr->w.pk, "protocol", DSPK_PROTOCOL_VERSION);
-  dspk__pack_kv_str(&wr->w.pk, "daemon", DSPKD_VERSION);
-  dspk__pack_kv_str(&wr->w.pk, "server", "dspkd");
-  dspk__pack_kv_u64(&wr->w.pk, "client_id", c->id);
-  dspk__pack_str(&wr->w.pk, "limits");
-  limits_map(&wr->w.pk, &c->d->cfg);
-  dspkd_conn_send(c, wr);
-  return 0;
+  v[DSPK__R_HELLO_PROTOCOL] = dspk__pv_uint(DSPK_PROTOCOL_VERSION);
+  v[DSPK__R_HELLO_DAEMON] = dspk__pv_str(DSPKD_VERSION);
+  v[DSPK__R_HELLO_SERVER] = dspk__pv_str("dspkd");
+  v[DSPK__R_HELLO_CLIENT_ID] = dspk__pv_uint(c->id);
+  v[DSPK__R_HELLO_LIMITS] = dspk__pv_pack(pack_limits, &c->d->cfg);
+  return answer(r, DSPK__M_HELLO, v);
 }
 
 static void release_chunk(void *ud) { dspkd_chunk_unref(ud); }
 
 static int m_ping(struct req *r) {
-  const void *data = r->v[DSPK__PING_DATA].v.s.p;
-  size_t len = r->v[DSPK__PING_DATA].v.s.n;
-  struct wreq *wr;
+  struct dspk__pval v[1];
+  int err;
 
-  if (!(wr = reply(r)))
-    return DSPK_ENOMEM;
-  msgpack_pack_map(&wr->w.pk, 1);
-  dspk__pack_str(&wr->w.pk, "data");
   /* Echoed by reference: the frame's bytes stay alive until written. */
   r->chunk->refs++;
-  dspk__wbuf_bin_ref(&wr->w, data, len, release_chunk, r->chunk);
-  dspkd_conn_send(r->c, wr);
-  return 0;
+  v[DSPK__R_PING_DATA] = dspk__pv_bin(r->v[DSPK__PING_DATA].v.s.p, r->v[DSPK__PING_DATA].v.s.n,
+                                      release_chunk, r->chunk);
+  if ((err = answer(r, DSPK__M_PING, v)) < 0)
+    r->chunk->refs--; /* never handed to a frame */
+  return err;
 }
 
 /* ---- devices, status -------------------------------------------------- */
 
-static int m_devices(struct req *r) {
-  struct dspkd *d = r->c->d;
-  bool all = r->v[DSPK__DEVICES_ALL].v.b;
-  struct wreq *wr;
-  msgpack_packer *pk;
-  int err, n = 0;
+/* A device's caps as `devices` shows them: ops, a map of each op it runs
+ * (raw kernels aside) to the dtypes it runs it on, and kernel_langs. */
+static void pack_caps(msgpack_packer *pk, const struct dspk__devcaps *caps) {
+  size_t n = 0, k;
+  for (int op = 0; op < DSPK_OP_COUNT; op++)
+    n += op != DSPK_OP_KERNEL && caps->dtypes[op] != 0;
+  dspk__pack_str(pk, "ops");
+  msgpack_pack_map(pk, n);
+  for (int op = 0; op < DSPK_OP_COUNT; op++) {
+    if (op == DSPK_OP_KERNEL || !caps->dtypes[op])
+      continue;
+    dspk__pack_str(pk, dspk__op_names[op]);
+    k = 0;
+    for (int dt = 0; dt < DSPK_DTYPE_COUNT; dt++)
+      k += (caps->dtypes[op] >> dt) & 1u;
+    msgpack_pack_array(pk, k);
+    for (int dt = 0; dt < DSPK_DTYPE_COUNT; dt++)
+      if ((caps->dtypes[op] >> dt) & 1u)
+        dspk__pack_str(pk, dspk__dtype_name((dspk_dtype)dt));
+  }
+  dspk__pack_str(pk, "kernel_langs");
+  k = 0;
+  for (int i = 0; dspk__kernel_langs[i]; i++)
+    k += caps->dtypes[DSPK_OP_KERNEL] && ((caps->langs >> i) & 1u);
+  msgpack_pack_array(pk, k);
+  for (int i = 0; dspk__kernel_langs[i]; i++)
+    if (caps->dtypes[DSPK_OP_KERNEL] && ((caps->langs >> i) & 1u))
+      dspk__pack_str(pk, dspk__kernel_langs[i]);
+}
 
-  if ((err = dspkd_job_resolve(r->c, r->msg, sizeof r->msg)) < 0)
-    return err;
-  if (!(wr = reply(r)))
-    return DSPK_ENOMEM;
-  pk = &wr->w.pk;
+/* The devices the connection may use (devices' `devices`). */
+static void dv_devices(const void *ud, struct dspk__wbuf *w) {
+  const struct req *r = ud;
+  const struct dspkd *d = r->c->d;
+  msgpack_packer *pk = &w->pk;
+  int n = 0;
   for (int i = 0; i < d->ndevs; i++)
     n += d->devs[i].open_state == 1 && dspkd_job_dev_ok(r->c, &d->devs[i]);
-  msgpack_pack_map(pk, 2);
-  dspk__pack_str(pk, "devices");
   msgpack_pack_array(pk, (size_t)n);
   for (int i = 0; i < d->ndevs; i++) {
     const struct device *dev = &d->devs[i];
     if (dev->open_state != 1 || !dspkd_job_dev_ok(r->c, dev))
       continue;
-    msgpack_pack_map(pk, 9);
+    msgpack_pack_map(pk, 11);
     dspk__pack_kv_str(pk, "id", dev->id);
     dspk__pack_kv_str(pk, "backend", dev->be->name);
     dspk__pack_kv_str(pk, "name", dev->info.name);
@@ -195,16 +231,33 @@ static int m_devices(struct req *r) {
     dspk__pack_kv_str(pk, "uuid", dev->info.uuid);
     dspk__pack_kv_u64(pk, "memory", dev->info.memory);
     dspk__pack_kv_bool(pk, "software", dev->info.software != 0);
+    pack_caps(pk, &dev->caps);
   }
-  dspk__pack_str(pk, "unavailable");
+}
+
+/* The backends without a usable device (with all: true; else none). */
+static void dv_unavailable(const void *ud, struct dspk__wbuf *w) {
+  const struct req *r = ud;
+  const struct dspkd *d = r->c->d;
+  bool all = r->v[DSPK__DEVICES_ALL].v.b;
+  msgpack_packer *pk = &w->pk;
   msgpack_pack_array(pk, all ? (size_t)d->nunavail : 0);
   for (int i = 0; all && i < d->nunavail; i++) {
     msgpack_pack_map(pk, 2);
     dspk__pack_kv_str(pk, "backend", d->unavail[i].backend);
     dspk__pack_kv_str(pk, "reason", d->unavail[i].reason);
   }
-  dspkd_conn_send(r->c, wr);
-  return 0;
+}
+
+static int m_devices(struct req *r) {
+  struct dspk__pval v[2];
+  int err;
+
+  if ((err = dspkd_job_resolve(r->c, r->msg, sizeof r->msg)) < 0)
+    return err;
+  v[DSPK__R_DEVICES_DEVICES] = dspk__pv_pack(dv_devices, r);
+  v[DSPK__R_DEVICES_UNAVAILABLE] = dspk__pv_pack(dv_unavailable, r);
+  return answer(r, DSPK__M_DEVICES, v);
 }
 
 /* Whether the caller of status sees connection c in full: an admin sees
@@ -223,38 +276,20 @@ static bool status_dev(const struct dspkd *d, bool admin, const struct djob *j, 
   return dspkd_job_dev_allowed(d, j, decided, dev) != 0;
 }
 
-static int m_status(struct req *r) {
+/* What m_status computed before packing, for the packers of its fields. */
+struct status_ctx {
+  struct req *r;
+  bool admin, decided;
+  struct djob *myjob;
+  uint64_t shown, other_inflight, other_buffers;
+  size_t njobs;
+};
+
+static void st_daemon(const void *ud, struct dspk__wbuf *w) {
+  const struct status_ctx *x = ud;
+  struct req *r = x->r;
   struct dspkd *d = r->c->d;
-  struct wreq *wr;
-  msgpack_packer *pk;
-  bool admin = dspkd_admin_is(r->c);
-  uint64_t shown = 0, other_inflight = 0, other_buffers = 0;
-  char ignored[8];
-  struct djob *myjob = r->c->job;
-  bool decided = r->c->job_state != 0;
-  size_t njobs = 0;
-  int n = 0;
-
-  /* The caller's job decides which devices it is shown (without deciding
-   * it for good: status is not a request that needs a device).  A uid with
-   * several jobs here and no claim sees the cpu only. */
-  if (!decided)
-    decided = dspkd_job_decide(r->c, &myjob, ignored, sizeof ignored) == 0;
-  for (const struct djob *j = d->jobs; j; j = j->next)
-    njobs += admin || (r->c->uid != (uid_t)-1 && j->uid == r->c->uid);
-  for (struct conn *c = d->conns; c; c = c->next)
-    if (status_shows(r->c, admin, c))
-      shown++;
-    else {
-      other_inflight += c->inflight;
-      other_buffers += c->nbufs;
-    }
-  if (!(wr = reply(r)))
-    return DSPK_ENOMEM;
-  pk = &wr->w.pk;
-  msgpack_pack_map(pk, 5);
-
-  dspk__pack_str(pk, "daemon");
+  msgpack_packer *pk = &w->pk;
   msgpack_pack_map(pk, 7);
   dspk__pack_kv_str(pk, "version", DSPKD_VERSION);
   dspk__pack_kv_i64(pk, "pid", (int64_t)getpid());
@@ -264,8 +299,15 @@ static int m_status(struct req *r) {
   dspk__pack_kv_bool(pk, "stopping", d->stopping);
   dspk__pack_str(pk, "limits");
   limits_map(pk, &d->cfg);
+}
 
-  dspk__pack_str(pk, "clients");
+static void st_clients(const void *ud, struct dspk__wbuf *w) {
+  const struct status_ctx *x = ud;
+  struct req *r = x->r;
+  struct dspkd *d = r->c->d;
+  msgpack_packer *pk = &w->pk;
+  bool admin = x->admin;
+  uint64_t shown = x->shown;
   msgpack_pack_array(pk, shown);
   for (struct conn *c = d->conns; c; c = c->next) {
     if (!status_shows(r->c, admin, c))
@@ -288,16 +330,31 @@ static int m_status(struct req *r) {
     else
       msgpack_pack_nil(pk);
   }
+}
+
+static void st_other(const void *ud, struct dspk__wbuf *w) {
+  const struct status_ctx *x = ud;
+  struct req *r = x->r;
+  struct dspkd *d = r->c->d;
+  msgpack_packer *pk = &w->pk;
+  uint64_t shown = x->shown, other_inflight = x->other_inflight,
+           other_buffers = x->other_buffers;
   /* The connections not listed: counts only, nothing that names them. */
-  dspk__pack_str(pk, "other_clients");
   msgpack_pack_map(pk, 3);
   dspk__pack_kv_u64(pk, "connections", d->nconns - shown);
   dspk__pack_kv_u64(pk, "inflight", other_inflight);
   dspk__pack_kv_u64(pk, "buffers", other_buffers);
+}
 
+static void st_jobs(const void *ud, struct dspk__wbuf *w) {
+  const struct status_ctx *x = ud;
+  struct req *r = x->r;
+  struct dspkd *d = r->c->d;
+  msgpack_packer *pk = &w->pk;
+  bool admin = x->admin;
+  size_t njobs = x->njobs;
   /* The Slurm jobs registered here (daemon/jobs.c): to an admin every one,
    * to anyone else those of its uid. */
-  dspk__pack_str(pk, "jobs");
   msgpack_pack_array(pk, njobs);
   for (const struct djob *j = d->jobs; j; j = j->next) {
     uint64_t inflight = 0, buffers = 0, bytes = 0;
@@ -322,8 +379,17 @@ static int m_status(struct req *r) {
     dspk__pack_kv_u64(pk, "buffer_bytes", bytes);
     dspk__pack_kv_bool(pk, "ended", j->ended);
   }
+}
 
-  dspk__pack_str(pk, "devices");
+static void st_devices(const void *ud, struct dspk__wbuf *w) {
+  const struct status_ctx *x = ud;
+  struct req *r = x->r;
+  struct dspkd *d = r->c->d;
+  msgpack_packer *pk = &w->pk;
+  bool admin = x->admin;
+  struct djob *myjob = x->myjob;
+  bool decided = x->decided;
+  int n = 0;
   for (int i = 0; i < d->ndevs; i++)
     n += d->devs[i].open_state == 1 && status_dev(d, admin, myjob, decided, &d->devs[i]);
   msgpack_pack_array(pk, (size_t)n);
@@ -375,8 +441,35 @@ static int m_status(struct req *r) {
     dspk__pack_kv_u64(pk, "kernels_compiled", s.kernels_compiled);
     dspk__pack_kv_u64(pk, "kernel_cache_hits", s.kernel_cache_hits);
   }
-  dspkd_conn_send(r->c, wr);
-  return 0;
+}
+
+static int m_status(struct req *r) {
+  struct dspkd *d = r->c->d;
+  struct status_ctx x = {.r = r, .admin = dspkd_admin_is(r->c), .myjob = r->c->job,
+                         .decided = r->c->job_state != 0};
+  struct dspk__pval v[5] = {0};
+  char ignored[8];
+
+  /* The caller's job decides which devices it is shown (without deciding
+   * it for good: status is not a request that needs a device).  A uid with
+   * several jobs here and no claim sees the cpu only. */
+  if (!x.decided)
+    x.decided = dspkd_job_decide(r->c, &x.myjob, ignored, sizeof ignored) == 0;
+  for (const struct djob *j = d->jobs; j; j = j->next)
+    x.njobs += x.admin || (r->c->uid != (uid_t)-1 && j->uid == r->c->uid);
+  for (struct conn *c = d->conns; c; c = c->next)
+    if (status_shows(r->c, x.admin, c))
+      x.shown++;
+    else {
+      x.other_inflight += c->inflight;
+      x.other_buffers += c->nbufs;
+    }
+  v[DSPK__R_STATUS_DAEMON] = dspk__pv_pack(st_daemon, &x);
+  v[DSPK__R_STATUS_CLIENTS] = dspk__pv_pack(st_clients, &x);
+  v[DSPK__R_STATUS_OTHER_CLIENTS] = dspk__pv_pack(st_other, &x);
+  v[DSPK__R_STATUS_JOBS] = dspk__pv_pack(st_jobs, &x);
+  v[DSPK__R_STATUS_DEVICES] = dspk__pv_pack(st_devices, &x);
+  return answer(r, DSPK__M_STATUS, v);
 }
 
 /* ---- buffers ---------------------------------------------------------- */
@@ -400,7 +493,7 @@ static int m_buffer_create(struct req *r) {
   int err = 0;
 
   dspk__pval_str(&r->v[DSPK__BCREATE_DEVICE], devname, sizeof devname);
-  if (!(dev = resolve_device(r, devname, &err)))
+  if (!(dev = resolve_device(r, devname, NULL, &err)))
     return err;
   if (dev->info.memory && size > dev->info.memory)
     return fail(r, DSPK_ENOMEM, "%" PRIu64 " bytes is more than %s has (%" PRIu64 ")",
@@ -501,11 +594,10 @@ static int m_buffer_free(struct req *r) {
 
   if (!(b = arg_buffer(r, DSPK__BFREE_BUFFER, &err)))
     return err;
-  if (!(wr = reply(r)))
+  if (!(wr = dspkd_result(r->msgid, DSPK__M_BUFFER_FREE, NULL)))
     return DSPK_ENOMEM;
   dspkd_conn_buf_remove(r->c, b->id);
   dspkd_dbuf_unref(r->c->d, b);
-  msgpack_pack_map(&wr->w.pk, 0);
   dspkd_conn_send(r->c, wr);
   return 0;
 }
@@ -777,8 +869,7 @@ static int task_run(struct req *r, char *devname) {
     if ((err = device_ok(r, dev)) < 0)
       goto fail;
   } else {
-    j->any = strcmp(devname, "any") == 0;
-    if (!(dev = resolve_device(r, devname, &err)))
+    if (!(dev = resolve_device(r, devname, &j->op, &err)))
       goto fail;
     if (pinned && pinned != dev) {
       err = fail(r, DSPK_EINVAL, "the task asks for %s but its buffers are on %s", dev->id,
@@ -786,6 +877,11 @@ static int task_run(struct req *r, char *devname) {
       goto fail;
     }
   }
+  /* Routing by the device's caps: a named device (or the buffers' one)
+   * that lacks the op, the dtype or the kernel language answers ENOTSUP
+   * now and runs nothing. */
+  if ((err = dspk__caps_check(&dev->caps, &j->op, dev->id, r->msg, sizeof r->msg)) < 0)
+    goto fail;
   if (dev->info.memory)
     lim.max_bytes = dev->info.memory;
   if ((err = dspk__op_check_results(&j->op, &lim, inline_out, inline_in, r->msg,
@@ -814,15 +910,14 @@ static int m_task_run(struct req *r) {
 }
 
 static int m_task_cancel(struct req *r) {
-  uint64_t id = r->v[DSPK__CANCEL_MSGID].v.u;
-  struct wreq *wr;
-  int found;
-
-  if (!(wr = reply(r)))
+  struct wreq *wr = dspkd_wreq_new(); /* first: an ENOMEM cancels nothing */
+  struct dspk__pval v[1];
+  if (!wr)
     return DSPK_ENOMEM;
-  found = dspkd_sched_cancel(r->c, (uint32_t)id);
-  msgpack_pack_map(&wr->w.pk, 1);
-  dspk__pack_kv_bool(&wr->w.pk, "canceled", found != 0);
+  v[DSPK__R_CANCEL_CANCELED] =
+      dspk__pv_bool(dspkd_sched_cancel(r->c, (uint32_t)r->v[DSPK__CANCEL_MSGID].v.u) != 0);
+  dspk__pack_result_head(&wr->w.pk, r->msgid);
+  dspk__result_encode(&wr->w, &dspk__methods[DSPK__M_TASK_CANCEL], v);
   dspkd_conn_send(r->c, wr);
   return 0;
 }

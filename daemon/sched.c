@@ -351,28 +351,6 @@ void dspkd_sched_post_note(struct dspkd *d, struct job *j, struct wreq *wr) {
   uv_async_send(&d->done_async);
 }
 
-/* A task sent to "any" that its device's backend does not support runs on
- * the cpu instead (only tasks without buffer references go to "any" freely,
- * so every operand is inline).  Returns 1 when the job was queued again. */
-static int resubmit_on_cpu(struct dspkd *d, struct job *j) {
-  struct device *cpu = dspkd_device_cpu(d);
-  if (!cpu || cpu == j->dev || j->nrefs != 0)
-    return 0;
-  dspkd_debug("client %llu: #%u: %s lacks it (%s); running it on %s",
-              (unsigned long long)j->conn->id, j->msgid, j->dev->id,
-              dspk__strerror(j->err), cpu->id);
-  dspkd_wreq_free(j->resp);
-  j->resp = NULL;
-  j->err = 0;
-  free(j->errmsg);
-  j->errmsg = NULL;
-  j->any = false;
-  j->progress_ms = 0;
-  j->dev = cpu;
-  dspkd_sched_submit(j);
-  return 1;
-}
-
 void dspkd_sched_done_cb(uv_async_t *h) {
   struct dspkd *d = h->data;
   struct job *list;
@@ -402,8 +380,6 @@ void dspkd_sched_done_cb(uv_async_t *h) {
     list = j->next;
     j->next = NULL;
     conn_unlink_job(j);
-    if (j->any && j->err == DSPK_ENOTSUP && !c->closing && resubmit_on_cpu(d, j))
-      continue;
     if (j->kind == JOB_TASK && j->err < 0)
       log_task_failed(j, j->err);
     if (j->kind == JOB_BUF_CREATE && j->err == 0 && !c->closing) {
@@ -580,6 +556,8 @@ static void *runner_main(void *arg) {
     return NULL;
   }
   dev->bdev = bdev;
+  memset(&dev->caps, 0, sizeof dev->caps);
+  dev->be->caps(bdev, &dev->caps);
   if (dev->be->stats) {
     memset(&stats, 0, sizeof stats);
     dev->be->stats(bdev, &stats);

@@ -141,6 +141,7 @@ static struct wreq *result_head(struct job *j) {
 
 static void exec_create(struct device *dev, struct job *j) {
   struct dspk__mem *mem = NULL;
+  struct dspk__pval v[3];
   struct wreq *wr;
   int err;
   if (j->buf->host) { /* buffer.import / buffer.share (daemon/shm.c) */
@@ -162,10 +163,11 @@ static void exec_create(struct device *dev, struct job *j) {
     j->err = DSPK_ENOMEM;
     return;
   }
-  msgpack_pack_map(&wr->w.pk, 3);
-  dspk__pack_kv_u64(&wr->w.pk, "buffer", j->buf->id);
-  dspk__pack_kv_str(&wr->w.pk, "device", dev->id);
-  dspk__pack_kv_u64(&wr->w.pk, "size", j->buf->size);
+  /* buffer.import and buffer.share answer the same fields. */
+  v[DSPK__R_BUF_BUFFER] = dspk__pv_uint(j->buf->id);
+  v[DSPK__R_BUF_DEVICE] = dspk__pv_str(dev->id);
+  v[DSPK__R_BUF_SIZE] = dspk__pv_uint(j->buf->size);
+  dspk__result_encode(&wr->w, &dspk__methods[DSPK__M_BUFFER_CREATE], v);
   if (j->buf->host && j->buf->share_fd >= 0) { /* buffer.share: goes with the answer */
     wr->fd = j->buf->share_fd;
     j->buf->share_fd = -1;
@@ -173,6 +175,7 @@ static void exec_create(struct device *dev, struct job *j) {
 }
 
 static void exec_write(struct device *dev, struct job *j) {
+  struct dspk__pval v[1];
   struct wreq *wr;
   int err = 0;
   if ((err = unpin_for_write(dev, j->buf, j->off == 0 && j->size == j->buf->size)) < 0) {
@@ -194,11 +197,12 @@ static void exec_write(struct device *dev, struct job *j) {
     j->err = DSPK_ENOMEM;
     return;
   }
-  msgpack_pack_map(&wr->w.pk, 1);
-  dspk__pack_kv_u64(&wr->w.pk, "size", j->size);
+  v[DSPK__R_BWRITE_SIZE] = dspk__pv_uint(j->size);
+  dspk__result_encode(&wr->w, &dspk__methods[DSPK__M_BUFFER_WRITE], v);
 }
 
 static void exec_read(struct device *dev, struct job *j) {
+  struct dspk__pval v[1];
   struct wreq *wr;
   const void *src = j->buf->host ? NULL : send_ptr(dev, j->buf->mem, j->off, (size_t)j->size);
   void *host;
@@ -208,9 +212,8 @@ static void exec_read(struct device *dev, struct job *j) {
       fail(j, DSPK_ENOMEM, "no host memory for buffer.read");
       return;
     }
-    msgpack_pack_map(&wr->w.pk, 1);
-    dspk__pack_str(&wr->w.pk, "data");
-    dspk__wbuf_bin_ref(&wr->w, src, (size_t)j->size, unpin, j->buf->pin);
+    v[DSPK__R_BREAD_DATA] = dspk__pv_bin(src, (size_t)j->size, unpin, j->buf->pin);
+    dspk__result_encode(&wr->w, &dspk__methods[DSPK__M_BUFFER_READ], v);
     return;
   }
   host = malloc(j->size ? (size_t)j->size : 1);
@@ -236,17 +239,16 @@ static void exec_read(struct device *dev, struct job *j) {
     j->err = DSPK_ENOMEM;
     return;
   }
-  msgpack_pack_map(&wr->w.pk, 1);
-  dspk__pack_str(&wr->w.pk, "data");
-  dspk__wbuf_bin_ref(&wr->w, host, (size_t)j->size, release_host, host);
+  v[DSPK__R_BREAD_DATA] = dspk__pv_bin(host, (size_t)j->size, release_host, host);
+  dspk__result_encode(&wr->w, &dspk__methods[DSPK__M_BUFFER_READ], v);
 }
 
 /* Packs one output tensor: a reference when it went to a buffer, else the
  * bytes read back into host memory (then owned by the frame). */
-static void pack_tensor(struct wreq *wr, const struct dspk__tensor *t,
+static void pack_tensor(struct dspk__wbuf *w, const struct dspk__tensor *t,
                         const struct dbuf *ref, const void *data,
                         void (*release)(void *ud), void *ud) {
-  msgpack_packer *pk = &wr->w.pk;
+  msgpack_packer *pk = &w->pk;
   msgpack_pack_map(pk, ref ? 4 : 3);
   dspk__pack_tensor_meta(pk, t->dtype, (unsigned)t->rank, t->shape);
   if (ref) {
@@ -254,7 +256,40 @@ static void pack_tensor(struct wreq *wr, const struct dspk__tensor *t,
     dspk__pack_kv_u64(pk, "offset", t->offset);
   } else {
     dspk__pack_str(pk, "data");
-    dspk__wbuf_bin_ref(&wr->w, data, dspk__tensor_nbytes(t), release, ud);
+    dspk__wbuf_bin_ref(w, data, dspk__tensor_nbytes(t), release, ud);
+  }
+}
+
+/* task.run's outputs: each result tensor.  An inline one's host memory goes
+ * to the frame (its host[] entry is cleared); one sent from its device block
+ * itself (pins[i]) has that block retired until sent. */
+struct outputs {
+  struct device *dev;
+  const struct dspk__op *op;
+  const struct dspk__tensor *res;
+  struct dbuf *const *res_buf;
+  void **host;
+  const void *const *direct;
+  struct mpin **pins;
+  struct dspk__mem **tmp_in, **tmp_out;
+  int nres;
+};
+
+static void pack_outputs(const void *ud, struct dspk__wbuf *w) {
+  const struct outputs *o = ud;
+  msgpack_pack_array(&w->pk, (size_t)o->nres);
+  for (int i = 0; i < o->nres; i++) {
+    if (o->pins[i]) { /* the frame sends from the temporary, retired until sent */
+      struct dspk__mem **own = o->op->kind == DSPK_OP_KERNEL ? &o->tmp_in[i] : &o->tmp_out[i];
+      atomic_store(&o->pins[i]->sending, 1);
+      retire(o->dev, o->pins[i], *own);
+      *own = NULL;
+      pack_tensor(w, &o->res[i], NULL, o->direct[i], unpin, o->pins[i]);
+      o->pins[i] = NULL;
+      continue;
+    }
+    pack_tensor(w, &o->res[i], o->res_buf[i], o->host[i], release_host, o->host[i]);
+    o->host[i] = NULL; /* the frame owns it now */
   }
 }
 
@@ -438,25 +473,18 @@ static void exec_task(struct device *dev, struct job *j) {
     err = DSPK_ENOMEM;
     goto out;
   }
-  msgpack_pack_map(&wr->w.pk, 3);
-  dspk__pack_kv_str(&wr->w.pk, "device", dev->id);
-  dspk__pack_str(&wr->w.pk, "outputs");
-  msgpack_pack_array(&wr->w.pk, (size_t)nres);
-  for (int i = 0; i < nres; i++) {
-    if (pins[i]) { /* the frame sends from the temporary, retired until sent */
-      struct dspk__mem **own = op->kind == DSPK_OP_KERNEL ? &tmp_in[i] : &tmp_out[i];
-      atomic_store(&pins[i]->sending, 1);
-      retire(dev, pins[i], *own);
-      *own = NULL;
-      pack_tensor(wr, &res[i], NULL, direct[i], unpin, pins[i]);
-      pins[i] = NULL;
-      continue;
-    }
-    pack_tensor(wr, &res[i], res_buf[i], host[i], release_host, host[i]);
-    host[i] = NULL; /* the frame owns it now */
+  {
+    const struct dspk__method *m = &dspk__methods[DSPK__M_TASK_RUN];
+    struct outputs o = {dev, op, res, res_buf, host, direct, pins, tmp_in, tmp_out, nres};
+    struct dspk__pval v[3];
+    v[DSPK__R_RUN_DEVICE] = dspk__pv_str(dev->id);
+    v[DSPK__R_RUN_OUTPUTS] = dspk__pv_pack(pack_outputs, &o);
+    v[DSPK__R_RUN_TIME_US] = dspk__pv_uint(0);
+    /* time_us, the last field, is packed by dspkd_job_finish once the
+     * device has finished the work. */
+    dspk__result_head(&wr->w, m, v);
+    dspk__result_fields(&wr->w, m, v, 0, DSPK__R_RUN_TIME_US);
   }
-  /* time_us, the map's third entry, is added by dspkd_job_finish once the
-   * device has finished the work. */
 out:
   for (int i = 0; i < DSPK__OP_MAX_IN; i++)
     if (tmp_in[i])
@@ -484,8 +512,12 @@ void dspkd_job_finish(struct device *dev, struct job *j, int err, uint64_t ns) {
     return;
   }
   /* Rounded up, so a task that ran always reports at least 1. */
-  if (j->kind == JOB_TASK && j->resp)
-    dspk__pack_kv_u64(&j->resp->w.pk, "time_us", (ns + 999) / 1000);
+  if (j->kind == JOB_TASK && j->resp) {
+    struct dspk__pval v[3];
+    v[DSPK__R_RUN_TIME_US] = dspk__pv_uint((ns + 999) / 1000);
+    dspk__result_fields(&j->resp->w, &dspk__methods[DSPK__M_TASK_RUN], v, DSPK__R_RUN_TIME_US,
+                        DSPK__R_RUN_TIME_US + 1);
+  }
 }
 
 void dspkd_job_execute(struct device *dev, struct job *j) {

@@ -145,6 +145,32 @@ static int collect(struct trace_sess *s, uint64_t now, struct trec **out, size_t
 
 static void on_timer_close(uv_handle_t *h) { free(h->data); }
 
+/* The trace's devices: the ids of the open devices. */
+static void pack_devices(const void *ud, struct dspk__wbuf *w) {
+  const struct dspkd *d = ud;
+  int ndev = 0;
+  for (int i = 0; i < d->ndevs; i++)
+    ndev += d->devs[i].open_state == 1;
+  msgpack_pack_array(&w->pk, (size_t)ndev);
+  for (int i = 0; i < d->ndevs; i++)
+    if (d->devs[i].open_state == 1)
+      dspk__pack_str(&w->pk, d->devs[i].id);
+}
+
+/* The trace's jobs: the records collected. */
+struct trace_out {
+  const struct dspkd *d;
+  const struct trec *v;
+  size_t n;
+};
+
+static void pack_jobs(const void *ud, struct dspk__wbuf *w) {
+  const struct trace_out *o = ud;
+  msgpack_pack_array(&w->pk, o->n);
+  for (size_t i = 0; i < o->n; i++)
+    pack_rec(&w->pk, o->d, &o->v[i]);
+}
+
 /* Answers the trace and forgets it. */
 static void finish(struct trace_sess *s) {
   struct dspkd *d = s->d;
@@ -153,7 +179,7 @@ static void finish(struct trace_sess *s) {
   struct trec *v = NULL;
   size_t n = 0;
   uint64_t dropped = 0, now = dspkd_now_ns();
-  int err, ndev = 0;
+  int err;
 
   for (pp = &d->obs.traces; *pp && *pp != s; pp = &(*pp)->next)
     ;
@@ -162,29 +188,17 @@ static void finish(struct trace_sess *s) {
   uv_timer_stop(&s->timer);
   err = collect(s, now, &v, &n, &dropped);
   if (!c->closing) {
-    struct wreq *wr = err ? NULL : dspkd_wreq_new();
-    if (!wr) {
+    struct trace_out o = {d, v, n};
+    struct dspk__pval rv[5] = {[DSPK__R_TRACE_START_US] = dspk__pv_uint(s->t0 / 1000),
+                               [DSPK__R_TRACE_END_US] = dspk__pv_uint(now / 1000),
+                               [DSPK__R_TRACE_DROPPED] = dspk__pv_uint(dropped),
+                               [DSPK__R_TRACE_DEVICES] = dspk__pv_pack(pack_devices, d),
+                               [DSPK__R_TRACE_JOBS] = dspk__pv_pack(pack_jobs, &o)};
+    struct wreq *wr = err ? NULL : dspkd_result(s->msgid, DSPK__M_TRACE, rv);
+    if (!wr)
       dspkd_conn_send_error(c, s->msgid, DSPK_ENOMEM, "out of memory for the trace");
-    } else {
-      msgpack_packer *pk = &wr->w.pk;
-      dspk__pack_result_head(pk, s->msgid);
-      msgpack_pack_map(pk, 5);
-      dspk__pack_kv_u64(pk, "start_us", s->t0 / 1000);
-      dspk__pack_kv_u64(pk, "end_us", now / 1000);
-      dspk__pack_kv_u64(pk, "dropped", dropped);
-      dspk__pack_str(pk, "devices");
-      for (int i = 0; i < d->ndevs; i++)
-        ndev += d->devs[i].open_state == 1;
-      msgpack_pack_array(pk, (size_t)ndev);
-      for (int i = 0; i < d->ndevs; i++)
-        if (d->devs[i].open_state == 1)
-          dspk__pack_str(pk, d->devs[i].id);
-      dspk__pack_str(pk, "jobs");
-      msgpack_pack_array(pk, n);
-      for (size_t i = 0; i < n; i++)
-        pack_rec(pk, d, &v[i]);
+    else
       dspkd_conn_send(c, wr);
-    }
   }
   free(v);
   dspkd_debug("client %llu: trace #%u: %zu jobs, %llu dropped", (unsigned long long)c->id,

@@ -40,6 +40,9 @@ const char *const dspk__cache_kind_names[] = {"kernels", "autotune", "blobs", NU
 #define REQ DSPK__P_REQUIRED
 #define N(a) ((int)(sizeof(a) / sizeof((a)[0])))
 #define STRDEF(lit) {.v.s = {lit, sizeof(lit) - 1}}
+/* A result field, always there (RES) or only in some answers (RES_OPT). */
+#define RES(name, type) {name, type, REQ, .max = UINT64_MAX}
+#define RES_OPT(name, type) {name, type, .max = UINT64_MAX}
 
 static const struct dspk__param hello_p[] = {
     [DSPK__HELLO_VERSION] = {"version", DSPK__T_UINT, .max = UINT64_MAX, .def = {.v.u = 1},
@@ -47,21 +50,36 @@ static const struct dspk__param hello_p[] = {
     [DSPK__HELLO_CLIENT] = {"client", DSPK__T_STR, .max = DSPK__CLIENT_NAME_MAX},
     [DSPK__HELLO_JOB] = {"job", DSPK__T_UINT, .max = UINT64_MAX},
 };
-static const char *const hello_r[] = {"protocol", "daemon", "server", "client_id", "limits",
-                                      NULL};
+static const struct dspk__param hello_r[] = {
+    [DSPK__R_HELLO_PROTOCOL] = RES("protocol", DSPK__T_UINT),
+    [DSPK__R_HELLO_DAEMON] = RES("daemon", DSPK__T_STR),
+    [DSPK__R_HELLO_SERVER] = RES("server", DSPK__T_STR),
+    [DSPK__R_HELLO_CLIENT_ID] = RES("client_id", DSPK__T_UINT),
+    [DSPK__R_HELLO_LIMITS] = RES("limits", DSPK__T_MAP),
+};
 
 static const struct dspk__param ping_p[] = {
     [DSPK__PING_DATA] = {"data", DSPK__T_BIN, .def = STRDEF(""), .def_doc = "empty"},
 };
-static const char *const ping_r[] = {"data", NULL};
+static const struct dspk__param ping_r[] = {
+    [DSPK__R_PING_DATA] = RES("data", DSPK__T_BIN),
+};
 
 static const struct dspk__param devices_p[] = {
     [DSPK__DEVICES_ALL] = {"all", DSPK__T_BOOL, .def_doc = "false"},
 };
-static const char *const devices_r[] = {"devices", "unavailable", NULL};
+static const struct dspk__param devices_r[] = {
+    [DSPK__R_DEVICES_DEVICES] = RES("devices", DSPK__T_ARRAY),
+    [DSPK__R_DEVICES_UNAVAILABLE] = RES("unavailable", DSPK__T_ARRAY),
+};
 
-static const char *const status_r[] = {"daemon", "clients", "other_clients", "jobs", "devices",
-                                       NULL};
+static const struct dspk__param status_r[] = {
+    [DSPK__R_STATUS_DAEMON] = RES("daemon", DSPK__T_MAP),
+    [DSPK__R_STATUS_CLIENTS] = RES("clients", DSPK__T_ARRAY),
+    [DSPK__R_STATUS_OTHER_CLIENTS] = RES("other_clients", DSPK__T_MAP),
+    [DSPK__R_STATUS_JOBS] = RES("jobs", DSPK__T_ARRAY),
+    [DSPK__R_STATUS_DEVICES] = RES("devices", DSPK__T_ARRAY),
+};
 
 /* "device?: any": an id from devices, or "any" (the handler resolves it). */
 #define DEVICE_P {"device", DSPK__T_STR, .max = DSPK__DEVICE_NAME_MAX, .def = STRDEF("any"), \
@@ -74,14 +92,20 @@ static const struct dspk__param bcreate_p[] = {
     [DSPK__BCREATE_SIZE] = {"size", DSPK__T_UINT, REQ, .max = UINT64_MAX,
                             .expect = "a byte count"},
 };
-static const char *const bcreate_r[] = {"buffer", "device", "size", NULL};
+static const struct dspk__param bcreate_r[] = {
+    [DSPK__R_BUF_BUFFER] = RES("buffer", DSPK__T_UINT),
+    [DSPK__R_BUF_DEVICE] = RES("device", DSPK__T_STR),
+    [DSPK__R_BUF_SIZE] = RES("size", DSPK__T_UINT),
+};
 
 static const struct dspk__param bwrite_p[] = {
     [DSPK__BWRITE_BUFFER] = BUFFER_P,
     [DSPK__BWRITE_OFFSET] = OFFSET_P,
     [DSPK__BWRITE_DATA] = {"data", DSPK__T_BIN, REQ},
 };
-static const char *const bwrite_r[] = {"size", NULL};
+static const struct dspk__param bwrite_r[] = {
+    [DSPK__R_BWRITE_SIZE] = RES("size", DSPK__T_UINT),
+};
 
 static const struct dspk__param bread_p[] = {
     [DSPK__BREAD_BUFFER] = BUFFER_P,
@@ -89,12 +113,15 @@ static const struct dspk__param bread_p[] = {
     [DSPK__BREAD_SIZE] = {"size", DSPK__T_UINT, .max = UINT64_MAX,
                           .def_doc = "rest of the buffer"},
 };
-static const char *const bread_r[] = {"data", NULL};
+static const struct dspk__param bread_r[] = {
+    [DSPK__R_BREAD_DATA] = RES("data", DSPK__T_BIN),
+};
 
 static const struct dspk__param bfree_p[] = {
     [DSPK__BFREE_BUFFER] = BUFFER_P,
 };
-static const char *const empty_r[] = {NULL};
+/* A map without fields (nresults 0; the row only gives results non-NULL). */
+static const struct dspk__param empty_r[] = {{.name = NULL}};
 
 /* buffer.import and buffer.share: a shared buffer lives on cpu:0 unless
  * asked otherwise. */
@@ -114,29 +141,52 @@ static const struct dspk__param run_p[] = {
     [DSPK__RUN_OUTPUTS] = {"outputs", DSPK__T_ARRAY, .max = 2,
                            .expect = "an array of at most 2 {buffer, offset}"},
 };
-static const char *const run_r[] = {"device", "outputs", "time_us", NULL};
+static const struct dspk__param run_r[] = {
+    [DSPK__R_RUN_DEVICE] = RES("device", DSPK__T_STR),
+    [DSPK__R_RUN_OUTPUTS] = RES("outputs", DSPK__T_ARRAY),
+    [DSPK__R_RUN_TIME_US] = RES("time_us", DSPK__T_UINT),
+};
 
 static const struct dspk__param cancel_p[] = {
     [DSPK__CANCEL_MSGID] = {"msgid", DSPK__T_UINT, REQ, .max = UINT32_MAX,
                             .expect = "the uint32 msgid of a request"},
 };
-static const char *const cancel_r[] = {"canceled", NULL};
+static const struct dspk__param cancel_r[] = {
+    [DSPK__R_CANCEL_CANCELED] = RES("canceled", DSPK__T_BOOL),
+};
 
-static const char *const reload_r[] = {"reloaded", NULL};
-static const char *const stop_r[] = {"stopping", NULL};
+static const struct dspk__param reload_r[] = {
+    [DSPK__R_RELOAD_RELOADED] = RES("reloaded", DSPK__T_BOOL),
+};
+static const struct dspk__param stop_r[] = {
+    [DSPK__R_STOP_STOPPING] = RES("stopping", DSPK__T_BOOL),
+};
 
-static const char *const cstats_r[] = {"path", "in_memory", "max_bytes", "file_bytes", "kinds",
-                                       NULL};
+static const struct dspk__param cstats_r[] = {
+    [DSPK__R_CSTATS_PATH] = RES("path", DSPK__T_STR),
+    [DSPK__R_CSTATS_IN_MEMORY] = RES("in_memory", DSPK__T_BOOL),
+    [DSPK__R_CSTATS_MAX_BYTES] = RES("max_bytes", DSPK__T_UINT),
+    [DSPK__R_CSTATS_FILE_BYTES] = RES("file_bytes", DSPK__T_UINT),
+    [DSPK__R_CSTATS_KINDS] = RES("kinds", DSPK__T_MAP),
+};
 static const struct dspk__param cclear_p[] = {
     [DSPK__CCLEAR_KINDS] = {"kinds", DSPK__T_ENUMS, .choices = dspk__cache_kind_names,
                             .noun = "kind", .def_doc = "every kind"},
 };
-static const char *const cclear_r[] = {"cleared", NULL};
+static const struct dspk__param cclear_r[] = {
+    [DSPK__R_CCLEAR_CLEARED] = RES("cleared", DSPK__T_ARRAY),
+};
 
 static const struct dspk__param trace_p[] = {
     [DSPK__TRACE_SECONDS] = {"seconds", DSPK__T_NUM, REQ},
 };
-static const char *const trace_r[] = {"start_us", "end_us", "dropped", "devices", "jobs", NULL};
+static const struct dspk__param trace_r[] = {
+    [DSPK__R_TRACE_START_US] = RES("start_us", DSPK__T_UINT),
+    [DSPK__R_TRACE_END_US] = RES("end_us", DSPK__T_UINT),
+    [DSPK__R_TRACE_DROPPED] = RES("dropped", DSPK__T_UINT),
+    [DSPK__R_TRACE_DEVICES] = RES("devices", DSPK__T_ARRAY),
+    [DSPK__R_TRACE_JOBS] = RES("jobs", DSPK__T_ARRAY),
+};
 
 /* Slurm jobs (daemon/jobs.c). */
 #define JOB_P {"job", DSPK__T_UINT, REQ, .min = 1, .max = UINT64_MAX,                \
@@ -148,14 +198,25 @@ static const struct dspk__param jreg_p[] = {
     [DSPK__JREG_DEVICES] = {"devices", DSPK__T_ARRAY, .max = 64, .range_err = DSPK_ELIMIT,
                             .expect = "an array of device UUIDs", .def_doc = "none"},
 };
-static const char *const jreg_r[] = {"job", "uid", "devices", NULL};
+static const struct dspk__param jreg_r[] = {
+    [DSPK__R_JREG_JOB] = RES("job", DSPK__T_UINT),
+    [DSPK__R_JREG_UID] = RES("uid", DSPK__T_UINT),
+    [DSPK__R_JREG_DEVICES] = RES("devices", DSPK__T_ARRAY),
+};
 static const struct dspk__param jend_p[] = {
     [DSPK__JEND_JOB] = JOB_P,
 };
-static const char *const jend_r[] = {"job", "ended", "connections", "inflight", "buffers", NULL};
+/* connections, inflight, buffers: only when the job was registered. */
+static const struct dspk__param jend_r[] = {
+    [DSPK__R_JEND_JOB] = RES("job", DSPK__T_UINT),
+    [DSPK__R_JEND_ENDED] = RES("ended", DSPK__T_BOOL),
+    [DSPK__R_JEND_CONNECTIONS] = RES_OPT("connections", DSPK__T_UINT),
+    [DSPK__R_JEND_INFLIGHT] = RES_OPT("inflight", DSPK__T_UINT),
+    [DSPK__R_JEND_BUFFERS] = RES_OPT("buffers", DSPK__T_UINT),
+};
 
-#define M(id, name, p, r, adm) [id] = {name, p, N(p), r, adm}
-#define M0(id, name, r, adm) [id] = {name, NULL, 0, r, adm}
+#define M(id, name, p, r, adm) [id] = {name, p, N(p), r, N(r), adm}
+#define M0(id, name, r, adm) [id] = {name, NULL, 0, r, N(r), adm}
 
 const struct dspk__method dspk__methods[DSPK__M_COUNT] = {
     M(DSPK__M_HELLO, "hello", hello_p, hello_r, false),
@@ -165,7 +226,7 @@ const struct dspk__method dspk__methods[DSPK__M_COUNT] = {
     M(DSPK__M_BUFFER_CREATE, "buffer.create", bcreate_p, bcreate_r, false),
     M(DSPK__M_BUFFER_WRITE, "buffer.write", bwrite_p, bwrite_r, false),
     M(DSPK__M_BUFFER_READ, "buffer.read", bread_p, bread_r, false),
-    M(DSPK__M_BUFFER_FREE, "buffer.free", bfree_p, empty_r, false),
+    [DSPK__M_BUFFER_FREE] = {"buffer.free", bfree_p, N(bfree_p), empty_r, 0, false},
     M(DSPK__M_BUFFER_IMPORT, "buffer.import", bshm_p, bcreate_r, false),
     M(DSPK__M_BUFFER_SHARE, "buffer.share", bshm_p, bcreate_r, false),
     M(DSPK__M_TASK_RUN, "task.run", run_p, run_r, false),
@@ -174,7 +235,7 @@ const struct dspk__method dspk__methods[DSPK__M_COUNT] = {
     M0(DSPK__M_DAEMON_STOP, "daemon.stop", stop_r, true),
     M0(DSPK__M_CACHE_STATS, "cache.stats", cstats_r, false),
     M(DSPK__M_CACHE_CLEAR, "cache.clear", cclear_p, cclear_r, false),
-    M0(DSPK__M_METRICS, "metrics", NULL, false), /* answers a str */
+    [DSPK__M_METRICS] = {"metrics", NULL, 0, NULL, 0, false}, /* answers a str */
     M(DSPK__M_TRACE, "trace", trace_p, trace_r, false),
     M(DSPK__M_JOB_REGISTER, "job.register", jreg_p, jreg_r, true),
     M(DSPK__M_JOB_END, "job.end", jend_p, jend_r, true),
@@ -421,14 +482,19 @@ void dspk__pval_str(const struct dspk__pval *v, char *buf, size_t size) {
 
 /* ---- the encoder -------------------------------------------------------- */
 
-void dspk__params_encode(struct dspk__wbuf *w, const struct dspk__param *params, int n,
-                         const struct dspk__pval *vals) {
-  msgpack_packer *pk = &w->pk;
+/* Packs a map header counting the set values of params[0..n). */
+static void encode_head(struct dspk__wbuf *w, int n, const struct dspk__pval *vals) {
   size_t count = 0;
   for (int i = 0; i < n; i++)
     count += vals[i].set;
-  msgpack_pack_map(pk, count);
-  for (int i = 0; i < n; i++) {
+  msgpack_pack_map(&w->pk, count);
+}
+
+/* Packs the set values of params[from..to) as key and value. */
+static void encode_fields(struct dspk__wbuf *w, const struct dspk__param *params,
+                          const struct dspk__pval *vals, int from, int to) {
+  msgpack_packer *pk = &w->pk;
+  for (int i = from; i < to; i++) {
     const struct dspk__param *p = &params[i];
     const struct dspk__pval *v = &vals[i];
     if (!v->set)
@@ -452,7 +518,7 @@ void dspk__params_encode(struct dspk__wbuf *w, const struct dspk__param *params,
       msgpack_pack_str_body(pk, v->v.s.p, v->v.s.n);
       break;
     case DSPK__T_BIN:
-      dspk__wbuf_bin_ref(w, v->v.s.p, v->v.s.n, NULL, NULL);
+      dspk__wbuf_bin_ref(w, v->v.s.p, v->v.s.n, v->release, v->release_ud);
       break;
     case DSPK__T_ENUM:
       dspk__pack_str(pk, p->choices[v->v.e]);
@@ -478,6 +544,37 @@ void dspk__params_encode(struct dspk__wbuf *w, const struct dspk__param *params,
       break;
     }
   }
+}
+
+void dspk__params_encode(struct dspk__wbuf *w, const struct dspk__param *params, int n,
+                         const struct dspk__pval *vals) {
+  encode_head(w, n, vals);
+  encode_fields(w, params, vals, 0, n);
+}
+
+void dspk__result_head(struct dspk__wbuf *w, const struct dspk__method *m,
+                       const struct dspk__pval *vals) {
+  encode_head(w, m->nresults, vals);
+}
+
+void dspk__result_fields(struct dspk__wbuf *w, const struct dspk__method *m,
+                         const struct dspk__pval *vals, int from, int to) {
+  encode_fields(w, m->results, vals, from, to < m->nresults ? to : m->nresults);
+}
+
+void dspk__result_encode(struct dspk__wbuf *w, const struct dspk__method *m,
+                         const struct dspk__pval *vals) {
+  encode_head(w, m->nresults, vals);
+  encode_fields(w, m->results, vals, 0, m->nresults);
+}
+
+int dspk__result_decode(const struct dspk__method *m, const msgpack_object *map,
+                        struct dspk__pval *out, char *msg, size_t msglen) {
+  if (!m->results || !map || map->type != MSGPACK_OBJECT_MAP)
+    return dspk__fail(msg, msglen, DSPK_EPROTO, "%s: the result is not a map", m->name);
+  return dspk__params_decode(m->results, m->nresults, map, "result.", out, msg, msglen) < 0
+             ? DSPK_EPROTO
+             : 0;
 }
 
 /* ---- JSON export ---------------------------------------------------------- */
@@ -529,11 +626,11 @@ static void jparams(FILE *f, const struct dspk__param *ps, int n, const char *in
             p->flags & DSPK__P_REQUIRED ? "true" : "false");
     if (p->type == DSPK__T_UINT && (p->min || p->max != UINT64_MAX))
       fprintf(f, ", \"min\": %" PRIu64 ", \"max\": %" PRIu64, p->min, p->max);
-    if (p->type == DSPK__T_STR)
+    if (p->type == DSPK__T_STR && p->max != UINT64_MAX)
       fprintf(f, ", \"max_bytes\": %" PRIu64, p->max);
     if (p->type == DSPK__T_ARRAY) {
       fprintf(f, ", \"min_items\": %" PRIu64, p->min);
-      if (p->max)
+      if (p->max && p->max != UINT64_MAX)
         fprintf(f, ", \"max_items\": %" PRIu64, p->max);
     }
     if (p->choices) {
@@ -557,9 +654,9 @@ int dspk__schema_json(FILE *f) {
     const struct dspk__method *m = &dspk__methods[i];
     fprintf(f, "%s\n  {\"name\": ", i ? "," : "");
     jstr(f, m->name);
-    fprintf(f, ", \"admin\": %s, \"result\": ", m->admin ? "true" : "false");
+    fprintf(f, ", \"admin\": %s,\n   \"result\": ", m->admin ? "true" : "false");
     if (m->results)
-      jlist(f, m->results);
+      jparams(f, m->results, m->nresults, "   ");
     else
       fputs("\"str\"", f);
     fputs(",\n   \"params\": ", f);

@@ -22,6 +22,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "dspk/types.h"
 #include "proto/codec.h"
@@ -59,7 +60,56 @@ struct dspk__pval {
     /* encoder only (ARRAY, MAP): packs the value */
     struct { void (*fn)(const void *ud, struct dspk__wbuf *w); const void *ud; } pack;
   } v;
+  /* encoder only (BIN): called with release_ud once the bytes are written
+   * (dspk__wbuf_bin_ref); NULL: the bytes outlive the frame. */
+  void (*release)(void *ud);
+  void *release_ud;
 };
+
+/* A set value of each type, for the encoders. */
+static inline struct dspk__pval dspk__pv_uint(uint64_t u) {
+  struct dspk__pval p = {.set = true};
+  p.v.u = u;
+  return p;
+}
+static inline struct dspk__pval dspk__pv_bool(bool b) {
+  struct dspk__pval p = {.set = true};
+  p.v.b = b;
+  return p;
+}
+static inline struct dspk__pval dspk__pv_enum(int e) {
+  struct dspk__pval p = {.set = true};
+  p.v.e = e;
+  return p;
+}
+static inline struct dspk__pval dspk__pv_num(double f) {
+  struct dspk__pval p = {.set = true};
+  p.v.f = f;
+  return p;
+}
+/* s is NUL-terminated and outlives the encoding. */
+static inline struct dspk__pval dspk__pv_str(const char *s) {
+  struct dspk__pval p = {.set = true};
+  p.v.s.p = s;
+  p.v.s.n = strlen(s);
+  return p;
+}
+/* release(ud) once the bytes were written (NULL: they outlive the frame). */
+static inline struct dspk__pval dspk__pv_bin(const void *b, size_t n, void (*release)(void *),
+                                             void *ud) {
+  struct dspk__pval p = {.set = true, .release = release, .release_ud = ud};
+  p.v.s.p = (const char *)b;
+  p.v.s.n = n;
+  return p;
+}
+/* An ARRAY or MAP: fn(ud, w) packs it. */
+static inline struct dspk__pval dspk__pv_pack(void (*fn)(const void *ud, struct dspk__wbuf *w),
+                                              const void *ud) {
+  struct dspk__pval p = {.set = true};
+  p.v.pack.fn = fn;
+  p.v.pack.ud = ud;
+  return p;
+}
 
 struct dspk__param {
   const char *name;
@@ -86,8 +136,11 @@ struct dspk__method {
   const char *name;
   const struct dspk__param *params;
   int nparams;
-  const char *const *results;    /* the result map's keys; NULL-terminated;
-                                    NULL when the result is not a map */
+  const struct dspk__param *results; /* the result map's fields (name,
+                                    type; DSPK__P_REQUIRED: always there),
+                                    indexed by the result enums below;
+                                    NULL when the result is a str */
+  int nresults;
   bool admin;                    /* only admins may call it */
 };
 
@@ -131,6 +184,32 @@ enum { DSPK__CCLEAR_KINDS };
 enum { DSPK__TRACE_SECONDS };
 enum { DSPK__JREG_JOB, DSPK__JREG_UID, DSPK__JREG_DEVICES };
 enum { DSPK__JEND_JOB };
+
+/* The fields of each method's result (docs/protocol.md), in the order the
+ * daemon packs them: indices into dspk__methods[m].results and into the
+ * dspk__pval arrays of dspk__result_encode/decode. */
+enum { DSPK__R_HELLO_PROTOCOL, DSPK__R_HELLO_DAEMON, DSPK__R_HELLO_SERVER,
+       DSPK__R_HELLO_CLIENT_ID, DSPK__R_HELLO_LIMITS };
+enum { DSPK__R_PING_DATA };
+enum { DSPK__R_DEVICES_DEVICES, DSPK__R_DEVICES_UNAVAILABLE };
+enum { DSPK__R_STATUS_DAEMON, DSPK__R_STATUS_CLIENTS, DSPK__R_STATUS_OTHER_CLIENTS,
+       DSPK__R_STATUS_JOBS, DSPK__R_STATUS_DEVICES };
+/* buffer.create, buffer.import, buffer.share */
+enum { DSPK__R_BUF_BUFFER, DSPK__R_BUF_DEVICE, DSPK__R_BUF_SIZE };
+enum { DSPK__R_BWRITE_SIZE };
+enum { DSPK__R_BREAD_DATA };
+enum { DSPK__R_RUN_DEVICE, DSPK__R_RUN_OUTPUTS, DSPK__R_RUN_TIME_US };
+enum { DSPK__R_CANCEL_CANCELED };
+enum { DSPK__R_RELOAD_RELOADED };
+enum { DSPK__R_STOP_STOPPING };
+enum { DSPK__R_CSTATS_PATH, DSPK__R_CSTATS_IN_MEMORY, DSPK__R_CSTATS_MAX_BYTES,
+       DSPK__R_CSTATS_FILE_BYTES, DSPK__R_CSTATS_KINDS };
+enum { DSPK__R_CCLEAR_CLEARED };
+enum { DSPK__R_TRACE_START_US, DSPK__R_TRACE_END_US, DSPK__R_TRACE_DROPPED,
+       DSPK__R_TRACE_DEVICES, DSPK__R_TRACE_JOBS };
+enum { DSPK__R_JREG_JOB, DSPK__R_JREG_UID, DSPK__R_JREG_DEVICES };
+enum { DSPK__R_JEND_JOB, DSPK__R_JEND_ENDED, DSPK__R_JEND_CONNECTIONS, DSPK__R_JEND_INFLIGHT,
+       DSPK__R_JEND_BUFFERS };
 
 /* Most parameters one method or op has (sizes a dspk__pval array). */
 #define DSPK__MAX_PARAMS 8
@@ -180,6 +259,28 @@ void dspk__pval_str(const struct dspk__pval *v, char *buf, size_t size);
 /* Packs a map of the parameters whose value is set, in table order. */
 void dspk__params_encode(struct dspk__wbuf *w, const struct dspk__param *params,
                          int n, const struct dspk__pval *vals);
+
+/*
+ * Results.  The one encoder of every result map (the daemon): packs a map of
+ * m's result fields whose value is set (vals indexed by the method's result
+ * enum), in table order, a field packed as its row's type says (ARRAY and
+ * MAP through v.pack; BIN by reference, release called once written).
+ * dspk__result_head and dspk__result_fields do the same in two steps for a
+ * result whose last field is known only later (task.run's time_us): the
+ * head counts every set field, fields packs those of [from, to).
+ */
+void dspk__result_encode(struct dspk__wbuf *w, const struct dspk__method *m,
+                         const struct dspk__pval *vals);
+void dspk__result_head(struct dspk__wbuf *w, const struct dspk__method *m,
+                       const struct dspk__pval *vals);
+void dspk__result_fields(struct dspk__wbuf *w, const struct dspk__method *m,
+                         const struct dspk__pval *vals, int from, int to);
+/* The one decoder of result maps (libdspkclient): checks map against m's
+ * result rows (a field the table marks always there is required, each of
+ * its row's type) and fills out[] indexed by the result enum.  0, or
+ * DSPK_EPROTO with "result.<name>: ..." in msg. */
+int dspk__result_decode(const struct dspk__method *m, const msgpack_object *map,
+                        struct dspk__pval *out, char *msg, size_t msglen);
 
 /* Writes the whole description as one JSON document.  0 or -1 (I/O). */
 int dspk__schema_json(FILE *f);

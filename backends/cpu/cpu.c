@@ -322,6 +322,12 @@ static void *cpu_host_ptr(struct dspk__dev *dev, struct dspk__mem *mem) {
   return mem->ptr;
 }
 
+/* Every op and dtype but raw kernels: a new op is the cpu's first. */
+static void cpu_caps(struct dspk__dev *dev, struct dspk__devcaps *out) {
+  (void)dev;
+  dspk__caps_add_ops(out, DSPK__CAPS_ALL_OPS);
+}
+
 const struct dspk__backend dspk__backend_cpu = {
     .name = "cpu",
     .probe = cpu_probe,
@@ -339,6 +345,7 @@ const struct dspk__backend dspk__backend_cpu = {
     .fence_wait = cpu_fence_wait,
     .fence_destroy = cpu_fence_destroy,
     .sync = cpu_sync,
+    .caps = cpu_caps,
     .run = cpu_run,
     .trim = cpu_trim,
     .stats = cpu_stats,

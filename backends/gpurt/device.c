@@ -783,6 +783,17 @@ void dspk__gpurt_stats(struct dspk__dev *dev, struct dspk__devstats *out) {
   out->kernel_cache_hits = dev->kernel_cache_hits;
 }
 
+void dspk__gpurt_caps(struct dspk__dev *dev, struct dspk__devcaps *out) {
+  /* The ops of ops.c's switch (dspk__gpurt_run): a new op is the cpu's
+   * until its case is written and added here. */
+  dspk__caps_add_ops(out, DSPK__CAPS_OP(GEMM) | DSPK__CAPS_OP(FFT) | DSPK__CAPS_OP(FIR) |
+                              DSPK__CAPS_OP(CONTRACT) | DSPK__CAPS_OP(REDUCE) |
+                              DSPK__CAPS_OP(MAP));
+  if (!dev->blas || dev->own_kernels)
+    out->dtypes[DSPK_OP_GEMM] &= ~((1u << DSPK_F16) | (1u << DSPK_BF16));
+  dspk__caps_add_lang(out, DRV->lang);
+}
+
 /* ---- hooks ------------------------------------------------------------- */
 
 void dspk__gpurt_set_sync_on_evict(struct dspk__dev *dev, int on) {

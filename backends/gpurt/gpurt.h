@@ -196,6 +196,9 @@ int dspk__gpurt_sync(struct dspk__dev *dev);
 int dspk__gpurt_run_checked(struct dspk__dev *dev, struct dspk__op *op,
                             struct dspk__opctx *ctx);
 void dspk__gpurt_stats(struct dspk__dev *dev, struct dspk__devstats *out);
+/* Every op; f16 and bf16 gemm only through the BLAS library (the runtime's
+ * own gemm kernel takes f32 and f64); raw kernels in the driver's lang. */
+void dspk__gpurt_caps(struct dspk__dev *dev, struct dspk__devcaps *out);
 
 /* The members of a runtime's struct dspk__backend, all but probe,
  * shutdown and open, which name the driver. */
@@ -208,7 +211,8 @@ void dspk__gpurt_stats(struct dspk__dev *dev, struct dspk__devstats *out);
   .fence_destroy = dspk__gpurt_fence_destroy, .sync = dspk__gpurt_sync,        \
   .host_register = dspk__gpurt_host_register,                                  \
   .host_unregister = dspk__gpurt_host_unregister,                              \
-  .run = dspk__gpurt_run_checked, .stats = dspk__gpurt_stats
+  .caps = dspk__gpurt_caps, .run = dspk__gpurt_run_checked,                   \
+  .stats = dspk__gpurt_stats
 
 /* A block of device memory.  gen is the context generation it was made in:
  * after a fault rebuilds the context, older blocks are gone. */

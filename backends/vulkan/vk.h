@@ -423,6 +423,9 @@ int dspk__vk_kernel_op(struct dspk__dev *d, struct dspk__op *op, struct dspk__op
 int dspk__vk_gemm(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *ctx);
 int dspk__vk_contract(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *ctx);
 int dspk__vk_fft(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *ctx);
+/* 1 when this build has the fft op (VkFFT was found: vk_fft.c), 0 without
+ * (vk_fft_none.c). */
+extern const int dspk__vk_fft_built;
 /* gemm kernel candidates, for tests and benchmarks (vk_gemm.c): their
  * count and names, forcing one (i < 0: the autotuner chooses again), and
  * the name of the one the calling thread's last gemm launched. */

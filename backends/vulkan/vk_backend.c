@@ -576,6 +576,25 @@ static void vk_stats(struct dspk__dev *d, struct dspk__devstats *out) {
   out->kernel_cache_hits = d->kernel_cache_hits;
 }
 
+/* Every op, f16 and bf16 gemm on every device (the cooperative-matrix
+ * path where offered, else the scalar kernel); f64 and c128 only with
+ * shaderFloat64; fft only in a build with VkFFT; raw kernels in GLSL and
+ * SPIR-V. */
+static void vk_caps(struct dspk__dev *d, struct dspk__devcaps *out) {
+  /* The ops of dspk__vk_run's switch (vk_ops.c). */
+  dspk__caps_add_ops(out, DSPK__CAPS_OP(GEMM) | DSPK__CAPS_OP(FFT) | DSPK__CAPS_OP(FIR) |
+                              DSPK__CAPS_OP(CONTRACT) | DSPK__CAPS_OP(REDUCE) |
+                              DSPK__CAPS_OP(MAP));
+  if (!d->has_f64) {
+    dspk__caps_drop_dtype(out, DSPK_F64);
+    dspk__caps_drop_dtype(out, DSPK_C128);
+  }
+  if (!dspk__vk_fft_built)
+    out->dtypes[DSPK_OP_FFT] = 0;
+  dspk__caps_add_lang(out, "glsl");
+  dspk__caps_add_lang(out, "spirv");
+}
+
 const struct dspk__backend dspk__backend_vulkan = {
     .name = "vulkan",
     .probe = vk_probe,
@@ -594,6 +613,7 @@ const struct dspk__backend dspk__backend_vulkan = {
     .fence_wait = vk_fence_wait,
     .fence_destroy = vk_fence_destroy,
     .sync = vk_sync,
+    .caps = vk_caps,
     .run = dspk__vk_run,
     .stats = vk_stats,
 };

@@ -1024,6 +1024,7 @@ static int bind_io(struct dspk__dev *d, const struct dspk__tensor *X, const stru
     return dspk__vk_fail(ctx, r, "fft: operands cannot be bound");
   return 0;
 }
+const int dspk__vk_fft_built = 1;
 
 int dspk__vk_fft(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *ctx) {
   const struct dspk__tensor *X = &op->in[0], *O = &op->out[0];

@@ -945,8 +945,46 @@ static void test_cancel(void **state) {
   assert_non_null(strstr(errmsg, "kernel"));
 }
 
+/* The capability query: every op with every dtype dspk__op_infer accepts,
+ * f16/bf16 gemm included, and no raw kernels (the daemon answers ENOTSUP
+ * for them on cpu:0 before anything runs). */
+static void test_caps(void **state) {
+  (void)state;
+  struct dspk__devcaps caps;
+  struct dspk__op o;
+  char msg[256] = "";
+  const uint32_t std = (1u << DSPK_F32) | (1u << DSPK_F64) | (1u << DSPK_C64) | (1u << DSPK_C128);
+  memset(&caps, 0, sizeof caps);
+  be->caps(dev, &caps);
+  assert_int_equal(caps.dtypes[DSPK_OP_GEMM],
+                   (1u << DSPK_F32) | (1u << DSPK_F64) | (1u << DSPK_F16) | (1u << DSPK_BF16));
+  assert_int_equal(caps.dtypes[DSPK_OP_FFT], std);
+  assert_int_equal(caps.dtypes[DSPK_OP_FIR], std);
+  assert_int_equal(caps.dtypes[DSPK_OP_CONTRACT], std);
+  assert_int_equal(caps.dtypes[DSPK_OP_REDUCE], std);
+  assert_int_equal(caps.dtypes[DSPK_OP_MAP], std);
+  assert_int_equal(caps.dtypes[DSPK_OP_KERNEL], 0);
+  assert_int_equal(caps.langs, 0);
+
+  memset(&o, 0, sizeof o);
+  o.kind = DSPK_OP_GEMM;
+  o.nin = 2;
+  o.in[0].dtype = o.in[1].dtype = DSPK_BF16;
+  assert_int_equal(dspk__caps_check(&caps, &o, "cpu:0", msg, sizeof msg), 0);
+  o.kind = DSPK_OP_MAP;
+  o.in[0].dtype = DSPK_BF16; /* not a dtype map runs anywhere */
+  assert_int_equal(dspk__caps_check(&caps, &o, "cpu:0", msg, sizeof msg), DSPK_ENOTSUP);
+  assert_string_equal(msg, "map: cpu:0 does not run map on bf16 (it takes f32, f64, c64, c128)");
+  memset(&o, 0, sizeof o);
+  o.kind = DSPK_OP_KERNEL;
+  o.u.kernel.lang = "cuda";
+  assert_int_equal(dspk__caps_check(&caps, &o, "cpu:0", msg, sizeof msg), DSPK_ENOTSUP);
+  assert_string_equal(msg, "kernel: cpu:0 runs no raw kernels");
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_caps),
       cmocka_unit_test(test_probe_memory), cmocka_unit_test(test_gemm),
       cmocka_unit_test(test_gemm_half),    cmocka_unit_test(test_fft),
       cmocka_unit_test(test_fft_plan_reuse), cmocka_unit_test(test_fft_threads),

@@ -785,6 +785,7 @@ class FakeDaemon:
                            "inflight": 0, "buffers": 0, "buffer_bytes": 0, "unsent": 0,
                            "requests": 1, "self": True}],
               "other_clients": {"connections": 2, "inflight": 0, "buffers": 0},
+              "jobs": [],
               "devices": [{"id": "fake:0\x1b[A", "queued": 0, "running": 0,
                            "completed": 0, "failed": 0, "stats": {}}]}
 
@@ -824,7 +825,9 @@ class FakeDaemon:
                 if method == "hello":
                     out.append([1, msgid, None, {"protocol": 1,
                                                  "daemon": "fake",
-                                                 "server": "dspkd"}])
+                                                 "server": "dspkd",
+                                                 "client_id": 1,
+                                                 "limits": {}}])
                 elif method == "cache.stats":
                     out.append([1, msgid, None, self.STATS])
                 elif method == "status":
@@ -838,7 +841,8 @@ class FakeDaemon:
                                     [{"msgid": msgid, "what": "autotuning map",
                                       "fraction": frac}]])
                     out.append([1, msgid, None, {"device": "fake:0",
-                                                 "outputs": [args["inputs"][0]]}])
+                                                 "outputs": [args["inputs"][0]],
+                                                 "time_us": 0}])
                 elif method == "task.run":
                     out.append([1, msgid, {"code": -18, "name": "ECOMPILE",
                                            "message": self.LOG}, None])

@@ -100,13 +100,18 @@ static void answer_hello(struct srv *s, unsigned protocol) {
     abort();
   msgpack_packer *p = pk_begin(&k);
   dspk__pack_result_head(p, id);
-  msgpack_pack_map(p, 3);
+  /* Every field of hello's result (the library decodes it by the table). */
+  msgpack_pack_map(p, 5);
   dspk__pack_str(p, "protocol");
   msgpack_pack_uint32(p, protocol);
   dspk__pack_str(p, "daemon");
   dspk__pack_str(p, "fake-1.0");
   dspk__pack_str(p, "server");
   dspk__pack_str(p, "dspkd");
+  dspk__pack_str(p, "client_id");
+  msgpack_pack_uint32(p, 1);
+  dspk__pack_str(p, "limits");
+  msgpack_pack_map(p, 0);
   pk_send(s, &k);
 }
 
@@ -295,7 +300,9 @@ static void s_stray_and_progress(struct srv *s) {
   /* task result: one f32 (2,) output, plus a second malformed task. */
   p = pk_begin(&k);
   dspk__pack_result_head(p, a);
-  msgpack_pack_map(p, 2);
+  msgpack_pack_map(p, 3);
+  dspk__pack_str(p, "time_us");
+  msgpack_pack_uint32(p, 0);
   dspk__pack_str(p, "device");
   dspk__pack_str(p, "cpu:0");
   dspk__pack_str(p, "outputs");
@@ -310,7 +317,9 @@ static void s_stray_and_progress(struct srv *s) {
   uint32_t c = srv_read(s, m, sizeof m);
   p = pk_begin(&k);
   dspk__pack_result_head(p, c);
-  msgpack_pack_map(p, 2);
+  msgpack_pack_map(p, 3);
+  dspk__pack_str(p, "time_us");
+  msgpack_pack_uint32(p, 0);
   dspk__pack_str(p, "device");
   dspk__pack_str(p, "cpu:0");
   dspk__pack_str(p, "outputs");

@@ -29,6 +29,7 @@
 #include "backends/backend.h"
 #include "backends/cuda/cuda_internal.h"
 #include "tests/cuda/fake_events.h"
+#include "proto/schema.h"
 
 extern const struct dspk__backend dspk__backend_cuda;
 #define BE dspk__backend_cuda
@@ -193,8 +194,44 @@ static void test_stale_generation(void **state) {
   }
 }
 
+/* The capability query of the table (dspk__gpurt_caps, no driver call):
+ * every op; f16/bf16 gemm only through cuBLAS (not without it, nor with
+ * the own-kernels switch); raw kernels in "cuda" only. */
+static void test_caps(void **state) {
+  struct dspk__devcaps caps;
+  struct dspk__op o;
+  char msg[256];
+  const uint32_t f = (1u << DSPK_F32) | (1u << DSPK_F64);
+  const uint32_t half = (1u << DSPK_F16) | (1u << DSPK_BF16);
+  (void)state;
+  for (int k = 0; k < 3; k++) {
+    dev->blas = k ? (void *)(uintptr_t)0xb1a5 : NULL;
+    dev->own_kernels = k == 2;
+    memset(&caps, 0, sizeof caps);
+    BE.caps(dev, &caps);
+    assert_int_equal(caps.dtypes[DSPK_OP_GEMM], k == 1 ? f | half : f);
+    for (int op = DSPK_OP_FFT; op < DSPK_OP_KERNEL; op++)
+      assert_int_equal(caps.dtypes[op], dspk__op_dtypes[op]);
+    assert_int_equal(caps.langs, 1u << dspk__choice_find(dspk__kernel_langs, "cuda", 4));
+  }
+  dev->blas = NULL;
+  dev->own_kernels = 0;
+  memset(&o, 0, sizeof o);
+  o.kind = DSPK_OP_GEMM;
+  o.nin = 2;
+  o.in[0].dtype = o.in[1].dtype = DSPK_BF16;
+  assert_int_equal(dspk__caps_check(&caps, &o, "cuda:0", msg, sizeof msg), DSPK_ENOTSUP);
+  assert_string_equal(msg, "gemm: cuda:0 does not run gemm on bf16 (it takes f32, f64)");
+  memset(&o, 0, sizeof o);
+  o.kind = DSPK_OP_KERNEL;
+  o.u.kernel.lang = "glsl";
+  assert_int_equal(dspk__caps_check(&caps, &o, "cuda:0", msg, sizeof msg), DSPK_ENOTSUP);
+  assert_string_equal(msg, "kernel: cuda:0 takes lang cuda, not \"glsl\"");
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test_setup_teardown(test_caps, setup, teardown),
       cmocka_unit_test_setup_teardown(test_order, setup, teardown),
       cmocka_unit_test_setup_teardown(test_error_one, setup, teardown),
       cmocka_unit_test_setup_teardown(test_error_sticky, setup, teardown),

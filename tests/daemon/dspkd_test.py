@@ -1975,7 +1975,95 @@ def t_fencefault(exe, tmp):
     d.stop()
 
 
+def t_caps(exe, tmp):
+    """Routing by the devices' caps (issue 15): `devices` shows what each device
+    runs (ops and their dtypes, kernel languages); a task a named device does not
+    run is ENOTSUP at once, naming the device, and never runs there (its status
+    counters stay 0); "any" picks a device that runs the task: a glsl kernel
+    goes to the Vulkan device (lavapipe, though "any" avoids software devices
+    otherwise) and never to cpu:0; and, on dspkd's cuda:0 over the fake driver
+    of tests/cuda (path in $DSPK_TEST_FAKE_CUDA, when built), a glsl kernel
+    named at cuda:0 is ENOTSUP and a gemm of a dtype cuda:0 lacks (no cuBLAS)
+    sent to "any" runs on cpu:0 without touching cuda:0."""
+    std = ["f32", "f64", "c64", "c128"]
+
+    def counters(c, dev):
+        st = [x for x in c.call("status")["devices"] if x["id"] == dev][0]
+        return st["completed"], st["failed"], st["queued"], st["running"]
+
+    def kernel(dev, lang, src="void main() {}"):
+        return {"op": "kernel", "device": dev, "inputs": [tensor(np.zeros(4, np.float32))],
+                "options": {"lang": lang, "source": src, "args": [{"tensor": 0}]}}
+
+    d = Daemon(exe, tmp, ["--backends", "cpu,vulkan"])
+    c = d.client()
+    devs = {x["id"]: x for x in c.call("devices")["devices"]}
+    cpu = devs["cpu:0"]
+    check(cpu["ops"] == {"gemm": ["f32", "f64", "f16", "bf16"], "fft": std, "fir": std,
+                         "contract": std, "reduce": std, "map": std}
+          and cpu["kernel_langs"] == [], "cpu:0 caps: %r %r" % (cpu["ops"], cpu["kernel_langs"]))
+    e = c.expect_error("ENOTSUP", "task.run", kernel("cpu:0", "glsl", KERNEL_OK))
+    check(e.err["message"] == "kernel: cpu:0 runs no raw kernels", "message: %r" % e.err)
+    check(counters(c, "cpu:0") == (0, 0, 0, 0), "nothing ran on cpu:0: %r"
+          % (counters(c, "cpu:0"),))
+    vk = [x for x in devs.values() if x["backend"] == "vulkan"]
+    if vk:
+        v = vk[0]
+        check(v["kernel_langs"] == ["glsl", "spirv"], "vulkan langs: %r" % v["kernel_langs"])
+        check(v["ops"]["gemm"][-2:] == ["f16", "bf16"], "vulkan gemm: %r" % v["ops"])
+        r = c.call("task.run", kernel("any", "glsl", KERNEL_OK))
+        check(r["device"] == v["id"] and array(r["outputs"][0])[0] == 7.0,
+              "a glsl kernel sent to any runs on %s: %r" % (v["id"], r["device"]))
+        e = c.expect_error("ENOTSUP", "task.run", kernel(v["id"], "cuda"))
+        check(e.err["message"] == 'kernel: %s takes lang glsl, spirv, not "cuda"' % v["id"],
+              "message: %r" % e.err)
+        check(counters(c, v["id"])[:2] == (1, 0), "vulkan ran only the glsl kernel: %r"
+              % (counters(c, v["id"]),))
+    else:
+        e = c.expect_error("ENOTSUP", "task.run", kernel("any", "glsl", KERNEL_OK))
+        check(e.err["message"].startswith("no device runs this task (kernel: cpu:0 runs no "
+                                          "raw kernels"), "message: %r" % e.err)
+    # An op every device runs still goes to "any" as before.
+    X = np.arange(6, dtype=np.float64) - 3
+    r = c.call("task.run", {"op": "map", "inputs": [tensor(X)], "options": {"fn": "abs"}})
+    check(np.array_equal(array(r["outputs"][0]), np.abs(X)), "map on any")
+    check(counters(c, "cpu:0")[1] == 0, "cpu:0 failed nothing")
+    c.close()
+    d.stop()
+
+    fake = os.environ.get("DSPK_TEST_FAKE_CUDA")
+    if not fake:
+        return
+    env = dict(os.environ, DSPK_CUDA_DRIVER=fake, DSPK_CUDA_STAGE_CHUNKS="0")
+    d = Daemon(exe, tmp, ["--backends", "cpu,cuda"], env=env)
+    c = d.client()
+    devs = {x["id"]: x for x in c.call("devices")["devices"]}
+    check("cuda:0" in devs, "cuda:0 on the fake driver:\n" + d.logtext()[-2000:])
+    cu = devs["cuda:0"]
+    check(cu["kernel_langs"] == ["cuda"] and set(cu["ops"]) == set(cpu["ops"]),
+          "cuda:0 caps: %r" % cu)
+    e = c.expect_error("ENOTSUP", "task.run", kernel("cuda:0", "glsl"))
+    check(e.err["message"] == 'kernel: cuda:0 takes lang cuda, not "glsl"', "message: %r" % e.err)
+    if "f16" not in cu["ops"]["gemm"]:  # no cuBLAS beside the fake driver
+        A = (np.arange(6).reshape(2, 3) / 4).astype(np.float16)
+        B = (np.arange(12).reshape(3, 4) / 8).astype(np.float16)
+        f16 = [{"dtype": "f16", "shape": list(x.shape), "data": x.tobytes()} for x in (A, B)]
+        g = {"op": "gemm", "inputs": f16}
+        e = c.expect_error("ENOTSUP", "task.run", dict(g, device="cuda:0"))
+        check(e.err["message"] == "gemm: cuda:0 does not run gemm on f16 (it takes f32, f64)",
+              "message: %r" % e.err)
+        r = c.call("task.run", dict(g, device="any"))
+        check(r["device"] == "cpu:0", "f16 gemm on any runs on cpu:0: %r" % r["device"])
+        close_enough(array(r["outputs"][0]), A.astype(np.float32) @ B.astype(np.float32),
+                     "f16 gemm", np.float32)
+    check(counters(c, "cuda:0") == (0, 0, 0, 0), "nothing ran on cuda:0: %r"
+          % (counters(c, "cuda:0"),))
+    c.close()
+    d.stop()
+
+
 GROUPS = {
+    "caps": t_caps,
     "idletrim": t_idletrim,
     "reuse": t_reuse,
     "sendfrom": t_sendfrom,

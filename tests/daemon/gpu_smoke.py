@@ -100,6 +100,32 @@ def main():
         check(res["device"] == dev, "any -> %s, got %s" % (dev, res["device"]))
         close(unf32(res["outputs"][0]["data"]), [abs(v) for v in x], "map abs")
 
+        # The device's caps (issue 15): with cuBLAS, f16/bf16 gemm; raw kernels in its
+        # own language only, another one ENOTSUP before anything runs; a glsl kernel
+        # sent to "any" goes to a Vulkan device (the same GPU under vulkan) when one is open.
+        info = [d for d in devs["devices"] if d["id"] == dev][0]
+        print("%s caps: ops %r, kernel_langs %r" % (dev, info["ops"], info["kernel_langs"]))
+        if dev.startswith("cuda:"):
+            check(info["kernel_langs"] == ["cuda"], "%s kernel_langs" % dev)
+            check("f16" in info["ops"]["gemm"] and "bf16" in info["ops"]["gemm"],
+                  "%s runs f16/bf16 gemm (cuBLAS)" % dev)
+            glsl = ("#version 450\nlayout(local_size_x = 1) in;\n"
+                    "layout(std430, binding = 0) buffer B { float x[]; };\n"
+                    "void main() { x[0] = 7.0; }\n")
+            kern = {"op": "kernel", "inputs": [tensor([0.0] * 4, [4])],
+                    "options": {"lang": "glsl", "source": glsl, "args": [{"tensor": 0}]}}
+            try:
+                c.call("task.run", dict(kern, device=dev))
+                raise AssertionError("a glsl kernel ran on %s" % dev)
+            except RpcError as e:
+                check(e.name == "ENOTSUP" and dev in e.err["message"], "glsl on %s: %s" % (dev, e))
+            vk = [d["id"] for d in devs["devices"] if "glsl" in d["kernel_langs"]]
+            if vk:
+                res = c.call("task.run", dict(kern, device="any"))
+                print("glsl kernel on any ran on", res["device"])
+                check(res["device"] in vk and unf32(res["outputs"][0]["data"])[0] == 7.0,
+                      "glsl kernel on any: %r" % res["device"])
+
         m, k, n = 33, 27, 19
         A = [rng.uniform(-1, 1) for _ in range(m * k)]
         B = [rng.uniform(-1, 1) for _ in range(k * n)]

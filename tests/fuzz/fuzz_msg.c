@@ -208,8 +208,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       (void)dspk__arg_bool(m.args, "inverse", &b, msg, sizeof msg);
       (void)dspk__arg_str(m.args, "op", s, sizeof s, msg, sizeof msg);
     }
-    for (int k = 0; k < DSPK__M_COUNT; k++)
+    for (int k = 0; k < DSPK__M_COUNT; k++) {
       visit_schema(dspk__methods[k].params, dspk__methods[k].nparams, m.args);
+      /* The result rows too, as libdspkclient decodes an answer. */
+      visit_schema(dspk__methods[k].results, dspk__methods[k].nresults, m.args);
+    }
     for (int k = 0; k < DSPK_OP_COUNT; k++)
       visit_schema(dspk__ops[k].options, dspk__ops[k].noptions,
                    dspk__map_get(m.args, "options"));

@@ -35,6 +35,7 @@
 
 #include <cmocka.h>
 
+#include "proto/schema.h"
 #include "backends/hip/hip_internal.h"
 
 struct fakehip_live {
@@ -564,9 +565,54 @@ static void test_sticky_error(void **state) {
   B->shutdown();
 }
 
+/* The capability query: with hipBLAS every op and dtype, f16/bf16 gemm
+ * included; without it (our own gemm kernel) gemm takes f32 and f64 only;
+ * raw kernels in "hip" only, another language is ENOTSUP naming it. */
+static void test_caps(void **state) {
+  struct dspk__devinfo info[4];
+  struct dspk__devcaps caps;
+  struct dspk__op o;
+  char why[200], msg[256];
+  const uint32_t f = (1u << DSPK_F32) | (1u << DSPK_F64);
+  const uint32_t half = (1u << DSPK_F16) | (1u << DSPK_BF16);
+  (void)state;
+  for (int blas = 0; blas < 2; blas++) {
+    env_fake(blas);
+    assert_int_equal(B->probe(info, 4, why, sizeof(why)), 2);
+    assert_int_equal(B->open(0, NULL, &dev), 0);
+    memset(&caps, 0, sizeof caps);
+    B->caps(dev, &caps);
+    assert_int_equal(caps.dtypes[DSPK_OP_GEMM], blas ? f | half : f);
+    for (int op = DSPK_OP_FFT; op < DSPK_OP_KERNEL; op++)
+      assert_int_equal(caps.dtypes[op], dspk__op_dtypes[op]);
+    assert_int_equal(caps.langs, 1u << dspk__choice_find(dspk__kernel_langs, "hip", 3));
+    memset(&o, 0, sizeof o);
+    o.kind = DSPK_OP_GEMM;
+    o.nin = 2;
+    o.in[0].dtype = o.in[1].dtype = DSPK_F16;
+    assert_int_equal(dspk__caps_check(&caps, &o, "hip:0", msg, sizeof msg),
+                     blas ? 0 : DSPK_ENOTSUP);
+    if (!blas)
+      assert_string_equal(msg, "gemm: hip:0 does not run gemm on f16 (it takes f32, f64)");
+    memset(&o, 0, sizeof o);
+    o.kind = DSPK_OP_KERNEL;
+    o.u.kernel.lang = "hip";
+    assert_int_equal(dspk__caps_check(&caps, &o, "hip:0", msg, sizeof msg), 0);
+    o.u.kernel.lang = "cuda";
+    assert_int_equal(dspk__caps_check(&caps, &o, "hip:0", msg, sizeof msg), DSPK_ENOTSUP);
+    assert_string_equal(msg, "kernel: hip:0 takes lang hip, not \"cuda\"");
+    if (!blas) {
+      B->close(dev);
+      dev = NULL;
+      B->shutdown();
+    }
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_probe),
+      cmocka_unit_test_teardown(test_caps, close_dev),
       cmocka_unit_test_setup_teardown(test_memory, open_dev, close_dev),
       cmocka_unit_test_setup_teardown(test_ops_libraries, open_dev, close_dev),
       cmocka_unit_test_teardown(test_ops_own_kernels, close_dev),

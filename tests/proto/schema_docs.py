@@ -134,7 +134,7 @@ def main():
             errors.append("method %s: no ### section" % m["name"])
             continue
         body = "".join(secs[h] for h in heads)
-        for key in m["result"] if isinstance(m["result"], list) else []:
+        for key in [f["name"] for f in m["result"]] if isinstance(m["result"], list) else []:
             if not re.search(r"\b%s\b" % re.escape(key), body):
                 errors.append("method %s: result key %r not in its section" % (m["name"], key))
     run = secs.get("task.run", "")

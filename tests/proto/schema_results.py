@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Every method of the protocol's table (protocol.json, from proto/schema.c)
 against a running dspkd: called with valid arguments, its result is a map
-with exactly the table's result keys (a str for metrics); called without
+whose keys are the table's result fields (every field the table marks
+required, no key it lacks) and whose values have each field's type (a str
+for metrics); called without
 a required parameter, or with a parameter of the wrong type, it is EINVAL
 naming that parameter.  A method the table lists without a sample call here
 fails the test, so a new method gets one.
@@ -46,6 +48,7 @@ def samples(c):
         ("trace", {"seconds": 0.01}),
         ("job.register", {"job": 42, "uid": 0, "devices": []}),
         ("job.end", {"job": 42}),
+        ("job.end", {"job": 43}),  # never registered: the optional fields absent
         ("daemon.reload", None),
         ("daemon.stop", None),
     ]
@@ -57,6 +60,30 @@ def memfd(size):
     os.ftruncate(fd, size)
     fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK)
     return fd
+
+
+# What each type of the table is once decoded from msgpack.
+PYTYPES = {"uint": int, "str": str, "bin": bytes, "bool": bool, "number": (int, float),
+           "array": list, "map": dict}
+
+
+def check_result(name, m, res):
+    """res against m's result fields: a str for "str"; else a map whose keys are
+    the table's (each field marked required present, no other key) and whose
+    values have their field's type."""
+    if m["result"] == "str":
+        check(isinstance(res, str), "%s answers a str" % name)
+        return
+    check(isinstance(res, dict), "%s answers a map: %r" % (name, res))
+    fields = {f["name"]: f for f in m["result"]}
+    need = sorted(f["name"] for f in m["result"] if f["required"])
+    check(set(need) <= set(res) <= set(fields),
+          "%s: result keys %r, the table says %r (required %r)" % (name, sorted(res),
+                                                                   sorted(fields), need))
+    for k, v in res.items():
+        t = fields[k]["type"]
+        ok = isinstance(v, PYTYPES[t]) and not (t == "uint" and (isinstance(v, bool) or v < 0))
+        check(ok, "%s: result %s is %r, the table says %s" % (name, k, v, t))
 
 
 def wrong(p):
@@ -115,12 +142,7 @@ def main():
             finally:
                 for fd in fds or []:
                     os.close(fd)
-            if m["result"] == "str":
-                check(isinstance(res, str), "%s answers a str" % name)
-            else:
-                check(isinstance(res, dict) and sorted(res) == sorted(m["result"]),
-                      "%s: result keys %r, the table says %r" % (name, sorted(res),
-                                                                 sorted(m["result"])))
+            check_result(name, m, res)
             if name == "buffer.create":
                 state["buffer"] = res["buffer"]
             called.add(name)

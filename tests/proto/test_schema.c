@@ -284,9 +284,9 @@ static void test_roundtrip(void **state) {
   msgpack_unpacked up;
   (void)state;
 
-  in[DSPK__RUN_OP] = (struct dspk__pval){true, {.e = DSPK_OP_FFT}};
-  in[DSPK__RUN_DEVICE] = (struct dspk__pval){true, {.s = {"cpu:0", 5}}};
-  in[DSPK__RUN_INPUTS] = (struct dspk__pval){true, {.pack = {pack_two, NULL}}};
+  in[DSPK__RUN_OP] = (struct dspk__pval){.set = true, .v = {.e = DSPK_OP_FFT}};
+  in[DSPK__RUN_DEVICE] = (struct dspk__pval){.set = true, .v = {.s = {"cpu:0", 5}}};
+  in[DSPK__RUN_INPUTS] = (struct dspk__pval){.set = true, .v = {.pack = {pack_two, NULL}}};
   dspk__wbuf_init(&w);
   dspk__params_encode(&w, run->params, run->nparams, in);
   assert_int_equal(dspk__wbuf_iov(&w, &iov, &niov), 0);
@@ -308,6 +308,108 @@ static void test_roundtrip(void **state) {
   dspk__wbuf_free(&w);
 }
 
+/* Packs w's frames into flat (at most cap bytes) and decodes the one object. */
+static void unpack_wbuf(struct dspk__wbuf *w, char *flat, size_t cap, msgpack_unpacked *up) {
+  struct iovec *iov;
+  size_t niov, pos = 0, off = 0;
+  assert_int_equal(dspk__wbuf_iov(w, &iov, &niov), 0);
+  for (size_t i = 0; i < niov; i++) {
+    assert_true(pos + iov[i].iov_len <= cap);
+    memcpy(flat + pos, iov[i].iov_base, iov[i].iov_len);
+    pos += iov[i].iov_len;
+  }
+  msgpack_unpacked_init(up);
+  assert_int_equal(msgpack_unpack_next(up, flat, pos, &off), MSGPACK_UNPACK_SUCCESS);
+}
+
+static int released;
+static void on_release(void *ud) { released += *(int *)ud; }
+
+/* The result encoder and decoder: task.run's result packed in two steps
+ * (time_us last) decodes with every field and its type; a result without a
+ * field the table marks always there is EPROTO naming it; job.end's
+ * optional counts may be absent; a bin field's release runs once written;
+ * a field of another type is EPROTO naming it. */
+static void test_results(void **state) {
+  const struct dspk__method *run = M(DSPK__M_TASK_RUN), *end = M(DSPK__M_JOB_END);
+  const struct dspk__method *rd = M(DSPK__M_BUFFER_READ);
+  struct dspk__pval v[DSPK__MAX_PARAMS] = {0}, out[DSPK__MAX_PARAMS];
+  struct dspk__wbuf w;
+  char flat[512], msg[256];
+  msgpack_unpacked up;
+  int one = 1;
+  (void)state;
+
+  v[DSPK__R_RUN_DEVICE] = dspk__pv_str("cpu:0");
+  v[DSPK__R_RUN_OUTPUTS] = dspk__pv_pack(pack_two, NULL);
+  v[DSPK__R_RUN_TIME_US] = dspk__pv_uint(0);
+  dspk__wbuf_init(&w);
+  dspk__result_head(&w, run, v);
+  dspk__result_fields(&w, run, v, 0, DSPK__R_RUN_TIME_US);
+  v[DSPK__R_RUN_TIME_US] = dspk__pv_uint(42);
+  dspk__result_fields(&w, run, v, DSPK__R_RUN_TIME_US, DSPK__R_RUN_TIME_US + 1);
+  unpack_wbuf(&w, flat, sizeof flat, &up);
+  assert_int_equal(up.data.via.map.size, 3);
+  assert_int_equal(dspk__result_decode(run, &up.data, out, msg, sizeof msg), 0);
+  assert_memory_equal(out[DSPK__R_RUN_DEVICE].v.s.p, "cpu:0", 5);
+  assert_int_equal(out[DSPK__R_RUN_OUTPUTS].v.o->via.array.size, 2);
+  assert_int_equal(out[DSPK__R_RUN_TIME_US].v.u, 42);
+  msgpack_unpacked_destroy(&up);
+  dspk__wbuf_free(&w);
+
+  /* Without time_us. */
+  dspk__wbuf_init(&w);
+  v[DSPK__R_RUN_TIME_US].set = false;
+  dspk__result_encode(&w, run, v);
+  unpack_wbuf(&w, flat, sizeof flat, &up);
+  assert_int_equal(dspk__result_decode(run, &up.data, out, msg, sizeof msg), DSPK_EPROTO);
+  assert_non_null(strstr(msg, "result.time_us"));
+  msgpack_unpacked_destroy(&up);
+  dspk__wbuf_free(&w);
+
+  /* job.end of a job never registered: job and ended only. */
+  memset(v, 0, sizeof v);
+  v[DSPK__R_JEND_JOB] = dspk__pv_uint(7);
+  v[DSPK__R_JEND_ENDED] = dspk__pv_bool(false);
+  dspk__wbuf_init(&w);
+  dspk__result_encode(&w, end, v);
+  unpack_wbuf(&w, flat, sizeof flat, &up);
+  assert_int_equal(up.data.via.map.size, 2);
+  assert_int_equal(dspk__result_decode(end, &up.data, out, msg, sizeof msg), 0);
+  assert_int_equal(out[DSPK__R_JEND_JOB].v.u, 7);
+  assert_false(out[DSPK__R_JEND_ENDED].v.b);
+  assert_false(out[DSPK__R_JEND_BUFFERS].set);
+  msgpack_unpacked_destroy(&up);
+  dspk__wbuf_free(&w);
+
+  /* buffer.read's data by reference, released once; a str where the
+   * table says uint is EPROTO. */
+  memset(v, 0, sizeof v);
+  released = 0;
+  v[DSPK__R_BREAD_DATA] = dspk__pv_bin("abc", 3, on_release, &one);
+  dspk__wbuf_init(&w);
+  dspk__result_encode(&w, rd, v);
+  unpack_wbuf(&w, flat, sizeof flat, &up);
+  assert_int_equal(dspk__result_decode(rd, &up.data, out, msg, sizeof msg), 0);
+  assert_int_equal(out[DSPK__R_BREAD_DATA].v.s.n, 3);
+  assert_memory_equal(out[DSPK__R_BREAD_DATA].v.s.p, "abc", 3);
+  msgpack_unpacked_destroy(&up);
+  dspk__wbuf_free(&w);
+  assert_int_equal(released, 1);
+
+  /* hello's daemon (a str) read as status' daemon (a map). */
+  memset(v, 0, sizeof v);
+  v[DSPK__R_HELLO_DAEMON] = dspk__pv_str("0.1");
+  dspk__wbuf_init(&w);
+  dspk__result_encode(&w, M(DSPK__M_HELLO), v);
+  unpack_wbuf(&w, flat, sizeof flat, &up);
+  assert_int_equal(dspk__result_decode(M(DSPK__M_STATUS), &up.data, out, msg, sizeof msg),
+                   DSPK_EPROTO);
+  assert_non_null(strstr(msg, "result.daemon"));
+  msgpack_unpacked_destroy(&up);
+  dspk__wbuf_free(&w);
+}
+
 static void test_table(void **state) {
   char *buf = NULL;
   size_t len = 0;
@@ -320,6 +422,10 @@ static void test_table(void **state) {
     assert_true(m->nparams <= DSPK__MAX_PARAMS);
     for (int k = 0; k < m->nparams; k++)
       assert_non_null(m->params[k].name); /* no hole in the designated rows */
+    assert_true(m->nresults <= DSPK__MAX_PARAMS);
+    assert_true(m->results || m->nresults == 0);
+    for (int k = 0; k < m->nresults; k++)
+      assert_non_null(m->results[k].name);
   }
   for (int i = 0; i < DSPK_OP_COUNT; i++) {
     assert_true(dspk__ops[i].noptions <= DSPK__MAX_PARAMS);
@@ -351,7 +457,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_defaults), cmocka_unit_test(test_types),
       cmocka_unit_test(test_options),  cmocka_unit_test(test_roundtrip),
-      cmocka_unit_test(test_table),
+      cmocka_unit_test(test_table),       cmocka_unit_test(test_results),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

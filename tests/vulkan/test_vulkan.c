@@ -72,6 +72,40 @@ static void t_probe(void **state) {
 
 static const dspk_dtype STD[] = {DSPK_F32, DSPK_F64, DSPK_C64, DSPK_C128};
 
+/* The capability query: every op; f16 and bf16 gemm on every device (the
+ * scalar kernel where no cooperative matrices); f64 and c128 only with
+ * shaderFloat64; fft only in a build with VkFFT; raw kernels in glsl and
+ * spirv, not cuda or hip. */
+static void t_caps(void **state) {
+  struct dspk__devcaps caps;
+  struct dspk__op o;
+  char msg[256];
+  uint32_t dbl = (1u << DSPK_F64) | (1u << DSPK_C128);
+  uint32_t keep = D->has_f64 ? ~0u : ~dbl;
+  (void)state;
+  memset(&caps, 0, sizeof caps);
+  VKB->caps(D, &caps);
+  for (int op = 0; op < DSPK_OP_KERNEL; op++) {
+    uint32_t want = dspk__op_dtypes[op] & keep;
+    if (op == DSPK_OP_FFT && !dspk__vk_fft_built)
+      want = 0;
+    assert_int_equal(caps.dtypes[op], want);
+  }
+  assert_true(caps.dtypes[DSPK_OP_GEMM] & (1u << DSPK_F16));
+  assert_true(caps.dtypes[DSPK_OP_GEMM] & (1u << DSPK_BF16));
+  memset(&o, 0, sizeof o);
+  o.kind = DSPK_OP_KERNEL;
+  o.u.kernel.lang = "glsl";
+  assert_int_equal(dspk__caps_check(&caps, &o, "vulkan:0", msg, sizeof msg), 0);
+  o.u.kernel.lang = "spirv";
+  assert_int_equal(dspk__caps_check(&caps, &o, "vulkan:0", msg, sizeof msg), 0);
+  o.u.kernel.lang = "cuda";
+  assert_int_equal(dspk__caps_check(&caps, &o, "vulkan:0", msg, sizeof msg), DSPK_ENOTSUP);
+  assert_string_equal(msg, "kernel: vulkan:0 takes lang glsl, spirv, not \"cuda\"");
+  print_message("vulkan:0 caps: f64 %s, fft %s\n", D->has_f64 ? "yes" : "no",
+                caps.dtypes[DSPK_OP_FFT] ? "yes" : "no");
+}
+
 static void t_map(void **state) {
   (void)state;
   char msg[512];
@@ -1236,7 +1270,8 @@ static void t_fir_tune(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(t_probe),     cmocka_unit_test(t_memory),
+      cmocka_unit_test(t_probe),     cmocka_unit_test(t_caps),
+      cmocka_unit_test(t_memory),
       cmocka_unit_test(t_import_host), cmocka_unit_test(t_host_register),
       cmocka_unit_test(t_map),       cmocka_unit_test(t_reduce),
       cmocka_unit_test(t_fir),       cmocka_unit_test(t_fir_fft),
