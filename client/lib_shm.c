@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/sendfile.h>
 #include <unistd.h>
 
 #include "client/lib_internal.h"
@@ -44,9 +45,28 @@ static int buffer_free(dspk_client *c, uint64_t id) {
   return dspk_buffer_free(c, id);
 }
 
-/* A sealed memfd of n bytes mapped here and imported on device. */
-static int shm_new(dspk_client *c, const char *device, size_t n, int state,
-                   struct dspk__shm **out) {
+/* Fills memfd fd with n bytes of file src from offset off, copied by the
+ * kernel (sendfile: page cache to shmem, no mapping written through here,
+ * which on some machines costs several times the copy).  0 or errno. */
+static int fill_from(int fd, int src, uint64_t off, size_t n) {
+  off_t o = (off_t)off;
+  size_t done = 0;
+  while (done < n) {
+    ssize_t k = sendfile(fd, src, &o, n - done);
+    if (k < 0 && errno == EINTR)
+      continue;
+    if (k <= 0)
+      return k < 0 ? errno : EIO; /* 0: the file is shorter than asked */
+    done += (size_t)k;
+  }
+  return 0;
+}
+
+/* A sealed memfd of n bytes mapped here and imported on device; with src
+ * >= 0 its bytes come from file src at offset off (else zeros), and the
+ * mapping is not populated (nothing here writes it). */
+static int shm_new_from(dspk_client *c, const char *device, size_t n, int state, int src,
+                        uint64_t off, struct dspk__shm **out) {
   struct import_args a = {.device = device, .size = n};
   struct dspk__wbuf w;
   struct dspk__resp r;
@@ -67,9 +87,20 @@ static int shm_new(dspk_client *c, const char *device, size_t n, int state,
   fd = memfd_create("dspk-shared", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0)
     return dspk__cerr(c, DSPK_ENOMEM, "memfd_create: %s", strerror(errno));
-  if (ftruncate(fd, (off_t)n) != 0 ||
-      fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) != 0 ||
-      (p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0)) == MAP_FAILED) {
+  if (ftruncate(fd, (off_t)n) != 0) {
+    rc = dspk__cerr(c, DSPK_ENOMEM, "shared memory of %zu bytes: %s", n, strerror(errno));
+    close(fd);
+    return rc;
+  }
+  if (src >= 0 && (rc = fill_from(fd, src, off, n)) != 0) {
+    rc = dspk__cerr(c, DSPK_EIO, "reading %zu bytes at %llu into shared memory: %s", n,
+                    (unsigned long long)off, strerror(rc));
+    close(fd);
+    return rc;
+  }
+  if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) != 0 ||
+      (p = mmap(NULL, n, PROT_READ | PROT_WRITE,
+                MAP_SHARED | (src >= 0 ? 0 : MAP_POPULATE), fd, 0)) == MAP_FAILED) {
     rc = dspk__cerr(c, DSPK_ENOMEM, "shared memory of %zu bytes: %s", n,
                     strerror(errno));
     close(fd);
@@ -114,6 +145,11 @@ static int shm_new(dspk_client *c, const char *device, size_t n, int state,
   return 0;
 }
 
+static int shm_new(dspk_client *c, const char *device, size_t n, int state,
+                   struct dspk__shm **out) {
+  return shm_new_from(c, device, n, state, -1, 0, out);
+}
+
 static void shm_drop(dspk_client *c, size_t i, bool tell) {
   struct dspk__shm s = c->shm[i];
   memmove(&c->shm[i], &c->shm[i + 1], (c->nshm - i - 1) * sizeof(c->shm[0]));
@@ -132,6 +168,22 @@ DSPK_EXPORT int dspk_shared_alloc(dspk_client *c, const char *device,
     return c ? dspk__cerr(c, DSPK_EINVAL, "dspk_shared_alloc: bytes must be > 0")
              : DSPK_EINVAL;
   rc = shm_new(c, device && *device ? device : "cpu:0", bytes, 0, &s);
+  if (rc != 0)
+    return rc;
+  *ptr_out = s->ptr;
+  *id_out = s->id;
+  return 0;
+}
+
+DSPK_EXPORT int dspk_shared_from_file(dspk_client *c, const char *device, int fd,
+                                      uint64_t offset, size_t bytes, void **ptr_out,
+                                      uint64_t *id_out) {
+  struct dspk__shm *s;
+  int rc;
+  if (!c || !ptr_out || !id_out || bytes == 0 || fd < 0)
+    return c ? dspk__cerr(c, DSPK_EINVAL, "dspk_shared_from_file: needs a file and bytes > 0")
+             : DSPK_EINVAL;
+  rc = shm_new_from(c, device && *device ? device : "cpu:0", bytes, 0, fd, offset, &s);
   if (rc != 0)
     return rc;
   *ptr_out = s->ptr;

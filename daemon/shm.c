@@ -43,6 +43,9 @@
 #include "daemon/sched.h"
 #include "proto/testhook.h"
 
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23 /* Linux 5.14 */
+#endif
 #ifndef HUGETLBFS_MAGIC
 #define HUGETLBFS_MAGIC 0x958458f6
 #endif
@@ -266,6 +269,12 @@ int dspkd_m_buffer_share(struct req *r) {
 int dspkd_shm_create(struct device *dev, struct dbuf *b) {
   const struct dspk__backend *be = dev->be;
   int err = DSPK_ENOTSUP;
+
+  /* Map every page now, in one call on the runner, rather than one fault
+   * per 4 KiB page when a task first reads it (a reduce of 256 MiB in a
+   * client's memfd: 367 ms of page faults against 17 ms of work on the
+   * development VM).  Older kernels lack it: then pages fault as before. */
+  (void)madvise(b->host, (size_t)b->size, MADV_POPULATE_WRITE);
 
   /* Test hook (proto/testhook.h): DSPKD_TEST_SHM_STAGED=1 takes the staged
    * path (a block of the device's own plus copies, as on cuda) on every

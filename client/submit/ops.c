@@ -10,6 +10,7 @@
  * before connecting; shape and dtype rules are the daemon's, whose message
  * (naming operand and axis) is passed on verbatim.
  */
+#include <fcntl.h>
 #include <getopt.h>
 #include <math.h>
 #include <stdio.h>
@@ -375,8 +376,8 @@ static size_t inline_max(void) {
  * task's device, or "any"; buffer.write splits big data) and turns its
  * tensor into a reference.  The buffers belong to the connection and go
  * with it.  Returns 0 or the exit status of a reported failure. */
-static int offload_inputs(dspk__sub_ctx *ctx, const op_args *a,
-                          dspk_tensor *tin, int n, dspk_op op) {
+static int offload_inputs(dspk__sub_ctx *ctx, const op_args *a, const dspk__npy *npy,
+                          char **files, dspk_tensor *tin, int n, dspk_op op) {
   size_t total = 0, shm_min = DSPK_SHARED_THRESHOLD;
   const char *e = getenv("DSPK_SHARED_THRESHOLD");
   uint64_t v;
@@ -409,11 +410,21 @@ static int offload_inputs(dspk__sub_ctx *ctx, const op_args *a,
     uint64_t id;
     if (tin[i].nbytes < shm_min)
       continue;
-    rc = dspk_shared_alloc(ctx->client, dev, tin[i].nbytes, &p, &id);
+    /* A mapped .npy file: the kernel copies its data into the shared
+     * memory (sendfile), far cheaper than writing the mapping from here. */
+    int fd = npy[i].map ? open(files[i], O_RDONLY | O_CLOEXEC) : -1;
+    if (fd >= 0) {
+      uint64_t off = (uint64_t)((const char *)npy[i].data - (const char *)npy[i].map);
+      rc = dspk_shared_from_file(ctx->client, dev, fd, off, tin[i].nbytes, &p, &id);
+      close(fd);
+    } else {
+      rc = dspk_shared_alloc(ctx->client, dev, tin[i].nbytes, &p, &id);
+      if (rc == 0)
+        memcpy(p, tin[i].data, tin[i].nbytes);
+    }
     if (rc < 0)
       return dspk__sub_fail_client(ctx, rc);
-    memcpy(p, tin[i].data, tin[i].nbytes); /* freed with the connection */
-    tin[i].data = p;
+    tin[i].data = p; /* freed with the connection */
   }
   for (i = 0; i < n; i++)
     if (op == DSPK_OP_KERNEL || !shm_min || tin[i].nbytes < shm_min)
@@ -474,7 +485,7 @@ static int run_task(dspk__sub_ctx *ctx, const op_args *a, dspk_task *t,
   rc = dspk__sub_connect(ctx);
   if (rc != 0)
     goto out;
-  if (offload_inputs(ctx, a, tin, nfiles, t->op) != 0)
+  if (offload_inputs(ctx, a, in, files, tin, nfiles, t->op) != 0)
     goto out;
   dspk_set_progress(ctx->client, on_progress, &ps);
   rc = dspk_run(ctx->client, t, &res);

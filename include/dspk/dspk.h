@@ -262,6 +262,14 @@ DSPK_EXPORT int dspk_buffer_free(dspk_client *c, uint64_t id);
 DSPK_EXPORT int dspk_shared_alloc(dspk_client *c, const char *device,
                                   size_t bytes, void **ptr_out,
                                   uint64_t *id_out);
+/* Like dspk_shared_alloc, holding bytes [offset, offset + bytes) of the
+ * open file fd, copied by the kernel (sendfile) instead of through this
+ * process's memory: the fast way to pass a large file's data (dspk-submit
+ * does so for .npy inputs).  DSPK_EIO when the file is shorter.  Freed by
+ * dspk_shared_free(). */
+DSPK_EXPORT int dspk_shared_from_file(dspk_client *c, const char *device, int fd,
+                                      uint64_t offset, size_t bytes, void **ptr_out,
+                                      uint64_t *id_out);
 /* Frees an allocation of dspk_shared_alloc (ptr: its start): buffer.free,
  * then unmaps.  Tasks already sent still see the daemon's mapping. */
 DSPK_EXPORT int dspk_shared_free(dspk_client *c, void *ptr);

@@ -178,6 +178,44 @@ static void test_shared_alloc_gemm(void **state) {
   assert_int_equal(dspk_buffer_free(C, ia), DSPK_ENOBUF);
 }
 
+/* dspk_shared_from_file: the file's bytes from an offset, filled by the
+ * kernel; used as a gemm operand; a file shorter than asked is EIO. */
+static void test_shared_from_file(void **state) {
+  const int m = 64, k = 48, n = 32;
+  const size_t hdr = 128, nb = sizeof(float) * (size_t)m * k;
+  float *b, *fa = malloc(nb), *a;
+  uint64_t ia, ib;
+  dspk_result r;
+  char path[] = "/tmp/dspk-fromfile-XXXXXX";
+  (void)state;
+  int fd = mkstemp(path);
+  assert_true(fd >= 0);
+  unlink(path);
+  for (int i = 0; i < m * k; i++)
+    fa[i] = frand();
+  char junk[128];
+  memset(junk, 'x', sizeof junk);
+  assert_int_equal(write(fd, junk, hdr), (ssize_t)hdr);
+  assert_int_equal(write(fd, fa, nb), (ssize_t)nb);
+  assert_int_equal(dspk_shared_from_file(C, NULL, fd, hdr, nb, (void **)&a, &ia), 0);
+  assert_memory_equal(a, fa, nb);
+  assert_int_equal(dspk_shared_alloc(C, NULL, sizeof(float) * k * n, (void **)&b, &ib), 0);
+  for (int i = 0; i < k * n; i++)
+    b[i] = frand();
+  assert_int_equal(run_gemm(C, a, b, m, k, n, NULL, &r), 0);
+  check_gemm(r.out[0].data, fa, b, m, k, n);
+  dspk_result_free(&r);
+  /* more than the file holds past the offset */
+  void *p;
+  uint64_t id;
+  assert_int_equal(dspk_shared_from_file(C, NULL, fd, hdr + 8, nb, &p, &id), DSPK_EIO);
+  assert_int_equal(dspk_shared_from_file(C, NULL, -1, 0, nb, &p, &id), DSPK_EINVAL);
+  assert_int_equal(dspk_shared_free(C, a), 0);
+  assert_int_equal(dspk_shared_free(C, b), 0);
+  close(fd);
+  free(fa);
+}
+
 /* Big inline operands through temporaries, reused; and the plain socket. */
 static void test_auto_threshold(void **state) {
   const int m = 512, k = 1024, n = 64; /* A is 2 MiB, B 256 KiB */
@@ -459,6 +497,7 @@ int main(int argc, char **argv) {
   signal(SIGPIPE, SIG_IGN);
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_shared_alloc_gemm),
+      cmocka_unit_test(test_shared_from_file),
       cmocka_unit_test(test_auto_threshold),
       cmocka_unit_test(test_auto_result),
       cmocka_unit_test(test_seals),
