@@ -598,6 +598,24 @@ static int mode_fir(const char *sock, const char *device) {
 
 /* ---- operands in client memory (issue 12) ------------------------------------ */
 
+/* What an in-process program does before its first cuBLAS call: load the
+ * driver, cuInit, the primary context of GPU 0 made current, a stream,
+ * cuBLAS and a handle on that stream. */
+static void cuda_cublas_init(CUstream *st, cublasHandle_t *h) {
+  char why[256];
+  CUdevice d;
+  CUcontext ctx;
+  CK(dspk__cuda_load_driver(why, sizeof(why)));
+  CK(CU.cuInit(0));
+  CK(CU.cuDeviceGet(&d, 0));
+  CK(CU.cuDevicePrimaryCtxRetain(&ctx, d));
+  CK(CU.cuCtxSetCurrent(ctx));
+  CK(CU.cuStreamCreate(st, CU_STREAM_NON_BLOCKING));
+  CK(dspk__cuda_load_cublas(why, sizeof(why)));
+  CK(BL.cublasCreate(h));
+  CK(BL.cublasSetStream(*h, (cudaStream_t)*st));
+}
+
 /* Median ms of 3 batches of reps dspk_run calls of t (each waits for its
  * answer, which comes when the work is done), after one untimed call. */
 static double time_run(dspk_client *c, const dspk_task *t, int reps, uint64_t *time_us) {
@@ -634,9 +652,6 @@ static int mode_clientmem(const char *sock) {
   const char *cdev = "cuda:0";
   float one = 1, zero = 0;
   dspk_client *c;
-  char why[256];
-  CUdevice d;
-  CUcontext ctx;
   CUstream st;
   CUdeviceptr da, db, dc, dx;
   cublasHandle_t h;
@@ -647,15 +662,7 @@ static int mode_clientmem(const char *sock) {
     return 1;
   }
   /* In-process reference. */
-  CK(dspk__cuda_load_driver(why, sizeof(why)));
-  CK(CU.cuInit(0));
-  CK(CU.cuDeviceGet(&d, 0));
-  CK(CU.cuDevicePrimaryCtxRetain(&ctx, d));
-  CK(CU.cuCtxSetCurrent(ctx));
-  CK(CU.cuStreamCreate(&st, CU_STREAM_NON_BLOCKING));
-  CK(dspk__cuda_load_cublas(why, sizeof(why)));
-  CK(BL.cublasCreate(&h));
-  CK(BL.cublasSetStream(h, (cudaStream_t)st));
+  cuda_cublas_init(&st, &h);
   CK(CU.cuMemHostAlloc(&pa, bytes, 0));
   CK(CU.cuMemHostAlloc(&pb, bytes, 0));
   CK(CU.cuMemHostAlloc(&pc, bytes, 0));
@@ -788,26 +795,15 @@ static int mode_clientmem(const char *sock) {
 
 static int mode_firstresult(void) {
   double t0 = dspk_bench_now_ms();
-  char why[256];
   int n = 1024;
   size_t bytes = (size_t)n * n * 4;
   float *a = malloc(bytes), *b = malloc(bytes), *c = malloc(bytes), one = 1, zero = 0;
-  CUdevice d;
-  CUcontext ctx;
   CUstream st;
   CUdeviceptr da, db, dc;
   cublasHandle_t h;
   fill_random(a, (size_t)n * n, DSPK_F32);
   fill_random(b, (size_t)n * n, DSPK_F32);
-  CK(dspk__cuda_load_driver(why, sizeof(why)));
-  CK(CU.cuInit(0));
-  CK(CU.cuDeviceGet(&d, 0));
-  CK(CU.cuDevicePrimaryCtxRetain(&ctx, d));
-  CK(CU.cuCtxSetCurrent(ctx));
-  CK(CU.cuStreamCreate(&st, CU_STREAM_NON_BLOCKING));
-  CK(dspk__cuda_load_cublas(why, sizeof(why)));
-  CK(BL.cublasCreate(&h));
-  CK(BL.cublasSetStream(h, (cudaStream_t)st));
+  cuda_cublas_init(&st, &h);
   CK(CU.cuMemAlloc(&da, bytes));
   CK(CU.cuMemAlloc(&db, bytes));
   CK(CU.cuMemAlloc(&dc, bytes));
