@@ -16,10 +16,8 @@ python/ of this tree unless it is installed.
 """
 import argparse
 import os
-import select
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -36,22 +34,8 @@ except ImportError:
     from dspk import _client
 
 
-def interleaved(fns, reps, warm=2):
-    for fn in fns:
-        for _ in range(warm):
-            fn()
-    t = [[] for _ in fns]
-    for _ in range(reps):
-        for i, fn in enumerate(fns):
-            t0 = time.perf_counter()
-            fn()
-            t[i].append(time.perf_counter() - t0)
-    return t
-
-
-def line(name, t):
-    return "%-40s median %9.3f ms  (min %9.3f .. max %9.3f, n=%d)" % (
-        name, statistics.median(t) * 1e3, min(t) * 1e3, max(t) * 1e3, len(t))
+# The timing helpers and the daemon start of bench_python.py (same folder).
+from bench_python import interleaved, line, start_daemon  # noqa: E402
 
 
 def main():
@@ -60,17 +44,7 @@ def main():
     ap.add_argument("--reps", type=int, default=7)
     opt = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="dspk-bench-")
-    sock = os.path.join(tmp, "dspkd.sock")
-    r, w = os.pipe()
-    proc = subprocess.Popen([opt.dspkd, "--foreground", "--socket", sock, "--backends", "cpu",
-                             "--no-cache", "--ready-fd", str(w)], pass_fds=[w],
-                            stderr=subprocess.DEVNULL)
-    os.close(w)
-    ready, _, _ = select.select([r], [], [], 60)
-    if not ready or os.read(r, 16) != b"READY\n":
-        proc.kill()
-        sys.exit("dspkd did not start")
-    os.close(r)
+    proc, sock = start_daemon(opt.dspkd, tmp)
     try:
         c = dspk.connect(sock, name="bench_paths")
         s = dspk.connect(sock, name="bench_paths-socket")
