@@ -112,7 +112,10 @@ struct dspk__backend {
   int (*alloc)(struct dspk__dev *dev, size_t n, struct dspk__mem **out);
   void (*free)(struct dspk__dev *dev, struct dspk__mem *mem);
   /* Host to device: ordered before work enqueued later; src may be reused
-   * when it returns.  src need not be aligned. */
+   * when it returns, except inside a mapping given to host_register: the
+   * device reads those pages when the copy runs (DMA, asynchronous), so they
+   * must stay unchanged until later work has finished (sync, or a task
+   * enqueued after it).  src need not be aligned. */
   int (*write)(struct dspk__dev *dev, struct dspk__mem *mem, size_t off,
                const void *src, size_t n);
   /* Device to host: ordered after all work enqueued so far; dst is filled

@@ -18,7 +18,7 @@
 #    device vs an in-process cuFFT overlap-save (OUTDIR/fir.md); gemm
 #    4096^2 with operands in client memory and 256 MiB client memory ->
 #    cuda:0 vs pinned copies in-process (OUTDIR/clientmem.md).
-set -u
+set -uo pipefail
 BUILD=${1:-build}
 OUT=${2:-gpu-out}
 WHAT=${3:-all}
