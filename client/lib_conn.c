@@ -21,6 +21,7 @@
 
 #include "client/lib_internal.h"
 #include "proto/schema.h"
+#include "proto/units.h"
 
 #ifndef DSPK_VERSION_STRING
 #define DSPK_VERSION_STRING "0.0.0"
@@ -723,9 +724,11 @@ DSPK_EXPORT int dspk_connect(const char *socket_path, const char *client_name,
   c->send_max = (size_t)256 << 20; /* until hello says otherwise */
   c->shm_threshold = DSPK_SHARED_THRESHOLD;
   {
+    /* A size as every size dspk takes ("1M", "4096"); not one: ignored. */
     const char *e = getenv("DSPK_SHARED_THRESHOLD");
-    if (e && *e)
-      c->shm_threshold = (size_t)strtoull(e, NULL, 0);
+    uint64_t v;
+    if (e && *e && dspk__parse_size(e, &v) == 0)
+      c->shm_threshold = v > SIZE_MAX ? SIZE_MAX : (size_t)v;
   }
   c->lim.max_elements = (uint64_t)1 << 32;
   c->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);

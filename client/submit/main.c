@@ -335,6 +335,20 @@ int dspk__sub_fail_client(const dspk__sub_ctx *ctx, int code) {
   return dspk__sub_fail(ctx, code, "%s", detail);
 }
 
+size_t dspk__sub_shared_threshold(void) {
+  const char *e = getenv("DSPK_SHARED_THRESHOLD");
+  uint64_t v;
+  /* Unset: never.  A command is one short process: every page of a fresh
+   * memfd is allocated and mapped on both sides once and then thrown away,
+   * while the daemon's socket buffers are mapped already.  Measured
+   * (docs/performance.md): a fresh gemm 1024^2 from .npy files on an H200
+   * 14 ms through the socket, 18-25 ms through shared memory; a reduce of
+   * 256 MiB on cpu:0 on the development VM 0.11 s against 0.40 s. */
+  if (e != NULL && *e && dspk__sub_parse_size(e, 0, (uint64_t)1 << 40, &v) == 0)
+    return (size_t)v;
+  return 0;
+}
+
 int dspk__sub_connect(dspk__sub_ctx *ctx) {
   char path[512];
   const char *shown = ctx->socket;
@@ -342,8 +356,11 @@ int dspk__sub_connect(dspk__sub_ctx *ctx) {
   if (ctx->client != NULL)
     return 0;
   rc = dspk_connect(ctx->socket, PROG, &ctx->client);
-  if (rc == 0)
+  if (rc == 0) {
+    /* Results too: the library's default (1 MiB) is for long-lived clients. */
+    dspk_set_shared_threshold(ctx->client, dspk__sub_shared_threshold());
     return 0;
+  }
   if (shown == NULL)
     shown = dspk_default_socket(path, sizeof path) == 0 ? path : "(default)";
   {

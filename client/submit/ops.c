@@ -378,16 +378,13 @@ static size_t inline_max(void) {
  * with it.  Returns 0 or the exit status of a reported failure. */
 static int offload_inputs(dspk__sub_ctx *ctx, const op_args *a, const dspk__npy *npy,
                           char **files, dspk_tensor *tin, int n, dspk_op op) {
-  size_t total = 0, shm_min = DSPK_SHARED_THRESHOLD;
-  const char *e = getenv("DSPK_SHARED_THRESHOLD");
-  uint64_t v;
+  size_t total = 0, shm_min = dspk__sub_shared_threshold();
   int i, rc;
-  /* Big inputs go through shared memory (protocol.md, Shared memory): a
-   * .npy file is no memfd (it cannot be sealed), so its data is copied once
-   * into one, which the daemon then reads in place; the request carries a
-   * reference.  Not for a raw kernel, whose inline inputs come back. */
-  if (e != NULL && *e && dspk__sub_parse_size(e, 0, (uint64_t)1 << 40, &v) == 0)
-    shm_min = (size_t)v;
+  /* With DSPK_SHARED_THRESHOLD set, big inputs go through shared memory
+   * (protocol.md, Shared memory): a .npy file is no memfd (it cannot be
+   * sealed), so its data is copied once into one, which the daemon then
+   * reads in place; the request carries a reference.  Not for a raw
+   * kernel, whose inline inputs come back. */
   /* A shared buffer pins the task to its device: for "any" only when that
    * can be nothing but cpu:0 (no hardware device), as the library does. */
   const char *dev = a->device && strcmp(a->device, "any") != 0 ? a->device : NULL;

@@ -140,6 +140,9 @@ int dspk__sub_parse_long(const char *s, long lo, long hi, long *out);
 
 /* A byte count with an optional binary unit (K, M, G, T, KiB, ...: 2M is
  * 2097152; proto/units.h) in [lo, hi]: 0 on success, -1 otherwise. */
+/* DSPK_SHARED_THRESHOLD for this command: the size it gives, else 0 (no
+ * shared memory; main.c says why). */
+size_t dspk__sub_shared_threshold(void);
 int dspk__sub_parse_size(const char *s, uint64_t lo, uint64_t hi,
                          uint64_t *out);
 

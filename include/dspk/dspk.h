@@ -282,8 +282,8 @@ DSPK_EXPORT int dspk_shared_free(dspk_client *c, void *ptr);
  * dspk_wait copies it into the result's own memory (still inline).
  * For a task on "any" only when the daemon has no hardware device ("any"
  * is then cpu:0), so that the daemon's choice of device stays free.
- * The default is DSPK_SHARED_THRESHOLD (or $DSPK_SHARED_THRESHOLD, bytes,
- * when set at dspk_connect). */
+ * The default is DSPK_SHARED_THRESHOLD, or $DSPK_SHARED_THRESHOLD at
+ * dspk_connect when it is a size ("1048576", "1M", "64KiB"; 0: off). */
 #define DSPK_SHARED_THRESHOLD ((size_t)1 << 20)
 DSPK_EXPORT void dspk_set_shared_threshold(dspk_client *c, size_t bytes);
 

@@ -529,8 +529,9 @@ class Ops:
 
 
     def shared(self):
-        """Inputs of DSPK_SHARED_THRESHOLD bytes or more go through shared memory
-        (buffer.import): exact results, and their bytes never cross the socket."""
+        """With DSPK_SHARED_THRESHOLD set, inputs of that many bytes or more go
+        through shared memory (buffer.import): exact results, and their bytes
+        never cross the socket.  Unset, they do."""
         env = dict(os.environ, DSPK_SHARED_THRESHOLD="4096")
 
         def received():
@@ -547,6 +548,14 @@ class Ops:
         self.run("gemm shared", ["gemm", pa, pb, pc], ref, osh, "f64", env)
         got = received() - before
         check(got < 4000, "gemm with shared inputs sent %d bytes to the daemon" % got)
+        # Without the variable a command sends its inputs through the socket
+        # (a one-shot process gains nothing from fresh shared pages).
+        plain = dict(os.environ)
+        plain.pop("DSPK_SHARED_THRESHOLD", None)
+        before = received()
+        self.run("gemm unshared by default", ["gemm", pa, pb, pc], ref, osh, "f64", plain)
+        got = received() - before
+        check(got >= 40000, "gemm without DSPK_SHARED_THRESHOLD sent only %d bytes" % got)
         px, X, sx = self.arr((4, 700), "f32")
         ref, osh = ref_reduce("sum", X, sx, [1])
         self.run("reduce shared --device cpu:0", ["reduce", "sum", px, "--axis", "1",

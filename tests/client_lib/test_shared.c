@@ -284,6 +284,32 @@ static void test_auto_threshold(void **state) {
   free(b);
 }
 
+/* $DSPK_SHARED_THRESHOLD at dspk_connect: a size with the units every size
+ * takes; anything else leaves the default. */
+static void test_threshold_env(void **state) {
+  static const struct {
+    const char *env;
+    size_t want;
+  } cases[] = {{"64K", 65536},
+               {"2MiB", 2u << 20},
+               {"4096", 4096},
+               {"0", 0},
+               {"12 apples", DSPK_SHARED_THRESHOLD},
+               {"-1", DSPK_SHARED_THRESHOLD},
+               {"", DSPK_SHARED_THRESHOLD}};
+  (void)state;
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    dspk_client *k = NULL;
+    assert_int_equal(setenv("DSPK_SHARED_THRESHOLD", cases[i].env, 1), 0);
+    assert_int_equal(dspk_connect(sockpath, "env", &k), 0);
+    if (k->shm_threshold != cases[i].want)
+      fail_msg("DSPK_SHARED_THRESHOLD=\"%s\": %zu, want %zu", cases[i].env,
+               k->shm_threshold, cases[i].want);
+    dspk_close(k);
+  }
+  unsetenv("DSPK_SHARED_THRESHOLD");
+}
+
 /* Large results come back through a temporary shared buffer (as inline
  * memory of the result, the caller sees no difference); small ones and
  * those with threshold 0 through the socket. */
@@ -499,6 +525,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_shared_alloc_gemm),
       cmocka_unit_test(test_shared_from_file),
       cmocka_unit_test(test_auto_threshold),
+      cmocka_unit_test(test_threshold_env),
       cmocka_unit_test(test_auto_result),
       cmocka_unit_test(test_seals),
       cmocka_unit_test(test_unmap_and_exit),
