@@ -59,6 +59,8 @@ for p in $pkgs; do
 done
 dpkg-deb -f "$tmp/debs/dspk-tools_"*.deb Depends | grep -q 'libdspkclient0 (= ' ||
   fail "dspk-tools does not depend on libdspkclient0: $(dpkg-deb -f "$tmp/debs/dspk-tools_"*.deb Depends)"
+dpkg-deb -f "$tmp/debs/dspk-tools_"*.deb Depends | grep -q 'libzip[0-9]' ||
+  fail "dspk-tools does not depend on libzip (dspk-submit opens it for .npz): $(dpkg-deb -f "$tmp/debs/dspk-tools_"*.deb Depends)"
 dpkg-deb -f "$tmp/debs/dspkd_"*.deb Depends | grep -q 'libuv1' ||
   fail "dspkd's Depends lack its libraries (dpkg-shlibdeps): $(dpkg-deb -f "$tmp/debs/dspkd_"*.deb Depends)"
 
@@ -153,7 +155,9 @@ cd "$tmp"
 import numpy as np
 rng = np.random.default_rng(7)
 np.save('a.npy', rng.standard_normal((33, 17)))
-np.save('b.npy', rng.standard_normal((17, 9)))"
+b = rng.standard_normal((17, 9))
+np.save('b.npy', b)
+np.savez_compressed('b.npz', w=b)"
 /usr/bin/dspk-submit gemm a.npy b.npy -o c.npy --device cpu:0 >"$tmp/submit.out" ||
   { cat "$tmp/dspkd.log"; fail "dspk-submit gemm through /run/dspk/dspkd.sock"; }
 "$py" -c "
@@ -163,6 +167,13 @@ ref = [[sum(a[i, k] * b[k, j] for k in range(a.shape[1])) for j in range(b.shape
        for i in range(a.shape[0])]
 sys.exit(0 if c.shape == (33, 9) and np.allclose(c, ref, rtol=1e-12, atol=1e-12) else 1)" ||
   fail "wrong gemm result"
+# libzip is opened at run time for .npz (dlopen): the package must bring it.
+/usr/bin/dspk-submit gemm a.npy b.npz:w -o cz.npy --device cpu:0 >"$tmp/submit.out" ||
+  fail "dspk-submit gemm with an .npz input: $(cat "$tmp/submit.out")"
+"$py" -c "
+import numpy as np, sys
+sys.exit(0 if np.allclose(np.load('c.npy'), np.load('cz.npy'), rtol=1e-12, atol=1e-12) else 1)" ||
+  fail "gemm of the .npz input differs from the .npy one"
 "$tmp/consumer/consumer" /run/dspk/dspkd.sock >"$tmp/consumer.out" ||
   { cat "$tmp/consumer.out"; fail "consumer's gemm through /run/dspk/dspkd.sock"; }
 [ "$(ps -o user= -p "$pid")" = dspk ] || fail "dspkd runs as $(ps -o user= -p "$pid"), not dspk"
