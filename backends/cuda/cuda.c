@@ -458,4 +458,5 @@ const struct dspk__gpurt_driver dspk__gpurt_cuda = {
     .func_set_shared = func_set_shared,
     .rtc_load = dspk__cuda_load_nvrtc,
     DSPK__GPURT_DRIVER_ENTRIES,
+    DSPK__GPURT_DRIVER_LIBS,
 };

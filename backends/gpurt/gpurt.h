@@ -171,8 +171,11 @@ struct dspk__gpurt_driver {
 };
 
 /* The entries of a driver table (cuda.c, hip.c) that the vendor's file
- * defines as static functions named after the member; the table sets its
- * identity, state, library loaders and func_set_shared (optional) itself. */
+ * defines as static functions named after the member: those every table
+ * has (DSPK__GPURT_DRIVER_ENTRIES) and the optional BLAS and FFT
+ * (DSPK__GPURT_DRIVER_LIBS: a runtime without them leaves them out).  The
+ * table sets its identity, state, loaders and func_set_shared (optional)
+ * itself. */
 #define DSPK__GPURT_DRIVER_ENTRIES                                             \
   .probe = probe, .load = load, .classify = classify, .errname = errname,     \
   .ctx_open = ctx_open, .ctx_close = ctx_close,                                \
@@ -189,7 +192,9 @@ struct dspk__gpurt_driver {
   .module_func = module_func, .launch = launch,                                \
   .ipc_get = ipc_get, .ipc_open = ipc_open, .ipc_close = ipc_close,            \
   .rtc_version = rtc_version, .rtc_opts = rtc_opts,                            \
-  .rtc_compile = rtc_compile,                                                  \
+  .rtc_compile = rtc_compile
+
+#define DSPK__GPURT_DRIVER_LIBS                                                \
   .blas_name = blas_name, .blas_open = blas_open, .blas_close = blas_close,    \
   .blas_gemm = blas_gemm,                                                      \
   .fft_name = fft_name, .fft_plan = fft_plan, .fft_set_work = fft_set_work,    \

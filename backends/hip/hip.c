@@ -435,4 +435,5 @@ const struct dspk__gpurt_driver dspk__gpurt_hip = {
     .func_set_shared = NULL, /* AMD GPUs offer their full LDS without opting in */
     .rtc_load = dspk__hip_load_hiprtc,
     DSPK__GPURT_DRIVER_ENTRIES,
+    DSPK__GPURT_DRIVER_LIBS,
 };
