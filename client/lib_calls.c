@@ -88,6 +88,36 @@ static int call(dspk_client *c, struct params *a, struct dspk__resp *r) {
   return 0;
 }
 
+/* What a call gives its caller, made from the response's result (res: its
+ * fields as the table's decoder found them, NULL for a method outside the
+ * table): memory the caller owns, or NULL when out of memory. */
+typedef void *make_fn(const msgpack_object *result, const struct dspk__pval *res);
+
+/* Makes what the call gives from r with make, frees r, and puts it in *out. */
+static int answer(dspk_client *c, struct dspk__resp *r, const struct dspk__pval *res,
+                  make_fn *make, void **out) {
+  void *p = make(r->msg.result, res);
+  dspk__resp_free(r);
+  if (!p)
+    return dspk__cerr(c, DSPK_ENOMEM, "out of memory");
+  *out = p;
+  return 0;
+}
+
+/* Calls a method of the table (call) and makes what it gives (answer). */
+static int call_make(dspk_client *c, struct params *a, make_fn *make, void **out) {
+  struct dspk__resp r;
+  int rc = call(c, a, &r);
+  return rc != 0 ? rc : answer(c, &r, a->res, make, out);
+}
+
+/* The result as JSON text (dspk_call_json, the admin calls). */
+static void *make_json(const msgpack_object *result, const struct dspk__pval *res) {
+  char *json;
+  (void)res;
+  return dspk__to_json(result, &json) == 0 ? json : NULL;
+}
+
 /* ---- ping, JSON calls, devices, status ----------------------------------- */
 
 DSPK_EXPORT int dspk_ping(dspk_client *c, const void *data, size_t n) {
@@ -114,20 +144,15 @@ DSPK_EXPORT int dspk_ping(dspk_client *c, const void *data, size_t n) {
 DSPK_EXPORT int dspk_call_json(dspk_client *c, const char *method,
                                char **json_out) {
   struct dspk__resp r;
-  char *json;
+  void *json = NULL;
   int rc;
 
   if (!c || !method || !json_out)
     return DSPK_EINVAL;
   rc = dspk__call(c, method, NULL, NULL, &r);
-  if (rc != 0)
-    return rc;
-  rc = dspk__to_json(r.msg.result, &json);
-  dspk__resp_free(&r);
-  if (rc != 0)
-    return dspk__cerr(c, rc, "out of memory");
-  *json_out = json;
-  return 0;
+  if (rc == 0 && (rc = answer(c, &r, NULL, make_json, &json)) == 0)
+    *json_out = json;
+  return rc;
 }
 
 /* ---- Slurm jobs (admin) ---------------------------------------------------- */
@@ -146,8 +171,7 @@ static void pack_uuids(const void *ud, struct dspk__wbuf *w) {
 
 static int job_call(dspk_client *c, struct params *a, const struct job_uuids *u,
                     char **json_out) {
-  struct dspk__resp r;
-  char *json;
+  void *json = NULL;
   int rc;
 
   if (!c || !json_out || (u && u->n && !u->uuids))
@@ -155,15 +179,9 @@ static int job_call(dspk_client *c, struct params *a, const struct job_uuids *u,
   for (size_t i = 0; u && i < u->n; i++)
     if (!u->uuids[i])
       return DSPK_EINVAL;
-  rc = call(c, a, &r);
-  if (rc != 0)
-    return rc;
-  rc = dspk__to_json(r.msg.result, &json);
-  dspk__resp_free(&r);
-  if (rc != 0)
-    return dspk__cerr(c, rc, "out of memory");
-  *json_out = json;
-  return 0;
+  if ((rc = call_make(c, a, make_json, &json)) == 0)
+    *json_out = json;
+  return rc;
 }
 
 DSPK_EXPORT int dspk_job_register(dspk_client *c, uint64_t job, uint32_t uid,
@@ -188,31 +206,22 @@ static uint32_t arr_size(const msgpack_object *o) {
   return o && o->type == MSGPACK_OBJECT_ARRAY ? o->via.array.size : 0;
 }
 
-DSPK_EXPORT int dspk_devices(dspk_client *c, bool all,
-                             dspk_device_list **out) {
-  struct params a = {.m = DSPK__M_DEVICES, .v = {[DSPK__DEVICES_ALL] = dspk__pv_bool(all)}};
-  struct dspk__resp r;
-  dspk_device_list *l;
-  const msgpack_object *devs, *unav;
-  int rc;
+/* dspk_devices' list, from the result of devices. */
+static void *make_devices(const msgpack_object *result, const struct dspk__pval *res) {
+  const msgpack_object *devs = res[DSPK__R_DEVICES_DEVICES].v.o;
+  const msgpack_object *unav = res[DSPK__R_DEVICES_UNAVAILABLE].v.o;
+  dspk_device_list *l = calloc(1, sizeof(*l));
 
-  if (!c || !out)
-    return DSPK_EINVAL;
-  rc = call(c, &a, &r);
-  if (rc != 0)
-    return rc;
-  devs = a.res[DSPK__R_DEVICES_DEVICES].v.o;
-  unav = a.res[DSPK__R_DEVICES_UNAVAILABLE].v.o;
-  l = calloc(1, sizeof(*l));
   if (!l)
-    goto err_nomem;
+    return NULL;
   l->ndevices = arr_size(devs);
   l->nunavailable = arr_size(unav);
   l->devices = calloc(l->ndevices + 1, sizeof(*l->devices));
   l->unavailable = calloc(l->nunavailable + 1, sizeof(*l->unavailable));
-  if (!l->devices || !l->unavailable ||
-      dspk__to_json(r.msg.result, &l->json) != 0)
-    goto err_list;
+  if (!l->devices || !l->unavailable || dspk__to_json(result, &l->json) != 0) {
+    dspk_device_list_free(l);
+    return NULL;
+  }
   for (size_t i = 0; i < l->ndevices; i++) {
     const msgpack_object *d = &devs->via.array.ptr[i];
     dspk_device *o = &l->devices[i];
@@ -237,15 +246,20 @@ DSPK_EXPORT int dspk_devices(dspk_client *c, bool all,
     dspk__strncpy_obj(dspk__map_get(u, "reason"), l->unavailable[i].reason,
                       sizeof l->unavailable[i].reason);
   }
-  dspk__resp_free(&r);
-  *out = l;
-  return 0;
+  return l;
+}
 
-err_list:
-  dspk_device_list_free(l);
-err_nomem:
-  dspk__resp_free(&r);
-  return dspk__cerr(c, DSPK_ENOMEM, "out of memory");
+DSPK_EXPORT int dspk_devices(dspk_client *c, bool all,
+                             dspk_device_list **out) {
+  struct params a = {.m = DSPK__M_DEVICES, .v = {[DSPK__DEVICES_ALL] = dspk__pv_bool(all)}};
+  void *l = NULL;
+  int rc;
+
+  if (!c || !out)
+    return DSPK_EINVAL;
+  if ((rc = call_make(c, &a, make_devices, &l)) == 0)
+    *out = l;
+  return rc;
 }
 
 DSPK_EXPORT void dspk_device_list_free(dspk_device_list *l) {
@@ -257,32 +271,24 @@ DSPK_EXPORT void dspk_device_list_free(dspk_device_list *l) {
   free(l);
 }
 
-DSPK_EXPORT int dspk_status_get(dspk_client *c, dspk_status **out) {
-  struct params a = {.m = DSPK__M_STATUS};
-  struct dspk__resp r;
-  dspk_status *s;
-  const msgpack_object *d, *cl, *dv;
-  int rc;
+/* dspk_status_get's status, from the result of status. */
+static void *make_status(const msgpack_object *result, const struct dspk__pval *res) {
+  const msgpack_object *d = res[DSPK__R_STATUS_DAEMON].v.o;
+  const msgpack_object *cl = res[DSPK__R_STATUS_CLIENTS].v.o;
+  const msgpack_object *dv = res[DSPK__R_STATUS_DEVICES].v.o;
+  dspk_status *s = calloc(1, sizeof(*s));
 
-  if (!c || !out)
-    return DSPK_EINVAL;
-  rc = call(c, &a, &r);
-  if (rc != 0)
-    return rc;
-  d = a.res[DSPK__R_STATUS_DAEMON].v.o;
-  cl = a.res[DSPK__R_STATUS_CLIENTS].v.o;
-  dv = a.res[DSPK__R_STATUS_DEVICES].v.o;
-  s = calloc(1, sizeof(*s));
   if (!s)
-    goto err_nomem;
+    return NULL;
   s->nclients = arr_size(cl);
   s->ndevices = arr_size(dv);
   s->clients = calloc(s->nclients + 1, sizeof(*s->clients));
   s->devices = calloc(s->ndevices + 1, sizeof(*s->devices));
   s->activity = calloc(s->ndevices + 1, sizeof(*s->activity));
-  if (!s->clients || !s->devices || !s->activity ||
-      dspk__to_json(r.msg.result, &s->json) != 0)
-    goto err_status;
+  if (!s->clients || !s->devices || !s->activity || dspk__to_json(result, &s->json) != 0) {
+    dspk_status_free(s);
+    return NULL;
+  }
   dspk__strncpy_obj(dspk__map_get(d, "version"), s->version,
                     sizeof s->version);
   dspk__obj_i64(dspk__map_get(d, "pid"), &s->pid);
@@ -310,15 +316,19 @@ DSPK_EXPORT int dspk_status_get(dspk_client *c, dspk_status **out) {
     dspk__obj_u64(dspk__map_get(o, "failed"), &x->failed);
     dspk__status_activity(o, &s->activity[i]);
   }
-  dspk__resp_free(&r);
-  *out = s;
-  return 0;
+  return s;
+}
 
-err_status:
-  dspk_status_free(s);
-err_nomem:
-  dspk__resp_free(&r);
-  return dspk__cerr(c, DSPK_ENOMEM, "out of memory");
+DSPK_EXPORT int dspk_status_get(dspk_client *c, dspk_status **out) {
+  struct params a = {.m = DSPK__M_STATUS};
+  void *s = NULL;
+  int rc;
+
+  if (!c || !out)
+    return DSPK_EINVAL;
+  if ((rc = call_make(c, &a, make_status, &s)) == 0)
+    *out = s;
+  return rc;
 }
 
 DSPK_EXPORT void dspk_status_free(dspk_status *s) {

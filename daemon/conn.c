@@ -338,6 +338,17 @@ static bool may_read(const struct conn *c) {
          c->unsent + c->reserved <= d->cfg.max_unsent;
 }
 
+/* nk (fresh, or the spare) takes the pending bytes of k, which it replaces:
+ * k's reference is dropped (k NULL: none). */
+static void chunk_take_pending(struct rchunk *nk, struct rchunk *k, size_t pending) {
+  nk->refs = 1;
+  nk->start = 0;
+  nk->end = pending;
+  if (pending)
+    memcpy(nk->data, k->data + k->start, pending);
+  dspkd_chunk_unref(k);
+}
+
 static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
   struct conn *c = h->data;
   struct rchunk *k = c->rb, *nk;
@@ -396,12 +407,7 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
          c->user->rbytes - c->rbytes + spare_chunk->cap <= c->d->cfg.max_user_partial)) {
       nk = spare_chunk;
       spare_chunk = NULL;
-      nk->refs = 1;
-      nk->start = 0;
-      nk->end = pending;
-      if (pending)
-        memcpy(nk->data, k->data + k->start, pending);
-      dspkd_chunk_unref(k);
+      chunk_take_pending(nk, k, pending);
       c->rb = k = nk;
       rb_count(c);
       goto have;
@@ -416,12 +422,7 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
       nk = malloc(sizeof(*nk) + cap);
       if (!nk)
         return;
-      nk->refs = 1;
-      nk->start = 0;
-      nk->end = pending;
-      if (pending)
-        memcpy(nk->data, k->data + k->start, pending);
-      dspkd_chunk_unref(k);
+      chunk_take_pending(nk, k, pending);
     }
     nk->cap = cap;
     c->rb = k = nk;

@@ -541,6 +541,16 @@ int dspkd_dispatch(struct req *r, const char *method, size_t len);
 /* Resolves a task's or buffer's device name ("any" or an id) for the
  * connection (its Slurm job's devices): NULL with *err and r->msg set. */
 struct device *dspkd_resolve_device(struct req *r, const char *name, int *err);
+/* Whether a new buffer of size bytes fits dev's memory, the size limit and
+ * the connection's max_buffers: 0, or a code with r->msg set. */
+int dspkd_buffer_fits(struct req *r, struct device *dev, uint64_t size);
+/* Queues the create job of a new buffer of size bytes on dev, answering r
+ * (buffer.create; buffer.import and buffer.share, daemon/shm.c, with host
+ * and share_fd: the shared mapping and the memfd for the answer, else NULL
+ * and -1).  It takes host and share_fd: unmapped and closed here when out
+ * of memory, else by the buffer's release.  0, or a code with r->msg set. */
+int dspkd_buffer_submit(struct req *r, struct device *dev, uint64_t size, void *host,
+                        int share_fd);
 
 /* daemon/cache_methods.c: the cache.stats and cache.clear handlers of
  * dspkd_dispatch (same contract: 0 when answered or queued, else a negative

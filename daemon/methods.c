@@ -20,6 +20,7 @@
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -483,18 +484,8 @@ static struct dbuf *arg_buffer(struct req *r, int i, int *err) {
   return b;
 }
 
-static int m_buffer_create(struct req *r) {
+int dspkd_buffer_fits(struct req *r, struct device *dev, uint64_t size) {
   struct conn *c = r->c;
-  char devname[DSPK__DEVICE_NAME_MAX + 1];
-  uint64_t size = r->v[DSPK__BCREATE_SIZE].v.u;
-  struct device *dev;
-  struct dbuf *b;
-  struct job *j;
-  int err = 0;
-
-  dspk__pval_str(&r->v[DSPK__BCREATE_DEVICE], devname, sizeof devname);
-  if (!(dev = resolve_device(r, devname, NULL, &err)))
-    return err;
   if (dev->info.memory && size > dev->info.memory)
     return fail(r, DSPK_ENOMEM, "%" PRIu64 " bytes is more than %s has (%" PRIu64 ")",
                 size, dev->id, dev->info.memory);
@@ -504,26 +495,58 @@ static int m_buffer_create(struct req *r) {
   if (c->nbufs + c->creating >= c->d->cfg.max_buffers)
     return fail(r, DSPK_ELIMIT, "this connection already has %zu buffers (max_buffers)",
                 c->nbufs + c->creating);
+  return 0;
+}
+
+int dspkd_buffer_submit(struct req *r, struct device *dev, uint64_t size, void *host,
+                        int share_fd) {
+  struct conn *c = r->c;
+  struct dbuf *b;
+  struct job *j;
+  int err;
+
   if (!(b = calloc(1, sizeof(*b))))
-    return DSPK_ENOMEM;
+    goto nomem;
   if (!(b->free_job = dspkd_job_new(NULL, JOB_BUF_FREE, 0, dev)) ||
       !(j = dspkd_job_new(c, JOB_BUF_CREATE, r->msgid, dev))) {
     free(b->free_job); /* a fresh job without a connection holds nothing */
     free(b);
-    return DSPK_ENOMEM;
+    goto nomem;
   }
   b->id = ++c->d->next_buf_id;
   b->dev = dev;
   b->size = size;
   b->refs = 1; /* the job's */
+  b->host = host;
+  b->share_fd = share_fd;
   j->buf = b;
   j->refs[j->nrefs++] = b;
   if ((err = dspkd_quota_check(j, r->msg, sizeof r->msg)) < 0) {
-    dspkd_job_free(c->d, j);
+    dspkd_job_free(c->d, j); /* the buffer's release unmaps and closes */
     return err;
   }
   dspkd_sched_submit(j);
   return 0;
+nomem:
+  if (host)
+    munmap(host, (size_t)size);
+  if (share_fd >= 0)
+    close(share_fd);
+  return DSPK_ENOMEM;
+}
+
+static int m_buffer_create(struct req *r) {
+  char devname[DSPK__DEVICE_NAME_MAX + 1];
+  uint64_t size = r->v[DSPK__BCREATE_SIZE].v.u;
+  struct device *dev;
+  int err = 0;
+
+  dspk__pval_str(&r->v[DSPK__BCREATE_DEVICE], devname, sizeof devname);
+  if (!(dev = resolve_device(r, devname, NULL, &err)))
+    return err;
+  if ((err = dspkd_buffer_fits(r, dev, size)) < 0)
+    return err;
+  return dspkd_buffer_submit(r, dev, size, NULL, -1);
 }
 
 static int m_buffer_write(struct req *r) {

@@ -33,6 +33,38 @@ struct cqueue {
   bool in_ring;
 };
 
+/* The singly linked FIFOs here (the ring, a queue, the in-flight list, the
+ * done and note lists): head and tail pointers, linked through the member
+ * `link`.  FIFO_PUSH appends x; FIFO_UNLINK takes x out wherever it is in
+ * the list (nothing when it is not there).  Each evaluates x once. */
+#define FIFO_PUSH(head, tail, x, link)                                         \
+  do {                                                                         \
+    __typeof__(x) x_ = (x);                                                    \
+    x_->link = NULL;                                                           \
+    if (tail)                                                                  \
+      (tail)->link = x_;                                                       \
+    else                                                                       \
+      (head) = x_;                                                             \
+    (tail) = x_;                                                               \
+  } while (0)
+
+#define FIFO_UNLINK(head, tail, x, link)                                       \
+  do {                                                                         \
+    __typeof__(x) x_ = (x), prev_ = NULL;                                      \
+    for (__typeof__(x) p_ = (head); p_; prev_ = p_, p_ = p_->link) {           \
+      if (p_ != x_)                                                            \
+        continue;                                                              \
+      if (prev_)                                                               \
+        prev_->link = x_->link;                                                \
+      else                                                                     \
+        (head) = x_->link;                                                     \
+      if ((tail) == x_)                                                        \
+        (tail) = prev_;                                                        \
+      break;                                                                   \
+    }                                                                          \
+    x_->link = NULL;                                                           \
+  } while (0)
+
 /* The internal queue of each device. */
 static struct cqueue dspkd_sched_sysq[DSPKD_MAX_DEVICES];
 
@@ -92,45 +124,34 @@ static void log_task_failed(struct job *j, int code) {
 }
 
 static void ring_push(struct device *dev, struct cqueue *q) {
-  q->next = NULL;
   q->in_ring = true;
-  if (dev->ring_tail)
-    dev->ring_tail->next = q;
-  else
-    dev->ring_head = q;
-  dev->ring_tail = q;
+  FIFO_PUSH(dev->ring_head, dev->ring_tail, q, next);
 }
 
 /* Unlinks q from the ring (dev->mu held). */
 static void ring_remove(struct device *dev, struct cqueue *q) {
-  struct cqueue *prev = NULL;
   if (!q->in_ring)
     return;
-  for (struct cqueue *p = dev->ring_head; p; prev = p, p = p->next) {
-    if (p != q)
-      continue;
-    if (prev)
-      prev->next = q->next;
-    else
-      dev->ring_head = q->next;
-    if (dev->ring_tail == q)
-      dev->ring_tail = prev;
-    break;
-  }
-  q->next = NULL;
+  FIFO_UNLINK(dev->ring_head, dev->ring_tail, q, next);
   q->in_ring = false;
 }
 
 /* Finished jobs go to the loop: the done list and a wake-up. */
 static void post_done(struct dspkd *d, struct job *j) {
   pthread_mutex_lock(&d->done_mu);
-  if (d->done_tail)
-    d->done_tail->next = j;
-  else
-    d->done_head = j;
-  d->done_tail = j;
+  FIFO_PUSH(d->done_head, d->done_tail, j, next);
   pthread_mutex_unlock(&d->done_mu);
   uv_async_send(&d->done_async);
+}
+
+/* A client job's work is done: the device's counts (dev->mu held). */
+static void count_done(struct device *dev, struct job *j) {
+  dev->running--;
+  if (j->err)
+    dev->failed++;
+  else
+    dev->completed++;
+  j->state = JOB_DONE;
 }
 
 /* A tiny task on the cpu: at most this many bytes of operands and results. */
@@ -178,12 +199,7 @@ static bool run_inline(struct device *dev, struct job *j) {
   pthread_mutex_lock(&dev->mu);
   dev->current = NULL;
   dspkd_obs_job_end(dev, j, start, now, NULL);
-  dev->running--;
-  if (j->err)
-    dev->failed++;
-  else
-    dev->completed++;
-  j->state = JOB_DONE;
+  count_done(dev, j);
   dev->busy = false;
   pthread_mutex_unlock(&dev->mu);
   post_done(dev->d, j);
@@ -211,12 +227,7 @@ void dspkd_sched_submit(struct job *j) {
   pthread_mutex_lock(&dev->mu);
   j->state = JOB_QUEUED;
   j->q = q;
-  j->next = NULL;
-  if (q->tail)
-    q->tail->next = j;
-  else
-    q->head = j;
-  q->tail = j;
+  FIFO_PUSH(q->head, q->tail, j, next);
   if (!q->in_ring)
     ring_push(dev, q);
   if (c)
@@ -305,19 +316,7 @@ int dspkd_sched_cancel(struct conn *c, uint32_t msgid) {
   pthread_mutex_lock(&dev->mu);
   if (j->state == JOB_QUEUED) {
     struct cqueue *q = j->q;
-    struct job *prev = NULL;
-    for (struct job *p = q->head; p; prev = p, p = p->next) {
-      if (p != j)
-        continue;
-      if (prev)
-        prev->next = j->next;
-      else
-        q->head = j->next;
-      if (q->tail == j)
-        q->tail = prev;
-      break;
-    }
-    j->next = NULL;
+    FIFO_UNLINK(q->head, q->tail, j, next);
     if (!q->head)
       ring_remove(dev, q);
     dev->queued--;
@@ -338,15 +337,10 @@ void dspkd_sched_post_note(struct dspkd *d, struct job *j, struct wreq *wr) {
     dspkd_wreq_free(wr);
     return;
   }
-  n->next = NULL;
   n->c = j->conn; /* only the loop dereferences it */
   n->wr = wr;
   pthread_mutex_lock(&d->done_mu);
-  if (d->notes_tail)
-    d->notes_tail->next = n;
-  else
-    d->notes_head = n;
-  d->notes_tail = n;
+  FIFO_PUSH(d->notes_head, d->notes_tail, n, next);
   pthread_mutex_unlock(&d->done_mu);
   uv_async_send(&d->done_async);
 }
@@ -426,12 +420,7 @@ static void runner_log(void *ud, int level, const char *msg) {
  * each job is answered right after it ran.  Runner thread only. */
 
 static void ifl_push(struct device *dev, struct job *j) {
-  j->inext = NULL;
-  if (dev->ifl_tail)
-    dev->ifl_tail->inext = j;
-  else
-    dev->ifl_head = j;
-  dev->ifl_tail = j;
+  FIFO_PUSH(dev->ifl_head, dev->ifl_tail, j, inext);
   dev->nifl++;
 }
 
@@ -445,11 +434,8 @@ static void ifl_complete(struct device *dev, int err) {
   bool counted = j->kind != JOB_BUF_FREE && j->kind != JOB_TRIM;
   struct dspk__devstats stats;
 
-  dev->ifl_head = j->inext;
-  if (!dev->ifl_head)
-    dev->ifl_tail = NULL;
+  FIFO_UNLINK(dev->ifl_head, dev->ifl_tail, j, inext);
   dev->nifl--;
-  j->inext = NULL;
   dev->last_done_ns = now;
   /* time_us: from when the runner took it, so never less than its work on
    * the device (the turn's start, kept for the busy time, can be later than
@@ -464,14 +450,8 @@ static void ifl_complete(struct device *dev, int err) {
   if (dev->be->stats)
     dev->stats = stats;
   dspkd_obs_job_end(dev, j, start, now, dev->ifl_head);
-  if (counted) {
-    dev->running--;
-    if (j->err)
-      dev->failed++;
-    else
-      dev->completed++;
-    j->state = JOB_DONE;
-  }
+  if (counted)
+    count_done(dev, j);
   pthread_mutex_unlock(&dev->mu);
   if (counted)
     post_done(d, j);
@@ -588,16 +568,10 @@ static void *runner_main(void *arg) {
     /* Round robin: the head queue gives one job and goes to the tail. */
     q = dev->ring_head;
     j = q->head;
-    q->head = j->next;
-    if (!q->head)
-      q->tail = NULL;
-    dev->ring_head = q->next;
-    if (!dev->ring_head)
-      dev->ring_tail = NULL;
-    q->in_ring = false;
+    FIFO_UNLINK(q->head, q->tail, j, next);
+    ring_remove(dev, q);
     if (q->head)
       ring_push(dev, q);
-    j->next = NULL;
     j->state = JOB_RUNNING;
     dev->busy = true;
     if (j->kind != JOB_BUF_FREE && j->kind != JOB_TRIM) {

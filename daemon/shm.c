@@ -30,7 +30,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -105,19 +104,11 @@ void dspkd_shm_conn_closed(struct conn *c) {
 
 /* ---- the methods ------------------------------------------------------ */
 
-__attribute__((format(printf, 3, 4)))
-static int fail(struct req *r, int code, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  dspk__vformat(r->msg, sizeof r->msg, fmt, ap);
-  va_end(ap);
-  return code;
-}
+#define fail(r, code, ...) dspk__fail((r)->msg, sizeof (r)->msg, (code), __VA_ARGS__)
 
 /* The arguments both methods take: {device?: "cpu:0", size}. */
 static int shm_args(struct req *r, const char *what, struct device **dev, uint64_t *size) {
   char devname[48] = "cpu:0";
-  struct dspkd *d = r->c->d;
   int err;
 
   if ((err = dspk__arg_str(r->args, "device", devname, sizeof devname, r->msg,
@@ -131,56 +122,19 @@ static int shm_args(struct req *r, const char *what, struct device **dev, uint64
     return fail(r, DSPK_ERANGE, "size %" PRIu64 " is too large", *size);
   if (!(*dev = dspkd_resolve_device(r, devname, &err)))
     return err; /* as buffer.create: the connection's Slurm job's devices */
-  if ((*dev)->info.memory && *size > (*dev)->info.memory)
-    return fail(r, DSPK_ENOMEM, "%" PRIu64 " bytes is more than %s has (%" PRIu64 ")",
-                *size, (*dev)->id, (*dev)->info.memory);
-  if (r->c->nbufs + r->c->creating >= d->cfg.max_buffers)
-    return fail(r, DSPK_ELIMIT, "this connection already has %zu buffers (max_buffers)",
-                r->c->nbufs + r->c->creating);
-  return 0;
+  return dspkd_buffer_fits(r, *dev, *size);
 }
 
-/* Queues the create job of a shared buffer over the mapping host (which it
- * takes: unmapped here on failure, else by the buffer's release) and, for
- * buffer.share, the memfd that goes with the answer. */
+/* Queues the create job of a shared buffer over the mapping host and, for
+ * buffer.share, the memfd that goes with the answer (dspkd_buffer_submit,
+ * which takes both). */
 static int shm_submit(struct req *r, struct device *dev, uint64_t size, void *host,
                       int share_fd) {
-  struct conn *c = r->c;
-  struct dbuf *b;
-  struct job *j;
-  int err;
-
   /* Huge pages where the system allows them for shared memory
    * (transparent_hugepage/shmem_enabled "advise"): ops striding through a
    * large operand miss the TLB far less (docs/performance.md). */
   (void)madvise(host, (size_t)size, MADV_HUGEPAGE);
-  if (!(b = calloc(1, sizeof(*b))))
-    goto nomem;
-  if (!(b->free_job = dspkd_job_new(NULL, JOB_BUF_FREE, 0, dev)) ||
-      !(j = dspkd_job_new(c, JOB_BUF_CREATE, r->msgid, dev))) {
-    free(b->free_job);
-    free(b);
-    goto nomem;
-  }
-  b->id = ++c->d->next_buf_id;
-  b->dev = dev;
-  b->size = size;
-  b->refs = 1; /* the job's */
-  b->host = host;
-  b->share_fd = share_fd;
-  j->buf = b;
-  j->refs[j->nrefs++] = b;
-  if ((err = dspkd_quota_check(j, r->msg, sizeof r->msg)) < 0) {
-    dspkd_job_free(c->d, j); /* the buffer's release unmaps and closes */
-    return err;
-  }
-  dspkd_sched_submit(j);
-  return 0;
-nomem:
-  munmap(host, (size_t)size);
-  if (share_fd >= 0)
-    close(share_fd);
-  return DSPK_ENOMEM;
+  return dspkd_buffer_submit(r, dev, size, host, share_fd);
 }
 
 int dspkd_m_buffer_import(struct req *r) {

@@ -166,35 +166,13 @@ int dspk__cpu_reduce(struct dspk__dev *dev, struct dspk__op *op,
   int64_t n = r ? X->shape[r - 1] : 1;
   int64_t total = dspk__tensor_numel(X), rows = n ? total / n : 0;
   int last_reduced = r == 0 || (axes & (1u << (r - 1)));
+  /* Real sums over the last axis: each row by sum_row (the top of the file). */
+  int sums = last_reduced && W == 1 && (fn == DSPK_REDUCE_SUM || fn == DSPK_REDUCE_MEAN);
+  size_t es = dbl ? 8 : 4;
   int rc = 0;
-  if (last_reduced && W == 1 && (fn == DSPK_REDUCE_SUM || fn == DSPK_REDUCE_MEAN)) {
-    size_t es = dbl ? 8 : 4;
-    if (onumel == 1) { /* the whole tensor: one row */
-      n = total;
-      rows = total ? 1 : 0;
-    }
-    for (int64_t row = 0; row < rows; row++) {
-      if ((row & 1023) == 1023 && dspk__cpu_canceled(ctx)) {
-        rc = DSPK_ECANCELED;
-        goto out;
-      }
-      int64_t oo = 0;
-      for (int i = 0; i < r - 1; i++)
-        oo += idx[i] * ostr[i];
-      double v;
-      if ((rc = sum_row(x + (size_t)(row * n) * es, dbl, n, ctx, &v)) < 0) {
-        if (rc == DSPK_ENOMEM)
-          rc = dspk__cpu_err(ctx, rc, "reduce: out of memory");
-        goto out;
-      }
-      acc[oo] += v;
-      for (int i = r - 2; i >= 0 && onumel > 1; i--) {
-        if (++idx[i] < X->shape[i])
-          break;
-        idx[i] = 0;
-      }
-    }
-    rows = 0; /* done: skip the general walk */
+  if (sums && onumel == 1) { /* the whole tensor: one row */
+    n = total;
+    rows = total ? 1 : 0;
   }
   for (int64_t row = 0; row < rows; row++) {
     if ((row & 1023) == 1023 && dspk__cpu_canceled(ctx)) {
@@ -205,7 +183,15 @@ int dspk__cpu_reduce(struct dspk__dev *dev, struct dspk__op *op,
     for (int i = 0; i < r - 1; i++)
       oo += idx[i] * ostr[i];
     int64_t base = row * n * W;
-    if (last_reduced) {
+    if (sums) {
+      double v;
+      if ((rc = sum_row(x + (size_t)base * es, dbl, n, ctx, &v)) < 0) {
+        if (rc == DSPK_ENOMEM)
+          rc = dspk__cpu_err(ctx, rc, "reduce: out of memory");
+        goto out;
+      }
+      acc[oo] += v;
+    } else if (last_reduced) {
       for (int w = 0; w < W; w++) {
         double a = acc[oo * W + w];
         for (int64_t j = 0; j < n; j++)

@@ -416,13 +416,8 @@ static int probe(struct dspk__gpurt_state *g, char *why, size_t whylen) {
       snprintf(d->driver, sizeof(d->driver), "%.24s (CUDA %.24s)", kmod, driver_ver);
     else
       snprintf(d->driver, sizeof(d->driver), "CUDA %.24s", driver_ver);
-    if (CU.cuDeviceGetUuid(&u, dev) == CUDA_SUCCESS) {
-      const unsigned char *b = (const unsigned char *)u.bytes;
-      snprintf(d->uuid, sizeof(d->uuid),
-               "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
-               b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10],
-               b[11], b[12], b[13], b[14], b[15]);
-    }
+    if (CU.cuDeviceGetUuid(&u, dev) == CUDA_SUCCESS)
+      dspk__gpurt_uuid(u.bytes, d->uuid, sizeof(d->uuid));
     d->memory = mem;
   }
   /* The toolkit libraries are optional: ops that need a missing one fail
@@ -459,50 +454,9 @@ const struct dspk__gpurt_driver dspk__gpurt_cuda = {
     .worker_install = DSPK_CUDA_WORKER_INSTALL,
 #endif
     .st = &cuda_state,
-    .probe = probe,
     .unload = dspk__cuda_unload,
-    .load = load,
-    .classify = classify,
-    .errname = errname,
-    .ctx_open = ctx_open,
-    .ctx_close = ctx_close,
-    .event_create = event_create,
-    .event_destroy = event_destroy,
-    .event_record = event_record,
-    .event_query = event_query,
-    .event_sync = event_sync,
-    .stream_sync = stream_sync,
-    .stream_query = stream_query,
-    .mem_alloc = mem_alloc,
-    .mem_free = mem_free,
-    .host_alloc = host_alloc,
-    .host_free = host_free,
-    .host_register = host_register,
-    .host_unregister = host_unregister,
-    .htod_async = htod_async,
-    .dtoh_async = dtoh_async,
-    .memset_async = memset_async,
-    .htod = htod,
-    .dtoh = dtoh,
-    .module_load = module_load,
-    .module_unload = module_unload,
-    .module_func = module_func,
-    .launch = launch,
     .func_set_shared = func_set_shared,
-    .ipc_get = ipc_get,
-    .ipc_open = ipc_open,
-    .ipc_close = ipc_close,
     .rtc_load = dspk__cuda_load_nvrtc,
-    .rtc_version = rtc_version,
-    .rtc_opts = rtc_opts,
-    .rtc_compile = rtc_compile,
-    .blas_name = blas_name,
-    .blas_open = blas_open,
-    .blas_close = blas_close,
-    .blas_gemm = blas_gemm,
-    .fft_name = fft_name,
-    .fft_plan = fft_plan,
-    .fft_set_work = fft_set_work,
-    .fft_exec = fft_exec,
-    .fft_destroy = fft_destroy,
+    DSPK__GPURT_DRIVER_ENTRIES,
+    DSPK__GPURT_DRIVER_LIBS,
 };

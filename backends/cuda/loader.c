@@ -21,13 +21,9 @@ struct dspk__nvrtc_api dspk__nvrtc;
 struct dspk__cublas_api dspk__cublas;
 struct dspk__cufft_api dspk__cufft;
 
-struct loadstate {
-  int done, rc;
-  char why[160];
-};
 /* What each load found, remembered until dspk__cuda_unload. */
 static struct {
-  struct loadstate cu, nvrtc, cublas, cufft;
+  struct dspk__gpurt_load cu, nvrtc, cublas, cufft;
 } st;
 
 static void *open_one(const char *const *names, char *tried, size_t len) {
@@ -39,11 +35,6 @@ static void *open_one(const char *const *names, char *tried, size_t len) {
   if (!h)
     snprintf(tried, len, "%s not found", names[0]);
   return h;
-}
-
-static void finish(struct loadstate *s, char *why, size_t whylen) {
-  if (why && whylen)
-    snprintf(why, whylen, "%s", s->rc ? s->why : "");
 }
 
 #define SYM(api, f) DSPK__GPURT_SYM(struct api, f)
@@ -69,35 +60,20 @@ static const struct dspk__gpurt_sym cufft_syms[] = {
 };
 #define NSYMS(a) (sizeof(a) / sizeof(a[0]))
 
-/* Fills the table tbl with the n functions of syms from lib.  Returns 0,
- * or -1 with "LIBNAME lacks FUNCTION" in s->why. */
-static int resolve(struct loadstate *s, void *lib, const char *libname, void *tbl,
-                   const struct dspk__gpurt_sym *syms, size_t n) {
-  const char *missing = dspk__gpurt_resolve(lib, tbl, syms, n);
-  if (missing)
-    snprintf(s->why, sizeof(s->why), "%s lacks %s", libname, missing);
-  return missing ? -1 : 0;
-}
-
 /* Opens the first library of names found and fills its table tbl (size
  * bytes, the handle in *lib).  Returns 0, or DSPK_ENOTSUP with the table
  * empty and the reason in s->why. */
-static int load_table(struct loadstate *s, const char *const *names, const char *libname,
-                      void *tbl, size_t size, void **lib, const struct dspk__gpurt_sym *syms,
-                      size_t n) {
+static int load_table(struct dspk__gpurt_load *s, const char *const *names,
+                      const char *libname, void *tbl, size_t size, void **lib,
+                      const struct dspk__gpurt_sym *syms, size_t n) {
   *lib = open_one(names, s->why, sizeof(s->why));
-  if (!*lib)
+  if (!*lib || dspk__gpurt_load_table(s, *lib, libname, tbl, size, syms, n) != 0)
     return DSPK_ENOTSUP;
-  if (resolve(s, *lib, libname, tbl, syms, n) != 0) {
-    dlclose(*lib);
-    memset(tbl, 0, size);
-    return DSPK_ENOTSUP;
-  }
   return 0;
 }
 
 int dspk__cuda_load_driver(char *why, size_t whylen) {
-  struct loadstate *s = &st.cu;
+  struct dspk__gpurt_load *s = &st.cu;
   const char *libname = "libcuda.so.1";
   if (!s->done) {
     const char *over = DSPK_TEST_HOOK("DSPK_CUDA_DRIVER");
@@ -115,21 +91,19 @@ int dspk__cuda_load_driver(char *why, size_t whylen) {
       s->rc = DSPK_ENODEV;
       goto out;
     }
-    if (resolve(s, dspk__cu.lib, libname, &dspk__cu, cu_syms, NSYMS(cu_syms)) == 0)
-      goto out;
-    dlclose(dspk__cu.lib);
-    memset(&dspk__cu, 0, sizeof(dspk__cu));
-    s->rc = DSPK_ENODEV;
+    if (dspk__gpurt_load_table(s, dspk__cu.lib, libname, &dspk__cu, sizeof(dspk__cu), cu_syms,
+                               NSYMS(cu_syms)) != 0)
+      s->rc = DSPK_ENODEV;
   }
 out:
-  finish(s, why, whylen);
+  dspk__gpurt_load_why(s, why, whylen);
   return s->rc;
 }
 
 int dspk__cuda_load_nvrtc(char *why, size_t whylen) {
   static const char *const names[] = {"libnvrtc.so.13", "libnvrtc.so.12",
                                       "libnvrtc.so", NULL};
-  struct loadstate *s = &st.nvrtc;
+  struct dspk__gpurt_load *s = &st.nvrtc;
   if (!s->done) {
     s->done = 1;
     s->rc = load_table(s, names, "libnvrtc", &dspk__nvrtc, sizeof(dspk__nvrtc), &dspk__nvrtc.lib,
@@ -142,33 +116,33 @@ int dspk__cuda_load_nvrtc(char *why, size_t whylen) {
       s->rc = DSPK_ENOTSUP;
     }
   }
-  finish(s, why, whylen);
+  dspk__gpurt_load_why(s, why, whylen);
   return s->rc;
 }
 
 int dspk__cuda_load_cublas(char *why, size_t whylen) {
   static const char *const names[] = {"libcublas.so.13", "libcublas.so.12",
                                       "libcublas.so", NULL};
-  struct loadstate *s = &st.cublas;
+  struct dspk__gpurt_load *s = &st.cublas;
   if (!s->done) {
     s->done = 1;
     s->rc = load_table(s, names, "libcublas", &dspk__cublas, sizeof(dspk__cublas),
                        &dspk__cublas.lib, cublas_syms, NSYMS(cublas_syms));
   }
-  finish(s, why, whylen);
+  dspk__gpurt_load_why(s, why, whylen);
   return s->rc;
 }
 
 int dspk__cuda_load_cufft(char *why, size_t whylen) {
   static const char *const names[] = {"libcufft.so.12", "libcufft.so.11",
                                       "libcufft.so", NULL};
-  struct loadstate *s = &st.cufft;
+  struct dspk__gpurt_load *s = &st.cufft;
   if (!s->done) {
     s->done = 1;
     s->rc = load_table(s, names, "libcufft", &dspk__cufft, sizeof(dspk__cufft), &dspk__cufft.lib,
                        cufft_syms, NSYMS(cufft_syms));
   }
-  finish(s, why, whylen);
+  dspk__gpurt_load_why(s, why, whylen);
   return s->rc;
 }
 

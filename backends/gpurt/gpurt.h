@@ -170,6 +170,45 @@ struct dspk__gpurt_driver {
   void (*fft_destroy)(void *plan);
 };
 
+/* The entries of a driver table (cuda.c, hip.c) that the vendor's file
+ * defines as static functions named after the member: those every table
+ * has (DSPK__GPURT_DRIVER_ENTRIES) and the optional BLAS and FFT
+ * (DSPK__GPURT_DRIVER_LIBS: a runtime without them leaves them out).  The
+ * table sets its identity, state, loaders and func_set_shared (optional)
+ * itself. */
+#define DSPK__GPURT_DRIVER_ENTRIES                                             \
+  .probe = probe, .load = load, .classify = classify, .errname = errname,     \
+  .ctx_open = ctx_open, .ctx_close = ctx_close,                                \
+  .event_create = event_create, .event_destroy = event_destroy,                \
+  .event_record = event_record, .event_query = event_query,                    \
+  .event_sync = event_sync, .stream_sync = stream_sync,                        \
+  .stream_query = stream_query,                                                \
+  .mem_alloc = mem_alloc, .mem_free = mem_free,                                \
+  .host_alloc = host_alloc, .host_free = host_free,                            \
+  .host_register = host_register, .host_unregister = host_unregister,          \
+  .htod_async = htod_async, .dtoh_async = dtoh_async,                          \
+  .memset_async = memset_async, .htod = htod, .dtoh = dtoh,                    \
+  .module_load = module_load, .module_unload = module_unload,                  \
+  .module_func = module_func, .launch = launch,                                \
+  .ipc_get = ipc_get, .ipc_open = ipc_open, .ipc_close = ipc_close,            \
+  .rtc_version = rtc_version, .rtc_opts = rtc_opts,                            \
+  .rtc_compile = rtc_compile
+
+#define DSPK__GPURT_DRIVER_LIBS                                                \
+  .blas_name = blas_name, .blas_open = blas_open, .blas_close = blas_close,    \
+  .blas_gemm = blas_gemm,                                                      \
+  .fft_name = fft_name, .fft_plan = fft_plan, .fft_set_work = fft_set_work,    \
+  .fft_exec = fft_exec, .fft_destroy = fft_destroy
+
+/* A device's 16-byte UUID as text: 8-4-4-4-12 hex digits (as nvidia-smi
+ * and rocm-smi print them after their prefix). */
+static inline void dspk__gpurt_uuid(const void *bytes, char *out, size_t len) {
+  const unsigned char *b = bytes;
+  snprintf(out, len, "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
+           b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12],
+           b[13], b[14], b[15]);
+}
+
 /* The backend members shared by every runtime (device.c); a runtime's
  * struct dspk__backend uses them, with a probe and open of its own that
  * pass its driver. */

@@ -65,4 +65,41 @@ static inline const char *dspk__gpurt_resolve(void *lib, void *tbl,
   return NULL;
 }
 
+/* What the load of one library found, remembered until the driver's
+ * unload (done: tried; rc: 0 or a dspk_errno; why: the reason of a failure). */
+struct dspk__gpurt_load {
+  int done, rc;
+  char why[200];
+};
+
+/* Fills the table tbl with the n functions of syms from lib.  Returns 0,
+ * or -1 with "LIBNAME lacks FUNCTION" in s->why. */
+static inline int dspk__gpurt_load_resolve(struct dspk__gpurt_load *s, void *lib,
+                                           const char *libname, void *tbl,
+                                           const struct dspk__gpurt_sym *syms, size_t n) {
+  const char *missing = dspk__gpurt_resolve(lib, tbl, syms, n);
+  if (missing)
+    snprintf(s->why, sizeof(s->why), "%s lacks %s", libname, missing);
+  return missing ? -1 : 0;
+}
+
+/* dspk__gpurt_load_resolve into the table tbl of size bytes, which a
+ * failure leaves empty, lib closed. */
+static inline int dspk__gpurt_load_table(struct dspk__gpurt_load *s, void *lib,
+                                         const char *libname, void *tbl, size_t size,
+                                         const struct dspk__gpurt_sym *syms, size_t n) {
+  if (dspk__gpurt_load_resolve(s, lib, libname, tbl, syms, n) == 0)
+    return 0;
+  dlclose(lib);
+  memset(tbl, 0, size);
+  return -1;
+}
+
+/* The load's result for the caller: the reason of a failure in why (else ""). */
+static inline void dspk__gpurt_load_why(const struct dspk__gpurt_load *s, char *why,
+                                        size_t whylen) {
+  if (why && whylen)
+    snprintf(why, whylen, "%s", s->rc ? s->why : "");
+}
+
 #endif /* DSPK_BACKENDS_GPURT_LIBLOAD_H */

@@ -20,13 +20,9 @@ struct dspk__hiprtc_api dspk__hiprtc;
 struct dspk__hipblas_api dspk__hipblas;
 struct dspk__hipfft_api dspk__hipfft;
 
-struct loadstate {
-  int done, rc;
-  char why[200];
-};
 /* What each load found, remembered until dspk__hip_unload. */
 static struct {
-  struct loadstate rt, rtc, blas, fft;
+  struct dspk__gpurt_load rt, rtc, blas, fft;
 } st;
 
 static void *open_one(const char *const *names, const char *what, char *why, size_t len) {
@@ -46,11 +42,6 @@ static const char *override(const char *s) {
   return strcmp(s, "none") == 0 ? "" : s;
 }
 
-static void finish(struct loadstate *s, char *why, size_t whylen) {
-  if (why && whylen)
-    snprintf(why, whylen, "%s", s->rc ? s->why : "");
-}
-
 static const struct dspk__gpurt_sym hip_syms[] = {
 #define XX(f) DSPK__GPURT_SYM(struct dspk__hip_api, f)
     DSPK__HIP_FUNCS(XX)
@@ -63,20 +54,10 @@ static const struct dspk__gpurt_sym hiprtc_syms[] = {
 };
 #define NSYMS(a) (sizeof(a) / sizeof(a[0]))
 
-/* Fills the table tbl with the n functions of syms from lib.  Returns 0,
- * or -1 with "LIBNAME lacks FUNCTION" in s->why. */
-static int resolve(struct loadstate *s, void *lib, const char *libname, void *tbl,
-                   const struct dspk__gpurt_sym *syms, size_t n) {
-  const char *missing = dspk__gpurt_resolve(lib, tbl, syms, n);
-  if (missing)
-    snprintf(s->why, sizeof(s->why), "%s lacks %s", libname, missing);
-  return missing ? -1 : 0;
-}
-
 int dspk__hip_load_runtime(char *why, size_t whylen) {
   static const char *const names[] = {"libamdhip64.so.6", "libamdhip64.so.5",
                                       "libamdhip64.so", NULL};
-  struct loadstate *s = &st.rt;
+  struct dspk__gpurt_load *s = &st.rt;
   const char *over = override(DSPK_TEST_HOOK("DSPK_HIP_RUNTIME"));
   const char *libname = over && *over ? over : "libamdhip64";
   if (!s->done) {
@@ -95,21 +76,19 @@ int dspk__hip_load_runtime(char *why, size_t whylen) {
       s->rc = DSPK_ENODEV;
       goto out;
     }
-    if (resolve(s, dspk__hip.lib, libname, &dspk__hip, hip_syms, NSYMS(hip_syms)) == 0)
-      goto out;
-    dlclose(dspk__hip.lib);
-    memset(&dspk__hip, 0, sizeof(dspk__hip));
-    s->rc = DSPK_ENODEV;
+    if (dspk__gpurt_load_table(s, dspk__hip.lib, libname, &dspk__hip, sizeof(dspk__hip),
+                               hip_syms, NSYMS(hip_syms)) != 0)
+      s->rc = DSPK_ENODEV;
   }
 out:
-  finish(s, why, whylen);
+  dspk__gpurt_load_why(s, why, whylen);
   return s->rc;
 }
 
 int dspk__hip_load_hiprtc(char *why, size_t whylen) {
   static const char *const names[] = {"libhiprtc.so.7", "libhiprtc.so.6", "libhiprtc.so",
                                       NULL};
-  struct loadstate *s = &st.rtc;
+  struct dspk__gpurt_load *s = &st.rtc;
   const char *libname = "hiprtc";
   if (!s->done) {
     s->done = 1;
@@ -130,8 +109,8 @@ int dspk__hip_load_hiprtc(char *why, size_t whylen) {
       s->rc = DSPK_ENOTSUP;
       goto out;
     }
-    if (resolve(s, dspk__hiprtc.lib, libname, &dspk__hiprtc, hiprtc_syms,
-                NSYMS(hiprtc_syms)) != 0)
+    if (dspk__gpurt_load_resolve(s, dspk__hiprtc.lib, libname, &dspk__hiprtc, hiprtc_syms,
+                                 NSYMS(hiprtc_syms)) != 0)
       goto fail;
     if (dspk__hiprtc.hiprtcVersion(&dspk__hiprtc.major, &dspk__hiprtc.minor) !=
         HIPRTC_SUCCESS) {
@@ -144,7 +123,7 @@ int dspk__hip_load_hiprtc(char *why, size_t whylen) {
     s->rc = DSPK_ENOTSUP;
   }
 out:
-  finish(s, why, whylen);
+  dspk__gpurt_load_why(s, why, whylen);
   return s->rc;
 }
 
@@ -168,7 +147,7 @@ static const struct {
 };
 
 int dspk__hip_load_blas(char *why, size_t whylen) {
-  struct loadstate *s = &st.blas;
+  struct dspk__gpurt_load *s = &st.blas;
   if (!s->done) {
     const char *over = override(DSPK_TEST_HOOK("DSPK_HIP_BLAS"));
     s->done = 1;
@@ -216,7 +195,7 @@ int dspk__hip_load_blas(char *why, size_t whylen) {
     }
   }
 out:
-  finish(s, why, whylen);
+  dspk__gpurt_load_why(s, why, whylen);
   return s->rc;
 }
 
@@ -228,7 +207,7 @@ int dspk__hip_load_fft(char *why, size_t whylen) {
       "hipfftMakePlanMany64", "hipfftSetWorkArea", "hipfftSetStream",
       "hipfftExecC2C",      "hipfftExecZ2Z",       "hipfftExecR2C",
       "hipfftExecD2Z"};
-  struct loadstate *s = &st.fft;
+  struct dspk__gpurt_load *s = &st.fft;
   if (!s->done) {
     const char *over = override(DSPK_TEST_HOOK("DSPK_HIP_FFT"));
     void *lib, *f[10];
@@ -265,7 +244,7 @@ int dspk__hip_load_fft(char *why, size_t whylen) {
     s->rc = 0;
   }
 out:
-  finish(s, why, whylen);
+  dspk__gpurt_load_why(s, why, whylen);
   return s->rc;
 }
 

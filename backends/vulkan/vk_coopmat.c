@@ -169,6 +169,18 @@ static int shape_rank(uint32_t m, uint32_t n, uint32_t k) {
   return k >= 16 ? 2 : 1;
 }
 
+/* Keeps the fragment shape m x n x k in d->cm when it ranks above best
+ * (shape_rank); returns the better rank. */
+static int consider(struct dspk__dev *d, int best, uint32_t m, uint32_t n, uint32_t k) {
+  int r = shape_rank(m, n, k);
+  if (r <= best)
+    return best;
+  d->cm.lm = m;
+  d->cm.ln = n;
+  d->cm.lk = k;
+  return r;
+}
+
 /* Picks the best (f16, f16, f32, f32, subgroup) shape of the KHR list. */
 static int pick_khr(struct dspk__dev *d) {
   PFN_vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR get =
@@ -193,13 +205,7 @@ static int pick_khr(struct dspk__dev *d) {
           p[i].ResultType != VK_COMPONENT_TYPE_FLOAT32_KHR ||
           p[i].scope != VK_SCOPE_SUBGROUP_KHR || p[i].saturatingAccumulation)
         continue;
-      int r = shape_rank(p[i].MSize, p[i].NSize, p[i].KSize);
-      if (r > best) {
-        best = r;
-        d->cm.lm = p[i].MSize;
-        d->cm.ln = p[i].NSize;
-        d->cm.lk = p[i].KSize;
-      }
+      best = consider(d, best, p[i].MSize, p[i].NSize, p[i].KSize);
     }
   free(p);
   return best > 0;
@@ -228,13 +234,7 @@ static int pick_nv(struct dspk__dev *d) {
           p[i].CType != VK_COMPONENT_TYPE_FLOAT32_NV ||
           p[i].DType != VK_COMPONENT_TYPE_FLOAT32_NV || p[i].scope != VK_SCOPE_SUBGROUP_NV)
         continue;
-      int r = shape_rank(p[i].MSize, p[i].NSize, p[i].KSize);
-      if (r > best) {
-        best = r;
-        d->cm.lm = p[i].MSize;
-        d->cm.ln = p[i].NSize;
-        d->cm.lk = p[i].KSize;
-      }
+      best = consider(d, best, p[i].MSize, p[i].NSize, p[i].KSize);
     }
   free(p);
   return best > 0;
