@@ -186,9 +186,7 @@ static int cache_clear(dspk__sub_ctx *ctx, int argc, char **argv) {
   static const struct option opts[] = {{"kernels", no_argument, NULL, 'k'},
                                        {"autotune", no_argument, NULL, 'a'},
                                        {"blobs", no_argument, NULL, 'b'},
-                                       {"json", no_argument, NULL, 'j'},
-                                       {"help", no_argument, NULL, 'h'},
-                                       {NULL, 0, NULL, 0}};
+                                       DSPK__SUB_OPTS_END};
   unsigned kinds = 0, cleared = 0;
   bool json = false;
   int opt, rc;
@@ -204,11 +202,7 @@ static int cache_clear(dspk__sub_ctx *ctx, int argc, char **argv) {
     case 'b':
       kinds |= DSPK_CACHE_BLOBS;
       break;
-    case 'j':
-      json = true;
-      break;
-    default:
-      return dspk__sub_opt_other(ctx, opt, argv);
+    DSPK__SUB_OPT_CASES(ctx, opt, argv, json);
     }
   }
   if ((rc = dspk__sub_end_args(ctx, argc, argv)) != 0 || (rc = dspk__sub_connect(ctx)) != 0)

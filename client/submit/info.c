@@ -37,9 +37,7 @@ static double median(const double *v, size_t n) {
 int dspk__sub_ping(dspk__sub_ctx *ctx, int argc, char **argv) {
   static const struct option opts[] = {{"count", required_argument, NULL, 'c'},
                                        {"size", required_argument, NULL, 's'},
-                                       {"json", no_argument, NULL, 'j'},
-                                       {"help", no_argument, NULL, 'h'},
-                                       {NULL, 0, NULL, 0}};
+                                       DSPK__SUB_OPTS_END};
   long count = 0, size = 0;
   bool json = false;
   double *t = NULL;
@@ -63,11 +61,7 @@ int dspk__sub_ping(dspk__sub_ctx *ctx, int argc, char **argv) {
       size = (long)v;
       break;
     }
-    case 'j':
-      json = true;
-      break;
-    default:
-      return dspk__sub_opt_other(ctx, opt, argv);
+    DSPK__SUB_OPT_CASES(ctx, opt, argv, json);
     }
   }
   if ((rc = dspk__sub_end_args(ctx, argc, argv)) != 0)
@@ -140,9 +134,7 @@ static const char *human_bytes(uint64_t b, char *buf, size_t cap) {
 static int flag_opts(dspk__sub_ctx *ctx, int argc, char **argv, bool *json,
                      bool *all) {
   static const struct option with_all[] = {{"all", no_argument, NULL, 'a'},
-                                           {"json", no_argument, NULL, 'j'},
-                                           {"help", no_argument, NULL, 'h'},
-                                           {NULL, 0, NULL, 0}};
+                                           DSPK__SUB_OPTS_END};
   const struct option *opts = all ? with_all : with_all + 1;
   int opt;
   while ((opt = getopt_long(argc, argv, all ? ":ah" : ":h", opts, NULL)) !=
@@ -151,11 +143,7 @@ static int flag_opts(dspk__sub_ctx *ctx, int argc, char **argv, bool *json,
     case 'a':
       *all = true;
       break;
-    case 'j':
-      *json = true;
-      break;
-    default:
-      return dspk__sub_opt_other(ctx, opt, argv);
+    DSPK__SUB_OPT_CASES(ctx, opt, argv, *json);
     }
   }
   return dspk__sub_end_args(ctx, argc, argv) ? DSPK__SUB_EXIT_USAGE : -1;

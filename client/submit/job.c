@@ -39,9 +39,7 @@ int dspk__sub_job(dspk__sub_ctx *ctx, int argc, char **argv) {
   static const struct option opts[] = {{"job", required_argument, NULL, 'J'},
                                        {"uid", required_argument, NULL, 'u'},
                                        {"devices", required_argument, NULL, 'D'},
-                                       {"json", no_argument, NULL, 'j'},
-                                       {"help", no_argument, NULL, 'h'},
-                                       {NULL, 0, NULL, 0}};
+                                       DSPK__SUB_OPTS_END};
   const char *jobs = getenv("SLURM_JOB_ID"), *uids = getenv("SLURM_JOB_UID");
   const char *devs = NULL, *uuids[MAX_UUIDS];
   char devbuf[4096], *save = NULL, *text = NULL;
@@ -74,11 +72,7 @@ int dspk__sub_job(dspk__sub_ctx *ctx, int argc, char **argv) {
     case 'D':
       devs = optarg;
       break;
-    case 'j':
-      json = true;
-      break;
-    default:
-      return dspk__sub_opt_other(ctx, opt, argv);
+    DSPK__SUB_OPT_CASES(ctx, opt, argv, json);
     }
   }
   if ((rc = dspk__sub_end_args(ctx, argc, argv)) != 0)

@@ -192,9 +192,7 @@ int dspk__sub_kernel(dspk__sub_ctx *ctx, int argc, char **argv) {
       {"lang", required_argument, NULL, 'l'},
       {"device", required_argument, NULL, 'd'},
       {"output", required_argument, NULL, 'o'},
-      {"help", no_argument, NULL, 'h'},
-      {"json", no_argument, NULL, 'j'},
-      {NULL, 0, NULL, 0}};
+      DSPK__SUB_OPTS_END};
   const char *entry = NULL, *lang = NULL, *device = NULL;
   uint32_t grid[3] = {1, 1, 1}, block[3] = {1, 1, 1};
   long shared = 0;
@@ -269,11 +267,7 @@ int dspk__sub_kernel(dspk__sub_ctx *ctx, int argc, char **argv) {
       nouts++;
       break;
     }
-    case 'j':
-      json = true;
-      break;
-    default:
-      return dspk__sub_opt_other(ctx, opt, argv);
+    DSPK__SUB_OPT_CASES(ctx, opt, argv, json);
     }
   }
   if (optind >= argc)

@@ -448,9 +448,7 @@ int dspk__sub_opt_other(dspk__sub_ctx *ctx, int opt, char **argv) {
 }
 
 int dspk__sub_json_only(dspk__sub_ctx *ctx, int argc, char **argv, bool *json) {
-  static const struct option opts[] = {{"json", no_argument, NULL, 'j'},
-                                       {"help", no_argument, NULL, 'h'},
-                                       {NULL, 0, NULL, 0}};
+  static const struct option opts[] = {DSPK__SUB_OPTS_END};
   int opt;
 
   while ((opt = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {

@@ -117,6 +117,21 @@ int dspk__sub_connect(dspk__sub_ctx *ctx);
  * DSPK__SUB_EXIT_OK. */
 int dspk__sub_help(const dspk__sub_ctx *ctx);
 
+/* The end of every command's getopt_long table: --json ('j'), --help ('h')
+ * and the terminator. */
+#define DSPK__SUB_OPTS_END                                                     \
+  {"json", no_argument, NULL, 'j'}, {"help", no_argument, NULL, 'h'},          \
+      {NULL, 0, NULL, 0}
+/* The last cases of every command's getopt switch: -j/--json sets the bool
+ * json; anything else not handled above (-h/--help, a missing argument, an
+ * unknown option) ends the command through dspk__sub_opt_other. */
+#define DSPK__SUB_OPT_CASES(ctx, opt, argv, json)                              \
+  case 'j':                                                                    \
+    (json) = true;                                                             \
+    break;                                                                     \
+  default:                                                                     \
+    return dspk__sub_opt_other((ctx), (opt), (argv))
+
 /* Usage errors for getopt_long's '?' and ':' returns (argv as passed to
  * getopt_long); return DSPK__SUB_EXIT_USAGE. */
 int dspk__sub_bad_option(const dspk__sub_ctx *ctx, char **argv);

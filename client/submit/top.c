@@ -117,9 +117,7 @@ static void draw(const dspk_status *s) {
 int dspk__sub_top(dspk__sub_ctx *ctx, int argc, char **argv) {
   static const struct option opts[] = {{"interval", required_argument, NULL, 'n'},
                                        {"once", no_argument, NULL, '1'},
-                                       {"json", no_argument, NULL, 'j'},
-                                       {"help", no_argument, NULL, 'h'},
-                                       {NULL, 0, NULL, 0}};
+                                       DSPK__SUB_OPTS_END};
   double interval = 1;
   bool once = false, json = false, keys, screen;
   struct termios saved, raw;

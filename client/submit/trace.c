@@ -48,9 +48,7 @@ static int write_file(const char *path, const char *text) {
 int dspk__sub_trace(dspk__sub_ctx *ctx, int argc, char **argv) {
   static const struct option opts[] = {{"output", required_argument, NULL, 'o'},
                                        {"seconds", required_argument, NULL, 's'},
-                                       {"json", no_argument, NULL, 'j'},
-                                       {"help", no_argument, NULL, 'h'},
-                                       {NULL, 0, NULL, 0}};
+                                       DSPK__SUB_OPTS_END};
   const char *out = NULL;
   double seconds = 5;
   bool summary = false;
@@ -67,11 +65,7 @@ int dspk__sub_trace(dspk__sub_ctx *ctx, int argc, char **argv) {
         return dspk__sub_usage(ctx, "bad --seconds '%s' (want more than 0, at most 600)",
                                optarg);
       break;
-    case 'j':
-      summary = true;
-      break;
-    default:
-      return dspk__sub_opt_other(ctx, opt, argv);
+    DSPK__SUB_OPT_CASES(ctx, opt, argv, summary);
     }
   }
   if ((rc = dspk__sub_end_args(ctx, argc, argv)) != 0)
