@@ -202,30 +202,21 @@ static const msgpack_object *arg(const msgpack_object *map, const char *key) {
   return v && v->type != MSGPACK_OBJECT_NIL ? v : NULL;
 }
 
-int dspk__arg_u64(const msgpack_object *map, const char *key, uint64_t *out,
-                  char *msg, size_t msglen) {
-  const msgpack_object *v = arg(map, key);
-  if (v && dspk__obj_u64(v, out) != 0)
-    return dspk__fail(msg, msglen, DSPK_EINVAL,
-                "%s: expected a non-negative integer", key);
-  return 0;
-}
-
-int dspk__arg_f64(const msgpack_object *map, const char *key, double *out,
-                  char *msg, size_t msglen) {
-  const msgpack_object *v = arg(map, key);
-  if (v && dspk__obj_f64(v, out) != 0)
-    return dspk__fail(msg, msglen, DSPK_EINVAL, "%s: expected a number", key);
-  return 0;
-}
-
-int dspk__arg_bool(const msgpack_object *map, const char *key, bool *out,
-                   char *msg, size_t msglen) {
-  const msgpack_object *v = arg(map, key);
-  if (v && dspk__obj_bool(v, out) != 0)
-    return dspk__fail(msg, msglen, DSPK_EINVAL, "%s: expected a boolean", key);
-  return 0;
-}
+/* dspk__arg_u64, dspk__arg_f64 and dspk__arg_bool (declared in codec.h):
+ * an optional key read through dspk__obj_<name>, else EINVAL naming what
+ * was expected. */
+#define DSPK__ARG_SCALAR(name, type, what)                                     \
+  int dspk__arg_##name(const msgpack_object *map, const char *key, type *out,  \
+                       char *msg, size_t msglen) {                             \
+    const msgpack_object *v = arg(map, key);                                   \
+    if (v && dspk__obj_##name(v, out) != 0)                                    \
+      return dspk__fail(msg, msglen, DSPK_EINVAL, "%s: expected " what, key);  \
+    return 0;                                                                  \
+  }
+DSPK__ARG_SCALAR(u64, uint64_t, "a non-negative integer")
+DSPK__ARG_SCALAR(f64, double, "a number")
+DSPK__ARG_SCALAR(bool, bool, "a boolean")
+#undef DSPK__ARG_SCALAR
 
 int dspk__arg_str(const msgpack_object *map, const char *key, char *buf,
                   size_t buflen, char *msg, size_t msglen) {
