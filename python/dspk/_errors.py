@@ -41,133 +41,51 @@ def _rebuild(code: int, name: str, message: str) -> Error:
     return error_from({"code": code, "name": name, "message": message})
 
 
-class InvalidArgument(Error, ValueError):
-    """EINVAL (-1): invalid argument."""
-    code, name = -1, "EINVAL"
+# One row per error code of docs/protocol.md: the class, the builtin exception
+# it also derives from (or None), the code, its name and the docstring's text.
+_TABLE = (
+    ("InvalidArgument", ValueError, -1, "EINVAL", "invalid argument."),
+    ("OutOfMemory", MemoryError, -2, "ENOMEM", "out of memory."),
+    ("ProtocolError", None, -3, "EPROTO", "protocol error."),
+    ("LimitExceeded", None, -4, "ELIMIT", "a limit of the daemon was exceeded."),
+    ("NoMethod", None, -5, "ENOMETHOD", "unknown method."),
+    ("NoDevice", None, -6, "ENODEV", "no such device."),
+    ("DtypeError", TypeError, -7, "EDTYPE", "unsupported dtype."),
+    ("ShapeError", ValueError, -8, "ESHAPE", "shape mismatch."),
+    ("NoBuffer", None, -9, "ENOBUF", "no such buffer (freed, or of another connection)."),
+    ("RangeError", IndexError, -10, "ERANGE", "out of range."),
+    ("Canceled", None, -11, "ECANCELED", "task canceled."),
+    ("Shutdown", None, -12, "ESHUTDOWN", "the daemon is shutting down."),
+    ("PermissionDenied", PermissionError, -13, "EPERM", "permission denied."),
+    ("IOFailure", None, -14, "EIO", "i/o error."),
+    ("Closed", ConnectionError, -15, "ECLOSED",
+     "the connection is closed (by close(), or the daemon went away)."),
+    ("ConnectError", ConnectionError, -16, "ECONNECT", "cannot connect to the daemon."),
+    ("DeviceError", None, -17, "EDEVICE", "device error."),
+    ("CompileError", None, -18, "ECOMPILE",
+     "kernel compilation failed (the message holds the compiler log)."),
+    ("NotSupported", NotImplementedError, -19, "ENOTSUP",
+     "operation not supported (by this device, or by this daemon)."),
+    ("Busy", None, -20, "EBUSY", "resource busy."),
+    ("Timeout", TimeoutError, -21, "ETIMEDOUT", "timed out waiting for the daemon."),
+    ("NotFound", None, -22, "ENOENT", "not found."),
+    ("VersionMismatch", None, -23, "EVERSION", "protocol version mismatch."),
+    ("InternalError", None, -24, "EINTERNAL", "internal error."),
+)
 
 
-class OutOfMemory(Error, MemoryError):
-    """ENOMEM (-2): out of memory."""
-    code, name = -2, "ENOMEM"
+def _subclass(cls_name: str, builtin: Type[BaseException] | None, code: int, name: str,
+              text: str) -> Type[Error]:
+    bases = (Error,) if builtin is None else (Error, builtin)
+    return type(cls_name, bases, {
+        "__doc__": "%s (%d): %s" % (name, code, text), "__module__": __name__,
+        "__qualname__": cls_name, "code": code, "name": name})
 
 
-class ProtocolError(Error):
-    """EPROTO (-3): protocol error."""
-    code, name = -3, "EPROTO"
-
-
-class LimitExceeded(Error):
-    """ELIMIT (-4): a limit of the daemon was exceeded."""
-    code, name = -4, "ELIMIT"
-
-
-class NoMethod(Error):
-    """ENOMETHOD (-5): unknown method."""
-    code, name = -5, "ENOMETHOD"
-
-
-class NoDevice(Error):
-    """ENODEV (-6): no such device."""
-    code, name = -6, "ENODEV"
-
-
-class DtypeError(Error, TypeError):
-    """EDTYPE (-7): unsupported dtype."""
-    code, name = -7, "EDTYPE"
-
-
-class ShapeError(Error, ValueError):
-    """ESHAPE (-8): shape mismatch."""
-    code, name = -8, "ESHAPE"
-
-
-class NoBuffer(Error):
-    """ENOBUF (-9): no such buffer (freed, or of another connection)."""
-    code, name = -9, "ENOBUF"
-
-
-class RangeError(Error, IndexError):
-    """ERANGE (-10): out of range."""
-    code, name = -10, "ERANGE"
-
-
-class Canceled(Error):
-    """ECANCELED (-11): task canceled."""
-    code, name = -11, "ECANCELED"
-
-
-class Shutdown(Error):
-    """ESHUTDOWN (-12): the daemon is shutting down."""
-    code, name = -12, "ESHUTDOWN"
-
-
-class PermissionDenied(Error, PermissionError):
-    """EPERM (-13): permission denied."""
-    code, name = -13, "EPERM"
-
-
-class IOFailure(Error):
-    """EIO (-14): i/o error."""
-    code, name = -14, "EIO"
-
-
-class Closed(Error, ConnectionError):
-    """ECLOSED (-15): the connection is closed (by close(), or the daemon went away)."""
-    code, name = -15, "ECLOSED"
-
-
-class ConnectError(Error, ConnectionError):
-    """ECONNECT (-16): cannot connect to the daemon."""
-    code, name = -16, "ECONNECT"
-
-
-class DeviceError(Error):
-    """EDEVICE (-17): device error."""
-    code, name = -17, "EDEVICE"
-
-
-class CompileError(Error):
-    """ECOMPILE (-18): kernel compilation failed (the message holds the compiler log)."""
-    code, name = -18, "ECOMPILE"
-
-
-class NotSupported(Error, NotImplementedError):
-    """ENOTSUP (-19): operation not supported (by this device, or by this daemon)."""
-    code, name = -19, "ENOTSUP"
-
-
-class Busy(Error):
-    """EBUSY (-20): resource busy."""
-    code, name = -20, "EBUSY"
-
-
-class Timeout(Error, TimeoutError):
-    """ETIMEDOUT (-21): timed out waiting for the daemon."""
-    code, name = -21, "ETIMEDOUT"
-
-
-class NotFound(Error):
-    """ENOENT (-22): not found."""
-    code, name = -22, "ENOENT"
-
-
-class VersionMismatch(Error):
-    """EVERSION (-23): protocol version mismatch."""
-    code, name = -23, "EVERSION"
-
-
-class InternalError(Error):
-    """EINTERNAL (-24): internal error."""
-    code, name = -24, "EINTERNAL"
-
-
-_BY_CODE: Dict[int, Type[Error]] = {
-    cls.code: cls for cls in (
-        InvalidArgument, OutOfMemory, ProtocolError, LimitExceeded, NoMethod, NoDevice,
-        DtypeError, ShapeError, NoBuffer, RangeError, Canceled, Shutdown, PermissionDenied,
-        IOFailure, Closed, ConnectError, DeviceError, CompileError, NotSupported, Busy,
-        Timeout, NotFound, VersionMismatch, InternalError)
-}
+_BY_CODE: Dict[int, Type[Error]] = {}
+for _row in _TABLE:
+    _BY_CODE[_row[2]] = globals()[_row[0]] = _subclass(*_row)
+del _row
 
 
 def error_from(err: Mapping[str, Any]) -> Error:
