@@ -71,42 +71,24 @@ void dspk__cpu_fft_release(struct dspk__dev *dev) {
  * arrays.  The plan, or NULL. */
 static void *plan_dft(int kind, int dbl, int n, int batch, void *in, void *out,
                       int idist, int odist, unsigned flags) {
-  int nn = n;
-  void *plan = NULL;
-  if (dbl) {
-    switch (kind) {
-    case DSPK__CPU_FFT_R2C:
-      plan = fftw_plan_many_dft_r2c(1, &nn, batch, in, NULL, 1, idist, out,
-                                    NULL, 1, odist, flags);
-      break;
-    case DSPK__CPU_FFT_C2R:
-      plan = fftw_plan_many_dft_c2r(1, &nn, batch, in, NULL, 1, idist, out,
-                                    NULL, 1, odist, flags);
-      break;
-    default:
-      plan = fftw_plan_many_dft(1, &nn, batch, in, NULL, 1, idist, out, NULL, 1,
-                                odist,
-                                kind == DSPK__CPU_FFT_FWD ? FFTW_FORWARD : FFTW_BACKWARD,
-                                flags);
-    }
-  } else {
-    switch (kind) {
-    case DSPK__CPU_FFT_R2C:
-      plan = fftwf_plan_many_dft_r2c(1, &nn, batch, in, NULL, 1, idist, out,
-                                     NULL, 1, odist, flags);
-      break;
-    case DSPK__CPU_FFT_C2R:
-      plan = fftwf_plan_many_dft_c2r(1, &nn, batch, in, NULL, 1, idist, out,
-                                     NULL, 1, odist, flags);
-      break;
-    default:
-      plan = fftwf_plan_many_dft(1, &nn, batch, in, NULL, 1, idist, out, NULL, 1,
-                                 odist,
-                                 kind == DSPK__CPU_FFT_FWD ? FFTW_FORWARD : FFTW_BACKWARD,
-                                 flags);
-    }
+  int nn = n, sign = kind == DSPK__CPU_FFT_FWD ? FFTW_FORWARD : FFTW_BACKWARD;
+  /* The same calls in both precisions: pfx is fftw (double) or fftwf. */
+#define PLAN_MANY(pfx)                                                         \
+  switch (kind) {                                                              \
+  case DSPK__CPU_FFT_R2C:                                                      \
+    return pfx##_plan_many_dft_r2c(1, &nn, batch, in, NULL, 1, idist, out,     \
+                                   NULL, 1, odist, flags);                     \
+  case DSPK__CPU_FFT_C2R:                                                      \
+    return pfx##_plan_many_dft_c2r(1, &nn, batch, in, NULL, 1, idist, out,     \
+                                   NULL, 1, odist, flags);                     \
+  default:                                                                     \
+    return pfx##_plan_many_dft(1, &nn, batch, in, NULL, 1, idist, out, NULL,   \
+                               1, odist, sign, flags);                         \
   }
-  return plan;
+  if (dbl)
+    PLAN_MANY(fftw)
+  PLAN_MANY(fftwf)
+#undef PLAN_MANY
 }
 
 /* Makes a plan on scratch arrays; NULL when out of memory or FFTW fails.

@@ -8,10 +8,11 @@
 
 #include "backends/gpurt/worker.h"
 
-int dspk__worker_read(int fd, void *p, size_t n) {
-  char *c = p;
+/* Reads (out == 0) or sends all n bytes at c, again after EINTR: 0, or -1
+ * on an error or end of file. */
+static int whole(int fd, char *c, size_t n, int out) {
   while (n > 0) {
-    ssize_t r = read(fd, c, n);
+    ssize_t r = out ? send(fd, c, n, MSG_NOSIGNAL) : read(fd, c, n);
     if (r < 0 && errno == EINTR)
       continue;
     if (r <= 0)
@@ -22,16 +23,9 @@ int dspk__worker_read(int fd, void *p, size_t n) {
   return 0;
 }
 
+int dspk__worker_read(int fd, void *p, size_t n) { return whole(fd, p, n, 0); }
+
+/* whole() only reads the bytes it sends. */
 int dspk__worker_write(int fd, const void *p, size_t n) {
-  const char *c = p;
-  while (n > 0) {
-    ssize_t r = send(fd, c, n, MSG_NOSIGNAL);
-    if (r < 0 && errno == EINTR)
-      continue;
-    if (r <= 0)
-      return -1;
-    c += r;
-    n -= (size_t)r;
-  }
-  return 0;
+  return whole(fd, (char *)p, n, 1);
 }
