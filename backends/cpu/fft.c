@@ -96,28 +96,15 @@ static void *plan_dft(int kind, int dbl, int n, int batch, void *in, void *out,
 static void *make_plan(int kind, int dbl, int n, int batch, int inplace,
                        int aligned, unsigned flags, int *measured) {
   size_t cs = dbl ? 16 : 8, rs = dbl ? 8 : 4;
-  int nh = n / 2 + 1;
-  size_t in_bytes, out_bytes;
-  int idist, odist;
-  switch (kind) {
-  case DSPK__CPU_FFT_R2C:
-    in_bytes = (size_t)n * batch * rs;
-    out_bytes = (size_t)nh * batch * cs;
-    idist = n;
-    odist = nh;
-    break;
-  case DSPK__CPU_FFT_C2R:
-    in_bytes = (size_t)nh * batch * cs;
-    out_bytes = (size_t)n * batch * rs;
-    idist = nh;
-    odist = n;
-    break;
-  default:
-    in_bytes = out_bytes = (size_t)n * batch * cs;
-    idist = odist = n;
-    break;
-  }
-  if (kind == DSPK__CPU_FFT_R2C || kind == DSPK__CPU_FFT_C2R)
+  int nh = n / 2 + 1, r2c = kind == DSPK__CPU_FFT_R2C, c2r = kind == DSPK__CPU_FFT_C2R;
+  /* r2c: n reals in, nh complex out; c2r the other way round; else n
+   * complex both sides. */
+  size_t real_bytes = (size_t)n * batch * rs, half_bytes = (size_t)nh * batch * cs;
+  size_t cplx_bytes = (size_t)n * batch * cs;
+  size_t in_bytes = r2c ? real_bytes : c2r ? half_bytes : cplx_bytes;
+  size_t out_bytes = r2c ? half_bytes : c2r ? real_bytes : cplx_bytes;
+  int idist = c2r ? nh : n, odist = r2c ? nh : n;
+  if (r2c || c2r)
     inplace = 0; /* the padded in-place real layout is never used here */
   if (!aligned)
     flags |= FFTW_UNALIGNED;
