@@ -11,6 +11,7 @@
  * size allows.  Loops are grid-stride, so any size fits in the dispatch
  * limits (at most DSPK__VK_MAX_GROUPS workgroups).
  */
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -117,6 +118,36 @@ static int too_big(int64_t n, struct dspk__opctx *ctx, const char *op) {
   return 0;
 }
 
+/* One of the kernels below, ready to dispatch: compiled (or found in the
+ * cache) with its tensors bound; e holds each tensor's first element. */
+struct ready {
+  struct dspk__vk_kernel *kern;
+  struct dspk__vk_bind b[3];
+  uint32_t e[3];
+  int nb;
+};
+
+/* Readies the kernel name: the preamble of dt, then fmt's GLSL; nb (at most
+ * 3) storage buffers bound to the tensors t, pclen bytes of push constants. */
+static int prepare(struct dspk__dev *d, struct dspk__opctx *ctx, struct ready *k,
+                   const char *name, dspk_dtype dt, const struct dspk__tensor *const *t,
+                   int nb, size_t pclen, const char *fmt, ...)
+    __attribute__((format(printf, 9, 10)));
+static int prepare(struct dspk__dev *d, struct dspk__opctx *ctx, struct ready *k,
+                   const char *name, dspk_dtype dt, const struct dspk__tensor *const *t,
+                   int nb, size_t pclen, const char *fmt, ...) {
+  char src[8192];
+  int n = preamble(src, sizeof src, dt), r;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(src + n, sizeof src - n, fmt, ap);
+  va_end(ap);
+  k->nb = nb;
+  if ((r = dspk__vk_kernel(d, name, src, NULL, 0, "main", nb, pclen, &k->kern, ctx)))
+    return r;
+  return bind_all(d, t, nb, k->b, k->e, ctx);
+}
+
 /* ---- map ------------------------------------------------------------------ */
 
 int dspk__vk_map(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *ctx) {
@@ -144,40 +175,34 @@ int dspk__vk_map(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *c
   }
   if (op->u.map.fn == DSPK_MAP_ABS && dt == DSPK_C128)
     expr = "sqrt(a[pc.oa+i].x*a[pc.oa+i].x + a[pc.oa+i].y*a[pc.oa+i].y)";
-  char src[8192];
-  int k = preamble(src, sizeof src, dt);
-  snprintf(src + k, sizeof src - k,
-           "layout(std430, binding = 0) buffer BA { T a[]; };\n"
-           "%s"
-           "layout(std430, binding = %d) buffer BO { %s o[]; };\n"
-           "layout(push_constant) uniform PC { uint n, oa, ob, oo; R alpha; } pc;\n"
-           "void main() {\n"
-           "  uint stride = gl_NumWorkGroups.x * %du;\n"
-           "  for (uint i = gl_GlobalInvocationID.x; i < pc.n; i += stride)\n"
-           "    o[pc.oo+i] = %s;\n}\n",
-           bin ? "layout(std430, binding = 1) buffer BB { T b[]; };\n" : "", bin ? 2 : 1,
-           op->u.map.fn == DSPK_MAP_ABS ? (is_dbl(dt) ? "double" : "float") : "T",
-           DSPK__VK_WG, expr);
-  struct dspk__vk_kernel *kern;
-  if ((r = dspk__vk_kernel(d, "map", src, NULL, 0, "main", bin ? 3 : 2, 24, &kern, ctx)))
-    return r;
   const struct dspk__tensor *t[3] = {&op->in[0], bin ? &op->in[1] : &op->out[0],
                                      &op->out[0]};
-  struct dspk__vk_bind b[3];
-  uint32_t e[3];
-  if ((r = bind_all(d, t, bin ? 3 : 2, b, e, ctx)))
+  struct ready kr;
+  r = prepare(d, ctx, &kr, "map", dt, t, bin ? 3 : 2, 24,
+              "layout(std430, binding = 0) buffer BA { T a[]; };\n"
+              "%s"
+              "layout(std430, binding = %d) buffer BO { %s o[]; };\n"
+              "layout(push_constant) uniform PC { uint n, oa, ob, oo; R alpha; } pc;\n"
+              "void main() {\n"
+              "  uint stride = gl_NumWorkGroups.x * %du;\n"
+              "  for (uint i = gl_GlobalInvocationID.x; i < pc.n; i += stride)\n"
+              "    o[pc.oo+i] = %s;\n}\n",
+              bin ? "layout(std430, binding = 1) buffer BB { T b[]; };\n" : "", bin ? 2 : 1,
+              op->u.map.fn == DSPK_MAP_ABS ? (is_dbl(dt) ? "double" : "float") : "T",
+              DSPK__VK_WG, expr);
+  if (r)
     return r;
   struct {
     uint32_t n, oa, ob, oo;
     union { float f; double d; } alpha;
-  } pc = {(uint32_t)n, e[0], bin ? e[1] : 0, bin ? e[2] : e[1], {0}};
+  } pc = {(uint32_t)n, kr.e[0], bin ? kr.e[1] : 0, bin ? kr.e[2] : kr.e[1], {0}};
   if (is_dbl(dt))
     pc.alpha.d = op->u.map.alpha;
   else
     pc.alpha.f = (float)op->u.map.alpha;
   if (n == 0)
     return 0;
-  return dspk__vk_dispatch(d, kern, b, bin ? 3 : 2, &pc, sizeof pc,
+  return dspk__vk_dispatch(d, kr.kern, kr.b, kr.nb, &pc, sizeof pc,
                            groups_for((uint64_t)n, DSPK__VK_WG), 1, 1);
 }
 
@@ -230,51 +255,45 @@ int dspk__vk_reduce(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx
     init = "T(uintBitsToFloat(0x7f800000u))"; comb = "min(A, B)"; fin = "v"; break;
   default: return dspk__vk_fail(ctx, DSPK_ENOTSUP, "reduce: unknown function");
   }
-  char src[8192];
-  int k = preamble(src, sizeof src, dt);
-  snprintf(src + k, sizeof src - k,
-           "layout(std430, binding = 0) buffer BX { T x[]; };\n"
-           "layout(std430, binding = 1) buffer BO { T o[]; };\n"
-           "layout(push_constant) uniform PC { uint nout, nred, rk, rr, ox, oo, p0, p1;\n"
-           "  uint dim[8]; uint str[8]; } pc;\n"
-           "#define COMB(A, B) %s\n"
-           "shared T s[%d];\n"
-           "void main() {\n"
-           "  uint lid = gl_LocalInvocationID.x;\n"
-           "  for (uint oi = gl_WorkGroupID.x; oi < pc.nout; oi += gl_NumWorkGroups.x) {\n"
-           "    uint rem = oi, base = pc.ox;\n"
-           "    for (int j = int(pc.rk) - 1; j >= 0; j--) {\n"
-           "      base += (rem %% pc.dim[j]) * pc.str[j]; rem /= pc.dim[j]; }\n"
-           "    T acc = %s;\n"
-           "    for (uint ri = lid; ri < pc.nred; ri += %du) {\n"
-           "      uint rr = ri, off = base;\n"
-           "      for (int j = int(pc.rk + pc.rr) - 1; j >= int(pc.rk); j--) {\n"
-           "        off += (rr %% pc.dim[j]) * pc.str[j]; rr /= pc.dim[j]; }\n"
-           "      acc = COMB(acc, x[off]);\n"
-           "    }\n"
-           "    s[lid] = acc;\n"
-           "    barrier();\n"
-           "    for (uint st = %du; st > 0u; st >>= 1) {\n"
-           "      if (lid < st) s[lid] = COMB(s[lid], s[lid + st]);\n"
-           "      barrier();\n"
-           "    }\n"
-           "    if (lid == 0u) { T v = s[0]; o[pc.oo + oi] = %s; }\n"
-           "    barrier();\n"
-           "  }\n}\n",
-           comb, DSPK__VK_WG, init, DSPK__VK_WG, DSPK__VK_WG / 2, fin);
-  struct dspk__vk_kernel *kern;
-  if ((r = dspk__vk_kernel(d, "reduce", src, NULL, 0, "main", 2, sizeof pc, &kern, ctx)))
-    return r;
   const struct dspk__tensor *t[2] = {X, &op->out[0]};
-  struct dspk__vk_bind b[2];
-  uint32_t e[2];
-  if ((r = bind_all(d, t, 2, b, e, ctx)))
+  struct ready kr;
+  r = prepare(d, ctx, &kr, "reduce", dt, t, 2, sizeof pc,
+              "layout(std430, binding = 0) buffer BX { T x[]; };\n"
+              "layout(std430, binding = 1) buffer BO { T o[]; };\n"
+              "layout(push_constant) uniform PC { uint nout, nred, rk, rr, ox, oo, p0, p1;\n"
+              "  uint dim[8]; uint str[8]; } pc;\n"
+              "#define COMB(A, B) %s\n"
+              "shared T s[%d];\n"
+              "void main() {\n"
+              "  uint lid = gl_LocalInvocationID.x;\n"
+              "  for (uint oi = gl_WorkGroupID.x; oi < pc.nout; oi += gl_NumWorkGroups.x) {\n"
+              "    uint rem = oi, base = pc.ox;\n"
+              "    for (int j = int(pc.rk) - 1; j >= 0; j--) {\n"
+              "      base += (rem %% pc.dim[j]) * pc.str[j]; rem /= pc.dim[j]; }\n"
+              "    T acc = %s;\n"
+              "    for (uint ri = lid; ri < pc.nred; ri += %du) {\n"
+              "      uint rr = ri, off = base;\n"
+              "      for (int j = int(pc.rk + pc.rr) - 1; j >= int(pc.rk); j--) {\n"
+              "        off += (rr %% pc.dim[j]) * pc.str[j]; rr /= pc.dim[j]; }\n"
+              "      acc = COMB(acc, x[off]);\n"
+              "    }\n"
+              "    s[lid] = acc;\n"
+              "    barrier();\n"
+              "    for (uint st = %du; st > 0u; st >>= 1) {\n"
+              "      if (lid < st) s[lid] = COMB(s[lid], s[lid + st]);\n"
+              "      barrier();\n"
+              "    }\n"
+              "    if (lid == 0u) { T v = s[0]; o[pc.oo + oi] = %s; }\n"
+              "    barrier();\n"
+              "  }\n}\n",
+              comb, DSPK__VK_WG, init, DSPK__VK_WG, DSPK__VK_WG / 2, fin);
+  if (r)
     return r;
-  pc.ox = e[0];
-  pc.oo = e[1];
+  pc.ox = kr.e[0];
+  pc.oo = kr.e[1];
   if (nout == 0)
     return 0;
-  return dspk__vk_dispatch(d, kern, b, 2, &pc, sizeof pc, groups_for(nout, 1), 1, 1);
+  return dspk__vk_dispatch(d, kr.kern, kr.b, kr.nb, &pc, sizeof pc, groups_for(nout, 1), 1, 1);
 }
 
 /* ---- fir ---------------------------------------------------------------- */
@@ -287,52 +306,46 @@ int dspk__vk_fir_direct(struct dspk__dev *d, struct dspk__op *op, struct dspk__o
   int64_t total = dspk__tensor_numel(X);
   if (r || (r = too_big(total, ctx, "fir")))
     return r;
-  char src[8192];
-  int k = preamble(src, sizeof src, dt);
+  const struct dspk__tensor *t[3] = {X, H, &op->out[0]};
+  struct ready kr;
   /* One output sample per invocation; the taps go through shared memory in
    * chunks so each workgroup reads them once per chunk. */
-  snprintf(src + k, sizeof src - k,
-           "layout(std430, binding = 0) buffer BX { T x[]; };\n"
-           "layout(std430, binding = 1) buffer BH { T h[]; };\n"
-           "layout(std430, binding = 2) buffer BY { T y[]; };\n"
-           "layout(push_constant) uniform PC { uint total, n, k, ox, oh, oy; } pc;\n"
-           "shared T hs[%d];\n"
-           "void main() {\n"
-           "  uint lid = gl_LocalInvocationID.x;\n"
-           "  uint stride = gl_NumWorkGroups.x * %du;\n"
-           "  uint iters = (pc.total + stride - 1u) / stride;\n"
-           "  for (uint it = 0u; it < iters; it++) {\n"
-           "    uint i = gl_GlobalInvocationID.x + it * stride;\n"
-           "    bool live = i < pc.total;\n"
-           "    uint t = live ? i %% pc.n : 0u, row = live ? i - t : 0u;\n"
-           "    T acc = T(0);\n"
-           "    for (uint c = 0u; c < pc.k; c += %du) {\n"
-           "      barrier();\n"
-           "      if (c + lid < pc.k) hs[lid] = h[pc.oh + c + lid];\n"
-           "      barrier();\n"
-           "      uint kend = min(pc.k - c, %du);\n"
-           "      if (live && t >= c) {\n"
-           "        uint jmax = min(kend, t - c + 1u);\n"
-           "        for (uint j = 0u; j < jmax; j++)\n"
-           "          acc += cmul(hs[j], x[pc.ox + row + t - c - j]);\n"
-           "      }\n"
-           "    }\n"
-           "    if (live) y[pc.oy + i] = acc;\n"
-           "  }\n}\n",
-           DSPK__VK_WG, DSPK__VK_WG, DSPK__VK_WG, DSPK__VK_WG);
-  struct dspk__vk_kernel *kern;
-  if ((r = dspk__vk_kernel(d, "fir", src, NULL, 0, "main", 3, 24, &kern, ctx)))
-    return r;
-  const struct dspk__tensor *t[3] = {X, H, &op->out[0]};
-  struct dspk__vk_bind b[3];
-  uint32_t e[3];
-  if ((r = bind_all(d, t, 3, b, e, ctx)))
+  r = prepare(d, ctx, &kr, "fir", dt, t, 3, 24,
+              "layout(std430, binding = 0) buffer BX { T x[]; };\n"
+              "layout(std430, binding = 1) buffer BH { T h[]; };\n"
+              "layout(std430, binding = 2) buffer BY { T y[]; };\n"
+              "layout(push_constant) uniform PC { uint total, n, k, ox, oh, oy; } pc;\n"
+              "shared T hs[%d];\n"
+              "void main() {\n"
+              "  uint lid = gl_LocalInvocationID.x;\n"
+              "  uint stride = gl_NumWorkGroups.x * %du;\n"
+              "  uint iters = (pc.total + stride - 1u) / stride;\n"
+              "  for (uint it = 0u; it < iters; it++) {\n"
+              "    uint i = gl_GlobalInvocationID.x + it * stride;\n"
+              "    bool live = i < pc.total;\n"
+              "    uint t = live ? i %% pc.n : 0u, row = live ? i - t : 0u;\n"
+              "    T acc = T(0);\n"
+              "    for (uint c = 0u; c < pc.k; c += %du) {\n"
+              "      barrier();\n"
+              "      if (c + lid < pc.k) hs[lid] = h[pc.oh + c + lid];\n"
+              "      barrier();\n"
+              "      uint kend = min(pc.k - c, %du);\n"
+              "      if (live && t >= c) {\n"
+              "        uint jmax = min(kend, t - c + 1u);\n"
+              "        for (uint j = 0u; j < jmax; j++)\n"
+              "          acc += cmul(hs[j], x[pc.ox + row + t - c - j]);\n"
+              "      }\n"
+              "    }\n"
+              "    if (live) y[pc.oy + i] = acc;\n"
+              "  }\n}\n",
+              DSPK__VK_WG, DSPK__VK_WG, DSPK__VK_WG, DSPK__VK_WG);
+  if (r)
     return r;
   uint32_t pc[6] = {(uint32_t)total, (uint32_t)X->shape[X->rank - 1],
-                    (uint32_t)H->shape[0], e[0], e[1], e[2]};
+                    (uint32_t)H->shape[0], kr.e[0], kr.e[1], kr.e[2]};
   if (total == 0)
     return 0;
-  return dspk__vk_dispatch(d, kern, b, 3, pc, sizeof pc,
+  return dspk__vk_dispatch(d, kr.kern, kr.b, kr.nb, pc, sizeof pc,
                            groups_for((uint64_t)total, DSPK__VK_WG), 1, 1);
 }
 
