@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 import dspk
+from dspk_kernels import GLSL_AXPY  # tests/common, on the path through conftest.py
 
 RNG = np.random.default_rng(13)
 FLOAT = [np.float32, np.float64]
@@ -167,21 +168,6 @@ def test_zero_size_and_scalar(client):
     s = np.array(3.0, np.float64)
     got = client.map("scale", s, alpha=2.0)
     assert got.shape == () and got == 6.0
-
-
-GLSL_AXPY = """#version 450
-layout(local_size_x = 64) in;
-layout(std430, binding = 0) buffer BY { float y[]; };
-layout(std430, binding = 1) buffer BZ { double z[]; };
-layout(push_constant) uniform PC { int n; float alpha; double beta; } pc;
-void main() {
-  uint i = gl_GlobalInvocationID.x;
-  if (i < uint(pc.n)) {
-    y[i] = pc.alpha * float(z[i]) + float(i);
-    z[i] = z[i] * pc.beta;
-  }
-}
-"""
 
 
 def test_kernel_glsl_on_vulkan():

@@ -49,6 +49,9 @@ import tempfile
 
 import numpy as np
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+from dspk_kernels import GLSL_AXPY  # noqa: E402
+
 SEED = 20261130
 COMMANDS = ["ping", "devices", "status", "gemm", "fft", "fir", "contract",
             "reduce", "map", "kernel", "cache"]
@@ -966,19 +969,6 @@ def suite_fake(cli, tmp):
 
 SKIP = 77  # ctest SKIP_RETURN_CODE: no device for the suite on this machine
 
-GLSL_AXPY = """#version 450
-layout(local_size_x = 64) in;
-layout(std430, binding = 0) buffer BY { float y[]; };
-layout(std430, binding = 1) buffer BZ { double z[]; };
-layout(push_constant) uniform PC { int n; float alpha; double beta; } pc;
-void main() {
-  uint i = gl_GlobalInvocationID.x;
-  if (i < uint(pc.n)) {
-    y[i] = pc.alpha * float(z[i]) + float(i);
-    z[i] = z[i] * pc.beta;
-  }
-}
-"""
 
 
 def suite_kernel(cli, tmp):
