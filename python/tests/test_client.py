@@ -115,6 +115,21 @@ def test_errors(client):
     client.ping()  # the connection stays usable after every error
 
 
+def test_error_stubs_match_the_classes():
+    """_errors.pyi (what type checkers see) declares exactly the classes that
+    _errors.py makes from its table, with the same bases."""
+    import ast
+    import dspk._errors as mod
+    stub = ast.parse(open(os.path.splitext(mod.__file__)[0] + ".pyi").read())
+    declared = {c.name: [ast.unparse(b) for b in c.bases]
+                for c in stub.body if isinstance(c, ast.ClassDef)}
+    made = {n: [b.__name__ for b in getattr(mod, n).__bases__]
+            for n in mod.__all__ if isinstance(getattr(mod, n), type)}
+    assert declared == made
+    funcs = {f.name for f in stub.body if isinstance(f, ast.FunctionDef)}
+    assert funcs == {n for n in mod.__all__ if not isinstance(getattr(mod, n), type)}
+
+
 def test_empty_shared_is_an_ndarray(client):
     """empty_shared is supported now (tests/test_shared.py has the rest)."""
     a = client.empty_shared((4, 4), np.float32)
