@@ -169,10 +169,12 @@ struct dspk__backend {
   void (*host_unregister)(struct dspk__dev *dev, void *ptr);
 
   /* Optional: the address of a block's bytes when they are plain host
-   * memory that any thread may read until free() of the block (the cpu,
-   * whose work is done when run returns), else NULL.  The daemon then sends
-   * buffer.read answers and large inline results straight from the block
-   * instead of copying them out first (daemon/task.c). */
+   * memory that any thread may read until free() of the block, and write
+   * while no op uses it (the cpu, whose work is done when run returns),
+   * else NULL.  The daemon then sends buffer.read answers and large inline
+   * results straight from the block instead of copying them out first
+   * (daemon/task.c), and receives buffer.write data into it on the loop
+   * thread (daemon/conn.c). */
   void *(*host_ptr)(struct dspk__dev *dev, struct dspk__mem *mem);
 
   /* Optional.  Fills the counters shown by `status`. */

@@ -11,6 +11,15 @@
  * written, and resumes when it drains, so one client cannot make the daemon
  * buffer without bound.  A frame that breaks the protocol or a limit gets a
  * `protocol.error` notification and that connection alone is closed.
+ *
+ * buffer.write in place: when the head of a buffer.write (up to its data)
+ * is in the read buffer and its data is not, and the buffer is cpu memory
+ * that nothing else uses now (dspkd_land_begin), the rest of the data is
+ * read from the socket straight into the buffer instead of the read buffer
+ * (which the runner would copy it from: a third copy of every byte, after
+ * the client's into the socket and the kernel's out of it).  The head went
+ * through the frame scanner as any frame does; the data is a bin, opaque
+ * bytes that end the frame.  A job then answers it in its turn.
  */
 #include <errno.h>
 #include <malloc.h>
@@ -31,6 +40,8 @@
 #define RCHUNK_MIN ((size_t)64 << 10)   /* first read buffer of a connection */
 #define RCHUNK_KEEP ((size_t)1 << 20)   /* an idle buffer above this shrinks */
 #define READ_MIN ((size_t)16 << 10)     /* least free space offered to read() */
+#define LAND_MIN ((size_t)64 << 10)     /* buffer.write data received in place */
+#define LAND_READ_MAX ((size_t)1 << 30) /* at most this much per read() */
 
 /* ---- outgoing frames -------------------------------------------------- */
 
@@ -319,6 +330,10 @@ void dspkd_conn_close(struct conn *c, const char *why) {
   dspkd_sched_drop(d, c, 0);
   dspkd_trace_conn_closed(c); /* its traces stop recording */
   dspkd_shm_conn_closed(c);   /* fds no buffer.import claimed */
+  if (c->land.b) {            /* a buffer.write cut off in its data */
+    dspkd_dbuf_unref(d, c->land.b);
+    c->land.b = NULL;
+  }
   dspkd_sched_cancel_all(d, c);
   for (size_t i = 0; i < c->nbufs; i++) {
     dspkd_quota_buf(c, c->bufs[i], -1);
@@ -355,6 +370,12 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
   size_t pending, cap, limit;
 
   (void)suggested;
+  if (c->land.b) { /* the rest of a buffer.write's data, and nothing after it */
+    size_t left = c->land.len - c->land.got;
+    *buf = uv_buf_init(c->land.dst + c->land.got,
+                       (unsigned)(left < LAND_READ_MAX ? left : LAND_READ_MAX));
+    return;
+  }
   *buf = uv_buf_init(NULL, 0);
   if (k && k->refs == 1 && k->start == k->end) {
     k->start = k->end = 0;
@@ -486,6 +507,30 @@ out:
   msgpack_zone_clear(&d->zone);
 }
 
+/* An incomplete frame at k->start: when it is the head of a buffer.write
+ * whose data can go straight into its buffer, the data read so far goes
+ * there and the rest will follow it (on_alloc); the read buffer is then
+ * empty.  The frame scanner has accepted the bytes so far. */
+static void conn_land(struct conn *c, struct rchunk *k) {
+  struct dspk__write_head h;
+  size_t have = k->end - k->start;
+  char *dst;
+
+  if (c->land.b || have < 16 ||
+      !dspk__write_head_scan(k->data + k->start, have, &c->d->cfg.lim, &h) ||
+      h.len < LAND_MIN || have >= h.head + h.len)
+    return;
+  /* As for any frame: fds that came before it were not sent with it. */
+  c->frame_pos = c->rx_pos - have;
+  dspkd_shm_drop_stale(c);
+  if (!(dst = dspkd_land_begin(c, &h)))
+    return;
+  c->land.got = have - h.head;
+  memcpy(dst, k->data + k->start + h.head, c->land.got);
+  c->d->obs.bytes_in_place += c->land.got;
+  k->start = k->end;
+}
+
 /* Runs every complete frame in the read buffer while the connection may
  * take more requests. */
 static void conn_process(struct conn *c) {
@@ -510,8 +555,10 @@ static void conn_process(struct conn *c) {
     }
     msg[0] = '\0';
     n = dspk__frame_scan(k->data + k->start, k->end - k->start, lim, msg, sizeof msg);
-    if (n == 0)
+    if (n == 0) {
+      conn_land(c, k);
       break;
+    }
     if (n < 0) {
       conn_protocol_error(c, (int)n, msg[0] ? msg : dspk__strerror((int)n));
       break;
@@ -550,7 +597,12 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
   }
   if (n == 0)
     return;
-  c->rb->end += (size_t)n;
+  if (c->land.b) { /* read into the buffer (on_alloc) */
+    c->land.got += (size_t)n;
+    c->d->obs.bytes_in_place += (size_t)n;
+  } else {
+    c->rb->end += (size_t)n;
+  }
   c->rx_pos += (size_t)n;
   c->d->obs.bytes_in += (size_t)n;
   /* SCM_RIGHTS descriptors that came with these bytes (buffer.import). */
@@ -566,6 +618,8 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
     }
   }
   dspkd_conn_ref(c);
+  if (c->land.b && c->land.got == c->land.len)
+    dspkd_land_end(c);
   conn_process(c);
   dspkd_conn_update_read(c);
   dspkd_conn_unref(c);

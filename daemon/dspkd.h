@@ -148,6 +148,8 @@ struct dbuf {
   bool host_registered;  /* backend host_register succeeded */
   int share_fd;          /* buffer.share: the memfd until its answer takes it */
   struct mpin *pin;      /* runner only: answers sent from mem, or NULL */
+  int landing;           /* loop only: its refs held by buffer.write jobs whose
+                            data the loop received into mem itself (landed) */
 };
 
 /* One connection's FIFO of jobs for one device (daemon/sched.c). */
@@ -182,6 +184,8 @@ struct job {
   struct dbuf *buf;
   uint64_t off, size;
   const void *data;
+  bool landed;               /* buffer.write: the data is in the buffer already
+                                (received in place, daemon/conn.c) */
 
   /* result: the encoded response frame (runner), or NULL */
   struct wreq *resp;
@@ -335,6 +339,16 @@ struct conn {
   int nfds;
   uint64_t rx_pos;
   uint64_t frame_pos;
+  /* A buffer.write whose data is being received straight into its cpu
+   * buffer (daemon/conn.c, "in place"): the buffer (a reference held), where
+   * its data goes, bytes come so far and in all; NULL b: none. */
+  struct {
+    struct dbuf *b;
+    char *dst;
+    size_t got, len;
+    uint32_t msgid;
+    uint64_t off;
+  } land;
 };
 
 struct dspkd {
@@ -538,6 +552,15 @@ struct wreq *dspkd_result(uint32_t msgid, int method, const struct dspk__pval *v
 /* Runs the request's method: returns 0 when it answered or queued a job,
  * or a negative code that the caller answers with r->msg. */
 int dspkd_dispatch(struct req *r, const char *method, size_t len);
+/* buffer.write in place (daemon/conn.c): for the head of a buffer.write
+ * whose data is still to come, the address in the buffer's memory where the
+ * loop may receive that data itself, with c->land set and a reference to
+ * the buffer held; NULL when it takes the ordinary path (not a cpu buffer
+ * whose memory only this request would touch now, or a request the
+ * ordinary path answers with an error).  dspkd_land_end: all of the data
+ * came; queues the request's job, which only answers. */
+char *dspkd_land_begin(struct conn *c, const struct dspk__write_head *h);
+void dspkd_land_end(struct conn *c);
 /* Resolves a task's or buffer's device name ("any" or an id) for the
  * connection (its Slurm job's devices): NULL with *err and r->msg set. */
 struct device *dspkd_resolve_device(struct req *r, const char *name, int *err);

@@ -578,6 +578,63 @@ static int m_buffer_write(struct req *r) {
   return 0;
 }
 
+/* buffer.write in place: the same checks as m_buffer_write, and that no
+ * job in flight uses the buffer but earlier landed writes (whose data is
+ * in it already), no answer is still sent from its memory (struct mpin: a
+ * read answer keeps the bytes it read), and its memory is the cpu's, which
+ * the loop may write while no op uses it (backend host_ptr).  Those
+ * conditions hold until the data has come: only later requests of this
+ * connection could use the buffer, and they follow the data. */
+char *dspkd_land_begin(struct conn *c, const struct dspk__write_head *h) {
+  struct req r = {.c = c, .msgid = h->msgid};
+  struct dbuf *b = dspkd_conn_buf_find(c, h->buffer);
+  struct device *dev;
+  char *p;
+  bool open;
+
+  if (!b || b->host || !b->mem || b->refs - b->landing != 1 || h->offset > b->size ||
+      h->len > b->size - h->offset || c->d->stopping)
+    return NULL;
+  dev = b->dev;
+  if (!dev->be->host_ptr ||
+      (b->pin && atomic_load_explicit(&b->pin->sending, memory_order_acquire) != 0) ||
+      device_ok(&r, dev) < 0)
+    return NULL;
+  pthread_mutex_lock(&dev->mu);
+  open = dev->open_state == 1 && !dev->stop && !dev->exited;
+  pthread_mutex_unlock(&dev->mu);
+  if (!open || !(p = dev->be->host_ptr(dev->bdev, b->mem)))
+    return NULL;
+  dspkd_dbuf_ref(b);
+  c->land.b = b;
+  c->land.dst = p + h->offset;
+  c->land.got = 0;
+  c->land.len = h->len;
+  c->land.msgid = h->msgid;
+  c->land.off = h->offset;
+  return c->land.dst;
+}
+
+void dspkd_land_end(struct conn *c) {
+  struct dbuf *b = c->land.b;
+  struct job *j;
+
+  c->land.b = NULL;
+  c->requests++;
+  if (!(j = dspkd_job_new(c, JOB_BUF_WRITE, c->land.msgid, b->dev))) {
+    dspkd_dbuf_unref(c->d, b);
+    dspkd_conn_send_error(c, c->land.msgid, DSPK_ENOMEM, NULL);
+    return;
+  }
+  j->buf = b; /* the landing's reference goes to the job */
+  j->refs[j->nrefs++] = b;
+  j->off = c->land.off;
+  j->size = c->land.len;
+  j->landed = true;
+  b->landing++;
+  dspkd_sched_submit(j);
+}
+
 static int m_buffer_read(struct req *r) {
   struct dbuf *b;
   uint64_t off = r->v[DSPK__BREAD_OFFSET].v.u, size;

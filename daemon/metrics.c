@@ -466,6 +466,9 @@ int dspkd_metrics_render(struct dspkd *d, char **text, size_t *len) {
   scalar(&t, "dspk_connections_total", "counter", "Client connections accepted.",
          d->obs.conns_total);
   scalar(&t, "dspk_received_bytes_total", "counter", "Bytes read from clients.", d->obs.bytes_in);
+  scalar(&t, "dspk_received_in_place_bytes_total", "counter",
+         "Of the bytes read from clients, buffer.write data read straight into its buffer.",
+         d->obs.bytes_in_place);
   scalar(&t, "dspk_sent_bytes_total", "counter", "Bytes written to clients.", d->obs.bytes_out);
 
   render_jobs(&t, d);

@@ -102,6 +102,8 @@ struct dev_activity {
 
 struct dspkd_obs {
   uint64_t bytes_in, bytes_out;   /* over every connection, loop only */
+  uint64_t bytes_in_place;        /* of bytes_in: buffer.write data received
+                                     straight into a buffer (daemon/conn.c) */
   uint64_t conns_total;           /* connections accepted */
   uint64_t rejected_total;        /* connections refused (policy, max_clients) */
   struct trace_sess *traces;      /* traces in progress */

@@ -94,6 +94,8 @@ struct job *dspkd_job_new(struct conn *c, enum job_kind kind, uint32_t msgid,
 void dspkd_job_free(struct dspkd *d, struct job *j) {
   if (!j)
     return;
+  if (j->landed)
+    j->buf->landing--;
   for (int i = 0; i < j->nrefs; i++)
     dspkd_dbuf_unref(d, j->refs[i]);
   dspkd_chunk_unref(j->chunk);
@@ -157,7 +159,8 @@ static void count_done(struct device *dev, struct job *j) {
 /* A tiny task on the cpu: at most this many bytes of operands and results. */
 #define INLINE_MAX_BYTES ((size_t)64 << 10)
 
-/* Runs a tiny map or reduce on cpu:0 on the loop thread itself when the
+/* Runs a tiny map or reduce on cpu:0, or the answer of a buffer.write
+ * received in place, on the loop thread itself when the
  * runner is idle (nothing queued, nothing in flight): handing it to the
  * runner and its answer back cost two thread wake-ups (about 17 us on a VM,
  * more than the task and its ping-sized round trip together).  The runner
@@ -170,15 +173,20 @@ static bool run_inline(struct device *dev, struct job *j) {
   uint64_t start, now;
   size_t bytes = 0;
 
-  if (j->kind != JOB_TASK || strcmp(dev->be->name, "cpu") != 0 ||
-      (op->kind != DSPK_OP_MAP && op->kind != DSPK_OP_REDUCE))
-    return false;
-  for (int i = 0; i < op->nin; i++)
-    bytes += dspk__tensor_nbytes(&op->in[i]);
-  for (int i = 0; i < op->nout; i++)
-    bytes += dspk__tensor_nbytes(&op->out[i]);
-  if (bytes > INLINE_MAX_BYTES)
-    return false;
+  if (j->kind == JOB_BUF_WRITE && j->landed) {
+    /* Its data is in the buffer already (received in place): it only
+     * answers, on any device. */
+  } else {
+    if (j->kind != JOB_TASK || strcmp(dev->be->name, "cpu") != 0 ||
+        (op->kind != DSPK_OP_MAP && op->kind != DSPK_OP_REDUCE))
+      return false;
+    for (int i = 0; i < op->nin; i++)
+      bytes += dspk__tensor_nbytes(&op->in[i]);
+    for (int i = 0; i < op->nout; i++)
+      bytes += dspk__tensor_nbytes(&op->out[i]);
+    if (bytes > INLINE_MAX_BYTES)
+      return false;
+  }
   pthread_mutex_lock(&dev->mu);
   if (dev->busy || dev->ring_head || dev->stop || dev->open_state != 1) {
     pthread_mutex_unlock(&dev->mu);

@@ -178,6 +178,11 @@ static void exec_write(struct device *dev, struct job *j) {
   struct dspk__pval v[1];
   struct wreq *wr;
   int err = 0;
+  /* Received in place (daemon/conn.c): the bytes are in the buffer, and
+   * the loop saw no answer sent from it; b->pin is not touched here, the
+   * loop may be reading it for the next piece. */
+  if (j->landed)
+    goto answer;
   if ((err = unpin_for_write(dev, j->buf, j->off == 0 && j->size == j->buf->size)) < 0) {
     fail(j, err, "no memory to write a buffer that an answer is still sent from");
     return;
@@ -192,6 +197,7 @@ static void exec_write(struct device *dev, struct job *j) {
     fail(j, err, "buffer.write failed on the device");
     return;
   }
+answer:
   wr = result_head(j);
   if (!wr) {
     j->err = DSPK_ENOMEM;

@@ -24,6 +24,8 @@
  */
 #include <inttypes.h>
 #include <limits.h>
+#include <stdbool.h>
+#include <string.h>
 #include <stdarg.h>
 #include <stdio.h>
 
@@ -203,4 +205,125 @@ incomplete:
 toolong:
   return dspk__fail(msg, msglen, DSPK_ELIMIT,
               "message longer than %zu bytes (max_message)", maxmsg);
+}
+
+/* ---- the head of a buffer.write (dspk__write_head_scan) ------------------ */
+
+/* A cursor over the head: each reader takes one object's header or returns
+ * false (not there yet, or not the expected form). */
+struct cur {
+  const unsigned char *p;
+  size_t len, pos;
+};
+
+static bool cur_uint(struct cur *c, uint64_t *v) {
+  unsigned n;
+  if (c->pos >= c->len)
+    return false;
+  unsigned char b = c->p[c->pos];
+  if (b <= 0x7f) {
+    *v = b;
+    c->pos++;
+    return true;
+  }
+  if (b < 0xcc || b > 0xcf)
+    return false;
+  n = 1u << (b - 0xcc);
+  if (c->len - c->pos < 1 + (size_t)n)
+    return false;
+  *v = be(c->p + c->pos + 1, n);
+  c->pos += 1 + n;
+  return true;
+}
+
+/* A header of the kind given: str (payload length), array or map (count). */
+enum hkind { H_STR, H_BIN, H_ARRAY, H_MAP };
+
+static bool cur_head(struct cur *c, enum hkind k, uint64_t *n) {
+  unsigned lb = 0;
+  if (c->pos >= c->len)
+    return false;
+  unsigned char b = c->p[c->pos];
+  switch (k) {
+  case H_STR:
+    if (b >= 0xa0 && b <= 0xbf) {
+      *n = b & 0x1f;
+      c->pos++;
+      return true;
+    }
+    if (b >= 0xd9 && b <= 0xdb)
+      lb = 1u << (b - 0xd9);
+    break;
+  case H_BIN:
+    if (b >= 0xc4 && b <= 0xc6)
+      lb = 1u << (b - 0xc4);
+    break;
+  case H_ARRAY:
+  case H_MAP:
+    if (b >= (k == H_ARRAY ? 0x90 : 0x80) && b <= (k == H_ARRAY ? 0x9f : 0x8f)) {
+      *n = b & 0x0f;
+      c->pos++;
+      return true;
+    }
+    if (b == (k == H_ARRAY ? 0xdc : 0xde))
+      lb = 2;
+    break;
+  }
+  if (!lb || c->len - c->pos < 1 + (size_t)lb)
+    return false;
+  *n = be(c->p + c->pos + 1, lb);
+  c->pos += 1 + lb;
+  return true;
+}
+
+/* A str equal to s. */
+static bool cur_str_is(struct cur *c, const char *s, size_t slen) {
+  uint64_t n;
+  size_t at = c->pos;
+  if (!cur_head(c, H_STR, &n) || n != slen || c->len - c->pos < slen ||
+      memcmp(c->p + c->pos, s, slen) != 0) {
+    c->pos = at;
+    return false;
+  }
+  c->pos += slen;
+  return true;
+}
+
+int dspk__write_head_scan(const void *buf, size_t len, const struct dspk__limits *lim,
+                          struct dspk__write_head *h) {
+  static const char method[] = "buffer.write";
+  struct cur c = {buf, len, 0};
+  uint64_t n, type, msgid, v, entries;
+  bool have_buffer = false, have_offset = false;
+  char msg[8];
+
+  if (!cur_head(&c, H_ARRAY, &n) || n != 4 || !cur_uint(&c, &type) || type != 0 ||
+      !cur_uint(&c, &msgid) || msgid > UINT32_MAX ||
+      !cur_str_is(&c, method, sizeof method - 1) || !cur_head(&c, H_ARRAY, &n) || n != 1 ||
+      !cur_head(&c, H_MAP, &entries) || entries < 2 || entries > 3)
+    return 0;
+  h->msgid = (uint32_t)msgid;
+  h->offset = 0;
+  for (uint64_t i = 0; i + 1 < entries; i++) {
+    if (!have_buffer && cur_str_is(&c, "buffer", 6)) {
+      if (!cur_uint(&c, &h->buffer))
+        return 0;
+      have_buffer = true;
+    } else if (!have_offset && cur_str_is(&c, "offset", 6)) {
+      if (!cur_uint(&c, &h->offset))
+        return 0;
+      have_offset = true;
+    } else {
+      return 0;
+    }
+  }
+  if (!have_buffer || !cur_str_is(&c, "data", 4) || !cur_head(&c, H_BIN, &v))
+    return 0;
+  h->head = c.pos;
+  h->len = (size_t)v;
+  /* The scanner's verdict on the head (limits: max_message, max_depth,
+   * max_objects): an incomplete frame, not a refused one. */
+  if (dspk__frame_scan(buf, c.pos, lim, msg, sizeof msg) != 0)
+    return 0;
+  return 1;
 }

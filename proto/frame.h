@@ -39,4 +39,31 @@ ssize_t dspk__frame_scan(const void *buf, size_t len,
                          const struct dspk__limits *lim, char *msg,
                          size_t msglen);
 
+/*
+ * The head of a buffer.write request whose data can be received straight
+ * into the buffer: [0, msgid, "buffer.write", [{buffer: uint, offset?: uint,
+ * data: bin}]] with "data" the map's last key, so that the bin's payload ends
+ * the frame.  `head` is the length of everything before the payload.
+ */
+struct dspk__write_head {
+  uint32_t msgid;
+  uint64_t buffer;
+  uint64_t offset; /* 0 when absent */
+  size_t head;     /* bytes before the payload */
+  size_t len;      /* payload bytes */
+};
+
+/*
+ * Returns 1 and fills *h when buf[0..len) starts with such a head, complete
+ * up to its payload, that dspk__frame_scan() accepts as the start of a frame
+ * within lim (so the whole frame, head + payload, is valid and within
+ * max_message once the payload has come); 0 otherwise: another message, the
+ * same request in any other form (keys in another order or repeated, other
+ * keys, nil, ints in a signed encoding), a head not complete yet, or one
+ * that breaks a limit.  Those take the ordinary path, which decodes the
+ * whole frame (and answers its errors).  Never reads past len.
+ */
+int dspk__write_head_scan(const void *buf, size_t len, const struct dspk__limits *lim,
+                          struct dspk__write_head *h);
+
 #endif /* DSPK_PROTO_FRAME_H */

@@ -11,6 +11,7 @@ SIGTERM, expecting exit status 0 and the socket removed.
 import argparse
 import os
 import random
+import re
 import select
 import shutil
 import signal
@@ -20,6 +21,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 
 import msgpack
 import numpy as np
@@ -2061,8 +2063,154 @@ def t_caps(exe, tmp):
     c.close()
     d.stop()
 
+def t_inplace(exe, tmp):
+    """buffer.write data received straight into a cpu buffer (daemon/conn.c,
+    "in place"; the metric dspk_received_in_place_bytes_total counts it):
+    pipelined pieces land byte for byte, also when the frame comes in any
+    split (its head cut anywhere, the next frame right behind its data); a
+    write pipelined behind a task that reads the buffer, or behind a read
+    whose answer is still being sent, does not change what those see (the
+    ordinary path, not in place); other forms of the request and errors take
+    the ordinary path; a client that leaves in the middle of a frame leaves
+    the daemon well (ASan: no leak, no use after free)."""
+    conf = os.path.join(tmp, "inplace.conf")
+    with open(conf, "w") as f:
+        f.write("[daemon]\nmetrics_listen = 127.0.0.1:0\n")
+    d = Daemon(exe, tmp, ["--config", conf])
+    url = re.search(r"metrics: serving (http://\S+/metrics)", d.logtext()).group(1)
+
+    def in_place():
+        with urllib.request.urlopen(url, timeout=TIMEOUT) as r:
+            for line in r.read().decode().splitlines():
+                if line.startswith("dspk_received_in_place_bytes_total "):
+                    return int(float(line.split()[1]))
+        raise AssertionError("no dspk_received_in_place_bytes_total in the metrics")
+
+    def frame(msgid, args):
+        return msgpack.packb([0, msgid, "buffer.write", [args]], use_bin_type=True)
+
+    c = d.client()
+    other = d.client()
+    rng = np.random.default_rng(14)
+    size = 4 << 20
+    b = c.call("buffer.create", {"device": "cpu:0", "size": size})["buffer"]
+    ref = bytearray(size)
+
+    # Pipelined pieces, as libdspkclient sends them.
+    base = in_place()
+    piece = 512 << 10
+    ids = []
+    for off in range(0, size, piece):
+        data = rng.bytes(piece)
+        ref[off:off + piece] = data
+        ids.append(c.send("buffer.write", {"buffer": b, "offset": off, "data": data}))
+    for m in ids:
+        check(c.wait(m) == {"size": piece}, "piece answered")
+    landed = in_place() - base
+    check(landed >= size // 2, "pipelined pieces were received in place (%d bytes)" % landed)
+    check(c.call("buffer.read", {"buffer": b})["data"] == bytes(ref), "pieces landed")
+
+    # One frame in pieces of every kind: the head cut in two, the head alone,
+    # data in small and large pieces, and a ping right behind the data.
+    n = (1 << 20) + 12345
+    data = rng.bytes(n)
+    off = 777
+    ref[off:off + n] = data
+    c.msgid += 1
+    w = c.msgid
+    f = frame(w, {"buffer": b, "offset": off, "data": data})
+    head = len(f) - n
+    cuts = [5, head, head + 1, head + 4096, head + 70000, head + 70001, len(f) - 3]
+    base = in_place()
+    last = 0
+    for cut in cuts:
+        c.sock.sendall(f[last:cut])
+        last = cut
+        other.call("ping")  # the daemon's loop went round: it saw these bytes
+    c.msgid += 1
+    c.sock.sendall(f[last:] + msgpack.packb([0, c.msgid, "ping", [{"data": b"after"}]],
+                                           use_bin_type=True))
+    check(c.wait(c.msgid) == {"data": b"after"}, "the frame behind the data")
+    check(c.wait(w) == {"size": n}, "split write answered")
+    check(in_place() - base >= n - 70001, "the split frame was received in place")
+    check(c.call("buffer.read", {"buffer": b})["data"] == bytes(ref), "split write landed")
+
+    # Other forms (data first, an extra key) and errors: the ordinary path.
+    base = in_place()
+    data = rng.bytes(1 << 20)
+    ref[:len(data)] = data
+    c.msgid += 1
+    c.sock.sendall(msgpack.packb([0, c.msgid, "buffer.write",
+                                  [{"data": data, "buffer": b, "offset": 0}]], use_bin_type=True))
+    check(c.wait(c.msgid) == {"size": len(data)}, "data first")
+    data = rng.bytes(1 << 20)
+    ref[5:5 + len(data)] = data
+    check(c.call("buffer.write", {"buffer": b, "offset": 5, "data": data, "x": 1}) ==
+          {"size": len(data)}, "an extra key")
+    c.expect_error("ERANGE", "buffer.write", {"buffer": b, "offset": size - 100,
+                                              "data": bytes(1 << 20)})
+    c.expect_error("ENOBUF", "buffer.write", {"buffer": b + 1000, "data": bytes(1 << 20)})
+    check(in_place() == base, "other forms and errors were not received in place")
+    check(c.call("buffer.read", {"buffer": b})["data"] == bytes(ref), "ordinary writes landed")
+
+    # Behind tasks that read the buffer (gemms of some milliseconds; the data
+    # behind them comes meanwhile): they see the bytes before the write.
+    x = rng.standard_normal(size // 4).astype(np.float32)
+    c.call("buffer.write", {"buffer": b, "data": x.tobytes()})
+    t = {"dtype": "f32", "shape": [1024, size // 4096], "buffer": b}
+    tt = {"dtype": "f32", "shape": [size // 4096, 1024], "buffer": b}
+    tasks = [c.send("task.run", {"op": "gemm", "device": "cpu:0", "inputs": [t, tt]})
+             for _ in range(3)]
+    new = rng.standard_normal(size // 4).astype(np.float32)
+    w = c.send("buffer.write", {"buffer": b, "data": new.tobytes()})
+    xa = x.astype(np.float64).reshape(1024, -1)
+    want = xa @ xa
+    for m in tasks:
+        close_enough(array(c.wait(m)["outputs"][0]), want,
+                     "a task queued before the write read the bytes before it", np.float32)
+    c.wait(w)
+    check(c.call("buffer.read", {"buffer": b})["data"] == new.tobytes(), "then the write")
+
+    # Behind a read whose answer is still being sent (this client does not
+    # read it yet; the socket holds far less than 4 MiB): not in place.
+    def completed():
+        return [x for x in other.call("status")["devices"] if x["id"] == "cpu:0"][0]["completed"]
+
+    base = in_place()
+    done = completed()
+    r = c.send("buffer.read", {"buffer": b})
+    deadline = time.monotonic() + TIMEOUT
+    while completed() == done:  # the read ran: its answer is being sent
+        check(time.monotonic() < deadline, "the read ran")
+        time.sleep(0.01)
+    other.call("ping")
+    w = c.send("buffer.write", {"buffer": b, "data": bytes(size)})
+    check(c.wait(r)["data"] == new.tobytes(), "a read answer in flight kept its bytes")
+    c.wait(w)
+    check(in_place() == base, "the write behind a read answer was not received in place")
+    check(c.call("buffer.read", {"buffer": b, "offset": size - 8})["data"] == bytes(8),
+          "the write behind the read landed")
+
+    # Clients that leave in the middle of a frame: in its data, in its head.
+    for cut in (head + 200000, 9):
+        c2 = d.client()
+        b2 = c2.call("buffer.create", {"device": "cpu:0", "size": size})["buffer"]
+        f = frame(1000, {"buffer": b2, "data": rng.bytes(1 << 20)})
+        c2.sock.sendall(f[:cut])
+        other.call("ping")
+        c2.close()
+    deadline = time.monotonic() + TIMEOUT
+    while len(other.call("status")["clients"]) > 2:
+        check(time.monotonic() < deadline, "the clients that left are gone")
+        time.sleep(0.01)
+    check(c.call("buffer.read", {"buffer": b, "size": 8})["data"] == bytes(8), "still serving")
+    c.close()
+    other.close()
+    d.stop()
+
 
 GROUPS = {
+    "inplace": t_inplace,
     "caps": t_caps,
     "idletrim": t_idletrim,
     "reuse": t_reuse,
