@@ -217,6 +217,91 @@ static void add_json_str(struct text *t, const char *s) {
   add(t, "\"");
 }
 
+static uint64_t median_u64(const uint64_t *ns, int n) {
+  uint64_t sorted[MAX_SAMPLES];
+  memcpy(sorted, ns, sizeof ns[0] * (size_t)n);
+  qsort(sorted, (size_t)n, sizeof sorted[0], cmp_u64);
+  return n % 2 ? sorted[n / 2]
+               : sorted[n / 2 - 1] / 2 + sorted[n / 2] / 2 +
+                     (sorted[n / 2 - 1] % 2 + sorted[n / 2] % 2) / 2;
+}
+
+/* benchmark() with o->interleave: rounds of one run of each candidate. */
+static int benchmark_interleaved(const struct dspk__autotune_req *r, int warmup,
+                                 int samples, uint64_t (*now)(void *), void *cud,
+                                 uint64_t excluded, int *winner, char **timings) {
+  int rcs[DSPK__AUTOTUNE_MAX_CANDS] = {0}, n[DSPK__AUTOTUNE_MAX_CANDS] = {0};
+  int nc = r->ncands, best = -1, first_err = 0, any = 0, active = 0;
+  uint64_t best_ns = UINT64_MAX;
+  double total, done = 0;
+  char what[96];
+  struct text t = {0};
+
+  snprintf(what, sizeof what, "autotune %s", r->op ? r->op : "");
+  for (int i = 0; i < nc; i++)
+    active += !(excluded >> i & 1);
+  total = (double)active * (warmup + samples);
+  uint64_t(*times)[MAX_SAMPLES] = calloc((size_t)nc, sizeof *times);
+  if (!times)
+    return DSPK_ENOMEM;
+  for (int round = 0; round < warmup + samples; round++) {
+    for (int k = 0; k < nc; k++) {
+      int i = (k + round) % nc;
+      if (excluded >> i & 1 || rcs[i] != 0)
+        continue;
+      if (cancelled(r)) {
+        free(times);
+        return DSPK_ECANCELED;
+      }
+      uint64_t t0 = now(cud);
+      rcs[i] = r->cands[i].run(r->ud, i);
+      uint64_t t1 = now(cud);
+      done++;
+      if (r->progress)
+        r->progress(r->progress_ud, what, done / total);
+      if (rcs[i] == 0 && round >= warmup)
+        times[i][n[i]++] = t1 - t0;
+    }
+  }
+  add(&t, "{");
+  for (int i = 0; i < nc; i++) {
+    if (excluded >> i & 1)
+      continue;
+    add(&t, "%s", any++ ? "," : "");
+    add_json_str(&t, r->cands[i].name);
+    if (rcs[i] != 0) {
+      if (!first_err)
+        first_err = rcs[i];
+      add(&t, ":{\"error\":%d}", rcs[i]);
+      continue;
+    }
+    uint64_t med = median_u64(times[i], n[i]);
+    add(&t, ":{\"median_ns\":%llu,\"ns\":[", (unsigned long long)med);
+    for (int s = 0; s < n[i]; s++)
+      add(&t, "%s%llu", s ? "," : "", (unsigned long long)times[i][s]);
+    add(&t, "]}");
+    if (med < best_ns) {
+      best_ns = med;
+      best = i;
+    }
+  }
+  add(&t, "}");
+  free(times);
+  if (best < 0) {
+    free(t.p);
+    return first_err ? first_err : DSPK_ENOENT;
+  }
+  if (r->progress)
+    r->progress(r->progress_ud, what, 1.0);
+  *winner = best;
+  if (t.oom) {
+    free(t.p);
+    t.p = NULL;
+  }
+  *timings = t.p;
+  return 0;
+}
+
 /*
  * Benchmarks every candidate not in `excluded`.  Returns 0 and writes the
  * winner and the timings JSON (malloc'd, may be NULL when out of memory),
@@ -234,6 +319,8 @@ static int benchmark(const struct dspk__autotune_req *r,
     samples = MAX_SAMPLES;
   if (o && o->warmup < 0)
     warmup = 0; /* negative: no warm-up at all */
+  if (o && o->interleave)
+    return benchmark_interleaved(r, warmup, samples, now, cud, excluded, winner, timings);
 
   char what[96];
   snprintf(what, sizeof what, "autotune %s", r->op ? r->op : "");
@@ -301,12 +388,7 @@ static int benchmark(const struct dspk__autotune_req *r,
       add(&t, ":{\"error\":%d}", rc);
       continue;
     }
-    uint64_t sorted[MAX_SAMPLES];
-    memcpy(sorted, ns, sizeof ns[0] * (size_t)n);
-    qsort(sorted, (size_t)n, sizeof sorted[0], cmp_u64);
-    uint64_t med = n % 2 ? sorted[n / 2]
-                         : sorted[n / 2 - 1] / 2 + sorted[n / 2] / 2 +
-                               (sorted[n / 2 - 1] % 2 + sorted[n / 2] % 2) / 2;
+    uint64_t med = median_u64(ns, n);
     add(&t, ":{\"median_ns\":%llu,\"ns\":[", (unsigned long long)med);
     for (int s = 0; s < n; s++)
       add(&t, "%s%llu", s ? "," : "", (unsigned long long)ns[s]);

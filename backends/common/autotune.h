@@ -69,6 +69,12 @@ struct dspk__autotune_opts {
   int warmup;       /* untimed runs per candidate (default 1; <0: none) */
   int samples;      /* timed runs per candidate (default 5) */
   double cut_ratio; /* cut when the fastest sample > ratio x best (4.0) */
+  /* Interleaved: each round runs every candidate once (warm-up rounds,
+   * then sample rounds, each starting one candidate later than the last),
+   * so that a while of load on the machine falls on every candidate alike
+   * instead of on the one measured then; no early cut.  For candidates of
+   * a millisecond or so, whose samples a moment of load easily decides. */
+  int interleave;
   /* Clock in nanoseconds; default CLOCK_MONOTONIC.  Tests inject a fake. */
   uint64_t (*now_ns)(void *clock_ud);
   void *clock_ud;

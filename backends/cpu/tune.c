@@ -38,6 +38,15 @@
 
 static const struct dspk__autotune_opts tune_opts = {.warmup = 1,
                                                      .samples = 5};
+/* gemm's thread count: runs of a millisecond or less, where a moment of
+ * load (another process on a core, a worker waking up) decides a sample.
+ * Taken one after the other, a hiccup in the first sample of threads=2 cut
+ * it (2.1 ms against 0.45 ms) and gemm 256^2 ran on one thread, 0.68 of an
+ * in-process cblas_sgemm on two (docs/performance.md, "Data path, quiet
+ * machine"); in rounds, with the median of more samples, it is one sample
+ * of one round. */
+static const struct dspk__autotune_opts gemm_threads_opts = {
+    .warmup = 2, .samples = 9, .interleave = 1};
 
 /* ---- device identity ------------------------------------------------------ */
 
@@ -286,7 +295,7 @@ int dspk__cpu_tune_gemm_threads(struct dspk__dev *dev, dspk_dtype dt,
       .op = "gemm.threads", .shape = shape,
       .dtypes = dspk__dtype_name(dt), .layout = "row-major",
       .dev = id, .cands = cands, .ncands = nc_, .ud = &t};
-  if (dspk__autotune_choose(dev->env.cache, &req, &tune_opts, &w, NULL) == 0)
+  if (dspk__autotune_choose(dev->env.cache, &req, &gemm_threads_opts, &w, NULL) == 0)
     out = t.threads[w];
   free(t.ma.ptr);
   free(t.mb.ptr);

@@ -470,6 +470,57 @@ static void test_bad_requests(void **state) {
   assert_true(w >= 0 && w < NC);
 }
 
+/* Interleaved: candidates take turns in rounds, so a hiccup of the machine
+ * (here beta's first sample, 30x) is one sample of one round, not a cut; a
+ * failing candidate drops out of the rounds. */
+static int order[64], norder;
+static int logging_run(void *ud, int i) {
+  if (norder < 64)
+    order[norder++] = i;
+  return fake_run(ud, i);
+}
+
+static void test_interleaved(void **state) {
+  (void)state;
+  const struct dspk__autotune_cand lc[3] = {
+      {"alpha", logging_run}, {"beta", logging_run}, {"gamma", logging_run}};
+  struct dspk__autotune_req r = base_req();
+  struct dspk__autotune_opts o = opts;
+  int w = -1;
+  char timings[1024];
+  struct dspk__cache *c = mem_cache();
+  r.cands = lc;
+  r.ncands = 3;
+  o.warmup = 1;
+  o.samples = 3;
+  /* Sequential, alpha first: beta's hiccup cuts it and alpha wins. */
+  set_cost(1, 3, (uint64_t)1000, (uint64_t)30000, (uint64_t)1000);
+  F.fail[2] = DSPK_ENOTSUP;
+  assert_int_equal(dspk__autotune_choose(NULL, &r, &o, &w, NULL), 0);
+  assert_int_equal(w, 0);
+  /* Interleaved: beta's median is 1000. */
+  dspk__autotune_forget_all();
+  reset_calls();
+  norder = 0;
+  o.interleave = 1;
+  assert_int_equal(dspk__autotune_choose(c, &r, &o, &w, NULL), 0);
+  assert_int_equal(w, 1);
+  /* Round k starts at candidate k mod 3; gamma fails in its first run. */
+  static const int want[] = {0, 1, 2, 1, 0, 0, 1, 0, 1};
+  assert_int_equal(norder, (int)(sizeof want / sizeof want[0]));
+  for (int i = 0; i < norder; i++)
+    assert_int_equal(order[i], want[i]);
+  struct dspk__tune_key k = {.dev = r.dev, .op = r.op, .shape = r.shape,
+                             .dtypes = r.dtypes, .layout = r.layout,
+                             .cands_hash = dspk__autotune_cands_hash(lc, 3)};
+  assert_int_equal(dspk__cache_tune_timings(c, &k, timings, sizeof timings), 0);
+  assert_string_equal(timings,
+                      "{\"alpha\":{\"median_ns\":2000,\"ns\":[2000,2000,2000]},"
+                      "\"beta\":{\"median_ns\":1000,\"ns\":[30000,1000,1000]},"
+                      "\"gamma\":{\"error\":-19}}");
+  dspk__cache_close(c);
+}
+
 #define T(name) cmocka_unit_test_setup(name, setup)
 
 int main(void) {
@@ -484,6 +535,7 @@ int main(void) {
       T(test_progress),
       T(test_persistent_across_reopen),
       T(test_bad_requests),
+      T(test_interleaved),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
