@@ -177,6 +177,15 @@ struct dspk__backend {
    * thread (daemon/conn.c). */
   void *(*host_ptr)(struct dspk__dev *dev, struct dspk__mem *mem);
 
+  /* Optional: nonzero when `op` (validated, as run gets it) would run to
+   * its end at once on the calling thread, in about a quarter of a
+   * millisecond or less, with no plan to make and nothing to tune first (on
+   * the cpu: a small gemm whose thread count is decided).  The daemon may
+   * then run it on its loop thread while the runner is idle, sparing the
+   * hand-off to the runner and back (daemon/sched.c).  Called from any
+   * thread, also while the runner runs another op: it must only look. */
+  int (*quick)(struct dspk__dev *dev, const struct dspk__op *op);
+
   /* Optional.  Fills the counters shown by `status`. */
   void (*stats)(struct dspk__dev *dev, struct dspk__devstats *out);
 };

@@ -159,15 +159,18 @@ static void count_done(struct device *dev, struct job *j) {
 /* A tiny task on the cpu: at most this many bytes of operands and results. */
 #define INLINE_MAX_BYTES ((size_t)64 << 10)
 
-/* Runs a tiny map or reduce on cpu:0, or the answer of a buffer.write
- * received in place, on the loop thread itself when the
+/* Runs a tiny map or reduce on cpu:0, a small gemm with nothing to tune
+ * (backend quick), or the answer of a buffer.write received in place, on
+ * the loop thread itself when the
  * runner is idle (nothing queued, nothing in flight): handing it to the
  * runner and its answer back cost two thread wake-ups (about 17 us on a VM,
  * more than the task and its ping-sized round trip together).  The runner
  * is asleep and stays so (only the loop queues jobs, and it is busy here),
  * so the backend is still used by one thread at a time.  The cpu's work is
  * done when run returns (its fences are always reached).  Ops that may
- * plan or tune (fft, gemm, fir) always go to the runner.  true when it ran. */
+ * plan or tune (fft, fir, a gemm not decided yet) go to the runner, and so
+ * does anything longer than about a quarter millisecond (the loop serves
+ * every client meanwhile).  true when it ran. */
 static bool run_inline(struct device *dev, struct job *j) {
   const struct dspk__op *op = &j->op;
   uint64_t start, now;
@@ -176,6 +179,22 @@ static bool run_inline(struct device *dev, struct job *j) {
   if (j->kind == JOB_BUF_WRITE && j->landed) {
     /* Its data is in the buffer already (received in place): it only
      * answers, on any device. */
+  } else if (j->kind == JOB_TASK && dev->be->quick && op->kind == DSPK_OP_GEMM) {
+    /* A small gemm whose thread count is decided (backend quick), asked
+     * once the device is open (bdev is set); and the connection's only
+     * request in flight: a client that pipelines many goes through the
+     * runner, in turns with the others (each would hold the loop for a
+     * quarter millisecond, tests/daemon fairness). */
+    bool open, quick = false;
+    if (j->conn->inflight != 1)
+      return false;
+    pthread_mutex_lock(&dev->mu);
+    open = dev->open_state == 1;
+    pthread_mutex_unlock(&dev->mu);
+    if (open)
+      quick = dev->be->quick(dev->bdev, op) != 0;
+    if (!quick)
+      return false;
   } else {
     if (j->kind != JOB_TASK || strcmp(dev->be->name, "cpu") != 0 ||
         (op->kind != DSPK_OP_MAP && op->kind != DSPK_OP_REDUCE))

@@ -65,6 +65,8 @@ int dspk__autotune_pow2(uint64_t n) {
   return e;
 }
 
+static int valid(const struct dspk__autotune_req *r);
+
 static void make_tune_key(const struct dspk__autotune_req *r,
                           struct dspk__tune_key *k) {
   k->dev = r->dev;
@@ -136,6 +138,26 @@ static struct entry *find_or_add(const struct dspk__hash *k) {
   table[k->lo % TABLE_BUCKETS] = e;
   table_count++;
   return e;
+}
+
+/* See autotune.h. */
+int dspk__autotune_peek(struct dspk__cache *cache, const struct dspk__autotune_req *req,
+                        int *winner) {
+  struct dspk__tune_key k;
+  int rc = DSPK_ENOENT;
+  if (!valid(req) || !winner)
+    return DSPK_EINVAL;
+  make_tune_key(req, &k);
+  struct dspk__hash hk = table_key(&k);
+  uint64_t epoch = dspk__cache_epoch(cache);
+  pthread_mutex_lock(&table_mu);
+  struct entry *e = find(&hk);
+  if (e && e->state == ST_DONE && e->epoch == epoch) {
+    *winner = e->winner;
+    rc = 0;
+  }
+  pthread_mutex_unlock(&table_mu);
+  return rc;
 }
 
 /* See autotune.h. */
@@ -226,12 +248,15 @@ static uint64_t median_u64(const uint64_t *ns, int n) {
                      (sorted[n / 2 - 1] % 2 + sorted[n / 2] % 2) / 2;
 }
 
-/* benchmark() with o->interleave: rounds of one run of each candidate. */
+/* benchmark() with o->interleave: rounds in which each candidate in turn
+ * runs its warm-up and then `burst` timed runs, until each has `samples`. */
 static int benchmark_interleaved(const struct dspk__autotune_req *r, int warmup,
-                                 int samples, uint64_t (*now)(void *), void *cud,
-                                 uint64_t excluded, int *winner, char **timings) {
+                                 int samples, int burst, uint64_t (*now)(void *),
+                                 void *cud, uint64_t excluded, int *winner,
+                                 char **timings) {
   int rcs[DSPK__AUTOTUNE_MAX_CANDS] = {0}, n[DSPK__AUTOTUNE_MAX_CANDS] = {0};
   int nc = r->ncands, best = -1, first_err = 0, any = 0, active = 0;
+  int rounds = (samples + burst - 1) / burst;
   uint64_t best_ns = UINT64_MAX;
   double total, done = 0;
   char what[96];
@@ -240,27 +265,29 @@ static int benchmark_interleaved(const struct dspk__autotune_req *r, int warmup,
   snprintf(what, sizeof what, "autotune %s", r->op ? r->op : "");
   for (int i = 0; i < nc; i++)
     active += !(excluded >> i & 1);
-  total = (double)active * (warmup + samples);
+  total = (double)active * (warmup * rounds + samples);
   uint64_t(*times)[MAX_SAMPLES] = calloc((size_t)nc, sizeof *times);
   if (!times)
     return DSPK_ENOMEM;
-  for (int round = 0; round < warmup + samples; round++) {
+  for (int round = 0; round < rounds; round++) {
     for (int k = 0; k < nc; k++) {
       int i = (k + round) % nc;
-      if (excluded >> i & 1 || rcs[i] != 0)
+      if (excluded >> i & 1)
         continue;
-      if (cancelled(r)) {
-        free(times);
-        return DSPK_ECANCELED;
+      for (int w = 0; w < warmup + burst && rcs[i] == 0 && n[i] < samples; w++) {
+        if (cancelled(r)) {
+          free(times);
+          return DSPK_ECANCELED;
+        }
+        uint64_t t0 = now(cud);
+        rcs[i] = r->cands[i].run(r->ud, i);
+        uint64_t t1 = now(cud);
+        done++;
+        if (r->progress)
+          r->progress(r->progress_ud, what, done / total);
+        if (rcs[i] == 0 && w >= warmup)
+          times[i][n[i]++] = t1 - t0;
       }
-      uint64_t t0 = now(cud);
-      rcs[i] = r->cands[i].run(r->ud, i);
-      uint64_t t1 = now(cud);
-      done++;
-      if (r->progress)
-        r->progress(r->progress_ud, what, done / total);
-      if (rcs[i] == 0 && round >= warmup)
-        times[i][n[i]++] = t1 - t0;
     }
   }
   add(&t, "{");
@@ -320,7 +347,8 @@ static int benchmark(const struct dspk__autotune_req *r,
   if (o && o->warmup < 0)
     warmup = 0; /* negative: no warm-up at all */
   if (o && o->interleave)
-    return benchmark_interleaved(r, warmup, samples, now, cud, excluded, winner, timings);
+    return benchmark_interleaved(r, warmup, samples, o->interleave, now, cud, excluded,
+                                 winner, timings);
 
   char what[96];
   snprintf(what, sizeof what, "autotune %s", r->op ? r->op : "");

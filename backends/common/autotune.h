@@ -69,11 +69,12 @@ struct dspk__autotune_opts {
   int warmup;       /* untimed runs per candidate (default 1; <0: none) */
   int samples;      /* timed runs per candidate (default 5) */
   double cut_ratio; /* cut when the fastest sample > ratio x best (4.0) */
-  /* Interleaved: each round runs every candidate once (warm-up rounds,
-   * then sample rounds, each starting one candidate later than the last),
-   * so that a while of load on the machine falls on every candidate alike
-   * instead of on the one measured then; no early cut.  For candidates of
-   * a millisecond or so, whose samples a moment of load easily decides. */
+  /* Interleaved (> 0): rounds in which each candidate in turn runs its
+   * warm-up and then this many timed runs (each round starting one
+   * candidate later than the last), until each has its samples; no early
+   * cut.  A while of load on the machine then falls on every candidate
+   * alike instead of on the one measured then.  For candidates of a
+   * millisecond or so, whose samples a moment of load easily decides. */
   int interleave;
   /* Clock in nanoseconds; default CLOCK_MONOTONIC.  Tests inject a fake. */
   uint64_t (*now_ns)(void *clock_ud);
@@ -100,6 +101,13 @@ int dspk__autotune_choose(struct dspk__cache *cache,
                           const struct dspk__autotune_req *req,
                           const struct dspk__autotune_opts *opts, int *winner,
                           enum dspk__autotune_how *how);
+
+/* The decision dspk__autotune_choose() would take from the in-process memo
+ * now, without a look in the cache and without tuning: 0 and *winner, or
+ * DSPK_ENOENT (not decided in this process yet, or being tuned).  Any
+ * thread; req's run functions are not called. */
+int dspk__autotune_peek(struct dspk__cache *cache, const struct dspk__autotune_req *req,
+                        int *winner);
 
 /* Reports that candidate `failed` (an index) failed at launch for this key:
  * excludes it in this process, drops the stored decision, so that the next

@@ -289,6 +289,31 @@ static int cpu_sync(struct dspk__dev *dev) {
   return 0;
 }
 
+/* Products of at most this many multiply-adds are quick (256^3: about
+ * 0.2 ms on two cores). */
+#define QUICK_GEMM_MACS ((int64_t)1 << 24)
+#define QUICK_GEMM_BYTES ((int64_t)4 << 20) /* operands and result */
+
+/* See backend.h: a plain f32/f64 gemm (no batch, no C, no widening) small
+ * enough, whose thread count needs no tuning now. */
+static int cpu_quick(struct dspk__dev *dev, const struct dspk__op *op) {
+  const struct dspk__tensor *A = &op->in[0], *B = &op->in[1], *O = &op->out[0];
+  int64_t M, N, K;
+  if (op->kind != DSPK_OP_GEMM || op->nin != 2 || op->nout != 1 || A->rank != 2 ||
+      B->rank != 2 || O->rank != 2 || (O->dtype != DSPK_F32 && O->dtype != DSPK_F64) ||
+      A->dtype != O->dtype || B->dtype != O->dtype)
+    return 0;
+  M = O->shape[0];
+  N = O->shape[1];
+  K = A->shape[op->u.gemm.trans_a ? 0 : 1];
+  if (M < 1 || N < 1 || K < 1 || M > QUICK_GEMM_MACS || N > QUICK_GEMM_MACS ||
+      K > QUICK_GEMM_MACS || M * N > QUICK_GEMM_MACS / K ||
+      (M * K + K * N + M * N) * (int64_t)dspk__dtype_size(O->dtype) > QUICK_GEMM_BYTES)
+    return 0;
+  return dev->gemm_threads || !dev->env.cache ||
+         dspk__cpu_tune_gemm_decided(dev, O->dtype, M, N, K) >= 0;
+}
+
 static int cpu_run(struct dspk__dev *dev, struct dspk__op *op,
                    struct dspk__opctx *ctx) {
   if (dspk__cpu_canceled(ctx))
@@ -340,6 +365,7 @@ const struct dspk__backend dspk__backend_cpu = {
     .read = cpu_read,
     .import_host = cpu_import_host,
     .host_ptr = cpu_host_ptr,
+    .quick = cpu_quick,
     .fence_record = cpu_fence_record,
     .fence_query = cpu_fence_query,
     .fence_wait = cpu_fence_wait,

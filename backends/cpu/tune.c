@@ -44,9 +44,10 @@ static const struct dspk__autotune_opts tune_opts = {.warmup = 1,
  * it (2.1 ms against 0.45 ms) and gemm 256^2 ran on one thread, 0.68 of an
  * in-process cblas_sgemm on two (docs/performance.md, "Data path, quiet
  * machine"); in rounds, with the median of more samples, it is one sample
- * of one round. */
+ * of one round.  Each turn starts with an untimed run: the first run after
+ * a change of the thread count often waits for OpenBLAS's workers. */
 static const struct dspk__autotune_opts gemm_threads_opts = {
-    .warmup = 2, .samples = 9, .interleave = 1};
+    .warmup = 1, .samples = 9, .interleave = 3};
 
 /* ---- device identity ------------------------------------------------------ */
 
@@ -260,10 +261,13 @@ static int gemm_run(void *ud, int i) {
   return 0;
 }
 
-/* See tune.h. */
-int dspk__cpu_tune_gemm_threads(struct dspk__dev *dev, dspk_dtype dt,
-                                int64_t M, int64_t N, int64_t K) {
-  struct dspk__cache_devid id = devid();
+/* The tuning request of a gemm's thread count: fills t, cands and shape,
+ * and returns the number of candidates, or 0 when the product is not tuned
+ * (the library's default). */
+static int gemm_req(dspk_dtype dt, int64_t M, int64_t N, int64_t K, struct gemm_tune *t,
+                    char names[MAX_THREAD_CANDS][16],
+                    struct dspk__autotune_cand cands[MAX_THREAD_CANDS], char *shape,
+                    size_t shapelen, struct dspk__autotune_req *req) {
   if (max_threads < 2 || (dt != DSPK_F32 && dt != DSPK_F64))
     return 0;
   if (M < 1 || N < 1 || K < 1 || M > GEMM_MAX_DIM || N > GEMM_MAX_DIM ||
@@ -275,32 +279,54 @@ int dspk__cpu_tune_gemm_threads(struct dspk__dev *dev, dspk_dtype dt,
     return 0;
 
   /* Candidates: 1, 2, 4, ... below max_threads, and max_threads. */
-  char names[MAX_THREAD_CANDS][16];
-  struct gemm_tune t = {.dbl = dt == DSPK_F64, .m = 1 << mc, .n = 1 << nc,
-                        .k = 1 << kc};
-  struct dspk__autotune_cand cands[MAX_THREAD_CANDS];
-  int nc_ = 0;
-  for (int th = 1; th < max_threads && nc_ < MAX_THREAD_CANDS - 1; th *= 2)
-    t.threads[nc_++] = th;
-  t.threads[nc_++] = max_threads;
-  for (int i = 0; i < nc_; i++) {
-    snprintf(names[i], sizeof names[i], "threads=%d", t.threads[i]);
+  *t = (struct gemm_tune){.dbl = dt == DSPK_F64, .m = 1 << mc, .n = 1 << nc, .k = 1 << kc};
+  int n = 0;
+  for (int th = 1; th < max_threads && n < MAX_THREAD_CANDS - 1; th *= 2)
+    t->threads[n++] = th;
+  t->threads[n++] = max_threads;
+  for (int i = 0; i < n; i++) {
+    snprintf(names[i], sizeof names[i], "threads=%d", t->threads[i]);
     cands[i] = (struct dspk__autotune_cand){names[i], gemm_run};
   }
-
-  char shape[64];
-  snprintf(shape, sizeof shape, "m=2^%d,n=2^%d,k=2^%d", mc, nc, kc);
-  int out = 0, w;
-  struct dspk__autotune_req req = {
+  snprintf(shape, shapelen, "m=2^%d,n=2^%d,k=2^%d", mc, nc, kc);
+  *req = (struct dspk__autotune_req){
       .op = "gemm.threads", .shape = shape,
       .dtypes = dspk__dtype_name(dt), .layout = "row-major",
-      .dev = id, .cands = cands, .ncands = nc_, .ud = &t};
+      .dev = devid(), .cands = cands, .ncands = n, .ud = t};
+  return n;
+}
+
+/* See tune.h. */
+int dspk__cpu_tune_gemm_threads(struct dspk__dev *dev, dspk_dtype dt,
+                                int64_t M, int64_t N, int64_t K) {
+  char names[MAX_THREAD_CANDS][16], shape[64];
+  struct dspk__autotune_cand cands[MAX_THREAD_CANDS];
+  struct dspk__autotune_req req;
+  struct gemm_tune t;
+  int out = 0, w;
+  (void)devid(); /* max_threads */
+  if (!gemm_req(dt, M, N, K, &t, names, cands, shape, sizeof shape, &req))
+    return 0;
   if (dspk__autotune_choose(dev->env.cache, &req, &gemm_threads_opts, &w, NULL) == 0)
     out = t.threads[w];
   free(t.ma.ptr);
   free(t.mb.ptr);
   free(t.mc.ptr);
   return out;
+}
+
+/* See tune.h. */
+int dspk__cpu_tune_gemm_decided(struct dspk__dev *dev, dspk_dtype dt, int64_t M,
+                                int64_t N, int64_t K) {
+  char names[MAX_THREAD_CANDS][16], shape[64];
+  struct dspk__autotune_cand cands[MAX_THREAD_CANDS];
+  struct dspk__autotune_req req;
+  struct gemm_tune t;
+  int w;
+  (void)devid();
+  if (!gemm_req(dt, M, N, K, &t, names, cands, shape, sizeof shape, &req))
+    return 0;
+  return dspk__autotune_peek(dev->env.cache, &req, &w) == 0 ? t.threads[w] : -1;
 }
 
 /* ---- fft ---------------------------------------------------------------------- */

@@ -37,6 +37,12 @@ int dspk__cpu_tune_fir(struct dspk__dev *dev, dspk_dtype dt, int64_t n,
 int dspk__cpu_tune_gemm_threads(struct dspk__dev *dev, dspk_dtype dt,
                                 int64_t M, int64_t N, int64_t K);
 
+/* gemm: the thread count dspk__cpu_tune_gemm_threads() would return, when
+ * it is known without measuring (decided in this process, or a product not
+ * tuned), else -1.  Any thread. */
+int dspk__cpu_tune_gemm_decided(struct dspk__dev *dev, dspk_dtype dt, int64_t M,
+                                int64_t N, int64_t K);
+
 /* fft: planner flags for `batch` transforms of length n: FFTW_MEASURE when
  * the device has a cache to keep the wisdom in and the plan is one a
  * client is likely to reuse (batch <= 4: chunks of long transforms, single

@@ -161,6 +161,12 @@ static void test_tune_then_hits(void **state) {
       "\"gamma\":{\"median_ns\":10000,\"ns\":[10000],\"cut\":true},"
       "\"delta\":{\"median_ns\":3000,\"ns\":[3000,3000,3000,3000,3000]}}");
 
+  /* Peek: the memo's decision, without running anything. */
+  reset_calls();
+  assert_int_equal(dspk__autotune_peek(c, &r, &w), 0);
+  assert_int_equal(w, 1);
+  assert_int_equal(total_calls(), 0);
+
   /* Memo hit: nothing runs. */
   reset_calls();
   assert_int_equal(dspk__autotune_choose(c, &r, &opts, &w, &how), 0);
@@ -168,8 +174,10 @@ static void test_tune_then_hits(void **state) {
   assert_int_equal(how, DSPK__AUTOTUNE_MEMO);
   assert_int_equal(total_calls(), 0);
 
-  /* A new process (memo forgotten): served by the cache. */
+  /* A new process (memo forgotten): served by the cache; peek does not
+   * look there. */
   dspk__autotune_forget_all();
+  assert_int_equal(dspk__autotune_peek(c, &r, &w), DSPK_ENOENT);
   assert_int_equal(dspk__autotune_choose(c, &r, &opts, &w, &how), 0);
   assert_int_equal(w, 1);
   assert_int_equal(how, DSPK__AUTOTUNE_CACHE);
@@ -502,11 +510,13 @@ static void test_interleaved(void **state) {
   dspk__autotune_forget_all();
   reset_calls();
   norder = 0;
-  o.interleave = 1;
+  o.interleave = 2;
   assert_int_equal(dspk__autotune_choose(c, &r, &o, &w, NULL), 0);
   assert_int_equal(w, 1);
-  /* Round k starts at candidate k mod 3; gamma fails in its first run. */
-  static const int want[] = {0, 1, 2, 1, 0, 0, 1, 0, 1};
+  /* Round k starts at candidate k mod 3, each turn a warm-up run and two
+   * timed ones (fewer when the samples are complete); gamma fails in its
+   * first run. */
+  static const int want[] = {0, 0, 0, 1, 1, 1, 2, 1, 1, 0, 0};
   assert_int_equal(norder, (int)(sizeof want / sizeof want[0]));
   for (int i = 0; i < norder; i++)
     assert_int_equal(order[i], want[i]);

@@ -100,10 +100,32 @@ void *__wrap_aligned_alloc(size_t align, size_t n) {
   return __real_aligned_alloc(align, n);
 }
 
+/* A gemm op of f32 m x k by k x n, as the daemon hands it over. */
+static struct dspk__op gemm_op(int64_t m, int64_t n, int64_t k) {
+  struct dspk__op op = {.kind = DSPK_OP_GEMM, .nin = 2, .nout = 1};
+  op.in[0] = (struct dspk__tensor){.dtype = DSPK_F32, .rank = 2, .shape = {m, k}};
+  op.in[1] = (struct dspk__tensor){.dtype = DSPK_F32, .rank = 2, .shape = {k, n}};
+  op.out[0] = (struct dspk__tensor){.dtype = DSPK_F32, .rank = 2, .shape = {m, n}};
+  return op;
+}
+
 static void test_gemm_threads(void **state) {
   (void)state;
   uint64_t before = tune_stats().puts;
+  /* Not quick (the loop may not run it) before its thread count is
+   * decided: that would tune on the loop thread. */
+  struct dspk__op op = gemm_op(64, 64, 64);
+  int decided = dspk__cpu_tune_gemm_decided(dev, DSPK_F32, 64, 64, 64);
+  assert_int_equal(dspk__backend_cpu.quick(dev, &op) != 0, decided >= 0);
   int t = dspk__cpu_tune_gemm_threads(dev, DSPK_F32, 64, 64, 64);
+  assert_int_equal(dspk__cpu_tune_gemm_decided(dev, DSPK_F32, 64, 64, 64), t);
+  assert_true(dspk__backend_cpu.quick(dev, &op));
+  /* Large products are never quick; untuned ones need no decision. */
+  op = gemm_op(512, 512, 512);
+  assert_false(dspk__backend_cpu.quick(dev, &op));
+  op = gemm_op(1 << 20, 8, 1);
+  assert_false(dspk__backend_cpu.quick(dev, &op)); /* 40 MiB of operands */
+  assert_int_equal(dspk__cpu_tune_gemm_decided(dev, DSPK_C64, 8, 8, 8), 0);
   assert_true(t >= 0);
   if (t > 0) /* more than one thread available: it was measured */
     assert_int_equal(tune_stats().puts, before + 1);
