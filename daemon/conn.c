@@ -330,9 +330,9 @@ void dspkd_conn_close(struct conn *c, const char *why) {
   dspkd_sched_drop(d, c, 0);
   dspkd_trace_conn_closed(c); /* its traces stop recording */
   dspkd_shm_conn_closed(c);   /* fds no buffer.import claimed */
-  if (c->land.b) {            /* a buffer.write cut off in its data */
-    dspkd_dbuf_unref(d, c->land.b);
-    c->land.b = NULL;
+  if (c->land.j) {            /* a buffer.write cut off in its data */
+    dspkd_job_free(d, c->land.j);
+    c->land.j = NULL;
   }
   dspkd_sched_cancel_all(d, c);
   for (size_t i = 0; i < c->nbufs; i++) {
@@ -370,7 +370,7 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
   size_t pending, cap, limit;
 
   (void)suggested;
-  if (c->land.b) { /* the rest of a buffer.write's data, and nothing after it */
+  if (c->land.j) { /* the rest of a buffer.write's data, and nothing after it */
     size_t left = c->land.len - c->land.got;
     *buf = uv_buf_init(c->land.dst + c->land.got,
                        (unsigned)(left < LAND_READ_MAX ? left : LAND_READ_MAX));
@@ -516,7 +516,7 @@ static void conn_land(struct conn *c, struct rchunk *k) {
   size_t have = k->end - k->start;
   char *dst;
 
-  if (c->land.b || have < 16 ||
+  if (c->land.j || have < 16 ||
       !dspk__write_head_scan(k->data + k->start, have, &c->d->cfg.lim, &h) ||
       h.len < LAND_MIN || have >= h.head + h.len)
     return;
@@ -597,7 +597,7 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
   }
   if (n == 0)
     return;
-  if (c->land.b) { /* read into the buffer (on_alloc) */
+  if (c->land.j) { /* read into the buffer (on_alloc) */
     c->land.got += (size_t)n;
     c->d->obs.bytes_in_place += (size_t)n;
   } else {
@@ -618,7 +618,7 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
     }
   }
   dspkd_conn_ref(c);
-  if (c->land.b && c->land.got == c->land.len)
+  if (c->land.j && c->land.got == c->land.len)
     dspkd_land_end(c);
   conn_process(c);
   dspkd_conn_update_read(c);

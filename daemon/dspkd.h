@@ -340,14 +340,13 @@ struct conn {
   uint64_t rx_pos;
   uint64_t frame_pos;
   /* A buffer.write whose data is being received straight into its cpu
-   * buffer (daemon/conn.c, "in place"): the buffer (a reference held), where
-   * its data goes, bytes come so far and in all; NULL b: none. */
+   * buffer (daemon/conn.c, "in place"): its job, made before the data came
+   * (it holds the buffer), where the data goes, bytes come so far and in
+   * all; NULL j: none. */
   struct {
-    struct dbuf *b;
+    struct job *j;
     char *dst;
     size_t got, len;
-    uint32_t msgid;
-    uint64_t off;
   } land;
 };
 
@@ -554,11 +553,12 @@ struct wreq *dspkd_result(uint32_t msgid, int method, const struct dspk__pval *v
 int dspkd_dispatch(struct req *r, const char *method, size_t len);
 /* buffer.write in place (daemon/conn.c): for the head of a buffer.write
  * whose data is still to come, the address in the buffer's memory where the
- * loop may receive that data itself, with c->land set and a reference to
- * the buffer held; NULL when it takes the ordinary path (not a cpu buffer
- * whose memory only this request would touch now, or a request the
- * ordinary path answers with an error).  dspkd_land_end: all of the data
- * came; queues the request's job, which only answers. */
+ * loop may receive that data itself, with c->land set (its job made, which
+ * holds the buffer); NULL when it takes the ordinary path (not a cpu buffer
+ * whose memory only this request would touch now, a request the ordinary
+ * path answers with an error, or no memory for the job).
+ * dspkd_land_end: all of the data came; queues the job, which only
+ * answers.  A connection closed before frees the job unanswered. */
 char *dspkd_land_begin(struct conn *c, const struct dspk__write_head *h);
 void dspkd_land_end(struct conn *c);
 /* Resolves a task's or buffer's device name ("any" or an id) for the

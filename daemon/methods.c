@@ -589,6 +589,7 @@ char *dspkd_land_begin(struct conn *c, const struct dspk__write_head *h) {
   struct req r = {.c = c, .msgid = h->msgid};
   struct dbuf *b = dspkd_conn_buf_find(c, h->buffer);
   struct device *dev;
+  struct job *j;
   char *p;
   bool open;
 
@@ -603,35 +604,27 @@ char *dspkd_land_begin(struct conn *c, const struct dspk__write_head *h) {
   pthread_mutex_lock(&dev->mu);
   open = dev->open_state == 1 && !dev->stop && !dev->exited;
   pthread_mutex_unlock(&dev->mu);
-  if (!open || !(p = dev->be->host_ptr(dev->bdev, b->mem)))
+  if (!open || !(p = dev->be->host_ptr(dev->bdev, b->mem)) ||
+      !(j = dspkd_job_new(c, JOB_BUF_WRITE, h->msgid, dev)))
     return NULL;
   dspkd_dbuf_ref(b);
-  c->land.b = b;
+  j->buf = b;
+  j->refs[j->nrefs++] = b;
+  j->off = h->offset;
+  j->size = h->len;
+  j->landed = true;
+  b->landing++;
+  c->land.j = j;
   c->land.dst = p + h->offset;
   c->land.got = 0;
   c->land.len = h->len;
-  c->land.msgid = h->msgid;
-  c->land.off = h->offset;
   return c->land.dst;
 }
 
 void dspkd_land_end(struct conn *c) {
-  struct dbuf *b = c->land.b;
-  struct job *j;
-
-  c->land.b = NULL;
+  struct job *j = c->land.j;
+  c->land.j = NULL;
   c->requests++;
-  if (!(j = dspkd_job_new(c, JOB_BUF_WRITE, c->land.msgid, b->dev))) {
-    dspkd_dbuf_unref(c->d, b);
-    dspkd_conn_send_error(c, c->land.msgid, DSPK_ENOMEM, NULL);
-    return;
-  }
-  j->buf = b; /* the landing's reference goes to the job */
-  j->refs[j->nrefs++] = b;
-  j->off = c->land.off;
-  j->size = c->land.len;
-  j->landed = true;
-  b->landing++;
   dspkd_sched_submit(j);
 }
 

@@ -53,8 +53,10 @@ X = (np.arange(8) + 1j).astype(np.complex64)
 REQUESTS = [
     ("hello", {"version": 1, "client": "oom"}),
     ("ping", {"data": b"x" * 100}),
-    ("buffer.create", {"size": 4096, "device": "cpu:0"}),
+    ("buffer.create", {"size": 256 << 10, "device": "cpu:0"}),
     ("buffer.write", {"buffer": None, "offset": 0, "data": A.tobytes()}),
+    # Larger than the first read buffer: its data is received in place.
+    ("buffer.write", {"buffer": None, "offset": 4096, "data": bytes(range(256)) * 512}),
     ("buffer.read", {"buffer": None, "offset": 0, "size": 64}),
     ("task.run", {"op": "gemm", "device": "cpu:0", "inputs": [tensor(A), tensor(A)]}),
     ("task.run", {"op": "fft", "device": "cpu:0", "inputs": [tensor(X)]}),
