@@ -621,6 +621,12 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
   if (c->land.j && c->land.got == c->land.len)
     dspkd_land_end(c);
   conn_process(c);
+  /* Jobs that ran on the loop (run_inline) are answered now, not after the
+   * loop's next turn through epoll for the wake-up they posted. */
+  if (c->d->inline_done) {
+    c->d->inline_done = false;
+    dspkd_sched_done_cb(&c->d->done_async);
+  }
   dspkd_conn_update_read(c);
   dspkd_conn_unref(c);
 }

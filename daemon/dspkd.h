@@ -389,6 +389,8 @@ struct dspkd {
   int activation_fd;
   bool activated;
   bool grace_expired;       /* the stop's deadline passed: tasks canceled */
+  bool inline_done;         /* loop only: a job ran on the loop (daemon/sched.c's
+                               run_inline) and is on the done list */
   struct dspkd_obs obs;     /* daemon/observe.h */
 };
 

@@ -230,6 +230,7 @@ static bool run_inline(struct device *dev, struct job *j) {
   dev->busy = false;
   pthread_mutex_unlock(&dev->mu);
   post_done(dev->d, j);
+  dev->d->inline_done = true; /* answered right after the read (daemon/conn.c) */
   return true;
 }
 
