@@ -2204,9 +2204,15 @@ def t_inplace(exe, tmp):
         check(time.monotonic() < deadline, "the clients that left are gone")
         time.sleep(0.01)
     check(c.call("buffer.read", {"buffer": b, "size": 8})["data"] == bytes(8), "still serving")
+    # And the daemon stops (exit status 0) with a client in the middle of the data.
+    c3 = d.client()
+    b3 = c3.call("buffer.create", {"device": "cpu:0", "size": size})["buffer"]
+    c3.sock.sendall(frame(1, {"buffer": b3, "data": rng.bytes(1 << 20)})[:head + 100000])
+    other.call("ping")
     c.close()
     other.close()
     d.stop()
+    c3.close()
 
 
 GROUPS = {
