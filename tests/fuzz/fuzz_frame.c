@@ -3,7 +3,10 @@
  * bytes pick the limits, the rest is the byte stream.  Oracles: a frame the
  * scanner accepts (n > 0) is exactly one object that msgpack-c unpacks in
  * n bytes, within max_depth and max_objects; no proper prefix of it is
- * complete; the scanner never claims more bytes than it was given.
+ * complete; the scanner never claims more bytes than it was given.  And
+ * dspk__write_head_scan: a head it finds is an incomplete frame to the
+ * scanner, and once its data is all there the scanner's frame ends with the
+ * data and msgpack-c decodes the same msgid, buffer, offset and data length.
  */
 #include <msgpack.h>
 #include <string.h>
@@ -44,6 +47,41 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
 
   n = dspk__frame_scan(data, size, &lim, msg, sizeof msg);
   FUZZ_CHECK(n == 0 || n == DSPK_EPROTO || n == DSPK_ELIMIT || n > 0);
+  {
+    struct dspk__write_head h;
+    if (dspk__write_head_scan(data, size, &lim, &h)) {
+      FUZZ_CHECK(h.head <= size && h.len > 0);
+      FUZZ_CHECK(dspk__frame_scan(data, h.head, &lim, msg, sizeof msg) == 0);
+      if (size >= h.head + h.len) {
+        msgpack_zone zone;
+        msgpack_object root;
+        const msgpack_object *p;
+        size_t off = 0;
+        int seen = 0;
+        FUZZ_CHECK(n == (ssize_t)(h.head + h.len));
+        FUZZ_CHECK(msgpack_zone_init(&zone, 2048));
+        FUZZ_CHECK(msgpack_unpack((const char *)data, (size_t)n, &off, &zone, &root) ==
+                   MSGPACK_UNPACK_SUCCESS);
+        FUZZ_CHECK(h.msgid == root.via.array.ptr[1].via.u64);
+        p = &root.via.array.ptr[3].via.array.ptr[0];
+        FUZZ_CHECK(p->type == MSGPACK_OBJECT_MAP);
+        for (uint32_t i = 0; i < p->via.map.size; i++) {
+          const msgpack_object *k = &p->via.map.ptr[i].key, *v = &p->via.map.ptr[i].val;
+          if (k->via.str.size == 6 && memcmp(k->via.str.ptr, "buffer", 6) == 0) {
+            FUZZ_CHECK(v->via.u64 == h.buffer);
+            seen |= 1;
+          } else if (k->via.str.size == 6 && memcmp(k->via.str.ptr, "offset", 6) == 0) {
+            FUZZ_CHECK(v->via.u64 == h.offset);
+          } else {
+            FUZZ_CHECK(v->type == MSGPACK_OBJECT_BIN && v->via.bin.size == h.len &&
+                       i + 1 == p->via.map.size);
+          }
+        }
+        FUZZ_CHECK(seen == 1);
+        msgpack_zone_destroy(&zone);
+      }
+    }
+  }
   if (n == 0)
     FUZZ_CHECK(size <= lim.max_message);
   if (n <= 0)

@@ -61,6 +61,7 @@ frames.append(LIMS + pack(REQUESTS[0]) + pack(REQUESTS[1]))       # two frames
 frames.append(LIMS + pack(REQUESTS[5])[:20])                        # incomplete
 frames.append(LIMS + b"\xdd\x00\x00\xff\xff")                      # huge array32
 frames.append(LIMS + pack([[[[[[[[[[1]]]]]]]]]]))                   # deep
+frames.append(LIMS + pack(REQUESTS[3])[:-8])                        # write, data to come
 put("frame", frames)
 
 put("msg", [pack(r) for r in REQUESTS])
