@@ -649,9 +649,10 @@ def t_exits(exe, tmp):
     while "calls exit(5)" not in d.logtext():
         check(time.monotonic() < deadline, "SIGHUP taken:\n" + d.logtext())
         time.sleep(0.01)
-    # A gemm: tiny maps and reduces may run on the loop thread instead.
-    x = {"dtype": "f32", "shape": [64, 64], "data": bytes(64 * 64 * 4)}
-    a.send("task.run", {"op": "gemm", "device": "cpu:0", "inputs": [x, x]})
+    # An fft: tiny maps and reduces and small gemms may run on the loop thread
+    # instead; an fft, which plans, always goes to the runner.
+    x = {"dtype": "c64", "shape": [64], "data": bytes(64 * 8)}
+    a.send("task.run", {"op": "fft", "device": "cpu:0", "inputs": [x]})
     a.expect_eof()
     rc = d.wait()
     log = d.logtext()
