@@ -323,7 +323,11 @@ static int cpu_run(struct dspk__dev *dev, struct dspk__op *op,
     return dspk__cpu_err(ctx, DSPK_ENOTSUP, "kernel: the cpu backend runs no raw kernels");
   if ((unsigned)op->kind >= DSPK_OP_COUNT || !ops[op->kind])
     return dspk__cpu_err(ctx, DSPK_ENOTSUP, "cpu: unknown op %d", (int)op->kind);
-  return ops[op->kind](dev, op, ctx);
+  dspk__cpu_fft_adopt(dev); /* between ops: no plan of dev is in use */
+  dev->ctx = ctx;
+  int rc = ops[op->kind](dev, op, ctx);
+  dev->ctx = NULL;
+  return rc;
 }
 
 static void cpu_trim(struct dspk__dev *dev) {

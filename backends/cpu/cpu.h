@@ -80,6 +80,16 @@ struct dspk__dev {
   /* Set when a plan was measured: its wisdom goes to the cache after the
    * op (dspk__cpu_fft_wisdom_flush). */
   int wisdom_dirty;
+  /* Plans of 2^16 points or more that no stored wisdom answers are made
+   * with FFTW_ESTIMATE at once and measured in full by a background thread
+   * (fft.c, "background measuring"); the measured plan replaces the
+   * estimated one at the start of the device's next op.  NULL until the
+   * first such plan. */
+  struct dspk__cpu_refine *refine;
+  uint64_t plans_refined; /* measured plans swapped in */
+  /* The running op's context (cpu_run), for waits that must see a cancel:
+   * the FFTW planner lock while a background measuring holds it. */
+  struct dspk__opctx *ctx;
   /* Large blocks (DSPK__CPU_BIG_BLOCK and up), cached after free for the
    * next alloc of their size class, under pool_mu. */
   struct dspk__pool pool;
@@ -135,7 +145,9 @@ unsigned dspk__cpu_fft_flags(struct dspk__dev *dev, int kind, int dbl, int n,
 /* Returns the cached or a new plan for `batch` contiguous transforms of
  * length n (kind as above; R2C/C2R complex side has n/2+1 elements), for
  * arrays whose alignment matches `aligned` (fftw_alignment_of()==0).  The
- * device owns the plan.  NULL when FFTW cannot plan. */
+ * device owns the plan.  NULL when FFTW cannot plan, or when the running
+ * op (dev->ctx) was canceled while waiting for the planner lock (callers
+ * check dspk__cpu_canceled). */
 void *dspk__cpu_fft_plan(struct dspk__dev *dev, int kind, int dbl, int n,
                          int batch, int inplace, int aligned);
 
@@ -153,8 +165,15 @@ int dspk__cpu_fft_aligned(int dbl, const void *p);
 void dspk__cpu_fftw_lock(void);
 void dspk__cpu_fftw_unlock(void);
 
-/* Frees every cached plan of dev. */
+/* Frees every cached plan of dev; waits for a background measuring in
+ * progress (at most its time limit) and drops what it made. */
 void dspk__cpu_fft_release(struct dspk__dev *dev);
+/* At the start of an op (cpu_run): swaps the plans that background
+ * measuring finished into the plan cache and stores the new wisdom. */
+void dspk__cpu_fft_adopt(struct dspk__dev *dev);
+/* Waits until no background measuring is queued or running (tests,
+ * benches); returns the number of measured plans waiting for adoption. */
+int dspk__cpu_fft_refine_wait(struct dspk__dev *dev);
 
 /* Stops OpenBLAS's worker threads, which busy-wait (sched_yield) for 2^28
  * cycles (~0.13 s at 2 GHz) after they start at library load, so that the

@@ -147,6 +147,10 @@ static int64_t good_size(int64_t n) {
     R *hs = DBL ? fftw_malloc(sb) : fftwf_malloc(sb);                          \
     void *pf = dspk__cpu_fft_plan(dev, fk, DBL, (int)L, 1, 0, 1);              \
     void *pb = dspk__cpu_fft_plan(dev, bk, DBL, (int)L, 1, 0, 1);              \
+    if (buf && spec && hs && (!pf || !pb) && dspk__cpu_canceled(ctx)) {       \
+      rc = DSPK_ECANCELED;                                                     \
+      goto out;                                                                \
+    }                                                                          \
     if (!buf || !spec || !hs || !pf || !pb) {                                  \
       rc = dspk__cpu_err(ctx, DSPK_ENOMEM,                                     \
                          "fir: out of memory for an FFT of length %lld",       \

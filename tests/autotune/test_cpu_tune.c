@@ -4,14 +4,21 @@
  * tuned once per shape class and then served without measuring (also to
  * other sizes of the same class), obvious cases are not tuned, gemm's
  * thread count is tuned only for small products, FFTW planning uses
- * FFTW_MEASURE when there is a cache and its wisdom goes into the cache.
+ * FFTW_MEASURE when there is a cache and its wisdom goes into the cache;
+ * large plans without wisdom are estimated at once and measured in the
+ * background, swapped in at the next op, their wisdom stored.
  */
+#include <complex.h>
+#include <math.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <cmocka.h>
 #include <fftw3.h>
@@ -170,11 +177,108 @@ static void test_fft_wisdom(void **state) {
   assert_int_equal(dev->wisdom_dirty, 1);
 }
 
+/* One forward c64 fft of an impulse at index 1 through the backend's run
+ * (so through its adoption point): X[k] = exp(-2 pi i k / n). */
+static void run_fft_impulse(int64_t n) {
+  const struct dspk__backend *be = &dspk__backend_cpu;
+  struct dspk__op op;
+  memset(&op, 0, sizeof op);
+  op.kind = DSPK_OP_FFT;
+  op.nin = op.nout = 1;
+  op.in[0].dtype = op.out[0].dtype = DSPK_C64;
+  op.in[0].rank = op.out[0].rank = 1;
+  op.in[0].shape[0] = op.out[0].shape[0] = n;
+  size_t nb = (size_t)n * sizeof(float complex);
+  assert_int_equal(be->alloc(dev, nb, &op.in[0].mem), 0);
+  assert_int_equal(be->alloc(dev, nb, &op.out[0].mem), 0);
+  float complex *x = be->host_ptr(dev, op.in[0].mem), *y = be->host_ptr(dev, op.out[0].mem);
+  memset(x, 0, nb);
+  x[1] = 1;
+  atomic_int cancel = 0;
+  struct dspk__opctx ctx = {.cancel = &cancel};
+  assert_int_equal(be->run(dev, &op, &ctx), 0);
+  for (int64_t k = 0; k < n; k += 997) {
+    double a = -2 * 3.14159265358979323846 * (double)k / (double)n;
+    assert_true(cabs((double complex)y[k] - (cos(a) + I * sin(a))) < 1e-4);
+  }
+  be->free(dev, op.in[0].mem);
+  be->free(dev, op.out[0].mem);
+}
+
+/* A plan of 2^16 points or more that the wisdom does not answer: estimated
+ * for the task (no wisdom yet), measured in full by the background thread,
+ * swapped in at the start of the next op (a new plan of the same key),
+ * its wisdom stored, results right with either plan. */
+static void test_fft_background_measure(void **state) {
+  (void)state;
+  const int n = 1 << 16;
+  dspk__cpu_fft_release(dev);
+  dev->wisdom_dirty = 0;
+  uint64_t refined = dev->plans_refined;
+  void *est = dspk__cpu_fft_plan(dev, DSPK__CPU_FFT_FWD, 0, n, 1, 0, 1);
+  assert_non_null(est);
+  assert_int_equal(dev->wisdom_dirty, 0); /* estimated: nothing measured yet */
+  run_fft_impulse(n); /* the estimated plan, while the thread measures */
+  assert_true(dspk__cpu_fft_refine_wait(dev) <= 1);
+  run_fft_impulse(n); /* adopts first: the measured plan */
+  assert_int_equal(dev->plans_refined, refined + 1);
+  void *measured = dspk__cpu_fft_plan(dev, DSPK__CPU_FFT_FWD, 0, n, 1, 0, 1);
+  assert_non_null(measured);
+  assert_ptr_not_equal(measured, est);
+  assert_int_equal(dev->wisdom_dirty, 0); /* stored */
+  /* The wisdom answers it now: after a release it is made from wisdom. */
+  dspk__cpu_fft_release(dev);
+  assert_non_null(dspk__cpu_fft_plan(dev, DSPK__CPU_FFT_FWD, 0, n, 1, 0, 1));
+  assert_int_equal(dspk__cpu_fft_refine_wait(dev), 0);
+  assert_null(dev->refine); /* nothing was queued */
+}
+
+/* A measured plan nobody adopted is freed by the release (ASan's leak
+ * check), and a plan the runner needs while a measuring holds the planner
+ * lock gives up when its task is canceled. */
+static void *hold_lock(void *arg) {
+  atomic_int *st = arg;
+  dspk__cpu_fftw_lock();
+  atomic_store(st, 1);
+  while (atomic_load(st) == 1) {
+    struct timespec ts = {0, 1000000};
+    nanosleep(&ts, NULL);
+  }
+  dspk__cpu_fftw_unlock();
+  return NULL;
+}
+
+static void test_fft_background_release_cancel(void **state) {
+  (void)state;
+  dspk__cpu_fft_release(dev);
+  assert_non_null(dspk__cpu_fft_plan(dev, DSPK__CPU_FFT_FWD, 1, 1 << 17, 1, 0, 1));
+  assert_true(dspk__cpu_fft_refine_wait(dev) <= 1);
+  dspk__cpu_fft_release(dev); /* drops the measured plan unadopted */
+  assert_null(dev->refine);
+
+  atomic_int st = 0, cancel = 1;
+  struct dspk__opctx ctx = {.cancel = &cancel};
+  pthread_t t;
+  assert_int_equal(pthread_create(&t, NULL, hold_lock, &st), 0);
+  while (atomic_load(&st) == 0) {
+    struct timespec ts = {0, 1000000};
+    nanosleep(&ts, NULL);
+  }
+  dev->ctx = &ctx; /* as cpu_run sets it */
+  assert_null(dspk__cpu_fft_plan(dev, DSPK__CPU_FFT_FWD, 1, 777, 1, 0, 1));
+  dev->ctx = NULL;
+  atomic_store(&st, 2);
+  pthread_join(t, NULL);
+  assert_non_null(dspk__cpu_fft_plan(dev, DSPK__CPU_FFT_FWD, 1, 777, 1, 0, 1));
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_fir_choice),
       cmocka_unit_test(test_gemm_threads),
       cmocka_unit_test(test_fft_wisdom),
+      cmocka_unit_test(test_fft_background_measure),
+      cmocka_unit_test(test_fft_background_release_cancel),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }
