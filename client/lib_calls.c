@@ -797,14 +797,15 @@ DSPK_EXPORT void dspk_result_free(dspk_result *r) {
   if (!r)
     return;
   for (unsigned i = 0; i < r->nout && i < DSPK_MAX_OUTPUTS; i++)
-    if (!r->out[i].is_ref)
+    if (!r->out[i].is_ref && !dspk__shm_lease_return(r->out[i].data))
       free((void *)r->out[i].data);
   memset(r, 0, sizeof(*r));
 }
 
-/* Decodes a task.run result into res, copying inline outputs, and outputs
- * in ticket's temporary shared buffer (dspk__shm_result), into aligned
- * memory owned by res. */
+/* Decodes a task.run result into res, copying inline outputs into aligned
+ * memory owned by res; an output in ticket's temporary shared buffer
+ * (dspk__shm_result) is lent to res instead (dspk__shm_lend), or copied
+ * too when it cannot be. */
 static int decode_result(dspk_client *c, const msgpack_object *result, uint32_t ticket,
                          dspk_result *res) {
   dspk_result out = {0};
@@ -837,6 +838,13 @@ static int decode_result(dspk_client *c, const msgpack_object *result, uint32_t 
     t->is_ref = wt.is_ref;
     t->buffer = wt.buffer;
     t->offset = wt.offset;
+    if (wt.is_ref &&
+        (t->data = dspk__shm_lend(c, ticket, wt.buffer, wt.offset, wt.nbytes)) != NULL) {
+      t->is_ref = false; /* the result came through a temporary, lent to it */
+      t->buffer = t->offset = 0;
+      out.nout = i + 1;
+      continue;
+    }
     if (wt.is_ref && (wt.data = dspk__shm_of_ticket(c, ticket, wt.buffer, wt.offset,
                                                      wt.nbytes)) != NULL) {
       t->is_ref = false; /* the result came through a temporary: inline */

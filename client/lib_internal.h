@@ -91,8 +91,10 @@ struct dspk__shm {
   uint64_t id;
   char device[32];
   int state;        /* 0: the caller's; 1: temporary, in use by `ticket`;
-                       2: temporary, idle; 3: temporary, being filled */
+                       2: temporary, idle; 3: temporary, being filled;
+                       4: temporary, lent to a dspk_result (`lease`) */
   uint32_t ticket;
+  struct dspk__lease *lease;
 };
 /* The reference for an inline operand of task `device`: 1 with *id, *off
  * when it lies in a shared allocation or was copied into a temporary one
@@ -112,6 +114,14 @@ const char *dspk__shm_of_ticket(dspk_client *c, uint32_t ticket, uint64_t id,
  * dspk_shared_alloc of c and no request is in flight (so a local copy keeps
  * the order the daemon would give); else NULL. */
 char *dspk__shm_local(dspk_client *c, uint64_t id, uint64_t off, size_t n);
+/* The result of ticket that the daemon wrote into temporary id: lends the
+ * temporary's pages to the result (state 4: no copy; dspk_result_free gives
+ * them back for reuse) and returns where its bytes [off, off+n) are, or
+ * NULL when the result must be copied (too many lent already). */
+char *dspk__shm_lend(dspk_client *c, uint32_t ticket, uint64_t id, uint64_t off, size_t n);
+/* dspk_result_free: 1 when p is the start of a lent temporary (now given
+ * back, or unmapped when its client is closed), 0 when p is not one. */
+int dspk__shm_lease_return(const void *p);
 /* After a submit: temporaries being filled belong to ticket (ok) or are
  * idle again (!ok). */
 void dspk__shm_sent(dspk_client *c, uint32_t ticket, bool ok);

@@ -12,9 +12,18 @@
  * (dspk_wait), then it is kept for the next task (at most SHM_IDLE_MAX idle
  * ones), so a stream of big tasks reuses the same pages instead of faulting
  * in fresh ones.
+ *
+ * A result the daemon wrote into a temporary is not copied out of it: the
+ * temporary is lent to the dspk_result (its data points into the mapping)
+ * until dspk_result_free, which gives it back for the next task (at most
+ * SHM_LENT_MAX lent per client; beyond that results are copied, so a caller
+ * who keeps many results does not pin as many daemon buffers).  A lease
+ * outlives dspk_close: the result's pages stay mapped until it is freed.
+ * Leases are process-wide (dspk_result_free has no client), under lease_mu.
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -25,7 +34,93 @@
 #include "proto/schema.h"
 
 #define SHM_IDLE_MAX 6
+#define SHM_LENT_MAX 4
 #define SHM_ROUND ((size_t)2 << 20) /* temporaries: whole 2 MiB */
+
+/* A temporary lent to a result: `returned` once dspk_result_free gave it
+ * back, `orphan` once its client was closed (then the free unmaps it). */
+struct dspk__lease {
+  char *ptr;
+  size_t size;
+  bool returned, orphan;
+  struct dspk__lease *next;
+};
+static pthread_mutex_t lease_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct dspk__lease *leases;
+
+/* Caller holds lease_mu. */
+static void lease_unlink(struct dspk__lease *l) {
+  for (struct dspk__lease **pp = &leases; *pp; pp = &(*pp)->next)
+    if (*pp == l) {
+      *pp = l->next;
+      return;
+    }
+}
+
+int dspk__shm_lease_return(const void *p) {
+  struct dspk__lease *l;
+  if (!p)
+    return 0;
+  pthread_mutex_lock(&lease_mu);
+  for (l = leases; l && l->ptr != p; l = l->next)
+    ;
+  if (l && l->orphan) {
+    lease_unlink(l);
+    munmap(l->ptr, l->size);
+    free(l);
+  } else if (l) {
+    l->returned = true;
+  }
+  pthread_mutex_unlock(&lease_mu);
+  return l != NULL;
+}
+
+/* Temporaries whose results were freed are idle again. */
+static void leases_reclaim(dspk_client *c) {
+  bool any = false;
+  for (size_t i = 0; i < c->nshm && !any; i++)
+    any = c->shm[i].state == 4;
+  if (!any)
+    return;
+  pthread_mutex_lock(&lease_mu);
+  for (size_t i = 0; i < c->nshm; i++) {
+    struct dspk__shm *s = &c->shm[i];
+    if (s->state == 4 && s->lease->returned) {
+      lease_unlink(s->lease);
+      free(s->lease);
+      s->lease = NULL;
+      s->state = 2;
+    }
+  }
+  pthread_mutex_unlock(&lease_mu);
+}
+
+char *dspk__shm_lend(dspk_client *c, uint32_t ticket, uint64_t id, uint64_t off, size_t n) {
+  size_t lent = 0;
+  leases_reclaim(c);
+  for (size_t i = 0; i < c->nshm; i++)
+    lent += c->shm[i].state == 4;
+  if (lent >= SHM_LENT_MAX || off != 0)
+    return NULL;
+  for (size_t i = 0; i < c->nshm; i++) {
+    struct dspk__shm *s = &c->shm[i];
+    if (s->state == 1 && s->ticket == ticket && s->id == id) {
+      struct dspk__lease *l;
+      if (n > s->size || !(l = calloc(1, sizeof *l)))
+        return NULL;
+      l->ptr = s->ptr;
+      l->size = s->size;
+      pthread_mutex_lock(&lease_mu);
+      l->next = leases;
+      leases = l;
+      pthread_mutex_unlock(&lease_mu);
+      s->lease = l;
+      s->state = 4;
+      return s->ptr;
+    }
+  }
+  return NULL;
+}
 
 struct import_args {
   const char *device;
@@ -239,6 +334,7 @@ static int shm_temp(dspk_client *c, const char *device, size_t n, struct dspk__s
     device = "cpu:0";
   }
   /* A temporary: the smallest idle one of this device that fits. */
+  leases_reclaim(c);
   for (size_t i = 0; i < c->nshm; i++) {
     struct dspk__shm *s = &c->shm[i];
     if (s->state == 2 && s->size >= n && strcmp(s->device, device) == 0 &&
@@ -339,8 +435,20 @@ void dspk__shm_done(dspk_client *c, uint32_t ticket) {
 }
 
 void dspk__shm_close(dspk_client *c) {
-  for (size_t i = 0; i < c->nshm; i++)
-    munmap(c->shm[i].ptr, c->shm[i].size);
+  pthread_mutex_lock(&lease_mu);
+  for (size_t i = 0; i < c->nshm; i++) {
+    struct dspk__shm *s = &c->shm[i];
+    if (s->state == 4 && !s->lease->returned) {
+      s->lease->orphan = true; /* still the result's: unmapped by its free */
+      continue;
+    }
+    if (s->state == 4) {
+      lease_unlink(s->lease);
+      free(s->lease);
+    }
+    munmap(s->ptr, s->size);
+  }
+  pthread_mutex_unlock(&lease_mu);
   free(c->shm);
   c->shm = NULL;
   c->nshm = c->capshm = 0;

@@ -279,7 +279,11 @@ DSPK_EXPORT int dspk_shared_free(dspk_client *c, void *ptr);
  * reuses) instead of the socket, on the task's device; 0 turns it off.
  * So does the one result of a gemm, fft, fir or map task without out_refs
  * when it is at least that large: the daemon writes it into a temporary,
- * dspk_wait copies it into the result's own memory (still inline).
+ * which dspk_wait lends to the result (still inline, no copy: out[0].data
+ * points into the temporary's pages until dspk_result_free, which gives
+ * them back for a later task; while 4 results of c hold temporaries, the
+ * next is copied into memory of its own).  Either way the memory is the
+ * result's, valid until dspk_result_free, also after dspk_close.
  * For a task on "any" only when the daemon has no hardware device ("any"
  * is then cpu:0), so that the daemon's choice of device stays free.
  * The default is DSPK_SHARED_THRESHOLD, or $DSPK_SHARED_THRESHOLD at
@@ -386,7 +390,10 @@ typedef struct dspk_result {
                                   queueing, no socket), 0 if not sent */
 } dspk_result;
 
-/* Frees the result's tensors (not r itself) and zeroes it.  Accepts NULL. */
+/* Frees the result's tensors (not r itself) and zeroes it.  Accepts NULL.
+ * Any thread, also after the result's client was closed: a result lent a
+ * shared temporary gives it back to its client (or unmaps it when the
+ * client is closed).  Never free() an output's data yourself. */
 DSPK_EXPORT void dspk_result_free(dspk_result *r);
 
 /* Runs a task and waits for its answer: 0 and *res, or a negative code

@@ -5,8 +5,10 @@
  * temporary shared buffers, large results back through them, the same tasks
  * over the plain socket (threshold
  * 0), buffer.read/write of a shared buffer, a memfd without F_SEAL_SHRINK
- * or too small (EINVAL), the client's truncation refused by the seal, and a
- * client that unmaps or exits while its task runs.
+ * or too small (EINVAL), the client's truncation refused by the seal, a
+ * client that unmaps or exits while its task runs, and results lent their
+ * temporaries (no copy; the same pages again for the next task; copied past
+ * the lending limit; valid after dspk_close, unmapped by dspk_result_free).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -390,6 +392,70 @@ static void test_auto_result(void **state) {
   free(b);
 }
 
+/* The shared temporary (state) that holds p, or NULL. */
+static struct dspk__shm *temp_of(const void *p, int state) {
+  for (size_t i = 0; i < C->nshm; i++)
+    if (C->shm[i].state == state && C->shm[i].ptr == p)
+      return &C->shm[i];
+  return NULL;
+}
+
+/* A large result is lent its temporary: no copy, and the next task's result
+ * lands in the same pages (nothing new mapped); past SHM_LENT_MAX results
+ * held at once they are copied; a result outlives its client. */
+static void test_lent_result(void **state) {
+  const int m = 512, k = 64, n = 1024; /* the result: 2 MiB */
+  float *a = malloc(sizeof(float) * m * k), *b = malloc(sizeof(float) * k * n);
+  dspk_result r, held[5];
+  (void)state;
+  for (int i = 0; i < m * k; i++)
+    a[i] = frand();
+  for (int i = 0; i < k * n; i++)
+    b[i] = frand();
+  dspk_set_shared_threshold(C, DSPK_SHARED_THRESHOLD);
+  assert_int_equal(run_gemm(C, a, b, m, k, n, NULL, &r), 0);
+  const void *first = r.out[0].data;
+  assert_non_null(temp_of(first, 4)); /* lent, not copied */
+  check_gemm(first, a, b, m, k, n);
+  size_t nshm = C->nshm;
+  dspk_result_free(&r);
+  for (int round = 0; round < 3; round++) {
+    assert_int_equal(run_gemm(C, a, b, m, k, n, NULL, &r), 0);
+    assert_ptr_equal(r.out[0].data, first); /* the same pages again */
+    assert_int_equal(C->nshm, nshm);        /* no new temporary */
+    dspk_result_free(&r);
+  }
+  /* Held results: four lent, the fifth copied; all right. */
+  for (int i = 0; i < 5; i++)
+    assert_int_equal(run_gemm(C, a, b, m, k, n, NULL, &held[i]), 0);
+  for (int i = 0; i < 4; i++)
+    assert_non_null(temp_of(held[i].out[0].data, 4));
+  assert_null(temp_of(held[4].out[0].data, 4));
+  assert_int_equal(count_state(4), 4);
+  check_gemm(held[0].out[0].data, a, b, m, k, n);
+  check_gemm(held[4].out[0].data, a, b, m, k, n);
+  for (int i = 0; i < 5; i++)
+    dspk_result_free(&held[i]);
+  assert_int_equal(run_gemm(C, a, b, m, k, n, NULL, &r), 0);
+  assert_int_equal(count_state(4), 1); /* the others given back, idle */
+  dspk_result_free(&r);
+  /* A result freed after its client's close: still there, then unmapped. */
+  {
+    dspk_client *c2;
+    assert_int_equal(dspk_connect(sockpath, "test_shared_2", &c2), 0);
+    assert_int_equal(run_gemm(c2, a, b, m, k, n, NULL, &r), 0);
+    void *p = (void *)r.out[0].data;
+    dspk_close(c2);
+    check_gemm(p, a, b, m, k, n);
+    assert_int_equal(msync(p, 4096, MS_ASYNC), 0); /* mapped */
+    dspk_result_free(&r);
+    assert_int_equal(msync(p, 4096, MS_ASYNC), -1); /* unmapped */
+    assert_int_equal(errno, ENOMEM);
+  }
+  free(a);
+  free(b);
+}
+
 static int sealed_memfd(size_t n, unsigned seals) {
   int fd = memfd_create("t", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   assert_true(fd >= 0);
@@ -527,6 +593,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_auto_threshold),
       cmocka_unit_test(test_threshold_env),
       cmocka_unit_test(test_auto_result),
+      cmocka_unit_test(test_lent_result),
       cmocka_unit_test(test_seals),
       cmocka_unit_test(test_unmap_and_exit),
   };
