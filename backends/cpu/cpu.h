@@ -165,8 +165,8 @@ int dspk__cpu_fft_aligned(int dbl, const void *p);
 void dspk__cpu_fftw_lock(void);
 void dspk__cpu_fftw_unlock(void);
 
-/* Frees every cached plan of dev; waits for a background measuring in
- * progress (at most its time limit) and drops what it made. */
+/* Frees every cached plan of dev and what background measuring made; a
+ * measuring in progress is not waited for (its thread frees its own). */
 void dspk__cpu_fft_release(struct dspk__dev *dev);
 /* At the start of an op (cpu_run): swaps the plans that background
  * measuring finished into the plan cache and stores the new wisdom. */

@@ -49,8 +49,8 @@
 /* Transforms of this many points (n * batch) or more are measured in the
  * background (see above); smaller ones at once, completely. */
 #define PLAN_BG_POINTS ((int64_t)1 << 16)
-/* Seconds a background measuring may take (fftw_set_timelimit): also the
- * longest a device close waits for one. */
+/* Seconds a background measuring may take (fftw_set_timelimit).  A device
+ * close does not wait for it: the thread is left to finish and clean up. */
 #define REFINE_TIMELIMIT_S 60.0
 /* Plans queued for background measuring or measured and not yet adopted. */
 #define REFINE_MAX 8
@@ -97,6 +97,11 @@ struct dspk__cpu_refine {
   int running; /* the thread has work or is measuring */
   int joinable;
   int stop;
+  int abandoned; /* the device let go of it while it ran: it frees itself */
+  /* The device's cached plans at that release, destroyed by the thread
+   * when it is done (their destruction needs the planner lock). */
+  struct dspk__cpu_plan orphans[DSPK__CPU_PLANS];
+  int norphans;
   struct plan_key todo[REFINE_MAX];
   int ntodo;
   struct {
@@ -126,12 +131,15 @@ static void destroy_plan(struct dspk__cpu_plan *p) {
   p->plan = NULL;
 }
 
-static void refine_release(struct dspk__dev *dev);
+static int refine_release(struct dspk__dev *dev);
 
 void dspk__cpu_fft_release(struct dspk__dev *dev) {
   if (!dev)
     return;
-  refine_release(dev);
+  if (refine_release(dev)) { /* the measuring thread destroys them */
+    dev->nplans = 0;
+    return;
+  }
   dspk__cpu_fftw_lock();
   for (int i = 0; i < dev->nplans; i++)
     destroy_plan(&dev->plans[i]);
@@ -239,9 +247,23 @@ static struct dspk__cpu_plan *plan_slot(struct dspk__dev *dev) {
 
 /* ---- background measuring ------------------------------------------------ */
 
+/* Frees r and the plans it measured; its thread is done or is the caller. */
+static void refine_free(struct dspk__cpu_refine *r) {
+  dspk__cpu_fftw_lock();
+  for (int i = 0; i < r->ndone; i++) {
+    struct dspk__cpu_plan p = {.dbl = r->done[i].k.dbl, .plan = r->done[i].plan};
+    destroy_plan(&p);
+  }
+  for (int i = 0; i < r->norphans; i++)
+    destroy_plan(&r->orphans[i]);
+  dspk__cpu_fftw_unlock();
+  pthread_mutex_destroy(&r->mu);
+  pthread_cond_destroy(&r->idle);
+  free(r);
+}
+
 static void *refine_main(void *arg) {
   struct dspk__cpu_refine *r = arg;
-  pthread_setname_np(pthread_self(), "dspk-fftw-plan");
   pthread_mutex_lock(&r->mu);
   while (!r->stop && r->ntodo > 0 && r->ndone < REFINE_MAX) {
     struct plan_key k = r->todo[0];
@@ -262,8 +284,11 @@ static void *refine_main(void *arg) {
   }
   r->ntodo = 0; /* stopping, or adoption lags: dropped (asked again later) */
   r->running = 0;
+  int abandoned = r->abandoned;
   pthread_cond_broadcast(&r->idle);
   pthread_mutex_unlock(&r->mu);
+  if (abandoned)
+    refine_free(r);
   return NULL;
 }
 
@@ -291,6 +316,7 @@ static void refine_request(struct dspk__dev *dev, const struct plan_key *k) {
     r->joinable = 0;
     r->running = 1;
     if (pthread_create(&r->thread, NULL, refine_main, r) == 0) {
+      pthread_setname_np(r->thread, "dspk-fftw-plan"); /* named before it runs */
       r->joinable = 1;
     } else {
       r->running = 0;
@@ -355,26 +381,33 @@ void dspk__cpu_fft_adopt(struct dspk__dev *dev) {
   dspk__cpu_fft_wisdom_flush(dev);
 }
 
-static void refine_release(struct dspk__dev *dev) {
+/* 1 when a measuring was in progress: its thread took dev's cached plans
+ * (it holds the planner lock that destroying them needs) and frees them
+ * with its own when done; 0 when the caller destroys them. */
+static int refine_release(struct dspk__dev *dev) {
   struct dspk__cpu_refine *r = dev->refine;
   if (!r)
-    return;
+    return 0;
+  dev->refine = NULL;
   pthread_mutex_lock(&r->mu);
   r->stop = 1;
   r->ntodo = 0;
-  pthread_mutex_unlock(&r->mu);
-  if (r->joinable)
-    pthread_join(r->thread, NULL);
-  dspk__cpu_fftw_lock();
-  for (int i = 0; i < r->ndone; i++) {
-    struct dspk__cpu_plan p = {.dbl = r->done[i].k.dbl, .plan = r->done[i].plan};
-    destroy_plan(&p);
+  int busy = r->running, joinable = r->joinable;
+  pthread_t th = r->thread;
+  if (busy) {
+    memcpy(r->orphans, dev->plans, (size_t)dev->nplans * sizeof dev->plans[0]);
+    r->norphans = dev->nplans;
+    r->abandoned = 1;
   }
-  dspk__cpu_fftw_unlock();
-  pthread_mutex_destroy(&r->mu);
-  pthread_cond_destroy(&r->idle);
-  free(r);
-  dev->refine = NULL;
+  pthread_mutex_unlock(&r->mu);
+  if (busy) { /* measuring (up to REFINE_TIMELIMIT_S): it frees r when done */
+    pthread_detach(th);
+    return 1;
+  }
+  if (joinable)
+    pthread_join(th, NULL);
+  refine_free(r);
+  return 0;
 }
 
 /* ---- the plan cache ------------------------------------------------------- */

@@ -184,12 +184,17 @@ static void scale_out(void *p, dspk_dtype dt, int64_t n, double beta) {
 }
 
 /* Large products are cut into tiles so that a cancel request is seen
- * between tiles: docs/protocol.md promises about 100 ms.  A tile is sized
+ * between tiles: docs/protocol.md promises about 100 ms.  A product the
+ * measured speed says takes at most WHOLE_S runs in one BLAS call: tiles
+ * pack their panels again and hand work to BLAS's threads once each (a
+ * 2048^2 f32 product in 16 tiles of 512 x 512 ran at 0.945 of one
+ * cblas_sgemm call on the 2-core development VM).  A tile is sized
  * from the device's measured speed to take about TILE_S (TILE_WORK0
  * multiply-adds before the first measurement), within TILE_WORK_MIN and
  * TILE_WORK_MAX, and keeps at least TILE_MIN rows and columns so that BLAS's
  * packing of its panels costs little. */
 #define TILE_S 0.03
+#define WHOLE_S 0.1
 #define TILE_WORK0 ((int64_t)1 << 26)
 #define TILE_WORK_MIN ((int64_t)1 << 24)
 #define TILE_WORK_MAX ((int64_t)1 << 34)
@@ -252,7 +257,9 @@ static int gemm_tiled(struct dspk__dev *dev, dspk_dtype dt, size_t es, int ta, i
            : w > (double)TILE_WORK_MAX ? TILE_WORK_MAX
                                        : (int64_t)w;
   }
-  if (M * N > work / K) { /* K >= 1 here */
+  bool whole = dev->gemm_rate > 0 &&
+               (double)M * (double)N * (double)K * (double)cost <= dev->gemm_rate * WHOLE_S;
+  if (!whole && M * N > work / K) { /* K >= 1 here */
     int64_t side = TILE_MIN;
     while (side * 2 * side * 2 <= work / K)
       side *= 2;

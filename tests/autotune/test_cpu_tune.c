@@ -9,6 +9,7 @@
  * background, swapped in at the next op, their wisdom stored.
  */
 #include <complex.h>
+#include <dirent.h>
 #include <math.h>
 #include <pthread.h>
 #include <setjmp.h>
@@ -16,6 +17,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -114,6 +116,59 @@ static struct dspk__op gemm_op(int64_t m, int64_t n, int64_t k) {
   op.in[1] = (struct dspk__tensor){.dtype = DSPK_F32, .rank = 2, .shape = {k, n}};
   op.out[0] = (struct dspk__tensor){.dtype = DSPK_F32, .rank = 2, .shape = {m, n}};
   return op;
+}
+
+/* cblas_sgemm is wrapped too: the BLAS calls one gemm makes. */
+void __real_cblas_sgemm(int order, int ta, int tb, int m, int n, int k, float alpha,
+                        const float *a, int lda, const float *b, int ldb, float beta,
+                        float *c, int ldc);
+void __wrap_cblas_sgemm(int order, int ta, int tb, int m, int n, int k, float alpha,
+                        const float *a, int lda, const float *b, int ldb, float beta,
+                        float *c, int ldc);
+static int sgemm_calls;
+void __wrap_cblas_sgemm(int order, int ta, int tb, int m, int n, int k, float alpha,
+                        const float *a, int lda, const float *b, int ldb, float beta,
+                        float *c, int ldc) {
+  sgemm_calls++;
+  __real_cblas_sgemm(order, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+/* A product the measured speed says takes at most 0.1 s is one BLAS call
+ * (tiles cost packing and thread hand-offs); a longer one is tiled so that
+ * cancel is seen between tiles.  Both right (spot checks in double). */
+static void test_gemm_whole(void **state) {
+  (void)state;
+  const int M = 256, N = 256, K = 1024;
+  float *a = malloc(sizeof(float) * M * K), *b = malloc(sizeof(float) * K * N);
+  float *c = malloc(sizeof(float) * M * N);
+  for (int i = 0; i < M * K; i++)
+    a[i] = (float)((i * 7) % 13) - 6;
+  for (int i = 0; i < K * N; i++)
+    b[i] = (float)((i * 5) % 11) - 5;
+  dev->gemm_threads = 1; /* no thread tuning (its own BLAS calls) */
+  for (int pass = 0; pass < 2; pass++) {
+    /* 2^26 multiply-adds: 0.067 s at 1e9/s (whole), 0.67 s at 1e8/s (tiles) */
+    dev->gemm_rate = pass == 0 ? 1e9 : 1e8;
+    sgemm_calls = 0;
+    memset(c, 0, sizeof(float) * M * N);
+    assert_int_equal(dspk__cpu_gemm_batched(dev, DSPK_F32, 1, M, N, K, a, b, c, NULL), 0);
+    if (pass == 0)
+      assert_int_equal(sgemm_calls, 1);
+    else
+      assert_true(sgemm_calls > 1);
+    for (int i = 0; i < M; i += 37)
+      for (int j = 0; j < N; j += 29) {
+        double want = 0;
+        for (int l = 0; l < K; l++)
+          want += (double)a[i * K + l] * b[l * N + j];
+        assert_true(fabs(c[i * N + j] - want) <= 1e-6 * (1 + fabs(want)));
+      }
+  }
+  dev->gemm_threads = 0;
+  dev->gemm_rate = 0;
+  free(a);
+  free(b);
+  free(c);
 }
 
 static void test_gemm_threads(void **state) {
@@ -272,13 +327,52 @@ static void test_fft_background_release_cancel(void **state) {
   assert_non_null(dspk__cpu_fft_plan(dev, DSPK__CPU_FFT_FWD, 1, 777, 1, 0, 1));
 }
 
+/* The number of this process's threads named name. */
+static int threads_named(const char *name) {
+  char path[300], comm[32];
+  int n = 0;
+  DIR *d = opendir("/proc/self/task");
+  struct dirent *e;
+  assert_non_null(d);
+  while ((e = readdir(d)) != NULL) {
+    if (e->d_name[0] == '.')
+      continue;
+    snprintf(path, sizeof path, "/proc/self/task/%s/comm", e->d_name);
+    FILE *f = fopen(path, "r");
+    if (f && fgets(comm, sizeof comm, f) && strncmp(comm, name, strlen(name)) == 0)
+      n++;
+    if (f)
+      fclose(f);
+  }
+  closedir(d);
+  return n;
+}
+
+/* A release (device close) during a measuring of seconds does not wait for
+ * it: the thread is still measuring when the release has returned, and it
+ * frees the device's plans and its own when done (ASan's leak check; the
+ * test binary may exit first).  Last: the thread holds the planner lock. */
+static void test_fft_background_release_busy(void **state) {
+  (void)state;
+  dspk__cpu_fft_release(dev);
+  assert_non_null(dspk__cpu_fft_plan(dev, DSPK__CPU_FFT_FWD, 1, 777, 1, 0, 1));
+  assert_non_null(dspk__cpu_fft_plan(dev, DSPK__CPU_FFT_FWD, 1, 1 << 21, 1, 0, 1));
+  assert_non_null(dev->refine);
+  dspk__cpu_fft_release(dev);
+  assert_null(dev->refine);
+  assert_int_equal(dev->nplans, 0);
+  assert_int_equal(threads_named("dspk-fftw-plan"), 1); /* still measuring */
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_fir_choice),
       cmocka_unit_test(test_gemm_threads),
+      cmocka_unit_test(test_gemm_whole),
       cmocka_unit_test(test_fft_wisdom),
       cmocka_unit_test(test_fft_background_measure),
       cmocka_unit_test(test_fft_background_release_cancel),
+      cmocka_unit_test(test_fft_background_release_busy),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }
