@@ -8,9 +8,12 @@
  *          writes them) and against memcpy.
  *   gemm   f32 N x N, operands inline (client memory) and resident (daemon
  *          buffers, output to a buffer), against cblas_sgemm in-process.
- *   fft    c64 2^20 inline against FFTW in-process (FFTW_MEASURE, as the
- *          daemon plans with a cache: it measures in the background after
- *          its first fft, and the rounds start when it is done).
+ *   fft    c64 2^20 inline against FFTW in-process with the same plan: the
+ *          daemon (with a cache, FFTW_MEASURE) measures its plan in the
+ *          background after its first fft; when it is done, this process
+ *          imports the wisdom the daemon stored in its cache and makes its
+ *          plan from it (FFTW_MEASURE | FFTW_WISDOM_ONLY; its own full
+ *          measure when that fails, said on stderr).
  *   tiny   map abs on 16 floats against dspk_ping.
  *   reduce sum of 2^26 f32 in a buffer (numpy's side: bench_numpy.py).
  *
@@ -34,7 +37,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "backends/cpu/fftw_wisdom.h"
 #include "bench/common/bench_daemon.h"
+#include "cache/cache.h"
 #include "bench/common/bench_task.h"
 #include "bench/common/bench_util.h"
 #include "dspk/dspk.h"
@@ -344,7 +349,6 @@ int main(int argc, char **argv) {
   if (has(only, "fft")) {
     size_t nf = (size_t)1 << 20;
     fftwf_complex *X = fftwf_malloc(nf * sizeof *X), *Y = fftwf_malloc(nf * sizeof *Y);
-    fftwf_plan p = fftwf_plan_dft_1d((int)nf, X, Y, FFTW_FORWARD, FFTW_MEASURE);
     dspk_bench_fill((float *)X, 2 * nf, 3);
     dspk_tensor in = {.dtype = DSPK_C64, .rank = 1, .shape = {(int64_t)nf}, .data = X,
                       .nbytes = nf * sizeof *X};
@@ -355,6 +359,20 @@ int main(int argc, char **argv) {
     t.ninputs = 1;
     run(c, &t); /* the daemon's first 2^20 plan: measured in the background */
     wait_fftw_measured(dpid);
+    run(c, &t); /* the measured plan swapped in, its wisdom stored */
+    struct dspk__cache *wc = NULL;
+    if (dspk__cache_open(cache, NULL, &wc, NULL, 0) == 0) {
+      fprintf(stderr, "bench_datapath: the daemon's FFTW wisdom: %d precision(s)\n",
+              dspk__fftw_wisdom_load(wc));
+      dspk__cache_close(wc);
+    }
+    fftwf_plan p = fftwf_plan_dft_1d((int)nf, X, Y, FFTW_FORWARD,
+                                     FFTW_MEASURE | FFTW_WISDOM_ONLY);
+    if (!p) {
+      fprintf(stderr, "bench_datapath: no daemon wisdom for fft 2^20: measuring here\n");
+      p = fftwf_plan_dft_1d((int)nf, X, Y, FFTW_FORWARD, FFTW_MEASURE);
+      dspk_bench_fill((float *)X, 2 * nf, 3);
+    }
     for (int r = -1; r < rounds; r++) {
       double a = run(c, &t);
       double t0 = dspk_bench_now_us();

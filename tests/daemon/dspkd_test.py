@@ -1562,8 +1562,9 @@ def t_cancel(exe, tmp):
     check(rc == 0, "exit 0 after two SIGTERMs, got %d:\n%s" % (rc, d.logtext()))
 
     # A cold FFTW_MEASURE plan (a cache makes the cpu measure) of 2^22 points
-    # measured for minutes and could not be interrupted; now its planning is
-    # bounded, so a canceled fft is answered at once.
+    # measured for minutes and could not be interrupted; now such a plan is
+    # estimated for the task and measured in the background (and the stop
+    # below does not wait for that), so a canceled fft is answered at once.
     d = Daemon(exe, tmp, ["--cache", os.path.join(tmp, "cancel-cache.db")])
     c, watcher = d.client(), d.client()
     n = 1 << 22
