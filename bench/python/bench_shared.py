@@ -1,7 +1,11 @@
 #!/usr/bin/env python3
 """Shared arrays (Client.empty_shared) against numpy in one run, interleaved:
-gemm 2048^2 f32 (numpy's a @ b vs c.gemm(a, b, out=o) with a, b, o shared), fft 2^20 c64
-(numpy.fft.fft vs c.fft(x, out=y)), and the bytes one task request puts on the socket.
+gemm 2048^2 f32 (numpy's a @ b vs c.gemm(a, b, out=o) with a, b, o shared; and numpy's
+matmul on the shared arrays themselves, which tells what their 4 KiB pages cost against
+numpy's huge pages), fft 2^20 c64 (numpy.fft.fft vs c.fft(x, out=y)), and the bytes one
+task request puts on the socket.  Each timed call starts after a pause (--settle, 0.5 s):
+OpenBLAS's worker threads, numpy's as the daemon's, busy-wait for about 0.1 s after a
+call, and on a 2-core machine they would take a core from whichever side runs next.
 
     python3 bench/python/bench_shared.py --dspkd build/daemon/dspkd [--reps 7]
 """
@@ -25,6 +29,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--dspkd", required=True)
     ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--settle", type=float, default=0.5)
     a = ap.parse_args()
     d = tempfile.mkdtemp(prefix="dspk-bsh-")
     sock = os.path.join(d, "d.sock")
@@ -36,6 +41,8 @@ def main() -> int:
     select.select([r], [], [], 60)
     assert os.read(r, 16) == b"READY\n"
     c = dspk.connect(sock)
+    print("# %s, load average %s" % (time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                                      " ".join(open("/proc/loadavg").read().split()[:3])))
     n = 2048
     rng = np.random.default_rng(0)
     A, B = rng.random((n, n), np.float32), rng.random((n, n), np.float32)
@@ -49,14 +56,23 @@ def main() -> int:
     orig = c._send_chunks
     c._send_chunks = lambda ch, fds=None: (sent.append(sum(memoryview(x).nbytes for x in ch)),
                                            orig(ch, fds))[1]
-    res = {"gemm numpy": [], "gemm shared": [], "fft numpy": [], "fft shared": []}
+    res = {"gemm numpy": [], "gemm shared": [], "fft numpy": [], "fft shared": [],
+           "gemm numpy on the shared arrays": []}
+    so2 = np.empty((n, n), np.float32)
+
+    def timed(f):
+        time.sleep(a.settle)
+        t = time.perf_counter()
+        f()
+        return time.perf_counter() - t
     for i in range(a.reps + 1):
-        t = time.perf_counter(); A @ B; t1 = time.perf_counter() - t
-        t = time.perf_counter(); c.gemm(sa, sb, out=so); t2 = time.perf_counter() - t
-        t = time.perf_counter(); np.fft.fft(X); t3 = time.perf_counter() - t
-        t = time.perf_counter(); c.fft(sx, out=sy); t4 = time.perf_counter() - t
+        t1 = timed(lambda: A @ B)
+        t2 = timed(lambda: c.gemm(sa, sb, out=so))
+        t3 = timed(lambda: np.fft.fft(X))
+        t4 = timed(lambda: c.fft(sx, out=sy))
+        t5 = timed(lambda: np.matmul(sa, sb, out=so2))
         if i:  # the first round warms up
-            for k, v in zip(res, (t1, t2, t3, t4)):
+            for k, v in zip(res, (t1, t2, t3, t4, t5)):
                 res[k].append(v * 1e3)
     np.testing.assert_allclose(so, A @ B, rtol=1e-3)
     np.testing.assert_allclose(sy, np.fft.fft(X), rtol=1e-2, atol=1e-2)
