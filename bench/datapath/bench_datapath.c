@@ -24,7 +24,6 @@
 #include <fftw3.h> /* before cblas.h: OpenBLAS's cblas.h includes complex.h */
 #include <cblas.h>
 
-#include <dirent.h>
 #include <errno.h>
 #include <signal.h>
 #include <stdint.h>
@@ -188,33 +187,6 @@ static void settle(void) {
   nanosleep(&ts, NULL);
 }
 
-/* Waits (up to 300 s) until daemon pid has no "dspk-fftw-plan" thread: its
- * background FFTW measuring (backends/cpu/fft.c) is done. */
-static void wait_fftw_measured(pid_t pid) {
-  char dir[64];
-  snprintf(dir, sizeof dir, "/proc/%d/task", (int)pid);
-  for (int i = 0; i < 3000; i++) {
-    DIR *d = opendir(dir);
-    struct dirent *e;
-    int busy = 0;
-    while (d && (e = readdir(d)) != NULL) {
-      char path[384], comm[32] = "";
-      snprintf(path, sizeof path, "%s/%s/comm", dir, e->d_name);
-      FILE *f = e->d_name[0] != '.' ? fopen(path, "r") : NULL;
-      if (f) {
-        busy |= fgets(comm, sizeof comm, f) && strncmp(comm, "dspk-fftw-plan", 14) == 0;
-        fclose(f);
-      }
-    }
-    if (d)
-      closedir(d);
-    if (!busy)
-      return;
-    struct timespec ts = {0, 100 * 1000 * 1000};
-    nanosleep(&ts, NULL);
-  }
-}
-
 static int has(const char *list, const char *what) {
   return !list || strstr(list, what) != NULL;
 }
@@ -358,7 +330,7 @@ int main(int argc, char **argv) {
     t.inputs = &in;
     t.ninputs = 1;
     run(c, &t); /* the daemon's first 2^20 plan: measured in the background */
-    wait_fftw_measured(dpid);
+    dspk_bench_wait_fftw(dpid);
     run(c, &t); /* the measured plan swapped in, its wisdom stored */
     struct dspk__cache *wc = NULL;
     if (dspk__cache_open(cache, NULL, &wc, NULL, 0) == 0) {
