@@ -185,7 +185,7 @@ static void scale_out(void *p, dspk_dtype dt, int64_t n, double beta) {
 
 /* Large products are cut into tiles so that a cancel request is seen
  * between tiles: docs/protocol.md promises about 100 ms.  A product the
- * measured speed says takes at most WHOLE_S runs in one BLAS call: tiles
+ * best measured speed says takes at most WHOLE_S runs in one BLAS call: tiles
  * pack their panels again and hand work to BLAS's threads once each (a
  * 2048^2 f32 product in 16 tiles of 512 x 512 ran at 0.945 of one
  * cblas_sgemm call on the 2-core development VM).  A tile is sized
@@ -257,8 +257,8 @@ static int gemm_tiled(struct dspk__dev *dev, dspk_dtype dt, size_t es, int ta, i
            : w > (double)TILE_WORK_MAX ? TILE_WORK_MAX
                                        : (int64_t)w;
   }
-  bool whole = dev->gemm_rate > 0 &&
-               (double)M * (double)N * (double)K * (double)cost <= dev->gemm_rate * WHOLE_S;
+  bool whole = dev->gemm_rate_best > 0 && (double)M * (double)N * (double)K * (double)cost <=
+                                              dev->gemm_rate_best * WHOLE_S;
   if (!whole && M * N > work / K) { /* K >= 1 here */
     int64_t side = TILE_MIN;
     while (side * 2 * side * 2 <= work / K)
@@ -299,6 +299,8 @@ static int gemm_tiled(struct dspk__dev *dev, dspk_dtype dt, size_t es, int ta, i
         if (dt_s > 1e-3) {
           double rate = (double)(mr * nq * kp * cost) / dt_s;
           dev->gemm_rate = rate > 0.95 * dev->gemm_rate ? rate : 0.95 * dev->gemm_rate;
+          if (rate > dev->gemm_rate_best)
+            dev->gemm_rate_best = rate;
         }
       }
     }
