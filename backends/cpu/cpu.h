@@ -77,7 +77,7 @@ struct dspk__dev {
   /* gemm's speed as last measured (multiply-adds per second, 0 before the
    * first): sizes its tiles so that each takes about GEMM_TILE_S. */
   double gemm_rate;
-  /* The fastest gemm_rate measured: a product that takes at most 0.1 s at
+  /* The fastest gemm_rate measured: a product that takes at most 0.2 s at
    * this speed runs in one BLAS call (gemm.c), also while other processes
    * slow the device down (the decayed gemm_rate would tile it then). */
   double gemm_rate_best;

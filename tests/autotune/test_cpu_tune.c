@@ -139,7 +139,7 @@ void __wrap_cblas_sgemm(int order, int ta, int tb, int m, int n, int k, float al
   __real_cblas_sgemm(order, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
-/* A product the measured speed says takes at most 0.1 s is one BLAS call
+/* A product the best measured speed says takes at most 0.2 s is one BLAS call
  * (tiles cost packing and thread hand-offs); a longer one is tiled so that
  * cancel is seen between tiles.  Both right (spot checks in double). */
 static void test_gemm_whole(void **state) {
