@@ -311,30 +311,6 @@ static int gemm_tiled(struct dspk__dev *dev, dspk_dtype dt, size_t es, int ta, i
   return 0;
 }
 
-/* Operands in a client's shared memory (import_host: ptr is the client's
- * memfd mapping) have 4 KiB pages where shmem_enabled forbids huge ones;
- * BLAS's panel packing and its writes of C then take a TLB miss per row,
- * which made a 2048^2 f32 product 15-30% slower than on the device's own
- * blocks (2 MiB pages) on the development VM, against about 2 ms to copy
- * its 48 MiB.  So a product of at least STAGE_MIN multiply-adds copies its
- * shared operands into blocks of the device (pooled: reused, no faults)
- * and its result back (docs/performance.md, "Data path"). */
-#define STAGE_MIN ((double)(1 << 28))
-
-static int staged_ptr(struct dspk__dev *dev, const struct dspk__tensor *t, const void *p,
-                      size_t n, int copy, struct dspk__mem **blk, void **out) {
-  *blk = NULL;
-  *out = (void *)p;
-  if (!t->mem || !t->mem->foreign || n < DSPK__CPU_BIG_BLOCK)
-    return 0;
-  if (dspk__backend_cpu.alloc(dev, n, blk) < 0)
-    return 0; /* no memory for the copy: in place, slower */
-  *out = (*blk)->ptr;
-  if (copy)
-    memcpy(*out, p, n);
-  return 1;
-}
-
 int dspk__cpu_gemm(struct dspk__dev *dev, struct dspk__op *op,
                    struct dspk__opctx *ctx) {
   const struct dspk__tensor *A = &op->in[0], *B = &op->in[1];
@@ -403,16 +379,6 @@ int dspk__cpu_gemm(struct dspk__dev *dev, struct dspk__op *op,
   int64_t batch = total / (M * N);
   int prev = threads_enter(dev, O->dtype, M, N, K, batch);
   char *po = dspk__cpu_ptr(O);
-  struct dspk__mem *sa_blk = NULL, *sb_blk = NULL, *so_blk = NULL;
-  if (batch == 1 && (double)M * (double)N * (double)K >= STAGE_MIN) {
-    void *q;
-    if (!wa && staged_ptr(dev, A, pa, (size_t)(M * K) * ies, 1, &sa_blk, &q))
-      pa = q;
-    if (!wb && staged_ptr(dev, B, pb, (size_t)(K * N) * ies, 1, &sb_blk, &q))
-      pb = q;
-    if (staged_ptr(dev, O, po, (size_t)(M * N) * es, beta != 0, &so_blk, &q))
-      po = q;
-  }
   for (int64_t b = 0; b < batch; b++) {
     if (b && dspk__cpu_canceled(ctx)) {
       rc = DSPK_ECANCELED;
@@ -436,15 +402,6 @@ int dspk__cpu_gemm(struct dspk__dev *dev, struct dspk__op *op,
     }
   }
   threads_leave(prev);
-  if (so_blk) {
-    if (rc == 0)
-      memcpy(dspk__cpu_ptr(O), po, (size_t)(M * N) * es);
-    dspk__backend_cpu.free(dev, so_blk);
-  }
-  if (sa_blk)
-    dspk__backend_cpu.free(dev, sa_blk);
-  if (sb_blk)
-    dspk__backend_cpu.free(dev, sb_blk);
 out:
   free(wa);
   free(wb);

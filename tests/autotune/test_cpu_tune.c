@@ -20,9 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <time.h>
-#include <unistd.h>
 
 #include <cmocka.h>
 #include <fftw3.h>
@@ -128,14 +126,10 @@ void __wrap_cblas_sgemm(int order, int ta, int tb, int m, int n, int k, float al
                         const float *a, int lda, const float *b, int ldb, float beta,
                         float *c, int ldc);
 static int sgemm_calls;
-static const float *sgemm_a, *sgemm_b, *sgemm_c; /* the last call's */
 void __wrap_cblas_sgemm(int order, int ta, int tb, int m, int n, int k, float alpha,
                         const float *a, int lda, const float *b, int ldb, float beta,
                         float *c, int ldc) {
   sgemm_calls++;
-  sgemm_a = a;
-  sgemm_b = b;
-  sgemm_c = c;
   __real_cblas_sgemm(order, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
@@ -175,68 +169,6 @@ static void test_gemm_whole(void **state) {
   free(a);
   free(b);
   free(c);
-}
-
-/* Operands and result in a client's shared memory (import_host, as a
- * buffer.import): a large product runs on copies in the device's blocks (2
- * MiB pages) and its result is copied back; a small one runs in place. */
-static void gemm_shared_case(int n, int staged) {
-  const struct dspk__backend *be = &dspk__backend_cpu;
-  size_t nb = sizeof(float) * (size_t)n * (size_t)n;
-  struct dspk__op op;
-  memset(&op, 0, sizeof op);
-  op.kind = DSPK_OP_GEMM;
-  op.nin = 2;
-  op.nout = 1;
-  op.u.gemm.alpha = 1;
-  float *host[3];
-  for (int i = 0; i < 3; i++) {
-    int fd = memfd_create("t", MFD_CLOEXEC);
-    assert_true(fd >= 0);
-    assert_int_equal(ftruncate(fd, (off_t)nb), 0);
-    host[i] = mmap(NULL, nb, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    assert_true(host[i] != MAP_FAILED);
-    close(fd);
-    struct dspk__tensor *t = i < 2 ? &op.in[i] : &op.out[0];
-    t->dtype = DSPK_F32;
-    t->rank = 2;
-    t->shape[0] = t->shape[1] = n;
-    assert_int_equal(be->import_host(dev, host[i], nb, &t->mem), 0);
-  }
-  for (int i = 0; i < n * n; i++) {
-    host[0][i] = (float)((i * 7) % 13) - 6;
-    host[1][i] = (float)((i * 5) % 11) - 5;
-  }
-  dev->gemm_threads = 1;
-  atomic_int cancel = 0;
-  struct dspk__opctx ctx = {.cancel = &cancel};
-  assert_int_equal(be->run(dev, &op, &ctx), 0);
-  dev->gemm_threads = 0;
-  if (staged) {
-    assert_ptr_not_equal(sgemm_a, host[0]);
-    assert_ptr_not_equal(sgemm_b, host[1]);
-    assert_ptr_not_equal(sgemm_c, host[2]);
-  } else {
-    assert_ptr_equal(sgemm_a, host[0]);
-    assert_ptr_equal(sgemm_c, host[2]);
-  }
-  for (int i = 0; i < n; i += 97)
-    for (int j = 0; j < n; j += 89) {
-      double want = 0;
-      for (int l = 0; l < n; l++)
-        want += (double)host[0][i * n + l] * host[1][l * n + j];
-      assert_true(fabs(host[2][i * n + j] - want) <= 1e-6 * (1 + fabs(want)));
-    }
-  for (int i = 0; i < 3; i++) {
-    be->free(dev, i < 2 ? op.in[i].mem : op.out[0].mem);
-    munmap(host[i], nb);
-  }
-}
-
-static void test_gemm_shared_staged(void **state) {
-  (void)state;
-  gemm_shared_case(1024, 1); /* 2^30 multiply-adds */
-  gemm_shared_case(256, 0);  /* 2^24 */
 }
 
 static void test_gemm_threads(void **state) {
@@ -437,7 +369,6 @@ int main(void) {
       cmocka_unit_test(test_fir_choice),
       cmocka_unit_test(test_gemm_threads),
       cmocka_unit_test(test_gemm_whole),
-      cmocka_unit_test(test_gemm_shared_staged),
       cmocka_unit_test(test_fft_wisdom),
       cmocka_unit_test(test_fft_background_measure),
       cmocka_unit_test(test_fft_background_release_cancel),
