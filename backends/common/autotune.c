@@ -250,6 +250,25 @@ static uint64_t median_u64(const uint64_t *ns, int n) {
 
 /* benchmark() with o->interleave: rounds in which each candidate in turn
  * runs its warm-up and then `burst` timed runs, until each has `samples`. */
+/* The end of a benchmark: the winner and the timings JSON t (NULL when
+ * out of memory), or first_err (DSPK_ENOENT) when no candidate ran. */
+static int finish(const struct dspk__autotune_req *r, const char *what, struct text *t,
+                  int best, int first_err, int *winner, char **timings) {
+  if (best < 0) {
+    free(t->p);
+    return first_err ? first_err : DSPK_ENOENT;
+  }
+  if (r->progress)
+    r->progress(r->progress_ud, what, 1.0);
+  *winner = best;
+  if (t->oom) {
+    free(t->p);
+    t->p = NULL;
+  }
+  *timings = t->p;
+  return 0;
+}
+
 static int benchmark_interleaved(const struct dspk__autotune_req *r, int warmup,
                                  int samples, int burst, uint64_t (*now)(void *),
                                  void *cud, uint64_t excluded, int *winner,
@@ -314,19 +333,7 @@ static int benchmark_interleaved(const struct dspk__autotune_req *r, int warmup,
   }
   add(&t, "}");
   free(times);
-  if (best < 0) {
-    free(t.p);
-    return first_err ? first_err : DSPK_ENOENT;
-  }
-  if (r->progress)
-    r->progress(r->progress_ud, what, 1.0);
-  *winner = best;
-  if (t.oom) {
-    free(t.p);
-    t.p = NULL;
-  }
-  *timings = t.p;
-  return 0;
+  return finish(r, what, &t, best, first_err, winner, timings);
 }
 
 /*
@@ -427,19 +434,7 @@ static int benchmark(const struct dspk__autotune_req *r,
     }
   }
   add(&t, "}");
-  if (best < 0) {
-    free(t.p);
-    return first_err ? first_err : DSPK_ENOENT;
-  }
-  if (r->progress)
-    r->progress(r->progress_ud, what, 1.0);
-  *winner = best;
-  if (t.oom) {
-    free(t.p);
-    t.p = NULL;
-  }
-  *timings = t.p;
-  return 0;
+  return finish(r, what, &t, best, first_err, winner, timings);
 }
 
 /* ---- choose / failed ------------------------------------------------------ */
