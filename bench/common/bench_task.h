@@ -9,15 +9,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#include "bench/common/bench_util.h"
 #include "dspk/dspk.h"
 
-static inline double dspk_bench_now_us(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
-}
+static inline double dspk_bench_now_us(void) { return dspk_bench_now_ms() * 1e3; }
 
 /* n bytes, 64-byte aligned; "PROG: malloc failed" and exit 1 when there is
  * no memory. */

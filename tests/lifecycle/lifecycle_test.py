@@ -30,6 +30,7 @@ DAEMONS = []
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
 from dspk_rpc import Client, RpcError, check  # noqa: E402
+import dspk_daemon  # noqa: E402
 
 
 class Notify:
@@ -698,18 +699,11 @@ def t_cycles(exe, tmp, count=200):
     log = open(os.path.join(tmp, "cycles.log"), "w+")
     t0 = time.monotonic()
     for i in range(count):
-        r, w = os.pipe()
-        p = subprocess.Popen([exe, "--foreground", "--socket", sock, "--ready-fd", str(w),
-                              "--config", "", "--log-level", "warn", "--no-cache"] +
-                             ([] if backends == "all" else ["--backends", backends]),
-                             pass_fds=[w], stderr=log)
-        os.close(w)
-        got, _, _ = select.select([r], [], [], TIMEOUT)
-        data = os.read(r, 16) if got else b""
-        os.close(r)
-        if data != b"READY\n":
-            p.kill()
-            p.wait()
+        p = dspk_daemon.start([exe, "--foreground", "--socket", sock, "--config", "",
+                               "--log-level", "warn", "--no-cache"] +
+                              ([] if backends == "all" else ["--backends", backends]),
+                              TIMEOUT, stderr=log)
+        if p is None:
             log.seek(0)
             raise AssertionError("cycle %d: not ready:\n%s" % (i, log.read()[-3000:]))
         if i % 10 == 0:
