@@ -35,7 +35,9 @@
  * Batches go into the z dimension when every operand's batch axes are whole
  * or broadcast; other gemms, and non-f16 ones, take the scalar kernel.
  */
+#include <limits.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -536,79 +538,110 @@ static const char body[] =
     "#endif\n"
     "  }\n"
     "}\n"
-    "void main() {\n"
-    "  uint sg = gl_SubgroupID, lane = gl_SubgroupInvocationID;\n"
-    "  uint wm = sg / WN, wn = sg % WN;\n"
-    "  uint bz = gl_WorkGroupID.z;\n"
-    "  uint m0 = gl_WorkGroupID.y * BM, n0 = gl_WorkGroupID.x * BN;\n"
-    "  uint abase = pc.oa + bz * pc.bsa, bbase = pc.ob + bz * pc.bsb;\n"
-    "  FC acc[FM][FN];\n"
-    "  UNROLL for (uint i = 0u; i < FM; i++)\n"
-    "    UNROLL for (uint j = 0u; j < FN; j++) acc[i][j] = CM_ZERO(i, j);\n"
-    "  loadA(abase, m0, 0u);\n"
-    "  loadB(bbase, n0, 0u);\n"
-    /* One shared buffer: barrier, store, barrier, fetch the next slice,
-     * multiply.  Two: the next slice is stored into the other buffer while
-     * this one is multiplied, one barrier per slice. */
-    "#if NBUF == 2\n"
-    "  storeAB(0u);\n"
-    "  barrier();\n"
-    "#endif\n"
-    "  uint cur = 0u;\n"
-    "  for (uint k0 = 0u; k0 < pc.K; k0 += BK) {\n"
-    "    bool more = k0 + BK < pc.K;\n"
-    "#if NBUF == 1\n"
-    "    barrier();\n"
-    "    storeAB(0u);\n"
-    "    barrier();\n"
-    "#endif\n"
-    "    if (more) {\n"
-    "      loadA(abase, m0, k0 + BK);\n"
-    "      loadB(bbase, n0, k0 + BK);\n"
-    "    }\n"
-    "    uint ao = cur * (BM * ASTR), bo = cur * (BK * BSTR);\n"
-    "    UNROLL for (uint kk = 0u; kk < BK; kk += LK) {\n"
-    "      FA af[FM];\n"
-    "      UNROLL for (uint i = 0u; i < FM; i++)\n"
-    "        CM_LOADA(af[i], ao + (wm * (FM * LM) + i * LM) * ASTR + kk, ASTR);\n"
-    "      UNROLL for (uint j = 0u; j < FN; j++) {\n"
-    "        FB bf;\n"
-    "        CM_LOADB(bf, bo + kk * BSTR + wn * (FN * LN) + j * LN, BSTR);\n"
-    "        UNROLL for (uint i = 0u; i < FM; i++)\n"
-    "          acc[i][j] = CM_MULADD(af[i], bf, acc[i][j]);\n"
-    "      }\n"
-    "    }\n"
-    "#if NBUF == 2\n"
-    "    if (more) storeAB(cur ^ 1u);\n"
-    "    barrier();\n"
-    "    cur ^= 1u;\n"
-    "#endif\n"
-    "  }\n"
-    /* Out through this subgroup's scratch, one fragment at a time. */
-    "  uint cb = sg * (LM * LN);\n"
-    "  UNROLL for (uint i = 0u; i < FM; i++)\n"
-    "    UNROLL for (uint j = 0u; j < FN; j++) {\n"
-    "      CM_STORE(acc[i][j], cb, LN);\n"
-    "      subgroupBarrier();\n"
-    "      for (uint e = lane; e < LM * LN; e += SGS) {\n"
-    "        uint gm = m0 + wm * (FM * LM) + i * LM + e / LN;\n"
-    "        uint gn = n0 + wn * (FN * LN) + j * LN + e % LN;\n"
-    "        if (gm < pc.M && gn < pc.N) {\n"
-    "          float v = pc.alpha * Cs[cb + e];\n"
+    /* The epilogue of one fragment, from this subgroup's scratch at cb: the
+     * rows gm0.. and columns gn0.. of C. */
+    "void epilogue(uint cb, uint gm0, uint gn0, uint bz) {\n"
+    "  for (uint e = gl_SubgroupInvocationID; e < LM * LN; e += SGS) {\n"
+    "    uint gm = gm0 + e / LN, gn = gn0 + e % LN;\n"
+    "    if (gm < pc.M && gn < pc.N) {\n"
+    "      float v = pc.alpha * Cs[cb + e];\n"
     "#if HASC\n"
-    "          v += pc.beta * c[pc.oc + bz * pc.bsc + gm * pc.scm + gn * pc.scn];\n"
+    "      v += pc.beta * c[pc.oc + bz * pc.bsc + gm * pc.scm + gn * pc.scn];\n"
     "#endif\n"
-    "          o[pc.oo + bz * pc.bso + gm * pc.N + gn] = v;\n"
-    "        }\n"
-    "      }\n"
-    "      subgroupBarrier();\n"
+    "      o[pc.oo + bz * pc.bso + gm * pc.N + gn] = v;\n"
     "    }\n"
+    "  }\n"
     "}\n";
 
+/* main() of the kernel for fm x fn fragments per subgroup (emit_main). */
+struct text {
+  char *p;
+  size_t len, n; /* n: the length the whole text needs */
+};
+static void put(struct text *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void put(struct text *t, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  int w = vsnprintf(t->n < t->len ? t->p + t->n : NULL, t->n < t->len ? t->len - t->n : 0,
+                    fmt, ap);
+  va_end(ap);
+  if (w > 0)
+    t->n += (size_t)w;
+}
+
+/* Appends main(): each subgroup's fm x fn accumulators and its A and B
+ * fragments are named variables (c<i>_<j>, a<i>, b<j>), every loop over
+ * them written out.  Arrays of cooperative matrices, even indexed only in
+ * unrolled loops, went to local memory on NVIDIA's driver: the same kernel
+ * ran at 35 TFLOP/s with arrays and 113 with names on the H200, and its
+ * multiply-adds alone at 37 against 454 (docs/performance.md). */
+static void emit_main(struct text *t, uint32_t fm, uint32_t fn) {
+  put(t, "void main() {\n"
+         "  uint sg = gl_SubgroupID;\n"
+         "  uint wm = sg / WN, wn = sg %% WN;\n"
+         "  uint bz = gl_WorkGroupID.z;\n"
+         "  uint m0 = gl_WorkGroupID.y * BM, n0 = gl_WorkGroupID.x * BN;\n"
+         "  uint abase = pc.oa + bz * pc.bsa, bbase = pc.ob + bz * pc.bsb;\n");
+  for (uint32_t i = 0; i < fm; i++)
+    for (uint32_t j = 0; j < fn; j++)
+      put(t, "  FC c%u_%u = CM_ZERO(%uu, %uu);\n", i, j, i, j);
+  for (uint32_t i = 0; i < fm; i++)
+    put(t, "  FA a%u;\n", i);
+  for (uint32_t j = 0; j < fn; j++)
+    put(t, "  FB b%u;\n", j);
+  /* One shared buffer: barrier, store, barrier, fetch the next slice,
+   * multiply.  Two: the next slice is stored into the other buffer while
+   * this one is multiplied, one barrier per slice. */
+  put(t, "  loadA(abase, m0, 0u);\n"
+         "  loadB(bbase, n0, 0u);\n"
+         "#if NBUF == 2\n"
+         "  storeAB(0u);\n"
+         "  barrier();\n"
+         "#endif\n"
+         "  uint cur = 0u;\n"
+         "  for (uint k0 = 0u; k0 < pc.K; k0 += BK) {\n"
+         "    bool more = k0 + BK < pc.K;\n"
+         "#if NBUF == 1\n"
+         "    barrier();\n"
+         "    storeAB(0u);\n"
+         "    barrier();\n"
+         "#endif\n"
+         "    if (more) {\n"
+         "      loadA(abase, m0, k0 + BK);\n"
+         "      loadB(bbase, n0, k0 + BK);\n"
+         "    }\n"
+         "    uint ao = cur * (BM * ASTR) + wm * (FM * LM) * ASTR;\n"
+         "    uint bo = cur * (BK * BSTR) + wn * (FN * LN);\n"
+         "    UNROLL for (uint kk = 0u; kk < BK; kk += LK) {\n");
+  for (uint32_t i = 0; i < fm; i++)
+    put(t, "      CM_LOADA(a%u, ao + %uu * LM * ASTR + kk, ASTR);\n", i, i);
+  for (uint32_t j = 0; j < fn; j++)
+    put(t, "      CM_LOADB(b%u, bo + kk * BSTR + %uu * LN, BSTR);\n", j, j);
+  for (uint32_t j = 0; j < fn; j++)
+    for (uint32_t i = 0; i < fm; i++)
+      put(t, "      c%u_%u = CM_MULADD(a%u, b%u, c%u_%u);\n", i, j, i, j, i, j);
+  put(t, "    }\n"
+         "#if NBUF == 2\n"
+         "    if (more) storeAB(cur ^ 1u);\n"
+         "    barrier();\n"
+         "    cur ^= 1u;\n"
+         "#endif\n"
+         "  }\n"
+         /* Out through this subgroup's scratch, one fragment at a time. */
+         "  uint cb = sg * (LM * LN);\n"
+         "  uint gm0 = m0 + wm * (FM * LM), gn0 = n0 + wn * (FN * LN);\n");
+  for (uint32_t i = 0; i < fm; i++)
+    for (uint32_t j = 0; j < fn; j++)
+      put(t, "  CM_STORE(c%u_%u, cb, LN); subgroupBarrier();"
+             " epilogue(cb, gm0 + %uu * LM, gn0 + %uu * LN, bz); subgroupBarrier();\n",
+          i, j, i, j);
+  put(t, "}\n");
+}
+
 /* Test hook DSPK_VK_COOPMAT_BODY=FILE (proto/testhook.h): the kernel body
- * read from FILE instead of `body` (same #defines before it), so that a
- * benchmark can time kernel variants without a rebuild.  Not in a
- * production build. */
+ * read from FILE instead of `body` (same #defines before it; main() is
+ * still generated unless the file has its own), so that a benchmark can
+ * time kernel variants without a rebuild.  Not in a production build. */
 #ifdef DSPK_TEST_HOOKS
 static const char *body_override;
 static void load_body_override(void) {
@@ -616,7 +649,7 @@ static void load_body_override(void) {
   FILE *fp = f ? fopen(f, "r") : NULL;
   if (!fp)
     return;
-  static char text[12288];
+  static char text[24576];
   size_t n = fread(text, 1, sizeof text - 1, fp);
   fclose(fp);
   text[n] = 0;
@@ -635,7 +668,9 @@ int dspk__vk_coopmat_source(char *buf, size_t len, const struct dspk__vk_coopmat
   struct tilep t = tile_params(cm, tile);
   if (t.wm == 0)
     return snprintf(buf, len, "#error no tile %d\n", tile);
-  return snprintf(buf, len,
+  struct text out = {buf, len, 0};
+  const char *b = body_override ? body_override : body;
+  put(&out,
                   "#version 450\n"
                   "#pragma use_vulkan_memory_model\n"
                   "%s"
@@ -654,7 +689,10 @@ int dspk__vk_coopmat_source(char *buf, size_t len, const struct dspk__vk_coopmat
                   cm->lm, cm->ln, cm->lk, t.fm, t.fn, t.wm, t.wn, t.bk, cm->sgsize, t.nbuf,
                   !!(flags & DSPK__VK_CM_F_AVEC), !!(flags & DSPK__VK_CM_F_BVEC),
                   !!(flags & DSPK__VK_CM_F_AKC), !!(flags & DSPK__VK_CM_F_BNC),
-                  !!(flags & DSPK__VK_CM_F_HASC), body_override ? body_override : body);
+                  !!(flags & DSPK__VK_CM_F_HASC), b);
+  if (!strstr(b, "void main("))
+    emit_main(&out, t.fm, t.fn);
+  return out.n > INT_MAX ? INT_MAX : (int)out.n;
 }
 
 /* ---- SPIR-V: SPV_NV_cooperative_matrix -> SPV_KHR_cooperative_matrix ------ */
@@ -983,7 +1021,7 @@ static int get_kernel(struct dspk__dev *d, int tile, unsigned flags,
   }
   if (fault)
     return dspk__vk_fail(ctx, DSPK_ECOMPILE, "gemm: coopmat kernel: injected failure");
-  char src[16384];
+  char src[32768];
   if (dspk__vk_coopmat_source(src, sizeof src, cm, tile, flags) >= (int)sizeof src)
     return dspk__vk_fail(ctx, DSPK_EINTERNAL, "gemm: coopmat kernel source too long");
   int r;
