@@ -10,8 +10,8 @@
  *
  * The kernel is one GLSL source written with GL_NV_cooperative_matrix (the
  * only cooperative-matrix GLSL extension glslang 12 compiles).  A workgroup
- * of wm x wn subgroups computes a tile of C (128 x 128 by default: 2 x 4
- * subgroups of 64 x 32, i.e. 4 x 4 fragments of 16 x 8 each) from bk-deep
+ * of wm x wn subgroups computes a tile of C (128 x 128 by default: 2 x 2
+ * subgroups of 64 x 64, i.e. 4 x 8 fragments of 16 x 8 each) from bk-deep
  * slices of A and B staged in shared memory, as uvec4s where the layout
  * allows; the next slice is read into registers while the current one is
  * multiplied, with one or two shared buffers.  The staging reads every
@@ -55,12 +55,12 @@ struct tiledef {
   uint32_t wm, wn, wtm, wtn, bk, nbuf; /* nbuf: shared buffers (1 or 2) */
 };
 static const struct tiledef hw_tiles[DSPK__VK_CM_TILES] = {
-    {"2x4x64x32x32x1", 2, 4, 64, 32, 32, 1}, {"2x4x64x32x64x1", 2, 4, 64, 32, 64, 1},
-    {"2x2x64x64x32x1", 2, 2, 64, 64, 32, 1}, {"4x2x32x64x32x1", 4, 2, 32, 64, 32, 1},
-    {"2x4x64x64x32x1", 2, 4, 64, 64, 32, 1}, {"4x4x32x32x32x1", 4, 4, 32, 32, 32, 1},
-    {"2x4x32x32x32x1", 2, 4, 32, 32, 32, 1}, {"2x2x64x64x64x1", 2, 2, 64, 64, 64, 1},
-    {"2x4x64x32x32x2", 2, 4, 64, 32, 32, 2}, {"2x2x64x64x32x2", 2, 2, 64, 64, 32, 2},
-    {"4x2x32x64x32x2", 4, 2, 32, 64, 32, 2},
+    {"2x2x64x64x32x2", 2, 2, 64, 64, 32, 2}, {"2x4x64x32x32x1", 2, 4, 64, 32, 32, 1},
+    {"2x4x64x32x64x1", 2, 4, 64, 32, 64, 1}, {"2x2x64x64x32x1", 2, 2, 64, 64, 32, 1},
+    {"2x4x64x64x32x1", 2, 4, 64, 64, 32, 1}, {"2x2x64x64x64x1", 2, 2, 64, 64, 64, 1},
+    {"2x4x64x32x32x2", 2, 4, 64, 32, 32, 2}, {"4x2x32x64x32x2", 4, 2, 32, 64, 32, 2},
+    {"2x4x64x64x16x2", 2, 4, 64, 64, 16, 2}, {"4x2x64x64x16x2", 4, 2, 64, 64, 16, 2},
+    {"2x2x64x64x16x2", 2, 2, 64, 64, 16, 2},
 };
 static const struct tiledef emu_tiles[] = {
     {"emu-2x4x32x16x32x1", 2, 4, 32, 16, 32, 1},

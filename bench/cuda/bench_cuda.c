@@ -9,9 +9,12 @@
  *       shapes with a plan cache of 16, with event retirement vs a stream
  *       synchronize on every eviction (same binary, a switch), reporting
  *       the GPU busy fraction (CUDA events around each task) and throughput.
- *   bench_cuda daemon SOCKET
+ *   bench_cuda daemon SOCKET [DEVICE]
  *       the same gemm/fft through a running dspkd (operands and outputs in
- *       daemon buffers on cuda:0, tasks pipelined) vs in-process; then a
+ *       daemon buffers on DEVICE, default cuda:0, tasks pipelined) vs
+ *       cuBLAS/cuFFT in-process (on a device other than CUDA the second
+ *       gemm is f16 against cublasGemmEx f16, and the stream is left out);
+ *       then, on CUDA, a
  *       pipelined stream of gemm 1024^2 on resident buffers, answered on
  *       completion: the GPU busy fraction (goal >= 95%) and whether every
  *       answer came after its work (exit 1 if not).
@@ -59,6 +62,8 @@ static void fill_random(void *p, size_t n, dspk_dtype dt) {
       uint32_t u;
       memcpy(&u, &f, 4);
       ((uint16_t *)p)[i] = (uint16_t)(u >> 16);
+    } else if (dt == DSPK_F16) {
+      ((_Float16 *)p)[i] = (_Float16)f;
     } else {
       ((float *)p)[i] = f;
     }
@@ -338,7 +343,8 @@ static double time_daemon(dspk_client *c, const dspk_task *t, uint64_t probe_buf
 
 static int bench_stream(dspk_client *c);
 
-static int mode_daemon(const char *sock) {
+static int mode_daemon(const char *sock, const char *dev) {
+  int cuda = strncmp(dev, "cuda:", 5) == 0;
   dspk_client *c;
   char why[256];
   int rc;
@@ -349,28 +355,30 @@ static int mode_daemon(const char *sock) {
   }
   if (B->probe(info, DSPK__CUDA_MAX_DEVICES, why, sizeof(why)) < 1)
     return 1;
-  printf("| op (data in daemon buffers on cuda:0) | through dspkd | in-process | ratio |\n"
-         "|---|---|---|---|\n");
+  printf("| op (data in daemon buffers on %s) | through dspkd | in-process cuBLAS/cuFFT | "
+         "ratio |\n|---|---|---|---|\n",
+         dev);
   for (int which = 0; which < 3; which++) {
     dspk_task t;
     dspk_tensor in[2];
     uint64_t ba, bb, bo;
     int n = 8192, reps = which == 0 ? 10 : which == 1 ? 100 : 200;
-    dspk_dtype dt = which == 1 ? DSPK_BF16 : DSPK_F32;
+    /* The second gemm: bf16 on CUDA, f16 elsewhere (Vulkan has no bf16). */
+    dspk_dtype dt = which != 1 ? DSPK_F32 : cuda ? DSPK_BF16 : DSPK_F16;
     size_t isz = dspk_dtype_size(dt), nn = (size_t)n * n;
     void *ha, *hb = NULL;
     double td, tc;
     dspk_task_init(&t, which < 2 ? DSPK_OP_GEMM : DSPK_OP_FFT);
-    t.device = "cuda:0";
+    t.device = dev;
     memset(in, 0, sizeof(in));
     if (which < 2) {
       ha = malloc(nn * isz);
       hb = malloc(nn * isz);
       fill_random(ha, nn, dt);
       fill_random(hb, nn, dt);
-      CK(dspk_buffer_create(c, "cuda:0", nn * isz, &ba));
-      CK(dspk_buffer_create(c, "cuda:0", nn * isz, &bb));
-      CK(dspk_buffer_create(c, "cuda:0", nn * 4, &bo));
+      CK(dspk_buffer_create(c, dev, nn * isz, &ba));
+      CK(dspk_buffer_create(c, dev, nn * isz, &bb));
+      CK(dspk_buffer_create(c, dev, nn * 4, &bo));
       CK(buf_write(c, ba, ha, nn * isz));
       CK(buf_write(c, bb, hb, nn * isz));
       for (int i = 0; i < 2; i++) {
@@ -386,8 +394,8 @@ static int mode_daemon(const char *sock) {
       size_t bytes = (size_t)(fn * batch) * 8;
       ha = malloc(bytes);
       fill_random(ha, bytes / 4, DSPK_F32);
-      CK(dspk_buffer_create(c, "cuda:0", bytes, &ba));
-      CK(dspk_buffer_create(c, "cuda:0", bytes, &bo));
+      CK(dspk_buffer_create(c, dev, bytes, &ba));
+      CK(dspk_buffer_create(c, dev, bytes, &bo));
       CK(buf_write(c, ba, ha, bytes));
       in[0].dtype = DSPK_C64;
       in[0].rank = 2;
@@ -414,6 +422,7 @@ static int mode_daemon(const char *sock) {
       tc = dspk_bench_cublas_gemm(dt, n, ha, hb, reps);
       printf("| gemm %d^2 %s | %.3f ms (%.1f TFLOP/s) | %.3f ms (%.1f TFLOP/s) | %.3f |\n", n,
              dspk_dtype_name(dt), td, flop / td / 1e9, tc, flop / tc / 1e9, tc / td);
+      fflush(stdout);
       CK(dspk_buffer_free(c, bb));
     } else {
       CUcontext ctx;
@@ -428,7 +437,7 @@ static int mode_daemon(const char *sock) {
     free(ha);
     free(hb);
   }
-  rc = bench_stream(c);
+  rc = cuda ? bench_stream(c) : 0;
   dspk_close(c);
   return rc;
 }
@@ -848,7 +857,7 @@ int main(int argc, char **argv) {
   if (argc >= 2 && strcmp(argv[1], "backend") == 0)
     return mode_backend();
   if (argc >= 3 && strcmp(argv[1], "daemon") == 0)
-    return mode_daemon(argv[2]);
+    return mode_daemon(argv[2], argc > 3 ? argv[3] : "cuda:0");
   if (argc >= 4 && strcmp(argv[1], "fir") == 0)
     return mode_fir(argv[2], argv[3]);
   if (argc >= 3 && strcmp(argv[1], "clientmem") == 0)
@@ -857,7 +866,7 @@ int main(int argc, char **argv) {
     return mode_firstresult();
   if (argc >= 3 && strcmp(argv[1], "mknpy") == 0)
     return mode_mknpy(argv[2]);
-  fprintf(stderr, "usage: bench_cuda backend | daemon SOCKET | fir SOCKET DEVICE | "
+  fprintf(stderr, "usage: bench_cuda backend | daemon SOCKET [DEVICE] | fir SOCKET DEVICE | "
                   "firstresult | mknpy DIR\n");
   return 2;
 }
