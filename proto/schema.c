@@ -727,8 +727,7 @@ void dspk__value_encode(struct dspk__wbuf *w, const struct dspk__param *p,
     msgpack_pack_double(pk, v->v.f);
     break;
   case DSPK__T_STR:
-    msgpack_pack_str(pk, v->v.s.n);
-    msgpack_pack_str_body(pk, v->v.s.p, v->v.s.n);
+    dspk__pack_strn(pk, v->v.s.p, v->v.s.n); /* as dspk__pack_str: valid UTF-8 */
     break;
   case DSPK__T_BIN:
     dspk__wbuf_bin_ref(w, v->v.s.p, v->v.s.n, v->release, v->release_ud);

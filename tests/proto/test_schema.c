@@ -632,6 +632,16 @@ static void test_nested(void **state) {
   assert_memory_equal(flat, sb.data, n);
   msgpack_sbuffer_destroy(&sb);
 
+  /* A str field packs as dspk__pack_str: a byte that starts no UTF-8
+   * character becomes U+FFFD. */
+  f[0] = dspk__pv_str("a\xff\xc3\xa9");
+  dspk__wbuf_init(&w);
+  dspk__value_encode(&w, &dspk__device_f[DSPK__DEV_NAME], &f[0]);
+  n = wbuf_flat(&w, flat, sizeof flat);
+  dspk__wbuf_free(&w);
+  assert_int_equal(n, 1 + 6);
+  assert_memory_equal(flat, "\xa6" "a\xef\xbf\xbd\xc3\xa9", n);
+
   /* devices: a device decodes, its fields typed; memory a str is EPROTO
    * naming its path. */
   v[DSPK__R_DEVICES_DEVICES] = dspk__pv_pack(pack_devices, &memory);
