@@ -25,6 +25,7 @@
 
 #include "dspk/dspk.h"
 #include "proto/codec.h"
+#include "proto/schema.h"
 
 static char dir[64], path[128];
 static int lfd = -1;
@@ -110,8 +111,12 @@ static void answer_hello(struct srv *s, unsigned protocol) {
   dspk__pack_str(p, "dspkd");
   dspk__pack_str(p, "client_id");
   msgpack_pack_uint32(p, 1);
-  dspk__pack_str(p, "limits");
-  msgpack_pack_map(p, 0);
+  dspk__pack_str(p, "limits"); /* every limit: the library checks them */
+  msgpack_pack_map(p, DSPK__LIM_COUNT);
+  for (int i = 0; i < DSPK__LIM_COUNT; i++) {
+    dspk__pack_str(p, dspk__limits_f[i].name);
+    msgpack_pack_uint32(p, 1);
+  }
   pk_send(s, &k);
 }
 
@@ -490,6 +495,64 @@ static void test_trace_json(void **state) {
   pthread_join(t, NULL);
 }
 
+/* devices answered with one device whose memory is a str, then (second
+ * call) with a device lacking kernel_langs: the library checks the nested
+ * maps it reads and says which field is wrong. */
+static void answer_devices(struct srv *s, bool no_langs) {
+  char m[64];
+  struct pk k;
+  uint32_t id = srv_read(s, m, sizeof m);
+  if (strcmp(m, "devices") != 0)
+    abort();
+  msgpack_packer *p = pk_begin(&k);
+  dspk__pack_result_head(p, id);
+  msgpack_pack_map(p, 2);
+  dspk__pack_str(p, "devices");
+  msgpack_pack_array(p, 1);
+  msgpack_pack_map(p, DSPK__DEV_COUNT - no_langs);
+  for (int i = 0; i < DSPK__DEV_COUNT - no_langs; i++) {
+    const struct dspk__param *f = &dspk__device_f[i];
+    dspk__pack_str(p, f->name);
+    if (f->type == DSPK__T_STR || (i == DSPK__DEV_MEMORY && !no_langs))
+      dspk__pack_str(p, "x");
+    else if (f->type == DSPK__T_UINT)
+      msgpack_pack_uint64(p, 1);
+    else if (f->type == DSPK__T_BOOL)
+      msgpack_pack_false(p);
+    else if (f->type == DSPK__T_MAP)
+      msgpack_pack_map(p, 0);
+    else
+      msgpack_pack_array(p, 0);
+  }
+  dspk__pack_str(p, "unavailable");
+  msgpack_pack_array(p, 0);
+  pk_send(s, &k);
+}
+
+static void s_bad_devices(struct srv *s) {
+  char m[64];
+  answer_hello(s, 1);
+  answer_devices(s, false);
+  answer_devices(s, true);
+  srv_read(s, m, sizeof m); /* until the client closes */
+}
+
+static void test_bad_nested(void **state) {
+  (void)state;
+  pthread_t t = run_script(s_bad_devices);
+  dspk_client *c;
+  dspk_device_list *l = NULL;
+  assert_int_equal(dspk_connect(path, NULL, &c), 0);
+  assert_int_equal(dspk_devices(c, false, &l), DSPK_EPROTO);
+  assert_null(l);
+  assert_non_null(strstr(dspk_last_error(c),
+                         "result.devices[0].memory: expected a non-negative integer"));
+  assert_int_equal(dspk_devices(c, false, &l), DSPK_EPROTO);
+  assert_non_null(strstr(dspk_last_error(c), "result.devices[0].kernel_langs: required"));
+  dspk_close(c);
+  pthread_join(t, NULL);
+}
+
 static int setup(void **state) {
   (void)state;
   struct sockaddr_un sa = {.sun_family = AF_UNIX};
@@ -523,6 +586,7 @@ int main(void) {
       cmocka_unit_test(test_close_mid_frame),
       cmocka_unit_test(test_out_of_order_progress),
       cmocka_unit_test(test_trace_json),
+      cmocka_unit_test(test_bad_nested),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }
