@@ -93,14 +93,21 @@ static void pk_send(struct srv *s, struct pk *k) {
   msgpack_sbuffer_destroy(&k->sb);
 }
 
-static void answer_hello(struct srv *s, unsigned protocol) {
+/* Reads a request, which must be of method (no cmocka asserts off the main
+ * thread: abort), and starts its result in k. */
+static msgpack_packer *begin_result(struct srv *s, const char *method, struct pk *k) {
   char m[64];
-  struct pk k;
   uint32_t id = srv_read(s, m, sizeof m);
-  if (strcmp(m, "hello") != 0) /* no cmocka asserts off the main thread */
+  if (strcmp(m, method) != 0)
     abort();
-  msgpack_packer *p = pk_begin(&k);
+  msgpack_packer *p = pk_begin(k);
   dspk__pack_result_head(p, id);
+  return p;
+}
+
+static void answer_hello(struct srv *s, unsigned protocol) {
+  struct pk k;
+  msgpack_packer *p = begin_result(s, "hello", &k);
   /* Every field of hello's result (the library decodes it by the table). */
   msgpack_pack_map(p, 5);
   dspk__pack_str(p, "protocol");
@@ -397,11 +404,7 @@ static void s_trace(struct srv *s) {
   char m[64];
   struct pk k;
   answer_hello(s, 1);
-  uint32_t id = srv_read(s, m, sizeof m);
-  if (strcmp(m, "trace") != 0)
-    abort();
-  msgpack_packer *p = pk_begin(&k);
-  dspk__pack_result_head(p, id);
+  msgpack_packer *p = begin_result(s, "trace", &k);
   msgpack_pack_map(p, 5);
   pack_kv(p, "start_us", 1050);
   pack_kv(p, "end_us", 2500);
@@ -499,13 +502,8 @@ static void test_trace_json(void **state) {
  * call) with a device lacking kernel_langs: the library checks the nested
  * maps it reads and says which field is wrong. */
 static void answer_devices(struct srv *s, bool no_langs) {
-  char m[64];
   struct pk k;
-  uint32_t id = srv_read(s, m, sizeof m);
-  if (strcmp(m, "devices") != 0)
-    abort();
-  msgpack_packer *p = pk_begin(&k);
-  dspk__pack_result_head(p, id);
+  msgpack_packer *p = begin_result(s, "devices", &k);
   msgpack_pack_map(p, 2);
   dspk__pack_str(p, "devices");
   msgpack_pack_array(p, 1);

@@ -549,20 +549,47 @@ static void pack_kinds(const void *ud, struct dspk__wbuf *w) {
   dspk__map_encode(w, dspk__cache_kind_f, DSPK__CK_COUNT, v);
 }
 
-/* Encodes method m's result with vals and decodes it back: the code, with
- * the message in msg. */
-static int nested_roundtrip(const struct dspk__method *m, const struct dspk__pval *vals,
-                            struct dspk__pval *out, char *msg) {
+/* Method m's result encoded with vals, decoded back (it must decode), and
+ * item 0 of its array field r read against fields into f (valid until
+ * decoded_free). */
+struct decoded {
   struct dspk__wbuf w;
   char flat[2048];
   msgpack_unpacked up;
+};
+
+static void encode_unpack(struct decoded *d, const struct dspk__method *m,
+                          const struct dspk__pval *vals) {
+  dspk__wbuf_init(&d->w);
+  dspk__result_encode(&d->w, m, vals);
+  unpack_wbuf(&d->w, d->flat, sizeof d->flat, &d->up);
+}
+
+static void decode_item0(struct decoded *d, const struct dspk__method *m,
+                         const struct dspk__pval *vals, int r, const struct dspk__param *fields,
+                         int n, struct dspk__pval *f) {
+  struct dspk__pval out[DSPK__MAX_PARAMS];
+  char msg[256];
+  encode_unpack(d, m, vals);
+  assert_int_equal(dspk__result_decode(m, &d->up.data, out, msg, sizeof msg), 0);
+  assert_int_equal(dspk__params_decode(fields, n, &out[r].v.o->via.array.ptr[0], NULL, f, msg,
+                                       sizeof msg), 0);
+}
+
+static void decoded_free(struct decoded *d) {
+  msgpack_unpacked_destroy(&d->up);
+  dspk__wbuf_free(&d->w);
+}
+
+/* Encodes method m's result with vals and decodes it back: the code, with
+ * the message in msg (256 bytes). */
+static int nested_roundtrip(const struct dspk__method *m, const struct dspk__pval *vals,
+                            struct dspk__pval *out, char *msg) {
+  struct decoded d;
   int rc;
-  dspk__wbuf_init(&w);
-  dspk__result_encode(&w, m, vals);
-  unpack_wbuf(&w, flat, sizeof flat, &up);
-  rc = dspk__result_decode(m, &up.data, out, msg, 256);
-  msgpack_unpacked_destroy(&up);
-  dspk__wbuf_free(&w);
+  encode_unpack(&d, m, vals);
+  rc = dspk__result_decode(m, &d.up.data, out, msg, 256);
+  decoded_free(&d);
   return rc;
 }
 
@@ -580,7 +607,7 @@ static void test_nested(void **state) {
   char flat[1024], msg[256];
   uint64_t memory = 1ull << 40;
   size_t n;
-  msgpack_unpacked up;
+  struct decoded d;
   (void)state;
 
   /* The bytes of hello's limits, by the table and by hand. */
@@ -646,19 +673,13 @@ static void test_nested(void **state) {
    * naming its path. */
   v[DSPK__R_DEVICES_DEVICES] = dspk__pv_pack(pack_devices, &memory);
   v[DSPK__R_DEVICES_UNAVAILABLE] = dspk__pv_pack(pack_none, NULL);
-  dspk__wbuf_init(&w);
-  dspk__result_encode(&w, M(DSPK__M_DEVICES), v);
-  unpack_wbuf(&w, flat, sizeof flat, &up);
-  assert_int_equal(dspk__result_decode(M(DSPK__M_DEVICES), &up.data, out, msg, sizeof msg), 0);
-  assert_int_equal(dspk__params_decode(dspk__device_f, DSPK__DEV_COUNT,
-                                       &out[DSPK__R_DEVICES_DEVICES].v.o->via.array.ptr[0],
-                                       "result.devices[0].", f, msg, sizeof msg), 0);
+  decode_item0(&d, M(DSPK__M_DEVICES), v, DSPK__R_DEVICES_DEVICES, dspk__device_f,
+               DSPK__DEV_COUNT, f);
   assert_int_equal(f[DSPK__DEV_MEMORY].v.u, memory);
   assert_memory_equal(f[DSPK__DEV_ID].v.s.p, "cpu:0", 5);
   assert_int_equal(f[DSPK__DEV_KERNEL_LANGS].v.mask, 1u << 1);
   assert_int_equal(f[DSPK__DEV_OPS].v.o->via.map.size, 1);
-  msgpack_unpacked_destroy(&up);
-  dspk__wbuf_free(&w);
+  decoded_free(&d);
   v[DSPK__R_DEVICES_DEVICES] = dspk__pv_pack(pack_devices, NULL);
   assert_int_equal(nested_roundtrip(M(DSPK__M_DEVICES), v, out, msg), DSPK_EPROTO);
   assert_string_equal(msg, "result.devices[0].memory: expected a non-negative integer");
@@ -673,18 +694,12 @@ static void test_nested(void **state) {
   assert_int_equal(nested_roundtrip(M(DSPK__M_STATUS), v, out, msg), DSPK_EPROTO);
   assert_string_equal(msg, "result.daemon: required (a map)");
   v[DSPK__R_STATUS_DAEMON] = dspk__pv_pack(pack_daemon, NULL);
-  dspk__wbuf_init(&w);
-  dspk__result_encode(&w, M(DSPK__M_STATUS), v);
-  unpack_wbuf(&w, flat, sizeof flat, &up);
-  assert_int_equal(dspk__result_decode(M(DSPK__M_STATUS), &up.data, out, msg, sizeof msg), 0);
-  assert_int_equal(dspk__params_decode(dspk__st_client_f, DSPK__SC_COUNT,
-                                       &out[DSPK__R_STATUS_CLIENTS].v.o->via.array.ptr[0],
-                                       "result.clients[0].", f, msg, sizeof msg), 0);
+  decode_item0(&d, M(DSPK__M_STATUS), v, DSPK__R_STATUS_CLIENTS, dspk__st_client_f,
+               DSPK__SC_COUNT, f);
   assert_true(f[DSPK__SC_JOB].set && f[DSPK__SC_JOB].nil);
   assert_int_equal(f[DSPK__SC_UID].v.i, -1);
   assert_false(f[DSPK__SC_ID].nil);
-  msgpack_unpacked_destroy(&up);
-  dspk__wbuf_free(&w);
+  decoded_free(&d);
   v[DSPK__R_STATUS_CLIENTS] = dspk__pv_pack(pack_clients, "bad");
   assert_int_equal(nested_roundtrip(M(DSPK__M_STATUS), v, out, msg), DSPK_EPROTO);
   assert_string_equal(msg, "result.clients[0].job: expected a non-negative integer");
