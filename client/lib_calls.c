@@ -202,6 +202,25 @@ DSPK_EXPORT int dspk_job_end(dspk_client *c, uint64_t job, char **json_out) {
   return job_call(c, &a, NULL, json_out);
 }
 
+void dspk__fields(const struct dspk__param *f, int n, const msgpack_object *map,
+                  struct dspk__pval *out) {
+  char why[8];
+  memset(out, 0, (size_t)n * sizeof *out);
+  /* Checked with the whole result by dspk__result_decode: cannot fail. */
+  (void)dspk__params_decode(f, n, map, NULL, out, why, sizeof why);
+}
+
+void dspk__strncpy_pval(const struct dspk__pval *v, char *buf, size_t buflen) {
+  size_t n = 0;
+  if (!buflen)
+    return;
+  if (v->set && !v->nil) {
+    n = dspk__utf8_cut(v->v.s.p, v->v.s.n, buflen - 1);
+    memcpy(buf, v->v.s.p, n);
+  }
+  buf[n] = '\0';
+}
+
 static uint32_t arr_size(const msgpack_object *o) {
   return o && o->type == MSGPACK_OBJECT_ARRAY ? o->via.array.size : 0;
 }
@@ -223,28 +242,26 @@ static void *make_devices(const msgpack_object *result, const struct dspk__pval 
     return NULL;
   }
   for (size_t i = 0; i < l->ndevices; i++) {
-    const msgpack_object *d = &devs->via.array.ptr[i];
+    struct dspk__pval f[DSPK__DEV_COUNT];
     dspk_device *o = &l->devices[i];
-    bool sw = false;
-    dspk__strncpy_obj(dspk__map_get(d, "id"), o->id, sizeof o->id);
-    dspk__strncpy_obj(dspk__map_get(d, "backend"), o->backend,
-                      sizeof o->backend);
-    dspk__strncpy_obj(dspk__map_get(d, "name"), o->name, sizeof o->name);
-    dspk__strncpy_obj(dspk__map_get(d, "type"), o->type, sizeof o->type);
-    dspk__strncpy_obj(dspk__map_get(d, "arch"), o->arch, sizeof o->arch);
-    dspk__strncpy_obj(dspk__map_get(d, "driver"), o->driver,
-                      sizeof o->driver);
-    dspk__strncpy_obj(dspk__map_get(d, "uuid"), o->uuid, sizeof o->uuid);
-    dspk__arg_u64(d, "memory", &o->memory, NULL, 0);
-    dspk__arg_bool(d, "software", &sw, NULL, 0);
-    o->software = sw;
+    dspk__fields(dspk__device_f, DSPK__DEV_COUNT, &devs->via.array.ptr[i], f);
+    dspk__strncpy_pval(&f[DSPK__DEV_ID], o->id, sizeof o->id);
+    dspk__strncpy_pval(&f[DSPK__DEV_BACKEND], o->backend, sizeof o->backend);
+    dspk__strncpy_pval(&f[DSPK__DEV_NAME], o->name, sizeof o->name);
+    dspk__strncpy_pval(&f[DSPK__DEV_TYPE], o->type, sizeof o->type);
+    dspk__strncpy_pval(&f[DSPK__DEV_ARCH], o->arch, sizeof o->arch);
+    dspk__strncpy_pval(&f[DSPK__DEV_DRIVER], o->driver, sizeof o->driver);
+    dspk__strncpy_pval(&f[DSPK__DEV_UUID], o->uuid, sizeof o->uuid);
+    o->memory = f[DSPK__DEV_MEMORY].v.u;
+    o->software = f[DSPK__DEV_SOFTWARE].v.b;
   }
   for (size_t i = 0; i < l->nunavailable; i++) {
-    const msgpack_object *u = &unav->via.array.ptr[i];
-    dspk__strncpy_obj(dspk__map_get(u, "backend"), l->unavailable[i].backend,
-                      sizeof l->unavailable[i].backend);
-    dspk__strncpy_obj(dspk__map_get(u, "reason"), l->unavailable[i].reason,
-                      sizeof l->unavailable[i].reason);
+    struct dspk__pval f[DSPK__UNAV_COUNT];
+    dspk__fields(dspk__unavail_f, DSPK__UNAV_COUNT, &unav->via.array.ptr[i], f);
+    dspk__strncpy_pval(&f[DSPK__UNAV_BACKEND], l->unavailable[i].backend,
+                       sizeof l->unavailable[i].backend);
+    dspk__strncpy_pval(&f[DSPK__UNAV_REASON], l->unavailable[i].reason,
+                       sizeof l->unavailable[i].reason);
   }
   return l;
 }
@@ -273,9 +290,9 @@ DSPK_EXPORT void dspk_device_list_free(dspk_device_list *l) {
 
 /* dspk_status_get's status, from the result of status. */
 static void *make_status(const msgpack_object *result, const struct dspk__pval *res) {
-  const msgpack_object *d = res[DSPK__R_STATUS_DAEMON].v.o;
   const msgpack_object *cl = res[DSPK__R_STATUS_CLIENTS].v.o;
   const msgpack_object *dv = res[DSPK__R_STATUS_DEVICES].v.o;
+  struct dspk__pval f[DSPK__MAX_FIELDS];
   dspk_status *s = calloc(1, sizeof(*s));
 
   if (!s)
@@ -289,32 +306,32 @@ static void *make_status(const msgpack_object *result, const struct dspk__pval *
     dspk_status_free(s);
     return NULL;
   }
-  dspk__strncpy_obj(dspk__map_get(d, "version"), s->version,
-                    sizeof s->version);
-  dspk__obj_i64(dspk__map_get(d, "pid"), &s->pid);
-  dspk__obj_f64(dspk__map_get(d, "uptime_s"), &s->uptime_s);
-  dspk__strncpy_obj(dspk__map_get(d, "socket"), s->socket, sizeof s->socket);
-  dspk__obj_u64(dspk__map_get(d, "connections"), &s->connections);
+  dspk__fields(dspk__st_daemon_f, DSPK__SD_COUNT, res[DSPK__R_STATUS_DAEMON].v.o, f);
+  dspk__strncpy_pval(&f[DSPK__SD_VERSION], s->version, sizeof s->version);
+  s->pid = f[DSPK__SD_PID].v.i;
+  s->uptime_s = (double)f[DSPK__SD_UPTIME_S].v.u;
+  dspk__strncpy_pval(&f[DSPK__SD_SOCKET], s->socket, sizeof s->socket);
+  s->connections = f[DSPK__SD_CONNECTIONS].v.u;
   for (size_t i = 0; i < s->nclients; i++) {
-    const msgpack_object *o = &cl->via.array.ptr[i];
     dspk_status_client *x = &s->clients[i];
-    dspk__obj_u64(dspk__map_get(o, "id"), &x->id);
-    dspk__obj_i64(dspk__map_get(o, "pid"), &x->pid);
-    dspk__obj_i64(dspk__map_get(o, "uid"), &x->uid);
-    dspk__obj_i64(dspk__map_get(o, "gid"), &x->gid);
-    dspk__strncpy_obj(dspk__map_get(o, "name"), x->name, sizeof x->name);
-    dspk__obj_u64(dspk__map_get(o, "inflight"), &x->inflight);
-    dspk__obj_u64(dspk__map_get(o, "buffers"), &x->buffers);
+    dspk__fields(dspk__st_client_f, DSPK__SC_COUNT, &cl->via.array.ptr[i], f);
+    x->id = f[DSPK__SC_ID].v.u;
+    x->pid = f[DSPK__SC_PID].v.i;
+    x->uid = f[DSPK__SC_UID].v.i;
+    x->gid = f[DSPK__SC_GID].v.i;
+    dspk__strncpy_pval(&f[DSPK__SC_NAME], x->name, sizeof x->name);
+    x->inflight = f[DSPK__SC_INFLIGHT].v.u;
+    x->buffers = f[DSPK__SC_BUFFERS].v.u;
   }
   for (size_t i = 0; i < s->ndevices; i++) {
-    const msgpack_object *o = &dv->via.array.ptr[i];
     dspk_status_device *x = &s->devices[i];
-    dspk__strncpy_obj(dspk__map_get(o, "id"), x->id, sizeof x->id);
-    dspk__obj_u64(dspk__map_get(o, "queued"), &x->queued);
-    dspk__obj_u64(dspk__map_get(o, "running"), &x->running);
-    dspk__obj_u64(dspk__map_get(o, "completed"), &x->completed);
-    dspk__obj_u64(dspk__map_get(o, "failed"), &x->failed);
-    dspk__status_activity(o, &s->activity[i]);
+    dspk__fields(dspk__st_device_f, DSPK__SV_COUNT, &dv->via.array.ptr[i], f);
+    dspk__strncpy_pval(&f[DSPK__SV_ID], x->id, sizeof x->id);
+    x->queued = f[DSPK__SV_QUEUED].v.u;
+    x->running = f[DSPK__SV_RUNNING].v.u;
+    x->completed = f[DSPK__SV_COMPLETED].v.u;
+    x->failed = f[DSPK__SV_FAILED].v.u;
+    dspk__status_activity(f, &s->activity[i]);
   }
   return s;
 }

@@ -174,7 +174,19 @@ int dspk__to_json(const msgpack_object *o, char **out);
 /* Copies a str value into buf, truncating; "" when o is not a str. */
 void dspk__strncpy_obj(const msgpack_object *o, char *buf, size_t buflen);
 
-/* Fills a from one device of the status answer (lib_observe.c). */
-void dspk__status_activity(const msgpack_object *dev, dspk_device_activity *a);
+struct dspk__param;
+struct dspk__pval;
+
+/* The fields of a nested result map that dspk__result_decode checked,
+ * typed, indexed by its table's enum (e.g. dspk__device_f, DSPK__DEV_*);
+ * out[] zeroed first (lib_calls.c). */
+void dspk__fields(const struct dspk__param *f, int n, const msgpack_object *map,
+                  struct dspk__pval *out);
+/* Copies a str field into buf as dspk__strncpy_obj does (lib_calls.c). */
+void dspk__strncpy_pval(const struct dspk__pval *v, char *buf, size_t buflen);
+
+/* Fills a from one device of the status answer, its fields as dspk__fields
+ * gives them against dspk__st_device_f (lib_observe.c). */
+void dspk__status_activity(const struct dspk__pval *dev, dspk_device_activity *a);
 
 #endif /* DSPK_CLIENT_LIB_INTERNAL_H */

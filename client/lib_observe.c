@@ -17,27 +17,27 @@
 #include <string.h>
 
 #include "client/lib_internal.h"
+#include "proto/schema.h"
 
 #define RUN_TID 1
 #define QUEUE_LANES 16   /* queue threads per client and device */
 #define QUEUE_TID0 1000  /* tid of a client's queue lane: 1000 + 16 * client + lane */
 
-void dspk__status_activity(const msgpack_object *dev, dspk_device_activity *a) {
-  const msgpack_object *run = dspk__map_get(dev, "running_op");
-  const msgpack_object *st = dspk__map_get(dev, "stats");
-  double age_ms = 0;
+void dspk__status_activity(const struct dspk__pval *dev, dspk_device_activity *a) {
+  struct dspk__pval st[DSPK__DS_COUNT], run[DSPK__RO_COUNT];
 
   memset(a, 0, sizeof *a);
-  dspk__obj_f64(dspk__map_get(dev, "busy"), &a->busy);
-  dspk__obj_u64(dspk__map_get(dev, "clients"), &a->clients);
-  dspk__obj_u64(dspk__map_get(dev, "memory"), &a->memory);
-  dspk__obj_u64(dspk__map_get(st, "pool_bytes_in_use"), &a->memory_in_use);
-  dspk__obj_u64(dspk__map_get(st, "pool_bytes_cached"), &a->memory_cached);
-  if (run && run->type == MSGPACK_OBJECT_MAP) {
+  a->busy = dev[DSPK__SV_BUSY].v.f;
+  a->clients = dev[DSPK__SV_CLIENTS].v.u;
+  a->memory = dev[DSPK__SV_MEMORY].v.u;
+  dspk__fields(dspk__devstats_f, DSPK__DS_COUNT, dev[DSPK__SV_STATS].v.o, st);
+  a->memory_in_use = st[DSPK__DS_POOL_BYTES_IN_USE].v.u;
+  a->memory_cached = st[DSPK__DS_POOL_BYTES_CACHED].v.u;
+  if (!dev[DSPK__SV_RUNNING_OP].nil) {
+    dspk__fields(dspk__running_op_f, DSPK__RO_COUNT, dev[DSPK__SV_RUNNING_OP].v.o, run);
     a->running = true;
-    dspk__strncpy_obj(dspk__map_get(run, "name"), a->running_op, sizeof a->running_op);
-    dspk__obj_f64(dspk__map_get(run, "age_ms"), &age_ms);
-    a->running_age_s = age_ms / 1000.0;
+    dspk__strncpy_pval(&run[DSPK__RO_NAME], a->running_op, sizeof a->running_op);
+    a->running_age_s = (double)run[DSPK__RO_AGE_MS].v.u / 1000.0;
   }
 }
 

@@ -46,19 +46,19 @@ static void work_cb(uv_work_t *w) {
 /* cache.stats' kinds: per kind of entry its counters. */
 static void pack_kinds(const void *ud, struct dspk__wbuf *w) {
   const struct dspk__cache_stats *s = ud;
-  msgpack_packer *pk = &w->pk;
-  msgpack_pack_map(pk, DSPK__CACHE_NKINDS);
+  msgpack_pack_map(&w->pk, DSPK__CACHE_NKINDS);
   for (int k = 0; k < DSPK__CACHE_NKINDS; k++) {
     const struct dspk__cache_kstats *ks = &s->kind[k];
-    dspk__pack_str(pk, dspk__cache_kind_name(k));
-    msgpack_pack_map(pk, 7);
-    dspk__pack_kv_u64(pk, "entries", ks->entries);
-    dspk__pack_kv_u64(pk, "bytes", ks->bytes);
-    dspk__pack_kv_u64(pk, "stored_hits", ks->stored_hits);
-    dspk__pack_kv_u64(pk, "hits", ks->hits);
-    dspk__pack_kv_u64(pk, "misses", ks->misses);
-    dspk__pack_kv_u64(pk, "puts", ks->puts);
-    dspk__pack_kv_u64(pk, "evictions", ks->evictions);
+    struct dspk__pval v[DSPK__CK_COUNT];
+    v[DSPK__CK_ENTRIES] = dspk__pv_uint(ks->entries);
+    v[DSPK__CK_BYTES] = dspk__pv_uint(ks->bytes);
+    v[DSPK__CK_STORED_HITS] = dspk__pv_uint(ks->stored_hits);
+    v[DSPK__CK_HITS] = dspk__pv_uint(ks->hits);
+    v[DSPK__CK_MISSES] = dspk__pv_uint(ks->misses);
+    v[DSPK__CK_PUTS] = dspk__pv_uint(ks->puts);
+    v[DSPK__CK_EVICTIONS] = dspk__pv_uint(ks->evictions);
+    dspk__pack_str(&w->pk, dspk__cache_kind_name(k));
+    dspk__map_encode(w, dspk__cache_kind_f, DSPK__CK_COUNT, v);
   }
 }
 

@@ -48,17 +48,21 @@ static int prefix(struct req *r, int code, const char *what) {
   return code;
 }
 
-static void limits_map(msgpack_packer *pk, const struct dspkd_config *cfg) {
-  msgpack_pack_map(pk, 9);
-  dspk__pack_kv_u64(pk, "max_message", cfg->lim.max_message);
-  dspk__pack_kv_u64(pk, "max_depth", cfg->lim.max_depth);
-  dspk__pack_kv_u64(pk, "max_objects", cfg->lim.max_objects);
-  dspk__pack_kv_u64(pk, "max_rank", cfg->lim.max_rank);
-  dspk__pack_kv_u64(pk, "max_elements", cfg->lim.max_elements);
-  dspk__pack_kv_u64(pk, "max_inflight", cfg->max_inflight);
-  dspk__pack_kv_u64(pk, "max_unsent", cfg->max_unsent);
-  dspk__pack_kv_u64(pk, "max_buffers", cfg->max_buffers);
-  dspk__pack_kv_u64(pk, "max_clients", cfg->max_clients);
+/* The limits in force (hello's limits, status' daemon.limits); ud: the
+ * struct dspkd_config. */
+static void pack_limits(const void *ud, struct dspk__wbuf *w) {
+  const struct dspkd_config *cfg = ud;
+  struct dspk__pval v[DSPK__LIM_COUNT];
+  v[DSPK__LIM_MAX_MESSAGE] = dspk__pv_uint(cfg->lim.max_message);
+  v[DSPK__LIM_MAX_DEPTH] = dspk__pv_uint(cfg->lim.max_depth);
+  v[DSPK__LIM_MAX_OBJECTS] = dspk__pv_uint(cfg->lim.max_objects);
+  v[DSPK__LIM_MAX_RANK] = dspk__pv_uint(cfg->lim.max_rank);
+  v[DSPK__LIM_MAX_ELEMENTS] = dspk__pv_uint(cfg->lim.max_elements);
+  v[DSPK__LIM_MAX_INFLIGHT] = dspk__pv_uint(cfg->max_inflight);
+  v[DSPK__LIM_MAX_UNSENT] = dspk__pv_uint(cfg->max_unsent);
+  v[DSPK__LIM_MAX_BUFFERS] = dspk__pv_uint(cfg->max_buffers);
+  v[DSPK__LIM_MAX_CLIENTS] = dspk__pv_uint(cfg->max_clients);
+  dspk__map_encode(w, dspk__limits_f, DSPK__LIM_COUNT, v);
 }
 
 /* Whether the connection may use dev (daemon/jobs.c: its Slurm job's
@@ -137,8 +141,6 @@ static int answer(struct req *r, int method, const struct dspk__pval *vals) {
   return 0;
 }
 
-static void pack_limits(const void *ud, struct dspk__wbuf *w) { limits_map(&w->pk, ud); }
-
 static int m_hello(struct req *r) {
   struct conn *c = r->c;
   uint64_t version = r->v[DSPK__HELLO_VERSION].v.u;
@@ -179,60 +181,52 @@ static int m_ping(struct req *r) {
 
 /* ---- devices, status -------------------------------------------------- */
 
-/* A device's caps as `devices` shows them: ops, a map of each op it runs
- * (raw kernels aside) to the dtypes it runs it on, and kernel_langs. */
-static void pack_caps(msgpack_packer *pk, const struct dspk__devcaps *caps) {
-  size_t n = 0, k;
+/* A device's ops as `devices` shows them: a map of each op it runs (raw
+ * kernels aside) to the dtypes it runs it on; ud: its struct
+ * dspk__devcaps. */
+static void pack_ops(const void *ud, struct dspk__wbuf *w) {
+  const struct dspk__devcaps *caps = ud;
+  const struct dspk__param *dtypes = dspk__device_f[DSPK__DEV_OPS].item;
+  size_t n = 0;
   for (int op = 0; op < DSPK_OP_COUNT; op++)
     n += op != DSPK_OP_KERNEL && caps->dtypes[op] != 0;
-  dspk__pack_str(pk, "ops");
-  msgpack_pack_map(pk, n);
+  msgpack_pack_map(&w->pk, n);
   for (int op = 0; op < DSPK_OP_COUNT; op++) {
+    struct dspk__pval v = dspk__pv_mask(caps->dtypes[op]);
     if (op == DSPK_OP_KERNEL || !caps->dtypes[op])
       continue;
-    dspk__pack_str(pk, dspk__op_names[op]);
-    k = 0;
-    for (int dt = 0; dt < DSPK_DTYPE_COUNT; dt++)
-      k += (caps->dtypes[op] >> dt) & 1u;
-    msgpack_pack_array(pk, k);
-    for (int dt = 0; dt < DSPK_DTYPE_COUNT; dt++)
-      if ((caps->dtypes[op] >> dt) & 1u)
-        dspk__pack_str(pk, dspk__dtype_name((dspk_dtype)dt));
+    dspk__pack_str(&w->pk, dspk__op_names[op]);
+    dspk__value_encode(w, dtypes, &v);
   }
-  dspk__pack_str(pk, "kernel_langs");
-  k = 0;
-  for (int i = 0; dspk__kernel_langs[i]; i++)
-    k += caps->dtypes[DSPK_OP_KERNEL] && ((caps->langs >> i) & 1u);
-  msgpack_pack_array(pk, k);
-  for (int i = 0; dspk__kernel_langs[i]; i++)
-    if (caps->dtypes[DSPK_OP_KERNEL] && ((caps->langs >> i) & 1u))
-      dspk__pack_str(pk, dspk__kernel_langs[i]);
 }
 
 /* The devices the connection may use (devices' `devices`). */
 static void dv_devices(const void *ud, struct dspk__wbuf *w) {
   const struct req *r = ud;
   const struct dspkd *d = r->c->d;
-  msgpack_packer *pk = &w->pk;
   int n = 0;
   for (int i = 0; i < d->ndevs; i++)
     n += d->devs[i].open_state == 1 && dspkd_job_dev_ok(r->c, &d->devs[i]);
-  msgpack_pack_array(pk, (size_t)n);
+  msgpack_pack_array(&w->pk, (size_t)n);
   for (int i = 0; i < d->ndevs; i++) {
     const struct device *dev = &d->devs[i];
+    struct dspk__pval v[DSPK__DEV_COUNT];
     if (dev->open_state != 1 || !dspkd_job_dev_ok(r->c, dev))
       continue;
-    msgpack_pack_map(pk, 11);
-    dspk__pack_kv_str(pk, "id", dev->id);
-    dspk__pack_kv_str(pk, "backend", dev->be->name);
-    dspk__pack_kv_str(pk, "name", dev->info.name);
-    dspk__pack_kv_str(pk, "type", dev->info.type);
-    dspk__pack_kv_str(pk, "arch", dev->info.arch);
-    dspk__pack_kv_str(pk, "driver", dev->info.driver);
-    dspk__pack_kv_str(pk, "uuid", dev->info.uuid);
-    dspk__pack_kv_u64(pk, "memory", dev->info.memory);
-    dspk__pack_kv_bool(pk, "software", dev->info.software != 0);
-    pack_caps(pk, &dev->caps);
+    v[DSPK__DEV_ID] = dspk__pv_str(dev->id);
+    v[DSPK__DEV_BACKEND] = dspk__pv_str(dev->be->name);
+    v[DSPK__DEV_NAME] = dspk__pv_str(dev->info.name);
+    v[DSPK__DEV_TYPE] = dspk__pv_str(dev->info.type);
+    v[DSPK__DEV_ARCH] = dspk__pv_str(dev->info.arch);
+    v[DSPK__DEV_DRIVER] = dspk__pv_str(dev->info.driver);
+    v[DSPK__DEV_UUID] = dspk__pv_str(dev->info.uuid);
+    v[DSPK__DEV_MEMORY] = dspk__pv_uint(dev->info.memory);
+    v[DSPK__DEV_SOFTWARE] = dspk__pv_bool(dev->info.software != 0);
+    v[DSPK__DEV_OPS] = dspk__pv_pack(pack_ops, &dev->caps);
+    /* kernel_langs: the languages of the raw kernels it runs ([]: none) */
+    v[DSPK__DEV_KERNEL_LANGS] =
+        dspk__pv_mask(dev->caps.dtypes[DSPK_OP_KERNEL] ? dev->caps.langs : 0);
+    dspk__map_encode(w, dspk__device_f, DSPK__DEV_COUNT, v);
   }
 }
 
@@ -241,12 +235,12 @@ static void dv_unavailable(const void *ud, struct dspk__wbuf *w) {
   const struct req *r = ud;
   const struct dspkd *d = r->c->d;
   bool all = r->v[DSPK__DEVICES_ALL].v.b;
-  msgpack_packer *pk = &w->pk;
-  msgpack_pack_array(pk, all ? (size_t)d->nunavail : 0);
+  msgpack_pack_array(&w->pk, all ? (size_t)d->nunavail : 0);
   for (int i = 0; all && i < d->nunavail; i++) {
-    msgpack_pack_map(pk, 2);
-    dspk__pack_kv_str(pk, "backend", d->unavail[i].backend);
-    dspk__pack_kv_str(pk, "reason", d->unavail[i].reason);
+    struct dspk__pval v[DSPK__UNAV_COUNT];
+    v[DSPK__UNAV_BACKEND] = dspk__pv_str(d->unavail[i].backend);
+    v[DSPK__UNAV_REASON] = dspk__pv_str(d->unavail[i].reason);
+    dspk__map_encode(w, dspk__unavail_f, DSPK__UNAV_COUNT, v);
   }
 }
 
@@ -288,78 +282,77 @@ struct status_ctx {
 
 static void st_daemon(const void *ud, struct dspk__wbuf *w) {
   const struct status_ctx *x = ud;
-  struct req *r = x->r;
-  struct dspkd *d = r->c->d;
-  msgpack_packer *pk = &w->pk;
-  msgpack_pack_map(pk, 7);
-  dspk__pack_kv_str(pk, "version", DSPKD_VERSION);
-  dspk__pack_kv_i64(pk, "pid", (int64_t)getpid());
-  dspk__pack_kv_u64(pk, "uptime_s", (dspkd_now_ms() - d->start_ms) / 1000);
-  dspk__pack_kv_str(pk, "socket", d->cfg.socket_path);
-  dspk__pack_kv_u64(pk, "connections", d->nconns);
-  dspk__pack_kv_bool(pk, "stopping", d->stopping);
-  dspk__pack_str(pk, "limits");
-  limits_map(pk, &d->cfg);
+  struct dspkd *d = x->r->c->d;
+  struct dspk__pval v[DSPK__SD_COUNT];
+  v[DSPK__SD_VERSION] = dspk__pv_str(DSPKD_VERSION);
+  v[DSPK__SD_PID] = dspk__pv_int((int64_t)getpid());
+  v[DSPK__SD_UPTIME_S] = dspk__pv_uint((dspkd_now_ms() - d->start_ms) / 1000);
+  v[DSPK__SD_SOCKET] = dspk__pv_str(d->cfg.socket_path);
+  v[DSPK__SD_CONNECTIONS] = dspk__pv_uint(d->nconns);
+  v[DSPK__SD_STOPPING] = dspk__pv_bool(d->stopping);
+  v[DSPK__SD_LIMITS] = dspk__pv_pack(pack_limits, &d->cfg);
+  dspk__map_encode(w, dspk__st_daemon_f, DSPK__SD_COUNT, v);
+}
+
+/* A peer credential as status shows it: -1 when unknown. */
+static struct dspk__pval cred(uint32_t id) {
+  return dspk__pv_int(id == (uint32_t)-1 ? -1 : (int64_t)id);
 }
 
 static void st_clients(const void *ud, struct dspk__wbuf *w) {
   const struct status_ctx *x = ud;
   struct req *r = x->r;
   struct dspkd *d = r->c->d;
-  msgpack_packer *pk = &w->pk;
-  bool admin = x->admin;
-  uint64_t shown = x->shown;
-  msgpack_pack_array(pk, shown);
+  msgpack_pack_array(&w->pk, x->shown);
   for (struct conn *c = d->conns; c; c = c->next) {
-    if (!status_shows(r->c, admin, c))
+    struct dspk__pval v[DSPK__SC_COUNT];
+    if (!status_shows(r->c, x->admin, c))
       continue;
-    msgpack_pack_map(pk, 12);
-    dspk__pack_kv_u64(pk, "id", c->id);
-    dspk__pack_kv_i64(pk, "pid", (int64_t)c->pid);
-    dspk__pack_kv_i64(pk, "uid", c->uid == (uid_t)-1 ? -1 : (int64_t)c->uid);
-    dspk__pack_kv_i64(pk, "gid", c->gid == (gid_t)-1 ? -1 : (int64_t)c->gid);
-    dspk__pack_kv_str(pk, "name", c->name);
-    dspk__pack_kv_u64(pk, "inflight", c->inflight);
-    dspk__pack_kv_u64(pk, "buffers", c->nbufs);
-    dspk__pack_kv_u64(pk, "buffer_bytes", c->buf_bytes);
-    dspk__pack_kv_u64(pk, "unsent", c->unsent);
-    dspk__pack_kv_u64(pk, "requests", c->requests);
-    dspk__pack_kv_bool(pk, "self", c == r->c);
-    dspk__pack_str(pk, "job");
-    if (c->job)
-      msgpack_pack_uint64(pk, c->job->id);
-    else
-      msgpack_pack_nil(pk);
+    v[DSPK__SC_ID] = dspk__pv_uint(c->id);
+    v[DSPK__SC_PID] = dspk__pv_int((int64_t)c->pid);
+    v[DSPK__SC_UID] = cred((uint32_t)c->uid);
+    v[DSPK__SC_GID] = cred((uint32_t)c->gid);
+    v[DSPK__SC_NAME] = dspk__pv_str(c->name);
+    v[DSPK__SC_INFLIGHT] = dspk__pv_uint(c->inflight);
+    v[DSPK__SC_BUFFERS] = dspk__pv_uint(c->nbufs);
+    v[DSPK__SC_BUFFER_BYTES] = dspk__pv_uint(c->buf_bytes);
+    v[DSPK__SC_UNSENT] = dspk__pv_uint(c->unsent);
+    v[DSPK__SC_REQUESTS] = dspk__pv_uint(c->requests);
+    v[DSPK__SC_SELF] = dspk__pv_bool(c == r->c);
+    v[DSPK__SC_JOB] = c->job ? dspk__pv_uint(c->job->id) : dspk__pv_nil();
+    dspk__map_encode(w, dspk__st_client_f, DSPK__SC_COUNT, v);
   }
 }
 
 static void st_other(const void *ud, struct dspk__wbuf *w) {
   const struct status_ctx *x = ud;
-  struct req *r = x->r;
-  struct dspkd *d = r->c->d;
-  msgpack_packer *pk = &w->pk;
-  uint64_t shown = x->shown, other_inflight = x->other_inflight,
-           other_buffers = x->other_buffers;
+  struct dspk__pval v[DSPK__SO_COUNT];
   /* The connections not listed: counts only, nothing that names them. */
-  msgpack_pack_map(pk, 3);
-  dspk__pack_kv_u64(pk, "connections", d->nconns - shown);
-  dspk__pack_kv_u64(pk, "inflight", other_inflight);
-  dspk__pack_kv_u64(pk, "buffers", other_buffers);
+  v[DSPK__SO_CONNECTIONS] = dspk__pv_uint(x->r->c->d->nconns - x->shown);
+  v[DSPK__SO_INFLIGHT] = dspk__pv_uint(x->other_inflight);
+  v[DSPK__SO_BUFFERS] = dspk__pv_uint(x->other_buffers);
+  dspk__map_encode(w, dspk__st_other_f, DSPK__SO_COUNT, v);
+}
+
+/* A job's GPUs: the UUIDs; ud: the struct djob. */
+static void pack_job_devices(const void *ud, struct dspk__wbuf *w) {
+  const struct djob *j = ud;
+  msgpack_pack_array(&w->pk, (size_t)j->ndevs);
+  for (int k = 0; k < j->ndevs; k++)
+    dspk__pack_str(&w->pk, j->uuid[k]);
 }
 
 static void st_jobs(const void *ud, struct dspk__wbuf *w) {
   const struct status_ctx *x = ud;
   struct req *r = x->r;
   struct dspkd *d = r->c->d;
-  msgpack_packer *pk = &w->pk;
-  bool admin = x->admin;
-  size_t njobs = x->njobs;
   /* The Slurm jobs registered here (daemon/jobs.c): to an admin every one,
    * to anyone else those of its uid. */
-  msgpack_pack_array(pk, njobs);
+  msgpack_pack_array(&w->pk, x->njobs);
   for (const struct djob *j = d->jobs; j; j = j->next) {
     uint64_t inflight = 0, buffers = 0, bytes = 0;
-    if (!admin && (r->c->uid == (uid_t)-1 || j->uid != r->c->uid))
+    struct dspk__pval v[DSPK__SJ_COUNT];
+    if (!x->admin && (r->c->uid == (uid_t)-1 || j->uid != r->c->uid))
       continue;
     for (const struct conn *c = d->conns; c; c = c->next)
       if (c->job == j) {
@@ -367,80 +360,88 @@ static void st_jobs(const void *ud, struct dspk__wbuf *w) {
         buffers += c->nbufs;
         bytes += c->buf_bytes;
       }
-    msgpack_pack_map(pk, 8);
-    dspk__pack_kv_u64(pk, "job", j->id);
-    dspk__pack_kv_i64(pk, "uid", (int64_t)j->uid);
-    dspk__pack_str(pk, "devices");
-    msgpack_pack_array(pk, (size_t)j->ndevs);
-    for (int k = 0; k < j->ndevs; k++)
-      dspk__pack_str(pk, j->uuid[k]);
-    dspk__pack_kv_u64(pk, "connections", j->nconns);
-    dspk__pack_kv_u64(pk, "inflight", inflight);
-    dspk__pack_kv_u64(pk, "buffers", buffers);
-    dspk__pack_kv_u64(pk, "buffer_bytes", bytes);
-    dspk__pack_kv_bool(pk, "ended", j->ended);
+    v[DSPK__SJ_JOB] = dspk__pv_uint(j->id);
+    v[DSPK__SJ_UID] = dspk__pv_int((int64_t)j->uid);
+    v[DSPK__SJ_DEVICES] = dspk__pv_pack(pack_job_devices, j);
+    v[DSPK__SJ_CONNECTIONS] = dspk__pv_uint(j->nconns);
+    v[DSPK__SJ_INFLIGHT] = dspk__pv_uint(inflight);
+    v[DSPK__SJ_BUFFERS] = dspk__pv_uint(buffers);
+    v[DSPK__SJ_BUFFER_BYTES] = dspk__pv_uint(bytes);
+    v[DSPK__SJ_ENDED] = dspk__pv_bool(j->ended);
+    dspk__map_encode(w, dspk__st_job_f, DSPK__SJ_COUNT, v);
   }
+}
+
+/* A device's running_op: {name, age_ms, client?}; ud: struct running_op. */
+struct running_op {
+  const struct dev_activity *act;
+  bool mine; /* the client is shown */
+};
+
+static void pack_running_op(const void *ud, struct dspk__wbuf *w) {
+  const struct running_op *ro = ud;
+  struct dspk__pval v[DSPK__RO_COUNT] = {0};
+  v[DSPK__RO_NAME] = dspk__pv_str(ro->act->what);
+  v[DSPK__RO_AGE_MS] = dspk__pv_uint(ro->act->age_ns / 1000000);
+  if (ro->mine)
+    v[DSPK__RO_CLIENT] = dspk__pv_uint(ro->act->client);
+  dspk__map_encode(w, dspk__running_op_f, DSPK__RO_COUNT, v);
+}
+
+/* A device's stats: the backend's counters; ud: struct dspk__devstats. */
+static void pack_devstats(const void *ud, struct dspk__wbuf *w) {
+  const struct dspk__devstats *s = ud;
+  struct dspk__pval v[DSPK__DS_COUNT];
+  v[DSPK__DS_POOL_BYTES_IN_USE] = dspk__pv_uint(s->pool_bytes_in_use);
+  v[DSPK__DS_POOL_BYTES_CACHED] = dspk__pv_uint(s->pool_bytes_cached);
+  v[DSPK__DS_POOL_HITS] = dspk__pv_uint(s->pool_hits);
+  v[DSPK__DS_POOL_MISSES] = dspk__pv_uint(s->pool_misses);
+  v[DSPK__DS_RETIRE_DEFERRED] = dspk__pv_uint(s->retire_deferred);
+  v[DSPK__DS_RETIRE_RELEASED] = dspk__pv_uint(s->retire_released);
+  v[DSPK__DS_RETIRE_BARRIER_FALLBACKS] = dspk__pv_uint(s->retire_barrier_fallbacks);
+  v[DSPK__DS_RETIRE_LEAKED] = dspk__pv_uint(s->retire_leaked);
+  v[DSPK__DS_RETIRE_IN_FLIGHT] = dspk__pv_uint(s->retire_in_flight);
+  v[DSPK__DS_RETIRE_MAX_IN_FLIGHT] = dspk__pv_uint(s->retire_max_in_flight);
+  v[DSPK__DS_KERNELS_COMPILED] = dspk__pv_uint(s->kernels_compiled);
+  v[DSPK__DS_KERNEL_CACHE_HITS] = dspk__pv_uint(s->kernel_cache_hits);
+  dspk__map_encode(w, dspk__devstats_f, DSPK__DS_COUNT, v);
 }
 
 static void st_devices(const void *ud, struct dspk__wbuf *w) {
   const struct status_ctx *x = ud;
   struct req *r = x->r;
   struct dspkd *d = r->c->d;
-  msgpack_packer *pk = &w->pk;
-  bool admin = x->admin;
-  struct djob *myjob = x->myjob;
-  bool decided = x->decided;
   int n = 0;
   for (int i = 0; i < d->ndevs; i++)
-    n += d->devs[i].open_state == 1 && status_dev(d, admin, myjob, decided, &d->devs[i]);
-  msgpack_pack_array(pk, (size_t)n);
+    n += d->devs[i].open_state == 1 && status_dev(d, x->admin, x->myjob, x->decided,
+                                                  &d->devs[i]);
+  msgpack_pack_array(&w->pk, (size_t)n);
   for (int i = 0; i < d->ndevs; i++) {
     struct device *dev = &d->devs[i];
     struct dspk__devstats s;
     struct dev_activity act;
+    struct running_op ro = {.act = &act};
+    struct dspk__pval v[DSPK__SV_COUNT];
     uint64_t q, run, done, failed;
-    if (dev->open_state != 1 || !status_dev(d, admin, myjob, decided, dev))
+    if (dev->open_state != 1 || !status_dev(d, x->admin, x->myjob, x->decided, dev))
       continue;
     dspkd_sched_counters(dev, &q, &run, &done, &failed, &s);
     dspkd_obs_activity(dev, &act);
-    msgpack_pack_map(pk, 10);
-    dspk__pack_kv_str(pk, "id", dev->id);
-    dspk__pack_kv_u64(pk, "queued", q);
-    dspk__pack_kv_u64(pk, "running", run);
-    dspk__pack_kv_u64(pk, "completed", done);
-    dspk__pack_kv_u64(pk, "failed", failed);
-    dspk__pack_str(pk, "busy");
-    msgpack_pack_double(pk, act.busy);
-    dspk__pack_kv_u64(pk, "clients", act.clients);
-    dspk__pack_kv_u64(pk, "memory", dev->info.memory);
-    dspk__pack_str(pk, "running_op");
-    if (!act.running) {
-      msgpack_pack_nil(pk);
-    } else {
-      /* Whose job it is as the clients list tells: to an admin, and to the
-       * job's own user. */
-      bool mine = act.client && (admin || (r->c->uid != (uid_t)-1 &&
-                                           r->c->uid == (uid_t)act.uid));
-      msgpack_pack_map(pk, mine ? 3 : 2);
-      dspk__pack_kv_str(pk, "name", act.what);
-      dspk__pack_kv_u64(pk, "age_ms", act.age_ns / 1000000);
-      if (mine)
-        dspk__pack_kv_u64(pk, "client", act.client);
-    }
-    dspk__pack_str(pk, "stats");
-    msgpack_pack_map(pk, 12);
-    dspk__pack_kv_u64(pk, "pool_bytes_in_use", s.pool_bytes_in_use);
-    dspk__pack_kv_u64(pk, "pool_bytes_cached", s.pool_bytes_cached);
-    dspk__pack_kv_u64(pk, "pool_hits", s.pool_hits);
-    dspk__pack_kv_u64(pk, "pool_misses", s.pool_misses);
-    dspk__pack_kv_u64(pk, "retire_deferred", s.retire_deferred);
-    dspk__pack_kv_u64(pk, "retire_released", s.retire_released);
-    dspk__pack_kv_u64(pk, "retire_barrier_fallbacks", s.retire_barrier_fallbacks);
-    dspk__pack_kv_u64(pk, "retire_leaked", s.retire_leaked);
-    dspk__pack_kv_u64(pk, "retire_in_flight", s.retire_in_flight);
-    dspk__pack_kv_u64(pk, "retire_max_in_flight", s.retire_max_in_flight);
-    dspk__pack_kv_u64(pk, "kernels_compiled", s.kernels_compiled);
-    dspk__pack_kv_u64(pk, "kernel_cache_hits", s.kernel_cache_hits);
+    /* Whose job it is as the clients list tells: to an admin, and to the
+     * job's own user. */
+    ro.mine = act.client && (x->admin || (r->c->uid != (uid_t)-1 &&
+                                          r->c->uid == (uid_t)act.uid));
+    v[DSPK__SV_ID] = dspk__pv_str(dev->id);
+    v[DSPK__SV_QUEUED] = dspk__pv_uint(q);
+    v[DSPK__SV_RUNNING] = dspk__pv_uint(run);
+    v[DSPK__SV_COMPLETED] = dspk__pv_uint(done);
+    v[DSPK__SV_FAILED] = dspk__pv_uint(failed);
+    v[DSPK__SV_BUSY] = dspk__pv_num(act.busy);
+    v[DSPK__SV_CLIENTS] = dspk__pv_uint(act.clients);
+    v[DSPK__SV_MEMORY] = dspk__pv_uint(dev->info.memory);
+    v[DSPK__SV_RUNNING_OP] = act.running ? dspk__pv_pack(pack_running_op, &ro) : dspk__pv_nil();
+    v[DSPK__SV_STATS] = dspk__pv_pack(pack_devstats, &s);
+    dspk__map_encode(w, dspk__st_device_f, DSPK__SV_COUNT, v);
   }
 }
 

@@ -548,9 +548,11 @@ void dspk__wbuf_free(struct dspk__wbuf *w) {
 
 /* ---- packing helpers --------------------------------------------------- */
 
-void dspk__pack_str(msgpack_packer *pk, const char *s) {
+void dspk__pack_str(msgpack_packer *pk, const char *s) { dspk__pack_strn(pk, s, strlen(s)); }
+
+void dspk__pack_strn(msgpack_packer *pk, const char *s, size_t n) {
   static const char replacement[3] = {(char)0xEF, (char)0xBF, (char)0xBD};
-  size_t n = strlen(s), i = 0, k;
+  size_t i = 0, k;
 
   msgpack_pack_str(pk, dspk__utf8_sanitized_len(s, n));
   /* Well-formed runs as they are; each byte that starts no character (a

@@ -120,8 +120,10 @@ size_t dspk__wbuf_len(const struct dspk__wbuf *w);
 /* Frees owned chunks and calls the release of each ref.  Accepts a zeroed w. */
 void dspk__wbuf_free(struct dspk__wbuf *w);
 
-/* Packing helpers. */
+/* Packing helpers.  A str: each byte of s that starts no UTF-8 character
+ * becomes U+FFFD (the str stays valid). */
 void dspk__pack_str(msgpack_packer *pk, const char *s);
+void dspk__pack_strn(msgpack_packer *pk, const char *s, size_t n);
 /* A map entry: the key k (a str), then the value. */
 void dspk__pack_kv_str(msgpack_packer *pk, const char *k, const char *v);
 void dspk__pack_kv_u64(msgpack_packer *pk, const char *k, uint64_t v);

@@ -35,6 +35,12 @@ const char *const dspk__kernel_langs[] = {"cuda", "glsl", "spirv", "hip", NULL};
 
 const char *const dspk__cache_kind_names[] = {"kernels", "autotune", "blobs", NULL};
 
+const char *const dspk__dtype_names[] = {
+#define XX(e, name, size, cplx) [DSPK_##e] = name,
+    DSPK_DTYPE_MAP(XX)
+#undef XX
+    [DSPK_DTYPE_COUNT] = NULL};
+
 /* ---- the methods -------------------------------------------------------- */
 
 #define REQ DSPK__P_REQUIRED
@@ -43,6 +49,145 @@ const char *const dspk__cache_kind_names[] = {"kernels", "autotune", "blobs", NU
 /* A result field, always there (RES) or only in some answers (RES_OPT). */
 #define RES(name, type) {name, type, REQ, .max = UINT64_MAX}
 #define RES_OPT(name, type) {name, type, .max = UINT64_MAX}
+/* Always there, nil or of its type. */
+#define RES_NIL(name, type) {name, type, REQ | DSPK__P_NIL, .max = UINT64_MAX}
+/* A map of the fields of table f. */
+#define RES_MAP(name, f) {name, DSPK__T_MAP, REQ, .max = UINT64_MAX, .fields = f, .nfields = N(f)}
+/* An array whose elements are each item (a row of ITEM or ITEM_MAP). */
+#define RES_ARR(name, it) {name, DSPK__T_ARRAY, REQ, .max = UINT64_MAX, .item = &(it)}
+#define ITEM(type) {"", type, REQ, .max = UINT64_MAX}
+#define ITEM_MAP(f) RES_MAP("", f)
+
+/* ---- the nested maps of results (docs/protocol.md, "Results of each
+ * method") ---------------------------------------------------------------- */
+
+const struct dspk__param dspk__limits_f[DSPK__LIM_COUNT] = {
+    [DSPK__LIM_MAX_MESSAGE] = RES("max_message", DSPK__T_UINT),
+    [DSPK__LIM_MAX_DEPTH] = RES("max_depth", DSPK__T_UINT),
+    [DSPK__LIM_MAX_OBJECTS] = RES("max_objects", DSPK__T_UINT),
+    [DSPK__LIM_MAX_RANK] = RES("max_rank", DSPK__T_UINT),
+    [DSPK__LIM_MAX_ELEMENTS] = RES("max_elements", DSPK__T_UINT),
+    [DSPK__LIM_MAX_INFLIGHT] = RES("max_inflight", DSPK__T_UINT),
+    [DSPK__LIM_MAX_UNSENT] = RES("max_unsent", DSPK__T_UINT),
+    [DSPK__LIM_MAX_BUFFERS] = RES("max_buffers", DSPK__T_UINT),
+    [DSPK__LIM_MAX_CLIENTS] = RES("max_clients", DSPK__T_UINT),
+};
+
+static const struct dspk__param str_item = ITEM(DSPK__T_STR);
+/* A device's ops: for each op it runs, the dtypes of its first input. */
+static const struct dspk__param dtypes_item = {"", DSPK__T_ENUMS, REQ, .choices = dspk__dtype_names,
+                                               .noun = "dtype"};
+
+const struct dspk__param dspk__device_f[DSPK__DEV_COUNT] = {
+    [DSPK__DEV_ID] = RES("id", DSPK__T_STR),
+    [DSPK__DEV_BACKEND] = RES("backend", DSPK__T_STR),
+    [DSPK__DEV_NAME] = RES("name", DSPK__T_STR),
+    [DSPK__DEV_TYPE] = RES("type", DSPK__T_STR),
+    [DSPK__DEV_ARCH] = RES("arch", DSPK__T_STR),
+    [DSPK__DEV_DRIVER] = RES("driver", DSPK__T_STR),
+    [DSPK__DEV_UUID] = RES("uuid", DSPK__T_STR),
+    [DSPK__DEV_MEMORY] = RES("memory", DSPK__T_UINT),
+    [DSPK__DEV_SOFTWARE] = RES("software", DSPK__T_BOOL),
+    [DSPK__DEV_OPS] = {"ops", DSPK__T_MAP, REQ, .max = UINT64_MAX, .keys = dspk__op_names,
+                       .item = &dtypes_item},
+    [DSPK__DEV_KERNEL_LANGS] = {"kernel_langs", DSPK__T_ENUMS, REQ,
+                                .choices = dspk__kernel_langs, .noun = "kernel language"},
+};
+const struct dspk__param dspk__unavail_f[DSPK__UNAV_COUNT] = {
+    [DSPK__UNAV_BACKEND] = RES("backend", DSPK__T_STR),
+    [DSPK__UNAV_REASON] = RES("reason", DSPK__T_STR),
+};
+static const struct dspk__param device_item = ITEM_MAP(dspk__device_f);
+static const struct dspk__param unavail_item = ITEM_MAP(dspk__unavail_f);
+
+const struct dspk__param dspk__st_daemon_f[DSPK__SD_COUNT] = {
+    [DSPK__SD_VERSION] = RES("version", DSPK__T_STR),
+    [DSPK__SD_PID] = RES("pid", DSPK__T_INT),
+    [DSPK__SD_UPTIME_S] = RES("uptime_s", DSPK__T_UINT),
+    [DSPK__SD_SOCKET] = RES("socket", DSPK__T_STR),
+    [DSPK__SD_CONNECTIONS] = RES("connections", DSPK__T_UINT),
+    [DSPK__SD_STOPPING] = RES("stopping", DSPK__T_BOOL),
+    [DSPK__SD_LIMITS] = RES_MAP("limits", dspk__limits_f),
+};
+const struct dspk__param dspk__st_client_f[DSPK__SC_COUNT] = {
+    [DSPK__SC_ID] = RES("id", DSPK__T_UINT),
+    [DSPK__SC_PID] = RES("pid", DSPK__T_INT),
+    [DSPK__SC_UID] = RES("uid", DSPK__T_INT),
+    [DSPK__SC_GID] = RES("gid", DSPK__T_INT),
+    [DSPK__SC_NAME] = RES("name", DSPK__T_STR),
+    [DSPK__SC_INFLIGHT] = RES("inflight", DSPK__T_UINT),
+    [DSPK__SC_BUFFERS] = RES("buffers", DSPK__T_UINT),
+    [DSPK__SC_BUFFER_BYTES] = RES("buffer_bytes", DSPK__T_UINT),
+    [DSPK__SC_UNSENT] = RES("unsent", DSPK__T_UINT),
+    [DSPK__SC_REQUESTS] = RES("requests", DSPK__T_UINT),
+    [DSPK__SC_SELF] = RES("self", DSPK__T_BOOL),
+    [DSPK__SC_JOB] = RES_NIL("job", DSPK__T_UINT),
+};
+const struct dspk__param dspk__st_other_f[DSPK__SO_COUNT] = {
+    [DSPK__SO_CONNECTIONS] = RES("connections", DSPK__T_UINT),
+    [DSPK__SO_INFLIGHT] = RES("inflight", DSPK__T_UINT),
+    [DSPK__SO_BUFFERS] = RES("buffers", DSPK__T_UINT),
+};
+const struct dspk__param dspk__st_job_f[DSPK__SJ_COUNT] = {
+    [DSPK__SJ_JOB] = RES("job", DSPK__T_UINT),
+    [DSPK__SJ_UID] = RES("uid", DSPK__T_INT),
+    [DSPK__SJ_DEVICES] = RES_ARR("devices", str_item),
+    [DSPK__SJ_CONNECTIONS] = RES("connections", DSPK__T_UINT),
+    [DSPK__SJ_INFLIGHT] = RES("inflight", DSPK__T_UINT),
+    [DSPK__SJ_BUFFERS] = RES("buffers", DSPK__T_UINT),
+    [DSPK__SJ_BUFFER_BYTES] = RES("buffer_bytes", DSPK__T_UINT),
+    [DSPK__SJ_ENDED] = RES("ended", DSPK__T_BOOL),
+};
+/* client: only to whom status' clients shows that connection. */
+const struct dspk__param dspk__running_op_f[DSPK__RO_COUNT] = {
+    [DSPK__RO_NAME] = RES("name", DSPK__T_STR),
+    [DSPK__RO_AGE_MS] = RES("age_ms", DSPK__T_UINT),
+    [DSPK__RO_CLIENT] = RES_OPT("client", DSPK__T_UINT),
+};
+const struct dspk__param dspk__devstats_f[DSPK__DS_COUNT] = {
+    [DSPK__DS_POOL_BYTES_IN_USE] = RES("pool_bytes_in_use", DSPK__T_UINT),
+    [DSPK__DS_POOL_BYTES_CACHED] = RES("pool_bytes_cached", DSPK__T_UINT),
+    [DSPK__DS_POOL_HITS] = RES("pool_hits", DSPK__T_UINT),
+    [DSPK__DS_POOL_MISSES] = RES("pool_misses", DSPK__T_UINT),
+    [DSPK__DS_RETIRE_DEFERRED] = RES("retire_deferred", DSPK__T_UINT),
+    [DSPK__DS_RETIRE_RELEASED] = RES("retire_released", DSPK__T_UINT),
+    [DSPK__DS_RETIRE_BARRIER_FALLBACKS] = RES("retire_barrier_fallbacks", DSPK__T_UINT),
+    [DSPK__DS_RETIRE_LEAKED] = RES("retire_leaked", DSPK__T_UINT),
+    [DSPK__DS_RETIRE_IN_FLIGHT] = RES("retire_in_flight", DSPK__T_UINT),
+    [DSPK__DS_RETIRE_MAX_IN_FLIGHT] = RES("retire_max_in_flight", DSPK__T_UINT),
+    [DSPK__DS_KERNELS_COMPILED] = RES("kernels_compiled", DSPK__T_UINT),
+    [DSPK__DS_KERNEL_CACHE_HITS] = RES("kernel_cache_hits", DSPK__T_UINT),
+};
+const struct dspk__param dspk__st_device_f[DSPK__SV_COUNT] = {
+    [DSPK__SV_ID] = RES("id", DSPK__T_STR),
+    [DSPK__SV_QUEUED] = RES("queued", DSPK__T_UINT),
+    [DSPK__SV_RUNNING] = RES("running", DSPK__T_UINT),
+    [DSPK__SV_COMPLETED] = RES("completed", DSPK__T_UINT),
+    [DSPK__SV_FAILED] = RES("failed", DSPK__T_UINT),
+    [DSPK__SV_BUSY] = RES("busy", DSPK__T_NUM),
+    [DSPK__SV_CLIENTS] = RES("clients", DSPK__T_UINT),
+    [DSPK__SV_MEMORY] = RES("memory", DSPK__T_UINT),
+    [DSPK__SV_RUNNING_OP] = {"running_op", DSPK__T_MAP, REQ | DSPK__P_NIL, .max = UINT64_MAX,
+                             .fields = dspk__running_op_f, .nfields = DSPK__RO_COUNT},
+    [DSPK__SV_STATS] = RES_MAP("stats", dspk__devstats_f),
+};
+static const struct dspk__param st_client_item = ITEM_MAP(dspk__st_client_f);
+static const struct dspk__param st_job_item = ITEM_MAP(dspk__st_job_f);
+static const struct dspk__param st_device_item = ITEM_MAP(dspk__st_device_f);
+
+const struct dspk__param dspk__cache_kind_f[DSPK__CK_COUNT] = {
+    [DSPK__CK_ENTRIES] = RES("entries", DSPK__T_UINT),
+    [DSPK__CK_BYTES] = RES("bytes", DSPK__T_UINT),
+    [DSPK__CK_STORED_HITS] = RES("stored_hits", DSPK__T_UINT),
+    [DSPK__CK_HITS] = RES("hits", DSPK__T_UINT),
+    [DSPK__CK_MISSES] = RES("misses", DSPK__T_UINT),
+    [DSPK__CK_PUTS] = RES("puts", DSPK__T_UINT),
+    [DSPK__CK_EVICTIONS] = RES("evictions", DSPK__T_UINT),
+};
+static const struct dspk__param cache_kind_item = ITEM_MAP(dspk__cache_kind_f);
+static const struct dspk__param cache_kind_name_item = {"", DSPK__T_ENUM, REQ,
+                                                        .choices = dspk__cache_kind_names,
+                                                        .noun = "kind"};
 
 static const struct dspk__param hello_p[] = {
     [DSPK__HELLO_VERSION] = {"version", DSPK__T_UINT, .max = UINT64_MAX, .def = {.v.u = 1},
@@ -55,7 +200,7 @@ static const struct dspk__param hello_r[] = {
     [DSPK__R_HELLO_DAEMON] = RES("daemon", DSPK__T_STR),
     [DSPK__R_HELLO_SERVER] = RES("server", DSPK__T_STR),
     [DSPK__R_HELLO_CLIENT_ID] = RES("client_id", DSPK__T_UINT),
-    [DSPK__R_HELLO_LIMITS] = RES("limits", DSPK__T_MAP),
+    [DSPK__R_HELLO_LIMITS] = RES_MAP("limits", dspk__limits_f),
 };
 
 static const struct dspk__param ping_p[] = {
@@ -69,16 +214,16 @@ static const struct dspk__param devices_p[] = {
     [DSPK__DEVICES_ALL] = {"all", DSPK__T_BOOL, .def_doc = "false"},
 };
 static const struct dspk__param devices_r[] = {
-    [DSPK__R_DEVICES_DEVICES] = RES("devices", DSPK__T_ARRAY),
-    [DSPK__R_DEVICES_UNAVAILABLE] = RES("unavailable", DSPK__T_ARRAY),
+    [DSPK__R_DEVICES_DEVICES] = RES_ARR("devices", device_item),
+    [DSPK__R_DEVICES_UNAVAILABLE] = RES_ARR("unavailable", unavail_item),
 };
 
 static const struct dspk__param status_r[] = {
-    [DSPK__R_STATUS_DAEMON] = RES("daemon", DSPK__T_MAP),
-    [DSPK__R_STATUS_CLIENTS] = RES("clients", DSPK__T_ARRAY),
-    [DSPK__R_STATUS_OTHER_CLIENTS] = RES("other_clients", DSPK__T_MAP),
-    [DSPK__R_STATUS_JOBS] = RES("jobs", DSPK__T_ARRAY),
-    [DSPK__R_STATUS_DEVICES] = RES("devices", DSPK__T_ARRAY),
+    [DSPK__R_STATUS_DAEMON] = RES_MAP("daemon", dspk__st_daemon_f),
+    [DSPK__R_STATUS_CLIENTS] = RES_ARR("clients", st_client_item),
+    [DSPK__R_STATUS_OTHER_CLIENTS] = RES_MAP("other_clients", dspk__st_other_f),
+    [DSPK__R_STATUS_JOBS] = RES_ARR("jobs", st_job_item),
+    [DSPK__R_STATUS_DEVICES] = RES_ARR("devices", st_device_item),
 };
 
 /* "device?: any": an id from devices, or "any" (the handler resolves it). */
@@ -167,14 +312,15 @@ static const struct dspk__param cstats_r[] = {
     [DSPK__R_CSTATS_IN_MEMORY] = RES("in_memory", DSPK__T_BOOL),
     [DSPK__R_CSTATS_MAX_BYTES] = RES("max_bytes", DSPK__T_UINT),
     [DSPK__R_CSTATS_FILE_BYTES] = RES("file_bytes", DSPK__T_UINT),
-    [DSPK__R_CSTATS_KINDS] = RES("kinds", DSPK__T_MAP),
+    [DSPK__R_CSTATS_KINDS] = {"kinds", DSPK__T_MAP, REQ, .max = UINT64_MAX,
+                              .keys = dspk__cache_kind_names, .item = &cache_kind_item},
 };
 static const struct dspk__param cclear_p[] = {
     [DSPK__CCLEAR_KINDS] = {"kinds", DSPK__T_ENUMS, .choices = dspk__cache_kind_names,
                             .noun = "kind", .def_doc = "every kind"},
 };
 static const struct dspk__param cclear_r[] = {
-    [DSPK__R_CCLEAR_CLEARED] = RES("cleared", DSPK__T_ARRAY),
+    [DSPK__R_CCLEAR_CLEARED] = RES_ARR("cleared", cache_kind_name_item),
 };
 
 static const struct dspk__param trace_p[] = {
@@ -201,7 +347,7 @@ static const struct dspk__param jreg_p[] = {
 static const struct dspk__param jreg_r[] = {
     [DSPK__R_JREG_JOB] = RES("job", DSPK__T_UINT),
     [DSPK__R_JREG_UID] = RES("uid", DSPK__T_UINT),
-    [DSPK__R_JREG_DEVICES] = RES("devices", DSPK__T_ARRAY),
+    [DSPK__R_JREG_DEVICES] = RES_ARR("devices", str_item),
 };
 static const struct dspk__param jend_p[] = {
     [DSPK__JEND_JOB] = JOB_P,
@@ -282,6 +428,7 @@ static const char *expect_text(const struct dspk__param *p, char *buf, size_t si
   switch (p->type) {
   case DSPK__T_BOOL: return "a boolean";
   case DSPK__T_UINT: return "a non-negative integer";
+  case DSPK__T_INT: return "an integer";
   case DSPK__T_NUM: return "a number";
   case DSPK__T_STR: return "a string";
   case DSPK__T_BIN: return "bin";
@@ -320,6 +467,64 @@ static int enum_value(const struct dspk__param *p, const msgpack_object *o, cons
 }
 
 static int decode_one(const struct dspk__param *p, const msgpack_object *o, const char *pre,
+                      struct dspk__pval *v, char *msg, size_t msglen);
+
+/* An element of an array, or a value of a map keyed by names, against
+ * its row (an unnamed item), named "<pre><name><sub>" ("result.devices[2]",
+ * "result.kinds.blobs"). */
+static int decode_item(const struct dspk__param *item, const msgpack_object *o,
+                       const char *pre, const char *name, const char *sub, char *msg,
+                       size_t msglen) {
+  char path[192];
+  struct dspk__pval v = {.set = true};
+  if (o->type == MSGPACK_OBJECT_NIL && (item->flags & DSPK__P_NIL))
+    return 0;
+  snprintf(path, sizeof path, "%s%s%s", pre, name, sub);
+  return decode_one(item, o, path, &v, msg, msglen);
+}
+
+/* What a MAP or ARRAY row describes of its value o (already of its type):
+ * the fields of a map, the values of a map keyed by names, the elements of
+ * an array. */
+static int decode_nested(const struct dspk__param *p, const msgpack_object *o, const char *pre,
+                         char *msg, size_t msglen) {
+  char sub[48];
+  int err;
+  if (p->type == DSPK__T_MAP && p->fields) {
+    struct dspk__pval tmp[DSPK__MAX_FIELDS];
+    char path[192];
+    if (p->nfields > DSPK__MAX_FIELDS)
+      return dspk__fail(msg, msglen, DSPK_EINVAL, "%s%s: more fields than the decoder holds",
+                        pre, p->name);
+    snprintf(path, sizeof path, "%s%s.", pre, p->name);
+    return dspk__params_decode(p->fields, p->nfields, o, path, tmp, msg, msglen);
+  }
+  if (p->type == DSPK__T_MAP && p->item) {
+    /* Keys outside p->keys are checked as the others (a newer daemon's). */
+    for (uint32_t i = 0; i < o->via.map.size; i++) {
+      const msgpack_object_kv *kv = &o->via.map.ptr[i];
+      const char *k;
+      size_t kn;
+      if (dspk__obj_str(&kv->key, &k, &kn) != 0)
+        return dspk__fail(msg, msglen, DSPK_EINVAL, "%s%s: expected a map keyed by names",
+                          pre, p->name);
+      snprintf(sub, sizeof sub, ".%.*s", (int)dspk__utf8_cut(k, kn, 32), k);
+      if ((err = decode_item(p->item, &kv->val, pre, p->name, sub, msg, msglen)) < 0)
+        return err;
+    }
+    return 0;
+  }
+  if (p->type == DSPK__T_ARRAY && p->item)
+    for (uint32_t i = 0; i < o->via.array.size; i++) {
+      snprintf(sub, sizeof sub, "[%u]", i);
+      if ((err = decode_item(p->item, &o->via.array.ptr[i], pre, p->name, sub, msg,
+                             msglen)) < 0)
+        return err;
+    }
+  return 0;
+}
+
+static int decode_one(const struct dspk__param *p, const msgpack_object *o, const char *pre,
                       struct dspk__pval *v, char *msg, size_t msglen) {
   char buf[160];
   const char *name = p->name;
@@ -340,6 +545,10 @@ static int decode_one(const struct dspk__param *p, const msgpack_object *o, cons
       return dspk__fail(msg, msglen, p->range_err, "%s%s: %" PRIu64 " is out of range "
                         "[%" PRIu64 ", %" PRIu64 "]", pre, name, v->v.u, p->min, p->max);
     }
+    return 0;
+  case DSPK__T_INT:
+    if (dspk__obj_i64(o, &v->v.i) != 0)
+      goto expected;
     return 0;
   case DSPK__T_NUM:
     if (dspk__obj_f64(o, &v->v.f) != 0)
@@ -395,12 +604,12 @@ static int decode_one(const struct dspk__param *p, const msgpack_object *o, cons
                         name, o->via.array.size, p->max);
     }
     v->v.o = o;
-    return 0;
+    return decode_nested(p, o, pre, msg, msglen);
   case DSPK__T_MAP:
     if (o->type != MSGPACK_OBJECT_MAP)
       goto expected;
     v->v.o = o;
-    return 0;
+    return decode_nested(p, o, pre, msg, msglen);
   }
 expected:
   return dspk__fail(msg, msglen, DSPK_EINVAL, "%s%s: expected %s", pre, name,
@@ -417,6 +626,10 @@ int dspk__params_decode(const struct dspk__param *params, int n, const msgpack_o
     int err;
     out[i] = p->def;
     out[i].set = false;
+    if (o && o->type == MSGPACK_OBJECT_NIL && (p->flags & DSPK__P_NIL)) {
+      out[i].set = out[i].nil = true;
+      continue;
+    }
     if (!o || o->type == MSGPACK_OBJECT_NIL) {
       if (p->flags & DSPK__P_REQUIRED)
         return dspk__fail(msg, msglen, DSPK_EINVAL, "%s%s: required (%s)", pre, p->name,
@@ -490,60 +703,75 @@ static void encode_head(struct dspk__wbuf *w, int n, const struct dspk__pval *va
   msgpack_pack_map(&w->pk, count);
 }
 
+void dspk__value_encode(struct dspk__wbuf *w, const struct dspk__param *p,
+                        const struct dspk__pval *v) {
+  msgpack_packer *pk = &w->pk;
+  if (v->nil) {
+    msgpack_pack_nil(pk);
+    return;
+  }
+  switch (p->type) {
+  case DSPK__T_BOOL:
+    if (v->v.b)
+      msgpack_pack_true(pk);
+    else
+      msgpack_pack_false(pk);
+    break;
+  case DSPK__T_UINT:
+    msgpack_pack_uint64(pk, v->v.u);
+    break;
+  case DSPK__T_INT:
+    msgpack_pack_int64(pk, v->v.i);
+    break;
+  case DSPK__T_NUM:
+    msgpack_pack_double(pk, v->v.f);
+    break;
+  case DSPK__T_STR:
+    dspk__pack_strn(pk, v->v.s.p, v->v.s.n); /* as dspk__pack_str: valid UTF-8 */
+    break;
+  case DSPK__T_BIN:
+    dspk__wbuf_bin_ref(w, v->v.s.p, v->v.s.n, v->release, v->release_ud);
+    break;
+  case DSPK__T_ENUM:
+    dspk__pack_str(pk, p->choices[v->v.e]);
+    break;
+  case DSPK__T_ENUMS: {
+    size_t k = 0;
+    for (int c = 0; p->choices[c]; c++)
+      k += (v->v.mask >> c) & 1u;
+    msgpack_pack_array(pk, k);
+    for (int c = 0; p->choices[c]; c++)
+      if ((v->v.mask >> c) & 1u)
+        dspk__pack_str(pk, p->choices[c]);
+    break;
+  }
+  case DSPK__T_DIM3:
+    msgpack_pack_array(pk, 3);
+    for (int k = 0; k < 3; k++)
+      msgpack_pack_uint32(pk, v->v.dim[k]);
+    break;
+  case DSPK__T_ARRAY:
+  case DSPK__T_MAP:
+    v->v.pack.fn(v->v.pack.ud, w);
+    break;
+  }
+}
+
 /* Packs the set values of params[from..to) as key and value. */
 static void encode_fields(struct dspk__wbuf *w, const struct dspk__param *params,
                           const struct dspk__pval *vals, int from, int to) {
-  msgpack_packer *pk = &w->pk;
   for (int i = from; i < to; i++) {
-    const struct dspk__param *p = &params[i];
-    const struct dspk__pval *v = &vals[i];
-    if (!v->set)
+    if (!vals[i].set)
       continue;
-    dspk__pack_str(pk, p->name);
-    switch (p->type) {
-    case DSPK__T_BOOL:
-      if (v->v.b)
-        msgpack_pack_true(pk);
-      else
-        msgpack_pack_false(pk);
-      break;
-    case DSPK__T_UINT:
-      msgpack_pack_uint64(pk, v->v.u);
-      break;
-    case DSPK__T_NUM:
-      msgpack_pack_double(pk, v->v.f);
-      break;
-    case DSPK__T_STR:
-      msgpack_pack_str(pk, v->v.s.n);
-      msgpack_pack_str_body(pk, v->v.s.p, v->v.s.n);
-      break;
-    case DSPK__T_BIN:
-      dspk__wbuf_bin_ref(w, v->v.s.p, v->v.s.n, v->release, v->release_ud);
-      break;
-    case DSPK__T_ENUM:
-      dspk__pack_str(pk, p->choices[v->v.e]);
-      break;
-    case DSPK__T_ENUMS: {
-      size_t k = 0;
-      for (int c = 0; p->choices[c]; c++)
-        k += (v->v.mask >> c) & 1u;
-      msgpack_pack_array(pk, k);
-      for (int c = 0; p->choices[c]; c++)
-        if ((v->v.mask >> c) & 1u)
-          dspk__pack_str(pk, p->choices[c]);
-      break;
-    }
-    case DSPK__T_DIM3:
-      msgpack_pack_array(pk, 3);
-      for (int k = 0; k < 3; k++)
-        msgpack_pack_uint32(pk, v->v.dim[k]);
-      break;
-    case DSPK__T_ARRAY:
-    case DSPK__T_MAP:
-      v->v.pack.fn(v->v.pack.ud, w);
-      break;
-    }
+    dspk__pack_str(&w->pk, params[i].name);
+    dspk__value_encode(w, &params[i], &vals[i]);
   }
+}
+
+void dspk__map_encode(struct dspk__wbuf *w, const struct dspk__param *fields, int n,
+                      const struct dspk__pval *vals) {
+  encode_head(w, n, vals);
+  encode_fields(w, fields, vals, 0, n);
 }
 
 void dspk__params_encode(struct dspk__wbuf *w, const struct dspk__param *params, int n,
@@ -583,6 +811,7 @@ static const char *type_name(enum dspk__ptype t) {
   switch (t) {
   case DSPK__T_BOOL: return "bool";
   case DSPK__T_UINT: return "uint";
+  case DSPK__T_INT: return "int";
   case DSPK__T_NUM: return "number";
   case DSPK__T_STR: return "str";
   case DSPK__T_BIN: return "bin";
@@ -616,32 +845,56 @@ static void jlist(FILE *f, const char *const *l) {
   fputc(']', f);
 }
 
+static void jparams(FILE *f, const struct dspk__param *ps, int n, const char *indent);
+
+/* One row: {"name": ..., "type": ..., ...}, with what a nested map or array
+ * holds ("fields", "keys" and "item"). */
+static void jparam(FILE *f, const struct dspk__param *p, const char *indent) {
+  char deeper[64];
+  snprintf(deeper, sizeof deeper, "%s  ", indent);
+  fputs("{\"name\": ", f);
+  jstr(f, p->name);
+  fprintf(f, ", \"type\": \"%s\", \"required\": %s", type_name(p->type),
+          p->flags & DSPK__P_REQUIRED ? "true" : "false");
+  if (p->flags & DSPK__P_NIL)
+    fputs(", \"nil\": true", f);
+  if (p->type == DSPK__T_UINT && (p->min || p->max != UINT64_MAX))
+    fprintf(f, ", \"min\": %" PRIu64 ", \"max\": %" PRIu64, p->min, p->max);
+  if (p->type == DSPK__T_STR && p->max != UINT64_MAX)
+    fprintf(f, ", \"max_bytes\": %" PRIu64, p->max);
+  if (p->type == DSPK__T_ARRAY) {
+    fprintf(f, ", \"min_items\": %" PRIu64, p->min);
+    if (p->max && p->max != UINT64_MAX)
+      fprintf(f, ", \"max_items\": %" PRIu64, p->max);
+  }
+  if (p->choices) {
+    fputs(", \"choices\": ", f);
+    jlist(f, p->choices);
+  }
+  if (p->def_doc) {
+    fputs(", \"default\": ", f);
+    jstr(f, p->def_doc);
+  }
+  if (p->fields) {
+    fputs(", \"fields\": ", f);
+    jparams(f, p->fields, p->nfields, deeper);
+  }
+  if (p->keys) {
+    fputs(", \"keys\": ", f);
+    jlist(f, p->keys);
+  }
+  if (p->item) {
+    fputs(", \"item\": ", f);
+    jparam(f, p->item, deeper);
+  }
+  fputc('}', f);
+}
+
 static void jparams(FILE *f, const struct dspk__param *ps, int n, const char *indent) {
   fputc('[', f);
   for (int i = 0; i < n; i++) {
-    const struct dspk__param *p = &ps[i];
-    fprintf(f, "%s\n%s  {\"name\": ", i ? "," : "", indent);
-    jstr(f, p->name);
-    fprintf(f, ", \"type\": \"%s\", \"required\": %s", type_name(p->type),
-            p->flags & DSPK__P_REQUIRED ? "true" : "false");
-    if (p->type == DSPK__T_UINT && (p->min || p->max != UINT64_MAX))
-      fprintf(f, ", \"min\": %" PRIu64 ", \"max\": %" PRIu64, p->min, p->max);
-    if (p->type == DSPK__T_STR && p->max != UINT64_MAX)
-      fprintf(f, ", \"max_bytes\": %" PRIu64, p->max);
-    if (p->type == DSPK__T_ARRAY) {
-      fprintf(f, ", \"min_items\": %" PRIu64, p->min);
-      if (p->max && p->max != UINT64_MAX)
-        fprintf(f, ", \"max_items\": %" PRIu64, p->max);
-    }
-    if (p->choices) {
-      fputs(", \"choices\": ", f);
-      jlist(f, p->choices);
-    }
-    if (p->def_doc) {
-      fputs(", \"default\": ", f);
-      jstr(f, p->def_doc);
-    }
-    fputc('}', f);
+    fprintf(f, "%s\n%s  ", i ? "," : "", indent);
+    jparam(f, &ps[i], indent);
   }
   if (n)
     fprintf(f, "\n%s", indent);

@@ -39,18 +39,29 @@ enum dspk__ptype {
   DSPK__T_ENUMS,   /* v.mask: array of choices, bit i for choices[i] */
   DSPK__T_DIM3,    /* v.dim: 1 to 3 ints in [1, 2^32-1], missing ones 1 */
   DSPK__T_ARRAY,   /* v.o: an array of min to max elements (max 0: any),
-                      whose elements the handler decodes (e.g. tensors) */
+                      whose elements the handler decodes (e.g. tensors);
+                      with .item, each element is checked against it */
   DSPK__T_MAP,     /* v.o: a map, decoded by the handler against another
-                      table (task.run's options: dspk__op_desc) */
+                      table (task.run's options: dspk__op_desc); with
+                      .fields, a map of those fields (checked by the
+                      decoder); with .keys and .item, a map from names
+                      among keys to values of item */
+  DSPK__T_INT,     /* v.i: a signed integer (results: a pid, uid or gid,
+                      -1 when unknown) */
 };
 
 #define DSPK__P_REQUIRED 1u /* absent or nil is an error */
+#define DSPK__P_NIL 2u      /* results: nil is a value of it ("int|nil"),
+                               pval.nil */
 
 struct dspk__pval {
-  bool set; /* present and not nil (else the value is the default) */
+  bool set; /* present and not nil (else the value is the default); with
+               DSPK__P_NIL: present */
+  bool nil; /* DSPK__P_NIL: the value is nil */
   union {
     bool b;
     uint64_t u;
+    int64_t i;
     double f;
     struct { const char *p; size_t n; } s; /* not NUL-terminated */
     int e;
@@ -70,6 +81,22 @@ struct dspk__pval {
 static inline struct dspk__pval dspk__pv_uint(uint64_t u) {
   struct dspk__pval p = {.set = true};
   p.v.u = u;
+  return p;
+}
+static inline struct dspk__pval dspk__pv_int(int64_t i) {
+  struct dspk__pval p = {.set = true};
+  p.v.i = i;
+  return p;
+}
+/* nil, for a field of DSPK__P_NIL. */
+static inline struct dspk__pval dspk__pv_nil(void) {
+  struct dspk__pval p = {.set = true, .nil = true};
+  return p;
+}
+/* An ENUMS value: bit i for choices[i]. */
+static inline struct dspk__pval dspk__pv_mask(unsigned mask) {
+  struct dspk__pval p = {.set = true};
+  p.v.mask = mask;
   return p;
 }
 static inline struct dspk__pval dspk__pv_bool(bool b) {
@@ -130,6 +157,15 @@ struct dspk__param {
                                     union dspk__op_options where
                                     dspk__params_store puts the value; 0:
                                     not stored */
+  /* Results: what a MAP or ARRAY holds (NULL: not described, the handler's
+   * own).  A MAP of fields[0..nfields) (name, type, DSPK__P_REQUIRED:
+   * always there), packed by dspk__map_encode in that order; a MAP whose
+   * keys are names among keys (NULL-terminated) and whose values are each
+   * an item; an ARRAY whose elements are each an item (an unnamed row). */
+  const struct dspk__param *fields;
+  int nfields;
+  const char *const *keys;
+  const struct dspk__param *item;
 };
 
 struct dspk__method {
@@ -211,6 +247,56 @@ enum { DSPK__R_JREG_JOB, DSPK__R_JREG_UID, DSPK__R_JREG_DEVICES };
 enum { DSPK__R_JEND_JOB, DSPK__R_JEND_ENDED, DSPK__R_JEND_CONNECTIONS, DSPK__R_JEND_INFLIGHT,
        DSPK__R_JEND_BUFFERS };
 
+/* The fields of the nested maps of results (docs/protocol.md, "Results of
+ * each method"), in the order the daemon packs them: indices into their
+ * tables below and into the dspk__pval arrays of dspk__map_encode and
+ * dspk__params_decode.  hello's limits and status' daemon.limits: */
+enum { DSPK__LIM_MAX_MESSAGE, DSPK__LIM_MAX_DEPTH, DSPK__LIM_MAX_OBJECTS, DSPK__LIM_MAX_RANK,
+       DSPK__LIM_MAX_ELEMENTS, DSPK__LIM_MAX_INFLIGHT, DSPK__LIM_MAX_UNSENT,
+       DSPK__LIM_MAX_BUFFERS, DSPK__LIM_MAX_CLIENTS, DSPK__LIM_COUNT };
+/* devices: each of devices[] and of unavailable[]. */
+enum { DSPK__DEV_ID, DSPK__DEV_BACKEND, DSPK__DEV_NAME, DSPK__DEV_TYPE, DSPK__DEV_ARCH,
+       DSPK__DEV_DRIVER, DSPK__DEV_UUID, DSPK__DEV_MEMORY, DSPK__DEV_SOFTWARE, DSPK__DEV_OPS,
+       DSPK__DEV_KERNEL_LANGS, DSPK__DEV_COUNT };
+enum { DSPK__UNAV_BACKEND, DSPK__UNAV_REASON, DSPK__UNAV_COUNT };
+/* status: daemon, each of clients[], other_clients, each of jobs[], each of
+ * devices[], a device's running_op and stats. */
+enum { DSPK__SD_VERSION, DSPK__SD_PID, DSPK__SD_UPTIME_S, DSPK__SD_SOCKET,
+       DSPK__SD_CONNECTIONS, DSPK__SD_STOPPING, DSPK__SD_LIMITS, DSPK__SD_COUNT };
+enum { DSPK__SC_ID, DSPK__SC_PID, DSPK__SC_UID, DSPK__SC_GID, DSPK__SC_NAME,
+       DSPK__SC_INFLIGHT, DSPK__SC_BUFFERS, DSPK__SC_BUFFER_BYTES, DSPK__SC_UNSENT,
+       DSPK__SC_REQUESTS, DSPK__SC_SELF, DSPK__SC_JOB, DSPK__SC_COUNT };
+enum { DSPK__SO_CONNECTIONS, DSPK__SO_INFLIGHT, DSPK__SO_BUFFERS, DSPK__SO_COUNT };
+enum { DSPK__SJ_JOB, DSPK__SJ_UID, DSPK__SJ_DEVICES, DSPK__SJ_CONNECTIONS, DSPK__SJ_INFLIGHT,
+       DSPK__SJ_BUFFERS, DSPK__SJ_BUFFER_BYTES, DSPK__SJ_ENDED, DSPK__SJ_COUNT };
+enum { DSPK__SV_ID, DSPK__SV_QUEUED, DSPK__SV_RUNNING, DSPK__SV_COMPLETED, DSPK__SV_FAILED,
+       DSPK__SV_BUSY, DSPK__SV_CLIENTS, DSPK__SV_MEMORY, DSPK__SV_RUNNING_OP, DSPK__SV_STATS,
+       DSPK__SV_COUNT };
+enum { DSPK__RO_NAME, DSPK__RO_AGE_MS, DSPK__RO_CLIENT, DSPK__RO_COUNT };
+enum { DSPK__DS_POOL_BYTES_IN_USE, DSPK__DS_POOL_BYTES_CACHED, DSPK__DS_POOL_HITS,
+       DSPK__DS_POOL_MISSES, DSPK__DS_RETIRE_DEFERRED, DSPK__DS_RETIRE_RELEASED,
+       DSPK__DS_RETIRE_BARRIER_FALLBACKS, DSPK__DS_RETIRE_LEAKED, DSPK__DS_RETIRE_IN_FLIGHT,
+       DSPK__DS_RETIRE_MAX_IN_FLIGHT, DSPK__DS_KERNELS_COMPILED, DSPK__DS_KERNEL_CACHE_HITS,
+       DSPK__DS_COUNT };
+/* cache.stats: each kind of kinds. */
+enum { DSPK__CK_ENTRIES, DSPK__CK_BYTES, DSPK__CK_STORED_HITS, DSPK__CK_HITS, DSPK__CK_MISSES,
+       DSPK__CK_PUTS, DSPK__CK_EVICTIONS, DSPK__CK_COUNT };
+
+/* Most fields one nested result map has (sizes a dspk__pval array). */
+#define DSPK__MAX_FIELDS 16
+
+extern const struct dspk__param dspk__limits_f[DSPK__LIM_COUNT];
+extern const struct dspk__param dspk__device_f[DSPK__DEV_COUNT];
+extern const struct dspk__param dspk__unavail_f[DSPK__UNAV_COUNT];
+extern const struct dspk__param dspk__st_daemon_f[DSPK__SD_COUNT];
+extern const struct dspk__param dspk__st_client_f[DSPK__SC_COUNT];
+extern const struct dspk__param dspk__st_other_f[DSPK__SO_COUNT];
+extern const struct dspk__param dspk__st_job_f[DSPK__SJ_COUNT];
+extern const struct dspk__param dspk__st_device_f[DSPK__SV_COUNT];
+extern const struct dspk__param dspk__running_op_f[DSPK__RO_COUNT];
+extern const struct dspk__param dspk__devstats_f[DSPK__DS_COUNT];
+extern const struct dspk__param dspk__cache_kind_f[DSPK__CK_COUNT];
+
 /* Most parameters one method or op has (sizes a dspk__pval array). */
 #define DSPK__MAX_PARAMS 8
 
@@ -228,12 +314,13 @@ extern const struct dspk__method dspk__methods[DSPK__M_COUNT];
 extern const struct dspk__op_desc dspk__ops[DSPK_OP_COUNT];
 
 /* The name lists (NULL-terminated, in enum order): op names, reduce fns,
- * map fns, kernel languages, cache kinds (in cache/'s kind order). */
+ * map fns, kernel languages, cache kinds (in cache/'s kind order), dtypes. */
 extern const char *const dspk__op_names[];
 extern const char *const dspk__reduce_names[];
 extern const char *const dspk__mapfn_names[];
 extern const char *const dspk__kernel_langs[];
 extern const char *const dspk__cache_kind_names[];
+extern const char *const dspk__dtype_names[];
 
 /* The method of that name, or NULL. */
 const struct dspk__method *dspk__method_find(const char *name, size_t len);
@@ -244,8 +331,10 @@ const char *dspk__op_name(dspk_op op);
 
 /* Decodes map (the params map, or an options map; NULL or nil: empty)
  * against params[0..n): fills out[i] for every parameter, the default when
- * absent or nil.  Keys the table lacks are ignored.  0, or a negative code
- * with "<prefix><name>: ..." in msg. */
+ * absent or nil (nil is a value of a DSPK__P_NIL row: set and nil).  A MAP
+ * or ARRAY row with fields, keys or item is checked at every depth.  Keys
+ * the table lacks are ignored.  0, or a negative code with
+ * "<prefix><name>: ..." in msg. */
 int dspk__params_decode(const struct dspk__param *params, int n,
                         const msgpack_object *map, const char *prefix,
                         struct dspk__pval *out, char *msg, size_t msglen);
@@ -259,6 +348,15 @@ void dspk__pval_str(const struct dspk__pval *v, char *buf, size_t size);
 /* Packs a map of the parameters whose value is set, in table order. */
 void dspk__params_encode(struct dspk__wbuf *w, const struct dspk__param *params,
                          int n, const struct dspk__pval *vals);
+/* The one encoder of nested result maps (a device of devices, status'
+ * daemon, ...): a map of the fields[0..n) whose value is set, in table
+ * order, each packed as dspk__value_encode packs it. */
+void dspk__map_encode(struct dspk__wbuf *w, const struct dspk__param *fields, int n,
+                      const struct dspk__pval *vals);
+/* Packs v as p's type says: nil when v->nil; ARRAY and MAP through
+ * v.pack; ENUM and ENUMS as the names of p->choices; BIN by reference. */
+void dspk__value_encode(struct dspk__wbuf *w, const struct dspk__param *p,
+                        const struct dspk__pval *v);
 
 /*
  * Results.  The one encoder of every result map (the daemon): packs a map of
@@ -277,8 +375,12 @@ void dspk__result_fields(struct dspk__wbuf *w, const struct dspk__method *m,
                          const struct dspk__pval *vals, int from, int to);
 /* The one decoder of result maps (libdspkclient): checks map against m's
  * result rows (a field the table marks always there is required, each of
- * its row's type) and fills out[] indexed by the result enum.  0, or
- * DSPK_EPROTO with "result.<name>: ..." in msg. */
+ * its row's type), nested maps and arrays the table describes included
+ * (their fields, items and values, at any depth), and fills out[] indexed
+ * by the result enum.  A nested map it checked is read with
+ * dspk__params_decode against its table (e.g. dspk__device_f).  0, or
+ * DSPK_EPROTO with "result.<path>: ..." in msg
+ * ("result.devices[2].memory: expected a non-negative integer"). */
 int dspk__result_decode(const struct dspk__method *m, const msgpack_object *map,
                         struct dspk__pval *out, char *msg, size_t msglen);
 

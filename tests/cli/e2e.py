@@ -786,20 +786,31 @@ class FakeDaemon:
                                     "misses": 0}},
              "recent": [1.5, "x\ty", True, None, []]}
 
+    # Complete where libdspkclient checks the result (hello, status).
+    LIMITS = {k: 1 for k in ("max_message", "max_depth", "max_objects", "max_rank",
+                             "max_elements", "max_inflight", "max_unsent", "max_buffers",
+                             "max_clients")}
+    STATS0 = {k: 0 for k in ("pool_bytes_in_use", "pool_bytes_cached", "pool_hits",
+                             "pool_misses", "retire_deferred", "retire_released",
+                             "retire_barrier_fallbacks", "retire_leaked", "retire_in_flight",
+                             "retire_max_in_flight", "kernels_compiled",
+                             "kernel_cache_hits")}
+
     # Names and messages a hostile client or daemon could carry: terminal
     # escape sequences (clear screen, set title), BEL, newline, DEL, a C1
     # CSI (U+009B), and a non-ASCII letter that must print as it is.
     EVIL = "evil\x1b[2J\x1b]0;pwned\x07\nline2\x7f\u009b31m caf\u00e9"
-    STATUS = {"daemon": {"version": "1\x1b[5m", "pid": 7, "uptime_s": 1.0,
+    STATUS = {"daemon": {"version": "1\x1b[5m", "pid": 7, "uptime_s": 1,
                          "socket": "/s\rock", "connections": 3, "stopping": False,
-                         "limits": {}},
+                         "limits": LIMITS},
               "clients": [{"id": 1, "pid": 2, "uid": 3, "gid": 4, "name": EVIL,
                            "inflight": 0, "buffers": 0, "buffer_bytes": 0, "unsent": 0,
-                           "requests": 1, "self": True}],
+                           "requests": 1, "self": True, "job": None}],
               "other_clients": {"connections": 2, "inflight": 0, "buffers": 0},
               "jobs": [],
               "devices": [{"id": "fake:0\x1b[A", "queued": 0, "running": 0,
-                           "completed": 0, "failed": 0, "stats": {}}]}
+                           "completed": 0, "failed": 0, "busy": 0.0, "clients": 0,
+                           "memory": 0, "running_op": None, "stats": STATS0}]}
 
     def __init__(self, tmp):
         import socket
@@ -839,7 +850,7 @@ class FakeDaemon:
                                                  "daemon": "fake",
                                                  "server": "dspkd",
                                                  "client_id": 1,
-                                                 "limits": {}}])
+                                                 "limits": self.LIMITS}])
                 elif method == "cache.stats":
                     out.append([1, msgid, None, self.STATS])
                 elif method == "status":

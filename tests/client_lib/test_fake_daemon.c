@@ -25,6 +25,7 @@
 
 #include "dspk/dspk.h"
 #include "proto/codec.h"
+#include "proto/schema.h"
 
 static char dir[64], path[128];
 static int lfd = -1;
@@ -92,14 +93,21 @@ static void pk_send(struct srv *s, struct pk *k) {
   msgpack_sbuffer_destroy(&k->sb);
 }
 
-static void answer_hello(struct srv *s, unsigned protocol) {
+/* Reads a request, which must be of method (no cmocka asserts off the main
+ * thread: abort), and starts its result in k. */
+static msgpack_packer *begin_result(struct srv *s, const char *method, struct pk *k) {
   char m[64];
-  struct pk k;
   uint32_t id = srv_read(s, m, sizeof m);
-  if (strcmp(m, "hello") != 0) /* no cmocka asserts off the main thread */
+  if (strcmp(m, method) != 0)
     abort();
-  msgpack_packer *p = pk_begin(&k);
+  msgpack_packer *p = pk_begin(k);
   dspk__pack_result_head(p, id);
+  return p;
+}
+
+static void answer_hello(struct srv *s, unsigned protocol) {
+  struct pk k;
+  msgpack_packer *p = begin_result(s, "hello", &k);
   /* Every field of hello's result (the library decodes it by the table). */
   msgpack_pack_map(p, 5);
   dspk__pack_str(p, "protocol");
@@ -110,8 +118,12 @@ static void answer_hello(struct srv *s, unsigned protocol) {
   dspk__pack_str(p, "dspkd");
   dspk__pack_str(p, "client_id");
   msgpack_pack_uint32(p, 1);
-  dspk__pack_str(p, "limits");
-  msgpack_pack_map(p, 0);
+  dspk__pack_str(p, "limits"); /* every limit: the library checks them */
+  msgpack_pack_map(p, DSPK__LIM_COUNT);
+  for (int i = 0; i < DSPK__LIM_COUNT; i++) {
+    dspk__pack_str(p, dspk__limits_f[i].name);
+    msgpack_pack_uint32(p, 1);
+  }
   pk_send(s, &k);
 }
 
@@ -392,11 +404,7 @@ static void s_trace(struct srv *s) {
   char m[64];
   struct pk k;
   answer_hello(s, 1);
-  uint32_t id = srv_read(s, m, sizeof m);
-  if (strcmp(m, "trace") != 0)
-    abort();
-  msgpack_packer *p = pk_begin(&k);
-  dspk__pack_result_head(p, id);
+  msgpack_packer *p = begin_result(s, "trace", &k);
   msgpack_pack_map(p, 5);
   pack_kv(p, "start_us", 1050);
   pack_kv(p, "end_us", 2500);
@@ -490,6 +498,59 @@ static void test_trace_json(void **state) {
   pthread_join(t, NULL);
 }
 
+/* devices answered with one device whose memory is a str, then (second
+ * call) with a device lacking kernel_langs: the library checks the nested
+ * maps it reads and says which field is wrong. */
+static void answer_devices(struct srv *s, bool no_langs) {
+  struct pk k;
+  msgpack_packer *p = begin_result(s, "devices", &k);
+  msgpack_pack_map(p, 2);
+  dspk__pack_str(p, "devices");
+  msgpack_pack_array(p, 1);
+  msgpack_pack_map(p, DSPK__DEV_COUNT - no_langs);
+  for (int i = 0; i < DSPK__DEV_COUNT - no_langs; i++) {
+    const struct dspk__param *f = &dspk__device_f[i];
+    dspk__pack_str(p, f->name);
+    if (f->type == DSPK__T_STR || (i == DSPK__DEV_MEMORY && !no_langs))
+      dspk__pack_str(p, "x");
+    else if (f->type == DSPK__T_UINT)
+      msgpack_pack_uint64(p, 1);
+    else if (f->type == DSPK__T_BOOL)
+      msgpack_pack_false(p);
+    else if (f->type == DSPK__T_MAP)
+      msgpack_pack_map(p, 0);
+    else
+      msgpack_pack_array(p, 0);
+  }
+  dspk__pack_str(p, "unavailable");
+  msgpack_pack_array(p, 0);
+  pk_send(s, &k);
+}
+
+static void s_bad_devices(struct srv *s) {
+  char m[64];
+  answer_hello(s, 1);
+  answer_devices(s, false);
+  answer_devices(s, true);
+  srv_read(s, m, sizeof m); /* until the client closes */
+}
+
+static void test_bad_nested(void **state) {
+  (void)state;
+  pthread_t t = run_script(s_bad_devices);
+  dspk_client *c;
+  dspk_device_list *l = NULL;
+  assert_int_equal(dspk_connect(path, NULL, &c), 0);
+  assert_int_equal(dspk_devices(c, false, &l), DSPK_EPROTO);
+  assert_null(l);
+  assert_non_null(strstr(dspk_last_error(c),
+                         "result.devices[0].memory: expected a non-negative integer"));
+  assert_int_equal(dspk_devices(c, false, &l), DSPK_EPROTO);
+  assert_non_null(strstr(dspk_last_error(c), "result.devices[0].kernel_langs: required"));
+  dspk_close(c);
+  pthread_join(t, NULL);
+}
+
 static int setup(void **state) {
   (void)state;
   struct sockaddr_un sa = {.sun_family = AF_UNIX};
@@ -523,6 +584,7 @@ int main(void) {
       cmocka_unit_test(test_close_mid_frame),
       cmocka_unit_test(test_out_of_order_progress),
       cmocka_unit_test(test_trace_json),
+      cmocka_unit_test(test_bad_nested),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -3,8 +3,12 @@
 as protocol.json by dspk_schema_json): the tables "Parameters of each
 method" and "Options of each op" hold exactly one row per parameter of the
 table, with its type, whether it is required, its default and its values,
-and nothing the table lacks; every method has its own section naming every
-key of its result; every op is in the table of ops.  Also checks that the
+and nothing the table lacks; the table "Results of each method" holds
+exactly one row per result field, nested ones included (the fields of a map,
+of each item of an array, of each value of a map keyed by names), with its
+type, whether it is always there and its values, and nothing the table
+lacks; every method has its own section naming every key of its result;
+every op is in the table of ops.  Also checks that the
 Python package (python/dspk) calls only methods of the table, with only
 their parameters.
 
@@ -15,6 +19,7 @@ import sys
 
 PARAMS_HEAD = "| method | parameter | type | required | default | values |"
 OPTIONS_HEAD = "| op | option | type | required | default | values |"
+RESULTS_HEAD = "| method | field | type | always | values |"
 
 
 def values(p):
@@ -41,6 +46,62 @@ def row(owner, p):
     return "| %s | %s | %s | %s | %s | %s |" % (
         owner, p["name"], p["type"], "yes" if p["required"] else "no",
         p.get("default", ""), values(p))
+
+
+def rtype(f):
+    """A result field's type: "array of map", "uint or nil"."""
+    t = f["type"]
+    if t == "array" and "item" in f:
+        t += " of " + f["item"]["type"]
+    return t + (" or nil" if f.get("nil") else "")
+
+
+def rvalues(f):
+    if "keys" in f:
+        return "keys: " + ", ".join(f["keys"])
+    if f["type"] == "array" and "item" in f and f["item"].get("choices"):
+        return "items: " + ", ".join(f["item"]["choices"])
+    if f["type"] in ("enum", "enum_list"):
+        return values(f)
+    return ""
+
+
+def result_rows(method, fields, prefix):
+    """One row per field, then the rows of what it holds: "limits.max_rank",
+    "devices[].id", "kinds.<key>" and "kinds.<key>.entries"."""
+    rows = []
+    for f in fields:
+        path = prefix + f["name"]
+        rows.append("| %s | %s | %s | %s | %s |" % (
+            method, path, rtype(f), "yes" if f["required"] else "no", rvalues(f)))
+        rows += nested_rows(method, f, path)
+    return rows
+
+
+def nested_rows(method, f, path):
+    rows = []
+    if "fields" in f:
+        rows += result_rows(method, f["fields"], path + ".")
+    item = f.get("item")
+    if item and f["type"] == "array" and "fields" in item:
+        rows += result_rows(method, item["fields"], path + "[].")
+    if item and f["type"] == "map":
+        key = path + ".<key>"
+        rows.append("| %s | %s | %s | yes | %s |" % (method, key, rtype(item), rvalues(item)))
+        rows += nested_rows(method, item, key)
+    return rows
+
+
+def expected_results(schema):
+    rows = []
+    for m in schema["methods"]:
+        if m["result"] == "str":
+            rows.append("| %s | — | str | | |" % m["name"])
+        elif not m["result"]:
+            rows.append("| %s | — | | | |" % m["name"])
+        else:
+            rows += result_rows(m["name"], m["result"], "")
+    return rows
 
 
 def expected(schema):
@@ -127,6 +188,7 @@ def main():
     want_p, want_o = expected(schema)
     compare("parameters", want_p, table_rows(lines, PARAMS_HEAD), errors)
     compare("options", want_o, table_rows(lines, OPTIONS_HEAD), errors)
+    compare("results", expected_results(schema), table_rows(lines, RESULTS_HEAD), errors)
     secs = sections(text)
     for m in schema["methods"]:
         heads = [h for h in secs if re.search(r"(^|[ ,])%s([ ,(]|$)" % re.escape(m["name"]), h)]
@@ -147,8 +209,8 @@ def main():
         print(e)
     if errors:
         return 1
-    print("docs/protocol.md matches the table: %d methods, %d ops" %
-          (len(schema["methods"]), len(schema["ops"])))
+    print("docs/protocol.md matches the table: %d methods, %d ops, %d result fields" %
+          (len(schema["methods"]), len(schema["ops"]), len(expected_results(schema))))
     return 0
 
 

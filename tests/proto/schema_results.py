@@ -3,7 +3,8 @@
 against a running dspkd: called with valid arguments, its result is a map
 whose keys are the table's result fields (every field the table marks
 required, no key it lacks) and whose values have each field's type (a str
-for metrics); called without
+for metrics), nested maps the table describes included (a map's fields,
+each item of an array, each value of a map keyed by names); called without
 a required parameter, or with a parameter of the wrong type, it is EINVAL
 naming that parameter.  A method the table lists without a sample call here
 fails the test, so a new method gets one.
@@ -47,6 +48,7 @@ def samples(c):
         ("metrics", None),
         ("trace", {"seconds": 0.01}),
         ("job.register", {"job": 42, "uid": 0, "devices": []}),
+        ("status", None),  # again, with a job to list
         ("job.end", {"job": 42}),
         ("job.end", {"job": 43}),  # never registered: the optional fields absent
         ("daemon.reload", None),
@@ -63,27 +65,75 @@ def memfd(size):
 
 
 # What each type of the table is once decoded from msgpack.
-PYTYPES = {"uint": int, "str": str, "bin": bytes, "bool": bool, "number": (int, float),
-           "array": list, "map": dict}
+PYTYPES = {"uint": int, "int": int, "str": str, "bin": bytes, "bool": bool,
+           "number": (int, float), "array": list, "map": dict, "enum": str,
+           "enum_list": list}
+
+
+def check_map(path, fields, res):
+    """res: a map whose keys are those of fields (each field marked required
+    present, no other key), each value as check_value says."""
+    check(isinstance(res, dict), "%s is a map: %r" % (path, res))
+    byname = {f["name"]: f for f in fields}
+    need = sorted(f["name"] for f in fields if f["required"])
+    check(set(need) <= set(res) <= set(byname),
+          "%s: keys %r, the table says %r (required %r)" % (path, sorted(res),
+                                                             sorted(byname), need))
+    check([k for k in byname if k in res] == list(res),
+          "%s: keys in the order %r, the table's is %r" % (path, list(res), list(byname)))
+    for k, v in res.items():
+        check_value("%s.%s" % (path, k), byname[k], v)
+
+
+def check_value(path, f, v):
+    """v of f's type (nil where the table allows it), and what the table says
+    it holds: a map's fields, each item of an array, each value of a map keyed
+    by names among its keys."""
+    if v is None and f.get("nil"):
+        return
+    t = f["type"]
+    ok = isinstance(v, PYTYPES[t]) and not (t in ("uint", "int", "number") and
+                                            isinstance(v, bool)) and \
+        not (t == "uint" and v < 0)
+    check(ok, "%s is %r, the table says %s" % (path, v, t))
+    if t in ("enum", "enum_list"):
+        for x in (v if t == "enum_list" else [v]):
+            check(x in f["choices"], "%s: %r is not one of %r" % (path, x, f["choices"]))
+    if "fields" in f:
+        check_map(path, f["fields"], v)
+    if "item" in f and t == "array":
+        for i, x in enumerate(v):
+            check_value("%s[%d]" % (path, i), f["item"], x)
+    if "item" in f and t == "map":
+        for k, x in v.items():
+            check(k in f["keys"], "%s: key %r is not one of %r" % (path, k, f["keys"]))
+            check_value("%s.%s" % (path, k), f["item"], x)
+
+
+# Nested maps the sample calls must have shown (so the checks above ran).
+SEEN = ["devices.devices[0].ops", "devices.unavailable[0].reason", "status.clients[0].job",
+        "status.jobs[0].devices", "status.devices[0].stats", "status.daemon.limits",
+        "cache.stats.kinds.blobs.evictions", "hello.limits.max_clients"]
+
+
+def paths(prefix, v, out):
+    out.add(prefix)
+    if isinstance(v, dict):
+        for k, x in v.items():
+            paths("%s.%s" % (prefix, k), x, out)
+    elif isinstance(v, list):
+        for i, x in enumerate(v):
+            paths("%s[%d]" % (prefix, i), x, out)
 
 
 def check_result(name, m, res):
     """res against m's result fields: a str for "str"; else a map whose keys are
-    the table's (each field marked required present, no other key) and whose
-    values have their field's type."""
+    the table's (each field marked required present, no other key, in the
+    table's order) and whose values have their field's type, at any depth."""
     if m["result"] == "str":
         check(isinstance(res, str), "%s answers a str" % name)
         return
-    check(isinstance(res, dict), "%s answers a map: %r" % (name, res))
-    fields = {f["name"]: f for f in m["result"]}
-    need = sorted(f["name"] for f in m["result"] if f["required"])
-    check(set(need) <= set(res) <= set(fields),
-          "%s: result keys %r, the table says %r (required %r)" % (name, sorted(res),
-                                                                   sorted(fields), need))
-    for k, v in res.items():
-        t = fields[k]["type"]
-        ok = isinstance(v, PYTYPES[t]) and not (t == "uint" and (isinstance(v, bool) or v < 0))
-        check(ok, "%s: result %s is %r, the table says %s" % (name, k, v, t))
+    check_map(name, m["result"], res)
 
 
 def wrong(p):
@@ -102,7 +152,8 @@ def main():
     r, w = os.pipe()
     log = open(os.path.join(tmp, "log"), "w+")
     proc = subprocess.Popen([exe, "--foreground", "--socket", sock, "--ready-fd", str(w),
-                             "--backends", "cpu", "--cache", os.path.join(tmp, "c.db"),
+                             "--backends", "cpu", "--cache",
+                             os.path.join(tmp.encode(), b"c\xff.db"),
                              "--config", conf], pass_fds=[w], stderr=log)
     os.close(w)
     ready, _, _ = select.select([r], [], [], TIMEOUT)
@@ -110,6 +161,7 @@ def main():
     c = Client(sock, TIMEOUT)
     state = {}
     called = set()
+    seen = set()
     try:
         for name, args in samples(c):
             check(name in methods, "sample call of %s, which the table lacks" % name)
@@ -143,10 +195,16 @@ def main():
                 for fd in fds or []:
                     os.close(fd)
             check_result(name, m, res)
+            paths(name, res, seen)
+            if name == "cache.stats":
+                # A str of the table stays valid UTF-8 (docs/protocol.md,
+                # "Errors"): the file name's stray byte is U+FFFD.
+                check(res["path"].endswith("/c\ufffd.db"), "cache.stats path %r" % res["path"])
             if name == "buffer.create":
                 state["buffer"] = res["buffer"]
             called.add(name)
         check(called == set(methods), "no sample call of %s" % sorted(set(methods) - called))
+        check(set(SEEN) <= seen, "nested fields never shown: %r" % sorted(set(SEEN) - seen))
         check(proc.wait(TIMEOUT) == 0, "dspkd stopped by daemon.stop")
     finally:
         if proc.poll() is None:

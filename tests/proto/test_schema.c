@@ -3,9 +3,10 @@
  * (proto/schema.c): defaults for absent and nil keys, every type's wrong
  * value with its code and message, ranges at and one past their bounds,
  * enums and enum lists, what an encoded request decodes back to, the name
- * lookups, and that the table is well formed (indices match names, no
- * method or op over DSPK__MAX_PARAMS, the JSON export parses as one
- * document).
+ * lookups, nested result maps (the bytes of dspk__map_encode, the decoder's
+ * checks at any depth), and that the table is well formed (indices match
+ * names, no method or op over DSPK__MAX_PARAMS, the JSON export parses as
+ * one document).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -410,6 +411,332 @@ static void test_results(void **state) {
   dspk__wbuf_free(&w);
 }
 
+/* Flattens w's frames into flat (at most cap bytes): the bytes written. */
+static size_t wbuf_flat(struct dspk__wbuf *w, char *flat, size_t cap) {
+  struct iovec *iov;
+  size_t niov, pos = 0;
+  assert_int_equal(dspk__wbuf_iov(w, &iov, &niov), 0);
+  for (size_t i = 0; i < niov; i++) {
+    assert_true(pos + iov[i].iov_len <= cap);
+    memcpy(flat + pos, iov[i].iov_base, iov[i].iov_len);
+    pos += iov[i].iov_len;
+  }
+  return pos;
+}
+
+/* A device of devices: ops {gemm: [f32, f64]}, memory from ud (NULL: a
+ * str, of the wrong type). */
+static void pack_ops(const void *ud, struct dspk__wbuf *w) {
+  struct dspk__pval dt = dspk__pv_mask((1u << DSPK_F32) | (1u << DSPK_F64));
+  (void)ud;
+  msgpack_pack_map(&w->pk, 1);
+  dspk__pack_str(&w->pk, "gemm");
+  dspk__value_encode(w, dspk__device_f[DSPK__DEV_OPS].item, &dt);
+}
+
+static void pack_devices(const void *ud, struct dspk__wbuf *w) {
+  const uint64_t *memory = ud;
+  struct dspk__pval v[DSPK__DEV_COUNT];
+  v[DSPK__DEV_ID] = dspk__pv_str("cpu:0");
+  v[DSPK__DEV_BACKEND] = dspk__pv_str("cpu");
+  v[DSPK__DEV_NAME] = dspk__pv_str("x86");
+  v[DSPK__DEV_TYPE] = dspk__pv_str("cpu");
+  v[DSPK__DEV_ARCH] = dspk__pv_str("");
+  v[DSPK__DEV_DRIVER] = dspk__pv_str("");
+  v[DSPK__DEV_UUID] = dspk__pv_str("");
+  v[DSPK__DEV_MEMORY] = memory ? dspk__pv_uint(*memory) : (struct dspk__pval){0};
+  v[DSPK__DEV_SOFTWARE] = dspk__pv_bool(false);
+  v[DSPK__DEV_OPS] = dspk__pv_pack(pack_ops, NULL);
+  v[DSPK__DEV_KERNEL_LANGS] = dspk__pv_mask(1u << 1); /* glsl */
+  msgpack_pack_array(&w->pk, 1);
+  if (!memory) {
+    /* memory of another type, packed by hand */
+    msgpack_pack_map(&w->pk, DSPK__DEV_COUNT);
+    for (int i = 0; i < DSPK__DEV_COUNT; i++) {
+      dspk__pack_str(&w->pk, dspk__device_f[i].name);
+      if (i == DSPK__DEV_MEMORY)
+        dspk__pack_str(&w->pk, "lots");
+      else
+        dspk__value_encode(w, &dspk__device_f[i], &v[i]);
+    }
+    return;
+  }
+  dspk__map_encode(w, dspk__device_f, DSPK__DEV_COUNT, v);
+}
+
+static void pack_none(const void *ud, struct dspk__wbuf *w) {
+  (void)ud;
+  msgpack_pack_array(&w->pk, 0);
+}
+
+/* One status client: uid -1 (an int), job nil or a str (wrong). */
+static void pack_clients(const void *ud, struct dspk__wbuf *w) {
+  bool bad = ud != NULL;
+  struct dspk__pval v[DSPK__SC_COUNT];
+  for (int i = 0; i < DSPK__SC_COUNT; i++)
+    v[i] = dspk__pv_uint(3);
+  v[DSPK__SC_PID] = dspk__pv_int(-1);
+  v[DSPK__SC_UID] = dspk__pv_int(-1);
+  v[DSPK__SC_GID] = dspk__pv_int(-1);
+  v[DSPK__SC_NAME] = dspk__pv_str("");
+  v[DSPK__SC_SELF] = dspk__pv_bool(true);
+  v[DSPK__SC_JOB] = dspk__pv_nil();
+  msgpack_pack_array(&w->pk, 1);
+  if (!bad) {
+    dspk__map_encode(w, dspk__st_client_f, DSPK__SC_COUNT, v);
+    return;
+  }
+  msgpack_pack_map(&w->pk, DSPK__SC_COUNT);
+  for (int i = 0; i < DSPK__SC_COUNT; i++) {
+    dspk__pack_str(&w->pk, dspk__st_client_f[i].name);
+    if (i == DSPK__SC_JOB)
+      dspk__pack_str(&w->pk, "slurm");
+    else
+      dspk__value_encode(w, &dspk__st_client_f[i], &v[i]);
+  }
+}
+
+/* status' daemon (with its limits) and other_clients. */
+static void pack_limits(const void *ud, struct dspk__wbuf *w) {
+  struct dspk__pval v[DSPK__LIM_COUNT];
+  (void)ud;
+  for (int i = 0; i < DSPK__LIM_COUNT; i++)
+    v[i] = dspk__pv_uint(1);
+  dspk__map_encode(w, dspk__limits_f, DSPK__LIM_COUNT, v);
+}
+
+static void pack_daemon(const void *ud, struct dspk__wbuf *w) {
+  struct dspk__pval v[DSPK__SD_COUNT];
+  (void)ud;
+  v[DSPK__SD_VERSION] = dspk__pv_str("0.1");
+  v[DSPK__SD_PID] = dspk__pv_int(12);
+  v[DSPK__SD_UPTIME_S] = dspk__pv_uint(3);
+  v[DSPK__SD_SOCKET] = dspk__pv_str("/run/dspk.sock");
+  v[DSPK__SD_CONNECTIONS] = dspk__pv_uint(1);
+  v[DSPK__SD_STOPPING] = dspk__pv_bool(false);
+  v[DSPK__SD_LIMITS] = dspk__pv_pack(pack_limits, NULL);
+  dspk__map_encode(w, dspk__st_daemon_f, DSPK__SD_COUNT, v);
+}
+
+static void pack_other(const void *ud, struct dspk__wbuf *w) {
+  struct dspk__pval v[DSPK__SO_COUNT] = {dspk__pv_uint(0), dspk__pv_uint(0), dspk__pv_uint(0)};
+  (void)ud;
+  dspk__map_encode(w, dspk__st_other_f, DSPK__SO_COUNT, v);
+}
+
+/* cache.stats' kinds: blobs with entries a str when ud is not NULL. */
+static void pack_kinds(const void *ud, struct dspk__wbuf *w) {
+  struct dspk__pval v[DSPK__CK_COUNT];
+  msgpack_pack_map(&w->pk, 1);
+  dspk__pack_str(&w->pk, "blobs");
+  for (int i = 0; i < DSPK__CK_COUNT; i++)
+    v[i] = dspk__pv_uint((uint64_t)i);
+  if (ud)
+    v[DSPK__CK_ENTRIES] = dspk__pv_str("many");
+  else
+    v[DSPK__CK_ENTRIES] = dspk__pv_uint(0);
+  /* entries as str through a STR row of the same name (bad case) */
+  if (ud) {
+    static const struct dspk__param as_str[DSPK__CK_COUNT] = {
+        [DSPK__CK_ENTRIES] = {"entries", DSPK__T_STR}, [DSPK__CK_BYTES] = {"bytes", DSPK__T_UINT},
+        [DSPK__CK_STORED_HITS] = {"stored_hits", DSPK__T_UINT},
+        [DSPK__CK_HITS] = {"hits", DSPK__T_UINT}, [DSPK__CK_MISSES] = {"misses", DSPK__T_UINT},
+        [DSPK__CK_PUTS] = {"puts", DSPK__T_UINT},
+        [DSPK__CK_EVICTIONS] = {"evictions", DSPK__T_UINT}};
+    dspk__map_encode(w, as_str, DSPK__CK_COUNT, v);
+    return;
+  }
+  dspk__map_encode(w, dspk__cache_kind_f, DSPK__CK_COUNT, v);
+}
+
+/* Method m's result encoded with vals, decoded back (it must decode), and
+ * item 0 of its array field r read against fields into f (valid until
+ * decoded_free). */
+struct decoded {
+  struct dspk__wbuf w;
+  char flat[2048];
+  msgpack_unpacked up;
+};
+
+static void encode_unpack(struct decoded *d, const struct dspk__method *m,
+                          const struct dspk__pval *vals) {
+  dspk__wbuf_init(&d->w);
+  dspk__result_encode(&d->w, m, vals);
+  unpack_wbuf(&d->w, d->flat, sizeof d->flat, &d->up);
+}
+
+static void decode_item0(struct decoded *d, const struct dspk__method *m,
+                         const struct dspk__pval *vals, int r, const struct dspk__param *fields,
+                         int n, struct dspk__pval *f) {
+  struct dspk__pval out[DSPK__MAX_PARAMS];
+  char msg[256];
+  encode_unpack(d, m, vals);
+  assert_int_equal(dspk__result_decode(m, &d->up.data, out, msg, sizeof msg), 0);
+  assert_int_equal(dspk__params_decode(fields, n, &out[r].v.o->via.array.ptr[0], NULL, f, msg,
+                                       sizeof msg), 0);
+}
+
+static void decoded_free(struct decoded *d) {
+  msgpack_unpacked_destroy(&d->up);
+  dspk__wbuf_free(&d->w);
+}
+
+/* Encodes method m's result with vals and decodes it back: the code, with
+ * the message in msg (256 bytes). */
+static int nested_roundtrip(const struct dspk__method *m, const struct dspk__pval *vals,
+                            struct dspk__pval *out, char *msg) {
+  struct decoded d;
+  int rc;
+  encode_unpack(&d, m, vals);
+  rc = dspk__result_decode(m, &d.up.data, out, msg, 256);
+  decoded_free(&d);
+  return rc;
+}
+
+/* Nested result maps: dspk__map_encode packs the same bytes as the
+ * hand-written packing it replaces (keys, order, types); the decoder checks
+ * fields at any depth (in array items, in the values of a map keyed by
+ * names) and names the path of a wrong one; nil where the table allows it;
+ * a negative int; a field missing from a nested map. */
+static void test_nested(void **state) {
+  struct dspk__pval v[DSPK__MAX_PARAMS] = {0}, out[DSPK__MAX_PARAMS];
+  struct dspk__pval f[DSPK__MAX_FIELDS];
+  struct dspk__wbuf w;
+  msgpack_sbuffer sb;
+  msgpack_packer pk;
+  char flat[1024], msg[256];
+  uint64_t memory = 1ull << 40;
+  size_t n;
+  struct decoded d;
+  (void)state;
+
+  /* The bytes of hello's limits, by the table and by hand. */
+  for (int i = 0; i < DSPK__LIM_COUNT; i++)
+    f[i] = dspk__pv_uint(1000u * (unsigned)i + 7);
+  dspk__wbuf_init(&w);
+  dspk__map_encode(&w, dspk__limits_f, DSPK__LIM_COUNT, f);
+  n = wbuf_flat(&w, flat, sizeof flat);
+  dspk__wbuf_free(&w);
+  msgpack_sbuffer_init(&sb);
+  msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+  msgpack_pack_map(&pk, 9);
+  dspk__pack_kv_u64(&pk, "max_message", 7);
+  dspk__pack_kv_u64(&pk, "max_depth", 1007);
+  dspk__pack_kv_u64(&pk, "max_objects", 2007);
+  dspk__pack_kv_u64(&pk, "max_rank", 3007);
+  dspk__pack_kv_u64(&pk, "max_elements", 4007);
+  dspk__pack_kv_u64(&pk, "max_inflight", 5007);
+  dspk__pack_kv_u64(&pk, "max_unsent", 6007);
+  dspk__pack_kv_u64(&pk, "max_buffers", 7007);
+  dspk__pack_kv_u64(&pk, "max_clients", 8007);
+  assert_int_equal(n, sb.size);
+  assert_memory_equal(flat, sb.data, n);
+  msgpack_sbuffer_destroy(&sb);
+
+  /* A status client by the table and by hand: ints, a nil. */
+  dspk__wbuf_init(&w);
+  pack_clients(NULL, &w);
+  n = wbuf_flat(&w, flat, sizeof flat);
+  dspk__wbuf_free(&w);
+  msgpack_sbuffer_init(&sb);
+  msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+  msgpack_pack_array(&pk, 1);
+  msgpack_pack_map(&pk, 12);
+  dspk__pack_kv_u64(&pk, "id", 3);
+  dspk__pack_kv_i64(&pk, "pid", -1);
+  dspk__pack_kv_i64(&pk, "uid", -1);
+  dspk__pack_kv_i64(&pk, "gid", -1);
+  dspk__pack_kv_str(&pk, "name", "");
+  dspk__pack_kv_u64(&pk, "inflight", 3);
+  dspk__pack_kv_u64(&pk, "buffers", 3);
+  dspk__pack_kv_u64(&pk, "buffer_bytes", 3);
+  dspk__pack_kv_u64(&pk, "unsent", 3);
+  dspk__pack_kv_u64(&pk, "requests", 3);
+  dspk__pack_kv_bool(&pk, "self", true);
+  dspk__pack_str(&pk, "job");
+  msgpack_pack_nil(&pk);
+  assert_int_equal(n, sb.size);
+  assert_memory_equal(flat, sb.data, n);
+  msgpack_sbuffer_destroy(&sb);
+
+  /* A str field packs as dspk__pack_str: a byte that starts no UTF-8
+   * character becomes U+FFFD. */
+  f[0] = dspk__pv_str("a\xff\xc3\xa9");
+  dspk__wbuf_init(&w);
+  dspk__value_encode(&w, &dspk__device_f[DSPK__DEV_NAME], &f[0]);
+  n = wbuf_flat(&w, flat, sizeof flat);
+  dspk__wbuf_free(&w);
+  assert_int_equal(n, 1 + 6);
+  assert_memory_equal(flat, "\xa6" "a\xef\xbf\xbd\xc3\xa9", n);
+
+  /* devices: a device decodes, its fields typed; memory a str is EPROTO
+   * naming its path. */
+  v[DSPK__R_DEVICES_DEVICES] = dspk__pv_pack(pack_devices, &memory);
+  v[DSPK__R_DEVICES_UNAVAILABLE] = dspk__pv_pack(pack_none, NULL);
+  decode_item0(&d, M(DSPK__M_DEVICES), v, DSPK__R_DEVICES_DEVICES, dspk__device_f,
+               DSPK__DEV_COUNT, f);
+  assert_int_equal(f[DSPK__DEV_MEMORY].v.u, memory);
+  assert_memory_equal(f[DSPK__DEV_ID].v.s.p, "cpu:0", 5);
+  assert_int_equal(f[DSPK__DEV_KERNEL_LANGS].v.mask, 1u << 1);
+  assert_int_equal(f[DSPK__DEV_OPS].v.o->via.map.size, 1);
+  decoded_free(&d);
+  v[DSPK__R_DEVICES_DEVICES] = dspk__pv_pack(pack_devices, NULL);
+  assert_int_equal(nested_roundtrip(M(DSPK__M_DEVICES), v, out, msg), DSPK_EPROTO);
+  assert_string_equal(msg, "result.devices[0].memory: expected a non-negative integer");
+
+  /* status: without daemon, EPROTO naming it; clients[0].job nil and
+   * uid -1 decode as such; job a str is EPROTO naming its path. */
+  memset(v, 0, sizeof v);
+  v[DSPK__R_STATUS_CLIENTS] = dspk__pv_pack(pack_clients, NULL);
+  v[DSPK__R_STATUS_OTHER_CLIENTS] = dspk__pv_pack(pack_other, NULL);
+  v[DSPK__R_STATUS_JOBS] = dspk__pv_pack(pack_none, NULL);
+  v[DSPK__R_STATUS_DEVICES] = dspk__pv_pack(pack_none, NULL);
+  assert_int_equal(nested_roundtrip(M(DSPK__M_STATUS), v, out, msg), DSPK_EPROTO);
+  assert_string_equal(msg, "result.daemon: required (a map)");
+  v[DSPK__R_STATUS_DAEMON] = dspk__pv_pack(pack_daemon, NULL);
+  decode_item0(&d, M(DSPK__M_STATUS), v, DSPK__R_STATUS_CLIENTS, dspk__st_client_f,
+               DSPK__SC_COUNT, f);
+  assert_true(f[DSPK__SC_JOB].set && f[DSPK__SC_JOB].nil);
+  assert_int_equal(f[DSPK__SC_UID].v.i, -1);
+  assert_false(f[DSPK__SC_ID].nil);
+  decoded_free(&d);
+  v[DSPK__R_STATUS_CLIENTS] = dspk__pv_pack(pack_clients, "bad");
+  assert_int_equal(nested_roundtrip(M(DSPK__M_STATUS), v, out, msg), DSPK_EPROTO);
+  assert_string_equal(msg, "result.clients[0].job: expected a non-negative integer");
+
+  /* cache.stats: kinds.blobs.entries of another type is named. */
+  memset(v, 0, sizeof v);
+  v[DSPK__R_CSTATS_PATH] = dspk__pv_str(":memory:");
+  v[DSPK__R_CSTATS_IN_MEMORY] = dspk__pv_bool(true);
+  v[DSPK__R_CSTATS_MAX_BYTES] = dspk__pv_uint(1);
+  v[DSPK__R_CSTATS_FILE_BYTES] = dspk__pv_uint(0);
+  v[DSPK__R_CSTATS_KINDS] = dspk__pv_pack(pack_kinds, NULL);
+  assert_int_equal(nested_roundtrip(M(DSPK__M_CACHE_STATS), v, out, msg), 0);
+  v[DSPK__R_CSTATS_KINDS] = dspk__pv_pack(pack_kinds, "bad");
+  assert_int_equal(nested_roundtrip(M(DSPK__M_CACHE_STATS), v, out, msg), DSPK_EPROTO);
+  assert_string_equal(msg, "result.kinds.blobs.entries: expected a non-negative integer");
+}
+
+/* A nested table's rows: named (items unnamed), within DSPK__MAX_FIELDS. */
+static void check_rows(const struct dspk__param *ps, int n, int depth) {
+  assert_true(depth < 6);
+  assert_true(n <= DSPK__MAX_FIELDS);
+  for (int k = 0; k < n; k++) {
+    const struct dspk__param *p = &ps[k];
+    assert_non_null(p->name);
+    assert_true(*p->name);
+    assert_true(!p->fields || p->type == DSPK__T_MAP);
+    assert_true(!p->keys || (p->type == DSPK__T_MAP && p->item && !p->fields));
+    if (p->fields)
+      check_rows(p->fields, p->nfields, depth + 1);
+    if (p->item) {
+      assert_string_equal(p->item->name, "");
+      if (p->item->fields)
+        check_rows(p->item->fields, p->item->nfields, depth + 1);
+    }
+  }
+}
+
 static void test_table(void **state) {
   char *buf = NULL;
   size_t len = 0;
@@ -426,6 +753,7 @@ static void test_table(void **state) {
     assert_true(m->results || m->nresults == 0);
     for (int k = 0; k < m->nresults; k++)
       assert_non_null(m->results[k].name);
+    check_rows(m->results, m->nresults, 0);
   }
   for (int i = 0; i < DSPK_OP_COUNT; i++) {
     assert_true(dspk__ops[i].noptions <= DSPK__MAX_PARAMS);
@@ -458,6 +786,7 @@ int main(void) {
       cmocka_unit_test(test_defaults), cmocka_unit_test(test_types),
       cmocka_unit_test(test_options),  cmocka_unit_test(test_roundtrip),
       cmocka_unit_test(test_table),       cmocka_unit_test(test_results),
+      cmocka_unit_test(test_nested),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
