@@ -19,6 +19,15 @@ const char *const dspk__op_names[] = {
 #undef XX
     [DSPK_OP_COUNT] = NULL};
 
+/* The keys a device's ops map can have: every op but kernel (a device's
+ * raw kernels are its kernel_langs), NULL-terminated. */
+_Static_assert(DSPK_OP_KERNEL == DSPK_OP_COUNT - 1, "kernel is the last op");
+static const char *const dev_op_keys[] = {
+#define XX(e, name) [DSPK_OP_##e] = DSPK_OP_##e == DSPK_OP_KERNEL ? NULL : name,
+    DSPK_OP_MAP(XX)
+#undef XX
+};
+
 const char *const dspk__reduce_names[] = {
 #define XX(e, name) [DSPK_REDUCE_##e] = name,
     DSPK_REDUCE_MAP(XX)
@@ -88,7 +97,7 @@ const struct dspk__param dspk__device_f[DSPK__DEV_COUNT] = {
     [DSPK__DEV_UUID] = RES("uuid", DSPK__T_STR),
     [DSPK__DEV_MEMORY] = RES("memory", DSPK__T_UINT),
     [DSPK__DEV_SOFTWARE] = RES("software", DSPK__T_BOOL),
-    [DSPK__DEV_OPS] = {"ops", DSPK__T_MAP, REQ, .max = UINT64_MAX, .keys = dspk__op_names,
+    [DSPK__DEV_OPS] = {"ops", DSPK__T_MAP, REQ, .max = UINT64_MAX, .keys = dev_op_keys,
                        .item = &dtypes_item},
     [DSPK__DEV_KERNEL_LANGS] = {"kernel_langs", DSPK__T_ENUMS, REQ,
                                 .choices = dspk__kernel_langs, .noun = "kernel language"},
