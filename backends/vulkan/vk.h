@@ -177,7 +177,17 @@ enum dspk__vk_cm_kind {
   DSPK__VK_CM_KHR,      /* VK_KHR_cooperative_matrix (SPIR-V rewritten from NV) */
   DSPK__VK_CM_EMU       /* tests only: the same tiling, fragments in plain code */
 };
-#define DSPK__VK_CM_VARIANTS 32 /* kernel variants (DSPK__VK_CM_F_* flags) */
+#define DSPK__VK_CM_VARIANTS 64 /* kernel variants (DSPK__VK_CM_F_* flags) */
+/* VK_KHR_shader_bfloat16, which the Debian 12 headers predate (values from
+ * the Vulkan registry). */
+#define DSPK__VK_BF16_EXT "VK_KHR_shader_bfloat16"
+#define DSPK__VK_STYPE_BF16_FEATURES ((VkStructureType)1000141000)
+#define DSPK__VK_COMPONENT_BF16 ((VkComponentTypeKHR)1000141000)
+struct dspk__vk_bf16_features { /* VkPhysicalDeviceShaderBfloat16FeaturesKHR */
+  VkStructureType sType;
+  void *pNext;
+  VkBool32 shaderBFloat16Type, shaderBFloat16DotProduct, shaderBFloat16CooperativeMatrix;
+};
 #define DSPK__VK_CM_TILES 11    /* workgroup tiles (vk_coopmat.c) */
 struct dspk__vk_coopmat {
   enum dspk__vk_cm_kind kind;
@@ -187,6 +197,10 @@ struct dspk__vk_coopmat {
   char why[160];       /* why the path is off, or what it is */
   VkPhysicalDeviceCooperativeMatrixFeaturesKHR fkhr; /* chained at CreateDevice */
   VkPhysicalDeviceCooperativeMatrixFeaturesNV fnv;
+  int bf16; /* KHR path: bf16 too (VK_KHR_shader_bfloat16), fragments blm x bln x blk */
+  uint32_t blm, bln, blk;
+  char bf16_why[96]; /* else why not (describe) */
+  struct dspk__vk_bf16_features fbf16;
   struct dspk__vk_kmemo kern[DSPK__VK_CM_TILES][DSPK__VK_CM_VARIANTS];
   uint64_t ngemm; /* gemms recorded on this path */
 };
@@ -379,6 +393,7 @@ int dspk__vk_coopmat_describe(struct dspk__dev *d, char *buf, size_t len);
 #define DSPK__VK_CM_F_AKC 4u  /* A's k axis contiguous (scalar reads) */
 #define DSPK__VK_CM_F_BNC 8u  /* B's n axis contiguous (scalar reads) */
 #define DSPK__VK_CM_F_HASC 16u /* beta * C term */
+#define DSPK__VK_CM_F_BF16 32u /* A and B bf16 (KHR path, SPIR-V rewritten) */
 int dspk__vk_coopmat_source(char *buf, size_t len, const struct dspk__vk_coopmat *cm,
                             int tile, unsigned flags);
 /* Tests: while on, building a cooperative-matrix kernel fails with
@@ -396,6 +411,14 @@ void dspk__vk_coopmat_tune_min(uint64_t n);
  * module, DSPK_ENOTSUP for one it cannot rewrite (a type used as two of A,
  * B and C; a non-constant ColumnMajor), DSPK_ENOMEM. */
 int dspk__vk_coopmat_nv_to_khr(const uint32_t *in, size_t n, uint32_t **out, size_t *nout);
+/* Rewrites a module's 16-bit floats to bfloat16 (SPV_KHR_bfloat16: each
+ * OpTypeFloat 16 gains the BFloat16KHR encoding; the BFloat16TypeKHR and
+ * BFloat16CooperativeMatrixKHR capabilities and the extension are added).
+ * For the kernel, whose 16-bit values are only moved (loaded, stored,
+ * zero-filled) and multiplied as cooperative matrices, that makes the f16
+ * kernel a bf16 one.  *out malloc'd, *nout words; 0, DSPK_EINVAL (malformed,
+ * or no 16-bit float), DSPK_ENOMEM. */
+int dspk__vk_coopmat_bf16(const uint32_t *in, size_t n, uint32_t **out, size_t *nout);
 
 /* ---- vk_ops.c, vk_gemm.c, vk_fft.c -------------------------------------- */
 

@@ -22,7 +22,10 @@
  * the candidates below (decisions kept in the cache).
  *
  * For the KHR extension the NV SPIR-V is rewritten here
- * (dspk__vk_coopmat_nv_to_khr), so both paths run the same code.  The NV
+ * (dspk__vk_coopmat_nv_to_khr), so both paths run the same code.  Where the
+ * device also offers VK_KHR_shader_bfloat16 with bf16 matrices of the same
+ * shape, bf16 gemm runs on the KHR kernel with its 16-bit floats rewritten
+ * to bfloat16 (dspk__vk_coopmat_bf16): they are only moved and multiplied.  The NV
  * SPIR-V goes through the persistent kernel cache and every pipeline
  * through the VkPipelineCache (vk_shader.c); the rewrite is one pass over
  * the words.  A kernel the driver rejects turns the path off on that device
@@ -87,13 +90,24 @@ static const char *tile_name(const struct dspk__vk_coopmat *cm, int i) {
 struct tilep {
   uint32_t wm, wn, fm, fn, bk, nbuf;
 };
-static struct tilep tile_params(const struct dspk__vk_coopmat *cm, int i) {
-  if (cm->lm == 0 || cm->ln == 0 || i < 0 || i >= ntiles(cm)) /* no path */
+/* The fragment shape of a kernel variant: bf16 has its own (the driver
+ * may offer bf16 in other shapes than f16). */
+struct cmshape {
+  uint32_t lm, ln, lk;
+};
+static struct cmshape shape_of(const struct dspk__vk_coopmat *cm, unsigned flags) {
+  if (flags & DSPK__VK_CM_F_BF16)
+    return (struct cmshape){cm->blm, cm->bln, cm->blk};
+  return (struct cmshape){cm->lm, cm->ln, cm->lk};
+}
+
+static struct tilep tile_params(const struct dspk__vk_coopmat *cm, struct cmshape sh, int i) {
+  if (sh.lm == 0 || sh.ln == 0 || i < 0 || i >= ntiles(cm)) /* no path */
     return (struct tilep){0, 0, 0, 0, 0, 0};
   struct tiledef t = {"forced", cm->wm, cm->wn, cm->wtm, cm->wtn, cm->bk, cm->nbuf};
   if (!cm->wm)
     t = cm->kind == DSPK__VK_CM_EMU ? emu_tiles[i] : hw_tiles[i];
-  struct tilep p = {t.wm, t.wn, t.wtm / cm->lm, t.wtn / cm->ln, t.bk, t.nbuf ? t.nbuf : 1};
+  struct tilep p = {t.wm, t.wn, t.wtm / sh.lm, t.wtn / sh.ln, t.bk, t.nbuf ? t.nbuf : 1};
   if (p.fm == 0)
     p.fm = 1;
   if (p.fn == 0)
@@ -107,7 +121,7 @@ const char *dspk__vk_coopmat_tile_name(int i) {
 
 void dspk__vk_coopmat_tile(const struct dspk__vk_coopmat *cm, uint32_t *bm, uint32_t *bn,
                            uint32_t *bk) {
-  struct tilep t = tile_params(cm, 0);
+  struct tilep t = tile_params(cm, shape_of(cm, 0), 0);
   *bm = t.wm * t.fm * cm->lm;
   *bn = t.wn * t.fn * cm->ln;
   *bk = t.bk;
@@ -119,6 +133,7 @@ enum {
   OP_EXTENSION = 10,
   OP_CAPABILITY = 17,
   OP_TYPE_INT = 21,
+  OP_TYPE_FLOAT = 22,
   OP_CONSTANT_TRUE = 41,
   OP_CONSTANT_FALSE = 42,
   OP_CONSTANT = 43,
@@ -137,6 +152,9 @@ enum {
   OP_UNDEF = 1,
   CAP_COOPMAT_NV = 5357,
   CAP_COOPMAT_KHR = 6022,
+  CAP_BF16_TYPE = 5116,    /* SPV_KHR_bfloat16 */
+  CAP_BF16_COOPMAT = 5118,
+  FP_ENCODING_BF16 = 0,    /* OpTypeFloat's encoding operand: BFloat16KHR */
   OP_TYPE_COOPMAT_NV = 5358,
   OP_COOPMAT_LOAD_NV = 5359,
   OP_COOPMAT_STORE_NV = 5360,
@@ -183,34 +201,95 @@ static int consider(struct dspk__dev *d, int best, uint32_t m, uint32_t n, uint3
   return r;
 }
 
-/* Picks the best (f16, f16, f32, f32, subgroup) shape of the KHR list. */
-static int pick_khr(struct dspk__dev *d) {
+/* The device's VK_KHR_cooperative_matrix property list (calloc'd, *n
+ * entries), or NULL. */
+static VkCooperativeMatrixPropertiesKHR *khr_props(struct dspk__dev *d, uint32_t *n) {
   PFN_vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR get =
       (PFN_vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR)VK(GetInstanceProcAddr)(
           dspk__vk_instance, "vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR");
-  if (!get)
-    return 0;
-  uint32_t n = 0;
-  if (get(d->pd, &n, NULL) != VK_SUCCESS || n == 0)
-    return 0;
-  VkCooperativeMatrixPropertiesKHR *p = calloc(n, sizeof *p);
+  *n = 0;
+  if (!get || get(d->pd, n, NULL) != VK_SUCCESS || *n == 0)
+    return NULL;
+  VkCooperativeMatrixPropertiesKHR *p = calloc(*n, sizeof *p);
   if (!p)
-    return 0;
-  for (uint32_t i = 0; i < n; i++)
+    return NULL;
+  for (uint32_t i = 0; i < *n; i++)
     p[i].sType = VK_STRUCTURE_TYPE_COOPERATIVE_MATRIX_PROPERTIES_KHR;
+  if (get(d->pd, n, p) != VK_SUCCESS) {
+    free(p);
+    return NULL;
+  }
+  return p;
+}
+
+/* Whether entry p is (ab, ab, f32, f32) at subgroup scope. */
+static int khr_fits(const VkCooperativeMatrixPropertiesKHR *p, VkComponentTypeKHR ab) {
+  return p->AType == ab && p->BType == ab && p->CType == VK_COMPONENT_TYPE_FLOAT32_KHR &&
+         p->ResultType == VK_COMPONENT_TYPE_FLOAT32_KHR && p->scope == VK_SCOPE_SUBGROUP_KHR &&
+         !p->saturatingAccumulation;
+}
+
+/* Picks the best (f16, f16, f32, f32, subgroup) shape of the KHR list. */
+static int pick_khr(struct dspk__dev *d) {
+  uint32_t n;
+  VkCooperativeMatrixPropertiesKHR *p = khr_props(d, &n);
   int best = 0;
-  if (get(d->pd, &n, p) == VK_SUCCESS)
-    for (uint32_t i = 0; i < n; i++) {
-      if (p[i].AType != VK_COMPONENT_TYPE_FLOAT16_KHR ||
-          p[i].BType != VK_COMPONENT_TYPE_FLOAT16_KHR ||
-          p[i].CType != VK_COMPONENT_TYPE_FLOAT32_KHR ||
-          p[i].ResultType != VK_COMPONENT_TYPE_FLOAT32_KHR ||
-          p[i].scope != VK_SCOPE_SUBGROUP_KHR || p[i].saturatingAccumulation)
-        continue;
+  for (uint32_t i = 0; p && i < n; i++)
+    if (khr_fits(&p[i], VK_COMPONENT_TYPE_FLOAT16_KHR))
       best = consider(d, best, p[i].MSize, p[i].NSize, p[i].KSize);
-    }
   free(p);
   return best > 0;
+}
+
+/* The KHR path's bf16 gemm: where the device offers VK_KHR_shader_bfloat16
+ * with bf16 cooperative matrices of the f16 path's shape, enables them
+ * (the extension and its feature) and sets cm->bf16. */
+static void bf16_setup(struct dspk__dev *d, const char **exts, uint32_t *next, void **pnext) {
+  struct dspk__vk_coopmat *cm = &d->cm;
+  if (!dspk__vk_has_ext(d->pd, DSPK__VK_BF16_EXT)) {
+    snprintf(cm->bf16_why, sizeof cm->bf16_why, "no %s", DSPK__VK_BF16_EXT);
+    return;
+  }
+  struct dspk__vk_bf16_features f = {.sType = DSPK__VK_STYPE_BF16_FEATURES};
+  VkPhysicalDeviceFeatures2 f2 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2,
+                                  .pNext = &f};
+  VK(GetPhysicalDeviceFeatures2)(d->pd, &f2);
+  if (!f.shaderBFloat16Type || !f.shaderBFloat16CooperativeMatrix) {
+    snprintf(cm->bf16_why, sizeof cm->bf16_why,
+             "shaderBFloat16Type %u, shaderBFloat16CooperativeMatrix %u",
+             f.shaderBFloat16Type, f.shaderBFloat16CooperativeMatrix);
+    return;
+  }
+  /* The best bf16 shape the kernel can use (shape_rank), which need not be
+   * the f16 one: the H200's driver offers bf16 at 16x16x16 only. */
+  uint32_t n;
+  VkCooperativeMatrixPropertiesKHR *p = khr_props(d, &n);
+  int best = 0;
+  for (uint32_t i = 0; p && i < n; i++) {
+    int r = khr_fits(&p[i], DSPK__VK_COMPONENT_BF16)
+                ? shape_rank(p[i].MSize, p[i].NSize, p[i].KSize)
+                : 0;
+    if (r > best) {
+      best = r;
+      cm->blm = p[i].MSize;
+      cm->bln = p[i].NSize;
+      cm->blk = p[i].KSize;
+    }
+  }
+  free(p);
+  if (!best) {
+    snprintf(cm->bf16_why, sizeof cm->bf16_why, "no bf16 x bf16 + f32 subgroup shape of "
+                                                "8, 16 or 32");
+    return;
+  }
+  cm->bf16 = 1;
+  cm->bf16_why[0] = 0;
+  exts[(*next)++] = DSPK__VK_BF16_EXT;
+  cm->fbf16 = (struct dspk__vk_bf16_features){.sType = DSPK__VK_STYPE_BF16_FEATURES,
+                                              .pNext = *pnext,
+                                              .shaderBFloat16Type = VK_TRUE,
+                                              .shaderBFloat16CooperativeMatrix = VK_TRUE};
+  *pnext = &cm->fbf16;
 }
 
 /* The same over the NV list. */
@@ -343,6 +422,7 @@ void dspk__vk_coopmat_setup(struct dspk__dev *d, int base_ok, const char **exts,
     cm->fkhr.cooperativeMatrix = VK_TRUE;
     cm->fkhr.pNext = *pnext;
     *pnext = &cm->fkhr;
+    bf16_setup(d, exts, next, pnext);
     tile_env(cm);
     return;
   }
@@ -370,11 +450,18 @@ int dspk__vk_coopmat_describe(struct dspk__dev *d, char *buf, size_t len) {
     snprintf(buf, len, "scalar: cooperative matrices %s", cm->why);
   else
   {
-    struct tilep t = tile_params(cm, 0);
-    snprintf(buf, len, "%s %ux%ux%u, tile %ux%ux%u (%ux%u subgroups of %u, %u shared buffer%s)%s",
-             names[cm->kind], cm->lm, cm->ln, cm->lk, t.wm * t.fm * cm->lm,
+    struct tilep t = tile_params(cm, shape_of(cm, 0), 0);
+    char bfdesc[48];
+    snprintf(bfdesc, sizeof bfdesc, " (bf16 %ux%ux%u)", cm->blm, cm->bln, cm->blk);
+    snprintf(buf, len,
+             "%s %ux%ux%u%s, tile %ux%ux%u (%ux%u subgroups of %u, %u shared buffer%s)%s%s%s%s",
+             names[cm->kind], cm->lm, cm->ln, cm->lk, cm->bf16 ? bfdesc : "",
+             t.wm * t.fm * cm->lm,
              t.wn * t.fn * cm->ln, t.bk, t.wm, t.wn, cm->sgsize, t.nbuf, t.nbuf > 1 ? "s" : "",
-             cm->wm ? " forced" : ", tuned for large gemms");
+             cm->wm ? " forced" : ", tuned for large gemms",
+             cm->kind == DSPK__VK_CM_KHR && !cm->bf16 ? "; bf16 on the scalar kernel (" : "",
+             cm->kind == DSPK__VK_CM_KHR && !cm->bf16 ? cm->bf16_why : "",
+             cm->kind == DSPK__VK_CM_KHR && !cm->bf16 ? ")" : "");
   }
   return (int)cm->kind;
 }
@@ -665,7 +752,8 @@ int dspk__vk_coopmat_source(char *buf, size_t len, const struct dspk__vk_coopmat
   static pthread_once_t once = PTHREAD_ONCE_INIT;
   pthread_once(&once, load_body_override);
   int emu = cm->kind == DSPK__VK_CM_EMU;
-  struct tilep t = tile_params(cm, tile);
+  struct cmshape sh = shape_of(cm, flags);
+  struct tilep t = tile_params(cm, sh, tile);
   if (t.wm == 0)
     return snprintf(buf, len, "#error no tile %d\n", tile);
   struct text out = {buf, len, 0};
@@ -686,7 +774,7 @@ int dspk__vk_coopmat_source(char *buf, size_t len, const struct dspk__vk_coopmat
                   "#define HASC %d\n"
                   "%s",
                   emu ? "" : "#extension GL_NV_cooperative_matrix : require\n", emu,
-                  cm->lm, cm->ln, cm->lk, t.fm, t.fn, t.wm, t.wn, t.bk, cm->sgsize, t.nbuf,
+                  sh.lm, sh.ln, sh.lk, t.fm, t.fn, t.wm, t.wn, t.bk, cm->sgsize, t.nbuf,
                   !!(flags & DSPK__VK_CM_F_AVEC), !!(flags & DSPK__VK_CM_F_BVEC),
                   !!(flags & DSPK__VK_CM_F_AKC), !!(flags & DSPK__VK_CM_F_BNC),
                   !!(flags & DSPK__VK_CM_F_HASC), b);
@@ -883,6 +971,63 @@ out:
   return r;
 }
 
+/* ---- SPIR-V: 16-bit floats -> bfloat16 (SPV_KHR_bfloat16) ----------------- */
+
+int dspk__vk_coopmat_bf16(const uint32_t *w, size_t n, uint32_t **out, size_t *nout) {
+  static const char ext[] = "SPV_KHR_bfloat16";
+  static const uint32_t caps[] = {CAP_BF16_TYPE, CAP_BF16_COOPMAT};
+  if (!w || n < 5 || w[0] != SPV_MAGIC)
+    return DSPK_EINVAL;
+  /* The module's layout: capabilities, then extensions, then the rest. */
+  size_t cap_end = 0, ext_end = 0, nhalf = 0;
+  for (size_t i = 5; i < n;) {
+    uint32_t wc = w[i] >> 16, op = w[i] & 0xffff;
+    if (wc == 0 || i + wc > n)
+      return DSPK_EINVAL;
+    if (op != OP_CAPABILITY && !cap_end)
+      cap_end = i;
+    if (op != OP_CAPABILITY && op != OP_EXTENSION && !ext_end)
+      ext_end = i;
+    nhalf += op == OP_TYPE_FLOAT && wc == 3 && w[i + 2] == 16;
+    i += wc;
+  }
+  if (!nhalf || !cap_end || !ext_end)
+    return DSPK_EINVAL;
+  size_t sw = str_words(ext);
+  uint32_t *o = malloc((n + 2 * 2 + 1 + sw + nhalf) * sizeof *o);
+  if (!o)
+    return DSPK_ENOMEM;
+  memcpy(o, w, 5 * sizeof *o);
+  size_t j = 5;
+  for (size_t i = 5; i < n;) {
+    uint32_t wc = w[i] >> 16, op = w[i] & 0xffff;
+    if (i == cap_end)
+      for (size_t c = 0; c < sizeof caps / sizeof caps[0]; c++) {
+        o[j++] = (2u << 16) | OP_CAPABILITY;
+        o[j++] = caps[c];
+      }
+    if (i == ext_end) {
+      o[j++] = ((uint32_t)(sw + 1) << 16) | OP_EXTENSION;
+      memset(&o[j], 0, sw * 4);
+      memcpy(&o[j], ext, sizeof ext - 1);
+      j += sw;
+    }
+    if (op == OP_TYPE_FLOAT && wc == 3 && w[i + 2] == 16) {
+      o[j++] = (4u << 16) | OP_TYPE_FLOAT; /* result, width 16, encoding */
+      o[j++] = w[i + 1];
+      o[j++] = 16;
+      o[j++] = FP_ENCODING_BF16;
+    } else {
+      memcpy(&o[j], &w[i], wc * 4);
+      j += wc;
+    }
+    i += wc;
+  }
+  *out = o;
+  *nout = j;
+  return 0;
+}
+
 /* ---- gemm ------------------------------------------------------------------- */
 
 /* One gemm as the kernel sees it. */
@@ -912,27 +1057,33 @@ static int batch_kind(const int64_t *xs, int rx, int keep, const int64_t *os, in
   return none ? 0 : whole ? 1 : -1;
 }
 
-/* The workgroup tile `tile` of cm (rows bm, columns bn); 0 when its shared
- * memory or thread split does not fit the device. */
-static int tile_of(const struct dspk__dev *d, int tile, uint32_t *bm, uint32_t *bn) {
+/* The workgroup tile `tile` of cm for kernel variant `flags` (rows bm,
+ * columns bn); 0 when its shared memory or thread split does not fit the
+ * device, or the tile does not divide into the variant's fragments. */
+static int tile_of(const struct dspk__dev *d, unsigned flags, int tile, uint32_t *bm,
+                   uint32_t *bn) {
   const struct dspk__vk_coopmat *cm = &d->cm;
-  struct tilep t = tile_params(cm, tile);
+  struct cmshape sh = shape_of(cm, flags);
+  struct tilep t = tile_params(cm, sh, tile);
   if (t.wm == 0)
     return 0;
-  *bm = t.wm * t.fm * cm->lm;
-  *bn = t.wn * t.fn * cm->ln;
+  *bm = t.wm * t.fm * sh.lm;
+  *bn = t.wn * t.fn * sh.ln;
   uint32_t nt = t.wm * t.wn * cm->sgsize, bk = t.bk;
   uint32_t shared =
-      t.nbuf * (*bm * (bk + 8) * 2 + bk * (*bn + 8) * 2) + t.wm * t.wn * cm->lm * cm->ln * 4;
+      t.nbuf * (*bm * (bk + 8) * 2 + bk * (*bn + 8) * 2) + t.wm * t.wn * sh.lm * sh.ln * 4;
   if (cm->kind == DSPK__VK_CM_EMU) /* the accumulators */
-    shared += t.wm * t.wn * t.fm * t.fn * cm->lm * cm->ln * 4;
+    shared += t.wm * t.wn * t.fm * t.fn * sh.lm * sh.ln * 4;
   if (shared > d->props.limits.maxComputeSharedMemorySize ||
       nt > d->props.limits.maxComputeWorkGroupSize[0] ||
       nt > d->props.limits.maxComputeWorkGroupInvocations)
     return 0;
   if ((*bm * bk / 8) % nt || (bk * *bn / 8) % nt || *bm * bk / 8 < nt || bk * *bn / 8 < nt)
     return 0;
-  return bk % cm->lk == 0;
+  /* A forced tile of whole 16x8 fragments may not be whole 16x16 ones. */
+  if (cm->wm && (cm->wtm % sh.lm || cm->wtn % sh.ln))
+    return 0;
+  return bk % sh.lk == 0;
 }
 
 /* Fills p from op, except the bindings and the flags that depend on them.
@@ -940,8 +1091,11 @@ static int tile_of(const struct dspk__dev *d, int tile, uint32_t *bm, uint32_t *
 static int plan(struct dspk__dev *d, const struct dspk__op *op, struct cmplan *p) {
   const struct dspk__tensor *A = &op->in[0], *B = &op->in[1], *O = &op->out[0];
   const struct dspk__tensor *C = op->nin == 3 ? &op->in[2] : NULL;
-  if (d->cm.kind == DSPK__VK_CM_NONE || A->dtype != DSPK_F16 || B->dtype != DSPK_F16 ||
-      O->dtype != DSPK_F32 || (C && C->dtype != DSPK_F32) || !tile_of(d, 0, &p->bm, &p->bn))
+  int bf16 = d->cm.bf16 && A->dtype == DSPK_BF16 && B->dtype == DSPK_BF16;
+  if (d->cm.kind == DSPK__VK_CM_NONE ||
+      !(bf16 || (A->dtype == DSPK_F16 && B->dtype == DSPK_F16)) || O->dtype != DSPK_F32 ||
+      (C && C->dtype != DSPK_F32) ||
+      !tile_of(d, bf16 ? DSPK__VK_CM_F_BF16 : 0, 0, &p->bm, &p->bn))
     return 0;
   if (dspk__tensor_numel(A) > UINT32_MAX / 2 || dspk__tensor_numel(B) > UINT32_MAX / 2 ||
       dspk__tensor_numel(O) > UINT32_MAX / 2 || (C && dspk__tensor_numel(C) > UINT32_MAX / 2))
@@ -981,7 +1135,7 @@ static int plan(struct dspk__dev *d, const struct dspk__op *op, struct cmplan *p
   }
   p->pc.alpha = (float)op->u.gemm.alpha;
   p->pc.beta = (float)op->u.gemm.beta;
-  p->flags = 0;
+  p->flags = bf16 ? DSPK__VK_CM_F_BF16 : 0;
   if (C && op->u.gemm.beta != 0)
     p->flags |= DSPK__VK_CM_F_HASC;
   if (!ta)
@@ -1038,6 +1192,14 @@ static int get_kernel(struct dspk__dev *d, int tile, unsigned flags,
     free(nv);
     if (r)
       return dspk__vk_fail(ctx, r, "gemm: coopmat kernel: SPIR-V NV -> KHR rewrite failed");
+    if (flags & DSPK__VK_CM_F_BF16) {
+      uint32_t *bf = NULL;
+      r = dspk__vk_coopmat_bf16(khr, kw, &bf, &kw);
+      free(khr);
+      khr = bf;
+      if (r)
+        return dspk__vk_fail(ctx, r, "gemm: coopmat kernel: SPIR-V bf16 rewrite failed");
+    }
     r = dspk__vk_kernel(d, "gemm_coopmat", NULL, khr, kw * 4, "main", 4, PC_SIZE, &k, ctx);
     free(khr);
   }
@@ -1052,7 +1214,7 @@ static int get_kernel(struct dspk__dev *d, int tile, unsigned flags,
  * does not fit the device. */
 static int launch(struct dspk__dev *d, struct cmplan *p, int tile, struct dspk__opctx *ctx) {
   uint32_t bm, bn;
-  if (!tile_of(d, tile, &bm, &bn))
+  if (!tile_of(d, p->flags, tile, &bm, &bn))
     return DSPK_ENOTSUP;
   uint32_t gx = (p->pc.N + bn - 1) / bn, gy = (p->pc.M + bm - 1) / bm;
   if (gx == 0 || gy == 0 || p->nbatch == 0)
@@ -1105,10 +1267,16 @@ static int tune_run(void *ud, int index) {
  * thus costs the path, not f16 gemm. */
 static int disable_and_fall_back(struct dspk__dev *d, struct dspk__op *op,
                                  struct dspk__opctx *ctx, int r) {
-  snprintf(d->cm.why, sizeof d->cm.why, "disabled: a kernel failed (%d%s%.100s)", r,
-           ctx && ctx->errmsg && ctx->errmsg[0] ? ": " : "",
-           ctx && ctx->errmsg ? ctx->errmsg : "");
-  d->cm.kind = DSPK__VK_CM_NONE;
+  /* A bf16 kernel the driver rejects costs bf16 only. */
+  int bf16 = op->in[0].dtype == DSPK_BF16;
+  if (!bf16)
+    snprintf(d->cm.why, sizeof d->cm.why, "disabled: a kernel failed (%d%s%.100s)", r,
+             ctx && ctx->errmsg && ctx->errmsg[0] ? ": " : "",
+             ctx && ctx->errmsg ? ctx->errmsg : "");
+  if (bf16)
+    d->cm.bf16 = 0;
+  else
+    d->cm.kind = DSPK__VK_CM_NONE;
   if (ctx && ctx->errmsg && ctx->errmsg_len)
     ctx->errmsg[0] = 0;
   return dspk__vk_gemm(d, op, ctx);
@@ -1164,8 +1332,8 @@ int dspk__vk_coopmat_gemm(struct dspk__dev *d, struct dspk__op *op, struct dspk_
            dspk__autotune_pow2(p.pc.N), dspk__autotune_pow2(p.pc.K),
            dspk__autotune_pow2(p.nbatch));
   snprintf(layout, sizeof layout, "%02x", p.flags);
-  snprintf(dts, sizeof dts, "f16,f32,%s,%ux%ux%u",
-           d->cm.kind == DSPK__VK_CM_KHR ? "khr" : e ? "emu" : "nv", d->cm.lm, d->cm.ln,
+  snprintf(dts, sizeof dts, "%s,f32,%s,%ux%ux%u",
+           p.flags & DSPK__VK_CM_F_BF16 ? "bf16" : "f16", d->cm.kind == DSPK__VK_CM_KHR ? "khr" : e ? "emu" : "nv", d->cm.lm, d->cm.ln,
            d->cm.lk);
   struct tune_ud u = {d, &p, ctx};
   struct dspk__autotune_req req = {

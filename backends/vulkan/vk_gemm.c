@@ -627,8 +627,9 @@ int dspk__vk_gemm(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *
   const struct dspk__tensor *A = &op->in[0], *B = &op->in[1], *O = &op->out[0];
   const struct dspk__tensor *C = op->nin == 3 ? &op->in[2] : NULL;
   last_name = NULL; /* set again by launch() */
-  /* f16 on the tensor cores where the device offers them (vk_coopmat.c). */
-  if (A->dtype == DSPK_F16 && dspk__vk_coopmat_usable(d, op))
+  /* f16 (and bf16 on the KHR path) on the tensor cores where the device
+   * offers them (vk_coopmat.c). */
+  if ((A->dtype == DSPK_F16 || A->dtype == DSPK_BF16) && dspk__vk_coopmat_usable(d, op))
     return dspk__vk_coopmat_gemm(d, op, ctx);
   struct gdesc g;
   memset(&g, 0, sizeof g);

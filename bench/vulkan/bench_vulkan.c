@@ -4,8 +4,9 @@
  *
  *   gemm f32 4096^2 and 8192^2 through the backend table (what a dspkd
  *   runner does with data already in device buffers; tile shape from the
- *   autotuner) vs cuBLAS sgemm on the same data; f16 (tiled kernel, f32
- *   accumulation) vs cuBLAS GemmEx f16->f32;
+ *   autotuner) vs cuBLAS sgemm on the same data; f16 and bf16 (f32
+ *   accumulation; cooperative matrices where offered) vs cuBLAS GemmEx
+ *   f16->f32 and bf16->f32;
  *   fft 2^20 c64, batch 16 (VkFFT or our kernels, whichever the tuner
  *   picks) vs cuFFT;
  *   time to first result (open the device, gemm 1024^2 + fft 2^16, read
@@ -80,6 +81,12 @@ static void fill(void *p, size_t n, dspk_dtype dt) {
         h = (uint16_t)((sgn << 15) | (E << 10) | mant);
       }
       ((uint16_t *)p)[i] = h;
+    } else if (dt == DSPK_BF16) {
+      /* multiples of 1/128 in [-1, 1]: exact in bf16 (the upper half of the f32) */
+      float q = (float)lrintf(f * 128) / 128.0f;
+      uint32_t u;
+      memcpy(&u, &q, 4);
+      ((uint16_t *)p)[i] = (uint16_t)(u >> 16);
     } else {
       ((float *)p)[i] = f;
     }
@@ -159,7 +166,7 @@ static void cuda_init(void) {
 #endif
 
 static void bench_gemm(struct dspk__dev *d, dspk_dtype dt, int n, int reps) {
-  size_t isz = dt == DSPK_F16 ? 2 : 4, nn = (size_t)n * n;
+  size_t isz = dt == DSPK_F16 || dt == DSPK_BF16 ? 2 : 4, nn = (size_t)n * n;
   void *ha = malloc(nn * isz), *hb = malloc(nn * isz);
   fill(ha, nn, dt);
   fill(hb, nn, dt);
@@ -379,6 +386,8 @@ int main(int argc, char **argv) {
     bench_gemm(d, DSPK_F32, sizes[i], quick ? 2 : 5);
   for (int i = 0; i < 2; i++)
     bench_gemm(d, DSPK_F16, sizes[i], quick ? 2 : 5);
+  for (int i = 0; i < 2; i++)
+    bench_gemm(d, DSPK_BF16, sizes[i], quick ? 2 : 5);
   bench_fft(d, quick ? 1 << 12 : 1 << 20, quick ? 2 : 16, quick ? 2 : 20);
   printf("\n%s", fft_notes);
   V->close(d);

@@ -85,11 +85,14 @@ static int64_t batch_off(const struct htensor *x, int keep, const int64_t *os, i
 /* One f16 gemm on d against a naive double reference: A (as), B (bs),
  * optional C (crank >= 0, shape cs), inputs placed `pad` bytes into their
  * blocks.  Returns the relative error. */
+/* The dtype of gemm_case's A and B (f16, or bf16 for the KHR path's bf16). */
+static dspk_dtype gemm_dt = DSPK_F16;
+
 static double gemm_case(struct dspk__dev *d, int ra, const int64_t *as, int rb,
                         const int64_t *bs, int ta, int tb, int crank, const int64_t *cs,
                         double alpha, double beta, size_t pad) {
   char msg[512];
-  struct htensor A = h_make(DSPK_F16, ra, as, 1), B = h_make(DSPK_F16, rb, bs, 1);
+  struct htensor A = h_make(gemm_dt, ra, as, 1), B = h_make(gemm_dt, rb, bs, 1);
   struct htensor C = {0}, out = {0};
   struct dspk__op op = {.kind = DSPK_OP_GEMM, .nin = crank >= 0 ? 3 : 2};
   op.u.gemm.trans_a = ta;
@@ -190,10 +193,10 @@ static void gemm_suite(struct dspk__dev *d, const char *what, int64_t tile_m, in
                what, (long long)M, (long long)N, (long long)K, now);
     }
     if (!(e <= tol))
-      fail_msg("%s: gemm f16 %lldx%lldx%lld ta %d tb %d batch %d crank %d pad %zu: rel err %g "
+      fail_msg("%s: gemm %s %lldx%lldx%lld ta %d tb %d batch %d crank %d pad %zu: rel err %g "
                "(tol %g)",
-               what, (long long)M, (long long)N, (long long)K, cs[i].ta, cs[i].tb, cs[i].batch,
-               crank, cs[i].pad, e, tol);
+               what, dspk__dtype_name(gemm_dt), (long long)M, (long long)N, (long long)K,
+               cs[i].ta, cs[i].tb, cs[i].batch, crank, cs[i].pad, e, tol);
   }
 }
 
@@ -291,6 +294,55 @@ static void spv_walk(const uint32_t *w, size_t n, struct spv_count *c) {
     i += wc;
   }
   assert_int_equal(i, n);
+}
+
+/* The bf16 rewrite of a KHR module (dspk__vk_coopmat_bf16): each 16-bit
+ * OpTypeFloat gains the BFloat16KHR encoding, the two capabilities come
+ * after the module's own and the extension after its extensions, and
+ * nothing else changes.  (Debian 12's SPIRV-Tools predates SPV_KHR_bfloat16,
+ * so the result is checked word by word, not validated; the driver takes
+ * it on the H200: t_hardware_khr.) */
+static void check_bf16(const uint32_t *khr, size_t kw) {
+  uint32_t *bf = NULL;
+  size_t bw = 0, nhalf = 0, nbfloat = 0, caps[2] = {0, 0}, ext = 0, i, j;
+  assert_int_equal(dspk__vk_coopmat_bf16(khr, kw, &bf, &bw), 0);
+  for (i = 5; i < kw; i += khr[i] >> 16)
+    nhalf += (khr[i] & 0xffff) == 22 && (khr[i] >> 16) == 3 && khr[i + 2] == 16;
+  assert_true(nhalf > 0);
+  int phase = 0; /* 0 capabilities, 1 extensions, 2 the rest */
+  for (i = 5, j = 5; i < bw; i += bf[i] >> 16) {
+    uint32_t op = bf[i] & 0xffff, wc = bf[i] >> 16;
+    int ph = op == 17 ? 0 : op == 10 ? 1 : 2;
+    assert_true(ph >= phase); /* the module's layout is kept */
+    phase = ph;
+    if (op == 17 && (bf[i + 1] == 5116 || bf[i + 1] == 5118)) {
+      caps[bf[i + 1] == 5118]++;
+      continue;
+    }
+    if (op == 10 && strcmp((const char *)&bf[i + 1], "SPV_KHR_bfloat16") == 0) {
+      ext++;
+      continue;
+    }
+    if (op == 22 && bf[i + 2] == 16) {
+      assert_int_equal(wc, 4);
+      assert_int_equal(bf[i + 3], 0); /* BFloat16KHR */
+      assert_int_equal(khr[j + 1], bf[i + 1]);
+      nbfloat++;
+      j += khr[j] >> 16;
+      continue;
+    }
+    /* Any other instruction: the same words as in the KHR module. */
+    assert_int_equal(khr[j], bf[i]);
+    assert_memory_equal(&khr[j], &bf[i], wc * 4);
+    j += wc;
+  }
+  assert_int_equal(j, kw);
+  assert_int_equal(caps[0], 1);
+  assert_int_equal(caps[1], 1);
+  assert_int_equal(ext, 1);
+  assert_int_equal(nbfloat, nhalf);
+  assert_int_equal(bw, kw + 4 + 1 + 5 + nhalf); /* 2 capabilities, extension, encodings */
+  free(bf);
 }
 
 /* Counts the NV instructions of a module by opcode. */
@@ -394,6 +446,20 @@ static void t_spirv(void **state) {
       fail_msg("coopmat tile %s does not compile: %s", dspk__vk_coopmat_tile_name(t), log);
     spirv_val(nv, nw, dspk__vk_coopmat_tile_name(t));
     assert_int_equal(dspk__vk_coopmat_nv_to_khr(nv, nw, &khr, &kw), 0);
+    check_bf16(khr, kw);
+    free(khr);
+    free(nv);
+    /* The bf16 variant, in the bf16 shape the H200 offers (16x16x16). */
+    cm.bf16 = 1;
+    cm.blm = cm.bln = cm.blk = 16;
+    assert_true(dspk__vk_coopmat_source(src, 32768, &cm, t, variants[2] | DSPK__VK_CM_F_BF16) <
+                32768);
+    assert_non_null(strstr(src, "#define LN 16u"));
+    if (dspk__vk_glsl_to_spirv(d, "gemm_coopmat", src, &nv, &nw, log, sizeof log))
+      fail_msg("bf16 coopmat tile %s does not compile: %s", dspk__vk_coopmat_tile_name(t), log);
+    spirv_val(nv, nw, dspk__vk_coopmat_tile_name(t));
+    assert_int_equal(dspk__vk_coopmat_nv_to_khr(nv, nw, &khr, &kw), 0);
+    check_bf16(khr, kw);
     free(khr);
     free(nv);
   }
@@ -413,6 +479,10 @@ static void t_spirv(void **state) {
   assert_int_equal(dspk__vk_glsl_to_spirv(d, "gemm_coopmat", src, &spv, &sw, log, sizeof log), 0);
   spirv_val(spv, sw, "emulated");
   assert_int_equal(dspk__vk_coopmat_nv_to_khr(spv, sw, &o, &on), DSPK_EINVAL);
+  /* bf16: malformed, and a module without a 16-bit float, are refused. */
+  assert_int_equal(dspk__vk_coopmat_bf16(junk, 8, &o, &on), DSPK_EINVAL);
+  uint32_t nohalf[7] = {0x07230203, 0x10500, 0, 10, 0, (2u << 16) | 17, 1};
+  assert_int_equal(dspk__vk_coopmat_bf16(nohalf, 7, &o, &on), DSPK_EINVAL);
   free(spv);
   free(src);
   VKB->close(d);
@@ -506,6 +576,23 @@ static void hardware(int i) {
                     (unsigned long long)(d->cm.ngemm - before), e);
       assert_true(e <= 1e-4);
       assert_true(d->cm.ngemm > before);
+      /* bf16 where the KHR path offers it (VK_KHR_shader_bfloat16): the
+       * same shapes, on the tensor cores (counted launches). */
+      if (d->cm.bf16) {
+        gemm_dt = DSPK_BF16;
+        before = d->cm.ngemm;
+        gemm_suite(d, "bf16", tm, tn, 1e-4);
+        e = gemm_case(d, 2, as3, 2, bs3, 0, 0, -1, NULL, 1, 0, 0);
+        print_message("  bf16 1024x1000x1024 (tuned, %llu launches): rel err %.3g\n",
+                      (unsigned long long)(d->cm.ngemm - before), e);
+        gemm_dt = DSPK_F16;
+        assert_true(e <= 1e-4);
+        assert_true(d->cm.ngemm > before);
+        assert_true(d->cm.bf16); /* no kernel was rejected */
+      } else {
+        print_message("  bf16: on the scalar kernel (%s)\n",
+                      d->cm.kind == DSPK__VK_CM_KHR ? d->cm.bf16_why : "the NV path has none");
+      }
       ran++;
     }
     VKB->close(d);
