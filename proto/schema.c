@@ -198,6 +198,26 @@ static const struct dspk__param cache_kind_name_item = {"", DSPK__T_ENUM, REQ,
                                                         .choices = dspk__cache_kind_names,
                                                         .noun = "kind"};
 
+/* trace: a job record.  error: nil, or the error's name. */
+const struct dspk__param dspk__trace_job_f[DSPK__TJ_COUNT] = {
+    [DSPK__TJ_DEVICE] = RES("device", DSPK__T_STR),
+    [DSPK__TJ_KIND] = RES("kind", DSPK__T_STR),
+    [DSPK__TJ_NAME] = RES("name", DSPK__T_STR),
+    [DSPK__TJ_CLIENT] = RES("client", DSPK__T_UINT),
+    [DSPK__TJ_JOB] = RES_NIL("job", DSPK__T_UINT),
+    [DSPK__TJ_MSGID] = RES("msgid", DSPK__T_UINT),
+    [DSPK__TJ_ERROR] = RES_NIL("error", DSPK__T_STR),
+    [DSPK__TJ_RUNNING] = RES("running", DSPK__T_BOOL),
+    [DSPK__TJ_QUEUED_US] = RES("queued_us", DSPK__T_UINT),
+    [DSPK__TJ_START_US] = RES("start_us", DSPK__T_UINT),
+    [DSPK__TJ_END_US] = RES("end_us", DSPK__T_UINT),
+    [DSPK__TJ_UPLOAD_END_US] = RES_OPT("upload_end_us", DSPK__T_UINT),
+    [DSPK__TJ_COMPUTE_END_US] = RES_OPT("compute_end_us", DSPK__T_UINT),
+    [DSPK__TJ_TUNE_START_US] = RES_OPT("tune_start_us", DSPK__T_UINT),
+    [DSPK__TJ_TUNE_END_US] = RES_OPT("tune_end_us", DSPK__T_UINT),
+};
+static const struct dspk__param trace_job_item = ITEM_MAP(dspk__trace_job_f);
+
 static const struct dspk__param hello_p[] = {
     [DSPK__HELLO_VERSION] = {"version", DSPK__T_UINT, .max = UINT64_MAX, .def = {.v.u = 1},
                              .def_doc = "1"},
@@ -339,8 +359,8 @@ static const struct dspk__param trace_r[] = {
     [DSPK__R_TRACE_START_US] = RES("start_us", DSPK__T_UINT),
     [DSPK__R_TRACE_END_US] = RES("end_us", DSPK__T_UINT),
     [DSPK__R_TRACE_DROPPED] = RES("dropped", DSPK__T_UINT),
-    [DSPK__R_TRACE_DEVICES] = RES("devices", DSPK__T_ARRAY),
-    [DSPK__R_TRACE_JOBS] = RES("jobs", DSPK__T_ARRAY),
+    [DSPK__R_TRACE_DEVICES] = RES_ARR("devices", str_item),
+    [DSPK__R_TRACE_JOBS] = RES_ARR("jobs", trace_job_item),
 };
 
 /* Slurm jobs (daemon/jobs.c). */

@@ -7,7 +7,8 @@ for metrics), nested maps the table describes included (a map's fields,
 each item of an array, each value of a map keyed by names); called without
 a required parameter, or with a parameter of the wrong type, it is EINVAL
 naming that parameter.  A method the table lists without a sample call here
-fails the test, so a new method gets one.
+fails the test, so a new method gets one.  trace's job records are checked
+with a trace that records the whole session (answered at daemon.stop).
 
 usage: schema_results.py PROTOCOL_JSON DSPKD"""
 import fcntl
@@ -24,10 +25,13 @@ from dspk_rpc import Client, RpcError, check  # noqa: E402
 TIMEOUT = 30
 
 
+F32 = {"dtype": "f32", "shape": [2], "data": b"\0" * 8}
+
+
 def samples(c):
     """A valid call of every method, in an order that works (buffer before its use,
     daemon.stop last)."""
-    f32 = {"dtype": "f32", "shape": [2], "data": b"\0" * 8}
+    f32 = F32
     return [
         ("hello", {"version": 1, "client": "schema"}),
         ("ping", {"data": b"x"}),
@@ -113,7 +117,8 @@ def check_value(path, f, v):
 # Nested maps the sample calls must have shown (so the checks above ran).
 SEEN = ["devices.devices[0].ops", "devices.unavailable[0].reason", "status.clients[0].job",
         "status.jobs[0].devices", "status.devices[0].stats", "status.daemon.limits",
-        "cache.stats.kinds.blobs.evictions", "hello.limits.max_clients"]
+        "cache.stats.kinds.blobs.evictions", "hello.limits.max_clients",
+        "trace.devices[0]", "trace.jobs[0].error"]
 
 
 def paths(prefix, v, out):
@@ -159,6 +164,10 @@ def main():
     ready, _, _ = select.select([r], [], [], TIMEOUT)
     check(ready and os.read(r, 16) == b"READY\n", "dspkd ready")
     c = Client(sock, TIMEOUT)
+    # A trace of the whole session on its own connection: answered at
+    # daemon.stop with every job the samples ran.
+    tracer = Client(sock, TIMEOUT)
+    whole = tracer.send("trace", {"seconds": 600})
     state = {}
     called = set()
     seen = set()
@@ -203,6 +212,12 @@ def main():
             if name == "buffer.create":
                 state["buffer"] = res["buffer"]
             called.add(name)
+        res = tracer.wait(whole)
+        check_result("trace", methods["trace"], res)
+        paths("trace", res, seen)
+        check(any(j["kind"] == "task" and j["error"] is None and "compute_end_us" in j
+                  for j in res["jobs"]),
+              "the session's trace has its tasks and their phases: %r" % res["jobs"])
         check(called == set(methods), "no sample call of %s" % sorted(set(methods) - called))
         check(set(SEEN) <= seen, "nested fields never shown: %r" % sorted(set(SEEN) - seen))
         check(proc.wait(TIMEOUT) == 0, "dspkd stopped by daemon.stop")

@@ -10,6 +10,7 @@
  */
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -717,6 +718,84 @@ static void test_nested(void **state) {
   assert_string_equal(msg, "result.kinds.blobs.entries: expected a non-negative integer");
 }
 
+/* The packing by the table and the reference bytes packed by hand: equal. */
+static void assert_same_bytes(struct dspk__wbuf *w, msgpack_sbuffer *sb) {
+  static char flat[1024];
+  size_t n = wbuf_flat(w, flat, sizeof flat);
+  assert_int_equal(n, sb->size);
+  assert_memory_equal(flat, sb->data, n);
+}
+
+/* result decoded from msgpack bytes against method m: the code, msg. */
+static int decode_bytes(enum dspk__method_id m, const char *bytes, size_t n, char *msg) {
+  struct dspk__pval out[DSPK__MAX_PARAMS];
+  msgpack_unpacked up;
+  int rc;
+  msgpack_unpacked_init(&up);
+  assert_int_equal(msgpack_unpack_next(&up, bytes, n, NULL), MSGPACK_UNPACK_SUCCESS);
+  rc = dspk__result_decode(&dspk__methods[m], &up.data, out, msg, 256);
+  msgpack_unpacked_destroy(&up);
+  return rc;
+}
+
+/* trace's job records: dspk__map_encode over dspk__trace_job_f packs the
+ * bytes the daemon packed by hand before (nil job, a task's phases only
+ * once reached); a record without device is EPROTO naming its path. */
+static void test_trace_jobs(void **state) {
+  static const char bad_job[] = "\x85\xa8" "start_us" "\x00\xa6" "end_us" "\x00"
+                                "\xa7" "dropped" "\x00\xa7" "devices" "\x90"
+                                "\xa4" "jobs" "\x91\x80";
+  struct dspk__pval f[DSPK__MAX_FIELDS];
+  struct dspk__wbuf w;
+  msgpack_sbuffer sb;
+  msgpack_packer pk;
+  char msg[256];
+  (void)state;
+
+  /* A task that tuned and failed, of a client without a Slurm job. */
+  memset(f, 0, sizeof f);
+  f[DSPK__TJ_DEVICE] = dspk__pv_str("cpu:0");
+  f[DSPK__TJ_KIND] = dspk__pv_str("task");
+  f[DSPK__TJ_NAME] = dspk__pv_str("gemm");
+  f[DSPK__TJ_CLIENT] = dspk__pv_uint(3);
+  f[DSPK__TJ_JOB] = dspk__pv_nil();
+  f[DSPK__TJ_MSGID] = dspk__pv_uint(70000);
+  f[DSPK__TJ_ERROR] = dspk__pv_str("ECANCELED");
+  f[DSPK__TJ_RUNNING] = dspk__pv_bool(false);
+  f[DSPK__TJ_QUEUED_US] = dspk__pv_uint(1000);
+  f[DSPK__TJ_START_US] = dspk__pv_uint(1100);
+  f[DSPK__TJ_END_US] = dspk__pv_uint(5000000000ull);
+  f[DSPK__TJ_UPLOAD_END_US] = dspk__pv_uint(1200);
+  f[DSPK__TJ_TUNE_START_US] = dspk__pv_uint(1300);
+  f[DSPK__TJ_TUNE_END_US] = dspk__pv_uint(1400);
+  dspk__wbuf_init(&w);
+  dspk__map_encode(&w, dspk__trace_job_f, DSPK__TJ_COUNT, f);
+  msgpack_sbuffer_init(&sb);
+  msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+  msgpack_pack_map(&pk, 14);
+  dspk__pack_kv_str(&pk, "device", "cpu:0");
+  dspk__pack_kv_str(&pk, "kind", "task");
+  dspk__pack_kv_str(&pk, "name", "gemm");
+  dspk__pack_kv_u64(&pk, "client", 3);
+  dspk__pack_str(&pk, "job");
+  msgpack_pack_nil(&pk);
+  dspk__pack_kv_u64(&pk, "msgid", 70000);
+  dspk__pack_kv_str(&pk, "error", "ECANCELED");
+  dspk__pack_kv_bool(&pk, "running", false);
+  dspk__pack_kv_u64(&pk, "queued_us", 1000);
+  dspk__pack_kv_u64(&pk, "start_us", 1100);
+  dspk__pack_kv_u64(&pk, "end_us", 5000000000ull);
+  dspk__pack_kv_u64(&pk, "upload_end_us", 1200);
+  dspk__pack_kv_u64(&pk, "tune_start_us", 1300);
+  dspk__pack_kv_u64(&pk, "tune_end_us", 1400);
+  assert_same_bytes(&w, &sb);
+  msgpack_sbuffer_destroy(&sb);
+  dspk__wbuf_free(&w);
+
+  assert_int_equal(decode_bytes(DSPK__M_TRACE, bad_job, sizeof bad_job - 1, msg), DSPK_EPROTO);
+  assert_string_equal(msg, "result.jobs[0].device: required (a string)");
+}
+
 /* A nested table's rows: named (items unnamed), within DSPK__MAX_FIELDS. */
 static void check_rows(const struct dspk__param *ps, int n, int depth) {
   assert_true(depth < 6);
@@ -786,7 +865,7 @@ int main(void) {
       cmocka_unit_test(test_defaults), cmocka_unit_test(test_types),
       cmocka_unit_test(test_options),  cmocka_unit_test(test_roundtrip),
       cmocka_unit_test(test_table),       cmocka_unit_test(test_results),
-      cmocka_unit_test(test_nested),
+      cmocka_unit_test(test_nested), cmocka_unit_test(test_trace_jobs),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
