@@ -218,6 +218,20 @@ const struct dspk__param dspk__trace_job_f[DSPK__TJ_COUNT] = {
 };
 static const struct dspk__param trace_job_item = ITEM_MAP(dspk__trace_job_f);
 
+/* task.run: a result tensor, inline {dtype, shape, data} or
+ * {dtype, shape, buffer, offset} (the tensor checks, e.g. data's size, are
+ * dspk__tensor_decode's). */
+static const struct dspk__param uint_item = ITEM(DSPK__T_UINT);
+const struct dspk__param dspk__out_tensor_f[DSPK__OUT_COUNT] = {
+    [DSPK__OUT_DTYPE] = {"dtype", DSPK__T_ENUM, REQ, .choices = dspk__dtype_names,
+                         .noun = "dtype"},
+    [DSPK__OUT_SHAPE] = RES_ARR("shape", uint_item),
+    [DSPK__OUT_DATA] = RES_OPT("data", DSPK__T_BIN),
+    [DSPK__OUT_BUFFER] = RES_OPT("buffer", DSPK__T_UINT),
+    [DSPK__OUT_OFFSET] = RES_OPT("offset", DSPK__T_UINT),
+};
+static const struct dspk__param out_tensor_item = ITEM_MAP(dspk__out_tensor_f);
+
 static const struct dspk__param hello_p[] = {
     [DSPK__HELLO_VERSION] = {"version", DSPK__T_UINT, .max = UINT64_MAX, .def = {.v.u = 1},
                              .def_doc = "1"},
@@ -317,7 +331,7 @@ static const struct dspk__param run_p[] = {
 };
 static const struct dspk__param run_r[] = {
     [DSPK__R_RUN_DEVICE] = RES("device", DSPK__T_STR),
-    [DSPK__R_RUN_OUTPUTS] = RES("outputs", DSPK__T_ARRAY),
+    [DSPK__R_RUN_OUTPUTS] = RES_ARR("outputs", out_tensor_item),
     [DSPK__R_RUN_TIME_US] = RES("time_us", DSPK__T_UINT),
 };
 

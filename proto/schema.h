@@ -288,6 +288,10 @@ enum { DSPK__TJ_DEVICE, DSPK__TJ_KIND, DSPK__TJ_NAME, DSPK__TJ_CLIENT, DSPK__TJ_
        DSPK__TJ_MSGID, DSPK__TJ_ERROR, DSPK__TJ_RUNNING, DSPK__TJ_QUEUED_US,
        DSPK__TJ_START_US, DSPK__TJ_END_US, DSPK__TJ_UPLOAD_END_US, DSPK__TJ_COMPUTE_END_US,
        DSPK__TJ_TUNE_START_US, DSPK__TJ_TUNE_END_US, DSPK__TJ_COUNT };
+/* task.run: each of outputs[], a tensor: inline (data) or written to a
+ * buffer (buffer, offset). */
+enum { DSPK__OUT_DTYPE, DSPK__OUT_SHAPE, DSPK__OUT_DATA, DSPK__OUT_BUFFER, DSPK__OUT_OFFSET,
+       DSPK__OUT_COUNT };
 
 /* Most fields one nested result map has (sizes a dspk__pval array). */
 #define DSPK__MAX_FIELDS 16
@@ -304,6 +308,7 @@ extern const struct dspk__param dspk__running_op_f[DSPK__RO_COUNT];
 extern const struct dspk__param dspk__devstats_f[DSPK__DS_COUNT];
 extern const struct dspk__param dspk__cache_kind_f[DSPK__CK_COUNT];
 extern const struct dspk__param dspk__trace_job_f[DSPK__TJ_COUNT];
+extern const struct dspk__param dspk__out_tensor_f[DSPK__OUT_COUNT];
 
 /* Most parameters one method or op has (sizes a dspk__pval array). */
 #define DSPK__MAX_PARAMS 8

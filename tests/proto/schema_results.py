@@ -7,8 +7,11 @@ for metrics), nested maps the table describes included (a map's fields,
 each item of an array, each value of a map keyed by names); called without
 a required parameter, or with a parameter of the wrong type, it is EINVAL
 naming that parameter.  A method the table lists without a sample call here
-fails the test, so a new method gets one.  trace's job records are checked
-with a trace that records the whole session (answered at daemon.stop).
+fails the test, so a new method gets one.  task.run's outputs are checked
+in each of their forms (inline, inline sent from the device's memory,
+written into a buffer, written into a shared buffer as libdspkclient's
+temporaries are), and trace's job records with a trace that records the
+whole session (answered at daemon.stop).
 
 usage: schema_results.py PROTOCOL_JSON DSPKD"""
 import fcntl
@@ -118,7 +121,31 @@ def check_value(path, f, v):
 SEEN = ["devices.devices[0].ops", "devices.unavailable[0].reason", "status.clients[0].job",
         "status.jobs[0].devices", "status.devices[0].stats", "status.daemon.limits",
         "cache.stats.kinds.blobs.evictions", "hello.limits.max_clients",
+        "task.run.outputs[0].buffer", "task.run.outputs[0].data", "task.run.outputs[0].shape[0]",
         "trace.devices[0]", "trace.jobs[0].error"]
+
+
+def run_outputs(c, m, seen):
+    """task.run's outputs in their other forms, each against the table: inline
+    (small: read back; 128 KiB: sent from the device's block), and written
+    into a shared buffer (as libdspkclient's temporaries)."""
+    def run(inp, outputs=None):
+        args = {"op": "map", "device": "cpu:0", "inputs": [inp], "options": {"fn": "abs"}}
+        if outputs is not None:
+            args["outputs"] = outputs
+        res = c.call("task.run", args)
+        check_result("task.run", m, res)
+        paths("task.run", res, seen)
+        return res["outputs"][0]
+
+    big = {"dtype": "f32", "shape": [32768], "data": b"\0" * 131072}
+    check(len(run(F32)["data"]) == 8, "an inline output")
+    check(len(run(big)["data"]) == 131072, "a large inline output")
+    shared = c.call("buffer.share", {"device": "cpu:0", "size": 4096})
+    out = run(F32, [{"buffer": shared["buffer"], "offset": 64}])
+    check(out["buffer"] == shared["buffer"] and out["offset"] == 64,
+          "an output in a shared buffer: %r" % out)
+    c.call("buffer.free", {"buffer": shared["buffer"]})
 
 
 def paths(prefix, v, out):
@@ -211,6 +238,8 @@ def main():
                 check(res["path"].endswith("/c\ufffd.db"), "cache.stats path %r" % res["path"])
             if name == "buffer.create":
                 state["buffer"] = res["buffer"]
+            if name == "task.run":
+                run_outputs(c, m, seen)
             called.add(name)
         res = tracer.wait(whole)
         check_result("trace", methods["trace"], res)

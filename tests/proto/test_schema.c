@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/uio.h>
 
 #include <cmocka.h>
 #include <msgpack.h>
@@ -327,6 +328,23 @@ static void unpack_wbuf(struct dspk__wbuf *w, char *flat, size_t cap, msgpack_un
 static int released;
 static void on_release(void *ud) { released += *(int *)ud; }
 
+static void pack_none(const void *ud, struct dspk__wbuf *w);
+
+/* task.run's outputs: two tensors, f32 [] inline and written to buffer 1. */
+static void pack_two_outputs(const void *ud, struct dspk__wbuf *w) {
+  struct dspk__pval t[DSPK__OUT_COUNT] = {
+      [DSPK__OUT_DTYPE] = dspk__pv_enum(DSPK_F32),
+      [DSPK__OUT_SHAPE] = dspk__pv_pack(pack_none, NULL),
+      [DSPK__OUT_DATA] = dspk__pv_bin("\0\0\0\0", 4, NULL, NULL)};
+  (void)ud;
+  msgpack_pack_array(&w->pk, 2);
+  dspk__map_encode(w, dspk__out_tensor_f, DSPK__OUT_COUNT, t);
+  t[DSPK__OUT_DATA].set = false;
+  t[DSPK__OUT_BUFFER] = dspk__pv_uint(1);
+  t[DSPK__OUT_OFFSET] = dspk__pv_uint(0);
+  dspk__map_encode(w, dspk__out_tensor_f, DSPK__OUT_COUNT, t);
+}
+
 /* The result encoder and decoder: task.run's result packed in two steps
  * (time_us last) decodes with every field and its type; a result without a
  * field the table marks always there is EPROTO naming it; job.end's
@@ -343,7 +361,7 @@ static void test_results(void **state) {
   (void)state;
 
   v[DSPK__R_RUN_DEVICE] = dspk__pv_str("cpu:0");
-  v[DSPK__R_RUN_OUTPUTS] = dspk__pv_pack(pack_two, NULL);
+  v[DSPK__R_RUN_OUTPUTS] = dspk__pv_pack(pack_two_outputs, NULL);
   v[DSPK__R_RUN_TIME_US] = dspk__pv_uint(0);
   dspk__wbuf_init(&w);
   dspk__result_head(&w, run, v);
@@ -719,11 +737,22 @@ static void test_nested(void **state) {
 }
 
 /* The packing by the table and the reference bytes packed by hand: equal. */
+#define BIG_BYTES 8192 /* inline data sent by reference (proto/codec.c copies less than 1 KiB) */
 static void assert_same_bytes(struct dspk__wbuf *w, msgpack_sbuffer *sb) {
-  static char flat[1024];
+  static char flat[BIG_BYTES * 2];
   size_t n = wbuf_flat(w, flat, sizeof flat);
   assert_int_equal(n, sb->size);
   assert_memory_equal(flat, sb->data, n);
+}
+
+static void count_release(void *ud) { ++*(int *)ud; }
+
+/* A task.run output tensor's shape [3, 2]. */
+static void pack_shape32(const void *ud, struct dspk__wbuf *w) {
+  (void)ud;
+  msgpack_pack_array(&w->pk, 2);
+  msgpack_pack_int64(&w->pk, 3);
+  msgpack_pack_int64(&w->pk, 2);
 }
 
 /* result decoded from msgpack bytes against method m: the code, msg. */
@@ -736,6 +765,75 @@ static int decode_bytes(enum dspk__method_id m, const char *bytes, size_t n, cha
   rc = dspk__result_decode(&dspk__methods[m], &up.data, out, msg, 256);
   msgpack_unpacked_destroy(&up);
   return rc;
+}
+
+/* task.run's output tensors: dspk__map_encode over dspk__out_tensor_f packs
+ * the bytes the daemon packed by hand before (dspk__pack_tensor_meta, then
+ * data or buffer and offset); large inline data stays a reference to the
+ * caller's memory (no copy), released once; the decoder checks each output
+ * and names the path of a wrong field. */
+static void test_run_outputs(void **state) {
+  static char big[BIG_BYTES];
+  static const char bad_out[] = "\x83\xa6" "device" "\xa5" "cpu:0" "\xa7" "outputs"
+                                "\x91\x83\xa5" "dtype" "\xa3" "f99" "\xa5" "shape" "\x90"
+                                "\xa4" "data" "\xc4\x00" "\xa7" "time_us" "\x01";
+  const int64_t shape[2] = {3, 2};
+  struct dspk__pval f[DSPK__MAX_FIELDS];
+  struct dspk__wbuf w;
+  struct iovec *iov;
+  msgpack_sbuffer sb;
+  msgpack_packer pk;
+  size_t niov;
+  int freed = 0;
+  bool by_ref = false;
+  char msg[256];
+  (void)state;
+
+  /* An inline output: {dtype, shape, data}, data sent from big itself. */
+  memset(f, 0, sizeof f);
+  f[DSPK__OUT_DTYPE] = dspk__pv_enum(DSPK_C64);
+  f[DSPK__OUT_SHAPE] = dspk__pv_pack(pack_shape32, NULL);
+  f[DSPK__OUT_DATA] = dspk__pv_bin(big, sizeof big, count_release, &freed);
+  dspk__wbuf_init(&w);
+  dspk__map_encode(&w, dspk__out_tensor_f, DSPK__OUT_COUNT, f);
+  assert_int_equal(dspk__wbuf_iov(&w, &iov, &niov), 0);
+  for (size_t i = 0; i < niov; i++)
+    by_ref |= iov[i].iov_base == (void *)big && iov[i].iov_len == sizeof big;
+  assert_true(by_ref);
+  msgpack_sbuffer_init(&sb);
+  msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+  msgpack_pack_map(&pk, 3);
+  dspk__pack_tensor_meta(&pk, DSPK_C64, 2, shape);
+  dspk__pack_str(&pk, "data");
+  msgpack_pack_bin(&pk, sizeof big);
+  msgpack_pack_bin_body(&pk, big, sizeof big);
+  assert_same_bytes(&w, &sb);
+  msgpack_sbuffer_destroy(&sb);
+  dspk__wbuf_free(&w);
+  assert_int_equal(freed, 1);
+
+  /* An output written to a buffer: {dtype, shape, buffer, offset}. */
+  memset(f, 0, sizeof f);
+  f[DSPK__OUT_DTYPE] = dspk__pv_enum(DSPK_F32);
+  f[DSPK__OUT_SHAPE] = dspk__pv_pack(pack_shape32, NULL);
+  f[DSPK__OUT_BUFFER] = dspk__pv_uint(7);
+  f[DSPK__OUT_OFFSET] = dspk__pv_uint(4096);
+  dspk__wbuf_init(&w);
+  dspk__map_encode(&w, dspk__out_tensor_f, DSPK__OUT_COUNT, f);
+  msgpack_sbuffer_init(&sb);
+  msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+  msgpack_pack_map(&pk, 4);
+  dspk__pack_tensor_meta(&pk, DSPK_F32, 2, shape);
+  dspk__pack_kv_u64(&pk, "buffer", 7);
+  dspk__pack_kv_u64(&pk, "offset", 4096);
+  assert_same_bytes(&w, &sb);
+  msgpack_sbuffer_destroy(&sb);
+  dspk__wbuf_free(&w);
+
+  /* An output's dtype outside the list is EPROTO naming its path. */
+  assert_int_equal(decode_bytes(DSPK__M_TASK_RUN, bad_out, sizeof bad_out - 1, msg),
+                   DSPK_EPROTO);
+  assert_non_null(strstr(msg, "result.outputs[0].dtype: unknown dtype \"f99\""));
 }
 
 /* trace's job records: dspk__map_encode over dspk__trace_job_f packs the
@@ -866,6 +964,7 @@ int main(void) {
       cmocka_unit_test(test_options),  cmocka_unit_test(test_roundtrip),
       cmocka_unit_test(test_table),       cmocka_unit_test(test_results),
       cmocka_unit_test(test_nested), cmocka_unit_test(test_trace_jobs),
+      cmocka_unit_test(test_run_outputs),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
