@@ -455,13 +455,17 @@ static void answer_trace(struct srv *s, bool bad) {
   pk_send(s, &k);
 }
 
-static void s_trace(struct srv *s) {
+/* hello, then answer(s, false) and answer(s, true) to the next two
+ * requests, then waits until the client closes. */
+static void good_then_bad(struct srv *s, void (*answer)(struct srv *s, bool bad)) {
   char m[64];
   answer_hello(s, 1);
-  answer_trace(s, false);
-  answer_trace(s, true);
-  srv_read(s, m, sizeof m); /* until the client closes */
+  answer(s, false);
+  answer(s, true);
+  srv_read(s, m, sizeof m);
 }
+
+static void s_trace(struct srv *s) { good_then_bad(s, answer_trace); }
 
 /* The daemon's records as Chrome trace-event JSON; a record the table
  * (dspk__trace_job_f) does not describe is EPROTO naming its path. */
@@ -545,13 +549,7 @@ static void answer_devices(struct srv *s, bool no_langs) {
   pk_send(s, &k);
 }
 
-static void s_bad_devices(struct srv *s) {
-  char m[64];
-  answer_hello(s, 1);
-  answer_devices(s, false);
-  answer_devices(s, true);
-  srv_read(s, m, sizeof m); /* until the client closes */
-}
+static void s_bad_devices(struct srv *s) { good_then_bad(s, answer_devices); }
 
 static void test_bad_nested(void **state) {
   (void)state;
