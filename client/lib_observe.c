@@ -94,12 +94,6 @@ struct conv {
   size_t nlanes, caplanes;
 };
 
-static uint64_t get_u64(const msgpack_object *m, const char *k) {
-  uint64_t v = 0;
-  dspk__obj_u64(dspk__map_get(m, k), &v);
-  return v;
-}
-
 /* Starts an event: {"name":NAME,"ph":PH,"pid":P,"tid":T, ... (no closing). */
 static void ev_head(struct conv *cv, const char *name, size_t nlen, const char *ph, int pid,
                     uint64_t tid) {
@@ -187,31 +181,37 @@ static uint64_t queue_tid(struct conv *cv, int pid, uint64_t client, uint64_t t0
   return QUEUE_TID0 + QUEUE_LANES * client + (uint64_t)k;
 }
 
-/* One job record: its queue wait, its run and its phases. */
+/* A uint field of a job record (0 when absent or nil). */
+static uint64_t u64_of(const struct dspk__pval *f, int k) {
+  return f[k].set && !f[k].nil ? f[k].v.u : 0;
+}
+
+/* One job record (its fields against dspk__trace_job_f, checked by
+ * dspk__result_decode): its queue wait, its run and its phases. */
 static void conv_job(struct conv *cv, const msgpack_object *job, int pid) {
-  const msgpack_object *err = dspk__map_get(job, "error");
-  const char *name, *kind, *e = NULL;
-  size_t nlen, klen, elen = 0;
-  bool running = false, task;
-  uint64_t client = get_u64(job, "client"), msgid = get_u64(job, "msgid");
-  uint64_t sjob = get_u64(job, "job");
-  uint64_t q = get_u64(job, "queued_us"), s = get_u64(job, "start_us");
-  uint64_t end = get_u64(job, "end_us");
-  uint64_t up = get_u64(job, "upload_end_us"), comp = get_u64(job, "compute_end_us");
-  uint64_t t0 = get_u64(job, "tune_start_us"), t1 = get_u64(job, "tune_end_us");
+  struct dspk__pval f[DSPK__TJ_COUNT];
+  const char *name, *e = NULL;
+  size_t nlen, elen = 0;
+  bool running, task;
+  uint64_t client, msgid, sjob, q, s, end, up, comp, t0, t1;
   struct dspk__jbuf a = {0};
   char num[96];
 
-  if (dspk__obj_str(dspk__map_get(job, "name"), &name, &nlen) != 0) {
-    name = "job";
-    nlen = 3;
+  dspk__fields(dspk__trace_job_f, DSPK__TJ_COUNT, job, f);
+  client = u64_of(f, DSPK__TJ_CLIENT), msgid = u64_of(f, DSPK__TJ_MSGID);
+  sjob = u64_of(f, DSPK__TJ_JOB);
+  q = u64_of(f, DSPK__TJ_QUEUED_US), s = u64_of(f, DSPK__TJ_START_US);
+  end = u64_of(f, DSPK__TJ_END_US);
+  up = u64_of(f, DSPK__TJ_UPLOAD_END_US), comp = u64_of(f, DSPK__TJ_COMPUTE_END_US);
+  t0 = u64_of(f, DSPK__TJ_TUNE_START_US), t1 = u64_of(f, DSPK__TJ_TUNE_END_US);
+  name = f[DSPK__TJ_NAME].v.s.p;
+  nlen = f[DSPK__TJ_NAME].v.s.n;
+  task = f[DSPK__TJ_KIND].v.s.n == 4 && memcmp(f[DSPK__TJ_KIND].v.s.p, "task", 4) == 0;
+  if (!f[DSPK__TJ_ERROR].nil) {
+    e = f[DSPK__TJ_ERROR].v.s.p;
+    elen = f[DSPK__TJ_ERROR].v.s.n;
   }
-  if (dspk__obj_str(dspk__map_get(job, "kind"), &kind, &klen) != 0)
-    kind = "", klen = 0;
-  task = klen == 4 && memcmp(kind, "task", 4) == 0;
-  if (err && err->type == MSGPACK_OBJECT_STR)
-    dspk__obj_str(err, &e, &elen);
-  dspk__arg_bool(job, "running", &running, NULL, 0);
+  running = f[DSPK__TJ_RUNNING].v.b;
 
   snprintf(num, sizeof num, "{\"client\":%" PRIu64 ",\"msgid\":%" PRIu64, client, msgid);
   dspk__jputs(&a, num);
@@ -249,18 +249,21 @@ static void conv_job(struct conv *cv, const msgpack_object *job, int pid) {
 }
 
 /* The daemon's answer as Chrome trace-event JSON. */
-static int convert(const msgpack_object *res, char **out) {
-  const msgpack_object *devs = dspk__map_get(res, "devices");
-  const msgpack_object *jobs = dspk__map_get(res, "jobs");
+static int convert(const struct dspk__pval *res, char **out) {
+  const msgpack_object *devs = res[DSPK__R_TRACE_DEVICES].v.o;
+  const msgpack_object *jobs = res[DSPK__R_TRACE_JOBS].v.o;
   struct conv cv = {0};
-  uint64_t start = get_u64(res, "start_us"), end = get_u64(res, "end_us");
+  uint64_t start = res[DSPK__R_TRACE_START_US].v.u, end = res[DSPK__R_TRACE_END_US].v.u;
   char num[160], id[64];
-  uint32_t ndev = devs && devs->type == MSGPACK_OBJECT_ARRAY ? devs->via.array.size : 0;
-  uint32_t njob = jobs && jobs->type == MSGPACK_OBJECT_ARRAY ? jobs->via.array.size : 0;
+  uint32_t ndev = devs->via.array.size;
+  uint32_t njob = jobs->via.array.size;
 
   cv.base = start;
   for (uint32_t i = 0; i < njob; i++) {
-    uint64_t q = get_u64(&jobs->via.array.ptr[i], "queued_us");
+    struct dspk__pval f[DSPK__TJ_COUNT];
+    uint64_t q;
+    dspk__fields(dspk__trace_job_f, DSPK__TJ_COUNT, &jobs->via.array.ptr[i], f);
+    q = f[DSPK__TJ_QUEUED_US].v.u;
     if (q && q < cv.base)
       cv.base = q;
   }
@@ -288,7 +291,7 @@ static int convert(const msgpack_object *res, char **out) {
   snprintf(num, sizeof num,
            "\n],\"displayTimeUnit\":\"ms\",\"otherData\":{\"start_us\":%" PRIu64
            ",\"end_us\":%" PRIu64 ",\"dropped\":%" PRIu64 ",\"jobs\":%" PRIu32 "}}\n",
-           start - cv.base, end - cv.base, get_u64(res, "dropped"), njob);
+           start - cv.base, end - cv.base, res[DSPK__R_TRACE_DROPPED].v.u, njob);
   dspk__jputs(&cv.j, num);
   free(cv.lanes);
   if (cv.j.err) {
@@ -301,6 +304,8 @@ static int convert(const msgpack_object *res, char **out) {
 
 DSPK_EXPORT int dspk_trace(dspk_client *c, double seconds, char **json_out) {
   struct dspk__resp r;
+  struct dspk__pval v[DSPK__MAX_PARAMS];
+  char why[256];
   char *json = NULL;
   int rc;
 
@@ -309,7 +314,13 @@ DSPK_EXPORT int dspk_trace(dspk_client *c, double seconds, char **json_out) {
   rc = dspk__call(c, "trace", pack_seconds, &seconds, &r);
   if (rc != 0)
     return rc;
-  rc = convert(r.msg.result, &json);
+  /* The whole answer against the table, each job record included. */
+  if ((rc = dspk__result_decode(&dspk__methods[DSPK__M_TRACE], r.msg.result, v, why,
+                                sizeof why)) < 0) {
+    dspk__resp_free(&r);
+    return dspk__cerr(c, rc, "%s", why);
+  }
+  rc = convert(v, &json);
   dspk__resp_free(&r);
   if (rc != 0)
     return dspk__cerr(c, rc, "out of memory");

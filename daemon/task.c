@@ -249,21 +249,32 @@ static void exec_read(struct device *dev, struct job *j) {
   dspk__result_encode(&wr->w, &dspk__methods[DSPK__M_BUFFER_READ], v);
 }
 
-/* Packs one output tensor: a reference when it went to a buffer, else the
- * bytes read back into host memory (then owned by the frame). */
+/* A result tensor's shape. */
+static void pack_shape(const void *ud, struct dspk__wbuf *w) {
+  const struct dspk__tensor *t = ud;
+  msgpack_pack_array(&w->pk, (size_t)t->rank);
+  for (int i = 0; i < t->rank; i++)
+    msgpack_pack_int64(&w->pk, t->shape[i]);
+}
+
+/* Packs one output tensor by the table (dspk__out_tensor_f): a reference
+ * when it went to a buffer, else the bytes read back into host memory (then
+ * owned by the frame) or the device block itself, sent by reference
+ * without a copy. */
 static void pack_tensor(struct dspk__wbuf *w, const struct dspk__tensor *t,
                         const struct dbuf *ref, const void *data,
                         void (*release)(void *ud), void *ud) {
-  msgpack_packer *pk = &w->pk;
-  msgpack_pack_map(pk, ref ? 4 : 3);
-  dspk__pack_tensor_meta(pk, t->dtype, (unsigned)t->rank, t->shape);
+  struct dspk__pval v[DSPK__OUT_COUNT] = {
+      [DSPK__OUT_DTYPE] = dspk__pv_enum((int)t->dtype),
+      [DSPK__OUT_SHAPE] = dspk__pv_pack(pack_shape, t),
+  };
   if (ref) {
-    dspk__pack_kv_u64(pk, "buffer", ref->id);
-    dspk__pack_kv_u64(pk, "offset", t->offset);
+    v[DSPK__OUT_BUFFER] = dspk__pv_uint(ref->id);
+    v[DSPK__OUT_OFFSET] = dspk__pv_uint(t->offset);
   } else {
-    dspk__pack_str(pk, "data");
-    dspk__wbuf_bin_ref(w, data, dspk__tensor_nbytes(t), release, ud);
+    v[DSPK__OUT_DATA] = dspk__pv_bin(data, dspk__tensor_nbytes(t), release, ud);
   }
+  dspk__map_encode(w, dspk__out_tensor_f, DSPK__OUT_COUNT, v);
 }
 
 /* task.run's outputs: each result tensor.  An inline one's host memory goes

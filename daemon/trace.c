@@ -38,47 +38,34 @@ struct trec {
   int dev;
 };
 
-static void pack_rec(msgpack_packer *pk, const struct dspkd *d, const struct trec *x) {
+/* One job record, packed by the table (dspk__trace_job_f): a task's
+ * phases only once reached. */
+static void pack_rec(struct dspk__wbuf *w, const struct dspkd *d, const struct trec *x) {
   const struct trace_rec *r = &x->r;
   bool task = r->kind == JOB_TASK;
-  int n = 11 + (task && r->t.upload_end) + (task && r->t.compute_end) +
-          2 * (task && r->t.tune_start);
-
-  msgpack_pack_map(pk, (size_t)n);
-  dspk__pack_str(pk, "device");
-  dspk__pack_str(pk, d->devs[x->dev].id);
-  dspk__pack_str(pk, "kind");
-  dspk__pack_str(pk, task ? "task" : dspkd_obs_job_name(r->kind, 0));
-  dspk__pack_str(pk, "name");
-  dspk__pack_str(pk, dspkd_obs_job_name(r->kind, r->op));
-  dspk__pack_kv_u64(pk, "client", r->client);
-  dspk__pack_str(pk, "job"); /* the client's Slurm job */
-  if (r->slurm_job)
-    msgpack_pack_uint64(pk, r->slurm_job);
-  else
-    msgpack_pack_nil(pk);
-  dspk__pack_kv_u64(pk, "msgid", r->msgid);
-  dspk__pack_str(pk, "error");
-  if (r->err)
-    dspk__pack_str(pk, dspk__err_name(r->err));
-  else
-    msgpack_pack_nil(pk);
-  dspk__pack_str(pk, "running");
-  if (r->running)
-    msgpack_pack_true(pk);
-  else
-    msgpack_pack_false(pk);
-  dspk__pack_kv_u64(pk, "queued_us", (r->t.queued ? r->t.queued : r->t.start) / 1000);
-  dspk__pack_kv_u64(pk, "start_us", r->t.start / 1000);
-  dspk__pack_kv_u64(pk, "end_us", r->t.end / 1000);
+  struct dspk__pval v[DSPK__TJ_COUNT] = {
+      [DSPK__TJ_DEVICE] = dspk__pv_str(d->devs[x->dev].id),
+      [DSPK__TJ_KIND] = dspk__pv_str(task ? "task" : dspkd_obs_job_name(r->kind, 0)),
+      [DSPK__TJ_NAME] = dspk__pv_str(dspkd_obs_job_name(r->kind, r->op)),
+      [DSPK__TJ_CLIENT] = dspk__pv_uint(r->client),
+      /* the client's Slurm job */
+      [DSPK__TJ_JOB] = r->slurm_job ? dspk__pv_uint(r->slurm_job) : dspk__pv_nil(),
+      [DSPK__TJ_MSGID] = dspk__pv_uint(r->msgid),
+      [DSPK__TJ_ERROR] = r->err ? dspk__pv_str(dspk__err_name(r->err)) : dspk__pv_nil(),
+      [DSPK__TJ_RUNNING] = dspk__pv_bool(r->running),
+      [DSPK__TJ_QUEUED_US] = dspk__pv_uint((r->t.queued ? r->t.queued : r->t.start) / 1000),
+      [DSPK__TJ_START_US] = dspk__pv_uint(r->t.start / 1000),
+      [DSPK__TJ_END_US] = dspk__pv_uint(r->t.end / 1000),
+  };
   if (task && r->t.upload_end)
-    dspk__pack_kv_u64(pk, "upload_end_us", r->t.upload_end / 1000);
+    v[DSPK__TJ_UPLOAD_END_US] = dspk__pv_uint(r->t.upload_end / 1000);
   if (task && r->t.compute_end)
-    dspk__pack_kv_u64(pk, "compute_end_us", r->t.compute_end / 1000);
+    v[DSPK__TJ_COMPUTE_END_US] = dspk__pv_uint(r->t.compute_end / 1000);
   if (task && r->t.tune_start) {
-    dspk__pack_kv_u64(pk, "tune_start_us", r->t.tune_start / 1000);
-    dspk__pack_kv_u64(pk, "tune_end_us", r->t.tune_end / 1000);
+    v[DSPK__TJ_TUNE_START_US] = dspk__pv_uint(r->t.tune_start / 1000);
+    v[DSPK__TJ_TUNE_END_US] = dspk__pv_uint(r->t.tune_end / 1000);
   }
+  dspk__map_encode(w, dspk__trace_job_f, DSPK__TJ_COUNT, v);
 }
 
 /* Takes the records of every device since the trace began (and the job
@@ -168,7 +155,7 @@ static void pack_jobs(const void *ud, struct dspk__wbuf *w) {
   const struct trace_out *o = ud;
   msgpack_pack_array(&w->pk, o->n);
   for (size_t i = 0; i < o->n; i++)
-    pack_rec(&w->pk, o->d, &o->v[i]);
+    pack_rec(w, o->d, &o->v[i]);
 }
 
 /* Answers the trace and forgets it. */

@@ -198,6 +198,40 @@ static const struct dspk__param cache_kind_name_item = {"", DSPK__T_ENUM, REQ,
                                                         .choices = dspk__cache_kind_names,
                                                         .noun = "kind"};
 
+/* trace: a job record.  error: nil, or the error's name. */
+const struct dspk__param dspk__trace_job_f[DSPK__TJ_COUNT] = {
+    [DSPK__TJ_DEVICE] = RES("device", DSPK__T_STR),
+    [DSPK__TJ_KIND] = RES("kind", DSPK__T_STR),
+    [DSPK__TJ_NAME] = RES("name", DSPK__T_STR),
+    [DSPK__TJ_CLIENT] = RES("client", DSPK__T_UINT),
+    [DSPK__TJ_JOB] = RES_NIL("job", DSPK__T_UINT),
+    [DSPK__TJ_MSGID] = RES("msgid", DSPK__T_UINT),
+    [DSPK__TJ_ERROR] = RES_NIL("error", DSPK__T_STR),
+    [DSPK__TJ_RUNNING] = RES("running", DSPK__T_BOOL),
+    [DSPK__TJ_QUEUED_US] = RES("queued_us", DSPK__T_UINT),
+    [DSPK__TJ_START_US] = RES("start_us", DSPK__T_UINT),
+    [DSPK__TJ_END_US] = RES("end_us", DSPK__T_UINT),
+    [DSPK__TJ_UPLOAD_END_US] = RES_OPT("upload_end_us", DSPK__T_UINT),
+    [DSPK__TJ_COMPUTE_END_US] = RES_OPT("compute_end_us", DSPK__T_UINT),
+    [DSPK__TJ_TUNE_START_US] = RES_OPT("tune_start_us", DSPK__T_UINT),
+    [DSPK__TJ_TUNE_END_US] = RES_OPT("tune_end_us", DSPK__T_UINT),
+};
+static const struct dspk__param trace_job_item = ITEM_MAP(dspk__trace_job_f);
+
+/* task.run: a result tensor, inline {dtype, shape, data} or
+ * {dtype, shape, buffer, offset} (the tensor checks, e.g. data's size, are
+ * dspk__tensor_decode's). */
+static const struct dspk__param uint_item = ITEM(DSPK__T_UINT);
+const struct dspk__param dspk__out_tensor_f[DSPK__OUT_COUNT] = {
+    [DSPK__OUT_DTYPE] = {"dtype", DSPK__T_ENUM, REQ, .choices = dspk__dtype_names,
+                         .noun = "dtype"},
+    [DSPK__OUT_SHAPE] = RES_ARR("shape", uint_item),
+    [DSPK__OUT_DATA] = RES_OPT("data", DSPK__T_BIN),
+    [DSPK__OUT_BUFFER] = RES_OPT("buffer", DSPK__T_UINT),
+    [DSPK__OUT_OFFSET] = RES_OPT("offset", DSPK__T_UINT),
+};
+static const struct dspk__param out_tensor_item = ITEM_MAP(dspk__out_tensor_f);
+
 static const struct dspk__param hello_p[] = {
     [DSPK__HELLO_VERSION] = {"version", DSPK__T_UINT, .max = UINT64_MAX, .def = {.v.u = 1},
                              .def_doc = "1"},
@@ -297,7 +331,7 @@ static const struct dspk__param run_p[] = {
 };
 static const struct dspk__param run_r[] = {
     [DSPK__R_RUN_DEVICE] = RES("device", DSPK__T_STR),
-    [DSPK__R_RUN_OUTPUTS] = RES("outputs", DSPK__T_ARRAY),
+    [DSPK__R_RUN_OUTPUTS] = RES_ARR("outputs", out_tensor_item),
     [DSPK__R_RUN_TIME_US] = RES("time_us", DSPK__T_UINT),
 };
 
@@ -339,8 +373,8 @@ static const struct dspk__param trace_r[] = {
     [DSPK__R_TRACE_START_US] = RES("start_us", DSPK__T_UINT),
     [DSPK__R_TRACE_END_US] = RES("end_us", DSPK__T_UINT),
     [DSPK__R_TRACE_DROPPED] = RES("dropped", DSPK__T_UINT),
-    [DSPK__R_TRACE_DEVICES] = RES("devices", DSPK__T_ARRAY),
-    [DSPK__R_TRACE_JOBS] = RES("jobs", DSPK__T_ARRAY),
+    [DSPK__R_TRACE_DEVICES] = RES_ARR("devices", str_item),
+    [DSPK__R_TRACE_JOBS] = RES_ARR("jobs", trace_job_item),
 };
 
 /* Slurm jobs (daemon/jobs.c). */

@@ -282,6 +282,17 @@ enum { DSPK__DS_POOL_BYTES_IN_USE, DSPK__DS_POOL_BYTES_CACHED, DSPK__DS_POOL_HIT
 enum { DSPK__CK_ENTRIES, DSPK__CK_BYTES, DSPK__CK_STORED_HITS, DSPK__CK_HITS, DSPK__CK_MISSES,
        DSPK__CK_PUTS, DSPK__CK_EVICTIONS, DSPK__CK_COUNT };
 
+/* trace: each of jobs[] (upload_end_us to tune_end_us: a task's phases
+ * reached). */
+enum { DSPK__TJ_DEVICE, DSPK__TJ_KIND, DSPK__TJ_NAME, DSPK__TJ_CLIENT, DSPK__TJ_JOB,
+       DSPK__TJ_MSGID, DSPK__TJ_ERROR, DSPK__TJ_RUNNING, DSPK__TJ_QUEUED_US,
+       DSPK__TJ_START_US, DSPK__TJ_END_US, DSPK__TJ_UPLOAD_END_US, DSPK__TJ_COMPUTE_END_US,
+       DSPK__TJ_TUNE_START_US, DSPK__TJ_TUNE_END_US, DSPK__TJ_COUNT };
+/* task.run: each of outputs[], a tensor: inline (data) or written to a
+ * buffer (buffer, offset). */
+enum { DSPK__OUT_DTYPE, DSPK__OUT_SHAPE, DSPK__OUT_DATA, DSPK__OUT_BUFFER, DSPK__OUT_OFFSET,
+       DSPK__OUT_COUNT };
+
 /* Most fields one nested result map has (sizes a dspk__pval array). */
 #define DSPK__MAX_FIELDS 16
 
@@ -296,6 +307,8 @@ extern const struct dspk__param dspk__st_device_f[DSPK__SV_COUNT];
 extern const struct dspk__param dspk__running_op_f[DSPK__RO_COUNT];
 extern const struct dspk__param dspk__devstats_f[DSPK__DS_COUNT];
 extern const struct dspk__param dspk__cache_kind_f[DSPK__CK_COUNT];
+extern const struct dspk__param dspk__trace_job_f[DSPK__TJ_COUNT];
+extern const struct dspk__param dspk__out_tensor_f[DSPK__OUT_COUNT];
 
 /* Most parameters one method or op has (sizes a dspk__pval array). */
 #define DSPK__MAX_PARAMS 8

@@ -393,7 +393,8 @@ static void pack_kv(msgpack_packer *p, const char *k, uint64_t v) {
   msgpack_pack_uint64(p, v);
 }
 
-static void s_trace(struct srv *s) {
+/* A trace's answer; bad: the second job's msgid a str (EPROTO). */
+static void answer_trace(struct srv *s, bool bad) {
   static const struct fjob jobs[] = {
       {"cpu:0", "task", "gemm", NULL, 3, 1, 1000, 1100, 2000, 1150, 1900, 1200, 1800, false},
       {"cpu:0", "task", "fft", NULL, 3, 2, 1010, 2000, 2100, 2010, 2090, 0, 0, false},
@@ -401,9 +402,7 @@ static void s_trace(struct srv *s) {
        false},
       {"cpu:0", "task", "reduce", NULL, 3, 3, 2100, 2100, 2500, 0, 0, 0, 0, true},
   };
-  char m[64];
   struct pk k;
-  answer_hello(s, 1);
   msgpack_packer *p = begin_result(s, "trace", &k);
   msgpack_pack_map(p, 5);
   pack_kv(p, "start_us", 1050);
@@ -417,7 +416,7 @@ static void s_trace(struct srv *s) {
   msgpack_pack_array(p, 4);
   for (int i = 0; i < 4; i++) {
     const struct fjob *j = &jobs[i];
-    msgpack_pack_map(p, 10 + (j->up != 0) + (j->comp != 0) + 2 * (j->t0 != 0));
+    msgpack_pack_map(p, 11 + (j->up != 0) + (j->comp != 0) + 2 * (j->t0 != 0));
     dspk__pack_str(p, "device");
     dspk__pack_str(p, j->dev);
     dspk__pack_str(p, "kind");
@@ -425,7 +424,12 @@ static void s_trace(struct srv *s) {
     dspk__pack_str(p, "name");
     dspk__pack_str(p, j->name);
     pack_kv(p, "client", j->client);
-    pack_kv(p, "msgid", j->msgid);
+    dspk__pack_str(p, "job"); /* no Slurm job */
+    msgpack_pack_nil(p);
+    if (bad && i == 1)
+      dspk__pack_kv_str(p, "msgid", "2");
+    else
+      pack_kv(p, "msgid", j->msgid);
     dspk__pack_str(p, "error");
     if (j->err)
       dspk__pack_str(p, j->err);
@@ -449,9 +453,22 @@ static void s_trace(struct srv *s) {
     }
   }
   pk_send(s, &k);
+}
+
+/* hello, then answer(s, false) and answer(s, true) to the next two
+ * requests, then waits until the client closes. */
+static void good_then_bad(struct srv *s, void (*answer)(struct srv *s, bool bad)) {
+  char m[64];
+  answer_hello(s, 1);
+  answer(s, false);
+  answer(s, true);
   srv_read(s, m, sizeof m);
 }
 
+static void s_trace(struct srv *s) { good_then_bad(s, answer_trace); }
+
+/* The daemon's records as Chrome trace-event JSON; a record the table
+ * (dspk__trace_job_f) does not describe is EPROTO naming its path. */
 static void test_trace_json(void **state) {
   (void)state;
   pthread_t t = run_script(s_trace);
@@ -494,6 +511,11 @@ static void test_trace_json(void **state) {
     downloads++;
   assert_int_equal(downloads, 2);
   dspk_free(json);
+  json = NULL;
+  assert_int_equal(dspk_trace(c, 1.5, &json), DSPK_EPROTO);
+  assert_null(json);
+  assert_non_null(strstr(dspk_last_error(c),
+                         "result.jobs[1].msgid: expected a non-negative integer"));
   dspk_close(c);
   pthread_join(t, NULL);
 }
@@ -527,13 +549,7 @@ static void answer_devices(struct srv *s, bool no_langs) {
   pk_send(s, &k);
 }
 
-static void s_bad_devices(struct srv *s) {
-  char m[64];
-  answer_hello(s, 1);
-  answer_devices(s, false);
-  answer_devices(s, true);
-  srv_read(s, m, sizeof m); /* until the client closes */
-}
+static void s_bad_devices(struct srv *s) { good_then_bad(s, answer_devices); }
 
 static void test_bad_nested(void **state) {
   (void)state;

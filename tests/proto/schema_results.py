@@ -7,7 +7,11 @@ for metrics), nested maps the table describes included (a map's fields,
 each item of an array, each value of a map keyed by names); called without
 a required parameter, or with a parameter of the wrong type, it is EINVAL
 naming that parameter.  A method the table lists without a sample call here
-fails the test, so a new method gets one.
+fails the test, so a new method gets one.  task.run's outputs are checked
+in each of their forms (inline, inline sent from the device's memory,
+written into a buffer, written into a shared buffer as libdspkclient's
+temporaries are), and trace's job records with a trace that records the
+whole session (answered at daemon.stop).
 
 usage: schema_results.py PROTOCOL_JSON DSPKD"""
 import fcntl
@@ -24,10 +28,13 @@ from dspk_rpc import Client, RpcError, check  # noqa: E402
 TIMEOUT = 30
 
 
+F32 = {"dtype": "f32", "shape": [2], "data": b"\0" * 8}
+
+
 def samples(c):
     """A valid call of every method, in an order that works (buffer before its use,
     daemon.stop last)."""
-    f32 = {"dtype": "f32", "shape": [2], "data": b"\0" * 8}
+    f32 = F32
     return [
         ("hello", {"version": 1, "client": "schema"}),
         ("ping", {"data": b"x"}),
@@ -113,7 +120,32 @@ def check_value(path, f, v):
 # Nested maps the sample calls must have shown (so the checks above ran).
 SEEN = ["devices.devices[0].ops", "devices.unavailable[0].reason", "status.clients[0].job",
         "status.jobs[0].devices", "status.devices[0].stats", "status.daemon.limits",
-        "cache.stats.kinds.blobs.evictions", "hello.limits.max_clients"]
+        "cache.stats.kinds.blobs.evictions", "hello.limits.max_clients",
+        "task.run.outputs[0].buffer", "task.run.outputs[0].data", "task.run.outputs[0].shape[0]",
+        "trace.devices[0]", "trace.jobs[0].error"]
+
+
+def run_outputs(c, m, seen):
+    """task.run's outputs in their other forms, each against the table: inline
+    (small: read back; 128 KiB: sent from the device's block), and written
+    into a shared buffer (as libdspkclient's temporaries)."""
+    def run(inp, outputs=None):
+        args = {"op": "map", "device": "cpu:0", "inputs": [inp], "options": {"fn": "abs"}}
+        if outputs is not None:
+            args["outputs"] = outputs
+        res = c.call("task.run", args)
+        check_result("task.run", m, res)
+        paths("task.run", res, seen)
+        return res["outputs"][0]
+
+    big = {"dtype": "f32", "shape": [32768], "data": b"\0" * 131072}
+    check(len(run(F32)["data"]) == 8, "an inline output")
+    check(len(run(big)["data"]) == 131072, "a large inline output")
+    shared = c.call("buffer.share", {"device": "cpu:0", "size": 4096})
+    out = run(F32, [{"buffer": shared["buffer"], "offset": 64}])
+    check(out["buffer"] == shared["buffer"] and out["offset"] == 64,
+          "an output in a shared buffer: %r" % out)
+    c.call("buffer.free", {"buffer": shared["buffer"]})
 
 
 def paths(prefix, v, out):
@@ -159,6 +191,10 @@ def main():
     ready, _, _ = select.select([r], [], [], TIMEOUT)
     check(ready and os.read(r, 16) == b"READY\n", "dspkd ready")
     c = Client(sock, TIMEOUT)
+    # A trace of the whole session on its own connection: answered at
+    # daemon.stop with every job the samples ran.
+    tracer = Client(sock, TIMEOUT)
+    whole = tracer.send("trace", {"seconds": 600})
     state = {}
     called = set()
     seen = set()
@@ -202,7 +238,15 @@ def main():
                 check(res["path"].endswith("/c\ufffd.db"), "cache.stats path %r" % res["path"])
             if name == "buffer.create":
                 state["buffer"] = res["buffer"]
+            if name == "task.run":
+                run_outputs(c, m, seen)
             called.add(name)
+        res = tracer.wait(whole)
+        check_result("trace", methods["trace"], res)
+        paths("trace", res, seen)
+        check(any(j["kind"] == "task" and j["error"] is None and "compute_end_us" in j
+                  for j in res["jobs"]),
+              "the session's trace has its tasks and their phases: %r" % res["jobs"])
         check(called == set(methods), "no sample call of %s" % sorted(set(methods) - called))
         check(set(SEEN) <= seen, "nested fields never shown: %r" % sorted(set(SEEN) - seen))
         check(proc.wait(TIMEOUT) == 0, "dspkd stopped by daemon.stop")

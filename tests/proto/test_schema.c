@@ -10,11 +10,13 @@
  */
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/uio.h>
 
 #include <cmocka.h>
 #include <msgpack.h>
@@ -326,6 +328,23 @@ static void unpack_wbuf(struct dspk__wbuf *w, char *flat, size_t cap, msgpack_un
 static int released;
 static void on_release(void *ud) { released += *(int *)ud; }
 
+static void pack_none(const void *ud, struct dspk__wbuf *w);
+
+/* task.run's outputs: two tensors, f32 [] inline and written to buffer 1. */
+static void pack_two_outputs(const void *ud, struct dspk__wbuf *w) {
+  struct dspk__pval t[DSPK__OUT_COUNT] = {
+      [DSPK__OUT_DTYPE] = dspk__pv_enum(DSPK_F32),
+      [DSPK__OUT_SHAPE] = dspk__pv_pack(pack_none, NULL),
+      [DSPK__OUT_DATA] = dspk__pv_bin("\0\0\0\0", 4, NULL, NULL)};
+  (void)ud;
+  msgpack_pack_array(&w->pk, 2);
+  dspk__map_encode(w, dspk__out_tensor_f, DSPK__OUT_COUNT, t);
+  t[DSPK__OUT_DATA].set = false;
+  t[DSPK__OUT_BUFFER] = dspk__pv_uint(1);
+  t[DSPK__OUT_OFFSET] = dspk__pv_uint(0);
+  dspk__map_encode(w, dspk__out_tensor_f, DSPK__OUT_COUNT, t);
+}
+
 /* The result encoder and decoder: task.run's result packed in two steps
  * (time_us last) decodes with every field and its type; a result without a
  * field the table marks always there is EPROTO naming it; job.end's
@@ -342,7 +361,7 @@ static void test_results(void **state) {
   (void)state;
 
   v[DSPK__R_RUN_DEVICE] = dspk__pv_str("cpu:0");
-  v[DSPK__R_RUN_OUTPUTS] = dspk__pv_pack(pack_two, NULL);
+  v[DSPK__R_RUN_OUTPUTS] = dspk__pv_pack(pack_two_outputs, NULL);
   v[DSPK__R_RUN_TIME_US] = dspk__pv_uint(0);
   dspk__wbuf_init(&w);
   dspk__result_head(&w, run, v);
@@ -717,6 +736,164 @@ static void test_nested(void **state) {
   assert_string_equal(msg, "result.kinds.blobs.entries: expected a non-negative integer");
 }
 
+/* The packing by the table and the reference bytes packed by hand: equal. */
+#define BIG_BYTES 8192 /* inline data sent by reference (proto/codec.c copies less than 1 KiB) */
+static void assert_same_bytes(struct dspk__wbuf *w, msgpack_sbuffer *sb) {
+  static char flat[BIG_BYTES * 2];
+  size_t n = wbuf_flat(w, flat, sizeof flat);
+  assert_int_equal(n, sb->size);
+  assert_memory_equal(flat, sb->data, n);
+}
+
+static void count_release(void *ud) { ++*(int *)ud; }
+
+/* A task.run output tensor's shape [3, 2]. */
+static void pack_shape32(const void *ud, struct dspk__wbuf *w) {
+  (void)ud;
+  msgpack_pack_array(&w->pk, 2);
+  msgpack_pack_int64(&w->pk, 3);
+  msgpack_pack_int64(&w->pk, 2);
+}
+
+/* result decoded from msgpack bytes against method m: the code, msg. */
+static int decode_bytes(enum dspk__method_id m, const char *bytes, size_t n, char *msg) {
+  struct dspk__pval out[DSPK__MAX_PARAMS];
+  msgpack_unpacked up;
+  int rc;
+  msgpack_unpacked_init(&up);
+  assert_int_equal(msgpack_unpack_next(&up, bytes, n, NULL), MSGPACK_UNPACK_SUCCESS);
+  rc = dspk__result_decode(&dspk__methods[m], &up.data, out, msg, 256);
+  msgpack_unpacked_destroy(&up);
+  return rc;
+}
+
+/* task.run's output tensors: dspk__map_encode over dspk__out_tensor_f packs
+ * the bytes the daemon packed by hand before (dspk__pack_tensor_meta, then
+ * data or buffer and offset); large inline data stays a reference to the
+ * caller's memory (no copy), released once; the decoder checks each output
+ * and names the path of a wrong field. */
+static void test_run_outputs(void **state) {
+  static char big[BIG_BYTES];
+  static const char bad_out[] = "\x83\xa6" "device" "\xa5" "cpu:0" "\xa7" "outputs"
+                                "\x91\x83\xa5" "dtype" "\xa3" "f99" "\xa5" "shape" "\x90"
+                                "\xa4" "data" "\xc4\x00" "\xa7" "time_us" "\x01";
+  const int64_t shape[2] = {3, 2};
+  struct dspk__pval f[DSPK__MAX_FIELDS];
+  struct dspk__wbuf w;
+  struct iovec *iov;
+  msgpack_sbuffer sb;
+  msgpack_packer pk;
+  size_t niov;
+  int freed = 0;
+  bool by_ref = false;
+  char msg[256];
+  (void)state;
+
+  /* An inline output: {dtype, shape, data}, data sent from big itself. */
+  memset(f, 0, sizeof f);
+  f[DSPK__OUT_DTYPE] = dspk__pv_enum(DSPK_C64);
+  f[DSPK__OUT_SHAPE] = dspk__pv_pack(pack_shape32, NULL);
+  f[DSPK__OUT_DATA] = dspk__pv_bin(big, sizeof big, count_release, &freed);
+  dspk__wbuf_init(&w);
+  dspk__map_encode(&w, dspk__out_tensor_f, DSPK__OUT_COUNT, f);
+  assert_int_equal(dspk__wbuf_iov(&w, &iov, &niov), 0);
+  for (size_t i = 0; i < niov; i++)
+    by_ref |= iov[i].iov_base == (void *)big && iov[i].iov_len == sizeof big;
+  assert_true(by_ref);
+  msgpack_sbuffer_init(&sb);
+  msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+  msgpack_pack_map(&pk, 3);
+  dspk__pack_tensor_meta(&pk, DSPK_C64, 2, shape);
+  dspk__pack_str(&pk, "data");
+  msgpack_pack_bin(&pk, sizeof big);
+  msgpack_pack_bin_body(&pk, big, sizeof big);
+  assert_same_bytes(&w, &sb);
+  msgpack_sbuffer_destroy(&sb);
+  dspk__wbuf_free(&w);
+  assert_int_equal(freed, 1);
+
+  /* An output written to a buffer: {dtype, shape, buffer, offset}. */
+  memset(f, 0, sizeof f);
+  f[DSPK__OUT_DTYPE] = dspk__pv_enum(DSPK_F32);
+  f[DSPK__OUT_SHAPE] = dspk__pv_pack(pack_shape32, NULL);
+  f[DSPK__OUT_BUFFER] = dspk__pv_uint(7);
+  f[DSPK__OUT_OFFSET] = dspk__pv_uint(4096);
+  dspk__wbuf_init(&w);
+  dspk__map_encode(&w, dspk__out_tensor_f, DSPK__OUT_COUNT, f);
+  msgpack_sbuffer_init(&sb);
+  msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+  msgpack_pack_map(&pk, 4);
+  dspk__pack_tensor_meta(&pk, DSPK_F32, 2, shape);
+  dspk__pack_kv_u64(&pk, "buffer", 7);
+  dspk__pack_kv_u64(&pk, "offset", 4096);
+  assert_same_bytes(&w, &sb);
+  msgpack_sbuffer_destroy(&sb);
+  dspk__wbuf_free(&w);
+
+  /* An output's dtype outside the list is EPROTO naming its path. */
+  assert_int_equal(decode_bytes(DSPK__M_TASK_RUN, bad_out, sizeof bad_out - 1, msg),
+                   DSPK_EPROTO);
+  assert_non_null(strstr(msg, "result.outputs[0].dtype: unknown dtype \"f99\""));
+}
+
+/* trace's job records: dspk__map_encode over dspk__trace_job_f packs the
+ * bytes the daemon packed by hand before (nil job, a task's phases only
+ * once reached); a record without device is EPROTO naming its path. */
+static void test_trace_jobs(void **state) {
+  static const char bad_job[] = "\x85\xa8" "start_us" "\x00\xa6" "end_us" "\x00"
+                                "\xa7" "dropped" "\x00\xa7" "devices" "\x90"
+                                "\xa4" "jobs" "\x91\x80";
+  struct dspk__pval f[DSPK__MAX_FIELDS];
+  struct dspk__wbuf w;
+  msgpack_sbuffer sb;
+  msgpack_packer pk;
+  char msg[256];
+  (void)state;
+
+  /* A task that tuned and failed, of a client without a Slurm job. */
+  memset(f, 0, sizeof f);
+  f[DSPK__TJ_DEVICE] = dspk__pv_str("cpu:0");
+  f[DSPK__TJ_KIND] = dspk__pv_str("task");
+  f[DSPK__TJ_NAME] = dspk__pv_str("gemm");
+  f[DSPK__TJ_CLIENT] = dspk__pv_uint(3);
+  f[DSPK__TJ_JOB] = dspk__pv_nil();
+  f[DSPK__TJ_MSGID] = dspk__pv_uint(70000);
+  f[DSPK__TJ_ERROR] = dspk__pv_str("ECANCELED");
+  f[DSPK__TJ_RUNNING] = dspk__pv_bool(false);
+  f[DSPK__TJ_QUEUED_US] = dspk__pv_uint(1000);
+  f[DSPK__TJ_START_US] = dspk__pv_uint(1100);
+  f[DSPK__TJ_END_US] = dspk__pv_uint(5000000000ull);
+  f[DSPK__TJ_UPLOAD_END_US] = dspk__pv_uint(1200);
+  f[DSPK__TJ_TUNE_START_US] = dspk__pv_uint(1300);
+  f[DSPK__TJ_TUNE_END_US] = dspk__pv_uint(1400);
+  dspk__wbuf_init(&w);
+  dspk__map_encode(&w, dspk__trace_job_f, DSPK__TJ_COUNT, f);
+  msgpack_sbuffer_init(&sb);
+  msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+  msgpack_pack_map(&pk, 14);
+  dspk__pack_kv_str(&pk, "device", "cpu:0");
+  dspk__pack_kv_str(&pk, "kind", "task");
+  dspk__pack_kv_str(&pk, "name", "gemm");
+  dspk__pack_kv_u64(&pk, "client", 3);
+  dspk__pack_str(&pk, "job");
+  msgpack_pack_nil(&pk);
+  dspk__pack_kv_u64(&pk, "msgid", 70000);
+  dspk__pack_kv_str(&pk, "error", "ECANCELED");
+  dspk__pack_kv_bool(&pk, "running", false);
+  dspk__pack_kv_u64(&pk, "queued_us", 1000);
+  dspk__pack_kv_u64(&pk, "start_us", 1100);
+  dspk__pack_kv_u64(&pk, "end_us", 5000000000ull);
+  dspk__pack_kv_u64(&pk, "upload_end_us", 1200);
+  dspk__pack_kv_u64(&pk, "tune_start_us", 1300);
+  dspk__pack_kv_u64(&pk, "tune_end_us", 1400);
+  assert_same_bytes(&w, &sb);
+  msgpack_sbuffer_destroy(&sb);
+  dspk__wbuf_free(&w);
+
+  assert_int_equal(decode_bytes(DSPK__M_TRACE, bad_job, sizeof bad_job - 1, msg), DSPK_EPROTO);
+  assert_string_equal(msg, "result.jobs[0].device: required (a string)");
+}
+
 /* A nested table's rows: named (items unnamed), within DSPK__MAX_FIELDS. */
 static void check_rows(const struct dspk__param *ps, int n, int depth) {
   assert_true(depth < 6);
@@ -786,7 +963,8 @@ int main(void) {
       cmocka_unit_test(test_defaults), cmocka_unit_test(test_types),
       cmocka_unit_test(test_options),  cmocka_unit_test(test_roundtrip),
       cmocka_unit_test(test_table),       cmocka_unit_test(test_results),
-      cmocka_unit_test(test_nested),
+      cmocka_unit_test(test_nested), cmocka_unit_test(test_trace_jobs),
+      cmocka_unit_test(test_run_outputs),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
