@@ -602,11 +602,10 @@ static void pack_outputs(const void *ud, struct dspk__wbuf *w) {
   const dspk_task *t = ud;
   msgpack_pack_array(&w->pk, t->nout_refs);
   for (unsigned i = 0; i < t->nout_refs; i++) {
-    msgpack_pack_map(&w->pk, 2);
-    dspk__pack_str(&w->pk, "buffer");
-    msgpack_pack_uint64(&w->pk, t->out_refs[i].buffer);
-    dspk__pack_str(&w->pk, "offset");
-    msgpack_pack_uint64(&w->pk, t->out_refs[i].offset);
+    struct dspk__pval v[DSPK__OREF_COUNT] = {
+        [DSPK__OREF_BUFFER] = dspk__pv_uint(t->out_refs[i].buffer),
+        [DSPK__OREF_OFFSET] = dspk__pv_uint(t->out_refs[i].offset)};
+    dspk__map_encode(w, dspk__out_ref_f, DSPK__OREF_COUNT, v);
   }
 }
 

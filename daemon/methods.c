@@ -895,7 +895,7 @@ static int task_run(struct req *r, char *devname) {
   for (uint32_t k = 0; outputs && k < outputs->via.array.size; k++) {
     const msgpack_object *o = &outputs->via.array.ptr[k];
     struct dspk__tensor *t = &j->op.out[k];
-    uint64_t id, off = 0;
+    uint64_t id, off;
     size_t nb, isz;
     struct dbuf *b;
     snprintf(what, sizeof what, "outputs[%u]", k);
@@ -905,14 +905,15 @@ static int task_run(struct req *r, char *devname) {
     }
     if (o->type == MSGPACK_OBJECT_NIL)
       continue; /* this output comes back inline */
-    if (o->type != MSGPACK_OBJECT_MAP || dspk__obj_u64(dspk__map_get(o, "buffer"), &id) != 0) {
-      err = fail(r, DSPK_EINVAL, "%s: expected {buffer, offset}", what);
-      goto fail;
-    }
-    if ((err = dspk__arg_u64(o, "offset", &off, r->msg, sizeof r->msg))) {
+    /* Checked with the params against its row (dspk__out_ref_f). */
+    struct dspk__pval rv[DSPK__OREF_COUNT];
+    if ((err = dspk__params_decode(dspk__out_ref_f, DSPK__OREF_COUNT, o, "", rv, r->msg,
+                                   sizeof r->msg)) < 0) {
       prefix(r, err, what);
       goto fail;
     }
+    id = rv[DSPK__OREF_BUFFER].v.u;
+    off = rv[DSPK__OREF_OFFSET].v.u;
     if (!(b = dspkd_conn_buf_find(c, id))) {
       err = fail(r, DSPK_ENOBUF, "%s: no buffer %" PRIu64 " on this connection", what, id);
       goto fail;

@@ -232,6 +232,16 @@ const struct dspk__param dspk__out_tensor_f[DSPK__OUT_COUNT] = {
 };
 static const struct dspk__param out_tensor_item = ITEM_MAP(dspk__out_tensor_f);
 
+/* task.run's request: an entry of outputs, {buffer, offset?: 0} for a result
+ * written into that buffer, or nil for one that comes back inline. */
+const struct dspk__param dspk__out_ref_f[DSPK__OREF_COUNT] = {
+    [DSPK__OREF_BUFFER] = {"buffer", DSPK__T_UINT, REQ, .max = UINT64_MAX},
+    [DSPK__OREF_OFFSET] = {"offset", DSPK__T_UINT, .max = UINT64_MAX},
+};
+static const struct dspk__param out_ref_item = {
+    "", DSPK__T_MAP, REQ | DSPK__P_NIL, .max = UINT64_MAX, .fields = dspk__out_ref_f,
+    .nfields = N(dspk__out_ref_f), .expect = "{buffer, offset} or nil"};
+
 static const struct dspk__param hello_p[] = {
     [DSPK__HELLO_VERSION] = {"version", DSPK__T_UINT, .max = UINT64_MAX, .def = {.v.u = 1},
                              .def_doc = "1"},
@@ -326,7 +336,7 @@ static const struct dspk__param run_p[] = {
     [DSPK__RUN_INPUTS] = {"inputs", DSPK__T_ARRAY, REQ, .min = 1, .max = 4,
                           .expect = "a non-empty array of at most 4 tensors"},
     [DSPK__RUN_OPTIONS] = {"options", DSPK__T_MAP},
-    [DSPK__RUN_OUTPUTS] = {"outputs", DSPK__T_ARRAY, .max = 2,
+    [DSPK__RUN_OUTPUTS] = {"outputs", DSPK__T_ARRAY, .max = 2, .item = &out_ref_item,
                            .expect = "an array of at most 2 {buffer, offset}"},
 };
 static const struct dspk__param run_r[] = {

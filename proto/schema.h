@@ -292,6 +292,8 @@ enum { DSPK__TJ_DEVICE, DSPK__TJ_KIND, DSPK__TJ_NAME, DSPK__TJ_CLIENT, DSPK__TJ_
  * buffer (buffer, offset). */
 enum { DSPK__OUT_DTYPE, DSPK__OUT_SHAPE, DSPK__OUT_DATA, DSPK__OUT_BUFFER, DSPK__OUT_OFFSET,
        DSPK__OUT_COUNT };
+/* task.run's request: an entry of outputs (dspk__out_ref_f). */
+enum { DSPK__OREF_BUFFER, DSPK__OREF_OFFSET, DSPK__OREF_COUNT };
 
 /* Most fields one nested result map has (sizes a dspk__pval array). */
 #define DSPK__MAX_FIELDS 16
@@ -309,6 +311,7 @@ extern const struct dspk__param dspk__devstats_f[DSPK__DS_COUNT];
 extern const struct dspk__param dspk__cache_kind_f[DSPK__CK_COUNT];
 extern const struct dspk__param dspk__trace_job_f[DSPK__TJ_COUNT];
 extern const struct dspk__param dspk__out_tensor_f[DSPK__OUT_COUNT];
+extern const struct dspk__param dspk__out_ref_f[DSPK__OREF_COUNT];
 
 /* Most parameters one method or op has (sizes a dspk__pval array). */
 #define DSPK__MAX_PARAMS 8

@@ -243,6 +243,16 @@ def t_buffers(exe, tmp):
                                           "outputs": [{"buffer": bb}]})
     c.expect_error("EINVAL", "task.run", {"op": "gemm", "inputs": [
         {"buffer": ba, "offset": 4, "dtype": "f64", "shape": [8, 5]}, tensor(B)]})
+    # An outputs entry is {buffer, offset?} (its row in the protocol's table) or nil.
+    gemm_in = [tensor(A), tensor(B)]
+    for bad, where in (([5], "outputs[0]"), ([{"offset": 0}], "outputs[0].buffer"),
+                       ([{"buffer": "x"}], "outputs[0].buffer"),
+                       ([None, {"buffer": bc, "offset": -1}], "outputs[1].offset")):
+        e = c.expect_error("EINVAL", "task.run", {"op": "gemm", "inputs": gemm_in,
+                                                  "outputs": bad})
+        check(where in e.err["message"], "bad outputs %r: %r" % (bad, e.err["message"]))
+    res = c.call("task.run", {"op": "gemm", "inputs": gemm_in, "outputs": [None]})
+    close_enough(array(res["outputs"][0]), A @ B, "a nil outputs entry: inline", np.float64)
     # A freed buffer is gone for new requests; one still in use stays alive.
     t = c.send("task.run", {"op": "reduce", "inputs": [
         {"buffer": bb, "dtype": "f64", "shape": [5, 6]}], "options": {"fn": "sum"}})

@@ -109,7 +109,11 @@ def expected(schema):
     for m in schema["methods"]:
         if not m["params"]:
             params.append("| %s | — | | | | |" % m["name"])
-        params += [row(m["name"], p) for p in m["params"]]
+        for p in m["params"]:
+            params.append(row(m["name"], p))
+            # The fields of an array's items, by path ("outputs[].buffer").
+            for f in p.get("item", {}).get("fields", []):
+                params.append(row(m["name"], dict(f, name=p["name"] + "[]." + f["name"])))
     for o in schema["ops"]:
         if not o["options"]:
             options.append("| %s | — | | | | |" % o["name"])
