@@ -1332,9 +1332,9 @@ int dspk__vk_coopmat_gemm(struct dspk__dev *d, struct dspk__op *op, struct dspk_
            dspk__autotune_pow2(p.pc.N), dspk__autotune_pow2(p.pc.K),
            dspk__autotune_pow2(p.nbatch));
   snprintf(layout, sizeof layout, "%02x", p.flags);
-  snprintf(dts, sizeof dts, "%s,f32,%s,%ux%ux%u",
-           p.flags & DSPK__VK_CM_F_BF16 ? "bf16" : "f16", d->cm.kind == DSPK__VK_CM_KHR ? "khr" : e ? "emu" : "nv", d->cm.lm, d->cm.ln,
-           d->cm.lk);
+  struct cmshape sh = shape_of(&d->cm, p.flags);
+  snprintf(dts, sizeof dts, "%s,f32,%s,%ux%ux%u", p.flags & DSPK__VK_CM_F_BF16 ? "bf16" : "f16",
+           d->cm.kind == DSPK__VK_CM_KHR ? "khr" : e ? "emu" : "nv", sh.lm, sh.ln, sh.lk);
   struct tune_ud u = {d, &p, ctx};
   struct dspk__autotune_req req = {
       .op = "gemm_coopmat",
