@@ -90,6 +90,11 @@ static float frand(void) {
   return (float)((double)(rs % 2000001) / 1000000.0 - 1.0);
 }
 
+/* Fills gemm operands A (m x k) and B (k x n) with frand(). */
+static void fill_ab(float *a, float *b, int m, int k, int n) {
+  fill_ab(a, b, m, k, n);
+}
+
 /* C = A(MxK) B(KxN) in double, the reference. */
 static void ref_gemm(const float *a, const float *b, double *c, int m, int k, int n) {
   for (int i = 0; i < m; i++)
@@ -153,10 +158,7 @@ static void test_shared_alloc_gemm(void **state) {
   assert_int_equal(dspk_shared_alloc(C, NULL, sizeof(float) * m * k, (void **)&a, &ia), 0);
   assert_int_equal(dspk_shared_alloc(C, "cpu:0", sizeof(float) * k * n, (void **)&b, &ib), 0);
   assert_int_equal(dspk_shared_alloc(C, NULL, sizeof(float) * m * n, (void **)&o, &io), 0);
-  for (int i = 0; i < m * k; i++)
-    a[i] = frand();
-  for (int i = 0; i < k * n; i++)
-    b[i] = frand();
+  fill_ab(a, b, m, k, n);
   assert_int_equal(run_gemm(C, a, b, m, k, n, &io, &r), 0);
   assert_true(r.out[0].is_ref);
   assert_int_equal(r.out[0].buffer, io);
@@ -224,10 +226,7 @@ static void test_auto_threshold(void **state) {
   float *a = malloc(sizeof(float) * m * k), *b = malloc(sizeof(float) * k * n);
   dspk_result r;
   (void)state;
-  for (int i = 0; i < m * k; i++)
-    a[i] = frand();
-  for (int i = 0; i < k * n; i++)
-    b[i] = frand();
+  fill_ab(a, b, m, k, n);
   dspk_set_shared_threshold(C, DSPK_SHARED_THRESHOLD);
   assert_int_equal(count_state(2) + count_state(1), 0);
   assert_int_equal(run_gemm(C, a, b, m, k, n, NULL, &r), 0);
@@ -323,10 +322,7 @@ static void test_auto_result(void **state) {
   dspk_result r;
   uint32_t ticket;
   (void)state;
-  for (int i = 0; i < m * k; i++)
-    a[i] = frand();
-  for (int i = 0; i < k * n; i++)
-    b[i] = frand();
+  fill_ab(a, b, m, k, n);
   in[0] = t2(a, m, k);
   in[1] = t2(b, k, n);
   dspk_task_init(&t, DSPK_OP_GEMM);
@@ -408,10 +404,7 @@ static void test_lent_result(void **state) {
   float *a = malloc(sizeof(float) * m * k), *b = malloc(sizeof(float) * k * n);
   dspk_result r, held[5];
   (void)state;
-  for (int i = 0; i < m * k; i++)
-    a[i] = frand();
-  for (int i = 0; i < k * n; i++)
-    b[i] = frand();
+  fill_ab(a, b, m, k, n);
   dspk_set_shared_threshold(C, DSPK_SHARED_THRESHOLD);
   assert_int_equal(run_gemm(C, a, b, m, k, n, NULL, &r), 0);
   const void *first = r.out[0].data;
