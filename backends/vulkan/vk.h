@@ -299,6 +299,17 @@ int dspk__vk_read(struct dspk__dev *d, struct dspk__mem *m, size_t off,
 
 /* ---- vk_shader.c -------------------------------------------------------- */
 
+/* A kernel source built in a fixed buffer p of len bytes, printf-like
+ * piece by piece (dspk__vk_ap): at bytes so far, over once a piece did not
+ * fit (the text is then cut and must not be used). */
+struct dspk__vk_sbuf {
+  char *p;
+  size_t len, at;
+  int over;
+};
+void dspk__vk_ap(struct dspk__vk_sbuf *b, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
 /* Compiles GLSL compute source to SPIR-V (malloc'd words, *nwords).  On a
  * compile error returns DSPK_ECOMPILE with glslang's log in log.  Goes
  * through the persistent cache first (counted in the device's stats). */

@@ -40,7 +40,6 @@
  */
 #include <limits.h>
 #include <pthread.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -640,30 +639,14 @@ static const char body[] =
     "  }\n"
     "}\n";
 
-/* main() of the kernel for fm x fn fragments per subgroup (emit_main). */
-struct text {
-  char *p;
-  size_t len, n; /* n: the length the whole text needs */
-};
-static void put(struct text *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void put(struct text *t, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  int w = vsnprintf(t->n < t->len ? t->p + t->n : NULL, t->n < t->len ? t->len - t->n : 0,
-                    fmt, ap);
-  va_end(ap);
-  if (w > 0)
-    t->n += (size_t)w;
-}
-
 /* Appends main(): each subgroup's fm x fn accumulators and its A and B
  * fragments are named variables (c<i>_<j>, a<i>, b<j>), every loop over
  * them written out.  Arrays of cooperative matrices, even indexed only in
  * unrolled loops, went to local memory on NVIDIA's driver: the same kernel
  * ran at 35 TFLOP/s with arrays and 113 with names on the H200, and its
  * multiply-adds alone at 37 against 454 (docs/performance.md). */
-static void emit_main(struct text *t, uint32_t fm, uint32_t fn) {
-  put(t, "void main() {\n"
+static void emit_main(struct dspk__vk_sbuf *t, uint32_t fm, uint32_t fn) {
+  dspk__vk_ap(t, "void main() {\n"
          "  uint sg = gl_SubgroupID;\n"
          "  uint wm = sg / WN, wn = sg %% WN;\n"
          "  uint bz = gl_WorkGroupID.z;\n"
@@ -671,15 +654,15 @@ static void emit_main(struct text *t, uint32_t fm, uint32_t fn) {
          "  uint abase = pc.oa + bz * pc.bsa, bbase = pc.ob + bz * pc.bsb;\n");
   for (uint32_t i = 0; i < fm; i++)
     for (uint32_t j = 0; j < fn; j++)
-      put(t, "  FC c%u_%u = CM_ZERO(%uu, %uu);\n", i, j, i, j);
+      dspk__vk_ap(t, "  FC c%u_%u = CM_ZERO(%uu, %uu);\n", i, j, i, j);
   for (uint32_t i = 0; i < fm; i++)
-    put(t, "  FA a%u;\n", i);
+    dspk__vk_ap(t, "  FA a%u;\n", i);
   for (uint32_t j = 0; j < fn; j++)
-    put(t, "  FB b%u;\n", j);
+    dspk__vk_ap(t, "  FB b%u;\n", j);
   /* One shared buffer: barrier, store, barrier, fetch the next slice,
    * multiply.  Two: the next slice is stored into the other buffer while
    * this one is multiplied, one barrier per slice. */
-  put(t, "  loadA(abase, m0, 0u);\n"
+  dspk__vk_ap(t, "  loadA(abase, m0, 0u);\n"
          "  loadB(bbase, n0, 0u);\n"
          "#if NBUF == 2\n"
          "  storeAB(0u);\n"
@@ -701,13 +684,13 @@ static void emit_main(struct text *t, uint32_t fm, uint32_t fn) {
          "    uint bo = cur * (BK * BSTR) + wn * (FN * LN);\n"
          "    UNROLL for (uint kk = 0u; kk < BK; kk += LK) {\n");
   for (uint32_t i = 0; i < fm; i++)
-    put(t, "      CM_LOADA(a%u, ao + %uu * LM * ASTR + kk, ASTR);\n", i, i);
+    dspk__vk_ap(t, "      CM_LOADA(a%u, ao + %uu * LM * ASTR + kk, ASTR);\n", i, i);
   for (uint32_t j = 0; j < fn; j++)
-    put(t, "      CM_LOADB(b%u, bo + kk * BSTR + %uu * LN, BSTR);\n", j, j);
+    dspk__vk_ap(t, "      CM_LOADB(b%u, bo + kk * BSTR + %uu * LN, BSTR);\n", j, j);
   for (uint32_t j = 0; j < fn; j++)
     for (uint32_t i = 0; i < fm; i++)
-      put(t, "      c%u_%u = CM_MULADD(a%u, b%u, c%u_%u);\n", i, j, i, j, i, j);
-  put(t, "    }\n"
+      dspk__vk_ap(t, "      c%u_%u = CM_MULADD(a%u, b%u, c%u_%u);\n", i, j, i, j, i, j);
+  dspk__vk_ap(t, "    }\n"
          "#if NBUF == 2\n"
          "    if (more) storeAB(cur ^ 1u);\n"
          "    barrier();\n"
@@ -719,10 +702,10 @@ static void emit_main(struct text *t, uint32_t fm, uint32_t fn) {
          "  uint gm0 = m0 + wm * (FM * LM), gn0 = n0 + wn * (FN * LN);\n");
   for (uint32_t i = 0; i < fm; i++)
     for (uint32_t j = 0; j < fn; j++)
-      put(t, "  CM_STORE(c%u_%u, cb, LN); subgroupBarrier();"
+      dspk__vk_ap(t, "  CM_STORE(c%u_%u, cb, LN); subgroupBarrier();"
              " epilogue(cb, gm0 + %uu * LM, gn0 + %uu * LN, bz); subgroupBarrier();\n",
           i, j, i, j);
-  put(t, "}\n");
+  dspk__vk_ap(t, "}\n");
 }
 
 /* Test hook DSPK_VK_COOPMAT_BODY=FILE (proto/testhook.h): the kernel body
@@ -756,9 +739,9 @@ int dspk__vk_coopmat_source(char *buf, size_t len, const struct dspk__vk_coopmat
   struct tilep t = tile_params(cm, sh, tile);
   if (t.wm == 0)
     return snprintf(buf, len, "#error no tile %d\n", tile);
-  struct text out = {buf, len, 0};
+  struct dspk__vk_sbuf out = {buf, len, 0, 0};
   const char *b = body_override ? body_override : body;
-  put(&out,
+  dspk__vk_ap(&out,
                   "#version 450\n"
                   "#pragma use_vulkan_memory_model\n"
                   "%s"
@@ -780,7 +763,7 @@ int dspk__vk_coopmat_source(char *buf, size_t len, const struct dspk__vk_coopmat
                   !!(flags & DSPK__VK_CM_F_HASC), b);
   if (!strstr(b, "void main("))
     emit_main(&out, t.fm, t.fn);
-  return out.n > INT_MAX ? INT_MAX : (int)out.n;
+  return out.over || out.at > INT_MAX ? (int)(len > INT_MAX ? INT_MAX : len) : (int)out.at;
 }
 
 /* ---- SPIR-V: SPV_NV_cooperative_matrix -> SPV_KHR_cooperative_matrix ------ */

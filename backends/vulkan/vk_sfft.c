@@ -37,7 +37,6 @@
  * docs/performance.md).
  */
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -274,22 +273,8 @@ int dspk__vk_sfft_parse(const char *s, struct dspk__vk_sfft_cfg *cfg) {
 
 /* ---- code generation ----------------------------------------------------- */
 
-struct sbuf {
-  char *p;
-  size_t len, at;
-  int over;
-};
-
-static void ap(struct sbuf *b, const char *fmt, ...) {
-  va_list ap_;
-  va_start(ap_, fmt);
-  int w = b->over ? 0 : vsnprintf(b->p + b->at, b->len - b->at, fmt, ap_);
-  va_end(ap_);
-  if (w < 0 || (size_t)w >= b->len - b->at)
-    b->over = 1;
-  else
-    b->at += (size_t)w;
-}
+/* Sources are built with dspk__vk_ap (vk_shader.c). */
+#define ap dspk__vk_ap
 
 static uint32_t bitrev(uint32_t i, int bits) {
   uint32_t r = 0;
@@ -300,7 +285,7 @@ static uint32_t bitrev(uint32_t i, int bits) {
 
 /* An R-point DFT of v[base..base+R) in registers, radix-2 decimation in
  * time on the bit-reversed view: X[k] ends in v[base + bitrev(k)]. */
-static void gen_dft(struct sbuf *b, uint32_t base, uint32_t R, int inverse) {
+static void gen_dft(struct dspk__vk_sbuf *b, uint32_t base, uint32_t R, int inverse) {
   int bits = ilog2(R);
   double sg = inverse ? 1.0 : -1.0;
   for (uint32_t m = 2; m <= R; m *= 2)
@@ -331,7 +316,7 @@ static int radices(uint32_t L, uint32_t E, uint32_t *rad) {
 
 /* "if (grp == h) " when the pass has groups (their turns in shared
  * memory), else nothing. */
-static void turn(struct sbuf *b, const struct pass *p, uint32_t h) {
+static void turn(struct dspk__vk_sbuf *b, const struct pass *p, uint32_t h) {
   if (p->H > 1)
     ap(b, "  if (grp == %uu)\n", h);
 }
@@ -348,7 +333,7 @@ static void slot(char *buf, size_t len, const char *base, const char *basep, uin
 }
 
 /* The thread's reads of a stage's inputs (radix R) from shared memory. */
-static void gen_read(struct sbuf *b, const struct pass *p, uint32_t R) {
+static void gen_read(struct dspk__vk_sbuf *b, const struct pass *p, uint32_t R) {
   uint32_t T = p->L / p->E;
   char ix[64];
   ap(b, "  {\n");
@@ -362,7 +347,7 @@ static void gen_read(struct sbuf *b, const struct pass *p, uint32_t R) {
 
 /* The thread's writes of a stage's outputs (radix R, after ns values were
  * combined) to their sorted places in shared memory. */
-static void gen_write(struct sbuf *b, const struct pass *p, uint32_t R, uint32_t ns) {
+static void gen_write(struct dspk__vk_sbuf *b, const struct pass *p, uint32_t R, uint32_t ns) {
   uint32_t T = p->L / p->E;
   char ix[64];
   ap(b, "  {\n");
@@ -381,7 +366,7 @@ static void gen_write(struct sbuf *b, const struct pass *p, uint32_t R, uint32_t
 /* The value going to output k (GLSL expression kexpr) of transform m0+cexpr
  * in `val`: the four-step twiddle on the first of two passes, the scale on
  * the last. */
-static void gen_out(struct sbuf *b, const struct pass *p, const char *cexpr,
+static void gen_out(struct dspk__vk_sbuf *b, const struct pass *p, const char *cexpr,
                     const char *kexpr) {
   if (p->twid)
     ap(b, "      val = cmul(val, wn((m0 + %s) * (%s)));\n", cexpr, kexpr);
@@ -392,7 +377,7 @@ static void gen_out(struct sbuf *b, const struct pass *p, const char *cexpr,
 /* The twiddles of stage st (radix R after ns values were combined), for
  * each of the thread's butterflies q: u<st>_<q>_<b> = W_L^(tb b), b < 4,
  * and z<st>_<q>_<4a> = W_L^(tb 4a). */
-static void gen_stage_tw(struct sbuf *b, const struct pass *p, int st, uint32_t R,
+static void gen_stage_tw(struct dspk__vk_sbuf *b, const struct pass *p, int st, uint32_t R,
                          uint32_t ns) {
   uint32_t T = p->L / p->E;
   for (uint32_t q = 0; q < p->E / R; q++) {
@@ -407,7 +392,7 @@ static void gen_stage_tw(struct sbuf *b, const struct pass *p, int st, uint32_t 
 /* The four-step twiddles W_n^(mc (t + qT + r nl)) of the thread's outputs,
  * r = 4a + b, as f<q>_<b> = W_n^(mc (t + qT)) W_n^(mc nl b) times
  * y<4a> = W_n^(mc nl 4a): about RL/2 table reads instead of 2 RL. */
-static void gen_fourstep_tw(struct sbuf *b, const struct pass *p, uint32_t T, uint32_t RL,
+static void gen_fourstep_tw(struct dspk__vk_sbuf *b, const struct pass *p, uint32_t T, uint32_t RL,
                             uint32_t nl) {
   ap(b, "  uint mc = m0 + c, ms = mc * %uu;\n", nl);
   for (uint32_t r = 4; r < RL; r += 4)
@@ -430,7 +415,7 @@ static void gen_fourstep_tw(struct sbuf *b, const struct pass *p, uint32_t T, ui
  * shared memory, transform-fastest.  With H groups, shared memory holds
  * C/H transforms: group h (transforms h*C/H ...) uses it in turn. */
 static int gen_pass(const struct splan *pl, const struct pass *p, int inverse, char **out) {
-  struct sbuf b = {malloc(SK_SRC), SK_SRC, 0, 0};
+  struct dspk__vk_sbuf b = {malloc(SK_SRC), SK_SRC, 0, 0};
   if (!b.p)
     return DSPK_ENOMEM;
   uint32_t T = p->L / p->E, WG = p->C * T, CH = p->C / p->H, SL = slots(p->L, CH);
@@ -781,7 +766,7 @@ int dspk__vk_sfft_profile(struct dspk__dev *d, uint64_t n, uint64_t batch, char 
   struct prof_ud u = {.d = d};
   struct dspk__mem *x = NULL, *y = NULL;
   size_t bytes = (size_t)(n * batch) * 8;
-  struct sbuf b = {buf, len, 0, 0};
+  struct dspk__vk_sbuf b = {buf, len, 0, 0};
   int r;
   buf[0] = 0;
   if (!is_pow2(n) || n < 16)

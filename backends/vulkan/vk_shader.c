@@ -15,6 +15,7 @@
  * code and layout; every pipeline has one push-descriptor set of storage
  * buffers and one push-constant range.
  */
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -164,6 +165,17 @@ int dspk__vk_glsl_to_spirv(struct dspk__dev *d, const char *name, const char *sr
   if (d->env.cache)
     dspk__cache_kernel_put(d->env.cache, &k, *spv, *nwords * 4);
   return 0;
+}
+
+void dspk__vk_ap(struct dspk__vk_sbuf *b, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  int w = b->over ? 0 : vsnprintf(b->p + b->at, b->len - b->at, fmt, ap);
+  va_end(ap);
+  if (w < 0 || (size_t)w >= b->len - b->at)
+    b->over = 1;
+  else
+    b->at += (size_t)w;
 }
 
 /* ---- the pipeline cache ---------------------------------------------------- */
