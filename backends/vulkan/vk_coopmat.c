@@ -1250,12 +1250,13 @@ static int tune_run(void *ud, int index) {
  * thus costs the path, not f16 gemm. */
 static int disable_and_fall_back(struct dspk__dev *d, struct dspk__op *op,
                                  struct dspk__opctx *ctx, int r) {
-  /* A bf16 kernel the driver rejects costs bf16 only. */
+  /* A bf16 kernel the driver rejects costs bf16 only (describe says why). */
   int bf16 = op->in[0].dtype == DSPK_BF16;
-  if (!bf16)
-    snprintf(d->cm.why, sizeof d->cm.why, "disabled: a kernel failed (%d%s%.100s)", r,
-             ctx && ctx->errmsg && ctx->errmsg[0] ? ": " : "",
-             ctx && ctx->errmsg ? ctx->errmsg : "");
+  char *why = bf16 ? d->cm.bf16_why : d->cm.why;
+  size_t wlen = bf16 ? sizeof d->cm.bf16_why : sizeof d->cm.why;
+  snprintf(why, wlen, "disabled: a kernel failed (%d%s%.*s)", r,
+           ctx && ctx->errmsg && ctx->errmsg[0] ? ": " : "", bf16 ? 50 : 100,
+           ctx && ctx->errmsg ? ctx->errmsg : "");
   if (bf16)
     d->cm.bf16 = 0;
   else
