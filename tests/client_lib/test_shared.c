@@ -92,7 +92,10 @@ static float frand(void) {
 
 /* Fills gemm operands A (m x k) and B (k x n) with frand(). */
 static void fill_ab(float *a, float *b, int m, int k, int n) {
-  fill_ab(a, b, m, k, n);
+  for (int i = 0; i < m * k; i++)
+    a[i] = frand();
+  for (int i = 0; i < k * n; i++)
+    b[i] = frand();
 }
 
 /* C = A(MxK) B(KxN) in double, the reference. */
