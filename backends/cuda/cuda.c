@@ -297,17 +297,20 @@ static int blas_gemm(void *h, dspk_dtype dt, int tx, int ty, int m, int n, int k
 
 static const char *fft_name(void) { return FF.lib ? "cuFFT" : NULL; }
 
-static const cufftType fft_types[] = {CUFFT_C2C, CUFFT_Z2Z, CUFFT_R2C, CUFFT_D2Z};
+static const cufftType fft_types[] = {CUFFT_C2C, CUFFT_Z2Z, CUFFT_R2C,
+                                      CUFFT_D2Z, CUFFT_C2R, CUFFT_Z2D};
 
 static int fft_plan(void **plan, enum dspk__gfft kind, long long n, long long batch,
                     long long nout, size_t *ws, dspk__gstream s, int *oom) {
   cufftHandle h;
   cufftResult r;
   long long nn = n;
+  /* A C2R or Z2D transform reads rows of n/2+1 complex values. */
+  long long idist = kind == DSPK__GFFT_C2R || kind == DSPK__GFFT_Z2D ? n / 2 + 1 : n;
   if ((r = FF.cufftCreate(&h)) != CUFFT_SUCCESS)
     return (int)r;
   FF.cufftSetAutoAllocation(h, 0);
-  r = FF.cufftMakePlanMany64(h, 1, &nn, NULL, 1, n, NULL, 1, nout, fft_types[kind], batch, ws);
+  r = FF.cufftMakePlanMany64(h, 1, &nn, NULL, 1, idist, NULL, 1, nout, fft_types[kind], batch, ws);
   if (r != CUFFT_SUCCESS) {
     *oom = r == CUFFT_ALLOC_FAILED;
     FF.cufftDestroy(h);
@@ -330,7 +333,9 @@ static int fft_exec(void *plan, enum dspk__gfft kind, dspk__gptr in, dspk__gptr 
   case DSPK__GFFT_C2C: return (int)FF.cufftExecC2C(h, i, o, inverse ? CUFFT_INVERSE : CUFFT_FORWARD);
   case DSPK__GFFT_Z2Z: return (int)FF.cufftExecZ2Z(h, i, o, inverse ? CUFFT_INVERSE : CUFFT_FORWARD);
   case DSPK__GFFT_R2C: return (int)FF.cufftExecR2C(h, i, o);
-  default: return (int)FF.cufftExecD2Z(h, i, o);
+  case DSPK__GFFT_D2Z: return (int)FF.cufftExecD2Z(h, i, o);
+  case DSPK__GFFT_C2R: return (int)FF.cufftExecC2R(h, i, o);
+  default: return (int)FF.cufftExecZ2D(h, i, o);
   }
 }
 

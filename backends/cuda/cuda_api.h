@@ -54,7 +54,7 @@
   XX(cufftCreate) XX(cufftDestroy) XX(cufftSetAutoAllocation)                  \
   XX(cufftMakePlanMany64) XX(cufftSetWorkArea) XX(cufftSetStream)              \
   XX(cufftExecC2C) XX(cufftExecZ2Z) XX(cufftExecR2C) XX(cufftExecD2Z)          \
-  XX(cufftGetVersion)
+  XX(cufftExecC2R) XX(cufftExecZ2D) XX(cufftGetVersion)
 
 #define DSPK__CUDA_MEMBER(f) __typeof__(&f) f;
 

@@ -54,7 +54,14 @@ enum dspk__gres {
 };
 
 /* FFT kinds of driver->fft_plan. */
-enum dspk__gfft { DSPK__GFFT_C2C, DSPK__GFFT_Z2Z, DSPK__GFFT_R2C, DSPK__GFFT_D2Z };
+enum dspk__gfft {
+  DSPK__GFFT_C2C,
+  DSPK__GFFT_Z2Z,
+  DSPK__GFFT_R2C,
+  DSPK__GFFT_D2Z,
+  DSPK__GFFT_C2R, /* half spectrum (n/2+1) to n real values, unnormalised */
+  DSPK__GFFT_Z2D
+};
 
 /* Per-runtime state written by the probe (main thread), read-only after. */
 struct dspk__gpurt_state {
@@ -400,9 +407,16 @@ int dspk__gpurt_kfunc(struct dspk__dev *dev, enum dspk__kfamily f, dspk_dtype dt
                      struct dspk__opctx *ctx);
 /* Unloads every generated module (close, rebuild). */
 void dspk__gpurt_modules_unload(struct dspk__dev *dev);
-/* Launches a 1-D grid-stride kernel over n items. */
+/* Launches a 1-D grid-stride kernel over n items (256 threads a block, at
+ * most 32 blocks per multiprocessor). */
 int dspk__gpurt_launch1d(struct dspk__dev *dev, dspk__gfunc fn, int64_t n,
                         void **args, struct dspk__opctx *ctx);
+/* The same with at most per_sm blocks per multiprocessor: 8 (2048
+ * threads) is one full wave, which suits streaming kernels whose items
+ * are one load and one store (measured on the H200 for fir's gather and
+ * scatter: 0.060 against 0.069 ms at 32 blocks). */
+int dspk__gpurt_launch1d_wave(struct dspk__dev *dev, dspk__gfunc fn, int64_t n, int per_sm,
+                              void **args, struct dspk__opctx *ctx);
 
 /* worker.c.  Runs a raw kernel (op, compiled cubin) in the device's kernel
  * worker process, starting it when needed.  Waits for the kernel. */

@@ -138,19 +138,23 @@ void dspk__gpurt_modules_unload(struct dspk__dev *dev) {
     }
 }
 
-int dspk__gpurt_launch1d(struct dspk__dev *dev, dspk__gfunc fn, int64_t n,
-                        void **args, struct dspk__opctx *ctx) {
-  /* 256 threads; enough blocks to cover n, at most 32 per multiprocessor
-   * (grid-stride loops do the rest).  The autotune framework replaces this
-   * choice when it lands. */
+int dspk__gpurt_launch1d_wave(struct dspk__dev *dev, dspk__gfunc fn, int64_t n, int per_sm,
+                              void **args, struct dspk__opctx *ctx) {
+  /* 256 threads; enough blocks to cover n, at most per_sm per
+   * multiprocessor (grid-stride loops do the rest). */
   int64_t blocks = (n + 255) / 256;
-  int64_t cap = (int64_t)dev->sms * 32;
+  int64_t cap = (int64_t)dev->sms * per_sm;
   int r;
   if (n <= 0)
     return 0;
   if (blocks > cap)
     blocks = cap;
-  r = DRV->launch(fn, (unsigned)blocks, 1, 1, 256, 1, 1, 0,
-                              dev->stream, args);
+  r = DRV->launch(fn, (unsigned)blocks, 1, 1, 256, 1, 1, 0, dev->stream, args);
   return r == 0 ? 0 : dspk__gpurt_err(dev, ctx, "cuLaunchKernel", r);
+}
+
+int dspk__gpurt_launch1d(struct dspk__dev *dev, dspk__gfunc fn, int64_t n,
+                        void **args, struct dspk__opctx *ctx) {
+  /* The autotune framework replaces this choice when it lands. */
+  return dspk__gpurt_launch1d_wave(dev, fn, n, 32, args, ctx);
 }

@@ -276,18 +276,20 @@ static int blas_gemm(void *h, dspk_dtype dt, int tx, int ty, int m, int n, int k
 
 static const char *fft_name(void) { return FF.lib ? "hipFFT" : NULL; }
 
-/* hipfftType values (cuFFT's): C2C, Z2Z, R2C, D2Z. */
-static const int fft_types[] = {0x29, 0x69, 0x2a, 0x6a};
+/* hipfftType values (cuFFT's): C2C, Z2Z, R2C, D2Z, C2R, Z2D. */
+static const int fft_types[] = {0x29, 0x69, 0x2a, 0x6a, 0x2c, 0x6c};
 
 static int fft_plan(void **plan, enum dspk__gfft kind, long long n, long long batch,
                     long long nout, size_t *ws, dspk__gstream s, int *oom) {
   void *h = NULL;
   long long nn = n;
+  /* A C2R or Z2D transform reads rows of n/2+1 complex values. */
+  long long idist = kind == DSPK__GFFT_C2R || kind == DSPK__GFFT_Z2D ? n / 2 + 1 : n;
   int r;
   if ((r = FF.create(&h)) != 0)
     return r;
   FF.set_auto_allocation(h, 0);
-  r = FF.make_plan_many64(h, 1, &nn, NULL, 1, n, NULL, 1, nout, fft_types[kind], batch, ws);
+  r = FF.make_plan_many64(h, 1, &nn, NULL, 1, idist, NULL, 1, nout, fft_types[kind], batch, ws);
   if (r != 0) {
     *oom = r == 2; /* HIPFFT_ALLOC_FAILED */
     FF.destroy(h);
@@ -310,7 +312,9 @@ static int fft_exec(void *plan, enum dspk__gfft kind, dspk__gptr in, dspk__gptr 
   case DSPK__GFFT_C2C: return FF.exec_c2c(plan, i, o, dir);
   case DSPK__GFFT_Z2Z: return FF.exec_z2z(plan, i, o, dir);
   case DSPK__GFFT_R2C: return FF.exec_r2c(plan, i, o);
-  default: return FF.exec_d2z(plan, i, o);
+  case DSPK__GFFT_D2Z: return FF.exec_d2z(plan, i, o);
+  case DSPK__GFFT_C2R: return FF.exec_c2r(plan, i, o);
+  default: return FF.exec_z2d(plan, i, o);
   }
 }
 

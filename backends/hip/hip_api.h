@@ -94,6 +94,8 @@ struct dspk__hipfft_api {
   int (*exec_z2z)(void *plan, void *in, void *out, int dir);
   int (*exec_r2c)(void *plan, void *in, void *out);
   int (*exec_d2z)(void *plan, void *in, void *out);
+  int (*exec_c2r)(void *plan, void *in, void *out);
+  int (*exec_z2d)(void *plan, void *in, void *out);
 };
 
 extern struct dspk__hip_api dspk__hip;

@@ -206,11 +206,11 @@ int dspk__hip_load_fft(char *why, size_t whylen) {
       "hipfftCreate",       "hipfftDestroy",       "hipfftSetAutoAllocation",
       "hipfftMakePlanMany64", "hipfftSetWorkArea", "hipfftSetStream",
       "hipfftExecC2C",      "hipfftExecZ2Z",       "hipfftExecR2C",
-      "hipfftExecD2Z"};
+      "hipfftExecD2Z",      "hipfftExecC2R",       "hipfftExecZ2D"};
   struct dspk__gpurt_load *s = &st.fft;
   if (!s->done) {
     const char *over = override(DSPK_TEST_HOOK("DSPK_HIP_FFT"));
-    void *lib, *f[10];
+    void *lib, *f[12];
     s->done = 1;
     s->rc = DSPK_ENOTSUP;
     if (over && !*over) {
@@ -224,7 +224,7 @@ int dspk__hip_load_fft(char *why, size_t whylen) {
         snprintf(s->why, sizeof(s->why), "%s not found", over);
       goto out;
     }
-    for (int i = 0; i < 10; i++)
+    for (int i = 0; i < 12; i++)
       if (!(f[i] = dlsym(lib, sym[i]))) {
         snprintf(s->why, sizeof(s->why), "hipFFT lacks %s", sym[i]);
         dlclose(lib);
@@ -241,6 +241,8 @@ int dspk__hip_load_fft(char *why, size_t whylen) {
     *(void **)&dspk__hipfft.exec_z2z = f[7];
     *(void **)&dspk__hipfft.exec_r2c = f[8];
     *(void **)&dspk__hipfft.exec_d2z = f[9];
+    *(void **)&dspk__hipfft.exec_c2r = f[10];
+    *(void **)&dspk__hipfft.exec_z2d = f[11];
     s->rc = 0;
   }
 out:

@@ -33,65 +33,49 @@ extern "C" __global__ void dspk_fir(const DSPK_T *x, const DSPK_T *h, DSPK_T *y,
 }
 
 /*
- * The FFT (overlap-save) path of fir (backends/cuda/fir_fft.c): the signal
- * is cut into blocks of L = 2^lg samples that overlap by k-1, each block is
- * transformed (cuFFT, complex, in place), multiplied by the transform of
- * the zero-padded filter and transformed back; the last L-k+1 samples of
- * each block are outputs.  Block g of a row starts at sample g*S - (k-1),
- * S = L-k+1 (samples before 0 or after n read as zero).  A real signal
- * packs two consecutive blocks (over all rows) into one complex block, the
- * first in the real part and the second in the imaginary part: the filter
- * is real, so their results come back in the same parts.
+ * The FFT (overlap-save) path of fir (backends/gpurt/fir_fft.c) for
+ * complex signals: the signal is cut into blocks of L = 2^lg samples that
+ * overlap by k-1, each block is transformed (cuFFT, complex, in place),
+ * multiplied by the transform of the zero-padded filter and transformed
+ * back; the last L-k+1 samples of each block are outputs.  Block g of a
+ * row starts at sample g*S - (k-1), S = L-k+1 (samples before 0 or after n
+ * read as zero).  Real signals take the R2C path below.
  */
 struct dspk_firc { DSPK_R x, y; }; /* the layout of cufftComplex / cufftDoubleComplex */
-
-__device__ inline void dspk_firc_set(dspk_firc *c, int part, float v) { if (part) c->y = v; else c->x = v; }
-__device__ inline void dspk_firc_set(dspk_firc *c, int part, double v) { if (part) c->y = v; else c->x = v; }
-__device__ inline void dspk_firc_set(dspk_firc *c, int part, dspk_c64 v) { (void)part; c->x = v.x; c->y = v.y; }
-__device__ inline void dspk_firc_set(dspk_firc *c, int part, dspk_c128 v) { (void)part; c->x = v.x; c->y = v.y; }
-__device__ inline void dspk_firc_get(float *p, int part, dspk_firc c) { *p = part ? c.y : c.x; }
-__device__ inline void dspk_firc_get(double *p, int part, dspk_firc c) { *p = part ? c.y : c.x; }
-__device__ inline void dspk_firc_get(dspk_c64 *p, int part, dspk_firc c) { (void)part; p->x = c.x; p->y = c.y; }
-__device__ inline void dspk_firc_get(dspk_c128 *p, int part, dspk_firc c) { (void)part; p->x = c.x; p->y = c.y; }
 
 /* a / b, in 32 bits when both fit (64-bit division is slow on GPUs). */
 __device__ inline dspk_i64 dspk_fir_div(dspk_i64 a, dspk_i64 b) {
   return (a < 4294967296LL && b < 4294967296LL) ? (dspk_i64)((unsigned)a / (unsigned)b) : a / b;
 }
 
-/* hp[0..L) = scale * h zero-padded (complex). */
+#if DSPK_COMPLEX
+/* hp[0..L) = scale * h zero-padded. */
 extern "C" __global__ void dspk_fir_hpad(const DSPK_T *h, dspk_firc *hp, int k, dspk_i64 L, DSPK_R scale) {
   DSPK_LOOP(i, L) {
     dspk_firc v;
     v.x = 0;
     v.y = 0;
     if (i < k) {
-      dspk_firc_set(&v, 0, h[i]);
-      v.x *= scale;
-      v.y *= scale;
+      v.x = h[i].x * scale;
+      v.y = h[i].y * scale;
     }
     hp[i] = v;
   }
 }
 
-/* The blocks: b[c*L + j] for the nc = total/L complex blocks; nblk real or
- * complex blocks in all, nb per row of n samples. */
+/* The blocks: b[g*L + j] for the total = nblk*L samples of the nblk
+ * blocks, nb a row. */
 extern "C" __global__ void dspk_fir_gather(const DSPK_T *x, dspk_firc *b, dspk_i64 n, int k,
-                                           dspk_i64 S, int lg, dspk_i64 nb, dspk_i64 nblk,
-                                           dspk_i64 total) {
-  const int parts = DSPK_COMPLEX ? 1 : 2;
+                                           dspk_i64 S, int lg, dspk_i64 nb, dspk_i64 total) {
   DSPK_LOOP(i, total) {
-    dspk_i64 c = i >> lg, j = i & (((dspk_i64)1 << lg) - 1);
+    dspk_i64 g = i >> lg, j = i & (((dspk_i64)1 << lg) - 1);
+    dspk_i64 row = g < nb ? 0 : dspk_fir_div(g, nb), t = (g - row * nb) * S + j - (k - 1);
     dspk_firc v;
     v.x = 0;
     v.y = 0;
-    for (int p = 0; p < parts; p++) {
-      dspk_i64 g = c * parts + p;
-      if (g >= nblk)
-        break;
-      dspk_i64 row = dspk_fir_div(g, nb), t = (g - row * nb) * S + j - (k - 1);
-      if (t >= 0 && t < n)
-        dspk_firc_set(&v, p, x[row * n + t]);
+    if (t >= 0 && t < n) {
+      v.x = x[row * n + t].x;
+      v.y = x[row * n + t].y;
     }
     b[i] = v;
   }
@@ -108,30 +92,59 @@ extern "C" __global__ void dspk_fir_cmul(dspk_firc *b, const dspk_firc *hs, int 
   }
 }
 
-/* y from the filtered blocks: complex signals one output per item (total =
- * rows*n); real ones one complex value per item (total = nc*S), which
- * holds an output of block 2c (real part) and one of block 2c+1
- * (imaginary part), so each value is read once. */
+/* y (total = rows*n samples) from the filtered blocks. */
 extern "C" __global__ void dspk_fir_scatter(const dspk_firc *b, DSPK_T *y, dspk_i64 n, int k,
-                                            dspk_i64 S, int lg, dspk_i64 nb, dspk_i64 nblk,
-                                            dspk_i64 total) {
+                                            dspk_i64 S, int lg, dspk_i64 nb, dspk_i64 total) {
   DSPK_LOOP(i, total) {
-#if DSPK_COMPLEX
-    dspk_i64 row = dspk_fir_div(i, n), t = i - row * n;
+    dspk_i64 row = i < n ? 0 : dspk_fir_div(i, n), t = i - row * n;
     dspk_i64 blk = dspk_fir_div(t, S), j = t - blk * S;
-    dspk_firc_get(&y[i], 0, b[((row * nb + blk) << lg) + (k - 1) + j]);
-    (void)nblk;
-#else
-    dspk_i64 c = dspk_fir_div(i, S), j = i - c * S;
-    dspk_firc v = b[(c << lg) + (k - 1) + j];
-    for (int p = 0; p < 2; p++) {
-      dspk_i64 g = 2 * c + p;
-      if (g >= nblk)
-        break;
-      dspk_i64 row = dspk_fir_div(g, nb), t = (g - row * nb) * S + j;
-      if (t < n)
-        dspk_firc_get(&y[row * n + t], p, v);
-    }
-#endif
+    dspk_firc v = b[((row * nb + blk) << lg) + (k - 1) + j];
+    y[i].x = v.x;
+    y[i].y = v.y;
   }
 }
+#endif
+
+#if !DSPK_COMPLEX
+/*
+ * The real path of the FFT fir (f32, f64): the blocks are real rows of L
+ * samples (block g of a row starts at sample g*S - (k-1), as above), one
+ * batched R2C transform makes their half spectra (L/2+1 values a row), a
+ * multiplication by the filter's half spectrum, one batched C2R transform
+ * back into the real rows, and the last S samples of each row are outputs.
+ * The filter's half spectrum: rpad, then an R2C transform of one row.
+ */
+extern "C" __global__ void dspk_fir_rpad(const DSPK_T *h, DSPK_T *hp, int k, dspk_i64 L, DSPK_R scale) {
+  DSPK_LOOP(i, L) hp[i] = i < k ? h[i] * scale : (DSPK_T)0;
+}
+
+/* b[g*L + j] for the total = nblk*L samples of the nblk blocks, nb a row. */
+extern "C" __global__ void dspk_fir_rgather(const DSPK_T *x, DSPK_T *b, dspk_i64 n, int k,
+                                            dspk_i64 S, int lg, dspk_i64 nb, dspk_i64 total) {
+  DSPK_LOOP(i, total) {
+    dspk_i64 g = i >> lg, j = i & (((dspk_i64)1 << lg) - 1);
+    dspk_i64 row = g < nb ? 0 : dspk_fir_div(g, nb), t = (g - row * nb) * S + j - (k - 1);
+    b[i] = t >= 0 && t < n ? x[row * n + t] : (DSPK_T)0;
+  }
+}
+
+/* f[i] *= hs[i mod m2] over the total = nblk*m2 values of the half spectra. */
+extern "C" __global__ void dspk_fir_rcmul(dspk_firc *f, const dspk_firc *hs, dspk_i64 m2, dspk_i64 total) {
+  DSPK_LOOP(i, total) {
+    dspk_firc a = f[i], h = hs[i - dspk_fir_div(i, m2) * m2], r;
+    r.x = a.x * h.x - a.y * h.y;
+    r.y = a.x * h.y + a.y * h.x;
+    f[i] = r;
+  }
+}
+
+/* y (total = rows*n samples) from the filtered blocks. */
+extern "C" __global__ void dspk_fir_rscatter(const DSPK_T *b, DSPK_T *y, dspk_i64 n, int k,
+                                             dspk_i64 S, int lg, dspk_i64 nb, dspk_i64 total) {
+  DSPK_LOOP(i, total) {
+    dspk_i64 row = i < n ? 0 : dspk_fir_div(i, n), t = i - row * n;
+    dspk_i64 blk = dspk_fir_div(t, S), j = t - blk * S;
+    y[i] = b[((row * nb + blk) << lg) + (k - 1) + j];
+  }
+}
+#endif

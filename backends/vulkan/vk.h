@@ -453,6 +453,8 @@ void dspk__vk_fir_tune_always(int always);
  * retirement queue. */
 void dspk__vk_fir_ws_free(struct dspk__dev *d, void *ws);
 const char *dspk__vk_fir_last(void);
+/* Whether the last FFT path ran fused into our fft kernels (tests). */
+int dspk__vk_fir_last_fused(void);
 int dspk__vk_kernel_op(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *ctx);
 int dspk__vk_gemm(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *ctx);
 int dspk__vk_contract(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *ctx);

@@ -39,12 +39,15 @@
 
 #include "backends/common/fir_tune.h"
 #include "backends/vulkan/vk.h"
+#include "backends/vulkan/vk_sfft.h"
+#include "proto/testhook.h"
 
 #define FIR_DIRECT_MAX_K 32 /* taps: always direct */
 #define FIR_FFT_MIN_K 128   /* taps: FFT when no decision is measured */
 #define FIR_MAX_LG 28
 #define FIR_MAX_ELEMS ((int64_t)1 << 31) /* 32-bit indexing with room */
 static _Thread_local const char *fir_last = "";
+static _Thread_local int fir_last_fused;
 
 /* Test hooks (proto/testhook.h): a production build has no such globals. */
 #ifdef DSPK_TEST_HOOKS
@@ -58,6 +61,7 @@ void dspk__vk_fir_tune_always(int always) { fir_tune_always = always; }
 #define fir_tune_always 0
 #endif
 const char *dspk__vk_fir_last(void) { return fir_last; }
+int dspk__vk_fir_last_fused(void) { return fir_last_fused; }
 
 /* Layout for rows of n samples, k taps (k <= n), mode m (1..3), within
  * 32-bit indexing. */
@@ -223,6 +227,22 @@ static int get_ws(struct dspk__dev *d, size_t hbytes, size_t bbytes, struct fir_
   return 0;
 }
 
+/* The configuration of our fft kernels (vk_sfft.c) for the fused path of
+ * real f32 signals: nc rows of L; 0 when none can run them.  The test hook
+ * DSPK_VK_FIR_SK names one ("sk:...") or turns the fused path off ("off"). */
+static int fused_cfg(struct dspk__dev *d, int64_t L, int64_t nc, struct dspk__vk_sfft_cfg *sk) {
+  const char *e = DSPK_TEST_HOOK("DSPK_VK_FIR_SK");
+  struct dspk__vk_sfft_cfg c[8];
+  if (e && strcmp(e, "off") == 0)
+    return 0;
+  if (e && *e)
+    return dspk__vk_sfft_parse(e, sk) == 0 && dspk__vk_sfft_valid(d, (uint64_t)L, (uint64_t)nc, sk);
+  if (dspk__vk_sfft_cands(d, (uint64_t)L, (uint64_t)nc, c, 8) < 1)
+    return 0;
+  *sk = c[0];
+  return 1;
+}
+
 /* The overlap-save path with blocks of mode m (1..3). */
 static int fir_ols(struct dspk__dev *d, struct dspk__op *op, int m, struct dspk__opctx *ctx) {
   const struct dspk__tensor *X = &op->in[0], *H = &op->in[1], *Y = &op->out[0];
@@ -275,14 +295,32 @@ static int fir_ols(struct dspk__dev *d, struct dspk__op *op, int m, struct dspk_
   struct dspk__vk_bind b4[2] = {whole(w->bb, bbytes), by};
   /* The transforms may add plans to the cache and so evict w: while busy,
    * its eviction waits for the end of this recording. */
+  struct dspk__vk_sfft_cfg sk;
+  fir_last_fused = dt == DSPK_F32 && fused_cfg(d, g.L, g.nc, &sk);
   w->busy = 1;
-  if ((r = dspk__vk_dispatch(d, kk[0], b1, 2, pad, sizeof pad, groups(L), 1, 1)) == 0 &&
-      (r = fft_rows(d, cdt, w->hp, w->hs, 1, g.L, 0, ctx)) == 0 &&
-      (r = dspk__vk_dispatch(d, kk[1], b2, 2, gat, sizeof gat, groups(tb), 1, 1)) == 0 &&
-      (r = fft_rows(d, cdt, w->bb, w->ff, g.nc, g.L, 0, ctx)) == 0 &&
-      (r = dspk__vk_dispatch(d, kk[2], b3, 2, mul, sizeof mul, groups(tb), 1, 1)) == 0 &&
-      (r = fft_rows(d, cdt, w->ff, w->bb, g.nc, g.L, 1, ctx)) == 0)
+  /* The filter's spectrum first. */
+  if ((r = dspk__vk_dispatch(d, kk[0], b1, 2, pad, sizeof pad, groups(L), 1, 1)) == 0)
+    r = fft_rows(d, cdt, w->hp, w->hs, 1, g.L, 0, ctx);
+  if (r == 0 && fir_last_fused) {
+    /* Our fft kernels with the gather, the multiplication and the scatter
+     * done by their first and last passes: four passes over memory fewer. */
+    struct dspk__vk_bind hs = whole(w->hs, hbytes), ff = whole(w->ff, bbytes);
+    struct dspk__vk_bind bb = whole(w->bb, bbytes);
+    struct dspk__vk_sfft_fir fw = {&bx, &hs, ex, (uint32_t)n, (uint32_t)(k - 1),
+                                   (uint32_t)g.S, (uint32_t)g.nb, (uint32_t)g.nblk};
+    struct dspk__vk_sfft_fir iv = fw;
+    iv.sig = &by;
+    iv.sigoff = ey;
+    if ((r = dspk__vk_sfft_fir(d, &sk, (uint64_t)g.L, (uint64_t)g.nc, 0, &fw, &ff, 0, &ff, 0,
+                               ctx)) == 0)
+      r = dspk__vk_sfft_fir(d, &sk, (uint64_t)g.L, (uint64_t)g.nc, 1, &iv, &ff, 0, &bb, 0, ctx);
+  } else if (r == 0 &&
+             (r = dspk__vk_dispatch(d, kk[1], b2, 2, gat, sizeof gat, groups(tb), 1, 1)) == 0 &&
+             (r = fft_rows(d, cdt, w->bb, w->ff, g.nc, g.L, 0, ctx)) == 0 &&
+             (r = dspk__vk_dispatch(d, kk[2], b3, 2, mul, sizeof mul, groups(tb), 1, 1)) == 0 &&
+             (r = fft_rows(d, cdt, w->ff, w->bb, g.nc, g.L, 1, ctx)) == 0) {
     r = dspk__vk_dispatch(d, kk[3], b4, 2, sct, sizeof sct, groups(ts), 1, 1);
+  }
   w->busy = 0;
   if (w->evicted)
     dspk__vk_fir_ws_free(d, w);

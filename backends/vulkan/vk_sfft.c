@@ -63,9 +63,11 @@ struct splan {
   struct pass p[2];
   uint32_t ta, tb, abits; /* the four-step twiddle tables */
   struct dspk__mem *tw, *tmp;
-  char *src[2][2]; /* [inverse][pass], made when first needed */
+  /* [variant][pass], made when first needed; variant: inverse + 2 when
+   * the pass carries a fir hook (see hooks()). */
+  char *src[4][2];
   /* Their kernels (hashing tens of KB of source per launch is too slow). */
-  struct dspk__vk_kmemo kern[2][2];
+  struct dspk__vk_kmemo kern[4][2];
 };
 
 static int is_pow2(uint64_t v) { return v && !(v & (v - 1)); }
@@ -404,7 +406,70 @@ static void gen_fourstep_tw(struct dspk__vk_sbuf *b, const struct pass *p, uint3
   }
 }
 
-/* The GLSL of pass p (see the file comment).  Returns 0 or DSPK_ENOMEM.
+/* The fir hooks of pass i of pl (see dspk__vk_sfft_fir): HK_LD, the
+ * forward transform's first pass reads the blocks straight from the
+ * signal; HK_MUL, its last pass multiplies each output by the filter's
+ * spectrum; HK_SCT, the inverse's last pass writes the outputs it keeps
+ * straight into y. */
+enum { HK_LD = 1, HK_MUL = 2, HK_SCT = 4 };
+static int hooks(const struct splan *pl, int i, int inverse) {
+  int last = i == pl->np - 1;
+  return inverse ? (last ? HK_SCT : 0) : (i == 0 ? HK_LD : 0) | (last ? HK_MUL : 0);
+}
+
+/* The declarations of a pass with fir hooks hk: the signal (or y) and the
+ * filter's spectrum, the block layout in the push constants, and LD / ST
+ * (for the plain passes: the buffers' elements). */
+static void gen_hooks(struct dspk__vk_sbuf *b, const struct splan *pl, int hk) {
+  uint32_t mask = (uint32_t)(pl->n - 1);
+  int lg = ilog2(pl->n);
+  if (!hk) {
+    ap(b, "layout(push_constant) uniform PC { uint xoff, ooff, ngroups; float scale; } pc;\n"
+          "#define LD(i) x[i]\n#define ST(i, v) o[i] = (v)\n");
+    return;
+  }
+  ap(b, "layout(push_constant) uniform PC { uint xoff, ooff, ngroups; float scale;\n"
+        "  uint n, km1, S, nb, nblk, aoff; } pc;\n"
+        "layout(std430, binding = 3) buffer BA { float a[]; };\n"
+        "layout(std430, binding = 4) readonly buffer BH { vec2 hs[]; };\n");
+  /* Sample j of block g (two blocks a transform: real and imaginary
+   * parts) is signal sample (g - row nb) S + j - (k-1) of its row. */
+  if (hk & HK_LD)
+    ap(b,
+       "float sig(uint g, uint j) {\n"
+       "  if (g >= pc.nblk) return 0.0;\n"
+       "  uint row = g / pc.nb, t = (g - row * pc.nb) * pc.S + j;\n"
+       "  return t >= pc.km1 && t - pc.km1 < pc.n ? a[pc.aoff + row * pc.n + t - pc.km1] : 0.0;\n"
+       "}\n"
+       "vec2 LD(uint i) {\n"
+       "  uint q = i - pc.xoff, c = q >> %du, j = q & %uu;\n"
+       "  return vec2(sig(2u * c, j), sig(2u * c + 1u, j));\n"
+       "}\n",
+       lg, mask);
+  else
+    ap(b, "#define LD(i) x[i]\n");
+  if (hk & HK_MUL)
+    ap(b, "#define ST(i, v) o[i] = cmul((v), hs[((i) - pc.ooff) & %uu])\n", mask);
+  else if (hk & HK_SCT)
+    ap(b,
+       "void ST(uint i, vec2 v) {\n"
+       "  uint q = i - pc.ooff, c = q >> %du, j = q & %uu;\n"
+       "  if (j < pc.km1) return;\n"
+       "  j -= pc.km1;\n"
+       "  for (uint p = 0u; p < 2u; p++) {\n"
+       "    uint g = 2u * c + p;\n"
+       "    if (g >= pc.nblk) break;\n"
+       "    uint row = g / pc.nb, t = (g - row * pc.nb) * pc.S + j;\n"
+       "    if (t < pc.n) a[pc.aoff + row * pc.n + t] = p == 0u ? v.x : v.y;\n"
+       "  }\n"
+       "}\n",
+       lg, mask);
+  else
+    ap(b, "#define ST(i, v) o[i] = (v)\n");
+}
+
+/* The GLSL of pass p (see the file comment), with the fir hooks hk.
+ * Returns 0 or DSPK_ENOMEM.
  *
  * Each thread works on transform c of the workgroup's C, as thread t of
  * its T = L/E.  A pass over columns (transforms adjacent in memory) numbers
@@ -414,7 +479,8 @@ static void gen_fourstep_tw(struct dspk__vk_sbuf *b, const struct pass *p, uint3
  * the row pass of two (its outputs go to columns): it stores through
  * shared memory, transform-fastest.  With H groups, shared memory holds
  * C/H transforms: group h (transforms h*C/H ...) uses it in turn. */
-static int gen_pass(const struct splan *pl, const struct pass *p, int inverse, char **out) {
+static int gen_pass(const struct splan *pl, const struct pass *p, int inverse, int hk,
+                    char **out) {
   struct dspk__vk_sbuf b = {malloc(SK_SRC), SK_SRC, 0, 0};
   if (!b.p)
     return DSPK_ENOMEM;
@@ -429,12 +495,12 @@ static int gen_pass(const struct splan *pl, const struct pass *p, int inverse, c
      "layout(std430, binding = 0) readonly buffer BX { vec2 x[]; };\n"
      "layout(std430, binding = 1) writeonly buffer BO { vec2 o[]; };\n"
      "layout(std430, binding = 2) readonly buffer BW { vec2 tw[]; };\n"
-     "layout(push_constant) uniform PC { uint xoff, ooff, ngroups; float scale; } pc;\n"
      "shared vec2 s[%u];\n"
      "vec2 cmul(vec2 a, vec2 b) { return vec2(a.x * b.x - a.y * b.y, a.x * b.y + a.y * b.x); }\n"
      "vec2 tww(uint i) { vec2 w = tw[i]; return vec2(w.x, %sw.y); }\n"
      "uint P(uint i) { return i + (i >> 4); }\n",
      WG, CH * SL, inverse ? "-" : "");
+  gen_hooks(&b, pl, hk);
   if (p->twid) /* W_n^m, m < n, from the two four-step tables */
     ap(&b,
        "vec2 wn(uint m) { m &= %uu; return cmul(tww(%uu + (m & %uu)), tww(%uu + (m >> %uu))); }\n",
@@ -462,7 +528,7 @@ static int gen_pass(const struct splan *pl, const struct pass *p, int inverse, c
     ap(&b, "  if (m0 + c < %uu) {\n", p->M);
   for (uint32_t q = 0; q < p->E / rad[0]; q++)
     for (uint32_t r = 0; r < rad[0]; r++)
-      ap(&b, "    v[%u] = x[xt + %uu];\n", q * rad[0] + r,
+      ap(&b, "    v[%u] = LD(xt + %uu);\n", q * rad[0] + r,
          (q * T + r * (p->L / rad[0])) * p->s_in);
   if (guard)
     ap(&b, "  }\n");
@@ -522,7 +588,7 @@ static int gen_pass(const struct splan *pl, const struct pass *p, int inverse, c
           ap(&b, "      val = cmul(val, cmul(y%u, f%u_%u));\n", r - r % 4, q, r % 4);
         if (p->last)
           ap(&b, "      val *= pc.scale;\n");
-        ap(&b, "      o[ot + %uu] = val; }\n", K * p->s_out);
+        ap(&b, "      ST(ot + %uu, val); }\n", K * p->s_out);
       }
     if (guard)
       ap(&b, "  }\n");
@@ -549,7 +615,7 @@ static int gen_pass(const struct splan *pl, const struct pass *p, int inverse, c
         snprintf(k, sizeof k, "k0 + %uu", K);
         ap(&b, "    { vec2 val = s[%s];\n", ix);
         gen_out(&b, p, cexpr, k);
-        ap(&b, "      o[ob + (%s) * %uu + (%s) * %uu] = val; }\n", cexpr, p->cs_out, k,
+        ap(&b, "      ST(ob + (%s) * %uu + (%s) * %uu, val); }\n", cexpr, p->cs_out, k,
            p->s_out);
       }
       if (guard)
@@ -570,7 +636,7 @@ static int gen_pass(const struct splan *pl, const struct pass *p, int inverse, c
 static void splan_release(void *ud, void *res) {
   struct splan *p = res;
   (void)ud;
-  for (int i = 0; i < 2; i++)
+  for (int i = 0; i < 4; i++)
     for (int j = 0; j < 2; j++)
       free(p->src[i][j]);
   free(p);
@@ -672,38 +738,56 @@ void dspk__vk_sfft_keep(struct dspk__dev *d, void *plan) {
     dspk__vk_sfft_plan_free(d, p);
 }
 
-/* Records pass i of plan pl. */
+/* Records pass i of plan pl (with the fir hooks when f is not NULL). */
 static int run_pass(struct dspk__dev *d, struct splan *pl, int i, int inverse,
                     const struct dspk__vk_bind *x, uint32_t xelem,
-                    const struct dspk__vk_bind *o, uint32_t oelem, struct dspk__opctx *ctx) {
+                    const struct dspk__vk_bind *o, uint32_t oelem,
+                    const struct dspk__vk_sfft_fir *f, struct dspk__opctx *ctx) {
   const struct pass *p = &pl->p[i];
-  int r;
-  if (!pl->src[inverse][i] && (r = gen_pass(pl, p, inverse, &pl->src[inverse][i])))
+  int hk = f ? hooks(pl, i, inverse) : 0, v = inverse + (hk ? 2 : 0), r;
+  if (!pl->src[v][i] && (r = gen_pass(pl, p, inverse, hk, &pl->src[v][i])))
     return r;
-  struct dspk__vk_kernel *k = dspk__vk_kmemo_get(d, &pl->kern[inverse][i]);
+  struct {
+    uint32_t xoff, ooff, ngroups;
+    float scale;
+    uint32_t n, km1, S, nb, nblk, aoff;
+  } pc;
+  struct dspk__vk_kernel *k = dspk__vk_kmemo_get(d, &pl->kern[v][i]);
   if (!k) {
-    if ((r = dspk__vk_kernel(d, "sfft", pl->src[inverse][i], NULL, 0, "main", 3, 16, &k,
-                             ctx)))
+    if ((r = dspk__vk_kernel(d, "sfft", pl->src[v][i], NULL, 0, "main", hk ? 5 : 3,
+                             hk ? (uint32_t)sizeof pc : 16, &k, ctx)))
       return r;
-    dspk__vk_kmemo_set(&pl->kern[inverse][i], k);
+    dspk__vk_kmemo_set(&pl->kern[v][i], k);
   }
-  struct dspk__vk_bind tmp = {0}, b[3];
+  struct dspk__vk_bind tmp = {0}, b[5];
   if (pl->tmp)
     tmp = (struct dspk__vk_bind){pl->tmp->buf, pl->tmp->off, pl->tmp->size};
   b[0] = i == 0 ? *x : tmp;
   b[1] = i == pl->np - 1 ? *o : tmp;
   b[2] = (struct dspk__vk_bind){pl->tw->buf, pl->tw->off, pl->tw->size};
+  if (hk) {
+    b[3] = *f->sig;
+    b[4] = *f->hs;
+  }
   uint32_t groups = p->rows * ((p->M + p->C - 1) / p->C);
-  struct {
-    uint32_t xoff, ooff, ngroups;
-    float scale;
-  } pc = {i == 0 ? xelem : 0, i == pl->np - 1 ? oelem : 0, groups,
-          inverse ? (float)(1.0 / (double)pl->n) : 1.0f};
+  pc.xoff = i == 0 ? xelem : 0;
+  pc.ooff = i == pl->np - 1 ? oelem : 0;
+  pc.ngroups = groups;
+  pc.scale = inverse ? (float)(1.0 / (double)pl->n) : 1.0f;
+  if (hk) {
+    pc.n = f->n;
+    pc.km1 = f->km1;
+    pc.S = f->S;
+    pc.nb = f->nb;
+    pc.nblk = f->nblk;
+    pc.aoff = f->sigoff;
+  }
   uint32_t mx = d->props.limits.maxComputeWorkGroupCount[0];
   uint32_t gx = groups < mx ? groups : mx;
   if (gx > 65535)
     gx = 65535;
-  return dspk__vk_dispatch(d, k, b, 3, &pc, sizeof pc, gx, (groups + gx - 1) / gx, 1);
+  return dspk__vk_dispatch(d, k, b, hk ? 5 : 3, &pc, hk ? sizeof pc : 16, gx,
+                           (groups + gx - 1) / gx, 1);
 }
 
 int dspk__vk_sfft(struct dspk__dev *d, const struct dspk__vk_sfft_cfg *cfg, uint64_t n,
@@ -723,7 +807,21 @@ int dspk__vk_sfft(struct dspk__dev *d, const struct dspk__vk_sfft_cfg *cfg, uint
   else if (!pl && (r = make_plan(d, n, batch, cfg, &pl)) == 0)
     *own = pl;
   for (int i = 0; r == 0 && i < pl->np; i++)
-    r = run_pass(d, pl, i, inverse != 0, x, xelem, o, oelem, ctx);
+    r = run_pass(d, pl, i, inverse != 0, x, xelem, o, oelem, NULL, ctx);
+  return r;
+}
+
+int dspk__vk_sfft_fir(struct dspk__dev *d, const struct dspk__vk_sfft_cfg *cfg, uint64_t L,
+                      uint64_t batch, int inverse, const struct dspk__vk_sfft_fir *f,
+                      const struct dspk__vk_bind *x, uint32_t xelem,
+                      const struct dspk__vk_bind *o, uint32_t oelem, struct dspk__opctx *ctx) {
+  struct splan *pl;
+  if (!dspk__vk_sfft_valid(d, L, batch, cfg))
+    return dspk__vk_fail(ctx, DSPK_EINVAL, "fir: no transform of our kernels for %llu x %llu",
+                         (unsigned long long)L, (unsigned long long)batch);
+  int r = get_plan(d, L, batch, cfg, &pl);
+  for (int i = 0; r == 0 && i < pl->np; i++)
+    r = run_pass(d, pl, i, inverse != 0, x, xelem, o, oelem, f, ctx);
   return r;
 }
 
@@ -742,7 +840,7 @@ static int rec_pass(void *ud, int i) {
   int r = 0;
   for (int p = u->pass < 0 ? 0 : u->pass; r == 0 && p <= (u->pass < 0 ? u->pl->np - 1 : u->pass);
        p++)
-    r = run_pass(u->d, u->pl, p, 0, &u->x, 0, &u->o, 0, NULL);
+    r = run_pass(u->d, u->pl, p, 0, &u->x, 0, &u->o, 0, NULL, NULL);
   return r;
 }
 

@@ -58,6 +58,27 @@ int dspk__vk_sfft(struct dspk__dev *d, const struct dspk__vk_sfft_cfg *cfg, uint
                   uint64_t batch, int inverse, const struct dspk__vk_bind *x, uint32_t xelem,
                   const struct dspk__vk_bind *o, uint32_t oelem, void **own,
                   struct dspk__opctx *ctx);
+/* The overlap-save fir's hooks into a transform (vk_fir.c) of real f32
+ * signals: rows of L complex values, each holding two blocks of L samples
+ * (block 2c in the real parts of row c, block 2c+1 in the imaginary
+ * parts; nblk blocks in all, nb per signal row of n samples, block g of a
+ * row starting at sample g*S - km1).  Forward: the first pass reads the
+ * blocks straight from the signal (sig from element sigoff; x is not
+ * read) and the last multiplies each output by the filter's spectrum hs
+ * (L values, scaled as the caller wants).  Inverse (scaled by 1/L): the
+ * last pass writes the last S samples of each block straight into y (sig
+ * from element sigoff; o is not written).  So the gather, the
+ * multiplication and the scatter cost no passes over memory of their
+ * own. */
+struct dspk__vk_sfft_fir {
+  const struct dspk__vk_bind *sig, *hs;
+  uint32_t sigoff, n, km1, S, nb, nblk;
+};
+/* dspk__vk_sfft with f's hooks (the plan from d's plan cache). */
+int dspk__vk_sfft_fir(struct dspk__dev *d, const struct dspk__vk_sfft_cfg *cfg, uint64_t L,
+                      uint64_t batch, int inverse, const struct dspk__vk_sfft_fir *f,
+                      const struct dspk__vk_bind *x, uint32_t xelem,
+                      const struct dspk__vk_bind *o, uint32_t oelem, struct dspk__opctx *ctx);
 /* Puts a plan made through own into d's plan cache (or frees it when the
  * cache has one for its key or cannot take it). */
 void dspk__vk_sfft_keep(struct dspk__dev *d, void *plan);

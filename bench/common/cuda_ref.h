@@ -23,8 +23,8 @@ double dspk_bench_cufft(int64_t n, int64_t batch, const void *hx, int reps);
  * the way one would write it with cuFFT: overlap-save with blocks of L
  * samples (a gather kernel, a batched R2C transform, a multiplication by
  * the filter's half spectrum, a batched C2R transform, a scatter kernel;
- * kernels compiled with NVRTC), the filter's spectrum made once outside
- * the timing.  Timed for L = 4, 8 and 16 times k rounded up to a power of
+ * kernels compiled with NVRTC and launched one full wave of blocks), the
+ * filter's spectrum made once outside the timing.  Timed for L = 4, 8 and 16 times k rounded up to a power of
  * two; returns the fastest (its L in *lbest), and the output of that run
  * in hy (n floats) when hy is not NULL.  The caller has a current context
  * and loaded NVRTC and cuFFT. */

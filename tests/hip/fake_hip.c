@@ -694,7 +694,37 @@ static int dft_host(struct fplan *p, const void *in, void *out, int dir, int rea
   return 0;
 }
 
+/* The inverse of a real transform: n real values per row from the half
+ * spectrum (n/2+1 values, the rest by Hermitian symmetry), unnormalised. */
+static int c2r_host(struct fplan *p, const void *in, void *out, int dbl) {
+  const double pi2 = 6.283185307179586476925286766559;
+  long long h = p->n / 2 + 1;
+  if (!p->work)
+    return 4;
+  run_until(queued);
+  for (long long b = 0; b < p->batch; b++)
+    for (long long j = 0; j < p->n; j++) {
+      double s = 0;
+      for (long long k = 0; k < p->n; k++) {
+        long long kk = k < h ? k : p->n - k, ix = b * p->idist + kk;
+        double xr = dbl ? ((const double *)in)[2 * ix] : ((const float *)in)[2 * ix];
+        double xi = dbl ? ((const double *)in)[2 * ix + 1] : ((const float *)in)[2 * ix + 1];
+        double a = pi2 * (double)((j * k) % p->n) / (double)p->n;
+        if (k >= h)
+          xi = -xi;
+        s += xr * cos(a) - xi * sin(a);
+      }
+      if (dbl)
+        ((double *)out)[b * p->odist + j] = s;
+      else
+        ((float *)out)[b * p->odist + j] = (float)s;
+    }
+  return 0;
+}
+
 EXPORT int hipfftExecC2C(void *p, void *in, void *out, int dir) { return dft_host(p, in, out, dir, 0, 0); }
 EXPORT int hipfftExecZ2Z(void *p, void *in, void *out, int dir) { return dft_host(p, in, out, dir, 0, 1); }
 EXPORT int hipfftExecR2C(void *p, void *in, void *out) { return dft_host(p, in, out, -1, 1, 0); }
 EXPORT int hipfftExecD2Z(void *p, void *in, void *out) { return dft_host(p, in, out, -1, 1, 1); }
+EXPORT int hipfftExecC2R(void *p, void *in, void *out) { return c2r_host(p, in, out, 0); }
+EXPORT int hipfftExecZ2D(void *p, void *in, void *out) { return c2r_host(p, in, out, 1); }

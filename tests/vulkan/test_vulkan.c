@@ -1191,6 +1191,7 @@ static void t_fir_fft(void **state) {
   (void)state;
   static const int64_t cases[][3] = {{3, 777, 129}, {2, 50, 300}, {1, 513, 1},
                                      {1, 9000, 1500}, {5, 1, 7},   {2, 130, 130}};
+  int nfused = 0;
   for (int di = 0; di < 4; di++) {
     dspk_dtype dt = STD[di];
     if ((dt == DSPK_F64 || dt == DSPK_C128) && !D->has_f64)
@@ -1213,14 +1214,32 @@ static void t_fir_fft(void **state) {
         h_seed = seed;
         double e = fir_case(D, dt, rows, n, k, m, &got);
         double ed = h_relerr(&got, ref.v, ref.n);
+        int fused = dspk__vk_fir_last_fused();
         if (!(e <= tol) || !(ed <= 2 * tol))
-          fail_msg("fir ols mode %d %s %lldx%lld k=%lld: rel err %g (vs direct %g)", m,
-                   dspk__dtype_name(dt), (long long)rows, (long long)n, (long long)k, e, ed);
+          fail_msg("fir ols mode %d%s %s %lldx%lld k=%lld: rel err %g (vs direct %g)", m,
+                   fused ? " fused" : "", dspk__dtype_name(dt), (long long)rows, (long long)n,
+                   (long long)k, e, ed);
         h_free(&got);
+        if (!fused)
+          continue;
+        /* f32 ran fused into our fft kernels: the unfused path too */
+        setenv("DSPK_VK_FIR_SK", "off", 1);
+        h_seed = seed;
+        e = fir_case(D, dt, rows, n, k, m, &got);
+        unsetenv("DSPK_VK_FIR_SK");
+        assert_false(dspk__vk_fir_last_fused());
+        if (!(e <= tol))
+          fail_msg("fir ols mode %d unfused %s %lldx%lld k=%lld: rel err %g", m,
+                   dspk__dtype_name(dt), (long long)rows, (long long)n, (long long)k, e);
+        h_free(&got);
+        nfused++;
       }
       h_free(&ref);
     }
   }
+  /* f32 blocks of every case fit our fft kernels */
+  assert_true(nfused > 0);
+  print_message("fir f32: %d cases ran fused into our fft kernels\n", nfused);
 }
 
 /* The choice through the autotuner (forced to tune on this device, as a
