@@ -13,9 +13,12 @@
  * apart); one batched out-of-place transform, a multiplication by the
  * transform of the zero-padded filter, the inverse transform (scaled by
  * 1/L, as numpy.fft.ifft) and a scatter kernel that keeps the last S
- * samples of each block.  Temporaries: two (blocks x L) complex buffers
- * and two of L for the filter, kept per block layout in the device's plan
- * cache for the next task (get_ws).
+ * samples of each block.  Real f32 signals whose blocks our own fft
+ * kernels (vk_sfft.c) can transform skip the gather, the multiplication
+ * and the scatter: the transforms' first and last passes do them
+ * (dspk__vk_sfft_fir), four passes over memory fewer.  Temporaries: two
+ * (blocks x L) complex buffers and two of L for the filter, kept per block
+ * layout in the device's plan cache for the next task (get_ws).
  *
  * The choice: filters of at most FIR_DIRECT_MAX_K taps are always direct.
  * For longer ones on a hardware device the candidates are "direct",

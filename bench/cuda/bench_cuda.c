@@ -177,6 +177,52 @@ static void bench_fft_backend(int64_t n, int64_t batch, int reps) {
   free(hx);
 }
 
+/* fir of 2^24 f32 samples with 4096 taps through the backend, each FFT
+ * path forced (no daemon), vs the in-process cuFFT overlap-save: what the
+ * backend's own work costs, apart from the daemon's. */
+static void bench_fir_backend(int reps) {
+  int64_t n = (int64_t)1 << 24, k = 4096, L = 0, xs[1] = {n}, hs[1] = {k};
+  float *hx = malloc((size_t)n * 4), *hh = malloc((size_t)k * 4);
+  struct dspk__mem *mx, *mh, *my;
+  struct dspk__op op;
+  char msg[256], why[256];
+  CUcontext ctx;
+  CK(dspk__cuda_load_nvrtc(why, sizeof(why)));
+  CK(dspk__cuda_load_cufft(why, sizeof(why)));
+  CK(CU.cuDevicePrimaryCtxRetain(&ctx, 0));
+  CK(CU.cuCtxSetCurrent(ctx));
+  fill_random(hx, (size_t)n, DSPK_F32);
+  fill_random(hh, (size_t)k, DSPK_F32);
+  CK(B->alloc(dev, (size_t)n * 4, &mx));
+  CK(B->alloc(dev, (size_t)k * 4, &mh));
+  CK(B->alloc(dev, (size_t)n * 4, &my));
+  CK(B->write(dev, mx, 0, hx, (size_t)n * 4));
+  CK(B->write(dev, mh, 0, hh, (size_t)k * 4));
+  memset(&op, 0, sizeof(op));
+  op.kind = DSPK_OP_FIR;
+  op.nin = 2;
+  op.in[0] = T(DSPK_F32, 1, xs);
+  op.in[1] = T(DSPK_F32, 1, hs);
+  CK(dspk__op_infer(&op, msg, sizeof(msg)));
+  op.in[0].mem = mx;
+  op.in[1].mem = mh;
+  op.out[0].mem = my;
+  double tr = dspk_bench_cufft_fir(n, k, hx, hh, reps, NULL, &L);
+  for (int m = 1; m <= 3; m++) {
+    dspk__cuda_fir_force(m);
+    double tb = time_backend(&op, reps);
+    printf("| fir 2^24 f32 x 4096 taps, %s | %.3f ms | cuFFT overlap-save L=%lld %.3f ms | %.3f |\n",
+           dspk__cuda_fir_last(), tb, (long long)L, tr, tr / tb);
+  }
+  dspk__cuda_fir_force(-1);
+  CU.cuDevicePrimaryCtxRelease(0);
+  B->free(dev, mx);
+  B->free(dev, mh);
+  B->free(dev, my);
+  free(hx);
+  free(hh);
+}
+
 /* The eviction trace: 200 contractions "ikl,jlk->ji" (k*l = k of the
  * arguments, l = 16) over 50 shapes (i varies), plan cache 16.  Each plan
  * permutes B into a workspace of its own (k and l swap) and makes the
@@ -280,6 +326,7 @@ static int mode_backend(void) {
   bench_gemm_backend(DSPK_F32, 8192, 10);
   bench_gemm_backend(DSPK_BF16, 8192, 40);
   bench_fft_backend(1 << 20, 16, 40);
+  bench_fir_backend(20);
   printf("\n| trace | GPU busy | throughput | wall | retirement |\n|---|---|---|---|---|\n");
   /* Each size: one untimed pass of each variant warms the pool and the
    * kernels, then the measured passes alternate. */

@@ -32,6 +32,8 @@
 #include <unistd.h>
 
 #include "backends/backend.h"
+#include "backends/common/fir_tune.h"
+#include "backends/vulkan/vk_sfft.h"
 #include "bench/common/bench_util.h"
 #include "bench/vulkan/bench_vk.h"
 #include "cache/cache.h"
@@ -48,9 +50,13 @@ int dspk__vk_fft_tune_report(struct dspk__dev *d, uint64_t n, uint64_t batch, in
                              char *buf, size_t len);
 int dspk__vk_fft_profile(struct dspk__dev *d, uint64_t n, uint64_t batch, char *buf,
                          size_t len);
-/* backends/vulkan/vk_sfft.h */
-int dspk__vk_sfft_profile(struct dspk__dev *d, uint64_t n, uint64_t batch, char *buf,
-                          size_t len);
+/* backends/vulkan/vk.h's fir entry and hooks (same reason). */
+int dspk__vk_fir(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *ctx);
+void dspk__vk_fir_force(int mode);
+const char *dspk__vk_fir_last(void);
+int dspk__vk_fir_last_fused(void);
+int dspk__vk_gpu_ms(struct dspk__dev *d, int reps, int (*rec)(void *ud, int i), void *ud,
+                    double *ms);
 static const struct dspk__backend *V = &dspk__backend_vulkan;
 /* The Vulkan gemm's kernel candidates (backends/vulkan/vk.h, declared here:
  * that header's struct dspk__dev clashes with the CUDA backend's). */
@@ -228,6 +234,73 @@ static void bench_fft(struct dspk__dev *d, int64_t n, int64_t batch, int reps) {
   free(hx);
 }
 
+/* fir of 2^24 f32 samples with 4096 taps, each overlap-save block size
+ * forced, fused into our fft kernels with each configuration the tuner
+ * would offer and unfused (DSPK_VK_FIR_SK): host-timed streams and GPU
+ * timestamps, vs the in-process cuFFT overlap-save.  n samples (2^24 in
+ * the benchmark; smaller ones check the mode on software devices). */
+struct fir_ud {
+  struct dspk__dev *d;
+  struct dspk__op *op;
+};
+static int fir_rec(void *ud, int i) {
+  struct fir_ud *u = ud;
+  char msg[256] = "";
+  struct dspk__opctx ctx = {.errmsg = msg, .errmsg_len = sizeof msg};
+  (void)i;
+  return dspk__vk_fir(u->d, u->op, &ctx);
+}
+static void fir_row(struct dspk__dev *d, struct dspk__op *op, const char *sk, double tr) {
+  struct fir_ud u = {d, op};
+  double gpu = -1;
+  if (sk)
+    setenv("DSPK_VK_FIR_SK", sk, 1);
+  else
+    unsetenv("DSPK_VK_FIR_SK");
+  double tv = time_op(d, op, 20);
+  if (dspk__vk_gpu_ms(d, 10, fir_rec, &u, &gpu))
+    gpu = -1;
+  printf("| fir 2^%d f32 x 4096, %s%s %s | %.3f ms (GPU %.3f ms) | %.3f ms | %.3f |\n",
+         (int)log2((double)dspk__tensor_numel(&op->in[0])), dspk__vk_fir_last(),
+         dspk__vk_fir_last_fused() ? " fused" : "", sk ? sk : "",
+         tv, gpu, tr, tr > 0 ? tr / tv : 0);
+}
+static void bench_fir(struct dspk__dev *d, int64_t n) {
+  int64_t k = 4096, xs[1] = {n}, hs[1] = {k}, L = 0;
+  float *hx = malloc((size_t)n * 4), *hh = malloc((size_t)k * 4);
+  double tr = -1;
+  fill(hx, (size_t)n, DSPK_F32);
+  fill(hh, (size_t)k, DSPK_F32);
+  struct dspk__op op = {.kind = DSPK_OP_FIR, .nin = 2};
+  op.in[0] = upload(d, DSPK_F32, 1, xs, hx);
+  op.in[1] = upload(d, DSPK_F32, 1, hs, hh);
+  place_outputs(d, &op);
+#ifdef DSPK_BENCH_CUDA
+  if (cuda_ok)
+    tr = dspk_bench_cufft_fir(n, k, hx, hh, 20, NULL, &L);
+#endif
+  printf("(cuFFT overlap-save: L=%lld)\n", (long long)L);
+  for (int m = 1; m <= 3; m++) {
+    struct dspk__fir_geo g;
+    struct dspk__vk_sfft_cfg c[8];
+    char name[64];
+    dspk__vk_fir_force(m);
+    fir_row(d, &op, "off", tr);
+    if (dspk__fir_geometry(n, k, 1, 0, m, 28, &g) == 0) {
+      int nc = dspk__vk_sfft_cands(d, (uint64_t)g.L, (uint64_t)g.nc, c, 8);
+      for (int i = 0; i < nc; i++) {
+        dspk__vk_sfft_name(&c[i], name, sizeof name);
+        fir_row(d, &op, name, tr);
+      }
+    }
+  }
+  unsetenv("DSPK_VK_FIR_SK");
+  dspk__vk_fir_force(-1);
+  free_op(d, &op);
+  free(hx);
+  free(hh);
+}
+
 /* Open the device, gemm 1024^2 f32 + fft 2^16 c64, read both back. */
 static double first_result(int idx, struct dspk__cache *c, uint64_t *compiled) {
   int n = 1024;
@@ -337,6 +410,15 @@ int main(int argc, char **argv) {
   char f16path[256];
   dspk__vk_coopmat_describe(d, f16path, sizeof f16path);
   printf("f16 gemm path: %s\n\n", f16path);
+  if (argc > 1 && strcmp(argv[1], "fir") == 0) {
+    printf("| op | vulkan | cuFFT | ratio |\n|---|---|---|---|\n");
+    bench_fir(d, (int64_t)1 << (argc > 2 ? atoi(argv[2]) : 24)); /* bench_vulkan fir [LOG2N] */
+    V->close(d);
+    dspk__cache_close(c);
+    unlink(path);
+    V->shutdown();
+    return 0;
+  }
   if (argc > 1 && strcmp(argv[1], "gemm") == 0) {
     printf("| op | kernel | time | rate | vs cuBLAS |\n|---|---|---|---|---|\n");
     for (int i = 2; i < argc || i == 2; i++) {
