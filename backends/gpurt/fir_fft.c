@@ -8,17 +8,17 @@
  * Overlap-save: each row of n samples is cut into blocks of L = 2^lg
  * samples that overlap by k-1 (block b starts at sample b*S - (k-1), S =
  * L-k+1; samples outside the row read as zero).  A real signal (f32, f64):
- * the blocks are gathered as real rows, one batched R2C/D2Z plan makes
- * their half spectra, which are multiplied by the half spectrum of the
- * zero-padded filter (scaled by 1/L, cuFFT's inverse being unnormalised),
- * one batched C2R/Z2D plan transforms them back, and the last S samples of
- * each row are scattered into the output.  A complex signal: the same with
- * complex rows and one in-place C2C/Z2Z plan both ways.  Four kernels of
- * backends/kernels/fir.cu and three transforms per task; the streaming
- * kernels run one full wave of blocks (dspk__gpurt_launch1d_wave).
- * Temporary memory from the pool, retired after the task: the blocks and
- * their spectra (real: blocks x (L + L/2+1 complex); complex: blocks x L)
- * and the filter's.
+ * the gather kernel writes the blocks as real rows and, after them, the
+ * filter zero-padded and scaled by 1/L (cuFFT's inverse being
+ * unnormalised); one batched R2C/D2Z plan makes all their half spectra,
+ * the blocks' are multiplied by the filter's, one batched C2R/Z2D plan
+ * transforms them back, and the last S samples of each row are scattered
+ * into the output.  A complex signal: the same with complex rows and one
+ * in-place C2C/Z2Z plan both ways.  Three kernels of
+ * backends/kernels/fir.cu and two transforms per task; the kernels run one
+ * full wave of blocks (dspk__gpurt_launch1d_wave).  Temporary memory from
+ * the pool, retired after the task: the blocks and the filter (real: rows
+ * of L samples and of L/2+1 complex values; complex: rows of L).
  *
  * The choice: filters of at most FIR_DIRECT_MAX_K taps are always direct.
  * For longer ones the candidates are "direct" and "ols-x4", "ols-x8",
@@ -71,7 +71,7 @@ static int exec(struct dspk__dev *dev, void *h, enum dspk__gfft type, dspk__gptr
                                   dev->drv->fft_name(), s);
 }
 
-/* The overlap-save path of complex signals with blocks of mode m (1..3). */
+/* The overlap-save path of complex signals, blocks as in g. */
 static int fir_ols_complex(struct dspk__dev *dev, struct dspk__op *op,
                            const struct dspk__fir_geo *g, struct dspk__opctx *ctx) {
   const struct dspk__tensor *X = &op->in[0], *H = &op->in[1], *Y = &op->out[0];
@@ -80,60 +80,52 @@ static int fir_ols_complex(struct dspk__dev *dev, struct dspk__op *op,
   size_t cs = dbl ? 16 : 8;
   int64_t n = X->shape[X->rank - 1], total = dspk__tensor_numel(X);
   int k = (int)(H->shape[0] < n ? H->shape[0] : n);
-  struct dspk__pool_block *hp = NULL, *bb = NULL;
-  dspk__gfunc fpad, fgat, fmul, fsct;
-  void *p1, *pb;
+  struct dspk__pool_block *bb = NULL;
+  dspk__gfunc fgat, fmul, fsct;
+  void *pb;
   int rc;
-  if ((rc = kfn(dev, dt, "dspk_fir_hpad", &fpad, ctx)) ||
-      (rc = kfn(dev, dt, "dspk_fir_gather", &fgat, ctx)) ||
+  if ((rc = kfn(dev, dt, "dspk_fir_gather", &fgat, ctx)) ||
       (rc = kfn(dev, dt, "dspk_fir_cmul", &fmul, ctx)) ||
       (rc = kfn(dev, dt, "dspk_fir_scatter", &fsct, ctx)))
     return rc;
-  if ((rc = dspk__gpurt_tmp_alloc(dev, (size_t)g->L * cs, &hp)) ||
-      (rc = dspk__gpurt_tmp_alloc(dev, (size_t)(g->nblk * g->L) * cs, &bb))) {
-    rc = dspk__gpurt_msg(ctx, rc, "fir: no device memory for %lld blocks of %lld samples",
-                        (long long)g->nblk, (long long)g->L);
-    goto out;
-  }
+  /* the blocks, then the filter's block */
+  if ((rc = dspk__gpurt_tmp_alloc(dev, (size_t)((g->nblk + 1) * g->L) * cs, &bb)))
+    return dspk__gpurt_msg(ctx, rc, "fir: no device memory for %lld blocks of %lld samples",
+                          (long long)g->nblk, (long long)g->L);
   {
     dspk__gptr x = dspk__gpurt_ptr(X), h = dspk__gpurt_ptr(H), y = dspk__gpurt_ptr(Y);
-    dspk__gptr php = (dspk__gptr)hp->handle, pbb = (dspk__gptr)bb->handle;
-    int64_t L = g->L, S = g->S, nb = g->nb, tb = g->nblk * g->L;
+    dspk__gptr pbb = (dspk__gptr)bb->handle, phs = pbb + (dspk__gptr)(g->nblk * g->L) * cs;
+    int64_t L = g->L, S = g->S, nb = g->nb, nblk = g->nblk, tb = g->nblk * g->L;
+    int64_t ta = tb + g->L;
     int lg = g->lg;
     enum dspk__gfft type = dbl ? DSPK__GFFT_Z2Z : DSPK__GFFT_C2C;
     float sf = 1.0f / (float)L;
     double sd = 1.0 / (double)L;
-    void *apad[5] = {&h, &php, &k, &L, dbl ? (void *)&sd : (void *)&sf};
-    void *agat[8] = {&x, &pbb, &n, &k, &S, &lg, &nb, &tb};
-    void *amul[4] = {&pbb, &php, &lg, &tb};
+    void *agat[11] = {&x, &h, &pbb, &n, &k, &S, &lg, &nb, &nblk,
+                      dbl ? (void *)&sd : (void *)&sf, &ta};
+    void *amul[4] = {&pbb, &phs, &lg, &tb};
     void *asct[8] = {&pbb, &y, &n, &k, &S, &lg, &nb, &total};
-    /* The filter's spectrum; each plan is executed before the next is
-     * looked up, so an eviction retires a plan behind its last use. */
-    if ((rc = dspk__gpurt_launch1d(dev, fpad, L, apad, ctx)) ||
-        (rc = dspk__gpurt_fft_plan(dev, type, L, L, 1, &p1, ctx)) ||
-        (rc = exec(dev, p1, type, php, php, 0, ctx)) ||
-        (rc = dspk__gpurt_launch1d_wave(dev, fgat, tb, 8, agat, ctx)) ||
-        (rc = dspk__gpurt_fft_plan(dev, type, L, L, g->nblk, &pb, ctx)) ||
+    /* One plan of nblk+1 rows both ways (the filter's row comes back
+     * transformed and unused). */
+    if ((rc = dspk__gpurt_launch1d_wave(dev, fgat, ta, 8, agat, ctx)) ||
+        (rc = dspk__gpurt_fft_plan(dev, type, L, L, g->nblk + 1, &pb, ctx)) ||
         (rc = exec(dev, pb, type, pbb, pbb, 0, ctx)) ||
         (rc = dspk__gpurt_launch1d_wave(dev, fmul, tb, 8, amul, ctx)) ||
-        (rc = exec(dev, pb, type, pbb, pbb, 1, ctx)))
+        (rc = exec(dev, pb, type, pbb, pbb, 1, ctx)) ||
+        (rc = dspk__gpurt_launch1d_wave(dev, fsct, total, 8, asct, ctx)))
       goto out;
-    rc = dspk__gpurt_launch1d_wave(dev, fsct, total, 8, asct, ctx);
   }
 out:
-  if (hp)
-    dspk__gpurt_tmp_free(dev, hp);
-  if (bb)
-    dspk__gpurt_tmp_free(dev, bb);
+  dspk__gpurt_tmp_free(dev, bb);
   return rc;
 }
 
-/* The overlap-save path of real signals (f32, f64): R2C and C2R
- * transforms of real blocks, as one writes it with cuFFT by hand (the
- * half spectra are half the work of complex transforms of the same
- * blocks: on the H200, 2^24 samples with 4096 taps in blocks of 16384,
- * R2C 0.067 + C2R 0.059 ms against 0.077 + 0.078 ms for complex
- * transforms of blocks packed two to one). */
+/* The overlap-save path of real signals (f32, f64), blocks as in g: R2C
+ * and C2R transforms of real blocks, as one writes it with cuFFT by hand
+ * (on the H200, 2^24 samples with 4096 taps in blocks of 16384, R2C 0.067
+ * + C2R 0.059 ms against 0.077 + 0.078 ms for complex transforms of blocks
+ * packed two to one), the filter's spectrum made by the same transforms
+ * (a separate transform of the filter cost 15 to 20 us more). */
 static int fir_ols_real(struct dspk__dev *dev, struct dspk__op *op,
                         const struct dspk__fir_geo *g, struct dspk__opctx *ctx) {
   const struct dspk__tensor *X = &op->in[0], *H = &op->in[1], *Y = &op->out[0];
@@ -141,46 +133,41 @@ static int fir_ols_real(struct dspk__dev *dev, struct dspk__op *op,
   int dbl = dt == DSPK_F64;
   size_t rs = dbl ? 8 : 4;
   int64_t n = X->shape[X->rank - 1], total = dspk__tensor_numel(X);
-  int64_t m2 = g->L / 2 + 1;
+  int64_t m2 = g->L / 2 + 1, rows = g->nblk + 1; /* the blocks and the filter */
   int k = (int)(H->shape[0] < n ? H->shape[0] : n);
-  struct dspk__pool_block *hp = NULL, *hs = NULL, *bb = NULL, *ff = NULL;
-  dspk__gfunc fpad, fgat, fmul, fsct;
-  void *pf1, *pf, *pi;
+  struct dspk__pool_block *bb = NULL, *ff = NULL;
+  dspk__gfunc fgat, fmul, fsct;
+  void *pf, *pi;
   int rc;
-  if ((rc = kfn(dev, dt, "dspk_fir_rpad", &fpad, ctx)) ||
-      (rc = kfn(dev, dt, "dspk_fir_rgather", &fgat, ctx)) ||
+  if ((rc = kfn(dev, dt, "dspk_fir_rgather", &fgat, ctx)) ||
       (rc = kfn(dev, dt, "dspk_fir_rcmul", &fmul, ctx)) ||
       (rc = kfn(dev, dt, "dspk_fir_rscatter", &fsct, ctx)))
     return rc;
-  if ((rc = dspk__gpurt_tmp_alloc(dev, (size_t)g->L * rs, &hp)) ||
-      (rc = dspk__gpurt_tmp_alloc(dev, (size_t)m2 * 2 * rs, &hs)) ||
-      (rc = dspk__gpurt_tmp_alloc(dev, (size_t)(g->nblk * g->L) * rs, &bb)) ||
-      (rc = dspk__gpurt_tmp_alloc(dev, (size_t)(g->nblk * m2) * 2 * rs, &ff))) {
+  if ((rc = dspk__gpurt_tmp_alloc(dev, (size_t)(rows * g->L) * rs, &bb)) ||
+      (rc = dspk__gpurt_tmp_alloc(dev, (size_t)(rows * m2) * 2 * rs, &ff))) {
     rc = dspk__gpurt_msg(ctx, rc, "fir: no device memory for %lld blocks of %lld samples",
                         (long long)g->nblk, (long long)g->L);
     goto out;
   }
   {
     dspk__gptr x = dspk__gpurt_ptr(X), h = dspk__gpurt_ptr(H), y = dspk__gpurt_ptr(Y);
-    dspk__gptr php = (dspk__gptr)hp->handle, phs = (dspk__gptr)hs->handle;
     dspk__gptr pbb = (dspk__gptr)bb->handle, pff = (dspk__gptr)ff->handle;
-    int64_t L = g->L, S = g->S, nb = g->nb, tb = g->nblk * g->L, tf = g->nblk * m2;
+    dspk__gptr phs = pff + (dspk__gptr)(g->nblk * m2) * 2 * rs;
+    int64_t L = g->L, S = g->S, nb = g->nb, nblk = g->nblk, ta = rows * g->L;
+    int64_t tf = g->nblk * m2;
     int lg = g->lg;
     enum dspk__gfft fwd = dbl ? DSPK__GFFT_D2Z : DSPK__GFFT_R2C;
     enum dspk__gfft inv = dbl ? DSPK__GFFT_Z2D : DSPK__GFFT_C2R;
     float sf = 1.0f / (float)L;
     double sd = 1.0 / (double)L;
-    void *apad[5] = {&h, &php, &k, &L, dbl ? (void *)&sd : (void *)&sf};
-    void *agat[8] = {&x, &pbb, &n, &k, &S, &lg, &nb, &tb};
+    void *agat[11] = {&x, &h, &pbb, &n, &k, &S, &lg, &nb, &nblk,
+                      dbl ? (void *)&sd : (void *)&sf, &ta};
     void *amul[4] = {&pff, &phs, &m2, &tf};
     void *asct[8] = {&pbb, &y, &n, &k, &S, &lg, &nb, &total};
     /* Each plan is executed before the next is looked up, so an eviction
      * retires a plan behind its last use. */
-    if ((rc = dspk__gpurt_launch1d(dev, fpad, L, apad, ctx)) ||
-        (rc = dspk__gpurt_fft_plan(dev, fwd, L, m2, 1, &pf1, ctx)) ||
-        (rc = exec(dev, pf1, fwd, php, phs, 0, ctx)) ||
-        (rc = dspk__gpurt_launch1d_wave(dev, fgat, tb, 8, agat, ctx)) ||
-        (rc = dspk__gpurt_fft_plan(dev, fwd, L, m2, g->nblk, &pf, ctx)) ||
+    if ((rc = dspk__gpurt_launch1d_wave(dev, fgat, ta, 8, agat, ctx)) ||
+        (rc = dspk__gpurt_fft_plan(dev, fwd, L, m2, rows, &pf, ctx)) ||
         (rc = exec(dev, pf, fwd, pbb, pff, 0, ctx)) ||
         (rc = dspk__gpurt_launch1d_wave(dev, fmul, tf, 8, amul, ctx)) ||
         (rc = dspk__gpurt_fft_plan(dev, inv, L, L, g->nblk, &pi, ctx)) ||
@@ -189,10 +176,6 @@ static int fir_ols_real(struct dspk__dev *dev, struct dspk__op *op,
     rc = dspk__gpurt_launch1d_wave(dev, fsct, total, 8, asct, ctx);
   }
 out:
-  if (hp)
-    dspk__gpurt_tmp_free(dev, hp);
-  if (hs)
-    dspk__gpurt_tmp_free(dev, hs);
   if (bb)
     dspk__gpurt_tmp_free(dev, bb);
   if (ff)

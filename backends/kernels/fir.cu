@@ -49,33 +49,28 @@ __device__ inline dspk_i64 dspk_fir_div(dspk_i64 a, dspk_i64 b) {
 }
 
 #if DSPK_COMPLEX
-/* hp[0..L) = scale * h zero-padded. */
-extern "C" __global__ void dspk_fir_hpad(const DSPK_T *h, dspk_firc *hp, int k, dspk_i64 L, DSPK_R scale) {
-  DSPK_LOOP(i, L) {
-    dspk_firc v;
-    v.x = 0;
-    v.y = 0;
-    if (i < k) {
-      v.x = h[i].x * scale;
-      v.y = h[i].y * scale;
-    }
-    hp[i] = v;
-  }
-}
-
-/* The blocks: b[g*L + j] for the total = nblk*L samples of the nblk
- * blocks, nb a row. */
-extern "C" __global__ void dspk_fir_gather(const DSPK_T *x, dspk_firc *b, dspk_i64 n, int k,
-                                           dspk_i64 S, int lg, dspk_i64 nb, dspk_i64 total) {
+/* The blocks: b[g*L + j] for the nblk blocks (nb a row), then in block
+ * nblk the filter zero-padded and scaled, so that one batched transform
+ * makes the filter's spectrum too (total = (nblk+1)*L). */
+extern "C" __global__ void dspk_fir_gather(const DSPK_T *x, const DSPK_T *h, dspk_firc *b,
+                                           dspk_i64 n, int k, dspk_i64 S, int lg, dspk_i64 nb,
+                                           dspk_i64 nblk, DSPK_R scale, dspk_i64 total) {
   DSPK_LOOP(i, total) {
     dspk_i64 g = i >> lg, j = i & (((dspk_i64)1 << lg) - 1);
-    dspk_i64 row = g < nb ? 0 : dspk_fir_div(g, nb), t = (g - row * nb) * S + j - (k - 1);
     dspk_firc v;
     v.x = 0;
     v.y = 0;
-    if (t >= 0 && t < n) {
-      v.x = x[row * n + t].x;
-      v.y = x[row * n + t].y;
+    if (g >= nblk) {
+      if (j < k) {
+        v.x = h[j].x * scale;
+        v.y = h[j].y * scale;
+      }
+    } else {
+      dspk_i64 row = g < nb ? 0 : dspk_fir_div(g, nb), t = (g - row * nb) * S + j - (k - 1);
+      if (t >= 0 && t < n) {
+        v.x = x[row * n + t].x;
+        v.y = x[row * n + t].y;
+      }
     }
     b[i] = v;
   }
@@ -112,19 +107,22 @@ extern "C" __global__ void dspk_fir_scatter(const dspk_firc *b, DSPK_T *y, dspk_
  * batched R2C transform makes their half spectra (L/2+1 values a row), a
  * multiplication by the filter's half spectrum, one batched C2R transform
  * back into the real rows, and the last S samples of each row are outputs.
- * The filter's half spectrum: rpad, then an R2C transform of one row.
+ * The filter's half spectrum comes from the same transform: the gather
+ * writes the filter, zero-padded and scaled, as block nblk.
  */
-extern "C" __global__ void dspk_fir_rpad(const DSPK_T *h, DSPK_T *hp, int k, dspk_i64 L, DSPK_R scale) {
-  DSPK_LOOP(i, L) hp[i] = i < k ? h[i] * scale : (DSPK_T)0;
-}
-
-/* b[g*L + j] for the total = nblk*L samples of the nblk blocks, nb a row. */
-extern "C" __global__ void dspk_fir_rgather(const DSPK_T *x, DSPK_T *b, dspk_i64 n, int k,
-                                            dspk_i64 S, int lg, dspk_i64 nb, dspk_i64 total) {
+/* b[g*L + j] for the nblk blocks (nb a row), then the filter as block
+ * nblk (total = (nblk+1)*L samples). */
+extern "C" __global__ void dspk_fir_rgather(const DSPK_T *x, const DSPK_T *h, DSPK_T *b,
+                                            dspk_i64 n, int k, dspk_i64 S, int lg, dspk_i64 nb,
+                                            dspk_i64 nblk, DSPK_R scale, dspk_i64 total) {
   DSPK_LOOP(i, total) {
     dspk_i64 g = i >> lg, j = i & (((dspk_i64)1 << lg) - 1);
-    dspk_i64 row = g < nb ? 0 : dspk_fir_div(g, nb), t = (g - row * nb) * S + j - (k - 1);
-    b[i] = t >= 0 && t < n ? x[row * n + t] : (DSPK_T)0;
+    if (g >= nblk) {
+      b[i] = j < k ? h[j] * scale : (DSPK_T)0;
+    } else {
+      dspk_i64 row = g < nb ? 0 : dspk_fir_div(g, nb), t = (g - row * nb) * S + j - (k - 1);
+      b[i] = t >= 0 && t < n ? x[row * n + t] : (DSPK_T)0;
+    }
   }
 }
 
