@@ -16,7 +16,8 @@
  * into the output.  A complex signal: the same with complex rows and one
  * in-place C2C/Z2Z plan both ways.  Three kernels of
  * backends/kernels/fir.cu and two transforms per task; the kernels run one
- * full wave of blocks (dspk__gpurt_launch1d_wave).  Temporary memory from
+ * full wave of blocks (dspk__gpurt_launch1d_wave), with 32-bit indices
+ * wherever the sizes allow.  Temporary memory from
  * the pool, retired after the task: the blocks and the filter (real: rows
  * of L samples and of L/2+1 complex values; complex: rows of L).
  *
@@ -35,10 +36,12 @@
  * log2(L) ulps of the largest output, against the direct kernel's double
  * accumulation), f64 and c128 in double.
  */
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "backends/common/fir_tune.h"
 #include "backends/gpurt/gpurt.h"
+#include "proto/testhook.h"
 
 #define HAVE_FFT(dev) ((dev)->drv->fft_name && (dev)->drv->fft_name() && !(dev)->own_kernels)
 
@@ -71,6 +74,45 @@ static int exec(struct dspk__dev *dev, void *h, enum dspk__gfft type, dspk__gptr
                                   dev->drv->fft_name(), s);
 }
 
+/* The kernels' integer arguments, 64-bit and 32-bit (the kernels of
+ * backends/kernels/fir.cu come in both widths; see w32). */
+struct fir_ints {
+  int w32; /* every index below 2^31: the 32-bit kernels */
+  int lg;
+  int64_t n, k, S, nb, nblk, ta, tm, total, m2;
+  unsigned un, uk, uS, unb, unblk, uta, utm, utotal, um2;
+};
+
+/* Fills a for blocks g, n samples a row, k taps, total samples, ta
+ * gathered and tm multiplied values, half spectra of m2 values. */
+static void fir_ints(struct fir_ints *a, const struct dspk__fir_geo *g, int64_t n, int64_t k,
+                     int64_t total, int64_t ta, int64_t tm, int64_t m2) {
+  const int64_t lim = (int64_t)1 << 31;
+  *a = (struct fir_ints){.w32 = ta < lim && total < lim, .lg = g->lg, .n = n, .k = k,
+                         .S = g->S, .nb = g->nb, .nblk = g->nblk, .ta = ta, .tm = tm,
+                         .total = total, .m2 = m2};
+  a->un = (unsigned)n, a->uk = (unsigned)k, a->uS = (unsigned)g->S, a->unb = (unsigned)g->nb;
+  a->unblk = (unsigned)g->nblk, a->uta = (unsigned)ta, a->utm = (unsigned)tm;
+  a->utotal = (unsigned)total, a->um2 = (unsigned)m2;
+  if (DSPK_TEST_HOOK("DSPK_GPURT_FIR_WIDE")) /* tests: the 64-bit kernels at any size */
+    a->w32 = 0;
+}
+#define FIR_INT(a, f) ((a)->w32 ? (void *)&(a)->u##f : (void *)&(a)->f)
+
+/* The path's three kernels (prefix "dspk_fir_" or "dspk_fir_r"), in the
+ * width of a. */
+static int fir_kernels(struct dspk__dev *dev, dspk_dtype dt, const char *pre,
+                       const struct fir_ints *a, dspk__gfunc fn[3], struct dspk__opctx *ctx) {
+  static const char *const what[3] = {"gather", "cmul", "scatter"};
+  char name[48];
+  int rc = 0;
+  for (int i = 0; i < 3 && rc == 0; i++) {
+    snprintf(name, sizeof name, "%s%s%s", pre, what[i], a->w32 ? "32" : "");
+    rc = kfn(dev, dt, name, &fn[i], ctx);
+  }
+  return rc;
+}
+
 /* The overlap-save path of complex signals, blocks as in g. */
 static int fir_ols_complex(struct dspk__dev *dev, struct dspk__op *op,
                            const struct dspk__fir_geo *g, struct dspk__opctx *ctx) {
@@ -79,43 +121,40 @@ static int fir_ols_complex(struct dspk__dev *dev, struct dspk__op *op,
   int dbl = dt == DSPK_C128;
   size_t cs = dbl ? 16 : 8;
   int64_t n = X->shape[X->rank - 1], total = dspk__tensor_numel(X);
-  int k = (int)(H->shape[0] < n ? H->shape[0] : n);
+  int64_t k = H->shape[0] < n ? H->shape[0] : n;
   struct dspk__pool_block *bb = NULL;
-  dspk__gfunc fgat, fmul, fsct;
+  struct fir_ints a;
+  dspk__gfunc fn[3];
   void *pb;
   int rc;
-  if ((rc = kfn(dev, dt, "dspk_fir_gather", &fgat, ctx)) ||
-      (rc = kfn(dev, dt, "dspk_fir_cmul", &fmul, ctx)) ||
-      (rc = kfn(dev, dt, "dspk_fir_scatter", &fsct, ctx)))
+  fir_ints(&a, g, n, k, total, (g->nblk + 1) * g->L, g->nblk * g->L, 0);
+  if ((rc = fir_kernels(dev, dt, "dspk_fir_", &a, fn, ctx)))
     return rc;
   /* the blocks, then the filter's block */
-  if ((rc = dspk__gpurt_tmp_alloc(dev, (size_t)((g->nblk + 1) * g->L) * cs, &bb)))
+  if ((rc = dspk__gpurt_tmp_alloc(dev, (size_t)a.ta * cs, &bb)))
     return dspk__gpurt_msg(ctx, rc, "fir: no device memory for %lld blocks of %lld samples",
                           (long long)g->nblk, (long long)g->L);
   {
     dspk__gptr x = dspk__gpurt_ptr(X), h = dspk__gpurt_ptr(H), y = dspk__gpurt_ptr(Y);
-    dspk__gptr pbb = (dspk__gptr)bb->handle, phs = pbb + (dspk__gptr)(g->nblk * g->L) * cs;
-    int64_t L = g->L, S = g->S, nb = g->nb, nblk = g->nblk, tb = g->nblk * g->L;
-    int64_t ta = tb + g->L;
-    int lg = g->lg;
+    dspk__gptr pbb = (dspk__gptr)bb->handle, phs = pbb + (dspk__gptr)a.tm * cs;
     enum dspk__gfft type = dbl ? DSPK__GFFT_Z2Z : DSPK__GFFT_C2C;
-    float sf = 1.0f / (float)L;
-    double sd = 1.0 / (double)L;
-    void *agat[11] = {&x, &h, &pbb, &n, &k, &S, &lg, &nb, &nblk,
-                      dbl ? (void *)&sd : (void *)&sf, &ta};
-    void *amul[4] = {&pbb, &phs, &lg, &tb};
-    void *asct[8] = {&pbb, &y, &n, &k, &S, &lg, &nb, &total};
+    float sf = 1.0f / (float)g->L;
+    double sd = 1.0 / (double)g->L;
+    void *agat[11] = {&x, &h, &pbb, FIR_INT(&a, n), FIR_INT(&a, k), FIR_INT(&a, S), &a.lg,
+                      FIR_INT(&a, nb), FIR_INT(&a, nblk), dbl ? (void *)&sd : (void *)&sf,
+                      FIR_INT(&a, ta)};
+    void *amul[4] = {&pbb, &phs, &a.lg, FIR_INT(&a, tm)};
+    void *asct[8] = {&pbb, &y, FIR_INT(&a, n), FIR_INT(&a, k), FIR_INT(&a, S), &a.lg,
+                     FIR_INT(&a, nb), FIR_INT(&a, total)};
     /* One plan of nblk+1 rows both ways (the filter's row comes back
      * transformed and unused). */
-    if ((rc = dspk__gpurt_launch1d_wave(dev, fgat, ta, 8, agat, ctx)) ||
-        (rc = dspk__gpurt_fft_plan(dev, type, L, L, g->nblk + 1, &pb, ctx)) ||
-        (rc = exec(dev, pb, type, pbb, pbb, 0, ctx)) ||
-        (rc = dspk__gpurt_launch1d_wave(dev, fmul, tb, 8, amul, ctx)) ||
-        (rc = exec(dev, pb, type, pbb, pbb, 1, ctx)) ||
-        (rc = dspk__gpurt_launch1d_wave(dev, fsct, total, 8, asct, ctx)))
-      goto out;
+    if ((rc = dspk__gpurt_launch1d_wave(dev, fn[0], a.ta, 8, agat, ctx)) == 0 &&
+        (rc = dspk__gpurt_fft_plan(dev, type, g->L, g->L, g->nblk + 1, &pb, ctx)) == 0 &&
+        (rc = exec(dev, pb, type, pbb, pbb, 0, ctx)) == 0 &&
+        (rc = dspk__gpurt_launch1d_wave(dev, fn[1], a.tm, 8, amul, ctx)) == 0 &&
+        (rc = exec(dev, pb, type, pbb, pbb, 1, ctx)) == 0)
+      rc = dspk__gpurt_launch1d_wave(dev, fn[2], total, 8, asct, ctx);
   }
-out:
   dspk__gpurt_tmp_free(dev, bb);
   return rc;
 }
@@ -134,16 +173,16 @@ static int fir_ols_real(struct dspk__dev *dev, struct dspk__op *op,
   size_t rs = dbl ? 8 : 4;
   int64_t n = X->shape[X->rank - 1], total = dspk__tensor_numel(X);
   int64_t m2 = g->L / 2 + 1, rows = g->nblk + 1; /* the blocks and the filter */
-  int k = (int)(H->shape[0] < n ? H->shape[0] : n);
+  int64_t k = H->shape[0] < n ? H->shape[0] : n;
   struct dspk__pool_block *bb = NULL, *ff = NULL;
-  dspk__gfunc fgat, fmul, fsct;
+  struct fir_ints a;
+  dspk__gfunc fn[3];
   void *pf, *pi;
   int rc;
-  if ((rc = kfn(dev, dt, "dspk_fir_rgather", &fgat, ctx)) ||
-      (rc = kfn(dev, dt, "dspk_fir_rcmul", &fmul, ctx)) ||
-      (rc = kfn(dev, dt, "dspk_fir_rscatter", &fsct, ctx)))
+  fir_ints(&a, g, n, k, total, rows * g->L, g->nblk * m2, m2);
+  if ((rc = fir_kernels(dev, dt, "dspk_fir_r", &a, fn, ctx)))
     return rc;
-  if ((rc = dspk__gpurt_tmp_alloc(dev, (size_t)(rows * g->L) * rs, &bb)) ||
+  if ((rc = dspk__gpurt_tmp_alloc(dev, (size_t)a.ta * rs, &bb)) ||
       (rc = dspk__gpurt_tmp_alloc(dev, (size_t)(rows * m2) * 2 * rs, &ff))) {
     rc = dspk__gpurt_msg(ctx, rc, "fir: no device memory for %lld blocks of %lld samples",
                         (long long)g->nblk, (long long)g->L);
@@ -152,28 +191,26 @@ static int fir_ols_real(struct dspk__dev *dev, struct dspk__op *op,
   {
     dspk__gptr x = dspk__gpurt_ptr(X), h = dspk__gpurt_ptr(H), y = dspk__gpurt_ptr(Y);
     dspk__gptr pbb = (dspk__gptr)bb->handle, pff = (dspk__gptr)ff->handle;
-    dspk__gptr phs = pff + (dspk__gptr)(g->nblk * m2) * 2 * rs;
-    int64_t L = g->L, S = g->S, nb = g->nb, nblk = g->nblk, ta = rows * g->L;
-    int64_t tf = g->nblk * m2;
-    int lg = g->lg;
+    dspk__gptr phs = pff + (dspk__gptr)a.tm * 2 * rs;
     enum dspk__gfft fwd = dbl ? DSPK__GFFT_D2Z : DSPK__GFFT_R2C;
     enum dspk__gfft inv = dbl ? DSPK__GFFT_Z2D : DSPK__GFFT_C2R;
-    float sf = 1.0f / (float)L;
-    double sd = 1.0 / (double)L;
-    void *agat[11] = {&x, &h, &pbb, &n, &k, &S, &lg, &nb, &nblk,
-                      dbl ? (void *)&sd : (void *)&sf, &ta};
-    void *amul[4] = {&pff, &phs, &m2, &tf};
-    void *asct[8] = {&pbb, &y, &n, &k, &S, &lg, &nb, &total};
+    float sf = 1.0f / (float)g->L;
+    double sd = 1.0 / (double)g->L;
+    void *agat[11] = {&x, &h, &pbb, FIR_INT(&a, n), FIR_INT(&a, k), FIR_INT(&a, S), &a.lg,
+                      FIR_INT(&a, nb), FIR_INT(&a, nblk), dbl ? (void *)&sd : (void *)&sf,
+                      FIR_INT(&a, ta)};
+    void *amul[4] = {&pff, &phs, FIR_INT(&a, m2), FIR_INT(&a, tm)};
+    void *asct[8] = {&pbb, &y, FIR_INT(&a, n), FIR_INT(&a, k), FIR_INT(&a, S), &a.lg,
+                     FIR_INT(&a, nb), FIR_INT(&a, total)};
     /* Each plan is executed before the next is looked up, so an eviction
      * retires a plan behind its last use. */
-    if ((rc = dspk__gpurt_launch1d_wave(dev, fgat, ta, 8, agat, ctx)) ||
-        (rc = dspk__gpurt_fft_plan(dev, fwd, L, m2, rows, &pf, ctx)) ||
-        (rc = exec(dev, pf, fwd, pbb, pff, 0, ctx)) ||
-        (rc = dspk__gpurt_launch1d_wave(dev, fmul, tf, 8, amul, ctx)) ||
-        (rc = dspk__gpurt_fft_plan(dev, inv, L, L, g->nblk, &pi, ctx)) ||
-        (rc = exec(dev, pi, inv, pff, pbb, 0, ctx)))
-      goto out;
-    rc = dspk__gpurt_launch1d_wave(dev, fsct, total, 8, asct, ctx);
+    if ((rc = dspk__gpurt_launch1d_wave(dev, fn[0], a.ta, 8, agat, ctx)) == 0 &&
+        (rc = dspk__gpurt_fft_plan(dev, fwd, g->L, m2, rows, &pf, ctx)) == 0 &&
+        (rc = exec(dev, pf, fwd, pbb, pff, 0, ctx)) == 0 &&
+        (rc = dspk__gpurt_launch1d_wave(dev, fn[1], a.tm, 8, amul, ctx)) == 0 &&
+        (rc = dspk__gpurt_fft_plan(dev, inv, g->L, g->L, g->nblk, &pi, ctx)) == 0 &&
+        (rc = exec(dev, pi, inv, pff, pbb, 0, ctx)) == 0)
+      rc = dspk__gpurt_launch1d_wave(dev, fn[2], total, 8, asct, ctx);
   }
 out:
   if (bb)

@@ -457,6 +457,15 @@ static void test_fir_fft(void **state) {
         else
           ref = y;
       }
+      /* the 64-bit kernels, which only sizes of 2^31 and more take */
+      setenv("DSPK_GPURT_FIR_WIDE", "1", 1);
+      void *yw = fir_gpu(dt, rows, n, k, in, 2);
+      unsetenv("DSPK_GPURT_FIR_WIDE");
+      double ew = relerr(dt, yw, ref, rows * n);
+      if (!(ew <= 2 * tol))
+        fail_msg("fir ols-x8 with 64-bit indices %s %lldx%lld k=%lld: rel err %g vs direct",
+                 dspk__dtype_name(dt), (long long)rows, (long long)n, (long long)k, ew);
+      free(yw);
       free(ref);
       free(in[0]);
       free(in[1]);
