@@ -14,8 +14,9 @@
  * transform of the zero-padded filter, the inverse transform (scaled by
  * 1/L, as numpy.fft.ifft) and a scatter kernel that keeps the last S
  * samples of each block.  Real f32 signals whose blocks our own fft
- * kernels (vk_sfft.c) can transform skip the gather, the multiplication
- * and the scatter: the transforms' first and last passes do them
+ * kernels (vk_sfft.c) can transform skip the gather, the filter's own
+ * transform, the multiplication and the scatter: the transforms' first
+ * and last passes do them, the filter being one row more of the batch
  * (dspk__vk_sfft_fir), four passes over memory fewer.  Temporaries: two
  * (blocks x L) complex buffers and two of L for the filter, kept per block
  * layout in the device's plan cache for the next task (get_ws).
@@ -280,7 +281,8 @@ static int fir_ols(struct dspk__dev *d, struct dspk__op *op, int m, struct dspk_
                          "fir: %lld samples with %lld taps are too many for FFT "
                          "convolution on vulkan (32-bit indexing)",
                          (long long)total, (long long)k);
-  size_t bbytes = (size_t)(g.nc * g.L) * cs, hbytes = (size_t)g.L * cs;
+  /* nc rows of blocks, and one more for the fused path's filter */
+  size_t bbytes = (size_t)((g.nc + 1) * g.L) * cs, hbytes = (size_t)g.L * cs;
   if (bbytes > d->props.limits.maxStorageBufferRange)
     return dspk__vk_fail(ctx, DSPK_ELIMIT,
                          "fir: %zu bytes of blocks exceed the device's maxStorageBufferRange",
@@ -309,25 +311,25 @@ static int fir_ols(struct dspk__dev *d, struct dspk__op *op, int m, struct dspk_
   /* The transforms may add plans to the cache and so evict w: while busy,
    * its eviction waits for the end of this recording. */
   struct dspk__vk_sfft_cfg sk;
-  fir_last_fused = dt == DSPK_F32 && fused_cfg(d, g.L, g.nc, &sk);
+  fir_last_fused = dt == DSPK_F32 && fused_cfg(d, g.L, g.nc + 1, &sk);
   w->busy = 1;
-  /* The filter's spectrum first. */
-  if ((r = dspk__vk_dispatch(d, kk[0], b1, 2, pad, sizeof pad, groups(L), 1, 1)) == 0)
-    r = fft_rows(d, cdt, w->hp, w->hs, 1, g.L, 0, ctx);
-  if (r == 0 && fir_last_fused) {
-    /* Our fft kernels with the gather, the multiplication and the scatter
-     * done by their first and last passes: four passes over memory fewer. */
-    struct dspk__vk_bind hs = whole(w->hs, hbytes), ff = whole(w->ff, bbytes);
-    struct dspk__vk_bind bb = whole(w->bb, bbytes);
-    struct dspk__vk_sfft_fir fw = {&bx, &hs, ex, (uint32_t)n, (uint32_t)(k - 1),
+  if (fir_last_fused) {
+    /* Our fft kernels with the gather, the filter's transform (one row
+     * more), the multiplication and the scatter done by their first and
+     * last passes: five dispatches and four passes over memory fewer. */
+    struct dspk__vk_bind ff = whole(w->ff, bbytes), bb = whole(w->bb, bbytes);
+    uint64_t rows = (uint64_t)g.nc + 1;
+    struct dspk__vk_sfft_fir fw = {&bx, &bh, ex, eh, (uint32_t)n, (uint32_t)(k - 1),
                                    (uint32_t)g.S, (uint32_t)g.nb, (uint32_t)g.nblk};
     struct dspk__vk_sfft_fir iv = fw;
     iv.sig = &by;
     iv.sigoff = ey;
-    if ((r = dspk__vk_sfft_fir(d, &sk, (uint64_t)g.L, (uint64_t)g.nc, 0, &fw, &ff, 0, &ff, 0,
-                               ctx)) == 0)
-      r = dspk__vk_sfft_fir(d, &sk, (uint64_t)g.L, (uint64_t)g.nc, 1, &iv, &ff, 0, &bb, 0, ctx);
-  } else if (r == 0 &&
+    iv.hs = &ff;
+    iv.hoff = (uint32_t)(g.nc * g.L);
+    if ((r = dspk__vk_sfft_fir(d, &sk, (uint64_t)g.L, rows, 0, &fw, &ff, 0, &ff, 0, ctx)) == 0)
+      r = dspk__vk_sfft_fir(d, &sk, (uint64_t)g.L, rows, 1, &iv, &ff, 0, &bb, 0, ctx);
+  } else if ((r = dspk__vk_dispatch(d, kk[0], b1, 2, pad, sizeof pad, groups(L), 1, 1)) == 0 &&
+             (r = fft_rows(d, cdt, w->hp, w->hs, 1, g.L, 0, ctx)) == 0 &&
              (r = dspk__vk_dispatch(d, kk[1], b2, 2, gat, sizeof gat, groups(tb), 1, 1)) == 0 &&
              (r = fft_rows(d, cdt, w->bb, w->ff, g.nc, g.L, 0, ctx)) == 0 &&
              (r = dspk__vk_dispatch(d, kk[2], b3, 2, mul, sizeof mul, groups(tb), 1, 1)) == 0 &&

@@ -408,18 +408,19 @@ static void gen_fourstep_tw(struct dspk__vk_sbuf *b, const struct pass *p, uint3
 
 /* The fir hooks of pass i of pl (see dspk__vk_sfft_fir): HK_LD, the
  * forward transform's first pass reads the blocks straight from the
- * signal; HK_MUL, its last pass multiplies each output by the filter's
- * spectrum; HK_SCT, the inverse's last pass writes the outputs it keeps
- * straight into y. */
+ * signal, and the filter as the last row; HK_MUL, the inverse's first
+ * pass multiplies each value by the filter's spectrum as it reads it;
+ * HK_SCT, the inverse's last pass writes the outputs it keeps straight
+ * into y. */
 enum { HK_LD = 1, HK_MUL = 2, HK_SCT = 4 };
 static int hooks(const struct splan *pl, int i, int inverse) {
   int last = i == pl->np - 1;
-  return inverse ? (last ? HK_SCT : 0) : (i == 0 ? HK_LD : 0) | (last ? HK_MUL : 0);
+  return inverse ? (i == 0 ? HK_MUL : 0) | (last ? HK_SCT : 0) : (i == 0 ? HK_LD : 0);
 }
 
-/* The declarations of a pass with fir hooks hk: the signal (or y) and the
- * filter's spectrum, the block layout in the push constants, and LD / ST
- * (for the plain passes: the buffers' elements). */
+/* The declarations of a pass with fir hooks hk: the signal (or y), the
+ * filter (or its spectrum), the block layout in the push constants, and
+ * LD / ST (for the plain passes: the buffers' elements). */
 static void gen_hooks(struct dspk__vk_sbuf *b, const struct splan *pl, int hk) {
   uint32_t mask = (uint32_t)(pl->n - 1);
   int lg = ilog2(pl->n);
@@ -429,11 +430,13 @@ static void gen_hooks(struct dspk__vk_sbuf *b, const struct splan *pl, int hk) {
     return;
   }
   ap(b, "layout(push_constant) uniform PC { uint xoff, ooff, ngroups; float scale;\n"
-        "  uint n, km1, S, nb, nblk, aoff; } pc;\n"
+        "  uint n, km1, S, nb, nblk, aoff, hoff; } pc;\n"
         "layout(std430, binding = 3) buffer BA { float a[]; };\n"
-        "layout(std430, binding = 4) readonly buffer BH { vec2 hs[]; };\n");
-  /* Sample j of block g (two blocks a transform: real and imaginary
-   * parts) is signal sample (g - row nb) S + j - (k-1) of its row. */
+        "layout(std430, binding = 4) readonly buffer BH { %s hs[]; };\n",
+     hk & HK_MUL ? "vec2" : "float");
+  /* Sample j of block g (two blocks a row: real and imaginary parts) is
+   * signal sample (g - r nb) S + j - (k-1) of its signal row r; row
+   * (nblk+1)/2, after the blocks, is the filter. */
   if (hk & HK_LD)
     ap(b,
        "float sig(uint g, uint j) {\n"
@@ -443,14 +446,15 @@ static void gen_hooks(struct dspk__vk_sbuf *b, const struct splan *pl, int hk) {
        "}\n"
        "vec2 LD(uint i) {\n"
        "  uint q = i - pc.xoff, c = q >> %du, j = q & %uu;\n"
+       "  if (c >= (pc.nblk + 1u) >> 1) return vec2(j <= pc.km1 ? hs[pc.hoff + j] : 0.0, 0.0);\n"
        "  return vec2(sig(2u * c, j), sig(2u * c + 1u, j));\n"
        "}\n",
        lg, mask);
+  else if (hk & HK_MUL)
+    ap(b, "#define LD(i) cmul(x[i], hs[pc.hoff + (((i) - pc.xoff) & %uu)])\n", mask);
   else
     ap(b, "#define LD(i) x[i]\n");
-  if (hk & HK_MUL)
-    ap(b, "#define ST(i, v) o[i] = cmul((v), hs[((i) - pc.ooff) & %uu])\n", mask);
-  else if (hk & HK_SCT)
+  if (hk & HK_SCT)
     ap(b,
        "void ST(uint i, vec2 v) {\n"
        "  uint q = i - pc.ooff, c = q >> %du, j = q & %uu;\n"
@@ -750,7 +754,7 @@ static int run_pass(struct dspk__dev *d, struct splan *pl, int i, int inverse,
   struct {
     uint32_t xoff, ooff, ngroups;
     float scale;
-    uint32_t n, km1, S, nb, nblk, aoff;
+    uint32_t n, km1, S, nb, nblk, aoff, hoff;
   } pc;
   struct dspk__vk_kernel *k = dspk__vk_kmemo_get(d, &pl->kern[v][i]);
   if (!k) {
@@ -781,6 +785,7 @@ static int run_pass(struct dspk__dev *d, struct splan *pl, int i, int inverse,
     pc.nb = f->nb;
     pc.nblk = f->nblk;
     pc.aoff = f->sigoff;
+    pc.hoff = f->hoff;
   }
   uint32_t mx = d->props.limits.maxComputeWorkGroupCount[0];
   uint32_t gx = groups < mx ? groups : mx;

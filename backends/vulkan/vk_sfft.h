@@ -62,17 +62,19 @@ int dspk__vk_sfft(struct dspk__dev *d, const struct dspk__vk_sfft_cfg *cfg, uint
  * signals: rows of L complex values, each holding two blocks of L samples
  * (block 2c in the real parts of row c, block 2c+1 in the imaginary
  * parts; nblk blocks in all, nb per signal row of n samples, block g of a
- * row starting at sample g*S - km1).  Forward: the first pass reads the
- * blocks straight from the signal (sig from element sigoff; x is not
- * read) and the last multiplies each output by the filter's spectrum hs
- * (L values, scaled as the caller wants).  Inverse (scaled by 1/L): the
- * last pass writes the last S samples of each block straight into y (sig
- * from element sigoff; o is not written).  So the gather, the
- * multiplication and the scatter cost no passes over memory of their
- * own. */
+ * row starting at sample g*S - km1), then one row more, the filter's.
+ * Forward: the first pass reads the blocks straight from the signal (sig
+ * from element sigoff; x is not read) and the filter's km1+1 taps (hs,
+ * float, from element hoff) into the last row.  Inverse (scaled by 1/L):
+ * the first pass multiplies each value it reads by the filter's spectrum
+ * (hs, complex, L values from element hoff: the forward's last row) and
+ * the last pass writes the last S samples of each block straight into y
+ * (sig from element sigoff; o is not written).  So the gather, the
+ * filter's own transform, the multiplication and the scatter cost no
+ * passes over memory of their own. */
 struct dspk__vk_sfft_fir {
   const struct dspk__vk_bind *sig, *hs;
-  uint32_t sigoff, n, km1, S, nb, nblk;
+  uint32_t sigoff, hoff, n, km1, S, nb, nblk;
 };
 /* dspk__vk_sfft with f's hooks (the plan from d's plan cache). */
 int dspk__vk_sfft_fir(struct dspk__dev *d, const struct dspk__vk_sfft_cfg *cfg, uint64_t L,
