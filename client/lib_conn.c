@@ -28,6 +28,8 @@
 #endif
 
 #define RBUF_MIN (64 * 1024)
+/* A task.run result from this size on is received into its own memory. */
+#define LAND_MIN (64 * 1024)
 
 static _Thread_local char connect_err[512];
 
@@ -240,27 +242,81 @@ static int fill(dspk_client *c, bool dontwait) {
   return 0;
 }
 
+/* When rbuf starts with the head of a task.run answer to msgid (any: to a
+ * request in flight) whose first output carries at least LAND_MIN bytes, its
+ * payload is received straight into memory of its own (64-byte aligned, as
+ * decode_result would copy it to), not into rbuf: rbuf does not grow through
+ * a large frame (each step a realloc copy and fresh pages) and the result is
+ * not copied again.  rbuf keeps the frame with that bin emptied (its length
+ * field zeroed); decode() puts the payload back.  0, or a negative code
+ * (connection broken); not landing is not an error. */
+static int land(dspk_client *c, bool any, uint32_t msgid) {
+  struct dspk__run_head h;
+  struct dspk__limits lim = c->lim;
+  size_t have, take;
+  char *p;
+
+  if (c->land || c->rlen < 16 ||
+      !dspk__run_head_scan(c->rbuf, c->rlen, &lim, &h) || h.len < LAND_MIN ||
+      (any ? !dspk__inflight_has(c, h.msgid) : h.msgid != msgid))
+    return 0;
+  if (!(p = aligned_alloc(64, (h.len + 63) / 64 * 64)))
+    return 0; /* the ordinary path may still manage */
+  have = c->rlen - h.head;
+  take = have < h.len ? have : h.len;
+  memcpy(p, c->rbuf + h.head, take);
+  memmove(c->rbuf + h.head, c->rbuf + h.head + take, have - take);
+  c->rlen = h.head + (have - take);
+  memset(c->rbuf + h.len_at, 0, h.head - h.len_at); /* an empty bin now */
+  while (take < h.len) {
+    ssize_t got = recv(c->fd, p + take, h.len - take, MSG_WAITALL);
+    if (got < 0 && errno == EINTR)
+      continue;
+    if (got <= 0) {
+      free(p);
+      return mark_broken(c, dspk__cerr(c, got == 0 ? DSPK_ECLOSED : DSPK_EIO,
+                                       "reading from the daemon: %s",
+                                       got == 0 ? "connection closed" : strerror(errno)));
+    }
+    take += (size_t)got;
+  }
+  c->land = p;
+  c->land_len = h.len;
+  return 0;
+}
+
 /* Takes the next complete frame out of the stream into an owned buffer.
- * A big frame that fills rbuf is handed over whole (no copy). */
-static int next_frame(dspk_client *c, char **buf, size_t *len, size_t *cap) {
+ * A big frame that fills rbuf is handed over whole (no copy).  The answer
+ * to msgid (any: to any request in flight) may land (above). */
+static int next_frame(dspk_client *c, bool any, uint32_t msgid, char **buf, size_t *len,
+                      size_t *cap) {
+  struct dspk__limits lim = c->lim;
   char why[256];
   ssize_t n;
   int rc;
 
   why[0] = '\0';
   for (;;) {
-    n = c->rlen ? dspk__frame_scan(c->rbuf, c->rlen, &c->lim, why, sizeof why)
+    /* A landed payload still counts towards the frame's max_message. */
+    lim.max_message = c->lim.max_message - (c->land ? c->land_len : 0);
+    n = c->rlen ? dspk__frame_scan(c->rbuf, c->rlen, &lim, why, sizeof why)
                 : 0;
-    if (n < 0)
-      return mark_broken(c, dspk__cerr(c, (int)n, "bad frame from the daemon:"
-                                       " %s", why));
+    if (n < 0) {
+      rc = mark_broken(c, dspk__cerr(c, (int)n, "bad frame from the daemon:"
+                                     " %s", why));
+      goto fail;
+    }
     if (n > 0)
       break;
-    if (c->broken) /* nothing more will come that we could use */
-      return c->broken_code;
+    if (c->broken) { /* nothing more will come that we could use */
+      rc = c->broken_code;
+      goto fail;
+    }
+    if ((rc = land(c, any, msgid)) != 0)
+      goto fail;
     rc = fill(c, false);
     if (rc != 0)
-      return rc;
+      goto fail;
   }
   size_t rest = c->rlen - (size_t)n;
   *cap = 0;
@@ -285,6 +341,10 @@ static int next_frame(dspk_client *c, char **buf, size_t *len, size_t *cap) {
   *buf = p;
   *len = (size_t)n;
   return 0;
+fail:
+  free(c->land); /* the frame it belongs to will not come */
+  c->land = NULL;
+  return rc;
 }
 
 static void handle_notify(dspk_client *c, const struct dspk__msg *m) {
@@ -314,6 +374,23 @@ static void handle_notify(dspk_client *c, const struct dspk__msg *m) {
   }
 }
 
+/* Puts a landed payload back into the frame just unpacked into r, the one
+ * it came with: the first output's bin, emptied in the bytes, then points
+ * at it (r owns it from here on).  Where land() found a head the unpacked
+ * frame has one. */
+static int land_restore(dspk_client *c, struct dspk__resp *r, size_t n) {
+  msgpack_object *o = &r->up.data;
+  if (o->type != MSGPACK_OBJECT_ARRAY || o->via.array.size != 4 ||
+      (o = &o->via.array.ptr[3])->type != MSGPACK_OBJECT_MAP || o->via.map.size < 2 ||
+      (o = &o->via.map.ptr[1].val)->type != MSGPACK_OBJECT_ARRAY || o->via.array.size < 1 ||
+      (o = &o->via.array.ptr[0])->type != MSGPACK_OBJECT_MAP || o->via.map.size != 3 ||
+      (o = &o->via.map.ptr[2].val)->type != MSGPACK_OBJECT_BIN || o->via.bin.size != 0)
+    return dspk__cerr(c, DSPK_EINTERNAL, "a result received apart lost its place");
+  o->via.bin.ptr = r->land;
+  o->via.bin.size = (uint32_t)n;
+  return 0;
+}
+
 /* Unpacks an accepted frame into r and parses its envelope. */
 static int decode(dspk_client *c, char *buf, size_t len, size_t cap,
                   struct dspk__resp *r) {
@@ -328,6 +405,8 @@ static int decode(dspk_client *c, char *buf, size_t len, size_t cap,
   r->cap = cap;
   r->owner = c;
   r->zone = NULL;
+  r->land = c->land; /* this frame's, when there is one (next_frame) */
+  c->land = NULL;
   msgpack_unpacked_init(&r->up);
   if (!c->zone_busy &&
       (c->zone_ready ||
@@ -342,6 +421,8 @@ static int decode(dspk_client *c, char *buf, size_t len, size_t cap,
     rc = dspk__cerr(c, DSPK_EPROTO, "undecodable frame from the daemon");
     goto err;
   }
+  if (r->land && (rc = land_restore(c, r, c->land_len)) != 0)
+    goto err;
   root = &r->up.data;
   rc = dspk__msg_parse(root, &r->msg, NULL, NULL, why, sizeof why);
   if (rc != 0) {
@@ -385,6 +466,8 @@ void dspk__resp_free(struct dspk__resp *r) {
     return;
   resp_unpacked_free(r);
   resp_buf_free(r);
+  free(r->land);
+  r->land = NULL;
 }
 
 /* Turns a decoded response into the caller's status: 0 for a result, the
@@ -442,7 +525,7 @@ static int wait_common(dspk_client *c, bool any, uint32_t *msgid,
     return dspk__cerr(c, DSPK_ENOENT, "no request in flight");
 
   for (;;) {
-    rc = next_frame(c, &buf, &len, &cap);
+    rc = next_frame(c, any, *msgid, &buf, &len, &cap);
     if (rc != 0)
       return rc;
     rc = decode(c, buf, len, cap, &r);
@@ -471,7 +554,13 @@ static int wait_common(dspk_client *c, bool any, uint32_t *msgid,
         *out = r;
       return rc;
     }
-    /* Someone else's: keep the frame (not the unpacked zone). */
+    /* Someone else's: keep the frame (not the unpacked zone).  Never a
+     * landed one (land() takes only the awaited answer). */
+    if (r.land) {
+      dspk__resp_free(&r);
+      return mark_broken(c, dspk__cerr(c, DSPK_EINTERNAL, "a result received apart "
+                                       "for an answer nobody waits for"));
+    }
     if (c->ndone == c->capdone) {
       size_t cap = c->capdone ? 2 * c->capdone : 8;
       struct dspk__frame *p = realloc(c->done, cap * sizeof(*p));
@@ -669,6 +758,7 @@ static void pack_hello(void *ud, struct dspk__wbuf *w) {
 
 /* Frees what a client holds besides its socket and shared memory. */
 static void client_free(dspk_client *c) {
+  free(c->land);
   free(c->rbuf);
   free(c->spare);
   free(c->inflight);
