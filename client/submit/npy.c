@@ -781,8 +781,13 @@ int dspk__npy_save(const char *path, dspk_dtype dtype, int rank,
     rc = e == ENOENT ? DSPK_ENOENT : e == EACCES ? DSPK_EPERM : DSPK_EIO;
     goto fail_hdr;
   }
-  if (fstat(fd, &st) < 0 || write_full(fd, hdr, hlen) < 0 ||
-      write_full(fd, data, nbytes) < 0 ||
+  if (fstat(fd, &st) < 0) {
+    seterr(err, errlen, "%s", strerror(errno));
+    close(fd);
+    rc = DSPK_EIO;
+    goto fail_hdr;
+  }
+  if (write_full(fd, hdr, hlen) < 0 || write_full(fd, data, nbytes) < 0 ||
       (S_ISREG(st.st_mode) && ftruncate(fd, (off_t)(hlen + nbytes)) < 0)) {
     seterr(err, errlen, "%s", strerror(errno));
     close(fd);
@@ -796,7 +801,10 @@ int dspk__npy_save(const char *path, dspk_dtype dtype, int rank,
   return 0;
 fail_unlink:
   rc = DSPK_EIO;
-  unlink(path);
+  /* A partly written file goes; a device or FIFO it was written to stays
+   * (as root, unlinking /dev/full after a failed write would remove it). */
+  if (S_ISREG(st.st_mode))
+    unlink(path);
 fail_hdr:
   free(hdr);
 fail:

@@ -80,7 +80,8 @@ int dspk__npy_view(const char *path, dspk__npy *out, char *err, size_t errlen);
  * fit), with the data starting at a 64-byte boundary like numpy does.
  * shape has rank entries; data holds product(shape) * itemsize bytes and
  * stays owned by the caller.  Returns 0, or a negative dspk code with a
- * message naming the file in err; a partly written file is removed. */
+ * message naming the file in err; a partly written regular file is removed
+ * (a device or FIFO written to stays). */
 int dspk__npy_save(const char *path, dspk_dtype dtype, int rank,
                    const uint64_t *shape, const void *data, char *err,
                    size_t errlen);
