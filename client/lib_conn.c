@@ -30,6 +30,8 @@
 #define RBUF_MIN (64 * 1024)
 /* A task.run result from this size on is received into its own memory. */
 #define LAND_MIN (64 * 1024)
+/* SO_SNDBUF asked for on the socket (dspk_connect). */
+#define SOCK_SNDBUF (1 << 20)
 
 static _Thread_local char connect_err[512];
 
@@ -826,6 +828,14 @@ DSPK_EXPORT int dspk_connect(const char *socket_path, const char *client_name,
     snprintf(connect_err, sizeof connect_err, "socket: %s", strerror(errno));
     rc = DSPK_ECONNECT;
     goto err_alloc;
+  }
+  {
+    /* A larger send buffer (the kernel caps it at net.core.wmem_max and
+     * doubles it): a request of megabytes crosses in a few large steps
+     * instead of one wake-up of the daemon per 208 KiB (the default), 8 MiB
+     * there and back about 20% faster on the development VM.  Best effort. */
+    int sb = SOCK_SNDBUF;
+    (void)setsockopt(c->fd, SOL_SOCKET, SO_SNDBUF, &sb, sizeof sb);
   }
   if (connect(c->fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
     snprintf(connect_err, sizeof connect_err, "connect to %s: %s", path,

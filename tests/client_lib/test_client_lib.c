@@ -323,6 +323,19 @@ static void test_hello_ping(void **state) {
   dspk_client *c2;
   assert_int_equal(dspk_connect(sockpath, NULL, &c2), 0);
   assert_int_equal(dspk_ping(c2, "x", 1), 0);
+  {
+    /* Its socket asked for a 1 MiB send buffer (the kernel doubles it and
+     * caps it at net.core.wmem_max). */
+    FILE *f = fopen("/proc/sys/net/core/wmem_max", "r");
+    long wmax = 0;
+    int sb = 0;
+    socklen_t len = sizeof sb;
+    assert_non_null(f);
+    assert_int_equal(fscanf(f, "%ld", &wmax), 1);
+    fclose(f);
+    assert_int_equal(getsockopt(dspk_fd(c2), SOL_SOCKET, SO_SNDBUF, &sb, &len), 0);
+    assert_int_equal(sb, 2 * (wmax < (1 << 20) ? wmax : (1 << 20)));
+  }
   dspk_close(c2);
   /* Nothing listening: ECONNECT with a reason. */
   char bad[160];
