@@ -5,7 +5,7 @@
 #   bench_numpy.py (reduce vs numpy, fresh dspk-submit vs a numpy script),
 #   bench/python/bench_python.py (Python client vs numpy and the C client),
 #   bench_fresh.py (wall and CPU time of fresh dspk-submit processes: ping,
-#     gemm 64^2, reduce / map / gemm on 1024^2 f32 .npy files),
+#     gemm 64^2, reduce / map abs / map add / gemm on 1024^2 f32 .npy files),
 # then the plots (python3-matplotlib) into docs/.
 #   sh scripts/bench-datapath.sh [BUILD_DIR [ROUNDS]]
 # Writes the tables to stdout and BUILD_DIR/bench-datapath/ (samples, plots).

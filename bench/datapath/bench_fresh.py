@@ -7,8 +7,10 @@
     bench_fresh.py --socket SOCK --submit ... --device cuda:0   (a daemon already running)
 
 The commands of docs/performance.md's "first result" breakdown, each a fresh
-process: ping, gemm 64^2, reduce sum / map abs / gemm on 1024^2 f32 .npy files
-(4 MiB each; results written with -o).  With several --submit binaries (e.g. a
+process: ping, gemm 64^2, reduce sum / map abs / map add / gemm on 1024^2 f32
+.npy files (4 MiB each; results written with -o).  map add moves what the
+first-result gemm moves (8 MiB in, 4 MiB out) with next to no compute, which
+on cpu:0 (a gemm 1024^2 takes tens of ms there) shows the data path alone.  With several --submit binaries (e.g. a
 build before and after a change) they take turns in every repetition, so a
 noisy machine slows them alike; with as many --dspkd as --submit, each
 binary talks to its own daemon (builds of both sides before and after a
@@ -122,6 +124,9 @@ def main():
         ("map abs 1024^2 (4 MiB in, 4 MiB out)",
          ["map", "abs", f("a.npy"), "-o", f("abs.npy")] + dev,
          lambda: np.abs(np.load(f("a.npy")))),
+        ("map add 1024^2 (8 MiB in, 4 MiB out)",
+         ["map", "add", f("a.npy"), f("b.npy"), "-o", f("add.npy")] + dev,
+         lambda: np.load(f("a.npy")) + np.load(f("b.npy"))),
         ("gemm 1024^2 (8 MiB in, 4 MiB out)",
          ["gemm", f("a.npy"), f("b.npy"), "-o", f("c.npy")] + dev,
          lambda: np.load(f("a.npy")).astype(np.float64) @ np.load(f("b.npy"))),
