@@ -1008,6 +1008,73 @@ static void test_inflight(void **state) {
 /* Many requests with big inputs and outputs submitted before any answer is
  * read: the daemon stops reading from us (max-unsent, max-inflight), and the
  * library must take in answers while its sends are blocked. */
+/* Results of 64 KiB and more: received straight into their own memory
+ * (lib_conn.c, land()) when their answer is the one waited for, kept whole
+ * and decoded later when another is; in any order, 64-byte aligned, freed
+ * by dspk_result_free (ASan counts the leaks). */
+static void test_inflight_large(void **state) {
+  (void)state;
+  enum { NT = 6 };
+  struct arr A[NT], B[NT];
+  uint32_t tk[NT];
+  rs = 9119;
+  for (int i = 0; i < NT; i++) {
+    int64_t sa[2] = {rint_in(100, 180), rint_in(1, 8)};
+    int64_t sb[2] = {sa[1], rint_in(100, 180)};
+    A[i] = arr_new(DSPK_F64, 2, sa, true);
+    B[i] = arr_new(DSPK_F64, 2, sb, true);
+    dspk_tensor in[2] = {arr_tensor(&A[i]), arr_tensor(&B[i])};
+    dspk_task t;
+    dspk_task_init(&t, DSPK_OP_GEMM);
+    t.inputs = in;
+    t.ninputs = 2;
+    t.device = "cpu:0";
+    assert_int_equal(dspk_submit(C, &t, &tk[i]), 0);
+  }
+  /* The last first: the earlier answers arrive before it and are kept. */
+  for (int k = 0; k < NT; k++) {
+    int i = k < 2 ? NT - 1 - k : k - 2;
+    dspk_result r;
+    assert_int_equal(dspk_wait(C, tk[i], &r), 0);
+    assert_int_equal(r.nout, 1);
+    assert_true(r.out[0].nbytes >= 64 << 10);
+    assert_int_equal((uintptr_t)r.out[0].data % 64, 0);
+    struct arr ref = ref_gemm(&A[i], &B[i], NULL, false, false, 1, 0);
+    check_close(&r.out[0], &ref, 1e-10, 1e-10, "inflight large");
+    dspk_result_free(&r);
+    arr_free(&ref);
+  }
+  /* Again, answered to dspk_wait_any. */
+  for (int i = 0; i < NT; i++) {
+    dspk_tensor in[2] = {arr_tensor(&A[i]), arr_tensor(&B[i])};
+    dspk_task t;
+    dspk_task_init(&t, DSPK_OP_GEMM);
+    t.inputs = in;
+    t.ninputs = 2;
+    t.device = "cpu:0";
+    assert_int_equal(dspk_submit(C, &t, &tk[i]), 0);
+  }
+  for (int k = 0; k < NT; k++) {
+    uint32_t id = 0;
+    dspk_result r;
+    int i;
+    assert_int_equal(dspk_wait_any(C, &id, &r), 0);
+    for (i = 0; i < NT && tk[i] != id; i++)
+      ;
+    assert_true(i < NT);
+    tk[i] = 0;
+    assert_int_equal((uintptr_t)r.out[0].data % 64, 0);
+    struct arr ref = ref_gemm(&A[i], &B[i], NULL, false, false, 1, 0);
+    check_close(&r.out[0], &ref, 1e-10, 1e-10, "inflight large any");
+    dspk_result_free(&r);
+    arr_free(&ref);
+  }
+  for (int i = 0; i < NT; i++) {
+    arr_free(&A[i]);
+    arr_free(&B[i]);
+  }
+}
+
 static void test_backpressure(void **state) {
   (void)state;
   enum { NT = 24 };
@@ -1392,6 +1459,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_buffers),
       cmocka_unit_test(test_transfer_pieces),
       cmocka_unit_test(test_inflight),
+      cmocka_unit_test(test_inflight_large),
       cmocka_unit_test(test_backpressure),
       cmocka_unit_test(test_cancel),
       cmocka_unit_test(test_bad_input),
