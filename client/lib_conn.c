@@ -10,11 +10,15 @@
  * protocol.error records why the daemon is about to close the connection.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <poll.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/sendfile.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -118,10 +122,96 @@ int dspk__send(dspk_client *c, struct dspk__wbuf *w, uint32_t msgid) {
   return dspk__send_fd(c, w, msgid, -1);
 }
 
+/* The registered file range (dspk_file_data) that holds [p, p + n), or
+ * NULL. */
+static const struct dspk__fmap *fmap_of(const dspk_client *c, const void *p, size_t n) {
+  const char *q = p;
+  if (c->no_sendfile)
+    return NULL;
+  for (size_t i = 0; i < c->nfmaps; i++) {
+    const struct dspk__fmap *m = &c->fmaps[i];
+    if (q >= m->addr && (size_t)(q - m->addr) <= m->len && n <= m->len - (size_t)(q - m->addr))
+      return m;
+  }
+  return NULL;
+}
+
+DSPK_EXPORT int dspk_file_data(dspk_client *c, const void *addr, size_t len, int fd,
+                               uint64_t offset) {
+  struct dspk__fmap m;
+  if (!c || !addr)
+    return DSPK_EINVAL;
+  for (size_t i = 0; i < c->nfmaps; i++)
+    if (c->fmaps[i].addr == addr) { /* forgotten, or replaced below */
+      close(c->fmaps[i].fd);
+      c->fmaps[i] = c->fmaps[--c->nfmaps];
+      break;
+    }
+  if (len == 0)
+    return 0;
+  if (fd < 0 || offset > (uint64_t)INT64_MAX - len)
+    return DSPK_EINVAL;
+  if (c->nfmaps == c->capfmaps) {
+    size_t cap = c->capfmaps ? 2 * c->capfmaps : 4;
+    struct dspk__fmap *p = realloc(c->fmaps, cap * sizeof(*p));
+    if (!p)
+      return DSPK_ENOMEM;
+    c->fmaps = p;
+    c->capfmaps = cap;
+  }
+  m = (struct dspk__fmap){addr, len, fcntl(fd, F_DUPFD_CLOEXEC, 0), offset};
+  if (m.fd < 0)
+    return dspk__cerr(c, DSPK_EIO, "dspk_file_data: %s", strerror(errno));
+  c->fmaps[c->nfmaps++] = m;
+  return 0;
+}
+
+/* While a request with file ranges is sent: the socket non-blocking (sendfile
+ * takes no MSG_DONTWAIT) and SIGPIPE blocked (nor MSG_NOSIGNAL; one raised
+ * by a closed socket is taken back), so that sendfile behaves as the
+ * sendmsg calls do. */
+struct file_send {
+  bool on;
+  int flags;
+  bool pipe_pending;
+  sigset_t old;
+};
+
+static void file_send_begin(dspk_client *c, struct file_send *fs) {
+  sigset_t pipe, pend;
+  fs->on = false;
+  if ((fs->flags = fcntl(c->fd, F_GETFL)) < 0 ||
+      fcntl(c->fd, F_SETFL, fs->flags | O_NONBLOCK) < 0)
+    return;
+  sigemptyset(&pipe);
+  sigaddset(&pipe, SIGPIPE);
+  pthread_sigmask(SIG_BLOCK, &pipe, &fs->old);
+  fs->pipe_pending = sigpending(&pend) == 0 && sigismember(&pend, SIGPIPE);
+  fs->on = true;
+}
+
+static void file_send_end(dspk_client *c, struct file_send *fs, bool epipe) {
+  if (!fs->on)
+    return;
+  if (epipe && !fs->pipe_pending) {
+    sigset_t pipe;
+    struct timespec zero = {0, 0};
+    sigemptyset(&pipe);
+    sigaddset(&pipe, SIGPIPE);
+    while (sigtimedwait(&pipe, NULL, &zero) < 0 && errno == EINTR) {
+    }
+  }
+  pthread_sigmask(SIG_SETMASK, &fs->old, NULL);
+  fcntl(c->fd, F_SETFL, fs->flags);
+  fs->on = false;
+}
+
 int dspk__send_fd(dspk_client *c, struct dspk__wbuf *w, uint32_t msgid, int fd) {
   union { char buf[CMSG_SPACE(sizeof(int))]; struct cmsghdr align; } cm;
+  struct file_send fs = {0};
   struct iovec *iov;
   size_t niov, total;
+  bool epipe = false;
   int rc;
 
   if (c->broken)
@@ -145,24 +235,47 @@ int dspk__send_fd(dspk_client *c, struct dspk__wbuf *w, uint32_t msgid, int fd) 
                       "message limit (max_message); pass big operands "
                       "through daemon buffers (dspk_buffer_write splits)",
                       total, c->send_max);
+  for (size_t i = 0; i < niov && !fs.on; i++)
+    if (fmap_of(c, iov[i].iov_base, iov[i].iov_len))
+      file_send_begin(c, &fs);
 
+  rc = 0;
   while (niov > 0) {
-    struct msghdr mh = {0};
+    const struct dspk__fmap *fm = fs.on && fd < 0 ? fmap_of(c, iov->iov_base, iov->iov_len) : NULL;
     ssize_t n;
-    mh.msg_iov = iov;
-    mh.msg_iovlen = niov > IOV_MAX ? IOV_MAX : niov;
-    if (fd >= 0) { /* with the frame's first byte (protocol.md, Shared memory) */
-      struct cmsghdr *h;
-      memset(&cm, 0, sizeof cm);
-      mh.msg_control = cm.buf;
-      mh.msg_controllen = sizeof cm.buf;
-      h = CMSG_FIRSTHDR(&mh);
-      h->cmsg_level = SOL_SOCKET;
-      h->cmsg_type = SCM_RIGHTS;
-      h->cmsg_len = CMSG_LEN(sizeof(int));
-      memcpy(CMSG_DATA(h), &fd, sizeof fd);
+    if (fm) { /* the file's pages to the socket, no copy here */
+      off_t off = (off_t)(fm->off + (uint64_t)((const char *)iov->iov_base - fm->addr));
+      n = sendfile(c->fd, fm->fd, &off, iov->iov_len);
+      if (n < 0 && (errno == EINVAL || errno == ENOSYS || errno == EOPNOTSUPP)) {
+        c->no_sendfile = true; /* this kernel cannot: from memory from now on */
+        continue;
+      }
+      if (n == 0) {
+        rc = mark_broken(c, dspk__cerr(c, DSPK_EIO, "an input file ended before its "
+                                       "data was sent (changed while in use?)"));
+        goto out;
+      }
+    } else {
+      struct msghdr mh = {0};
+      size_t run = 1;
+      while (fs.on && run < niov && run < IOV_MAX &&
+             !fmap_of(c, iov[run].iov_base, iov[run].iov_len))
+        run++;
+      mh.msg_iov = iov;
+      mh.msg_iovlen = fs.on ? run : niov > IOV_MAX ? IOV_MAX : niov;
+      if (fd >= 0) { /* with the frame's first byte (protocol.md, Shared memory) */
+        struct cmsghdr *h;
+        memset(&cm, 0, sizeof cm);
+        mh.msg_control = cm.buf;
+        mh.msg_controllen = sizeof cm.buf;
+        h = CMSG_FIRSTHDR(&mh);
+        h->cmsg_level = SOL_SOCKET;
+        h->cmsg_type = SCM_RIGHTS;
+        h->cmsg_len = CMSG_LEN(sizeof(int));
+        memcpy(CMSG_DATA(h), &fd, sizeof fd);
+      }
+      n = sendmsg(c->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
     }
-    n = sendmsg(c->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (n < 0) {
       if (errno == EINTR)
         continue;
@@ -171,20 +284,23 @@ int dspk__send_fd(dspk_client *c, struct dspk__wbuf *w, uint32_t msgid, int fd) 
          * answers unread, so while our send is blocked, take in what it
          * sends (kept in rbuf for the waits) instead of deadlocking. */
         struct pollfd pfd = {.fd = c->fd, .events = POLLIN | POLLOUT};
-        if (poll(&pfd, 1, -1) < 0 && errno != EINTR)
-          return mark_broken(c, dspk__cerr(c, DSPK_EIO, "poll: %s",
-                                           strerror(errno)));
+        if (poll(&pfd, 1, -1) < 0 && errno != EINTR) {
+          rc = mark_broken(c, dspk__cerr(c, DSPK_EIO, "poll: %s", strerror(errno)));
+          goto out;
+        }
         if (pfd.revents & POLLIN) {
           rc = fill(c, true);
           if (rc != 0)
-            return rc;
+            goto out;
         }
         continue;
       }
       int e = errno;
       int code = (e == EPIPE || e == ECONNRESET) ? DSPK_ECLOSED : DSPK_EIO;
+      epipe = e == EPIPE;
       mark_broken(c, code);
-      return dspk__cerr(c, code, "sending to the daemon: %s", strerror(e));
+      rc = dspk__cerr(c, code, "sending to the daemon: %s", strerror(e));
+      goto out;
     }
     fd = -1; /* sent */
     while (niov > 0 && (size_t)n >= iov->iov_len) {
@@ -198,7 +314,9 @@ int dspk__send_fd(dspk_client *c, struct dspk__wbuf *w, uint32_t msgid, int fd) 
     }
   }
   c->inflight[c->ninflight++] = msgid;
-  return 0;
+out:
+  file_send_end(c, &fs, epipe);
+  return rc;
 }
 
 /* ---- receiving ---------------------------------------------------------- */
@@ -760,6 +878,9 @@ static void pack_hello(void *ud, struct dspk__wbuf *w) {
 
 /* Frees what a client holds besides its socket and shared memory. */
 static void client_free(dspk_client *c) {
+  for (size_t i = 0; i < c->nfmaps; i++)
+    close(c->fmaps[i].fd);
+  free(c->fmaps);
   free(c->land);
   free(c->rbuf);
   free(c->spare);

@@ -57,6 +57,16 @@ struct dspk_client {
   bool zone_ready, zone_busy;
   bool fbuf_busy;
   char fbuf[4096];
+  /* Ranges of memory that are a file's bytes (dspk_file_data): sent with
+   * sendfile from the file. */
+  struct dspk__fmap {
+    const char *addr;
+    size_t len;
+    int fd;         /* owned (a dup) */
+    uint64_t off;   /* of addr in the file */
+  } *fmaps;
+  size_t nfmaps, capfmaps;
+  bool no_sendfile; /* the kernel refused sendfile to this socket */
   /* lib_shm.c: shared allocations (the caller's and temporaries). */
   struct dspk__shm *shm;
   size_t nshm, capshm;
