@@ -127,11 +127,9 @@ int dspk__send(dspk_client *c, struct dspk__wbuf *w, uint32_t msgid) {
  * NULL. */
 static const struct dspk__fmap *fmap_of(const dspk_client *c, const void *p, size_t n) {
   const char *q = p;
-  if (c->no_sendfile)
-    return NULL;
   for (size_t i = 0; i < c->nfmaps; i++) {
     const struct dspk__fmap *m = &c->fmaps[i];
-    if (q >= m->addr && (size_t)(q - m->addr) <= m->len && n <= m->len - (size_t)(q - m->addr))
+    if (!m->no && q >= m->addr && (size_t)(q - m->addr) <= m->len && n <= m->len - (size_t)(q - m->addr))
       return m;
   }
   return NULL;
@@ -160,7 +158,7 @@ DSPK_EXPORT int dspk_file_data(dspk_client *c, const void *addr, size_t len, int
     c->fmaps = p;
     c->capfmaps = cap;
   }
-  m = (struct dspk__fmap){addr, len, fcntl(fd, F_DUPFD_CLOEXEC, 0), offset};
+  m = (struct dspk__fmap){addr, len, fcntl(fd, F_DUPFD_CLOEXEC, 0), offset, false};
   if (m.fd < 0)
     return dspk__cerr(c, DSPK_EIO, "dspk_file_data: %s", strerror(errno));
   c->fmaps[c->nfmaps++] = m;
@@ -247,8 +245,11 @@ int dspk__send_fd(dspk_client *c, struct dspk__wbuf *w, uint32_t msgid, int fd) 
     if (fm) { /* the file's pages to the socket, no copy here */
       off_t off = (off_t)(fm->off + (uint64_t)((const char *)iov->iov_base - fm->addr));
       n = sendfile(c->fd, fm->fd, &off, iov->iov_len);
-      if (n < 0 && (errno == EINVAL || errno == ENOSYS || errno == EOPNOTSUPP)) {
-        c->no_sendfile = true; /* this kernel cannot: from memory from now on */
+      if (n < 0 && (errno == EINVAL || errno == ENOSYS || errno == EOPNOTSUPP ||
+                    errno == ESPIPE || errno == EBADF)) {
+        /* Not from this descriptor (a pipe, not readable) or not to this
+         * socket (the kernel): this range goes from memory from now on. */
+        ((struct dspk__fmap *)fm)->no = true;
         continue;
       }
       if (n == 0) {

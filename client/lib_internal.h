@@ -64,9 +64,9 @@ struct dspk_client {
     size_t len;
     int fd;         /* owned (a dup) */
     uint64_t off;   /* of addr in the file */
+    bool no;        /* sendfile refused it: sent from memory */
   } *fmaps;
   size_t nfmaps, capfmaps;
-  bool no_sendfile; /* the kernel refused sendfile to this socket */
   /* lib_shm.c: shared allocations (the caller's and temporaries). */
   struct dspk__shm *shm;
   size_t nshm, capshm;

@@ -276,8 +276,10 @@ DSPK_EXPORT int dspk_shared_from_file(dspk_client *c, const char *device, int fd
  * sendfile(2) from fd, the kernel passing the file's cached pages to the
  * socket, instead of copied from memory (which would fault every page of
  * the mapping in).  fd is duplicated (the caller may close its own); the
- * file must not change while a request using it is sent.  Where the kernel
- * cannot sendfile to the socket the memory is sent as before.  len 0
+ * file must not change while a request using it is sent (a file that ends
+ * inside the range breaks the connection: DSPK_EIO).  Where sendfile cannot
+ * be used (fd is a pipe, or the kernel cannot send a file to this socket)
+ * the memory is sent as before.  len 0
  * forgets the range that starts at addr (do so before unmapping it);
  * dspk_close forgets all.  0, DSPK_EINVAL, DSPK_ENOMEM or DSPK_EIO (dup
  * failed). */

@@ -1075,6 +1075,88 @@ static void test_inflight_large(void **state) {
   }
 }
 
+/* dspk_file_data: operands registered as a file's bytes are sent from the
+ * file (sendfile).  The test registers memory whose bytes differ from the
+ * file's, so the result tells which were sent: the file's; a descriptor the
+ * kernel cannot sendfile from (a pipe) falls back to the memory; a file
+ * shorter than the range breaks the connection with DSPK_EIO. */
+static void map_abs_f64(dspk_client *c, const double *x, size_t n, dspk_result *r, int want) {
+  int64_t shape[1] = {(int64_t)n};
+  dspk_tensor in;
+  dspk_task t;
+  dspk_tensor_inline(&in, DSPK_F64, 1, shape, x);
+  dspk_task_init(&t, DSPK_OP_MAP);
+  t.map.fn = DSPK_MAP_ABS;
+  t.inputs = &in;
+  t.ninputs = 1;
+  t.device = "cpu:0";
+  int rc = dspk_run(c, &t, r);
+  if (rc != want)
+    fail_msg("map abs: %d (%s), want %d", rc, dspk_last_error(c), want);
+}
+
+static void test_file_data(void **state) {
+  (void)state;
+  enum { N = 100000, HEAD = 128 };
+  char path[128];
+  double *file_vals = malloc(N * sizeof(double)), *mem_vals = malloc(N * sizeof(double));
+  dspk_client *c;
+  dspk_result r;
+  int fd, pfd[2];
+  assert_non_null(file_vals);
+  assert_non_null(mem_vals);
+  for (size_t i = 0; i < N; i++) {
+    file_vals[i] = -(double)i - 0.5;
+    mem_vals[i] = 1e6 + (double)i;
+  }
+  snprintf(path, sizeof path, "%s/file_data.bin", tmpdir);
+  fd = open(path, O_RDWR | O_CREAT | O_TRUNC, 0600);
+  assert_true(fd >= 0);
+  assert_int_equal(pwrite(fd, "head", 4, 0), 4);
+  assert_int_equal(pwrite(fd, file_vals, N * sizeof(double), HEAD), (ssize_t)(N * sizeof(double)));
+  assert_int_equal(dspk_connect(sockpath, "file_data", &c), 0);
+  assert_int_equal(dspk_file_data(c, mem_vals, N * sizeof(double), fd, HEAD), 0);
+  close(fd); /* the library holds its own */
+  map_abs_f64(c, mem_vals, N, &r, 0);
+  for (size_t i = 0; i < N; i++)
+    if (((const double *)r.out[0].data)[i] != (double)i + 0.5)
+      fail_msg("element %zu is %g: not the file's", i, ((const double *)r.out[0].data)[i]);
+  dspk_result_free(&r);
+  /* Part of the range: the matching part of the file. */
+  map_abs_f64(c, mem_vals + 1000, 5000, &r, 0);
+  assert_true(((const double *)r.out[0].data)[0] == 1000.5);
+  dspk_result_free(&r);
+  /* Forgotten: the memory is sent. */
+  assert_int_equal(dspk_file_data(c, mem_vals, 0, -1, 0), 0);
+  map_abs_f64(c, mem_vals, N, &r, 0);
+  assert_true(((const double *)r.out[0].data)[N - 1] == 1e6 + (double)(N - 1));
+  dspk_result_free(&r);
+  assert_int_equal(dspk_file_data(c, mem_vals, 8, -1, 0), DSPK_EINVAL);
+  /* A pipe cannot be sent from: the memory goes instead. */
+  assert_int_equal(pipe(pfd), 0);
+  assert_int_equal(dspk_file_data(c, mem_vals, N * sizeof(double), pfd[0], 0), 0);
+  map_abs_f64(c, mem_vals, N, &r, 0);
+  assert_true(((const double *)r.out[0].data)[7] == 1e6 + 7);
+  dspk_result_free(&r);
+  close(pfd[0]);
+  close(pfd[1]);
+  dspk_close(c);
+  /* A file that ends inside the range: the request cannot be completed. */
+  fd = open(path, O_RDWR | O_TRUNC);
+  assert_true(fd >= 0);
+  assert_int_equal(pwrite(fd, file_vals, 4096, 0), 4096);
+  assert_int_equal(dspk_connect(sockpath, "file_data", &c), 0);
+  assert_int_equal(dspk_file_data(c, mem_vals, N * sizeof(double), fd, 0), 0);
+  close(fd);
+  map_abs_f64(c, mem_vals, N, &r, DSPK_EIO);
+  assert_non_null(strstr(dspk_last_error(c), "ended before"));
+  assert_int_equal(dspk_ping(c, NULL, 0) < 0, 1); /* the stream is broken */
+  dspk_close(c);
+  unlink(path);
+  free(file_vals);
+  free(mem_vals);
+}
+
 static void test_backpressure(void **state) {
   (void)state;
   enum { NT = 24 };
@@ -1460,6 +1542,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_transfer_pieces),
       cmocka_unit_test(test_inflight),
       cmocka_unit_test(test_inflight_large),
+      cmocka_unit_test(test_file_data),
       cmocka_unit_test(test_backpressure),
       cmocka_unit_test(test_cancel),
       cmocka_unit_test(test_bad_input),
