@@ -819,11 +819,13 @@ DSPK_EXPORT void dspk_result_free(dspk_result *r) {
 }
 
 /* Decodes a task.run result into res, copying inline outputs into aligned
- * memory owned by res; an output in ticket's temporary shared buffer
+ * memory owned by res (the first one received into such memory already,
+ * r->land, is taken as it is); an output in ticket's temporary shared buffer
  * (dspk__shm_result) is lent to res instead (dspk__shm_lend), or copied
  * too when it cannot be. */
-static int decode_result(dspk_client *c, const msgpack_object *result, uint32_t ticket,
+static int decode_result(dspk_client *c, struct dspk__resp *r, uint32_t ticket,
                          dspk_result *res) {
+  const msgpack_object *result = r->msg.result;
   dspk_result out = {0};
   const msgpack_object *outs;
   struct dspk__pval v[DSPK__MAX_PARAMS];
@@ -867,7 +869,10 @@ static int decode_result(dspk_client *c, const msgpack_object *result, uint32_t 
       t->buffer = t->offset = 0;
       wt.is_ref = false;
     }
-    if (!wt.is_ref) {
+    if (!wt.is_ref && wt.nbytes && wt.data == r->land) {
+      t->data = r->land; /* received into its own memory (lib_conn.c, land) */
+      r->land = NULL;
+    } else if (!wt.is_ref) {
       size_t cap = (wt.nbytes + 63) / 64 * 64;
       void *p = aligned_alloc(64, cap ? cap : 64);
       if (!p) {
@@ -892,7 +897,7 @@ DSPK_EXPORT int dspk_wait(dspk_client *c, uint32_t ticket, dspk_result *res) {
     return DSPK_EINVAL;
   rc = dspk__wait(c, ticket, &r);
   if (rc == 0) {
-    rc = decode_result(c, r.msg.result, ticket, res);
+    rc = decode_result(c, &r, ticket, res);
     dspk__resp_free(&r);
   }
   dspk__shm_done(c, ticket); /* its temporaries are free */
@@ -909,7 +914,7 @@ DSPK_EXPORT int dspk_wait_any(dspk_client *c, uint32_t *ticket,
     return DSPK_EINVAL;
   rc = dspk__wait_any(c, &id, &r);
   if (rc == 0) {
-    rc = decode_result(c, r.msg.result, id, res);
+    rc = decode_result(c, &r, id, res);
     dspk__resp_free(&r);
   }
   if (id != 0) { /* 0: no request was answered (none in flight, I/O error) */

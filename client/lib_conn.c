@@ -10,11 +10,16 @@
  * protocol.error records why the daemon is about to close the connection.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <poll.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/sendfile.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -28,6 +33,10 @@
 #endif
 
 #define RBUF_MIN (64 * 1024)
+/* A task.run result from this size on is received into its own memory. */
+#define LAND_MIN (64 * 1024)
+/* SO_SNDBUF asked for on the socket (dspk_connect). */
+#define SOCK_SNDBUF (1 << 20)
 
 static _Thread_local char connect_err[512];
 
@@ -114,10 +123,94 @@ int dspk__send(dspk_client *c, struct dspk__wbuf *w, uint32_t msgid) {
   return dspk__send_fd(c, w, msgid, -1);
 }
 
+/* The registered file range (dspk_file_data) that holds [p, p + n), or
+ * NULL. */
+static const struct dspk__fmap *fmap_of(const dspk_client *c, const void *p, size_t n) {
+  const char *q = p;
+  for (size_t i = 0; i < c->nfmaps; i++) {
+    const struct dspk__fmap *m = &c->fmaps[i];
+    if (!m->no && q >= m->addr && (size_t)(q - m->addr) <= m->len && n <= m->len - (size_t)(q - m->addr))
+      return m;
+  }
+  return NULL;
+}
+
+DSPK_EXPORT int dspk_file_data(dspk_client *c, const void *addr, size_t len, int fd,
+                               uint64_t offset) {
+  struct dspk__fmap m;
+  if (!c || !addr)
+    return DSPK_EINVAL;
+  for (size_t i = 0; i < c->nfmaps; i++)
+    if (c->fmaps[i].addr == addr) { /* forgotten, or replaced below */
+      close(c->fmaps[i].fd);
+      c->fmaps[i] = c->fmaps[--c->nfmaps];
+      break;
+    }
+  if (len == 0)
+    return 0;
+  if (fd < 0 || offset > (uint64_t)INT64_MAX - len)
+    return DSPK_EINVAL;
+  if (c->nfmaps == c->capfmaps) {
+    size_t cap = c->capfmaps ? 2 * c->capfmaps : 4;
+    struct dspk__fmap *p = realloc(c->fmaps, cap * sizeof(*p));
+    if (!p)
+      return DSPK_ENOMEM;
+    c->fmaps = p;
+    c->capfmaps = cap;
+  }
+  m = (struct dspk__fmap){addr, len, fcntl(fd, F_DUPFD_CLOEXEC, 0), offset, false};
+  if (m.fd < 0)
+    return dspk__cerr(c, DSPK_EIO, "dspk_file_data: %s", strerror(errno));
+  c->fmaps[c->nfmaps++] = m;
+  return 0;
+}
+
+/* While a request with file ranges is sent: the socket non-blocking (sendfile
+ * takes no MSG_DONTWAIT) and SIGPIPE blocked (nor MSG_NOSIGNAL; one raised
+ * by a closed socket is taken back), so that sendfile behaves as the
+ * sendmsg calls do. */
+struct file_send {
+  bool on;
+  int flags;
+  bool pipe_pending;
+  sigset_t old;
+};
+
+static void file_send_begin(dspk_client *c, struct file_send *fs) {
+  sigset_t pipe, pend;
+  fs->on = false;
+  if ((fs->flags = fcntl(c->fd, F_GETFL)) < 0 ||
+      fcntl(c->fd, F_SETFL, fs->flags | O_NONBLOCK) < 0)
+    return;
+  sigemptyset(&pipe);
+  sigaddset(&pipe, SIGPIPE);
+  pthread_sigmask(SIG_BLOCK, &pipe, &fs->old);
+  fs->pipe_pending = sigpending(&pend) == 0 && sigismember(&pend, SIGPIPE);
+  fs->on = true;
+}
+
+static void file_send_end(dspk_client *c, struct file_send *fs, bool epipe) {
+  if (!fs->on)
+    return;
+  if (epipe && !fs->pipe_pending) {
+    sigset_t pipe;
+    struct timespec zero = {0, 0};
+    sigemptyset(&pipe);
+    sigaddset(&pipe, SIGPIPE);
+    while (sigtimedwait(&pipe, NULL, &zero) < 0 && errno == EINTR) {
+    }
+  }
+  pthread_sigmask(SIG_SETMASK, &fs->old, NULL);
+  fcntl(c->fd, F_SETFL, fs->flags);
+  fs->on = false;
+}
+
 int dspk__send_fd(dspk_client *c, struct dspk__wbuf *w, uint32_t msgid, int fd) {
   union { char buf[CMSG_SPACE(sizeof(int))]; struct cmsghdr align; } cm;
+  struct file_send fs = {0};
   struct iovec *iov;
   size_t niov, total;
+  bool epipe = false;
   int rc;
 
   if (c->broken)
@@ -141,24 +234,50 @@ int dspk__send_fd(dspk_client *c, struct dspk__wbuf *w, uint32_t msgid, int fd) 
                       "message limit (max_message); pass big operands "
                       "through daemon buffers (dspk_buffer_write splits)",
                       total, c->send_max);
+  for (size_t i = 0; i < niov && !fs.on; i++)
+    if (fmap_of(c, iov[i].iov_base, iov[i].iov_len))
+      file_send_begin(c, &fs);
 
+  rc = 0;
   while (niov > 0) {
-    struct msghdr mh = {0};
+    const struct dspk__fmap *fm = fs.on && fd < 0 ? fmap_of(c, iov->iov_base, iov->iov_len) : NULL;
     ssize_t n;
-    mh.msg_iov = iov;
-    mh.msg_iovlen = niov > IOV_MAX ? IOV_MAX : niov;
-    if (fd >= 0) { /* with the frame's first byte (protocol.md, Shared memory) */
-      struct cmsghdr *h;
-      memset(&cm, 0, sizeof cm);
-      mh.msg_control = cm.buf;
-      mh.msg_controllen = sizeof cm.buf;
-      h = CMSG_FIRSTHDR(&mh);
-      h->cmsg_level = SOL_SOCKET;
-      h->cmsg_type = SCM_RIGHTS;
-      h->cmsg_len = CMSG_LEN(sizeof(int));
-      memcpy(CMSG_DATA(h), &fd, sizeof fd);
+    if (fm) { /* the file's pages to the socket, no copy here */
+      off_t off = (off_t)(fm->off + (uint64_t)((const char *)iov->iov_base - fm->addr));
+      n = sendfile(c->fd, fm->fd, &off, iov->iov_len);
+      if (n < 0 && (errno == EINVAL || errno == ENOSYS || errno == EOPNOTSUPP ||
+                    errno == ESPIPE || errno == EBADF)) {
+        /* Not from this descriptor (a pipe, not readable) or not to this
+         * socket (the kernel): this range goes from memory from now on. */
+        ((struct dspk__fmap *)fm)->no = true;
+        continue;
+      }
+      if (n == 0) {
+        rc = mark_broken(c, dspk__cerr(c, DSPK_EIO, "an input file ended before its "
+                                       "data was sent (changed while in use?)"));
+        goto out;
+      }
+    } else {
+      struct msghdr mh = {0};
+      size_t run = 1;
+      while (fs.on && run < niov && run < IOV_MAX &&
+             !fmap_of(c, iov[run].iov_base, iov[run].iov_len))
+        run++;
+      mh.msg_iov = iov;
+      mh.msg_iovlen = fs.on ? run : niov > IOV_MAX ? IOV_MAX : niov;
+      if (fd >= 0) { /* with the frame's first byte (protocol.md, Shared memory) */
+        struct cmsghdr *h;
+        memset(&cm, 0, sizeof cm);
+        mh.msg_control = cm.buf;
+        mh.msg_controllen = sizeof cm.buf;
+        h = CMSG_FIRSTHDR(&mh);
+        h->cmsg_level = SOL_SOCKET;
+        h->cmsg_type = SCM_RIGHTS;
+        h->cmsg_len = CMSG_LEN(sizeof(int));
+        memcpy(CMSG_DATA(h), &fd, sizeof fd);
+      }
+      n = sendmsg(c->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
     }
-    n = sendmsg(c->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (n < 0) {
       if (errno == EINTR)
         continue;
@@ -167,20 +286,23 @@ int dspk__send_fd(dspk_client *c, struct dspk__wbuf *w, uint32_t msgid, int fd) 
          * answers unread, so while our send is blocked, take in what it
          * sends (kept in rbuf for the waits) instead of deadlocking. */
         struct pollfd pfd = {.fd = c->fd, .events = POLLIN | POLLOUT};
-        if (poll(&pfd, 1, -1) < 0 && errno != EINTR)
-          return mark_broken(c, dspk__cerr(c, DSPK_EIO, "poll: %s",
-                                           strerror(errno)));
+        if (poll(&pfd, 1, -1) < 0 && errno != EINTR) {
+          rc = mark_broken(c, dspk__cerr(c, DSPK_EIO, "poll: %s", strerror(errno)));
+          goto out;
+        }
         if (pfd.revents & POLLIN) {
           rc = fill(c, true);
           if (rc != 0)
-            return rc;
+            goto out;
         }
         continue;
       }
       int e = errno;
       int code = (e == EPIPE || e == ECONNRESET) ? DSPK_ECLOSED : DSPK_EIO;
+      epipe = e == EPIPE;
       mark_broken(c, code);
-      return dspk__cerr(c, code, "sending to the daemon: %s", strerror(e));
+      rc = dspk__cerr(c, code, "sending to the daemon: %s", strerror(e));
+      goto out;
     }
     fd = -1; /* sent */
     while (niov > 0 && (size_t)n >= iov->iov_len) {
@@ -194,7 +316,9 @@ int dspk__send_fd(dspk_client *c, struct dspk__wbuf *w, uint32_t msgid, int fd) 
     }
   }
   c->inflight[c->ninflight++] = msgid;
-  return 0;
+out:
+  file_send_end(c, &fs, epipe);
+  return rc;
 }
 
 /* ---- receiving ---------------------------------------------------------- */
@@ -240,27 +364,101 @@ static int fill(dspk_client *c, bool dontwait) {
   return 0;
 }
 
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23 /* Linux 5.14 */
+#endif
+
+/* Maps the pages of [p, p + n) that are whole at once (MADV_POPULATE_WRITE),
+ * where the kernel can: fresh memory that a recv is about to fill would
+ * otherwise fault in one page at a time (1024 faults for 4 MiB where no
+ * transparent huge page is to be had).  Advice only. */
+static void populate(void *p, size_t n) {
+  long pg = sysconf(_SC_PAGESIZE);
+  uintptr_t a, b;
+  if (pg <= 0 || n < (size_t)pg * 4)
+    return;
+  a = ((uintptr_t)p + (uintptr_t)pg - 1) & ~((uintptr_t)pg - 1);
+  b = ((uintptr_t)p + n) & ~((uintptr_t)pg - 1);
+  if (b > a)
+    (void)madvise((void *)a, b - a, MADV_POPULATE_WRITE);
+}
+
+/* When rbuf starts with the head of a task.run answer to msgid (any: to a
+ * request in flight) whose first output carries at least LAND_MIN bytes, its
+ * payload is received straight into memory of its own (64-byte aligned, as
+ * decode_result would copy it to), not into rbuf: rbuf does not grow through
+ * a large frame (each step a realloc copy and fresh pages) and the result is
+ * not copied again.  rbuf keeps the frame with that bin emptied (its length
+ * field zeroed); decode() puts the payload back.  0, or a negative code
+ * (connection broken); not landing is not an error. */
+static int land(dspk_client *c, bool any, uint32_t msgid) {
+  struct dspk__run_head h;
+  struct dspk__limits lim = c->lim;
+  size_t have, take;
+  char *p;
+
+  if (c->land || c->rlen < 16 ||
+      !dspk__run_head_scan(c->rbuf, c->rlen, &lim, &h) || h.len < LAND_MIN ||
+      (any ? !dspk__inflight_has(c, h.msgid) : h.msgid != msgid))
+    return 0;
+  if (!(p = aligned_alloc(64, (h.len + 63) / 64 * 64)))
+    return 0; /* the ordinary path may still manage */
+  populate(p, h.len);
+  have = c->rlen - h.head;
+  take = have < h.len ? have : h.len;
+  memcpy(p, c->rbuf + h.head, take);
+  memmove(c->rbuf + h.head, c->rbuf + h.head + take, have - take);
+  c->rlen = h.head + (have - take);
+  memset(c->rbuf + h.len_at, 0, h.head - h.len_at); /* an empty bin now */
+  while (take < h.len) {
+    ssize_t got = recv(c->fd, p + take, h.len - take, MSG_WAITALL);
+    if (got < 0 && errno == EINTR)
+      continue;
+    if (got <= 0) {
+      free(p);
+      return mark_broken(c, dspk__cerr(c, got == 0 ? DSPK_ECLOSED : DSPK_EIO,
+                                       "reading from the daemon: %s",
+                                       got == 0 ? "connection closed" : strerror(errno)));
+    }
+    take += (size_t)got;
+  }
+  c->land = p;
+  c->land_len = h.len;
+  return 0;
+}
+
 /* Takes the next complete frame out of the stream into an owned buffer.
- * A big frame that fills rbuf is handed over whole (no copy). */
-static int next_frame(dspk_client *c, char **buf, size_t *len, size_t *cap) {
+ * A big frame that fills rbuf is handed over whole (no copy).  The answer
+ * to msgid (any: to any request in flight) may land (above). */
+static int next_frame(dspk_client *c, bool any, uint32_t msgid, char **buf, size_t *len,
+                      size_t *cap) {
+  struct dspk__limits lim = c->lim;
   char why[256];
   ssize_t n;
   int rc;
 
   why[0] = '\0';
   for (;;) {
-    n = c->rlen ? dspk__frame_scan(c->rbuf, c->rlen, &c->lim, why, sizeof why)
+    /* A landed payload still counts towards the frame's max_message. */
+    lim.max_message = c->lim.max_message - (c->land ? c->land_len : 0);
+    n = c->rlen ? dspk__frame_scan(c->rbuf, c->rlen, &lim, why, sizeof why)
                 : 0;
-    if (n < 0)
-      return mark_broken(c, dspk__cerr(c, (int)n, "bad frame from the daemon:"
-                                       " %s", why));
+    if (n < 0) {
+      rc = mark_broken(c, dspk__cerr(c, (int)n, "bad frame from the daemon:"
+                                     " %s", why));
+      goto fail;
+    }
     if (n > 0)
       break;
-    if (c->broken) /* nothing more will come that we could use */
-      return c->broken_code;
+    if (c->broken) { /* nothing more will come that we could use */
+      rc = c->broken_code;
+      goto fail;
+    }
+    if ((rc = land(c, any, msgid)) != 0)
+      goto fail;
     rc = fill(c, false);
     if (rc != 0)
-      return rc;
+      goto fail;
   }
   size_t rest = c->rlen - (size_t)n;
   *cap = 0;
@@ -285,6 +483,10 @@ static int next_frame(dspk_client *c, char **buf, size_t *len, size_t *cap) {
   *buf = p;
   *len = (size_t)n;
   return 0;
+fail:
+  free(c->land); /* the frame it belongs to will not come */
+  c->land = NULL;
+  return rc;
 }
 
 static void handle_notify(dspk_client *c, const struct dspk__msg *m) {
@@ -314,6 +516,23 @@ static void handle_notify(dspk_client *c, const struct dspk__msg *m) {
   }
 }
 
+/* Puts a landed payload back into the frame just unpacked into r, the one
+ * it came with: the first output's bin, emptied in the bytes, then points
+ * at it (r owns it from here on).  Where land() found a head the unpacked
+ * frame has one. */
+static int land_restore(dspk_client *c, struct dspk__resp *r, size_t n) {
+  msgpack_object *o = &r->up.data;
+  if (o->type != MSGPACK_OBJECT_ARRAY || o->via.array.size != 4 ||
+      (o = &o->via.array.ptr[3])->type != MSGPACK_OBJECT_MAP || o->via.map.size < 2 ||
+      (o = &o->via.map.ptr[1].val)->type != MSGPACK_OBJECT_ARRAY || o->via.array.size < 1 ||
+      (o = &o->via.array.ptr[0])->type != MSGPACK_OBJECT_MAP || o->via.map.size != 3 ||
+      (o = &o->via.map.ptr[2].val)->type != MSGPACK_OBJECT_BIN || o->via.bin.size != 0)
+    return dspk__cerr(c, DSPK_EINTERNAL, "a result received apart lost its place");
+  o->via.bin.ptr = r->land;
+  o->via.bin.size = (uint32_t)n;
+  return 0;
+}
+
 /* Unpacks an accepted frame into r and parses its envelope. */
 static int decode(dspk_client *c, char *buf, size_t len, size_t cap,
                   struct dspk__resp *r) {
@@ -328,6 +547,8 @@ static int decode(dspk_client *c, char *buf, size_t len, size_t cap,
   r->cap = cap;
   r->owner = c;
   r->zone = NULL;
+  r->land = c->land; /* this frame's, when there is one (next_frame) */
+  c->land = NULL;
   msgpack_unpacked_init(&r->up);
   if (!c->zone_busy &&
       (c->zone_ready ||
@@ -342,6 +563,8 @@ static int decode(dspk_client *c, char *buf, size_t len, size_t cap,
     rc = dspk__cerr(c, DSPK_EPROTO, "undecodable frame from the daemon");
     goto err;
   }
+  if (r->land && (rc = land_restore(c, r, c->land_len)) != 0)
+    goto err;
   root = &r->up.data;
   rc = dspk__msg_parse(root, &r->msg, NULL, NULL, why, sizeof why);
   if (rc != 0) {
@@ -385,6 +608,8 @@ void dspk__resp_free(struct dspk__resp *r) {
     return;
   resp_unpacked_free(r);
   resp_buf_free(r);
+  free(r->land);
+  r->land = NULL;
 }
 
 /* Turns a decoded response into the caller's status: 0 for a result, the
@@ -442,7 +667,7 @@ static int wait_common(dspk_client *c, bool any, uint32_t *msgid,
     return dspk__cerr(c, DSPK_ENOENT, "no request in flight");
 
   for (;;) {
-    rc = next_frame(c, &buf, &len, &cap);
+    rc = next_frame(c, any, *msgid, &buf, &len, &cap);
     if (rc != 0)
       return rc;
     rc = decode(c, buf, len, cap, &r);
@@ -471,7 +696,13 @@ static int wait_common(dspk_client *c, bool any, uint32_t *msgid,
         *out = r;
       return rc;
     }
-    /* Someone else's: keep the frame (not the unpacked zone). */
+    /* Someone else's: keep the frame (not the unpacked zone).  Never a
+     * landed one (land() takes only the awaited answer). */
+    if (r.land) {
+      dspk__resp_free(&r);
+      return mark_broken(c, dspk__cerr(c, DSPK_EINTERNAL, "a result received apart "
+                                       "for an answer nobody waits for"));
+    }
     if (c->ndone == c->capdone) {
       size_t cap = c->capdone ? 2 * c->capdone : 8;
       struct dspk__frame *p = realloc(c->done, cap * sizeof(*p));
@@ -669,6 +900,10 @@ static void pack_hello(void *ud, struct dspk__wbuf *w) {
 
 /* Frees what a client holds besides its socket and shared memory. */
 static void client_free(dspk_client *c) {
+  for (size_t i = 0; i < c->nfmaps; i++)
+    close(c->fmaps[i].fd);
+  free(c->fmaps);
+  free(c->land);
   free(c->rbuf);
   free(c->spare);
   free(c->inflight);
@@ -736,6 +971,14 @@ DSPK_EXPORT int dspk_connect(const char *socket_path, const char *client_name,
     snprintf(connect_err, sizeof connect_err, "socket: %s", strerror(errno));
     rc = DSPK_ECONNECT;
     goto err_alloc;
+  }
+  {
+    /* A larger send buffer (the kernel caps it at net.core.wmem_max and
+     * doubles it): a request of megabytes crosses in a few large steps
+     * instead of one wake-up of the daemon per 208 KiB (the default), 8 MiB
+     * there and back about 20% faster on the development VM.  Best effort. */
+    int sb = SOCK_SNDBUF;
+    (void)setsockopt(c->fd, SOL_SOCKET, SO_SNDBUF, &sb, sizeof sb);
   }
   if (connect(c->fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
     snprintf(connect_err, sizeof connect_err, "connect to %s: %s", path,

@@ -38,6 +38,12 @@ struct dspk_client {
    * buffer again (realloc copies, page faults). */
   char *spare;
   size_t spare_cap;
+  /* The first output's data of the task.run answer now arriving, received
+   * straight into memory of its own (dspk__run_head_scan): the frame in
+   * rbuf has that bin emptied, and decode() puts land back in its place.
+   * NULL when none. */
+  void *land;
+  size_t land_len;
   /* Requests sent and not yet waited for. */
   uint32_t *inflight;
   size_t ninflight, capinflight;
@@ -51,6 +57,16 @@ struct dspk_client {
   bool zone_ready, zone_busy;
   bool fbuf_busy;
   char fbuf[4096];
+  /* Ranges of memory that are a file's bytes (dspk_file_data): sent with
+   * sendfile from the file. */
+  struct dspk__fmap {
+    const char *addr;
+    size_t len;
+    int fd;         /* owned (a dup) */
+    uint64_t off;   /* of addr in the file */
+    bool no;        /* sendfile refused it: sent from memory */
+  } *fmaps;
+  size_t nfmaps, capfmaps;
   /* lib_shm.c: shared allocations (the caller's and temporaries). */
   struct dspk__shm *shm;
   size_t nshm, capshm;
@@ -67,6 +83,10 @@ struct dspk__resp {
   msgpack_zone *zone;        /* the client's zone when borrowed, else NULL */
   dspk_client *owner;        /* lender of fbuf/zone */
   size_t cap;                /* bytes of buf when it was the client's rbuf, else 0 */
+  void *land;                /* the first output's data received apart (64-byte
+                                aligned, malloc'd; the unpacked bin points at
+                                it), or NULL; freed with the response unless
+                                taken (set to NULL) */
   struct dspk__msg msg;
 };
 

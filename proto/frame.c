@@ -327,3 +327,46 @@ int dspk__write_head_scan(const void *buf, size_t len, const struct dspk__limits
     return 0;
   return 1;
 }
+
+/* ---- the head of a task.run answer (dspk__run_head_scan) ----------------- */
+
+int dspk__run_head_scan(const void *buf, size_t len, const struct dspk__limits *lim,
+                        struct dspk__run_head *h) {
+  struct cur c = {buf, len, 0};
+  uint64_t n, type, msgid, entries, nout, v;
+  size_t at;
+  char msg[8];
+
+  if (!cur_head(&c, H_ARRAY, &n) || n != 4 || !cur_uint(&c, &type) || type != 1 ||
+      !cur_uint(&c, &msgid) || msgid > UINT32_MAX || c.pos >= len || c.p[c.pos] != 0xc0)
+    return 0;
+  c.pos++; /* nil: no error */
+  if (!cur_head(&c, H_MAP, &entries) || entries < 2 || !cur_str_is(&c, "device", 6) ||
+      !cur_head(&c, H_STR, &n) || c.len - c.pos < n)
+    return 0;
+  c.pos += (size_t)n;
+  if (!cur_str_is(&c, "outputs", 7) || !cur_head(&c, H_ARRAY, &nout) || nout < 1 ||
+      !cur_head(&c, H_MAP, &entries) || entries != 3 || !cur_str_is(&c, "dtype", 5) ||
+      !cur_head(&c, H_STR, &n) || c.len - c.pos < n)
+    return 0;
+  c.pos += (size_t)n;
+  if (!cur_str_is(&c, "shape", 5) || !cur_head(&c, H_ARRAY, &n) || n > lim->max_rank)
+    return 0;
+  for (uint64_t i = 0; i < n; i++)
+    if (!cur_uint(&c, &v))
+      return 0;
+  if (!cur_str_is(&c, "data", 4))
+    return 0;
+  at = c.pos;
+  if (!cur_head(&c, H_BIN, &v))
+    return 0;
+  h->msgid = (uint32_t)msgid;
+  h->head = c.pos;
+  h->len = (size_t)v;
+  h->len_at = at + 1;
+  /* As for a buffer.write head: the scanner's verdict on the bytes so far,
+   * payload size against max_message included. */
+  if (dspk__frame_scan(buf, c.pos, lim, msg, sizeof msg) != 0)
+    return 0;
+  return 1;
+}

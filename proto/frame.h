@@ -66,4 +66,32 @@ struct dspk__write_head {
 int dspk__write_head_scan(const void *buf, size_t len, const struct dspk__limits *lim,
                           struct dspk__write_head *h);
 
+/*
+ * The head of a task.run answer whose first output's data a client can
+ * receive straight into the output's own memory: [1, msgid, nil,
+ * {"device": str, "outputs": [{"dtype": str, "shape": [uint...],
+ * "data": bin} ...] ...}] with "device" and "outputs" the result map's
+ * first keys and the output's keys in that order (as dspkd packs it).
+ * `head` is the length of everything before that payload, `len` its
+ * length, and the bin's length field is the bytes [len_at, head); the frame
+ * goes on after the payload (other outputs, time_us).
+ */
+struct dspk__run_head {
+  uint32_t msgid;
+  size_t head;   /* bytes before the payload */
+  size_t len;    /* payload bytes */
+  size_t len_at; /* where the bin's big-endian length field starts */
+};
+
+/*
+ * Returns 1 and fills *h when buf[0..len) starts with such a head, complete
+ * up to the payload, that dspk__frame_scan() accepts as the start of a frame
+ * within lim (the payload within max_message); 0 otherwise (another message,
+ * an error answer, another order of keys, an output by reference, a head not
+ * complete yet, a broken limit): those take the ordinary path.  Never reads
+ * past len.
+ */
+int dspk__run_head_scan(const void *buf, size_t len, const struct dspk__limits *lim,
+                        struct dspk__run_head *h);
+
 #endif /* DSPK_PROTO_FRAME_H */

@@ -143,6 +143,12 @@ K
     t1=$(ms)
     echo "in-process fresh program, whole process: $(( (t1 - t0) / 1000000 )) ms"
   done 2>&1 | tee -a "$OUT/firstresult.log"
+  # The breakdown (docs/performance.md): fresh processes for ping, gemm 64^2,
+  # reduce / map abs / map add / gemm on 1024^2 f32 .npy files on cuda:0, medians of
+  # 15 with the daemon's time_us; numpy checks the results where installed.
+  python3 "$(dirname "$0")/../bench/datapath/bench_fresh.py" --socket "$SOCK" \
+    --submit "$SUBMIT" --device cuda:0 --reps 15 2>&1 | tee -a "$OUT/firstresult.log" \
+    || fail=1
 
   section "daemon restart with a warm kernel cache"
   warm_ops() {

@@ -359,6 +359,9 @@ int dspk__sub_kernel(dspk__sub_ctx *ctx, int argc, char **argv) {
 
   if (dspk__sub_connect(ctx) != 0)
     goto out;
+  for (int i = 0; i < ntens; i++) /* sent from their files (ops.c, run_task) */
+    if (tens[i].map)
+      (void)dspk_file_data(ctx->client, tens[i].map, tens[i].map_len, tens[i].map_fd, 0);
   rc = dspk_run(ctx->client, &t, &res);
   if (rc < 0) {
     dspk__sub_fail_client(ctx, rc);

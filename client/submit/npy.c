@@ -781,8 +781,13 @@ int dspk__npy_save(const char *path, dspk_dtype dtype, int rank,
     rc = e == ENOENT ? DSPK_ENOENT : e == EACCES ? DSPK_EPERM : DSPK_EIO;
     goto fail_hdr;
   }
-  if (fstat(fd, &st) < 0 || write_full(fd, hdr, hlen) < 0 ||
-      write_full(fd, data, nbytes) < 0 ||
+  if (fstat(fd, &st) < 0) {
+    seterr(err, errlen, "%s", strerror(errno));
+    close(fd);
+    rc = DSPK_EIO;
+    goto fail_hdr;
+  }
+  if (write_full(fd, hdr, hlen) < 0 || write_full(fd, data, nbytes) < 0 ||
       (S_ISREG(st.st_mode) && ftruncate(fd, (off_t)(hlen + nbytes)) < 0)) {
     seterr(err, errlen, "%s", strerror(errno));
     close(fd);
@@ -796,7 +801,10 @@ int dspk__npy_save(const char *path, dspk_dtype dtype, int rank,
   return 0;
 fail_unlink:
   rc = DSPK_EIO;
-  unlink(path);
+  /* A partly written file goes; a device or FIFO it was written to stays
+   * (as root, unlinking /dev/full after a failed write would remove it). */
+  if (S_ISREG(st.st_mode))
+    unlink(path);
 fail_hdr:
   free(hdr);
 fail:
@@ -820,31 +828,38 @@ int dspk__npy_view(const char *path, dspk__npy *out, char *err, size_t errlen) {
     return dspk__npy_load(path, out, err, errlen); /* and its messages */
   }
   len = (size_t)st.st_size;
-  /* MAP_POPULATE maps the file's cached pages at once, far cheaper than
-   * faulting them in one by one. */
-  map = mmap(NULL, len, PROT_READ, MAP_PRIVATE | MAP_POPULATE, fd, 0);
-  close(fd);
-  if (map == MAP_FAILED)
+  /* Not populated: dspk-submit sends the data from the file (sendfile,
+   * dspk_file_data), so only the header's page is touched here; mapping
+   * every page (MAP_POPULATE) and unmapping them again cost more than the
+   * send itself on the development VM. */
+  map = mmap(NULL, len, PROT_READ, MAP_PRIVATE, fd, 0);
+  if (map == MAP_FAILED) {
+    close(fd);
     return dspk__npy_load(path, out, err, errlen);
+  }
   rc = parse_image(map, len, &h, &doff, &count, &nbytes, err, errlen);
   if (rc < 0) {
     munmap(map, len);
+    close(fd);
     prefix_name(err, errlen, path);
     return rc;
   }
   fill_out(out, &h, count, nbytes, (unsigned char *)map + doff);
   out->map = map;
   out->map_len = len;
+  out->map_fd = fd;
   return 0;
 }
 
 void dspk__npy_free(dspk__npy *a) {
   if (a == NULL)
     return;
-  if (a->map)
+  if (a->map) {
     munmap(a->map, a->map_len);
-  else
+    close(a->map_fd);
+  } else {
     free(a->data);
+  }
   memset(a, 0, sizeof *a);
 }
 

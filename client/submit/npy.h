@@ -26,7 +26,8 @@
 /* One array in memory.  data is owned by the struct (free with
  * dspk__npy_free) and holds nbytes = count * itemsize bytes, C order.
  * map is NULL, or the read-only mapping of the file that data points
- * into (dspk__npy_view). */
+ * into (dspk__npy_view), with the file still open as map_fd, so that its
+ * data can be sent from the file (dspk_file_data). */
 typedef struct dspk__npy {
   dspk_dtype dtype;
   int rank;
@@ -36,6 +37,7 @@ typedef struct dspk__npy {
   void *data;
   void *map;
   size_t map_len;
+  int map_fd; /* with map: the file, open read-only (closed by dspk__npy_free) */
 } dspk__npy;
 
 /* Header fields as parsed from the text of a .npy header. */
@@ -71,16 +73,18 @@ int dspk__npy_load(const char *path, dspk__npy *out, char *err, size_t errlen);
  * stays valid until dspk__npy_free (callers free it before anything may
  * rewrite the file, e.g. an output of the same name; a file that another
  * process truncates meanwhile makes reading the view fault, which a
- * command-line tool reading its own inputs accepts).  Small files and
- * anything that cannot be mapped take dspk__npy_load's path.  Same
- * returns and messages as dspk__npy_load. */
+ * command-line tool reading its own inputs accepts).  The mapping is not
+ * populated: only the header's page is read here, the data is meant to be
+ * sent from map_fd.  Small files and anything that cannot be mapped take
+ * dspk__npy_load's path.  Same returns and messages as dspk__npy_load. */
 int dspk__npy_view(const char *path, dspk__npy *out, char *err, size_t errlen);
 
 /* Writes an array as a version 1.0 .npy file (2.0 if the header would not
  * fit), with the data starting at a 64-byte boundary like numpy does.
  * shape has rank entries; data holds product(shape) * itemsize bytes and
  * stays owned by the caller.  Returns 0, or a negative dspk code with a
- * message naming the file in err; a partly written file is removed. */
+ * message naming the file in err; a partly written regular file is removed
+ * (a device or FIFO written to stays). */
 int dspk__npy_save(const char *path, dspk_dtype dtype, int rank,
                    const uint64_t *shape, const void *data, char *err,
                    size_t errlen);

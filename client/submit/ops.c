@@ -482,14 +482,23 @@ static int run_task(dspk__sub_ctx *ctx, const op_args *a, dspk_task *t,
   rc = dspk__sub_connect(ctx);
   if (rc != 0)
     goto out;
+  /* Mapped inputs go from their files to the socket (sendfile), not
+   * through this process's memory.  Best effort: unregistered, the mapping
+   * is sent as memory. */
+  for (i = 0; i < loaded; i++)
+    if (in[i].map)
+      (void)dspk_file_data(ctx->client, in[i].map, in[i].map_len, in[i].map_fd, 0);
   if (offload_inputs(ctx, a, in, files, tin, nfiles, t->op) != 0)
     goto out;
   dspk_set_progress(ctx->client, on_progress, &ps);
   rc = dspk_run(ctx->client, t, &res);
   dspk_set_progress(ctx->client, NULL, NULL);
   /* The inputs may be mappings of files the output is about to replace. */
-  for (i = 0; i < loaded; i++)
+  for (i = 0; i < loaded; i++) {
+    if (in[i].map)
+      (void)dspk_file_data(ctx->client, in[i].map, 0, -1, 0);
     dspk__npy_free(&in[i]);
+  }
   loaded = 0;
   if (ps.drawn) {
     fputs("\r\033[K", stderr);

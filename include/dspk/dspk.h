@@ -270,6 +270,21 @@ DSPK_EXPORT int dspk_shared_alloc(dspk_client *c, const char *device,
 DSPK_EXPORT int dspk_shared_from_file(dspk_client *c, const char *device, int fd,
                                       uint64_t offset, size_t bytes, void **ptr_out,
                                       uint64_t *id_out);
+/* Says that the bytes [addr, addr + len) of this process are the bytes
+ * [offset, offset + len) of the open file fd (a mapping of it, read-only
+ * or not yet written): inline operands that lie there are then sent with
+ * sendfile(2) from fd, the kernel passing the file's cached pages to the
+ * socket, instead of copied from memory (which would fault every page of
+ * the mapping in).  fd is duplicated (the caller may close its own); the
+ * file must not change while a request using it is sent (a file that ends
+ * inside the range breaks the connection: DSPK_EIO).  Where sendfile cannot
+ * be used (fd is a pipe, or the kernel cannot send a file to this socket)
+ * the memory is sent as before.  len 0
+ * forgets the range that starts at addr (do so before unmapping it);
+ * dspk_close forgets all.  0, DSPK_EINVAL, DSPK_ENOMEM or DSPK_EIO (dup
+ * failed). */
+DSPK_EXPORT int dspk_file_data(dspk_client *c, const void *addr, size_t len, int fd,
+                               uint64_t offset);
 /* Frees an allocation of dspk_shared_alloc (ptr: its start): buffer.free,
  * then unmaps.  Tasks already sent still see the daemon's mapping. */
 DSPK_EXPORT int dspk_shared_free(dspk_client *c, void *ptr);

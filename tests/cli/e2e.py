@@ -583,9 +583,49 @@ class Ops:
                  osh, "f32", env)
 
 
+    def large(self):
+        """Inputs of hundreds of KiB (read through a mapping of the file) and
+        results of more than 64 KiB (received straight into the result's own
+        memory, lib_conn.c land()): written to a new file, over a larger
+        existing one (cut to length), to standard output, and summarized."""
+        pa, A, sa = self.arr((300, 300), "f64")  # 720 KB in, 720 KB out
+        ref = ref_map("abs", A, None, 1.0)
+        self.run("map abs large", ["map", "abs", pa], ref, sa, "f64")
+        out = os.path.join(self.tmp, "out.npy")
+        with open(out, "wb") as f:
+            f.write(b"\xff" * (3 << 20))
+        self.cli.ok("map", "abs", pa, "-o", out)
+        check(os.path.getsize(out) == 128 + 300 * 300 * 8,
+              "map abs over a larger file: %d bytes" % os.path.getsize(out))
+        got = np.load(out).reshape(-1).tolist()
+        check(got == ref, "map abs over a larger file: values differ")
+        rc, raw, err = self.cli.run("map", "abs", pa, "-o", "-", raw=True)
+        check(rc == 0, "map abs -o -: exit %d (%r)" % (rc, err))
+        got = npy_from(raw).reshape(-1).tolist()
+        check(got == ref, "map abs -o -: values differ")
+        txt = self.cli.ok("map", "abs", pa, "--device", "cpu:0")
+        want = ": [%s, ...] (90000 values)\n" % ", ".join("%.15g" % v for v in ref[:8])
+        check(txt.startswith("f64 (300, 300) on cpu:0, ") and txt.endswith(want),
+              "map abs summary %r, want it to end with %r" % (txt, want))
+        head = json.loads(self.cli.ok("map", "abs", pa, "--json"))["outputs"][0]["head"]
+        check(head == ref[:8], "map abs --json head %r, want %r" % (head, ref[:8]))
+        # gemm 128x4 @ 4x160 f32: an 80 KiB result; then one in f64 with
+        # C (three inputs, 300 KiB each) to check the other operands too.
+        pa, A, sa = self.arr((128, 4), "f32")
+        pb, B, sb = self.arr((4, 160), "f32")
+        ref, osh = ref_gemm(A, sa, B, sb, None, None, False, False, 1.0, 0.0)
+        self.run("gemm large result", ["gemm", pa, pb], ref, osh, "f32")
+        pa, A, sa = self.arr((200, 4), "f64")
+        pb, B, sb = self.arr((4, 200), "f64")
+        pc, C, sc = self.arr((200, 200), "f64")
+        ref, osh = ref_gemm(A, sa, B, sb, C, sc, False, False, 1.0, 1.0)
+        self.run("gemm large with C", ["gemm", pa, pb, pc], ref, osh, "f64")
+
+
 def suite_ops(cli, tmp):
     ops = Ops(cli, tmp)
-    for name in ("gemm", "fft", "fir", "contract", "reduce", "map", "offload", "shared"):
+    for name in ("gemm", "fft", "fir", "contract", "reduce", "map", "large", "offload",
+                 "shared"):
         getattr(ops, name)()
     print("ops: %d cases checked against naive references" % ops.cases)
 
@@ -686,6 +726,51 @@ def suite_errors(cli, tmp):
     cli.fails(["fir", missing, a34], "fir", "ENOENT", detail=missing)
     cli.fails(["map", "abs", a34, "-o", os.path.join(tmp, "no/such/dir.npy")],
               "map", "ENOENT", detail="no/such/dir.npy")
+
+    # Large files (read through a mapping) cut short or with a bad header,
+    # and large results that cannot be written.
+    x = np.arange(300 * 300, dtype="<f8").reshape(300, 300)
+    large = save("large.npy", x)
+    with open(large, "rb") as f:
+        data = f.read()
+    ltrunc = os.path.join(tmp, "ltrunc.npy")
+    with open(ltrunc, "wb") as f:
+        f.write(data[:-5])
+    cli.fails(["map", "abs", ltrunc], "map", "EINVAL",
+              detail="%s: data size does not match the header" % ltrunc)
+    lbad = os.path.join(tmp, "lbad.npy")
+    with open(lbad, "wb") as f:
+        f.write(data[:128].replace(b"'shape'", b"'shapo'") + data[128:])
+    cli.fails(["map", "abs", lbad], "map", "EINVAL", detail="%s: malformed .npy header" % lbad)
+    cli.fails(["map", "abs", large, "-o", tmp], "map", "EIO",
+              detail="%s: Is a directory" % tmp)
+    cli.fails(["map", "abs", large, "-o", os.path.join(a34, "x.npy")], "map", "EIO",
+              detail=os.path.join(a34, "x.npy"))
+
+    def fsize_limit():  # writes past 64 KiB fail with EFBIG, as on a full disk
+        import resource
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (65536, 65536))
+    full = os.path.join(tmp, "full.npy")
+    cli.fails(["map", "abs", large, "-o", full], "map", "EIO",
+              detail="%s: File too large" % full, preexec_fn=fsize_limit)
+    check(not os.path.exists(full), "a partly written output is left behind")
+    with open(full, "wb") as f:  # an existing file: rewritten in place, then removed
+        f.write(b"\0" * 100)
+    cli.fails(["map", "abs", large, "-o", full], "map", "EIO",
+              detail="%s: File too large" % full, preexec_fn=fsize_limit)
+    check(not os.path.exists(full), "a partly rewritten output is left behind")
+    # A device that refuses the data (/dev/full: ENOSPC) stays where it is.
+    # A node of its own (root only), never the system's /dev/full.
+    dev = os.path.join(tmp, "full-device")
+    try:
+        os.mknod(dev, 0o666 | __import__("stat").S_IFCHR, os.makedev(1, 7))
+    except OSError:
+        dev = None
+    if dev is not None:
+        cli.fails(["map", "abs", large, "-o", dev], "map", "EIO",
+                  detail="%s: No space left on device" % dev)
+        check(os.path.exists(dev), "a failed write to a device removed the device node")
 
     # The daemon's validation, passed on verbatim.
     cli.fails(["gemm", a34, b56], "gemm", "ESHAPE")

@@ -323,6 +323,19 @@ static void test_hello_ping(void **state) {
   dspk_client *c2;
   assert_int_equal(dspk_connect(sockpath, NULL, &c2), 0);
   assert_int_equal(dspk_ping(c2, "x", 1), 0);
+  {
+    /* Its socket asked for a 1 MiB send buffer (the kernel doubles it and
+     * caps it at net.core.wmem_max). */
+    FILE *f = fopen("/proc/sys/net/core/wmem_max", "r");
+    long wmax = 0;
+    int sb = 0;
+    socklen_t len = sizeof sb;
+    assert_non_null(f);
+    assert_int_equal(fscanf(f, "%ld", &wmax), 1);
+    fclose(f);
+    assert_int_equal(getsockopt(dspk_fd(c2), SOL_SOCKET, SO_SNDBUF, &sb, &len), 0);
+    assert_int_equal(sb, 2 * (wmax < (1 << 20) ? wmax : (1 << 20)));
+  }
   dspk_close(c2);
   /* Nothing listening: ECONNECT with a reason. */
   char bad[160];
@@ -995,6 +1008,155 @@ static void test_inflight(void **state) {
 /* Many requests with big inputs and outputs submitted before any answer is
  * read: the daemon stops reading from us (max-unsent, max-inflight), and the
  * library must take in answers while its sends are blocked. */
+/* Results of 64 KiB and more: received straight into their own memory
+ * (lib_conn.c, land()) when their answer is the one waited for, kept whole
+ * and decoded later when another is; in any order, 64-byte aligned, freed
+ * by dspk_result_free (ASan counts the leaks). */
+static void test_inflight_large(void **state) {
+  (void)state;
+  enum { NT = 6 };
+  struct arr A[NT], B[NT];
+  uint32_t tk[NT];
+  rs = 9119;
+  for (int i = 0; i < NT; i++) {
+    int64_t sa[2] = {rint_in(100, 180), rint_in(1, 8)};
+    int64_t sb[2] = {sa[1], rint_in(100, 180)};
+    A[i] = arr_new(DSPK_F64, 2, sa, true);
+    B[i] = arr_new(DSPK_F64, 2, sb, true);
+    dspk_tensor in[2] = {arr_tensor(&A[i]), arr_tensor(&B[i])};
+    dspk_task t;
+    dspk_task_init(&t, DSPK_OP_GEMM);
+    t.inputs = in;
+    t.ninputs = 2;
+    t.device = "cpu:0";
+    assert_int_equal(dspk_submit(C, &t, &tk[i]), 0);
+  }
+  /* The last first: the earlier answers arrive before it and are kept. */
+  for (int k = 0; k < NT; k++) {
+    int i = k < 2 ? NT - 1 - k : k - 2;
+    dspk_result r;
+    assert_int_equal(dspk_wait(C, tk[i], &r), 0);
+    assert_int_equal(r.nout, 1);
+    assert_true(r.out[0].nbytes >= 64 << 10);
+    assert_int_equal((uintptr_t)r.out[0].data % 64, 0);
+    struct arr ref = ref_gemm(&A[i], &B[i], NULL, false, false, 1, 0);
+    check_close(&r.out[0], &ref, 1e-10, 1e-10, "inflight large");
+    dspk_result_free(&r);
+    arr_free(&ref);
+  }
+  /* Again, answered to dspk_wait_any. */
+  for (int i = 0; i < NT; i++) {
+    dspk_tensor in[2] = {arr_tensor(&A[i]), arr_tensor(&B[i])};
+    dspk_task t;
+    dspk_task_init(&t, DSPK_OP_GEMM);
+    t.inputs = in;
+    t.ninputs = 2;
+    t.device = "cpu:0";
+    assert_int_equal(dspk_submit(C, &t, &tk[i]), 0);
+  }
+  for (int k = 0; k < NT; k++) {
+    uint32_t id = 0;
+    dspk_result r;
+    int i;
+    assert_int_equal(dspk_wait_any(C, &id, &r), 0);
+    for (i = 0; i < NT && tk[i] != id; i++)
+      ;
+    assert_true(i < NT);
+    tk[i] = 0;
+    assert_int_equal((uintptr_t)r.out[0].data % 64, 0);
+    struct arr ref = ref_gemm(&A[i], &B[i], NULL, false, false, 1, 0);
+    check_close(&r.out[0], &ref, 1e-10, 1e-10, "inflight large any");
+    dspk_result_free(&r);
+    arr_free(&ref);
+  }
+  for (int i = 0; i < NT; i++) {
+    arr_free(&A[i]);
+    arr_free(&B[i]);
+  }
+}
+
+/* dspk_file_data: operands registered as a file's bytes are sent from the
+ * file (sendfile).  The test registers memory whose bytes differ from the
+ * file's, so the result tells which were sent: the file's; a descriptor the
+ * kernel cannot sendfile from (a pipe) falls back to the memory; a file
+ * shorter than the range breaks the connection with DSPK_EIO. */
+static void map_abs_f64(dspk_client *c, const double *x, size_t n, dspk_result *r, int want) {
+  int64_t shape[1] = {(int64_t)n};
+  dspk_tensor in;
+  dspk_task t;
+  dspk_tensor_inline(&in, DSPK_F64, 1, shape, x);
+  dspk_task_init(&t, DSPK_OP_MAP);
+  t.map.fn = DSPK_MAP_ABS;
+  t.inputs = &in;
+  t.ninputs = 1;
+  t.device = "cpu:0";
+  int rc = dspk_run(c, &t, r);
+  if (rc != want)
+    fail_msg("map abs: %d (%s), want %d", rc, dspk_last_error(c), want);
+}
+
+static void test_file_data(void **state) {
+  (void)state;
+  enum { N = 100000, HEAD = 128 };
+  char path[128];
+  double *file_vals = malloc(N * sizeof(double)), *mem_vals = malloc(N * sizeof(double));
+  dspk_client *c;
+  dspk_result r;
+  int fd, pfd[2];
+  assert_non_null(file_vals);
+  assert_non_null(mem_vals);
+  for (size_t i = 0; i < N; i++) {
+    file_vals[i] = -(double)i - 0.5;
+    mem_vals[i] = 1e6 + (double)i;
+  }
+  snprintf(path, sizeof path, "%s/file_data.bin", tmpdir);
+  fd = open(path, O_RDWR | O_CREAT | O_TRUNC, 0600);
+  assert_true(fd >= 0);
+  assert_int_equal(pwrite(fd, "head", 4, 0), 4);
+  assert_int_equal(pwrite(fd, file_vals, N * sizeof(double), HEAD), (ssize_t)(N * sizeof(double)));
+  assert_int_equal(dspk_connect(sockpath, "file_data", &c), 0);
+  assert_int_equal(dspk_file_data(c, mem_vals, N * sizeof(double), fd, HEAD), 0);
+  close(fd); /* the library holds its own */
+  map_abs_f64(c, mem_vals, N, &r, 0);
+  for (size_t i = 0; i < N; i++)
+    if (((const double *)r.out[0].data)[i] != (double)i + 0.5)
+      fail_msg("element %zu is %g: not the file's", i, ((const double *)r.out[0].data)[i]);
+  dspk_result_free(&r);
+  /* Part of the range: the matching part of the file. */
+  map_abs_f64(c, mem_vals + 1000, 5000, &r, 0);
+  assert_true(((const double *)r.out[0].data)[0] == 1000.5);
+  dspk_result_free(&r);
+  /* Forgotten: the memory is sent. */
+  assert_int_equal(dspk_file_data(c, mem_vals, 0, -1, 0), 0);
+  map_abs_f64(c, mem_vals, N, &r, 0);
+  assert_true(((const double *)r.out[0].data)[N - 1] == 1e6 + (double)(N - 1));
+  dspk_result_free(&r);
+  assert_int_equal(dspk_file_data(c, mem_vals, 8, -1, 0), DSPK_EINVAL);
+  /* A pipe cannot be sent from: the memory goes instead. */
+  assert_int_equal(pipe(pfd), 0);
+  assert_int_equal(dspk_file_data(c, mem_vals, N * sizeof(double), pfd[0], 0), 0);
+  map_abs_f64(c, mem_vals, N, &r, 0);
+  assert_true(((const double *)r.out[0].data)[7] == 1e6 + 7);
+  dspk_result_free(&r);
+  close(pfd[0]);
+  close(pfd[1]);
+  dspk_close(c);
+  /* A file that ends inside the range: the request cannot be completed. */
+  fd = open(path, O_RDWR | O_TRUNC);
+  assert_true(fd >= 0);
+  assert_int_equal(pwrite(fd, file_vals, 4096, 0), 4096);
+  assert_int_equal(dspk_connect(sockpath, "file_data", &c), 0);
+  assert_int_equal(dspk_file_data(c, mem_vals, N * sizeof(double), fd, 0), 0);
+  close(fd);
+  map_abs_f64(c, mem_vals, N, &r, DSPK_EIO);
+  assert_non_null(strstr(dspk_last_error(c), "ended before"));
+  assert_int_equal(dspk_ping(c, NULL, 0) < 0, 1); /* the stream is broken */
+  dspk_close(c);
+  unlink(path);
+  free(file_vals);
+  free(mem_vals);
+}
+
 static void test_backpressure(void **state) {
   (void)state;
   enum { NT = 24 };
@@ -1379,6 +1541,8 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_buffers),
       cmocka_unit_test(test_transfer_pieces),
       cmocka_unit_test(test_inflight),
+      cmocka_unit_test(test_inflight_large),
+      cmocka_unit_test(test_file_data),
       cmocka_unit_test(test_backpressure),
       cmocka_unit_test(test_cancel),
       cmocka_unit_test(test_bad_input),

@@ -1311,6 +1311,50 @@ def cpu_running(c):
     return cpu["queued"], cpu["running"]
 
 
+def t_sndbuf(exe, tmp):
+    """Each connection's socket has a 1 MiB send buffer asked for (doubled by
+    the kernel, capped at net.core.wmem_max): large answers cross in a few
+    steps.  The daemon's end of this test's connection is fetched with
+    pidfd_getfd (the daemon is this process's child) and found by its peer
+    credentials."""
+    import ctypes
+    import struct
+    d = Daemon(exe, tmp)
+    c = d.client()
+    c.call("ping")
+    with open("/proc/sys/net/core/wmem_max") as f:
+        want = 2 * min(1 << 20, int(f.read()))
+    libc = ctypes.CDLL(None, use_errno=True)
+    pidfd = libc.syscall(434, d.proc.pid, 0)  # pidfd_open
+    if pidfd < 0:
+        raise Skip("pidfd_open: %s" % os.strerror(ctypes.get_errno()))
+    found = []
+    try:
+        for name in os.listdir("/proc/%d/fd" % d.proc.pid):
+            try:
+                if not os.readlink("/proc/%d/fd/%s" % (d.proc.pid, name)).startswith("socket:"):
+                    continue
+            except OSError:
+                continue
+            fd = libc.syscall(438, pidfd, int(name), 0)  # pidfd_getfd
+            if fd < 0:
+                raise Skip("pidfd_getfd: %s" % os.strerror(ctypes.get_errno()))
+            s = socket.socket(fileno=fd)
+            try:
+                pid = struct.unpack("3i", s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                       12))[0]
+                if pid == os.getpid():
+                    found.append(s.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF))
+            finally:
+                s.detach()
+                os.close(fd)
+    finally:
+        os.close(pidfd)
+    check(found == [want], "the daemon's end of the connection: SO_SNDBUF %r, want [%d]"
+          % (found, want))
+    d.stop()
+
+
 def t_unsent(exe, tmp):
     """max_unsent bounds the answers of requests already admitted: 40
     pipelined buffer.reads of a client that reads nothing do not make the
@@ -2256,6 +2300,7 @@ GROUPS = {
     "firvk": t_firvk,
     "opsize": t_opsize,
     "unsent": t_unsent,
+    "sndbuf": t_sndbuf,
     "createpipe": t_createpipe,
     "userconns": t_userconns,
     "partial": t_partial,

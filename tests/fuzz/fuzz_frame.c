@@ -7,6 +7,8 @@
  * dspk__write_head_scan: a head it finds is an incomplete frame to the
  * scanner, and once its data is all there the scanner's frame ends with the
  * data and msgpack-c decodes the same msgid, buffer, offset and data length.
+ * dspk__run_head_scan likewise: its head is incomplete to the scanner, and in
+ * the complete frame msgpack-c finds the first output's data where it said.
  */
 #include <msgpack.h>
 #include <string.h>
@@ -78,6 +80,35 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
           }
         }
         FUZZ_CHECK(seen == 1);
+        msgpack_zone_destroy(&zone);
+      }
+    }
+  }
+  {
+    /* dspk__run_head_scan: the head is a prefix the scanner takes as
+     * incomplete, its bin's length field says len, and when the frame is
+     * complete msgpack-c finds that bin as the first output's data. */
+    struct dspk__run_head h;
+    if (dspk__run_head_scan(data, size, &lim, &h)) {
+      uint64_t v = 0;
+      FUZZ_CHECK(h.len_at < h.head && h.head <= size && h.head - h.len_at <= 4);
+      for (size_t k = h.len_at; k < h.head; k++)
+        v = v << 8 | data[k];
+      FUZZ_CHECK(v == h.len);
+      FUZZ_CHECK(dspk__frame_scan(data, h.head, &lim, msg, sizeof msg) == 0);
+      if (n > 0) {
+        msgpack_zone zone;
+        msgpack_object root;
+        const msgpack_object *p;
+        size_t off = 0;
+        FUZZ_CHECK((size_t)n > h.head + h.len);
+        FUZZ_CHECK(msgpack_zone_init(&zone, 2048));
+        FUZZ_CHECK(msgpack_unpack((const char *)data, (size_t)n, &off, &zone, &root) ==
+                   MSGPACK_UNPACK_SUCCESS);
+        FUZZ_CHECK(h.msgid == root.via.array.ptr[1].via.u64);
+        p = &root.via.array.ptr[3].via.map.ptr[1].val.via.array.ptr[0].via.map.ptr[2].val;
+        FUZZ_CHECK(p->type == MSGPACK_OBJECT_BIN && p->via.bin.size == h.len &&
+                   (const uint8_t *)p->via.bin.ptr == data + h.head);
         msgpack_zone_destroy(&zone);
       }
     }

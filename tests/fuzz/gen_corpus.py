@@ -62,6 +62,10 @@ frames.append(LIMS + pack(REQUESTS[5])[:20])                        # incomplete
 frames.append(LIMS + b"\xdd\x00\x00\xff\xff")                      # huge array32
 frames.append(LIMS + pack([[[[[[[[[[1]]]]]]]]]]))                   # deep
 frames.append(LIMS + pack(REQUESTS[3])[:-8])                        # write, data to come
+RUN_ANSWER = [1, 6, None, {"device": "cpu:0", "outputs": [tensor("f32", (2, 2), 2.0)],
+                           "time_us": 35}]
+frames.append(LIMS + pack(RUN_ANSWER))                              # a task.run answer
+frames.append(LIMS + pack(RUN_ANSWER)[:-20])                        # its data to come
 put("frame", frames)
 
 put("msg", [pack(r) for r in REQUESTS])

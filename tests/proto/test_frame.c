@@ -632,6 +632,165 @@ static void test_write_head_other_forms(void **state) {
   msgpack_sbuffer_destroy(&sb);
 }
 
+/* ---- the head of a task.run answer (dspk__run_head_scan) ----------------- */
+
+/* A task.run answer as dspkd packs it: {device, outputs: [{dtype, shape,
+ * data}] (nout outputs of binlen bytes, shape {rank dims}), time_us}. */
+static void build_run(msgpack_sbuffer *sb, uint32_t msgid, const char *device, unsigned rank,
+                      size_t binlen, unsigned nout) {
+  msgpack_packer pk;
+  msgpack_sbuffer_init(sb);
+  msgpack_packer_init(&pk, sb, msgpack_sbuffer_write);
+  dspk__pack_result_head(&pk, msgid);
+  msgpack_pack_map(&pk, 3);
+  dspk__pack_str(&pk, "device");
+  dspk__pack_str(&pk, device);
+  dspk__pack_str(&pk, "outputs");
+  msgpack_pack_array(&pk, nout);
+  for (unsigned k = 0; k < nout; k++) {
+    msgpack_pack_map(&pk, 3);
+    dspk__pack_str(&pk, "dtype");
+    dspk__pack_str(&pk, "f32");
+    dspk__pack_str(&pk, "shape");
+    msgpack_pack_array(&pk, rank);
+    for (unsigned i = 0; i < rank; i++)
+      msgpack_pack_uint64(&pk, i == 0 ? binlen / 4 : 1);
+    dspk__pack_str(&pk, "data");
+    msgpack_pack_bin(&pk, binlen);
+    for (size_t i = 0; i < binlen; i++)
+      msgpack_pack_bin_body(&pk, (const char[]){(char)(i * 7 + k)}, 1);
+  }
+  dspk__pack_str(&pk, "time_us");
+  msgpack_pack_uint64(&pk, 123456);
+}
+
+static int run_scan(const void *buf, size_t len, const struct dspk__limits *l,
+                    struct dspk__run_head *h) {
+  void *p = malloc(len ? len : 1); /* exact size: ASan sees an over-read */
+  int r;
+  assert_non_null(p);
+  if (len)
+    memcpy(p, buf, len);
+  r = dspk__run_head_scan(p, len, l, h);
+  free(p);
+  return r;
+}
+
+static void test_run_head(void **state) {
+  (void)state;
+  struct dspk__limits l = deflim();
+  static const size_t lens[] = {0, 4, 252, 65536, 100000};
+  static const uint32_t ids[] = {1, 127, 128, 65536, UINT32_MAX};
+  for (size_t i = 0; i < sizeof lens / sizeof lens[0]; i++) {
+    msgpack_sbuffer sb;
+    struct dspk__run_head h;
+    const char *dev = i % 2 ? "cuda:0" : "a-device-name-longer-than-31-bytes:0";
+    build_run(&sb, ids[i], dev, (unsigned)(i % 4), lens[i], 1 + (unsigned)(i % 2));
+    /* Found once the head is whole up to the first payload; the frame goes
+     * on after it. */
+    assert_int_equal(run_scan(sb.data, sb.size, &l, &h), 1);
+    assert_int_equal(h.msgid, ids[i]);
+    assert_int_equal(h.len, lens[i]);
+    assert_true(h.head + h.len < sb.size);
+    assert_true(h.len_at < h.head && h.head - h.len_at <= 4);
+    assert_int_equal((unsigned char)sb.data[h.len_at - 1] & 0xfc, 0xc4); /* bin8/16/32 */
+    {
+      uint64_t v = 0;
+      for (size_t k = h.len_at; k < h.head; k++)
+        v = v << 8 | (unsigned char)sb.data[k];
+      assert_int_equal(v, lens[i]);
+    }
+    assert_int_equal(run_scan(sb.data, h.head, &l, &h), 1);
+    for (size_t k = 0; k < h.head; k++)
+      assert_int_equal(run_scan(sb.data, k, &l, &h), 0);
+    /* The frame with that bin emptied (what a client keeps while the payload
+     * goes elsewhere) is still one valid frame, the payload shorter. */
+    {
+      char *cut = malloc(sb.size - h.len);
+      assert_non_null(cut);
+      memcpy(cut, sb.data, h.head);
+      memset(cut + h.len_at, 0, h.head - h.len_at);
+      memcpy(cut + h.head, sb.data + h.head + h.len, sb.size - h.head - h.len);
+      assert_int_equal(scan(cut, sb.size - h.len, &l), (ssize_t)(sb.size - h.len));
+      assert_unpacks_to(cut, sb.size - h.len);
+      free(cut);
+    }
+    msgpack_sbuffer_destroy(&sb);
+  }
+}
+
+static void test_run_head_other_forms(void **state) {
+  (void)state;
+  struct dspk__limits l = deflim();
+  struct dspk__run_head h;
+  msgpack_sbuffer sb;
+  msgpack_packer pk;
+  /* A request, an error answer, keys in another order, an output by
+   * reference, a non-str device, no outputs: the ordinary path. */
+  for (int form = 0; form < 7; form++) {
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    if (form == 0) {
+      dspk__pack_request_head(&pk, 7, "task.run", true);
+    } else if (form == 1) {
+      msgpack_pack_array(&pk, 4);
+      msgpack_pack_uint8(&pk, 1);
+      msgpack_pack_uint8(&pk, 7);
+      msgpack_pack_map(&pk, 1);
+      dspk__pack_str(&pk, "code");
+      msgpack_pack_int(&pk, -1);
+    } else {
+      dspk__pack_result_head(&pk, 7);
+    }
+    msgpack_pack_map(&pk, 2);
+    if (form == 2) { /* outputs first */
+      dspk__pack_str(&pk, "outputs");
+      msgpack_pack_array(&pk, 0);
+    }
+    dspk__pack_str(&pk, "device");
+    if (form == 5)
+      msgpack_pack_uint8(&pk, 0);
+    else
+      dspk__pack_str(&pk, "cpu:0");
+    if (form != 2) {
+      dspk__pack_str(&pk, "outputs");
+      msgpack_pack_array(&pk, form == 6 ? 0 : 1);
+      if (form != 6) {
+        msgpack_pack_map(&pk, 3);
+        dspk__pack_str(&pk, form == 3 ? "shape" : "dtype");
+        if (form == 3)
+          msgpack_pack_array(&pk, 0);
+        else
+          dspk__pack_str(&pk, "f32");
+        dspk__pack_str(&pk, form == 3 ? "dtype" : "shape");
+        if (form == 3)
+          dspk__pack_str(&pk, "f32");
+        else
+          msgpack_pack_array(&pk, 0);
+        dspk__pack_str(&pk, form == 4 ? "buffer" : "data");
+        if (form == 4) {
+          msgpack_pack_uint8(&pk, 3);
+        } else {
+          msgpack_pack_bin(&pk, 4);
+          msgpack_pack_bin_body(&pk, "abcd", 4);
+        }
+      }
+    }
+    assert_int_equal(run_scan(sb.data, sb.size, &l, &h), 0);
+    msgpack_sbuffer_destroy(&sb);
+  }
+  /* A payload beyond max_message or a head too deep: refused by the scanner,
+   * so not a head. */
+  build_run(&sb, 9, "cpu:0", 1, 1000, 1);
+  assert_int_equal(run_scan(sb.data, sb.size, &l, &h), 1);
+  l.max_message = h.head + 999;
+  assert_int_equal(run_scan(sb.data, sb.size, &l, &h), 0);
+  l = deflim();
+  l.max_depth = 3;
+  assert_int_equal(run_scan(sb.data, sb.size, &l, &h), 0);
+  msgpack_sbuffer_destroy(&sb);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_complete_frames),
@@ -647,6 +806,8 @@ int main(void) {
       cmocka_unit_test(test_mutations),
       cmocka_unit_test(test_write_head),
       cmocka_unit_test(test_write_head_other_forms),
+      cmocka_unit_test(test_run_head),
+      cmocka_unit_test(test_run_head_other_forms),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
