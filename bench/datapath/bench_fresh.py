@@ -24,7 +24,6 @@ numpy when it is there (the inputs are written without it).
 import argparse
 import json
 import os
-import select
 import signal
 import statistics
 import subprocess
@@ -57,19 +56,8 @@ def save_f32(path, shape, rng):
         f.write(vals.tobytes())
 
 
-def start_daemon(exe, tmp):
-    sock = os.path.join(tmp, "dspkd.sock")
-    r, w = os.pipe()
-    proc = subprocess.Popen([exe, "--foreground", "--socket", sock, "--backends", "cpu",
-                             "--no-cache", "--ready-fd", str(w)], pass_fds=[w],
-                            stderr=subprocess.DEVNULL)
-    os.close(w)
-    ready, _, _ = select.select([r], [], [], 60)
-    if not ready or os.read(r, 16) != b"READY\n":
-        proc.kill()
-        sys.exit("dspkd did not start")
-    os.close(r)
-    return proc, sock
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+from pydaemon import start_daemon  # noqa: E402
 
 
 def spawn(argv, out_path):

@@ -1005,9 +1005,6 @@ static void test_inflight(void **state) {
   }
 }
 
-/* Many requests with big inputs and outputs submitted before any answer is
- * read: the daemon stops reading from us (max-unsent, max-inflight), and the
- * library must take in answers while its sends are blocked. */
 /* Results of 64 KiB and more: received straight into their own memory
  * (lib_conn.c, land()) when their answer is the one waited for, kept whole
  * and decoded later when another is; in any order, 64-byte aligned, freed
@@ -1157,6 +1154,9 @@ static void test_file_data(void **state) {
   free(mem_vals);
 }
 
+/* Many requests with big inputs and outputs submitted before any answer is
+ * read: the daemon stops reading from us (max-unsent, max-inflight), and the
+ * library must take in answers while its sends are blocked. */
 static void test_backpressure(void **state) {
   (void)state;
   enum { NT = 24 };
