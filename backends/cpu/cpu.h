@@ -178,6 +178,12 @@ void dspk__cpu_fft_adopt(struct dspk__dev *dev);
 /* Waits until no background measuring is queued or running (tests,
  * benches); returns the number of measured plans waiting for adoption. */
 int dspk__cpu_fft_refine_wait(struct dspk__dev *dev);
+#ifdef DSPK_TEST_HOOKS
+/* Test hook: while closed (1), a background measuring thread waits before
+ * it starts measuring, so a test can hold one alive for as long as it
+ * needs. */
+void dspk__cpu_fft_refine_gate(int closed);
+#endif
 
 /* Stops OpenBLAS's worker threads, which busy-wait (sched_yield) for 2^28
  * cycles (~0.13 s at 2 GHz) after they start at library load, so that the

@@ -35,6 +35,7 @@
  */
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -262,8 +263,22 @@ static void refine_free(struct dspk__cpu_refine *r) {
   free(r);
 }
 
+#ifdef DSPK_TEST_HOOKS
+static atomic_int refine_gate;
+void dspk__cpu_fft_refine_gate(int closed) { atomic_store(&refine_gate, closed); }
+static void gate_wait(void) {
+  while (atomic_load(&refine_gate)) {
+    struct timespec ts = {0, 1000000};
+    nanosleep(&ts, NULL);
+  }
+}
+#else
+static void gate_wait(void) {}
+#endif
+
 static void *refine_main(void *arg) {
   struct dspk__cpu_refine *r = arg;
+  gate_wait();
   pthread_mutex_lock(&r->mu);
   while (!r->stop && r->ntodo > 0 && r->ndone < REFINE_MAX) {
     struct plan_key k = r->todo[0];

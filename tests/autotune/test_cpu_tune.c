@@ -348,20 +348,25 @@ static int threads_named(const char *name) {
   return n;
 }
 
-/* A release (device close) during a measuring of seconds does not wait for
- * it: the thread is still measuring when the release has returned, and it
- * frees the device's plans and its own when done (ASan's leak check; the
- * test binary may exit first).  Last: the thread holds the planner lock. */
+/* A release (device close) while a background measuring runs does not
+ * wait for it: the thread is still there when the release has returned,
+ * and it frees the device's plans and its own when done (ASan's leak
+ * check; the test binary may exit first).  The gate holds the thread
+ * before its measuring, so that it cannot have finished before the checks
+ * (wisdom can answer a measuring at once).  Last: the thread may still
+ * hold the planner lock when the tests end. */
 static void test_fft_background_release_busy(void **state) {
   (void)state;
   dspk__cpu_fft_release(dev);
   assert_non_null(dspk__cpu_fft_plan(dev, DSPK__CPU_FFT_FWD, 1, 777, 1, 0, 1));
+  dspk__cpu_fft_refine_gate(1);
   assert_non_null(dspk__cpu_fft_plan(dev, DSPK__CPU_FFT_FWD, 1, 1 << 21, 1, 0, 1));
   assert_non_null(dev->refine);
   dspk__cpu_fft_release(dev);
   assert_null(dev->refine);
   assert_int_equal(dev->nplans, 0);
-  assert_int_equal(threads_named("dspk-fftw-plan"), 1); /* still measuring */
+  assert_int_equal(threads_named("dspk-fftw-plan"), 1); /* still running */
+  dspk__cpu_fft_refine_gate(0);
 }
 
 int main(void) {
