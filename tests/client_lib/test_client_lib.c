@@ -947,6 +947,24 @@ static void test_transfer_pieces(void **state) {
 
 /* ---- several requests in flight ----------------------------------------- */
 
+/* Submits A B (f64, m x k and k x n, random) on device (NULL: any) as an
+ * inline gemm; A and B stay the caller's. */
+static void submit_gemm(int64_t m, int64_t k, int64_t n, const char *device, struct arr *A,
+                        struct arr *B, uint32_t *tk) {
+  int64_t sa[2] = {m, k}, sb[2] = {k, n};
+  *A = arr_new(DSPK_F64, 2, sa, true);
+  *B = arr_new(DSPK_F64, 2, sb, true);
+  dspk_tensor in[2] = {arr_tensor(A), arr_tensor(B)};
+  dspk_task t;
+  dspk_task_init(&t, DSPK_OP_GEMM);
+  t.inputs = in;
+  t.ninputs = 2;
+  t.device = device;
+  assert_int_equal(dspk_submit(C, &t, tk), 0);
+  /* The inputs may be reused once submit returns. */
+  memset(in, 0, sizeof in);
+}
+
 static void test_inflight(void **state) {
   (void)state;
   enum { NT = 10 };
@@ -954,18 +972,8 @@ static void test_inflight(void **state) {
   uint32_t tk[NT];
   rs = 8008;
   for (int i = 0; i < NT; i++) {
-    int64_t sa[2] = {rint_in(1, 60), rint_in(1, 60)};
-    int64_t sb[2] = {sa[1], rint_in(1, 60)};
-    A[i] = arr_new(DSPK_F64, 2, sa, true);
-    B[i] = arr_new(DSPK_F64, 2, sb, true);
-    dspk_tensor in[2] = {arr_tensor(&A[i]), arr_tensor(&B[i])};
-    dspk_task t;
-    dspk_task_init(&t, DSPK_OP_GEMM);
-    t.inputs = in;
-    t.ninputs = 2;
-    assert_int_equal(dspk_submit(C, &t, &tk[i]), 0);
-    /* The inputs may be reused once submit returns. */
-    memset(in, 0, sizeof in);
+    int64_t m = rint_in(1, 60), k = rint_in(1, 60);
+    submit_gemm(m, k, rint_in(1, 60), NULL, &A[i], &B[i], &tk[i]);
   }
   /* A synchronous call in between: answered while tasks are in flight. */
   assert_int_equal(dspk_ping(C, "mid", 3), 0);
@@ -1016,17 +1024,8 @@ static void test_inflight_large(void **state) {
   uint32_t tk[NT];
   rs = 9119;
   for (int i = 0; i < NT; i++) {
-    int64_t sa[2] = {rint_in(100, 180), rint_in(1, 8)};
-    int64_t sb[2] = {sa[1], rint_in(100, 180)};
-    A[i] = arr_new(DSPK_F64, 2, sa, true);
-    B[i] = arr_new(DSPK_F64, 2, sb, true);
-    dspk_tensor in[2] = {arr_tensor(&A[i]), arr_tensor(&B[i])};
-    dspk_task t;
-    dspk_task_init(&t, DSPK_OP_GEMM);
-    t.inputs = in;
-    t.ninputs = 2;
-    t.device = "cpu:0";
-    assert_int_equal(dspk_submit(C, &t, &tk[i]), 0);
+    int64_t m = rint_in(100, 180), k = rint_in(1, 8);
+    submit_gemm(m, k, rint_in(100, 180), "cpu:0", &A[i], &B[i], &tk[i]);
   }
   /* The last first: the earlier answers arrive before it and are kept. */
   for (int k = 0; k < NT; k++) {
