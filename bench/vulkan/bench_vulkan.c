@@ -253,16 +253,13 @@ static int fir_rec(void *ud, int i) {
 static void fir_row(struct dspk__dev *d, struct dspk__op *op, const char *sk, double tr) {
   struct fir_ud u = {d, op};
   double gpu = -1;
-  if (sk)
-    setenv("DSPK_VK_FIR_SK", sk, 1);
-  else
-    unsetenv("DSPK_VK_FIR_SK");
+  setenv("DSPK_VK_FIR_SK", sk, 1);
   double tv = time_op(d, op, 20);
   if (dspk__vk_gpu_ms(d, 10, fir_rec, &u, &gpu))
     gpu = -1;
   printf("| fir 2^%d f32 x 4096, %s%s %s | %.3f ms (GPU %.3f ms) | %.3f ms | %.3f |\n",
          (int)log2((double)dspk__tensor_numel(&op->in[0])), dspk__vk_fir_last(),
-         dspk__vk_fir_last_fused() ? " fused" : "", sk ? sk : "",
+         dspk__vk_fir_last_fused() ? " fused" : "", sk,
          tv, gpu, tr, tr > 0 ? tr / tv : 0);
 }
 static void bench_fir(struct dspk__dev *d, int64_t n) {
