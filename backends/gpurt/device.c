@@ -804,6 +804,9 @@ void dspk__gpurt_set_trace_events(struct dspk__dev *dev, dspk__gevent start, dsp
   dev->trace_start = start;
   dev->trace_end = end;
 }
+uint64_t dspk__gpurt_contract_misses(struct dspk__dev *dev) {
+  return dev->contract_plans.misses;
+}
 dspk__gstream dspk__gpurt_stream(struct dspk__dev *dev) { return dev->stream; }
 void *dspk__gpurt_blas(struct dspk__dev *dev) { return dev->blas; }
 

@@ -492,6 +492,8 @@ void dspk__gpurt_set_sync_on_evict(struct dspk__dev *dev, int on);
  * backend's fallbacks on NVIDIA hardware with it. */
 void dspk__gpurt_set_own_kernels(struct dspk__dev *dev, int on);
 void dspk__gpurt_set_trace_events(struct dspk__dev *dev, dspk__gevent start, dspk__gevent end);
+/* Benchmark hook: contraction plans made so far (plan cache misses). */
+uint64_t dspk__gpurt_contract_misses(struct dspk__dev *dev);
 dspk__gstream dspk__gpurt_stream(struct dspk__dev *dev);
 /* Replaces dev's staging ring by one of nchunks chunks of chunk bytes
  * (nchunks 0: staging off, pageable copies), after waiting for the copies

@@ -9,6 +9,9 @@
  *       shapes with a plan cache of 16, with event retirement vs a stream
  *       synchronize on every eviction (same binary, a switch), reporting
  *       the GPU busy fraction (CUDA events around each task) and throughput.
+ *   bench_cuda trace [PLAN_CACHE]
+ *       only the eviction traces, with a contraction plan cache of
+ *       PLAN_CACHE plans (default 16; 64 holds all 50 shapes: no misses).
  *   bench_cuda daemon SOCKET [DEVICE]
  *       the same gemm/fft through a running dspkd (operands and outputs in
  *       daemon buffers on DEVICE, default cuda:0, tasks pipelined) vs
@@ -243,7 +246,8 @@ static void bench_trace(int sync_on_evict, int64_t i0, int64_t di, int64_t j, in
   struct dspk__devstats s0, s1;
   uint64_t seed = 12345;
   int shapes[NT];
-  double t0, wall, busy = 0;
+  double t0, wall, busy = 0, host[NT], gpu[NT], hh[NT], hm[NT];
+  int nh = 0, nm = 0;
   float span;
   for (int t = 0; t < NT; t++) {
     seed = seed * 6364136223846793005ull + 1442695040888963407ull;
@@ -281,9 +285,18 @@ static void bench_trace(int sync_on_evict, int64_t i0, int64_t di, int64_t j, in
      * launch and after its last, so host-side work (plan creation, a
      * synchronize on eviction) shows up as idle GPU time. */
     dspk__cuda_set_trace_events(dev, ev[2 * t], ev[2 * t + 1]);
-    if (B->run(dev, &op, &ctx)) {
-      fprintf(stderr, "contract: %s\n", err);
-      exit(1);
+    {
+      uint64_t m0 = dspk__gpurt_contract_misses(dev);
+      double h0 = dspk_bench_now_ms();
+      if (B->run(dev, &op, &ctx)) {
+        fprintf(stderr, "contract: %s\n", err);
+        exit(1);
+      }
+      host[t] = (dspk_bench_now_ms() - h0) * 1e3;
+      if (dspk__gpurt_contract_misses(dev) != m0)
+        hm[nm++] = host[t];
+      else
+        hh[nh++] = host[t];
     }
   }
   CK(B->sync(dev));
@@ -293,12 +306,18 @@ static void bench_trace(int sync_on_evict, int64_t i0, int64_t di, int64_t j, in
     float ms;
     CK(CU.cuEventElapsedTime(&ms, ev[2 * t], ev[2 * t + 1]));
     busy += ms;
+    gpu[t] = ms * 1e3;
   }
+  qsort(hh, (size_t)nh, sizeof(double), dspk_bench_cmp_d);
+  qsort(hm, (size_t)nm, sizeof(double), dspk_bench_cmp_d);
+  qsort(gpu, NT, sizeof(double), dspk_bench_cmp_d);
   CK(CU.cuEventElapsedTime(&span, ev[0], ev[2 * NT - 1]));
-  printf("| %s, %s | %.1f%% | %.0f contractions/s | %.2f ms | deferred %llu, barrier "
-         "fallbacks %llu, max in flight %llu, pool misses %llu |\n",
+  printf("| %s, %s | %.1f%% | %.0f contractions/s | %.2f ms | %.1f / %.1f us (%d / %d) | "
+         "%.1f us | deferred %llu, barrier fallbacks %llu, max in flight %llu, pool misses "
+         "%llu |\n",
          label, sync_on_evict ? "sync per eviction" : "event retirement",
-         100.0 * busy / span, NT / (wall / 1e3), wall,
+         100.0 * busy / span, NT / (wall / 1e3), wall, nh ? hh[nh / 2] : 0.0,
+         nm ? hm[nm / 2] : 0.0, nh, nm, gpu[NT / 2],
          (unsigned long long)(s1.retire_deferred - s0.retire_deferred),
          (unsigned long long)(s1.retire_barrier_fallbacks - s0.retire_barrier_fallbacks),
          (unsigned long long)s1.retire_max_in_flight,
@@ -312,24 +331,11 @@ static void bench_trace(int sync_on_evict, int64_t i0, int64_t di, int64_t j, in
   free(h);
 }
 
-static int mode_backend(void) {
-  struct dspk__devinfo info[DSPK__CUDA_MAX_DEVICES];
-  char why[256];
-  setenv("DSPK_CUDA_PLAN_CACHE", "16", 1);
-  if (B->probe(info, DSPK__CUDA_MAX_DEVICES, why, sizeof(why)) < 1) {
-    fprintf(stderr, "bench_cuda: no CUDA device: %s\n", why);
-    return 1;
-  }
-  CK(B->open(0, NULL, &dev));
-  printf("device: %s (%s), driver %s\n\n", info[0].name, info[0].arch, info[0].driver);
-  printf("| op | through the backend | cuBLAS/cuFFT in-process | ratio |\n|---|---|---|---|\n");
-  bench_gemm_backend(DSPK_F32, 8192, 10);
-  bench_gemm_backend(DSPK_BF16, 8192, 40);
-  bench_fft_backend(1 << 20, 16, 40);
-  bench_fir_backend(20);
-  printf("\n| trace | GPU busy | throughput | wall | retirement |\n|---|---|---|---|---|\n");
-  /* Each size: one untimed pass of each variant warms the pool and the
-   * kernels, then the measured passes alternate. */
+/* The three eviction traces, each size: one untimed pass of each variant
+ * warms the pool and the kernels, then the measured passes alternate. */
+static void run_traces(void) {
+  printf("\n| trace | GPU busy | throughput | wall | host per run, plan hit / miss (count) "
+         "| GPU per contraction | retirement |\n|---|---|---|---|---|---|---|\n");
   for (int sz = 0; sz < 3; sz++) {
     static const int64_t P[3][4] = {{1024, 64, 1024, 1024}, {256, 16, 512, 512},
                                     {64, 8, 256, 256}};
@@ -343,6 +349,31 @@ static int mode_backend(void) {
       bench_trace(1, P[sz][0], P[sz][1], P[sz][2], P[sz][3], L[sz]);
     }
   }
+}
+
+static int open_dev(const char *plan_cache) {
+  struct dspk__devinfo info[DSPK__CUDA_MAX_DEVICES];
+  char why[256];
+  setenv("DSPK_CUDA_PLAN_CACHE", plan_cache, 1);
+  if (B->probe(info, DSPK__CUDA_MAX_DEVICES, why, sizeof(why)) < 1) {
+    fprintf(stderr, "bench_cuda: no CUDA device: %s\n", why);
+    return 1;
+  }
+  CK(B->open(0, NULL, &dev));
+  printf("device: %s (%s), driver %s, contraction plan cache %s\n\n", info[0].name,
+         info[0].arch, info[0].driver, plan_cache);
+  return 0;
+}
+
+static int mode_backend(void) {
+  if (open_dev("16"))
+    return 1;
+  printf("| op | through the backend | cuBLAS/cuFFT in-process | ratio |\n|---|---|---|---|\n");
+  bench_gemm_backend(DSPK_F32, 8192, 10);
+  bench_gemm_backend(DSPK_BF16, 8192, 40);
+  bench_fft_backend(1 << 20, 16, 40);
+  bench_fir_backend(20);
+  run_traces();
   B->close(dev);
   B->shutdown();
   return 0;
@@ -903,6 +934,14 @@ static int mode_mknpy(const char *dir) {
 int main(int argc, char **argv) {
   if (argc >= 2 && strcmp(argv[1], "backend") == 0)
     return mode_backend();
+  if (argc >= 2 && strcmp(argv[1], "trace") == 0) {
+    if (open_dev(argc > 2 ? argv[2] : "16"))
+      return 1;
+    run_traces();
+    B->close(dev);
+    B->shutdown();
+    return 0;
+  }
   if (argc >= 3 && strcmp(argv[1], "daemon") == 0)
     return mode_daemon(argv[2], argc > 3 ? argv[3] : "cuda:0");
   if (argc >= 4 && strcmp(argv[1], "fir") == 0)
@@ -913,7 +952,7 @@ int main(int argc, char **argv) {
     return mode_firstresult();
   if (argc >= 3 && strcmp(argv[1], "mknpy") == 0)
     return mode_mknpy(argv[2]);
-  fprintf(stderr, "usage: bench_cuda backend | daemon SOCKET [DEVICE] | fir SOCKET DEVICE | "
+  fprintf(stderr, "usage: bench_cuda backend | trace [PLAN_CACHE] | daemon SOCKET [DEVICE] | fir SOCKET DEVICE | "
                   "firstresult | mknpy DIR\n");
   return 2;
 }
