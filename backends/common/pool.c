@@ -51,6 +51,12 @@ static void raw_free(struct dspk__pool *p, struct dspk__pool_block *b) {
   free(b);
 }
 
+int dspk__pool_has_cached(const struct dspk__pool *p, size_t n) {
+  size_t size;
+  unsigned bk = bucket_of(n, &size);
+  return bk < DSPK__POOL_NBUCKETS && size >= n && p->cached[bk] != NULL;
+}
+
 int dspk__pool_get(struct dspk__pool *p, size_t n,
                    struct dspk__pool_block **out) {
   size_t size;
