@@ -30,6 +30,7 @@ extern const struct dspk__gpurt_driver dspk__gpurt_cuda;
 #define dspk__cuda_devid dspk__gpurt_devid
 #define dspk__cuda_fir_last dspk__gpurt_fir_last
 #define dspk__cuda_set_own_kernels dspk__gpurt_set_own_kernels
+#define dspk__cuda_set_gemm_small dspk__gpurt_set_gemm_small
 static inline int dspk__cuda_stage_write(struct dspk__dev *dev, CUdeviceptr dst,
                                          const void *src, size_t n) {
   return dspk__gpurt_stage_write(dev, (dspk__gptr)dst, src, n);

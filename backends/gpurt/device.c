@@ -662,6 +662,7 @@ int dspk__gpurt_open(const struct dspk__gpurt_driver *drv, int index,
   if (dev->sms <= 0)
     dev->sms = 16;
   dev->gen = 1;
+  dev->gemm_small = drv->gemm_small;
   if ((rc = setup(dev))) {
     free(dev);
     return rc;
@@ -809,6 +810,9 @@ void dspk__gpurt_set_sync_on_evict(struct dspk__dev *dev, int on) {
   dev->sync_on_evict = on;
 }
 void dspk__gpurt_set_own_kernels(struct dspk__dev *dev, int on) { dev->own_kernels = on; }
+void dspk__gpurt_set_gemm_small(struct dspk__dev *dev, int64_t madds) {
+  dev->gemm_small = madds;
+}
 void dspk__gpurt_set_trace_events(struct dspk__dev *dev, dspk__gevent start, dspk__gevent end) {
   dev->trace_start = start;
   dev->trace_end = end;

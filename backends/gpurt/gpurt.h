@@ -87,6 +87,11 @@ struct dspk__gpurt_driver {
   const char *worker;    /* "dspk-cuda-worker" */
   const char *worker_build, *worker_install; /* where the build/install put it */
   struct dspk__gpurt_state *st;
+  /* Products of at most this many multiply-adds take our tiled kernel even
+   * where the BLAS is loaded (its host work costs more than such a product
+   * on the device; measured on CUDA, docs/backends.md).  0: always the
+   * BLAS. */
+  int64_t gemm_small;
   /* Messages name driver calls as CUDA's driver API does ("cuEventRecord");
    * another runtime gives its prefix ("hip": "hipEventRecord") and, NULL
    * terminated, the pairs whose names differ more ("cuMemAlloc",
@@ -323,6 +328,7 @@ struct dspk__dev {
   struct dspk__plancache fft_plans, contract_plans, raw_modules;
   int sync_on_evict;   /* benchmark switch: barrier instead of retirement */
   int own_kernels;     /* test switch: gemm and fft through our own kernels */
+  int64_t gemm_small;  /* products of at most this many multiply-adds: own kernel */
 
   /* Spare events, so recording a fence costs no cuEventCreate. */
   dspk__gevent spare[64];
@@ -491,6 +497,12 @@ void dspk__gpurt_set_sync_on_evict(struct dspk__dev *dev, int on);
  * FFT libraries, even where they are loaded: the GPU suite checks the HIP
  * backend's fallbacks on NVIDIA hardware with it. */
 void dspk__gpurt_set_own_kernels(struct dspk__dev *dev, int on);
+/* Benchmark and test hook: the largest product (multiply-adds) that takes
+ * the tiled kernel where a BLAS is loaded (default: the driver's
+ * gemm_small, DSPK__GPURT_GEMM_SMALL on CUDA; 0: every product through the
+ * BLAS). */
+#define DSPK__GPURT_GEMM_SMALL ((int64_t)1 << 25)
+void dspk__gpurt_set_gemm_small(struct dspk__dev *dev, int64_t madds);
 void dspk__gpurt_set_trace_events(struct dspk__dev *dev, dspk__gevent start, dspk__gevent end);
 /* Benchmark hook: contraction plans made so far (plan cache misses). */
 uint64_t dspk__gpurt_contract_misses(struct dspk__dev *dev);

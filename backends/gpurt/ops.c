@@ -73,10 +73,22 @@ static int map_scale(struct dspk__dev *dev, dspk__gptr p, dspk_dtype dt,
 
 /* ---- gemm ---------------------------------------------------------------- */
 
+/* Small products go to our tiled kernel even where the runtime has a BLAS:
+ * up to dev->gemm_small multiply-adds (0: never), where the BLAS call's
+ * host work is most of the product's cost (docs/backends.md). */
+static int own_gemm_fits(const struct dspk__dev *dev, dspk_dtype dt, int64_t M, int64_t N,
+                         int64_t K, int64_t batch) {
+  if (dt != DSPK_F32 && dt != DSPK_F64 && dt != DSPK_C64 && dt != DSPK_C128)
+    return 0;
+  if (M > dev->gemm_small || N > dev->gemm_small || K > dev->gemm_small)
+    return 0;
+  return (double)M * (double)N * (double)K * (double)batch <= (double)dev->gemm_small;
+}
+
 /* One strided-batched gemm in row-major terms: C[b] (M,N) = alpha op(A[b])
  * op(B[b]) + beta C[b], through BLAS's column-major C^T = op(B)^T op(A)^T:
- * the runtime's BLAS when it has one, else our own kernel (kernels/gemm.cu,
- * f32/f64/c64/c128). */
+ * the runtime's BLAS when it has one and the product is not small, else our
+ * own tiled kernel (kernels/gemm.cu, f32/f64/c64/c128). */
 static int gemm_rm(struct dspk__dev *dev, dspk_dtype dt, int ta, int tb,
                    int64_t M, int64_t N, int64_t K, double alpha,
                    dspk__gptr A, int64_t sa, dspk__gptr B, int64_t sb,
@@ -89,7 +101,7 @@ static int gemm_rm(struct dspk__dev *dev, dspk_dtype dt, int ta, int tb,
   if (lda < 1) lda = 1;
   if (ldb < 1) ldb = 1;
   if (ldc < 1) ldc = 1;
-  if (dev->blas && !dev->own_kernels) {
+  if (dev->blas && !dev->own_kernels && !own_gemm_fits(dev, dt, M, N, K, batch)) {
     s = DRV->blas_gemm(dev->blas, dt, tb, ta, (int)N, (int)M, (int)K, alpha, B, (int)ldb, sb,
                        A, (int)lda, sa, beta, C, (int)ldc, sc, (int)batch);
     if (s == -1)
@@ -104,12 +116,20 @@ static int gemm_rm(struct dspk__dev *dev, dspk_dtype dt, int ta, int tb,
   {
     dspk__gfunc fn;
     int64_t m = N, n = M, k = K, nb = batch;
-    int tx = tb, ty = ta;
+    /* 32x32 tiles; groups of 64 threads: 8 (real), 4 (complex), as
+     * DSPK_GS in kernels/gemm.cu. */
+    int64_t tiles = ((m + 31) / 32) * ((n + 31) / 32) * nb, cap = (int64_t)dev->sms * 4;
+    unsigned threads = dspk__dtype_is_complex(dt) ? 256 : 512;
+    int tx = tb, ty = ta, r;
     void *args[17] = {&B, &A, &C, &m, &n, &k, &ldb, &lda, &ldc, &sb, &sa, &sc, &nb,
                       &tx, &ty, &alpha, &beta};
-    if ((rc = dspk__gpurt_kfunc(dev, DSPK__K_GEMM, dt, "dspk_gemm", &fn, ctx)))
+    if ((rc = dspk__gpurt_kfunc(dev, DSPK__K_GEMM, dt, "dspk_gemm_tile", &fn, ctx)))
       return rc;
-    return dspk__gpurt_launch1d(dev, fn, m * n * nb, args, ctx);
+    if (tiles > cap)
+      tiles = cap;
+    r = DRV->launch(fn, (unsigned)(tiles > 0 ? tiles : 1), 1, 1, threads, 1, 1, 0, dev->stream,
+                    args);
+    return r ? dspk__gpurt_err(dev, ctx, "cuLaunchKernel", r) : 0;
   }
 }
 

@@ -312,11 +312,11 @@ static void bench_trace(int sync_on_evict, int64_t i0, int64_t di, int64_t j, in
   qsort(hm, (size_t)nm, sizeof(double), dspk_bench_cmp_d);
   qsort(gpu, NT, sizeof(double), dspk_bench_cmp_d);
   CK(CU.cuEventElapsedTime(&span, ev[0], ev[2 * NT - 1]));
-  printf("| %s, %s | %.1f%% | %.0f contractions/s | %.2f ms | %.1f / %.1f us (%d / %d) | "
+  printf("| %s, %s%s | %.1f%% | %.0f contractions/s | %.2f ms | %.1f / %.1f us (%d / %d) | "
          "%.1f us | deferred %llu, barrier fallbacks %llu, max in flight %llu, pool misses "
          "%llu |\n",
          label, sync_on_evict ? "sync per eviction" : "event retirement",
-         100.0 * busy / span, NT / (wall / 1e3), wall, nh ? hh[nh / 2] : 0.0,
+         dev->gemm_small ? "" : ", cuBLAS for every product", 100.0 * busy / span, NT / (wall / 1e3), wall, nh ? hh[nh / 2] : 0.0,
          nm ? hm[nm / 2] : 0.0, nh, nm, gpu[NT / 2],
          (unsigned long long)(s1.retire_deferred - s0.retire_deferred),
          (unsigned long long)(s1.retire_barrier_fallbacks - s0.retire_barrier_fallbacks),
@@ -332,7 +332,10 @@ static void bench_trace(int sync_on_evict, int64_t i0, int64_t di, int64_t j, in
 }
 
 /* The three eviction traces, each size: one untimed pass of each variant
- * warms the pool and the kernels, then the measured passes alternate. */
+ * warms the pool and the kernels, then the measured passes alternate:
+ * small products on the tiled kernel (the default) with event retirement
+ * and with a synchronize per eviction, then every product through cuBLAS
+ * (dspk__cuda_set_gemm_small 0) with event retirement. */
 static void run_traces(void) {
   printf("\n| trace | GPU busy | throughput | wall | host per run, plan hit / miss (count) "
          "| GPU per contraction | retirement |\n|---|---|---|---|---|---|---|\n");
@@ -342,12 +345,19 @@ static void run_traces(void) {
     static const char *const L[3] = {"large (i=1024..4160, j=k=1024)",
                                      "medium (i=256..1040, j=k=512)",
                                      "small (i=64..456, j=k=256)"};
-    bench_trace(0, P[sz][0], P[sz][1], P[sz][2], P[sz][3], "(warm-up)");
+    for (int w = 0; w < 2; w++) {
+      dspk__cuda_set_gemm_small(dev, w ? 0 : DSPK__GPURT_GEMM_SMALL);
+      bench_trace(0, P[sz][0], P[sz][1], P[sz][2], P[sz][3], "(warm-up)");
+    }
     bench_trace(1, P[sz][0], P[sz][1], P[sz][2], P[sz][3], "(warm-up)");
     for (int r = 0; r < 2; r++) {
+      dspk__cuda_set_gemm_small(dev, DSPK__GPURT_GEMM_SMALL);
       bench_trace(0, P[sz][0], P[sz][1], P[sz][2], P[sz][3], L[sz]);
       bench_trace(1, P[sz][0], P[sz][1], P[sz][2], P[sz][3], L[sz]);
+      dspk__cuda_set_gemm_small(dev, 0);
+      bench_trace(0, P[sz][0], P[sz][1], P[sz][2], P[sz][3], L[sz]);
     }
+    dspk__cuda_set_gemm_small(dev, DSPK__GPURT_GEMM_SMALL);
   }
 }
 

@@ -220,6 +220,14 @@ static void test_gemm(void **state) {
   }
 }
 
+/* The same products through cuBLAS: test_gemm's sizes are small, so by
+ * default they take the tiled kernel (DSPK__GPURT_GEMM_SMALL). */
+static void test_gemm_blas(void **state) {
+  dspk__cuda_set_gemm_small(gpu, 0);
+  test_gemm(state);
+  dspk__cuda_set_gemm_small(gpu, DSPK__GPURT_GEMM_SMALL);
+}
+
 static uint16_t to_bf16(float f, float *back) {
   uint32_t u;
   memcpy(&u, &f, 4);
@@ -1229,6 +1237,7 @@ int main(void) {
       cmocka_unit_test(test_gemm_half),
       cmocka_unit_test(test_fft),
       cmocka_unit_test(test_own_kernels),
+      cmocka_unit_test(test_gemm_blas),
       cmocka_unit_test(test_fir),
       cmocka_unit_test(test_fir_fft),
       cmocka_unit_test(test_reduce),
