@@ -23,7 +23,9 @@
 #define DSPK_GD (DSPK_GT / DSPK_GP) /* threads per tile edge in a group: 8 */
 #define DSPK_GN (DSPK_GD * DSPK_GD) /* threads per group: 64 */
 #define DSPK_GS (sizeof(DSPK_ACC) > 8 ? 4 : 8) /* groups (shared memory: 34 KiB) */
-extern "C" __global__ void dspk_gemm_tile(const DSPK_T *X, const DSPK_T *Y, DSPK_T *C,
+/* 512 threads (real) or 256 (complex): the launch bound keeps registers
+ * within what 512 threads of one block may hold. */
+extern "C" __global__ void __launch_bounds__(DSPK_COMPLEX ? 256 : 512) dspk_gemm_tile(const DSPK_T *X, const DSPK_T *Y, DSPK_T *C,
                                           dspk_i64 m, dspk_i64 n, dspk_i64 k, dspk_i64 ldx,
                                           dspk_i64 ldy, dspk_i64 ldc, dspk_i64 sx,
                                           dspk_i64 sy, dspk_i64 sc, dspk_i64 batch, int tx,
