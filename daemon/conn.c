@@ -472,6 +472,16 @@ static void conn_frame(struct conn *c, struct rchunk *k, const char *p, size_t n
                         "message cannot be decoded");
     goto out;
   }
+  /* A notification from a client is ignored whatever it holds (only its
+   * type and its 3 or more elements are looked at): the protocol closes a
+   * connection for a malformed request or response, never for a
+   * notification it ignores anyway. */
+  if (root.type == MSGPACK_OBJECT_ARRAY && root.via.array.size >= 3 &&
+      root.via.array.ptr[0].type == MSGPACK_OBJECT_POSITIVE_INTEGER &&
+      root.via.array.ptr[0].via.u64 == DSPK__NOTIFY) {
+    dspkd_debug("client %llu: notification ignored", (unsigned long long)c->id);
+    goto out;
+  }
   err = dspk__msg_parse(&root, &m, &msgid, &has_msgid, msg, sizeof msg);
   if (err < 0) {
     /* A message with a msgid can be answered; anything else is not a
@@ -482,11 +492,6 @@ static void conn_frame(struct conn *c, struct rchunk *k, const char *p, size_t n
       dspkd_conn_send_error(c, msgid, err, msg);
     else
       conn_protocol_error(c, err, msg);
-    goto out;
-  }
-  if (m.type == DSPK__NOTIFY) {
-    dspkd_debug("client %llu: notification %.*s ignored",
-                (unsigned long long)c->id, (int)m.method_len, m.method);
     goto out;
   }
   if (m.type == DSPK__RESPONSE) {

@@ -593,14 +593,69 @@ void dspk__pack_kv_bool(msgpack_packer *pk, const char *k, bool v) {
     msgpack_pack_false(pk);
 }
 
+size_t dspk__one_line(char *dst, const char *s) {
+  size_t w = 0, blanks = 0;
+  bool text = false, sep = false;
+
+  /* Each line's blanks at its ends and every empty line dropped, the lines
+   * joined with "; ", any other control character a space. */
+  for (; *s; s++) {
+    unsigned char c = (unsigned char)*s;
+    if (c == '\n' || c == '\r') {
+      sep = sep || text;
+      text = false;
+      blanks = 0;
+      continue;
+    }
+    if (c < 0x20 || c == 0x7f)
+      c = ' ';
+    if (c == ' ') {
+      blanks += text;
+      continue;
+    }
+    if (sep) {
+      if (dst)
+        memcpy(dst + w, "; ", 2);
+      w += 2;
+      sep = false;
+    }
+    for (; blanks; blanks--, w++)
+      if (dst)
+        dst[w] = ' ';
+    if (dst)
+      dst[w] = (char)c;
+    w++;
+    text = true;
+  }
+  return w;
+}
+
 void dspk__pack_error(msgpack_packer *pk, int code, const char *message) {
+  const char *text = message && *message ? message : dspk__strerror(code);
+  char small[512], *line = small;
+  size_t n = dspk__one_line(NULL, text);
+
+  /* The message is one line whoever wrote it (a compiler's log, a client's
+   * string echoed): a client can log it or show it as it comes. */
+  if (n >= sizeof small && !(line = malloc(n + 1)))
+    line = NULL;
+  if (line)
+    n = dspk__one_line(line, text);
+  if (!line || n == 0) {
+    text = dspk__strerror(code);
+    n = strlen(text);
+  } else {
+    text = line;
+  }
   msgpack_pack_map(pk, 3);
   dspk__pack_str(pk, "code");
   msgpack_pack_int(pk, code);
   dspk__pack_str(pk, "name");
   dspk__pack_str(pk, dspk__err_name(code));
   dspk__pack_str(pk, "message");
-  dspk__pack_str(pk, message && *message ? message : dspk__strerror(code));
+  dspk__pack_strn(pk, text, n);
+  if (line && line != small)
+    free(line);
 }
 
 void dspk__pack_request_head(msgpack_packer *pk, uint32_t msgid,

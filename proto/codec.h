@@ -129,6 +129,13 @@ void dspk__pack_kv_str(msgpack_packer *pk, const char *k, const char *v);
 void dspk__pack_kv_u64(msgpack_packer *pk, const char *k, uint64_t v);
 void dspk__pack_kv_i64(msgpack_packer *pk, const char *k, int64_t v);
 void dspk__pack_kv_bool(msgpack_packer *pk, const char *k, bool v);
+/* s as one line: each line's blanks at its ends and every empty line dropped,
+ * the lines joined with "; ", any other control character a space; writes
+ * it into dst (not terminated) when dst is not NULL and returns its length
+ * (at most twice strlen(s)). */
+size_t dspk__one_line(char *dst, const char *s);
+/* The error map {code, name, message}; message (one line, see
+ * dspk__one_line; empty or NULL: the table's text) as a valid UTF-8 str. */
 void dspk__pack_error(msgpack_packer *pk, int code, const char *message);
 /* [0, msgid, method, [  ...caller packs one map, or nothing when nargs=0 ] */
 void dspk__pack_request_head(msgpack_packer *pk, uint32_t msgid, const char *method, bool has_args);

@@ -576,6 +576,62 @@ static void test_wbuf_zero_copy(void **state) {
 
 /* ---- error table -------------------------------------------------------- */
 
+/* Every error message is one line (docs/protocol.md, Errors): a compiler's
+ * log and a client's string with control characters alike. */
+static void test_error_one_line(void **state) {
+  (void)state;
+  static const struct {
+    const char *in, *out;
+  } cases[] = {
+      {"plain", "plain"},
+      {"glsl: ERROR: 0:2: 'x' : undeclared identifier \nERROR: 0:2: '' : compilation "
+       "terminated \nERROR: 2 compilation errors.  No code generated.\n\n",
+       "glsl: ERROR: 0:2: 'x' : undeclared identifier; ERROR: 0:2: '' : compilation "
+       "terminated; ERROR: 2 compilation errors.  No code generated."},
+      {"unknown method \"a\nb\"", "unknown method \"a; b\""},
+      {"a\r\n  b\t c\x01" "d\x7f", "a; b  c d"},
+      {"\n\n  lead", "lead"},
+      {"x \n \n y ", "x; y"},
+  };
+  char buf[256];
+  struct pm m;
+  struct dspk__msg msg;
+  char why[64];
+
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    size_t n = dspk__one_line(NULL, cases[i].in);
+    assert_true(n < sizeof buf);
+    assert_int_equal(dspk__one_line(buf, cases[i].in), n);
+    buf[n] = '\0';
+    assert_string_equal(buf, cases[i].out);
+  }
+  /* Nothing but blanks: the table's text. */
+  pm_begin(&m);
+  dspk__pack_error_response(&m.pk, 3, DSPK_ENOBUF, " \n\t\n");
+  assert_int_equal(dspk__msg_parse(pm_end(&m), &msg, NULL, NULL, why, sizeof why), 0);
+  assert_int_equal(dspk__obj_strcpy(dspk__map_get(msg.error, "message"), buf, sizeof buf), 0);
+  assert_string_equal(buf, "no such buffer");
+  pm_free(&m);
+  /* A long log, past the packer's stack buffer. */
+  {
+    size_t len = 4000;
+    char *log = malloc(len + 1);
+    assert_non_null(log);
+    for (size_t i = 0; i < len; i++)
+      log[i] = i % 40 == 39 ? '\n' : 'e';
+    log[len] = '\0';
+    pm_begin(&m);
+    dspk__pack_error_response(&m.pk, 4, DSPK_ECOMPILE, log);
+    assert_int_equal(dspk__msg_parse(pm_end(&m), &msg, NULL, NULL, why, sizeof why), 0);
+    const msgpack_object *t = dspk__map_get(msg.error, "message");
+    assert_non_null(t);
+    assert_int_equal(t->via.str.size, 100 * 39 + 99 * 2);
+    assert_null(memchr(t->via.str.ptr, '\n', t->via.str.size));
+    pm_free(&m);
+    free(log);
+  }
+}
+
 static void test_error_table(void **state) {
   (void)state;
 #define XX(name, val, msg)                                                     \
@@ -615,6 +671,7 @@ int main(void) {
       cmocka_unit_test(test_tensor_decode),
       cmocka_unit_test(test_tensor_decode_bad_shapes),
       cmocka_unit_test(test_wbuf_zero_copy),
+      cmocka_unit_test(test_error_one_line),
       cmocka_unit_test(test_error_table),
       cmocka_unit_test(test_dtype_table),
   };

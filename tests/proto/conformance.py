@@ -1,0 +1,1352 @@
+#!/usr/bin/env python3
+"""docs/protocol.md against a running dspkd, as an outsider's client would
+read it: raw Unix socket, its own msgpack framing, no project code but the
+helper that starts a daemon.  A table of cases, each naming the section of
+docs/protocol.md it checks; each compares what the daemon answers with what
+the page says, literally (error code and name, which error wins, result
+fields and types, what becomes of the connection).  After every case the
+daemon must still answer a fresh connection; at the end it must stop
+cleanly on SIGTERM (exit 0: under ASan, no leak).
+
+Needs only python3 and python3-msgpack.  No sleeps: every wait is on an
+answer, a notification or the end of a connection, bounded by TIMEOUT.
+
+usage: conformance.py --dspkd PATH [CASE...]"""
+import argparse
+import array
+import fcntl
+import math
+import mmap
+import os
+import shutil
+import socket
+import struct
+import sys
+import tempfile
+import traceback
+
+import msgpack
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+import dspk_daemon  # noqa: E402
+
+TIMEOUT = 30
+
+# docs/protocol.md, "Errors": the table.
+ERRORS = {
+    "EINVAL": -1, "ENOMEM": -2, "EPROTO": -3, "ELIMIT": -4, "ENOMETHOD": -5, "ENODEV": -6,
+    "EDTYPE": -7, "ESHAPE": -8, "ENOBUF": -9, "ERANGE": -10, "ECANCELED": -11,
+    "ESHUTDOWN": -12, "EPERM": -13, "EIO": -14, "ECLOSED": -15, "ECONNECT": -16,
+    "EDEVICE": -17, "ECOMPILE": -18, "ENOTSUP": -19, "EBUSY": -20, "ETIMEDOUT": -21,
+    "ENOENT": -22, "EVERSION": -23, "EINTERNAL": -24,
+}
+NOT_SENT = {"ECLOSED", "ECONNECT", "ETIMEDOUT"}
+
+
+class Fail(AssertionError):
+    pass
+
+
+def check(cond, what):
+    if not cond:
+        raise Fail(what)
+
+
+# ---------------------------------------------------------------- encoding
+
+def p(obj):
+    return msgpack.packb(obj, use_bin_type=True)
+
+
+def arr(*parts):
+    """A msgpack array of already encoded parts."""
+    n = len(parts)
+    head = bytes([0x90 | n]) if n < 16 else b"\xdc" + struct.pack(">H", n)
+    return head + b"".join(parts)
+
+
+def u64(v):
+    return b"\xcf" + struct.pack(">Q", v)
+
+
+def i8(v):
+    return b"\xd0" + struct.pack(">b", v)
+
+
+def i64(v):
+    return b"\xd3" + struct.pack(">q", v)
+
+
+def f32(v):
+    return b"\xca" + struct.pack(">f", v)
+
+
+def req(msgid, method, args=None):
+    return p([0, msgid, method, [] if args is None else [args]])
+
+
+# ---------------------------------------------------------------- connection
+
+class Closed(Exception):
+    pass
+
+
+class Conn:
+    """One connection, reading with recvmsg so that descriptors are kept."""
+
+    def __init__(self, path):
+        self.s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.s.settimeout(TIMEOUT)
+        self.s.connect(path)
+        self.up = msgpack.Unpacker(raw=False, unicode_errors="strict", strict_map_key=False,
+                                   max_buffer_size=1 << 30)
+        self.responses = {}
+        self.order = []          # msgids in the order their answers came
+        self.notes = []          # notifications
+        self.fds = []            # descriptors received
+        self.eof = False
+        self.next = 1000
+
+    def send(self, data, fds=None):
+        if fds:
+            n = self.s.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                                         array.array("i", fds))])
+            data = data[n:]
+        if data:
+            self.s.sendall(data)
+
+    def request(self, method, args=None, msgid=None, fds=None, params=None):
+        if msgid is None:
+            self.next += 1
+            msgid = self.next
+        ps = params if params is not None else ([] if args is None else [args])
+        self.send(p([0, msgid, method, ps]), fds)
+        return msgid
+
+    def pump(self):
+        if self.eof:
+            raise Closed("connection closed by the daemon")
+        try:
+            data, anc, _, _ = self.s.recvmsg(1 << 20, socket.CMSG_SPACE(64 * 4))
+        except ConnectionResetError:
+            data, anc = b"", []
+        for level, kind, raw in anc:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                a = array.array("i")
+                a.frombytes(raw[:len(raw) - len(raw) % 4])
+                self.fds.extend(a)
+        if not data:
+            self.eof = True
+            raise Closed("connection closed by the daemon")
+        self.up.feed(data)
+        for m in self.up:
+            check(isinstance(m, list), "a message that is not an array: %r" % (m,))
+            if m[0] == 1:
+                check(len(m) == 4, "a response of %d elements: %r" % (len(m), m))
+                check(isinstance(m[1], int) and 0 <= m[1] < 1 << 32, "response msgid %r" % (m[1],))
+                check((m[2] is None) != (m[3] is None),
+                      "response with error %r and result %r: exactly one must be nil"
+                      % (m[2], m[3]))
+                if m[2] is not None:
+                    check_error_map(m[2])
+                self.responses.setdefault(m[1], []).append(m)
+                self.order.append(m[1])
+            elif m[0] == 2:
+                check(len(m) == 3 and isinstance(m[1], str) and isinstance(m[2], list),
+                      "notification of another form: %r" % (m,))
+                self.notes.append(m)
+            else:
+                raise Fail("message of type %r from the daemon: %r" % (m[0], m))
+
+    def wait(self, msgid):
+        """The answer to msgid: ('ok', result) or (error name, error map)."""
+        while not self.responses.get(msgid):
+            self.pump()
+        m = self.responses[msgid].pop(0)
+        if m[2] is not None:
+            return m[2]["name"], m[2]
+        return "ok", m[3]
+
+    def call(self, method, args=None, **kw):
+        return self.wait(self.request(method, args, **kw))
+
+    def ok(self, method, args=None, **kw):
+        name, res = self.call(method, args, **kw)
+        check(name == "ok", "%s %r: %s %s" % (method, args, name,
+                                             res.get("message") if isinstance(res, dict) else res))
+        return res
+
+    def expect_close(self):
+        """Reads until the daemon closes; returns the notifications seen."""
+        try:
+            while True:
+                self.pump()
+        except Closed:
+            pass
+        return self.notes
+
+    def close(self):
+        self.s.close()
+        for fd in self.fds:
+            os.close(fd)
+        self.fds = []
+
+
+def check_error_map(e):
+    check(isinstance(e, dict) and set(e) == {"code", "name", "message"},
+          "error map keys %r (Errors: {code, name, message})" % (e,))
+    check(e["name"] in ERRORS, "error name %r not in the table" % e["name"])
+    check(ERRORS[e["name"]] == e["code"], "error %s has code %r, the table says %d"
+          % (e["name"], e["code"], ERRORS[e["name"]]))
+    check(e["name"] not in NOT_SENT, "the daemon sent %s, which only clients use" % e["name"])
+    check(isinstance(e["message"], str) and e["message"] and "\n" not in e["message"],
+          "error message is not one non-empty line: %r" % (e["message"],))
+
+
+def expect(got, name, *words):
+    """got: (name, result-or-error) from Conn.call; name expected; each word
+    must appear in the message."""
+    gname, val = got
+    if gname != name:
+        raise Fail("expected %s, got %s: %s" % (name, gname,
+                                                 val.get("message") if isinstance(val, dict)
+                                                 and gname != "ok" else val))
+    for w in words:
+        check(w in val["message"], "%s message %r lacks %r" % (name, val["message"], w))
+    return val
+
+
+def expect_protocol_error(c, name, *words):
+    notes = c.expect_close()
+    pe = [n for n in notes if n[1] == "protocol.error"]
+    check(pe, "closed without protocol.error (notes %r)" % (notes,))
+    check(len(pe[-1][2]) == 1, "protocol.error params %r: one error map" % (pe[-1][2],))
+    e = pe[-1][2][0]
+    check_error_map(e)
+    check(e["name"] == name, "protocol.error %s, expected %s: %s" % (e["name"], name, e["message"]))
+    for w in words:
+        check(w in e["message"], "protocol.error message %r lacks %r" % (e["message"], w))
+
+
+def still_open(c):
+    got = c.call("ping", {"data": b"alive"})
+    check(got == ("ok", {"data": b"alive"}), "connection unusable after an error: %r" % (got,))
+
+
+# ---------------------------------------------------------------- tensors
+
+def t32(vals, shape=None):
+    return {"dtype": "f32", "shape": [len(vals)] if shape is None else shape,
+            "data": struct.pack("<%df" % len(vals), *vals)}
+
+
+def t64(vals, shape=None):
+    return {"dtype": "f64", "shape": [len(vals)] if shape is None else shape,
+            "data": struct.pack("<%dd" % len(vals), *vals)}
+
+
+def vals32(t):
+    return list(struct.unpack("<%df" % (len(t["data"]) // 4), t["data"]))
+
+
+def vals64(t):
+    return list(struct.unpack("<%dd" % (len(t["data"]) // 8), t["data"]))
+
+
+def close_to(a, b, tol=1e-5):
+    return len(a) == len(b) and all(abs(x - y) <= tol * max(1.0, abs(y)) for x, y in zip(a, b))
+
+
+def memfd(size, seals=fcntl.F_SEAL_SHRINK, name="conf"):
+    fd = os.memfd_create(name, os.MFD_ALLOW_SEALING)
+    os.ftruncate(fd, size)
+    if seals:
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
+    return fd
+
+
+# ---------------------------------------------------------------- cases
+
+CASES = []
+
+
+def case(section, daemon="main", check_alive=True):
+    """check_alive: after the case, a fresh connection must be answered
+    (False for the cases that fill a connection limit: those check their own
+    connections, as the daemon may not have counted their closes yet)."""
+    def deco(fn):
+        CASES.append((fn.__name__, section, daemon, check_alive, fn))
+        return fn
+    return deco
+
+
+class Env:
+    def __init__(self, sock, admin=True):
+        self.sock = sock
+
+    def conn(self):
+        return Conn(self.sock)
+
+
+# ---- Framing
+
+@case("Framing: request/response shapes, params forms")
+def params_forms(env):
+    c = env.conn()
+    for ps in ([], [None], [{}]):
+        m = c.request("ping", params=ps)
+        check(c.wait(m) == ("ok", {"data": b""}), "ping with params %r" % (ps,))
+    m = c.request("ping", {"data": b"x", "unknown": [1, {"a": None}]})
+    check(c.wait(m) == ("ok", {"data": b"x"}), "unknown keys are ignored")
+    m = c.request("ping", {"data": None})
+    check(c.wait(m) == ("ok", {"data": b""}), "nil means the default")
+    m = c.request("ping", {"data": "text"})
+    got = c.wait(m)
+    check(got == ("ok", {"data": b"text"}) and isinstance(got[1]["data"], bytes),
+          "str accepted where bin is expected, echoed as bin: %r" % (got,))
+
+
+@case("Framing: msgid is a uint32; any integer width")
+def msgid_widths(env):
+    c = env.conn()
+    for enc, v in ((u64(7), 7), (i8(9), 9), (i64(11), 11), (u64(0xFFFFFFFF), 0xFFFFFFFF),
+                   (b"\x00", 0)):
+        c.send(arr(b"\x00", enc, p("ping"), p([])))
+        check(c.wait(v) == ("ok", {"data": b""}), "msgid %d encoded as %r" % (v, enc[:1]))
+
+
+@case("Malformed input: uint32 msgid, otherwise malformed request -> EPROTO, stays open")
+def malformed_request(env):
+    c = env.conn()
+    bad = [
+        (arr(b"\x00", p(5), p("ping")), 5, "3 elements"),
+        (arr(b"\x00", p(6), p("ping"), p([]), p(1)), 6, "5 elements"),
+        (arr(b"\x00", p(7), p(12), p([])), 7, "method an int"),
+        (arr(b"\x00", p(8), p(b"ping"), p([])), 8, "method a bin"),
+        (arr(b"\x00", p(9), p(None), p([])), 9, "method nil"),
+        (arr(b"\x00", p(10), p("ping"), p({})), 10, "params a map"),
+        (arr(b"\x00", p(11), p("ping"), p(None)), 11, "params nil"),
+        (arr(b"\x00", p(12), p("ping"), p([{}, {}])), 12, "params of 2 maps"),
+        (arr(b"\x00", p(13), p("ping"), p([1])), 13, "params [1]"),
+        (arr(b"\x00", p(14), p("ping"), p(["x"])), 14, "params [str]"),
+        (arr(b"\x00", p(15), p("ping"), p([[]])), 15, "params [[]]"),
+        (arr(b"\x00", p(16), p("ping"), p([None, None])), 16, "params [nil, nil]"),
+    ]
+    for data, msgid, what in bad:
+        c.send(data)
+        got = c.wait(msgid)
+        check(got[0] == "EPROTO", "%s: expected EPROTO, got %r" % (what, got))
+    still_open(c)
+
+
+@case("Framing: keys are str (a non-str key in params)")
+def nonstr_keys(env):
+    c = env.conn()
+    got = c.call("ping", params=[{1: b"x", "data": b"y"}])
+    check(got == ("ok", {"data": b"y"}), "a non-str key is ignored: %r" % (got,))
+    r = c.ok("task.run", {"op": "map", "device": "cpu:0", "options": {"fn": "abs", 1: 2},
+                          "inputs": [{**t32([-1.0]), None: 1, 7: "x"}]})
+    check(vals32(r["outputs"][0]) == [1.0], "non-str keys in options and a tensor")
+    still_open(c)
+
+
+@case("Malformed input: unusable messages close with protocol.error EPROTO")
+def malformed_close(env):
+    bad = [
+        (b"\xc1", "invalid msgpack byte 0xc1"),
+        (p(5), "not an array"),
+        (p({"a": 1}), "a map"),
+        (p([]), "empty array"),
+        (p([0]), "1 element"),
+        (p([0, 1]), "2 elements"),
+        (p([1, 1, None, {}]), "a response from a client"),
+        (p([3, 1, "ping", []]), "type 3"),
+        (p([-1, 1, "ping", []]), "type -1"),
+        (p(["0", 1, "ping", []]), "type a str"),
+        (p([None, 1, "ping", []]), "type nil"),
+        (p([0, -1, "ping", []]), "msgid -1"),
+        (p([0, 1 << 32, "ping", []]), "msgid 2^32"),
+        (p([0, "1", "ping", []]), "msgid a str"),
+        (p([0, None, "ping", []]), "msgid nil"),
+        (p([0, 1.0, "ping", []]), "msgid a float"),
+        (p([0, 1 << 32]), "2 elements, big msgid"),
+        (p([0, "x", "ping"]), "3 elements, str msgid"),
+    ]
+    for data, what in bad:
+        c = env.conn()
+        c.send(data)
+        try:
+            expect_protocol_error(c, "EPROTO")
+        except Fail as e:
+            raise Fail("%s: %s" % (what, e))
+        c.close()
+
+
+@case("Framing: notifications from a client are ignored")
+def client_notification(env):
+    c = env.conn()
+    c.send(p([2, "whatever", []]))
+    c.send(p([2, 5, 6]))
+    c.send(p([2, "x", [1, 2], "extra"]))
+    c.send(p([2, "x", {"a": 1}]))
+    c.send(p([2, None, None, None, None, None]))
+    still_open(c)
+    check(not c.notes, "no notification for an ignored one: %r" % c.notes)
+
+
+@case("Framing: messages split and packed in any way")
+def split_frames(env):
+    c = env.conn()
+    data = b"".join(req(i, "ping", {"data": bytes([i])}) for i in range(1, 6))
+    for b in data:
+        c.s.send(bytes([b]))
+    for i in range(1, 6):
+        check(c.wait(i) == ("ok", {"data": bytes([i])}), "byte-by-byte ping %d" % i)
+
+
+@case("Framing: msgids need not be unique")
+def repeated_msgid(env):
+    c = env.conn()
+    c.send(req(3, "ping", {"data": b"a"}) + req(3, "ping", {"data": b"b"}))
+    a = c.wait(3)
+    b = c.wait(3)
+    check(sorted([a[1]["data"], b[1]["data"]]) == [b"a", b"b"], "two answers to msgid 3")
+
+
+@case("Errors: unknown method is ENOMETHOD, strings sent are UTF-8")
+def unknown_method(env):
+    c = env.conn()
+    expect(c.call("no.such"), "ENOMETHOD", "no.such")
+    expect(c.call(""), "ENOMETHOD")
+    c.send(arr(b"\x00", p(77), b"\xa4" + b"\xff\xfe\xc3x", p([])))
+    e = expect(c.wait(77), "ENOMETHOD")
+    check("\ufffd" in e["message"] and "\xff" not in e["message"], "U+FFFD for bad bytes: %r"
+          % e["message"])
+    expect(c.call("x" * 5000), "ENOMETHOD")
+    still_open(c)
+
+
+@case("Errors: UTF-8 of echoed client strings (hello client in status)")
+def utf8_name(env):
+    c = env.conn()
+    c.send(arr(b"\x00", p(1), p("hello"), b"\x91\x81" + p("client") + b"\xa4ab\xe2\x82"))
+    got = c.wait(1)
+    check(got[0] == "ok", "hello with a bad UTF-8 client: %r" % (got,))
+    st = c.ok("status")
+    me = [x for x in st["clients"] if x["self"]]
+    check(len(me) == 1 and me[0]["name"] == "ab\ufffd\ufffd", "status name %r" % (me,))
+
+
+# ---- hello, ping, devices, status
+
+@case("hello: result fields; version; client bound; job type")
+def hello(env):
+    c = env.conn()
+    r = c.ok("hello", {"version": 1, "client": "conf"})
+    check(r["protocol"] == 1 and r["server"] == "dspkd" and isinstance(r["daemon"], str),
+          "hello result %r" % r)
+    check(isinstance(r["client_id"], int) and r["client_id"] >= 0, "client_id")
+    check(set(r["limits"]) == {"max_message", "max_depth", "max_objects", "max_rank",
+                               "max_elements", "max_inflight", "max_unsent", "max_buffers",
+                               "max_clients"}, "limits keys %r" % r["limits"])
+    check(r["limits"]["max_message"] == 268435456 and r["limits"]["max_depth"] == 16
+          and r["limits"]["max_objects"] == 1048576 and r["limits"]["max_rank"] == 8
+          and r["limits"]["max_elements"] == 1 << 31 and r["limits"]["max_inflight"] == 1024
+          and r["limits"]["max_unsent"] == 64 << 20 and r["limits"]["max_buffers"] == 4096
+          and r["limits"]["max_clients"] == 256, "defaults of Limits: %r" % r["limits"])
+    expect(c.call("hello", {"version": 2}), "EVERSION")
+    expect(c.call("hello", {"version": 0}), "EVERSION")
+    expect(c.call("hello", {"version": -1}), "EINVAL", "version")
+    expect(c.call("hello", {"version": "1"}), "EINVAL", "version")
+    expect(c.call("hello", {"version": 1.0}), "EINVAL", "version")
+    expect(c.call("hello", {"client": 5}), "EINVAL", "client")
+    expect(c.call("hello", {"client": "x" * 64}), "ELIMIT", "client")
+    c.ok("hello", {"client": "y" * 63})
+    expect(c.call("hello", {"job": -3}), "EINVAL", "job")
+    expect(c.call("hello", {"job": "7"}), "EINVAL", "job")
+    c.ok("hello", {"version": None, "client": None, "job": None})
+    still_open(c)
+
+
+@case("ping: echo; bin")
+def ping(env):
+    c = env.conn()
+    big = os.urandom(1 << 20)
+    check(c.ok("ping", {"data": big}) == {"data": big}, "1 MiB echo")
+    expect(c.call("ping", {"data": 5}), "EINVAL", "data")
+    expect(c.call("ping", {"data": [1]}), "EINVAL", "data")
+
+
+@case("devices: fields and types; all")
+def devices(env):
+    c = env.conn()
+    r = c.ok("devices")
+    check(set(r) == {"devices", "unavailable"}, "devices keys %r" % list(r))
+    check(r["unavailable"] == [], "unavailable filled only with all: true")
+    ids = []
+    for d in r["devices"]:
+        check(set(d) == {"id", "backend", "name", "type", "arch", "driver", "uuid", "memory",
+                         "software", "ops", "kernel_langs"}, "device keys %r" % list(d))
+        for k in ("id", "backend", "name", "type", "arch", "driver", "uuid"):
+            check(isinstance(d[k], str), "device %s not a str" % k)
+        check(d["type"] in ("cpu", "discrete", "integrated", "virtual", "software"),
+              "type %r" % d["type"])
+        check(isinstance(d["memory"], int) and d["memory"] > 0, "memory")
+        check(isinstance(d["software"], bool), "software")
+        for op, dts in d["ops"].items():
+            check(op in ("gemm", "fft", "fir", "contract", "reduce", "map"), "op %r" % op)
+            check(all(x in ("f32", "f64", "c64", "c128", "f16", "bf16") for x in dts), "dtypes")
+        check(all(x in ("cuda", "glsl", "spirv", "hip") for x in d["kernel_langs"]), "langs")
+        ids.append(d["id"])
+    check("cpu:0" in ids, "cpu:0 listed")
+    r = c.ok("devices", {"all": True})
+    for u in r["unavailable"]:
+        check(set(u) == {"backend", "reason"} and all(isinstance(v, str) for v in u.values()),
+              "unavailable item %r" % u)
+    expect(c.call("devices", {"all": 1}), "EINVAL", "all")
+    expect(c.call("devices", {"all": "yes"}), "EINVAL", "all")
+    c.ok("devices", {"all": None})
+
+
+@case("status: fields, self, credentials")
+def status(env):
+    c = env.conn()
+    c.ok("hello", {"client": "statusprobe"})
+    st = c.ok("status")
+    check(set(st) == {"daemon", "clients", "other_clients", "jobs", "devices"}, "keys %r" % list(st))
+    d = st["daemon"]
+    check(set(d) == {"version", "pid", "uptime_s", "socket", "connections", "stopping", "limits"},
+          "daemon keys %r" % list(d))
+    check(d["socket"] == env.sock and d["stopping"] is False, "daemon %r" % d)
+    me = [x for x in st["clients"] if x["self"]]
+    check(len(me) == 1, "one self")
+    me = me[0]
+    check(set(me) == {"id", "pid", "uid", "gid", "name", "inflight", "buffers", "buffer_bytes",
+                      "unsent", "requests", "self", "job"}, "client keys %r" % list(me))
+    check(me["pid"] == os.getpid() and me["uid"] == os.getuid() and me["gid"] == os.getgid()
+          and me["name"] == "statusprobe", "self %r" % me)
+    check(set(st["other_clients"]) == {"connections", "inflight", "buffers"}, "other_clients")
+    for dv in st["devices"]:
+        check(set(dv) == {"id", "queued", "running", "completed", "failed", "busy", "clients",
+                          "memory", "running_op", "stats"}, "status device keys %r" % list(dv))
+        check(isinstance(dv["busy"], (int, float)) and 0 <= dv["busy"] <= 1, "busy")
+    c.ok("status", {"anything": 1})
+
+
+# ---- buffers
+
+@case("buffer.create: sizes, devices, params")
+def buffer_create(env):
+    c = env.conn()
+    r = c.ok("buffer.create", {"device": "cpu:0", "size": 64})
+    check(set(r) == {"buffer", "device", "size"} and r["device"] == "cpu:0" and r["size"] == 64,
+          "create result %r" % r)
+    r0 = c.call("buffer.create", {"device": "cpu:0", "size": 0})
+    check(r0[0] in ("ok", "EINVAL"), "size 0: %r" % (r0,))
+    expect(c.call("buffer.create", {"device": "cpu:0"}), "EINVAL", "size")
+    expect(c.call("buffer.create", {"device": "cpu:0", "size": None}), "EINVAL", "size")
+    expect(c.call("buffer.create", {"device": "cpu:0", "size": -1}), "EINVAL", "size")
+    expect(c.call("buffer.create", {"device": "cpu:0", "size": 1.5}), "EINVAL", "size")
+    expect(c.call("buffer.create", {"device": "cpu:0", "size": "8"}), "EINVAL", "size")
+    expect(c.call("buffer.create", {"device": 0, "size": 8}), "EINVAL", "device")
+    expect(c.call("buffer.create", {"device": "cpu:9", "size": 8}), "ENODEV")
+    expect(c.call("buffer.create", {"device": "", "size": 8}), "ENODEV")
+    expect(c.call("buffer.create", {"device": "x" * 48, "size": 8}), "ELIMIT", "device")
+    expect(c.call("buffer.create", {"device": "cpu:0", "size": (1 << 64) - 1}), "ENOMEM")
+    expect(c.call("buffer.create", {"device": "cpu:0", "size": 1 << 62}), "ENOMEM")
+    r = c.ok("buffer.create", {"size": 8})
+    check(isinstance(r["device"], str) and r["device"] != "any", "any resolves: %r" % r)
+    r = c.ok("buffer.create", {"size": 8, "device": None})
+    still_open(c)
+
+
+@case("buffer.write/read: ranges, offsets, defaults")
+def buffer_rw(env):
+    c = env.conn()
+    b = c.ok("buffer.create", {"device": "cpu:0", "size": 16})["buffer"]
+    check(c.ok("buffer.write", {"buffer": b, "data": b"0123456789abcdef"}) == {"size": 16}, "w")
+    check(c.ok("buffer.read", {"buffer": b}) == {"data": b"0123456789abcdef"}, "read all")
+    check(c.ok("buffer.read", {"buffer": b, "offset": 4, "size": 3}) == {"data": b"456"}, "r")
+    check(c.ok("buffer.read", {"buffer": b, "offset": 10}) == {"data": b"abcdef"}, "rest")
+    check(c.ok("buffer.read", {"buffer": b, "offset": 16}) == {"data": b""}, "at end")
+    check(c.ok("buffer.read", {"buffer": b, "offset": 3, "size": 0}) == {"data": b""}, "size 0")
+    check(c.ok("buffer.write", {"buffer": b, "offset": 16, "data": b""}) == {"size": 0}, "w0")
+    check(c.ok("buffer.write", {"buffer": b, "offset": 14, "data": "XY"}) == {"size": 2}, "str")
+    check(c.ok("buffer.read", {"buffer": b, "offset": 14, "size": None}) == {"data": b"XY"}, "")
+    expect(c.call("buffer.write", {"buffer": b, "offset": 15, "data": b"ab"}), "ERANGE")
+    expect(c.call("buffer.write", {"buffer": b, "offset": 17, "data": b""}), "ERANGE")
+    expect(c.call("buffer.write", {"buffer": b, "offset": (1 << 64) - 1, "data": b"a"}), "ERANGE")
+    expect(c.call("buffer.write", {"buffer": b, "offset": (1 << 64) - 1, "data": b""}), "ERANGE")
+    expect(c.call("buffer.read", {"buffer": b, "offset": 17}), "ERANGE")
+    expect(c.call("buffer.read", {"buffer": b, "offset": 8, "size": 9}), "ERANGE")
+    expect(c.call("buffer.read", {"buffer": b, "offset": 1, "size": (1 << 64) - 1}), "ERANGE")
+    expect(c.call("buffer.read", {"buffer": b, "offset": (1 << 64) - 1, "size": 2}), "ERANGE")
+    expect(c.call("buffer.write", {"buffer": b}), "EINVAL", "data")
+    expect(c.call("buffer.write", {"buffer": b, "data": 5}), "EINVAL", "data")
+    expect(c.call("buffer.write", {"data": b"x"}), "EINVAL", "buffer")
+    expect(c.call("buffer.write", {"buffer": -1, "data": b"x"}), "EINVAL", "buffer")
+    expect(c.call("buffer.write", {"buffer": b, "offset": -1, "data": b"x"}), "EINVAL", "offset")
+    expect(c.call("buffer.read", {"buffer": b, "size": -1}), "EINVAL", "size")
+    expect(c.call("buffer.read", {"buffer": "1"}), "EINVAL", "buffer")
+    expect(c.call("buffer.read", {}), "EINVAL", "buffer")
+    expect(c.call("buffer.write", {"buffer": 999999, "data": b"x"}), "ENOBUF")
+    expect(c.call("buffer.read", {"buffer": 999999}), "ENOBUF")
+    expect(c.call("buffer.read", {"buffer": (1 << 64) - 1}), "ENOBUF")
+    # which error wins: no such buffer over a range the buffer would break
+    expect(c.call("buffer.read", {"buffer": 999999, "offset": 1 << 40}), "ENOBUF")
+    still_open(c)
+
+
+@case("buffer.free: ENOBUF afterwards; other connections' buffers are ENOBUF")
+def buffer_free(env):
+    c = env.conn()
+    d = env.conn()
+    b = c.ok("buffer.create", {"device": "cpu:0", "size": 8})["buffer"]
+    for m, a in (("buffer.read", {"buffer": b}), ("buffer.write", {"buffer": b, "data": b"x"}),
+                 ("buffer.free", {"buffer": b}),
+                 ("task.run", {"op": "map", "device": "cpu:0", "options": {"fn": "abs"},
+                               "inputs": [{"buffer": b, "dtype": "f32", "shape": [2]}]}),
+                 ("task.run", {"op": "map", "device": "cpu:0", "options": {"fn": "abs"},
+                               "inputs": [t32([1, 2])], "outputs": [{"buffer": b}]})):
+        expect(d.call(m, a), "ENOBUF")
+    check(c.ok("buffer.free", {"buffer": b}) == {}, "free result {}")
+    expect(c.call("buffer.free", {"buffer": b}), "ENOBUF")
+    expect(c.call("buffer.read", {"buffer": b}), "ENOBUF")
+    expect(c.call("buffer.free", {}), "EINVAL", "buffer")
+    expect(c.call("buffer.free", {"buffer": None}), "EINVAL", "buffer")
+    expect(c.call("buffer.free", {"buffer": 1 << 63}), "ENOBUF")
+    # free is answered with the id gone, requests sent before it still see the buffer
+    b = c.ok("buffer.create", {"device": "cpu:0", "size": 4})["buffer"]
+    m1 = c.request("buffer.write", {"buffer": b, "data": b"abcd"})
+    m2 = c.request("buffer.read", {"buffer": b})
+    m3 = c.request("buffer.free", {"buffer": b})
+    m4 = c.request("buffer.read", {"buffer": b})
+    check(c.wait(m1) == ("ok", {"size": 4}), "write before free")
+    check(c.wait(m2) == ("ok", {"data": b"abcd"}), "read before free")
+    check(c.wait(m3) == ("ok", {}), "free")
+    expect(c.wait(m4), "ENOBUF")
+
+
+@case("Shared memory: buffer.import rules")
+def buffer_import(env):
+    c = env.conn()
+    # no descriptor
+    expect(c.call("buffer.import", {"size": 4096}), "EINVAL")
+    # a pipe
+    r, w = os.pipe()
+    expect(c.call("buffer.import", {"size": 4096}, fds=[r]), "EINVAL")
+    os.close(r)
+    os.close(w)
+    # not sealed
+    fd = memfd(4096, seals=0)
+    expect(c.call("buffer.import", {"size": 4096}, fds=[fd]), "EINVAL", "SEAL_SHRINK")
+    os.close(fd)
+    # smaller than size
+    fd = memfd(4096)
+    expect(c.call("buffer.import", {"size": 8192}, fds=[fd]), "EINVAL")
+    os.close(fd)
+    # size 0
+    fd = memfd(4096)
+    expect(c.call("buffer.import", {"size": 0}, fds=[fd]), "EINVAL")
+    os.close(fd)
+    # F_SEAL_WRITE
+    fd = memfd(4096, seals=fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_WRITE)
+    expect(c.call("buffer.import", {"size": 4096}, fds=[fd]), "EINVAL")
+    os.close(fd)
+    # read-only descriptor
+    fd = memfd(4096)
+    ro = os.open("/proc/self/fd/%d" % fd, os.O_RDONLY)
+    expect(c.call("buffer.import", {"size": 4096}, fds=[ro]), "EINVAL")
+    os.close(ro)
+    # missing size, with a descriptor: EINVAL, and the descriptor is not kept for later
+    expect(c.call("buffer.import", {}, fds=[fd]), "EINVAL", "size")
+    expect(c.call("buffer.import", {"size": 4096}), "EINVAL")
+    # unknown device: the daemon closes its copy whatever the answer
+    expect(c.call("buffer.import", {"size": 4096, "device": "cpu:7"}, fds=[fd]), "ENODEV")
+    expect(c.call("buffer.import", {"size": 4096}), "EINVAL")
+    # a good one: the client's pages are the buffer
+    r = c.ok("buffer.import", {"size": 4096}, fds=[fd])
+    check(set(r) == {"buffer", "device", "size"} and r["device"] == "cpu:0" and r["size"] == 4096,
+          "import result %r" % r)
+    mm = mmap.mmap(fd, 4096)
+    os.close(fd)
+    mm[0:4] = b"abcd"
+    check(c.ok("buffer.read", {"buffer": r["buffer"], "size": 4}) == {"data": b"abcd"}, "shared")
+    c.ok("buffer.write", {"buffer": r["buffer"], "offset": 4, "data": b"efgh"})
+    check(mm[4:8] == b"efgh", "write lands in the client's pages")
+    mm.close()
+    # a stray descriptor sent with a ping is closed, never taken by a later import
+    fd = memfd(4096)
+    c.ok("ping", fds=[fd])
+    expect(c.call("buffer.import", {"size": 4096}), "EINVAL")
+    os.close(fd)
+    still_open(c)
+
+
+@case("Shared memory: more than 8 unclaimed descriptors close the connection (ELIMIT)")
+def import_fd_limit(env):
+    c = env.conn()
+    fds = [os.memfd_create("x") for _ in range(9)]
+    # nine descriptors in one sendmsg with the first byte of an incomplete frame
+    frame = req(5, "ping")
+    c.send(frame[:1], fds=fds)
+    for fd in fds:
+        os.close(fd)
+    expect_protocol_error(c, "ELIMIT")
+
+
+@case("Shared memory: buffer.share")
+def buffer_share(env):
+    c = env.conn()
+    expect(c.call("buffer.share", {"size": 0}), "EINVAL")
+    expect(c.call("buffer.share", {}), "EINVAL", "size")
+    expect(c.call("buffer.share", {"size": 4096, "device": "cpu:5"}), "ENODEV")
+    check(not c.fds, "no descriptor with an error answer")
+    r = c.ok("buffer.share", {"size": 8192})
+    check(set(r) == {"buffer", "device", "size"} and r["size"] == 8192, "share result %r" % r)
+    check(len(c.fds) == 1, "one descriptor with the answer, got %d" % len(c.fds))
+    fd = c.fds.pop()
+    check(os.fstat(fd).st_size == 8192, "memfd size")
+    seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
+    want = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
+    check(seals & want == want, "seals %#x" % seals)
+    mm = mmap.mmap(fd, 8192)
+    os.close(fd)
+    check(mm[:16] == b"\0" * 16, "zero-filled")
+    mm[0:8] = struct.pack("<2f", -1.5, 2.0)
+    out = c.ok("task.run", {"op": "map", "device": r["device"], "options": {"fn": "abs"},
+                            "inputs": [{"buffer": r["buffer"], "dtype": "f32", "shape": [2]}],
+                            "outputs": [{"buffer": r["buffer"], "offset": 8}]})
+    check(out["outputs"][0] == {"dtype": "f32", "shape": [2], "buffer": r["buffer"], "offset": 8},
+          "buffer output %r" % out["outputs"])
+    check(struct.unpack("<2f", mm[8:16]) == (1.5, 2.0), "result in the client's pages")
+    mm.close()
+
+
+# ---- tensors
+
+@case("Tensors: inline tensor rules")
+def tensor_rules(env):
+    c = env.conn()
+
+    def run(t, **opt):
+        return c.call("task.run", {"op": "map", "device": "cpu:0", "options": {"fn": "abs"},
+                                   "inputs": [t]})
+    r = c.ok("task.run", {"op": "map", "device": "cpu:0", "options": {"fn": "scale", "alpha": 2},
+                          "inputs": [t32([-3], shape=[])]})
+    check(r["outputs"][0]["shape"] == [] and vals32(r["outputs"][0]) == [-6], "scalar %r" % r)
+    check(set(r) == {"device", "outputs", "time_us"} and list(r) == ["device", "outputs", "time_us"],
+          "task.run key order %r" % list(r))
+    check(list(r["outputs"][0]) == ["dtype", "shape", "data"], "output key order")
+    expect(run({"dtype": "f32", "shape": [2], "data": b"\0" * 7}), "EINVAL")
+    expect(run({"dtype": "f32", "shape": [2], "data": b"\0" * 9}), "EINVAL")
+    expect(run({"dtype": "f99", "shape": [2], "data": b"\0" * 8}), "EDTYPE")
+    expect(run({"dtype": "", "shape": [2], "data": b"\0" * 8}), "EDTYPE")
+    expect(run({"shape": [2], "data": b"\0" * 8}), "EINVAL")
+    expect(run({"dtype": 5, "shape": [2], "data": b"\0" * 8}), "EINVAL")
+    expect(run({"dtype": "f32", "data": b"\0" * 8}), "EINVAL")
+    expect(run({"dtype": "f32", "shape": 2, "data": b"\0" * 8}), "EINVAL")
+    expect(run({"dtype": "f32", "shape": [-2], "data": b""}), "EINVAL")
+    expect(run({"dtype": "f32", "shape": [2.0], "data": b"\0" * 8}), "EINVAL")
+    expect(run({"dtype": "f32", "shape": [None], "data": b"\0" * 8}), "EINVAL")
+    expect(run({"dtype": "f32", "shape": [2]}), "EINVAL")
+    expect(run({"dtype": "f32", "shape": [2], "data": 5}), "EINVAL")
+    expect(run(5), "EINVAL")
+    expect(run(None), "EINVAL")
+    expect(run({"dtype": "f32", "shape": [1] * 9, "data": b"\0" * 4}), "ELIMIT")
+    expect(run({"dtype": "f32", "shape": [1 << 62, 1 << 62, 0], "data": b""}), "ELIMIT")
+    expect(run({"dtype": "f32", "shape": [1 << 63, 0], "data": b""}), "ELIMIT")
+    expect(run({"dtype": "f32", "shape": [(1 << 64) - 1, 0], "data": b""}), "ELIMIT")
+    expect(run({"dtype": "f32", "shape": [1 << 61, 0], "data": b""}), "ELIMIT")
+    expect(run({"dtype": "f32", "shape": [1 << 31, 2], "data": b""}), "ELIMIT")
+    r = c.ok("task.run", {"op": "map", "device": "cpu:0", "options": {"fn": "abs"},
+                          "inputs": [{"dtype": "f32", "shape": [3, 0], "data": b""}]})
+    check(r["outputs"][0]["shape"] == [3, 0] and r["outputs"][0]["data"] == b"", "empty map")
+    # a tensor with data str accepted as bin
+    r = c.ok("task.run", {"op": "map", "device": "cpu:0", "options": {"fn": "abs"},
+                          "inputs": [{"dtype": "f32", "shape": [1], "data": "\0\0\0\0"}]})
+    still_open(c)
+
+
+@case("Tensors: buffer references")
+def tensor_refs(env):
+    c = env.conn()
+    b = c.ok("buffer.create", {"device": "cpu:0", "size": 16})["buffer"]
+    c.ok("buffer.write", {"buffer": b, "data": struct.pack("<4f", -1, 2, -3, 4)})
+
+    def run(t, dev="cpu:0"):
+        return c.call("task.run", {"op": "map", "device": dev, "options": {"fn": "abs"},
+                                   "inputs": [t]})
+    r = c.ok("task.run", {"op": "map", "options": {"fn": "abs"},
+                          "inputs": [{"buffer": b, "offset": 4, "dtype": "f32", "shape": [3]}]})
+    check(vals32(r["outputs"][0]) == [2, 3, 4] and r["device"] == "cpu:0", "ref %r" % r)
+    expect(run({"buffer": b, "offset": 2, "dtype": "f32", "shape": [1]}), "EINVAL")
+    expect(run({"buffer": b, "offset": 4, "dtype": "f32", "shape": [4]}), "ERANGE")
+    expect(run({"buffer": b, "offset": 16, "dtype": "f32", "shape": [1]}), "ERANGE")
+    expect(run({"buffer": b, "offset": 1 << 62, "dtype": "f32", "shape": [1]}), "ERANGE")
+    expect(run({"buffer": b, "offset": (1 << 64) - 4, "dtype": "f32", "shape": [1]}), "ERANGE")
+    expect(run({"buffer": b, "offset": -4, "dtype": "f32", "shape": [1]}), "EINVAL")
+    expect(run({"buffer": 12345678, "dtype": "f32", "shape": [1]}), "ENOBUF")
+    expect(run({"buffer": -1, "dtype": "f32", "shape": [1]}), "EINVAL")
+    expect(run({"buffer": "1", "dtype": "f32", "shape": [1]}), "EINVAL")
+    expect(run({"buffer": b, "dtype": "f32"}), "EINVAL")
+    expect(run({"buffer": b, "dtype": "zz", "shape": [1]}), "EDTYPE")
+    # zero elements at the end of the buffer lie inside it
+    r = c.ok("task.run", {"op": "map", "device": "cpu:0", "options": {"fn": "abs"},
+                          "inputs": [{"buffer": b, "offset": 16, "dtype": "f32", "shape": [0]}]})
+    check(r["outputs"][0]["shape"] == [0], "empty ref")
+    still_open(c)
+
+
+# ---- task.run
+
+def gemm_ref(a, b, m, k, n):
+    return [sum(a[i * k + x] * b[x * n + j] for x in range(k)) for i in range(m) for j in range(n)]
+
+
+@case("task.run: parameters")
+def task_params(env):
+    c = env.conn()
+    a = t32([1, 2, 3, 4], [2, 2])
+    base = {"op": "gemm", "device": "cpu:0", "inputs": [a, a]}
+
+    def run(**kw):
+        d = dict(base)
+        d.update(kw)
+        for k in [k for k, v in kw.items() if v is Ellipsis]:
+            del d[k]
+        return c.call("task.run", d)
+    r = run()
+    check(close_to(vals32(r[1]["outputs"][0]), gemm_ref([1, 2, 3, 4], [1, 2, 3, 4], 2, 2, 2)), "")
+    expect(run(op=...), "EINVAL", "op")
+    expect(run(op=None), "EINVAL", "op")
+    expect(run(op="nope"), "EINVAL", "op")
+    expect(run(op=3), "EINVAL", "op")
+    expect(run(inputs=...), "EINVAL", "inputs")
+    expect(run(inputs=[]), "EINVAL", "inputs")
+    expect(run(inputs=[a] * 5), "EINVAL", "inputs")
+    expect(run(inputs=a), "EINVAL", "inputs")
+    expect(run(device=5), "EINVAL", "device")
+    expect(run(device="nope:0"), "ENODEV")
+    expect(run(device="x" * 48), "ELIMIT", "device")
+    expect(run(options=5), "EINVAL", "options")
+    expect(run(options=[]), "EINVAL", "options")
+    expect(run(options={"trans_a": 1}), "EINVAL", "options.trans_a")
+    expect(run(options={"alpha": "2"}), "EINVAL", "options.alpha")
+    r = run(options={"alpha": 2, "beta": None, "trans_b": None})
+    check(r[0] == "ok", "options with nil values: %r" % (r,))
+    r = run(options=None)
+    check(r[0] == "ok", "options nil: %r" % (r,))
+    c.send(arr(b"\x00", p(55), p("task.run"),
+               arr(p({"op": "gemm", "device": "cpu:0", "inputs": [a, a],
+                      "options": {"alpha": 0.5}}).replace(b"\xcb\x3f\xe0\0\0\0\0\0\0",
+                                                          f32(0.5)))))
+    r = c.wait(55)
+    check(r[0] == "ok" and close_to(vals32(r[1]["outputs"][0]),
+                                    [0.5 * x for x in gemm_ref([1, 2, 3, 4], [1, 2, 3, 4], 2, 2, 2)]),
+          "alpha as float32: %r" % (r,))
+    expect(run(outputs=5), "EINVAL", "outputs")
+    expect(run(outputs=[None, None, None]), "EINVAL", "outputs")
+    expect(run(outputs=[{}]), "EINVAL", "outputs[0].buffer")
+    expect(run(outputs=[{"buffer": "x"}]), "EINVAL", "outputs[0].buffer")
+    expect(run(outputs=[{"buffer": 1, "offset": -1}]), "EINVAL", "outputs[0].offset")
+    expect(run(outputs=[5]), "EINVAL", "outputs")
+    r = run(outputs=[None])
+    check(r[0] == "ok" and "data" in r[1]["outputs"][0], "outputs [nil] inline: %r" % (r,))
+    r = run(outputs=[])
+    check(r[0] == "ok" and "data" in r[1]["outputs"][0], "outputs [] inline: %r" % (r,))
+    b = c.ok("buffer.create", {"device": "cpu:0", "size": 16})["buffer"]
+    expect(run(outputs=[{"buffer": b, "offset": 4}]), "ERANGE")
+    expect(run(outputs=[{"buffer": b, "offset": 2}]), "EINVAL")
+    expect(run(outputs=[{"buffer": b, "offset": (1 << 64) - 4}]), "ERANGE")
+    expect(run(outputs=[{"buffer": 99999}]), "ENOBUF")
+    r = c.ok("task.run", dict(base, outputs=[{"buffer": b}]))
+    check(r["outputs"][0] == {"dtype": "f32", "shape": [2, 2], "buffer": b, "offset": 0},
+          "buffer output %r" % r["outputs"][0])
+    still_open(c)
+
+
+@case("task.run: op shape and dtype rules on cpu:0")
+def task_ops(env):
+    c = env.conn()
+
+    def run(op, inputs, **opt):
+        return c.call("task.run", {"op": op, "device": "cpu:0", "inputs": inputs,
+                                   "options": opt})
+    a23 = t32([1, 2, 3, 4, 5, 6], [2, 3])
+    expect(run("gemm", [a23, a23]), "ESHAPE")
+    expect(run("gemm", [a23]), "EINVAL")
+    expect(run("gemm", [a23, t64([1] * 6, [3, 2])]), "EDTYPE")
+    r = run("gemm", [a23, a23], trans_b=True)
+    check(r[0] == "ok" and r[1]["outputs"][0]["shape"] == [2, 2], "trans_b %r" % (r,))
+    r = run("gemm", [t32([], [2, 0]), t32([], [0, 3])])
+    check(r[0] == "ok" and vals32(r[1]["outputs"][0]) == [0] * 6, "K=0: zeros %r" % (r,))
+    r = run("gemm", [t32([], [2, 0]), t32([], [0, 3]), t32([1, 2, 3], [3])], beta=2)
+    check(r[0] == "ok" and vals32(r[1]["outputs"][0]) == [2, 4, 6] * 2, "K=0: beta*C %r" % (r,))
+    h = {"dtype": "f16", "shape": [1, 1], "data": struct.pack("<e", 1.5)}
+    r = run("gemm", [h, h])
+    check(r[0] == "ok" and r[1]["outputs"][0]["dtype"] == "f32" and vals32(r[1]["outputs"][0]) == [2.25],
+          "f16 gemm -> f32 %r" % (r,))
+    c64 = {"dtype": "c64", "shape": [1, 1], "data": b"\0" * 8}
+    # a dtype the op takes on no device: EDTYPE (ENOTSUP is for a device
+    # that does not run a dtype the op takes)
+    expect(run("gemm", [c64, c64]), "EDTYPE", "c64")
+    expect(run("map", [{"dtype": "f16", "shape": [1], "data": b"\0\0"}], fn="abs"), "EDTYPE")
+    # fft
+    r = run("fft", [t32([1, 2, 3, 4])])
+    check(r[0] == "ok" and r[1]["outputs"][0]["dtype"] == "c64"
+          and r[1]["outputs"][0]["shape"] == [3], "rfft %r" % (r,))
+    check(close_to(vals32(r[1]["outputs"][0]), [10, 0, -2, 2, -2, 0]), "rfft values")
+    expect(run("fft", [t32([], [0])]), "ESHAPE")
+    expect(run("fft", [t32([1], [])]), "ESHAPE")
+    r = run("fft", [t32([5])])
+    check(r[0] == "ok" and vals32(r[1]["outputs"][0]) == [5, 0], "fft of length 1")
+    expect(run("fft", [t32([1])], inverse="no"), "EINVAL", "options.inverse")
+    # fir
+    r = run("fir", [t32([1, 2, 3]), t32([1, 1])])
+    check(r[0] == "ok" and vals32(r[1]["outputs"][0]) == [1, 3, 5], "fir %r" % (r,))
+    expect(run("fir", [t32([1, 2]), t32([], [0])]), "ESHAPE")
+    expect(run("fir", [t32([1, 2]), t32([1, 1], [1, 2])]), "ESHAPE")
+    expect(run("fir", [t32([1, 2]), t64([1])]), "EDTYPE")
+    expect(run("fir", [t32([1, 2])]), "EINVAL")
+    # contract
+    r = run("contract", [a23, a23], subscripts="ij,kj->ik")
+    check(r[0] == "ok" and r[1]["outputs"][0]["shape"] == [2, 2], "contract %r" % (r,))
+    expect(run("contract", [a23, a23]), "EINVAL", "options.subscripts")
+    expect(run("contract", [a23, a23], subscripts=5), "EINVAL", "options.subscripts")
+    expect(run("contract", [a23, a23], subscripts="i" * 64), "ELIMIT", "options.subscripts")
+    bad = run("contract", [a23, a23], subscripts="ij,jk")
+    check(bad[0] in ("EINVAL", "ESHAPE"), "contract without ->: %r" % (bad,))
+    expect(run("contract", [a23, a23], subscripts="ij,jk->ik"), "ESHAPE")
+    # reduce
+    r = run("reduce", [a23], fn="sum", axes=[-1])
+    check(r[0] == "ok" and vals32(r[1]["outputs"][0]) == [6, 15], "reduce %r" % (r,))
+    r = run("reduce", [a23])
+    check(r[0] == "ok" and r[1]["outputs"][0]["shape"] == [] and vals32(r[1]["outputs"][0]) == [21],
+          "reduce all")
+    expect(run("reduce", [a23], axes=[]), "EINVAL", "options.axes")
+    expect(run("reduce", [a23], axes=5), "EINVAL", "options.axes")
+    expect(run("reduce", [a23], axes=["0"]), "EINVAL", "options.axes")
+    expect(run("reduce", [a23], fn="prod"), "EINVAL", "options.fn")
+    bad = run("reduce", [a23], axes=[2])
+    check(bad[0] in ("EINVAL", "ESHAPE"), "axis out of range: %r" % (bad,))
+    bad = run("reduce", [a23], axes=[0, 0])
+    check(bad[0] in ("EINVAL", "ESHAPE"), "repeated axis: %r" % (bad,))
+    expect(run("reduce", [t32([], [0])], fn="max"), "ESHAPE")
+    r = run("reduce", [t32([], [0])], fn="mean")
+    check(r[0] == "ok" and math.isnan(vals32(r[1]["outputs"][0])[0]), "mean of empty is NaN")
+    # map
+    expect(run("map", [a23]), "EINVAL", "options.fn")
+    expect(run("map", [a23], fn="add"), "EINVAL")
+    expect(run("map", [a23, t32([1, 2])], fn="add"), "ESHAPE")
+    r = run("map", [t32([1, 2]), t32([3, 4])], fn="axpy", alpha=2)
+    check(r[0] == "ok" and vals32(r[1]["outputs"][0]) == [5, 8], "axpy %r" % (r,))
+    # kernel on the cpu: ENOTSUP
+    expect(run("kernel", [a23], lang="glsl", source="void main(){}"), "ENOTSUP")
+    still_open(c)
+
+
+@case("task.run: result size limits")
+def task_result_limits(env):
+    c = env.conn()
+    r = c.call("task.run", {"op": "gemm", "device": "cpu:0",
+                            "inputs": [t32([], [16384, 0]), t32([], [0, 16384])]})
+    expect(r, "ELIMIT", "buffer")
+    r = c.call("task.run", {"op": "gemm", "device": "cpu:0",
+                            "inputs": [t32([], [65536, 0]), t32([], [0, 65536])]})
+    expect(r, "ELIMIT")
+    still_open(c)
+
+
+@case("task.run: kernel options (vulkan:0)", daemon="main")
+def kernel_opts(env):
+    c = env.conn()
+    devs = c.ok("devices")["devices"]
+    vk = [d["id"] for d in devs if "glsl" in d["kernel_langs"]]
+    if not vk:
+        return "no vulkan device"
+    src = ("#version 450\nlayout(local_size_x=1) in;\n"
+           "layout(std430, binding=0) buffer A { float a[]; };\n"
+           "void main(){ a[gl_GlobalInvocationID.x] *= 2.0; }\n")
+    x = t32([1, 2, 3])
+
+    def run(dev=vk[0], **opt):
+        o = {"lang": "glsl", "source": src, "grid": [3], "args": [{"tensor": 0}]}
+        o.update(opt)
+        for k in [k for k, v in opt.items() if v is Ellipsis]:
+            del o[k]
+        return c.call("task.run", {"op": "kernel", "device": dev, "inputs": [x], "options": o})
+    r = run()
+    check(r[0] == "ok" and vals32(r[1]["outputs"][0]) == [2, 4, 6], "kernel %r" % (r,))
+    expect(run(lang=...), "EINVAL", "options.lang")
+    expect(run(lang="ptx"), "EINVAL", "options.lang")
+    expect(run(lang="cuda"), "ENOTSUP")
+    expect(run(source=...), "EINVAL", "options.source")
+    expect(run(source=5), "EINVAL", "options.source")
+    expect(run(grid=[]), "EINVAL", "options.grid")
+    expect(run(grid=[0]), "EINVAL", "options.grid")
+    expect(run(grid=[1, 1, 1, 1]), "EINVAL", "options.grid")
+    expect(run(grid=[-1]), "EINVAL", "options.grid")
+    expect(run(grid=3), "EINVAL", "options.grid")
+    expect(run(block=[1.0]), "EINVAL", "options.block")
+    expect(run(entry=5), "EINVAL", "options.entry")
+    expect(run(entry="e" * 64), "ELIMIT", "options.entry")
+    expect(run(shared=-1), "EINVAL", "options.shared")
+    expect(run(shared=1 << 32), "ERANGE", "options.shared")
+    expect(run(args=5), "EINVAL", "options.args")
+    expect(run(args=[{"tensor": 0}] * 17), "EINVAL", "options.args")
+    expect(run(args=[{"tensor": 5}]), "EINVAL")
+    expect(run(args=[{"tensor": 0, "i32": 1}]), "EINVAL")
+    expect(run(args=[{"i16": 1}]), "EINVAL")
+    expect(run(args=[5]), "EINVAL")
+    expect(run(source="#include \"x.h\"\nvoid main(){}\n"), "ECOMPILE", "#include is refused")
+    expect(run(source="#version 450\nvoid main(){ syntax error }\n"), "ECOMPILE")
+    r = c.call("task.run", {"op": "kernel", "device": vk[0], "inputs": [x],
+                            "options": {"lang": "glsl", "source": src, "args": [{"tensor": 0}]},
+                            "outputs": [None]})
+    expect(r, "EINVAL", "outputs")
+    still_open(c)
+
+
+@case("task.run: device rules (any, buffers' device, ENOTSUP)")
+def task_devices(env):
+    c = env.conn()
+    devs = c.ok("devices")["devices"]
+    vk = [d["id"] for d in devs if d["backend"] == "vulkan"]
+    if not vk:
+        return "no vulkan device"
+    b = c.ok("buffer.create", {"device": "cpu:0", "size": 8})["buffer"]
+    ref = {"buffer": b, "dtype": "f32", "shape": [2]}
+    expect(c.call("task.run", {"op": "map", "device": vk[0], "options": {"fn": "abs"},
+                               "inputs": [ref]}), "EINVAL")
+    v = c.ok("buffer.create", {"device": vk[0], "size": 8})["buffer"]
+    vref = {"buffer": v, "dtype": "f32", "shape": [2]}
+    expect(c.call("task.run", {"op": "map", "options": {"fn": "add"},
+                               "inputs": [ref, vref]}), "EINVAL")
+    r = c.ok("task.run", {"op": "map", "options": {"fn": "abs"}, "inputs": [t32([-1.0])]})
+    check(r["device"] == "cpu:0", "any avoids a software renderer: %r" % r["device"])
+    still_open(c)
+
+
+@case("task.cancel")
+def task_cancel(env):
+    c = env.conn()
+    r = c.ok("task.cancel", {"msgid": 424242})
+    check(r == {"canceled": False}, "cancel of nothing %r" % r)
+    expect(c.call("task.cancel", {}), "EINVAL", "msgid")
+    expect(c.call("task.cancel", {"msgid": -1}), "EINVAL", "msgid")
+    expect(c.call("task.cancel", {"msgid": 1 << 32}), "EINVAL", "msgid")
+    expect(c.call("task.cancel", {"msgid": "1"}), "EINVAL", "msgid")
+    check(c.ok("task.cancel", {"msgid": 0xFFFFFFFF}) == {"canceled": False}, "max msgid")
+    # a long gemm in buffers, a read queued behind it; cancel both
+    n = 1024
+    b = c.ok("buffer.create", {"device": "cpu:0", "size": n * n * 8 * 3})["buffer"]
+    A = {"buffer": b, "dtype": "f64", "shape": [n, n]}
+    B = {"buffer": b, "offset": n * n * 8, "dtype": "f64", "shape": [n, n]}
+    runs = [c.request("task.run", {"op": "gemm", "device": "cpu:0", "inputs": [A, B],
+                                   "outputs": [{"buffer": b, "offset": 2 * n * n * 8}]},
+                      msgid=500 + i) for i in range(3)]
+    q = c.request("buffer.read", {"buffer": b, "size": 8}, msgid=600)
+    r = c.call("task.cancel", {"msgid": 600})
+    check(r == ("ok", {"canceled": True}), "cancel of a queued read %r" % (r,))
+    expect(c.wait(600), "ECANCELED")
+    for m in runs:
+        c.request("task.cancel", {"msgid": m})
+    for m in runs:
+        got = c.wait(m)
+        check(got[0] in ("ok", "ECANCELED"), "canceled gemm %r" % (got[0],))
+    still_open(c)
+
+
+# ---- admin, cache, metrics, trace, jobs
+
+@case("metrics: a str")
+def metrics(env):
+    c = env.conn()
+    r = c.ok("metrics")
+    check(isinstance(r, str) and "# TYPE dspk_info gauge" in r, "metrics text")
+    c.ok("metrics", {"x": 1})
+
+
+@case("cache.stats, cache.clear")
+def cache(env):
+    c = env.conn()
+    st = c.ok("cache.stats")
+    check(set(st) == {"path", "in_memory", "max_bytes", "file_bytes", "kinds"}, "keys %r" % list(st))
+    check(set(st["kinds"]) == {"kernels", "autotune", "blobs"}, "kinds")
+    check(c.ok("cache.clear", {"kinds": ["blobs"]}) == {"cleared": ["blobs"]}, "clear blobs")
+    r = c.ok("cache.clear", {"kinds": []})
+    check(sorted(r["cleared"]) == ["autotune", "blobs", "kernels"], "empty: every kind %r" % r)
+    r = c.ok("cache.clear")
+    check(sorted(r["cleared"]) == ["autotune", "blobs", "kernels"], "absent: every kind %r" % r)
+    r = c.ok("cache.clear", {"kinds": None})
+    check(sorted(r["cleared"]) == ["autotune", "blobs", "kernels"], "nil: every kind %r" % r)
+    expect(c.call("cache.clear", {"kinds": ["nope"]}), "EINVAL", "kinds")
+    expect(c.call("cache.clear", {"kinds": "blobs"}), "EINVAL", "kinds")
+    expect(c.call("cache.clear", {"kinds": [5]}), "EINVAL", "kinds")
+
+
+@case("cache.stats without a cache: ENOENT; unknown kind first", daemon="small")
+def nocache(env):
+    c = env.conn()
+    expect(c.call("cache.stats"), "ENOENT")
+    expect(c.call("cache.clear"), "ENOENT")
+    expect(c.call("cache.clear", {"kinds": ["nope"]}), "EINVAL", "kinds")
+
+
+@case("trace: seconds")
+def trace(env):
+    c = env.conn()
+    for bad in (0, -1, 601, 600.5, "1", None, float("nan"), float("inf"), True):
+        expect(c.call("trace", {"seconds": bad}), "EINVAL", "seconds")
+    expect(c.call("trace", {}), "EINVAL", "seconds")
+    r = c.ok("trace", {"seconds": 0.001})
+    check(set(r) == {"start_us", "end_us", "dropped", "devices", "jobs"}, "trace keys %r" % list(r))
+    c.send(arr(b"\x00", p(88), p("trace"), arr(b"\x81" + p("seconds") + f32(0.001))))
+    check(c.wait(88)[0] == "ok", "seconds as float32")
+
+
+@case("job.register, job.end: params")
+def jobs(env):
+    c = env.conn()
+    expect(c.call("job.register", {"job": 0, "uid": 5000}), "EINVAL", "job")
+    expect(c.call("job.register", {"uid": 5000}), "EINVAL", "job")
+    expect(c.call("job.register", {"job": 7}), "EINVAL", "uid")
+    expect(c.call("job.register", {"job": 7, "uid": 4294967295}), "EINVAL", "uid")
+    expect(c.call("job.register", {"job": 7, "uid": -1}), "EINVAL", "uid")
+    expect(c.call("job.register", {"job": 7, "uid": 5000, "devices": ["zz-yy"]}), "EINVAL")
+    expect(c.call("job.register", {"job": 7, "uid": 5000, "devices": "abc"}), "EINVAL", "devices")
+    expect(c.call("job.register", {"job": 7, "uid": 5000, "devices": [5]}), "EINVAL", "devices")
+    expect(c.call("job.register", {"job": 7, "uid": 5000, "devices": ["a1"] * 65}), "ELIMIT")
+    r = c.ok("job.register", {"job": 7, "uid": 5000})
+    check(r["job"] == 7 and r["uid"] == 5000 and "cpu:0" in r["devices"], "register %r" % r)
+    r = c.ok("job.register", {"job": 7, "uid": 5000, "devices": None})
+    expect(c.call("job.register", {"job": 7, "uid": 5001}), "EBUSY")
+    st = c.ok("status")
+    check([j["job"] for j in st["jobs"]] == [7], "status jobs %r" % st["jobs"])
+    r = c.ok("job.end", {"job": 7})
+    check(r == {"job": 7, "ended": True, "connections": 0, "inflight": 0, "buffers": 0},
+          "end %r" % r)
+    check(c.ok("job.end", {"job": 7}) == {"job": 7, "ended": False}, "end again")
+    expect(c.call("job.end", {"job": 0}), "EINVAL", "job")
+    expect(c.call("job.end", {}), "EINVAL", "job")
+    r = c.ok("job.register", {"job": (1 << 64) - 1, "uid": 4294967294})
+    c.ok("job.end", {"job": (1 << 64) - 1})
+
+
+@case("daemon.reload")
+def reload(env):
+    c = env.conn()
+    check(c.ok("daemon.reload") == {"reloaded": True}, "reload")
+    c.ok("daemon.reload", {"x": None})
+
+
+# ---- Limits (a daemon with small limits)
+
+SMALL = ["--max-message", "4096", "--max-depth", "6", "--max-objects", "64", "--max-rank", "3",
+         "--max-elements", "100", "--max-buffers", "3", "--max-clients", "12",
+         "--max-user-clients", "10", "--max-conn-memory", "64K"]
+
+
+@case("Limits: hello reports the values in force", daemon="small")
+def small_hello(env):
+    c = env.conn()
+    lim = c.ok("hello")["limits"]
+    check(lim["max_message"] == 4096 and lim["max_depth"] == 6 and lim["max_objects"] == 64
+          and lim["max_rank"] == 3 and lim["max_elements"] == 100 and lim["max_buffers"] == 3
+          and lim["max_clients"] == 12, "limits %r" % lim)
+
+
+@case("Limits: max_message", daemon="small")
+def small_message(env):
+    c = env.conn()
+    c.ok("ping", {"data": b"x" * 4000})
+    c.send(req(1, "ping", {"data": b"x" * 4100}))
+    expect_protocol_error(c, "ELIMIT")
+    # a header announcing more than max_message is refused at once
+    c = env.conn()
+    c.send(arr(b"\x00", p(1), p("ping"), b"\x91\x81" + p("data") + b"\xc6" + struct.pack(">I", 1 << 20)))
+    expect_protocol_error(c, "ELIMIT")
+    c = env.conn()
+    c.send(b"\xdd" + struct.pack(">I", 1 << 30))
+    expect_protocol_error(c, "ELIMIT")
+
+
+@case("Limits: max_depth (the message array is depth 1)", daemon="small")
+def small_depth(env):
+    c = env.conn()
+    c.ok("ping", {"x": [1]})           # array 1, params 2, map 3, [1] 4
+    c.ok("ping", {"x": [[[1]]]})       # 6
+    c.send(req(1, "ping", {"x": [[[[1]]]]}))  # 7
+    expect_protocol_error(c, "ELIMIT")
+
+
+@case("Limits: max_objects", daemon="small")
+def small_objects(env):
+    c = env.conn()
+    c.ok("ping", {"x": [1] * 40})
+    c.send(req(1, "ping", {"x": [1] * 70}))
+    expect_protocol_error(c, "ELIMIT")
+    c = env.conn()
+    c.send(arr(b"\x00", p(1), p("ping"), b"\x91\x81" + p("x") + b"\xdc\xff\xff"))
+    expect_protocol_error(c, "ELIMIT")
+
+
+@case("Limits: max_rank, max_elements", daemon="small")
+def small_tensor(env):
+    c = env.conn()
+
+    def run(shape, n):
+        return c.call("task.run", {"op": "map", "device": "cpu:0", "options": {"fn": "abs"},
+                                   "inputs": [{"dtype": "f32", "shape": shape,
+                                               "data": b"\0" * (4 * n)}]})
+    check(run([1, 1, 1], 1)[0] == "ok", "rank 3")
+    expect(run([1, 1, 1, 1], 1), "ELIMIT")
+    check(run([100], 100)[0] == "ok", "100 elements")
+    expect(run([101], 101), "ELIMIT")
+    check(run([200, 0], 0)[0] == "ok", "[200, 0] accepted")
+    # a result above max_elements
+    r = c.call("task.run", {"op": "gemm", "device": "cpu:0",
+                            "inputs": [t32([], [11, 0]), t32([], [0, 11])]})
+    expect(r, "ELIMIT")
+    still_open(c)
+
+
+@case("Limits: buffer.read above max_message - 64; inline results above max_message - 1024",
+      daemon="small")
+def small_read(env):
+    c = env.conn()
+    b = c.ok("buffer.create", {"device": "cpu:0", "size": 8192})["buffer"]
+    check(len(c.ok("buffer.read", {"buffer": b, "size": 4096 - 64})["data"]) == 4032, "4032")
+    expect(c.call("buffer.read", {"buffer": b, "size": 4096 - 63}), "ELIMIT")
+    expect(c.call("buffer.read", {"buffer": b}), "ELIMIT")
+    still_open(c)
+
+
+@case("Limits: max_buffers", daemon="small")
+def small_buffers(env):
+    c = env.conn()
+    for _ in range(3):
+        c.ok("buffer.create", {"device": "cpu:0", "size": 8})
+    expect(c.call("buffer.create", {"device": "cpu:0", "size": 8}), "ELIMIT")
+    fd = memfd(4096)
+    expect(c.call("buffer.import", {"size": 4096}, fds=[fd]), "ELIMIT")
+    os.close(fd)
+    expect(c.call("buffer.share", {"size": 4096}), "ELIMIT")
+    check(not c.fds, "no descriptor with ELIMIT")
+    still_open(c)
+
+
+@case("Quotas: max_conn_memory", daemon="small")
+def small_quota(env):
+    c = env.conn()
+    expect(c.call("buffer.create", {"device": "cpu:0", "size": 65537}), "ELIMIT",
+           "max_conn_memory")
+    c.ok("buffer.create", {"device": "cpu:0", "size": 65536})
+    expect(c.call("buffer.create", {"device": "cpu:0", "size": 1}), "ELIMIT", "max_conn_memory")
+    # above the device's memory: ENOMEM (buffer.create)
+    expect(c.call("buffer.create", {"device": "cpu:0", "size": 1 << 62}), "ENOMEM")
+
+
+@case("Quotas: max_user_clients", daemon="userclients", check_alive=False)
+def user_clients(env):
+    cs = [env.conn() for _ in range(2)]
+    for c in cs:
+        c.ok("ping")
+    extra = env.conn()
+    expect_protocol_error(extra, "ELIMIT", "max_user_clients")
+    for c in cs:
+        still_open(c)
+        c.close()
+
+
+@case("Limits: max_clients", daemon="clients", check_alive=False)
+def max_clients(env):
+    cs = [env.conn() for _ in range(2)]
+    for c in cs:
+        c.ok("ping")
+    extra = env.conn()
+    expect_protocol_error(extra, "ELIMIT", "max_clients")
+    for c in cs:
+        still_open(c)
+        c.close()
+
+
+# ---------------------------------------------------------------- runner
+
+def alive(sock):
+    c = Conn(sock)
+    try:
+        check(c.call("ping", {"data": b"z"}) == ("ok", {"data": b"z"}), "daemon answers")
+    finally:
+        c.close()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dspkd", required=True)
+    ap.add_argument("cases", nargs="*")
+    a = ap.parse_args()
+    tmp = tempfile.mkdtemp(prefix="dspk-conf-")
+    daemons = {}
+    logs = {}
+    # Each daemon a case needs, started at its first case.  The connection
+    # limits have daemons of their own: a connection a case closed may not
+    # be gone yet from the daemon's count when the next one starts.
+    configs = {"main": (["--cache", os.path.join(tmp, "cache.db")], "cpu,vulkan"),
+               "small": (SMALL, "cpu"),
+               "userclients": (["--max-user-clients", "2"], "cpu"),
+               "clients": (["--max-clients", "2"], "cpu")}
+    failed = []
+    skipped = []
+
+    def daemon(name):
+        if name not in daemons:
+            args, backends = configs[name]
+            sock = os.path.join(tmp, name + ".sock")
+            logs[name] = open(os.path.join(tmp, name + ".log"), "w+")
+            proc = dspk_daemon.start(dspk_daemon.cmdline(a.dspkd, sock, args, backends),
+                                     TIMEOUT, stderr=logs[name])
+            if proc is None:
+                logs[name].seek(0)
+                sys.stderr.write(logs[name].read())
+                raise SystemExit("dspkd (%s) did not start" % name)
+            daemons[name] = (proc, sock)
+        return daemons[name]
+    try:
+        for cname, section, dname, check_alive, fn in CASES:
+            if a.cases and cname not in a.cases:
+                continue
+            proc, sock = daemon(dname)
+            try:
+                note = fn(Env(sock))
+                if check_alive:
+                    alive(sock)
+                if note:
+                    skipped.append(cname)
+                print("ok   %-22s %s%s" % (cname, section, " (skipped: %s)" % note if note else ""))
+            except Exception as e:  # noqa: BLE001
+                failed.append(cname)
+                print("FAIL %-22s %s\n     %s: %s" % (cname, section, type(e).__name__, e))
+                if not isinstance(e, Fail):
+                    traceback.print_exc()
+    finally:
+        for name, (proc, sock) in daemons.items():
+            rc = dspk_daemon.stop(proc, TIMEOUT)
+            if rc != 0:
+                failed.append("dspkd %s exit %r" % (name, rc))
+                logs[name].seek(0)
+                sys.stderr.write(logs[name].read()[-4000:])
+    shutil.rmtree(tmp, ignore_errors=True)
+    if failed:
+        print("FAILED:", ", ".join(failed))
+        return 1
+    if skipped:
+        print("all cases pass but these were skipped:", ", ".join(skipped))
+        return 77
+    print("all cases pass")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
