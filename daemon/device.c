@@ -265,6 +265,24 @@ struct device *dspkd_device_any(struct dspkd *d, struct conn *c, const struct ds
   return best ? best : cpu ? cpu : soft;
 }
 
+void dspkd_device_none_why(struct dspkd *d, struct conn *c, const struct dspk__op *op,
+                           char *buf, size_t len) {
+  size_t at = 0;
+  if (len)
+    buf[0] = '\0';
+  for (int i = 0; i < d->ndevs && at + 1 < len; i++) {
+    char why[160];
+    int w;
+    if (!candidate(d, c, NULL, i) ||
+        dspk__caps_check(&d->devs[i].caps, op, d->devs[i].id, why, sizeof why) == 0)
+      continue;
+    w = snprintf(buf + at, len - at, "%s%s", at ? "; " : "", why);
+    if (w < 0)
+      break;
+    at += (size_t)w < len - at ? (size_t)w : len - at - 1;
+  }
+}
+
 void dspkd_heap_warm(void) {
   size_t n = (size_t)DSPKD_HEAP_WARM_MB << 20;
   char *p = malloc(n);

@@ -477,6 +477,10 @@ struct device *dspkd_device_find(struct dspkd *d, const char *id, size_t len);
  * the least-loaded hardware device (each GPU through the first backend that
  * has it and runs op), else cpu:0, else a software device.  NULL: none. */
 struct device *dspkd_device_any(struct dspkd *d, struct conn *c, const struct dspk__op *op);
+/* Why no device connection c may use runs op: each one's reason
+ * (dspk__caps_check), joined with "; ", into buf (cut to len). */
+void dspkd_device_none_why(struct dspkd *d, struct conn *c, const struct dspk__op *op,
+                           char *buf, size_t len);
 
 /* daemon/quota.c: the quotas of docs/protocol.md ("Quotas"). */
 /* Finds or makes the user's counters and counts one more connection of it;

@@ -54,7 +54,8 @@ static void pack_limits(const void *ud, struct dspk__wbuf *w) {
   const struct dspkd_config *cfg = ud;
   struct dspk__pval v[DSPK__LIM_COUNT];
   v[DSPK__LIM_MAX_MESSAGE] = dspk__pv_uint(cfg->lim.max_message);
-  v[DSPK__LIM_MAX_DEPTH] = dspk__pv_uint(cfg->lim.max_depth);
+  v[DSPK__LIM_MAX_DEPTH] = dspk__pv_uint(
+      cfg->lim.max_depth < DSPK__SCAN_DEPTH_MAX ? cfg->lim.max_depth : DSPK__SCAN_DEPTH_MAX);
   v[DSPK__LIM_MAX_OBJECTS] = dspk__pv_uint(cfg->lim.max_objects);
   v[DSPK__LIM_MAX_RANK] = dspk__pv_uint(cfg->lim.max_rank);
   v[DSPK__LIM_MAX_ELEMENTS] = dspk__pv_uint(cfg->lim.max_elements);
@@ -96,7 +97,7 @@ static struct device *resolve_device(struct req *r, const char *name,
     dev = dspkd_device_any(d, r->c, op);
     if (!dev && op && (dev = dspkd_device_any(d, r->c, NULL))) {
       char why[sizeof r->msg - 64];
-      dspk__caps_check(&dev->caps, op, dev->id, why, sizeof why);
+      dspkd_device_none_why(d, r->c, op, why, sizeof why);
       *err = fail(r, DSPK_ENOTSUP, "no device runs this task (%s)", why);
       return NULL;
     }
@@ -712,6 +713,10 @@ static int kernel_args(struct req *r, const struct dspk__pval *args, struct dspk
         k->v.f64 = fv;
       continue;
     }
+    if (v->type == MSGPACK_OBJECT_POSITIVE_INTEGER && v->via.u64 > INT64_MAX)
+      return fail(r, k->kind == DSPK__KARG_TENSOR ? DSPK_EINVAL : DSPK_ERANGE,
+                  "options.args[%u]: %" PRIu64 " is out of %s range", i, v->via.u64,
+                  k->kind == DSPK__KARG_TENSOR ? "tensor index" : kinds[t].key);
     if (dspk__obj_i64(v, &iv) != 0)
       return fail(r, DSPK_EINVAL, "options.args[%u]: expected an integer", i);
     switch (k->kind) {
@@ -746,8 +751,12 @@ static int reduce_axes(struct req *r, const struct dspk__pval *axes, struct dspk
   int rank = op->in[0].rank;
   op->u.reduce.axes = 0;
   for (uint32_t i = 0; axes->set && i < axes->v.o->via.array.size; i++) {
+    const msgpack_object *o = &axes->v.o->via.array.ptr[i];
     int64_t ax;
-    if (dspk__obj_i64(&axes->v.o->via.array.ptr[i], &ax) != 0)
+    if (o->type == MSGPACK_OBJECT_POSITIVE_INTEGER && o->via.u64 > INT64_MAX)
+      return fail(r, DSPK_EINVAL, "options.axes[%u]: axis %" PRIu64
+                  " is out of range for input 0 of rank %d", i, o->via.u64, rank);
+    if (dspk__obj_i64(o, &ax) != 0)
       return fail(r, DSPK_EINVAL, "options.axes[%u]: expected an integer", i);
     if (ax < -rank || ax >= rank)
       return fail(r, DSPK_EINVAL, "options.axes[%u]: axis %" PRId64

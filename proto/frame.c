@@ -36,11 +36,6 @@
 #include "proto/frame.h"
 #include "proto/utf8.h"
 
-/* Deepest nesting the scanner accepts; a configured max_depth above this
- * is treated as this value.  It is the depth msgpack-c's unpacker can
- * decode (its stack, MSGPACK_EMBED_STACK_SIZE): a deeper frame passed to
- * msgpack_unpack() fails as "out of memory" (found by tests/fuzz). */
-#define DSPK__SCAN_DEPTH_MAX 32
 _Static_assert(DSPK__SCAN_DEPTH_MAX <= MSGPACK_EMBED_STACK_SIZE,
                "the scanner must not accept what msgpack_unpack() cannot decode");
 

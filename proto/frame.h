@@ -15,6 +15,13 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+/* Deepest nesting the scanner accepts; a configured max_depth above this
+ * is treated as this value (and reported as it: hello's limits are the
+ * values in force).  It is the depth msgpack-c's unpacker can decode (its
+ * stack, MSGPACK_EMBED_STACK_SIZE): a deeper frame passed to
+ * msgpack_unpack() fails as "out of memory" (found by tests/fuzz). */
+#define DSPK__SCAN_DEPTH_MAX 32
+
 struct dspk__limits {
   size_t max_message;    /* bytes in one message */
   unsigned max_depth;    /* nesting of arrays/maps (top-level array is 1);
