@@ -1153,6 +1153,160 @@ def reload(env):
     c.ok("daemon.reload", {"x": None})
 
 
+@case("trace: job records")
+def trace_jobs(env):
+    c = env.conn()
+    m = c.request("trace", {"seconds": 0.3})
+    # the trace is taken in before the next requests: requests of one
+    # connection are handled in order
+    c.ok("task.run", {"op": "map", "device": "cpu:0", "inputs": [t32([1.0])],
+                      "options": {"fn": "abs"}}, msgid=71)
+    b = c.ok("buffer.create", {"device": "cpu:0", "size": 8}, msgid=72)["buffer"]
+    c.ok("buffer.free", {"buffer": b})
+    r = c.wait(m)
+    check(r[0] == "ok", "trace %r" % (r,))
+    r = r[1]
+    check(r["start_us"] <= r["end_us"] and r["dropped"] == 0 and "cpu:0" in r["devices"],
+          "trace %r" % {k: v for k, v in r.items() if k != "jobs"})
+    mine = {j["msgid"]: j for j in r["jobs"] if j["client"] != 0}
+    check(set(mine) == {71, 72}, "the connection's jobs %r" % r["jobs"])
+    t = mine[71]
+    check(t["kind"] == "task" and t["name"] == "map" and t["error"] is None
+          and t["running"] is False and t["job"] is None and t["device"] == "cpu:0", "%r" % t)
+    check(t["queued_us"] <= t["start_us"] <= t["upload_end_us"] <= t["compute_end_us"]
+          <= t["end_us"], "task phases in order %r" % t)
+    check(mine[72]["kind"] == "buffer.create" and mine[72]["name"] == "buffer.create", "%r" % mine)
+    rel = [j for j in r["jobs"] if j["client"] == 0]
+    check(rel and rel[0]["kind"] == "buffer.free", "the daemon's release %r" % rel)
+
+
+@case("Quotas: memory quotas, ENOMEM first", daemon="quota")
+def quotas(env):
+    c = env.conn()
+    d = env.conn()
+    c.ok("buffer.create", {"device": "cpu:0", "size": 40000})
+    d.ok("buffer.create", {"device": "cpu:0", "size": 40000})
+    expect(c.call("buffer.create", {"device": "cpu:0", "size": 30000}), "ELIMIT",
+           "max_conn_memory")
+    expect(d.call("buffer.create", {"device": "cpu:0", "size": 20000}), "ELIMIT",
+           "max_user_memory")
+    x = {"dtype": "f32", "shape": [2500], "data": b"\0" * 10000}
+    expect(d.call("task.run", {"op": "map", "device": "cpu:0", "inputs": [x],
+                               "options": {"fn": "abs"}}), "ELIMIT", "max_user_memory",
+           "need ")
+    expect(d.call("buffer.share", {"size": 20000}), "ELIMIT", "max_user_memory")
+    check(not d.fds, "no descriptor with ELIMIT")
+    fd = memfd(20000)
+    expect(d.call("buffer.import", {"size": 20000}, fds=[fd]), "ELIMIT", "max_user_memory")
+    os.close(fd)
+    # above the device's memory: ENOMEM, whatever the quotas
+    expect(d.call("buffer.create", {"device": "cpu:0", "size": 1 << 62}), "ENOMEM")
+    # a small task still fits
+    d.ok("task.run", {"op": "map", "device": "cpu:0", "inputs": [t32([-1.0])],
+                      "options": {"fn": "abs"}})
+
+
+@case("Quotas: max_user_partial", daemon="partial", check_alive=False)
+def partial(env):
+    c = env.conn()
+    d = env.conn()
+
+    def part(conn, n, total):
+        head = arr(b"\x00", p(1), p("ping"),
+                   b"\x91\x81" + p("data") + b"\xc6" + struct.pack(">I", total))
+        try:
+            conn.send(head + b"x" * n)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+    # c and d each hold 300000 bytes of a 400000-byte message (in the
+    # daemon's socket queues when sendall returns: read by the time a later
+    # connection's two pings are answered); e's 500000 would pass 1 MiB
+    e = env.conn()
+    part(c, 300000, 400000)
+    part(d, 300000, 400000)
+    f = env.conn()
+    still_open(f)
+    still_open(f)
+    part(e, 500000, 500000)
+    expect_protocol_error(e, "ELIMIT", "max_user_partial")
+    c.send(b"y" * 100000)
+    d.send(b"y" * 100000)
+    for conn in (c, d):
+        got = conn.wait(1)
+        check(got[0] == "ok" and len(got[1]["data"]) == 400000, "the messages within it complete")
+    still_open(f)
+
+
+@case("job.register, job.end: a job's connections", daemon="jobs")
+def job_binding(env):
+    c = env.conn()
+    uid = os.getuid()
+    vk = [d for d in c.ok("devices")["devices"] if d["backend"] == "vulkan"]
+    uuids = ["GPU-" + vk[0]["uuid"].upper()] if vk else []
+    r = c.ok("job.register", {"job": 9, "uid": uid, "devices": uuids})
+    check(r == {"job": 9, "uid": uid, "devices": ["cpu:0"] + [d["id"] for d in vk]},
+          "register %r" % r)
+    j = env.conn()
+    j.ok("hello", {"job": 9})
+    check([d["id"] for d in j.ok("devices")["devices"]] == r["devices"], "the job's devices")
+    j.ok("buffer.create", {"device": "cpu:0", "size": 8})
+    expect(j.call("job.end", {"job": 9}), "EINVAL")
+    st = c.ok("status")
+    check([(x["job"], x["connections"], x["buffers"], x["ended"]) for x in st["jobs"]]
+          == [(9, 1, 1, False)], "status jobs %r" % st["jobs"])
+    check(sorted(x["job"] or 0 for x in st["clients"]) == [0, 9], "clients' jobs")
+    # a claim of a job not registered while the uid has one: EPERM, the
+    # connection stays and may retry
+    k = env.conn()
+    k.ok("hello", {"job": 10})
+    expect(k.call("devices"), "EPERM")
+    check(k.call("status")[0] == "ok", "status does not decide")
+    expect(k.call("buffer.create", {"size": 8}), "EPERM")
+    r = c.ok("job.end", {"job": 9})
+    check(r == {"job": 9, "ended": True, "connections": 1, "inflight": 0, "buffers": 1},
+          "end %r" % r)
+    j.expect_close()
+    check(c.ok("job.end", {"job": 9}) == {"job": 9, "ended": False}, "ended already")
+    # two jobs of the uid and no claim: EPERM until it names one
+    c.ok("job.register", {"job": 11, "uid": uid})
+    c.ok("job.register", {"job": 12, "uid": uid})
+    n = env.conn()
+    expect(n.call("devices"), "EPERM", "name one")
+    n.ok("hello", {"job": 12})
+    check([d["id"] for d in n.ok("devices")["devices"]] == ["cpu:0"], "job 12: the cpu")
+    m = env.conn()
+    m.ok("hello", {"job": 9})
+    expect(m.call("devices"), "EPERM")
+    c.ok("job.end", {"job": 11})
+    r = c.ok("job.end", {"job": 12})
+    check(r["connections"] == 1, "job 12's connection %r" % r)
+    n.expect_close()
+
+
+@case("daemon.stop: queued requests ESHUTDOWN, running ones finish", daemon="stop",
+      check_alive=False)
+def stop(env):
+    c = env.conn()
+    n = 512
+    b = c.ok("buffer.create", {"device": "cpu:0", "size": n * n * 8 * 3})["buffer"]
+    A = {"buffer": b, "dtype": "f64", "shape": [n, n]}
+    g = [c.request("task.run", {"op": "gemm", "device": "cpu:0", "inputs": [A, A],
+                                "outputs": [{"buffer": b, "offset": 2 * n * n * 8}]})
+         for _ in range(2)]
+    q = c.request("buffer.read", {"buffer": b, "size": 8})
+    d = env.conn()
+    t = d.request("trace", {"seconds": 600})
+    check(d.call("daemon.stop") == ("ok", {"stopping": True}), "daemon.stop")
+    check(d.wait(t)[0] == "ok", "a trace in progress is answered at the stop")
+    got = [c.wait(m)[0] for m in g + [q]]
+    check(got[-1] == "ESHUTDOWN" and all(x in ("ok", "ESHUTDOWN") for x in got[:-1]),
+          "answers at the stop %r" % got)
+    c.expect_close()
+    d.expect_close()
+    check(not os.path.exists(env.sock), "the socket is removed")
+    return None
+
+
 # ---- Limits (a daemon with small limits)
 
 SMALL = ["--max-message", "4096", "--max-depth", "6", "--max-objects", "64", "--max-rank", "3",
@@ -1323,6 +1477,10 @@ def main():
                "small": (SMALL, "cpu"),
                "userclients": (["--max-user-clients", "2"], "cpu"),
                "deep": (["--max-depth", "40"], "cpu"),
+               "quota": (["--max-conn-memory", "64K", "--max-user-memory", "96K"], "cpu"),
+               "partial": (["--max-user-partial", "1M"], "cpu"),
+               "jobs": ([], "cpu,vulkan"),
+               "stop": ([], "cpu"),
                "clients": (["--max-clients", "2"], "cpu")}
     failed = []
     skipped = []
