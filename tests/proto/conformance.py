@@ -281,8 +281,9 @@ def case(section, daemon="main", check_alive=True):
 
 
 class Env:
-    def __init__(self, sock, admin=True):
+    def __init__(self, sock, config=None):
         self.sock = sock
+        self.config = config
 
     def conn(self):
         return Conn(self.sock)
@@ -1307,6 +1308,101 @@ def stop(env):
     return None
 
 
+@case("daemon.reload: the file again; an invalid one keeps the running configuration",
+      daemon="reload")
+def reload_file(env):
+    c = env.conn()
+    check(c.ok("hello")["limits"]["max_buffers"] == 5, "max_buffers from the file")
+    with open(env.config, "w") as f:
+        f.write("[limits]\nmax_buffers = 7\nbogus_key = 3\n")
+    expect(c.call("daemon.reload"), "EINVAL", env.config + ":3")
+    check(c.ok("hello")["limits"]["max_buffers"] == 5, "the running configuration stays")
+    with open(env.config, "w") as f:
+        f.write("[limits]\nmax_buffers = 7\n[policy]\nallow_users = 4242\n")
+    check(c.ok("daemon.reload") == {"reloaded": True}, "reload")
+    check(c.ok("hello")["limits"]["max_buffers"] == 7, "the new value")
+    # allow_users names another uid: the daemon's own user is still admitted
+    d = env.conn()
+    still_open(d)
+
+
+@case("Framing: ping is answered at once, never behind device work; a queued request "
+      "of the connection is canceled by it only")
+def ping_first(env):
+    c = env.conn()
+    o = env.conn()
+    n = 768
+    b = c.ok("buffer.create", {"device": "cpu:0", "size": n * n * 8 * 3})["buffer"]
+    A = {"buffer": b, "dtype": "f64", "shape": [n, n]}
+    g = c.request("task.run", {"op": "gemm", "device": "cpu:0", "inputs": [A, A],
+                               "outputs": [{"buffer": b, "offset": 2 * n * n * 8}]}, msgid=1)
+    q = c.request("buffer.read", {"buffer": b, "size": 8}, msgid=2)
+    pg = c.request("ping", msgid=3)
+    check(o.ok("task.cancel", {"msgid": 2}) == {"canceled": False}, "another connection's")
+    check(c.ok("task.cancel", {"msgid": 2}, msgid=4) == {"canceled": True}, "own queued read")
+    expect(c.wait(q), "ECANCELED")
+    check(c.wait(g)[0] == "ok" and c.wait(pg)[0] == "ok", "gemm and ping")
+    check(c.order.index(3) < c.order.index(1), "ping answered before the gemm: %r" % c.order)
+
+
+@case("Framing: requests of a connection on one device start in arrival order")
+def device_order(env):
+    c = env.conn()
+    b = c.ok("buffer.create", {"device": "cpu:0", "size": 16})["buffer"]
+    ms = []
+    for k in range(4):
+        ms.append(c.request("buffer.write", {"buffer": b, "data": struct.pack("<2f", -k, k)}))
+        ms.append(c.request("task.run", {"op": "map", "device": "cpu:0",
+                                         "options": {"fn": "abs"},
+                                         "inputs": [{"buffer": b, "dtype": "f32", "shape": [2]}],
+                                         "outputs": [{"buffer": b, "offset": 8}]}))
+        ms.append(c.request("buffer.read", {"buffer": b, "offset": 8}))
+    for k in range(4):
+        w, t, r = (c.wait(m) for m in ms[3 * k:3 * k + 3])
+        check(w[0] == "ok" and t[0] == "ok" and r == ("ok", {"data": struct.pack("<2f", k, k)}),
+              "round %d: %r" % (k, r))
+    # a large write, received in place when data is the last key
+    big = os.urandom(1 << 17)
+    b = c.ok("buffer.create", {"device": "cpu:0", "size": 1 << 18})["buffer"]
+    m1 = c.request("buffer.write", {"buffer": b, "offset": 3, "data": big})
+    m2 = c.request("buffer.read", {"buffer": b, "offset": 3, "size": 1 << 17})
+    m3 = c.request("buffer.write", {"data": big[::-1], "buffer": b, "offset": 1 << 17})
+    m4 = c.request("buffer.read", {"buffer": b, "offset": 1 << 17, "size": 1 << 17})
+    check(c.wait(m1) == ("ok", {"size": 1 << 17}) and c.wait(m2) == ("ok", {"data": big}),
+          "in-place write")
+    check(c.wait(m3) == ("ok", {"size": 1 << 17}) and c.wait(m4) == ("ok", {"data": big[::-1]}),
+          "write with data first")
+    expect(c.call("buffer.write", {"buffer": b, "offset": (1 << 18) - 5, "data": big}), "ERANGE")
+    expect(c.call("buffer.write", {"buffer": 987654, "data": big}), "ENOBUF")
+
+
+@case("Errors: a client string echoed is cut at a character boundary")
+def utf8_cut(env):
+    c = env.conn()
+    for s in ("\u00e9" * 3000, "x" + "\u20ac" * 2000, "\U0001F600" * 1500):
+        e = expect(c.call(s), "ENOMETHOD")
+        check(len(e["message"].encode()) < 2000, "message bounded")
+    e = expect(c.call("buffer.create", {"device": "\u00e9" * 23 + "x", "size": 1}), "ENODEV")
+    check("\u00e9" * 23 + "x" in e["message"], "the device name echoed whole: %r" % e["message"])
+
+
+@case("Limits: max_inflight: past it the daemon stops reading the connection, no error",
+      daemon="inflight")
+def inflight(env):
+    c = env.conn()
+    check(c.ok("hello")["limits"]["max_inflight"] == 2, "hello's max_inflight")
+    n = 640
+    b = c.ok("buffer.create", {"device": "cpu:0", "size": n * n * 8 * 3})["buffer"]
+    A = {"buffer": b, "dtype": "f64", "shape": [n, n]}
+    g = [c.request("task.run", {"op": "gemm", "device": "cpu:0", "inputs": [A, A],
+                                "outputs": [{"buffer": b, "offset": 2 * n * n * 8}]},
+                   msgid=10 + i) for i in range(2)]
+    pg = c.request("ping", msgid=20)
+    check(c.wait(pg)[0] == "ok" and all(c.wait(m)[0] == "ok" for m in g), "answers")
+    check(c.order.index(20) > min(c.order.index(10), c.order.index(11)),
+          "the ping was read only once a task was answered: %r" % c.order)
+
+
 # ---- Limits (a daemon with small limits)
 
 SMALL = ["--max-message", "4096", "--max-depth", "6", "--max-objects", "64", "--max-rank", "3",
@@ -1468,6 +1564,8 @@ def main():
     ap.add_argument("cases", nargs="*")
     a = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="dspk-conf-")
+    with open(os.path.join(tmp, "reload.conf"), "w") as f:
+        f.write("[limits]\nmax_buffers = 5\n")
     daemons = {}
     logs = {}
     # Each daemon a case needs, started at its first case.  The connection
@@ -1481,6 +1579,8 @@ def main():
                "partial": (["--max-user-partial", "1M"], "cpu"),
                "jobs": ([], "cpu,vulkan"),
                "stop": ([], "cpu"),
+               "inflight": (["--max-inflight", "2"], "cpu"),
+               "reload": (["--config", os.path.join(tmp, "reload.conf")], "cpu"),
                "clients": (["--max-clients", "2"], "cpu")}
     failed = []
     skipped = []
@@ -1504,7 +1604,7 @@ def main():
                 continue
             proc, sock = daemon(dname)
             try:
-                note = fn(Env(sock))
+                note = fn(Env(sock, os.path.join(tmp, "reload.conf")))
                 if check_alive:
                     alive(sock)
                 if note:
