@@ -302,10 +302,16 @@ int dspk__tensor_decode(const msgpack_object *o,
 
   v = dspk__map_get(o, "buffer");
   if (v && v->type != MSGPACK_OBJECT_NIL) {
+    const msgpack_object *data = dspk__map_get(o, "data");
     t.is_ref = true;
     if (dspk__obj_u64(v, &t.buffer) != 0)
       return dspk__fail(msg, msglen, DSPK_EINVAL,
                   "tensor buffer: expected a buffer id");
+    /* Inline or a reference, never both: which one the client meant is
+     * not for the daemon to guess. */
+    if (data && data->type != MSGPACK_OBJECT_NIL)
+      return dspk__fail(msg, msglen, DSPK_EINVAL,
+                  "tensor has both data and a buffer reference: give one");
     if (dspk__arg_u64(o, "offset", &t.offset, msg, msglen) != 0)
       return DSPK_EINVAL;
     if (t.offset % isz != 0)

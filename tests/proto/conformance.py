@@ -299,6 +299,9 @@ def params_forms(env):
         check(c.wait(m) == ("ok", {"data": b""}), "ping with params %r" % (ps,))
     m = c.request("ping", {"data": b"x", "unknown": [1, {"a": None}]})
     check(c.wait(m) == ("ok", {"data": b"x"}), "unknown keys are ignored")
+    c.send(arr(b"\x00", p(2), p("ping"), b"\x91\x82" + p("data") + p(b"first") + p("data")
+               + p(b"second")))
+    check(c.wait(2) == ("ok", {"data": b"first"}), "a key given twice: the first counts")
     m = c.request("ping", {"data": None})
     check(c.wait(m) == ("ok", {"data": b""}), "nil means the default")
     m = c.request("ping", {"data": "text"})
@@ -372,6 +375,8 @@ def malformed_close(env):
         (p([0, 1.0, "ping", []]), "msgid a float"),
         (p([0, 1 << 32]), "2 elements, big msgid"),
         (p([0, "x", "ping"]), "3 elements, str msgid"),
+        (p([0, 1, "ping", [{"x": msgpack.ExtType(1, b"ab")}]]), "an ext type"),
+        (p([0, 1, "ping", [{"x": msgpack.Timestamp(1)}]]), "a timestamp"),
     ]
     for data, what in bad:
         c = env.conn()
@@ -792,6 +797,14 @@ def tensor_refs(env):
     expect(run({"buffer": "1", "dtype": "f32", "shape": [1]}), "EINVAL")
     expect(run({"buffer": b, "dtype": "f32"}), "EINVAL")
     expect(run({"buffer": b, "dtype": "zz", "shape": [1]}), "EDTYPE")
+    expect(run({"buffer": b, "dtype": "f32", "shape": [1], "data": b"\0" * 4}), "EINVAL", "both")
+    r = c.ok("task.run", {"op": "map", "device": "cpu:0", "options": {"fn": "abs"},
+                          "inputs": [{"buffer": b, "offset": None, "dtype": "f32", "shape": [1],
+                                      "data": None}]})
+    check(vals32(r["outputs"][0]) == [1.0], "offset and data nil: a reference at 0")
+    r = c.ok("task.run", {"op": "map", "device": "cpu:0", "options": {"fn": "abs"},
+                          "inputs": [dict(t32([-5.0]), buffer=None)]})
+    check(vals32(r["outputs"][0]) == [5.0], "buffer nil: inline")
     # zero elements at the end of the buffer lie inside it
     r = c.ok("task.run", {"op": "map", "device": "cpu:0", "options": {"fn": "abs"},
                           "inputs": [{"buffer": b, "offset": 16, "dtype": "f32", "shape": [0]}]})
