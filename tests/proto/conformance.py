@@ -103,6 +103,7 @@ class Conn:
         self.responses = {}
         self.order = []          # msgids in the order their answers came
         self.notes = []          # notifications
+        self.events = []         # (kind, msgid) in order of arrival
         self.fds = []            # descriptors received
         self.eof = False
         self.next = 1000
@@ -151,10 +152,13 @@ class Conn:
                     check_error_map(m[2])
                 self.responses.setdefault(m[1], []).append(m)
                 self.order.append(m[1])
+                self.events.append(("response", m[1]))
             elif m[0] == 2:
                 check(len(m) == 3 and isinstance(m[1], str) and isinstance(m[2], list),
                       "notification of another form: %r" % (m,))
                 self.notes.append(m)
+                self.events.append((m[1], m[2][0].get("msgid") if m[2] and isinstance(m[2][0], dict)
+                                    else None))
             else:
                 raise Fail("message of type %r from the daemon: %r" % (m[0], m))
 
@@ -1416,6 +1420,25 @@ def inflight(env):
           "the ping was read only once a task was answered: %r" % c.order)
 
 
+@case("Notifications from the daemon: task.progress while a task tunes", daemon="progress")
+def progress(env):
+    c = env.conn()
+    # a fresh daemon with an empty cache tunes fir's method for a long filter
+    m = c.request("task.run", {"op": "fir", "device": "cpu:0",
+                               "inputs": [t32([0.5] * (1 << 16)), t32([0.1] * 1024)]})
+    got = c.wait(m)
+    check(got[0] == "ok" and got[1]["outputs"][0]["shape"] == [1 << 16], "fir %r" % (got[0],))
+    prog = [n for n in c.notes if n[1] == "task.progress"]
+    check(prog, "no task.progress for a tuning task")
+    for n in prog:
+        check(len(n[2]) == 1 and set(n[2][0]) == {"msgid", "what", "fraction"}, "%r" % n)
+        e = n[2][0]
+        check(e["msgid"] == m and isinstance(e["what"], str) and "fir" in e["what"]
+              and isinstance(e["fraction"], float) and 0 <= e["fraction"] <= 1, "%r" % n)
+    check(c.events.index(("response", m)) == len(c.events) - 1,
+          "every progress before the response: %r" % c.events)
+
+
 # ---- Limits (a daemon with small limits)
 
 SMALL = ["--max-message", "4096", "--max-depth", "6", "--max-objects", "64", "--max-rank", "3",
@@ -1592,6 +1615,7 @@ def main():
                "partial": (["--max-user-partial", "1M"], "cpu"),
                "jobs": ([], "cpu,vulkan"),
                "stop": ([], "cpu"),
+               "progress": (["--cache", os.path.join(tmp, "progress.db")], "cpu"),
                "inflight": (["--max-inflight", "2"], "cpu"),
                "reload": (["--config", os.path.join(tmp, "reload.conf")], "cpu"),
                "clients": (["--max-clients", "2"], "cpu")}
