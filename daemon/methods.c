@@ -492,7 +492,8 @@ int dspkd_buffer_fits(struct req *r, struct device *dev, uint64_t size) {
     return fail(r, DSPK_ENOMEM, "%" PRIu64 " bytes is more than %s has (%" PRIu64 ")",
                 size, dev->id, dev->info.memory);
   if (size > SIZE_MAX / 2)
-    return fail(r, DSPK_ERANGE, "size %" PRIu64 " is too large", size);
+    return fail(r, DSPK_ENOMEM, "%" PRIu64 " bytes is more than %s can allocate", size,
+                dev->id);
   /* Creates still in flight count: pipelined creates cannot overshoot. */
   if (c->nbufs + c->creating >= c->d->cfg.max_buffers)
     return fail(r, DSPK_ELIMIT, "this connection already has %zu buffers (max_buffers)",

@@ -118,8 +118,6 @@ static int shm_args(struct req *r, const char *what, struct device **dev, uint64
     return fail(r, DSPK_EINVAL, "size: expected a byte count");
   if (*size == 0)
     return fail(r, DSPK_EINVAL, "%s: size must be at least 1 byte", what);
-  if (*size > SIZE_MAX / 2)
-    return fail(r, DSPK_ERANGE, "size %" PRIu64 " is too large", *size);
   if (!(*dev = dspkd_resolve_device(r, devname, &err)))
     return err; /* as buffer.create: the connection's Slurm job's devices */
   return dspkd_buffer_fits(r, *dev, *size);

@@ -653,7 +653,13 @@ def buffer_import(env):
     os.close(fd)
     # smaller than size
     fd = memfd(4096)
-    expect(c.call("buffer.import", {"size": 8192}, fds=[fd]), "EINVAL")
+    expect(c.call("buffer.import", {"size": 8192}, fds=[fd]), "EINVAL", "fewer than size")
+    os.close(fd)
+    # the order of the checks: the device, then ENOMEM, before the descriptor's
+    fd = memfd(4096, seals=0)
+    expect(c.call("buffer.import", {"size": 8192, "device": "cpu:9"}, fds=[fd]), "ENODEV")
+    expect(c.call("buffer.import", {"size": 1 << 62}, fds=[fd]), "ENOMEM")
+    expect(c.call("buffer.import", {"size": 0}, fds=[fd]), "EINVAL", "size")
     os.close(fd)
     # size 0
     fd = memfd(4096)
@@ -711,6 +717,13 @@ def buffer_share(env):
     expect(c.call("buffer.share", {"size": 0}), "EINVAL")
     expect(c.call("buffer.share", {}), "EINVAL", "size")
     expect(c.call("buffer.share", {"size": 4096, "device": "cpu:5"}), "ENODEV")
+    # the errors of buffer.create: above the device's memory ENOMEM, whatever the size
+    for size in (1 << 62, (1 << 64) - 1):
+        expect(c.call("buffer.share", {"size": size}), "ENOMEM")
+        fd = memfd(4096)
+        expect(c.call("buffer.import", {"size": size}, fds=[fd]), "ENOMEM")
+        os.close(fd)
+    expect(c.call("buffer.share", {"size": (1 << 64) - 1, "device": "cpu:5"}), "ENODEV")
     check(not c.fds, "no descriptor with an error answer")
     r = c.ok("buffer.share", {"size": 8192})
     check(set(r) == {"buffer", "device", "size"} and r["size"] == 8192, "share result %r" % r)
