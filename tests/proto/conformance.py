@@ -1106,8 +1106,43 @@ def task_cancel(env):
 @case("metrics: a str")
 def metrics(env):
     c = env.conn()
+    c.ok("task.run", {"op": "map", "device": "cpu:0", "inputs": [t32([1.0])],
+                      "options": {"fn": "abs"}})
     r = c.ok("metrics")
-    check(isinstance(r, str) and "# TYPE dspk_info gauge" in r, "metrics text")
+    check(isinstance(r, str), "metrics answers a str")
+    # the table of families of docs/protocol.md, metrics
+    counters = ["connections_total", "received_bytes_total", "sent_bytes_total",
+                "received_in_place_bytes_total", "tasks_total", "jobs_total",
+                "device_busy_seconds_total", "pool_hits_total", "pool_misses_total",
+                "retire_deferred_total", "retire_released_total",
+                "retire_barrier_fallbacks_total", "retire_leaked_total",
+                "kernels_compiled_total", "kernel_cache_hits_total", "cache_hits_total",
+                "cache_misses_total", "cache_puts_total", "cache_evictions_total"]
+    gauges = ["info", "uptime_seconds", "connections", "traces_in_progress", "slurm_jobs",
+              "slurm_job_connections", "slurm_job_inflight", "slurm_job_buffers",
+              "slurm_job_buffer_bytes", "queue_depth", "running_jobs", "device_busy_ratio",
+              "device_memory_bytes", "memory_in_use_bytes", "memory_cached_bytes",
+              "retire_in_flight", "retire_max_in_flight"]
+    want = dict([("dspk_" + n, "counter") for n in counters] + [("dspk_" + n, "gauge") for n in gauges]
+                + [("dspk_task_queue_seconds", "histogram"), ("dspk_task_run_seconds", "histogram")])
+    got = {}
+    helps = set()
+    for line in r.splitlines():
+        if line.startswith("# TYPE "):
+            _, _, name, kind = line.split()
+            check(name not in got, "one TYPE line per family: %s" % name)
+            got[name] = kind
+        elif line.startswith("# HELP "):
+            helps.add(line.split()[2])
+    check(got == want, "families: %r" % sorted(set(got.items()) ^ set(want.items())))
+    check(helps == set(want), "a HELP line per family")
+    for op in ("gemm", "fft", "fir", "contract", "reduce", "map", "kernel"):
+        check('dspk_tasks_total{device="cpu:0",op="%s",result="ok"}' % op in r, "ok series " + op)
+    les = [line.split('le="')[1].split('"')[0] for line in r.splitlines()
+           if line.startswith('dspk_task_queue_seconds_bucket{device="cpu:0"')]
+    check(les == ["0.0001", "0.00025", "0.0005", "0.001", "0.0025", "0.005", "0.01", "0.025",
+                  "0.05", "0.1", "0.25", "0.5", "1", "2.5", "5", "10", "30", "60", "+Inf"],
+          "histogram buckets %r" % les)
     c.ok("metrics", {"x": 1})
 
 
