@@ -521,7 +521,8 @@ def devices(env):
 @case("status: fields, self, credentials")
 def status(env):
     c = env.conn()
-    c.ok("hello", {"client": "statusprobe"})
+    cid = c.ok("hello", {"client": "statusprobe"})["client_id"]
+    b = c.ok("buffer.create", {"device": "cpu:0", "size": 100})["buffer"]
     st = c.ok("status")
     check(set(st) == {"daemon", "clients", "other_clients", "jobs", "devices"}, "keys %r" % list(st))
     d = st["daemon"]
@@ -535,6 +536,12 @@ def status(env):
                       "unsent", "requests", "self", "job"}, "client keys %r" % list(me))
     check(me["pid"] == os.getpid() and me["uid"] == os.getuid() and me["gid"] == os.getgid()
           and me["name"] == "statusprobe", "self %r" % me)
+    check(me["id"] == cid and me["buffers"] == 1 and me["buffer_bytes"] == 100
+          and me["requests"] == 3 and me["job"] is None,
+          "self's counts %r" % me)
+    check(d["connections"] == len(st["clients"]) + st["other_clients"]["connections"],
+          "daemon.connections is the total")
+    c.ok("buffer.free", {"buffer": b})
     check(set(st["other_clients"]) == {"connections", "inflight", "buffers"}, "other_clients")
     for dv in st["devices"]:
         check(set(dv) == {"id", "queued", "running", "completed", "failed", "busy", "clients",
@@ -640,6 +647,11 @@ def buffer_free(env):
 @case("Shared memory: buffer.import rules")
 def buffer_import(env):
     c = env.conn()
+    pid = c.ok("status")["daemon"]["pid"]
+
+    def nfds():
+        return len(os.listdir("/proc/%d/fd" % pid))
+    base = nfds()
     # no descriptor
     expect(c.call("buffer.import", {"size": 4096}), "EINVAL")
     # a pipe
@@ -696,7 +708,18 @@ def buffer_import(env):
     c.ok("ping", fds=[fd])
     expect(c.call("buffer.import", {"size": 4096}), "EINVAL")
     os.close(fd)
+    # one descriptor with a ping and, in the same sendmsg, an import without
+    # its own: imported; two with one import: the other is stray
+    fd = memfd(4096)
+    c.send(req(30, "ping") + req(31, "buffer.import", {"size": 4096}), fds=[fd])
+    check(c.wait(30)[0] == "ok" and c.wait(31)[0] == "ok", "import of the ping's descriptor")
+    c.send(req(32, "buffer.import", {"size": 4096}), fds=[fd, fd])
+    check(c.wait(32)[0] == "ok", "import with two descriptors")
+    expect(c.call("buffer.import", {"size": 4096}), "EINVAL", "no file descriptor")
+    os.close(fd)
     still_open(c)
+    check(nfds() == base, "the daemon closed every descriptor it received (%d, was %d)"
+          % (nfds(), base))
 
 
 @case("Shared memory: more than 8 unclaimed descriptors close the connection (ELIMIT)")
@@ -706,6 +729,13 @@ def import_fd_limit(env):
     # nine descriptors in one sendmsg with the first byte of an incomplete frame
     frame = req(5, "ping")
     c.send(frame[:1], fds=fds)
+    for fd in fds:
+        os.close(fd)
+    expect_protocol_error(c, "ELIMIT")
+    # more than a recvmsg takes (64)
+    c = env.conn()
+    fds = [os.memfd_create("x") for _ in range(70)]
+    c.send(req(5, "ping"), fds=fds)
     for fd in fds:
         os.close(fd)
     expect_protocol_error(c, "ELIMIT")
