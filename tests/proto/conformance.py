@@ -1379,6 +1379,14 @@ def job_binding(env):
     r = c.ok("job.end", {"job": 12})
     check(r["connections"] == 1, "job 12's connection %r" % r)
     n.expect_close()
+    # at most 4096 jobs
+    ms = [c.request("job.register", {"job": 100 + i, "uid": 5000}) for i in range(4097)]
+    got = [c.wait(m)[0] for m in ms]
+    check(got[:4096] == ["ok"] * 4096 and got[4096] == "ELIMIT", "4096 jobs, then ELIMIT")
+    ms = [c.request("job.end", {"job": 100 + i}) for i in range(4097)]
+    got = [c.wait(m) for m in ms]
+    check(all(g[0] == "ok" and g[1]["ended"] for g in got[:4096]) and got[4096][1]["ended"] is False,
+          "every job ended")
 
 
 @case("daemon.stop: queued requests ESHUTDOWN, running ones finish", daemon="stop",
