@@ -1375,6 +1375,10 @@ def job_binding(env):
     m = env.conn()
     m.ok("hello", {"job": 9})
     expect(m.call("devices"), "EPERM")
+    # a job named after the connection's job was decided is ignored
+    n.ok("hello", {"job": 11})
+    check([x["job"] for x in c.ok("status")["clients"] if x["id"] == n.ok("hello")["client_id"]]
+          == [12], "the decision holds")
     c.ok("job.end", {"job": 11})
     r = c.ok("job.end", {"job": 12})
     check(r["connections"] == 1, "job 12's connection %r" % r)
@@ -1479,6 +1483,36 @@ def device_order(env):
           "write with data first")
     expect(c.call("buffer.write", {"buffer": b, "offset": (1 << 18) - 5, "data": big}), "ERANGE")
     expect(c.call("buffer.write", {"buffer": 987654, "data": big}), "ENOBUF")
+
+
+@case("buffer.write: received in place only when no earlier request still uses the buffer")
+def inplace_order(env):
+    c = env.conn()
+    size = 2 << 20
+    b = c.ok("buffer.create", {"device": "cpu:0", "size": size})["buffer"]
+    old, new = os.urandom(size), os.urandom(size)
+    c.ok("buffer.write", {"buffer": b, "data": old})
+    # a read answer still being sent from the buffer, then a write over it
+    m1 = c.request("buffer.read", {"buffer": b})
+    m2 = c.request("buffer.write", {"buffer": b, "data": new})
+    m3 = c.request("buffer.read", {"buffer": b})
+    check(c.wait(m1) == ("ok", {"data": old}), "the read sent first sees the old bytes")
+    check(c.wait(m2) == ("ok", {"size": size}) and c.wait(m3) == ("ok", {"data": new}), "new")
+    # tasks reading the buffer queued before a write over their operand
+    n = 256
+    A = struct.pack("<%dd" % (n * n), *[float(i % 7) for i in range(n * n)])
+    eye = struct.pack("<%dd" % (n * n), *[float(i // n == i % n) for i in range(n * n)])
+    b = c.ok("buffer.create", {"device": "cpu:0", "size": 3 * n * n * 8})["buffer"]
+    c.ok("buffer.write", {"buffer": b, "data": A + eye})
+    ta = {"buffer": b, "dtype": "f64", "shape": [n, n]}
+    ti = {"buffer": b, "offset": n * n * 8, "dtype": "f64", "shape": [n, n]}
+    ms = [c.request("task.run", {"op": "gemm", "device": "cpu:0", "inputs": [ta, ti],
+                                 "outputs": [{"buffer": b, "offset": 2 * n * n * 8}]})
+          for _ in range(3)]
+    w = c.request("buffer.write", {"buffer": b, "offset": 0, "data": b"\0" * (n * n * 8)})
+    rd = c.request("buffer.read", {"buffer": b, "offset": 2 * n * n * 8})
+    check(all(c.wait(m)[0] == "ok" for m in ms) and c.wait(w)[0] == "ok", "answers")
+    check(c.wait(rd) == ("ok", {"data": A}), "the tasks saw the operand before the write")
 
 
 @case("Errors: a client string echoed is cut at a character boundary")
