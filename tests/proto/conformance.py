@@ -1561,6 +1561,16 @@ def progress(env):
           "every progress before the response: %r" % c.events)
 
 
+@case("daemon.reload, daemon.stop, job.*: EPERM for a non-admin, before the arguments",
+      daemon="admin")
+def not_admin(env):
+    c = env.conn()
+    for method, args in (("daemon.reload", None), ("daemon.stop", {"x": 1}),
+                         ("job.register", {"job": 0}), ("job.end", {})):
+        expect(c.call(method, args), "EPERM", method)
+    still_open(c)
+
+
 # ---- Limits (a daemon with small limits)
 
 SMALL = ["--max-message", "4096", "--max-depth", "6", "--max-objects", "64", "--max-rank", "3",
@@ -1724,6 +1734,8 @@ def main():
     tmp = tempfile.mkdtemp(prefix="dspk-conf-")
     with open(os.path.join(tmp, "reload.conf"), "w") as f:
         f.write("[limits]\nmax_buffers = 5\n")
+    with open(os.path.join(tmp, "admin.conf"), "w") as f:
+        f.write("[policy]\nadmin_users = 4242\n")  # not the test's user
     daemons = {}
     logs = {}
     # Each daemon a case needs, started at its first case.  The connection
@@ -1740,6 +1752,7 @@ def main():
                "progress": (["--cache", os.path.join(tmp, "progress.db")], "cpu"),
                "inflight": (["--max-inflight", "2"], "cpu"),
                "reload": (["--config", os.path.join(tmp, "reload.conf")], "cpu"),
+               "admin": (["--config", os.path.join(tmp, "admin.conf")], "cpu"),
                "clients": (["--max-clients", "2"], "cpu")}
     failed = []
     skipped = []
