@@ -1651,8 +1651,23 @@ def small_read(env):
     b = c.ok("buffer.create", {"device": "cpu:0", "size": 8192})["buffer"]
     check(len(c.ok("buffer.read", {"buffer": b, "size": 4096 - 64})["data"]) == 4032, "4032")
     expect(c.call("buffer.read", {"buffer": b, "size": 4096 - 63}), "ELIMIT")
-    expect(c.call("buffer.read", {"buffer": b}), "ELIMIT")
+    expect(c.call("buffer.read", {"buffer": b}), "ELIMIT", "max_message")
+    expect(c.call("buffer.read", {"buffer": b, "offset": 8000, "size": 4050}), "ERANGE")
     still_open(c)
+
+
+@case("Limits: inline results above max_message - 1024", daemon="msg")
+def inline_limit(env):
+    c = env.conn()
+    b = c.ok("buffer.create", {"device": "cpu:0", "size": 8192})["buffer"]
+    ref = {"buffer": b, "dtype": "f32", "shape": [768]}
+    r = c.ok("task.run", {"op": "map", "device": "cpu:0", "inputs": [ref], "options": {"fn": "abs"}})
+    check(len(r["outputs"][0]["data"]) == 3072, "3072 bytes inline")
+    expect(c.call("task.run", {"op": "map", "device": "cpu:0", "inputs": [dict(ref, shape=[769])],
+                               "options": {"fn": "abs"}}), "ELIMIT", "buffer")
+    r = c.ok("task.run", {"op": "map", "device": "cpu:0", "inputs": [dict(ref, shape=[769])],
+                          "options": {"fn": "abs"}, "outputs": [{"buffer": b, "offset": 4096}]})
+    check("buffer" in r["outputs"][0], "into a buffer")
 
 
 @case("Limits: max_buffers", daemon="small")
@@ -1753,6 +1768,7 @@ def main():
                "inflight": (["--max-inflight", "2"], "cpu"),
                "reload": (["--config", os.path.join(tmp, "reload.conf")], "cpu"),
                "admin": (["--config", os.path.join(tmp, "admin.conf")], "cpu"),
+               "msg": (["--max-message", "4096"], "cpu"),
                "clients": (["--max-clients", "2"], "cpu")}
     failed = []
     skipped = []
