@@ -314,9 +314,24 @@ def params_forms(env):
           "str accepted where bin is expected, echoed as bin: %r" % (got,))
 
 
+@case("Connecting: the socket has mode 0660")
+def socket_mode(env):
+    import stat
+    st = os.stat(env.sock)
+    check(stat.S_ISSOCK(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o660,
+          "socket mode %o" % stat.S_IMODE(st.st_mode))
+
+
 @case("Framing: msgid is a uint32; any integer width")
 def msgid_widths(env):
     c = env.conn()
+    # a size as int64 and as uint8, a float where a number is expected as int
+    c.send(arr(b"\x00", p(40), p("buffer.create"),
+               b"\x91\x82" + p("device") + p("cpu:0") + p("size") + i64(24)))
+    check(c.wait(40)[1]["size"] == 24, "size as int64")
+    c.send(arr(b"\x00", p(41), p("buffer.create"),
+               b"\x91\x82" + p("device") + p("cpu:0") + p("size") + b"\xcc\x05"))
+    check(c.wait(41)[1]["size"] == 5, "size as uint8")
     for enc, v in ((u64(7), 7), (i8(9), 9), (i64(11), 11), (u64(0xFFFFFFFF), 0xFFFFFFFF),
                    (b"\x00", 0)):
         c.send(arr(b"\x00", enc, p("ping"), p([])))
