@@ -111,7 +111,7 @@ static int compile(const char *src, uint32_t **spv, size_t *nwords, char *log,
   if (!sh)
     return DSPK_ENOMEM;
   if (!glslang_shader_preprocess(sh, &in) || !glslang_shader_parse(sh, &in)) {
-    dspk__format(log, loglen, "%s", glslang_shader_get_info_log(sh));
+    dspk__format(log, loglen, "glsl: %s", glslang_shader_get_info_log(sh));
     goto out;
   }
   prog = glslang_program_create();
@@ -121,7 +121,7 @@ static int compile(const char *src, uint32_t **spv, size_t *nwords, char *log,
   }
   glslang_program_add_shader(prog, sh);
   if (!glslang_program_link(prog, GLSLANG_MSG_SPV_RULES_BIT | GLSLANG_MSG_VULKAN_RULES_BIT)) {
-    dspk__format(log, loglen, "%s", glslang_program_get_info_log(prog));
+    dspk__format(log, loglen, "glsl: %s", glslang_program_get_info_log(prog));
     goto out;
   }
   glslang_program_SPIRV_generate(prog, GLSLANG_STAGE_COMPUTE);
@@ -377,8 +377,10 @@ int dspk__vk_kernel(struct dspk__dev *d, const char *name, const char *src,
     char log[2048] = "";
     r = dspk__vk_glsl_to_spirv(d, name, src, &spv, &nwords, log, sizeof log);
     if (r) {
-      /* The generated kernels always compile: a log here is a client's. */
-      dspk__vk_fail(ctx, r, "glsl: %s", log[0] ? log : "compilation failed");
+      /* The generated kernels always compile: a log here is a client's
+       * (glslang's, "glsl: ..."; a refused #include as docs/protocol.md
+       * spells it, "kernel.comp:LINE: ..."). */
+      dspk__vk_fail(ctx, r, "%s", log[0] ? log : "glsl: compilation failed");
       goto fail;
     }
     spirv = spv;

@@ -1087,8 +1087,11 @@ def kernel_opts(env):
     expect(run(args=[{"tensor": 0, "i32": 1}]), "EINVAL")
     expect(run(args=[{"i16": 1}]), "EINVAL")
     expect(run(args=[5]), "EINVAL")
-    expect(run(source="#include \"x.h\"\nvoid main(){}\n"), "ECOMPILE", "#include is refused")
-    expect(run(source="#version 450\nvoid main(){ syntax error }\n"), "ECOMPILE")
+    e = expect(run(source="#version 450\n#include \"x.h\"\nvoid main(){}\n"), "ECOMPILE")
+    check(e["message"].startswith("kernel.comp:2: #include is refused: raw kernels cannot "
+                                  "read files"), "include message %r" % e["message"])
+    e = expect(run(source="#version 450\nvoid main(){ syntax error }\n"), "ECOMPILE")
+    check(e["message"].startswith("glsl: ") and "syntax" in e["message"], "the compiler's log")
     r = c.call("task.run", {"op": "kernel", "device": vk[0], "inputs": [x],
                             "options": {"lang": "glsl", "source": src, "args": [{"tensor": 0}]},
                             "outputs": [None]})
