@@ -1688,6 +1688,26 @@ def inline_limit(env):
     check("buffer" in r["outputs"][0], "into a buffer")
 
 
+@case("Limits: max_unsent: the daemon holds back, answers stay whole and in order of need",
+      daemon="unsent")
+def unsent(env):
+    c = env.conn()
+    check(c.ok("hello")["limits"]["max_unsent"] == 256 << 10, "hello's max_unsent")
+    size = 1 << 20
+    b = c.ok("buffer.create", {"device": "cpu:0", "size": size})["buffer"]
+    data = os.urandom(size)
+    c.ok("buffer.write", {"buffer": b, "data": data})
+    # eight 1 MiB answers asked for before reading any
+    ms = [c.request("buffer.read", {"buffer": b, "offset": i * 4096, "size": size - i * 4096})
+          for i in range(8)]
+    pg = c.request("ping", {"data": b"last"})
+    for i, m in enumerate(ms):
+        check(c.wait(m) == ("ok", {"data": data[i * 4096:]}), "read %d" % i)
+    check(c.wait(pg) == ("ok", {"data": b"last"}), "the ping after them")
+    st = c.ok("status")
+    check([x["unsent"] for x in st["clients"] if x["self"]] == [0], "nothing unsent")
+
+
 @case("Limits: max_buffers", daemon="small")
 def small_buffers(env):
     c = env.conn()
@@ -1787,6 +1807,7 @@ def main():
                "reload": (["--config", os.path.join(tmp, "reload.conf")], "cpu"),
                "admin": (["--config", os.path.join(tmp, "admin.conf")], "cpu"),
                "msg": (["--max-message", "4096"], "cpu"),
+               "unsent": (["--max-unsent", "256K"], "cpu"),
                "clients": (["--max-clients", "2"], "cpu")}
     failed = []
     skipped = []
