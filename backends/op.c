@@ -275,10 +275,18 @@ int dspk__contract_parse(const char *subs, const struct dspk__tensor *A,
     if (c == '.')
       return dspk__fail(msg, len, DSPK_EINVAL,
                   "contract: \"%s\": ellipsis (...) is not supported", subs);
-    if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')))
+    if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'))) {
+      /* The whole character, as the client wrote it (a byte that starts
+       * none as its hex value). */
+      size_t k = dspk__utf8_seq(subs + i, slen - i);
+      if (k == 0 || (unsigned char)c < 0x20 || c == 0x7f)
+        return dspk__fail(msg, len, DSPK_EINVAL,
+                    "contract: \"%s\": byte 0x%02x is not a letter (labels are a-z, A-Z)",
+                    subs, (unsigned)(unsigned char)c);
       return dspk__fail(msg, len, DSPK_EINVAL,
-                  "contract: \"%s\": '%c' is not a letter (labels are a-z, A-Z)",
-                  subs, c);
+                  "contract: \"%s\": '%.*s' is not a letter (labels are a-z, A-Z)", subs,
+                  (int)k, subs + i);
+    }
     if (n[term] == DSPK_MAX_RANK)
       return dspk__fail(msg, len, DSPK_ESHAPE,
                   "contract: \"%s\": the %s term has more than %d labels", subs,

@@ -1018,6 +1018,25 @@ def task_ops(env):
     expect(run("map", [a23, t32([1, 2])], fn="add"), "ESHAPE")
     r = run("map", [t32([1, 2]), t32([3, 4])], fn="axpy", alpha=2)
     check(r[0] == "ok" and vals32(r[1]["outputs"][0]) == [5, 8], "axpy %r" % (r,))
+    # the dtype rules of the table of ops
+    cx = {"dtype": "c64", "shape": [2], "data": struct.pack("<4f", 3, 4, 0, -2)}
+    r = run("map", [cx], fn="abs")
+    check(r[0] == "ok" and r[1]["outputs"][0]["dtype"] == "f32"
+          and vals32(r[1]["outputs"][0]) == [5, 2], "abs of c64 is f32 %r" % (r,))
+    r = run("map", [cx], fn="exp")
+    check(r[0] == "ok" and r[1]["outputs"][0]["dtype"] == "c64", "exp of c64 is c64")
+    expect(run("map", [t32([1, 2]), t64([1, 2])], fn="add"), "EDTYPE")
+    expect(run("reduce", [cx], fn="max"), "EDTYPE")
+    r = run("reduce", [cx], fn="mean")
+    check(r[0] == "ok" and r[1]["outputs"][0]["dtype"] == "c64", "mean of c64")
+    expect(run("fft", [t32([1, 2])], inverse=True), "EINVAL")
+    h2 = {"dtype": "f16", "shape": [1, 1], "data": struct.pack("<e", 1.5)}
+    r = run("gemm", [h2, h2, t32([1.0], [1, 1])], beta=1)
+    check(r[0] == "ok" and vals32(r[1]["outputs"][0]) == [3.25], "f16 gemm with an f32 C")
+    expect(run("gemm", [h2, h2, h2], beta=1), "EDTYPE", "C")
+    expect(run("gemm", [a23, a23, t64([1.0] * 4, [2, 2])], trans_b=True), "EDTYPE", "C")
+    e = expect(run("contract", [a23, a23], subscripts="\u00e9j,kj->\u00e9k"), "EINVAL")
+    check("'\u00e9' is not a letter" in e["message"], "the whole character %r" % e["message"])
     # kernel on the cpu: ENOTSUP
     expect(run("kernel", [a23], lang="glsl", source="void main(){}"), "ENOTSUP")
     still_open(c)
