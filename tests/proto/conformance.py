@@ -1042,6 +1042,35 @@ def task_ops(env):
     still_open(c)
 
 
+@case("task.run: which error answers when several apply")
+def task_order(env):
+    c = env.conn()
+    b = c.ok("buffer.create", {"device": "cpu:0", "size": 8})["buffer"]
+    bad = {"dtype": "f32", "shape": [2], "data": b"\0" * 3}
+    nob = {"buffer": 999, "dtype": "f32", "shape": [1]}
+    x1, x2 = t32([1.0]), t32([1.0, 2.0])
+
+    def run(**kw):
+        a = {"op": "map", "device": "cpu:0", "inputs": [x1], "options": {"fn": "abs"}}
+        a.update(kw)
+        return c.call("task.run", a)
+    expect(run(op="nope", device="nope:0", inputs=[bad]), "EINVAL", "op")
+    expect(run(inputs=[{"dtype": "zz", "shape": [2], "data": b""}, nob]), "EDTYPE")
+    expect(run(inputs=[nob, bad]), "ENOBUF", "input 0")
+    expect(run(inputs=[bad], options={"fn": "zz"}, device="nope:0"), "EINVAL", "input 0")
+    expect(run(inputs=[{"buffer": b, "dtype": "f32", "shape": [4]}], options={"fn": "zz"}),
+           "ERANGE", "input 0")
+    expect(run(options={"fn": "zz"}, device="nope:0"), "EINVAL", "options.fn")
+    expect(run(inputs=[x1, x2], options={"fn": "add"}, device="nope:0",
+               outputs=[{"buffer": 999}]), "ESHAPE")
+    expect(run(device="nope:0", outputs=[{"buffer": 999}]), "ENOBUF", "outputs[0]")
+    expect(run(device="nope:0", outputs=[{"buffer": b, "offset": 8}]), "ERANGE", "outputs[0]")
+    expect(run(op="gemm", device="nope:0", options={},
+               inputs=[t32([], [16384, 0]), t32([], [0, 16384])]), "ENODEV")
+    expect(run(op="kernel", device="cpu:0", options={"lang": "glsl", "source": "x"},
+               inputs=[t32([], [16384, 0])]), "ENOTSUP")
+
+
 @case("task.run: result size limits")
 def task_result_limits(env):
     c = env.conn()
