@@ -1761,7 +1761,9 @@ def small_buffers(env):
     c = env.conn()
     for _ in range(3):
         c.ok("buffer.create", {"device": "cpu:0", "size": 8})
-    expect(c.call("buffer.create", {"device": "cpu:0", "size": 8}), "ELIMIT")
+    expect(c.call("buffer.create", {"device": "cpu:0", "size": 8}), "ELIMIT", "max_buffers")
+    expect(c.call("buffer.create", {"device": "cpu:0", "size": 1 << 62}), "ENOMEM")
+    expect(c.call("buffer.create", {"device": "cpu:9", "size": 1 << 62}), "ENODEV")
     fd = memfd(4096)
     expect(c.call("buffer.import", {"size": 4096}, fds=[fd]), "ELIMIT")
     os.close(fd)
