@@ -308,6 +308,16 @@ def params_forms(env):
     check(c.wait(2) == ("ok", {"data": b"first"}), "a key given twice: the first counts")
     m = c.request("ping", {"data": None})
     check(c.wait(m) == ("ok", {"data": b""}), "nil means the default")
+    # a str where bin is expected is taken as its bytes, even when they are
+    # not UTF-8; a large one too (a buffer.write received in place)
+    c.send(arr(b"\x00", p(50), p("ping"), b"\x91\x81" + p("data") + b"\xa3\xff\x00\xfe"))
+    check(c.wait(50) == ("ok", {"data": b"\xff\x00\xfe"}), "str data of any bytes")
+    blob = bytes(range(256)) * 512
+    b = c.ok("buffer.create", {"device": "cpu:0", "size": len(blob)})["buffer"]
+    c.send(arr(b"\x00", p(51), p("buffer.write"), b"\x91\x82" + p("buffer") + p(b) + p("data")
+               + b"\xdb" + struct.pack(">I", len(blob)) + blob))
+    check(c.wait(51) == ("ok", {"size": len(blob)})
+          and c.ok("buffer.read", {"buffer": b}) == {"data": blob}, "a str32 written")
     m = c.request("ping", {"data": "text"})
     got = c.wait(m)
     check(got == ("ok", {"data": b"text"}) and isinstance(got[1]["data"], bytes),
@@ -1667,6 +1677,11 @@ def small_message(env):
     c = env.conn()
     c.send(b"\xdd" + struct.pack(">I", 1 << 30))
     expect_protocol_error(c, "ELIMIT")
+    for head in (b"\xdb" + struct.pack(">I", 5000), b"\xda" + struct.pack(">H", 4090),
+                 b"\xdf" + struct.pack(">I", 1 << 20)):
+        c = env.conn()
+        c.send(arr(b"\x00", p(1), p("ping"), b"\x91\x81" + p("data") + head))
+        expect_protocol_error(c, "ELIMIT")
 
 
 @case("Limits: max_depth (the message array is depth 1)", daemon="small")
