@@ -1291,6 +1291,21 @@ def trace(env):
     check(set(r) == {"start_us", "end_us", "dropped", "devices", "jobs"}, "trace keys %r" % list(r))
     c.send(arr(b"\x00", p(88), p("trace"), arr(b"\x81" + p("seconds") + f32(0.001))))
     check(c.wait(88)[0] == "ok", "seconds as float32")
+    # at most 8 at once; one whose connection closed is discarded
+    d = env.conn()
+    ms = [d.request("trace", {"seconds": 600}) for _ in range(8)]
+    expect(c.call("trace", {"seconds": 600}), "EBUSY")
+    still_open(d)
+    d.close()
+    check(all(not d.responses.get(m) for m in ms), "no answer yet")
+    # the closed connection's traces end: a new one may record
+    e = env.conn()
+    got = "EBUSY"
+    for _ in range(10000):  # the daemon may see the close after a request of e
+        got = e.call("trace", {"seconds": 0.001})[0]
+        if got != "EBUSY":
+            break
+    check(got == "ok", "a trace once the others were discarded: %s" % got)
 
 
 @case("job.register, job.end: params")
