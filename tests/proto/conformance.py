@@ -583,8 +583,16 @@ def buffer_create(env):
     r = c.ok("buffer.create", {"device": "cpu:0", "size": 64})
     check(set(r) == {"buffer", "device", "size"} and r["device"] == "cpu:0" and r["size"] == 64,
           "create result %r" % r)
-    r0 = c.call("buffer.create", {"device": "cpu:0", "size": 0})
-    check(r0[0] in ("ok", "EINVAL"), "size 0: %r" % (r0,))
+    for dev in ("cpu:0", "any"):
+        r0 = c.ok("buffer.create", {"device": dev, "size": 0})
+        check(r0["size"] == 0, "size 0: an empty buffer %r" % r0)
+        check(c.ok("buffer.read", {"buffer": r0["buffer"]}) == {"data": b""}, "empty read")
+        check(c.ok("buffer.write", {"buffer": r0["buffer"], "data": b""}) == {"size": 0}, "w")
+        expect(c.call("buffer.write", {"buffer": r0["buffer"], "data": b"x"}), "ERANGE")
+        r = c.ok("task.run", {"op": "map", "device": r0["device"], "options": {"fn": "abs"},
+                              "inputs": [{"buffer": r0["buffer"], "dtype": "f32", "shape": [0]}],
+                              "outputs": [{"buffer": r0["buffer"]}]})
+        check(r["outputs"][0]["shape"] == [0], "an empty task in it")
     expect(c.call("buffer.create", {"device": "cpu:0"}), "EINVAL", "size")
     expect(c.call("buffer.create", {"device": "cpu:0", "size": None}), "EINVAL", "size")
     expect(c.call("buffer.create", {"device": "cpu:0", "size": -1}), "EINVAL", "size")
