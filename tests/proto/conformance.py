@@ -1747,7 +1747,13 @@ def small_tensor(env):
     # a result above max_elements
     r = c.call("task.run", {"op": "gemm", "device": "cpu:0",
                             "inputs": [t32([], [11, 0]), t32([], [0, 11])]})
-    expect(r, "ELIMIT")
+    expect(r, "ELIMIT", "max_elements")
+    r = c.call("task.run", {"op": "contract", "device": "cpu:0", "options": {"subscripts": "i,j->ij"},
+                            "inputs": [t32([1.0] * 11), t32([1.0] * 10)]})
+    expect(r, "ELIMIT", "max_elements")
+    r = c.ok("task.run", {"op": "contract", "device": "cpu:0", "options": {"subscripts": "i,j->ij"},
+                          "inputs": [t32([1.0] * 10), t32([1.0] * 10)]})
+    check(r["outputs"][0]["shape"] == [10, 10], "100 elements")
     still_open(c)
 
 
