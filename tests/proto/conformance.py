@@ -8,8 +8,18 @@ fields and types, what becomes of the connection).  After every case the
 daemon must still answer a fresh connection; at the end it must stop
 cleanly on SIGTERM (exit 0: under ASan, no leak).
 
+The table is CASES, filled by the @case decorator: a case is a function
+of an Env (the daemon's socket) with the section it checks and the daemon
+it needs; each daemon of `configs` in main() (the limits, quotas and
+policies some cases need) starts at its first case.  Cases that fill a
+connection limit, or stop the daemon, have daemons of their own.  A case
+that cannot run here (no Vulkan device) returns why: the run then exits
+77 (skipped) if every other case passed.
+
 Needs only python3 and python3-msgpack.  No sleeps: every wait is on an
-answer, a notification or the end of a connection, bounded by TIMEOUT.
+answer, a notification or the end of a connection, bounded by TIMEOUT;
+requests of two connections are ordered by waiting for an answer that
+follows the first connection's requests.
 
 usage: conformance.py --dspkd PATH [CASE...]"""
 import argparse
