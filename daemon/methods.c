@@ -1037,9 +1037,11 @@ int dspkd_dispatch(struct req *r, const char *method, size_t len) {
   const struct dspk__method *m = dspk__method_find(method, len);
   int err;
 
-  if (!m || !handlers[m - dspk__methods])
-    return fail(r, DSPK_ENOMETHOD, "unknown method \"%.*s\"",
-                (int)dspk__utf8_cut(method, len, 64), method);
+  if (!m || !handlers[m - dspk__methods]) {
+    char echo[140];
+    return fail(r, DSPK_ENOMETHOD, "unknown method \"%s\"",
+                dspk__utf8_echo(echo, sizeof echo, method, len, 64));
+  }
   /* Admin methods refuse a non-admin before looking at its arguments. */
   if (m->admin && (err = dspkd_admin_check(r, m->name)) < 0)
     return err;

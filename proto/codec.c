@@ -229,6 +229,8 @@ int dspk__arg_str(const msgpack_object *map, const char *key, char *buf,
   if (rc == DSPK_ELIMIT)
     return dspk__fail(msg, msglen, rc, "%s: longer than %zu bytes", key,
                 buflen ? buflen - 1 : 0);
+  if (rc != 0 && v->type == MSGPACK_OBJECT_STR)
+    return dspk__fail(msg, msglen, rc, "%s: the string holds a NUL byte", key);
   if (rc != 0)
     return dspk__fail(msg, msglen, rc, "%s: expected a string", key);
   return 0;
@@ -259,9 +261,11 @@ int dspk__tensor_decode(const msgpack_object *o,
   v = dspk__map_get(o, "dtype");
   if (dspk__obj_str(v, &s, &slen) != 0)
     return dspk__fail(msg, msglen, DSPK_EINVAL, "tensor dtype: expected a string");
-  if (dspk__dtype_from_name(s, slen, &t.dtype) != 0)
-    return dspk__fail(msg, msglen, DSPK_EDTYPE, "unknown dtype \"%.*s\"",
-                (int)dspk__utf8_cut(s, slen, 16), s);
+  if (dspk__dtype_from_name(s, slen, &t.dtype) != 0) {
+    char echo[40];
+    return dspk__fail(msg, msglen, DSPK_EDTYPE, "unknown dtype \"%s\"",
+                      dspk__utf8_echo(echo, sizeof echo, s, slen, 16));
+  }
   isz = dspk__dtype_size(t.dtype);
   extent = isz;
 

@@ -513,9 +513,11 @@ static int enum_value(const struct dspk__param *p, const msgpack_object *o, cons
     return dspk__fail(msg, msglen, DSPK_EINVAL, "%s%s: expected a string (%s)", pre, what,
                       list);
   *out = dspk__choice_find(p->choices, s, n);
-  if (*out < 0)
-    return dspk__fail(msg, msglen, DSPK_EINVAL, "%s%s: unknown %s \"%.*s\" (%s)", pre, what,
-                      p->noun, (int)dspk__utf8_cut(s, n, 32), s, list);
+  if (*out < 0) {
+    char echo[80];
+    return dspk__fail(msg, msglen, DSPK_EINVAL, "%s%s: unknown %s \"%s\" (%s)", pre, what,
+                      p->noun, dspk__utf8_echo(echo, sizeof echo, s, n, 32), list);
+  }
   return 0;
 }
 
@@ -608,8 +610,11 @@ static int decode_one(const struct dspk__param *p, const msgpack_object *o, cons
       goto expected;
     return 0;
   case DSPK__T_STR:
-    if (dspk__obj_str(o, &v->v.s.p, &v->v.s.n) != 0 || memchr(v->v.s.p, '\0', v->v.s.n))
+    if (dspk__obj_str(o, &v->v.s.p, &v->v.s.n) != 0)
       goto expected;
+    if (memchr(v->v.s.p, '\0', v->v.s.n))
+      return dspk__fail(msg, msglen, DSPK_EINVAL, "%s%s: the string holds a NUL byte", pre,
+                        name);
     if (v->v.s.n > p->max)
       return dspk__fail(msg, msglen, DSPK_ELIMIT, "%s%s: longer than %" PRIu64 " bytes", pre,
                         name, p->max);

@@ -63,6 +63,24 @@ size_t dspk__utf8_cut(const char *s, size_t n, size_t max) {
   return p + (u[p] >= 0xF0 ? 4 : u[p] >= 0xE0 ? 3 : 2) > max ? p : max;
 }
 
+const char *dspk__utf8_echo(char *dst, size_t cap, const char *s, size_t n, size_t max) {
+  size_t w = 0;
+
+  n = dspk__utf8_cut(s, n, max);
+  for (size_t i = 0; i < n && w + 1 < cap; i++) {
+    if (s[i] != '\0') {
+      dst[w++] = s[i];
+    } else if (w + 2 < cap) {
+      dst[w++] = '\\';
+      dst[w++] = '0';
+    } else {
+      break;
+    }
+  }
+  dst[w] = '\0';
+  return dst;
+}
+
 size_t dspk__utf8_copy(char *dst, size_t cap, const char *s, size_t n) {
   size_t k;
   if (cap == 0)

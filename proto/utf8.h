@@ -26,6 +26,12 @@ bool dspk__utf8_valid(const char *s, size_t n);
  * start of the character it would split. */
 size_t dspk__utf8_cut(const char *s, size_t n, size_t max);
 
+/* A client's string for a message: its first max bytes (cut at a
+ * character boundary, dspk__utf8_cut), each NUL byte written as the two
+ * characters \0 (printf would stop at it), into dst (cap > 0; cut to fit,
+ * NUL-terminated).  Returns dst. */
+const char *dspk__utf8_echo(char *dst, size_t cap, const char *s, size_t n, size_t max);
+
 /* Copies the longest prefix of s[0..n) that fits in cap - 1 bytes without
  * splitting a character, and a NUL; returns the bytes copied (cap > 0). */
 size_t dspk__utf8_copy(char *dst, size_t cap, const char *s, size_t n);

@@ -112,6 +112,18 @@ static void test_cut(void **st) {
   assert_int_equal(dspk__utf8_cut("\x80\x80\x80\x80\x80", 5, 3), 3);
 }
 
+/* A client's string echoed in a message: a NUL byte as \0, cut at a
+ * character boundary, to the buffer. */
+static void test_echo(void **st) {
+  char buf[16];
+  (void)st;
+  assert_string_equal(dspk__utf8_echo(buf, sizeof buf, "ping\0x", 6, 64), "ping\\0x");
+  assert_string_equal(dspk__utf8_echo(buf, sizeof buf, "\xc3\xa9\xc3\xa9", 4, 3), "\xc3\xa9");
+  assert_string_equal(dspk__utf8_echo(buf, 6, "abcd\0", 5, 64), "abcd");
+  assert_string_equal(dspk__utf8_echo(buf, 7, "abcd\0", 5, 64), "abcd\\0");
+  assert_string_equal(dspk__utf8_echo(buf, sizeof buf, "", 0, 64), "");
+}
+
 static void test_copy(void **st) {
   (void)st;
   char buf[8];
@@ -224,6 +236,7 @@ int main(void) {
       cmocka_unit_test(test_valid_against_reference),
       cmocka_unit_test(test_cut),
       cmocka_unit_test(test_copy),
+      cmocka_unit_test(test_echo),
       cmocka_unit_test(test_format),
       cmocka_unit_test(test_sanitize),
       cmocka_unit_test(test_pack_str),
