@@ -11,7 +11,10 @@
  *       the GPU busy fraction (CUDA events around each task) and throughput.
  *   bench_cuda trace [PLAN_CACHE]
  *       only the eviction traces, with a contraction plan cache of
- *       PLAN_CACHE plans (default 16; 64 holds all 50 shapes: no misses).
+ *       PLAN_CACHE plans (default 16; 64 holds all 50 shapes: no misses),
+ *       a retirement queue of 1024 entries, and one more pass per size,
+ *       "gated": the stream held until the whole trace is enqueued, so the
+ *       GPU runs it back to back (the busy figure's floor).
  *   bench_cuda daemon SOCKET [DEVICE]
  *       the same gemm/fft through a running dspkd (operands and outputs in
  *       daemon buffers on DEVICE, default cuda:0, tasks pipelined) vs
@@ -40,6 +43,7 @@
  *
  * Prints markdown rows; timings are medians over repetitions.
  */
+#include <dlfcn.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -231,6 +235,14 @@ static void bench_fir_backend(int reps) {
  * permutes B into a workspace of its own (k and l swap) and makes the
  * product as C^T, so every eviction retires a workspace.  Busy = sum of
  * per-task GPU spans / whole span. */
+/* cuStreamWaitValue32 (looked up in the driver the backend opened): a
+ * "gated" pass holds the stream behind a flag until every contraction is
+ * enqueued, so the GPU then runs them back to back with no host work in
+ * between: the busy figure's floor, set by the GPU's own gaps between
+ * tasks (the two trace events and the next launch). */
+typedef CUresult (*wait_value_fn)(CUstream, CUdeviceptr, unsigned, unsigned);
+static int trace_gated;
+
 static void bench_trace(int sync_on_evict, int64_t i0, int64_t di, int64_t j, int64_t k,
                         const char *label) {
   enum { NT = 200, NS = 50 };
@@ -249,6 +261,7 @@ static void bench_trace(int sync_on_evict, int64_t i0, int64_t di, int64_t j, in
   double t0, wall, busy = 0, host[NT], gpu[NT], hh[NT], hm[NT];
   int nh = 0, nm = 0;
   float span;
+  CUdeviceptr gate = 0;
   for (int t = 0; t < NT; t++) {
     seed = seed * 6364136223846793005ull + 1442695040888963407ull;
     shapes[t] = (int)((seed >> 33) % NS);
@@ -266,6 +279,16 @@ static void bench_trace(int sync_on_evict, int64_t i0, int64_t di, int64_t j, in
   memset(&s0, 0, sizeof(s0));
   memset(&s1, 0, sizeof(s1));
   B->stats(dev, &s0);
+  if (trace_gated) {
+    wait_value_fn wait = (wait_value_fn)(uintptr_t)dlsym(CU.lib, "cuStreamWaitValue32_v2");
+    if (!wait) {
+      fprintf(stderr, "bench_cuda: no cuStreamWaitValue32_v2 in the driver\n");
+      exit(1);
+    }
+    CK(CU.cuMemAlloc(&gate, 4));
+    CK(CU.cuMemsetD8Async(gate, 0, 4, dspk__cuda_stream(dev)));
+    CK(wait(dspk__cuda_stream(dev), gate, 1, 0 /* CU_STREAM_WAIT_VALUE_GEQ */));
+  }
   t0 = dspk_bench_now_ms();
   for (int t = 0; t < NT; t++) {
     struct dspk__op op;
@@ -299,8 +322,17 @@ static void bench_trace(int sync_on_evict, int64_t i0, int64_t di, int64_t j, in
         hh[nh++] = host[t];
     }
   }
+  if (trace_gated) {
+    CUstream s2;
+    CK(CU.cuStreamCreate(&s2, CU_STREAM_NON_BLOCKING));
+    CK(CU.cuMemsetD8Async(gate, 1, 4, s2));
+    CK(CU.cuStreamSynchronize(s2));
+    CK(CU.cuStreamDestroy(s2));
+  }
   CK(B->sync(dev));
   wall = dspk_bench_now_ms() - t0;
+  if (gate)
+    CK(CU.cuMemFree(gate));
   B->stats(dev, &s1);
   for (int t = 0; t < NT; t++) {
     float ms;
@@ -316,7 +348,9 @@ static void bench_trace(int sync_on_evict, int64_t i0, int64_t di, int64_t j, in
          "%.1f us | deferred %llu, barrier fallbacks %llu, max in flight %llu, pool misses "
          "%llu |\n",
          label, sync_on_evict ? "sync per eviction" : "event retirement",
-         dev->gemm_small ? "" : ", cuBLAS for every product", 100.0 * busy / span, NT / (wall / 1e3), wall, nh ? hh[nh / 2] : 0.0,
+         trace_gated ? ", gated (the GPU's floor)"
+                     : dev->gemm_small ? "" : ", cuBLAS for every product",
+         100.0 * busy / span, NT / (wall / 1e3), wall, nh ? hh[nh / 2] : 0.0,
          nm ? hm[nm / 2] : 0.0, nh, nm, gpu[NT / 2],
          (unsigned long long)(s1.retire_deferred - s0.retire_deferred),
          (unsigned long long)(s1.retire_barrier_fallbacks - s0.retire_barrier_fallbacks),
@@ -336,7 +370,7 @@ static void bench_trace(int sync_on_evict, int64_t i0, int64_t di, int64_t j, in
  * small products on the tiled kernel (the default) with event retirement
  * and with a synchronize per eviction, then every product through cuBLAS
  * (dspk__cuda_set_gemm_small 0) with event retirement. */
-static void run_traces(void) {
+static void run_traces(int gated) {
   printf("\n| trace | GPU busy | throughput | wall | host per run, plan hit / miss (count) "
          "| GPU per contraction | retirement |\n|---|---|---|---|---|---|---|\n");
   for (int sz = 0; sz < 3; sz++) {
@@ -356,6 +390,12 @@ static void run_traces(void) {
       bench_trace(1, P[sz][0], P[sz][1], P[sz][2], P[sz][3], L[sz]);
       dspk__cuda_set_gemm_small(dev, 0);
       bench_trace(0, P[sz][0], P[sz][1], P[sz][2], P[sz][3], L[sz]);
+      if (gated) {
+        dspk__cuda_set_gemm_small(dev, DSPK__GPURT_GEMM_SMALL);
+        trace_gated = 1;
+        bench_trace(0, P[sz][0], P[sz][1], P[sz][2], P[sz][3], L[sz]);
+        trace_gated = 0;
+      }
     }
     dspk__cuda_set_gemm_small(dev, DSPK__GPURT_GEMM_SMALL);
   }
@@ -383,7 +423,7 @@ static int mode_backend(void) {
   bench_gemm_backend(DSPK_BF16, 8192, 40);
   bench_fft_backend(1 << 20, 16, 40);
   bench_fir_backend(20);
-  run_traces();
+  run_traces(0);
   B->close(dev);
   B->shutdown();
   return 0;
@@ -945,9 +985,12 @@ int main(int argc, char **argv) {
   if (argc >= 2 && strcmp(argv[1], "backend") == 0)
     return mode_backend();
   if (argc >= 2 && strcmp(argv[1], "trace") == 0) {
+    /* The gated pass enqueues the whole trace before the GPU starts: the
+     * retirement queue must hold every eviction without waiting. */
+    setenv("DSPK_CUDA_RETIRE_CAPACITY", "1024", 1);
     if (open_dev(argc > 2 ? argv[2] : "16"))
       return 1;
-    run_traces();
+    run_traces(1);
     B->close(dev);
     B->shutdown();
     return 0;
