@@ -54,7 +54,8 @@ struct dspk__fir_ops {
 /*
  * Runs op by the path the autotune framework chooses for its shape class on
  * this device (tuning the candidates on the task's operands the first
- * time, each run to completion with the task's cancel and progress hooks);
+ * time: the overlap-save paths first, then the direct one, each sample
+ * four runs and one wait, with the task's cancel and progress hooks);
  * a winner that fails, except the direct path, is reported to the framework
  * and the choice made again.  Returns the run's result, DSPK_ECANCELED
  * (with a message in ctx) when the tuning was canceled, or 1 when there is
@@ -64,5 +65,9 @@ struct dspk__fir_ops {
 int dspk__fir_tuned(struct dspk__dev *d, struct dspk__op *op, struct dspk__cache *cache,
                     struct dspk__cache_devid devid, const struct dspk__fir_ops *ops,
                     struct dspk__opctx *ctx);
+
+/* The candidates' hash in the path decisions' cache key (tests read the
+ * decision with it). */
+uint64_t dspk__fir_tune_cands_hash(void);
 
 #endif /* DSPK_BACKENDS_COMMON_FIR_TUNE_H */

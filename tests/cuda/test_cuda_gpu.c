@@ -36,6 +36,7 @@
 
 #include "backends/cuda/cuda_internal.h"
 #include "backends/common/autotune.h"
+#include "backends/common/fir_tune.h"
 #include "cache/cache.h"
 
 extern const struct dspk__backend dspk__backend_cpu;
@@ -494,8 +495,6 @@ static void count_fir_tuning(void *ud, const char *what, double fraction) {
  * (the result right), the decision is stored under op "fir", layout
  * "path", and after a restart it comes from the cache (no tuning). */
 static void test_fir_tuned(void **state) {
-  static const struct dspk__autotune_cand names[4] = {
-      {"direct", NULL}, {"ols-x4", NULL}, {"ols-x8", NULL}, {"ols-x16", NULL}};
   char path[] = "/tmp/dspk-cuda-firtuneXXXXXX", file[64], first[64] = "";
   int64_t xs[2] = {1, 1 << 22}, hs[1] = {4096};
   struct dspk__tensor tx = T(DSPK_F32, 2, xs), th = T(DSPK_F32, 1, hs);
@@ -522,7 +521,7 @@ static void test_fir_tuned(void **state) {
     struct dspk__tune_key k = {.dev = dspk__cuda_devid(gpu), .op = "fir",
                                .shape = "n=2^22,row=2^22,k=2^12", .dtypes = "f32",
                                .layout = "path",
-                               .cands_hash = dspk__autotune_cands_hash(names, 4)};
+                               .cands_hash = dspk__fir_tune_cands_hash()};
     assert_int_equal(dspk__cache_tune_get(cache, &k, w, sizeof(w)), 0);
     assert_string_equal(w, dspk__cuda_fir_last());
     if (round == 0)

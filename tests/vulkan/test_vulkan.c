@@ -21,6 +21,7 @@
 
 #include "cache/cache.h"
 #include "backends/common/autotune.h"
+#include "backends/common/fir_tune.h"
 #include "backends/vulkan/vk.h"
 #include "tests/vulkan/vk_harness.h"
 #include "backends/vulkan/vk_sfft.h"
@@ -1267,14 +1268,12 @@ static void t_fir_tune(void **state) {
     print_message("fir f32 2x20000, 1000 taps (round %d): %s, rel err %g\n", round,
                   dspk__vk_fir_last(), e);
     assert_true(e <= 1e-5);
-    static const struct dspk__autotune_cand names[4] = {
-        {"direct", NULL}, {"ols-x4", NULL}, {"ols-x8", NULL}, {"ols-x16", NULL}};
     struct dspk__tune_key k = {.dev = dspk__vk_devid(d),
                                .op = "fir",
                                .shape = "n=2^16,row=2^15,k=2^10",
                                .dtypes = "f32",
                                .layout = "path",
-                               .cands_hash = dspk__autotune_cands_hash(names, 4)};
+                               .cands_hash = dspk__fir_tune_cands_hash()};
     char w[64];
     assert_int_equal(dspk__cache_tune_get(c, &k, w, sizeof w), 0);
     assert_string_equal(w, dspk__vk_fir_last());
