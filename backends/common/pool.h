@@ -67,10 +67,10 @@ int dspk__pool_get(struct dspk__pool *p, size_t n,
 /* Gives a block back (the device must be done with it): cached, or freed
  * when the cache is full.  Accepts NULL.  Usable as a retirement release
  * function: dspk__pool_put_cb(pool, block). */
-/* 1 when dspk__pool_get(p, n) would be answered from the cache. */
-int dspk__pool_has_cached(const struct dspk__pool *p, size_t n);
 void dspk__pool_put(struct dspk__pool *p, struct dspk__pool_block *b);
 void dspk__pool_put_cb(void *pool, void *block);
+/* 1 when dspk__pool_get(p, n) would be answered from the cache. */
+int dspk__pool_has_cached(const struct dspk__pool *p, size_t n);
 
 /* Frees every cached block through the raw allocator. */
 void dspk__pool_trim(struct dspk__pool *p);

@@ -459,8 +459,9 @@ const struct dspk__gpurt_driver dspk__gpurt_cuda = {
     .worker_install = DSPK_CUDA_WORKER_INSTALL,
 #endif
     .st = &cuda_state,
-    /* cublasSgemm of 256x64x256 f32: 12-17 us of host work (two launches)
-     * for 4 us on the H200; the tiled kernel: one launch. */
+    /* cublasSgemm of 64..456 x 256 x 256 f32: 12-17 us of host work (two
+     * launches) for 8.4 us on the H200's device; the tiled kernel: one
+     * launch (docs/performance.md, small contractions). */
     .gemm_small = DSPK__GPURT_GEMM_SMALL,
     .unload = dspk__cuda_unload,
     .func_set_shared = func_set_shared,

@@ -224,9 +224,11 @@ int dspk__gpurt_tmp_alloc(struct dspk__dev *dev, size_t n,
                          struct dspk__pool_block **out) {
   /* The retirement queue is asked (one event query) only when the pool
    * has no block of the size: a plan miss with a cached block costs none. */
-  if (!dspk__pool_has_cached(&dev->pool, n ? n : 1))
+  if (n == 0)
+    n = 1;
+  if (!dspk__pool_has_cached(&dev->pool, n))
     dspk__retire_drain(&dev->retire);
-  return dspk__pool_get(&dev->pool, n ? n : 1, out);
+  return dspk__pool_get(&dev->pool, n, out);
 }
 
 void dspk__gpurt_tmp_free(struct dspk__dev *dev, struct dspk__pool_block *b) {

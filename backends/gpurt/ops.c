@@ -78,9 +78,8 @@ static int map_scale(struct dspk__dev *dev, dspk__gptr p, dspk_dtype dt,
  * host work is most of the product's cost (docs/backends.md). */
 static int own_gemm_fits(const struct dspk__dev *dev, dspk_dtype dt, int64_t M, int64_t N,
                          int64_t K, int64_t batch) {
-  if (dt != DSPK_F32 && dt != DSPK_F64 && dt != DSPK_C64 && dt != DSPK_C128)
-    return 0;
-  if (M > dev->gemm_small || N > dev->gemm_small || K > dev->gemm_small)
+  if (dev->gemm_small <= 0 ||
+      (dt != DSPK_F32 && dt != DSPK_F64 && dt != DSPK_C64 && dt != DSPK_C128))
     return 0;
   return (double)M * (double)N * (double)K * (double)batch <= (double)dev->gemm_small;
 }

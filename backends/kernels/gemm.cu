@@ -12,9 +12,10 @@
  * time in shared memory, and each thread accumulates a 4x4 patch; the
  * groups then add their patches through shared memory.  Splitting k inside
  * the block keeps one launch and no workspace while giving a small product
- * the parallelism of a split-k one: on the H200 a 456x256x256 f32 product
- * takes 10.4 us on the device (cuBLAS: 8.4 us), and 4 us of host work
- * against cuBLAS's 12-17 us (two launches).  The runtimes take it for small
+ * the parallelism of a split-k one: on the H200 the products of the small
+ * eviction trace (64..456 x 256 x 256, f32) take 10.4 us each on the
+ * device on average (cuBLAS: 8.4 us), for one launch of host work (3.8-4.9
+ * us there) against cuBLAS's 12-17 us (two launches).  The runtimes take it for small
  * products (docs/backends.md).  Launch with DSPK_GEMM_THREADS threads.
  */
 #define DSPK_GT 32 /* tile edge */

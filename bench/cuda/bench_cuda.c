@@ -230,11 +230,6 @@ static void bench_fir_backend(int reps) {
   free(hh);
 }
 
-/* The eviction trace: 200 contractions "ikl,jlk->ji" (k*l = k of the
- * arguments, l = 16) over 50 shapes (i varies), plan cache 16.  Each plan
- * permutes B into a workspace of its own (k and l swap) and makes the
- * product as C^T, so every eviction retires a workspace.  Busy = sum of
- * per-task GPU spans / whole span. */
 /* cuStreamWaitValue32 (looked up in the driver the backend opened): a
  * "gated" pass holds the stream behind a flag until every contraction is
  * enqueued, so the GPU then runs them back to back with no host work in
@@ -243,6 +238,11 @@ static void bench_fir_backend(int reps) {
 typedef CUresult (*wait_value_fn)(CUstream, CUdeviceptr, unsigned, unsigned);
 static int trace_gated;
 
+/* The eviction trace: 200 contractions "ikl,jlk->ji" (k*l = k of the
+ * arguments, l = 16) over 50 shapes (i varies), plan cache 16.  Each plan
+ * permutes B into a workspace of its own (k and l swap) and makes the
+ * product as C^T, so every eviction retires a workspace.  Busy = sum of
+ * per-task GPU spans / whole span. */
 static void bench_trace(int sync_on_evict, int64_t i0, int64_t di, int64_t j, int64_t k,
                         const char *label) {
   enum { NT = 200, NS = 50 };
@@ -258,7 +258,7 @@ static void bench_trace(int sync_on_evict, int64_t i0, int64_t di, int64_t j, in
   struct dspk__devstats s0, s1;
   uint64_t seed = 12345;
   int shapes[NT];
-  double t0, wall, busy = 0, host[NT], gpu[NT], hh[NT], hm[NT];
+  double t0, wall, busy = 0, gpu[NT], hh[NT], hm[NT];
   int nh = 0, nm = 0;
   float span;
   CUdeviceptr gate = 0;
@@ -315,11 +315,11 @@ static void bench_trace(int sync_on_evict, int64_t i0, int64_t di, int64_t j, in
         fprintf(stderr, "contract: %s\n", err);
         exit(1);
       }
-      host[t] = (dspk_bench_now_ms() - h0) * 1e3;
+      double us = (dspk_bench_now_ms() - h0) * 1e3;
       if (dspk__gpurt_contract_misses(dev) != m0)
-        hm[nm++] = host[t];
+        hm[nm++] = us;
       else
-        hh[nh++] = host[t];
+        hh[nh++] = us;
     }
   }
   if (trace_gated) {
