@@ -248,6 +248,15 @@ static uint64_t median_u64(const uint64_t *ns, int n) {
                      (sorted[n / 2 - 1] % 2 + sorted[n / 2] % 2) / 2;
 }
 
+/* One sample of candidate i, which has just run in clock_ns: its own
+ * measure of that run where the request offers one (ran_ns). */
+static uint64_t sample_ns(const struct dspk__autotune_req *r, int i, uint64_t clock_ns) {
+  uint64_t own;
+  if (r->ran_ns && r->ran_ns(r->ud, i, &own) == 0)
+    return own;
+  return clock_ns;
+}
+
 /* benchmark() with o->interleave: rounds in which each candidate in turn
  * runs its warm-up and then `burst` timed runs, until each has `samples`. */
 /* The end of a benchmark: the winner and the timings JSON t (NULL when
@@ -305,7 +314,7 @@ static int benchmark_interleaved(const struct dspk__autotune_req *r, int warmup,
         if (r->progress)
           r->progress(r->progress_ud, what, done / total);
         if (rcs[i] == 0 && w >= warmup)
-          times[i][n[i]++] = t1 - t0;
+          times[i][n[i]++] = sample_ns(r, i, t1 - t0);
       }
     }
   }
@@ -399,7 +408,7 @@ static int benchmark(const struct dspk__autotune_req *r,
         r->progress(r->progress_ud, what, done / total);
       if (rc != 0)
         break;
-      ns[n++] = t1 - t0;
+      ns[n++] = sample_ns(r, i, t1 - t0);
       if (ns[n - 1] < fastest)
         fastest = ns[n - 1];
       /* Even its fastest run is far slower than the best median: no

@@ -62,6 +62,12 @@ struct dspk__autotune_req {
   void *progress_ud;
   /* Optional: set by another thread to stop a tuning or a wait early. */
   atomic_int *cancel;
+  /* Optional: the time of the run of candidate `index` that has just
+   * returned 0, as the candidate measured it itself (a GPU's timestamps
+   * around its work: what a wait adds to the clock's time varies more than
+   * the paths differ), in ns.  Returns 0, or nonzero when that run has no
+   * such time: its sample is then the clock's time around run(). */
+  int (*ran_ns)(void *ud, int index, uint64_t *ns);
 };
 
 /* Benchmark settings; NULL or 0 fields take the defaults. */

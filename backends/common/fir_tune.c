@@ -36,6 +36,9 @@ struct tune_ud {
   struct dspk__op *op;
   struct dspk__opctx ctx; /* the task's cancel and progress, a scratch message */
   char msg[256];
+  int untimed;      /* ops->timed said the device has no timestamps */
+  int have_ns;      /* the last sample has the device's time, ns */
+  uint64_t ns;
 };
 
 /* The candidates in timing order: the overlap-save paths first, so that
@@ -44,17 +47,39 @@ struct tune_ud {
 static const int path_of[DSPK__FIR_NPATHS] = {1, 2, 3, 0};
 
 /* One sample of a candidate on the task's operands: FIR_TUNE_REPS runs,
- * then one wait.  A wait costs about as much as the difference between
- * two paths (on the H200, Vulkan's submit and timeline wait varied by 0.1
- * to 0.2 ms around paths of 0.3 ms that differ by 10%), so single runs
- * chose at random. */
+ * then one wait, timed by the device where it can.  A wait costs about as
+ * much as the difference between two paths (on the H200, Vulkan's submit
+ * and timeline wait varied by 0.1 to 0.2 ms around paths of 0.3 ms that
+ * differ by 10%): single runs timed by the clock chose at random, and
+ * samples of four still spread by 20% (1.30-1.67 ms for one path), so the
+ * device's timestamps time them where it has them. */
 #define FIR_TUNE_REPS 4
 static int cand_run(void *ud, int idx) {
   struct tune_ud *u = ud;
   int rc = 0;
+  u->have_ns = 0;
+  if (u->ops->timed && !u->untimed) {
+    rc = u->ops->timed(u->d, u->op, path_of[idx], FIR_TUNE_REPS, &u->ctx, &u->ns);
+    if (rc != 1) {
+      u->have_ns = rc == 0;
+      return rc;
+    }
+    u->untimed = 1;
+    rc = 0;
+  }
   for (int i = 0; i < FIR_TUNE_REPS && rc == 0; i++)
     rc = u->ops->run(u->d, u->op, path_of[idx], &u->ctx);
   return u->ops->finish(u->d, rc);
+}
+
+/* The autotune framework's ran_ns: the device's time of the sample. */
+static int cand_ns(void *ud, int idx, uint64_t *ns) {
+  const struct tune_ud *u = ud;
+  (void)idx;
+  if (!u->have_ns)
+    return -1;
+  *ns = u->ns;
+  return 0;
 }
 
 static const struct dspk__autotune_cand cands[DSPK__FIR_NPATHS] = {
@@ -87,6 +112,7 @@ int dspk__fir_tuned(struct dspk__dev *d, struct dspk__op *op, struct dspk__cache
   req.cands = cands;
   req.ncands = DSPK__FIR_NPATHS;
   req.ud = &u;
+  req.ran_ns = cand_ns;
   if (ctx) {
     u.ctx.cancel = ctx->cancel;
     u.ctx.progress = ctx->progress;

@@ -49,13 +49,21 @@ struct dspk__fir_ops {
   /* Optional: whether the device was lost, so that a failed winner is not
    * replaced by another candidate. */
   int (*lost)(struct dspk__dev *d);
+  /* Optional: runs path c reps times as run does, between two timestamps
+   * of the device, waits for them, and writes the device's time for the
+   * reps runs in ns.  Returns 0, run's error, or 1 when the device has no
+   * timestamps (nothing ran; the tuner then times run and finish by the
+   * clock). */
+  int (*timed)(struct dspk__dev *d, struct dspk__op *op, int c, int reps,
+               struct dspk__opctx *ctx, uint64_t *ns);
 };
 
 /*
  * Runs op by the path the autotune framework chooses for its shape class on
  * this device (tuning the candidates on the task's operands the first
  * time: the overlap-save paths first, then the direct one, each sample
- * four runs and one wait, with the task's cancel and progress hooks);
+ * four runs and one wait, timed by the device's timestamps where ops
+ * offers them, with the task's cancel and progress hooks);
  * a winner that fails, except the direct path, is reported to the framework
  * and the choice made again.  Returns the run's result, DSPK_ECANCELED
  * (with a message in ctx) when the tuning was canceled, or 1 when there is

@@ -281,7 +281,7 @@ int dspk__gpurt_fir(struct dspk__dev *dev, struct dspk__op *op, struct dspk__opc
   if (k <= FIR_DIRECT_MAX_K || !HAVE_FFT(dev))
     return run_path(dev, op, 0, ctx);
   if (!overlaps(op)) {
-    static const struct dspk__fir_ops ops = {run_path, finish, lost};
+    static const struct dspk__fir_ops ops = {.run = run_path, .finish = finish, .lost = lost};
     int rc = dspk__fir_tuned(dev, op, dev->env.cache, dspk__gpurt_devid(dev), &ops, ctx);
     if (rc <= 0)
       return rc;

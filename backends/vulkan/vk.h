@@ -356,10 +356,12 @@ int dspk__vk_dispatch(struct dspk__dev *d, struct dspk__vk_kernel *k,
 
 /* ---- vk_fft.c ----------------------------------------------------------- */
 
+/* Whether d's queue writes timestamps. */
+int dspk__vk_timestamps(struct dspk__dev *d);
 /* GPU time, by timestamps around them, of reps recordings made by rec(ud,
  * i) into the open command buffer, in ms per recording; waits for the
- * device.  DSPK_ENOTSUP when the queue has no timestamps.  For benchmarks
- * and profiles. */
+ * device.  DSPK_ENOTSUP when the queue has no timestamps.  For benchmarks,
+ * profiles and the fir tuner's samples. */
 int dspk__vk_gpu_ms(struct dspk__dev *d, int reps, int (*rec)(void *ud, int i), void *ud,
                     double *ms);
 
@@ -455,6 +457,9 @@ void dspk__vk_fir_ws_free(struct dspk__dev *d, void *ws);
 const char *dspk__vk_fir_last(void);
 /* Whether the last FFT path ran fused into our fft kernels (tests). */
 int dspk__vk_fir_last_fused(void);
+/* How many of the fir tuner's runs on the calling thread were timed by the
+ * device's timestamps (tests). */
+unsigned dspk__vk_fir_timed(void);
 int dspk__vk_kernel_op(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *ctx);
 int dspk__vk_gemm(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *ctx);
 int dspk__vk_contract(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *ctx);

@@ -874,6 +874,14 @@ int dspk__vk_fft_tune_report(struct dspk__dev *d, uint64_t n, uint64_t batch, in
   return 0;
 }
 
+int dspk__vk_timestamps(struct dspk__dev *d) {
+  VkQueueFamilyProperties qf[16];
+  uint32_t nq = 16;
+  VK(GetPhysicalDeviceQueueFamilyProperties)(d->pd, &nq, qf);
+  return d->qfamily < nq && qf[d->qfamily].timestampValidBits != 0 &&
+         d->props.limits.timestampPeriod > 0;
+}
+
 int dspk__vk_gpu_ms(struct dspk__dev *d, int reps, int (*rec)(void *ud, int i), void *ud,
                     double *ms) {
   PFN_vkCreateQueryPool CreateQueryPool;
@@ -888,12 +896,8 @@ int dspk__vk_gpu_ms(struct dspk__dev *d, int reps, int (*rec)(void *ud, int i), 
   LOAD(CmdWriteTimestamp);
   LOAD(GetQueryPoolResults);
 #undef LOAD
-  VkQueueFamilyProperties qf[16];
-  uint32_t nq = 16;
-  VK(GetPhysicalDeviceQueueFamilyProperties)(d->pd, &nq, qf);
   if (!CreateQueryPool || !DestroyQueryPool || !CmdResetQueryPool || !CmdWriteTimestamp ||
-      !GetQueryPoolResults || d->qfamily >= nq || qf[d->qfamily].timestampValidBits == 0 ||
-      d->props.limits.timestampPeriod <= 0)
+      !GetQueryPoolResults || !dspk__vk_timestamps(d))
     return DSPK_ENOTSUP;
   VkQueryPoolCreateInfo qi = {.sType = VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO,
                               .queryType = VK_QUERY_TYPE_TIMESTAMP,

@@ -52,6 +52,7 @@
 #define FIR_MAX_ELEMS ((int64_t)1 << 31) /* 32-bit indexing with room */
 static _Thread_local const char *fir_last = "";
 static _Thread_local int fir_last_fused;
+static _Thread_local unsigned fir_timed; /* tuner samples timed by timestamps */
 
 /* Test hooks (proto/testhook.h): a production build has no such globals. */
 #ifdef DSPK_TEST_HOOKS
@@ -66,6 +67,7 @@ void dspk__vk_fir_tune_always(int always) { fir_tune_always = always; }
 #endif
 const char *dspk__vk_fir_last(void) { return fir_last; }
 int dspk__vk_fir_last_fused(void) { return fir_last_fused; }
+unsigned dspk__vk_fir_timed(void) { return fir_timed; }
 
 /* Layout for rows of n samples, k taps (k <= n), mode m (1..3), within
  * 32-bit indexing. */
@@ -358,6 +360,33 @@ static int finish(struct dspk__dev *d, int r) {
   return r;
 }
 
+/* The tuner's timed samples: reps runs of path c recorded between two
+ * timestamps (dspk__vk_gpu_ms submits and waits). */
+struct timed_ud {
+  struct dspk__dev *d;
+  struct dspk__op *op;
+  int c;
+  struct dspk__opctx *ctx;
+};
+static int rec_path(void *ud, int i) {
+  struct timed_ud *u = ud;
+  (void)i;
+  return run_path(u->d, u->op, u->c, u->ctx);
+}
+static int timed(struct dspk__dev *d, struct dspk__op *op, int c, int reps,
+                 struct dspk__opctx *ctx, uint64_t *ns) {
+  struct timed_ud u = {d, op, c, ctx};
+  double ms;
+  int r;
+  if (!dspk__vk_timestamps(d))
+    return 1;
+  if ((r = dspk__vk_gpu_ms(d, reps, rec_path, &u, &ms)))
+    return r;
+  *ns = (uint64_t)(ms * reps * 1e6 + 0.5);
+  fir_timed++;
+  return 0;
+}
+
 /* Whether the output shares memory with an input (tuning reruns the op on
  * the task's operands, harmless only when it does not). */
 static int overlaps(const struct dspk__op *op) {
@@ -383,7 +412,7 @@ int dspk__vk_fir(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *c
   if (k <= FIR_DIRECT_MAX_K)
     return run_path(d, op, 0, ctx);
   if ((d->props.deviceType != VK_PHYSICAL_DEVICE_TYPE_CPU || fir_tune_always) && !overlaps(op)) {
-    static const struct dspk__fir_ops ops = {run_path, finish, NULL};
+    static const struct dspk__fir_ops ops = {.run = run_path, .finish = finish, .timed = timed};
     int r = dspk__fir_tuned(d, op, d->env.cache, dspk__vk_devid(d), &ops, ctx);
     if (r <= 0)
       return r;

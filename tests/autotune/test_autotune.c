@@ -6,7 +6,8 @@
  * memo and persistent-cache hits (also across a reopen), key components,
  * candidates failing while tuned, the launch-failure fallback and re-tune,
  * single-flight tuning under concurrent requests, cancellation of a tuner
- * and of a waiter, progress reports, and forgetting after cache clear.
+ * and of a waiter, progress reports, forgetting after cache clear, and
+ * candidates that measure their own runs (ran_ns).
  */
 #include <pthread.h>
 #include <setjmp.h>
@@ -531,6 +532,58 @@ static void test_interleaved(void **state) {
   dspk__cache_close(c);
 }
 
+/* A candidate's own measure (ran_ns) replaces the clock's: by the clock
+ * gamma (1800 per run) beats alpha (2000) and beta (5000: its waits); the
+ * runs' own times say beta's work takes 500 against alpha's 1500.  A run
+ * without its own time (gamma's ran_ns answers nonzero) keeps the clock's
+ * 1800. */
+static const uint64_t own_ns[NC] = {1500, 500, 0, 700};
+static int own_calls;
+static int own_ran_ns(void *ud, int i, uint64_t *ns) {
+  (void)ud;
+  own_calls++;
+  if (own_ns[i] == 0)
+    return -1;
+  *ns = own_ns[i];
+  return 0;
+}
+
+static void test_ran_ns(void **state) {
+  (void)state;
+  struct dspk__autotune_req r = base_req();
+  struct dspk__cache *c = mem_cache();
+  char timings[1024];
+  int w = -1;
+  set_cost(0, 1, (uint64_t)2000);
+  set_cost(1, 1, (uint64_t)5000);
+  set_cost(2, 1, (uint64_t)1800); /* under the cut: 4 x beta's 500 */
+  r.ncands = 3;
+  assert_int_equal(dspk__autotune_choose(NULL, &r, &opts, &w, NULL), 0);
+  assert_int_equal(w, 2); /* by the clock */
+  dspk__autotune_forget_all();
+  r.ran_ns = own_ran_ns;
+  own_calls = 0;
+  assert_int_equal(dspk__autotune_choose(c, &r, &opts, &w, NULL), 0);
+  assert_int_equal(w, 1);
+  assert_int_equal(own_calls, 15); /* once per timed run, not per warm-up */
+  struct dspk__tune_key k = {.dev = r.dev, .op = r.op, .shape = r.shape,
+                             .dtypes = r.dtypes, .layout = r.layout,
+                             .cands_hash = dspk__autotune_cands_hash(cands, 3)};
+  assert_int_equal(dspk__cache_tune_timings(c, &k, timings, sizeof timings), 0);
+  assert_string_equal(timings,
+                      "{\"alpha\":{\"median_ns\":1500,\"ns\":[1500,1500,1500,1500,1500]},"
+                      "\"beta\":{\"median_ns\":500,\"ns\":[500,500,500,500,500]},"
+                      "\"gamma\":{\"median_ns\":1800,\"ns\":[1800,1800,1800,1800,1800]}}");
+  /* Interleaved rounds take it too. */
+  struct dspk__autotune_opts o = opts;
+  o.interleave = 2;
+  dspk__autotune_forget_all();
+  r.ncands = 2;
+  assert_int_equal(dspk__autotune_choose(NULL, &r, &o, &w, NULL), 0);
+  assert_int_equal(w, 1);
+  dspk__cache_close(c);
+}
+
 #define T(name) cmocka_unit_test_setup(name, setup)
 
 int main(void) {
@@ -546,6 +599,7 @@ int main(void) {
       T(test_persistent_across_reopen),
       T(test_bad_requests),
       T(test_interleaved),
+      T(test_ran_ns),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
