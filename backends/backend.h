@@ -167,6 +167,15 @@ struct dspk__backend {
                      struct dspk__mem **out);
   int (*host_register)(struct dspk__dev *dev, void *ptr, size_t n);
   void (*host_unregister)(struct dspk__dev *dev, void *ptr);
+  /* Optional: page-locked host memory of at least n bytes that read() fills
+   * by DMA, for the results the daemon reads back and sends from there
+   * (inline task results, buffer.read answers); NULL when there is none
+   * (the daemon then uses malloc'd memory).  host_free gives it back: the
+   * backend keeps some for the next results and gives that back in trim()
+   * and close(); close() also releases blocks never given back.  Runner
+   * thread. */
+  void *(*host_alloc)(struct dspk__dev *dev, size_t n);
+  void (*host_free)(struct dspk__dev *dev, void *p);
 
   /* Optional: the address of a block's bytes when they are plain host
    * memory that any thread may read until free() of the block, and write

@@ -126,6 +126,7 @@ void dspkd_wreq_free(struct wreq *wr);
 struct mpin {
   atomic_int sending;     /* answers still being written from mem */
   struct dspk__mem *mem;  /* set when retired */
+  void *host;             /* or the backend's host_alloc block sent from */
   struct mpin *next;      /* in the device's retired list (runner) */
 };
 

@@ -60,13 +60,54 @@ static void retire(struct device *dev, struct mpin *p, struct dspk__mem *mem) {
   dev->retired = p;
 }
 
+/* Results this large are read into the backend's page-locked memory where
+ * it has some (host_alloc), sent from there and given back once sent: a
+ * DMA instead of a pageable copy into freshly faulted pages. */
+#define HOST_PINNED_MIN ((size_t)64 << 10)
+
+/* Host memory to read an n-byte result into and send from: the backend's
+ * host_alloc block with *pin to retire it once sent, or malloc'd memory
+ * (*pin NULL) that the frame frees.  NULL when out of memory. */
+static void *out_host(struct device *dev, size_t n, struct mpin **pin) {
+  void *p;
+  *pin = NULL;
+  if (n >= HOST_PINNED_MIN && dev->be->host_alloc &&
+      (p = dev->be->host_alloc(dev->bdev, n)) != NULL) {
+    if ((*pin = calloc(1, sizeof(**pin))) != NULL) {
+      (*pin)->host = p;
+      return p;
+    }
+    dev->be->host_free(dev->bdev, p);
+  }
+  return malloc(n ? n : 1);
+}
+
+/* Gives out_host's memory back when no frame took it. */
+static void out_host_drop(struct device *dev, void *p, struct mpin *pin) {
+  if (pin) {
+    dev->be->host_free(dev->bdev, pin->host);
+    free(pin);
+  } else {
+    free(p);
+  }
+}
+
+/* The frame about to send out_host's pinned block: retired until sent. */
+static void out_host_send(struct device *dev, struct mpin *pin) {
+  atomic_store(&pin->sending, 1);
+  retire(dev, pin, NULL);
+}
+
 void dspkd_retired_sweep(struct device *dev, bool exiting) {
   struct mpin **pp = &dev->retired;
   while (*pp) {
     struct mpin *p = *pp;
     if (pin_idle(p)) {
       *pp = p->next;
-      dev->be->free(dev->bdev, p->mem);
+      if (p->host)
+        dev->be->host_free(dev->bdev, p->host);
+      else
+        dev->be->free(dev->bdev, p->mem);
       free(p);
     } else if (exiting) {
       /* An answer still refers to it (the loop ended without writing it):
@@ -211,6 +252,7 @@ static void exec_read(struct device *dev, struct job *j) {
   struct dspk__pval v[1];
   struct wreq *wr;
   const void *src = j->buf->host ? NULL : send_ptr(dev, j->buf->mem, j->off, (size_t)j->size);
+  struct mpin *pin;
   void *host;
   int err;
   if (src) { /* sent from the buffer's block itself (struct mpin) */
@@ -222,7 +264,7 @@ static void exec_read(struct device *dev, struct job *j) {
     dspk__result_encode(&wr->w, &dspk__methods[DSPK__M_BUFFER_READ], v);
     return;
   }
-  host = malloc(j->size ? (size_t)j->size : 1);
+  host = out_host(dev, (size_t)j->size, &pin);
   if (!host) {
     fail(j, DSPK_ENOMEM, "no host memory for buffer.read");
     return;
@@ -235,17 +277,22 @@ static void exec_read(struct device *dev, struct job *j) {
     err = dev->be->read(dev->bdev, j->buf->mem, (size_t)j->off, host, (size_t)j->size);
   }
   if (err < 0) {
-    free(host);
+    out_host_drop(dev, host, pin);
     fail(j, err, "buffer.read failed on the device");
     return;
   }
   wr = result_head(j);
   if (!wr) {
-    free(host);
+    out_host_drop(dev, host, pin);
     j->err = DSPK_ENOMEM;
     return;
   }
-  v[DSPK__R_BREAD_DATA] = dspk__pv_bin(host, (size_t)j->size, release_host, host);
+  if (pin) {
+    out_host_send(dev, pin);
+    v[DSPK__R_BREAD_DATA] = dspk__pv_bin(host, (size_t)j->size, unpin, pin);
+  } else {
+    v[DSPK__R_BREAD_DATA] = dspk__pv_bin(host, (size_t)j->size, release_host, host);
+  }
   dspk__result_encode(&wr->w, &dspk__methods[DSPK__M_BUFFER_READ], v);
 }
 
@@ -296,6 +343,13 @@ static void pack_outputs(const void *ud, struct dspk__wbuf *w) {
   const struct outputs *o = ud;
   msgpack_pack_array(&w->pk, (size_t)o->nres);
   for (int i = 0; i < o->nres; i++) {
+    if (o->pins[i] && o->pins[i]->host) { /* the backend's host_alloc block */
+      out_host_send(o->dev, o->pins[i]);
+      pack_tensor(w, &o->res[i], NULL, o->pins[i]->host, unpin, o->pins[i]);
+      o->pins[i] = NULL;
+      o->host[i] = NULL;
+      continue;
+    }
     if (o->pins[i]) { /* the frame sends from the temporary, retired until sent */
       struct dspk__mem **own = o->op->kind == DSPK_OP_KERNEL ? &o->tmp_in[i] : &o->tmp_out[i];
       atomic_store(&o->pins[i]->sending, 1);
@@ -474,7 +528,7 @@ static void exec_task(struct device *dev, struct job *j) {
         continue;
       }
     }
-    host[i] = malloc(n ? n : 1);
+    host[i] = out_host(dev, n, &pins[i]);
     if (!host[i]) {
       err = DSPK_ENOMEM;
       snprintf(msg, sizeof msg, "no host memory for output %d (%zu bytes)", i, n);
@@ -510,8 +564,12 @@ out:
     if (tmp_out[i])
       be->free(dev->bdev, tmp_out[i]);
   for (size_t i = 0; i < NRES; i++) {
-    free(host[i]);
-    free(pins[i]);
+    if (pins[i] && pins[i]->host)
+      out_host_drop(dev, host[i], pins[i]); /* never packed */
+    else {
+      free(host[i]);
+      free(pins[i]);
+    }
   }
 #undef NRES
   if (err < 0)

@@ -247,6 +247,14 @@ int dspk__gpurt_sync(struct dspk__dev *dev);
 int dspk__gpurt_run_checked(struct dspk__dev *dev, struct dspk__op *op,
                             struct dspk__opctx *ctx);
 void dspk__gpurt_stats(struct dspk__dev *dev, struct dspk__devstats *out);
+/* host_alloc / host_free / trim of the backend table (device.c): blocks
+ * of cuMemHostAlloc memory in size classes (powers of two from 64 KiB),
+ * kept for reuse up to DSPK__GPURT_HOSTMEM_KEEP bytes, all given back by
+ * trim; stage_read and stage_write DMA straight from and to them. */
+#define DSPK__GPURT_HOSTMEM_KEEP ((size_t)64 << 20)
+void *dspk__gpurt_host_alloc(struct dspk__dev *dev, size_t n);
+void dspk__gpurt_host_free(struct dspk__dev *dev, void *p);
+void dspk__gpurt_trim(struct dspk__dev *dev);
 /* Every op; f16 and bf16 gemm only through the BLAS library (the runtime's
  * own gemm kernel takes f32 and f64); raw kernels in the driver's lang. */
 void dspk__gpurt_caps(struct dspk__dev *dev, struct dspk__devcaps *out);
@@ -262,6 +270,8 @@ void dspk__gpurt_caps(struct dspk__dev *dev, struct dspk__devcaps *out);
   .fence_destroy = dspk__gpurt_fence_destroy, .sync = dspk__gpurt_sync,        \
   .host_register = dspk__gpurt_host_register,                                  \
   .host_unregister = dspk__gpurt_host_unregister,                              \
+  .host_alloc = dspk__gpurt_host_alloc, .host_free = dspk__gpurt_host_free,   \
+  .trim = dspk__gpurt_trim,                                                    \
   .caps = dspk__gpurt_caps, .run = dspk__gpurt_run_checked,                   \
   .stats = dspk__gpurt_stats
 
@@ -354,6 +364,10 @@ struct dspk__dev {
    * backend host_register): copies from and to them skip the ring. */
   struct { void *p; size_t n; } *hostreg;
   size_t nhostreg, caphostreg;
+  /* Page-locked blocks of host_alloc (device.c): in use, or kept for the
+   * next results (used 0) up to a bound. */
+  struct { void *p; size_t n; int used; } *hostmem;
+  size_t nhostmem, caphostmem;
   /* Test hook: the reduction candidate (tune.c) every reduction launches,
    * bypassing autotuning; NULL for the normal choice. */
   const char *reduce_force;

@@ -14,7 +14,9 @@
  * the pageable way); a failing event record (the stream is drained, the
  * ring stays usable); a failing record and drain (the ring is retired,
  * later copies go the pageable way, close frees it once the stream is
- * idle).  Fixed seeds; no GPU, no driver library.
+ * idle); the daemon's page-locked result blocks (host_alloc: one DMA per
+ * read, reuse, the bound on what is kept, trim).  Fixed seeds; no GPU, no
+ * driver library.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -358,12 +360,67 @@ static void test_host_register(void **state) {
   free(back);
 }
 
+/* host_alloc (the daemon's results): page-locked blocks in size classes;
+ * a read into one is a single DMA (no ring chunk); a block given back is
+ * reused for the next result of its class; blocks given back are kept up
+ * to DSPK__GPURT_HOSTMEM_KEEP and freed beyond it; trim frees every block
+ * not in use. */
+static void test_host_alloc(void **state) {
+  enum { N = 70000 };
+  const size_t big = (size_t)24 << 20; /* class 32 MiB */
+  (void)state;
+  assert_int_equal(dspk__cuda_stage_config(dev, 2, 4096), 0);
+  assert_int_equal(npinned, 1); /* the ring */
+  for (int i = 0; i < N; i++)
+    devmem[i] = (unsigned char)(i * 13 + 5);
+  unsigned char *a = dspk__gpurt_host_alloc(dev, N);
+  assert_non_null(a);
+  assert_int_equal(npinned, 2);
+  uint64_t before = dev->stage.chunks_d2h, q0 = queued;
+  assert_int_equal(dspk__cuda_stage_read(dev, a, (CUdeviceptr)(uintptr_t)devmem, N), 0);
+  assert_int_equal(dev->stage.chunks_d2h, before); /* no ring chunk */
+  assert_int_equal(queued - q0, 1);                /* one DMA, into the block */
+  assert_true(queue[q0 % QMAX].dst == a);
+  assert_memory_equal(a, devmem, N);
+  dspk__gpurt_host_free(dev, a);
+  assert_int_equal(npinned, 2); /* kept */
+  unsigned char *b = dspk__gpurt_host_alloc(dev, 100000); /* the same class */
+  assert_ptr_equal(b, a);
+  unsigned char *c = dspk__gpurt_host_alloc(dev, 100000); /* b is in use */
+  assert_non_null(c);
+  assert_ptr_not_equal(c, b);
+  assert_int_equal(npinned, 3);
+  unsigned char *d = dspk__gpurt_host_alloc(dev, 1);
+  assert_non_null(d);
+  assert_int_equal(npinned, 4);
+  dspk__gpurt_host_free(dev, b);
+  dspk__gpurt_host_free(dev, c);
+  dspk__gpurt_trim(dev); /* b and c go, d is in use */
+  assert_int_equal(npinned, 2);
+  dspk__gpurt_host_free(dev, d);
+  /* Given back beyond the bound: freed at once. */
+  unsigned char *x = dspk__gpurt_host_alloc(dev, big), *y = dspk__gpurt_host_alloc(dev, big),
+                *z = dspk__gpurt_host_alloc(dev, big);
+  assert_true(x && y && z);
+  assert_int_equal(npinned, 5);
+  dspk__gpurt_host_free(dev, x);
+  dspk__gpurt_host_free(dev, y); /* 64 KiB + 2 x 32 MiB kept: over the bound */
+  assert_int_equal(npinned, 4);
+  dspk__gpurt_host_free(dev, z);
+  assert_int_equal(npinned, 3);
+  dspk__gpurt_host_free(dev, (void *)devmem); /* not a block: ignored */
+  dspk__gpurt_trim(dev);
+  assert_int_equal(npinned, 1);
+  assert_int_equal(dev->nhostmem, 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_rings, setup, teardown),
       cmocka_unit_test_setup_teardown(test_writes_stay_queued, setup, teardown),
       cmocka_unit_test_setup_teardown(test_faults, setup, teardown),
       cmocka_unit_test_setup_teardown(test_host_register, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_host_alloc, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
