@@ -444,7 +444,9 @@ static void hostmem_drop(struct dspk__dev *dev, size_t i) {
 void *dspk__gpurt_host_alloc(struct dspk__dev *dev, size_t n) {
   size_t c = HOSTMEM_MIN;
   void *p = NULL;
-  if (ready(dev, NULL) || n > ((size_t)1 << 40))
+  /* Larger results take malloc'd memory: a block rounded up to a power of
+   * two that is not kept would pin up to twice its bytes for one copy. */
+  if (ready(dev, NULL) || n > DSPK__GPURT_HOSTMEM_MAX)
     return NULL;
   while (c < n)
     c *= 2;

@@ -248,10 +248,12 @@ int dspk__gpurt_run_checked(struct dspk__dev *dev, struct dspk__op *op,
                             struct dspk__opctx *ctx);
 void dspk__gpurt_stats(struct dspk__dev *dev, struct dspk__devstats *out);
 /* host_alloc / host_free / trim of the backend table (device.c): blocks
- * of cuMemHostAlloc memory in size classes (powers of two from 64 KiB),
- * kept for reuse up to DSPK__GPURT_HOSTMEM_KEEP bytes, all given back by
- * trim; stage_read and stage_write DMA straight from and to them. */
+ * of cuMemHostAlloc memory in size classes (powers of two from 64 KiB to
+ * DSPK__GPURT_HOSTMEM_MAX; NULL above), kept for reuse up to
+ * DSPK__GPURT_HOSTMEM_KEEP bytes, all given back by trim; stage_read and
+ * stage_write DMA straight from and to them. */
 #define DSPK__GPURT_HOSTMEM_KEEP ((size_t)64 << 20)
+#define DSPK__GPURT_HOSTMEM_MAX ((size_t)32 << 20)
 void *dspk__gpurt_host_alloc(struct dspk__dev *dev, size_t n);
 void dspk__gpurt_host_free(struct dspk__dev *dev, void *p);
 void dspk__gpurt_trim(struct dspk__dev *dev);

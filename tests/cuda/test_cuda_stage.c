@@ -364,7 +364,7 @@ static void test_host_register(void **state) {
  * a read into one is a single DMA (no ring chunk); a block given back is
  * reused for the next result of its class; blocks given back are kept up
  * to DSPK__GPURT_HOSTMEM_KEEP and freed beyond it; trim frees every block
- * not in use. */
+ * not in use; none above DSPK__GPURT_HOSTMEM_MAX. */
 static void test_host_alloc(void **state) {
   enum { N = 70000 };
   const size_t big = (size_t)24 << 20; /* class 32 MiB */
@@ -409,6 +409,7 @@ static void test_host_alloc(void **state) {
   dspk__gpurt_host_free(dev, z);
   assert_int_equal(npinned, 3);
   dspk__gpurt_host_free(dev, (void *)devmem); /* not a block: ignored */
+  assert_null(dspk__gpurt_host_alloc(dev, DSPK__GPURT_HOSTMEM_MAX + 1)); /* malloc's */
   dspk__gpurt_trim(dev);
   assert_int_equal(npinned, 1);
   assert_int_equal(dev->nhostmem, 0);
