@@ -38,7 +38,7 @@
 #include "daemon/notify.h"
 
 #define RCHUNK_MIN ((size_t)64 << 10)   /* first read buffer of a connection */
-#define RCHUNK_KEEP ((size_t)1 << 20)   /* an idle buffer above this shrinks */
+#define RCHUNK_KEEP DSPKD_RCHUNK_KEEP  /* an idle buffer above this shrinks */
 #define READ_MIN ((size_t)16 << 10)     /* least free space offered to read() */
 #define LAND_MIN ((size_t)64 << 10)     /* buffer.write data received in place */
 #define LAND_READ_MAX ((size_t)1 << 30) /* at most this much per read() */
@@ -239,14 +239,59 @@ static void conn_protocol_error(struct conn *c, int code, const char *msg) {
  * the cost of a large transfer.  Loop thread only; given back by the idle
  * trim. */
 static struct rchunk *spare_chunk;
+/* Registered read buffers given up while the daemon stops: freed once the
+ * devices are closed (dspkd_conn_handles_close), the registration gone
+ * with the device's context. */
+static struct rchunk *pinned_left;
+
+void *dspkd_chunk_pin_span(struct rchunk *k, size_t *len) {
+  uintptr_t a = ((uintptr_t)k->data + 4095) & ~(uintptr_t)4095;
+  uintptr_t e = ((uintptr_t)k->data + k->cap) & ~(uintptr_t)4095;
+  *len = e > a ? (size_t)(e - a) : 0;
+  return (void *)a;
+}
+
+/* Frees a read buffer.  One that a runner registered for DMA goes to that
+ * runner (JOB_UNPIN), the only thread that can unregister it, unless the
+ * daemon is stopping: runners then may have taken their last job. */
+static void chunk_free(struct rchunk *k) {
+  struct device *dev;
+  struct job *j;
+  if (!k)
+    return;
+  dev = atomic_load(&k->pin_dev);
+  if (!dev || !atomic_load(&k->pinned)) {
+    free(k);
+    return;
+  }
+  if (!dev->d->stopping && dev->open_state == 1 &&
+      (j = dspkd_job_new(NULL, JOB_UNPIN, 0, dev)) != NULL) {
+    j->unpin = k;
+    dspkd_sched_submit(j);
+    return;
+  }
+  k->next_left = pinned_left;
+  pinned_left = k;
+}
+
+/* A fresh read buffer of cap bytes (header fields cleared), or NULL. */
+static struct rchunk *chunk_new(size_t cap) {
+  struct rchunk *k = malloc(sizeof(*k) + cap);
+  if (k) {
+    atomic_init(&k->pin_dev, NULL);
+    atomic_init(&k->pinned, 0);
+    k->next_left = NULL;
+  }
+  return k;
+}
 
 static void chunk_release(struct rchunk *k) {
   if (k->cap > RCHUNK_KEEP && (!spare_chunk || spare_chunk->cap < k->cap)) {
-    free(spare_chunk);
+    chunk_free(spare_chunk);
     spare_chunk = k;
     return;
   }
-  free(k);
+  chunk_free(k);
 }
 
 void dspkd_chunk_unref(struct rchunk *k) {
@@ -261,7 +306,7 @@ static void on_trim(uv_timer_t *t) {
   struct dspkd *d = t->data;
   if (d->nconns > 0 || d->stopping)
     return;
-  free(spare_chunk);
+  chunk_free(spare_chunk);
   spare_chunk = NULL;
   for (int i = 0; i < d->ndevs; i++) {
     struct device *dev = &d->devs[i];
@@ -434,14 +479,15 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
       rb_count(c);
       goto have;
     }
-    if (k && k->refs == 1 && k->start == 0) {
+    if (k && k->refs == 1 && k->start == 0 && !atomic_load(&k->pin_dev)) {
       nk = realloc(k, sizeof(*k) + cap);
       if (!nk)
         return;
     } else {
-      /* Jobs hold the old buffer (their inline data lives in it): move only
-       * the unconsumed bytes, a partial frame, into a fresh one. */
-      nk = malloc(sizeof(*nk) + cap);
+      /* Jobs hold the old buffer (their inline data lives in it), or a
+       * runner registered its pages (they must not move): move only the
+       * unconsumed bytes, a partial frame, into a fresh one. */
+      nk = chunk_new(cap);
       if (!nk)
         return;
       chunk_take_pending(nk, k, pending);
@@ -924,7 +970,12 @@ void dspkd_conn_refuse_buffered(struct conn *c) {
 /* The last step of the stop sequence (daemon/lifecycle.c): the transport's
  * own handles and memory. */
 void dspkd_conn_handles_close(struct dspkd *d) {
-  free(spare_chunk);
+  chunk_free(spare_chunk); /* stopping: to pinned_left when registered */
   spare_chunk = NULL;
+  while (pinned_left) {
+    struct rchunk *k = pinned_left;
+    pinned_left = k->next_left;
+    free(k);
+  }
   uv_close((uv_handle_t *)&d->trim_timer, NULL);
 }

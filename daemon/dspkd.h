@@ -88,14 +88,27 @@ struct dspkd_config {
 
 /* A connection's read buffer.  Frames are scanned and decoded in place; a
  * job whose request carries inline data takes a reference, so those bytes
- * stay alive and unmoved until the job is freed.  Loop thread only. */
+ * stay alive and unmoved until the job is freed.  Loop thread only, but for
+ * pin_dev and pinned: a runner whose task has large inline inputs in a
+ * large buffer registers the buffer's pages for DMA (host_register; once,
+ * for the buffer's life, daemon/task.c), and only that runner can
+ * unregister it, so the loop hands such a buffer to it to be freed
+ * (daemon/conn.c). */
 struct rchunk {
   int refs;
   size_t cap;   /* bytes of data[] */
   size_t start; /* first byte not yet consumed */
   size_t end;   /* one past the last byte read */
+  struct device *_Atomic pin_dev; /* the runner that took the registration */
+  atomic_int pinned;              /* 1: pin_dev registered the pages */
+  struct rchunk *next_left;       /* in conn.c's list of those left at exit */
   char data[];
 };
+/* Read buffers above this size are kept for the next large frame (the
+ * spare, daemon/conn.c), and only they are registered for DMA. */
+#define DSPKD_RCHUNK_KEEP ((size_t)1 << 20)
+/* The page-aligned part of k's data that a runner registers. */
+void *dspkd_chunk_pin_span(struct rchunk *k, size_t *len);
 
 /* An outgoing frame and the libuv request that writes it.  Allocated by
  * whoever encodes the frame (a runner or the loop); dspkd_conn_send() takes it. */
@@ -156,9 +169,11 @@ struct dbuf {
 /* One connection's FIFO of jobs for one device (daemon/sched.c). */
 struct cqueue;
 
-/* JOB_TRIM: internal, gives the device's cached memory back (idle trim). */
+/* JOB_TRIM: internal, gives the device's cached memory back (idle trim).
+ * JOB_UNPIN: internal, unregisters a read buffer (job->unpin) that this
+ * device registered for DMA and frees it. */
 enum job_kind { JOB_TASK, JOB_BUF_CREATE, JOB_BUF_WRITE, JOB_BUF_READ, JOB_BUF_FREE,
-                JOB_TRIM };
+                JOB_TRIM, JOB_UNPIN };
 enum job_state { JOB_QUEUED, JOB_RUNNING, JOB_DONE };
 
 struct job {
@@ -172,6 +187,7 @@ struct job {
   uint32_t msgid;
   atomic_int cancel;         /* set by the loop: stop a running task */
   struct rchunk *chunk;      /* keeps inline request data alive, or NULL */
+  struct rchunk *unpin;      /* JOB_UNPIN's read buffer */
   struct dbuf *refs[DSPK__OP_MAX_IN + DSPK__OP_MAX_OUT + 1]; /* held refs */
   int nrefs;
 

@@ -459,7 +459,7 @@ static void ifl_complete(struct device *dev, int err) {
   struct job *j = dev->ifl_head;
   uint64_t now = dspkd_now_ns();
   uint64_t start = j->t.start > dev->last_done_ns ? j->t.start : dev->last_done_ns;
-  bool counted = j->kind != JOB_BUF_FREE && j->kind != JOB_TRIM;
+  bool counted = dspkd_job_counted(j);
   struct dspk__devstats stats;
 
   FIFO_UNLINK(dev->ifl_head, dev->ifl_tail, j, inext);
@@ -516,7 +516,7 @@ static void ifl_reap(struct device *dev, bool wait) {
  * records its fence and puts it in the in-flight list. */
 static void run_one(struct device *dev, struct job *j) {
   const struct dspk__backend *be = dev->be;
-  bool counted = j->kind != JOB_BUF_FREE && j->kind != JOB_TRIM;
+  bool counted = dspkd_job_counted(j);
 #ifdef DSPK_TEST_HOOKS
   dspkd_test_runner_job(dev); /* DSPKD_TEST_EXIT=runner (daemon/testhooks.c) */
 #endif
@@ -602,13 +602,13 @@ static void *runner_main(void *arg) {
       ring_push(dev, q);
     j->state = JOB_RUNNING;
     dev->busy = true;
-    if (j->kind != JOB_BUF_FREE && j->kind != JOB_TRIM) {
+    if (dspkd_job_counted(j)) {
       dev->queued--;
       dev->running++;
     }
     dspkd_obs_job_start(dev, j); /* daemon/metrics.c */
     /* The exit handler cancels it from any thread (run_one clears it). */
-    dev->current = j->kind != JOB_BUF_FREE && j->kind != JOB_TRIM ? j : NULL;
+    dev->current = dspkd_job_counted(j) ? j : NULL;
     pthread_mutex_unlock(&dev->mu);
     run_one(dev, j);
     pthread_mutex_lock(&dev->mu);

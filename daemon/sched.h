@@ -34,6 +34,11 @@ void dspkd_sched_conn_free(struct cqueue *q);
 /* A new job of the connection (NULL: an internal job) for dev, or NULL. */
 struct job *dspkd_job_new(struct conn *c, enum job_kind kind, uint32_t msgid,
                           struct device *dev);
+/* Whether a job is a client's request (answered and counted in status),
+ * not an internal one (buffer frees, idle trims, unpinned read buffers). */
+static inline bool dspkd_job_counted(const struct job *j) {
+  return j->kind != JOB_BUF_FREE && j->kind != JOB_TRIM && j->kind != JOB_UNPIN;
+}
 /* Frees a job the loop owns: drops its buffers, chunk and connection. */
 void dspkd_job_free(struct dspkd *d, struct job *j);
 

@@ -392,6 +392,39 @@ static void on_progress(void *ud, const char *what, double fraction) {
   dspkd_sched_post_note(j->dev->d, j, wr);
 }
 
+/* Inline inputs this large are copied to the device by DMA straight from
+ * the read buffer that holds them: the runner registers that buffer's
+ * pages (host_register) the first time, and the buffer, kept for the next
+ * large frame of any connection (daemon/conn.c's spare), stays registered
+ * until it is freed.  A fresh client's gemm 1024^2 from .npy files sends 8
+ * MiB this way: a pageable copy of them took most of the task's time on
+ * the H200. */
+#define PIN_INPUT_MIN ((size_t)1 << 20)
+
+static void pin_chunk(struct device *dev, struct job *j) {
+  struct rchunk *k = j->chunk;
+  struct device *none = NULL;
+  size_t big = 0, len;
+  void *p;
+  if (!k || !dev->be->host_register || k->cap <= DSPKD_RCHUNK_KEEP ||
+      atomic_load(&k->pin_dev))
+    return;
+  for (int i = 0; i < j->op.nin; i++)
+    if (j->in_data[i] && dspk__tensor_nbytes(&j->op.in[i]) > big)
+      big = dspk__tensor_nbytes(&j->op.in[i]);
+  if (big < PIN_INPUT_MIN)
+    return;
+  /* One runner registers (a buffer may feed tasks on several devices);
+   * the others copy as before.  A failed registration is not retried. */
+  if (!atomic_compare_exchange_strong(&k->pin_dev, &none, dev))
+    return;
+  p = dspkd_chunk_pin_span(k, &len);
+  if (len && dev->be->host_register(dev->bdev, p, len) == 0) {
+    atomic_store(&k->pinned, 1);
+    dspkd_debug("%s: a read buffer of %zu bytes registered for DMA", dev->id, len);
+  }
+}
+
 static void exec_task(struct device *dev, struct job *j) {
   const struct dspk__backend *be = dev->be;
   struct dspk__op *op = &j->op;
@@ -432,6 +465,7 @@ static void exec_task(struct device *dev, struct job *j) {
       goto out;
     }
   }
+  pin_chunk(dev, j);
   for (int i = 0; i < op->nin; i++) {
     struct dspk__tensor *t = &op->in[i];
     if (j->in_buf[i]) {
@@ -626,6 +660,15 @@ void dspkd_job_execute(struct device *dev, struct job *j) {
     free(j->buf);
     j->buf = NULL;
     break;
+  case JOB_UNPIN: { /* a read buffer this runner registered (daemon/conn.c) */
+    size_t len;
+    void *p = dspkd_chunk_pin_span(j->unpin, &len);
+    dev->be->host_unregister(dev->bdev, p);
+    free(j->unpin);
+    j->unpin = NULL;
+    dspkd_debug("%s: a read buffer of %zu bytes unregistered and freed", dev->id, len);
+    break; /* the runner frees the job itself (an internal job) */
+  }
   case JOB_TRIM:
     if (dev->be->trim)
       dev->be->trim(dev->bdev);

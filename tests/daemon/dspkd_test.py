@@ -2007,6 +2007,31 @@ def t_hip(exe, tmp):
         check(np.array_equal(got, Y[off // 8:(off + size) // 8]), "hip buffer.read %d" % size)
     c.call("buffer.free", {"buffer": buf})
     d.stop()
+    # Inline inputs of 1 MiB and more are copied by DMA from the read buffer
+    # that holds them, registered once by the device's runner (the fake
+    # counts on it: hipHostRegister): a second client's frame lands in the
+    # same buffer (the daemon's spare) without a second registration; the
+    # idle trim hands it back to the runner, which unregisters and frees it,
+    # and at a stop it is freed after the devices closed (ASan: no leak).
+    reg = "hip:0: a read buffer of"
+    for trim in ("600000", "0"):
+        d = Daemon(exe, tmp, ["--backends", "hip", "--idle-trim", trim], env=env)
+        for k in range(2 if trim != "0" else 1):
+            c = d.client()
+            A, B = rng.standard_normal((600, 300)), rng.standard_normal((300, 5))
+            close_enough(run(c, "gemm", [A, B], device="hip:0")[0], A @ B,
+                         "hip gemm, 1.4 MiB inline", np.float64)
+            log = d.logtext()
+            check(log.count(reg) == 1 and log.count(reg + " ") == 1 and
+                  "registered for DMA" in log,
+                  "one registration (client %d):\n%s" % (k, log))
+            c.close()
+        if trim == "0":
+            deadline = time.monotonic() + TIMEOUT
+            while "unregistered and freed" not in d.logtext():
+                check(time.monotonic() < deadline, "the idle trim left the read buffer")
+                time.sleep(0.02)
+        d.stop()
 
 
 def t_fencefault(exe, tmp):
