@@ -1195,6 +1195,64 @@ def task_devices(env):
     still_open(c)
 
 
+def fir_ref(x, h):
+    return [sum(h[k] * x[i - k] for k in range(len(h)) if i - k >= 0) for i in range(len(x))]
+
+
+@case("task.run: an output may overlap the inputs (as if every input were read first)")
+def task_alias(env):
+    c = env.conn()
+    devs = [d["id"] for d in c.ok("devices")["devices"] if d["id"] in ("cpu:0", "vulkan:0")]
+    base = [float(v) for v in range(1, 49)]   # 48 f32 in a 192-byte buffer
+
+    def run(dev, op, refs, out_off, **opt):
+        b = c.ok("buffer.create", {"device": dev, "size": 192})["buffer"]
+        c.ok("buffer.write", {"buffer": b, "data": struct.pack("<48f", *base)})
+        ins = [dict({"buffer": b, "dtype": "f32"}, **r) for r in refs]
+        r = c.ok("task.run", {"op": op, "device": dev, "inputs": ins, "options": opt,
+                              "outputs": [{"buffer": b, "offset": out_off}]})
+        o = r["outputs"][0]
+        check(o["buffer"] == b and o["offset"] == out_off, "the answer names the buffer: %r" % o)
+        n = 2 if o["dtype"] == "c64" else 1    # f32 values
+        for d in o["shape"]:
+            n *= d
+        data = c.ok("buffer.read", {"buffer": b, "offset": out_off, "size": 4 * n})["data"]
+        return list(struct.unpack("<%df" % n, data))
+    for dev in devs:
+        # map: shifted by one element (a forward loop would read what it wrote)
+        got = run(dev, "map", [{"shape": [8]}], 4, fn="scale", alpha=2)
+        check(got == [2 * v for v in base[:8]], "%s map shifted: %r" % (dev, got))
+        got = run(dev, "map", [{"shape": [8], "offset": 4}, {"shape": [8], "offset": 8}], 0,
+                  fn="add")
+        check(got == [base[i + 1] + base[i + 2] for i in range(8)], "%s map add: %r" % (dev, got))
+        # exactly in place: elementwise
+        got = run(dev, "map", [{"shape": [8]}], 0, fn="scale", alpha=-1)
+        check(got == [-v for v in base[:8]], "%s map in place: %r" % (dev, got))
+        # gemm writing over A (a BLAS zeroes C first)
+        a, b = base[:16], base[16:32]
+        got = run(dev, "gemm", [{"shape": [4, 4]}, {"shape": [4, 4], "offset": 64}], 0)
+        check(close_to(got, gemm_ref(a, b, 4, 4, 4)), "%s gemm over A: %r" % (dev, got))
+        got = run(dev, "contract", [{"shape": [4, 4]}, {"shape": [4, 4], "offset": 64}], 32,
+                  subscripts="ij,jk->ik")
+        check(close_to(got, gemm_ref(a, b, 4, 4, 4)), "%s contract over A: %r" % (dev, got))
+        # fir over its own signal, shifted
+        got = run(dev, "fir", [{"shape": [16]}, {"shape": [3], "offset": 64}], 4)
+        check(close_to(got, fir_ref(base[:16], base[16:19])), "%s fir: %r" % (dev, got))
+        # c2c fft over part of its input (a device that could not do it in
+        # place answered ENOTSUP)
+        x = [complex(base[2 * i], base[2 * i + 1]) for i in range(4)]
+        got = run(dev, "fft", [{"shape": [4], "dtype": "c64"}], 8)
+        want = []
+        for k in range(4):
+            s = sum(x[t] * complex(math.cos(-2 * math.pi * k * t / 4),
+                                   math.sin(-2 * math.pi * k * t / 4)) for t in range(4))
+            want += [s.real, s.imag]
+        check(close_to(got, want, 1e-4), "%s fft shifted: %r" % (dev, got))
+        got = run(dev, "reduce", [{"shape": [4, 4]}], 4, axes=[1])
+        check(got == [sum(base[4 * i:4 * i + 4]) for i in range(4)], "%s reduce: %r" % (dev, got))
+    still_open(c)
+
+
 @case("task.cancel")
 def task_cancel(env):
     c = env.conn()
