@@ -858,6 +858,12 @@ def tensor_rules(env):
     r = c.ok("task.run", {"op": "map", "device": "cpu:0", "options": {"fn": "abs"},
                           "inputs": [{"dtype": "f32", "shape": [3, 0], "data": b""}]})
     check(r["outputs"][0]["shape"] == [3, 0] and r["outputs"][0]["data"] == b"", "empty map")
+    # an inline tensor's other keys are ignored, offset included
+    r = c.ok("task.run", {"op": "map", "device": "cpu:0", "options": {"fn": "abs"},
+                          "inputs": [dict(t32([-1, -2]), offset=4, extra="x")]})
+    check(vals32(r["outputs"][0]) == [1, 2], "inline offset ignored %r" % r)
+    r = c.ok("task.run", {"op": "map", "device": "cpu:0", "options": {"fn": "abs"},
+                          "inputs": [dict(t32([-1, -2]), offset="x")]})
     # a tensor with data str accepted as bin
     r = c.ok("task.run", {"op": "map", "device": "cpu:0", "options": {"fn": "abs"},
                           "inputs": [{"dtype": "f32", "shape": [1], "data": "\0\0\0\0"}]})
@@ -1172,6 +1178,155 @@ def kernel_opts(env):
                             "options": {"lang": "glsl", "source": src, "args": [{"tensor": 0}]},
                             "outputs": [None]})
     expect(r, "EINVAL", "outputs")
+    still_open(c)
+
+
+@case("task.run: how kernel arguments reach a Vulkan shader; grid, block, entry, f32 range")
+def kernel_args(env):
+    c = env.conn()
+    devs = c.ok("devices")["devices"]
+    vk = [d["id"] for d in devs if "glsl" in d["kernel_langs"]]
+    if not vk:
+        return "no vulkan device"
+    # bindings 0, 1 in the order of args; scalars in the push-constant block
+    # in order with std430 alignment
+    src = ("#version 450\nlayout(local_size_x=1) in;\n"
+           "layout(std430, binding=0) buffer A { float a[]; };\n"
+           "layout(std430, binding=1) buffer B { float b[]; };\n"
+           "layout(push_constant) uniform P { float s; int k; uint u; };\n"
+           "void main(){ uint i = gl_GlobalInvocationID.x;"
+           " a[i] = b[i] * s + float(k) + float(u); }\n")
+    x, y = t32([0, 0, 0]), t32([1, 2, 3])
+
+    def run(args, **opt):
+        o = {"lang": "glsl", "source": src, "grid": [3], "args": args}
+        o.update(opt)
+        return c.call("task.run", {"op": "kernel", "device": vk[0], "inputs": [x, y],
+                                   "options": o})
+    scal = [{"f32": 2}, {"i32": -10}, {"u32": 100}]
+    r = run([{"tensor": 0}, {"tensor": 1}] + scal)
+    check(r[0] == "ok" and vals32(r[1]["outputs"][0]) == [92, 94, 96]
+          and vals32(r[1]["outputs"][1]) == [1, 2, 3], "bindings in args order: %r" % (r,))
+    r = run([{"tensor": 1}, {"tensor": 0}] + scal)
+    check(r[0] == "ok" and vals32(r[1]["outputs"][0]) == [0, 0, 0]
+          and vals32(r[1]["outputs"][1]) == [90, 90, 90], "binding 0 is args[0]: %r" % (r,))
+    # the work-group size is the shader's: block and shared are not used;
+    # a GLSL entry point is always main
+    r = run([{"tensor": 0}, {"tensor": 1}] + scal, block=[1 << 20], shared=1 << 31,
+            entry="other")
+    check(r[0] == "ok" and vals32(r[1]["outputs"][0]) == [92, 94, 96], "block unused %r" % (r,))
+    expect(run([{"tensor": 0}], grid=[(1 << 32) - 1]), "ELIMIT", "maxComputeWorkGroupCount")
+    expect(run([{"tensor": 0}], grid=[1 << 32]), "EINVAL", "options.grid[0]")
+    expect(run([{"tensor": 0}], block=[1, 1 << 32]), "EINVAL", "options.block[1]")
+    # f32 scalars: beyond f32's range ERANGE (as integers beyond theirs),
+    # infinities are f32 values
+    expect(run([{"tensor": 0}, {"tensor": 1}, {"f32": 1e300}, {"i32": 0}, {"u32": 0}]),
+           "ERANGE", "options.args[2]")
+    expect(run([{"tensor": 0}, {"tensor": 1}, {"f32": -3.5e38}, {"i32": 0}, {"u32": 0}]),
+           "ERANGE", "options.args[2]")
+    r = run([{"tensor": 0}, {"tensor": 1}, {"f32": float("inf")}, {"i32": 0}, {"u32": 0}])
+    check(r[0] == "ok" and vals32(r[1]["outputs"][0]) == [math.inf] * 3, "f32 inf %r" % (r,))
+    still_open(c)
+
+
+@case("task.run: contract's subscripts")
+def contract_subs(env):
+    c = env.conn()
+    a = t32([1, 2, 3, 4, 5, 6], [2, 3])
+    b = t32([1, 0, 2, 1, 0, 3], [3, 2])
+
+    def run(subs, x=a, y=b):
+        return c.call("task.run", {"op": "contract", "device": "cpu:0", "inputs": [x, y],
+                                   "options": {"subscripts": subs}})
+    ab = gemm_ref([1, 2, 3, 4, 5, 6], [1, 0, 2, 1, 0, 3], 2, 3, 2)
+    for subs in ("ij,jk->ik", " i j , j k -> i k ", "Ij,jK->IK"):
+        r = run(subs)
+        check(r[0] == "ok" and r[1]["outputs"][0]["shape"] == [2, 2]
+              and vals32(r[1]["outputs"][0]) == ab, "%r: %r" % (subs, r))
+    r = run("ij,jk->ki")
+    check(r[0] == "ok" and vals32(r[1]["outputs"][0]) == [ab[0], ab[2], ab[1], ab[3]], "ki")
+    r = run("ij,jk->")
+    check(r[0] == "ok" and r[1]["outputs"][0]["shape"] == [] and vals32(r[1]["outputs"][0])
+          == [sum(ab)], "empty output: a scalar %r" % (r,))
+    r = run("ij,kl->ijkl")
+    check(r[0] == "ok" and r[1]["outputs"][0]["shape"] == [2, 3, 3, 2], "outer %r" % (r,))
+    r = run(",->", t32([3], []), t32([4], []))
+    check(r[0] == "ok" and vals32(r[1]["outputs"][0]) == [12], "scalars %r" % (r,))
+    for subs, words in (("ij,jk", ["explicit output"]), ("...j,jk->...k", ["ellipsis"]),
+                        ("ii,jk->ik", ["repeats", "A term"]), ("ij,jk->ii", ["repeats", "output"]),
+                        ("ij,jkk->ik", ["repeats", "B term"]), ("ij,jk->iz", ["'z'"]),
+                        ("i1,jk->ik", ["'1'"]), ("ij->ij", []), ("ij,jk,kl->il", ["two"]),
+                        ("->", []), ("ij,jk->ik->ik", []), ("ij,jk-ik", ["'-'"]),
+                        ("i\tj,jk->ik", ["0x09"])):
+        expect(run(subs), "EINVAL", *words)
+    expect(run("ijk,jk->ik"), "ESHAPE", "rank")
+    expect(run("ij,kj->ik"), "ESHAPE", "'j'")
+    expect(run("abcdefghi,jk->a"), "ESHAPE", "8 labels")
+    still_open(c)
+
+
+def bf16(vals):
+    return b"".join(struct.pack("<f", v)[2:] for v in vals)
+
+
+@case("task.run: every dtype of every op, as the table of ops and devices' ops say")
+def op_dtypes(env):
+    c = env.conn()
+    devs = [d for d in c.ok("devices")["devices"] if d["id"] in ("cpu:0", "vulkan:0")]
+    table = {"gemm": {"f32", "f64", "f16", "bf16"}}
+    for op in ("fft", "fir", "contract", "reduce", "map"):
+        table[op] = {"f32", "f64", "c64", "c128"}
+    fmt = {"f32": "<%df", "f64": "<%dd", "c64": "<%df", "c128": "<%dd", "f16": "<%de"}
+    size = {"f32": 4, "f64": 8, "c64": 8, "c128": 16, "f16": 2, "bf16": 2}
+
+    def T(dt, vals, shape):
+        """vals: real values (complex dtypes: each as (v, -v))."""
+        if dt == "bf16":
+            return {"dtype": dt, "shape": shape, "data": bf16(vals)}
+        if dt in ("c64", "c128"):
+            vals = [x for v in vals for x in (v, -v)]
+        return {"dtype": dt, "shape": shape, "data": struct.pack(fmt[dt] % len(vals), *vals)}
+
+    def V(t):
+        if t["dtype"] == "bf16":
+            return []
+        n = len(t["data"]) // (size[t["dtype"]] // (2 if t["dtype"][0] == "c" else 1))
+        return list(struct.unpack(fmt[t["dtype"]] % n, t["data"]))
+    everywhere = {}
+    for d in devs:
+        for op, dts in d["ops"].items():
+            check(set(dts) <= table[op], "%s runs %s of %r: the table of ops says %r"
+                  % (d["id"], op, dts, sorted(table[op])))
+            everywhere.setdefault(op, set()).update(dts)
+    for d in devs:
+        for dt in ("f32", "f64", "c64", "c128", "f16", "bf16"):
+            cx = dt[0] == "c"
+            # each op on [1, 2] (complex: [1-1j, 2-2j]); the expected values
+            runs = {"gemm": ([T(dt, [1, 2], [1, 2]), T(dt, [3, 4], [2, 1])], {}, [11]),
+                    "fft": ([T(dt, [1, 2], [2])], {}, [3, -3, -1, 1] if cx else [3, 0, -1, 0]),
+                    "fir": ([T(dt, [1, 2], [2]), T(dt, [2], [1])], {},
+                            [2, 0, 4, 0] if cx else [2, 4]),
+                    "contract": ([T(dt, [1, 2], [2]), T(dt, [3, 4], [2])],
+                                 {"subscripts": "i,i->i"}, [0, -6, 0, -16] if cx else [3, 8]),
+                    "reduce": ([T(dt, [1, 2], [2])], {}, [3, -3] if cx else [3]),
+                    "map": ([T(dt, [1, 2], [2])], {"fn": "scale", "alpha": 2},
+                            [2, -2, 4, -4] if cx else [2, 4])}
+            if cx:
+                # gemm is not taken of complex: fir with complex taps (1-1j)*(2-2j) = -4j
+                runs["fir"] = ([T(dt, [1, 2], [2]), T(dt, [2], [1])], {}, [0, -4, 0, -8])
+            for op, (ins, opt, want) in runs.items():
+                r = c.call("task.run", {"op": op, "device": d["id"], "inputs": ins,
+                                        "options": opt})
+                if dt in d["ops"].get(op, []):
+                    check(r[0] == "ok", "%s %s of %s: %r" % (d["id"], op, dt, r))
+                    got = V(r[1]["outputs"][0])
+                    check(not got or close_to(got, want, 1e-3),
+                          "%s %s of %s: %r, expected %r" % (d["id"], op, dt, got, want))
+                elif dt in everywhere.get(op, ()):
+                    expect(r, "ENOTSUP", d["id"])
+                else:
+                    check(dt not in table[op], "the table of ops says %s takes %s" % (op, dt))
+                    expect(r, "EDTYPE", dt)
     still_open(c)
 
 
