@@ -1229,6 +1229,34 @@ def kernel_args(env):
     still_open(c)
 
 
+@case("task.run: gemm reads as BLAS: beta 0 reads no C, alpha 0 neither A nor B")
+def gemm_blas(env):
+    c = env.conn()
+    devs = [d["id"] for d in c.ok("devices")["devices"] if d["id"] in ("cpu:0", "vulkan:0")]
+    nan, inf = float("nan"), float("inf")
+    for dev in devs:
+        for T, V in ((t32, vals32), (t64, vals64)):
+            a = T([1, 2, 3, 4], [2, 2])
+
+            def g(ins, **opt):
+                r = c.call("task.run", {"op": "gemm", "device": dev, "inputs": ins,
+                                        "options": opt})
+                check(r[0] == "ok", "%s gemm %r: %r" % (dev, opt, r))
+                return V(r[1]["outputs"][0])
+            check(g([a, a, T([nan] * 4, [2, 2])]) == [7, 10, 15, 22], dev + ": beta 0 reads C")
+            check(g([a, a, T([nan], [])]) == [7, 10, 15, 22], dev + ": beta 0, C broadcast")
+            check(g([T([inf, 2, 3, 4], [2, 2]), a], alpha=0) == [0] * 4, dev + ": alpha 0")
+            check(g([T([inf, 2, 3, 4], [2, 2]), T([nan] * 4, [2, 2]), T([1, 2, 3, 4], [2, 2])],
+                    alpha=0, beta=2) == [2, 4, 6, 8], dev + ": alpha 0 gives beta*C")
+            check(g([T([], [2, 0]), T([], [0, 2]), T([nan] * 4, [2, 2])]) == [0] * 4,
+                  dev + ": K = 0, beta 0")
+        h = {"dtype": "f16", "shape": [1, 1], "data": struct.pack("<e", math.inf)}
+        r = c.ok("task.run", {"op": "gemm", "device": dev, "inputs": [h, h, t32([1.0], [1, 1])],
+                              "options": {"alpha": 0, "beta": 3}})
+        check(vals32(r["outputs"][0]) == [3], "%s f16 alpha 0: %r" % (dev, r))
+    still_open(c)
+
+
 @case("task.run: contract's subscripts")
 def contract_subs(env):
     c = env.conn()
