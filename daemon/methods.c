@@ -884,6 +884,10 @@ static int task_run(struct req *r, char *devname) {
                  wt.buffer);
       goto fail;
     }
+    if ((err = dspk__tensor_offset_check(&wt, r->msg, sizeof r->msg)) < 0) {
+      prefix(r, err, what);
+      goto fail;
+    }
     if (wt.offset > b->size || wt.nbytes > b->size - wt.offset) {
       err = fail(r, DSPK_ERANGE, "%s: %zu bytes at offset %" PRIu64 " overrun buffer %"
                  PRIu64 " of %" PRIu64 " bytes", what, wt.nbytes, wt.offset, b->id, b->size);

@@ -1091,6 +1091,14 @@ def task_order(env):
     expect(run(op="nope", device="nope:0", inputs=[bad]), "EINVAL", "op")
     expect(run(inputs=[{"dtype": "zz", "shape": [2], "data": b""}, nob]), "EDTYPE")
     expect(run(inputs=[nob, bad]), "ENOBUF", "input 0")
+    # a reference: its buffer before its offset's alignment, its offset's type first
+    expect(run(inputs=[dict(nob, offset=2)]), "ENOBUF", "input 0")
+    expect(run(inputs=[dict(nob, offset="2")]), "EINVAL", "input 0", "offset")
+    expect(run(inputs=[{"buffer": b, "offset": 2, "dtype": "f32", "shape": [100]}]), "EINVAL",
+           "input 0", "multiple")
+    expect(run(outputs=[{"buffer": 999, "offset": 2}]), "ENOBUF", "outputs[0]")
+    expect(run(outputs=[{"buffer": 999, "offset": "2"}]), "EINVAL", "outputs[0].offset")
+    expect(run(outputs=[{"buffer": b, "offset": 2}]), "EINVAL", "outputs[0]", "multiple")
     expect(run(inputs=[bad], options={"fn": "zz"}, device="nope:0"), "EINVAL", "input 0")
     expect(run(inputs=[{"buffer": b, "dtype": "f32", "shape": [4]}], options={"fn": "zz"}),
            "ERANGE", "input 0")
