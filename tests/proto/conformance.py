@@ -1475,6 +1475,40 @@ def task_cancel(env):
     still_open(c)
 
 
+@case("task.cancel: requests that run on a device; other methods in flight are not canceled")
+def cancel_kinds(env):
+    c = env.conn()
+    d = env.conn()
+    n = 512
+    b = c.ok("buffer.create", {"device": "cpu:0", "size": n * n * 8 * 3})["buffer"]
+    A = {"buffer": b, "dtype": "f64", "shape": [n, n]}
+    t = c.request("trace", {"seconds": 0.5})
+    check(c.ok("task.cancel", {"msgid": t}) == {"canceled": False}, "a trace is not canceled")
+    runs = [c.request("task.run", {"op": "gemm", "device": "cpu:0", "inputs": [A, A],
+                                   "outputs": [{"buffer": b, "offset": 2 * n * n * 8}]})
+            for _ in range(3)]
+    fd = memfd(4096)
+    queued = [c.request("buffer.share", {"size": 4096}),
+              c.request("buffer.import", {"size": 4096}, fds=[fd]),
+              c.request("buffer.create", {"device": "cpu:0", "size": 64}),
+              c.request("buffer.write", {"buffer": b, "data": b"x"}),
+              c.request("buffer.read", {"buffer": b, "size": 8})]
+    os.close(fd)
+    # another connection cannot cancel them
+    for m in queued:
+        check(d.ok("task.cancel", {"msgid": m}) == {"canceled": False}, "another connection")
+    for m in queued:
+        r = c.ok("task.cancel", {"msgid": m})
+        got = c.wait(m)
+        check(r["canceled"] == (got[0] == "ECANCELED") and got[0] in ("ok", "ECANCELED"),
+              "cancel %r answered %r" % (r, got[0]))
+    check(not c.fds, "a canceled buffer.share sends no descriptor")
+    check(c.wait(t)[0] == "ok", "the trace answers as usual")
+    for m in runs:
+        c.wait(m)
+    still_open(c)
+
+
 # ---- admin, cache, metrics, trace, jobs
 
 @case("metrics: a str")
