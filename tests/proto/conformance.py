@@ -1621,6 +1621,13 @@ def jobs(env):
     expect(c.call("job.register", {"job": 7, "uid": 5000, "devices": "abc"}), "EINVAL", "devices")
     expect(c.call("job.register", {"job": 7, "uid": 5000, "devices": [5]}), "EINVAL", "devices")
     expect(c.call("job.register", {"job": 7, "uid": 5000, "devices": ["a1"] * 65}), "ELIMIT")
+    # a NUL byte would cut the UUID short: EINVAL, as in every str parameter
+    expect(c.call("job.register", {"job": 7, "uid": 5000, "devices": ["GPU-ab\0cd"]}), "EINVAL",
+           "devices[0]", "NUL")
+    expect(c.call("job.register", {"job": 7, "uid": 5000, "devices": ["a" * 40]}), "EINVAL",
+           "devices[0]")
+    c.ok("job.register", {"job": 8, "uid": 5000, "devices": ["GPU-" + "a" * 39]})
+    c.ok("job.end", {"job": 8})
     r = c.ok("job.register", {"job": 7, "uid": 5000})
     check(r["job"] == 7 and r["uid"] == 5000 and "cpu:0" in r["devices"], "register %r" % r)
     r = c.ok("job.register", {"job": 7, "uid": 5000, "devices": None})
