@@ -801,6 +801,15 @@ static int task_options(struct req *r, const msgpack_object *o, struct dspk__op 
     op->u.kernel.lang = dspk__kernel_langs[v[DSPK__KERNEL_LANG].v.e];
     op->u.kernel.source = v[DSPK__KERNEL_SOURCE].v.s.p;
     op->u.kernel.source_len = v[DSPK__KERNEL_SOURCE].v.s.n;
+    /* A text source reaches its compiler as a C string: a NUL would end it
+     * there, silently dropping the rest (SPIR-V is binary). */
+    if (strcmp(op->u.kernel.lang, "spirv") != 0) {
+      const char *z = memchr(op->u.kernel.source, 0, op->u.kernel.source_len);
+      if (z)
+        return fail(r, DSPK_EINVAL, "options.source: a %s source holds a NUL byte (at byte "
+                    "%zu)", op->u.kernel.lang,
+                    (size_t)(z - (const char *)op->u.kernel.source));
+    }
     if (!op->u.kernel.entry[0]) /* "" as the default */
       snprintf(op->u.kernel.entry, sizeof op->u.kernel.entry, "main");
     return kernel_args(r, &v[DSPK__KERNEL_ARGS], op);

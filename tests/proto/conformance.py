@@ -1071,8 +1071,12 @@ def task_ops(env):
     expect(run("gemm", [a23, a23, t64([1.0] * 4, [2, 2])], trans_b=True), "EDTYPE", "C")
     e = expect(run("contract", [a23, a23], subscripts="\u00e9j,kj->\u00e9k"), "EINVAL")
     check("'\u00e9' is not a letter" in e["message"], "the whole character %r" % e["message"])
-    # kernel on the cpu: ENOTSUP
+    # kernel on the cpu: ENOTSUP, after the options (a text source with a NUL byte)
     expect(run("kernel", [a23], lang="glsl", source="void main(){}"), "ENOTSUP")
+    expect(run("kernel", [a23], lang="glsl", source="void main(){}\0junk"), "EINVAL",
+           "options.source", "NUL")
+    expect(run("kernel", [a23], lang="cuda", source=b"\0"), "EINVAL", "options.source", "NUL")
+    expect(run("kernel", [a23], lang="spirv", source=b"\3\2\x23\7\0\0\0\0"), "ENOTSUP")
     still_open(c)
 
 
@@ -1220,6 +1224,8 @@ def kernel_args(env):
           and vals32(r[1]["outputs"][1]) == [90, 90, 90], "binding 0 is args[0]: %r" % (r,))
     # the work-group size is the shader's: block and shared are not used;
     # a GLSL entry point is always main
+    # a NUL would end the source for the compiler: refused, not cut
+    expect(run([{"tensor": 0}], source=src + "\0}}} junk"), "EINVAL", "options.source", "NUL")
     r = run([{"tensor": 0}, {"tensor": 1}] + scal, block=[1 << 20], shared=1 << 31,
             entry="other")
     check(r[0] == "ok" and vals32(r[1]["outputs"][0]) == [92, 94, 96], "block unused %r" % (r,))
