@@ -1688,7 +1688,7 @@ def trace_jobs(env):
 def quotas(env):
     c = env.conn()
     d = env.conn()
-    c.ok("buffer.create", {"device": "cpu:0", "size": 40000})
+    cb = c.ok("buffer.create", {"device": "cpu:0", "size": 40000})["buffer"]
     d.ok("buffer.create", {"device": "cpu:0", "size": 40000})
     expect(c.call("buffer.create", {"device": "cpu:0", "size": 30000}), "ELIMIT",
            "max_conn_memory")
@@ -1708,6 +1708,14 @@ def quotas(env):
     # a small task still fits
     d.ok("task.run", {"op": "map", "device": "cpu:0", "inputs": [t32([-1.0])],
                       "options": {"fn": "abs"}})
+    # an output overlapping its input needs a block of its own: counted (a map
+    # exactly in place needs none)
+    ref = {"buffer": cb, "dtype": "f32", "shape": [9999]}
+    expect(c.call("task.run", {"op": "map", "device": "cpu:0", "inputs": [ref],
+                               "options": {"fn": "abs"}, "outputs": [{"buffer": cb, "offset": 4}]}),
+           "ELIMIT", "max_conn_memory")
+    c.ok("task.run", {"op": "map", "device": "cpu:0", "inputs": [ref], "options": {"fn": "abs"},
+                      "outputs": [{"buffer": cb}]})
 
 
 @case("Quotas: max_user_partial", daemon="partial", check_alive=False)
