@@ -1050,6 +1050,15 @@ def task_ops(env):
     expect(run("map", [a23]), "EINVAL", "options.fn")
     expect(run("map", [a23], fn="add"), "EINVAL")
     expect(run("map", [a23, t32([1, 2])], fn="add"), "ESHAPE")
+    # no broadcasting, for axpy too; alpha used by scale and axpy only
+    expect(run("map", [t32([1, 2], [1, 2]), t32([1, 2], [2, 1])], fn="axpy"), "ESHAPE")
+    expect(run("map", [t32([1, 2]), t32([1])], fn="sub"), "ESHAPE")
+    expect(run("map", [t32([1, 2]), t32([1, 2])], fn="exp"), "EINVAL")
+    r = run("map", [t32([1, 2]), t32([3, 4])], fn="sub", alpha=5)
+    check(r[0] == "ok" and vals32(r[1]["outputs"][0]) == [-2, -2], "sub ignores alpha %r" % (r,))
+    # gemm: rank 2 or more, 1-D not promoted
+    expect(run("gemm", [t32([1, 2, 3]), a23]), "ESHAPE", "rank 1")
+    expect(run("gemm", [t32([1, 2, 3], [1, 3]), t32([1, 2, 3])]), "ESHAPE", "rank 1")
     r = run("map", [t32([1, 2]), t32([3, 4])], fn="axpy", alpha=2)
     check(r[0] == "ok" and vals32(r[1]["outputs"][0]) == [5, 8], "axpy %r" % (r,))
     # the dtype rules of the table of ops
