@@ -1280,6 +1280,47 @@ def gemm_blas(env):
     still_open(c)
 
 
+@case("task.run: degenerate sizes, the same on every backend")
+def degenerate(env):
+    c = env.conn()
+    devs = [d["id"] for d in c.ok("devices")["devices"] if d["id"] in ("cpu:0", "vulkan:0")]
+    c64 = {"dtype": "c64", "shape": [1], "data": struct.pack("<2f", 3, -4)}
+    for dev in devs:
+        def run(op, ins, **opt):
+            return c.call("task.run", {"op": op, "device": dev, "inputs": ins, "options": opt})
+
+        def vals(op, ins, **opt):
+            r = run(op, ins, **opt)
+            check(r[0] == "ok", "%s %s: %r" % (dev, op, r))
+            return r[1]["outputs"][0]["shape"], vals32(r[1]["outputs"][0])
+        check(vals("fft", [t32([5, -2], [2, 1])]) == ([2, 1], [5, 0, -2, 0]), dev + ": fft of length 1")
+        check(vals("fft", [c64]) == ([1], [3, -4]), dev + ": fft of length 1, complex")
+        check(vals("fft", [c64], inverse=True) == ([1], [3, -4]), dev + ": ifft of length 1")
+        expect(run("fft", [t32([], [3, 0])]), "ESHAPE")
+        check(vals("fft", [t32([], [0, 4])]) == ([0, 3], []), dev + ": fft of no rows")
+        check(vals("gemm", [t32([], [2, 0]), t32([], [0, 3]), t32([1, 2, 3], [3])], beta=2)
+              == ([2, 3], [2, 4, 6] * 2), dev + ": gemm K = 0 gives beta*C")
+        check(vals("gemm", [t32([], [2, 0]), t32([], [0, 3])]) == ([2, 3], [0] * 6),
+              dev + ": gemm K = 0 without C")
+        check(vals("gemm", [t32([], [0, 2]), t32([1] * 6, [2, 3])]) == ([0, 3], []),
+              dev + ": gemm M = 0")
+        check(vals("reduce", [t32([], [0, 3])], axes=[0]) == ([3], [0, 0, 0]), dev + ": sum")
+        r = vals("reduce", [t32([], [0, 2])], fn="mean", axes=[0])
+        check(r[0] == [2] and all(math.isnan(v) for v in r[1]), dev + ": mean of empty is NaN")
+        expect(run("reduce", [t32([], [0, 2])], fn="min", axes=[0]), "ESHAPE")
+        check(vals("reduce", [t32([], [2, 0])], fn="max", axes=[0]) == ([0], []),
+              dev + ": max over a non-empty axis of an empty tensor")
+        check(vals("fir", [t32([1, 2, 3]), t32([2])]) == ([3], [2, 4, 6]), dev + ": one tap")
+        check(vals("fir", [t32([1, 2]), t32([1, 1, 1, 1])]) == ([2], [1, 3]),
+              dev + ": more taps than samples")
+        expect(run("fir", [t32([1, 2]), t32([], [0])]), "ESHAPE")
+        check(vals("fir", [t32([], [2, 0]), t32([1, 2])]) == ([2, 0], []), dev + ": empty X")
+        check(vals("contract", [t32([], [2, 0]), t32([], [0, 3])], subscripts="ij,jk->ik")
+              == ([2, 3], [0] * 6), dev + ": contract over an empty label")
+        check(vals("map", [t32([], [0, 4])], fn="exp") == ([0, 4], []), dev + ": empty map")
+    still_open(c)
+
+
 @case("task.run: contract's subscripts")
 def contract_subs(env):
     c = env.conn()
