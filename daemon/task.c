@@ -557,6 +557,13 @@ static void exec_task(struct device *dev, struct job *j) {
     dspk__result_fields(&wr->w, m, v, 0, DSPK__R_RUN_TIME_US);
   }
 out:
+  /* An aliased output that failed before its copy names its buffer again
+   * (its block goes below). */
+  for (int i = 0; i < op->nout; i++)
+    if (aliased[i] && op->out[i].mem == tmp_out[i]) {
+      op->out[i].mem = j->out_buf[i]->mem;
+      op->out[i].offset = alias_off[i];
+    }
   for (int i = 0; i < DSPK__OP_MAX_IN; i++)
     if (tmp_in[i])
       be->free(dev->bdev, tmp_in[i]);
