@@ -1349,7 +1349,7 @@ def contract_subs(env):
                         ("ij,jkk->ik", ["repeats", "B term"]), ("ij,jk->iz", ["'z'"]),
                         ("i1,jk->ik", ["'1'"]), ("ij->ij", []), ("ij,jk,kl->il", ["two"]),
                         ("->", []), ("ij,jk->ik->ik", []), ("ij,jk-ik", ["'-'"]),
-                        ("i\tj,jk->ik", ["0x09"])):
+                        ("i\tj,jk->ik", ["0x09"]), ("ij,jk- >ik", ["'-'"])):
         expect(run(subs), "EINVAL", *words)
     expect(run("ijk,jk->ik"), "ESHAPE", "rank")
     expect(run("ij,kj->ik"), "ESHAPE", "'j'")
