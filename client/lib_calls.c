@@ -845,6 +845,8 @@ static int decode_result(dspk_client *c, struct dspk__resp *r, uint32_t ticket,
     dspk_tensor *t = &out.out[i];
     rc = dspk__tensor_decode(&outs->via.array.ptr[i], &c->lim, &wt, why,
                              sizeof why);
+    if (rc == 0)
+      rc = dspk__tensor_offset_check(&wt, why, sizeof why);
     if (rc != 0) {
       dspk_result_free(&out);
       return dspk__cerr(c, DSPK_EPROTO, "task.run output %u: %s", i, why);

@@ -548,6 +548,13 @@ int dspkd_uuid_norm(const char *in, size_t len, char out[DSPKD_UUID_LEN]);
 /* daemon/task.c: runner side of each job kind; encodes j->resp.  The
  * job's work may still run on the device when it returns. */
 void dspkd_job_execute(struct device *dev, struct job *j);
+/* Whether output i of the task j is written into a buffer that one of its
+ * inputs reads in an overlapping byte range (but for a map's output that is
+ * exactly its input: elementwise, each element is read before it is
+ * written).  Such an output is computed into a block of its own and copied
+ * into the buffer afterwards, so the result is as if every input were read
+ * first; the quota counts that block. */
+bool dspkd_out_aliases(const struct job *j, int i);
 /* Runner: frees the retired blocks (struct mpin) no answer is sent from
  * any more; exiting: forgets the others too (the backend's close releases
  * them). */

@@ -17,7 +17,9 @@
  * Handlers return 0 when they answered or queued, or a negative code with
  * the detail in r->msg, which the caller sends as the error response.
  */
+#include <float.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -708,6 +710,10 @@ static int kernel_args(struct req *r, const struct dspk__pval *args, struct dspk
     if (k->kind == DSPK__KARG_F32 || k->kind == DSPK__KARG_F64) {
       if (dspk__obj_f64(v, &fv) != 0)
         return fail(r, DSPK_EINVAL, "options.args[%u]: expected a number", i);
+      /* Outside f32's range is ERANGE, as an integer outside its type's
+       * (infinities and NaN are f32 values). */
+      if (k->kind == DSPK__KARG_F32 && isfinite(fv) && fabs(fv) > FLT_MAX)
+        return fail(r, DSPK_ERANGE, "options.args[%u]: %g is out of f32 range", i, fv);
       if (k->kind == DSPK__KARG_F32)
         k->v.f32 = (float)fv;
       else
@@ -795,6 +801,15 @@ static int task_options(struct req *r, const msgpack_object *o, struct dspk__op 
     op->u.kernel.lang = dspk__kernel_langs[v[DSPK__KERNEL_LANG].v.e];
     op->u.kernel.source = v[DSPK__KERNEL_SOURCE].v.s.p;
     op->u.kernel.source_len = v[DSPK__KERNEL_SOURCE].v.s.n;
+    /* A text source reaches its compiler as a C string: a NUL would end it
+     * there, silently dropping the rest (SPIR-V is binary). */
+    if (strcmp(op->u.kernel.lang, "spirv") != 0) {
+      const char *z = memchr(op->u.kernel.source, 0, op->u.kernel.source_len);
+      if (z)
+        return fail(r, DSPK_EINVAL, "options.source: a %s source holds a NUL byte (at byte "
+                    "%zu)", op->u.kernel.lang,
+                    (size_t)(z - (const char *)op->u.kernel.source));
+    }
     if (!op->u.kernel.entry[0]) /* "" as the default */
       snprintf(op->u.kernel.entry, sizeof op->u.kernel.entry, "main");
     return kernel_args(r, &v[DSPK__KERNEL_ARGS], op);
@@ -876,6 +891,10 @@ static int task_run(struct req *r, char *devname) {
     if (!b) {
       err = fail(r, DSPK_ENOBUF, "%s: no buffer %" PRIu64 " on this connection", what,
                  wt.buffer);
+      goto fail;
+    }
+    if ((err = dspk__tensor_offset_check(&wt, r->msg, sizeof r->msg)) < 0) {
+      prefix(r, err, what);
       goto fail;
     }
     if (wt.offset > b->size || wt.nbytes > b->size - wt.offset) {

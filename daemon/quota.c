@@ -79,7 +79,7 @@ static uint64_t job_mem(const struct job *j) {
       if (!j->in_buf[i])
         n += dspk__tensor_nbytes(&j->op.in[i]);
     for (int i = 0; i < j->op.nout; i++)
-      if (!j->out_buf[i])
+      if (!j->out_buf[i] || dspkd_out_aliases(j, i))
         n += dspk__tensor_nbytes(&j->op.out[i]);
     return n;
   default:

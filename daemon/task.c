@@ -425,6 +425,41 @@ static void pin_chunk(struct device *dev, struct job *j) {
   }
 }
 
+bool dspkd_out_aliases(const struct job *j, int i) {
+  const struct dspk__op *op = &j->op;
+  const struct dspk__tensor *o = &op->out[i];
+  uint64_t ob = o->offset, on = dspk__tensor_nbytes(o);
+  if (!j->out_buf[i] || on == 0)
+    return false;
+  for (int k = 0; k < op->nin; k++) {
+    const struct dspk__tensor *t = &op->in[k];
+    uint64_t tb = t->offset, tn = dspk__tensor_nbytes(t);
+    if (j->in_buf[k] != j->out_buf[i] || tn == 0 || tb >= ob + on || ob >= tb + tn)
+      continue;
+    if (op->kind == DSPK_OP_MAP && tb == ob && tn == on)
+      continue; /* in place, element by element */
+    return true;
+  }
+  return false;
+}
+
+/* Copies the result that an aliased output was computed into (its own
+ * block) into the buffer at its offset, through host memory (the backend
+ * interface has no device-to-device copy; aliasing is the rare case). */
+static int copy_aliased(struct device *dev, struct dspk__mem *from, struct dspk__mem *to,
+                        uint64_t off, size_t n) {
+  void *h = malloc(n);
+  int err;
+  if (!h)
+    return DSPK_ENOMEM;
+  err = dev->be->read(dev->bdev, from, 0, h, n);
+  if (err >= 0)
+    err = dev->be->write(dev->bdev, to, off, h, n);
+  /* h may go: write reads later only from a host_register'ed mapping. */
+  free(h);
+  return err;
+}
+
 static void exec_task(struct device *dev, struct job *j) {
   const struct dspk__backend *be = dev->be;
   struct dspk__op *op = &j->op;
@@ -432,6 +467,10 @@ static void exec_task(struct device *dev, struct job *j) {
   struct dspk__mem *tmp_out[DSPK__OP_MAX_OUT] = {0};
 #define NRES (DSPK__OP_MAX_IN > DSPK__OP_MAX_OUT ? DSPK__OP_MAX_IN : DSPK__OP_MAX_OUT)
   void *host[NRES] = {0};
+  /* Outputs computed into a block of their own (dspkd_out_aliases), and the
+   * offset in their buffer the result is copied to. */
+  bool aliased[DSPK__OP_MAX_OUT] = {0};
+  uint64_t alias_off[DSPK__OP_MAX_OUT] = {0};
   /* Large inline results on a device with host_ptr: sent from the block. */
   const void *direct[NRES] = {0};
   struct mpin *pins[NRES] = {0};
@@ -492,12 +531,15 @@ static void exec_task(struct device *dev, struct job *j) {
       goto out;
     }
   }
+  for (int i = 0; i < op->nout; i++)
+    aliased[i] = dspkd_out_aliases(j, i);
   for (int i = 0; i < op->nout; i++) {
     struct dspk__tensor *t = &op->out[i];
-    if (j->out_buf[i]) {
+    if (j->out_buf[i] && !aliased[i]) {
       t->mem = j->out_buf[i]->mem;
       continue;
     }
+    alias_off[i] = t->offset;
     size_t n = dspk__tensor_nbytes(t);
     err = be->alloc(dev->bdev, n, &tmp_out[i]);
     if (err < 0) {
@@ -521,6 +563,18 @@ static void exec_task(struct device *dev, struct job *j) {
   if (atomic_load(&j->cancel)) {
     err = DSPK_ECANCELED;
     goto out;
+  }
+  for (int i = 0; i < op->nout; i++) {
+    struct dspk__tensor *t = &op->out[i];
+    size_t n = dspk__tensor_nbytes(t);
+    if (!aliased[i])
+      continue;
+    if ((err = copy_aliased(dev, tmp_out[i], j->out_buf[i]->mem, alias_off[i], n)) < 0) {
+      snprintf(msg, sizeof msg, "cannot copy output %d into its buffer on %s", i, dev->id);
+      goto out;
+    }
+    t->mem = j->out_buf[i]->mem; /* answered as the reference it was */
+    t->offset = alias_off[i];
   }
   /* A raw kernel writes into its inputs: those are what it returns. */
   if (op->kind == DSPK_OP_KERNEL) {
@@ -591,6 +645,13 @@ static void exec_task(struct device *dev, struct job *j) {
     dspk__result_fields(&wr->w, m, v, 0, DSPK__R_RUN_TIME_US);
   }
 out:
+  /* An aliased output that failed before its copy names its buffer again
+   * (its block goes below). */
+  for (int i = 0; i < op->nout; i++)
+    if (aliased[i] && op->out[i].mem == tmp_out[i]) {
+      op->out[i].mem = j->out_buf[i]->mem;
+      op->out[i].offset = alias_off[i];
+    }
   for (int i = 0; i < DSPK__OP_MAX_IN; i++)
     if (tmp_in[i])
       be->free(dev->bdev, tmp_in[i]);

@@ -316,13 +316,10 @@ int dspk__tensor_decode(const msgpack_object *o,
     if (data && data->type != MSGPACK_OBJECT_NIL)
       return dspk__fail(msg, msglen, DSPK_EINVAL,
                   "tensor has both data and a buffer reference: give one");
+    /* Its alignment is dspk__tensor_offset_check's: the daemon looks the
+     * buffer up first (ENOBUF before the offset's EINVAL). */
     if (dspk__arg_u64(o, "offset", &t.offset, msg, msglen) != 0)
       return DSPK_EINVAL;
-    if (t.offset % isz != 0)
-      return dspk__fail(msg, msglen, DSPK_EINVAL,
-                  "tensor offset %" PRIu64 " is not a multiple of the %s "
-                  "item size %zu", t.offset, dspk__dtype_name(t.dtype),
-                  isz);
   } else {
     v = dspk__map_get(o, "data");
     if (dspk__obj_bin(v, &t.data, &slen) != 0)
@@ -334,6 +331,15 @@ int dspk__tensor_decode(const msgpack_object *o,
                   slen, dspk__dtype_name(t.dtype), t.nbytes);
   }
   *out = t;
+  return 0;
+}
+
+int dspk__tensor_offset_check(const struct dspk__wire_tensor *t, char *msg, size_t msglen) {
+  size_t isz = dspk__dtype_size(t->dtype);
+  if (t->is_ref && isz && t->offset % isz != 0)
+    return dspk__fail(msg, msglen, DSPK_EINVAL,
+                      "tensor offset %" PRIu64 " is not a multiple of the %s item size %zu",
+                      t->offset, dspk__dtype_name(t->dtype), isz);
   return 0;
 }
 

@@ -75,10 +75,15 @@ struct dspk__wire_tensor {
 };
 
 /* Decodes a tensor map; checks dtype, rank and element limits, that inline
- * data has exactly numel*itemsize bytes, and that a ref's offset is aligned
- * to the item size.  0, or DSPK_EINVAL/DSPK_EDTYPE/DSPK_ELIMIT with msg. */
+ * data has exactly numel*itemsize bytes, and a ref's buffer and offset are
+ * uints.  0, or DSPK_EINVAL/DSPK_EDTYPE/DSPK_ELIMIT with msg. */
 int dspk__tensor_decode(const msgpack_object *o, const struct dspk__limits *lim,
                         struct dspk__wire_tensor *out, char *msg, size_t msglen);
+/* A decoded ref's offset must be a multiple of its item size: 0, or
+ * DSPK_EINVAL with msg.  Apart from the decode so that the daemon answers
+ * ENOBUF for an unknown buffer before this (docs/protocol.md, task.run's
+ * order of checks). */
+int dspk__tensor_offset_check(const struct dspk__wire_tensor *t, char *msg, size_t msglen);
 
 /* An outgoing frame: a packer writing into small owned chunks, with big bin
  * payloads attached by reference.  Segments are in wire order. */

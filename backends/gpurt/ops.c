@@ -194,9 +194,10 @@ static int op_gemm(struct dspk__dev *dev, struct dspk__op *op, struct dspk__opct
       return rc;
     beta = op->u.gemm.beta;
   }
-  if (K == 0) {
-    /* An empty sum: out = beta*C (or 0). */
-    if (op->nin == 3)
+  if (K == 0 || op->u.gemm.alpha == 0) {
+    /* An empty sum, or alpha 0 (which reads neither A nor B, as BLAS and
+     * the cpu): out = beta*C, or 0 (beta 0 reads no C: 0, not 0*NaN). */
+    if (op->nin == 3 && beta != 0)
       return map_scale(dev, dspk__gpurt_ptr(O), O->dtype, nb * M * N, beta, ctx);
     int r = DRV->memset_async(dspk__gpurt_ptr(O), 0, (size_t)(nb * M * N) * osz, dev->stream);
     return r ? dspk__gpurt_err(dev, ctx, "cuMemsetD8Async", r) : 0;

@@ -629,7 +629,12 @@ int dspk__vk_gemm(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *
   last_name = NULL; /* set again by launch() */
   /* f16 (and bf16 on the KHR path) on the tensor cores where the device
    * offers them (vk_coopmat.c). */
-  if ((A->dtype == DSPK_F16 || A->dtype == DSPK_BF16) && dspk__vk_coopmat_usable(d, op))
+  /* alpha 0 reads neither A nor B, as BLAS (and the cpu): the scalar
+   * kernel's empty sum (K = 0) gives beta*C, so an inf or NaN in A or B
+   * does not reach the result. */
+  int no_ab = op->u.gemm.alpha == 0;
+  if ((A->dtype == DSPK_F16 || A->dtype == DSPK_BF16) && !no_ab &&
+      dspk__vk_coopmat_usable(d, op))
     return dspk__vk_coopmat_gemm(d, op, ctx);
   struct gdesc g;
   memset(&g, 0, sizeof g);
@@ -658,7 +663,7 @@ int dspk__vk_gemm(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *
   }
   g.M = (uint32_t)M;
   g.N = (uint32_t)N;
-  g.K = (uint32_t)K;
+  g.K = no_ab ? 0 : (uint32_t)K;
   g.alpha = op->u.gemm.alpha;
   g.beta = op->u.gemm.beta;
   /* A is (.., M, K) or (.., K, M) when transposed; likewise B. */

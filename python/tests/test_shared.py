@@ -131,6 +131,29 @@ def test_shared_out_is_written_in_place(client):
     np.testing.assert_array_equal(out, 3.0 * np.arange(x.size))
 
 
+def test_shared_out_overlapping_operands(client):
+    """out= over the operands' own bytes: as if every operand were read first (on cpu:0 a
+    gemm writing over its A gave zeros, a map one element ahead of its input read what it
+    had written)."""
+    rng = np.random.default_rng(7)
+    m = client.empty_shared((3, 64, 64), np.float64)
+    m[:] = rng.standard_normal(m.shape)
+    a, b = m[0].copy(), m[1].copy()
+    assert client.gemm(m[0], m[1], out=m[0]) is not None
+    np.testing.assert_allclose(m[0], a @ b, rtol=1e-12, atol=1e-12)
+    np.testing.assert_array_equal(m[1], b)
+    v = client.empty_shared(1000, np.float32)
+    v[:] = np.arange(1000)
+    client.map("scale", v[:999], alpha=2.0, out=v[1:])
+    np.testing.assert_array_equal(v[1:], 2.0 * np.arange(999, dtype=np.float32))
+    x = rng.standard_normal(500)
+    h = rng.standard_normal(40)
+    s = client.empty_shared(540, np.float64)
+    s[:500], s[500:] = x, h
+    client.fir(s[:500], s[500:], out=s[:500])
+    np.testing.assert_allclose(s[:500], np.convolve(x, h)[:500], rtol=1e-9, atol=1e-9)
+
+
 def test_shared_operand_sends_no_data(client):
     """A 16 MiB operand in a shared array: the request frame is a few hundred bytes."""
     a = client.empty_shared((2048, 2048), np.float32)

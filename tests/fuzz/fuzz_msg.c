@@ -59,7 +59,8 @@ static void visit_value(const msgpack_object *v, const struct dspk__limits *lim)
     FUZZ_CHECK(numel <= lim->max_elements);
     FUZZ_CHECK(t.nbytes == numel * dspk__dtype_size(t.dtype));
     if (t.is_ref)
-      FUZZ_CHECK(t.offset % dspk__dtype_size(t.dtype) == 0);
+      FUZZ_CHECK((dspk__tensor_offset_check(&t, msg, sizeof msg) == 0) ==
+                 (t.offset % dspk__dtype_size(t.dtype) == 0));
     else
       check_inside(t.data, t.nbytes);
   } else {

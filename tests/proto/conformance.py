@@ -858,6 +858,12 @@ def tensor_rules(env):
     r = c.ok("task.run", {"op": "map", "device": "cpu:0", "options": {"fn": "abs"},
                           "inputs": [{"dtype": "f32", "shape": [3, 0], "data": b""}]})
     check(r["outputs"][0]["shape"] == [3, 0] and r["outputs"][0]["data"] == b"", "empty map")
+    # an inline tensor's other keys are ignored, offset included
+    r = c.ok("task.run", {"op": "map", "device": "cpu:0", "options": {"fn": "abs"},
+                          "inputs": [dict(t32([-1, -2]), offset=4, extra="x")]})
+    check(vals32(r["outputs"][0]) == [1, 2], "inline offset ignored %r" % r)
+    r = c.ok("task.run", {"op": "map", "device": "cpu:0", "options": {"fn": "abs"},
+                          "inputs": [dict(t32([-1, -2]), offset="x")]})
     # a tensor with data str accepted as bin
     r = c.ok("task.run", {"op": "map", "device": "cpu:0", "options": {"fn": "abs"},
                           "inputs": [{"dtype": "f32", "shape": [1], "data": "\0\0\0\0"}]})
@@ -1044,6 +1050,15 @@ def task_ops(env):
     expect(run("map", [a23]), "EINVAL", "options.fn")
     expect(run("map", [a23], fn="add"), "EINVAL")
     expect(run("map", [a23, t32([1, 2])], fn="add"), "ESHAPE")
+    # no broadcasting, for axpy too; alpha used by scale and axpy only
+    expect(run("map", [t32([1, 2], [1, 2]), t32([1, 2], [2, 1])], fn="axpy"), "ESHAPE")
+    expect(run("map", [t32([1, 2]), t32([1])], fn="sub"), "ESHAPE")
+    expect(run("map", [t32([1, 2]), t32([1, 2])], fn="exp"), "EINVAL")
+    r = run("map", [t32([1, 2]), t32([3, 4])], fn="sub", alpha=5)
+    check(r[0] == "ok" and vals32(r[1]["outputs"][0]) == [-2, -2], "sub ignores alpha %r" % (r,))
+    # gemm: rank 2 or more, 1-D not promoted
+    expect(run("gemm", [t32([1, 2, 3]), a23]), "ESHAPE", "rank 1")
+    expect(run("gemm", [t32([1, 2, 3], [1, 3]), t32([1, 2, 3])]), "ESHAPE", "rank 1")
     r = run("map", [t32([1, 2]), t32([3, 4])], fn="axpy", alpha=2)
     check(r[0] == "ok" and vals32(r[1]["outputs"][0]) == [5, 8], "axpy %r" % (r,))
     # the dtype rules of the table of ops
@@ -1065,8 +1080,12 @@ def task_ops(env):
     expect(run("gemm", [a23, a23, t64([1.0] * 4, [2, 2])], trans_b=True), "EDTYPE", "C")
     e = expect(run("contract", [a23, a23], subscripts="\u00e9j,kj->\u00e9k"), "EINVAL")
     check("'\u00e9' is not a letter" in e["message"], "the whole character %r" % e["message"])
-    # kernel on the cpu: ENOTSUP
+    # kernel on the cpu: ENOTSUP, after the options (a text source with a NUL byte)
     expect(run("kernel", [a23], lang="glsl", source="void main(){}"), "ENOTSUP")
+    expect(run("kernel", [a23], lang="glsl", source="void main(){}\0junk"), "EINVAL",
+           "options.source", "NUL")
+    expect(run("kernel", [a23], lang="cuda", source=b"\0"), "EINVAL", "options.source", "NUL")
+    expect(run("kernel", [a23], lang="spirv", source=b"\3\2\x23\7\0\0\0\0"), "ENOTSUP")
     still_open(c)
 
 
@@ -1085,6 +1104,14 @@ def task_order(env):
     expect(run(op="nope", device="nope:0", inputs=[bad]), "EINVAL", "op")
     expect(run(inputs=[{"dtype": "zz", "shape": [2], "data": b""}, nob]), "EDTYPE")
     expect(run(inputs=[nob, bad]), "ENOBUF", "input 0")
+    # a reference: its buffer before its offset's alignment, its offset's type first
+    expect(run(inputs=[dict(nob, offset=2)]), "ENOBUF", "input 0")
+    expect(run(inputs=[dict(nob, offset="2")]), "EINVAL", "input 0", "offset")
+    expect(run(inputs=[{"buffer": b, "offset": 2, "dtype": "f32", "shape": [100]}]), "EINVAL",
+           "input 0", "multiple")
+    expect(run(outputs=[{"buffer": 999, "offset": 2}]), "ENOBUF", "outputs[0]")
+    expect(run(outputs=[{"buffer": 999, "offset": "2"}]), "EINVAL", "outputs[0].offset")
+    expect(run(outputs=[{"buffer": b, "offset": 2}]), "EINVAL", "outputs[0]", "multiple")
     expect(run(inputs=[bad], options={"fn": "zz"}, device="nope:0"), "EINVAL", "input 0")
     expect(run(inputs=[{"buffer": b, "dtype": "f32", "shape": [4]}], options={"fn": "zz"}),
            "ERANGE", "input 0")
@@ -1175,6 +1202,226 @@ def kernel_opts(env):
     still_open(c)
 
 
+@case("task.run: how kernel arguments reach a Vulkan shader; grid, block, entry, f32 range")
+def kernel_args(env):
+    c = env.conn()
+    devs = c.ok("devices")["devices"]
+    vk = [d["id"] for d in devs if "glsl" in d["kernel_langs"]]
+    if not vk:
+        return "no vulkan device"
+    # bindings 0, 1 in the order of args; scalars in the push-constant block
+    # in order with std430 alignment
+    src = ("#version 450\nlayout(local_size_x=1) in;\n"
+           "layout(std430, binding=0) buffer A { float a[]; };\n"
+           "layout(std430, binding=1) buffer B { float b[]; };\n"
+           "layout(push_constant) uniform P { float s; int k; uint u; };\n"
+           "void main(){ uint i = gl_GlobalInvocationID.x;"
+           " a[i] = b[i] * s + float(k) + float(u); }\n")
+    x, y = t32([0, 0, 0]), t32([1, 2, 3])
+
+    def run(args, **opt):
+        o = {"lang": "glsl", "source": src, "grid": [3], "args": args}
+        o.update(opt)
+        return c.call("task.run", {"op": "kernel", "device": vk[0], "inputs": [x, y],
+                                   "options": o})
+    scal = [{"f32": 2}, {"i32": -10}, {"u32": 100}]
+    r = run([{"tensor": 0}, {"tensor": 1}] + scal)
+    check(r[0] == "ok" and vals32(r[1]["outputs"][0]) == [92, 94, 96]
+          and vals32(r[1]["outputs"][1]) == [1, 2, 3], "bindings in args order: %r" % (r,))
+    r = run([{"tensor": 1}, {"tensor": 0}] + scal)
+    check(r[0] == "ok" and vals32(r[1]["outputs"][0]) == [0, 0, 0]
+          and vals32(r[1]["outputs"][1]) == [90, 90, 90], "binding 0 is args[0]: %r" % (r,))
+    # the work-group size is the shader's: block and shared are not used;
+    # a GLSL entry point is always main
+    # a NUL would end the source for the compiler: refused, not cut
+    expect(run([{"tensor": 0}], source=src + "\0}}} junk"), "EINVAL", "options.source", "NUL")
+    r = run([{"tensor": 0}, {"tensor": 1}] + scal, block=[1 << 20], shared=1 << 31,
+            entry="other")
+    check(r[0] == "ok" and vals32(r[1]["outputs"][0]) == [92, 94, 96], "block unused %r" % (r,))
+    expect(run([{"tensor": 0}], grid=[(1 << 32) - 1]), "ELIMIT", "maxComputeWorkGroupCount")
+    expect(run([{"tensor": 0}], grid=[1 << 32]), "EINVAL", "options.grid[0]")
+    expect(run([{"tensor": 0}], block=[1, 1 << 32]), "EINVAL", "options.block[1]")
+    # f32 scalars: beyond f32's range ERANGE (as integers beyond theirs),
+    # infinities are f32 values
+    expect(run([{"tensor": 0}, {"tensor": 1}, {"f32": 1e300}, {"i32": 0}, {"u32": 0}]),
+           "ERANGE", "options.args[2]")
+    expect(run([{"tensor": 0}, {"tensor": 1}, {"f32": -3.5e38}, {"i32": 0}, {"u32": 0}]),
+           "ERANGE", "options.args[2]")
+    r = run([{"tensor": 0}, {"tensor": 1}, {"f32": float("inf")}, {"i32": 0}, {"u32": 0}])
+    check(r[0] == "ok" and vals32(r[1]["outputs"][0]) == [math.inf] * 3, "f32 inf %r" % (r,))
+    still_open(c)
+
+
+@case("task.run: gemm reads as BLAS: beta 0 reads no C, alpha 0 neither A nor B")
+def gemm_blas(env):
+    c = env.conn()
+    devs = [d["id"] for d in c.ok("devices")["devices"] if d["id"] in ("cpu:0", "vulkan:0")]
+    nan, inf = float("nan"), float("inf")
+    for dev in devs:
+        for T, V in ((t32, vals32), (t64, vals64)):
+            a = T([1, 2, 3, 4], [2, 2])
+
+            def g(ins, **opt):
+                r = c.call("task.run", {"op": "gemm", "device": dev, "inputs": ins,
+                                        "options": opt})
+                check(r[0] == "ok", "%s gemm %r: %r" % (dev, opt, r))
+                return V(r[1]["outputs"][0])
+            check(g([a, a, T([nan] * 4, [2, 2])]) == [7, 10, 15, 22], dev + ": beta 0 reads C")
+            check(g([a, a, T([nan], [])]) == [7, 10, 15, 22], dev + ": beta 0, C broadcast")
+            check(g([T([inf, 2, 3, 4], [2, 2]), a], alpha=0) == [0] * 4, dev + ": alpha 0")
+            check(g([T([inf, 2, 3, 4], [2, 2]), T([nan] * 4, [2, 2]), T([1, 2, 3, 4], [2, 2])],
+                    alpha=0, beta=2) == [2, 4, 6, 8], dev + ": alpha 0 gives beta*C")
+            check(g([T([], [2, 0]), T([], [0, 2]), T([nan] * 4, [2, 2])]) == [0] * 4,
+                  dev + ": K = 0, beta 0")
+        h = {"dtype": "f16", "shape": [1, 1], "data": struct.pack("<e", math.inf)}
+        r = c.ok("task.run", {"op": "gemm", "device": dev, "inputs": [h, h, t32([1.0], [1, 1])],
+                              "options": {"alpha": 0, "beta": 3}})
+        check(vals32(r["outputs"][0]) == [3], "%s f16 alpha 0: %r" % (dev, r))
+    still_open(c)
+
+
+@case("task.run: degenerate sizes, the same on every backend")
+def degenerate(env):
+    c = env.conn()
+    devs = [d["id"] for d in c.ok("devices")["devices"] if d["id"] in ("cpu:0", "vulkan:0")]
+    c64 = {"dtype": "c64", "shape": [1], "data": struct.pack("<2f", 3, -4)}
+    for dev in devs:
+        def run(op, ins, **opt):
+            return c.call("task.run", {"op": op, "device": dev, "inputs": ins, "options": opt})
+
+        def vals(op, ins, **opt):
+            r = run(op, ins, **opt)
+            check(r[0] == "ok", "%s %s: %r" % (dev, op, r))
+            return r[1]["outputs"][0]["shape"], vals32(r[1]["outputs"][0])
+        check(vals("fft", [t32([5, -2], [2, 1])]) == ([2, 1], [5, 0, -2, 0]), dev + ": fft of length 1")
+        check(vals("fft", [c64]) == ([1], [3, -4]), dev + ": fft of length 1, complex")
+        check(vals("fft", [c64], inverse=True) == ([1], [3, -4]), dev + ": ifft of length 1")
+        expect(run("fft", [t32([], [3, 0])]), "ESHAPE")
+        check(vals("fft", [t32([], [0, 4])]) == ([0, 3], []), dev + ": fft of no rows")
+        check(vals("gemm", [t32([], [2, 0]), t32([], [0, 3]), t32([1, 2, 3], [3])], beta=2)
+              == ([2, 3], [2, 4, 6] * 2), dev + ": gemm K = 0 gives beta*C")
+        check(vals("gemm", [t32([], [2, 0]), t32([], [0, 3])]) == ([2, 3], [0] * 6),
+              dev + ": gemm K = 0 without C")
+        check(vals("gemm", [t32([], [0, 2]), t32([1] * 6, [2, 3])]) == ([0, 3], []),
+              dev + ": gemm M = 0")
+        check(vals("reduce", [t32([], [0, 3])], axes=[0]) == ([3], [0, 0, 0]), dev + ": sum")
+        r = vals("reduce", [t32([], [0, 2])], fn="mean", axes=[0])
+        check(r[0] == [2] and all(math.isnan(v) for v in r[1]), dev + ": mean of empty is NaN")
+        expect(run("reduce", [t32([], [0, 2])], fn="min", axes=[0]), "ESHAPE")
+        check(vals("reduce", [t32([], [2, 0])], fn="max", axes=[0]) == ([0], []),
+              dev + ": max over a non-empty axis of an empty tensor")
+        check(vals("fir", [t32([1, 2, 3]), t32([2])]) == ([3], [2, 4, 6]), dev + ": one tap")
+        check(vals("fir", [t32([1, 2]), t32([1, 1, 1, 1])]) == ([2], [1, 3]),
+              dev + ": more taps than samples")
+        expect(run("fir", [t32([1, 2]), t32([], [0])]), "ESHAPE")
+        check(vals("fir", [t32([], [2, 0]), t32([1, 2])]) == ([2, 0], []), dev + ": empty X")
+        check(vals("contract", [t32([], [2, 0]), t32([], [0, 3])], subscripts="ij,jk->ik")
+              == ([2, 3], [0] * 6), dev + ": contract over an empty label")
+        check(vals("map", [t32([], [0, 4])], fn="exp") == ([0, 4], []), dev + ": empty map")
+    still_open(c)
+
+
+@case("task.run: contract's subscripts")
+def contract_subs(env):
+    c = env.conn()
+    a = t32([1, 2, 3, 4, 5, 6], [2, 3])
+    b = t32([1, 0, 2, 1, 0, 3], [3, 2])
+
+    def run(subs, x=a, y=b):
+        return c.call("task.run", {"op": "contract", "device": "cpu:0", "inputs": [x, y],
+                                   "options": {"subscripts": subs}})
+    ab = gemm_ref([1, 2, 3, 4, 5, 6], [1, 0, 2, 1, 0, 3], 2, 3, 2)
+    for subs in ("ij,jk->ik", " i j , j k -> i k ", "Ij,jK->IK"):
+        r = run(subs)
+        check(r[0] == "ok" and r[1]["outputs"][0]["shape"] == [2, 2]
+              and vals32(r[1]["outputs"][0]) == ab, "%r: %r" % (subs, r))
+    r = run("ij,jk->ki")
+    check(r[0] == "ok" and vals32(r[1]["outputs"][0]) == [ab[0], ab[2], ab[1], ab[3]], "ki")
+    r = run("ij,jk->")
+    check(r[0] == "ok" and r[1]["outputs"][0]["shape"] == [] and vals32(r[1]["outputs"][0])
+          == [sum(ab)], "empty output: a scalar %r" % (r,))
+    r = run("ij,kl->ijkl")
+    check(r[0] == "ok" and r[1]["outputs"][0]["shape"] == [2, 3, 3, 2], "outer %r" % (r,))
+    r = run(",->", t32([3], []), t32([4], []))
+    check(r[0] == "ok" and vals32(r[1]["outputs"][0]) == [12], "scalars %r" % (r,))
+    for subs, words in (("ij,jk", ["explicit output"]), ("...j,jk->...k", ["ellipsis"]),
+                        ("ii,jk->ik", ["repeats", "A term"]), ("ij,jk->ii", ["repeats", "output"]),
+                        ("ij,jkk->ik", ["repeats", "B term"]), ("ij,jk->iz", ["'z'"]),
+                        ("i1,jk->ik", ["'1'"]), ("ij->ij", []), ("ij,jk,kl->il", ["two"]),
+                        ("->", []), ("ij,jk->ik->ik", []), ("ij,jk-ik", ["'-'"]),
+                        ("i\tj,jk->ik", ["0x09"]), ("ij,jk- >ik", ["'-'"])):
+        expect(run(subs), "EINVAL", *words)
+    expect(run("ijk,jk->ik"), "ESHAPE", "rank")
+    expect(run("ij,kj->ik"), "ESHAPE", "'j'")
+    expect(run("abcdefghi,jk->a"), "ESHAPE", "8 labels")
+    still_open(c)
+
+
+def bf16(vals):
+    return b"".join(struct.pack("<f", v)[2:] for v in vals)
+
+
+@case("task.run: every dtype of every op, as the table of ops and devices' ops say")
+def op_dtypes(env):
+    c = env.conn()
+    devs = [d for d in c.ok("devices")["devices"] if d["id"] in ("cpu:0", "vulkan:0")]
+    table = {"gemm": {"f32", "f64", "f16", "bf16"}}
+    for op in ("fft", "fir", "contract", "reduce", "map"):
+        table[op] = {"f32", "f64", "c64", "c128"}
+    fmt = {"f32": "<%df", "f64": "<%dd", "c64": "<%df", "c128": "<%dd", "f16": "<%de"}
+    size = {"f32": 4, "f64": 8, "c64": 8, "c128": 16, "f16": 2, "bf16": 2}
+
+    def T(dt, vals, shape):
+        """vals: real values (complex dtypes: each as (v, -v))."""
+        if dt == "bf16":
+            return {"dtype": dt, "shape": shape, "data": bf16(vals)}
+        if dt in ("c64", "c128"):
+            vals = [x for v in vals for x in (v, -v)]
+        return {"dtype": dt, "shape": shape, "data": struct.pack(fmt[dt] % len(vals), *vals)}
+
+    def V(t):
+        if t["dtype"] == "bf16":
+            return []
+        n = len(t["data"]) // (size[t["dtype"]] // (2 if t["dtype"][0] == "c" else 1))
+        return list(struct.unpack(fmt[t["dtype"]] % n, t["data"]))
+    everywhere = {}
+    for d in devs:
+        for op, dts in d["ops"].items():
+            check(set(dts) <= table[op], "%s runs %s of %r: the table of ops says %r"
+                  % (d["id"], op, dts, sorted(table[op])))
+            everywhere.setdefault(op, set()).update(dts)
+    for d in devs:
+        for dt in ("f32", "f64", "c64", "c128", "f16", "bf16"):
+            cx = dt[0] == "c"
+            # each op on [1, 2] (complex: [1-1j, 2-2j]); the expected values
+            runs = {"gemm": ([T(dt, [1, 2], [1, 2]), T(dt, [3, 4], [2, 1])], {}, [11]),
+                    "fft": ([T(dt, [1, 2], [2])], {}, [3, -3, -1, 1] if cx else [3, 0, -1, 0]),
+                    "fir": ([T(dt, [1, 2], [2]), T(dt, [2], [1])], {},
+                            [2, 0, 4, 0] if cx else [2, 4]),
+                    "contract": ([T(dt, [1, 2], [2]), T(dt, [3, 4], [2])],
+                                 {"subscripts": "i,i->i"}, [0, -6, 0, -16] if cx else [3, 8]),
+                    "reduce": ([T(dt, [1, 2], [2])], {}, [3, -3] if cx else [3]),
+                    "map": ([T(dt, [1, 2], [2])], {"fn": "scale", "alpha": 2},
+                            [2, -2, 4, -4] if cx else [2, 4])}
+            if cx:
+                # gemm is not taken of complex: fir with complex taps (1-1j)*(2-2j) = -4j
+                runs["fir"] = ([T(dt, [1, 2], [2]), T(dt, [2], [1])], {}, [0, -4, 0, -8])
+            for op, (ins, opt, want) in runs.items():
+                r = c.call("task.run", {"op": op, "device": d["id"], "inputs": ins,
+                                        "options": opt})
+                if dt in d["ops"].get(op, []):
+                    check(r[0] == "ok", "%s %s of %s: %r" % (d["id"], op, dt, r))
+                    got = V(r[1]["outputs"][0])
+                    check(not got or close_to(got, want, 1e-3),
+                          "%s %s of %s: %r, expected %r" % (d["id"], op, dt, got, want))
+                elif dt in everywhere.get(op, ()):
+                    expect(r, "ENOTSUP", d["id"])
+                else:
+                    check(dt not in table[op], "the table of ops says %s takes %s" % (op, dt))
+                    expect(r, "EDTYPE", dt)
+    still_open(c)
+
+
 @case("task.run: device rules (any, buffers' device, ENOTSUP)")
 def task_devices(env):
     c = env.conn()
@@ -1192,6 +1439,64 @@ def task_devices(env):
                                "inputs": [ref, vref]}), "EINVAL")
     r = c.ok("task.run", {"op": "map", "options": {"fn": "abs"}, "inputs": [t32([-1.0])]})
     check(r["device"] == "cpu:0", "any avoids a software renderer: %r" % r["device"])
+    still_open(c)
+
+
+def fir_ref(x, h):
+    return [sum(h[k] * x[i - k] for k in range(len(h)) if i - k >= 0) for i in range(len(x))]
+
+
+@case("task.run: an output may overlap the inputs (as if every input were read first)")
+def task_alias(env):
+    c = env.conn()
+    devs = [d["id"] for d in c.ok("devices")["devices"] if d["id"] in ("cpu:0", "vulkan:0")]
+    base = [float(v) for v in range(1, 49)]   # 48 f32 in a 192-byte buffer
+
+    def run(dev, op, refs, out_off, **opt):
+        b = c.ok("buffer.create", {"device": dev, "size": 192})["buffer"]
+        c.ok("buffer.write", {"buffer": b, "data": struct.pack("<48f", *base)})
+        ins = [dict({"buffer": b, "dtype": "f32"}, **r) for r in refs]
+        r = c.ok("task.run", {"op": op, "device": dev, "inputs": ins, "options": opt,
+                              "outputs": [{"buffer": b, "offset": out_off}]})
+        o = r["outputs"][0]
+        check(o["buffer"] == b and o["offset"] == out_off, "the answer names the buffer: %r" % o)
+        n = 2 if o["dtype"] == "c64" else 1    # f32 values
+        for d in o["shape"]:
+            n *= d
+        data = c.ok("buffer.read", {"buffer": b, "offset": out_off, "size": 4 * n})["data"]
+        return list(struct.unpack("<%df" % n, data))
+    for dev in devs:
+        # map: shifted by one element (a forward loop would read what it wrote)
+        got = run(dev, "map", [{"shape": [8]}], 4, fn="scale", alpha=2)
+        check(got == [2 * v for v in base[:8]], "%s map shifted: %r" % (dev, got))
+        got = run(dev, "map", [{"shape": [8], "offset": 4}, {"shape": [8], "offset": 8}], 0,
+                  fn="add")
+        check(got == [base[i + 1] + base[i + 2] for i in range(8)], "%s map add: %r" % (dev, got))
+        # exactly in place: elementwise
+        got = run(dev, "map", [{"shape": [8]}], 0, fn="scale", alpha=-1)
+        check(got == [-v for v in base[:8]], "%s map in place: %r" % (dev, got))
+        # gemm writing over A (a BLAS zeroes C first)
+        a, b = base[:16], base[16:32]
+        got = run(dev, "gemm", [{"shape": [4, 4]}, {"shape": [4, 4], "offset": 64}], 0)
+        check(close_to(got, gemm_ref(a, b, 4, 4, 4)), "%s gemm over A: %r" % (dev, got))
+        got = run(dev, "contract", [{"shape": [4, 4]}, {"shape": [4, 4], "offset": 64}], 32,
+                  subscripts="ij,jk->ik")
+        check(close_to(got, gemm_ref(a, b, 4, 4, 4)), "%s contract over A: %r" % (dev, got))
+        # fir over its own signal, shifted
+        got = run(dev, "fir", [{"shape": [16]}, {"shape": [3], "offset": 64}], 4)
+        check(close_to(got, fir_ref(base[:16], base[16:19])), "%s fir: %r" % (dev, got))
+        # c2c fft over part of its input (a device that could not do it in
+        # place answered ENOTSUP)
+        x = [complex(base[2 * i], base[2 * i + 1]) for i in range(4)]
+        got = run(dev, "fft", [{"shape": [4], "dtype": "c64"}], 8)
+        want = []
+        for k in range(4):
+            s = sum(x[t] * complex(math.cos(-2 * math.pi * k * t / 4),
+                                   math.sin(-2 * math.pi * k * t / 4)) for t in range(4))
+            want += [s.real, s.imag]
+        check(close_to(got, want, 1e-4), "%s fft shifted: %r" % (dev, got))
+        got = run(dev, "reduce", [{"shape": [4, 4]}], 4, axes=[1])
+        check(got == [sum(base[4 * i:4 * i + 4]) for i in range(4)], "%s reduce: %r" % (dev, got))
     still_open(c)
 
 
@@ -1223,6 +1528,40 @@ def task_cancel(env):
     for m in runs:
         got = c.wait(m)
         check(got[0] in ("ok", "ECANCELED"), "canceled gemm %r" % (got[0],))
+    still_open(c)
+
+
+@case("task.cancel: requests that run on a device; other methods in flight are not canceled")
+def cancel_kinds(env):
+    c = env.conn()
+    d = env.conn()
+    n = 512
+    b = c.ok("buffer.create", {"device": "cpu:0", "size": n * n * 8 * 3})["buffer"]
+    A = {"buffer": b, "dtype": "f64", "shape": [n, n]}
+    t = c.request("trace", {"seconds": 0.5})
+    check(c.ok("task.cancel", {"msgid": t}) == {"canceled": False}, "a trace is not canceled")
+    runs = [c.request("task.run", {"op": "gemm", "device": "cpu:0", "inputs": [A, A],
+                                   "outputs": [{"buffer": b, "offset": 2 * n * n * 8}]})
+            for _ in range(3)]
+    fd = memfd(4096)
+    queued = [c.request("buffer.share", {"size": 4096}),
+              c.request("buffer.import", {"size": 4096}, fds=[fd]),
+              c.request("buffer.create", {"device": "cpu:0", "size": 64}),
+              c.request("buffer.write", {"buffer": b, "data": b"x"}),
+              c.request("buffer.read", {"buffer": b, "size": 8})]
+    os.close(fd)
+    # another connection cannot cancel them
+    for m in queued:
+        check(d.ok("task.cancel", {"msgid": m}) == {"canceled": False}, "another connection")
+    for m in queued:
+        r = c.ok("task.cancel", {"msgid": m})
+        got = c.wait(m)
+        check(r["canceled"] == (got[0] == "ECANCELED") and got[0] in ("ok", "ECANCELED"),
+              "cancel %r answered %r" % (r, got[0]))
+    check(not c.fds, "a canceled buffer.share sends no descriptor")
+    check(c.wait(t)[0] == "ok", "the trace answers as usual")
+    for m in runs:
+        c.wait(m)
     still_open(c)
 
 
@@ -1338,6 +1677,13 @@ def jobs(env):
     expect(c.call("job.register", {"job": 7, "uid": 5000, "devices": "abc"}), "EINVAL", "devices")
     expect(c.call("job.register", {"job": 7, "uid": 5000, "devices": [5]}), "EINVAL", "devices")
     expect(c.call("job.register", {"job": 7, "uid": 5000, "devices": ["a1"] * 65}), "ELIMIT")
+    # a NUL byte would cut the UUID short: EINVAL, as in every str parameter
+    expect(c.call("job.register", {"job": 7, "uid": 5000, "devices": ["GPU-ab\0cd"]}), "EINVAL",
+           "devices[0]", "NUL")
+    expect(c.call("job.register", {"job": 7, "uid": 5000, "devices": ["a" * 40]}), "EINVAL",
+           "devices[0]")
+    c.ok("job.register", {"job": 8, "uid": 5000, "devices": ["GPU-" + "a" * 39]})
+    c.ok("job.end", {"job": 8})
     r = c.ok("job.register", {"job": 7, "uid": 5000})
     check(r["job"] == 7 and r["uid"] == 5000 and "cpu:0" in r["devices"], "register %r" % r)
     r = c.ok("job.register", {"job": 7, "uid": 5000, "devices": None})
@@ -1392,7 +1738,7 @@ def trace_jobs(env):
 def quotas(env):
     c = env.conn()
     d = env.conn()
-    c.ok("buffer.create", {"device": "cpu:0", "size": 40000})
+    cb = c.ok("buffer.create", {"device": "cpu:0", "size": 40000})["buffer"]
     d.ok("buffer.create", {"device": "cpu:0", "size": 40000})
     expect(c.call("buffer.create", {"device": "cpu:0", "size": 30000}), "ELIMIT",
            "max_conn_memory")
@@ -1412,6 +1758,14 @@ def quotas(env):
     # a small task still fits
     d.ok("task.run", {"op": "map", "device": "cpu:0", "inputs": [t32([-1.0])],
                       "options": {"fn": "abs"}})
+    # an output overlapping its input needs a block of its own: counted (a map
+    # exactly in place needs none)
+    ref = {"buffer": cb, "dtype": "f32", "shape": [9999]}
+    expect(c.call("task.run", {"op": "map", "device": "cpu:0", "inputs": [ref],
+                               "options": {"fn": "abs"}, "outputs": [{"buffer": cb, "offset": 4}]}),
+           "ELIMIT", "max_conn_memory")
+    c.ok("task.run", {"op": "map", "device": "cpu:0", "inputs": [ref], "options": {"fn": "abs"},
+                      "outputs": [{"buffer": cb}]})
 
 
 @case("Quotas: max_user_partial", daemon="partial", check_alive=False)
