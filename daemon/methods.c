@@ -17,7 +17,9 @@
  * Handlers return 0 when they answered or queued, or a negative code with
  * the detail in r->msg, which the caller sends as the error response.
  */
+#include <float.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -708,6 +710,11 @@ static int kernel_args(struct req *r, const struct dspk__pval *args, struct dspk
     if (k->kind == DSPK__KARG_F32 || k->kind == DSPK__KARG_F64) {
       if (dspk__obj_f64(v, &fv) != 0)
         return fail(r, DSPK_EINVAL, "options.args[%u]: expected a number", i);
+      /* A finite value beyond f32's range would become an infinity (and its
+       * conversion is undefined in C): ERANGE, as an integer outside its
+       * type's.  NaN and the infinities themselves are f32 values. */
+      if (k->kind == DSPK__KARG_F32 && (fv > FLT_MAX || fv < -FLT_MAX) && !isinf(fv))
+        return fail(r, DSPK_ERANGE, "options.args[%u]: %g is out of f32 range", i, fv);
       if (k->kind == DSPK__KARG_F32)
         k->v.f32 = (float)fv;
       else

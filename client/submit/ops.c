@@ -109,6 +109,11 @@ static int parse_op_args(dspk__sub_ctx *ctx, int argc, char **argv,
       a->output = optarg;
       break;
     case OPT_DEVICE:
+      /* An empty ID would reach the library as its "any" (NULL or ""): a
+       * typo such as --device "$DEV" with DEV unset must not run anywhere. */
+      if (!*optarg)
+        return dspk__sub_usage(ctx, "empty --device (want an ID that 'dspk-submit "
+                                    "devices' lists, or any)");
       a->device = optarg;
       break;
     case OPT_HELP:

@@ -788,6 +788,22 @@ def suite_errors(cli, tmp):
     # cpu:0 runs no raw kernels: a clear error from the daemon.
     cli.fails(["kernel", ksrc, "--entry", "k", "--grid", "1", "--block", "32",
                "zeros:f32:32", "i32:32", "--device", "cpu:0"], "kernel", None)
+    # An empty --device (DEV="" in --device "$DEV") is a bad command line, not
+    # the library's "any": it ran on cpu:0.
+    for args in (["map", "abs", a34], ["gemm", a34, a34, "--trans-b"],
+                 ["kernel", ksrc, "--entry", "k", "--grid", "1", "--block", "32",
+                  "zeros:f32:32"]):
+        cli.fails(args + ["--device", ""], args[0], "EINVAL", rc_want=2,
+                  detail="empty --device")
+    # A scalar argument outside its type, f32 as the integers: a bad number
+    # (1e39 became an infinity; inf and nan themselves are f32 values).
+    for bad in ("f32:1e39", "f32:-1e39", "i32:2147483648", "u32:-1"):
+        cli.fails(["kernel", ksrc, "--entry", "k", "--grid", "1", "--block", "32",
+                   "zeros:f32:32", bad, "--device", "cpu:0"], "kernel", "EINVAL",
+                  rc_want=2, detail=bad)
+    for fine in ("f32:inf", "f32:nan", "f32:3.4028234e38"):  # past the parser: the daemon's
+        cli.fails(["kernel", ksrc, "--entry", "k", "--grid", "1", "--block", "32",
+                   "zeros:f32:32", fine, "--device", "cpu:0"], "kernel", "ENOTSUP")
     cli.fails(["kernel", missing, "--entry", "k", "--grid", "1", "--block",
                "1"], "kernel", "ENOENT", detail=missing)
     nobody = Cli(cli.binary, os.path.join(tmp, "nobody.sock"))
