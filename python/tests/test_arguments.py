@@ -271,3 +271,45 @@ def test_submit_bad_call(client):
         client.submit("fft", A, progress=5)
     assert not client._pending
     np.testing.assert_allclose(client.submit("fft", A).result(TIMEOUT), np.fft.rfft(A))
+
+
+# ---- bfloat16 helpers ----------------------------------------------------------------
+
+def test_bfloat16_helpers_keep_shapes_and_refuse_non_reals():
+    """to_bfloat16 of a scalar or 0-d array gave shape (1,) (np.ascontiguousarray makes
+    0-d arrays 1-d), and from_bfloat16 too; complex lost its imaginary part with a
+    warning, None became NaN; from_bfloat16 read float16 bits as bf16."""
+    for x in (1.5, np.float64(-2.0), np.array(3.0), np.ones((0, 3)), np.arange(6.0)
+              .reshape(2, 3)[:, ::2], np.asfortranarray(np.arange(6.0).reshape(2, 3)),
+              np.arange(4), [1.0, 2.0]):
+        b = dspk.to_bfloat16(x)
+        want = np.asarray(x, np.float32)
+        assert b.dtype == dspk.bfloat16 and b.shape == want.shape, (x, b.shape)
+        back = dspk.from_bfloat16(b)
+        assert back.dtype == np.float32 and back.shape == want.shape
+        np.testing.assert_array_equal(back, want)  # these values are exact in bf16
+    assert dspk.from_bfloat16(dspk.to_bfloat16(np.arange(6.0).reshape(2, 3)).T).tolist() \
+        == [[0, 3], [1, 4], [2, 5]]
+    # Round to nearest even: 1 + 2^-8 is halfway and goes to 1; 1 + 3*2^-8 up.
+    assert dspk.from_bfloat16(dspk.to_bfloat16([1 + 2 ** -8, 1 + 3 * 2 ** -8])).tolist() \
+        == [1.0, 1 + 2 ** -6]
+    for bad in (np.ones(2, np.complex64), None, "x", np.zeros(2, [("a", "<f4")])):
+        with pytest.raises(dspk.DtypeError, match="to_bfloat16: dtype"):
+            dspk.to_bfloat16(bad)
+    with pytest.raises(dspk.InvalidArgument, match="to_bfloat16: not an array"):
+        dspk.to_bfloat16([[1.0], [1.0, 2.0]])
+    for bad in (np.ones(2, np.float16), np.ones(2, np.int16), np.ones(2, np.float32)):
+        with pytest.raises(dspk.DtypeError, match="is not a bfloat16"):
+            dspk.from_bfloat16(bad)
+
+
+def test_bfloat16_operands_of_any_layout(client):
+    """bf16 operands strided, Fortran-ordered or transposed go as bf16 (gemm, f32 out)."""
+    a32, b32 = RNG.uniform(-1, 1, (4, 6)).astype(np.float32), np.ones((6, 2), np.float32)
+    a, b = dspk.to_bfloat16(a32), dspk.to_bfloat16(b32)
+    ra, rb = dspk.from_bfloat16(a).astype(np.float64), dspk.from_bfloat16(b)
+    for x, y, want in ((a, np.asfortranarray(b), ra @ rb), (a[:, ::2], b[:3], ra[:, ::2] @ rb[:3]),
+                       (a, a.T, ra @ ra.T)):
+        r = client.gemm(x, y)
+        assert r.dtype == np.float32
+        np.testing.assert_allclose(r, want, rtol=1e-5, atol=1e-5)
