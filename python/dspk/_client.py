@@ -113,6 +113,8 @@ class TaskFuture(concurrent.futures.Future):
     """A :class:`concurrent.futures.Future` of one request.  ``msgid`` is its request's
     id; ``cancel()`` on a pending one also asks the daemon to drop the task."""
     msgid: int = 0
+    # The Client that sent it: a msgid means something on its connection only.
+    _owner: "Optional[weakref.ref[Client]]" = None
 
 
 class _Call:
@@ -557,6 +559,7 @@ class Client:
                 break
             self._free_quietly(dead)
         fut = TaskFuture()
+        fut._owner = weakref.ref(self)
         with self._lock:
             if self._closed is not None:
                 raise self._closed_error()
@@ -875,6 +878,12 @@ class Client:
     def cancel(self, future: concurrent.futures.Future) -> bool:
         """Asks the daemon to cancel the request of ``future`` (from :meth:`submit`);
         True when it was still in flight (the future then fails with dspk.Canceled)."""
+        owner = getattr(future, "_owner", None)
+        if not isinstance(future, TaskFuture) or owner is None or owner() is not self:
+            # Its msgid would name another request of this connection (they count
+            # from 1 on every connection) and cancel that one.
+            raise _errors.InvalidArgument("cancel: not a future of this connection's "
+                                          "submit()")
         return bool(self._call("task.cancel", {"msgid": getattr(future, "msgid", 0)})
                     .get("canceled"))
 
@@ -1296,6 +1305,7 @@ class Client:
         """task.run writing its one result into buffer ``tmp``; the future returned gets
         the result as a numpy array once every buffer.read of it is in."""
         user = TaskFuture()
+        user._owner = weakref.ref(self)
         try:
             inner = self._start("task.run", args, None, progress, is_async, bigs)
         except BaseException:

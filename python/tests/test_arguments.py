@@ -313,3 +313,23 @@ def test_bfloat16_operands_of_any_layout(client):
         r = client.gemm(x, y)
         assert r.dtype == np.float32
         np.testing.assert_allclose(r, want, rtol=1e-5, atol=1e-5)
+
+
+# ---- cancel ----------------------------------------------------------------------------
+
+def test_cancel_future_of_another_connection(daemon):
+    """c2.cancel(a future of c1) sent task.cancel for c1's msgid on c2's connection, and
+    canceled c2's own request of that number (msgids count from 1 on every
+    connection).  Now InvalidArgument, as for a Future that is not submit()'s."""
+    import concurrent.futures
+    big = RNG.uniform(-1, 1, (600, 600))
+    with dspk.connect(daemon.socket, timeout=TIMEOUT) as c1, \
+            dspk.connect(daemon.socket, timeout=TIMEOUT) as c2:
+        f1 = [c1.submit("gemm", big, big) for _ in range(3)]
+        f2 = [c2.submit("gemm", big, big) for _ in range(3)]
+        assert [f.msgid for f in f1] == [f.msgid for f in f2]  # the same numbers
+        for fut in (f1[-1], concurrent.futures.Future(), None):
+            with pytest.raises(dspk.InvalidArgument, match="not a future of this"):
+                c2.cancel(fut)
+        for f in f1 + f2:  # nothing was canceled
+            np.testing.assert_allclose(f.result(TIMEOUT), big @ big)
