@@ -581,6 +581,13 @@ class Client:
         try:
             chunks = self._encode([0, msgid, method, [args] if args is not None else []],
                                   bigs or [])
+            size = sum(memoryview(c).nbytes for c in chunks)
+            if size > self.max_message:
+                # The daemon would close the connection on its header (protocol.md,
+                # Limits): refused here, and the connection stays usable.
+                raise _errors.LimitExceeded(
+                    "%s: a request of %d bytes, more than the daemon's max_message (%d)"
+                    % (method, size, self.max_message))
             self._send_chunks(chunks, fds)
         except Error:
             with self._lock:

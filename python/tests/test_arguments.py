@@ -333,3 +333,30 @@ def test_cancel_future_of_another_connection(daemon):
                 c2.cancel(fut)
         for f in f1 + f2:  # nothing was canceled
             np.testing.assert_allclose(f.result(TIMEOUT), big @ big)
+
+
+# ---- requests beyond max_message -----------------------------------------------------
+
+def test_request_beyond_max_message_leaves_the_connection():
+    """A request larger than max_message (a ping's data, a kernel's source: what the
+    client cannot stage through buffers) was sent, and the daemon closed the
+    connection on its header (every later call: Closed, 'Broken pipe').  Now
+    LimitExceeded before sending; the connection stays."""
+    from conftest import Daemon
+    d = Daemon(["--max-message", "1M"])
+    try:
+        with dspk.connect(d.socket, timeout=TIMEOUT) as c:
+            with pytest.raises(dspk.LimitExceeded, match=r"ping: a request of \d+ bytes"):
+                c.ping(b"x" * (2 << 20))
+            with pytest.raises(dspk.LimitExceeded, match=r"task.run: a request of"):
+                c.kernel("x" * (2 << 20), np.ones(3, np.float32), lang="glsl", grid=1,
+                         device="cpu:0")
+            assert not c._pending
+            c.ping(b"x" * (1 << 19))
+            # Operands are staged through buffers instead: the daemon's own answer.
+            with pytest.raises(dspk.NotSupported):
+                c.kernel("x", np.ones(300000), lang="glsl", grid=1, device="cpu:0")
+            x = RNG.uniform(-1, 1, (400, 500))
+            np.testing.assert_allclose(c.gemm(x, x.T), x @ x.T)
+    finally:
+        d.stop()
