@@ -1271,6 +1271,23 @@ def suite_shell(cli, tmp, dspkd):
             "daemon"]["limits"]
         check(lim["max_message"] == 2 << 20 and lim["max_unsent"] == 3 << 20,
               "limits %r" % lim)
+        # Inputs of a few MiB to a daemon of a smaller max_message: they go
+        # through buffers (the inline limit follows the daemon's max_message),
+        # where the request was refused with ELIMIT.
+        big = rng.uniform(-1, 1, (300, 1000))  # 2.4 MB of f64
+        w = rng.uniform(-1, 1, (1000, 20))
+        fbig, fw = os.path.join(tmp, "big.npy"), os.path.join(tmp, "w.npy")
+        np.save(fbig, big)
+        np.save(fw, w)
+        c2 = Cli(cli.binary, d2.sock)
+        fo = os.path.join(tmp, "bw.npy")
+        c2.ok("gemm", fbig, fw, "-o", fo)
+        got = np.load(fo)
+        check(got.shape == (300, 20) and np.allclose(got, big @ w, rtol=1e-12, atol=1e-12),
+              "gemm of 2.4 MB under --max-message 2M: %s" % (got.shape,))
+        j = json.loads(c2.ok("reduce", "sum", fbig, "--json"))
+        check(abs(j["outputs"][0]["head"][0] - big.sum()) < 1e-9,
+              "reduce of 2.4 MB under --max-message 2M: %r" % j)
     finally:
         d2.stop()
     for bad in (["--max-message", "2Q"], ["--max-message", "16777216T"],
