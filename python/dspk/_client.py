@@ -527,12 +527,26 @@ class Client:
         # File descriptors go with the frame's first byte (protocol.md, Shared memory).
         anc = [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, _array.array("i", fds))] \
             if fds else []
-        with self._send_lock:
+        # The timeout bounds sending too: a daemon that stopped reading (SIGSTOP, a
+        # hung host) fills the socket's buffer, and a blocking send, or the send lock
+        # another thread holds meanwhile, would wait for ever.
+        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        if not self._send_lock.acquire(timeout=-1 if deadline is None else self.timeout):
+            raise _errors.Timeout("could not send a request within %gs (the daemon reads "
+                                  "no more)" % self.timeout)
+        try:
             if self._closed is not None:
                 raise self._closed_error()
+            sent = 0
             try:
                 while views:
-                    n = self._sock.sendmsg(views[:512], anc)
+                    if deadline is None:
+                        n = self._sock.sendmsg(views[:512], anc)
+                    else:
+                        n = self._send_before(views, anc, deadline)
+                        if n < 0:
+                            self._send_timed_out(sent)
+                    sent += n
                     anc = []
                     while n and views:
                         if n >= views[0].nbytes:
@@ -541,10 +555,43 @@ class Client:
                         else:
                             views[0] = views[0][n:]
                             n = 0
+            except Error:
+                raise  # dspk.Timeout is an OSError too (TimeoutError): not a lost socket
             except OSError as e:
                 self._connection_lost(_errors.Closed("connection to dspkd lost while "
                                                      "sending: %s" % (e.strerror or e)))
                 raise self._closed_error() from None
+        finally:
+            self._send_lock.release()
+
+    def _send_before(self, views: List[memoryview], anc: List[Any], deadline: float) -> int:
+        """One sendmsg of ``views`` that waits at most until ``deadline`` for room in
+        the socket's buffer: the bytes sent, or -1 when the time ran out."""
+        while True:
+            try:
+                return self._sock.sendmsg(views[:512], anc, _socket.MSG_DONTWAIT)
+            except (BlockingIOError, InterruptedError):
+                pass
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return -1
+            select.select([], [self._sock], [], left)
+
+    def _send_timed_out(self, sent: int) -> None:
+        """The timeout ran out while sending: dspk.Timeout.  With part of the request
+        written, the stream cannot carry another message: the connection is closed
+        (later calls raise dspk.Closed); with nothing written it stays."""
+        if sent:
+            self._connection_lost(_errors.Closed(
+                "a request was cut after %d bytes when the timeout (%gs) ran out while "
+                "sending; the connection is closed" % (sent, self.timeout)))
+            try:
+                self._sock.shutdown(_socket.SHUT_RDWR)
+            except OSError:
+                pass
+        raise _errors.Timeout("could not send a request within %gs (the daemon reads no "
+                              "more)%s" % (self.timeout, "; the connection is closed"
+                                           if sent else ""))
 
     def _start(self, method: str, args: Optional[Mapping[str, Any]],
                decode: Optional[Callable[[Any], Any]] = None,

@@ -5,6 +5,7 @@ a bad call), raised before anything is sent; the connection stays usable."""
 from __future__ import annotations
 
 import math
+import os
 import pathlib
 
 import numpy as np
@@ -360,3 +361,34 @@ def test_request_beyond_max_message_leaves_the_connection():
             np.testing.assert_allclose(c.gemm(x, x.T), x @ x.T)
     finally:
         d.stop()
+
+
+# ---- a daemon that stops reading -------------------------------------------------------
+
+def test_timeout_bounds_sending_to_a_stopped_daemon(fresh_daemon, monkeypatch):
+    """A daemon that stopped (SIGSTOP) reads nothing: a request larger than the socket's
+    buffer blocked in sendmsg for ever, whatever the timeout (it bounded only the wait
+    for the answer).  Now dspk.Timeout within the timeout; the request was cut, so the
+    connection is closed and later calls raise dspk.Closed at once."""
+    import signal
+    import time
+    monkeypatch.setenv("DSPK_SHARED_THRESHOLD", "0")  # through the socket only
+    c = dspk.connect(fresh_daemon.socket, timeout=1.0)
+    x = np.ones((1024, 1024))  # 8 MiB: far more than a socket buffer holds
+    os.kill(fresh_daemon.proc.pid, signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(dspk.Timeout, match="could not send a request within 1s"):
+            c.reduce(x)
+        assert time.monotonic() - t0 < 10
+        t0 = time.monotonic()
+        with pytest.raises(dspk.Closed, match="cut after"):
+            c.ping()
+        with pytest.raises(dspk.Closed):
+            c.submit("reduce", x).result(TIMEOUT)
+        assert time.monotonic() - t0 < 1
+    finally:
+        os.kill(fresh_daemon.proc.pid, signal.SIGCONT)
+    c.close()
+    with dspk.connect(fresh_daemon.socket, timeout=TIMEOUT) as c2:  # the daemon is fine
+        assert c2.reduce(x) == x.size
