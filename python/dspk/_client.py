@@ -388,7 +388,14 @@ class Client:
         self.timeout = timeout
         sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
         try:
-            sock.connect(self.socket_path)
+            if timeout is None:
+                sock.connect(self.socket_path)
+            else:
+                self._connect_before(sock, time.monotonic() + timeout)
+        except TimeoutError:
+            sock.close()
+            raise _errors.Timeout("cannot connect to dspkd at %s within %gs (it accepts "
+                                  "no connections)" % (self.socket_path, timeout)) from None
         except OSError as e:
             sock.close()
             raise _errors.ConnectError("cannot connect to dspkd at %s: %s"
@@ -441,6 +448,25 @@ class Client:
         self.daemon_version: str = hello.get("daemon", "")
         self.client_id: int = hello.get("client_id", 0)
         self.limits = dict(hello.get("limits") or {})
+
+    def _connect_before(self, sock: _socket.socket, deadline: float) -> None:
+        """connect() that gives up at ``deadline`` (TimeoutError).  A full listen
+        backlog (a daemon that accepts no more) blocks a blocking connect() for ever;
+        a non-blocking one on a Unix socket fails with EAGAIN at once and can only be
+        tried again (there is nothing to poll for), a little later each time."""
+        sock.setblocking(False)
+        pause = 0.001
+        while True:
+            try:
+                sock.connect(self.socket_path)
+                break
+            except (BlockingIOError, InterruptedError):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError() from None
+                time.sleep(min(pause, left))
+                pause = min(pause * 2, 0.05)
+        sock.setblocking(True)
 
     # ---- connection --------------------------------------------------------------
 

@@ -392,3 +392,33 @@ def test_timeout_bounds_sending_to_a_stopped_daemon(fresh_daemon, monkeypatch):
     c.close()
     with dspk.connect(fresh_daemon.socket, timeout=TIMEOUT) as c2:  # the daemon is fine
         assert c2.reduce(x) == x.size
+
+
+def test_timeout_bounds_connecting(tmp_path):
+    """A socket whose listener accepts no more (its backlog full) blocked connect()
+    for ever; with a timeout it raises dspk.Timeout."""
+    import socket
+    import time
+    path = str(tmp_path / "full.sock")
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(path)
+    srv.listen(0)
+    fill = []
+    try:
+        while True:  # fill the backlog with connections nobody accepts
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.setblocking(False)
+            fill.append(s)
+            try:
+                s.connect(path)
+            except BlockingIOError:
+                break
+            assert len(fill) < 100
+        t0 = time.monotonic()
+        with pytest.raises(dspk.Timeout, match="cannot connect to dspkd at .* within 0.5s"):
+            dspk.connect(path, timeout=0.5)
+        assert time.monotonic() - t0 < 5
+    finally:
+        for s in fill:
+            s.close()
+        srv.close()
