@@ -931,9 +931,16 @@ class Client:
     # ---- simple methods ----------------------------------------------------------
 
     def ping(self, data: bytes = b"") -> float:
-        """One round trip to the daemon's main loop; returns its time in seconds."""
+        """One round trip to the daemon's main loop; returns its time in seconds.
+        ``data`` (any bytes-like object) is echoed back and checked."""
+        try:
+            view = memoryview(data)
+        except TypeError:
+            raise _errors.InvalidArgument("data: expected a bytes-like object, got %s"
+                                          % _kind(data)) from None
+        data = view if view.c_contiguous else view.tobytes()  # a strided array's bytes
         bigs: List[memoryview] = []
-        args = {"data": self._bin(data, bigs)} if len(data) else None
+        args = {"data": self._bin(data, bigs)} if memoryview(data).nbytes else None
         t0 = time.perf_counter()
         res = self._call("ping", args, bigs=bigs)
         dt = time.perf_counter() - t0
@@ -945,6 +952,7 @@ class Client:
         """The daemon's devices (``{id, backend, name, type, memory, software, ...}``).
         With ``all=True``, backends without a usable device follow as
         ``{backend, reason}`` entries."""
+        all = _flag("all", all)
         res = self._call("devices", {"all": True} if all else None)
         out = list(res.get("devices") or [])
         if all:

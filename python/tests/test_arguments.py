@@ -422,3 +422,17 @@ def test_timeout_bounds_connecting(tmp_path):
         for s in fill:
             s.close()
         srv.close()
+
+
+def test_ping_and_devices_arguments(client):
+    """ping(5) raised a bare TypeError (len() of an int), ping("abc") memoryview's, a
+    strided array's data memoryview's cast error; devices(all="no") listed every
+    backend."""
+    for bad in (5, "abc", None):
+        with pytest.raises(dspk.InvalidArgument, match="data: expected a bytes-like"):
+            client.ping(bad)
+    for data in (b"", b"abc", bytearray(300000), np.arange(8.0)[::2], np.ones((3, 3))):
+        assert client.ping(data) >= 0  # echoed and checked
+    with pytest.raises(dspk.InvalidArgument, match="all: expected a bool"):
+        client.devices(all="no")
+    assert len(client.devices(all=np.bool_(False))) == len(client.devices())
