@@ -1279,6 +1279,16 @@ def suite_shell(cli, tmp, dspkd):
         fbig, fw = os.path.join(tmp, "big.npy"), os.path.join(tmp, "w.npy")
         np.save(fbig, big)
         np.save(fw, w)
+        # f16 .npy files: gemm runs them on cpu:0, with an f32 result.
+        h1, h2 = rng.uniform(-1, 1, (5, 7)).astype("<f2"), rng.uniform(-1, 1, (7, 3)).astype("<f2")
+        fh1, fh2, fho = (os.path.join(tmp, n) for n in ("h1.npy", "h2.npy", "h12.npy"))
+        np.save(fh1, h1)
+        np.save(fh2, h2)
+        cli.ok("gemm", fh1, fh2, "--device", "cpu:0", "-o", fho)
+        got = np.load(fho)
+        check(got.dtype == np.float32 and np.allclose(
+            got, h1.astype(np.float64) @ h2.astype(np.float64), rtol=1e-5, atol=1e-5),
+            "gemm of f16 on cpu:0: %s %r" % (got.dtype, got))
         c2 = Cli(cli.binary, d2.sock)
         fo = os.path.join(tmp, "bw.npy")
         c2.ok("gemm", fbig, fw, "-o", fo)
