@@ -12,7 +12,6 @@ import array as _array
 import concurrent.futures
 import fcntl
 import inspect
-import math
 import mmap
 import numbers
 import os
