@@ -538,8 +538,17 @@ int dspk__npy_load(const char *path, dspk__npy *out, char *err, size_t errlen) {
     rc = DSPK_EIO;
     goto fail_fd;
   }
+  if (S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode) ||
+      (S_ISCHR(st.st_mode) && !isatty(fd))) {
+    /* A pipe (bash's <(...), a FIFO) or a device: read to its end as '-'
+     * is; it was refused as "not a regular file". */
+    rc = dspk__npy_load_fd(fd, path, out, err, errlen);
+    close(fd);
+    return rc;
+  }
   if (!S_ISREG(st.st_mode)) {
-    seterr(err, errlen, "not a regular file");
+    seterr(err, errlen, S_ISCHR(st.st_mode) ? "a terminal, not a .npy file"
+                                            : "not a regular file");
     rc = DSPK_EINVAL;
     goto fail_fd;
   }

@@ -46,6 +46,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 
 import numpy as np
 
@@ -1223,6 +1224,27 @@ def suite_shell(cli, tmp, dspkd):
     close_to(npy_from(y), [sum(a.reshape(-1).tolist())], "reduce stdin")
     cli.fails(["gemm", "-", "-"], "gemm", "EINVAL", rc_want=2, detail="once")
     cli.fails(["gemm", "-", fb], "gemm", "EINVAL", detail="<stdin>")  # empty
+
+    # A path that is a pipe (bash's <(...), a FIFO) is read to its end as '-'
+    # is; it was refused as "not a regular file".  Two at once, as in
+    # 'gemm <(...) <(...)'; a directory is still refused.
+    fifos = [os.path.join(tmp, "fa.fifo"), os.path.join(tmp, "fb.fifo")]
+    writers = []
+    for path, arr in zip(fifos, (a, b)):
+        os.mkfifo(path)
+
+        def feed(path=path, data=npy_bytes(arr)):
+            with open(path, "wb") as f:
+                f.write(data)
+        writers.append(threading.Thread(target=feed, daemon=True))
+        writers[-1].start()
+    out_f = os.path.join(tmp, "fifo-ab.npy")
+    cli.ok("gemm", fifos[0], fifos[1], "-o", out_f)
+    close_to(np.load(out_f), ref_ab, "gemm of two FIFOs")
+    for w in writers:
+        w.join(30)
+    cli.fails(["reduce", "sum", tmp], "reduce", "EINVAL", detail="not a regular file")
+    cli.fails(["reduce", "sum", "/dev/null"], "reduce", "EINVAL", detail="/dev/null")
 
     # .npz inputs: numpy.savez (stored) and savez_compressed (deflated).
     for kind, save in (("stored", np.savez), ("deflated",
