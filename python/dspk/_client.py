@@ -90,20 +90,23 @@ def default_socket() -> str:
     return "/run/dspk/dspkd.sock"
 
 
-def connect(socket: Optional[str] = None, *, name: Optional[str] = None,
-            timeout: Optional[float] = None) -> "Client":
+def connect(socket: Union[str, bytes, "os.PathLike[str]", None] = None, *,
+            name: Optional[str] = None, timeout: Optional[float] = None) -> "Client":
     """Connects to dspkd and returns a :class:`Client`.
 
     Args:
-        socket: the socket path; None: :func:`default_socket` (``$DSPK_SOCKET``, ...).
-        name: the name of this connection in the daemon's ``status`` (at most 63 bytes;
-            default: "python:" and the script's name).
-        timeout: seconds any one call may wait for its answer before it raises
-            :class:`dspk.Timeout` (None: wait for ever; a daemon that goes away always
-            ends the wait with :class:`dspk.Closed`).
+        socket: the socket path (str, bytes or path object); None: :func:`default_socket`
+            (``$DSPK_SOCKET``, ...).
+        name: the name of this connection in the daemon's ``status`` (a str, cut at 63
+            bytes; default: "python:" and the script's name).
+        timeout: seconds (more than 0) any one call may wait to connect, to send its
+            request and for its answer before it raises :class:`dspk.Timeout` (None: wait
+            for ever; a daemon that goes away always ends the wait with
+            :class:`dspk.Closed`).
 
     Raises:
         dspk.ConnectError: no daemon listens there.
+        dspk.InvalidArgument: a parameter of another type, or timeout <= 0.
     """
     return Client(socket, name=name, timeout=timeout)
 
@@ -372,8 +375,8 @@ class Client:
     """A connection to dspkd (see :func:`connect`).  Thread-safe: any number of threads
     may call it at once; each call waits only for its own answer."""
 
-    def __init__(self, socket: Optional[str] = None, *, name: Optional[str] = None,
-                 timeout: Optional[float] = None) -> None:
+    def __init__(self, socket: Union[str, bytes, "os.PathLike[str]", None] = None, *,
+                 name: Optional[str] = None, timeout: Optional[float] = None) -> None:
         if socket is not None and not isinstance(socket, (str, bytes, os.PathLike)):
             raise _errors.InvalidArgument("socket: expected a path, got %s" % _kind(socket))
         self.socket_path = os.fsdecode(socket) if socket else default_socket()
