@@ -69,6 +69,8 @@ DSPK_EXPORT const char *dspk_daemon_version(const dspk_client *c) {
   return c ? c->daemon_version : "";
 }
 
+DSPK_EXPORT size_t dspk_max_message(const dspk_client *c) { return c ? c->send_max : 0; }
+
 DSPK_EXPORT int dspk_fd(const dspk_client *c) { return c ? c->fd : -1; }
 
 DSPK_EXPORT void dspk_free(void *p) { free(p); }

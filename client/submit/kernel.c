@@ -13,7 +13,9 @@
  * line like every other message.
  */
 #include <errno.h>
+#include <float.h>
 #include <getopt.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -153,6 +155,10 @@ static int parse_scalar(dspk__sub_ctx *ctx, const char *spec, dspk_karg *k) {
     if (dspk__sub_parse_double(v, &d) < 0)
       return dspk__sub_usage(ctx, "bad number in '%s'", spec);
     k->kind = spec[1] == '3' ? DSPK_KARG_F32 : DSPK_KARG_F64;
+    /* Beyond f32's range a value would become an infinity: refused like
+     * an f64 beyond f64's ("inf" and "nan" themselves are f32 values). */
+    if (k->kind == DSPK_KARG_F32 && (d > FLT_MAX || d < -FLT_MAX) && !isinf(d))
+      return dspk__sub_usage(ctx, "bad f32 in '%s' (beyond f32's range)", spec);
     if (k->kind == DSPK_KARG_F32)
       k->v.f32 = (float)d;
     else
@@ -245,6 +251,9 @@ int dspk__sub_kernel(dspk__sub_ctx *ctx, int argc, char **argv) {
       lang = optarg;
       break;
     case 'd':
+      if (!*optarg) /* as the compute commands: not the library's "any" */
+        return dspk__sub_usage(ctx, "empty --device (want an ID that 'dspk-submit "
+                                    "devices' lists, or any)");
       device = optarg;
       break;
     case 'o': {

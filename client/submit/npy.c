@@ -515,6 +515,22 @@ static ssize_t read_full(int fd, void *buf, size_t n) {
   return (ssize_t)got;
 }
 
+/* A pipe (bash's <(...), a FIFO), a socket or a device other than a
+ * terminal: read to its end as '-' is (it was refused as "not a regular
+ * file").  Through the fd already open: a FIFO opened again would wait for
+ * a writer that is gone with the data. */
+static bool is_stream(int fd, const struct stat *st) {
+  return S_ISFIFO(st->st_mode) || S_ISSOCK(st->st_mode) ||
+         (S_ISCHR(st->st_mode) && !isatty(fd));
+}
+
+static int load_stream(int fd, const char *path, dspk__npy *out, char *err,
+                       size_t errlen) {
+  int rc = dspk__npy_load_fd(fd, path, out, err, errlen);
+  close(fd);
+  return rc;
+}
+
 int dspk__npy_load(const char *path, dspk__npy *out, char *err, size_t errlen) {
   unsigned char pre[12];
   char *hdr = NULL;
@@ -538,8 +554,11 @@ int dspk__npy_load(const char *path, dspk__npy *out, char *err, size_t errlen) {
     rc = DSPK_EIO;
     goto fail_fd;
   }
+  if (is_stream(fd, &st))
+    return load_stream(fd, path, out, err, errlen);
   if (!S_ISREG(st.st_mode)) {
-    seterr(err, errlen, "not a regular file");
+    seterr(err, errlen, S_ISCHR(st.st_mode) ? "a terminal, not a .npy file"
+                                            : "not a regular file");
     rc = DSPK_EINVAL;
     goto fail_fd;
   }
@@ -821,6 +840,8 @@ int dspk__npy_view(const char *path, dspk__npy *out, char *err, size_t errlen) {
   int fd, rc;
 
   fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd >= 0 && fstat(fd, &st) == 0 && is_stream(fd, &st))
+    return load_stream(fd, path, out, err, errlen); /* not closed and opened again */
   if (fd < 0 || fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) ||
       (uint64_t)st.st_size < NPY_VIEW_MIN) {
     if (fd >= 0)

@@ -109,6 +109,11 @@ static int parse_op_args(dspk__sub_ctx *ctx, int argc, char **argv,
       a->output = optarg;
       break;
     case OPT_DEVICE:
+      /* An empty ID would reach the library as its "any" (NULL or ""): a
+       * typo such as --device "$DEV" with DEV unset must not run anywhere. */
+      if (!*optarg)
+        return dspk__sub_usage(ctx, "empty --device (want an ID that 'dspk-submit "
+                                    "devices' lists, or any)");
       a->device = optarg;
       break;
     case OPT_HELP:
@@ -362,13 +367,23 @@ void dspk__sub_json_result(FILE *f, const dspk_result *res,
 #define INLINE_MAX_DEFAULT (64u << 20)
 /* Inputs smaller than this stay inline even then. */
 #define INLINE_SMALL 4096
+/* Bytes of a task.run request besides its inputs' data (keys, shapes,
+ * options; the inputs below INLINE_SMALL that stay inline are counted). */
+#define REQUEST_HEADROOM 65536
 
-static size_t inline_max(void) {
+/* The inline limit: $DSPK_SUBMIT_INLINE_MAX or the default, and never more
+ * than the daemon's own max_message allows (a daemon run with a smaller
+ * --max-message refused a request of a few MiB with ELIMIT). */
+static size_t inline_max(dspk_client *c) {
   const char *e = getenv("DSPK_SUBMIT_INLINE_MAX");
+  size_t lim = INLINE_MAX_DEFAULT, mm = dspk_max_message(c);
   uint64_t v;
   if (e != NULL && dspk__sub_parse_size(e, 0, (uint64_t)1 << 40, &v) == 0)
-    return (size_t)v;
-  return INLINE_MAX_DEFAULT;
+    lim = (size_t)v;
+  size_t room = mm > 2 * REQUEST_HEADROOM ? mm - REQUEST_HEADROOM : mm / 2;
+  if (mm && lim > room)
+    lim = room;
+  return lim;
 }
 
 /* When the inputs together exceed inline_max(), uploads every input of at
@@ -426,7 +441,7 @@ static int offload_inputs(dspk__sub_ctx *ctx, const op_args *a, const dspk__npy 
   for (i = 0; i < n; i++)
     if (op == DSPK_OP_KERNEL || !shm_min || tin[i].nbytes < shm_min)
       total += tin[i].nbytes;
-  if (total <= inline_max())
+  if (total <= inline_max(ctx->client))
     return 0;
   for (i = 0; i < n; i++) {
     uint64_t id;

@@ -94,6 +94,11 @@ DSPK_EXPORT const char *dspk_last_error(const dspk_client *c);
 /* The daemon's version string from hello ("0.1.0"); owned by c. */
 DSPK_EXPORT const char *dspk_daemon_version(const dspk_client *c);
 
+/* The daemon's max_message from hello (bytes in one message; a request
+ * larger than it fails with DSPK_ELIMIT before anything is sent), so that
+ * a caller can pass big operands through buffers in time; 0 for NULL. */
+DSPK_EXPORT size_t dspk_max_message(const dspk_client *c);
+
 /* The connected socket's file descriptor (for poll(); do not read from or
  * write to it, do not close it). */
 DSPK_EXPORT int dspk_fd(const dspk_client *c);

@@ -11,7 +11,9 @@ from __future__ import annotations
 import array as _array
 import concurrent.futures
 import fcntl
+import inspect
 import mmap
+import numbers
 import os
 import select
 import socket as _socket
@@ -55,7 +57,9 @@ def _env_threshold() -> int:
     digits = v.rstrip("KMGTiBkmgtib")
     unit = v[len(digits):].upper()
     if digits.isascii() and digits.isdigit() and unit in _UNITS:
-        return int(digits) * _UNITS[unit]
+        v = int(digits) * _UNITS[unit]
+        if v < 1 << 64:  # beyond 64 bits: not a size (libdspkclient ignores it too)
+            return int(v)
     return _SHARED_THRESHOLD
 
 
@@ -86,20 +90,23 @@ def default_socket() -> str:
     return "/run/dspk/dspkd.sock"
 
 
-def connect(socket: Optional[str] = None, *, name: Optional[str] = None,
-            timeout: Optional[float] = None) -> "Client":
+def connect(socket: Union[str, bytes, "os.PathLike[str]", None] = None, *,
+            name: Optional[str] = None, timeout: Optional[float] = None) -> "Client":
     """Connects to dspkd and returns a :class:`Client`.
 
     Args:
-        socket: the socket path; None: :func:`default_socket` (``$DSPK_SOCKET``, ...).
-        name: the name of this connection in the daemon's ``status`` (at most 63 bytes;
-            default: "python:" and the script's name).
-        timeout: seconds any one call may wait for its answer before it raises
-            :class:`dspk.Timeout` (None: wait for ever; a daemon that goes away always
-            ends the wait with :class:`dspk.Closed`).
+        socket: the socket path (str, bytes or path object); None: :func:`default_socket`
+            (``$DSPK_SOCKET``, ...).
+        name: the name of this connection in the daemon's ``status`` (a str, cut at 63
+            bytes; default: "python:" and the script's name).
+        timeout: seconds (more than 0) any one call may wait to connect, to send its
+            request and for its answer before it raises :class:`dspk.Timeout` (None: wait
+            for ever; a daemon that goes away always ends the wait with
+            :class:`dspk.Closed`).
 
     Raises:
         dspk.ConnectError: no daemon listens there.
+        dspk.InvalidArgument: a parameter of another type, or timeout <= 0.
     """
     return Client(socket, name=name, timeout=timeout)
 
@@ -108,6 +115,8 @@ class TaskFuture(concurrent.futures.Future):
     """A :class:`concurrent.futures.Future` of one request.  ``msgid`` is its request's
     id; ``cancel()`` on a pending one also asks the daemon to drop the task."""
     msgid: int = 0
+    # The Client that sent it: a msgid means something on its connection only.
+    _owner: "Optional[weakref.ref[Client]]" = None
 
 
 class _Call:
@@ -179,13 +188,128 @@ class DeviceArray:
             self.buffer, self.device, self.shape, self.dtype)
 
 
-def _as_array(x: Any) -> np.ndarray:
+# The checks of the parameters that are not arrays: each refuses another type with
+# dspk.InvalidArgument naming the parameter, before anything is sent (float() and
+# bool() would take "2", True or "no" and send something the caller did not mean;
+# a complex alpha would fail inside float() with a bare TypeError).
+
+def _number(name: str, v: Any) -> float:
+    """v (a real number: int, float, numpy scalar; not a bool) as a float."""
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real):
+        raise _errors.InvalidArgument("%s: expected a real number, got %s"
+                                      % (name, _kind(v)))
+    return float(v)
+
+
+def _integer(name: str, v: Any) -> int:
+    """v (an int or numpy integer; not a bool, float or str) as an int."""
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Integral):
+        raise _errors.InvalidArgument("%s: expected an integer, got %s" % (name, _kind(v)))
+    return int(v)
+
+
+def _flag(name: str, v: Any) -> bool:
+    """v (a bool, numpy bool, or the integer 0 or 1) as a bool."""
+    if isinstance(v, (bool, np.bool_)):
+        return bool(v)
+    if isinstance(v, numbers.Integral) and int(v) in (0, 1):
+        return bool(v)
+    raise _errors.InvalidArgument("%s: expected a bool, got %s" % (name, _kind(v)))
+
+
+def _string(name: str, v: Any) -> str:
+    if not isinstance(v, str):
+        raise _errors.InvalidArgument("%s: expected a str, got %s" % (name, _kind(v)))
+    return v
+
+
+def _integers(name: str, v: Any) -> List[int]:
+    """v (an integer, or a sequence or 1-D array of integers) as a list of ints."""
+    if isinstance(v, (str, bytes)) or not (isinstance(v, (numbers.Integral, np.ndarray))
+                                           or hasattr(v, "__iter__")):
+        raise _errors.InvalidArgument("%s: expected an integer or a sequence of integers, "
+                                      "got %s" % (name, _kind(v)))
+    if isinstance(v, np.ndarray) and v.ndim == 0:
+        v = v[()]
+    if isinstance(v, (numbers.Integral, np.bool_)):
+        return [_integer(name, v)]
+    return [_integer("%s[%d]" % (name, i), n) for i, n in enumerate(v)]
+
+
+def _shape(v: Any) -> Tuple[int, ...]:
+    """A shape (an integer or a sequence of them, each >= 0) as a tuple."""
+    shape = tuple(_integers("shape", v))
+    if any(n < 0 for n in shape):
+        raise _errors.InvalidArgument("shape: %s has a negative dimension" % (shape,))
+    return shape
+
+
+def _dtype(v: Any) -> np.dtype:
+    """v (anything numpy.dtype takes) as a numpy dtype that dspk has."""
+    try:
+        dt = np.dtype(v)
+    except (TypeError, ValueError) as e:
+        raise _errors.DtypeError("dtype: %s" % e) from None
+    wire_name(dt)  # raises DtypeError
+    return dt
+
+
+def _kernel_args(args: Any) -> List[Dict[str, Any]]:
+    """kernel's ``args``: a sequence of one-key dicts, {"tensor": i} or a scalar of its
+    type ({"i32": v}...; the daemon checks the key and the range)."""
+    if isinstance(args, (str, bytes, Mapping)) or not hasattr(args, "__iter__"):
+        raise _errors.InvalidArgument("args: expected a list of one-key dicts, got %s"
+                                      % _kind(args))
+    out = []
+    for i, a in enumerate(args):
+        if not isinstance(a, Mapping) or len(a) != 1:
+            raise _errors.InvalidArgument("args[%d]: expected a one-key dict such as "
+                                          "{\"tensor\": 0} or {\"f32\": 1.5}, got %s"
+                                          % (i, _kind(a)))
+        (k, v), = a.items()
+        what = "args[%d].%s" % (i, k)
+        if k in ("f32", "f64"):
+            v = _number(what, v)
+        elif k in ("tensor", "i32", "u32", "i64"):
+            v = _integer(what, v)
+            if not -(1 << 63) <= v < 1 << 64:  # msgpack's ints; the daemon checks the rest
+                raise _errors.RangeError("%s: %d is out of %s range" % (what, v, k))
+        out.append({k: v})
+    return out
+
+
+def _nbytes(shape: Tuple[int, ...], dt: np.dtype) -> int:
+    """Bytes of an array of ``shape`` and ``dt``; ELIMIT beyond 2^63-1 (protocol.md),
+    which numpy's int64 product would wrap."""
+    n = dt.itemsize
+    for d in shape:
+        n *= d
+    if n > (1 << 63) - 1:
+        raise _errors.LimitExceeded("shape %s of %s: %d bytes, more than 2^63-1"
+                                    % (shape, dt, n))
+    return n
+
+
+def _kind(v: Any) -> str:
+    """What v is, for a message: its type and, when short, its value."""
+    r = repr(v)
+    return "%s %s" % (type(v).__name__, r) if len(r) <= 40 else type(v).__name__
+
+
+def _as_array(x: Any, what: str = "operand") -> np.ndarray:
     """x as a C-contiguous little-endian numpy array of a dspk dtype."""
-    a = np.asarray(x)
+    try:
+        a = np.asarray(x)
+    except (ValueError, TypeError) as e:  # a ragged list, an object numpy cannot take
+        raise _errors.InvalidArgument("%s: not an array: %s" % (what, e)) from None
     if a.dtype.kind in "biu" and a.dtype.names is None:
-        raise _errors.DtypeError("dtype %s has no dspk equivalent (float32, float64, "
-                                 "complex64, complex128, float16, dspk.bfloat16)" % a.dtype)
-    wire_name(a.dtype)  # raises DtypeError
+        raise _errors.DtypeError("%s: dtype %s has no dspk equivalent (float32, float64, "
+                                 "complex64, complex128, float16, dspk.bfloat16)"
+                                 % (what, a.dtype))
+    try:
+        wire_name(a.dtype)
+    except _errors.DtypeError as e:
+        raise _errors.DtypeError("%s: %s" % (what, e.message)) from None
     if a.dtype.byteorder == ">":
         a = a.astype(a.dtype.newbyteorder("<"))
     if not a.flags.c_contiguous:
@@ -251,13 +375,29 @@ class Client:
     """A connection to dspkd (see :func:`connect`).  Thread-safe: any number of threads
     may call it at once; each call waits only for its own answer."""
 
-    def __init__(self, socket: Optional[str] = None, *, name: Optional[str] = None,
-                 timeout: Optional[float] = None) -> None:
-        self.socket_path = socket or default_socket()
+    def __init__(self, socket: Union[str, bytes, "os.PathLike[str]", None] = None, *,
+                 name: Optional[str] = None, timeout: Optional[float] = None) -> None:
+        if socket is not None and not isinstance(socket, (str, bytes, os.PathLike)):
+            raise _errors.InvalidArgument("socket: expected a path, got %s" % _kind(socket))
+        self.socket_path = os.fsdecode(socket) if socket else default_socket()
+        if timeout is not None:
+            timeout = _number("timeout", timeout)
+            if not timeout > 0:  # NaN too: no call could ever be answered
+                raise _errors.InvalidArgument("timeout: %r seconds (want more than 0, or "
+                                              "None to wait for ever)" % timeout)
+        if name is not None:
+            _string("name", name)
         self.timeout = timeout
         sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
         try:
-            sock.connect(self.socket_path)
+            if timeout is None:
+                sock.connect(self.socket_path)
+            else:
+                self._connect_before(sock, time.monotonic() + timeout)
+        except TimeoutError:
+            sock.close()
+            raise _errors.Timeout("cannot connect to dspkd at %s within %gs (it accepts "
+                                  "no connections)" % (self.socket_path, timeout)) from None
         except OSError as e:
             sock.close()
             raise _errors.ConnectError("cannot connect to dspkd at %s: %s"
@@ -311,6 +451,25 @@ class Client:
         self.client_id: int = hello.get("client_id", 0)
         self.limits = dict(hello.get("limits") or {})
 
+    def _connect_before(self, sock: _socket.socket, deadline: float) -> None:
+        """connect() that gives up at ``deadline`` (TimeoutError).  A full listen
+        backlog (a daemon that accepts no more) blocks a blocking connect() for ever;
+        a non-blocking one on a Unix socket fails with EAGAIN at once and can only be
+        tried again (there is nothing to poll for), a little later each time."""
+        sock.setblocking(False)
+        pause = 0.001
+        while True:
+            try:
+                sock.connect(self.socket_path)
+                break
+            except (BlockingIOError, InterruptedError):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError() from None
+                time.sleep(min(pause, left))
+                pause = min(pause * 2, 0.05)
+        sock.setblocking(True)
+
     # ---- connection --------------------------------------------------------------
 
     def close(self) -> None:
@@ -359,9 +518,15 @@ class Client:
     def _encode(self, msg: List[Any], bigs: List[memoryview]) -> List[Any]:
         """The message as a list of byte chunks; each payload in ``bigs`` (already in
         ``msg`` as a placeholder ExtType) is spliced in as a bin32 without a copy."""
+        try:
+            packed = msgpack.packb(msg, use_bin_type=True)
+        except (OverflowError, TypeError, ValueError) as e:
+            # A value msgpack cannot carry (an int beyond 64 bits, an object): the
+            # caller's argument, refused before anything is sent.
+            raise _errors.InvalidArgument("%s: an argument cannot be sent: %s"
+                                          % (msg[2], e)) from None
         if not bigs:
-            return [msgpack.packb(msg, use_bin_type=True)]
-        packed = msgpack.packb(msg, use_bin_type=True)
+            return [packed]
         chunks: List[Any] = []
         pos = 0
         for i, view in enumerate(bigs):
@@ -390,12 +555,26 @@ class Client:
         # File descriptors go with the frame's first byte (protocol.md, Shared memory).
         anc = [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, _array.array("i", fds))] \
             if fds else []
-        with self._send_lock:
+        # The timeout bounds sending too: a daemon that stopped reading (SIGSTOP, a
+        # hung host) fills the socket's buffer, and a blocking send, or the send lock
+        # another thread holds meanwhile, would wait for ever.
+        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        if not self._send_lock.acquire(timeout=-1 if deadline is None else self.timeout):
+            raise _errors.Timeout("could not send a request within %gs (the daemon reads "
+                                  "no more)" % self.timeout)
+        try:
             if self._closed is not None:
                 raise self._closed_error()
+            sent = 0
             try:
                 while views:
-                    n = self._sock.sendmsg(views[:512], anc)
+                    if deadline is None:
+                        n = self._sock.sendmsg(views[:512], anc)
+                    else:
+                        n = self._send_before(views, anc, deadline)
+                        if n < 0:
+                            self._send_timed_out(sent)
+                    sent += n
                     anc = []
                     while n and views:
                         if n >= views[0].nbytes:
@@ -404,10 +583,43 @@ class Client:
                         else:
                             views[0] = views[0][n:]
                             n = 0
+            except Error:
+                raise  # dspk.Timeout is an OSError too (TimeoutError): not a lost socket
             except OSError as e:
                 self._connection_lost(_errors.Closed("connection to dspkd lost while "
                                                      "sending: %s" % (e.strerror or e)))
                 raise self._closed_error() from None
+        finally:
+            self._send_lock.release()
+
+    def _send_before(self, views: List[memoryview], anc: List[Any], deadline: float) -> int:
+        """One sendmsg of ``views`` that waits at most until ``deadline`` for room in
+        the socket's buffer: the bytes sent, or -1 when the time ran out."""
+        while True:
+            try:
+                return self._sock.sendmsg(views[:512], anc, _socket.MSG_DONTWAIT)
+            except (BlockingIOError, InterruptedError):
+                pass
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return -1
+            select.select([], [self._sock], [], left)
+
+    def _send_timed_out(self, sent: int) -> None:
+        """The timeout ran out while sending: dspk.Timeout.  With part of the request
+        written, the stream cannot carry another message: the connection is closed
+        (later calls raise dspk.Closed); with nothing written it stays."""
+        if sent:
+            self._connection_lost(_errors.Closed(
+                "a request was cut after %d bytes when the timeout (%gs) ran out while "
+                "sending; the connection is closed" % (sent, self.timeout)))
+            try:
+                self._sock.shutdown(_socket.SHUT_RDWR)
+            except OSError:
+                pass
+        raise _errors.Timeout("could not send a request within %gs (the daemon reads no "
+                              "more)%s" % (self.timeout, "; the connection is closed"
+                                           if sent else ""))
 
     def _start(self, method: str, args: Optional[Mapping[str, Any]],
                decode: Optional[Callable[[Any], Any]] = None,
@@ -422,6 +634,7 @@ class Client:
                 break
             self._free_quietly(dead)
         fut = TaskFuture()
+        fut._owner = weakref.ref(self)
         with self._lock:
             if self._closed is not None:
                 raise self._closed_error()
@@ -440,9 +653,16 @@ class Client:
                      b"\xc6" + n.to_bytes(4, "big")), into)
             if is_async:
                 self._async += 1
-        chunks = self._encode([0, msgid, method, [args] if args is not None else []],
-                              bigs or [])
         try:
+            chunks = self._encode([0, msgid, method, [args] if args is not None else []],
+                                  bigs or [])
+            size = sum(memoryview(c).nbytes for c in chunks)
+            if size > self.max_message:
+                # The daemon would close the connection on its header (protocol.md,
+                # Limits): refused here, and the connection stays usable.
+                raise _errors.LimitExceeded(
+                    "%s: a request of %d bytes, more than the daemon's max_message (%d)"
+                    % (method, size, self.max_message))
             self._send_chunks(chunks, fds)
         except Error:
             with self._lock:
@@ -713,9 +933,16 @@ class Client:
     # ---- simple methods ----------------------------------------------------------
 
     def ping(self, data: bytes = b"") -> float:
-        """One round trip to the daemon's main loop; returns its time in seconds."""
+        """One round trip to the daemon's main loop; returns its time in seconds.
+        ``data`` (any bytes-like object) is echoed back and checked."""
+        try:
+            view = memoryview(data)
+        except TypeError:
+            raise _errors.InvalidArgument("data: expected a bytes-like object, got %s"
+                                          % _kind(data)) from None
+        data = view if view.c_contiguous else view.tobytes()  # a strided array's bytes
         bigs: List[memoryview] = []
-        args = {"data": self._bin(data, bigs)} if len(data) else None
+        args = {"data": self._bin(data, bigs)} if memoryview(data).nbytes else None
         t0 = time.perf_counter()
         res = self._call("ping", args, bigs=bigs)
         dt = time.perf_counter() - t0
@@ -727,6 +954,7 @@ class Client:
         """The daemon's devices (``{id, backend, name, type, memory, software, ...}``).
         With ``all=True``, backends without a usable device follow as
         ``{backend, reason}`` entries."""
+        all = _flag("all", all)
         res = self._call("devices", {"all": True} if all else None)
         out = list(res.get("devices") or [])
         if all:
@@ -740,6 +968,12 @@ class Client:
     def cancel(self, future: concurrent.futures.Future) -> bool:
         """Asks the daemon to cancel the request of ``future`` (from :meth:`submit`);
         True when it was still in flight (the future then fails with dspk.Canceled)."""
+        owner = getattr(future, "_owner", None)
+        if not isinstance(future, TaskFuture) or owner is None or owner() is not self:
+            # Its msgid would name another request of this connection (they count
+            # from 1 on every connection) and cancel that one.
+            raise _errors.InvalidArgument("cancel: not a future of this connection's "
+                                          "submit()")
         return bool(self._call("task.cancel", {"msgid": getattr(future, "msgid", 0)})
                     .get("canceled"))
 
@@ -748,10 +982,9 @@ class Client:
     def empty(self, shape: Union[int, Sequence[int]], dtype: Any = np.float32,
               device: str = "any") -> DeviceArray:
         """An uninitialised DeviceArray (``buffer.create``), e.g. for ``out=``."""
-        shape_t = (int(shape),) if np.isscalar(shape) else tuple(int(n) for n in shape)
-        dt = np.dtype(dtype)
-        wire_name(dt)
-        nbytes = int(np.prod(shape_t, dtype=np.int64)) * dt.itemsize
+        shape_t = _shape(shape)
+        dt = _dtype(dtype)
+        nbytes = _nbytes(shape_t, dt)
         res = self._call("buffer.create", {"device": device, "size": nbytes})
         return DeviceArray(self, int(res["buffer"]), str(res["device"]), shape_t, dt,
                            size=int(res.get("size", nbytes)))
@@ -759,7 +992,7 @@ class Client:
     def to_device(self, array: ArrayLike, device: str = "any") -> DeviceArray:
         """Copies ``array`` into a new daemon buffer on ``device`` (``"any"``: the daemon
         chooses) and returns it as a DeviceArray."""
-        a = _as_array(array)
+        a = _as_array(array, "array")
         d = self.empty(a.shape, a.dtype, device)
         try:
             self._write(d.buffer, 0, memoryview(a.reshape(-1).view(np.uint8)))
@@ -782,10 +1015,9 @@ class Client:
         of it) is garbage collected, or when the connection closes; the array stays
         usable after that as ordinary memory.
         """
-        shape_t = (int(shape),) if np.isscalar(shape) else tuple(int(n) for n in shape)
-        dt = np.dtype(dtype)
-        wire_name(dt)
-        nbytes = int(np.prod(shape_t, dtype=np.int64)) * dt.itemsize
+        shape_t = _shape(shape)
+        dt = _dtype(dtype)
+        nbytes = _nbytes(shape_t, dt)
         size = max(nbytes, 1)
         mm, buf, dev = self._import_memfd(device, size)
         arr = np.frombuffer(mm, dtype=np.uint8, count=nbytes).view(dt).reshape(shape_t)
@@ -946,7 +1178,7 @@ class Client:
         tensors: List[Dict[str, Any]] = []
         inline: List[Tuple[np.ndarray, Dict[str, Any]]] = []
         target = device
-        for x in inputs:
+        for i, x in enumerate(inputs):
             if isinstance(x, DeviceArray):
                 if x.client is not self:
                     raise _errors.InvalidArgument("a DeviceArray of another connection")
@@ -954,7 +1186,7 @@ class Client:
                 if target == "any":
                     target = x.device
             else:
-                a = _as_array(x)
+                a = _as_array(x, "input %d" % i)
                 t: Dict[str, Any] = {"dtype": wire_name(a.dtype), "shape": list(a.shape)}
                 tensors.append(t)
                 ref = self._shared_ref(a)
@@ -1010,6 +1242,15 @@ class Client:
         out_shared = None
         if out is not None:
             if isinstance(out, np.ndarray):
+                # The daemon writes the result in one piece, into memory the caller
+                # may write: a strided view or a read-only one would be overwritten
+                # wrongly (numpy refuses both as out= of its ufuncs too).
+                if not out.flags.c_contiguous:
+                    raise _errors.InvalidArgument("out=: the array is not C-contiguous (a "
+                                                  "shared array, or a C-contiguous slice "
+                                                  "of one, takes a result)")
+                if not out.flags.writeable:
+                    raise _errors.InvalidArgument("out=: the array is read-only")
                 ref = self._shared_ref(out)
                 if ref is None:
                     raise _errors.InvalidArgument("out= must be a DeviceArray or a shared "
@@ -1026,6 +1267,14 @@ class Client:
 
         def decode(res: Any) -> Any:
             outs = res.get("outputs", [])
+            if isinstance(out, DeviceArray) and outs:
+                t = outs[0]
+                if numpy_dtype(t["dtype"]) != out.dtype or \
+                        tuple(int(n) for n in t["shape"]) != out.shape:
+                    raise _errors.InvalidArgument(
+                        "out=: the result is %s %s, the DeviceArray %s %s (its bytes were "
+                        "overwritten)" % (t["dtype"], tuple(t["shape"]), out.dtype,
+                                          out.shape))
             if out_shared is not None and outs:
                 t = outs[0]
                 if numpy_dtype(t["dtype"]) != out_shared.dtype or \
@@ -1146,6 +1395,7 @@ class Client:
         """task.run writing its one result into buffer ``tmp``; the future returned gets
         the result as a numpy array once every buffer.read of it is in."""
         user = TaskFuture()
+        user._owner = weakref.ref(self)
         try:
             inner = self._start("task.run", args, None, progress, is_async, bigs)
         except BaseException:
@@ -1211,13 +1461,13 @@ class Client:
                  trans_b: bool = False, device: str = "any",
                  out: Optional[OutArg] = None, **kw: Any) -> TaskFuture:
         inputs = [a, b] + ([c] if c is not None else [])
-        opts = {"alpha": float(alpha), "beta": float(beta), "trans_a": bool(trans_a),
-                "trans_b": bool(trans_b)}
+        opts = {"alpha": _number("alpha", alpha), "beta": _number("beta", beta),
+                "trans_a": _flag("trans_a", trans_a), "trans_b": _flag("trans_b", trans_b)}
         return self._run("gemm", inputs, opts, device, out, **kw)
 
     def _op_fft(self, x: ArrayLike, *, inverse: bool = False, device: str = "any",
                 out: Optional[OutArg] = None, **kw: Any) -> TaskFuture:
-        return self._run("fft", [x], {"inverse": bool(inverse)}, device, out, **kw)
+        return self._run("fft", [x], {"inverse": _flag("inverse", inverse)}, device, out, **kw)
 
     def _op_fir(self, x: ArrayLike, h: ArrayLike, *, device: str = "any",
                 out: Optional[OutArg] = None, **kw: Any) -> TaskFuture:
@@ -1226,22 +1476,25 @@ class Client:
     def _op_contract(self, subscripts: str, a: ArrayLike, b: ArrayLike, *,
                      device: str = "any", out: Optional[OutArg] = None,
                      **kw: Any) -> TaskFuture:
-        return self._run("contract", [a, b], {"subscripts": str(subscripts)}, device, out,
+        return self._run("contract", [a, b], {"subscripts": _string("subscripts", subscripts)}, device, out,
                          **kw)
 
     def _op_reduce(self, x: ArrayLike, fn: str = "sum",
                    axes: Union[None, int, Sequence[int]] = None, *, device: str = "any",
                    out: Optional[OutArg] = None, **kw: Any) -> TaskFuture:
-        opts: Dict[str, Any] = {"fn": str(fn)}
+        opts: Dict[str, Any] = {"fn": _string("fn", fn)}
         if axes is not None:
-            opts["axes"] = [int(axes)] if np.isscalar(axes) else [int(v) for v in axes]
+            opts["axes"] = _integers("axes", axes)
+            if not opts["axes"]:
+                raise _errors.InvalidArgument("axes: an empty sequence (None reduces over "
+                                              "every axis)")
         return self._run("reduce", [x], opts, device, out, **kw)
 
     def _op_map(self, fn: str, a: ArrayLike, b: Optional[ArrayLike] = None, *,
                 alpha: float = 1.0, device: str = "any",
                 out: Optional[OutArg] = None, **kw: Any) -> TaskFuture:
         inputs = [a] + ([b] if b is not None else [])
-        return self._run("map", inputs, {"fn": str(fn), "alpha": float(alpha)}, device,
+        return self._run("map", inputs, {"fn": _string("fn", fn), "alpha": _number("alpha", alpha)}, device,
                          out, **kw)
 
     def _op_kernel(self, source: Union[str, bytes], *tensors: ArrayLike, lang: str,
@@ -1249,16 +1502,17 @@ class Client:
                                                                  Sequence[int]] = None,
                    args: Optional[Sequence[Mapping[str, Any]]] = None, entry: str = "main",
                    shared: int = 0, device: str = "any", **kw: Any) -> TaskFuture:
-        def dims(v: Union[int, Sequence[int]]) -> List[int]:
-            return [int(v)] if np.isscalar(v) else [int(n) for n in v]
-
-        opts: Dict[str, Any] = {"lang": str(lang), "entry": str(entry), "grid": dims(grid),
-                                "shared": int(shared),
+        if not isinstance(source, (str, bytes, bytearray, memoryview)):
+            raise _errors.InvalidArgument("source: expected a str or bytes, got %s"
+                                          % _kind(source))
+        opts: Dict[str, Any] = {"lang": _string("lang", lang), "entry": _string("entry", entry),
+                                "grid": _integers("grid", grid),
+                                "shared": _integer("shared", shared),
                                 "source": source if isinstance(source, str) else bytes(source)}
         if block is not None:
-            opts["block"] = dims(block)
+            opts["block"] = _integers("block", block)
         if args is not None:
-            opts["args"] = [dict(a) for a in args]
+            opts["args"] = _kernel_args(args)
         return self._run("kernel", list(tensors), opts, device, None, single=False, **kw)
 
     _OPS = ("gemm", "fft", "fir", "contract", "reduce", "map", "kernel")
@@ -1324,4 +1578,11 @@ class Client:
         if op not in self._OPS:
             raise _errors.InvalidArgument("submit: unknown op %r (one of %s)"
                                           % (op, ", ".join(self._OPS)))
+        if progress is not None and not callable(progress):
+            raise _errors.InvalidArgument("progress: expected a callable, got %s"
+                                          % _kind(progress))
+        try:  # a bad call names the public method, not the private one behind it
+            inspect.signature(getattr(self, op)).bind(*args, **kwargs)
+        except TypeError as e:
+            raise TypeError("submit(%r, ...): %s" % (op, e)) from None
         return getattr(self, "_op_" + op)(*args, progress=progress, is_async=True, **kwargs)

@@ -5,7 +5,7 @@ from typing import Any, Dict
 
 import numpy as np
 
-from ._errors import DtypeError
+from ._errors import DtypeError, InvalidArgument
 
 __all__ = ["bfloat16", "to_bfloat16", "from_bfloat16", "wire_name", "numpy_dtype",
            "DTYPES"]
@@ -51,18 +51,30 @@ def numpy_dtype(name: str) -> np.dtype:
 
 
 def to_bfloat16(x: Any) -> np.ndarray:
-    """A dspk.bfloat16 array of ``x`` (rounded to nearest even; NaN stays NaN)."""
-    f = np.ascontiguousarray(np.asarray(x, dtype="<f4"))
+    """A dspk.bfloat16 array of ``x`` (real numbers; rounded to nearest even; NaN stays
+    NaN), of x's shape (0-d too)."""
+    try:
+        a = np.asarray(x)
+    except (ValueError, TypeError) as e:  # a ragged list
+        raise InvalidArgument("to_bfloat16: not an array: %s" % e) from None
+    if a.dtype.kind not in "fiu" or a.dtype.names is not None:
+        # complex would lose its imaginary part, None and str are no numbers
+        raise DtypeError("to_bfloat16: dtype %s (want real numbers)" % a.dtype)
+    # np.ascontiguousarray makes a 0-d array 1-d: the shape comes from a.
+    f = np.ascontiguousarray(a, dtype="<f4").reshape(-1)
     u = f.view("<u4").astype(np.uint64)
     rounded = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
     nan = np.isnan(f)
     bits = np.where(nan, (u >> 16) | 0x40, rounded).astype("<u2")
-    return bits.view(bfloat16).reshape(f.shape)
+    return bits.view(bfloat16).reshape(a.shape)
 
 
 def from_bfloat16(x: np.ndarray) -> np.ndarray:
-    """float32 values of a bfloat16 array (dspk.bfloat16 or ml_dtypes.bfloat16)."""
-    a = np.ascontiguousarray(x)
-    if a.dtype.itemsize != 2:
+    """float32 values of a bfloat16 array (dspk.bfloat16 or ml_dtypes.bfloat16), of its
+    shape (0-d too)."""
+    a = np.asarray(x)
+    if not (a.dtype == bfloat16 or (a.dtype.name == "bfloat16" and a.dtype.itemsize == 2)):
+        # another 2-byte dtype (float16, int16) would be read as bf16 bits
         raise DtypeError("from_bfloat16: dtype %s is not a bfloat16" % a.dtype)
-    return (a.view("<u2").astype("<u4") << 16).view("<f4").reshape(a.shape)
+    bits = np.ascontiguousarray(a).reshape(-1).view("<u2")
+    return (bits.astype("<u4") << 16).view("<f4").reshape(a.shape)

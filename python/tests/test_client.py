@@ -386,7 +386,10 @@ class FakeDaemon:
         self.conn, _ = self.srv.accept()
         up = msgpack.Unpacker(raw=False)
         while True:
-            data = self.conn.recv(1 << 16)
+            try:
+                data = self.conn.recv(1 << 16)
+            except OSError:  # close() closed it between its shutdown and this recv
+                return
             if not data:
                 return
             up.feed(data)

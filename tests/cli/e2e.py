@@ -46,6 +46,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 
 import numpy as np
 
@@ -788,6 +789,22 @@ def suite_errors(cli, tmp):
     # cpu:0 runs no raw kernels: a clear error from the daemon.
     cli.fails(["kernel", ksrc, "--entry", "k", "--grid", "1", "--block", "32",
                "zeros:f32:32", "i32:32", "--device", "cpu:0"], "kernel", None)
+    # An empty --device (DEV="" in --device "$DEV") is a bad command line, not
+    # the library's "any": it ran on cpu:0.
+    for args in (["map", "abs", a34], ["gemm", a34, a34, "--trans-b"],
+                 ["kernel", ksrc, "--entry", "k", "--grid", "1", "--block", "32",
+                  "zeros:f32:32"]):
+        cli.fails(args + ["--device", ""], args[0], "EINVAL", rc_want=2,
+                  detail="empty --device")
+    # A scalar argument outside its type, f32 as the integers: a bad number
+    # (1e39 became an infinity; inf and nan themselves are f32 values).
+    for bad in ("f32:1e39", "f32:-1e39", "i32:2147483648", "u32:-1"):
+        cli.fails(["kernel", ksrc, "--entry", "k", "--grid", "1", "--block", "32",
+                   "zeros:f32:32", bad, "--device", "cpu:0"], "kernel", "EINVAL",
+                  rc_want=2, detail=bad)
+    for fine in ("f32:inf", "f32:nan", "f32:3.4028234e38"):  # past the parser: the daemon's
+        cli.fails(["kernel", ksrc, "--entry", "k", "--grid", "1", "--block", "32",
+                   "zeros:f32:32", fine, "--device", "cpu:0"], "kernel", "ENOTSUP")
     cli.fails(["kernel", missing, "--entry", "k", "--grid", "1", "--block",
                "1"], "kernel", "ENOENT", detail=missing)
     nobody = Cli(cli.binary, os.path.join(tmp, "nobody.sock"))
@@ -1208,6 +1225,27 @@ def suite_shell(cli, tmp, dspkd):
     cli.fails(["gemm", "-", "-"], "gemm", "EINVAL", rc_want=2, detail="once")
     cli.fails(["gemm", "-", fb], "gemm", "EINVAL", detail="<stdin>")  # empty
 
+    # A path that is a pipe (bash's <(...), a FIFO) is read to its end as '-'
+    # is; it was refused as "not a regular file".  Two at once, as in
+    # 'gemm <(...) <(...)'; a directory is still refused.
+    fifos = [os.path.join(tmp, "fa.fifo"), os.path.join(tmp, "fb.fifo")]
+    writers = []
+    for path, arr in zip(fifos, (a, b)):
+        os.mkfifo(path)
+
+        def feed(path=path, data=npy_bytes(arr)):
+            with open(path, "wb") as f:
+                f.write(data)
+        writers.append(threading.Thread(target=feed, daemon=True))
+        writers[-1].start()
+    out_f = os.path.join(tmp, "fifo-ab.npy")
+    cli.ok("gemm", fifos[0], fifos[1], "-o", out_f)
+    close_to(np.load(out_f), ref_ab, "gemm of two FIFOs")
+    for w in writers:
+        w.join(30)
+    cli.fails(["reduce", "sum", tmp], "reduce", "EINVAL", detail="not a regular file")
+    cli.fails(["reduce", "sum", "/dev/null"], "reduce", "EINVAL", detail="/dev/null")
+
     # .npz inputs: numpy.savez (stored) and savez_compressed (deflated).
     for kind, save in (("stored", np.savez), ("deflated",
                                                np.savez_compressed)):
@@ -1255,6 +1293,33 @@ def suite_shell(cli, tmp, dspkd):
             "daemon"]["limits"]
         check(lim["max_message"] == 2 << 20 and lim["max_unsent"] == 3 << 20,
               "limits %r" % lim)
+        # Inputs of a few MiB to a daemon of a smaller max_message: they go
+        # through buffers (the inline limit follows the daemon's max_message),
+        # where the request was refused with ELIMIT.
+        big = rng.uniform(-1, 1, (300, 1000))  # 2.4 MB of f64
+        w = rng.uniform(-1, 1, (1000, 20))
+        fbig, fw = os.path.join(tmp, "big.npy"), os.path.join(tmp, "w.npy")
+        np.save(fbig, big)
+        np.save(fw, w)
+        # f16 .npy files: gemm runs them on cpu:0, with an f32 result.
+        h1, h2 = rng.uniform(-1, 1, (5, 7)).astype("<f2"), rng.uniform(-1, 1, (7, 3)).astype("<f2")
+        fh1, fh2, fho = (os.path.join(tmp, n) for n in ("h1.npy", "h2.npy", "h12.npy"))
+        np.save(fh1, h1)
+        np.save(fh2, h2)
+        cli.ok("gemm", fh1, fh2, "--device", "cpu:0", "-o", fho)
+        got = np.load(fho)
+        check(got.dtype == np.float32 and np.allclose(
+            got, h1.astype(np.float64) @ h2.astype(np.float64), rtol=1e-5, atol=1e-5),
+            "gemm of f16 on cpu:0: %s %r" % (got.dtype, got))
+        c2 = Cli(cli.binary, d2.sock)
+        fo = os.path.join(tmp, "bw.npy")
+        c2.ok("gemm", fbig, fw, "-o", fo)
+        got = np.load(fo)
+        check(got.shape == (300, 20) and np.allclose(got, big @ w, rtol=1e-12, atol=1e-12),
+              "gemm of 2.4 MB under --max-message 2M: %s" % (got.shape,))
+        j = json.loads(c2.ok("reduce", "sum", fbig, "--json"))
+        check(abs(j["outputs"][0]["head"][0] - big.sum()) < 1e-9,
+              "reduce of 2.4 MB under --max-message 2M: %r" % j)
     finally:
         d2.stop()
     for bad in (["--max-message", "2Q"], ["--max-message", "16777216T"],

@@ -303,6 +303,8 @@ static void assert_daemon_alive(void) {
 static void test_hello_ping(void **state) {
   (void)state;
   assert_true(strlen(dspk_daemon_version(C)) > 0);
+  assert_int_equal(dspk_max_message(C), 8388608); /* the daemon's --max-message */
+  assert_int_equal(dspk_max_message(NULL), 0);
   assert_int_equal(dspk_ping(C, NULL, 0), 0);
   size_t sizes[] = {1, 1000, 65536, 1 << 20, 5 << 20};
   for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {

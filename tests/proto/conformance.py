@@ -1186,6 +1186,13 @@ def kernel_opts(env):
     expect(run(args=[{"tensor": 0}, {"i64": 1 << 63}]), "ERANGE", "options.args[1]")
     expect(run(args=[{"tensor": 0}, {"i64": (1 << 64) - 1}]), "ERANGE", "options.args[1]")
     expect(run(args=[{"tensor": 0}, {"f32": "x"}]), "EINVAL", "options.args[1]")
+    # A finite f32 beyond its range would become an infinity: ERANGE (the
+    # infinities and NaN themselves are f32 values, and the largest f32 passes).
+    expect(run(args=[{"tensor": 0}, {"f32": 1e39}]), "ERANGE", "options.args[1]", "f32")
+    expect(run(args=[{"tensor": 0}, {"f32": -1e39}]), "ERANGE", "options.args[1]", "f32")
+    for v in (float("inf"), float("nan"), 3.4028234663852886e38, 1e300 * 0):
+        r = run(args=[{"tensor": 0}, {"f32": v}])
+        check(r[0] == "ok", "f32 %r: %r" % (v, r))
     expect(run(args=[{"tensor": 0}, {"i32": 1.5}]), "EINVAL", "options.args[1]")
     expect(run(args=[{"tensor": 0, "i32": 1}]), "EINVAL")
     expect(run(args=[{"i16": 1}]), "EINVAL")

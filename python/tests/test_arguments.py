@@ -1,0 +1,438 @@
+"""What an outsider passes that docs/python.md does not forbid: parameters of another
+type, operands numpy cannot make an array of, out= of the wrong kind, connect()'s
+arguments.  Each is a dspk.Error naming the parameter (or the documented TypeError of
+a bad call), raised before anything is sent; the connection stays usable."""
+from __future__ import annotations
+
+import math
+import os
+import pathlib
+
+import numpy as np
+import pytest
+
+import dspk
+from conftest import TIMEOUT
+
+RNG = np.random.default_rng(11)
+
+
+def f64(*shape):
+    return RNG.uniform(-1, 1, shape)
+
+
+# ---- scalar parameters ---------------------------------------------------------------
+
+# (call, parameter): each call takes the bad value v for that parameter.  float() and
+# bool() took "2", True or "no" and sent what the caller did not mean; a complex alpha
+# or None failed inside float() with a bare TypeError.
+A, B = f64(3, 4), f64(4, 2)
+SCALARS = [
+    (lambda c, v: c.gemm(A, B, alpha=v), "alpha"),
+    (lambda c, v: c.gemm(A, B, f64(3, 2), beta=v), "beta"),
+    (lambda c, v: c.map("scale", A, alpha=v), "alpha"),
+    (lambda c, v: c.map("axpy", A, A, alpha=v), "alpha"),
+]
+FLAGS = [
+    (lambda c, v: c.gemm(A, A.T.copy(), trans_a=v, trans_b=v), "trans_a"),
+    (lambda c, v: c.fft(f64(8).astype(np.complex128), inverse=v), "inverse"),
+]
+STRINGS = [
+    (lambda c, v: c.map(v, A), "fn"),
+    (lambda c, v: c.reduce(A, v), "fn"),
+    (lambda c, v: c.contract(v, A, B), "subscripts"),
+]
+
+
+@pytest.mark.parametrize("call,name", SCALARS)
+@pytest.mark.parametrize("bad", ["2", True, np.bool_(False), None, 1j, [1.0], b"1"])
+def test_number_parameters_refuse_other_types(client, call, name, bad):
+    with pytest.raises(dspk.InvalidArgument) as e:
+        call(client, bad)
+    assert e.value.message.startswith(name + ": expected a real number"), e.value.message
+    client.ping()
+
+
+@pytest.mark.parametrize("call,name", FLAGS)
+@pytest.mark.parametrize("bad", ["yes", "false", 2, 0.0, None])
+def test_bool_parameters_refuse_other_types(client, call, name, bad):
+    with pytest.raises(dspk.InvalidArgument) as e:
+        call(client, bad)
+    assert e.value.message.startswith(name + ": expected a bool"), e.value.message
+
+
+@pytest.mark.parametrize("call,name", STRINGS)
+@pytest.mark.parametrize("bad", [3, b"sum", None])
+def test_str_parameters_refuse_other_types(client, call, name, bad):
+    with pytest.raises(dspk.InvalidArgument) as e:
+        call(client, bad)
+    assert e.value.message.startswith(name + ": expected a str"), e.value.message
+
+
+def test_numeric_types_that_are_numbers(client):
+    """numpy scalars and ints are numbers; numpy bools and 0/1 are flags."""
+    a, b = A.astype(np.float32), B.astype(np.float32)
+    for alpha in (2, np.float32(2), np.float64(2), np.int64(2)):
+        np.testing.assert_allclose(client.gemm(a, b, alpha=alpha), 2 * a @ b, rtol=1e-5)
+        np.testing.assert_allclose(client.map("scale", a, alpha=alpha), 2 * a, rtol=1e-6)
+    for flag in (np.bool_(True), 1):
+        np.testing.assert_allclose(client.gemm(a, a, trans_b=flag), a @ a.T, rtol=1e-5)
+    np.testing.assert_allclose(client.gemm(a, a.T.copy(), trans_a=0), a @ a.T, rtol=1e-5)
+
+
+def test_reduce_axes(client):
+    x = f64(2, 3, 4)
+    for axes, ref in ((1, 1), (np.int64(-1), -1), ([0, 2], (0, 2)), ((np.int32(0),), (0,)),
+                      (np.array([2, 0]), (2, 0)), (np.array(1), 1)):
+        np.testing.assert_allclose(client.reduce(x, "sum", axes), x.sum(axis=ref))
+    # A bool, a float or a str was taken as an axis by int(): True reduced axis 1.
+    for bad in (True, 1.0, "1", [0, 1.5], [np.bool_(True)], [None]):
+        with pytest.raises(dspk.InvalidArgument) as e:
+            client.reduce(x, "sum", bad)
+        assert e.value.message.startswith("axes"), e.value.message
+    with pytest.raises(dspk.InvalidArgument, match="axes: an empty sequence"):
+        client.reduce(x, "sum", ())
+
+
+# ---- operands ------------------------------------------------------------------------
+
+def test_operands_numpy_cannot_take(client):
+    """A ragged list raised numpy's bare ValueError; now InvalidArgument (still a
+    ValueError) naming the input; a dtype error names the input too."""
+    with pytest.raises(dspk.InvalidArgument, match="input 0: not an array"):
+        client.map("abs", [[1.0], [1.0, 2.0]])
+    with pytest.raises(dspk.InvalidArgument, match="input 1: not an array"):
+        client.map("add", [1.0, 2.0], [[1.0], [1.0, 2.0]])
+    with pytest.raises(dspk.DtypeError, match="input 1: dtype int64"):
+        client.gemm(A, np.ones((4, 2), np.int64))
+    with pytest.raises(dspk.DtypeError, match="array: dtype bool"):
+        client.to_device(np.ones(3, bool))
+    np.testing.assert_allclose(client.map("abs", [-1.0, 2.0]), [1.0, 2.0])  # a list is fine
+    client.ping()
+
+
+def test_values_msgpack_cannot_carry(client):
+    """An int beyond 64 bits, or an object, in a parameter passed through to the daemon
+    raised msgpack's OverflowError/TypeError; now InvalidArgument, and the request it
+    belonged to is not left pending."""
+    with pytest.raises(dspk.InvalidArgument, match="cannot be sent"):
+        client.reduce(A, device=object())
+    with pytest.raises(dspk.InvalidArgument, match="cannot be sent"):
+        client.kernel("x", A, lang="glsl", grid=1, args=[{"i16": 1 << 70}])
+    assert not client._pending
+    client.ping()
+
+
+def test_kernel_arguments(client):
+    """kernel's args, grid, block, shared and source, refused before anything is sent
+    (no GPU needed: nothing reaches a device)."""
+    x = np.zeros(4, np.float32)
+
+    def k(**kw):
+        opts = dict(lang="glsl", grid=1)
+        opts.update(kw)
+        return client.kernel("void main() {}", x, **opts)
+
+    for kw, err, msg in (
+            (dict(args=5), dspk.InvalidArgument, "args: expected a list"),
+            (dict(args={"tensor": 0}), dspk.InvalidArgument, "args: expected a list"),
+            (dict(args=[5]), dspk.InvalidArgument, "args[0]: expected a one-key dict"),
+            (dict(args=[{"tensor": 0, "i32": 1}]), dspk.InvalidArgument, "args[0]"),
+            (dict(args=[{"i32": 1.5}]), dspk.InvalidArgument, "args[0].i32: expected an int"),
+            (dict(args=[{"f32": "1"}]), dspk.InvalidArgument, "args[0].f32: expected a real"),
+            (dict(args=[{"u32": 1 << 64}]), dspk.RangeError, "args[0].u32: 18446744073709551616"),
+            (dict(args=[{"i64": -(1 << 63) - 1}]), dspk.RangeError, "args[0].i64"),
+            (dict(grid="2"), dspk.InvalidArgument, "grid: expected an integer"),
+            (dict(grid=[1, 2.0]), dspk.InvalidArgument, "grid[1]: expected an integer"),
+            (dict(block=True), dspk.InvalidArgument, "block: expected an integer"),
+            (dict(shared=1.5), dspk.InvalidArgument, "shared: expected an integer"),
+            (dict(lang=None), dspk.InvalidArgument, "lang: expected a str"),
+            (dict(entry=5), dspk.InvalidArgument, "entry: expected a str")):
+        with pytest.raises(err) as e:
+            k(**kw)
+        assert e.value.message.startswith(msg), (kw, e.value.message)
+    with pytest.raises(dspk.InvalidArgument, match="source: expected a str or bytes"):
+        client.kernel(5, x, lang="glsl", grid=1)
+    # Past the client's checks, the daemon's: a finite f32 beyond f32's range is ERANGE
+    # (it became an infinity), checked before the device.
+    with pytest.raises(dspk.RangeError, match=r"options.args\[1\]: 1e\+39 is out of f32"):
+        client.kernel("void main() {}", x, lang="glsl", grid=1, device="cpu:0",
+                      args=[{"tensor": 0}, {"f32": 1e39}])
+    client.ping()
+
+
+# ---- out= ----------------------------------------------------------------------------
+
+def test_out_device_array_of_another_shape_or_dtype(client):
+    """A DeviceArray out= that holds the result's bytes but not its shape or dtype was
+    returned as a success (a new DeviceArray, not out); now InvalidArgument, as for a
+    shared array (docs/python.md)."""
+    x = f64(3, 4)
+    for shape, dtype in (((4, 3), np.float64), ((12,), np.float64), ((5, 4), np.float64),
+                         ((3, 8), np.float32), ((3, 2), np.complex128)):
+        with client.empty(shape, dtype) as o:
+            with pytest.raises(dspk.InvalidArgument, match=r"out=: the result is f64 \(3, 4\)"):
+                client.map("scale", x, alpha=2.0, out=o)
+    with client.empty((3, 4), np.float64) as o:  # the right one: it is returned
+        assert client.map("scale", x, alpha=2.0, out=o) is o
+        np.testing.assert_allclose(o.numpy(), 2 * x)
+    with client.empty((2,), np.float64) as o:  # too small: ERANGE before any work
+        with pytest.raises(dspk.RangeError):
+            client.map("scale", x, out=o)
+
+
+def test_out_shared_view_not_contiguous_or_read_only(client):
+    """A strided view of a shared array was refused as "not a shared array of this
+    connection"; a read-only view was written.  Both are refused, saying why, and
+    nothing is written."""
+    s = client.empty_shared((3, 4), np.float64)
+    s[:] = 7.0
+    with pytest.raises(dspk.InvalidArgument, match="not C-contiguous"):
+        client.map("scale", np.ones(3), alpha=2.0, out=s[:, 1])
+    ro = s.view()
+    ro.flags.writeable = False
+    with pytest.raises(dspk.InvalidArgument, match="read-only"):
+        client.map("scale", np.ones((3, 4)), alpha=2.0, out=ro)
+    assert (s == 7.0).all()
+    r = client.map("scale", np.ones(4), alpha=2.0, out=s[1])  # a contiguous slice works
+    assert r is s[1] or np.shares_memory(r, s)
+    assert (s[1] == 2.0).all() and (s[0] == 7.0).all()
+
+
+# ---- empty / empty_shared ------------------------------------------------------------
+
+@pytest.mark.parametrize("make", ["empty", "empty_shared"])
+def test_empty_shapes(client, make):
+    f = getattr(client, make)
+    with pytest.raises(dspk.InvalidArgument, match=r"shape: \(-1,\) has a negative"):
+        f((-1,), np.float32)
+    with pytest.raises(dspk.InvalidArgument, match=r"shape\[1\]: expected an integer"):
+        f((2, 2.0), np.float32)
+    with pytest.raises(dspk.InvalidArgument, match="shape: expected an integer"):
+        f("3", np.float32)
+    # msgpack's OverflowError (the size beyond 64 bits) or a wrapped int64 product.
+    with pytest.raises(dspk.LimitExceeded, match="more than 2"):
+        f((1 << 62,), np.float32)
+    with pytest.raises(dspk.LimitExceeded):
+        f((1 << 32, 1 << 32), np.float64)
+    with pytest.raises(dspk.DtypeError):
+        f(3, "no-such-dtype")
+    assert f(np.int64(3), "float32").shape == (3,)
+    client.ping()
+
+
+# ---- connect -------------------------------------------------------------------------
+
+def test_connect_arguments(daemon):
+    for kw, msg in ((dict(name=5), "name: expected a str"),
+                    (dict(timeout="5"), "timeout: expected a real number"),
+                    (dict(timeout=True), "timeout: expected a real number"),
+                    (dict(timeout=0), "timeout: 0.0 seconds"),
+                    (dict(timeout=-1), "timeout: -1.0 seconds"),
+                    (dict(timeout=math.nan), "timeout: nan seconds")):
+        with pytest.raises(dspk.InvalidArgument) as e:
+            dspk.connect(daemon.socket, **kw)
+        assert e.value.message.startswith(msg), (kw, e.value.message)
+    with pytest.raises(dspk.InvalidArgument, match="socket: expected a path"):
+        dspk.connect(5)
+    # A path object (was TypeError from socket.connect) and bytes are paths.
+    for path in (pathlib.Path(daemon.socket), daemon.socket.encode()):
+        with dspk.connect(path, timeout=TIMEOUT) as c:
+            assert c.socket_path == daemon.socket
+            c.ping()
+    # A name longer than 63 bytes is cut there, at a character boundary.
+    with dspk.connect(daemon.socket, name="é" * 40, timeout=TIMEOUT) as c:
+        assert c.name == "é" * 31
+        assert [x["name"] for x in c.status()["clients"] if x["id"] == c.client_id] \
+            == ["é" * 31]
+
+
+def test_shared_threshold_not_a_size(daemon, monkeypatch):
+    """$DSPK_SHARED_THRESHOLD that is not a size is ignored (the default, 1 MiB), as
+    libdspkclient ignores it; beyond 64 bits is not a size either (it was taken)."""
+    for v, want in (("64K", 65536), ("0", 0), ("junk", 1 << 20), ("-5", 1 << 20),
+                    ("1.5M", 1 << 20), (str(1 << 64), 1 << 20), ("16E", 1 << 20)):
+        monkeypatch.setenv("DSPK_SHARED_THRESHOLD", v)
+        with dspk.connect(daemon.socket, timeout=TIMEOUT) as c:
+            assert c.shared_threshold == want, v
+
+
+# ---- submit --------------------------------------------------------------------------
+
+def test_submit_bad_call(client):
+    """A bad call of submit() named the private method behind it (Client._op_gemm(),
+    Client._run()); now the op, with Python's TypeError as for the method itself."""
+    with pytest.raises(TypeError, match=r"submit\('gemm', \.\.\.\): missing .*'b'") as e:
+        client.submit("gemm", A)
+    assert "_op_" not in str(e.value)
+    with pytest.raises(TypeError, match=r"submit\('fft', \.\.\.\): .*'bogus'") as e:
+        client.submit("fft", A, bogus=1)
+    assert "_run" not in str(e.value)
+    with pytest.raises(dspk.InvalidArgument, match="progress: expected a callable"):
+        client.submit("fft", A, progress=5)
+    assert not client._pending
+    np.testing.assert_allclose(client.submit("fft", A).result(TIMEOUT), np.fft.rfft(A))
+
+
+# ---- bfloat16 helpers ----------------------------------------------------------------
+
+def test_bfloat16_helpers_keep_shapes_and_refuse_non_reals():
+    """to_bfloat16 of a scalar or 0-d array gave shape (1,) (np.ascontiguousarray makes
+    0-d arrays 1-d), and from_bfloat16 too; complex lost its imaginary part with a
+    warning, None became NaN; from_bfloat16 read float16 bits as bf16."""
+    for x in (1.5, np.float64(-2.0), np.array(3.0), np.ones((0, 3)), np.arange(6.0)
+              .reshape(2, 3)[:, ::2], np.asfortranarray(np.arange(6.0).reshape(2, 3)),
+              np.arange(4), [1.0, 2.0]):
+        b = dspk.to_bfloat16(x)
+        want = np.asarray(x, np.float32)
+        assert b.dtype == dspk.bfloat16 and b.shape == want.shape, (x, b.shape)
+        back = dspk.from_bfloat16(b)
+        assert back.dtype == np.float32 and back.shape == want.shape
+        np.testing.assert_array_equal(back, want)  # these values are exact in bf16
+    assert dspk.from_bfloat16(dspk.to_bfloat16(np.arange(6.0).reshape(2, 3)).T).tolist() \
+        == [[0, 3], [1, 4], [2, 5]]
+    # Round to nearest even: 1 + 2^-8 is halfway and goes to 1; 1 + 3*2^-8 up.
+    assert dspk.from_bfloat16(dspk.to_bfloat16([1 + 2 ** -8, 1 + 3 * 2 ** -8])).tolist() \
+        == [1.0, 1 + 2 ** -6]
+    for bad in (np.ones(2, np.complex64), None, "x", np.zeros(2, [("a", "<f4")])):
+        with pytest.raises(dspk.DtypeError, match="to_bfloat16: dtype"):
+            dspk.to_bfloat16(bad)
+    with pytest.raises(dspk.InvalidArgument, match="to_bfloat16: not an array"):
+        dspk.to_bfloat16([[1.0], [1.0, 2.0]])
+    for bad in (np.ones(2, np.float16), np.ones(2, np.int16), np.ones(2, np.float32)):
+        with pytest.raises(dspk.DtypeError, match="is not a bfloat16"):
+            dspk.from_bfloat16(bad)
+
+
+def test_bfloat16_operands_of_any_layout(client):
+    """bf16 operands strided, Fortran-ordered or transposed go as bf16 (gemm, f32 out)."""
+    a32, b32 = RNG.uniform(-1, 1, (4, 6)).astype(np.float32), np.ones((6, 2), np.float32)
+    a, b = dspk.to_bfloat16(a32), dspk.to_bfloat16(b32)
+    ra, rb = dspk.from_bfloat16(a).astype(np.float64), dspk.from_bfloat16(b)
+    for x, y, want in ((a, np.asfortranarray(b), ra @ rb), (a[:, ::2], b[:3], ra[:, ::2] @ rb[:3]),
+                       (a, a.T, ra @ ra.T)):
+        r = client.gemm(x, y)
+        assert r.dtype == np.float32
+        np.testing.assert_allclose(r, want, rtol=1e-5, atol=1e-5)
+
+
+# ---- cancel ----------------------------------------------------------------------------
+
+def test_cancel_future_of_another_connection(daemon):
+    """c2.cancel(a future of c1) sent task.cancel for c1's msgid on c2's connection, and
+    canceled c2's own request of that number (msgids count from 1 on every
+    connection).  Now InvalidArgument, as for a Future that is not submit()'s."""
+    import concurrent.futures
+    big = RNG.uniform(-1, 1, (600, 600))
+    with dspk.connect(daemon.socket, timeout=TIMEOUT) as c1, \
+            dspk.connect(daemon.socket, timeout=TIMEOUT) as c2:
+        f1 = [c1.submit("gemm", big, big) for _ in range(3)]
+        f2 = [c2.submit("gemm", big, big) for _ in range(3)]
+        assert [f.msgid for f in f1] == [f.msgid for f in f2]  # the same numbers
+        for fut in (f1[-1], concurrent.futures.Future(), None):
+            with pytest.raises(dspk.InvalidArgument, match="not a future of this"):
+                c2.cancel(fut)
+        for f in f1 + f2:  # nothing was canceled
+            np.testing.assert_allclose(f.result(TIMEOUT), big @ big)
+
+
+# ---- requests beyond max_message -----------------------------------------------------
+
+def test_request_beyond_max_message_leaves_the_connection():
+    """A request larger than max_message (a ping's data, a kernel's source: what the
+    client cannot stage through buffers) was sent, and the daemon closed the
+    connection on its header (every later call: Closed, 'Broken pipe').  Now
+    LimitExceeded before sending; the connection stays."""
+    from conftest import Daemon
+    d = Daemon(["--max-message", "1M"])
+    try:
+        with dspk.connect(d.socket, timeout=TIMEOUT) as c:
+            with pytest.raises(dspk.LimitExceeded, match=r"ping: a request of \d+ bytes"):
+                c.ping(b"x" * (2 << 20))
+            with pytest.raises(dspk.LimitExceeded, match=r"task.run: a request of"):
+                c.kernel("x" * (2 << 20), np.ones(3, np.float32), lang="glsl", grid=1,
+                         device="cpu:0")
+            assert not c._pending
+            c.ping(b"x" * (1 << 19))
+            # Operands are staged through buffers instead: the daemon's own answer.
+            with pytest.raises(dspk.NotSupported):
+                c.kernel("x", np.ones(300000), lang="glsl", grid=1, device="cpu:0")
+            x = RNG.uniform(-1, 1, (400, 500))
+            np.testing.assert_allclose(c.gemm(x, x.T), x @ x.T)
+    finally:
+        d.stop()
+
+
+# ---- a daemon that stops reading -------------------------------------------------------
+
+def test_timeout_bounds_sending_to_a_stopped_daemon(fresh_daemon, monkeypatch):
+    """A daemon that stopped (SIGSTOP) reads nothing: a request larger than the socket's
+    buffer blocked in sendmsg for ever, whatever the timeout (it bounded only the wait
+    for the answer).  Now dspk.Timeout within the timeout; the request was cut, so the
+    connection is closed and later calls raise dspk.Closed at once."""
+    import signal
+    import time
+    monkeypatch.setenv("DSPK_SHARED_THRESHOLD", "0")  # through the socket only
+    c = dspk.connect(fresh_daemon.socket, timeout=1.0)
+    x = np.ones((1024, 1024))  # 8 MiB: far more than a socket buffer holds
+    os.kill(fresh_daemon.proc.pid, signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(dspk.Timeout, match="could not send a request within 1s"):
+            c.reduce(x)
+        assert time.monotonic() - t0 < 10
+        t0 = time.monotonic()
+        with pytest.raises(dspk.Closed, match="cut after"):
+            c.ping()
+        with pytest.raises(dspk.Closed):
+            c.submit("reduce", x).result(TIMEOUT)
+        assert time.monotonic() - t0 < 1
+    finally:
+        os.kill(fresh_daemon.proc.pid, signal.SIGCONT)
+    c.close()
+    with dspk.connect(fresh_daemon.socket, timeout=TIMEOUT) as c2:  # the daemon is fine
+        assert c2.reduce(x) == x.size
+
+
+def test_timeout_bounds_connecting(tmp_path):
+    """A socket whose listener accepts no more (its backlog full) blocked connect()
+    for ever; with a timeout it raises dspk.Timeout."""
+    import socket
+    import time
+    path = str(tmp_path / "full.sock")
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(path)
+    srv.listen(0)
+    fill = []
+    try:
+        while True:  # fill the backlog with connections nobody accepts
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.setblocking(False)
+            fill.append(s)
+            try:
+                s.connect(path)
+            except BlockingIOError:
+                break
+            assert len(fill) < 100
+        t0 = time.monotonic()
+        with pytest.raises(dspk.Timeout, match="cannot connect to dspkd at .* within 0.5s"):
+            dspk.connect(path, timeout=0.5)
+        assert time.monotonic() - t0 < 5
+    finally:
+        for s in fill:
+            s.close()
+        srv.close()
+
+
+def test_ping_and_devices_arguments(client):
+    """ping(5) raised a bare TypeError (len() of an int), ping("abc") memoryview's, a
+    strided array's data memoryview's cast error; devices(all="no") listed every
+    backend."""
+    for bad in (5, "abc", None):
+        with pytest.raises(dspk.InvalidArgument, match="data: expected a bytes-like"):
+            client.ping(bad)
+    for data in (b"", b"abc", bytearray(300000), np.arange(8.0)[::2], np.ones((3, 3))):
+        assert client.ping(data) >= 0  # echoed and checked
+    with pytest.raises(dspk.InvalidArgument, match="all: expected a bool"):
+        client.devices(all="no")
+    assert len(client.devices(all=np.bool_(False))) == len(client.devices())
