@@ -1262,7 +1262,7 @@ def kernel_args(env):
 @case("task.run: gemm reads as BLAS: beta 0 reads no C, alpha 0 neither A nor B")
 def gemm_blas(env):
     c = env.conn()
-    devs = [d["id"] for d in c.ok("devices")["devices"] if d["id"] in ("cpu:0", "vulkan:0")]
+    devs = gpu_and_cpu_devices(c)
     nan, inf = float("nan"), float("inf")
     for dev in devs:
         for T, V in ((t32, vals32), (t64, vals64)):
@@ -1280,6 +1280,14 @@ def gemm_blas(env):
                     alpha=0, beta=2) == [2, 4, 6, 8], dev + ": alpha 0 gives beta*C")
             check(g([T([], [2, 0]), T([], [0, 2]), T([nan] * 4, [2, 2])]) == [0] * 4,
                   dev + ": K = 0, beta 0")
+            # Large enough for a GPU's BLAS library (past the small-product
+            # kernel's 2^25 multiply-adds).
+            ones_a, ones_b = T([1] * (512 * 256), [512, 256]), T([1] * (256 * 512), [256, 512])
+            check(set(g([ones_a, ones_b, T([nan] * (512 * 512), [512, 512])])) == {256},
+                  dev + ": beta 0 reads C, 512x256x512")
+            inf_a = T([inf] + [1] * (512 * 256 - 1), [512, 256])
+            check(set(g([inf_a, ones_b, T([1] * (512 * 512), [512, 512])], alpha=0, beta=2))
+                  == {2}, dev + ": alpha 0 gives beta*C, 512x256x512")
         h = {"dtype": "f16", "shape": [1, 1], "data": struct.pack("<e", math.inf)}
         r = c.ok("task.run", {"op": "gemm", "device": dev, "inputs": [h, h, t32([1.0], [1, 1])],
                               "options": {"alpha": 0, "beta": 3}})
@@ -1287,10 +1295,17 @@ def gemm_blas(env):
     still_open(c)
 
 
+def gpu_and_cpu_devices(c):
+    """cpu:0, vulkan:0 and, on a GPU host, cuda:0 and hip:0: the cases that
+    say "every backend" run on each (the GPU suite runs them there)."""
+    return [d["id"] for d in c.ok("devices")["devices"]
+            if d["id"] in ("cpu:0", "vulkan:0", "cuda:0", "hip:0")]
+
+
 @case("task.run: degenerate sizes, the same on every backend")
 def degenerate(env):
     c = env.conn()
-    devs = [d["id"] for d in c.ok("devices")["devices"] if d["id"] in ("cpu:0", "vulkan:0")]
+    devs = gpu_and_cpu_devices(c)
     c64 = {"dtype": "c64", "shape": [1], "data": struct.pack("<2f", 3, -4)}
     for dev in devs:
         def run(op, ins, **opt):
