@@ -356,11 +356,30 @@ static int stage_on(const struct dspk__dev *dev) {
  * a shared buffer's mapping lives as long as the buffer and is copied
  * around every task that uses it, so the one-time pinning pays back at the
  * first copy, and its copies then need no staging memcpy at all. */
+/* Whether [p, p+n) lies within [base, base+len). */
+static int range_in(const void *p, size_t n, const void *base, size_t len) {
+  return (const char *)p >= (const char *)base && n <= len &&
+         (size_t)((const char *)p - (const char *)base) <= len - n;
+}
+
+/* Room for one more entry of elem bytes in arr (n entries, capacity
+ * *cap): arr itself, or the array moved to a larger allocation; NULL when
+ * out of memory (arr unchanged). */
+static void *grow(void *arr, size_t *cap, size_t n, size_t elem) {
+  size_t c;
+  void *na;
+  if (n < *cap)
+    return arr;
+  c = *cap ? 2 * *cap : 8;
+  if (!(na = realloc(arr, c * elem)))
+    return NULL;
+  *cap = c;
+  return na;
+}
+
 static int host_pinned(const struct dspk__dev *dev, const void *p, size_t n) {
   for (size_t i = 0; i < dev->nhostreg; i++)
-    if ((const char *)p >= (const char *)dev->hostreg[i].p &&
-        n <= dev->hostreg[i].n &&
-        (size_t)((const char *)p - (const char *)dev->hostreg[i].p) <= dev->hostreg[i].n - n)
+    if (range_in(p, n, dev->hostreg[i].p, dev->hostreg[i].n))
       return 1;
   return 0;
 }
@@ -369,14 +388,10 @@ static int host_register_(struct dspk__dev *dev, void *p, size_t n) {
   int r;
   if (!DRV->host_register)
     return DSPK_ENOTSUP; /* copies go through the staging ring */
-  if (dev->nhostreg == dev->caphostreg) {
-    size_t cap = dev->caphostreg ? 2 * dev->caphostreg : 8;
-    void *nr = realloc(dev->hostreg, cap * sizeof(*dev->hostreg));
-    if (!nr)
-      return DSPK_ENOMEM;
-    dev->hostreg = nr;
-    dev->caphostreg = cap;
-  }
+  void *nr = grow(dev->hostreg, &dev->caphostreg, dev->nhostreg, sizeof(*dev->hostreg));
+  if (!nr)
+    return DSPK_ENOMEM;
+  dev->hostreg = nr;
   if ((r = DRV->host_register(p, n)) != 0)
     return dspk__gpurt_err(dev, NULL, "cuMemHostRegister", r);
   dev->hostreg[dev->nhostreg].p = p;
@@ -421,9 +436,7 @@ static int hostmem_find(const struct dspk__dev *dev, const void *p) {
 
 static int host_owned(const struct dspk__dev *dev, const void *p, size_t n) {
   for (size_t i = 0; i < dev->nhostmem; i++)
-    if (dev->hostmem[i].used && (const char *)p >= (const char *)dev->hostmem[i].p &&
-        n <= dev->hostmem[i].n &&
-        (size_t)((const char *)p - (const char *)dev->hostmem[i].p) <= dev->hostmem[i].n - n)
+    if (dev->hostmem[i].used && range_in(p, n, dev->hostmem[i].p, dev->hostmem[i].n))
       return 1;
   return 0;
 }
@@ -455,14 +468,10 @@ void *dspk__gpurt_host_alloc(struct dspk__dev *dev, size_t n) {
       dev->hostmem[i].used = 1;
       return dev->hostmem[i].p;
     }
-  if (dev->nhostmem == dev->caphostmem) {
-    size_t cap = dev->caphostmem ? 2 * dev->caphostmem : 8;
-    void *nm = realloc(dev->hostmem, cap * sizeof(*dev->hostmem));
-    if (!nm)
-      return NULL;
-    dev->hostmem = nm;
-    dev->caphostmem = cap;
-  }
+  void *nm = grow(dev->hostmem, &dev->caphostmem, dev->nhostmem, sizeof(*dev->hostmem));
+  if (!nm)
+    return NULL;
+  dev->hostmem = nm;
   if (DRV->host_alloc(&p, c) != 0)
     return NULL;
   dev->hostmem[dev->nhostmem].p = p;
