@@ -1138,14 +1138,21 @@ def task_result_limits(env):
     still_open(c)
 
 
+def glsl_devices(c):
+    """The devices that run GLSL kernels (Vulkan)."""
+    return [d["id"] for d in c.ok("devices")["devices"] if "glsl" in d["kernel_langs"]]
+
+
+GLSL_HEAD = "#version 450\nlayout(local_size_x=1) in;\n"
+
+
 @case("task.run: kernel options (vulkan:0)", daemon="main")
 def kernel_opts(env):
     c = env.conn()
-    devs = c.ok("devices")["devices"]
-    vk = [d["id"] for d in devs if "glsl" in d["kernel_langs"]]
+    vk = glsl_devices(c)
     if not vk:
         return "no vulkan device"
-    src = ("#version 450\nlayout(local_size_x=1) in;\n"
+    src = (GLSL_HEAD +
            "layout(std430, binding=0) buffer A { float a[]; };\n"
            "void main(){ a[gl_GlobalInvocationID.x] *= 2.0; }\n")
     x = t32([1, 2, 3])
@@ -1212,13 +1219,12 @@ def kernel_opts(env):
 @case("task.run: how kernel arguments reach a Vulkan shader; grid, block, entry, f32 range")
 def kernel_args(env):
     c = env.conn()
-    devs = c.ok("devices")["devices"]
-    vk = [d["id"] for d in devs if "glsl" in d["kernel_langs"]]
+    vk = glsl_devices(c)
     if not vk:
         return "no vulkan device"
     # bindings 0, 1 in the order of args; scalars in the push-constant block
     # in order with std430 alignment
-    src = ("#version 450\nlayout(local_size_x=1) in;\n"
+    src = (GLSL_HEAD +
            "layout(std430, binding=0) buffer A { float a[]; };\n"
            "layout(std430, binding=1) buffer B { float b[]; };\n"
            "layout(push_constant) uniform P { float s; int k; uint u; };\n"
