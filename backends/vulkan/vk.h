@@ -356,6 +356,9 @@ int dspk__vk_dispatch(struct dspk__dev *d, struct dspk__vk_kernel *k,
 
 /* ---- vk_fft.c ----------------------------------------------------------- */
 
+/* How many of the fft tuner's runs on the calling thread were timed by
+ * the device's timestamps (tests). */
+unsigned dspk__vk_fft_timed(void);
 /* Whether d's queue writes timestamps. */
 int dspk__vk_timestamps(struct dspk__dev *d);
 /* GPU time, by timestamps around them, of reps recordings made by rec(ud,
