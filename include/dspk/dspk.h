@@ -299,7 +299,11 @@ DSPK_EXPORT int dspk_shared_from_file(dspk_client *c, const char *device, int fd
 DSPK_EXPORT int dspk_file_data(dspk_client *c, const void *addr, size_t len, int fd,
                                uint64_t offset);
 /* Frees an allocation of dspk_shared_alloc (ptr: its start): buffer.free,
- * then unmaps.  Tasks already sent still see the daemon's mapping. */
+ * then unmaps.  Tasks already sent still see the daemon's mapping.  The
+ * mapping is gone whatever buffer.free answered (DSPK_ENOBUF when its id
+ * was already freed with dspk_buffer_free; 0 without asking when the
+ * connection is broken); DSPK_EINVAL, with nothing freed, for a ptr that
+ * is not the start of a live allocation of c (NULL, or freed before). */
 DSPK_EXPORT int dspk_shared_free(dspk_client *c, void *ptr);
 
 /* Inline operands of at least this many bytes that are not in shared memory

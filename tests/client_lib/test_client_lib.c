@@ -1598,6 +1598,13 @@ static void test_bad_arguments(void **state) {
   assert_int_equal(t[0].rank, DSPK_MAX_RANK + 1);
   assert_int_equal(dspk_run(C, &task, &res), DSPK_ELIMIT);
   assert_non_null(strstr(dspk_last_error(C), "rank 9"));
+  /* A shared allocation whose buffer was freed by id: dspk_shared_free
+   * still unmaps it (ENOBUF from the daemon), and a second free is EINVAL. */
+  assert_int_equal(dspk_shared_alloc(C, NULL, 64, &p, &id), 0);
+  assert_int_equal(dspk_buffer_free(C, id), 0);
+  assert_int_equal(dspk_shared_free(C, p), DSPK_ENOBUF);
+  expect_einval(dspk_shared_free(C, p), "not a shared allocation");
+  expect_einval(dspk_shared_free(C, NULL), "not a shared allocation");
   /* The helpers take NULL instead of crashing. */
   assert_int_equal(dspk_default_socket(NULL, 16), DSPK_EINVAL);
   assert_int_equal(dspk_dtype_from_name("f64", NULL), 0);
