@@ -563,6 +563,11 @@ static int check_task(dspk_client *c, const dspk_task *t) {
        !t->kernel.entry || (t->kernel.source_len && !t->kernel.source)))
     return dspk__cerr(c, DSPK_EINVAL, "kernel: bad lang, entry, source or "
                       "nargs");
+  /* An unknown kind was packed as f64 from the union's bytes. */
+  for (unsigned i = 0; t->op == DSPK_OP_KERNEL && i < t->kernel.nargs; i++)
+    if ((unsigned)t->kernel.args[i].kind > DSPK_KARG_F64)
+      return dspk__cerr(c, DSPK_EINVAL, "kernel.args[%u]: unknown kind %d", i,
+                        (int)t->kernel.args[i].kind);
   return 0;
 }
 

@@ -1579,6 +1579,21 @@ static void test_bad_arguments(void **state) {
   expect_einval(dspk_run(C, &task, NULL), "res is NULL");
   expect_einval(dspk_wait(C, 1, NULL), "res is NULL");
   expect_einval(dspk_wait_any(C, NULL, &res), "ticket is NULL");
+  {
+    dspk_task k;
+    dspk_task_init(&k, DSPK_OP_KERNEL);
+    k.device = "cpu:0";
+    k.ninputs = 1;
+    k.inputs = t;
+    k.kernel.lang = "glsl";
+    k.kernel.entry = "main";
+    k.kernel.source = "void main() {}";
+    k.kernel.source_len = 14;
+    k.kernel.nargs = 2;
+    k.kernel.args[0].kind = DSPK_KARG_TENSOR;
+    k.kernel.args[1].kind = (dspk_karg_kind)99;
+    expect_einval(dspk_submit(C, &k, &ticket), "kernel.args[1]: unknown kind 99");
+  }
   /* Nothing was sent: the connection still answers. */
   assert_int_equal(dspk_ping(C, "ok", 2), 0);
   /* Without a client there is nowhere to say why: the code alone. */
