@@ -77,8 +77,12 @@ DSPK_EXPORT int dspk_default_socket(char *buf, size_t buflen);
 
 /*
  * Connects to the daemon at socket_path (NULL: dspk_default_socket()) and
- * says hello with client_name (NULL: "libdspkclient").  On success *out is a
- * new client, freed with dspk_close().  Returns DSPK_ECONNECT when nothing
+ * says hello with client_name (NULL: "libdspkclient"; at most 63 bytes,
+ * a longer one is DSPK_ELIMIT) and the Slurm job this process runs in
+ * ($DSPK_JOB, else $SLURM_JOB_ID, when a decimal number from 1;
+ * docs/cluster.md).  On success *out is a new client, freed with
+ * dspk_close().  Returns DSPK_EINVAL when out is NULL, DSPK_ELIMIT for a
+ * socket_path longer than 107 bytes, DSPK_ECONNECT when nothing
  * listens there, DSPK_EVERSION when the daemon speaks another protocol
  * version, or another negative code.  The reason of a failure cannot be read
  * with dspk_last_error() (there is no client); dspk_connect_error() gives it.
