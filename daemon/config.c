@@ -23,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #ifdef DSPKD_HAVE_INIH
@@ -33,6 +34,8 @@
 #include "daemon/config.h"
 #include "daemon/log.h"
 #include "proto/units.h"
+
+#define DSPKD_SUN_PATH sizeof(((struct sockaddr_un *)0)->sun_path)
 
 /* K_SHARE: a size in bytes, or a share of a device's memory ("50%").
  * K_CONFIG, K_FD, K_HELP and K_VERSION are options of the command line
@@ -396,8 +399,11 @@ static int store(const struct key *k, const char *value, bool from_file,
 
   switch (k->type) {
   case K_SOCKET:
-    if (!*value || strlen(value) >= k->width) {
-      snprintf(why, len, "expected a path shorter than %zu bytes", k->width);
+    /* The limit of a Unix socket's address, checked here so that a path
+     * too long is a bad value (exit 2, file:line), not a failed listen. */
+    if (!*value || strlen(value) >= k->width || strlen(value) >= DSPKD_SUN_PATH) {
+      snprintf(why, len, "expected a non-empty path of at most %zu bytes (a Unix "
+               "socket's limit), got %zu bytes", (size_t)DSPKD_SUN_PATH - 1, strlen(value));
       return -1;
     }
     memcpy(field, value, strlen(value) + 1);

@@ -466,6 +466,19 @@ def t_config(exe, tmp):
     start_fail("[daemon]\nmetrics_listen = 127.0.0.1:65536\n",
                "%(f)s:2: metrics_listen: expected ADDR:PORT with a port from 0 to 65535")
     start_fail("[daemon]\nmetrics_listen = 127.0.0.1:\n", "%(f)s:2: metrics_listen")
+    # A socket path beyond a Unix socket's 107 bytes is a bad value too (it
+    # passed up to 255 bytes and failed to listen, exit 1).
+    start_fail("[daemon]\nsocket = /tmp/%s\n" % ("s" * 110),
+               "%(f)s:2: socket: expected a non-empty path of at most 107 bytes")
+    # A socket in a directory that does not exist: exit 1, saying so (libuv
+    # reports it as "permission denied", even to root).
+    p = subprocess.run([exe, "--foreground", "--config", "", "--backends", "cpu", "--no-cache",
+                        "--socket", os.path.join(tmp, "no-such-dir", "s.sock")],
+                       stderr=subprocess.PIPE, timeout=TIMEOUT)
+    err = p.stderr.decode()
+    check(p.returncode == 1 and "no-such-dir: No such file or directory" in err and
+          "permission denied" not in err, "socket in a missing directory: %d %s" %
+          (p.returncode, err))
     p = subprocess.run([exe, "--foreground", "--device-inflight", "65"],
                        stderr=subprocess.PIPE, timeout=TIMEOUT)
     check(p.returncode == 2 and b"--device-inflight: expected an integer from 1 to 64" in
@@ -478,6 +491,8 @@ def t_config(exe, tmp):
                        (["--shutdown-timeout", "5x"], "--shutdown-timeout: expected an integer"),
                        (["--ready-fd", "999"], "--ready-fd: 999: not an open file descriptor"),
                        (["--backends", "cpu,nosuch"], '--backends: expected a comma list'),
+                       (["--socket", "/tmp/" + "s" * 110], "--socket: expected a non-empty path"),
+                       (["--socket", ""], "--socket: expected a non-empty path"),
                        (["--metrics-listen", "127.0.0.1:99999"],
                         "--metrics-listen: expected ADDR:PORT with a port from 0 to 65535"),
                        (["--max-u", "1"], "ambiguous"), (["stray"], 'unexpected argument "stray"')):
