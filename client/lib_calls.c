@@ -550,11 +550,13 @@ static int check_task(dspk_client *c, const dspk_task *t) {
     if (!x->is_ref && x->nbytes && !x->data)
       return dspk__cerr(c, DSPK_EINVAL, "input %u: data is NULL", i);
   }
-  if (t->op == DSPK_OP_REDUCE && ((unsigned)t->reduce.fn >= DSPK_REDUCE_COUNT ||
-                                  t->reduce.naxes > DSPK_MAX_RANK))
-    return dspk__cerr(c, DSPK_EINVAL, "reduce: bad fn or naxes");
+  if (t->op == DSPK_OP_REDUCE && (unsigned)t->reduce.fn >= DSPK_REDUCE_COUNT)
+    return dspk__cerr(c, DSPK_EINVAL, "reduce.fn: unknown value %d", (int)t->reduce.fn);
+  if (t->op == DSPK_OP_REDUCE && t->reduce.naxes > DSPK_MAX_RANK)
+    return dspk__cerr(c, DSPK_EINVAL, "reduce.naxes: %u is more than %d", t->reduce.naxes,
+                      DSPK_MAX_RANK);
   if (t->op == DSPK_OP_MAP && (unsigned)t->map.fn >= DSPK_MAPFN_COUNT)
-    return dspk__cerr(c, DSPK_EINVAL, "map: bad fn");
+    return dspk__cerr(c, DSPK_EINVAL, "map.fn: unknown value %d", (int)t->map.fn);
   if (t->op == DSPK_OP_CONTRACT && !t->contract.subscripts)
     return dspk__cerr(c, DSPK_EINVAL, "contract: subscripts is NULL");
   if (t->op == DSPK_OP_KERNEL &&

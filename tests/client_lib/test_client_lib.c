@@ -1594,6 +1594,22 @@ static void test_bad_arguments(void **state) {
     k.kernel.args[1].kind = (dspk_karg_kind)99;
     expect_einval(dspk_submit(C, &k, &ticket), "kernel.args[1]: unknown kind 99");
   }
+  {
+    dspk_task k;
+    dspk_task_init(&k, DSPK_OP_REDUCE);
+    k.ninputs = 1;
+    k.inputs = t;
+    k.reduce.fn = (dspk_reduce)7;
+    expect_einval(dspk_submit(C, &k, &ticket), "reduce.fn: unknown value 7");
+    k.reduce.fn = DSPK_REDUCE_SUM;
+    k.reduce.naxes = DSPK_MAX_RANK + 1;
+    expect_einval(dspk_submit(C, &k, &ticket), "reduce.naxes: 9");
+    dspk_task_init(&k, DSPK_OP_MAP);
+    k.ninputs = 1;
+    k.inputs = t;
+    k.map.fn = (dspk_mapfn)-1;
+    expect_einval(dspk_submit(C, &k, &ticket), "map.fn: unknown value -1");
+  }
   /* Nothing was sent: the connection still answers. */
   assert_int_equal(dspk_ping(C, "ok", 2), 0);
   /* Without a client there is nowhere to say why: the code alone. */
