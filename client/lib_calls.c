@@ -28,12 +28,15 @@ DSPK_EXPORT int dspk_dtype_from_name(const char *name, dspk_dtype *out) {
   dspk_dtype dt;
   if (!name || dspk__dtype_from_name(name, strlen(name), &dt) != 0)
     return DSPK_EDTYPE;
-  *out = dt;
+  if (out)
+    *out = dt;
   return 0;
 }
 
 DSPK_EXPORT uint64_t dspk_tensor_numel(const dspk_tensor *t) {
   uint64_t n = 1;
+  if (!t)
+    return 0;
   for (unsigned i = 0; i < t->rank && i < DSPK_MAX_RANK; i++)
     n *= (uint64_t)t->shape[i];
   return n;
@@ -42,16 +45,23 @@ DSPK_EXPORT uint64_t dspk_tensor_numel(const dspk_tensor *t) {
 DSPK_EXPORT void dspk_tensor_inline(dspk_tensor *t, dspk_dtype dt,
                                     unsigned rank, const int64_t *shape,
                                     const void *data) {
+  if (!t)
+    return;
   memset(t, 0, sizeof(*t));
   t->dtype = dt;
-  t->rank = rank > DSPK_MAX_RANK ? DSPK_MAX_RANK : rank;
-  for (unsigned i = 0; i < t->rank; i++)
+  /* The rank as given, so that dspk_run/dspk_submit refuse a rank above
+   * DSPK_MAX_RANK (ELIMIT) instead of running on a cut shape; NULL shape
+   * leaves the axes 0. */
+  t->rank = rank;
+  for (unsigned i = 0; shape && i < rank && i < DSPK_MAX_RANK; i++)
     t->shape[i] = shape[i];
   t->data = data;
   t->nbytes = (size_t)dspk_tensor_numel(t) * dspk__dtype_size(dt);
 }
 
 DSPK_EXPORT void dspk_task_init(dspk_task *t, dspk_op op) {
+  if (!t)
+    return;
   memset(t, 0, sizeof(*t));
   t->op = op;
   t->gemm.alpha = 1.0;
@@ -129,7 +139,7 @@ DSPK_EXPORT int dspk_ping(dspk_client *c, const void *data, size_t n) {
   int rc;
 
   if (!c || (n && !data))
-    return DSPK_EINVAL;
+    return dspk__argerr(c, "dspk_ping: data is NULL and n is %zu", n);
   rc = call(c, &a, &r);
   if (rc != 0)
     return rc;
@@ -148,7 +158,7 @@ DSPK_EXPORT int dspk_call_json(dspk_client *c, const char *method,
   int rc;
 
   if (!c || !method || !json_out)
-    return DSPK_EINVAL;
+    return dspk__argerr(c, "dspk_call_json: %s is NULL", !method ? "method" : "json_out");
   rc = dspk__call(c, method, NULL, NULL, &r);
   if (rc == 0 && (rc = answer(c, &r, NULL, make_json, &json)) == 0)
     *json_out = json;
@@ -174,11 +184,13 @@ static int job_call(dspk_client *c, struct params *a, const struct job_uuids *u,
   void *json = NULL;
   int rc;
 
-  if (!c || !json_out || (u && u->n && !u->uuids))
-    return DSPK_EINVAL;
+  if (!c || !json_out)
+    return dspk__argerr(c, "json_out is NULL");
+  if (u && u->n && !u->uuids)
+    return dspk__argerr(c, "dspk_job_register: uuids is NULL and n is %zu", u->n);
   for (size_t i = 0; u && i < u->n; i++)
     if (!u->uuids[i])
-      return DSPK_EINVAL;
+      return dspk__argerr(c, "dspk_job_register: uuids[%zu] is NULL", i);
   if ((rc = call_make(c, a, make_json, &json)) == 0)
     *json_out = json;
   return rc;
@@ -191,14 +203,14 @@ DSPK_EXPORT int dspk_job_register(dspk_client *c, uint64_t job, uint32_t uid,
                      {[DSPK__JREG_JOB] = dspk__pv_uint(job), [DSPK__JREG_UID] = dspk__pv_uint(uid),
                       [DSPK__JREG_DEVICES] = dspk__pv_pack(pack_uuids, &u)}};
   if (!job)
-    return DSPK_EINVAL;
+    return dspk__argerr(c, "dspk_job_register: job 0 (job ids start at 1)");
   return job_call(c, &a, &u, json_out);
 }
 
 DSPK_EXPORT int dspk_job_end(dspk_client *c, uint64_t job, char **json_out) {
   struct params a = {.m = DSPK__M_JOB_END, .v = {[DSPK__JEND_JOB] = dspk__pv_uint(job)}};
   if (!job)
-    return DSPK_EINVAL;
+    return dspk__argerr(c, "dspk_job_end: job 0 (job ids start at 1)");
   return job_call(c, &a, NULL, json_out);
 }
 
@@ -273,7 +285,7 @@ DSPK_EXPORT int dspk_devices(dspk_client *c, bool all,
   int rc;
 
   if (!c || !out)
-    return DSPK_EINVAL;
+    return dspk__argerr(c, "dspk_devices: out is NULL");
   if ((rc = call_make(c, &a, make_devices, &l)) == 0)
     *out = l;
   return rc;
@@ -342,7 +354,7 @@ DSPK_EXPORT int dspk_status_get(dspk_client *c, dspk_status **out) {
   int rc;
 
   if (!c || !out)
-    return DSPK_EINVAL;
+    return dspk__argerr(c, "dspk_status_get: out is NULL");
   if ((rc = call_make(c, &a, make_status, &s)) == 0)
     *out = s;
   return rc;
@@ -370,7 +382,7 @@ DSPK_EXPORT int dspk_buffer_create(dspk_client *c, const char *device,
   int rc;
 
   if (!c || !id_out)
-    return DSPK_EINVAL;
+    return dspk__argerr(c, "dspk_buffer_create: id_out is NULL");
   rc = call(c, &a, &r);
   if (rc != 0)
     return rc;
@@ -472,7 +484,7 @@ DSPK_EXPORT int dspk_buffer_write(dspk_client *c, uint64_t id,
   char *local;
 
   if (!c || (n && !data))
-    return DSPK_EINVAL;
+    return dspk__argerr(c, "dspk_buffer_write: data is NULL and n is %zu", n);
   /* A shared buffer of ours with nothing in flight: its bytes are here. */
   if ((local = dspk__shm_local(c, id, offset, n)) != NULL) {
     memcpy(local, data, n);
@@ -486,7 +498,7 @@ DSPK_EXPORT int dspk_buffer_read(dspk_client *c, uint64_t id, uint64_t offset,
   char *local;
 
   if (!c || (n && !dst))
-    return DSPK_EINVAL;
+    return dspk__argerr(c, "dspk_buffer_read: dst is NULL and n is %zu", n);
   if ((local = dspk__shm_local(c, id, offset, n)) != NULL) {
     memcpy(dst, local, n);
     return 0;
@@ -538,11 +550,13 @@ static int check_task(dspk_client *c, const dspk_task *t) {
     if (!x->is_ref && x->nbytes && !x->data)
       return dspk__cerr(c, DSPK_EINVAL, "input %u: data is NULL", i);
   }
-  if (t->op == DSPK_OP_REDUCE && ((unsigned)t->reduce.fn >= DSPK_REDUCE_COUNT ||
-                                  t->reduce.naxes > DSPK_MAX_RANK))
-    return dspk__cerr(c, DSPK_EINVAL, "reduce: bad fn or naxes");
+  if (t->op == DSPK_OP_REDUCE && (unsigned)t->reduce.fn >= DSPK_REDUCE_COUNT)
+    return dspk__cerr(c, DSPK_EINVAL, "reduce.fn: unknown value %d", (int)t->reduce.fn);
+  if (t->op == DSPK_OP_REDUCE && t->reduce.naxes > DSPK_MAX_RANK)
+    return dspk__cerr(c, DSPK_EINVAL, "reduce.naxes: %u is more than %d", t->reduce.naxes,
+                      DSPK_MAX_RANK);
   if (t->op == DSPK_OP_MAP && (unsigned)t->map.fn >= DSPK_MAPFN_COUNT)
-    return dspk__cerr(c, DSPK_EINVAL, "map: bad fn");
+    return dspk__cerr(c, DSPK_EINVAL, "map.fn: unknown value %d", (int)t->map.fn);
   if (t->op == DSPK_OP_CONTRACT && !t->contract.subscripts)
     return dspk__cerr(c, DSPK_EINVAL, "contract: subscripts is NULL");
   if (t->op == DSPK_OP_KERNEL &&
@@ -551,6 +565,11 @@ static int check_task(dspk_client *c, const dspk_task *t) {
        !t->kernel.entry || (t->kernel.source_len && !t->kernel.source)))
     return dspk__cerr(c, DSPK_EINVAL, "kernel: bad lang, entry, source or "
                       "nargs");
+  /* An unknown kind was packed as f64 from the union's bytes. */
+  for (unsigned i = 0; t->op == DSPK_OP_KERNEL && i < t->kernel.nargs; i++)
+    if ((unsigned)t->kernel.args[i].kind > DSPK_KARG_F64)
+      return dspk__cerr(c, DSPK_EINVAL, "kernel.args[%u]: unknown kind %d", i,
+                        (int)t->kernel.args[i].kind);
   return 0;
 }
 
@@ -761,7 +780,7 @@ DSPK_EXPORT int dspk_submit(dspk_client *c, const dspk_task *t,
   int rc;
 
   if (!c || !t || !ticket)
-    return DSPK_EINVAL;
+    return dspk__argerr(c, "dspk_submit: %s is NULL", !t ? "task" : "ticket");
   rc = check_task(c, t);
   if (rc != 0)
     return rc;
@@ -896,7 +915,7 @@ DSPK_EXPORT int dspk_wait(dspk_client *c, uint32_t ticket, dspk_result *res) {
   int rc;
 
   if (!c || !res)
-    return DSPK_EINVAL;
+    return dspk__argerr(c, "dspk_wait: res is NULL");
   rc = dspk__wait(c, ticket, &r);
   if (rc == 0) {
     rc = decode_result(c, &r, ticket, res);
@@ -913,7 +932,7 @@ DSPK_EXPORT int dspk_wait_any(dspk_client *c, uint32_t *ticket,
   int rc;
 
   if (!c || !ticket || !res)
-    return DSPK_EINVAL;
+    return dspk__argerr(c, "dspk_wait_any: %s is NULL", !ticket ? "ticket" : "res");
   rc = dspk__wait_any(c, &id, &r);
   if (rc == 0) {
     rc = decode_result(c, &r, id, res);
@@ -931,8 +950,8 @@ DSPK_EXPORT int dspk_run(dspk_client *c, const dspk_task *t,
   uint32_t ticket;
   int rc;
 
-  if (!res)
-    return DSPK_EINVAL;
+  if (!c || !res)
+    return dspk__argerr(c, "dspk_run: res is NULL");
   rc = dspk_submit(c, t, &ticket);
   if (rc != 0)
     return rc;
@@ -973,7 +992,8 @@ DSPK_EXPORT int dspk_cache_clear(dspk_client *c, unsigned kinds,
   int rc;
 
   if (!c || (kinds & ~DSPK_CACHE_ALL))
-    return DSPK_EINVAL;
+    return dspk__argerr(c, "dspk_cache_clear: kinds 0x%x has bits outside DSPK_CACHE_ALL (0x%x)",
+                        kinds, DSPK_CACHE_ALL);
   if (!mask)
     mask = DSPK_CACHE_ALL;
   p.v[DSPK__CCLEAR_KINDS] = (struct dspk__pval){.set = true, .v = {.mask = mask}};

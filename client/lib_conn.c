@@ -48,12 +48,33 @@ int dspk__cerr(dspk_client *c, int code, const char *fmt, ...) {
   return code;
 }
 
+int dspk__argerr(dspk_client *c, const char *fmt, ...) {
+  va_list ap;
+  if (!c)
+    return DSPK_EINVAL;
+  va_start(ap, fmt);
+  dspk__vformat(c->err, sizeof(c->err), fmt, ap);
+  va_end(ap);
+  return DSPK_EINVAL;
+}
+
 static int mark_broken(dspk_client *c, int code) {
   if (!c->broken) {
     c->broken = true;
     c->broken_code = code;
+    if (c->err[0])
+      memcpy(c->broken_why, c->err, sizeof c->broken_why);
+    else
+      snprintf(c->broken_why, sizeof c->broken_why, "%s", dspk__strerror(code));
   }
   return code;
+}
+
+/* A failed recv: the daemon gone (reset, or a socket no longer connected)
+ * is DSPK_ECLOSED, as a closed stream and a failed send are; anything else
+ * DSPK_EIO. */
+static int recv_code(int e) {
+  return e == ECONNRESET || e == EPIPE || e == ENOTCONN ? DSPK_ECLOSED : DSPK_EIO;
 }
 
 DSPK_EXPORT const char *dspk_version(void) { return DSPK_VERSION_STRING; }
@@ -80,6 +101,9 @@ DSPK_EXPORT int dspk_default_socket(char *buf, size_t buflen) {
   const char *xdg = getenv("XDG_RUNTIME_DIR");
   const char *job = getenv("SLURM_JOB_ID");
   int n;
+
+  if (!buf && buflen)
+    return DSPK_EINVAL;
 
   /* In a Slurm job the node's daemon (docs/cluster.md), not the session's
    * XDG_RUNTIME_DIR that sbatch carried over from the login node. */
@@ -141,7 +165,7 @@ DSPK_EXPORT int dspk_file_data(dspk_client *c, const void *addr, size_t len, int
                                uint64_t offset) {
   struct dspk__fmap m;
   if (!c || !addr)
-    return DSPK_EINVAL;
+    return dspk__argerr(c, "dspk_file_data: addr is NULL");
   for (size_t i = 0; i < c->nfmaps; i++)
     if (c->fmaps[i].addr == addr) { /* forgotten, or replaced below */
       close(c->fmaps[i].fd);
@@ -150,8 +174,10 @@ DSPK_EXPORT int dspk_file_data(dspk_client *c, const void *addr, size_t len, int
     }
   if (len == 0)
     return 0;
-  if (fd < 0 || offset > (uint64_t)INT64_MAX - len)
-    return DSPK_EINVAL;
+  if (fd < 0)
+    return dspk__argerr(c, "dspk_file_data: fd %d is not a file descriptor", fd);
+  if (offset > (uint64_t)INT64_MAX - len)
+    return dspk__argerr(c, "dspk_file_data: offset + len exceeds a file's largest offset");
   if (c->nfmaps == c->capfmaps) {
     size_t cap = c->capfmaps ? 2 * c->capfmaps : 4;
     struct dspk__fmap *p = realloc(c->fmaps, cap * sizeof(*p));
@@ -217,7 +243,7 @@ int dspk__send_fd(dspk_client *c, struct dspk__wbuf *w, uint32_t msgid, int fd) 
 
   if (c->broken)
     return dspk__cerr(c, c->broken_code, "connection is no longer usable: %s",
-                      c->err[0] ? c->err : dspk__strerror(c->broken_code));
+                      c->broken_why);
   if (c->ninflight == c->capinflight) {
     size_t cap = c->capinflight ? 2 * c->capinflight : 16;
     uint32_t *p = realloc(c->inflight, cap * sizeof(*p));
@@ -353,9 +379,11 @@ static int fill(dspk_client *c, bool dontwait) {
   while (n < 0 && errno == EINTR);
   if (n < 0 && dontwait && (errno == EAGAIN || errno == EWOULDBLOCK))
     return 0;
-  if (n < 0)
-    return mark_broken(c, dspk__cerr(c, DSPK_EIO, "reading from the daemon: "
-                                     "%s", strerror(errno)));
+  if (n < 0) {
+    int e = errno;
+    return mark_broken(c, dspk__cerr(c, recv_code(e), "reading from the daemon: "
+                                     "%s", strerror(e)));
+  }
   if (n == 0) {
     if (c->broken) /* protocol.error came first: keep its reason */
       return c->broken_code;
@@ -417,10 +445,11 @@ static int land(dspk_client *c, bool any, uint32_t msgid) {
     if (got < 0 && errno == EINTR)
       continue;
     if (got <= 0) {
+      int e = errno;
       free(p);
-      return mark_broken(c, dspk__cerr(c, got == 0 ? DSPK_ECLOSED : DSPK_EIO,
+      return mark_broken(c, dspk__cerr(c, got == 0 ? DSPK_ECLOSED : recv_code(e),
                                        "reading from the daemon: %s",
-                                       got == 0 ? "connection closed" : strerror(errno)));
+                                       got == 0 ? "connection closed" : strerror(e)));
     }
     take += (size_t)got;
   }
@@ -836,10 +865,12 @@ int dspk__wait_into(dspk_client *c, uint32_t msgid, void *dst, size_t n) {
       ssize_t got = recv(c->fd, (char *)dst + have, n - have, MSG_WAITALL);
       if (got < 0 && errno == EINTR)
         continue;
-      if (got <= 0)
-        return mark_broken(c, dspk__cerr(c, got == 0 ? DSPK_ECLOSED : DSPK_EIO,
+      if (got <= 0) {
+        int e = errno;
+        return mark_broken(c, dspk__cerr(c, got == 0 ? DSPK_ECLOSED : recv_code(e),
                                          "reading from the daemon: %s",
-                                         got == 0 ? "connection closed" : strerror(errno)));
+                                         got == 0 ? "connection closed" : strerror(e)));
+      }
       have += (size_t)got;
     }
     inflight_del(c, msgid);

@@ -23,6 +23,7 @@ struct dspk_client {
   int fd;
   bool broken;            /* the stream is unusable; every call fails */
   int broken_code;
+  char broken_why[1024];  /* c->err when it broke: later calls quote it */
   uint32_t next_id;
   struct dspk__limits lim; /* applied to what the daemon sends */
   size_t send_max;          /* the daemon's max_message (from hello) */
@@ -93,6 +94,11 @@ struct dspk__resp {
 /* Sets c->err from a format and returns code. */
 int dspk__cerr(dspk_client *c, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+/* A bad argument of a public function: DSPK_EINVAL, with the reason in
+ * c->err when there is a client to hold it (NULL c: none, and the code
+ * alone says it), so that dspk_last_error() is never "" after a failure. */
+int dspk__argerr(dspk_client *c, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
 
 /* A fresh msgid for a request (never one still in flight). */
 uint32_t dspk__next_id(dspk_client *c);

@@ -49,7 +49,7 @@ DSPK_EXPORT int dspk_metrics(dspk_client *c, char **text_out) {
   int rc;
 
   if (!c || !text_out)
-    return DSPK_EINVAL;
+    return dspk__argerr(c, "dspk_metrics: text_out is NULL");
   rc = dspk__call(c, "metrics", NULL, NULL, &r);
   if (rc != 0)
     return rc;
@@ -309,8 +309,10 @@ DSPK_EXPORT int dspk_trace(dspk_client *c, double seconds, char **json_out) {
   char *json = NULL;
   int rc;
 
-  if (!c || !json_out || !(seconds > 0))
-    return DSPK_EINVAL;
+  if (!c || !json_out)
+    return dspk__argerr(c, "dspk_trace: json_out is NULL");
+  if (!(seconds > 0))
+    return dspk__argerr(c, "dspk_trace: seconds %g is not in (0, 600]", seconds);
   rc = dspk__call(c, "trace", pack_seconds, &seconds, &r);
   if (rc != 0)
     return rc;

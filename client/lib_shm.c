@@ -259,9 +259,10 @@ DSPK_EXPORT int dspk_shared_alloc(dspk_client *c, const char *device,
                                   uint64_t *id_out) {
   struct dspk__shm *s;
   int rc;
-  if (!c || !ptr_out || !id_out || bytes == 0)
-    return c ? dspk__cerr(c, DSPK_EINVAL, "dspk_shared_alloc: bytes must be > 0")
-             : DSPK_EINVAL;
+  if (!c || !ptr_out || !id_out)
+    return dspk__argerr(c, "dspk_shared_alloc: %s is NULL", !ptr_out ? "ptr_out" : "id_out");
+  if (bytes == 0)
+    return dspk__argerr(c, "dspk_shared_alloc: bytes must be > 0");
   rc = shm_new(c, device && *device ? device : "cpu:0", bytes, 0, &s);
   if (rc != 0)
     return rc;
@@ -275,9 +276,10 @@ DSPK_EXPORT int dspk_shared_from_file(dspk_client *c, const char *device, int fd
                                       uint64_t *id_out) {
   struct dspk__shm *s;
   int rc;
-  if (!c || !ptr_out || !id_out || bytes == 0 || fd < 0)
-    return c ? dspk__cerr(c, DSPK_EINVAL, "dspk_shared_from_file: needs a file and bytes > 0")
-             : DSPK_EINVAL;
+  if (!c || !ptr_out || !id_out)
+    return dspk__argerr(c, "dspk_shared_from_file: %s is NULL", !ptr_out ? "ptr_out" : "id_out");
+  if (bytes == 0 || fd < 0)
+    return dspk__argerr(c, "dspk_shared_from_file: needs a file and bytes > 0");
   rc = shm_new_from(c, device && *device ? device : "cpu:0", bytes, 0, fd, offset, &s);
   if (rc != 0)
     return rc;

@@ -23,15 +23,19 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #ifdef DSPKD_HAVE_INIH
 #include <ini.h>
 #endif
 
+#include "backends/backend.h"
 #include "daemon/config.h"
 #include "daemon/log.h"
 #include "proto/units.h"
+
+#define DSPKD_SUN_PATH sizeof(((struct sockaddr_un *)0)->sun_path)
 
 /* K_SHARE: a size in bytes, or a share of a device's memory ("50%").
  * K_CONFIG, K_FD, K_HELP and K_VERSION are options of the command line
@@ -344,6 +348,47 @@ __attribute__((format(printf, 2, 3))) static int perr(struct parse *p, const cha
   return 0;
 }
 
+/* backends: a comma list of the backends dspk knows (those this build lacks
+ * included: they are listed as unavailable), no blanks, no empty item.
+ * Checked here so that a bad list stops dspkd with status 2 naming
+ * file:line, as every other bad value does, before any device is opened. */
+static int check_backends(const char *s, char *why, size_t len) {
+  for (const char *p = s;;) {
+    size_t n = strcspn(p, ",");
+    bool known = false;
+    for (int i = 0; dspk__known_backends[i]; i++)
+      if (strlen(dspk__known_backends[i]) == n && memcmp(dspk__known_backends[i], p, n) == 0)
+        known = true;
+    if (!known) {
+      snprintf(why, len, "expected a comma list (no blanks) of cpu, cuda, vulkan, hip; "
+               "got \"%.*s\" in \"%s\"", (int)n, p, s);
+      return -1;
+    }
+    if (!p[n])
+      return 0;
+    p += n + 1;
+  }
+}
+
+/* metrics_listen: ADDR:PORT ([V6]:PORT; :PORT for every address) with a
+ * decimal port from 0 to 65535; whether ADDR resolves is seen when the
+ * listener starts. */
+static int check_listen(const char *s, char *why, size_t len) {
+  const char *colon = strrchr(s, ':');
+  char *end;
+  unsigned long port;
+
+  if (colon && colon[1] >= '0' && colon[1] <= '9') {
+    errno = 0;
+    port = strtoul(colon + 1, &end, 10);
+    if (!errno && !*end && port <= 65535)
+      return 0;
+  }
+  snprintf(why, len, "expected ADDR:PORT with a port from 0 to 65535 (e.g. "
+           "127.0.0.1:9464), got \"%s\"", s);
+  return -1;
+}
+
 /* Parses value and stores it in cfg's field of k (a string: the pointer
  * itself, so the caller keeps value alive).  0, or -1 with what was
  * expected in why. */
@@ -354,8 +399,11 @@ static int store(const struct key *k, const char *value, bool from_file,
 
   switch (k->type) {
   case K_SOCKET:
-    if (!*value || strlen(value) >= k->width) {
-      snprintf(why, len, "expected a path shorter than %zu bytes", k->width);
+    /* The limit of a Unix socket's address, checked here so that a path
+     * too long is a bad value (exit 2, file:line), not a failed listen. */
+    if (!*value || strlen(value) >= k->width || strlen(value) >= DSPKD_SUN_PATH) {
+      snprintf(why, len, "expected a non-empty path of at most %zu bytes (a Unix "
+               "socket's limit), got %zu bytes", (size_t)DSPKD_SUN_PATH - 1, strlen(value));
       return -1;
     }
     memcpy(field, value, strlen(value) + 1);
@@ -366,6 +414,12 @@ static int store(const struct key *k, const char *value, bool from_file,
       snprintf(why, len, "expected a value");
       return -1;
     }
+    if (*value && k->off == offsetof(struct dspkd_config, backends) &&
+        check_backends(value, why, len) != 0)
+      return -1;
+    if (*value && k->off == offsetof(struct dspkd_config, metrics_listen) &&
+        check_listen(value, why, len) != 0)
+      return -1;
     *(const char **)field = value;
     return 0;
   case K_BOOL: {
@@ -711,9 +765,17 @@ int dspkd_config_reload(struct dspkd *d, char *msg, size_t msglen) {
   }
   for (size_t i = 0; i < NKEYS; i++) {
     const struct key *k = &keys[i];
-    if (!k->reload || (flag_mask & ((uint64_t)1 << i)))
+    if (flag_mask & ((uint64_t)1 << i) || !(k->where & IN_FILE))
       continue;
-    memcpy((char *)&d->cfg + k->off, (char *)&nw + k->off, k->width);
+    if (k->reload) {
+      memcpy((char *)&d->cfg + k->off, (char *)&nw + k->off, k->width);
+      continue;
+    }
+    /* A restart-only number or yes/no that the file changed (strings were
+     * compared by the handler): said, as dspk.conf(5) promises, not applied. */
+    if (k->type != K_STR && k->type != K_SOCKET &&
+        memcmp((char *)&d->cfg + k->off, (char *)&nw + k->off, k->width) != 0)
+      dspkd_warn("%s: %s changed; it takes effect at the next start", conf_path, k->name);
   }
   dspkd_log_set_level((enum dspkd_level)d->cfg.log_level);
   dspkd_info("configuration reloaded from %s", conf_path);

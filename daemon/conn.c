@@ -886,6 +886,30 @@ int dspkd_bind_0660(uv_pipe_t *p, const char *path) {
   return r;
 }
 
+/* Logs why binding path failed.  libuv's bind reports a missing directory
+ * as EACCES ("permission denied", even to root): the directory is looked
+ * at to say which it was. */
+static void listen_error(const char *path, int r) {
+  char dir[sizeof(((struct sockaddr_un *)0)->sun_path)];
+  const char *slash = strrchr(path, '/');
+  struct stat st;
+
+  if (r == UV_EACCES && slash && (size_t)(slash - path) < sizeof dir) {
+    size_t n = slash == path ? 1 : (size_t)(slash - path);
+    memcpy(dir, path, n);
+    dir[n] = '\0';
+    if (stat(dir, &st) != 0) {
+      dspkd_error("cannot listen on %s: directory %s: %s", path, dir, strerror(errno));
+      return;
+    }
+    if (!S_ISDIR(st.st_mode)) {
+      dspkd_error("cannot listen on %s: %s is not a directory", path, dir);
+      return;
+    }
+  }
+  dspkd_error("cannot listen on %s: %s", path, uv_strerror(r));
+}
+
 int dspkd_listen(struct dspkd *d) {
   const char *path = d->cfg.socket_path;
   int r;
@@ -916,7 +940,7 @@ int dspkd_listen(struct dspkd *d) {
   if (r == 0)
     r = uv_listen((uv_stream_t *)&d->listener, 128, on_connection);
   if (r < 0) {
-    dspkd_error("cannot listen on %s: %s", path, uv_strerror(r));
+    listen_error(path, r);
     uv_close((uv_handle_t *)&d->listener, NULL);
     return DSPK_EIO;
   }

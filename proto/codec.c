@@ -541,8 +541,10 @@ int dspk__wbuf_iov(struct dspk__wbuf *w, struct iovec **iov, size_t *n) {
 
 size_t dspk__wbuf_len(const struct dspk__wbuf *w) {
   size_t n = w->cur.size;
+  /* Saturates: a caller's huge length (a ping of SIZE_MAX bytes) must read
+   * as too large, never wrap round to a small frame. */
   for (size_t i = 0; i < w->nsegs; i++)
-    n += w->segs[i].len;
+    n = w->segs[i].len > SIZE_MAX - n ? SIZE_MAX : n + w->segs[i].len;
   return n;
 }
 

@@ -12,6 +12,9 @@
  *    dspk_err_name() describe a code, dspk_last_error() gives the detail of
  *    the last failure on a connection (the daemon's message, which names the
  *    operand and axis at fault).
+ *  - A NULL client, or NULL for a pointer a call needs (an output
+ *    parameter, data of n > 0 bytes), is DSPK_EINVAL before anything is
+ *    sent; with a client, dspk_last_error() then names the parameter.
  *  - Output parameters are written only on success.  Memory the library
  *    returns (result tensors, lists, JSON text) belongs to the caller and is
  *    freed with the matching dspk_*_free() function or dspk_free().
@@ -22,7 +25,9 @@
  *    functions that take no client (dspk_strerror, ...) are thread-safe.
  *  - The library never prints, never exits and installs no signal handlers;
  *    it sends with MSG_NOSIGNAL, so a daemon that goes away gives
- *    DSPK_ECLOSED rather than SIGPIPE.
+ *    DSPK_ECLOSED rather than SIGPIPE (whether the stream ended or was
+ *    reset); every later call on that client fails with the same code and
+ *    "connection is no longer usable: " and the first reason.
  */
 #ifndef DSPK_DSPK_H
 #define DSPK_DSPK_H
@@ -62,16 +67,22 @@ typedef struct dspk_client dspk_client;
 
 /*
  * Writes the default socket path into buf: $DSPK_SOCKET if set and
- * non-empty; else, for root, /run/dspk/dspkd.sock; else
- * $XDG_RUNTIME_DIR/dspk/dspkd.sock; else /run/dspk/dspkd.sock.
- * Returns 0, or DSPK_ELIMIT when buf is too small.
+ * non-empty; else, for root or inside a Slurm job ($SLURM_JOB_ID set and
+ * non-empty: the node's daemon, docs/cluster.md), /run/dspk/dspkd.sock;
+ * else $XDG_RUNTIME_DIR/dspk/dspkd.sock; else /run/dspk/dspkd.sock.
+ * Returns 0, DSPK_ELIMIT when buf is too small (buf NULL with buflen 0
+ * included), DSPK_EINVAL for buf NULL with buflen > 0.
  */
 DSPK_EXPORT int dspk_default_socket(char *buf, size_t buflen);
 
 /*
  * Connects to the daemon at socket_path (NULL: dspk_default_socket()) and
- * says hello with client_name (NULL: "libdspkclient").  On success *out is a
- * new client, freed with dspk_close().  Returns DSPK_ECONNECT when nothing
+ * says hello with client_name (NULL: "libdspkclient"; at most 63 bytes,
+ * a longer one is DSPK_ELIMIT) and the Slurm job this process runs in
+ * ($DSPK_JOB, else $SLURM_JOB_ID, when a decimal number from 1;
+ * docs/cluster.md).  On success *out is a new client, freed with
+ * dspk_close().  Returns DSPK_EINVAL when out is NULL, DSPK_ELIMIT for a
+ * socket_path longer than 107 bytes, DSPK_ECONNECT when nothing
  * listens there, DSPK_EVERSION when the daemon speaks another protocol
  * version, or another negative code.  The reason of a failure cannot be read
  * with dspk_last_error() (there is no client); dspk_connect_error() gives it.
@@ -230,7 +241,8 @@ DSPK_EXPORT int dspk_trace(dspk_client *c, double seconds, char **json_out);
 
 /* ---- daemon-side buffers ------------------------------------------------- */
 
-/* Buffers belong to the connection and are freed when it closes. */
+/* Buffers belong to the connection and are freed when it closes.  device
+ * NULL: "cpu:0"; size may be 0 (an empty buffer). */
 DSPK_EXPORT int dspk_buffer_create(dspk_client *c, const char *device,
                                    size_t size, uint64_t *id_out);
 /* Writes n bytes at offset.  data is sent in place (not copied), in pieces
@@ -291,7 +303,11 @@ DSPK_EXPORT int dspk_shared_from_file(dspk_client *c, const char *device, int fd
 DSPK_EXPORT int dspk_file_data(dspk_client *c, const void *addr, size_t len, int fd,
                                uint64_t offset);
 /* Frees an allocation of dspk_shared_alloc (ptr: its start): buffer.free,
- * then unmaps.  Tasks already sent still see the daemon's mapping. */
+ * then unmaps.  Tasks already sent still see the daemon's mapping.  The
+ * mapping is gone whatever buffer.free answered (DSPK_ENOBUF when its id
+ * was already freed with dspk_buffer_free; 0 without asking when the
+ * connection is broken); DSPK_EINVAL, with nothing freed, for a ptr that
+ * is not the start of a live allocation of c (NULL, or freed before). */
 DSPK_EXPORT int dspk_shared_free(dspk_client *c, void *ptr);
 
 /* Inline operands of at least this many bytes that are not in shared memory
@@ -331,14 +347,18 @@ typedef struct dspk_tensor {
 } dspk_tensor;
 
 /* Bytes per element of dt (0 for an invalid value), its wire name ("f32";
- * "?" when invalid), number of elements of t, and a name lookup (0 or
- * DSPK_EDTYPE). */
+ * "?" when invalid), number of elements of t (over its first DSPK_MAX_RANK
+ * axes; 0 for NULL), and a name lookup (0 or DSPK_EDTYPE, which a NULL
+ * name is; out may be NULL to only check the name). */
 DSPK_EXPORT size_t dspk_dtype_size(dspk_dtype dt);
 DSPK_EXPORT const char *dspk_dtype_name(dspk_dtype dt);
 DSPK_EXPORT int dspk_dtype_from_name(const char *name, dspk_dtype *out);
 DSPK_EXPORT uint64_t dspk_tensor_numel(const dspk_tensor *t);
 
-/* Convenience: fills *t as an inline tensor over data (not copied). */
+/* Convenience: fills *t as an inline tensor over data (not copied), with
+ * nbytes from shape and dtype.  The rank is kept as given, so that a rank
+ * above DSPK_MAX_RANK is refused by dspk_run/dspk_submit (DSPK_ELIMIT);
+ * shape NULL leaves the axes 0; t NULL does nothing. */
 DSPK_EXPORT void dspk_tensor_inline(dspk_tensor *t, dspk_dtype dt,
                                     unsigned rank, const int64_t *shape,
                                     const void *data);
@@ -396,7 +416,7 @@ typedef struct dspk_task {
 } dspk_task;
 
 /* Zeroes *t and sets op and the defaults (device "any", gemm alpha 1 /
- * beta 0, map alpha 1, grid and block 1). */
+ * beta 0, map alpha 1, grid and block 1).  t NULL does nothing. */
 DSPK_EXPORT void dspk_task_init(dspk_task *t, dspk_op op);
 
 /* The answer of a task.  Inline outputs are in memory owned by the result

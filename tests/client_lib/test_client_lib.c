@@ -1523,6 +1523,130 @@ static void test_misc_api(void **state) {
   dspk_result_free(NULL);
 }
 
+/* Every library-side refusal of an argument: DSPK_EINVAL (or the code the
+ * header names), never a crash, with a reason in dspk_last_error() naming
+ * the parameter whenever there is a client to hold it (it was "" for most
+ * of them); and the NULL-tolerant helpers. */
+static void expect_einval(int rc, const char *what) {
+  if (rc != DSPK_EINVAL)
+    fail_msg("%s: got %d (%s), want EINVAL", what, rc, dspk_err_name(rc));
+  if (!strstr(dspk_last_error(C), what))
+    fail_msg("%s: last error \"%s\" does not name it", what, dspk_last_error(C));
+}
+
+static void test_bad_arguments(void **state) {
+  (void)state;
+  char *json = NULL, buf[16] = {0};
+  uint64_t id = 0;
+  void *p = NULL;
+  uint32_t ticket = 0;
+  dspk_device_list *dl = NULL;
+  dspk_status *st = NULL;
+  dspk_result res;
+  dspk_task task;
+  dspk_tensor t[2];
+  int64_t sh[DSPK_MAX_RANK + 1] = {1, 1, 1, 1, 1, 1, 1, 1, 2};
+  float v[4] = {1, 2, 3, 4};
+
+  expect_einval(dspk_ping(C, NULL, 5), "data is NULL");
+  expect_einval(dspk_call_json(C, NULL, &json), "method is NULL");
+  expect_einval(dspk_call_json(C, "status", NULL), "json_out is NULL");
+  expect_einval(dspk_job_register(C, 0, 1, NULL, 0, &json), "job 0");
+  expect_einval(dspk_job_register(C, 1, 1, NULL, 2, &json), "uuids is NULL");
+  expect_einval(dspk_job_end(C, 1, NULL), "json_out is NULL");
+  expect_einval(dspk_devices(C, false, NULL), "out is NULL");
+  expect_einval(dspk_status_get(C, NULL), "out is NULL");
+  expect_einval(dspk_metrics(C, NULL), "text_out is NULL");
+  expect_einval(dspk_trace(C, 0, &json), "seconds");
+  expect_einval(dspk_trace(C, NAN, &json), "seconds");
+  expect_einval(dspk_trace(C, 1, NULL), "json_out is NULL");
+  expect_einval(dspk_buffer_create(C, NULL, 8, NULL), "id_out is NULL");
+  expect_einval(dspk_buffer_write(C, 1, 0, NULL, 4), "data is NULL");
+  expect_einval(dspk_buffer_read(C, 1, 0, NULL, 4), "dst is NULL");
+  expect_einval(dspk_shared_alloc(C, NULL, 64, NULL, &id), "ptr_out is NULL");
+  expect_einval(dspk_shared_alloc(C, NULL, 64, &p, NULL), "id_out is NULL");
+  expect_einval(dspk_shared_alloc(C, NULL, 0, &p, &id), "bytes");
+  expect_einval(dspk_file_data(C, NULL, 4, 0, 0), "addr is NULL");
+  expect_einval(dspk_file_data(C, buf, 4, -1, 0), "fd -1");
+  expect_einval(dspk_cache_clear(C, 8, NULL), "DSPK_CACHE_ALL");
+  dspk_tensor_inline(&t[0], DSPK_F32, 2, sh + 7, v);
+  t[1] = t[0];
+  dspk_task_init(&task, DSPK_OP_GEMM);
+  task.ninputs = 2;
+  task.inputs = t;
+  expect_einval(dspk_submit(C, NULL, &ticket), "task is NULL");
+  expect_einval(dspk_submit(C, &task, NULL), "ticket is NULL");
+  expect_einval(dspk_run(C, &task, NULL), "res is NULL");
+  expect_einval(dspk_wait(C, 1, NULL), "res is NULL");
+  expect_einval(dspk_wait_any(C, NULL, &res), "ticket is NULL");
+  {
+    dspk_task k;
+    dspk_task_init(&k, DSPK_OP_KERNEL);
+    k.device = "cpu:0";
+    k.ninputs = 1;
+    k.inputs = t;
+    k.kernel.lang = "glsl";
+    k.kernel.entry = "main";
+    k.kernel.source = "void main() {}";
+    k.kernel.source_len = 14;
+    k.kernel.nargs = 2;
+    k.kernel.args[0].kind = DSPK_KARG_TENSOR;
+    k.kernel.args[1].kind = (dspk_karg_kind)99;
+    expect_einval(dspk_submit(C, &k, &ticket), "kernel.args[1]: unknown kind 99");
+  }
+  {
+    dspk_task k;
+    dspk_task_init(&k, DSPK_OP_REDUCE);
+    k.ninputs = 1;
+    k.inputs = t;
+    k.reduce.fn = (dspk_reduce)7;
+    expect_einval(dspk_submit(C, &k, &ticket), "reduce.fn: unknown value 7");
+    k.reduce.fn = DSPK_REDUCE_SUM;
+    k.reduce.naxes = DSPK_MAX_RANK + 1;
+    expect_einval(dspk_submit(C, &k, &ticket), "reduce.naxes: 9");
+    dspk_task_init(&k, DSPK_OP_MAP);
+    k.ninputs = 1;
+    k.inputs = t;
+    k.map.fn = (dspk_mapfn)-1;
+    expect_einval(dspk_submit(C, &k, &ticket), "map.fn: unknown value -1");
+  }
+  /* Nothing was sent: the connection still answers. */
+  assert_int_equal(dspk_ping(C, "ok", 2), 0);
+  /* Without a client there is nowhere to say why: the code alone. */
+  assert_int_equal(dspk_ping(NULL, NULL, 0), DSPK_EINVAL);
+  assert_int_equal(dspk_devices(NULL, false, &dl), DSPK_EINVAL);
+  assert_int_equal(dspk_status_get(NULL, &st), DSPK_EINVAL);
+  assert_int_equal(dspk_run(NULL, &task, &res), DSPK_EINVAL);
+  /* A length that overflows the frame's size is too large for max_message,
+   * before anything is sent (it wrapped round and failed sending: EIO,
+   * with the connection broken). */
+  assert_int_equal(dspk_ping(C, "x", SIZE_MAX), DSPK_ELIMIT);
+  assert_non_null(strstr(dspk_last_error(C), "max_message"));
+  assert_int_equal(dspk_ping(C, "ok", 2), 0);
+  /* dspk_tensor_inline keeps a rank above DSPK_MAX_RANK, which the run
+   * refuses (it was cut to 8 axes and ran on the wrong shape). */
+  dspk_tensor_inline(&t[0], DSPK_F32, DSPK_MAX_RANK + 1, sh, v);
+  assert_int_equal(t[0].rank, DSPK_MAX_RANK + 1);
+  assert_int_equal(dspk_run(C, &task, &res), DSPK_ELIMIT);
+  assert_non_null(strstr(dspk_last_error(C), "rank 9"));
+  /* A shared allocation whose buffer was freed by id: dspk_shared_free
+   * still unmaps it (ENOBUF from the daemon), and a second free is EINVAL. */
+  assert_int_equal(dspk_shared_alloc(C, NULL, 64, &p, &id), 0);
+  assert_int_equal(dspk_buffer_free(C, id), 0);
+  assert_int_equal(dspk_shared_free(C, p), DSPK_ENOBUF);
+  expect_einval(dspk_shared_free(C, p), "not a shared allocation");
+  expect_einval(dspk_shared_free(C, NULL), "not a shared allocation");
+  /* The helpers take NULL instead of crashing. */
+  assert_int_equal(dspk_default_socket(NULL, 16), DSPK_EINVAL);
+  assert_int_equal(dspk_dtype_from_name("f64", NULL), 0);
+  assert_int_equal(dspk_tensor_numel(NULL), 0);
+  dspk_tensor_inline(NULL, DSPK_F32, 1, sh, v);
+  dspk_task_init(NULL, DSPK_OP_GEMM);
+  dspk_tensor_inline(&t[0], DSPK_F32, 2, NULL, v);
+  assert_int_equal(t[0].shape[0], 0);
+  assert_int_equal(t[0].nbytes, 0);
+}
+
 int main(int argc, char **argv) {
   if (argc < 2) {
     fprintf(stderr, "usage: %s PATH-TO-DSPKD\n", argv[0]);
@@ -1550,6 +1674,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_garbage_closes),
       cmocka_unit_test(test_disconnect_mid_request),
       cmocka_unit_test(test_misc_api),
+      cmocka_unit_test(test_bad_arguments),
   };
   return cmocka_run_group_tests(tests, start_daemon, stop_daemon);
 }

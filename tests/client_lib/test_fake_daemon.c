@@ -274,6 +274,43 @@ static void test_close_mid_frame(void **state) {
   dspk_close(c);
 }
 
+/* A daemon that dies with the client's request unread: the kernel resets
+ * the stream, and recv fails with ECONNRESET instead of returning 0. */
+static void s_reset(struct srv *s) {
+  char b;
+  answer_hello(s, 1);
+  if (recv(s->fd, &b, 1, MSG_PEEK) != 1) /* the ping is there, unread */
+    return;
+}
+
+static int count_of(const char *hay, const char *needle) {
+  int n = 0;
+  for (const char *p = hay; (p = strstr(p, needle)) != NULL; p += strlen(needle))
+    n++;
+  return n;
+}
+
+static void test_reset_is_closed(void **state) {
+  (void)state;
+  pthread_t t = run_script(s_reset);
+  dspk_client *c;
+  char first[1024];
+  assert_int_equal(dspk_connect(path, NULL, &c), 0);
+  /* The daemon went away: ECLOSED as for a plain close (was EIO). */
+  assert_int_equal(dspk_ping(c, "x", 1), DSPK_ECLOSED);
+  pthread_join(t, NULL);
+  snprintf(first, sizeof first, "%s", dspk_last_error(c));
+  assert_true(strlen(first) > 0);
+  /* Every later call says why once: the reason was quoted into itself,
+   * growing by a prefix per call until it was cut. */
+  for (int i = 0; i < 4; i++) {
+    assert_int_equal(dspk_ping(c, NULL, 0), DSPK_ECLOSED);
+    assert_int_equal(count_of(dspk_last_error(c), "no longer usable"), 1);
+    assert_non_null(strstr(dspk_last_error(c), first));
+  }
+  dspk_close(c);
+}
+
 static int progress_calls;
 static uint32_t progress_ticket;
 static double progress_frac;
@@ -598,6 +635,7 @@ int main(void) {
       cmocka_unit_test(test_huge_header_answer),
       cmocka_unit_test(test_protocol_error_notice),
       cmocka_unit_test(test_close_mid_frame),
+      cmocka_unit_test(test_reset_is_closed),
       cmocka_unit_test(test_out_of_order_progress),
       cmocka_unit_test(test_trace_json),
       cmocka_unit_test(test_bad_nested),

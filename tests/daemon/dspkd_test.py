@@ -638,7 +638,14 @@ def t_socket(exe, tmp):
     long_path = os.path.join(tmp, "x" * 120 + ".sock")
     p = subprocess.run([exe, "--foreground", "--socket", long_path], stderr=subprocess.PIPE,
                        timeout=TIMEOUT)
-    check(p.returncode != 0 and b"longer than" in p.stderr, "long path: %r" % p.stderr)
+    check(p.returncode == 2 and b"at most 107 bytes" in p.stderr,
+          "long path: a bad command line: %r" % p.stderr)
+    # From $DSPK_SOCKET (no option to check): refused when listening.
+    env = dict(os.environ, DSPK_SOCKET=long_path)
+    p = subprocess.run([exe, "--foreground", "--config", "", "--backends", "cpu", "--no-cache"],
+                       stderr=subprocess.PIPE, env=env, timeout=TIMEOUT)
+    check(p.returncode == 1 and b"longer than the 107" in p.stderr,
+          "long $DSPK_SOCKET: %r" % p.stderr)
     # A regular file in the way is not removed.
     f = os.path.join(tmp, "file.sock")
     open(f, "w").close()

@@ -413,6 +413,18 @@ def t_reload(exe, tmp):
     n.until(lambda m: m.get("RELOADING") == "1", "RELOADING=1")
     n.until(lambda m: m.get("READY") == "1", "READY=1")
     check("takes effect at the next start" in d.logtext(), "restart-only key reported")
+    # So is a restart-only number (it was silently ignored): device_inflight
+    # stays what the devices were started with.
+    write(conf, "[daemon]\ndevice_inflight = 9\ncache_max_bytes = 1M\n")
+    d.proc.send_signal(signal.SIGHUP)
+    n.until(lambda m: m.get("RELOADING") == "1", "RELOADING=1")
+    n.until(lambda m: m.get("READY") == "1", "READY=1")
+    log = d.logtext()
+    for key in ("device_inflight", "cache_max_bytes"):
+        check("%s: %s changed; it takes effect at the next start" % (conf, key) in log,
+              "restart-only %s reported:\n%s" % (key, log))
+    check("log_level changed" not in log and "max_clients changed" not in log,
+          "reloadable keys are applied, not reported:\n" + log)
     check(c.call("status")["daemon"]["limits"]["max_clients"] == 256, "back to the default")
     check(c.call("ping", {"data": b"still"})["data"] == b"still", "client kept")
     c.close()
@@ -444,6 +456,29 @@ def t_config(exe, tmp):
     start_fail("[limits]\nmax_rank = 3\nmax_rank = 4\n", '%(f)s:3: key "max_rank" given twice')
     start_fail("[daemon]\ndevice_inflight = 0\n", "%(f)s:2: device_inflight")
     start_fail("[daemon]\ndevice_inflight = 65\n", "%(f)s:2: device_inflight")
+    # Strings checked when the file is read, not when the devices or the
+    # listener start (which exited 1 without file:line): backends is a comma
+    # list of known backends without blanks, metrics_listen has a port.
+    start_fail("[daemon]\nbackends = cpu,nosuch\n", '%(f)s:2: backends: expected a comma list')
+    start_fail("[daemon]\nbackends = cpu, vulkan\n", '%(f)s:2: backends: expected a comma list')
+    start_fail("[daemon]\nbackends = cpu,\n", '%(f)s:2: backends: expected a comma list')
+    start_fail("[daemon]\nmetrics_listen = nope\n", "%(f)s:2: metrics_listen: expected ADDR:PORT")
+    start_fail("[daemon]\nmetrics_listen = 127.0.0.1:65536\n",
+               "%(f)s:2: metrics_listen: expected ADDR:PORT with a port from 0 to 65535")
+    start_fail("[daemon]\nmetrics_listen = 127.0.0.1:\n", "%(f)s:2: metrics_listen")
+    # A socket path beyond a Unix socket's 107 bytes is a bad value too (it
+    # passed up to 255 bytes and failed to listen, exit 1).
+    start_fail("[daemon]\nsocket = /tmp/%s\n" % ("s" * 110),
+               "%(f)s:2: socket: expected a non-empty path of at most 107 bytes")
+    # A socket in a directory that does not exist: exit 1, saying so (libuv
+    # reports it as "permission denied", even to root).
+    p = subprocess.run([exe, "--foreground", "--config", "", "--backends", "cpu", "--no-cache",
+                        "--socket", os.path.join(tmp, "no-such-dir", "s.sock")],
+                       stderr=subprocess.PIPE, timeout=TIMEOUT)
+    err = p.stderr.decode()
+    check(p.returncode == 1 and "no-such-dir: No such file or directory" in err and
+          "permission denied" not in err, "socket in a missing directory: %d %s" %
+          (p.returncode, err))
     p = subprocess.run([exe, "--foreground", "--device-inflight", "65"],
                        stderr=subprocess.PIPE, timeout=TIMEOUT)
     check(p.returncode == 2 and b"--device-inflight: expected an integer from 1 to 64" in
@@ -455,6 +490,11 @@ def t_config(exe, tmp):
                        (["--max-user-memory=150%"], "--max-user-memory: expected a size"),
                        (["--shutdown-timeout", "5x"], "--shutdown-timeout: expected an integer"),
                        (["--ready-fd", "999"], "--ready-fd: 999: not an open file descriptor"),
+                       (["--backends", "cpu,nosuch"], '--backends: expected a comma list'),
+                       (["--socket", "/tmp/" + "s" * 110], "--socket: expected a non-empty path"),
+                       (["--socket", ""], "--socket: expected a non-empty path"),
+                       (["--metrics-listen", "127.0.0.1:99999"],
+                        "--metrics-listen: expected ADDR:PORT with a port from 0 to 65535"),
                        (["--max-u", "1"], "ambiguous"), (["stray"], 'unexpected argument "stray"')):
         p = subprocess.run([exe, "--foreground", "--config", ""] + args, stderr=subprocess.PIPE,
                            stdout=subprocess.PIPE, timeout=TIMEOUT)

@@ -261,8 +261,9 @@ def t_metrics(exe, submit, tmp):
     p = subprocess.run([exe, "--foreground", "--socket", os.path.join(tmp, "bad.sock"),
                         "--backends", "cpu", "--no-cache", "--metrics-listen", "127.0.0.1"],
                        capture_output=True, text=True, timeout=TIMEOUT)
-    check(p.returncode == 1 and "metrics_listen" in p.stderr and "ADDR:PORT" in p.stderr,
-          "a listen address without a port is refused: %d %s" % (p.returncode, p.stderr))
+    check(p.returncode == 2 and "--metrics-listen" in p.stderr and "ADDR:PORT" in p.stderr,
+          "a listen address without a port is a bad command line (exit 2): %d %s" %
+          (p.returncode, p.stderr))
 
 
 def val_version(c):
