@@ -248,6 +248,17 @@ static uint64_t median_u64(const uint64_t *ns, int n) {
                      (sorted[n / 2 - 1] % 2 + sorted[n / 2] % 2) / 2;
 }
 
+/* The winner of a benchmark: best (the fastest median, best_ns), or the
+ * request's preferred candidate when it ran (its median prefer_ns) within
+ * prefer_margin of the best. */
+static int pick(const struct dspk__autotune_req *r, int best, uint64_t best_ns,
+                uint64_t prefer_ns) {
+  if (best >= 0 && r->prefer_margin > 0 && prefer_ns != UINT64_MAX &&
+      (double)prefer_ns <= (double)best_ns * (1.0 + r->prefer_margin))
+    return r->prefer;
+  return best;
+}
+
 /* One sample of candidate i, which has just run in clock_ns: its own
  * measure of that run where the request offers one (ran_ns). */
 static uint64_t sample_ns(const struct dspk__autotune_req *r, int i, uint64_t clock_ns) {
@@ -284,6 +295,7 @@ static int benchmark_interleaved(const struct dspk__autotune_req *r, int warmup,
                                  char **timings) {
   int rcs[DSPK__AUTOTUNE_MAX_CANDS] = {0}, n[DSPK__AUTOTUNE_MAX_CANDS] = {0};
   int nc = r->ncands, best = -1, first_err = 0, any = 0, active = 0;
+  uint64_t prefer_ns = UINT64_MAX;
   int rounds = (samples + burst - 1) / burst;
   uint64_t best_ns = UINT64_MAX;
   double total, done = 0;
@@ -335,6 +347,8 @@ static int benchmark_interleaved(const struct dspk__autotune_req *r, int warmup,
     for (int s = 0; s < n[i]; s++)
       add(&t, "%s%llu", s ? "," : "", (unsigned long long)times[i][s]);
     add(&t, "]}");
+    if (i == r->prefer)
+      prefer_ns = med;
     if (med < best_ns) {
       best_ns = med;
       best = i;
@@ -342,7 +356,7 @@ static int benchmark_interleaved(const struct dspk__autotune_req *r, int warmup,
   }
   add(&t, "}");
   free(times);
-  return finish(r, what, &t, best, first_err, winner, timings);
+  return finish(r, what, &t, pick(r, best, best_ns, prefer_ns), first_err, winner, timings);
 }
 
 /*
@@ -375,7 +389,7 @@ static int benchmark(const struct dspk__autotune_req *r,
 
   struct text t = {0};
   int best = -1, first_err = 0;
-  uint64_t best_ns = UINT64_MAX;
+  uint64_t best_ns = UINT64_MAX, prefer_ns = UINT64_MAX;
   add(&t, "{");
   int any = 0;
   for (int i = 0; i < r->ncands; i++) {
@@ -437,13 +451,15 @@ static int benchmark(const struct dspk__autotune_req *r,
     for (int s = 0; s < n; s++)
       add(&t, "%s%llu", s ? "," : "", (unsigned long long)ns[s]);
     add(&t, "]%s}", was_cut ? ",\"cut\":true" : "");
+    if (!was_cut && i == r->prefer)
+      prefer_ns = med;
     if (!was_cut && med < best_ns) {
       best_ns = med;
       best = i;
     }
   }
   add(&t, "}");
-  return finish(r, what, &t, best, first_err, winner, timings);
+  return finish(r, what, &t, pick(r, best, best_ns, prefer_ns), first_err, winner, timings);
 }
 
 /* ---- choose / failed ------------------------------------------------------ */

@@ -68,6 +68,11 @@ struct dspk__autotune_req {
    * the paths differ), in ns.  Returns 0, or nonzero when that run has no
    * such time: its sample is then the clock's time around run(). */
   int (*ran_ns)(void *ud, int index, uint64_t *ns);
+  /* Optional (prefer_margin > 0): candidate `prefer` wins unless another
+   * one's median is faster by more than that share (0.1: 10%), so that a
+   * choice between near equals is not made by noise. */
+  int prefer;
+  double prefer_margin;
 };
 
 /* Benchmark settings; NULL or 0 fields take the defaults. */

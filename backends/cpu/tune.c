@@ -289,10 +289,17 @@ static int gemm_req(dspk_dtype dt, int64_t M, int64_t N, int64_t K, struct gemm_
     cands[i] = (struct dspk__autotune_cand){names[i], gemm_run};
   }
   snprintf(shape, shapelen, "m=2^%d,n=2^%d,k=2^%d", mc, nc, kc);
+  /* All threads, as the library would take in-process, unless fewer are
+   * clearly faster: at a daemon's start its other devices warm up (lavapipe
+   * compiling its shaders) and can make a core look slow, and gemm 256^2
+   * was then run on one thread (time_us 330 us against 230 on two, on the
+   * development VM, in one fresh daemon of two).  The policy is part of the
+   * key (layout), so decisions made without it are made again. */
   *req = (struct dspk__autotune_req){
       .op = "gemm.threads", .shape = shape,
-      .dtypes = dspk__dtype_name(dt), .layout = "row-major",
-      .dev = devid(), .cands = cands, .ncands = n, .ud = t};
+      .dtypes = dspk__dtype_name(dt), .layout = "row-major,prefer-all-within-10%",
+      .dev = devid(), .cands = cands, .ncands = n, .ud = t,
+      .prefer = n - 1, .prefer_margin = 0.10};
   return n;
 }
 

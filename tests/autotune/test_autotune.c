@@ -584,6 +584,42 @@ static void test_ran_ns(void **state) {
   dspk__cache_close(c);
 }
 
+/* A preferred candidate wins unless another is faster by more than the
+ * margin: delta (3000 per run) against beta (2800, within 10%) wins; against
+ * beta at 2500 (more than 10% faster) it does not.  A preferred candidate
+ * that was cut, or failed, cannot win. */
+static void test_prefer(void **state) {
+  (void)state;
+  struct dspk__autotune_req r = base_req();
+  int w = -1;
+  set_cost(0, 1, (uint64_t)4000);
+  set_cost(1, 1, (uint64_t)2800);
+  set_cost(2, 1, (uint64_t)20000); /* cut */
+  set_cost(3, 1, (uint64_t)3000);
+  r.prefer = 3;
+  r.prefer_margin = 0.10;
+  assert_int_equal(dspk__autotune_choose(NULL, &r, &opts, &w, NULL), 0);
+  assert_int_equal(w, 3);
+  dspk__autotune_forget_all();
+  set_cost(1, 1, (uint64_t)2500);
+  assert_int_equal(dspk__autotune_choose(NULL, &r, &opts, &w, NULL), 0);
+  assert_int_equal(w, 1);
+  dspk__autotune_forget_all();
+  r.prefer = 2; /* cut: the fastest wins */
+  r.prefer_margin = 100.0;
+  assert_int_equal(dspk__autotune_choose(NULL, &r, &opts, &w, NULL), 0);
+  assert_int_equal(w, 1);
+  /* Interleaved rounds (no cut) follow the same rule. */
+  dspk__autotune_forget_all();
+  struct dspk__autotune_opts o = opts;
+  o.interleave = 2;
+  r.prefer = 3;
+  r.prefer_margin = 0.10;
+  set_cost(1, 1, (uint64_t)2800);
+  assert_int_equal(dspk__autotune_choose(NULL, &r, &o, &w, NULL), 0);
+  assert_int_equal(w, 3);
+}
+
 #define T(name) cmocka_unit_test_setup(name, setup)
 
 int main(void) {
@@ -600,6 +636,7 @@ int main(void) {
       T(test_bad_requests),
       T(test_interleaved),
       T(test_ran_ns),
+      T(test_prefer),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
