@@ -92,10 +92,11 @@ static void out_host_drop(struct device *dev, void *p, struct mpin *pin) {
   }
 }
 
-/* The frame about to send out_host's pinned block: retired until sent. */
-static void out_host_send(struct device *dev, struct mpin *pin) {
+/* The frame about to send from pin's memory (mem, a device block, or
+ * pin->host, out_host's block): retired until sent. */
+static void retire_sending(struct device *dev, struct mpin *pin, struct dspk__mem *mem) {
   atomic_store(&pin->sending, 1);
-  retire(dev, pin, NULL);
+  retire(dev, pin, mem);
 }
 
 void dspkd_retired_sweep(struct device *dev, bool exiting) {
@@ -288,7 +289,7 @@ static void exec_read(struct device *dev, struct job *j) {
     return;
   }
   if (pin) {
-    out_host_send(dev, pin);
+    retire_sending(dev, pin, NULL);
     v[DSPK__R_BREAD_DATA] = dspk__pv_bin(host, (size_t)j->size, unpin, pin);
   } else {
     v[DSPK__R_BREAD_DATA] = dspk__pv_bin(host, (size_t)j->size, release_host, host);
@@ -344,7 +345,7 @@ static void pack_outputs(const void *ud, struct dspk__wbuf *w) {
   msgpack_pack_array(&w->pk, (size_t)o->nres);
   for (int i = 0; i < o->nres; i++) {
     if (o->pins[i] && o->pins[i]->host) { /* the backend's host_alloc block */
-      out_host_send(o->dev, o->pins[i]);
+      retire_sending(o->dev, o->pins[i], NULL);
       pack_tensor(w, &o->res[i], NULL, o->pins[i]->host, unpin, o->pins[i]);
       o->pins[i] = NULL;
       o->host[i] = NULL;
@@ -352,8 +353,7 @@ static void pack_outputs(const void *ud, struct dspk__wbuf *w) {
     }
     if (o->pins[i]) { /* the frame sends from the temporary, retired until sent */
       struct dspk__mem **own = o->op->kind == DSPK_OP_KERNEL ? &o->tmp_in[i] : &o->tmp_out[i];
-      atomic_store(&o->pins[i]->sending, 1);
-      retire(o->dev, o->pins[i], *own);
+      retire_sending(o->dev, o->pins[i], *own);
       *own = NULL;
       pack_tensor(w, &o->res[i], NULL, o->direct[i], unpin, o->pins[i]);
       o->pins[i] = NULL;
@@ -539,7 +539,8 @@ static void exec_task(struct device *dev, struct job *j) {
       t->mem = j->out_buf[i]->mem;
       continue;
     }
-    alias_off[i] = t->offset;
+    if (aliased[i])
+      alias_off[i] = t->offset;
     size_t n = dspk__tensor_nbytes(t);
     err = be->alloc(dev->bdev, n, &tmp_out[i]);
     if (err < 0) {
