@@ -19,8 +19,13 @@
  * for the teardown checks.
  *
  * Environment: FAKE_HIP_DEVICES (default 1; 0: hipErrorNoDevice).
+ *
+ * The fake is thread-safe as HIP is: every entry point holds one process-wide
+ * lock (GUARD), since the daemon's runners, one per device, call it at once.
  */
+#define _GNU_SOURCE
 #include <math.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,6 +38,16 @@
 #include <hip/hiprtc.h>
 
 #define EXPORT __attribute__((visibility("default")))
+
+/* One lock for all the fake's state, held until the entry point returns
+ * (recursive: entry points call each other). */
+static pthread_mutex_t big = PTHREAD_RECURSIVE_MUTEX_INITIALIZER_NP;
+static void unguard(int *unused) {
+  (void)unused;
+  pthread_mutex_unlock(&big);
+}
+#define GUARD()                                                                \
+  __attribute__((cleanup(unguard))) int guard_ = pthread_mutex_lock(&big)
 
 struct ihipStream_t { int id; };
 struct ihipEvent_t { uint64_t target; };
@@ -49,11 +64,13 @@ static struct fakehip_live live;
 static int dead, inject;
 
 EXPORT void fakehip_live(struct fakehip_live *out) {
+  GUARD();
   *out = live;
   out->dead = dead;
 }
 /* 1: the next launch faults; -1: a fresh "process" (the fault forgotten). */
 EXPORT void fakehip_inject(int on) {
+  GUARD();
   if (on < 0)
     dead = inject = 0;
   else
@@ -134,47 +151,57 @@ static int ndev(void) {
 }
 
 EXPORT hipError_t hipInit(unsigned flags) {
+  GUARD();
   (void)flags;
   return hipSuccess;
 }
 EXPORT hipError_t hipDriverGetVersion(int *v) {
+  GUARD();
   *v = 60241134; /* 6.2.41134 */
   return hipSuccess;
 }
 EXPORT hipError_t hipRuntimeGetVersion(int *v) { return hipDriverGetVersion(v); }
 EXPORT hipError_t hipGetDeviceCount(int *n) {
+  GUARD();
   *n = ndev();
   return *n > 0 ? hipSuccess : hipErrorNoDevice;
 }
 EXPORT hipError_t hipDeviceGetName(char *name, int len, hipDevice_t d) {
+  GUARD();
   snprintf(name, (size_t)len, "Fake AMD Instinct MI210 #%d", d);
   return hipSuccess;
 }
 EXPORT hipError_t hipDeviceTotalMem(size_t *bytes, hipDevice_t d) {
+  GUARD();
   (void)d;
   *bytes = (size_t)64 << 30;
   return hipSuccess;
 }
 EXPORT hipError_t hipDeviceGetAttribute(int *pi, hipDeviceAttribute_t attr, int d) {
+  GUARD();
   (void)d;
   *pi = attr == hipDeviceAttributeMultiprocessorCount ? 104 : 0;
   return hipSuccess;
 }
 EXPORT hipError_t hipGetDeviceProperties(hipDeviceProp_t *p, int d) {
+  GUARD();
   (void)d;
   snprintf(p->gcnArchName, sizeof(p->gcnArchName), "gfx90a:sramecc+:xnack-");
   return hipSuccess;
 }
 EXPORT hipError_t hipDeviceGetUuid(hipUUID *u, hipDevice_t d) {
+  GUARD();
   for (int i = 0; i < 16; i++)
     u->bytes[i] = (char)(0x10 * d + i);
   return hipSuccess;
 }
 EXPORT hipError_t hipSetDevice(int d) {
+  GUARD();
   ALIVE();
   return d >= 0 && d < ndev() ? hipSuccess : hipErrorInvalidDevice;
 }
 EXPORT hipError_t hipDeviceReset(void) {
+  GUARD();
   executed = queued; /* the queue is gone */
   for (int i = 0; i < nreg; i++) {
     switch (reg[i].kind) {
@@ -193,11 +220,13 @@ EXPORT hipError_t hipDeviceReset(void) {
   return hipSuccess;
 }
 EXPORT hipError_t hipDeviceSynchronize(void) {
+  GUARD();
   ALIVE();
   run_until(queued);
   return hipSuccess;
 }
 EXPORT const char *hipGetErrorName(hipError_t e) {
+  GUARD();
   switch (e) {
   case hipSuccess: return "hipSuccess";
   case hipErrorNotReady: return "hipErrorNotReady";
@@ -210,6 +239,7 @@ EXPORT const char *hipGetErrorName(hipError_t e) {
   }
 }
 EXPORT const char *hipGetErrorString(hipError_t e) {
+  GUARD();
   return e == hipErrorIllegalAddress ? "an illegal memory access was encountered"
                                      : hipGetErrorName(e);
 }
@@ -217,6 +247,7 @@ EXPORT const char *hipGetErrorString(hipError_t e) {
 /* ---- streams and events ------------------------------------------------------- */
 
 EXPORT hipError_t hipStreamCreateWithFlags(hipStream_t *s, unsigned flags) {
+  GUARD();
   (void)flags;
   ALIVE();
   *s = calloc(1, sizeof(**s));
@@ -225,23 +256,27 @@ EXPORT hipError_t hipStreamCreateWithFlags(hipStream_t *s, unsigned flags) {
   return hipSuccess;
 }
 EXPORT hipError_t hipStreamDestroy(hipStream_t s) {
+  GUARD();
   reg_del(s);
   free(s);
   live.streams--;
   return hipSuccess;
 }
 EXPORT hipError_t hipStreamSynchronize(hipStream_t s) {
+  GUARD();
   (void)s;
   ALIVE();
   run_until(queued);
   return hipSuccess;
 }
 EXPORT hipError_t hipStreamQuery(hipStream_t s) {
+  GUARD();
   (void)s;
   ALIVE();
   return executed == queued ? hipSuccess : hipErrorNotReady;
 }
 EXPORT hipError_t hipEventCreateWithFlags(hipEvent_t *e, unsigned flags) {
+  GUARD();
   (void)flags;
   ALIVE();
   *e = calloc(1, sizeof(**e));
@@ -250,12 +285,14 @@ EXPORT hipError_t hipEventCreateWithFlags(hipEvent_t *e, unsigned flags) {
   return hipSuccess;
 }
 EXPORT hipError_t hipEventDestroy(hipEvent_t e) {
+  GUARD();
   reg_del(e);
   free(e);
   live.events--;
   return hipSuccess;
 }
 EXPORT hipError_t hipEventRecord(hipEvent_t e, hipStream_t s) {
+  GUARD();
   (void)s;
   ALIVE();
   enqueue(OP_MARK, NULL, NULL, 0, 0);
@@ -263,10 +300,12 @@ EXPORT hipError_t hipEventRecord(hipEvent_t e, hipStream_t s) {
   return hipSuccess;
 }
 EXPORT hipError_t hipEventQuery(hipEvent_t e) {
+  GUARD();
   ALIVE();
   return executed >= e->target ? hipSuccess : hipErrorNotReady;
 }
 EXPORT hipError_t hipEventSynchronize(hipEvent_t e) {
+  GUARD();
   ALIVE();
   run_until(e->target);
   return hipSuccess;
@@ -275,6 +314,7 @@ EXPORT hipError_t hipEventSynchronize(hipEvent_t e) {
 /* ---- memory ---------------------------------------------------------------------- */
 
 EXPORT hipError_t hipMalloc(void **p, size_t n) {
+  GUARD();
   ALIVE();
   if (n > ((size_t)1 << 34))
     return hipErrorOutOfMemory;
@@ -284,6 +324,7 @@ EXPORT hipError_t hipMalloc(void **p, size_t n) {
   return hipSuccess;
 }
 EXPORT hipError_t hipFree(void *p) {
+  GUARD();
   ALIVE();
   reg_del(p);
   free(p);
@@ -291,6 +332,7 @@ EXPORT hipError_t hipFree(void *p) {
   return hipSuccess;
 }
 EXPORT hipError_t hipHostMalloc(void **p, size_t n, unsigned flags) {
+  GUARD();
   (void)flags;
   ALIVE();
   if (npinned >= 256)
@@ -302,6 +344,7 @@ EXPORT hipError_t hipHostMalloc(void **p, size_t n, unsigned flags) {
   return hipSuccess;
 }
 EXPORT hipError_t hipHostFree(void *p) {
+  GUARD();
   for (int i = 0; i < npinned; i++)
     if (pinned[i].p == p) {
       /* Nothing queued may still read or fill it. */
@@ -321,6 +364,7 @@ EXPORT hipError_t hipHostFree(void *p) {
 }
 /* Registered client mappings count as pinned: copies from them queue. */
 EXPORT hipError_t hipHostRegister(void *p, size_t n, unsigned flags) {
+  GUARD();
   (void)flags;
   ALIVE();
   if (npinned >= 256)
@@ -330,6 +374,7 @@ EXPORT hipError_t hipHostRegister(void *p, size_t n, unsigned flags) {
   return hipSuccess;
 }
 EXPORT hipError_t hipHostUnregister(void *p) {
+  GUARD();
   for (int i = 0; i < npinned; i++)
     if (pinned[i].p == p) {
       pinned[i] = pinned[--npinned];
@@ -339,6 +384,7 @@ EXPORT hipError_t hipHostUnregister(void *p) {
 }
 
 EXPORT hipError_t hipMemcpyHtoDAsync(hipDeviceptr_t dst, void *src, size_t n, hipStream_t s) {
+  GUARD();
   (void)s;
   ALIVE();
   if (!is_pinned(src, n)) {
@@ -350,6 +396,7 @@ EXPORT hipError_t hipMemcpyHtoDAsync(hipDeviceptr_t dst, void *src, size_t n, hi
   return hipSuccess;
 }
 EXPORT hipError_t hipMemcpyDtoHAsync(void *dst, hipDeviceptr_t src, size_t n, hipStream_t s) {
+  GUARD();
   (void)s;
   ALIVE();
   if (!is_pinned(dst, n)) {
@@ -362,35 +409,41 @@ EXPORT hipError_t hipMemcpyDtoHAsync(void *dst, hipDeviceptr_t src, size_t n, hi
 }
 EXPORT hipError_t hipMemsetD8Async(hipDeviceptr_t dst, unsigned char v, size_t n,
                                    hipStream_t s) {
+  GUARD();
   (void)s;
   ALIVE();
   enqueue(OP_SET, dst, NULL, n, v);
   return hipSuccess;
 }
 EXPORT hipError_t hipMemcpyHtoD(hipDeviceptr_t dst, void *src, size_t n) {
+  GUARD();
   ALIVE();
   run_until(queued);
   memcpy(dst, src, n);
   return hipSuccess;
 }
 EXPORT hipError_t hipMemcpyDtoH(void *dst, hipDeviceptr_t src, size_t n) {
+  GUARD();
   ALIVE();
   run_until(queued);
   memcpy(dst, src, n);
   return hipSuccess;
 }
 EXPORT hipError_t hipIpcGetMemHandle(hipIpcMemHandle_t *h, void *p) {
+  GUARD();
   (void)h;
   (void)p;
   return hipErrorNotSupported; /* processes share no fake memory */
 }
 EXPORT hipError_t hipIpcOpenMemHandle(void **p, hipIpcMemHandle_t h, unsigned flags) {
+  GUARD();
   (void)p;
   (void)h;
   (void)flags;
   return hipErrorNotSupported;
 }
 EXPORT hipError_t hipIpcCloseMemHandle(void *p) {
+  GUARD();
   (void)p;
   return hipErrorNotSupported;
 }
@@ -400,6 +453,7 @@ EXPORT hipError_t hipIpcCloseMemHandle(void *p) {
 #define CODE_MAGIC "FAKEHSACO\n"
 
 EXPORT hipError_t hipModuleLoadData(hipModule_t *m, const void *image) {
+  GUARD();
   ALIVE();
   if (strncmp(image, CODE_MAGIC, strlen(CODE_MAGIC)) != 0)
     return hipErrorInvalidImage;
@@ -410,6 +464,7 @@ EXPORT hipError_t hipModuleLoadData(hipModule_t *m, const void *image) {
   return hipSuccess;
 }
 EXPORT hipError_t hipModuleUnload(hipModule_t m) {
+  GUARD();
   reg_del(m);
   free(m->code);
   free(m);
@@ -417,6 +472,7 @@ EXPORT hipError_t hipModuleUnload(hipModule_t m) {
   return hipSuccess;
 }
 EXPORT hipError_t hipModuleGetFunction(hipFunction_t *f, hipModule_t m, const char *name) {
+  GUARD();
   char pat[80];
   ALIVE();
   snprintf(pat, sizeof(pat), " %s(", name);
@@ -437,6 +493,7 @@ EXPORT hipError_t hipModuleGetFunction(hipFunction_t *f, hipModule_t m, const ch
 EXPORT hipError_t hipModuleLaunchKernel(hipFunction_t f, unsigned gx, unsigned gy, unsigned gz,
                                         unsigned bx, unsigned by, unsigned bz, unsigned shmem,
                                         hipStream_t s, void **args, void **extra) {
+  GUARD();
   (void)gx, (void)gy, (void)gz, (void)bx, (void)by, (void)bz, (void)shmem, (void)s, (void)extra;
   ALIVE();
   live.launches++;
@@ -459,15 +516,18 @@ EXPORT hipError_t hipModuleLaunchKernel(hipFunction_t f, unsigned gx, unsigned g
 /* ---- hiprtc ------------------------------------------------------------------------------ */
 
 EXPORT const char *hiprtcGetErrorString(hiprtcResult r) {
+  GUARD();
   return r == HIPRTC_SUCCESS ? "HIPRTC_SUCCESS" : "HIPRTC_ERROR_COMPILATION";
 }
 EXPORT hiprtcResult hiprtcVersion(int *major, int *minor) {
+  GUARD();
   *major = 6;
   *minor = 2;
   return HIPRTC_SUCCESS;
 }
 EXPORT hiprtcResult hiprtcCreateProgram(hiprtcProgram *prog, const char *src, const char *name,
                                         int nh, const char **h, const char **hn) {
+  GUARD();
   struct _hiprtcProgram *p = calloc(1, sizeof(*p));
   (void)name, (void)nh, (void)h, (void)hn;
   p->src = malloc(strlen(CODE_MAGIC) + strlen(src) + 1);
@@ -478,6 +538,7 @@ EXPORT hiprtcResult hiprtcCreateProgram(hiprtcProgram *prog, const char *src, co
   return HIPRTC_SUCCESS;
 }
 EXPORT hiprtcResult hiprtcCompileProgram(hiprtcProgram prog, int n, const char **opts) {
+  GUARD();
   if (n < 1 || strncmp(opts[0], "--offload-arch=gfx", 18) != 0)
     return HIPRTC_ERROR_INVALID_OPTION;
   if (strstr(prog->src, "syntax_error")) {
@@ -488,22 +549,27 @@ EXPORT hiprtcResult hiprtcCompileProgram(hiprtcProgram prog, int n, const char *
   return HIPRTC_SUCCESS;
 }
 EXPORT hiprtcResult hiprtcGetProgramLogSize(hiprtcProgram prog, size_t *n) {
+  GUARD();
   *n = strlen(prog->log) + 1;
   return HIPRTC_SUCCESS;
 }
 EXPORT hiprtcResult hiprtcGetProgramLog(hiprtcProgram prog, char *log) {
+  GUARD();
   strcpy(log, prog->log);
   return HIPRTC_SUCCESS;
 }
 EXPORT hiprtcResult hiprtcGetCodeSize(hiprtcProgram prog, size_t *n) {
+  GUARD();
   *n = strlen(prog->src) + 1;
   return HIPRTC_SUCCESS;
 }
 EXPORT hiprtcResult hiprtcGetCode(hiprtcProgram prog, char *code) {
+  GUARD();
   strcpy(code, prog->src);
   return HIPRTC_SUCCESS;
 }
 EXPORT hiprtcResult hiprtcDestroyProgram(hiprtcProgram *prog) {
+  GUARD();
   free((*prog)->src);
   free((*prog)->log);
   free(*prog);
@@ -514,16 +580,19 @@ EXPORT hiprtcResult hiprtcDestroyProgram(hiprtcProgram *prog) {
 /* ---- hipBLAS: column-major gemm on the host --------------------------------------------- */
 
 EXPORT int hipblasCreate(void **h) {
+  GUARD();
   *h = malloc(1);
   live.blas++;
   return 0;
 }
 EXPORT int hipblasDestroy(void *h) {
+  GUARD();
   free(h);
   live.blas--;
   return 0;
 }
 EXPORT int hipblasSetStream(void *h, hipStream_t s) {
+  GUARD();
   (void)h, (void)s;
   return 0;
 }
@@ -584,6 +653,7 @@ static void gemm_host(int cplx, int dbl, int opa, int opb, int m, int n, int k,
 EXPORT int hipblasSgemm(void *h, int oa, int ob, int m, int n, int k, const float *alpha,
                         const float *A, int lda, const float *B, int ldb, const float *beta,
                         float *C, int ldc) {
+  GUARD();
   double a = *alpha, b = *beta;
   (void)h;
   gemm_host(0, 0, oa, ob, m, n, k, &a, A, lda, B, ldb, &b, C, ldc);
@@ -592,6 +662,7 @@ EXPORT int hipblasSgemm(void *h, int oa, int ob, int m, int n, int k, const floa
 EXPORT int hipblasDgemm(void *h, int oa, int ob, int m, int n, int k, const double *alpha,
                         const double *A, int lda, const double *B, int ldb,
                         const double *beta, double *C, int ldc) {
+  GUARD();
   (void)h;
   gemm_host(0, 1, oa, ob, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
   return 0;
@@ -600,6 +671,7 @@ EXPORT int hipblasDgemm(void *h, int oa, int ob, int m, int n, int k, const doub
   EXPORT int name(void *h, int oa, int ob, int m, int n, int k, const T *alpha,         \
                   const T *A, int lda, int64_t sa, const T *B, int ldb, int64_t sb,     \
                   const T *beta, T *C, int ldc, int64_t sc, int batch) {                \
+    GUARD();                                                                            \
     double a = (double)alpha[0], b = (double)beta[0];                                   \
     (void)h;                                                                            \
     for (int i = 0; i < batch; i++)                                                     \
@@ -621,16 +693,19 @@ struct fplan {
 };
 
 EXPORT int hipfftCreate(void **p) {
+  GUARD();
   *p = calloc(1, sizeof(struct fplan));
   live.plans++;
   return 0;
 }
 EXPORT int hipfftDestroy(void *p) {
+  GUARD();
   free(p);
   live.plans--;
   return 0;
 }
 EXPORT int hipfftSetAutoAllocation(void *p, int on) {
+  GUARD();
   (void)p, (void)on;
   return 0;
 }
@@ -638,6 +713,7 @@ EXPORT int hipfftMakePlanMany64(void *pp, int rank, long long *n, long long *ine
                                 long long istride, long long idist, long long *onembed,
                                 long long ostride, long long odist, int type, long long batch,
                                 size_t *ws) {
+  GUARD();
   struct fplan *p = pp;
   (void)inembed, (void)onembed;
   if (rank != 1 || istride != 1 || ostride != 1)
@@ -651,15 +727,18 @@ EXPORT int hipfftMakePlanMany64(void *pp, int rank, long long *n, long long *ine
   return 0;
 }
 EXPORT int hipfftSetWorkArea(void *p, void *w) {
+  GUARD();
   ((struct fplan *)p)->work = w;
   return 0;
 }
 EXPORT int hipfftSetStream(void *p, hipStream_t s) {
+  GUARD();
   (void)p, (void)s;
   return 0;
 }
 
 static int dft_host(struct fplan *p, const void *in, void *out, int dir, int real, int dbl) {
+  GUARD();
   const double pi2 = 6.283185307179586476925286766559;
   long long nout = real ? p->n / 2 + 1 : p->n;
   if (!p->work)
@@ -697,6 +776,7 @@ static int dft_host(struct fplan *p, const void *in, void *out, int dir, int rea
 /* The inverse of a real transform: n real values per row from the half
  * spectrum (n/2+1 values, the rest by Hermitian symmetry), unnormalised. */
 static int c2r_host(struct fplan *p, const void *in, void *out, int dbl) {
+  GUARD();
   const double pi2 = 6.283185307179586476925286766559;
   long long h = p->n / 2 + 1;
   if (!p->work)
