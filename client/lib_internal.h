@@ -128,6 +128,10 @@ struct dspk__shm {
  * code. */
 int dspk__shm_operand(dspk_client *c, const char *device, const void *data,
                       size_t n, uint64_t *id, uint64_t *off);
+/* memcpy on up to `threads` threads (at most 4, each part at least 4 MiB;
+ * the caller's thread copies a part too, and a part whose thread cannot
+ * start). */
+void dspk__copy_wide(void *dst, const void *src, size_t n, int threads);
 /* A temporary for the one inline result of a task on `device`, of n bytes
  * (at least the result's): 1 with *id (state 3 until dspk__shm_sent), 0
  * when the result comes back inline (below the threshold, "any" free to

@@ -672,9 +672,11 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
   dspkd_conn_ref(c);
   if (c->land.j && c->land.got == c->land.len)
     dspkd_land_end(c);
+  c->d->in_read = true;
   conn_process(c);
-  /* Jobs that ran on the loop (run_inline) are answered now, not after the
-   * loop's next turn through epoll for the wake-up they posted. */
+  c->d->in_read = false;
+  /* Jobs that ran on the loop (run_inline) are answered now, not after a
+   * turn through epoll for a wake-up. */
   if (c->d->inline_done) {
     c->d->inline_done = false;
     dspkd_sched_done_cb(&c->d->done_async);

@@ -407,7 +407,9 @@ struct dspkd {
   bool activated;
   bool grace_expired;       /* the stop's deadline passed: tasks canceled */
   bool inline_done;         /* loop only: a job ran on the loop (daemon/sched.c's
-                               run_inline) and is on the done list */
+                               run_inline) and is on the done list, unwoken */
+  bool in_read;             /* loop only: on_read is processing, and answers
+                               inline_done's jobs before it returns */
   struct dspkd_obs obs;     /* daemon/observe.h */
 };
 

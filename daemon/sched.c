@@ -138,12 +138,14 @@ static void ring_remove(struct device *dev, struct cqueue *q) {
   q->in_ring = false;
 }
 
-/* Finished jobs go to the loop: the done list and a wake-up. */
-static void post_done(struct dspkd *d, struct job *j) {
+/* Finished jobs go to the loop: the done list and a wake-up, unless the
+ * loop itself answers them right after the read it is in (wake false). */
+static void post_done(struct dspkd *d, struct job *j, bool wake) {
   pthread_mutex_lock(&d->done_mu);
   FIFO_PUSH(d->done_head, d->done_tail, j, next);
   pthread_mutex_unlock(&d->done_mu);
-  uv_async_send(&d->done_async);
+  if (wake)
+    uv_async_send(&d->done_async);
 }
 
 /* A client job's work is done: the device's counts (dev->mu held). */
@@ -229,8 +231,10 @@ static bool run_inline(struct device *dev, struct job *j) {
   count_done(dev, j);
   dev->busy = false;
   pthread_mutex_unlock(&dev->mu);
-  post_done(dev->d, j);
-  dev->d->inline_done = true; /* answered right after the read (daemon/conn.c) */
+  /* Within a read, answered right after it (daemon/conn.c's on_read) with
+   * no wake-up: an eventfd write, a turn through epoll and a read saved. */
+  post_done(dev->d, j, !dev->d->in_read);
+  dev->d->inline_done = dev->d->in_read;
   return true;
 }
 
@@ -482,7 +486,7 @@ static void ifl_complete(struct device *dev, int err) {
     count_done(dev, j);
   pthread_mutex_unlock(&dev->mu);
   if (counted)
-    post_done(d, j);
+    post_done(d, j, true);
   else
     free(j);
 }

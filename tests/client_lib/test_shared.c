@@ -288,6 +288,56 @@ static void test_auto_threshold(void **state) {
   free(b);
 }
 
+/* Operands of 8 MiB and more are copied into their temporaries on several
+ * threads: every split (1 to 4 threads, more asked than allowed, sizes that
+ * are not a multiple of the 4 KiB part alignment, too small to split) copies
+ * every byte and nothing past the end; and a 12 MiB + 12 bytes inline map
+ * through a temporary gives every element back. */
+static void test_wide_copy(void **state) {
+  const size_t sizes[] = {1, 4095, ((size_t)8 << 20) - 1, (size_t)8 << 20,
+                          ((size_t)12 << 20) + 4097, ((size_t)17 << 20) + 3};
+  const size_t cap = ((size_t)17 << 20) + 3 + 64;
+  unsigned char *src = malloc(cap), *dst = malloc(cap);
+  (void)state;
+  for (size_t i = 0; i < cap; i++)
+    src[i] = (unsigned char)(i * 2654435761u >> 13);
+  for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++)
+    for (int threads = 0; threads <= 6; threads++) {
+      memset(dst, 0xa5, cap);
+      dspk__copy_wide(dst, src, sizes[s], threads);
+      assert_memory_equal(dst, src, sizes[s]);
+      for (size_t i = sizes[s]; i < sizes[s] + 64; i++)
+        assert_int_equal(dst[i], 0xa5);
+    }
+  free(src);
+  free(dst);
+
+  const size_t n = ((size_t)3 << 20) + 3; /* f32: 12 MiB + 12 bytes */
+  float *x = malloc(n * sizeof(float));
+  for (size_t i = 0; i < n; i++)
+    x[i] = (i % 3 ? -1.0f : 1.0f) * (float)(i % 1000003);
+  dspk_tensor in = {.dtype = DSPK_F32, .rank = 1, .shape = {(int64_t)n}, .data = x,
+                    .nbytes = n * sizeof(float)};
+  dspk_task t;
+  dspk_result r;
+  dspk_task_init(&t, DSPK_OP_MAP);
+  t.device = "cpu:0";
+  t.inputs = &in;
+  t.ninputs = 1;
+  t.map.fn = DSPK_MAP_ABS;
+  dspk_set_shared_threshold(C, DSPK_SHARED_THRESHOLD);
+  size_t temps = count_state(2);
+  assert_int_equal(dspk_run(C, &t, &r), 0);
+  assert_true(count_state(2) + count_state(4) > temps); /* it went by a temporary */
+  assert_int_equal(r.out[0].nbytes, n * sizeof(float));
+  const float *y = r.out[0].data;
+  for (size_t i = 0; i < n; i++)
+    if (y[i] != fabsf(x[i]))
+      fail_msg("element %zu: %g, not %g", i, (double)y[i], (double)fabsf(x[i]));
+  dspk_result_free(&r);
+  free(x);
+}
+
 /* $DSPK_SHARED_THRESHOLD at dspk_connect: a size with the units every size
  * takes; anything else leaves the default. */
 static void test_threshold_env(void **state) {
@@ -587,6 +637,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_shared_alloc_gemm),
       cmocka_unit_test(test_shared_from_file),
       cmocka_unit_test(test_auto_threshold),
+      cmocka_unit_test(test_wide_copy),
       cmocka_unit_test(test_threshold_env),
       cmocka_unit_test(test_auto_result),
       cmocka_unit_test(test_lent_result),
