@@ -670,9 +670,9 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
     }
   }
   dspkd_conn_ref(c);
+  c->d->in_read = true;
   if (c->land.j && c->land.got == c->land.len)
     dspkd_land_end(c);
-  c->d->in_read = true;
   conn_process(c);
   c->d->in_read = false;
   /* Jobs that ran on the loop (run_inline) are answered now, not after a

@@ -312,7 +312,9 @@ DSPK_EXPORT int dspk_shared_free(dspk_client *c, void *ptr);
 
 /* Inline operands of at least this many bytes that are not in shared memory
  * go through a temporary shared buffer (one copy, into memory this client
- * reuses) instead of the socket, on the task's device; 0 turns it off.
+ * reuses; from 8 MiB on, the copy is split over short-lived threads, one
+ * per online CPU up to 4) instead of the socket, on the task's device; 0
+ * turns it off.
  * So does the one result of a gemm, fft, fir or map task without out_refs
  * when it is at least that large: the daemon writes it into a temporary,
  * which dspk_wait lends to the result (still inline, no copy: out[0].data
