@@ -50,6 +50,44 @@ _UNITS = {"": 1, "K": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MIB": 1 << 20,
           "G": 1 << 30, "GIB": 1 << 30, "T": 1 << 40, "TIB": 1 << 40}
 
 
+# Copies into and out of shared temporaries of at least _WIDE_MIN bytes are split over
+# threads, one per online CPU up to _WIDE_MAX (numpy's copy lets the GIL go): one core
+# does not reach the memory's bandwidth (libdspkclient does the same).  Threads are made
+# per copy, so a fork leaves nothing behind.
+_WIDE_MIN = 8 << 20
+_WIDE_MAX = 4
+
+
+def _copy_wide(dst: np.ndarray, src: np.ndarray, threads: Optional[int] = None) -> None:
+    """dst[:] = src for two contiguous uint8 arrays of one length, on up to `threads`
+    threads (default: the online CPUs, at most 4; one below _WIDE_MIN bytes), each
+    part at least 4 MiB and 4 KiB-aligned; the calling thread copies a part too."""
+    n = src.nbytes
+    if threads is None:
+        threads = min(os.cpu_count() or 1, _WIDE_MAX) if n >= _WIDE_MIN else 1
+    k = max(1, min(threads, _WIDE_MAX, n // (_WIDE_MIN // 2)))
+    if k == 1:
+        np.copyto(dst, src)
+        return
+    cuts = [(n // k * i) & ~4095 for i in range(k)] + [n]
+
+    def part(i: int) -> None:
+        np.copyto(dst[cuts[i]:cuts[i + 1]], src[cuts[i]:cuts[i + 1]])
+
+    helpers = [threading.Thread(target=part, args=(i,), name="dspk-copy", daemon=True)
+               for i in range(1, k)]
+    started = []
+    for t in helpers:
+        try:
+            t.start()
+            started.append(t)
+        except RuntimeError:  # no thread to be had: this one copies that part
+            part(helpers.index(t) + 1)
+    part(0)
+    for t in started:
+        t.join()
+
+
 def _env_threshold() -> int:
     """``$DSPK_SHARED_THRESHOLD`` (a size: digits and an optional binary unit, K, M,
     G, T or KiB...; 0: never), else 1 MiB, as libdspkclient and dspk-submit."""
@@ -1207,7 +1245,7 @@ class Client:
                 for a, t in big:
                     tmp = self._temp_get(sdev, a.nbytes)
                     shm.append(tmp)
-                    np.copyto(tmp.view[:a.nbytes], a.reshape(-1).view(np.uint8))
+                    _copy_wide(tmp.view[:a.nbytes], a.reshape(-1).view(np.uint8))
                     t["buffer"], t["offset"] = tmp.buffer, 0
             except Error:
                 # No shared memory to be had (a limit, a quota): the socket's path.
@@ -1373,7 +1411,7 @@ class Client:
                 if t.get("buffer") != rt.buffer or arr.nbytes > rt.size:
                     raise _errors.ProtocolError("result of %s %s not in its temporary"
                                                 % (shape, dt))
-                np.copyto(arr.reshape(-1).view(np.uint8), rt.view[:arr.nbytes])
+                _copy_wide(arr.reshape(-1).view(np.uint8), rt.view[:arr.nbytes])
                 return arr
 
             fut = self._start("task.run", args, from_temp, progress, is_async, bigs)

@@ -234,6 +234,29 @@ def test_auto_shared_large_operands_and_result(client):
     assert sum(sent) > a.nbytes + b.nbytes
 
 
+def test_wide_copy_splits_and_large_operands_round_trip(client):
+    """Copies of 8 MiB and more into and out of temporaries are split over threads:
+    every split copies every byte and nothing past its end; a 12 MiB + 12 bytes map
+    through temporaries gives numpy's result."""
+    from dspk._client import _copy_wide
+    rng = np.random.default_rng(11)
+    src = rng.integers(0, 256, (17 << 20) + 67, dtype=np.uint8)
+    for n in (1, 4095, (8 << 20) - 1, 8 << 20, (12 << 20) + 4097, (17 << 20) + 3):
+        for threads in range(0, 7):
+            dst = np.full(n + 64, 0xa5, np.uint8)
+            _copy_wide(dst[:n], src[:n], threads)
+            assert np.array_equal(dst[:n], src[:n]), (n, threads)
+            assert (dst[n:] == 0xa5).all(), (n, threads)
+    x = rng.standard_normal((3 << 20) + 3).astype(np.float32)
+    sent, orig = _spy_sends(client)
+    try:
+        got = client.map("abs", x, device="cpu:0")
+    finally:
+        client._send_chunks = orig
+    assert max(sent) < 4096, sent  # through temporaries, not the socket
+    assert np.array_equal(got, np.abs(x))
+
+
 def test_auto_shared_threshold_from_environment(daemon, monkeypatch):
     import dspk
     monkeypatch.setenv("DSPK_SHARED_THRESHOLD", "2M")

@@ -23,7 +23,9 @@
  * The fake is thread-safe as HIP is: every entry point holds one process-wide
  * lock (GUARD), since the daemon's runners, one per device, call it at once.
  */
+#ifndef _GNU_SOURCE
 #define _GNU_SOURCE
+#endif
 #include <math.h>
 #include <pthread.h>
 #include <stdint.h>
