@@ -175,20 +175,28 @@ def main():
         c.call("buffer.read", {"buffer": go, "size": 4})
         nb = 8
         per_us = None
-        for _ in range(2):  # the faster batch: less of the host's noise
-            t0 = time.monotonic()
-            batch = [c.send("task.run", gtask) for _ in range(nb)]
-            bt = [c.wait(m)["time_us"] for m in batch]
-            c.call("buffer.read", {"buffer": go, "size": 4})
-            us = (time.monotonic() - t0) * 1e6 / nb
-            if per_us is None or us < per_us:
-                per_us, btimes = us, bt
-        singles = [c.call("task.run", gtask)["time_us"] for _ in range(3)]
+        singles = []
+        factor = 0.8 if dev.startswith("cuda") else 0.2
+        # On the cpu a small gemm's wall time is mostly the client's and the
+        # host's noise: there the bound only checks the plumbing, and a batch
+        # slowed by other work on the host (CI runs tests side by side on two
+        # cores: once 5.5 ms per gemm against 0.75 ms alone) is measured again,
+        # up to 4 rounds, keeping the fastest batch and the longest single.
+        for _ in range(4 if not dev.startswith("cuda") else 1):
+            for _ in range(2):  # the faster batch: less of the host's noise
+                t0 = time.monotonic()
+                batch = [c.send("task.run", gtask) for _ in range(nb)]
+                bt = [c.wait(m)["time_us"] for m in batch]
+                c.call("buffer.read", {"buffer": go, "size": 4})
+                us = (time.monotonic() - t0) * 1e6 / nb
+                if per_us is None or us < per_us:
+                    per_us, btimes = us, bt
+            singles += [c.call("task.run", gtask)["time_us"] for _ in range(3)]
+            if max(singles) >= factor * per_us:
+                break
         print("gemm %d^2 on %s: time_us of single tasks %s, pipelined %s; device time per "
               "gemm (pipelined wall / %d) %.0f us" % (G, dev, singles, btimes, nb, per_us))
-        # On the cpu a small gemm's wall time is mostly the client's and the
-        # host's noise: there the bound only checks the plumbing.
-        check(max(singles) >= (0.8 if dev.startswith("cuda") else 0.2) * per_us,
+        check(max(singles) >= factor * per_us,
               "gemm %d^2 answered before its work was done: time_us %s, the device takes "
               "%.0f us per gemm" % (G, singles, per_us))
         check(max(btimes) <= per_us * nb + 2000,
