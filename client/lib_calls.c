@@ -228,7 +228,8 @@ void dspk__strncpy_pval(const struct dspk__pval *v, char *buf, size_t buflen) {
     return;
   if (v->set && !v->nil) {
     n = dspk__utf8_cut(v->v.s.p, v->v.s.n, buflen - 1);
-    memcpy(buf, v->v.s.p, n);
+    if (n)
+      memcpy(buf, v->v.s.p, n);
   }
   buf[n] = '\0';
 }

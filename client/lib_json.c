@@ -161,7 +161,8 @@ void dspk__strncpy_obj(const msgpack_object *o, char *buf, size_t buflen) {
     return;
   if (o && o->type == MSGPACK_OBJECT_STR) {
     n = dspk__utf8_cut(o->via.str.ptr, o->via.str.size, buflen - 1);
-    memcpy(buf, o->via.str.ptr, n);
+    if (n) /* an empty str's pointer may be NULL */
+      memcpy(buf, o->via.str.ptr, n);
   }
   buf[n] = '\0';
 }

@@ -282,7 +282,7 @@ static int convert(const struct dspk__pval *res, char **out) {
     for (uint32_t k = 0; k < ndev && dev; k++) {
       dspk__strncpy_obj(&devs->via.array.ptr[k], id, sizeof id);
       if (dev->type == MSGPACK_OBJECT_STR && dev->via.str.size == strlen(id) &&
-          memcmp(dev->via.str.ptr, id, strlen(id)) == 0)
+          (!*id || memcmp(dev->via.str.ptr, id, strlen(id)) == 0))
         pid = (int)k + 1;
     }
     if (pid)

@@ -259,7 +259,8 @@ int dspkd_m_job_register(struct req *r) {
   for (uint32_t i = 0; devs && i < devs->via.array.size; i++) {
     const msgpack_object *o = &devs->via.array.ptr[i];
     /* A NUL would cut the UUID short (as every str parameter: EINVAL). */
-    if (o->type == MSGPACK_OBJECT_STR && memchr(o->via.str.ptr, 0, o->via.str.size))
+    if (o->type == MSGPACK_OBJECT_STR && o->via.str.size &&
+        memchr(o->via.str.ptr, 0, o->via.str.size))
       return fail(r, DSPK_EINVAL, "devices[%u]: the string holds a NUL byte", i);
     if (o->type != MSGPACK_OBJECT_STR ||
         dspkd_uuid_norm(o->via.str.ptr, o->via.str.size, tmp.uuid[tmp.ndevs]) != 0)

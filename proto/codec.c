@@ -75,7 +75,7 @@ int dspk__msg_parse(const msgpack_object *root, struct dspk__msg *out,
     const msgpack_object *params = type == DSPK__NOTIFY ? &e[2] : &e[3];
     if (meth->type != MSGPACK_OBJECT_STR)
       return dspk__fail(msg, msglen, DSPK_EPROTO, "method must be a string");
-    m.method = meth->via.str.ptr;
+    m.method = meth->via.str.size ? meth->via.str.ptr : ""; /* see dspk__obj_str */
     m.method_len = meth->via.str.size;
     if (params->type != MSGPACK_OBJECT_ARRAY || params->via.array.size > 1)
       return dspk__fail(msg, msglen, DSPK_EPROTO,
@@ -104,7 +104,7 @@ const msgpack_object *dspk__map_get(const msgpack_object *map,
   for (uint32_t i = 0; i < map->via.map.size; i++) {
     const msgpack_object *k = &map->via.map.ptr[i].key;
     if (k->type == MSGPACK_OBJECT_STR && k->via.str.size == klen &&
-        memcmp(k->via.str.ptr, key, klen) == 0)
+        (klen == 0 || memcmp(k->via.str.ptr, key, klen) == 0))
       return &map->via.map.ptr[i].val;
   }
   return NULL;
@@ -159,10 +159,14 @@ int dspk__obj_bool(const msgpack_object *o, bool *out) {
   return 0;
 }
 
+/* msgpack-c leaves the pointer of an empty str or bin NULL: callers get ""
+ * instead, so that memchr, memcmp and memcpy of 0 bytes never see NULL. */
+static const char empty[1];
+
 int dspk__obj_str(const msgpack_object *o, const char **s, size_t *len) {
   if (!o || o->type != MSGPACK_OBJECT_STR)
     return DSPK_EINVAL;
-  *s = o->via.str.ptr;
+  *s = o->via.str.size ? o->via.str.ptr : empty;
   *len = o->via.str.size;
   return 0;
 }
@@ -171,12 +175,12 @@ int dspk__obj_bin(const msgpack_object *o, const void **p, size_t *len) {
   if (!o)
     return DSPK_EINVAL;
   if (o->type == MSGPACK_OBJECT_BIN) {
-    *p = o->via.bin.ptr;
+    *p = o->via.bin.size ? o->via.bin.ptr : empty;
     *len = o->via.bin.size;
     return 0;
   }
   if (o->type == MSGPACK_OBJECT_STR) {
-    *p = o->via.str.ptr;
+    *p = o->via.str.size ? o->via.str.ptr : empty;
     *len = o->via.str.size;
     return 0;
   }
