@@ -488,7 +488,8 @@ DSPK_EXPORT int dspk_buffer_write(dspk_client *c, uint64_t id,
     return dspk__argerr(c, "dspk_buffer_write: data is NULL and n is %zu", n);
   /* A shared buffer of ours with nothing in flight: its bytes are here. */
   if ((local = dspk__shm_local(c, id, offset, n)) != NULL) {
-    memcpy(local, data, n);
+    if (n) /* data may be NULL for 0 bytes */
+      memcpy(local, data, n);
     return 0;
   }
   return transfer(c, id, offset, data, NULL, n);
@@ -501,7 +502,8 @@ DSPK_EXPORT int dspk_buffer_read(dspk_client *c, uint64_t id, uint64_t offset,
   if (!c || (n && !dst))
     return dspk__argerr(c, "dspk_buffer_read: dst is NULL and n is %zu", n);
   if ((local = dspk__shm_local(c, id, offset, n)) != NULL) {
-    memcpy(dst, local, n);
+    if (n) /* dst may be NULL for 0 bytes */
+      memcpy(dst, local, n);
     return 0;
   }
   return transfer(c, id, offset, NULL, dst, n);

@@ -174,6 +174,9 @@ static void test_shared_alloc_gemm(void **state) {
   a[100] = 42.0f;
   assert_int_equal(dspk_buffer_read(C, ia, 400, w, sizeof w), 0);
   assert_true(w[0] == 42.0f);
+  /* 0 bytes with no pointer, as dspk.h allows (UBSan: no memcpy from NULL) */
+  assert_int_equal(dspk_buffer_write(C, ia, 0, NULL, 0), 0);
+  assert_int_equal(dspk_buffer_read(C, ia, 0, NULL, 0), 0);
   /* an operand that is a slice of a shared allocation is a reference too */
   assert_int_equal(run_gemm(C, a + 10 * k, b, 20, k, n, NULL, &r), 0);
   check_gemm(r.out[0].data, a + 10 * k, b, 20, k, n);
