@@ -234,7 +234,8 @@ static bool run_inline(struct device *dev, struct job *j) {
   /* Within a read, answered right after it (daemon/conn.c's on_read) with
    * no wake-up: an eventfd write, a turn through epoll and a read saved. */
   post_done(dev->d, j, !dev->d->in_read);
-  dev->d->inline_done = dev->d->in_read;
+  if (dev->d->in_read)
+    dev->d->inline_done = true;
   return true;
 }
 

@@ -352,10 +352,6 @@ static int stage_on(const struct dspk__dev *dev) {
 
 /* ---- client mappings pinned for DMA (shared-memory buffers) ---------------- */
 
-/* Why register here, where the staging comment above argues against it:
- * a shared buffer's mapping lives as long as the buffer and is copied
- * around every task that uses it, so the one-time pinning pays back at the
- * first copy, and its copies then need no staging memcpy at all. */
 /* Whether [p, p+n) lies within [base, base+len). */
 static int range_in(const void *p, size_t n, const void *base, size_t len) {
   return (const char *)p >= (const char *)base && n <= len &&
@@ -377,6 +373,10 @@ static void *grow(void *arr, size_t *cap, size_t n, size_t elem) {
   return na;
 }
 
+/* Why register here, where the staging comment above argues against it:
+ * a shared buffer's mapping lives as long as the buffer and is copied
+ * around every task that uses it, so the one-time pinning pays back at the
+ * first copy, and its copies then need no staging memcpy at all. */
 static int host_pinned(const struct dspk__dev *dev, const void *p, size_t n) {
   for (size_t i = 0; i < dev->nhostreg; i++)
     if (range_in(p, n, dev->hostreg[i].p, dev->hostreg[i].n))

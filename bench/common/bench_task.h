@@ -34,9 +34,11 @@ static inline void dspk_bench_fill(float *p, size_t n, unsigned seed) {
   }
 }
 
-/* Runs t through c and returns the time dspk_run took in µs; a failing
- * task prints "PROG: task: ERROR: DETAIL" and exits 1. */
-static inline double dspk_bench_run(const char *prog, dspk_client *c, dspk_task *t) {
+/* Runs t through c and returns the time dspk_run took in µs, adding the
+ * daemon's own time for it (time_us) to *daemon_us when that is not NULL;
+ * a failing task prints "PROG: task: ERROR: DETAIL" and exits 1. */
+static inline double dspk_bench_run_us(const char *prog, dspk_client *c, dspk_task *t,
+                                       double *daemon_us) {
   dspk_result r;
   double t0 = dspk_bench_now_us();
   int err = dspk_run(c, t, &r);
@@ -45,8 +47,14 @@ static inline double dspk_bench_run(const char *prog, dspk_client *c, dspk_task 
     fprintf(stderr, "%s: task: %s: %s\n", prog, dspk_strerror(err), dspk_last_error(c));
     exit(1);
   }
+  if (daemon_us)
+    *daemon_us += (double)r.time_us;
   dspk_result_free(&r);
   return dt;
+}
+
+static inline double dspk_bench_run(const char *prog, dspk_client *c, dspk_task *t) {
+  return dspk_bench_run_us(prog, c, t, NULL);
 }
 
 #endif /* DSPK_BENCH_COMMON_BENCH_TASK_H */

@@ -169,21 +169,6 @@ static double raw_xfer(int s, char op, void *p, size_t n) {
 
 static double run(dspk_client *c, dspk_task *t) { return dspk_bench_run("bench_datapath", c, t); }
 
-/* Like run(), and *daemon_us gets the daemon's own time for the task
- * (time_us: its runner's, from the start of the work to its end). */
-static double run_timed(dspk_client *c, dspk_task *t, double *daemon_us) {
-  dspk_result r;
-  double t0 = dspk_bench_now_us();
-  int err = dspk_run(c, t, &r);
-  double dt = dspk_bench_now_us() - t0;
-  if (err < 0) {
-    fprintf(stderr, "bench_datapath: task: %s: %s\n", dspk_strerror(err), dspk_last_error(c));
-    exit(1);
-  }
-  *daemon_us += (double)r.time_us;
-  dspk_result_free(&r);
-  return dt;
-}
 
 static dspk_tensor inl(dspk_dtype dt, unsigned rank, int64_t a, int64_t b, const void *p,
                        size_t nbytes) {
@@ -306,7 +291,7 @@ int main(int argc, char **argv) {
       for (int r = -1; r < rounds; r++) {
         double a = 0, b = 0, p = 0, ad = 0;
         for (int k = 0; k < reps; k++)
-          a += run_timed(c, &ti, &ad);
+          a += dspk_bench_run_us("bench_datapath", c, &ti, &ad);
         settle();
         for (int k = 0; k < reps; k++)
           b += run(c, &tr);

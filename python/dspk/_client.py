@@ -74,15 +74,14 @@ def _copy_wide(dst: np.ndarray, src: np.ndarray, threads: Optional[int] = None) 
     def part(i: int) -> None:
         np.copyto(dst[cuts[i]:cuts[i + 1]], src[cuts[i]:cuts[i + 1]])
 
-    helpers = [threading.Thread(target=part, args=(i,), name="dspk-copy", daemon=True)
-               for i in range(1, k)]
     started = []
-    for t in helpers:
+    for i in range(1, k):
+        t = threading.Thread(target=part, args=(i,), name="dspk-copy", daemon=True)
         try:
             t.start()
             started.append(t)
         except RuntimeError:  # no thread to be had: this one copies that part
-            part(helpers.index(t) + 1)
+            part(i)
     part(0)
     for t in started:
         t.join()
