@@ -394,10 +394,6 @@ static int fill(dspk_client *c, bool dontwait) {
   return 0;
 }
 
-#ifndef MADV_POPULATE_WRITE
-#define MADV_POPULATE_WRITE 23 /* Linux 5.14 */
-#endif
-
 /* Maps the pages of [p, p + n) that are whole at once (MADV_POPULATE_WRITE),
  * where the kernel can: fresh memory that a recv is about to fill would
  * otherwise fault in one page at a time (1024 faults for 4 MiB where no

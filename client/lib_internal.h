@@ -8,9 +8,14 @@
 
 #include <msgpack.h>
 #include <stdarg.h>
+#include <sys/mman.h>
 
 #include "dspk/dspk.h"
 #include "proto/codec.h"
+
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23 /* Linux 5.14; older kernels refuse it (advice only) */
+#endif
 
 /* A complete response frame, kept until its ticket is waited for. */
 struct dspk__frame {

@@ -194,14 +194,18 @@ static int shm_new_from(dspk_client *c, const char *device, size_t n, int state,
     return rc;
   }
   if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) != 0 ||
-      (p = mmap(NULL, n, PROT_READ | PROT_WRITE,
-                MAP_SHARED | (src >= 0 ? 0 : MAP_POPULATE), fd, 0)) == MAP_FAILED) {
+      (p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) == MAP_FAILED) {
     rc = dspk__cerr(c, DSPK_ENOMEM, "shared memory of %zu bytes: %s", n,
                     strerror(errno));
     close(fd);
     return rc;
   }
-  (void)madvise(p, n, MADV_HUGEPAGE); /* where shmem_enabled allows it */
+  /* Huge pages where shmem_enabled allows them ("advise"): the advice must
+   * come before the first fault, so the pages are mapped only after it (a
+   * MAP_POPULATE mapping would already hold 4 KiB pages). */
+  (void)madvise(p, n, MADV_HUGEPAGE);
+  if (src < 0)
+    (void)madvise(p, n, MADV_POPULATE_WRITE);
   msgid = dspk__next_id(c);
   dspk__wbuf_init(&w);
   dspk__pack_request_head(&w.pk, msgid, "buffer.import", true);

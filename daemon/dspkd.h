@@ -473,6 +473,8 @@ int dspkd_shm_take_fds(struct conn *c);
 void dspkd_shm_drop_stale(struct conn *c);
 /* Loop: closes every unclaimed fd (the connection closes). */
 void dspkd_shm_conn_closed(struct conn *c);
+/* Logs (info) whether shared buffers can get 2 MiB pages on this host. */
+void dspkd_shm_report_pages(void);
 int dspkd_m_buffer_import(struct req *r);
 int dspkd_m_buffer_share(struct req *r);
 /* Runner: places a shared buffer on its device (import_host, else a block

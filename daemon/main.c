@@ -247,6 +247,7 @@ int main(int argc, char **argv) {
 
   if (dspkd_devices_start(d) != 0)
     goto out_devices;
+  dspkd_shm_report_pages();
   dspkd_teardown_arm(d); /* exit() from now on closes the devices first */
   if (dspkd_metrics_http_start(d) != 0)
     goto out_devices;

@@ -123,6 +123,22 @@ static int shm_args(struct req *r, const char *what, struct device **dev, uint64
   return dspkd_buffer_fits(r, *dev, *size);
 }
 
+void dspkd_shm_report_pages(void) {
+  char line[256], *a, *b;
+  FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/shmem_enabled", "re");
+  if (!f)
+    return; /* no transparent huge pages in this kernel */
+  if (fgets(line, sizeof line, f) && (a = strchr(line, '[')) && (b = strchr(a, ']'))) {
+    *b = '\0';
+    if (strcmp(a + 1, "never") == 0 || strcmp(a + 1, "deny") == 0)
+      dspkd_info("shared memory: 4 KiB pages (transparent_hugepage/shmem_enabled is %s); "
+                 "\"advise\" lets shared buffers ask for 2 MiB pages (docs/admin.md)", a + 1);
+    else
+      dspkd_debug("shared memory: transparent_hugepage/shmem_enabled is %s", a + 1);
+  }
+  fclose(f);
+}
+
 /* Queues the create job of a shared buffer over the mapping host and, for
  * buffer.share, the memfd that goes with the answer (dspkd_buffer_submit,
  * which takes both). */

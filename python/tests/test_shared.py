@@ -106,6 +106,40 @@ def test_shared_operands_and_out_against_numpy(client):
     np.testing.assert_allclose(client.map("add", a, np.ones_like(a)), a + 1, rtol=1e-6)
 
 
+def _shmem_thp_mode() -> str:
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/shmem_enabled") as f:
+            text = f.read()
+    except OSError:
+        return "never"
+    return text[text.index("[") + 1:text.index("]")] if "[" in text else "never"
+
+
+def _pmd_mapped_kb(addr: int) -> int:
+    """ShmemPmdMapped of the mapping of this process that holds addr (-1: none)."""
+    inside = False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split(" ", 1)[0]
+            if "-" in head and ":" not in head:
+                lo, hi = (int(v, 16) for v in head.split("-"))
+                inside = lo <= addr < hi
+            elif inside and line.startswith("ShmemPmdMapped:"):
+                return int(line.split()[1])
+    return -1
+
+
+def test_shared_arrays_get_huge_pages_where_advised(client):
+    # shmem_enabled "advise": the mapping asks before its first fault, so the
+    # pages are 2 MiB ones (4 KiB pages made gemm on shared arrays slower)
+    mode = _shmem_thp_mode()
+    if mode in ("never", "deny"):
+        pytest.skip(f"shmem_enabled is {mode} here: no huge pages to check")
+    a = client.empty_shared((4 << 20,), np.float32)
+    a[:] = 1.0
+    assert _pmd_mapped_kb(a.__array_interface__["data"][0]) >= 2048
+
+
 def test_shared_out_is_written_in_place(client):
     """The daemon writes the result into the array's own pages: nothing is read back."""
     x = client.empty_shared(1 << 16, np.float64)

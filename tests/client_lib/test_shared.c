@@ -188,6 +188,64 @@ static void test_shared_alloc_gemm(void **state) {
   assert_int_equal(dspk_buffer_free(C, ia), DSPK_ENOBUF);
 }
 
+/* The selected mode of transparent_hugepage/shmem_enabled ("never" when
+ * the file cannot be read). */
+static void shmem_thp_mode(char *mode, size_t n) {
+  char line[256], *a, *b;
+  FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/shmem_enabled", "r");
+  snprintf(mode, n, "never");
+  if (!f)
+    return;
+  if (fgets(line, sizeof line, f) && (a = strchr(line, '[')) && (b = strchr(a, ']'))) {
+    *b = '\0';
+    snprintf(mode, n, "%s", a + 1);
+  }
+  fclose(f);
+}
+
+/* kB of the mapping that holds p mapped by 2 MiB entries (smaps'
+ * ShmemPmdMapped), or -1 when it is not found. */
+static long pmd_mapped_kb(const void *p) {
+  char line[256];
+  long kb = -1;
+  bool in = false;
+  FILE *f = fopen("/proc/self/smaps", "r");
+  if (!f)
+    return -1;
+  while (fgets(line, sizeof line, f)) {
+    unsigned long lo, hi;
+    if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2 && strchr(line, '-') < strchr(line, ' ')) {
+      in = (uintptr_t)p >= lo && (uintptr_t)p < hi;
+      continue;
+    }
+    if (in && sscanf(line, "ShmemPmdMapped: %ld kB", &kb) == 1)
+      break;
+  }
+  fclose(f);
+  return kb;
+}
+
+/* Where the host allows huge pages for shared memory only on request
+ * (shmem_enabled "advise"), shared allocations ask before their first
+ * fault: a 16 MiB allocation is mapped, at least in part, by 2 MiB pages.
+ * (A mapping populated before its madvise held only 4 KiB pages, and gemm
+ * on them ran up to a tenth slower: docs/performance.md.) */
+static void test_huge_pages(void **state) {
+  char mode[32];
+  const size_t n = 16u << 20;
+  void *p;
+  uint64_t id;
+  (void)state;
+  shmem_thp_mode(mode, sizeof mode);
+  if (strcmp(mode, "never") == 0 || strcmp(mode, "deny") == 0) {
+    print_message("shmem_enabled is %s here: no huge pages to check\n", mode);
+    skip();
+  }
+  assert_int_equal(dspk_shared_alloc(C, NULL, n, &p, &id), 0);
+  assert_true(pmd_mapped_kb(p) >= 2048);
+  assert_int_equal(dspk_shared_free(C, p), 0);
+}
+
 /* dspk_shared_from_file: the file's bytes from an offset, filled by the
  * kernel; used as a gemm operand; a file shorter than asked is EIO. */
 static void test_shared_from_file(void **state) {
@@ -639,6 +697,7 @@ int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_shared_alloc_gemm),
       cmocka_unit_test(test_shared_from_file),
+      cmocka_unit_test(test_huge_pages),
       cmocka_unit_test(test_auto_threshold),
       cmocka_unit_test(test_wide_copy),
       cmocka_unit_test(test_threshold_env),
