@@ -280,9 +280,11 @@ DSPK_EXPORT int dspk_shared_alloc(dspk_client *c, const char *device,
                                   size_t bytes, void **ptr_out,
                                   uint64_t *id_out);
 /* Like dspk_shared_alloc, holding bytes [offset, offset + bytes) of the
- * open file fd, copied by the kernel (sendfile) instead of through this
- * process's memory: the fast way to pass a large file's data (dspk-submit
- * does so for .npy inputs).  DSPK_EIO when the file is shorter.  Freed by
+ * open file fd, copied by the kernel (sendfile into the memfd; pread into
+ * the mapping where shared memory gets huge pages only on request,
+ * transparent_hugepage/shmem_enabled "advise") instead of by this process:
+ * the fast way to pass a large file's data (dspk-submit does so for .npy
+ * inputs).  DSPK_EIO when the file is shorter.  Freed by
  * dspk_shared_free(). */
 DSPK_EXPORT int dspk_shared_from_file(dspk_client *c, const char *device, int fd,
                                       uint64_t offset, size_t bytes, void **ptr_out,
