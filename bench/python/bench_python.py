@@ -9,7 +9,8 @@ Cases (docs/performance.md, "Python client"):
   (and with operands and result kept in the daemon: DeviceArrays, out=)
   fft c64 2^20                                            vs numpy.fft.fft
   ping round trip from Python                             vs `dspk-submit ping -c N`
-The two sides of a comparison take turns in every repetition.
+The two sides of a comparison take turns in every repetition; each gemm starts after a
+pause (--settle, 0.5 s), since OpenBLAS's workers busy-wait after a call.
 Each line: median, and the spread (min .. max) over the repetitions.  The daemon of
 --dspkd is started on a private socket with --backends cpu (the cpu:0 device: the same
 OpenBLAS as numpy's, and FFTW), so it shares this machine's cores with the client.
@@ -47,15 +48,17 @@ def timed(fn, reps, warm=2):
     return t
 
 
-def interleaved(fns, reps, warm=2):
+def interleaved(fns, reps, warm=2, settle=0.0):
     """Times of each fn, the fns taking turns in every repetition (fair under a load
-    that changes during the run)."""
+    that changes during the run), each timed call `settle` seconds after the last."""
     for fn in fns:
         for _ in range(warm):
             fn()
     t = [[] for _ in fns]
     for _ in range(reps):
         for i, fn in enumerate(fns):
+            if settle:
+                time.sleep(settle)
             t0 = time.perf_counter()
             fn()
             t[i].append(time.perf_counter() - t0)
@@ -78,6 +81,8 @@ def main():
     ap.add_argument("--submit", help="dspk-submit, for the C client's ping")
     ap.add_argument("--reps", type=int, default=9, help="repetitions of gemm and fft")
     ap.add_argument("--pings", type=int, default=5000, help="round trips per ping run")
+    ap.add_argument("--settle", type=float, default=0.5,
+                    help="seconds of pause before each timed gemm (0: none)")
     opt = ap.parse_args()
     proc = None
     tmp = tempfile.mkdtemp(prefix="dspk-bench-")
@@ -103,9 +108,13 @@ def main():
         assert np.allclose(got, ref, rtol=1e-3, atol=1e-2), "gemm result differs"
         da, db = c.to_device(a, "cpu:0"), c.to_device(b, "cpu:0")
         dc = c.empty((n, n), np.float32, "cpu:0")
+        # OpenBLAS's workers, numpy's as the daemon's, busy-wait for about 0.1 s after
+        # a call: on a 2-core machine they would take a core from whichever side runs
+        # next, so each gemm starts after a pause (as bench_shared.py's)
         t_np, t_dk, t_dev = interleaved([lambda: a @ b,
                                          lambda: c.gemm(a, b, device="cpu:0"),
-                                         lambda: c.gemm(da, db, out=dc)], opt.reps)
+                                         lambda: c.gemm(da, db, out=dc)], opt.reps,
+                                        settle=opt.settle)
         assert np.allclose(dc.numpy(), ref, rtol=1e-3, atol=1e-2), "gemm result differs"
         for d in (da, db, dc):
             d.free()
