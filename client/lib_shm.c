@@ -142,28 +142,16 @@ static int buffer_free(dspk_client *c, uint64_t id) {
   return dspk_buffer_free(c, id);
 }
 
-/* Fills memfd fd with n bytes of file src from offset off, copied by the
- * kernel (sendfile: page cache to shmem, no mapping written through here,
- * which on some machines costs several times the copy).  0 or errno. */
-static int fill_from(int fd, int src, uint64_t off, size_t n) {
+/* Copies n bytes of file src from offset off, by the kernel: into the
+ * mapping p with pread when p is not NULL, else into memfd fd with sendfile
+ * (page cache to shmem, no mapping written through here, which on some
+ * machines costs several times the copy).  0 or errno. */
+static int fill_from(int fd, char *p, int src, uint64_t off, size_t n) {
   off_t o = (off_t)off;
   size_t done = 0;
   while (done < n) {
-    ssize_t k = sendfile(fd, src, &o, n - done);
-    if (k < 0 && errno == EINTR)
-      continue;
-    if (k <= 0)
-      return k < 0 ? errno : EIO; /* 0: the file is shorter than asked */
-    done += (size_t)k;
-  }
-  return 0;
-}
-
-/* Reads n bytes of file src from offset off into p.  0 or errno. */
-static int read_into(char *p, int src, uint64_t off, size_t n) {
-  size_t done = 0;
-  while (done < n) {
-    ssize_t k = pread(src, p + done, n - done, (off_t)(off + done));
+    ssize_t k = p ? pread(src, p + done, n - done, (off_t)(off + done))
+                  : sendfile(fd, src, &o, n - done);
     if (k < 0 && errno == EINTR)
       continue;
     if (k <= 0)
@@ -226,7 +214,7 @@ static int shm_new_from(dspk_client *c, const char *device, size_t n, int state,
   }
   /* test hook: the mapped path on any host (tests/client_lib/test_shared) */
   via_map = src >= 0 && (shmem_huge_on_advice() || DSPK_TEST_HOOK("DSPK_TEST_SHM_FILL_MAP"));
-  if (src >= 0 && !via_map && (rc = fill_from(fd, src, off, n)) != 0) {
+  if (src >= 0 && !via_map && (rc = fill_from(fd, NULL, src, off, n)) != 0) {
     rc = dspk__cerr(c, DSPK_EIO, "reading %zu bytes at %llu into shared memory: %s", n,
                     (unsigned long long)off, strerror(rc));
     close(fd);
@@ -245,7 +233,7 @@ static int shm_new_from(dspk_client *c, const char *device, size_t n, int state,
   (void)madvise(p, n, MADV_HUGEPAGE);
   if (src < 0 || via_map)
     (void)madvise(p, n, MADV_POPULATE_WRITE);
-  if (via_map && (rc = read_into(p, src, off, n)) != 0) {
+  if (via_map && (rc = fill_from(fd, p, src, off, n)) != 0) {
     rc = dspk__cerr(c, DSPK_EIO, "reading %zu bytes at %llu into shared memory: %s", n,
                     (unsigned long long)off, strerror(rc));
     munmap(p, n);
