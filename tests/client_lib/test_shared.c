@@ -230,7 +230,7 @@ static long pmd_mapped_kb(const void *p) {
  * fault: a 16 MiB allocation, and 16 MiB filled from a file, are mapped,
  * at least in part, by 2 MiB pages.
  * (A mapping populated before its madvise held only 4 KiB pages, and gemm
- * on them ran up to a tenth slower: docs/performance.md.) */
+ * on them ran a fifth to a quarter slower: docs/performance.md.) */
 static void test_huge_pages(void **state) {
   char mode[32];
   const size_t n = 16u << 20;
