@@ -212,14 +212,6 @@ static int shm_new_from(dspk_client *c, const char *device, size_t n, int state,
     close(fd);
     return rc;
   }
-  /* test hook: the mapped path on any host (tests/client_lib/test_shared) */
-  via_map = src >= 0 && (shmem_huge_on_advice() || DSPK_TEST_HOOK("DSPK_TEST_SHM_FILL_MAP"));
-  if (src >= 0 && !via_map && (rc = fill_from(fd, NULL, src, off, n)) != 0) {
-    rc = dspk__cerr(c, DSPK_EIO, "reading %zu bytes at %llu into shared memory: %s", n,
-                    (unsigned long long)off, strerror(rc));
-    close(fd);
-    return rc;
-  }
   if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) != 0 ||
       (p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) == MAP_FAILED) {
     rc = dspk__cerr(c, DSPK_ENOMEM, "shared memory of %zu bytes: %s", n,
@@ -227,13 +219,15 @@ static int shm_new_from(dspk_client *c, const char *device, size_t n, int state,
     close(fd);
     return rc;
   }
+  /* test hook: the mapped path on any host (tests/client_lib/test_shared) */
+  via_map = src >= 0 && (shmem_huge_on_advice() || DSPK_TEST_HOOK("DSPK_TEST_SHM_FILL_MAP"));
   /* Huge pages where shmem_enabled allows them ("advise"): the advice must
    * come before the first fault, so the pages are mapped only after it (a
    * MAP_POPULATE mapping would already hold 4 KiB pages). */
   (void)madvise(p, n, MADV_HUGEPAGE);
   if (src < 0 || via_map)
     (void)madvise(p, n, MADV_POPULATE_WRITE);
-  if (via_map && (rc = fill_from(fd, p, src, off, n)) != 0) {
+  if (src >= 0 && (rc = fill_from(fd, via_map ? p : NULL, src, off, n)) != 0) {
     rc = dspk__cerr(c, DSPK_EIO, "reading %zu bytes at %llu into shared memory: %s", n,
                     (unsigned long long)off, strerror(rc));
     munmap(p, n);

@@ -1,8 +1,8 @@
 /*
  * What the client-side benchmarks (bench_core, bench_shm, bench_datapath)
  * share (header only): a monotonic clock in µs, aligned buffers (2 MiB pages
- * for large ones),
- * reproducible f32 data, and a task timed through libdspkclient.
+ * for large ones), reproducible f32 data, and a task timed through
+ * libdspkclient.
  */
 #ifndef DSPK_BENCH_COMMON_BENCH_TASK_H
 #define DSPK_BENCH_COMMON_BENCH_TASK_H
@@ -17,24 +17,20 @@
 
 static inline double dspk_bench_now_us(void) { return dspk_bench_now_ms() * 1e3; }
 
-/* Asks for 2 MiB pages on [p, p + n) when n is 4 MiB or more, as numpy does
- * for its arrays: the in-process references then run on the best memory a
- * process gets where transparent huge pages are "madvise" (p 2 MiB-aligned). */
-static inline void dspk_bench_advise_huge(void *p, size_t n) {
-  if (n >= ((size_t)4 << 20))
-    (void)madvise(p, n, MADV_HUGEPAGE);
-}
-
-/* n bytes, 64-byte aligned (2 MiB-aligned and advised to get 2 MiB pages
- * from 4 MiB on); "PROG: malloc failed" and exit 1 when there is no memory. */
+/* n bytes, 64-byte aligned; from 4 MiB on, 2 MiB-aligned and advised to get
+ * 2 MiB pages, as numpy does for its arrays (the in-process references then
+ * run on the best memory a process gets where transparent huge pages are
+ * "madvise"); "PROG: malloc failed" and exit 1 when there is no memory. */
 static inline void *dspk_bench_alloc(const char *prog, size_t n) {
   size_t align = n >= ((size_t)4 << 20) ? ((size_t)2 << 20) : 64;
-  void *p = aligned_alloc(align, (n + align - 1) / align * align);
+  size_t len = (n + align - 1) / align * align;
+  void *p = aligned_alloc(align, len);
   if (!p) {
     fprintf(stderr, "%s: malloc: %s\n", prog, dspk_strerror(DSPK_ENOMEM));
     exit(1);
   }
-  dspk_bench_advise_huge(p, (n + align - 1) / align * align);
+  if (align > 64)
+    (void)madvise(p, len, MADV_HUGEPAGE);
   return p;
 }
 
