@@ -36,9 +36,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "backends/cpu/fftw_wisdom.h"
 #include "bench/common/bench_daemon.h"
-#include "cache/cache.h"
+#include "bench/common/bench_fftw.h"
 #include "bench/common/bench_task.h"
 #include "bench/common/bench_util.h"
 #include "dspk/dspk.h"
@@ -170,6 +169,28 @@ static double raw_xfer(int s, char op, void *p, size_t n) {
 static double run(dspk_client *c, dspk_task *t) { return dspk_bench_run("bench_datapath", c, t); }
 
 
+/* Mean us per task of n copies of t kept `depth` in flight (dspk_submit,
+ * dspk_wait_any): the cost of each task in a stream, where the daemon
+ * takes the next while it answers the last. */
+static double stream_us(dspk_client *c, const dspk_task *t, int n, int depth) {
+  uint32_t tk;
+  dspk_result res;
+  int sent = 0, done = 0, err;
+  double t0 = dspk_bench_now_us();
+  while (done < n) {
+    while (sent < n && sent - done < depth) {
+      if ((err = dspk_submit(c, t, &tk)) < 0)
+        die("dspk_submit", err);
+      sent++;
+    }
+    if ((err = dspk_wait_any(c, &tk, &res)) < 0)
+      die("dspk_wait_any", err);
+    dspk_result_free(&res);
+    done++;
+  }
+  return (dspk_bench_now_us() - t0) / n;
+}
+
 static dspk_tensor inl(dspk_dtype dt, unsigned rank, int64_t a, int64_t b, const void *p,
                        size_t nbytes) {
   dspk_tensor t = {.dtype = dt, .rank = rank, .shape = {a, b}, .data = p, .nbytes = nbytes};
@@ -289,13 +310,17 @@ int main(int argc, char **argv) {
       tr.out_refs[0].buffer = bc;
       int reps = n <= 256 ? 50 : n <= 512 ? 10 : 1;
       for (int r = -1; r < rounds; r++) {
-        double a = 0, b = 0, p = 0, ad = 0;
+        double a = 0, b = 0, p = 0, ad = 0, st = 0;
         for (int k = 0; k < reps; k++)
           a += dspk_bench_run_us("bench_datapath", c, &ti, &ad);
         settle();
         for (int k = 0; k < reps; k++)
           b += run(c, &tr);
         settle();
+        if (n <= 512) {
+          st = stream_us(c, &tr, reps, 4);
+          settle();
+        }
         for (int k = 0; k < reps; k++) {
           double t0 = dspk_bench_now_us();
           cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, A, n, B, n,
@@ -309,6 +334,9 @@ int main(int argc, char **argv) {
         snprintf(name, sizeof name, "gemm.inline_daemon.%d", n); add(name, ad / reps);
         snprintf(name, sizeof name, "gemm.resident.%d", n); add(name, b / reps);
         snprintf(name, sizeof name, "gemm.inproc.%d", n); add(name, p / reps);
+        if (n <= 512) {
+          snprintf(name, sizeof name, "gemm.stream.%d", n); add(name, st);
+        }
       }
       dspk_buffer_free(c, ba);
       dspk_buffer_free(c, bb);
@@ -335,19 +363,8 @@ int main(int argc, char **argv) {
     run(c, &t); /* the daemon's first 2^20 plan: measured in the background */
     dspk_bench_wait_fftw(dpid);
     run(c, &t); /* the measured plan swapped in, its wisdom stored */
-    struct dspk__cache *wc = NULL;
-    if (dspk__cache_open(cache, NULL, &wc, NULL, 0) == 0) {
-      fprintf(stderr, "bench_datapath: the daemon's FFTW wisdom: %d precision(s)\n",
-              dspk__fftw_wisdom_load(wc));
-      dspk__cache_close(wc);
-    }
-    fftwf_plan p = fftwf_plan_dft_1d((int)nf, X, Y, FFTW_FORWARD,
-                                     FFTW_MEASURE | FFTW_WISDOM_ONLY);
-    if (!p) {
-      fprintf(stderr, "bench_datapath: no daemon wisdom for fft 2^20: measuring here\n");
-      p = fftwf_plan_dft_1d((int)nf, X, Y, FFTW_FORWARD, FFTW_MEASURE);
-      dspk_bench_fill((float *)X, 2 * nf, 3);
-    }
+    fftwf_plan p = dspk_bench_fftwf_daemon_plan("bench_datapath", cache, (int)nf, X, Y);
+    dspk_bench_fill((float *)X, 2 * nf, 3); /* in case it measured */
     /* five alternating pairs a round: one 2^20 transform is 8-15 ms on the
      * VM, where one pair a round left the medians to its noise */
     for (int r = -1; r < rounds; r++) {
@@ -465,6 +482,11 @@ int main(int argc, char **argv) {
     snprintf(a, sizeof a, "gemm.resident.%d", gn[i]);
     snprintf(w, sizeof w, "gemm %d^2 f32 resident vs cblas_sgemm", gn[i]);
     row(w, a, b, gn[i] == 256 ? ">= 0.9" : "");
+    if (gn[i] <= 512) {
+      snprintf(a, sizeof a, "gemm.stream.%d", gn[i]);
+      snprintf(w, sizeof w, "(resident, a stream: 4 in flight)");
+      row(w, a, b, "");
+    }
   }
   if (has(only, "fft")) {
     row("fft c64 2^20 inline vs FFTW", "fft.inline", "fft.inproc", ">= 0.95");
