@@ -10,7 +10,9 @@ Cases (docs/performance.md, "Python client"):
   fft c64 2^20                                            vs numpy.fft.fft
   ping round trip from Python                             vs `dspk-submit ping -c N`
 The two sides of a comparison take turns in every repetition; each gemm starts after a
-pause (--settle, 0.5 s), since OpenBLAS's workers busy-wait after a call.
+pause (--settle, 0.5 s), since OpenBLAS's workers busy-wait after a call; gemm is timed
+twice: right after the pause, and right after an untimed gemm of its own side (a loop's
+steady state).
 Each line: median, and the spread (min .. max) over the repetitions.  The daemon of
 --dspkd is started on a private socket with --backends cpu (the cpu:0 device: the same
 OpenBLAS as numpy's, and FFTW), so it shares this machine's cores with the client.
@@ -48,9 +50,10 @@ def timed(fn, reps, warm=2):
     return t
 
 
-def interleaved(fns, reps, warm=2, settle=0.0):
+def interleaved(fns, reps, warm=2, settle=0.0, lead=0):
     """Times of each fn, the fns taking turns in every repetition (fair under a load
-    that changes during the run), each timed call `settle` seconds after the last."""
+    that changes during the run), each timed call `settle` seconds after the last
+    and right after `lead` untimed calls of the same fn."""
     for fn in fns:
         for _ in range(warm):
             fn()
@@ -59,6 +62,8 @@ def interleaved(fns, reps, warm=2, settle=0.0):
         for i, fn in enumerate(fns):
             if settle:
                 time.sleep(settle)
+            for _ in range(lead):
+                fn()
             t0 = time.perf_counter()
             fn()
             t[i].append(time.perf_counter() - t0)
@@ -115,16 +120,26 @@ def main():
                                          lambda: c.gemm(a, b, device="cpu:0"),
                                          lambda: c.gemm(da, db, out=dc)], opt.reps,
                                         settle=opt.settle)
+        # The same, each timed gemm right after an untimed one of its own side: a loop's
+        # steady state, with no idle memory (a pause leaves written pages slow to touch
+        # again on some virtual machines: docs/performance.md)
+        b_np, b_dk, b_dev = interleaved([lambda: a @ b,
+                                         lambda: c.gemm(a, b, device="cpu:0"),
+                                         lambda: c.gemm(da, db, out=dc)], opt.reps,
+                                        settle=opt.settle, lead=1)
         assert np.allclose(dc.numpy(), ref, rtol=1e-3, atol=1e-2), "gemm result differs"
         for d in (da, db, dc):
             d.free()
-        print(line("gemm 2048^2 f32  numpy a @ b", t_np))
-        print(line("gemm 2048^2 f32  dspk c.gemm", t_dk))
-        print(line("gemm 2048^2 f32  dspk DeviceArrays", t_dev))
-        print("%-34s %.3f (numpy median / dspk median; >1: dspk faster)" % (
-            "gemm  ratio", statistics.median(t_np) / statistics.median(t_dk)))
-        print("%-34s %.3f (numpy median / DeviceArray median)" % (
-            "gemm  ratio, DeviceArrays", statistics.median(t_np) / statistics.median(t_dev)))
+        for how, (n_, k_, v_) in (("after a pause", (t_np, t_dk, t_dev)),
+                                  ("back to back", (b_np, b_dk, b_dev))):
+            print("# gemm, each timed call %s" % how)
+            print(line("gemm 2048^2 f32  numpy a @ b", n_))
+            print(line("gemm 2048^2 f32  dspk c.gemm", k_))
+            print(line("gemm 2048^2 f32  dspk DeviceArrays", v_))
+            print("%-34s %.3f (numpy median / dspk median; >1: dspk faster)" % (
+                "gemm  ratio", statistics.median(n_) / statistics.median(k_)))
+            print("%-34s %.3f (numpy median / DeviceArray median)" % (
+                "gemm  ratio, DeviceArrays", statistics.median(n_) / statistics.median(v_)))
 
         x = (rng.standard_normal(1 << 20) + 1j * rng.standard_normal(1 << 20)).astype(
             np.complex64)
