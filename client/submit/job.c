@@ -7,6 +7,7 @@
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <errno.h>
 #include <string.h>
 
 #include "client/submit/submit.h"
@@ -18,8 +19,9 @@ static int parse_id(const char *s, unsigned long long max, unsigned long long *o
   char *end;
   if (!s || *s < '0' || *s > '9')
     return -1;
+  errno = 0;
   *out = strtoull(s, &end, 10);
-  return *end || *out > max ? -1 : 0;
+  return *end || errno == ERANGE || *out > max ? -1 : 0;
 }
 
 static int job_print(const dspk__sub_ctx *ctx, char *text, bool json, const char *what,

@@ -12,9 +12,11 @@
  * the operation failed, 2 for a bad command line).
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <grp.h>
 #include <malloc.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -335,6 +337,27 @@ int dspk__sub_fail_client(const dspk__sub_ctx *ctx, int code) {
   return dspk__sub_fail(ctx, code, "%s", detail);
 }
 
+/* The size variables of cli.md's "Sizes" with their bounds; main() refuses
+ * a malformed one (exit 2) before any command runs, so the readers below
+ * only ever see a good value or none. */
+static const struct {
+  const char *name;
+  uint64_t max;
+} size_env[] = {{"DSPK_SHARED_THRESHOLD", (uint64_t)1 << 40},
+                {"DSPK_SUBMIT_INLINE_MAX", (uint64_t)1 << 40}};
+
+static int check_size_env(const dspk__sub_ctx *ctx) {
+  for (size_t i = 0; i < sizeof size_env / sizeof size_env[0]; i++) {
+    const char *e = getenv(size_env[i].name);
+    uint64_t v;
+    if (e != NULL && *e && dspk__sub_parse_size(e, 0, size_env[i].max, &v) < 0)
+      return dspk__sub_usage(ctx, "bad value of $%s '%s': want a size of at most 1T "
+                                  "(digits and an optional K, M, G or T)",
+                             size_env[i].name, e);
+  }
+  return 0;
+}
+
 size_t dspk__sub_shared_threshold(void) {
   const char *e = getenv("DSPK_SHARED_THRESHOLD");
   uint64_t v;
@@ -522,6 +545,34 @@ static void heap_setup(void) {
   free(p);
 }
 
+/* Standard streams that were closed when the command started are opened
+ * on /dev/null the wrong way round (stdin for writing, stdout and stderr
+ * for reading): the socket and files then never get descriptors 0-2, where
+ * a result or a message would land in them, and using a closed stream
+ * still fails (EBADF) as it would have. */
+static void guard_std_fds(void) {
+  for (int fd = 0; fd <= 2; fd++) {
+    if (fcntl(fd, F_GETFD) >= 0 || errno != EBADF)
+      continue;
+    int n = open("/dev/null", fd == 0 ? O_WRONLY : O_RDONLY);
+    if (n >= 0 && n != fd) { /* a lower one was closed too: taken above */
+      dup2(n, fd);
+      close(n);
+    }
+  }
+}
+
+/* Whatever stdout still holds in its buffer is written now: a write that
+ * fails there (a full disk, a closed descriptor) fails the command. */
+static int flush_stdout(const dspk__sub_ctx *ctx, int rc) {
+  if (fflush(stdout) == 0 && !ferror(stdout))
+    return rc;
+  int e = errno;
+  if (rc != DSPK__SUB_EXIT_OK)
+    return rc; /* its own failure is already told */
+  return dspk__sub_fail(ctx, DSPK_EIO, "<stdout>: %s", strerror(e ? e : EIO));
+}
+
 int main(int argc, char **argv) {
   static const struct option opts[] = {{"socket", required_argument, NULL, 'S'},
                                        {"help", no_argument, NULL, 'h'},
@@ -531,6 +582,10 @@ int main(int argc, char **argv) {
   const dspk__sub_cmd *cmd;
   int opt, rc, ci;
 
+  guard_std_fds();
+  /* Past a file size limit (ulimit -f), a write fails (EFBIG) and the
+   * command says so and removes the partial output, rather than dying. */
+  signal(SIGXFSZ, SIG_IGN);
   heap_setup();
   opterr = 0;
   /* '+': stop at the command name; its options are its own. */
@@ -566,6 +621,8 @@ int main(int argc, char **argv) {
   if (cmd == NULL)
     return dspk__sub_usage(&ctx, "unknown command '%s'", argv[optind]);
   ctx.cmd = cmd->name;
+  if ((rc = check_size_env(&ctx)) != 0)
+    return rc;
   ci = optind;
   /* Each command parses its own arguments with getopt_long from scratch:
    * optind 0 makes glibc reinitialize, and it starts at argv[1], so the
@@ -573,5 +630,5 @@ int main(int argc, char **argv) {
   optind = 0;
   rc = cmd->run(&ctx, argc - ci, argv + ci);
   dspk_close(ctx.client);
-  return rc;
+  return flush_stdout(&ctx, rc);
 }

@@ -637,26 +637,65 @@ fail:
   return rc;
 }
 
+/* How long the .npy image that starts with the len bytes at b is, once that
+ * much says it: 1 and *total, 0 when more bytes are needed, or a negative
+ * dspk code with a message (a bad magic, preamble or header). */
+static int image_total(const unsigned char *b, size_t len, size_t *total, char *err,
+                       size_t errlen) {
+  dspk__npy_header h;
+  size_t off, hl, nbytes;
+  uint64_t count;
+  int rc;
+
+  if (len < 12) {
+    size_t m = len < sizeof npy_magic ? len : sizeof npy_magic;
+    if (memcmp(b, npy_magic, m) != 0) {
+      seterr(err, errlen, "not a .npy file (bad magic)");
+      return DSPK_EINVAL;
+    }
+    return 0;
+  }
+  if ((rc = parse_preamble(b, len, &off, &hl, err, errlen)) < 0)
+    return rc;
+  if (hl > len - off)
+    return 0;
+  if ((rc = dspk__npy_parse_header((const char *)b + off, hl, &h, err, errlen)) < 0 ||
+      (rc = header_sizes(&h, &count, &nbytes, err, errlen)) < 0)
+    return rc;
+  *total = off + hl + nbytes;
+  return 1;
+}
+
+/* Reads a stream to its end, or until its header shows it is not a .npy
+ * image or holds more bytes than its header says (an endless device such
+ * as /dev/zero is refused at its first bytes, not read until memory runs
+ * out). */
 int dspk__npy_load_fd(int fd, const char *name, dspk__npy *out, char *err,
                       size_t errlen) {
-  size_t cap = 1 << 16, len = 0;
+  size_t cap = 1 << 16, len = 0, total = 0;
   unsigned char *buf = malloc(cap);
+  bool known = false;
+  int rc;
 
   for (;;) {
     ssize_t r;
+    /* Once the image's size is known, one byte past it is asked for: a
+     * stream that has it holds more than its header says. */
+    size_t want = known ? total + 1 : SIZE_MAX;
     if (buf == NULL) {
       seterr(err, errlen, "%s: out of memory after %zu bytes", name, len);
       return DSPK_ENOMEM;
     }
     if (len == cap) {
-      unsigned char *nb = cap > SIZE_MAX / 2 ? NULL : realloc(buf, cap * 2);
+      size_t ncap = cap > SIZE_MAX / 2 ? SIZE_MAX : cap * 2;
+      unsigned char *nb = realloc(buf, ncap < want ? ncap : want);
       if (nb == NULL)
         free(buf);
       buf = nb;
-      cap *= 2;
+      cap = ncap < want ? ncap : want;
       continue;
     }
-    r = read(fd, buf + len, cap - len);
+    r = read(fd, buf + len, (cap < want ? cap : want) - len);
     if (r < 0 && errno == EINTR)
       continue;
     if (r < 0) {
@@ -668,6 +707,20 @@ int dspk__npy_load_fd(int fd, const char *name, dspk__npy *out, char *err,
     if (r == 0)
       break;
     len += (size_t)r;
+    if (!known && (rc = image_total(buf, len, &total, err, errlen)) != 0) {
+      if (rc < 0) {
+        free(buf);
+        prefix_name(err, errlen, name);
+        return rc;
+      }
+      known = true;
+    }
+    if (known && len > total) {
+      free(buf);
+      seterr(err, errlen, "%s: more data than its .npy header says (%zu bytes in all)",
+             name, total);
+      return DSPK_EINVAL;
+    }
   }
   return dspk__npy_adopt(buf, len, name, out, err, errlen);
 }

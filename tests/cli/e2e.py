@@ -761,6 +761,16 @@ def suite_errors(cli, tmp):
     cli.fails(["map", "abs", large, "-o", full], "map", "EIO",
               detail="%s: File too large" % full, preexec_fn=fsize_limit)
     check(not os.path.exists(full), "a partly rewritten output is left behind")
+    # The same limit with SIGXFSZ at its default (a shell's ulimit -f): the
+    # command ignores the signal, so the write fails as above (it was killed
+    # by the signal, leaving the partial file).
+    def fsize_limit_signal():
+        import resource
+        signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (65536, 65536))
+    cli.fails(["map", "abs", large, "-o", full], "map", "EIO",
+              detail="%s: File too large" % full, preexec_fn=fsize_limit_signal)
+    check(not os.path.exists(full), "a partly written output is left behind (SIGXFSZ)")
     # A device that refuses the data (/dev/full: ENOSPC) stays where it is.
     # A node of its own (root only), never the system's /dev/full.
     dev = os.path.join(tmp, "full-device")
@@ -772,6 +782,50 @@ def suite_errors(cli, tmp):
         cli.fails(["map", "abs", large, "-o", dev], "map", "EIO",
                   detail="%s: No space left on device" % dev)
         check(os.path.exists(dev), "a failed write to a device removed the device node")
+        # Results on a stdout that refuses them: the command fails (it said
+        # nothing and exited 0).
+        for args in (["ping"], ["map", "abs", a34], ["devices", "--json"]):
+            with open(dev, "wb") as full_out:
+                p = subprocess.run([cli.binary, "--socket", cli.sock] + args,
+                                   stdin=subprocess.DEVNULL, stdout=full_out,
+                                   stderr=subprocess.PIPE, timeout=120)
+            err = p.stderr.decode(errors="replace")
+            check(p.returncode == 1 and
+                  err.startswith("dspk-submit: %s: EIO: <stdout>: No space left" % args[0]),
+                  "%s > a full device: exit %d, stderr %r" % (args, p.returncode, err))
+
+    # Standard streams closed at the start: the socket must not take their
+    # descriptors (the result, or the error line, went into the daemon's
+    # socket and the command died of SIGPIPE).
+    def closing(fd):
+        return lambda: os.close(fd)
+    for args, fd, want in ((["map", "abs", a34, "-o", "-"], 1, "EIO"),
+                           (["map", "add", a34, b56], 2, None)):
+        p = subprocess.run([cli.binary, "--socket", cli.sock] + args,
+                           stdin=subprocess.DEVNULL, capture_output=True,
+                           preexec_fn=closing(fd), timeout=120)
+        err = p.stderr.decode(errors="replace")
+        check(p.returncode == 1, "%s with fd %d closed: exit %d, stderr %r"
+              % (args, fd, p.returncode, err))
+        if want:
+            check(err.startswith("dspk-submit: map: %s: " % want),
+                  "%s with stdout closed: stderr %r" % (args, err))
+    cli.ok("ping")  # and the daemon still answers
+
+    # An endless stream is refused at its first bytes, not read until memory
+    # runs out; a stream with more bytes than its header says is refused too.
+    cli.fails(["map", "abs", "/dev/zero"], "map", "EINVAL", detail="/dev/zero: not a .npy")
+    with open(a34, "rb") as f:
+        a34_bytes = f.read()
+    cli.fails(["map", "abs", "-"], "map", "EINVAL", data=a34_bytes + b"extra",
+              detail="<stdin>: more data than its .npy header says")
+
+    # Size variables that are not sizes: a bad command line (they were ignored).
+    for var, val in (("DSPK_SHARED_THRESHOLD", "1.5M"), ("DSPK_SHARED_THRESHOLD", "-1"),
+                     ("DSPK_SUBMIT_INLINE_MAX", "99999999999999999999")):
+        env = dict(os.environ, **{var: val})
+        cli.fails(["ping"], "ping", "EINVAL", rc_want=2, env=env,
+                  detail="bad value of $%s" % var)
 
     # The daemon's validation, passed on verbatim.
     cli.fails(["gemm", a34, b56], "gemm", "ESHAPE")
@@ -826,6 +880,8 @@ def suite_errors(cli, tmp):
         (["cache", "clear", "x"], "cache"),
         (["top", "--once", "x"], "top"),
         (["job", "register", "x"], "job"),
+        # beyond 64 bits: refused, not wrapped to 2^64-1 and registered
+        (["job", "register", "--job", "99999999999999999999999", "--uid", "0"], "job"),
         (["trace", "-o", "-", "x"], "trace"),
         (["status", "--all"], "status"),
         (["gemm", a34], "gemm"),
