@@ -46,6 +46,7 @@ _RESULT_FRAMING = 1024  # protocol.md: inline results may carry max_message - 10
 _SHARED_THRESHOLD = 1 << 20  # bytes: default of $DSPK_SHARED_THRESHOLD (as libdspkclient)
 _TEMP_ROUND = 2 << 20   # shared temporaries: whole 2 MiB
 _TEMP_IDLE_MAX = 6      # idle shared temporaries kept for the next tasks
+_TIMEOUT_FOREVER = 1e9  # seconds (31 years): a timeout above it waits for ever, as None
 _UNITS = {"": 1, "K": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MIB": 1 << 20,
           "G": 1 << 30, "GIB": 1 << 30, "T": 1 << 40, "TIB": 1 << 40}
 
@@ -137,9 +138,9 @@ def connect(socket: Union[str, bytes, "os.PathLike[str]", None] = None, *,
         name: the name of this connection in the daemon's ``status`` (a str, cut at 63
             bytes; default: "python:" and the script's name).
         timeout: seconds (more than 0) any one call may wait to connect, to send its
-            request and for its answer before it raises :class:`dspk.Timeout` (None: wait
-            for ever; a daemon that goes away always ends the wait with
-            :class:`dspk.Closed`).
+            request and for its answer before it raises :class:`dspk.Timeout` (None, inf
+            or more than 1e9: wait for ever; a daemon that goes away always ends the wait
+            with :class:`dspk.Closed`).  Futures of submit() wait as their result() says.
 
     Raises:
         dspk.ConnectError: no daemon listens there.
@@ -202,9 +203,12 @@ class DeviceArray:
 
     def free(self) -> None:
         """Frees the buffer (``buffer.free``); requests already sent still see it.  A
-        second free() of the same DeviceArray does nothing."""
+        second free() of the same DeviceArray does nothing, and so does one after its
+        client closed (the buffer went with the connection)."""
         if not self._freed:
             self._freed = True
+            if self.client.closed:  # the buffer went with the connection
+                return
             self.client._free_buffer(self.buffer)
 
     def _ref(self) -> Dict[str, Any]:
@@ -416,14 +420,21 @@ class Client:
                  name: Optional[str] = None, timeout: Optional[float] = None) -> None:
         if socket is not None and not isinstance(socket, (str, bytes, os.PathLike)):
             raise _errors.InvalidArgument("socket: expected a path, got %s" % _kind(socket))
-        self.socket_path = os.fsdecode(socket) if socket else default_socket()
+        self.socket_path = os.fsdecode(socket) if socket is not None else default_socket()
         if timeout is not None:
             timeout = _number("timeout", timeout)
             if not timeout > 0:  # NaN too: no call could ever be answered
                 raise _errors.InvalidArgument("timeout: %r seconds (want more than 0, or "
                                               "None to wait for ever)" % timeout)
+            if timeout > _TIMEOUT_FOREVER:  # inf too: no wait can take it
+                timeout = None
         if name is not None:
             _string("name", name)
+            try:
+                name.encode("utf-8")
+            except UnicodeEncodeError as e:  # a lone surrogate: no UTF-8 for the daemon
+                raise _errors.InvalidArgument("name: not valid Unicode text (%s)"
+                                              % e.reason) from None
         self.timeout = timeout
         sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
         try:
@@ -460,7 +471,8 @@ class Client:
         self._nonce = os.urandom(16)
         # Shared arrays of empty_shared(): buffer id -> (address, bytes, device).
         self._shared: Dict[int, Tuple[int, int, str]] = {}
-        self._dead_shared: List[int] = []  # collected shared arrays: buffer.free owed
+        # buffer.free owed: collected shared arrays, buffers answered after a Timeout
+        self._dead_shared: List[int] = []
         # The automatic shared-memory path (libdspkclient's): inline operands and
         # results of at least shared_threshold bytes on cpu:0 go through reused
         # shared temporaries instead of the socket.
@@ -726,6 +738,22 @@ class Client:
               decode: Optional[Callable[[Any], Any]] = None,
               bigs: Optional[List[memoryview]] = None) -> Any:
         return self._wait(self._start(method, args, decode, bigs=bigs))
+
+    def _new_buffer(self, method: str, args: Mapping[str, Any],
+                    fds: Optional[List[int]] = None) -> Any:
+        """The answer of a call that makes a buffer (buffer.create, buffer.import).  When
+        the caller stops waiting (dspk.Timeout), the buffer of an answer that comes later
+        is freed by the next request instead of staying the connection's."""
+        fut = self._start(method, args, fds=fds)
+        try:
+            return self._wait(fut)
+        except _errors.Timeout:
+            fut.add_done_callback(self._orphaned_buffer)
+            raise
+
+    def _orphaned_buffer(self, fut: concurrent.futures.Future) -> None:
+        if not fut.cancelled() and fut.exception() is None:
+            self._dead_shared.append(int(fut.result()["buffer"]))
 
     def _closed_error(self) -> Error:
         err = self._closed or _errors.Closed("connection closed")
@@ -1022,7 +1050,7 @@ class Client:
         shape_t = _shape(shape)
         dt = _dtype(dtype)
         nbytes = _nbytes(shape_t, dt)
-        res = self._call("buffer.create", {"device": device, "size": nbytes})
+        res = self._new_buffer("buffer.create", {"device": device, "size": nbytes})
         return DeviceArray(self, int(res["buffer"]), str(res["device"]), shape_t, dt,
                            size=int(res.get("size", nbytes)))
 
@@ -1075,8 +1103,8 @@ class Client:
                     mm.madvise(mmap.MADV_HUGEPAGE)
                 except OSError:
                     pass
-            res = self._wait(self._start("buffer.import", {"device": device, "size": size},
-                                         fds=[fd]))
+            res = self._new_buffer("buffer.import", {"device": device, "size": size},
+                                   fds=[fd])
         finally:
             os.close(fd)
         return mm, int(res["buffer"]), str(res["device"])
@@ -1417,7 +1445,7 @@ class Client:
         elif bound is not None and bound > self.max_message - _RESULT_FRAMING:
             # Too large to come back inline (protocol.md, Limits): into a temporary
             # buffer, read back in pieces.
-            res = self._call("buffer.create", {"device": target, "size": bound})
+            res = self._new_buffer("buffer.create", {"device": target, "size": bound})
             tmp = int(res["buffer"])
             args["outputs"] = [{"buffer": tmp, "offset": 0}]
             fut = self._start_staged(args, bigs, tmp, progress, is_async)

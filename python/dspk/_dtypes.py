@@ -1,7 +1,7 @@
 """numpy dtypes and the protocol's dtype names, bfloat16 included."""
 from __future__ import annotations
 
-from typing import Any, Dict
+from typing import Any, Dict, Tuple
 
 import numpy as np
 
@@ -50,6 +50,23 @@ def numpy_dtype(name: str) -> np.dtype:
         raise DtypeError("the daemon sent unknown dtype %r" % (name,)) from None
 
 
+def _f32_round_to_odd(d: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    """float32 of float64 values rounded to odd (an inexact value keeps the truncated
+    bits with the last one set), as float32 and as their bits in uint64: rounding that
+    to nearest even at bf16's 7 bits gives what rounding d there directly gives (numpy's
+    float32 rounds to nearest even, and a second rounding of it could land on a tie
+    that d was not on: 1 + 2**-8 + 2**-30 became 1.0)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        f = d.astype("<f4")
+    u = f.view("<u4").astype(np.uint64)
+    back = f.astype("<f8")
+    inexact = (back != d) & np.isfinite(d)
+    # rounded away from zero (past FLT_MAX to inf too): one step back towards it
+    u -= (inexact & (np.abs(back) > np.abs(d))).astype(np.uint64)
+    u |= inexact.astype(np.uint64)
+    return f, u
+
+
 def to_bfloat16(x: Any) -> np.ndarray:
     """A dspk.bfloat16 array of ``x`` (real numbers; rounded to nearest even; NaN stays
     NaN), of x's shape (0-d too)."""
@@ -61,8 +78,11 @@ def to_bfloat16(x: Any) -> np.ndarray:
         # complex would lose its imaginary part, None and str are no numbers
         raise DtypeError("to_bfloat16: dtype %s (want real numbers)" % a.dtype)
     # np.ascontiguousarray makes a 0-d array 1-d: the shape comes from a.
-    f = np.ascontiguousarray(a, dtype="<f4").reshape(-1)
-    u = f.view("<u4").astype(np.uint64)
+    if a.dtype.kind == "f" and a.dtype.itemsize <= 4:
+        f = np.ascontiguousarray(a, dtype="<f4").reshape(-1)  # exact
+        u = f.view("<u4").astype(np.uint64)
+    else:
+        f, u = _f32_round_to_odd(np.ascontiguousarray(a, dtype="<f8").reshape(-1))
     rounded = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
     nan = np.isnan(f)
     bits = np.where(nan, (u >> 16) | 0x40, rounded).astype("<u2")

@@ -276,6 +276,34 @@ def test_submit_bad_call(client):
 
 # ---- bfloat16 helpers ----------------------------------------------------------------
 
+def _bf16_exact(x):
+    """bf16 bits of x by exact rational arithmetic: round to nearest, ties to even
+    (normal numbers of bf16's range only)."""
+    import math
+    from fractions import Fraction
+    m, e = math.frexp(abs(x))          # abs(x) = m * 2^e, 0.5 <= m < 1
+    ulp = Fraction(2) ** (e - 1 - 7)   # 7 fraction bits below the leading one
+    q = Fraction(abs(x)) / ulp
+    n = math.floor(q)
+    if q - n > Fraction(1, 2) or (q - n == Fraction(1, 2) and n % 2):
+        n += 1
+    v = float(n * ulp) * (1 if x > 0 else -1)
+    return int(np.array(v, "<f4").view("<u4")) >> 16
+
+
+def test_to_bfloat16_rounds_float64_once():
+    rng = np.random.default_rng(5)
+    xs = list(rng.standard_normal(2000) * 2.0 ** rng.integers(-60, 60, 2000))
+    for k in range(1, 128):  # just above and below every tie of [1, 2)
+        tie = 1 + (2 * k - 1) * 2 ** -8
+        xs += [tie + 2 ** -30, tie - 2 ** -30, tie]
+    xs += [-x for x in xs[-30:]]
+    got = dspk.to_bfloat16(np.array(xs)).view("<u2")
+    want = [_bf16_exact(x) for x in xs]
+    bad = [(x, hex(g), hex(w)) for x, g, w in zip(xs, got.tolist(), want) if g != w]
+    assert not bad, bad[:5]
+
+
 def test_bfloat16_helpers_keep_shapes_and_refuse_non_reals():
     """to_bfloat16 of a scalar or 0-d array gave shape (1,) (np.ascontiguousarray makes
     0-d arrays 1-d), and from_bfloat16 too; complex lost its imaginary part with a
@@ -294,6 +322,10 @@ def test_bfloat16_helpers_keep_shapes_and_refuse_non_reals():
     # Round to nearest even: 1 + 2^-8 is halfway and goes to 1; 1 + 3*2^-8 up.
     assert dspk.from_bfloat16(dspk.to_bfloat16([1 + 2 ** -8, 1 + 3 * 2 ** -8])).tolist() \
         == [1.0, 1 + 2 ** -6]
+    # float64 rounds once, to bf16: converted to float32 first, 1 + 2^-8 + 2^-30 became a
+    # tie (1 + 2^-8) and went to 1.0 instead of up
+    assert dspk.from_bfloat16(dspk.to_bfloat16(np.float64(1 + 2 ** -8 + 2 ** -30))) \
+        == 1 + 2 ** -7
     for bad in (np.ones(2, np.complex64), None, "x", np.zeros(2, [("a", "<f4")])):
         with pytest.raises(dspk.DtypeError, match="to_bfloat16: dtype"):
             dspk.to_bfloat16(bad)

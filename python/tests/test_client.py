@@ -428,6 +428,60 @@ def test_timeout_then_closed(tmp_path):
     c.close()
 
 
+def test_buffer_answered_after_a_timeout_is_freed(tmp_path):
+    """to_device (buffer.create) that timed out left the daemon's buffer, answered later,
+    the connection's until it closed: the caller has no DeviceArray to free."""
+    fake = FakeDaemon(str(tmp_path / "fake.sock"))
+    c = dspk.connect(fake.path, timeout=0.3)
+    with pytest.raises(dspk.Timeout):
+        c.to_device(f32(4), "cpu:0")
+    assert fake.got.wait(TIMEOUT)
+    create = fake.requests[-1]
+    assert create[2] == "buffer.create"
+    fake.send([1, create[1], None, {"buffer": 77, "device": "cpu:0", "size": 16}])
+    fut = c.submit("map", "abs", f32(2))  # its wait reads the late answer first
+    while not any(m[2] == "map" or m[2] == "task.run" for m in fake.requests[1:]):
+        assert fake.got.wait(TIMEOUT)
+        fake.got.clear()
+    run = fake.requests[-1]
+    out = {"dtype": "f32", "shape": [2], "data": np.zeros(2, np.float32).tobytes()}
+    fake.send([1, run[1], None, {"device": "cpu:0", "outputs": [out], "time_us": 1}])
+    fut.result(TIMEOUT)
+    fake.got.clear()
+    c.submit("map", "abs", f32(2))  # the next request frees the orphan first
+    while not any(m[2] == "buffer.free" for m in fake.requests):
+        assert fake.got.wait(TIMEOUT)
+        fake.got.clear()
+    frees = [m for m in fake.requests if m[2] == "buffer.free"]
+    assert frees[0][3] == [{"buffer": 77}], frees
+    fake.close()
+    c.close()
+
+
+def test_connect_arguments_at_the_edges(tmp_path, daemon):
+    """timeout=inf raised OverflowError, a name with a lone surrogate UnicodeEncodeError
+    (not dspk errors), and socket="" connected to the default socket."""
+    for t in (float("inf"), 1e10):
+        with dspk.connect(daemon.socket, timeout=t) as c:
+            assert c.timeout is None
+            c.ping()
+    with pytest.raises(dspk.InvalidArgument, match="name: not valid Unicode"):
+        dspk.connect(daemon.socket, name="\udcff")
+    for empty in ("", b""):
+        with pytest.raises(dspk.ConnectError):
+            dspk.connect(empty)
+
+
+def test_free_after_the_client_closed(daemon):
+    """A DeviceArray's free() after its client closed raised dspk.Closed; the buffer went
+    with the connection, so it does nothing."""
+    c = dspk.connect(daemon.socket, timeout=TIMEOUT)
+    d = c.to_device(f32(4))
+    c.close()
+    d.free()
+    d.free()
+
+
 def test_protocol_error_before_close(tmp_path):
     fake = FakeDaemon(str(tmp_path / "fake.sock"))
     c = dspk.connect(fake.path, timeout=TIMEOUT)
