@@ -494,6 +494,7 @@ static int infer_kind(struct dspk__op *op, char *msg, size_t msglen) {
 
 void dspk__op_limits_none(struct dspk__op_limits *l) {
   l->max_elements = UINT64_MAX;
+  l->max_rank = UINT64_MAX;
   l->max_bytes = UINT64_MAX;
   l->max_inline = UINT64_MAX;
 }
@@ -532,6 +533,11 @@ int dspk__op_infer_lim(struct dspk__op *op, const struct dspk__op_limits *lim,
                   "%s: the result %s has %lld elements, more than max_elements (%llu)",
                   name, shape_str(&op->out[i], sh, sizeof sh), (long long)n,
                   (unsigned long long)lim->max_elements);
+    if (lim && (uint64_t)op->out[i].rank > lim->max_rank)
+      return dspk__fail(msg, msglen, DSPK_ELIMIT,
+                  "%s: the result %s has rank %u, more than max_rank (%llu)",
+                  name, shape_str(&op->out[i], sh, sizeof sh), (unsigned)op->out[i].rank,
+                  (unsigned long long)lim->max_rank);
   }
   return 0;
 }

@@ -68,6 +68,7 @@ struct dspk__op {
  */
 struct dspk__op_limits {
   uint64_t max_elements; /* elements in one input or one result */
+  uint64_t max_rank;     /* rank of one result (inputs: checked when decoded) */
   uint64_t max_bytes;    /* bytes the task allocates on its device: inline
                             inputs plus results not written into a buffer */
   uint64_t max_inline;   /* bytes of the results sent back inline, together */

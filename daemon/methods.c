@@ -829,6 +829,7 @@ static int task_options(struct req *r, const msgpack_object *o, struct dspk__op 
 static void task_limits(const struct dspkd_config *cfg, struct dspk__op_limits *l) {
   dspk__op_limits_none(l);
   l->max_elements = cfg->lim.max_elements;
+  l->max_rank = cfg->lim.max_rank;
   l->max_inline = cfg->lim.max_message > RESULT_FRAMING
                       ? (uint64_t)cfg->lim.max_message - RESULT_FRAMING
                       : 0;

@@ -255,7 +255,8 @@ static struct dspk__tensor T64(dspk_dtype dt, int rank, const int64_t *shape) {
 
 static struct dspk__op_limits LIM(uint64_t max_elements, uint64_t max_bytes,
                                   uint64_t max_inline) {
-  struct dspk__op_limits l = {max_elements, max_bytes, max_inline};
+  struct dspk__op_limits l = {.max_elements = max_elements, .max_rank = UINT64_MAX,
+                              .max_bytes = max_bytes, .max_inline = max_inline};
   return l;
 }
 

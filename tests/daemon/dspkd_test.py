@@ -753,6 +753,12 @@ def t_limits(exe, tmp):
                                           "inputs": [tensor(np.ones(1001))]})
     close_enough(run(a, "map", [np.ones((10, 10, 10))], {"fn": "abs"})[0], np.ones((10, 10, 10)),
                  "at the limits", np.float64)
+    # A result of rank above max_rank from inputs within it (a contraction's outer
+    # product): ELIMIT too; it was returned.
+    a.expect_error("ELIMIT", "task.run", {"op": "contract",
+                                          "options": {"subscripts": "ab,cd->abcd"},
+                                          "inputs": [tensor(np.ones((1, 1))),
+                                                     tensor(np.ones((1, 1)))]})
     b.close()
     # A slot frees up when a client leaves.
     deadline = time.monotonic() + TIMEOUT
