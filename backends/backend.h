@@ -43,7 +43,20 @@ struct dspk__devenv {
   struct dspk__cache *cache; /* may be NULL: no persistent cache */
   void (*log)(void *ud, int level, const char *msg); /* debug messages */
   void *log_ud;
+  /* An executable that runs `EXE --fftw-measure SPEC` (dspkd: itself, as
+   * "/proc/self/exe"), where the cpu backend measures large FFTW plans in a
+   * process of their own, so that its planner (one per process, not
+   * thread-safe) stays free for other tasks meanwhile; NULL: measured in a
+   * thread of this process, holding the planner. */
+  const char *measure_exe;
 };
+
+/* The child's side of measure_exe: `EXE --fftw-measure SPEC` calls this with
+ * SPEC (written by the cpu backend's background measuring,
+ * backends/cpu/fft.c); it measures that FFTW plan and prints its wisdom on
+ * stdout.  Returns the process's exit status: 0, 1 (no plan or no wisdom)
+ * or 2 (a bad SPEC, or the process that asked is gone). */
+int dspk__cpu_fft_measure_main(const char *spec);
 
 /*
  * What one device runs, as its backend reports it once, right after open

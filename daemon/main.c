@@ -29,6 +29,7 @@
 #include "daemon/log.h"
 #include "daemon/teardown.h"
 
+#include "backends/backend.h"
 #include "cache/cache.h"
 
 /* Fills cfg->socket_path, unless the option or the file set it, from
@@ -187,6 +188,10 @@ int main(int argc, char **argv) {
    * second 8 MiB fft after a restart).  Start where that dynamic threshold
    * ends anyway after a large free (its maxima: 32 MiB mmap threshold,
    * trim at twice that), so freed buffers are reused from the start. */
+  /* A child that measures one FFTW plan for a runner (backends/cpu/fft.c):
+   * nothing of the daemon runs in it. */
+  if (argc == 3 && strcmp(argv[1], "--fftw-measure") == 0)
+    return dspk__cpu_fft_measure_main(argv[2]);
   mallopt(M_MMAP_THRESHOLD, 32 << 20);
   mallopt(M_TRIM_THRESHOLD, 64 << 20);
   dspkd_heap_warm();

@@ -547,7 +547,9 @@ static void run_one(struct device *dev, struct job *j) {
 static void *runner_main(void *arg) {
   struct device *dev = arg;
   struct dspkd *d = dev->d;
-  struct dspk__devenv env = {d->cache, runner_log, dev};
+  /* Large FFTW plans are measured by a child dspkd (--fftw-measure), so the
+   * planner stays free for the device's other tasks meanwhile. */
+  struct dspk__devenv env = {d->cache, runner_log, dev, "/proc/self/exe"};
   struct dspk__dev *bdev = NULL;
   struct dspk__devstats stats;
   char why[256] = "";

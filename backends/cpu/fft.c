@@ -34,11 +34,18 @@
  * batches run in chunks so a cancel request is seen between chunks.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
+#include <signal.h>
+#include <spawn.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <fftw3.h>
 
@@ -92,6 +99,8 @@ struct plan_key {
 };
 
 struct dspk__cpu_refine {
+  const char *exe; /* dev->env.measure_exe: measure in a child process; NULL: here */
+  pid_t child;     /* the child measuring now, or 0 */
   pthread_mutex_t mu;
   pthread_cond_t idle; /* signaled when the thread exits */
   pthread_t thread;
@@ -276,6 +285,112 @@ static void gate_wait(void) {
 static void gate_wait(void) {}
 #endif
 
+/* Measures k in a child process (`EXE --fftw-measure SPEC`, which runs
+ * dspk__cpu_fft_measure_main) and returns the wisdom it printed (malloc'd,
+ * NUL-terminated), or NULL: *spawned tells whether a child ran at all.
+ * Meanwhile this process's planner stays free for other tasks. */
+static char *measure_in_child(struct dspk__cpu_refine *r, const struct plan_key *k,
+                              int *spawned) {
+  enum { WISDOM_MAX = 4 << 20 };
+  extern char **environ;
+  char spec[192], *buf = NULL, *argv[4];
+  size_t len = 0, cap = 0;
+  posix_spawn_file_actions_t fa;
+  int p[2], st = 0;
+  pid_t pid;
+
+  *spawned = 0;
+  snprintf(spec, sizeof spec, "%d,%d,%d,%d,%d,%d,%u,%ld", k->kind, k->dbl, k->n, k->batch,
+           k->inplace, k->aligned, k->flags, (long)getpid());
+  argv[0] = "dspkd-fftw-measure";
+  argv[1] = "--fftw-measure";
+  argv[2] = spec;
+  argv[3] = NULL;
+  if (pipe2(p, O_CLOEXEC) != 0)
+    return NULL;
+  if (posix_spawn_file_actions_init(&fa) != 0) {
+    close(p[0]);
+    close(p[1]);
+    return NULL;
+  }
+  /* dup2 onto stdout clears close-on-exec there; stdin and stderr are
+   * inherited (the daemon's journal). */
+  int rc = posix_spawn_file_actions_adddup2(&fa, p[1], 1);
+  pthread_mutex_lock(&r->mu);
+  if (rc == 0 && !r->stop)
+    rc = posix_spawn(&pid, r->exe, &fa, NULL, argv, environ);
+  else if (rc == 0)
+    rc = ECANCELED;
+  if (rc == 0)
+    r->child = pid;
+  pthread_mutex_unlock(&r->mu);
+  posix_spawn_file_actions_destroy(&fa);
+  close(p[1]);
+  if (rc != 0) {
+    close(p[0]);
+    return NULL;
+  }
+  *spawned = 1;
+  for (;;) {
+    if (len + 1 >= cap) {
+      size_t ncap = cap ? 2 * cap : 65536;
+      char *nb = ncap <= WISDOM_MAX ? realloc(buf, ncap) : NULL;
+      if (!nb) {
+        kill(pid, SIGKILL); /* no room for its answer: stop it */
+        break;
+      }
+      buf = nb;
+      cap = ncap;
+    }
+    ssize_t n = read(p[0], buf + len, cap - 1 - len);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n <= 0)
+      break;
+    len += (size_t)n;
+  }
+  close(p[0]);
+  while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
+    ;
+  pthread_mutex_lock(&r->mu);
+  r->child = 0;
+  pthread_mutex_unlock(&r->mu);
+  if (!buf || len == 0 || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+    free(buf);
+    return NULL;
+  }
+  buf[len] = '\0';
+  return buf;
+}
+
+int dspk__cpu_fft_measure_main(const char *spec) {
+  struct plan_key k;
+  long ppid;
+  int measured = 0, unused = 0;
+  /* Ends with the daemon that asked (it may exit while this measures). */
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (sscanf(spec, "%d,%d,%d,%d,%d,%d,%u,%ld", &k.kind, &k.dbl, &k.n, &k.batch, &k.inplace,
+             &k.aligned, &k.flags, &ppid) != 8 || (long)getppid() != ppid ||
+      k.kind < DSPK__CPU_FFT_FWD || k.kind > DSPK__CPU_FFT_C2R || (k.dbl != 0 && k.dbl != 1) ||
+      k.n < 1 || k.batch < 1 || (int64_t)k.n * k.batch > ((int64_t)1 << 34))
+    return 2;
+  void *plan = make_plan(k.kind, k.dbl, k.n, k.batch, k.inplace, k.aligned, k.flags, 0,
+                         REFINE_TIMELIMIT_S, &measured, &unused);
+  if (!plan || !measured)
+    return 1;
+  char *w = k.dbl ? fftw_export_wisdom_to_string() : fftwf_export_wisdom_to_string();
+  size_t len = w ? strlen(w) : 0, off = 0;
+  while (off < len) {
+    ssize_t n = write(1, w + off, len - off);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n <= 0)
+      return 1;
+    off += (size_t)n;
+  }
+  return len ? 0 : 1;
+}
+
 static void *refine_main(void *arg) {
   struct dspk__cpu_refine *r = arg;
   gate_wait();
@@ -285,11 +400,27 @@ static void *refine_main(void *arg) {
     memmove(&r->todo[0], &r->todo[1], (size_t)(r->ntodo - 1) * sizeof r->todo[0]);
     r->ntodo--;
     pthread_mutex_unlock(&r->mu);
-    int measured = 0, unused = 0;
-    dspk__cpu_fftw_lock();
-    void *plan = make_plan(k.kind, k.dbl, k.n, k.batch, k.inplace, k.aligned, k.flags, 0,
-                           REFINE_TIMELIMIT_S, &measured, &unused);
-    dspk__cpu_fftw_unlock();
+    int measured = 0, unused = 0, spawned = 0;
+    void *plan = NULL;
+    char *wisdom = r->exe ? measure_in_child(r, &k, &spawned) : NULL;
+    if (wisdom) {
+      /* Measured there: here the plan comes from its wisdom at once. */
+      dspk__cpu_fftw_lock();
+      if (k.dbl ? fftw_import_wisdom_from_string(wisdom)
+                : fftwf_import_wisdom_from_string(wisdom))
+        plan = make_plan(k.kind, k.dbl, k.n, k.batch, k.inplace, k.aligned,
+                         k.flags | FFTW_WISDOM_ONLY, 0, REFINE_TIMELIMIT_S, &measured,
+                         &unused);
+      dspk__cpu_fftw_unlock();
+      free(wisdom);
+    } else if (!spawned) {
+      /* No child process to be had (or none asked for): measured here,
+       * holding the planner. */
+      dspk__cpu_fftw_lock();
+      plan = make_plan(k.kind, k.dbl, k.n, k.batch, k.inplace, k.aligned, k.flags, 0,
+                       REFINE_TIMELIMIT_S, &measured, &unused);
+      dspk__cpu_fftw_unlock();
+    }
     pthread_mutex_lock(&r->mu);
     if (plan) {
       r->done[r->ndone].k = k;
@@ -316,6 +447,7 @@ static void refine_request(struct dspk__dev *dev, const struct plan_key *k) {
       return;
     pthread_mutex_init(&r->mu, NULL);
     pthread_cond_init(&r->idle, NULL);
+    r->exe = dev->env.measure_exe;
     dev->refine = r;
   }
   pthread_mutex_lock(&r->mu);
@@ -413,6 +545,8 @@ static int refine_release(struct dspk__dev *dev) {
     memcpy(r->orphans, dev->plans, (size_t)dev->nplans * sizeof dev->plans[0]);
     r->norphans = dev->nplans;
     r->abandoned = 1;
+    if (r->child > 0) /* its plan would be dropped: stop its measuring now */
+      kill(r->child, SIGKILL);
   }
   pthread_mutex_unlock(&r->mu);
   if (busy) { /* measuring (up to REFINE_TIMELIMIT_S): it frees r when done */

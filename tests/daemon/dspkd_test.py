@@ -1657,6 +1657,63 @@ def t_cancel(exe, tmp):
     d.stop()
 
 
+def measuring_children(pid):
+    """Pids of the processes dspkd `pid` started to measure an FFTW plan."""
+    kids = []
+    for e in os.listdir("/proc"):
+        if not e.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % e) as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open("/proc/%s/cmdline" % e, "rb") as f:
+                argv = f.read().split(b"\0")
+        except (OSError, IndexError, ValueError):
+            continue  # gone meanwhile
+        if ppid == pid and b"--fftw-measure" in argv:
+            kids.append(int(e))
+    return kids
+
+
+def t_measureapart(exe, tmp):
+    """A large FFTW plan measured in the background held the process's one FFTW
+    planner for all its measuring (seconds; 10-20 s for a long fir's): a task of any
+    connection that needed another new plan waited for it, and cpu:0's later tasks
+    behind that one.  Now a child dspkd measures it, and the daemon takes its wisdom."""
+    d = Daemon(exe, tmp, ["--cache", os.path.join(tmp, "measure-cache.db")])
+    a, b = d.client(), d.client()
+    n = 1 << 20
+    x = (np.arange(n) % 7 - 3).astype(np.complex64)
+    xb = a.call("buffer.create", {"device": "cpu:0", "size": n * 8})["buffer"]
+    yb = a.call("buffer.create", {"device": "cpu:0", "size": n * 8})["buffer"]
+    a.call("buffer.write", {"buffer": xb, "data": x.tobytes()})
+    big = {"op": "fft", "device": "cpu:0", "outputs": [{"buffer": yb}],
+           "inputs": [{"buffer": xb, "dtype": "c64", "shape": [n]}]}
+    a.call("task.run", big)  # an estimated plan; the measured one is being made
+    deadline = time.monotonic() + TIMEOUT
+    while not measuring_children(d.proc.pid):
+        check(time.monotonic() < deadline, "no child process measures the 2^20 plan")
+        time.sleep(0.01)
+    # Meanwhile a new plan measured inside its task (4096 points), from another
+    # connection: it needs the planner, and gets it.
+    v = (np.arange(4096) % 5 - 2).astype(np.complex128)
+    close_enough(run(b, "fft", [v])[0], np.fft.fft(v), "fft of 4096 while 2^20 is measured",
+                 np.complex128)
+    check(measuring_children(d.proc.pid),
+          "the small fft waited for the 2^20 plan's measuring to end")
+    # When it is done, the next 2^20 fft takes the plan made from its wisdom.
+    deadline = time.monotonic() + 120
+    while measuring_children(d.proc.pid):
+        check(time.monotonic() < deadline, "the measuring child never ended")
+        time.sleep(0.05)
+    a.call("task.run", big)
+    y = np.frombuffer(a.call("buffer.read", {"buffer": yb})["data"], np.complex64)
+    close_enough(y, np.fft.fft(x), "2^20 fft on the measured plan", np.complex64)
+    a.close()
+    b.close()
+    d.stop()
+
+
 def t_idletrim(exe, tmp):
     """Once the last client has left (and idle_trim has passed), the device
     pool gives its cached blocks back: status then shows no cached bytes.
@@ -2334,6 +2391,7 @@ GROUPS = {
     "inplace": t_inplace,
     "caps": t_caps,
     "idletrim": t_idletrim,
+    "measureapart": t_measureapart,
     "reuse": t_reuse,
     "sendfrom": t_sendfrom,
     "reduceacc": t_reduceacc,
