@@ -379,16 +379,19 @@ int dspk__cpu_fft_measure_main(const char *spec) {
   if (!plan || !measured)
     return 1;
   char *w = k.dbl ? fftw_export_wisdom_to_string() : fftwf_export_wisdom_to_string();
+  struct dspk__cpu_plan p = {.dbl = k.dbl, .plan = plan};
+  destroy_plan(&p); /* nothing left behind for a leak checker */
   size_t len = w ? strlen(w) : 0, off = 0;
   while (off < len) {
     ssize_t n = write(1, w + off, len - off);
     if (n < 0 && errno == EINTR)
       continue;
     if (n <= 0)
-      return 1;
+      break;
     off += (size_t)n;
   }
-  return len ? 0 : 1;
+  free(w);
+  return len && off == len ? 0 : 1;
 }
 
 static void *refine_main(void *arg) {
@@ -523,6 +526,11 @@ void dspk__cpu_fft_adopt(struct dspk__dev *dev) {
     adopted++;
   }
   dspk__cpu_fftw_unlock();
+  if (adopted && dev->env.log) {
+    char m[96];
+    snprintf(m, sizeof m, "fftw: %d plan(s) measured in the background taken in", adopted);
+    dev->env.log(dev->env.log_ud, 3, m); /* debug */
+  }
   dev->plans_refined += (uint64_t)adopted;
   dev->wisdom_dirty = 1;
   dspk__cpu_fft_wisdom_flush(dev);
