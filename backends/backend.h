@@ -199,6 +199,11 @@ struct dspk__backend {
    * thread (daemon/conn.c). */
   void *(*host_ptr)(struct dspk__dev *dev, struct dspk__mem *mem);
 
+  /* Optional.  Sets the first n bytes of a block alloc returned to zero,
+   * ordered like write (it may skip memory it knows to be zero: pages fresh
+   * from the kernel).  Without it the daemon writes zeros (write). */
+  int (*clear)(struct dspk__dev *dev, struct dspk__mem *mem, size_t n);
+
   /* Optional: nonzero when `op` (validated, as run gets it) would run to
    * its end at once on the calling thread, in about a quarter of a
    * millisecond or less, with no plan to make and nothing to tune first (on

@@ -181,6 +181,20 @@ static struct wreq *result_head(struct job *j) {
   return j->resp;
 }
 
+/* Zeroes the first n bytes of a block: memory from a device's pool (or
+ * the heap) may hold what an earlier request of any connection left there,
+ * and no client may see that.  The backend's clear, else writes of zeros. */
+static int clear_mem(struct device *dev, struct dspk__mem *mem, size_t n) {
+  static unsigned char zeros[1 << 20]; /* .bss: the kernel's zero page until written */
+  int err = 0;
+  if (dev->be->clear)
+    return dev->be->clear(dev->bdev, mem, n);
+  for (size_t off = 0; off < n && err == 0; off += sizeof zeros)
+    err = dev->be->write(dev->bdev, mem, off, zeros,
+                         n - off < sizeof zeros ? n - off : sizeof zeros);
+  return err;
+}
+
 static void exec_create(struct device *dev, struct job *j) {
   struct dspk__mem *mem = NULL;
   struct dspk__pval v[3];
@@ -191,6 +205,10 @@ static void exec_create(struct device *dev, struct job *j) {
     mem = j->buf->mem;
   } else {
     err = dev->be->alloc(dev->bdev, (size_t)j->buf->size, &mem);
+    if (err == 0 && (err = clear_mem(dev, mem, (size_t)j->buf->size)) < 0) {
+      dev->be->free(dev->bdev, mem);
+      mem = NULL;
+    }
   }
   if (err < 0) {
     char msg[128];
@@ -546,6 +564,12 @@ static void exec_task(struct device *dev, struct job *j) {
     if (err < 0) {
       snprintf(msg, sizeof msg, "cannot allocate %zu bytes on %s for output %d", n,
                dev->id, i);
+      goto out;
+    }
+    /* A raw kernel need not write all of its output: what it leaves must
+     * not be an earlier request's bytes (the ops write every element). */
+    if (op->kind == DSPK_OP_KERNEL && (err = clear_mem(dev, tmp_out[i], n)) < 0) {
+      snprintf(msg, sizeof msg, "cannot clear %zu bytes on %s for output %d", n, dev->id, i);
       goto out;
     }
     t->mem = tmp_out[i];

@@ -176,8 +176,10 @@ static int cpu_alloc(struct dspk__dev *dev, size_t n, struct dspk__mem **out) {
     return DSPK_ENOMEM;
   m->blk = NULL;
   m->foreign = 0;
+  m->used = 1;
   if (n >= DSPK__CPU_BIG_BLOCK) {
     pthread_mutex_lock(&dev->pool_mu);
+    m->used = dspk__pool_has_cached(&dev->pool, n); /* else a fresh mapping: zeros */
     int err = dspk__pool_get(&dev->pool, n, &m->blk);
     pthread_mutex_unlock(&dev->pool_mu);
     if (err < 0) {
@@ -251,6 +253,7 @@ static int cpu_import_host(struct dspk__dev *dev, void *ptr, size_t n,
   m->size = n;
   m->blk = NULL;
   m->foreign = 1;
+  m->used = 1; /* the client's bytes: never cleared (clear is for alloc's blocks) */
   *out = m;
   return 0;
 }
@@ -346,6 +349,13 @@ static void cpu_stats(struct dspk__dev *dev, struct dspk__devstats *out) {
   out->kernel_cache_hits = dev->plan_hits; /* FFTW plans reused */
 }
 
+static int cpu_clear(struct dspk__dev *dev, struct dspk__mem *mem, size_t n) {
+  (void)dev;
+  if (mem->used && n)
+    memset(mem->ptr, 0, n < mem->size ? n : mem->size);
+  return 0;
+}
+
 static void *cpu_host_ptr(struct dspk__dev *dev, struct dspk__mem *mem) {
   (void)dev;
   return mem->ptr;
@@ -369,6 +379,7 @@ const struct dspk__backend dspk__backend_cpu = {
     .read = cpu_read,
     .import_host = cpu_import_host,
     .host_ptr = cpu_host_ptr,
+    .clear = cpu_clear,
     .quick = cpu_quick,
     .fence_record = cpu_fence_record,
     .fence_query = cpu_fence_query,

@@ -29,6 +29,7 @@ struct dspk__mem {
   size_t size; /* usable bytes */
   struct dspk__pool_block *blk; /* large blocks: the pool's; else NULL */
   int foreign; /* import_host: ptr is a client's mapping, not ours to free */
+  int used;    /* may hold earlier bytes (a cached block, the heap's memory) */
 };
 
 /* Blocks of at least this size come from the device's pool of 2 MiB

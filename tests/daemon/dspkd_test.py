@@ -1727,6 +1727,26 @@ def t_measureapart(exe, tmp):
     d.stop()
 
 
+def t_zeroed(exe, tmp):
+    """buffer.create handed out what an earlier buffer of any connection left in the
+    device's memory (a freed 1 MiB buffer's bytes, to the next connection): a new
+    buffer is zero-filled."""
+    d = Daemon(exe, tmp)
+    for size in (1000, 1 << 20, 5 << 20):
+        a, b = d.client(), d.client()
+        secret = (b"\x5e\xc2\xe7\x01" * (size // 4 + 1))[:size]
+        buf = a.call("buffer.create", {"device": "cpu:0", "size": size})["buffer"]
+        a.call("buffer.write", {"buffer": buf, "data": secret})
+        a.call("buffer.free", {"buffer": buf})
+        a.close()
+        nb = b.call("buffer.create", {"device": "cpu:0", "size": size})["buffer"]
+        got = b.call("buffer.read", {"buffer": nb})["data"]
+        check(got == bytes(size), "a new buffer of %d bytes is not zero-filled (%d bytes "
+              "of another connection's data)" % (size, sum(1 for x in got if x)))
+        b.close()
+    d.stop()
+
+
 def t_idletrim(exe, tmp):
     """Once the last client has left (and idle_trim has passed), the device
     pool gives its cached blocks back: status then shows no cached bytes.
@@ -2405,6 +2425,7 @@ GROUPS = {
     "caps": t_caps,
     "idletrim": t_idletrim,
     "measureapart": t_measureapart,
+    "zeroed": t_zeroed,
     "reuse": t_reuse,
     "sendfrom": t_sendfrom,
     "reduceacc": t_reduceacc,
