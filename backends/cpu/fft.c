@@ -328,6 +328,7 @@ static char *measure_in_child(struct dspk__cpu_refine *r, const struct plan_key 
   close(p[1]);
   if (rc != 0) {
     close(p[0]);
+    *spawned = rc == ECANCELED; /* stopping: nothing to measure here either */
     return NULL;
   }
   *spawned = 1;
