@@ -23,6 +23,7 @@
  */
 #include <errno.h>
 #include <malloc.h>
+#include <poll.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -629,6 +630,30 @@ static void conn_process(struct conn *c) {
   dspkd_conn_unref(c);
 }
 
+/* Whether the client closed its end for good (both directions shut: POLLHUP),
+ * not just its sending side. */
+static bool conn_peer_gone(struct conn *c) {
+  struct pollfd p = {.events = 0};
+  if (uv_fileno((uv_handle_t *)&c->pipe, &p.fd) != 0)
+    return true;
+  return poll(&p, 1, 0) != 0 && (p.revents & (POLLHUP | POLLERR));
+}
+
+/* After the client's end of stream: closes the connection once every request
+ * it sent whole is answered and written, or at once when the stream ended
+ * inside a message. */
+static void conn_eof_check(struct conn *c) {
+  const struct rchunk *k = c->rb;
+  bool partial = c->land.j || (!c->held && k && k->start != k->end);
+
+  if (c->in_process) /* conn_process checks again when it is done */
+    return;
+  if (partial)
+    dspkd_conn_close(c, "end of stream inside a message");
+  else if (!c->held && c->inflight == 0 && c->unsent == 0)
+    dspkd_conn_close(c, "end of stream");
+}
+
 static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
   struct conn *c = s->data;
   (void)buf;
@@ -638,6 +663,12 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
              "incomplete messages (max_user_partial)",
              (unsigned long long)c->d->cfg.max_user_partial);
     conn_protocol_error(c, DSPK_ELIMIT, msg);
+    return;
+  }
+  if (n == UV_EOF && !conn_peer_gone(c)) {
+    /* shutdown(SHUT_WR): the requests it sent whole are answered first. */
+    c->eof = true;
+    dspkd_conn_update_read(c);
     return;
   }
   if (n < 0) {
@@ -697,7 +728,12 @@ void dspkd_conn_update_read(struct conn *c) {
     if (c->closing)
       return;
   }
-  want = may_read(c);
+  if (c->eof) {
+    conn_eof_check(c);
+    want = false;
+  } else {
+    want = may_read(c);
+  }
   if (want && !c->reading) {
     if (uv_read_start((uv_stream_t *)&c->pipe, on_alloc, on_read) == 0)
       c->reading = true;

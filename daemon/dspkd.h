@@ -323,6 +323,7 @@ struct conn {
   bool in_process;          /* conn_process() is on the stack */
   bool held;                /* stopped processing frames with some buffered */
   bool close_after_flush;   /* close once every queued write is done */
+  bool eof;                 /* the client half-closed: answer, then close */
   pid_t pid;
   uid_t uid;
   gid_t gid;

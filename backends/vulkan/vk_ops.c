@@ -45,6 +45,16 @@ static int preamble(char *s, size_t n, dspk_dtype dt) {
       "T cmul(T a, T b) {\n#if CPLX\n"
       "  return T(a.x*b.x - a.y*b.y, a.x*b.y + a.y*b.x);\n#else\n"
       "  return a*b;\n#endif\n}\n"
+      /* |a| of a complex without overflow or underflow in the squares. */
+      "#if CPLX\n"
+      "R cabs(T a) {\n"
+      "  R x = abs(a.x), y = abs(a.y);\n"
+      "  if (isinf(x) || isinf(y)) return R(uintBitsToFloat(0x7f800000u));\n"
+      "  R m = max(x, y);\n"
+      "  if (!(m > R(0))) return x + y;\n"
+      "  R u = x / m, v = y / m;\n"
+      "  return m * sqrt(u*u + v*v);\n}\n"
+      "#endif\n"
       "#if DBL\n"
       /* exp: 2^k * exp(r), |r| <= ln2/2, Taylor to degree 13. */
       "double dexp(double x) {\n"
@@ -164,7 +174,7 @@ int dspk__vk_map(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *c
   case DSPK_MAP_MUL: expr = "cmul(a[pc.oa+i], b[pc.ob+i])"; break;
   case DSPK_MAP_SCALE: expr = "pc.alpha * a[pc.oa+i]"; break;
   case DSPK_MAP_AXPY: expr = "pc.alpha * a[pc.oa+i] + b[pc.ob+i]"; break;
-  case DSPK_MAP_ABS: expr = is_cplx(dt) ? "length(a[pc.oa+i])" : "abs(a[pc.oa+i])"; break;
+  case DSPK_MAP_ABS: expr = is_cplx(dt) ? "cabs(a[pc.oa+i])" : "abs(a[pc.oa+i])"; break;
   case DSPK_MAP_EXP:
     expr = dt == DSPK_F32    ? "exp(a[pc.oa+i])"
            : dt == DSPK_F64  ? "dexp(a[pc.oa+i])"
@@ -173,8 +183,6 @@ int dspk__vk_map(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *c
     break;
   default: return dspk__vk_fail(ctx, DSPK_ENOTSUP, "map: unknown function");
   }
-  if (op->u.map.fn == DSPK_MAP_ABS && dt == DSPK_C128)
-    expr = "sqrt(a[pc.oa+i].x*a[pc.oa+i].x + a[pc.oa+i].y*a[pc.oa+i].y)";
   const struct dspk__tensor *t[3] = {&op->in[0], bin ? &op->in[1] : &op->out[0],
                                      &op->out[0]};
   struct ready kr;
@@ -250,9 +258,9 @@ int dspk__vk_reduce(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx
   case DSPK_REDUCE_SUM: init = "T(0)"; comb = "(A) + (B)"; fin = "v"; break;
   case DSPK_REDUCE_MEAN: init = "T(0)"; comb = "(A) + (B)"; fin = "v / R(pc.nred)"; break;
   case DSPK_REDUCE_MAX:
-    init = "T(uintBitsToFloat(0xff800000u))"; comb = "max(A, B)"; fin = "v"; break;
+    init = "T(uintBitsToFloat(0xff800000u))"; comb = "(isnan(A) || (A) >= (B)) ? (A) : (B)"; fin = "v"; break;
   case DSPK_REDUCE_MIN:
-    init = "T(uintBitsToFloat(0x7f800000u))"; comb = "min(A, B)"; fin = "v"; break;
+    init = "T(uintBitsToFloat(0x7f800000u))"; comb = "(isnan(A) || (A) <= (B)) ? (A) : (B)"; fin = "v"; break;
   default: return dspk__vk_fail(ctx, DSPK_ENOTSUP, "reduce: unknown function");
   }
   const struct dspk__tensor *t[2] = {X, &op->out[0]};

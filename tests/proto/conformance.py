@@ -1349,6 +1349,68 @@ def degenerate(env):
     still_open(c)
 
 
+@case("task.run: NaN and extreme values, the same on every backend")
+def nan_extremes(env):
+    c = env.conn()
+    nan, inf = float("nan"), float("inf")
+
+    def same(got, want):
+        return len(got) == len(want) and all(
+            (math.isnan(x) and math.isnan(y)) or x == y or abs(x - y) <= 1e-6 * abs(y)
+            for x, y in zip(got, want))
+
+    def cplx(fmt, pairs):
+        return {"dtype": "c64" if fmt == "f" else "c128", "shape": [len(pairs)],
+                "data": b"".join(struct.pack("<2" + fmt, *v) for v in pairs)}
+    x = [1, nan, 3, 4, 5, 6]
+    for dev in gpu_and_cpu_devices(c):
+        for mk, get in ((t32, vals32), (t64, vals64)):
+            for fn, rows, whole in (("max", [nan, 6], nan), ("min", [nan, 4], nan)):
+                r = c.ok("task.run", {"op": "reduce", "device": dev, "inputs": [mk(x, [2, 3])],
+                                      "options": {"fn": fn, "axes": [1]}})
+                check(same(get(r["outputs"][0]), rows), "%s %s over rows with a NaN: %r"
+                      % (dev, fn, get(r["outputs"][0])))
+                r = c.ok("task.run", {"op": "reduce", "device": dev, "inputs": [mk(x, [2, 3])],
+                                      "options": {"fn": fn}})
+                check(same(get(r["outputs"][0]), [whole]), "%s %s of all: %r"
+                      % (dev, fn, get(r["outputs"][0])))
+        # numpy.abs of a complex neither overflows nor underflows in its squares
+        for fmt, get, pairs, want in (
+                ("f", vals32, [(1e20, 0), (3e30, 4e30), (3e-25, 4e-25), (0, 0), (inf, nan),
+                               (nan, 1), (-2, 0)], [1e20, 5e30, 5e-25, 0, inf, nan, 2]),
+                ("d", vals64, [(3e200, 4e200), (3e-170, -4e-170), (1e308, 1e308), (nan, inf)],
+                 [5e200, 5e-170, inf, inf])):
+            r = c.ok("task.run", {"op": "map", "device": dev, "inputs": [cplx(fmt, pairs)],
+                                  "options": {"fn": "abs"}})
+            check(same(get(r["outputs"][0]), want), "%s abs of %s: %r, numpy %r"
+                  % (dev, cplx(fmt, pairs)["dtype"], get(r["outputs"][0]), want))
+    still_open(c)
+
+
+@case("Connections: a client that half-closes gets every answer, then the close")
+def half_close(env):
+    for dev in gpu_and_cpu_devices(env.conn()):
+        c = env.conn()
+        a = t32([1.0] * (384 * 384), [384, 384])
+        ids = [c.request("task.run", {"op": "gemm", "device": dev, "inputs": [a, a]})
+               for _ in range(3)]
+        last = c.request("ping", {"data": b"last"})
+        c.s.shutdown(socket.SHUT_WR)
+        for m in ids:
+            name, r = c.wait(m)
+            check(name == "ok" and set(vals32(r["outputs"][0])) == {384.0},
+                  "%s: a gemm sent before the half-close: %s" % (dev, name))
+        check(c.wait(last) == ("ok", {"data": b"last"}), dev + ": the ping after them")
+        c.expect_close()
+        c.close()
+    # a stream that ends inside a message: closed, no answer is owed
+    c = env.conn()
+    c.send(p([0, 1, "ping", [{"data": b"x" * 100}]])[:20])
+    c.s.shutdown(socket.SHUT_WR)
+    c.expect_close()
+    c.close()
+
+
 @case("task.run: contract's subscripts")
 def contract_subs(env):
     c = env.conn()
