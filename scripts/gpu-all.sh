@@ -9,7 +9,7 @@
 #
 #   scripts/gpu-all.sh [BUILD_DIR] [OUTDIR] [STEP...]
 #
-# With STEP names (test_cuda_gpu gpu_smoke gpu_jobs shm_gpu test_vulkan
+# With STEP names (test_cuda_gpu gpu_smoke gpu_jobs conformance shm_gpu test_vulkan
 # test_coopmat gpu_suite staging bench_vulkan bench_fft vkexit) only those
 # run: a machine that limits one command to 10 minutes takes the whole set in
 # two or three calls.
@@ -47,6 +47,9 @@ step gpu_smoke 120 python3 tests/daemon/gpu_smoke.py --dspkd "$B/daemon/dspkd"
 # Slurm job allocations by UUID on real GPUs: nvidia-smi's UUIDs name the cuda
 # devices, cuda and vulkan twins of one GPU allowed together (docs/cluster.md).
 step gpu_jobs 120 python3 tests/cluster/gpu_jobs.py --dspkd "$B/daemon/dspkd"
+# The protocol cases that hold "on every backend", with cuda:0 among them.
+step conformance 180 env DSPK_TEST_BACKENDS=cpu,vulkan,cuda python3 tests/proto/conformance.py \
+  --dspkd "$B/daemon/dspkd" gemm_blas degenerate nan_extremes half_close
 step shm_gpu 180 python3 tests/daemon/shm_gpu.py --dspkd "$B/daemon/dspkd"
 step test_vulkan 120 "$B/tests/vulkan/test_vulkan"
 step test_coopmat 120 "$B/tests/vulkan/test_coopmat"

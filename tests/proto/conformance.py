@@ -1303,7 +1303,7 @@ def gemm_blas(env):
 
 def gpu_and_cpu_devices(c):
     """cpu:0, vulkan:0 and, on a GPU host, cuda:0 and hip:0: the cases that
-    say "every backend" run on each (the GPU suite runs them there)."""
+    say "every backend" run on each (scripts/gpu-all.sh runs them there)."""
     return [d["id"] for d in c.ok("devices")["devices"]
             if d["id"] in ("cpu:0", "vulkan:0", "cuda:0", "hip:0")]
 
@@ -2366,7 +2366,10 @@ def main():
     # Each daemon a case needs, started at its first case.  The connection
     # limits have daemons of their own: a connection a case closed may not
     # be gone yet from the daemon's count when the next one starts.
-    configs = {"main": (["--cache", os.path.join(tmp, "cache.db")], "cpu,vulkan"),
+    # $DSPK_TEST_BACKENDS: the main daemon's backends (scripts/gpu-all.sh adds
+    # cuda for the cases that run on every backend).
+    configs = {"main": (["--cache", os.path.join(tmp, "cache.db")],
+                        os.environ.get("DSPK_TEST_BACKENDS", "cpu,vulkan")),
                "small": (SMALL, "cpu"),
                "userclients": (["--max-user-clients", "2"], "cpu"),
                "deep": (["--max-depth", "40"], "cpu"),
