@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import array as _array
 import concurrent.futures
+import errno
 import fcntl
 import inspect
+import math
 import mmap
 import numbers
 import os
@@ -101,17 +103,88 @@ def _env_threshold() -> int:
     return _SHARED_THRESHOLD
 
 
+# Shared memory is mapped with libc's mmap through ctypes where it can be: Python 3.11's
+# mmap.mmap keeps a dup of the file descriptor for the life of the mapping, so every
+# shared array would hold one descriptor and a process could hold no more of them than
+# RLIMIT_NOFILE.  A mapping made by libc keeps none (the memfd is closed right after).
+try:
+    import ctypes
+    _libc: Any = ctypes.CDLL(None, use_errno=True)
+    _libc.mmap.restype = ctypes.c_void_p
+    _libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                           ctypes.c_int, ctypes.c_long]
+    _libc.munmap.restype = ctypes.c_int
+    _libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    _libc.madvise.restype = ctypes.c_int
+    _libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    _MAP_FAILED = ctypes.c_void_p(-1).value
+except (ImportError, OSError, AttributeError):  # no ctypes here: mmap.mmap, one fd each
+    _libc = None
+
+
+class _Mapping:
+    """A read-write MAP_SHARED mapping of a file descriptor that keeps no descriptor.
+    ``numpy.asarray(mapping)`` is a uint8 array of its bytes whose base is the mapping,
+    so every view keeps it alive; it is unmapped when the last of them is collected
+    (not at interpreter exit, when something might still read it)."""
+
+    def __init__(self, fd: int, size: int) -> None:
+        addr = _libc.mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED,
+                          fd, 0)
+        if addr is None or addr == _MAP_FAILED:
+            e = ctypes.get_errno()
+            raise OSError(e, os.strerror(e))
+        self.address = addr
+        self.size = size
+        self.__array_interface__ = {"shape": (size,), "typestr": "|u1",
+                                    "data": (addr, False), "version": 3}
+        fin = weakref.finalize(self, _libc.munmap, addr, size)
+        fin.atexit = False
+
+    def madvise(self, advice: int) -> None:
+        _libc.madvise(self.address, self.size, advice)  # advice only: failure is fine
+
+
+def _map_fd(fd: int, size: int) -> Tuple[Any, np.ndarray]:
+    """(mapping, its bytes as a uint8 array) of ``size`` bytes of ``fd``, shared and
+    read-write; the caller may close ``fd`` at once."""
+    m: Any = _Mapping(fd, size) if _libc is not None else mmap.mmap(fd, size)
+    if hasattr(mmap, "MADV_HUGEPAGE"):  # where shmem_enabled allows it
+        try:
+            m.madvise(mmap.MADV_HUGEPAGE)
+        except OSError:
+            pass
+    return m, (np.asarray(m) if _libc is not None else np.frombuffer(m, dtype=np.uint8))
+
+
+def _os_error(what: str, e: OSError) -> Error:
+    """The dspk.Error for an OSError of making shared memory: out of descriptors
+    (EMFILE, ENFILE) LimitExceeded, out of memory OutOfMemory, EPERM/EACCES
+    PermissionDenied, no memfd here NotSupported, else IOFailure."""
+    text = "%s: %s" % (what, e.strerror or e)
+    if e.errno in (errno.EMFILE, errno.ENFILE):
+        return _errors.LimitExceeded(text + " (the process's open file limit)")
+    if e.errno in (errno.ENOMEM, errno.ENOSPC):
+        return _errors.OutOfMemory(text)
+    if e.errno in (errno.EPERM, errno.EACCES):
+        return _errors.PermissionDenied(text)
+    if e.errno in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+        return _errors.NotSupported(text)
+    return _errors.IOFailure(text)
+
+
 class _Temp:
     """A shared temporary of the automatic shared-memory path: a sealed memfd the
     daemon imported (``buffer.import``), reused by later tasks."""
     __slots__ = ("buffer", "device", "size", "mm", "view", "busy")
 
-    def __init__(self, buffer: int, device: str, size: int, mm: mmap.mmap) -> None:
+    def __init__(self, buffer: int, device: str, size: int, mm: Any,
+                 view: np.ndarray) -> None:
         self.buffer = buffer
         self.device = device
         self.size = size
         self.mm = mm
-        self.view = np.frombuffer(mm, dtype=np.uint8)
+        self.view = view
         self.busy = True
 
 
@@ -151,10 +224,32 @@ def connect(socket: Union[str, bytes, "os.PathLike[str]", None] = None, *,
 
 class TaskFuture(concurrent.futures.Future):
     """A :class:`concurrent.futures.Future` of one request.  ``msgid`` is its request's
-    id; ``cancel()`` on a pending one also asks the daemon to drop the task."""
+    id; ``cancel()`` on a pending one also asks the daemon to drop the task.
+
+    ``result()`` and ``exception()`` called on the thread that is reading the
+    connection (from a done-callback or a ``progress`` callback) read the connection
+    themselves until the future completes, as a synchronous call does there: waiting
+    for the reader thread would wait for the thread itself."""
     msgid: int = 0
     # The Client that sent it: a msgid means something on its connection only.
     _owner: "Optional[weakref.ref[Client]]" = None
+
+    def _pump(self, timeout: Optional[float]) -> Optional[float]:
+        """Reads the connection until done when this thread reads it; returns the
+        timeout left for Future's own wait (above 1e9 seconds: None, for ever)."""
+        if isinstance(timeout, numbers.Real) and timeout > _TIMEOUT_FOREVER:
+            timeout = None
+        owner = self._owner() if self._owner is not None else None
+        if owner is not None and not self.done() and owner._is_reader():
+            owner._pump_for(self, timeout)
+            return 0
+        return timeout
+
+    def result(self, timeout: Optional[float] = None) -> Any:
+        return super().result(self._pump(timeout))
+
+    def exception(self, timeout: Optional[float] = None) -> Optional[BaseException]:
+        return super().exception(self._pump(timeout))
 
 
 class _Call:
@@ -235,11 +330,29 @@ class DeviceArray:
 # a complex alpha would fail inside float() with a bare TypeError).
 
 def _number(name: str, v: Any) -> float:
-    """v (a real number: int, float, numpy scalar; not a bool) as a float."""
+    """v (a real number: int, float, numpy scalar; not a bool) as a float; one no
+    float64 holds (10**400, a numpy longdouble beyond 1.8e308) is InvalidArgument."""
     if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real):
         raise _errors.InvalidArgument("%s: expected a real number, got %s"
                                       % (name, _kind(v)))
-    return float(v)
+    try:
+        with np.errstate(over="ignore"):
+            f = float(v)
+    except (OverflowError, ValueError, TypeError):
+        f = math.inf
+    else:
+        if not math.isinf(f) or np.isinf(v):
+            return f
+    raise _errors.InvalidArgument("%s: %s is beyond what a float64 holds"
+                                  % (name, _kind(v)))
+
+
+def _int64(name: str, v: Any) -> int:
+    """v (an integer, see _integer) that msgpack carries: -2^63 to 2^64-1."""
+    n = _integer(name, v)
+    if not -(1 << 63) <= n < 1 << 64:
+        raise _errors.InvalidArgument("%s: %d is beyond 64 bits" % (name, n))
+    return n
 
 
 def _integer(name: str, v: Any) -> int:
@@ -273,8 +386,8 @@ def _integers(name: str, v: Any) -> List[int]:
     if isinstance(v, np.ndarray) and v.ndim == 0:
         v = v[()]
     if isinstance(v, (numbers.Integral, np.bool_)):
-        return [_integer(name, v)]
-    return [_integer("%s[%d]" % (name, i), n) for i, n in enumerate(v)]
+        return [_int64(name, v)]
+    return [_int64("%s[%d]" % (name, i), n) for i, n in enumerate(v)]
 
 
 def _shape(v: Any) -> Tuple[int, ...]:
@@ -286,12 +399,17 @@ def _shape(v: Any) -> Tuple[int, ...]:
 
 
 def _dtype(v: Any) -> np.dtype:
-    """v (anything numpy.dtype takes) as a numpy dtype that dspk has."""
+    """v (anything numpy.dtype takes) as a numpy dtype that dspk has, little-endian:
+    the daemon's data is little-endian, and a big-endian dtype (">f4") would read its
+    bytes swapped."""
     try:
         dt = np.dtype(v)
     except (TypeError, ValueError) as e:
         raise _errors.DtypeError("dtype: %s" % e) from None
     wire_name(dt)  # raises DtypeError
+    if dt.byteorder not in ("<", "|") and not (dt.byteorder == "=" and
+                                               sys.byteorder == "little"):
+        dt = dt.newbyteorder("<")
     return dt
 
 
@@ -310,7 +428,13 @@ def _kernel_args(args: Any) -> List[Dict[str, Any]]:
         (k, v), = a.items()
         what = "args[%d].%s" % (i, k)
         if k in ("f32", "f64"):
-            v = _number(what, v)
+            try:
+                v = _number(what, v)
+            except _errors.InvalidArgument as e:
+                if "beyond" not in e.message:
+                    raise
+                raise _errors.RangeError("%s: %s is out of %s range"
+                                         % (what, _kind(v), k)) from None
         elif k in ("tensor", "i32", "u32", "i64"):
             v = _integer(what, v)
             if not -(1 << 63) <= v < 1 << 64:  # msgpack's ints; the daemon checks the rest
@@ -337,8 +461,11 @@ def _kind(v: Any) -> str:
     return "%s %s" % (type(v).__name__, r) if len(r) <= 40 else type(v).__name__
 
 
-def _as_array(x: Any, what: str = "operand") -> np.ndarray:
-    """x as a C-contiguous little-endian numpy array of a dspk dtype."""
+def _as_array(x: Any, what: str = "operand",
+              limits: Optional[Mapping[str, Any]] = None) -> np.ndarray:
+    """x as a C-contiguous little-endian numpy array of a dspk dtype.  More elements
+    than the daemon's ``max_elements`` (of ``limits``) is LimitExceeded, checked before
+    a copy is made (a broadcast view of 2^40 elements has 4 bytes of its own)."""
     try:
         a = np.asarray(x)
     except (ValueError, TypeError) as e:  # a ragged list, an object numpy cannot take
@@ -351,6 +478,10 @@ def _as_array(x: Any, what: str = "operand") -> np.ndarray:
         wire_name(a.dtype)
     except _errors.DtypeError as e:
         raise _errors.DtypeError("%s: %s" % (what, e.message)) from None
+    most = (limits or {}).get("max_elements")
+    if isinstance(most, int) and a.size > most:
+        raise _errors.LimitExceeded("%s: %d elements, more than the daemon's max_elements "
+                                    "(%d)" % (what, a.size, most))
     if a.dtype.byteorder == ">":
         a = a.astype(a.dtype.newbyteorder("<"))
     if not a.flags.c_contiguous:
@@ -421,6 +552,9 @@ class Client:
         if socket is not None and not isinstance(socket, (str, bytes, os.PathLike)):
             raise _errors.InvalidArgument("socket: expected a path, got %s" % _kind(socket))
         self.socket_path = os.fsdecode(socket) if socket is not None else default_socket()
+        if isinstance(timeout, numbers.Integral) and not isinstance(timeout, (bool, np.bool_)) \
+                and timeout > _TIMEOUT_FOREVER:  # 10**400 too, which no float holds
+            timeout = None
         if timeout is not None:
             timeout = _number("timeout", timeout)
             if not timeout > 0:  # NaN too: no call could ever be answered
@@ -471,7 +605,8 @@ class Client:
         self._nonce = os.urandom(16)
         # Shared arrays of empty_shared(): buffer id -> (address, bytes, device).
         self._shared: Dict[int, Tuple[int, int, str]] = {}
-        # buffer.free owed: collected shared arrays, buffers answered after a Timeout
+        # buffer.free owed: collected shared arrays, buffers answered after a Timeout,
+        # temporaries; sent with msgid 0 (answers to it are dropped) by _flush_frees.
         self._dead_shared: List[int] = []
         # The automatic shared-memory path (libdspkclient's): inline operands and
         # results of at least shared_threshold bytes on cpu:0 go through reused
@@ -600,6 +735,10 @@ class Client:
         return msgpack.ExtType(1, self._nonce + (len(bigs) - 1).to_bytes(4, "little"))
 
     def _send_chunks(self, chunks: List[Any], fds: Optional[List[int]] = None) -> None:
+        """Writes one message (its chunks in order, ``fds`` with its first byte) under
+        the send lock, then the buffer.free owed.  The socket is written without
+        blocking and waited on with select(), so that an exception raised while waiting
+        (KeyboardInterrupt from a signal handler) is known to have cut nothing."""
         views = [v for v in (memoryview(c).cast("B") for c in chunks) if v.nbytes]
         # File descriptors go with the frame's first byte (protocol.md, Shared memory).
         anc = [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, _array.array("i", fds))] \
@@ -614,58 +753,116 @@ class Client:
         try:
             if self._closed is not None:
                 raise self._closed_error()
-            sent = 0
-            try:
-                while views:
-                    if deadline is None:
-                        n = self._sock.sendmsg(views[:512], anc)
-                    else:
-                        n = self._send_before(views, anc, deadline)
-                        if n < 0:
-                            self._send_timed_out(sent)
-                    sent += n
-                    anc = []
-                    while n and views:
-                        if n >= views[0].nbytes:
-                            n -= views[0].nbytes
-                            views.pop(0)
-                        else:
-                            views[0] = views[0][n:]
-                            n = 0
-            except Error:
-                raise  # dspk.Timeout is an OSError too (TimeoutError): not a lost socket
-            except OSError as e:
-                self._connection_lost(_errors.Closed("connection to dspkd lost while "
-                                                     "sending: %s" % (e.strerror or e)))
-                raise self._closed_error() from None
+            self._write_locked(views, anc, deadline)
+            self._flush_frees_locked()
         finally:
             self._send_lock.release()
+        if self._dead_shared:  # queued while this thread held the lock
+            self._flush_frees()
 
-    def _send_before(self, views: List[memoryview], anc: List[Any], deadline: float) -> int:
-        """One sendmsg of ``views`` that waits at most until ``deadline`` for room in
-        the socket's buffer: the bytes sent, or -1 when the time ran out."""
-        while True:
+    def _write_locked(self, views: List[memoryview], anc: List[Any],
+                      deadline: Optional[float], sent: int = 0) -> None:
+        """Writes ``views`` whole (the caller holds the send lock; ``sent``: bytes of the
+        message already written).  A message cut on the wire leaves a stream that can
+        carry no other, so the connection is closed (later calls: dspk.Closed) when
+        the timeout runs out (dspk.Timeout) or any exception (KeyboardInterrupt) is
+        raised after part of it was written; one raised before the first byte went,
+        or after the last, leaves the connection usable."""
+        total = sent + sum(v.nbytes for v in views)
+        calling = False  # in sendmsg, or between its return and the count of its bytes
+        try:
+            while views:
+                calling = True
+                try:
+                    n = self._sock.sendmsg(views[:512], anc, _socket.MSG_DONTWAIT)
+                except (BlockingIOError, InterruptedError):
+                    n = -1
+                if n < 0:
+                    calling = False
+                    left = None if deadline is None else deadline - time.monotonic()
+                    if left is not None and left <= 0:
+                        self._send_timed_out(sent)
+                    select.select([], [self._sock], [], left)
+                    continue
+                sent += n
+                calling = False
+                anc = []
+                while n and views:
+                    if n >= views[0].nbytes:
+                        n -= views[0].nbytes
+                        views.pop(0)
+                    else:
+                        views[0] = views[0][n:]
+                        n = 0
+        except Error:
+            raise  # dspk.Timeout is an OSError too (TimeoutError): not a lost socket
+        except OSError as e:
+            self._connection_lost(_errors.Closed("connection to dspkd lost while "
+                                                 "sending: %s" % (e.strerror or e)))
+            raise self._closed_error() from None
+        except BaseException as e:
+            if calling or 0 < sent < total:
+                self._cut(_errors.Closed(
+                    "a request was cut after %d of its %d bytes by %s; the connection "
+                    "is closed" % (sent, total, type(e).__name__)))
+            raise
+
+    def _cut(self, err: Error) -> None:
+        """The stream cannot carry another message: every pending call ends with
+        ``err``, later calls raise it, and the daemon sees the connection close."""
+        self._connection_lost(err)
+        try:
+            self._sock.shutdown(_socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    def _queue_free(self, buffer: int) -> None:
+        """Frees ``buffer`` without waiting: at once when the send lock is free (else
+        the thread holding it sends it when it lets it go), with msgid 0, whose answer
+        is dropped.  Safe inside garbage collection: it never blocks."""
+        self._dead_shared.append(buffer)
+        self._flush_frees()
+
+    def _flush_frees(self) -> None:
+        """Sends the buffer.free owed, if the send lock can be had without waiting."""
+        while self._dead_shared and self._closed is None and \
+                self._send_lock.acquire(blocking=False):
             try:
-                return self._sock.sendmsg(views[:512], anc, _socket.MSG_DONTWAIT)
+                flushed = self._flush_frees_locked()
+            finally:
+                self._send_lock.release()
+            if not flushed:
+                return
+
+    def _flush_frees_locked(self) -> bool:
+        """Sends the buffer.free owed (the caller holds the send lock), each frame
+        whole, without waiting for room: False when the socket's buffer is full (the
+        rest goes with a later request)."""
+        while self._dead_shared and self._closed is None:
+            try:
+                buf = self._dead_shared.pop()
+            except IndexError:
+                break
+            frame = msgpack.packb([0, 0, "buffer.free", [{"buffer": buf}]])
+            try:
+                n = self._sock.sendmsg([frame], [], _socket.MSG_DONTWAIT)
             except (BlockingIOError, InterruptedError):
-                pass
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return -1
-            select.select([], [self._sock], [], left)
+                self._dead_shared.append(buf)
+                return False
+            except OSError:
+                return False  # the connection is going, and its buffers with it
+            if n < len(frame):  # a frame this small goes whole on a Unix socket
+                self._write_locked([memoryview(frame)[n:]], [], None, n)
+        return True
 
     def _send_timed_out(self, sent: int) -> None:
         """The timeout ran out while sending: dspk.Timeout.  With part of the request
         written, the stream cannot carry another message: the connection is closed
         (later calls raise dspk.Closed); with nothing written it stays."""
         if sent:
-            self._connection_lost(_errors.Closed(
+            self._cut(_errors.Closed(
                 "a request was cut after %d bytes when the timeout (%gs) ran out while "
                 "sending; the connection is closed" % (sent, self.timeout)))
-            try:
-                self._sock.shutdown(_socket.SHUT_RDWR)
-            except OSError:
-                pass
         raise _errors.Timeout("could not send a request within %gs (the daemon reads no "
                               "more)%s" % (self.timeout, "; the connection is closed"
                                            if sent else ""))
@@ -676,12 +873,6 @@ class Client:
                bigs: Optional[List[memoryview]] = None,
                fds: Optional[List[int]] = None,
                into: Optional[memoryview] = None) -> TaskFuture:
-        while self._dead_shared and self._closed is None:
-            try:
-                dead = self._dead_shared.pop()
-            except IndexError:
-                break
-            self._free_quietly(dead)
         fut = TaskFuture()
         fut._owner = weakref.ref(self)
         with self._lock:
@@ -713,7 +904,7 @@ class Client:
                     "%s: a request of %d bytes, more than the daemon's max_message (%d)"
                     % (method, size, self.max_message))
             self._send_chunks(chunks, fds)
-        except Error:
+        except BaseException:  # KeyboardInterrupt too: nothing will answer it
             with self._lock:
                 self._pending.pop(msgid, None)
                 self._direct.pop(msgid, None)
@@ -747,13 +938,16 @@ class Client:
         fut = self._start(method, args, fds=fds)
         try:
             return self._wait(fut)
-        except _errors.Timeout:
+        except BaseException:  # dspk.Timeout, KeyboardInterrupt: the caller gets no id
             fut.add_done_callback(self._orphaned_buffer)
             raise
 
     def _orphaned_buffer(self, fut: concurrent.futures.Future) -> None:
         if not fut.cancelled() and fut.exception() is None:
-            self._dead_shared.append(int(fut.result()["buffer"]))
+            try:
+                self._queue_free(int(fut.result()["buffer"]))
+            except (KeyError, TypeError, ValueError):
+                pass
 
     def _closed_error(self) -> Error:
         err = self._closed or _errors.Closed("connection closed")
@@ -764,6 +958,15 @@ class Client:
 
     def _wait(self, fut: TaskFuture) -> Any:
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        if not self._pump_until(fut, deadline):
+            self._timed_out(fut)
+        return fut.result()
+
+    def _pump_until(self, fut: concurrent.futures.Future, deadline: Optional[float]) -> bool:
+        """Waits until ``fut`` is done (True) or ``deadline`` (time.monotonic(); None:
+        none) passed (False): reads the connection itself, or waits for the thread
+        that reads it.  The thread that reads may come here again from a callback
+        (a nested wait): it goes on reading."""
         me = threading.get_ident()
         while not fut.done():
             with self._lock:
@@ -772,51 +975,132 @@ class Client:
                 if self._reading and self._reader_ident != me:
                     left = None if deadline is None else deadline - time.monotonic()
                     if left is not None and left <= 0:
-                        self._timed_out(fut)
+                        return False
                     self._cond.wait(left)
                     continue
                 nested = self._reading
                 self._reading, self._reader_ident = True, me
             try:
                 while not fut.done():
+                    if self._closed is not None:
+                        # Everything pending failed; a future not among them (a staged
+                        # result's) would wait for ever.
+                        raise self._closed_error()
                     left = None if deadline is None else deadline - time.monotonic()
-                    if left is not None and (left <= 0 or not self._readable(left)):
-                        self._timed_out(fut)
-                    self._read_once()
+                    if left is not None and left <= 0:
+                        return False
+                    self._read_once(left)
             finally:
                 if not nested:
                     with self._lock:
                         self._reading, self._reader_ident = False, 0
                         self._cond.notify_all()
-        return fut.result()
+        return True
+
+    def _is_reader(self) -> bool:
+        """Whether this thread is the one reading the connection now."""
+        return self._reading and self._reader_ident == threading.get_ident()
+
+    def _pump_for(self, fut: concurrent.futures.Future, timeout: Optional[float]) -> None:
+        """TaskFuture.result(timeout) on the reading thread: reads until ``fut`` is done;
+        concurrent.futures.TimeoutError when ``timeout`` seconds pass first."""
+        if timeout is not None:
+            try:
+                timeout = float(timeout)
+            except OverflowError:
+                timeout = None
+        deadline = None if timeout is None or timeout > _TIMEOUT_FOREVER \
+            else time.monotonic() + timeout
+        if not self._pump_until(fut, deadline):
+            raise concurrent.futures.TimeoutError()
 
     def _timed_out(self, fut: TaskFuture) -> None:
         raise _errors.Timeout("no answer to request %d within %gs" % (fut.msgid, self.timeout))
 
-    def _readable(self, timeout: float) -> bool:
-        try:
-            r, _, _ = select.select([self._sock], [], [], timeout)
-        except (OSError, ValueError):
-            return True
-        return bool(r)
+    def _read_once(self, wait: Optional[float] = None) -> None:
+        """Reads what the socket has, waiting at most ``wait`` seconds (None: for ever)
+        for something, and files every whole message; then completes the futures
+        answered, in order (their callbacks run here, once every byte read is filed,
+        so that a callback may read the connection in turn).
 
-    def _read_once(self) -> None:
-        """Reads what the socket has (blocking) and files every whole message."""
+        An exception raised while waiting (KeyboardInterrupt) loses nothing.  Once
+        bytes are taken from the socket they must all be filed: an exception meanwhile
+        (KeyboardInterrupt, undecodable data) leaves the stream inside a message, so
+        the connection is closed (pending and later calls: dspk.Closed)."""
+        ready: List[Tuple[Callable[..., Any], Tuple[Any, ...]]] = []
+        taking = False  # in recv, or holding bytes not yet filed
         try:
-            n = self._sock.recv_into(self._rbuf)
+            taking = True
+            n = self._recv_nowait()
+            if n is None:
+                taking = False
+                try:
+                    r, _, _ = select.select([self._sock], [], [], wait)
+                except (OSError, ValueError):
+                    r = [self._sock]
+                if not r:
+                    return
+                taking = True
+                n = self._recv_nowait()
+                if n is None:
+                    return
+            if n > 0:
+                self._file(n, ready)
+            taking = False
+        except BaseException as e:
+            if not taking:
+                raise
+            self._run_ready(ready)
+            what = "undecodable data from the daemon (%s: %s)" % (type(e).__name__, e) \
+                if isinstance(e, Exception) else \
+                "%s while an answer was being read" % type(e).__name__
+            self._cut(_errors.Closed(what + "; the connection is closed"))
+            if isinstance(e, Exception):
+                return  # the callers get dspk.Closed, not the decoder's error
+            raise
+        self._run_ready(ready)
+
+    def _recv_nowait(self) -> Optional[int]:
+        """Bytes received into _rbuf without waiting: None when there are none yet, 0
+        when the connection is gone (then closed here)."""
+        try:
+            n = self._sock.recv_into(self._rbuf, 0, _socket.MSG_DONTWAIT)
+        except (BlockingIOError, InterruptedError):
+            return None
         except OSError as e:
-            n = -1
-            lost = _errors.Closed("connection to dspkd lost: %s" % (e.strerror or e))
-        if n <= 0:
-            if n == 0:
-                lost = self._protocol_error or _errors.Closed(
-                    "the daemon closed the connection")
-            self._connection_lost(lost)
-            return
+            self._connection_lost(_errors.Closed("connection to dspkd lost: %s"
+                                                 % (e.strerror or e)))
+            return 0
+        if n == 0:
+            self._connection_lost(self._protocol_error or _errors.Closed(
+                "the daemon closed the connection"))
+        return n
+
+    def _run_ready(self, ready: List[Tuple[Callable[..., Any], Tuple[Any, ...]]]) -> None:
+        """Runs the settles and progress calls that _file collected, in order; an
+        exception that is not an Exception (KeyboardInterrupt in a callback) is raised
+        once all have run, so no future is left pending."""
+        first: Optional[BaseException] = None
+        while ready:
+            fn, args = ready.pop(0)
+            try:
+                fn(*args)
+            except Exception:  # noqa: BLE001 - a progress callback's error is its own
+                pass
+            except BaseException as e:  # noqa: B036
+                first = first or e
+            with self._lock:
+                self._cond.notify_all()
+        if first is not None:
+            raise first
+
+    def _file(self, n: int, ready: List[Tuple[Callable[..., Any], Tuple[Any, ...]]]
+              ) -> None:
+        """Files the n bytes received at the start of _rbuf: whole messages to their
+        calls (into ``ready``), the rest into the unpacker."""
         buf = self._rbuf
         if n == len(self._rbuf) and n < 16 * _READ_CHUNK:  # a large answer: read more at once
             self._rbuf = bytearray(2 * n)
-        done = False
         pos = 0
         while pos < n:
             cut = self._find_direct(buf, pos, n) if self._direct else None
@@ -825,7 +1109,7 @@ class Client:
                 self._unpacker.feed(memoryview(buf)[pos:end])  # feed() copies
                 self._fed += end - pos
                 for msg in self._unpacker:
-                    done = self._dispatch(msg) or done
+                    self._dispatch(msg, ready)
                 pos = end
             if cut is None:
                 break
@@ -835,16 +1119,12 @@ class Client:
                 self._fed += 1
                 pos += 1
                 for msg in self._unpacker:
-                    done = self._dispatch(msg) or done
+                    self._dispatch(msg, ready)
                 continue
-            took = self._take_direct(buf, pos, n, cut[1])
+            took = self._take_direct(buf, pos, n, cut[1], ready)
             if took < 0:
                 return
             pos += took
-            done = True
-        if done:
-            with self._lock:
-                self._cond.notify_all()
 
     def _find_direct(self, buf: bytearray, pos: int, end: int) -> Optional[Tuple[int, int]]:
         """(offset, msgid) of the first awaited buffer.read answer that starts in
@@ -856,7 +1136,8 @@ class Client:
                 best = (at, msgid)
         return best
 
-    def _take_direct(self, buf: bytearray, pos: int, end: int, msgid: int) -> int:
+    def _take_direct(self, buf: bytearray, pos: int, end: int, msgid: int,
+                     ready: List[Tuple[Callable[..., Any], Tuple[Any, ...]]]) -> int:
         """Receives the buffer.read answer msgid, which starts at buf[pos], straight
         into its destination: the bytes of buf that belong to it are copied, the rest
         comes from the socket into the destination itself.  Returns how many bytes of
@@ -885,7 +1166,7 @@ class Client:
             got += k
         self._unpacker = self._rebase_unpacker()
         if call is not None:
-            self._settle(call.future, value={"size": n})
+            ready.append((self._settle, (call.future, {"size": n})))
         return skip + have
 
     def _rebase_unpacker(self) -> msgpack.Unpacker:
@@ -894,9 +1175,12 @@ class Client:
         self._fed = 0
         return msgpack.Unpacker(raw=False, max_buffer_size=0)
 
-    def _dispatch(self, msg: Any) -> bool:
+    def _dispatch(self, msg: Any,
+                  ready: List[Tuple[Callable[..., Any], Tuple[Any, ...]]]) -> None:
+        """Files one message: a response's settle, or a task.progress call, goes into
+        ``ready`` (run by _read_once once every byte read is filed)."""
         if not isinstance(msg, list) or not msg:
-            return False
+            return
         if msg[0] == 1 and len(msg) == 4:
             with self._lock:
                 call = self._pending.pop(msg[1], None)
@@ -904,19 +1188,19 @@ class Client:
                 if call is not None and call.is_async:
                     self._async -= 1
             if call is None:
-                return False
+                return
             fut = call.future
             if msg[2] is not None:
                 err = msg[2] if isinstance(msg[2], dict) else {"message": str(msg[2])}
-                self._settle(fut, exc=_errors.error_from(err))
+                ready.append((self._settle, (fut, None, _errors.error_from(err))))
             else:
                 try:
                     value = call.decode(msg[3]) if call.decode else msg[3]
                 except Exception as e:  # noqa: BLE001 - a bad answer fails its call only
-                    self._settle(fut, exc=e)
+                    ready.append((self._settle, (fut, None, e)))
                 else:
-                    self._settle(fut, value=value)
-            return True
+                    ready.append((self._settle, (fut, value)))
+            return
         if msg[0] == 2 and len(msg) >= 3:
             params = msg[2][0] if isinstance(msg[2], list) and msg[2] else {}
             if msg[1] == "task.progress" and isinstance(params, dict):
@@ -924,13 +1208,13 @@ class Client:
                     call = self._pending.get(params.get("msgid"))
                 if call is not None and call.progress is not None:
                     try:
-                        call.progress(str(params.get("what", "")),
-                                      float(params.get("fraction", 0.0)))
-                    except Exception:  # noqa: BLE001 - a callback's error is its own
-                        pass
+                        what = str(params.get("what", ""))
+                        frac = float(params.get("fraction", 0.0))
+                    except (TypeError, ValueError):
+                        return
+                    ready.append((call.progress, (what, frac)))
             elif msg[1] == "protocol.error" and isinstance(params, dict):
                 self._protocol_error = _errors.error_from(params)
-        return False
 
     @staticmethod
     def _settle(fut: concurrent.futures.Future, value: Any = None,
@@ -1057,7 +1341,7 @@ class Client:
     def to_device(self, array: ArrayLike, device: str = "any") -> DeviceArray:
         """Copies ``array`` into a new daemon buffer on ``device`` (``"any"``: the daemon
         chooses) and returns it as a DeviceArray."""
-        a = _as_array(array, "array")
+        a = _as_array(array, "array", self.limits)
         d = self.empty(a.shape, a.dtype, device)
         try:
             self._write(d.buffer, 0, memoryview(a.reshape(-1).view(np.uint8)))
@@ -1078,36 +1362,45 @@ class Client:
         operand or as ``out=`` copies nothing; on ``cpu:0`` the daemon reads and writes
         these very pages.  The daemon's buffer is freed when the array (and every view
         of it) is garbage collected, or when the connection closes; the array stays
-        usable after that as ordinary memory.
+        usable after that as ordinary memory.  A big-endian ``dtype`` is taken as its
+        little-endian twin.  The memfd is closed once mapped: a shared array holds no
+        file descriptor.
+
+        Raises:
+            dspk.LimitExceeded: no file descriptor to be had (EMFILE, ENFILE), or the
+                daemon's limits; dspk.OutOfMemory: no memory for the memfd or the
+                mapping (and the other dspk.Error of buffer.import).
         """
         shape_t = _shape(shape)
         dt = _dtype(dtype)
         nbytes = _nbytes(shape_t, dt)
         size = max(nbytes, 1)
-        mm, buf, dev = self._import_memfd(device, size)
-        arr = np.frombuffer(mm, dtype=np.uint8, count=nbytes).view(dt).reshape(shape_t)
+        mm, view, buf, dev = self._import_memfd(device, size)
+        arr = view[:nbytes].view(dt).reshape(shape_t)
         self._shared[buf] = (arr.__array_interface__["data"][0], size, dev)
         weakref.finalize(mm, Client._shared_gone, weakref.ref(self), buf)
         return arr
 
-    def _import_memfd(self, device: str, size: int) -> Tuple[mmap.mmap, int, str]:
+    def _import_memfd(self, device: str, size: int) -> Tuple[Any, np.ndarray, int, str]:
         """A sealed memfd of ``size`` bytes, mapped here and imported by the daemon on
-        ``device``: (mapping, buffer id, device id)."""
-        fd = os.memfd_create("dspk-shared", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        ``device``: (mapping, its bytes, buffer id, device id).  An OSError of making
+        or mapping it is the dspk.Error of _os_error."""
         try:
-            os.ftruncate(fd, size)
-            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW)
-            mm = mmap.mmap(fd, size)
-            if hasattr(mmap, "MADV_HUGEPAGE"):  # where shmem_enabled allows it
-                try:
-                    mm.madvise(mmap.MADV_HUGEPAGE)
-                except OSError:
-                    pass
+            fd = os.memfd_create("dspk-shared", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        except OSError as e:
+            raise _os_error("shared memory: memfd_create", e) from None
+        try:
+            try:
+                os.ftruncate(fd, size)
+                fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW)
+                mm, view = _map_fd(fd, size)
+            except OSError as e:
+                raise _os_error("shared memory of %d bytes" % size, e) from None
             res = self._new_buffer("buffer.import", {"device": device, "size": size},
                                    fds=[fd])
         finally:
             os.close(fd)
-        return mm, int(res["buffer"]), str(res["device"])
+        return mm, view, int(res["buffer"]), str(res["device"])
 
     # ---- the automatic shared-memory path -----------------------------------------
 
@@ -1147,8 +1440,8 @@ class Client:
         for t in drop:
             self._free_quietly(t.buffer)  # requests already sent still see it
         size = (nbytes + _TEMP_ROUND - 1) // _TEMP_ROUND * _TEMP_ROUND
-        mm, buf, dev = self._import_memfd(device, size)
-        t = _Temp(buf, dev, size, mm)
+        mm, view, buf, dev = self._import_memfd(device, size)
+        t = _Temp(buf, dev, size, mm, view)
         with self._temp_lock:
             self._temps.append(t)
         return t
@@ -1161,12 +1454,14 @@ class Client:
     @staticmethod
     def _shared_gone(ref: "weakref.ref[Client]", buf: int) -> None:
         # Runs inside garbage collection, maybe while this thread holds the client's
-        # locks: only note it; the next request sends the buffer.free.
+        # locks: _queue_free never waits (a thread holding the send lock sends it
+        # when it lets the lock go).
         client = ref()
         if client is None:
             return
         client._shared.pop(buf, None)
-        client._dead_shared.append(buf)
+        if client._closed is None:  # else the buffer went with the connection
+            client._queue_free(buf)
 
     def _shared_ref(self, a: np.ndarray) -> Optional[Tuple[int, int, str]]:
         """(buffer, offset, device) when ``a`` is a C-contiguous array inside a shared
@@ -1237,74 +1532,19 @@ class Client:
                       device: str, out: Optional[OutArg]
                       ) -> Tuple[Dict[str, Any], List[memoryview], List[int],
                                  Callable[[Any], Any], str, List[_Temp]]:
+        """The task.run request of an op: (args, payloads spliced in by _encode,
+        temporary buffers staging operands (the caller frees them), the decoder of
+        the answer, the device the task is pinned to or "any", shared temporaries)."""
         bigs: List[memoryview] = []
         shm: List[_Temp] = []
         temps: List[int] = []
         tensors: List[Dict[str, Any]] = []
         inline: List[Tuple[np.ndarray, Dict[str, Any]]] = []
         target = device
-        for i, x in enumerate(inputs):
-            if isinstance(x, DeviceArray):
-                if x.client is not self:
-                    raise _errors.InvalidArgument("a DeviceArray of another connection")
-                tensors.append(x._ref())
-                if target == "any":
-                    target = x.device
-            else:
-                a = _as_array(x, "input %d" % i)
-                t: Dict[str, Any] = {"dtype": wire_name(a.dtype), "shape": list(a.shape)}
-                tensors.append(t)
-                ref = self._shared_ref(a)
-                if ref is not None:  # a shared array: the task reads it in place
-                    t["buffer"], t["offset"] = ref[0], ref[1]
-                    if target == "any":
-                        target = ref[2]
-                    continue
-                inline.append((a, t))
-        # Large operands on cpu:0: copied once into shared temporaries that the
-        # daemon reads in place, instead of crossing the socket (and being copied
-        # again on the daemon's side).  Not for kernel, whose inputs come back.
-        big = [(a, t) for a, t in inline
-               if self.shared_threshold and a.nbytes >= self.shared_threshold]
-        sdev = self._shared_device(target) if big and op != "kernel" else None
-        if sdev is not None:
-            try:
-                for a, t in big:
-                    tmp = self._temp_get(sdev, a.nbytes)
-                    shm.append(tmp)
-                    _copy_wide(tmp.view[:a.nbytes], a.reshape(-1).view(np.uint8))
-                    t["buffer"], t["offset"] = tmp.buffer, 0
-            except Error:
-                # No shared memory to be had (a limit, a quota): the socket's path.
-                self._temp_put(shm)
-                shm = []
-                for _, t in big:
-                    t.pop("buffer", None)
-                    t.pop("offset", None)
-            except BaseException:
-                self._temp_put(shm)
-                raise
-            if shm:
-                inline = [(a, t) for a, t in inline if "buffer" not in t]
-                target = sdev
-        total = sum(a.nbytes for a, _ in inline)
-        # A message must stay below max_message: the largest operands of one that would
-        # not go through temporary buffers (freed right after the task is sent).
-        for a, t in sorted(inline, key=lambda p: -p[0].nbytes):
-            if total + _HEADROOM <= self.max_message:
-                break
-            d = self.to_device(a, target)
-            temps.append(d.buffer)
-            target = d.device
-            total -= a.nbytes
-            t.update(d._ref())
-        for a, t in inline:
-            if "buffer" not in t:
-                t["data"] = self._bin(a.reshape(-1).view(np.uint8), bigs)
-        args: Dict[str, Any] = {"op": op, "device": device, "inputs": tensors}
-        if options:
-            args["options"] = options
+        # out= first: like a DeviceArray or shared operand it pins the task to its
+        # device, and that device decides where operands are staged.
         out_shared = None
+        outputs = None
         if out is not None:
             if isinstance(out, np.ndarray):
                 # The daemon writes the result in one piece, into memory the caller
@@ -1321,13 +1561,98 @@ class Client:
                     raise _errors.InvalidArgument("out= must be a DeviceArray or a shared "
                                                   "array (Client.empty_shared) of this "
                                                   "connection")
+                if out.dtype.byteorder == ">":
+                    raise _errors.InvalidArgument("out=: dtype %s is big-endian (the daemon "
+                                                  "writes little-endian)" % out.dtype)
+                if ref[1] % max(out.dtype.itemsize, 1):
+                    raise _errors.InvalidArgument(
+                        "out=: the view starts at byte %d of its shared array, not a "
+                        "multiple of its item size (%d), where the daemon cannot write a "
+                        "result" % (ref[1], out.dtype.itemsize))
                 out_shared = out
-                args["outputs"] = [{"buffer": ref[0], "offset": ref[1]}]
+                outputs = [{"buffer": ref[0], "offset": ref[1]}]
                 out = None
+                if target == "any":
+                    target = ref[2]
             elif not isinstance(out, DeviceArray) or out.client is not self:
                 raise _errors.InvalidArgument("out= must be a DeviceArray of this connection")
             else:
-                args["outputs"] = [{"buffer": out.buffer, "offset": out.offset}]
+                outputs = [{"buffer": out.buffer, "offset": out.offset}]
+                if target == "any":
+                    target = out.device
+        # Shared operands: (buffer, offset, the array), so that kernel() gives them back.
+        shared_ops: List[Tuple[int, int, np.ndarray]] = []
+        for i, x in enumerate(inputs):
+            if isinstance(x, DeviceArray):
+                if x.client is not self:
+                    raise _errors.InvalidArgument("a DeviceArray of another connection")
+                tensors.append(x._ref())
+                if target == "any":
+                    target = x.device
+            else:
+                a = _as_array(x, "input %d" % i, self.limits)
+                t: Dict[str, Any] = {"dtype": wire_name(a.dtype), "shape": list(a.shape)}
+                tensors.append(t)
+                ref = self._shared_ref(a)
+                # A view that starts off its item size (s[1:5].view(np.float64) of a
+                # float32 array) cannot be referenced (protocol.md): sent as a copy.
+                if ref is not None and ref[1] % max(a.dtype.itemsize, 1) == 0:
+                    t["buffer"], t["offset"] = ref[0], ref[1]
+                    shared_ops.append((ref[0], ref[1], a))
+                    if target == "any":
+                        target = ref[2]
+                    continue
+                inline.append((a, t))
+        try:
+            # Large operands on cpu:0: copied once into shared temporaries that the
+            # daemon reads in place, instead of crossing the socket (and being copied
+            # again on the daemon's side).  Not for kernel, whose inputs come back.
+            big = [(a, t) for a, t in inline
+                   if self.shared_threshold and a.nbytes >= self.shared_threshold]
+            sdev = self._shared_device(target) if big and op != "kernel" else None
+            if sdev is not None:
+                try:
+                    for a, t in big:
+                        tmp = self._temp_get(sdev, a.nbytes)
+                        shm.append(tmp)
+                        _copy_wide(tmp.view[:a.nbytes], a.reshape(-1).view(np.uint8))
+                        t["buffer"], t["offset"] = tmp.buffer, 0
+                except Error:
+                    # No shared memory to be had (a limit, no descriptor, a quota): the
+                    # socket's path.
+                    self._temp_put(shm)
+                    shm = []
+                    for _, t in big:
+                        t.pop("buffer", None)
+                        t.pop("offset", None)
+                if shm:
+                    inline = [(a, t) for a, t in inline if "buffer" not in t]
+                    target = sdev
+            total = sum(a.nbytes for a, _ in inline)
+            # A message must stay below max_message: the largest operands of one that
+            # would not go through temporary buffers (freed once the task is sent, or,
+            # for kernel, once its tensors are read back).
+            for a, t in sorted(inline, key=lambda p: -p[0].nbytes):
+                if total + _HEADROOM <= self.max_message:
+                    break
+                d = self.to_device(a, target)
+                temps.append(d.buffer)
+                target = d.device
+                total -= a.nbytes
+                t.update(d._ref())
+        except BaseException:
+            self._temp_put(shm)
+            for b in temps:
+                self._free_quietly(b)
+            raise
+        for a, t in inline:
+            if "buffer" not in t:
+                t["data"] = self._bin(a.reshape(-1).view(np.uint8), bigs)
+        args: Dict[str, Any] = {"op": op, "device": device, "inputs": tensors}
+        if options:
+            args["options"] = options
+        if outputs is not None:
+            args["outputs"] = outputs
         operands = [x for x in inputs if isinstance(x, DeviceArray)]
 
         def decode(res: Any) -> Any:
@@ -1348,24 +1673,34 @@ class Client:
                         "out=: the result is %s %s, the shared array %s %s (its bytes were "
                         "overwritten)" % (t["dtype"], tuple(t["shape"]), out_shared.dtype,
                                           out_shared.shape))
-                return [out_shared] + [self._decode_tensor(t, operands, None)
+                return [out_shared] + [self._decode_tensor(t, operands, shared_ops, None)
                                        for t in outs[1:]]
-            return [self._decode_tensor(t, operands, out) for t in outs]
+            return [self._decode_tensor(t, operands, shared_ops, out) for t in outs]
 
         return args, bigs, temps, decode, target, shm
 
     def _decode_tensor(self, t: Mapping[str, Any], operands: Sequence[DeviceArray],
+                       shared_ops: Sequence[Tuple[int, int, np.ndarray]],
                        out: Optional[OutArg]) -> Union[np.ndarray, DeviceArray]:
+        """One tensor of an answer: inline data as a new numpy array; a reference as the
+        DeviceArray (``out``, ``operands``) or shared array (``shared_ops``) it names."""
         dt = numpy_dtype(t["dtype"])
         shape = tuple(int(n) for n in t["shape"])
         if "buffer" in t and t.get("data") is None:
+            offset = int(t.get("offset") or 0)
             for cand in ([out] if out is not None else []) + list(operands):
-                if cand.buffer == t["buffer"] and cand.offset == t.get("offset", 0) \
+                if cand.buffer == t["buffer"] and cand.offset == offset \
                         and cand.shape == shape and cand.dtype == dt:
                     return cand
+            for buf, off, arr in shared_ops:
+                if buf == t["buffer"] and off == offset and arr.shape == shape \
+                        and arr.dtype == dt:
+                    return arr
             owner = out or next((o for o in operands if o.buffer == t["buffer"]), None)
-            return DeviceArray(self, int(t["buffer"]), owner.device if owner else "",
-                               shape, dt, int(t.get("offset", 0)))
+            if owner is None:
+                raise _errors.ProtocolError("a result in buffer %s, which no operand names"
+                                            % t["buffer"])
+            return DeviceArray(self, int(t["buffer"]), owner.device, shape, dt, offset)
         data = t["data"]
         n = int(np.prod(shape, dtype=np.int64))
         if len(data) != n * dt.itemsize:
@@ -1407,71 +1742,96 @@ class Client:
                      is_async: bool, args: Dict[str, Any], bigs: List[memoryview],
                      temps: List[int], decode: Callable[[Any], Any], target: str,
                      shm: List[_Temp]) -> TaskFuture:
+        """Sends the task and returns its future.  It owns ``temps``: on every path
+        they are freed, once the task is sent (requests already sent still see
+        them), or by the staged future that reads them back."""
         def result(res: Any) -> Any:
             outs = decode(res)
             return outs[0] if single else outs
 
-        bound = None
-        if out is None and "outputs" not in args and single:
-            bound = _result_bound(op, inputs, options)
-        sdev = None
-        if bound is not None and self.shared_threshold and bound >= self.shared_threshold \
-                and op != "kernel":
-            sdev = self._shared_device(target)
-        rt = None
-        if sdev is not None:
-            try:
-                rt = self._temp_get(sdev, bound)
-            except Error:
-                rt = None  # no shared memory to be had: the socket's path
-        if rt is not None:
-            # A large result on cpu:0: written by the daemon into a shared temporary,
-            # copied from there into the array returned (no socket, no unpacking).
-            shm.append(rt)
-            args["outputs"] = [{"buffer": rt.buffer, "offset": 0}]
+        free_now = list(temps)
+        try:
+            bound = None
+            if out is None and "outputs" not in args and single:
+                bound = _result_bound(op, inputs, options)
+            sdev = None
+            if bound is not None and self.shared_threshold and \
+                    bound >= self.shared_threshold and op != "kernel":
+                sdev = self._shared_device(target)
+            rt = None
+            if sdev is not None:
+                try:
+                    rt = self._temp_get(sdev, bound)
+                except Error:
+                    rt = None  # no shared memory to be had: the socket's path
+            if rt is not None:
+                # A large result on cpu:0: written by the daemon into a shared
+                # temporary, copied from there into the array returned (no socket, no
+                # unpacking).
+                shm.append(rt)
+                args["outputs"] = [{"buffer": rt.buffer, "offset": 0}]
 
-            def from_temp(res: Any) -> Any:
-                t = res["outputs"][0]
-                dt = numpy_dtype(t["dtype"])
-                shape = tuple(int(n) for n in t["shape"])
-                arr = np.empty(shape, dt)
-                if t.get("buffer") != rt.buffer or arr.nbytes > rt.size:
-                    raise _errors.ProtocolError("result of %s %s not in its temporary"
-                                                % (shape, dt))
-                _copy_wide(arr.reshape(-1).view(np.uint8), rt.view[:arr.nbytes])
-                return arr
+                def from_temp(res: Any) -> Any:
+                    t = res["outputs"][0]
+                    dt = numpy_dtype(t["dtype"])
+                    shape = tuple(int(n) for n in t["shape"])
+                    arr = np.empty(shape, dt)
+                    if t.get("buffer") != rt.buffer or arr.nbytes > rt.size:
+                        raise _errors.ProtocolError("result of %s %s not in its temporary"
+                                                    % (shape, dt))
+                    _copy_wide(arr.reshape(-1).view(np.uint8), rt.view[:arr.nbytes])
+                    return arr
 
-            fut = self._start("task.run", args, from_temp, progress, is_async, bigs)
-        elif bound is not None and bound > self.max_message - _RESULT_FRAMING:
-            # Too large to come back inline (protocol.md, Limits): into a temporary
-            # buffer, read back in pieces.
-            res = self._new_buffer("buffer.create", {"device": target, "size": bound})
-            tmp = int(res["buffer"])
-            args["outputs"] = [{"buffer": tmp, "offset": 0}]
-            fut = self._start_staged(args, bigs, tmp, progress, is_async)
-        else:
-            fut = self._start("task.run", args, result, progress, is_async, bigs)
-        for b in temps:  # the task already sent still sees them (buffer.free)
-            self._start("buffer.free", {"buffer": b}, is_async=True)
-        return fut
+                return self._start("task.run", args, from_temp, progress, is_async, bigs)
+            if bound is not None and bound > self.max_message - _RESULT_FRAMING:
+                # Too large to come back inline (protocol.md, Limits): into a temporary
+                # buffer, read back in pieces.
+                res = self._new_buffer("buffer.create", {"device": target, "size": bound})
+                tmp = int(res["buffer"])
+                free_now.append(tmp)
+                args["outputs"] = [{"buffer": tmp, "offset": 0}]
+                fut = self._start_staged(args, bigs, [tmp], decode, single, progress,
+                                         is_async)
+                free_now.remove(tmp)
+                return fut
+            if op == "kernel" and temps:
+                # Tensors staged through temporary buffers come back as numpy arrays,
+                # as inline ones do: read back before the buffers are freed.
+                fut = self._start_staged(args, bigs, list(temps), decode, single,
+                                         progress, is_async)
+                free_now = []
+                return fut
+            return self._start("task.run", args, result, progress, is_async, bigs)
+        finally:
+            for b in free_now:
+                self._free_quietly(b)
 
-    def _start_staged(self, args: Dict[str, Any], bigs: List[memoryview], tmp: int,
+    def _start_staged(self, args: Dict[str, Any], bigs: List[memoryview], staged: List[int],
+                      decode: Callable[[Any], Any], single: bool,
                       progress: Optional[Progress], is_async: bool) -> TaskFuture:
-        """task.run writing its one result into buffer ``tmp``; the future returned gets
-        the result as a numpy array once every buffer.read of it is in."""
+        """task.run with tensors in temporary buffers ``staged``; the future returned
+        gets the results (those in ``staged`` read back as numpy arrays, the others as
+        ``decode`` makes them) once every buffer.read is in.  Once the task is sent the
+        future owns ``staged``: they are freed once, however it ends (its result, an
+        error, cancel(), the connection closing); if sending fails, the caller frees
+        them."""
         user = TaskFuture()
         user._owner = weakref.ref(self)
-        try:
-            inner = self._start("task.run", args, None, progress, is_async, bigs)
-        except BaseException:
-            self._free_quietly(tmp)
-            raise
+        inner = self._start("task.run", args, None, progress, is_async, bigs)
         user.msgid = inner.msgid
+        lock = threading.Lock()
+        freed = [False]
+
+        def release() -> None:
+            with lock:
+                if freed[0]:
+                    return
+                freed[0] = True
+            for b in staged:  # requests already sent still see them
+                self._free_quietly(b)
 
         def finish(value: Any = None, exc: Optional[BaseException] = None) -> None:
-            if user.done():
-                return
-            self._free_quietly(tmp)
+            release()
             self._settle(user, value, exc)
 
         def on_task(f: concurrent.futures.Future) -> None:
@@ -1482,15 +1842,23 @@ class Client:
                 finish(exc=f.exception())
                 return
             try:
-                t = f.result()["outputs"][0]
-                arr = np.empty(tuple(int(n) for n in t["shape"]), numpy_dtype(t["dtype"]))
-                reads = self._start_reads(tmp, int(t.get("offset") or 0),
-                                          arr.reshape(-1).view(np.uint8), is_async)
+                results: List[Any] = []
+                reads: List[TaskFuture] = []
+                for t in f.result()["outputs"]:
+                    if t.get("data") is None and t.get("buffer") in staged:
+                        arr = np.empty(tuple(int(n) for n in t["shape"]),
+                                       numpy_dtype(t["dtype"]))
+                        reads += self._start_reads(int(t["buffer"]),
+                                                   int(t.get("offset") or 0),
+                                                   arr.reshape(-1).view(np.uint8), is_async)
+                        results.append(arr)
+                    else:
+                        results.append(decode({"outputs": [t]})[0])
+                value = results[0] if single else results
             except BaseException as e:  # noqa: BLE001 - the caller's future gets it
                 finish(exc=e)
                 return
             left = [len(reads)]
-            lock = threading.Lock()
 
             def on_read(rf: concurrent.futures.Future) -> None:
                 e = _errors.Canceled("read canceled") if rf.cancelled() else rf.exception()
@@ -1501,22 +1869,25 @@ class Client:
                     left[0] -= 1
                     last = left[0] == 0
                 if last:
-                    finish(value=arr)
+                    finish(value=value)
 
             if not reads:
-                finish(value=arr)
+                finish(value=value)
             for rf in reads:
                 rf.add_done_callback(on_read)
 
+        def on_user(u: concurrent.futures.Future) -> None:
+            if u.cancelled():
+                inner.cancel()
+                release()  # at once: the reads may still be in flight
+
         inner.add_done_callback(on_task)
-        user.add_done_callback(lambda u: inner.cancel() if u.cancelled() else None)
+        user.add_done_callback(on_user)
         return user
 
     def _free_quietly(self, buffer: int) -> None:
-        try:
-            self._start("buffer.free", {"buffer": buffer}, is_async=True)
-        except Error:
-            pass
+        """Frees a temporary without waiting (see _queue_free)."""
+        self._queue_free(buffer)
 
     # Each op builds its request in _op_<name> and returns the future; the public
     # methods wait for it, submit() hands it out.
@@ -1572,7 +1943,7 @@ class Client:
                                           % _kind(source))
         opts: Dict[str, Any] = {"lang": _string("lang", lang), "entry": _string("entry", entry),
                                 "grid": _integers("grid", grid),
-                                "shared": _integer("shared", shared),
+                                "shared": _int64("shared", shared),
                                 "source": source if isinstance(source, str) else bytes(source)}
         if block is not None:
             opts["block"] = _integers("block", block)

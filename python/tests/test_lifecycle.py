@@ -1,0 +1,237 @@
+"""The connection's life around futures, interruptions and temporaries: waiting on a
+future from a callback, a future canceled while its result is staged, KeyboardInterrupt
+in the middle of a message, and buffers freed by garbage collection while the client is
+idle.  Interruptions are injected at known points (a stopped daemon, a socket wrapper
+that raises after a recv), never timed against the daemon's work."""
+from __future__ import annotations
+
+import gc
+import os
+import select
+import signal
+import threading
+
+import msgpack
+import numpy as np
+import pytest
+
+import dspk
+from conftest import TIMEOUT, Daemon
+from test_client import FakeDaemon
+
+RNG = np.random.default_rng(11)
+
+
+def mine(c):
+    """This connection's entry of the daemon's status."""
+    return [x for x in c.status()["clients"] if x["self"]][0]
+
+
+class InterruptingSocket:
+    """Wraps a client's socket: the k-th recv_into that takes bytes, or the first
+    sendmsg once ``block_send`` is set, does what the test says."""
+
+    def __init__(self, sock):
+        self._s = sock
+        self.recv_left = 0          # raise KeyboardInterrupt after this many data recvs
+        self.block_send = None      # (entered, go): events around the next sendmsg
+        self.sent = []              # frames' first bytes, as sent
+
+    def __getattr__(self, name):
+        return getattr(self._s, name)
+
+    def recv_into(self, *args):
+        n = self._s.recv_into(*args)
+        if self.recv_left and n > 0:
+            self.recv_left -= 1
+            if not self.recv_left:
+                raise KeyboardInterrupt  # the bytes are taken: the worst moment
+        return n
+
+    def sendmsg(self, views, *args):
+        if self.block_send is not None:
+            entered, go = self.block_send
+            self.block_send = None
+            entered.set()
+            assert go.wait(TIMEOUT)
+        n = self._s.sendmsg(views, *args)
+        self.sent.append(b"".join(bytes(v) for v in views)[:n])
+        return n
+
+
+# ---- E: waiting on a future from a callback ------------------------------------------
+
+def test_future_result_inside_a_done_callback(client):
+    """A done-callback runs on the thread reading the connection; result() of another
+    future there waited for that very thread, for ever.  Now it reads the connection
+    itself, as a synchronous call there does."""
+    got = {}
+    done = threading.Event()
+
+    def cb(fut):
+        try:
+            got["result"] = client.submit("reduce", np.ones(3)).result(10)
+            got["exception"] = client.submit("reduce", np.ones(3), "bad").exception(10)
+            got["sync"] = client.reduce(np.ones(4))
+        except BaseException as e:  # noqa: BLE001 - reported below
+            got["error"] = e
+        finally:
+            done.set()
+
+    f = client.submit("map", "add", np.ones(8), np.ones(8))
+    f.add_done_callback(cb)
+    assert done.wait(TIMEOUT)
+    assert "error" not in got, got.get("error")
+    assert got["result"] == 3.0 and got["sync"] == 4.0
+    assert isinstance(got["exception"], dspk.InvalidArgument)
+    np.testing.assert_array_equal(f.result(), 2 * np.ones(8))
+
+
+# ---- F: a staged result canceled -------------------------------------------------------
+
+def test_canceled_staged_result_frees_its_temporary(monkeypatch):
+    """A result larger than max_message goes into a temporary buffer; canceling its
+    future left that buffer to the connection for good."""
+    monkeypatch.setenv("DSPK_SHARED_THRESHOLD", "0")  # the socket's path only
+    d = Daemon(["--max-message", "256K"])
+    try:
+        with dspk.connect(d.socket, timeout=TIMEOUT) as c:
+            a = np.ones((300, 2), np.float32)
+            b = np.ones((2, 300), np.float32)  # a 360 KB result
+            for _ in range(5):
+                f = c.submit("gemm", a, b)
+                f.cancel()
+            assert mine(c)["buffers"] == 0
+            for _ in range(3):
+                np.testing.assert_array_equal(c.submit("gemm", a, b).result(TIMEOUT), a @ b)
+            assert mine(c)["buffers"] == 0
+    finally:
+        d.stop()
+
+
+# ---- G: KeyboardInterrupt in the middle of a message -------------------------------
+
+@pytest.fixture()
+def alarm_interrupts():
+    def on_alarm(*_):
+        raise KeyboardInterrupt
+    old = signal.signal(signal.SIGALRM, on_alarm)
+    yield lambda seconds: signal.setitimer(signal.ITIMER_REAL, seconds)
+    signal.setitimer(signal.ITIMER_REAL, 0)
+    signal.signal(signal.SIGALRM, old)
+
+
+def test_interrupt_cutting_a_request_closes_the_connection(fresh_daemon, monkeypatch,
+                                                           alarm_interrupts):
+    """Ctrl-C while a request was half written left the stream inside it: the next
+    request was swallowed as its rest and its call hung.  Now dspk.Closed."""
+    monkeypatch.setenv("DSPK_SHARED_THRESHOLD", "0")
+    c = dspk.connect(fresh_daemon.socket, timeout=TIMEOUT)
+    x = np.ones((1024, 1024))  # 8 MiB: far more than the socket's buffer
+    os.kill(fresh_daemon.proc.pid, signal.SIGSTOP)
+    try:
+        alarm_interrupts(0.3)
+        with pytest.raises(KeyboardInterrupt):
+            c.reduce(x)
+    finally:
+        os.kill(fresh_daemon.proc.pid, signal.SIGCONT)
+    with pytest.raises(dspk.Closed, match="cut after .* by KeyboardInterrupt"):
+        c.ping()
+    c.close()
+    with dspk.connect(fresh_daemon.socket, timeout=TIMEOUT) as c2:
+        assert c2.reduce(x) == x.size
+
+
+def test_interrupt_while_waiting_keeps_the_connection(fresh_daemon, alarm_interrupts):
+    """Ctrl-C while waiting for an answer cuts nothing: the connection stays usable
+    (the abandoned answer is dropped when it comes)."""
+    c = dspk.connect(fresh_daemon.socket, timeout=TIMEOUT)
+    os.kill(fresh_daemon.proc.pid, signal.SIGSTOP)
+    try:
+        alarm_interrupts(0.2)
+        with pytest.raises(KeyboardInterrupt):
+            c.reduce(np.ones(5))  # sent whole; the daemon cannot answer
+    finally:
+        os.kill(fresh_daemon.proc.pid, signal.SIGCONT)
+    assert c.reduce(np.ones(6)) == 6.0
+    c.ping()
+    c.close()
+
+
+@pytest.mark.parametrize("nth", [1, 2])
+def test_interrupt_while_reading_an_answer_closes_the_connection(client, nth):
+    """An exception after bytes of an answer were taken from the socket (a signal
+    handler's KeyboardInterrupt) lost them: later calls hung or failed with msgpack's
+    errors.  Now the connection is closed: dspk.Closed, at once."""
+    x = np.arange(1 << 20, dtype=np.float32)  # 4 MiB: read in place, several recvs
+    d = client.to_device(x, "cpu:0")
+    sock = InterruptingSocket(client._sock)
+    client._sock = sock
+    sock.recv_left = nth
+    with pytest.raises(KeyboardInterrupt):
+        d.numpy()
+    with pytest.raises(dspk.Closed, match="KeyboardInterrupt while an answer was being read"):
+        client.ping()
+    with pytest.raises(dspk.Closed):
+        client.submit("reduce", np.ones(3)).result(TIMEOUT)
+
+
+def test_undecodable_answer_is_closed_not_a_msgpack_error(tmp_path):
+    """An answer msgpack cannot decode as the protocol's (an int map key) escaped as
+    msgpack's ValueError and killed the reader; now every call ends with Closed."""
+    fake = FakeDaemon(str(tmp_path / "fake.sock"))
+    c = dspk.connect(fake.path, timeout=TIMEOUT)
+    fut = c.submit("reduce", np.ones(3))
+    assert fake.got.wait(TIMEOUT)
+    fake.send([1, fake.requests[-1][1], None, {1: 2}])
+    assert isinstance(fut.exception(10), dspk.Closed)
+    with pytest.raises(dspk.Closed, match="undecodable data"):
+        c.ping()
+    fake.close()
+    c.close()
+
+
+# ---- J: collected shared arrays freed at once ----------------------------------------
+
+def test_collected_shared_array_is_freed_while_idle(daemon):
+    """The buffer.free of a collected shared array waited for the client's next
+    request: an idle client kept the daemon's buffer (and memory) for ever."""
+    with dspk.connect(daemon.socket, name="holder", timeout=TIMEOUT) as c, \
+            dspk.connect(daemon.socket, name="watcher", timeout=TIMEOUT) as watch:
+        def held():
+            return [x["buffers"] for x in watch.status()["clients"]
+                    if x["id"] == c.client_id][0]
+        a = c.empty_shared((1 << 18,), np.float32)
+        a[:] = 1
+        assert held() == 1
+        del a
+        gc.collect()
+        assert not c._dead_shared
+        # The daemon's answer to that buffer.free (msgid 0) says it is done; nothing
+        # else was asked on this connection.
+        r, _, _ = select.select([c._sock], [], [], TIMEOUT)
+        assert r
+        assert held() == 0
+
+
+def test_collected_while_another_thread_sends(client):
+    """Collected while another thread holds the send lock: that thread sends the
+    buffer.free when it lets the lock go, not the next request."""
+    a = client.empty_shared(1000, np.float32)
+    sock = InterruptingSocket(client._sock)
+    client._sock = sock
+    entered, go = threading.Event(), threading.Event()
+    sock.block_send = (entered, go)
+    t = threading.Thread(target=client.ping)
+    t.start()
+    assert entered.wait(TIMEOUT)        # the ping holds the send lock
+    buf = [b for b in client._shared][-1]
+    del a
+    gc.collect()
+    assert client._dead_shared == [buf]  # could not send: queued
+    go.set()
+    t.join(TIMEOUT)
+    assert not t.is_alive()
+    assert client._dead_shared == []
+    frees = [msgpack.unpackb(f) for f in sock.sent if b"buffer.free" in f]
+    assert frees == [[0, 0, "buffer.free", [{"buffer": buf}]]]

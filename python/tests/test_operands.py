@@ -1,0 +1,254 @@
+"""Operands and parameters at the edges: big-endian dtypes, the device a task is pinned
+to (out=, DeviceArrays, shared arrays) deciding where operands are staged, shared
+arrays without a file descriptor each, kernel tensors given back as themselves,
+numbers beyond float64 or 64 bits, misaligned views of shared arrays, and operands
+beyond max_elements refused before they are copied."""
+from __future__ import annotations
+
+import os
+import resource
+
+import numpy as np
+import pytest
+
+import dspk
+from conftest import TIMEOUT, Daemon
+
+RNG = np.random.default_rng(12)
+
+DOUBLE = """#version 450
+layout(local_size_x = 64) in;
+layout(std430, binding = 0) buffer X { float x[]; };
+layout(push_constant) uniform P { int n; } p;
+void main() { uint i = gl_GlobalInvocationID.x; if (i < p.n) x[i] = 2.0 * x[i]; }
+"""
+
+
+def mine(c):
+    return [x for x in c.status()["clients"] if x["self"]][0]
+
+
+@pytest.fixture(scope="module")
+def vk_daemon(tmp_path_factory):
+    """A daemon with the cpu and vulkan backends (lavapipe counts); skipped without
+    vulkan:0."""
+    d = Daemon(["--backends", "cpu,vulkan",
+                "--cache", str(tmp_path_factory.mktemp("vk") / "cache.db")])
+    with dspk.connect(d.socket, timeout=TIMEOUT) as c:
+        has = "vulkan:0" in [x["id"] for x in c.devices()]
+    if not has:
+        d.stop()
+        pytest.skip("no vulkan:0 device here")
+    yield d
+    d.stop()
+
+
+@pytest.fixture()
+def vk(vk_daemon):
+    with dspk.connect(vk_daemon.socket, timeout=TIMEOUT) as c:
+        yield c
+
+
+# ---- C: big-endian dtypes ------------------------------------------------------------
+
+def test_big_endian_dtype_is_taken_as_little_endian(client):
+    """empty() and empty_shared() kept '>f8': the daemon's little-endian bytes read
+    back swapped, and every out= failed after writing."""
+    s = client.empty_shared(3, ">f8")
+    d = client.empty(3, ">f8")
+    assert s.dtype == np.dtype("<f8") and d.dtype == np.dtype("<f8")
+    assert client.empty_shared(2, ">c8").dtype == np.dtype("<c8")
+    for o in (s, d):
+        assert client.map("scale", np.ones(3), alpha=5.0, out=o) is o
+    np.testing.assert_array_equal(s, [5, 5, 5])
+    np.testing.assert_array_equal(d.numpy(), [5, 5, 5])
+    t = client.to_device(np.arange(4, dtype=">f4"))
+    assert t.dtype == np.dtype("<f4")
+    np.testing.assert_array_equal(t.numpy(), np.arange(4))
+    # A big-endian view of a shared array: refused as out= before anything is sent.
+    with pytest.raises(dspk.InvalidArgument, match="big-endian"):
+        client.map("scale", np.ones(3), out=s.view(">f8"))
+    np.testing.assert_array_equal(s, [5, 5, 5])
+
+
+# ---- D: out= pins the task, so staging follows it --------------------------------------
+
+def test_out_on_vulkan_with_a_large_plain_operand(vk):
+    """out= on vulkan:0 with device="any" and a plain operand of at least
+    shared_threshold: the operand was staged in shared memory on cpu:0, and the
+    daemon refused buffers on two devices."""
+    x = RNG.random((400, 400))  # 1.28 MB, above the 1 MiB threshold
+    assert x.nbytes >= vk.shared_threshold
+    o = vk.empty((400, 400), np.float64, device="vulkan:0")
+    assert vk.map("scale", x, alpha=2.0, out=o) is o
+    np.testing.assert_allclose(o.numpy(), 2 * x)
+    so = vk.empty_shared((400, 400), np.float64, device="vulkan:0")
+    assert vk.map("add", x, x, out=so) is so
+    np.testing.assert_allclose(so, 2 * x)
+    g = vk.empty((400, 400), np.float64, device="vulkan:0")
+    vk.gemm(x, x, out=g)
+    np.testing.assert_allclose(g.numpy(), x @ x, rtol=1e-10)
+    f = vk.submit("map", "scale", x, alpha=3.0, out=o)
+    assert f.result(TIMEOUT) is o
+    np.testing.assert_allclose(o.numpy(), 3 * x)
+
+
+# ---- H: shared arrays hold no file descriptor; out of descriptors -----------------
+
+def _fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_shared_arrays_hold_no_file_descriptor(client):
+    """Python's mmap kept a dup of the memfd for each shared array: a process could
+    hold no more shared arrays than its open file limit."""
+    before = _fds()
+    keep = [client.empty_shared(16) for _ in range(20)]
+    assert _fds() == before
+    for i, a in enumerate(keep):
+        a[:] = i
+    assert client.reduce(keep[7]) == 7 * 16
+
+
+def test_out_of_file_descriptors(client):
+    """With no descriptor to be had, empty_shared raised a bare OSError, and a large
+    plain operand (the automatic shared-memory path) failed the same way instead of
+    going through the socket."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    x = np.ones(300000)                       # 2.4 MB: the shared path
+    y = RNG.random((600, 600))                # a 2.9 MB result too
+    dups = []
+    resource.setrlimit(resource.RLIMIT_NOFILE, (_fds() + 4, hard))
+    try:
+        try:
+            while True:
+                dups.append(os.dup(0))
+        except OSError:
+            pass
+        with pytest.raises(dspk.LimitExceeded, match="open file limit"):
+            client.empty_shared(4)
+        assert client.reduce(x) == x.size
+        np.testing.assert_allclose(client.gemm(y, y), y @ y, rtol=1e-10)
+    finally:
+        for fd in dups:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+# ---- I: kernel gives shared arrays (and staged tensors) back as themselves -------------
+
+def test_kernel_gives_shared_arrays_back(vk):
+    """kernel() made a DeviceArray(device='') of a shared tensor's buffer; freeing it
+    freed the shared array's buffer."""
+    s = vk.empty_shared(64, np.float32, device="vulkan:0")
+    s[:] = 1
+    part = s[32:]
+    r = vk.kernel(DOUBLE, s, lang="glsl", grid=1, args=[{"tensor": 0}, {"i32": 64}])
+    assert len(r) == 1 and r[0] is s
+    r = vk.kernel(DOUBLE, part, lang="glsl", grid=1, args=[{"tensor": 0}, {"i32": 32}])
+    assert r[0] is part
+    np.testing.assert_array_equal(s, [2] * 32 + [4] * 32)
+    assert vk.reduce(s) == 2 * 32 + 4 * 32
+
+
+def test_kernel_staged_tensor_comes_back_as_numpy(vk_daemon, monkeypatch):
+    """A tensor too large for one message went through a temporary buffer, freed once
+    the task was sent: kernel() gave back a DeviceArray of that freed buffer."""
+    d = Daemon(["--backends", "cpu,vulkan", "--max-message", "256K"])
+    try:
+        with dspk.connect(d.socket, timeout=TIMEOUT) as c:
+            x = np.arange(100000, dtype=np.float32)  # 400 KB
+            r = c.kernel(DOUBLE, x, lang="glsl", grid=(100000 + 63) // 64,
+                         device="vulkan:0", args=[{"tensor": 0}, {"i32": 100000}])
+            assert isinstance(r[0], np.ndarray)
+            np.testing.assert_array_equal(r[0], 2 * x)
+            f = c.submit("kernel", DOUBLE, x, np.ones(64, np.float32), lang="glsl",
+                         grid=(100000 + 63) // 64, device="vulkan:0",
+                         args=[{"tensor": 0}, {"i32": 100000}])
+            r = f.result(TIMEOUT)
+            np.testing.assert_array_equal(r[0], 2 * x)
+            np.testing.assert_array_equal(r[1], np.ones(64))
+            assert mine(c)["buffers"] == 0
+    finally:
+        d.stop()
+
+
+# ---- K: numbers that cannot be represented -------------------------------------------
+
+@pytest.mark.parametrize("call,name", [
+    (lambda c: c.gemm(np.ones((2, 2)), np.ones((2, 2)), alpha=10**400), "alpha"),
+    (lambda c: c.gemm(np.ones((2, 2)), np.ones((2, 2)), np.ones((2, 2)), beta=-10**400),
+     "beta"),
+    (lambda c: c.map("scale", np.ones(2), alpha=np.longdouble("1e4000")), "alpha"),
+    (lambda c: c.reduce(np.ones(2), axes=2**64), "axes"),
+    (lambda c: c.reduce(np.ones((2, 2)), axes=[0, -2**70]), r"axes\[1\]"),
+    (lambda c: c.kernel("x", np.ones(2), lang="glsl", grid=2**64), "grid"),
+    (lambda c: c.kernel("x", np.ones(2), lang="glsl", grid=1, block=[1, 2**70]),
+     r"block\[1\]"),
+    (lambda c: c.kernel("x", np.ones(2), lang="glsl", grid=1, shared=2**64), "shared"),
+])
+def test_numbers_beyond_the_wire(client, call, name):
+    """alpha=10**400 raised a bare OverflowError; an int beyond 64 bits elsewhere an
+    InvalidArgument that did not name the parameter."""
+    with pytest.raises(dspk.InvalidArgument, match="^EINVAL: " + name + ": "):
+        call(client)
+    assert client.ping() >= 0
+
+
+def test_kernel_float_argument_beyond_float64_is_a_range_error(client):
+    with pytest.raises(dspk.RangeError, match=r"args\[0\].f64"):
+        client.kernel("x", np.ones(2), lang="glsl", grid=1, args=[{"f64": 10**400}])
+
+
+def test_timeout_beyond_float_waits_for_ever(daemon):
+    with dspk.connect(daemon.socket, timeout=10**400) as c:
+        assert c.timeout is None
+        f = c.submit("reduce", np.ones(3))
+        assert f.result(10**400) == 3.0
+
+
+# ---- L: a view of a shared array off its item size ------------------------------------
+
+def test_shared_view_off_its_item_size(client):
+    """s[1:5].view(np.float64) of a float32 shared array starts 4 bytes into it: sent
+    as a reference the daemon refused it (offset not a multiple of 8)."""
+    s = client.empty_shared(8, np.float32)
+    s[:] = np.arange(8)
+    v = s[1:5].view(np.float64)
+    assert client.reduce(v) == v.sum()
+    np.testing.assert_array_equal(client.map("scale", v, alpha=1.0), v)
+    # As out= it cannot be written there: refused before anything is sent.
+    o = client.empty_shared(10, np.float32)
+    with pytest.raises(dspk.InvalidArgument, match="not a multiple of its item size"):
+        client.map("scale", np.ones(2), out=o[1:5].view(np.float64))
+    # Aligned views still go by reference.
+    assert client.map("scale", np.ones(2), alpha=3.0, out=o[2:6].view(np.float64)) \
+        is not None
+    np.testing.assert_array_equal(o[2:6].view(np.float64), [3, 3])
+
+
+# ---- M: max_elements before materialising -----------------------------------------
+
+def test_broadcast_operand_beyond_max_elements(client):
+    """A broadcast view of 2^40 elements was copied by the client first: numpy's
+    MemoryError (or gigabytes allocated) instead of dspk.LimitExceeded."""
+    x = np.broadcast_to(np.float32(1), (1 << 40,))
+    with pytest.raises(dspk.LimitExceeded, match="input 0: 1099511627776 elements"):
+        client.reduce(x)
+    with pytest.raises(dspk.LimitExceeded, match="array: 1099511627776 elements"):
+        client.to_device(x)
+    with pytest.raises(dspk.LimitExceeded):
+        client.submit("map", "add", np.ones(2, np.float32), x)
+
+
+def test_operand_elements_against_the_daemons_limit():
+    d = Daemon(["--max-elements", "1000"])
+    try:
+        with dspk.connect(d.socket, timeout=TIMEOUT) as c:
+            assert c.limits["max_elements"] == 1000
+            assert c.reduce(np.broadcast_to(np.float32(2), (1000,))) == 2000
+            with pytest.raises(dspk.LimitExceeded, match="1001 elements, more than the "
+                                                         "daemon's max_elements"):
+                c.reduce(np.broadcast_to(np.float32(2), (1001,)))
+    finally:
+        d.stop()
