@@ -67,7 +67,7 @@ int dspkd_admin_check(struct req *r, const char *method) {
   struct conn *c = r->c;
   if (dspkd_admin_is(c))
     return 0;
-  dspkd_warn("client %llu (pid %ld uid %ld): %s refused: not an admin",
+  dspkd_notice("client %llu (pid %ld uid %ld): %s refused: not an admin",
              (unsigned long long)c->id, (long)c->pid, (long)c->uid, method);
   return dspk__fail(r->msg, sizeof r->msg, DSPK_EPERM, "%s: uid %ld is not an admin "
                     "(admin_users and admin_groups in the [policy] of dspkd.conf)", method,

@@ -163,7 +163,7 @@ int dspkd_m_cache_clear(struct req *r) {
   if (!mask)
     mask = DSPK__CACHE_ALL;
   if (c->uid == (uid_t)-1 || (c->uid != 0 && c->uid != geteuid())) {
-    dspkd_warn("client %llu (pid %ld uid %ld): cache.clear refused", (unsigned long long)c->id,
+    dspkd_notice("client %llu (pid %ld uid %ld): cache.clear refused", (unsigned long long)c->id,
                (long)c->pid, (long)c->uid);
     snprintf(r->msg, sizeof r->msg,
              "cache.clear: permission denied: only root and the daemon's own user (uid %ld) "

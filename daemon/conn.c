@@ -217,7 +217,7 @@ static void conn_protocol_error(struct conn *c, int code, const char *msg) {
   struct wreq *wr;
   size_t n;
 
-  dspkd_warn("client %llu (pid %ld): %s: %s; closing the connection",
+  dspkd_notice("client %llu (pid %ld): %s: %s; closing the connection",
              (unsigned long long)c->id, (long)c->pid, dspk__err_name(code), msg);
   if (c->closing)
     return;

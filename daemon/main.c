@@ -192,6 +192,20 @@ int main(int argc, char **argv) {
    * nothing of the daemon runs in it. */
   if (argc == 3 && strcmp(argv[1], "--fftw-measure") == 0)
     return dspk__cpu_fft_measure_main(argv[2]);
+  /* Until its watchers are in place (dspkd_lifecycle_start), a stop or a
+   * reload waits instead of ending the process by its default action; the
+   * signals dspkd has no use for are ignored (a file size limit then fails a
+   * write with EFBIG instead of killing the daemon). */
+  static const int ignored[] = {SIGPIPE, SIGUSR1, SIGUSR2, SIGALRM, SIGVTALRM,
+                                SIGIO,   SIGPWR,  SIGXFSZ};
+  sigset_t early;
+  sigemptyset(&early);
+  sigaddset(&early, SIGTERM);
+  sigaddset(&early, SIGINT);
+  sigaddset(&early, SIGHUP);
+  pthread_sigmask(SIG_BLOCK, &early, NULL);
+  for (size_t i = 0; i < sizeof ignored / sizeof ignored[0]; i++)
+    signal(ignored[i], SIG_IGN);
   mallopt(M_MMAP_THRESHOLD, 32 << 20);
   mallopt(M_TRIM_THRESHOLD, 64 << 20);
   dspkd_heap_warm();
@@ -208,7 +222,6 @@ int main(int argc, char **argv) {
   default: return 2;
   }
 
-  signal(SIGPIPE, SIG_IGN);
   activated = dspkd_activation_start(d);
   if (activated < 0)
     return 1;
@@ -246,6 +259,7 @@ int main(int argc, char **argv) {
   uv_signal_init(&loop, &d->sigint);
   d->sigterm.data = d->sigint.data = d;
   dspkd_lifecycle_start(d); /* SIGTERM during the start: acted on once the loop runs */
+  pthread_sigmask(SIG_UNBLOCK, &early, NULL);
 
   if (!cfg->no_cache && open_cache(d) != 0)
     goto out_handles;

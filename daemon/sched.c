@@ -118,11 +118,12 @@ static const char *op_name(dspk_op kind) {
   }
 }
 
-/* The log line of a task that failed (loop thread). */
-static void log_task_failed(struct job *j, int code) {
+/* The log line of a task that failed (loop thread): its message, else msg
+ * (the one its client got), else the code's. */
+static void log_task_failed(struct job *j, int code, const char *msg) {
   struct conn *c = j->conn;
   dspkd_log_task_failed(j->dev ? j->dev->id : NULL, op_name(j->op.kind), c ? c->id : 0,
-                        c ? (long)c->pid : 0L, code, j->errmsg);
+                        c ? (long)c->pid : 0L, code, j->errmsg ? j->errmsg : msg);
 }
 
 static void ring_push(struct device *dev, struct cqueue *q) {
@@ -291,11 +292,11 @@ static void finish_dropped(struct dspkd *d, struct job *list, int code) {
     struct job *j = list, *next = j->next;
     struct conn *c = j->conn;
     conn_unlink_job(j);
+    const char *why = code == DSPK_ESHUTDOWN ? "the daemon is stopping" : NULL;
     if (code && j->kind == JOB_TASK)
-      log_task_failed(j, code);
+      log_task_failed(j, code, why);
     if (code && c && !c->closing)
-      dspkd_conn_send_error(c, j->msgid, code,
-                      code == DSPK_ESHUTDOWN ? "the daemon is stopping" : NULL);
+      dspkd_conn_send_error(c, j->msgid, code, why);
     if (c)
       dspkd_conn_update_read(c);
     dspkd_job_free(d, j);
@@ -408,7 +409,7 @@ void dspkd_sched_done_cb(uv_async_t *h) {
     j->next = NULL;
     conn_unlink_job(j);
     if (j->kind == JOB_TASK && j->err < 0)
-      log_task_failed(j, j->err);
+      log_task_failed(j, j->err, NULL);
     if (j->kind == JOB_BUF_CREATE && j->err == 0 && !c->closing) {
       /* The slot was reserved when the request came in. */
       if (dspkd_conn_buf_add(c, j->buf) != 0)

@@ -282,7 +282,7 @@ int dspk__sub_kernel(dspk__sub_ctx *ctx, int argc, char **argv) {
   if (optind >= argc)
     return dspk__sub_usage(ctx, "missing SOURCE");
   /* SOURCE and the tensor arguments: standard input at most once. */
-  if (dspk__sub_stdin_once(ctx, argv + optind, argc - optind) != 0)
+  if (dspk__sub_check_inputs(ctx, argv + optind, argc - optind) != 0)
     return DSPK__SUB_EXIT_USAGE;
   for (int i = 0, n = 0; i < nouts; i++) {
     n += strcmp(outs[i].path, "-") == 0;

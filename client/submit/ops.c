@@ -475,7 +475,7 @@ static int run_task(dspk__sub_ctx *ctx, const op_args *a, dspk_task *t,
 
   memset(in, 0, sizeof in);
   memset(&res, 0, sizeof res);
-  if (dspk__sub_stdin_once(ctx, files, nfiles) != 0)
+  if (dspk__sub_check_inputs(ctx, files, nfiles) != 0)
     return DSPK__SUB_EXIT_USAGE;
   for (i = 0; i < nfiles; i++) {
     int64_t shape[DSPK_MAX_RANK];
@@ -707,11 +707,16 @@ int dspk__sub_save(const dspk_tensor *o, const char *path, char *err,
                         errlen);
 }
 
-int dspk__sub_stdin_once(const dspk__sub_ctx *ctx, char *const *files,
+int dspk__sub_check_inputs(const dspk__sub_ctx *ctx, char *const *files,
                          int nfiles) {
   int n = 0;
-  for (int i = 0; i < nfiles; i++)
+  for (int i = 0; i < nfiles; i++) {
+    if (files[i][0] == '\0') {
+      dspk__sub_usage(ctx, "empty input file name");
+      return -1;
+    }
     n += strcmp(files[i], "-") == 0;
+  }
   if (n > 1) {
     dspk__sub_usage(ctx, "standard input (-) can be read only once");
     return -1;

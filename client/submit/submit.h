@@ -85,10 +85,10 @@ const char *dspk__sub_fmt_time(uint64_t us, char *buf, size_t cap);
 int dspk__sub_save(const dspk_tensor *o, const char *path, char *err,
                    size_t errlen);
 
-/* Checks that at most one of files is "-" (standard input) and that stdin
- * is not a terminal when one is; otherwise reports a usage error and
- * returns -1 (the caller exits with DSPK__SUB_EXIT_USAGE). */
-int dspk__sub_stdin_once(const dspk__sub_ctx *ctx, char *const *files,
+/* Checks the input file names: none empty, at most one "-" (standard
+ * input), and stdin not a terminal when one is; otherwise reports a usage
+ * error and returns -1 (the caller exits with DSPK__SUB_EXIT_USAGE). */
+int dspk__sub_check_inputs(const dspk__sub_ctx *ctx, char *const *files,
                          int nfiles);
 
 /* The command table (main.c), terminated by a NULL name. */

@@ -725,6 +725,9 @@ def suite_errors(cli, tmp):
     cli.fails(["fft", garbage], "fft", "EINVAL", detail=garbage)
     cli.fails(["fft", trunc], "fft", "EINVAL", detail=trunc)
     cli.fails(["fir", missing, a34], "fir", "ENOENT", detail=missing)
+    # an empty file name is a bad command line, for every command taking inputs
+    for args in (["map", "abs", ""], ["gemm", a34, ""], ["kernel", "", "--lang", "glsl"]):
+        cli.fails(args, args[0], "EINVAL", rc_want=2, detail="empty input file name")
     cli.fails(["map", "abs", a34, "-o", os.path.join(tmp, "no/such/dir.npy")],
               "map", "ENOENT", detail="no/such/dir.npy")
 

@@ -64,7 +64,7 @@ class Notify:
 
 class Daemon:
     def __init__(self, exe, tmp, extra=(), env=None, notify=False, ready=True, sock=None,
-                 backends="cpu"):
+                 backends="cpu", preexec_fn=None):
         self.tmp = tmp
         self.sock = sock or os.path.join(tmp, "dspkd-%d.sock" % len(DAEMONS))
         self.logpath = os.path.join(tmp, "dspkd-%d.log" % len(DAEMONS))
@@ -85,7 +85,8 @@ class Daemon:
             args += ["--backends", backends]
         if "--cache" not in extra and "--config" not in extra:
             args += ["--no-cache"]
-        self.proc = subprocess.Popen(args + list(extra), pass_fds=[w], stderr=self.log, env=e)
+        self.proc = subprocess.Popen(args + list(extra), pass_fds=[w], stderr=self.log, env=e,
+                                     preexec_fn=preexec_fn)
         DAEMONS.append(self)
         os.close(w)
         if not ready:
@@ -367,6 +368,31 @@ def t_fast(exe, tmp):
     c.close()
     c = d.client()
     check(c.call("ping", {"data": b"alive"})["data"] == b"alive", "alive after EPIPE")
+    c.close()
+    # Signals dspkd has no use for are ignored (they used to end it by their
+    # default action, devices open and the socket left behind).
+    for sig in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM, signal.SIGVTALRM,
+                signal.SIGIO, signal.SIGPWR, signal.SIGXFSZ):
+        d.proc.send_signal(sig)
+    c = d.client()
+    check(c.call("ping", {"data": b"still"})["data"] == b"still",
+          "alive after SIGUSR1 and the like")
+    check(d.proc.poll() is None, "still running")
+    c.close()
+    d.stop()
+    # A SIGHUP that comes while the daemon starts is acted on once it can be
+    # (a reload), not by the default action: here it is pending from before
+    # the exec (blocked in the child, which keeps it pending across exec).
+    def pending_hup():
+        signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGHUP])
+        os.kill(os.getpid(), signal.SIGHUP)
+    d = Daemon(exe, tmp, preexec_fn=pending_hup)
+    c = d.client()
+    check(c.call("ping", {"data": b"up"})["data"] == b"up", "serving after an early SIGHUP")
+    t0 = time.monotonic()
+    while "SIGHUP: reloading the configuration" not in d.logtext():
+        check(time.monotonic() - t0 < TIMEOUT, "the early SIGHUP reloads:\n" + d.logtext())
+        c.call("ping")
     c.close()
     d.stop()
 
