@@ -122,6 +122,9 @@ except (ImportError, OSError, AttributeError):  # no ctypes here: mmap.mmap, one
     _libc = None
 
 
+_POLL_MAX_MS = (1 << 31) - 1  # poll()'s longest wait; a longer one is waited again
+
+
 class _Mapping:
     """A read-write MAP_SHARED mapping of a file descriptor that keeps no descriptor.
     ``numpy.asarray(mapping)`` is a uint8 array of its bytes whose base is the mapping,
@@ -285,7 +288,7 @@ class DeviceArray:
     @property
     def nbytes(self) -> int:
         """Bytes of the tensor (product of the shape times the item size)."""
-        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+        return math.prod(self.shape) * self.dtype.itemsize
 
     @property
     def ndim(self) -> int:
@@ -332,6 +335,8 @@ class DeviceArray:
 def _number(name: str, v: Any) -> float:
     """v (a real number: int, float, numpy scalar; not a bool) as a float; one no
     float64 holds (10**400, a numpy longdouble beyond 1.8e308) is InvalidArgument."""
+    if type(v) is float:  # the common case, and every float is one
+        return v
     if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real):
         raise _errors.InvalidArgument("%s: expected a real number, got %s"
                                       % (name, _kind(v)))
@@ -505,7 +510,7 @@ def _result_bound(op: str, inputs: Sequence[Any], options: Mapping[str, Any]
         (sa, da) = metas[0]
 
         def size(shape: Sequence[int]) -> int:
-            return int(np.prod(shape, dtype=np.int64)) if len(shape) else 1
+            return math.prod(shape)
 
         if op == "gemm":
             sb = metas[1][0]
@@ -585,6 +590,10 @@ class Client:
             raise _errors.ConnectError("cannot connect to dspkd at %s: %s"
                                        % (self.socket_path, e.strerror or e)) from None
         self._sock = sock
+        # Waiting for an answer: poll() on one registered descriptor costs less per
+        # call than select.select() or a non-blocking recv that fails first.
+        self._poll = select.poll()
+        self._poll.register(sock, select.POLLIN)
         self._unpacker = msgpack.Unpacker(raw=False, max_buffer_size=0)
         self._rbuf = bytearray(_READ_CHUNK)
         self._fed = 0                    # bytes fed to the unpacker
@@ -1030,20 +1039,16 @@ class Client:
         ready: List[Tuple[Callable[..., Any], Tuple[Any, ...]]] = []
         taking = False  # in recv, or holding bytes not yet filed
         try:
+            ms = -1 if wait is None else min(max(0, math.ceil(wait * 1000)), _POLL_MAX_MS)
+            try:
+                if not self._poll.poll(ms):
+                    return  # nothing within wait (or a wait cut at _POLL_MAX_MS)
+            except (OSError, ValueError):
+                pass  # the socket is gone: recv says so
             taking = True
             n = self._recv_nowait()
             if n is None:
-                taking = False
-                try:
-                    r, _, _ = select.select([self._sock], [], [], wait)
-                except (OSError, ValueError):
-                    r = [self._sock]
-                if not r:
-                    return
-                taking = True
-                n = self._recv_nowait()
-                if n is None:
-                    return
+                return
             if n > 0:
                 self._file(n, ready)
             taking = False
@@ -1702,7 +1707,7 @@ class Client:
                                             % t["buffer"])
             return DeviceArray(self, int(t["buffer"]), owner.device, shape, dt, offset)
         data = t["data"]
-        n = int(np.prod(shape, dtype=np.int64))
+        n = math.prod(shape)
         if len(data) != n * dt.itemsize:
             raise _errors.ProtocolError("result of %d bytes for shape %s %s"
                                         % (len(data), shape, dt))
