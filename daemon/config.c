@@ -6,12 +6,15 @@
  * text, and whether a reload may change it.  The defaults, getopt_long's
  * option list, the --help text, the range checks and the file's keys are all
  * made from it.  The file is read with libinih through a reader that counts
- * lines, so every error names file:line.  Unknown sections and keys are
- * errors, not warnings: a typo in a limit must not go unnoticed.
+ * lines, so every error names file:line, and that refuses what libinih
+ * would take but read otherwise than dspk.conf(5) says.  Unknown sections
+ * and keys are errors, not warnings: a typo in a limit must not go
+ * unnoticed.
  *
  * Precedence: command line > file > defaults.  getopt_long notes which keys
  * the command line set, so the file and a reload leave them alone.
  */
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
@@ -23,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -313,26 +317,15 @@ static int parse_ids(const char *s, bool groups, struct dspkd_idlist *out, char 
 struct parse {
   const char *path;
   FILE *f;
-  int line;      /* the line the reader returned last */
-  int completed; /* lines read to their newline */
+  int line;       /* the line the reader returned last */
+  int read_errno; /* the file could not be read to its end */
   struct dspkd_config *cfg;
   const struct dspkd_config *running; /* reload: the running configuration */
   uint64_t skip;                      /* keys the command line set */
   uint64_t seen;                      /* keys the file set */
-  int err_line;                       /* first error of a handler, or 0 */
+  int err_line;                       /* first error of a handler or the reader, or 0 */
   char err[PATH_MAX + 320];
 };
-
-static char *reader(char *str, int num, void *stream) {
-  struct parse *p = stream;
-  char *r = fgets(str, num, p->f);
-  if (!r)
-    return NULL;
-  p->line = p->completed + 1;
-  if (strchr(r, '\n'))
-    p->completed++;
-  return r;
-}
 
 __attribute__((format(printf, 2, 3))) static int perr(struct parse *p, const char *fmt,
                                                       ...) {
@@ -346,6 +339,111 @@ __attribute__((format(printf, 2, 3))) static int perr(struct parse *p, const cha
   p->err_line = p->line;
   snprintf(p->err, sizeof p->err, "%s:%d: %s", p->path, p->line, msg);
   return 0;
+}
+
+/* Whether [name] (n bytes) is a section of the key table. */
+static bool known_section(const char *name, size_t n) {
+  for (size_t i = 0; i < NKEYS; i++)
+    if (keys[i].section && strlen(keys[i].section) == n &&
+        memcmp(keys[i].section, name, n) == 0)
+      return true;
+  return false;
+}
+
+/* Checks one line (s, its leading blanks and byte order mark skipped) for
+ * what libinih would take but read otherwise than dspk.conf(5) says, since
+ * the Debian library's leniencies are compiled in: text after a section's
+ * ']' (ignored by inih), a section without keys (never reaches the
+ * handler), ':' for '=', and " ;" in a value (inih cuts the value there).
+ * indented: s had leading blanks.  0, or -1 with the error recorded. */
+static int check_line(struct parse *p, const char *s, bool indented) {
+  const char *end, *sep;
+
+  if (!*s || *s == '#' || *s == ';')
+    return 0;
+  if (*s == '[') {
+    end = strchr(s, ']');
+    if (!end)
+      return 0; /* inih's syntax error */
+    for (const char *c = end + 1; *c; c++)
+      if (!isspace((unsigned char)*c)) {
+        perr(p, "text after the section header [%.*s] (a comment takes a line of its own)",
+             (int)(end - s - 1), s + 1);
+        return -1;
+      }
+    if (!known_section(s + 1, (size_t)(end - s - 1))) {
+      perr(p, "unknown section [%.*s]", (int)(end - s - 1), s + 1);
+      return -1;
+    }
+    return 0;
+  }
+  sep = strpbrk(s, "=:");
+  if (!sep) {
+    if (!indented)
+      return 0; /* inih's syntax error */
+    perr(p, "an indented line does not continue the value above (a value takes one line)");
+    return -1;
+  }
+  if (*sep == ':') {
+    perr(p, "expected key = value (\":\" does not separate a key from its value)");
+    return -1;
+  }
+  /* inih ends a value at a ';' after a blank (its inline comments). */
+  for (const char *c = sep + 1; *c; c++)
+    if (*c == ';' && c > sep + 1 && isspace((unsigned char)c[-1])) {
+      perr(p, "a comment cannot follow a value (\";\" after a blank); a comment takes a "
+              "line of its own");
+      return -1;
+    }
+  return 0;
+}
+
+/* libinih's reader: hands it the next line whole, or ends the file (NULL)
+ * at a line it would misread (check_line), a NUL byte (inih would see the
+ * line end there), or a line longer than its buffer (num bytes with the
+ * terminating NUL; inih would take the rest as another line).  Leading
+ * blanks are removed, so that inih never takes an indented line for the
+ * continuation of the value above: indentation means nothing. */
+static char *reader(char *str, int num, void *stream) {
+  struct parse *p = stream;
+  size_t n = 0, max = num > 0 ? (size_t)num - 1 : 0;
+  bool nul = false;
+  char *s = str, *text;
+  int c;
+
+  errno = 0;
+  while ((c = getc(p->f)) != EOF && c != '\n') {
+    if (c == '\0')
+      nul = true;
+    if (n < max)
+      str[n] = (char)c;
+    n++;
+  }
+  if (c == EOF && ferror(p->f)) {
+    p->read_errno = errno ? errno : EIO;
+    return NULL;
+  }
+  if (c == EOF && n == 0)
+    return NULL;
+  p->line++;
+  if (nul) {
+    perr(p, "NUL byte");
+    return NULL;
+  }
+  if (n > max) {
+    perr(p, "line longer than %zu bytes", max);
+    return NULL;
+  }
+  str[n] = '\0';
+  if (p->line == 1 && n >= 3 && memcmp(s, "\xEF\xBB\xBF", 3) == 0)
+    s += 3; /* a UTF-8 byte order mark, which inih skips too */
+  text = s;
+  while (isspace((unsigned char)*text))
+    text++;
+  if (check_line(p, text, text > s) != 0)
+    return NULL;
+  memmove(str, text, strlen(text) + 1);
+  return str;
 }
 
 /* backends: a comma list of the backends dspk knows (those this build lacks
@@ -547,16 +645,42 @@ static int load(const char *path, struct dspkd_config *cfg,
                 const struct dspkd_config *running, uint64_t skip, char *err, size_t len) {
 #ifdef DSPKD_HAVE_INIH
   struct parse p = {.path = path, .cfg = cfg, .running = running, .skip = skip};
-  int r;
+  const char *why = NULL;
+  struct stat st;
+  int fd, r;
 
-  p.f = fopen(path, "re");
-  if (!p.f) {
+  /* O_NONBLOCK: a FIFO must not block the start (it changes nothing for a
+   * regular file).  Anything but a regular file is refused: stdio would read
+   * a directory as an empty file. */
+  fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) {
     int e = errno;
     snprintf(err, len, "%s: cannot read: %s", path, strerror(e));
     return e == ENOENT ? DSPK_ENOENT : DSPK_EIO;
   }
+  if (fstat(fd, &st) != 0)
+    why = strerror(errno);
+  else if (S_ISDIR(st.st_mode))
+    why = strerror(EISDIR);
+  else if (!S_ISREG(st.st_mode))
+    why = "not a regular file";
+  if (why) {
+    snprintf(err, len, "%s: cannot read: %s", path, why);
+    close(fd);
+    return DSPK_EIO;
+  }
+  p.f = fdopen(fd, "r");
+  if (!p.f) {
+    snprintf(err, len, "%s: cannot read: %s", path, strerror(errno));
+    close(fd);
+    return DSPK_EIO;
+  }
   r = ini_parse_stream(reader, &p, handler, &p);
   fclose(p.f);
+  if (p.read_errno) {
+    snprintf(err, len, "%s: cannot read: %s", path, strerror(p.read_errno));
+    return DSPK_EIO;
+  }
   if (r == 0 && !p.err_line)
     return 0;
   if (r > 0 && (!p.err_line || r < p.err_line)) {

@@ -110,4 +110,11 @@ put("config", [s.encode() for s in [
     "; comment\n# another\n[daemon]\ncache = /var/cache/dspk/cache.db\n"
     "no_cache = no\ncache_max_bytes = 1G\nbackends = cpu\nforeground = yes\n",
     "[limits]\nmax_message = 63\n",
+    # What config.c's reader refuses or takes beyond libinih: a byte order
+    # mark and indentation, " ;" after a value, ':', text after "]", an
+    # empty unknown section, a NUL byte, a line longer than 199 bytes.
+    "\ufeff[daemon]\n  log_level = debug\n\tforeground = no\n",
+    "[daemon]\nlog_level = info ; c\nbackends : cpu\n[limits] x\n[bogus]\n",
+    "[daemon]\nlog_level = info\0junk\n",
+    "[daemon]\n#" + "x" * 199 + "\nlog_level = info\n",
 ]])

@@ -433,6 +433,21 @@ def t_reload(exe, tmp):
     log = d.logtext()
     check("%s:3: max_clients" % conf in log and "keeping the running configuration" in log,
           "logged file:line and why:\n" + log)
+    # The file replaced by a directory (it was read as an empty file: every
+    # setting back to its default, "configuration reloaded"): refused too.
+    os.rename(conf, conf + ".bak")
+    os.mkdir(conf)
+    d.proc.send_signal(signal.SIGHUP)
+    n.until(lambda m: m.get("RELOADING") == "1", "RELOADING=1")
+    done = n.until(lambda m: m.get("READY") == "1", "READY=1 after the reload of a directory")
+    check("failed" in done.get("STATUS", ""), "STATUS says the reload failed: %r" % done)
+    lim = c.call("status")["daemon"]["limits"]
+    check(lim["max_inflight"] == 50 and lim["max_clients"] == 3, "kept: %r" % lim)
+    log = d.logtext()
+    check("error: reload: %s: cannot read: Is a directory; keeping the running "
+          "configuration" % conf in log, "logged at error:\n" + log)
+    os.rmdir(conf)
+    os.rename(conf + ".bak", conf)
     # Keys that need a restart are reported, not applied.
     write(conf, "[daemon]\ncache = /nonexistent/other.db\n")
     d.proc.send_signal(signal.SIGHUP)
@@ -476,7 +491,36 @@ def t_config(exe, tmp):
     start_fail("[limits]\nmax_user_memory = 150%\n", "%(f)s:2: max_user_memory: expected a size")
     start_fail("[limits]\nmax_conn_memory = 0\n", "%(f)s:2: max_conn_memory: expected a size")
     start_fail("[daemon]\nforeground = maybe\n", "%(f)s:2: foreground: expected yes or no")
-    start_fail("[nosuch]\nsocket = /x\n", '%(f)s:2: key "socket" belongs in section [daemon]')
+    start_fail("[limits]\nsocket = /x\n", '%(f)s:2: key "socket" belongs in section [daemon]')
+    # What libinih takes but reads otherwise than dspk.conf(5) says (its
+    # compiled-in leniencies) is refused by config.c's reader, naming the line:
+    # an unknown section, with keys or without (inih never shows it to the
+    # handler) ...
+    start_fail("[nosuch]\nsocket = /x\n", "%(f)s:1: unknown section [nosuch]")
+    start_fail("[limits]\nmax_clients = 4\n[bogus]\n", "%(f)s:3: unknown section [bogus]")
+    # ... text after a section's "]" (inih ignored it), a comment included ...
+    start_fail("[daemon] trailing junk\nlog_level = info\n",
+               "%(f)s:1: text after the section header [daemon]")
+    start_fail("[limits] ; limits\nmax_clients = 4\n",
+               "%(f)s:1: text after the section header [limits]")
+    # ... a comment after a value (inih cut the value at " ;": "root" alone
+    # was allowed; log_level = info ; c was taken as info) ...
+    start_fail("[policy]\nallow_users = root ; nosuchuser_zz\n",
+               "%(f)s:2: a comment cannot follow a value")
+    start_fail("[daemon]\nlog_level = info\t; c\n", "%(f)s:2: a comment cannot follow a value")
+    # ... ":" for "=" ...
+    start_fail("[daemon]\nlog_level : info\n", '%(f)s:2: expected key = value (":" does not')
+    # ... a NUL byte (inih saw the value end there) ...
+    start_fail("[daemon]\nlog_level = info\0junk\n", "%(f)s:2: NUL byte")
+    # ... an indented line meant to continue a value (inih took it as a
+    # continuation: 'key "log_level" given twice') ...
+    start_fail("[daemon]\nlog_level = info\n  warn\n",
+               "%(f)s:3: an indented line does not continue the value above")
+    # ... and a line beyond inih's buffer (it took the rest for the next line
+    # and named that one): refused at its own line, a comment too.
+    start_fail("[daemon]\n#%s\nlog_level = info\n" % ("x" * 199),
+               "%(f)s:2: line longer than 199 bytes")
+    start_fail("[daemon]\ncache = /%s\n" % ("c" * 191), "%(f)s:2: line longer than 199 bytes")
     start_fail("[daemon]\nthis line is wrong\n", "%(f)s:2: syntax error")
     start_fail("[policy]\nadmin_users = no-such-user-here\n", 'no such user "no-such-user-here"')
     start_fail("[limits]\nmax_rank = 3\nmax_rank = 4\n", '%(f)s:3: key "max_rank" given twice')
@@ -537,13 +581,30 @@ def t_config(exe, tmp):
                        stderr=subprocess.PIPE, timeout=TIMEOUT)
     check(p.returncode == 2 and b"missing.conf: cannot read" in p.stderr,
           "missing --config file: %r" % p.stderr)
+    # A directory was read as an empty file (the start went on with the
+    # defaults); a FIFO would block the start: only a regular file is read.
+    os.mkdir(os.path.join(tmp, "conf.d"))
+    os.mkfifo(os.path.join(tmp, "conf.fifo"))
+    for name, want in (("conf.d", b"conf.d: cannot read: Is a directory"),
+                       ("conf.fifo", b"conf.fifo: cannot read: not a regular file")):
+        p = subprocess.run([exe, "--foreground", "--config", os.path.join(tmp, name),
+                            "--backends", "cpu", "--no-cache",
+                            "--socket", os.path.join(tmp, "never.sock")],
+                           stderr=subprocess.PIPE, timeout=TIMEOUT)
+        check(p.returncode == 2 and want in p.stderr, "--config %s: %d %r" %
+              (name, p.returncode, p.stderr))
     # Every setting from the file: socket, backends, limits with units, policy.
     conf = os.path.join(tmp, "good.conf")
     sock = os.path.join(tmp, "fromfile.sock")
+    # Also what the syntax allows at its edges: a line of 199 bytes,
+    # indented lines (inih took the second indented key for a continuation
+    # of the first), a ";" in a value that follows no blank (--no-cache
+    # wins over the cache).
     write(conf, "; the example's style\n[daemon]\nsocket = %s\nbackends = cpu\n"
-          "log_level = debug\nshutdown_timeout = 5s\n\n[limits]\nmax_message = 64M\n"
-          "max_unsent = 1M\nmax_clients = 8\n\n[policy]\nallow_users = root, %d\n"
-          "allow_groups = 0\nadmin_users = %d\n" % (sock, os.getuid(), os.getuid()))
+          "log_level = debug\nshutdown_timeout = 5s\ncache = %s/x;y.db\n#%s\n\n"
+          "  [limits]\n  max_message = 64M\n  max_unsent = 1M\n\tmax_clients = 8\n\n"
+          "[policy]\nallow_users = root, %d\nallow_groups = 0\nadmin_users = %d\n" %
+          (sock, tmp, "x" * 198, os.getuid(), os.getuid()))
     r, w = os.pipe()
     log = open(os.path.join(tmp, "good.log"), "w+")
     p = subprocess.Popen([exe, "--foreground", "--config", conf, "--ready-fd", str(w),
