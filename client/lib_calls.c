@@ -35,11 +35,15 @@ DSPK_EXPORT int dspk_dtype_from_name(const char *name, dspk_dtype *out) {
 
 DSPK_EXPORT uint64_t dspk_tensor_numel(const dspk_tensor *t) {
   uint64_t n = 1;
+  bool bad = false;
   if (!t)
     return 0;
-  for (unsigned i = 0; i < t->rank && i < DSPK_MAX_RANK; i++)
-    n *= (uint64_t)t->shape[i];
-  return n;
+  for (unsigned i = 0; i < t->rank && i < DSPK_MAX_RANK; i++) {
+    if (t->shape[i] == 0)
+      return 0;
+    bad |= t->shape[i] < 0 || __builtin_mul_overflow(n, (uint64_t)t->shape[i], &n);
+  }
+  return bad ? UINT64_MAX : n;
 }
 
 DSPK_EXPORT void dspk_tensor_inline(dspk_tensor *t, dspk_dtype dt,
@@ -56,7 +60,9 @@ DSPK_EXPORT void dspk_tensor_inline(dspk_tensor *t, dspk_dtype dt,
   for (unsigned i = 0; shape && i < rank && i < DSPK_MAX_RANK; i++)
     t->shape[i] = shape[i];
   t->data = data;
-  t->nbytes = (size_t)dspk_tensor_numel(t) * dspk__dtype_size(dt);
+  uint64_t n = dspk_tensor_numel(t);
+  size_t isz = dspk__dtype_size(dt);
+  t->nbytes = isz && n > SIZE_MAX / isz ? SIZE_MAX : (size_t)n * isz;
 }
 
 DSPK_EXPORT void dspk_task_init(dspk_task *t, dspk_op op) {
@@ -798,8 +804,8 @@ DSPK_EXPORT int dspk_submit(dspk_client *c, const dspk_task *t,
     const dspk_tensor *x = &t->inputs[i];
     if (x->is_ref || !x->nbytes)
       continue;
-    rc = dspk__shm_operand(c, a.v[DSPK__RUN_DEVICE].v.s.p, x->data, x->nbytes, &sid[i],
-                           &soff[i]);
+    rc = dspk__shm_operand(c, a.v[DSPK__RUN_DEVICE].v.s.p, x->data, x->nbytes,
+                           dspk__dtype_size(x->dtype), &sid[i], &soff[i]);
     if (rc < 0) {
       dspk__shm_sent(c, 0, false);
       return rc;
@@ -953,8 +959,8 @@ DSPK_EXPORT int dspk_run(dspk_client *c, const dspk_task *t,
   uint32_t ticket;
   int rc;
 
-  if (!c || !res)
-    return dspk__argerr(c, "dspk_run: res is NULL");
+  if (!c || !t || !res)
+    return dspk__argerr(c, "dspk_run: %s is NULL", !t ? "task" : "res");
   rc = dspk_submit(c, t, &ticket);
   if (rc != 0)
     return rc;

@@ -58,6 +58,11 @@ int dspk__argerr(dspk_client *c, const char *fmt, ...) {
   return DSPK_EINVAL;
 }
 
+/* The failure of a call on a client whose connection broke (dspk.h). */
+static int broken_err(dspk_client *c) {
+  return dspk__cerr(c, c->broken_code, "connection is no longer usable: %s", c->broken_why);
+}
+
 static int mark_broken(dspk_client *c, int code) {
   if (!c->broken) {
     c->broken = true;
@@ -242,8 +247,7 @@ int dspk__send_fd(dspk_client *c, struct dspk__wbuf *w, uint32_t msgid, int fd) 
   int rc;
 
   if (c->broken)
-    return dspk__cerr(c, c->broken_code, "connection is no longer usable: %s",
-                      c->broken_why);
+    return broken_err(c);
   if (c->ninflight == c->capinflight) {
     size_t cap = c->capinflight ? 2 * c->capinflight : 16;
     uint32_t *p = realloc(c->inflight, cap * sizeof(*p));
@@ -328,8 +332,7 @@ int dspk__send_fd(dspk_client *c, struct dspk__wbuf *w, uint32_t msgid, int fd) 
       int e = errno;
       int code = (e == EPIPE || e == ECONNRESET) ? DSPK_ECLOSED : DSPK_EIO;
       epipe = e == EPIPE;
-      mark_broken(c, code);
-      rc = dspk__cerr(c, code, "sending to the daemon: %s", strerror(e));
+      rc = mark_broken(c, dspk__cerr(c, code, "sending to the daemon: %s", strerror(e)));
       goto out;
     }
     fd = -1; /* sent */
@@ -386,7 +389,7 @@ static int fill(dspk_client *c, bool dontwait) {
   }
   if (n == 0) {
     if (c->broken) /* protocol.error came first: keep its reason */
-      return c->broken_code;
+      return dspk__cerr(c, c->broken_code, "%s", c->broken_why);
     return mark_broken(c, dspk__cerr(c, DSPK_ECLOSED,
                                      "the daemon closed the connection"));
   }
@@ -478,7 +481,7 @@ static int next_frame(dspk_client *c, bool any, uint32_t msgid, char **buf, size
     if (n > 0)
       break;
     if (c->broken) { /* nothing more will come that we could use */
-      rc = c->broken_code;
+      rc = broken_err(c);
       goto fail;
     }
     if ((rc = land(c, any, msgid)) != 0)
@@ -691,7 +694,7 @@ static int wait_common(dspk_client *c, bool any, uint32_t *msgid,
     }
   }
   if (any && c->ninflight == 0)
-    return dspk__cerr(c, DSPK_ENOENT, "no request in flight");
+    return c->broken ? broken_err(c) : dspk__cerr(c, DSPK_ENOENT, "no request in flight");
 
   for (;;) {
     rc = next_frame(c, any, *msgid, &buf, &len, &cap);
@@ -758,7 +761,8 @@ static int wait_common(dspk_client *c, bool any, uint32_t *msgid,
 
 int dspk__wait(dspk_client *c, uint32_t msgid, struct dspk__resp *r) {
   if (!dspk__inflight_has(c, msgid))
-    return dspk__cerr(c, DSPK_ENOENT, "request %u is not in flight", msgid);
+    return c->broken ? broken_err(c)
+                     : dspk__cerr(c, DSPK_ENOENT, "request %u is not in flight", msgid);
   return wait_common(c, false, &msgid, r);
 }
 
@@ -846,7 +850,8 @@ int dspk__wait_into(dspk_client *c, uint32_t msgid, void *dst, size_t n) {
   int rc;
 
   if (!dspk__inflight_has(c, msgid))
-    return dspk__cerr(c, DSPK_ENOENT, "request %u is not in flight", msgid);
+    return c->broken ? broken_err(c)
+                     : dspk__cerr(c, DSPK_ENOENT, "request %u is not in flight", msgid);
   /* The fast path: no earlier answer is kept and this one is next. */
   while (c->ndone == 0 && !c->broken &&
          (h = read_head((const unsigned char *)c->rbuf, c->rlen, msgid, &len)) == 0)

@@ -127,12 +127,13 @@ struct dspk__shm {
   uint32_t ticket;
   struct dspk__lease *lease;
 };
-/* The reference for an inline operand of task `device`: 1 with *id, *off
- * when it lies in a shared allocation or was copied into a temporary one
- * (state 3 until dspk__shm_sent), 0 when it goes inline, or a negative
- * code. */
+/* The reference for an inline operand of task `device` (items of isz
+ * bytes): 1 with *id, *off when it lies in a shared allocation that can
+ * stand for it (its device the task's, or the task's "any"; the offset a
+ * multiple of isz) or was copied into a temporary one (state 3 until
+ * dspk__shm_sent), 0 when it goes inline, or a negative code. */
 int dspk__shm_operand(dspk_client *c, const char *device, const void *data,
-                      size_t n, uint64_t *id, uint64_t *off);
+                      size_t n, size_t isz, uint64_t *id, uint64_t *off);
 /* memcpy on up to `threads` threads (at most 4, each part at least 4 MiB;
  * the caller's thread copies a part too, and a part whose thread cannot
  * start). */

@@ -453,7 +453,7 @@ static void wide_copy(void *dst, const void *src, size_t n) {
 }
 
 int dspk__shm_operand(dspk_client *c, const char *device, const void *data,
-                      size_t n, uint64_t *id, uint64_t *off) {
+                      size_t n, size_t isz, uint64_t *id, uint64_t *off) {
   const char *p = data;
   struct dspk__shm *s;
   int rc;
@@ -463,6 +463,11 @@ int dspk__shm_operand(dspk_client *c, const char *device, const void *data,
   for (size_t i = 0; i < c->nshm; i++) {
     s = &c->shm[i];
     if (s->state == 0 && p >= s->ptr && n <= s->size && (size_t)(p - s->ptr) <= s->size - n) {
+      /* A reference the daemon would refuse (another device's buffer, an
+       * offset between items) is no reference: the bytes go as any other. */
+      if ((size_t)(p - s->ptr) % isz != 0 ||
+          (strcmp(device, "any") != 0 && strcmp(device, s->device) != 0))
+        break;
       *id = s->id;
       *off = (uint64_t)(p - s->ptr);
       return 1;

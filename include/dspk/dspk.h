@@ -89,7 +89,8 @@ DSPK_EXPORT int dspk_default_socket(char *buf, size_t buflen);
  */
 DSPK_EXPORT int dspk_connect(const char *socket_path, const char *client_name,
                              dspk_client **out);
-/* The detail of the last dspk_connect() failure in this thread. */
+/* The detail of this thread's last dspk_connect(): why it failed, "" when
+ * it succeeded. */
 DSPK_EXPORT const char *dspk_connect_error(void);
 
 /* Closes the connection and frees c.  Requests still in flight are dropped
@@ -98,8 +99,9 @@ DSPK_EXPORT const char *dspk_connect_error(void);
 DSPK_EXPORT void dspk_close(dspk_client *c);
 
 /* The message of the last failed call on c (the daemon's message for an
- * error response, or the library's reason); "" when there was none.  Valid
- * until the next call on c. */
+ * error response, or the library's reason); "" when none failed yet.  Read
+ * it right after the call that failed: a later call that succeeds may clear
+ * it or leave it; the next call that fails replaces it. */
 DSPK_EXPORT const char *dspk_last_error(const dspk_client *c);
 
 /* The daemon's version string from hello ("0.1.0"); owned by c. */
@@ -357,10 +359,13 @@ typedef struct dspk_tensor {
 DSPK_EXPORT size_t dspk_dtype_size(dspk_dtype dt);
 DSPK_EXPORT const char *dspk_dtype_name(dspk_dtype dt);
 DSPK_EXPORT int dspk_dtype_from_name(const char *name, dspk_dtype *out);
+/* The number of elements: the product of the shape (0 when an axis is 0);
+ * UINT64_MAX when an axis is negative or the product overflows 64 bits
+ * (dspk_run refuses such a tensor). */
 DSPK_EXPORT uint64_t dspk_tensor_numel(const dspk_tensor *t);
 
 /* Convenience: fills *t as an inline tensor over data (not copied), with
- * nbytes from shape and dtype.  The rank is kept as given, so that a rank
+ * nbytes from shape and dtype (SIZE_MAX where they overflow).  The rank is kept as given, so that a rank
  * above DSPK_MAX_RANK is refused by dspk_run/dspk_submit (DSPK_ELIMIT);
  * shape NULL leaves the axes 0; t NULL does nothing. */
 DSPK_EXPORT void dspk_tensor_inline(dspk_tensor *t, dspk_dtype dt,
@@ -461,7 +466,12 @@ DSPK_EXPORT int dspk_wait(dspk_client *c, uint32_t ticket, dspk_result *res);
 DSPK_EXPORT int dspk_wait_any(dspk_client *c, uint32_t *ticket,
                               dspk_result *res);
 /* Sends task.cancel for ticket and waits for that call's answer; *canceled
- * (may be NULL) tells whether the task was stopped. */
+ * (may be NULL) tells whether the request was still in flight: queued, it
+ * was removed and its dspk_wait() returns DSPK_ECANCELED; running, it was
+ * asked to stop, and its dspk_wait() returns DSPK_ECANCELED, or its result
+ * when the work finished first (work a GPU has already been given
+ * finishes).  false: the request had already finished (or no request of c
+ * has that ticket). */
 DSPK_EXPORT int dspk_cancel(dspk_client *c, uint32_t ticket, bool *canceled);
 
 /* Called from dspk_wait()/dspk_run() on the calling thread for each

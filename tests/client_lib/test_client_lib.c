@@ -1645,6 +1645,24 @@ static void test_bad_arguments(void **state) {
   dspk_tensor_inline(&t[0], DSPK_F32, 2, NULL, v);
   assert_int_equal(t[0].shape[0], 0);
   assert_int_equal(t[0].nbytes, 0);
+  /* A negative axis or a product beyond 64 bits: UINT64_MAX elements and
+   * SIZE_MAX bytes (they wrapped to 2^64-4, and 2^62 x 4 to 0), refused by
+   * dspk_run; an axis of 0 still makes 0. */
+  int64_t neg[2] = {-1, 4}, big[2] = {INT64_C(1) << 62, 4}, zero[3] = {-1, 0, 5};
+  dspk_tensor_inline(&t[0], DSPK_F32, 2, neg, v);
+  assert_true(dspk_tensor_numel(&t[0]) == UINT64_MAX && t[0].nbytes == SIZE_MAX);
+  dspk_tensor_inline(&t[0], DSPK_F32, 2, big, v);
+  assert_true(dspk_tensor_numel(&t[0]) == UINT64_MAX && t[0].nbytes == SIZE_MAX);
+  dspk_task_init(&task, DSPK_OP_MAP);
+  task.map.fn = DSPK_MAP_ABS;
+  task.ninputs = 1;
+  task.inputs = t;
+  assert_true(dspk_run(C, &task, &res) < 0);
+  dspk_tensor_inline(&t[0], DSPK_F32, 3, zero, v);
+  assert_int_equal(dspk_tensor_numel(&t[0]), 0);
+  /* dspk_run names its own NULL task */
+  assert_int_equal(dspk_run(C, NULL, &res), DSPK_EINVAL);
+  assert_non_null(strstr(dspk_last_error(C), "dspk_run: task is NULL"));
 }
 
 int main(int argc, char **argv) {

@@ -308,6 +308,15 @@ static void test_reset_is_closed(void **state) {
     assert_int_equal(count_of(dspk_last_error(c), "no longer usable"), 1);
     assert_non_null(strstr(dspk_last_error(c), first));
   }
+  /* The waits too (they said ENOENT, "not in flight"). */
+  dspk_result r;
+  uint32_t ticket;
+  assert_int_equal(dspk_wait(c, 5, &r), DSPK_ECLOSED);
+  assert_non_null(strstr(dspk_last_error(c), first));
+  assert_int_equal(count_of(dspk_last_error(c), "no longer usable"), 1);
+  assert_int_equal(dspk_wait_any(c, &ticket, &r), DSPK_ECLOSED);
+  assert_non_null(strstr(dspk_last_error(c), first));
+  assert_int_equal(count_of(dspk_last_error(c), "no longer usable"), 1);
   dspk_close(c);
 }
 

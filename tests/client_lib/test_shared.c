@@ -55,7 +55,7 @@ static int start_daemon(void **state) {
     close(p[0]);
     snprintf(fdarg, sizeof fdarg, "%d", p[1]);
     execl(dspkd_path, dspkd_path, "--socket", sockpath, "--foreground", "--backends",
-          "cpu", "--log-level", "warn", "--ready-fd", fdarg, "--no-cache", (char *)NULL);
+          "cpu,vulkan", "--log-level", "warn", "--ready-fd", fdarg, "--no-cache", (char *)NULL);
     _exit(127);
   }
   close(p[1]);
@@ -128,12 +128,12 @@ static dspk_tensor t2(const float *data, int r, int c) {
   return t;
 }
 
-static int run_gemm(dspk_client *c, const float *a, const float *b, int m, int k, int n,
-                    const uint64_t *out_id, dspk_result *res) {
+static int run_gemm_on(dspk_client *c, const char *device, const float *a, const float *b,
+                       int m, int k, int n, const uint64_t *out_id, dspk_result *res) {
   dspk_tensor in[2] = {t2(a, m, k), t2(b, k, n)};
   dspk_task t;
   dspk_task_init(&t, DSPK_OP_GEMM);
-  t.device = "cpu:0";
+  t.device = device;
   t.ninputs = 2;
   t.inputs = in;
   if (out_id) {
@@ -142,6 +142,11 @@ static int run_gemm(dspk_client *c, const float *a, const float *b, int m, int k
     t.out_refs[0].offset = 0;
   }
   return dspk_run(c, &t, res);
+}
+
+static int run_gemm(dspk_client *c, const float *a, const float *b, int m, int k, int n,
+                    const uint64_t *out_id, dspk_result *res) {
+  return run_gemm_on(c, "cpu:0", a, b, m, k, n, out_id, res);
 }
 
 static size_t count_state(int state) {
@@ -180,6 +185,18 @@ static void test_shared_alloc_gemm(void **state) {
   /* an operand that is a slice of a shared allocation is a reference too */
   assert_int_equal(run_gemm(C, a + 10 * k, b, 20, k, n, NULL, &r), 0);
   check_gemm(r.out[0].data, a + 10 * k, b, 20, k, n);
+  dspk_result_free(&r);
+  /* Inline data in a shared allocation that no reference can stand for goes
+   * as any other bytes (it was refused with EINVAL): an operand that starts
+   * between two f32 items, and a task on another device than the
+   * allocation's. */
+  float *odd = (float *)((char *)o + 2);
+  memcpy(odd, a, sizeof(float) * 20 * k);
+  assert_int_equal(run_gemm(C, odd, b, 20, k, n, NULL, &r), 0);
+  check_gemm(r.out[0].data, a, b, 20, k, n);
+  dspk_result_free(&r);
+  assert_int_equal(run_gemm_on(C, "vulkan:0", a, b, 20, k, n, NULL, &r), 0);
+  check_gemm(r.out[0].data, a, b, 20, k, n);
   dspk_result_free(&r);
   assert_int_equal(dspk_shared_free(C, a), 0);
   assert_int_equal(dspk_shared_free(C, b), 0);
