@@ -1,7 +1,9 @@
 /*
  * The persistent cache over SQLite: opening (default location, directory
- * creation, WAL, busy timeout, schema migrations, corruption recovery,
- * in-memory fallback), the three kinds of entry (compiled kernels, autotune
+ * creation, deciding whether the file is a dspk cache before changing
+ * anything in it, WAL, busy timeout, schema migrations, corruption
+ * recovery, in-memory fallback, following the path when the file is
+ * deleted or replaced while open), the three kinds of entry (compiled kernels, autotune
  * decisions, named blobs), least-recently-used eviction under a size bound,
  * stats and clearing.
  *
@@ -42,9 +44,16 @@ struct kcount {
 struct dspk__cache {
   pthread_mutex_t mu;
   sqlite3 *db;
-  char *path;
-  int in_memory;
+  char *path; /* the file asked for (NULL: no default location) */
+  _Atomic int in_memory;
+  int busy_ms;
   uint64_t max_bytes;
+  /* The file that path named when it was opened (remember_file). */
+  dev_t dev;
+  ino_t ino;
+  int have_id;
+  void (*notice)(void *ud, const char *line);
+  void *notice_ud;
   struct kcount count[DSPK__CACHE_NKINDS];
   _Atomic uint64_t epoch;
 };
@@ -87,6 +96,11 @@ static const char *const migrations[] = {
     "CREATE INDEX blobs_tick ON blobs(tick);",
 };
 #define SCHEMA_VERSION ((int)(sizeof migrations / sizeof migrations[0]))
+
+/* PRAGMA application_id of every dspk cache ("DSPK"), set when the file is
+ * made (or, for a cache made before caches were marked, when it is first
+ * opened), so that a database of another program is never taken for one. */
+#define APPLICATION_ID 0x4453504b
 
 /* ---- small helpers ---------------------------------------------------------- */
 
@@ -209,42 +223,317 @@ static char *default_path(void) {
 
 /* ---- opening ------------------------------------------------------------- */
 
-enum open_result { OPEN_OK, OPEN_CORRUPT, OPEN_UNWRITABLE, OPEN_NEWER,
-                   OPEN_FAIL };
+/* What a file at the cache's path holds.  classify() decides it by reading
+ * only, before anything in the file is changed: a database of another
+ * program must be left exactly as it is. */
+enum file_class {
+  FILE_EMPTY,   /* no tables, user_version 0: becomes a dspk cache */
+  FILE_OURS,    /* a dspk cache this build can use (perhaps after migrating) */
+  FILE_DAMAGED, /* marked as a dspk cache, but its tables are not those of
+                   its schema version */
+  FILE_NEWER,   /* a dspk cache of a newer schema: left alone */
+  FILE_FOREIGN  /* another program's database: left alone */
+};
 
-/* Applies migrations up to SCHEMA_VERSION inside one write transaction.
- * Returns an sqlite rc, or -1 when the file's schema is newer than ours. */
-static int migrate(sqlite3 *db) {
+struct file_info {
+  enum file_class cls;
+  int app_id, version;
+};
+
+enum open_result { OPEN_OK, OPEN_CORRUPT, OPEN_DAMAGED, OPEN_FOREIGN,
+                   OPEN_NEWER, OPEN_UNWRITABLE, OPEN_FAIL };
+
+/* The database's own tables, not SQLite's internal ones. */
+#define USER_TABLES                                                            \
+  "SELECT name FROM sqlite_master WHERE type = 'table' AND"                    \
+  " name NOT LIKE 'sqlite\\_%' ESCAPE '\\' ORDER BY name"
+
+/* Reads an integer pragma (application_id, user_version) into *out.
+ * Returns an sqlite rc. */
+static int pragma_int(sqlite3 *db, const char *name, int *out) {
+  char sql[64];
+  sqlite3_stmt *st = NULL;
+  snprintf(sql, sizeof sql, "PRAGMA %s", name);
+  int rc = sqlite3_prepare_v2(db, sql, -1, &st, NULL);
+  if (rc == SQLITE_OK) {
+    rc = sqlite3_step(st);
+    if (rc == SQLITE_ROW) {
+      *out = sqlite3_column_int(st, 0);
+      rc = SQLITE_OK;
+    } else if (rc == SQLITE_DONE) {
+      rc = SQLITE_ERROR;
+    }
+  }
+  sqlite3_finalize(st);
+  return rc;
+}
+
+/* Writes the database's own tables as "a, b, c" into buf (cut short with
+ * ", ..." when it does not fit) and their number into *n.  Returns an
+ * sqlite rc. */
+static int list_tables(sqlite3 *db, char *buf, size_t len, int *n) {
+  sqlite3_stmt *st = NULL;
+  size_t used = 0;
+  int rc = sqlite3_prepare_v2(db, USER_TABLES, -1, &st, NULL);
+  buf[0] = '\0';
+  *n = 0;
+  while (rc == SQLITE_OK && (rc = sqlite3_step(st)) == SQLITE_ROW) {
+    const char *t = (const char *)sqlite3_column_text(st, 0);
+    const char *sep = (*n)++ ? ", " : "";
+    size_t need = strlen(sep) + strlen(t ? t : "");
+    if (used + need + 6 < len) {
+      used += (size_t)snprintf(buf + used, len - used, "%s%s", sep, t ? t : "");
+    } else if (used + 6 < len && !strstr(buf, ", ...")) {
+      used += (size_t)snprintf(buf + used, len - used, ", ...");
+    }
+    rc = SQLITE_OK;
+  }
+  if (rc == SQLITE_DONE)
+    rc = SQLITE_OK;
+  sqlite3_finalize(st);
+  return rc;
+}
+
+/* The columns of table t as one comparable string (name, type, NOT NULL,
+ * default and primary-key position of each, in order) into buf; "" when
+ * there is no such table.  Returns an sqlite rc. */
+static int table_sig(sqlite3 *db, const char *t, char *buf, size_t len) {
+  sqlite3_stmt *st = NULL;
+  int rc = sqlite3_prepare_v2(
+      db,
+      "SELECT group_concat(name || ' ' || type || ' ' || \"notnull\" || ' ' ||"
+      " coalesce(dflt_value, '-') || ' ' || pk, ', ')"
+      " FROM (SELECT * FROM pragma_table_info(?1) ORDER BY cid)",
+      -1, &st, NULL);
+  buf[0] = '\0';
+  if (rc != SQLITE_OK)
+    return rc;
+  sqlite3_bind_text(st, 1, t, -1, SQLITE_STATIC);
+  rc = sqlite3_step(st);
+  if (rc == SQLITE_ROW) {
+    const char *s = (const char *)sqlite3_column_text(st, 0);
+    snprintf(buf, len, "%s", s ? s : "");
+    rc = SQLITE_OK;
+  }
+  sqlite3_finalize(st);
+  return rc;
+}
+
+/* Compares db's tables with those that migrations[0..version) make: the
+ * same tables, each with the same columns.  Returns an sqlite rc; *same is
+ * 1 when they match, else 0 and the first difference is explained in why. */
+static int schema_diff(sqlite3 *db, int version, int *same, char *why,
+                       size_t whylen) {
+  sqlite3 *ref = NULL;
+  sqlite3_stmt *st = NULL;
+  char want[2048], have[2048];
+  int rc = sqlite3_open_v2(":memory:", &ref,
+                           SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX, NULL);
+  *same = 1;
+  for (int v = 0; rc == SQLITE_OK && v < version; v++)
+    rc = exec(ref, migrations[v]);
+  /* Every table of the reference is there, with its columns ... */
+  if (rc == SQLITE_OK)
+    rc = sqlite3_prepare_v2(ref, USER_TABLES, -1, &st, NULL);
+  while (rc == SQLITE_OK && (rc = sqlite3_step(st)) == SQLITE_ROW) {
+    const char *t = (const char *)sqlite3_column_text(st, 0);
+    rc = table_sig(ref, t, want, sizeof want);
+    if (rc == SQLITE_OK)
+      rc = table_sig(db, t, have, sizeof have);
+    if (rc == SQLITE_OK && (!have[0] || strcmp(want, have) != 0)) {
+      *same = 0;
+      snprintf(why, whylen,
+               have[0] ? "the table %s does not have the columns this version"
+                         " expects"
+                       : "the table %s is missing",
+               t);
+      break;
+    }
+  }
+  if (rc == SQLITE_DONE)
+    rc = SQLITE_OK;
+  sqlite3_finalize(st);
+  st = NULL;
+  /* ... and no table it does not have. */
+  if (rc == SQLITE_OK && *same)
+    rc = sqlite3_prepare_v2(db, USER_TABLES, -1, &st, NULL);
+  while (rc == SQLITE_OK && *same && (rc = sqlite3_step(st)) == SQLITE_ROW) {
+    const char *t = (const char *)sqlite3_column_text(st, 0);
+    rc = table_sig(ref, t, want, sizeof want);
+    if (rc == SQLITE_OK && !want[0]) {
+      *same = 0;
+      snprintf(why, whylen,
+               "it has a table %s, which a dspk cache of schema version %d"
+               " does not have",
+               t, version);
+    }
+  }
+  if (rc == SQLITE_DONE || rc == SQLITE_ROW)
+    rc = SQLITE_OK;
+  sqlite3_finalize(st);
+  sqlite3_close_v2(ref);
+  return rc;
+}
+
+/* Decides what the database open in db is (enum file_class), reading only.
+ * A dspk cache carries APPLICATION_ID; one made before caches were marked
+ * (application_id 0) is recognised by its schema version and exactly the
+ * tables and columns of that version.  why explains a FILE_FOREIGN (what
+ * it holds: "tables users, orders"), FILE_DAMAGED (what is wrong) or
+ * FILE_NEWER.  Returns an sqlite rc: SQLITE_NOTADB or SQLITE_CORRUPT for a
+ * file whose header or schema cannot be read. */
+static int classify(sqlite3 *db, struct file_info *fi, char *why,
+                    size_t whylen) {
+  char tables[256], scratch[256];
+  int ntables = 0, same = 0;
+  int rc = pragma_int(db, "application_id", &fi->app_id);
+  if (rc == SQLITE_OK)
+    rc = pragma_int(db, "user_version", &fi->version);
+  if (rc == SQLITE_OK)
+    rc = list_tables(db, tables, sizeof tables, &ntables);
+  if (rc != SQLITE_OK)
+    return rc;
+  if (fi->app_id == APPLICATION_ID) {
+    if (fi->version > SCHEMA_VERSION) {
+      fi->cls = FILE_NEWER;
+      snprintf(why, whylen, "schema version %d; this build's is %d",
+               fi->version, SCHEMA_VERSION);
+      return SQLITE_OK;
+    }
+    rc = schema_diff(db, fi->version < 0 ? 0 : fi->version, &same, why,
+                     whylen);
+    fi->cls = same ? FILE_OURS : FILE_DAMAGED;
+    return rc;
+  }
+  if (fi->app_id == 0 && ntables == 0 && fi->version == 0) {
+    fi->cls = FILE_EMPTY;
+    return SQLITE_OK;
+  }
+  if (fi->app_id == 0 && fi->version >= 1 && fi->version <= SCHEMA_VERSION) {
+    rc = schema_diff(db, fi->version, &same, scratch, sizeof scratch);
+    if (rc != SQLITE_OK)
+      return rc;
+    if (same) {
+      fi->cls = FILE_OURS;
+      return SQLITE_OK;
+    }
+  }
+  fi->cls = FILE_FOREIGN;
+  if (ntables)
+    snprintf(why, whylen, "%s %s", ntables == 1 ? "table" : "tables", tables);
+  else if (fi->app_id)
+    snprintf(why, whylen, "no tables, application_id %d", fi->app_id);
+  else
+    snprintf(why, whylen, "no tables, user_version %d", fi->version);
+  return SQLITE_OK;
+}
+
+static enum open_result class_result(enum file_class cls) {
+  switch (cls) {
+  case FILE_DAMAGED:
+    return OPEN_DAMAGED;
+  case FILE_NEWER:
+    return OPEN_NEWER;
+  case FILE_FOREIGN:
+    return OPEN_FOREIGN;
+  default:
+    return OPEN_OK;
+  }
+}
+
+static enum open_result rc_result(int rc) {
+  if (is_corrupt_rc(rc))
+    return OPEN_CORRUPT;
+  switch (rc & 0xff) {
+  case SQLITE_READONLY:
+  case SQLITE_CANTOPEN:
+  case SQLITE_IOERR:
+  case SQLITE_PERM:
+    return OPEN_UNWRITABLE;
+  default:
+    return OPEN_FAIL;
+  }
+}
+
+/* "file:<path, percent-encoded>?mode=ro&immutable=1" (malloc'd), or NULL. */
+static char *immutable_uri(const char *path) {
+  static const char tail[] = "?mode=ro&immutable=1";
+  char *uri = malloc(5 + 3 * strlen(path) + sizeof tail), *p = uri;
+  if (!uri)
+    return NULL;
+  p += sprintf(p, "file:");
+  for (const unsigned char *s = (const unsigned char *)path; *s; s++) {
+    if ((*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z') ||
+        (*s >= '0' && *s <= '9') || strchr("/._-~", *s))
+      *p++ = (char)*s;
+    else
+      p += sprintf(p, "%%%02X", *s);
+  }
+  memcpy(p, tail, sizeof tail);
+  return uri;
+}
+
+/* Looks at the file at path without changing it or creating anything
+ * beside it: SQLite's immutable mode takes no lock and makes no -wal or
+ * -shm file, which opening a WAL database even read-only would.  Returns
+ * OPEN_FOREIGN or OPEN_NEWER (why explains) for a file to leave alone;
+ * otherwise OPEN_OK, and try_open decides again with a lock held: a
+ * missing, empty or unreadable file, one that looks like a dspk cache, or
+ * one another process changed under this unlocked look. */
+static enum open_result inspect(const char *path, char *why, size_t whylen) {
+  struct stat sb;
+  struct file_info fi;
+  sqlite3 *db = NULL;
+  enum open_result res = OPEN_OK;
+  char *uri;
+  if (stat(path, &sb) != 0 || !S_ISREG(sb.st_mode) || sb.st_size == 0)
+    return OPEN_OK;
+  uri = immutable_uri(path);
+  if (!uri)
+    return OPEN_OK;
+  if (sqlite3_open_v2(uri, &db,
+                      SQLITE_OPEN_READONLY | SQLITE_OPEN_URI |
+                          SQLITE_OPEN_NOMUTEX,
+                      NULL) == SQLITE_OK &&
+      exec(db, "BEGIN") == SQLITE_OK &&
+      classify(db, &fi, why, whylen) == SQLITE_OK &&
+      (fi.cls == FILE_FOREIGN || fi.cls == FILE_NEWER))
+    res = class_result(fi.cls);
+  if (db)
+    rollback(db);
+  sqlite3_close_v2(db);
+  free(uri);
+  if (res == OPEN_OK && whylen)
+    why[0] = '\0';
+  return res;
+}
+
+/* Makes the file a dspk cache of SCHEMA_VERSION in one write transaction:
+ * decides again what it is (another process may have changed it since the
+ * first look), marks it (application_id) and applies the migrations.
+ * Returns an sqlite rc; with SQLITE_OK, *fi says what was found (only
+ * FILE_EMPTY and FILE_OURS were changed). */
+static int setup(sqlite3 *db, struct file_info *fi, char *why, size_t whylen) {
+  char sql[64];
   int rc = begin_write(db);
   if (rc != SQLITE_OK)
     return rc;
-  sqlite3_stmt *st = NULL;
-  rc = sqlite3_prepare_v2(db, "PRAGMA user_version", -1, &st, NULL);
-  if (rc != SQLITE_OK)
-    goto fail;
-  rc = sqlite3_step(st);
-  if (rc != SQLITE_ROW)
-    goto fail;
-  int v = sqlite3_column_int(st, 0);
-  sqlite3_finalize(st);
-  st = NULL;
-  if (v > SCHEMA_VERSION) {
-    rollback(db);
-    return -1;
+  rc = classify(db, fi, why, whylen);
+  if (rc != SQLITE_OK || (fi->cls != FILE_EMPTY && fi->cls != FILE_OURS))
+    goto out;
+  if (fi->app_id != APPLICATION_ID) {
+    snprintf(sql, sizeof sql, "PRAGMA application_id=%d", APPLICATION_ID);
+    rc = exec(db, sql);
   }
-  for (; v < SCHEMA_VERSION; v++) {
+  for (int v = fi->version; rc == SQLITE_OK && v < SCHEMA_VERSION; v++)
     rc = exec(db, migrations[v]);
-    if (rc != SQLITE_OK)
-      goto fail;
+  if (rc == SQLITE_OK && fi->version != SCHEMA_VERSION) {
+    snprintf(sql, sizeof sql, "PRAGMA user_version=%d", SCHEMA_VERSION);
+    rc = exec(db, sql);
   }
-  char sql[64];
-  snprintf(sql, sizeof sql, "PRAGMA user_version=%d", SCHEMA_VERSION);
-  rc = exec(db, sql);
-  if (rc != SQLITE_OK)
-    goto fail;
-  return exec(db, "COMMIT");
-fail:
-  sqlite3_finalize(st);
+  if (rc == SQLITE_OK)
+    rc = exec(db, "COMMIT");
+out:
   rollback(db);
   return rc;
 }
@@ -271,17 +560,24 @@ static int quick_check(sqlite3 *db, char *detail, size_t len) {
   return rc;
 }
 
-/* Opens path and makes it ready (WAL, busy timeout, check, schema).  On
- * OPEN_OK writes *out; otherwise closes what it opened and explains in why. */
+/* Opens path and makes it ready: decides what the file is before writing
+ * anything (inspect, then classify with a lock held), then quick_check,
+ * WAL, busy timeout, schema.  On OPEN_OK writes *out; otherwise closes
+ * what it opened and explains in why. */
 static enum open_result try_open(const char *path, int busy_ms, sqlite3 **out,
                                  char *why, size_t whylen) {
   sqlite3 *db = NULL;
+  struct file_info fi;
   int mem = strcmp(path, ":memory:") == 0;
-  int rc = sqlite3_open_v2(path, &db,
-                           SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE |
-                               SQLITE_OPEN_NOMUTEX,
-                           NULL);
   enum open_result res = OPEN_FAIL;
+  int rc;
+  why[0] = '\0';
+  if (!mem && (res = inspect(path, why, whylen)) != OPEN_OK)
+    return res;
+  rc = sqlite3_open_v2(path, &db,
+                       SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE |
+                           SQLITE_OPEN_NOMUTEX,
+                       NULL);
   if (rc != SQLITE_OK) {
     snprintf(why, whylen, "%s", db ? sqlite3_errmsg(db) : sqlite3_errstr(rc));
     res = (rc & 0xff) == SQLITE_CANTOPEN || (rc & 0xff) == SQLITE_PERM ||
@@ -297,22 +593,34 @@ static enum open_result try_open(const char *path, int busy_ms, sqlite3 **out,
     res = OPEN_UNWRITABLE;
     goto fail;
   }
-  /* Integrity first: a file that is not a database fails here. */
-  rc = quick_check(db, why, whylen);
+  /* What it is, read under a shared lock before anything is written: a
+   * file that is not a database fails here. */
+  rc = exec(db, "BEGIN");
+  if (rc == SQLITE_OK)
+    rc = classify(db, &fi, why, whylen);
+  rollback(db);
   if (rc != SQLITE_OK) {
-    if (is_corrupt_rc(rc)) {
-      if (rc != SQLITE_CORRUPT || !why[0])
-        snprintf(why, whylen, "%s", sqlite3_errstr(rc));
-      res = OPEN_CORRUPT;
-    } else {
-      snprintf(why, whylen, "%s", sqlite3_errmsg(db));
-    }
+    snprintf(why, whylen, "%s", sqlite3_errstr(rc));
+    res = rc_result(rc);
     goto fail;
   }
+  if ((res = class_result(fi.cls)) != OPEN_OK)
+    goto fail;
+  if (fi.cls == FILE_OURS) {
+    rc = quick_check(db, why, whylen);
+    if (rc != SQLITE_OK) {
+      if (rc != SQLITE_CORRUPT || !why[0])
+        snprintf(why, whylen, "%s", sqlite3_errstr(rc));
+      res = is_corrupt_rc(rc) ? OPEN_CORRUPT : OPEN_FAIL;
+      goto fail;
+    }
+  }
   if (!mem) {
-    /* auto_vacuum only takes effect on a new, empty file; it lets clear()
-     * give pages back to the file system. */
-    exec(db, "PRAGMA auto_vacuum=INCREMENTAL");
+    /* auto_vacuum only takes effect on a new, empty file (and would write
+     * the header of another one); it lets clear() give pages back to the
+     * file system. */
+    if (fi.cls == FILE_EMPTY)
+      exec(db, "PRAGMA auto_vacuum=INCREMENTAL");
     sqlite3_stmt *st = NULL;
     rc = sqlite3_prepare_v2(db, "PRAGMA journal_mode=WAL", -1, &st, NULL);
     if (rc == SQLITE_OK) {
@@ -325,33 +633,21 @@ static enum open_result try_open(const char *path, int busy_ms, sqlite3 **out,
     sqlite3_finalize(st);
     if (rc != SQLITE_OK) {
       snprintf(why, whylen, "cannot enable WAL: %s", sqlite3_errstr(rc));
-      res = is_corrupt_rc(rc) ? OPEN_CORRUPT
-            : ((rc & 0xff) == SQLITE_READONLY ||
-               (rc & 0xff) == SQLITE_CANTOPEN || (rc & 0xff) == SQLITE_IOERR)
-                ? OPEN_UNWRITABLE
-                : OPEN_FAIL;
+      res = rc_result(rc);
       goto fail;
     }
     /* In WAL mode NORMAL keeps the file consistent across a process crash;
      * only a power loss may drop the last commits, which a cache tolerates. */
     exec(db, "PRAGMA synchronous=NORMAL");
   }
-  rc = migrate(db);
-  if (rc == -1) {
-    snprintf(why, whylen, "its schema is newer than this build's (%d)",
-             SCHEMA_VERSION);
-    res = OPEN_NEWER;
-    goto fail;
-  }
+  rc = setup(db, &fi, why, whylen);
   if (rc != SQLITE_OK) {
     snprintf(why, whylen, "%s", sqlite3_errstr(rc));
-    res = is_corrupt_rc(rc) ? OPEN_CORRUPT
-          : ((rc & 0xff) == SQLITE_READONLY || (rc & 0xff) == SQLITE_IOERR ||
-             (rc & 0xff) == SQLITE_CANTOPEN)
-              ? OPEN_UNWRITABLE
-              : OPEN_FAIL;
+    res = rc_result(rc);
     goto fail;
   }
+  if ((res = class_result(fi.cls)) != OPEN_OK)
+    goto fail;
   *out = db;
   return OPEN_OK;
 fail:
@@ -378,14 +674,89 @@ static int move_aside(const char *path, char *moved, size_t len) {
   return 0;
 }
 
+/* Remembers which file c->path names now, so that a put can notice when
+ * it was deleted or replaced (follow_path). */
+static void remember_file(struct dspk__cache *c) {
+  struct stat sb;
+  c->have_id = stat(c->path, &sb) == 0;
+  if (c->have_id) {
+    c->dev = sb.st_dev;
+    c->ino = sb.st_ino;
+  }
+}
+
+/* Opens the file c->path for the cache, creating its directories; a
+ * corrupt file, or a dspk cache whose schema is damaged, is moved aside
+ * and rebuilt.  Returns 0 with *db set (warn: "" or the line to log about
+ * a rebuild), 1 when the caller must use an in-memory cache instead (warn:
+ * the line to log, which says so), or a negative dspk_errno (DSPK_EIO for
+ * an unusable file with no_fallback). */
+static int open_file(struct dspk__cache *c, int no_fallback, sqlite3 **db,
+                     char *warn, size_t warnlen) {
+  char why[512] = "", first[256], moved[4200];
+  const char *what;
+  int mk = mkdirs_for(c->path);
+  if (mk < 0) {
+    snprintf(why, sizeof why, "cannot create its directory: %s",
+             strerror(-mk));
+    goto unusable;
+  }
+  enum open_result r = try_open(c->path, c->busy_ms, db, why, sizeof why);
+  switch (r) {
+  case OPEN_OK:
+    return 0;
+  case OPEN_CORRUPT:
+  case OPEN_DAMAGED:
+    if (no_fallback)
+      return DSPK_EIO;
+    snprintf(first, sizeof first, "%.200s", why);
+    what = r == OPEN_CORRUPT ? "was corrupt"
+                             : "is a dspk cache with a damaged schema";
+    int mv = move_aside(c->path, moved, sizeof moved);
+    if (mv < 0) {
+      snprintf(why, sizeof why, "%s (%s) and cannot be moved aside: %s",
+               r == OPEN_CORRUPT ? "corrupt" : "damaged schema", first,
+               strerror(-mv));
+      goto unusable;
+    }
+    if (try_open(c->path, c->busy_ms, db, why, sizeof why) != OPEN_OK)
+      goto unusable;
+    setwarn(warn, warnlen, "cache file %s %s (%s); moved it to %s and rebuilt it",
+            c->path, what, first, moved);
+    return 0;
+  case OPEN_FOREIGN:
+    if (no_fallback)
+      return DSPK_EIO;
+    setwarn(warn, warnlen,
+            "cache file %s is an SQLite database of another program (%s):"
+            " leaving it alone; using an in-memory cache",
+            c->path, why);
+    return 1;
+  case OPEN_NEWER:
+    if (no_fallback)
+      return DSPK_EIO;
+    setwarn(warn, warnlen,
+            "cache file %s was made by a newer dspk (%s): leaving it alone;"
+            " using an in-memory cache",
+            c->path, why);
+    return 1;
+  default:
+    break;
+  }
+unusable:
+  if (no_fallback)
+    return DSPK_EIO;
+  setwarn(warn, warnlen, "cache file %s is unusable (%s); using an in-memory cache",
+          c->path, why);
+  return 1;
+}
+
 /* See cache.h. */
 int dspk__cache_open(const char *path, const struct dspk__cache_opts *opts,
                      struct dspk__cache **out, char *warn, size_t warnlen) {
   struct dspk__cache *c = NULL;
   sqlite3 *db = NULL;
-  char why[512] = "", moved[4200];
-  int busy_ms = opts && opts->busy_timeout_ms > 0 ? opts->busy_timeout_ms
-                                                  : DEFAULT_BUSY_MS;
+  char why[512] = "";
   int no_fallback = opts && opts->no_fallback;
   int err;
 
@@ -395,75 +766,43 @@ int dspk__cache_open(const char *path, const struct dspk__cache_opts *opts,
   if (!c)
     return DSPK_ENOMEM;
   c->max_bytes = opts && opts->max_bytes ? opts->max_bytes : DEFAULT_MAX_BYTES;
+  c->busy_ms = opts && opts->busy_timeout_ms > 0 ? opts->busy_timeout_ms
+                                                 : DEFAULT_BUSY_MS;
+  if (opts) {
+    c->notice = opts->notice;
+    c->notice_ud = opts->notice_ud;
+  }
   c->path = path ? strdup(path) : default_path();
   if (!c->path) {
     if (path) {
       err = DSPK_ENOMEM;
       goto err_free;
     }
-    snprintf(why, sizeof why, "no home directory to hold it");
-    goto fallback;
-  }
-  if (strcmp(c->path, ":memory:") == 0) {
-    if (try_open(":memory:", busy_ms, &db, why, sizeof why) != OPEN_OK) {
-      err = DSPK_EIO;
-      goto err_free;
-    }
-    c->in_memory = 1;
-    goto ready;
-  }
-  int mk = mkdirs_for(c->path);
-  if (mk < 0) {
-    snprintf(why, sizeof why, "cannot create its directory: %s",
-             strerror(-mk));
-    goto fallback;
-  }
-  switch (try_open(c->path, busy_ms, &db, why, sizeof why)) {
-  case OPEN_OK:
-    goto ready;
-  case OPEN_CORRUPT: {
-    char first[256];
-    snprintf(first, sizeof first, "%.200s", why);
     if (no_fallback) {
       err = DSPK_EIO;
       goto err_free;
     }
-    int mv = move_aside(c->path, moved, sizeof moved);
-    if (mv < 0) {
-      snprintf(why, sizeof why, "corrupt (%s) and cannot be moved aside: %s",
-               first, strerror(-mv));
-      goto fallback;
-    }
-    if (try_open(c->path, busy_ms, &db, why, sizeof why) != OPEN_OK)
-      goto fallback;
     setwarn(warn, warnlen,
-            "cache file %s was corrupt (%s); moved it to %s and rebuilt it",
-            c->path, first, moved);
+            "cache file (default) is unusable (no home directory to hold it);"
+            " using an in-memory cache");
+    goto memory;
+  }
+  if (strcmp(c->path, ":memory:") == 0)
+    goto memory;
+  err = open_file(c, no_fallback, &db, warn, warnlen);
+  if (err < 0)
+    goto err_free;
+  if (err == 0) {
+    remember_file(c);
     goto ready;
   }
-  default:
-    goto fallback;
-  }
 
-fallback:
-  if (no_fallback) {
+memory:
+  if (try_open(":memory:", c->busy_ms, &db, why, sizeof why) != OPEN_OK) {
     err = DSPK_EIO;
     goto err_free;
   }
-  if (try_open(":memory:", busy_ms, &db, why, sizeof why) != OPEN_OK) {
-    err = DSPK_EIO;
-    goto err_free;
-  }
-  setwarn(warn, warnlen,
-          "cache file %s is unusable (%s); using an in-memory cache",
-          c->path ? c->path : "(default)", why);
-  free(c->path);
-  c->path = strdup(":memory:");
-  if (!c->path) {
-    err = DSPK_ENOMEM;
-    goto err_db;
-  }
-  c->in_memory = 1;
+  atomic_store(&c->in_memory, 1);
 
 ready:
   if (pthread_mutex_init(&c->mu, NULL) != 0) {
@@ -483,6 +822,57 @@ err_free:
   return err;
 }
 
+/* Called with the mutex held before each put.  When c->path no longer
+ * names the file that is open (it was deleted, or another file was renamed
+ * over it), everything stored would go into a file nobody will open again:
+ * opens the path again by the rules of dspk__cache_open (a new cache where
+ * nothing is left; the file that is there now otherwise), or an in-memory
+ * cache when that fails, and hands one line to opts.notice.  One stat(2)
+ * per put; reads and hits are not checked. */
+static void follow_path(struct dspk__cache *c) {
+  struct stat sb;
+  char warn[1024] = "", line[1400];
+  sqlite3 *db = NULL;
+  if (atomic_load(&c->in_memory) || !c->have_id)
+    return;
+  int gone = stat(c->path, &sb) != 0;
+  if (gone && errno != ENOENT && errno != ENOTDIR)
+    return; /* cannot tell (EACCES, ...): keep the file that is open */
+  if (!gone && sb.st_dev == c->dev && sb.st_ino == c->ino)
+    return;
+  int r = open_file(c, 0, &db, warn, sizeof warn);
+  if (r == 0) {
+    remember_file(c);
+    snprintf(line, sizeof line, "cache file %s was %s while in use; %s",
+             c->path, gone ? "deleted" : "replaced",
+             warn[0] ? warn
+             : gone  ? "made a new one at that path"
+                     : "now using the cache file at that path");
+  } else {
+    char why[512];
+    if (r < 0 || try_open(":memory:", c->busy_ms, &db, why, sizeof why) !=
+                     OPEN_OK) {
+      /* Nothing better: keep writing where it did, and do not ask again. */
+      c->have_id = 0;
+      snprintf(line, sizeof line,
+               "cache file %s was %s while in use and cannot be opened"
+               " again; what is stored from now on is lost at exit",
+               c->path, gone ? "deleted" : "replaced");
+      goto tell;
+    }
+    atomic_store(&c->in_memory, 1);
+    snprintf(line, sizeof line, "cache file %s was %s while in use; %s",
+             c->path, gone ? "deleted" : "replaced", warn);
+  }
+  /* SQLite neither checkpoints into a moved file nor deletes its -wal and
+   * -shm by name when closing it, so whatever is at the path now is safe. */
+  sqlite3_close_v2(c->db);
+  c->db = db;
+tell:
+  if (c->notice)
+    c->notice(c->notice_ud, line);
+}
+
 /* See cache.h. */
 void dspk__cache_close(struct dspk__cache *c) {
   if (!c)
@@ -494,10 +884,14 @@ void dspk__cache_close(struct dspk__cache *c) {
 }
 
 /* See cache.h. */
-const char *dspk__cache_path(const struct dspk__cache *c) { return c->path; }
+const char *dspk__cache_path(const struct dspk__cache *c) {
+  return dspk__cache_in_memory(c) ? ":memory:" : c->path;
+}
 
 /* See cache.h. */
-int dspk__cache_in_memory(const struct dspk__cache *c) { return c->in_memory; }
+int dspk__cache_in_memory(const struct dspk__cache *c) {
+  return atomic_load(&((struct dspk__cache *)c)->in_memory);
+}
 
 /* See cache.h. */
 const char *dspk__cache_kind_name(int kind) {
@@ -810,6 +1204,7 @@ int dspk__cache_kernel_put(struct dspk__cache *c,
   if (size > c->max_bytes)
     return DSPK_ELIMIT;
   pthread_mutex_lock(&c->mu);
+  follow_path(c);
   int rc = sqlite3_prepare_v2(
       c->db,
       "INSERT OR REPLACE INTO kernels(key, tick, backend, device, arch, uuid,"
@@ -939,6 +1334,7 @@ int dspk__cache_tune_put(struct dspk__cache *c, const struct dspk__tune_key *k,
   if (size > c->max_bytes)
     return DSPK_ELIMIT;
   pthread_mutex_lock(&c->mu);
+  follow_path(c);
   int rc = sqlite3_prepare_v2(
       c->db,
       "INSERT OR REPLACE INTO autotune(key, tick, backend, device, arch, uuid,"
@@ -1033,6 +1429,7 @@ int dspk__cache_blob_put(struct dspk__cache *c, const char *name,
   if (size > c->max_bytes)
     return DSPK_ELIMIT;
   pthread_mutex_lock(&c->mu);
+  follow_path(c);
   int rc = sqlite3_prepare_v2(
       c->db,
       "INSERT OR REPLACE INTO blobs(name, tick, data, size, created,"
@@ -1085,8 +1482,8 @@ int dspk__cache_stats(struct dspk__cache *c, struct dspk__cache_stats *out) {
     st = NULL;
   }
   s.max_bytes = c->max_bytes;
-  s.in_memory = c->in_memory;
-  if (!c->in_memory) {
+  s.in_memory = atomic_load(&c->in_memory);
+  if (!s.in_memory) {
     struct stat sb;
     if (stat(c->path, &sb) == 0)
       s.file_bytes = (uint64_t)sb.st_size;

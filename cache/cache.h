@@ -59,6 +59,12 @@ struct dspk__cache_opts {
   uint64_t max_bytes;  /* size bound of all entries; 0: 256 MiB */
   int busy_timeout_ms; /* wait for another writer; 0: 5000 ms */
   int no_fallback;     /* 1: an unusable file is an error, no in-memory cache */
+  /* Optional: receives one line for the log when the cache changes file
+   * while open (its file was deleted or replaced: see dspk__cache_open).
+   * Called from the thread whose put noticed it, with the cache's lock
+   * held: it must not call into the cache. */
+  void (*notice)(void *ud, const char *line);
+  void *notice_ud;
 };
 
 /*
@@ -66,21 +72,36 @@ struct dspk__cache_opts {
  * $XDG_CACHE_HOME/dspk/cache.db (~/.cache/dspk/cache.db) when path is NULL.
  * ":memory:" opens a private in-memory cache.  opts may be NULL.
  *
- * A corrupt file (it fails PRAGMA quick_check, or is not a database) is
- * renamed to "<path>.corrupt-<unixtime>" and a new one is made; a location
- * that cannot be written falls back to an in-memory cache.  In both cases
- * the call succeeds and writes one line into warn (for the daemon to log
- * once); otherwise warn is set to "".  warn may be NULL.
+ * What the file is is decided before anything in it is changed.  A missing
+ * or empty file (an SQLite database without tables and user_version 0)
+ * becomes a dspk cache, marked with PRAGMA application_id; a dspk cache
+ * (marked, or made before caches were marked and recognised by exactly the
+ * tables of its schema version) is used, migrated forward if older.
+ * Another program's SQLite database, and a dspk cache of a newer schema,
+ * are left alone, byte for byte (no -wal or -shm file is made beside them).
+ * A corrupt file (not a database, or PRAGMA quick_check fails) and a
+ * marked cache whose tables are not those of its version are renamed to
+ * "<path>.corrupt-<unixtime>" and a new one is made; a location that
+ * cannot be written, a file left alone, or one that cannot be rebuilt
+ * falls back to an in-memory cache.  In those cases the call succeeds and
+ * writes one line into warn (for the daemon to log once) saying what
+ * happened; otherwise warn is set to "".  warn may be NULL.
+ *
+ * While open, each put first checks (one stat) that path still names the
+ * open file; when it was deleted or replaced, the path is opened again by
+ * the same rules (a new cache where nothing is left) and opts->notice is
+ * told once.
  *
  * Returns 0 and writes *out (the caller closes it with dspk__cache_close),
  * or a negative dspk_errno (DSPK_EIO when no_fallback and the file is
- * unusable, DSPK_ENOMEM).
+ * unusable or left alone, DSPK_ENOMEM).
  */
 int dspk__cache_open(const char *path, const struct dspk__cache_opts *opts,
                      struct dspk__cache **out, char *warn, size_t warnlen);
 /* Closes the connection and frees the cache.  Accepts NULL. */
 void dspk__cache_close(struct dspk__cache *c);
-/* The file in use (":memory:" after a fallback).  Owned by the cache. */
+/* The file in use (":memory:" after a fallback, at open or later).  Owned
+ * by the cache. */
 const char *dspk__cache_path(const struct dspk__cache *c);
 /* 1 when the cache lives in memory only (by request or after a fallback). */
 int dspk__cache_in_memory(const struct dspk__cache *c);

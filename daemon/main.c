@@ -143,6 +143,14 @@ static int detach(void) {
   return p[1];
 }
 
+/* The cache's notice (opts.notice): its file was deleted or replaced while
+ * the daemon runs, and what it did about it.  Any thread; dspkd_log is one
+ * write(2). */
+static void cache_notice(void *ud, const char *line) {
+  (void)ud;
+  dspkd_warn("cache: %s", line);
+}
+
 /* Opens the persistent cache: cfg.cache_path, else $CACHE_DIRECTORY/cache.db
  * (systemd's CacheDirectory=; the first of a colon list), else the cache's
  * own default ($XDG_CACHE_HOME/dspk/cache.db).  A location that cannot be
@@ -150,7 +158,8 @@ static int detach(void) {
  * warning is logged here once.  0, or -1 (logged) when even that failed. */
 static int open_cache(struct dspkd *d) {
   struct dspkd_config *cfg = &d->cfg;
-  struct dspk__cache_opts opts = {.max_bytes = cfg->cache_max_bytes};
+  struct dspk__cache_opts opts = {.max_bytes = cfg->cache_max_bytes,
+                                  .notice = cache_notice};
   const char *path = cfg->cache_path, *cd = getenv("CACHE_DIRECTORY");
   static char sdpath[PATH_MAX];
   char warn[PATH_MAX + 256] = "";

@@ -4,8 +4,12 @@
  * change into a miss; persistence across close/reopen; blobs; LRU eviction
  * under the size bound; clearing by kind; corruption recovery (a broken
  * header and a broken page); the in-memory fallback for an unusable
- * location; a schema newer than the build; the default XDG location; two
- * processes and several threads writing one file at once.
+ * location; a schema newer than the build; another program's database
+ * left alone byte for byte; an empty file made a cache; a cache made before
+ * caches were marked still used; a damaged schema moved aside with a
+ * message that says what is wrong; the file deleted or replaced while
+ * open; the default XDG location; two processes and several threads
+ * writing one file at once.
  *
  * Each test works in its own fresh directory under $TMPDIR.
  */
@@ -496,6 +500,316 @@ static void test_newer_schema(void **state) {
   assert_int_equal(access(f->db, F_OK), 0);
 }
 
+/* ---- what a file is: foreign databases, old caches, damaged schemas ------ */
+
+/* Runs sql on a database at path with the sqlite3 API (creating it). */
+static void sql_on(const char *path, const char *sql) {
+  sqlite3 *db;
+  char *err = NULL;
+  assert_int_equal(sqlite3_open(path, &db), SQLITE_OK);
+  if (sqlite3_exec(db, sql, NULL, NULL, &err) != SQLITE_OK)
+    fail_msg("%s: %s", sql, err ? err : "?");
+  sqlite3_close(db);
+}
+
+static int sql_int(const char *path, const char *sql) {
+  sqlite3 *db;
+  sqlite3_stmt *st;
+  assert_int_equal(sqlite3_open_v2(path, &db, SQLITE_OPEN_READONLY, NULL), SQLITE_OK);
+  assert_int_equal(sqlite3_prepare_v2(db, sql, -1, &st, NULL), SQLITE_OK);
+  assert_int_equal(sqlite3_step(st), SQLITE_ROW);
+  int v = sqlite3_column_int(st, 0);
+  sqlite3_finalize(st);
+  sqlite3_close(db);
+  return v;
+}
+
+/* The whole file (malloc'd) and its size. */
+static char *slurp(const char *path, size_t *n) {
+  FILE *fp = fopen(path, "rb");
+  assert_non_null(fp);
+  assert_int_equal(fseek(fp, 0, SEEK_END), 0);
+  long size = ftell(fp);
+  assert_true(size >= 0);
+  rewind(fp);
+  char *buf = malloc((size_t)size + 1);
+  assert_non_null(buf);
+  assert_int_equal(fread(buf, 1, (size_t)size, fp), (size_t)size);
+  fclose(fp);
+  *n = (size_t)size;
+  return buf;
+}
+
+static int exists(const char *path, const char *suffix) {
+  char p[512];
+  snprintf(p, sizeof p, "%s%s", path, suffix);
+  return access(p, F_OK) == 0;
+}
+
+/* Opening the cache on path (another program's database) leaves it byte for
+ * byte as it was, makes no -wal or -shm file and no .corrupt copy, and runs
+ * with an in-memory cache after one warning naming the tables in want. */
+static void expect_left_alone(const char *path, const char *want) {
+  size_t n0, n1;
+  char *before = slurp(path, &n0), *after;
+  struct dspk__cache *c = NULL;
+  char warn[1024] = "";
+  struct dspk__cache_opts strict = {.no_fallback = 1};
+  assert_int_equal(dspk__cache_open(path, &strict, &c, warn, sizeof warn), DSPK_EIO);
+  assert_null(c);
+  assert_int_equal(dspk__cache_open(path, NULL, &c, warn, sizeof warn), 0);
+  if (!strstr(warn, "is an SQLite database of another program") ||
+      !strstr(warn, want) || !strstr(warn, "leaving it alone; using an in-memory cache"))
+    fail_msg("warning: %s", warn);
+  assert_true(dspk__cache_in_memory(c));
+  assert_string_equal(dspk__cache_path(c), ":memory:");
+  assert_int_equal(dspk__cache_blob_put(c, "x", "X", 1), 0);
+  dspk__cache_close(c);
+  after = slurp(path, &n1);
+  assert_int_equal(n0, n1);
+  assert_memory_equal(before, after, n0);
+  assert_false(exists(path, "-wal"));
+  assert_false(exists(path, "-shm"));
+  assert_false(exists(path, "-journal"));
+  assert_int_equal(count_corrupt(path), 0);
+  free(before);
+  free(after);
+}
+
+static void test_foreign_database(void **state) {
+  struct fixture *f = *state;
+  char p[400];
+  /* The tester's case: rollback journal, one table, user_version 0 (and
+   * auto_vacuum FULL, whose header the cache's auto_vacuum would rewrite). */
+  snprintf(p, sizeof p, "%s/app.db", f->dir);
+  sql_on(p, "PRAGMA auto_vacuum=FULL; CREATE TABLE users(name TEXT);"
+            " INSERT INTO users VALUES('alice');");
+  expect_left_alone(p, "(table users)");
+  assert_int_equal(sql_int(p, "PRAGMA user_version"), 0);
+  /* A WAL database, closed (no -wal or -shm beside it). */
+  snprintf(p, sizeof p, "%s/wal.db", f->dir);
+  sql_on(p, "PRAGMA journal_mode=WAL; CREATE TABLE users(n); CREATE TABLE orders(n);");
+  assert_false(exists(p, "-wal"));
+  expect_left_alone(p, "(tables orders, users)");
+  /* Table names of a dspk cache, but not its columns (and user_version 0):
+   * not one, whatever the names. */
+  snprintf(p, sizeof p, "%s/kern.db", f->dir);
+  sql_on(p, "CREATE TABLE kernels(x); INSERT INTO kernels VALUES(1);");
+  expect_left_alone(p, "(table kernels)");
+  snprintf(p, sizeof p, "%s/meta.db", f->dir);
+  sql_on(p, "CREATE TABLE meta(k, v); CREATE TABLE blobs(name, data);"
+            " PRAGMA user_version=1;");
+  expect_left_alone(p, "(tables blobs, meta)");
+  /* No tables, but marked by another program. */
+  snprintf(p, sizeof p, "%s/marked.db", f->dir);
+  sql_on(p, "PRAGMA application_id=1234; PRAGMA user_version=3;");
+  expect_left_alone(p, "no tables, application_id 1234");
+}
+
+/* An empty file (as touch(1) leaves it) becomes a cache, marked. */
+static void test_empty_file(void **state) {
+  struct fixture *f = *state;
+  char p[400];
+  snprintf(p, sizeof p, "%s/empty.db", f->dir);
+  FILE *fp = fopen(p, "w");
+  assert_non_null(fp);
+  fclose(fp);
+  struct dspk__cache *c = open_ok(p, NULL);
+  assert_false(dspk__cache_in_memory(c));
+  assert_int_equal(dspk__cache_blob_put(c, "x", "X", 1), 0);
+  dspk__cache_close(c);
+  assert_int_equal(sql_int(p, "PRAGMA application_id"), 0x4453504b);
+  assert_int_equal(sql_int(p, "PRAGMA user_version"), 1);
+}
+
+/* A cache made before caches were marked (application_id 0): the schema
+ * of version 1 exactly as the code of that time made it, in WAL mode, with
+ * an entry.  It is used as it is (no warning, the entry is served) and
+ * marked. */
+static void test_unmarked_cache(void **state) {
+  struct fixture *f = *state;
+  fill_some(f->db); /* only to make the directories */
+  unlink(f->db);
+  sql_on(f->db,
+         "PRAGMA auto_vacuum=INCREMENTAL; PRAGMA journal_mode=WAL;"
+         "BEGIN IMMEDIATE;"
+         "CREATE TABLE meta(k TEXT PRIMARY KEY, v INTEGER NOT NULL) WITHOUT ROWID;"
+         "INSERT INTO meta VALUES('tick', 0);"
+         "CREATE TABLE kernels("
+         " key TEXT PRIMARY KEY, backend TEXT, device TEXT, arch TEXT, uuid TEXT,"
+         " driver TEXT, compiler TEXT, compiler_version TEXT, name TEXT,"
+         " source_hash TEXT NOT NULL, options TEXT, bin BLOB NOT NULL,"
+         " size INTEGER NOT NULL, created INTEGER NOT NULL,"
+         " last_used INTEGER NOT NULL, tick INTEGER NOT NULL,"
+         " hits INTEGER NOT NULL DEFAULT 0);"
+         "CREATE INDEX kernels_tick ON kernels(tick);"
+         "CREATE TABLE autotune("
+         " key TEXT PRIMARY KEY, op TEXT, shape TEXT, dtypes TEXT, layout TEXT,"
+         " backend TEXT, device TEXT, arch TEXT, uuid TEXT, driver TEXT,"
+         " cands_hash TEXT NOT NULL, winner TEXT NOT NULL, timings TEXT,"
+         " size INTEGER NOT NULL, created INTEGER NOT NULL,"
+         " last_used INTEGER NOT NULL, tick INTEGER NOT NULL,"
+         " hits INTEGER NOT NULL DEFAULT 0);"
+         "CREATE INDEX autotune_tick ON autotune(tick);"
+         "CREATE TABLE blobs("
+         " name TEXT PRIMARY KEY, data BLOB NOT NULL, size INTEGER NOT NULL,"
+         " created INTEGER NOT NULL, last_used INTEGER NOT NULL,"
+         " tick INTEGER NOT NULL, hits INTEGER NOT NULL DEFAULT 0);"
+         "CREATE INDEX blobs_tick ON blobs(tick);"
+         "PRAGMA user_version=1;"
+         "UPDATE meta SET v = 1 WHERE k = 'tick';"
+         "INSERT INTO blobs VALUES('old', 'OLD', 6, 1, 1, 1, 0);"
+         "COMMIT;");
+  assert_int_equal(sql_int(f->db, "PRAGMA application_id"), 0);
+  struct dspk__cache *c = open_ok(f->db, NULL);
+  assert_false(dspk__cache_in_memory(c));
+  void *p;
+  size_t n;
+  assert_int_equal(dspk__cache_blob_get(c, "old", &p, &n), 0);
+  assert_int_equal(n, 3);
+  assert_memory_equal(p, "OLD", 3);
+  free(p);
+  assert_int_equal(dspk__cache_blob_put(c, "new", "N", 1), 0);
+  dspk__cache_close(c);
+  assert_int_equal(count_corrupt(f->db), 0);
+  assert_int_equal(sql_int(f->db, "PRAGMA application_id"), 0x4453504b);
+  c = open_ok(f->db, NULL);
+  assert_int_equal(dspk__cache_blob_get(c, "old", &p, &n), 0);
+  free(p);
+  dspk__cache_close(c);
+}
+
+/* A marked cache whose tables are not those of its version: moved aside
+ * and rebuilt, and the warning says what is wrong. */
+static void expect_damaged(struct fixture *f, const char *sql, const char *what) {
+  fill_some(f->db);
+  sql_on(f->db, sql);
+  struct dspk__cache *c = NULL;
+  char warn[1024] = "";
+  struct dspk__cache_opts strict = {.no_fallback = 1};
+  assert_int_equal(dspk__cache_open(f->db, &strict, &c, warn, sizeof warn), DSPK_EIO);
+  assert_int_equal(dspk__cache_open(f->db, NULL, &c, warn, sizeof warn), 0);
+  if (!strstr(warn, "is a dspk cache with a damaged schema") || !strstr(warn, what) ||
+      !strstr(warn, "moved it to") || !strstr(warn, "rebuilt it"))
+    fail_msg("warning: %s", warn);
+  assert_false(dspk__cache_in_memory(c));
+  void *p;
+  size_t n;
+  assert_int_equal(dspk__cache_blob_get(c, "blob-1", &p, &n), DSPK_ENOENT);
+  struct dspk__kernel_key k = base_kernel();
+  assert_int_equal(dspk__cache_kernel_put(c, &k, "B", 1), 0);
+  assert_int_equal(dspk__cache_blob_put(c, "x", "X", 1), 0);
+  dspk__cache_close(c);
+  assert_int_equal(count_corrupt(f->db), 1);
+  dspk__cache_close(open_ok(f->db, NULL));
+}
+
+static void test_damaged_schema(void **state) {
+  expect_damaged(*state, "DROP TABLE kernels; CREATE TABLE kernels(x);",
+                 "(the table kernels does not have the columns this version expects)");
+}
+
+static void test_missing_table(void **state) {
+  expect_damaged(*state, "DROP TABLE blobs;", "(the table blobs is missing)");
+}
+
+/* ---- the file deleted or replaced while open ----------------------------- */
+
+struct notices {
+  int n;
+  char last[1024];
+};
+
+static void on_notice(void *ud, const char *line) {
+  struct notices *ns = ud;
+  ns->n++;
+  snprintf(ns->last, sizeof ns->last, "%s", line);
+}
+
+static void unlink_db(const char *path) {
+  char p[512];
+  assert_int_equal(unlink(path), 0);
+  snprintf(p, sizeof p, "%s-wal", path);
+  unlink(p);
+  snprintf(p, sizeof p, "%s-shm", path);
+  unlink(p);
+}
+
+static void test_file_deleted(void **state) {
+  struct fixture *f = *state;
+  struct notices ns = {0};
+  struct dspk__cache_opts o = {.notice = on_notice, .notice_ud = &ns};
+  struct dspk__cache *c = open_ok(f->db, &o);
+  void *p;
+  size_t n;
+  assert_int_equal(dspk__cache_blob_put(c, "before", "B", 1), 0);
+  unlink_db(f->db);
+  /* Reads go on from the open file, and tell nothing. */
+  assert_int_equal(dspk__cache_blob_get(c, "before", &p, &n), 0);
+  free(p);
+  assert_int_equal(ns.n, 0);
+  /* The next put notices, makes a new file at the path and stores there. */
+  assert_int_equal(dspk__cache_blob_put(c, "after", "A", 1), 0);
+  assert_int_equal(ns.n, 1);
+  if (!strstr(ns.last, "was deleted while in use; made a new one at that path") ||
+      !strstr(ns.last, f->db))
+    fail_msg("notice: %s", ns.last);
+  assert_int_equal(access(f->db, F_OK), 0);
+  assert_false(dspk__cache_in_memory(c));
+  assert_string_equal(dspk__cache_path(c), f->db);
+  struct dspk__tune_key t = base_tune();
+  assert_int_equal(dspk__cache_tune_put(c, &t, "direct", NULL), 0);
+  assert_int_equal(ns.n, 1); /* once */
+  struct dspk__cache_stats s;
+  assert_int_equal(dspk__cache_stats(c, &s), 0);
+  assert_true(s.file_bytes > 0);
+  dspk__cache_close(c);
+  /* What was stored after the deletion is in the file at the path. */
+  c = open_ok(f->db, NULL);
+  assert_int_equal(dspk__cache_blob_get(c, "after", &p, &n), 0);
+  free(p);
+  char w[16];
+  assert_int_equal(dspk__cache_tune_get(c, &t, w, sizeof w), 0);
+  assert_int_equal(dspk__cache_blob_get(c, "before", &p, &n), DSPK_ENOENT);
+  dspk__cache_close(c);
+}
+
+/* Another program's database renamed over the open cache: left alone, the
+ * cache goes on in memory. */
+static void test_file_replaced(void **state) {
+  struct fixture *f = *state;
+  struct notices ns = {0};
+  struct dspk__cache_opts o = {.notice = on_notice, .notice_ud = &ns};
+  struct dspk__cache *c = open_ok(f->db, &o);
+  char other[400];
+  size_t n0, n1;
+  assert_int_equal(dspk__cache_blob_put(c, "before", "B", 1), 0);
+  snprintf(other, sizeof other, "%s/app.db", f->dir);
+  sql_on(other, "CREATE TABLE users(name TEXT);");
+  char *before = slurp(other, &n0);
+  assert_int_equal(rename(other, f->db), 0);
+  assert_int_equal(dspk__cache_blob_put(c, "after", "A", 1), 0);
+  assert_int_equal(ns.n, 1);
+  if (!strstr(ns.last, "was replaced while in use") ||
+      !strstr(ns.last, "another program (table users)") ||
+      !strstr(ns.last, "using an in-memory cache"))
+    fail_msg("notice: %s", ns.last);
+  assert_true(dspk__cache_in_memory(c));
+  assert_string_equal(dspk__cache_path(c), ":memory:");
+  void *p;
+  size_t n;
+  assert_int_equal(dspk__cache_blob_get(c, "after", &p, &n), 0);
+  free(p);
+  assert_int_equal(dspk__cache_blob_put(c, "more", "M", 1), 0);
+  assert_int_equal(ns.n, 1);
+  dspk__cache_close(c);
+  char *after = slurp(f->db, &n1);
+  assert_int_equal(n0, n1);
+  assert_memory_equal(before, after, n0);
+  free(before);
+  free(after);
+}
+
 static void test_default_path(void **state) {
   struct fixture *f = *state;
   char xdg[300], want[400];
@@ -691,6 +1005,13 @@ int main(void) {
       T(test_corrupt_page),
       T(test_unwritable_location),
       T(test_newer_schema),
+      T(test_foreign_database),
+      T(test_empty_file),
+      T(test_unmarked_cache),
+      T(test_damaged_schema),
+      T(test_missing_table),
+      T(test_file_deleted),
+      T(test_file_replaced),
       T(test_default_path),
       T(test_two_processes),
       T(test_threads),

@@ -19,6 +19,12 @@
  *                    default, $CACHE_DIRECTORY/cache.db under systemd, an
  *                    unusable path (in memory, one warning in the log),
  *                    --cache-max-bytes
+ *   foreign_file     --cache naming another program's SQLite database: the
+ *                    file is unchanged byte for byte (no -wal/-shm), one
+ *                    warning, an in-memory cache
+ *   file_deleted     the cache file deleted while the daemon runs: the next
+ *                    put makes a new one at the path (one warning), and it
+ *                    holds what was stored after the deletion
  *   other_uid        (run with the argument "other-uid"; root only, else
  *                    exit 77 = skipped) uid 65534 gets EPERM from
  *                    dspk-submit cache clear: exit 1, one clear line
@@ -46,6 +52,7 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+#include <sqlite3.h>
 
 #include "dspk/dspk.h"
 
@@ -676,6 +683,124 @@ static void test_locations(void **state) {
   }
 }
 
+/* The whole file (malloc'd) and its size; NULL when it cannot be read. */
+static char *slurp(const char *path, size_t *n) {
+  FILE *fp = fopen(path, "rb");
+  char *buf = NULL;
+  long size;
+  if (!fp)
+    return NULL;
+  if (fseek(fp, 0, SEEK_END) == 0 && (size = ftell(fp)) >= 0) {
+    rewind(fp);
+    buf = malloc((size_t)size + 1);
+    if (buf && fread(buf, 1, (size_t)size, fp) != (size_t)size) {
+      free(buf);
+      buf = NULL;
+    }
+    *n = (size_t)size;
+  }
+  fclose(fp);
+  return buf;
+}
+
+/* --cache naming another program's SQLite database: the file stays byte
+ * for byte as it was (no -wal or -shm beside it), one warning says why, and
+ * the daemon runs with an in-memory cache. */
+static void test_foreign_file(void **state) {
+  struct daemon d;
+  dspk_client *c;
+  char app[160], side[200], *json, path[256], *before, *after;
+  size_t n0 = 0, n1 = 0;
+  int in_memory;
+  sqlite3 *db;
+  const char *args[] = {"--cache", app, NULL};
+  (void)state;
+
+  path_in_tmp(app, sizeof app, "app.db");
+  assert_int_equal(sqlite3_open(app, &db), SQLITE_OK);
+  assert_int_equal(sqlite3_exec(db, "CREATE TABLE users(name TEXT);"
+                                    " INSERT INTO users VALUES('alice');",
+                                NULL, NULL, NULL),
+                   SQLITE_OK);
+  sqlite3_close(db);
+  before = slurp(app, &n0);
+  assert_non_null(before);
+  daemon_start_ex(&d, "f.sock", args, NULL);
+  c = connect_to(&d);
+  json = stats_json(c);
+  json_str(json, "path", path, sizeof path);
+  in_memory = strstr(json, "\"in_memory\":true") != NULL;
+  dspk_free(json);
+  fft_check(c, 12); /* tasks run */
+  dspk_close(c);
+  daemon_stop(&d); /* before any check, so that a failure leaves no daemon */
+  assert_string_equal(path, ":memory:");
+  assert_true(in_memory);
+  if (count_of(daemon_log(&d), "warn: cache:") != 1 ||
+      !strstr(daemon_log(&d), "is an SQLite database of another program (table users):"
+                              " leaving it alone; using an in-memory cache"))
+    fail_msg("want one warning about another program's database:\n%s", daemon_log(&d));
+  after = slurp(app, &n1);
+  assert_non_null(after);
+  assert_int_equal(n0, n1);
+  assert_memory_equal(before, after, n0);
+  snprintf(side, sizeof side, "%s-wal", app);
+  assert_int_equal(access(side, F_OK), -1);
+  snprintf(side, sizeof side, "%s-shm", app);
+  assert_int_equal(access(side, F_OK), -1);
+  free(before);
+  free(after);
+}
+
+/* The cache file deleted while the daemon runs: the next put makes a new
+ * file at the path (one warning), stats show it, and what was stored after
+ * the deletion is there after a restart. */
+static void test_file_deleted(void **state) {
+  struct daemon d;
+  dspk_client *c;
+  char db[160], side[200], *json, path[256];
+  struct stat st;
+  uint64_t entries;
+  int there, in_memory;
+  (void)state;
+
+  path_in_tmp(db, sizeof db, "deleted.db");
+  daemon_start(&d, "d.sock", "deleted.db");
+  c = connect_to(&d);
+  fir_check(c, 1 << 14, 64, 13);
+  assert_true(stat_of(c, "autotune", "entries") >= 1);
+  assert_int_equal(unlink(db), 0);
+  snprintf(side, sizeof side, "%s-wal", db);
+  unlink(side);
+  snprintf(side, sizeof side, "%s-shm", db);
+  unlink(side);
+  /* Another shape: tuned and stored (a put). */
+  fir_check(c, 1 << 14, 256, 14);
+  there = stat(db, &st) == 0;
+  json = stats_json(c);
+  json_str(json, "path", path, sizeof path);
+  in_memory = strstr(json, "\"in_memory\":false") == NULL;
+  dspk_free(json);
+  entries = stat_of(c, "autotune", "entries");
+  dspk_close(c);
+  daemon_stop(&d); /* before the checks, so that a failure leaves no daemon */
+  assert_true(there);
+  assert_string_equal(path, db);
+  assert_false(in_memory);
+  assert_true(entries >= 1);
+  if (count_of(daemon_log(&d), "warn: cache:") != 1 ||
+      !strstr(daemon_log(&d), "was deleted while in use; made a new one at that path"))
+    fail_msg("want one warning about the deleted file:\n%s", daemon_log(&d));
+
+  daemon_start(&d, "d.sock", "deleted.db");
+  c = connect_to(&d);
+  entries = stat_of(c, "autotune", "entries");
+  dspk_close(c);
+  daemon_stop(&d);
+  assert_true(entries >= 1);
+  assert_int_equal(count_of(daemon_log(&d), "warn: cache:"), 0);
+}
+
 /* As uid 65534: cache.clear is refused with one clear line, stats works,
  * nothing was cleared. */
 static void test_other_uid(void **state) {
@@ -746,6 +871,8 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_two_daemons),
       cmocka_unit_test(test_clear_root),
       cmocka_unit_test(test_locations),
+      cmocka_unit_test(test_foreign_file),
+      cmocka_unit_test(test_file_deleted),
   };
   const struct CMUnitTest other[] = {
       cmocka_unit_test(test_other_uid),
