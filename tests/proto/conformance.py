@@ -1304,8 +1304,12 @@ def gemm_blas(env):
 def gpu_and_cpu_devices(c):
     """cpu:0, vulkan:0 and, on a GPU host, cuda:0 and hip:0: the cases that
     say "every backend" run on each (scripts/gpu-all.sh runs them there)."""
-    return [d["id"] for d in c.ok("devices")["devices"]
+    devs = [d["id"] for d in c.ok("devices")["devices"]
             if d["id"] in ("cpu:0", "vulkan:0", "cuda:0", "hip:0")]
+    # A backend $DSPK_TEST_BACKENDS asks for must be there: none is skipped quietly.
+    for b in os.environ.get("DSPK_TEST_BACKENDS", "").split(","):
+        check(not b or b + ":0" in devs, "no %s:0 among the devices %r" % (b, devs))
+    return devs
 
 
 @case("task.run: degenerate sizes, the same on every backend")
