@@ -120,6 +120,10 @@ static const struct key keys[] = {
     {"limits", "max_user_partial", K_SIZE, F(max_user_partial), 4096, (uint64_t)1 << 40,
      true, IN_BOTH, "1G", "SIZE",
      "bytes of incomplete messages of one user's connections together"},
+    {"limits", "max_user_unsent", K_SIZE, F(max_user_unsent), 1, (uint64_t)1 << 40, true,
+     IN_BOTH, "256M", "SIZE",
+     "unwritten response bytes of one user's connections together before their reading "
+     "pauses"},
     {"limits", "max_user_memory", K_SHARE, F(max_user_memory), 1, (uint64_t)1 << 50, true,
      IN_BOTH, "50%", "SIZE|N%",
      "device memory of one user on each device: buffers and tasks in flight"},

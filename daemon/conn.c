@@ -77,6 +77,7 @@ static void on_write(uv_write_t *req, int status) {
   struct conn *c = wr->c;
 
   c->unsent -= wr->len;
+  dspkd_user_answers(c, -(int64_t)wr->len);
   if (status >= 0)
     c->d->obs.bytes_out += wr->len;
   dspkd_wreq_free(wr);
@@ -192,6 +193,7 @@ queued:
     return;
   }
   c->unsent += wr->len;
+  dspkd_user_answers(c, (int64_t)wr->len);
   dspkd_conn_ref(c);
   dspkd_conn_update_read(c);
 }
@@ -397,7 +399,12 @@ static bool may_read(const struct conn *c) {
   const struct dspkd *d = c->d;
   return !c->closing && !d->stopping && !c->close_after_flush &&
          c->inflight < d->cfg.max_inflight &&
-         c->unsent + c->reserved <= d->cfg.max_unsent;
+         c->unsent + c->reserved <= d->cfg.max_unsent &&
+         /* One user's answers together: a connection that owes none of its
+          * own always reads (a client waiting on it alone cannot deadlock
+          * against its other connections' unread answers). */
+         (!c->user || c->unsent + c->reserved == 0 ||
+          c->user->answers <= d->cfg.max_user_unsent);
 }
 
 /* nk (fresh, or the spare) takes the pending bytes of k, which it replaces:

@@ -71,6 +71,7 @@ struct dspkd_config {
   /* Quotas (daemon/quota.c): per user (uid) and per connection. */
   size_t max_user_clients;  /* open connections of one user */
   uint64_t max_user_partial; /* read-buffer bytes (incomplete frames) of one user */
+  uint64_t max_user_unsent;  /* answers (unsent + reserved) of one user's connections */
   uint64_t max_user_memory; /* bytes per device of one user; 0: half the device's */
   uint64_t max_conn_memory; /* bytes per device of one connection; 0: no own bound */
   uint64_t max_job_memory;  /* bytes per device of one Slurm job (daemon/jobs.c) */
@@ -309,6 +310,7 @@ struct duser {
   uid_t uid;
   size_t nconns;                      /* connections (until freed) */
   uint64_t rbytes;                    /* bytes of their read buffers */
+  uint64_t answers;                   /* their unsent + reserved answer bytes */
   uint64_t mem[DSPKD_MAX_DEVICES];    /* device memory: buffers + jobs in flight */
 };
 
@@ -518,6 +520,9 @@ void dspkd_quota_buf(struct conn *c, struct dbuf *b, int sign);
 int dspkd_quota_check(const struct job *j, char *msg, size_t len);
 /* Charges (dspkd_sched_submit) or gives back (when it leaves the in-flight list)
  * what the job may take: its answer's bytes and its device memory. */
+/* Adds delta to the answer bytes (unsent + reserved) of c's user; once they
+ * are back within max_user_unsent, the user's other connections read again. */
+void dspkd_user_answers(struct conn *c, int64_t delta);
 void dspkd_quota_charge(struct job *j);
 void dspkd_quota_release(struct job *j);
 /* The memory quota of one user, or one connection (conn true), on dev;

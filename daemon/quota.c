@@ -7,7 +7,8 @@
  *   data of a buffer.read, the inline results of a task) in c->reserved;
  *   the connection is not read while unsent + reserved answers exceed
  *   max_unsent, so answers of admitted requests cannot pile up beyond it
- *   (by more than one answer).
+ *   (by more than one answer); nor while those of all the user's
+ *   connections together (user->answers) exceed max_user_unsent.
  * - Device memory: a connection's buffers (created or being created) and
  *   the device memory its tasks in flight take for inline operands and
  *   results count against max_conn_memory (per connection) and
@@ -147,12 +148,31 @@ int dspkd_quota_check(const struct job *j, char *msg, size_t len) {
   return 0;
 }
 
+void dspkd_user_answers(struct conn *c, int64_t delta) {
+  struct duser *u = c->user;
+  struct dspkd *d = c->d;
+  bool was_over;
+
+  if (!u)
+    return;
+  was_over = u->answers > d->cfg.max_user_unsent;
+  u->answers += (uint64_t)delta;
+  /* The user's connections whose reading paused for the quota go on. */
+  if (was_over && u->answers <= d->cfg.max_user_unsent)
+    for (struct conn *o = d->conns, *next; o; o = next) {
+      next = o->next;
+      if (o->user == u && o != c && !o->closing)
+        dspkd_conn_update_read(o);
+    }
+}
+
 void dspkd_quota_charge(struct job *j) {
   struct conn *c = j->conn;
   if (!c)
     return;
   j->resv_answer = job_answer(j);
   c->reserved += j->resv_answer;
+  dspkd_user_answers(c, (int64_t)j->resv_answer);
   if (j->kind == JOB_BUF_CREATE)
     c->creating++;
   j->resv_mem = job_mem(j);
@@ -171,6 +191,7 @@ void dspkd_quota_release(struct job *j) {
   if (!c)
     return;
   c->reserved -= j->resv_answer;
+  dspkd_user_answers(c, -(int64_t)j->resv_answer);
   j->resv_answer = 0;
   if (j->kind == JOB_BUF_CREATE)
     c->creating--;

@@ -893,6 +893,77 @@ def t_utf8(exe, tmp):
     d.stop()
 
 
+def t_userunsent(exe, tmp):
+    """max_user_unsent bounds the answers one user's connections hold
+    together (each connection alone stays within max_unsent): a user whose
+    four connections pipeline reads and read nothing makes the daemon hold
+    the quota plus at most one answer each, not four connections' worth;
+    another user is served meanwhile, and the lazy user's connections all
+    finish once it reads, one connection at a time."""
+    nobody, nconn, nreq, size, quota = 65534, 4, 8, 1 << 20, 3000000
+    d = Daemon(exe, tmp, ["--max-unsent", "64M", "--max-user-unsent", str(quota)])
+    os.chmod(tmp, 0o711)  # as in t_privacy: nobody reaches the socket through group 0
+    root = d.client()
+    data = np.random.default_rng(12).integers(0, 255, size, dtype=np.uint8).tobytes()
+    r1, w1 = os.pipe()
+    r2, w2 = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.close(r1)
+            os.close(w2)
+            os.setgroups([])
+            os.setgid(0)
+            os.setuid(nobody)
+            conns, firsts = [], []
+            for _ in range(nconn):
+                c = Client(d.sock)
+                b = c.call("buffer.create", {"size": size})["buffer"]
+                c.call("buffer.write", {"buffer": b, "data": data})
+                first = c.msgid + 1
+                c.sock.sendall(b"".join(msgpack.packb([0, first + i, "buffer.read",
+                                                       [{"buffer": b}]], use_bin_type=True)
+                                        for i in range(nreq)))
+                c.msgid += nreq
+                conns.append(c)
+                firsts.append(first)
+            os.write(w1, b"f")
+            os.read(r2, 1)  # the parent has looked
+            for c, first in zip(conns, firsts):  # one connection at a time
+                for i in range(nreq):
+                    if c.wait(first + i)["data"] != data:
+                        raise AssertionError("answer %d" % i)
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(w1)
+    os.close(r2)
+    check(os.read(r1, 1) == b"f", "the lazy user's requests are sent")
+    deadline = time.monotonic() + TIMEOUT
+    while True:
+        st = root.call("status")
+        lazy = [x for x in st["clients"] if x["uid"] == nobody]
+        cpu = [x for x in st["devices"] if x["id"] == "cpu:0"][0]
+        if len(lazy) == nconn and all(x["inflight"] == 0 for x in lazy) and \
+                cpu["queued"] == 0 and cpu["running"] == 0:
+            break
+        check(time.monotonic() < deadline, "reads settled: %r" % lazy)
+    held = sum(x["unsent"] for x in lazy)
+    check(held <= quota + nconn * (size + 1024),
+          "the user's unsent answers together within max_user_unsent plus one answer per "
+          "connection: %d bytes, %r" % (held, lazy))
+    check(root.call("ping", {"data": b"other"})["data"] == b"other", "another user is served")
+    os.write(w2, b"g")
+    os.close(w2)
+    os.close(r1)
+    _, status = os.waitpid(pid, 0)
+    check(os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0,
+          "every answer of the lazy user arrives, one connection read at a time")
+    root.close()
+    d.stop()
+
+
 def t_privacy(exe, tmp):
     """status: a non-admin sees its own uid's connections in full and only
     counts for the rest; an admin sees everything."""
@@ -2447,6 +2518,7 @@ GROUPS = {
     "wire": t_wire,
     "utf8": t_utf8,
     "privacy": t_privacy,
+    "userunsent": t_userunsent,
     "sockmode": t_sockmode,
     "kernelfs": t_kernelfs,
     "firvk": t_firvk,
