@@ -253,6 +253,7 @@ struct device {
   /* The scheduler's (daemon/sched.c), guarded by mu: the ring of queues
    * with jobs, the queue of internal jobs, and the request to stop. */
   struct cqueue *ring_head, *ring_tail;
+  uint64_t turns;            /* queues served so far (the users' turns) */
   struct cqueue *sysq; /* internal jobs: buffer frees */
   bool stop;           /* exit once the ring is empty */
   struct job *current; /* the job whose work the runner (or run_inline on
@@ -311,6 +312,7 @@ struct duser {
   size_t nconns;                      /* connections (until freed) */
   uint64_t rbytes;                    /* bytes of their read buffers */
   uint64_t answers;                   /* their unsent + reserved answer bytes */
+  uint64_t turn[DSPKD_MAX_DEVICES];   /* device's `turns` when last served (its mu) */
   uint64_t mem[DSPKD_MAX_DEVICES];    /* device memory: buffers + jobs in flight */
 };
 

@@ -31,6 +31,9 @@ struct cqueue {
   struct job *head, *tail;
   struct cqueue *next; /* in the ring */
   bool in_ring;
+  /* When its owner, a user (its connections' queues share it) or the
+   * system, was last served on this device (the device's `turns` then). */
+  uint64_t *turn, own_turn;
 };
 
 /* The singly linked FIFOs here (the ring, a queue, the in-flight list, the
@@ -261,6 +264,8 @@ void dspkd_sched_submit(struct job *j) {
   pthread_mutex_lock(&dev->mu);
   j->state = JOB_QUEUED;
   j->q = q;
+  if (!q->turn)
+    q->turn = c && c->user ? &c->user->turn[dev->idx] : &q->own_turn;
   FIFO_PUSH(q->head, q->tail, j, next);
   if (!q->in_ring)
     ring_push(dev, q);
@@ -601,8 +606,14 @@ static void *runner_main(void *arg) {
       pthread_mutex_lock(&dev->mu);
       continue;
     }
-    /* Round robin: the head queue gives one job and goes to the tail. */
+    /* Round robin between users, then between one user's connections: the
+     * first queue in the ring of the user served longest ago gives one job
+     * and goes to the tail. */
     q = dev->ring_head;
+    for (struct cqueue *o = q->next; o; o = o->next)
+      if (*o->turn < *q->turn)
+        q = o;
+    *q->turn = ++dev->turns;
     j = q->head;
     FIFO_UNLINK(q->head, q->tail, j, next);
     ring_remove(dev, q);
@@ -684,6 +695,7 @@ int dspkd_sched_start(struct device *dev) {
 
   dev->sysq = &dspkd_sched_sysq[dev->idx];
   memset(dev->sysq, 0, sizeof *dev->sysq);
+  dev->sysq->turn = &dev->sysq->own_turn;
   dev->depth = dev->d->cfg.device_inflight ? dev->d->cfg.device_inflight : 1;
   /* Runners never take the daemon's signals: those reach the loop. */
   sigfillset(&all);

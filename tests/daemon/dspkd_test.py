@@ -482,6 +482,54 @@ def t_fairness(exe, tmp):
     close_enough(got.reshape(n, n), A.astype(np.float64) @ A, "flooded gemm", np.float32)
     c1.close()
     c2.close()
+    # Users take turns, not connections: one user flooding from 16
+    # connections does not make another user's task wait for one task of
+    # each of them (it waited for 16 before).
+    nobody, nconn, per, n = 65534, 16, 16, 768
+    os.chmod(tmp, 0o711)  # as in t_privacy
+    A = np.random.default_rng(6).standard_normal((n, n)).astype(np.float32)
+    conns = []
+    for _ in range(nconn):
+        c = d.client()
+        a = c.call("buffer.create", {"size": A.nbytes})["buffer"]
+        o = c.call("buffer.create", {"size": A.nbytes})["buffer"]
+        c.call("buffer.write", {"buffer": a, "data": A.tobytes()})
+        conns.append((c, a, o))
+    flooders = [(c, [c.send("task.run", gemm_task((a, o), n)) for _ in range(per)])
+                for c, a, o in conns]
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.close(r)
+            os.setgroups([])
+            os.setgid(0)
+            os.setuid(nobody)
+            b = Client(d.sock)
+            before = b.call("status")["other_clients"]["inflight"]
+            m = b.send("task.run", {"op": "reduce", "device": "cpu:0",
+                                    "inputs": [tensor(A)], "options": {"fn": "max"}})
+            ok = float(np.frombuffer(b.wait(m)["outputs"][0]["data"], np.float32)[0]) == \
+                float(A.max())
+            after = b.call("status")["other_clients"]["inflight"]
+            os.write(w, msgpack.packb([before, after, ok]))
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(w)
+    data = os.read(r, 64)
+    os.close(r)
+    os.waitpid(pid, 0)
+    before, after, ok = msgpack.unpackb(data)
+    check(ok, "the other user's reduce is right")
+    check(before > nconn * per // 2, "the flood was still queued: %d in flight" % before)
+    check(before - after < 8, "the other user's task waited for %d of the flooding user's "
+          "tasks (users take turns; 16 connections are one user)" % (before - after))
+    for c, ms in flooders:
+        for m in ms:
+            c.wait(m)
+        c.close()
     d.stop()
 
 
