@@ -990,6 +990,7 @@ DSPK_EXPORT int dspk_connect(const char *socket_path, const char *client_name,
   if (sizeof(size_t) > 4)
     c->lim.max_message = (size_t)4 << 30;
   c->lim.max_depth = 32;
+  c->lim.max_objects = (uint64_t)1 << 24; /* a trace's events, a status */
   c->send_max = (size_t)256 << 20; /* until hello says otherwise */
   c->shm_threshold = DSPK_SHARED_THRESHOLD;
   {

@@ -99,7 +99,7 @@ static const struct key keys[] = {
     {"limits", "max_depth", K_UINT, F(lim.max_depth), 4, 1024, true, IN_BOTH, "16", "N",
      "nesting of arrays/maps"},
     {"limits", "max_objects", K_UINT, F(lim.max_objects), 16, (uint64_t)1 << 28, true,
-     IN_BOTH, "1048576", "N", "msgpack objects in one message"},
+     IN_BOTH, "65536", "N", "msgpack objects in one message"},
     {"limits", "max_rank", K_UINT, F(lim.max_rank), 1, DSPK_MAX_RANK, true, IN_BOTH, "8", "N",
      "tensor rank (at most 8)"},
     {"limits", "max_elements", K_UINT, F(lim.max_elements), 1, (uint64_t)1 << 40, true,

@@ -397,7 +397,7 @@ void dspkd_conn_close(struct conn *c, const char *why) {
 
 static bool may_read(const struct conn *c) {
   const struct dspkd *d = c->d;
-  return !c->closing && !d->stopping && !c->close_after_flush &&
+  return !c->closing && !d->stopping && !c->close_after_flush && !c->deferred &&
          c->inflight < d->cfg.max_inflight &&
          c->unsent + c->reserved <= d->cfg.max_unsent &&
          /* One user's answers together: a connection that owes none of its
@@ -591,6 +591,52 @@ static void conn_land(struct conn *c, struct rchunk *k) {
   k->start = k->end;
 }
 
+/* Decoding requests is the loop's own work, shared by every client: one
+ * user's connections together decode at most TURN_BYTES of requests (or
+ * one request, whatever its size) in one turn of the loop; the rest waits
+ * for the next turn (a new millisecond of loop time, or `resume`), their
+ * reading stopped meanwhile, so a user who floods the daemon with costly
+ * messages from many connections delays another user's requests by about
+ * one turn, not by one message of each of those connections. */
+#define TURN_BYTES (256u << 10)
+
+static void on_resume(uv_idle_t *h) {
+  struct dspkd *d = h->data;
+  uv_idle_stop(h);
+  d->turn_gen++;
+  for (struct conn *c = d->conns, *next; c; c = next) {
+    dspkd_conn_ref(c);
+    if (c->deferred) {
+      c->deferred = false;
+      dspkd_conn_update_read(c);
+    }
+    next = c->next;
+    dspkd_conn_unref(c);
+  }
+}
+
+/* Whether c's user may decode another request in this turn (checked before
+ * the frame is even scanned: scanning costs as much as decoding). */
+static bool turn_open(struct conn *c) {
+  struct duser *u = c->user;
+  struct dspkd *d = c->d;
+  uint64_t now = uv_now(d->loop);
+
+  if (!u)
+    return true;
+  if (u->turn_ms != now || u->turn_gen != d->turn_gen) {
+    u->turn_ms = now;
+    u->turn_gen = d->turn_gen;
+    u->turn_bytes = 0;
+  }
+  if (u->turn_bytes < TURN_BYTES)
+    return true;
+  c->deferred = true;
+  if (!uv_is_closing((uv_handle_t *)&d->resume))
+    uv_idle_start(&d->resume, on_resume);
+  return false;
+}
+
 /* Runs every complete frame in the read buffer while the connection may
  * take more requests. */
 static void conn_process(struct conn *c) {
@@ -613,6 +659,10 @@ static void conn_process(struct conn *c) {
       c->held = !c->closing;
       break;
     }
+    if (!turn_open(c)) {
+      c->held = true;
+      break;
+    }
     msg[0] = '\0';
     n = dspk__frame_scan(k->data + k->start, k->end - k->start, lim, msg, sizeof msg);
     if (n == 0) {
@@ -623,6 +673,8 @@ static void conn_process(struct conn *c) {
       conn_protocol_error(c, (int)n, msg[0] ? msg : dspk__strerror((int)n));
       break;
     }
+    if (c->user)
+      c->user->turn_bytes += (uint64_t)n;
     p = k->data + k->start;
     /* Where this frame starts in the stream: fds that came before it were
      * not sent with it (daemon/shm.c). */
@@ -1047,4 +1099,5 @@ void dspkd_conn_handles_close(struct dspkd *d) {
     free(k);
   }
   uv_close((uv_handle_t *)&d->trim_timer, NULL);
+  uv_close((uv_handle_t *)&d->resume, NULL);
 }

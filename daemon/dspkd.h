@@ -312,6 +312,8 @@ struct duser {
   size_t nconns;                      /* connections (until freed) */
   uint64_t rbytes;                    /* bytes of their read buffers */
   uint64_t answers;                   /* their unsent + reserved answer bytes */
+  /* Bytes of requests decoded in this turn of the loop (daemon/conn.c). */
+  uint64_t turn_bytes, turn_ms, turn_gen;
   uint64_t turn[DSPKD_MAX_DEVICES];   /* device's `turns` when last served (its mu) */
   uint64_t mem[DSPKD_MAX_DEVICES];    /* device memory: buffers + jobs in flight */
 };
@@ -328,6 +330,7 @@ struct conn {
   bool held;                /* stopped processing frames with some buffered */
   bool close_after_flush;   /* close once every queued write is done */
   bool eof;                 /* the client half-closed: answer, then close */
+  bool deferred;            /* its user's turn is used up: frames wait for the next */
   pid_t pid;
   uid_t uid;
   gid_t gid;
@@ -381,6 +384,8 @@ struct dspkd {
   uv_async_t done_async;
   uv_timer_t grace_timer;   /* shutdown: cancel what still runs after it */
   uv_timer_t trim_timer;    /* idle: give cached memory back (daemon/conn.c) */
+  uv_idle_t resume;         /* deferred connections go on (daemon/conn.c) */
+  uint64_t turn_gen;        /* turns given by `resume` */
   bool handles_closed;
   pthread_mutex_t done_mu;
   struct job *done_head, *done_tail; /* guarded by done_mu */

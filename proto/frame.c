@@ -42,7 +42,7 @@ _Static_assert(DSPK__SCAN_DEPTH_MAX <= MSGPACK_EMBED_STACK_SIZE,
 void dspk__limits_default(struct dspk__limits *l) {
   l->max_message = (size_t)256 << 20;
   l->max_depth = 16;
-  l->max_objects = 1048576;
+  l->max_objects = 65536;
   l->max_rank = 8;
   l->max_elements = (uint64_t)1 << 31;
 }

@@ -495,7 +495,7 @@ def hello(env):
                                "max_elements", "max_inflight", "max_unsent", "max_buffers",
                                "max_clients"}, "limits keys %r" % r["limits"])
     check(r["limits"]["max_message"] == 268435456 and r["limits"]["max_depth"] == 16
-          and r["limits"]["max_objects"] == 1048576 and r["limits"]["max_rank"] == 8
+          and r["limits"]["max_objects"] == 65536 and r["limits"]["max_rank"] == 8
           and r["limits"]["max_elements"] == 1 << 31 and r["limits"]["max_inflight"] == 1024
           and r["limits"]["max_unsent"] == 64 << 20 and r["limits"]["max_buffers"] == 4096
           and r["limits"]["max_clients"] == 256, "defaults of Limits: %r" % r["limits"])
