@@ -34,36 +34,16 @@ NOBODY = 65534
 
 def b_pings(sock, n=41):
     """B's round trips (seconds), from a child process as uid NOBODY."""
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        code = 1
-        try:
-            os.close(r)
-            os.setgroups([])
-            os.setgid(0)
-            os.setuid(NOBODY)
-            b = Client(sock, 60)
-            b.call("ping")
-            t = []
-            for _ in range(n):
-                t0 = time.monotonic()
-                b.call("ping", {"data": b"b"})
-                t.append(time.monotonic() - t0)
-            os.write(w, msgpack.packb(t))
-            code = 0
-        finally:
-            os._exit(code)
-    os.close(w)
-    data = b""
-    while True:
-        more = os.read(r, 1 << 16)
-        if not more:
-            break
-        data += more
-    os.close(r)
-    os.waitpid(pid, 0)
-    return msgpack.unpackb(data)
+    def pings():
+        b = Client(sock, 60)
+        b.call("ping")
+        t = []
+        for _ in range(n):
+            t0 = time.monotonic()
+            b.call("ping", {"data": b"b"})
+            t.append(time.monotonic() - t0)
+        return t
+    return dspk_daemon.run_as(NOBODY, 0, pings)
 
 
 def flood(sock, conns, objects):

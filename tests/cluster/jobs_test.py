@@ -19,7 +19,6 @@ import subprocess
 import sys
 import tempfile
 
-import msgpack
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
 import dspk_daemon  # noqa: E402
@@ -131,26 +130,11 @@ def run(exe, submit, tmp):
         # The admin methods: EPERM for anyone else (a child as uid 65534).
         os.chmod(tmp, 0o711)
         os.chmod(d.sock, 0o666)
-        r, w = os.pipe()
-        pid = os.fork()
-        if pid == 0:
-            code = 1
-            try:
-                os.close(r)
-                os.setgroups([])
-                os.setgid(NOBODY)
-                os.setuid(NOBODY)
-                c = d.client()
-                out = [err_of(c, "job.register", {"job": 5, "uid": NOBODY, "devices": []})[0],
-                       err_of(c, "job.end", {"job": 5})[0]]
-                os.write(w, msgpack.packb(out))
-                code = 0
-            finally:
-                os._exit(code)
-        os.close(w)
-        got = msgpack.unpackb(os.read(r, 256))
-        os.close(r)
-        os.waitpid(pid, 0)
+        def as_nobody():
+            c = d.client()
+            return [err_of(c, "job.register", {"job": 5, "uid": NOBODY, "devices": []})[0],
+                    err_of(c, "job.end", {"job": 5})[0]]
+        got = dspk_daemon.run_as(NOBODY, NOBODY, as_nobody)
         check(got == ["EPERM", "EPERM"], "job.register/end by a non-admin: %r" % got)
 
         # Bad arguments.

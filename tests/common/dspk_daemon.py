@@ -54,3 +54,36 @@ def stop(proc, timeout):
         proc.kill()
         proc.wait()
         return None
+
+
+def run_as(uid, gid, fn):
+    """Runs fn() in a child process as uid and gid (no supplementary groups)
+    and returns what it returned, which must be msgpack-able; raises
+    AssertionError when the child failed.  How the tests act as another user
+    (they run as root)."""
+    import msgpack
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.close(r)
+            os.setgroups([])
+            os.setgid(gid)
+            os.setuid(uid)
+            os.write(w, msgpack.packb(fn()))
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(w)
+    data = b""
+    while True:
+        more = os.read(r, 1 << 16)
+        if not more:
+            break
+        data += more
+    os.close(r)
+    _, status = os.waitpid(pid, 0)
+    if not (os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0):
+        raise AssertionError("the child as uid %d failed (status %d)" % (uid, status))
+    return msgpack.unpackb(data)

@@ -497,31 +497,15 @@ def t_fairness(exe, tmp):
         conns.append((c, a, o))
     flooders = [(c, [c.send("task.run", gemm_task((a, o), n)) for _ in range(per)])
                 for c, a, o in conns]
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        code = 1
-        try:
-            os.close(r)
-            os.setgroups([])
-            os.setgid(0)
-            os.setuid(nobody)
-            b = Client(d.sock)
-            before = b.call("status")["other_clients"]["inflight"]
-            m = b.send("task.run", {"op": "reduce", "device": "cpu:0",
-                                    "inputs": [tensor(A)], "options": {"fn": "max"}})
-            ok = float(np.frombuffer(b.wait(m)["outputs"][0]["data"], np.float32)[0]) == \
-                float(A.max())
-            after = b.call("status")["other_clients"]["inflight"]
-            os.write(w, msgpack.packb([before, after, ok]))
-            code = 0
-        finally:
-            os._exit(code)
-    os.close(w)
-    data = os.read(r, 64)
-    os.close(r)
-    os.waitpid(pid, 0)
-    before, after, ok = msgpack.unpackb(data)
+    def other_user():
+        b = Client(d.sock)
+        before = b.call("status")["other_clients"]["inflight"]
+        m = b.send("task.run", {"op": "reduce", "device": "cpu:0",
+                                "inputs": [tensor(A)], "options": {"fn": "max"}})
+        ok = float(np.frombuffer(b.wait(m)["outputs"][0]["data"], np.float32)[0]) == \
+            float(A.max())
+        return [before, b.call("status")["other_clients"]["inflight"], ok]
+    before, after, ok = dspk_daemon.run_as(nobody, 0, other_user)
     check(ok, "the other user's reduce is right")
     check(before > nconn * per // 2, "the flood was still queued: %d in flight" % before)
     check(before - after < 8, "the other user's task waited for %d of the flooding user's "
