@@ -5,6 +5,7 @@
                    [--dspkd OTHER/dspkd] [--submit OTHER/dspk-submit ...] [--reps N]
                    [--device cpu:0] [--only NAME] [--json F]
     bench_fresh.py --socket SOCK --submit ... --device cuda:0   (a daemon already running)
+                   [--reference "build/bench/cuda/bench_cuda firstresult"]
 
 The commands of docs/performance.md's "first result" breakdown, each a fresh
 process: ping, gemm 64^2, reduce sum / map abs / map add / gemm on 1024^2 f32
@@ -20,6 +21,11 @@ CPU time of the process (user + system, less sensitive to a busy machine
 than wall time), and the daemon's median time_us for the task (from --json), so wall - time_us is what
 the process, the socket and the files cost.  Results are checked against
 numpy when it is there (the inputs are written without it).
+
+--reference names a fresh in-process program that computes the same gemm
+(issue 18's first-result goal compares against one): it is spawned and timed
+the same way, taking turns with the gemm 1024^2 command, and the ratio of the
+two medians is printed.
 """
 import argparse
 import json
@@ -33,6 +39,7 @@ import time
 
 import array
 import random
+import shlex
 
 try:  # only to check the results; the inputs are written without it
     import numpy as np
@@ -83,6 +90,9 @@ def main():
     ap.add_argument("--device", default="cpu:0")
     ap.add_argument("--only", help="run only the commands whose name contains this")
     ap.add_argument("--json", help="write every sample here (seconds, microseconds)")
+    ap.add_argument("--reference", help="a fresh in-process program computing the gemm "
+                    "1024^2 (a command line), timed in turn with it")
+    ap.add_argument("--reference-reps", type=int, default=5)
     opt = ap.parse_args()
     if bool(opt.dspkd) == bool(opt.socket):
         sys.exit("give one of --dspkd and --socket")
@@ -127,6 +137,18 @@ def main():
         " ".join(open("/proc/loadavg").read().split()[:3]), opt.reps, opt.device))
     out = {}
     fails = 0
+    ref_wall = []
+
+    def ref_run(rep):
+        nonlocal fails
+        argv = shlex.split(opt.reference)
+        w, rc, _ = spawn(argv, f("ref.txt"))
+        if rc != 0:
+            fails += 1
+            print("FAIL reference %s: exit %d" % (opt.reference, rc))
+        elif rep > 0:
+            ref_wall.append(w)
+
     try:
         for name, args, ref in cases:
             wall = [[] for _ in subs]
@@ -140,6 +162,9 @@ def main():
                         os.unlink(outfile[0])  # the first write creates the file
                     log = f("out.txt")
                     sock = socks[i % len(socks)]
+                    if opt.reference and name.startswith("gemm 1024") and \
+                            i == 0 and rep <= opt.reference_reps:
+                        ref_run(rep)
                     w, rc, u = spawn([s, "--socket", sock] + args, log)
                     if rc != 0:
                         fails += 1
@@ -170,6 +195,15 @@ def main():
                     label, statistics.median(t) * 1e3, min(t) * 1e3, max(t) * 1e3,
                     statistics.median(cpu[i]) * 1e3, extra))
                 out["%s [%s]" % (name, s)] = {"wall_s": t, "cpu_s": cpu[i], "time_us": tus[i]}
+        if ref_wall:
+            print("%-40s median %7.2f ms (%7.2f .. %7.2f), %d runs" % (
+                "fresh in-process program", statistics.median(ref_wall) * 1e3,
+                min(ref_wall) * 1e3, max(ref_wall) * 1e3, len(ref_wall)))
+            for key, v in out.items():
+                if key.startswith("gemm 1024"):
+                    print("first result: %.1fx (%s)" % (
+                        statistics.median(ref_wall) / statistics.median(v["wall_s"]), key))
+            out["reference"] = {"wall_s": ref_wall}
         if len(subs) > 1:
             for i, s in enumerate(subs):
                 print("# [%d] %s%s" % (i, s, " with " + opt.dspkd[i] if len(socks) > 1 else ""))
