@@ -349,7 +349,9 @@ int dspkd_sched_cancel(struct conn *c, uint32_t msgid) {
   for (struct job *p = c->jobs; p; p = p->cnext)
     if (p->msgid == msgid)
       j = p;
-  if (!j)
+  /* A buffer.write received in place is done once its data has come: the
+   * bytes are in the buffer, and its job only answers in its turn. */
+  if (!j || j->landed)
     return 0;
   dev = j->dev;
   pthread_mutex_lock(&dev->mu);

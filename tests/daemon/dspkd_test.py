@@ -2499,6 +2499,32 @@ def t_inplace(exe, tmp):
     check(c.call("buffer.read", {"buffer": b, "offset": size - 8})["data"] == bytes(8),
           "the write behind the read landed")
 
+    # A write received in place has finished once its data has come: while
+    # cpu:0 is busy with gemms of other buffers (about 0.1 s each), task.cancel
+    # of it returns false, and it is answered as written (the data is in the
+    # buffer); a write under 64 KiB takes the ordinary path and is canceled.
+    g = c.call("buffer.create", {"device": "cpu:0", "size": 2048 * 2048 * 4})["buffer"]
+    tg = {"dtype": "f32", "shape": [2048, 2048], "buffer": g}
+    b4 = c.call("buffer.create", {"device": "cpu:0", "size": 1 << 20})["buffer"]
+    busy = [c.send("task.run", {"op": "gemm", "device": "cpu:0", "inputs": [tg, tg]})
+            for _ in range(3)]
+    base = in_place()
+    data = rng.bytes(1 << 20)
+    w = c.send("buffer.write", {"buffer": b4, "data": data})
+    small = c.send("buffer.write", {"buffer": b4, "offset": 0, "data": bytes(1000)})
+    check(c.call("task.cancel", {"msgid": w}) == {"canceled": False},
+          "a write received in place is not canceled")
+    check(c.call("task.cancel", {"msgid": small}) == {"canceled": True},
+          "a queued small write is canceled")
+    check(c.wait(w) == {"size": 1 << 20}, "the write received in place is answered as written")
+    check(c.outcome(small) == "ECANCELED", "the canceled small write answered ECANCELED")
+    for m in busy:
+        c.wait(m)
+    check(in_place() - base >= (1 << 20) - 70001, "that write was received in place")
+    check(c.call("buffer.read", {"buffer": b4})["data"] == data,
+          "its data is in the buffer, the canceled write's is not")
+    c.call("buffer.free", {"buffer": g})
+
     # Clients that leave in the middle of a frame: in its data, in its head.
     for cut in (head + 200000, 9):
         c2 = d.client()
