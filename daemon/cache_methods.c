@@ -112,7 +112,7 @@ static void after_cb(uv_work_t *w, int status) {
         dspkd_conn_send(c, wr);
     }
   }
-  dspkd_conn_unref(c);
+  dspkd_conn_paid(c);
   free(cw);
 }
 
@@ -135,7 +135,7 @@ static int queue(struct req *r, bool clear, unsigned mask) {
     snprintf(r->msg, sizeof r->msg, "cannot queue the call: %s", uv_strerror(err));
     return DSPK_EIO;
   }
-  dspkd_conn_ref(r->c);
+  dspkd_conn_owe(r->c);
   return 0;
 }
 

@@ -709,8 +709,19 @@ static void conn_eof_check(struct conn *c) {
     return;
   if (partial)
     dspkd_conn_close(c, "end of stream inside a message");
-  else if (!c->held && c->inflight == 0 && c->unsent == 0)
+  else if (!c->held && c->inflight == 0 && c->owed == 0 && c->unsent == 0)
     dspkd_conn_close(c, "end of stream");
+}
+
+void dspkd_conn_owe(struct conn *c) {
+  dspkd_conn_ref(c);
+  c->owed++;
+}
+
+void dspkd_conn_paid(struct conn *c) {
+  c->owed--;
+  dspkd_conn_update_read(c);
+  dspkd_conn_unref(c);
 }
 
 static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {

@@ -331,6 +331,7 @@ struct conn {
   bool close_after_flush;   /* close once every queued write is done */
   bool eof;                 /* the client half-closed: answer, then close */
   bool deferred;            /* its user's turn is used up: frames wait for the next */
+  unsigned owed;            /* answers a trace, cache.* or job.end will send later */
   pid_t pid;
   uid_t uid;
   gid_t gid;
@@ -442,6 +443,11 @@ void dspkd_conn_ref(struct conn *c);
 void dspkd_conn_unref(struct conn *c);
 /* Re-evaluates whether the connection may read (limits, backpressure). */
 void dspkd_conn_update_read(struct conn *c);
+/* A method that answers later (trace, cache.stats, cache.clear, job.end)
+ * takes one (with a reference) when it defers, and gives it back once its
+ * answer is sent (or dropped): a half-closed connection stays open for it. */
+void dspkd_conn_owe(struct conn *c);
+void dspkd_conn_paid(struct conn *c);
 void dspkd_chunk_unref(struct rchunk *k);
 /* At the stop: closes the listener and removes the socket's file (unless
  * systemd owns it). */

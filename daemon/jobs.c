@@ -87,8 +87,9 @@ static void djob_finish(struct dspkd *d, struct djob *j) {
     if (wr) {
       dspkd_conn_send(j->end_conn, wr);
     }
-    dspkd_conn_unref(j->end_conn);
+    struct conn *c = j->end_conn;
     j->end_conn = NULL;
+    dspkd_conn_paid(c);
   }
   job_unlink(d, j);
   free(j);
@@ -343,7 +344,7 @@ int dspkd_m_job_end(struct req *r) {
   j->end_conns = nconns;
   j->end_inflight = inflight;
   j->end_buffers = buffers;
-  dspkd_conn_ref(r->c);
+  dspkd_conn_owe(r->c);
   j->end_conn = r->c;
   j->end_msgid = r->msgid;
   if (!j->nconns)

@@ -191,7 +191,7 @@ static void finish(struct trace_sess *s) {
   dspkd_debug("client %llu: trace #%u: %zu jobs, %llu dropped", (unsigned long long)c->id,
               s->msgid, n, (unsigned long long)dropped);
   uv_close((uv_handle_t *)&s->timer, on_timer_close);
-  dspkd_conn_unref(c);
+  dspkd_conn_paid(c);
 }
 
 static void on_timer(uv_timer_t *t) { finish(t->data); }
@@ -250,7 +250,7 @@ int dspkd_m_trace(struct req *r) {
   s->t0 = dspkd_now_ns();
   uv_timer_init(d->loop, &s->timer);
   s->timer.data = s;
-  dspkd_conn_ref(r->c);
+  dspkd_conn_owe(r->c);
   s->next = d->obs.traces;
   d->obs.traces = s;
   uv_timer_start(&s->timer, on_timer, (uint64_t)(seconds * 1000.0 + 0.5), 0);

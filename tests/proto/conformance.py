@@ -1407,6 +1407,20 @@ def half_close(env):
         check(c.wait(last) == ("ok", {"data": b"last"}), dev + ": the ping after them")
         c.expect_close()
         c.close()
+    # methods answered later, off the loop's turn (a trace recording, the
+    # cache's thread): each is answered before the close, alone or together
+    for methods in (["trace"], ["cache.stats"], ["cache.clear"],
+                    ["ping", "trace", "cache.stats", "cache.clear"]):
+        c = env.conn()
+        args = {"trace": {"seconds": 0.2}, "cache.clear": {"kinds": ["kernels"]}}
+        ids = [(m, c.request(m, args.get(m, {}))) for m in methods]
+        c.s.shutdown(socket.SHUT_WR)
+        for m, i in ids:
+            name, r = c.wait(i)
+            check(name in ("ok", "EPERM", "ENOENT"), "%s after the half-close: %s %r"
+                  % (m, name, r))
+        c.expect_close()
+        c.close()
     # a stream that ends inside a message: closed, no answer is owed
     c = env.conn()
     c.send(p([0, 1, "ping", [{"data": b"x" * 100}]])[:20])
