@@ -794,7 +794,7 @@ DSPK_EXPORT int dspk_submit(dspk_client *c, const dspk_task *t,
   if (rc != 0)
     return rc;
   a.v[DSPK__RUN_OP] = dspk__pv_enum((int)t->op);
-  a.v[DSPK__RUN_DEVICE] = dspk__pv_str(t->device && *t->device ? t->device : "any");
+  a.v[DSPK__RUN_DEVICE] = dspk__pv_str(t->device ? t->device : "any");
   a.v[DSPK__RUN_INPUTS] = dspk__pv_pack(pack_inputs, &in);
   a.v[DSPK__RUN_OPTIONS] = dspk__pv_pack(pack_options, t);
   /* Operands in shared memory, or big enough to go through it (lib_shm.c). */

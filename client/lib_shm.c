@@ -219,32 +219,25 @@ static int shm_new_from(dspk_client *c, const char *device, size_t n, int state,
     close(fd);
     return rc;
   }
-  /* test hook: the mapped path on any host (tests/client_lib/test_shared) */
-  via_map = src >= 0 && (shmem_huge_on_advice() || DSPK_TEST_HOOK("DSPK_TEST_SHM_FILL_MAP"));
   /* Huge pages where shmem_enabled allows them ("advise"): the advice must
-   * come before the first fault, so the pages are mapped only after it (a
-   * MAP_POPULATE mapping would already hold 4 KiB pages). */
+   * come before the first fault (a MAP_POPULATE mapping would already hold
+   * 4 KiB pages). */
   (void)madvise(p, n, MADV_HUGEPAGE);
-  if (src < 0 || via_map)
-    (void)madvise(p, n, MADV_POPULATE_WRITE);
-  if (src >= 0 && (rc = fill_from(fd, via_map ? p : NULL, src, off, n)) != 0) {
-    rc = dspk__cerr(c, DSPK_EIO, "reading %zu bytes at %llu into shared memory: %s", n,
-                    (unsigned long long)off, strerror(rc));
-    munmap(p, n);
-    close(fd);
-    return rc;
-  }
+  /* The daemon sees the memory first: a size above its device's memory or
+   * the user's quota is refused (ENOMEM, ELIMIT) before a page of it exists
+   * (filling it first committed all of it, and a size the daemon would
+   * refuse could bring the host's out-of-memory killer instead). */
   msgid = dspk__next_id(c);
   dspk__wbuf_init(&w);
   dspk__pack_request_head(&w.pk, msgid, "buffer.import", true);
   pack_import(&a, &w);
   rc = dspk__send_fd(c, &w, msgid, fd);
   dspk__wbuf_free(&w);
-  close(fd); /* the mapping and the daemon's copy keep the memory */
   if (rc == 0)
     rc = dspk__wait(c, msgid, &r);
   if (rc != 0) {
     munmap(p, n);
+    close(fd);
     return rc;
   }
   {
@@ -259,8 +252,22 @@ static int shm_new_from(dspk_client *c, const char *device, size_t n, int state,
   dspk__resp_free(&r);
   if (rc != 0) {
     munmap(p, n);
+    close(fd);
     return rc;
   }
+  /* test hook: the mapped path on any host (tests/client_lib/test_shared) */
+  via_map = src >= 0 && (shmem_huge_on_advice() || DSPK_TEST_HOOK("DSPK_TEST_SHM_FILL_MAP"));
+  if (src < 0 || via_map)
+    (void)madvise(p, n, MADV_POPULATE_WRITE);
+  if (src >= 0 && (rc = fill_from(fd, via_map ? p : NULL, src, off, n)) != 0) {
+    rc = dspk__cerr(c, DSPK_EIO, "reading %zu bytes at %llu into shared memory: %s", n,
+                    (unsigned long long)off, strerror(rc));
+    (void)buffer_free(c, id);
+    munmap(p, n);
+    close(fd);
+    return rc;
+  }
+  close(fd);
   s = &c->shm[c->nshm++];
   memset(s, 0, sizeof *s);
   s->ptr = p;
@@ -295,7 +302,7 @@ DSPK_EXPORT int dspk_shared_alloc(dspk_client *c, const char *device,
     return dspk__argerr(c, "dspk_shared_alloc: %s is NULL", !ptr_out ? "ptr_out" : "id_out");
   if (bytes == 0)
     return dspk__argerr(c, "dspk_shared_alloc: bytes must be > 0");
-  rc = shm_new(c, device && *device ? device : "cpu:0", bytes, 0, &s);
+  rc = shm_new(c, device ? device : "cpu:0", bytes, 0, &s);
   if (rc != 0)
     return rc;
   *ptr_out = s->ptr;
@@ -312,7 +319,7 @@ DSPK_EXPORT int dspk_shared_from_file(dspk_client *c, const char *device, int fd
     return dspk__argerr(c, "dspk_shared_from_file: %s is NULL", !ptr_out ? "ptr_out" : "id_out");
   if (bytes == 0 || fd < 0)
     return dspk__argerr(c, "dspk_shared_from_file: needs a file and bytes > 0");
-  rc = shm_new_from(c, device && *device ? device : "cpu:0", bytes, 0, fd, offset, &s);
+  rc = shm_new_from(c, device ? device : "cpu:0", bytes, 0, fd, offset, &s);
   if (rc != 0)
     return rc;
   *ptr_out = s->ptr;

@@ -276,7 +276,10 @@ DSPK_EXPORT int dspk_buffer_free(dspk_client *c, uint64_t id);
  * this process (the daemon holds the same pages), else they go to the
  * daemon in order behind the requests in flight.  Writing the memory while a task uses it gives that
  * task undefined results (never a crash).  Freed by dspk_shared_free() or
- * dspk_close().
+ * dspk_close().  The daemon answers the import before any page is made, so
+ * a size beyond its device's memory or the user's quota is DSPK_ENOMEM or
+ * DSPK_ELIMIT without committing memory here.  An empty device name is no
+ * device (DSPK_ENODEV), as in every call that names one.
  */
 DSPK_EXPORT int dspk_shared_alloc(dspk_client *c, const char *device,
                                   size_t bytes, void **ptr_out,
@@ -396,7 +399,7 @@ typedef struct dspk_karg {
  */
 typedef struct dspk_task {
   dspk_op op;
-  const char *device;          /* "cpu:0", "any" (NULL means "any") */
+  const char *device;          /* "cpu:0", "any" (NULL means "any"; "" is ENODEV) */
   unsigned ninputs;
   const dspk_tensor *inputs;
   /* Optional: put output i into a daemon buffer instead of returning it

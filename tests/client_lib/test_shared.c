@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -37,25 +38,26 @@ static char sockpath[128];
 static pid_t daemon_pid = -1;
 static dspk_client *C;
 
-static int start_daemon(void **state) {
+/* Starts dspkd on sock with the backends given and an extra option pair
+ * (or NULL); its pid, or -1 when it did not become ready. */
+static pid_t spawn_daemon(const char *sock, const char *backends, const char *opt,
+                          const char *val) {
   int p[2];
   char fdarg[16], buf[16];
   ssize_t n;
   size_t got = 0;
+  pid_t pid;
 
-  (void)state;
-  strcpy(tmpdir, "/tmp/dspk-shm-XXXXXX");
-  if (!mkdtemp(tmpdir) || pipe(p) != 0)
+  if (pipe(p) != 0)
     return -1;
-  snprintf(sockpath, sizeof sockpath, "%s/dspkd.sock", tmpdir);
-  daemon_pid = fork();
-  if (daemon_pid < 0)
+  pid = fork();
+  if (pid < 0)
     return -1;
-  if (daemon_pid == 0) {
+  if (pid == 0) {
     close(p[0]);
     snprintf(fdarg, sizeof fdarg, "%d", p[1]);
-    execl(dspkd_path, dspkd_path, "--socket", sockpath, "--foreground", "--backends",
-          "cpu,vulkan", "--log-level", "warn", "--ready-fd", fdarg, "--no-cache", (char *)NULL);
+    execl(dspkd_path, dspkd_path, "--socket", sock, "--foreground", "--backends", backends,
+          "--log-level", "warn", "--ready-fd", fdarg, "--no-cache", opt, val, (char *)NULL);
     _exit(127);
   }
   close(p[1]);
@@ -63,7 +65,16 @@ static int start_daemon(void **state) {
     got += (size_t)n;
   close(p[0]);
   buf[got] = '\0';
-  if (strcmp(buf, "READY\n") != 0)
+  return strcmp(buf, "READY\n") == 0 ? pid : -1;
+}
+
+static int start_daemon(void **state) {
+  (void)state;
+  strcpy(tmpdir, "/tmp/dspk-shm-XXXXXX");
+  if (!mkdtemp(tmpdir))
+    return -1;
+  snprintf(sockpath, sizeof sockpath, "%s/dspkd.sock", tmpdir);
+  if ((daemon_pid = spawn_daemon(sockpath, "cpu,vulkan", NULL, NULL)) < 0)
     return -1;
   return dspk_connect(sockpath, "test_shared", &C) == 0 ? 0 : -1;
 }
@@ -651,6 +662,40 @@ static void test_seals(void **state) {
   assert_int_equal(dspk_ping(C, "x", 1), 0);
 }
 
+/* A shared allocation the daemon refuses (over the user's memory quota)
+ * commits no memory in the caller: the daemon answers before the pages are
+ * made (they were all made first, so a size beyond the host's memory
+ * brought the out-of-memory killer instead of ENOMEM). */
+static void test_refused_alloc(void **state) {
+  char sock[160];
+  dspk_client *c2;
+  struct rusage r0, r1;
+  void *p = NULL;
+  uint64_t id = 0;
+  pid_t pid;
+  int st;
+  (void)state;
+  snprintf(sock, sizeof sock, "%s/quota.sock", tmpdir);
+  pid = spawn_daemon(sock, "cpu", "--max-user-memory", "64M");
+  assert_true(pid > 0);
+  assert_int_equal(dspk_connect(sock, "test_refused_alloc", &c2), 0);
+  assert_int_equal(getrusage(RUSAGE_SELF, &r0), 0);
+  assert_int_equal(dspk_shared_alloc(c2, "cpu:0", (size_t)512 << 20, &p, &id), DSPK_ELIMIT);
+  assert_null(p);
+  assert_int_equal(getrusage(RUSAGE_SELF, &r1), 0);
+  /* ru_maxrss in KiB: far below the 512 MiB asked for */
+  assert_true(r1.ru_maxrss - r0.ru_maxrss < 64 * 1024);
+  /* an empty device name is the daemon's ENODEV, not a default device */
+  assert_int_equal(dspk_shared_alloc(c2, "", 4096, &p, &id), DSPK_ENODEV);
+  assert_int_equal(dspk_shared_alloc(c2, "cpu:0", 4096, &p, &id), 0);
+  assert_int_equal(dspk_shared_free(c2, p), 0);
+  dspk_close(c2);
+  kill(pid, SIGTERM);
+  assert_int_equal(waitpid(pid, &st, 0), pid);
+  assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  unlink(sock);
+}
+
 /* The client unmaps its side while its task runs, or exits with tasks in
  * flight: the daemon's own mapping keeps the task's operands valid. */
 static void test_unmap_and_exit(void **state) {
@@ -734,6 +779,7 @@ int main(int argc, char **argv) {
   dspkd_path = argv[1];
   signal(SIGPIPE, SIG_IGN);
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_refused_alloc), /* first: it reads the peak RSS */
       cmocka_unit_test(test_shared_alloc_gemm),
       cmocka_unit_test(test_shared_from_file),
       cmocka_unit_test(test_huge_pages),
