@@ -174,6 +174,13 @@ int dspkd_m_buffer_import(struct req *r) {
                "(F_GET_SEALS: %s)", strerror(errno));
     goto out;
   }
+  if (!(seals & F_SEAL_SHRINK) && (seals & F_SEAL_SEAL)) {
+    /* A memfd made without MFD_ALLOW_SEALING starts with F_SEAL_SEAL. */
+    err = fail(r, DSPK_EINVAL, "buffer.import: the memfd is not sealed against "
+               "shrinking and can take no seal (made without MFD_ALLOW_SEALING, or "
+               "F_SEAL_SEAL set): make it with MFD_ALLOW_SEALING and add F_SEAL_SHRINK");
+    goto out;
+  }
   if (!(seals & F_SEAL_SHRINK)) {
     err = fail(r, DSPK_EINVAL, "buffer.import: the memfd is not sealed against "
                "shrinking: add F_SEAL_SHRINK (fcntl F_ADD_SEALS) before sending it");

@@ -706,6 +706,11 @@ def buffer_import(env):
     fd = memfd(4096, seals=0)
     expect(c.call("buffer.import", {"size": 4096}, fds=[fd]), "EINVAL", "SEAL_SHRINK")
     os.close(fd)
+    # made without MFD_ALLOW_SEALING: it can take no seal, and the message says so
+    fd = os.memfd_create("conf", 0)
+    os.ftruncate(fd, 4096)
+    expect(c.call("buffer.import", {"size": 4096}, fds=[fd]), "EINVAL", "MFD_ALLOW_SEALING")
+    os.close(fd)
     # smaller than size
     fd = memfd(4096)
     expect(c.call("buffer.import", {"size": 8192}, fds=[fd]), "EINVAL", "fewer than size")
