@@ -16,6 +16,7 @@
  * the file.
  */
 #include <errno.h>
+#include <limits.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -1485,8 +1486,13 @@ int dspk__cache_stats(struct dspk__cache *c, struct dspk__cache_stats *out) {
   s.in_memory = atomic_load(&c->in_memory);
   if (!s.in_memory) {
     struct stat sb;
+    char wal[PATH_MAX + 8];
     if (stat(c->path, &sb) == 0)
       s.file_bytes = (uint64_t)sb.st_size;
+    /* with its write-ahead log, where new entries are until a checkpoint */
+    if ((size_t)snprintf(wal, sizeof wal, "%s-wal", c->path) < sizeof wal &&
+        stat(wal, &sb) == 0)
+      s.file_bytes += (uint64_t)sb.st_size;
   }
   rc = SQLITE_OK;
 out:

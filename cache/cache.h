@@ -214,7 +214,7 @@ struct dspk__cache_kstats {
 struct dspk__cache_stats {
   struct dspk__cache_kstats kind[DSPK__CACHE_NKINDS];
   uint64_t max_bytes;
-  uint64_t file_bytes; /* size of the database file (0 in memory) */
+  uint64_t file_bytes; /* size of the database file and its -wal (0 in memory) */
   int in_memory;
 };
 
