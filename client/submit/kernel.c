@@ -96,24 +96,23 @@ static const char *lang_from_path(const char *path) {
 
 /* "X[,Y[,Z]]" into three positive dimensions. */
 static int parse_dim3(const char *s, uint32_t d[3]) {
-  char buf[96], *save = NULL, *tok;
-  int n = 0;
+  char buf[96], *items[3];
+  int n = dspk__sub_split(s, ",x", buf, sizeof buf, items, 3);
   d[0] = d[1] = d[2] = 1;
-  snprintf(buf, sizeof buf, "%s", s);
-  for (tok = strtok_r(buf, ",x", &save); tok;
-       tok = strtok_r(NULL, ",x", &save)) {
+  for (int i = 0; i < n; i++) {
     long v;
-    if (n >= 3 || dspk__sub_parse_long(tok, 1, UINT32_MAX, &v) < 0)
+    if (dspk__sub_parse_long(items[i], 1, UINT32_MAX, &v) < 0)
       return -1;
-    d[n++] = (uint32_t)v;
+    d[i] = (uint32_t)v;
   }
   return n > 0 ? 0 : -1;
 }
 
 /* "zeros:DTYPE:D0xD1x..." into a zero-filled array. */
 static int parse_zeros(dspk__sub_ctx *ctx, const char *spec, dspk__npy *a) {
-  char buf[256], *dt, *dims, *save = NULL, *tok;
+  char buf[256], dbuf[256], *dt, *dims, *items[DSPK_MAX_RANK];
   size_t is;
+  int n;
   snprintf(buf, sizeof buf, "%s", spec + 6);
   dt = buf;
   dims = strchr(buf, ':');
@@ -124,11 +123,12 @@ static int parse_zeros(dspk__sub_ctx *ctx, const char *spec, dspk__npy *a) {
   if (dspk_dtype_from_name(dt, &a->dtype) < 0)
     return dspk__sub_usage(ctx, "bad dtype '%s' in '%s'", dt, spec);
   a->count = 1;
-  for (tok = strtok_r(dims, "x,", &save); tok;
-       tok = strtok_r(NULL, "x,", &save)) {
+  n = dspk__sub_split(dims, "x,", dbuf, sizeof dbuf, items, DSPK_MAX_RANK);
+  if (n < 0)
+    return dspk__sub_usage(ctx, "bad shape in '%s'", spec);
+  for (int i = 0; i < n; i++) {
     long v;
-    if (a->rank >= DSPK_MAX_RANK ||
-        dspk__sub_parse_long(tok, 0, 1L << 31, &v) < 0)
+    if (dspk__sub_parse_long(items[i], 0, 1L << 31, &v) < 0)
       return dspk__sub_usage(ctx, "bad shape in '%s'", spec);
     a->shape[a->rank++] = (uint64_t)v;
     a->count *= (uint64_t)v;
@@ -211,6 +211,8 @@ int dspk__sub_kernel(dspk__sub_ctx *ctx, int argc, char **argv) {
   char *src = NULL, err[768];
   size_t srclen = 0;
   bool have_grid = false, have_block = false, json = false;
+  bool seen_entry = false, seen_shared = false, seen_lang = false,
+       seen_device = false;
   const char *saved[DSPK_MAX_OUTPUTS] = {NULL};
 
   memset(tens, 0, sizeof tens);
@@ -219,21 +221,29 @@ int dspk__sub_kernel(dspk__sub_ctx *ctx, int argc, char **argv) {
          -1) {
     switch (opt) {
     case 'e':
+      if ((rc = dspk__sub_once(ctx, &seen_entry, opt, argv)) != 0)
+        return rc;
       entry = optarg;
       break;
     case 'g':
+      if ((rc = dspk__sub_once(ctx, &have_grid, opt, argv)) != 0)
+        return rc;
       if (parse_dim3(optarg, grid) < 0)
         return dspk__sub_usage(ctx, "bad --grid '%s' (want X[,Y[,Z]])",
                                optarg);
       have_grid = true;
       break;
     case 'b':
+      if ((rc = dspk__sub_once(ctx, &have_block, opt, argv)) != 0)
+        return rc;
       if (parse_dim3(optarg, block) < 0)
         return dspk__sub_usage(ctx, "bad --block '%s' (want X[,Y[,Z]])",
                                optarg);
       have_block = true;
       break;
     case 's': {
+      if ((rc = dspk__sub_once(ctx, &seen_shared, opt, argv)) != 0)
+        return rc;
       uint64_t v;
       if (dspk__sub_parse_size(optarg, 0, UINT32_MAX, &v) < 0)
         return dspk__sub_usage(ctx, "bad --shared '%s' (want bytes, e.g. "
@@ -243,6 +253,8 @@ int dspk__sub_kernel(dspk__sub_ctx *ctx, int argc, char **argv) {
       break;
     }
     case 'l':
+      if ((rc = dspk__sub_once(ctx, &seen_lang, opt, argv)) != 0)
+        return rc;
       if (strcmp(optarg, "cuda") && strcmp(optarg, "hip") &&
           strcmp(optarg, "glsl") && strcmp(optarg, "spirv"))
         return dspk__sub_usage(ctx, "bad --lang '%s' (want cuda, hip, glsl "
@@ -251,6 +263,8 @@ int dspk__sub_kernel(dspk__sub_ctx *ctx, int argc, char **argv) {
       lang = optarg;
       break;
     case 'd':
+      if ((rc = dspk__sub_once(ctx, &seen_device, opt, argv)) != 0)
+        return rc;
       if (!*optarg) /* as the compute commands: not the library's "any" */
         return dspk__sub_usage(ctx, "empty --device (want an ID that 'dspk-submit "
                                     "devices' lists, or any)");

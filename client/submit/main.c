@@ -507,6 +507,39 @@ double dspk__sub_now_us(void) {
   return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
 }
 
+int dspk__sub_split(const char *s, const char *seps, char *buf, size_t cap,
+                    char **items, int max) {
+  int n = 0;
+  char *p;
+  if (strlen(s) >= cap)
+    return -1;
+  strcpy(buf, s);
+  p = buf;
+  for (;;) {
+    char *item = strsep(&p, seps);
+    if (*item == '\0' || n == max)
+      return -1;
+    items[n++] = item;
+    if (!p)
+      return n;
+  }
+}
+
+int dspk__sub_once(const dspk__sub_ctx *ctx, bool *seen, int opt, char **argv) {
+  /* The option as typed: the argument before a separate optarg, else the
+   * one getopt_long just read; "--name" without its "=value", "-x" alone. */
+  const char *tok = optind >= 2 && optarg == argv[optind - 1] ? argv[optind - 2]
+                                                               : argv[optind - 1];
+  if (!*seen) {
+    *seen = true;
+    return 0;
+  }
+  if (strncmp(tok, "--", 2) == 0)
+    return dspk__sub_usage(ctx, "option '%.*s' given twice (it takes one value)",
+                           (int)strcspn(tok, "="), tok);
+  return dspk__sub_usage(ctx, "option '-%c' given twice (it takes one value)",
+                         opt > 0 && opt < 128 ? opt : tok[1]);
+}
 /* Whether the kernel gives transparent huge pages to memory that asks for
  * them ("always" or "madvise" in sysfs). */
 static bool thp_available(void) {
@@ -580,6 +613,7 @@ int main(int argc, char **argv) {
                                        {NULL, 0, NULL, 0}};
   dspk__sub_ctx ctx = {NULL, NULL, NULL};
   const dspk__sub_cmd *cmd;
+  bool seen_socket = false;
   int opt, rc, ci;
 
   guard_std_fds();
@@ -592,6 +626,8 @@ int main(int argc, char **argv) {
   while ((opt = getopt_long(argc, argv, "+:S:hV", opts, NULL)) != -1) {
     switch (opt) {
     case 'S':
+      if ((rc = dspk__sub_once(&ctx, &seen_socket, opt, argv)) != 0)
+        return rc;
       ctx.socket = optarg;
       break;
     case 'h':

@@ -57,19 +57,20 @@ typedef struct op_args {
 } op_args;
 
 static int add_axes(dspk__sub_ctx *ctx, op_args *a, const char *arg) {
-  char buf[256], *save = NULL, *tok;
-  snprintf(buf, sizeof buf, "%s", arg);
-  for (tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+  char buf[256], *items[DSPK_MAX_RANK + 1];
+  int n = dspk__sub_split(arg, ",", buf, sizeof buf, items, DSPK_MAX_RANK + 1);
+  if (n < 0)
+    return dspk__sub_usage(ctx, "bad --axis '%s' (want K or K,K,... with no "
+                                "empty item)", arg);
+  for (int i = 0; i < n; i++) {
     long k;
-    if (dspk__sub_parse_long(tok, -DSPK_MAX_RANK, DSPK_MAX_RANK - 1, &k) < 0)
+    if (dspk__sub_parse_long(items[i], -DSPK_MAX_RANK, DSPK_MAX_RANK - 1, &k) < 0)
       return dspk__sub_usage(ctx, "bad axis '%s' (want an integer in -%d..%d)",
-                             tok, DSPK_MAX_RANK, DSPK_MAX_RANK - 1);
+                             items[i], DSPK_MAX_RANK, DSPK_MAX_RANK - 1);
     if (a->naxes >= DSPK_MAX_RANK)
       return dspk__sub_usage(ctx, "more than %d axes", DSPK_MAX_RANK);
     a->axes[a->naxes++] = (int)k;
   }
-  if (a->naxes == 0)
-    return dspk__sub_usage(ctx, "empty --axis");
   return 0;
 }
 
@@ -96,6 +97,8 @@ static int parse_op_args(dspk__sub_ctx *ctx, int argc, char **argv,
               {OPT_TRANS_B, ALLOW_TRANS},   {OPT_ALPHA, ALLOW_ALPHA},
               {OPT_BETA, ALLOW_BETA},       {OPT_INVERSE, ALLOW_INVERSE}};
   const char *shorts = a->allowed & ALLOW_AXIS ? ":o:d:ha:" : ":o:d:h";
+  bool seen_output = false, seen_device = false, seen_alpha = false,
+       seen_beta = false;
   int opt, rc;
 
   a->alpha = 1.0;
@@ -106,9 +109,13 @@ static int parse_op_args(dspk__sub_ctx *ctx, int argc, char **argv,
                                argv[optind - 1], ctx->cmd);
     switch (opt) {
     case OPT_OUTPUT:
+      if ((rc = dspk__sub_once(ctx, &seen_output, opt, argv)) != 0)
+        return rc;
       a->output = optarg;
       break;
     case OPT_DEVICE:
+      if ((rc = dspk__sub_once(ctx, &seen_device, opt, argv)) != 0)
+        return rc;
       /* An empty ID would reach the library as its "any" (NULL or ""): a
        * typo such as --device "$DEV" with DEV unset must not run anywhere. */
       if (!*optarg)
@@ -136,12 +143,16 @@ static int parse_op_args(dspk__sub_ctx *ctx, int argc, char **argv,
       a->json = true;
       break;
     case OPT_ALPHA:
+      if ((rc = dspk__sub_once(ctx, &seen_alpha, opt, argv)) != 0)
+        return rc;
       if (dspk__sub_parse_double(optarg, &a->alpha) < 0)
         return dspk__sub_usage(ctx, "bad --alpha '%s' (want a number)",
                                optarg);
       a->have_alpha = true;
       break;
     case OPT_BETA:
+      if ((rc = dspk__sub_once(ctx, &seen_beta, opt, argv)) != 0)
+        return rc;
       if (dspk__sub_parse_double(optarg, &a->beta) < 0)
         return dspk__sub_usage(ctx, "bad --beta '%s' (want a number)", optarg);
       a->have_beta = true;
@@ -697,11 +708,13 @@ int dspk__sub_save(const dspk_tensor *o, const char *path, char *err,
   for (unsigned k = 0; k < o->rank; k++)
     shape[k] = (uint64_t)o->shape[k];
   if (strcmp(path, "-") == 0) {
+    char detail[256];
     int rc = dspk__npy_write_fd(STDOUT_FILENO, o->dtype, (int)o->rank, shape,
-                                o->data, err, errlen);
+                                o->data, detail, sizeof detail);
+    /* Named as every write to standard output is (main.c, flush_stdout). */
     if (rc < 0)
-      return rc;
-    return 0;
+      snprintf(err, errlen, "%s%s", rc == DSPK_EIO ? "<stdout>: " : "", detail);
+    return rc < 0 ? rc : 0;
   }
   return dspk__npy_save(path, o->dtype, (int)o->rank, shape, o->data, err,
                         errlen);

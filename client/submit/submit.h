@@ -149,6 +149,21 @@ int dspk__sub_json_connect(dspk__sub_ctx *ctx, int argc, char **argv, bool *json
 int dspk__sub_end_args(const dspk__sub_ctx *ctx, int argc, char **argv);
 int dspk__sub_missing_arg(const dspk__sub_ctx *ctx, char **argv);
 
+/* For an option that takes one value (docs/cli.md: a repeated one is
+ * refused, not overridden), called where the getopt loop handles opt:
+ * returns 0 the first time (*seen becomes true), else reports the usage
+ * error "option '--output' given twice" and returns its exit status.
+ * Options that may repeat (reduce --axis, kernel -o) and flags do not call
+ * it. */
+int dspk__sub_once(const dspk__sub_ctx *ctx, bool *seen, int opt, char **argv);
+
+/* Splits a list option's value s at any of the characters in seps into at
+ * most max items, copied into buf (cap bytes) and pointed to by items.
+ * Returns the number of items, or -1 when an item is empty ("0,", ",1",
+ * "0,,1", ""), there are more than max, or s does not fit in buf. */
+int dspk__sub_split(const char *s, const char *seps, char *buf, size_t cap,
+                    char **items, int max);
+
 /* Strict number parsing of a whole string: 0 on success, -1 otherwise. */
 int dspk__sub_parse_double(const char *s, double *out);
 int dspk__sub_parse_long(const char *s, long lo, long hi, long *out);

@@ -1,0 +1,223 @@
+/*
+ * Output files written through a temporary and a rename (see outfile.h).
+ *
+ * The symbolic links of the output path are followed by hand (lstat and
+ * readlink, at most OUTFILE_MAX_LINKS of them) rather than with realpath,
+ * which fails on a dangling link: a link to a file not yet written creates
+ * that file, as open(2) would.  The temporary lives beside the final
+ * target, on the same file system, so the rename is atomic.
+ */
+#include "client/submit/outfile.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "dspk/errors.h"
+
+/* As the kernel's limit on the links one path lookup follows (MAXSYMLINKS). */
+#define OUTFILE_MAX_LINKS 40
+
+static int open_code(int e) {
+  return e == ENOENT ? DSPK_ENOENT
+         : e == EACCES || e == EPERM || e == EROFS ? DSPK_EPERM
+                                                   : DSPK_EIO;
+}
+
+static void seterr(char *err, size_t errlen, int e) {
+  if (errlen)
+    snprintf(err, errlen, "%s", strerror(e));
+}
+
+/* The directory part of p ("." when none), malloc'd, or NULL. */
+static char *dir_of(const char *p) {
+  const char *s = strrchr(p, '/');
+  if (!s)
+    return strdup(".");
+  if (s == p)
+    return strdup("/");
+  return strndup(p, (size_t)(s - p));
+}
+
+/* The final target of path (its links followed), malloc'd; NULL with errno
+ * set (ELOOP, ENOMEM). */
+static char *resolve(const char *path) {
+  char *p = strdup(path);
+  for (int n = 0; p; n++) {
+    struct stat st;
+    char *link, *next, *dir;
+    ssize_t len;
+    if (lstat(p, &st) < 0 || !S_ISLNK(st.st_mode))
+      return p; /* a missing path or another error: open reports it */
+    if (n == OUTFILE_MAX_LINKS) {
+      free(p);
+      errno = ELOOP;
+      return NULL;
+    }
+    link = malloc((size_t)st.st_size + 2);
+    if (!link)
+      break;
+    len = readlink(p, link, (size_t)st.st_size + 1);
+    if (len < 0 || len > st.st_size) { /* changed under us */
+      free(link);
+      if (len >= 0)
+        errno = EAGAIN;
+      break;
+    }
+    link[len] = '\0';
+    if (link[0] == '/') {
+      next = link;
+    } else {
+      dir = dir_of(p);
+      next = NULL;
+      if (dir && asprintf(&next, "%s/%s", dir, link) < 0)
+        next = NULL;
+      free(dir);
+      free(link);
+      if (!next)
+        break;
+    }
+    free(p);
+    p = next;
+  }
+  free(p);
+  return NULL;
+}
+
+int dspk__outfile_open(dspk__outfile *o, const char *path, char *err,
+                       size_t errlen) {
+  struct stat st;
+  char *target, *dir = NULL, *tmp = NULL;
+  bool exists;
+  mode_t mode;
+  int fd, e;
+
+  o->fd = -1;
+  o->target = o->tmp = NULL;
+  if (strcmp(path, "-") == 0) {
+    o->fd = STDOUT_FILENO;
+    return 0;
+  }
+  target = resolve(path);
+  if (!target) {
+    e = errno;
+    seterr(err, errlen, e);
+    return open_code(e);
+  }
+  exists = stat(target, &st) == 0;
+  if (exists && !S_ISREG(st.st_mode)) {
+    /* A FIFO, a device, a directory (which open refuses): written directly. */
+    free(target);
+    fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0666);
+    if (fd < 0) {
+      e = errno;
+      seterr(err, errlen, e);
+      return open_code(e);
+    }
+    o->fd = fd;
+    return 0;
+  }
+  /* A file that a plain open could not write is not replaced either. */
+  if (exists && faccessat(AT_FDCWD, target, W_OK, AT_EACCESS) < 0) {
+    e = errno;
+    goto fail;
+  }
+  dir = dir_of(target);
+  if (!dir || asprintf(&tmp, "%s/.dspk-submit-XXXXXX", dir) < 0) {
+    tmp = NULL;
+    e = ENOMEM;
+    goto fail;
+  }
+  fd = mkostemp(tmp, O_CLOEXEC);
+  if (fd < 0) {
+    e = errno;
+    free(tmp);
+    tmp = NULL;
+    goto fail;
+  }
+  if (exists) {
+    mode = st.st_mode & 07777;
+    if ((st.st_uid != geteuid() || st.st_gid != getegid()) &&
+        fchown(fd, st.st_uid, st.st_gid) < 0) {
+      /* Not ours to give away: the new file is the process's, as a file
+       * written anew would be. */
+    }
+  } else {
+    mode_t mask = umask(0);
+    umask(mask);
+    mode = 0666 & ~mask;
+  }
+  if (fchmod(fd, mode) < 0) {
+    e = errno;
+    close(fd);
+    unlink(tmp);
+    goto fail;
+  }
+  free(dir);
+  o->fd = fd;
+  o->target = target;
+  o->tmp = tmp;
+  return 0;
+fail:
+  free(tmp);
+  free(dir);
+  free(target);
+  seterr(err, errlen, e);
+  return open_code(e);
+}
+
+int dspk__outfile_write(dspk__outfile *o, const void *buf, size_t n) {
+  const char *p = buf;
+  while (n > 0) {
+    ssize_t w = write(o->fd, p, n);
+    if (w < 0 && errno == EINTR)
+      continue;
+    if (w < 0)
+      return -1;
+    p += w;
+    n -= (size_t)w;
+  }
+  return 0;
+}
+
+int dspk__outfile_commit(dspk__outfile *o, char *err, size_t errlen) {
+  int e = 0;
+  if (o->fd < 0)
+    return 0;
+  if (o->fd == STDOUT_FILENO && !o->tmp) {
+    o->fd = -1;
+    return 0;
+  }
+  if (o->tmp && fsync(o->fd) < 0)
+    e = errno;
+  if (close(o->fd) < 0 && !e)
+    e = errno;
+  o->fd = -1;
+  if (!e && o->tmp && rename(o->tmp, o->target) < 0)
+    e = errno;
+  if (e) {
+    dspk__outfile_abort(o);
+    seterr(err, errlen, e);
+    return DSPK_EIO;
+  }
+  free(o->tmp);
+  free(o->target);
+  o->tmp = o->target = NULL;
+  return 0;
+}
+
+void dspk__outfile_abort(dspk__outfile *o) {
+  if (o->fd >= 0 && !(o->fd == STDOUT_FILENO && !o->tmp))
+    close(o->fd);
+  o->fd = -1;
+  if (o->tmp)
+    unlink(o->tmp);
+  free(o->tmp);
+  free(o->target);
+  o->tmp = o->target = NULL;
+}
