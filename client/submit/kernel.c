@@ -203,6 +203,7 @@ int dspk__sub_kernel(dspk__sub_ctx *ctx, int argc, char **argv) {
   uint32_t grid[3] = {1, 1, 1}, block[3] = {1, 1, 1};
   long shared = 0;
   kernel_out outs[KERNEL_MAX_TENSORS];
+  dspk__outfile ofs[KERNEL_MAX_TENSORS];
   int nouts = 0, ntens = 0, opt, rc, status = DSPK__SUB_EXIT_FAIL;
   dspk__npy tens[KERNEL_MAX_TENSORS];
   dspk_tensor tin[KERNEL_MAX_TENSORS];
@@ -217,6 +218,8 @@ int dspk__sub_kernel(dspk__sub_ctx *ctx, int argc, char **argv) {
 
   memset(tens, 0, sizeof tens);
   memset(&res, 0, sizeof res);
+  for (int i = 0; i < KERNEL_MAX_TENSORS; i++)
+    ofs[i] = (dspk__outfile){-1, NULL, NULL};
   while ((opt = getopt_long(argc, argv, ":e:g:b:s:l:d:o:h", opts, NULL)) !=
          -1) {
     switch (opt) {
@@ -380,6 +383,10 @@ int dspk__sub_kernel(dspk__sub_ctx *ctx, int argc, char **argv) {
   t.ninputs = (unsigned)ntens;
   t.device = device;
 
+  /* The outputs exist (as temporaries) before the kernel runs. */
+  for (int i = 0; i < nouts; i++)
+    if (dspk__sub_open_output(ctx, outs[i].path, &ofs[i]) != 0)
+      goto out;
   if (dspk__sub_connect(ctx) != 0)
     goto out;
   for (int i = 0; i < ntens; i++) /* sent from their files (ops.c, run_task) */
@@ -398,7 +405,7 @@ int dspk__sub_kernel(dspk__sub_ctx *ctx, int argc, char **argv) {
       goto out_res;
     }
     o = &res.out[outs[i].index];
-    rc = dspk__sub_save(o, outs[i].path, err, sizeof err);
+    rc = dspk__sub_save(o, &ofs[i], outs[i].path, err, sizeof err);
     if (rc < 0) {
       dspk__sub_fail(ctx, rc, "%s", err);
       goto out_res;
@@ -435,7 +442,9 @@ out_res:
   dspk_result_free(&res);
 out:
   free(src);
-  for (int i = 0; i < KERNEL_MAX_TENSORS; i++)
+  for (int i = 0; i < KERNEL_MAX_TENSORS; i++) {
+    dspk__outfile_abort(&ofs[i]); /* nothing left when saved */
     dspk__npy_free(&tens[i]);
+  }
   return status;
 }

@@ -480,6 +480,7 @@ static int run_task(dspk__sub_ctx *ctx, const op_args *a, dspk_task *t,
   dspk__npy in[MAX_INPUTS];
   dspk_tensor tin[MAX_INPUTS];
   dspk_result res;
+  dspk__outfile of = {-1, NULL, NULL};
   progress_state ps = {isatty(STDERR_FILENO) == 1, false, ctx->cmd};
   char err[768];
   int i, rc, status = DSPK__SUB_EXIT_FAIL, loaded = 0;
@@ -505,6 +506,9 @@ static int run_task(dspk__sub_ctx *ctx, const op_args *a, dspk_task *t,
   t->ninputs = (unsigned)nfiles;
   t->device = a->device;
 
+  /* The output exists (as its temporary) before any work is done. */
+  if (a->output != NULL && dspk__sub_open_output(ctx, a->output, &of) != 0)
+    goto out;
   rc = dspk__sub_connect(ctx);
   if (rc != 0)
     goto out;
@@ -539,7 +543,7 @@ static int run_task(dspk__sub_ctx *ctx, const op_args *a, dspk_task *t,
     goto out_res;
   }
   if (a->output != NULL) {
-    rc = dspk__sub_save(&res.out[0], a->output, err, sizeof err);
+    rc = dspk__sub_save(&res.out[0], &of, a->output, err, sizeof err);
     if (rc < 0) {
       dspk__sub_fail(ctx, rc, "%s", err);
       goto out_res;
@@ -560,6 +564,7 @@ static int run_task(dspk__sub_ctx *ctx, const op_args *a, dspk_task *t,
 out_res:
   dspk_result_free(&res);
 out:
+  dspk__outfile_abort(&of); /* nothing left when saved */
   for (i = 0; i < loaded; i++)
     dspk__npy_free(&in[i]);
   return status;
@@ -702,22 +707,33 @@ int dspk__sub_map(dspk__sub_ctx *ctx, int argc, char **argv) {
   return run_task(ctx, &a, &t, a.pos + 1, a.npos - 1);
 }
 
-int dspk__sub_save(const dspk_tensor *o, const char *path, char *err,
-                   size_t errlen) {
+int dspk__sub_open_output(const dspk__sub_ctx *ctx, const char *path,
+                          dspk__outfile *of) {
+  char err[256];
+  int rc = dspk__outfile_open(of, path, err, sizeof err);
+  if (rc < 0)
+    return dspk__sub_fail(ctx, rc, "%s: %s", path, err);
+  return 0;
+}
+
+int dspk__sub_save(const dspk_tensor *o, dspk__outfile *of, const char *path,
+                   char *err, size_t errlen) {
   uint64_t shape[DSPK_MAX_RANK];
+  char detail[256];
+  int rc;
   for (unsigned k = 0; k < o->rank; k++)
     shape[k] = (uint64_t)o->shape[k];
-  if (strcmp(path, "-") == 0) {
-    char detail[256];
-    int rc = dspk__npy_write_fd(STDOUT_FILENO, o->dtype, (int)o->rank, shape,
-                                o->data, detail, sizeof detail);
-    /* Named as every write to standard output is (main.c, flush_stdout). */
-    if (rc < 0)
-      snprintf(err, errlen, "%s%s", rc == DSPK_EIO ? "<stdout>: " : "", detail);
-    return rc < 0 ? rc : 0;
-  }
-  return dspk__npy_save(path, o->dtype, (int)o->rank, shape, o->data, err,
-                        errlen);
+  rc = dspk__npy_write_fd(of->fd, o->dtype, (int)o->rank, shape, o->data,
+                          detail, sizeof detail);
+  if (rc == 0)
+    rc = dspk__outfile_commit(of, detail, sizeof detail);
+  else
+    dspk__outfile_abort(of);
+  /* Standard output is named as every write to it is (main.c). */
+  if (rc < 0)
+    snprintf(err, errlen, "%s: %s", strcmp(path, "-") == 0 ? "<stdout>" : path,
+             detail);
+  return rc;
 }
 
 int dspk__sub_check_inputs(const dspk__sub_ctx *ctx, char *const *files,

@@ -52,12 +52,14 @@ int dspk__sub_trace(dspk__sub_ctx *ctx, int argc, char **argv) {
     return dspk__sub_usage(ctx, "missing -o FILE (- for standard output)");
   if (summary && strcmp(out, "-") == 0)
     return dspk__sub_usage(ctx, "--json prints a summary: it needs -o FILE, not -");
-  rc = dspk__sub_connect(ctx);
-  if (rc != 0)
-    return rc;
   rc = dspk__outfile_open(&of, out, err, sizeof err);
   if (rc < 0)
     return dspk__sub_fail(ctx, rc, "%s: %s", out, err);
+  rc = dspk__sub_connect(ctx);
+  if (rc != 0) {
+    dspk__outfile_abort(&of);
+    return rc;
+  }
   if (strcmp(out, "-") != 0 && isatty(STDERR_FILENO))
     fprintf(stderr, "dspk-submit: trace: recording for %g s...\n", seconds);
   rc = dspk_trace(ctx->client, seconds, &json);

@@ -758,6 +758,11 @@ def output_replacement(cli, tmp, large, small, fsize_limit):
           "a new output's mode is %o under umask 027, not 640"
           % (os.stat(new).st_mode & 0o7777))
     check(leftovers(d) == [], "temporaries left behind: %s" % leftovers(d))
+    # A task the daemon refuses (after the output was opened) leaves the
+    # existing file as it was, and no temporary.
+    cli.fails(["gemm", small, small, "-o", keep], "gemm", "ESHAPE")
+    same(keep, "failed gemm over keep.npy")
+    check(leftovers(d) == [], "temporaries left behind: %s" % leftovers(d))
 
     # trace: a FILE that cannot be created fails at once, before the
     # recording (600 s would outlast the run's 120 s timeout), with the
@@ -1624,7 +1629,6 @@ def suite_journal(cli, tmp, dspkd):
 # ---- help --------------------------------------------------------------------
 
 def suite_help(cli, tmp):
-    del tmp
     for argv in (["--help"], ["-h"], ["help"]):
         out = cli.ok(*argv, sock=False)
         check(out.startswith("usage: dspk-submit"), "%s: %r" % (argv, out[:80]))
@@ -1645,6 +1649,27 @@ def suite_help(cli, tmp):
     check(re.fullmatch(r"dspk-submit \S+\n", out), "--version %r" % out)
     help_matches_doc(cli)
     repeated_options(cli)
+    outputs_before_work(cli, tmp)
+
+
+def outputs_before_work(cli, tmp):
+    """An output that cannot be created fails before any work: before
+    connecting (ENOENT, not ECONNECT to the socket that is not there), for
+    the compute commands, kernel -o and trace -o alike."""
+    a = os.path.join(tmp, "a.npy")
+    np.save(a, np.ones(4))
+    src = os.path.join(tmp, "k.comp")
+    with open(src, "w") as f:
+        f.write("void main() {}\n")
+    bad = os.path.join(tmp, "no", "such", "out.npy")
+    nosock = ["--socket", os.path.join(tmp, "nothing.sock")]
+    for args in (["map", "abs", a, "-o", bad], ["gemm", a, a, "-o", bad],
+                 ["kernel", src, "--entry", "main", "--grid", "1", "--block", "1",
+                  a, "-o", bad],
+                 ["trace", "-o", bad, "--seconds", "600"]):
+        cli.fails(nosock + args, args[0], "ENOENT", sock=False,
+                  detail="%s: No such file or directory" % bad)
+    check(not os.path.exists(os.path.join(tmp, "no")), "a directory was created")
 
 
 def help_matches_doc(cli):
