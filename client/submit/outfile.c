@@ -6,10 +6,17 @@
  * which fails on a dangling link: a link to a file not yet written creates
  * that file, as open(2) would.  The temporary lives beside the final
  * target, on the same file system, so the rename is atomic.
+ *
+ * Outputs are opened before the task runs, which may take minutes: a
+ * SIGINT, SIGTERM, SIGHUP or SIGQUIT meanwhile (Ctrl-C) must not leave the
+ * temporary behind.  The open temporaries are listed in a small table that
+ * a handler, installed with the first temporary for those signals still at
+ * their default, unlinks before dying of the signal as before.
  */
 #include "client/submit/outfile.h"
 
 #include <errno.h>
+#include <signal.h>
 #include <fcntl.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -22,6 +29,52 @@
 
 /* As the kernel's limit on the links one path lookup follows (MAXSYMLINKS). */
 #define OUTFILE_MAX_LINKS 40
+
+/* The temporaries now open, for the signal handler; a slot is cleared
+ * before its path is freed. */
+#define OUTFILE_MAX_OPEN 8
+static char *volatile open_tmps[OUTFILE_MAX_OPEN];
+static const int cleanup_signals[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
+
+static void on_fatal_signal(int sig) {
+  int e = errno;
+  for (int i = 0; i < OUTFILE_MAX_OPEN; i++)
+    if (open_tmps[i])
+      unlink(open_tmps[i]);
+  signal(sig, SIG_DFL);
+  raise(sig);
+  errno = e;
+}
+
+/* Lists tmp for the handler (installed the first time); 0, or -1 when the
+ * table is full (the output is then not written: EMFILE). */
+static int track(char *tmp) {
+  static bool installed;
+  if (!installed) {
+    for (size_t i = 0; i < sizeof cleanup_signals / sizeof cleanup_signals[0]; i++) {
+      struct sigaction old, sa;
+      if (sigaction(cleanup_signals[i], NULL, &old) == 0 && old.sa_handler == SIG_DFL) {
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = on_fatal_signal;
+        sigemptyset(&sa.sa_mask);
+        sigaction(cleanup_signals[i], &sa, NULL);
+      }
+    }
+    installed = true;
+  }
+  for (int i = 0; i < OUTFILE_MAX_OPEN; i++)
+    if (!open_tmps[i]) {
+      open_tmps[i] = tmp;
+      return 0;
+    }
+  return -1;
+}
+
+static void untrack(const char *tmp) {
+  for (int i = 0; i < OUTFILE_MAX_OPEN; i++)
+    if (open_tmps[i] == tmp)
+      open_tmps[i] = NULL;
+}
 
 static int open_code(int e) {
   return e == ENOENT ? DSPK_ENOENT
@@ -133,9 +186,25 @@ int dspk__outfile_open(dspk__outfile *o, const char *path, char *err,
     e = ENOMEM;
     goto fail;
   }
-  fd = mkostemp(tmp, O_CLOEXEC);
-  if (fd < 0) {
+  /* Blocked, the signals cannot come between creating the file and
+   * listing it. */
+  {
+    sigset_t block, old;
+    sigemptyset(&block);
+    for (size_t i = 0; i < sizeof cleanup_signals / sizeof cleanup_signals[0]; i++)
+      sigaddset(&block, cleanup_signals[i]);
+    sigprocmask(SIG_BLOCK, &block, &old);
+    fd = mkostemp(tmp, O_CLOEXEC);
     e = errno;
+    if (fd >= 0 && track(tmp) < 0) {
+      close(fd);
+      unlink(tmp);
+      fd = -1;
+      e = EMFILE;
+    }
+    sigprocmask(SIG_SETMASK, &old, NULL);
+  }
+  if (fd < 0) {
     free(tmp);
     tmp = NULL;
     goto fail;
@@ -155,6 +224,7 @@ int dspk__outfile_open(dspk__outfile *o, const char *path, char *err,
   if (fchmod(fd, mode) < 0) {
     e = errno;
     close(fd);
+    untrack(tmp);
     unlink(tmp);
     goto fail;
   }
@@ -205,6 +275,7 @@ int dspk__outfile_commit(dspk__outfile *o, char *err, size_t errlen) {
     seterr(err, errlen, e);
     return DSPK_EIO;
   }
+  untrack(o->tmp);
   free(o->tmp);
   free(o->target);
   o->tmp = o->target = NULL;
@@ -215,8 +286,10 @@ void dspk__outfile_abort(dspk__outfile *o) {
   if (o->fd >= 0 && !(o->fd == STDOUT_FILENO && !o->tmp))
     close(o->fd);
   o->fd = -1;
-  if (o->tmp)
+  if (o->tmp) {
     unlink(o->tmp);
+    untrack(o->tmp);
+  }
   free(o->tmp);
   free(o->target);
   o->tmp = o->target = NULL;

@@ -11,7 +11,9 @@
  * (0666 less the umask); a replaced one keeps its mode (and, where the
  * process may set them, its owner and group).  Anything else (standard
  * output as "-", a FIFO, a terminal, a character device) is written
- * directly, as it cannot be replaced by a rename.
+ * directly, as it cannot be replaced by a rename.  A SIGINT, SIGTERM,
+ * SIGHUP or SIGQUIT (at its default disposition) while a temporary is open
+ * removes it before the process dies of the signal.
  */
 #ifndef DSPK_CLIENT_SUBMIT_OUTFILE_H
 #define DSPK_CLIENT_SUBMIT_OUTFILE_H

@@ -47,6 +47,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 
 import numpy as np
 
@@ -784,6 +785,23 @@ def output_replacement(cli, tmp, large, small, fsize_limit):
     cli.ok("trace", "-o", tr, "--seconds", "0.1")
     with open(tr) as f:
         check("traceEvents" in json.load(f), "trace -o wrote no trace")
+    # Interrupted while recording (its temporary open): the command dies of
+    # the signal as before, the temporary goes, the old file stays.
+    old_tr = put("tr2.json")
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        p = subprocess.Popen([cli.binary, "--socket", cli.sock, "trace", "-o", old_tr,
+                              "--seconds", "600"], stdin=subprocess.DEVNULL,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 60
+        while not leftovers(d) and p.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.01)  # until the temporary exists
+        check(leftovers(d) and p.poll() is None,
+              "trace made no temporary (exit %s)" % p.poll())
+        p.send_signal(sig)
+        rc = p.wait(timeout=60)
+        check(rc == -sig, "trace after signal %d: exit %d" % (sig, rc))
+        check(leftovers(d) == [], "signal %d left %s" % (sig, leftovers(d)))
+        same(old_tr, "interrupted trace over tr2.json")
 
 
 def suite_errors(cli, tmp):
