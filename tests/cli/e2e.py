@@ -1750,6 +1750,8 @@ def repeated_options(cli):
     for args, opt in twice:
         cli.fails(args, args[0], "EINVAL", rc_want=2, sock=False,
                   detail="option '%s' given twice" % opt)
+    cli.fails(["kernel", "k.cu", "-o", "y.npy", "-o", "1=y.npy"], "kernel", "EINVAL",
+              rc_want=2, sock=False, detail="-o y.npy given twice")
     cli.fails(["--socket", "a", "-S", "b", "ping"], None, "EINVAL", rc_want=2,
               sock=False, detail="option '-S' given twice")
     # Flags and the options that add up are not refused (these get as far
