@@ -207,6 +207,14 @@ int dspk__outfile_open(dspk__outfile *o, const char *path, char *err,
   if (fd < 0) {
     free(tmp);
     tmp = NULL;
+    if (exists && errlen) {
+      /* The file could be written, but not replaced: say why. */
+      snprintf(err, errlen, "cannot create a temporary file in %s to replace it: %s",
+               dir, strerror(e));
+      free(dir);
+      free(target);
+      return open_code(e);
+    }
     goto fail;
   }
   if (exists) {

@@ -1688,6 +1688,32 @@ def outputs_before_work(cli, tmp):
         cli.fails(nosock + args, args[0], "ENOENT", sock=False,
                   detail="%s: No such file or directory" % bad)
     check(not os.path.exists(os.path.join(tmp, "no")), "a directory was created")
+    # A writable file in a directory that is not: it cannot be replaced
+    # whole, so the command says why (EPERM) and leaves it.
+    rod = os.path.join(tmp, "rod")
+    os.mkdir(rod)
+    x = os.path.join(rod, "x.npy")
+    with open(x, "wb") as f:
+        f.write(b"old")
+    os.chmod(x, 0o666)
+    os.chmod(rod, 0o555)
+    os.chmod(a, 0o644)
+    preexec = None
+    if os.geteuid() == 0:  # root passes any permission check: run as nobody
+        os.chmod(tmp, 0o755)
+        def preexec():
+            os.setgroups([])
+            os.setgid(65534)
+            os.setuid(65534)
+    try:
+        cli.fails(nosock + ["map", "abs", a, "-o", x], "map", "EPERM", sock=False,
+                  preexec_fn=preexec,
+                  detail="%s: cannot create a temporary file in %s to replace it" % (x, rod))
+        with open(x, "rb") as f:
+            check(f.read() == b"old", "the file in a read-only directory was changed")
+    finally:
+        os.chmod(rod, 0o755)
+        os.chmod(tmp, 0o700)
 
 
 def help_matches_doc(cli):
