@@ -39,7 +39,7 @@ int dspk__sub_ping(dspk__sub_ctx *ctx, int argc, char **argv) {
                                        {"size", required_argument, NULL, 's'},
                                        DSPK__SUB_OPTS_END};
   long count = 0, size = 0;
-  bool json = false;
+  bool json = false, seen_count = false, seen_size = false;
   double *t = NULL;
   unsigned char *payload = NULL;
   int opt, rc, status = DSPK__SUB_EXIT_FAIL;
@@ -49,11 +49,15 @@ int dspk__sub_ping(dspk__sub_ctx *ctx, int argc, char **argv) {
   while ((opt = getopt_long(argc, argv, ":c:s:h", opts, NULL)) != -1) {
     switch (opt) {
     case 'c':
+      if ((rc = dspk__sub_once(ctx, &seen_count, opt, argv)) != 0)
+        return rc;
       if (dspk__sub_parse_long(optarg, 1, 1000000, &count) < 0)
         return dspk__sub_usage(ctx, "bad COUNT '%s' (want 1..1000000)",
                                optarg);
       break;
     case 's': {
+      if ((rc = dspk__sub_once(ctx, &seen_size, opt, argv)) != 0)
+        return rc;
       uint64_t v;
       if (dspk__sub_parse_size(optarg, 0, 64u << 20, &v) < 0)
         return dspk__sub_usage(ctx, "bad size '%s' (want 0..64M bytes)",

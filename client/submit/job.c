@@ -44,10 +44,10 @@ int dspk__sub_job(dspk__sub_ctx *ctx, int argc, char **argv) {
                                        DSPK__SUB_OPTS_END};
   const char *jobs = getenv("SLURM_JOB_ID"), *uids = getenv("SLURM_JOB_UID");
   const char *devs = NULL, *uuids[MAX_UUIDS];
-  char devbuf[4096], *save = NULL, *text = NULL;
+  char devbuf[4096], *text = NULL;
   unsigned long long job, uid = 0;
   size_t n = 0;
-  bool json = false, reg;
+  bool json = false, reg, seen_job = false, seen_uid = false, seen_devices = false;
   int opt, rc;
 
   for (int i = 1; i < argc && strcmp(argv[i], "--") != 0; i++)
@@ -66,12 +66,18 @@ int dspk__sub_job(dspk__sub_ctx *ctx, int argc, char **argv) {
   while ((opt = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
     switch (opt) {
     case 'J':
+      if ((rc = dspk__sub_once(ctx, &seen_job, opt, argv)) != 0)
+        return rc;
       jobs = optarg;
       break;
     case 'u':
+      if ((rc = dspk__sub_once(ctx, &seen_uid, opt, argv)) != 0)
+        return rc;
       uids = optarg;
       break;
     case 'D':
+      if ((rc = dspk__sub_once(ctx, &seen_devices, opt, argv)) != 0)
+        return rc;
       devs = optarg;
       break;
     DSPK__SUB_OPT_CASES(ctx, opt, argv, json);
@@ -89,7 +95,18 @@ int dspk__sub_job(dspk__sub_ctx *ctx, int argc, char **argv) {
     if (strlen(devs) >= sizeof devbuf)
       return dspk__sub_usage(ctx, "--devices: too long");
     strcpy(devbuf, devs);
-    for (char *t = strtok_r(devbuf, ", ", &save); t; t = strtok_r(NULL, ", ", &save)) {
+    /* Comma separated (spaces around an item allowed); an empty item is a
+     * mistake ("a,,b", a trailing comma), not skipped.  An empty whole
+     * value lists no GPU (the cpu only), as the prolog passes it. */
+    for (char *p = devs[strspn(devs, " ")] ? devbuf : NULL, *t; p != NULL;) {
+      t = strsep(&p, ",");
+      size_t len;
+      t += strspn(t, " ");
+      len = strcspn(t, " ");
+      if (len == 0 || t[len + strspn(t + len, " ")] != '\0')
+        return dspk__sub_usage(ctx, "--devices: bad list '%s' (want UUID,UUID,... "
+                                    "with no empty item)", devs);
+      t[len] = '\0';
       if (n == MAX_UUIDS)
         return dspk__sub_usage(ctx, "--devices: at most %d UUIDs", MAX_UUIDS);
       uuids[n++] = t;

@@ -96,24 +96,23 @@ static const char *lang_from_path(const char *path) {
 
 /* "X[,Y[,Z]]" into three positive dimensions. */
 static int parse_dim3(const char *s, uint32_t d[3]) {
-  char buf[96], *save = NULL, *tok;
-  int n = 0;
+  char buf[96], *items[3];
+  int n = dspk__sub_split(s, ",x", buf, sizeof buf, items, 3);
   d[0] = d[1] = d[2] = 1;
-  snprintf(buf, sizeof buf, "%s", s);
-  for (tok = strtok_r(buf, ",x", &save); tok;
-       tok = strtok_r(NULL, ",x", &save)) {
+  for (int i = 0; i < n; i++) {
     long v;
-    if (n >= 3 || dspk__sub_parse_long(tok, 1, UINT32_MAX, &v) < 0)
+    if (dspk__sub_parse_long(items[i], 1, UINT32_MAX, &v) < 0)
       return -1;
-    d[n++] = (uint32_t)v;
+    d[i] = (uint32_t)v;
   }
   return n > 0 ? 0 : -1;
 }
 
 /* "zeros:DTYPE:D0xD1x..." into a zero-filled array. */
 static int parse_zeros(dspk__sub_ctx *ctx, const char *spec, dspk__npy *a) {
-  char buf[256], *dt, *dims, *save = NULL, *tok;
+  char buf[256], dbuf[256], *dt, *dims, *items[DSPK_MAX_RANK];
   size_t is;
+  int n;
   snprintf(buf, sizeof buf, "%s", spec + 6);
   dt = buf;
   dims = strchr(buf, ':');
@@ -124,11 +123,12 @@ static int parse_zeros(dspk__sub_ctx *ctx, const char *spec, dspk__npy *a) {
   if (dspk_dtype_from_name(dt, &a->dtype) < 0)
     return dspk__sub_usage(ctx, "bad dtype '%s' in '%s'", dt, spec);
   a->count = 1;
-  for (tok = strtok_r(dims, "x,", &save); tok;
-       tok = strtok_r(NULL, "x,", &save)) {
+  n = dspk__sub_split(dims, "x,", dbuf, sizeof dbuf, items, DSPK_MAX_RANK);
+  if (n < 0)
+    return dspk__sub_usage(ctx, "bad shape in '%s'", spec);
+  for (int i = 0; i < n; i++) {
     long v;
-    if (a->rank >= DSPK_MAX_RANK ||
-        dspk__sub_parse_long(tok, 0, 1L << 31, &v) < 0)
+    if (dspk__sub_parse_long(items[i], 0, 1L << 31, &v) < 0)
       return dspk__sub_usage(ctx, "bad shape in '%s'", spec);
     a->shape[a->rank++] = (uint64_t)v;
     a->count *= (uint64_t)v;
@@ -203,6 +203,7 @@ int dspk__sub_kernel(dspk__sub_ctx *ctx, int argc, char **argv) {
   uint32_t grid[3] = {1, 1, 1}, block[3] = {1, 1, 1};
   long shared = 0;
   kernel_out outs[KERNEL_MAX_TENSORS];
+  dspk__outfile ofs[KERNEL_MAX_TENSORS];
   int nouts = 0, ntens = 0, opt, rc, status = DSPK__SUB_EXIT_FAIL;
   dspk__npy tens[KERNEL_MAX_TENSORS];
   dspk_tensor tin[KERNEL_MAX_TENSORS];
@@ -211,29 +212,41 @@ int dspk__sub_kernel(dspk__sub_ctx *ctx, int argc, char **argv) {
   char *src = NULL, err[768];
   size_t srclen = 0;
   bool have_grid = false, have_block = false, json = false;
+  bool seen_entry = false, seen_shared = false, seen_lang = false,
+       seen_device = false;
   const char *saved[DSPK_MAX_OUTPUTS] = {NULL};
 
   memset(tens, 0, sizeof tens);
   memset(&res, 0, sizeof res);
+  for (int i = 0; i < KERNEL_MAX_TENSORS; i++)
+    ofs[i] = (dspk__outfile){-1, NULL, NULL};
   while ((opt = getopt_long(argc, argv, ":e:g:b:s:l:d:o:h", opts, NULL)) !=
          -1) {
     switch (opt) {
     case 'e':
+      if ((rc = dspk__sub_once(ctx, &seen_entry, opt, argv)) != 0)
+        return rc;
       entry = optarg;
       break;
     case 'g':
+      if ((rc = dspk__sub_once(ctx, &have_grid, opt, argv)) != 0)
+        return rc;
       if (parse_dim3(optarg, grid) < 0)
         return dspk__sub_usage(ctx, "bad --grid '%s' (want X[,Y[,Z]])",
                                optarg);
       have_grid = true;
       break;
     case 'b':
+      if ((rc = dspk__sub_once(ctx, &have_block, opt, argv)) != 0)
+        return rc;
       if (parse_dim3(optarg, block) < 0)
         return dspk__sub_usage(ctx, "bad --block '%s' (want X[,Y[,Z]])",
                                optarg);
       have_block = true;
       break;
     case 's': {
+      if ((rc = dspk__sub_once(ctx, &seen_shared, opt, argv)) != 0)
+        return rc;
       uint64_t v;
       if (dspk__sub_parse_size(optarg, 0, UINT32_MAX, &v) < 0)
         return dspk__sub_usage(ctx, "bad --shared '%s' (want bytes, e.g. "
@@ -243,6 +256,8 @@ int dspk__sub_kernel(dspk__sub_ctx *ctx, int argc, char **argv) {
       break;
     }
     case 'l':
+      if ((rc = dspk__sub_once(ctx, &seen_lang, opt, argv)) != 0)
+        return rc;
       if (strcmp(optarg, "cuda") && strcmp(optarg, "hip") &&
           strcmp(optarg, "glsl") && strcmp(optarg, "spirv"))
         return dspk__sub_usage(ctx, "bad --lang '%s' (want cuda, hip, glsl "
@@ -251,6 +266,8 @@ int dspk__sub_kernel(dspk__sub_ctx *ctx, int argc, char **argv) {
       lang = optarg;
       break;
     case 'd':
+      if ((rc = dspk__sub_once(ctx, &seen_device, opt, argv)) != 0)
+        return rc;
       if (!*optarg) /* as the compute commands: not the library's "any" */
         return dspk__sub_usage(ctx, "empty --device (want an ID that 'dspk-submit "
                                     "devices' lists, or any)");
@@ -285,6 +302,11 @@ int dspk__sub_kernel(dspk__sub_ctx *ctx, int argc, char **argv) {
   if (dspk__sub_check_inputs(ctx, argv + optind, argc - optind) != 0)
     return DSPK__SUB_EXIT_USAGE;
   for (int i = 0, n = 0; i < nouts; i++) {
+    /* Two -o to one file: which tensor it would hold is not clear. */
+    for (int j = 0; j < i; j++)
+      if (strcmp(outs[i].path, outs[j].path) == 0 && strcmp(outs[i].path, "-") != 0)
+        return dspk__sub_usage(ctx, "-o %s given twice (one file per tensor)",
+                               outs[i].path);
     n += strcmp(outs[i].path, "-") == 0;
     if (n > 1)
       return dspk__sub_usage(ctx, "standard output (-o -) can take one tensor");
@@ -366,6 +388,10 @@ int dspk__sub_kernel(dspk__sub_ctx *ctx, int argc, char **argv) {
   t.ninputs = (unsigned)ntens;
   t.device = device;
 
+  /* The outputs exist (as temporaries) before the kernel runs. */
+  for (int i = 0; i < nouts; i++)
+    if (dspk__sub_open_output(ctx, outs[i].path, &ofs[i]) != 0)
+      goto out;
   if (dspk__sub_connect(ctx) != 0)
     goto out;
   for (int i = 0; i < ntens; i++) /* sent from their files (ops.c, run_task) */
@@ -384,7 +410,7 @@ int dspk__sub_kernel(dspk__sub_ctx *ctx, int argc, char **argv) {
       goto out_res;
     }
     o = &res.out[outs[i].index];
-    rc = dspk__sub_save(o, outs[i].path, err, sizeof err);
+    rc = dspk__sub_save(o, &ofs[i], outs[i].path, err, sizeof err);
     if (rc < 0) {
       dspk__sub_fail(ctx, rc, "%s", err);
       goto out_res;
@@ -421,7 +447,9 @@ out_res:
   dspk_result_free(&res);
 out:
   free(src);
-  for (int i = 0; i < KERNEL_MAX_TENSORS; i++)
+  for (int i = 0; i < KERNEL_MAX_TENSORS; i++) {
+    dspk__outfile_abort(&ofs[i]); /* nothing left when saved */
     dspk__npy_free(&tens[i]);
+  }
   return status;
 }

@@ -38,22 +38,24 @@
   "\n"                                                                         \
   "An input is a .npy file, - for a .npy on standard input, FILE.npz:NAME\n"   \
   "for the array NAME of a numpy .npz archive (FILE.npz alone: its only\n"     \
-  "array).  -o - writes the result .npy to standard output; the summary\n"    \
+  "array).  -o FILE replaces FILE only once the result is written whole\n"   \
+  "(through a temporary beside it; a failed write leaves it as it was).\n"    \
+  "-o - writes the result .npy to standard output; the summary\n"             \
   "then goes to standard error.  The summary (or the JSON: device, time_us,\n" \
   "outputs with dtype, shape, count and the first values or the file) says\n"  \
   "where the task ran and the daemon's time for it.\n"
 
 const dspk__sub_cmd dspk__sub_cmds[] = {
     {"ping", dspk__sub_ping, "round trip to the daemon, with timing",
-     "usage: dspk-submit ping [-c COUNT] [-s BYTES] [--json]\n"
+     "usage: dspk-submit ping [-c COUNT] [-s SIZE] [--json]\n"
      "\n"
      "Sends ping requests to the daemon and times each round trip.\n"
      "Without -c: one round trip, prints its time.\n"
      "\n"
      "  -c, --count COUNT   COUNT round trips (1..1000000); prints min, median\n"
      "                      and 99th percentile in microseconds\n"
-     "  -s, --size SIZE     payload bytes echoed by the daemon (default 0;\n"
-     "                      suffixes K, M: 2K = 2048)\n"
+     "  -s, --size SIZE     payload bytes echoed by the daemon (default 0, at\n"
+     "                      most 64M; units K, M, G, T or KiB, MiB...: 2K = 2048)\n"
      "      --json          print {\"count\":..,\"min_us\":..,\"median_us\":..,\n"
      "                      \"p99_us\":..} instead of text\n"},
     {"devices", dspk__sub_devices, "list the daemon's compute devices",
@@ -68,7 +70,9 @@ const dspk__sub_cmd dspk__sub_cmds[] = {
      "usage: dspk-submit status [--json]\n"
      "\n"
      "Shows the daemon (version, pid, uptime, socket), its connected clients\n"
-     "(pid, uid, requests in flight, buffers) and per-device queue counters.\n"
+     "(id, pid, uid, gid, tasks in flight, buffers, client name; only your own\n"
+     "unless you are an admin of the daemon) and per-device counters (queued,\n"
+     "running, completed, failed).\n"
      "\n"
      "  --json   print the daemon's answer as JSON (includes backend stats)\n"},
     {"gemm", dspk__sub_gemm, "C = alpha*op(A)@op(B) + beta*C",
@@ -78,7 +82,8 @@ const dspk__sub_cmd dspk__sub_cmds[] = {
      "\n"
      "Matrix product with numpy.matmul semantics (leading batch dimensions\n"
      "broadcast): OUT = alpha * op(A) @ op(B) + beta * C, where op transposes\n"
-     "the last two axes when asked.  A (...,M,K), B (...,K,N); f32 or f64.\n"
+     "the last two axes when asked.  A (...,M,K), B (...,K,N); f32 or f64\n"
+     "(both the same, the result too), or f16 (the result f32).\n"
      "\n"
      "  --trans-a, --trans-b   use the transpose of A / B\n"
      "  --alpha X              scale of the product (default 1)\n"
@@ -103,7 +108,7 @@ const dspk__sub_cmd dspk__sub_cmds[] = {
      "usage: dspk-submit fir X.npy H.npy [-o Y.npy] [--device ID] [--json]\n"
      "\n"
      "Filters X along its last axis with the taps H (1-D, same dtype):\n"
-     "Y = scipy.signal.lfilter(H, 1, X), same shape as X; f32, f64, c64.\n"
+     "Y = scipy.signal.lfilter(H, 1, X), same shape as X; f32, f64, c64, c128.\n"
      "\n"
      "  -o, --output Y.npy     write the result; without it, print a summary\n"
      "  -d, --device ID        device to run on (default any)\n"
@@ -128,7 +133,8 @@ const dspk__sub_cmd dspk__sub_cmds[] = {
      "alike); over all axes when no --axis is given.\n"
      "\n"
      "  -a, --axis K[,K...]    axis to reduce (negative counts from the end);\n"
-     "                         repeat or use commas for several\n"
+     "                         repeat or use commas for several (no empty\n"
+     "                         item: 0, is refused)\n"
      "  -o, --output Y.npy     write the result; without it, print a summary\n"
      "  -d, --device ID        device to run on (default any)\n"
      "      --json             print the result as JSON\n"
@@ -166,13 +172,15 @@ const dspk__sub_cmd dspk__sub_cmds[] = {
      "every tensor argument after the run.  At most 4 tensors.\n"
      "\n"
      "  -e, --entry NAME       the kernel function\n"
-     "  -g, --grid X[,Y[,Z]]   blocks in the grid\n"
-     "  -b, --block X[,Y[,Z]]  threads per block\n"
-     "  -s, --shared SIZE      dynamic shared memory (default 0; 48K = 49152)\n"
+     "  -g, --grid X[,Y[,Z]]   blocks in the grid (also XxYxZ: 16x16)\n"
+     "  -b, --block X[,Y[,Z]]  threads per block (also XxYxZ)\n"
+     "  -s, --shared SIZE      dynamic shared memory (default 0; a size with\n"
+     "                         units K, M...: 48K = 49152)\n"
      "  -o, --output [K=]FILE  save tensor argument K (0-based; default: the\n"
      "                         one after the previous -o, from 0) as .npy;\n"
-     "                         repeatable; - for standard output.  Without\n"
-     "                         -o, print summaries of every tensor\n"
+     "                         repeatable (one FILE per tensor); - for\n"
+     "                         standard output.  Without -o, print\n"
+     "                         summaries of every tensor\n"
      "  -d, --device ID        device to run on (default any)\n"
      "      --json             print the result as JSON\n"
      "\n"
@@ -193,7 +201,8 @@ const dspk__sub_cmd dspk__sub_cmds[] = {
      "\n"
      "Prints the daemon's counters in Prometheus text format: per device tasks\n"
      "by op and result, queue and run time histograms, queue depth, memory,\n"
-     "busy fraction, retirement counters; cache hits, misses and compiles;\n"
+     "busy fraction, retirement counters; cache hits, misses, puts and\n"
+     "evictions;\n"
      "connections, bytes in and out, uptime.  (dspkd --metrics-listen serves\n"
      "the same text over HTTP for Prometheus to scrape.)\n"
      "\n"
@@ -217,10 +226,13 @@ const dspk__sub_cmd dspk__sub_cmds[] = {
      "and writes Chrome trace-event JSON that Perfetto (ui.perfetto.dev) and\n"
      "chrome://tracing open: one process per device; on its runner thread each\n"
      "job with its phases (upload, compute, tuning, download), and on a thread\n"
-     "per client the time each job waited in the queue.\n"
+     "per client the time each job waited in the queue.  FILE is created\n"
+     "before the recording starts (a bad FILE fails at once) as a temporary\n"
+     "beside it, renamed over FILE once the trace is written whole.\n"
      "\n"
      "  -o, --output FILE   where to write the trace (- for standard output)\n"
-     "  -s, --seconds N     how long to record (default 5)\n"
+     "  -s, --seconds N     how long to record (more than 0, at most 600;\n"
+     "                      default 5)\n"
      "      --json          then print {\"output\":..,\"seconds\":..,\"jobs\":..,\"dropped\":..}\n"},
     {"job", dspk__sub_job, "register or end a Slurm job (prolog, epilog; admin)",
      "usage: dspk-submit job register [--job ID] [--uid UID] [--devices UUID,...] [--json]\n"
@@ -236,8 +248,9 @@ const dspk__sub_cmd dspk__sub_cmds[] = {
      "\n"
      "  --job ID            the Slurm job id (default $SLURM_JOB_ID)\n"
      "  --uid UID           the uid the job runs as (default $SLURM_JOB_UID)\n"
-     "  --devices UUID,...  the job's GPUs by UUID (as devices lists them;\n"
-     "                      dashes, case and a GPU- prefix do not matter)\n"
+     "  --devices UUID,...  the job's GPUs by UUID, comma separated, no empty\n"
+     "                      item (as devices lists them; dashes, case and a\n"
+     "                      GPU- prefix do not matter)\n"
      "  --json              print the daemon's answer as JSON\n"},
     {NULL, NULL, NULL, NULL},
 };
@@ -247,13 +260,17 @@ static const char prog_help[] =
     "       dspk-submit COMMAND --help\n"
     "\n"
     "Submits work to dspkd, the dspk compute daemon.  Arrays are numpy .npy\n"
-    "files (little-endian f4, f8, c8, c16; C order), - for standard input or\n"
-    "output, or FILE.npz:NAME.  Every command takes --json.\n"
+    "files (little-endian f2, f4, f8, c8, c16; C order), - for standard input\n"
+    "or output, or FILE.npz:NAME.  Every command takes --json.  An option\n"
+    "that takes a value may be given once (given twice: a bad command line),\n"
+    "except reduce --axis and kernel -o, which add up.\n"
     "\n"
     "Options:\n"
-    "  -S, --socket PATH   daemon socket (default: $DSPK_SOCKET, else\n"
+    "  -S, --socket PATH   daemon socket (default: $DSPK_SOCKET when set and\n"
+    "                      not empty; else /run/dspk/dspkd.sock as root or in\n"
+    "                      a Slurm job ($SLURM_JOB_ID set); else\n"
     "                      $XDG_RUNTIME_DIR/dspk/dspkd.sock, or\n"
-    "                      /run/dspk/dspkd.sock as root)\n"
+    "                      /run/dspk/dspkd.sock without XDG_RUNTIME_DIR)\n"
     "  -h, --help          show this help\n"
     "  -V, --version       show the version\n"
     "\n"
@@ -507,6 +524,39 @@ double dspk__sub_now_us(void) {
   return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
 }
 
+int dspk__sub_split(const char *s, const char *seps, char *buf, size_t cap,
+                    char **items, int max) {
+  int n = 0;
+  char *p;
+  if (strlen(s) >= cap)
+    return -1;
+  strcpy(buf, s);
+  p = buf;
+  for (;;) {
+    char *item = strsep(&p, seps);
+    if (*item == '\0' || n == max)
+      return -1;
+    items[n++] = item;
+    if (!p)
+      return n;
+  }
+}
+
+int dspk__sub_once(const dspk__sub_ctx *ctx, bool *seen, int opt, char **argv) {
+  /* The option as typed: the argument before a separate optarg, else the
+   * one getopt_long just read; "--name" without its "=value", "-x" alone. */
+  const char *tok = optind >= 2 && optarg == argv[optind - 1] ? argv[optind - 2]
+                                                               : argv[optind - 1];
+  if (!*seen) {
+    *seen = true;
+    return 0;
+  }
+  if (strncmp(tok, "--", 2) == 0)
+    return dspk__sub_usage(ctx, "option '%.*s' given twice (it takes one value)",
+                           (int)strcspn(tok, "="), tok);
+  return dspk__sub_usage(ctx, "option '-%c' given twice (it takes one value)",
+                         opt > 0 && opt < 128 ? opt : tok[1]);
+}
 /* Whether the kernel gives transparent huge pages to memory that asks for
  * them ("always" or "madvise" in sysfs). */
 static bool thp_available(void) {
@@ -580,6 +630,7 @@ int main(int argc, char **argv) {
                                        {NULL, 0, NULL, 0}};
   dspk__sub_ctx ctx = {NULL, NULL, NULL};
   const dspk__sub_cmd *cmd;
+  bool seen_socket = false;
   int opt, rc, ci;
 
   guard_std_fds();
@@ -592,6 +643,8 @@ int main(int argc, char **argv) {
   while ((opt = getopt_long(argc, argv, "+:S:hV", opts, NULL)) != -1) {
     switch (opt) {
     case 'S':
+      if ((rc = dspk__sub_once(&ctx, &seen_socket, opt, argv)) != 0)
+        return rc;
       ctx.socket = optarg;
       break;
     case 'h':

@@ -17,6 +17,7 @@
  * buffer: the data goes from the page cache straight to the socket.
  */
 #include "client/submit/npy.h"
+#include "client/submit/outfile.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -802,7 +803,7 @@ int dspk__npy_write_fd(int fd, dspk_dtype dtype, int rank,
     return rc;
   }
   if (write_full(fd, hdr, hlen) < 0 || write_full(fd, data, nbytes) < 0) {
-    seterr(err, errlen, "writing the .npy: %s", strerror(errno));
+    seterr(err, errlen, "%s", strerror(errno));
     rc = DSPK_EIO;
   }
   free(hdr);
@@ -813,11 +814,11 @@ int dspk__npy_save(const char *path, dspk_dtype dtype, int rank,
                    const uint64_t *shape, const void *data, char *err,
                    size_t errlen) {
   dspk__npy_header h;
+  dspk__outfile of;
   unsigned char *hdr = NULL;
-  struct stat st;
   size_t hlen, nbytes;
   uint64_t count;
-  int fd, rc;
+  int rc;
 
   memset(&h, 0, sizeof h);
   if (rank < 0 || rank > DSPK_MAX_RANK) {
@@ -841,46 +842,23 @@ int dspk__npy_save(const char *path, dspk_dtype dtype, int rank,
     seterr(err, errlen, "cannot build the header");
     goto fail;
   }
-  /* An existing regular file is rewritten in place and cut to length
-   * afterwards: truncating it first frees its blocks and cached pages only
-   * to allocate them again (a 4 MiB result: 2.0 ms with O_TRUNC, 0.5 ms in
-   * place, measured on the build host's ext4).  Anything else (a FIFO, a
-   * terminal) is written as a stream. */
-  fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0666);
-  if (fd < 0) {
-    int e = errno;
-    seterr(err, errlen, "%s", strerror(e));
-    rc = e == ENOENT ? DSPK_ENOENT : e == EACCES ? DSPK_EPERM : DSPK_EIO;
+  /* Through a temporary renamed over the target (outfile.h): a failed
+   * write leaves an existing file as it was. */
+  rc = dspk__outfile_open(&of, path, err, errlen);
+  if (rc < 0)
     goto fail_hdr;
-  }
-  if (fstat(fd, &st) < 0) {
+  if (write_full(of.fd, hdr, hlen) < 0 || write_full(of.fd, data, nbytes) < 0) {
     seterr(err, errlen, "%s", strerror(errno));
-    close(fd);
+    dspk__outfile_abort(&of);
     rc = DSPK_EIO;
     goto fail_hdr;
   }
-  if (write_full(fd, hdr, hlen) < 0 || write_full(fd, data, nbytes) < 0 ||
-      (S_ISREG(st.st_mode) && ftruncate(fd, (off_t)(hlen + nbytes)) < 0)) {
-    seterr(err, errlen, "%s", strerror(errno));
-    close(fd);
-    goto fail_unlink;
-  }
-  if (close(fd) < 0) {
-    seterr(err, errlen, "%s", strerror(errno));
-    goto fail_unlink;
-  }
-  free(hdr);
-  return 0;
-fail_unlink:
-  rc = DSPK_EIO;
-  /* A partly written file goes; a device or FIFO it was written to stays
-   * (as root, unlinking /dev/full after a failed write would remove it). */
-  if (S_ISREG(st.st_mode))
-    unlink(path);
+  rc = dspk__outfile_commit(&of, err, errlen);
 fail_hdr:
   free(hdr);
 fail:
-  prefix_name(err, errlen, path);
+  if (rc < 0)
+    prefix_name(err, errlen, path);
   return rc;
 }
 

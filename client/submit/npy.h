@@ -83,8 +83,10 @@ int dspk__npy_view(const char *path, dspk__npy *out, char *err, size_t errlen);
  * fit), with the data starting at a 64-byte boundary like numpy does.
  * shape has rank entries; data holds product(shape) * itemsize bytes and
  * stays owned by the caller.  Returns 0, or a negative dspk code with a
- * message naming the file in err; a partly written regular file is removed
- * (a device or FIFO written to stays). */
+ * message naming the file in err.  A regular file (or a link to one, or a
+ * new path) is written through a temporary renamed over it once complete
+ * (outfile.h): on failure the old file stays as it was and nothing is left
+ * behind; a device or FIFO is written directly. */
 int dspk__npy_save(const char *path, dspk_dtype dtype, int rank,
                    const uint64_t *shape, const void *data, char *err,
                    size_t errlen);
@@ -109,7 +111,8 @@ int dspk__npy_load_fd(int fd, const char *name, dspk__npy *out, char *err,
 
 /* Writes an array as .npy (the header dspk__npy_header_build makes, then
  * the data) to the file descriptor fd, e.g. standard output.  Returns 0 or
- * a negative dspk code with a message in err. */
+ * a negative dspk code with a message in err (a write error: strerror's
+ * text alone, for the caller to prefix with the name of what fd is). */
 int dspk__npy_write_fd(int fd, dspk_dtype dtype, int rank,
                        const uint64_t *shape, const void *data, char *err,
                        size_t errlen);

@@ -57,19 +57,20 @@ typedef struct op_args {
 } op_args;
 
 static int add_axes(dspk__sub_ctx *ctx, op_args *a, const char *arg) {
-  char buf[256], *save = NULL, *tok;
-  snprintf(buf, sizeof buf, "%s", arg);
-  for (tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+  char buf[256], *items[DSPK_MAX_RANK + 1];
+  int n = dspk__sub_split(arg, ",", buf, sizeof buf, items, DSPK_MAX_RANK + 1);
+  if (n < 0)
+    return dspk__sub_usage(ctx, "bad --axis '%s' (want K or K,K,... with no "
+                                "empty item)", arg);
+  for (int i = 0; i < n; i++) {
     long k;
-    if (dspk__sub_parse_long(tok, -DSPK_MAX_RANK, DSPK_MAX_RANK - 1, &k) < 0)
+    if (dspk__sub_parse_long(items[i], -DSPK_MAX_RANK, DSPK_MAX_RANK - 1, &k) < 0)
       return dspk__sub_usage(ctx, "bad axis '%s' (want an integer in -%d..%d)",
-                             tok, DSPK_MAX_RANK, DSPK_MAX_RANK - 1);
+                             items[i], DSPK_MAX_RANK, DSPK_MAX_RANK - 1);
     if (a->naxes >= DSPK_MAX_RANK)
       return dspk__sub_usage(ctx, "more than %d axes", DSPK_MAX_RANK);
     a->axes[a->naxes++] = (int)k;
   }
-  if (a->naxes == 0)
-    return dspk__sub_usage(ctx, "empty --axis");
   return 0;
 }
 
@@ -96,6 +97,8 @@ static int parse_op_args(dspk__sub_ctx *ctx, int argc, char **argv,
               {OPT_TRANS_B, ALLOW_TRANS},   {OPT_ALPHA, ALLOW_ALPHA},
               {OPT_BETA, ALLOW_BETA},       {OPT_INVERSE, ALLOW_INVERSE}};
   const char *shorts = a->allowed & ALLOW_AXIS ? ":o:d:ha:" : ":o:d:h";
+  bool seen_output = false, seen_device = false, seen_alpha = false,
+       seen_beta = false;
   int opt, rc;
 
   a->alpha = 1.0;
@@ -106,9 +109,13 @@ static int parse_op_args(dspk__sub_ctx *ctx, int argc, char **argv,
                                argv[optind - 1], ctx->cmd);
     switch (opt) {
     case OPT_OUTPUT:
+      if ((rc = dspk__sub_once(ctx, &seen_output, opt, argv)) != 0)
+        return rc;
       a->output = optarg;
       break;
     case OPT_DEVICE:
+      if ((rc = dspk__sub_once(ctx, &seen_device, opt, argv)) != 0)
+        return rc;
       /* An empty ID would reach the library as its "any" (NULL or ""): a
        * typo such as --device "$DEV" with DEV unset must not run anywhere. */
       if (!*optarg)
@@ -136,12 +143,16 @@ static int parse_op_args(dspk__sub_ctx *ctx, int argc, char **argv,
       a->json = true;
       break;
     case OPT_ALPHA:
+      if ((rc = dspk__sub_once(ctx, &seen_alpha, opt, argv)) != 0)
+        return rc;
       if (dspk__sub_parse_double(optarg, &a->alpha) < 0)
         return dspk__sub_usage(ctx, "bad --alpha '%s' (want a number)",
                                optarg);
       a->have_alpha = true;
       break;
     case OPT_BETA:
+      if ((rc = dspk__sub_once(ctx, &seen_beta, opt, argv)) != 0)
+        return rc;
       if (dspk__sub_parse_double(optarg, &a->beta) < 0)
         return dspk__sub_usage(ctx, "bad --beta '%s' (want a number)", optarg);
       a->have_beta = true;
@@ -469,6 +480,7 @@ static int run_task(dspk__sub_ctx *ctx, const op_args *a, dspk_task *t,
   dspk__npy in[MAX_INPUTS];
   dspk_tensor tin[MAX_INPUTS];
   dspk_result res;
+  dspk__outfile of = {-1, NULL, NULL};
   progress_state ps = {isatty(STDERR_FILENO) == 1, false, ctx->cmd};
   char err[768];
   int i, rc, status = DSPK__SUB_EXIT_FAIL, loaded = 0;
@@ -494,6 +506,9 @@ static int run_task(dspk__sub_ctx *ctx, const op_args *a, dspk_task *t,
   t->ninputs = (unsigned)nfiles;
   t->device = a->device;
 
+  /* The output exists (as its temporary) before any work is done. */
+  if (a->output != NULL && dspk__sub_open_output(ctx, a->output, &of) != 0)
+    goto out;
   rc = dspk__sub_connect(ctx);
   if (rc != 0)
     goto out;
@@ -528,7 +543,7 @@ static int run_task(dspk__sub_ctx *ctx, const op_args *a, dspk_task *t,
     goto out_res;
   }
   if (a->output != NULL) {
-    rc = dspk__sub_save(&res.out[0], a->output, err, sizeof err);
+    rc = dspk__sub_save(&res.out[0], &of, a->output, err, sizeof err);
     if (rc < 0) {
       dspk__sub_fail(ctx, rc, "%s", err);
       goto out_res;
@@ -549,6 +564,7 @@ static int run_task(dspk__sub_ctx *ctx, const op_args *a, dspk_task *t,
 out_res:
   dspk_result_free(&res);
 out:
+  dspk__outfile_abort(&of); /* nothing left when saved */
   for (i = 0; i < loaded; i++)
     dspk__npy_free(&in[i]);
   return status;
@@ -691,20 +707,33 @@ int dspk__sub_map(dspk__sub_ctx *ctx, int argc, char **argv) {
   return run_task(ctx, &a, &t, a.pos + 1, a.npos - 1);
 }
 
-int dspk__sub_save(const dspk_tensor *o, const char *path, char *err,
-                   size_t errlen) {
+int dspk__sub_open_output(const dspk__sub_ctx *ctx, const char *path,
+                          dspk__outfile *of) {
+  char err[256];
+  int rc = dspk__outfile_open(of, path, err, sizeof err);
+  if (rc < 0)
+    return dspk__sub_fail(ctx, rc, "%s: %s", path, err);
+  return 0;
+}
+
+int dspk__sub_save(const dspk_tensor *o, dspk__outfile *of, const char *path,
+                   char *err, size_t errlen) {
   uint64_t shape[DSPK_MAX_RANK];
+  char detail[256];
+  int rc;
   for (unsigned k = 0; k < o->rank; k++)
     shape[k] = (uint64_t)o->shape[k];
-  if (strcmp(path, "-") == 0) {
-    int rc = dspk__npy_write_fd(STDOUT_FILENO, o->dtype, (int)o->rank, shape,
-                                o->data, err, errlen);
-    if (rc < 0)
-      return rc;
-    return 0;
-  }
-  return dspk__npy_save(path, o->dtype, (int)o->rank, shape, o->data, err,
-                        errlen);
+  rc = dspk__npy_write_fd(of->fd, o->dtype, (int)o->rank, shape, o->data,
+                          detail, sizeof detail);
+  if (rc == 0)
+    rc = dspk__outfile_commit(of, detail, sizeof detail);
+  else
+    dspk__outfile_abort(of);
+  /* Standard output is named as every write to it is (main.c). */
+  if (rc < 0)
+    snprintf(err, errlen, "%s: %s", strcmp(path, "-") == 0 ? "<stdout>" : path,
+             detail);
+  return rc;
 }
 
 int dspk__sub_check_inputs(const dspk__sub_ctx *ctx, char *const *files,

@@ -19,6 +19,7 @@
 #include <stdint.h>
 
 #include "client/submit/escape.h"
+#include "client/submit/outfile.h"
 #include "dspk/dspk.h"
 
 /* Exit statuses (documented in docs/cli.md). */
@@ -80,10 +81,20 @@ void dspk__sub_json_str(FILE *f, const char *s);
 /* "35 us", "12.3 ms", "4.56 s" into buf; returns buf. */
 const char *dspk__sub_fmt_time(uint64_t us, char *buf, size_t cap);
 
-/* Writes tensor o as .npy to path, "-" for standard output (ops.c).
- * 0, or a negative dspk code with a message in err. */
-int dspk__sub_save(const dspk_tensor *o, const char *path, char *err,
-                   size_t errlen);
+/* Opens the output path ("-": standard output) into *of before the task
+ * runs (ops.c), so that an output that cannot be created fails before any
+ * work is done, with the codes of outfile.h.  Returns 0, or reports the
+ * failure and returns DSPK__SUB_EXIT_FAIL.  The caller passes *of to
+ * dspk__sub_save, or to dspk__outfile_abort when it gives up. */
+int dspk__sub_open_output(const dspk__sub_ctx *ctx, const char *path,
+                          dspk__outfile *of);
+
+/* Writes tensor o as .npy to of (opened by dspk__sub_open_output for path)
+ * and completes it: the file replaced, or left as it was on failure (ops.c).
+ * 0, or a negative dspk code with a message naming path (<stdout> for "-")
+ * in err; of is closed either way. */
+int dspk__sub_save(const dspk_tensor *o, dspk__outfile *of, const char *path,
+                   char *err, size_t errlen);
 
 /* Checks the input file names: none empty, at most one "-" (standard
  * input), and stdin not a terminal when one is; otherwise reports a usage
@@ -148,6 +159,21 @@ int dspk__sub_json_connect(dspk__sub_ctx *ctx, int argc, char **argv, bool *json
  * error's exit status. */
 int dspk__sub_end_args(const dspk__sub_ctx *ctx, int argc, char **argv);
 int dspk__sub_missing_arg(const dspk__sub_ctx *ctx, char **argv);
+
+/* For an option that takes one value (docs/cli.md: a repeated one is
+ * refused, not overridden), called where the getopt loop handles opt:
+ * returns 0 the first time (*seen becomes true), else reports the usage
+ * error "option '--output' given twice" and returns its exit status.
+ * Options that may repeat (reduce --axis, kernel -o) and flags do not call
+ * it. */
+int dspk__sub_once(const dspk__sub_ctx *ctx, bool *seen, int opt, char **argv);
+
+/* Splits a list option's value s at any of the characters in seps into at
+ * most max items, copied into buf (cap bytes) and pointed to by items.
+ * Returns the number of items, or -1 when an item is empty ("0,", ",1",
+ * "0,,1", ""), there are more than max, or s does not fit in buf. */
+int dspk__sub_split(const char *s, const char *seps, char *buf, size_t cap,
+                    char **items, int max);
 
 /* Strict number parsing of a whole string: 0 on success, -1 otherwise. */
 int dspk__sub_parse_double(const char *s, double *out);

@@ -119,7 +119,7 @@ int dspk__sub_top(dspk__sub_ctx *ctx, int argc, char **argv) {
                                        {"once", no_argument, NULL, '1'},
                                        DSPK__SUB_OPTS_END};
   double interval = 1;
-  bool once = false, json = false, keys, screen;
+  bool once = false, json = false, keys, screen, seen_interval = false;
   struct termios saved, raw;
   struct sigaction sa, old_int, old_term;
   dspk_status *s = NULL;
@@ -128,6 +128,8 @@ int dspk__sub_top(dspk__sub_ctx *ctx, int argc, char **argv) {
   while ((opt = getopt_long(argc, argv, ":n:h", opts, NULL)) != -1) {
     switch (opt) {
     case 'n':
+      if ((rc = dspk__sub_once(ctx, &seen_interval, opt, argv)) != 0)
+        return rc;
       if (dspk__sub_parse_double(optarg, &interval) < 0 || !(interval >= 0.1 && interval <= 3600))
         return dspk__sub_usage(ctx, "bad --interval '%s' (want 0.1 to 3600 seconds)", optarg);
       break;

@@ -1,9 +1,11 @@
 /*
  * dspk-submit trace: records every job on every device of the daemon for
  * --seconds and writes it as Chrome trace-event JSON (dspk_trace), which
- * Perfetto (ui.perfetto.dev) and chrome://tracing open.  The file is
- * written whole after the recording, to a temporary name beside it, then
- * renamed, so a reader never sees half a trace; "-o -" writes to stdout.
+ * Perfetto (ui.perfetto.dev) and chrome://tracing open.  The output is
+ * opened before the recording starts (a bad -o fails at once, not after
+ * --seconds), as a temporary beside the target that is renamed over it
+ * once the trace is written whole (outfile.h), so a reader never sees half
+ * a trace and a failed write keeps the old file; "-o -" writes to stdout.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -12,38 +14,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "client/submit/outfile.h"
 #include "client/submit/submit.h"
-
-static int write_file(const char *path, const char *text) {
-  char tmp[4096];
-  FILE *f;
-  size_t n = strlen(text);
-  int k;
-
-  if (strcmp(path, "-") == 0)
-    return fwrite(text, 1, n, stdout) == n && fflush(stdout) == 0 ? 0 : -1;
-  k = snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
-  if (k < 0 || (size_t)k >= sizeof tmp) {
-    errno = ENAMETOOLONG;
-    return -1;
-  }
-  f = fopen(tmp, "w");
-  if (!f)
-    return -1;
-  if (fwrite(text, 1, n, f) != n || fclose(f) != 0) {
-    int e = errno;
-    unlink(tmp);
-    errno = e;
-    return -1;
-  }
-  if (rename(tmp, path) != 0) {
-    int e = errno;
-    unlink(tmp);
-    errno = e;
-    return -1;
-  }
-  return 0;
-}
 
 int dspk__sub_trace(dspk__sub_ctx *ctx, int argc, char **argv) {
   static const struct option opts[] = {{"output", required_argument, NULL, 'o'},
@@ -51,16 +23,22 @@ int dspk__sub_trace(dspk__sub_ctx *ctx, int argc, char **argv) {
                                        DSPK__SUB_OPTS_END};
   const char *out = NULL;
   double seconds = 5;
-  bool summary = false;
-  char *json = NULL;
+  bool summary = false, seen_output = false, seen_seconds = false;
+  char *json = NULL, err[512];
+  dspk__outfile of;
+  size_t n;
   int opt, rc;
 
   while ((opt = getopt_long(argc, argv, ":o:s:h", opts, NULL)) != -1) {
     switch (opt) {
     case 'o':
+      if ((rc = dspk__sub_once(ctx, &seen_output, opt, argv)) != 0)
+        return rc;
       out = optarg;
       break;
     case 's':
+      if ((rc = dspk__sub_once(ctx, &seen_seconds, opt, argv)) != 0)
+        return rc;
       if (dspk__sub_parse_double(optarg, &seconds) < 0 || !(seconds > 0 && seconds <= 600))
         return dspk__sub_usage(ctx, "bad --seconds '%s' (want more than 0, at most 600)",
                                optarg);
@@ -74,18 +52,37 @@ int dspk__sub_trace(dspk__sub_ctx *ctx, int argc, char **argv) {
     return dspk__sub_usage(ctx, "missing -o FILE (- for standard output)");
   if (summary && strcmp(out, "-") == 0)
     return dspk__sub_usage(ctx, "--json prints a summary: it needs -o FILE, not -");
+  rc = dspk__outfile_open(&of, out, err, sizeof err);
+  if (rc < 0)
+    return dspk__sub_fail(ctx, rc, "%s: %s", out, err);
   rc = dspk__sub_connect(ctx);
-  if (rc != 0)
+  if (rc != 0) {
+    dspk__outfile_abort(&of);
     return rc;
+  }
   if (strcmp(out, "-") != 0 && isatty(STDERR_FILENO))
     fprintf(stderr, "dspk-submit: trace: recording for %g s...\n", seconds);
   rc = dspk_trace(ctx->client, seconds, &json);
-  if (rc < 0)
+  if (rc < 0) {
+    dspk__outfile_abort(&of);
     return dspk__sub_fail_client(ctx, rc);
-  if (write_file(out, json) != 0) {
-    int e = errno;
+  }
+  /* Written as the .npy outputs are, named as they are (<stdout> for -). */
+  n = strlen(json);
+  if (strcmp(out, "-") == 0) {
+    if (fwrite(json, 1, n, stdout) != n || fflush(stdout) != 0) {
+      int e = errno;
+      dspk_free(json);
+      return dspk__sub_fail(ctx, DSPK_EIO, "<stdout>: %s", strerror(e ? e : EIO));
+    }
+  } else if (dspk__outfile_write(&of, json, n) < 0 ||
+             dspk__outfile_commit(&of, err, sizeof err) < 0) {
+    if (of.fd >= 0) {
+      snprintf(err, sizeof err, "%s", strerror(errno));
+      dspk__outfile_abort(&of);
+    }
     dspk_free(json);
-    return dspk__sub_fail(ctx, DSPK_EIO, "cannot write %s: %s", out, strerror(e));
+    return dspk__sub_fail(ctx, DSPK_EIO, "%s: %s", out, err);
   }
   if (summary) {
     /* The numbers of the trace's otherData (lib_observe.c writes it last). */

@@ -47,6 +47,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 
 import numpy as np
 
@@ -696,6 +697,113 @@ cli_daemon_pid = [None]
 
 # ---- errors -------------------------------------------------------------------
 
+def leftovers(d):
+    """The temporaries of dspk-submit's outputs (outfile.c) left in d."""
+    return sorted(n for n in os.listdir(d) if n.startswith(".dspk-submit-"))
+
+
+def output_replacement(cli, tmp, large, small, fsize_limit):
+    """An output is replaced whole or not at all (outfile.c): a failed write
+    leaves an existing file, and a symlink to one, as they were; a new file
+    gets 0666 less the umask, a replaced one keeps its mode; trace -o too."""
+    d = os.path.join(tmp, "replace")
+    os.mkdir(d)
+    old = b"old contents, not a .npy\n" * 3
+
+    def put(name, mode=0o644):
+        p = os.path.join(d, name)
+        with open(p, "wb") as f:
+            f.write(old)
+        os.chmod(p, mode)
+        return p
+
+    def same(p, what):
+        with open(p, "rb") as f:
+            check(f.read() == old, "%s: the old file was changed" % what)
+
+    # A failed write (past the file size limit) over an existing file.
+    keep = put("keep.npy")
+    cli.fails(["map", "abs", large, "-o", keep], "map", "EIO",
+              detail="%s: File too large" % keep, preexec_fn=fsize_limit)
+    same(keep, "failed write over keep.npy")
+    # ... and through a symlink (relative, two links deep) to one.
+    target = put("target.npy", 0o640)
+    os.symlink("target.npy", os.path.join(d, "mid.npy"))
+    link = os.path.join(d, "link.npy")
+    os.symlink("mid.npy", link)
+    cli.fails(["map", "abs", large, "-o", link], "map", "EIO",
+              detail="%s: File too large" % link, preexec_fn=fsize_limit)
+    check(os.path.islink(link) and os.readlink(link) == "mid.npy",
+          "a failed write through a symlink changed the link")
+    same(target, "failed write through link.npy")
+    check(leftovers(d) == [], "temporaries left behind: %s" % leftovers(d))
+    # A complete write through the link replaces the target, keeping its
+    # mode and the links.
+    cli.ok("map", "abs", small, "-o", link)
+    check(os.path.islink(link) and os.path.islink(os.path.join(d, "mid.npy")),
+          "a write through a symlink replaced the link")
+    check(np.array_equal(np.load(target), np.ones((3, 4), "<f4")),
+          "the symlink's target does not hold the result")
+    check(os.stat(target).st_mode & 0o7777 == 0o640,
+          "the replaced file's mode is %o, not 640" % (os.stat(target).st_mode & 0o7777))
+    # A dangling symlink creates its target, as open(2) would.
+    dang = os.path.join(d, "dang.npy")
+    os.symlink("created.npy", dang)
+    cli.ok("map", "abs", small, "-o", dang)
+    check(os.path.islink(dang) and os.path.isfile(os.path.join(d, "created.npy")),
+          "a write through a dangling symlink did not create its target")
+    # A new file: 0666 less the umask.
+    new = os.path.join(d, "new.npy")
+    cli.ok("map", "abs", small, "-o", new, preexec_fn=lambda: os.umask(0o027))
+    check(os.stat(new).st_mode & 0o7777 == 0o640,
+          "a new output's mode is %o under umask 027, not 640"
+          % (os.stat(new).st_mode & 0o7777))
+    check(leftovers(d) == [], "temporaries left behind: %s" % leftovers(d))
+    # A task the daemon refuses (after the output was opened) leaves the
+    # existing file as it was, and no temporary.
+    cli.fails(["gemm", small, small, "-o", keep], "gemm", "ESHAPE")
+    same(keep, "failed gemm over keep.npy")
+    check(leftovers(d) == [], "temporaries left behind: %s" % leftovers(d))
+
+    # trace: a FILE that cannot be created fails at once, before the
+    # recording (600 s would outlast the run's 120 s timeout), with the
+    # codes of the compute commands.
+    cli.fails(["trace", "-o", os.path.join(d, "no/such/dir.json"), "--seconds", "600"],
+              "trace", "ENOENT", detail="no/such/dir.json: No such file or directory")
+    cli.fails(["trace", "-o", d, "--seconds", "600"], "trace", "EIO",
+              detail="%s: Is a directory" % d)
+    # A failed trace write keeps the old file; a good one replaces it.
+    tr = put("tr.json")
+    def tiny_limit():
+        import resource
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (16, 16))
+    cli.fails(["trace", "-o", tr, "--seconds", "0.1"], "trace", "EIO",
+              detail="%s: File too large" % tr, preexec_fn=tiny_limit)
+    same(tr, "failed trace write over tr.json")
+    check(leftovers(d) == [], "temporaries left behind: %s" % leftovers(d))
+    cli.ok("trace", "-o", tr, "--seconds", "0.1")
+    with open(tr) as f:
+        check("traceEvents" in json.load(f), "trace -o wrote no trace")
+    # Interrupted while recording (its temporary open): the command dies of
+    # the signal as before, the temporary goes, the old file stays.
+    old_tr = put("tr2.json")
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        p = subprocess.Popen([cli.binary, "--socket", cli.sock, "trace", "-o", old_tr,
+                              "--seconds", "600"], stdin=subprocess.DEVNULL,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 60
+        while not leftovers(d) and p.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.01)  # until the temporary exists
+        check(leftovers(d) and p.poll() is None,
+              "trace made no temporary (exit %s)" % p.poll())
+        p.send_signal(sig)
+        rc = p.wait(timeout=60)
+        check(rc == -sig, "trace after signal %d: exit %d" % (sig, rc))
+        check(leftovers(d) == [], "signal %d left %s" % (sig, leftovers(d)))
+        same(old_tr, "interrupted trace over tr2.json")
+
+
 def suite_errors(cli, tmp):
     def save(name, x):
         p = os.path.join(tmp, name)
@@ -759,11 +867,7 @@ def suite_errors(cli, tmp):
     cli.fails(["map", "abs", large, "-o", full], "map", "EIO",
               detail="%s: File too large" % full, preexec_fn=fsize_limit)
     check(not os.path.exists(full), "a partly written output is left behind")
-    with open(full, "wb") as f:  # an existing file: rewritten in place, then removed
-        f.write(b"\0" * 100)
-    cli.fails(["map", "abs", large, "-o", full], "map", "EIO",
-              detail="%s: File too large" % full, preexec_fn=fsize_limit)
-    check(not os.path.exists(full), "a partly rewritten output is left behind")
+    output_replacement(cli, tmp, large, a34, fsize_limit)
     # The same limit with SIGXFSZ at its default (a shell's ulimit -f): the
     # command ignores the signal, so the write fails as above (it was killed
     # by the signal, leaving the partial file).
@@ -774,6 +878,7 @@ def suite_errors(cli, tmp):
     cli.fails(["map", "abs", large, "-o", full], "map", "EIO",
               detail="%s: File too large" % full, preexec_fn=fsize_limit_signal)
     check(not os.path.exists(full), "a partly written output is left behind (SIGXFSZ)")
+    check(leftovers(tmp) == [], "temporaries left behind: %s" % leftovers(tmp))
     # A device that refuses the data (/dev/full: ENOSPC) stays where it is.
     # A node of its own (root only), never the system's /dev/full.
     dev = os.path.join(tmp, "full-device")
@@ -796,6 +901,19 @@ def suite_errors(cli, tmp):
             check(p.returncode == 1 and
                   err.startswith("dspk-submit: %s: EIO: <stdout>: No space left" % args[0]),
                   "%s > a full device: exit %d, stderr %r" % (args, p.returncode, err))
+        # trace -o - names standard output as every command does; -o a
+        # device writes to it directly and leaves it.
+        with open(dev, "wb") as full_out:
+            p = subprocess.run([cli.binary, "--socket", cli.sock, "trace", "-o", "-",
+                                "--seconds", "0.1"], stdin=subprocess.DEVNULL,
+                               stdout=full_out, stderr=subprocess.PIPE, timeout=120)
+        err = p.stderr.decode(errors="replace")
+        check(p.returncode == 1 and
+              err == "dspk-submit: trace: EIO: <stdout>: No space left on device\n",
+              "trace -o - > a full device: exit %d, stderr %r" % (p.returncode, err))
+        cli.fails(["trace", "-o", dev, "--seconds", "0.1"], "trace", "EIO",
+                  detail="%s: No space left on device" % dev)
+        check(os.path.exists(dev), "a failed trace write removed the device node")
 
     # Standard streams closed at the start: the socket must not take their
     # descriptors (the result, or the error line, went into the daemon's
@@ -811,7 +929,7 @@ def suite_errors(cli, tmp):
         check(p.returncode == 1, "%s with fd %d closed: exit %d, stderr %r"
               % (args, fd, p.returncode, err))
         if want:
-            check(err.startswith("dspk-submit: map: %s: " % want),
+            check(err.startswith("dspk-submit: map: %s: <stdout>: " % want),
                   "%s with stdout closed: stderr %r" % (args, err))
     cli.ok("ping")  # and the daemon still answers
 
@@ -1529,7 +1647,6 @@ def suite_journal(cli, tmp, dspkd):
 # ---- help --------------------------------------------------------------------
 
 def suite_help(cli, tmp):
-    del tmp
     for argv in (["--help"], ["-h"], ["help"]):
         out = cli.ok(*argv, sock=False)
         check(out.startswith("usage: dspk-submit"), "%s: %r" % (argv, out[:80]))
@@ -1548,6 +1665,144 @@ def suite_help(cli, tmp):
                      sock=False) == a, "%s x --help differs" % c)
     out = cli.ok("--version", sock=False)
     check(re.fullmatch(r"dspk-submit \S+\n", out), "--version %r" % out)
+    help_matches_doc(cli)
+    repeated_options(cli)
+    outputs_before_work(cli, tmp)
+
+
+def outputs_before_work(cli, tmp):
+    """An output that cannot be created fails before any work: before
+    connecting (ENOENT, not ECONNECT to the socket that is not there), for
+    the compute commands, kernel -o and trace -o alike."""
+    a = os.path.join(tmp, "a.npy")
+    np.save(a, np.ones(4))
+    src = os.path.join(tmp, "k.comp")
+    with open(src, "w") as f:
+        f.write("void main() {}\n")
+    bad = os.path.join(tmp, "no", "such", "out.npy")
+    nosock = ["--socket", os.path.join(tmp, "nothing.sock")]
+    for args in (["map", "abs", a, "-o", bad], ["gemm", a, a, "-o", bad],
+                 ["kernel", src, "--entry", "main", "--grid", "1", "--block", "1",
+                  a, "-o", bad],
+                 ["trace", "-o", bad, "--seconds", "600"]):
+        cli.fails(nosock + args, args[0], "ENOENT", sock=False,
+                  detail="%s: No such file or directory" % bad)
+    check(not os.path.exists(os.path.join(tmp, "no")), "a directory was created")
+    # A writable file in a directory that is not: it cannot be replaced
+    # whole, so the command says why (EPERM) and leaves it.
+    rod = os.path.join(tmp, "rod")
+    os.mkdir(rod)
+    x = os.path.join(rod, "x.npy")
+    with open(x, "wb") as f:
+        f.write(b"old")
+    os.chmod(x, 0o666)
+    os.chmod(rod, 0o555)
+    os.chmod(a, 0o644)
+    preexec = None
+    if os.geteuid() == 0:  # root passes any permission check: run as nobody
+        os.chmod(tmp, 0o755)
+        def preexec():
+            os.setgroups([])
+            os.setgid(65534)
+            os.setuid(65534)
+    try:
+        cli.fails(nosock + ["map", "abs", a, "-o", x], "map", "EPERM", sock=False,
+                  preexec_fn=preexec,
+                  detail="%s: cannot create a temporary file in %s to replace it" % (x, rod))
+        with open(x, "rb") as f:
+            check(f.read() == b"old", "the file in a read-only directory was changed")
+    finally:
+        os.chmod(rod, 0o755)
+        os.chmod(tmp, 0o700)
+
+
+def help_matches_doc(cli):
+    """--help and docs/cli.md (the man page's source) say the same: the
+    dtypes, the units, the options of each command, the --socket rule."""
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                           "..", "..", "docs", "cli.md")) as f:
+        doc = f.read()
+    sections = {}
+    for m in re.finditer(r"^### ([a-z]+)(.*?)(?=^##)", doc, re.M | re.S):
+        sections[m.group(1)] = sections.get(m.group(1), "") + m.group(2)
+    top = cli.ok("--help", sock=False)
+    for dt in ("f2", "f4", "f8", "c8", "c16"):
+        check(re.search(r"\b%s\b" % dt, top) and "`%s`" % dt in doc,
+              "--help or cli.md lacks the dtype %s" % dt)
+    check("$SLURM_JOB_ID" in top and "XDG_RUNTIME_DIR" in top,
+          "--help does not give the --socket default rule of cli.md")
+    check("given twice" in top, "--help does not give the repeated-option rule")
+    for c in COMMANDS:
+        h = cli.ok(c, "--help", sock=False)
+        # Every long option of the help is documented for the command (the
+        # compute commands' shared ones in their own section of cli.md).
+        sec = sections.get(c, "") + doc[doc.index("## OPTIONS OF THE COMPUTE"):]
+        for opt in sorted(set(re.findall(r"--[a-z][a-z-]*", h)) - {"--help"}):
+            check(opt in sec, "%s --help has %s, cli.md's %s section does not"
+                  % (c, opt, c))
+    # The dtypes each op takes, and the counters metrics lists.
+    for c, words in (("gemm", ("f32", "f64", "f16")), ("fft", ("c64", "c128", "f32", "f64")),
+                     ("fir", ("f32", "f64", "c64", "c128")),
+                     ("metrics", ("hits", "misses", "puts", "evictions"))):
+        h = cli.ok(c, "--help", sock=False)
+        for w in words:
+            check(re.search(r"\b%s\b" % w, h) and re.search(r"\b%s\b" % w, sections[c]),
+                  "%s: --help and cli.md do not both say %s" % (c, w))
+    # Sizes: every unit that the parser takes (proto/units.h) works and the
+    # help says so.
+    check("KiB" in cli.ok("ping", "--help", sock=False), "ping --help omits KiB")
+    for c in ("ping", "kernel"):
+        check("units" in cli.ok(c, "--help", sock=False), "%s --help omits the units" % c)
+
+
+def repeated_options(cli):
+    """An option taking one value, given twice, is a bad command line (the
+    last one silently won); so is an empty item in a list value.  All are
+    found before connecting (no daemon here)."""
+    twice = [(["map", "abs", "a.npy", "-o", "x.npy", "-o", "y.npy"], "-o"),
+             (["map", "abs", "a.npy", "--output=x.npy", "-oy.npy"], "-o"),
+             (["gemm", "a.npy", "b.npy", "--alpha", "1", "--alpha", "2"], "--alpha"),
+             (["gemm", "a.npy", "b.npy", "c.npy", "--beta", "1", "--beta=2"], "--beta"),
+             (["fft", "a.npy", "-d", "cpu:0", "--device", "cpu:0"], "--device"),
+             (["ping", "-c", "1", "-c", "2"], "-c"),
+             (["ping", "-s", "1", "--size", "2"], "--size"),
+             (["top", "-n", "1", "-n", "2"], "-n"),
+             (["trace", "-o", "a", "-o", "b"], "-o"),
+             (["trace", "-o", "a", "-s", "1", "-s", "2"], "-s"),
+             (["kernel", "k.cu", "--entry", "a", "--entry", "b"], "--entry"),
+             (["kernel", "k.cu", "--grid", "1", "--grid", "2"], "--grid"),
+             (["kernel", "k.cu", "--lang", "cuda", "--lang", "glsl"], "--lang"),
+             (["job", "end", "--job", "1", "--job", "2"], "--job")]
+    for args, opt in twice:
+        cli.fails(args, args[0], "EINVAL", rc_want=2, sock=False,
+                  detail="option '%s' given twice" % opt)
+    cli.fails(["kernel", "k.cu", "-o", "y.npy", "-o", "1=y.npy"], "kernel", "EINVAL",
+              rc_want=2, sock=False, detail="-o y.npy given twice")
+    cli.fails(["--socket", "a", "-S", "b", "ping"], None, "EINVAL", rc_want=2,
+              sock=False, detail="option '-S' given twice")
+    # Flags and the options that add up are not refused (these get as far
+    # as connecting to a socket that does not exist).
+    nosock = ["--socket", "/nonexistent/dspkd.sock"]
+    for args in (["ping", "--json", "--json"],
+                 ["reduce", "sum", "/dev/null", "--axis", "0", "--axis", "1"]):
+        rc, out, err = cli.run(*(nosock + args), sock=False)
+        check("given twice" not in err and rc != 2 or "ECONNECT" in err,
+              "%s: refused: %r" % (args, err))
+    empty = [(["reduce", "sum", "a.npy", "--axis", "0,"], "--axis"),
+             (["reduce", "sum", "a.npy", "--axis", ",1"], "--axis"),
+             (["reduce", "sum", "a.npy", "-a", "0,,1"], "--axis"),
+             (["reduce", "sum", "a.npy", "--axis", ""], "--axis"),
+             (["kernel", "k.cu", "--entry", "e", "--grid", "1,", "--block", "1"], "--grid"),
+             (["kernel", "k.cu", "--entry", "e", "--grid", "1", "--block", "2x"], "--block"),
+             (["kernel", "k.cu", "--entry", "e", "--grid", "1", "--block", "1",
+               "zeros:f32:4x"], "zeros"),
+             (["job", "register", "--job", "1", "--uid", "0", "--devices", "GPU-1,"],
+              "--devices"),
+             (["job", "register", "--job", "1", "--uid", "0", "--devices", "a,,b"],
+              "--devices")]
+    for args, what in empty:
+        err = cli.fails(args, args[0], "EINVAL", rc_want=2, sock=False)
+        check(what in err, "%s: %r does not name %s" % (args, err, what))
 
 
 # ---- main ---------------------------------------------------------------------

@@ -19,6 +19,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
+#include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -214,6 +217,81 @@ static void load_fail(const char *name, int code, const char *needle) {
   assert_int_equal(dspk__npy_load(path, &a, err, sizeof err), code);
   if (strstr(err, path) == NULL || strstr(err, needle) == NULL)
     fail_msg("%s: message '%s' lacks the path or '%s'", name, err, needle);
+}
+
+/* Reads the whole file at p into buf (cap bytes); returns its length. */
+static size_t slurp(const char *p, char *buf, size_t cap) {
+  FILE *f = fopen(p, "rb");
+  size_t n;
+  assert_non_null(f);
+  n = fread(buf, 1, cap, f);
+  fclose(f);
+  return n;
+}
+
+/* The temporaries of outfile.c left in tmpdir. */
+static int leftovers(void) {
+  DIR *d = opendir(tmpdir);
+  struct dirent *e;
+  int n = 0;
+  assert_non_null(d);
+  while ((e = readdir(d)) != NULL)
+    n += strncmp(e->d_name, ".dspk-submit-", 13) == 0;
+  closedir(d);
+  return n;
+}
+
+/* dspk__npy_save replaces a file whole or not at all (outfile.h): a write
+ * that fails past the file size limit leaves an existing file, and a
+ * symlink to it, as they were, and no temporary; a complete one replaces
+ * the link's target, keeping its mode and the link. */
+static void test_save_replaces(void **state) {
+  static const char old[] = "the old contents\n";
+  char file[300], link[300], buf[64], err[256];
+  uint64_t shape[1] = {20000};
+  float *x = calloc(20000, sizeof *x);
+  struct rlimit saved, low;
+  struct stat st;
+  FILE *f;
+  (void)state;
+  assert_non_null(x);
+  snprintf(file, sizeof file, "%s/keep.npy", tmpdir);
+  snprintf(link, sizeof link, "%s/link.npy", tmpdir);
+  f = fopen(file, "wb");
+  assert_non_null(f);
+  fputs(old, f);
+  fclose(f);
+  assert_int_equal(chmod(file, 0640), 0);
+  assert_int_equal(symlink("keep.npy", link), 0);
+
+  signal(SIGXFSZ, SIG_IGN);
+  assert_int_equal(getrlimit(RLIMIT_FSIZE, &saved), 0);
+  low = saved;
+  low.rlim_cur = 4096;
+  assert_int_equal(setrlimit(RLIMIT_FSIZE, &low), 0);
+  assert_int_equal(dspk__npy_save(file, DSPK_F32, 1, shape, x, err, sizeof err),
+                   DSPK_EIO);
+  assert_non_null(strstr(err, "File too large"));
+  assert_int_equal(dspk__npy_save(link, DSPK_F32, 1, shape, x, err, sizeof err),
+                   DSPK_EIO);
+  assert_int_equal(setrlimit(RLIMIT_FSIZE, &saved), 0);
+  signal(SIGXFSZ, SIG_DFL);
+  assert_int_equal(slurp(file, buf, sizeof buf), strlen(old));
+  assert_memory_equal(buf, old, strlen(old));
+  assert_int_equal(lstat(link, &st), 0);
+  assert_true(S_ISLNK(st.st_mode));
+  assert_int_equal(leftovers(), 0);
+
+  assert_int_equal(dspk__npy_save(link, DSPK_F32, 1, shape, x, err, sizeof err), 0);
+  assert_int_equal(lstat(link, &st), 0);
+  assert_true(S_ISLNK(st.st_mode));
+  assert_int_equal(stat(file, &st), 0);
+  assert_int_equal(st.st_mode & 07777, 0640);
+  assert_int_equal(st.st_size, 128 + 20000 * 4);
+  assert_int_equal(leftovers(), 0);
+  unlink(link);
+  unlink(file);
+  free(x);
 }
 
 static void test_numpy_files(void **state) {
@@ -671,6 +749,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_roundtrip),
       cmocka_unit_test(test_header_layout),
       cmocka_unit_test(test_save_errors),
+      cmocka_unit_test(test_save_replaces),
       cmocka_unit_test(test_numpy_files),
       cmocka_unit_test(test_numpy_reads_ours),
       cmocka_unit_test(test_malformed_headers),

@@ -5,9 +5,9 @@
  * dspk__npy_load of the same file (shape, dtype, every byte) and with the
  * data written; small files take the read path (no mapping); a truncated
  * large file and a missing file fail with the same codes as the read path;
- * a view stays valid until freed, after which the file can be rewritten;
- * and dspk__npy_save over an existing file (rewritten in place, then cut
- * to length) leaves exactly the new array.
+ * a view stays valid until freed, and even when the file is replaced under
+ * it (dspk__npy_save renames a new file over the old one: outfile.h); and
+ * dspk__npy_save over an existing file leaves exactly the new array.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -104,9 +104,9 @@ static void test_view_errors(void **state) {
   free(data);
 }
 
-/* dspk__npy_save rewrites an existing file in place and cuts it to length:
- * a smaller array over a larger file, and a larger one over it again, both
- * read back exactly (the reader refuses any stale tail). */
+/* dspk__npy_save replaces an existing file: a smaller array over a larger
+ * file, and a larger one over it again, both read back exactly (the reader
+ * refuses any stale tail). */
 static void test_save_over_existing(void **state) {
   uint64_t big[2] = {700, 900}, small[1] = {1000};
   void *a = pattern(700 * 900 * 8, 7), *b = pattern(1000 * 4, 8);
@@ -142,10 +142,12 @@ static void test_view_then_rewrite(void **state) {
   assert_int_equal(dspk__npy_view(path, &v, err, sizeof err), 0);
   assert_non_null(v.map);
   assert_memory_equal(v.data, a, 300000 * 4);
-  /* What dspk-submit does when the output has the input's name: free the
-   * view first, then rewrite the file. */
-  dspk__npy_free(&v);
+  /* The file replaced while the view is held: the view keeps the old
+   * data (the old inode), as a mapped input of a command whose output has
+   * the input's name does. */
   assert_int_equal(dspk__npy_save(path, DSPK_F32, 1, big, b, err, sizeof err), 0);
+  assert_memory_equal(v.data, a, 300000 * 4);
+  dspk__npy_free(&v);
   assert_int_equal(dspk__npy_view(path, &v, err, sizeof err), 0);
   assert_memory_equal(v.data, b, 300000 * 4);
   dspk__npy_free(&v);

@@ -1,0 +1,50 @@
+/*
+ * Output files of dspk-submit, replaced whole or not at all.
+ *
+ * An output that is a regular file, a symbolic link to one (followed to its
+ * final target, however many links deep) or a path that does not exist yet
+ * is written to a temporary file in the target's directory, flushed to disk
+ * and renamed over the target only once complete.  A failed write (a full
+ * disk, ulimit -f, an error of the daemon after the file was opened) leaves
+ * the old file and any link to it as they were, and the temporary is
+ * removed.  A new file gets the mode a plain open(2) would have given it
+ * (0666 less the umask); a replaced one keeps its mode (and, where the
+ * process may set them, its owner and group).  Anything else (standard
+ * output as "-", a FIFO, a terminal, a character device) is written
+ * directly, as it cannot be replaced by a rename.  A SIGINT, SIGTERM,
+ * SIGHUP or SIGQUIT (at its default disposition) while a temporary is open
+ * removes it before the process dies of the signal.
+ */
+#ifndef DSPK_CLIENT_SUBMIT_OUTFILE_H
+#define DSPK_CLIENT_SUBMIT_OUTFILE_H
+
+#include <stddef.h>
+
+typedef struct dspk__outfile {
+  int fd;       /* where to write; -1 once closed */
+  char *target; /* the final path when fd is a temporary, else NULL */
+  char *tmp;    /* the temporary's path, else NULL */
+} dspk__outfile;
+
+/* Opens path for writing ("-": standard output, which is never closed
+ * here).  Returns 0, or a negative dspk code (DSPK_ENOENT: no such
+ * directory; DSPK_EPERM: permission denied; DSPK_EIO otherwise) with
+ * strerror's text in err; nothing is left open or created on failure. */
+int dspk__outfile_open(dspk__outfile *o, const char *path, char *err,
+                       size_t errlen);
+
+/* Writes n bytes of buf to o (retrying short writes and EINTR).  Returns 0,
+ * or -1 with errno set. */
+int dspk__outfile_write(dspk__outfile *o, const void *buf, size_t n);
+
+/* Completes what was written: a temporary is flushed (fsync), closed and
+ * renamed over its target; a direct output is closed.  Returns 0, or
+ * DSPK_EIO with strerror's text in err, the temporary removed and the
+ * target untouched.  o is closed either way. */
+int dspk__outfile_commit(dspk__outfile *o, char *err, size_t errlen);
+
+/* Abandons what was written: closes o and removes its temporary, leaving
+ * the target as it was.  Accepts an o already committed or abandoned. */
+void dspk__outfile_abort(dspk__outfile *o);
+
+#endif /* DSPK_CLIENT_SUBMIT_OUTFILE_H */
