@@ -486,7 +486,22 @@ static enum open_result inspect(const char *path, char *why, size_t whylen) {
   sqlite3 *db = NULL;
   enum open_result res = OPEN_OK;
   char *uri;
-  if (stat(path, &sb) != 0 || !S_ISREG(sb.st_mode) || sb.st_size == 0)
+  if (stat(path, &sb) != 0)
+    return OPEN_OK; /* missing: created by the open */
+  if (!S_ISREG(sb.st_mode)) {
+    /* Refused before SQLite sees it: SQLite would make "<path>-journal"
+     * beside a device (/dev/null-journal) and then fail with "disk I/O
+     * error". */
+    snprintf(why, whylen, "not a regular file (%s)",
+             S_ISDIR(sb.st_mode)    ? "a directory"
+             : S_ISCHR(sb.st_mode)  ? "a character device"
+             : S_ISBLK(sb.st_mode)  ? "a block device"
+             : S_ISFIFO(sb.st_mode) ? "a FIFO"
+             : S_ISSOCK(sb.st_mode) ? "a socket"
+                                    : "not a file");
+    return OPEN_FAIL;
+  }
+  if (sb.st_size == 0)
     return OPEN_OK;
   uri = immutable_uri(path);
   if (!uri)
@@ -674,6 +689,18 @@ static int move_aside(const char *path, char *moved, size_t len) {
   return 0;
 }
 
+/* Removes path and its SQLite companions, which this process created
+ * while trying to open a cache there (an unusable location must not be
+ * left with an empty cache file). */
+static void remove_created(const char *path) {
+  static const char *const suffix[] = {"", "-wal", "-shm", "-journal"};
+  for (size_t i = 0; i < 4; i++) {
+    char p[4200];
+    snprintf(p, sizeof p, "%s%s", path, suffix[i]);
+    unlink(p);
+  }
+}
+
 /* Remembers which file c->path names now, so that a put can notice when
  * it was deleted or replaced (follow_path). */
 static void remember_file(struct dspk__cache *c) {
@@ -701,6 +728,10 @@ static int open_file(struct dspk__cache *c, int no_fallback, sqlite3 **db,
              strerror(-mk));
     goto unusable;
   }
+  struct stat sb;
+  /* A file this call creates is removed again when it ends up unusable (a
+   * full disk leaves an empty file behind otherwise). */
+  int created = lstat(c->path, &sb) != 0 && errno == ENOENT;
   enum open_result r = try_open(c->path, c->busy_ms, db, why, sizeof why);
   switch (r) {
   case OPEN_OK:
@@ -719,6 +750,7 @@ static int open_file(struct dspk__cache *c, int no_fallback, sqlite3 **db,
                strerror(-mv));
       goto unusable;
     }
+    created = 1;
     if (try_open(c->path, c->busy_ms, db, why, sizeof why) != OPEN_OK)
       goto unusable;
     setwarn(warn, warnlen, "cache file %s %s (%s); moved it to %s and rebuilt it",
@@ -744,6 +776,8 @@ static int open_file(struct dspk__cache *c, int no_fallback, sqlite3 **db,
     break;
   }
 unusable:
+  if (created)
+    remove_created(c->path);
   if (no_fallback)
     return DSPK_EIO;
   setwarn(warn, warnlen, "cache file %s is unusable (%s); using an in-memory cache",
