@@ -38,7 +38,7 @@
 /* Atomics, so dspk__cache_counts() reads them without the mutex, which a
  * statement may hold for as long as SQLite's busy timeout. */
 struct kcount {
-  _Atomic uint64_t hits, misses, puts, evictions;
+  _Atomic uint64_t hits, misses, puts, evictions, put_errors;
 };
 
 struct dspk__cache {
@@ -54,6 +54,8 @@ struct dspk__cache {
   int have_id;
   void (*notice)(void *ud, const char *line);
   void *notice_ud;
+  void (*put_result)(void *ud, int kind, int err, const char *detail);
+  int put_failing; /* the last put failed (under mu) */
   struct kcount count[DSPK__CACHE_NKINDS];
   _Atomic uint64_t epoch;
 };
@@ -722,16 +724,18 @@ static int open_file(struct dspk__cache *c, int no_fallback, sqlite3 **db,
                      char *warn, size_t warnlen) {
   char why[512] = "", first[256], moved[4200];
   const char *what;
+  struct stat sb;
+  /* A file this call creates is removed again when it ends up unusable (a
+   * full disk leaves an empty file behind otherwise). */
+  int created = 0;
   int mk = mkdirs_for(c->path);
+  if (mk >= 0)
+    created = lstat(c->path, &sb) != 0 && errno == ENOENT;
   if (mk < 0) {
     snprintf(why, sizeof why, "cannot create its directory: %s",
              strerror(-mk));
     goto unusable;
   }
-  struct stat sb;
-  /* A file this call creates is removed again when it ends up unusable (a
-   * full disk leaves an empty file behind otherwise). */
-  int created = lstat(c->path, &sb) != 0 && errno == ENOENT;
   enum open_result r = try_open(c->path, c->busy_ms, db, why, sizeof why);
   switch (r) {
   case OPEN_OK:
@@ -805,6 +809,7 @@ int dspk__cache_open(const char *path, const struct dspk__cache_opts *opts,
   if (opts) {
     c->notice = opts->notice;
     c->notice_ud = opts->notice_ud;
+    c->put_result = opts->put_result;
   }
   c->path = path ? strdup(path) : default_path();
   if (!c->path) {
@@ -1070,6 +1075,22 @@ out:
 /* Finishes a put: runs the prepared insert (whose ?2 is the tick) inside a
  * write transaction together with the tick bump and the eviction.  Takes
  * ownership of st.  Called with the mutex held.  Returns 0 or a dspk_errno. */
+/* Called with the mutex held at the end of every put that reached the
+ * database: counts a failure and tells opts.put_result about it, and about
+ * the first success after failures. */
+static void note_put(struct dspk__cache *c, int kind, int err) {
+  if (err < 0) {
+    c->count[kind].put_errors++;
+    c->put_failing = 1;
+    if (c->put_result)
+      c->put_result(c->notice_ud, kind, err, sqlite3_errmsg(c->db));
+  } else if (c->put_failing) {
+    c->put_failing = 0;
+    if (c->put_result)
+      c->put_result(c->notice_ud, kind, 0, "");
+  }
+}
+
 static int put_commit(struct dspk__cache *c, int kind, sqlite3_stmt *st,
                       int tick_param) {
   int rc = begin_write(c->db);
@@ -1263,6 +1284,7 @@ int dspk__cache_kernel_put(struct dspk__cache *c,
   sqlite3_bind_int64(st, 15, now_s());
   err = put_commit(c, DSPK__CACHE_KERNELS, st, 2);
 out:
+  note_put(c, DSPK__CACHE_KERNELS, err);
   pthread_mutex_unlock(&c->mu);
   return err;
 }
@@ -1394,6 +1416,7 @@ int dspk__cache_tune_put(struct dspk__cache *c, const struct dspk__tune_key *k,
   sqlite3_bind_int64(st, 16, now_s());
   err = put_commit(c, DSPK__CACHE_AUTOTUNE, st, 2);
 out:
+  note_put(c, DSPK__CACHE_AUTOTUNE, err);
   pthread_mutex_unlock(&c->mu);
   return err;
 }
@@ -1479,6 +1502,7 @@ int dspk__cache_blob_put(struct dspk__cache *c, const char *name,
   sqlite3_bind_int64(st, 5, now_s());
   err = put_commit(c, DSPK__CACHE_BLOBS, st, 2);
 out:
+  note_put(c, DSPK__CACHE_BLOBS, err);
   pthread_mutex_unlock(&c->mu);
   return err;
 }
@@ -1512,6 +1536,7 @@ int dspk__cache_stats(struct dspk__cache *c, struct dspk__cache_stats *out) {
     s.kind[k].misses = c->count[k].misses;
     s.kind[k].puts = c->count[k].puts;
     s.kind[k].evictions = c->count[k].evictions;
+    s.kind[k].put_errors = c->count[k].put_errors;
     sqlite3_finalize(st);
     st = NULL;
   }
@@ -1586,6 +1611,7 @@ void dspk__cache_counts(struct dspk__cache *c, struct dspk__cache_kstats *out) {
     out[k].misses = atomic_load(&c->count[k].misses);
     out[k].puts = atomic_load(&c->count[k].puts);
     out[k].evictions = atomic_load(&c->count[k].evictions);
+    out[k].put_errors = atomic_load(&c->count[k].put_errors);
   }
 }
 

@@ -424,6 +424,9 @@ static const struct {
      offsetof(struct dspk__cache_kstats, puts)},
     {"dspk_cache_evictions_total", "Entries the persistent cache evicted to stay within its size.",
      offsetof(struct dspk__cache_kstats, evictions)},
+    {"dspk_cache_put_errors_total",
+     "Entries the persistent cache failed to store (disk full, I/O error); not kept.",
+     offsetof(struct dspk__cache_kstats, put_errors)},
 };
 
 int dspkd_metrics_render(struct dspkd *d, char **text, size_t *len) {
