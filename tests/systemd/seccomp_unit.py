@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """Runs the real dspkd under the seccomp filter that the installed
 dspkd.service asks systemd for, and checks that it starts and serves tasks
-(gemm, fft, map through dspk-submit on cpu:0 and vulkan:0) and stops with
+(gemm, fft, map through dspk-submit on cpu:0, vulkan:0, and cuda:0
+and hip:0 where present) and stops with
 exit 0.  The filter comes from the unit's SystemCallFilter= lines (groups
 expanded with `systemd-analyze syscall-filter`), SystemCallErrorNumber=,
 SystemCallArchitectures=native and RestrictAddressFamilies=AF_UNIX, applied
@@ -125,8 +126,10 @@ def main():
     try:
         sock = os.path.join(tmp, "s.sock")
         log = open(os.path.join(tmp, "dspkd.log"), "w+")
+        # Every backend: cpu and vulkan (lavapipe in CI), cuda and hip where
+        # this host has them (one asked for without a device is a warning).
         cmd = [a.seccomp_run] + sargs + ["--"] + dspk_daemon.cmdline(
-            a.dspkd, sock, backends="cpu,vulkan")
+            a.dspkd, sock, backends="cpu,vulkan,cuda,hip")
         proc = dspk_daemon.start(cmd, 60, stdout=log, stderr=subprocess.STDOUT)
         if proc is None:
             log.seek(0)
@@ -141,10 +144,11 @@ def main():
         devs = ["cpu:0"]
         out = subprocess.run([a.submit, "--socket", sock, "devices"], capture_output=True,
                              text=True, timeout=60).stdout
-        if "vulkan:0" in out:
-            devs.append("vulkan:0")
-        else:
-            print("no vulkan:0 device; cpu:0 only")
+        for dev in ("vulkan:0", "cuda:0", "hip:0"):
+            if re.search(r"\b%s\b" % re.escape(dev), out):
+                devs.append(dev)
+        if "vulkan:0" not in devs:
+            print("no vulkan:0 device")
         cases = [("gemm", ["gemm", p("a.npy"), p("b.npy")], A.astype(np.float64) @ B),
                  ("fft", ["fft", p("x.npy")], np.fft.fft(X.astype(np.complex128))),
                  ("map", ["map", "add", p("a.npy"), p("a.npy")], 2.0 * A)]
