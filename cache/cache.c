@@ -56,6 +56,7 @@ struct dspk__cache {
   void *notice_ud;
   void (*put_result)(void *ud, int kind, int err, const char *detail);
   int put_failing; /* the last put failed (under mu) */
+  int put_rc;      /* SQLite's code of the last failed put (under mu) */
   struct kcount count[DSPK__CACHE_NKINDS];
   _Atomic uint64_t epoch;
 };
@@ -1083,7 +1084,7 @@ static void note_put(struct dspk__cache *c, int kind, int err) {
     c->count[kind].put_errors++;
     c->put_failing = 1;
     if (c->put_result)
-      c->put_result(c->notice_ud, kind, err, sqlite3_errmsg(c->db));
+      c->put_result(c->notice_ud, kind, err, sqlite3_errstr(c->put_rc));
   } else if (c->put_failing) {
     c->put_failing = 0;
     if (c->put_result)
@@ -1113,8 +1114,10 @@ static int put_commit(struct dspk__cache *c, int kind, sqlite3_stmt *st,
     c->count[kind].puts++;
 out:
   sqlite3_finalize(st);
-  if (rc != SQLITE_OK && rc != SQLITE_DONE)
+  if (rc != SQLITE_OK && rc != SQLITE_DONE) {
+    c->put_rc = rc; /* before the rollback resets the connection's message */
     rollback(c->db);
+  }
   return map_rc(rc);
 }
 
@@ -1269,6 +1272,7 @@ int dspk__cache_kernel_put(struct dspk__cache *c,
       " ?15, ?15, 0)",
       -1, &st, NULL);
   if (rc != SQLITE_OK) {
+    c->put_rc = rc;
     err = map_rc(rc);
     goto out;
   }
@@ -1400,6 +1404,7 @@ int dspk__cache_tune_put(struct dspk__cache *c, const struct dspk__tune_key *k,
       " ?15, ?16, ?16, 0)",
       -1, &st, NULL);
   if (rc != SQLITE_OK) {
+    c->put_rc = rc;
     err = map_rc(rc);
     goto out;
   }
@@ -1493,6 +1498,7 @@ int dspk__cache_blob_put(struct dspk__cache *c, const char *name,
       " last_used, hits) VALUES(?1, ?2, ?3, ?4, ?5, ?5, 0)",
       -1, &st, NULL);
   if (rc != SQLITE_OK) {
+    c->put_rc = rc;
     err = map_rc(rc);
     goto out;
   }

@@ -176,14 +176,14 @@ static void cache_put_result(void *ud, int kind, int err, const char *detail) {
     return;
   }
   if (unlogged)
-    dspkd_warn("cache: cannot store a %s entry: %s: %s (%llu more failed since the last such line;"
-               " at most one a minute)",
-               dspk__cache_kind_name(kind), dspk__strerror(err), detail,
+    dspkd_warn("cache: cannot store a %s entry: %s (%s; %llu more failed since the last such"
+               " line, logged at most once a minute)",
+               dspk__cache_kind_name(kind), detail, dspk__strerror(err),
                (unsigned long long)unlogged);
   else
-    dspkd_warn("cache: cannot store a %s entry: %s: %s (the entry is not kept;"
+    dspkd_warn("cache: cannot store a %s entry: %s (%s; the entry is not kept;"
                " dspk_cache_put_errors_total counts these, logged at most once a minute)",
-               dspk__cache_kind_name(kind), dspk__strerror(err), detail);
+               dspk__cache_kind_name(kind), detail, dspk__strerror(err));
   logged = 1;
   last_ns = now;
   unlogged = 0;

@@ -1079,6 +1079,7 @@ static void test_put_failure_reported(void **state) {
   assert_int_equal(r.last_kind, DSPK__CACHE_KERNELS);
   assert_int_equal(r.last_err, e2);
   assert_true(r.detail[0] != '\0');
+  assert_string_not_equal(r.detail, "not an error"); /* read before the rollback */
   struct dspk__cache_kstats ks[DSPK__CACHE_NKINDS];
   dspk__cache_counts(c, ks);
   assert_int_equal(ks[DSPK__CACHE_BLOBS].put_errors, 1);
