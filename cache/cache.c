@@ -177,9 +177,10 @@ static size_t slen(const char *s) { return s ? strlen(s) : 0; }
 
 /* Creates every missing directory above path (mode 0700).  Returns 0 or
  * -errno. */
-static int mkdirs_for(const char *path) {
+static int mkdirs_for(const char *path, int *made) {
   char *dup = strdup(path);
   int rc = 0;
+  *made = 0;
   if (!dup)
     return -ENOMEM;
   char *slash = strrchr(dup, '/');
@@ -190,13 +191,17 @@ static int mkdirs_for(const char *path) {
     if (*p != '/')
       continue;
     *p = '\0';
-    if (mkdir(dup, 0700) != 0 && errno != EEXIST) {
+    if (mkdir(dup, 0700) == 0) {
+      (*made)++;
+    } else if (errno != EEXIST) {
       rc = -errno;
       goto out;
     }
     *p = '/';
   }
-  if (mkdir(dup, 0700) != 0 && errno != EEXIST)
+  if (mkdir(dup, 0700) == 0)
+    (*made)++;
+  else if (errno != EEXIST)
     rc = -errno;
 out:
   free(dup);
@@ -695,12 +700,23 @@ static int move_aside(const char *path, char *moved, size_t len) {
 /* Removes path and its SQLite companions, which this process created
  * while trying to open a cache there (an unusable location must not be
  * left with an empty cache file). */
-static void remove_created(const char *path) {
+static void remove_created(const char *path, int created, int dirs) {
   static const char *const suffix[] = {"", "-wal", "-shm", "-journal"};
-  for (size_t i = 0; i < 4; i++) {
-    char p[4200];
+  char p[4200];
+  for (size_t i = 0; created && i < 4; i++) {
     snprintf(p, sizeof p, "%s%s", path, suffix[i]);
     unlink(p);
+  }
+  /* The directories mkdirs_for made (the deepest `dirs` of the path's),
+   * deepest first; rmdir leaves one that is no longer empty. */
+  snprintf(p, sizeof p, "%s", path);
+  for (int i = 0; i < dirs; i++) {
+    char *slash = strrchr(p, '/');
+    if (!slash || slash == p)
+      break;
+    *slash = '\0';
+    if (rmdir(p) != 0)
+      break;
   }
 }
 
@@ -726,10 +742,10 @@ static int open_file(struct dspk__cache *c, int no_fallback, sqlite3 **db,
   char why[512] = "", first[256], moved[4200];
   const char *what;
   struct stat sb;
-  /* A file this call creates is removed again when it ends up unusable (a
-   * full disk leaves an empty file behind otherwise). */
-  int created = 0;
-  int mk = mkdirs_for(c->path);
+  /* A file (and directories) this call creates are removed again when it
+   * ends up unusable (a full disk left an empty file behind). */
+  int created = 0, dirs = 0;
+  int mk = mkdirs_for(c->path, &dirs);
   if (mk >= 0)
     created = lstat(c->path, &sb) != 0 && errno == ENOENT;
   if (mk < 0) {
@@ -781,8 +797,8 @@ static int open_file(struct dspk__cache *c, int no_fallback, sqlite3 **db,
     break;
   }
 unusable:
-  if (created)
-    remove_created(c->path);
+  if (created || dirs)
+    remove_created(c->path, created, dirs);
   if (no_fallback)
     return DSPK_EIO;
   setwarn(warn, warnlen, "cache file %s is unusable (%s); using an in-memory cache",

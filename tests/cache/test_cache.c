@@ -1118,6 +1118,21 @@ static void test_open_full_leaves_nothing(void **state) {
     if (access(side, F_OK) == 0)
       fail_msg("%s was left behind", side);
   }
+  /* Directories the open made for the file go too. */
+  char deep[400], top[400];
+  snprintf(top, sizeof top, "%s/new1", f->dir);
+  snprintf(deep, sizeof deep, "%s/new1/new2/cache.db", f->dir);
+  signal(SIGXFSZ, SIG_IGN);
+  fsize_limit(0);
+  c = NULL;
+  rc = dspk__cache_open(deep, NULL, &c, warn, sizeof warn);
+  fsize_limit(RLIM_INFINITY);
+  signal(SIGXFSZ, old);
+  assert_int_equal(rc, 0);
+  assert_true(dspk__cache_in_memory(c));
+  dspk__cache_close(c);
+  if (access(top, F_OK) == 0)
+    fail_msg("%s was left behind", top);
   /* A file that was there before is never removed. */
   FILE *fp = fopen(f->db, "w");
   assert_non_null(fp);
