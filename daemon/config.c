@@ -518,7 +518,9 @@ static int store(const struct key *k, const char *value, bool from_file,
     memcpy(field, value, strlen(value) + 1);
     return 0;
   case K_STR:
-    /* On the command line "" is a value (--cache "": no cache). */
+    /* On the command line "" is a value for cache only (--cache "": no
+     * cache); an empty backends or metrics_listen is refused below, from
+     * the file and the command line alike. */
     if (from_file && !*value) {
       snprintf(why, len, "expected a value");
       return -1;
@@ -526,7 +528,7 @@ static int store(const struct key *k, const char *value, bool from_file,
     if (k->off == offsetof(struct dspkd_config, backends) &&
         check_backends(value, why, len) != 0)
       return -1;
-    if (*value && k->off == offsetof(struct dspkd_config, metrics_listen) &&
+    if (k->off == offsetof(struct dspkd_config, metrics_listen) &&
         check_listen(value, why, len) != 0)
       return -1;
     *(const char **)field = value;
