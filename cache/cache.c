@@ -39,7 +39,7 @@
 /* Atomics, so dspk__cache_counts() reads them without the mutex, which a
  * statement may hold for as long as SQLite's busy timeout. */
 struct kcount {
-  _Atomic uint64_t hits, misses, puts, evictions;
+  _Atomic uint64_t hits, misses, puts, evictions, put_errors;
 };
 
 struct dspk__cache {
@@ -55,6 +55,9 @@ struct dspk__cache {
   int have_id;
   void (*notice)(void *ud, const char *line);
   void *notice_ud;
+  void (*put_result)(void *ud, int kind, int err, const char *detail);
+  int put_failing; /* the last put failed (under mu) */
+  int put_rc;      /* SQLite's code of the last failed put (under mu) */
   struct kcount count[DSPK__CACHE_NKINDS];
   _Atomic uint64_t epoch;
 };
@@ -175,9 +178,10 @@ static size_t slen(const char *s) { return s ? strlen(s) : 0; }
 
 /* Creates every missing directory above path (mode 0700).  Returns 0 or
  * -errno. */
-static int mkdirs_for(const char *path) {
+static int mkdirs_for(const char *path, int *made) {
   char *dup = strdup(path);
   int rc = 0;
+  *made = 0;
   if (!dup)
     return -ENOMEM;
   char *slash = strrchr(dup, '/');
@@ -188,13 +192,17 @@ static int mkdirs_for(const char *path) {
     if (*p != '/')
       continue;
     *p = '\0';
-    if (mkdir(dup, 0700) != 0 && errno != EEXIST) {
+    if (mkdir(dup, 0700) == 0) {
+      (*made)++;
+    } else if (errno != EEXIST) {
       rc = -errno;
       goto out;
     }
     *p = '/';
   }
-  if (mkdir(dup, 0700) != 0 && errno != EEXIST)
+  if (mkdir(dup, 0700) == 0)
+    (*made)++;
+  else if (errno != EEXIST)
     rc = -errno;
 out:
   free(dup);
@@ -487,7 +495,22 @@ static enum open_result inspect(const char *path, char *why, size_t whylen) {
   sqlite3 *db = NULL;
   enum open_result res = OPEN_OK;
   char *uri;
-  if (stat(path, &sb) != 0 || !S_ISREG(sb.st_mode) || sb.st_size == 0)
+  if (stat(path, &sb) != 0)
+    return OPEN_OK; /* missing: created by the open */
+  if (!S_ISREG(sb.st_mode)) {
+    /* Refused before SQLite sees it: SQLite would make "<path>-journal"
+     * beside a device (/dev/null-journal) and then fail with "disk I/O
+     * error". */
+    snprintf(why, whylen, "not a regular file (%s)",
+             S_ISDIR(sb.st_mode)    ? "a directory"
+             : S_ISCHR(sb.st_mode)  ? "a character device"
+             : S_ISBLK(sb.st_mode)  ? "a block device"
+             : S_ISFIFO(sb.st_mode) ? "a FIFO"
+             : S_ISSOCK(sb.st_mode) ? "a socket"
+                                    : "not a file");
+    return OPEN_FAIL;
+  }
+  if (sb.st_size == 0)
     return OPEN_OK;
   uri = immutable_uri(path);
   if (!uri)
@@ -675,6 +698,29 @@ static int move_aside(const char *path, char *moved, size_t len) {
   return 0;
 }
 
+/* Removes path and its SQLite companions, which this process created
+ * while trying to open a cache there (an unusable location must not be
+ * left with an empty cache file). */
+static void remove_created(const char *path, int created, int dirs) {
+  static const char *const suffix[] = {"", "-wal", "-shm", "-journal"};
+  char p[4200];
+  for (size_t i = 0; created && i < 4; i++) {
+    snprintf(p, sizeof p, "%s%s", path, suffix[i]);
+    unlink(p);
+  }
+  /* The directories mkdirs_for made (the deepest `dirs` of the path's),
+   * deepest first; rmdir leaves one that is no longer empty. */
+  snprintf(p, sizeof p, "%s", path);
+  for (int i = 0; i < dirs; i++) {
+    char *slash = strrchr(p, '/');
+    if (!slash || slash == p)
+      break;
+    *slash = '\0';
+    if (rmdir(p) != 0)
+      break;
+  }
+}
+
 /* Remembers which file c->path names now, so that a put can notice when
  * it was deleted or replaced (follow_path). */
 static void remember_file(struct dspk__cache *c) {
@@ -696,7 +742,13 @@ static int open_file(struct dspk__cache *c, int no_fallback, sqlite3 **db,
                      char *warn, size_t warnlen) {
   char why[512] = "", first[256], moved[4200];
   const char *what;
-  int mk = mkdirs_for(c->path);
+  struct stat sb;
+  /* A file (and directories) this call creates are removed again when it
+   * ends up unusable (a full disk left an empty file behind). */
+  int created = 0, dirs = 0;
+  int mk = mkdirs_for(c->path, &dirs);
+  if (mk >= 0)
+    created = lstat(c->path, &sb) != 0 && errno == ENOENT;
   if (mk < 0) {
     snprintf(why, sizeof why, "cannot create its directory: %s",
              strerror(-mk));
@@ -720,6 +772,7 @@ static int open_file(struct dspk__cache *c, int no_fallback, sqlite3 **db,
                strerror(-mv));
       goto unusable;
     }
+    created = 1;
     if (try_open(c->path, c->busy_ms, db, why, sizeof why) != OPEN_OK)
       goto unusable;
     setwarn(warn, warnlen, "cache file %s %s (%s); moved it to %s and rebuilt it",
@@ -745,6 +798,8 @@ static int open_file(struct dspk__cache *c, int no_fallback, sqlite3 **db,
     break;
   }
 unusable:
+  if (created || dirs)
+    remove_created(c->path, created, dirs);
   if (no_fallback)
     return DSPK_EIO;
   setwarn(warn, warnlen, "cache file %s is unusable (%s); using an in-memory cache",
@@ -772,6 +827,7 @@ int dspk__cache_open(const char *path, const struct dspk__cache_opts *opts,
   if (opts) {
     c->notice = opts->notice;
     c->notice_ud = opts->notice_ud;
+    c->put_result = opts->put_result;
   }
   c->path = path ? strdup(path) : default_path();
   if (!c->path) {
@@ -1037,6 +1093,22 @@ out:
 /* Finishes a put: runs the prepared insert (whose ?2 is the tick) inside a
  * write transaction together with the tick bump and the eviction.  Takes
  * ownership of st.  Called with the mutex held.  Returns 0 or a dspk_errno. */
+/* Called with the mutex held at the end of every put that reached the
+ * database: counts a failure and tells opts.put_result about it, and about
+ * the first success after failures. */
+static void note_put(struct dspk__cache *c, int kind, int err) {
+  if (err < 0) {
+    c->count[kind].put_errors++;
+    c->put_failing = 1;
+    if (c->put_result)
+      c->put_result(c->notice_ud, kind, err, sqlite3_errstr(c->put_rc));
+  } else if (c->put_failing) {
+    c->put_failing = 0;
+    if (c->put_result)
+      c->put_result(c->notice_ud, kind, 0, "");
+  }
+}
+
 static int put_commit(struct dspk__cache *c, int kind, sqlite3_stmt *st,
                       int tick_param) {
   int rc = begin_write(c->db);
@@ -1059,8 +1131,10 @@ static int put_commit(struct dspk__cache *c, int kind, sqlite3_stmt *st,
     c->count[kind].puts++;
 out:
   sqlite3_finalize(st);
-  if (rc != SQLITE_OK && rc != SQLITE_DONE)
+  if (rc != SQLITE_OK && rc != SQLITE_DONE) {
+    c->put_rc = rc; /* before the rollback resets the connection's message */
     rollback(c->db);
+  }
   return map_rc(rc);
 }
 
@@ -1215,6 +1289,7 @@ int dspk__cache_kernel_put(struct dspk__cache *c,
       " ?15, ?15, 0)",
       -1, &st, NULL);
   if (rc != SQLITE_OK) {
+    c->put_rc = rc;
     err = map_rc(rc);
     goto out;
   }
@@ -1230,6 +1305,7 @@ int dspk__cache_kernel_put(struct dspk__cache *c,
   sqlite3_bind_int64(st, 15, now_s());
   err = put_commit(c, DSPK__CACHE_KERNELS, st, 2);
 out:
+  note_put(c, DSPK__CACHE_KERNELS, err);
   pthread_mutex_unlock(&c->mu);
   return err;
 }
@@ -1345,6 +1421,7 @@ int dspk__cache_tune_put(struct dspk__cache *c, const struct dspk__tune_key *k,
       " ?15, ?16, ?16, 0)",
       -1, &st, NULL);
   if (rc != SQLITE_OK) {
+    c->put_rc = rc;
     err = map_rc(rc);
     goto out;
   }
@@ -1361,6 +1438,7 @@ int dspk__cache_tune_put(struct dspk__cache *c, const struct dspk__tune_key *k,
   sqlite3_bind_int64(st, 16, now_s());
   err = put_commit(c, DSPK__CACHE_AUTOTUNE, st, 2);
 out:
+  note_put(c, DSPK__CACHE_AUTOTUNE, err);
   pthread_mutex_unlock(&c->mu);
   return err;
 }
@@ -1437,6 +1515,7 @@ int dspk__cache_blob_put(struct dspk__cache *c, const char *name,
       " last_used, hits) VALUES(?1, ?2, ?3, ?4, ?5, ?5, 0)",
       -1, &st, NULL);
   if (rc != SQLITE_OK) {
+    c->put_rc = rc;
     err = map_rc(rc);
     goto out;
   }
@@ -1446,6 +1525,7 @@ int dspk__cache_blob_put(struct dspk__cache *c, const char *name,
   sqlite3_bind_int64(st, 5, now_s());
   err = put_commit(c, DSPK__CACHE_BLOBS, st, 2);
 out:
+  note_put(c, DSPK__CACHE_BLOBS, err);
   pthread_mutex_unlock(&c->mu);
   return err;
 }
@@ -1479,6 +1559,7 @@ int dspk__cache_stats(struct dspk__cache *c, struct dspk__cache_stats *out) {
     s.kind[k].misses = c->count[k].misses;
     s.kind[k].puts = c->count[k].puts;
     s.kind[k].evictions = c->count[k].evictions;
+    s.kind[k].put_errors = c->count[k].put_errors;
     sqlite3_finalize(st);
     st = NULL;
   }
@@ -1558,6 +1639,7 @@ void dspk__cache_counts(struct dspk__cache *c, struct dspk__cache_kstats *out) {
     out[k].misses = atomic_load(&c->count[k].misses);
     out[k].puts = atomic_load(&c->count[k].puts);
     out[k].evictions = atomic_load(&c->count[k].evictions);
+    out[k].put_errors = atomic_load(&c->count[k].put_errors);
   }
 }
 

@@ -65,6 +65,13 @@ struct dspk__cache_opts {
    * held: it must not call into the cache. */
   void (*notice)(void *ud, const char *line);
   void *notice_ud;
+  /* Optional: told about every put (kernel, tune, blob) that failed in the
+   * database (err a negative dspk_errno, detail SQLite's message, e.g.
+   * "database or disk is full"), and once about the first put that works
+   * after failures (err 0, detail "").  kind is an enum dspk__cache_kind;
+   * ud is notice_ud.  Same thread and lock rules as notice.  The puts also
+   * return the error, and dspk__cache_counts counts them (put_errors). */
+  void (*put_result)(void *ud, int kind, int err, const char *detail);
 };
 
 /*
@@ -210,6 +217,7 @@ struct dspk__cache_kstats {
   uint64_t misses;      /* this process, since open */
   uint64_t puts;        /* this process, since open */
   uint64_t evictions;   /* this process, since open */
+  uint64_t put_errors;  /* puts that failed (disk full, I/O error), since open */
 };
 struct dspk__cache_stats {
   struct dspk__cache_kstats kind[DSPK__CACHE_NKINDS];

@@ -455,6 +455,13 @@ static char *reader(char *str, int num, void *stream) {
  * Checked here so that a bad list stops dspkd with status 2 naming
  * file:line, as every other bad value does, before any device is opened. */
 static int check_backends(const char *s, char *why, size_t len) {
+  if (!*s) {
+    /* Empty is refused from the file and the command line alike (it
+     * once meant every backend on the command line only). */
+    snprintf(why, len, "expected a comma list (no blanks) of cpu, cuda, vulkan, hip; "
+             "got an empty list (leave it out to use every backend)");
+    return -1;
+  }
   for (const char *p = s;;) {
     size_t n = strcspn(p, ",");
     bool known = false;
@@ -511,15 +518,17 @@ static int store(const struct key *k, const char *value, bool from_file,
     memcpy(field, value, strlen(value) + 1);
     return 0;
   case K_STR:
-    /* On the command line "" is a value (--cache "": no cache). */
+    /* On the command line "" is a value for cache only (--cache "": no
+     * cache); an empty backends or metrics_listen is refused below, from
+     * the file and the command line alike. */
     if (from_file && !*value) {
       snprintf(why, len, "expected a value");
       return -1;
     }
-    if (*value && k->off == offsetof(struct dspkd_config, backends) &&
+    if (k->off == offsetof(struct dspkd_config, backends) &&
         check_backends(value, why, len) != 0)
       return -1;
-    if (*value && k->off == offsetof(struct dspkd_config, metrics_listen) &&
+    if (k->off == offsetof(struct dspkd_config, metrics_listen) &&
         check_listen(value, why, len) != 0)
       return -1;
     *(const char **)field = value;
@@ -551,7 +560,7 @@ static int store(const struct key *k, const char *value, bool from_file,
                k->type == K_SIZE ? "a size" : "an integer", (unsigned long long)k->lo,
                (unsigned long long)k->hi,
                k->type == K_SIZE  ? " bytes (suffix K, M, G or T allowed)"
-               : k->type == K_MS ? " milliseconds (or with suffix s)"
+               : k->type == K_MS ? " milliseconds (suffix ms or s allowed)"
                                  : "",
                value);
       return -1;

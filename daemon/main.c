@@ -27,6 +27,7 @@
 #include "daemon/sched.h"
 #include "daemon/lifecycle.h"
 #include "daemon/log.h"
+#include "daemon/observe.h"
 #include "daemon/teardown.h"
 
 #include "backends/backend.h"
@@ -151,6 +152,43 @@ static void cache_notice(void *ud, const char *line) {
   dspkd_warn("cache: %s", line);
 }
 
+/* The cache's put_result: a put that failed in the database (a full disk,
+ * an I/O error) is logged as a warning the first time and then at most once
+ * a minute (with how many failed meanwhile), and once when puts work again;
+ * dspk_cache_put_errors_total counts every one.  Called with the cache's
+ * lock held, so the state needs no lock of its own. */
+static void cache_put_result(void *ud, int kind, int err, const char *detail) {
+  static uint64_t last_ns, failed, unlogged;
+  static int logged;
+  uint64_t now = dspkd_now_ns();
+  (void)ud;
+  if (err == 0) {
+    if (failed)
+      dspkd_warn("cache: storing works again (%llu puts had failed)",
+                 (unsigned long long)failed);
+    failed = unlogged = 0;
+    logged = 0;
+    return;
+  }
+  failed++;
+  if (logged && now - last_ns < 60ull * 1000000000ull) {
+    unlogged++;
+    return;
+  }
+  if (unlogged)
+    dspkd_warn("cache: cannot store a %s entry: %s (%s; %llu more failed since the last such"
+               " line, logged at most once a minute)",
+               dspk__cache_kind_name(kind), detail, dspk__strerror(err),
+               (unsigned long long)unlogged);
+  else
+    dspkd_warn("cache: cannot store a %s entry: %s (%s; the entry is not kept;"
+               " dspk_cache_put_errors_total counts these, logged at most once a minute)",
+               dspk__cache_kind_name(kind), detail, dspk__strerror(err));
+  logged = 1;
+  last_ns = now;
+  unlogged = 0;
+}
+
 /* Opens the persistent cache: cfg.cache_path, else $CACHE_DIRECTORY/cache.db
  * (systemd's CacheDirectory=; the first of a colon list), else the cache's
  * own default ($XDG_CACHE_HOME/dspk/cache.db).  A location that cannot be
@@ -159,7 +197,8 @@ static void cache_notice(void *ud, const char *line) {
 static int open_cache(struct dspkd *d) {
   struct dspkd_config *cfg = &d->cfg;
   struct dspk__cache_opts opts = {.max_bytes = cfg->cache_max_bytes,
-                                  .notice = cache_notice};
+                                  .notice = cache_notice,
+                                  .put_result = cache_put_result};
   const char *path = cfg->cache_path, *cd = getenv("CACHE_DIRECTORY");
   static char sdpath[PATH_MAX];
   char warn[PATH_MAX + 256] = "";

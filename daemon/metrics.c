@@ -11,7 +11,10 @@
  * daemon's state itself, so the loop stays the only owner of connections
  * and devices.
  */
+#include <arpa/inet.h>
+#include <errno.h>
 #include <netdb.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -424,6 +427,9 @@ static const struct {
      offsetof(struct dspk__cache_kstats, puts)},
     {"dspk_cache_evictions_total", "Entries the persistent cache evicted to stay within its size.",
      offsetof(struct dspk__cache_kstats, evictions)},
+    {"dspk_cache_put_errors_total",
+     "Entries the persistent cache failed to store (disk full, I/O error); not kept.",
+     offsetof(struct dspk__cache_kstats, put_errors)},
 };
 
 int dspkd_metrics_render(struct dspkd *d, char **text, size_t *len) {
@@ -525,6 +531,11 @@ int dspkd_m_metrics(struct req *r) {
 #ifdef DSPKD_HAVE_MHD
 
 #define SCRAPE_WAIT_S 5 /* a scrape the loop did not answer by then gets 503 */
+/* Idle or slow clients must not starve scrapes: up to HTTP_MAX_CONNS
+ * connections at once (more wait in the listen backlog), each closed after
+ * HTTP_IDLE_S seconds without progress (docs/admin.md). */
+#define HTTP_MAX_CONNS 256
+#define HTTP_IDLE_S 5
 
 struct metrics_http {
   struct dspkd *d;
@@ -647,7 +658,30 @@ static void mhd_log(void *cls, const char *fmt, va_list ap) {
   (void)cls;
   vsnprintf(msg, sizeof msg, fmt, ap);
   msg[strcspn(msg, "\n")] = '\0';
-  dspkd_warn("metrics listener: %s", msg);
+  /* libmicrohttpd's own messages ("Connection was closed by remote side
+   * with incomplete request", a timed-out client) are about clients, not
+   * the daemon: debug.  What stops the listener is logged by dspkd. */
+  dspkd_debug("metrics listener: %s", msg);
+}
+
+/* "ADDR:PORT" ("[V6]:PORT") of a bound socket, for the log. */
+static void sock_name(int fd, char *out, size_t outlen) {
+  struct sockaddr_storage ss;
+  socklen_t len = sizeof ss;
+  char host[INET6_ADDRSTRLEN] = "?";
+  unsigned port = 0;
+  if (getsockname(fd, (struct sockaddr *)&ss, &len) == 0) {
+    if (ss.ss_family == AF_INET) {
+      struct sockaddr_in *a = (struct sockaddr_in *)&ss;
+      inet_ntop(AF_INET, &a->sin_addr, host, sizeof host);
+      port = ntohs(a->sin_port);
+    } else if (ss.ss_family == AF_INET6) {
+      struct sockaddr_in6 *a = (struct sockaddr_in6 *)&ss;
+      inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof host);
+      port = ntohs(a->sin6_port);
+    }
+  }
+  snprintf(out, outlen, ss.ss_family == AF_INET6 ? "[%s]:%u" : "%s:%u", host, port);
 }
 
 /* Splits "ADDR:PORT" ("[V6]:PORT", ":PORT" for every address) and resolves
@@ -698,7 +732,6 @@ int dspkd_metrics_http_start(struct dspkd *d) {
   socklen_t salen;
   pthread_condattr_t ca;
   sigset_t all, old;
-  const union MHD_DaemonInfo *info;
   char msg[320];
   /* epoll or poll, never select: the daemon's descriptors may pass
    * FD_SETSIZE with many clients. */
@@ -727,22 +760,53 @@ int dspkd_metrics_http_start(struct dspkd *d) {
   /* Its thread takes none of the daemon's signals: those reach the loop. */
   sigfillset(&all);
   pthread_sigmask(SIG_BLOCK, &all, &old);
+  /* The socket is dspkd's own, so that a failure names its real cause
+   * (libmicrohttpd says "Failed to bind to port 0" for any address). */
+  int one = 1;
+  int lfd = socket(sa.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  const char *step = "socket";
+  if (lfd >= 0) {
+    setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    step = "bind";
+    if (bind(lfd, (struct sockaddr *)&sa, salen) == 0) {
+      step = "listen";
+      if (listen(lfd, 64) == 0)
+        step = NULL;
+    }
+  }
+  if (step) {
+    int e = errno;
+    if (lfd >= 0)
+      close(lfd);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    d->obs.http = h;
+    dspkd_error("metrics_listen %s: cannot listen: %s: %s%s", spec, step, strerror(e),
+                e == EADDRNOTAVAIL ? " (not an address of this host)"
+                : e == EADDRINUSE  ? " (another program listens there)"
+                : e == EACCES      ? " (a port below 1024 needs privileges)"
+                : e == EAFNOSUPPORT || e == EPERM
+                    ? " (network sockets not allowed here: see \"Metrics over HTTP\" in systemd.md)"
+                    : "");
+    return DSPK_EIO;
+  }
+  char where[INET6_ADDRSTRLEN + 16];
+  sock_name(lfd, where, sizeof where);
   h->mhd = MHD_start_daemon(flags, 0, NULL, NULL, on_request, h,
                             MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
-                            MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
-                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)16,
-                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)30,
+                            MHD_OPTION_LISTEN_SOCKET, (MHD_socket)lfd,
+                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)HTTP_MAX_CONNS,
+                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)HTTP_IDLE_S,
                             MHD_OPTION_END);
   pthread_sigmask(SIG_SETMASK, &old, NULL);
   d->obs.http = h;
   if (!h->mhd) {
-    dspkd_error("metrics_listen %s: cannot listen (address in use, or not allowed)", spec);
+    close(lfd);
+    dspkd_error("metrics_listen %s: cannot start the HTTP listener (libmicrohttpd failed)", spec);
     return DSPK_EIO;
   }
-  info = MHD_get_daemon_info(h->mhd, MHD_DAEMON_INFO_BIND_PORT);
-  /* The port the system chose, when the address asked for port 0. */
-  dspkd_info("metrics: serving http://%.*s:%u/metrics", (int)(strrchr(spec, ':') - spec), spec,
-             info ? (unsigned)info->port : 0u);
+  /* The address and port bound (the port the system chose for port 0,
+   * 0.0.0.0 or [::] for every address). */
+  dspkd_info("metrics: serving http://%s/metrics", where);
   return 0;
 }
 

@@ -24,6 +24,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -993,6 +995,170 @@ static void test_memory_and_args(void **state) {
   dspk__cache_close(NULL);
 }
 
+/* mkdir -p of path's directory. */
+static int mkdir_p_parent(const char *path) {
+  char cmd[700];
+  snprintf(cmd, sizeof cmd, "mkdir -p \"$(dirname '%s')\"", path);
+  return system(cmd);
+}
+
+/* A path that exists but is not a regular file (a FIFO, a directory, a
+ * character device) is refused before SQLite opens it: nothing is created
+ * beside it (SQLite made "<path>-journal", /dev/null-journal), and the
+ * warning says why. */
+static void test_not_regular(void **state) {
+  struct fixture *f = *state;
+  char fifo[300], dir[300], side[400];
+  snprintf(fifo, sizeof fifo, "%s/fifo", f->dir);
+  snprintf(dir, sizeof dir, "%s/adir", f->dir);
+  assert_int_equal(mkfifo(fifo, 0600), 0);
+  assert_int_equal(mkdir(dir, 0700), 0);
+  int devnull_journal = access("/dev/null-journal", F_OK) == 0;
+  const char *paths[] = {fifo, dir, "/dev/null"};
+  const char *kinds[] = {"a FIFO", "a directory", "a character device"};
+  for (int i = 0; i < 3; i++) {
+    struct dspk__cache *c = NULL;
+    char warn[1024] = "";
+    assert_int_equal(dspk__cache_open(paths[i], NULL, &c, warn, sizeof warn), 0);
+    assert_true(dspk__cache_in_memory(c));
+    if (!strstr(warn, "not a regular file") || !strstr(warn, kinds[i]) ||
+        !strstr(warn, "in-memory"))
+      fail_msg("%s: warn %s", paths[i], warn);
+    dspk__cache_close(c);
+    static const char *const sfx[] = {"-journal", "-wal", "-shm"};
+    for (int k = 0; k < 3; k++) {
+      snprintf(side, sizeof side, "%s%s", paths[i], sfx[k]);
+      if (i == 2 && k == 0 && devnull_journal)
+        continue; /* was there before */
+      if (access(side, F_OK) == 0)
+        fail_msg("%s was created", side);
+    }
+    struct dspk__cache_opts o = {.no_fallback = 1};
+    c = NULL;
+    assert_int_equal(dspk__cache_open(paths[i], &o, &c, warn, sizeof warn), DSPK_EIO);
+  }
+}
+
+struct putres {
+  int fails, oks, last_kind, last_err;
+  char detail[256];
+};
+
+static void on_put_result(void *ud, int kind, int err, const char *detail) {
+  struct putres *r = ud;
+  if (err < 0)
+    r->fails++;
+  else
+    r->oks++;
+  r->last_kind = kind;
+  r->last_err = err;
+  snprintf(r->detail, sizeof r->detail, "%s", detail);
+}
+
+/* Sets the soft RLIMIT_FSIZE (SIGXFSZ ignored: writes past it fail with
+ * EFBIG, as on a full file system). */
+static void fsize_limit(rlim_t lim) {
+  struct rlimit rl;
+  assert_int_equal(getrlimit(RLIMIT_FSIZE, &rl), 0);
+  rl.rlim_cur = lim == RLIM_INFINITY ? rl.rlim_max : lim;
+  assert_int_equal(setrlimit(RLIMIT_FSIZE, &rl), 0);
+}
+
+/* Puts that fail in the database (the disk is full) are reported: the
+ * return code, opts.put_result (each failure, then once the first success)
+ * and the put_errors counter. */
+static void test_put_failure_reported(void **state) {
+  struct fixture *f = *state;
+  struct putres r = {0};
+  struct dspk__cache_opts o = {.put_result = on_put_result, .notice_ud = &r};
+  struct dspk__cache *c = open_ok(f->db, &o);
+  assert_int_equal(dspk__cache_blob_put(c, "small", "S", 1), 0);
+  assert_int_equal(r.fails + r.oks, 0); /* nothing to tell */
+  static char big[256 * 1024];
+  memset(big, 7, sizeof big);
+  void (*old)(int) = signal(SIGXFSZ, SIG_IGN);
+  fsize_limit(4096);
+  int e1 = dspk__cache_blob_put(c, "big1", big, sizeof big);
+  struct dspk__kernel_key k = base_kernel();
+  int e2 = dspk__cache_kernel_put(c, &k, big, sizeof big);
+  fsize_limit(RLIM_INFINITY);
+  signal(SIGXFSZ, old);
+  assert_true(e1 < 0);
+  assert_true(e2 < 0);
+  assert_int_equal(r.fails, 2);
+  assert_int_equal(r.oks, 0);
+  assert_int_equal(r.last_kind, DSPK__CACHE_KERNELS);
+  assert_int_equal(r.last_err, e2);
+  assert_true(r.detail[0] != '\0');
+  assert_string_not_equal(r.detail, "not an error"); /* read before the rollback */
+  struct dspk__cache_kstats ks[DSPK__CACHE_NKINDS];
+  dspk__cache_counts(c, ks);
+  assert_int_equal(ks[DSPK__CACHE_BLOBS].put_errors, 1);
+  assert_int_equal(ks[DSPK__CACHE_KERNELS].put_errors, 1);
+  assert_int_equal(ks[DSPK__CACHE_BLOBS].puts, 1);
+  /* Space again: the next put works and says so once. */
+  assert_int_equal(dspk__cache_blob_put(c, "big1", big, sizeof big), 0);
+  assert_int_equal(r.oks, 1);
+  assert_int_equal(r.last_err, 0);
+  assert_int_equal(dspk__cache_blob_put(c, "small2", "s", 1), 0);
+  assert_int_equal(r.oks, 1);
+  dspk__cache_close(c);
+}
+
+/* Opening where nothing can be written (a full disk): the fallback to
+ * memory leaves no file behind that the open itself created. */
+static void test_open_full_leaves_nothing(void **state) {
+  struct fixture *f = *state;
+  struct dspk__cache *c = NULL;
+  char warn[1024] = "";
+  assert_int_equal(mkdir_p_parent(f->db), 0);
+  void (*old)(int) = signal(SIGXFSZ, SIG_IGN);
+  fsize_limit(0);
+  int rc = dspk__cache_open(f->db, NULL, &c, warn, sizeof warn);
+  fsize_limit(RLIM_INFINITY);
+  signal(SIGXFSZ, old);
+  assert_int_equal(rc, 0);
+  assert_true(dspk__cache_in_memory(c));
+  if (!strstr(warn, "in-memory"))
+    fail_msg("warn: %s", warn);
+  dspk__cache_close(c);
+  char side[400];
+  static const char *const sfx[] = {"", "-journal", "-wal", "-shm"};
+  for (int i = 0; i < 4; i++) {
+    snprintf(side, sizeof side, "%s%s", f->db, sfx[i]);
+    if (access(side, F_OK) == 0)
+      fail_msg("%s was left behind", side);
+  }
+  /* Directories the open made for the file go too. */
+  char deep[400], top[400];
+  snprintf(top, sizeof top, "%s/new1", f->dir);
+  snprintf(deep, sizeof deep, "%s/new1/new2/cache.db", f->dir);
+  signal(SIGXFSZ, SIG_IGN);
+  fsize_limit(0);
+  c = NULL;
+  rc = dspk__cache_open(deep, NULL, &c, warn, sizeof warn);
+  fsize_limit(RLIM_INFINITY);
+  signal(SIGXFSZ, old);
+  assert_int_equal(rc, 0);
+  assert_true(dspk__cache_in_memory(c));
+  dspk__cache_close(c);
+  if (access(top, F_OK) == 0)
+    fail_msg("%s was left behind", top);
+  /* A file that was there before is never removed. */
+  FILE *fp = fopen(f->db, "w");
+  assert_non_null(fp);
+  fclose(fp);
+  signal(SIGXFSZ, SIG_IGN);
+  fsize_limit(0);
+  c = NULL;
+  rc = dspk__cache_open(f->db, NULL, &c, warn, sizeof warn);
+  fsize_limit(RLIM_INFINITY);
+  signal(SIGXFSZ, old);
+  assert_int_equal(rc, 0);
+  dspk__cache_close(c);
+  assert_int_equal(access(f->db, F_OK), 0);
+}
+
 #define T(name) cmocka_unit_test_setup_teardown(name, setup, teardown)
 
 int main(void) {
@@ -1027,6 +1193,9 @@ int main(void) {
       T(test_two_processes),
       T(test_threads),
       T(test_memory_and_args),
+      T(test_not_regular),
+      T(test_put_failure_reported),
+      T(test_open_full_leaves_nothing),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -2549,6 +2549,84 @@ def t_inplace(exe, tmp):
     c3.close()
 
 
+def t_cacheputfail(exe, tmp):
+    """Cache puts that fail (a file size limit: EFBIG, as a full disk gives
+    ENOSPC) are logged, a warning the first time and then at most one a
+    minute, and once when storing works again; dspk_cache_put_errors_total
+    counts each.  The tasks themselves succeed.  Needs a Vulkan device
+    (kernels compile to SPIR-V that the cache stores)."""
+    import resource
+    db = os.path.join(tmp, "pf", "cache.db")
+    sock = os.path.join(tmp, "pf.sock")
+    # The log goes through a pipe: the file size limit would stop a log file too.
+    proc = dspk_daemon.start(dspk_daemon.cmdline(os.path.abspath(exe), sock,
+                                                 ["--backends", "cpu,vulkan", "--cache", db]),
+                             TIMEOUT, stderr=subprocess.PIPE)
+    check(proc, "dspkd started")
+    loglines = []
+    reader = threading.Thread(target=lambda: loglines.extend(
+        ln.decode(errors="replace") for ln in proc.stderr), daemon=True)
+    reader.start()
+
+    class D:
+        pass
+    d = D()
+    d.proc = proc
+    d.logtext = lambda: "".join(loglines)
+    c = Client(sock)
+
+    def stop():
+        c.close()
+        rc = dspk_daemon.stop(proc, TIMEOUT)
+        reader.join(TIMEOUT)
+        check(rc == 0, "dspkd exit status %s" % rc)
+    vk = [x["id"] for x in c.call("devices", {})["devices"] if x["backend"] == "vulkan"]
+    if not vk:
+        stop()
+        raise Skip("no vulkan device")
+
+    def kernel(val):
+        src = KERNEL_OK.replace("7.0", "%d.0" % val)
+        return {"op": "kernel", "device": vk[0], "inputs": [tensor(np.zeros(4, np.float32))],
+                "options": {"lang": "glsl", "source": src, "args": [{"tensor": 0}]}}
+
+    def put_errors():
+        r = c.call("metrics", {})
+        text = r if isinstance(r, str) else r.get("text", "")
+        m = re.search(r'^dspk_cache_put_errors_total\{kind="kernels"\} (\d+)', text, re.M)
+        check(m, "dspk_cache_put_errors_total{kind=\"kernels\"} in the metrics")
+        return int(m.group(1))
+
+    check(put_errors() == 0, "no put error yet")
+    hard = resource.prlimit(d.proc.pid, resource.RLIMIT_FSIZE)[1]
+    resource.prlimit(d.proc.pid, resource.RLIMIT_FSIZE, (1, hard))
+    for v in (11, 12, 13):
+        out = c.call("task.run", kernel(v))["outputs"]
+        check(array(out[0])[0] == float(v), "kernel %d runs although its binary is not stored" % v)
+    n = put_errors()
+    check(n >= 3, "put errors counted: %d" % n)
+    def wait_log(text):
+        # the reader thread may not have read the line yet
+        end = time.monotonic() + TIMEOUT
+        while text not in d.logtext() and time.monotonic() < end and proc.poll() is None:
+            time.sleep(0.01)
+
+    wait_log("cannot store a")
+    lines = [ln for ln in d.logtext().splitlines() if "cannot store a" in ln]
+    check(len(lines) == 1 and "warn" in lines[0] and "kernels entry" in lines[0] and
+          "not an error" not in lines[0],
+          "one warning for the failed puts (at most one a minute): %r\n%s" % (lines, d.logtext()[-3000:]))
+    resource.prlimit(d.proc.pid, resource.RLIMIT_FSIZE, (hard, hard))
+    c.call("task.run", kernel(14))
+    wait_log("storing works again")
+    again = [ln for ln in d.logtext().splitlines() if "storing works again" in ln]
+    check(len(again) == 1 and "%d puts had failed" % n in again[0] or
+          (len(again) == 1 and "puts had failed" in again[0]),
+          "one line when storing works again: %r" % again)
+    check(put_errors() == n, "no error once it works")
+    stop()
+
+
 GROUPS = {
     "inplace": t_inplace,
     "caps": t_caps,
@@ -2579,6 +2657,7 @@ GROUPS = {
     "userunsent": t_userunsent,
     "sockmode": t_sockmode,
     "kernelfs": t_kernelfs,
+    "cacheputfail": t_cacheputfail,
     "firvk": t_firvk,
     "opsize": t_opsize,
     "unsent": t_unsent,

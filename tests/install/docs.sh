@@ -31,6 +31,22 @@ for opt in $("$dspkd" --help | grep -o -- '--[a-z][a-z-]*' | sort -u); do
   grep -q -- "\*$opt\*" "$src/man/dspkd.8.scd" || fail "dspkd(8) does not describe $opt"
 done
 
+# The configuration file dspkd reads by default (its --help names it) is the
+# one dspkd(8) and dspk.conf(5) name, as built (the sysconfdir of the build:
+# /etc/dspk in the Debian packages).
+conf=$("$dspkd" --help | tr -s ' \n' '  ' | sed -n 's/.*(default \([^ ]*dspkd\.conf\) when it exists.*/\1/p')
+[ -n "$conf" ] || fail "dspkd --help does not name its default configuration file"
+for page in man8/dspkd.8 man5/dspk.conf.5; do
+  [ -f "$build/man/$page" ] || continue
+  if ! sed 's/\\&//g' "$build/man/$page" | grep -qF "$conf"; then
+    fail "$page does not name $conf"
+  fi
+  if sed 's/\\&//g' "$build/man/$page" | grep -v 'Debian packages' | grep -F 'dspk/dspkd.conf' |
+       grep -qvF "$conf"; then
+    fail "$page names another configuration file than $conf"
+  fi
+done
+
 # Commands of dspk-submit.
 cmds=$("$submit" --help | awk '/^Commands:/ {on = 1; next} on && /^  [a-z]/ {print $1}')
 [ -n "$cmds" ] || fail "no commands in dspk-submit --help"

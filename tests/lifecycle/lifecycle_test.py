@@ -559,6 +559,11 @@ def t_config(exe, tmp):
                         'got "2"'),
                        (["--max-user-memory=150%"], "--max-user-memory: expected a size"),
                        (["--shutdown-timeout", "5x"], "--shutdown-timeout: expected an integer"),
+                       (["--idle-trim", "5m"], "milliseconds (suffix ms or s allowed)"),
+                       (["--backends", ""], "--backends: expected a comma list (no blanks) of "
+                        "cpu, cuda, vulkan, hip; got an empty list"),
+                       (["--backends", "cpu,"], '--backends: expected a comma list'),
+                       (["--metrics-listen", ""], "--metrics-listen: expected ADDR:PORT"),
                        (["--ready-fd", "999"], "--ready-fd: 999: not an open file descriptor"),
                        (["--backends", "cpu,nosuch"], '--backends: expected a comma list'),
                        (["--socket", "/tmp/" + "s" * 110], "--socket: expected a non-empty path"),

@@ -18,6 +18,7 @@ import re
 import select
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -477,7 +478,52 @@ def t_top(exe, submit, tmp):
     d.stop()
 
 
-GROUPS = {"metrics": t_metrics, "trace": t_trace, "trace_tune": t_trace_tune, "top": t_top}
+def t_httpidle(exe, submit, tmp):
+    """Idle and half-sent connections to the HTTP listener do not starve
+    scrapes (the listener took 16 connections with a 30 s timeout: 64
+    half-sent requests blocked every scrape for minutes); the listener's
+    per-client messages are debug lines; its log names the real address."""
+    d = Daemon(exe, tmp, ["--metrics-listen", "127.0.0.1:0"])
+    url = d.metrics_url()
+    m = re.match(r"http://127\.0\.0\.1:(\d+)/metrics$", url)
+    check(m and int(m.group(1)) > 0, "URL with the address and the chosen port: %s" % url)
+    port = int(m.group(1))
+    socks = [socket.create_connection(("127.0.0.1", port)) for _ in range(100)]
+    for s in socks[:64]:
+        s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")  # never finished
+    with urllib.request.urlopen(url, timeout=4) as r:
+        check(r.status == 200 and b"dspk_connections" in r.read(),
+              "a scrape with 100 idle or half-sent connections open")
+    # An idle connection is closed by the listener (5 s without progress).
+    socks[80].settimeout(30)
+    check(socks[80].recv(1) == b"", "the listener closed an idle connection")
+    for s in socks:
+        s.close()
+    with urllib.request.urlopen(url, timeout=4) as r:
+        check(r.status == 200, "a scrape after they closed")
+    d.stop()
+    log = d.logtext()
+    bad = [ln for ln in log.splitlines() if "metrics listener" in ln and "debug:" not in ln]
+    check(not bad, "libmicrohttpd's messages about clients are debug lines: %s" % bad)
+
+    # Every address: the URL names 0.0.0.0 (or [::]) and the port.
+    d = Daemon(exe, tmp, ["--metrics-listen", ":0"])
+    url = d.metrics_url()
+    check(re.match(r"http://(0\.0\.0\.0|\[::\]):[1-9]\d*/metrics$", url),
+          "URL of a listener on every address: %s" % url)
+    d.stop()
+
+    # An address of another host: the error names the cause, not "port 0".
+    p = subprocess.run([exe, "--foreground", "--socket", os.path.join(tmp, "bad2.sock"),
+                        "--backends", "cpu", "--no-cache", "--metrics-listen", "192.0.2.1:9999"],
+                       capture_output=True, text=True, timeout=TIMEOUT)
+    check(p.returncode != 0 and "port 0" not in p.stderr and
+          "192.0.2.1:9999: cannot listen: bind: " in p.stderr and
+          "not an address of this host" in p.stderr,
+          "listen on a foreign address: %d %s" % (p.returncode, p.stderr))
+
+
+GROUPS = {"metrics": t_metrics, "trace": t_trace, "trace_tune": t_trace_tune, "top": t_top, "httpidle": t_httpidle}
 
 
 def main():

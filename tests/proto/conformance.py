@@ -1694,7 +1694,8 @@ def metrics(env):
                 "retire_deferred_total", "retire_released_total",
                 "retire_barrier_fallbacks_total", "retire_leaked_total",
                 "kernels_compiled_total", "kernel_cache_hits_total", "cache_hits_total",
-                "cache_misses_total", "cache_puts_total", "cache_evictions_total"]
+                "cache_misses_total", "cache_puts_total", "cache_evictions_total",
+                "cache_put_errors_total"]
     gauges = ["info", "uptime_seconds", "connections", "traces_in_progress", "slurm_jobs",
               "slurm_job_connections", "slurm_job_inflight", "slurm_job_buffers",
               "slurm_job_buffer_bytes", "queue_depth", "running_jobs", "device_busy_ratio",
