@@ -224,7 +224,12 @@ def connect(socket: Union[str, bytes, "os.PathLike[str]", None] = None, *,
 
     Raises:
         dspk.ConnectError: no daemon listens there.
-        dspk.InvalidArgument: a parameter of another type, or timeout <= 0.
+        dspk.InvalidArgument: a parameter of another type, timeout <= 0, or a socket
+            path or name holding a NUL character.
+
+    A client belongs to the process that connected: in a child of fork() its calls
+    raise dspk.Closed, and the child's close() and exit leave the parent's connection
+    and buffers alone.
     """
     return Client(socket, name=name, timeout=timeout)
 
