@@ -252,6 +252,8 @@ class TaskFuture(concurrent.futures.Future):
         if isinstance(timeout, numbers.Real) and timeout > _TIMEOUT_FOREVER:
             timeout = None
         owner = self._owner() if self._owner is not None else None
+        if owner is not None and not self.done() and owner._forked():
+            raise owner._fork_error()  # nothing in this process will ever complete it
         if owner is not None and not self.done() and owner._is_reader():
             owner._pump_for(self, timeout)
             return 0
@@ -539,15 +541,20 @@ def _result_meta(op: str, inputs: Sequence[Any], options: Mapping[str, Any]
                 return tuple(sa), da.itemsize
             return tuple(sa[:-1]) + (sa[-1] // 2 + 1,), 2 * da.itemsize
         if op == "fir":
-            return tuple(sa), da.itemsize
+            return (tuple(sa), da.itemsize) if sa and len(metas[1][0]) == 1 else None
         if op == "map":
+            if len(metas) > 1 and tuple(metas[1][0]) != tuple(sa):
+                return None  # the daemon's ESHAPE
             half = options.get("fn") == "abs" and da.kind == "c"
             return tuple(sa), da.itemsize // 2 if half else da.itemsize
         if op == "reduce":
             axes = options.get("axes")
             if axes is None:
                 return (), da.itemsize
-            gone = {int(a) % len(sa) for a in axes}
+            axes = [int(a) for a in axes]
+            gone = {a % len(sa) for a in axes}
+            if len(gone) != len(axes) or not all(-len(sa) <= a < len(sa) for a in axes):
+                return None  # the daemon's EINVAL
             return tuple(n for i, n in enumerate(sa) if i not in gone), da.itemsize
         if op == "contract":
             ins, outs = str(options["subscripts"]).replace(" ", "").split("->")
@@ -1544,17 +1551,33 @@ class Client:
                 all(d.get("backend") == "cpu" or d.get("software") for d in devs)
         return "cpu:0" if self._any_is_cpu else None
 
-    def _kernel_device(self, lang: Any) -> str:
-        """The first device that runs raw kernels of ``lang`` (``kernel_langs`` of
-        devices), or "any" when none does (the daemon's error then says so)."""
+    def _task_device(self, op: str, inputs: Sequence[Any], options: Mapping[str, Any]
+                     ) -> str:
+        """The device "any" would choose for the task by protocol.md's rule, as far as
+        the client can tell: among the devices that run it (``kernel_langs`` holding a
+        kernel's ``lang``, ``ops`` holding the op for its first input's dtype) a
+        hardware device, else cpu:0, else a software renderer; "any" when none does
+        (the daemon's error then says why)."""
         try:
             devs = self._call("devices")["devices"]
-        except Error:
+            first = wire_name(_meta(inputs[0])[1]) if inputs else None
+        except (Error, IndexError):
             return "any"
-        for d in devs:
-            if lang in (d.get("kernel_langs") or []):
-                return str(d.get("id"))
-        return "any"
+
+        def runs(d: Mapping[str, Any]) -> bool:
+            if op == "kernel":
+                return options.get("lang") in (d.get("kernel_langs") or [])
+            return first in ((d.get("ops") or {}).get(op) or [])
+
+        def rank(d: Mapping[str, Any]) -> int:
+            if d.get("software"):
+                return 2
+            return 1 if d.get("backend") == "cpu" else 0
+
+        able = [d for d in devs if runs(d)]
+        if not able:
+            return "any"
+        return str(min(able, key=rank).get("id"))
 
     def _temp_get(self, device: str, nbytes: int) -> _Temp:
         """An idle shared temporary of at least nbytes on device (the smallest that
@@ -1783,12 +1806,12 @@ class Client:
             for a, t in sorted(inline, key=lambda p: -p[0].nbytes):
                 if total + _HEADROOM <= self.max_message:
                     break
-                where = target
-                if op == "kernel" and where == "any":
+                if target == "any":
                     # A temporary buffer pins the task to its device: one that runs
-                    # the kernel's language, not the daemon's choice for a buffer.
-                    where = self._kernel_device(options.get("lang"))
-                d = self.to_device(a, where)
+                    # the task (a kernel's language, the op on its first input's
+                    # dtype), not the daemon's choice for a bare buffer.
+                    target = self._task_device(op, inputs, options)
+                d = self.to_device(a, target)
                 temps.append(d.buffer)
                 target = d.device
                 total -= a.nbytes
