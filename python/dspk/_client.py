@@ -857,7 +857,7 @@ class Client:
     def _send_chunks(self, chunks: List[Any], fds: Optional[List[int]] = None) -> None:
         """Writes one message (its chunks in order, ``fds`` with its first byte) under
         the send lock, then the buffer.free owed.  The socket is written without
-        blocking and waited on with select(), so that an exception raised while waiting
+        blocking and waited on with poll(), so that an exception raised while waiting
         (KeyboardInterrupt from a signal handler) is known to have cut nothing."""
         views = [v for v in (memoryview(c).cast("B") for c in chunks) if v.nbytes]
         # File descriptors go with the frame's first byte (protocol.md, Shared memory).
@@ -902,8 +902,15 @@ class Client:
                     left = None if deadline is None else deadline - time.monotonic()
                     if left is not None and left <= 0:
                         self._send_timed_out(sent)
-                    r, _, _ = select.select([self._wake_r], [self._sock], [], left)
-                    if r or self._closed is not None:  # close() meanwhile
+                    # poll(), not select(): no FD_SETSIZE limit on the descriptors.
+                    p = select.poll()
+                    p.register(self._sock, select.POLLOUT)
+                    p.register(self._wake_r, select.POLLIN)
+                    ms = -1 if left is None else \
+                        min(max(0, math.ceil(left * 1000)), _POLL_MAX_MS)
+                    ready = p.poll(ms)
+                    if self._closed is not None or \
+                            any(fd == self._wake_r for fd, _ in ready):  # close()
                         raise _ClosedWhileSending()
                     continue
                 sent += n

@@ -294,3 +294,30 @@ def test_nul_in_the_socket_path_or_name_is_invalid(daemon):
                      lambda: c.contract("ij,jk->ik\0", np.ones((2, 2)), np.ones((2, 2)))):
             with pytest.raises(dspk.InvalidArgument):
                 call()
+
+
+def test_sending_with_descriptors_beyond_fd_setsize(daemon, monkeypatch):
+    """The wait for room to send used select(), which refuses descriptors of 1024 and
+    above (ValueError, and the connection was cut): a process with many files open."""
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.skip("RLIMIT_NOFILE below 1200")
+    monkeypatch.setenv("DSPK_SHARED_THRESHOLD", "0")  # through the socket
+    if soft != resource.RLIM_INFINITY and soft < 1200:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (1200, hard))
+    held = []
+    try:
+        null = os.open(os.devnull, os.O_RDONLY)
+        held.append(null)
+        while held[-1] < 1100:
+            held.append(os.dup(null))
+        with dspk.connect(daemon.socket, timeout=TIMEOUT) as c:
+            assert c._sock.fileno() >= 1024
+            x = np.ones((1024, 1024))  # 8 MiB: more than the socket's buffer
+            for _ in range(3):
+                assert c.reduce(x) == x.size
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
