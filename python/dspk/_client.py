@@ -1895,6 +1895,8 @@ class Client:
     def _run(self, op: str, inputs: Sequence[ArrayLike], options: Dict[str, Any],
              device: str, out: Optional[OutArg], single: bool = True,
              progress: Optional[Progress] = None, is_async: bool = False) -> TaskFuture:
+        if self._forked():  # before the temporaries' lock, which a fork may leave held
+            raise self._fork_error()
         args, bigs, temps, decode, target, shm = self._task_request(op, inputs, options,
                                                                     device, out)
         try:

@@ -154,11 +154,15 @@ FORK_SCRIPT = textwrap.dedent("""
     late = c.submit("reduce", np.ones(4))
     before = [x for x in c.status()["clients"] if x["self"]][0]["buffers"]
     r, w = os.pipe()
+    # Locks another thread of the parent may hold at the fork stay held in the child.
+    c._lock.acquire(); c._temp_lock.acquire(); c._send_lock.acquire()
     pid = os.fork()
+    if pid != 0:
+        c._lock.release(); c._temp_lock.release(); c._send_lock.release()
     if pid == 0:
         os.close(r)
         try:
-            c.map("exp", np.zeros(3))
+            c.map("exp", np.zeros(1 << 18), device="cpu:0")  # a shared temporary's size
             os.write(w, b"child call: answered")
         except dspk.Closed as e:
             os.write(w, ("child call: Closed " + e.message).encode())
