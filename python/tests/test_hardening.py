@@ -145,7 +145,7 @@ def _frames(ident):
 # ---- a client after fork() -----------------------------------------------------------
 
 FORK_SCRIPT = textwrap.dedent("""
-    import gc, os, sys, numpy as np, dspk
+    import gc, os, signal, sys, numpy as np, dspk
     c = dspk.connect(sys.argv[1], timeout=30)
     s = c.empty_shared((4,), np.float64); s[:] = 2
     d = c.to_device(np.ones(3))
@@ -160,6 +160,7 @@ FORK_SCRIPT = textwrap.dedent("""
     if pid != 0:
         c._lock.release(); c._temp_lock.release(); c._send_lock.release()
     if pid == 0:
+        signal.alarm(20)  # a child that hangs dies rather than outlive the test
         os.close(r)
         try:
             c.map("exp", np.zeros(1 << 18), device="cpu:0")  # a shared temporary's size
