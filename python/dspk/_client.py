@@ -176,6 +176,10 @@ def _os_error(what: str, e: OSError) -> Error:
     return _errors.IOFailure(text)
 
 
+class _ClosedWhileSending(Exception):
+    """close() woke a thread waiting for room to send."""
+
+
 class _Temp:
     """A shared temporary of the automatic shared-memory path: a sealed memfd the
     daemon imported (``buffer.import``), reused by later tasks."""
@@ -220,7 +224,12 @@ def connect(socket: Union[str, bytes, "os.PathLike[str]", None] = None, *,
 
     Raises:
         dspk.ConnectError: no daemon listens there.
-        dspk.InvalidArgument: a parameter of another type, or timeout <= 0.
+        dspk.InvalidArgument: a parameter of another type, timeout <= 0, or a socket
+            path or name holding a NUL character.
+
+    A client belongs to the process that connected: in a child of fork() its calls
+    raise dspk.Closed, and the child's close() and exit leave the parent's connection
+    and buffers alone.
     """
     return Client(socket, name=name, timeout=timeout)
 
@@ -243,6 +252,8 @@ class TaskFuture(concurrent.futures.Future):
         if isinstance(timeout, numbers.Real) and timeout > _TIMEOUT_FOREVER:
             timeout = None
         owner = self._owner() if self._owner is not None else None
+        if owner is not None and not self.done() and owner._forked():
+            raise owner._fork_error()  # nothing in this process will ever complete it
         if owner is not None and not self.done() and owner._is_reader():
             owner._pump_for(self, timeout)
             return 0
@@ -501,45 +512,78 @@ def _meta(x: Any) -> Tuple[Tuple[int, ...], np.dtype]:
     return tuple(a.shape), a.dtype
 
 
-def _result_bound(op: str, inputs: Sequence[Any], options: Mapping[str, Any]
-                  ) -> Optional[int]:
-    """At least the bytes of the op's one result (None: unknown, or an error the
-    daemon will name)."""
+def _result_meta(op: str, inputs: Sequence[Any], options: Mapping[str, Any]
+                 ) -> Optional[Tuple[Tuple[int, ...], int]]:
+    """(shape, item size) of the op's first result as the daemon computes it
+    (protocol.md, the table of ops), or None: unknown (kernel), or operands the
+    daemon refuses (its error says why)."""
     try:
         metas = [_meta(x) for x in inputs]
         (sa, da) = metas[0]
-
-        def size(shape: Sequence[int]) -> int:
-            return math.prod(shape)
-
+        names = {wire_name(d) for _, d in metas}
+        if len(names) != 1 and op != "gemm":  # operands of two dtypes: EDTYPE
+            return None
+        if not names <= ({"f32", "f64", "f16", "bf16"} if op == "gemm" else
+                         {"f32", "f64", "c64", "c128"}):
+            return None
         if op == "gemm":
             sb = metas[1][0]
+            if len(sa) < 2 or len(sb) < 2:
+                return None
             m = sa[-1] if options.get("trans_a") else sa[-2]
             n = sb[-2] if options.get("trans_b") else sb[-1]
             batch = np.broadcast_shapes(tuple(sa[:-2]), tuple(sb[:-2]))
-            return size(batch) * m * n * (8 if da.itemsize == 8 else 4)
+            return tuple(batch) + (m, n), (8 if da.itemsize == 8 else 4)  # f16, bf16: f32
         if op == "fft":
+            if not sa:
+                return None
             if da.kind == "c":
-                return size(sa) * da.itemsize
-            return size(sa[:-1]) * (sa[-1] // 2 + 1) * 2 * da.itemsize
-        if op in ("fir", "map"):
-            return size(sa) * da.itemsize
+                return tuple(sa), da.itemsize
+            return tuple(sa[:-1]) + (sa[-1] // 2 + 1,), 2 * da.itemsize
+        if op == "fir":
+            return (tuple(sa), da.itemsize) if sa and len(metas[1][0]) == 1 else None
+        if op == "map":
+            if len(metas) > 1 and tuple(metas[1][0]) != tuple(sa):
+                return None  # the daemon's ESHAPE
+            half = options.get("fn") == "abs" and da.kind == "c"
+            return tuple(sa), da.itemsize // 2 if half else da.itemsize
         if op == "reduce":
             axes = options.get("axes")
             if axes is None:
-                return da.itemsize
-            gone = {int(a) % len(sa) for a in axes}
-            return size([n for i, n in enumerate(sa) if i not in gone]) * da.itemsize
+                return (), da.itemsize
+            axes = [int(a) for a in axes]
+            gone = {a % len(sa) for a in axes}
+            if len(gone) != len(axes) or not all(-len(sa) <= a < len(sa) for a in axes):
+                return None  # the daemon's EINVAL
+            return tuple(n for i, n in enumerate(sa) if i not in gone), da.itemsize
         if op == "contract":
             ins, outs = str(options["subscripts"]).replace(" ", "").split("->")
             dims: Dict[str, int] = {}
             for labels, (shape, _) in zip(ins.split(","), metas):
                 dims.update(zip(labels, shape))
-            return size([dims[c] for c in outs]) * max(da.itemsize, metas[1][1].itemsize)
+            return tuple(dims[c] for c in outs), da.itemsize
     except Exception:  # noqa: BLE001 - malformed operands: the daemon's error says why
         return None
     return None
 
+
+def _result_bound(op: str, inputs: Sequence[Any], options: Mapping[str, Any],
+                  limits: Mapping[str, Any]) -> Optional[int]:
+    """The bytes of the op's one result (None: unknown, or an error the daemon will
+    name: a result of more than max_elements elements is the daemon's ELIMIT, before
+    any buffer is made for it)."""
+    meta = _result_meta(op, inputs, options)
+    if meta is None or _over_limit(meta[0], limits):
+        return None
+    return math.prod(meta[0]) * meta[1]
+
+
+def _over_limit(shape: Tuple[int, ...], limits: Mapping[str, Any]) -> bool:
+    """Whether a result of ``shape`` is the daemon's ELIMIT (max_elements, or a size
+    beyond 2^63-1 bytes)."""
+    n = math.prod(shape)
+    most = limits.get("max_elements")
+    return (isinstance(most, int) and n > most) or n * 16 > (1 << 63) - 1
 
 
 def _env_job() -> int:
@@ -557,6 +601,11 @@ class Client:
         if socket is not None and not isinstance(socket, (str, bytes, os.PathLike)):
             raise _errors.InvalidArgument("socket: expected a path, got %s" % _kind(socket))
         self.socket_path = os.fsdecode(socket) if socket is not None else default_socket()
+        if "\0" in self.socket_path:
+            # The kernel would take the path up to its first NUL (and one that starts
+            # with a NUL names an abstract socket): another socket than the one meant.
+            raise _errors.InvalidArgument("socket: the path %r holds a NUL character"
+                                          % self.socket_path)
         if isinstance(timeout, numbers.Integral) and not isinstance(timeout, (bool, np.bool_)) \
                 and timeout > _TIMEOUT_FOREVER:  # 10**400 too, which no float holds
             timeout = None
@@ -569,6 +618,8 @@ class Client:
                 timeout = None
         if name is not None:
             _string("name", name)
+            if "\0" in name:  # the daemon's status would show the name cut there
+                raise _errors.InvalidArgument("name: %r holds a NUL character" % name)
             try:
                 name.encode("utf-8")
             except UnicodeEncodeError as e:  # a lone surrogate: no UTF-8 for the daemon
@@ -590,6 +641,17 @@ class Client:
             raise _errors.ConnectError("cannot connect to dspkd at %s: %s"
                                        % (self.socket_path, e.strerror or e)) from None
         self._sock = sock
+        # The process that connected: a child of fork() shares the socket and the
+        # daemon's buffers with it, and must touch neither (_forked).
+        self._pid = os.getpid()
+        # close() wakes a thread waiting to send (the daemon reads no more) by writing
+        # to this pipe, which that wait watches with the socket: shutdown() does not
+        # wake a wait for room to write.
+        try:
+            self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError as e:
+            sock.close()
+            raise _os_error("the client's wake-up pipe", e) from None
         # Waiting for an answer: poll() on one registered descriptor costs less per
         # call than select.select() or a non-blocking recv that fails first.
         self._poll = select.poll()
@@ -667,7 +729,12 @@ class Client:
 
     def close(self) -> None:
         """Closes the connection (idempotent).  Pending calls end with dspk.Closed; the
-        daemon frees this connection's buffers and drops its queued tasks."""
+        daemon frees this connection's buffers and drops its queued tasks.  In a child
+        of fork() it closes only the child's copy of the descriptor (the connection,
+        and its buffers, stay the parent's)."""
+        if self._forked():
+            self._close_forked()
+            return
         with self._lock:
             already = self._closed is not None
             if not already:
@@ -677,6 +744,7 @@ class Client:
                 self._sock.shutdown(_socket.SHUT_RDWR)
             except OSError:
                 pass
+            self._wake()
         self._fail_all()
         t = self._thread
         if t is not None and t is not threading.current_thread():
@@ -684,6 +752,47 @@ class Client:
         with self._send_lock, self._lock:
             if self._sock.fileno() >= 0 and not self._reading:
                 self._sock.close()
+            self._close_wake()
+
+    def _wake(self) -> None:
+        """Wakes a thread waiting for room to send (it then sees the client closed)."""
+        try:
+            os.write(self._wake_w, b"\0")
+        except OSError:
+            pass  # full (it is awake already) or closed
+
+    def _close_wake(self) -> None:
+        for name in ("_wake_r", "_wake_w"):
+            fd = getattr(self, name, -1)
+            if fd >= 0:
+                setattr(self, name, -1)
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+
+    def _forked(self) -> bool:
+        """Whether this is a child process of fork() of the process that connected."""
+        return os.getpid() != self._pid
+
+    def _fork_error(self) -> Error:
+        return _errors.Closed("this client belongs to process %d, and this process (%d) "
+                              "is a child of fork(): connect anew in the child"
+                              % (self._pid, os.getpid()))
+
+    def _close_forked(self) -> None:
+        """close() in a child of fork(): the child's copies of the descriptors are
+        closed, without shutdown() (which would end the parent's connection) and
+        without taking a lock (another thread of the parent may have held it at the
+        fork, and no thread of the child will ever let it go)."""
+        if self._closed is None:
+            self._closed = self._fork_error()
+        self._dead_shared = []
+        try:
+            self._sock.close()  # close(2) of this process's descriptor only
+        except OSError:
+            pass
+        self._close_wake()
 
     def __enter__(self) -> "Client":
         return self
@@ -693,14 +802,16 @@ class Client:
 
     def __del__(self) -> None:
         try:
-            if getattr(self, "_closed", True) is None:
+            if getattr(self, "_closed", True) is None or \
+                    (getattr(self, "_pid", None) not in (None, os.getpid()) and
+                     self._sock.fileno() >= 0):
                 self.close()
         except Exception:
             pass
 
     @property
     def closed(self) -> bool:
-        return self._closed is not None
+        return self._closed is not None or self._forked()
 
     @property
     def max_message(self) -> int:
@@ -746,7 +857,7 @@ class Client:
     def _send_chunks(self, chunks: List[Any], fds: Optional[List[int]] = None) -> None:
         """Writes one message (its chunks in order, ``fds`` with its first byte) under
         the send lock, then the buffer.free owed.  The socket is written without
-        blocking and waited on with select(), so that an exception raised while waiting
+        blocking and waited on with poll(), so that an exception raised while waiting
         (KeyboardInterrupt from a signal handler) is known to have cut nothing."""
         views = [v for v in (memoryview(c).cast("B") for c in chunks) if v.nbytes]
         # File descriptors go with the frame's first byte (protocol.md, Shared memory).
@@ -791,7 +902,16 @@ class Client:
                     left = None if deadline is None else deadline - time.monotonic()
                     if left is not None and left <= 0:
                         self._send_timed_out(sent)
-                    select.select([], [self._sock], [], left)
+                    # poll(), not select(): no FD_SETSIZE limit on the descriptors.
+                    p = select.poll()
+                    p.register(self._sock, select.POLLOUT)
+                    p.register(self._wake_r, select.POLLIN)
+                    ms = -1 if left is None else \
+                        min(max(0, math.ceil(left * 1000)), _POLL_MAX_MS)
+                    ready = p.poll(ms)
+                    if self._closed is not None or \
+                            any(fd == self._wake_r for fd, _ in ready):  # close()
+                        raise _ClosedWhileSending()
                     continue
                 sent += n
                 calling = False
@@ -803,6 +923,11 @@ class Client:
                     else:
                         views[0] = views[0][n:]
                         n = 0
+        except _ClosedWhileSending:
+            if 0 < sent < total:
+                self._cut(_errors.Closed("connection closed by the client while a "
+                                         "request was being sent"))
+            raise self._closed_error() from None
         except Error:
             raise  # dspk.Timeout is an OSError too (TimeoutError): not a lost socket
         except OSError as e:
@@ -828,12 +953,17 @@ class Client:
     def _queue_free(self, buffer: int) -> None:
         """Frees ``buffer`` without waiting: at once when the send lock is free (else
         the thread holding it sends it when it lets it go), with msgid 0, whose answer
-        is dropped.  Safe inside garbage collection: it never blocks."""
+        is dropped.  Safe inside garbage collection: it never blocks.  In a child of
+        fork() it does nothing: the buffer is the parent's."""
+        if self._forked():
+            return
         self._dead_shared.append(buffer)
         self._flush_frees()
 
     def _flush_frees(self) -> None:
         """Sends the buffer.free owed, if the send lock can be had without waiting."""
+        if self._forked():
+            return
         while self._dead_shared and self._closed is None and \
                 self._send_lock.acquire(blocking=False):
             try:
@@ -882,6 +1012,8 @@ class Client:
                bigs: Optional[List[memoryview]] = None,
                fds: Optional[List[int]] = None,
                into: Optional[memoryview] = None) -> TaskFuture:
+        if self._forked():  # before any lock: one held at the fork stays held here
+            raise self._fork_error()
         fut = TaskFuture()
         fut._owner = weakref.ref(self)
         with self._lock:
@@ -1426,6 +1558,34 @@ class Client:
                 all(d.get("backend") == "cpu" or d.get("software") for d in devs)
         return "cpu:0" if self._any_is_cpu else None
 
+    def _task_device(self, op: str, inputs: Sequence[Any], options: Mapping[str, Any]
+                     ) -> str:
+        """The device "any" would choose for the task by protocol.md's rule, as far as
+        the client can tell: among the devices that run it (``kernel_langs`` holding a
+        kernel's ``lang``, ``ops`` holding the op for its first input's dtype) a
+        hardware device, else cpu:0, else a software renderer; "any" when none does
+        (the daemon's error then says why)."""
+        try:
+            devs = self._call("devices")["devices"]
+            first = wire_name(_meta(inputs[0])[1]) if inputs else None
+        except (Error, IndexError):
+            return "any"
+
+        def runs(d: Mapping[str, Any]) -> bool:
+            if op == "kernel":
+                return options.get("lang") in (d.get("kernel_langs") or [])
+            return first in ((d.get("ops") or {}).get(op) or [])
+
+        def rank(d: Mapping[str, Any]) -> int:
+            if d.get("software"):
+                return 2
+            return 1 if d.get("backend") == "cpu" else 0
+
+        able = [d for d in devs if runs(d)]
+        if not able:
+            return "any"
+        return str(min(able, key=rank).get("id"))
+
     def _temp_get(self, device: str, nbytes: int) -> _Temp:
         """An idle shared temporary of at least nbytes on device (the smallest that
         fits), or a new one; busy until _temp_put."""
@@ -1585,6 +1745,19 @@ class Client:
                 outputs = [{"buffer": out.buffer, "offset": out.offset}]
                 if target == "any":
                     target = out.device
+        if outputs is not None:
+            # out= must hold the result (protocol.md: ERANGE before any work).  The
+            # daemon bounds the result by the out= buffer only, and a view (a slice of a
+            # shared array, a DeviceArray inside its buffer) is less: refused here.
+            room = (out_shared if out_shared is not None else out).nbytes
+            meta = _result_meta(op, inputs, options)
+            if meta is not None and not _over_limit(meta[0], self.limits) and \
+                    math.prod(meta[0]) * meta[1] > room:
+                raise _errors.RangeError(
+                    "out=: the result (shape %s, %d bytes) does not fit the %d bytes of "
+                    "out= (%s %s)" % (meta[0], math.prod(meta[0]) * meta[1], room,
+                                       (out_shared if out_shared is not None else out).dtype,
+                                       (out_shared if out_shared is not None else out).shape))
         # Shared operands: (buffer, offset, the array), so that kernel() gives them back.
         shared_ops: List[Tuple[int, int, np.ndarray]] = []
         for i, x in enumerate(inputs):
@@ -1640,6 +1813,11 @@ class Client:
             for a, t in sorted(inline, key=lambda p: -p[0].nbytes):
                 if total + _HEADROOM <= self.max_message:
                     break
+                if target == "any":
+                    # A temporary buffer pins the task to its device: one that runs
+                    # the task (a kernel's language, the op on its first input's
+                    # dtype), not the daemon's choice for a bare buffer.
+                    target = self._task_device(op, inputs, options)
                 d = self.to_device(a, target)
                 temps.append(d.buffer)
                 target = d.device
@@ -1717,6 +1895,8 @@ class Client:
     def _run(self, op: str, inputs: Sequence[ArrayLike], options: Dict[str, Any],
              device: str, out: Optional[OutArg], single: bool = True,
              progress: Optional[Progress] = None, is_async: bool = False) -> TaskFuture:
+        if self._forked():  # before the temporaries' lock, which a fork may leave held
+            raise self._fork_error()
         args, bigs, temps, decode, target, shm = self._task_request(op, inputs, options,
                                                                     device, out)
         try:
@@ -1758,7 +1938,7 @@ class Client:
         try:
             bound = None
             if out is None and "outputs" not in args and single:
-                bound = _result_bound(op, inputs, options)
+                bound = _result_bound(op, inputs, options, self.limits)
             sdev = None
             if bound is not None and self.shared_threshold and \
                     bound >= self.shared_threshold and op != "kernel":
