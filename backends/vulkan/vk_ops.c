@@ -19,6 +19,9 @@
 #include "backends/vulkan/vk.h"
 
 #define DSPK__VK_MAX_GROUPS 65535u
+/* Elements one reduce dispatch folds per output: 2048 loop iterations per
+ * invocation (see dspk__vk_reduce). */
+#define RED_SLICE (2048u * DSPK__VK_WG)
 
 const char *dspk__vk_glsl_type(dspk_dtype dt) {
   switch (dt) {
@@ -226,7 +229,7 @@ int dspk__vk_reduce(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx
   if (axes == 0)
     axes = X->rank ? (uint32_t)((1ull << X->rank) - 1) : 0;
   struct {
-    uint32_t nout, nred, rk, rr, ox, oo, pad[2];
+    uint32_t nout, nred, rk, rr, ox, oo, r0, rn, gx, first, last, pad;
     uint32_t dim[DSPK_MAX_RANK], str[DSPK_MAX_RANK];
   } pc;
   memset(&pc, 0, sizeof pc);
@@ -268,18 +271,19 @@ int dspk__vk_reduce(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx
   r = prepare(d, ctx, &kr, "reduce", dt, t, 2, sizeof pc,
               "layout(std430, binding = 0) buffer BX { T x[]; };\n"
               "layout(std430, binding = 1) buffer BO { T o[]; };\n"
-              "layout(push_constant) uniform PC { uint nout, nred, rk, rr, ox, oo, p0, p1;\n"
-              "  uint dim[8]; uint str[8]; } pc;\n"
+              "layout(push_constant) uniform PC { uint nout, nred, rk, rr, ox, oo, r0, rn,\n"
+              "  gx, first, last, p0; uint dim[8]; uint str[8]; } pc;\n"
               "#define COMB(A, B) %s\n"
               "shared T s[%d];\n"
               "void main() {\n"
               "  uint lid = gl_LocalInvocationID.x;\n"
-              "  for (uint oi = gl_WorkGroupID.x; oi < pc.nout; oi += gl_NumWorkGroups.x) {\n"
+              "  uint oi = gl_WorkGroupID.y * pc.gx + gl_WorkGroupID.x;\n"
+              "  if (oi < pc.nout) {\n"
               "    uint rem = oi, base = pc.ox;\n"
               "    for (int j = int(pc.rk) - 1; j >= 0; j--) {\n"
               "      base += (rem %% pc.dim[j]) * pc.str[j]; rem /= pc.dim[j]; }\n"
               "    T acc = %s;\n"
-              "    for (uint ri = lid; ri < pc.nred; ri += %du) {\n"
+              "    for (uint ri = pc.r0 + lid; ri < pc.r0 + pc.rn; ri += %du) {\n"
               "      uint rr = ri, off = base;\n"
               "      for (int j = int(pc.rk + pc.rr) - 1; j >= int(pc.rk); j--) {\n"
               "        off += (rr %% pc.dim[j]) * pc.str[j]; rr /= pc.dim[j]; }\n"
@@ -291,8 +295,11 @@ int dspk__vk_reduce(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx
               "      if (lid < st) s[lid] = COMB(s[lid], s[lid + st]);\n"
               "      barrier();\n"
               "    }\n"
-              "    if (lid == 0u) { T v = s[0]; o[pc.oo + oi] = %s; }\n"
-              "    barrier();\n"
+              "    if (lid == 0u) {\n"
+              "      T v = s[0];\n"
+              "      if (pc.first == 0u) { T p = o[pc.oo + oi]; v = COMB(p, v); }\n"
+              "      o[pc.oo + oi] = pc.last != 0u ? %s : v;\n"
+              "    }\n"
               "  }\n}\n",
               comb, DSPK__VK_WG, init, DSPK__VK_WG, DSPK__VK_WG / 2, fin);
   if (r)
@@ -301,7 +308,31 @@ int dspk__vk_reduce(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx
   pc.oo = kr.e[1];
   if (nout == 0)
     return 0;
-  return dspk__vk_dispatch(d, kr.kern, kr.b, kr.nb, &pc, sizeof pc, groups_for(nout, 1), 1, 1);
+  /* One workgroup per output, on a 2-D grid so that any count fits the
+   * dispatch limits; the reduced elements go in slices of at most
+   * RED_SLICE per dispatch, each combined into the output the previous one
+   * left (the mean divides after the last).  Every invocation thus loops a
+   * bounded number of times whatever the size: lavapipe (llvmpipe) stops any
+   * shader invocation's loops after 65535 iterations in all, silently. */
+  uint64_t gx = nout < DSPK__VK_MAX_GROUPS ? nout : DSPK__VK_MAX_GROUPS;
+  uint64_t gy = (nout + gx - 1) / gx;
+  if (gy > d->props.limits.maxComputeWorkGroupCount[1])
+    return dspk__vk_fail(ctx, DSPK_ELIMIT, "reduce: %llu outputs exceed the dispatch limits",
+                         (unsigned long long)nout);
+  pc.gx = (uint32_t)gx;
+  uint64_t r0 = 0;
+  do {
+    uint64_t rn = nred - r0 < RED_SLICE ? nred - r0 : RED_SLICE;
+    pc.r0 = (uint32_t)r0;
+    pc.rn = (uint32_t)rn;
+    pc.first = r0 == 0;
+    pc.last = r0 + rn >= nred;
+    if ((r = dspk__vk_dispatch(d, kr.kern, kr.b, kr.nb, &pc, sizeof pc, (uint32_t)gx,
+                               (uint32_t)gy, 1)))
+      return r;
+    r0 += rn;
+  } while (r0 < nred);
+  return 0;
 }
 
 /* ---- fir ---------------------------------------------------------------- */
