@@ -607,6 +607,8 @@ static int gemm_exec(struct dspk__dev *d, const struct gdesc *g, struct dspk__op
   struct dspk__autotune_opts opts = {.samples = work >= ((uint64_t)1 << 36) ? 3 : 0};
   for (;;) {
     int w, r = dspk__autotune_choose(d->env.cache, &req, &opts, &w, NULL);
+    if (r == DSPK_ECANCELED)
+      return r;
     if (r < 0)
       return launch(d, g, &tiles[0], ctx);
     r = launch(d, g, &tiles[map[w]], ctx);

@@ -488,5 +488,7 @@ int dspk__vk_run(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *c
   /* Whatever was recorded goes to the queue now: nothing stays open between
    * calls, so fences and reads always cover it. */
   int s = dspk__vk_submit(d);
+  if (r == DSPK_ECANCELED) /* not the message of a failure before it */
+    dspk__vk_fail(ctx, r, "the task was canceled");
   return r ? r : s;
 }
