@@ -439,7 +439,7 @@ static uint32_t tile_shared(const struct tile *t, dspk_dtype out_dt) {
 static int dispatch_tiles(struct dspk__dev *d, struct dspk__vk_kernel *k, const struct gdesc *g,
                           const struct tile *t, const void *pc, uint32_t *u, uint32_t pcsize,
                           const uint32_t base[4], uint32_t nb) {
-  const uint32_t *mx = d->props.limits.maxComputeWorkGroupCount;
+  uint32_t mx[2] = {dspk__vk_max_groups(d, 0), dspk__vk_max_groups(d, 1)};
   uint64_t mstep = (uint64_t)mx[1] * (uint32_t)t->bm, nstep = (uint64_t)mx[0] * (uint32_t)t->bn;
   for (uint64_t m0 = 0; m0 < g->M; m0 += mstep)
     for (uint64_t n0 = 0; n0 < g->N; n0 += nstep) {
@@ -518,10 +518,10 @@ static int launch(struct dspk__dev *d, const struct gdesc *g, const struct tile 
   }
   if (g->M == 0 || g->N == 0)
     return 0;
-  const uint32_t *mx = d->props.limits.maxComputeWorkGroupCount;
+  uint32_t mz = dspk__vk_max_groups(d, 2);
   if (!g->boff) {
-    for (uint32_t b0 = 0; b0 < g->nbatch; b0 += mx[2]) {
-      uint32_t nb = g->nbatch - b0 < mx[2] ? g->nbatch - b0 : mx[2];
+    for (uint32_t b0 = 0; b0 < g->nbatch; b0 += mz) {
+      uint32_t nb = g->nbatch - b0 < mz ? g->nbatch - b0 : mz;
       uint32_t base[4] = {g->oa + b0 * g->bsa, g->ob + b0 * g->bsb, g->oc + b0 * g->bsc,
                           g->oo + b0 * g->bso};
       if ((r = dispatch_tiles(d, k, g, t, &pc, pc.u, pcsize, base, nb)))
@@ -859,8 +859,9 @@ static int gather(struct dspk__dev *d, dspk_dtype dt, const struct dspk__vk_bind
    * bounded number of times (lavapipe stops a shader invocation's loops
    * after 65535 iterations in all, silently). */
   uint64_t g = (nout + DSPK__VK_WG - 1) / DSPK__VK_WG;
-  uint64_t gx = g < 65535 ? g : 65535, gy = (g + gx - 1) / gx;
-  if (gy > d->props.limits.maxComputeWorkGroupCount[1])
+  uint64_t mx = dspk__vk_max_groups(d, 0);
+  uint64_t gx = g < mx ? g : mx, gy = (g + gx - 1) / gx;
+  if (gy > dspk__vk_max_groups(d, 1))
     return dspk__vk_fail(ctx, DSPK_ELIMIT, "contract: %llu elements exceed the dispatch limits",
                          (unsigned long long)nout);
   pc.gx = (uint32_t)gx;

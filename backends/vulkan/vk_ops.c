@@ -314,9 +314,10 @@ int dspk__vk_reduce(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx
    * left (the mean divides after the last).  Every invocation thus loops a
    * bounded number of times whatever the size: lavapipe (llvmpipe) stops any
    * shader invocation's loops after 65535 iterations in all, silently. */
-  uint64_t gx = nout < DSPK__VK_MAX_GROUPS ? nout : DSPK__VK_MAX_GROUPS;
+  uint64_t mx = dspk__vk_max_groups(d, 0);
+  uint64_t gx = nout < mx ? nout : mx;
   uint64_t gy = (nout + gx - 1) / gx;
-  if (gy > d->props.limits.maxComputeWorkGroupCount[1])
+  if (gy > dspk__vk_max_groups(d, 1))
     return dspk__vk_fail(ctx, DSPK_ELIMIT, "reduce: %llu outputs exceed the dispatch limits",
                          (unsigned long long)nout);
   pc.gx = (uint32_t)gx;
