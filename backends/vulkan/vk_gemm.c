@@ -63,6 +63,12 @@ static const struct tile tiles[] = {
     {"v2w-128x128x16-t512", 128, 128, 16, 8, 4, 2},
 };
 #define NTILES ((int)(sizeof tiles / sizeof tiles[0]))
+/* Thin outputs (at most 4 columns, or at most 4 rows: matrix-vector
+ * products), which the square tiles would cover with mostly idle threads:
+ * the first kernel with a tile 256 long on the long side, outside the
+ * autotuner's candidates. */
+static const struct tile tile_thin_n = {"thin-256x4x8", 256, 4, 8, 4, 1, 0};
+static const struct tile tile_thin_m = {"thin-4x256x8", 4, 256, 8, 1, 4, 0};
 
 /* The candidate forced by dspk__vk_gemm_force() (-1: none; a test hook, so
  * a production build has no such global), and the name of the candidate
@@ -562,6 +568,10 @@ static int gemm_exec(struct dspk__dev *d, const struct gdesc *g, struct dspk__op
   int f = forced;
   if (f >= 0 && f < NTILES)
     return launch(d, g, &tiles[f], ctx);
+  if (g->N <= 4 && g->M > 64)
+    return launch(d, g, &tile_thin_n, ctx);
+  if (g->M <= 4 && g->N > 64)
+    return launch(d, g, &tile_thin_m, ctx);
   uint64_t work = (uint64_t)g->M * g->N * g->K * g->nbatch;
   if (work < ((uint64_t)1 << 24) || DSPK_TEST_HOOK("DSPK_VK_GEMM_NOTUNE"))
     return launch(d, g, &tiles[0], ctx);
@@ -681,7 +691,11 @@ int dspk__vk_gemm(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *
    * kernel's empty sum (K = 0) gives beta*C, so an inf or NaN in A or B
    * does not reach the result. */
   int no_ab = op->u.gemm.alpha == 0;
-  if ((A->dtype == DSPK_F16 || A->dtype == DSPK_BF16) && !no_ab &&
+  /* (Outputs whose tiles might not fit one dispatch take the scalar kernel,
+   * which splits them: a cooperative-matrix tile is at least 8 wide.) */
+  int fits = (uint64_t)O->shape[O->rank - 2] <= (uint64_t)dspk__vk_max_groups(d, 1) * 8 &&
+             (uint64_t)O->shape[O->rank - 1] <= (uint64_t)dspk__vk_max_groups(d, 0) * 8;
+  if ((A->dtype == DSPK_F16 || A->dtype == DSPK_BF16) && !no_ab && fits &&
       dspk__vk_coopmat_usable(d, op))
     return dspk__vk_coopmat_gemm(d, op, ctx);
   struct gdesc g;

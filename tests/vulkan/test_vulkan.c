@@ -494,13 +494,51 @@ static void t_dispatch_split(void **state) {
   reduce_check(&X, DSPK_REDUCE_MAX, 2u, 0);
   h_free(&X);
   setenv("DSPK_VK_MAX_GROUPS", "2", 1);
-  gemm_case(DSPK_F32, 2, (int64_t[]){300, 20}, 2, (int64_t[]){20, 1}, 0, 0, -1, NULL, 1e-5);
-  gemm_case(DSPK_F32, 2, (int64_t[]){1, 20}, 2, (int64_t[]){20, 300}, 0, 0, 2,
-            (int64_t[]){1, 300}, 1e-5);
+  gemm_case(DSPK_F32, 2, (int64_t[]){600, 20}, 2, (int64_t[]){20, 1}, 0, 0, -1, NULL, 1e-5);
+  gemm_case(DSPK_F32, 2, (int64_t[]){1, 20}, 2, (int64_t[]){20, 600}, 0, 0, 2,
+            (int64_t[]){1, 600}, 1e-5);
   gemm_case(DSPK_F64, 3, (int64_t[]){5, 140, 9}, 3, (int64_t[]){5, 150, 9}, 0, 1, -1, NULL,
             1e-12);
   contract_case("ij,k->ji", DSPK_F64, 2, (int64_t[]){30, 30}, 1, (int64_t[]){3});
   unsetenv("DSPK_VK_MAX_GROUPS");
+}
+
+/* A gemm canceled while autotuning (the progress callback raises the
+ * cancel flag, as the daemon does when the client goes or the daemon
+ * stops) returns DSPK_ECANCELED and says it was canceled, not a message
+ * left by something before (the buffer holds one here, as a candidate's
+ * failure would leave). */
+static atomic_int cancel_flag;
+static void cancel_on_progress(void *ud, const char *what, double fraction) {
+  (void)ud, (void)what, (void)fraction;
+  atomic_store(&cancel_flag, 1);
+}
+static void t_gemm_cancel(void **state) {
+  (void)state;
+  char msg[512];
+  dspk__autotune_forget_all();
+  int64_t sa[2] = {520, 64}, sb[2] = {64, 520};
+  struct htensor A = h_make(DSPK_F64, 2, sa, 1), B = h_make(DSPK_F64, 2, sb, 1);
+  struct dspk__op op = {.kind = DSPK_OP_GEMM, .nin = 2};
+  op.u.gemm.alpha = 1;
+  assert_int_equal(h_upload(D, &A, 0, &op.in[0]), 0);
+  assert_int_equal(h_upload(D, &B, 0, &op.in[1]), 0);
+  assert_int_equal(dspk__op_infer(&op, msg, sizeof msg), 0);
+  assert_int_equal(VKB->alloc(D, dspk__tensor_nbytes(&op.out[0]), &op.out[0].mem), 0);
+  atomic_store(&cancel_flag, 0);
+  struct dspk__opctx ctx = {.cancel = &cancel_flag, .progress = cancel_on_progress,
+                            .errmsg = msg, .errmsg_len = sizeof msg};
+  snprintf(msg, sizeof msg, "gemm: tile v2-128x128x16-t256 exceeds this device's limits");
+  int r = VKB->run(D, &op, &ctx);
+  assert_int_equal(r, DSPK_ECANCELED);
+  if (!strstr(msg, "canceled") || strstr(msg, "tile"))
+    fail_msg("canceled gemm says: %s", msg);
+  VKB->free(D, op.out[0].mem);
+  VKB->free(D, op.in[0].mem);
+  VKB->free(D, op.in[1].mem);
+  h_free(&A);
+  h_free(&B);
+  dspk__autotune_forget_all();
 }
 
 static void t_fft(void **state) {
@@ -1425,7 +1463,8 @@ int main(void) {
       cmocka_unit_test(t_fir),       cmocka_unit_test(t_fir_fft),
       cmocka_unit_test(t_fir_tune),  cmocka_unit_test(t_gemm),
       cmocka_unit_test(t_contract),  cmocka_unit_test(t_long_loops),
-      cmocka_unit_test(t_dispatch_split), cmocka_unit_test(t_fft),
+      cmocka_unit_test(t_dispatch_split), cmocka_unit_test(t_gemm_cancel),
+      cmocka_unit_test(t_fft),
       cmocka_unit_test(t_fft_oop),   cmocka_unit_test(t_fft_buffers),
       cmocka_unit_test_teardown(t_fft_tune, unset_tune),
       cmocka_unit_test_teardown(t_fft_inplace, unset_tune),
