@@ -22,6 +22,10 @@
 /* Elements one reduce dispatch folds per output: 2048 loop iterations per
  * invocation (see dspk__vk_reduce). */
 #define RED_SLICE (2048u * DSPK__VK_WG)
+/* Reductions shorter than this run one invocation per output, folding at
+ * most RED_THREAD_SLICE elements per dispatch. */
+#define RED_THREAD_MAX 4096u
+#define RED_THREAD_SLICE 2048u
 
 const char *dspk__vk_glsl_type(dspk_dtype dt) {
   switch (dt) {
@@ -268,62 +272,93 @@ int dspk__vk_reduce(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx
   }
   const struct dspk__tensor *t[2] = {X, &op->out[0]};
   struct ready kr;
-  r = prepare(d, ctx, &kr, "reduce", dt, t, 2, sizeof pc,
-              "layout(std430, binding = 0) buffer BX { T x[]; };\n"
-              "layout(std430, binding = 1) buffer BO { T o[]; };\n"
-              "layout(push_constant) uniform PC { uint nout, nred, rk, rr, ox, oo, r0, rn,\n"
-              "  gx, first, last, p0; uint dim[8]; uint str[8]; } pc;\n"
-              "#define COMB(A, B) %s\n"
-              "shared T s[%d];\n"
-              "void main() {\n"
-              "  uint lid = gl_LocalInvocationID.x;\n"
-              "  uint oi = gl_WorkGroupID.y * pc.gx + gl_WorkGroupID.x;\n"
-              "  if (oi < pc.nout) {\n"
-              "    uint rem = oi, base = pc.ox;\n"
-              "    for (int j = int(pc.rk) - 1; j >= 0; j--) {\n"
-              "      base += (rem %% pc.dim[j]) * pc.str[j]; rem /= pc.dim[j]; }\n"
-              "    T acc = %s;\n"
-              "    for (uint ri = pc.r0 + lid; ri < pc.r0 + pc.rn; ri += %du) {\n"
-              "      uint rr = ri, off = base;\n"
-              "      for (int j = int(pc.rk + pc.rr) - 1; j >= int(pc.rk); j--) {\n"
-              "        off += (rr %% pc.dim[j]) * pc.str[j]; rr /= pc.dim[j]; }\n"
-              "      acc = COMB(acc, x[off]);\n"
-              "    }\n"
-              "    s[lid] = acc;\n"
-              "    barrier();\n"
-              "    for (uint st = %du; st > 0u; st >>= 1) {\n"
-              "      if (lid < st) s[lid] = COMB(s[lid], s[lid + st]);\n"
-              "      barrier();\n"
-              "    }\n"
-              "    if (lid == 0u) {\n"
-              "      T v = s[0];\n"
-              "      if (pc.first == 0u) { T p = o[pc.oo + oi]; v = COMB(p, v); }\n"
-              "      o[pc.oo + oi] = pc.last != 0u ? %s : v;\n"
-              "    }\n"
-              "  }\n}\n",
-              comb, DSPK__VK_WG, init, DSPK__VK_WG, DSPK__VK_WG / 2, fin);
+  /* Short reductions (fewer than RED_THREAD_MAX elements per output): one
+   * invocation per output, which folds them alone; longer ones: one
+   * workgroup per output (below). */
+  int per_thread = nred < RED_THREAD_MAX;
+  if (per_thread)
+    r = prepare(d, ctx, &kr, "reduce_t", dt, t, 2, sizeof pc,
+                "layout(std430, binding = 0) buffer BX { T x[]; };\n"
+                "layout(std430, binding = 1) buffer BO { T o[]; };\n"
+                "layout(push_constant) uniform PC { uint nout, nred, rk, rr, ox, oo, r0, rn,\n"
+                "  gx, first, last, p0; uint dim[8]; uint str[8]; } pc;\n"
+                "#define COMB(A, B) %s\n"
+                "void main() {\n"
+                "  uint oi = (gl_WorkGroupID.y * pc.gx + gl_WorkGroupID.x) * %du +\n"
+                "            gl_LocalInvocationID.x;\n"
+                "  if (oi >= pc.nout) return;\n"
+                "  uint rem = oi, base = pc.ox;\n"
+                "  for (int j = int(pc.rk) - 1; j >= 0; j--) {\n"
+                "    base += (rem %% pc.dim[j]) * pc.str[j]; rem /= pc.dim[j]; }\n"
+                "  T v = %s;\n"
+                "  for (uint ri = pc.r0; ri < pc.r0 + pc.rn; ri++) {\n"
+                "    uint rr = ri, off = base;\n"
+                "    for (int j = int(pc.rk + pc.rr) - 1; j >= int(pc.rk); j--) {\n"
+                "      off += (rr %% pc.dim[j]) * pc.str[j]; rr /= pc.dim[j]; }\n"
+                "    v = COMB(v, x[off]);\n"
+                "  }\n"
+                "  if (pc.first == 0u) { T p = o[pc.oo + oi]; v = COMB(p, v); }\n"
+                "  o[pc.oo + oi] = pc.last != 0u ? %s : v;\n}\n",
+                comb, DSPK__VK_WG, init, fin);
+  else
+    r = prepare(d, ctx, &kr, "reduce", dt, t, 2, sizeof pc,
+                "layout(std430, binding = 0) buffer BX { T x[]; };\n"
+                "layout(std430, binding = 1) buffer BO { T o[]; };\n"
+                "layout(push_constant) uniform PC { uint nout, nred, rk, rr, ox, oo, r0, rn,\n"
+                "  gx, first, last, p0; uint dim[8]; uint str[8]; } pc;\n"
+                "#define COMB(A, B) %s\n"
+                "shared T s[%d];\n"
+                "void main() {\n"
+                "  uint lid = gl_LocalInvocationID.x;\n"
+                "  uint oi = gl_WorkGroupID.y * pc.gx + gl_WorkGroupID.x;\n"
+                "  if (oi < pc.nout) {\n"
+                "    uint rem = oi, base = pc.ox;\n"
+                "    for (int j = int(pc.rk) - 1; j >= 0; j--) {\n"
+                "      base += (rem %% pc.dim[j]) * pc.str[j]; rem /= pc.dim[j]; }\n"
+                "    T acc = %s;\n"
+                "    for (uint ri = pc.r0 + lid; ri < pc.r0 + pc.rn; ri += %du) {\n"
+                "      uint rr = ri, off = base;\n"
+                "      for (int j = int(pc.rk + pc.rr) - 1; j >= int(pc.rk); j--) {\n"
+                "        off += (rr %% pc.dim[j]) * pc.str[j]; rr /= pc.dim[j]; }\n"
+                "      acc = COMB(acc, x[off]);\n"
+                "    }\n"
+                "    s[lid] = acc;\n"
+                "    barrier();\n"
+                "    for (uint st = %du; st > 0u; st >>= 1) {\n"
+                "      if (lid < st) s[lid] = COMB(s[lid], s[lid + st]);\n"
+                "      barrier();\n"
+                "    }\n"
+                "    if (lid == 0u) {\n"
+                "      T v = s[0];\n"
+                "      if (pc.first == 0u) { T p = o[pc.oo + oi]; v = COMB(p, v); }\n"
+                "      o[pc.oo + oi] = pc.last != 0u ? %s : v;\n"
+                "    }\n"
+                "  }\n}\n",
+                comb, DSPK__VK_WG, init, DSPK__VK_WG, DSPK__VK_WG / 2, fin);
   if (r)
     return r;
   pc.ox = kr.e[0];
   pc.oo = kr.e[1];
   if (nout == 0)
     return 0;
-  /* One workgroup per output, on a 2-D grid so that any count fits the
-   * dispatch limits; the reduced elements go in slices of at most
-   * RED_SLICE per dispatch, each combined into the output the previous one
+  /* Workgroups (of outputs, or one per output) on a 2-D grid so that any
+   * count fits the dispatch limits; the reduced elements go in slices of at
+   * most RED_SLICE (RED_THREAD_SLICE) per dispatch, each combined into the output the previous one
    * left (the mean divides after the last).  Every invocation thus loops a
    * bounded number of times whatever the size: lavapipe (llvmpipe) stops any
    * shader invocation's loops after 65535 iterations in all, silently. */
   uint64_t mx = dspk__vk_max_groups(d, 0);
-  uint64_t gx = nout < mx ? nout : mx;
-  uint64_t gy = (nout + gx - 1) / gx;
+  uint64_t ng = per_thread ? (nout + DSPK__VK_WG - 1) / DSPK__VK_WG : nout;
+  uint64_t gx = ng < mx ? ng : mx;
+  uint64_t gy = (ng + gx - 1) / gx;
+  uint64_t slice = per_thread ? RED_THREAD_SLICE : RED_SLICE;
   if (gy > dspk__vk_max_groups(d, 1))
     return dspk__vk_fail(ctx, DSPK_ELIMIT, "reduce: %llu outputs exceed the dispatch limits",
                          (unsigned long long)nout);
   pc.gx = (uint32_t)gx;
   uint64_t r0 = 0;
   do {
-    uint64_t rn = nred - r0 < RED_SLICE ? nred - r0 : RED_SLICE;
+    uint64_t rn = nred - r0 < slice ? nred - r0 : slice;
     pc.r0 = (uint32_t)r0;
     pc.rn = (uint32_t)rn;
     pc.first = r0 == 0;

@@ -488,11 +488,16 @@ static void t_long_loops(void **state) {
 static void t_dispatch_split(void **state) {
   (void)state;
   setenv("DSPK_VK_MAX_GROUPS", "7", 1);
-  int64_t s2[2] = {45, 300};
-  struct htensor X = h_make(DSPK_F64, 2, s2, 1);
-  reduce_check(&X, DSPK_REDUCE_SUM, 2u, 1e-12);
-  reduce_check(&X, DSPK_REDUCE_MAX, 2u, 0);
-  h_free(&X);
+  /* A workgroup per output (long rows), an invocation per output (short
+   * ones, in one slice or two). */
+  const int64_t shapes[3][2] = {{40, 5000}, {2000, 3}, {5, 3000}};
+  for (int i = 0; i < 3; i++) {
+    struct htensor X = h_make(DSPK_F64, 2, shapes[i], 1);
+    reduce_check(&X, DSPK_REDUCE_SUM, 2u, 1e-12);
+    reduce_check(&X, DSPK_REDUCE_MAX, 2u, 0);
+    reduce_check(&X, DSPK_REDUCE_MEAN, 2u, 1e-12);
+    h_free(&X);
+  }
   setenv("DSPK_VK_MAX_GROUPS", "2", 1);
   gemm_case(DSPK_F32, 2, (int64_t[]){600, 20}, 2, (int64_t[]){20, 1}, 0, 0, -1, NULL, 1e-5);
   gemm_case(DSPK_F32, 2, (int64_t[]){1, 20}, 2, (int64_t[]){20, 600}, 0, 0, 2,
