@@ -14,6 +14,11 @@
  * Batches (numpy.matmul broadcasting) are the z dimension of the dispatch
  * when every operand's batch is either whole or fully broadcast, and one
  * dispatch per batch otherwise.
+ * Outputs beyond maxComputeWorkGroupCount tiles go in blocks of rows and
+ * columns, one dispatch each, and K in slices of GEMM_KSLICE, each adding to
+ * what the previous left (lavapipe silently ends an invocation's loops after
+ * 65535 iterations in all).  Thin outputs (matrix-vector) take a 256x4 or
+ * 4x256 tile.
  *
  * contract follows the cpu backend: each operand is gathered into a
  * contiguous (batch, M, K) / (batch, K, N) array (summing labels that appear

@@ -8,8 +8,11 @@
  * Generated kernels share one preamble (types and complex helpers, and exp,
  * sin and cos in double precision, which GLSL lacks) and take every element
  * offset as a push constant, so tensors may start anywhere their element
- * size allows.  Loops are grid-stride, so any size fits in the dispatch
- * limits (at most DSPK__VK_MAX_GROUPS workgroups).
+ * size allows.  map's and fir's loops are grid-stride, so any size fits in
+ * the dispatch limits (at most DSPK__VK_MAX_GROUPS workgroups); reduce puts
+ * its outputs on a 2-D grid and its reduced elements in slices over several
+ * dispatches, so that no invocation loops long (lavapipe silently ends an
+ * invocation's loops after 65535 iterations in all).
  */
 #include <stdarg.h>
 #include <stdio.h>
