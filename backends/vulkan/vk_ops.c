@@ -8,10 +8,10 @@
  * Generated kernels share one preamble (types and complex helpers, and exp,
  * sin and cos in double precision, which GLSL lacks) and take every element
  * offset as a push constant, so tensors may start anywhere their element
- * size allows.  map's and fir's loops are grid-stride, so any size fits in
- * the dispatch limits (at most DSPK__VK_MAX_GROUPS workgroups); reduce puts
- * its outputs on a 2-D grid and its reduced elements in slices over several
- * dispatches, so that no invocation loops long (lavapipe silently ends an
+ * size allows.  map's loop is grid-stride, so any size fits in the
+ * dispatch limits (at most DSPK__VK_MAX_GROUPS workgroups); reduce and fir
+ * put their outputs on a 2-D grid and their reduced elements (taps) in
+ * slices over several dispatches, so that no invocation loops long (lavapipe silently ends an
  * invocation's loops after 65535 iterations in all).
  */
 #include <stdarg.h>
@@ -28,6 +28,8 @@
 /* Reductions shorter than this run one invocation per output, folding at
  * most RED_THREAD_SLICE elements per dispatch. */
 #define RED_THREAD_MAX 4096u
+/* Taps one direct fir dispatch applies (a multiple of DSPK__VK_WG). */
+#define FIR_TAP_SLICE 16384u
 #define RED_THREAD_SLICE 2048u
 
 const char *dspk__vk_glsl_type(dspk_dtype dt) {
@@ -386,45 +388,66 @@ int dspk__vk_fir_direct(struct dspk__dev *d, struct dspk__op *op, struct dspk__o
     return r;
   const struct dspk__tensor *t[3] = {X, H, &op->out[0]};
   struct ready kr;
-  /* One output sample per invocation; the taps go through shared memory in
-   * chunks so each workgroup reads them once per chunk. */
-  r = prepare(d, ctx, &kr, "fir", dt, t, 3, 24,
+  /* One output sample per invocation, on a 2-D grid of workgroups (any
+   * count fits the dispatch limits); the taps go through shared memory in
+   * chunks so each workgroup reads them once per chunk, and in slices of
+   * FIR_TAP_SLICE per dispatch, each adding to the output the previous left,
+   * so that no invocation loops long (lavapipe silently ends an invocation's
+   * loops after 65535 iterations in all). */
+  r = prepare(d, ctx, &kr, "fir", dt, t, 3, 40,
               "layout(std430, binding = 0) buffer BX { T x[]; };\n"
               "layout(std430, binding = 1) buffer BH { T h[]; };\n"
               "layout(std430, binding = 2) buffer BY { T y[]; };\n"
-              "layout(push_constant) uniform PC { uint total, n, k, ox, oh, oy; } pc;\n"
+              "layout(push_constant) uniform PC { uint total, n, k, ox, oh, oy, c0, c1, gx,\n"
+              "  first; } pc;\n"
               "shared T hs[%d];\n"
               "void main() {\n"
               "  uint lid = gl_LocalInvocationID.x;\n"
-              "  uint stride = gl_NumWorkGroups.x * %du;\n"
-              "  uint iters = (pc.total + stride - 1u) / stride;\n"
-              "  for (uint it = 0u; it < iters; it++) {\n"
-              "    uint i = gl_GlobalInvocationID.x + it * stride;\n"
-              "    bool live = i < pc.total;\n"
-              "    uint t = live ? i %% pc.n : 0u, row = live ? i - t : 0u;\n"
-              "    T acc = T(0);\n"
-              "    for (uint c = 0u; c < pc.k; c += %du) {\n"
-              "      barrier();\n"
-              "      if (c + lid < pc.k) hs[lid] = h[pc.oh + c + lid];\n"
-              "      barrier();\n"
-              "      uint kend = min(pc.k - c, %du);\n"
-              "      if (live && t >= c) {\n"
-              "        uint jmax = min(kend, t - c + 1u);\n"
-              "        for (uint j = 0u; j < jmax; j++)\n"
-              "          acc += cmul(hs[j], x[pc.ox + row + t - c - j]);\n"
-              "      }\n"
+              "  uint i = (gl_WorkGroupID.y * pc.gx + gl_WorkGroupID.x) * %du + lid;\n"
+              "  bool live = i < pc.total;\n"
+              "  uint t = live ? i %% pc.n : 0u, row = live ? i - t : 0u;\n"
+              "  T acc = T(0);\n"
+              "  for (uint c = pc.c0; c < pc.c1; c += %du) {\n"
+              "    barrier();\n"
+              "    if (c + lid < pc.k) hs[lid] = h[pc.oh + c + lid];\n"
+              "    barrier();\n"
+              "    uint kend = min(pc.k - c, %du);\n"
+              "    if (live && t >= c) {\n"
+              "      uint jmax = min(kend, t - c + 1u);\n"
+              "      for (uint j = 0u; j < jmax; j++)\n"
+              "        acc += cmul(hs[j], x[pc.ox + row + t - c - j]);\n"
               "    }\n"
-              "    if (live) y[pc.oy + i] = acc;\n"
-              "  }\n}\n",
+              "  }\n"
+              "  if (live) y[pc.oy + i] = pc.first != 0u ? acc : y[pc.oy + i] + acc;\n"
+              "}\n",
               DSPK__VK_WG, DSPK__VK_WG, DSPK__VK_WG, DSPK__VK_WG);
   if (r)
     return r;
-  uint32_t pc[6] = {(uint32_t)total, (uint32_t)X->shape[X->rank - 1],
-                    (uint32_t)H->shape[0], kr.e[0], kr.e[1], kr.e[2]};
+  /* (Taps past the row's length never reach an output.) */
+  int64_t n = X->shape[X->rank - 1];
+  uint32_t k = (uint32_t)(H->shape[0] < n ? H->shape[0] : n);
+  uint32_t pc[10] = {(uint32_t)total, (uint32_t)n, k, kr.e[0], kr.e[1],
+                     kr.e[2], 0, 0, 0, 0};
   if (total == 0)
     return 0;
-  return dspk__vk_dispatch(d, kr.kern, kr.b, kr.nb, pc, sizeof pc,
-                           groups_for((uint64_t)total, DSPK__VK_WG), 1, 1);
+  uint64_t g = ((uint64_t)total + DSPK__VK_WG - 1) / DSPK__VK_WG, mx = dspk__vk_max_groups(d, 0);
+  uint64_t gx = g < mx ? g : mx, gy = (g + gx - 1) / gx;
+  if (gy > dspk__vk_max_groups(d, 1))
+    return dspk__vk_fail(ctx, DSPK_ELIMIT, "fir: %lld outputs exceed the dispatch limits",
+                         (long long)total);
+  pc[8] = (uint32_t)gx;
+  uint32_t c0 = 0;
+  do {
+    uint32_t c1 = k - c0 < FIR_TAP_SLICE ? k : c0 + FIR_TAP_SLICE;
+    pc[6] = c0;
+    pc[7] = c1;
+    pc[9] = c0 == 0;
+    if ((r = dspk__vk_dispatch(d, kr.kern, kr.b, kr.nb, pc, sizeof pc, (uint32_t)gx,
+                               (uint32_t)gy, 1)))
+      return r;
+    c0 = c1;
+  } while (c0 < k);
+  return 0;
 }
 
 /* ---- raw kernels ------------------------------------------------------------ */

@@ -480,6 +480,34 @@ static void t_long_loops(void **state) {
   contract_case("ij,k->ji", DSPK_F64, 2, (int64_t[]){3, 4}, 1, (int64_t[]){100000});
 }
 
+/* The direct fir kernel (forced; lavapipe takes it for short filters, or
+ * when overlap-save cannot run) with 65000 taps: before its taps went in
+ * slices, outputs from y[64768] on were 0 on lavapipe.  y[t] = t + 1
+ * exactly.  (About 10 s on lavapipe: the sums are 2e9 multiply-adds.) */
+static void t_fir_long_direct(void **state) {
+  (void)state;
+  char msg[512];
+  int64_t nx[1] = {65000};
+  struct htensor F = h_make(DSPK_F32, 1, nx, 0), H = h_make(DSPK_F32, 1, nx, 0), Y;
+  for (int64_t i = 0; i < F.n; i++)
+    F.v[i] = H.v[i] = 1;
+  struct dspk__op op = {.kind = DSPK_OP_FIR, .nin = 2};
+  assert_int_equal(h_upload(D, &F, 0, &op.in[0]), 0);
+  assert_int_equal(h_upload(D, &H, 0, &op.in[1]), 0);
+  dspk__vk_fir_force(0);
+  int r = h_run(D, &op, &Y, msg, sizeof msg);
+  dspk__vk_fir_force(-1);
+  if (r)
+    fail_msg("fir: %d %s", r, msg);
+  for (int64_t i = 0; i < Y.n; i++)
+    if (creal(Y.v[i]) != (double)(i + 1))
+      fail_msg("direct fir of %lld taps: y[%lld] = %g", (long long)H.n, (long long)i,
+               creal(Y.v[i]));
+  h_free(&F);
+  h_free(&H);
+  h_free(&Y);
+}
+
 /* Work beyond maxComputeWorkGroupCount on some axis, which a test build
  * lowers with DSPK_VK_MAX_GROUPS so that small sizes reach it: reduce
  * (outputs on a 2-D grid), gemm (blocks of rows, of columns, of batches)
@@ -505,6 +533,32 @@ static void t_dispatch_split(void **state) {
   gemm_case(DSPK_F64, 3, (int64_t[]){5, 140, 9}, 3, (int64_t[]){5, 150, 9}, 0, 1, -1, NULL,
             1e-12);
   contract_case("ij,k->ji", DSPK_F64, 2, (int64_t[]){30, 30}, 1, (int64_t[]){3});
+  /* The direct fir kernel's outputs on a 2-D grid (2000 outputs: 8
+   * workgroups on 3 x 3). */
+  setenv("DSPK_VK_MAX_GROUPS", "3", 1);
+  char msg[512];
+  int64_t sx[2] = {4, 500}, sh[1] = {20};
+  struct htensor F = h_make(DSPK_F64, 2, sx, 1), H = h_make(DSPK_F64, 1, sh, 1), Y;
+  struct dspk__op op = {.kind = DSPK_OP_FIR, .nin = 2};
+  assert_int_equal(h_upload(D, &F, 0, &op.in[0]), 0);
+  assert_int_equal(h_upload(D, &H, 0, &op.in[1]), 0);
+  dspk__vk_fir_force(0);
+  int r = h_run(D, &op, &Y, msg, sizeof msg);
+  dspk__vk_fir_force(-1);
+  if (r)
+    fail_msg("fir: %d %s", r, msg);
+  double complex *want = calloc((size_t)F.n, sizeof *want);
+  for (int64_t row = 0; row < 4; row++)
+    for (int64_t t = 0; t < 500; t++)
+      for (int64_t j = 0; j < 20 && j <= t; j++)
+        want[row * 500 + t] += H.v[j] * F.v[row * 500 + t - j];
+  double e = h_relerr(&Y, want, F.n);
+  if (!(e <= 1e-12))
+    fail_msg("fir split over dispatches: rel err %g", e);
+  free(want);
+  h_free(&F);
+  h_free(&H);
+  h_free(&Y);
   unsetenv("DSPK_VK_MAX_GROUPS");
 }
 
@@ -1468,6 +1522,7 @@ int main(void) {
       cmocka_unit_test(t_fir),       cmocka_unit_test(t_fir_fft),
       cmocka_unit_test(t_fir_tune),  cmocka_unit_test(t_gemm),
       cmocka_unit_test(t_contract),  cmocka_unit_test(t_long_loops),
+      cmocka_unit_test(t_fir_long_direct),
       cmocka_unit_test(t_dispatch_split), cmocka_unit_test(t_gemm_cancel),
       cmocka_unit_test(t_fft),
       cmocka_unit_test(t_fft_oop),   cmocka_unit_test(t_fft_buffers),
