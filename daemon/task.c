@@ -501,6 +501,7 @@ static void exec_task(struct device *dev, struct job *j) {
   struct wreq *wr;
 
   if (atomic_load(&j->cancel)) {
+    snprintf(msg, sizeof msg, "the task was canceled");
     err = DSPK_ECANCELED;
     goto out;
   }
@@ -583,12 +584,15 @@ static void exec_task(struct device *dev, struct job *j) {
   if (op->kind == DSPK_OP_KERNEL || op->nout == 0 || empty_res < 0)
     err = be->run(dev->bdev, op, &ctx);
   j->t.compute_end = dspkd_now_ns();
-  if (err < 0)
-    goto out;
-  if (atomic_load(&j->cancel)) {
+  if (err == DSPK_ECANCELED || (err == 0 && atomic_load(&j->cancel))) {
+    /* Not a backend's message from before (an autotune candidate's failure
+     * may have left one): the task was canceled. */
+    snprintf(msg, sizeof msg, "the task was canceled");
     err = DSPK_ECANCELED;
     goto out;
   }
+  if (err < 0)
+    goto out;
   for (int i = 0; i < op->nout; i++) {
     struct dspk__tensor *t = &op->out[i];
     size_t n = dspk__tensor_nbytes(t);

@@ -26,6 +26,7 @@
 #include <vulkan/vulkan.h>
 
 #include <stddef.h>
+#include <stdlib.h>
 #include <stdint.h>
 
 #include "backends/backend.h"
@@ -33,6 +34,7 @@
 #include "backends/common/pool.h"
 #include "backends/common/retire.h"
 #include "cache/cache.h"
+#include "proto/testhook.h"
 
 /* XX(name): instance- and device-level functions the backend calls. */
 #define DSPK__VK_FUNCS(XX)                                                     \
@@ -348,6 +350,18 @@ struct dspk__vk_bind {
  * is not a multiple of its element size. */
 int dspk__vk_bind_tensor(struct dspk__dev *d, const struct dspk__tensor *t,
                          struct dspk__vk_bind *b, uint32_t *elem);
+/* maxComputeWorkGroupCount[axis]: the most workgroups one dispatch may
+ * have on that axis.  Ops whose work would need more split it over several
+ * dispatches (or a 2-D grid).  A test build lowers it to the value of
+ * DSPK_VK_MAX_GROUPS, so that tests reach those splits at small sizes. */
+static inline uint32_t dspk__vk_max_groups(const struct dspk__dev *d, int axis) {
+  uint32_t m = d->props.limits.maxComputeWorkGroupCount[axis];
+  const char *h = DSPK_TEST_HOOK("DSPK_VK_MAX_GROUPS");
+  if (h && strtoul(h, NULL, 10) > 0 && strtoul(h, NULL, 10) < m)
+    m = (uint32_t)strtoul(h, NULL, 10);
+  return m;
+}
+
 /* Records a dispatch of k with the given bindings and push constants into
  * the open command buffer (opening one), followed by a barrier. */
 int dspk__vk_dispatch(struct dspk__dev *d, struct dspk__vk_kernel *k,

@@ -14,6 +14,11 @@
  * Batches (numpy.matmul broadcasting) are the z dimension of the dispatch
  * when every operand's batch is either whole or fully broadcast, and one
  * dispatch per batch otherwise.
+ * Outputs beyond maxComputeWorkGroupCount tiles go in blocks of rows and
+ * columns, one dispatch each, and K in slices of GEMM_KSLICE, each adding to
+ * what the previous left (lavapipe silently ends an invocation's loops after
+ * 65535 iterations in all).  Thin outputs (matrix-vector) take a 256x4 or
+ * 4x256 tile.
  *
  * contract follows the cpu backend: each operand is gathered into a
  * contiguous (batch, M, K) / (batch, K, N) array (summing labels that appear
@@ -63,6 +68,12 @@ static const struct tile tiles[] = {
     {"v2w-128x128x16-t512", 128, 128, 16, 8, 4, 2},
 };
 #define NTILES ((int)(sizeof tiles / sizeof tiles[0]))
+/* Thin outputs (at most 4 columns, or at most 4 rows: matrix-vector
+ * products), which the square tiles would cover with mostly idle threads:
+ * the first kernel with a tile 256 long on the long side, outside the
+ * autotuner's candidates. */
+static const struct tile tile_thin_n = {"thin-256x4x8", 256, 4, 8, 4, 1, 0};
+static const struct tile tile_thin_m = {"thin-4x256x8", 4, 256, 8, 1, 4, 0};
 
 /* The candidate forced by dspk__vk_gemm_force() (-1: none; a test hook, so
  * a production build has no such global), and the name of the candidate
@@ -127,10 +138,10 @@ static int gen_gemm(char *src, size_t n, const struct tile *t, dspk_dtype in_dt,
       "layout(std430, binding = 0) readonly buffer BA { TA a[]; };\n"
       "layout(std430, binding = 1) readonly buffer BB { TA b[]; };\n"
       "layout(std430, binding = 2) readonly buffer BC { T c[]; };\n"
-      "layout(std430, binding = 3) writeonly buffer BO { T o[]; };\n"
+      "layout(std430, binding = 3) buffer BO { T o[]; };\n"
       "layout(push_constant) uniform PC {\n"
       "  uint M, N, K, oa, ob, oc, oo, sam, sak, sbk, sbn, scm, scn, bsa, bsb, bsc,\n"
-      "    bso, pad; R alpha, beta; } pc;\n"
+      "    bso, acc, son, pad; R alpha, beta; } pc;\n"
       "#define LOADA(I) T(%s)\n#define LOADB(I) T(%s)\n"
       "#if %d\n#define MAD(acc, P, Q) acc += T(P.x*Q.x - P.y*Q.y, P.x*Q.y + P.y*Q.x)\n"
       "#else\n#define MAD(acc, x, y) acc = fma(x, y, acc)\n#endif\n"
@@ -172,8 +183,10 @@ static int gen_gemm(char *src, size_t n, const struct tile *t, dspk_dtype in_dt,
       "      uint gn = n0 + tx + uint(j) * WGX;\n"
       "      if (gn >= pc.N) continue;\n"
       "      T v = pc.alpha * acc[i][j];\n"
-      "#if %d\n      v += pc.beta * c[pc.oc + bz * pc.bsc + gm * pc.scm + gn * pc.scn];\n#endif\n"
-      "      o[pc.oo + bz * pc.bso + gm * pc.N + gn] = v;\n"
+      "#if %d\n      if (pc.acc == 0u) v += pc.beta * c[pc.oc + bz * pc.bsc + gm * pc.scm + gn * pc.scn];\n#endif\n"
+      "      uint oi = pc.oo + bz * pc.bso + gm * pc.son + gn;\n"
+      "      if (pc.acc != 0u) v += o[oi];\n"
+      "      o[oi] = v;\n"
       "    }\n"
       "  }\n}\n",
       t->bm, t->bn, t->bk, t->tm, t->tn, wgx, wgy, T, TA, dbl ? "double" : "float", la, lb,
@@ -230,13 +243,13 @@ static int gen_gemm2(char *src, size_t n, const struct tile *t, const struct v2m
       "#endif\n"
       "layout(std430, binding = 2) readonly buffer BC { float c[]; };\n"
       "#if VO\n"
-      "layout(std430, binding = 3) writeonly buffer BO { vec4 o4[]; };\n"
+      "layout(std430, binding = 3) buffer BO { vec4 o4[]; };\n"
       "#else\n"
-      "layout(std430, binding = 3) writeonly buffer BO { float o[]; };\n"
+      "layout(std430, binding = 3) buffer BO { float o[]; };\n"
       "#endif\n"
       "layout(push_constant) uniform PC {\n"
       "  uint M, N, K, oa, ob, oc, oo, sam, sak, sbk, sbn, scm, scn, bsa, bsb, bsc,\n"
-      "    bso, pad; float alpha, beta; } pc;\n"
+      "    bso, acc, son, pad; float alpha, beta; } pc;\n"
       "shared vec4 As[2][BK][BM / 4 + 1];\n"
       "shared vec4 Bs[2][BK][BN / 4 + 1];\n"
       "vec4 ra[LA], rb[LB];\n"
@@ -363,15 +376,23 @@ static int gen_gemm2(char *src, size_t n, const struct tile *t, const struct v2m
       "        uint gn = n0 + uint(h) * (BN / (TN / 4)) + tx * 4u;\n"
       "        vec4 v = pc.alpha * acc[g * 4 + r][h];\n"
       "#if HASC\n"
+      "        if (pc.acc == 0u)\n"
       "        [[unroll]] for (int j = 0; j < 4; j++)\n"
       "          if (GUARD == 0 || gn + uint(j) < pc.N)\n"
       "            v[j] += pc.beta * c[pc.oc + bz * pc.bsc + gm * pc.scm + (gn + uint(j)) * pc.scn];\n"
       "#endif\n"
       "#if VO\n"
-      "        if (GUARD == 0 || gn < pc.N) o4[(obase + gm * pc.N + gn) >> 2] = v;\n"
+      "        if (GUARD == 0 || gn < pc.N) {\n"
+      "          uint oi = (obase + gm * pc.son + gn) >> 2;\n"
+      "          if (pc.acc != 0u) v += o4[oi];\n"
+      "          o4[oi] = v;\n"
+      "        }\n"
       "#else\n"
       "        [[unroll]] for (int j = 0; j < 4; j++)\n"
-      "          if (GUARD == 0 || gn + uint(j) < pc.N) o[obase + gm * pc.N + gn + uint(j)] = v[j];\n"
+      "          if (GUARD == 0 || gn + uint(j) < pc.N) {\n"
+      "            uint oi = obase + gm * pc.son + gn + uint(j);\n"
+      "            o[oi] = pc.acc != 0u ? v[j] + o[oi] : v[j];\n"
+      "          }\n"
       "#endif\n"
       "      }\n"
       "    }\n"
@@ -415,6 +436,49 @@ static uint32_t tile_shared(const struct tile *t, dspk_dtype out_dt) {
   return (uint32_t)(t->bk * (t->bm + 1 + t->bn + 1) * dspk__dtype_size(out_dt));
 }
 
+/* The summed length one gemm dispatch covers: longer K goes in slices, each
+ * adding to the output the previous one left.  Every invocation thus loops
+ * a bounded number of times whatever K is (lavapipe stops a shader
+ * invocation's loops after 65535 iterations in all, silently); a multiple
+ * of every tile's BK, so slices keep the v2 kernel's alignment. */
+#define GEMM_KSLICE 4096u
+
+/* Dispatches the recorded kernel k over g's output (the batches from the
+ * offsets base (A, B, C, O), nb of them on the z axis): in blocks of rows
+ * and columns that fit maxComputeWorkGroupCount, and K in GEMM_KSLICE
+ * slices.  u is the push-constant words inside pc. */
+static int dispatch_tiles(struct dspk__dev *d, struct dspk__vk_kernel *k, const struct gdesc *g,
+                          const struct tile *t, const void *pc, uint32_t *u, uint32_t pcsize,
+                          const uint32_t base[4], uint32_t nb) {
+  uint32_t mx[2] = {dspk__vk_max_groups(d, 0), dspk__vk_max_groups(d, 1)};
+  uint64_t mstep = (uint64_t)mx[1] * (uint32_t)t->bm, nstep = (uint64_t)mx[0] * (uint32_t)t->bn;
+  for (uint64_t m0 = 0; m0 < g->M; m0 += mstep)
+    for (uint64_t n0 = 0; n0 < g->N; n0 += nstep) {
+      uint64_t k0 = 0;
+      do {
+        uint64_t mc = g->M - m0 < mstep ? g->M - m0 : mstep;
+        uint64_t nc = g->N - n0 < nstep ? g->N - n0 : nstep;
+        uint64_t kc = g->K - k0 < GEMM_KSLICE ? g->K - k0 : GEMM_KSLICE;
+        u[0] = (uint32_t)mc;
+        u[1] = (uint32_t)nc;
+        u[2] = (uint32_t)kc;
+        u[3] = (uint32_t)(base[0] + m0 * g->sam + k0 * g->sak);
+        u[4] = (uint32_t)(base[1] + k0 * g->sbk + n0 * g->sbn);
+        u[5] = (uint32_t)(base[2] + m0 * g->scm + n0 * g->scn);
+        u[6] = (uint32_t)(base[3] + m0 * g->N + n0);
+        u[17] = k0 != 0; /* acc: add to the previous slices' sum */
+        u[18] = g->N;    /* son: the output's row stride */
+        int r = dspk__vk_dispatch(d, k, g->bind, 4, pc, pcsize,
+                                  (uint32_t)((nc + (uint32_t)t->bn - 1) / (uint32_t)t->bn),
+                                  (uint32_t)((mc + (uint32_t)t->bm - 1) / (uint32_t)t->bm), nb);
+        if (r)
+          return r;
+        k0 += kc;
+      } while (k0 < g->K);
+    }
+  return 0;
+}
+
 /* Records the gemm g with tile t.  DSPK_ENOTSUP when t cannot run g (a v2
  * tile for other dtypes than f32, or a tile above the device's shared
  * memory or workgroup limits). */
@@ -443,16 +507,17 @@ static int launch(struct dspk__dev *d, const struct gdesc *g, const struct tile 
   struct dspk__vk_kernel *k;
   int dbl = g->out_dt == DSPK_F64 || g->out_dt == DSPK_C128;
   struct {
-    uint32_t u[18];
+    uint32_t u[20];
     union { float f; double d; } alpha, beta;
   } pc;
-  uint32_t pcsize = dbl ? 18 * 4 + 16 : 18 * 4 + 8;
+  uint32_t pcsize = dbl ? 20 * 4 + 16 : 20 * 4 + 8;
   int r = dspk__vk_kernel(d, "gemm", src, NULL, 0, "main", 4, pcsize, &k, ctx);
   if (r)
     return r;
   memset(&pc, 0, sizeof pc);
-  uint32_t u[18] = {g->M,   g->N,   g->K,   g->oa,  g->ob,  g->oc,  g->oo,  g->sam, g->sak,
-                    g->sbk, g->sbn, g->scm, g->scn, g->bsa, g->bsb, g->bsc, g->bso, 0};
+  uint32_t u[20] = {g->M,   g->N,   g->K,   g->oa,  g->ob,  g->oc,  g->oo,
+                    g->sam, g->sak, g->sbk, g->sbn, g->scm, g->scn, g->bsa,
+                    g->bsb, g->bsc, g->bso, 0,      g->N,   0};
   memcpy(pc.u, u, sizeof u);
   if (dbl) {
     pc.alpha.d = g->alpha;
@@ -462,32 +527,24 @@ static int launch(struct dspk__dev *d, const struct gdesc *g, const struct tile 
     float f[2] = {(float)g->alpha, (float)g->beta};
     memcpy(&pc.alpha, f, sizeof f);
   }
-  uint32_t gx = (g->N + t->bn - 1) / t->bn, gy = (g->M + t->bm - 1) / t->bm;
-  if (gx == 0 || gy == 0)
+  if (g->M == 0 || g->N == 0)
     return 0;
-  const uint32_t *mx = d->props.limits.maxComputeWorkGroupCount;
-  if (gx > mx[0] || gy > mx[1])
-    return dspk__vk_fail(ctx, DSPK_ELIMIT, "gemm: %ux%u output too large for one dispatch",
-                         g->M, g->N);
+  uint32_t mz = dspk__vk_max_groups(d, 2);
   if (!g->boff) {
-    for (uint32_t b0 = 0; b0 < g->nbatch; b0 += mx[2]) {
-      uint32_t nb = g->nbatch - b0 < mx[2] ? g->nbatch - b0 : mx[2];
-      pc.u[3] = g->oa + b0 * g->bsa;
-      pc.u[4] = g->ob + b0 * g->bsb;
-      pc.u[5] = g->oc + b0 * g->bsc;
-      pc.u[6] = g->oo + b0 * g->bso;
-      if ((r = dspk__vk_dispatch(d, k, g->bind, 4, &pc, pcsize, gx, gy, nb)))
+    for (uint32_t b0 = 0; b0 < g->nbatch; b0 += mz) {
+      uint32_t nb = g->nbatch - b0 < mz ? g->nbatch - b0 : mz;
+      uint32_t base[4] = {g->oa + b0 * g->bsa, g->ob + b0 * g->bsb, g->oc + b0 * g->bsc,
+                          g->oo + b0 * g->bso};
+      if ((r = dispatch_tiles(d, k, g, t, &pc, pc.u, pcsize, base, nb)))
         return r;
     }
     last_name = t->name;
     return 0;
   }
   for (uint32_t b = 0; b < g->nbatch; b++) {
-    pc.u[3] = g->oa + g->boff[4 * b];
-    pc.u[4] = g->ob + g->boff[4 * b + 1];
-    pc.u[5] = g->oc + g->boff[4 * b + 2];
-    pc.u[6] = g->oo + g->boff[4 * b + 3];
-    if ((r = dspk__vk_dispatch(d, k, g->bind, 4, &pc, pcsize, gx, gy, 1)))
+    uint32_t base[4] = {g->oa + g->boff[4 * b], g->ob + g->boff[4 * b + 1],
+                        g->oc + g->boff[4 * b + 2], g->oo + g->boff[4 * b + 3]};
+    if ((r = dispatch_tiles(d, k, g, t, &pc, pc.u, pcsize, base, 1)))
       return r;
   }
   last_name = t->name;
@@ -516,6 +573,10 @@ static int gemm_exec(struct dspk__dev *d, const struct gdesc *g, struct dspk__op
   int f = forced;
   if (f >= 0 && f < NTILES)
     return launch(d, g, &tiles[f], ctx);
+  if (g->N <= 4 && g->M > 64)
+    return launch(d, g, &tile_thin_n, ctx);
+  if (g->M <= 4 && g->N > 64)
+    return launch(d, g, &tile_thin_m, ctx);
   uint64_t work = (uint64_t)g->M * g->N * g->K * g->nbatch;
   if (work < ((uint64_t)1 << 24) || DSPK_TEST_HOOK("DSPK_VK_GEMM_NOTUNE"))
     return launch(d, g, &tiles[0], ctx);
@@ -561,6 +622,8 @@ static int gemm_exec(struct dspk__dev *d, const struct gdesc *g, struct dspk__op
   struct dspk__autotune_opts opts = {.samples = work >= ((uint64_t)1 << 36) ? 3 : 0};
   for (;;) {
     int w, r = dspk__autotune_choose(d->env.cache, &req, &opts, &w, NULL);
+    if (r == DSPK_ECANCELED)
+      return r;
     if (r < 0)
       return launch(d, g, &tiles[0], ctx);
     r = launch(d, g, &tiles[map[w]], ctx);
@@ -633,7 +696,11 @@ int dspk__vk_gemm(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *
    * kernel's empty sum (K = 0) gives beta*C, so an inf or NaN in A or B
    * does not reach the result. */
   int no_ab = op->u.gemm.alpha == 0;
-  if ((A->dtype == DSPK_F16 || A->dtype == DSPK_BF16) && !no_ab &&
+  /* (Outputs whose tiles might not fit one dispatch take the scalar kernel,
+   * which splits them: a cooperative-matrix tile is at least 8 wide.) */
+  int fits = (uint64_t)O->shape[O->rank - 2] <= (uint64_t)dspk__vk_max_groups(d, 1) * 8 &&
+             (uint64_t)O->shape[O->rank - 1] <= (uint64_t)dspk__vk_max_groups(d, 0) * 8;
+  if ((A->dtype == DSPK_F16 || A->dtype == DSPK_BF16) && !no_ab && fits &&
       dspk__vk_coopmat_usable(d, op))
     return dspk__vk_coopmat_gemm(d, op, ctx);
   struct gdesc g;
@@ -739,6 +806,9 @@ int dspk__vk_gemm(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *
 
 /* ---- gather (permute, summing operand-only labels) ------------------------ */
 
+/* Summed elements one gather dispatch adds per output. */
+#define GATHER_SLICE 2048u
+
 /* dst[i] for i over the kept dims (in the given order, contiguous) =
  * sum over the summed dims of src at the strided offset.  Uses the reduce
  * machinery's layout: dims/strides of kept dims, then summed ones. */
@@ -747,7 +817,7 @@ static int gather(struct dspk__dev *d, dspk_dtype dt, const struct dspk__vk_bind
                   const int64_t *kdim, const int64_t *kstr, int ns, const int64_t *sdim,
                   const int64_t *sstr, struct dspk__opctx *ctx) {
   struct {
-    uint32_t nout, nred, rk, rr, ox, oo, pad[2];
+    uint32_t nout, nred, rk, rr, ox, oo, r0, rn, gx, first, pad[2];
     uint32_t dim[DSPK_MAX_RANK], str[DSPK_MAX_RANK];
   } pc;
   memset(&pc, 0, sizeof pc);
@@ -777,17 +847,18 @@ static int gather(struct dspk__dev *d, dspk_dtype dt, const struct dspk__vk_bind
            "layout(local_size_x = %d) in;\n"
            "#define T %s\n"
            "layout(std430, binding = 0) readonly buffer BX { T x[]; };\n"
-           "layout(std430, binding = 1) writeonly buffer BO { T o[]; };\n"
-           "layout(push_constant) uniform PC { uint nout, nred, rk, rr, ox, oo, p0, p1;\n"
-           "  uint dim[8]; uint str[8]; } pc;\n"
+           "layout(std430, binding = 1) buffer BO { T o[]; };\n"
+           "layout(push_constant) uniform PC { uint nout, nred, rk, rr, ox, oo, r0, rn,\n"
+           "  gx, first, p0, p1; uint dim[8]; uint str[8]; } pc;\n"
            "void main() {\n"
-           "  uint stride = gl_NumWorkGroups.x * %du;\n"
-           "  for (uint oi = gl_GlobalInvocationID.x; oi < pc.nout; oi += stride) {\n"
+           "  uint oi = (gl_WorkGroupID.y * pc.gx + gl_WorkGroupID.x) * %du +\n"
+           "            gl_LocalInvocationID.x;\n"
+           "  if (oi < pc.nout) {\n"
            "    uint rem = oi, base = pc.ox;\n"
            "    for (int j = int(pc.rk) - 1; j >= 0; j--) {\n"
            "      base += (rem %% pc.dim[j]) * pc.str[j]; rem /= pc.dim[j]; }\n"
-           "    T acc = T(0);\n"
-           "    for (uint ri = 0u; ri < pc.nred; ri++) {\n"
+           "    T acc = pc.first != 0u ? T(0) : o[pc.oo + oi];\n"
+           "    for (uint ri = pc.r0; ri < pc.r0 + pc.rn; ri++) {\n"
            "      uint rr = ri, off = base;\n"
            "      for (int j = int(pc.rk + pc.rr) - 1; j >= int(pc.rk); j--) {\n"
            "        off += (rr %% pc.dim[j]) * pc.str[j]; rr /= pc.dim[j]; }\n"
@@ -801,8 +872,29 @@ static int gather(struct dspk__dev *d, dspk_dtype dt, const struct dspk__vk_bind
   if (r)
     return r;
   struct dspk__vk_bind b[2] = {*src, *dst};
+  /* One invocation per output on a 2-D grid (any count fits the dispatch
+   * limits), the summed elements in slices of GATHER_SLICE per dispatch,
+   * each adding to what the previous one left: every invocation loops a
+   * bounded number of times (lavapipe stops a shader invocation's loops
+   * after 65535 iterations in all, silently). */
   uint64_t g = (nout + DSPK__VK_WG - 1) / DSPK__VK_WG;
-  return dspk__vk_dispatch(d, k, b, 2, &pc, sizeof pc, g > 65535 ? 65535 : (uint32_t)g, 1, 1);
+  uint64_t mx = dspk__vk_max_groups(d, 0);
+  uint64_t gx = g < mx ? g : mx, gy = (g + gx - 1) / gx;
+  if (gy > dspk__vk_max_groups(d, 1))
+    return dspk__vk_fail(ctx, DSPK_ELIMIT, "contract: %llu elements exceed the dispatch limits",
+                         (unsigned long long)nout);
+  pc.gx = (uint32_t)gx;
+  uint64_t r0 = 0;
+  do {
+    uint64_t rn = nred - r0 < GATHER_SLICE ? nred - r0 : GATHER_SLICE;
+    pc.r0 = (uint32_t)r0;
+    pc.rn = (uint32_t)rn;
+    pc.first = r0 == 0;
+    if ((r = dspk__vk_dispatch(d, k, b, 2, &pc, sizeof pc, (uint32_t)gx, (uint32_t)gy, 1)))
+      return r;
+    r0 += rn;
+  } while (r0 < nred);
+  return 0;
 }
 
 /* ---- contract --------------------------------------------------------------- */

@@ -8,8 +8,11 @@
  * Generated kernels share one preamble (types and complex helpers, and exp,
  * sin and cos in double precision, which GLSL lacks) and take every element
  * offset as a push constant, so tensors may start anywhere their element
- * size allows.  Loops are grid-stride, so any size fits in the dispatch
- * limits (at most DSPK__VK_MAX_GROUPS workgroups).
+ * size allows.  map's loop is grid-stride, so any size fits in the
+ * dispatch limits (at most DSPK__VK_MAX_GROUPS workgroups); reduce and fir
+ * put their outputs on a 2-D grid and their reduced elements (taps) in
+ * slices over several dispatches, so that no invocation loops long (lavapipe silently ends an
+ * invocation's loops after 65535 iterations in all).
  */
 #include <stdarg.h>
 #include <stdio.h>
@@ -19,6 +22,15 @@
 #include "backends/vulkan/vk.h"
 
 #define DSPK__VK_MAX_GROUPS 65535u
+/* Elements one reduce dispatch folds per output: 2048 loop iterations per
+ * invocation (see dspk__vk_reduce). */
+#define RED_SLICE (2048u * DSPK__VK_WG)
+/* Reductions shorter than this run one invocation per output, folding at
+ * most RED_THREAD_SLICE elements per dispatch. */
+#define RED_THREAD_MAX 4096u
+/* Taps one direct fir dispatch applies (a multiple of DSPK__VK_WG). */
+#define FIR_TAP_SLICE 16384u
+#define RED_THREAD_SLICE 2048u
 
 const char *dspk__vk_glsl_type(dspk_dtype dt) {
   switch (dt) {
@@ -226,7 +238,7 @@ int dspk__vk_reduce(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx
   if (axes == 0)
     axes = X->rank ? (uint32_t)((1ull << X->rank) - 1) : 0;
   struct {
-    uint32_t nout, nred, rk, rr, ox, oo, pad[2];
+    uint32_t nout, nred, rk, rr, ox, oo, r0, rn, gx, first, last, pad;
     uint32_t dim[DSPK_MAX_RANK], str[DSPK_MAX_RANK];
   } pc;
   memset(&pc, 0, sizeof pc);
@@ -265,43 +277,103 @@ int dspk__vk_reduce(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx
   }
   const struct dspk__tensor *t[2] = {X, &op->out[0]};
   struct ready kr;
-  r = prepare(d, ctx, &kr, "reduce", dt, t, 2, sizeof pc,
-              "layout(std430, binding = 0) buffer BX { T x[]; };\n"
-              "layout(std430, binding = 1) buffer BO { T o[]; };\n"
-              "layout(push_constant) uniform PC { uint nout, nred, rk, rr, ox, oo, p0, p1;\n"
-              "  uint dim[8]; uint str[8]; } pc;\n"
-              "#define COMB(A, B) %s\n"
-              "shared T s[%d];\n"
-              "void main() {\n"
-              "  uint lid = gl_LocalInvocationID.x;\n"
-              "  for (uint oi = gl_WorkGroupID.x; oi < pc.nout; oi += gl_NumWorkGroups.x) {\n"
-              "    uint rem = oi, base = pc.ox;\n"
-              "    for (int j = int(pc.rk) - 1; j >= 0; j--) {\n"
-              "      base += (rem %% pc.dim[j]) * pc.str[j]; rem /= pc.dim[j]; }\n"
-              "    T acc = %s;\n"
-              "    for (uint ri = lid; ri < pc.nred; ri += %du) {\n"
-              "      uint rr = ri, off = base;\n"
-              "      for (int j = int(pc.rk + pc.rr) - 1; j >= int(pc.rk); j--) {\n"
-              "        off += (rr %% pc.dim[j]) * pc.str[j]; rr /= pc.dim[j]; }\n"
-              "      acc = COMB(acc, x[off]);\n"
-              "    }\n"
-              "    s[lid] = acc;\n"
-              "    barrier();\n"
-              "    for (uint st = %du; st > 0u; st >>= 1) {\n"
-              "      if (lid < st) s[lid] = COMB(s[lid], s[lid + st]);\n"
-              "      barrier();\n"
-              "    }\n"
-              "    if (lid == 0u) { T v = s[0]; o[pc.oo + oi] = %s; }\n"
-              "    barrier();\n"
-              "  }\n}\n",
-              comb, DSPK__VK_WG, init, DSPK__VK_WG, DSPK__VK_WG / 2, fin);
+  /* Short reductions (fewer than RED_THREAD_MAX elements per output): one
+   * invocation per output, which folds them alone; longer ones: one
+   * workgroup per output (below). */
+  int per_thread = nred < RED_THREAD_MAX;
+  if (per_thread)
+    r = prepare(d, ctx, &kr, "reduce_t", dt, t, 2, sizeof pc,
+                "layout(std430, binding = 0) buffer BX { T x[]; };\n"
+                "layout(std430, binding = 1) buffer BO { T o[]; };\n"
+                "layout(push_constant) uniform PC { uint nout, nred, rk, rr, ox, oo, r0, rn,\n"
+                "  gx, first, last, p0; uint dim[8]; uint str[8]; } pc;\n"
+                "#define COMB(A, B) %s\n"
+                "void main() {\n"
+                "  uint oi = (gl_WorkGroupID.y * pc.gx + gl_WorkGroupID.x) * %du +\n"
+                "            gl_LocalInvocationID.x;\n"
+                "  if (oi >= pc.nout) return;\n"
+                "  uint rem = oi, base = pc.ox;\n"
+                "  for (int j = int(pc.rk) - 1; j >= 0; j--) {\n"
+                "    base += (rem %% pc.dim[j]) * pc.str[j]; rem /= pc.dim[j]; }\n"
+                "  T v = %s;\n"
+                "  for (uint ri = pc.r0; ri < pc.r0 + pc.rn; ri++) {\n"
+                "    uint rr = ri, off = base;\n"
+                "    for (int j = int(pc.rk + pc.rr) - 1; j >= int(pc.rk); j--) {\n"
+                "      off += (rr %% pc.dim[j]) * pc.str[j]; rr /= pc.dim[j]; }\n"
+                "    v = COMB(v, x[off]);\n"
+                "  }\n"
+                "  if (pc.first == 0u) { T p = o[pc.oo + oi]; v = COMB(p, v); }\n"
+                "  o[pc.oo + oi] = pc.last != 0u ? %s : v;\n}\n",
+                comb, DSPK__VK_WG, init, fin);
+  else
+    r = prepare(d, ctx, &kr, "reduce", dt, t, 2, sizeof pc,
+                "layout(std430, binding = 0) buffer BX { T x[]; };\n"
+                "layout(std430, binding = 1) buffer BO { T o[]; };\n"
+                "layout(push_constant) uniform PC { uint nout, nred, rk, rr, ox, oo, r0, rn,\n"
+                "  gx, first, last, p0; uint dim[8]; uint str[8]; } pc;\n"
+                "#define COMB(A, B) %s\n"
+                "shared T s[%d];\n"
+                "void main() {\n"
+                "  uint lid = gl_LocalInvocationID.x;\n"
+                "  uint oi = gl_WorkGroupID.y * pc.gx + gl_WorkGroupID.x;\n"
+                "  if (oi < pc.nout) {\n"
+                "    uint rem = oi, base = pc.ox;\n"
+                "    for (int j = int(pc.rk) - 1; j >= 0; j--) {\n"
+                "      base += (rem %% pc.dim[j]) * pc.str[j]; rem /= pc.dim[j]; }\n"
+                "    T acc = %s;\n"
+                "    for (uint ri = pc.r0 + lid; ri < pc.r0 + pc.rn; ri += %du) {\n"
+                "      uint rr = ri, off = base;\n"
+                "      for (int j = int(pc.rk + pc.rr) - 1; j >= int(pc.rk); j--) {\n"
+                "        off += (rr %% pc.dim[j]) * pc.str[j]; rr /= pc.dim[j]; }\n"
+                "      acc = COMB(acc, x[off]);\n"
+                "    }\n"
+                "    s[lid] = acc;\n"
+                "    barrier();\n"
+                "    for (uint st = %du; st > 0u; st >>= 1) {\n"
+                "      if (lid < st) s[lid] = COMB(s[lid], s[lid + st]);\n"
+                "      barrier();\n"
+                "    }\n"
+                "    if (lid == 0u) {\n"
+                "      T v = s[0];\n"
+                "      if (pc.first == 0u) { T p = o[pc.oo + oi]; v = COMB(p, v); }\n"
+                "      o[pc.oo + oi] = pc.last != 0u ? %s : v;\n"
+                "    }\n"
+                "  }\n}\n",
+                comb, DSPK__VK_WG, init, DSPK__VK_WG, DSPK__VK_WG / 2, fin);
   if (r)
     return r;
   pc.ox = kr.e[0];
   pc.oo = kr.e[1];
   if (nout == 0)
     return 0;
-  return dspk__vk_dispatch(d, kr.kern, kr.b, kr.nb, &pc, sizeof pc, groups_for(nout, 1), 1, 1);
+  /* Workgroups (of outputs, or one per output) on a 2-D grid so that any
+   * count fits the dispatch limits; the reduced elements go in slices of at
+   * most RED_SLICE (RED_THREAD_SLICE) per dispatch, each combined into the output the previous one
+   * left (the mean divides after the last).  Every invocation thus loops a
+   * bounded number of times whatever the size: lavapipe (llvmpipe) stops any
+   * shader invocation's loops after 65535 iterations in all, silently. */
+  uint64_t mx = dspk__vk_max_groups(d, 0);
+  uint64_t ng = per_thread ? (nout + DSPK__VK_WG - 1) / DSPK__VK_WG : nout;
+  uint64_t gx = ng < mx ? ng : mx;
+  uint64_t gy = (ng + gx - 1) / gx;
+  uint64_t slice = per_thread ? RED_THREAD_SLICE : RED_SLICE;
+  if (gy > dspk__vk_max_groups(d, 1))
+    return dspk__vk_fail(ctx, DSPK_ELIMIT, "reduce: %llu outputs exceed the dispatch limits",
+                         (unsigned long long)nout);
+  pc.gx = (uint32_t)gx;
+  uint64_t r0 = 0;
+  do {
+    uint64_t rn = nred - r0 < slice ? nred - r0 : slice;
+    pc.r0 = (uint32_t)r0;
+    pc.rn = (uint32_t)rn;
+    pc.first = r0 == 0;
+    pc.last = r0 + rn >= nred;
+    if ((r = dspk__vk_dispatch(d, kr.kern, kr.b, kr.nb, &pc, sizeof pc, (uint32_t)gx,
+                               (uint32_t)gy, 1)))
+      return r;
+    r0 += rn;
+  } while (r0 < nred);
+  return 0;
 }
 
 /* ---- fir ---------------------------------------------------------------- */
@@ -316,45 +388,66 @@ int dspk__vk_fir_direct(struct dspk__dev *d, struct dspk__op *op, struct dspk__o
     return r;
   const struct dspk__tensor *t[3] = {X, H, &op->out[0]};
   struct ready kr;
-  /* One output sample per invocation; the taps go through shared memory in
-   * chunks so each workgroup reads them once per chunk. */
-  r = prepare(d, ctx, &kr, "fir", dt, t, 3, 24,
+  /* One output sample per invocation, on a 2-D grid of workgroups (any
+   * count fits the dispatch limits); the taps go through shared memory in
+   * chunks so each workgroup reads them once per chunk, and in slices of
+   * FIR_TAP_SLICE per dispatch, each adding to the output the previous left,
+   * so that no invocation loops long (lavapipe silently ends an invocation's
+   * loops after 65535 iterations in all). */
+  r = prepare(d, ctx, &kr, "fir", dt, t, 3, 40,
               "layout(std430, binding = 0) buffer BX { T x[]; };\n"
               "layout(std430, binding = 1) buffer BH { T h[]; };\n"
               "layout(std430, binding = 2) buffer BY { T y[]; };\n"
-              "layout(push_constant) uniform PC { uint total, n, k, ox, oh, oy; } pc;\n"
+              "layout(push_constant) uniform PC { uint total, n, k, ox, oh, oy, c0, c1, gx,\n"
+              "  first; } pc;\n"
               "shared T hs[%d];\n"
               "void main() {\n"
               "  uint lid = gl_LocalInvocationID.x;\n"
-              "  uint stride = gl_NumWorkGroups.x * %du;\n"
-              "  uint iters = (pc.total + stride - 1u) / stride;\n"
-              "  for (uint it = 0u; it < iters; it++) {\n"
-              "    uint i = gl_GlobalInvocationID.x + it * stride;\n"
-              "    bool live = i < pc.total;\n"
-              "    uint t = live ? i %% pc.n : 0u, row = live ? i - t : 0u;\n"
-              "    T acc = T(0);\n"
-              "    for (uint c = 0u; c < pc.k; c += %du) {\n"
-              "      barrier();\n"
-              "      if (c + lid < pc.k) hs[lid] = h[pc.oh + c + lid];\n"
-              "      barrier();\n"
-              "      uint kend = min(pc.k - c, %du);\n"
-              "      if (live && t >= c) {\n"
-              "        uint jmax = min(kend, t - c + 1u);\n"
-              "        for (uint j = 0u; j < jmax; j++)\n"
-              "          acc += cmul(hs[j], x[pc.ox + row + t - c - j]);\n"
-              "      }\n"
+              "  uint i = (gl_WorkGroupID.y * pc.gx + gl_WorkGroupID.x) * %du + lid;\n"
+              "  bool live = i < pc.total;\n"
+              "  uint t = live ? i %% pc.n : 0u, row = live ? i - t : 0u;\n"
+              "  T acc = T(0);\n"
+              "  for (uint c = pc.c0; c < pc.c1; c += %du) {\n"
+              "    barrier();\n"
+              "    if (c + lid < pc.k) hs[lid] = h[pc.oh + c + lid];\n"
+              "    barrier();\n"
+              "    uint kend = min(pc.k - c, %du);\n"
+              "    if (live && t >= c) {\n"
+              "      uint jmax = min(kend, t - c + 1u);\n"
+              "      for (uint j = 0u; j < jmax; j++)\n"
+              "        acc += cmul(hs[j], x[pc.ox + row + t - c - j]);\n"
               "    }\n"
-              "    if (live) y[pc.oy + i] = acc;\n"
-              "  }\n}\n",
+              "  }\n"
+              "  if (live) y[pc.oy + i] = pc.first != 0u ? acc : y[pc.oy + i] + acc;\n"
+              "}\n",
               DSPK__VK_WG, DSPK__VK_WG, DSPK__VK_WG, DSPK__VK_WG);
   if (r)
     return r;
-  uint32_t pc[6] = {(uint32_t)total, (uint32_t)X->shape[X->rank - 1],
-                    (uint32_t)H->shape[0], kr.e[0], kr.e[1], kr.e[2]};
+  /* (Taps past the row's length never reach an output.) */
+  int64_t n = X->shape[X->rank - 1];
+  uint32_t k = (uint32_t)(H->shape[0] < n ? H->shape[0] : n);
+  uint32_t pc[10] = {(uint32_t)total, (uint32_t)n, k, kr.e[0], kr.e[1],
+                     kr.e[2], 0, 0, 0, 0};
   if (total == 0)
     return 0;
-  return dspk__vk_dispatch(d, kr.kern, kr.b, kr.nb, pc, sizeof pc,
-                           groups_for((uint64_t)total, DSPK__VK_WG), 1, 1);
+  uint64_t g = ((uint64_t)total + DSPK__VK_WG - 1) / DSPK__VK_WG, mx = dspk__vk_max_groups(d, 0);
+  uint64_t gx = g < mx ? g : mx, gy = (g + gx - 1) / gx;
+  if (gy > dspk__vk_max_groups(d, 1))
+    return dspk__vk_fail(ctx, DSPK_ELIMIT, "fir: %lld outputs exceed the dispatch limits",
+                         (long long)total);
+  pc[8] = (uint32_t)gx;
+  uint32_t c0 = 0;
+  do {
+    uint32_t c1 = k - c0 < FIR_TAP_SLICE ? k : c0 + FIR_TAP_SLICE;
+    pc[6] = c0;
+    pc[7] = c1;
+    pc[9] = c0 == 0;
+    if ((r = dspk__vk_dispatch(d, kr.kern, kr.b, kr.nb, pc, sizeof pc, (uint32_t)gx,
+                               (uint32_t)gy, 1)))
+      return r;
+    c0 = c1;
+  } while (c0 < k);
+  return 0;
 }
 
 /* ---- raw kernels ------------------------------------------------------------ */
@@ -457,5 +550,7 @@ int dspk__vk_run(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *c
   /* Whatever was recorded goes to the queue now: nothing stays open between
    * calls, so fences and reads always cover it. */
   int s = dspk__vk_submit(d);
+  if (r == DSPK_ECANCELED) /* not the message of a failure before it */
+    dspk__vk_fail(ctx, r, "the task was canceled");
   return r ? r : s;
 }

@@ -1725,6 +1725,8 @@ def t_cancel(exe, tmp):
         raise AssertionError("the gemm finished instead of being canceled")
     except RpcError as e:
         check(e.name == "ECANCELED", "second SIGTERM: ECANCELED, got %s" % e.name)
+        check("canceled" in (e.err.get("message") or ""),
+              "a canceled task says so, got %r" % e.err.get("message"))
     dt = time.monotonic() - t0
     check(dt < 1.5, "canceled within %.2f s of the second SIGTERM" % dt)
     c.expect_closed()

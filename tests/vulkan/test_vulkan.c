@@ -395,6 +395,211 @@ static void t_contract(void **state) {
 }
 
 
+/* A reduce of X (values set by the caller) checked against a host
+ * reference computed in long double. */
+static void reduce_check(struct htensor *X, dspk_reduce fn, uint32_t axes, double tol) {
+  char msg[512];
+  struct htensor out;
+  struct dspk__op op = {.kind = DSPK_OP_REDUCE, .nin = 1};
+  op.u.reduce.fn = fn;
+  op.u.reduce.axes = axes;
+  assert_int_equal(h_upload(D, X, 0, &op.in[0]), 0);
+  int r = h_run(D, &op, &out, msg, sizeof msg);
+  if (r)
+    fail_msg("reduce: %d %s", r, msg);
+  double complex *want = calloc(out.n ? (size_t)out.n : 1, sizeof *want);
+  int64_t *cnt = calloc(out.n ? (size_t)out.n : 1, sizeof *cnt);
+  uint32_t ax = axes ? axes : (1u << X->rank) - 1; /* 0: every axis */
+  for (int64_t i = 0; i < X->n; i++) {
+    int64_t rem = i, oi = 0, mul = 1;
+    for (int k = X->rank - 1; k >= 0; k--) {
+      int64_t c = rem % X->shape[k];
+      rem /= X->shape[k];
+      if (!(ax & (1u << k))) {
+        oi += c * mul;
+        mul *= X->shape[k];
+      }
+    }
+    double complex x = X->v[i];
+    if (cnt[oi]++ == 0 && (fn == DSPK_REDUCE_MAX || fn == DSPK_REDUCE_MIN))
+      want[oi] = x;
+    else if (fn == DSPK_REDUCE_MAX)
+      want[oi] = creal(x) > creal(want[oi]) ? x : want[oi];
+    else if (fn == DSPK_REDUCE_MIN)
+      want[oi] = creal(x) < creal(want[oi]) ? x : want[oi];
+    else
+      want[oi] += x;
+  }
+  if (fn == DSPK_REDUCE_MEAN)
+    for (int64_t i = 0; i < out.n; i++)
+      want[i] /= (double)cnt[i];
+  double e = h_relerr(&out, want, out.n);
+  if (!(e <= tol))
+    fail_msg("reduce fn %d %s of %lld elements, axes %x: rel err %g", fn,
+             dspk__dtype_name(X->dt), (long long)X->n, axes, e);
+  free(want);
+  free(cnt);
+  h_free(&out);
+}
+
+/* Sizes past what one shader invocation may loop on lavapipe (65535
+ * iterations in all, after which llvmpipe silently leaves the loops): a
+ * reduce over more than 5,591,296 elements, a gemm or contraction with a
+ * long summed dimension.  The values keep f32 sums exact. */
+static void t_long_loops(void **state) {
+  (void)state;
+  int64_t n1[1] = {5600001};
+  struct htensor X = h_make(DSPK_F32, 1, n1, 0);
+  for (int64_t i = 0; i < X.n; i++)
+    X.v[i] = (double)(i % 3);
+  X.v[4000000] = 7;
+  reduce_check(&X, DSPK_REDUCE_SUM, 0, 0);
+  reduce_check(&X, DSPK_REDUCE_MAX, 0, 0);
+  reduce_check(&X, DSPK_REDUCE_MEAN, 0, 1e-6);
+  X.v[4000000] = -7;
+  reduce_check(&X, DSPK_REDUCE_MIN, 0, 0);
+  h_free(&X);
+  /* Along a strided axis, and along the last one of several rows. */
+  int64_t s2[2] = {5600001, 2};
+  X = h_make(DSPK_F32, 2, s2, 0);
+  for (int64_t i = 0; i < X.n; i++)
+    X.v[i] = (double)(i % 5 == 0);
+  reduce_check(&X, DSPK_REDUCE_SUM, 1u, 0);
+  X.shape[0] = 2;
+  X.shape[1] = 5600001;
+  reduce_check(&X, DSPK_REDUCE_SUM, 2u, 0);
+  h_free(&X);
+  /* gemm: K of 100000 (f32, f64, transposed, with C), and contractions
+   * whose summed labels are long: in the gemm and in one operand only. */
+  gemm_case(DSPK_F32, 2, (int64_t[]){2, 100000}, 2, (int64_t[]){100000, 3}, 0, 0, 2,
+            (int64_t[]){2, 3}, 1e-4);
+  gemm_case(DSPK_F64, 2, (int64_t[]){100000, 3}, 2, (int64_t[]){2, 100000}, 1, 1, -1, NULL,
+            1e-11);
+  contract_case("i,i->", DSPK_C128, 1, (int64_t[]){100000}, 1, (int64_t[]){100000});
+  contract_case("ij,kj->ik", DSPK_F64, 2, (int64_t[]){2, 100000}, 2, (int64_t[]){3, 100000});
+  contract_case("ij,k->ji", DSPK_F64, 2, (int64_t[]){3, 4}, 1, (int64_t[]){100000});
+}
+
+/* The direct fir kernel (forced; lavapipe takes it for short filters, or
+ * when overlap-save cannot run) with 65000 taps: before its taps went in
+ * slices, outputs from y[64768] on were 0 on lavapipe.  y[t] = t + 1
+ * exactly.  (About 10 s on lavapipe: the sums are 2e9 multiply-adds.) */
+static void t_fir_long_direct(void **state) {
+  (void)state;
+  char msg[512];
+  int64_t nx[1] = {65000};
+  struct htensor F = h_make(DSPK_F32, 1, nx, 0), H = h_make(DSPK_F32, 1, nx, 0), Y;
+  for (int64_t i = 0; i < F.n; i++)
+    F.v[i] = H.v[i] = 1;
+  struct dspk__op op = {.kind = DSPK_OP_FIR, .nin = 2};
+  assert_int_equal(h_upload(D, &F, 0, &op.in[0]), 0);
+  assert_int_equal(h_upload(D, &H, 0, &op.in[1]), 0);
+  dspk__vk_fir_force(0);
+  int r = h_run(D, &op, &Y, msg, sizeof msg);
+  dspk__vk_fir_force(-1);
+  if (r)
+    fail_msg("fir: %d %s", r, msg);
+  for (int64_t i = 0; i < Y.n; i++)
+    if (creal(Y.v[i]) != (double)(i + 1))
+      fail_msg("direct fir of %lld taps: y[%lld] = %g", (long long)H.n, (long long)i,
+               creal(Y.v[i]));
+  h_free(&F);
+  h_free(&H);
+  h_free(&Y);
+}
+
+/* Work beyond maxComputeWorkGroupCount on some axis, which a test build
+ * lowers with DSPK_VK_MAX_GROUPS so that small sizes reach it: reduce
+ * (outputs on a 2-D grid), gemm (blocks of rows, of columns, of batches)
+ * and contract's gather run in several dispatches, as the real limit
+ * (65535) needs for outputs of millions of rows. */
+static void t_dispatch_split(void **state) {
+  (void)state;
+  setenv("DSPK_VK_MAX_GROUPS", "7", 1);
+  /* A workgroup per output (long rows), an invocation per output (short
+   * ones, in one slice or two). */
+  const int64_t shapes[3][2] = {{40, 5000}, {2000, 3}, {5, 3000}};
+  for (int i = 0; i < 3; i++) {
+    struct htensor X = h_make(DSPK_F64, 2, shapes[i], 1);
+    reduce_check(&X, DSPK_REDUCE_SUM, 2u, 1e-12);
+    reduce_check(&X, DSPK_REDUCE_MAX, 2u, 0);
+    reduce_check(&X, DSPK_REDUCE_MEAN, 2u, 1e-12);
+    h_free(&X);
+  }
+  setenv("DSPK_VK_MAX_GROUPS", "2", 1);
+  gemm_case(DSPK_F32, 2, (int64_t[]){600, 20}, 2, (int64_t[]){20, 1}, 0, 0, -1, NULL, 1e-5);
+  gemm_case(DSPK_F32, 2, (int64_t[]){1, 20}, 2, (int64_t[]){20, 600}, 0, 0, 2,
+            (int64_t[]){1, 600}, 1e-5);
+  gemm_case(DSPK_F64, 3, (int64_t[]){5, 140, 9}, 3, (int64_t[]){5, 150, 9}, 0, 1, -1, NULL,
+            1e-12);
+  contract_case("ij,k->ji", DSPK_F64, 2, (int64_t[]){30, 30}, 1, (int64_t[]){3});
+  /* The direct fir kernel's outputs on a 2-D grid (2000 outputs: 8
+   * workgroups on 3 x 3). */
+  setenv("DSPK_VK_MAX_GROUPS", "3", 1);
+  char msg[512];
+  int64_t sx[2] = {4, 500}, sh[1] = {20};
+  struct htensor F = h_make(DSPK_F64, 2, sx, 1), H = h_make(DSPK_F64, 1, sh, 1), Y;
+  struct dspk__op op = {.kind = DSPK_OP_FIR, .nin = 2};
+  assert_int_equal(h_upload(D, &F, 0, &op.in[0]), 0);
+  assert_int_equal(h_upload(D, &H, 0, &op.in[1]), 0);
+  dspk__vk_fir_force(0);
+  int r = h_run(D, &op, &Y, msg, sizeof msg);
+  dspk__vk_fir_force(-1);
+  if (r)
+    fail_msg("fir: %d %s", r, msg);
+  double complex *want = calloc((size_t)F.n, sizeof *want);
+  for (int64_t row = 0; row < 4; row++)
+    for (int64_t t = 0; t < 500; t++)
+      for (int64_t j = 0; j < 20 && j <= t; j++)
+        want[row * 500 + t] += H.v[j] * F.v[row * 500 + t - j];
+  double e = h_relerr(&Y, want, F.n);
+  if (!(e <= 1e-12))
+    fail_msg("fir split over dispatches: rel err %g", e);
+  free(want);
+  h_free(&F);
+  h_free(&H);
+  h_free(&Y);
+  unsetenv("DSPK_VK_MAX_GROUPS");
+}
+
+/* A gemm canceled while autotuning (the progress callback raises the
+ * cancel flag, as the daemon does when the client goes or the daemon
+ * stops) returns DSPK_ECANCELED and says it was canceled, not a message
+ * left by something before (the buffer holds one here, as a candidate's
+ * failure would leave). */
+static atomic_int cancel_flag;
+static void cancel_on_progress(void *ud, const char *what, double fraction) {
+  (void)ud, (void)what, (void)fraction;
+  atomic_store(&cancel_flag, 1);
+}
+static void t_gemm_cancel(void **state) {
+  (void)state;
+  char msg[512];
+  dspk__autotune_forget_all();
+  int64_t sa[2] = {520, 64}, sb[2] = {64, 520};
+  struct htensor A = h_make(DSPK_F64, 2, sa, 1), B = h_make(DSPK_F64, 2, sb, 1);
+  struct dspk__op op = {.kind = DSPK_OP_GEMM, .nin = 2};
+  op.u.gemm.alpha = 1;
+  assert_int_equal(h_upload(D, &A, 0, &op.in[0]), 0);
+  assert_int_equal(h_upload(D, &B, 0, &op.in[1]), 0);
+  assert_int_equal(dspk__op_infer(&op, msg, sizeof msg), 0);
+  assert_int_equal(VKB->alloc(D, dspk__tensor_nbytes(&op.out[0]), &op.out[0].mem), 0);
+  atomic_store(&cancel_flag, 0);
+  struct dspk__opctx ctx = {.cancel = &cancel_flag, .progress = cancel_on_progress,
+                            .errmsg = msg, .errmsg_len = sizeof msg};
+  snprintf(msg, sizeof msg, "gemm: tile v2-128x128x16-t256 exceeds this device's limits");
+  int r = VKB->run(D, &op, &ctx);
+  assert_int_equal(r, DSPK_ECANCELED);
+  if (!strstr(msg, "canceled") || strstr(msg, "tile"))
+    fail_msg("canceled gemm says: %s", msg);
+  VKB->free(D, op.out[0].mem);
+  VKB->free(D, op.in[0].mem);
+  VKB->free(D, op.in[1].mem);
+  h_free(&A);
+  h_free(&B);
+  dspk__autotune_forget_all();
+}
+
 static void t_fft(void **state) {
   (void)state;
   char msg[512];
@@ -1316,7 +1521,10 @@ int main(void) {
       cmocka_unit_test(t_map),       cmocka_unit_test(t_reduce),
       cmocka_unit_test(t_fir),       cmocka_unit_test(t_fir_fft),
       cmocka_unit_test(t_fir_tune),  cmocka_unit_test(t_gemm),
-      cmocka_unit_test(t_contract),  cmocka_unit_test(t_fft),
+      cmocka_unit_test(t_contract),  cmocka_unit_test(t_long_loops),
+      cmocka_unit_test(t_fir_long_direct),
+      cmocka_unit_test(t_dispatch_split), cmocka_unit_test(t_gemm_cancel),
+      cmocka_unit_test(t_fft),
       cmocka_unit_test(t_fft_oop),   cmocka_unit_test(t_fft_buffers),
       cmocka_unit_test_teardown(t_fft_tune, unset_tune),
       cmocka_unit_test_teardown(t_fft_inplace, unset_tune),
