@@ -440,8 +440,11 @@ static uint32_t tile_shared(const struct tile *t, dspk_dtype out_dt) {
  * adding to the output the previous one left.  Every invocation thus loops
  * a bounded number of times whatever K is (lavapipe stops a shader
  * invocation's loops after 65535 iterations in all, silently); a multiple
- * of every tile's BK, so slices keep the v2 kernel's alignment. */
+ * of every tile's BK, so slices keep the v2 kernel's alignment.  Only CPU
+ * devices (lavapipe) need it: a GPU's slices are of GEMM_KSLICE_GPU, so its
+ * gemm reads and writes its output once (8192^3 was two slices). */
 #define GEMM_KSLICE 4096u
+#define GEMM_KSLICE_GPU ((uint64_t)1 << 30)
 
 /* Dispatches the recorded kernel k over g's output (the batches from the
  * offsets base (A, B, C, O), nb of them on the z axis): in blocks of rows
@@ -452,13 +455,14 @@ static int dispatch_tiles(struct dspk__dev *d, struct dspk__vk_kernel *k, const 
                           const uint32_t base[4], uint32_t nb) {
   uint32_t mx[2] = {dspk__vk_max_groups(d, 0), dspk__vk_max_groups(d, 1)};
   uint64_t mstep = (uint64_t)mx[1] * (uint32_t)t->bm, nstep = (uint64_t)mx[0] * (uint32_t)t->bn;
+  uint64_t ks = d->props.deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU ? GEMM_KSLICE : GEMM_KSLICE_GPU;
   for (uint64_t m0 = 0; m0 < g->M; m0 += mstep)
     for (uint64_t n0 = 0; n0 < g->N; n0 += nstep) {
       uint64_t k0 = 0;
       do {
         uint64_t mc = g->M - m0 < mstep ? g->M - m0 : mstep;
         uint64_t nc = g->N - n0 < nstep ? g->N - n0 : nstep;
-        uint64_t kc = g->K - k0 < GEMM_KSLICE ? g->K - k0 : GEMM_KSLICE;
+        uint64_t kc = g->K - k0 < ks ? g->K - k0 : ks;
         u[0] = (uint32_t)mc;
         u[1] = (uint32_t)nc;
         u[2] = (uint32_t)kc;
