@@ -19,7 +19,8 @@ change).  Per command and binary: the median wall time
 of the whole process (spawn to exit), its spread (min .. max), the median
 CPU time of the process (user + system, less sensitive to a busy machine
 than wall time), and the daemon's median time_us for the task (from --json), so wall - time_us is what
-the process, the socket and the files cost.  Results are checked against
+the process, the socket and the files cost.  Each run's output file is removed
+before it starts (untimed), so every run creates its output as a first result does.  Results are checked against
 numpy when it is there (the inputs are written without it).
 
 --reference names a fresh in-process program that computes the same gemm
@@ -158,8 +159,12 @@ def main():
                        args.index(a) == args.index("-o") + 1]
             for rep in range(opt.reps + 1):  # the first round warms up, not counted
                 for i, s in enumerate(subs):
-                    if outfile and rep == 0 and os.path.exists(outfile[0]):
-                        os.unlink(outfile[0])  # the first write creates the file
+                    if outfile and os.path.exists(outfile[0]):
+                        # every run writes a new file, as a first result does (an
+                        # existing one is replaced through a temporary renamed over
+                        # it, and freeing the old file's pages then costs about 2 ms
+                        # per 4 MiB on these machines: docs/performance.md)
+                        os.unlink(outfile[0])
                     log = f("out.txt")
                     sock = socks[i % len(socks)]
                     if opt.reference and name.startswith("gemm 1024") and \

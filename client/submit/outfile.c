@@ -271,9 +271,11 @@ int dspk__outfile_commit(dspk__outfile *o, char *err, size_t errlen) {
     o->fd = -1;
     return 0;
   }
-  if (o->tmp && fsync(o->fd) < 0)
-    e = errno;
-  if (close(o->fd) < 0 && !e)
+  /* Not synced first (as cp and numpy.save): an fsync cost a fresh
+   * command 2-5 ms (gemm 1024^2 on cuda:0 from 7.7 to 12.6 ms).  The rename
+   * replaces the file whole for every process; what reaches the disk after
+   * a crash of the machine is the file system's rule for a rename. */
+  if (close(o->fd) < 0)
     e = errno;
   o->fd = -1;
   if (!e && o->tmp && rename(o->tmp, o->target) < 0)

@@ -37,7 +37,7 @@ int dspk__outfile_open(dspk__outfile *o, const char *path, char *err,
  * or -1 with errno set. */
 int dspk__outfile_write(dspk__outfile *o, const void *buf, size_t n);
 
-/* Completes what was written: a temporary is flushed (fsync), closed and
+/* Completes what was written: a temporary is closed (not synced) and
  * renamed over its target; a direct output is closed.  Returns 0, or
  * DSPK_EIO with strerror's text in err, the temporary removed and the
  * target untouched.  o is closed either way. */
