@@ -458,7 +458,10 @@ def gemm_task(bufs, n):
 
 def t_fairness(exe, tmp):
     d = Daemon(exe, tmp)
-    n = 256
+    # gemms of 512^2 (a few ms each, 200 of them): the flood lasts long enough
+    # that the checks below do not race it on a busy machine (with 256^2 it
+    # could drain under ASan before the other client's task was sent)
+    n = 512
     A = np.random.default_rng(5).standard_normal((n, n)).astype(np.float32)
     c1 = d.client()
     a = c1.call("buffer.create", {"size": A.nbytes})["buffer"]
