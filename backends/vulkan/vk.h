@@ -368,6 +368,25 @@ int dspk__vk_dispatch(struct dspk__dev *d, struct dspk__vk_kernel *k,
                       const struct dspk__vk_bind *b, int nb, const void *pc,
                       uint32_t pcsize, uint32_t gx, uint32_t gy, uint32_t gz);
 
+/* A 2-D grid of at least ngroups workgroups within the dispatch limits:
+ * *gx along x, *gy rows.  DSPK_ELIMIT through ctx ("OP: COUNT NOUN exceed
+ * the dispatch limits") when even that does not fit. */
+int dspk__vk_grid2d(struct dspk__dev *d, uint64_t ngroups, uint32_t *gx, uint32_t *gy,
+                    const char *op, uint64_t count, const char *noun,
+                    struct dspk__opctx *ctx);
+/* Sets a sliced dispatch's push constants pc for the slice [r0, r0 + rn)
+ * of n summed elements. */
+typedef void dspk__vk_slice_fn(void *pc, uint64_t r0, uint64_t rn, uint64_t n);
+/* Dispatches k over the gx x gy grid once per slice of at most slice of
+ * the n summed elements (once when n is 0), set() filling pc before each:
+ * every invocation then loops a bounded number of times whatever n is
+ * (lavapipe silently stops a shader invocation's loops after 65535
+ * iterations in all). */
+int dspk__vk_dispatch_sliced(struct dspk__dev *d, struct dspk__vk_kernel *k,
+                             const struct dspk__vk_bind *b, int nb, void *pc, uint32_t pcsize,
+                             uint32_t gx, uint32_t gy, uint64_t n, uint64_t slice,
+                             dspk__vk_slice_fn *set);
+
 /* ---- vk_fft.c ----------------------------------------------------------- */
 
 /* How many of the fft tuner's runs on the calling thread were timed by

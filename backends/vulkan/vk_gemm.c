@@ -813,6 +813,20 @@ int dspk__vk_gemm(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *
 /* Summed elements one gather dispatch adds per output. */
 #define GATHER_SLICE 2048u
 
+/* The gather kernel's push constants. */
+struct gather_pc {
+  uint32_t nout, nred, rk, rr, ox, oo, r0, rn, gx, first, pad[2];
+  uint32_t dim[DSPK_MAX_RANK], str[DSPK_MAX_RANK];
+};
+
+static void gather_slice(void *pc_, uint64_t r0, uint64_t rn, uint64_t n) {
+  struct gather_pc *pc = pc_;
+  (void)n;
+  pc->r0 = (uint32_t)r0;
+  pc->rn = (uint32_t)rn;
+  pc->first = r0 == 0;
+}
+
 /* dst[i] for i over the kept dims (in the given order, contiguous) =
  * sum over the summed dims of src at the strided offset.  Uses the reduce
  * machinery's layout: dims/strides of kept dims, then summed ones. */
@@ -820,10 +834,7 @@ static int gather(struct dspk__dev *d, dspk_dtype dt, const struct dspk__vk_bind
                   uint32_t soff, const struct dspk__vk_bind *dst, uint32_t doff, int nk,
                   const int64_t *kdim, const int64_t *kstr, int ns, const int64_t *sdim,
                   const int64_t *sstr, struct dspk__opctx *ctx) {
-  struct {
-    uint32_t nout, nred, rk, rr, ox, oo, r0, rn, gx, first, pad[2];
-    uint32_t dim[DSPK_MAX_RANK], str[DSPK_MAX_RANK];
-  } pc;
+  struct gather_pc pc;
   memset(&pc, 0, sizeof pc);
   uint64_t nout = 1, nred = 1;
   for (int i = 0; i < nk; i++) {
@@ -881,24 +892,13 @@ static int gather(struct dspk__dev *d, dspk_dtype dt, const struct dspk__vk_bind
    * each adding to what the previous one left: every invocation loops a
    * bounded number of times (lavapipe stops a shader invocation's loops
    * after 65535 iterations in all, silently). */
-  uint64_t g = (nout + DSPK__VK_WG - 1) / DSPK__VK_WG;
-  uint64_t mx = dspk__vk_max_groups(d, 0);
-  uint64_t gx = g < mx ? g : mx, gy = (g + gx - 1) / gx;
-  if (gy > dspk__vk_max_groups(d, 1))
-    return dspk__vk_fail(ctx, DSPK_ELIMIT, "contract: %llu elements exceed the dispatch limits",
-                         (unsigned long long)nout);
-  pc.gx = (uint32_t)gx;
-  uint64_t r0 = 0;
-  do {
-    uint64_t rn = nred - r0 < GATHER_SLICE ? nred - r0 : GATHER_SLICE;
-    pc.r0 = (uint32_t)r0;
-    pc.rn = (uint32_t)rn;
-    pc.first = r0 == 0;
-    if ((r = dspk__vk_dispatch(d, k, b, 2, &pc, sizeof pc, (uint32_t)gx, (uint32_t)gy, 1)))
-      return r;
-    r0 += rn;
-  } while (r0 < nred);
-  return 0;
+  uint32_t gx, gy;
+  if ((r = dspk__vk_grid2d(d, (nout + DSPK__VK_WG - 1) / DSPK__VK_WG, &gx, &gy, "contract",
+                           nout, "elements", ctx)))
+    return r;
+  pc.gx = gx;
+  return dspk__vk_dispatch_sliced(d, k, b, 2, &pc, sizeof pc, gx, gy, nred, GATHER_SLICE,
+                                  gather_slice);
 }
 
 /* ---- contract --------------------------------------------------------------- */

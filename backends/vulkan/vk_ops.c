@@ -228,6 +228,20 @@ int dspk__vk_map(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *c
 
 /* ---- reduce ------------------------------------------------------------- */
 
+/* The reduce kernels' push constants. */
+struct red_pc {
+  uint32_t nout, nred, rk, rr, ox, oo, r0, rn, gx, first, last, pad;
+  uint32_t dim[DSPK_MAX_RANK], str[DSPK_MAX_RANK];
+};
+
+static void red_slice(void *pc_, uint64_t r0, uint64_t rn, uint64_t n) {
+  struct red_pc *pc = pc_;
+  pc->r0 = (uint32_t)r0;
+  pc->rn = (uint32_t)rn;
+  pc->first = r0 == 0;
+  pc->last = r0 + rn >= n;
+}
+
 int dspk__vk_reduce(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *ctx) {
   const struct dspk__tensor *X = &op->in[0];
   dspk_dtype dt = X->dtype;
@@ -237,10 +251,7 @@ int dspk__vk_reduce(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx
   uint32_t axes = op->u.reduce.axes;
   if (axes == 0)
     axes = X->rank ? (uint32_t)((1ull << X->rank) - 1) : 0;
-  struct {
-    uint32_t nout, nred, rk, rr, ox, oo, r0, rn, gx, first, last, pad;
-    uint32_t dim[DSPK_MAX_RANK], str[DSPK_MAX_RANK];
-  } pc;
+  struct red_pc pc;
   memset(&pc, 0, sizeof pc);
   int64_t stride[DSPK_MAX_RANK], s = 1;
   for (int i = X->rank - 1; i >= 0; i--) {
@@ -352,31 +363,26 @@ int dspk__vk_reduce(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx
    * left (the mean divides after the last).  Every invocation thus loops a
    * bounded number of times whatever the size: lavapipe (llvmpipe) stops any
    * shader invocation's loops after 65535 iterations in all, silently. */
-  uint64_t mx = dspk__vk_max_groups(d, 0);
   uint64_t ng = per_thread ? (nout + DSPK__VK_WG - 1) / DSPK__VK_WG : nout;
-  uint64_t gx = ng < mx ? ng : mx;
-  uint64_t gy = (ng + gx - 1) / gx;
-  uint64_t slice = per_thread ? RED_THREAD_SLICE : RED_SLICE;
-  if (gy > dspk__vk_max_groups(d, 1))
-    return dspk__vk_fail(ctx, DSPK_ELIMIT, "reduce: %llu outputs exceed the dispatch limits",
-                         (unsigned long long)nout);
-  pc.gx = (uint32_t)gx;
-  uint64_t r0 = 0;
-  do {
-    uint64_t rn = nred - r0 < slice ? nred - r0 : slice;
-    pc.r0 = (uint32_t)r0;
-    pc.rn = (uint32_t)rn;
-    pc.first = r0 == 0;
-    pc.last = r0 + rn >= nred;
-    if ((r = dspk__vk_dispatch(d, kr.kern, kr.b, kr.nb, &pc, sizeof pc, (uint32_t)gx,
-                               (uint32_t)gy, 1)))
-      return r;
-    r0 += rn;
-  } while (r0 < nred);
-  return 0;
+  uint32_t gx, gy;
+  if ((r = dspk__vk_grid2d(d, ng, &gx, &gy, "reduce", nout, "outputs", ctx)))
+    return r;
+  pc.gx = gx;
+  return dspk__vk_dispatch_sliced(d, kr.kern, kr.b, kr.nb, &pc, sizeof pc, gx, gy, nred,
+                                  per_thread ? RED_THREAD_SLICE : RED_SLICE, red_slice);
 }
 
 /* ---- fir ---------------------------------------------------------------- */
+
+/* The direct fir kernel's push constants 6, 7 and 9: the taps [c0, c1) of
+ * this dispatch, and whether it is the first. */
+static void fir_slice(void *pc_, uint64_t r0, uint64_t rn, uint64_t n) {
+  uint32_t *pc = pc_;
+  (void)n;
+  pc[6] = (uint32_t)r0;
+  pc[7] = (uint32_t)(r0 + rn);
+  pc[9] = r0 == 0;
+}
 
 /* The direct kernel (vk_fir.c chooses between it and FFT convolution). */
 int dspk__vk_fir_direct(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *ctx) {
@@ -430,24 +436,13 @@ int dspk__vk_fir_direct(struct dspk__dev *d, struct dspk__op *op, struct dspk__o
                      kr.e[2], 0, 0, 0, 0};
   if (total == 0)
     return 0;
-  uint64_t g = ((uint64_t)total + DSPK__VK_WG - 1) / DSPK__VK_WG, mx = dspk__vk_max_groups(d, 0);
-  uint64_t gx = g < mx ? g : mx, gy = (g + gx - 1) / gx;
-  if (gy > dspk__vk_max_groups(d, 1))
-    return dspk__vk_fail(ctx, DSPK_ELIMIT, "fir: %lld outputs exceed the dispatch limits",
-                         (long long)total);
-  pc[8] = (uint32_t)gx;
-  uint32_t c0 = 0;
-  do {
-    uint32_t c1 = k - c0 < FIR_TAP_SLICE ? k : c0 + FIR_TAP_SLICE;
-    pc[6] = c0;
-    pc[7] = c1;
-    pc[9] = c0 == 0;
-    if ((r = dspk__vk_dispatch(d, kr.kern, kr.b, kr.nb, pc, sizeof pc, (uint32_t)gx,
-                               (uint32_t)gy, 1)))
-      return r;
-    c0 = c1;
-  } while (c0 < k);
-  return 0;
+  uint32_t gx, gy;
+  if ((r = dspk__vk_grid2d(d, ((uint64_t)total + DSPK__VK_WG - 1) / DSPK__VK_WG, &gx, &gy,
+                           "fir", (uint64_t)total, "outputs", ctx)))
+    return r;
+  pc[8] = gx;
+  return dspk__vk_dispatch_sliced(d, kr.kern, kr.b, kr.nb, pc, sizeof pc, gx, gy, k,
+                                  FIR_TAP_SLICE, fir_slice);
 }
 
 /* ---- raw kernels ------------------------------------------------------------ */

@@ -474,3 +474,33 @@ int dspk__vk_dispatch(struct dspk__dev *d, struct dspk__vk_kernel *k,
   dspk__vk_barrier(d);
   return 0;
 }
+
+int dspk__vk_grid2d(struct dspk__dev *d, uint64_t ngroups, uint32_t *gx, uint32_t *gy,
+                    const char *op, uint64_t count, const char *noun,
+                    struct dspk__opctx *ctx) {
+  uint64_t mx = dspk__vk_max_groups(d, 0);
+  uint64_t x = ngroups < mx ? ngroups : mx;
+  uint64_t y = x ? (ngroups + x - 1) / x : 0;
+  if (y > dspk__vk_max_groups(d, 1))
+    return dspk__vk_fail(ctx, DSPK_ELIMIT, "%s: %llu %s exceed the dispatch limits", op,
+                         (unsigned long long)count, noun);
+  *gx = (uint32_t)x;
+  *gy = (uint32_t)y;
+  return 0;
+}
+
+int dspk__vk_dispatch_sliced(struct dspk__dev *d, struct dspk__vk_kernel *k,
+                             const struct dspk__vk_bind *b, int nb, void *pc, uint32_t pcsize,
+                             uint32_t gx, uint32_t gy, uint64_t n, uint64_t slice,
+                             dspk__vk_slice_fn *set) {
+  uint64_t r0 = 0;
+  do {
+    uint64_t rn = n - r0 < slice ? n - r0 : slice;
+    set(pc, r0, rn, n);
+    int r = dspk__vk_dispatch(d, k, b, nb, pc, pcsize, gx, gy, 1);
+    if (r)
+      return r;
+    r0 += rn;
+  } while (r0 < n);
+  return 0;
+}

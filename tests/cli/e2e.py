@@ -52,6 +52,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+import dspk_daemon  # noqa: E402
 from dspk_kernels import GLSL_AXPY  # noqa: E402
 
 SEED = 20261130
@@ -1561,9 +1562,7 @@ def suite_shell_eperm(cli, tmp):
             os.chmod(path, 0o660)
             os.chmod(tmp, 0o755)
             def preexec():
-                os.setgroups([])
-                os.setgid(65534)
-                os.setuid(65534)
+                dspk_daemon.become(65534, 65534)
         else:
             os.chmod(path, 0o000)
         group = grp.getgrgid(os.stat(path).st_gid).gr_name
@@ -1702,9 +1701,7 @@ def outputs_before_work(cli, tmp):
     if os.geteuid() == 0:  # root passes any permission check: run as nobody
         os.chmod(tmp, 0o755)
         def preexec():
-            os.setgroups([])
-            os.setgid(65534)
-            os.setuid(65534)
+            dspk_daemon.become(65534, 65534)
     try:
         cli.fails(nosock + ["map", "abs", a, "-o", x], "map", "EPERM", sock=False,
                   preexec_fn=preexec,

@@ -666,18 +666,31 @@ static void test_seals(void **state) {
  * commits no memory in the caller: the daemon answers before the pages are
  * made (they were all made first, so a size beyond the host's memory
  * brought the out-of-memory killer instead of ENOMEM). */
+/* test_refused_alloc's own daemon, stopped by its teardown when the test
+ * fails before it stops the daemon itself. */
+static pid_t quota_pid;
+
+static int stop_quota_daemon(void **state) {
+  (void)state;
+  if (quota_pid > 0) {
+    kill(quota_pid, SIGKILL);
+    waitpid(quota_pid, NULL, 0);
+    quota_pid = 0;
+  }
+  return 0;
+}
+
 static void test_refused_alloc(void **state) {
   char sock[160];
   dspk_client *c2;
   struct rusage r0, r1;
   void *p = NULL;
   uint64_t id = 0;
-  pid_t pid;
   int st;
   (void)state;
   snprintf(sock, sizeof sock, "%s/quota.sock", tmpdir);
-  pid = spawn_daemon(sock, "cpu", "--max-user-memory", "64M");
-  assert_true(pid > 0);
+  quota_pid = spawn_daemon(sock, "cpu", "--max-user-memory", "64M");
+  assert_true(quota_pid > 0);
   assert_int_equal(dspk_connect(sock, "test_refused_alloc", &c2), 0);
   assert_int_equal(getrusage(RUSAGE_SELF, &r0), 0);
   assert_int_equal(dspk_shared_alloc(c2, "cpu:0", (size_t)512 << 20, &p, &id), DSPK_ELIMIT);
@@ -690,8 +703,9 @@ static void test_refused_alloc(void **state) {
   assert_int_equal(dspk_shared_alloc(c2, "cpu:0", 4096, &p, &id), 0);
   assert_int_equal(dspk_shared_free(c2, p), 0);
   dspk_close(c2);
-  kill(pid, SIGTERM);
-  assert_int_equal(waitpid(pid, &st, 0), pid);
+  kill(quota_pid, SIGTERM);
+  assert_int_equal(waitpid(quota_pid, &st, 0), quota_pid);
+  quota_pid = 0;
   assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
   unlink(sock);
 }
@@ -779,7 +793,8 @@ int main(int argc, char **argv) {
   dspkd_path = argv[1];
   signal(SIGPIPE, SIG_IGN);
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_refused_alloc), /* first: it reads the peak RSS */
+      /* first: it reads the peak RSS */
+      cmocka_unit_test_teardown(test_refused_alloc, stop_quota_daemon),
       cmocka_unit_test(test_shared_alloc_gemm),
       cmocka_unit_test(test_shared_from_file),
       cmocka_unit_test(test_huge_pages),

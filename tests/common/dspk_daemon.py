@@ -56,6 +56,14 @@ def stop(proc, timeout):
         return None
 
 
+def become(uid, gid):
+    """Makes this process uid and gid with no supplementary groups: how a
+    test's child (a fork or a preexec_fn) acts as another user."""
+    os.setgroups([])
+    os.setgid(gid)
+    os.setuid(uid)
+
+
 def run_as(uid, gid, fn):
     """Runs fn() in a child process as uid and gid (no supplementary groups)
     and returns what it returned, which must be msgpack-able; raises
@@ -68,9 +76,7 @@ def run_as(uid, gid, fn):
         code = 1
         try:
             os.close(r)
-            os.setgroups([])
-            os.setgid(gid)
-            os.setuid(uid)
+            become(uid, gid)
             os.write(w, msgpack.packb(fn()))
             code = 0
         finally:

@@ -954,9 +954,7 @@ def t_userunsent(exe, tmp):
         try:
             os.close(r1)
             os.close(w2)
-            os.setgroups([])
-            os.setgid(0)
-            os.setuid(nobody)
+            dspk_daemon.become(nobody, 0)
             conns, firsts = [], []
             for _ in range(nconn):
                 c = Client(d.sock)
@@ -1023,9 +1021,7 @@ def t_privacy(exe, tmp):
         try:
             os.close(r1)
             os.close(w2)
-            os.setgroups([])
-            os.setgid(0)
-            os.setuid(nobody)
+            dspk_daemon.become(nobody, 0)
             a, b = Client(d.sock), Client(d.sock)
             a.call("hello", {"version": 1, "client": "mine-a"})
             b.call("hello", {"version": 1, "client": "mine-b"})

@@ -152,9 +152,55 @@ static void t_map(void **state) {
     }
 }
 
+/* A reduce of X (values set by the caller) checked against a host
+ * reference computed in double. */
+static void reduce_check(struct htensor *X, dspk_reduce fn, uint32_t axes, double tol) {
+  char msg[512];
+  struct htensor out;
+  struct dspk__op op = {.kind = DSPK_OP_REDUCE, .nin = 1};
+  op.u.reduce.fn = fn;
+  op.u.reduce.axes = axes;
+  assert_int_equal(h_upload(D, X, 0, &op.in[0]), 0);
+  int r = h_run(D, &op, &out, msg, sizeof msg);
+  if (r)
+    fail_msg("reduce: %d %s", r, msg);
+  double complex *want = calloc(out.n ? (size_t)out.n : 1, sizeof *want);
+  int64_t *cnt = calloc(out.n ? (size_t)out.n : 1, sizeof *cnt);
+  uint32_t ax = axes ? axes : (1u << X->rank) - 1; /* 0: every axis */
+  for (int64_t i = 0; i < X->n; i++) {
+    int64_t rem = i, oi = 0, mul = 1;
+    for (int k = X->rank - 1; k >= 0; k--) {
+      int64_t c = rem % X->shape[k];
+      rem /= X->shape[k];
+      if (!(ax & (1u << k))) {
+        oi += c * mul;
+        mul *= X->shape[k];
+      }
+    }
+    double complex x = X->v[i];
+    if (cnt[oi]++ == 0 && (fn == DSPK_REDUCE_MAX || fn == DSPK_REDUCE_MIN))
+      want[oi] = x;
+    else if (fn == DSPK_REDUCE_MAX)
+      want[oi] = creal(x) > creal(want[oi]) ? x : want[oi];
+    else if (fn == DSPK_REDUCE_MIN)
+      want[oi] = creal(x) < creal(want[oi]) ? x : want[oi];
+    else
+      want[oi] += x;
+  }
+  if (fn == DSPK_REDUCE_MEAN)
+    for (int64_t i = 0; i < out.n; i++)
+      want[i] /= (double)cnt[i];
+  double e = h_relerr(&out, want, out.n);
+  if (!(e <= tol))
+    fail_msg("reduce fn %d %s of %lld elements, axes %x: rel err %g", fn,
+             dspk__dtype_name(X->dt), (long long)X->n, axes, e);
+  free(want);
+  free(cnt);
+  h_free(&out);
+}
+
 static void t_reduce(void **state) {
   (void)state;
-  char msg[512];
   for (int iter = 0; iter < 24; iter++) {
     dspk_dtype dt = STD[iter % 4];
     dspk_reduce fn = (dspk_reduce)((iter / 4) % 4);
@@ -165,47 +211,9 @@ static void t_reduce(void **state) {
     for (int i = 0; i < rank; i++)
       shape[i] = h_randint(1, iter == 5 ? 3000 : 9);
     uint32_t axes = (uint32_t)h_randint(0, (1 << rank) - 1);
-    struct htensor X = h_make(dt, rank, shape, 1), out;
-    struct dspk__op op = {.kind = DSPK_OP_REDUCE, .nin = 1};
-    op.u.reduce.fn = fn;
-    op.u.reduce.axes = axes;
-    assert_int_equal(h_upload(D, &X, 0, &op.in[0]), 0);
-    assert_int_equal(h_run(D, &op, &out, msg, sizeof msg), 0);
-    uint32_t ax = axes ? axes : (1u << rank) - 1;
-    /* Reference: walk X, map each index to its output index. */
-    double complex *want = calloc(out.n ? out.n : 1, sizeof *want);
-    int64_t *cnt = calloc(out.n ? out.n : 1, sizeof *cnt);
-    for (int64_t i = 0; i < X.n; i++) {
-      int64_t rem = i, oi = 0, mul = 1;
-      for (int k = rank - 1; k >= 0; k--) {
-        int64_t c = rem % shape[k];
-        rem /= shape[k];
-        if (!(ax & (1u << k))) {
-          oi += c * mul;
-          mul *= shape[k];
-        }
-      }
-      double complex x = X.v[i];
-      if (cnt[oi]++ == 0 && (fn == DSPK_REDUCE_MAX || fn == DSPK_REDUCE_MIN))
-        want[oi] = x;
-      else if (fn == DSPK_REDUCE_MAX)
-        want[oi] = creal(x) > creal(want[oi]) ? x : want[oi];
-      else if (fn == DSPK_REDUCE_MIN)
-        want[oi] = creal(x) < creal(want[oi]) ? x : want[oi];
-      else
-        want[oi] += x;
-    }
-    if (fn == DSPK_REDUCE_MEAN)
-      for (int64_t i = 0; i < out.n; i++)
-        want[i] /= (double)cnt[i];
-    double e = h_relerr(&out, want, out.n);
-    if (!(e <= h_tol(dt) * 10))
-      fail_msg("reduce fn %d dtype %s axes %x rank %d: rel err %g", fn,
-               dspk__dtype_name(dt), axes, rank, e);
-    free(want);
-    free(cnt);
+    struct htensor X = h_make(dt, rank, shape, 1);
+    reduce_check(&X, fn, axes, h_tol(dt) * 10);
     h_free(&X);
-    h_free(&out);
   }
 }
 
@@ -395,52 +403,6 @@ static void t_contract(void **state) {
 }
 
 
-/* A reduce of X (values set by the caller) checked against a host
- * reference computed in long double. */
-static void reduce_check(struct htensor *X, dspk_reduce fn, uint32_t axes, double tol) {
-  char msg[512];
-  struct htensor out;
-  struct dspk__op op = {.kind = DSPK_OP_REDUCE, .nin = 1};
-  op.u.reduce.fn = fn;
-  op.u.reduce.axes = axes;
-  assert_int_equal(h_upload(D, X, 0, &op.in[0]), 0);
-  int r = h_run(D, &op, &out, msg, sizeof msg);
-  if (r)
-    fail_msg("reduce: %d %s", r, msg);
-  double complex *want = calloc(out.n ? (size_t)out.n : 1, sizeof *want);
-  int64_t *cnt = calloc(out.n ? (size_t)out.n : 1, sizeof *cnt);
-  uint32_t ax = axes ? axes : (1u << X->rank) - 1; /* 0: every axis */
-  for (int64_t i = 0; i < X->n; i++) {
-    int64_t rem = i, oi = 0, mul = 1;
-    for (int k = X->rank - 1; k >= 0; k--) {
-      int64_t c = rem % X->shape[k];
-      rem /= X->shape[k];
-      if (!(ax & (1u << k))) {
-        oi += c * mul;
-        mul *= X->shape[k];
-      }
-    }
-    double complex x = X->v[i];
-    if (cnt[oi]++ == 0 && (fn == DSPK_REDUCE_MAX || fn == DSPK_REDUCE_MIN))
-      want[oi] = x;
-    else if (fn == DSPK_REDUCE_MAX)
-      want[oi] = creal(x) > creal(want[oi]) ? x : want[oi];
-    else if (fn == DSPK_REDUCE_MIN)
-      want[oi] = creal(x) < creal(want[oi]) ? x : want[oi];
-    else
-      want[oi] += x;
-  }
-  if (fn == DSPK_REDUCE_MEAN)
-    for (int64_t i = 0; i < out.n; i++)
-      want[i] /= (double)cnt[i];
-  double e = h_relerr(&out, want, out.n);
-  if (!(e <= tol))
-    fail_msg("reduce fn %d %s of %lld elements, axes %x: rel err %g", fn,
-             dspk__dtype_name(X->dt), (long long)X->n, axes, e);
-  free(want);
-  free(cnt);
-  h_free(&out);
-}
 
 /* Sizes past what one shader invocation may loop on lavapipe (65535
  * iterations in all, after which llvmpipe silently leaves the loops): a
