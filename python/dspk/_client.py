@@ -567,6 +567,22 @@ def _result_meta(op: str, inputs: Sequence[Any], options: Mapping[str, Any]
     return None
 
 
+def _result_dtype(op: str, inputs: Sequence[Any], options: Mapping[str, Any]
+                  ) -> Optional[np.dtype]:
+    """The dtype of the op's first result as the daemon makes it (protocol.md, the
+    table of ops), or None where _result_meta knows no result."""
+    if _result_meta(op, inputs, options) is None:
+        return None
+    da = _meta(inputs[0])[1]
+    if op == "gemm":  # f16 and bf16 in, f32 out
+        return np.dtype(np.float64 if da.itemsize == 8 and da.kind == "f" else np.float32)
+    if op == "fft" and da.kind != "c":
+        return np.dtype(np.complex64 if da.itemsize == 4 else np.complex128)
+    if op == "map" and options.get("fn") == "abs" and da.kind == "c":
+        return np.dtype(np.float32 if da.itemsize == 8 else np.float64)
+    return np.dtype(da.newbyteorder("<") if da.byteorder == ">" else da)
+
+
 def _result_bound(op: str, inputs: Sequence[Any], options: Mapping[str, Any],
                   limits: Mapping[str, Any]) -> Optional[int]:
     """The bytes of the op's one result (None: unknown, or an error the daemon will
@@ -1758,6 +1774,16 @@ class Client:
                     "out= (%s %s)" % (meta[0], math.prod(meta[0]) * meta[1], room,
                                        (out_shared if out_shared is not None else out).dtype,
                                        (out_shared if out_shared is not None else out).shape))
+            # One that fits but is of another shape or dtype would be written and then
+            # refused: refused before anything is sent.
+            rdt = _result_dtype(op, inputs, options)
+            dest = out_shared if out_shared is not None else out
+            if meta is not None and rdt is not None and \
+                    not _over_limit(meta[0], self.limits) and \
+                    (tuple(meta[0]) != tuple(dest.shape) or rdt != dest.dtype):
+                raise _errors.InvalidArgument(
+                    "out=: the result is %s %s, out= is %s %s" % (
+                        wire_name(rdt), tuple(meta[0]), dest.dtype, tuple(dest.shape)))
         # Shared operands: (buffer, offset, the array), so that kernel() gives them back.
         shared_ops: List[Tuple[int, int, np.ndarray]] = []
         for i, x in enumerate(inputs):

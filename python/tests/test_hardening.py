@@ -78,6 +78,32 @@ def test_out_device_array_inside_its_buffer_too_small_is_erange(client, name, ca
     whole.free()
 
 
+@pytest.mark.parametrize("name,call", TOO_SMALL, ids=[n for n, _ in TOO_SMALL])
+def test_out_of_the_right_size_but_another_shape_or_dtype_is_refused_unwritten(
+        client, name, call):
+    """An out= that holds the result's bytes but has another shape or dtype was
+    refused only after the daemon had written it.  Now InvalidArgument before
+    anything is sent, for a shared array and a DeviceArray, the bytes untouched."""
+    r = call(client, None)
+    shapes = [(1,) + r.shape, (r.size,) if r.ndim != 1 else (r.size, 1)]
+    others = [(shape, r.dtype) for shape in shapes]
+    other_dt = np.float64 if r.dtype.itemsize == 4 else np.complex128
+    if r.nbytes % 16 == 0:
+        others.append(((r.nbytes // np.dtype(other_dt).itemsize,), np.dtype(other_dt)))
+    for shape, dt in others:
+        a = client.empty_shared(shape, dt)
+        a.view(np.uint8)[:] = 0xA5
+        with pytest.raises(dspk.InvalidArgument, match="out=: the result is"):
+            call(client, a)
+        assert (a.view(np.uint8) == 0xA5).all(), (name, shape, dt)
+        d = client.to_device(np.full(shape, -1, dt), device="cpu:0")
+        with pytest.raises(dspk.InvalidArgument, match="out=: the result is"):
+            call(client, d)
+        np.testing.assert_array_equal(d.numpy(), np.full(shape, -1, dt))
+        d.free()
+    assert client.ping() >= 0
+
+
 def test_out_view_that_fits_is_written_alone(client):
     a = client.empty_shared((3, 4), F32)
     a[:] = -1
