@@ -57,6 +57,7 @@ static void pack_kinds(const void *ud, struct dspk__wbuf *w) {
     v[DSPK__CK_MISSES] = dspk__pv_uint(ks->misses);
     v[DSPK__CK_PUTS] = dspk__pv_uint(ks->puts);
     v[DSPK__CK_EVICTIONS] = dspk__pv_uint(ks->evictions);
+    v[DSPK__CK_PUT_ERRORS] = dspk__pv_uint(ks->put_errors);
     dspk__pack_str(&w->pk, dspk__cache_kind_name(k));
     dspk__map_encode(w, dspk__cache_kind_f, DSPK__CK_COUNT, v);
   }

@@ -192,6 +192,7 @@ const struct dspk__param dspk__cache_kind_f[DSPK__CK_COUNT] = {
     [DSPK__CK_MISSES] = RES("misses", DSPK__T_UINT),
     [DSPK__CK_PUTS] = RES("puts", DSPK__T_UINT),
     [DSPK__CK_EVICTIONS] = RES("evictions", DSPK__T_UINT),
+    [DSPK__CK_PUT_ERRORS] = RES("put_errors", DSPK__T_UINT),
 };
 static const struct dspk__param cache_kind_item = ITEM_MAP(dspk__cache_kind_f);
 static const struct dspk__param cache_kind_name_item = {"", DSPK__T_ENUM, REQ,

@@ -280,7 +280,7 @@ enum { DSPK__DS_POOL_BYTES_IN_USE, DSPK__DS_POOL_BYTES_CACHED, DSPK__DS_POOL_HIT
        DSPK__DS_COUNT };
 /* cache.stats: each kind of kinds. */
 enum { DSPK__CK_ENTRIES, DSPK__CK_BYTES, DSPK__CK_STORED_HITS, DSPK__CK_HITS, DSPK__CK_MISSES,
-       DSPK__CK_PUTS, DSPK__CK_EVICTIONS, DSPK__CK_COUNT };
+       DSPK__CK_PUTS, DSPK__CK_EVICTIONS, DSPK__CK_PUT_ERRORS, DSPK__CK_COUNT };
 
 /* trace: each of jobs[] (upload_end_us to tune_end_us: a task's phases
  * reached). */

@@ -586,7 +586,8 @@ static void test_clear_root(void **state) {
              "assert j[\"path\"].endswith(\"clear.db\") and j[\"in_memory\"] is False; "
              "assert set(j[\"kinds\"]) == {\"kernels\",\"autotune\",\"blobs\"}; "
              "assert all(set(k) == {\"entries\",\"bytes\",\"stored_hits\",\"hits\","
-             "\"misses\",\"puts\",\"evictions\"} for k in j[\"kinds\"].values())' %s",
+             "\"misses\",\"puts\",\"evictions\",\"put_errors\"} "
+             "for k in j[\"kinds\"].values())' %s",
              jf);
     if (system("python3 -c '' 2>/dev/null") == 0)
       assert_int_equal(system(cmd), 0);

@@ -2612,6 +2612,8 @@ def t_cacheputfail(exe, tmp):
         check(array(out[0])[0] == float(v), "kernel %d runs although its binary is not stored" % v)
     n = put_errors()
     check(n >= 3, "put errors counted: %d" % n)
+    st = c.call("cache.stats", {})["kinds"]["kernels"]
+    check(st["put_errors"] == n, "cache.stats counts them as the metric does: %r" % st)
     def wait_log(text):
         # the reader thread may not have read the line yet
         end = time.monotonic() + TIMEOUT

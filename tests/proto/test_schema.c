@@ -561,7 +561,8 @@ static void pack_kinds(const void *ud, struct dspk__wbuf *w) {
         [DSPK__CK_STORED_HITS] = {"stored_hits", DSPK__T_UINT},
         [DSPK__CK_HITS] = {"hits", DSPK__T_UINT}, [DSPK__CK_MISSES] = {"misses", DSPK__T_UINT},
         [DSPK__CK_PUTS] = {"puts", DSPK__T_UINT},
-        [DSPK__CK_EVICTIONS] = {"evictions", DSPK__T_UINT}};
+        [DSPK__CK_EVICTIONS] = {"evictions", DSPK__T_UINT},
+        [DSPK__CK_PUT_ERRORS] = {"put_errors", DSPK__T_UINT}};
     dspk__map_encode(w, as_str, DSPK__CK_COUNT, v);
     return;
   }
