@@ -1767,6 +1767,59 @@ def t_cancel(exe, tmp):
     d.stop()
 
 
+def t_canceldone(exe, tmp):
+    """A task.cancel that comes once the task's work is complete is answered
+    canceled: true, and the task its usual answer with its whole result; a
+    cancel that comes before the work stops it: ECANCELED, outputs not
+    written.  The test hook DSPKD_TEST_CANCEL_WAIT holds the runner until the
+    cancel has come, after (before) the backend ran the task, so the cancel
+    falls at that exact point (the tester's gemm of 1536^2, one BLAS call,
+    canceled 5 ms after it started, finished and was answered ECANCELED)."""
+    rng = np.random.default_rng(31)
+    n = 384  # above the quick gemms (256^3), which the loop runs inline
+    A = rng.standard_normal((n, n)).astype(np.float32)
+    for when in ("after", "before"):
+        env = dict(os.environ, DSPKD_TEST_CANCEL_WAIT=when)
+        d = Daemon(exe, tmp, ["--no-cache"], env=env)
+        c, watcher = d.client(), d.client()
+        a = c.call("buffer.create", {"device": "cpu:0", "size": n * n * 4})["buffer"]
+        o = c.call("buffer.create", {"device": "cpu:0", "size": n * n * 4})["buffer"]
+        c.call("buffer.write", {"buffer": a, "data": A.tobytes()})
+        ops = [gemm_task((a, o), n),
+               {"op": "fft", "device": "cpu:0", "inputs": [tensor(A.astype(np.complex64))]},
+               {"op": "map", "device": "cpu:0", "options": {"fn": "exp"},
+                "inputs": [{"buffer": a, "dtype": "f32", "shape": [n, n]}]}]
+        wants = [A.astype(np.float64) @ A, np.fft.fft(A.astype(np.complex128), axis=-1),
+                 np.exp(A.astype(np.float64))]
+        for task, want in zip(ops, wants):
+            if task["op"] == "gemm":
+                c.call("buffer.write", {"buffer": o, "data": bytes(n * n * 4)})
+            mid = c.send("task.run", task)
+            deadline = time.monotonic() + TIMEOUT
+            while cpu_running(watcher)[1] == 0:
+                check(time.monotonic() < deadline, "the %s started" % task["op"])
+            check(c.call("task.cancel", {"msgid": mid}) == {"canceled": True},
+                  "%s: the running task is canceled" % task["op"])
+            if when == "after":
+                r = c.wait(mid)
+                got = (np.frombuffer(c.call("buffer.read", {"buffer": o})["data"], np.float32)
+                       .reshape(n, n) if task["op"] == "gemm" else array(r["outputs"][0]))
+                close_enough(got, want, "%s completed before its cancel" % task["op"],
+                             got.dtype)
+                continue
+            try:
+                c.wait(mid)
+                raise AssertionError("%s: answered although its cancel came first" % task["op"])
+            except RpcError as e:
+                check(e.name == "ECANCELED", "%s: ECANCELED, got %s" % (task["op"], e.name))
+            if task["op"] == "gemm":
+                got = c.call("buffer.read", {"buffer": o})["data"]
+                check(got == bytes(n * n * 4), "a gemm that did not run wrote no output")
+        c.close()
+        watcher.close()
+        d.stop()
+
+
 def measuring_children(pid):
     """Pids of the processes dspkd `pid` started to measure an FFTW plan."""
     kids = []
@@ -2674,6 +2727,7 @@ GROUPS = {
     "partial": t_partial,
     "memquota": t_memquota,
     "cancel": t_cancel,
+    "canceldone": t_canceldone,
     "done": t_done,
     "fencefault": t_fencefault,
 }
