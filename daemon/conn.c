@@ -398,7 +398,7 @@ void dspkd_conn_close(struct conn *c, const char *why) {
 static bool may_read(const struct conn *c) {
   const struct dspkd *d = c->d;
   return !c->closing && !d->stopping && !c->close_after_flush && !c->deferred &&
-         c->inflight < d->cfg.max_inflight &&
+         dspkd_conn_inflight(c) < d->cfg.max_inflight &&
          c->unsent + c->reserved <= d->cfg.max_unsent &&
          /* One user's answers together: a connection that owes none of its
           * own always reads (a client waiting on it alone cannot deadlock
@@ -709,7 +709,7 @@ static void conn_eof_check(struct conn *c) {
     return;
   if (partial)
     dspkd_conn_close(c, "end of stream inside a message");
-  else if (!c->held && c->inflight == 0 && c->owed == 0 && c->unsent == 0)
+  else if (!c->held && dspkd_conn_inflight(c) == 0 && c->unsent == 0)
     dspkd_conn_close(c, "end of stream");
 }
 

@@ -316,7 +316,7 @@ static void st_clients(const void *ud, struct dspk__wbuf *w) {
     v[DSPK__SC_UID] = cred((uint32_t)c->uid);
     v[DSPK__SC_GID] = cred((uint32_t)c->gid);
     v[DSPK__SC_NAME] = dspk__pv_str(c->name);
-    v[DSPK__SC_INFLIGHT] = dspk__pv_uint(c->inflight);
+    v[DSPK__SC_INFLIGHT] = dspk__pv_uint(dspkd_conn_inflight(c));
     v[DSPK__SC_BUFFERS] = dspk__pv_uint(c->nbufs);
     v[DSPK__SC_BUFFER_BYTES] = dspk__pv_uint(c->buf_bytes);
     v[DSPK__SC_UNSENT] = dspk__pv_uint(c->unsent);
@@ -359,7 +359,7 @@ static void st_jobs(const void *ud, struct dspk__wbuf *w) {
       continue;
     for (const struct conn *c = d->conns; c; c = c->next)
       if (c->job == j) {
-        inflight += c->inflight;
+        inflight += dspkd_conn_inflight(c);
         buffers += c->nbufs;
         bytes += c->buf_bytes;
       }
@@ -466,7 +466,7 @@ static int m_status(struct req *r) {
     if (status_shows(r->c, x.admin, c))
       x.shown++;
     else {
-      x.other_inflight += c->inflight;
+      x.other_inflight += dspkd_conn_inflight(c);
       x.other_buffers += c->nbufs;
     }
   v[DSPK__R_STATUS_DAEMON] = dspk__pv_pack(st_daemon, &x);

@@ -396,6 +396,40 @@ def t_inflight(exe, tmp):
     c.close()
     d.stop()
 
+    # max_inflight bounds every request answered later, not only device
+    # work: cache.clear waiting for a cache file another process holds
+    # locked counts, and the ping behind two of them is not read until one
+    # has answered (the daemon took in every one while the file was locked,
+    # and status counted none of them).
+    import sqlite3
+    path = os.path.join(tmp, "inflight-cache.db")
+    d = Daemon(exe, tmp, ["--max-inflight", "2", "--cache", path])
+    c, watcher = d.client(), d.client()
+    db = sqlite3.connect(path, isolation_level=None, timeout=TIMEOUT)
+    db.execute("BEGIN EXCLUSIVE")
+    clears = [c.send("cache.clear") for _ in range(3)]
+    ping = c.send("ping", {"data": b"after"})
+    deadline = time.monotonic() + TIMEOUT
+    while True:
+        mine = [x for x in watcher.call("status")["clients"] if not x["self"]]
+        if mine and mine[0]["inflight"] == 2:
+            break
+        check(time.monotonic() < deadline, "two cache.clear counted in flight: %r" % mine)
+    check(mine[0]["requests"] == 2, "the third cache.clear and the ping are not read: %r"
+          % mine)
+    db.execute("ROLLBACK")
+    db.close()
+    while ping not in c.responses:
+        c.pump()
+    check(any(m in c.responses for m in clears[:2]),
+          "the ping was read once a cache.clear had answered")
+    for m in clears:
+        c.wait(m)
+    check(c.wait(ping) == {"data": b"after"}, "the ping")
+    c.close()
+    watcher.close()
+    d.stop()
+
 
 def t_garbage(exe, tmp):
     d = Daemon(exe, tmp)

@@ -1927,10 +1927,15 @@ def job_binding(env):
     check([d["id"] for d in j.ok("devices")["devices"]] == r["devices"], "the job's devices")
     j.ok("buffer.create", {"device": "cpu:0", "size": 8})
     expect(j.call("job.end", {"job": 9}), "EINVAL")
+    # a trace still recording is a request in flight, counted everywhere
+    j.request("trace", {"seconds": 600})
+    still_open(j)  # answered once the daemon has taken in the trace before it
     st = c.ok("status")
-    check([(x["job"], x["connections"], x["buffers"], x["ended"]) for x in st["jobs"]]
-          == [(9, 1, 1, False)], "status jobs %r" % st["jobs"])
+    check([(x["job"], x["connections"], x["inflight"], x["buffers"], x["ended"])
+           for x in st["jobs"]] == [(9, 1, 1, 1, False)], "status jobs %r" % st["jobs"])
     check(sorted(x["job"] or 0 for x in st["clients"]) == [0, 9], "clients' jobs")
+    check([x["inflight"] for x in st["clients"] if x["job"] == 9] == [1],
+          "the job's connection: its trace in flight %r" % st["clients"])
     # a claim of a job not registered while the uid has one: EPERM, the
     # connection stays and may retry
     k = env.conn()
@@ -1939,7 +1944,7 @@ def job_binding(env):
     check(k.call("status")[0] == "ok", "status does not decide")
     expect(k.call("buffer.create", {"size": 8}), "EPERM")
     r = c.ok("job.end", {"job": 9})
-    check(r == {"job": 9, "ended": True, "connections": 1, "inflight": 0, "buffers": 1},
+    check(r == {"job": 9, "ended": True, "connections": 1, "inflight": 1, "buffers": 1},
           "end %r" % r)
     j.expect_close()
     check(c.ok("job.end", {"job": 9}) == {"job": 9, "ended": False}, "ended already")
@@ -2141,6 +2146,13 @@ def inflight(env):
     check(c.wait(pg)[0] == "ok" and all(c.wait(m)[0] == "ok" for m in g), "answers")
     check(c.order.index(20) > min(c.order.index(10), c.order.index(11)),
           "the ping was read only once a task was answered: %r" % c.order)
+    # every method answered later counts, a trace too: two traces, and the
+    # ping after them is read once one of them has answered
+    ts = [c.request("trace", {"seconds": 0.2}, msgid=30 + i) for i in range(2)]
+    pg = c.request("ping", msgid=40)
+    check(c.wait(pg)[0] == "ok" and all(c.wait(m)[0] == "ok" for m in ts), "trace answers")
+    check(c.order.index(40) > min(c.order.index(30), c.order.index(31)),
+          "the ping was read only once a trace was answered: %r" % c.order)
 
 
 @case("Notifications from the daemon: task.progress while a task tunes", daemon="progress")
