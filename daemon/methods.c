@@ -710,10 +710,12 @@ static int kernel_args(struct req *r, const struct dspk__pval *args, struct dspk
     if (k->kind == DSPK__KARG_F32 || k->kind == DSPK__KARG_F64) {
       if (dspk__obj_f64(v, &fv) != 0)
         return fail(r, DSPK_EINVAL, "options.args[%u]: expected a number", i);
-      /* Outside f32's range is ERANGE, as an integer outside its type's
-       * (infinities and NaN are f32 values). */
-      if (k->kind == DSPK__KARG_F32 && isfinite(fv) && fabs(fv) > FLT_MAX)
-        return fail(r, DSPK_ERANGE, "options.args[%u]: %g is out of f32 range", i, fv);
+      /* A finite value that would round to an infinity is ERANGE, as an
+       * integer outside its type's (one that rounds to FLT_MAX is in range;
+       * infinities and NaN are f32 values).  %.17g: the value as given. */
+      if (k->kind == DSPK__KARG_F32 && !dspk__f64_fits_f32(fv))
+        return fail(r, DSPK_ERANGE, "options.args[%u]: %.17g is out of f32 range (it "
+                    "would round to an infinity)", i, fv);
       if (k->kind == DSPK__KARG_F32)
         k->v.f32 = (float)fv;
       else

@@ -249,6 +249,9 @@ def still_open(c):
 
 # ---------------------------------------------------------------- tensors
 
+FLT_MAX = struct.unpack("<f", b"\xff\xff\x7f\x7f")[0]
+
+
 def t32(vals, shape=None):
     return {"dtype": "f32", "shape": [len(vals)] if shape is None else shape,
             "data": struct.pack("<%df" % len(vals), *vals)}
@@ -1237,10 +1240,10 @@ def kernel_args(env):
            " a[i] = b[i] * s + float(k) + float(u); }\n")
     x, y = t32([0, 0, 0]), t32([1, 2, 3])
 
-    def run(args, **opt):
+    def run(args, inputs=(x, y), **opt):
         o = {"lang": "glsl", "source": src, "grid": [3], "args": args}
         o.update(opt)
-        return c.call("task.run", {"op": "kernel", "device": vk[0], "inputs": [x, y],
+        return c.call("task.run", {"op": "kernel", "device": vk[0], "inputs": list(inputs),
                                    "options": o})
     scal = [{"f32": 2}, {"i32": -10}, {"u32": 100}]
     r = run([{"tensor": 0}, {"tensor": 1}] + scal)
@@ -1267,6 +1270,22 @@ def kernel_args(env):
            "ERANGE", "options.args[2]")
     r = run([{"tensor": 0}, {"tensor": 1}, {"f32": float("inf")}, {"i32": 0}, {"u32": 0}])
     check(r[0] == "ok" and vals32(r[1]["outputs"][0]) == [math.inf] * 3, "f32 inf %r" % (r,))
+    # "beyond f32's range" is "would become an infinity": every finite value
+    # that rounds (to nearest even) to FLT_MAX is in range, numpy's printed
+    # FLT_MAX (3.4028235e38) and the last double below 2^128 - 2^103 among
+    # them; that midpoint itself rounds to 2^128, an infinity (ERANGE, the
+    # value in the message exactly as sent, %.17g)
+    mid = math.ldexp(0x1ffffff, 103)
+    halves = t32([1, 0.5, 0.25])
+    for v in (FLT_MAX, 3.4028235e38, math.nextafter(mid, 0), -math.nextafter(mid, 0)):
+        r = run([{"tensor": 0}, {"tensor": 1}, {"f32": v}, {"i32": 0}, {"u32": 0}],
+                inputs=(x, halves))
+        want = [math.copysign(FLT_MAX, v) * s for s in (1, 0.5, 0.25)]
+        check(r[0] == "ok" and vals32(r[1]["outputs"][0]) == want,
+              "f32 %r rounds to FLT_MAX: %r" % (v, r))
+    for v in (mid, -mid, math.nextafter(mid, math.inf)):
+        expect(run([{"tensor": 0}, {"tensor": 1}, {"f32": v}, {"i32": 0}, {"u32": 0}]),
+               "ERANGE", "options.args[2]", "%.17g" % v)
     still_open(c)
 
 
@@ -1303,6 +1322,37 @@ def gemm_blas(env):
         r = c.ok("task.run", {"op": "gemm", "device": dev, "inputs": [h, h, t32([1.0], [1, 1])],
                               "options": {"alpha": 0, "beta": 3}})
         check(vals32(r["outputs"][0]) == [3], "%s f16 alpha 0: %r" % (dev, r))
+        # alpha and beta of an op computed in f32 are rounded to f32 as
+        # {f32: v} is: one that rounds to FLT_MAX is used as FLT_MAX, a finite
+        # one that would become an infinity is ERANGE (f64 ops take any)
+        mid = math.ldexp(0x1ffffff, 103)
+        one = t32([1.0], [1, 1])
+        for opt in ({"alpha": 3.4028235e38}, {"alpha": 0.5, "beta": -math.nextafter(mid, 0),
+                                              "c": True}):
+            ins = [one, one] + ([t32([1.0], [1, 1])] if opt.pop("c", False) else [])
+            r = c.ok("task.run", {"op": "gemm", "device": dev, "inputs": ins, "options": opt})
+            want = [FLT_MAX] if "beta" not in opt else [0.5 - FLT_MAX]
+            check(vals32(r["outputs"][0]) == want, "%s gemm %r: %r" % (dev, opt, r))
+        for name, v in (("alpha", mid), ("beta", -1e39)):
+            expect(c.call("task.run", {"op": "gemm", "device": dev, "inputs": [one, one],
+                                       "options": {name: v}}),
+                   "ERANGE", "options." + name, "%.17g" % v)
+            expect(c.call("task.run", {"op": "gemm", "device": dev,
+                                       "inputs": [h, h, t32([1.0], [1, 1])],
+                                       "options": {name: v}}), "ERANGE", "options." + name)
+        r = c.ok("task.run", {"op": "gemm", "device": dev, "inputs": [t64([1.0], [1, 1])] * 2,
+                              "options": {"alpha": 1e300}})
+        check(vals64(r["outputs"][0]) == [1e300], "%s f64 gemm, alpha 1e300: %r" % (dev, r))
+        for fn, ins in (("scale", [t32([1.0, 2.0])]), ("axpy", [t32([1.0, 2.0])] * 2)):
+            expect(c.call("task.run", {"op": "map", "device": dev, "inputs": ins,
+                                       "options": {"fn": fn, "alpha": 1e39}}),
+                   "ERANGE", "options.alpha", "%.17g" % 1e39)
+            r = c.ok("task.run", {"op": "map", "device": dev, "inputs": ins,
+                                  "options": {"fn": fn, "alpha": 3.4028235e38}})
+            check(vals32(r["outputs"][0])[0] == FLT_MAX, "%s map %s %r" % (dev, fn, r))
+        r = c.ok("task.run", {"op": "map", "device": dev, "inputs": [t32([-1.0])],
+                              "options": {"fn": "abs", "alpha": 1e39}})
+        check(vals32(r["outputs"][0]) == [1.0], "%s abs: alpha unused %r" % (dev, r))
     still_open(c)
 
 
