@@ -1658,6 +1658,33 @@ def t_partial(exe, tmp):
     other.close()
     d.stop()
 
+    # Read buffers count at their allocated size, and one grows only to what
+    # the quota leaves: a lone connection's message may be max_user_partial
+    # bytes (a 66,000-byte ping under 100K was refused: its buffer would have
+    # doubled to 128 KiB), one byte more is refused with the numbers.
+    d = Daemon(exe, tmp, ["--max-user-partial", "100K"])
+
+    def ping_frame(total):
+        over = len(msgpack.packb([0, 1, "ping", [{"data": b"x" * 70000}]],
+                                 use_bin_type=True)) - 70000
+        f = msgpack.packb([0, 1, "ping", [{"data": b"x" * (total - over)}]], use_bin_type=True)
+        check(len(f) == total, "a frame of %d bytes" % total)
+        return f, total - over
+    c = d.client()  # one connection: a closed one's buffer may still count a while
+    for total in (66000, 102400):
+        f, n = ping_frame(total)
+        c.sock.sendall(f)
+        check(len(c.wait(1)["data"]) == n, "a %d-byte message fits" % total)
+    c.sock.sendall(ping_frame(102401)[0])
+    notes = c.expect_closed()
+    msgs = [n[2][0]["message"] for n in notes if n[1] == "protocol.error"
+            and n[2][0]["name"] == "ELIMIT"]
+    check(len(msgs) == 1 and "max_user_partial (102400 bytes)" in msgs[0]
+          and "(allocated size)" in msgs[0] and "102400 bytes so far" in msgs[0],
+          "refused with the numbers: %r" % notes)
+    c.close()
+    d.stop()
+
 
 def t_memquota(exe, tmp):
     """Device memory per connection (max_conn_memory) and per user
