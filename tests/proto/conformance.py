@@ -1730,6 +1730,41 @@ def cancel_kinds(env):
 
 # ---- admin, cache, metrics, trace, jobs
 
+@case("task.cancel: ECANCELED only for work that stopped; work that completed answers as "
+      "usual, on every backend")
+def cancel_done(env):
+    c = env.conn()
+    n = 768
+    for dev in gpu_and_cpu_devices(c):
+        a = c.ok("buffer.create", {"device": dev, "size": n * n * 4})["buffer"]
+        o = c.ok("buffer.create", {"device": dev, "size": n * n * 4})["buffer"]
+        c.ok("buffer.write", {"buffer": a, "data": struct.pack("<f", 1.0) * (n * n)})
+        A = {"buffer": a, "dtype": "f32", "shape": [n, n]}
+        for trial in range(2):
+            c.ok("buffer.write", {"buffer": o, "data": bytes(n * n * 4)})
+            m = c.request("task.run", {"op": "gemm", "device": dev, "inputs": [A, A],
+                                       "outputs": [{"buffer": o}]})
+            # canceled once it runs (or once it answered: canceled false)
+            while not c.responses.get(m):
+                st = [x for x in c.ok("status")["devices"] if x["id"] == dev]
+                if st and st[0]["running"]:
+                    break
+            r = c.ok("task.cancel", {"msgid": m})
+            got = c.wait(m)
+            out = c.ok("buffer.read", {"buffer": o})["data"]
+            whole = out == struct.pack("<f", float(n)) * (n * n)
+            check(got[0] in ("ok", "ECANCELED"), "%s: canceled gemm %r" % (dev, got[0]))
+            check(r["canceled"] or got[0] == "ok", "%s: not canceled, yet %r" % (dev, got[0]))
+            # ok: its whole result; ECANCELED: the work stopped, its output
+            # not complete (a gemm on a GPU or in one BLAS call completes)
+            check(whole if got[0] == "ok" else not whole,
+                  "%s: answered %s, output %s" % (dev, got[0], "complete" if whole else
+                                                  "not complete"))
+        c.ok("buffer.free", {"buffer": a})
+        c.ok("buffer.free", {"buffer": o})
+    still_open(c)
+
+
 @case("metrics: a str")
 def metrics(env):
     c = env.conn()
