@@ -1880,6 +1880,52 @@ def t_canceldone(exe, tmp):
         watcher.close()
         d.stop()
 
+    # An autotuning canceled after a candidate ran: each candidate of the
+    # Vulkan fft's tuning (forced here) is the whole transform on the task's
+    # operands, so one that completed left the result and the task answers
+    # with it (it was ECANCELED, the output complete); canceled before any
+    # run, ECANCELED and the output untouched.
+    env = dict(os.environ, DSPK_VK_FFT_TUNE="force")
+    d = Daemon(exe, tmp, ["--no-cache", "--backends", "vulkan"], env=env)
+    c, watcher = d.client(), d.client()
+    vk = [x["id"] for x in c.call("devices")["devices"]]
+    if vk:
+        X = rng.standard_normal((64, 1024)) + 1j * rng.standard_normal((64, 1024))
+        X = X.astype(np.complex64)
+        x = c.call("buffer.create", {"device": vk[0], "size": X.nbytes})["buffer"]
+        o = c.call("buffer.create", {"device": vk[0], "size": X.nbytes})["buffer"]
+        c.call("buffer.write", {"buffer": x, "data": X.tobytes()})
+        want = np.fft.fft(X.astype(np.complex128), axis=-1)
+        for trial in range(3):
+            c.call("buffer.write", {"buffer": o, "data": bytes(X.nbytes)})
+            mid = c.send("task.run", {"op": "fft", "device": vk[0], "outputs": [{"buffer": o}],
+                                      "inputs": [{"buffer": x, "dtype": "c64",
+                                                  "shape": [64, 1024]}]})
+            deadline = time.monotonic() + TIMEOUT
+            while mid not in c.responses:
+                st = [y for y in watcher.call("status")["devices"] if y["id"] == vk[0]]
+                if st[0]["running"]:
+                    break
+                check(time.monotonic() < deadline, "the fft started")
+                if select.select([c.sock], [], [], 0)[0]:
+                    c.pump()
+            c.call("task.cancel", {"msgid": mid})
+            try:
+                c.wait(mid)
+                ok = True
+            except RpcError as e:
+                check(e.name == "ECANCELED", "canceled fft: %s" % e.name)
+                ok = False
+            got = np.frombuffer(c.call("buffer.read", {"buffer": o})["data"],
+                                np.complex64).reshape(64, 1024)
+            if ok:
+                close_enough(got, want, "a tuned fft answered ok", np.complex64)
+            else:
+                check(not np.any(got), "a tuning canceled before any run wrote nothing")
+    c.close()
+    watcher.close()
+    d.stop()
+
 
 def measuring_children(pid):
     """Pids of the processes dspkd `pid` started to measure an FFTW plan."""
