@@ -407,6 +407,9 @@ typedef struct dspk_task {
   unsigned nout_refs;
   struct { uint64_t buffer, offset; } out_refs[DSPK_MAX_OUTPUTS];
 
+  /* An op computed in f32 (gemm of f32/f16/bf16, map of f32/c64) rounds
+   * alpha and beta to f32: a finite one that would become an infinity is
+   * DSPK_ERANGE (protocol.md). */
   struct { bool trans_a, trans_b; double alpha, beta; } gemm;
   struct { bool inverse; } fft;
   struct { const char *subscripts; } contract; /* "ik,kj->ij" */
