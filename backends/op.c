@@ -95,6 +95,18 @@ static void set_out(struct dspk__op *op, int i, dspk_dtype dt, int rank,
 
 /* ---- gemm --------------------------------------------------------------- */
 
+/* An option (alpha, beta) of an op that computes in f32: rounded to the
+ * nearest f32 as the kernel argument {f32: v} is, so a finite value that
+ * would become an infinity is ERANGE in the same words.  %.17g: the value
+ * as given. */
+static int check_f32_scalar(const char *opname, const char *name, double v, char *msg,
+                            size_t len) {
+  if (dspk__f64_fits_f32(v))
+    return 0;
+  return dspk__fail(msg, len, DSPK_ERANGE, "%s: options.%s: %.17g is out of f32 range (it "
+                    "would round to an infinity; the op computes in f32)", opname, name, v);
+}
+
 static int infer_gemm(struct dspk__op *op, char *msg, size_t len) {
   const struct dspk__tensor *A = &op->in[0], *B = &op->in[1];
   int r = check_nin(op, 2, 3, msg, len);
@@ -130,6 +142,10 @@ static int infer_gemm(struct dspk__op *op, char *msg, size_t len) {
                 (long long)A->shape[ak], ak, ta ? ", trans_a" : "",
                 (long long)B->shape[bk], bk, tb ? ", trans_b" : "");
   dspk_dtype odt = (A->dtype == DSPK_F64) ? DSPK_F64 : DSPK_F32;
+  if (odt == DSPK_F32 && (r = check_f32_scalar("gemm", "alpha", op->u.gemm.alpha, msg, len)))
+    return r;
+  if (odt == DSPK_F32 && (r = check_f32_scalar("gemm", "beta", op->u.gemm.beta, msg, len)))
+    return r;
   int ro = ra > rb ? ra : rb;
   int64_t shape[DSPK_MAX_RANK];
   /* Batch dimensions broadcast right-aligned, as numpy.matmul does. */
@@ -443,6 +459,10 @@ static int infer_map(struct dspk__op *op, char *msg, size_t len) {
                     "map: %s: A has %lld (axis %d) but B has %lld (axis %d)",
                     dspk__mapfn_names[fn], (long long)A->shape[i], i, (long long)B->shape[i], i);
   }
+  if ((fn == DSPK_MAP_SCALE || fn == DSPK_MAP_AXPY) &&
+      (A->dtype == DSPK_F32 || A->dtype == DSPK_C64) &&
+      (r = check_f32_scalar("map", "alpha", op->u.map.alpha, msg, len)))
+    return r;
   dspk_dtype odt = fn == DSPK_MAP_ABS ? real_of(A->dtype) : A->dtype;
   op->nout = 1;
   set_out(op, 0, odt, A->rank, A->shape);

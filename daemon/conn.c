@@ -398,7 +398,7 @@ void dspkd_conn_close(struct conn *c, const char *why) {
 static bool may_read(const struct conn *c) {
   const struct dspkd *d = c->d;
   return !c->closing && !d->stopping && !c->close_after_flush && !c->deferred &&
-         c->inflight < d->cfg.max_inflight &&
+         dspkd_conn_inflight(c) < d->cfg.max_inflight &&
          c->unsent + c->reserved <= d->cfg.max_unsent &&
          /* One user's answers together: a connection that owes none of its
           * own always reads (a client waiting on it alone cannot deadlock
@@ -467,12 +467,23 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
       cap = limit;
     if (cap < pending + READ_MIN)
       cap = pending + READ_MIN;
-    /* The user's read buffers together stay within max_user_partial: past
-     * it the frame cannot be taken in (on_read closes the connection). */
-    if (c->user && cap > RCHUNK_MIN &&
-        c->user->rbytes - c->rbytes + cap > c->d->cfg.max_user_partial) {
-      c->over_partial = true;
-      return;
+    /* The user's read buffers together stay within max_user_partial,
+     * counted at their allocated size: a buffer that would pass it grows
+     * only to what is left (a message up to that size still fits), and
+     * when that is not room enough for what it holds and one more read the
+     * frame cannot be taken in (on_read closes the connection). */
+    if (c->user && cap > RCHUNK_MIN) {
+      uint64_t others = c->user->rbytes - c->rbytes, bound = c->d->cfg.max_user_partial;
+      uint64_t room = bound > others ? bound - others : 0;
+      if (cap > room && room >= pending + READ_MIN && room > (k ? k->cap : 0))
+        cap = (size_t)room;
+      if (others + cap > bound) {
+        c->over_partial = true;
+        c->over_pending = pending;
+        c->over_cap = cap;
+        c->over_total = others + cap;
+        return;
+      }
     }
     /* A large frame is coming: the spare buffer, when it is as large and
      * the user's bound allows it, saves growing through fresh mappings. */
@@ -709,7 +720,7 @@ static void conn_eof_check(struct conn *c) {
     return;
   if (partial)
     dspkd_conn_close(c, "end of stream inside a message");
-  else if (!c->held && c->inflight == 0 && c->owed == 0 && c->unsent == 0)
+  else if (!c->held && dspkd_conn_inflight(c) == 0 && c->unsent == 0)
     dspkd_conn_close(c, "end of stream");
 }
 
@@ -728,9 +739,12 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
   struct conn *c = s->data;
   (void)buf;
   if (n == UV_ENOBUFS && c->over_partial) {
-    char msg[160];
-    snprintf(msg, sizeof msg, "this user's connections hold more than %llu bytes of "
-             "incomplete messages (max_user_partial)",
+    char msg[320];
+    snprintf(msg, sizeof msg, "this connection's incomplete message (%llu bytes so far) "
+             "needs a read buffer of %llu bytes, with which this user's read buffers "
+             "would be %llu bytes (allocated size), more than max_user_partial (%llu bytes)",
+             (unsigned long long)c->over_pending, (unsigned long long)c->over_cap,
+             (unsigned long long)c->over_total,
              (unsigned long long)c->d->cfg.max_user_partial);
     conn_protocol_error(c, DSPK_ELIMIT, msg);
     return;

@@ -338,7 +338,8 @@ struct conn {
   char name[64];
   struct rchunk *rb;
   size_t unsent;            /* bytes handed to uv_write, not yet written */
-  size_t inflight;          /* requests not yet answered */
+  size_t inflight;          /* device jobs not yet answered (c->jobs); with
+                             * owed: dspkd_conn_inflight() */
   struct job *jobs;         /* in-flight jobs */
   struct dbuf **bufs;       /* sorted by id */
   size_t nbufs, capbufs;
@@ -350,6 +351,9 @@ struct conn {
   size_t creating;          /* buffer.create jobs in flight */
   uint64_t rbytes;          /* bytes of rb counted in user->rbytes */
   bool over_partial;        /* the read buffer could not grow: max_user_partial */
+  /* Then: the bytes of the message held, the size the buffer had to grow
+   * to, and what the user's read buffers would have held with it. */
+  uint64_t over_pending, over_cap, over_total;
   uint64_t *mem;            /* [d->ndevs] device memory: buffers + jobs in flight */
   uint64_t requests;
   /* daemon/jobs.c: the Slurm job of the connection, decided at its first
@@ -448,6 +452,12 @@ void dspkd_conn_update_read(struct conn *c);
  * answer is sent (or dropped): a half-closed connection stays open for it. */
 void dspkd_conn_owe(struct conn *c);
 void dspkd_conn_paid(struct conn *c);
+/* The connection's requests not yet answered: its device jobs and the
+ * answers it is owed.  What max_inflight bounds, and the `inflight` that
+ * status, job.end and metrics report. */
+static inline size_t dspkd_conn_inflight(const struct conn *c) {
+  return c->inflight + c->owed;
+}
 void dspkd_chunk_unref(struct rchunk *k);
 /* At the stop: closes the listener and removes the socket's file (unless
  * systemd owns it). */

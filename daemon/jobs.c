@@ -333,7 +333,7 @@ int dspkd_m_job_end(struct req *r) {
     if (c->job != j || c->closing)
       continue;
     nconns++;
-    inflight += c->inflight;
+    inflight += dspkd_conn_inflight(c);
     buffers += c->nbufs;
     dspkd_conn_close(c, "its Slurm job ended");
   }

@@ -316,7 +316,7 @@ static void st_clients(const void *ud, struct dspk__wbuf *w) {
     v[DSPK__SC_UID] = cred((uint32_t)c->uid);
     v[DSPK__SC_GID] = cred((uint32_t)c->gid);
     v[DSPK__SC_NAME] = dspk__pv_str(c->name);
-    v[DSPK__SC_INFLIGHT] = dspk__pv_uint(c->inflight);
+    v[DSPK__SC_INFLIGHT] = dspk__pv_uint(dspkd_conn_inflight(c));
     v[DSPK__SC_BUFFERS] = dspk__pv_uint(c->nbufs);
     v[DSPK__SC_BUFFER_BYTES] = dspk__pv_uint(c->buf_bytes);
     v[DSPK__SC_UNSENT] = dspk__pv_uint(c->unsent);
@@ -359,7 +359,7 @@ static void st_jobs(const void *ud, struct dspk__wbuf *w) {
       continue;
     for (const struct conn *c = d->conns; c; c = c->next)
       if (c->job == j) {
-        inflight += c->inflight;
+        inflight += dspkd_conn_inflight(c);
         buffers += c->nbufs;
         bytes += c->buf_bytes;
       }
@@ -466,7 +466,7 @@ static int m_status(struct req *r) {
     if (status_shows(r->c, x.admin, c))
       x.shown++;
     else {
-      x.other_inflight += c->inflight;
+      x.other_inflight += dspkd_conn_inflight(c);
       x.other_buffers += c->nbufs;
     }
   v[DSPK__R_STATUS_DAEMON] = dspk__pv_pack(st_daemon, &x);
@@ -710,10 +710,12 @@ static int kernel_args(struct req *r, const struct dspk__pval *args, struct dspk
     if (k->kind == DSPK__KARG_F32 || k->kind == DSPK__KARG_F64) {
       if (dspk__obj_f64(v, &fv) != 0)
         return fail(r, DSPK_EINVAL, "options.args[%u]: expected a number", i);
-      /* Outside f32's range is ERANGE, as an integer outside its type's
-       * (infinities and NaN are f32 values). */
-      if (k->kind == DSPK__KARG_F32 && isfinite(fv) && fabs(fv) > FLT_MAX)
-        return fail(r, DSPK_ERANGE, "options.args[%u]: %g is out of f32 range", i, fv);
+      /* A finite value that would round to an infinity is ERANGE, as an
+       * integer outside its type's (one that rounds to FLT_MAX is in range;
+       * infinities and NaN are f32 values).  %.17g: the value as given. */
+      if (k->kind == DSPK__KARG_F32 && !dspk__f64_fits_f32(fv))
+        return fail(r, DSPK_ERANGE, "options.args[%u]: %.17g is out of f32 range (it "
+                    "would round to an infinity)", i, fv);
       if (k->kind == DSPK__KARG_F32)
         k->v.f32 = (float)fv;
       else

@@ -403,7 +403,7 @@ static void render_jobs(struct tbuf *t, const struct dspkd *d) {
       for (const struct conn *c = d->conns; c; c = c->next) {
         if (c->job != j)
           continue;
-        v += k == 0 ? 1 : k == 1 ? c->inflight : k == 2 ? c->nbufs : c->buf_bytes;
+        v += k == 0 ? 1 : k == 1 ? dspkd_conn_inflight(c) : k == 2 ? c->nbufs : c->buf_bytes;
       }
       tput(t, "%s{job=\"%llu\"} %llu\n", name, (unsigned long long)j->id,
            (unsigned long long)v);

@@ -81,4 +81,15 @@ void dspkd_sched_counters(struct device *dev, uint64_t *queued, uint64_t *runnin
  * of the job it runs (run_q, its queue, may be NULL). */
 uint64_t dspkd_sched_clients_locked(struct device *dev, const struct cqueue *run_q);
 
+#ifdef DSPK_TEST_HOOKS
+/* daemon/testhooks.c: under DSPKD_TEST_CANCEL_WAIT=before (or =after), the
+ * runner waits, before (after) the backend runs a task, until the task is
+ * canceled (at most 30 s), so that tests/daemon can cancel a task at that
+ * exact point: "after" is a task whose work completed before its cancel
+ * came, "before" one whose work the cancel stops. */
+void dspkd_test_cancel_wait(struct job *j, const char *when);
+#else
+#define dspkd_test_cancel_wait(j, when) ((void)0)
+#endif
+
 #endif /* DSPKD_SCHED_H */

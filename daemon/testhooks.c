@@ -2,14 +2,17 @@
  * dspkd's test hooks (daemon/teardown.h): DSPKD_TEST_EXIT makes the daemon
  * take one exit path on purpose, for tests/lifecycle.  Built only with
  * DSPK_TEST_HOOKS (proto/testhook.h; daemon/CMakeLists.txt leaves this file
- * out otherwise), so a production dspkd holds none of it.
+ * out otherwise), so a production dspkd holds none of it.  DSPKD_TEST_CANCEL_WAIT
+ * holds a task's runner until the task is canceled (daemon/sched.h).
  */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "daemon/log.h"
+#include "daemon/sched.h"
 #include "daemon/teardown.h"
 #include "proto/testhook.h"
 
@@ -56,4 +59,15 @@ void dspkd_test_runner_job(struct device *dev) {
     dspkd_warn("test: %s: calling exit(5) from the runner (DSPKD_TEST_EXIT=runner)", dev->id);
     exit(5);
   }
+}
+
+void dspkd_test_cancel_wait(struct job *j, const char *when) {
+  const char *e = DSPK_TEST_HOOK("DSPKD_TEST_CANCEL_WAIT");
+  struct timespec ms = {0, 1000000};
+  if (!e || strcmp(e, when) != 0)
+    return;
+  dspkd_warn("test: the runner waits for the task's cancel %s it runs "
+             "(DSPKD_TEST_CANCEL_WAIT=%s)", strcmp(when, "after") ? "before" : "after", when);
+  for (int i = 0; i < 30000 && !atomic_load(&j->cancel); i++)
+    nanosleep(&ms, NULL);
 }

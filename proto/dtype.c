@@ -2,6 +2,7 @@
  * dtype helpers (proto/dtype.h), all from the one table in
  * include/dspk/types.h.
  */
+#include <math.h>
 #include <string.h>
 
 #include "dspk/errors.h"
@@ -43,4 +44,8 @@ int dspk__dtype_from_name(const char *name, size_t len, dspk_dtype *out) {
   DSPK_DTYPE_MAP(XX)
 #undef XX
   return DSPK_EDTYPE;
+}
+
+int dspk__f64_fits_f32(double v) {
+  return !isfinite(v) || fabs(v) < 0x1.ffffffp127; /* 2^128 - 2^103 */
 }

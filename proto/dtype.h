@@ -18,5 +18,11 @@ int dspk__dtype_is_complex(dspk_dtype dt);
 const char *dspk__dtype_name(dspk_dtype dt);
 /* Returns 0 and writes *out, or DSPK_EDTYPE for an unknown name. */
 int dspk__dtype_from_name(const char *name, size_t len, dspk_dtype *out);
+/* 1 when the double v becomes a finite f32 when rounded to nearest (ties
+ * to even), as (float)v does: |v| < 2^128 - 2^103, the midpoint between
+ * FLT_MAX and 2^128 (a tie rounds up, to an infinity, as FLT_MAX's last
+ * bit is odd); also 1 for infinities and NaN, which are f32 values too.
+ * 0 for a finite v that would become an infinity. */
+int dspk__f64_fits_f32(double v);
 
 #endif /* DSPK_PROTO_DTYPE_H */

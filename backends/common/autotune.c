@@ -289,6 +289,14 @@ static int finish(const struct dspk__autotune_req *r, const char *what, struct t
   return 0;
 }
 
+/* Runs candidate i once, recording its outcome in *r->ran_ok. */
+static int run_cand(const struct dspk__autotune_req *r, int i) {
+  int rc = r->cands[i].run(r->ud, i);
+  if (r->ran_ok)
+    *r->ran_ok = rc == 0;
+  return rc;
+}
+
 static int benchmark_interleaved(const struct dspk__autotune_req *r, int warmup,
                                  int samples, int burst, uint64_t (*now)(void *),
                                  void *cud, uint64_t excluded, int *winner,
@@ -320,7 +328,7 @@ static int benchmark_interleaved(const struct dspk__autotune_req *r, int warmup,
           return DSPK_ECANCELED;
         }
         uint64_t t0 = now(cud);
-        rcs[i] = r->cands[i].run(r->ud, i);
+        rcs[i] = run_cand(r, i);
         uint64_t t1 = now(cud);
         done++;
         if (r->progress)
@@ -403,7 +411,7 @@ static int benchmark(const struct dspk__autotune_req *r,
         rc = DSPK_ECANCELED;
         break;
       }
-      rc = r->cands[i].run(r->ud, i);
+      rc = run_cand(r, i);
       done++;
       if (r->progress)
         r->progress(r->progress_ud, what, done / total);
@@ -415,7 +423,7 @@ static int benchmark(const struct dspk__autotune_req *r,
         break;
       }
       uint64_t t0 = now(cud);
-      rc = r->cands[i].run(r->ud, i);
+      rc = run_cand(r, i);
       uint64_t t1 = now(cud);
       done++;
       if (r->progress)

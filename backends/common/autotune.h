@@ -62,6 +62,13 @@ struct dspk__autotune_req {
   void *progress_ud;
   /* Optional: set by another thread to stop a tuning or a wait early. */
   atomic_int *cancel;
+  /* Optional: the outcome of the last candidate run of this call, 1 when it
+   * returned 0 and 0 when it failed (left as it was when none ran).  A
+   * caller whose every run is the whole op on the task's own operands,
+   * waited for, has the op's complete result in its outputs when this is 1
+   * after DSPK_ECANCELED: the task then answers with it (protocol.md,
+   * task.cancel: ECANCELED only for work that stopped). */
+  int *ran_ok;
   /* Optional: the time of the run of candidate `index` that has just
    * returned 0, as the candidate measured it itself (a GPU's timestamps
    * around its work: what a wait adds to the clock's time varies more than

@@ -90,13 +90,19 @@ int dspk__gpurt_launch_tuned(struct dspk__dev *dev, dspk__gfunc fn, int64_t n, v
   struct tune_ud ud = {dev, fn, n, args};
   struct dspk__autotune_req req;
   char shape[96];
+  int ran_ok = 0;
   if (n <= 0)
     return 0;
   snprintf(shape, sizeof(shape), "n=2^%d%s%s", dspk__autotune_pow2((uint64_t)n),
            shape_class ? "," : "", shape_class ? shape_class : "");
   req_init(&req, dev, ctx, op, shape, dspk__dtype_name(dt), "", cands(), NCANDS, &ud);
+  req.ran_ok = &ran_ok;
   for (;;) {
     int w, rc = dspk__autotune_choose(dev->env.cache, &req, NULL, &w, NULL);
+    /* The kernel is the whole op (its callers' last step), each candidate
+     * run waited for: one that completed left the op's whole result. */
+    if (rc == DSPK_ECANCELED && ran_ok)
+      return 0;
     if (rc == DSPK_ECANCELED)
       return dspk__gpurt_msg(ctx, rc, "%s: canceled while tuning", op);
     if (rc < 0)
@@ -173,7 +179,7 @@ int dspk__gpurt_reduce_launch(struct dspk__dev *dev, dspk_dtype dt, int64_t nout
   struct dspk__autotune_req req;
   char shape[64];
   int r;
-  int n = 0, rc;
+  int n = 0, rc, ran_ok = 0;
   if (nout <= 0)
     return 0;
   memset(&ud, 0, sizeof(ud));
@@ -213,9 +219,12 @@ int dspk__gpurt_reduce_launch(struct dspk__dev *dev, dspk_dtype dt, int64_t nout
              dspk__autotune_pow2((uint64_t)nred));
     req_init(&req, dev, ctx, "reduce", shape, dspk__dtype_name(dt), inner ? "inner" : "outer",
              cands, n, &ud);
+    req.ran_ok = &ran_ok;
     for (;;) {
       int w;
       rc = dspk__autotune_choose(dev->env.cache, &req, NULL, &w, NULL);
+      if (rc == DSPK_ECANCELED && ran_ok) /* as in dspk__gpurt_launch_tuned */
+        return 0;
       if (rc == DSPK_ECANCELED)
         return dspk__gpurt_msg(ctx, rc, "reduce: canceled while tuning");
       if (rc < 0)

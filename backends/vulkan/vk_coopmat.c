@@ -1320,6 +1320,7 @@ int dspk__vk_coopmat_gemm(struct dspk__dev *d, struct dspk__op *op, struct dspk_
   snprintf(dts, sizeof dts, "%s,f32,%s,%ux%ux%u", p.flags & DSPK__VK_CM_F_BF16 ? "bf16" : "f16",
            d->cm.kind == DSPK__VK_CM_KHR ? "khr" : e ? "emu" : "nv", sh.lm, sh.ln, sh.lk);
   struct tune_ud u = {d, &p, ctx};
+  int ran_ok = 0;
   struct dspk__autotune_req req = {
       .op = "gemm_coopmat",
       .shape = shape,
@@ -1331,12 +1332,13 @@ int dspk__vk_coopmat_gemm(struct dspk__dev *d, struct dspk__op *op, struct dspk_
       .ud = &u,
       .progress = ctx ? ctx->progress : NULL,
       .progress_ud = ctx ? ctx->progress_ud : NULL,
-      .cancel = ctx ? ctx->cancel : NULL};
+      .cancel = ctx ? ctx->cancel : NULL,
+      .ran_ok = &ran_ok};
   for (;;) {
     int w;
     r = dspk__autotune_choose(d->env.cache, &req, NULL, &w, NULL);
-    if (r == DSPK_ECANCELED)
-      return r;
+    if (r == DSPK_ECANCELED) /* a candidate that completed left the whole product */
+      return ran_ok ? 0 : r;
     if (r < 0) {
       r = launch(d, &p, 0, ctx);
       return is_kernel_error(r) ? disable_and_fall_back(d, op, ctx, r) : r;

@@ -796,8 +796,10 @@ static void tune_req(struct dspk__dev *d, const struct dspk__vkfft_desc *desc, c
  * the candidates on these operands on a miss, each checked against an
  * exact DFT of a few outputs.  X and O: the operands (out of place).  The
  * winner's VkFFT plan goes into the plan cache, the others are freed.
- * Returns 0 (VkFFT's defaults when nothing could be measured) or
- * DSPK_ECANCELED. */
+ * Returns 0 (VkFFT's defaults when nothing could be measured),
+ * DSPK_ECANCELED, or 1 when canceled after a candidate's run completed and
+ * passed its check: O then holds the transform (each run is the whole op on
+ * these operands, waited for). */
 static int fft_choose(struct dspk__dev *d, struct dspk__vkfft_desc *desc, int inverse,
                       const struct dspk__tensor *X, const struct dspk__tensor *O,
                       int *use_sk, struct dspk__vk_sfft_cfg *sk, struct dspk__opctx *ctx) {
@@ -836,7 +838,9 @@ static int fft_choose(struct dspk__dev *d, struct dspk__vkfft_desc *desc, int in
                  dspk__vk_bind_tensor(d, O, &u->bo, &u->eo)))
     u->nsk = 0;
   tune_req(d, desc, shape, sizeof shape, u->sk, u->nsk, names, cands, &req);
+  int ran_ok = 0;
   req.ud = u;
+  req.ran_ok = &ran_ok;
   if (ctx) {
     req.progress = ctx->progress;
     req.progress_ud = ctx->progress_ud;
@@ -867,7 +871,7 @@ static int fft_choose(struct dspk__dev *d, struct dspk__vkfft_desc *desc, int in
   }
   free(u);
   if (r == DSPK_ECANCELED)
-    return r;
+    return ran_ok ? 1 : r;
   tp = malloc(sizeof *tp);
   if (tp) {
     tp->kind = 3;
@@ -1134,8 +1138,9 @@ int dspk__vk_fft(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *c
   int forced, use_sk = 0;
   struct dspk__vk_sfft_cfg sk;
   if (oop && want_tune(d, total, &forced, &sk) &&
-      (r = fft_choose(d, &desc, op->u.fft.inverse, X, O, &use_sk, &sk, ctx)) == DSPK_ECANCELED)
-    return r;
+      ((r = fft_choose(d, &desc, op->u.fft.inverse, X, O, &use_sk, &sk, ctx)) ==
+           DSPK_ECANCELED || r == 1))
+    return r == 1 ? 0 : r; /* 1: a candidate's run left the transform in O */
   if (oop && forced >= 0 && forced < NTUNES)
     desc.tune = tunes[forced].t;
   if (oop && forced == NTUNES && !dbl && dspk__vk_sfft_valid(d, n, batch, &sk))

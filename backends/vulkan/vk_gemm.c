@@ -609,6 +609,7 @@ static int gemm_exec(struct dspk__dev *d, const struct gdesc *g, struct dspk__op
   snprintf(layout, sizeof layout, "%c%c%c%c", g->sak == 1 ? 'n' : 't', g->sbn == 1 ? 'n' : 't',
            g->has_c ? 'c' : '-', vec ? 'v' : 's');
   struct tune_ud u = {d, g, ctx, map};
+  int ran_ok = 0;
   struct dspk__autotune_req req = {
       .op = "gemm",
       .shape = shape,
@@ -620,14 +621,15 @@ static int gemm_exec(struct dspk__dev *d, const struct gdesc *g, struct dspk__op
       .ud = &u,
       .progress = ctx ? ctx->progress : NULL,
       .progress_ud = ctx ? ctx->progress_ud : NULL,
-      .cancel = ctx ? ctx->cancel : NULL};
+      .cancel = ctx ? ctx->cancel : NULL,
+      .ran_ok = &ran_ok};
   /* Above 2^36 multiply-adds (4096^3) a run is long enough that 3 samples
    * are steady: tuning 8192^3 among every candidate then takes seconds. */
   struct dspk__autotune_opts opts = {.samples = work >= ((uint64_t)1 << 36) ? 3 : 0};
   for (;;) {
     int w, r = dspk__autotune_choose(d->env.cache, &req, &opts, &w, NULL);
-    if (r == DSPK_ECANCELED)
-      return r;
+    if (r == DSPK_ECANCELED) /* a candidate that completed left the whole product */
+      return ran_ok ? 0 : r;
     if (r < 0)
       return launch(d, g, &tiles[0], ctx);
     r = launch(d, g, &tiles[map[w]], ctx);

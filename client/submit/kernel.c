@@ -155,9 +155,11 @@ static int parse_scalar(dspk__sub_ctx *ctx, const char *spec, dspk_karg *k) {
     if (dspk__sub_parse_double(v, &d) < 0)
       return dspk__sub_usage(ctx, "bad number in '%s'", spec);
     k->kind = spec[1] == '3' ? DSPK_KARG_F32 : DSPK_KARG_F64;
-    /* Beyond f32's range a value would become an infinity: refused like
-     * an f64 beyond f64's ("inf" and "nan" themselves are f32 values). */
-    if (k->kind == DSPK_KARG_F32 && (d > FLT_MAX || d < -FLT_MAX) && !isinf(d))
+    /* A value that rounds (to nearest even) to an infinity is refused like
+     * an f64 beyond f64's: |d| >= 2^128 - 2^103, the midpoint between
+     * FLT_MAX and 2^128 (below it, 3.4028235e38 say, it rounds to FLT_MAX;
+     * the daemon's rule, proto/dtype.h; "inf" and "nan" are f32 values). */
+    if (k->kind == DSPK_KARG_F32 && fabs(d) >= 0x1.ffffffp127 && !isinf(d))
       return dspk__sub_usage(ctx, "bad f32 in '%s' (beyond f32's range)", spec);
     if (k->kind == DSPK_KARG_F32)
       k->v.f32 = (float)d;

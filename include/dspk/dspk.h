@@ -407,6 +407,9 @@ typedef struct dspk_task {
   unsigned nout_refs;
   struct { uint64_t buffer, offset; } out_refs[DSPK_MAX_OUTPUTS];
 
+  /* An op computed in f32 (gemm of f32/f16/bf16, map of f32/c64) rounds
+   * alpha and beta to f32: a finite one that would become an infinity is
+   * DSPK_ERANGE (protocol.md). */
   struct { bool trans_a, trans_b; double alpha, beta; } gemm;
   struct { bool inverse; } fft;
   struct { const char *subscripts; } contract; /* "ik,kj->ij" */
@@ -459,7 +462,8 @@ DSPK_EXPORT int dspk_run(dspk_client *c, const dspk_task *t, dspk_result *res);
  * dspk_wait() blocks until that ticket's answer arrives (answers to other
  * tickets read meanwhile are kept for their own dspk_wait) and consumes the
  * ticket.  dspk_cancel() asks the daemon to cancel it; its dspk_wait()
- * then returns DSPK_ECANCELED unless it had already completed.
+ * then returns DSPK_ECANCELED when its work stopped before it was complete,
+ * else its result (the work completed first).
  */
 DSPK_EXPORT int dspk_submit(dspk_client *c, const dspk_task *t,
                             uint32_t *ticket);
@@ -471,9 +475,9 @@ DSPK_EXPORT int dspk_wait_any(dspk_client *c, uint32_t *ticket,
 /* Sends task.cancel for ticket and waits for that call's answer; *canceled
  * (may be NULL) tells whether the request was still in flight: queued, it
  * was removed and its dspk_wait() returns DSPK_ECANCELED; running, it was
- * asked to stop, and its dspk_wait() returns DSPK_ECANCELED, or its result
- * when the work finished first (work a GPU has already been given
- * finishes).  false: the request had already finished (or no request of c
+ * asked to stop, and its dspk_wait() returns DSPK_ECANCELED when the work
+ * stopped before it was complete, or its result when the work completed
+ * (work a GPU has already been given, one BLAS call, completes).  false: the request had already finished (or no request of c
  * has that ticket). */
 DSPK_EXPORT int dspk_cancel(dspk_client *c, uint32_t ticket, bool *canceled);
 

@@ -1469,7 +1469,8 @@ class Client:
 
     def cancel(self, future: concurrent.futures.Future) -> bool:
         """Asks the daemon to cancel the request of ``future`` (from :meth:`submit`);
-        True when it was still in flight (the future then fails with dspk.Canceled)."""
+        True when it was still in flight: the future then fails with dspk.Canceled when
+        the work stopped, or holds its result when the work completed first."""
         owner = getattr(future, "_owner", None)
         if not isinstance(future, TaskFuture) or owner is None or owner() is not self:
             # Its msgid would name another request of this connection (they count

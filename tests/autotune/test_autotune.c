@@ -363,12 +363,29 @@ static void test_cancel(void **state) {
   (void)state;
   struct dspk__autotune_req r = base_req();
   int w;
-  /* The tuner is cancelled from inside its first run. */
+  /* The tuner is cancelled from inside its first run, which completes:
+   * ran_ok says so (a caller whose runs are the whole op then has its
+   * result); without ran_ok nothing is written. */
   atomic_int cancel = 0;
+  int ran_ok = -1;
   r.cancel = &cancel;
+  r.ran_ok = &ran_ok;
   F.cancel_on_run = &cancel;
   assert_int_equal(dspk__autotune_choose(NULL, &r, &opts, &w, NULL), DSPK_ECANCELED);
   assert_int_equal(total_calls(), 1);
+  assert_int_equal(ran_ok, 1);
+  /* A run that failed before the cancel: 0. */
+  atomic_store(&cancel, 0);
+  F.fail[0] = DSPK_EDEVICE;
+  assert_int_equal(dspk__autotune_choose(NULL, &r, &opts, &w, NULL), DSPK_ECANCELED);
+  assert_int_equal(ran_ok, 0);
+  F.fail[0] = 0;
+  /* Canceled before any run: left as it was. */
+  ran_ok = -1;
+  assert_int_equal(dspk__autotune_choose(NULL, &r, &opts, &w, NULL), DSPK_ECANCELED);
+  assert_int_equal(ran_ok, -1);
+  r.ran_ok = NULL;
+  atomic_store(&cancel, 0);
   F.cancel_on_run = NULL;
   /* The key was given back: the next request tunes. */
   r.cancel = NULL;

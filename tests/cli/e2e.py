@@ -973,12 +973,17 @@ def suite_errors(cli, tmp):
         cli.fails(args + ["--device", ""], args[0], "EINVAL", rc_want=2,
                   detail="empty --device")
     # A scalar argument outside its type, f32 as the integers: a bad number
-    # (1e39 became an infinity; inf and nan themselves are f32 values).
-    for bad in ("f32:1e39", "f32:-1e39", "i32:2147483648", "u32:-1"):
+    # (1e39 became an infinity; inf and nan themselves are f32 values).  The
+    # bound is the daemon's: 2^128 - 2^103 (3.4028235677973366e38) and past
+    # it round to an infinity, anything below to FLT_MAX at most (numpy's
+    # printed FLT_MAX, 3.4028235e38, was refused).
+    for bad in ("f32:1e39", "f32:-1e39", "f32:3.4028235677973366e38", "i32:2147483648",
+                "u32:-1"):
         cli.fails(["kernel", ksrc, "--entry", "k", "--grid", "1", "--block", "32",
                    "zeros:f32:32", bad, "--device", "cpu:0"], "kernel", "EINVAL",
                   rc_want=2, detail=bad)
-    for fine in ("f32:inf", "f32:nan", "f32:3.4028234e38"):  # past the parser: the daemon's
+    for fine in ("f32:inf", "f32:nan", "f32:3.4028234e38", "f32:3.4028235e38",
+                 "f32:-3.4028235677973362e38"):  # past the parser: the daemon's
         cli.fails(["kernel", ksrc, "--entry", "k", "--grid", "1", "--block", "32",
                    "zeros:f32:32", fine, "--device", "cpu:0"], "kernel", "ENOTSUP")
     cli.fails(["kernel", missing, "--entry", "k", "--grid", "1", "--block",

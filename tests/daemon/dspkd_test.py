@@ -396,6 +396,40 @@ def t_inflight(exe, tmp):
     c.close()
     d.stop()
 
+    # max_inflight bounds every request answered later, not only device
+    # work: cache.clear waiting for a cache file another process holds
+    # locked counts, and the ping behind two of them is not read until one
+    # has answered (the daemon took in every one while the file was locked,
+    # and status counted none of them).
+    import sqlite3
+    path = os.path.join(tmp, "inflight-cache.db")
+    d = Daemon(exe, tmp, ["--max-inflight", "2", "--cache", path])
+    c, watcher = d.client(), d.client()
+    db = sqlite3.connect(path, isolation_level=None, timeout=TIMEOUT)
+    db.execute("BEGIN EXCLUSIVE")
+    clears = [c.send("cache.clear") for _ in range(3)]
+    ping = c.send("ping", {"data": b"after"})
+    deadline = time.monotonic() + TIMEOUT
+    while True:
+        mine = [x for x in watcher.call("status")["clients"] if not x["self"]]
+        if mine and mine[0]["inflight"] == 2:
+            break
+        check(time.monotonic() < deadline, "two cache.clear counted in flight: %r" % mine)
+    check(mine[0]["requests"] == 2, "the third cache.clear and the ping are not read: %r"
+          % mine)
+    db.execute("ROLLBACK")
+    db.close()
+    while ping not in c.responses:
+        c.pump()
+    check(any(m in c.responses for m in clears[:2]),
+          "the ping was read once a cache.clear had answered")
+    for m in clears:
+        c.wait(m)
+    check(c.wait(ping) == {"data": b"after"}, "the ping")
+    c.close()
+    watcher.close()
+    d.stop()
+
 
 def t_garbage(exe, tmp):
     d = Daemon(exe, tmp)
@@ -1624,6 +1658,33 @@ def t_partial(exe, tmp):
     other.close()
     d.stop()
 
+    # Read buffers count at their allocated size, and one grows only to what
+    # the quota leaves: a lone connection's message may be max_user_partial
+    # bytes (a 66,000-byte ping under 100K was refused: its buffer would have
+    # doubled to 128 KiB), one byte more is refused with the numbers.
+    d = Daemon(exe, tmp, ["--max-user-partial", "100K"])
+
+    def ping_frame(total):
+        over = len(msgpack.packb([0, 1, "ping", [{"data": b"x" * 70000}]],
+                                 use_bin_type=True)) - 70000
+        f = msgpack.packb([0, 1, "ping", [{"data": b"x" * (total - over)}]], use_bin_type=True)
+        check(len(f) == total, "a frame of %d bytes" % total)
+        return f, total - over
+    c = d.client()  # one connection: a closed one's buffer may still count a while
+    for total in (66000, 102400):
+        f, n = ping_frame(total)
+        c.sock.sendall(f)
+        check(len(c.wait(1)["data"]) == n, "a %d-byte message fits" % total)
+    c.sock.sendall(ping_frame(102401)[0])
+    notes = c.expect_closed()
+    msgs = [n[2][0]["message"] for n in notes if n[1] == "protocol.error"
+            and n[2][0]["name"] == "ELIMIT"]
+    check(len(msgs) == 1 and "max_user_partial (102400 bytes)" in msgs[0]
+          and "(allocated size)" in msgs[0] and "102400 bytes so far" in msgs[0],
+          "refused with the numbers: %r" % notes)
+    c.close()
+    d.stop()
+
 
 def t_memquota(exe, tmp):
     """Device memory per connection (max_conn_memory) and per user
@@ -1762,6 +1823,105 @@ def t_cancel(exe, tmp):
         check(e.name == "ECANCELED", "canceled fft: ECANCELED, got %s" % e.name)
     dt = time.monotonic() - t0
     check(dt < 3.0, "a cold-planned fft answered within %.2f s of its cancel" % dt)
+    c.close()
+    watcher.close()
+    d.stop()
+
+
+def t_canceldone(exe, tmp):
+    """A task.cancel that comes once the task's work is complete is answered
+    canceled: true, and the task its usual answer with its whole result; a
+    cancel that comes before the work stops it: ECANCELED, outputs not
+    written.  The test hook DSPKD_TEST_CANCEL_WAIT holds the runner until the
+    cancel has come, after (before) the backend ran the task, so the cancel
+    falls at that exact point (the tester's gemm of 1536^2, one BLAS call,
+    canceled 5 ms after it started, finished and was answered ECANCELED)."""
+    rng = np.random.default_rng(31)
+    n = 384  # above the quick gemms (256^3), which the loop runs inline
+    A = rng.standard_normal((n, n)).astype(np.float32)
+    for when in ("after", "before"):
+        env = dict(os.environ, DSPKD_TEST_CANCEL_WAIT=when)
+        d = Daemon(exe, tmp, ["--no-cache"], env=env)
+        c, watcher = d.client(), d.client()
+        a = c.call("buffer.create", {"device": "cpu:0", "size": n * n * 4})["buffer"]
+        o = c.call("buffer.create", {"device": "cpu:0", "size": n * n * 4})["buffer"]
+        c.call("buffer.write", {"buffer": a, "data": A.tobytes()})
+        ops = [gemm_task((a, o), n),
+               {"op": "fft", "device": "cpu:0", "inputs": [tensor(A.astype(np.complex64))]},
+               {"op": "map", "device": "cpu:0", "options": {"fn": "exp"},
+                "inputs": [{"buffer": a, "dtype": "f32", "shape": [n, n]}]}]
+        wants = [A.astype(np.float64) @ A, np.fft.fft(A.astype(np.complex128), axis=-1),
+                 np.exp(A.astype(np.float64))]
+        for task, want in zip(ops, wants):
+            if task["op"] == "gemm":
+                c.call("buffer.write", {"buffer": o, "data": bytes(n * n * 4)})
+            mid = c.send("task.run", task)
+            deadline = time.monotonic() + TIMEOUT
+            while cpu_running(watcher)[1] == 0:
+                check(time.monotonic() < deadline, "the %s started" % task["op"])
+            check(c.call("task.cancel", {"msgid": mid}) == {"canceled": True},
+                  "%s: the running task is canceled" % task["op"])
+            if when == "after":
+                r = c.wait(mid)
+                got = (np.frombuffer(c.call("buffer.read", {"buffer": o})["data"], np.float32)
+                       .reshape(n, n) if task["op"] == "gemm" else array(r["outputs"][0]))
+                close_enough(got, want, "%s completed before its cancel" % task["op"],
+                             got.dtype)
+                continue
+            try:
+                c.wait(mid)
+                raise AssertionError("%s: answered although its cancel came first" % task["op"])
+            except RpcError as e:
+                check(e.name == "ECANCELED", "%s: ECANCELED, got %s" % (task["op"], e.name))
+            if task["op"] == "gemm":
+                got = c.call("buffer.read", {"buffer": o})["data"]
+                check(got == bytes(n * n * 4), "a gemm that did not run wrote no output")
+        c.close()
+        watcher.close()
+        d.stop()
+
+    # An autotuning canceled after a candidate ran: each candidate of the
+    # Vulkan fft's tuning (forced here) is the whole transform on the task's
+    # operands, so one that completed left the result and the task answers
+    # with it (it was ECANCELED, the output complete); canceled before any
+    # run, ECANCELED and the output untouched.
+    env = dict(os.environ, DSPK_VK_FFT_TUNE="force")
+    d = Daemon(exe, tmp, ["--no-cache", "--backends", "vulkan"], env=env)
+    c, watcher = d.client(), d.client()
+    vk = [x["id"] for x in c.call("devices")["devices"]]
+    if vk:
+        X = rng.standard_normal((64, 1024)) + 1j * rng.standard_normal((64, 1024))
+        X = X.astype(np.complex64)
+        x = c.call("buffer.create", {"device": vk[0], "size": X.nbytes})["buffer"]
+        o = c.call("buffer.create", {"device": vk[0], "size": X.nbytes})["buffer"]
+        c.call("buffer.write", {"buffer": x, "data": X.tobytes()})
+        want = np.fft.fft(X.astype(np.complex128), axis=-1)
+        for trial in range(3):
+            c.call("buffer.write", {"buffer": o, "data": bytes(X.nbytes)})
+            mid = c.send("task.run", {"op": "fft", "device": vk[0], "outputs": [{"buffer": o}],
+                                      "inputs": [{"buffer": x, "dtype": "c64",
+                                                  "shape": [64, 1024]}]})
+            deadline = time.monotonic() + TIMEOUT
+            while mid not in c.responses:
+                st = [y for y in watcher.call("status")["devices"] if y["id"] == vk[0]]
+                if st[0]["running"]:
+                    break
+                check(time.monotonic() < deadline, "the fft started")
+                if select.select([c.sock], [], [], 0)[0]:
+                    c.pump()
+            c.call("task.cancel", {"msgid": mid})
+            try:
+                c.wait(mid)
+                ok = True
+            except RpcError as e:
+                check(e.name == "ECANCELED", "canceled fft: %s" % e.name)
+                ok = False
+            got = np.frombuffer(c.call("buffer.read", {"buffer": o})["data"],
+                                np.complex64).reshape(64, 1024)
+            if ok:
+                close_enough(got, want, "a tuned fft answered ok", np.complex64)
+            else:
+                check(not np.any(got), "a tuning canceled before any run wrote nothing")
     c.close()
     watcher.close()
     d.stop()
@@ -2676,6 +2836,7 @@ GROUPS = {
     "partial": t_partial,
     "memquota": t_memquota,
     "cancel": t_cancel,
+    "canceldone": t_canceldone,
     "done": t_done,
     "fencefault": t_fencefault,
 }

@@ -249,6 +249,9 @@ def still_open(c):
 
 # ---------------------------------------------------------------- tensors
 
+FLT_MAX = struct.unpack("<f", b"\xff\xff\x7f\x7f")[0]
+
+
 def t32(vals, shape=None):
     return {"dtype": "f32", "shape": [len(vals)] if shape is None else shape,
             "data": struct.pack("<%df" % len(vals), *vals)}
@@ -1237,10 +1240,10 @@ def kernel_args(env):
            " a[i] = b[i] * s + float(k) + float(u); }\n")
     x, y = t32([0, 0, 0]), t32([1, 2, 3])
 
-    def run(args, **opt):
+    def run(args, inputs=(x, y), **opt):
         o = {"lang": "glsl", "source": src, "grid": [3], "args": args}
         o.update(opt)
-        return c.call("task.run", {"op": "kernel", "device": vk[0], "inputs": [x, y],
+        return c.call("task.run", {"op": "kernel", "device": vk[0], "inputs": list(inputs),
                                    "options": o})
     scal = [{"f32": 2}, {"i32": -10}, {"u32": 100}]
     r = run([{"tensor": 0}, {"tensor": 1}] + scal)
@@ -1267,6 +1270,22 @@ def kernel_args(env):
            "ERANGE", "options.args[2]")
     r = run([{"tensor": 0}, {"tensor": 1}, {"f32": float("inf")}, {"i32": 0}, {"u32": 0}])
     check(r[0] == "ok" and vals32(r[1]["outputs"][0]) == [math.inf] * 3, "f32 inf %r" % (r,))
+    # "beyond f32's range" is "would become an infinity": every finite value
+    # that rounds (to nearest even) to FLT_MAX is in range, numpy's printed
+    # FLT_MAX (3.4028235e38) and the last double below 2^128 - 2^103 among
+    # them; that midpoint itself rounds to 2^128, an infinity (ERANGE, the
+    # value in the message exactly as sent, %.17g)
+    mid = math.ldexp(0x1ffffff, 103)
+    halves = t32([1, 0.5, 0.25])
+    for v in (FLT_MAX, 3.4028235e38, math.nextafter(mid, 0), -math.nextafter(mid, 0)):
+        r = run([{"tensor": 0}, {"tensor": 1}, {"f32": v}, {"i32": 0}, {"u32": 0}],
+                inputs=(x, halves))
+        want = [math.copysign(FLT_MAX, v) * s for s in (1, 0.5, 0.25)]
+        check(r[0] == "ok" and vals32(r[1]["outputs"][0]) == want,
+              "f32 %r rounds to FLT_MAX: %r" % (v, r))
+    for v in (mid, -mid, math.nextafter(mid, math.inf)):
+        expect(run([{"tensor": 0}, {"tensor": 1}, {"f32": v}, {"i32": 0}, {"u32": 0}]),
+               "ERANGE", "options.args[2]", "%.17g" % v)
     still_open(c)
 
 
@@ -1303,6 +1322,37 @@ def gemm_blas(env):
         r = c.ok("task.run", {"op": "gemm", "device": dev, "inputs": [h, h, t32([1.0], [1, 1])],
                               "options": {"alpha": 0, "beta": 3}})
         check(vals32(r["outputs"][0]) == [3], "%s f16 alpha 0: %r" % (dev, r))
+        # alpha and beta of an op computed in f32 are rounded to f32 as
+        # {f32: v} is: one that rounds to FLT_MAX is used as FLT_MAX, a finite
+        # one that would become an infinity is ERANGE (f64 ops take any)
+        mid = math.ldexp(0x1ffffff, 103)
+        one = t32([1.0], [1, 1])
+        for opt in ({"alpha": 3.4028235e38}, {"alpha": 0.5, "beta": -math.nextafter(mid, 0),
+                                              "c": True}):
+            ins = [one, one] + ([t32([1.0], [1, 1])] if opt.pop("c", False) else [])
+            r = c.ok("task.run", {"op": "gemm", "device": dev, "inputs": ins, "options": opt})
+            want = [FLT_MAX] if "beta" not in opt else [0.5 - FLT_MAX]
+            check(vals32(r["outputs"][0]) == want, "%s gemm %r: %r" % (dev, opt, r))
+        for name, v in (("alpha", mid), ("beta", -1e39)):
+            expect(c.call("task.run", {"op": "gemm", "device": dev, "inputs": [one, one],
+                                       "options": {name: v}}),
+                   "ERANGE", "options." + name, "%.17g" % v)
+            expect(c.call("task.run", {"op": "gemm", "device": dev,
+                                       "inputs": [h, h, t32([1.0], [1, 1])],
+                                       "options": {name: v}}), "ERANGE", "options." + name)
+        r = c.ok("task.run", {"op": "gemm", "device": dev, "inputs": [t64([1.0], [1, 1])] * 2,
+                              "options": {"alpha": 1e300}})
+        check(vals64(r["outputs"][0]) == [1e300], "%s f64 gemm, alpha 1e300: %r" % (dev, r))
+        for fn, ins in (("scale", [t32([1.0, 2.0])]), ("axpy", [t32([1.0, 2.0])] * 2)):
+            expect(c.call("task.run", {"op": "map", "device": dev, "inputs": ins,
+                                       "options": {"fn": fn, "alpha": 1e39}}),
+                   "ERANGE", "options.alpha", "%.17g" % 1e39)
+            r = c.ok("task.run", {"op": "map", "device": dev, "inputs": ins,
+                                  "options": {"fn": fn, "alpha": 3.4028235e38}})
+            check(vals32(r["outputs"][0])[0] == FLT_MAX, "%s map %s %r" % (dev, fn, r))
+        r = c.ok("task.run", {"op": "map", "device": dev, "inputs": [t32([-1.0])],
+                              "options": {"fn": "abs", "alpha": 1e39}})
+        check(vals32(r["outputs"][0]) == [1.0], "%s abs: alpha unused %r" % (dev, r))
     still_open(c)
 
 
@@ -1680,6 +1730,41 @@ def cancel_kinds(env):
 
 # ---- admin, cache, metrics, trace, jobs
 
+@case("task.cancel: ECANCELED only for work that stopped; work that completed answers as "
+      "usual, on every backend")
+def cancel_done(env):
+    c = env.conn()
+    n = 768
+    for dev in gpu_and_cpu_devices(c):
+        a = c.ok("buffer.create", {"device": dev, "size": n * n * 4})["buffer"]
+        o = c.ok("buffer.create", {"device": dev, "size": n * n * 4})["buffer"]
+        c.ok("buffer.write", {"buffer": a, "data": struct.pack("<f", 1.0) * (n * n)})
+        A = {"buffer": a, "dtype": "f32", "shape": [n, n]}
+        for trial in range(2):
+            c.ok("buffer.write", {"buffer": o, "data": bytes(n * n * 4)})
+            m = c.request("task.run", {"op": "gemm", "device": dev, "inputs": [A, A],
+                                       "outputs": [{"buffer": o}]})
+            # canceled once it runs (or once it answered: canceled false)
+            while not c.responses.get(m):
+                st = [x for x in c.ok("status")["devices"] if x["id"] == dev]
+                if st and st[0]["running"]:
+                    break
+            r = c.ok("task.cancel", {"msgid": m})
+            got = c.wait(m)
+            out = c.ok("buffer.read", {"buffer": o})["data"]
+            whole = out == struct.pack("<f", float(n)) * (n * n)
+            check(got[0] in ("ok", "ECANCELED"), "%s: canceled gemm %r" % (dev, got[0]))
+            check(r["canceled"] or got[0] == "ok", "%s: not canceled, yet %r" % (dev, got[0]))
+            # ok: its whole result; ECANCELED: the work stopped, its output
+            # not complete (a gemm on a GPU or in one BLAS call completes)
+            check(whole if got[0] == "ok" else not whole,
+                  "%s: answered %s, output %s" % (dev, got[0], "complete" if whole else
+                                                  "not complete"))
+        c.ok("buffer.free", {"buffer": a})
+        c.ok("buffer.free", {"buffer": o})
+    still_open(c)
+
+
 @case("metrics: a str")
 def metrics(env):
     c = env.conn()
@@ -1927,10 +2012,15 @@ def job_binding(env):
     check([d["id"] for d in j.ok("devices")["devices"]] == r["devices"], "the job's devices")
     j.ok("buffer.create", {"device": "cpu:0", "size": 8})
     expect(j.call("job.end", {"job": 9}), "EINVAL")
+    # a trace still recording is a request in flight, counted everywhere
+    j.request("trace", {"seconds": 600})
+    still_open(j)  # answered once the daemon has taken in the trace before it
     st = c.ok("status")
-    check([(x["job"], x["connections"], x["buffers"], x["ended"]) for x in st["jobs"]]
-          == [(9, 1, 1, False)], "status jobs %r" % st["jobs"])
+    check([(x["job"], x["connections"], x["inflight"], x["buffers"], x["ended"])
+           for x in st["jobs"]] == [(9, 1, 1, 1, False)], "status jobs %r" % st["jobs"])
     check(sorted(x["job"] or 0 for x in st["clients"]) == [0, 9], "clients' jobs")
+    check([x["inflight"] for x in st["clients"] if x["job"] == 9] == [1],
+          "the job's connection: its trace in flight %r" % st["clients"])
     # a claim of a job not registered while the uid has one: EPERM, the
     # connection stays and may retry
     k = env.conn()
@@ -1939,7 +2029,7 @@ def job_binding(env):
     check(k.call("status")[0] == "ok", "status does not decide")
     expect(k.call("buffer.create", {"size": 8}), "EPERM")
     r = c.ok("job.end", {"job": 9})
-    check(r == {"job": 9, "ended": True, "connections": 1, "inflight": 0, "buffers": 1},
+    check(r == {"job": 9, "ended": True, "connections": 1, "inflight": 1, "buffers": 1},
           "end %r" % r)
     j.expect_close()
     check(c.ok("job.end", {"job": 9}) == {"job": 9, "ended": False}, "ended already")
@@ -2141,6 +2231,13 @@ def inflight(env):
     check(c.wait(pg)[0] == "ok" and all(c.wait(m)[0] == "ok" for m in g), "answers")
     check(c.order.index(20) > min(c.order.index(10), c.order.index(11)),
           "the ping was read only once a task was answered: %r" % c.order)
+    # every method answered later counts, a trace too: two traces, and the
+    # ping after them is read once one of them has answered
+    ts = [c.request("trace", {"seconds": 0.2}, msgid=30 + i) for i in range(2)]
+    pg = c.request("ping", msgid=40)
+    check(c.wait(pg)[0] == "ok" and all(c.wait(m)[0] == "ok" for m in ts), "trace answers")
+    check(c.order.index(40) > min(c.order.index(30), c.order.index(31)),
+          "the ping was read only once a trace was answered: %r" % c.order)
 
 
 @case("Notifications from the daemon: task.progress while a task tunes", daemon="progress")
