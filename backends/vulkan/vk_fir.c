@@ -18,8 +18,24 @@
  * transform, the multiplication and the scatter: the transforms' first
  * and last passes do them, the filter being one row more of the batch
  * (dspk__vk_sfft_fir), four passes over memory fewer.  Temporaries: two
- * (blocks x L) complex buffers and two of L for the filter, kept per block
- * layout in the device's plan cache for the next task (get_ws).
+ * (blocks x L) complex buffers and two of L for the filter, and a flag per
+ * block, kept per block layout in the device's plan cache for the next
+ * task (get_ws).
+ *
+ * Non-finite values: one NaN or Inf in a block's samples (or in a tap)
+ * makes every output of its transforms non-finite, and finite samples
+ * whose transforms overflow (3e38 times taps of 1e-6: an exact result of
+ * 9e34) do the same, where the direct sum is non-finite only at the
+ * outputs the value reaches (x[i] reaches y[i..i+k-1]), or nowhere.  So
+ * after the scatter a kernel flags each segment (the S outputs of one
+ * block) that holds a NaN or an Inf (flags cleared by vkCmdFillBuffer), and
+ * the direct kernel runs again on the flagged segments' outputs only
+ * (dspk__vk_fir_fixup: a workgroup with no flagged output ends at once),
+ * all in the same command buffer: no wait on the host.  The result is the
+ * direct sum's wherever that is finite, and non-finite exactly where it
+ * is; a NaN sample costs its block's segment, a NaN tap the whole row, and
+ * finite data one pass over the output and one empty dispatch per 16384
+ * taps.
  *
  * The choice: filters of at most FIR_DIRECT_MAX_K taps are always direct.
  * For longer ones on a hardware device the candidates are "direct",
@@ -78,13 +94,14 @@ static int geometry(int64_t n, int64_t k, int64_t rows, int cplx, int m,
 }
 
 /* One of the path's kernels for dtype dt: 0 hpad, 1 gather, 2 cmul,
- * 3 scatter. */
+ * 3 scatter, 4 flag. */
 static int fir_kernel(struct dspk__dev *d, dspk_dtype dt, int which,
                       struct dspk__vk_kernel **out, struct dspk__opctx *ctx) {
-  static const char *const names[4] = {"fir.hpad", "fir.gather", "fir.cmul", "fir.scatter"};
-  static const int nbind[4] = {2, 2, 2, 2};
-  static const uint32_t pcs[4] = {12, 32, 8, 32};
-  static const char *const body[4] = {
+  static const char *const names[5] = {"fir.hpad", "fir.gather", "fir.cmul", "fir.scatter",
+                                       "fir.flag"};
+  static const int nbind[5] = {2, 2, 2, 2, 2};
+  static const uint32_t pcs[5] = {12, 32, 8, 32, 20};
+  static const char *const body[5] = {
       /* hp = h zero-padded to L, as complex */
       "layout(std430, binding = 0) readonly buffer BH { T h[]; };\n"
       "layout(std430, binding = 1) writeonly buffer BP { C hp[]; };\n"
@@ -144,16 +161,36 @@ static int fir_kernel(struct dspk__dev *d, dspk_dtype dt, int which,
       "      if (t < pc.n) y[pc.oy + row * pc.n + t] = v[p];\n"
       "    }\n"
       "#endif\n"
+      "  }\n}\n",
+      /* fl[segment] |= 1 where an output of the segment (S samples of a
+       * row, nb a row) is NaN or infinite, by the exponent's bits (which
+       * no compiler's fast math folds away) */
+      "layout(std430, binding = 0) readonly buffer BY { T y[]; };\n"
+      "layout(std430, binding = 1) buffer BF { uint fl[]; };\n"
+      "layout(push_constant) uniform PC { uint total, n, S, nb, oy; } pc;\n"
+      "#if DBL\n"
+      "bool bad(double v) { return (unpackDouble2x32(v).y & 0x7ff00000u) == 0x7ff00000u; }\n"
+      "#else\n"
+      "bool bad(float v) { return (floatBitsToUint(v) & 0x7f800000u) == 0x7f800000u; }\n"
+      "#endif\n"
+      "void main() {\n"
+      "  for (uint i = gl_GlobalInvocationID.x; i < pc.total; i += STRIDE) {\n"
+      "    T v = y[pc.oy + i];\n"
+      "#if CPLX\n    bool b = bad(v.x) || bad(v.y);\n#else\n    bool b = bad(v);\n#endif\n"
+      "    if (b) {\n"
+      "      uint row = i / pc.n, t = i - row * pc.n;\n"
+      "      atomicOr(fl[row * pc.nb + t / pc.S], 1u);\n"
+      "    }\n"
       "  }\n}\n"};
   int cplx = dt == DSPK_C64 || dt == DSPK_C128, dbl = dt == DSPK_F64 || dt == DSPK_C128;
   char src[4096];
   snprintf(src, sizeof src,
            "#version 450\n"
            "layout(local_size_x = %d) in;\n"
-           "#define T %s\n#define C %s\n#define CPLX %d\n#define PARTS %du\n"
+           "#define T %s\n#define C %s\n#define CPLX %d\n#define DBL %d\n#define PARTS %du\n"
            "#define STRIDE (gl_NumWorkGroups.x * %du)\n"
            "#if CPLX\n#define TOC(v) (v)\n#else\n#define TOC(v) C(v, 0)\n#endif\n%s",
-           DSPK__VK_WG, dspk__vk_glsl_type(dt), dbl ? "dvec2" : "vec2", cplx, cplx ? 1 : 2,
+           DSPK__VK_WG, dspk__vk_glsl_type(dt), dbl ? "dvec2" : "vec2", cplx, dbl, cplx ? 1 : 2,
            DSPK__VK_WG, body[which]);
   return dspk__vk_kernel(d, names[which], src, NULL, 0, "main", nbind[which], pcs[which],
                          out, ctx);
@@ -194,6 +231,8 @@ struct fir_ws {
   int kind; /* 5 (see plan_evict in vk_backend.c) */
   int busy, evicted; /* evicted while a task records with it: freed after */
   struct dspk__mem *hp, *hs, *bb, *ff;
+  struct dspk__mem *fl; /* a uint per block (at most 2 per row of bb) */
+  size_t flbytes;
 };
 
 void dspk__vk_fir_ws_free(struct dspk__dev *d, void *ws) {
@@ -207,6 +246,7 @@ void dspk__vk_fir_ws_free(struct dspk__dev *d, void *ws) {
   dspk__vk_free(d, w->hs);
   dspk__vk_free(d, w->bb);
   dspk__vk_free(d, w->ff);
+  dspk__vk_free(d, w->fl);
   free(w);
 }
 
@@ -223,8 +263,11 @@ static int get_ws(struct dspk__dev *d, size_t hbytes, size_t bbytes, struct fir_
   if (!w)
     return DSPK_ENOMEM;
   w->kind = 5;
+  /* bb holds bbytes/hbytes rows of L, each up to two blocks (real signals) */
+  w->flbytes = 2 * sizeof(uint32_t) * (bbytes / hbytes);
   if ((r = dspk__vk_alloc(d, hbytes, &w->hp)) || (r = dspk__vk_alloc(d, hbytes, &w->hs)) ||
       (r = dspk__vk_alloc(d, bbytes, &w->bb)) || (r = dspk__vk_alloc(d, bbytes, &w->ff)) ||
+      (r = dspk__vk_alloc(d, w->flbytes, &w->fl)) ||
       (r = dspk__plancache_put(&d->plans, key, (size_t)klen, w))) {
     dspk__vk_fir_ws_free(d, w);
     return r;
@@ -270,7 +313,7 @@ static int fir_ols(struct dspk__dev *d, struct dspk__op *op, int m, struct dspk_
   int64_t rows = total / n, k = H->shape[0] < n ? H->shape[0] : n;
   struct dspk__fir_geo g;
   struct fir_ws *w;
-  struct dspk__vk_kernel *kk[4];
+  struct dspk__vk_kernel *kk[5];
   struct dspk__vk_bind bx, bh, by;
   uint32_t ex, eh, ey;
   int r;
@@ -289,7 +332,7 @@ static int fir_ols(struct dspk__dev *d, struct dspk__op *op, int m, struct dspk_
     return dspk__vk_fail(ctx, DSPK_ELIMIT,
                          "fir: %zu bytes of blocks exceed the device's maxStorageBufferRange",
                          bbytes);
-  for (int i = 0; i < 4; i++)
+  for (int i = 0; i < 5; i++)
     if ((r = fir_kernel(d, dt, i, &kk[i], ctx)))
       return r;
   if ((r = dspk__vk_bind_tensor(d, X, &bx, &ex)) || (r = dspk__vk_bind_tensor(d, H, &bh, &eh)) ||
@@ -337,6 +380,21 @@ static int fir_ols(struct dspk__dev *d, struct dspk__op *op, int m, struct dspk_
              (r = dspk__vk_dispatch(d, kk[2], b3, 2, mul, sizeof mul, groups(tb), 1, 1)) == 0 &&
              (r = fft_rows(d, cdt, w->ff, w->bb, g.nc, g.L, 1, ctx)) == 0) {
     r = dspk__vk_dispatch(d, kk[3], b4, 2, sct, sizeof sct, groups(ts), 1, 1);
+  }
+  /* The repair of non-finite segments (see the top of the file): the flags
+   * cleared, set by one pass over the output, and the direct kernel on the
+   * flagged segments' outputs, all on the device. */
+  if (r == 0) {
+    VkCommandBuffer cb;
+    VkDeviceSize flb = (VkDeviceSize)g.nblk * 4;
+    struct dspk__vk_bind bf = whole(w->fl, flb), b5[2] = {by, bf};
+    uint32_t flg[5] = {(uint32_t)total, (uint32_t)n, (uint32_t)g.S, (uint32_t)g.nb, ey};
+    if ((r = dspk__vk_cmd(d, &cb)) == 0) {
+      VK(CmdFillBuffer)(cb, w->fl->buf, w->fl->off, flb, 0);
+      dspk__vk_barrier(d);
+      if ((r = dspk__vk_dispatch(d, kk[4], b5, 2, flg, sizeof flg, groups(total), 1, 1)) == 0)
+        r = dspk__vk_fir_fixup(d, op, &bf, (uint32_t)g.S, (uint32_t)g.nb, ctx);
+    }
   }
   w->busy = 0;
   if (w->evicted)
