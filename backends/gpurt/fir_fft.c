@@ -32,6 +32,21 @@
  * tuning possible: the output overlaps an input) the heuristic is FFT with
  * ols-x8 from FIR_FFT_MIN_K taps on.
  *
+ * Non-finite values: one NaN or Inf in a block's samples (or in a tap)
+ * makes every output of its transforms non-finite, and finite samples
+ * whose transforms overflow (3e38 times taps of 1e-6: an exact result of
+ * 9e34) do the same, where the direct sum is non-finite only at the
+ * outputs the value reaches (x[i] reaches y[i..i+k-1]), or nowhere.  So
+ * the scatter flags each segment (the S outputs of one block) that holds a
+ * NaN or an Inf (flags after the blocks in the same temporary, cleared by
+ * a memset on the stream), and the direct kernel runs again on the flagged
+ * segments' outputs only (dspk_fir_fix), all on the stream: no wait on
+ * the host.  The result is the direct sum's wherever that is finite, and
+ * non-finite exactly where it is; a NaN sample costs its block's segment,
+ * a NaN tap the whole row, finite data a memset of nblk words and one
+ * wave of blocks that find no flag.  The same design as vk_fir.c and the
+ * cpu's overlap-add (backends/cpu/fir.c).
+ *
  * Precision: f32 and c64 transform in single precision (error about
  * log2(L) ulps of the largest output, against the direct kernel's double
  * accumulation), f64 and c128 in double.
@@ -113,6 +128,30 @@ static int fir_kernels(struct dspk__dev *dev, dspk_dtype dt, const char *pre,
   return rc;
 }
 
+/* Clears the segments' flags at fl (a uint per block of g) before the
+ * scatter sets them. */
+static int clear_flags(struct dspk__dev *dev, dspk__gptr fl, const struct dspk__fir_geo *g,
+                       struct dspk__opctx *ctx) {
+  int r = dev->drv->memset_async(fl, 0, (size_t)g->nblk * 4, dev->stream);
+  return r ? dspk__gpurt_err(dev, ctx, "cuMemsetD8Async", r) : 0;
+}
+
+/* The repair of non-finite segments (see the top of the file): the direct
+ * kernel on the outputs of the segments the scatter flagged in fl, on the
+ * stream (no wait on the host); one wave of blocks, each of which skips
+ * its outputs' taps when none of them is flagged. */
+static int fix_flagged(struct dspk__dev *dev, struct dspk__op *op, dspk__gptr fl,
+                       const struct dspk__fir_geo *g, struct dspk__opctx *ctx) {
+  const struct dspk__tensor *X = &op->in[0], *H = &op->in[1], *Y = &op->out[0];
+  dspk__gptr x = dspk__gpurt_ptr(X), h = dspk__gpurt_ptr(H), y = dspk__gpurt_ptr(Y);
+  int64_t n = X->shape[X->rank - 1], total = dspk__tensor_numel(X), S = g->S, nb = g->nb;
+  int k = (int)(H->shape[0] < n ? H->shape[0] : n);
+  void *args[9] = {&x, &h, &y, &n, &k, &total, &fl, &S, &nb};
+  dspk__gfunc fn;
+  int rc = kfn(dev, X->dtype, "dspk_fir_fix", &fn, ctx);
+  return rc ? rc : dspk__gpurt_launch1d_wave(dev, fn, total, 8, args, ctx);
+}
+
 /* The overlap-save path of complex signals, blocks as in g. */
 static int fir_ols_complex(struct dspk__dev *dev, struct dspk__op *op,
                            const struct dspk__fir_geo *g, struct dspk__opctx *ctx) {
@@ -130,13 +169,14 @@ static int fir_ols_complex(struct dspk__dev *dev, struct dspk__op *op,
   fir_ints(&a, g, n, k, total, (g->nblk + 1) * g->L, g->nblk * g->L, 0);
   if ((rc = fir_kernels(dev, dt, "dspk_fir_", &a, fn, ctx)))
     return rc;
-  /* the blocks, then the filter's block */
-  if ((rc = dspk__gpurt_tmp_alloc(dev, (size_t)a.ta * cs, &bb)))
+  /* the blocks, then the filter's block, then the segments' flags */
+  if ((rc = dspk__gpurt_tmp_alloc(dev, (size_t)a.ta * cs + (size_t)g->nblk * 4, &bb)))
     return dspk__gpurt_msg(ctx, rc, "fir: no device memory for %lld blocks of %lld samples",
                           (long long)g->nblk, (long long)g->L);
   {
     dspk__gptr x = dspk__gpurt_ptr(X), h = dspk__gpurt_ptr(H), y = dspk__gpurt_ptr(Y);
     dspk__gptr pbb = (dspk__gptr)bb->handle, phs = pbb + (dspk__gptr)a.tm * cs;
+    dspk__gptr pfl = pbb + (dspk__gptr)a.ta * cs;
     enum dspk__gfft type = dbl ? DSPK__GFFT_Z2Z : DSPK__GFFT_C2C;
     float sf = 1.0f / (float)g->L;
     double sd = 1.0 / (double)g->L;
@@ -144,7 +184,7 @@ static int fir_ols_complex(struct dspk__dev *dev, struct dspk__op *op,
                       FIR_INT(&a, nb), FIR_INT(&a, nblk), dbl ? (void *)&sd : (void *)&sf,
                       FIR_INT(&a, ta)};
     void *amul[4] = {&pbb, &phs, &a.lg, FIR_INT(&a, tm)};
-    void *asct[8] = {&pbb, &y, FIR_INT(&a, n), FIR_INT(&a, k), FIR_INT(&a, S), &a.lg,
+    void *asct[9] = {&pbb, &y, &pfl, FIR_INT(&a, n), FIR_INT(&a, k), FIR_INT(&a, S), &a.lg,
                      FIR_INT(&a, nb), FIR_INT(&a, total)};
     /* One plan of nblk+1 rows both ways (the filter's row comes back
      * transformed and unused). */
@@ -152,8 +192,10 @@ static int fir_ols_complex(struct dspk__dev *dev, struct dspk__op *op,
         (rc = dspk__gpurt_fft_plan(dev, type, g->L, g->L, g->nblk + 1, &pb, ctx)) == 0 &&
         (rc = exec(dev, pb, type, pbb, pbb, 0, ctx)) == 0 &&
         (rc = dspk__gpurt_launch1d_wave(dev, fn[1], a.tm, 8, amul, ctx)) == 0 &&
-        (rc = exec(dev, pb, type, pbb, pbb, 1, ctx)) == 0)
-      rc = dspk__gpurt_launch1d_wave(dev, fn[2], total, 8, asct, ctx);
+        (rc = exec(dev, pb, type, pbb, pbb, 1, ctx)) == 0 &&
+        (rc = clear_flags(dev, pfl, g, ctx)) == 0 &&
+        (rc = dspk__gpurt_launch1d_wave(dev, fn[2], total, 8, asct, ctx)) == 0)
+      rc = fix_flagged(dev, op, pfl, g, ctx);
   }
   dspk__gpurt_tmp_free(dev, bb);
   return rc;
@@ -182,7 +224,7 @@ static int fir_ols_real(struct dspk__dev *dev, struct dspk__op *op,
   fir_ints(&a, g, n, k, total, rows * g->L, g->nblk * m2, m2);
   if ((rc = fir_kernels(dev, dt, "dspk_fir_r", &a, fn, ctx)))
     return rc;
-  if ((rc = dspk__gpurt_tmp_alloc(dev, (size_t)a.ta * rs, &bb)) ||
+  if ((rc = dspk__gpurt_tmp_alloc(dev, (size_t)a.ta * rs + (size_t)g->nblk * 4, &bb)) ||
       (rc = dspk__gpurt_tmp_alloc(dev, (size_t)(rows * m2) * 2 * rs, &ff))) {
     rc = dspk__gpurt_msg(ctx, rc, "fir: no device memory for %lld blocks of %lld samples",
                         (long long)g->nblk, (long long)g->L);
@@ -191,7 +233,7 @@ static int fir_ols_real(struct dspk__dev *dev, struct dspk__op *op,
   {
     dspk__gptr x = dspk__gpurt_ptr(X), h = dspk__gpurt_ptr(H), y = dspk__gpurt_ptr(Y);
     dspk__gptr pbb = (dspk__gptr)bb->handle, pff = (dspk__gptr)ff->handle;
-    dspk__gptr phs = pff + (dspk__gptr)a.tm * 2 * rs;
+    dspk__gptr phs = pff + (dspk__gptr)a.tm * 2 * rs, pfl = pbb + (dspk__gptr)a.ta * rs;
     enum dspk__gfft fwd = dbl ? DSPK__GFFT_D2Z : DSPK__GFFT_R2C;
     enum dspk__gfft inv = dbl ? DSPK__GFFT_Z2D : DSPK__GFFT_C2R;
     float sf = 1.0f / (float)g->L;
@@ -200,7 +242,7 @@ static int fir_ols_real(struct dspk__dev *dev, struct dspk__op *op,
                       FIR_INT(&a, nb), FIR_INT(&a, nblk), dbl ? (void *)&sd : (void *)&sf,
                       FIR_INT(&a, ta)};
     void *amul[4] = {&pff, &phs, FIR_INT(&a, m2), FIR_INT(&a, tm)};
-    void *asct[8] = {&pbb, &y, FIR_INT(&a, n), FIR_INT(&a, k), FIR_INT(&a, S), &a.lg,
+    void *asct[9] = {&pbb, &y, &pfl, FIR_INT(&a, n), FIR_INT(&a, k), FIR_INT(&a, S), &a.lg,
                      FIR_INT(&a, nb), FIR_INT(&a, total)};
     /* Each plan is executed before the next is looked up, so an eviction
      * retires a plan behind its last use. */
@@ -209,8 +251,10 @@ static int fir_ols_real(struct dspk__dev *dev, struct dspk__op *op,
         (rc = exec(dev, pf, fwd, pbb, pff, 0, ctx)) == 0 &&
         (rc = dspk__gpurt_launch1d_wave(dev, fn[1], a.tm, 8, amul, ctx)) == 0 &&
         (rc = dspk__gpurt_fft_plan(dev, inv, g->L, g->L, g->nblk, &pi, ctx)) == 0 &&
-        (rc = exec(dev, pi, inv, pff, pbb, 0, ctx)) == 0)
-      rc = dspk__gpurt_launch1d_wave(dev, fn[2], total, 8, asct, ctx);
+        (rc = exec(dev, pi, inv, pff, pbb, 0, ctx)) == 0 &&
+        (rc = clear_flags(dev, pfl, g, ctx)) == 0 &&
+        (rc = dspk__gpurt_launch1d_wave(dev, fn[2], total, 8, asct, ctx)) == 0)
+      rc = fix_flagged(dev, op, pfl, g, ctx);
   }
 out:
   if (bb)

@@ -5,12 +5,24 @@
  * tiles so a block reads each tap once per tile.
  */
 #define DSPK_FIR_TILE 512
-extern "C" __global__ void dspk_fir(const DSPK_T *x, const DSPK_T *h, DSPK_T *y, dspk_i64 n, int k, dspk_i64 total) {
+/* The direct sum on every output (fl NULL), or on the outputs of the
+ * overlap-save segments that fl flags only (fl[row*nb + j/S] != 0 for
+ * sample j of a row: fir_fft.c's repair of non-finite segments); a block
+ * with no flagged output skips the taps. */
+__device__ __forceinline__ void dspk_fir_direct(const DSPK_T *x, const DSPK_T *h, DSPK_T *y,
+                                                dspk_i64 n, int k, dspk_i64 total,
+                                                const unsigned *fl, dspk_i64 S, dspk_i64 nb) {
   __shared__ DSPK_T taps[DSPK_FIR_TILE];
   dspk_i64 first = (dspk_i64)blockIdx.x * blockDim.x;
   for (; first < total; first += (dspk_i64)blockDim.x * gridDim.x) {
     dspk_i64 i = first + threadIdx.x;
     dspk_i64 j = i < total ? i % n : 0;
+    int live = i < total;
+    if (fl) {
+      live = live && fl[(i - j) / n * nb + j / S] != 0u;
+      if (!__syncthreads_or(live))
+        continue;
+    }
     const DSPK_T *row = x + (i - j);
     DSPK_ACC acc;
     dspk_zero(&acc);
@@ -20,16 +32,24 @@ extern "C" __global__ void dspk_fir(const DSPK_T *x, const DSPK_T *h, DSPK_T *y,
       for (int t = threadIdx.x; t < m; t += blockDim.x)
         taps[t] = h[t0 + t];
       __syncthreads();
-      if (i < total) {
+      if (live) {
         dspk_i64 lim = j - t0 + 1; /* taps t0+t with j-(t0+t) >= 0 */
         int mm = lim < (dspk_i64)m ? (int)(lim > 0 ? lim : 0) : m;
         for (int t = 0; t < mm; t++)
           acc = dspk_add(acc, dspk_mul(dspk_acc(taps[t]), dspk_acc(row[j - t0 - t])));
       }
     }
-    if (i < total)
+    if (live)
       dspk_store(&y[i], acc);
   }
+}
+extern "C" __global__ void dspk_fir(const DSPK_T *x, const DSPK_T *h, DSPK_T *y, dspk_i64 n, int k, dspk_i64 total) {
+  dspk_fir_direct(x, h, y, n, k, total, (const unsigned *)0, 1, 1);
+}
+extern "C" __global__ void dspk_fir_fix(const DSPK_T *x, const DSPK_T *h, DSPK_T *y, dspk_i64 n,
+                                        int k, dspk_i64 total, const unsigned *fl, dspk_i64 S,
+                                        dspk_i64 nb) {
+  dspk_fir_direct(x, h, y, n, k, total, fl, S, nb);
 }
 
 /*
@@ -43,6 +63,11 @@ extern "C" __global__ void dspk_fir(const DSPK_T *x, const DSPK_T *h, DSPK_T *y,
  * last S samples of each block.  Real signals (f32, f64) are real rows
  * with R2C / C2R transforms (half spectra of m2 = L/2+1 values a row),
  * complex ones complex rows with C2C transforms.
+ *
+ * The scatter also flags (fl[row*nb + blk] = 1, fl cleared by the host) each
+ * segment that holds a NaN or an infinite output, by the exponent's bits
+ * (no fast-math option folds them away); dspk_fir_fix then computes those
+ * segments again by the direct sum.
  *
  * Each kernel comes with 32-bit indices (name ending in 32) and 64-bit
  * ones; the host takes the 64-bit ones only where a size needs them: on
@@ -70,11 +95,21 @@ __device__ inline DSPK_T dspk_fir_at(const DSPK_T *x, I n, I k, I S, I nb, I g, 
   return DSPK_T(); /* zero */
 }
 
-/* The output sample i (of total = rows*n) from the filtered blocks. */
+/* The output sample i (of total = rows*n) from the filtered blocks; *seg
+ * gets its segment (block) row*nb + blk. */
 template <typename I>
-__device__ inline I dspk_fir_src(I i, I n, I k, I S, int lg, I nb) {
+__device__ inline I dspk_fir_src(I i, I n, I k, I S, int lg, I nb, I *seg) {
   I row = i < n ? 0 : dspk_fir_q(i, n), t = i - row * n, blk = dspk_fir_q(t, S);
-  return ((row * nb + blk) << lg) + (k - 1) + (t - blk * S);
+  *seg = row * nb + blk;
+  return (*seg << lg) + (k - 1) + (t - blk * S);
+}
+
+/* Whether v is NaN or infinite. */
+__device__ inline bool dspk_fir_bad(float v) {
+  return (__float_as_uint(v) & 0x7f800000u) == 0x7f800000u;
+}
+__device__ inline bool dspk_fir_bad(double v) {
+  return ((unsigned)__double2hiint(v) & 0x7ff00000u) == 0x7ff00000u;
 }
 
 #if DSPK_COMPLEX
@@ -113,12 +148,15 @@ __device__ void dspk_fir_cmul_t(dspk_firc *b, const dspk_firc *hs, int lg, I tot
 }
 
 template <typename I>
-__device__ void dspk_fir_scatter_t(const dspk_firc *b, DSPK_T *y, I n, I k, I S, int lg, I nb,
-                                   I total) {
+__device__ void dspk_fir_scatter_t(const dspk_firc *b, DSPK_T *y, unsigned *fl, I n, I k, I S,
+                                   int lg, I nb, I total) {
   DSPK_FIR_LOOP(I, i, total) {
-    dspk_firc v = b[dspk_fir_src<I>(i, n, k, S, lg, nb)];
+    I seg;
+    dspk_firc v = b[dspk_fir_src<I>(i, n, k, S, lg, nb, &seg)];
     y[i].x = v.x;
     y[i].y = v.y;
+    if (dspk_fir_bad(v.x) || dspk_fir_bad(v.y))
+      fl[seg] = 1u;
   }
 }
 #define DSPK_FIR_KERNELS(I, SFX)                                                                \
@@ -131,9 +169,9 @@ __device__ void dspk_fir_scatter_t(const dspk_firc *b, DSPK_T *y, I n, I k, I S,
                                                 I total) {                                       \
     dspk_fir_cmul_t<I>(b, hs, lg, total);                                                        \
   }                                                                                              \
-  extern "C" __global__ void dspk_fir_scatter##SFX(const dspk_firc *b, DSPK_T *y, I n, I k, I S, \
-                                                   int lg, I nb, I total) {                      \
-    dspk_fir_scatter_t<I>(b, y, n, k, S, lg, nb, total);                                         \
+  extern "C" __global__ void dspk_fir_scatter##SFX(const dspk_firc *b, DSPK_T *y, unsigned *fl,  \
+                                                   I n, I k, I S, int lg, I nb, I total) {       \
+    dspk_fir_scatter_t<I>(b, y, fl, n, k, S, lg, nb, total);                                     \
   }
 #else
 template <typename I>
@@ -160,9 +198,15 @@ __device__ void dspk_fir_rcmul_t(dspk_firc *f, const dspk_firc *hs, I m2, I tota
 }
 
 template <typename I>
-__device__ void dspk_fir_rscatter_t(const DSPK_T *b, DSPK_T *y, I n, I k, I S, int lg, I nb,
-                                    I total) {
-  DSPK_FIR_LOOP(I, i, total) y[i] = b[dspk_fir_src<I>(i, n, k, S, lg, nb)];
+__device__ void dspk_fir_rscatter_t(const DSPK_T *b, DSPK_T *y, unsigned *fl, I n, I k, I S,
+                                    int lg, I nb, I total) {
+  DSPK_FIR_LOOP(I, i, total) {
+    I seg;
+    DSPK_T v = b[dspk_fir_src<I>(i, n, k, S, lg, nb, &seg)];
+    y[i] = v;
+    if (dspk_fir_bad(v))
+      fl[seg] = 1u;
+  }
 }
 #define DSPK_FIR_KERNELS(I, SFX)                                                                 \
   extern "C" __global__ void dspk_fir_rgather##SFX(const DSPK_T *x, const DSPK_T *h, DSPK_T *b,   \
@@ -174,9 +218,9 @@ __device__ void dspk_fir_rscatter_t(const DSPK_T *b, DSPK_T *y, I n, I k, I S, i
                                                  I total) {                                       \
     dspk_fir_rcmul_t<I>(f, hs, m2, total);                                                        \
   }                                                                                               \
-  extern "C" __global__ void dspk_fir_rscatter##SFX(const DSPK_T *b, DSPK_T *y, I n, I k, I S,    \
-                                                    int lg, I nb, I total) {                      \
-    dspk_fir_rscatter_t<I>(b, y, n, k, S, lg, nb, total);                                         \
+  extern "C" __global__ void dspk_fir_rscatter##SFX(const DSPK_T *b, DSPK_T *y, unsigned *fl,   \
+                                                    I n, I k, I S, int lg, I nb, I total) {       \
+    dspk_fir_rscatter_t<I>(b, y, fl, n, k, S, lg, nb, total);                                     \
   }
 #endif
 DSPK_FIR_KERNELS(dspk_i64, )
