@@ -37,14 +37,15 @@
  * whose transforms overflow (3e38 times taps of 1e-6: an exact result of
  * 9e34) do the same, where the direct sum is non-finite only at the
  * outputs the value reaches (x[i] reaches y[i..i+k-1]), or nowhere.  So
- * the scatter flags each segment (the S outputs of one block) that holds a
- * NaN or an Inf (flags after the blocks in the same temporary, cleared by
- * a memset on the stream), and the direct kernel runs again on the flagged
- * segments' outputs only (dspk_fir_fix), all on the stream: no wait on
- * the host.  The result is the direct sum's wherever that is finite, and
- * non-finite exactly where it is; a NaN sample costs its block's segment,
- * a NaN tap the whole row, finite data a memset of nblk words and one
- * wave of blocks that find no flag.  The same design as vk_fir.c and the
+ * the scatter lists each segment (the S outputs of one block) in which it
+ * writes a NaN or an Inf (a count, a flag per block and the list, after
+ * the blocks in the same temporary; count and flags cleared by a memset on
+ * the stream), and dspk_fir_fix computes the listed segments again by the
+ * direct sum, all on the stream: no wait on the host.  The result is the
+ * direct sum's wherever that is finite, and non-finite exactly where it
+ * is; a NaN sample costs its block's segment, a NaN tap the whole row, and
+ * finite data a memset of nblk+1 words and one launch of a few hundred
+ * blocks that read a count of zero.  The same design as vk_fir.c and the
  * cpu's overlap-add (backends/cpu/fir.c).
  *
  * Precision: f32 and c64 transform in single precision (error about
@@ -128,28 +129,36 @@ static int fir_kernels(struct dspk__dev *dev, dspk_dtype dt, const char *pre,
   return rc;
 }
 
-/* Clears the segments' flags at fl (a uint per block of g) before the
- * scatter sets them. */
-static int clear_flags(struct dspk__dev *dev, dspk__gptr fl, const struct dspk__fir_geo *g,
-                       struct dspk__opctx *ctx) {
-  int r = dev->drv->memset_async(fl, 0, (size_t)g->nblk * 4, dev->stream);
+/* The bytes of the list of non-finite segments for blocks g: a count, a
+ * flag per block and a slot per block (backends/kernels/fir.cu). */
+static size_t list_bytes(const struct dspk__fir_geo *g) {
+  return 4 * (1 + 2 * (size_t)g->nblk);
+}
+
+/* Clears the list's count and flags at fl before the scatter lists
+ * anything. */
+static int clear_list(struct dspk__dev *dev, dspk__gptr fl, const struct dspk__fir_geo *g,
+                      struct dspk__opctx *ctx) {
+  int r = dev->drv->memset_async(fl, 0, 4 * (1 + (size_t)g->nblk), dev->stream);
   return r ? dspk__gpurt_err(dev, ctx, "cuMemsetD8Async", r) : 0;
 }
 
 /* The repair of non-finite segments (see the top of the file): the direct
- * kernel on the outputs of the segments the scatter flagged in fl, on the
- * stream (no wait on the host); one wave of blocks, each of which skips
- * its outputs' taps when none of them is flagged. */
+ * sum on the segments the scatter listed in fl, on the stream (no wait on
+ * the host), by at most 4 blocks per multiprocessor, each of which reads a
+ * count of zero and ends when nothing is listed. */
 static int fix_flagged(struct dspk__dev *dev, struct dspk__op *op, dspk__gptr fl,
                        const struct dspk__fir_geo *g, struct dspk__opctx *ctx) {
   const struct dspk__tensor *X = &op->in[0], *H = &op->in[1], *Y = &op->out[0];
   dspk__gptr x = dspk__gpurt_ptr(X), h = dspk__gpurt_ptr(H), y = dspk__gpurt_ptr(Y);
-  int64_t n = X->shape[X->rank - 1], total = dspk__tensor_numel(X), S = g->S, nb = g->nb;
+  int64_t n = X->shape[X->rank - 1], S = g->S, nb = g->nb, nblk = g->nblk;
   int k = (int)(H->shape[0] < n ? H->shape[0] : n);
-  void *args[9] = {&x, &h, &y, &n, &k, &total, &fl, &S, &nb};
+  void *args[9] = {&x, &h, &y, &n, &k, &fl, &S, &nb, &nblk};
   dspk__gfunc fn;
   int rc = kfn(dev, X->dtype, "dspk_fir_fix", &fn, ctx);
-  return rc ? rc : dspk__gpurt_launch1d_wave(dev, fn, total, 8, args, ctx);
+  /* one item per (segment, chunk of 256 outputs) pair, were all listed */
+  return rc ? rc
+            : dspk__gpurt_launch1d_wave(dev, fn, nblk * ((S + 255) / 256) * 256, 4, args, ctx);
 }
 
 /* The overlap-save path of complex signals, blocks as in g. */
@@ -169,8 +178,8 @@ static int fir_ols_complex(struct dspk__dev *dev, struct dspk__op *op,
   fir_ints(&a, g, n, k, total, (g->nblk + 1) * g->L, g->nblk * g->L, 0);
   if ((rc = fir_kernels(dev, dt, "dspk_fir_", &a, fn, ctx)))
     return rc;
-  /* the blocks, then the filter's block, then the segments' flags */
-  if ((rc = dspk__gpurt_tmp_alloc(dev, (size_t)a.ta * cs + (size_t)g->nblk * 4, &bb)))
+  /* the blocks, then the filter's block, then the list (fix_flagged) */
+  if ((rc = dspk__gpurt_tmp_alloc(dev, (size_t)a.ta * cs + list_bytes(g), &bb)))
     return dspk__gpurt_msg(ctx, rc, "fir: no device memory for %lld blocks of %lld samples",
                           (long long)g->nblk, (long long)g->L);
   {
@@ -184,8 +193,8 @@ static int fir_ols_complex(struct dspk__dev *dev, struct dspk__op *op,
                       FIR_INT(&a, nb), FIR_INT(&a, nblk), dbl ? (void *)&sd : (void *)&sf,
                       FIR_INT(&a, ta)};
     void *amul[4] = {&pbb, &phs, &a.lg, FIR_INT(&a, tm)};
-    void *asct[9] = {&pbb, &y, &pfl, FIR_INT(&a, n), FIR_INT(&a, k), FIR_INT(&a, S), &a.lg,
-                     FIR_INT(&a, nb), FIR_INT(&a, total)};
+    void *asct[10] = {&pbb, &y, &pfl, FIR_INT(&a, n), FIR_INT(&a, k), FIR_INT(&a, S), &a.lg,
+                      FIR_INT(&a, nb), FIR_INT(&a, nblk), FIR_INT(&a, total)};
     /* One plan of nblk+1 rows both ways (the filter's row comes back
      * transformed and unused). */
     if ((rc = dspk__gpurt_launch1d_wave(dev, fn[0], a.ta, 8, agat, ctx)) == 0 &&
@@ -193,7 +202,7 @@ static int fir_ols_complex(struct dspk__dev *dev, struct dspk__op *op,
         (rc = exec(dev, pb, type, pbb, pbb, 0, ctx)) == 0 &&
         (rc = dspk__gpurt_launch1d_wave(dev, fn[1], a.tm, 8, amul, ctx)) == 0 &&
         (rc = exec(dev, pb, type, pbb, pbb, 1, ctx)) == 0 &&
-        (rc = clear_flags(dev, pfl, g, ctx)) == 0 &&
+        (rc = clear_list(dev, pfl, g, ctx)) == 0 &&
         (rc = dspk__gpurt_launch1d_wave(dev, fn[2], total, 8, asct, ctx)) == 0)
       rc = fix_flagged(dev, op, pfl, g, ctx);
   }
@@ -224,7 +233,7 @@ static int fir_ols_real(struct dspk__dev *dev, struct dspk__op *op,
   fir_ints(&a, g, n, k, total, rows * g->L, g->nblk * m2, m2);
   if ((rc = fir_kernels(dev, dt, "dspk_fir_r", &a, fn, ctx)))
     return rc;
-  if ((rc = dspk__gpurt_tmp_alloc(dev, (size_t)a.ta * rs + (size_t)g->nblk * 4, &bb)) ||
+  if ((rc = dspk__gpurt_tmp_alloc(dev, (size_t)a.ta * rs + list_bytes(g), &bb)) ||
       (rc = dspk__gpurt_tmp_alloc(dev, (size_t)(rows * m2) * 2 * rs, &ff))) {
     rc = dspk__gpurt_msg(ctx, rc, "fir: no device memory for %lld blocks of %lld samples",
                         (long long)g->nblk, (long long)g->L);
@@ -242,8 +251,8 @@ static int fir_ols_real(struct dspk__dev *dev, struct dspk__op *op,
                       FIR_INT(&a, nb), FIR_INT(&a, nblk), dbl ? (void *)&sd : (void *)&sf,
                       FIR_INT(&a, ta)};
     void *amul[4] = {&pff, &phs, FIR_INT(&a, m2), FIR_INT(&a, tm)};
-    void *asct[9] = {&pbb, &y, &pfl, FIR_INT(&a, n), FIR_INT(&a, k), FIR_INT(&a, S), &a.lg,
-                     FIR_INT(&a, nb), FIR_INT(&a, total)};
+    void *asct[10] = {&pbb, &y, &pfl, FIR_INT(&a, n), FIR_INT(&a, k), FIR_INT(&a, S), &a.lg,
+                      FIR_INT(&a, nb), FIR_INT(&a, nblk), FIR_INT(&a, total)};
     /* Each plan is executed before the next is looked up, so an eviction
      * retires a plan behind its last use. */
     if ((rc = dspk__gpurt_launch1d_wave(dev, fn[0], a.ta, 8, agat, ctx)) == 0 &&
@@ -252,7 +261,7 @@ static int fir_ols_real(struct dspk__dev *dev, struct dspk__op *op,
         (rc = dspk__gpurt_launch1d_wave(dev, fn[1], a.tm, 8, amul, ctx)) == 0 &&
         (rc = dspk__gpurt_fft_plan(dev, inv, g->L, g->L, g->nblk, &pi, ctx)) == 0 &&
         (rc = exec(dev, pi, inv, pff, pbb, 0, ctx)) == 0 &&
-        (rc = clear_flags(dev, pfl, g, ctx)) == 0 &&
+        (rc = clear_list(dev, pfl, g, ctx)) == 0 &&
         (rc = dspk__gpurt_launch1d_wave(dev, fn[2], total, 8, asct, ctx)) == 0)
       rc = fix_flagged(dev, op, pfl, g, ctx);
   }

@@ -477,12 +477,11 @@ int dspk__vk_map(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *c
 int dspk__vk_reduce(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *ctx);
 int dspk__vk_fir(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *ctx);
 int dspk__vk_fir_direct(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *ctx);
-/* The direct kernel on the outputs of the overlap-save segments flagged in
- * fl (a uint per segment, fl[row*nb + t/S] for sample t of a row, nonzero:
- * flagged) only, overwriting them; vk_fir.c's repair of non-finite
+/* The direct kernel on the overlap-save segments that fl lists (vk_ops.c
+ * says how), overwriting their outputs: vk_fir.c's repair of non-finite
  * segments. */
 int dspk__vk_fir_fixup(struct dspk__dev *d, struct dspk__op *op, const struct dspk__vk_bind *fl,
-                       uint32_t S, uint32_t nb, struct dspk__opctx *ctx);
+                       uint32_t S, uint32_t nb, uint32_t nblk, struct dspk__opctx *ctx);
 /* fir's path, for tests and benchmarks (vk_fir.c, process-wide): force one
  * (-1: the tuned choice; 0: direct; 1..3: overlap-save with blocks of
  * 2^(m+1) times the filter's length rounded up to a power of two,

@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "backends/vulkan/vk.h"
+#include "proto/testhook.h"
 
 #define DSPK__VK_MAX_GROUPS 65535u
 /* Elements one reduce dispatch folds per output: 2048 loop iterations per
@@ -384,13 +385,8 @@ static void fir_slice(void *pc_, uint64_t r0, uint64_t rn, uint64_t n) {
   pc[9] = r0 == 0;
 }
 
-/* The direct kernel (vk_fir.c chooses between it and FFT convolution), on
- * every output, or (fl not NULL) on the outputs of the overlap-save
- * segments that fl flags only: fl[row*nb + t/S] != 0 for sample t of a row.
- * A workgroup none of whose outputs is flagged ends at once, so the masked
- * kernel costs little where nothing is flagged. */
-static int fir_direct(struct dspk__dev *d, struct dspk__op *op, const struct dspk__vk_bind *fl,
-                      uint32_t S, uint32_t nb, struct dspk__opctx *ctx) {
+/* The direct kernel (vk_fir.c chooses between it and FFT convolution). */
+int dspk__vk_fir_direct(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *ctx) {
   const struct dspk__tensor *X = &op->in[0], *H = &op->in[1];
   dspk_dtype dt = X->dtype;
   int r = need_dtype(d, dt, ctx, "fir");
@@ -398,68 +394,47 @@ static int fir_direct(struct dspk__dev *d, struct dspk__op *op, const struct dsp
   if (r || (r = too_big(total, ctx, "fir")))
     return r;
   const struct dspk__tensor *t[3] = {X, H, &op->out[0]};
-  struct dspk__vk_kernel *kern;
-  struct dspk__vk_bind b[4];
-  uint32_t e[3];
-  char src[8192];
-  int mask = fl != NULL;
+  struct ready kr;
   /* One output sample per invocation, on a 2-D grid of workgroups (any
    * count fits the dispatch limits); the taps go through shared memory in
    * chunks so each workgroup reads them once per chunk, and in slices of
    * FIR_TAP_SLICE per dispatch, each adding to the output the previous left,
    * so that no invocation loops long (lavapipe silently ends an invocation's
    * loops after 65535 iterations in all). */
-  int at = preamble(src, sizeof src, dt);
-  snprintf(src + at, sizeof src - (size_t)at,
-           "#define MASK %d\n"
-           "layout(std430, binding = 0) buffer BX { T x[]; };\n"
-           "layout(std430, binding = 1) buffer BH { T h[]; };\n"
-           "layout(std430, binding = 2) buffer BY { T y[]; };\n"
-           "#if MASK\n"
-           "layout(std430, binding = 3) readonly buffer BF { uint fl[]; };\n"
-           "shared uint anyf;\n"
-           "#endif\n"
-           "layout(push_constant) uniform PC { uint total, n, k, ox, oh, oy, c0, c1, gx,\n"
-           "  first, S, nb; } pc;\n"
-           "shared T hs[%d];\n"
-           "void main() {\n"
-           "  uint lid = gl_LocalInvocationID.x;\n"
-           "  uint i = (gl_WorkGroupID.y * pc.gx + gl_WorkGroupID.x) * %du + lid;\n"
-           "  bool live = i < pc.total;\n"
-           "  uint t = live ? i %% pc.n : 0u, row = live ? i - t : 0u;\n"
-           "#if MASK\n"
-           "  if (lid == 0u) anyf = 0u;\n"
-           "  barrier();\n"
-           "  live = live && fl[(row / pc.n) * pc.nb + t / pc.S] != 0u;\n"
-           "  if (live) atomicOr(anyf, 1u);\n"
-           "  barrier();\n"
-           "  if (anyf == 0u) return;\n"
-           "#endif\n"
-           "  T acc = T(0);\n"
-           "  for (uint c = pc.c0; c < pc.c1; c += %du) {\n"
-           "    barrier();\n"
-           "    if (c + lid < pc.k) hs[lid] = h[pc.oh + c + lid];\n"
-           "    barrier();\n"
-           "    uint kend = min(pc.k - c, %du);\n"
-           "    if (live && t >= c) {\n"
-           "      uint jmax = min(kend, t - c + 1u);\n"
-           "      for (uint j = 0u; j < jmax; j++)\n"
-           "        acc += cmul(hs[j], x[pc.ox + row + t - c - j]);\n"
-           "    }\n"
-           "  }\n"
-           "  if (live) y[pc.oy + i] = pc.first != 0u ? acc : y[pc.oy + i] + acc;\n"
-           "}\n",
-           mask, DSPK__VK_WG, DSPK__VK_WG, DSPK__VK_WG, DSPK__VK_WG);
-  if ((r = dspk__vk_kernel(d, mask ? "fir.fix" : "fir", src, NULL, 0, "main", 3 + mask, 48,
-                           &kern, ctx)) ||
-      (r = bind_all(d, t, 3, b, e, ctx)))
+  r = prepare(d, ctx, &kr, "fir", dt, t, 3, 40,
+              "layout(std430, binding = 0) buffer BX { T x[]; };\n"
+              "layout(std430, binding = 1) buffer BH { T h[]; };\n"
+              "layout(std430, binding = 2) buffer BY { T y[]; };\n"
+              "layout(push_constant) uniform PC { uint total, n, k, ox, oh, oy, c0, c1, gx,\n"
+              "  first; } pc;\n"
+              "shared T hs[%d];\n"
+              "void main() {\n"
+              "  uint lid = gl_LocalInvocationID.x;\n"
+              "  uint i = (gl_WorkGroupID.y * pc.gx + gl_WorkGroupID.x) * %du + lid;\n"
+              "  bool live = i < pc.total;\n"
+              "  uint t = live ? i %% pc.n : 0u, row = live ? i - t : 0u;\n"
+              "  T acc = T(0);\n"
+              "  for (uint c = pc.c0; c < pc.c1; c += %du) {\n"
+              "    barrier();\n"
+              "    if (c + lid < pc.k) hs[lid] = h[pc.oh + c + lid];\n"
+              "    barrier();\n"
+              "    uint kend = min(pc.k - c, %du);\n"
+              "    if (live && t >= c) {\n"
+              "      uint jmax = min(kend, t - c + 1u);\n"
+              "      for (uint j = 0u; j < jmax; j++)\n"
+              "        acc += cmul(hs[j], x[pc.ox + row + t - c - j]);\n"
+              "    }\n"
+              "  }\n"
+              "  if (live) y[pc.oy + i] = pc.first != 0u ? acc : y[pc.oy + i] + acc;\n"
+              "}\n",
+              DSPK__VK_WG, DSPK__VK_WG, DSPK__VK_WG, DSPK__VK_WG);
+  if (r)
     return r;
-  if (mask)
-    b[3] = *fl;
   /* (Taps past the row's length never reach an output.) */
   int64_t n = X->shape[X->rank - 1];
   uint32_t k = (uint32_t)(H->shape[0] < n ? H->shape[0] : n);
-  uint32_t pc[12] = {(uint32_t)total, (uint32_t)n, k, e[0], e[1], e[2], 0, 0, 0, 0, S, nb};
+  uint32_t pc[10] = {(uint32_t)total, (uint32_t)n, k, kr.e[0], kr.e[1],
+                     kr.e[2], 0, 0, 0, 0};
   if (total == 0)
     return 0;
   uint32_t gx, gy;
@@ -467,17 +442,88 @@ static int fir_direct(struct dspk__dev *d, struct dspk__op *op, const struct dsp
                            "fir", (uint64_t)total, "outputs", ctx)))
     return r;
   pc[8] = gx;
-  return dspk__vk_dispatch_sliced(d, kern, b, 3 + mask, pc, sizeof pc, gx, gy, k,
+  return dspk__vk_dispatch_sliced(d, kr.kern, kr.b, kr.nb, pc, sizeof pc, gx, gy, k,
                                   FIR_TAP_SLICE, fir_slice);
 }
 
-int dspk__vk_fir_direct(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *ctx) {
-  return fir_direct(d, op, NULL, 0, 0, ctx);
-}
-
+/* The repair of fir's overlap-save output (vk_fir.c): the direct sum on
+ * the segments listed in fl (words: [0] the count, [1, 1+nblk) a flag per
+ * segment, [1+nblk, 1+nblk+count) the segments, row*nb + block, each of
+ * S outputs), overwriting them.  Workgroup w of G takes the pairs (listed
+ * segment, chunk of DSPK__VK_WG outputs) w, w+G, ...: with nothing listed
+ * every workgroup reads the count and ends, so G stays small on hardware
+ * (FIX_GROUPS); lavapipe, which silently ends an invocation's loops after
+ * 65535 iterations in all, gets up to 65535 and fewer taps per dispatch
+ * when a workgroup has more than one pair.  The test hook
+ * DSPK_VK_FIR_FIX_GROUPS sets a smaller G (tests: workgroups that take
+ * several pairs, taps in several dispatches). */
+#define FIX_GROUPS 512u
 int dspk__vk_fir_fixup(struct dspk__dev *d, struct dspk__op *op, const struct dspk__vk_bind *fl,
-                       uint32_t S, uint32_t nb, struct dspk__opctx *ctx) {
-  return fir_direct(d, op, fl, S, nb, ctx);
+                       uint32_t S, uint32_t nb, uint32_t nblk, struct dspk__opctx *ctx) {
+  const struct dspk__tensor *X = &op->in[0], *H = &op->in[1];
+  const struct dspk__tensor *t[3] = {X, H, &op->out[0]};
+  dspk_dtype dt = X->dtype;
+  struct dspk__vk_kernel *kern;
+  struct dspk__vk_bind b[4];
+  uint32_t e[3];
+  char src[8192];
+  int r, at = preamble(src, sizeof src, dt);
+  snprintf(src + at, sizeof src - (size_t)at,
+           "layout(std430, binding = 0) readonly buffer BX { T x[]; };\n"
+           "layout(std430, binding = 1) readonly buffer BH { T h[]; };\n"
+           "layout(std430, binding = 2) buffer BY { T y[]; };\n"
+           "layout(std430, binding = 3) readonly buffer BF { uint fl[]; };\n"
+           "layout(push_constant) uniform PC { uint total, n, k, ox, oh, oy, c0, c1, chunks,\n"
+           "  first, S, nb, nblk; } pc;\n"
+           "shared T hs[%d];\n"
+           "void main() {\n"
+           "  uint lid = gl_LocalInvocationID.x, pairs = fl[0] * pc.chunks;\n"
+           "  for (uint w = gl_WorkGroupID.x; w < pairs; w += gl_NumWorkGroups.x) {\n"
+           "    uint q = w / pc.chunks, seg = fl[1u + pc.nblk + q];\n"
+           "    uint row = seg / pc.nb, j0 = (w - q * pc.chunks) * %du + lid;\n"
+           "    uint t = (seg - row * pc.nb) * pc.S + j0, o = row * pc.n;\n"
+           "    bool live = j0 < pc.S && t < pc.n;\n"
+           "    T acc = T(0);\n"
+           "    for (uint c = pc.c0; c < pc.c1; c += %du) {\n"
+           "      barrier();\n"
+           "      if (c + lid < pc.k) hs[lid] = h[pc.oh + c + lid];\n"
+           "      barrier();\n"
+           "      uint kend = min(pc.k - c, %du);\n"
+           "      if (live && t >= c) {\n"
+           "        uint jmax = min(kend, t - c + 1u);\n"
+           "        for (uint j = 0u; j < jmax; j++)\n"
+           "          acc += cmul(hs[j], x[pc.ox + o + t - c - j]);\n"
+           "      }\n"
+           "    }\n"
+           "    if (live) y[pc.oy + o + t] = pc.first != 0u ? acc : y[pc.oy + o + t] + acc;\n"
+           "  }\n"
+           "}\n",
+           DSPK__VK_WG, DSPK__VK_WG, DSPK__VK_WG, DSPK__VK_WG);
+  if ((r = dspk__vk_kernel(d, "fir.fix", src, NULL, 0, "main", 4, 52, &kern, ctx)) ||
+      (r = bind_all(d, t, 3, b, e, ctx)))
+    return r;
+  b[3] = *fl;
+  int64_t n = X->shape[X->rank - 1];
+  uint32_t k = (uint32_t)(H->shape[0] < n ? H->shape[0] : n);
+  uint32_t chunks = (S + DSPK__VK_WG - 1) / DSPK__VK_WG;
+  uint64_t pairs = (uint64_t)nblk * chunks;
+  int sw = d->props.deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU;
+  uint64_t g = sw ? DSPK__VK_MAX_GROUPS : FIX_GROUPS;
+  const char *hook = DSPK_TEST_HOOK("DSPK_VK_FIR_FIX_GROUPS");
+  if (hook && atoi(hook) > 0)
+    g = (uint64_t)atoi(hook);
+  if (g > pairs)
+    g = pairs ? pairs : 1;
+  uint64_t per = (pairs + g - 1) / g, slice = FIR_TAP_SLICE;
+  if (sw && per > 1)
+    slice = FIR_TAP_SLICE / per / DSPK__VK_WG * DSPK__VK_WG;
+  if (slice < DSPK__VK_WG)
+    slice = DSPK__VK_WG;
+  uint32_t pc[13] = {0, (uint32_t)n, k, e[0], e[1], e[2], 0, 0, chunks, 0, S, nb, nblk};
+  if (k == 0)
+    return 0;
+  return dspk__vk_dispatch_sliced(d, kern, b, 4, pc, sizeof pc, (uint32_t)g, 1, k, slice,
+                                  fir_slice);
 }
 
 /* ---- raw kernels ------------------------------------------------------------ */

@@ -1478,7 +1478,7 @@ static void fir_values_case(const char *what, dspk_dtype dt, int mode, const str
  * precision: sums of at most 9e34): every dtype the device has, the
  * overlap-save path forced in each block size (rows of one block and of
  * several; f32 fused into our fft kernels and not) and chosen (lavapipe's
- * heuristic: ols-x8 from 128 taps). */
+ * heuristic: ols-x8 from 128 taps), and the repair with few workgroups. */
 static void t_fir_fft_nonfinite(void **state) {
   (void)state;
   static const int64_t cases[][4] = {/* rows, n, k, mode */
@@ -1492,7 +1492,7 @@ static void t_fir_fft_nonfinite(void **state) {
     double tol = sp ? 1e-5 : 1e-12;
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
       for (int v = 0; v < 4; v++)
-        for (int off = 0; off < (dt == DSPK_F32 ? 2 : 1); off++) {
+        for (int off = 0; off < (dt == DSPK_F32 ? 3 : 2); off++) {
           int64_t rows = cases[c][0], n = cases[c][1], k = cases[c][2];
           int64_t xs[2] = {rows, n}, hs[1] = {k}, at = (rows - 1) * n + n / 4;
           struct htensor X = h_make(dt, 2, xs, 1), Hh = h_make(dt, 1, hs, 1);
@@ -1513,10 +1513,15 @@ static void t_fir_fft_nonfinite(void **state) {
             for (int64_t i = 0; i < k; i++)
               Hh.v[i] = cx ? CMPLX(1e-6, 1e-6) : 1e-6;
           }
-          if (off)
+          /* off 1: the repair's workgroups take several segments each, the
+           * taps in several dispatches; off 2: f32 not fused */
+          if (off == 1)
+            setenv("DSPK_VK_FIR_FIX_GROUPS", "1", 1);
+          if (off == 2)
             setenv("DSPK_VK_FIR_SK", "off", 1);
           fir_values_case(what, dt, (int)cases[c][3], &X, &Hh, tol);
-          if (off) {
+          unsetenv("DSPK_VK_FIR_FIX_GROUPS");
+          if (off == 2) {
             unsetenv("DSPK_VK_FIR_SK");
             assert_false(dspk__vk_fir_last_fused());
           }
