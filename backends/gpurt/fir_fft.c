@@ -143,9 +143,9 @@ static int clear_list(struct dspk__dev *dev, dspk__gptr fl, const struct dspk__f
   return r ? dspk__gpurt_err(dev, ctx, "cuMemsetD8Async", r) : 0;
 }
 
-/* The repair of non-finite segments (see the top of the file): the direct
- * sum on the segments the scatter listed in fl, on the stream (no wait on
- * the host), by at most 4 blocks per multiprocessor, each of which reads a
+/* The repair of non-finite segments (see the top of the file; skipped in
+ * the tuner's samples, see dspk__fir_sampling): the direct sum on the
+ * segments the scatter listed in fl, on the stream (no wait on the host), by at most 4 blocks per multiprocessor, each of which reads a
  * count of zero and ends when nothing is listed. */
 static int fix_flagged(struct dspk__dev *dev, struct dspk__op *op, dspk__gptr fl,
                        const struct dspk__fir_geo *g, struct dspk__opctx *ctx) {
@@ -204,7 +204,7 @@ static int fir_ols_complex(struct dspk__dev *dev, struct dspk__op *op,
         (rc = exec(dev, pb, type, pbb, pbb, 1, ctx)) == 0 &&
         (rc = clear_list(dev, pfl, g, ctx)) == 0 &&
         (rc = dspk__gpurt_launch1d_wave(dev, fn[2], total, 8, asct, ctx)) == 0)
-      rc = fix_flagged(dev, op, pfl, g, ctx);
+      rc = dspk__fir_sampling() ? 0 : fix_flagged(dev, op, pfl, g, ctx);
   }
   dspk__gpurt_tmp_free(dev, bb);
   return rc;
@@ -263,7 +263,7 @@ static int fir_ols_real(struct dspk__dev *dev, struct dspk__op *op,
         (rc = exec(dev, pi, inv, pff, pbb, 0, ctx)) == 0 &&
         (rc = clear_list(dev, pfl, g, ctx)) == 0 &&
         (rc = dspk__gpurt_launch1d_wave(dev, fn[2], total, 8, asct, ctx)) == 0)
-      rc = fix_flagged(dev, op, pfl, g, ctx);
+      rc = dspk__fir_sampling() ? 0 : fix_flagged(dev, op, pfl, g, ctx);
   }
 out:
   if (bb)

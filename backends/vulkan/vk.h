@@ -501,6 +501,9 @@ int dspk__vk_fir_last_fused(void);
 /* How many of the fir tuner's runs on the calling thread were timed by the
  * device's timestamps (tests). */
 unsigned dspk__vk_fir_timed(void);
+/* How many repairs of non-finite segments (dspk__vk_fir_fixup) the
+ * calling thread's fir tasks recorded (tests: none in the tuner's samples). */
+unsigned dspk__vk_fir_repairs(void);
 int dspk__vk_kernel_op(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *ctx);
 int dspk__vk_gemm(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *ctx);
 int dspk__vk_contract(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *ctx);

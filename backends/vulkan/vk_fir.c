@@ -73,6 +73,7 @@
 static _Thread_local const char *fir_last = "";
 static _Thread_local int fir_last_fused;
 static _Thread_local unsigned fir_timed; /* tuner samples timed by timestamps */
+static _Thread_local unsigned fir_repairs; /* repair dispatches recorded */
 
 /* Test hooks (proto/testhook.h): a production build has no such globals. */
 #ifdef DSPK_TEST_HOOKS
@@ -88,6 +89,7 @@ void dspk__vk_fir_tune_always(int always) { fir_tune_always = always; }
 const char *dspk__vk_fir_last(void) { return fir_last; }
 int dspk__vk_fir_last_fused(void) { return fir_last_fused; }
 unsigned dspk__vk_fir_timed(void) { return fir_timed; }
+unsigned dspk__vk_fir_repairs(void) { return fir_repairs; }
 
 /* Layout for rows of n samples, k taps (k <= n), mode m (1..3), within
  * 32-bit indexing. */
@@ -391,9 +393,12 @@ static int fir_ols(struct dspk__dev *d, struct dspk__op *op, int m, struct dspk_
              (r = fft_rows(d, cdt, w->ff, w->bb, g.nc, g.L, 1, ctx)) == 0) {
     r = dspk__vk_dispatch(d, kk[3], b4, 3, sct, sizeof sct, groups(ts), 1, 1);
   }
-  /* the direct kernel on the segments listed (see the top) */
-  if (r == 0)
+  /* the direct kernel on the segments listed (see the top), but for the
+   * tuner's samples (see dspk__fir_sampling) */
+  if (r == 0 && !dspk__fir_sampling()) {
     r = dspk__vk_fir_fixup(d, op, &bf, (uint32_t)g.S, (uint32_t)g.nb, (uint32_t)g.nblk, ctx);
+    fir_repairs++;
+  }
 out:
   w->busy = 0;
   if (w->evicted)

@@ -1589,6 +1589,47 @@ static void t_fir_tune(void **state) {
   h_cache_unlink(path);
 }
 
+/* A long filter whose last tap is NaN, tuned on the task's own operands
+ * (forced to tune, as on a hardware device): the tuner's samples skip the
+ * repair of non-finite segments (dspk__fir_sampling), so the overlap-save
+ * path, not the direct one it would cost as much as with the repair,
+ * wins the shape class, and the task's own run repairs: the NaNs exactly
+ * where the direct sum has them. */
+static void t_fir_tune_nonfinite(void **state) {
+  (void)state;
+  char path[] = "/tmp/dspk-vk-fir-tunenf-XXXXXX";
+  assert_int_equal(h_cache_path(path), 0);
+  struct dspk__cache *c;
+  assert_int_equal(dspk__cache_open(path, NULL, &c, NULL, 0), 0);
+  struct dspk__devenv env = {.cache = c};
+  struct dspk__dev *d, *save = D;
+  int64_t xs[2] = {2, 20000}, hs[1] = {1000};
+  struct htensor X = h_make(DSPK_F32, 2, xs, 1), Hh = h_make(DSPK_F32, 1, hs, 1);
+  Hh.v[999] = NAN;
+  dspk__autotune_forget_all();
+  dspk__vk_fir_tune_always(1);
+  assert_int_equal(VKB->open(0, &env, &d), 0);
+  D = d;
+  unsigned timed = dspk__vk_fir_timed(), repairs = dspk__vk_fir_repairs();
+  fir_values_case("NaN in the last tap, tuned", DSPK_F32, -1, &X, &Hh, 1e-5);
+  D = save;
+  timed = dspk__vk_fir_timed() - timed;
+  repairs = dspk__vk_fir_repairs() - repairs;
+  print_message("fir f32 2x20000, 1000 taps, the last NaN: tuned to %s (%u samples timed, %u "
+                "repairs)\n", dspk__vk_fir_last(), timed, repairs);
+  /* the overlap-save samples ran without the repair, the task's run with */
+  assert_true(!dspk__vk_timestamps(d) || timed >= 6 + 3 * 2);
+  assert_int_equal(repairs, 1);
+  assert_string_not_equal(dspk__vk_fir_last(), "direct");
+  VKB->close(d);
+  dspk__autotune_forget_all();
+  dspk__vk_fir_tune_always(0);
+  dspk__cache_close(c);
+  h_cache_unlink(path);
+  h_free(&X);
+  h_free(&Hh);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(t_probe),     cmocka_unit_test(t_caps),
@@ -1596,7 +1637,7 @@ int main(void) {
       cmocka_unit_test(t_import_host), cmocka_unit_test(t_host_register),
       cmocka_unit_test(t_map),       cmocka_unit_test(t_reduce),
       cmocka_unit_test(t_fir),       cmocka_unit_test(t_fir_fft),
-      cmocka_unit_test(t_fir_fft_nonfinite),
+      cmocka_unit_test(t_fir_fft_nonfinite), cmocka_unit_test(t_fir_tune_nonfinite),
       cmocka_unit_test(t_fir_tune),  cmocka_unit_test(t_gemm),
       cmocka_unit_test(t_contract),  cmocka_unit_test(t_long_loops),
       cmocka_unit_test(t_fir_long_direct),
