@@ -146,7 +146,9 @@ static int64_t good_size(int64_t n) {
  * non-finite output is computed again by the direct sum DIRECT: a NaN
  * sample costs the two segments its block reaches, a NaN tap the whole row,
  * finite data one scan of the output.  The result is then the direct sum's
- * wherever that is finite, and non-finite exactly where it is. */
+ * wherever that is finite, and non-finite exactly where it is.  (X is read
+ * after Y is written: the daemon never hands a fir an output that overlaps
+ * an input, daemon/task.c.) */
 #define DEFINE_OLA(NAME, R, DBL, W, DIRECT)                                    \
   static int NAME(struct dspk__dev *dev, const void *xv, const void *hv,      \
                   void *yv, int64_t rows, int64_t n, int64_t k, int64_t L,     \

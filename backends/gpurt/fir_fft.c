@@ -46,7 +46,9 @@
  * is; a NaN sample costs its block's segment, a NaN tap the whole row, and
  * finite data a memset of nblk+1 words and one launch of a few hundred
  * blocks that read a count of zero.  The same design as vk_fir.c and the
- * cpu's overlap-add (backends/cpu/fir.c).
+ * cpu's overlap-add (backends/cpu/fir.c).  The repair reads X after Y is
+ * written: the daemon never hands a fir an output that overlaps an input
+ * (it computes such an output into a block of its own, daemon/task.c).
  *
  * Precision: f32 and c64 transform in single precision (error about
  * log2(L) ulps of the largest output, against the direct kernel's double
@@ -145,8 +147,9 @@ static int clear_list(struct dspk__dev *dev, dspk__gptr fl, const struct dspk__f
 
 /* The repair of non-finite segments (see the top of the file; skipped in
  * the tuner's samples, see dspk__fir_sampling): the direct sum on the
- * segments the scatter listed in fl, on the stream (no wait on the host), by at most 4 blocks per multiprocessor, each of which reads a
- * count of zero and ends when nothing is listed. */
+ * segments the scatter listed in fl, on the stream (no wait on the host),
+ * by at most 4 blocks per multiprocessor, each of which reads a count of
+ * zero and ends when nothing is listed. */
 static int fix_flagged(struct dspk__dev *dev, struct dspk__op *op, dspk__gptr fl,
                        const struct dspk__fir_geo *g, struct dspk__opctx *ctx) {
   const struct dspk__tensor *X = &op->in[0], *H = &op->in[1], *Y = &op->out[0];

@@ -39,7 +39,9 @@
  * a NaN tap the whole row, and finite data a fill of nblk+1 words and one
  * dispatch of a few hundred workgroups that read a count of zero (per
  * 16384 taps).  The same design as the cpu's (backends/cpu/fir.c) and the
- * GPU runtimes' (backends/gpurt/fir_fft.c).
+ * GPU runtimes' (backends/gpurt/fir_fft.c).  The repair reads X after Y is
+ * written: the daemon never hands a fir an output that overlaps an input
+ * (it computes such an output into a block of its own, daemon/task.c).
  *
  * The choice: filters of at most FIR_DIRECT_MAX_K taps are always direct.
  * For longer ones on a hardware device the candidates are "direct",
