@@ -54,8 +54,10 @@ static const int path_of[DSPK__FIR_NPATHS] = {1, 2, 3, 0};
  * samples of four still spread by 20% (1.30-1.67 ms for one path), so the
  * device's timestamps time them where it has them. */
 #define FIR_TUNE_REPS 4
-static int cand_run(void *ud, int idx) {
-  struct tune_ud *u = ud;
+static _Thread_local int sampling;
+int dspk__fir_sampling(void) { return sampling; }
+
+static int cand_sample(struct tune_ud *u, int idx) {
   int rc = 0;
   u->have_ns = 0;
   if (u->ops->timed && !u->untimed) {
@@ -70,6 +72,15 @@ static int cand_run(void *ud, int idx) {
   for (int i = 0; i < FIR_TUNE_REPS && rc == 0; i++)
     rc = u->ops->run(u->d, u->op, path_of[idx], &u->ctx);
   return u->ops->finish(u->d, rc);
+}
+
+/* The autotune framework's run of candidate idx: a sample, with sampling
+ * set (see dspk__fir_sampling). */
+static int cand_run(void *ud, int idx) {
+  sampling = 1;
+  int rc = cand_sample(ud, idx);
+  sampling = 0;
+  return rc;
 }
 
 /* The autotune framework's ran_ns: the device's time of the sample. */

@@ -74,6 +74,14 @@ int dspk__fir_tuned(struct dspk__dev *d, struct dspk__op *op, struct dspk__cache
                     struct dspk__cache_devid devid, const struct dspk__fir_ops *ops,
                     struct dspk__opctx *ctx);
 
+/* Whether the calling thread is running a candidate's sample for the
+ * tuner.  The FFT path then skips its repair of non-finite segments
+ * (vk_fir.c, gpurt/fir_fft.c), so that NaNs in the task's operands (a NaN
+ * tap costs the direct sum on every row) do not make the overlap-save
+ * candidates look as slow as the direct one and fix "direct" for the
+ * whole shape class; the task's own run after the choice repairs. */
+int dspk__fir_sampling(void);
+
 /* The candidates' hash in the path decisions' cache key (tests read the
  * decision with it). */
 uint64_t dspk__fir_tune_cands_hash(void);

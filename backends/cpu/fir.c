@@ -8,8 +8,11 @@
  *    output that stay in cache (vectorises well; best for short filters);
  *  - FFT: overlap-add with FFTW, blocks of length L (a 2^a 3^b 5^c 7^d size
  *    at least 8K), the filter's spectrum computed once per call; best for
- *    long filters.  Real signals use r2c/c2r transforms.
+ *    long filters.  Real signals use r2c/c2r transforms.  A segment of S
+ *    outputs that comes out non-finite (a NaN or Inf in the data, or an
+ *    overflow inside the transforms) is computed again by the direct sum.
  */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -45,11 +48,13 @@ int dspk__cpu_fir_use_fft(struct dspk__dev *dev, dspk_dtype dt, int64_t n,
 
 /* ---- direct ------------------------------------------------------------- */
 
+/* Each writes the outputs [lo, hi) of one row (the FFT path recomputes
+ * blocks of its output with them, see DEFINE_OLA). */
 #define DEFINE_DIRECT(NAME, T)                                                 \
   static void NAME(const T *restrict x, const T *restrict h, T *restrict y, \
-                   int64_t n, int64_t k) {                                            \
-    for (int64_t b0 = 0; b0 < n; b0 += DIRECT_BLOCK) {                         \
-      int64_t b1 = b0 + DIRECT_BLOCK < n ? b0 + DIRECT_BLOCK : n;             \
+                   int64_t lo, int64_t hi, int64_t k) {                        \
+    for (int64_t b0 = lo; b0 < hi; b0 += DIRECT_BLOCK) {                       \
+      int64_t b1 = b0 + DIRECT_BLOCK < hi ? b0 + DIRECT_BLOCK : hi;           \
       for (int64_t i = b0; i < b1; i++)                                        \
         y[i] = 0;                                                              \
       int64_t kmax = k < b1 ? k : b1;                                          \
@@ -69,9 +74,9 @@ DEFINE_DIRECT(direct_f64, double)
  * C's complex multiply calls a NaN-checking helper per element. */
 #define DEFINE_DIRECT_C(NAME, R)                                               \
   static void NAME(const R *restrict x, const R *restrict h, R *restrict y, \
-                   int64_t n, int64_t k) {                                            \
-    for (int64_t b0 = 0; b0 < n; b0 += DIRECT_BLOCK) {                         \
-      int64_t b1 = b0 + DIRECT_BLOCK < n ? b0 + DIRECT_BLOCK : n;             \
+                   int64_t lo, int64_t hi, int64_t k) {                        \
+    for (int64_t b0 = lo; b0 < hi; b0 += DIRECT_BLOCK) {                       \
+      int64_t b1 = b0 + DIRECT_BLOCK < hi ? b0 + DIRECT_BLOCK : hi;           \
       for (int64_t i = 2 * b0; i < 2 * b1; i++)                                \
         y[i] = 0;                                                              \
       int64_t kmax = k < b1 ? k : b1;                                          \
@@ -104,10 +109,10 @@ static int fir_direct(const struct dspk__op *op, int64_t rows, int64_t n,
     const char *xr = x + r * n * es;
     char *yr = y + r * n * es;
     switch (dt) {
-    case DSPK_F32: direct_f32((const float *)xr, (const float *)h, (float *)yr, n, k); break;
-    case DSPK_F64: direct_f64((const double *)xr, (const double *)h, (double *)yr, n, k); break;
-    case DSPK_C64: direct_c64((const float *)xr, (const float *)h, (float *)yr, n, k); break;
-    default: direct_c128((const double *)xr, (const double *)h, (double *)yr, n, k); break;
+    case DSPK_F32: direct_f32((const float *)xr, (const float *)h, (float *)yr, 0, n, k); break;
+    case DSPK_F64: direct_f64((const double *)xr, (const double *)h, (double *)yr, 0, n, k); break;
+    case DSPK_C64: direct_c64((const float *)xr, (const float *)h, (float *)yr, 0, n, k); break;
+    default: direct_c128((const double *)xr, (const double *)h, (double *)yr, 0, n, k); break;
     }
   }
   return 0;
@@ -130,8 +135,21 @@ static int64_t good_size(int64_t n) {
 
 /* One precision of the overlap-add filter on R (float or double) arrays;
  * W is 2 for a complex signal (interleaved, c2c transforms) and 1 for a real
- * one (r2c/c2r).  Spectra are interleaved (re, im) pairs. */
-#define DEFINE_OLA(NAME, R, DBL, W)                                            \
+ * one (r2c/c2r).  Spectra are interleaved (re, im) pairs.
+ *
+ * Non-finite values: one NaN or Inf in a block's input (or in a tap) makes
+ * every output of its transforms non-finite, and values whose transforms
+ * overflow (3e38 times taps of 1e-6: an exact result of 9e34) do the same,
+ * where the direct sum is non-finite only at the outputs the value reaches
+ * (x[i] reaches y[i..i+k-1]), or nowhere.  So once the blocks up to s0 are
+ * added, the outputs [s0, s0+S) are final, and a segment that holds a
+ * non-finite output is computed again by the direct sum DIRECT: a NaN
+ * sample costs the two segments its block reaches, a NaN tap the whole row,
+ * finite data one scan of the output.  The result is then the direct sum's
+ * wherever that is finite, and non-finite exactly where it is.  (X is read
+ * after Y is written: the daemon never hands a fir an output that overlaps
+ * an input, daemon/task.c.) */
+#define DEFINE_OLA(NAME, R, DBL, W, DIRECT)                                    \
   static int NAME(struct dspk__dev *dev, const void *xv, const void *hv,      \
                   void *yv, int64_t rows, int64_t n, int64_t k, int64_t L,     \
                   struct dspk__opctx *ctx) {                                   \
@@ -187,6 +205,11 @@ static int64_t good_size(int64_t n) {
         R *yo = yr + s0 * W;                                                   \
         for (int64_t i = 0; i < m * W; i++)                                    \
           yo[i] += buf[i];                                                     \
+        int64_t e = len * W, bad = 0;                                          \
+        for (int64_t i = 0; i < e; i++)                                        \
+          bad |= !isfinite(yo[i]);                                             \
+        if (bad)                                                               \
+          DIRECT(xr, h, yr, s0, s0 + len, k);                                  \
       }                                                                        \
     }                                                                          \
   out:                                                                         \
@@ -202,10 +225,10 @@ static int64_t good_size(int64_t n) {
     return rc;                                                                 \
   }
 
-DEFINE_OLA(ola_f32, float, 0, 1)
-DEFINE_OLA(ola_f64, double, 1, 1)
-DEFINE_OLA(ola_c64, float, 0, 2)
-DEFINE_OLA(ola_c128, double, 1, 2)
+DEFINE_OLA(ola_f32, float, 0, 1, direct_f32)
+DEFINE_OLA(ola_f64, double, 1, 1, direct_f64)
+DEFINE_OLA(ola_c64, float, 0, 2, direct_c64)
+DEFINE_OLA(ola_c128, double, 1, 2, direct_c128)
 
 static int fir_fft(struct dspk__dev *dev, const struct dspk__op *op,
                    int64_t rows, int64_t n, int64_t k, struct dspk__opctx *ctx) {

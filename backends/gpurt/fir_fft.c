@@ -32,6 +32,24 @@
  * tuning possible: the output overlaps an input) the heuristic is FFT with
  * ols-x8 from FIR_FFT_MIN_K taps on.
  *
+ * Non-finite values: one NaN or Inf in a block's samples (or in a tap)
+ * makes every output of its transforms non-finite, and finite samples
+ * whose transforms overflow (3e38 times taps of 1e-6: an exact result of
+ * 9e34) do the same, where the direct sum is non-finite only at the
+ * outputs the value reaches (x[i] reaches y[i..i+k-1]), or nowhere.  So
+ * the scatter lists each segment (the S outputs of one block) in which it
+ * writes a NaN or an Inf (a count, a flag per block and the list, after
+ * the blocks in the same temporary; count and flags cleared by a memset on
+ * the stream), and dspk_fir_fix computes the listed segments again by the
+ * direct sum, all on the stream: no wait on the host.  The result is the
+ * direct sum's wherever that is finite, and non-finite exactly where it
+ * is; a NaN sample costs its block's segment, a NaN tap the whole row, and
+ * finite data a memset of nblk+1 words and one launch of a few hundred
+ * blocks that read a count of zero.  The same design as vk_fir.c and the
+ * cpu's overlap-add (backends/cpu/fir.c).  The repair reads X after Y is
+ * written: the daemon never hands a fir an output that overlaps an input
+ * (it computes such an output into a block of its own, daemon/task.c).
+ *
  * Precision: f32 and c64 transform in single precision (error about
  * log2(L) ulps of the largest output, against the direct kernel's double
  * accumulation), f64 and c128 in double.
@@ -113,6 +131,39 @@ static int fir_kernels(struct dspk__dev *dev, dspk_dtype dt, const char *pre,
   return rc;
 }
 
+/* The bytes of the list of non-finite segments for blocks g: a count, a
+ * flag per block and a slot per block (backends/kernels/fir.cu). */
+static size_t list_bytes(const struct dspk__fir_geo *g) {
+  return 4 * (1 + 2 * (size_t)g->nblk);
+}
+
+/* Clears the list's count and flags at fl before the scatter lists
+ * anything. */
+static int clear_list(struct dspk__dev *dev, dspk__gptr fl, const struct dspk__fir_geo *g,
+                      struct dspk__opctx *ctx) {
+  int r = dev->drv->memset_async(fl, 0, 4 * (1 + (size_t)g->nblk), dev->stream);
+  return r ? dspk__gpurt_err(dev, ctx, "cuMemsetD8Async", r) : 0;
+}
+
+/* The repair of non-finite segments (see the top of the file; skipped in
+ * the tuner's samples, see dspk__fir_sampling): the direct sum on the
+ * segments the scatter listed in fl, on the stream (no wait on the host),
+ * by at most 4 blocks per multiprocessor, each of which reads a count of
+ * zero and ends when nothing is listed. */
+static int fix_flagged(struct dspk__dev *dev, struct dspk__op *op, dspk__gptr fl,
+                       const struct dspk__fir_geo *g, struct dspk__opctx *ctx) {
+  const struct dspk__tensor *X = &op->in[0], *H = &op->in[1], *Y = &op->out[0];
+  dspk__gptr x = dspk__gpurt_ptr(X), h = dspk__gpurt_ptr(H), y = dspk__gpurt_ptr(Y);
+  int64_t n = X->shape[X->rank - 1], S = g->S, nb = g->nb, nblk = g->nblk;
+  int k = (int)(H->shape[0] < n ? H->shape[0] : n);
+  void *args[9] = {&x, &h, &y, &n, &k, &fl, &S, &nb, &nblk};
+  dspk__gfunc fn;
+  int rc = kfn(dev, X->dtype, "dspk_fir_fix", &fn, ctx);
+  /* one item per (segment, chunk of 256 outputs) pair, were all listed */
+  return rc ? rc
+            : dspk__gpurt_launch1d_wave(dev, fn, nblk * ((S + 255) / 256) * 256, 4, args, ctx);
+}
+
 /* The overlap-save path of complex signals, blocks as in g. */
 static int fir_ols_complex(struct dspk__dev *dev, struct dspk__op *op,
                            const struct dspk__fir_geo *g, struct dspk__opctx *ctx) {
@@ -130,13 +181,14 @@ static int fir_ols_complex(struct dspk__dev *dev, struct dspk__op *op,
   fir_ints(&a, g, n, k, total, (g->nblk + 1) * g->L, g->nblk * g->L, 0);
   if ((rc = fir_kernels(dev, dt, "dspk_fir_", &a, fn, ctx)))
     return rc;
-  /* the blocks, then the filter's block */
-  if ((rc = dspk__gpurt_tmp_alloc(dev, (size_t)a.ta * cs, &bb)))
+  /* the blocks, then the filter's block, then the list (fix_flagged) */
+  if ((rc = dspk__gpurt_tmp_alloc(dev, (size_t)a.ta * cs + list_bytes(g), &bb)))
     return dspk__gpurt_msg(ctx, rc, "fir: no device memory for %lld blocks of %lld samples",
                           (long long)g->nblk, (long long)g->L);
   {
     dspk__gptr x = dspk__gpurt_ptr(X), h = dspk__gpurt_ptr(H), y = dspk__gpurt_ptr(Y);
     dspk__gptr pbb = (dspk__gptr)bb->handle, phs = pbb + (dspk__gptr)a.tm * cs;
+    dspk__gptr pfl = pbb + (dspk__gptr)a.ta * cs;
     enum dspk__gfft type = dbl ? DSPK__GFFT_Z2Z : DSPK__GFFT_C2C;
     float sf = 1.0f / (float)g->L;
     double sd = 1.0 / (double)g->L;
@@ -144,16 +196,18 @@ static int fir_ols_complex(struct dspk__dev *dev, struct dspk__op *op,
                       FIR_INT(&a, nb), FIR_INT(&a, nblk), dbl ? (void *)&sd : (void *)&sf,
                       FIR_INT(&a, ta)};
     void *amul[4] = {&pbb, &phs, &a.lg, FIR_INT(&a, tm)};
-    void *asct[8] = {&pbb, &y, FIR_INT(&a, n), FIR_INT(&a, k), FIR_INT(&a, S), &a.lg,
-                     FIR_INT(&a, nb), FIR_INT(&a, total)};
+    void *asct[10] = {&pbb, &y, &pfl, FIR_INT(&a, n), FIR_INT(&a, k), FIR_INT(&a, S), &a.lg,
+                      FIR_INT(&a, nb), FIR_INT(&a, nblk), FIR_INT(&a, total)};
     /* One plan of nblk+1 rows both ways (the filter's row comes back
      * transformed and unused). */
     if ((rc = dspk__gpurt_launch1d_wave(dev, fn[0], a.ta, 8, agat, ctx)) == 0 &&
         (rc = dspk__gpurt_fft_plan(dev, type, g->L, g->L, g->nblk + 1, &pb, ctx)) == 0 &&
         (rc = exec(dev, pb, type, pbb, pbb, 0, ctx)) == 0 &&
         (rc = dspk__gpurt_launch1d_wave(dev, fn[1], a.tm, 8, amul, ctx)) == 0 &&
-        (rc = exec(dev, pb, type, pbb, pbb, 1, ctx)) == 0)
-      rc = dspk__gpurt_launch1d_wave(dev, fn[2], total, 8, asct, ctx);
+        (rc = exec(dev, pb, type, pbb, pbb, 1, ctx)) == 0 &&
+        (rc = clear_list(dev, pfl, g, ctx)) == 0 &&
+        (rc = dspk__gpurt_launch1d_wave(dev, fn[2], total, 8, asct, ctx)) == 0)
+      rc = dspk__fir_sampling() ? 0 : fix_flagged(dev, op, pfl, g, ctx);
   }
   dspk__gpurt_tmp_free(dev, bb);
   return rc;
@@ -182,7 +236,7 @@ static int fir_ols_real(struct dspk__dev *dev, struct dspk__op *op,
   fir_ints(&a, g, n, k, total, rows * g->L, g->nblk * m2, m2);
   if ((rc = fir_kernels(dev, dt, "dspk_fir_r", &a, fn, ctx)))
     return rc;
-  if ((rc = dspk__gpurt_tmp_alloc(dev, (size_t)a.ta * rs, &bb)) ||
+  if ((rc = dspk__gpurt_tmp_alloc(dev, (size_t)a.ta * rs + list_bytes(g), &bb)) ||
       (rc = dspk__gpurt_tmp_alloc(dev, (size_t)(rows * m2) * 2 * rs, &ff))) {
     rc = dspk__gpurt_msg(ctx, rc, "fir: no device memory for %lld blocks of %lld samples",
                         (long long)g->nblk, (long long)g->L);
@@ -191,7 +245,7 @@ static int fir_ols_real(struct dspk__dev *dev, struct dspk__op *op,
   {
     dspk__gptr x = dspk__gpurt_ptr(X), h = dspk__gpurt_ptr(H), y = dspk__gpurt_ptr(Y);
     dspk__gptr pbb = (dspk__gptr)bb->handle, pff = (dspk__gptr)ff->handle;
-    dspk__gptr phs = pff + (dspk__gptr)a.tm * 2 * rs;
+    dspk__gptr phs = pff + (dspk__gptr)a.tm * 2 * rs, pfl = pbb + (dspk__gptr)a.ta * rs;
     enum dspk__gfft fwd = dbl ? DSPK__GFFT_D2Z : DSPK__GFFT_R2C;
     enum dspk__gfft inv = dbl ? DSPK__GFFT_Z2D : DSPK__GFFT_C2R;
     float sf = 1.0f / (float)g->L;
@@ -200,8 +254,8 @@ static int fir_ols_real(struct dspk__dev *dev, struct dspk__op *op,
                       FIR_INT(&a, nb), FIR_INT(&a, nblk), dbl ? (void *)&sd : (void *)&sf,
                       FIR_INT(&a, ta)};
     void *amul[4] = {&pff, &phs, FIR_INT(&a, m2), FIR_INT(&a, tm)};
-    void *asct[8] = {&pbb, &y, FIR_INT(&a, n), FIR_INT(&a, k), FIR_INT(&a, S), &a.lg,
-                     FIR_INT(&a, nb), FIR_INT(&a, total)};
+    void *asct[10] = {&pbb, &y, &pfl, FIR_INT(&a, n), FIR_INT(&a, k), FIR_INT(&a, S), &a.lg,
+                      FIR_INT(&a, nb), FIR_INT(&a, nblk), FIR_INT(&a, total)};
     /* Each plan is executed before the next is looked up, so an eviction
      * retires a plan behind its last use. */
     if ((rc = dspk__gpurt_launch1d_wave(dev, fn[0], a.ta, 8, agat, ctx)) == 0 &&
@@ -209,8 +263,10 @@ static int fir_ols_real(struct dspk__dev *dev, struct dspk__op *op,
         (rc = exec(dev, pf, fwd, pbb, pff, 0, ctx)) == 0 &&
         (rc = dspk__gpurt_launch1d_wave(dev, fn[1], a.tm, 8, amul, ctx)) == 0 &&
         (rc = dspk__gpurt_fft_plan(dev, inv, g->L, g->L, g->nblk, &pi, ctx)) == 0 &&
-        (rc = exec(dev, pi, inv, pff, pbb, 0, ctx)) == 0)
-      rc = dspk__gpurt_launch1d_wave(dev, fn[2], total, 8, asct, ctx);
+        (rc = exec(dev, pi, inv, pff, pbb, 0, ctx)) == 0 &&
+        (rc = clear_list(dev, pfl, g, ctx)) == 0 &&
+        (rc = dspk__gpurt_launch1d_wave(dev, fn[2], total, 8, asct, ctx)) == 0)
+      rc = dspk__fir_sampling() ? 0 : fix_flagged(dev, op, pfl, g, ctx);
   }
 out:
   if (bb)

@@ -44,6 +44,13 @@ extern "C" __global__ void dspk_fir(const DSPK_T *x, const DSPK_T *h, DSPK_T *y,
  * with R2C / C2R transforms (half spectra of m2 = L/2+1 values a row),
  * complex ones complex rows with C2C transforms.
  *
+ * The scatter lists each segment (block) in which it writes a NaN or an
+ * infinite output, by the exponent's bits (no fast-math option folds them
+ * away), in fl: [0] the count, [1, 1+nblk) a flag per block (atomicOr, so
+ * that only the first appends), [1+nblk, 1+nblk+count) the blocks; the
+ * host clears the count and flags first.  dspk_fir_fix then computes the
+ * listed segments again by the direct sum.
+ *
  * Each kernel comes with 32-bit indices (name ending in 32) and 64-bit
  * ones; the host takes the 64-bit ones only where a size needs them: on
  * the H200 the scatter took 0.088 ms with 64-bit index arithmetic against
@@ -70,11 +77,28 @@ __device__ inline DSPK_T dspk_fir_at(const DSPK_T *x, I n, I k, I S, I nb, I g, 
   return DSPK_T(); /* zero */
 }
 
-/* The output sample i (of total = rows*n) from the filtered blocks. */
+/* The output sample i (of total = rows*n) from the filtered blocks; *seg
+ * gets its segment (block) row*nb + blk. */
 template <typename I>
-__device__ inline I dspk_fir_src(I i, I n, I k, I S, int lg, I nb) {
+__device__ inline I dspk_fir_src(I i, I n, I k, I S, int lg, I nb, I *seg) {
   I row = i < n ? 0 : dspk_fir_q(i, n), t = i - row * n, blk = dspk_fir_q(t, S);
-  return ((row * nb + blk) << lg) + (k - 1) + (t - blk * S);
+  *seg = row * nb + blk;
+  return (*seg << lg) + (k - 1) + (t - blk * S);
+}
+
+/* Whether v is NaN or infinite. */
+__device__ inline bool dspk_fir_bad(float v) {
+  return (__float_as_uint(v) & 0x7f800000u) == 0x7f800000u;
+}
+__device__ inline bool dspk_fir_bad(double v) {
+  return ((unsigned)__double2hiint(v) & 0x7ff00000u) == 0x7ff00000u;
+}
+
+/* Lists segment seg of nblk in fl (see above). */
+template <typename I>
+__device__ inline void dspk_fir_list(unsigned *fl, I seg, I nblk) {
+  if (atomicOr(&fl[1 + seg], 1u) == 0u)
+    fl[1 + nblk + atomicAdd(&fl[0], 1u)] = (unsigned)seg;
 }
 
 #if DSPK_COMPLEX
@@ -113,12 +137,15 @@ __device__ void dspk_fir_cmul_t(dspk_firc *b, const dspk_firc *hs, int lg, I tot
 }
 
 template <typename I>
-__device__ void dspk_fir_scatter_t(const dspk_firc *b, DSPK_T *y, I n, I k, I S, int lg, I nb,
-                                   I total) {
+__device__ void dspk_fir_scatter_t(const dspk_firc *b, DSPK_T *y, unsigned *fl, I n, I k, I S,
+                                   int lg, I nb, I nblk, I total) {
   DSPK_FIR_LOOP(I, i, total) {
-    dspk_firc v = b[dspk_fir_src<I>(i, n, k, S, lg, nb)];
+    I seg;
+    dspk_firc v = b[dspk_fir_src<I>(i, n, k, S, lg, nb, &seg)];
     y[i].x = v.x;
     y[i].y = v.y;
+    if (dspk_fir_bad(v.x) || dspk_fir_bad(v.y))
+      dspk_fir_list<I>(fl, seg, nblk);
   }
 }
 #define DSPK_FIR_KERNELS(I, SFX)                                                                \
@@ -131,9 +158,10 @@ __device__ void dspk_fir_scatter_t(const dspk_firc *b, DSPK_T *y, I n, I k, I S,
                                                 I total) {                                       \
     dspk_fir_cmul_t<I>(b, hs, lg, total);                                                        \
   }                                                                                              \
-  extern "C" __global__ void dspk_fir_scatter##SFX(const dspk_firc *b, DSPK_T *y, I n, I k, I S, \
-                                                   int lg, I nb, I total) {                      \
-    dspk_fir_scatter_t<I>(b, y, n, k, S, lg, nb, total);                                         \
+  extern "C" __global__ void dspk_fir_scatter##SFX(const dspk_firc *b, DSPK_T *y, unsigned *fl,  \
+                                                   I n, I k, I S, int lg, I nb, I nblk,          \
+                                                   I total) {                                    \
+    dspk_fir_scatter_t<I>(b, y, fl, n, k, S, lg, nb, nblk, total);                               \
   }
 #else
 template <typename I>
@@ -160,9 +188,15 @@ __device__ void dspk_fir_rcmul_t(dspk_firc *f, const dspk_firc *hs, I m2, I tota
 }
 
 template <typename I>
-__device__ void dspk_fir_rscatter_t(const DSPK_T *b, DSPK_T *y, I n, I k, I S, int lg, I nb,
-                                    I total) {
-  DSPK_FIR_LOOP(I, i, total) y[i] = b[dspk_fir_src<I>(i, n, k, S, lg, nb)];
+__device__ void dspk_fir_rscatter_t(const DSPK_T *b, DSPK_T *y, unsigned *fl, I n, I k, I S,
+                                    int lg, I nb, I nblk, I total) {
+  DSPK_FIR_LOOP(I, i, total) {
+    I seg;
+    DSPK_T v = b[dspk_fir_src<I>(i, n, k, S, lg, nb, &seg)];
+    y[i] = v;
+    if (dspk_fir_bad(v))
+      dspk_fir_list<I>(fl, seg, nblk);
+  }
 }
 #define DSPK_FIR_KERNELS(I, SFX)                                                                 \
   extern "C" __global__ void dspk_fir_rgather##SFX(const DSPK_T *x, const DSPK_T *h, DSPK_T *b,   \
@@ -174,10 +208,47 @@ __device__ void dspk_fir_rscatter_t(const DSPK_T *b, DSPK_T *y, I n, I k, I S, i
                                                  I total) {                                       \
     dspk_fir_rcmul_t<I>(f, hs, m2, total);                                                        \
   }                                                                                               \
-  extern "C" __global__ void dspk_fir_rscatter##SFX(const DSPK_T *b, DSPK_T *y, I n, I k, I S,    \
-                                                    int lg, I nb, I total) {                      \
-    dspk_fir_rscatter_t<I>(b, y, n, k, S, lg, nb, total);                                         \
+  extern "C" __global__ void dspk_fir_rscatter##SFX(const DSPK_T *b, DSPK_T *y, unsigned *fl,   \
+                                                    I n, I k, I S, int lg, I nb, I nblk,          \
+                                                    I total) {                                    \
+    dspk_fir_rscatter_t<I>(b, y, fl, n, k, S, lg, nb, nblk, total);                               \
   }
 #endif
 DSPK_FIR_KERNELS(dspk_i64, )
 DSPK_FIR_KERNELS(unsigned, 32)
+
+/* The repair (fir_fft.c): the direct sum, as dspk_fir, on the segments
+ * listed in fl (see the scatter), each of S outputs of a row (nb segments
+ * a row); block w of the grid takes the pairs (listed segment, chunk of
+ * blockDim.x outputs) w, w + gridDim.x, ...: with nothing listed every
+ * block reads the count and ends. */
+extern "C" __global__ void dspk_fir_fix(const DSPK_T *x, const DSPK_T *h, DSPK_T *y, dspk_i64 n,
+                                        int k, const unsigned *fl, dspk_i64 S, dspk_i64 nb,
+                                        dspk_i64 nblk) {
+  __shared__ DSPK_T taps[DSPK_FIR_TILE];
+  dspk_i64 chunks = (S + blockDim.x - 1) / blockDim.x, pairs = (dspk_i64)fl[0] * chunks;
+  for (dspk_i64 w = blockIdx.x; w < pairs; w += gridDim.x) {
+    dspk_i64 q = w / chunks, seg = fl[1 + nblk + q], r = seg / nb;
+    dspk_i64 j0 = (w - q * chunks) * blockDim.x + threadIdx.x;
+    dspk_i64 j = (seg - r * nb) * S + j0;
+    int live = j0 < S && j < n;
+    const DSPK_T *row = x + r * n;
+    DSPK_ACC acc;
+    dspk_zero(&acc);
+    for (int t0 = 0; t0 < k; t0 += DSPK_FIR_TILE) {
+      int m = k - t0 < DSPK_FIR_TILE ? k - t0 : DSPK_FIR_TILE;
+      __syncthreads();
+      for (int t = threadIdx.x; t < m; t += blockDim.x)
+        taps[t] = h[t0 + t];
+      __syncthreads();
+      if (live) {
+        dspk_i64 lim = j - t0 + 1; /* taps t0+t with j-(t0+t) >= 0 */
+        int mm = lim < (dspk_i64)m ? (int)(lim > 0 ? lim : 0) : m;
+        for (int t = 0; t < mm; t++)
+          acc = dspk_add(acc, dspk_mul(dspk_acc(taps[t]), dspk_acc(row[j - t0 - t])));
+      }
+    }
+    if (live)
+      dspk_store(&y[r * n + j], acc);
+  }
+}

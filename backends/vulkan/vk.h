@@ -477,6 +477,11 @@ int dspk__vk_map(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *c
 int dspk__vk_reduce(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *ctx);
 int dspk__vk_fir(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *ctx);
 int dspk__vk_fir_direct(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *ctx);
+/* The direct kernel on the overlap-save segments that fl lists (vk_ops.c
+ * says how), overwriting their outputs: vk_fir.c's repair of non-finite
+ * segments. */
+int dspk__vk_fir_fixup(struct dspk__dev *d, struct dspk__op *op, const struct dspk__vk_bind *fl,
+                       uint32_t S, uint32_t nb, uint32_t nblk, struct dspk__opctx *ctx);
 /* fir's path, for tests and benchmarks (vk_fir.c, process-wide): force one
  * (-1: the tuned choice; 0: direct; 1..3: overlap-save with blocks of
  * 2^(m+1) times the filter's length rounded up to a power of two,
@@ -496,6 +501,9 @@ int dspk__vk_fir_last_fused(void);
 /* How many of the fir tuner's runs on the calling thread were timed by the
  * device's timestamps (tests). */
 unsigned dspk__vk_fir_timed(void);
+/* How many repairs of non-finite segments (dspk__vk_fir_fixup) the
+ * calling thread's fir tasks recorded (tests: none in the tuner's samples). */
+unsigned dspk__vk_fir_repairs(void);
 int dspk__vk_kernel_op(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *ctx);
 int dspk__vk_gemm(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *ctx);
 int dspk__vk_contract(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *ctx);

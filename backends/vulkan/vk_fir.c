@@ -18,8 +18,30 @@
  * transform, the multiplication and the scatter: the transforms' first
  * and last passes do them, the filter being one row more of the batch
  * (dspk__vk_sfft_fir), four passes over memory fewer.  Temporaries: two
- * (blocks x L) complex buffers and two of L for the filter, kept per block
- * layout in the device's plan cache for the next task (get_ws).
+ * (blocks x L) complex buffers and two of L for the filter, and the list
+ * below, kept per block layout in the device's plan cache for the next
+ * task (get_ws).
+ *
+ * Non-finite values: one NaN or Inf in a block's samples (or in a tap)
+ * makes every output of its transforms non-finite, and finite samples
+ * whose transforms overflow (3e38 times taps of 1e-6: an exact result of
+ * 9e34) do the same, where the direct sum is non-finite only at the
+ * outputs the value reaches (x[i] reaches y[i..i+k-1]), or nowhere.  So
+ * the scatter (ours, or the fused inverse transform's last pass) lists
+ * each segment (the S outputs of one block) in which it writes a NaN or an
+ * Inf, by the exponent's bits, which no compiler's fast math folds away
+ * (a flag per segment, set by atomicOr, so that the first only appends it
+ * to the list; the count and flags cleared by vkCmdFillBuffer first), and
+ * the direct kernel then runs on the listed segments only
+ * (dspk__vk_fir_fixup), all in the same command buffer: no wait on the
+ * host.  The result is the direct sum's wherever that is finite, and
+ * non-finite exactly where it is; a NaN sample costs its block's segment,
+ * a NaN tap the whole row, and finite data a fill of nblk+1 words and one
+ * dispatch of a few hundred workgroups that read a count of zero (per
+ * 16384 taps).  The same design as the cpu's (backends/cpu/fir.c) and the
+ * GPU runtimes' (backends/gpurt/fir_fft.c).  The repair reads X after Y is
+ * written: the daemon never hands a fir an output that overlaps an input
+ * (it computes such an output into a block of its own, daemon/task.c).
  *
  * The choice: filters of at most FIR_DIRECT_MAX_K taps are always direct.
  * For longer ones on a hardware device the candidates are "direct",
@@ -53,6 +75,7 @@
 static _Thread_local const char *fir_last = "";
 static _Thread_local int fir_last_fused;
 static _Thread_local unsigned fir_timed; /* tuner samples timed by timestamps */
+static _Thread_local unsigned fir_repairs; /* repair dispatches recorded */
 
 /* Test hooks (proto/testhook.h): a production build has no such globals. */
 #ifdef DSPK_TEST_HOOKS
@@ -68,6 +91,7 @@ void dspk__vk_fir_tune_always(int always) { fir_tune_always = always; }
 const char *dspk__vk_fir_last(void) { return fir_last; }
 int dspk__vk_fir_last_fused(void) { return fir_last_fused; }
 unsigned dspk__vk_fir_timed(void) { return fir_timed; }
+unsigned dspk__vk_fir_repairs(void) { return fir_repairs; }
 
 /* Layout for rows of n samples, k taps (k <= n), mode m (1..3), within
  * 32-bit indexing. */
@@ -82,7 +106,7 @@ static int geometry(int64_t n, int64_t k, int64_t rows, int cplx, int m,
 static int fir_kernel(struct dspk__dev *d, dspk_dtype dt, int which,
                       struct dspk__vk_kernel **out, struct dspk__opctx *ctx) {
   static const char *const names[4] = {"fir.hpad", "fir.gather", "fir.cmul", "fir.scatter"};
-  static const int nbind[4] = {2, 2, 2, 2};
+  static const int nbind[4] = {2, 2, 2, 3};
   static const uint32_t pcs[4] = {12, 32, 8, 32};
   static const char *const body[4] = {
       /* hp = h zero-padded to L, as complex */
@@ -125,15 +149,27 @@ static int fir_kernel(struct dspk__dev *d, dspk_dtype dt, int which,
       /* y from the last S samples of each block: complex signals one
        * output per invocation (total = rows*n), real ones one complex value
        * per invocation (total = nc*S), an output of block 2c in its real
-       * part and one of block 2c+1 in its imaginary part */
+       * part and one of block 2c+1 in its imaginary part; a segment that
+       * gets a non-finite output is listed in fl (see the top) */
       "layout(std430, binding = 0) readonly buffer BB { C b[]; };\n"
       "layout(std430, binding = 1) writeonly buffer BY { T y[]; };\n"
+      "layout(std430, binding = 2) buffer BF { uint fl[]; };\n"
       "layout(push_constant) uniform PC { uint total, n, km1, S, lg, nb, nblk, oy; } pc;\n"
+      "#if DBL\n"
+      "bool bad(double v) { return (unpackDouble2x32(v).y & 0x7ff00000u) == 0x7ff00000u; }\n"
+      "#else\n"
+      "bool bad(float v) { return (floatBitsToUint(v) & 0x7f800000u) == 0x7f800000u; }\n"
+      "#endif\n"
+      "void list(uint g) {\n"
+      "  if (atomicOr(fl[1u + g], 1u) == 0u) fl[1u + pc.nblk + atomicAdd(fl[0], 1u)] = g;\n"
+      "}\n"
       "void main() {\n"
       "  for (uint i = gl_GlobalInvocationID.x; i < pc.total; i += STRIDE) {\n"
       "#if CPLX\n"
       "    uint row = i / pc.n, t = i - row * pc.n, blk = t / pc.S, j = t - blk * pc.S;\n"
-      "    y[pc.oy + i] = b[((row * pc.nb + blk) << pc.lg) + pc.km1 + j];\n"
+      "    T v = b[((row * pc.nb + blk) << pc.lg) + pc.km1 + j];\n"
+      "    y[pc.oy + i] = v;\n"
+      "    if (bad(v.x) || bad(v.y)) list(row * pc.nb + blk);\n"
       "#else\n"
       "    uint c = i / pc.S, j = i - c * pc.S;\n"
       "    C v = b[(c << pc.lg) + pc.km1 + j];\n"
@@ -141,7 +177,10 @@ static int fir_kernel(struct dspk__dev *d, dspk_dtype dt, int which,
       "      uint g = 2u * c + p;\n"
       "      if (g >= pc.nblk) break;\n"
       "      uint row = g / pc.nb, t = (g - row * pc.nb) * pc.S + j;\n"
-      "      if (t < pc.n) y[pc.oy + row * pc.n + t] = v[p];\n"
+      "      if (t < pc.n) {\n"
+      "        y[pc.oy + row * pc.n + t] = v[p];\n"
+      "        if (bad(v[p])) list(g);\n"
+      "      }\n"
       "    }\n"
       "#endif\n"
       "  }\n}\n"};
@@ -150,10 +189,10 @@ static int fir_kernel(struct dspk__dev *d, dspk_dtype dt, int which,
   snprintf(src, sizeof src,
            "#version 450\n"
            "layout(local_size_x = %d) in;\n"
-           "#define T %s\n#define C %s\n#define CPLX %d\n#define PARTS %du\n"
+           "#define T %s\n#define C %s\n#define CPLX %d\n#define DBL %d\n#define PARTS %du\n"
            "#define STRIDE (gl_NumWorkGroups.x * %du)\n"
            "#if CPLX\n#define TOC(v) (v)\n#else\n#define TOC(v) C(v, 0)\n#endif\n%s",
-           DSPK__VK_WG, dspk__vk_glsl_type(dt), dbl ? "dvec2" : "vec2", cplx, cplx ? 1 : 2,
+           DSPK__VK_WG, dspk__vk_glsl_type(dt), dbl ? "dvec2" : "vec2", cplx, dbl, cplx ? 1 : 2,
            DSPK__VK_WG, body[which]);
   return dspk__vk_kernel(d, names[which], src, NULL, 0, "main", nbind[which], pcs[which],
                          out, ctx);
@@ -194,6 +233,7 @@ struct fir_ws {
   int kind; /* 5 (see plan_evict in vk_backend.c) */
   int busy, evicted; /* evicted while a task records with it: freed after */
   struct dspk__mem *hp, *hs, *bb, *ff;
+  struct dspk__mem *fl; /* the list of non-finite segments (see the top) */
 };
 
 void dspk__vk_fir_ws_free(struct dspk__dev *d, void *ws) {
@@ -207,7 +247,15 @@ void dspk__vk_fir_ws_free(struct dspk__dev *d, void *ws) {
   dspk__vk_free(d, w->hs);
   dspk__vk_free(d, w->bb);
   dspk__vk_free(d, w->ff);
+  dspk__vk_free(d, w->fl);
   free(w);
+}
+
+/* The bytes of the list of non-finite segments for blocks of bbytes and
+ * filters of hbytes: bb holds bbytes/hbytes rows of L, each of one or two
+ * blocks, and the list has a count, a flag per block and a slot per block. */
+static size_t fl_bytes(size_t hbytes, size_t bbytes) {
+  return 4 * (1 + 2 * 2 * (bbytes / hbytes));
 }
 
 static int get_ws(struct dspk__dev *d, size_t hbytes, size_t bbytes, struct fir_ws **out) {
@@ -225,6 +273,7 @@ static int get_ws(struct dspk__dev *d, size_t hbytes, size_t bbytes, struct fir_
   w->kind = 5;
   if ((r = dspk__vk_alloc(d, hbytes, &w->hp)) || (r = dspk__vk_alloc(d, hbytes, &w->hs)) ||
       (r = dspk__vk_alloc(d, bbytes, &w->bb)) || (r = dspk__vk_alloc(d, bbytes, &w->ff)) ||
+      (r = dspk__vk_alloc(d, fl_bytes(hbytes, bbytes), &w->fl)) ||
       (r = dspk__plancache_put(&d->plans, key, (size_t)klen, w))) {
     dspk__vk_fir_ws_free(d, w);
     return r;
@@ -309,19 +358,27 @@ static int fir_ols(struct dspk__dev *d, struct dspk__op *op, int m, struct dspk_
   struct dspk__vk_bind b1[2] = {bh, whole(w->hp, hbytes)};
   struct dspk__vk_bind b2[2] = {bx, whole(w->bb, bbytes)};
   struct dspk__vk_bind b3[2] = {whole(w->ff, bbytes), whole(w->hs, hbytes)};
-  struct dspk__vk_bind b4[2] = {whole(w->bb, bbytes), by};
+  VkDeviceSize flb = (VkDeviceSize)fl_bytes(hbytes, bbytes);
+  struct dspk__vk_bind bf = whole(w->fl, flb);
+  struct dspk__vk_bind b4[3] = {whole(w->bb, bbytes), by, bf};
   /* The transforms may add plans to the cache and so evict w: while busy,
    * its eviction waits for the end of this recording. */
   struct dspk__vk_sfft_cfg sk;
   fir_last_fused = dt == DSPK_F32 && fused_cfg(d, g.L, g.nc + 1, &sk);
   w->busy = 1;
+  /* the list's count and flags cleared before the scatter lists anything */
+  VkCommandBuffer cb;
+  if ((r = dspk__vk_cmd(d, &cb)))
+    goto out;
+  VK(CmdFillBuffer)(cb, w->fl->buf, w->fl->off, (VkDeviceSize)(1 + g.nblk) * 4, 0);
+  dspk__vk_barrier(d);
   if (fir_last_fused) {
     /* Our fft kernels with the gather, the filter's transform (one row
      * more), the multiplication and the scatter done by their first and
      * last passes: five dispatches and four passes over memory fewer. */
     struct dspk__vk_bind ff = whole(w->ff, bbytes), bb = whole(w->bb, bbytes);
     uint64_t rows = (uint64_t)g.nc + 1;
-    struct dspk__vk_sfft_fir fw = {&bx, &bh, ex, eh, (uint32_t)n, (uint32_t)(k - 1),
+    struct dspk__vk_sfft_fir fw = {&bx, &bh, &bf, ex, eh, (uint32_t)n, (uint32_t)(k - 1),
                                    (uint32_t)g.S, (uint32_t)g.nb, (uint32_t)g.nblk};
     struct dspk__vk_sfft_fir iv = fw;
     iv.sig = &by;
@@ -336,8 +393,15 @@ static int fir_ols(struct dspk__dev *d, struct dspk__op *op, int m, struct dspk_
              (r = fft_rows(d, cdt, w->bb, w->ff, g.nc, g.L, 0, ctx)) == 0 &&
              (r = dspk__vk_dispatch(d, kk[2], b3, 2, mul, sizeof mul, groups(tb), 1, 1)) == 0 &&
              (r = fft_rows(d, cdt, w->ff, w->bb, g.nc, g.L, 1, ctx)) == 0) {
-    r = dspk__vk_dispatch(d, kk[3], b4, 2, sct, sizeof sct, groups(ts), 1, 1);
+    r = dspk__vk_dispatch(d, kk[3], b4, 3, sct, sizeof sct, groups(ts), 1, 1);
   }
+  /* the direct kernel on the segments listed (see the top), but for the
+   * tuner's samples (see dspk__fir_sampling) */
+  if (r == 0 && !dspk__fir_sampling()) {
+    r = dspk__vk_fir_fixup(d, op, &bf, (uint32_t)g.S, (uint32_t)g.nb, (uint32_t)g.nblk, ctx);
+    fir_repairs++;
+  }
+out:
   w->busy = 0;
   if (w->evicted)
     dspk__vk_fir_ws_free(d, w);

@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "backends/vulkan/vk.h"
+#include "proto/testhook.h"
 
 #define DSPK__VK_MAX_GROUPS 65535u
 /* Elements one reduce dispatch folds per output: 2048 loop iterations per
@@ -443,6 +444,86 @@ int dspk__vk_fir_direct(struct dspk__dev *d, struct dspk__op *op, struct dspk__o
   pc[8] = gx;
   return dspk__vk_dispatch_sliced(d, kr.kern, kr.b, kr.nb, pc, sizeof pc, gx, gy, k,
                                   FIR_TAP_SLICE, fir_slice);
+}
+
+/* The repair of fir's overlap-save output (vk_fir.c): the direct sum on
+ * the segments listed in fl (words: [0] the count, [1, 1+nblk) a flag per
+ * segment, [1+nblk, 1+nblk+count) the segments, row*nb + block, each of
+ * S outputs), overwriting them.  Workgroup w of G takes the pairs (listed
+ * segment, chunk of DSPK__VK_WG outputs) w, w+G, ...: with nothing listed
+ * every workgroup reads the count and ends, so G stays small on hardware
+ * (FIX_GROUPS); lavapipe, which silently ends an invocation's loops after
+ * 65535 iterations in all, gets up to 65535 and fewer taps per dispatch
+ * when a workgroup has more than one pair.  The test hook
+ * DSPK_VK_FIR_FIX_GROUPS sets a smaller G (tests: workgroups that take
+ * several pairs, taps in several dispatches). */
+#define FIX_GROUPS 512u
+int dspk__vk_fir_fixup(struct dspk__dev *d, struct dspk__op *op, const struct dspk__vk_bind *fl,
+                       uint32_t S, uint32_t nb, uint32_t nblk, struct dspk__opctx *ctx) {
+  const struct dspk__tensor *X = &op->in[0], *H = &op->in[1];
+  const struct dspk__tensor *t[3] = {X, H, &op->out[0]};
+  dspk_dtype dt = X->dtype;
+  struct dspk__vk_kernel *kern;
+  struct dspk__vk_bind b[4];
+  uint32_t e[3];
+  char src[8192];
+  int r, at = preamble(src, sizeof src, dt);
+  snprintf(src + at, sizeof src - (size_t)at,
+           "layout(std430, binding = 0) readonly buffer BX { T x[]; };\n"
+           "layout(std430, binding = 1) readonly buffer BH { T h[]; };\n"
+           "layout(std430, binding = 2) buffer BY { T y[]; };\n"
+           "layout(std430, binding = 3) readonly buffer BF { uint fl[]; };\n"
+           "layout(push_constant) uniform PC { uint total, n, k, ox, oh, oy, c0, c1, chunks,\n"
+           "  first, S, nb, nblk; } pc;\n"
+           "shared T hs[%d];\n"
+           "void main() {\n"
+           "  uint lid = gl_LocalInvocationID.x, pairs = fl[0] * pc.chunks;\n"
+           "  for (uint w = gl_WorkGroupID.x; w < pairs; w += gl_NumWorkGroups.x) {\n"
+           "    uint q = w / pc.chunks, seg = fl[1u + pc.nblk + q];\n"
+           "    uint row = seg / pc.nb, j0 = (w - q * pc.chunks) * %du + lid;\n"
+           "    uint t = (seg - row * pc.nb) * pc.S + j0, o = row * pc.n;\n"
+           "    bool live = j0 < pc.S && t < pc.n;\n"
+           "    T acc = T(0);\n"
+           "    for (uint c = pc.c0; c < pc.c1; c += %du) {\n"
+           "      barrier();\n"
+           "      if (c + lid < pc.k) hs[lid] = h[pc.oh + c + lid];\n"
+           "      barrier();\n"
+           "      uint kend = min(pc.k - c, %du);\n"
+           "      if (live && t >= c) {\n"
+           "        uint jmax = min(kend, t - c + 1u);\n"
+           "        for (uint j = 0u; j < jmax; j++)\n"
+           "          acc += cmul(hs[j], x[pc.ox + o + t - c - j]);\n"
+           "      }\n"
+           "    }\n"
+           "    if (live) y[pc.oy + o + t] = pc.first != 0u ? acc : y[pc.oy + o + t] + acc;\n"
+           "  }\n"
+           "}\n",
+           DSPK__VK_WG, DSPK__VK_WG, DSPK__VK_WG, DSPK__VK_WG);
+  if ((r = dspk__vk_kernel(d, "fir.fix", src, NULL, 0, "main", 4, 52, &kern, ctx)) ||
+      (r = bind_all(d, t, 3, b, e, ctx)))
+    return r;
+  b[3] = *fl;
+  int64_t n = X->shape[X->rank - 1];
+  uint32_t k = (uint32_t)(H->shape[0] < n ? H->shape[0] : n);
+  uint32_t chunks = (S + DSPK__VK_WG - 1) / DSPK__VK_WG;
+  uint64_t pairs = (uint64_t)nblk * chunks;
+  int sw = d->props.deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU;
+  uint64_t g = sw ? DSPK__VK_MAX_GROUPS : FIX_GROUPS;
+  const char *hook = DSPK_TEST_HOOK("DSPK_VK_FIR_FIX_GROUPS");
+  if (hook && atoi(hook) > 0)
+    g = (uint64_t)atoi(hook);
+  if (g > pairs)
+    g = pairs ? pairs : 1;
+  uint64_t per = (pairs + g - 1) / g, slice = FIR_TAP_SLICE;
+  if (sw && per > 1)
+    slice = FIR_TAP_SLICE / per / DSPK__VK_WG * DSPK__VK_WG;
+  if (slice < DSPK__VK_WG)
+    slice = DSPK__VK_WG;
+  uint32_t pc[13] = {0, (uint32_t)n, k, e[0], e[1], e[2], 0, 0, chunks, 0, S, nb, nblk};
+  if (k == 0)
+    return 0;
+  return dspk__vk_dispatch_sliced(d, kern, b, 4, pc, sizeof pc, (uint32_t)g, 1, k, slice,
+                                  fir_slice);
 }
 
 /* ---- raw kernels ------------------------------------------------------------ */

@@ -454,8 +454,12 @@ static void gen_hooks(struct dspk__vk_sbuf *b, const struct splan *pl, int hk) {
     ap(b, "#define LD(i) cmul(x[i], hs[pc.hoff + (((i) - pc.xoff) & %uu)])\n", mask);
   else
     ap(b, "#define LD(i) x[i]\n");
+  /* A block that gets a NaN or an Inf output (by the exponent's bits) is
+   * listed in fl (vk_fir.c: [0] the count, [1, 1+nblk) a flag per block,
+   * then the list), for the direct kernel to compute it again. */
   if (hk & HK_SCT)
     ap(b,
+       "layout(std430, binding = 5) buffer BL { uint fl[]; };\n"
        "void ST(uint i, vec2 v) {\n"
        "  uint q = i - pc.ooff, c = q >> %du, j = q & %uu;\n"
        "  if (j < pc.km1) return;\n"
@@ -464,7 +468,12 @@ static void gen_hooks(struct dspk__vk_sbuf *b, const struct splan *pl, int hk) {
        "    uint g = 2u * c + p;\n"
        "    if (g >= pc.nblk) break;\n"
        "    uint row = g / pc.nb, t = (g - row * pc.nb) * pc.S + j;\n"
-       "    if (t < pc.n) a[pc.aoff + row * pc.n + t] = p == 0u ? v.x : v.y;\n"
+       "    float s = p == 0u ? v.x : v.y;\n"
+       "    if (t >= pc.n) continue;\n"
+       "    a[pc.aoff + row * pc.n + t] = s;\n"
+       "    if ((floatBitsToUint(s) & 0x7f800000u) == 0x7f800000u &&\n"
+       "        atomicOr(fl[1u + g], 1u) == 0u)\n"
+       "      fl[1u + pc.nblk + atomicAdd(fl[0], 1u)] = g;\n"
        "  }\n"
        "}\n",
        lg, mask);
@@ -758,12 +767,12 @@ static int run_pass(struct dspk__dev *d, struct splan *pl, int i, int inverse,
   } pc;
   struct dspk__vk_kernel *k = dspk__vk_kmemo_get(d, &pl->kern[v][i]);
   if (!k) {
-    if ((r = dspk__vk_kernel(d, "sfft", pl->src[v][i], NULL, 0, "main", hk ? 5 : 3,
+    if ((r = dspk__vk_kernel(d, "sfft", pl->src[v][i], NULL, 0, "main", hk ? 6 : 3,
                              hk ? (uint32_t)sizeof pc : 16, &k, ctx)))
       return r;
     dspk__vk_kmemo_set(&pl->kern[v][i], k);
   }
-  struct dspk__vk_bind tmp = {0}, b[5];
+  struct dspk__vk_bind tmp = {0}, b[6];
   if (pl->tmp)
     tmp = (struct dspk__vk_bind){pl->tmp->buf, pl->tmp->off, pl->tmp->size};
   b[0] = i == 0 ? *x : tmp;
@@ -772,6 +781,7 @@ static int run_pass(struct dspk__dev *d, struct splan *pl, int i, int inverse,
   if (hk) {
     b[3] = *f->sig;
     b[4] = *f->hs;
+    b[5] = *f->fl;
   }
   uint32_t groups = p->rows * ((p->M + p->C - 1) / p->C);
   pc.xoff = i == 0 ? xelem : 0;
@@ -791,7 +801,7 @@ static int run_pass(struct dspk__dev *d, struct splan *pl, int i, int inverse,
   uint32_t gx = groups < mx ? groups : mx;
   if (gx > 65535)
     gx = 65535;
-  return dspk__vk_dispatch(d, k, b, hk ? 5 : 3, &pc, hk ? sizeof pc : 16, gx,
+  return dspk__vk_dispatch(d, k, b, hk ? 6 : 3, &pc, hk ? sizeof pc : 16, gx,
                            (groups + gx - 1) / gx, 1);
 }
 

@@ -73,7 +73,9 @@ int dspk__vk_sfft(struct dspk__dev *d, const struct dspk__vk_sfft_cfg *cfg, uint
  * filter's own transform, the multiplication and the scatter cost no
  * passes over memory of their own. */
 struct dspk__vk_sfft_fir {
-  const struct dspk__vk_bind *sig, *hs;
+  /* fl: the list of segments with a non-finite output (vk_fir.c), which
+   * the inverse's last pass appends to */
+  const struct dspk__vk_bind *sig, *hs, *fl;
   uint32_t sigoff, hoff, n, km1, S, nb, nblk;
 };
 /* dspk__vk_sfft with f's hooks (the plan from d's plan cache). */

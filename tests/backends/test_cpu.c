@@ -65,12 +65,21 @@ static void shape_set(struct dspk__tensor *t, dspk_dtype dt, int rank,
 /* Fills a tensor with random values in [-1,1) (also returned in *vals as
  * doubles, interleaved for complex; caller frees) and places it on the
  * device at a random element offset inside a bigger block. */
+static void put_vals(struct dspk__tensor *t, const double *v);
 static double *put_random(struct dspk__tensor *t) {
   int64_t n = dspk__tensor_numel(t) * W(t->dtype);
   double *v = malloc(sizeof(double) * (size_t)(n + 1));
   assert_non_null(v);
   for (int64_t i = 0; i < n; i++)
     v[i] = roundto(t->dtype, urand());
+  put_vals(t, v);
+  return v;
+}
+
+/* Places a tensor holding the values v (interleaved for complex) on the
+ * device at a random element offset inside a bigger block. */
+static void put_vals(struct dspk__tensor *t, const double *v) {
+  int64_t n = dspk__tensor_numel(t) * W(t->dtype);
   size_t es = dspk__dtype_size(t->dtype);
   size_t off = (size_t)irand(0, 3) * es;
   assert_int_equal(be->alloc(dev, off + dspk__tensor_nbytes(t), &t->mem), 0);
@@ -87,7 +96,6 @@ static double *put_random(struct dspk__tensor *t) {
   }
   assert_int_equal(be->write(dev, t->mem, off, buf, dspk__tensor_nbytes(t)), 0);
   free(buf);
-  return v;
 }
 
 /* Reads a tensor back as doubles (interleaved for complex; caller frees). */
@@ -610,6 +618,110 @@ static void test_fir_fft(void **state) {
   fir_case(DSPK_F64, -1, 3000, 5, 1);
 }
 
+/* fir's FFT path with non-finite data, or finite data whose transforms
+ * overflow: against a direct sum in double of the same values (in the
+ * direct path's order), the non-finite outputs exactly where the reference
+ * has them, component by component, and the others within the FFT's
+ * tolerance of the largest finite output.  x and h hold rows*n and k values
+ * (interleaved for complex). */
+static void fir_values_case(const char *what, dspk_dtype dt, int force, int64_t rows,
+                            int64_t n, int64_t k, const double *xv, const double *hv) {
+  struct dspk__op op;
+  memset(&op, 0, sizeof op);
+  op.kind = DSPK_OP_FIR;
+  op.nin = 2;
+  shape_set(&op.in[0], dt, 2, (int64_t[]){rows, n});
+  shape_set(&op.in[1], dt, 1, (int64_t[]){k});
+  put_vals(&op.in[0], xv);
+  put_vals(&op.in[1], hv);
+  dev->fir_force = force;
+  int rc = run_op(&op);
+  dev->fir_force = -1;
+  assert_int_equal(rc, 0);
+  double *got = get(&op.out[0]);
+  int w = W(dt);
+  int64_t m = rows * n * w;
+  double *want = calloc((size_t)(m + 1), sizeof(double)), big = 0;
+  for (int64_t r = 0; r < rows; r++)
+    for (int64_t i = 0; i < n; i++) {
+      double re = 0, im = 0;
+      for (int64_t j = 0; j < k && j <= i; j++) {
+        const double *x = &xv[(r * n + i - j) * w], *h = &hv[j * w];
+        if (w == 1) {
+          re += h[0] * x[0];
+        } else {
+          re += h[0] * x[0] - h[1] * x[1];
+          im += h[0] * x[1] + h[1] * x[0];
+        }
+      }
+      want[(r * n + i) * w] = re;
+      if (w == 2)
+        want[(r * n + i) * w + 1] = im;
+    }
+  for (int64_t i = 0; i < m; i++)
+    if (isfinite(want[i]) && fabs(want[i]) > big)
+      big = fabs(want[i]);
+  double tol = 8 * eps(dt) * (double)(k + 4) * log2(8.0 * (double)k + 4096) * (big > 1 ? big : 1);
+  for (int64_t i = 0; i < m; i++) {
+    if (!!isfinite(got[i]) != !!isfinite(want[i]))
+      fail_msg("fir %s %s %s n=%lld k=%lld: output %lld (row %lld, sample %lld%s) is %g, the "
+               "direct sum %g", what, dspk__dtype_name(dt), force == 1 ? "fft" : "auto",
+               (long long)n, (long long)k, (long long)i, (long long)(i / w / n),
+               (long long)(i / w % n), w == 2 ? (i % 2 ? " im" : " re") : "", got[i], want[i]);
+    if (isfinite(want[i]) && !(fabs(got[i] - want[i]) <= tol))
+      fail_msg("fir %s %s n=%lld k=%lld: output %lld is %.9g, want %.9g (tol %.3g)", what,
+               dspk__dtype_name(dt), (long long)n, (long long)k, (long long)i, got[i],
+               want[i], tol);
+  }
+  free(got);
+  free(want);
+  free_op(&op);
+}
+
+/* The FFT path on a NaN or an Inf in x, a NaN in the last tap, and finite
+ * data whose transforms overflow (3e38 times taps of 1e-6 in f32: sums of
+ * at most 9e34), every dtype, with the path forced and chosen (k = 300:
+ * the cpu's heuristic takes FFT from 33 taps on), on rows of one block
+ * and of several. */
+static void test_fir_fft_nonfinite(void **state) {
+  (void)state;
+  static const dspk_dtype dts[] = {DSPK_F32, DSPK_F64, DSPK_C64, DSPK_C128};
+  static const int64_t ns[] = {2000, 20000};
+  for (int d = 0; d < 4; d++)
+    for (int ni = 0; ni < 2; ni++)
+      for (int force = -1; force <= 1; force += 2) {
+        dspk_dtype dt = dts[d];
+        int w = W(dt), sp = dt == DSPK_F32 || dt == DSPK_C64;
+        int64_t n = ns[ni], k = 300, rows = 2, m = rows * n * w;
+        double *x = malloc(sizeof(double) * (size_t)m), *h = malloc(sizeof(double) * (size_t)(k * w));
+        assert_non_null(x);
+        assert_non_null(h);
+        for (int c = 0; c < 4; c++) {
+          for (int64_t i = 0; i < m; i++)
+            x[i] = roundto(dt, urand());
+          for (int64_t i = 0; i < k * w; i++)
+            h[i] = roundto(dt, urand());
+          const char *what;
+          int64_t at = (n + n / 4) * w; /* row 1, sample n/4; row 0 stays finite */
+          switch (c) {
+          case 0: what = "NaN in x"; x[at] = NAN; break;
+          case 1: what = "Inf in x"; x[at + w - 1] = INFINITY; break;
+          case 2: what = "NaN in the last tap"; h[(k - 1) * w] = NAN; break;
+          default:
+            what = "transforms overflow";
+            for (int64_t i = 0; i < m; i++)
+              x[i] = sp ? 3e38 : 1.7e308;
+            for (int64_t i = 0; i < k * w; i++)
+              h[i] = 1e-6;
+            break;
+          }
+          fir_values_case(what, dt, force, rows, n, k, x, h);
+        }
+        free(x);
+        free(h);
+      }
+}
+
 /* ---- contract ----------------------------------------------------------- */
 
 static void contract_case(dspk_dtype dt, const char *subs) {
@@ -1055,7 +1167,8 @@ int main(void) {
       cmocka_unit_test(test_gemm_half),    cmocka_unit_test(test_fft),
       cmocka_unit_test(test_fft_plan_reuse), cmocka_unit_test(test_fft_threads),
       cmocka_unit_test(test_fir_direct),
-      cmocka_unit_test(test_fir_fft),      cmocka_unit_test(test_contract),
+      cmocka_unit_test(test_fir_fft),      cmocka_unit_test(test_fir_fft_nonfinite),
+      cmocka_unit_test(test_contract),
       cmocka_unit_test(test_reduce),       cmocka_unit_test(test_reduce_sum_bits),
       cmocka_unit_test(test_map),
       cmocka_unit_test(test_empty),        cmocka_unit_test(test_cancel),

@@ -482,6 +482,93 @@ static void test_fir_fft(void **state) {
   }
 }
 
+/* Element i of a host array of dtype dt set to (re, im). */
+static void set_elem(dspk_dtype dt, void *p, int64_t i, double re, double im) {
+  switch (dt) {
+  case DSPK_F32: ((float *)p)[i] = (float)re; break;
+  case DSPK_F64: ((double *)p)[i] = re; break;
+  case DSPK_C64: ((float *)p)[2 * i] = (float)re; ((float *)p)[2 * i + 1] = (float)im; break;
+  default: ((double *)p)[2 * i] = re; ((double *)p)[2 * i + 1] = im; break;
+  }
+}
+
+/* The overlap-save path (forced in each block size, and chosen) on a NaN
+ * or an Inf in x, a NaN in the last tap, and finite data whose transforms
+ * overflow (3e38 times taps of 1e-6 in single precision: sums of at most
+ * 9e34), every dtype, rows of one block and of several: the non-finite
+ * outputs exactly where a direct loop in double has them, component by
+ * component, the others within the path's tolerance of the largest
+ * finite output. */
+static void test_fir_fft_nonfinite(void **state) {
+  static const int64_t cases[][3] = {{2, 2000, 300}, {1, 9000, 300}, {2, 20000, 1100}};
+  (void)state;
+  for (int di = 0; di < 4; di++) {
+    dspk_dtype dt = std4[di];
+    int sp = dt == DSPK_F32 || dt == DSPK_C64, w = dspk__dtype_is_complex(dt) ? 2 : 1;
+    double tol = sp ? 1e-5 : 1e-12;
+    for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++)
+      for (int v = 0; v < 4; v++)
+        for (int m = -1; m < 4; m++) {
+          if (m == 0)
+            continue;
+          int64_t rows = cases[c][0], n = cases[c][1], k = cases[c][2], at = (rows - 1) * n + n / 4;
+          int64_t xs[2] = {rows, n}, hs[1] = {k};
+          struct dspk__tensor tx = T(dt, 2, xs), th = T(dt, 1, hs);
+          void *in[2] = {rand_data(&tx), rand_data(&th)};
+          double big = sp ? 3e38 : 1.7e308, re, im;
+          if (v == 0) {
+            elem(dt, in[0], at, &re, &im);
+            set_elem(dt, in[0], at, NAN, im);
+          } else if (v == 1) {
+            elem(dt, in[0], at, &re, &im);
+            set_elem(dt, in[0], at, w == 2 ? re : INFINITY, INFINITY);
+          } else if (v == 2) {
+            elem(dt, in[1], k - 1, &re, &im);
+            set_elem(dt, in[1], k - 1, NAN, im);
+          } else {
+            for (int64_t i = 0; i < rows * n; i++)
+              set_elem(dt, in[0], i, big, big);
+            for (int64_t i = 0; i < k; i++)
+              set_elem(dt, in[1], i, 1e-6, 1e-6);
+          }
+          void *y = fir_gpu(dt, rows, n, k, in, m);
+          double *want = malloc(sizeof(double) * (size_t)(2 * rows * n)), mx = 1;
+          for (int64_t i = 0; i < rows * n; i++) {
+            int64_t row = i / n, t = i % n;
+            double ar = 0, ai = 0, xr, xi, hr, hi;
+            for (int64_t j = 0; j < k && j <= t; j++) {
+              elem(dt, in[1], j, &hr, &hi);
+              elem(dt, in[0], row * n + t - j, &xr, &xi);
+              ar += hr * xr - hi * xi;
+              ai += hr * xi + hi * xr;
+            }
+            want[2 * i] = ar;
+            want[2 * i + 1] = ai;
+            if (isfinite(ar))
+              mx = fmax(mx, fabs(ar));
+            if (isfinite(ai))
+              mx = fmax(mx, fabs(ai));
+          }
+          for (int64_t i = 0; i < rows * n; i++) {
+            double g[2];
+            elem(dt, y, i, &g[0], &g[1]);
+            for (int p = 0; p < w; p++) {
+              double f = want[2 * i + p];
+              if (!!isfinite(g[p]) != !!isfinite(f) || (isfinite(f) && !(fabs(g[p] - f) <= tol * mx)))
+                fail_msg("fir %s mode %d (%s) %lldx%lld k=%lld case %d: output (row %lld, sample "
+                         "%lld%s) is %g, the direct sum %g", dspk__dtype_name(dt), m,
+                         dspk__cuda_fir_last(), (long long)rows, (long long)n, (long long)k, v,
+                         (long long)(i / n), (long long)(i % n), p ? " im" : "", g[p], f);
+            }
+          }
+          free(want);
+          free(y);
+          free(in[0]);
+          free(in[1]);
+        }
+  }
+}
+
 static struct dspk__cache *restart_on(const char *file);
 
 static int fir_tunings; /* "autotune fir" tunings finished */
@@ -1239,6 +1326,7 @@ int main(void) {
       cmocka_unit_test(test_gemm_blas),
       cmocka_unit_test(test_fir),
       cmocka_unit_test(test_fir_fft),
+      cmocka_unit_test(test_fir_fft_nonfinite),
       cmocka_unit_test(test_reduce),
       cmocka_unit_test(test_reduce_candidates),
       cmocka_unit_test(test_reduce_tuned),

@@ -1206,6 +1206,60 @@ def t_firvk(exe, tmp):
     d.stop()
 
 
+def t_firnan(exe, tmp):
+    """fir's FFT path with non-finite data, through dspkd on cpu:0 and the
+    Vulkan device where there is one (lavapipe in CI): a NaN or an Inf in X,
+    a NaN in the last tap, and finite data whose transforms overflow (3e38
+    with taps of 1e-6 in single precision: outputs of 9e34), every dtype, at
+    tap counts where both devices take the FFT path.  The non-finite outputs
+    must lie exactly where numpy's direct convolution has them (as lfilter:
+    one NaN used to make every output of the row NaN), the others close to
+    it."""
+    d = Daemon(exe, tmp, ["--backends", "cpu,vulkan"])
+    c = d.client()
+    devs = ["cpu:0"] + [x["id"] for x in c.call("devices", {})["devices"]
+                        if x["backend"] == "vulkan"][:1]
+    rng = np.random.default_rng(31)
+
+    def nonfinite(a):
+        return ~np.isfinite(a.real) | ~np.isfinite(a.imag) if a.dtype.kind == "c" \
+            else ~np.isfinite(a)
+
+    for dev in devs:
+        for dt in (np.float32, np.float64, np.complex64, np.complex128):
+            single = np.dtype(dt) in (np.float32, np.complex64)
+            for xs, k in (((2, 2000), 300), ((1, 9000), 1000)):
+                for case in ("nan", "inf", "lasttap", "overflow"):
+                    X, H = rand(rng, xs, dt), rand(rng, (k,), dt)
+                    at = (xs[0] - 1, xs[1] // 4)
+                    if case == "nan":
+                        X[at] = np.nan
+                    elif case == "inf":
+                        X[at] = np.inf
+                    elif case == "lasttap":
+                        H[-1] = np.nan
+                    else:
+                        X[:] = 3e38 if single else 1.7e308
+                        H[:] = 1e-6
+                    what = "fir %s %s %s k=%d on %s" % (case, np.dtype(dt), xs, k, dev)
+                    try:
+                        got = run(c, "fir", [X, H], device=dev)[0]
+                    except RpcError as e:
+                        if not single and e.err["name"] == "EDTYPE":
+                            break  # no shaderFloat64 on this device
+                        raise
+                    want = fir_ref(X, H)
+                    bad_got, bad_want = nonfinite(got), nonfinite(want)
+                    check(np.array_equal(bad_got, bad_want),
+                          "%s: %d non-finite outputs, the direct sum %d (first differing at %s)"
+                          % (what, bad_got.sum(), bad_want.sum(),
+                             np.argwhere(bad_got != bad_want)[:1].tolist()))
+                    ok = ~bad_want
+                    close_enough(got[ok], want[ok], what, dt)
+    c.close()
+    d.stop()
+
+
 def raw_responses(c, want):
     """Reads until `want` responses arrived; returns them in arrival order
     (c.responses keys by msgid, which a repeated msgid would overwrite)."""
@@ -2828,6 +2882,7 @@ GROUPS = {
     "kernelfs": t_kernelfs,
     "cacheputfail": t_cacheputfail,
     "firvk": t_firvk,
+    "firnan": t_firnan,
     "opsize": t_opsize,
     "unsent": t_unsent,
     "sndbuf": t_sndbuf,

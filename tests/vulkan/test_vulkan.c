@@ -1417,6 +1417,120 @@ static void t_fir_fft(void **state) {
   print_message("fir f32: %d cases ran fused into our fft kernels\n", nfused);
 }
 
+/* fir on x and h (host tensors: rows x n and k values) with the path mode
+ * forced (as fir_case), against a direct sum in double in the direct
+ * kernel's order (component by component, no C complex multiply): the
+ * non-finite outputs exactly where the reference has them, and the others
+ * within tol of the largest finite output. */
+static void fir_values_case(const char *what, dspk_dtype dt, int mode, const struct htensor *X,
+                            const struct htensor *Hh, double tol) {
+  char msg[512];
+  int64_t rows = X->shape[0], n = X->shape[1], k = Hh->shape[0];
+  struct htensor got;
+  struct dspk__op op = {.kind = DSPK_OP_FIR, .nin = 2};
+  assert_int_equal(h_upload(D, X, dspk__dtype_size(dt) * 3, &op.in[0]), 0);
+  assert_int_equal(h_upload(D, Hh, 0, &op.in[1]), 0);
+  dspk__vk_fir_force(mode);
+  int r = h_run(D, &op, &got, msg, sizeof msg);
+  dspk__vk_fir_force(-1);
+  if (r)
+    fail_msg("fir %s %s mode %d: %d %s", what, dspk__dtype_name(dt), mode, r, msg);
+  if (mode > 0)
+    assert_string_equal(dspk__vk_fir_last(), dspk__fir_path_names[mode]);
+  const char *path = dspk__vk_fir_last();
+  int fused = dspk__vk_fir_last_fused();
+  double *want = calloc((size_t)(2 * X->n), sizeof *want), big = 0;
+  for (int64_t b = 0; b < rows; b++)
+    for (int64_t i = 0; i < n; i++) {
+      double re = 0, im = 0;
+      for (int64_t t = 0; t < k && t <= i; t++) {
+        double hr = creal(Hh->v[t]), hi = cimag(Hh->v[t]);
+        double xr = creal(X->v[b * n + i - t]), xi = cimag(X->v[b * n + i - t]);
+        re += hr * xr - hi * xi;
+        im += hr * xi + hi * xr;
+      }
+      want[2 * (b * n + i)] = re;
+      want[2 * (b * n + i) + 1] = im;
+    }
+  for (int64_t i = 0; i < 2 * X->n; i++)
+    if (isfinite(want[i]) && fabs(want[i]) > big)
+      big = fabs(want[i]);
+  for (int64_t i = 0; i < 2 * X->n; i++) {
+    if (!h_cplx(dt) && (i & 1))
+      continue;
+    double g = i & 1 ? cimag(got.v[i / 2]) : creal(got.v[i / 2]);
+    if (!!isfinite(g) != !!isfinite(want[i]))
+      fail_msg("fir %s %s %lldx%lld k=%lld %s%s: output (row %lld, sample %lld%s) is %g, the "
+               "direct sum %g", what, dspk__dtype_name(dt), (long long)rows, (long long)n,
+               (long long)k, path, fused ? " fused" : "", (long long)(i / 2 / n),
+               (long long)(i / 2 % n), h_cplx(dt) ? (i & 1 ? " im" : " re") : "", g, want[i]);
+    if (isfinite(want[i]) && !(fabs(g - want[i]) <= tol * (big > 1 ? big : 1)))
+      fail_msg("fir %s %s %lldx%lld k=%lld %s%s: output %lld is %.9g, want %.9g", what,
+               dspk__dtype_name(dt), (long long)rows, (long long)n, (long long)k, path,
+               fused ? " fused" : "", (long long)i, g, want[i]);
+  }
+  free(want);
+  h_free(&got);
+}
+
+/* fir's FFT path on a NaN or an Inf in x, a NaN in the last tap, and finite
+ * data whose transforms overflow (3e38 times taps of 1e-6 in single
+ * precision: sums of at most 9e34): every dtype the device has, the
+ * overlap-save path forced in each block size (rows of one block and of
+ * several; f32 fused into our fft kernels and not) and chosen (lavapipe's
+ * heuristic: ols-x8 from 128 taps), and the repair with few workgroups. */
+static void t_fir_fft_nonfinite(void **state) {
+  (void)state;
+  static const int64_t cases[][4] = {/* rows, n, k, mode */
+                                     {2, 2000, 300, 1}, {2, 2000, 300, 3},
+                                     {1, 9000, 300, 1}, {2, 3000, 300, -1}};
+  for (int di = 0; di < 4; di++) {
+    dspk_dtype dt = STD[di];
+    int sp = dt == DSPK_F32 || dt == DSPK_C64, cx = h_cplx(dt);
+    if (!sp && !D->has_f64)
+      continue;
+    double tol = sp ? 1e-5 : 1e-12;
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
+      for (int v = 0; v < 4; v++)
+        for (int off = 0; off < (dt == DSPK_F32 ? 3 : 2); off++) {
+          int64_t rows = cases[c][0], n = cases[c][1], k = cases[c][2];
+          int64_t xs[2] = {rows, n}, hs[1] = {k}, at = (rows - 1) * n + n / 4;
+          struct htensor X = h_make(dt, 2, xs, 1), Hh = h_make(dt, 1, hs, 1);
+          const char *what = "transforms overflow";
+          if (v == 0) {
+            what = "NaN in x"; /* in the last row, the others stay finite */
+            X.v[at] = CMPLX(NAN, cimag(X.v[at]));
+          } else if (v == 1) {
+            what = "Inf in x";
+            X.v[at] = cx ? CMPLX(creal(X.v[at]), INFINITY) : INFINITY;
+          } else if (v == 2) {
+            what = "NaN in the last tap";
+            Hh.v[k - 1] = CMPLX(NAN, cimag(Hh.v[k - 1]));
+          } else {
+            double big = sp ? 3e38 : 1.7e308;
+            for (int64_t i = 0; i < X.n; i++)
+              X.v[i] = cx ? CMPLX(big, big) : big;
+            for (int64_t i = 0; i < k; i++)
+              Hh.v[i] = cx ? CMPLX(1e-6, 1e-6) : 1e-6;
+          }
+          /* off 1: the repair's workgroups take several segments each, the
+           * taps in several dispatches; off 2: f32 not fused */
+          if (off == 1)
+            setenv("DSPK_VK_FIR_FIX_GROUPS", "1", 1);
+          if (off == 2)
+            setenv("DSPK_VK_FIR_SK", "off", 1);
+          fir_values_case(what, dt, (int)cases[c][3], &X, &Hh, tol);
+          unsetenv("DSPK_VK_FIR_FIX_GROUPS");
+          if (off == 2) {
+            unsetenv("DSPK_VK_FIR_SK");
+            assert_false(dspk__vk_fir_last_fused());
+          }
+          h_free(&X);
+          h_free(&Hh);
+        }
+  }
+}
+
 /* The choice through the autotuner (forced to tune on this device, as a
  * hardware device would): a short filter stays direct without a tuning,
  * a long one is tuned, the result is right, and the decision is in the
@@ -1475,6 +1589,47 @@ static void t_fir_tune(void **state) {
   h_cache_unlink(path);
 }
 
+/* A long filter whose last tap is NaN, tuned on the task's own operands
+ * (forced to tune, as on a hardware device): the tuner's samples skip the
+ * repair of non-finite segments (dspk__fir_sampling), so the overlap-save
+ * path, not the direct one it would cost as much as with the repair,
+ * wins the shape class, and the task's own run repairs: the NaNs exactly
+ * where the direct sum has them. */
+static void t_fir_tune_nonfinite(void **state) {
+  (void)state;
+  char path[] = "/tmp/dspk-vk-fir-tunenf-XXXXXX";
+  assert_int_equal(h_cache_path(path), 0);
+  struct dspk__cache *c;
+  assert_int_equal(dspk__cache_open(path, NULL, &c, NULL, 0), 0);
+  struct dspk__devenv env = {.cache = c};
+  struct dspk__dev *d, *save = D;
+  int64_t xs[2] = {2, 20000}, hs[1] = {1000};
+  struct htensor X = h_make(DSPK_F32, 2, xs, 1), Hh = h_make(DSPK_F32, 1, hs, 1);
+  Hh.v[999] = NAN;
+  dspk__autotune_forget_all();
+  dspk__vk_fir_tune_always(1);
+  assert_int_equal(VKB->open(0, &env, &d), 0);
+  D = d;
+  unsigned timed = dspk__vk_fir_timed(), repairs = dspk__vk_fir_repairs();
+  fir_values_case("NaN in the last tap, tuned", DSPK_F32, -1, &X, &Hh, 1e-5);
+  D = save;
+  timed = dspk__vk_fir_timed() - timed;
+  repairs = dspk__vk_fir_repairs() - repairs;
+  print_message("fir f32 2x20000, 1000 taps, the last NaN: tuned to %s (%u samples timed, %u "
+                "repairs)\n", dspk__vk_fir_last(), timed, repairs);
+  /* the overlap-save samples ran without the repair, the task's run with */
+  assert_true(!dspk__vk_timestamps(d) || timed >= 6 + 3 * 2);
+  assert_int_equal(repairs, 1);
+  assert_string_not_equal(dspk__vk_fir_last(), "direct");
+  VKB->close(d);
+  dspk__autotune_forget_all();
+  dspk__vk_fir_tune_always(0);
+  dspk__cache_close(c);
+  h_cache_unlink(path);
+  h_free(&X);
+  h_free(&Hh);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(t_probe),     cmocka_unit_test(t_caps),
@@ -1482,6 +1637,7 @@ int main(void) {
       cmocka_unit_test(t_import_host), cmocka_unit_test(t_host_register),
       cmocka_unit_test(t_map),       cmocka_unit_test(t_reduce),
       cmocka_unit_test(t_fir),       cmocka_unit_test(t_fir_fft),
+      cmocka_unit_test(t_fir_fft_nonfinite), cmocka_unit_test(t_fir_tune_nonfinite),
       cmocka_unit_test(t_fir_tune),  cmocka_unit_test(t_gemm),
       cmocka_unit_test(t_contract),  cmocka_unit_test(t_long_loops),
       cmocka_unit_test(t_fir_long_direct),

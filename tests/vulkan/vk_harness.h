@@ -131,10 +131,9 @@ static inline void h_unpack(struct htensor *t, const void *p) {
     switch (t->dt) {
     case DSPK_F32: t->v[i] = ((const float *)p)[i]; break;
     case DSPK_F64: t->v[i] = ((const double *)p)[i]; break;
-    case DSPK_C64: t->v[i] = ((const float *)p)[2 * i] + ((const float *)p)[2 * i + 1] * I; break;
-    case DSPK_C128:
-      t->v[i] = ((const double *)p)[2 * i] + ((const double *)p)[2 * i + 1] * I;
-      break;
+    /* (CMPLX: re + im * I would turn an infinite im into a NaN re) */
+    case DSPK_C64: t->v[i] = CMPLX(((const float *)p)[2 * i], ((const float *)p)[2 * i + 1]); break;
+    case DSPK_C128: t->v[i] = CMPLX(((const double *)p)[2 * i], ((const double *)p)[2 * i + 1]); break;
     default: break;
     }
   }
