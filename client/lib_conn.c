@@ -187,7 +187,7 @@ DSPK_EXPORT int dspk_file_data(dspk_client *c, const void *addr, size_t len, int
     size_t cap = c->capfmaps ? 2 * c->capfmaps : 4;
     struct dspk__fmap *p = realloc(c->fmaps, cap * sizeof(*p));
     if (!p)
-      return DSPK_ENOMEM;
+      return dspk__cerr(c, DSPK_ENOMEM, "dspk_file_data: out of memory");
     c->fmaps = p;
     c->capfmaps = cap;
   }

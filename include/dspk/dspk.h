@@ -362,9 +362,12 @@ typedef struct dspk_tensor {
 DSPK_EXPORT size_t dspk_dtype_size(dspk_dtype dt);
 DSPK_EXPORT const char *dspk_dtype_name(dspk_dtype dt);
 DSPK_EXPORT int dspk_dtype_from_name(const char *name, dspk_dtype *out);
-/* The number of elements: the product of the shape (0 when an axis is 0);
- * UINT64_MAX when an axis is negative or the product overflows 64 bits
- * (dspk_run refuses such a tensor). */
+/* The number of elements: the product of the shape over its first
+ * min(rank, DSPK_MAX_RANK) axes; UINT64_MAX when an axis is negative (the
+ * shape is invalid, whatever the other axes are: {-1, 0} too); else 0 when
+ * an axis is 0 (even where the other axes' product would overflow); else
+ * UINT64_MAX when the product overflows 64 bits (dspk_run refuses a tensor
+ * whose numel is UINT64_MAX); 0 for NULL. */
 DSPK_EXPORT uint64_t dspk_tensor_numel(const dspk_tensor *t);
 
 /* Convenience: fills *t as an inline tensor over data (not copied), with
@@ -465,7 +468,15 @@ DSPK_EXPORT int dspk_submit(dspk_client *c, const dspk_task *t,
                             uint32_t *ticket);
 DSPK_EXPORT int dspk_wait(dspk_client *c, uint32_t ticket, dspk_result *res);
 /* Like dspk_wait() for any one ticket: 0 with *ticket and *res of the first
- * completed request, DSPK_ENOENT when none is in flight. */
+ * completed request, DSPK_ENOENT when none is in flight.
+ * An exception to "outputs are written only on success": when the request
+ * answered is the one that failed (its error answer, or a result that
+ * could not be decoded), *ticket is written with that ticket too (consumed
+ * like a successful one), so that the caller knows which request failed;
+ * *res is not written.  When no request was answered (DSPK_ENOENT, a
+ * broken connection, DSPK_ETIMEDOUT, a bad argument) *ticket is left as it
+ * was.  To tell both apart, set *ticket to 0 before the call (tickets are
+ * never 0). */
 DSPK_EXPORT int dspk_wait_any(dspk_client *c, uint32_t *ticket,
                               dspk_result *res);
 /* Sends task.cancel for ticket and waits for that call's answer; *canceled
