@@ -246,8 +246,8 @@ static int shm_new_from(dspk_client *c, const char *device, size_t n, int state,
   pack_import(&a, &w);
   rc = dspk__send_fd(c, &w, msgid, fd);
   dspk__wbuf_free(&w);
-  if (rc == 0)
-    rc = dspk__wait(c, msgid, &r);
+  if (rc == 0 && (rc = dspk__wait(c, msgid, &r)) == DSPK_ETIMEDOUT)
+    dspk__abandon(c, msgid, true); /* the buffer it makes late is freed */
   if (rc != 0) {
     munmap(p, n);
     close(fd);
@@ -274,8 +274,9 @@ static int shm_new_from(dspk_client *c, const char *device, size_t n, int state,
     (void)madvise(p, n, MADV_POPULATE_WRITE);
   if (src >= 0 && (rc = fill_from(fd, via_map ? p : NULL, src, off, n)) != 0) {
     rc = rc < 0 ? dspk__cerr(c, DSPK_EIO, "reading %zu bytes at offset %llu of file "
-                             "descriptor %d into shared memory: the file ends before",
-                             n, (unsigned long long)off, src)
+                             "descriptor %d into shared memory: the file ends before "
+                             "offset %llu", n, (unsigned long long)off, src,
+                             (unsigned long long)off + n)
                 : dspk__cerr(c, DSPK_EIO, "reading %zu bytes at offset %llu of file "
                              "descriptor %d into shared memory: %s",
                              n, (unsigned long long)off, src, strerror(rc));
