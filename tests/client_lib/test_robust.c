@@ -485,7 +485,7 @@ static void test_failures_have_messages(void **state) {
   uint32_t tk = 0;
   dspk_result r;
   char *json = NULL;
-  char buf[16];
+  char buf[16] = {0};
 
   snprintf(path, sizeof path, "%s/short.bin", tmpdir);
   snprintf(dir, sizeof dir, "%s/d", tmpdir);
