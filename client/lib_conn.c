@@ -46,6 +46,8 @@ int dspk__cerr(dspk_client *c, int code, const char *fmt, ...) {
   va_start(ap, fmt);
   dspk__vformat(c->err, sizeof(c->err), fmt, ap);
   va_end(ap);
+  if (!c->err[0] && code < 0) /* an empty reason (the daemon's, a decoder's) */
+    snprintf(c->err, sizeof c->err, "%s", dspk__strerror(code));
   return code;
 }
 

@@ -120,7 +120,8 @@ struct dspk__resp {
   struct dspk__msg msg;
 };
 
-/* Sets c->err from a format and returns code. */
+/* Sets c->err from a format (the code's description when that comes out
+ * empty) and returns code. */
 int dspk__cerr(dspk_client *c, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 /* A bad argument of a public function: DSPK_EINVAL, with the reason in

@@ -114,7 +114,8 @@ DSPK_EXPORT const char *dspk_connect_error(void);
 DSPK_EXPORT void dspk_close(dspk_client *c);
 
 /* The message of the last failed call on c (the daemon's message for an
- * error response, or the library's reason); "" when none failed yet.  Read
+ * error response, or the library's reason: never "" after a call on c
+ * failed, at worst the code's dspk_strerror()); "" when none failed yet.  Read
  * it right after the call that failed: a later call that succeeds may clear
  * it or leave it; the next call that fails replaces it. */
 DSPK_EXPORT const char *dspk_last_error(const dspk_client *c);
