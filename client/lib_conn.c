@@ -902,6 +902,8 @@ static int wait_common(dspk_client *c, bool any, uint32_t *msgid,
   int rc;
 
   for (;;) {
+    if (c->closed) /* by dspk_close from the callback: nothing more is taken */
+      return broken_err(c);
     /* A response that already arrived (also read by a nested call). */
     if (take_done(c, any, msgid, out, &rc))
       return rc;
@@ -1361,6 +1363,18 @@ err_alloc:
 DSPK_EXPORT void dspk_close(dspk_client *c) {
   if (!c)
     return;
+  if (c->in_progress) {
+    /* From c's own progress callback: the call that invoked it still uses
+     * c.  The connection ends now (that call fails); a dspk_close after
+     * that call returned frees c. */
+    c->closed = true;
+    if (!c->broken) {
+      (void)shutdown(c->fd, SHUT_RDWR);
+      mark_broken(c, dspk__cerr(c, DSPK_ECLOSED, "closed by dspk_close from the "
+                                "progress callback"));
+    }
+    return;
+  }
   dspk__shm_close(c);
   if (c->fd >= 0)
     close(c->fd);

@@ -40,6 +40,7 @@ struct dspk_client {
    * notifications: they are queued here and delivered, in order, once it
    * returns, so that the callback is never entered twice at once). */
   bool in_progress;
+  bool closed;            /* dspk_close from the callback: every wait fails */
   struct dspk__prog {
     uint32_t ticket;
     double fraction;

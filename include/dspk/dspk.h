@@ -110,7 +110,11 @@ DSPK_EXPORT const char *dspk_connect_error(void);
 
 /* Closes the connection and frees c.  Requests still in flight are dropped
  * (the daemon cancels them and frees the connection's buffers).  Accepts
- * NULL. */
+ * NULL.  From c's own progress callback (dspk_set_progress) it cannot free
+ * c, which the call that invoked the callback still uses: it ends the
+ * connection at once (that call, and every later one on c, fails with
+ * DSPK_ECLOSED, "closed by dspk_close from the progress callback"); call
+ * dspk_close(c) again once that call has returned, to free c. */
 DSPK_EXPORT void dspk_close(dspk_client *c);
 
 /* The message of the last failed call on c (the daemon's message for an
@@ -537,7 +541,8 @@ DSPK_EXPORT int dspk_cancel(dspk_client *c, uint32_t ticket, bool *canceled);
  * notification (autotuning).  fn NULL removes it.
  * The callback may call the library: any function on any client, c
  * included (dspk_cancel of the ticket, dspk_ping, dspk_run, dspk_wait of
- * another ticket, dspk_set_progress...), except dspk_close(c).  Answers and
+ * another ticket, dspk_set_progress...); dspk_close(c) there ends the
+ * connection but frees c only when called again later (see there).  Answers and
  * notifications a call made there reads are kept for whoever waits for
  * them: the call that invoked the callback gets its answer (DSPK_ECANCELED
  * when the callback canceled its task), or DSPK_ENOENT when the callback

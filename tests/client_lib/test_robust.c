@@ -191,7 +191,7 @@ struct cb_state {
   dspk_result nested_res;
 };
 
-enum { CB_DEVICE_JOB, CB_CANCEL, CB_PING, CB_WAIT_SAME };
+enum { CB_DEVICE_JOB, CB_CANCEL, CB_PING, CB_WAIT_SAME, CB_CLOSE };
 
 static void cb(void *ud, uint32_t ticket, const char *what, double fraction) {
   struct cb_state *s = ud;
@@ -224,6 +224,10 @@ static void cb(void *ud, uint32_t ticket, const char *what, double fraction) {
       break;
     case CB_PING:
       s->nested_rc = dspk_ping(C, "inside", 6);
+      break;
+    case CB_CLOSE: /* its own client: ended now, freed later */
+      dspk_close(C);
+      s->nested_rc = dspk_ping(C, "x", 1);
       break;
     case CB_WAIT_SAME: /* the ticket the outer dspk_wait waits for */
       s->nested_rc = dspk_wait(C, ticket, &s->nested_res);
@@ -330,6 +334,25 @@ static void test_progress_wait_same_ticket(void **state) {
   assert_int_equal(s.max_depth, 1);
   assert_int_equal(dspk_ping(C, "after", 5), 0);
   assert_int_equal(dspk_set_timeout(C, 0), 0);
+}
+
+/* dspk_close of the client from its own callback: the run fails with
+ * DSPK_ECLOSED, and a second dspk_close frees it (valgrind: no leak, no use
+ * after free). */
+static void test_progress_close(void **state) {
+  (void)state;
+  struct cb_state s = {.mode = CB_CLOSE, .fractions_ordered = true};
+  dspk_client *keep = C;
+  dspk_task t;
+  dspk_result r;
+  fir_task(&t);
+  dspk_set_progress(C, cb, &s);
+  assert_int_equal(dspk_run(C, &t, &r), DSPK_ECLOSED);
+  assert_non_null(strstr(dspk_last_error(C), "closed by dspk_close"));
+  assert_int_equal(s.nested_rc, DSPK_ECLOSED);
+  assert_int_equal(dspk_ping(C, "x", 1), DSPK_ECLOSED);
+  dspk_close(keep);
+  assert_int_equal(dspk_connect(sockpath, "test_robust", &C), 0);
 }
 
 /* ---- a daemon that stops answering ---------------------------------------- */
@@ -616,6 +639,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_progress_cancel),
       cmocka_unit_test(test_progress_ping_submit_wait),
       cmocka_unit_test(test_progress_wait_same_ticket),
+      cmocka_unit_test(test_progress_close),
       cmocka_unit_test(test_timeout_stopped_daemon),
       cmocka_unit_test(test_failures_have_messages),
       cmocka_unit_test(test_wait_any_ticket),
