@@ -129,15 +129,17 @@ DSPK_EXPORT const char *dspk_last_error(const dspk_client *c);
  * no limit).  Each wait for the daemon -- for room to send one request
  * (a daemon that reads no more), for one answer -- that takes longer ends
  * the call with DSPK_ETIMEDOUT and a dspk_last_error() saying what timed
- * out.  A call that sends several requests (dspk_buffer_write/read in
- * pieces, dspk_shared_from_file) bounds each wait, so it may take a
- * multiple of ms in all; time spent in the progress callback counts
- * towards the wait that called it.  After a timeout:
+ * out.  A call that waits more than once (dspk_run: to send, then for the
+ * answer; dspk_buffer_write/read in pieces; dspk_shared_from_file) bounds
+ * each wait, so it may take a multiple of ms in all; time spent in the
+ * progress callback counts towards the wait that called it.  After a
+ * timeout:
  *  - a request of which nothing was sent was never sent; the connection
  *    stays usable;
  *  - a request of which a part was sent leaves the stream inside a message:
- *    the connection is unusable (that call and every later one fail:
- *    DSPK_ETIMEDOUT for it, then "connection is no longer usable");
+ *    the connection is unusable (that call and every later one on c fail
+ *    with DSPK_ETIMEDOUT, the later ones saying "connection is no longer
+ *    usable: " and why);
  *  - a request sent whole whose answer is late (dspk_wait, dspk_run and
  *    every synchronous call alike) is given up on: its ticket is consumed
  *    (dspk_wait of it again is DSPK_ENOENT), its answer is dropped when it
