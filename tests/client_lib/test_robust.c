@@ -24,8 +24,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/time.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -497,6 +499,43 @@ static void test_timeout_stopped_daemon(void **state) {
   unlink(sock);
 }
 
+/* A listener that never accepts, its backlog full: connect(2) itself would
+ * block; dspk_connect_timeout ends it. */
+static void test_connect_timeout_backlog(void **state) {
+  (void)state;
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  int l, fill[4], nfill = 0;
+  dspk_client *c = NULL;
+  int64_t t0;
+
+  snprintf(sa.sun_path, sizeof sa.sun_path, "%s/full.sock", tmpdir);
+  l = socket(AF_UNIX, SOCK_STREAM, 0);
+  assert_true(l >= 0);
+  assert_int_equal(bind(l, (struct sockaddr *)&sa, sizeof sa), 0);
+  assert_int_equal(listen(l, 0), 0);
+  /* Fill the backlog: non-blocking connects until one is refused. */
+  for (;;) {
+    int f = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    assert_true(f >= 0);
+    if (connect(f, (struct sockaddr *)&sa, sizeof sa) != 0) {
+      assert_int_equal(errno, EAGAIN);
+      close(f);
+      break;
+    }
+    assert_true(nfill < 4);
+    fill[nfill++] = f;
+  }
+  t0 = mono_ms();
+  assert_int_equal(dspk_connect_timeout(sa.sun_path, "full", 300, &c), DSPK_ETIMEDOUT);
+  assert_null(c);
+  assert_true(mono_ms() - t0 >= 295);
+  assert_non_null(strstr(dspk_connect_error(), "accepted no connection"));
+  for (int i = 0; i < nfill; i++)
+    close(fill[i]);
+  close(l);
+  unlink(sa.sun_path);
+}
+
 /* ---- every failing call leaves a message --------------------------------- */
 
 static void test_failures_have_messages(void **state) {
@@ -641,6 +680,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_progress_wait_same_ticket),
       cmocka_unit_test(test_progress_close),
       cmocka_unit_test(test_timeout_stopped_daemon),
+      cmocka_unit_test(test_connect_timeout_backlog),
       cmocka_unit_test(test_failures_have_messages),
       cmocka_unit_test(test_wait_any_ticket),
       cmocka_unit_test(test_numel),
