@@ -35,15 +35,20 @@ DSPK_EXPORT int dspk_dtype_from_name(const char *name, dspk_dtype *out) {
 
 DSPK_EXPORT uint64_t dspk_tensor_numel(const dspk_tensor *t) {
   uint64_t n = 1;
-  bool bad = false;
+  bool zero = false, over = false;
   if (!t)
     return 0;
+  /* A negative axis makes the shape invalid whatever the other axes are
+   * (a 0 axis included); a 0 axis wins over an overflowing product. */
   for (unsigned i = 0; i < t->rank && i < DSPK_MAX_RANK; i++) {
+    if (t->shape[i] < 0)
+      return UINT64_MAX;
     if (t->shape[i] == 0)
-      return 0;
-    bad |= t->shape[i] < 0 || __builtin_mul_overflow(n, (uint64_t)t->shape[i], &n);
+      zero = true;
+    else if (!over)
+      over = __builtin_mul_overflow(n, (uint64_t)t->shape[i], &n);
   }
-  return bad ? UINT64_MAX : n;
+  return zero ? 0 : over ? UINT64_MAX : n;
 }
 
 DSPK_EXPORT void dspk_tensor_inline(dspk_tensor *t, dspk_dtype dt,

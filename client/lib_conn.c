@@ -22,6 +22,7 @@
 #include <sys/sendfile.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "client/lib_internal.h"
@@ -45,6 +46,8 @@ int dspk__cerr(dspk_client *c, int code, const char *fmt, ...) {
   va_start(ap, fmt);
   dspk__vformat(c->err, sizeof(c->err), fmt, ap);
   va_end(ap);
+  if (!c->err[0] && code < 0) /* an empty reason (the daemon's, a decoder's) */
+    snprintf(c->err, sizeof c->err, "%s", dspk__strerror(code));
   return code;
 }
 
@@ -138,17 +141,94 @@ static void inflight_del(dspk_client *c, uint32_t msgid) {
     }
 }
 
+static bool abandoned_has(const dspk_client *c, uint32_t msgid) {
+  for (size_t i = 0; i < c->nabandoned; i++)
+    if (c->abandoned[i].msgid == msgid)
+      return true;
+  return false;
+}
+
+void dspk__abandon(dspk_client *c, uint32_t msgid, bool frees_buffer) {
+  if (!dspk__inflight_has(c, msgid)) {
+    for (size_t i = 0; i < c->nabandoned; i++) /* given up on already */
+      if (c->abandoned[i].msgid == msgid)
+        c->abandoned[i].frees_buffer |= frees_buffer;
+    return;
+  }
+  inflight_del(c, msgid);
+  for (size_t i = 0; i < c->ndone; i++)
+    if (c->done[i].msgid == msgid) { /* cannot be (it would have been taken) */
+      free(c->done[i].buf);
+      c->done[i] = c->done[--c->ndone];
+      dspk__shm_done(c, msgid);
+      return;
+    }
+  if (c->nabandoned == c->capabandoned) {
+    size_t cap = c->capabandoned ? 2 * c->capabandoned : 8;
+    struct dspk__abandoned *p = realloc(c->abandoned, cap * sizeof(*p));
+    if (!p) { /* its temporaries stay busy, its answer is dropped all the same */
+      return;
+    }
+    c->abandoned = p;
+    c->capabandoned = cap;
+  }
+  c->abandoned[c->nabandoned++] = (struct dspk__abandoned){msgid, frees_buffer};
+}
+
+/* Milliseconds of CLOCK_MONOTONIC. */
+static int64_t now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* The deadline of a wait that starts now (0: none). */
+static int64_t deadline_of(const dspk_client *c) {
+  return c->timeout_ms > 0 ? now_ms() + c->timeout_ms : 0;
+}
+
+static int timed_out(dspk_client *c, const char *what) {
+  return dspk__cerr(c, DSPK_ETIMEDOUT, "%s within %d ms (dspk_set_timeout)", what,
+                    c->timeout_ms);
+}
+
+/* Waits until the socket is ready for events (POLLIN, POLLOUT) or the
+ * deadline passes (deadline 0: for ever); a signal does not end the wait.
+ * 0 with the ready events in *revents, DSPK_ETIMEDOUT (nothing set in
+ * c->err: the caller says what timed out) or DSPK_EIO. */
+static int wait_ready(dspk_client *c, short events, int64_t deadline, short *revents) {
+  for (;;) {
+    struct pollfd pfd = {.fd = c->fd, .events = events};
+    int ms = -1, n;
+    if (deadline) {
+      int64_t left = deadline - now_ms();
+      if (left <= 0)
+        return DSPK_ETIMEDOUT;
+      ms = left > INT_MAX ? INT_MAX : (int)left;
+    }
+    n = poll(&pfd, 1, ms);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n < 0)
+      return mark_broken(c, dspk__cerr(c, DSPK_EIO, "poll: %s", strerror(errno)));
+    if (n > 0) {
+      *revents = pfd.revents;
+      return 0;
+    }
+  }
+}
+
 uint32_t dspk__next_id(dspk_client *c) {
   uint32_t id;
   do /* 0 is never a ticket: dspk_wait_any uses it for "none" */
     id = c->next_id++;
-  while (id == 0 || dspk__inflight_has(c, id));
+  while (id == 0 || dspk__inflight_has(c, id) || abandoned_has(c, id));
   return id;
 }
 
 /* ---- sending ------------------------------------------------------------ */
 
-static int fill(dspk_client *c, bool dontwait);
+static int fill(dspk_client *c, bool dontwait, int64_t deadline);
 
 int dspk__send(dspk_client *c, struct dspk__wbuf *w, uint32_t msgid) {
   return dspk__send_fd(c, w, msgid, -1);
@@ -187,7 +267,7 @@ DSPK_EXPORT int dspk_file_data(dspk_client *c, const void *addr, size_t len, int
     size_t cap = c->capfmaps ? 2 * c->capfmaps : 4;
     struct dspk__fmap *p = realloc(c->fmaps, cap * sizeof(*p));
     if (!p)
-      return DSPK_ENOMEM;
+      return dspk__cerr(c, DSPK_ENOMEM, "dspk_file_data: out of memory");
     c->fmaps = p;
     c->capfmaps = cap;
   }
@@ -242,7 +322,8 @@ int dspk__send_fd(dspk_client *c, struct dspk__wbuf *w, uint32_t msgid, int fd) 
   union { char buf[CMSG_SPACE(sizeof(int))]; struct cmsghdr align; } cm;
   struct file_send fs = {0};
   struct iovec *iov;
-  size_t niov, total;
+  size_t niov, total, sent = 0;
+  int64_t deadline = deadline_of(c);
   bool epipe = false;
   int rc;
 
@@ -317,13 +398,22 @@ int dspk__send_fd(dspk_client *c, struct dspk__wbuf *w, uint32_t msgid, int fd) 
         /* The daemon stops reading from a client that leaves too many
          * answers unread, so while our send is blocked, take in what it
          * sends (kept in rbuf for the waits) instead of deadlocking. */
-        struct pollfd pfd = {.fd = c->fd, .events = POLLIN | POLLOUT};
-        if (poll(&pfd, 1, -1) < 0 && errno != EINTR) {
-          rc = mark_broken(c, dspk__cerr(c, DSPK_EIO, "poll: %s", strerror(errno)));
+        short rev = 0;
+        rc = wait_ready(c, POLLIN | POLLOUT, deadline, &rev);
+        if (rc == DSPK_ETIMEDOUT) {
+          /* Nothing of it sent: the request never was, the stream is
+           * whole.  Part of it sent: the stream is inside a message. */
+          rc = timed_out(c, sent ? "the daemon did not take the rest of a request "
+                                   "(the connection is unusable now)"
+                                 : "the daemon did not take the request");
+          if (sent)
+            rc = mark_broken(c, rc);
           goto out;
         }
-        if (pfd.revents & POLLIN) {
-          rc = fill(c, true);
+        if (rc != 0)
+          goto out;
+        if (rev & POLLIN) {
+          rc = fill(c, true, 0);
           if (rc != 0)
             goto out;
         }
@@ -336,6 +426,7 @@ int dspk__send_fd(dspk_client *c, struct dspk__wbuf *w, uint32_t msgid, int fd) 
       goto out;
     }
     fd = -1; /* sent */
+    sent += (size_t)n;
     while (niov > 0 && (size_t)n >= iov->iov_len) {
       n -= (ssize_t)iov->iov_len;
       iov++;
@@ -354,9 +445,12 @@ out:
 
 /* ---- receiving ---------------------------------------------------------- */
 
-/* Reads more bytes into rbuf; with dontwait, only what is already there.
- * 0, or a negative code (connection broken). */
-static int fill(dspk_client *c, bool dontwait) {
+/* Reads more bytes into rbuf; with dontwait, only what is already there;
+ * else waits for them until deadline (0: for ever), then DSPK_ETIMEDOUT
+ * (nothing read, the stream whole; the message in c->err).  Bytes still to
+ * be skipped (c->skip) are dropped first.  0, or a negative code
+ * (connection broken). */
+static int fill(dspk_client *c, bool dontwait, int64_t deadline) {
   ssize_t n;
 
   if (c->rcap - c->rlen < RBUF_MIN / 4) {
@@ -376,10 +470,20 @@ static int fill(dspk_client *c, bool dontwait) {
     c->rbuf = p;
     c->rcap = cap;
   }
-  do
+  for (;;) {
+    short rev;
+    int rc;
+    if (!dontwait && deadline &&
+        (rc = wait_ready(c, POLLIN, deadline, &rev)) != 0)
+      return rc == DSPK_ETIMEDOUT ? timed_out(c, "no answer from the daemon") : rc;
     n = recv(c->fd, c->rbuf + c->rlen, c->rcap - c->rlen,
-             dontwait ? MSG_DONTWAIT : 0);
-  while (n < 0 && errno == EINTR);
+             dontwait || deadline ? MSG_DONTWAIT : 0);
+    if (n < 0 && errno == EINTR) /* a signal: the wait goes on */
+      continue;
+    if (n < 0 && !dontwait && deadline && (errno == EAGAIN || errno == EWOULDBLOCK))
+      continue;
+    break;
+  }
   if (n < 0 && dontwait && (errno == EAGAIN || errno == EWOULDBLOCK))
     return 0;
   if (n < 0) {
@@ -392,6 +496,12 @@ static int fill(dspk_client *c, bool dontwait) {
       return dspk__cerr(c, c->broken_code, "%s", c->broken_why);
     return mark_broken(c, dspk__cerr(c, DSPK_ECLOSED,
                                      "the daemon closed the connection"));
+  }
+  if (c->skip) { /* the rest of an answer given up on */
+    size_t d = (size_t)n < c->skip ? (size_t)n : c->skip;
+    memmove(c->rbuf + c->rlen, c->rbuf + c->rlen + d, (size_t)n - d);
+    c->skip -= d;
+    n -= (ssize_t)d;
   }
   c->rlen += (size_t)n;
   return 0;
@@ -420,13 +530,15 @@ static void populate(void *p, size_t n) {
  * not copied again.  rbuf keeps the frame with that bin emptied (its length
  * field zeroed); decode() puts the payload back.  0, or a negative code
  * (connection broken); not landing is not an error. */
-static int land(dspk_client *c, bool any, uint32_t msgid) {
+static int land(dspk_client *c, bool any, uint32_t msgid, int64_t deadline) {
   struct dspk__run_head h;
   struct dspk__limits lim = c->lim;
   size_t have, take;
   char *p;
 
-  if (c->land || c->rlen < 16 ||
+  /* Not for wait_any with a deadline: a payload cut by its timeout would
+   * be the answer of a request still in flight. */
+  if (c->land || c->skip || (any && deadline) || c->rlen < 16 ||
       !dspk__run_head_scan(c->rbuf, c->rlen, &lim, &h) || h.len < LAND_MIN ||
       (any ? !dspk__inflight_has(c, h.msgid) : h.msgid != msgid))
     return 0;
@@ -440,8 +552,20 @@ static int land(dspk_client *c, bool any, uint32_t msgid) {
   c->rlen = h.head + (have - take);
   memset(c->rbuf + h.len_at, 0, h.head - h.len_at); /* an empty bin now */
   while (take < h.len) {
-    ssize_t got = recv(c->fd, p + take, h.len - take, MSG_WAITALL);
-    if (got < 0 && errno == EINTR)
+    ssize_t got;
+    short rev;
+    int rc;
+    if (deadline && (rc = wait_ready(c, POLLIN, deadline, &rev)) != 0) {
+      free(p);
+      if (rc != DSPK_ETIMEDOUT)
+        return rc;
+      /* The stream stays whole: the rest of this payload is dropped as it
+       * comes, after it the frame (its bin emptied in rbuf) goes on. */
+      c->skip = h.len - take;
+      return timed_out(c, "the daemon's answer did not arrive whole");
+    }
+    got = recv(c->fd, p + take, h.len - take, deadline ? MSG_DONTWAIT : MSG_WAITALL);
+    if (got < 0 && (errno == EINTR || (deadline && (errno == EAGAIN || errno == EWOULDBLOCK))))
       continue;
     if (got <= 0) {
       int e = errno;
@@ -460,8 +584,8 @@ static int land(dspk_client *c, bool any, uint32_t msgid) {
 /* Takes the next complete frame out of the stream into an owned buffer.
  * A big frame that fills rbuf is handed over whole (no copy).  The answer
  * to msgid (any: to any request in flight) may land (above). */
-static int next_frame(dspk_client *c, bool any, uint32_t msgid, char **buf, size_t *len,
-                      size_t *cap) {
+static int next_frame(dspk_client *c, bool any, uint32_t msgid, int64_t deadline,
+                      char **buf, size_t *len, size_t *cap) {
   struct dspk__limits lim = c->lim;
   char why[256];
   ssize_t n;
@@ -484,9 +608,9 @@ static int next_frame(dspk_client *c, bool any, uint32_t msgid, char **buf, size
       rc = broken_err(c);
       goto fail;
     }
-    if ((rc = land(c, any, msgid)) != 0)
+    if ((rc = land(c, any, msgid, deadline)) != 0)
       goto fail;
-    rc = fill(c, false);
+    rc = fill(c, false, deadline);
     if (rc != 0)
       goto fail;
   }
@@ -519,17 +643,21 @@ fail:
   return rc;
 }
 
-static void handle_notify(dspk_client *c, const struct dspk__msg *m) {
+/* A notification: protocol.error is recorded; task.progress is copied
+ * into *p (true: for the progress callback, which the caller calls with
+ * progress_deliver once the frame is freed). */
+static bool handle_notify(dspk_client *c, const struct dspk__msg *m, struct dspk__prog *p) {
   if (m->method_len == 13 && memcmp(m->method, "task.progress", 13) == 0) {
     uint64_t id = 0;
-    double frac = 0;
-    char what[128] = "";
     if (!c->progress || !m->args)
-      return;
+      return false;
+    p->fraction = 0;
+    p->what[0] = '\0';
     dspk__arg_u64(m->args, "msgid", &id, NULL, 0);
-    dspk__arg_f64(m->args, "fraction", &frac, NULL, 0);
-    dspk__strncpy_obj(dspk__map_get(m->args, "what"), what, sizeof what);
-    c->progress(c->progress_ud, (uint32_t)id, what, frac);
+    dspk__arg_f64(m->args, "fraction", &p->fraction, NULL, 0);
+    dspk__strncpy_obj(dspk__map_get(m->args, "what"), p->what, sizeof p->what);
+    p->ticket = (uint32_t)id;
+    return true;
   } else if (m->method_len == 14 &&
              memcmp(m->method, "protocol.error", 14) == 0) {
     int64_t code = DSPK_EPROTO;
@@ -544,6 +672,71 @@ static void handle_notify(dspk_client *c, const struct dspk__msg *m) {
     dspk__cerr(c, (int)code, "daemon closed the connection: %s", text);
     mark_broken(c, (int)code);
   }
+  return false;
+}
+
+/* Calls the progress callback with p, unless it is running already (a call
+ * made from it read this notification): then p waits in c->pq for it to
+ * return, and is delivered in order after it by the outer delivery.  The
+ * callback may make any call on c, so it is entered at most once at a time
+ * and everything the nested calls read is kept for whoever waits for it. */
+static void progress_deliver(dspk_client *c, const struct dspk__prog *p) {
+  if (c->in_progress) {
+    if (c->npq == c->cappq) {
+      size_t cap = c->cappq ? 2 * c->cappq : 8;
+      struct dspk__prog *q = realloc(c->pq, cap * sizeof(*q));
+      if (!q)
+        return; /* progress is advice: dropped */
+      c->pq = q;
+      c->cappq = cap;
+    }
+    c->pq[c->npq++] = *p;
+    return;
+  }
+  c->in_progress = true;
+  if (c->progress)
+    c->progress(c->progress_ud, p->ticket, p->what, p->fraction);
+  for (size_t i = 0; i < c->npq; i++) { /* read by calls made from it */
+    struct dspk__prog q = c->pq[i];
+    if (c->progress) /* it may have been removed meanwhile */
+      c->progress(c->progress_ud, q.ticket, q.what, q.fraction);
+  }
+  c->npq = 0;
+  c->in_progress = false;
+}
+
+/* A late answer of a request given up on (dspk__abandon): true when msgid
+ * was one (the answer is to be dropped), after its temporaries were made
+ * idle and, for a call that made a buffer, that buffer freed. */
+static bool abandoned_answer(dspk_client *c, uint32_t msgid, const struct dspk__msg *m) {
+  bool frees = false;
+  size_t i;
+  for (i = 0; i < c->nabandoned && c->abandoned[i].msgid != msgid; i++) {
+  }
+  if (i == c->nabandoned)
+    return false;
+  frees = c->abandoned[i].frees_buffer;
+  c->abandoned[i] = c->abandoned[--c->nabandoned];
+  dspk__shm_done(c, msgid);
+  if (frees && !m->error && m->result) {
+    uint64_t id = 0;
+    if (dspk__arg_u64(m->result, "buffer", &id, NULL, 0) == 0 && id) {
+      struct dspk__wbuf w;
+      uint32_t fid = dspk__next_id(c);
+      char err[sizeof c->err];
+      memcpy(err, c->err, sizeof err);
+      dspk__wbuf_init(&w);
+      dspk__pack_request_head(&w.pk, fid, "buffer.free", true);
+      msgpack_pack_map(&w.pk, 1);
+      dspk__pack_str(&w.pk, "buffer");
+      msgpack_pack_uint64(&w.pk, id);
+      if (dspk__send(c, &w, fid) == 0) /* its answer is dropped in turn */
+        dspk__abandon(c, fid, false);
+      dspk__wbuf_free(&w);
+      memcpy(c->err, err, sizeof err);
+    }
+  }
+  return true;
 }
 
 /* Puts a landed payload back into the frame just unpacked into r, the one
@@ -668,44 +861,72 @@ static int resp_status(dspk_client *c, struct dspk__resp *r) {
   return (int)code;
 }
 
-/* Reads frames until the response to *msgid arrives (or, with any, the
- * response to any in-flight request, whose msgid is stored in *msgid). */
-static int wait_common(dspk_client *c, bool any, uint32_t *msgid,
-                       struct dspk__resp *out) {
+/* Takes a kept response (one read before its wait) for *msgid, or with
+ * any for any request: 1 with *rc the wait's status (*out filled on 0),
+ * 0 when none is kept. */
+static int take_done(dspk_client *c, bool any, uint32_t *msgid, struct dspk__resp *out,
+                     int *rc) {
   struct dspk__resp r;
-  char *buf = NULL;
-  size_t len = 0, cap = 0;
-  int rc;
-
-  /* A response that already arrived. */
   for (size_t i = 0; i < c->ndone; i++) {
     if (any || c->done[i].msgid == *msgid) {
       struct dspk__frame f = c->done[i];
       c->done[i] = c->done[--c->ndone];
       inflight_del(c, f.msgid);
-      rc = decode(c, f.buf, f.len, 0, &r);
-      if (rc != 0)
-        return rc;
+      *rc = decode(c, f.buf, f.len, 0, &r);
+      if (*rc != 0)
+        return 1;
       *msgid = f.msgid;
-      rc = resp_status(c, &r);
-      if (rc == 0)
+      *rc = resp_status(c, &r);
+      if (*rc == 0)
         *out = r;
-      return rc;
+      return 1;
     }
   }
-  if (any && c->ninflight == 0)
-    return c->broken ? broken_err(c) : dspk__cerr(c, DSPK_ENOENT, "no request in flight");
+  return 0;
+}
+
+/* Reads frames until the response to *msgid arrives (or, with any, the
+ * response to any in-flight request, whose msgid is stored in *msgid).
+ * Before each read it looks at what calls made from the progress callback
+ * may have read meanwhile (kept responses, requests waited for there).
+ * With a timeout (dspk_set_timeout) the whole wait is bounded: then
+ * DSPK_ETIMEDOUT, and the request waited for (not with any) is given up on:
+ * its late answer is dropped; the connection stays usable. */
+static int wait_common(dspk_client *c, bool any, uint32_t *msgid,
+                       struct dspk__resp *out) {
+  struct dspk__resp r;
+  struct dspk__prog prog;
+  int64_t deadline = deadline_of(c);
+  char *buf = NULL;
+  size_t len = 0, cap = 0;
+  int rc;
 
   for (;;) {
-    rc = next_frame(c, any, *msgid, &buf, &len, &cap);
+    if (c->closed) /* by dspk_close from the callback: nothing more is taken */
+      return broken_err(c);
+    /* A response that already arrived (also read by a nested call). */
+    if (take_done(c, any, msgid, out, &rc))
+      return rc;
+    if (any && c->ninflight == 0)
+      return c->broken ? broken_err(c)
+                       : dspk__cerr(c, DSPK_ENOENT, "no request in flight");
+    if (!any && !dspk__inflight_has(c, *msgid)) /* waited for by a nested call */
+      return c->broken ? broken_err(c)
+                       : dspk__cerr(c, DSPK_ENOENT, "request %u was waited for by a "
+                                    "call from the progress callback", *msgid);
+    rc = next_frame(c, any, *msgid, deadline, &buf, &len, &cap);
+    if (rc == DSPK_ETIMEDOUT && !any)
+      dspk__abandon(c, *msgid, false);
     if (rc != 0)
       return rc;
     rc = decode(c, buf, len, cap, &r);
     if (rc != 0)
       return rc;
     if (r.msg.type == DSPK__NOTIFY) {
-      handle_notify(c, &r.msg);
-      dspk__resp_free(&r);
+      bool call = handle_notify(c, &r.msg, &prog);
+      dspk__resp_free(&r); /* its buffers free for calls made from the callback */
+      if (call)
+        progress_deliver(c, &prog);
       continue;
     }
     if (r.msg.type != DSPK__RESPONSE) {
@@ -715,6 +936,7 @@ static int wait_common(dspk_client *c, bool any, uint32_t *msgid,
     }
     uint32_t id = r.msg.msgid;
     if (!dspk__inflight_has(c, id)) { /* nobody waits for it: drop */
+      (void)abandoned_answer(c, id, &r.msg);
       dspk__resp_free(&r);
       continue;
     }
@@ -799,7 +1021,10 @@ int dspk__call(dspk_client *c, const char *method,
   int rc = dspk__send_call(c, method, pack, ud, &id);
   if (rc != 0)
     return rc;
-  return dspk__wait(c, id, r);
+  rc = dspk__wait(c, id, r);
+  if (rc == DSPK_ETIMEDOUT) /* given up on: a buffer it makes late is freed */
+    dspk__abandon(c, id, strcmp(method, "buffer.create") == 0);
+  return rc;
 }
 
 /* Matches the head of a buffer.read answer, [1, msgid, nil, {"data": bin}],
@@ -853,18 +1078,32 @@ int dspk__wait_into(dspk_client *c, uint32_t msgid, void *dst, size_t n) {
     return c->broken ? broken_err(c)
                      : dspk__cerr(c, DSPK_ENOENT, "request %u is not in flight", msgid);
   /* The fast path: no earlier answer is kept and this one is next. */
-  while (c->ndone == 0 && !c->broken &&
+  int64_t deadline = deadline_of(c);
+  while (c->ndone == 0 && !c->broken && !c->skip &&
          (h = read_head((const unsigned char *)c->rbuf, c->rlen, msgid, &len)) == 0)
-    if ((rc = fill(c, false)) != 0)
+    if ((rc = fill(c, false, deadline)) != 0) {
+      if (rc == DSPK_ETIMEDOUT)
+        dspk__abandon(c, msgid, false);
       return rc;
-  if (c->ndone == 0 && !c->broken && h > 0 && len == n) {
+    }
+  if (c->ndone == 0 && !c->broken && !c->skip && h > 0 && len == n) {
     size_t have = c->rlen - (size_t)h < n ? c->rlen - (size_t)h : n;
     memcpy(dst, c->rbuf + h, have);
     c->rlen -= (size_t)h + have;
     memmove(c->rbuf, c->rbuf + h + have, c->rlen);
     while (have < n) {
-      ssize_t got = recv(c->fd, (char *)dst + have, n - have, MSG_WAITALL);
-      if (got < 0 && errno == EINTR)
+      ssize_t got;
+      short rev;
+      if (deadline && (rc = wait_ready(c, POLLIN, deadline, &rev)) != 0) {
+        if (rc != DSPK_ETIMEDOUT)
+          return rc;
+        /* The answer is taken (dropped): the rest of it as it comes. */
+        c->skip = n - have;
+        inflight_del(c, msgid);
+        return timed_out(c, "the daemon's answer did not arrive whole");
+      }
+      got = recv(c->fd, (char *)dst + have, n - have, deadline ? MSG_DONTWAIT : MSG_WAITALL);
+      if (got < 0 && (errno == EINTR || (deadline && (errno == EAGAIN || errno == EWOULDBLOCK))))
         continue;
       if (got <= 0) {
         int e = errno;
@@ -944,13 +1183,60 @@ static void client_free(dspk_client *c) {
   for (size_t i = 0; i < c->ndone; i++)
     free(c->done[i].buf);
   free(c->done);
+  free(c->pq);
+  free(c->abandoned);
   if (c->zone_ready)
     msgpack_zone_destroy(&c->zone);
   free(c);
 }
 
+/* connect(2) on fd, bounded by timeout_ms (> 0): a daemon whose listen
+ * backlog is full makes a non-blocking connect fail with EAGAIN, tried
+ * again every 10 ms until the time runs out (ETIMEDOUT).  0 or errno. */
+static int connect_bounded(int fd, const struct sockaddr_un *sa, int timeout_ms) {
+  int64_t deadline = now_ms() + timeout_ms;
+  int fl = fcntl(fd, F_GETFL), e = 0;
+  if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0)
+    return errno;
+  for (;;) {
+    if (connect(fd, (const struct sockaddr *)sa, sizeof *sa) == 0)
+      break;
+    e = errno;
+    if (e == EINTR)
+      continue;
+    if (e != EAGAIN && e != EINPROGRESS)
+      break;
+    if (e == EINPROGRESS) { /* not for AF_UNIX on Linux; handled all the same */
+      struct pollfd pfd = {.fd = fd, .events = POLLOUT};
+      socklen_t sl = sizeof e;
+      int64_t left = deadline - now_ms();
+      if (left <= 0 || poll(&pfd, 1, (int)(left > INT_MAX ? INT_MAX : left)) == 0) {
+        e = ETIMEDOUT;
+        break;
+      }
+      if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &sl) != 0)
+        e = errno;
+      break;
+    }
+    if (now_ms() >= deadline) {
+      e = ETIMEDOUT;
+      break;
+    }
+    (void)poll(NULL, 0, 10);
+    e = 0;
+  }
+  if (fcntl(fd, F_SETFL, fl) < 0 && !e)
+    e = errno;
+  return e;
+}
+
 DSPK_EXPORT int dspk_connect(const char *socket_path, const char *client_name,
                              dspk_client **out) {
+  return dspk_connect_timeout(socket_path, client_name, 0, out);
+}
+
+DSPK_EXPORT int dspk_connect_timeout(const char *socket_path, const char *client_name,
+                                     int timeout_ms, dspk_client **out) {
   char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
   struct sockaddr_un sa = {.sun_family = AF_UNIX};
   struct hello_args ha = {client_name ? client_name : "libdspkclient", env_job()};
@@ -1015,11 +1301,24 @@ DSPK_EXPORT int dspk_connect(const char *socket_path, const char *client_name,
     int sb = SOCK_SNDBUF;
     (void)setsockopt(c->fd, SOL_SOCKET, SO_SNDBUF, &sb, sizeof sb);
   }
-  if (connect(c->fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
-    snprintf(connect_err, sizeof connect_err, "connect to %s: %s", path,
-             strerror(errno));
-    rc = errno == EACCES || errno == EPERM ? DSPK_EPERM : DSPK_ECONNECT;
-    goto err_socket;
+  c->timeout_ms = timeout_ms > 0 ? timeout_ms : 0;
+  {
+    int e = 0;
+    if (c->timeout_ms)
+      e = connect_bounded(c->fd, &sa, c->timeout_ms);
+    else if (connect(c->fd, (struct sockaddr *)&sa, sizeof sa) != 0)
+      e = errno;
+    if (e == ETIMEDOUT) {
+      snprintf(connect_err, sizeof connect_err, "connect to %s: the daemon accepted no "
+               "connection within %d ms", path, c->timeout_ms);
+      rc = DSPK_ETIMEDOUT;
+      goto err_socket;
+    }
+    if (e) {
+      snprintf(connect_err, sizeof connect_err, "connect to %s: %s", path, strerror(e));
+      rc = e == EACCES || e == EPERM ? DSPK_EPERM : DSPK_ECONNECT;
+      goto err_socket;
+    }
   }
   rc = dspk__call(c, "hello", pack_hello, &ha, &r);
   if (rc != 0) {
@@ -1064,6 +1363,18 @@ err_alloc:
 DSPK_EXPORT void dspk_close(dspk_client *c) {
   if (!c)
     return;
+  if (c->in_progress) {
+    /* From c's own progress callback: the call that invoked it still uses
+     * c.  The connection ends now (that call fails); a dspk_close after
+     * that call returned frees c. */
+    c->closed = true;
+    if (!c->broken) {
+      (void)shutdown(c->fd, SHUT_RDWR);
+      mark_broken(c, dspk__cerr(c, DSPK_ECLOSED, "closed by dspk_close from the "
+                                "progress callback"));
+    }
+    return;
+  }
   dspk__shm_close(c);
   if (c->fd >= 0)
     close(c->fd);
@@ -1076,4 +1387,13 @@ DSPK_EXPORT void dspk_set_progress(dspk_client *c, dspk_progress_fn fn,
     return;
   c->progress = fn;
   c->progress_ud = ud;
+}
+
+DSPK_EXPORT int dspk_set_timeout(dspk_client *c, int ms) {
+  if (!c)
+    return DSPK_EINVAL;
+  if (ms < 0)
+    return dspk__argerr(c, "dspk_set_timeout: ms is %d (0: no limit)", ms);
+  c->timeout_ms = ms;
+  return 0;
 }

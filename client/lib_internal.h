@@ -36,6 +36,31 @@ struct dspk_client {
   char daemon_version[64];
   dspk_progress_fn progress;
   void *progress_ud;
+  /* The progress callback is running (calls made from it may read
+   * notifications: they are queued here and delivered, in order, once it
+   * returns, so that the callback is never entered twice at once). */
+  bool in_progress;
+  bool closed;            /* dspk_close from the callback: every wait fails */
+  struct dspk__prog {
+    uint32_t ticket;
+    double fraction;
+    char what[128];
+  } *pq;
+  size_t npq, cappq;
+  /* dspk_set_timeout: the longest one wait for the daemon may take, in ms
+   * (0: no limit). */
+  int timeout_ms;
+  /* Bytes still to be dropped from the stream before the next frame's: the
+   * rest of an answer whose reading timed out after it began. */
+  size_t skip;
+  /* Requests given up on (a synchronous call that timed out): their late
+   * answers are dropped (frees_buffer: the buffer the answer names is freed
+   * with a buffer.free of its own). */
+  struct dspk__abandoned {
+    uint32_t msgid;
+    bool frees_buffer;
+  } *abandoned;
+  size_t nabandoned, capabandoned;
   /* Received bytes not yet consumed. */
   char *rbuf;
   size_t rlen, rcap;
@@ -96,7 +121,8 @@ struct dspk__resp {
   struct dspk__msg msg;
 };
 
-/* Sets c->err from a format and returns code. */
+/* Sets c->err from a format (the code's description when that comes out
+ * empty) and returns code. */
 int dspk__cerr(dspk_client *c, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 /* A bad argument of a public function: DSPK_EINVAL, with the reason in
@@ -184,6 +210,10 @@ int dspk__send_call(dspk_client *c, const char *method,
                     uint32_t *id);
 /* True when msgid is in flight. */
 bool dspk__inflight_has(const dspk_client *c, uint32_t msgid);
+/* Gives up on request msgid after its wait timed out: no longer in flight,
+ * its late answer dropped when it comes (the temporaries of that ticket
+ * idle again then; with frees_buffer, the buffer the answer names freed). */
+void dspk__abandon(dspk_client *c, uint32_t msgid, bool frees_buffer);
 
 /* Sends a request (packed by pack(ud, pk) as the params map, or no params
  * when pack is NULL) and waits for its result. */

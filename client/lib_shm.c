@@ -142,10 +142,21 @@ static int buffer_free(dspk_client *c, uint64_t id) {
   return dspk_buffer_free(c, id);
 }
 
+/* buffer.free on a cleanup path (after a failure, or of a temporary):
+ * keeps c->err, which its success would clear, so that the failure being
+ * reported keeps its message (dspk.h: never "" after a failure). */
+static void buffer_free_keep_err(dspk_client *c, uint64_t id) {
+  char err[sizeof c->err];
+  memcpy(err, c->err, sizeof err);
+  (void)buffer_free(c, id);
+  memcpy(c->err, err, sizeof err);
+}
+
 /* Copies n bytes of file src from offset off, by the kernel: into the
  * mapping p with pread when p is not NULL, else into memfd fd with sendfile
  * (page cache to shmem, no mapping written through here, which on some
- * machines costs several times the copy).  0 or errno. */
+ * machines costs several times the copy).  0, an errno value, or -1 when
+ * the file ends before offset + n. */
 static int fill_from(int fd, char *p, int src, uint64_t off, size_t n) {
   off_t o = (off_t)off;
   size_t done = 0;
@@ -154,8 +165,10 @@ static int fill_from(int fd, char *p, int src, uint64_t off, size_t n) {
                   : sendfile(fd, src, &o, n - done);
     if (k < 0 && errno == EINTR)
       continue;
-    if (k <= 0)
-      return k < 0 ? errno : EIO; /* 0: the file is shorter than asked */
+    if (k < 0)
+      return errno;
+    if (k == 0) /* the file is shorter than asked */
+      return -1;
     done += (size_t)k;
   }
   return 0;
@@ -233,8 +246,8 @@ static int shm_new_from(dspk_client *c, const char *device, size_t n, int state,
   pack_import(&a, &w);
   rc = dspk__send_fd(c, &w, msgid, fd);
   dspk__wbuf_free(&w);
-  if (rc == 0)
-    rc = dspk__wait(c, msgid, &r);
+  if (rc == 0 && (rc = dspk__wait(c, msgid, &r)) == DSPK_ETIMEDOUT)
+    dspk__abandon(c, msgid, true); /* the buffer it makes late is freed */
   if (rc != 0) {
     munmap(p, n);
     close(fd);
@@ -260,9 +273,14 @@ static int shm_new_from(dspk_client *c, const char *device, size_t n, int state,
   if (src < 0 || via_map)
     (void)madvise(p, n, MADV_POPULATE_WRITE);
   if (src >= 0 && (rc = fill_from(fd, via_map ? p : NULL, src, off, n)) != 0) {
-    rc = dspk__cerr(c, DSPK_EIO, "reading %zu bytes at %llu into shared memory: %s", n,
-                    (unsigned long long)off, strerror(rc));
-    (void)buffer_free(c, id);
+    rc = rc < 0 ? dspk__cerr(c, DSPK_EIO, "reading %zu bytes at offset %llu of file "
+                             "descriptor %d into shared memory: the file ends before "
+                             "offset %llu", n, (unsigned long long)off, src,
+                             (unsigned long long)off + n)
+                : dspk__cerr(c, DSPK_EIO, "reading %zu bytes at offset %llu of file "
+                             "descriptor %d into shared memory: %s",
+                             n, (unsigned long long)off, src, strerror(rc));
+    buffer_free_keep_err(c, id);
     munmap(p, n);
     close(fd);
     return rc;
@@ -289,7 +307,7 @@ static void shm_drop(dspk_client *c, size_t i, bool tell) {
   memmove(&c->shm[i], &c->shm[i + 1], (c->nshm - i - 1) * sizeof(c->shm[0]));
   c->nshm--;
   if (tell && !c->broken)
-    (void)buffer_free(c, s.id); /* requests already sent still see it */
+    buffer_free_keep_err(c, s.id); /* requests already sent still see it */
   munmap(s.ptr, s.size);
 }
 

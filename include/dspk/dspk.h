@@ -23,6 +23,14 @@
  *    from one thread at a time (or serialize calls on it yourself); distinct
  *    clients are fully independent and may be used concurrently.  The
  *    functions that take no client (dspk_strerror, ...) are thread-safe.
+ *    Calls made from the progress callback (dspk_set_progress) run on the
+ *    thread of the call that invoked it, so they count as that thread's:
+ *    they are allowed on any client, c itself included (see there).
+ *  - Waiting: a call waits for the daemon (for room to send a request, for
+ *    its answer) as long as the daemon takes, unless a timeout is set
+ *    (dspk_set_timeout, dspk_connect_timeout): then DSPK_ETIMEDOUT.  A
+ *    signal does not end a wait: a handler's EINTR is retried (with or
+ *    without SA_RESTART); bound waits with the timeout instead.
  *  - The library never prints, never exits and installs no signal handlers;
  *    it sends with MSG_NOSIGNAL, so a daemon that goes away gives
  *    DSPK_ECLOSED rather than SIGPIPE (whether the stream ended or was
@@ -89,20 +97,62 @@ DSPK_EXPORT int dspk_default_socket(char *buf, size_t buflen);
  */
 DSPK_EXPORT int dspk_connect(const char *socket_path, const char *client_name,
                              dspk_client **out);
+/* dspk_connect bounded by timeout_ms (> 0; 0 or less: no limit, which is
+ * dspk_connect): connecting (a daemon whose listen backlog is full) and its
+ * hello each wait at most timeout_ms, else DSPK_ETIMEDOUT with nothing
+ * left behind (dspk_connect_error() says which).  The new client's timeout
+ * (dspk_set_timeout) is timeout_ms. */
+DSPK_EXPORT int dspk_connect_timeout(const char *socket_path, const char *client_name,
+                                     int timeout_ms, dspk_client **out);
 /* The detail of this thread's last dspk_connect(): why it failed, "" when
  * it succeeded. */
 DSPK_EXPORT const char *dspk_connect_error(void);
 
 /* Closes the connection and frees c.  Requests still in flight are dropped
  * (the daemon cancels them and frees the connection's buffers).  Accepts
- * NULL. */
+ * NULL.  From c's own progress callback (dspk_set_progress) it cannot free
+ * c, which the call that invoked the callback still uses: it ends the
+ * connection at once (that call, and every later one on c, fails with
+ * DSPK_ECLOSED, "closed by dspk_close from the progress callback"); call
+ * dspk_close(c) again once that call has returned, to free c. */
 DSPK_EXPORT void dspk_close(dspk_client *c);
 
 /* The message of the last failed call on c (the daemon's message for an
- * error response, or the library's reason); "" when none failed yet.  Read
+ * error response, or the library's reason: never "" after a call on c
+ * failed, at worst the code's dspk_strerror()); "" when none failed yet.  Read
  * it right after the call that failed: a later call that succeeds may clear
  * it or leave it; the next call that fails replaces it. */
 DSPK_EXPORT const char *dspk_last_error(const dspk_client *c);
+
+/*
+ * Bounds every wait of the calls on c to ms milliseconds (0, the default:
+ * no limit).  Each wait for the daemon -- for room to send one request
+ * (a daemon that reads no more), for one answer -- that takes longer ends
+ * the call with DSPK_ETIMEDOUT and a dspk_last_error() saying what timed
+ * out.  A call that waits more than once (dspk_run: to send, then for the
+ * answer; dspk_buffer_write/read in pieces; dspk_shared_from_file) bounds
+ * each wait, so it may take a multiple of ms in all; time spent in the
+ * progress callback counts towards the wait that called it.  After a
+ * timeout:
+ *  - a request of which nothing was sent was never sent; the connection
+ *    stays usable;
+ *  - a request of which a part was sent leaves the stream inside a message:
+ *    the connection is unusable (that call and every later one on c fail
+ *    with DSPK_ETIMEDOUT, the later ones saying "connection is no longer
+ *    usable: " and why);
+ *  - a request sent whole whose answer is late (dspk_wait, dspk_run and
+ *    every synchronous call alike) is given up on: its ticket is consumed
+ *    (dspk_wait of it again is DSPK_ENOENT), its answer is dropped when it
+ *    comes, read by a later call, and the connection stays usable.  The
+ *    daemon still runs the work (dspk_cancel it before, if it must stop).
+ *    A buffer the late answer makes (dspk_buffer_create,
+ *    dspk_shared_alloc, dspk_shared_from_file, a temporary) is freed then,
+ *    and a task's shared temporaries are reused only after its answer;
+ *  - dspk_wait_any that times out gives up on no request (all stay in
+ *    flight).
+ * dspk_shared_free that times out has unmapped the memory all the same.
+ * 0, or DSPK_EINVAL for a NULL c or a negative ms. */
+DSPK_EXPORT int dspk_set_timeout(dspk_client *c, int ms);
 
 /* The daemon's version string from hello ("0.1.0"); owned by c. */
 DSPK_EXPORT const char *dspk_daemon_version(const dspk_client *c);
@@ -362,9 +412,12 @@ typedef struct dspk_tensor {
 DSPK_EXPORT size_t dspk_dtype_size(dspk_dtype dt);
 DSPK_EXPORT const char *dspk_dtype_name(dspk_dtype dt);
 DSPK_EXPORT int dspk_dtype_from_name(const char *name, dspk_dtype *out);
-/* The number of elements: the product of the shape (0 when an axis is 0);
- * UINT64_MAX when an axis is negative or the product overflows 64 bits
- * (dspk_run refuses such a tensor). */
+/* The number of elements: the product of the shape over its first
+ * min(rank, DSPK_MAX_RANK) axes; UINT64_MAX when an axis is negative (the
+ * shape is invalid, whatever the other axes are: {-1, 0} too); else 0 when
+ * an axis is 0 (even where the other axes' product would overflow); else
+ * UINT64_MAX when the product overflows 64 bits (dspk_run refuses a tensor
+ * whose numel is UINT64_MAX); 0 for NULL. */
 DSPK_EXPORT uint64_t dspk_tensor_numel(const dspk_tensor *t);
 
 /* Convenience: fills *t as an inline tensor over data (not copied), with
@@ -469,7 +522,15 @@ DSPK_EXPORT int dspk_submit(dspk_client *c, const dspk_task *t,
                             uint32_t *ticket);
 DSPK_EXPORT int dspk_wait(dspk_client *c, uint32_t ticket, dspk_result *res);
 /* Like dspk_wait() for any one ticket: 0 with *ticket and *res of the first
- * completed request, DSPK_ENOENT when none is in flight. */
+ * completed request, DSPK_ENOENT when none is in flight.
+ * An exception to "outputs are written only on success": when the request
+ * answered is the one that failed (its error answer, or a result that
+ * could not be decoded), *ticket is written with that ticket too (consumed
+ * like a successful one), so that the caller knows which request failed;
+ * *res is not written.  When no request was answered (DSPK_ENOENT, a
+ * broken connection, DSPK_ETIMEDOUT, a bad argument) *ticket is left as it
+ * was.  To tell both apart, set *ticket to 0 before the call (tickets are
+ * never 0). */
 DSPK_EXPORT int dspk_wait_any(dspk_client *c, uint32_t *ticket,
                               dspk_result *res);
 /* Sends task.cancel for ticket and waits for that call's answer; *canceled
@@ -481,8 +542,19 @@ DSPK_EXPORT int dspk_wait_any(dspk_client *c, uint32_t *ticket,
  * has that ticket). */
 DSPK_EXPORT int dspk_cancel(dspk_client *c, uint32_t ticket, bool *canceled);
 
-/* Called from dspk_wait()/dspk_run() on the calling thread for each
- * `task.progress` notification (autotuning).  fn NULL removes it. */
+/* Called from dspk_wait()/dspk_run() (and from any call of c that waits
+ * for an answer) on the calling thread for each `task.progress`
+ * notification (autotuning).  fn NULL removes it.
+ * The callback may call the library: any function on any client, c
+ * included (dspk_cancel of the ticket, dspk_ping, dspk_run, dspk_wait of
+ * another ticket, dspk_set_progress...); dspk_close(c) there ends the
+ * connection but frees c only when called again later (see there).  Answers and
+ * notifications a call made there reads are kept for whoever waits for
+ * them: the call that invoked the callback gets its answer (DSPK_ECANCELED
+ * when the callback canceled its task), or DSPK_ENOENT when the callback
+ * consumed that very ticket with dspk_wait/dspk_wait_any.  The callback is
+ * never entered again while it runs: notifications read by calls made
+ * from it are delivered, in order, right after it returns. */
 typedef void (*dspk_progress_fn)(void *ud, uint32_t ticket, const char *what,
                                  double fraction);
 DSPK_EXPORT void dspk_set_progress(dspk_client *c, dspk_progress_fn fn,

@@ -1647,8 +1647,11 @@ static void test_bad_arguments(void **state) {
   assert_int_equal(t[0].nbytes, 0);
   /* A negative axis or a product beyond 64 bits: UINT64_MAX elements and
    * SIZE_MAX bytes (they wrapped to 2^64-4, and 2^62 x 4 to 0), refused by
-   * dspk_run; an axis of 0 still makes 0. */
+   * dspk_run; a negative axis wins over an axis of 0 (the shape is invalid:
+   * {-1, 0, 5} and {0, -1} are UINT64_MAX), and an axis of 0 over an
+   * overflowing product ({0, 2^62, 4} is 0). */
   int64_t neg[2] = {-1, 4}, big[2] = {INT64_C(1) << 62, 4}, zero[3] = {-1, 0, 5};
+  int64_t zneg[2] = {0, -1}, zbig[3] = {0, INT64_C(1) << 62, 4}, z0[2] = {3, 0};
   dspk_tensor_inline(&t[0], DSPK_F32, 2, neg, v);
   assert_true(dspk_tensor_numel(&t[0]) == UINT64_MAX && t[0].nbytes == SIZE_MAX);
   dspk_tensor_inline(&t[0], DSPK_F32, 2, big, v);
@@ -1659,7 +1662,15 @@ static void test_bad_arguments(void **state) {
   task.inputs = t;
   assert_true(dspk_run(C, &task, &res) < 0);
   dspk_tensor_inline(&t[0], DSPK_F32, 3, zero, v);
+  assert_true(dspk_tensor_numel(&t[0]) == UINT64_MAX && t[0].nbytes == SIZE_MAX);
+  assert_true(dspk_run(C, &task, &res) < 0);
+  dspk_tensor_inline(&t[0], DSPK_F32, 2, zneg, v);
+  assert_true(dspk_tensor_numel(&t[0]) == UINT64_MAX);
+  dspk_tensor_inline(&t[0], DSPK_F32, 3, zbig, v);
   assert_int_equal(dspk_tensor_numel(&t[0]), 0);
+  dspk_tensor_inline(&t[0], DSPK_F32, 2, z0, v);
+  assert_int_equal(dspk_tensor_numel(&t[0]), 0);
+  assert_int_equal(t[0].nbytes, 0);
   /* dspk_run names its own NULL task */
   assert_int_equal(dspk_run(C, NULL, &res), DSPK_EINVAL);
   assert_non_null(strstr(dspk_last_error(C), "dspk_run: task is NULL"));
