@@ -465,6 +465,19 @@ static void ifl_push(struct device *dev, struct job *j) {
   dev->nifl++;
 }
 
+/* Copies the backend's counters into dev->stats (status shows them from
+ * now on).  Runner thread, dev->mu not held. */
+static void stats_refresh(struct device *dev) {
+  struct dspk__devstats stats;
+  if (!dev->be->stats)
+    return;
+  memset(&stats, 0, sizeof stats);
+  dev->be->stats(dev->bdev, &stats);
+  pthread_mutex_lock(&dev->mu);
+  dev->stats = stats;
+  pthread_mutex_unlock(&dev->mu);
+}
+
 /* The oldest job's work is done (err: what its fence reported): answers it
  * (a client job goes on the done list) or frees it (an internal job). */
 static void ifl_complete(struct device *dev, int err) {
@@ -562,6 +575,7 @@ static void *runner_main(void *arg) {
   struct dspk__devstats stats;
   char why[256] = "";
   char tname[16];
+  bool settled = false; /* settle() ran since the runner last had work */
   int err;
 
   /* "dspk-run:" names runners for the exit checks (daemon/teardown.c). */
@@ -596,8 +610,20 @@ static void *runner_main(void *arg) {
 
     /* busy (read by the loop's run_inline): a job is running or in flight. */
     dev->busy = dev->ifl_head != NULL;
-    while (!dev->ring_head && !dev->ifl_head && !dev->stop)
+    while (!dev->ring_head && !dev->ifl_head && !dev->stop) {
+      /* Idle: what the retirement queue still holds (the last free's
+       * memory) is released now, on its fences, not at the next job. */
+      if (!settled && dev->be->settle) {
+        settled = true;
+        pthread_mutex_unlock(&dev->mu);
+        dev->be->settle(bdev);
+        stats_refresh(dev);
+        pthread_mutex_lock(&dev->mu);
+        continue;
+      }
       pthread_cond_wait(&dev->cv, &dev->mu);
+    }
+    settled = false;
     if (!dev->ring_head || dev->nifl >= dev->depth) {
       /* Nothing more to enqueue (or enough enqueued): wait for the oldest
        * job in flight; none left and stopping: exit. */

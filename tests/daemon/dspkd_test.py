@@ -1898,6 +1898,106 @@ def t_idletrim(exe, tmp):
     d.stop()
 
 
+def retire_idle_on(d, dev):
+    """t_retireidle on one device of daemon d (started with --idle-trim 0)."""
+    mon = d.client()  # keeps a client connected: no idle trim before the end
+
+    def stats():
+        return [x for x in mon.call("status")["devices"] if x["id"] == dev][0]["stats"]
+
+    def metric(name):
+        text = mon.call("metrics", {})
+        m = re.search(r'^%s\{device="%s"\} (\d+)$' % (name, re.escape(dev)), text, re.M)
+        check(m, "%s of %s in the metrics" % (name, dev))
+        return int(m.group(1))
+
+    def settled(what):
+        # Polled against a deadline: the release happens on the runner, after
+        # the free's answer, with no job to follow it.
+        deadline = time.monotonic() + TIMEOUT
+        while True:
+            st = stats()
+            if st["pool_bytes_in_use"] == 0 and st["retire_in_flight"] == 0:
+                return st
+            check(time.monotonic() < deadline,
+                  "%s: the freed memory stays in use while %s is idle: %r" % (what, dev, st))
+            time.sleep(0.02)
+
+    base = stats()
+    check(base["pool_bytes_in_use"] == 0, "nothing in use at the start on %s: %r" % (dev, base))
+    for size in (64 << 20, 512, 0):
+        c = d.client()
+        b = c.call("buffer.create", {"device": dev, "size": size})["buffer"]
+        st = stats()
+        check(st["pool_bytes_in_use"] >= size and st["pool_bytes_in_use"] > 0,
+              "the %d-byte buffer is in use on %s: %r" % (size, dev, st))
+        c.call("buffer.free", {"buffer": b})
+        c.close()
+        st = settled("%d bytes" % size)
+        check(st["pool_bytes_cached"] >= size, "the freed block is cached on %s: %r" % (dev, st))
+        check(st["retire_released"] == st["retire_deferred"],
+              "every deferred release done on %s: %r" % (dev, st))
+        check(metric("dspk_memory_in_use_bytes") == 0, "metrics: nothing in use on " + dev)
+        check(metric("dspk_retire_in_flight") == 0, "metrics: nothing in flight on " + dev)
+    # A buffer read back (staging behind the copy) and written, then freed.
+    c = d.client()
+    b = c.call("buffer.create", {"device": dev, "size": 4096})["buffer"]
+    c.call("buffer.write", {"buffer": b, "data": bytes(range(256)) * 16})
+    got = c.call("buffer.read", {"buffer": b})["data"]
+    check(got == bytes(range(256)) * 16, "buffer.read on %s" % dev)
+    c.call("buffer.free", {"buffer": b})
+    c.close()
+    settled("after a write and a read")
+    # The idle trim: the runner logs it after status has the new counters
+    # (a trim ran already when the daemon's first client left).
+    line = "%s: idle: cached memory given back" % dev
+    trims = d.logtext().count(line)
+    mon.close()
+    deadline = time.monotonic() + TIMEOUT
+    while d.logtext().count(line) <= trims:
+        check(time.monotonic() < deadline, "no idle trim of %s after the last client left" % dev)
+        time.sleep(0.02)
+    mon = d.client()
+    st = stats()
+    check(st["pool_bytes_cached"] == 0 and st["pool_bytes_in_use"] == 0,
+          "the idle trim gave %s's cache back: %r" % (dev, st))
+    mon.close()
+
+
+def t_retireidle(exe, tmp):
+    """A device that retires memory behind fences releases a freed buffer
+    while it stays idle: with no further task, status and metrics reach
+    pool_bytes_in_use 0 and retire_in_flight 0 (the memory cached), for any
+    size, 0 included; once the last client has gone and idle_trim has
+    passed, the cache is given back too (pool_bytes_cached 0).  On vulkan:0
+    (lavapipe in CI) and on cuda:0 of the fake driver ($DSPK_TEST_FAKE_CUDA,
+    whose events complete only when waited for); skipped without either."""
+    ran = []
+    d = Daemon(exe, tmp, ["--backends", "cpu,vulkan", "--no-cache", "--idle-trim", "0"])
+    c = d.client()
+    vk = [x["id"] for x in c.call("devices", {})["devices"] if x["backend"] == "vulkan"]
+    c.close()
+    if vk:
+        retire_idle_on(d, vk[0])
+        ran.append(vk[0])
+    d.stop()
+    fake = os.environ.get("DSPK_TEST_FAKE_CUDA")
+    if fake:
+        env = dict(os.environ, DSPK_CUDA_DRIVER=fake)
+        d = Daemon(exe, tmp, ["--backends", "cpu,cuda", "--no-cache", "--idle-trim", "0"],
+                   env=env)
+        c = d.client()
+        cu = "cuda:0" in [x["id"] for x in c.call("devices", {})["devices"]]
+        c.close()
+        if cu:
+            retire_idle_on(d, "cuda:0")
+            ran.append("cuda:0")
+        d.stop()
+    if not ran:
+        raise Skip("no vulkan device and no cuda:0 on the fake driver")
+    print("retireidle ran on", ", ".join(ran))
+
+
 def t_reuse(exe, tmp):
     """The socket path reuses its memory: writes and reads of many sizes
     (around the read buffer's and malloc's thresholds) come back byte for
@@ -2638,6 +2738,7 @@ GROUPS = {
     "inplace": t_inplace,
     "caps": t_caps,
     "idletrim": t_idletrim,
+    "retireidle": t_retireidle,
     "measureapart": t_measureapart,
     "zeroed": t_zeroed,
     "reuse": t_reuse,
