@@ -217,6 +217,9 @@ struct job {
   struct device *resv_dev;
   struct djob *resv_job;     /* the Slurm job charged with resv_mem, or NULL */
   uint64_t slurm_job;        /* its connection's Slurm job id (traces), 0: none */
+  uint32_t uid;              /* whose work it is, for trace and status: its
+                                connection's uid, a buffer's free its owner's;
+                                (uint32_t)-1: the daemon's own or unknown */
   struct job_times t;        /* daemon/observe.h */
   /* runner: the fence recorded after its work was enqueued (NULL: none,
    * its work is done once the jobs before it are), and its place in the

@@ -88,6 +88,7 @@ struct job *dspkd_job_new(struct conn *c, enum job_kind kind, uint32_t msgid,
   j->msgid = msgid;
   j->dev = dev;
   j->conn = c;
+  j->uid = c ? (uint32_t)c->uid : (uint32_t)-1;
   atomic_init(&j->cancel, 0);
   if (c)
     dspkd_conn_ref(c);
