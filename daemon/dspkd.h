@@ -139,6 +139,8 @@ void dspkd_wreq_free(struct wreq *wr);
  * list until its answers are out (freed by the runner at its next job). */
 struct mpin {
   atomic_int sending;     /* answers still being written from mem */
+  struct device *dev;     /* set when made: whose runner frees it once retired
+                             (the last answer out wakes it: dspkd_sched_sweep) */
   struct dspk__mem *mem;  /* set when retired */
   void *host;             /* or the backend's host_alloc block sent from */
   struct mpin *next;      /* in the device's retired list (runner) */
@@ -266,7 +268,10 @@ struct device {
   int open_state;      /* 0: opening, 1: open, < 0: open failed */
   char open_err[256];
   bool exited;
-  bool busy;           /* a job runs or is in flight on the device (sched.c) */
+  bool busy;           /* a job runs or is in flight on the device, or the
+                          idle runner settles or sweeps (sched.c) */
+  bool sweep;          /* an answer sent from a block is out: the runner
+                          frees what was retired behind it (dspkd_sched_sweep) */
   /* The scheduler's, runner only: jobs taken whose work may still run on
    * the device, oldest first, answered in that order as their fences
    * complete (at most `depth`, the configuration's device_inflight); and

@@ -172,8 +172,9 @@ static void count_done(struct device *dev, struct job *j) {
  * runner is idle (nothing queued, nothing in flight): handing it to the
  * runner and its answer back cost two thread wake-ups (about 17 us on a VM,
  * more than the task and its ping-sized round trip together).  The runner
- * is asleep and stays so (only the loop queues jobs, and it is busy here),
- * so the backend is still used by one thread at a time.  The cpu's work is
+ * is asleep and stays so (only the loop queues jobs, and it is busy here;
+ * a runner awake to settle or sweep while idle holds dev->busy), so the
+ * backend is still used by one thread at a time.  The cpu's work is
  * done when run returns (its fences are always reached).  Ops that may
  * plan or tune (fft, fir, a gemm not decided yet) go to the runner, and so
  * does anything longer than about a quarter millisecond (the loop serves
@@ -612,14 +613,24 @@ static void *runner_main(void *arg) {
     /* busy (read by the loop's run_inline): a job is running or in flight. */
     dev->busy = dev->ifl_head != NULL;
     while (!dev->ring_head && !dev->ifl_head && !dev->stop) {
-      /* Idle: what the retirement queue still holds (the last free's
-       * memory) is released now, on its fences, not at the next job. */
-      if (!settled && dev->be->settle) {
+      /* Idle: what the backend's retirement queue still holds (the last
+       * free's memory) is released now, on its fences, and the blocks
+       * retired behind answers as soon as those are out (dev->sweep), not
+       * at the next job.  busy keeps the loop's run_inline off the device
+       * meanwhile. */
+      bool do_settle = !settled && dev->be->settle, do_sweep = dev->sweep;
+      if (do_settle || do_sweep) {
         settled = true;
+        dev->sweep = false;
+        dev->busy = true;
         pthread_mutex_unlock(&dev->mu);
-        dev->be->settle(bdev);
+        if (do_sweep && dev->retired)
+          dspkd_retired_sweep(dev, false);
+        if (do_settle)
+          dev->be->settle(bdev);
         stats_refresh(dev);
         pthread_mutex_lock(&dev->mu);
+        dev->busy = false;
         continue;
       }
       pthread_cond_wait(&dev->cv, &dev->mu);
@@ -672,6 +683,13 @@ static void *runner_main(void *arg) {
   pthread_mutex_unlock(&dev->mu);
   uv_async_send(&d->done_async);
   return NULL;
+}
+
+void dspkd_sched_sweep(struct device *dev) {
+  pthread_mutex_lock(&dev->mu);
+  dev->sweep = true;
+  pthread_cond_broadcast(&dev->cv);
+  pthread_mutex_unlock(&dev->mu);
 }
 
 void dspkd_sched_stop(struct dspkd *d) {
