@@ -236,6 +236,8 @@ static bool run_inline(struct device *dev, struct job *j) {
   dspkd_obs_job_end(dev, j, start, now, NULL);
   count_done(dev, j);
   dev->busy = false;
+  if (dev->sweep) /* an answer came out meanwhile: the runner's to sweep */
+    pthread_cond_broadcast(&dev->cv);
   pthread_mutex_unlock(&dev->mu);
   /* Within a read, answered right after it (daemon/conn.c's on_read) with
    * no wake-up: an eventfd write, a turn through epoll and a read saved. */
@@ -617,9 +619,10 @@ static void *runner_main(void *arg) {
        * free's memory) is released now, on its fences, and the blocks
        * retired behind answers as soon as those are out (dev->sweep), not
        * at the next job.  busy keeps the loop's run_inline off the device
-       * meanwhile. */
+       * meanwhile; while run_inline holds it, this waits for its end (it
+       * wakes the runner when a sweep is due). */
       bool do_settle = !settled && dev->be->settle, do_sweep = dev->sweep;
-      if (do_settle || do_sweep) {
+      if ((do_settle || do_sweep) && !dev->busy) {
         settled = true;
         dev->sweep = false;
         dev->busy = true;
