@@ -2143,7 +2143,8 @@ def t_retireidle(exe, tmp):
     size, 0 included; once the last client has gone and idle_trim has
     passed, the cache is given back too (pool_bytes_cached 0).  On vulkan:0
     (lavapipe in CI) and on cuda:0 of the fake driver ($DSPK_TEST_FAKE_CUDA,
-    whose events complete only when waited for), each where present.  And
+    whose events complete only when waited for), each where present (hip:0
+    of the fake HIP runtime: t_retireidlehip).  And
     on cpu:0, a block that answers were sent from (a task's result, a
     buffer freed while its read was sent) leaves pool_bytes_in_use once the
     answer is out, without a next job."""
@@ -2197,6 +2198,24 @@ def t_retireidle(exe, tmp):
             ran.append("cuda:0")
         d.stop()
     print("retireidle ran on", ", ".join(ran))
+
+
+def t_retireidlehip(exe, tmp):
+    """t_retireidle on hip:0 of the fake HIP runtime of tests/hip (its path
+    in DSPK_TEST_FAKEHIP; the group runs from tests/hip/CMakeLists.txt)."""
+    fake = os.environ.get("DSPK_TEST_FAKEHIP")
+    if not fake:
+        raise Skip("DSPK_TEST_FAKEHIP not set")
+    env = dict(os.environ, DSPK_HIP_RUNTIME=fake, FAKE_HIP_DEVICES="1")
+    d = Daemon(exe, tmp, ["--backends", "cpu,hip", "--no-cache", "--idle-trim", "0"], env=env)
+    c = d.client()
+    hip = "hip:0" in [x["id"] for x in c.call("devices", {})["devices"]]
+    c.close()
+    if not hip:
+        d.stop()
+        raise Skip("no hip:0 on the fake runtime:\n" + d.logtext()[-2000:])
+    retire_idle_on(d, "hip:0")
+    d.stop()
 
 
 def t_reuse(exe, tmp):
@@ -2940,6 +2959,7 @@ GROUPS = {
     "caps": t_caps,
     "idletrim": t_idletrim,
     "retireidle": t_retireidle,
+    "retireidlehip": t_retireidlehip,
     "measureapart": t_measureapart,
     "zeroed": t_zeroed,
     "reuse": t_reuse,
