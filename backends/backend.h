@@ -163,6 +163,12 @@ struct dspk__backend {
   /* Optional.  Gives cached memory back (the pool's free lists): the daemon
    * calls it when no client has been connected for a while. */
   void (*trim)(struct dspk__dev *dev);
+  /* Optional.  Runner thread, when it has nothing queued and nothing in
+   * flight: releases every resource the retirement queue still holds,
+   * waiting on their fences (recorded behind work enqueued already, so the
+   * wait ends with that work; never a sleep).  Without it memory freed last
+   * would stay "in use" until the next job drains the queue. */
+  void (*settle)(struct dspk__dev *dev);
 
   /* Optional: host memory the daemon maps from a client (shared-memory
    * buffers, docs/protocol.md "Shared memory").  ptr is page-aligned and

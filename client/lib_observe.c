@@ -192,7 +192,7 @@ static void conv_job(struct conv *cv, const msgpack_object *job, int pid) {
   struct dspk__pval f[DSPK__TJ_COUNT];
   const char *name, *e = NULL;
   size_t nlen, elen = 0;
-  bool running, task;
+  bool running, task, other;
   uint64_t client, msgid, sjob, q, s, end, up, comp, t0, t1;
   struct dspk__jbuf a = {0};
   char num[96];
@@ -207,6 +207,8 @@ static void conv_job(struct conv *cv, const msgpack_object *job, int pid) {
   name = f[DSPK__TJ_NAME].v.s.p;
   nlen = f[DSPK__TJ_NAME].v.s.n;
   task = f[DSPK__TJ_KIND].v.s.n == 4 && memcmp(f[DSPK__TJ_KIND].v.s.p, "task", 4) == 0;
+  /* another user's job, anonymous (docs/protocol.md, trace) */
+  other = f[DSPK__TJ_KIND].v.s.n == 5 && memcmp(f[DSPK__TJ_KIND].v.s.p, "other", 5) == 0;
   if (!f[DSPK__TJ_ERROR].nil) {
     e = f[DSPK__TJ_ERROR].v.s.p;
     elen = f[DSPK__TJ_ERROR].v.s.n;
@@ -233,7 +235,7 @@ static void conv_job(struct conv *cv, const msgpack_object *job, int pid) {
   }
   if (q < s)
     ev_x(cv, name, nlen, "queue", pid, queue_tid(cv, pid, client, q, s), q, s, a.p);
-  ev_x(cv, name, nlen, task ? "task" : "buffer", pid, RUN_TID, s, end, a.p);
+  ev_x(cv, name, nlen, task ? "task" : other ? "other" : "buffer", pid, RUN_TID, s, end, a.p);
   free(a.p);
   if (!task)
     return;

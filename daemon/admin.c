@@ -52,6 +52,26 @@ int dspkd_admin_is(struct conn *c) {
   return dspkd_policy_is_admin(&c->d->cfg, c->uid, c->gid, groups, n);
 }
 
+bool dspkd_sees_uid(const struct conn *caller, bool admin, uint32_t uid) {
+  return admin || (caller->uid != (uid_t)-1 && uid != (uint32_t)-1 &&
+                   (uint32_t)caller->uid == uid);
+}
+
+struct djob *dspkd_devices_shown(struct conn *c, bool admin, bool *shown) {
+  struct dspkd *d = c->d;
+  struct djob *j = c->job;
+  bool decided = c->job_state != 0;
+  char ignored[8];
+
+  /* A uid with several jobs here and no claim sees the cpu only. */
+  if (!decided)
+    decided = dspkd_job_decide(c, &j, ignored, sizeof ignored) == 0;
+  for (int i = 0; i < d->ndevs; i++)
+    shown[i] = d->devs[i].open_state == 1 &&
+               ((admin && !j) || dspkd_job_dev_allowed(d, j, decided, &d->devs[i]));
+  return j;
+}
+
 /* Answers method's one-field result (reloaded, stopping): true.  0 or a
  * negative code. */
 static int reply_true(struct req *r, int method) {

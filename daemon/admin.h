@@ -30,4 +30,17 @@ int dspkd_m_daemon_stop(struct req *r);
  * full in status), under the policy in force now. */
 int dspkd_admin_is(struct conn *c);
 
+/* Whether `caller` (an admin when `admin`) sees in full what belongs to
+ * uid (a connection, its Slurm jobs, its requests in status, trace and
+ * metrics): an admin everything, anyone else its own uid's; a caller or an
+ * owner whose uid is unknown ((uint32_t)-1) sees, or is seen by, admins
+ * only.  Everything else is shown as counts or anonymous intervals. */
+bool dspkd_sees_uid(const struct conn *caller, bool admin, uint32_t uid);
+
+/* Fills shown[i] for each of c->d's devices: whether status, trace and
+ * metrics show device i to c: the devices its Slurm job may use (decided
+ * for the look only, not for good: daemon/jobs.c), every device to an
+ * admin outside any job.  Returns the job it decided (NULL: none). */
+struct djob *dspkd_devices_shown(struct conn *c, bool admin, bool *shown);
+
 #endif /* DSPKD_ADMIN_H */

@@ -139,6 +139,8 @@ void dspkd_wreq_free(struct wreq *wr);
  * list until its answers are out (freed by the runner at its next job). */
 struct mpin {
   atomic_int sending;     /* answers still being written from mem */
+  struct device *dev;     /* set when made: whose runner frees it once retired
+                             (the last answer out wakes it: dspkd_sched_sweep) */
   struct dspk__mem *mem;  /* set when retired */
   void *host;             /* or the backend's host_alloc block sent from */
   struct mpin *next;      /* in the device's retired list (runner) */
@@ -217,6 +219,9 @@ struct job {
   struct device *resv_dev;
   struct djob *resv_job;     /* the Slurm job charged with resv_mem, or NULL */
   uint64_t slurm_job;        /* its connection's Slurm job id (traces), 0: none */
+  uint32_t uid;              /* whose work it is, for trace and status: its
+                                connection's uid, a buffer's free its owner's;
+                                (uint32_t)-1: the daemon's own or unknown */
   struct job_times t;        /* daemon/observe.h */
   /* runner: the fence recorded after its work was enqueued (NULL: none,
    * its work is done once the jobs before it are), and its place in the
@@ -263,7 +268,10 @@ struct device {
   int open_state;      /* 0: opening, 1: open, < 0: open failed */
   char open_err[256];
   bool exited;
-  bool busy;           /* a job runs or is in flight on the device (sched.c) */
+  bool busy;           /* a job runs or is in flight on the device, or the
+                          idle runner settles or sweeps (sched.c) */
+  bool sweep;          /* an answer sent from a block is out: the runner
+                          frees what was retired behind it (dspkd_sched_sweep) */
   /* The scheduler's, runner only: jobs taken whose work may still run on
    * the device, oldest first, answered in that order as their fences
    * complete (at most `depth`, the configuration's device_inflight); and

@@ -261,24 +261,14 @@ static int m_devices(struct req *r) {
 /* Whether the caller of status sees connection c in full: an admin sees
  * every connection, anyone else those of its own uid (and itself). */
 static bool status_shows(const struct conn *caller, bool admin, const struct conn *c) {
-  return admin || c == caller || (caller->uid != (uid_t)-1 && c->uid == caller->uid);
-}
-
-/* Whether status shows dev to a caller of Slurm job j (NULL: none or not
- * decided): the devices the caller may use; an admin outside any job (the
- * prolog's, a monitor's connection) sees them all. */
-static bool status_dev(const struct dspkd *d, bool admin, const struct djob *j, bool decided,
-                       const struct device *dev) {
-  if (admin && !j)
-    return true;
-  return dspkd_job_dev_allowed(d, j, decided, dev) != 0;
+  return c == caller || dspkd_sees_uid(caller, admin, (uint32_t)c->uid);
 }
 
 /* What m_status computed before packing, for the packers of its fields. */
 struct status_ctx {
   struct req *r;
-  bool admin, decided;
-  struct djob *myjob;
+  bool admin;
+  bool dev_shown[DSPKD_MAX_DEVICES]; /* dspkd_devices_shown */
   uint64_t shown, other_inflight, other_buffers;
   size_t njobs;
 };
@@ -355,7 +345,7 @@ static void st_jobs(const void *ud, struct dspk__wbuf *w) {
   for (const struct djob *j = d->jobs; j; j = j->next) {
     uint64_t inflight = 0, buffers = 0, bytes = 0;
     struct dspk__pval v[DSPK__SJ_COUNT];
-    if (!x->admin && (r->c->uid == (uid_t)-1 || j->uid != r->c->uid))
+    if (!dspkd_sees_uid(r->c, x->admin, (uint32_t)j->uid))
       continue;
     for (const struct conn *c = d->conns; c; c = c->next)
       if (c->job == j) {
@@ -378,15 +368,17 @@ static void st_jobs(const void *ud, struct dspk__wbuf *w) {
 /* A device's running_op: {name, age_ms, client?}; ud: struct running_op. */
 struct running_op {
   const struct dev_activity *act;
-  bool mine; /* the client is shown */
+  bool mine;  /* the caller sees whose work it is (dspkd_sees_uid) */
 };
 
 static void pack_running_op(const void *ud, struct dspk__wbuf *w) {
   const struct running_op *ro = ud;
   struct dspk__pval v[DSPK__RO_COUNT] = {0};
-  v[DSPK__RO_NAME] = dspk__pv_str(ro->act->what);
+  /* Another user's work (or the daemon's own, to a non-admin): "other",
+   * as trace shows it; no op, no connection. */
+  v[DSPK__RO_NAME] = dspk__pv_str(ro->mine ? ro->act->what : DSPKD_OTHER_WORK);
   v[DSPK__RO_AGE_MS] = dspk__pv_uint(ro->act->age_ns / 1000000);
-  if (ro->mine)
+  if (ro->mine && ro->act->client)
     v[DSPK__RO_CLIENT] = dspk__pv_uint(ro->act->client);
   dspk__map_encode(w, dspk__running_op_f, DSPK__RO_COUNT, v);
 }
@@ -416,8 +408,7 @@ static void st_devices(const void *ud, struct dspk__wbuf *w) {
   struct dspkd *d = r->c->d;
   int n = 0;
   for (int i = 0; i < d->ndevs; i++)
-    n += d->devs[i].open_state == 1 && status_dev(d, x->admin, x->myjob, x->decided,
-                                                  &d->devs[i]);
+    n += x->dev_shown[i];
   msgpack_pack_array(&w->pk, (size_t)n);
   for (int i = 0; i < d->ndevs; i++) {
     struct device *dev = &d->devs[i];
@@ -426,14 +417,13 @@ static void st_devices(const void *ud, struct dspk__wbuf *w) {
     struct running_op ro = {.act = &act};
     struct dspk__pval v[DSPK__SV_COUNT];
     uint64_t q, run, done, failed;
-    if (dev->open_state != 1 || !status_dev(d, x->admin, x->myjob, x->decided, dev))
+    if (!x->dev_shown[i])
       continue;
     dspkd_sched_counters(dev, &q, &run, &done, &failed, &s);
     dspkd_obs_activity(dev, &act);
     /* Whose job it is as the clients list tells: to an admin, and to the
      * job's own user. */
-    ro.mine = act.client && (x->admin || (r->c->uid != (uid_t)-1 &&
-                                          r->c->uid == (uid_t)act.uid));
+    ro.mine = dspkd_sees_uid(r->c, x->admin, act.uid);
     v[DSPK__SV_ID] = dspk__pv_str(dev->id);
     v[DSPK__SV_QUEUED] = dspk__pv_uint(q);
     v[DSPK__SV_RUNNING] = dspk__pv_uint(run);
@@ -450,18 +440,14 @@ static void st_devices(const void *ud, struct dspk__wbuf *w) {
 
 static int m_status(struct req *r) {
   struct dspkd *d = r->c->d;
-  struct status_ctx x = {.r = r, .admin = dspkd_admin_is(r->c), .myjob = r->c->job,
-                         .decided = r->c->job_state != 0};
+  struct status_ctx x = {.r = r, .admin = dspkd_admin_is(r->c)};
   struct dspk__pval v[5] = {0};
-  char ignored[8];
 
   /* The caller's job decides which devices it is shown (without deciding
-   * it for good: status is not a request that needs a device).  A uid with
-   * several jobs here and no claim sees the cpu only. */
-  if (!x.decided)
-    x.decided = dspkd_job_decide(r->c, &x.myjob, ignored, sizeof ignored) == 0;
+   * it for good: status is not a request that needs a device). */
+  dspkd_devices_shown(r->c, x.admin, x.dev_shown);
   for (const struct djob *j = d->jobs; j; j = j->next)
-    x.njobs += x.admin || (r->c->uid != (uid_t)-1 && j->uid == r->c->uid);
+    x.njobs += dspkd_sees_uid(r->c, x.admin, (uint32_t)j->uid);
   for (struct conn *c = d->conns; c; c = c->next)
     if (status_shows(r->c, x.admin, c))
       x.shown++;
@@ -518,6 +504,7 @@ int dspkd_buffer_submit(struct req *r, struct device *dev, uint64_t size, void *
     free(b);
     goto nomem;
   }
+  b->free_job->uid = (uint32_t)c->uid; /* the release is its owner's work (trace) */
   b->id = ++c->d->next_buf_id;
   b->dev = dev;
   b->size = size;

@@ -31,6 +31,7 @@
 #endif
 
 #include "cache/cache.h"
+#include "daemon/admin.h"
 #include "daemon/dspkd.h"
 #include "daemon/log.h"
 #include "daemon/sched.h"
@@ -108,7 +109,7 @@ static void run_set(struct dev_obs *o, const struct job *j, uint64_t start) {
   o->run_op = (uint8_t)j->op.kind;
   o->run_client = j->conn ? j->conn->id : 0;
   o->run_job = j->slurm_job;
-  o->run_uid = j->conn ? (uint32_t)j->conn->uid : 0;
+  o->run_uid = j->uid;
   o->run_msgid = j->msgid;
   o->run_q = j->q;
 }
@@ -138,6 +139,7 @@ static void trace_keep(struct dev_obs *o, const struct job *j, uint64_t start, u
   r->t.end = end;
   r->client = j->conn ? j->conn->id : 0;
   r->slurm_job = j->slurm_job;
+  r->uid = j->uid;
   r->kind = (uint8_t)j->kind;
   r->op = (uint8_t)j->op.kind;
 }
@@ -386,8 +388,10 @@ static void render_devices(struct tbuf *t, const struct devsnap *sn, int n) {
   }
 }
 
-/* The Slurm jobs registered here (daemon/jobs.c), labelled by job id. */
-static void render_jobs(struct tbuf *t, const struct dspkd *d) {
+/* The Slurm jobs registered here (daemon/jobs.c), labelled by job id: the
+ * count of all, the series of those viewer sees (NULL: all). */
+static void render_jobs(struct tbuf *t, const struct dspkd *d, const struct conn *viewer,
+                        bool admin) {
   static const char *const names[4] = {"connections", "inflight", "buffers", "buffer_bytes"};
   static const char *const helps[4] = {
       "Connections of the Slurm job open now.", "Requests of the Slurm job in flight.",
@@ -400,6 +404,8 @@ static void render_jobs(struct tbuf *t, const struct dspkd *d) {
     family(t, name, "gauge", helps[k]);
     for (const struct djob *j = d->jobs; j; j = j->next) {
       uint64_t v = 0;
+      if (viewer && !dspkd_sees_uid(viewer, admin, (uint32_t)j->uid))
+        continue;
       for (const struct conn *c = d->conns; c; c = c->next) {
         if (c->job != j)
           continue;
@@ -432,20 +438,24 @@ static const struct {
      offsetof(struct dspk__cache_kstats, put_errors)},
 };
 
-int dspkd_metrics_render(struct dspkd *d, char **text, size_t *len) {
+int dspkd_metrics_render(struct dspkd *d, struct conn *viewer, char **text, size_t *len) {
   struct tbuf t = {0};
   struct devsnap *sn;
   struct dspk__cache_kstats ks[DSPK__CACHE_NKINDS];
+  bool admin = !viewer || dspkd_admin_is(viewer);
+  bool shown[DSPKD_MAX_DEVICES];
   char ver[64];
   int n = 0;
 
   sn = calloc(d->ndevs ? (size_t)d->ndevs : 1, sizeof *sn);
   if (!sn)
     return DSPK_ENOMEM;
+  if (viewer)
+    dspkd_devices_shown(viewer, admin, shown);
   for (int i = 0; i < d->ndevs; i++) {
     struct device *dev = &d->devs[i];
     struct devsnap *s = &sn[n];
-    if (dev->open_state != 1)
+    if (dev->open_state != 1 || (viewer && !shown[i]))
       continue;
     s->dev = dev;
     lv(dev->id, s->id, sizeof s->id);
@@ -477,7 +487,7 @@ int dspkd_metrics_render(struct dspkd *d, char **text, size_t *len) {
          d->obs.bytes_in_place);
   scalar(&t, "dspk_sent_bytes_total", "counter", "Bytes written to clients.", d->obs.bytes_out);
 
-  render_jobs(&t, d);
+  render_jobs(&t, d, viewer, admin);
 
   {
     unsigned k = 0;
@@ -511,7 +521,7 @@ int dspkd_m_metrics(struct req *r) {
   struct wreq *wr;
   char *text;
   size_t len;
-  int err = dspkd_metrics_render(r->c->d, &text, &len);
+  int err = dspkd_metrics_render(r->c->d, r->c, &text, &len);
   if (err < 0)
     return err;
   if (!(wr = dspkd_wreq_new())) {
@@ -562,7 +572,7 @@ static void on_scrape(uv_async_t *a) {
   pthread_mutex_lock(&h->mu);
   want = h->asked;
   pthread_mutex_unlock(&h->mu);
-  err = dspkd_metrics_render(h->d, &text, &len);
+  err = dspkd_metrics_render(h->d, NULL, &text, &len);
   pthread_mutex_lock(&h->mu);
   free(h->text);
   h->text = text;

@@ -59,6 +59,7 @@ struct trace_rec {
   struct job_times t;
   uint64_t client;  /* connection id; 0: internal */
   uint64_t slurm_job; /* its connection's Slurm job (daemon/jobs.c), 0: none */
+  uint32_t uid;     /* whose work (struct job's uid): who sees it in full */
   uint32_t msgid;
   int32_t err;      /* 0 or a negative code */
   uint8_t kind;     /* enum job_kind */
@@ -67,6 +68,12 @@ struct trace_rec {
 };
 
 #define DSPKD_TRACE_RING 4096 /* jobs per device kept while tracing */
+
+/* The name status's running_op and trace's records give work the caller
+ * may not see in full (another user's, or the daemon's own to a non-admin:
+ * daemon/admin.h, dspkd_sees_uid). */
+#define DSPKD_OTHER_WORK "other"
+
 
 struct dev_obs {
   /* results of task.run jobs: [op][0 ok, 1 error, 2 canceled] */
@@ -96,7 +103,7 @@ struct dev_activity {
   const char *what;      /* the running job: op name or buffer method */
   uint64_t age_ns;       /* how long it has been running */
   uint64_t client;
-  uint32_t uid;
+  uint32_t uid;          /* whose work (struct job's uid) */
   uint64_t clients;      /* connections with jobs queued or running here */
 };
 
@@ -129,8 +136,12 @@ const char *dspkd_obs_job_name(int kind, int op);
 /* daemon/metrics.c: the `metrics` method. */
 int dspkd_m_metrics(struct req *r);
 /* Renders the Prometheus text into a malloc'd string (*len bytes, NUL
- * terminated).  Loop thread.  0 or DSPK_ENOMEM. */
-int dspkd_metrics_render(struct dspkd *d, char **text, size_t *len);
+ * terminated).  viewer: the connection that asked (the `metrics` method),
+ * shown what status shows it: the series of the devices it is shown and
+ * of the Slurm jobs of its uid, the rest as counts (an admin: everything);
+ * NULL: everything (the HTTP listener, an operator's).  Loop thread.  0 or
+ * DSPK_ENOMEM. */
+int dspkd_metrics_render(struct dspkd *d, struct conn *viewer, char **text, size_t *len);
 /* Starts the HTTP listener on cfg.metrics_listen ("ADDR:PORT"), when set.
  * 0, or a negative code (logged). */
 int dspkd_metrics_http_start(struct dspkd *d);

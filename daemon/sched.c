@@ -88,6 +88,7 @@ struct job *dspkd_job_new(struct conn *c, enum job_kind kind, uint32_t msgid,
   j->msgid = msgid;
   j->dev = dev;
   j->conn = c;
+  j->uid = c ? (uint32_t)c->uid : (uint32_t)-1;
   atomic_init(&j->cancel, 0);
   if (c)
     dspkd_conn_ref(c);
@@ -171,8 +172,9 @@ static void count_done(struct device *dev, struct job *j) {
  * runner is idle (nothing queued, nothing in flight): handing it to the
  * runner and its answer back cost two thread wake-ups (about 17 us on a VM,
  * more than the task and its ping-sized round trip together).  The runner
- * is asleep and stays so (only the loop queues jobs, and it is busy here),
- * so the backend is still used by one thread at a time.  The cpu's work is
+ * is asleep and stays so (only the loop queues jobs, and it is busy here;
+ * a runner awake to settle or sweep while idle holds dev->busy), so the
+ * backend is still used by one thread at a time.  The cpu's work is
  * done when run returns (its fences are always reached).  Ops that may
  * plan or tune (fft, fir, a gemm not decided yet) go to the runner, and so
  * does anything longer than about a quarter millisecond (the loop serves
@@ -234,6 +236,8 @@ static bool run_inline(struct device *dev, struct job *j) {
   dspkd_obs_job_end(dev, j, start, now, NULL);
   count_done(dev, j);
   dev->busy = false;
+  if (dev->sweep) /* an answer came out meanwhile: the runner's to sweep */
+    pthread_cond_broadcast(&dev->cv);
   pthread_mutex_unlock(&dev->mu);
   /* Within a read, answered right after it (daemon/conn.c's on_read) with
    * no wake-up: an eventfd write, a turn through epoll and a read saved. */
@@ -465,6 +469,19 @@ static void ifl_push(struct device *dev, struct job *j) {
   dev->nifl++;
 }
 
+/* Copies the backend's counters into dev->stats (status shows them from
+ * now on).  Runner thread, dev->mu not held. */
+static void stats_refresh(struct device *dev) {
+  struct dspk__devstats stats;
+  if (!dev->be->stats)
+    return;
+  memset(&stats, 0, sizeof stats);
+  dev->be->stats(dev->bdev, &stats);
+  pthread_mutex_lock(&dev->mu);
+  dev->stats = stats;
+  pthread_mutex_unlock(&dev->mu);
+}
+
 /* The oldest job's work is done (err: what its fence reported): answers it
  * (a client job goes on the done list) or frees it (an internal job). */
 static void ifl_complete(struct device *dev, int err) {
@@ -562,6 +579,7 @@ static void *runner_main(void *arg) {
   struct dspk__devstats stats;
   char why[256] = "";
   char tname[16];
+  bool settled = false; /* settle() ran since the runner last had work */
   int err;
 
   /* "dspk-run:" names runners for the exit checks (daemon/teardown.c). */
@@ -596,8 +614,31 @@ static void *runner_main(void *arg) {
 
     /* busy (read by the loop's run_inline): a job is running or in flight. */
     dev->busy = dev->ifl_head != NULL;
-    while (!dev->ring_head && !dev->ifl_head && !dev->stop)
+    while (!dev->ring_head && !dev->ifl_head && !dev->stop) {
+      /* Idle: what the backend's retirement queue still holds (the last
+       * free's memory) is released now, on its fences, and the blocks
+       * retired behind answers as soon as those are out (dev->sweep), not
+       * at the next job.  busy keeps the loop's run_inline off the device
+       * meanwhile; while run_inline holds it, this waits for its end (it
+       * wakes the runner when a sweep is due). */
+      bool do_settle = !settled && dev->be->settle, do_sweep = dev->sweep;
+      if ((do_settle || do_sweep) && !dev->busy) {
+        settled = true;
+        dev->sweep = false;
+        dev->busy = true;
+        pthread_mutex_unlock(&dev->mu);
+        if (do_sweep && dev->retired)
+          dspkd_retired_sweep(dev, false);
+        if (do_settle)
+          dev->be->settle(bdev);
+        stats_refresh(dev);
+        pthread_mutex_lock(&dev->mu);
+        dev->busy = false;
+        continue;
+      }
       pthread_cond_wait(&dev->cv, &dev->mu);
+    }
+    settled = false;
     if (!dev->ring_head || dev->nifl >= dev->depth) {
       /* Nothing more to enqueue (or enough enqueued): wait for the oldest
        * job in flight; none left and stopping: exit. */
@@ -645,6 +686,13 @@ static void *runner_main(void *arg) {
   pthread_mutex_unlock(&dev->mu);
   uv_async_send(&d->done_async);
   return NULL;
+}
+
+void dspkd_sched_sweep(struct device *dev) {
+  pthread_mutex_lock(&dev->mu);
+  dev->sweep = true;
+  pthread_cond_broadcast(&dev->cv);
+  pthread_mutex_unlock(&dev->mu);
 }
 
 void dspkd_sched_stop(struct dspkd *d) {

@@ -45,6 +45,10 @@ void dspkd_job_free(struct dspkd *d, struct job *j);
 /* Queues the job on its device (takes ownership): at the end of its
  * connection's FIFO there, or of the internal queue. */
 void dspkd_sched_submit(struct job *j);
+/* Loop thread: an answer sent from a device block (struct mpin) is out;
+ * the device's runner, when idle, frees the blocks retired behind their
+ * answers (daemon/task.c) now rather than at its next job. */
+void dspkd_sched_sweep(struct device *dev);
 /* Cancels the connection's request msgid: a queued one is answered
  * ECANCELED now, a running one gets its cancel flag.  1 when it was queued
  * or running, 0 when unknown. */

@@ -38,7 +38,9 @@ static void release_host(void *p) { free(p); }
 
 static void unpin(void *ud) {
   struct mpin *p = ud;
-  atomic_fetch_sub_explicit(&p->sending, 1, memory_order_release);
+  struct device *dev = p->dev; /* read first: once idle, p may be freed */
+  if (atomic_fetch_sub_explicit(&p->sending, 1, memory_order_acq_rel) == 1)
+    dspkd_sched_sweep(dev); /* a retired block is freed without a next job */
 }
 
 static bool pin_idle(struct mpin *p) {
@@ -74,6 +76,7 @@ static void *out_host(struct device *dev, size_t n, struct mpin **pin) {
   if (n >= HOST_PINNED_MIN && dev->be->host_alloc &&
       (p = dev->be->host_alloc(dev->bdev, n)) != NULL) {
     if ((*pin = calloc(1, sizeof(**pin))) != NULL) {
+      (*pin)->dev = dev;
       (*pin)->host = p;
       return p;
     }
@@ -153,8 +156,11 @@ static int unpin_for_write(struct device *dev, struct dbuf *b, bool whole) {
 
 /* Counts one more answer sent from b's block; false when out of memory. */
 static bool pin_buffer(struct dbuf *b) {
-  if (!b->pin && !(b->pin = calloc(1, sizeof(*b->pin))))
-    return false;
+  if (!b->pin) {
+    if (!(b->pin = calloc(1, sizeof(*b->pin))))
+      return false;
+    b->pin->dev = b->dev;
+  }
   atomic_fetch_add_explicit(&b->pin->sending, 1, memory_order_relaxed);
   return true;
 }
@@ -648,6 +654,7 @@ static void exec_task(struct device *dev, struct job *j) {
           snprintf(msg, sizeof msg, "no host memory for output %d", i);
           goto out;
         }
+        pins[i]->dev = dev;
         continue;
       }
     }

@@ -12,11 +12,19 @@
  * finished more jobs than the ring holds reports the oldest as dropped.
  * The job running at the end is included, marked running.  Traces in
  * progress at the daemon's stop are answered at once with what they have.
+ *
+ * What a trace shows follows status (docs/security.md): the devices status
+ * shows the caller, decided when the trace begins; on them, the jobs of
+ * work the caller sees in full (dspkd_sees_uid: an admin all, anyone else
+ * its own uid's, a buffer's release its owner's) with every field, and any
+ * other job only as an anonymous busy interval: kind and name "other",
+ * client 0, job nil, msgid 0, no error, no queue wait, no phases.
  * Loop thread only, except the rings (each guarded by its device's mutex).
  */
 #include <stdlib.h>
 #include <string.h>
 
+#include "daemon/admin.h"
 #include "daemon/dspkd.h"
 #include "daemon/log.h"
 
@@ -31,12 +39,34 @@ struct trace_sess {
   uv_timer_t timer;
   uint64_t t0;
   uint64_t seq0[DSPKD_MAX_DEVICES];
+  bool admin;                        /* the caller, when the trace began */
+  bool shown[DSPKD_MAX_DEVICES];     /* the devices it is shown */
 };
 
 struct trec {
   struct trace_rec r;
   int dev;
 };
+
+/* Another user's job as the caller may see it: when the device was busy,
+ * nothing of whose work, which request or what it was. */
+static void pack_other(struct dspk__wbuf *w, const struct dspkd *d, const struct trec *x) {
+  const struct trace_rec *r = &x->r;
+  struct dspk__pval v[DSPK__TJ_COUNT] = {
+      [DSPK__TJ_DEVICE] = dspk__pv_str(d->devs[x->dev].id),
+      [DSPK__TJ_KIND] = dspk__pv_str(DSPKD_OTHER_WORK),
+      [DSPK__TJ_NAME] = dspk__pv_str(DSPKD_OTHER_WORK),
+      [DSPK__TJ_CLIENT] = dspk__pv_uint(0),
+      [DSPK__TJ_JOB] = dspk__pv_nil(),
+      [DSPK__TJ_MSGID] = dspk__pv_uint(0),
+      [DSPK__TJ_ERROR] = dspk__pv_nil(),
+      [DSPK__TJ_RUNNING] = dspk__pv_bool(r->running),
+      [DSPK__TJ_QUEUED_US] = dspk__pv_uint(r->t.start / 1000),
+      [DSPK__TJ_START_US] = dspk__pv_uint(r->t.start / 1000),
+      [DSPK__TJ_END_US] = dspk__pv_uint(r->t.end / 1000),
+  };
+  dspk__map_encode(w, dspk__trace_job_f, DSPK__TJ_COUNT, v);
+}
 
 /* One job record, packed by the table (dspk__trace_job_f): a task's
  * phases only once reached. */
@@ -85,6 +115,11 @@ static int collect(struct trace_sess *s, uint64_t now, struct trec **out, size_t
     if (dev->open_state != 1)
       continue;
     pthread_mutex_lock(&dev->mu);
+    if (!s->shown[i]) { /* a device the caller is not shown: nothing of it */
+      o->tracers--;
+      pthread_mutex_unlock(&dev->mu);
+      continue;
+    }
     from = s->seq0[i];
     if (o->seq - from > DSPKD_TRACE_RING) {
       *dropped += o->seq - from - DSPKD_TRACE_RING;
@@ -112,6 +147,7 @@ static int collect(struct trace_sess *s, uint64_t now, struct trec **out, size_t
       r->t.end = now;
       r->client = o->run_client;
       r->slurm_job = o->run_job;
+      r->uid = o->run_uid;
       r->msgid = o->run_msgid;
       r->kind = o->run_kind;
       r->op = o->run_op;
@@ -132,30 +168,37 @@ static int collect(struct trace_sess *s, uint64_t now, struct trec **out, size_t
 
 static void on_timer_close(uv_handle_t *h) { free(h->data); }
 
-/* The trace's devices: the ids of the open devices. */
+/* The trace's devices: the ids of the open devices shown to the caller. */
 static void pack_devices(const void *ud, struct dspk__wbuf *w) {
-  const struct dspkd *d = ud;
+  const struct trace_sess *s = ud;
+  const struct dspkd *d = s->d;
   int ndev = 0;
   for (int i = 0; i < d->ndevs; i++)
-    ndev += d->devs[i].open_state == 1;
+    ndev += d->devs[i].open_state == 1 && s->shown[i];
   msgpack_pack_array(&w->pk, (size_t)ndev);
   for (int i = 0; i < d->ndevs; i++)
-    if (d->devs[i].open_state == 1)
+    if (d->devs[i].open_state == 1 && s->shown[i])
       dspk__pack_str(&w->pk, d->devs[i].id);
 }
 
-/* The trace's jobs: the records collected. */
+/* The trace's jobs: the records collected, each in full or anonymous. */
 struct trace_out {
-  const struct dspkd *d;
+  const struct trace_sess *s;
   const struct trec *v;
   size_t n;
 };
 
 static void pack_jobs(const void *ud, struct dspk__wbuf *w) {
   const struct trace_out *o = ud;
+  const struct trace_sess *s = o->s;
   msgpack_pack_array(&w->pk, o->n);
-  for (size_t i = 0; i < o->n; i++)
-    pack_rec(w, o->d, &o->v[i]);
+  for (size_t i = 0; i < o->n; i++) {
+    const struct trace_rec *r = &o->v[i].r;
+    if ((r->client && r->client == s->c->id) || dspkd_sees_uid(s->c, s->admin, r->uid))
+      pack_rec(w, s->d, &o->v[i]);
+    else
+      pack_other(w, s->d, &o->v[i]);
+  }
 }
 
 /* Answers the trace and forgets it. */
@@ -175,11 +218,11 @@ static void finish(struct trace_sess *s) {
   uv_timer_stop(&s->timer);
   err = collect(s, now, &v, &n, &dropped);
   if (!c->closing) {
-    struct trace_out o = {d, v, n};
+    struct trace_out o = {s, v, n};
     struct dspk__pval rv[5] = {[DSPK__R_TRACE_START_US] = dspk__pv_uint(s->t0 / 1000),
                                [DSPK__R_TRACE_END_US] = dspk__pv_uint(now / 1000),
                                [DSPK__R_TRACE_DROPPED] = dspk__pv_uint(dropped),
-                               [DSPK__R_TRACE_DEVICES] = dspk__pv_pack(pack_devices, d),
+                               [DSPK__R_TRACE_DEVICES] = dspk__pv_pack(pack_devices, s),
                                [DSPK__R_TRACE_JOBS] = dspk__pv_pack(pack_jobs, &o)};
     struct wreq *wr = err ? NULL : dspkd_result(s->msgid, DSPK__M_TRACE, rv);
     if (!wr)
@@ -220,6 +263,9 @@ int dspkd_m_trace(struct req *r) {
   s = calloc(1, sizeof *s);
   if (!s)
     return DSPK_ENOMEM;
+  /* Whom the caller may see is fixed now, as status would show it. */
+  s->admin = dspkd_admin_is(r->c);
+  dspkd_devices_shown(r->c, s->admin, s->shown);
   /* The rings, allocated at the first trace (only the loop sets them). */
   for (int i = 0; i < d->ndevs; i++) {
     struct device *dev = &d->devs[i];

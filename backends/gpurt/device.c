@@ -496,10 +496,20 @@ void dspk__gpurt_host_free(struct dspk__dev *dev, void *p) {
     dev->hostmem[i].used = 0;
 }
 
+void dspk__gpurt_settle(struct dspk__dev *dev) {
+  /* A lost context's queue is abandoned at close; its events answer nothing. */
+  if (dev->retire.n && !dev->ctx_dead)
+    dspk__retire_sync(&dev->retire);
+}
+
 void dspk__gpurt_trim(struct dspk__dev *dev) {
   for (size_t i = dev->nhostmem; i-- > 0;)
     if (!dev->hostmem[i].used)
       hostmem_drop(dev, i);
+  if (dev->ctx_dead)
+    return;
+  dspk__gpurt_settle(dev);
+  dspk__pool_trim(&dev->pool);
 }
 
 int dspk__gpurt_stage_write(struct dspk__dev *dev, dspk__gptr dst,

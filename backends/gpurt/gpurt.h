@@ -257,6 +257,10 @@ void dspk__gpurt_stats(struct dspk__dev *dev, struct dspk__devstats *out);
 void *dspk__gpurt_host_alloc(struct dspk__dev *dev, size_t n);
 void dspk__gpurt_host_free(struct dspk__dev *dev, void *p);
 void dspk__gpurt_trim(struct dspk__dev *dev);
+/* settle of the backend table: the runner is idle; waits on the retirement
+ * queue's events and releases what it holds (trim does so first too, then
+ * gives the pool's free device memory back). */
+void dspk__gpurt_settle(struct dspk__dev *dev);
 /* Every op; f16 and bf16 gemm only through the BLAS library (the runtime's
  * own gemm kernel takes f32 and f64); raw kernels in the driver's lang. */
 void dspk__gpurt_caps(struct dspk__dev *dev, struct dspk__devcaps *out);
@@ -273,7 +277,7 @@ void dspk__gpurt_caps(struct dspk__dev *dev, struct dspk__devcaps *out);
   .host_register = dspk__gpurt_host_register,                                  \
   .host_unregister = dspk__gpurt_host_unregister,                              \
   .host_alloc = dspk__gpurt_host_alloc, .host_free = dspk__gpurt_host_free,   \
-  .trim = dspk__gpurt_trim,                                                    \
+  .trim = dspk__gpurt_trim, .settle = dspk__gpurt_settle,                     \
   .caps = dspk__gpurt_caps, .run = dspk__gpurt_run_checked,                   \
   .stats = dspk__gpurt_stats
 

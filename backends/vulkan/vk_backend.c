@@ -569,6 +569,21 @@ static int vk_alloc(struct dspk__dev *d, size_t n, struct dspk__mem **out) {
 }
 static void vk_free(struct dspk__dev *d, struct dspk__mem *m) { dspk__vk_free(d, m); }
 
+/* The runner is idle: what the retirement queue holds follows work already
+ * submitted, so waiting on its timeline values ends with that work. */
+static void vk_settle(struct dspk__dev *d) {
+  if (d->retire.n)
+    dspk__retire_sync(&d->retire);
+}
+
+/* No client for idle_trim: the pools' free lists go back to the driver
+ * (retired blocks first join them). */
+static void vk_trim(struct dspk__dev *d) {
+  vk_settle(d);
+  dspk__pool_trim(&d->pool);
+  dspk__pool_trim(&d->hpool);
+}
+
 static void vk_stats(struct dspk__dev *d, struct dspk__devstats *out) {
   dspk__pool_stats_fill(&d->pool, out);
   dspk__retire_stats_fill(&d->retire, out);
@@ -615,5 +630,7 @@ const struct dspk__backend dspk__backend_vulkan = {
     .sync = vk_sync,
     .caps = vk_caps,
     .run = dspk__vk_run,
+    .trim = vk_trim,
+    .settle = vk_settle,
     .stats = vk_stats,
 };

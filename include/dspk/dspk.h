@@ -279,12 +279,15 @@ DSPK_EXPORT void dspk_status_free(dspk_status *s);
  * (exposition format 0.0.4) in *text_out (free with dspk_free()). */
 DSPK_EXPORT int dspk_metrics(dspk_client *c, char **text_out);
 
-/* The `trace` method: records every job on every device for `seconds`
- * (0 < seconds <= 600; the call blocks that long) and returns it as Chrome
+/* The `trace` method: records the jobs of the devices `status` shows the
+ * caller for `seconds` (0 < seconds <= 600; the call blocks that long);
+ * another user's jobs, unless the caller is an admin, only as anonymous
+ * slices named "other" (docs/protocol.md, trace).  Returns it as Chrome
  * trace-event JSON in *json_out (free with dspk_free()), which Perfetto and
  * chrome://tracing open: {"traceEvents": [...], "displayTimeUnit": "ms",
  * "otherData": {...}}.  One process (pid) per device; on thread 1 each job
- * is an "X" event (category "task" or "buffer") with its phases nested in
+ * is an "X" event (category "task", "buffer", or "other" for another
+ * user's anonymous job) with its phases nested in
  * it (category "phase": upload, compute, tuning inside compute, download);
  * the time each job waited in the queue is an "X" event of category
  * "queue" on a thread of its client.  Timestamps are microseconds from the

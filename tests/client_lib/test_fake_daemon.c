@@ -447,7 +447,10 @@ static void answer_trace(struct srv *s, bool bad) {
       {"vulkan:0", "buffer.write", "buffer.write", "EIO", 4, 5, 1500, 1500, 1600, 0, 0, 0, 0,
        false},
       {"cpu:0", "task", "reduce", NULL, 3, 3, 2100, 2100, 2500, 0, 0, 0, 0, true},
+      /* another user's job as a non-admin sees it (docs/protocol.md, trace) */
+      {"vulkan:0", "other", "other", NULL, 0, 0, 1700, 1700, 1800, 0, 0, 0, 0, false},
   };
+  const int njobs = (int)(sizeof jobs / sizeof jobs[0]);
   struct pk k;
   msgpack_packer *p = begin_result(s, "trace", &k);
   msgpack_pack_map(p, 5);
@@ -459,8 +462,8 @@ static void answer_trace(struct srv *s, bool bad) {
   dspk__pack_str(p, "cpu:0");
   dspk__pack_str(p, "vulkan:0");
   dspk__pack_str(p, "jobs");
-  msgpack_pack_array(p, 4);
-  for (int i = 0; i < 4; i++) {
+  msgpack_pack_array(p, (size_t)njobs);
+  for (int i = 0; i < njobs; i++) {
     const struct fjob *j = &jobs[i];
     msgpack_pack_map(p, 11 + (j->up != 0) + (j->comp != 0) + 2 * (j->t0 != 0));
     dspk__pack_str(p, "device");
@@ -543,7 +546,10 @@ static void test_trace_json(void **state) {
       "\"dur\":100,\"args\":{\"client\":4,\"msgid\":5,\"error\":\"EIO\"}}",
       "{\"name\":\"reduce\",\"ph\":\"X\",\"pid\":1,\"tid\":1,\"cat\":\"task\",\"ts\":1100,\"dur\":400,"
       "\"args\":{\"client\":3,\"msgid\":3,\"running\":true}}",
-      "\"otherData\":{\"start_us\":50,\"end_us\":1500,\"dropped\":2,\"jobs\":4}}",
+      /* an anonymous job of another user: its own category, no queue wait */
+      "{\"name\":\"other\",\"ph\":\"X\",\"pid\":2,\"tid\":1,\"cat\":\"other\",\"ts\":700,"
+      "\"dur\":100,\"args\":{\"client\":0,\"msgid\":0}}",
+      "\"otherData\":{\"start_us\":50,\"end_us\":1500,\"dropped\":2,\"jobs\":5}}",
   };
   for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
     if (!strstr(json, want[i]))

@@ -1110,6 +1110,178 @@ def t_privacy(exe, tmp):
     d.stop()
 
 
+def t_obsprivacy(exe, tmp):
+    """trace, status's running_op and the metrics method follow status's
+    rule (docs/security.md): a non-admin (nobody, in Slurm job 4712) sees
+    its own uid's work in full and another user's (root's, in job 4711) only
+    as anonymous busy intervals: kind and name "other", client 0, msgid 0,
+    job nil, no error, queue or phases; no op name, msgid or job id of root's
+    anywhere in its answers; trace's devices and the metrics' series only
+    the devices status shows it, the metrics' job series only its own job's.
+    The admin (root) sees everything in full.  Root only (77 otherwise)."""
+    if os.geteuid() != 0:
+        raise Skip("needs root to act as another user")
+    nobody = 65534
+    d = Daemon(exe, tmp, ["--backends", "cpu,vulkan", "--no-cache"])
+    os.chmod(tmp, 0o711)  # nobody reaches the socket through group 0 and o+x
+    root = d.client()
+    root.call("devices", {})  # decides now: no job (none registered yet), every device
+    root.call("job.register", {"job": 4711, "uid": 0})
+    root.call("job.register", {"job": 4712, "uid": nobody})
+    # root's work runs on a connection of job 4711; root (admin, outside
+    # any job) watches every device
+    rw = d.client()
+    rw.call("hello", {"version": 1, "client": "root-secret-name", "job": 4711})
+    alldevs = [x["id"] for x in root.call("status")["devices"]]
+    traces = lambda: int(re.search(r"^dspk_traces_in_progress (\d+)$",
+                                   root.call("metrics", {}), re.M).group(1))
+    root_trace = root.send("trace", {"seconds": 600})
+    deadline = time.monotonic() + TIMEOUT
+    while traces() != 1:
+        check(time.monotonic() < deadline, "root's trace did not start")
+        time.sleep(0.01)
+
+    to_child_r, to_child_w = os.pipe()
+    to_parent_r, to_parent_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.close(to_child_w)
+            os.close(to_parent_r)
+            dspk_daemon.become(nobody, 0)
+            c = Client(d.sock)
+            c.call("hello", {"version": 1, "client": "mine", "job": 4712})
+            tr = c.send("trace", {"seconds": 600})
+            os.write(to_parent_w, b"t")        # the trace is sent
+            os.read(to_child_r, 1)             # root's first work is done
+            x = np.arange(64, dtype=np.float64)
+            mid = c.send("task.run", {"op": "reduce", "options": {"fn": "sum"},
+                                      "inputs": [tensor(x)]}, msgid=777)
+            c.wait(mid)
+            b = c.call("buffer.create", {"size": 4096})["buffer"]
+            c.call("buffer.free", {"buffer": b})
+            # root keeps the cpu busy: its running op as status shows it here
+            seen = None
+            end = time.monotonic() + TIMEOUT
+            while seen is None and time.monotonic() < end:
+                for dev in c.call("status")["devices"]:
+                    if dev["id"] == "cpu:0" and dev["running_op"] is not None:
+                        seen = dev["running_op"]
+            os.write(to_parent_w, b"s")        # root may stop its gemms
+            mets = c.call("metrics", {})
+            st = c.call("status")
+            os.read(to_child_r, 1)             # SIGTERM sent: the trace is answered
+            c.sock.settimeout(TIMEOUT)
+            raw, msg = b"", None
+            unp = msgpack.Unpacker(raw=False)
+            while msg is None:                 # the raw bytes, to search them
+                data = c.sock.recv(1 << 16)
+                check(data, "the trace is answered before the connection closes")
+                raw += data
+                unp.feed(data)
+                for m in unp:
+                    if m[0] == 1 and m[1] == tr:
+                        msg = m
+            os.write(to_parent_w, msgpack.packb(
+                {"trace": msg, "raw": raw, "seen": seen, "metrics": mets,
+                 "status_devices": [x["id"] for x in st["devices"]]}, use_bin_type=True))
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(to_child_r)
+    os.close(to_parent_w)
+    check(os.read(to_parent_r, 1) == b"t", "the child sent its trace")
+    deadline = time.monotonic() + TIMEOUT
+    while traces() != 2:
+        check(time.monotonic() < deadline, "nobody's trace did not start")
+        time.sleep(0.01)
+    mid = rw.send("buffer.create", {"size": 4096}, msgid=31337)
+    rb = rw.wait(mid)["buffer"]
+    X = (np.arange(8) + 1j).astype(np.complex64)
+    rw.wait(rw.send("task.run", {"op": "fft", "inputs": [tensor(X)]}, msgid=4242))
+    rw.call("buffer.free", {"buffer": rb})
+    os.write(to_child_w, b"g")
+    # gemms, two in flight, until the child saw one running (512^2: not
+    # small enough to run on the daemon's loop, where status would not see it)
+    A = np.random.default_rng(3).standard_normal((512, 512))
+    pending = []
+    k = 0
+    while True:
+        r, _, _ = select.select([to_parent_r], [], [], 0)
+        if r:
+            break
+        while len(pending) < 2:
+            k += 1
+            pending.append(rw.send("task.run", {"op": "gemm", "inputs": [tensor(A), tensor(A)]},
+                                   msgid=90000 + k))
+        rw.wait(pending.pop(0))
+    check(os.read(to_parent_r, 1) == b"s", "the child looked at status")
+    for m in pending:
+        rw.wait(m)
+    # root, admin, in the middle: everything in full
+    full_metrics = root.call("metrics", {})
+    d.proc.send_signal(signal.SIGTERM)
+    os.write(to_child_w, b"x")
+    data = b""
+    while True:
+        chunk = os.read(to_parent_r, 1 << 16)
+        if not chunk:
+            break
+        data += chunk
+    _, status = os.waitpid(pid, 0)
+    check(os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, "child ok")
+    got = msgpack.unpackb(data, raw=False)
+    admin_tr = root.wait(root_trace)
+    root.close()
+    rw.close()
+    check(d.proc.wait(TIMEOUT) == 0, "dspkd exits 0")
+
+    tr, raw = got["trace"], got["raw"]
+    check(tr[2] is None, "nobody's trace answered: %r" % (tr,))
+    tr = tr[3]
+    # devices: as status shows them to nobody (job 4712 has no GPU: the cpu)
+    check(tr["devices"] == got["status_devices"] == ["cpu:0"],
+          "nobody's trace devices are status's: %r, %r" % (tr["devices"], got["status_devices"]))
+    mine = [j for j in tr["jobs"] if j["kind"] != "other"]
+    others = [j for j in tr["jobs"] if j["kind"] == "other"]
+    check(any(j["msgid"] == 777 and j["name"] == "reduce" and j["job"] == 4712 and j["client"] > 0
+              for j in mine), "nobody sees its own task in full: %r" % mine)
+    check(any(j["kind"] == "buffer.free" for j in mine),
+          "nobody sees its own buffer's release: %r" % mine)
+    check(all(j["job"] in (4712, None) and j["msgid"] not in (4242, 31337) for j in mine),
+          "nothing of root's among nobody's own: %r" % mine)
+    check(len(others) >= 4, "root's work as anonymous intervals: %r" % others)
+    for j in others:
+        check(j["name"] == "other" and j["client"] == 0 and j["msgid"] == 0 and j["job"] is None
+              and j["error"] is None and j["queued_us"] == j["start_us"] <= j["end_us"]
+              and not any(k in j for k in ("upload_end_us", "compute_end_us", "tune_start_us",
+                                          "tune_end_us")) and j["device"] == "cpu:0",
+              "another user's job is anonymous: %r" % j)
+    for secret in (b"fft", b"gemm", b"root-secret-name"):
+        check(secret not in raw, "%r in nobody's trace answer" % secret)
+    # status: root's running gemm is "other", without its connection
+    check(got["seen"] == {"name": "other", "age_ms": got["seen"]["age_ms"]},
+          "root's running op as nobody sees it: %r" % got["seen"])
+    # metrics: its own job's series, and the devices status shows it
+    mets = got["metrics"]
+    check('job="4712"' in mets and 'job="4711"' not in mets,
+          "nobody's metrics: only its own job's series")
+    for dev in alldevs:
+        if dev not in got["status_devices"]:
+            check('device="%s"' % dev not in mets, "nobody's metrics leave %s out" % dev)
+    check('job="4711"' in full_metrics and 'job="4712"' in full_metrics,
+          "root's metrics: every job")
+    # the admin's trace: everything in full
+    names = {(j["msgid"], j["name"], j["job"]) for j in admin_tr["jobs"]}
+    check((4242, "fft", 4711) in names and (777, "reduce", 4712) in names and
+          (31337, "buffer.create", 4711) in names and
+          not any(j["kind"] == "other" for j in admin_tr["jobs"]),
+          "the admin's trace in full: %r" % sorted(names))
+    check(admin_tr["devices"] == alldevs, "the admin traces every device: %r" % alldevs)
+    print("obsprivacy: devices %s" % alldevs)
+
+
 def t_sockmode(exe, tmp):
     """The socket never exists with a mode other than 0660, even under umask
     0: an LD_PRELOAD shim records its mode after every bind and chmod."""
@@ -2112,6 +2284,154 @@ def t_idletrim(exe, tmp):
     d.stop()
 
 
+def retire_idle_on(d, dev):
+    """t_retireidle on one device of daemon d (started with --idle-trim 0)."""
+    mon = d.client()  # keeps a client connected: no idle trim before the end
+
+    def stats():
+        return [x for x in mon.call("status")["devices"] if x["id"] == dev][0]["stats"]
+
+    def metric(name):
+        text = mon.call("metrics", {})
+        m = re.search(r'^%s\{device="%s"\} (\d+)$' % (name, re.escape(dev)), text, re.M)
+        check(m, "%s of %s in the metrics" % (name, dev))
+        return int(m.group(1))
+
+    def settled(what):
+        # Polled against a deadline: the release happens on the runner, after
+        # the free's answer, with no job to follow it.
+        deadline = time.monotonic() + TIMEOUT
+        while True:
+            st = stats()
+            if st["pool_bytes_in_use"] == 0 and st["retire_in_flight"] == 0:
+                return st
+            check(time.monotonic() < deadline,
+                  "%s: the freed memory stays in use while %s is idle: %r" % (what, dev, st))
+            time.sleep(0.02)
+
+    base = stats()
+    check(base["pool_bytes_in_use"] == 0, "nothing in use at the start on %s: %r" % (dev, base))
+    for size in (64 << 20, 512, 0):
+        c = d.client()
+        b = c.call("buffer.create", {"device": dev, "size": size})["buffer"]
+        st = stats()
+        check(st["pool_bytes_in_use"] >= size and st["pool_bytes_in_use"] > 0,
+              "the %d-byte buffer is in use on %s: %r" % (size, dev, st))
+        c.call("buffer.free", {"buffer": b})
+        c.close()
+        st = settled("%d bytes" % size)
+        check(st["pool_bytes_cached"] >= size, "the freed block is cached on %s: %r" % (dev, st))
+        check(st["retire_released"] == st["retire_deferred"],
+              "every deferred release done on %s: %r" % (dev, st))
+        check(metric("dspk_memory_in_use_bytes") == 0, "metrics: nothing in use on " + dev)
+        check(metric("dspk_retire_in_flight") == 0, "metrics: nothing in flight on " + dev)
+    # A buffer read back (staging behind the copy) and written, then freed.
+    c = d.client()
+    b = c.call("buffer.create", {"device": dev, "size": 4096})["buffer"]
+    c.call("buffer.write", {"buffer": b, "data": bytes(range(256)) * 16})
+    got = c.call("buffer.read", {"buffer": b})["data"]
+    check(got == bytes(range(256)) * 16, "buffer.read on %s" % dev)
+    c.call("buffer.free", {"buffer": b})
+    c.close()
+    settled("after a write and a read")
+    # The idle trim: the runner logs it after status has the new counters
+    # (a trim ran already when the daemon's first client left).
+    line = "%s: idle: cached memory given back" % dev
+    trims = d.logtext().count(line)
+    mon.close()
+    deadline = time.monotonic() + TIMEOUT
+    while d.logtext().count(line) <= trims:
+        check(time.monotonic() < deadline, "no idle trim of %s after the last client left" % dev)
+        time.sleep(0.02)
+    mon = d.client()
+    st = stats()
+    check(st["pool_bytes_cached"] == 0 and st["pool_bytes_in_use"] == 0,
+          "the idle trim gave %s's cache back: %r" % (dev, st))
+    mon.close()
+
+
+def t_retireidle(exe, tmp):
+    """A device that retires memory behind fences releases a freed buffer
+    while it stays idle: with no further task, status and metrics reach
+    pool_bytes_in_use 0 and retire_in_flight 0 (the memory cached), for any
+    size, 0 included; once the last client has gone and idle_trim has
+    passed, the cache is given back too (pool_bytes_cached 0).  On vulkan:0
+    (lavapipe in CI) and on cuda:0 of the fake driver ($DSPK_TEST_FAKE_CUDA,
+    whose events complete only when waited for), each where present (hip:0
+    of the fake HIP runtime: t_retireidlehip).  And
+    on cpu:0, a block that answers were sent from (a task's result, a
+    buffer freed while its read was sent) leaves pool_bytes_in_use once the
+    answer is out, without a next job."""
+    ran = ["cpu:0"]
+    d = Daemon(exe, tmp, ["--backends", "cpu,vulkan", "--no-cache", "--idle-trim", "0"])
+    # cpu:0: blocks that answers are sent from (no copy: 64 KiB or more) are
+    # freed once the answer is out, not at the device's next job.
+    mon = d.client()
+
+    def cpu_in_use_zero(what):
+        deadline = time.monotonic() + TIMEOUT
+        while True:
+            st = [x for x in mon.call("status")["devices"] if x["id"] == "cpu:0"][0]["stats"]
+            if st["pool_bytes_in_use"] == 0:
+                return
+            check(time.monotonic() < deadline,
+                  "%s: cpu:0 keeps memory in use while idle: %r" % (what, st))
+            time.sleep(0.02)
+
+    X = np.random.default_rng(5).standard_normal(1 << 17).astype(np.complex64)
+    out = mon.call("task.run", {"op": "fft", "device": "cpu:0", "inputs": [tensor(X)]})
+    check(np.allclose(array(out["outputs"][0]), np.fft.fft(X), rtol=1e-3, atol=1e-2),
+          "fft of 2^17 on cpu:0")
+    cpu_in_use_zero("an fft's 1 MiB result sent from its block")
+    c = d.client()
+    b = c.call("buffer.create", {"device": "cpu:0", "size": 16 << 20})["buffer"]
+    rd = c.send("buffer.read", {"buffer": b})
+    fr = c.send("buffer.free", {"buffer": b})  # freed while its read is still sent
+    check(c.wait(rd)["data"] == bytes(16 << 20), "buffer.read of 16 MiB")
+    c.wait(fr)
+    c.close()
+    cpu_in_use_zero("a buffer freed while its read was sent from it")
+    mon.close()
+    c = d.client()
+    vk = [x["id"] for x in c.call("devices", {})["devices"] if x["backend"] == "vulkan"]
+    c.close()
+    if vk:
+        retire_idle_on(d, vk[0])
+        ran.append(vk[0])
+    d.stop()
+    fake = os.environ.get("DSPK_TEST_FAKE_CUDA")
+    if fake:
+        env = dict(os.environ, DSPK_CUDA_DRIVER=fake)
+        d = Daemon(exe, tmp, ["--backends", "cpu,cuda", "--no-cache", "--idle-trim", "0"],
+                   env=env)
+        c = d.client()
+        cu = "cuda:0" in [x["id"] for x in c.call("devices", {})["devices"]]
+        c.close()
+        if cu:
+            retire_idle_on(d, "cuda:0")
+            ran.append("cuda:0")
+        d.stop()
+    print("retireidle ran on", ", ".join(ran))
+
+
+def t_retireidlehip(exe, tmp):
+    """t_retireidle on hip:0 of the fake HIP runtime of tests/hip (its path
+    in DSPK_TEST_FAKEHIP; the group runs from tests/hip/CMakeLists.txt)."""
+    fake = os.environ.get("DSPK_TEST_FAKEHIP")
+    if not fake:
+        raise Skip("DSPK_TEST_FAKEHIP not set")
+    env = dict(os.environ, DSPK_HIP_RUNTIME=fake, FAKE_HIP_DEVICES="1")
+    d = Daemon(exe, tmp, ["--backends", "cpu,hip", "--no-cache", "--idle-trim", "0"], env=env)
+    c = d.client()
+    hip = "hip:0" in [x["id"] for x in c.call("devices", {})["devices"]]
+    c.close()
+    if not hip:
+        d.stop()
+        raise Skip("no hip:0 on the fake runtime:\n" + d.logtext()[-2000:])
+    retire_idle_on(d, "hip:0")
+    d.stop()
+
+
 def t_reuse(exe, tmp):
     """The socket path reuses its memory: writes and reads of many sizes
     (around the read buffer's and malloc's thresholds) come back byte for
@@ -2854,6 +3174,8 @@ GROUPS = {
     "inplace": t_inplace,
     "caps": t_caps,
     "idletrim": t_idletrim,
+    "retireidle": t_retireidle,
+    "retireidlehip": t_retireidlehip,
     "measureapart": t_measureapart,
     "zeroed": t_zeroed,
     "reuse": t_reuse,
@@ -2877,6 +3199,7 @@ GROUPS = {
     "wire": t_wire,
     "utf8": t_utf8,
     "privacy": t_privacy,
+    "obsprivacy": t_obsprivacy,
     "userunsent": t_userunsent,
     "sockmode": t_sockmode,
     "kernelfs": t_kernelfs,
