@@ -82,7 +82,8 @@ static int preamble(char *s, size_t n, dspk_dtype dt) {
  *  - sin and cos reduce y by pi/2 with Cody-Waite (three parts of pi/2, the
  *    first two exact in q) for |y| up to 6000 (f32) or 1e6 (f64), and above
  *    with Payne-Hanek on 32-bit integers (umulExtended) against a table of
- *    1280 bits of 2/pi, enough for any f64; the f32 path needs no f64;
+ *    1280 bits of 2/pi (enough for any f64) that main() loads into shared
+ *    memory first (b2pi_load); the f32 path needs no f64;
  *  - C99's special values (Annex G), as glibc's cexp, which numpy uses.
  * tests/vulkan/test_vk_exp.c measures the error against long double. */
 static const char EXP_GLSL[] =
@@ -175,75 +176,80 @@ static const char EXP_GLSL[] =
     "  return T(s, c);\n"
     "}\n"
     "#endif\n"
-    /* The bits of 2/pi, 32 a word, most significant first. */
-    "const uint TWO_PI_BITS[40] = uint[](\n"
-    "  0xa2f9836eu, 0x4e441529u, 0xfc2757d1u, 0xf534ddc0u, 0xdb629599u, 0x3c439041u,\n"
-    "  0xfe5163abu, 0xdebbc561u, 0xb7246e3au, 0x424dd2e0u, 0x06492eeau, 0x09d1921cu,\n"
-    "  0xfe1deb1cu, 0xb129a73eu, 0xe88235f5u, 0x2ebb4484u, 0xe99c7026u, 0xb45f7e41u,\n"
-    "  0x3991d639u, 0x835339f4u, 0x9c845f8bu, 0xbdf9283bu, 0x1ff897ffu, 0xde05980fu,\n"
-    "  0xef2f118bu, 0x5a0a6d1fu, 0x6d367ecfu, 0x27cb09b7u, 0x4f463f66u, 0x9e5fea2du,\n"
-    "  0x7527bac7u, 0xebe5f17bu, 0x3d0739f7u, 0x8a5292eau, 0x6bfb5fb1u, 0x1f8d5d08u,\n"
-    "  0x56033046u, 0xfc7b6babu, 0xf0cfbc20u, 0x9af4361du);\n"
+    /* The bits of 2/pi, 32 a word, most significant first, in shared memory: a
+     * constant array indexed by a variable costs a private copy per invocation on
+     * some drivers (lavapipe: ten times the kernel's time). b2pi_load() in main,
+     * before the loop, fills it. */
+    "shared uint B2PI[40];\n"
+    "void b2pi_load() {\n"
+    "  if (gl_LocalInvocationIndex == 0u) {\n"
+    "    B2PI[0] = 0xa2f9836eu; B2PI[1] = 0x4e441529u; B2PI[2] = 0xfc2757d1u; B2PI[3] = 0xf534ddc0u;\n"
+    "    B2PI[4] = 0xdb629599u; B2PI[5] = 0x3c439041u; B2PI[6] = 0xfe5163abu; B2PI[7] = 0xdebbc561u;\n"
+    "    B2PI[8] = 0xb7246e3au; B2PI[9] = 0x424dd2e0u; B2PI[10] = 0x06492eeau; B2PI[11] = 0x09d1921cu;\n"
+    "    B2PI[12] = 0xfe1deb1cu; B2PI[13] = 0xb129a73eu; B2PI[14] = 0xe88235f5u; B2PI[15] = 0x2ebb4484u;\n"
+    "    B2PI[16] = 0xe99c7026u; B2PI[17] = 0xb45f7e41u; B2PI[18] = 0x3991d639u; B2PI[19] = 0x835339f4u;\n"
+    "    B2PI[20] = 0x9c845f8bu; B2PI[21] = 0xbdf9283bu; B2PI[22] = 0x1ff897ffu; B2PI[23] = 0xde05980fu;\n"
+    "    B2PI[24] = 0xef2f118bu; B2PI[25] = 0x5a0a6d1fu; B2PI[26] = 0x6d367ecfu; B2PI[27] = 0x27cb09b7u;\n"
+    "    B2PI[28] = 0x4f463f66u; B2PI[29] = 0x9e5fea2du; B2PI[30] = 0x7527bac7u; B2PI[31] = 0xebe5f17bu;\n"
+    "    B2PI[32] = 0x3d0739f7u; B2PI[33] = 0x8a5292eau; B2PI[34] = 0x6bfb5fb1u; B2PI[35] = 0x1f8d5d08u;\n"
+    "    B2PI[36] = 0x56033046u; B2PI[37] = 0xfc7b6babu; B2PI[38] = 0xf0cfbc20u; B2PI[39] = 0x9af4361du;\n"
+    "  }\n"
+    "  barrier();\n"
+    "}\n"
     /* Payne-Hanek reduction of a = m 2^e (m = m1:m0 < 2^53, a >= 2^12): returns q
      * mod 4 and r (|r| <= pi/4) with a = q pi/2 + r + 2 pi n. The product of m by
      * 192 bits of 2/pi taken from where the bits above only add multiples of 4
-     * leaves an error under 2^-74 quadrant in r. */
+     * leaves an error under 2^-74 quadrant in r. Scalars only: arrays indexed in
+     * loops end in private memory on some drivers. MAC: (h:r) = w m + hin, h the
+     * next word's carry-in. */
+    "#define MAC(w, m, hin, r, h) { uint l_, c_; umulExtended(w, m, h, l_); r = uaddCarry(l_, hin, c_); h += c_; }\n"
+    /* ADC: r = a + b + c, c the carry out (0 or 1). */
+    "#define ADC(a, b, r, c) { uint c1_, c2_; r = uaddCarry(a, b, c1_); r = uaddCarry(r, c, c2_); c = c1_ + c2_; }\n"
+    /* Word k of (x shifted left by s bits, 0 <= s < 32), x_k and x_(k-1) given. */
+    "#define SHL(xk, xk1, s) (((xk) << (s)) | (((xk1) >> 1) >> (31 - (s))))\n"
+    "uint b2pi(int j) { return j >= 0 ? B2PI[j] : 0u; }\n"
     "int reduce_big(uint m1, uint m0, int e, out R r) {\n"
     "  int j0 = (e - 2) >> 5, sh = e - 32 * j0;\n"
-    "  uint w[6], p[8], m[2] = uint[](m0, m1);\n"
-    "  for (int i = 0; i < 6; i++) {\n"
-    "    int j = j0 + 5 - i;\n"
-    "    w[i] = j >= 0 ? TWO_PI_BITS[j] : 0u;\n"
-    "  }\n"
-    "  for (int i = 0; i < 8; i++) p[i] = 0u;\n"
-    "  for (int i = 0; i < 6; i++) {\n"
-    "    uint carry = 0u;\n"
-    "    for (int j = 0; j < 2; j++) {\n"
-    "      uint hi, lo, c1, c2;\n"
-    "      umulExtended(w[i], m[j], hi, lo);\n"
-    "      uint t = uaddCarry(p[i + j], lo, c1);\n"
-    "      p[i + j] = uaddCarry(t, carry, c2);\n"
-    "      carry = hi + c1 + c2;\n"
-    "    }\n"
-    "    p[i + 2] = carry;\n"
-    "  }\n"
-    /* p 2^(sh - 192): shift left by sh (2..33) to put the point at bit 192. */
-    "  if (sh >= 32) {\n"
-    "    for (int i = 7; i > 0; i--) p[i] = p[i - 1];\n"
-    "    p[0] = 0u;\n"
-    "    sh -= 32;\n"
-    "  }\n"
-    "  if (sh > 0) {\n"
-    "    for (int i = 7; i > 0; i--) p[i] = (p[i] << sh) | (p[i - 1] >> (32 - sh));\n"
-    "    p[0] <<= sh;\n"
-    "  }\n"
-    "  int q = int(p[6] & 3u);\n"
-    "  uint f[4] = uint[](p[2], p[3], p[4], p[5]);\n"
-    "  bool neg = (f[3] & 0x80000000u) != 0u;\n"
-    "  if (neg) { // round to the nearest quadrant: f - 1\n"
+    "  uint w0 = b2pi(j0 + 5), w1 = b2pi(j0 + 4), w2 = b2pi(j0 + 3), w3 = b2pi(j0 + 2),\n"
+    "       w4 = b2pi(j0 + 1), w5 = b2pi(j0);\n"
+    /* a = m0 w, b = m1 w (7 words each), p = a + b 2^32 (8 words). */
+    "  uint a0, a1, a2, a3, a4, a5, a6, b0, b1, b2, b3, b4, b5, b6;\n"
+    "  MAC(w0, m0, 0u, a0, a1) MAC(w1, m0, a1, a1, a2) MAC(w2, m0, a2, a2, a3)\n"
+    "  MAC(w3, m0, a3, a3, a4) MAC(w4, m0, a4, a4, a5) MAC(w5, m0, a5, a5, a6)\n"
+    "  MAC(w0, m1, 0u, b0, b1) MAC(w1, m1, b1, b1, b2) MAC(w2, m1, b2, b2, b3)\n"
+    "  MAC(w3, m1, b3, b3, b4) MAC(w4, m1, b4, b4, b5) MAC(w5, m1, b5, b5, b6)\n"
+    "  uint c = 0u, p1, p2, p3, p4, p5, p6;\n"
+    "  ADC(a1, b0, p1, c) ADC(a2, b1, p2, c) ADC(a3, b2, p3, c)\n"
+    "  ADC(a4, b3, p4, c) ADC(a5, b4, p5, c) ADC(a6, b5, p6, c)\n"
+    /* p 2^(sh - 192): shift left by sh (2..33) puts the point at bit 192; words
+     * 2..6 of the result are enough. */
+    "  bool ws = sh >= 32;\n"
+    "  int s = sh & 31;\n"
+    "  uint u1 = ws ? a0 : p1, u2 = ws ? p1 : p2, u3 = ws ? p2 : p3, u4 = ws ? p3 : p4,\n"
+    "       u5 = ws ? p4 : p5, u6 = ws ? p5 : p6;\n"
+    "  int q = int(SHL(u6, u5, s) & 3u);\n"
+    "  uint f3 = SHL(u5, u4, s), f2 = SHL(u4, u3, s), f1 = SHL(u3, u2, s), f0 = SHL(u2, u1, s);\n"
+    "  bool neg = (f3 & 0x80000000u) != 0u;\n"
+    "  if (neg) { // round to the nearest quadrant: the fraction minus 1\n"
     "    q++;\n"
-    "    uint c = 1u;\n"
-    "    for (int i = 0; i < 4; i++) f[i] = uaddCarry(~f[i], c, c);\n"
+    "    uint k = 1u;\n"
+    "    f0 = uaddCarry(~f0, k, k); f1 = uaddCarry(~f1, k, k);\n"
+    "    f2 = uaddCarry(~f2, k, k); f3 = ~f3 + k;\n"
     "  }\n"
     /* Normalize the 128-bit fraction, then multiply its top 64 bits by pi/2 2^62
      * (the integer 0x6487ed5110b4611a): r = that 2^(-62-lz). */
     "  int lz = 0;\n"
-    "  for (int i = 0; i < 2 && f[3] == 0u; i++) {\n"
-    "    f[3] = f[2]; f[2] = f[1]; f[1] = f[0]; f[0] = 0u;\n"
-    "    lz += 32;\n"
-    "  }\n"
-    "  if (f[3] == 0u) { r = R(0); return q & 3; }\n"
-    "  int b = 31 - findMSB(f[3]);\n"
-    "  if (b > 0) {\n"
-    "    f[3] = (f[3] << b) | (f[2] >> (32 - b));\n"
-    "    f[2] = (f[2] << b) | (f[1] >> (32 - b));\n"
-    "    lz += b;\n"
-    "  }\n"
+    "  if (f3 == 0u) { f3 = f2; f2 = f1; f1 = f0; f0 = 0u; lz = 32; }\n"
+    "  if (f3 == 0u) { f3 = f2; f2 = f1; f1 = 0u; lz = 64; }\n"
+    "  if (f3 == 0u) { r = R(0); return q & 3; }\n"
+    "  int bz = 31 - findMSB(f3);\n"
+    "  uint n1 = SHL(f3, f2, bz), n0 = SHL(f2, f1, bz);\n"
+    "  lz += bz;\n"
     "  uint h00, l00, h01, l01, h10, l10, h11, l11, ca, cb, cc, cd, ce;\n"
-    "  umulExtended(f[2], 0x10b4611au, h00, l00);\n"
-    "  umulExtended(f[2], 0x6487ed51u, h01, l01);\n"
-    "  umulExtended(f[3], 0x10b4611au, h10, l10);\n"
-    "  umulExtended(f[3], 0x6487ed51u, h11, l11);\n"
+    "  umulExtended(n0, 0x10b4611au, h00, l00);\n"
+    "  umulExtended(n0, 0x6487ed51u, h01, l01);\n"
+    "  umulExtended(n1, 0x10b4611au, h10, l10);\n"
+    "  umulExtended(n1, 0x6487ed51u, h11, l11);\n"
     "  uint t1 = uaddCarry(h00, l01, ca);\n"
     "  t1 = uaddCarry(t1, l10, cb);\n"
     "  uint t2 = uaddCarry(h01, h10, cc);\n"
@@ -410,7 +416,7 @@ int dspk__vk_map(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *c
   int64_t n = dspk__tensor_numel(&op->in[0]);
   if (r || (r = too_big(n, ctx, "map")))
     return r;
-  int bin = op->nin == 2;
+  int bin = op->nin == 2, is_exp = op->u.map.fn == DSPK_MAP_EXP;
   const char *expr;
   switch (op->u.map.fn) {
   case DSPK_MAP_ADD: expr = "a[pc.oa+i] + b[pc.ob+i]"; break;
@@ -433,14 +439,14 @@ int dspk__vk_map(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *c
               "%s"
               "layout(std430, binding = %d) buffer BO { %s o[]; };\n"
               "layout(push_constant) uniform PC { uint n, oa, ob, oo; R alpha; } pc;\n"
-              "void main() {\n"
+              "void main() {\n%s"
               "  uint stride = gl_NumWorkGroups.x * %du;\n"
               "  for (uint i = gl_GlobalInvocationID.x; i < pc.n; i += stride)\n"
               "    o[pc.oo+i] = %s;\n}\n",
-              op->u.map.fn == DSPK_MAP_EXP ? EXP_GLSL : "",
+              is_exp ? EXP_GLSL : "",
               bin ? "layout(std430, binding = 1) buffer BB { T b[]; };\n" : "", bin ? 2 : 1,
               op->u.map.fn == DSPK_MAP_ABS ? (is_dbl(dt) ? "double" : "float") : "T",
-              DSPK__VK_WG, expr);
+              is_exp && is_cplx(dt) ? "  b2pi_load();\n" : "", DSPK__VK_WG, expr);
   if (r)
     return r;
   struct {
