@@ -81,11 +81,13 @@ static int preamble(char *s, size_t n, dspk_dtype dt) {
  *    once;
  *  - sin and cos reduce y by pi/2 with Cody-Waite (three parts of pi/2, the
  *    first two exact in q) for |y| up to 6000 (f32) or 1e6 (f64), and above
- *    with Payne-Hanek on 32-bit integers (umulExtended) against a table of
- *    1280 bits of 2/pi (enough for any f64) that main() loads into shared
- *    memory first (b2pi_load); the f32 path needs no f64;
+ *    with Payne-Hanek on 32-bit integers (umulExtended) against 1280 bits of
+ *    2/pi (enough for any f64); the f32 path needs no f64;
  *  - C99's special values (Annex G), as glibc's cexp, which numpy uses.
- * tests/vulkan/test_vk_exp.c measures the error against long double. */
+ * tests/vulkan/test_vk_exp.c measures the error against long double.  A GPU
+ * skips the Payne-Hanek branch where a subgroup has no large argument;
+ * lavapipe runs both sides of every branch, so there complex exp takes two
+ * to three times as long as it did with GLSL's exp, sin and cos. */
 static const char EXP_GLSL[] =
     "#if DBL\n"
     "double pow2(int k) { return packDouble2x32(uvec2(0u, uint(k + 1023) << 20)); }\n"
@@ -176,51 +178,92 @@ static const char EXP_GLSL[] =
     "  return T(s, c);\n"
     "}\n"
     "#endif\n"
-    /* The bits of 2/pi, 32 a word, most significant first, in shared memory: a
-     * constant array indexed by a variable costs a private copy per invocation on
-     * some drivers (lavapipe: ten times the kernel's time). b2pi_load() in main,
-     * before the loop, fills it. */
-    "shared uint B2PI[40];\n"
-    "void b2pi_load() {\n"
-    "  if (gl_LocalInvocationIndex == 0u) {\n"
-    "    B2PI[0] = 0xa2f9836eu; B2PI[1] = 0x4e441529u; B2PI[2] = 0xfc2757d1u; B2PI[3] = 0xf534ddc0u;\n"
-    "    B2PI[4] = 0xdb629599u; B2PI[5] = 0x3c439041u; B2PI[6] = 0xfe5163abu; B2PI[7] = 0xdebbc561u;\n"
-    "    B2PI[8] = 0xb7246e3au; B2PI[9] = 0x424dd2e0u; B2PI[10] = 0x06492eeau; B2PI[11] = 0x09d1921cu;\n"
-    "    B2PI[12] = 0xfe1deb1cu; B2PI[13] = 0xb129a73eu; B2PI[14] = 0xe88235f5u; B2PI[15] = 0x2ebb4484u;\n"
-    "    B2PI[16] = 0xe99c7026u; B2PI[17] = 0xb45f7e41u; B2PI[18] = 0x3991d639u; B2PI[19] = 0x835339f4u;\n"
-    "    B2PI[20] = 0x9c845f8bu; B2PI[21] = 0xbdf9283bu; B2PI[22] = 0x1ff897ffu; B2PI[23] = 0xde05980fu;\n"
-    "    B2PI[24] = 0xef2f118bu; B2PI[25] = 0x5a0a6d1fu; B2PI[26] = 0x6d367ecfu; B2PI[27] = 0x27cb09b7u;\n"
-    "    B2PI[28] = 0x4f463f66u; B2PI[29] = 0x9e5fea2du; B2PI[30] = 0x7527bac7u; B2PI[31] = 0xebe5f17bu;\n"
-    "    B2PI[32] = 0x3d0739f7u; B2PI[33] = 0x8a5292eau; B2PI[34] = 0x6bfb5fb1u; B2PI[35] = 0x1f8d5d08u;\n"
-    "    B2PI[36] = 0x56033046u; B2PI[37] = 0xfc7b6babu; B2PI[38] = 0xf0cfbc20u; B2PI[39] = 0x9af4361du;\n"
-    "  }\n"
-    "  barrier();\n"
+    /* Word j of the bits of 2/pi (32 a word, most significant first; 0 for j < 0)
+     * from a tree of selects: a constant array indexed by a variable costs a
+     * private copy per invocation on some drivers, a table in shared memory a
+     * barrier, and a switch an if-chain, which lavapipe all makes costly (several
+     * times the whole kernel's time there). */
+    "uint b2pi(int j) {\n"
+    "  if (j < 0) return 0u;\n"
+    "  return\n"
+    "#if DBL\n"
+    "    (j < 20\n"
+    "      ? (j < 10\n"
+    "        ? (j < 5\n"
+    "          ? (j < 2\n"
+    "            ? (j < 1 ? 0xa2f9836eu : 0x4e441529u)\n"
+    "            : (j < 3 ? 0xfc2757d1u : (j < 4 ? 0xf534ddc0u : 0xdb629599u)))\n"
+    "          : (j < 7\n"
+    "            ? (j < 6 ? 0x3c439041u : 0xfe5163abu)\n"
+    "            : (j < 8 ? 0xdebbc561u : (j < 9 ? 0xb7246e3au : 0x424dd2e0u))))\n"
+    "        : (j < 15\n"
+    "          ? (j < 12\n"
+    "            ? (j < 11 ? 0x06492eeau : 0x09d1921cu)\n"
+    "            : (j < 13 ? 0xfe1deb1cu : (j < 14 ? 0xb129a73eu : 0xe88235f5u)))\n"
+    "          : (j < 17\n"
+    "            ? (j < 16 ? 0x2ebb4484u : 0xe99c7026u)\n"
+    "            : (j < 18 ? 0xb45f7e41u : (j < 19 ? 0x3991d639u : 0x835339f4u)))))\n"
+    "      : (j < 30\n"
+    "        ? (j < 25\n"
+    "          ? (j < 22\n"
+    "            ? (j < 21 ? 0x9c845f8bu : 0xbdf9283bu)\n"
+    "            : (j < 23 ? 0x1ff897ffu : (j < 24 ? 0xde05980fu : 0xef2f118bu)))\n"
+    "          : (j < 27\n"
+    "            ? (j < 26 ? 0x5a0a6d1fu : 0x6d367ecfu)\n"
+    "            : (j < 28 ? 0x27cb09b7u : (j < 29 ? 0x4f463f66u : 0x9e5fea2du))))\n"
+    "        : (j < 35\n"
+    "          ? (j < 32\n"
+    "            ? (j < 31 ? 0x7527bac7u : 0xebe5f17bu)\n"
+    "            : (j < 33 ? 0x3d0739f7u : (j < 34 ? 0x8a5292eau : 0x6bfb5fb1u)))\n"
+    "          : (j < 37\n"
+    "            ? (j < 36 ? 0x1f8d5d08u : 0x56033046u)\n"
+    "            : (j < 38 ? 0xfc7b6babu : (j < 39 ? 0xf0cfbc20u : 0x9af4361du))))));\n"
+    "#else  // f32 needs words 0 to 6\n"
+    "    (j < 3\n"
+    "      ? (j < 1 ? 0xa2f9836eu : (j < 2 ? 0x4e441529u : 0xfc2757d1u))\n"
+    "      : (j < 5\n"
+    "        ? (j < 4 ? 0xf534ddc0u : 0xdb629599u)\n"
+    "        : (j < 6 ? 0x3c439041u : 0xfe5163abu)));\n"
+    "#endif\n"
     "}\n"
     /* Payne-Hanek reduction of a = m 2^e (m = m1:m0 < 2^53, a >= 2^12): returns q
      * mod 4 and r (|r| <= pi/4) with a = q pi/2 + r + 2 pi n. The product of m by
-     * 192 bits of 2/pi taken from where the bits above only add multiples of 4
-     * leaves an error under 2^-74 quadrant in r. Scalars only: arrays indexed in
-     * loops end in private memory on some drivers. MAC: (h:r) = w m + hin, h the
-     * next word's carry-in. */
-    "#define MAC(w, m, hin, r, h) { uint l_, c_; umulExtended(w, m, h, l_); r = uaddCarry(l_, hin, c_); h += c_; }\n"
-    /* ADC: r = a + b + c, c the carry out (0 or 1). */
-    "#define ADC(a, b, r, c) { uint c1_, c2_; r = uaddCarry(a, b, c1_); r = uaddCarry(r, c, c2_); c = c1_ + c2_; }\n"
+     * 192 bits of 2/pi (128 for f32) taken from where the bits above only add
+     * multiples of 4 leaves an error under 2^-71 quadrant in r. Scalars only:
+     * arrays indexed in loops end in private memory on some drivers. mac: (h:r) = w
+     * m + hin, h the next word's carry-in. */
+    "void mac(uint w, uint m, uint hin, out uint r, out uint h) {\n"
+    "  uint l, c;\n"
+    "  umulExtended(w, m, h, l);\n"
+    "  r = uaddCarry(l, hin, c);\n"
+    "  h += c;\n"
+    "}\n"
+    /* adc: r = a + b + c, c then the carry out (0 or 1). */
+    "void adc(uint a, uint b, out uint r, inout uint c) {\n"
+    "  uint c1, c2;\n"
+    "  r = uaddCarry(a, b, c1);\n"
+    "  r = uaddCarry(r, c, c2);\n"
+    "  c = c1 + c2;\n"
+    "}\n"
     /* Word k of (x shifted left by s bits, 0 <= s < 32), x_k and x_(k-1) given. */
     "#define SHL(xk, xk1, s) (((xk) << (s)) | (((xk1) >> 1) >> (31 - (s))))\n"
-    "uint b2pi(int j) { return j >= 0 ? B2PI[j] : 0u; }\n"
     "int reduce_big(uint m1, uint m0, int e, out R r) {\n"
     "  int j0 = (e - 2) >> 5, sh = e - 32 * j0;\n"
-    "  uint w0 = b2pi(j0 + 5), w1 = b2pi(j0 + 4), w2 = b2pi(j0 + 3), w3 = b2pi(j0 + 2),\n"
-    "       w4 = b2pi(j0 + 1), w5 = b2pi(j0);\n"
+    "#if DBL\n"
+    "  uint w0 = b2pi(j0 + 5), w1 = b2pi(j0 + 4);\n"
+    "#else\n"
+    "  uint w0 = 0u, w1 = 0u;  // m < 2^24\n"
+    "#endif\n"
+    "  uint w2 = b2pi(j0 + 3), w3 = b2pi(j0 + 2), w4 = b2pi(j0 + 1), w5 = b2pi(j0);\n"
     /* a = m0 w, b = m1 w (7 words each), p = a + b 2^32 (8 words). */
     "  uint a0, a1, a2, a3, a4, a5, a6, b0, b1, b2, b3, b4, b5, b6;\n"
-    "  MAC(w0, m0, 0u, a0, a1) MAC(w1, m0, a1, a1, a2) MAC(w2, m0, a2, a2, a3)\n"
-    "  MAC(w3, m0, a3, a3, a4) MAC(w4, m0, a4, a4, a5) MAC(w5, m0, a5, a5, a6)\n"
-    "  MAC(w0, m1, 0u, b0, b1) MAC(w1, m1, b1, b1, b2) MAC(w2, m1, b2, b2, b3)\n"
-    "  MAC(w3, m1, b3, b3, b4) MAC(w4, m1, b4, b4, b5) MAC(w5, m1, b5, b5, b6)\n"
+    "  mac(w0, m0, 0u, a0, a1); mac(w1, m0, a1, a1, a2); mac(w2, m0, a2, a2, a3);\n"
+    "  mac(w3, m0, a3, a3, a4); mac(w4, m0, a4, a4, a5); mac(w5, m0, a5, a5, a6);\n"
+    "  mac(w0, m1, 0u, b0, b1); mac(w1, m1, b1, b1, b2); mac(w2, m1, b2, b2, b3);\n"
+    "  mac(w3, m1, b3, b3, b4); mac(w4, m1, b4, b4, b5); mac(w5, m1, b5, b5, b6);\n"
     "  uint c = 0u, p1, p2, p3, p4, p5, p6;\n"
-    "  ADC(a1, b0, p1, c) ADC(a2, b1, p2, c) ADC(a3, b2, p3, c)\n"
-    "  ADC(a4, b3, p4, c) ADC(a5, b4, p5, c) ADC(a6, b5, p6, c)\n"
+    "  adc(a1, b0, p1, c); adc(a2, b1, p2, c); adc(a3, b2, p3, c);\n"
+    "  adc(a4, b3, p4, c); adc(a5, b4, p5, c); adc(a6, b5, p6, c);\n"
     /* p 2^(sh - 192): shift left by sh (2..33) puts the point at bit 192; words
      * 2..6 of the result are enough. */
     "  bool ws = sh >= 32;\n"
@@ -257,9 +300,9 @@ static const char EXP_GLSL[] =
     "  t2 = uaddCarry(t2, ca + cb, ce);\n"
     "  uint t3 = h11 + cc + cd + ce;\n"
     "#if DBL\n"
-    "  r = ldexp(double(t3) * 4294967296.0LF + double(t2), -62 - lz);\n"
+    "  r = (double(t3) * 4294967296.0LF + double(t2)) * pow2(-62 - lz);\n"
     "#else\n"
-    "  r = ldexp(float(t3), -30 - lz);\n"
+    "  r = float(t3) * pow2(-30 - lz);\n"
     "#endif\n"
     "  if (neg) r = -r;\n"
     "  return q & 3;\n"
@@ -317,16 +360,15 @@ static const char EXP_GLSL[] =
     "T cexp_(T z) {\n"
     "  R x = z.x, y = z.y;\n"
     "  if (y == R(0)) return T(rexp(x), y);\n"
+    "  T sc = sincos_r(y);  // once: lavapipe runs both sides of a branch\n"
     "  if (isinf(x)) {\n"
     "    if (isinf(y) || isnan(y)) return x < R(0) ? T(R(0), csign(R(0), y)) : T(x, NAN);\n"
-    "    T sc = sincos_r(y);\n"
     "    R v = x < R(0) ? R(0) : x;\n"
     "    return T(csign(v, sc.y), csign(v, sc.x));\n"
     "  }\n"
     "  if (isnan(x) || isnan(y) || isinf(y)) return T(NAN);\n"
     "  int k;\n"
     "  R s = exp_red(clamp(x, XLO, XHI), k);\n"
-    "  T sc = sincos_r(y);\n"
     "  return T(mulscale(s, sc.y, k), mulscale(s, sc.x, k));\n"
     "}\n"
     "#endif\n";
@@ -439,14 +481,14 @@ int dspk__vk_map(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *c
               "%s"
               "layout(std430, binding = %d) buffer BO { %s o[]; };\n"
               "layout(push_constant) uniform PC { uint n, oa, ob, oo; R alpha; } pc;\n"
-              "void main() {\n%s"
+              "void main() {\n"
               "  uint stride = gl_NumWorkGroups.x * %du;\n"
               "  for (uint i = gl_GlobalInvocationID.x; i < pc.n; i += stride)\n"
               "    o[pc.oo+i] = %s;\n}\n",
               is_exp ? EXP_GLSL : "",
               bin ? "layout(std430, binding = 1) buffer BB { T b[]; };\n" : "", bin ? 2 : 1,
               op->u.map.fn == DSPK_MAP_ABS ? (is_dbl(dt) ? "double" : "float") : "T",
-              is_exp && is_cplx(dt) ? "  b2pi_load();\n" : "", DSPK__VK_WG, expr);
+              DSPK__VK_WG, expr);
   if (r)
     return r;
   struct {

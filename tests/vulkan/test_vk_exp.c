@@ -8,8 +8,8 @@
  * does not, results in the subnormal range (f32 and f64 exp, complex), and
  * the special-value table with the signs of zeros and infinities.
  *
- * The errors measured are printed; the bounds asserted are those that
- * docs/protocol.md states for map's exp.  An error is measured as
+ * The errors measured are printed (docs/protocol.md states them, measured
+ * on lavapipe); the bounds asserted are a little above.  An error is
  * max(|got - want| - denorm_min, 0) / |want| per component and for the
  * modulus (so a subnormal result may be off by one unit of the smallest
  * subnormal), and per component relative to the component itself where it is
