@@ -133,6 +133,13 @@ static void errs_add(struct errs *e, long double wr, long double wi, long double
     e->comp = (double)(di / fabsl(wi));
 }
 
+/* v, or the infinity of its sign where v rounds to one in f32 (f) or f64
+ * (casting would be undefined behaviour). */
+static long double round_inf(long double v, int f) {
+  long double lim = f ? 0x1.ffffffp+127L : 0x1.fffffffffffff8p+1023L;
+  return fabsl(v) >= lim ? copysignl(INFINITY, v) : v;
+}
+
 /* Checks a batch of n complex values z (pairs in dtype dt) on device k
  * against cexpl; what = the batch's name for the messages. */
 static void cplx_batch(int k, dspk_dtype dt, const long double *z, int64_t n,
@@ -157,8 +164,7 @@ static void cplx_batch(int k, dspk_dtype dt, const long double *z, int64_t n,
     long double gi = f ? ((float *)out)[2 * i + 1] : ((double *)out)[2 * i + 1];
     /* Where the reference rounds to an infinity in the dtype, want that. */
     long double wr = creall(w), wi = cimagl(w);
-    long double rr = f ? (long double)(float)wr : (long double)(double)wr;
-    long double ri = f ? (long double)(float)wi : (long double)(double)wi;
+    long double rr = round_inf(wr, f), ri = round_inf(wi, f);
     if (isinf(rr) || isinf(ri)) {
       if ((isinf(rr) && gr != rr) || (isinf(ri) && gi != ri))
         fail_msg("%s %s %s: exp(%Lg%+Lgi) = %Lg%+Lgi, want %Lg%+Lgi", DEV[k].name,
