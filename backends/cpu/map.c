@@ -5,6 +5,7 @@
  * chunks.  Complex values are interleaved (re, im) pairs, multiplied by hand
  * (C's complex multiply calls a NaN-checking helper per element).
  */
+#include <complex.h>
 #include <math.h>
 
 #include "backends/cpu/cpu.h"
@@ -29,8 +30,10 @@
     }                                                                          \
   }
 
-/* Complex loops over n elements (2n values); abs writes n reals. */
-#define DEFINE_CPLX(NAME, R, EXP, SIN, COS, HYPOT)                             \
+/* Complex loops over n elements (2n values); abs writes n reals.  exp is
+ * C's cexp: glibc's handles C99's special values (Annex G) and reduces any
+ * finite imaginary part exactly, as numpy's exp does. */
+#define DEFINE_CPLX(NAME, R, CEXP, CMPLX, HYPOT)                               \
   static void NAME(dspk_mapfn fn, R alpha, const R *a, const R *b, R *o,       \
                    int64_t n) {                                                \
     switch (fn) {                                                              \
@@ -52,9 +55,9 @@
       break;                                                                   \
     case DSPK_MAP_EXP:                                                         \
       for (int64_t i = 0; i < n; i++) {                                        \
-        R m = EXP(a[2 * i]), t = a[2 * i + 1];                                 \
-        o[2 * i] = m * COS(t);                                                 \
-        o[2 * i + 1] = m * SIN(t);                                             \
+        R complex w = CEXP(CMPLX(a[2 * i], a[2 * i + 1]));                     \
+        o[2 * i] = creal(w);                                                   \
+        o[2 * i + 1] = cimag(w);                                               \
       }                                                                        \
       break;                                                                   \
     default: break;                                                            \
@@ -63,8 +66,8 @@
 
 DEFINE_REAL(map_f32, float, expf, fabsf)
 DEFINE_REAL(map_f64, double, exp, fabs)
-DEFINE_CPLX(map_c64, float, expf, sinf, cosf, hypotf)
-DEFINE_CPLX(map_c128, double, exp, sin, cos, hypot)
+DEFINE_CPLX(map_c64, float, cexpf, CMPLXF, hypotf)
+DEFINE_CPLX(map_c128, double, cexp, CMPLX, hypot)
 
 int dspk__cpu_map(struct dspk__dev *dev, struct dspk__op *op,
                   struct dspk__opctx *ctx) {

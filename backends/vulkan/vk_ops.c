@@ -5,8 +5,8 @@
  * generated per dtype and function, and raw kernels (GLSL source or SPIR-V)
  * with buffer bindings and push constants.  Also the op dispatcher.
  *
- * Generated kernels share one preamble (types and complex helpers, and exp,
- * sin and cos in double precision, which GLSL lacks) and take every element
+ * Generated kernels share one preamble (types and complex helpers; map's
+ * exp adds its own exp, sin and cos: EXP_GLSL) and take every element
  * offset as a push constant, so tensors may start anywhere their element
  * size allows.  map's loop is grid-stride, so any size fits in the
  * dispatch limits (at most DSPK__VK_MAX_GROUPS workgroups); reduce and fir
@@ -67,34 +67,312 @@ static int preamble(char *s, size_t n, dspk_dtype dt) {
       "  if (!(m > R(0))) return x + y;\n"
       "  R u = x / m, v = y / m;\n"
       "  return m * sqrt(u*u + v*v);\n}\n"
-      "#endif\n"
-      "#if DBL\n"
-      /* exp: 2^k * exp(r), |r| <= ln2/2, Taylor to degree 13. */
-      "double dexp(double x) {\n"
-      "  if (x > 709.0) return double(uintBitsToFloat(0x7f800000u));\n"
-      "  if (x < -745.0) return 0.0LF;\n"
-      "  double k = floor(x * 1.4426950408889634LF + 0.5LF);\n"
-      "  double r = x - k * 0.6931471805599453LF - k * 2.3190468138462996e-17LF;\n"
-      "  double t = 1.0LF, s = 1.0LF;\n"
-      "  for (int i = 1; i <= 13; i++) { t *= r / double(i); s += t; }\n"
-      "  int ki = int(k);\n"
-      "  return ldexp(ldexp(s, ki / 2), ki - ki / 2);\n}\n"
-      /* sin/cos: x = q*pi/2 + r, |r| <= pi/4, Taylor series. */
-      "dvec2 dsincos(double x) {\n"
-      "  double q = floor(x * 0.6366197723675814LF + 0.5LF);\n"
-      "  double r = (x - q * 1.5707963267948966LF) - q * 6.123233995736766e-17LF;\n"
-      "  double r2 = r * r, s = r, c = 1.0LF, ts = r, tc = 1.0LF;\n"
-      "  for (int i = 1; i <= 11; i++) {\n"
-      "    ts *= -r2 / double((2*i) * (2*i+1)); s += ts;\n"
-      "    tc *= -r2 / double((2*i-1) * (2*i)); c += tc; }\n"
-      "  int qi = int(mod(q, 4.0LF));\n"
-      "  if (qi == 0) return dvec2(s, c);\n"
-      "  if (qi == 1) return dvec2(c, -s);\n"
-      "  if (qi == 2) return dvec2(-s, -c);\n"
-      "  return dvec2(-c, s);\n}\n"
       "#endif\n",
       DSPK__VK_WG, T, R, is_cplx(dt), is_dbl(dt));
 }
+
+/* exp for map, appended to its kernel's preamble (R the real type, T the
+ * element type): rexp(x) of a real, cexp_(z) of a complex.  GLSL's own exp,
+ * sin and cos are unfit: Vulkan bounds their error only loosely (sin and cos
+ * only on [-pi, pi]), lavapipe's f32 exp flushes subnormal results to zero,
+ * and GLSL has none in double.  So everything is arithmetic and integer
+ * operations, which Vulkan rounds correctly:
+ *  - exp(x) = s 2^k, s a polynomial on |r| <= ln2/2, 2^k applied in three
+ *    power-of-two factors so that subnormal and overflowing results round
+ *    once;
+ *  - sin and cos reduce y by pi/2 with Cody-Waite (three parts of pi/2, the
+ *    first two exact in q) for |y| up to 6000 (f32) or 1e6 (f64), and above
+ *    with Payne-Hanek on 32-bit integers (umulExtended) against 1280 bits of
+ *    2/pi (enough for any f64); the f32 path needs no f64;
+ *  - C99's special values (Annex G), as glibc's cexp, which numpy uses.
+ * tests/vulkan/test_vk_exp.c measures the error against long double.  A GPU
+ * skips the Payne-Hanek branch where a subgroup has no large argument;
+ * lavapipe runs both sides of every branch, so there complex exp takes two
+ * to three times as long as it did with GLSL's exp, sin and cos. */
+static const char EXP_GLSL[] =
+    "#if DBL\n"
+    "double pow2(int k) { return packDouble2x32(uvec2(0u, uint(k + 1023) << 20)); }\n"
+    "R csign(R a, R b) {\n"
+    "  uvec2 u = unpackDouble2x32(a);\n"
+    "  u.y = (u.y & 0x7fffffffu) | (unpackDouble2x32(b).y & 0x80000000u);\n"
+    "  return packDouble2x32(u);\n"
+    "}\n"
+    "#else\n"
+    "float pow2(int k) { return uintBitsToFloat(uint(k + 127) << 23); }\n"
+    "R csign(R a, R b) {\n"
+    "  uint m = floatBitsToUint(b) & 0x80000000u;\n"
+    "  return uintBitsToFloat((floatBitsToUint(a) & 0x7fffffffu) | m);\n"
+    "}\n"
+    "#endif\n"
+    /* s 2^k with k split in three factors of k's sign, so that an intermediate
+     * overflows or goes subnormal only when the result does: one rounding. */
+    "R scale2(R s, int k) {\n"
+    "  int k1 = k / 3, k2 = (k - k1) / 2;\n"
+    "  precise R t = s * pow2(k1);\n"
+    "  t = t * pow2(k2);\n"
+    "  return t * pow2(k - k1 - k2);\n"
+    "}\n"
+    /* exp(x) = s 2^k with x = k ln2 + r, |r| <= ln2/2 (ln2's head has trailing
+     * zeros, so k ln2hi is exact): x finite and clamped to [XLO, XHI]. */
+    "#if DBL\n"
+    "#define XLO -800.0LF\n"
+    "#define XHI 1500.0LF\n"
+    "R exp_red(R x, out int k) {\n"
+    "  R kf = floor(x * 1.4426950408889634LF + 0.5LF);\n"
+    "  precise R r = (x - kf * 6.93147180369123816490e-01LF) - kf * 1.90821492927058770002e-10LF;\n"
+    "  k = int(kf);\n"
+    "  R p = 1.6059043836821613e-10LF;\n"
+    "  p = p * r + 2.0876756987868099e-09LF;\n"
+    "  p = p * r + 2.5052108385441720e-08LF;\n"
+    "  p = p * r + 2.7557319223985893e-07LF;\n"
+    "  p = p * r + 2.7557319223985888e-06LF;\n"
+    "  p = p * r + 2.4801587301587302e-05LF;\n"
+    "  p = p * r + 1.9841269841269841e-04LF;\n"
+    "  p = p * r + 1.3888888888888889e-03LF;\n"
+    "  p = p * r + 8.3333333333333332e-03LF;\n"
+    "  p = p * r + 4.1666666666666664e-02LF;\n"
+    "  p = p * r + 1.6666666666666666e-01LF;\n"
+    "  p = p * r + 0.5LF;\n"
+    "  return 1.0LF + (r + (r * r) * p);\n"
+    "}\n"
+    "#else\n"
+    "#define XLO -120.0\n"
+    "#define XHI 200.0\n"
+    "R exp_red(R x, out int k) {\n"
+    "  R kf = floor(x * 1.44269504 + 0.5);\n"
+    "  precise R r = (x - kf * 0.693359375) - kf * -2.12194440e-4;\n"
+    "  k = int(kf);\n"
+    "  R p = ((((1.9875691500e-4 * r + 1.3981999507e-3) * r + 8.3334519073e-3) * r\n"
+    "          + 4.1665795894e-2) * r + 1.6666665459e-1) * r + 5.0000001201e-1;\n"
+    "  return p * (r * r) + r + 1.0;\n"
+    "}\n"
+    "#endif\n"
+    "R rexp(R x) {\n"
+    "  if (isnan(x)) return x;\n"
+    "  int k;\n"
+    "  R s = exp_red(clamp(x, XLO, XHI), k);\n"
+    "  return scale2(s, k);\n"
+    "}\n"
+    "#if CPLX\n"
+    /* sin and cos of x, |x| <= pi/4 (a little more is harmless): minimax
+     * polynomials (fdlibm's for double, Cephes' for float). */
+    "#if DBL\n"
+    "T sincos_k(R x) {\n"
+    "  R z = x * x, w = z * z;\n"
+    "  R rs = 8.33333333332248946124e-03LF + z * (-1.98412698298579493134e-04LF\n"
+    "         + z * 2.75573137070700676789e-06LF) + z * w * (-2.50507602534068634195e-08LF\n"
+    "         + z * 1.58969099521155010221e-10LF);\n"
+    "  R s = x + (z * x) * (-1.66666666666666324348e-01LF + z * rs);\n"
+    "  R rc = z * (4.16666666666666019037e-02LF + z * (-1.38888888888741095749e-03LF\n"
+    "         + z * 2.48015872894767294178e-05LF)) + w * w * (-2.75573143513906633035e-07LF\n"
+    "         + z * (2.08757232129817482790e-09LF + z * -1.13596475577881948265e-11LF));\n"
+    "  precise R hz = 0.5LF * z, wc = 1.0LF - hz;\n"
+    "  precise R c = wc + (((1.0LF - wc) - hz) + z * rc);\n"
+    "  return T(s, c);\n"
+    "}\n"
+    "#else\n"
+    "T sincos_k(R x) {\n"
+    "  R z = x * x;\n"
+    "  R s = ((-1.9515295891e-4 * z + 8.3321608736e-3) * z - 1.6666654611e-1) * z * x + x;\n"
+    "  R c = ((2.443315711809948e-5 * z - 1.388731625493765e-3) * z + 4.166664568298827e-2)\n"
+    "        * z * z - 0.5 * z + 1.0;\n"
+    "  return T(s, c);\n"
+    "}\n"
+    "#endif\n"
+    /* Word j of the bits of 2/pi (32 a word, most significant first; 0 for j < 0)
+     * from a tree of selects: a constant array indexed by a variable costs a
+     * private copy per invocation on some drivers, a table in shared memory a
+     * barrier, and a switch an if-chain, which lavapipe all makes costly (several
+     * times the whole kernel's time there). */
+    "uint b2pi(int j) {\n"
+    "  if (j < 0) return 0u;\n"
+    "  return\n"
+    "#if DBL\n"
+    "    (j < 20\n"
+    "      ? (j < 10\n"
+    "        ? (j < 5\n"
+    "          ? (j < 2\n"
+    "            ? (j < 1 ? 0xa2f9836eu : 0x4e441529u)\n"
+    "            : (j < 3 ? 0xfc2757d1u : (j < 4 ? 0xf534ddc0u : 0xdb629599u)))\n"
+    "          : (j < 7\n"
+    "            ? (j < 6 ? 0x3c439041u : 0xfe5163abu)\n"
+    "            : (j < 8 ? 0xdebbc561u : (j < 9 ? 0xb7246e3au : 0x424dd2e0u))))\n"
+    "        : (j < 15\n"
+    "          ? (j < 12\n"
+    "            ? (j < 11 ? 0x06492eeau : 0x09d1921cu)\n"
+    "            : (j < 13 ? 0xfe1deb1cu : (j < 14 ? 0xb129a73eu : 0xe88235f5u)))\n"
+    "          : (j < 17\n"
+    "            ? (j < 16 ? 0x2ebb4484u : 0xe99c7026u)\n"
+    "            : (j < 18 ? 0xb45f7e41u : (j < 19 ? 0x3991d639u : 0x835339f4u)))))\n"
+    "      : (j < 30\n"
+    "        ? (j < 25\n"
+    "          ? (j < 22\n"
+    "            ? (j < 21 ? 0x9c845f8bu : 0xbdf9283bu)\n"
+    "            : (j < 23 ? 0x1ff897ffu : (j < 24 ? 0xde05980fu : 0xef2f118bu)))\n"
+    "          : (j < 27\n"
+    "            ? (j < 26 ? 0x5a0a6d1fu : 0x6d367ecfu)\n"
+    "            : (j < 28 ? 0x27cb09b7u : (j < 29 ? 0x4f463f66u : 0x9e5fea2du))))\n"
+    "        : (j < 35\n"
+    "          ? (j < 32\n"
+    "            ? (j < 31 ? 0x7527bac7u : 0xebe5f17bu)\n"
+    "            : (j < 33 ? 0x3d0739f7u : (j < 34 ? 0x8a5292eau : 0x6bfb5fb1u)))\n"
+    "          : (j < 37\n"
+    "            ? (j < 36 ? 0x1f8d5d08u : 0x56033046u)\n"
+    "            : (j < 38 ? 0xfc7b6babu : (j < 39 ? 0xf0cfbc20u : 0x9af4361du))))));\n"
+    "#else  // f32 needs words 0 to 6\n"
+    "    (j < 3\n"
+    "      ? (j < 1 ? 0xa2f9836eu : (j < 2 ? 0x4e441529u : 0xfc2757d1u))\n"
+    "      : (j < 5\n"
+    "        ? (j < 4 ? 0xf534ddc0u : 0xdb629599u)\n"
+    "        : (j < 6 ? 0x3c439041u : 0xfe5163abu)));\n"
+    "#endif\n"
+    "}\n"
+    /* Payne-Hanek reduction of a = m 2^e (m = m1:m0 < 2^53, a >= 2^12): returns q
+     * mod 4 and r (|r| <= pi/4) with a = q pi/2 + r + 2 pi n. The product of m by
+     * 192 bits of 2/pi (128 for f32) taken from where the bits above only add
+     * multiples of 4 leaves an error under 2^-71 quadrant in r. Scalars only:
+     * arrays indexed in loops end in private memory on some drivers. mac: (h:r) = w
+     * m + hin, h the next word's carry-in. */
+    "void mac(uint w, uint m, uint hin, out uint r, out uint h) {\n"
+    "  uint l, c;\n"
+    "  umulExtended(w, m, h, l);\n"
+    "  r = uaddCarry(l, hin, c);\n"
+    "  h += c;\n"
+    "}\n"
+    /* adc: r = a + b + c, c then the carry out (0 or 1). */
+    "void adc(uint a, uint b, out uint r, inout uint c) {\n"
+    "  uint c1, c2;\n"
+    "  r = uaddCarry(a, b, c1);\n"
+    "  r = uaddCarry(r, c, c2);\n"
+    "  c = c1 + c2;\n"
+    "}\n"
+    /* Word k of (x shifted left by s bits, 0 <= s < 32), x_k and x_(k-1) given. */
+    "#define SHL(xk, xk1, s) (((xk) << (s)) | (((xk1) >> 1) >> (31 - (s))))\n"
+    "int reduce_big(uint m1, uint m0, int e, out R r) {\n"
+    "  int j0 = (e - 2) >> 5, sh = e - 32 * j0;\n"
+    "#if DBL\n"
+    "  uint w0 = b2pi(j0 + 5), w1 = b2pi(j0 + 4);\n"
+    "#else\n"
+    "  uint w0 = 0u, w1 = 0u;  // m < 2^24\n"
+    "#endif\n"
+    "  uint w2 = b2pi(j0 + 3), w3 = b2pi(j0 + 2), w4 = b2pi(j0 + 1), w5 = b2pi(j0);\n"
+    /* a = m0 w, b = m1 w (7 words each), p = a + b 2^32 (8 words). */
+    "  uint a0, a1, a2, a3, a4, a5, a6, b0, b1, b2, b3, b4, b5, b6;\n"
+    "  mac(w0, m0, 0u, a0, a1); mac(w1, m0, a1, a1, a2); mac(w2, m0, a2, a2, a3);\n"
+    "  mac(w3, m0, a3, a3, a4); mac(w4, m0, a4, a4, a5); mac(w5, m0, a5, a5, a6);\n"
+    "  mac(w0, m1, 0u, b0, b1); mac(w1, m1, b1, b1, b2); mac(w2, m1, b2, b2, b3);\n"
+    "  mac(w3, m1, b3, b3, b4); mac(w4, m1, b4, b4, b5); mac(w5, m1, b5, b5, b6);\n"
+    "  uint c = 0u, p1, p2, p3, p4, p5, p6;\n"
+    "  adc(a1, b0, p1, c); adc(a2, b1, p2, c); adc(a3, b2, p3, c);\n"
+    "  adc(a4, b3, p4, c); adc(a5, b4, p5, c); adc(a6, b5, p6, c);\n"
+    /* p 2^(sh - 192): shift left by sh (2..33) puts the point at bit 192; words
+     * 2..6 of the result are enough. */
+    "  bool ws = sh >= 32;\n"
+    "  int s = sh & 31;\n"
+    "  uint u1 = ws ? a0 : p1, u2 = ws ? p1 : p2, u3 = ws ? p2 : p3, u4 = ws ? p3 : p4,\n"
+    "       u5 = ws ? p4 : p5, u6 = ws ? p5 : p6;\n"
+    "  int q = int(SHL(u6, u5, s) & 3u);\n"
+    "  uint f3 = SHL(u5, u4, s), f2 = SHL(u4, u3, s), f1 = SHL(u3, u2, s), f0 = SHL(u2, u1, s);\n"
+    "  bool neg = (f3 & 0x80000000u) != 0u;\n"
+    "  if (neg) { // round to the nearest quadrant: the fraction minus 1\n"
+    "    q++;\n"
+    "    uint k = 1u;\n"
+    "    f0 = uaddCarry(~f0, k, k); f1 = uaddCarry(~f1, k, k);\n"
+    "    f2 = uaddCarry(~f2, k, k); f3 = ~f3 + k;\n"
+    "  }\n"
+    /* Normalize the 128-bit fraction, then multiply its top 64 bits by pi/2 2^62
+     * (the integer 0x6487ed5110b4611a): r = that 2^(-62-lz). */
+    "  int lz = 0;\n"
+    "  if (f3 == 0u) { f3 = f2; f2 = f1; f1 = f0; f0 = 0u; lz = 32; }\n"
+    "  if (f3 == 0u) { f3 = f2; f2 = f1; f1 = 0u; lz = 64; }\n"
+    "  if (f3 == 0u) { r = R(0); return q & 3; }\n"
+    "  int bz = 31 - findMSB(f3);\n"
+    "  uint n1 = SHL(f3, f2, bz), n0 = SHL(f2, f1, bz);\n"
+    "  lz += bz;\n"
+    "  uint h00, l00, h01, l01, h10, l10, h11, l11, ca, cb, cc, cd, ce;\n"
+    "  umulExtended(n0, 0x10b4611au, h00, l00);\n"
+    "  umulExtended(n0, 0x6487ed51u, h01, l01);\n"
+    "  umulExtended(n1, 0x10b4611au, h10, l10);\n"
+    "  umulExtended(n1, 0x6487ed51u, h11, l11);\n"
+    "  uint t1 = uaddCarry(h00, l01, ca);\n"
+    "  t1 = uaddCarry(t1, l10, cb);\n"
+    "  uint t2 = uaddCarry(h01, h10, cc);\n"
+    "  t2 = uaddCarry(t2, l11, cd);\n"
+    "  t2 = uaddCarry(t2, ca + cb, ce);\n"
+    "  uint t3 = h11 + cc + cd + ce;\n"
+    "#if DBL\n"
+    "  r = (double(t3) * 4294967296.0LF + double(t2)) * pow2(-62 - lz);\n"
+    "#else\n"
+    "  r = float(t3) * pow2(-30 - lz);\n"
+    "#endif\n"
+    "  if (neg) r = -r;\n"
+    "  return q & 3;\n"
+    "}\n"
+    /* (sin y, cos y) for finite y: Cody-Waite reduction by pi/2 in three parts (the
+     * first two exact in q up to MEDIUM), Payne-Hanek above. */
+    "#if DBL\n"
+    "#define MEDIUM 1.0e6LF\n"
+    "#else\n"
+    "#define MEDIUM 6000.0\n"
+    "#endif\n"
+    "T sincos_r(R y) {\n"
+    "  int q;\n"
+    "  precise R r;\n"
+    "  if (abs(y) <= MEDIUM) {\n"
+    "#if DBL\n"
+    "    R qf = floor(y * 0.63661977236758134LF + 0.5LF);\n"
+    "    r = ((y - qf * 1.57079632673412561417LF) - qf * 6.07710050630396597660e-11LF)\n"
+    "        - qf * 2.02226624879595063154e-21LF;\n"
+    "#else\n"
+    "    R qf = floor(y * 0.63661977 + 0.5);\n"
+    "    r = ((y - qf * 1.57080078125) - qf * -4.45358455181121826171875e-6)\n"
+    "        - qf * -8.705516e-10;\n"
+    "#endif\n"
+    "    q = int(qf);\n"
+    "  } else {\n"
+    "#if DBL\n"
+    "    uvec2 u = unpackDouble2x32(abs(y));\n"
+    "    q = reduce_big((u.y & 0xfffffu) | 0x100000u, u.x, int(u.y >> 20) - 1075, r);\n"
+    "#else\n"
+    "    uint u = floatBitsToUint(abs(y));\n"
+    "    q = reduce_big(0u, (u & 0x7fffffu) | 0x800000u, int(u >> 23) - 150, r);\n"
+    "#endif\n"
+    "    if (y < R(0)) { q = -q; r = -r; }\n"
+    "  }\n"
+    "  T sc = sincos_k(r);\n"
+    "  switch (q & 3) {\n"
+    "  case 0: return sc;\n"
+    "  case 1: return T(sc.y, -sc.x);\n"
+    "  case 2: return -sc;\n"
+    "  default: return T(-sc.y, sc.x);\n"
+    "  }\n"
+    "}\n"
+    /* s c 2^k rounded once: a tiny c (sin of a tiny y) is scaled up first. */
+    "R mulscale(R s, R c, int k) {\n"
+    "#if DBL\n"
+    "  if (abs(c) < pow2(-500)) { c *= pow2(550); k -= 550; }\n"
+    "#else\n"
+    "  if (abs(c) < pow2(-60)) { c *= pow2(64); k -= 64; }\n"
+    "#endif\n"
+    "  return scale2(s * c, k);\n"
+    "}\n"
+    "#define NAN R(uintBitsToFloat(0x7fc00000u))\n"
+    /* exp of a complex, with C99's (Annex G) special values, as glibc's cexp. */
+    "T cexp_(T z) {\n"
+    "  R x = z.x, y = z.y;\n"
+    "  if (y == R(0)) return T(rexp(x), y);\n"
+    "  T sc = sincos_r(y);  // once: lavapipe runs both sides of a branch\n"
+    "  if (isinf(x)) {\n"
+    "    if (isinf(y) || isnan(y)) return x < R(0) ? T(R(0), csign(R(0), y)) : T(x, NAN);\n"
+    "    R v = x < R(0) ? R(0) : x;\n"
+    "    return T(csign(v, sc.y), csign(v, sc.x));\n"
+    "  }\n"
+    "  if (isnan(x) || isnan(y) || isinf(y)) return T(NAN);\n"
+    "  int k;\n"
+    "  R s = exp_red(clamp(x, XLO, XHI), k);\n"
+    "  return T(mulscale(s, sc.y, k), mulscale(s, sc.x, k));\n"
+    "}\n"
+    "#endif\n";
 
 static uint32_t groups_for(uint64_t n, uint32_t per) {
   uint64_t g = (n + per - 1) / per;
@@ -159,12 +437,14 @@ static int prepare(struct dspk__dev *d, struct dspk__opctx *ctx, struct ready *k
 static int prepare(struct dspk__dev *d, struct dspk__opctx *ctx, struct ready *k,
                    const char *name, dspk_dtype dt, const struct dspk__tensor *const *t,
                    int nb, size_t pclen, const char *fmt, ...) {
-  char src[8192];
+  char src[16384];
   int n = preamble(src, sizeof src, dt), r;
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(src + n, sizeof src - n, fmt, ap);
+  int m = vsnprintf(src + n, sizeof src - n, fmt, ap);
   va_end(ap);
+  if (m < 0 || (size_t)m >= sizeof src - n)
+    return dspk__vk_fail(ctx, DSPK_EINTERNAL, "%s: kernel source too long", name);
   k->nb = nb;
   if ((r = dspk__vk_kernel(d, name, src, NULL, 0, "main", nb, pclen, &k->kern, ctx)))
     return r;
@@ -179,7 +459,7 @@ int dspk__vk_map(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *c
   int64_t n = dspk__tensor_numel(&op->in[0]);
   if (r || (r = too_big(n, ctx, "map")))
     return r;
-  int bin = op->nin == 2;
+  int bin = op->nin == 2, is_exp = op->u.map.fn == DSPK_MAP_EXP;
   const char *expr;
   switch (op->u.map.fn) {
   case DSPK_MAP_ADD: expr = "a[pc.oa+i] + b[pc.ob+i]"; break;
@@ -189,10 +469,7 @@ int dspk__vk_map(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *c
   case DSPK_MAP_AXPY: expr = "pc.alpha * a[pc.oa+i] + b[pc.ob+i]"; break;
   case DSPK_MAP_ABS: expr = is_cplx(dt) ? "cabs(a[pc.oa+i])" : "abs(a[pc.oa+i])"; break;
   case DSPK_MAP_EXP:
-    expr = dt == DSPK_F32    ? "exp(a[pc.oa+i])"
-           : dt == DSPK_F64  ? "dexp(a[pc.oa+i])"
-           : dt == DSPK_C64  ? "exp(a[pc.oa+i].x) * vec2(cos(a[pc.oa+i].y), sin(a[pc.oa+i].y))"
-                             : "dexp(a[pc.oa+i].x) * dsincos(a[pc.oa+i].y).yx";
+    expr = is_cplx(dt) ? "cexp_(a[pc.oa+i])" : "rexp(a[pc.oa+i])";
     break;
   default: return dspk__vk_fail(ctx, DSPK_ENOTSUP, "map: unknown function");
   }
@@ -200,6 +477,7 @@ int dspk__vk_map(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *c
                                      &op->out[0]};
   struct ready kr;
   r = prepare(d, ctx, &kr, "map", dt, t, bin ? 3 : 2, 24,
+              "%s"
               "layout(std430, binding = 0) buffer BA { T a[]; };\n"
               "%s"
               "layout(std430, binding = %d) buffer BO { %s o[]; };\n"
@@ -208,6 +486,7 @@ int dspk__vk_map(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *c
               "  uint stride = gl_NumWorkGroups.x * %du;\n"
               "  for (uint i = gl_GlobalInvocationID.x; i < pc.n; i += stride)\n"
               "    o[pc.oo+i] = %s;\n}\n",
+              is_exp ? EXP_GLSL : "",
               bin ? "layout(std430, binding = 1) buffer BB { T b[]; };\n" : "", bin ? 2 : 1,
               op->u.map.fn == DSPK_MAP_ABS ? (is_dbl(dt) ? "double" : "float") : "T",
               DSPK__VK_WG, expr);
