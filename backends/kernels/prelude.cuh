@@ -47,9 +47,32 @@ __device__ inline dspk_c128 dspk_scale(dspk_c128 a, double s) {
 __device__ inline double dspk_abs(double a) { return fabs(a); }
 __device__ inline double dspk_abs(dspk_c128 a) { return hypot(a.x, a.y); }
 __device__ inline double dspk_exp(double a) { return exp(a); }
+/* exp(x + iy) with C99's special values (Annex G, as C's cexp and numpy's
+ * exp): y = +-0 gives exp(x) + iy (so exp(inf+0i) is inf+0i, not inf*0 =
+ * nan); an infinite or NaN y gives inf+i nan at x = +inf, 0 + i0 (y's sign)
+ * at x = -inf, and nan+i nan otherwise; exp(x) beyond double's range is
+ * applied in two halves, so exp(x)*cos(y) stays finite where it is. */
 __device__ inline dspk_c128 dspk_exp(dspk_c128 a) {
-  double m = exp(a.x);
-  dspk_c128 r; r.x = m * cos(a.y); r.y = m * sin(a.y); return r;
+  double x = a.x, y = a.y;
+  dspk_c128 r;
+  if (y == 0.0) { r.x = exp(x); r.y = y; return r; }
+  if (y - y != 0.0) { /* y infinite or NaN */
+    double nan = y - y;
+    if (x - x != 0.0 && x == x) { /* x infinite */
+      if (x > 0.0) { r.x = x; r.y = nan; }
+      else { r.x = 0.0; r.y = copysign(0.0, y); }
+    } else {
+      r.x = nan; r.y = nan;
+    }
+    return r;
+  }
+  double c = cos(y), s = sin(y);
+  if (x > 709.0) {
+    double h = exp(0.5 * x);
+    r.x = (h * c) * h; r.y = (h * s) * h; return r;
+  }
+  double m = exp(x);
+  r.x = m * c; r.y = m * s; return r;
 }
 /* max/min are only asked of real data; the complex forms compare real parts
  * so every dtype compiles. */

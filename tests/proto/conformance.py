@@ -1443,6 +1443,43 @@ def nan_extremes(env):
                                   "options": {"fn": "abs"}})
             check(same(get(r["outputs"][0]), want), "%s abs of %s: %r, numpy %r"
                   % (dev, cplx(fmt, pairs)["dtype"], get(r["outputs"][0]), want))
+        # exp of a complex: C99's special values (as numpy's exp), a large imaginary
+        # part reduced exactly, and exp(x) beyond the range with a small cos(y)
+        for fmt, get in (("f", vals32), ("d", vals64)):
+            pairs = [(0, 0), (inf, 0), (-inf, 0), (nan, 0), (inf, 1), (-inf, 2), (1, inf),
+                     (1, nan), (nan, 1), (inf, nan), (-inf, inf), (1, 1e30), (-1, 3e7)]
+            if fmt == "d":
+                pairs += [(1, 1e300), (709.9, math.pi / 2)]
+            # the values as sent (f32-rounded for c64)
+            sent = [struct.unpack("<2" + fmt, struct.pack("<2" + fmt, *v)) for v in pairs]
+            want = []
+            for xr, yi in sent:
+                if yi == 0:
+                    want += [math.exp(xr) if not math.isinf(xr) or xr > 0 else 0.0, yi]
+                elif math.isinf(yi) or math.isnan(yi):
+                    want += [inf, nan] if xr == inf else [0.0, 0.0] if xr == -inf else [nan, nan]
+                elif math.isnan(xr):
+                    want += [nan, nan]
+                elif math.isinf(xr):
+                    want += [xr * math.cos(yi), xr * math.sin(yi)] if xr > 0 else [0.0, 0.0]
+                else:
+                    h = math.exp(xr / 2)
+                    want += [h * math.cos(yi) * h, h * math.sin(yi) * h]
+            if fmt == "f":  # the f32 result of the exact value
+                want = [v if math.isnan(v) else math.copysign(inf, v)
+                        if abs(v) >= 3.4028235677973366e38
+                        else struct.unpack("<f", struct.pack("<f", v))[0] for v in want]
+            r = c.ok("task.run", {"op": "map", "device": dev, "inputs": [cplx(fmt, pairs)],
+                                  "options": {"fn": "exp"}})
+            got = get(r["outputs"][0])
+            tol = 1e-6 if fmt == "f" else 1e-13
+            for i, (xr, yi) in enumerate(sent):
+                g, w = got[2 * i:2 * i + 2], want[2 * i:2 * i + 2]
+                mod = max([abs(v) for v in w if math.isfinite(v)] or [0.0])
+                ok = all((math.isnan(a) and math.isnan(b)) or a == b or
+                         (not math.isinf(b) and abs(a - b) <= tol * mod) for a, b in zip(g, w))
+                check(ok, "%s exp(%r%+rj) as %s: %r, C99/numpy %r"
+                      % (dev, xr, yi, cplx(fmt, pairs)["dtype"], g, w))
     still_open(c)
 
 
