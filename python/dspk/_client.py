@@ -226,6 +226,9 @@ def connect(socket: Union[str, bytes, "os.PathLike[str]", None] = None, *,
         dspk.ConnectError: no daemon listens there.
         dspk.InvalidArgument: a parameter of another type, timeout <= 0, or a socket
             path or name holding a NUL character.
+        dspk.LimitExceeded, dspk.PermissionDenied: the daemon refused the connection
+            (max_clients or max_user_clients; allow_users/allow_groups), with its
+            reason.
 
     A client belongs to the process that connected: in a child of fork() its calls
     raise dspk.Closed, and the child's close() and exit leave the parent's connection
