@@ -115,5 +115,3 @@ void dspkd_linger_stop(void) {
   while (lingering)
     linger_end(lingering);
 }
-
-size_t dspkd_linger_count(void) { return nlinger; }

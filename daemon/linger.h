@@ -27,7 +27,4 @@ void dspkd_linger(uv_loop_t *loop, int fd);
 /* The stop: every lingering socket is closed now, and no more linger. */
 void dspkd_linger_stop(void);
 
-/* How many sockets linger now (tests). */
-size_t dspkd_linger_count(void);
-
 #endif /* DSPKD_LINGER_H */
