@@ -1,6 +1,7 @@
 """Defects of an outside probe: an out= view too small for the result, close() while
 another thread waits to send, a client used after fork(), a staged kernel tensor with
-device="any", a result beyond max_elements, and NUL characters in paths and names."""
+device="any", a result beyond max_elements, NUL characters in paths and names, and a
+refused connection that lost the daemon's reason (protocol.error) to EPIPE or ECONNRESET."""
 from __future__ import annotations
 
 import os
@@ -446,6 +447,36 @@ def test_the_notice_is_read_after_a_failed_send(tmp_path):
     finally:
         t.join()
         srv.close()
+
+
+def test_the_daemon_reads_a_refused_clients_hello_before_it_closes():
+    """The daemon's side alone, on a raw socket: the hello sent at once after connecting
+    is taken (never EPIPE: the daemon closed first), and the notice is followed by a
+    clean end of stream (never ECONNRESET: the daemon closed with the hello unread)."""
+    import msgpack
+    import socket
+    d = Daemon(["--max-user-clients", "1"])
+    hello = msgpack.packb([0, 1, "hello", [{"version": 1, "client": "raw"}]])
+    try:
+        with dspk.connect(d.socket, timeout=TIMEOUT):
+            for _ in range(50):
+                with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                    s.settimeout(TIMEOUT)
+                    s.connect(d.socket)
+                    s.sendall(hello)
+                    got = b""
+                    while True:
+                        b = s.recv(4096)
+                        if not b:
+                            break
+                        got += b
+                    u = msgpack.Unpacker(raw=False)
+                    u.feed(got)
+                    msgs = list(u)
+                    assert len(msgs) == 1 and msgs[0][:2] == [2, "protocol.error"] and \
+                        msgs[0][2][0]["name"] == "ELIMIT", msgs
+    finally:
+        d.stop()
 
 
 def test_a_flood_of_refused_connects_holds_few_descriptors():
