@@ -6,7 +6,8 @@
  * frames (refused by the scanner, nothing allocated from their counts),
  * a protocol.error notice before the close (also when the client's send
  * fails first), a close in the middle of a frame, answers to unknown
- * msgids, progress notifications, and malformed task results.  Every failure must be a clear code, never a hang or crash.
+ * msgids, progress notifications, and malformed task results.  Every
+ * failure must be a clear code, never a hang or crash.
  */
 #include <pthread.h>
 #include <setjmp.h>
