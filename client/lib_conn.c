@@ -229,6 +229,7 @@ uint32_t dspk__next_id(dspk_client *c) {
 /* ---- sending ------------------------------------------------------------ */
 
 static int fill(dspk_client *c, bool dontwait, int64_t deadline);
+static int notice_salvage(dspk_client *c);
 
 int dspk__send(dspk_client *c, struct dspk__wbuf *w, uint32_t msgid) {
   return dspk__send_fd(c, w, msgid, -1);
@@ -422,7 +423,9 @@ int dspk__send_fd(dspk_client *c, struct dspk__wbuf *w, uint32_t msgid, int fd) 
       int e = errno;
       int code = (e == EPIPE || e == ECONNRESET) ? DSPK_ECLOSED : DSPK_EIO;
       epipe = e == EPIPE;
-      rc = mark_broken(c, dspk__cerr(c, code, "sending to the daemon: %s", strerror(e)));
+      /* The daemon closed: the reason it sent first, if it did, is queued. */
+      if (code != DSPK_ECLOSED || (rc = notice_salvage(c)) == 0)
+        rc = mark_broken(c, dspk__cerr(c, code, "sending to the daemon: %s", strerror(e)));
       goto out;
     }
     fd = -1; /* sent */
@@ -488,10 +491,14 @@ static int fill(dspk_client *c, bool dontwait, int64_t deadline) {
     return 0;
   if (n < 0) {
     int e = errno;
-    return mark_broken(c, dspk__cerr(c, recv_code(e), "reading from the daemon: "
-                                     "%s", strerror(e)));
+    int rc = e == ECONNRESET ? notice_salvage(c) : 0;
+    return rc ? rc : mark_broken(c, dspk__cerr(c, recv_code(e), "reading from the daemon: "
+                                               "%s", strerror(e)));
   }
   if (n == 0) {
+    int rc = notice_salvage(c); /* one read but not yet looked at (a send's wait) */
+    if (rc)
+      return rc;
     if (c->broken) /* protocol.error came first: keep its reason */
       return dspk__cerr(c, c->broken_code, "%s", c->broken_why);
     return mark_broken(c, dspk__cerr(c, DSPK_ECLOSED,
@@ -737,6 +744,60 @@ static bool abandoned_answer(dspk_client *c, uint32_t msgid, const struct dspk__
     }
   }
   return true;
+}
+
+/* After a send failed with EPIPE or ECONNRESET, or a read with ECONNRESET:
+ * the daemon closed the connection, and may have said why just before (a
+ * protocol.error: a refusal at connect, a limit), which a send that failed
+ * first never read.  The bytes still queued on the socket are taken into
+ * rbuf (without waiting; the frames there stay for the waits) and each whole
+ * frame is looked at: a protocol.error becomes the connection's error, as
+ * handle_notify makes it.  Its code, or 0 when none came (or the connection
+ * was marked broken before). */
+static int notice_salvage(dspk_client *c) {
+  struct dspk__limits lim = c->lim;
+  char why[256];
+  size_t off = 0;
+
+  if (c->broken)
+    return 0;
+  for (int i = 0; i < 64; i++) { /* the socket's buffer is bounded: so is this */
+    ssize_t n;
+    if (c->rcap - c->rlen < RBUF_MIN / 4) {
+      size_t cap = c->rcap ? 2 * c->rcap : RBUF_MIN;
+      char *p = realloc(c->rbuf, cap);
+      if (!p)
+        break;
+      c->rbuf = p;
+      c->rcap = cap;
+    }
+    n = recv(c->fd, c->rbuf + c->rlen, c->rcap - c->rlen, MSG_DONTWAIT);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n <= 0)
+      break;
+    c->rlen += (size_t)n;
+  }
+  while (!c->broken && off < c->rlen) {
+    msgpack_unpacked up;
+    struct dspk__msg m;
+    size_t pos = 0;
+    ssize_t n;
+    /* A landed payload (land()) belongs to the first frame. */
+    lim.max_message = c->lim.max_message - (off == 0 && c->land ? c->land_len : 0);
+    n = dspk__frame_scan(c->rbuf + off, c->rlen - off, &lim, why, sizeof why);
+    if (n <= 0)
+      break;
+    msgpack_unpacked_init(&up);
+    if (msgpack_unpack_next(&up, c->rbuf + off, (size_t)n, &pos) == MSGPACK_UNPACK_SUCCESS &&
+        dspk__msg_parse(&up.data, &m, NULL, NULL, why, sizeof why) == 0 &&
+        m.type == DSPK__NOTIFY && m.method_len == 14 &&
+        memcmp(m.method, "protocol.error", 14) == 0)
+      handle_notify(c, &m);
+    msgpack_unpacked_destroy(&up);
+    off += (size_t)n;
+  }
+  return c->broken ? c->broken_code : 0;
 }
 
 /* Puts a landed payload back into the frame just unpacked into r, the one
@@ -1322,7 +1383,9 @@ DSPK_EXPORT int dspk_connect_timeout(const char *socket_path, const char *client
   }
   rc = dspk__call(c, "hello", pack_hello, &ha, &r);
   if (rc != 0) {
-    snprintf(connect_err, sizeof connect_err, "hello: %.480s", c->err);
+    /* A refusal (protocol.error) is the reason itself, not "no longer usable". */
+    snprintf(connect_err, sizeof connect_err, "hello: %.480s",
+             c->broken ? c->broken_why : c->err);
     goto err_socket;
   }
   {

@@ -35,6 +35,7 @@
 #include "daemon/admin.h"
 #include "daemon/dspkd.h"
 #include "daemon/sched.h"
+#include "daemon/linger.h"
 #include "daemon/log.h"
 #include "daemon/notify.h"
 
@@ -213,11 +214,14 @@ void dspkd_conn_send_error(struct conn *c, uint32_t msgid, int code, const char 
 }
 
 /* Sends [2, "protocol.error", [error]] as far as the socket takes it now,
- * then closes the connection: the client broke the protocol, so nothing
- * more is owed to it, and the daemon must not keep buffering for it. */
+ * then closes the connection: the client broke the protocol (or is refused),
+ * so nothing more is owed to it, and the daemon must not keep buffering for
+ * it.  A notice written whole lingers (daemon/linger.c): the socket stays
+ * open, its sending side shut, until the client has read it. */
 static void conn_protocol_error(struct conn *c, int code, const char *msg) {
   struct wreq *wr;
   size_t n;
+  uv_os_fd_t fd;
 
   dspkd_notice("client %llu (pid %ld): %s: %s; closing the connection",
              (unsigned long long)c->id, (long)c->pid, dspk__err_name(code), msg);
@@ -227,8 +231,10 @@ static void conn_protocol_error(struct conn *c, int code, const char *msg) {
   if (wr) {
     dspk__pack_notify_head(&wr->w.pk, "protocol.error");
     dspk__pack_error(&wr->w.pk, code, msg);
-    if (c->unsent == 0 && wreq_bufs(wr, &n) == 0)
-      (void)uv_try_write((uv_stream_t *)&c->pipe, wr->bufs, (unsigned)n);
+    if (c->unsent == 0 && wreq_bufs(wr, &n) == 0 &&
+        uv_try_write((uv_stream_t *)&c->pipe, wr->bufs, (unsigned)n) == (int)wr->len &&
+        uv_fileno((uv_handle_t *)&c->pipe, &fd) == 0)
+      dspkd_linger(c->d->loop, fd);
     dspkd_wreq_free(wr);
   }
   dspkd_conn_close(c, msg);
@@ -1116,6 +1122,7 @@ void dspkd_conn_refuse_buffered(struct conn *c) {
 /* The last step of the stop sequence (daemon/lifecycle.c): the transport's
  * own handles and memory. */
 void dspkd_conn_handles_close(struct dspkd *d) {
+  dspkd_linger_stop();
   chunk_free(spare_chunk); /* stopping: to pinned_left when registered */
   spare_chunk = NULL;
   while (pinned_left) {

@@ -34,7 +34,10 @@
  *  - The library never prints, never exits and installs no signal handlers;
  *    it sends with MSG_NOSIGNAL, so a daemon that goes away gives
  *    DSPK_ECLOSED rather than SIGPIPE (whether the stream ended or was
- *    reset); every later call on that client fails with the same code and
+ *    reset); where the daemon sent a protocol.error before closing, the
+ *    call gives that error's code and message instead ("daemon closed the
+ *    connection: " and the daemon's reason), also when it failed while
+ *    sending; every later call on that client fails with the same code and
  *    "connection is no longer usable: " and the first reason.
  */
 #ifndef DSPK_DSPK_H
@@ -92,7 +95,10 @@ DSPK_EXPORT int dspk_default_socket(char *buf, size_t buflen);
  * dspk_close().  Returns DSPK_EINVAL when out is NULL, DSPK_ELIMIT for a
  * socket_path longer than 107 bytes, DSPK_ECONNECT when nothing
  * listens there, DSPK_EVERSION when the daemon speaks another protocol
- * version, or another negative code.  The reason of a failure cannot be read
+ * version, the code of the daemon's refusal (DSPK_ELIMIT for max_clients
+ * and max_user_clients, DSPK_EPERM for allow_users and allow_groups: its
+ * protocol.error, whose message dspk_connect_error() gives after "hello: "),
+ * or another negative code.  The reason of a failure cannot be read
  * with dspk_last_error() (there is no client); dspk_connect_error() gives it.
  */
 DSPK_EXPORT int dspk_connect(const char *socket_path, const char *client_name,

@@ -226,6 +226,9 @@ def connect(socket: Union[str, bytes, "os.PathLike[str]", None] = None, *,
         dspk.ConnectError: no daemon listens there.
         dspk.InvalidArgument: a parameter of another type, timeout <= 0, or a socket
             path or name holding a NUL character.
+        dspk.LimitExceeded, dspk.PermissionDenied: the daemon refused the connection
+            (max_clients or max_user_clients; allow_users/allow_groups), with its
+            reason.
 
     A client belongs to the process that connected: in a child of fork() its calls
     raise dspk.Closed, and the child's close() and exit leave the parent's connection
@@ -947,8 +950,10 @@ class Client:
         except Error:
             raise  # dspk.Timeout is an OSError too (TimeoutError): not a lost socket
         except OSError as e:
-            self._connection_lost(_errors.Closed("connection to dspkd lost while "
-                                                 "sending: %s" % (e.strerror or e)))
+            # The daemon closed; the reason it sent first, if it did, is queued.
+            self._take_queued_notice()
+            self._connection_lost(self._protocol_error or _errors.Closed(
+                "connection to dspkd lost while sending: %s" % (e.strerror or e)))
             raise self._closed_error() from None
         except BaseException as e:
             if calling or 0 < sent < total:
@@ -956,6 +961,50 @@ class Client:
                     "a request was cut after %d of its %d bytes by %s; the connection "
                     "is closed" % (sent, total, type(e).__name__)))
             raise
+
+    def _take_queued_notice(self) -> None:
+        """After a send failed (EPIPE, ECONNRESET): the daemon closed the connection
+        and may have said why just before (a protocol.error: a refusal at connect, a
+        limit), which a send that failed first never read.  What is queued on the
+        socket is read without waiting and filed as any answer is, so the notice
+        sets _protocol_error.  When another thread reads the connection now, that
+        one files it: this waits (at most a second) until it has found the
+        connection closed."""
+        me = threading.get_ident()
+        with self._lock:
+            if self._reading and self._reader_ident != me:
+                deadline = time.monotonic() + 1.0
+                while self._closed is None and self._reading and \
+                        self._reader_ident != me:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return
+                    self._cond.wait(left)
+                if self._closed is not None:
+                    return
+            nested = self._reading
+            self._reading, self._reader_ident = True, me
+        ready: List[Tuple[Callable[..., Any], Tuple[Any, ...]]] = []
+        try:
+            for _ in range(64):  # the socket's buffer is bounded: so is this
+                if self._protocol_error is not None:
+                    break
+                try:
+                    n = self._sock.recv_into(self._rbuf, 0, _socket.MSG_DONTWAIT)
+                except OSError:  # nothing queued (BlockingIOError), or reset
+                    break
+                if n <= 0:
+                    break
+                try:
+                    self._file(n, ready)
+                except Exception:  # noqa: BLE001 - undecodable: no notice to find
+                    break
+        finally:
+            if not nested:
+                with self._lock:
+                    self._reading, self._reader_ident = False, 0
+                    self._cond.notify_all()
+        self._run_ready(ready)
 
     def _cut(self, err: Error) -> None:
         """The stream cannot carry another message: every pending call ends with
@@ -1220,9 +1269,9 @@ class Client:
             n = self._sock.recv_into(self._rbuf, 0, _socket.MSG_DONTWAIT)
         except (BlockingIOError, InterruptedError):
             return None
-        except OSError as e:
-            self._connection_lost(_errors.Closed("connection to dspkd lost: %s"
-                                                 % (e.strerror or e)))
+        except OSError as e:  # a reset: a protocol.error read before it still counts
+            self._connection_lost(self._protocol_error or _errors.Closed(
+                "connection to dspkd lost: %s" % (e.strerror or e)))
             return 0
         if n == 0:
             self._connection_lost(self._protocol_error or _errors.Closed(
@@ -1309,8 +1358,8 @@ class Client:
             try:
                 k = self._sock.recv_into(into[got:])
             except OSError as e:
-                self._connection_lost(_errors.Closed("connection to dspkd lost: %s"
-                                                     % (e.strerror or e)))
+                self._connection_lost(self._protocol_error or _errors.Closed(
+                    "connection to dspkd lost: %s" % (e.strerror or e)))
                 return -1
             if k <= 0:
                 self._connection_lost(self._protocol_error or _errors.Closed(

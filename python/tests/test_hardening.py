@@ -1,6 +1,7 @@
 """Defects of an outside probe: an out= view too small for the result, close() while
 another thread waits to send, a client used after fork(), a staged kernel tensor with
-device="any", a result beyond max_elements, and NUL characters in paths and names."""
+device="any", a result beyond max_elements, NUL characters in paths and names, and a
+refused connection that lost the daemon's reason (protocol.error) to EPIPE or ECONNRESET."""
 from __future__ import annotations
 
 import os
@@ -352,3 +353,164 @@ def test_sending_with_descriptors_beyond_fd_setsize(daemon, monkeypatch):
         for fd in held:
             os.close(fd)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+# ---- a refusal by the daemon: its protocol.error, never Closed ------------------------
+# The daemon used to close a refused connection at once: the hello's send failed
+# with EPIPE (or the read with ECONNRESET) before the notice was read, and connect()
+# raised Closed every time.  Now the daemon lets the client read the notice, and the
+# client looks for it among the bytes queued when a send fails.
+
+def test_refused_by_max_user_clients_is_elimit_with_the_reason():
+    # The count may include a refused connection still closing.
+    d = Daemon(["--max-user-clients", "1"])
+    try:
+        with dspk.connect(d.socket, timeout=TIMEOUT) as held:
+            for _ in range(50):
+                with pytest.raises(dspk.LimitExceeded,
+                                   match=r"^ELIMIT: this user has \d+ connections "
+                                         r"already \(max_user_clients\)$"):
+                    dspk.connect(d.socket, timeout=TIMEOUT)
+            held.ping()
+    finally:
+        d.stop()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="allow_users admits the daemon's own "
+                    "user: the test acts as another one, which takes root")
+def test_refused_by_allow_users_is_eperm_with_the_reason(tmp_path):
+    conf = tmp_path / "allow.conf"
+    conf.write_text("[policy]\nallow_users = 4242\n")
+    d = Daemon(["--config", str(conf)])
+    try:
+        os.chmod(d.socket, 0o666)
+        os.chmod(d.dir, 0o755)
+        sock = d.socket
+
+        def refusals():
+            got = []
+            for _ in range(50):
+                try:
+                    dspk.connect(sock, timeout=TIMEOUT).close()
+                    got.append("connected")
+                except dspk.Error as e:
+                    got.append("%s %s" % (type(e).__name__, e))
+            return got
+
+        from conftest import dspk_daemon
+        got = dspk_daemon.run_as(65534, 65534, refusals)
+        want = "PermissionDenied EPERM: this user may not connect (allow_users and " \
+               "allow_groups in the daemon's policy)"
+        assert got == [want] * 50
+    finally:
+        d.stop()
+
+
+def test_the_notice_is_read_after_a_failed_send(tmp_path):
+    """A daemon that sent a protocol.error and closed before the client's next send
+    (an older dspkd; one past its bound of lingering connections): the send fails with
+    EPIPE, and the call raises the notice's error, not Closed."""
+    import msgpack
+    import select
+    import socket
+    path = str(tmp_path / "fake.sock")
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(path)
+    srv.listen(1)
+
+    def fake():
+        s, _ = srv.accept()
+        u = msgpack.Unpacker(raw=False)
+        while True:
+            u.feed(s.recv(4096))
+            msgs = list(u)
+            if msgs:
+                break
+        s.sendall(msgpack.packb([1, msgs[0][1], None, {"protocol": 1, "daemon": "fake"}]))
+        s.sendall(msgpack.packb([2, "protocol.error", [
+            {"code": -4, "name": "ELIMIT", "message": "message longer than 10 bytes"}]]))
+        s.close()
+
+    t = threading.Thread(target=fake)
+    t.start()
+    try:
+        c = dspk.connect(path, timeout=TIMEOUT)
+        t.join()
+        p = select.poll()  # the daemon's close has reached the client
+        p.register(c._sock, select.POLLIN)
+        assert p.poll(TIMEOUT * 1000)
+        with pytest.raises(dspk.LimitExceeded, match="message longer than 10 bytes"):
+            c.ping()
+        with pytest.raises(dspk.LimitExceeded, match="message longer than 10 bytes"):
+            c.ping()
+        c.close()
+    finally:
+        t.join()
+        srv.close()
+
+
+def test_the_daemon_reads_a_refused_clients_hello_before_it_closes():
+    """The daemon's side alone, on a raw socket: the hello sent at once after connecting
+    is taken (never EPIPE: the daemon closed first), and the notice is followed by a
+    clean end of stream (never ECONNRESET: the daemon closed with the hello unread)."""
+    import msgpack
+    import socket
+    d = Daemon(["--max-user-clients", "1"])
+    hello = msgpack.packb([0, 1, "hello", [{"version": 1, "client": "raw"}]])
+    try:
+        with dspk.connect(d.socket, timeout=TIMEOUT):
+            for _ in range(50):
+                with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                    s.settimeout(TIMEOUT)
+                    s.connect(d.socket)
+                    s.sendall(hello)
+                    got = b""
+                    while True:
+                        b = s.recv(4096)
+                        if not b:
+                            break
+                        got += b
+                    u = msgpack.Unpacker(raw=False)
+                    u.feed(got)
+                    msgs = list(u)
+                    assert len(msgs) == 1 and msgs[0][:2] == [2, "protocol.error"] and \
+                        msgs[0][2][0]["name"] == "ELIMIT", msgs
+    finally:
+        d.stop()
+
+
+def test_a_flood_of_refused_connects_holds_few_descriptors():
+    """Refused connections linger until their client read the notice, at most 64 at
+    once: 300 clients that read it and keep their sockets open cost the daemon no
+    more than 64 descriptors, and it serves on."""
+    import socket
+    d = Daemon(["--max-user-clients", "1"])
+    socks = []
+    try:
+        with dspk.connect(d.socket, timeout=TIMEOUT) as held:
+            fds = "/proc/%d/fd" % d.proc.pid
+            base = len(os.listdir(fds))
+            for _ in range(300):
+                s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                s.settimeout(TIMEOUT)
+                s.connect(d.socket)
+                socks.append(s)
+                got = b""
+                while True:  # the notice, then the daemon's end of stream
+                    b = s.recv(4096)
+                    if not b:
+                        break
+                    got += b
+                assert b"max_user_clients" in got
+            n = len(os.listdir(fds))
+            assert n <= base + 64, "%d descriptors, %d before the flood" % (n, base)
+            held.ping()
+        for s in socks:
+            s.close()
+        socks = []
+        with dspk.connect(d.socket, timeout=TIMEOUT) as c:
+            c.ping()
+    finally:
+        for s in socks:
+            s.close()
+        d.stop()

@@ -29,6 +29,10 @@ Suites (the first argument after the options):
   journal dspkd's log when stderr is the journal (JOURNAL_STREAM): "<N>"
           priorities, one line per failed task at notice, a start error at
           <3>; the terminal format otherwise
+  refused a connection the daemon refuses (max_user_clients; allow_users for
+          another user when run as root), 50 times each: exit 1 and the
+          daemon's ELIMIT or EPERM with its reason, never ECLOSED (the
+          notice used to be lost to the hello's EPIPE)
   errors  bad input: wrong dtype, mismatched shapes, missing/malformed files,
           unknown device, no daemon, command-line mistakes: non-zero exit and
           exactly one "dspk-submit: CMD: ENAME: ..." line on stderr; the daemon
@@ -1581,6 +1585,51 @@ def suite_shell_eperm(cli, tmp):
         os.chmod(tmp, 0o700)
 
 
+def suite_refused(cli, tmp, dspkd):
+    """The daemon's refusal reaches dspk-submit whole, every time: it used to close
+    at once, so the hello's send failed with EPIPE (or the read with ECONNRESET)
+    before the notice was read, and the command said ECLOSED in 3 of 4 runs."""
+    import socket
+    d = Daemon(dspkd, tmp, extra=["--no-cache", "--max-user-clients", "1"],
+               name="maxuser")
+    held = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        # Accepted before any command's connection (the listen queue is FIFO):
+        # this user's one connection.
+        held.connect(d.sock)
+        c = Cli(cli.binary, d.sock)
+        for _ in range(50):
+            # The count may include a refused connection still closing.
+            err = c.fails(["ping"], "ping", "ELIMIT")
+            check(re.search(r": hello: daemon closed the connection: this user has \d+ "
+                            r"connections already \(max_user_clients\)$", err),
+                  "refused by max_user_clients: %r" % err)
+        held.close()
+        c.ok("ping")  # the slot is free again
+    finally:
+        held.close()
+        d.stop()
+    if os.geteuid() != 0:
+        return  # allow_users admits the daemon's own user: another one is needed
+    conf = os.path.join(tmp, "allow.conf")
+    with open(conf, "w") as f:
+        f.write("[policy]\nallow_users = 4242\n")
+    d = Daemon(dspkd, tmp, extra=["--no-cache", "--config", conf], name="allow")
+    try:
+        os.chmod(d.sock, 0o666)
+        os.chmod(tmp, 0o755)
+        c = Cli(cli.binary, d.sock)
+        for _ in range(50):
+            err = c.fails(["ping"], "ping", "EPERM", detail="this user may not connect "
+                          "(allow_users and allow_groups in the daemon's policy)",
+                          preexec_fn=lambda: dspk_daemon.become(65534, 65534))
+            check("usermod" not in err, "a policy refusal with the socket's hint: %r" % err)
+        c.ok("ping")  # root is admitted
+    finally:
+        os.chmod(tmp, 0o700)
+        d.stop()
+
+
 # ---- logs journald understands --------------------------------------------------
 
 def suite_journal(cli, tmp, dspkd):
@@ -1814,7 +1863,7 @@ def main():
     ap.add_argument("--submit", required=True)
     ap.add_argument("--daemon")
     ap.add_argument("suite", choices=["help", "info", "ops", "errors", "fake",
-                                      "kernel", "shell", "journal"])
+                                      "kernel", "shell", "journal", "refused"])
     opt = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="dspk-cli-") as tmp:
         daemon, rc = None, 0
@@ -1823,6 +1872,9 @@ def main():
                 suite_help(Cli(opt.submit, None), tmp)
             elif opt.suite == "fake":
                 suite_fake(Cli(opt.submit, None), tmp)
+            elif opt.suite == "refused":
+                check(opt.daemon, "--daemon is needed for refused")
+                suite_refused(Cli(opt.submit, None), tmp, opt.daemon)
             elif opt.suite == "journal":
                 check(opt.daemon, "--daemon is needed for journal")
                 suite_journal(Cli(opt.submit, None), tmp, opt.daemon)

@@ -12,8 +12,10 @@
  * requests in flight answered out of order, cancel, bad input with the
  * right error code and a message, a client sending garbage (closed, with a
  * protocol.error notice) and clients disconnecting mid-request, while the
- * library's connection keeps working.  Every successful task's time_us is
- * checked to be positive and within the call's wall time seen here.
+ * library's connection keeps working; a connection the daemon refuses
+ * (max_user_clients, allow_users) gets its reason.  Every successful
+ * task's time_us is checked to be positive and within the call's wall time
+ * seen here.
  */
 #include <complex.h>
 #include <errno.h>
@@ -28,7 +30,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <grp.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -44,6 +48,7 @@ static const char *dspkd_path;
 static char tmpdir[64];
 static char sockpath[128];
 static pid_t daemon_pid = -1;
+static pid_t extra_pid = -1; /* spawn_dspkd's, killed by the teardown if left */
 static dspk_client *C;
 
 /* ---- random numbers (fixed seeds) --------------------------------------- */
@@ -278,6 +283,10 @@ static int stop_daemon(void **state) {
   int st = 0;
   dspk_close(C);
   C = NULL;
+  if (extra_pid > 0) { /* a failed test's own daemon */
+    kill(extra_pid, SIGKILL);
+    waitpid(extra_pid, NULL, 0);
+  }
   if (daemon_pid > 0) {
     kill(daemon_pid, SIGTERM);
     if (waitpid(daemon_pid, &st, 0) != daemon_pid)
@@ -290,6 +299,128 @@ static int stop_daemon(void **state) {
     return -1;
   }
   return 0;
+}
+
+/* A daemon of one test, with flags of its own (extra: NULL-terminated) on
+ * sock; waits for its READY.  Its pid, or -1. */
+static pid_t spawn_dspkd(const char *sock, const char *const *extra) {
+  const char *argv[32];
+  char fdarg[16], buf[16];
+  size_t got = 0;
+  ssize_t n;
+  int a = 0, p[2];
+  pid_t pid;
+
+  if (pipe(p) != 0)
+    return -1;
+  pid = fork();
+  if (pid == 0) {
+    close(p[0]);
+    snprintf(fdarg, sizeof fdarg, "%d", p[1]);
+    for (const char *const *x = (const char *const[]){dspkd_path, "--socket", sock,
+             "--foreground", "--backends", "cpu", "--log-level", "error", "--ready-fd",
+             fdarg, "--no-cache", NULL}; *x; x++)
+      argv[a++] = *x;
+    while (*extra && a < 31)
+      argv[a++] = *extra++;
+    argv[a] = NULL;
+    execv(dspkd_path, (char *const *)argv);
+    _exit(127);
+  }
+  close(p[1]);
+  while (pid > 0 && got < sizeof buf - 1 &&
+         (n = read(p[0], buf + got, sizeof buf - 1 - got)) > 0)
+    got += (size_t)n;
+  close(p[0]);
+  buf[got] = '\0';
+  if (pid > 0 && strcmp(buf, "READY\n") != 0) {
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    return -1;
+  }
+  return extra_pid = pid;
+}
+
+static void stop_dspkd(pid_t pid) {
+  int st = 0;
+  extra_pid = -1;
+  kill(pid, SIGTERM);
+  assert_int_equal(waitpid(pid, &st, 0), pid);
+  assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+}
+
+/* A connection the daemon refuses gets its reason, every time (the daemon
+ * closed at once, and the hello's send failing with EPIPE lost the notice:
+ * ECLOSED "sending to the daemon: Broken pipe" in 3 of 4 tries).  As root,
+ * also allow_users refusing another user (a child as nobody). */
+static void test_refusal_reason(void **state) {
+  (void)state;
+  char sock[160], conf[160];
+  const char *max1[] = {"--max-user-clients", "1", NULL};
+  dspk_client *held, *c;
+  char close_paren = 0;
+  pid_t pid;
+
+  snprintf(sock, sizeof sock, "%s/refuse.sock", tmpdir);
+  pid = spawn_dspkd(sock, max1);
+  assert_true(pid > 0);
+  assert_int_equal(dspk_connect(sock, "held", &held), 0);
+  for (int i = 0; i < 50; i++) {
+    c = NULL;
+    assert_int_equal(dspk_connect(sock, NULL, &c), DSPK_ELIMIT);
+    assert_null(c);
+    /* The count may include a refused connection still closing. */
+    assert_int_equal(sscanf(dspk_connect_error(), "hello: daemon closed the connection: "
+                            "this user has %*u connections already (max_user_clients%c",
+                            &close_paren), 1);
+    assert_int_equal(close_paren, ')');
+  }
+  assert_int_equal(dspk_ping(held, NULL, 0), 0);
+  dspk_close(held);
+  stop_dspkd(pid);
+  unlink(sock);
+
+  if (geteuid() != 0) /* allow_users admits the daemon's own user */
+    return;
+  snprintf(conf, sizeof conf, "%s/allow.conf", tmpdir);
+  FILE *f = fopen(conf, "w");
+  assert_non_null(f);
+  fputs("[policy]\nallow_users = 4242\n", f);
+  fclose(f);
+  const char *allow[] = {"--config", conf, NULL};
+  pid = spawn_dspkd(sock, allow);
+  assert_true(pid > 0);
+  assert_int_equal(chmod(sock, 0666), 0);
+  assert_int_equal(chmod(tmpdir, 0755), 0);
+  pid_t kid = fork();
+  if (kid == 0) {
+    int bad = 0;
+    if (setgroups(0, NULL) != 0 || setgid(65534) != 0 || setuid(65534) != 0)
+      _exit(100);
+    for (int i = 0; i < 50; i++) {
+      c = NULL;
+      int rc = dspk_connect(sock, NULL, &c);
+      if (rc != DSPK_EPERM ||
+          strcmp(dspk_connect_error(), "hello: daemon closed the connection: this "
+                 "user may not connect (allow_users and allow_groups in the daemon's "
+                 "policy)") != 0) {
+        fprintf(stderr, "try %d: %s: %s\n", i, dspk_err_name(rc), dspk_connect_error());
+        bad++;
+      }
+      dspk_close(c);
+    }
+    _exit(bad ? 1 : 0);
+  }
+  int st = 0;
+  assert_int_equal(waitpid(kid, &st, 0), kid);
+  chmod(tmpdir, 0700);
+  assert_true(WIFEXITED(st));
+  assert_int_equal(WEXITSTATUS(st), 0);
+  assert_int_equal(dspk_connect(sock, NULL, &c), 0); /* root is admitted */
+  dspk_close(c);
+  stop_dspkd(pid);
+  unlink(sock);
+  unlink(conf);
 }
 
 static void assert_daemon_alive(void) {
@@ -1704,6 +1835,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_disconnect_mid_request),
       cmocka_unit_test(test_misc_api),
       cmocka_unit_test(test_bad_arguments),
+      cmocka_unit_test(test_refusal_reason),
   };
   return cmocka_run_group_tests(tests, start_daemon, stop_daemon);
 }

@@ -4,9 +4,10 @@
  * so the library's handling of a misbehaving or dying daemon is checked
  * deterministically: protocol version mismatch, garbage and oversized
  * frames (refused by the scanner, nothing allocated from their counts),
- * a protocol.error notice before the close, a close in the middle of a
- * frame, answers to unknown msgids, progress notifications, and malformed
- * task results.  Every failure must be a clear code, never a hang or crash.
+ * a protocol.error notice before the close (also when the client's send
+ * fails first), a close in the middle of a frame, answers to unknown
+ * msgids, progress notifications, and malformed task results.  Every
+ * failure must be a clear code, never a hang or crash.
  */
 #include <pthread.h>
 #include <setjmp.h>
@@ -252,6 +253,35 @@ static void test_protocol_error_notice(void **state) {
   pthread_join(t, NULL);
   assert_int_equal(dspk_ping(c, NULL, 0), DSPK_ELIMIT);
   dspk_close(c);
+}
+
+/* A daemon that sent a protocol.error and closed before the client's next
+ * send (an older dspkd that closed a refused connection at once; one past
+ * its bound of lingering connections): the send fails with EPIPE, and the
+ * call gives the notice's error, not ECLOSED (it was "sending to the daemon:
+ * Broken pipe", the notice never read). */
+static void s_notice_then_close(struct srv *s) {
+  struct pk k;
+  answer_hello(s, 1);
+  msgpack_packer *p = pk_begin(&k);
+  dspk__pack_notify_head(p, "protocol.error");
+  dspk__pack_error(p, DSPK_ELIMIT, "this user has 2 connections already (max_user_clients)");
+  pk_send(s, &k);
+}
+
+static void test_notice_read_after_a_failed_send(void **state) {
+  (void)state;
+  for (int i = 0; i < 20; i++) {
+    pthread_t t = run_script(s_notice_then_close);
+    dspk_client *c;
+    assert_int_equal(dspk_connect(path, NULL, &c), 0);
+    pthread_join(t, NULL); /* closed: the ping's send fails */
+    assert_int_equal(dspk_ping(c, NULL, 0), DSPK_ELIMIT);
+    assert_non_null(strstr(dspk_last_error(c), "daemon closed the connection: this user "
+                           "has 2 connections already (max_user_clients)"));
+    assert_int_equal(dspk_ping(c, NULL, 0), DSPK_ELIMIT);
+    dspk_close(c);
+  }
 }
 
 static void s_cut(struct srv *s) {
@@ -649,6 +679,7 @@ int main(void) {
       cmocka_unit_test(test_garbage_answer),
       cmocka_unit_test(test_huge_header_answer),
       cmocka_unit_test(test_protocol_error_notice),
+      cmocka_unit_test(test_notice_read_after_a_failed_send),
       cmocka_unit_test(test_close_mid_frame),
       cmocka_unit_test(test_reset_is_closed),
       cmocka_unit_test(test_out_of_order_progress),

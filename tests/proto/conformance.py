@@ -2122,7 +2122,8 @@ def stop(env):
     return None
 
 
-@case("daemon.reload: the file again; an invalid one keeps the running configuration",
+@case("daemon.reload: the file again; an invalid or unreadable one keeps the running "
+      "configuration",
       daemon="reload")
 def reload_file(env):
     c = env.conn()
@@ -2138,6 +2139,22 @@ def reload_file(env):
     # allow_users names another uid: the daemon's own user is still admitted
     d = env.conn()
     still_open(d)
+    # A file that cannot be read: ENOENT when it is missing, EIO otherwise (a directory).
+    text = open(env.config).read()
+    os.remove(env.config)
+    try:
+        expect(c.call("daemon.reload"), "ENOENT", env.config + ": cannot read: No such "
+               "file or directory; keeping the running configuration")
+        os.mkdir(env.config)
+        try:
+            expect(c.call("daemon.reload"), "EIO", env.config + ": cannot read: Is a "
+                   "directory; keeping the running configuration")
+        finally:
+            os.rmdir(env.config)
+    finally:
+        with open(env.config, "w") as f:
+            f.write(text)
+    check(c.ok("hello")["limits"]["max_buffers"] == 7, "the running configuration stays")
 
 
 @case("Framing: ping is answered at once, never behind device work; a queued request "
