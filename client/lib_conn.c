@@ -792,8 +792,10 @@ static int notice_salvage(dspk_client *c) {
     if (msgpack_unpack_next(&up, c->rbuf + off, (size_t)n, &pos) == MSGPACK_UNPACK_SUCCESS &&
         dspk__msg_parse(&up.data, &m, NULL, NULL, why, sizeof why) == 0 &&
         m.type == DSPK__NOTIFY && m.method_len == 14 &&
-        memcmp(m.method, "protocol.error", 14) == 0)
-      handle_notify(c, &m);
+        memcmp(m.method, "protocol.error", 14) == 0) {
+      struct dspk__prog unused;
+      (void)handle_notify(c, &m, &unused);
+    }
     msgpack_unpacked_destroy(&up);
     off += (size_t)n;
   }
