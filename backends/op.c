@@ -97,14 +97,16 @@ static void set_out(struct dspk__op *op, int i, dspk_dtype dt, int rank,
 
 /* An option (alpha, beta) of an op that computes in f32: rounded to the
  * nearest f32 as the kernel argument {f32: v} is, so a finite value that
- * would become an infinity is ERANGE in the same words.  %.17g: the value
- * as given. */
+ * would become an infinity is ERANGE in the same words, naming the value as
+ * given. */
 static int check_f32_scalar(const char *opname, const char *name, double v, char *msg,
                             size_t len) {
   if (dspk__f64_fits_f32(v))
     return 0;
-  return dspk__fail(msg, len, DSPK_ERANGE, "%s: options.%s: %.17g is out of f32 range (it "
-                    "would round to an infinity; the op computes in f32)", opname, name, v);
+  char text[32];
+  return dspk__fail(msg, len, DSPK_ERANGE, "%s: options.%s: %s is out of f32 range (it "
+                    "would round to an infinity; the op computes in f32)", opname, name,
+                    dspk__f64_text(v, text, sizeof text));
 }
 
 static int infer_gemm(struct dspk__op *op, char *msg, size_t len) {

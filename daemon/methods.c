@@ -699,10 +699,12 @@ static int kernel_args(struct req *r, const struct dspk__pval *args, struct dspk
         return fail(r, DSPK_EINVAL, "options.args[%u]: expected a number", i);
       /* A finite value that would round to an infinity is ERANGE, as an
        * integer outside its type's (one that rounds to FLT_MAX is in range;
-       * infinities and NaN are f32 values).  %.17g: the value as given. */
-      if (k->kind == DSPK__KARG_F32 && !dspk__f64_fits_f32(fv))
-        return fail(r, DSPK_ERANGE, "options.args[%u]: %.17g is out of f32 range (it "
-                    "would round to an infinity)", i, fv);
+       * infinities and NaN are f32 values), naming the value as given. */
+      if (k->kind == DSPK__KARG_F32 && !dspk__f64_fits_f32(fv)) {
+        char text[32];
+        return fail(r, DSPK_ERANGE, "options.args[%u]: %s is out of f32 range (it "
+                    "would round to an infinity)", i, dspk__f64_text(fv, text, sizeof text));
+      }
       if (k->kind == DSPK__KARG_F32)
         k->v.f32 = (float)fv;
       else

@@ -3,6 +3,8 @@
  * include/dspk/types.h.
  */
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "dspk/errors.h"
@@ -48,4 +50,13 @@ int dspk__dtype_from_name(const char *name, size_t len, dspk_dtype *out) {
 
 int dspk__f64_fits_f32(double v) {
   return !isfinite(v) || fabs(v) < 0x1.ffffffp127; /* 2^128 - 2^103 */
+}
+
+const char *dspk__f64_text(double v, char *buf, size_t len) {
+  for (int prec = 1; prec <= 17; prec++) {
+    snprintf(buf, len, "%.*g", prec, v);
+    if (!isfinite(v) || strtod(buf, NULL) == v)
+      break;
+  }
+  return buf;
 }

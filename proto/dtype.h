@@ -24,5 +24,8 @@ int dspk__dtype_from_name(const char *name, size_t len, dspk_dtype *out);
  * bit is odd); also 1 for infinities and NaN, which are f32 values too.
  * 0 for a finite v that would become an infinity. */
 int dspk__f64_fits_f32(double v);
+/* The shortest decimal form of v that reads back as v (as Python's repr:
+ * 1e+39, not 9.9999999999999994e+38), in buf; returns buf. */
+const char *dspk__f64_text(double v, char *buf, size_t len);
 
 #endif /* DSPK_PROTO_DTYPE_H */
