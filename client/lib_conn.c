@@ -21,6 +21,7 @@
 #include <sys/mman.h>
 #include <sys/sendfile.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
@@ -133,7 +134,18 @@ bool dspk__inflight_has(const dspk_client *c, uint32_t msgid) {
   return false;
 }
 
+/* Forgets ticket's dspk_result_to_file, closing its descriptor. */
+static void sink_drop(dspk_client *c, uint32_t ticket) {
+  for (size_t i = 0; i < c->nsinks; i++)
+    if (c->sinks[i].ticket == ticket) {
+      close(c->sinks[i].fd);
+      c->sinks[i] = c->sinks[--c->nsinks];
+      return;
+    }
+}
+
 static void inflight_del(dspk_client *c, uint32_t msgid) {
+  sink_drop(c, msgid);
   for (size_t i = 0; i < c->ninflight; i++)
     if (c->inflight[i] == msgid) {
       c->inflight[i] = c->inflight[--c->ninflight];
@@ -276,6 +288,40 @@ DSPK_EXPORT int dspk_file_data(dspk_client *c, const void *addr, size_t len, int
   if (m.fd < 0)
     return dspk__cerr(c, DSPK_EIO, "dspk_file_data: %s", strerror(errno));
   c->fmaps[c->nfmaps++] = m;
+  return 0;
+}
+
+DSPK_EXPORT int dspk_result_to_file(dspk_client *c, uint32_t ticket, int fd, uint64_t offset,
+                                    bool *written) {
+  struct stat st;
+  int fl, dfd;
+  if (written)
+    *written = false;
+  if (!c)
+    return dspk__argerr(c, "dspk_result_to_file: c is NULL");
+  if (fd < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
+    return dspk__argerr(c, "dspk_result_to_file: fd %d is not a regular file", fd);
+  if ((fl = fcntl(fd, F_GETFL)) < 0 || (fl & O_ACCMODE) != O_RDWR || (fl & O_APPEND))
+    return dspk__argerr(c, "dspk_result_to_file: fd %d is not open for reading and writing "
+                        "(without O_APPEND)", fd);
+  if (offset > (uint64_t)INT64_MAX / 2)
+    return dspk__argerr(c, "dspk_result_to_file: offset %llu is too large",
+                        (unsigned long long)offset);
+  if (!dspk__inflight_has(c, ticket))
+    return dspk__cerr(c, DSPK_ENOENT, "dspk_result_to_file: ticket %u is not in flight",
+                      (unsigned)ticket);
+  sink_drop(c, ticket);
+  if (c->nsinks == c->capsinks) {
+    size_t cap = c->capsinks ? 2 * c->capsinks : 4;
+    struct dspk__sink *p = realloc(c->sinks, cap * sizeof(*p));
+    if (!p)
+      return dspk__cerr(c, DSPK_ENOMEM, "dspk_result_to_file: out of memory");
+    c->sinks = p;
+    c->capsinks = cap;
+  }
+  if ((dfd = fcntl(fd, F_DUPFD_CLOEXEC, 0)) < 0)
+    return dspk__cerr(c, DSPK_EIO, "dspk_result_to_file: %s", strerror(errno));
+  c->sinks[c->nsinks++] = (struct dspk__sink){ticket, dfd, offset, written};
   return 0;
 }
 
@@ -529,6 +575,161 @@ static void populate(void *p, size_t n) {
     (void)madvise((void *)a, b - a, MADV_POPULATE_WRITE);
 }
 
+/* Bytes splice(2) moves from the socket into the pipe at a time (the
+ * pipe is asked for this much room; the default 64 KiB works too). */
+#define SINK_CHUNK ((size_t)1 << 20)
+
+/* The sink's payload bytes [0, got) went to its file, the rest is still to
+ * come: they are read back into memory of the payload's size, which the
+ * rest is then received into (what land() would have made).  NULL when
+ * they cannot be (out of memory, the file unreadable). */
+static char *sink_fallback(const struct dspk__sink *s, size_t len, size_t got) {
+  char *p = aligned_alloc(64, (len + 63) / 64 * 64);
+  size_t done = 0;
+  while (p && done < got) {
+    ssize_t k = pread(s->fd, p + done, got - done, (off_t)(s->off + done));
+    if (k < 0 && errno == EINTR)
+      continue;
+    if (k <= 0) {
+      free(p);
+      return NULL;
+    }
+    done += (size_t)k;
+  }
+  return p;
+}
+
+/* land() for an answer with a dspk_result_to_file sink: the payload's
+ * bytes in rbuf are written to the sink's file with pwrite, the rest moved
+ * from the socket to the file through a pipe with splice(2) (never through
+ * this process's memory), and c->land becomes a read-only shared mapping of
+ * the file's range (*written set).  A file that takes no write, or stops
+ * taking them, gets the payload received into memory instead, as land()
+ * would (*written left false: the caller writes the file itself).  1 when
+ * nothing was taken (land() goes on as usual), 0 when landed, or a negative
+ * code (the connection broken, a timeout). */
+static int land_file(dspk_client *c, const struct dspk__run_head *h, struct dspk__sink *s,
+                     int64_t deadline) {
+  size_t have = c->rlen - h->head, take = have < h->len ? have : h->len, pos = 0;
+  char *mem = NULL; /* the payload in memory, once the file failed */
+  long pg = sysconf(_SC_PAGESIZE);
+  int rc;
+
+  if (!c->sink_pipe_ok) {
+    if (pipe2(c->sink_pipe, O_CLOEXEC | O_NONBLOCK) != 0)
+      return 1;
+    (void)fcntl(c->sink_pipe[1], F_SETPIPE_SZ, (int)SINK_CHUNK);
+    c->sink_pipe_ok = true;
+  }
+  while (pos < take) {
+    ssize_t w = pwrite(s->fd, c->rbuf + h->head + pos, take - pos, (off_t)(s->off + pos));
+    if (w < 0 && errno == EINTR)
+      continue;
+    if (w <= 0)
+      return 1;
+    pos += (size_t)w;
+  }
+  memmove(c->rbuf + h->head, c->rbuf + h->head + take, have - take);
+  c->rlen = h->head + (have - take);
+  memset(c->rbuf + h->len_at, 0, h->head - h->len_at); /* an empty bin now */
+  while (pos < h->len) {
+    size_t want = h->len - pos < SINK_CHUNK ? h->len - pos : SINK_CHUNK, left;
+    short rev;
+    ssize_t k;
+    if ((rc = wait_ready(c, POLLIN, deadline, &rev)) != 0) {
+      free(mem);
+      if (rc != DSPK_ETIMEDOUT)
+        return rc;
+      c->skip = h->len - pos; /* as land(): the stream stays whole */
+      return timed_out(c, "the daemon's answer did not arrive whole");
+    }
+    k = splice(c->fd, NULL, c->sink_pipe[1], NULL, want, SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
+    if (k < 0 && (errno == EINTR || errno == EAGAIN))
+      continue;
+    if (k < 0 && !mem && (errno == EINVAL || errno == ENOSYS)) {
+      /* no splice from this socket: the rest into memory, by recv */
+      if (!(mem = sink_fallback(s, h->len, pos)))
+        return mark_broken(c, dspk__cerr(c, DSPK_ENOMEM, "out of memory"));
+      while (pos < h->len) {
+        ssize_t got = recv(c->fd, mem + pos, h->len - pos, MSG_DONTWAIT);
+        if (got < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) {
+          if (got < 0 && errno != EINTR && (rc = wait_ready(c, POLLIN, deadline, &rev)) != 0) {
+            free(mem);
+            if (rc != DSPK_ETIMEDOUT)
+              return rc;
+            c->skip = h->len - pos;
+            return timed_out(c, "the daemon's answer did not arrive whole");
+          }
+          continue;
+        }
+        if (got <= 0) {
+          int e = errno;
+          free(mem);
+          return mark_broken(c, dspk__cerr(c, got == 0 ? DSPK_ECLOSED : recv_code(e),
+                                           "reading from the daemon: %s",
+                                           got == 0 ? "connection closed" : strerror(e)));
+        }
+        pos += (size_t)got;
+      }
+      break;
+    }
+    if (k <= 0) {
+      int e = errno;
+      free(mem);
+      return mark_broken(c, dspk__cerr(c, k == 0 ? DSPK_ECLOSED : recv_code(e),
+                                       "reading from the daemon: %s",
+                                       k == 0 ? "connection closed" : strerror(e)));
+    }
+    for (left = (size_t)k; left > 0;) { /* the pipe emptied before the next */
+      ssize_t w;
+      if (!mem) {
+        loff_t o = (loff_t)(s->off + pos);
+        w = splice(c->sink_pipe[0], NULL, s->fd, &o, left, SPLICE_F_MOVE);
+        if (w < 0 && errno == EINTR)
+          continue;
+        if (w <= 0 && !(mem = sink_fallback(s, h->len, pos)))
+          return mark_broken(c, dspk__cerr(c, DSPK_EIO, "writing a result to its file "
+                                           "failed and it cannot be read back"));
+        if (w <= 0)
+          continue;
+      } else {
+        w = read(c->sink_pipe[0], mem + pos, left);
+        if (w < 0 && errno == EINTR)
+          continue;
+        if (w <= 0) {
+          free(mem);
+          return mark_broken(c, dspk__cerr(c, DSPK_EIO, "reading a result's pipe: %s",
+                                           strerror(errno)));
+        }
+      }
+      pos += (size_t)w;
+      left -= (size_t)w;
+    }
+  }
+  if (!mem) {
+    uint64_t at = pg > 0 ? s->off / (uint64_t)pg * (uint64_t)pg : s->off;
+    size_t maplen = (size_t)(s->off - at) + h->len;
+    void *map = mmap(NULL, maplen, PROT_READ, MAP_SHARED, s->fd, (off_t)at);
+    char *data = map == MAP_FAILED ? NULL : (char *)map + (s->off - at);
+    if (data && dspk__file_lease(map, maplen, data)) {
+      if (s->written)
+        *s->written = true;
+      c->land = data;
+      c->land_len = h->len;
+      return 0;
+    }
+    if (map != MAP_FAILED)
+      munmap(map, maplen);
+    /* No mapping: the file's bytes read back into memory. */
+    if (!(mem = sink_fallback(s, h->len, h->len)))
+      return mark_broken(c, dspk__cerr(c, DSPK_ENOMEM, "a result written to its file "
+                                       "cannot be mapped or read back"));
+  }
+  c->land = mem;
+  c->land_len = h->len;
+  return 0;
+}
+
 /* When rbuf starts with the head of a task.run answer to msgid (any: to a
  * request in flight) whose first output carries at least LAND_MIN bytes, its
  * payload is received straight into memory of its own (64-byte aligned, as
@@ -549,6 +750,14 @@ static int land(dspk_client *c, bool any, uint32_t msgid, int64_t deadline) {
       !dspk__run_head_scan(c->rbuf, c->rlen, &lim, &h) || h.len < LAND_MIN ||
       (any ? !dspk__inflight_has(c, h.msgid) : h.msgid != msgid))
     return 0;
+  for (size_t i = 0; i < c->nsinks; i++)
+    if (c->sinks[i].ticket == h.msgid) {
+      int rc = land_file(c, &h, &c->sinks[i], deadline);
+      sink_drop(c, h.msgid);
+      if (rc <= 0)
+        return rc;
+      break;
+    }
   if (!(p = aligned_alloc(64, (h.len + 63) / 64 * 64)))
     return 0; /* the ordinary path may still manage */
   populate(p, h.len);
@@ -645,7 +854,7 @@ static int next_frame(dspk_client *c, bool any, uint32_t msgid, int64_t deadline
   *len = (size_t)n;
   return 0;
 fail:
-  free(c->land); /* the frame it belongs to will not come */
+  dspk__land_free(c->land); /* the frame it belongs to will not come */
   c->land = NULL;
   return rc;
 }
@@ -894,7 +1103,7 @@ void dspk__resp_free(struct dspk__resp *r) {
     return;
   resp_unpacked_free(r);
   resp_buf_free(r);
-  free(r->land);
+  dspk__land_free(r->land);
   r->land = NULL;
 }
 
@@ -1239,7 +1448,14 @@ static void client_free(dspk_client *c) {
   for (size_t i = 0; i < c->nfmaps; i++)
     close(c->fmaps[i].fd);
   free(c->fmaps);
-  free(c->land);
+  for (size_t i = 0; i < c->nsinks; i++)
+    close(c->sinks[i].fd);
+  free(c->sinks);
+  if (c->sink_pipe_ok) {
+    close(c->sink_pipe[0]);
+    close(c->sink_pipe[1]);
+  }
+  dspk__land_free(c->land);
   free(c->rbuf);
   free(c->spare);
   free(c->inflight);

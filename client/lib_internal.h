@@ -98,6 +98,18 @@ struct dspk_client {
     bool no;        /* sendfile refused it: sent from memory */
   } *fmaps;
   size_t nfmaps, capfmaps;
+  /* dspk_result_to_file: answers whose first output goes to a file (fd a
+   * dup, closed when the answer comes or the client closes), and the pipe
+   * that splice(2) moves it through. */
+  struct dspk__sink {
+    uint32_t ticket;
+    int fd;
+    uint64_t off;
+    bool *written;
+  } *sinks;
+  size_t nsinks, capsinks;
+  int sink_pipe[2];
+  bool sink_pipe_ok;
   /* lib_shm.c: shared allocations (the caller's and temporaries). */
   struct dspk__shm *shm;
   size_t nshm, capshm;
@@ -184,6 +196,13 @@ char *dspk__shm_lend(dspk_client *c, uint32_t ticket, uint64_t id, uint64_t off,
 /* dspk_result_free: 1 when p is the start of a lent temporary (now given
  * back, or unmapped when its client is closed), 0 when p is not one. */
 int dspk__shm_lease_return(const void *p);
+/* Registers data, inside the read-only file mapping [map, map + map_len),
+ * as a result's memory: dspk_result_free (dspk__shm_lease_return) unmaps
+ * it.  Returns data, or NULL (out of memory: the caller unmaps). */
+char *dspk__file_lease(void *map, size_t map_len, char *data);
+/* Frees a landed payload: a file mapping's (dspk__file_lease) is unmapped,
+ * memory freed. */
+void dspk__land_free(void *p);
 /* After a submit: temporaries being filled belong to ticket (ok) or are
  * idle again (!ok). */
 void dspk__shm_sent(dspk_client *c, uint32_t ticket, bool ok);

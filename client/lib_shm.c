@@ -45,6 +45,8 @@ struct dspk__lease {
   char *ptr;
   size_t size;
   bool returned, orphan;
+  void *map;      /* a file's mapping holding ptr (dspk__file_lease), else NULL */
+  size_t map_len;
   struct dspk__lease *next;
 };
 static pthread_mutex_t lease_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -66,7 +68,11 @@ int dspk__shm_lease_return(const void *p) {
   pthread_mutex_lock(&lease_mu);
   for (l = leases; l && l->ptr != p; l = l->next)
     ;
-  if (l && l->orphan) {
+  if (l && l->map) {
+    lease_unlink(l);
+    munmap(l->map, l->map_len);
+    free(l);
+  } else if (l && l->orphan) {
     lease_unlink(l);
     munmap(l->ptr, l->size);
     free(l);
@@ -75,6 +81,25 @@ int dspk__shm_lease_return(const void *p) {
   }
   pthread_mutex_unlock(&lease_mu);
   return l != NULL;
+}
+
+char *dspk__file_lease(void *map, size_t map_len, char *data) {
+  struct dspk__lease *l = calloc(1, sizeof(*l));
+  if (!l)
+    return NULL;
+  l->ptr = data;
+  l->map = map;
+  l->map_len = map_len;
+  pthread_mutex_lock(&lease_mu);
+  l->next = leases;
+  leases = l;
+  pthread_mutex_unlock(&lease_mu);
+  return data;
+}
+
+void dspk__land_free(void *p) {
+  if (p && !dspk__shm_lease_return(p))
+    free(p);
 }
 
 /* Temporaries whose results were freed are idle again. */

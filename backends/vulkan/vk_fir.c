@@ -410,6 +410,7 @@ out:
 
 static int run_path(struct dspk__dev *d, struct dspk__op *op, int c, struct dspk__opctx *ctx) {
   fir_last = dspk__fir_path_names[c];
+  fir_last_fused = 0; /* fir_ols says when it fuses */
   return c == 0 ? dspk__vk_fir_direct(d, op, ctx) : fir_ols(d, op, c, ctx);
 }
 

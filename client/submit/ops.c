@@ -10,6 +10,7 @@
  * before connecting; shape and dtype rules are the daemon's, whose message
  * (naming operand and axis) is passed on verbatim.
  */
+#include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
 #include <math.h>
@@ -473,6 +474,78 @@ static int offload_inputs(dspk__sub_ctx *ctx, const op_args *a, const dspk__npy 
   return 0;
 }
 
+/* Where a result's data goes in a new .npy file: after the header that
+ * dspk__npy_header_build makes for every shape of up to 8 axes whose text
+ * fits (128 bytes); a longer one moves the data (save_landed). */
+#define NPY_HEAD 128
+
+/* Runs t.  When the output is a temporary file (a new or replaced regular
+ * file), a large first output is received straight into it at NPY_HEAD
+ * (dspk_result_to_file: the kernel moves it from the socket to the file's
+ * pages) and *landed says so; otherwise, or when that cannot be, it comes
+ * into memory as usual. */
+static int run_into(dspk__sub_ctx *ctx, const dspk_task *t, dspk_result *res,
+                    const dspk__outfile *of, bool *landed) {
+  uint32_t tk;
+  int rc;
+  *landed = false;
+  if (of->fd < 0 || !of->tmp)
+    return dspk_run(ctx->client, t, res);
+  if ((rc = dspk_submit(ctx->client, t, &tk)) != 0)
+    return rc;
+  (void)dspk_result_to_file(ctx->client, tk, of->fd, NPY_HEAD, landed); /* else: as usual */
+  return dspk_wait(ctx->client, tk, res);
+}
+
+/* dspk__sub_save for an output whose data run_into put in the file at
+ * NPY_HEAD: writes the header before it; a header of another length gets
+ * the file written anew from a copy of the data (o->data maps the file). */
+static int save_landed(const dspk_tensor *o, dspk__outfile *of, const char *path, char *err,
+                       size_t errlen) {
+  uint64_t shape[DSPK_MAX_RANK];
+  unsigned char *hdr = NULL;
+  size_t hlen = 0;
+  char detail[256];
+  int rc;
+  for (unsigned k = 0; k < o->rank; k++)
+    shape[k] = (uint64_t)o->shape[k];
+  if (dspk__npy_header_build(o->dtype, (int)o->rank, shape, &hdr, &hlen) == 0 &&
+      hlen == NPY_HEAD) {
+    ssize_t w = pwrite(of->fd, hdr, hlen, 0);
+    free(hdr);
+    if (w != (ssize_t)hlen) {
+      snprintf(err, errlen, "%s: %s", path, w < 0 ? strerror(errno) : "short write");
+      dspk__outfile_abort(of);
+      return DSPK_EIO;
+    }
+    rc = dspk__outfile_commit(of, detail, sizeof detail);
+    if (rc < 0)
+      snprintf(err, errlen, "%s: %s", path, detail);
+    return rc;
+  }
+  free(hdr);
+  {
+    dspk_tensor copy = *o;
+    void *p = malloc(o->nbytes ? o->nbytes : 1);
+    if (!p) {
+      snprintf(err, errlen, "%s: out of memory", path);
+      dspk__outfile_abort(of);
+      return DSPK_ENOMEM;
+    }
+    memcpy(p, o->data, o->nbytes);
+    copy.data = p;
+    if (ftruncate(of->fd, 0) != 0 || lseek(of->fd, 0, SEEK_SET) != 0) {
+      snprintf(err, errlen, "%s: %s", path, strerror(errno));
+      free(p);
+      dspk__outfile_abort(of);
+      return DSPK_EIO;
+    }
+    rc = dspk__sub_save(&copy, of, path, err, errlen);
+    free(p);
+    return rc;
+  }
+}
+
 /* Loads the inputs, runs task t (inputs filled in here) and writes or
  * prints the result.  Returns the exit status. */
 static int run_task(dspk__sub_ctx *ctx, const op_args *a, dspk_task *t,
@@ -484,6 +557,7 @@ static int run_task(dspk__sub_ctx *ctx, const op_args *a, dspk_task *t,
   progress_state ps = {isatty(STDERR_FILENO) == 1, false, ctx->cmd};
   char err[768];
   int i, rc, status = DSPK__SUB_EXIT_FAIL, loaded = 0;
+  bool landed = false;
 
   memset(in, 0, sizeof in);
   memset(&res, 0, sizeof res);
@@ -521,7 +595,7 @@ static int run_task(dspk__sub_ctx *ctx, const op_args *a, dspk_task *t,
   if (offload_inputs(ctx, a, in, files, tin, nfiles, t->op) != 0)
     goto out;
   dspk_set_progress(ctx->client, on_progress, &ps);
-  rc = dspk_run(ctx->client, t, &res);
+  rc = run_into(ctx, t, &res, &of, &landed);
   dspk_set_progress(ctx->client, NULL, NULL);
   /* The inputs may be mappings of files the output is about to replace. */
   for (i = 0; i < loaded; i++) {
@@ -543,7 +617,15 @@ static int run_task(dspk__sub_ctx *ctx, const op_args *a, dspk_task *t,
     goto out_res;
   }
   if (a->output != NULL) {
-    rc = dspk__sub_save(&res.out[0], &of, a->output, err, sizeof err);
+    if (landed) {
+      rc = save_landed(&res.out[0], &of, a->output, err, sizeof err);
+    } else if (of.tmp && ftruncate(of.fd, 0) != 0) { /* what a failed landing left */
+      snprintf(err, sizeof err, "%s: %s", a->output, strerror(errno));
+      dspk__outfile_abort(&of);
+      rc = DSPK_EIO;
+    } else {
+      rc = dspk__sub_save(&res.out[0], &of, a->output, err, sizeof err);
+    }
     if (rc < 0) {
       dspk__sub_fail(ctx, rc, "%s", err);
       goto out_res;

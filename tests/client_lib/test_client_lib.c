@@ -18,6 +18,7 @@
  * seen here.
  */
 #include <complex.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
@@ -31,6 +32,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <grp.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -1286,6 +1288,139 @@ static void test_file_data(void **state) {
   free(mem_vals);
 }
 
+/* dspk_result_to_file: a large first output goes to the file at the offset
+ * (the bytes around it untouched) and the result's data maps it; a small
+ * one, an error answer, or a file that stops taking bytes (RLIMIT_FSIZE)
+ * leaves *written false with the data in memory, right; bad arguments are
+ * refused; no descriptor is left behind. */
+static void to_file_run(dspk_client *c, const double *x, size_t n, int fd, uint64_t off,
+                        bool *written, dspk_result *r) {
+  int64_t shape[1] = {(int64_t)n};
+  dspk_tensor in;
+  dspk_task t;
+  uint32_t tk;
+  dspk_tensor_inline(&in, DSPK_F64, 1, shape, x);
+  dspk_task_init(&t, DSPK_OP_MAP);
+  t.map.fn = DSPK_MAP_ABS;
+  t.inputs = &in;
+  t.ninputs = 1;
+  t.device = "cpu:0";
+  assert_int_equal(dspk_submit(c, &t, &tk), 0);
+  assert_int_equal(dspk_result_to_file(c, tk, fd, off, written), 0);
+  if (dspk_wait(c, tk, r) != 0)
+    fail_msg("map abs: %s", dspk_last_error(c));
+}
+
+static int count_fds(void) {
+  int n = 0;
+  DIR *d = opendir("/proc/self/fd");
+  if (!d)
+    return -1;
+  while (readdir(d))
+    n++;
+  closedir(d);
+  return n;
+}
+
+static void test_result_to_file(void **state) {
+  (void)state;
+  enum { N = 300000, OFF = 100 };
+  char path[128];
+  double *x = malloc(N * sizeof(double)), *back = malloc(N * sizeof(double));
+  unsigned char head[OFF];
+  dspk_client *c;
+  dspk_result r;
+  bool written = true;
+  uint32_t tk;
+  int fd, fds0;
+  assert_non_null(x);
+  assert_non_null(back);
+  for (size_t i = 0; i < N; i++)
+    x[i] = (i % 2 ? -1.0 : 1.0) * ((double)i + 0.25);
+  snprintf(path, sizeof path, "%s/to_file.bin", tmpdir);
+  fds0 = count_fds();
+  assert_int_equal(dspk_connect(sockpath, "to_file", &c), 0);
+  dspk_set_shared_threshold(c, 0); /* results through the socket, as dspk-submit's */
+  fd = open(path, O_RDWR | O_CREAT | O_TRUNC, 0600);
+  assert_true(fd >= 0);
+  memset(head, 0x5a, sizeof head);
+  assert_int_equal(pwrite(fd, head, OFF, 0), OFF);
+  to_file_run(c, x, N, fd, OFF, &written, &r);
+  assert_true(written);
+  for (size_t i = 0; i < N; i++)
+    if (((const double *)r.out[0].data)[i] != fabs(x[i]))
+      fail_msg("element %zu of the mapped result: %g", i, ((const double *)r.out[0].data)[i]);
+  assert_int_equal(pread(fd, back, N * sizeof(double), OFF), (ssize_t)(N * sizeof(double)));
+  for (size_t i = 0; i < N; i++)
+    assert_true(back[i] == fabs(x[i]));
+  assert_int_equal(pread(fd, head, OFF, 0), OFF);
+  for (int i = 0; i < OFF; i++)
+    assert_int_equal(head[i], 0x5a);
+  dspk_result_free(&r);
+  /* Small: in memory, the file untouched. */
+  assert_int_equal(ftruncate(fd, 0), 0);
+  to_file_run(c, x, 1000, fd, OFF, &written, &r);
+  assert_false(written);
+  assert_true(((const double *)r.out[0].data)[999] == fabs(x[999]));
+  dspk_result_free(&r);
+  struct stat st;
+  assert_int_equal(fstat(fd, &st), 0);
+  assert_int_equal(st.st_size, 0);
+  /* A file that stops taking bytes: the result in memory, whole. */
+  {
+    struct rlimit old, lim;
+    void (*was)(int) = signal(SIGXFSZ, SIG_IGN);
+    assert_int_equal(getrlimit(RLIMIT_FSIZE, &old), 0);
+    lim = old;
+    lim.rlim_cur = 1 << 20;
+    assert_int_equal(setrlimit(RLIMIT_FSIZE, &lim), 0);
+    to_file_run(c, x, N, fd, OFF, &written, &r);
+    assert_int_equal(setrlimit(RLIMIT_FSIZE, &old), 0);
+    signal(SIGXFSZ, was);
+    assert_false(written);
+    for (size_t i = 0; i < N; i++)
+      if (((const double *)r.out[0].data)[i] != fabs(x[i]))
+        fail_msg("element %zu after the file filled: %g", i, ((const double *)r.out[0].data)[i]);
+    dspk_result_free(&r);
+  }
+  /* An error answer: nothing written, the sink gone with it. */
+  {
+    int64_t shape[1] = {N};
+    dspk_tensor in;
+    dspk_task t;
+    dspk_tensor_inline(&in, DSPK_F64, 1, shape, x);
+    dspk_task_init(&t, DSPK_OP_MAP);
+    t.map.fn = DSPK_MAP_ADD; /* without B: EINVAL */
+    t.inputs = &in;
+    t.ninputs = 1;
+    t.device = "cpu:0";
+    assert_int_equal(dspk_submit(c, &t, &tk), 0);
+    assert_int_equal(dspk_result_to_file(c, tk, fd, OFF, &written), 0);
+    assert_true(dspk_wait(c, tk, &r) < 0);
+    assert_false(written);
+  }
+  /* Bad arguments. */
+  assert_int_equal(dspk_result_to_file(c, 12345, fd, 0, &written), DSPK_ENOENT);
+  {
+    int wo = open(path, O_WRONLY), pfd[2];
+    assert_true(wo >= 0);
+    assert_int_equal(dspk_ping(c, NULL, 0) >= 0, 1);
+    assert_int_equal(dspk_result_to_file(c, 1, wo, 0, &written), DSPK_EINVAL);
+    assert_int_equal(pipe(pfd), 0);
+    assert_int_equal(dspk_result_to_file(c, 1, pfd[0], 0, &written), DSPK_EINVAL);
+    assert_int_equal(dspk_result_to_file(NULL, 1, fd, 0, &written), DSPK_EINVAL);
+    close(wo);
+    close(pfd[0]);
+    close(pfd[1]);
+  }
+  close(fd);
+  dspk_close(c);
+  assert_int_equal(count_fds(), fds0); /* the duplicates and the pipe are closed */
+  unlink(path);
+  free(x);
+  free(back);
+}
+
 /* Many requests with big inputs and outputs submitted before any answer is
  * read: the daemon stops reading from us (max-unsent, max-inflight), and the
  * library must take in answers while its sends are blocked. */
@@ -1828,6 +1963,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_inflight),
       cmocka_unit_test(test_inflight_large),
       cmocka_unit_test(test_file_data),
+      cmocka_unit_test(test_result_to_file),
       cmocka_unit_test(test_backpressure),
       cmocka_unit_test(test_cancel),
       cmocka_unit_test(test_bad_input),

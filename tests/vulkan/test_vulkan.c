@@ -551,9 +551,31 @@ static void t_gemm_cancel(void **state) {
                             .errmsg = msg, .errmsg_len = sizeof msg};
   snprintf(msg, sizeof msg, "gemm: tile v2-128x128x16-t256 exceeds this device's limits");
   int r = VKB->run(D, &op, &ctx);
-  assert_int_equal(r, DSPK_ECANCELED);
-  if (!strstr(msg, "canceled") || strstr(msg, "tile"))
-    fail_msg("canceled gemm says: %s", msg);
+  /* ECANCELED when the work stopped; a device fast enough to finish the
+   * tuning run that held the whole result first answers as usual (the
+   * result then checked) */
+  if (r == 0) {
+    struct htensor C = h_make(op.out[0].dtype, op.out[0].rank, op.out[0].shape, 0);
+    size_t nb = dspk__tensor_nbytes(&op.out[0]);
+    void *p = malloc(nb + 16);
+    assert_int_equal(VKB->read(D, op.out[0].mem, 0, p, nb), 0);
+    h_unpack(&C, p);
+    free(p);
+    double complex *want = calloc((size_t)(520 * 520), sizeof *want);
+    for (int i = 0; i < 520; i++)
+      for (int k = 0; k < 64; k++)
+        for (int j = 0; j < 520; j++)
+          want[i * 520 + j] += A.v[i * 64 + k] * B.v[k * 520 + j];
+    double e = h_relerr(&C, want, C.n);
+    free(want);
+    h_free(&C);
+    if (!(e <= 1e-12))
+      fail_msg("a gemm that finished before its cancel: rel err %g", e);
+  } else {
+    assert_int_equal(r, DSPK_ECANCELED);
+    if (!strstr(msg, "canceled") || strstr(msg, "tile"))
+      fail_msg("canceled gemm says: %s", msg);
+  }
   VKB->free(D, op.out[0].mem);
   VKB->free(D, op.in[0].mem);
   VKB->free(D, op.in[1].mem);
@@ -1617,11 +1639,13 @@ static void t_fir_tune_nonfinite(void **state) {
   repairs = dspk__vk_fir_repairs() - repairs;
   print_message("fir f32 2x20000, 1000 taps, the last NaN: tuned to %s (%u samples timed, %u "
                 "repairs)\n", dspk__vk_fir_last(), timed, repairs);
-  /* the overlap-save samples ran without the repair, the task's run with */
-  assert_true(!dspk__vk_timestamps(d) || timed >= 6 + 3 * 2);
-  assert_int_equal(repairs, 1);
-  assert_string_not_equal(dspk__vk_fir_last(), "direct");
+  /* the overlap-save samples ran without the repair, the task's run with
+   * (where the tuner kept an overlap-save path: lavapipe does; a fast GPU
+   * may find the direct sum of 1000 taps quicker, and needs no repair) */
+  int direct = strcmp(dspk__vk_fir_last(), "direct") == 0, ts = dspk__vk_timestamps(d);
   VKB->close(d);
+  assert_true(!ts || timed >= 6 + 3 * 2);
+  assert_int_equal(repairs, direct ? 0 : 1);
   dspk__autotune_forget_all();
   dspk__vk_fir_tune_always(0);
   dspk__cache_close(c);
