@@ -844,6 +844,30 @@ static void on_reject_close(uv_handle_t *h) { free(h); }
  * tests/oom, failing every allocation from the accept on). */
 static uv_pipe_t spare_pipe;
 static bool spare_busy, spare_wanted;
+/* How many of d's connections other than self (only user u's when u is not
+ * NULL) are gone though still counted: closing, or their client closed its
+ * end (POLLHUP: both directions shut, not a half-close) and the loop has
+ * not read that end of stream yet.  Asked only when a limit would refuse
+ * self: a client that connects again right after closing (a shell loop of
+ * commands under max_user_clients 1) is not refused for its own connection
+ * that is already gone. */
+static size_t conns_gone(struct dspkd *d, const struct conn *self, const struct duser *u) {
+  size_t n = 0;
+  for (struct conn *o = d->conns; o; o = o->next) {
+    struct pollfd p = {.events = 0};
+    if (o == self || (u && o->user != u))
+      continue;
+    if (o->closing) {
+      n++;
+      continue;
+    }
+    if (uv_fileno((uv_handle_t *)&o->pipe, &p.fd) == 0 && poll(&p, 1, 0) == 1 &&
+        (p.revents & POLLHUP))
+      n++;
+  }
+  return n;
+}
+
 static void on_connection(uv_stream_t *server, int status);
 
 static void on_spare_close(uv_handle_t *h) {
@@ -930,7 +954,7 @@ static void on_connection(uv_stream_t *server, int status) {
                         "allow_groups in the daemon's policy)");
     return;
   }
-  if (d->nconns > d->cfg.max_clients) {
+  if (d->nconns > d->cfg.max_clients && d->nconns - conns_gone(d, c, NULL) > d->cfg.max_clients) {
     char msg[96];
     snprintf(msg, sizeof msg, "more than %zu connections (max_clients)",
              d->cfg.max_clients);
@@ -942,10 +966,11 @@ static void on_connection(uv_stream_t *server, int status) {
     conn_protocol_error(c, DSPK_ENOMEM, "out of memory");
     return;
   }
-  if (c->user->nconns > d->cfg.max_user_clients) {
+  if (c->user->nconns > d->cfg.max_user_clients &&
+      c->user->nconns - conns_gone(d, c, c->user) > d->cfg.max_user_clients) {
     char msg[96];
     snprintf(msg, sizeof msg, "this user has %zu connections already (max_user_clients)",
-             c->user->nconns - 1);
+             c->user->nconns - 1 - conns_gone(d, c, c->user));
     conn_protocol_error(c, DSPK_ELIMIT, msg);
     return;
   }

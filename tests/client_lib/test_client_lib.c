@@ -1211,16 +1211,21 @@ static void test_inflight_large(void **state) {
  * file's, so the result tells which were sent: the file's; a descriptor the
  * kernel cannot sendfile from (a pipe) falls back to the memory; a file
  * shorter than the range breaks the connection with DSPK_EIO. */
-static void map_abs_f64(dspk_client *c, const double *x, size_t n, dspk_result *r, int want) {
+/* t: map abs of the n doubles at x on cpu:0 (in: its input). */
+static void abs_task(dspk_task *t, dspk_tensor *in, const double *x, size_t n) {
   int64_t shape[1] = {(int64_t)n};
+  dspk_tensor_inline(in, DSPK_F64, 1, shape, x);
+  dspk_task_init(t, DSPK_OP_MAP);
+  t->map.fn = DSPK_MAP_ABS;
+  t->inputs = in;
+  t->ninputs = 1;
+  t->device = "cpu:0";
+}
+
+static void map_abs_f64(dspk_client *c, const double *x, size_t n, dspk_result *r, int want) {
   dspk_tensor in;
   dspk_task t;
-  dspk_tensor_inline(&in, DSPK_F64, 1, shape, x);
-  dspk_task_init(&t, DSPK_OP_MAP);
-  t.map.fn = DSPK_MAP_ABS;
-  t.inputs = &in;
-  t.ninputs = 1;
-  t.device = "cpu:0";
+  abs_task(&t, &in, x, n);
   int rc = dspk_run(c, &t, r);
   if (rc != want)
     fail_msg("map abs: %d (%s), want %d", rc, dspk_last_error(c), want);
@@ -1295,16 +1300,10 @@ static void test_file_data(void **state) {
  * refused; no descriptor is left behind. */
 static void to_file_run(dspk_client *c, const double *x, size_t n, int fd, uint64_t off,
                         bool *written, dspk_result *r) {
-  int64_t shape[1] = {(int64_t)n};
   dspk_tensor in;
   dspk_task t;
   uint32_t tk;
-  dspk_tensor_inline(&in, DSPK_F64, 1, shape, x);
-  dspk_task_init(&t, DSPK_OP_MAP);
-  t.map.fn = DSPK_MAP_ABS;
-  t.inputs = &in;
-  t.ninputs = 1;
-  t.device = "cpu:0";
+  abs_task(&t, &in, x, n);
   assert_int_equal(dspk_submit(c, &t, &tk), 0);
   assert_int_equal(dspk_result_to_file(c, tk, fd, off, written), 0);
   if (dspk_wait(c, tk, r) != 0)
@@ -1385,15 +1384,10 @@ static void test_result_to_file(void **state) {
   }
   /* An error answer: nothing written, the sink gone with it. */
   {
-    int64_t shape[1] = {N};
     dspk_tensor in;
     dspk_task t;
-    dspk_tensor_inline(&in, DSPK_F64, 1, shape, x);
-    dspk_task_init(&t, DSPK_OP_MAP);
+    abs_task(&t, &in, x, N);
     t.map.fn = DSPK_MAP_ADD; /* without B: EINVAL */
-    t.inputs = &in;
-    t.ninputs = 1;
-    t.device = "cpu:0";
     assert_int_equal(dspk_submit(c, &t, &tk), 0);
     assert_int_equal(dspk_result_to_file(c, tk, fd, OFF, &written), 0);
     assert_true(dspk_wait(c, tk, &r) < 0);

@@ -1847,6 +1847,17 @@ def t_userconns(exe, tmp):
     for c in mine:
         c.close()
     d.stop()
+    # A client that connects again right after closing (a shell loop of
+    # commands) is not refused for its closed connection whose end of stream
+    # the daemon has not read yet; max_clients alike.
+    for flags in (["--max-user-clients", "1"], ["--max-clients", "1"]):
+        d = Daemon(exe, tmp, flags)
+        for i in range(300):
+            c = d.client()
+            check(c.call("ping", {"data": b"%d" % i})["data"] == b"%d" % i,
+                  "%s: connection %d right after the last one closed is served" % (flags, i))
+            c.close()
+        d.stop()
 
 
 def t_partial(exe, tmp):
