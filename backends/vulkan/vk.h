@@ -56,7 +56,8 @@
   XX(UnmapMemory) XX(FlushMappedMemoryRanges)                                  \
   XX(InvalidateMappedMemoryRanges)                                             \
   XX(CmdCopyBuffer) XX(CmdFillBuffer) XX(CmdPipelineBarrier) XX(CmdDispatch)   \
-  XX(CmdBindPipeline) XX(CmdPushConstants) XX(CmdBindDescriptorSets)           \
+  XX(CmdDispatchIndirect) XX(CmdBindPipeline) XX(CmdPushConstants)             \
+  XX(CmdBindDescriptorSets)                                                    \
   XX(CreateShaderModule) XX(DestroyShaderModule) XX(CreateComputePipelines)    \
   XX(DestroyPipeline) XX(CreatePipelineLayout) XX(DestroyPipelineLayout)       \
   XX(CreateDescriptorSetLayout) XX(DestroyDescriptorSetLayout)                 \
@@ -382,6 +383,11 @@ typedef void dspk__vk_slice_fn(void *pc, uint64_t r0, uint64_t rn, uint64_t n);
  * every invocation then loops a bounded number of times whatever n is
  * (lavapipe silently stops a shader invocation's loops after 65535
  * iterations in all). */
+/* dspk__vk_dispatch with the group counts read by the device from
+ * args (three words) when it runs: none when x is 0. */
+int dspk__vk_dispatch_indirect(struct dspk__dev *d, struct dspk__vk_kernel *k,
+                               const struct dspk__vk_bind *b, int nb, const void *pc,
+                               uint32_t pcsize, const struct dspk__vk_bind *args);
 int dspk__vk_dispatch_sliced(struct dspk__dev *d, struct dspk__vk_kernel *k,
                              const struct dspk__vk_bind *b, int nb, void *pc, uint32_t pcsize,
                              uint32_t gx, uint32_t gy, uint64_t n, uint64_t slice,
@@ -482,6 +488,19 @@ int dspk__vk_fir_direct(struct dspk__dev *d, struct dspk__op *op, struct dspk__o
  * segments. */
 int dspk__vk_fir_fixup(struct dspk__dev *d, struct dspk__op *op, const struct dspk__vk_bind *fl,
                        uint32_t S, uint32_t nb, uint32_t nblk, struct dspk__opctx *ctx);
+/* The list fl of non-finite overlap-save segments, in 32-bit words: [0, 3)
+ * the repair's indirect dispatch (x: min(listed * chunks, the cap below), 1,
+ * 1), [3] how many are listed, [DSPK__VK_FL_HEAD, +nblk) a flag per
+ * segment, then the list.  The GLSL that clears it (all but [1] and [2]
+ * zero) and the GLSL that lists segment g (its arguments: the words fl, the
+ * segment, nblk, S and the cap), for the kernels that write the outputs
+ * (vk_fir.c, vk_sfft.c). */
+#define DSPK__VK_FL_HEAD 4u
+#define DSPK__VK_FL_WORDS(nblk) (DSPK__VK_FL_HEAD + 2u * (uint32_t)(nblk))
+extern const char dspk__vk_fl_glsl[];
+/* The cap on the repair's workgroups for segments of S outputs, nblk in
+ * all (the fl list's push constant `cap`). */
+uint32_t dspk__vk_fir_fix_groups(const struct dspk__dev *d, uint32_t S, uint32_t nblk);
 /* fir's path, for tests and benchmarks (vk_fir.c, process-wide): force one
  * (-1: the tuned choice; 0: direct; 1..3: overlap-save with blocks of
  * 2^(m+1) times the filter's length rounded up to a power of two,
@@ -491,6 +510,10 @@ int dspk__vk_fir_fixup(struct dspk__dev *d, struct dspk__op *op, const struct ds
 #ifdef DSPK_TEST_HOOKS
 void dspk__vk_fir_force(int mode); /* test hooks: test builds only */
 void dspk__vk_fir_tune_always(int always);
+/* The first four words of the list of non-finite segments
+ * (DSPK__VK_FL_HEAD) of the calling thread's last overlap-save fir, once
+ * it completed: DSPK_ENOENT when its workspace is gone. */
+int dspk__vk_fir_list_head(struct dspk__dev *d, uint32_t head[4]);
 #endif
 /* Frees fir's workspace (a plan of kind 5, see plan_evict), through the
  * retirement queue. */

@@ -265,12 +265,14 @@ void dspk__vk_barrier(struct dspk__dev *d) {
                                          VK_ACCESS_SHADER_WRITE_BIT |
                                          VK_ACCESS_TRANSFER_READ_BIT |
                                          VK_ACCESS_TRANSFER_WRITE_BIT |
-                                         VK_ACCESS_HOST_READ_BIT};
+                                         VK_ACCESS_HOST_READ_BIT |
+                                         VK_ACCESS_INDIRECT_COMMAND_READ_BIT};
   VK(CmdPipelineBarrier)(d->rec,
                          VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT |
                              VK_PIPELINE_STAGE_TRANSFER_BIT | VK_PIPELINE_STAGE_HOST_BIT,
                          VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT |
-                             VK_PIPELINE_STAGE_TRANSFER_BIT | VK_PIPELINE_STAGE_HOST_BIT,
+                             VK_PIPELINE_STAGE_TRANSFER_BIT | VK_PIPELINE_STAGE_HOST_BIT |
+                             VK_PIPELINE_STAGE_DRAW_INDIRECT_BIT,
                          0, 1, &mb, 0, NULL, 0, NULL);
 }
 

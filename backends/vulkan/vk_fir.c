@@ -31,14 +31,19 @@
  * each segment (the S outputs of one block) in which it writes a NaN or an
  * Inf, by the exponent's bits, which no compiler's fast math folds away
  * (a flag per segment, set by atomicOr, so that the first only appends it
- * to the list; the count and flags cleared by vkCmdFillBuffer first), and
- * the direct kernel then runs on the listed segments only
- * (dspk__vk_fir_fixup), all in the same command buffer: no wait on the
- * host.  The result is the direct sum's wherever that is finite, and
+ * to the list; the fused pass notes a thread's at most two segments and
+ * lists them at its end), and the direct kernel then runs on the listed
+ * segments only (dspk__vk_fir_fixup), all in the same command buffer: no
+ * wait on the host.  The list (DSPK__VK_FL_HEAD) is cleared by the path's
+ * first pass over the blocks (the gather, or the fused forward
+ * transform's first pass), each run for itself, and its head is the
+ * repair's indirect dispatch, whose group count the lister raises to
+ * min(listed segments x chunks, the cap): zero workgroups when nothing is
+ * listed.  The result is the direct sum's wherever that is finite, and
  * non-finite exactly where it is; a NaN sample costs its block's segment,
- * a NaN tap the whole row, and finite data a fill of nblk+1 words and one
- * dispatch of a few hundred workgroups that read a count of zero (per
- * 16384 taps).  The same design as the cpu's (backends/cpu/fir.c) and the
+ * a NaN tap the whole row, and finite data one exponent test per output
+ * and an indirect dispatch of no workgroups (per 16384 taps, each with its
+ * barrier).  The same design as the cpu's (backends/cpu/fir.c) and the
  * GPU runtimes' (backends/gpurt/fir_fft.c).  The repair reads X after Y is
  * written: the daemon never hands a fir an output that overlaps an input
  * (it computes such an output into a block of its own, daemon/task.c).
@@ -76,6 +81,7 @@ static _Thread_local const char *fir_last = "";
 static _Thread_local int fir_last_fused;
 static _Thread_local unsigned fir_timed; /* tuner samples timed by timestamps */
 static _Thread_local unsigned fir_repairs; /* repair dispatches recorded */
+static _Thread_local size_t fir_ws_h, fir_ws_b; /* the last overlap-save workspace's key */
 
 /* Test hooks (proto/testhook.h): a production build has no such globals. */
 #ifdef DSPK_TEST_HOOKS
@@ -106,8 +112,8 @@ static int geometry(int64_t n, int64_t k, int64_t rows, int cplx, int m,
 static int fir_kernel(struct dspk__dev *d, dspk_dtype dt, int which,
                       struct dspk__vk_kernel **out, struct dspk__opctx *ctx) {
   static const char *const names[4] = {"fir.hpad", "fir.gather", "fir.cmul", "fir.scatter"};
-  static const int nbind[4] = {2, 2, 2, 3};
-  static const uint32_t pcs[4] = {12, 32, 8, 32};
+  static const int nbind[4] = {2, 3, 2, 3};
+  static const uint32_t pcs[4] = {12, 32, 8, 36};
   static const char *const body[4] = {
       /* hp = h zero-padded to L, as complex */
       "layout(std430, binding = 0) readonly buffer BH { T h[]; };\n"
@@ -116,12 +122,16 @@ static int fir_kernel(struct dspk__dev *d, dspk_dtype dt, int which,
       "void main() {\n"
       "  for (uint i = gl_GlobalInvocationID.x; i < pc.L; i += STRIDE)\n"
       "    hp[i] = i < pc.k ? TOC(h[pc.oh + i]) : C(0);\n}\n",
-      /* the blocks */
+      /* the blocks, and fl cleared for the scatter (see the top) */
       "layout(std430, binding = 0) readonly buffer BX { T x[]; };\n"
       "layout(std430, binding = 1) writeonly buffer BB { C b[]; };\n"
+      "layout(std430, binding = 2) buffer BF { uint fl[]; };\n"
       "layout(push_constant) uniform PC { uint total, n, km1, S, lg, nb, nblk, ox; } pc;\n"
+      "FL_GLSL"
       "void main() {\n"
       "  uint mask = (1u << pc.lg) - 1u;\n"
+      "  for (uint i = gl_GlobalInvocationID.x; i < 4u + pc.nblk; i += STRIDE)\n"
+      "    fl_clear(i, pc.nblk);\n"
       "  for (uint i = gl_GlobalInvocationID.x; i < pc.total; i += STRIDE) {\n"
       "    uint c = i >> pc.lg, j = i & mask;\n"
       "    C v = C(0);\n"
@@ -154,15 +164,14 @@ static int fir_kernel(struct dspk__dev *d, dspk_dtype dt, int which,
       "layout(std430, binding = 0) readonly buffer BB { C b[]; };\n"
       "layout(std430, binding = 1) writeonly buffer BY { T y[]; };\n"
       "layout(std430, binding = 2) buffer BF { uint fl[]; };\n"
-      "layout(push_constant) uniform PC { uint total, n, km1, S, lg, nb, nblk, oy; } pc;\n"
+      "layout(push_constant) uniform PC { uint total, n, km1, S, lg, nb, nblk, oy, cap; } pc;\n"
+      "FL_GLSL"
       "#if DBL\n"
       "bool bad(double v) { return (unpackDouble2x32(v).y & 0x7ff00000u) == 0x7ff00000u; }\n"
       "#else\n"
       "bool bad(float v) { return (floatBitsToUint(v) & 0x7f800000u) == 0x7f800000u; }\n"
       "#endif\n"
-      "void list(uint g) {\n"
-      "  if (atomicOr(fl[1u + g], 1u) == 0u) fl[1u + pc.nblk + atomicAdd(fl[0], 1u)] = g;\n"
-      "}\n"
+      "void list(uint g) { fl_list(g, pc.nblk, pc.S, pc.cap); }\n"
       "void main() {\n"
       "  for (uint i = gl_GlobalInvocationID.x; i < pc.total; i += STRIDE) {\n"
       "#if CPLX\n"
@@ -185,7 +194,13 @@ static int fir_kernel(struct dspk__dev *d, dspk_dtype dt, int which,
       "#endif\n"
       "  }\n}\n"};
   int cplx = dt == DSPK_C64 || dt == DSPK_C128, dbl = dt == DSPK_F64 || dt == DSPK_C128;
-  char src[4096];
+  char src[4096], bod[3072];
+  const char *fl = strstr(body[which], "FL_GLSL");
+  if (fl) /* the helpers of the list, dspk__vk_fl_glsl, in its place */
+    snprintf(bod, sizeof bod, "%.*s%s%s", (int)(fl - body[which]), body[which],
+             dspk__vk_fl_glsl, fl + 7);
+  else
+    snprintf(bod, sizeof bod, "%s", body[which]);
   snprintf(src, sizeof src,
            "#version 450\n"
            "layout(local_size_x = %d) in;\n"
@@ -193,7 +208,7 @@ static int fir_kernel(struct dspk__dev *d, dspk_dtype dt, int which,
            "#define STRIDE (gl_NumWorkGroups.x * %du)\n"
            "#if CPLX\n#define TOC(v) (v)\n#else\n#define TOC(v) C(v, 0)\n#endif\n%s",
            DSPK__VK_WG, dspk__vk_glsl_type(dt), dbl ? "dvec2" : "vec2", cplx, dbl, cplx ? 1 : 2,
-           DSPK__VK_WG, body[which]);
+           DSPK__VK_WG, bod);
   return dspk__vk_kernel(d, names[which], src, NULL, 0, "main", nbind[which], pcs[which],
                          out, ctx);
 }
@@ -255,12 +270,16 @@ void dspk__vk_fir_ws_free(struct dspk__dev *d, void *ws) {
  * filters of hbytes: bb holds bbytes/hbytes rows of L, each of one or two
  * blocks, and the list has a count, a flag per block and a slot per block. */
 static size_t fl_bytes(size_t hbytes, size_t bbytes) {
-  return 4 * (1 + 2 * 2 * (bbytes / hbytes));
+  return 4 * (size_t)DSPK__VK_FL_WORDS(2 * (bbytes / hbytes));
+}
+
+static int ws_key(char *key, size_t len, size_t hbytes, size_t bbytes) {
+  return snprintf(key, len, "firws|%zu|%zu", hbytes, bbytes);
 }
 
 static int get_ws(struct dspk__dev *d, size_t hbytes, size_t bbytes, struct fir_ws **out) {
   char key[96];
-  int klen = snprintf(key, sizeof key, "firws|%zu|%zu", hbytes, bbytes);
+  int klen = ws_key(key, sizeof key, hbytes, bbytes);
   struct fir_ws *w = dspk__plancache_get(&d->plans, key, (size_t)klen);
   int r;
   if (w) {
@@ -281,6 +300,15 @@ static int get_ws(struct dspk__dev *d, size_t hbytes, size_t bbytes, struct fir_
   *out = w;
   return 0;
 }
+
+#ifdef DSPK_TEST_HOOKS
+int dspk__vk_fir_list_head(struct dspk__dev *d, uint32_t head[4]) {
+  char key[96];
+  int klen = ws_key(key, sizeof key, fir_ws_h, fir_ws_b);
+  struct fir_ws *w = dspk__plancache_get(&d->plans, key, (size_t)klen);
+  return w ? dspk__vk_read(d, w->fl, 0, head, 16) : DSPK_ENOENT;
+}
+#endif
 
 /* The configuration of our fft kernels (vk_sfft.c) for the fused path of
  * real f32 signals: nc rows of L; 0 when none can run them.  The test hook
@@ -353,25 +381,22 @@ static int fir_ols(struct dspk__dev *d, struct dspk__op *op, int m, struct dspk_
   uint32_t gat[8] = {tb, (uint32_t)n, (uint32_t)(k - 1), (uint32_t)g.S, (uint32_t)g.lg,
                      (uint32_t)g.nb, (uint32_t)g.nblk, ex};
   uint32_t mul[2] = {tb, (uint32_t)g.lg};
-  uint32_t sct[8] = {ts, (uint32_t)n, (uint32_t)(k - 1), (uint32_t)g.S, (uint32_t)g.lg,
-                     (uint32_t)g.nb, (uint32_t)g.nblk, ey};
+  uint32_t cap = dspk__vk_fir_fix_groups(d, (uint32_t)g.S, (uint32_t)g.nblk);
+  uint32_t sct[9] = {ts, (uint32_t)n, (uint32_t)(k - 1), (uint32_t)g.S, (uint32_t)g.lg,
+                     (uint32_t)g.nb, (uint32_t)g.nblk, ey, cap};
   struct dspk__vk_bind b1[2] = {bh, whole(w->hp, hbytes)};
-  struct dspk__vk_bind b2[2] = {bx, whole(w->bb, bbytes)};
-  struct dspk__vk_bind b3[2] = {whole(w->ff, bbytes), whole(w->hs, hbytes)};
   VkDeviceSize flb = (VkDeviceSize)fl_bytes(hbytes, bbytes);
   struct dspk__vk_bind bf = whole(w->fl, flb);
+  struct dspk__vk_bind b2[3] = {bx, whole(w->bb, bbytes), bf};
+  struct dspk__vk_bind b3[2] = {whole(w->ff, bbytes), whole(w->hs, hbytes)};
   struct dspk__vk_bind b4[3] = {whole(w->bb, bbytes), by, bf};
   /* The transforms may add plans to the cache and so evict w: while busy,
    * its eviction waits for the end of this recording. */
   struct dspk__vk_sfft_cfg sk;
   fir_last_fused = dt == DSPK_F32 && fused_cfg(d, g.L, g.nc + 1, &sk);
   w->busy = 1;
-  /* the list's count and flags cleared before the scatter lists anything */
-  VkCommandBuffer cb;
-  if ((r = dspk__vk_cmd(d, &cb)))
-    goto out;
-  VK(CmdFillBuffer)(cb, w->fl->buf, w->fl->off, (VkDeviceSize)(1 + g.nblk) * 4, 0);
-  dspk__vk_barrier(d);
+  fir_ws_h = hbytes;
+  fir_ws_b = bbytes;
   if (fir_last_fused) {
     /* Our fft kernels with the gather, the filter's transform (one row
      * more), the multiplication and the scatter done by their first and
@@ -379,7 +404,7 @@ static int fir_ols(struct dspk__dev *d, struct dspk__op *op, int m, struct dspk_
     struct dspk__vk_bind ff = whole(w->ff, bbytes), bb = whole(w->bb, bbytes);
     uint64_t rows = (uint64_t)g.nc + 1;
     struct dspk__vk_sfft_fir fw = {&bx, &bh, &bf, ex, eh, (uint32_t)n, (uint32_t)(k - 1),
-                                   (uint32_t)g.S, (uint32_t)g.nb, (uint32_t)g.nblk};
+                                   (uint32_t)g.S, (uint32_t)g.nb, (uint32_t)g.nblk, cap};
     struct dspk__vk_sfft_fir iv = fw;
     iv.sig = &by;
     iv.sigoff = ey;
@@ -389,7 +414,7 @@ static int fir_ols(struct dspk__dev *d, struct dspk__op *op, int m, struct dspk_
       r = dspk__vk_sfft_fir(d, &sk, (uint64_t)g.L, rows, 1, &iv, &ff, 0, &bb, 0, ctx);
   } else if ((r = dspk__vk_dispatch(d, kk[0], b1, 2, pad, sizeof pad, groups(L), 1, 1)) == 0 &&
              (r = fft_rows(d, cdt, w->hp, w->hs, 1, g.L, 0, ctx)) == 0 &&
-             (r = dspk__vk_dispatch(d, kk[1], b2, 2, gat, sizeof gat, groups(tb), 1, 1)) == 0 &&
+             (r = dspk__vk_dispatch(d, kk[1], b2, 3, gat, sizeof gat, groups(tb), 1, 1)) == 0 &&
              (r = fft_rows(d, cdt, w->bb, w->ff, g.nc, g.L, 0, ctx)) == 0 &&
              (r = dspk__vk_dispatch(d, kk[2], b3, 2, mul, sizeof mul, groups(tb), 1, 1)) == 0 &&
              (r = fft_rows(d, cdt, w->ff, w->bb, g.nc, g.L, 1, ctx)) == 0) {
@@ -401,7 +426,6 @@ static int fir_ols(struct dspk__dev *d, struct dspk__op *op, int m, struct dspk_
     r = dspk__vk_fir_fixup(d, op, &bf, (uint32_t)g.S, (uint32_t)g.nb, (uint32_t)g.nblk, ctx);
     fir_repairs++;
   }
-out:
   w->busy = 0;
   if (w->evicted)
     dspk__vk_fir_ws_free(d, w);

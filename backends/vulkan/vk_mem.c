@@ -38,9 +38,11 @@ struct dspk__vk_slab {
   uint64_t *used; /* bitmap */
 };
 
+/* (indirect: fir's repair takes its group count from a buffer, vk_fir.c) */
 static const VkBufferUsageFlags usage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT |
                                         VK_BUFFER_USAGE_TRANSFER_SRC_BIT |
-                                        VK_BUFFER_USAGE_TRANSFER_DST_BIT;
+                                        VK_BUFFER_USAGE_TRANSFER_DST_BIT |
+                                        VK_BUFFER_USAGE_INDIRECT_BUFFER_BIT;
 
 /* Makes a buffer of n bytes with its own memory of type `type`, mapped when
  * host-visible. */

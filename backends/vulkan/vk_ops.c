@@ -726,17 +726,42 @@ int dspk__vk_fir_direct(struct dspk__dev *d, struct dspk__op *op, struct dspk__o
 }
 
 /* The repair of fir's overlap-save output (vk_fir.c): the direct sum on
- * the segments listed in fl (words: [0] the count, [1, 1+nblk) a flag per
- * segment, [1+nblk, 1+nblk+count) the segments, row*nb + block, each of
- * S outputs), overwriting them.  Workgroup w of G takes the pairs (listed
- * segment, chunk of DSPK__VK_WG outputs) w, w+G, ...: with nothing listed
- * every workgroup reads the count and ends, so G stays small on hardware
- * (FIX_GROUPS); lavapipe, which silently ends an invocation's loops after
- * 65535 iterations in all, gets up to 65535 and fewer taps per dispatch
- * when a workgroup has more than one pair.  The test hook
- * DSPK_VK_FIR_FIX_GROUPS sets a smaller G (tests: workgroups that take
+ * the segments listed in fl (see DSPK__VK_FL_HEAD: each segment, row*nb +
+ * block, S outputs), overwriting them.  Workgroup w of G takes the pairs
+ * (listed segment, chunk of DSPK__VK_WG outputs) w, w+G, ..., G being
+ * min(pairs, cap) as the lister left it in fl[0] for an indirect
+ * dispatch: none at all when nothing is listed.  The cap stays small on
+ * hardware (FIX_GROUPS); lavapipe, which silently ends an invocation's
+ * loops after 65535 iterations in all, gets up to 65535 and fewer taps per
+ * dispatch when a workgroup may have more than one pair (counted for every
+ * segment listed, the most there can be).  The test hook
+ * DSPK_VK_FIR_FIX_GROUPS sets a smaller cap (tests: workgroups that take
  * several pairs, taps in several dispatches). */
 #define FIX_GROUPS 512u
+const char dspk__vk_fl_glsl[] =
+    "void fl_clear(uint i, uint nblk) {\n"
+    "  if (i < 4u + nblk) fl[i] = i == 1u || i == 2u ? 1u : 0u;\n"
+    "}\n"
+    "void fl_list(uint g, uint nblk, uint S, uint cap) {\n"
+    "  if (atomicOr(fl[4u + g], 1u) != 0u) return;\n"
+    "  uint q = atomicAdd(fl[3], 1u);\n"
+    "  fl[4u + nblk + q] = g;\n"
+    "  atomicMax(fl[0], min((q + 1u) * ((S + 255u) / 256u), cap));\n"
+    "}\n";
+_Static_assert(DSPK__VK_WG == 256, "dspk__vk_fl_glsl's chunks of DSPK__VK_WG outputs");
+
+uint32_t dspk__vk_fir_fix_groups(const struct dspk__dev *d, uint32_t S, uint32_t nblk) {
+  uint64_t pairs = (uint64_t)nblk * ((S + DSPK__VK_WG - 1) / DSPK__VK_WG);
+  uint64_t g = d->props.deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU ? DSPK__VK_MAX_GROUPS
+                                                                   : FIX_GROUPS;
+  const char *hook = DSPK_TEST_HOOK("DSPK_VK_FIR_FIX_GROUPS");
+  if (hook && atoi(hook) > 0)
+    g = (uint64_t)atoi(hook);
+  if (g > pairs)
+    g = pairs ? pairs : 1;
+  return (uint32_t)g;
+}
+
 int dspk__vk_fir_fixup(struct dspk__dev *d, struct dspk__op *op, const struct dspk__vk_bind *fl,
                        uint32_t S, uint32_t nb, uint32_t nblk, struct dspk__opctx *ctx) {
   const struct dspk__tensor *X = &op->in[0], *H = &op->in[1];
@@ -756,9 +781,9 @@ int dspk__vk_fir_fixup(struct dspk__dev *d, struct dspk__op *op, const struct ds
            "  first, S, nb, nblk; } pc;\n"
            "shared T hs[%d];\n"
            "void main() {\n"
-           "  uint lid = gl_LocalInvocationID.x, pairs = fl[0] * pc.chunks;\n"
+           "  uint lid = gl_LocalInvocationID.x, pairs = fl[3] * pc.chunks;\n"
            "  for (uint w = gl_WorkGroupID.x; w < pairs; w += gl_NumWorkGroups.x) {\n"
-           "    uint q = w / pc.chunks, seg = fl[1u + pc.nblk + q];\n"
+           "    uint q = w / pc.chunks, seg = fl[4u + pc.nblk + q];\n"
            "    uint row = seg / pc.nb, j0 = (w - q * pc.chunks) * %du + lid;\n"
            "    uint t = (seg - row * pc.nb) * pc.S + j0, o = row * pc.n;\n"
            "    bool live = j0 < pc.S && t < pc.n;\n"
@@ -785,24 +810,21 @@ int dspk__vk_fir_fixup(struct dspk__dev *d, struct dspk__op *op, const struct ds
   int64_t n = X->shape[X->rank - 1];
   uint32_t k = (uint32_t)(H->shape[0] < n ? H->shape[0] : n);
   uint32_t chunks = (S + DSPK__VK_WG - 1) / DSPK__VK_WG;
-  uint64_t pairs = (uint64_t)nblk * chunks;
-  int sw = d->props.deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU;
-  uint64_t g = sw ? DSPK__VK_MAX_GROUPS : FIX_GROUPS;
-  const char *hook = DSPK_TEST_HOOK("DSPK_VK_FIR_FIX_GROUPS");
-  if (hook && atoi(hook) > 0)
-    g = (uint64_t)atoi(hook);
-  if (g > pairs)
-    g = pairs ? pairs : 1;
+  uint64_t pairs = (uint64_t)nblk * chunks, g = dspk__vk_fir_fix_groups(d, S, nblk);
   uint64_t per = (pairs + g - 1) / g, slice = FIR_TAP_SLICE;
-  if (sw && per > 1)
+  if (d->props.deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU && per > 1)
     slice = FIR_TAP_SLICE / per / DSPK__VK_WG * DSPK__VK_WG;
   if (slice < DSPK__VK_WG)
     slice = DSPK__VK_WG;
   uint32_t pc[13] = {0, (uint32_t)n, k, e[0], e[1], e[2], 0, 0, chunks, 0, S, nb, nblk};
-  if (k == 0)
-    return 0;
-  return dspk__vk_dispatch_sliced(d, kern, b, 4, pc, sizeof pc, (uint32_t)g, 1, k, slice,
-                                  fir_slice);
+  struct dspk__vk_bind args = {fl->buf, fl->off, 12};
+  /* (as dspk__vk_dispatch_sliced, with the groups the lister counted) */
+  for (uint64_t r0 = 0; r0 < k; r0 += slice) {
+    fir_slice(pc, r0, k - r0 < slice ? k - r0 : slice, k);
+    if ((r = dspk__vk_dispatch_indirect(d, kern, b, 4, pc, sizeof pc, &args)))
+      return r;
+  }
+  return 0;
 }
 
 /* ---- raw kernels ------------------------------------------------------------ */

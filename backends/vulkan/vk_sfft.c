@@ -426,11 +426,12 @@ static void gen_hooks(struct dspk__vk_sbuf *b, const struct splan *pl, int hk) {
   int lg = ilog2(pl->n);
   if (!hk) {
     ap(b, "layout(push_constant) uniform PC { uint xoff, ooff, ngroups; float scale; } pc;\n"
-          "#define LD(i) x[i]\n#define ST(i, v) o[i] = (v)\n");
+          "#define LD(i) x[i]\n#define ST(i, v) o[i] = (v)\n"
+          "#define FL_BEGIN(g, tid)\n#define FL_END()\n");
     return;
   }
   ap(b, "layout(push_constant) uniform PC { uint xoff, ooff, ngroups; float scale;\n"
-        "  uint n, km1, S, nb, nblk, aoff, hoff; } pc;\n"
+        "  uint n, km1, S, nb, nblk, aoff, hoff, cap; } pc;\n"
         "layout(std430, binding = 3) buffer BA { float a[]; };\n"
         "layout(std430, binding = 4) readonly buffer BH { %s hs[]; };\n",
      hk & HK_MUL ? "vec2" : "float");
@@ -454,12 +455,26 @@ static void gen_hooks(struct dspk__vk_sbuf *b, const struct splan *pl, int hk) {
     ap(b, "#define LD(i) cmul(x[i], hs[pc.hoff + (((i) - pc.xoff) & %uu)])\n", mask);
   else
     ap(b, "#define LD(i) x[i]\n");
-  /* A block that gets a NaN or an Inf output (by the exponent's bits) is
-   * listed in fl (vk_fir.c: [0] the count, [1, 1+nblk) a flag per block,
-   * then the list), for the direct kernel to compute it again. */
+  /* The list of blocks that get a NaN or an Inf output (vk_fir.c,
+   * DSPK__VK_FL_HEAD), for the direct kernel to compute them again: the
+   * forward transform's first pass clears it (FL_BEGIN, before anything
+   * else), the inverse's last pass lists a block by the exponent's bits of
+   * its outputs.  All of a thread's outputs belong to one row of two blocks
+   * (its transform), so it only notes which of the two got one (nf_b) and
+   * lists them once, at its end (FL_END); an output of another row, were
+   * there one, is listed at once. */
+  if (hk & (HK_LD | HK_SCT))
+    ap(b, "layout(std430, binding = 5) buffer BL { uint fl[]; };\n%s", dspk__vk_fl_glsl);
+  if (hk & HK_LD)
+    ap(b, "#define FL_BEGIN(g, tid) for (uint i_ = g * gl_WorkGroupSize.x + tid; "
+          "i_ < 4u + pc.nblk; i_ += pc.ngroups * gl_WorkGroupSize.x) fl_clear(i_, pc.nblk)\n");
+  else
+    ap(b, "#define FL_BEGIN(g, tid)\n");
+  if (!(hk & HK_SCT))
+    ap(b, "#define FL_END()\n");
   if (hk & HK_SCT)
     ap(b,
-       "layout(std430, binding = 5) buffer BL { uint fl[]; };\n"
+       "uint nf_b = 0u, nf_c = 0u;\n"
        "void ST(uint i, vec2 v) {\n"
        "  uint q = i - pc.ooff, c = q >> %du, j = q & %uu;\n"
        "  if (j < pc.km1) return;\n"
@@ -471,10 +486,15 @@ static void gen_hooks(struct dspk__vk_sbuf *b, const struct splan *pl, int hk) {
        "    float s = p == 0u ? v.x : v.y;\n"
        "    if (t >= pc.n) continue;\n"
        "    a[pc.aoff + row * pc.n + t] = s;\n"
-       "    if ((floatBitsToUint(s) & 0x7f800000u) == 0x7f800000u &&\n"
-       "        atomicOr(fl[1u + g], 1u) == 0u)\n"
-       "      fl[1u + pc.nblk + atomicAdd(fl[0], 1u)] = g;\n"
+       "    if ((floatBitsToUint(s) & 0x7f800000u) == 0x7f800000u) {\n"
+       "      if (nf_b != 0u && nf_c != c) fl_list(g, pc.nblk, pc.S, pc.cap);\n"
+       "      else { nf_b |= 1u << p; nf_c = c; }\n"
+       "    }\n"
        "  }\n"
+       "}\n"
+       "void FL_END() {\n"
+       "  for (uint p = 0u; p < 2u; p++)\n"
+       "    if ((nf_b & (1u << p)) != 0u) fl_list(2u * nf_c + p, pc.nblk, pc.S, pc.cap);\n"
        "}\n",
        lg, mask);
   else
@@ -523,7 +543,8 @@ static int gen_pass(const struct splan *pl, const struct pass *p, int inverse, i
      "  uint g = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;\n"
      "  if (g >= pc.ngroups) return;\n"
      "  uint row = g / %uu, m0 = (g %% %uu) * %uu;\n"
-     "  uint tid = gl_LocalInvocationID.x;\n",
+     "  uint tid = gl_LocalInvocationID.x;\n"
+     "  FL_BEGIN(g, tid);\n",
      G, G, p->C);
   if (cf)
     ap(&b, "  uint c = tid %% %uu, t = tid / %uu;\n", p->C, p->C);
@@ -635,7 +656,7 @@ static int gen_pass(const struct splan *pl, const struct pass *p, int inverse, i
         ap(&b, "  }\n");
     }
   }
-  ap(&b, "}\n");
+  ap(&b, "  FL_END();\n}\n");
   if (b.over) {
     free(b.p);
     return DSPK_ENOMEM;
@@ -763,7 +784,7 @@ static int run_pass(struct dspk__dev *d, struct splan *pl, int i, int inverse,
   struct {
     uint32_t xoff, ooff, ngroups;
     float scale;
-    uint32_t n, km1, S, nb, nblk, aoff, hoff;
+    uint32_t n, km1, S, nb, nblk, aoff, hoff, cap;
   } pc;
   struct dspk__vk_kernel *k = dspk__vk_kmemo_get(d, &pl->kern[v][i]);
   if (!k) {
@@ -796,6 +817,7 @@ static int run_pass(struct dspk__dev *d, struct splan *pl, int i, int inverse,
     pc.nblk = f->nblk;
     pc.aoff = f->sigoff;
     pc.hoff = f->hoff;
+    pc.cap = f->cap;
   }
   uint32_t mx = d->props.limits.maxComputeWorkGroupCount[0];
   uint32_t gx = groups < mx ? groups : mx;

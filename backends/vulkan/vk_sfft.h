@@ -73,10 +73,11 @@ int dspk__vk_sfft(struct dspk__dev *d, const struct dspk__vk_sfft_cfg *cfg, uint
  * filter's own transform, the multiplication and the scatter cost no
  * passes over memory of their own. */
 struct dspk__vk_sfft_fir {
-  /* fl: the list of segments with a non-finite output (vk_fir.c), which
-   * the inverse's last pass appends to */
+  /* fl: the list of segments with a non-finite output (vk_fir.c,
+   * DSPK__VK_FL_HEAD), which the forward transform's first pass clears and
+   * the inverse's last pass appends to; cap: its push constant */
   const struct dspk__vk_bind *sig, *hs, *fl;
-  uint32_t sigoff, hoff, n, km1, S, nb, nblk;
+  uint32_t sigoff, hoff, n, km1, S, nb, nblk, cap;
 };
 /* dspk__vk_sfft with f's hooks (the plan from d's plan cache). */
 int dspk__vk_sfft_fir(struct dspk__dev *d, const struct dspk__vk_sfft_cfg *cfg, uint64_t L,

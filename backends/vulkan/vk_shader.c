@@ -441,9 +441,11 @@ int dspk__vk_bind_tensor(struct dspk__dev *d, const struct dspk__tensor *t,
   return 0;
 }
 
-int dspk__vk_dispatch(struct dspk__dev *d, struct dspk__vk_kernel *k,
-                      const struct dspk__vk_bind *b, int nb, const void *pc,
-                      uint32_t pcsize, uint32_t gx, uint32_t gy, uint32_t gz) {
+/* Binds k, its bindings and push constants in the open command buffer
+ * (opening one). */
+static int bind_kernel(struct dspk__dev *d, struct dspk__vk_kernel *k,
+                       const struct dspk__vk_bind *b, int nb, const void *pc, uint32_t pcsize,
+                       VkCommandBuffer *cbp) {
   VkCommandBuffer cb;
   int r = dspk__vk_cmd(d, &cb);
   if (r)
@@ -469,8 +471,31 @@ int dspk__vk_dispatch(struct dspk__dev *d, struct dspk__vk_kernel *k,
     VK(CmdPushConstants)(cb, k->layout, VK_SHADER_STAGE_COMPUTE_BIT, 0,
                          (k->pcsize + 3) & ~3u, buf);
   }
+  *cbp = cb;
+  return 0;
+}
+
+int dspk__vk_dispatch(struct dspk__dev *d, struct dspk__vk_kernel *k,
+                      const struct dspk__vk_bind *b, int nb, const void *pc,
+                      uint32_t pcsize, uint32_t gx, uint32_t gy, uint32_t gz) {
+  VkCommandBuffer cb;
+  int r = bind_kernel(d, k, b, nb, pc, pcsize, &cb);
+  if (r)
+    return r;
   if (gx && gy && gz)
     VK(CmdDispatch)(cb, gx, gy, gz);
+  dspk__vk_barrier(d);
+  return 0;
+}
+
+int dspk__vk_dispatch_indirect(struct dspk__dev *d, struct dspk__vk_kernel *k,
+                               const struct dspk__vk_bind *b, int nb, const void *pc,
+                               uint32_t pcsize, const struct dspk__vk_bind *args) {
+  VkCommandBuffer cb;
+  int r = bind_kernel(d, k, b, nb, pc, pcsize, &cb);
+  if (r)
+    return r;
+  VK(CmdDispatchIndirect)(cb, args->buf, args->off);
   dspk__vk_barrier(d);
   return 0;
 }

@@ -1474,9 +1474,23 @@ static void fir_values_case(const char *what, dspk_dtype dt, int mode, const str
       want[2 * (b * n + i)] = re;
       want[2 * (b * n + i) + 1] = im;
     }
+  int nonfinite = 0;
   for (int64_t i = 0; i < 2 * X->n; i++)
     if (isfinite(want[i]) && fabs(want[i]) > big)
       big = fabs(want[i]);
+    else if (!isfinite(want[i]))
+      nonfinite = 1;
+  /* The overlap-save path's list of non-finite segments (vk_fir.c): the
+   * repair's indirect dispatch (x, 1, 1) has workgroups exactly when a
+   * segment is listed, and one is where the direct sum is non-finite. */
+  if (strcmp(path, "direct") != 0) {
+    uint32_t head[4];
+    assert_int_equal(dspk__vk_fir_list_head(D, head), 0);
+    if (head[1] != 1 || head[2] != 1 || !head[0] != !head[3] || (nonfinite && !head[3]))
+      fail_msg("fir %s %s %s%s: the list's head is %u %u %u, %u listed", what,
+               dspk__dtype_name(dt), path, fused ? " fused" : "", head[0], head[1], head[2],
+               head[3]);
+  }
   for (int64_t i = 0; i < 2 * X->n; i++) {
     if (!h_cplx(dt) && (i & 1))
       continue;
@@ -1500,7 +1514,9 @@ static void fir_values_case(const char *what, dspk_dtype dt, int mode, const str
  * precision: sums of at most 9e34): every dtype the device has, the
  * overlap-save path forced in each block size (rows of one block and of
  * several; f32 fused into our fft kernels and not) and chosen (lavapipe's
- * heuristic: ols-x8 from 128 taps), and the repair with few workgroups. */
+ * heuristic: ols-x8 from 128 taps), and the repair with few workgroups;
+ * each followed by finite data in the same workspace, which must list
+ * nothing (the list cleared by the run itself). */
 static void t_fir_fft_nonfinite(void **state) {
   (void)state;
   static const int64_t cases[][4] = {/* rows, n, k, mode */
@@ -1543,12 +1559,27 @@ static void t_fir_fft_nonfinite(void **state) {
             setenv("DSPK_VK_FIR_SK", "off", 1);
           fir_values_case(what, dt, (int)cases[c][3], &X, &Hh, tol);
           unsetenv("DSPK_VK_FIR_FIX_GROUPS");
-          if (off == 2) {
-            unsetenv("DSPK_VK_FIR_SK");
+          if (off == 2)
             assert_false(dspk__vk_fir_last_fused());
-          }
           h_free(&X);
           h_free(&Hh);
+          /* Finite data next, in the same workspace (f32 fused or not):
+           * the run clears the list the last one left (no fill of its own),
+           * so nothing is listed and the repair launches no workgroup. */
+          if (v != 1 && off != 1) {
+            uint32_t head[4];
+            X = h_make(dt, 2, xs, 1);
+            Hh = h_make(dt, 1, hs, 1);
+            fir_values_case("finite after", dt, (int)cases[c][3], &X, &Hh, tol);
+            if (strcmp(dspk__vk_fir_last(), "direct") != 0) {
+              assert_int_equal(dspk__vk_fir_list_head(D, head), 0);
+              assert_int_equal(head[0], 0);
+              assert_int_equal(head[3], 0);
+            }
+            h_free(&X);
+            h_free(&Hh);
+          }
+          unsetenv("DSPK_VK_FIR_SK");
         }
   }
 }
