@@ -603,15 +603,15 @@ static char *sink_fallback(const struct dspk__sink *s, size_t len, size_t got) {
  * bytes in rbuf are written to the sink's file with pwrite, the rest moved
  * from the socket to the file through a pipe with splice(2) (never through
  * this process's memory), and c->land becomes a read-only shared mapping of
- * the file's range (*written set).  A file that takes no write, or stops
- * taking them, gets the payload received into memory instead, as land()
- * would (*written left false: the caller writes the file itself).  1 when
- * nothing was taken (land() goes on as usual), 0 when landed, or a negative
- * code (the connection broken, a timeout). */
+ * the file's range (*written set): 0.  A file that takes no write: 1,
+ * nothing taken (land() goes on as usual).  One that stops taking them, or
+ * a socket splice cannot read: 2, *mem holding the payload's first *got
+ * bytes (read back from the file, and from the pipe), for land() to receive
+ * the rest into as usual (*written left false: the caller writes the file
+ * itself).  Or a negative code (the connection broken, a timeout). */
 static int land_file(dspk_client *c, const struct dspk__run_head *h, struct dspk__sink *s,
-                     int64_t deadline) {
+                     int64_t deadline, char **mem, size_t *got) {
   size_t have = c->rlen - h->head, take = have < h->len ? have : h->len, pos = 0;
-  char *mem = NULL; /* the payload in memory, once the file failed */
   long pg = sysconf(_SC_PAGESIZE);
   int rc;
 
@@ -637,7 +637,6 @@ static int land_file(dspk_client *c, const struct dspk__run_head *h, struct dspk
     short rev;
     ssize_t k;
     if ((rc = wait_ready(c, POLLIN, deadline, &rev)) != 0) {
-      free(mem);
       if (rc != DSPK_ETIMEDOUT)
         return rc;
       c->skip = h->len - pos; /* as land(): the stream stays whole */
@@ -646,70 +645,45 @@ static int land_file(dspk_client *c, const struct dspk__run_head *h, struct dspk
     k = splice(c->fd, NULL, c->sink_pipe[1], NULL, want, SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
     if (k < 0 && (errno == EINTR || errno == EAGAIN))
       continue;
-    if (k < 0 && !mem && (errno == EINVAL || errno == ENOSYS)) {
-      /* no splice from this socket: the rest into memory, by recv */
-      if (!(mem = sink_fallback(s, h->len, pos)))
-        return mark_broken(c, dspk__cerr(c, DSPK_ENOMEM, "out of memory"));
-      while (pos < h->len) {
-        ssize_t got = recv(c->fd, mem + pos, h->len - pos, MSG_DONTWAIT);
-        if (got < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) {
-          if (got < 0 && errno != EINTR && (rc = wait_ready(c, POLLIN, deadline, &rev)) != 0) {
-            free(mem);
-            if (rc != DSPK_ETIMEDOUT)
-              return rc;
-            c->skip = h->len - pos;
-            return timed_out(c, "the daemon's answer did not arrive whole");
-          }
-          continue;
-        }
-        if (got <= 0) {
-          int e = errno;
-          free(mem);
-          return mark_broken(c, dspk__cerr(c, got == 0 ? DSPK_ECLOSED : recv_code(e),
-                                           "reading from the daemon: %s",
-                                           got == 0 ? "connection closed" : strerror(e)));
-        }
-        pos += (size_t)got;
-      }
+    if (k < 0 && (errno == EINVAL || errno == ENOSYS)) /* no splice from this socket */
       break;
-    }
     if (k <= 0) {
       int e = errno;
-      free(mem);
       return mark_broken(c, dspk__cerr(c, k == 0 ? DSPK_ECLOSED : recv_code(e),
                                        "reading from the daemon: %s",
                                        k == 0 ? "connection closed" : strerror(e)));
     }
     for (left = (size_t)k; left > 0;) { /* the pipe emptied before the next */
       ssize_t w;
-      if (!mem) {
+      if (!*mem) {
         loff_t o = (loff_t)(s->off + pos);
         w = splice(c->sink_pipe[0], NULL, s->fd, &o, left, SPLICE_F_MOVE);
         if (w < 0 && errno == EINTR)
           continue;
-        if (w <= 0 && !(mem = sink_fallback(s, h->len, pos)))
+        if (w <= 0 && !(*mem = sink_fallback(s, h->len, pos)))
           return mark_broken(c, dspk__cerr(c, DSPK_EIO, "writing a result to its file "
                                            "failed and it cannot be read back"));
         if (w <= 0)
           continue;
       } else {
-        w = read(c->sink_pipe[0], mem + pos, left);
+        w = read(c->sink_pipe[0], *mem + pos, left);
         if (w < 0 && errno == EINTR)
           continue;
-        if (w <= 0) {
-          free(mem);
+        if (w <= 0)
           return mark_broken(c, dspk__cerr(c, DSPK_EIO, "reading a result's pipe: %s",
                                            strerror(errno)));
-        }
       }
       pos += (size_t)w;
       left -= (size_t)w;
     }
+    if (*mem) /* the pipe is empty: land() receives the rest */
+      break;
   }
-  if (!mem) {
+  if (pos < h->len || !*mem) {
     uint64_t at = pg > 0 ? s->off / (uint64_t)pg * (uint64_t)pg : s->off;
     size_t maplen = (size_t)(s->off - at) + h->len;
-    void *map = mmap(NULL, maplen, PROT_READ, MAP_SHARED, s->fd, (off_t)at);
+    void *map = pos < h->len ? MAP_FAILED
+                             : mmap(NULL, maplen, PROT_READ, MAP_SHARED, s->fd, (off_t)at);
     char *data = map == MAP_FAILED ? NULL : (char *)map + (s->off - at);
     if (data && dspk__file_lease(map, maplen, data)) {
       if (s->written)
@@ -720,14 +694,13 @@ static int land_file(dspk_client *c, const struct dspk__run_head *h, struct dspk
     }
     if (map != MAP_FAILED)
       munmap(map, maplen);
-    /* No mapping: the file's bytes read back into memory. */
-    if (!(mem = sink_fallback(s, h->len, h->len)))
-      return mark_broken(c, dspk__cerr(c, DSPK_ENOMEM, "a result written to its file "
-                                       "cannot be mapped or read back"));
+    /* No mapping, or the rest still to come: what the file has, into memory. */
+    if (!*mem && !(*mem = sink_fallback(s, h->len, pos)))
+      return mark_broken(c, dspk__cerr(c, DSPK_ENOMEM, "a result given to its file "
+                                       "cannot be read back"));
   }
-  c->land = mem;
-  c->land_len = h->len;
-  return 0;
+  *got = pos;
+  return 2;
 }
 
 /* When rbuf starts with the head of a task.run answer to msgid (any: to a
@@ -741,7 +714,7 @@ static int land_file(dspk_client *c, const struct dspk__run_head *h, struct dspk
 static int land(dspk_client *c, bool any, uint32_t msgid, int64_t deadline) {
   struct dspk__run_head h;
   struct dspk__limits lim = c->lim;
-  size_t have, take;
+  size_t have, take = 0;
   char *p;
 
   /* Not for wait_any with a deadline: a payload cut by its timeout would
@@ -750,23 +723,28 @@ static int land(dspk_client *c, bool any, uint32_t msgid, int64_t deadline) {
       !dspk__run_head_scan(c->rbuf, c->rlen, &lim, &h) || h.len < LAND_MIN ||
       (any ? !dspk__inflight_has(c, h.msgid) : h.msgid != msgid))
     return 0;
+  p = NULL;
   for (size_t i = 0; i < c->nsinks; i++)
     if (c->sinks[i].ticket == h.msgid) {
-      int rc = land_file(c, &h, &c->sinks[i], deadline);
+      int rc = land_file(c, &h, &c->sinks[i], deadline, &p, &take);
       sink_drop(c, h.msgid);
+      if (rc < 0)
+        free(p); /* a fallback's memory */
       if (rc <= 0)
         return rc;
       break;
     }
-  if (!(p = aligned_alloc(64, (h.len + 63) / 64 * 64)))
-    return 0; /* the ordinary path may still manage */
-  populate(p, h.len);
-  have = c->rlen - h.head;
-  take = have < h.len ? have : h.len;
-  memcpy(p, c->rbuf + h.head, take);
-  memmove(c->rbuf + h.head, c->rbuf + h.head + take, have - take);
-  c->rlen = h.head + (have - take);
-  memset(c->rbuf + h.len_at, 0, h.head - h.len_at); /* an empty bin now */
+  if (!p) {
+    if (!(p = aligned_alloc(64, (h.len + 63) / 64 * 64)))
+      return 0; /* the ordinary path may still manage */
+    populate(p, h.len);
+    have = c->rlen - h.head;
+    take = have < h.len ? have : h.len;
+    memcpy(p, c->rbuf + h.head, take);
+    memmove(c->rbuf + h.head, c->rbuf + h.head + take, have - take);
+    c->rlen = h.head + (have - take);
+    memset(c->rbuf + h.len_at, 0, h.head - h.len_at); /* an empty bin now */
+  }
   while (take < h.len) {
     ssize_t got;
     short rev;
