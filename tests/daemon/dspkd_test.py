@@ -2089,13 +2089,20 @@ def t_canceldone(exe, tmp):
                 "inputs": [{"buffer": a, "dtype": "f32", "shape": [n, n]}]}]
         wants = [A.astype(np.float64) @ A, np.fft.fft(A.astype(np.complex128), axis=-1),
                  np.exp(A.astype(np.float64))]
+        hook = "waits for the task's cancel %s it runs" % when
         for task, want in zip(ops, wants):
             if task["op"] == "gemm":
                 c.call("buffer.write", {"buffer": o, "data": bytes(n * n * 4)})
+            seen = d.logtext().count(hook)
             mid = c.send("task.run", task)
+            # The runner is in the hook (its warning logged): after the backend ran
+            # the task, or before it runs it.  Waiting for the task to be running
+            # was not enough: a slow build (ASan) was still inside the fft when the
+            # cancel came, and the fft stopped (ECANCELED) before the hook.
             deadline = time.monotonic() + TIMEOUT
-            while cpu_running(watcher)[1] == 0:
-                check(time.monotonic() < deadline, "the %s started" % task["op"])
+            while d.logtext().count(hook) == seen:
+                check(time.monotonic() < deadline, "the %s reached the hook" % task["op"])
+                time.sleep(0.005)
             check(c.call("task.cancel", {"msgid": mid}) == {"canceled": True},
                   "%s: the running task is canceled" % task["op"])
             if when == "after":
