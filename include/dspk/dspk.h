@@ -376,7 +376,8 @@ DSPK_EXPORT int dspk_file_data(dspk_client *c, const void *addr, size_t len, int
  * dspk_wait (or dspk_wait_any) that returns the answer then gives that
  * output as usual, its data a read-only shared mapping of the file's bytes
  * [offset, offset + nbytes) (unmapped by dspk_result_free; the file must not
- * shrink while it is used), and sets *written (may be NULL) to true.  It
+ * shrink while it is used; aligned for its dtype only when offset is), and
+ * sets *written (may be NULL) to true.  It
  * stays false, the output then in memory as usual, when the answer is an
  * error, its first output is a reference or smaller, a wait_any with a
  * timeout reads it, or the file takes no more bytes (a full disk: what was
