@@ -7,6 +7,7 @@
  */
 #include <complex.h>
 #include <math.h>
+#include <string.h>
 
 #include "backends/cpu/cpu.h"
 
@@ -33,7 +34,7 @@
 /* Complex loops over n elements (2n values); abs writes n reals.  exp is
  * C's cexp: glibc's handles C99's special values (Annex G) and reduces any
  * finite imaginary part exactly, as numpy's exp does. */
-#define DEFINE_CPLX(NAME, R, CEXP, CMPLX, HYPOT)                               \
+#define DEFINE_CPLX(NAME, R, CEXP, HYPOT)                                      \
   static void NAME(dspk_mapfn fn, R alpha, const R *a, const R *b, R *o,       \
                    int64_t n) {                                                \
     switch (fn) {                                                              \
@@ -55,7 +56,9 @@
       break;                                                                   \
     case DSPK_MAP_EXP:                                                         \
       for (int64_t i = 0; i < n; i++) {                                        \
-        R complex w = CEXP(CMPLX(a[2 * i], a[2 * i + 1]));                     \
+        R complex z; /* a complex is laid out as its two parts (C11 6.2.5) */  \
+        memcpy(&z, &a[2 * i], sizeof z); /* (clang's C has no CMPLX here) */  \
+        R complex w = CEXP(z);                                                 \
         o[2 * i] = creal(w);                                                   \
         o[2 * i + 1] = cimag(w);                                               \
       }                                                                        \
@@ -66,8 +69,8 @@
 
 DEFINE_REAL(map_f32, float, expf, fabsf)
 DEFINE_REAL(map_f64, double, exp, fabs)
-DEFINE_CPLX(map_c64, float, cexpf, CMPLXF, hypotf)
-DEFINE_CPLX(map_c128, double, cexp, CMPLX, hypot)
+DEFINE_CPLX(map_c64, float, cexpf, hypotf)
+DEFINE_CPLX(map_c128, double, cexp, hypot)
 
 int dspk__cpu_map(struct dspk__dev *dev, struct dspk__op *op,
                   struct dspk__opctx *ctx) {
