@@ -421,8 +421,9 @@ static int fir_ols(struct dspk__dev *d, struct dspk__op *op, int m, struct dspk_
     r = dspk__vk_dispatch(d, kk[3], b4, 3, sct, sizeof sct, groups(ts), 1, 1);
   }
   /* the direct kernel on the segments listed (see the top), but for the
-   * tuner's samples (see dspk__fir_sampling) */
-  if (r == 0 && !dspk__fir_sampling()) {
+   * tuner's samples (see dspk__fir_sampling); the test hook
+   * DSPK_VK_FIR_NOFIX leaves it out (bench_vulkan fir: what it costs) */
+  if (r == 0 && !dspk__fir_sampling() && !DSPK_TEST_HOOK("DSPK_VK_FIR_NOFIX")) {
     r = dspk__vk_fir_fixup(d, op, &bf, (uint32_t)g.S, (uint32_t)g.nb, (uint32_t)g.nblk, ctx);
     fir_repairs++;
   }

@@ -257,9 +257,10 @@ static void fir_row(struct dspk__dev *d, struct dspk__op *op, const char *sk, do
   double tv = time_op(d, op, 20);
   if (dspk__vk_gpu_ms(d, 10, fir_rec, &u, &gpu))
     gpu = -1;
-  printf("| fir 2^%d f32 x 4096, %s%s %s | %.3f ms (GPU %.3f ms) | %.3f ms | %.3f |\n",
+  printf("| fir 2^%d f32 x 4096, %s%s %s%s | %.3f ms (GPU %.3f ms) | %.3f ms | %.3f |\n",
          (int)log2((double)dspk__tensor_numel(&op->in[0])), dspk__vk_fir_last(),
-         dspk__vk_fir_last_fused() ? " fused" : "", sk,
+         dspk__vk_fir_last_fused() ? " fused" : "", *sk ? sk : "(default)",
+         getenv("DSPK_VK_FIR_NOFIX") ? " no repair" : "",
          tv, gpu, tr, tr > 0 ? tr / tv : 0);
 }
 static void bench_fir(struct dspk__dev *d, int64_t n) {
@@ -283,6 +284,11 @@ static void bench_fir(struct dspk__dev *d, int64_t n) {
     char name[64];
     dspk__vk_fir_force(m);
     fir_row(d, &op, "off", tr);
+    /* the configuration the daemon runs, without its non-finite repair */
+    setenv("DSPK_VK_FIR_NOFIX", "1", 1);
+    fir_row(d, &op, "", tr);
+    unsetenv("DSPK_VK_FIR_NOFIX");
+    fir_row(d, &op, "", tr);
     if (dspk__fir_geometry(n, k, 1, 0, m, 28, &g) == 0) {
       int nc = dspk__vk_sfft_cands(d, (uint64_t)g.L, (uint64_t)g.nc, c, 8);
       for (int i = 0; i < nc; i++) {
