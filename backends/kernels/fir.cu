@@ -5,28 +5,39 @@
  * tiles so a block reads each tap once per tile.
  */
 #define DSPK_FIR_TILE 512
-extern "C" __global__ void dspk_fir(const DSPK_T *x, const DSPK_T *h, DSPK_T *y, dspk_i64 n, int k, dspk_i64 total) {
+
+/* The direct sum of output j of a row: sum_{t <= min(k-1, j)} h[t] *
+ * row[j - t], in order.  Every thread of the block calls it the same number
+ * of times (it synchronizes on the taps' tiles); only a live thread reads
+ * row and sums (its result is zero otherwise).  dspk_fir and dspk_fir_fix
+ * both use it, so the repaired outputs are the direct path's to the bit. */
+__device__ inline DSPK_ACC dspk_fir_sum(const DSPK_T *row, const DSPK_T *h, dspk_i64 j, int k,
+                                        bool live) {
   __shared__ DSPK_T taps[DSPK_FIR_TILE];
+  DSPK_ACC acc;
+  dspk_zero(&acc);
+  for (int t0 = 0; t0 < k; t0 += DSPK_FIR_TILE) {
+    int m = k - t0 < DSPK_FIR_TILE ? k - t0 : DSPK_FIR_TILE;
+    __syncthreads();
+    for (int t = threadIdx.x; t < m; t += blockDim.x)
+      taps[t] = h[t0 + t];
+    __syncthreads();
+    if (live) {
+      dspk_i64 lim = j - t0 + 1; /* taps t0+t with j-(t0+t) >= 0 */
+      int mm = lim < (dspk_i64)m ? (int)(lim > 0 ? lim : 0) : m;
+      for (int t = 0; t < mm; t++)
+        acc = dspk_add(acc, dspk_mul(dspk_acc(taps[t]), dspk_acc(row[j - t0 - t])));
+    }
+  }
+  return acc;
+}
+
+extern "C" __global__ void dspk_fir(const DSPK_T *x, const DSPK_T *h, DSPK_T *y, dspk_i64 n, int k, dspk_i64 total) {
   dspk_i64 first = (dspk_i64)blockIdx.x * blockDim.x;
   for (; first < total; first += (dspk_i64)blockDim.x * gridDim.x) {
     dspk_i64 i = first + threadIdx.x;
     dspk_i64 j = i < total ? i % n : 0;
-    const DSPK_T *row = x + (i - j);
-    DSPK_ACC acc;
-    dspk_zero(&acc);
-    for (int t0 = 0; t0 < k; t0 += DSPK_FIR_TILE) {
-      int m = k - t0 < DSPK_FIR_TILE ? k - t0 : DSPK_FIR_TILE;
-      __syncthreads();
-      for (int t = threadIdx.x; t < m; t += blockDim.x)
-        taps[t] = h[t0 + t];
-      __syncthreads();
-      if (i < total) {
-        dspk_i64 lim = j - t0 + 1; /* taps t0+t with j-(t0+t) >= 0 */
-        int mm = lim < (dspk_i64)m ? (int)(lim > 0 ? lim : 0) : m;
-        for (int t = 0; t < mm; t++)
-          acc = dspk_add(acc, dspk_mul(dspk_acc(taps[t]), dspk_acc(row[j - t0 - t])));
-      }
-    }
+    DSPK_ACC acc = dspk_fir_sum(x + (i - j), h, j, k, i < total);
     if (i < total)
       dspk_store(&y[i], acc);
   }
@@ -217,7 +228,7 @@ __device__ void dspk_fir_rscatter_t(const DSPK_T *b, DSPK_T *y, unsigned *fl, I 
 DSPK_FIR_KERNELS(dspk_i64, )
 DSPK_FIR_KERNELS(unsigned, 32)
 
-/* The repair (fir_fft.c): the direct sum, as dspk_fir, on the segments
+/* The repair (fir_fft.c): the direct sum (dspk_fir_sum), on the segments
  * listed in fl (see the scatter), each of S outputs of a row (nb segments
  * a row); block w of the grid takes the pairs (listed segment, chunk of
  * blockDim.x outputs) w, w + gridDim.x, ...: with nothing listed every
@@ -225,29 +236,13 @@ DSPK_FIR_KERNELS(unsigned, 32)
 extern "C" __global__ void dspk_fir_fix(const DSPK_T *x, const DSPK_T *h, DSPK_T *y, dspk_i64 n,
                                         int k, const unsigned *fl, dspk_i64 S, dspk_i64 nb,
                                         dspk_i64 nblk) {
-  __shared__ DSPK_T taps[DSPK_FIR_TILE];
   dspk_i64 chunks = (S + blockDim.x - 1) / blockDim.x, pairs = (dspk_i64)fl[0] * chunks;
   for (dspk_i64 w = blockIdx.x; w < pairs; w += gridDim.x) {
     dspk_i64 q = w / chunks, seg = fl[1 + nblk + q], r = seg / nb;
     dspk_i64 j0 = (w - q * chunks) * blockDim.x + threadIdx.x;
     dspk_i64 j = (seg - r * nb) * S + j0;
     int live = j0 < S && j < n;
-    const DSPK_T *row = x + r * n;
-    DSPK_ACC acc;
-    dspk_zero(&acc);
-    for (int t0 = 0; t0 < k; t0 += DSPK_FIR_TILE) {
-      int m = k - t0 < DSPK_FIR_TILE ? k - t0 : DSPK_FIR_TILE;
-      __syncthreads();
-      for (int t = threadIdx.x; t < m; t += blockDim.x)
-        taps[t] = h[t0 + t];
-      __syncthreads();
-      if (live) {
-        dspk_i64 lim = j - t0 + 1; /* taps t0+t with j-(t0+t) >= 0 */
-        int mm = lim < (dspk_i64)m ? (int)(lim > 0 ? lim : 0) : m;
-        for (int t = 0; t < mm; t++)
-          acc = dspk_add(acc, dspk_mul(dspk_acc(taps[t]), dspk_acc(row[j - t0 - t])));
-      }
-    }
+    DSPK_ACC acc = dspk_fir_sum(x + r * n, h, j, k, live);
     if (live)
       dspk_store(&y[r * n + j], acc);
   }

@@ -257,6 +257,7 @@ struct dspk__dev {
   char name[VK_MAX_PHYSICAL_DEVICE_NAME_SIZE], uuid[40], driver[64], arch[32];
   uint64_t kernels_compiled, kernel_cache_hits;
   struct dspk__vk_coopmat cm; /* cooperative-matrix gemm (vk_coopmat.c) */
+  struct dspk__vk_kmemo fir_fix[DSPK_DTYPE_COUNT]; /* dspk__vk_fir_fixup's kernels */
 };
 
 /* ---- vk_backend.c ------------------------------------------------------- */

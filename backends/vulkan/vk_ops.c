@@ -664,6 +664,32 @@ static void fir_slice(void *pc_, uint64_t r0, uint64_t rn, uint64_t n) {
   pc[9] = r0 == 0;
 }
 
+#define GLSL_NUM_(x) #x
+#define GLSL_NUM(x) GLSL_NUM_(x)
+#define WG_U GLSL_NUM(DSPK__VK_WG) "u"
+
+/* The direct sum of fir, in both of its kernels (the direct one and the
+ * repair): output t of the row starting at x[pc.ox + o], over the taps
+ * [pc.c0, pc.c1) read through the shared hs in chunks of DSPK__VK_WG.
+ * Every invocation of the workgroup calls it (its barriers), live or not;
+ * only a live one sums. */
+#define FIR_SUM_GLSL \
+    "T fir_sum(uint lid, uint o, uint t, bool live) {\n" \
+    "  T acc = T(0);\n" \
+    "  for (uint c = pc.c0; c < pc.c1; c += " WG_U ") {\n" \
+    "    barrier();\n" \
+    "    if (c + lid < pc.k) hs[lid] = h[pc.oh + c + lid];\n" \
+    "    barrier();\n" \
+    "    uint kend = min(pc.k - c, " WG_U ");\n" \
+    "    if (live && t >= c) {\n" \
+    "      uint jmax = min(kend, t - c + 1u);\n" \
+    "      for (uint j = 0u; j < jmax; j++)\n" \
+    "        acc += cmul(hs[j], x[pc.ox + o + t - c - j]);\n" \
+    "    }\n" \
+    "  }\n" \
+    "  return acc;\n" \
+    "}\n"
+
 /* The direct kernel (vk_fir.c chooses between it and FFT convolution). */
 int dspk__vk_fir_direct(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *ctx) {
   const struct dspk__tensor *X = &op->in[0], *H = &op->in[1];
@@ -687,26 +713,16 @@ int dspk__vk_fir_direct(struct dspk__dev *d, struct dspk__op *op, struct dspk__o
               "layout(push_constant) uniform PC { uint total, n, k, ox, oh, oy, c0, c1, gx,\n"
               "  first; } pc;\n"
               "shared T hs[%d];\n"
+              "%s"
               "void main() {\n"
               "  uint lid = gl_LocalInvocationID.x;\n"
               "  uint i = (gl_WorkGroupID.y * pc.gx + gl_WorkGroupID.x) * %du + lid;\n"
               "  bool live = i < pc.total;\n"
               "  uint t = live ? i %% pc.n : 0u, row = live ? i - t : 0u;\n"
-              "  T acc = T(0);\n"
-              "  for (uint c = pc.c0; c < pc.c1; c += %du) {\n"
-              "    barrier();\n"
-              "    if (c + lid < pc.k) hs[lid] = h[pc.oh + c + lid];\n"
-              "    barrier();\n"
-              "    uint kend = min(pc.k - c, %du);\n"
-              "    if (live && t >= c) {\n"
-              "      uint jmax = min(kend, t - c + 1u);\n"
-              "      for (uint j = 0u; j < jmax; j++)\n"
-              "        acc += cmul(hs[j], x[pc.ox + row + t - c - j]);\n"
-              "    }\n"
-              "  }\n"
+              "  T acc = fir_sum(lid, row, t, live);\n"
               "  if (live) y[pc.oy + i] = pc.first != 0u ? acc : y[pc.oy + i] + acc;\n"
               "}\n",
-              DSPK__VK_WG, DSPK__VK_WG, DSPK__VK_WG, DSPK__VK_WG);
+              DSPK__VK_WG, FIR_SUM_GLSL, DSPK__VK_WG);
   if (r)
     return r;
   /* (Taps past the row's length never reach an output.) */
@@ -762,49 +778,50 @@ uint32_t dspk__vk_fir_fix_groups(const struct dspk__dev *d, uint32_t S, uint32_t
   return (uint32_t)g;
 }
 
+/* The repair kernel's source after the preamble: the same for every dtype
+ * (the preamble defines T), made once. */
+static const char fir_fix_glsl[] =
+    "layout(std430, binding = 0) readonly buffer BX { T x[]; };\n"
+    "layout(std430, binding = 1) readonly buffer BH { T h[]; };\n"
+    "layout(std430, binding = 2) buffer BY { T y[]; };\n"
+    "layout(std430, binding = 3) readonly buffer BF { uint fl[]; };\n"
+    "layout(push_constant) uniform PC { uint total, n, k, ox, oh, oy, c0, c1, chunks,\n"
+    "  first, S, nb, nblk; } pc;\n"
+    "shared T hs[" GLSL_NUM(DSPK__VK_WG) "];\n"
+    FIR_SUM_GLSL
+    "void main() {\n"
+    "  uint lid = gl_LocalInvocationID.x, pairs = fl[3] * pc.chunks;\n"
+    "  for (uint w = gl_WorkGroupID.x; w < pairs; w += gl_NumWorkGroups.x) {\n"
+    "    uint q = w / pc.chunks, seg = fl[4u + pc.nblk + q];\n"
+    "    uint row = seg / pc.nb, j0 = (w - q * pc.chunks) * " WG_U " + lid;\n"
+    "    uint t = (seg - row * pc.nb) * pc.S + j0, o = row * pc.n;\n"
+    "    bool live = j0 < pc.S && t < pc.n;\n"
+    "    T acc = fir_sum(lid, o, t, live);\n"
+    "    if (live) y[pc.oy + o + t] = pc.first != 0u ? acc : y[pc.oy + o + t] + acc;\n"
+    "  }\n"
+    "}\n";
+
 int dspk__vk_fir_fixup(struct dspk__dev *d, struct dspk__op *op, const struct dspk__vk_bind *fl,
                        uint32_t S, uint32_t nb, uint32_t nblk, struct dspk__opctx *ctx) {
   const struct dspk__tensor *X = &op->in[0], *H = &op->in[1];
   const struct dspk__tensor *t[3] = {X, H, &op->out[0]};
   dspk_dtype dt = X->dtype;
-  struct dspk__vk_kernel *kern;
+  struct dspk__vk_kmemo *memo = &d->fir_fix[dt];
+  struct dspk__vk_kernel *kern = dspk__vk_kmemo_get(d, memo);
   struct dspk__vk_bind b[4];
   uint32_t e[3];
-  char src[8192];
-  int r, at = preamble(src, sizeof src, dt);
-  snprintf(src + at, sizeof src - (size_t)at,
-           "layout(std430, binding = 0) readonly buffer BX { T x[]; };\n"
-           "layout(std430, binding = 1) readonly buffer BH { T h[]; };\n"
-           "layout(std430, binding = 2) buffer BY { T y[]; };\n"
-           "layout(std430, binding = 3) readonly buffer BF { uint fl[]; };\n"
-           "layout(push_constant) uniform PC { uint total, n, k, ox, oh, oy, c0, c1, chunks,\n"
-           "  first, S, nb, nblk; } pc;\n"
-           "shared T hs[%d];\n"
-           "void main() {\n"
-           "  uint lid = gl_LocalInvocationID.x, pairs = fl[3] * pc.chunks;\n"
-           "  for (uint w = gl_WorkGroupID.x; w < pairs; w += gl_NumWorkGroups.x) {\n"
-           "    uint q = w / pc.chunks, seg = fl[4u + pc.nblk + q];\n"
-           "    uint row = seg / pc.nb, j0 = (w - q * pc.chunks) * %du + lid;\n"
-           "    uint t = (seg - row * pc.nb) * pc.S + j0, o = row * pc.n;\n"
-           "    bool live = j0 < pc.S && t < pc.n;\n"
-           "    T acc = T(0);\n"
-           "    for (uint c = pc.c0; c < pc.c1; c += %du) {\n"
-           "      barrier();\n"
-           "      if (c + lid < pc.k) hs[lid] = h[pc.oh + c + lid];\n"
-           "      barrier();\n"
-           "      uint kend = min(pc.k - c, %du);\n"
-           "      if (live && t >= c) {\n"
-           "        uint jmax = min(kend, t - c + 1u);\n"
-           "        for (uint j = 0u; j < jmax; j++)\n"
-           "          acc += cmul(hs[j], x[pc.ox + o + t - c - j]);\n"
-           "      }\n"
-           "    }\n"
-           "    if (live) y[pc.oy + o + t] = pc.first != 0u ? acc : y[pc.oy + o + t] + acc;\n"
-           "  }\n"
-           "}\n",
-           DSPK__VK_WG, DSPK__VK_WG, DSPK__VK_WG, DSPK__VK_WG);
-  if ((r = dspk__vk_kernel(d, "fir.fix", src, NULL, 0, "main", 4, 52, &kern, ctx)) ||
-      (r = bind_all(d, t, 3, b, e, ctx)))
+  int r;
+  /* The kernel is looked for in the device's table (its source made and
+   * hashed) only the first time, or when the table evicted it. */
+  if (!kern) {
+    char src[8192];
+    int at = preamble(src, sizeof src, dt);
+    snprintf(src + at, sizeof src - (size_t)at, "%s", fir_fix_glsl);
+    if ((r = dspk__vk_kernel(d, "fir.fix", src, NULL, 0, "main", 4, 52, &kern, ctx)))
+      return r;
+    dspk__vk_kmemo_set(memo, kern);
+  }
+  if ((r = bind_all(d, t, 3, b, e, ctx)))
     return r;
   b[3] = *fl;
   int64_t n = X->shape[X->rank - 1];

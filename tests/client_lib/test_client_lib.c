@@ -43,6 +43,7 @@
 #include <cmocka.h>
 #include <msgpack.h>
 
+#include "daemon_spawn.h"
 #include "dspk/dspk.h"
 #include "proto/codec.h"
 
@@ -236,43 +237,20 @@ static void run_err(dspk_task *t, int want) {
 
 static int start_daemon(void **state) {
   (void)state;
-  int p[2];
-  char fdarg[16], buf[16];
-  ssize_t n;
-  size_t got = 0;
+  const char *args[] = {"--backends", "cpu", "--log-level", "warn", "--no-cache",
+                        /* Small flow-control limits, so that test_backpressure
+                         * makes the daemon stop reading from us while we still
+                         * send. */
+                        "--max-unsent", "4194304", "--max-inflight", "8",
+                        /* and buffer transfers above one message are split. */
+                        "--max-message", "8388608", NULL};
 
   strcpy(tmpdir, "/tmp/dspk-test-XXXXXX");
   if (!mkdtemp(tmpdir))
     return -1;
   snprintf(sockpath, sizeof sockpath, "%s/dspkd.sock", tmpdir);
-  if (pipe(p) != 0)
+  if ((daemon_pid = daemon_spawn(dspkd_path, sockpath, args)) < 0)
     return -1;
-  daemon_pid = fork();
-  if (daemon_pid < 0)
-    return -1;
-  if (daemon_pid == 0) {
-    close(p[0]);
-    snprintf(fdarg, sizeof fdarg, "%d", p[1]);
-    execl(dspkd_path, dspkd_path, "--socket", sockpath, "--foreground",
-          "--backends", "cpu", "--log-level", "warn", "--ready-fd", fdarg, "--no-cache",
-          /* Small flow-control limits, so that test_backpressure makes the
-           * daemon stop reading from us while we still send. */
-          "--max-unsent", "4194304", "--max-inflight", "8",
-          /* and buffer transfers above one message are split. */
-          "--max-message", "8388608",
-          (char *)NULL);
-    _exit(127);
-  }
-  close(p[1]);
-  while (got < sizeof buf - 1 &&
-         (n = read(p[0], buf + got, sizeof buf - 1 - got)) > 0)
-    got += (size_t)n;
-  close(p[0]);
-  buf[got] = '\0';
-  if (strcmp(buf, "READY\n") != 0) {
-    fprintf(stderr, "dspkd did not become ready (got \"%s\")\n", buf);
-    return -1;
-  }
   if (dspk_connect(sockpath, "test_client_lib", &C) != 0) {
     fprintf(stderr, "connect: %s\n", dspk_connect_error());
     return -1;
@@ -289,11 +267,8 @@ static int stop_daemon(void **state) {
     kill(extra_pid, SIGKILL);
     waitpid(extra_pid, NULL, 0);
   }
-  if (daemon_pid > 0) {
-    kill(daemon_pid, SIGTERM);
-    if (waitpid(daemon_pid, &st, 0) != daemon_pid)
-      return -1;
-  }
+  if (daemon_pid > 0 && daemon_stop(daemon_pid, &st) != 0)
+    return -1;
   unlink(sockpath);
   rmdir(tmpdir);
   if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
@@ -306,48 +281,18 @@ static int stop_daemon(void **state) {
 /* A daemon of one test, with flags of its own (extra: NULL-terminated) on
  * sock; waits for its READY.  Its pid, or -1. */
 static pid_t spawn_dspkd(const char *sock, const char *const *extra) {
-  const char *argv[32];
-  char fdarg[16], buf[16];
-  size_t got = 0;
-  ssize_t n;
-  int a = 0, p[2];
-  pid_t pid;
-
-  if (pipe(p) != 0)
-    return -1;
-  pid = fork();
-  if (pid == 0) {
-    close(p[0]);
-    snprintf(fdarg, sizeof fdarg, "%d", p[1]);
-    for (const char *const *x = (const char *const[]){dspkd_path, "--socket", sock,
-             "--foreground", "--backends", "cpu", "--log-level", "error", "--ready-fd",
-             fdarg, "--no-cache", NULL}; *x; x++)
-      argv[a++] = *x;
-    while (*extra && a < 31)
-      argv[a++] = *extra++;
-    argv[a] = NULL;
-    execv(dspkd_path, (char *const *)argv);
-    _exit(127);
-  }
-  close(p[1]);
-  while (pid > 0 && got < sizeof buf - 1 &&
-         (n = read(p[0], buf + got, sizeof buf - 1 - got)) > 0)
-    got += (size_t)n;
-  close(p[0]);
-  buf[got] = '\0';
-  if (pid > 0 && strcmp(buf, "READY\n") != 0) {
-    kill(pid, SIGKILL);
-    waitpid(pid, NULL, 0);
-    return -1;
-  }
-  return extra_pid = pid;
+  const char *args[32] = {"--backends", "cpu", "--log-level", "error", "--no-cache"};
+  int a = 5;
+  while (*extra && a < 31)
+    args[a++] = *extra++;
+  pid_t pid = daemon_spawn(dspkd_path, sock, args);
+  return pid < 0 ? -1 : (extra_pid = pid);
 }
 
 static void stop_dspkd(pid_t pid) {
   int st = 0;
   extra_pid = -1;
-  kill(pid, SIGTERM);
-  assert_int_equal(waitpid(pid, &st, 0), pid);
+  assert_int_equal(daemon_stop(pid, &st), 0);
   assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
 }
 

@@ -35,6 +35,7 @@
 #include <cmocka.h>
 
 #include "client/lib_internal.h"
+#include "daemon_spawn.h"
 #include "dspk/dspk.h"
 
 static const char *dspkd_path;
@@ -46,41 +47,11 @@ static dspk_client *C;
 /* Starts dspkd on sock (with a cache in tmpdir when cache is set) and waits
  * for its READY line: its pid, or -1. */
 static pid_t spawn_daemon(const char *sock, bool cache) {
-  int p[2];
-  char fdarg[16], buf[16], db[160];
-  ssize_t n;
-  size_t got = 0;
-  pid_t pid;
-
+  char db[160];
   snprintf(db, sizeof db, "%s/cache.db", tmpdir);
-  if (pipe(p) != 0)
-    return -1;
-  pid = fork();
-  if (pid < 0)
-    return -1;
-  if (pid == 0) {
-    close(p[0]);
-    snprintf(fdarg, sizeof fdarg, "%d", p[1]);
-    if (cache)
-      execl(dspkd_path, dspkd_path, "--socket", sock, "--foreground", "--backends", "cpu",
-            "--log-level", "warn", "--ready-fd", fdarg, "--cache", db, (char *)NULL);
-    else
-      execl(dspkd_path, dspkd_path, "--socket", sock, "--foreground", "--backends", "cpu",
-            "--log-level", "warn", "--ready-fd", fdarg, "--no-cache", (char *)NULL);
-    _exit(127);
-  }
-  close(p[1]);
-  while (got < sizeof buf - 1 && (n = read(p[0], buf + got, sizeof buf - 1 - got)) > 0)
-    got += (size_t)n;
-  close(p[0]);
-  buf[got] = '\0';
-  if (strcmp(buf, "READY\n") != 0) {
-    fprintf(stderr, "dspkd did not become ready (got \"%s\")\n", buf);
-    kill(pid, SIGKILL);
-    waitpid(pid, NULL, 0);
-    return -1;
-  }
-  return pid;
+  const char *args[] = {"--backends", "cpu", "--log-level", "warn",
+                        cache ? "--cache" : "--no-cache", cache ? db : NULL, NULL};
+  return daemon_spawn(dspkd_path, sock, args);
 }
 
 static int start_daemon(void **state) {
@@ -104,11 +75,8 @@ static int stop_daemon(void **state) {
   char db[160];
   dspk_close(C);
   C = NULL;
-  if (daemon_pid > 0) {
-    kill(daemon_pid, SIGTERM);
-    if (waitpid(daemon_pid, &st, 0) != daemon_pid)
-      return -1;
-  }
+  if (daemon_pid > 0 && daemon_stop(daemon_pid, &st) != 0)
+    return -1;
   unlink(sockpath);
   snprintf(db, sizeof db, "%s/cache.db", tmpdir);
   unlink(db);

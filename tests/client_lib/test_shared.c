@@ -30,6 +30,7 @@
 #include <cmocka.h>
 
 #include "client/lib_internal.h"
+#include "daemon_spawn.h"
 #include "dspk/dspk.h"
 
 static const char *dspkd_path;
@@ -42,30 +43,9 @@ static dspk_client *C;
  * (or NULL); its pid, or -1 when it did not become ready. */
 static pid_t spawn_daemon(const char *sock, const char *backends, const char *opt,
                           const char *val) {
-  int p[2];
-  char fdarg[16], buf[16];
-  ssize_t n;
-  size_t got = 0;
-  pid_t pid;
-
-  if (pipe(p) != 0)
-    return -1;
-  pid = fork();
-  if (pid < 0)
-    return -1;
-  if (pid == 0) {
-    close(p[0]);
-    snprintf(fdarg, sizeof fdarg, "%d", p[1]);
-    execl(dspkd_path, dspkd_path, "--socket", sock, "--foreground", "--backends", backends,
-          "--log-level", "warn", "--ready-fd", fdarg, "--no-cache", opt, val, (char *)NULL);
-    _exit(127);
-  }
-  close(p[1]);
-  while (got < sizeof buf - 1 && (n = read(p[0], buf + got, sizeof buf - 1 - got)) > 0)
-    got += (size_t)n;
-  close(p[0]);
-  buf[got] = '\0';
-  return strcmp(buf, "READY\n") == 0 ? pid : -1;
+  const char *args[] = {"--backends", backends, "--log-level", "warn", "--no-cache",
+                        opt, val, NULL};
+  return daemon_spawn(dspkd_path, sock, args);
 }
 
 static int start_daemon(void **state) {
@@ -83,11 +63,8 @@ static int stop_daemon(void **state) {
   int st = 0;
   (void)state;
   dspk_close(C);
-  if (daemon_pid > 0) {
-    kill(daemon_pid, SIGTERM);
-    if (waitpid(daemon_pid, &st, 0) != daemon_pid)
-      return -1;
-  }
+  if (daemon_pid > 0 && daemon_stop(daemon_pid, &st) != 0)
+    return -1;
   unlink(sockpath);
   rmdir(tmpdir);
   return WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : -1;
@@ -703,8 +680,7 @@ static void test_refused_alloc(void **state) {
   assert_int_equal(dspk_shared_alloc(c2, "cpu:0", 4096, &p, &id), 0);
   assert_int_equal(dspk_shared_free(c2, p), 0);
   dspk_close(c2);
-  kill(quota_pid, SIGTERM);
-  assert_int_equal(waitpid(quota_pid, &st, 0), quota_pid);
+  assert_int_equal(daemon_stop(quota_pid, &st), 0);
   quota_pid = 0;
   assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
   unlink(sock);

@@ -64,23 +64,40 @@ def become(uid, gid):
     os.setuid(uid)
 
 
+def fork_as(uid, gid, fn):
+    """Forks a child that becomes uid and gid (no supplementary groups) and
+    calls fn(to_parent, from_parent) with the write end of one pipe to the
+    parent and the read end of another from it; the child exits 0 when fn
+    returns, 1 when it raises.  Returns (pid, from_child, to_child) in the
+    parent: the child's pid and the parent's ends of the two pipes (the
+    child's ends are closed here).  The caller closes its ends and reaps the
+    child (os.waitpid).  How the tests act as another user while they talk
+    to it (they run as root)."""
+    from_child, to_parent = os.pipe()
+    from_parent, to_child = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.close(from_child)
+            os.close(to_child)
+            become(uid, gid)
+            fn(to_parent, from_parent)
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(to_parent)
+    os.close(from_parent)
+    return pid, from_child, to_child
+
+
 def run_as(uid, gid, fn):
     """Runs fn() in a child process as uid and gid (no supplementary groups)
     and returns what it returned, which must be msgpack-able; raises
     AssertionError when the child failed.  How the tests act as another user
     (they run as root)."""
     import msgpack
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        code = 1
-        try:
-            os.close(r)
-            become(uid, gid)
-            os.write(w, msgpack.packb(fn()))
-            code = 0
-        finally:
-            os._exit(code)
+    pid, r, w = fork_as(uid, gid, lambda out, _: os.write(out, msgpack.packb(fn())))
     os.close(w)
     data = b""
     while True:

@@ -980,38 +980,28 @@ def t_userunsent(exe, tmp):
     os.chmod(tmp, 0o711)  # as in t_privacy: nobody reaches the socket through group 0
     root = d.client()
     data = np.random.default_rng(12).integers(0, 255, size, dtype=np.uint8).tobytes()
-    r1, w1 = os.pipe()
-    r2, w2 = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        code = 1
-        try:
-            os.close(r1)
-            os.close(w2)
-            dspk_daemon.become(nobody, 0)
-            conns, firsts = [], []
-            for _ in range(nconn):
-                c = Client(d.sock)
-                b = c.call("buffer.create", {"size": size})["buffer"]
-                c.call("buffer.write", {"buffer": b, "data": data})
-                first = c.msgid + 1
-                c.sock.sendall(b"".join(msgpack.packb([0, first + i, "buffer.read",
-                                                       [{"buffer": b}]], use_bin_type=True)
-                                        for i in range(nreq)))
-                c.msgid += nreq
-                conns.append(c)
-                firsts.append(first)
-            os.write(w1, b"f")
-            os.read(r2, 1)  # the parent has looked
-            for c, first in zip(conns, firsts):  # one connection at a time
-                for i in range(nreq):
-                    if c.wait(first + i)["data"] != data:
-                        raise AssertionError("answer %d" % i)
-            code = 0
-        finally:
-            os._exit(code)
-    os.close(w1)
-    os.close(r2)
+
+    def lazy_user(w1, r2):
+        conns, firsts = [], []
+        for _ in range(nconn):
+            c = Client(d.sock)
+            b = c.call("buffer.create", {"size": size})["buffer"]
+            c.call("buffer.write", {"buffer": b, "data": data})
+            first = c.msgid + 1
+            c.sock.sendall(b"".join(msgpack.packb([0, first + i, "buffer.read",
+                                                   [{"buffer": b}]], use_bin_type=True)
+                                    for i in range(nreq)))
+            c.msgid += nreq
+            conns.append(c)
+            firsts.append(first)
+        os.write(w1, b"f")
+        os.read(r2, 1)  # the parent has looked
+        for c, first in zip(conns, firsts):  # one connection at a time
+            for i in range(nreq):
+                if c.wait(first + i)["data"] != data:
+                    raise AssertionError("answer %d" % i)
+
+    pid, r1, w2 = dspk_daemon.fork_as(nobody, 0, lazy_user)
     check(os.read(r1, 1) == b"f", "the lazy user's requests are sent")
     deadline = time.monotonic() + TIMEOUT
     while True:
@@ -1047,36 +1037,26 @@ def t_privacy(exe, tmp):
     os.chmod(tmp, 0o711)
     root = d.client()
     root.call("hello", {"version": 1, "client": "root-secret-name"})
-    r1, w1 = os.pipe()
-    r2, w2 = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        code = 1
-        try:
-            os.close(r1)
-            os.close(w2)
-            dspk_daemon.become(nobody, 0)
-            a, b = Client(d.sock), Client(d.sock)
-            a.call("hello", {"version": 1, "client": "mine-a"})
-            b.call("hello", {"version": 1, "client": "mine-b"})
-            a.send("status", {})
-            raw = b""
-            while True:  # the raw answer, to look for the other's name in it
-                data = a.sock.recv(1 << 16)
-                raw += data
-                try:
-                    msg = msgpack.unpackb(raw, raw=False)
-                    break
-                except (msgpack.OutOfData, ValueError):
-                    continue
-            os.write(w1, msgpack.packb({"status": msg[3], "raw": raw}, use_bin_type=True))
-            os.close(w1)
-            os.read(r2, 1)  # held open until the parent has looked
-            code = 0
-        finally:
-            os._exit(code)
-    os.close(w1)
-    os.close(r2)
+
+    def other_user(w1, r2):
+        a, b = Client(d.sock), Client(d.sock)
+        a.call("hello", {"version": 1, "client": "mine-a"})
+        b.call("hello", {"version": 1, "client": "mine-b"})
+        a.send("status", {})
+        raw = b""
+        while True:  # the raw answer, to look for the other's name in it
+            data = a.sock.recv(1 << 16)
+            raw += data
+            try:
+                msg = msgpack.unpackb(raw, raw=False)
+                break
+            except (msgpack.OutOfData, ValueError):
+                continue
+        os.write(w1, msgpack.packb({"status": msg[3], "raw": raw}, use_bin_type=True))
+        os.close(w1)
+        os.read(r2, 1)  # held open until the parent has looked
+
+    pid, r1, w2 = dspk_daemon.fork_as(nobody, 0, other_user)
     data = b""
     while True:
         chunk = os.read(r1, 1 << 16)
@@ -1141,56 +1121,45 @@ def t_obsprivacy(exe, tmp):
         check(time.monotonic() < deadline, "root's trace did not start")
         time.sleep(0.01)
 
-    to_child_r, to_child_w = os.pipe()
-    to_parent_r, to_parent_w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        code = 1
-        try:
-            os.close(to_child_w)
-            os.close(to_parent_r)
-            dspk_daemon.become(nobody, 0)
-            c = Client(d.sock)
-            c.call("hello", {"version": 1, "client": "mine", "job": 4712})
-            tr = c.send("trace", {"seconds": 600})
-            os.write(to_parent_w, b"t")        # the trace is sent
-            os.read(to_child_r, 1)             # root's first work is done
-            x = np.arange(64, dtype=np.float64)
-            mid = c.send("task.run", {"op": "reduce", "options": {"fn": "sum"},
-                                      "inputs": [tensor(x)]}, msgid=777)
-            c.wait(mid)
-            b = c.call("buffer.create", {"size": 4096})["buffer"]
-            c.call("buffer.free", {"buffer": b})
-            # root keeps the cpu busy: its running op as status shows it here
-            seen = None
-            end = time.monotonic() + TIMEOUT
-            while seen is None and time.monotonic() < end:
-                for dev in c.call("status")["devices"]:
-                    if dev["id"] == "cpu:0" and dev["running_op"] is not None:
-                        seen = dev["running_op"]
-            os.write(to_parent_w, b"s")        # root may stop its gemms
-            mets = c.call("metrics", {})
-            st = c.call("status")
-            os.read(to_child_r, 1)             # SIGTERM sent: the trace is answered
-            c.sock.settimeout(TIMEOUT)
-            raw, msg = b"", None
-            unp = msgpack.Unpacker(raw=False)
-            while msg is None:                 # the raw bytes, to search them
-                data = c.sock.recv(1 << 16)
-                check(data, "the trace is answered before the connection closes")
-                raw += data
-                unp.feed(data)
-                for m in unp:
-                    if m[0] == 1 and m[1] == tr:
-                        msg = m
-            os.write(to_parent_w, msgpack.packb(
-                {"trace": msg, "raw": raw, "seen": seen, "metrics": mets,
-                 "status_devices": [x["id"] for x in st["devices"]]}, use_bin_type=True))
-            code = 0
-        finally:
-            os._exit(code)
-    os.close(to_child_r)
-    os.close(to_parent_w)
+    def other_user(to_parent_w, to_child_r):
+        c = Client(d.sock)
+        c.call("hello", {"version": 1, "client": "mine", "job": 4712})
+        tr = c.send("trace", {"seconds": 600})
+        os.write(to_parent_w, b"t")        # the trace is sent
+        os.read(to_child_r, 1)             # root's first work is done
+        x = np.arange(64, dtype=np.float64)
+        mid = c.send("task.run", {"op": "reduce", "options": {"fn": "sum"},
+                                  "inputs": [tensor(x)]}, msgid=777)
+        c.wait(mid)
+        b = c.call("buffer.create", {"size": 4096})["buffer"]
+        c.call("buffer.free", {"buffer": b})
+        # root keeps the cpu busy: its running op as status shows it here
+        seen = None
+        end = time.monotonic() + TIMEOUT
+        while seen is None and time.monotonic() < end:
+            for dev in c.call("status")["devices"]:
+                if dev["id"] == "cpu:0" and dev["running_op"] is not None:
+                    seen = dev["running_op"]
+        os.write(to_parent_w, b"s")        # root may stop its gemms
+        mets = c.call("metrics", {})
+        st = c.call("status")
+        os.read(to_child_r, 1)             # SIGTERM sent: the trace is answered
+        c.sock.settimeout(TIMEOUT)
+        raw, msg = b"", None
+        unp = msgpack.Unpacker(raw=False)
+        while msg is None:                 # the raw bytes, to search them
+            data = c.sock.recv(1 << 16)
+            check(data, "the trace is answered before the connection closes")
+            raw += data
+            unp.feed(data)
+            for m in unp:
+                if m[0] == 1 and m[1] == tr:
+                    msg = m
+        os.write(to_parent_w, msgpack.packb(
+            {"trace": msg, "raw": raw, "seen": seen, "metrics": mets,
+             "status_devices": [x["id"] for x in st["devices"]]}, use_bin_type=True))
+
+    pid, to_parent_r, to_child_w = dspk_daemon.fork_as(nobody, 0, other_user)
     check(os.read(to_parent_r, 1) == b"t", "the child sent its trace")
     deadline = time.monotonic() + TIMEOUT
     while traces() != 2:
