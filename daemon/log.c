@@ -24,6 +24,7 @@
 #include "daemon/log.h"
 #include "dspk/errors.h"
 #include "proto/codec.h"
+#include "proto/utf8.h"
 
 #define NLEVELS 5
 
@@ -87,15 +88,19 @@ void dspkd_log(enum dspkd_level level, const char *fmt, ...) {
     return;
   n = (size_t)h;
   /* One event, one line: a newline inside a message (a compiler's log)
-   * becomes "; ", other control characters a space. */
-  for (const unsigned char *p = (const unsigned char *)msg; *p && n < sizeof line - 3; p++) {
-    if (*p == '\n') {
-      if (p[1] == '\0')
+   * becomes "; ", other control characters a space (dspk__utf8_ctl). */
+  for (size_t i = 0, left = strlen(msg), k; i < left && n < sizeof line - 3; i += k) {
+    k = 1;
+    if (msg[i] == '\n') {
+      if (i + 1 == left)
         break;
       line[n++] = ';';
       line[n++] = ' ';
+    } else if ((k = dspk__utf8_ctl(msg + i, left - i)) != 0) {
+      line[n++] = ' '; /* C0, DEL, C1, U+2028, U+2029: a space, as in errors */
     } else {
-      line[n++] = *p < 0x20 || *p == 0x7f ? ' ' : (char)*p;
+      k = 1;
+      line[n++] = msg[i];
     }
   }
   line[n++] = '\n';

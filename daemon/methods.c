@@ -31,8 +31,27 @@
 #include "daemon/sched.h"
 #include "daemon/log.h"
 #include "proto/schema.h"
+#include "proto/utf8.h"
 
 _Static_assert(sizeof(((struct conn *)0)->name) > DSPK__CLIENT_NAME_MAX, "hello client");
+
+/* A client's name for status as one line (in place): each control
+ * character (dspk__utf8_ctl: C0, DEL, C1, U+2028, U+2029) becomes a space,
+ * as in error messages, so that a viewer of status (dspk-submit top) shows
+ * it as text. */
+static void one_name(char *s) {
+  size_t n = strlen(s), w = 0, k;
+
+  for (size_t i = 0; i < n; i += k) {
+    if ((k = dspk__utf8_ctl(s + i, n - i)) != 0) {
+      s[w++] = ' ';
+    } else {
+      k = 1;
+      s[w++] = s[i];
+    }
+  }
+  s[w] = '\0';
+}
 
 #define fail(r, code, ...) dspk__fail((r)->msg, sizeof (r)->msg, (code), __VA_ARGS__)
 
@@ -153,8 +172,10 @@ static int m_hello(struct req *r) {
   if (version != DSPK_PROTOCOL_VERSION)
     return fail(r, DSPK_EVERSION, "client speaks protocol %" PRIu64
                 ", this daemon speaks %d", version, DSPK_PROTOCOL_VERSION);
-  if (r->v[DSPK__HELLO_CLIENT].v.s.n)
+  if (r->v[DSPK__HELLO_CLIENT].v.s.n) {
     dspk__pval_str(&r->v[DSPK__HELLO_CLIENT], c->name, sizeof c->name);
+    one_name(c->name);
+  }
   /* The Slurm job the client says it belongs to (daemon/jobs.c checks it
    * at the first request that needs a device). */
   if (job && !c->job_state)

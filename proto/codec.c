@@ -616,21 +616,25 @@ void dspk__pack_kv_bool(msgpack_packer *pk, const char *k, bool v) {
 }
 
 size_t dspk__one_line(char *dst, const char *s) {
-  size_t w = 0, blanks = 0;
+  size_t w = 0, blanks = 0, left = strlen(s), k;
   bool text = false, sep = false;
 
   /* Each line's blanks at its ends and every empty line dropped, the lines
-   * joined with "; ", any other control character a space. */
-  for (; *s; s++) {
+   * joined with "; ", any other control character (dspk__utf8_ctl: C0, DEL,
+   * C1, U+2028, U+2029) a space. */
+  for (; left; s += k, left -= k) {
     unsigned char c = (unsigned char)*s;
+    k = 1;
     if (c == '\n' || c == '\r') {
       sep = sep || text;
       text = false;
       blanks = 0;
       continue;
     }
-    if (c < 0x20 || c == 0x7f)
+    if ((k = dspk__utf8_ctl(s, left)) != 0)
       c = ' ';
+    else
+      k = 1;
     if (c == ' ') {
       blanks += text;
       continue;

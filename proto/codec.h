@@ -135,7 +135,8 @@ void dspk__pack_kv_u64(msgpack_packer *pk, const char *k, uint64_t v);
 void dspk__pack_kv_i64(msgpack_packer *pk, const char *k, int64_t v);
 void dspk__pack_kv_bool(msgpack_packer *pk, const char *k, bool v);
 /* s as one line: each line's blanks at its ends and every empty line dropped,
- * the lines joined with "; ", any other control character a space; writes
+ * the lines joined with "; ", any other control character (dspk__utf8_ctl:
+ * C0, DEL, C1, U+2028, U+2029) a space; writes
  * it into dst (not terminated) when dst is not NULL and returns its length
  * (at most twice strlen(s)). */
 size_t dspk__one_line(char *dst, const char *s);

@@ -41,6 +41,20 @@ size_t dspk__utf8_seq(const char *s, size_t n) {
   return len;
 }
 
+size_t dspk__utf8_ctl(const char *s, size_t n) {
+  const unsigned char *u = (const unsigned char *)s;
+
+  if (n == 0)
+    return 0;
+  if (u[0] < 0x20 || u[0] == 0x7F)
+    return 1;
+  if (u[0] == 0xC2 && n >= 2 && u[1] >= 0x80 && u[1] <= 0x9F)
+    return 2;
+  if (u[0] == 0xE2 && n >= 3 && u[1] == 0x80 && (u[2] == 0xA8 || u[2] == 0xA9))
+    return 3;
+  return 0;
+}
+
 bool dspk__utf8_valid(const char *s, size_t n) {
   for (size_t i = 0, k; i < n; i += k)
     if (!(k = dspk__utf8_seq(s + i, n - i)))

@@ -49,6 +49,17 @@ int dspk__format(char *buf, size_t cap, const char *fmt, ...)
 int dspk__fail(char *msg, size_t msglen, int code, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
+/* The length (1 to 3) of the control character that starts s[0..n), or 0
+ * when none does: the C0 controls U+0000-U+001F, DEL U+007F, the C1
+ * controls U+0080-U+009F (C2 80 to C2 9F) and the line and paragraph
+ * separators U+2028 and U+2029 (E2 80 A8, E2 80 A9).  These are what no
+ * one-line text the daemon writes (an error message, a log line, a name in
+ * status) may hold: a reader that splits lines or interprets terminal
+ * controls would split or act on them.  Only well-formed sequences count
+ * (a C2 not followed by 80 to 9F is no control; dspk__pack_strn makes an
+ * ill-formed byte U+FFFD). */
+size_t dspk__utf8_ctl(const char *s, size_t n);
+
 /* The length of s[0..n) once every byte that starts no well-formed sequence
  * is replaced by U+FFFD (EF BF BD); n when s is well-formed. */
 size_t dspk__utf8_sanitized_len(const char *s, size_t n);

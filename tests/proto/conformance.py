@@ -485,6 +485,46 @@ def utf8_name(env):
     check(len(me) == 1 and me[0]["name"] == "ab\ufffd\ufffd", "status name %r" % (me,))
 
 
+@case("Errors: control characters of echoed client strings become spaces")
+def control_chars(env):
+    # protocol.md, Errors: C0, DEL, C1 (U+0080-U+009F) and U+2028/U+2029 become one
+    # space each, LF/CR end a line ("; "); checked on the answer's bytes.
+    ctl = [chr(x) for x in list(range(1, 0x20)) + list(range(0x7F, 0xA0)) + [0x2028, 0x2029]]
+    c = env.conn()
+    for i, ch in enumerate(ctl):
+        method = "no" + ch + "such"
+        want = "no; such" if ch in "\n\r" else "no such"
+        c.send(req(100 + i, method))
+        e = expect(c.wait(100 + i), "ENOMETHOD", want)
+        check(not any(x in e["message"] for x in ctl) and len(e["message"].splitlines()) == 1,
+              "control U+%04X kept in %r" % (ord(ch), e["message"]))
+    # the same in an answer's raw bytes: nothing from C2 80-9F, E2 80 A8-A9, < 0x20, 7F
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(TIMEOUT)
+    s.connect(env.sock)
+    s.sendall(req(1, "buffer.create", {"size": 8, "device": "a\u2028b\x85c\x9b31m\u2029"}))
+    raw, up = b"", msgpack.Unpacker(raw=True)
+    while True:
+        chunk = s.recv(1 << 16)
+        check(chunk, "closed before the answer")
+        raw += chunk
+        up.feed(chunk)
+        msgs = list(up)
+        if msgs:
+            break
+    s.close()
+    msg = msgs[0][2][b"message"]
+    check(b"a b c 31m" in msg, "ENODEV message %r" % msg)
+    check(not any(b in msg for b in (b"\xc2\x85", b"\xc2\x9b", b"\xe2\x80\xa8",
+                                     b"\xe2\x80\xa9")) and
+          all(b >= 0x20 and b != 0x7F for b in msg), "control bytes in %r" % msg)
+    # the hello name status shows
+    c.ok("hello", {"client": "x\x85y\u2028z\x1b[31m\x9b"})
+    me = [x for x in c.ok("status")["clients"] if x["self"]]
+    check(me and me[0]["name"] == "x y z [31m ", "status name %r" % (me,))
+    still_open(c)
+
+
 # ---- hello, ping, devices, status
 
 @case("hello: result fields; version; client bound; job type")

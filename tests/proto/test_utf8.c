@@ -231,6 +231,62 @@ static void test_codec_echo(void **st) {
   msgpack_sbuffer_destroy(&sb);
 }
 
+/* Encodes the code point cp (no surrogate) as UTF-8; returns its length. */
+static size_t enc(uint32_t cp, char *o) {
+  if (cp < 0x80)
+    return o[0] = (char)cp, 1;
+  if (cp < 0x800)
+    return o[0] = (char)(0xC0 | cp >> 6), o[1] = (char)(0x80 | (cp & 0x3F)), 2;
+  if (cp < 0x10000)
+    return o[0] = (char)(0xE0 | cp >> 12), o[1] = (char)(0x80 | (cp >> 6 & 0x3F)),
+           o[2] = (char)(0x80 | (cp & 0x3F)), 3;
+  return o[0] = (char)(0xF0 | cp >> 18), o[1] = (char)(0x80 | (cp >> 12 & 0x3F)),
+         o[2] = (char)(0x80 | (cp >> 6 & 0x3F)), o[3] = (char)(0x80 | (cp & 0x3F)), 4;
+}
+
+/* protocol.md, Errors: the characters a message never holds, by code point. */
+static int ref_ctl(uint32_t cp) {
+  return cp < 0x20 || (cp >= 0x7F && cp <= 0x9F) || cp == 0x2028 || cp == 0x2029;
+}
+
+/* Every code point between two letters: dspk__utf8_ctl says "control" for
+ * exactly the reference's set (with the character's length), and a message
+ * (dspk__one_line, what every error map holds) has it as one space, LF and
+ * CR as "; ", anything else unchanged. */
+static void test_controls(void **st) {
+  (void)st;
+  char in[8], out[16];
+  for (uint32_t cp = 1; cp <= 0x10FFFF; cp++) {
+    size_t n, m;
+    if (cp >= 0xD800 && cp <= 0xDFFF)
+      continue;
+    in[0] = 'a';
+    n = 1 + enc(cp, in + 1);
+    assert_int_equal(dspk__utf8_ctl(in + 1, n - 1), ref_ctl(cp) ? n - 1 : 0);
+    in[n++] = 'b';
+    in[n] = '\0';
+    m = dspk__one_line(out, in);
+    if (cp == '\n' || cp == '\r') {
+      assert_int_equal(m, 4);
+      assert_memory_equal(out, "a; b", 4);
+    } else if (ref_ctl(cp)) {
+      assert_int_equal(m, 3);
+      assert_memory_equal(out, "a b", 3);
+    } else {
+      assert_int_equal(m, n);
+      assert_memory_equal(out, in, n);
+    }
+  }
+  /* Cut short or ill-formed: no control (pack_strn makes them U+FFFD). */
+  assert_int_equal(dspk__utf8_ctl("\xc2", 1), 0);
+  assert_int_equal(dspk__utf8_ctl("\xe2\x80", 2), 0);
+  assert_int_equal(dspk__utf8_ctl("\xc2\xa0", 2), 0);
+  assert_int_equal(dspk__utf8_ctl("", 0), 0);
+  /* Blanks at a line's ends dropped, C1 and separators counting as blanks. */
+  assert_int_equal(dspk__one_line(out, "\xc2\x85x\xe2\x80\xa8\n\xe2\x80\xa9y\xc2\x9b"), 4);
+  assert_memory_equal(out, "x; y", 4);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_valid_against_reference),
@@ -241,6 +297,7 @@ int main(void) {
       cmocka_unit_test(test_sanitize),
       cmocka_unit_test(test_pack_str),
       cmocka_unit_test(test_codec_echo),
+      cmocka_unit_test(test_controls),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
