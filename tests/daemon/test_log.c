@@ -5,7 +5,8 @@
  * lines themselves, with stderr pointed at a file: the "<N>" syslog
  * priority when JOURNAL_STREAM names that file (as systemd does for the
  * journal), the failed-task line with its fields, a multi-line message
- * folded onto one line, levels above the threshold left out.
+ * folded onto one line, control characters (C1 and U+2028/U+2029 too) a
+ * space each, levels above the threshold left out.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -76,6 +77,8 @@ static void test_journal_lines(void **state) {
   dspkd_log_task_failed("cpu:0", "map", 3, 42, DSPK_ECANCELED, NULL);
   dspkd_log_task_failed("vulkan:0", "fft", 1, 9, DSPK_ENOMEM, "");
   dspkd_info("listening on %s", "/run/dspk/dspkd.sock");
+  /* C0, DEL, C1 (NEL, CSI) and U+2028/U+2029 a space each, as in errors */
+  dspkd_info("name a\x1b\x7f" "b\xc2\x85" "c\xc2\x9b" "d\xe2\x80\xa8" "e\xe2\x80\xa9" "f\xc2\xa0g");
   dspkd_debug("not written at info");
 
   assert_int_equal(dup2(saved, STDERR_FILENO), STDERR_FILENO);
@@ -93,7 +96,8 @@ static void test_journal_lines(void **state) {
            "<5>task failed: device=any op=gemm client=3 pid=42: ESHAPE: gemm: A has K=4\n"
            "<6>task failed: device=cpu:0 op=map client=3 pid=42: ECANCELED: task canceled\n"
            "<4>task failed: device=vulkan:0 op=fft client=1 pid=9: ENOMEM: out of memory\n"
-           "<6>listening on /run/dspk/dspkd.sock\n");
+           "<6>listening on /run/dspk/dspkd.sock\n"
+           "<6>name a  b c d e f\xc2\xa0g\n");
 }
 
 int main(void) {
