@@ -8,7 +8,11 @@
  * or too small (EINVAL), the client's truncation refused by the seal, a
  * client that unmaps or exits while its task runs, and results lent their
  * temporaries (no copy; the same pages again for the next task; copied past
- * the lending limit; valid after dspk_close, unmapped by dspk_result_free).
+ * the lending limit; valid after dspk_close, unmapped by dspk_result_free),
+ * and every descriptor sent in a sendmsg whose data starts with its
+ * buffer.import frame, also right after big requests (protocol.md, Passing
+ * descriptors: the kernel gives the descriptors to the first part of a
+ * call's data only).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -23,6 +27,8 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -142,6 +148,87 @@ static size_t count_state(int state) {
   for (size_t i = 0; i < C->nshm; i++)
     n += C->shm[i].state == state;
   return n;
+}
+
+/* sendmsg of this process (the library is linked in statically: this
+ * definition is the one it calls), forwarded to the kernel.  Each call that
+ * carries SCM_RIGHTS is checked: its data must start with a buffer.import
+ * request frame ([0, msgid, "buffer.import", ...]), nothing of another frame
+ * before it.  fd_calls counts them, fd_bad those that did not. */
+static int fd_calls, fd_bad;
+
+ssize_t sendmsg(int fd, const struct msghdr *mh, int flags) {
+  if (mh->msg_controllen > 0) {
+    unsigned char head[32];
+    size_t got = 0, at = 2;
+    for (size_t i = 0; i < (size_t)mh->msg_iovlen && got < sizeof head; i++) {
+      size_t take = mh->msg_iov[i].iov_len;
+      if (take > sizeof head - got)
+        take = sizeof head - got;
+      memcpy(head + got, mh->msg_iov[i].iov_base, take);
+      got += take;
+    }
+    fd_calls++;
+    if (got > 2 && head[0] == 0x94 && head[1] == 0x00) {
+      if (head[2] < 0x80)
+        at = 3;
+      else if (head[2] == 0xcc || head[2] == 0xcd || head[2] == 0xce)
+        at = 3 + ((size_t)1 << (head[2] - 0xcc));
+    }
+    if (at == 2 || got < at + 14 || memcmp(head + at, "\xad" "buffer.import", 14) != 0)
+      fd_bad++;
+  }
+  return syscall(SYS_sendmsg, fd, mh, flags);
+}
+
+/* An import right after big requests (a buffer.write of 48 MiB in pieces,
+ * a task of 8 MiB inline still in flight): its descriptor goes in a sendmsg
+ * of its own that starts with the import frame, and the daemon imports it
+ * (a descriptor sent with the tail of what came before would be stray past
+ * the first 36 KiB of that call: EINVAL). */
+static void test_import_after_big(void **state) {
+  const size_t big = (size_t)48 << 20;
+  const int m = 1024, k = 2048, n = 4; /* A is 8 MiB */
+  char *data = malloc(big);
+  float *a = malloc(sizeof(float) * m * k), *b = malloc(sizeof(float) * k * n);
+  uint64_t id, sid;
+  void *p;
+  dspk_result r;
+  uint32_t tk;
+  (void)state;
+  assert_non_null(data);
+  assert_non_null(a);
+  assert_non_null(b);
+  memset(data, 0x5a, big);
+  fill_ab(a, b, m, k, n);
+  fd_calls = fd_bad = 0;
+  dspk_set_shared_threshold(C, 0); /* big operands inline, on the socket */
+  assert_int_equal(dspk_buffer_create(C, "cpu:0", big, &id), 0);
+  assert_int_equal(dspk_buffer_write(C, id, 0, data, big), 0);
+  assert_int_equal(dspk_shared_alloc(C, "cpu:0", 4096, &p, &sid), 0);
+  ((char *)p)[0] = 7;
+  assert_int_equal(dspk_shared_free(C, p), 0);
+  {
+    dspk_tensor in[2] = {t2(a, m, k), t2(b, k, n)};
+    dspk_task t;
+    dspk_task_init(&t, DSPK_OP_GEMM);
+    t.device = "cpu:0";
+    t.ninputs = 2;
+    t.inputs = in;
+    assert_int_equal(dspk_submit(C, &t, &tk), 0);
+    assert_int_equal(dspk_shared_alloc(C, "cpu:0", 4096, &p, &sid), 0);
+    assert_int_equal(dspk_wait(C, tk, &r), 0);
+    check_gemm(r.out[0].data, a, b, m, k, n);
+    dspk_result_free(&r);
+    assert_int_equal(dspk_shared_free(C, p), 0);
+  }
+  assert_int_equal(dspk_buffer_free(C, id), 0);
+  dspk_set_shared_threshold(C, DSPK_SHARED_THRESHOLD);
+  assert_int_equal(fd_calls, 2);
+  assert_int_equal(fd_bad, 0);
+  free(data);
+  free(a);
+  free(b);
 }
 
 /* Zero copies: operands and the result in shared allocations. */
@@ -781,6 +868,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_lent_result),
       cmocka_unit_test(test_seals),
       cmocka_unit_test(test_unmap_and_exit),
+      cmocka_unit_test(test_import_after_big),
   };
   return cmocka_run_group_tests(tests, start_daemon, stop_daemon);
 }
