@@ -26,6 +26,10 @@
  * the stream position at the end of the read that brought them; the frame
  * that starts at or after that position cannot be the one they came with,
  * so they are closed as stray before it is handled (dspkd_shm_drop_stale).
+ * The kernel attaches a sendmsg's descriptors to the first part of its data
+ * (about 36 KiB at most) and ends the read there at the latest, so only a
+ * buffer.import frame that starts that sendmsg is sure to find its
+ * descriptor (protocol.md, Passing descriptors).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -162,8 +166,8 @@ int dspkd_m_buffer_import(struct req *r) {
 
   if (c->nfds == 0)
     return fail(r, DSPK_EINVAL, "buffer.import: no file descriptor came with this request "
-                "(send one memfd with SCM_RIGHTS in the sendmsg that carries the "
-                "request's first byte)");
+                "(send one memfd with SCM_RIGHTS in a sendmsg whose data starts with "
+                "this request)");
   fd = c->fds[0].fd;
   fds_shift(c);
   if ((err = shm_args(r, "buffer.import", &dev, &size)))

@@ -343,6 +343,87 @@ def test_shared_out_wrong_shape_is_reported(client):
         client.gemm(a, a, out=big)
 
 
+class _SendSpy:
+    """The client's socket, recording the first bytes of each sendmsg that carries
+    descriptors (everything else passes through)."""
+
+    def __init__(self, sock):
+        self._s = sock
+        self.heads = []
+
+    def __getattr__(self, name):
+        return getattr(self._s, name)
+
+    def sendmsg(self, buffers, anc=(), *rest):
+        if anc:
+            head = b""
+            for b in buffers:
+                head += bytes(memoryview(b).cast("B")[:64 - len(head)])
+                if len(head) >= 64:
+                    break
+            self.heads.append(head)
+        return self._s.sendmsg(buffers, anc, *rest)
+
+
+def _is_import_frame_start(head):
+    u = msgpack.Unpacker(raw=False)
+    u.feed(head)
+    try:
+        return (u.read_array_header() == 4 and u.unpack() == 0 and
+                isinstance(u.unpack(), int) and u.unpack() == "buffer.import")
+    except Exception:  # noqa: BLE001 - not a request frame at the start
+        return False
+
+
+def test_import_frame_starts_the_sendmsg_of_its_descriptor(client):
+    """protocol.md, Passing descriptors: the kernel gives a sendmsg's descriptors to the
+    first part of its data only (about 36 KiB), so the buffer.import frame must start the
+    call that carries its descriptor, also when big requests went just before or are
+    being sent by another thread: each descriptor goes with the import frame first, and
+    every import succeeds (a descriptor sent with the tail of a big request would be
+    stray: EINVAL)."""
+    spy = _SendSpy(client._sock)
+    client._sock = spy
+    big = np.arange(8 << 20, dtype=np.float32)  # 32 MiB inline
+    try:
+        # pipelined: a big request in flight, then imports
+        client.shared_threshold = 0
+        fut = client.submit("reduce", big)
+        a = client.empty_shared(1024, np.float32)
+        a[:] = 1
+        assert client.reduce(a) == 1024
+        assert fut.result() == pytest.approx(float(big.sum(dtype=np.float64)), rel=1e-5)
+        # another thread sending big requests while this one imports
+        stop = threading.Event()
+        errors = []
+
+        def sender():
+            try:
+                while not stop.is_set():
+                    client.to_device(big).free()
+            except BaseException as e:  # noqa: BLE001
+                errors.append(e)
+        t = threading.Thread(target=sender)
+        t.start()
+        try:
+            arrays = [client.empty_shared(1024, np.float32) for _ in range(16)]
+        finally:
+            stop.set()
+            t.join()
+        assert not errors, errors
+        del arrays
+        # the automatic path: big operands through temporaries imported meanwhile
+        client.shared_threshold = 1 << 20
+        futs = [client.submit("reduce", big) for _ in range(3)]
+        for f in futs:
+            assert f.result() == pytest.approx(float(big.sum(dtype=np.float64)), rel=1e-5)
+    finally:
+        client._sock = spy._s
+    assert len(spy.heads) >= 17, len(spy.heads)
+    bad = [h for h in spy.heads if not _is_import_frame_start(h)]
+    assert not bad, bad
+
+
 def test_concurrent_writes_do_not_crash(client):
     """A client writing its shared operand while tasks read it: undefined results for
     those tasks, never a crash; the next task is exact."""
