@@ -425,7 +425,12 @@ int dspk__send_fd(dspk_client *c, struct dspk__wbuf *w, uint32_t msgid, int fd) 
         run++;
       mh.msg_iov = iov;
       mh.msg_iovlen = fs.on ? run : niov > IOV_MAX ? IOV_MAX : niov;
-      if (fd >= 0) { /* with the frame's first byte (protocol.md, Shared memory) */
+      /* The descriptor goes with this request's first sendmsg only, whose
+       * data starts with the frame: every earlier request was sent whole
+       * before this function was called, so nothing of another frame comes
+       * before it in this call (protocol.md, Passing descriptors: the kernel
+       * gives the descriptor to the first part of the call's data only). */
+      if (fd >= 0) {
         struct cmsghdr *h;
         memset(&cm, 0, sizeof cm);
         mh.msg_control = cm.buf;

@@ -879,7 +879,10 @@ class Client:
         blocking and waited on with poll(), so that an exception raised while waiting
         (KeyboardInterrupt from a signal handler) is known to have cut nothing."""
         views = [v for v in (memoryview(c).cast("B") for c in chunks) if v.nbytes]
-        # File descriptors go with the frame's first byte (protocol.md, Shared memory).
+        # File descriptors go with the first sendmsg of this message only, whose data
+        # starts with its frame: every earlier message was written whole under the send
+        # lock, so nothing of another frame precedes it in that call (protocol.md,
+        # Passing descriptors: the kernel gives them to the first part of a call's data).
         anc = [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, _array.array("i", fds))] \
             if fds else []
         # The timeout bounds sending too: a daemon that stopped reading (SIGSTOP, a
