@@ -553,7 +553,7 @@ static int run_task(dspk__sub_ctx *ctx, const op_args *a, dspk_task *t,
   dspk__npy in[MAX_INPUTS];
   dspk_tensor tin[MAX_INPUTS];
   dspk_result res;
-  dspk__outfile of = {-1, NULL, NULL};
+  dspk__outfile of = {-1, NULL, NULL, false};
   progress_state ps = {isatty(STDERR_FILENO) == 1, false, ctx->cmd};
   char err[768];
   int i, rc, status = DSPK__SUB_EXIT_FAIL, loaded = 0;
@@ -633,7 +633,7 @@ static int run_task(dspk__sub_ctx *ctx, const op_args *a, dspk_task *t,
   }
   {
     /* The report goes to stdout, unless the array itself does. */
-    FILE *f = a->output && strcmp(a->output, "-") == 0 ? stderr : stdout;
+    FILE *f = a->output && of.to_stdout ? stderr : stdout;
     const char *saved[DSPK_MAX_OUTPUTS] = {a->output};
     dspk_result first = res; /* a view: the commands return output 0 */
     first.nout = 1;
