@@ -793,7 +793,13 @@ def output_replacement(cli, tmp, large, small, fsize_limit):
     # Interrupted while recording (its temporary open): the command dies of
     # the signal as before, the temporary goes, the old file stays.
     old_tr = put("tr2.json")
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    # Every signal that ends a process by default and can be caught, not
+    # only the four of a terminal (SIGPIPE, SIGALRM, SIGUSR1 used to leave
+    # the temporary).
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE,
+                signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM, signal.SIGVTALRM,
+                signal.SIGPROF, signal.SIGXCPU, signal.SIGIO, signal.SIGPWR,
+                signal.SIGRTMIN, signal.SIGRTMAX):
         p = subprocess.Popen([cli.binary, "--socket", cli.sock, "trace", "-o", old_tr,
                               "--seconds", "600"], stdin=subprocess.DEVNULL,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -807,6 +813,59 @@ def output_replacement(cli, tmp, large, small, fsize_limit):
         check(rc == -sig, "trace after signal %d: exit %d" % (sig, rc))
         check(leftovers(d) == [], "signal %d left %s" % (sig, leftovers(d)))
         same(old_tr, "interrupted trace over tr2.json")
+
+
+def outputs_through_descriptors(cli, tmp, small):
+    """-o /dev/stdout, /dev/fd/N, /proc/self/fd/N name an open descriptor:
+    written through it in place (at its offset, appended to when opened so),
+    never a temporary renamed over the file it is open on."""
+    d = os.path.join(tmp, "fds")
+    os.mkdir(d)
+    with open(small, "rb") as f:
+        npy = f.read()
+    for path in ("/dev/stdout", "/proc/self/fd/1", "/dev/fd/1"):
+        log = os.path.join(d, "log.txt")
+        with open(log, "wb") as f:
+            f.write(b"line 1\n")
+        ino = os.stat(log).st_ino
+        with open(log, "ab") as f:
+            p = subprocess.run([cli.binary, "--socket", cli.sock, "map", "abs", small,
+                                "-o", path], stdout=f, stderr=subprocess.PIPE,
+                               stdin=subprocess.DEVNULL, timeout=120)
+        err = p.stderr.decode(errors="replace")
+        check(p.returncode == 0, "-o %s >> log: exit %d %r" % (path, p.returncode, err))
+        check(os.stat(log).st_ino == ino, "-o %s replaced the file stdout is open on" % path)
+        with open(log, "rb") as f:
+            got = f.read()
+        check(got[:7] == b"line 1\n" and got[7:] == npy,
+              "-o %s >> log: the log holds %r..." % (path, got[:40]))
+        check(": wrote %s\n" % path in err, "-o %s: result line %r not on stderr" % (path, err))
+    # A group's header and trailer stay around the array.
+    grp = os.path.join(d, "grp.bin")
+    with open(grp, "wb") as f:
+        subprocess.run(["sh", "-c", 'echo header; "$0" --socket "$1" map abs "$2" -o /dev/stdout'
+                        ' 2>/dev/null; echo trailer', cli.binary, cli.sock, small],
+                       stdout=f, stdin=subprocess.DEVNULL, timeout=120, check=True)
+    with open(grp, "rb") as f:
+        got = f.read()
+    check(got == b"header\n" + npy + b"trailer\n", "group: %r..." % got[:40])
+    # Another descriptor, open for appending; one not open, one read-only.
+    out = os.path.join(d, "fd7.npy")
+    with open(out, "wb") as f:
+        f.write(b"x")
+    fd = os.open(out, os.O_WRONLY | os.O_APPEND)
+    try:
+        p = subprocess.run([cli.binary, "--socket", cli.sock, "map", "abs", small,
+                            "-o", "/dev/fd/%d" % fd], pass_fds=(fd,), capture_output=True,
+                           stdin=subprocess.DEVNULL, timeout=120)
+        check(p.returncode == 0, "-o /dev/fd/N: exit %d %r" % (p.returncode, p.stderr))
+    finally:
+        os.close(fd)
+    with open(out, "rb") as f:
+        check(f.read() == b"x" + npy, "-o /dev/fd/N did not append")
+    check(leftovers(d) == [], "temporaries left behind: %s" % leftovers(d))
+    cli.fails(["map", "abs", small, "-o", "/dev/stdin"], "map", "EPERM", data=b"",
+              detail="/dev/stdin: descriptor 0 is not open for writing")
 
 
 def suite_errors(cli, tmp):
@@ -873,6 +932,7 @@ def suite_errors(cli, tmp):
               detail="%s: File too large" % full, preexec_fn=fsize_limit)
     check(not os.path.exists(full), "a partly written output is left behind")
     output_replacement(cli, tmp, large, a34, fsize_limit)
+    outputs_through_descriptors(cli, tmp, a34)
     # The same limit with SIGXFSZ at its default (a shell's ulimit -f): the
     # command ignores the signal, so the write fails as above (it was killed
     # by the signal, leaving the partial file).
@@ -1762,6 +1822,31 @@ def outputs_before_work(cli, tmp):
                   detail="%s: cannot create a temporary file in %s to replace it" % (x, rod))
         with open(x, "rb") as f:
             check(f.read() == b"old", "the file in a read-only directory was changed")
+        # Another user's file in a sticky directory (/tmp): the temporary
+        # can be made, but the rename over the file would be refused, so it
+        # fails at once (before connecting), not with EIO after the work.
+        if os.geteuid() == 0:
+            sticky = os.path.join(tmp, "sticky")
+            os.mkdir(sticky)
+            os.chmod(sticky, 0o1777)
+            y = os.path.join(sticky, "root.npy")
+            with open(y, "wb") as f:
+                f.write(b"old")
+            os.chmod(y, 0o666)
+            for args in (["map", "abs", a, "-o", y], ["trace", "-o", y, "--seconds", "600"],
+                         ["kernel", src, "--entry", "main", "--grid", "1", "--block", "1",
+                          a, "-o", y]):
+                cli.fails(nosock + args, args[0], "EPERM", sock=False, preexec_fn=preexec,
+                          detail="%s: cannot replace it: %s is a sticky directory" % (y, sticky))
+                with open(y, "rb") as f:
+                    check(f.read() == b"old", "the file in the sticky directory was changed")
+                check(leftovers(sticky) == [], "temporaries left: %s" % leftovers(sticky))
+            # Its own file there, or a new one, is fine (up to the connect).
+            os.chown(y, 65534, 65534)
+            cli.fails(nosock + ["map", "abs", a, "-o", y], "map", "ECONNECT", sock=False,
+                      preexec_fn=preexec)
+        else:
+            print("help: not root, the sticky directory case is skipped")
     finally:
         os.chmod(rod, 0o755)
         os.chmod(tmp, 0o700)
