@@ -820,21 +820,26 @@ int dspk__sub_save(const dspk_tensor *o, dspk__outfile *of, const char *path,
 
 int dspk__sub_check_inputs(const dspk__sub_ctx *ctx, char *const *files,
                          int nfiles) {
-  int n = 0;
+  int n = 0, at = -1;
   for (int i = 0; i < nfiles; i++) {
     if (files[i][0] == '\0') {
       dspk__sub_usage(ctx, "empty input file name");
       return -1;
     }
-    n += strcmp(files[i], "-") == 0;
+    if (strcmp(files[i], "-") == 0) {
+      n++;
+      at = i;
+    }
   }
   if (n > 1) {
     dspk__sub_usage(ctx, "standard input (-) can be read only once");
     return -1;
   }
   if (n == 1 && isatty(STDIN_FILENO) == 1) {
-    dspk__sub_usage(ctx, "-: standard input is a terminal; pipe a .npy "
-                         "into it");
+    /* kernel's files[0] is its SOURCE, not an array. */
+    bool source = at == 0 && ctx->cmd != NULL && strcmp(ctx->cmd, "kernel") == 0;
+    dspk__sub_usage(ctx, "-: standard input is a terminal; pipe %s into it",
+                    source ? "the kernel source" : "a .npy");
     return -1;
   }
   return 0;

@@ -1781,6 +1781,57 @@ def suite_help(cli, tmp):
     help_matches_doc(cli)
     repeated_options(cli)
     outputs_before_work(cli, tmp)
+    command_line_messages(cli, tmp)
+
+
+def command_line_messages(cli, tmp):
+    """help's own --help and extra words, an empty --socket, a socket path
+    that is no socket or too long from $DSPK_SOCKET, kernel's SOURCE - on a
+    terminal, a missing .npz: each said as it is (no daemon needed)."""
+    top = cli.ok("--help", sock=False)
+    for argv in (["help", "--help"], ["help", "-h"]):
+        check(cli.ok(*argv, sock=False) == top, "%s differs from --help" % argv)
+    cli.fails(["help", "gemm", "fft"], None, "EINVAL", rc_want=2, sock=False,
+              detail="help takes one COMMAND, got extra argument 'fft'")
+    cli.fails(["--socket", "", "ping"], None, "EINVAL", rc_want=2, sock=False,
+              detail="empty --socket path")
+    d = os.path.join(tmp, "notsock")
+    os.mkdir(d)
+    reg = os.path.join(d, "file")
+    with open(reg, "w") as f:
+        f.write("x")
+    fifo = os.path.join(d, "fifo")
+    os.mkfifo(fifo)
+    for path, what in ((reg, "a regular file"), (d, "a directory"), (fifo, "a FIFO")):
+        env = dict(os.environ, DSPK_SOCKET=path)
+        err = cli.fails(["ping"], "ping", "ECONNECT", sock=False, env=env,
+                        detail="%s is %s, not a socket" % (path, what))
+        check("is dspkd running" not in err, "not a socket, yet %r" % err)
+    env = dict(os.environ, DSPK_SOCKET="/" + "x" * 120)
+    err = cli.fails(["ping"], "ping", "ELIMIT", sock=False, env=env,
+                    detail="socket path from $DSPK_SOCKET longer than 107 bytes")
+    check("default socket" not in err, "$DSPK_SOCKET called the default: %r" % err)
+    nonpz = os.path.join(tmp, "missing.npz")
+    for spec in (nonpz, nonpz + ":x"):
+        cli.fails(["map", "abs", spec], "map", "ENOENT", sock=False,
+                  detail="%s: No such file or directory" % nonpz)
+    # kernel - reads the kernel's source, not a .npy, from a terminal.
+    import pty
+    a = os.path.join(tmp, "a.npy")
+    src = os.path.join(tmp, "k.comp")
+    for args, want in ((["-"], "pipe the kernel source into it"),
+                       ([src, "-"], "pipe a .npy into it")):
+        master, slave = pty.openpty()
+        try:
+            p = subprocess.run([cli.binary, "kernel"] + args +
+                               ["--entry", "main", "--grid", "1", "--block", "1"],
+                               stdin=slave, capture_output=True, timeout=60)
+        finally:
+            os.close(slave)
+            os.close(master)
+        err = p.stderr.decode(errors="replace")
+        check(p.returncode == 2 and want in err, "kernel %s on a tty: %d %r"
+              % (args, p.returncode, err))
 
 
 def outputs_before_work(cli, tmp):
