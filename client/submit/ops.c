@@ -299,8 +299,14 @@ void dspk__sub_print_summary(FILE *f, const dspk_result *res,
   if (res->time_us > 0)
     fprintf(f, ", %s", dspk__sub_fmt_time(res->time_us, tm, sizeof tm));
   if (saved != NULL) {
-    fprintf(f, ": wrote %s\n",
-            strcmp(saved, "-") == 0 ? "standard output" : saved);
+    /* The name escaped as the error line's names are (escape.h): a
+     * control character in it reaches no terminal. */
+    fputs(": wrote ", f);
+    if (strcmp(saved, "-") == 0)
+      fputs("standard output", f);
+    else
+      dspk__sub_put(f, saved, DSPK__SUB_ESC_LINE);
+    fputc('\n', f);
     return;
   }
   fputs(": [", f);

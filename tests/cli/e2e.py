@@ -868,6 +868,22 @@ def outputs_through_descriptors(cli, tmp, small):
               detail="/dev/stdin: descriptor 0 is not open for writing")
 
 
+def result_line_names(cli, tmp, small):
+    """The result line escapes the file name as the error line does: no raw
+    control character reaches the terminal."""
+    d = os.path.join(tmp, "names")
+    os.mkdir(d)
+    name = os.path.join(d, "o\x1b[31mred\x07.npy")
+    out = cli.ok("map", "abs", small, "-o", name)
+    check(out.endswith(": wrote %s/o\\x1b[31mred\\x07.npy\n" % d), "result line %r" % out)
+    check("\x1b" not in out and "\x07" not in out, "raw control character in %r" % out)
+    err = cli.fails(["map", "abs", small, "-o", os.path.join(d, "no", "o\x1b[31mred\x07.npy")],
+                    "map", "ENOENT")
+    check("o\\x1b[31mred\\x07.npy" in err, "error line %r" % err)
+    j = json.loads(cli.ok("map", "abs", small, "-o", name, "--json"))
+    check(j["outputs"][0]["file"] == name, "--json file %r" % j["outputs"][0])
+
+
 def suite_errors(cli, tmp):
     def save(name, x):
         p = os.path.join(tmp, name)
@@ -933,6 +949,7 @@ def suite_errors(cli, tmp):
     check(not os.path.exists(full), "a partly written output is left behind")
     output_replacement(cli, tmp, large, a34, fsize_limit)
     outputs_through_descriptors(cli, tmp, a34)
+    result_line_names(cli, tmp, a34)
     # The same limit with SIGXFSZ at its default (a shell's ulimit -f): the
     # command ignores the signal, so the write fails as above (it was killed
     # by the signal, leaving the partial file).
