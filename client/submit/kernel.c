@@ -376,6 +376,14 @@ int dspk__sub_kernel(dspk__sub_ctx *ctx, int argc, char **argv) {
                                outs[i].path, outs[i].index);
       goto out;
     }
+    /* One tensor, one file: a result line per saved tensor names it. */
+    for (int j = 0; j < i; j++)
+      if (outs[j].index == outs[i].index) {
+        status = dspk__sub_usage(ctx, "-o %s and -o %s both save tensor argument %d "
+                                 "(one file per tensor)", outs[j].path, outs[i].path,
+                                 outs[i].index);
+        goto out;
+      }
   }
   if (read_source(ctx, argv[optind], &src, &srclen) != 0)
     goto out;

@@ -1836,6 +1836,17 @@ def command_line_messages(cli, tmp):
     import pty
     a = os.path.join(tmp, "a.npy")
     src = os.path.join(tmp, "k.comp")
+    # One tensor saved by two -o: refused (a result line per saved tensor
+    # would name only one file), before any file is made.
+    k0a, k0b = os.path.join(tmp, "k0a.npy"), os.path.join(tmp, "k0b.npy")
+    for outs in (["-o", "0=" + k0a, "-o", "0=" + k0b], ["-o", k0a, "-o", "0=" + k0b],
+                 ["-o", "1=" + k0a, "-o", "0=" + k0b, "-o", k0b + "x"]):
+        kargs = ["kernel", src, "--entry", "main", "--grid", "1", "--block", "1",
+                 a, a] + outs
+        cli.fails(kargs, "kernel", "EINVAL", rc_want=2, sock=False,
+                  detail="both save tensor argument")
+        check(not os.path.exists(k0a) and not os.path.exists(k0b),
+              "a refused kernel -o made a file")
     for args, want in ((["-"], "pipe the kernel source into it"),
                        ([src, "-"], "pipe a .npy into it")):
         master, slave = pty.openpty()
