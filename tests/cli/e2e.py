@@ -1841,7 +1841,7 @@ def command_line_messages(cli, tmp):
     k0a, k0b = os.path.join(tmp, "k0a.npy"), os.path.join(tmp, "k0b.npy")
     for outs in (["-o", "0=" + k0a, "-o", "0=" + k0b], ["-o", k0a, "-o", "0=" + k0b],
                  ["-o", "1=" + k0a, "-o", "0=" + k0b, "-o", k0b + "x"]):
-        kargs = ["kernel", src, "--entry", "main", "--grid", "1", "--block", "1",
+        kargs = ["--socket", os.path.join(tmp, "nothing.sock"), "kernel", src, "--entry", "main", "--grid", "1", "--block", "1",
                  a, a] + outs
         cli.fails(kargs, "kernel", "EINVAL", rc_want=2, sock=False,
                   detail="both save tensor argument")
