@@ -253,6 +253,12 @@ static void value_at(const dspk_tensor *t, uint64_t i, double *re, double *im) {
 static void print_value(FILE *f, const dspk_tensor *t, uint64_t i) {
   double re, im;
   value_at(t, i, &re, &im);
+  /* A NaN prints as numpy prints it, "nan" whatever its sign bit (printf
+   * writes "-nan"); --json writes null. */
+  if (isnan(re))
+    re = fabs(re);
+  if (isnan(im))
+    im = fabs(im);
   switch (t->dtype) {
   case DSPK_F32:
     fprintf(f, "%.7g", re);

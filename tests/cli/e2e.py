@@ -884,6 +884,23 @@ def result_line_names(cli, tmp, small):
     check(j["outputs"][0]["file"] == name, "--json file %r" % j["outputs"][0])
 
 
+def nan_text(cli, tmp):
+    """A NaN prints as numpy prints it, "nan", whatever its sign bit (printf
+    wrote "-nan"); the data keeps the sign bit."""
+    x = np.array([-np.nan, np.nan, 1.0, -np.inf])
+    check(bool(np.signbit(x[0])), "numpy made no negative NaN here")
+    for dt, want in (("<f8", "[nan, nan, 1, -inf]"), ("<f4", "[nan, nan, 1, -inf]"),
+                     ("<c16", "[nan+0j, nan+0j, 1+0j, -inf+0j]")):
+        p = os.path.join(tmp, "nan_%s.npy" % dt[1:])
+        np.save(p, x.astype(dt))
+        out = cli.ok("map", "scale", p, "--alpha", "1")
+        check(out.endswith(": %s (4 values)\n" % want), "%s: %r" % (dt, out))
+    p = os.path.join(tmp, "nanc.npy")
+    np.save(p, np.array([complex(-np.nan, -np.nan)], "<c8"))
+    out = cli.ok("map", "scale", p, "--alpha", "1")
+    check(out.endswith(": [nan+nanj] (1 value)\n"), "c64: %r" % out)
+
+
 def suite_errors(cli, tmp):
     def save(name, x):
         p = os.path.join(tmp, name)
@@ -950,6 +967,7 @@ def suite_errors(cli, tmp):
     output_replacement(cli, tmp, large, a34, fsize_limit)
     outputs_through_descriptors(cli, tmp, a34)
     result_line_names(cli, tmp, a34)
+    nan_text(cli, tmp)
     # The same limit with SIGXFSZ at its default (a shell's ulimit -f): the
     # command ignores the signal, so the write fails as above (it was killed
     # by the signal, leaving the partial file).
