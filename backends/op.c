@@ -65,7 +65,8 @@ static int check_tensor(const char *op, const char *name,
                   op, name, (long long)t->shape[i], i);
   if (dspk__tensor_size(t, NULL, NULL) != 0)
     return dspk__fail(msg, len, DSPK_ELIMIT,
-                "%s: %s %s has too many elements (its size overflows 64 bits)", op,
+                "%s: %s %s is too large: the product of its dimensions (each 0 counted "
+                "as 1) times its item size passes 2^63-1 bytes", op,
                 name, shape_str(t, sh, sizeof sh));
   return 0;
 }
@@ -548,7 +549,8 @@ int dspk__op_infer_lim(struct dspk__op *op, const struct dspk__op_limits *lim,
     int64_t n;
     if (dspk__tensor_size(&op->out[i], &n, NULL) != 0)
       return dspk__fail(msg, msglen, DSPK_ELIMIT,
-                  "%s: the result %s has too many elements (its size overflows 64 bits)",
+                  "%s: the result %s is too large: the product of its dimensions (each 0 "
+                  "counted as 1) times its item size passes 2^63-1 bytes",
                   name, shape_str(&op->out[i], sh, sizeof sh));
     if (lim && (uint64_t)n > lim->max_elements)
       return dspk__fail(msg, msglen, DSPK_ELIMIT,

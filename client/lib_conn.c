@@ -1519,8 +1519,10 @@ DSPK_EXPORT int dspk_connect_timeout(const char *socket_path, const char *client
     }
     strcpy(path, socket_path);
   } else if (dspk_default_socket(path, sizeof path) != 0) {
-    snprintf(connect_err, sizeof connect_err,
-             "default socket path longer than %zu bytes", sizeof path - 1);
+    const char *env = getenv("DSPK_SOCKET");
+    snprintf(connect_err, sizeof connect_err, "%s longer than %zu bytes",
+             env && *env ? "socket path from $DSPK_SOCKET" : "default socket path",
+             sizeof path - 1);
     return DSPK_ELIMIT;
   }
   memcpy(sa.sun_path, path, sizeof path);

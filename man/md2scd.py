@@ -14,18 +14,58 @@ def esc(text):
     return re.sub(r'([\\*_])', r'\\\1', text)
 
 
-def inline(text):
+def bold(text):
+    # scdoc's bold around the text, the spaces at its ends left outside.
+    core = text.strip()
+    if not core:
+        return text
+    lead = text[:len(text) - len(text.lstrip())]
+    trail = text[len(text.rstrip()):]
+    return lead + '*' + esc(core) + '*' + trail
+
+
+def inline(text, st=None):
+    """text, one line, in scdoc.  st carries whether a `code` span is open
+    from the line before (Markdown lets a span cross a line break; scdoc's
+    bold does not): a span open at the end of the line is closed there and
+    reopened on the next."""
+    if st is None:
+        st = {'code': False}
     out = []
-    # Split into `code` spans and the rest.
-    for i, part in enumerate(re.split(r'(`[^`]*`)', text)):
-        if i % 2 == 1:
-            out.append('*' + esc(part[1:-1]) + '*')
+    for k, seg in enumerate(text.split('`')):
+        if k > 0:
+            st['code'] = not st['code']
+        if st['code']:
+            out.append(bold(seg))
             continue
-        part = re.sub(r'\[([^\]]*)\]\(([^)]*)\)', r'\1 (\2)', part)
-        pieces = re.split(r'(\*\*[^*]+\*\*)', part)
+        seg = re.sub(r'\[([^\]]*)\]\(([^)]*)\)', r'\1 (\2)', seg)
+        pieces = re.split(r'(\*\*[^*]+\*\*)', seg)
         for j, p in enumerate(pieces):
-            out.append('*' + esc(p[2:-2]) + '*' if j % 2 == 1 else esc(p))
+            out.append(bold(p[2:-2]) if j % 2 == 1 else esc(p))
     return ''.join(out)
+
+
+def code_line(line):
+    # A line of a ``` block: scdoc reads a backslash there as an escape
+    # (a trailing one, a shell continuation, vanished), so it is doubled.
+    return line.replace('\\', '\\\\')
+
+
+def starts_badly(text):
+    # A line scdoc or roff would read as something else at its start: "."
+    # or "'" (a roff request: "... in argument order" lost a dot), "-" (a
+    # list entry).  Such a line is joined to the line before it.
+    t = text.lstrip('\t ')
+    return t[:1] in ('.', "'", '-')
+
+
+def add(out, text):
+    """Appends a line of running text, joined to the previous line when it
+    would start badly (the previous line is text of the same block)."""
+    if starts_badly(text) and out and out[-1].strip() and not out[-1].startswith(('#', '```')):
+        out[-1] += ' ' + text.lstrip('\t ')
+    else:
+        out.append(text)
 
 
 def convert(lines, path):
@@ -43,7 +83,7 @@ def convert(lines, path):
             out.append('```')
             i += 1
             while i < n and not lines[i].startswith('```'):
-                out.append(lines[i])
+                out.append(code_line(lines[i]))
                 i += 1
             if i == n:
                 sys.exit(f'{where}: unterminated code block')
@@ -76,28 +116,41 @@ def convert(lines, path):
             if i < n and lines[i].strip():
                 out.append('')
         elif re.match(r'^\d+\. ', line):
-            out.append('. ' + inline(line.split(' ', 1)[1]))
+            st = {'code': False}
+            out.append('. ' + inline(line.split(' ', 1)[1], st))
             i += 1
             while i < n and lines[i].startswith('   ') and lines[i].strip():
-                out.append('  ' + inline(lines[i].strip()))
+                add(out, '  ' + inline(lines[i].strip(), st))
                 i += 1
         elif line.startswith('> '):
             out.append('\t' + inline(line[2:]))
             i += 1
         elif line.startswith('- '):
-            out.append('- ' + inline(line[2:]))
+            st = {'code': False}
+            out.append('- ' + inline(line[2:], st))
             i += 1
             while i < n and lines[i].startswith('  ') and lines[i].strip():
-                out.append('  ' + inline(lines[i].strip()))
+                add(out, '  ' + inline(lines[i].strip(), st))
                 i += 1
         elif line.strip() and i + 1 < n and lines[i + 1].startswith(': '):
             # A definition: the term, then its text indented.
             out.append(inline(line))
             i += 1
-            out.append('\t' + inline(lines[i][2:]))
+            st = {'code': False}
+            out.append('\t' + inline(lines[i][2:], st))
             i += 1
             while i < n and lines[i].startswith('  ') and lines[i].strip():
-                out.append('\t' + inline(lines[i].strip()))
+                add(out, '\t' + inline(lines[i].strip(), st))
+                i += 1
+        elif line.strip():
+            # A paragraph: its lines up to a blank line or another block.
+            st = {'code': False}
+            out.append(inline(line, st))
+            i += 1
+            while (i < n and lines[i].strip() and not re.match(
+                    r'^(```|#|\||\d+\. |> |- )', lines[i])
+                   and not (i + 1 < n and lines[i + 1].startswith(': '))):
+                add(out, inline(lines[i], st))
                 i += 1
         else:
             out.append(inline(line))

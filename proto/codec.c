@@ -10,6 +10,7 @@
  * the frame.  Nothing here does I/O, logs or keeps global state.
  */
 #include <inttypes.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -292,11 +293,23 @@ int dspk__tensor_decode(const msgpack_object *o,
     if (dspk__obj_u64(&v->via.array.ptr[i], &d) != 0)
       return dspk__fail(msg, msglen, DSPK_EINVAL,
                   "tensor shape[%u]: expected a non-negative integer", i);
-    if (d > INT64_MAX || (d && __builtin_mul_overflow(extent, d, &extent)) ||
-        extent > INT64_MAX)
+    if (d > INT64_MAX)
       return dspk__fail(msg, msglen, DSPK_ELIMIT,
-                  "tensor shape[%u]: the shape is too large (its size overflows "
-                  "64 bits)", i);
+                  "tensor shape[%u]: %" PRIu64 " does not fit an int64", i, d);
+    if ((d && __builtin_mul_overflow(extent, d, &extent)) || extent > INT64_MAX) {
+      /* Said as the rule is (docs/protocol.md, Tensors): it holds for a
+       * tensor without elements too, which "too large" would not explain. */
+      bool empty = false;
+      for (unsigned j = 0; j < t.rank; j++) {
+        uint64_t dj;
+        if (dspk__obj_u64(&v->via.array.ptr[j], &dj) == 0 && dj == 0)
+          empty = true;
+      }
+      return dspk__fail(msg, msglen, DSPK_ELIMIT,
+                  "tensor shape[%u]: product of dimensions (0 as 1) times item size %zu "
+                  "passes 2^63-1 bytes%s", i, isz,
+                  empty ? ", the limit even with no elements" : "");
+    }
     t.shape[i] = (int64_t)d;
     numel *= d; /* <= extent: cannot overflow */
   }

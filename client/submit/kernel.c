@@ -221,7 +221,7 @@ int dspk__sub_kernel(dspk__sub_ctx *ctx, int argc, char **argv) {
   memset(tens, 0, sizeof tens);
   memset(&res, 0, sizeof res);
   for (int i = 0; i < KERNEL_MAX_TENSORS; i++)
-    ofs[i] = (dspk__outfile){-1, NULL, NULL};
+    ofs[i] = (dspk__outfile){-1, NULL, NULL, false};
   while ((opt = getopt_long(argc, argv, ":e:g:b:s:l:d:o:h", opts, NULL)) !=
          -1) {
     switch (opt) {
@@ -376,6 +376,14 @@ int dspk__sub_kernel(dspk__sub_ctx *ctx, int argc, char **argv) {
                                outs[i].path, outs[i].index);
       goto out;
     }
+    /* One tensor, one file: a result line per saved tensor names it. */
+    for (int j = 0; j < i; j++)
+      if (outs[j].index == outs[i].index) {
+        status = dspk__sub_usage(ctx, "-o %s and -o %s both save tensor argument %d "
+                                 "(one file per tensor)", outs[j].path, outs[i].path,
+                                 outs[i].index);
+        goto out;
+      }
   }
   if (read_source(ctx, argv[optind], &src, &srclen) != 0)
     goto out;
@@ -424,7 +432,7 @@ int dspk__sub_kernel(dspk__sub_ctx *ctx, int argc, char **argv) {
      * only the saved tensors are reported. */
     FILE *f = stdout;
     for (int i = 0; i < nouts; i++)
-      if (strcmp(outs[i].path, "-") == 0)
+      if (ofs[i].to_stdout)
         f = stderr;
     if (json) {
       dspk__sub_json_result(f, &res, saved);

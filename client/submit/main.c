@@ -401,11 +401,15 @@ int dspk__sub_connect(dspk__sub_ctx *ctx) {
     dspk_set_shared_threshold(ctx->client, dspk__sub_shared_threshold());
     return 0;
   }
-  if (shown == NULL)
-    shown = dspk_default_socket(path, sizeof path) == 0 ? path : "(default)";
+  if (shown == NULL) {
+    const char *env = getenv("DSPK_SOCKET");
+    shown = dspk_default_socket(path, sizeof path) == 0 ? path
+            : env != NULL && *env                        ? "$DSPK_SOCKET"
+                                                         : "(default)";
+  }
   {
     const char *why = dspk_connect_error();
-    char pre[600], hint[320] = "";
+    char pre[600], hint[900] = "";
     struct stat st;
     if (why == NULL || why[0] == '\0')
       why = dspk_strerror(rc);
@@ -413,7 +417,13 @@ int dspk__sub_connect(dspk__sub_ctx *ctx) {
     snprintf(pre, sizeof pre, "connect to %s: ", shown);
     if (strncmp(why, pre, strlen(pre)) == 0)
       why += strlen(pre);
-    if (rc == DSPK_ECONNECT) {
+    if (rc == DSPK_ECONNECT && stat(shown, &st) == 0 && !S_ISSOCK(st.st_mode)) {
+      /* Something is there, but no socket a daemon could listen on. */
+      snprintf(hint, sizeof hint, "; %s is %s, not a socket: check --socket and "
+               "$DSPK_SOCKET", shown,
+               S_ISDIR(st.st_mode) ? "a directory" : S_ISFIFO(st.st_mode) ? "a FIFO"
+               : S_ISREG(st.st_mode) ? "a regular file" : "not a socket file");
+    } else if (rc == DSPK_ECONNECT) {
       snprintf(hint, sizeof hint,
                "; is dspkd running? See 'systemctl status dspkd.socket "
                "dspkd.service' (or 'systemctl --user ...'), or start one with "
@@ -662,8 +672,18 @@ int main(int argc, char **argv) {
   }
   if (optind >= argc)
     return dspk__sub_usage(&ctx, "missing COMMAND");
+  if (ctx.socket != NULL && ctx.socket[0] == '\0')
+    return dspk__sub_usage(&ctx, "empty --socket path");
   if (strcmp(argv[optind], "help") == 0) {
     ctx.cmd = optind + 1 < argc ? argv[optind + 1] : "";
+    /* help's own --help is the program's, as for a bare "help". */
+    if (strcmp(ctx.cmd, "-h") == 0 || strcmp(ctx.cmd, "--help") == 0)
+      ctx.cmd = "";
+    if (optind + 2 < argc) {
+      ctx.cmd = NULL;
+      return dspk__sub_usage(&ctx, "help takes one COMMAND, got extra argument '%s'",
+                             argv[optind + 2]);
+    }
     if (ctx.cmd[0] != '\0' && find_cmd(ctx.cmd) == NULL) {
       ctx.cmd = NULL;
       return dspk__sub_usage(&ctx, "unknown command '%s'", argv[optind + 1]);

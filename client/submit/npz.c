@@ -16,11 +16,14 @@
  * loader's 20 M on the 2-core VM).
  */
 #include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <zip.h>
 
 #include "client/submit/npy.h"
@@ -109,6 +112,20 @@ int dspk__npz_load(const char *path, const char *member, dspk__npy *out,
 
   if ((rc = zip_load(err, errlen)))
     return rc;
+  {
+    /* A file that cannot be opened is named as the .npy inputs name it
+     * (strerror's words, not libzip's "No such file"). */
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) {
+      int e = errno;
+      return fail(err, errlen,
+                  e == ENOENT || e == ENOTDIR ? DSPK_ENOENT
+                  : e == EACCES || e == EPERM ? DSPK_EPERM
+                                              : DSPK_EIO,
+                  "%s: %s", path, strerror(e));
+    }
+    close(fd);
+  }
   za = Z.zip_open(path, ZIP_RDONLY, &zerr);
   if (za == NULL) {
     zip_error_t ze;

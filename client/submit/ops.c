@@ -253,6 +253,12 @@ static void value_at(const dspk_tensor *t, uint64_t i, double *re, double *im) {
 static void print_value(FILE *f, const dspk_tensor *t, uint64_t i) {
   double re, im;
   value_at(t, i, &re, &im);
+  /* A NaN prints as numpy prints it, "nan" whatever its sign bit (printf
+   * writes "-nan"); --json writes null. */
+  if (isnan(re))
+    re = fabs(re);
+  if (isnan(im))
+    im = fabs(im);
   switch (t->dtype) {
   case DSPK_F32:
     fprintf(f, "%.7g", re);
@@ -299,8 +305,14 @@ void dspk__sub_print_summary(FILE *f, const dspk_result *res,
   if (res->time_us > 0)
     fprintf(f, ", %s", dspk__sub_fmt_time(res->time_us, tm, sizeof tm));
   if (saved != NULL) {
-    fprintf(f, ": wrote %s\n",
-            strcmp(saved, "-") == 0 ? "standard output" : saved);
+    /* The name escaped as the error line's names are (escape.h): a
+     * control character in it reaches no terminal. */
+    fputs(": wrote ", f);
+    if (strcmp(saved, "-") == 0)
+      fputs("standard output", f);
+    else
+      dspk__sub_put(f, saved, DSPK__SUB_ESC_LINE);
+    fputc('\n', f);
     return;
   }
   fputs(": [", f);
@@ -553,7 +565,7 @@ static int run_task(dspk__sub_ctx *ctx, const op_args *a, dspk_task *t,
   dspk__npy in[MAX_INPUTS];
   dspk_tensor tin[MAX_INPUTS];
   dspk_result res;
-  dspk__outfile of = {-1, NULL, NULL};
+  dspk__outfile of = {-1, NULL, NULL, false};
   progress_state ps = {isatty(STDERR_FILENO) == 1, false, ctx->cmd};
   char err[768];
   int i, rc, status = DSPK__SUB_EXIT_FAIL, loaded = 0;
@@ -633,7 +645,7 @@ static int run_task(dspk__sub_ctx *ctx, const op_args *a, dspk_task *t,
   }
   {
     /* The report goes to stdout, unless the array itself does. */
-    FILE *f = a->output && strcmp(a->output, "-") == 0 ? stderr : stdout;
+    FILE *f = a->output && of.to_stdout ? stderr : stdout;
     const char *saved[DSPK_MAX_OUTPUTS] = {a->output};
     dspk_result first = res; /* a view: the commands return output 0 */
     first.nout = 1;
@@ -820,21 +832,26 @@ int dspk__sub_save(const dspk_tensor *o, dspk__outfile *of, const char *path,
 
 int dspk__sub_check_inputs(const dspk__sub_ctx *ctx, char *const *files,
                          int nfiles) {
-  int n = 0;
+  int n = 0, at = -1;
   for (int i = 0; i < nfiles; i++) {
     if (files[i][0] == '\0') {
       dspk__sub_usage(ctx, "empty input file name");
       return -1;
     }
-    n += strcmp(files[i], "-") == 0;
+    if (strcmp(files[i], "-") == 0) {
+      n++;
+      at = i;
+    }
   }
   if (n > 1) {
     dspk__sub_usage(ctx, "standard input (-) can be read only once");
     return -1;
   }
   if (n == 1 && isatty(STDIN_FILENO) == 1) {
-    dspk__sub_usage(ctx, "-: standard input is a terminal; pipe a .npy "
-                         "into it");
+    /* kernel's files[0] is its SOURCE, not an array. */
+    bool source = at == 0 && ctx->cmd != NULL && strcmp(ctx->cmd, "kernel") == 0;
+    dspk__sub_usage(ctx, "-: standard input is a terminal; pipe %s into it",
+                    source ? "the kernel source" : "a .npy");
     return -1;
   }
   return 0;

@@ -11,19 +11,29 @@
  * (0666 less the umask); a replaced one keeps its mode (and, where the
  * process may set them, its owner and group).  Anything else (standard
  * output as "-", a FIFO, a terminal, a character device) is written
- * directly, as it cannot be replaced by a rename.  A SIGINT, SIGTERM,
- * SIGHUP or SIGQUIT (at its default disposition) while a temporary is open
- * removes it before the process dies of the signal.
+ * directly, as it cannot be replaced by a rename; a link to an open
+ * descriptor (/dev/stdout, /dev/stderr, /dev/fd/N, /proc/self/fd/N) is
+ * written through that descriptor, at its offset, whatever it is open on.
+ * An existing file that the rename could not replace (a sticky directory,
+ * /tmp, where neither it nor the directory is the caller's) is refused
+ * when opened (EPERM), before any work.  A signal whose
+ * default action ends the process and that can be caught (SIGINT, SIGTERM,
+ * SIGHUP, SIGQUIT, SIGPIPE, SIGALRM, SIGUSR1, SIGUSR2, SIGVTALRM, SIGPROF,
+ * SIGXCPU, SIGXFSZ, SIGIO, SIGPWR, SIGSYS, SIGABRT, the faults, the
+ * real-time signals), at its default disposition, while a temporary is
+ * open removes it before the process dies of the signal.
  */
 #ifndef DSPK_CLIENT_SUBMIT_OUTFILE_H
 #define DSPK_CLIENT_SUBMIT_OUTFILE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 typedef struct dspk__outfile {
   int fd;       /* where to write; -1 once closed */
   char *target; /* the final path when fd is a temporary, else NULL */
   char *tmp;    /* the temporary's path, else NULL */
+  bool to_stdout; /* fd writes to standard output (-, /dev/stdout...) */
 } dspk__outfile;
 
 /* Opens path for writing ("-": standard output, which is never closed
@@ -39,7 +49,8 @@ int dspk__outfile_write(dspk__outfile *o, const void *buf, size_t n);
 
 /* Completes what was written: a temporary is closed (not synced) and
  * renamed over its target; a direct output is closed.  Returns 0, or
- * DSPK_EIO with strerror's text in err, the temporary removed and the
+ * DSPK_EIO (DSPK_EPERM, DSPK_ENOENT for a refused rename, as for open)
+ * with strerror's text in err, the temporary removed and the
  * target untouched.  o is closed either way. */
 int dspk__outfile_commit(dspk__outfile *o, char *err, size_t errlen);
 

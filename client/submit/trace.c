@@ -55,6 +55,10 @@ int dspk__sub_trace(dspk__sub_ctx *ctx, int argc, char **argv) {
   rc = dspk__outfile_open(&of, out, err, sizeof err);
   if (rc < 0)
     return dspk__sub_fail(ctx, rc, "%s: %s", out, err);
+  if (summary && of.to_stdout) {
+    dspk__outfile_abort(&of);
+    return dspk__sub_usage(ctx, "--json prints a summary: it needs -o FILE, not standard output");
+  }
   rc = dspk__sub_connect(ctx);
   if (rc != 0) {
     dspk__outfile_abort(&of);
@@ -76,13 +80,14 @@ int dspk__sub_trace(dspk__sub_ctx *ctx, int argc, char **argv) {
       return dspk__sub_fail(ctx, DSPK_EIO, "<stdout>: %s", strerror(e ? e : EIO));
     }
   } else if (dspk__outfile_write(&of, json, n) < 0 ||
-             dspk__outfile_commit(&of, err, sizeof err) < 0) {
+             (rc = dspk__outfile_commit(&of, err, sizeof err)) < 0) {
     if (of.fd >= 0) {
       snprintf(err, sizeof err, "%s", strerror(errno));
       dspk__outfile_abort(&of);
+      rc = DSPK_EIO;
     }
     dspk_free(json);
-    return dspk__sub_fail(ctx, DSPK_EIO, "%s: %s", out, err);
+    return dspk__sub_fail(ctx, rc, "%s: %s", out, err);
   }
   if (summary) {
     /* The numbers of the trace's otherData (lib_observe.c writes it last). */

@@ -793,7 +793,13 @@ def output_replacement(cli, tmp, large, small, fsize_limit):
     # Interrupted while recording (its temporary open): the command dies of
     # the signal as before, the temporary goes, the old file stays.
     old_tr = put("tr2.json")
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    # Every signal that ends a process by default and can be caught, not
+    # only the four of a terminal (SIGPIPE, SIGALRM, SIGUSR1 used to leave
+    # the temporary).
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE,
+                signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM, signal.SIGVTALRM,
+                signal.SIGPROF, signal.SIGXCPU, signal.SIGIO, signal.SIGPWR,
+                signal.SIGRTMIN, signal.SIGRTMAX):
         p = subprocess.Popen([cli.binary, "--socket", cli.sock, "trace", "-o", old_tr,
                               "--seconds", "600"], stdin=subprocess.DEVNULL,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -807,6 +813,92 @@ def output_replacement(cli, tmp, large, small, fsize_limit):
         check(rc == -sig, "trace after signal %d: exit %d" % (sig, rc))
         check(leftovers(d) == [], "signal %d left %s" % (sig, leftovers(d)))
         same(old_tr, "interrupted trace over tr2.json")
+
+
+def outputs_through_descriptors(cli, tmp, small):
+    """-o /dev/stdout, /dev/fd/N, /proc/self/fd/N name an open descriptor:
+    written through it in place (at its offset, appended to when opened so),
+    never a temporary renamed over the file it is open on."""
+    d = os.path.join(tmp, "fds")
+    os.mkdir(d)
+    with open(small, "rb") as f:
+        npy = f.read()
+    for path in ("/dev/stdout", "/proc/self/fd/1", "/dev/fd/1"):
+        log = os.path.join(d, "log.txt")
+        with open(log, "wb") as f:
+            f.write(b"line 1\n")
+        ino = os.stat(log).st_ino
+        with open(log, "ab") as f:
+            p = subprocess.run([cli.binary, "--socket", cli.sock, "map", "abs", small,
+                                "-o", path], stdout=f, stderr=subprocess.PIPE,
+                               stdin=subprocess.DEVNULL, timeout=120)
+        err = p.stderr.decode(errors="replace")
+        check(p.returncode == 0, "-o %s >> log: exit %d %r" % (path, p.returncode, err))
+        check(os.stat(log).st_ino == ino, "-o %s replaced the file stdout is open on" % path)
+        with open(log, "rb") as f:
+            got = f.read()
+        check(got[:7] == b"line 1\n" and got[7:] == npy,
+              "-o %s >> log: the log holds %r..." % (path, got[:40]))
+        check(": wrote %s\n" % path in err, "-o %s: result line %r not on stderr" % (path, err))
+    # A group's header and trailer stay around the array.
+    grp = os.path.join(d, "grp.bin")
+    with open(grp, "wb") as f:
+        subprocess.run(["sh", "-c", 'echo header; "$0" --socket "$1" map abs "$2" -o /dev/stdout'
+                        ' 2>/dev/null; echo trailer', cli.binary, cli.sock, small],
+                       stdout=f, stdin=subprocess.DEVNULL, timeout=120, check=True)
+    with open(grp, "rb") as f:
+        got = f.read()
+    check(got == b"header\n" + npy + b"trailer\n", "group: %r..." % got[:40])
+    # Another descriptor, open for appending; one not open, one read-only.
+    out = os.path.join(d, "fd7.npy")
+    with open(out, "wb") as f:
+        f.write(b"x")
+    fd = os.open(out, os.O_WRONLY | os.O_APPEND)
+    try:
+        p = subprocess.run([cli.binary, "--socket", cli.sock, "map", "abs", small,
+                            "-o", "/dev/fd/%d" % fd], pass_fds=(fd,), capture_output=True,
+                           stdin=subprocess.DEVNULL, timeout=120)
+        check(p.returncode == 0, "-o /dev/fd/N: exit %d %r" % (p.returncode, p.stderr))
+    finally:
+        os.close(fd)
+    with open(out, "rb") as f:
+        check(f.read() == b"x" + npy, "-o /dev/fd/N did not append")
+    check(leftovers(d) == [], "temporaries left behind: %s" % leftovers(d))
+    cli.fails(["map", "abs", small, "-o", "/dev/stdin"], "map", "EPERM", data=b"",
+              detail="/dev/stdin: descriptor 0 is not open for writing")
+
+
+def result_line_names(cli, tmp, small):
+    """The result line escapes the file name as the error line does: no raw
+    control character reaches the terminal."""
+    d = os.path.join(tmp, "names")
+    os.mkdir(d)
+    name = os.path.join(d, "o\x1b[31mred\x07.npy")
+    out = cli.ok("map", "abs", small, "-o", name)
+    check(out.endswith(": wrote %s/o\\x1b[31mred\\x07.npy\n" % d), "result line %r" % out)
+    check("\x1b" not in out and "\x07" not in out, "raw control character in %r" % out)
+    err = cli.fails(["map", "abs", small, "-o", os.path.join(d, "no", "o\x1b[31mred\x07.npy")],
+                    "map", "ENOENT")
+    check("o\\x1b[31mred\\x07.npy" in err, "error line %r" % err)
+    j = json.loads(cli.ok("map", "abs", small, "-o", name, "--json"))
+    check(j["outputs"][0]["file"] == name, "--json file %r" % j["outputs"][0])
+
+
+def nan_text(cli, tmp):
+    """A NaN prints as numpy prints it, "nan", whatever its sign bit (printf
+    wrote "-nan"); the data keeps the sign bit."""
+    x = np.array([-np.nan, np.nan, 1.0, -np.inf])
+    check(bool(np.signbit(x[0])), "numpy made no negative NaN here")
+    for dt, want in (("<f8", "[nan, nan, 1, -inf]"), ("<f4", "[nan, nan, 1, -inf]"),
+                     ("<c16", "[nan+0j, nan+0j, 1+0j, -inf+0j]")):
+        p = os.path.join(tmp, "nan_%s.npy" % dt[1:])
+        np.save(p, x.astype(dt))
+        out = cli.ok("map", "scale", p, "--alpha", "1")
+        check(out.endswith(": %s (4 values)\n" % want), "%s: %r" % (dt, out))
+    p = os.path.join(tmp, "nanc.npy")
+    np.save(p, np.array([complex(-np.nan, -np.nan)], "<c8"))
+    out = cli.ok("map", "scale", p, "--alpha", "1")
+    check(out.endswith(": [nan+nanj] (1 value)\n"), "c64: %r" % out)
 
 
 def suite_errors(cli, tmp):
@@ -873,6 +965,9 @@ def suite_errors(cli, tmp):
               detail="%s: File too large" % full, preexec_fn=fsize_limit)
     check(not os.path.exists(full), "a partly written output is left behind")
     output_replacement(cli, tmp, large, a34, fsize_limit)
+    outputs_through_descriptors(cli, tmp, a34)
+    result_line_names(cli, tmp, a34)
+    nan_text(cli, tmp)
     # The same limit with SIGXFSZ at its default (a shell's ulimit -f): the
     # command ignores the signal, so the write fails as above (it was killed
     # by the signal, leaving the partial file).
@@ -1721,6 +1816,68 @@ def suite_help(cli, tmp):
     help_matches_doc(cli)
     repeated_options(cli)
     outputs_before_work(cli, tmp)
+    command_line_messages(cli, tmp)
+
+
+def command_line_messages(cli, tmp):
+    """help's own --help and extra words, an empty --socket, a socket path
+    that is no socket or too long from $DSPK_SOCKET, kernel's SOURCE - on a
+    terminal, a missing .npz: each said as it is (no daemon needed)."""
+    top = cli.ok("--help", sock=False)
+    for argv in (["help", "--help"], ["help", "-h"]):
+        check(cli.ok(*argv, sock=False) == top, "%s differs from --help" % argv)
+    cli.fails(["help", "gemm", "fft"], None, "EINVAL", rc_want=2, sock=False,
+              detail="help takes one COMMAND, got extra argument 'fft'")
+    cli.fails(["--socket", "", "ping"], None, "EINVAL", rc_want=2, sock=False,
+              detail="empty --socket path")
+    d = os.path.join(tmp, "notsock")
+    os.mkdir(d)
+    reg = os.path.join(d, "file")
+    with open(reg, "w") as f:
+        f.write("x")
+    fifo = os.path.join(d, "fifo")
+    os.mkfifo(fifo)
+    for path, what in ((reg, "a regular file"), (d, "a directory"), (fifo, "a FIFO")):
+        env = dict(os.environ, DSPK_SOCKET=path)
+        err = cli.fails(["ping"], "ping", "ECONNECT", sock=False, env=env,
+                        detail="%s is %s, not a socket" % (path, what))
+        check("is dspkd running" not in err, "not a socket, yet %r" % err)
+    env = dict(os.environ, DSPK_SOCKET="/" + "x" * 120)
+    err = cli.fails(["ping"], "ping", "ELIMIT", sock=False, env=env,
+                    detail="socket path from $DSPK_SOCKET longer than 107 bytes")
+    check("default socket" not in err, "$DSPK_SOCKET called the default: %r" % err)
+    nonpz = os.path.join(tmp, "missing.npz")
+    for spec in (nonpz, nonpz + ":x"):
+        cli.fails(["map", "abs", spec], "map", "ENOENT", sock=False,
+                  detail="%s: No such file or directory" % nonpz)
+    # kernel - reads the kernel's source, not a .npy, from a terminal.
+    import pty
+    a = os.path.join(tmp, "a.npy")
+    src = os.path.join(tmp, "k.comp")
+    # One tensor saved by two -o: refused (a result line per saved tensor
+    # would name only one file), before any file is made.
+    k0a, k0b = os.path.join(tmp, "k0a.npy"), os.path.join(tmp, "k0b.npy")
+    for outs in (["-o", "0=" + k0a, "-o", "0=" + k0b], ["-o", k0a, "-o", "0=" + k0b],
+                 ["-o", "1=" + k0a, "-o", "0=" + k0b, "-o", k0b + "x"]):
+        kargs = ["--socket", os.path.join(tmp, "nothing.sock"), "kernel", src, "--entry", "main", "--grid", "1", "--block", "1",
+                 a, a] + outs
+        cli.fails(kargs, "kernel", "EINVAL", rc_want=2, sock=False,
+                  detail="both save tensor argument")
+        check(not os.path.exists(k0a) and not os.path.exists(k0b),
+              "a refused kernel -o made a file")
+    for args, want in ((["-"], "pipe the kernel source into it"),
+                       ([src, "-"], "pipe a .npy into it")):
+        master, slave = pty.openpty()
+        try:
+            p = subprocess.run([cli.binary, "kernel"] + args +
+                               ["--entry", "main", "--grid", "1", "--block", "1"],
+                               stdin=slave, capture_output=True, timeout=60)
+        finally:
+            os.close(slave)
+            os.close(master)
+        err = p.stderr.decode(errors="replace")
+        check(p.returncode == 2 and want in err, "kernel %s on a tty: %d %r"
+              % (args, p.returncode, err))
 
 
 def outputs_before_work(cli, tmp):
@@ -1762,6 +1919,31 @@ def outputs_before_work(cli, tmp):
                   detail="%s: cannot create a temporary file in %s to replace it" % (x, rod))
         with open(x, "rb") as f:
             check(f.read() == b"old", "the file in a read-only directory was changed")
+        # Another user's file in a sticky directory (/tmp): the temporary
+        # can be made, but the rename over the file would be refused, so it
+        # fails at once (before connecting), not with EIO after the work.
+        if os.geteuid() == 0:
+            sticky = os.path.join(tmp, "sticky")
+            os.mkdir(sticky)
+            os.chmod(sticky, 0o1777)
+            y = os.path.join(sticky, "root.npy")
+            with open(y, "wb") as f:
+                f.write(b"old")
+            os.chmod(y, 0o666)
+            for args in (["map", "abs", a, "-o", y], ["trace", "-o", y, "--seconds", "600"],
+                         ["kernel", src, "--entry", "main", "--grid", "1", "--block", "1",
+                          a, "-o", y]):
+                cli.fails(nosock + args, args[0], "EPERM", sock=False, preexec_fn=preexec,
+                          detail="%s: cannot replace it: %s is a sticky directory" % (y, sticky))
+                with open(y, "rb") as f:
+                    check(f.read() == b"old", "the file in the sticky directory was changed")
+                check(leftovers(sticky) == [], "temporaries left: %s" % leftovers(sticky))
+            # Its own file there, or a new one, is fine (up to the connect).
+            os.chown(y, 65534, 65534)
+            cli.fails(nosock + ["map", "abs", a, "-o", y], "map", "ECONNECT", sock=False,
+                      preexec_fn=preexec)
+        else:
+            print("help: not root, the sticky directory case is skipped")
     finally:
         os.chmod(rod, 0o755)
         os.chmod(tmp, 0o700)

@@ -61,6 +61,12 @@ for p in man1/dspk-submit.1 man5/dspk.conf.5 man8/dspkd.8; do
   warn=$(LC_ALL=C.UTF-8 MANWIDTH=80 man --warnings -l "$build/man/$p" 2>&1 >/dev/null)
   [ -z "$warn" ] || fail "$p: $warn"
 done
+# dspk-submit(1) renders cli.md's examples and text as written (md2scd.py).
+if [ -s "$page" ]; then
+  LC_ALL=C.UTF-8 MANWIDTH=1000 man -l "$page" 2>/dev/null | col -b > "$build/man/dspk-submit.1.txt"
+  python3 "$src/tests/install/man_render.py" "$src/docs/cli.md" "$build/man/dspk-submit.1.txt" ||
+    fail "dspk-submit(1) does not render docs/cli.md as written"
+fi
 for ref in $(sed -n 's/^Documentation=//p' "$src/systemd/dspkd.service.in" "$src/systemd/dspkd.socket"); do
   case $ref in
     man:*) name=${ref#man:} page=${name%(*} sec=${name#*(} sec=${sec%)}

@@ -454,6 +454,16 @@ static void test_tensor_decode(void **state) {
   uint64_t s0_over[] = {UINT64_MAX, 0};
   assert_int_equal(decode_tensor("f32", 2, s0_over, 0, false, 0, &l, &t, why),
                    DSPK_ELIMIT);
+  assert_non_null(strstr(why, "does not fit an int64"));
+  /* The message says the rule, not "too large" of a tensor without
+   * elements: (2^61, 0) of f64 is 2^64 bytes of extent. */
+  uint64_t s61_0[] = {1ull << 61, 0};
+  why[0] = '\0';
+  assert_int_equal(decode_tensor("f64", 2, s61_0, 0, false, 0, &l, &t, why),
+                   DSPK_ELIMIT);
+  assert_non_null(strstr(why, "product of dimensions (0 as 1) times item size 8 "
+                              "passes 2^63-1 bytes, the limit even with no elements"));
+  assert_null(strstr(why, "overflows"));
   /* Products that overflow 64 bits are refused, not wrapped. */
   dspk__limits_default(&l);
   l.max_elements = UINT64_MAX;
