@@ -937,6 +937,37 @@ static bool conn_peer_gone(struct conn *c) {
   return poll(&p, 1, 0) != 0 && (p.revents & (POLLHUP | POLLERR));
 }
 
+/* A connection that is not read (paused with its read buffer full of
+ * requests held back, or receiving a buffer.write's data in place, or
+ * after its client's end of stream) yet has requests in flight and no
+ * answer queued (a queued answer's write fails once the client is gone)
+ * is looked at every HUP_POLL_MS: a client that has closed the connection
+ * then has its tasks canceled without waiting for them to end. */
+#define HUP_POLL_MS 100
+
+static bool hup_watched(const struct conn *c) {
+  return !c->closing && !c->reading && c->unsent == 0 && dspkd_conn_inflight(c) > 0 &&
+         !c->d->stopping;
+}
+
+static void on_hup_poll(uv_timer_t *t) {
+  struct dspkd *d = t->data;
+  bool any = false;
+  for (struct conn *c = d->conns, *next; c; c = next) {
+    dspkd_conn_ref(c);
+    if (hup_watched(c)) {
+      if (conn_peer_gone(c))
+        dspkd_conn_close(c, "the client closed the connection");
+      else
+        any = true;
+    }
+    next = c->next;
+    dspkd_conn_unref(c);
+  }
+  if (!any)
+    uv_timer_stop(t);
+}
+
 /* After the client's end of stream: closes the connection once every request
  * it sent whole is answered and written, or at once when the stream ended
  * inside a message. */
@@ -1053,6 +1084,9 @@ void dspkd_conn_update_read(struct conn *c) {
     uv_read_stop((uv_stream_t *)&c->pipe);
     c->reading = false;
   }
+  if (hup_watched(c) && !uv_is_active((uv_handle_t *)&c->d->hup_timer) &&
+      !uv_is_closing((uv_handle_t *)&c->d->hup_timer))
+    uv_timer_start(&c->d->hup_timer, on_hup_poll, HUP_POLL_MS, HUP_POLL_MS);
 }
 
 /* ---- accepting -------------------------------------------------------- */
@@ -1378,5 +1412,6 @@ void dspkd_conn_handles_close(struct dspkd *d) {
     free(k);
   }
   uv_close((uv_handle_t *)&d->trim_timer, NULL);
+  uv_close((uv_handle_t *)&d->hup_timer, NULL);
   uv_close((uv_handle_t *)&d->resume, NULL);
 }

@@ -402,6 +402,7 @@ struct dspkd {
   uv_async_t done_async;
   uv_timer_t grace_timer;   /* shutdown: cancel what still runs after it */
   uv_timer_t trim_timer;    /* idle: give cached memory back (daemon/conn.c) */
+  uv_timer_t hup_timer;     /* connections not read: is the client gone? (conn.c) */
   uv_idle_t resume;         /* deferred connections go on (daemon/conn.c) */
   uint64_t turn_gen;        /* turns given by `resume` */
   bool handles_closed;

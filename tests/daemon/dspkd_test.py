@@ -2149,28 +2149,47 @@ def t_pausecancel(exe, tmp):
     died (the device busy until it ended).  The test hook
     DSPKD_TEST_CANCEL_WAIT=before holds each task's runner until the task is
     canceled (for at most 30 s, then runs it): a cancel that is not seen
-    shows as an answer 30 s later."""
+    shows as an answer 30 s later.  A client that fills the socket with
+    requests held back, so that the daemon reads it no more, and closes it
+    has its task canceled as well."""
     env = dict(os.environ, DSPKD_TEST_CANCEL_WAIT="before")
     hook = "waits for the task's cancel before it runs"
     X = np.random.default_rng(41).standard_normal((512, 1024)).astype(np.float32)
-    big = {"op": "map", "device": "cpu:0", "options": {"fn": "exp"}, "inputs": [tensor(X)]}
+    big = {"op": "map", "device": "cpu:0", "options": {"fn": "exp"}}
     # The result (2 MiB) is over --max-unsent; with --max-inflight 1 one task
     # in flight is all a connection may have (a task above 64 KiB, which
     # runs on the runner, not on the loop).
     for limits in (["--max-unsent", "1000000"], ["--max-inflight", "1"]):
         d = Daemon(exe, tmp, ["--no-cache"] + limits, env=env)
         watcher = d.client()
-        for how in ("cancel", "held", "close"):
+        for how in ("cancel", "held", "close", "fill"):
             c = d.client()
+            # The operand in a buffer: the task's request is small, and so
+            # is the read buffer that held it.
+            b = c.call("buffer.create", {"device": "cpu:0", "size": X.nbytes})["buffer"]
+            c.call("buffer.write", {"buffer": b, "data": X.tobytes()})
             seen = d.logtext().count(hook)
-            mid = c.send("task.run", big)
+            mid = c.send("task.run", dict(big, inputs=[{"buffer": b, "dtype": "f32",
+                                                        "shape": list(X.shape)}]))
             deadline = time.monotonic() + TIMEOUT
             while d.logtext().count(hook) == seen:
                 check(time.monotonic() < deadline, "the task reached the hook")
                 time.sleep(0.005)
             t0 = time.monotonic()
             what = "%s, %s" % (limits[0], how)
-            if how == "close":
+            if how in ("close", "fill"):
+                if how == "fill":
+                    # Requests held back until the socket takes no more: more
+                    # than the daemon's read buffer (64 KiB) holds, so it
+                    # stops reading them and does not read the end of stream.
+                    ping = msgpack.packb([0, 1 << 30, "ping", [{"data": bytes(8000)}]],
+                                         use_bin_type=True)
+                    c.sock.setblocking(False)
+                    try:
+                        while True:
+                            c.sock.send(ping)
+                    except BlockingIOError:
+                        pass
                 # Its hangup cancels the task: the device is idle at once,
                 # not once the hook gives up (30 s).
                 c.close()
