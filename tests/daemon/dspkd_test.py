@@ -2141,25 +2141,28 @@ def t_canceldone(exe, tmp):
 
 
 def t_pausecancel(exe, tmp):
-    """While the daemon has stopped taking a connection's requests (its
-    answers in flight pass max_unsent, or its requests max_inflight), it
-    still sees that client's task.cancel and its hangup: a task whose inline
-    result is larger than max_unsent was neither canceled on task.cancel
-    (canceled: false, its usual answer seconds later) nor when its client
-    died (the device busy until it ended).  The test hook
+    """While the daemon takes no request of a connection (its answers in
+    flight pass max_unsent or max_user_unsent, or its requests max_inflight),
+    it still sees that client's task.cancel and its hangup: a task whose
+    inline result is larger than max_unsent was neither canceled on
+    task.cancel (canceled: false, its usual answer seconds later) nor when
+    its client died (the device busy until it ended).  The test hook
     DSPKD_TEST_CANCEL_WAIT=before holds each task's runner until the task is
     canceled (for at most 30 s, then runs it): a cancel that is not seen
-    shows as an answer 30 s later.  A client that fills the socket with
-    requests held back, so that the daemon reads it no more, and closes it
-    has its task canceled as well."""
+    shows as an answer 30 s later.  A task.cancel behind a request held back
+    is taken too, and a client that fills the socket with requests held
+    back, so that the daemon reads it no more, then closes it has its task
+    canceled as well."""
     env = dict(os.environ, DSPKD_TEST_CANCEL_WAIT="before")
     hook = "waits for the task's cancel before it runs"
     X = np.random.default_rng(41).standard_normal((512, 1024)).astype(np.float32)
     big = {"op": "map", "device": "cpu:0", "options": {"fn": "exp"}}
-    # The result (2 MiB) is over --max-unsent; with --max-inflight 1 one task
-    # in flight is all a connection may have (a task above 64 KiB, which
-    # runs on the runner, not on the loop).
-    for limits in (["--max-unsent", "1000000"], ["--max-inflight", "1"]):
+    # The result (2 MiB) is over --max-unsent (--max-user-unsent: this user's
+    # answers together); with --max-inflight 1 one task in flight is all a
+    # connection may have (a task above 64 KiB, which runs on the runner,
+    # not on the loop).
+    for limits in (["--max-unsent", "1000000"], ["--max-user-unsent", "1000000"],
+                   ["--max-inflight", "1"]):
         d = Daemon(exe, tmp, ["--no-cache"] + limits, env=env)
         watcher = d.client()
         for how in ("cancel", "held", "close", "fill"):
