@@ -662,6 +662,9 @@ static long str_len(const unsigned char *p, size_t n, size_t *i) {
   } else if (p[at] == 0xda && at + 2 < n) {
     len = (size_t)p[at + 1] << 8 | p[at + 2];
     hdr = 3;
+  } else if (p[at] == 0xdb && at + 4 < n) {
+    len = (size_t)p[at + 1] << 24 | (size_t)p[at + 2] << 16 | (size_t)p[at + 3] << 8 | p[at + 4];
+    hdr = 5;
   } else {
     return -1;
   }
@@ -670,33 +673,51 @@ static long str_len(const unsigned char *p, size_t n, size_t *i) {
 }
 
 /* Whether the bytes at p (n of them, maybe not a whole frame) start a
- * request [0, msgid, "task.cancel", ...]: a look at its first bytes, the
- * frame itself being scanned and decoded as any other. */
+ * request [0, msgid, "task.cancel", ...], in any of the encodings msgpack
+ * allows for its array, msgid and method name: a look at its first bytes,
+ * the frame itself being scanned and decoded as any other. */
 static bool is_cancel(const char *s, size_t n) {
   static const char name[] = "task.cancel";
   const unsigned char *p = (const unsigned char *)s;
   size_t i;
   long len;
+  bool zero;
 
   if (n >= 1 && p[0] == 0x94)
     i = 1;
   else if (n >= 3 && p[0] == 0xdc && p[1] == 0 && p[2] == 4)
     i = 3;
+  else if (n >= 5 && p[0] == 0xdd && p[1] == 0 && p[2] == 0 && p[3] == 0 && p[4] == 4)
+    i = 5;
   else
     return false;
-  if (i + 1 >= n || p[i] != 0x00)
-    return false;
-  i++;
-  if (p[i] < 0x80)
-    i += 1;
-  else if (p[i] == 0xcc)
-    i += 2;
-  else if (p[i] == 0xcd)
-    i += 3;
-  else if (p[i] == 0xce)
-    i += 5;
-  else
-    return false;
+  /* The type (0) and the msgid: integers of any width. */
+  for (int field = 0; field < 2; field++) {
+    size_t w;
+    if (i >= n)
+      return false;
+    if (p[i] < 0x80) {
+      zero = p[i] == 0;
+      i++;
+      w = 0;
+    } else if (p[i] >= 0xcc && p[i] <= 0xcf) {
+      w = (size_t)1 << (p[i] - 0xcc);
+    } else if (p[i] >= 0xd0 && p[i] <= 0xd3) {
+      w = (size_t)1 << (p[i] - 0xd0);
+    } else {
+      return false;
+    }
+    if (w) {
+      if (i + 1 + w > n)
+        return false;
+      zero = true;
+      for (size_t b = 0; b < w; b++)
+        zero = zero && p[i + 1 + b] == 0;
+      i += 1 + w;
+    }
+    if (field == 0 && !zero)
+      return false;
+  }
   len = str_len(p, n, &i);
   return len == (long)(sizeof name - 1) && i + (size_t)len <= n &&
          memcmp(p + i, name, sizeof name - 1) == 0;
