@@ -6,11 +6,16 @@
  * connections' part of the stop (the sequence is daemon/lifecycle.c's).
  *
  * A connection lives until its socket is closed and its last in-flight job
- * and write are done (a refcount on the loop thread).  Reading stops while a
- * client has too many requests in flight or too many response bytes not yet
- * written, and resumes when it drains, so one client cannot make the daemon
- * buffer without bound.  A frame that breaks the protocol or a limit gets a
- * `protocol.error` notification and that connection alone is closed.
+ * and write are done (a refcount on the loop thread).  A connection with
+ * too many requests in flight or too many response bytes not yet written
+ * (or reserved) is paused: none of its requests is taken in until it
+ * drains, so one client cannot make the daemon buffer without bound.  A
+ * paused connection is still read into the read buffer it has, so that its
+ * end of stream and its task.cancel requests are seen ("reading while
+ * paused"), and one not read at all is polled for its client's hangup
+ * while it has requests in flight.  A frame that breaks the protocol or a
+ * limit gets a `protocol.error` notification and that connection alone is
+ * closed.
  *
  * buffer.write in place: when the head of a buffer.write (up to its data)
  * is in the read buffer and its data is not, and the buffer is cpu memory
@@ -594,7 +599,9 @@ out:
 /* ---- reading while paused --------------------------------------------- */
 
 /* While a connection may take no new request (may_read: max_inflight,
- * max_unsent, max_user_unsent), its socket is still read, into the read
+ * max_unsent, max_user_unsent; the unsent bytes counting the answers its
+ * requests in flight reserved, so that one task with a large inline result
+ * pauses it from its start), its socket is still read, into the read
  * buffer it has and never a larger one, so that the client's end of stream
  * and its task.cancel requests are seen while its tasks run
  * (docs/protocol.md, "Backpressure"): a closed connection cancels them, and
