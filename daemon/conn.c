@@ -6,11 +6,16 @@
  * connections' part of the stop (the sequence is daemon/lifecycle.c's).
  *
  * A connection lives until its socket is closed and its last in-flight job
- * and write are done (a refcount on the loop thread).  Reading stops while a
- * client has too many requests in flight or too many response bytes not yet
- * written, and resumes when it drains, so one client cannot make the daemon
- * buffer without bound.  A frame that breaks the protocol or a limit gets a
- * `protocol.error` notification and that connection alone is closed.
+ * and write are done (a refcount on the loop thread).  A connection with
+ * too many requests in flight or too many response bytes not yet written
+ * (or reserved) is paused: none of its requests is taken in until it
+ * drains, so one client cannot make the daemon buffer without bound.  A
+ * paused connection is still read into the read buffer it has, so that its
+ * end of stream and its task.cancel requests are seen ("reading while
+ * paused"), and one not read at all is polled for its client's hangup
+ * while it has requests in flight.  A frame that breaks the protocol or a
+ * limit gets a `protocol.error` notification and that connection alone is
+ * closed.
  *
  * buffer.write in place: when the head of a buffer.write (up to its data)
  * is in the read buffer and its data is not, and the buffer is cpu memory
@@ -424,6 +429,9 @@ static void chunk_take_pending(struct rchunk *nk, struct rchunk *k, size_t pendi
   dspkd_chunk_unref(k);
 }
 
+static bool may_peek(const struct conn *c);
+static void peek_alloc(struct conn *c, uv_buf_t *buf);
+
 static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
   struct conn *c = h->data;
   struct rchunk *k = c->rb, *nk;
@@ -434,6 +442,10 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
     size_t left = c->land.len - c->land.got;
     *buf = uv_buf_init(c->land.dst + c->land.got,
                        (unsigned)(left < LAND_READ_MAX ? left : LAND_READ_MAX));
+    return;
+  }
+  if (!may_read(c)) { /* paused: no larger buffer (see may_peek) */
+    peek_alloc(c, buf);
     return;
   }
   *buf = uv_buf_init(NULL, 0);
@@ -584,6 +596,240 @@ out:
   msgpack_zone_clear(&d->zone);
 }
 
+/* ---- reading while paused --------------------------------------------- */
+
+/* While a connection may take no new request (may_read: max_inflight,
+ * max_unsent, max_user_unsent; the unsent bytes counting the answers its
+ * requests in flight reserved, so that one task with a large inline result
+ * pauses it from its start), its socket is still read, into the read
+ * buffer it has and never a larger one, so that the client's end of stream
+ * and its task.cancel requests are seen while its tasks run
+ * (docs/protocol.md, "Backpressure"): a closed connection cancels them, and
+ * a task.cancel is answered at once.  Reading stops when that buffer is
+ * full (of requests held back), when more than PEEK_UNSENT bytes of answers
+ * wait for the client (it is not reading: its hangup fails the write), or
+ * the connection is closing, ended or received data in place. */
+#define PEEK_MIN ((size_t)4 << 10)     /* least free space a paused read takes */
+#define PEEK_UNSENT ((size_t)64 << 10) /* answers a paused connection may owe */
+
+static bool may_peek(const struct conn *c) {
+  return !c->closing && !c->d->stopping && !c->close_after_flush && !c->deferred &&
+         !c->eof && !c->land.j && c->unsent <= PEEK_UNSENT;
+}
+
+/* Whether a paused read has room (peek_alloc finds it without growing the
+ * read buffer past RCHUNK_MIN). */
+static bool peek_room(const struct conn *c) {
+  const struct rchunk *k = c->rb;
+  size_t pending = k ? k->end - k->start : 0;
+  return !k || k->cap - k->end >= PEEK_MIN ||
+         (k->refs == 1 && k->cap - pending >= PEEK_MIN) || pending + PEEK_MIN <= RCHUNK_MIN;
+}
+
+/* on_alloc for a paused read: the room left in the read buffer, made by
+ * compacting it, or a fresh buffer of RCHUNK_MIN (the first buffer every
+ * connection is granted) when jobs hold the current one; never more. */
+static void peek_alloc(struct conn *c, uv_buf_t *buf) {
+  struct rchunk *k = c->rb;
+  size_t pending = k ? k->end - k->start : 0;
+
+  *buf = uv_buf_init(NULL, 0);
+  if (!k || k->cap - k->end < PEEK_MIN) {
+    if (k && k->refs == 1 && k->cap - pending >= PEEK_MIN) {
+      memmove(k->data, k->data + k->start, pending);
+      k->start = 0;
+      k->end = pending;
+    } else if (pending + PEEK_MIN <= RCHUNK_MIN) {
+      struct rchunk *nk = chunk_new(RCHUNK_MIN);
+      if (!nk)
+        return;
+      nk->cap = RCHUNK_MIN;
+      chunk_take_pending(nk, k, pending);
+      c->rb = k = nk;
+      rb_count(c);
+    } else {
+      return;
+    }
+  }
+  buf->base = k->data + k->end;
+  buf->len = k->cap - k->end;
+}
+
+/* Skips a msgpack str header at p[*i] (of n bytes): its length, or -1. */
+static long str_len(const unsigned char *p, size_t n, size_t *i) {
+  size_t at = *i, len, hdr;
+  if (at >= n)
+    return -1;
+  if ((p[at] & 0xe0) == 0xa0) {
+    len = p[at] & 0x1f;
+    hdr = 1;
+  } else if (p[at] == 0xd9 && at + 1 < n) {
+    len = p[at + 1];
+    hdr = 2;
+  } else if (p[at] == 0xda && at + 2 < n) {
+    len = (size_t)p[at + 1] << 8 | p[at + 2];
+    hdr = 3;
+  } else if (p[at] == 0xdb && at + 4 < n) {
+    len = (size_t)p[at + 1] << 24 | (size_t)p[at + 2] << 16 | (size_t)p[at + 3] << 8 | p[at + 4];
+    hdr = 5;
+  } else {
+    return -1;
+  }
+  *i = at + hdr;
+  return (long)len;
+}
+
+/* Whether the bytes at p (n of them, maybe not a whole frame) start a
+ * request [0, msgid, "task.cancel", ...], in any of the encodings msgpack
+ * allows for its array, msgid and method name: a look at its first bytes,
+ * the frame itself being scanned and decoded as any other. */
+static bool is_cancel(const char *s, size_t n) {
+  static const char name[] = "task.cancel";
+  const unsigned char *p = (const unsigned char *)s;
+  size_t i;
+  long len;
+  bool zero;
+
+  if (n >= 1 && p[0] == 0x94)
+    i = 1;
+  else if (n >= 3 && p[0] == 0xdc && p[1] == 0 && p[2] == 4)
+    i = 3;
+  else if (n >= 5 && p[0] == 0xdd && p[1] == 0 && p[2] == 0 && p[3] == 0 && p[4] == 4)
+    i = 5;
+  else
+    return false;
+  /* The type (0) and the msgid: integers of any width. */
+  for (int field = 0; field < 2; field++) {
+    size_t w;
+    if (i >= n)
+      return false;
+    if (p[i] < 0x80) {
+      zero = p[i] == 0;
+      i++;
+      w = 0;
+    } else if (p[i] >= 0xcc && p[i] <= 0xcf) {
+      w = (size_t)1 << (p[i] - 0xcc);
+    } else if (p[i] >= 0xd0 && p[i] <= 0xd3) {
+      w = (size_t)1 << (p[i] - 0xd0);
+    } else {
+      return false;
+    }
+    if (w) {
+      if (i + 1 + w > n)
+        return false;
+      zero = true;
+      for (size_t b = 0; b < w; b++)
+        zero = zero && p[i + 1 + b] == 0;
+      i += 1 + w;
+    }
+    if (field == 0 && !zero)
+      return false;
+  }
+  len = str_len(p, n, &i);
+  return len == (long)(sizeof name - 1) && i + (size_t)len <= n &&
+         memcmp(p + i, name, sizeof name - 1) == 0;
+}
+
+/* The msgid a task.cancel frame (decoded in d->zone) names, or -1. */
+static int64_t cancel_target(const msgpack_object *root) {
+  const msgpack_object *a, *m;
+  if (root->type != MSGPACK_OBJECT_ARRAY || root->via.array.size != 4)
+    return -1;
+  a = &root->via.array.ptr[3];
+  if (a->type != MSGPACK_OBJECT_ARRAY || a->via.array.size != 1 ||
+      a->via.array.ptr[0].type != MSGPACK_OBJECT_MAP)
+    return -1;
+  m = &a->via.array.ptr[0];
+  for (uint32_t i = 0; i < m->via.map.size; i++) {
+    const msgpack_object_kv *kv = &m->via.map.ptr[i];
+    if (kv->key.type == MSGPACK_OBJECT_STR && kv->key.via.str.size == 5 &&
+        memcmp(kv->key.via.str.ptr, "msgid", 5) == 0)
+      return kv->val.type == MSGPACK_OBJECT_POSITIVE_INTEGER && kv->val.via.u64 <= UINT32_MAX
+                 ? (int64_t)kv->val.via.u64
+                 : -1;
+  }
+  return -1;
+}
+
+/* Overwrites a frame of n bytes (n >= 8) with a notification of the same
+ * size, [2, nil, bin], which the daemon ignores when it comes to it. */
+static void frame_blank(char *s, size_t n) {
+  unsigned char *p = (unsigned char *)s;
+  size_t body = n - 3;
+  p[0] = 0x93;
+  p[1] = 0x02;
+  p[2] = 0xc0;
+  if (body - 2 <= 0xff) {
+    p[3] = 0xc4;
+    p[4] = (unsigned char)(body - 2);
+  } else if (body - 3 <= 0xffff) {
+    p[3] = 0xc5;
+    p[4] = (unsigned char)((body - 3) >> 8);
+    p[5] = (unsigned char)(body - 3);
+  } else {
+    uint32_t len = (uint32_t)(body - 5);
+    p[3] = 0xc6;
+    p[4] = (unsigned char)(len >> 24);
+    p[5] = (unsigned char)(len >> 16);
+    p[6] = (unsigned char)(len >> 8);
+    p[7] = (unsigned char)len;
+  }
+}
+
+/* The connection is paused with requests held in its read buffer: each
+ * task.cancel behind them that names a request of this connection in
+ * flight now is answered now (it cancels the request it would cancel in
+ * its turn: the oldest in flight with that msgid, older than any request
+ * held) and left in the buffer as an ignored notification.  Any other
+ * task.cancel waits for its turn (it may name a request held before it)
+ * and is looked at again once another request was taken in.  Frames are
+ * scanned once (c->pk_pos: the stream position scanned up to). */
+static void peek_cancels(struct conn *c) {
+  const struct dspk__limits *lim = &c->d->cfg.lim;
+  struct rchunk *k = c->rb;
+  uint64_t base;
+  size_t off;
+  char msg[256];
+
+  if (!k || k->start == k->end)
+    return;
+  base = c->rx_pos - (k->end - k->start); /* the stream position of k->start */
+  if (c->pk_pos <= base || (c->pk_wait && c->pk_req != c->requests)) {
+    off = k->start;
+    c->pk_wait = 0;
+  } else {
+    off = k->start + (size_t)(c->pk_pos - base);
+  }
+  k->refs++;
+  while (off < k->end && may_peek(c)) {
+    ssize_t n = dspk__frame_scan(k->data + off, k->end - off, lim, msg, sizeof msg);
+    msgpack_object root;
+    size_t used = 0;
+    int64_t target = -1;
+    bool live = false;
+
+    if (n <= 0)
+      break;
+    if (off > k->start && is_cancel(k->data + off, (size_t)n) &&
+        msgpack_unpack(k->data + off, (size_t)n, &used, &c->d->zone, &root) ==
+            MSGPACK_UNPACK_SUCCESS)
+      target = cancel_target(&root);
+    msgpack_zone_clear(&c->d->zone);
+    for (const struct job *j = c->jobs; target >= 0 && j && !live; j = j->cnext)
+      live = j->msgid == (uint32_t)target;
+    if (live) {
+      conn_frame(c, k, k->data + off, (size_t)n);
+      frame_blank(k->data + off, (size_t)n);
+    } else if (target >= 0) {
+      c->pk_wait++;
+    }
+    off += (size_t)n;
+  }
+  c->pk_pos = base + (off - k->start);
+  c->pk_req = c->requests;
+  dspkd_chunk_unref(k);
+}
+
 /* An incomplete frame at k->start: when it is the head of a buffer.write
  * whose data can go straight into its buffer, the data read so far goes
  * there and the rest will follow it (on_alloc); the read buffer is then
@@ -672,7 +918,11 @@ static void conn_process(struct conn *c) {
 
     if (!k || k->start == k->end)
       break;
-    if (!may_read(c)) {
+    /* Paused, a task.cancel at the head is taken in its turn all the
+     * same, and one behind held requests maybe before it (peek_cancels). */
+    if (!may_read(c) && !(may_peek(c) && is_cancel(k->data + k->start, k->end - k->start))) {
+      if (may_peek(c))
+        peek_cancels(c);
       c->held = !c->closing;
       break;
     }
@@ -713,6 +963,37 @@ static bool conn_peer_gone(struct conn *c) {
   if (uv_fileno((uv_handle_t *)&c->pipe, &p.fd) != 0)
     return true;
   return poll(&p, 1, 0) != 0 && (p.revents & (POLLHUP | POLLERR));
+}
+
+/* A connection that is not read (paused with its read buffer full of
+ * requests held back, or receiving a buffer.write's data in place, or
+ * after its client's end of stream) yet has requests in flight and no
+ * answer queued (a queued answer's write fails once the client is gone)
+ * is looked at every HUP_POLL_MS: a client that has closed the connection
+ * then has its tasks canceled without waiting for them to end. */
+#define HUP_POLL_MS 100
+
+static bool hup_watched(const struct conn *c) {
+  return !c->closing && !c->reading && c->unsent == 0 && dspkd_conn_inflight(c) > 0 &&
+         !c->d->stopping;
+}
+
+static void on_hup_poll(uv_timer_t *t) {
+  struct dspkd *d = t->data;
+  bool any = false;
+  for (struct conn *c = d->conns, *next; c; c = next) {
+    dspkd_conn_ref(c);
+    if (hup_watched(c)) {
+      if (conn_peer_gone(c))
+        dspkd_conn_close(c, "the client closed the connection");
+      else
+        any = true;
+    }
+    next = c->next;
+    dspkd_conn_unref(c);
+  }
+  if (!any)
+    uv_timer_stop(t);
 }
 
 /* After the client's end of stream: closes the connection once every request
@@ -811,7 +1092,7 @@ void dspkd_conn_update_read(struct conn *c) {
 
   if (c->closing)
     return;
-  if (c->held && !c->in_process && may_read(c)) {
+  if (c->held && !c->in_process && (may_read(c) || may_peek(c))) {
     dspkd_conn_ref(c);
     conn_process(c);
     dspkd_conn_unref(c);
@@ -822,7 +1103,7 @@ void dspkd_conn_update_read(struct conn *c) {
     conn_eof_check(c);
     want = false;
   } else {
-    want = may_read(c);
+    want = may_read(c) || (may_peek(c) && peek_room(c));
   }
   if (want && !c->reading) {
     if (uv_read_start((uv_stream_t *)&c->pipe, on_alloc, on_read) == 0)
@@ -831,6 +1112,9 @@ void dspkd_conn_update_read(struct conn *c) {
     uv_read_stop((uv_stream_t *)&c->pipe);
     c->reading = false;
   }
+  if (hup_watched(c) && !uv_is_active((uv_handle_t *)&c->d->hup_timer) &&
+      !uv_is_closing((uv_handle_t *)&c->d->hup_timer))
+    uv_timer_start(&c->d->hup_timer, on_hup_poll, HUP_POLL_MS, HUP_POLL_MS);
 }
 
 /* ---- accepting -------------------------------------------------------- */
@@ -1156,5 +1440,6 @@ void dspkd_conn_handles_close(struct dspkd *d) {
     free(k);
   }
   uv_close((uv_handle_t *)&d->trim_timer, NULL);
+  uv_close((uv_handle_t *)&d->hup_timer, NULL);
   uv_close((uv_handle_t *)&d->resume, NULL);
 }

@@ -339,6 +339,11 @@ struct conn {
   bool close_after_flush;   /* close once every queued write is done */
   bool eof;                 /* the client half-closed: answer, then close */
   bool deferred;            /* its user's turn is used up: frames wait for the next */
+  /* Paused (daemon/conn.c, peek_cancels): the stream position up to which
+   * held frames were looked at for a task.cancel, how many of those wait
+   * for their turn, and c->requests then. */
+  uint64_t pk_pos, pk_req;
+  unsigned pk_wait;
   unsigned owed;            /* answers a trace, cache.* or job.end will send later */
   pid_t pid;
   uid_t uid;
@@ -397,6 +402,7 @@ struct dspkd {
   uv_async_t done_async;
   uv_timer_t grace_timer;   /* shutdown: cancel what still runs after it */
   uv_timer_t trim_timer;    /* idle: give cached memory back (daemon/conn.c) */
+  uv_timer_t hup_timer;     /* connections not read: is the client gone? (conn.c) */
   uv_idle_t resume;         /* deferred connections go on (daemon/conn.c) */
   uint64_t turn_gen;        /* turns given by `resume` */
   bool handles_closed;

@@ -303,6 +303,8 @@ int main(int argc, char **argv) {
   d->grace_timer.data = d;
   uv_timer_init(&loop, &d->trim_timer);
   d->trim_timer.data = d;
+  uv_timer_init(&loop, &d->hup_timer);
+  d->hup_timer.data = d;
   uv_idle_init(&loop, &d->resume);
   d->resume.data = d;
   uv_signal_init(&loop, &d->sigterm);
@@ -351,6 +353,7 @@ out_handles:
   uv_close((uv_handle_t *)&d->done_async, NULL);
   uv_close((uv_handle_t *)&d->grace_timer, NULL);
   uv_close((uv_handle_t *)&d->trim_timer, NULL);
+  uv_close((uv_handle_t *)&d->hup_timer, NULL);
   uv_close((uv_handle_t *)&d->resume, NULL);
   uv_close((uv_handle_t *)&d->sigterm, NULL);
   uv_close((uv_handle_t *)&d->sigint, NULL);

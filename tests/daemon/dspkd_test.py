@@ -2140,6 +2140,97 @@ def t_canceldone(exe, tmp):
     d.stop()
 
 
+def t_pausecancel(exe, tmp):
+    """While the daemon takes no request of a connection (its answers in
+    flight pass max_unsent or max_user_unsent, or its requests max_inflight),
+    it still sees that client's task.cancel and its hangup: a task whose
+    inline result is larger than max_unsent was neither canceled on
+    task.cancel (canceled: false, its usual answer seconds later) nor when
+    its client died (the device busy until it ended).  The test hook
+    DSPKD_TEST_CANCEL_WAIT=before holds each task's runner until the task is
+    canceled (for at most 30 s, then runs it): a cancel that is not seen
+    shows as an answer 30 s later.  A task.cancel behind a request held back
+    is taken too, and a client that fills the socket with requests held
+    back, so that the daemon reads it no more, then closes it has its task
+    canceled as well."""
+    env = dict(os.environ, DSPKD_TEST_CANCEL_WAIT="before")
+    hook = "waits for the task's cancel before it runs"
+    X = np.random.default_rng(41).standard_normal((512, 1024)).astype(np.float32)
+    big = {"op": "map", "device": "cpu:0", "options": {"fn": "exp"}}
+    # The result (2 MiB) is over --max-unsent (--max-user-unsent: this user's
+    # answers together); with --max-inflight 1 one task in flight is all a
+    # connection may have (a task above 64 KiB, which runs on the runner,
+    # not on the loop).
+    for limits in (["--max-unsent", "1000000"], ["--max-user-unsent", "1000000"],
+                   ["--max-inflight", "1"]):
+        d = Daemon(exe, tmp, ["--no-cache"] + limits, env=env)
+        watcher = d.client()
+        for how in ("cancel", "held", "close", "fill"):
+            c = d.client()
+            # The operand in a buffer: the task's request is small, and so
+            # is the read buffer that held it.
+            b = c.call("buffer.create", {"device": "cpu:0", "size": X.nbytes})["buffer"]
+            c.call("buffer.write", {"buffer": b, "data": X.tobytes()})
+            seen = d.logtext().count(hook)
+            mid = c.send("task.run", dict(big, inputs=[{"buffer": b, "dtype": "f32",
+                                                        "shape": list(X.shape)}]))
+            deadline = time.monotonic() + TIMEOUT
+            while d.logtext().count(hook) == seen:
+                check(time.monotonic() < deadline, "the task reached the hook")
+                time.sleep(0.005)
+            t0 = time.monotonic()
+            what = "%s, %s" % (limits[0], how)
+            if how in ("close", "fill"):
+                if how == "fill":
+                    # Requests held back until the socket takes no more: more
+                    # than the daemon's read buffer (64 KiB) holds, so it
+                    # stops reading them and does not read the end of stream.
+                    ping = msgpack.packb([0, 1 << 30, "ping", [{"data": bytes(8000)}]],
+                                         use_bin_type=True)
+                    c.sock.setblocking(False)
+                    try:
+                        while True:
+                            c.sock.send(ping)
+                    except BlockingIOError:
+                        pass
+                # Its hangup cancels the task: the device is idle at once,
+                # not once the hook gives up (30 s).
+                c.close()
+                while cpu_running(watcher) != (0, 0):
+                    check(time.monotonic() - t0 < 10, "%s: the task was canceled" % what)
+                continue
+            held = None
+            if how == "held":
+                # A request held back (the connection is paused) before the
+                # cancel: the cancel is taken all the same, the ping in its turn.
+                held = c.send("ping", {"data": b"held"})
+            if how == "held":
+                check(c.call("task.cancel", {"msgid": mid}) == {"canceled": True},
+                      "%s: the running task is canceled" % what)
+            else:
+                # In an encoding msgpack allows though no packer writes it:
+                # array 16, type and msgid as uint 16, method name as str 8.
+                c.msgid += 1
+                c.sock.sendall(b"\xdc\x00\x04\xcd\x00\x00\xcd" + c.msgid.to_bytes(2, "big") +
+                               raw_str(b"task.cancel") + b"\x91" +
+                               msgpack.packb({"msgid": mid}))
+                check(c.wait(c.msgid) == {"canceled": True},
+                      "%s: the running task is canceled" % what)
+            try:
+                c.wait(mid)
+                raise AssertionError("%s: the task answered although canceled" % what)
+            except RpcError as e:
+                check(e.name == "ECANCELED", "%s: ECANCELED, got %s" % (what, e.name))
+            check(time.monotonic() - t0 < 10, "%s: canceled at once" % what)
+            if held is not None:
+                check(c.wait(held)["data"] == b"held", "%s: the held ping answered" % what)
+            # The connection goes on.
+            check(c.call("ping", {"data": b"ok"})["data"] == b"ok", "%s: still served" % what)
+            c.close()
+        watcher.close()
+        d.stop()
+
+
 def measuring_children(pid):
     """Pids of the processes dspkd `pid` started to measure an FFTW plan."""
     kids = []
@@ -3202,6 +3293,7 @@ GROUPS = {
     "memquota": t_memquota,
     "cancel": t_cancel,
     "canceldone": t_canceldone,
+    "pausecancel": t_pausecancel,
     "done": t_done,
     "fencefault": t_fencefault,
 }
