@@ -425,7 +425,15 @@ int dspk__vk_bind_tensor(struct dspk__dev *d, const struct dspk__tensor *t,
   VkDeviceSize byte = m->off + t->offset;
   VkDeviceSize base = byte / a * a;
   VkDeviceSize need = (byte - base) + dspk__tensor_nbytes(t);
-  VkDeviceSize avail = m->off + m->size - base;
+  /* Shaders read 16-bit data as 32-bit words, and robust buffer access
+   * drops a word the range covers only in part (lavapipe returns 0 for it):
+   * the range ends at a multiple of 4.  The pool's blocks are multiples of 4
+   * bytes; an import of a client's pages has exactly the bytes the client
+   * named (an odd number of f16 elements ends at 2 mod 4), but its VkBuffer
+   * covers whole units of the import alignment, within the mapping's last
+   * page (vk_mem.c import_ptr): the range may end there. */
+  VkDeviceSize end = m->imported ? m->bufsize : m->off + m->size;
+  VkDeviceSize avail = end - base;
   need = (need + 3) & ~(VkDeviceSize)3;
   if (need < 4)
     need = 4;
