@@ -392,6 +392,28 @@ int dspk__vk_kernel(struct dspk__dev *d, const char *name, const char *src,
                       nbytes);
     goto fail;
   }
+  /* A client's kernel: the resources its SPIR-V uses must be those the
+   * layout has (vk_spvcheck.c); the generated kernels are ours. */
+  if (strcmp(name, "raw") == 0) {
+    char msg[256] = "";
+    const uint32_t *w = spirv;
+    uint32_t *copy = NULL;
+    if ((uintptr_t)spirv % sizeof(uint32_t)) {
+      if (!(copy = malloc(nbytes))) {
+        r = DSPK_ENOMEM;
+        goto fail;
+      }
+      memcpy(copy, spirv, nbytes);
+      w = copy;
+    }
+    r = dspk__vk_spv_check(w, nbytes / 4, entry, nbind, pcsize, msg, sizeof msg);
+    free(copy);
+    if (r) {
+      if (msg[0])
+        dspk__vk_fail(ctx, r, "%s", msg);
+      goto fail;
+    }
+  }
   r = make_pipeline(d, spirv, nbytes, entry, nbind, pcsize, k, ctx);
   free(spv);
   if (r) {

@@ -232,6 +232,54 @@ def test_vulkan_kernel_reads_last_odd_f16_word_of_shared_array(vk):
         np.testing.assert_array_equal(x, np.arange(1, n + 1))
 
 
+# ---- J2: a raw kernel's bindings and push constants are what args pass (vulkan) --------
+
+AXPY2 = """#version 450
+layout(local_size_x = 64) in;
+layout(std430, binding = 0) buffer X { float x[]; };
+layout(std430, binding = 1) buffer Y { float y[]; };
+layout(push_constant) uniform P { uint n; float a; } p;
+void main() { uint i = gl_GlobalInvocationID.x; if (i < p.n) y[i] = p.a * x[i]; }
+"""
+
+
+def test_vulkan_kernel_bindings_must_match_args(vk):
+    """A shader using bindings 0 and 1 ran with fewer tensors in args (a pipeline
+    layout without the bindings the shader uses: undefined behaviour in Vulkan), and
+    silently wrote nothing."""
+    x = np.arange(10, dtype=np.float32)
+    y = np.zeros(10, np.float32)
+    scal = [{"u32": 10}, {"f32": 3.0}]
+    with pytest.raises(dspk.InvalidArgument, match="binding 1, but args pass no tensor"):
+        vk.kernel(AXPY2, x, y, lang="glsl", grid=1, device="vulkan:0", args=scal)
+    with pytest.raises(dspk.InvalidArgument, match="binding 1, but args pass 1 tensor"):
+        vk.kernel(AXPY2, x, y, lang="glsl", grid=1, device="vulkan:0",
+                  args=[{"tensor": 0}] + scal)
+    # the push-constant block (8 bytes) beyond the scalars passed (4)
+    with pytest.raises(dspk.InvalidArgument, match="push-constant block is 8 bytes"):
+        vk.kernel(AXPY2, x, y, lang="glsl", grid=1, device="vulkan:0",
+                  args=[{"tensor": 0}, {"tensor": 1}, {"u32": 10}])
+    r = vk.kernel(AXPY2, x, y, lang="glsl", grid=1, device="vulkan:0",
+                  args=[{"tensor": 0}, {"tensor": 1}] + scal)
+    np.testing.assert_array_equal(r[1], 3 * x)
+    # more tensors than the shader uses, and a binding it declares but never uses: fine
+    unused = AXPY2.replace("void main()", "layout(std430, binding = 5) buffer Z "
+                                          "{ float z[]; };\nvoid main()")
+    r = vk.kernel(unused, x, y, lang="glsl", grid=1, device="vulkan:0",
+                  args=[{"tensor": 0}, {"tensor": 1}, {"tensor": 0}] + scal)
+    np.testing.assert_array_equal(r[1], 3 * x)
+    # another descriptor set, a uniform buffer: refused, naming them
+    other = AXPY2.replace("binding = 1", "set = 1, binding = 1")
+    with pytest.raises(dspk.InvalidArgument, match="descriptor set 1"):
+        vk.kernel(other, x, y, lang="glsl", grid=1, device="vulkan:0",
+                  args=[{"tensor": 0}, {"tensor": 1}] + scal)
+    ubo = AXPY2.replace("std430, binding = 0) buffer X", "std140, binding = 0) uniform X"
+                        ).replace("float x[]", "vec4 x[4]").replace("* x[i]", "* x[i / 4][i % 4]")
+    with pytest.raises(dspk.InvalidArgument, match="uniform buffer at set 0, binding 0"):
+        vk.kernel(ubo, x, y, lang="glsl", grid=1, device="vulkan:0",
+                  args=[{"tensor": 0}, {"tensor": 1}] + scal)
+
+
 # ---- K: numbers that cannot be represented -------------------------------------------
 
 @pytest.mark.parametrize("call,name", [
