@@ -250,7 +250,7 @@ def test_vulkan_kernel_bindings_must_match_args(vk):
     x = np.arange(10, dtype=np.float32)
     y = np.zeros(10, np.float32)
     scal = [{"u32": 10}, {"f32": 3.0}]
-    with pytest.raises(dspk.InvalidArgument, match="binding 1, but args pass no tensor"):
+    with pytest.raises(dspk.InvalidArgument, match="binding 0, but args pass no tensor"):
         vk.kernel(AXPY2, x, y, lang="glsl", grid=1, device="vulkan:0", args=scal)
     with pytest.raises(dspk.InvalidArgument, match="binding 1, but args pass 1 tensor"):
         vk.kernel(AXPY2, x, y, lang="glsl", grid=1, device="vulkan:0",
