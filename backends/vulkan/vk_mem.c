@@ -412,8 +412,13 @@ static int import_ptr(struct dspk__dev *d, void *ptr, size_t n, struct dspk__mem
   if (!a || !d->GetMemoryHostPointerPropertiesEXT || (uintptr_t)ptr % a)
     return DSPK_ENOTSUP;
   /* The import covers whole alignment units; past the mapping's last page
-   * there is nothing to touch, so a larger unit cannot be used. */
-  len = (n + a - 1) / a * a;
+   * there is nothing to touch, so a larger unit cannot be used.  At least
+   * whole 4-byte words, which shaders read (dspk__vk_bind_tensor): the bytes
+   * past n in the mapping's last page are the file's (or, past its end,
+   * zeros that are never written back), so reading them is harmless, and
+   * none of them is a tensor's. */
+  VkDeviceSize unit = a < 4 ? 4 : a;
+  len = (n + unit - 1) / unit * unit;
   if (page <= 0 || len > (n + (size_t)page - 1) / (size_t)page * (size_t)page)
     return DSPK_ENOTSUP;
   if (d->GetMemoryHostPointerPropertiesEXT(

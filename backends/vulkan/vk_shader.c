@@ -392,6 +392,28 @@ int dspk__vk_kernel(struct dspk__dev *d, const char *name, const char *src,
                       nbytes);
     goto fail;
   }
+  /* A client's kernel: the resources its SPIR-V uses must be those the
+   * layout has (vk_spvcheck.c); the generated kernels are ours. */
+  if (strcmp(name, "raw") == 0) {
+    char msg[256] = "";
+    const uint32_t *w = spirv;
+    uint32_t *copy = NULL;
+    if ((uintptr_t)spirv % sizeof(uint32_t)) {
+      if (!(copy = malloc(nbytes))) {
+        r = DSPK_ENOMEM;
+        goto fail;
+      }
+      memcpy(copy, spirv, nbytes);
+      w = copy;
+    }
+    r = dspk__vk_spv_check(w, nbytes / 4, entry, nbind, pcsize, msg, sizeof msg);
+    free(copy);
+    if (r) {
+      if (msg[0])
+        dspk__vk_fail(ctx, r, "%s", msg);
+      goto fail;
+    }
+  }
   r = make_pipeline(d, spirv, nbytes, entry, nbind, pcsize, k, ctx);
   free(spv);
   if (r) {
@@ -425,7 +447,15 @@ int dspk__vk_bind_tensor(struct dspk__dev *d, const struct dspk__tensor *t,
   VkDeviceSize byte = m->off + t->offset;
   VkDeviceSize base = byte / a * a;
   VkDeviceSize need = (byte - base) + dspk__tensor_nbytes(t);
-  VkDeviceSize avail = m->off + m->size - base;
+  /* Shaders read 16-bit data as 32-bit words, and robust buffer access
+   * drops a word the range covers only in part (lavapipe returns 0 for it):
+   * the range ends at a multiple of 4.  The pool's blocks are multiples of 4
+   * bytes; an import of a client's pages has exactly the bytes the client
+   * named (an odd number of f16 elements ends at 2 mod 4), but its VkBuffer
+   * covers whole units of the import alignment, within the mapping's last
+   * page (vk_mem.c import_ptr): the range may end there. */
+  VkDeviceSize end = m->imported ? m->bufsize : m->off + m->size;
+  VkDeviceSize avail = end - base;
   need = (need + 3) & ~(VkDeviceSize)3;
   if (need < 4)
     need = 4;

@@ -2264,6 +2264,9 @@ class Client:
         """Runs a raw kernel (``lang``: "cuda", "glsl", "spirv", "hip") on a GPU device.
         ``args`` are its parameters in order, each a one-key dict: ``{"tensor": i}``,
         ``{"i32": v}``, ``{"u32": v}``, ``{"i64": v}``, ``{"f32": v}``, ``{"f64": v}``.
+        On vulkan the tensors are storage buffers 0, 1, ... of set 0 and the scalars
+        fill the push-constant block: a shader using a binding or push-constant bytes
+        that ``args`` do not give raises InvalidArgument.
         Returns every tensor after the run (numpy arrays; DeviceArrays stay DeviceArrays)."""
         return self._wait(self._op_kernel(source, *tensors, lang=lang, grid=grid,
                                           block=block, args=args, entry=entry,

@@ -1376,7 +1376,12 @@ def kernel_args(env):
     r = run([{"tensor": 0}, {"tensor": 1}] + scal, block=[1 << 20], shared=1 << 31,
             entry="other")
     check(r[0] == "ok" and vals32(r[1]["outputs"][0]) == [92, 94, 96], "block unused %r" % (r,))
-    expect(run([{"tensor": 0}], grid=[(1 << 32) - 1]), "ELIMIT", "maxComputeWorkGroupCount")
+    expect(run([{"tensor": 0}, {"tensor": 1}] + scal, grid=[(1 << 32) - 1]), "ELIMIT",
+           "maxComputeWorkGroupCount")
+    # the shader's bindings and push-constant block must be what args pass
+    expect(run([{"tensor": 0}] + scal), "EINVAL", "binding 1", "1 tensor")
+    expect(run([{"tensor": 0}, {"tensor": 1}, {"f32": 2}]), "EINVAL", "push-constant",
+           "12 bytes")
     expect(run([{"tensor": 0}], grid=[1 << 32]), "EINVAL", "options.grid[0]")
     expect(run([{"tensor": 0}], block=[1, 1 << 32]), "EINVAL", "options.block[1]")
     # f32 scalars: beyond f32's range ERANGE (as integers beyond theirs),

@@ -1,0 +1,319 @@
+/*
+ * The resources a client's SPIR-V module uses, checked against what the
+ * daemon binds before a pipeline is made of it (raw kernels, docs/protocol.md
+ * "kernel").  The daemon's pipeline layout has storage buffers at bindings
+ * 0 .. nbind-1 of set 0 and one push-constant range of the scalars' bytes; a
+ * shader that statically uses a resource the layout lacks is undefined
+ * behaviour in Vulkan (lavapipe happens to ignore it, other drivers crash or
+ * fault), so such a kernel is refused with EINVAL naming the resource.
+ *
+ * Only the few instructions that say so are read: OpEntryPoint (the entry's
+ * interface, which from SPIR-V 1.4 on lists the global variables of the
+ * entry point, glslang's every declared one), OpVariable and OpTypePointer
+ * (storage classes), the DescriptorSet, Binding, Block/BufferBlock, Offset
+ * and ArrayStride decorations, the types of the push-constant block, and the
+ * operands of the functions' instructions: a variable is used when one of
+ * them names it (as the Vulkan specification's "statically used"), and from
+ * 1.4 on is in the entry's interface.  Anything malformed is left to the
+ * driver (vkCreateShaderModule), as before.
+ */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backends/vulkan/vk.h"
+#include "dspk/errors.h"
+
+enum {
+  OP_EXTINST = 12,
+  OP_ENTRYPOINT = 15,
+  OP_TYPEBOOL = 20,
+  OP_TYPEINT = 21,
+  OP_TYPEFLOAT = 22,
+  OP_TYPEVECTOR = 23,
+  OP_TYPEMATRIX = 24,
+  OP_TYPEARRAY = 28,
+  OP_TYPERUNTIMEARRAY = 29,
+  OP_TYPESTRUCT = 30,
+  OP_TYPEPOINTER = 32,
+  OP_CONSTANT = 43,
+  OP_FUNCTION = 54,
+  OP_VARIABLE = 59,
+  OP_DECORATE = 71,
+  OP_MEMBERDECORATE = 72,
+  OP_LINE = 8,
+  OP_LOAD = 61,
+  OP_STORE = 62,
+  OP_COPYMEMORY = 63,
+  OP_COPYMEMORYSIZED = 64,
+  OP_VECTORSHUFFLE = 79,
+  OP_COMPOSITEEXTRACT = 81,
+  OP_COMPOSITEINSERT = 82,
+  OP_LOOPMERGE = 246,
+  OP_SELECTIONMERGE = 247,
+  OP_SWITCH = 251,
+  DEC_BLOCK = 2,
+  DEC_BUFFERBLOCK = 3,
+  DEC_ARRAYSTRIDE = 6,
+  DEC_BINDING = 33,
+  DEC_DESCRIPTORSET = 34,
+  DEC_OFFSET = 35,
+  SC_UNIFORMCONSTANT = 0,
+  SC_UNIFORM = 2,
+  SC_PUSHCONSTANT = 9,
+  SC_STORAGEBUFFER = 12,
+};
+
+/* SPIR-V's universal limit on ids (its specification, "Universal Limits"). */
+#define ID_BOUND_MAX 4194303u
+
+struct id {
+  uint32_t def;     /* word index of the instruction that defines it; 0: none */
+  int32_t set, bnd; /* DescriptorSet, Binding: -1 when absent */
+  uint32_t stride;  /* ArrayStride */
+  uint8_t block;    /* 1 Block, 2 BufferBlock */
+  uint8_t ref;      /* named by an instruction of a function */
+  uint8_t used;     /* by the entry point */
+};
+
+struct mod {
+  const uint32_t *w;
+  size_t nw;
+  uint32_t bound;
+  struct id *ids;
+};
+
+static uint32_t op_of(uint32_t w) { return w & 0xffffu; }
+static uint32_t len_of(uint32_t w) { return w >> 16; }
+
+/* The defining instruction of id, or NULL. */
+static const uint32_t *def_of(const struct mod *m, uint32_t id) {
+  return id < m->bound && m->ids[id].def ? m->w + m->ids[id].def : NULL;
+}
+
+/* Bytes the type occupies in a block (its last byte's end), at most 2^40;
+ * 0 where it cannot be told (a runtime array, an unknown type). */
+static uint64_t size_of(const struct mod *m, uint32_t id, int depth) {
+  const uint32_t *t = def_of(m, id);
+  if (!t || depth > 16)
+    return 0;
+  uint32_t n = len_of(t[0]);
+  switch (op_of(t[0])) {
+  case OP_TYPEBOOL: return 4;
+  case OP_TYPEINT:
+  case OP_TYPEFLOAT: return n > 2 ? t[2] / 8 : 0;
+  case OP_TYPEPOINTER: return 8;
+  case OP_TYPEVECTOR:
+  case OP_TYPEMATRIX: return n > 3 ? t[3] * size_of(m, t[2], depth + 1) : 0;
+  case OP_TYPEARRAY: {
+    const uint32_t *c = n > 3 ? def_of(m, t[3]) : NULL;
+    if (!c || op_of(c[0]) != OP_CONSTANT || len_of(c[0]) < 4 || c[3] == 0)
+      return 0;
+    uint64_t es = size_of(m, t[2], depth + 1);
+    uint64_t st = m->ids[id].stride ? m->ids[id].stride : es;
+    uint64_t s = (uint64_t)(c[3] - 1) * st + es;
+    return s > ((uint64_t)1 << 40) ? (uint64_t)1 << 40 : s;
+  }
+  case OP_TYPESTRUCT: {
+    uint64_t end = 0, at = 0;
+    for (uint32_t k = 0; k + 2 < n; k++) {
+      uint64_t off = at;
+      /* The member's Offset decoration, where it has one. */
+      for (size_t i = 5; i < m->nw;) {
+        uint32_t l = len_of(m->w[i]);
+        if (l == 0 || i + l > m->nw)
+          break;
+        if (op_of(m->w[i]) == OP_MEMBERDECORATE && l >= 5 && m->w[i + 1] == id &&
+            m->w[i + 2] == k && m->w[i + 3] == DEC_OFFSET)
+          off = m->w[i + 4];
+        if (op_of(m->w[i]) == OP_FUNCTION)
+          break;
+        i += l;
+      }
+      uint64_t s = size_of(m, t[2 + k], depth + 1);
+      at = off + s;
+      if (at > end)
+        end = at;
+    }
+    return end;
+  }
+  default: return 0;
+  }
+}
+
+/* Whether operand word k of an instruction of a function with opcode op
+ * is a literal (a number, a mask) rather than an id. */
+static int literal(uint32_t op, uint32_t k) {
+  switch (op) {
+  case OP_LINE: return 1;
+  case OP_EXTINST: return k == 4;            /* the instruction's number */
+  case OP_FUNCTION: return k == 3;           /* function control */
+  case OP_LOAD: return k >= 4;               /* memory operands */
+  case OP_STORE: case OP_COPYMEMORY: return k >= 3;
+  case OP_COPYMEMORYSIZED: return k >= 4;
+  case OP_VECTORSHUFFLE: return k >= 5;      /* components */
+  case OP_COMPOSITEEXTRACT: return k >= 4;   /* indexes */
+  case OP_COMPOSITEINSERT: return k >= 5;
+  case OP_LOOPMERGE: return k >= 3;          /* loop control */
+  case OP_SELECTIONMERGE: return k >= 2;
+  case OP_SWITCH: return k >= 3 && k % 2 == 1; /* the case values */
+  default: return 0;
+  }
+}
+
+int dspk__vk_spv_check(const uint32_t *w, size_t nw, const char *entry, int nbind,
+                       uint32_t pcsize, char *msg, size_t msglen) {
+  struct mod m = {.w = w, .nw = nw};
+  int r = 0;
+  if (nw < 5 || w[0] != 0x07230203 || w[3] == 0 || w[3] > ID_BOUND_MAX)
+    return 0; /* the driver's to refuse */
+  m.bound = w[3];
+  if (!(m.ids = calloc(m.bound, sizeof *m.ids)))
+    return DSPK_ENOMEM;
+  for (uint32_t i = 0; i < m.bound; i++)
+    m.ids[i].set = m.ids[i].bnd = -1;
+
+  /* Definitions and decorations; the entry point's interface. */
+  int interface = w[1] >= 0x00010400u; /* SPIR-V 1.4: lists every global used */
+  const uint32_t *ep = NULL;
+  size_t first_fn = nw;
+  for (size_t i = 5; i < nw;) {
+    uint32_t op = op_of(w[i]), l = len_of(w[i]);
+    if (l == 0 || i + l > nw)
+      goto out; /* malformed: the driver's to refuse */
+    const uint32_t *o = w + i;
+    switch (op) {
+    case OP_ENTRYPOINT:
+      if (l >= 4 && !ep) {
+        size_t sl = strnlen((const char *)(o + 3), (l - 3) * 4);
+        if (sl < (l - 3) * 4 && strcmp((const char *)(o + 3), entry) == 0)
+          ep = o;
+      }
+      break;
+    case OP_TYPEBOOL: case OP_TYPEINT: case OP_TYPEFLOAT: case OP_TYPEVECTOR:
+    case OP_TYPEMATRIX: case OP_TYPEARRAY: case OP_TYPERUNTIMEARRAY: case OP_TYPESTRUCT:
+    case OP_TYPEPOINTER:
+      if (l >= 2 && o[1] < m.bound)
+        m.ids[o[1]].def = (uint32_t)i;
+      break;
+    case OP_CONSTANT:
+    case OP_VARIABLE:
+      if (l >= 4 && o[2] < m.bound)
+        m.ids[o[2]].def = (uint32_t)i;
+      break;
+    case OP_DECORATE:
+      if (l >= 3 && o[1] < m.bound) {
+        struct id *d = &m.ids[o[1]];
+        if (o[2] == DEC_BLOCK)
+          d->block = 1;
+        else if (o[2] == DEC_BUFFERBLOCK)
+          d->block = 2;
+        else if (l >= 4 && o[2] == DEC_BINDING)
+          d->bnd = (int32_t)(o[3] & 0x7fffffff);
+        else if (l >= 4 && o[2] == DEC_DESCRIPTORSET)
+          d->set = (int32_t)(o[3] & 0x7fffffff);
+        else if (l >= 4 && o[2] == DEC_ARRAYSTRIDE)
+          d->stride = o[3];
+      }
+      break;
+    case OP_FUNCTION:
+      if (first_fn == nw)
+        first_fn = i;
+      break;
+    default: break;
+    }
+    i += l;
+  }
+  if (!ep)
+    goto out; /* no such entry point: the pipeline's creation says so */
+
+  /* Which variables the entry point uses: those an instruction of a function
+   * names (the operands that are literals skipped, so that a number is not
+   * taken for an id), and from SPIR-V 1.4 on only those of the entry's
+   * interface (glslang lists every variable declared there, used or not). */
+  for (size_t i = first_fn; i < nw;) {
+    uint32_t op = op_of(w[i]), l = len_of(w[i]);
+    if (l == 0 || i + l > nw)
+      break;
+    for (uint32_t k = 1; k < l; k++)
+      if (!literal(op, k) && w[i + k] < m.bound)
+        m.ids[w[i + k]].ref = 1;
+    i += l;
+  }
+  if (interface) {
+    size_t l = len_of(ep[0]), sl = strlen((const char *)(ep + 3)) / 4 + 1;
+    for (size_t k = 3 + sl; k < l; k++)
+      if (ep[k] < m.bound)
+        m.ids[ep[k]].used = m.ids[ep[k]].ref;
+  } else {
+    for (uint32_t id = 0; id < m.bound; id++)
+      m.ids[id].used = m.ids[id].ref;
+  }
+
+  uint32_t pcmax = (pcsize + 3) & ~3u;
+  int32_t unbound = -1;
+  for (uint32_t id = 1; id < m.bound && !r; id++) {
+    const uint32_t *v = def_of(&m, id);
+    if (!v || op_of(v[0]) != OP_VARIABLE || !m.ids[id].used)
+      continue;
+    uint32_t sc = v[3];
+    const uint32_t *p = def_of(&m, v[1]);
+    uint32_t pointee = p && op_of(p[0]) == OP_TYPEPOINTER && len_of(p[0]) >= 4 ? p[3] : 0;
+    const uint32_t *t = def_of(&m, pointee);
+    int32_t set = m.ids[id].set, bnd = m.ids[id].bnd;
+    if (sc == SC_PUSHCONSTANT) {
+      uint64_t s = size_of(&m, pointee, 0);
+      if (s > pcmax) {
+        snprintf(msg, msglen,
+                 "kernel: the shader's push-constant block is %llu bytes, the scalars of "
+                 "args fill %u: pass a scalar for each of its members",
+                 (unsigned long long)s, pcsize);
+        r = DSPK_EINVAL;
+      }
+      continue;
+    }
+    if (sc != SC_UNIFORMCONSTANT && sc != SC_UNIFORM && sc != SC_STORAGEBUFFER)
+      continue;
+    if (set < 0 || bnd < 0) {
+      snprintf(msg, msglen,
+               "kernel: the shader uses a resource without a binding (and set): tensors are "
+               "storage buffers at bindings 0, 1, ... of set 0");
+      r = DSPK_EINVAL;
+    } else if (t && (op_of(t[0]) == OP_TYPEARRAY || op_of(t[0]) == OP_TYPERUNTIMEARRAY)) {
+      snprintf(msg, msglen,
+               "kernel: the shader uses an array of resources at set %d, binding %d: each "
+               "tensor is one storage buffer", set, bnd);
+      r = DSPK_EINVAL;
+    } else if (sc == SC_UNIFORMCONSTANT ||
+               (sc == SC_UNIFORM && !(t && m.ids[pointee].block == 2))) {
+      snprintf(msg, msglen,
+               "kernel: the shader uses %s at set %d, binding %d: tensors are bound as "
+               "storage buffers only (declare it `buffer`)",
+               sc == SC_UNIFORM ? "a uniform buffer" : "an image or sampler", set, bnd);
+      r = DSPK_EINVAL;
+    } else if (set != 0) {
+      snprintf(msg, msglen,
+               "kernel: the shader uses descriptor set %d (binding %d): tensors are bound "
+               "in set 0 only", set, bnd);
+      r = DSPK_EINVAL;
+    } else if (bnd >= nbind && (unbound < 0 || bnd < unbound)) {
+      unbound = bnd; /* the lowest one is named, after the other checks */
+    }
+  }
+  if (!r && unbound >= 0) {
+    if (nbind)
+      snprintf(msg, msglen,
+               "kernel: the shader uses binding %d, but args pass %d tensor%s (bindings 0 "
+               "to %d): pass a tensor for each binding the shader uses",
+               unbound, nbind, nbind == 1 ? "" : "s", nbind - 1);
+    else
+      snprintf(msg, msglen,
+               "kernel: the shader uses binding %d, but args pass no tensor: pass a tensor "
+               "for each binding the shader uses", unbound);
+    r = DSPK_EINVAL;
+  }
+out:
+  free(m.ids);
+  return r;
+}
