@@ -129,8 +129,9 @@ dspk__cpu_op_fn dspk__cpu_gemm, dspk__cpu_fft, dspk__cpu_fir, dspk__cpu_contract
   }
 
 /* Batched, contiguous row-major C[b] = A[b] @ B[b] (A: M x K, B: K x N,
- * C: M x N, beta 0) for f32/f64/c64/c128, one BLAS call per batch, polling
- * cancel between batches.  Returns 0, DSPK_ECANCELED or DSPK_EDTYPE. */
+ * C: M x N, beta 0) for f32/f64/c64/c128, each product in BLAS calls sized
+ * as gemm's (gemm.c), polling cancel between them.  Returns 0,
+ * DSPK_ECANCELED or DSPK_EDTYPE. */
 int dspk__cpu_gemm_batched(struct dspk__dev *dev, dspk_dtype dt, int64_t batch,
                            int64_t M, int64_t N, int64_t K, const void *A,
                            const void *B, void *C, struct dspk__opctx *ctx);
