@@ -198,12 +198,13 @@ static void scale_out(void *p, dspk_dtype dt, int64_t n, double beta) {
  *   its own panels of K);
  * - the other tiles about TILE_S (TILE_WORK0 multiply-adds before the
  *   first measurement), within TILE_WORK_MIN and TILE_WORK_MAX: square
- *   pieces of the output of TILE_MIN to TILE_SIDE_MAX rows and columns,
- *   as large as leave TILE_K of the inner dimension, and the inner
+ *   pieces of the output of TILE_MIN to TILE_SIDE_MAX rows and columns
+ *   (more rows when all columns fit in one, or the reverse), as large as
+ *   leave TILE_K of the inner dimension (so that a tile cut to TILE_MIN of
+ *   it, when the cores got slower, takes a quarter of TILE_S at the speed
+ *   its sides were sized from), and the inner
  *   dimension cut to fit (BLAS's threads share the rows and columns of a
- *   call, and BLAS cuts K into panels of a few hundred itself; at a load
- *   of 9, 2048^2 f32 took 0.89 of the time it took in tiles of all of K
- *   and smaller sides, medians of 11 interleaved runs);
+ *   call, and BLAS cuts K into panels of a few hundred itself);
  * - a tile that took more than LATE_S (the cores got slower) sets the
  *   speed the next tiles are sized from to its own at once; a faster one
  *   raises it, a slower one within LATE_S lowers it by at most 5% (sized
@@ -224,7 +225,7 @@ static void scale_out(void *p, dspk_dtype dt, int64_t n, double beta) {
 #define TILE_WORK_MIN ((int64_t)1 << 24)
 #define TILE_WORK_MAX ((int64_t)1 << 34)
 #define TILE_MIN 256
-#define TILE_K 512
+#define TILE_K 1024
 #define TILE_SIDE_MAX 2048
 
 #ifdef DSPK_TEST_HOOKS
@@ -311,10 +312,18 @@ static int gemm_tiled(struct dspk__dev *dev, dspk_dtype dt, size_t es, int ta, i
                  side * 2 * side * 2 <= work / kk)
             side *= 2;
         }
-        if (q == 0 && p == 0)
-          mr = whole || M - r < side ? M - r : side;
-        if (p == 0)
-          nq = whole || N - q < side ? N - q : side;
+        if (q == 0 && p == 0) { /* all columns in one tile: more rows */
+          int64_t kk = K < TILE_K ? K : TILE_K, t = side;
+          if (N < side && work / (N * kk) > side)
+            t = work / (N * kk);
+          mr = whole || M - r < t ? M - r : t;
+        }
+        if (p == 0) { /* all rows in one tile: more columns */
+          int64_t kk = K < TILE_K ? K : TILE_K, t = side;
+          if (M < side && work / (M * kk) > side)
+            t = work / (M * kk);
+          nq = whole || N - q < t ? N - q : t;
+        }
         int64_t w = work;
         if (*calls == 0 && !whole) {
           int64_t first = tile_work(*rate, FIRST_S, cost);

@@ -197,6 +197,33 @@ static void test_gemm_whole(void **state) {
         assert_true(fabs(c[i * N + j] - want) <= 1e-6 * (1 + fabs(want)));
       }
   }
+  /* A tall, narrow product in tiles: all columns fit in one, so a tile
+   * takes more rows (the least tile, 2^24 multiply-adds at 1e8/s: 2^18 of
+   * them), not a square piece's 1024: four calls, not 1024. */
+  const int TM = 1 << 20, TN = 8, TK = 8;
+  float *ta = malloc(sizeof(float) * TM * TK), *tb = malloc(sizeof(float) * TK * TN);
+  float *tc = malloc(sizeof(float) * TM * TN);
+  for (int i = 0; i < TM * TK; i++)
+    ta[i] = (float)((i * 7) % 13) - 6;
+  for (int i = 0; i < TK * TN; i++)
+    tb[i] = (float)((i * 5) % 11) - 5;
+  dev->gemm_rate[0] = dev->gemm_rate_best[0] = 1e8;
+  sim_rate = 1e8; /* every call looks this slow: the speed stays */
+  sgemm_calls = 0;
+  assert_int_equal(dspk__cpu_gemm_batched(dev, DSPK_F32, 1, TM, TN, TK, ta, tb, tc, NULL), 0);
+  sim_rate = 0;
+  dspk__cpu_gemm_clock_skew = 0;
+  assert_int_equal(sgemm_calls, 4);
+  for (int i = 0; i < TM; i += 997)
+    for (int j = 0; j < TN; j++) {
+      double want = 0;
+      for (int l = 0; l < TK; l++)
+        want += (double)ta[i * TK + l] * tb[l * TN + j];
+      assert_true(fabs(tc[i * TN + j] - want) <= 1e-6 * (1 + fabs(want)));
+    }
+  free(ta);
+  free(tb);
+  free(tc);
   dev->gemm_threads = 0;
   dev->gemm_rate[0] = dev->gemm_rate_best[0] = 0;
   free(a);
