@@ -200,11 +200,12 @@ static void scale_out(void *p, dspk_dtype dt, int64_t n, double beta) {
  *   first measurement), within TILE_WORK_MIN and TILE_WORK_MAX: square
  *   pieces of the output of TILE_MIN to TILE_SIDE_MAX rows and columns
  *   (more rows when all columns fit in one, or the reverse), as large as
- *   leave TILE_K of the inner dimension (so that a tile cut to TILE_MIN of
- *   it, when the cores got slower, takes a quarter of TILE_S at the speed
- *   its sides were sized from), and the inner
- *   dimension cut to fit (BLAS's threads share the rows and columns of a
- *   call, and BLAS cuts K into panels of a few hundred itself);
+ *   leave TILE_K of the inner dimension, and the inner dimension cut to
+ *   fit (BLAS's threads share the rows and columns of a call, and BLAS
+ *   cuts K into panels of a few hundred itself).  A tile cut to TILE_MIN
+ *   of K when the cores got slower (a remainder under TILE_MIN joins it)
+ *   then takes a quarter to a half of TILE_S at the speed its sides were
+ *   sized from;
  * - a tile that took more than LATE_S (the cores got slower) sets the
  *   speed the next tiles are sized from to its own at once; a faster one
  *   raises it, a slower one within LATE_S lowers it by at most 5% (sized
