@@ -202,10 +202,12 @@ static void scale_out(void *p, dspk_dtype dt, int64_t n, double beta) {
  *   (more rows when all columns fit in one, or the reverse), as large as
  *   leave TILE_K of the inner dimension, and the inner dimension cut to
  *   fit (BLAS's threads share the rows and columns of a call, and BLAS
- *   cuts K into panels of a few hundred itself).  A tile cut to TILE_MIN
- *   of K when the cores got slower (a remainder under TILE_MIN joins it)
- *   then takes a quarter to a half of TILE_S at the speed its sides were
- *   sized from;
+ *   cuts K into panels of a few hundred itself: 2048^2 f32 in 3 calls of
+ *   all rows and columns ran at 0.99 of one call in the daemon, in 5 with
+ *   1024 a side at 0.97).  A tile cut to TILE_MIN of K (the op's first, or
+ *   one after the cores got slower) then takes at most half of TILE_S at
+ *   the speed its sides were sized from (a product with K under 2 TILE_MIN
+ *   is not cut: up to TILE_S);
  * - a tile that took more than LATE_S (the cores got slower) sets the
  *   speed the next tiles are sized from to its own at once; a faster one
  *   raises it, a slower one within LATE_S lowers it by at most 5% (sized
@@ -214,7 +216,7 @@ static void scale_out(void *p, dspk_dtype dt, int64_t n, double beta) {
  *   docs/performance.md, h12).
  *
  * So a call the cancel waits for takes at most 200 ms unless the cores are
- * 20 times slower than the speed measured before the op (its first call),
+ * 13 times slower than the speed measured before the op (its first call),
  * or 6 times slower than the tile before (its later calls).  When
  * WHOLE_S was 0.2 s, a 2000^2 f64 product ran in one call, predicted from
  * f32's speed, and went on for 1.3-2 s after a cancel at a load of 3-5. */
@@ -226,7 +228,7 @@ static void scale_out(void *p, dspk_dtype dt, int64_t n, double beta) {
 #define TILE_WORK_MIN ((int64_t)1 << 24)
 #define TILE_WORK_MAX ((int64_t)1 << 34)
 #define TILE_MIN 256
-#define TILE_K 1024
+#define TILE_K 512
 #define TILE_SIDE_MAX 2048
 
 #ifdef DSPK_TEST_HOOKS
