@@ -45,16 +45,28 @@ static void sum_at(const struct view *v, const char *src, int64_t off, int dbl,
   }
 }
 
-/* Writes the view of src into dst (contiguous). */
-static void gather(const struct view *v, const char *src, char *dst,
-                   dspk_dtype dt) {
+/* gather sees a cancel after reading about this many elements (a few ms):
+ * a permuted copy, or the sums of an operand's summed-only labels, reads
+ * all of an operand, which can take seconds. */
+#define GATHER_CHECK ((int64_t)1 << 20)
+
+/* Writes the view of src into dst (contiguous): 0, or DSPK_ECANCELED. */
+static int gather(const struct view *v, const char *src, char *dst, dspk_dtype dt,
+                  const struct dspk__opctx *ctx) {
   size_t es = dspk__dtype_size(dt);
   int dbl = dt == DSPK_F64 || dt == DSPK_C128;
   int W = dspk__dtype_is_complex(dt) ? 2 : 1;
-  int64_t idx[DSPK_MAX_RANK] = {0}, n = 1, off = 0;
+  int64_t idx[DSPK_MAX_RANK] = {0}, n = 1, off = 0, per = 1, since = 0;
   for (int i = 0; i < v->nd; i++)
     n *= v->dim[i];
+  for (int i = 0; i < v->ns; i++)
+    per *= v->sdim[i]; /* elements read per element written */
   for (int64_t t = 0; t < n; t++) {
+    if ((since += per) >= GATHER_CHECK) {
+      since = 0;
+      if (dspk__cpu_canceled(ctx))
+        return DSPK_ECANCELED;
+    }
     if (v->ns == 0) {
       switch (es) {
       case 4: ((float *)dst)[t] = ((const float *)src)[off]; break;
@@ -79,6 +91,7 @@ static void gather(const struct view *v, const char *src, char *dst,
       idx[i] = 0;
     }
   }
+  return 0;
 }
 
 static int has(const char *s, char c) { return c && strchr(s, c) != NULL; }
@@ -187,14 +200,16 @@ int dspk__cpu_contract(struct dspk__dev *dev, struct dspk__op *op,
     if (!(ta = malloc((size_t)(nb * M * K + 1) * es)))
       goto nomem;
     make_view(&v, oa, sa, size, stra);
-    gather(&v, pa, ta, dt);
+    if ((rc = gather(&v, pa, ta, dt, ctx)) < 0)
+      goto out;
     pa = ta;
   }
   if (strcmp(ob, lb) != 0 || nsb) {
     if (!(tb = malloc((size_t)(nb * K * N + 1) * es)))
       goto nomem;
     make_view(&v, ob, sb, size, strb);
-    gather(&v, pb, tb, dt);
+    if ((rc = gather(&v, pb, tb, dt, ctx)) < 0)
+      goto out;
     pb = tb;
   }
   if (dspk__cpu_canceled(ctx)) {
@@ -217,7 +232,7 @@ int dspk__cpu_contract(struct dspk__dev *dev, struct dspk__op *op,
       shp[i] = size[(unsigned char)oc[i]];
     label_strides(oc, shp, strc);
     make_view(&v, lo, "", osize, strc);
-    gather(&v, tc, dspk__cpu_ptr(O), dt);
+    rc = gather(&v, tc, dspk__cpu_ptr(O), dt, ctx);
   }
   goto out;
 nomem:

@@ -75,13 +75,14 @@ struct dspk__dev {
   /* OpenBLAS threads for gemm/contract, an override; 0 leaves the choice to
    * dspk__cpu_gemm_threads(). */
   int gemm_threads;
-  /* gemm's speed as last measured (multiply-adds per second, 0 before the
-   * first): sizes its tiles so that each takes about GEMM_TILE_S. */
-  double gemm_rate;
-  /* The fastest gemm_rate measured: a product that takes at most 0.2 s at
-   * this speed runs in one BLAS call (gemm.c), also while other processes
-   * slow the device down (the decayed gemm_rate would tile it then). */
-  double gemm_rate_best;
+  /* gemm's speed per BLAS routine (dspk__cpu_gemm_slot: s, d, c, z gemm;
+   * f64 runs at about half f32's speed, so neither predicts the other), in
+   * multiply-adds per second, 0 before the first measurement: gemm_rate as
+   * last measured (it sizes the tiles, gemm.c), gemm_rate_best the fastest
+   * measured (a product that takes at most 10 ms at this speed runs in one
+   * BLAS call). */
+  double gemm_rate[4];
+  double gemm_rate_best[4];
   /* Set when a plan was measured: its wisdom goes to the cache after the
    * op (dspk__cpu_fft_wisdom_flush). */
   int wisdom_dirty;
@@ -128,8 +129,9 @@ dspk__cpu_op_fn dspk__cpu_gemm, dspk__cpu_fft, dspk__cpu_fir, dspk__cpu_contract
   }
 
 /* Batched, contiguous row-major C[b] = A[b] @ B[b] (A: M x K, B: K x N,
- * C: M x N, beta 0) for f32/f64/c64/c128, one BLAS call per batch, polling
- * cancel between batches.  Returns 0, DSPK_ECANCELED or DSPK_EDTYPE. */
+ * C: M x N, beta 0) for f32/f64/c64/c128, each product in BLAS calls sized
+ * as gemm's (gemm.c), polling cancel between them.  Returns 0,
+ * DSPK_ECANCELED or DSPK_EDTYPE. */
 int dspk__cpu_gemm_batched(struct dspk__dev *dev, dspk_dtype dt, int64_t batch,
                            int64_t M, int64_t N, int64_t K, const void *A,
                            const void *B, void *C, struct dspk__opctx *ctx);
@@ -179,7 +181,17 @@ void dspk__cpu_fft_adopt(struct dspk__dev *dev);
 /* Waits until no background measuring is queued or running (tests,
  * benches); returns the number of measured plans waiting for adoption. */
 int dspk__cpu_fft_refine_wait(struct dspk__dev *dev);
+/* The index of dt's BLAS routine in dev->gemm_rate: 0 f32 (and the f16 and
+ * bf16 widened to it), 1 f64, 2 c64, 3 c128. */
+static inline int dspk__cpu_gemm_slot(dspk_dtype dt) {
+  return dt == DSPK_F64 ? 1 : dt == DSPK_C64 ? 2 : dt == DSPK_C128 ? 3 : 0;
+}
+
 #ifdef DSPK_TEST_HOOKS
+/* Test hook: seconds added to the clock gemm's tiles are timed with, so
+ * that a test can make BLAS calls look as slow as on a loaded machine
+ * (gemm.c; the runner thread's only). */
+extern double dspk__cpu_gemm_clock_skew;
 /* Test hook: while closed (1), a background measuring thread waits before
  * it starts measuring, so a test can hold one alive for as long as it
  * needs. */

@@ -96,6 +96,12 @@ DEFINE_DIRECT(direct_f64, double)
 DEFINE_DIRECT_C(direct_c64, float)
 DEFINE_DIRECT_C(direct_c128, double)
 
+/* The direct loop sees a cancel after every piece of about this many
+ * multiply-adds (a complex one counting 4): a few ms on one core.  Checking
+ * every 16 rows instead let one row of 2^24 samples and 64 taps, or 16
+ * shorter ones, run on for seconds after a cancel. */
+#define DIRECT_CHECK_WORK ((int64_t)1 << 23)
+
 static int fir_direct(const struct dspk__op *op, int64_t rows, int64_t n,
                       int64_t k, struct dspk__opctx *ctx) {
   const struct dspk__tensor *X = &op->in[0], *H = &op->in[1];
@@ -103,16 +109,28 @@ static int fir_direct(const struct dspk__op *op, int64_t rows, int64_t n,
   size_t es = dspk__dtype_size(dt);
   const char *x = dspk__cpu_ptr(X), *h = dspk__cpu_ptr(H);
   char *y = dspk__cpu_ptr(&op->out[0]);
+  int64_t per = DIRECT_CHECK_WORK / ((k ? k : 1) * (dspk__dtype_is_complex(dt) ? 4 : 1));
+  if (per < 64)
+    per = 64; /* outputs per piece */
+  int64_t since = 0;
   for (int64_t r = 0; r < rows; r++) {
-    if (r && (r & 15) == 0 && dspk__cpu_canceled(ctx))
-      return DSPK_ECANCELED;
     const char *xr = x + r * n * es;
     char *yr = y + r * n * es;
-    switch (dt) {
-    case DSPK_F32: direct_f32((const float *)xr, (const float *)h, (float *)yr, 0, n, k); break;
-    case DSPK_F64: direct_f64((const double *)xr, (const double *)h, (double *)yr, 0, n, k); break;
-    case DSPK_C64: direct_c64((const float *)xr, (const float *)h, (float *)yr, 0, n, k); break;
-    default: direct_c128((const double *)xr, (const double *)h, (double *)yr, 0, n, k); break;
+    for (int64_t lo = 0; lo < n;) {
+      int64_t hi = n - lo < per - since ? n : lo + (per - since);
+      switch (dt) {
+      case DSPK_F32: direct_f32((const float *)xr, (const float *)h, (float *)yr, lo, hi, k); break;
+      case DSPK_F64: direct_f64((const double *)xr, (const double *)h, (double *)yr, lo, hi, k); break;
+      case DSPK_C64: direct_c64((const float *)xr, (const float *)h, (float *)yr, lo, hi, k); break;
+      default: direct_c128((const double *)xr, (const double *)h, (double *)yr, lo, hi, k); break;
+      }
+      since += hi - lo;
+      lo = hi;
+      if (since >= per) {
+        since = 0;
+        if ((lo < n || r + 1 < rows) && dspk__cpu_canceled(ctx))
+          return DSPK_ECANCELED;
+      }
     }
   }
   return 0;
@@ -159,6 +177,9 @@ static int64_t good_size(int64_t n) {
     int fk = W == 2 ? DSPK__CPU_FFT_FWD : DSPK__CPU_FFT_R2C;                   \
     int bk = W == 2 ? DSPK__CPU_FFT_BWD : DSPK__CPU_FFT_C2R;                   \
     int rc = 0;                                                                \
+    int64_t per = DIRECT_CHECK_WORK / (k * W * W); /* repair: outputs a piece */ \
+    if (per < 64)                                                              \
+      per = 64;                                                                \
     size_t bb = sizeof(R) * W * L, sb = sizeof(R) * 2 * nh;                    \
     R *buf = DBL ? fftw_malloc(bb) : fftwf_malloc(bb);                         \
     R *spec = DBL ? fftw_malloc(sb) : fftwf_malloc(sb);                        \
@@ -208,8 +229,13 @@ static int64_t good_size(int64_t n) {
         int64_t e = len * W, bad = 0;                                          \
         for (int64_t i = 0; i < e; i++)                                        \
           bad |= !isfinite(yo[i]);                                             \
-        if (bad)                                                               \
-          DIRECT(xr, h, yr, s0, s0 + len, k);                                  \
+        for (int64_t lo = s0; bad && lo < s0 + len; lo += per) {               \
+          if (lo > s0 && dspk__cpu_canceled(ctx)) {                            \
+            rc = DSPK_ECANCELED;                                               \
+            goto out;                                                          \
+          }                                                                    \
+          DIRECT(xr, h, yr, lo, s0 + len - lo < per ? s0 + len : lo + per, k); \
+        }                                                                      \
       }                                                                        \
     }                                                                          \
   out:                                                                         \

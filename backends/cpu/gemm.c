@@ -184,29 +184,65 @@ static void scale_out(void *p, dspk_dtype dt, int64_t n, double beta) {
 }
 
 /* Large products are cut into tiles so that a cancel request is seen
- * between tiles: docs/protocol.md promises about 200 ms.  A product the
- * best measured speed says takes at most WHOLE_S runs in one BLAS call: tiles
- * pack their panels again and hand work to BLAS's threads once each (a
- * 2048^2 f32 product in 16 tiles of 512 x 512 ran at 0.945 of one
- * cblas_sgemm call on the 2-core development VM).  The speed tiles measure
- * is below a whole call's (2048^2 whole: about 1e11 multiply-adds/s on an
- * idle VM, 6.4e10 measured by its tiles under load), so WHOLE_S leaves room
- * for that: at 0.1 s a 2048^2 product stayed tiled.  A tile is sized
- * from the device's measured speed to take about TILE_S (TILE_WORK0
- * multiply-adds before the first measurement), within TILE_WORK_MIN and
- * TILE_WORK_MAX, and keeps at least TILE_MIN rows and columns so that BLAS's
- * packing of its panels costs little. */
+ * between BLAS calls: docs/protocol.md promises about 200 ms, also while
+ * other processes slow the cores down (5-7 times at a load of 3-5 on the
+ * 2-core development VM).  Each call's length is predicted from the speed
+ * measured for its dtype (dev->gemm_rate[slot], f32 is about twice f64):
+ *
+ * - a product that the fastest speed measured says takes at most WHOLE_S
+ *   runs in one BLAS call (tiles pack their panels again and hand work to
+ *   BLAS's threads once each);
+ * - an op's first tile is sized to take about FIRST_S at the speed last
+ *   measured, by cutting the inner dimension (its later pieces accumulate
+ *   with beta 1, which costs BLAS nothing it does not do itself between
+ *   its own panels of K);
+ * - the other tiles about TILE_S (TILE_WORK0 multiply-adds before the
+ *   first measurement), within TILE_WORK_MIN and TILE_WORK_MAX: square
+ *   pieces of the output of TILE_MIN to TILE_SIDE_MAX rows and columns
+ *   (more rows when all columns fit in one, or the reverse), as large as
+ *   leave TILE_K of the inner dimension, and the inner dimension cut to
+ *   fit (BLAS's threads share the rows and columns of a call, and BLAS
+ *   cuts K into panels of a few hundred itself: 2048^2 f32 in 3 calls of
+ *   all rows and columns ran at 0.99 of one call in the daemon, in 5 with
+ *   1024 a side at 0.97).  A tile cut to TILE_MIN of K (the op's first, or
+ *   one after the cores got slower) then takes at most half of TILE_S at
+ *   the speed its sides were sized from (a product with K under 2 TILE_MIN
+ *   is not cut: up to TILE_S);
+ * - a tile that took more than LATE_S (the cores got slower) sets the
+ *   speed the next tiles are sized from to its own at once; a faster one
+ *   raises it, a slower one within LATE_S lowers it by at most 5% (sized
+ *   from each slowed tile's speed, 2048^2 went from 16 tiles to 64 on a
+ *   loaded machine, 0.78 of an in-process cblas_sgemm instead of 0.92:
+ *   docs/performance.md, h12).
+ *
+ * So a call the cancel waits for takes at most 200 ms unless the cores are
+ * 13 times slower than the speed measured before the op (its first call),
+ * or 6 times slower than the tile before (its later calls).  When
+ * WHOLE_S was 0.2 s, a 2000^2 f64 product ran in one call, predicted from
+ * f32's speed, and went on for 1.3-2 s after a cancel at a load of 3-5. */
+#define WHOLE_S 0.01
+#define FIRST_S 0.01
 #define TILE_S 0.03
-#define WHOLE_S 0.2
+#define LATE_S 0.06
 #define TILE_WORK0 ((int64_t)1 << 26)
 #define TILE_WORK_MIN ((int64_t)1 << 24)
 #define TILE_WORK_MAX ((int64_t)1 << 34)
 #define TILE_MIN 256
+#define TILE_K 512
+#define TILE_SIDE_MAX 2048
+
+#ifdef DSPK_TEST_HOOKS
+double dspk__cpu_gemm_clock_skew;
+#endif
 
 static double now_s(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+  double t = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+#ifdef DSPK_TEST_HOOKS
+  t += dspk__cpu_gemm_clock_skew;
+#endif
+  return t;
 }
 
 /* One BLAS gemm call on row-major operands of dtype dt: c = alpha*op(a)@op(b)
@@ -240,51 +276,73 @@ static void blas_gemm(dspk_dtype dt, int ta, int tb, int64_t m, int64_t n, int64
   }
 }
 
+/* Multiply-adds of one tile that takes about secs at the speed rate
+ * (complex products count cost = 4 each), within the limits above. */
+static int64_t tile_work(double rate, double secs, int64_t cost) {
+  if (rate <= 0)
+    return TILE_WORK0;
+  double w = rate * secs / (double)cost;
+  return w < (double)TILE_WORK_MIN   ? TILE_WORK_MIN
+         : w > (double)TILE_WORK_MAX ? TILE_WORK_MAX
+                                     : (int64_t)w;
+}
+
 /* blas_gemm in tiles (rows, columns, and the inner dimension, whose later
- * pieces accumulate with beta 1), checking the cancel flag before each tile
- * but the first, and measuring the device's speed (dev->gemm_rate, complex
- * products counting 4 multiply-adds).  es: the item size of the operands.
- * 0 or DSPK_ECANCELED. */
+ * pieces accumulate with beta 1), sized as the top of this section says,
+ * checking the cancel flag before each tile but the op's first and
+ * measuring the device's speed for dt (dev->gemm_rate).  es: the item size
+ * of the operands; *calls: the BLAS calls the op made so far.  0 or
+ * DSPK_ECANCELED. */
 static int gemm_tiled(struct dspk__dev *dev, dspk_dtype dt, size_t es, int ta, int tb,
                       int64_t M, int64_t N, int64_t K, double alpha, const char *a,
                       int lda, const char *b, int ldb, double beta, char *c, int ldc,
-                      const struct dspk__opctx *ctx) {
-  int64_t tm = M, tn = N, tk = K;
+                      const struct dspk__opctx *ctx, int64_t *calls) {
+  int slot = dspk__cpu_gemm_slot(dt);
+  double *rate = &dev->gemm_rate[slot], *best = &dev->gemm_rate_best[slot];
   int64_t cost = dt == DSPK_C64 || dt == DSPK_C128 ? 4 : 1;
-  int64_t work = TILE_WORK0;
-  bool first = true;
+  bool whole = *best > 0 &&
+               (double)M * (double)N * (double)K * (double)cost <= *best * WHOLE_S;
+  int64_t work = whole ? INT64_MAX : tile_work(*rate, TILE_S, cost);
+  int64_t side = 0, mr = 0, nq = 0;
 
-  if (dev->gemm_rate > 0) {
-    double w = dev->gemm_rate * TILE_S / (double)cost;
-    work = w < (double)TILE_WORK_MIN   ? TILE_WORK_MIN
-           : w > (double)TILE_WORK_MAX ? TILE_WORK_MAX
-                                       : (int64_t)w;
-  }
-  bool whole = dev->gemm_rate_best > 0 && (double)M * (double)N * (double)K * (double)cost <=
-                                              dev->gemm_rate_best * WHOLE_S;
-  if (!whole && M * N > work / K) { /* K >= 1 here */
-    int64_t side = TILE_MIN;
-    while (side * 2 * side * 2 <= work / K)
-      side *= 2;
-    tm = M < side ? M : side;
-    tn = N < side ? N : side;
-    if (tm * tn > work / K) {
-      tk = work / (tm * tn);
-      if (tk < TILE_MIN)
-        tk = TILE_MIN;
-      if (tk > K)
-        tk = K;
-    }
-  }
-  for (int64_t r = 0; r < M; r += tm) {
-    int64_t mr = M - r < tm ? M - r : tm;
-    for (int64_t q = 0; q < N; q += tn) {
-      int64_t nq = N - q < tn ? N - q : tn;
-      for (int64_t p = 0; p < K; p += tk) {
-        int64_t kp = K - p < tk ? K - p : tk;
-        if (!first && dspk__cpu_canceled(ctx))
+  for (int64_t r = 0; r < M; r += mr) {
+    for (int64_t q = 0; q < N; q += nq) {
+      for (int64_t p = 0, kp; p < K; p += kp) {
+        if (side == 0) { /* the square tile side for work, recomputed after a change */
+          int64_t kk = K < TILE_K ? K : TILE_K;
+          side = TILE_MIN;
+          while (side < TILE_SIDE_MAX && side < (M > N ? M : N) &&
+                 side * 2 * side * 2 <= work / kk)
+            side *= 2;
+        }
+        if (q == 0 && p == 0) { /* all columns in one tile: more rows */
+          int64_t kk = K < TILE_K ? K : TILE_K, t = side;
+          if (N < side && work / (N * kk) > side)
+            t = work / (N * kk);
+          mr = whole || M - r < t ? M - r : t;
+        }
+        if (p == 0) { /* all rows in one tile: more columns */
+          int64_t kk = K < TILE_K ? K : TILE_K, t = side;
+          if (M < side && work / (M * kk) > side)
+            t = work / (M * kk);
+          nq = whole || N - q < t ? N - q : t;
+        }
+        int64_t w = work;
+        if (*calls == 0 && !whole) {
+          int64_t first = tile_work(*rate, FIRST_S, cost);
+          w = first < work ? first : work;
+        }
+        kp = K - p;
+        if ((double)mr * (double)nq * (double)kp > (double)w) {
+          kp = w / (mr * nq);
+          if (kp < TILE_MIN)
+            kp = TILE_MIN;
+          if (K - p - kp < TILE_MIN) /* no sliver of K left for one more call */
+            kp = K - p;
+        }
+        if (*calls > 0 && dspk__cpu_canceled(ctx))
           return DSPK_ECANCELED;
-        first = false;
+        (*calls)++;
         /* op(A)[r, p] and op(B)[p, q] in the stored layouts. */
         const char *pa = a + (size_t)(ta ? p * lda + r : r * lda + p) * es;
         const char *pb = b + (size_t)(tb ? q * ldb + p : p * ldb + q) * es;
@@ -292,18 +350,19 @@ static int gemm_tiled(struct dspk__dev *dev, dspk_dtype dt, size_t es, int ta, i
         blas_gemm(dt, ta, tb, mr, nq, kp, alpha, pa, lda, pb, ldb, p ? 1.0 : beta,
                   c + (size_t)(r * ldc + q) * es, ldc);
         double dt_s = now_s() - t0;
-        /* Only tiles long enough to time well teach the speed: the device's
-         * own, so the fastest tiles count and a slower one lowers it by at
-         * most 5%.  Sized from the speed of a tile slowed down by other
-         * processes on the cores, tiles got smaller, with more packing and
-         * thread hand-offs per multiply-add, and slower still: 64 tiles
-         * instead of 16 for 2048^2 on a loaded 2-core machine, 0.78 of an
-         * in-process cblas_sgemm instead of 0.92 (docs/performance.md, h12). */
+        /* Only tiles long enough to time well teach the speed. */
         if (dt_s > 1e-3) {
-          double rate = (double)(mr * nq * kp * cost) / dt_s;
-          dev->gemm_rate = rate > 0.95 * dev->gemm_rate ? rate : 0.95 * dev->gemm_rate;
-          if (rate > dev->gemm_rate_best)
-            dev->gemm_rate_best = rate;
+          double v = (double)(mr * nq * kp * cost) / dt_s;
+          *rate = v > 0.95 * *rate || dt_s > LATE_S ? v : 0.95 * *rate;
+          if (v > *best)
+            *best = v;
+          if (!whole) {
+            int64_t nw = tile_work(*rate, TILE_S, cost);
+            if (nw != work) {
+              work = nw;
+              side = 0;
+            }
+          }
         }
       }
     }
@@ -379,6 +438,7 @@ int dspk__cpu_gemm(struct dspk__dev *dev, struct dspk__op *op,
   int64_t batch = total / (M * N);
   int prev = threads_enter(dev, O->dtype, M, N, K, batch);
   char *po = dspk__cpu_ptr(O);
+  int64_t calls = 0;
   for (int64_t b = 0; b < batch; b++) {
     if (b && dspk__cpu_canceled(ctx)) {
       rc = DSPK_ECANCELED;
@@ -392,7 +452,7 @@ int dspk__cpu_gemm(struct dspk__dev *dev, struct dspk__op *op,
     const char *a = (const char *)pa + oa * ies, *bm = (const char *)pb + ob * ies;
     char *c = po + b * M * N * es;
     rc = gemm_tiled(dev, O->dtype == DSPK_F64 ? DSPK_F64 : DSPK_F32, ies, ta, tb, M, N, K,
-                    alpha, a, lda, bm, ldb, beta, c, ldc, ctx);
+                    alpha, a, lda, bm, ldb, beta, c, ldc, ctx, &calls);
     if (rc < 0)
       break;
     for (int i = nb - 1; i >= 0; i--) {
@@ -423,6 +483,7 @@ int dspk__cpu_gemm_batched(struct dspk__dev *dev, dspk_dtype dt, int64_t batch,
   }
   int prev = threads_enter(dev, dt, M, N, K, batch);
   int rc = 0;
+  int64_t calls = 0;
   for (int64_t b = 0; b < batch && rc == 0; b++) {
     if (b && dspk__cpu_canceled(ctx)) {
       rc = DSPK_ECANCELED;
@@ -435,7 +496,7 @@ int dspk__cpu_gemm_batched(struct dspk__dev *dev, dspk_dtype dt, int64_t batch,
     }
     rc = gemm_tiled(dev, dt, es, 0, 0, M, N, K, 1.0, (const char *)A + b * M * K * es, (int)K,
                     (const char *)B + b * K * N * es, (int)N, 0.0,
-                    (char *)C + b * M * N * es, (int)N, ctx);
+                    (char *)C + b * M * N * es, (int)N, ctx, &calls);
   }
   threads_leave(prev);
   return rc;

@@ -144,6 +144,21 @@ static int sum_row(const char *x, int dbl, int64_t n, const struct dspk__opctx *
   return 0;
 }
 
+/* The row loops see a cancel after about this many elements (a few ms):
+ * counted by rows, a cancel waited for 1024 rows however long, or for the
+ * whole of one long row. */
+#define CHECK_ELEMS ((int64_t)1 << 20)
+
+/* Counts m more elements done; 1 when a cancel check is due and the task
+ * was canceled. */
+static int poll_cancel(int64_t *since, int64_t m, const struct dspk__opctx *ctx) {
+  *since += m;
+  if (*since < CHECK_ELEMS)
+    return 0;
+  *since = 0;
+  return dspk__cpu_canceled(ctx);
+}
+
 int dspk__cpu_reduce(struct dspk__dev *dev, struct dspk__op *op,
                      struct dspk__opctx *ctx) {
   (void)dev;
@@ -186,8 +201,9 @@ int dspk__cpu_reduce(struct dspk__dev *dev, struct dspk__op *op,
     n = total;
     rows = total ? 1 : 0;
   }
+  int64_t since = 0;
   for (int64_t row = 0; row < rows; row++) {
-    if ((row & 1023) == 1023 && dspk__cpu_canceled(ctx)) {
+    if (row && poll_cancel(&since, 0, ctx)) {
       rc = DSPK_ECANCELED;
       goto out;
     }
@@ -204,17 +220,32 @@ int dspk__cpu_reduce(struct dspk__dev *dev, struct dspk__op *op,
       }
       acc[oo] += v;
     } else if (last_reduced) {
-      for (int w = 0; w < W; w++) {
-        double a = acc[oo * W + w];
-        for (int64_t j = 0; j < n; j++)
-          a = fold(fn, a, load(x, dbl, base + j * W + w));
-        acc[oo * W + w] = a;
+      for (int64_t j0 = 0; j0 < n; j0 += CHECK_ELEMS) {
+        int64_t j1 = n - j0 < CHECK_ELEMS ? n : j0 + CHECK_ELEMS;
+        if (j0 && dspk__cpu_canceled(ctx)) {
+          rc = DSPK_ECANCELED;
+          goto out;
+        }
+        for (int w = 0; w < W; w++) {
+          double a = acc[oo * W + w];
+          for (int64_t j = j0; j < j1; j++)
+            a = fold(fn, a, load(x, dbl, base + j * W + w));
+          acc[oo * W + w] = a;
+        }
       }
     } else {
       double *ao = acc + oo * W;
-      for (int64_t j = 0; j < n * W; j++)
-        ao[j] = fold(fn, ao[j], load(x, dbl, base + j));
+      for (int64_t j0 = 0; j0 < n * W; j0 += CHECK_ELEMS) {
+        int64_t j1 = n * W - j0 < CHECK_ELEMS ? n * W : j0 + CHECK_ELEMS;
+        if (j0 && dspk__cpu_canceled(ctx)) {
+          rc = DSPK_ECANCELED;
+          goto out;
+        }
+        for (int64_t j = j0; j < j1; j++)
+          ao[j] = fold(fn, ao[j], load(x, dbl, base + j));
+      }
     }
+    since += n * W;
     for (int i = r - 2; i >= 0; i--) {
       if (++idx[i] < X->shape[i])
         break;

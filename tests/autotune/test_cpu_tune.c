@@ -118,22 +118,55 @@ static struct dspk__op gemm_op(int64_t m, int64_t n, int64_t k) {
   return op;
 }
 
-/* cblas_sgemm is wrapped too: the BLAS calls one gemm makes. */
+/* cblas_sgemm and cblas_dgemm are wrapped too: the BLAS calls one gemm
+ * makes.  While sim_rate is set, each call also advances the clock gemm's
+ * tiles are timed with (test hook dspk__cpu_gemm_clock_skew) by the time it
+ * would take at sim_rate multiply-adds per second, as on a machine that
+ * other processes slow down, and records that time; the call numbered
+ * cancel_at sets cancel_flag as it starts, as a task.cancel arriving then. */
 void __real_cblas_sgemm(int order, int ta, int tb, int m, int n, int k, float alpha,
                         const float *a, int lda, const float *b, int ldb, float beta,
                         float *c, int ldc);
 void __wrap_cblas_sgemm(int order, int ta, int tb, int m, int n, int k, float alpha,
                         const float *a, int lda, const float *b, int ldb, float beta,
                         float *c, int ldc);
-static int sgemm_calls;
+void __real_cblas_dgemm(int order, int ta, int tb, int m, int n, int k, double alpha,
+                        const double *a, int lda, const double *b, int ldb, double beta,
+                        double *c, int ldc);
+void __wrap_cblas_dgemm(int order, int ta, int tb, int m, int n, int k, double alpha,
+                        const double *a, int lda, const double *b, int ldb, double beta,
+                        double *c, int ldc);
+static int sgemm_calls, gemm_calls, cancel_at;
+static double sim_rate, sim_longest, sim_canceled_call;
+static atomic_int cancel_flag;
+static void sim_call(int m, int n, int k) {
+  gemm_calls++;
+  if (gemm_calls == cancel_at)
+    atomic_store(&cancel_flag, 1);
+  if (sim_rate > 0) {
+    double s = (double)m * n * k / sim_rate;
+    dspk__cpu_gemm_clock_skew += s;
+    if (s > sim_longest)
+      sim_longest = s;
+    if (gemm_calls == cancel_at)
+      sim_canceled_call = s;
+  }
+}
 void __wrap_cblas_sgemm(int order, int ta, int tb, int m, int n, int k, float alpha,
                         const float *a, int lda, const float *b, int ldb, float beta,
                         float *c, int ldc) {
   sgemm_calls++;
+  sim_call(m, n, k);
   __real_cblas_sgemm(order, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
+void __wrap_cblas_dgemm(int order, int ta, int tb, int m, int n, int k, double alpha,
+                        const double *a, int lda, const double *b, int ldb, double beta,
+                        double *c, int ldc) {
+  sim_call(m, n, k);
+  __real_cblas_dgemm(order, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
 
-/* A product the best measured speed says takes at most 0.2 s is one BLAS call
+/* A product the best measured speed says takes at most 10 ms is one BLAS call
  * (tiles cost packing and thread hand-offs); a longer one is tiled so that
  * cancel is seen between tiles.  Both right (spot checks in double). */
 static void test_gemm_whole(void **state) {
@@ -147,8 +180,8 @@ static void test_gemm_whole(void **state) {
     b[i] = (float)((i * 5) % 11) - 5;
   dev->gemm_threads = 1; /* no thread tuning (its own BLAS calls) */
   for (int pass = 0; pass < 2; pass++) {
-    /* 2^26 multiply-adds: 0.067 s at 1e9/s (whole), 0.67 s at 1e8/s (tiles) */
-    dev->gemm_rate = dev->gemm_rate_best = pass == 0 ? 1e9 : 1e8;
+    /* 2^26 multiply-adds: 6.7 ms at 1e10/s (whole), 0.67 s at 1e8/s (tiles) */
+    dev->gemm_rate[0] = dev->gemm_rate_best[0] = pass == 0 ? 1e10 : 1e8;
     sgemm_calls = 0;
     memset(c, 0, sizeof(float) * M * N);
     assert_int_equal(dspk__cpu_gemm_batched(dev, DSPK_F32, 1, M, N, K, a, b, c, NULL), 0);
@@ -164,8 +197,120 @@ static void test_gemm_whole(void **state) {
         assert_true(fabs(c[i * N + j] - want) <= 1e-6 * (1 + fabs(want)));
       }
   }
+  /* A tall, narrow product in tiles: all columns fit in one, so a tile
+   * takes more rows (the least tile, 2^24 multiply-adds at 1e8/s: 2^18 of
+   * them), not a square piece's 1024: four calls, not 1024. */
+  const int TM = 1 << 20, TN = 8, TK = 8;
+  float *ta = malloc(sizeof(float) * TM * TK), *tb = malloc(sizeof(float) * TK * TN);
+  float *tc = malloc(sizeof(float) * TM * TN);
+  for (int i = 0; i < TM * TK; i++)
+    ta[i] = (float)((i * 7) % 13) - 6;
+  for (int i = 0; i < TK * TN; i++)
+    tb[i] = (float)((i * 5) % 11) - 5;
+  dev->gemm_rate[0] = dev->gemm_rate_best[0] = 1e8;
+  sim_rate = 1e8; /* every call looks this slow: the speed stays */
+  sgemm_calls = 0;
+  assert_int_equal(dspk__cpu_gemm_batched(dev, DSPK_F32, 1, TM, TN, TK, ta, tb, tc, NULL), 0);
+  sim_rate = 0;
+  dspk__cpu_gemm_clock_skew = 0;
+  assert_int_equal(sgemm_calls, 4);
+  for (int i = 0; i < TM; i += 997)
+    for (int j = 0; j < TN; j++) {
+      double want = 0;
+      for (int l = 0; l < TK; l++)
+        want += (double)ta[i * TK + l] * tb[l * TN + j];
+      assert_true(fabs(tc[i * TN + j] - want) <= 1e-6 * (1 + fabs(want)));
+    }
+  free(ta);
+  free(tb);
+  free(tc);
   dev->gemm_threads = 0;
-  dev->gemm_rate = dev->gemm_rate_best = 0;
+  dev->gemm_rate[0] = dev->gemm_rate_best[0] = 0;
+  free(a);
+  free(b);
+  free(c);
+}
+
+/* protocol.md, task.cancel: a running gemm stops within about 200 ms of a
+ * cancel, also on a loaded machine.  The device measured f32 at 1e11
+ * multiply-adds/s on a quiet machine; now the cores run 8 times slower
+ * (simulated: the sgemm wrapper advances gemm's clock).  2048 x 2048 x
+ * 1024 then takes 0.34 s: it must not run in one call (it did while a
+ * product predicted at 0.2 s or less ran whole), and no call may take
+ * more than 0.2 s, the first (sized from the old speed) nor the later ones
+ * (sized from the speed the first measured).  An f64 product is not
+ * predicted from f32's speed (f64 runs at about half of it): never
+ * measured in f64, its first call is the small tile of a device that
+ * measured nothing (2^26 multiply-adds).  Results are checked
+ * against sums in double, and a canceled product makes no call after the
+ * one the cancel came in. */
+static void test_gemm_cancel_loaded(void **state) {
+  (void)state;
+  const int M = 2048, N = 2048, K = 1024;
+  double *a = malloc(sizeof(double) * M * K), *b = malloc(sizeof(double) * K * N);
+  double *c = malloc(sizeof(double) * M * N);
+  assert_non_null(a);
+  assert_non_null(b);
+  assert_non_null(c);
+  dev->gemm_threads = 1; /* no thread tuning (its own BLAS calls) */
+  struct dspk__opctx ctx = {.cancel = &cancel_flag};
+  for (int pass = 0; pass < 3; pass++) {
+    /* 0: f32, canceled in its first call; 1: f32 to the end; 2: f64,
+     * canceled in its first call. */
+    int dbl = pass == 2;
+    for (int i = 0; i < M * K; i++) {
+      double v = (double)((i * 7) % 13) - 6;
+      if (dbl)
+        a[i] = v;
+      else
+        ((float *)a)[i] = (float)v;
+    }
+    for (int i = 0; i < K * N; i++) {
+      double v = (double)((i * 5) % 11) - 5;
+      if (dbl)
+        b[i] = v;
+      else
+        ((float *)b)[i] = (float)v;
+    }
+    memset(dev->gemm_rate, 0, sizeof dev->gemm_rate);
+    memset(dev->gemm_rate_best, 0, sizeof dev->gemm_rate_best);
+    dev->gemm_rate[0] = dev->gemm_rate_best[0] = 1e11;
+    sim_rate = 1e11 / 8;
+    sim_longest = sim_canceled_call = 0;
+    gemm_calls = 0;
+    cancel_at = pass == 1 ? 0 : 1;
+    atomic_store(&cancel_flag, 0);
+    memset(c, 0, sizeof(double) * M * N);
+    int rc = dspk__cpu_gemm_batched(dev, dbl ? DSPK_F64 : DSPK_F32, 1, M, N, K, a, b, c,
+                                    &ctx);
+    sim_rate = 0;
+    dspk__cpu_gemm_clock_skew = 0;
+    if (pass != 1) {
+      assert_int_equal(rc, DSPK_ECANCELED);
+      assert_int_equal(gemm_calls, 1);
+      assert_true(sim_canceled_call > 0 && sim_canceled_call <= 0.2);
+      if (dbl) /* a first tile (2^26 multiply-adds), not one sized from f32 */
+        assert_true(sim_canceled_call <= (double)(1 << 26) / (1e11 / 8));
+      continue;
+    }
+    assert_int_equal(rc, 0);
+    assert_true(gemm_calls > 1);
+    assert_true(sim_longest <= 0.2);
+    /* The speed the later tiles were sized from is this machine's. */
+    assert_true(dev->gemm_rate[0] <= 1e11 / 8);
+    assert_true(dev->gemm_rate_best[0] == 1e11);
+    const float *fa = (const float *)a, *fb = (const float *)b, *fc = (const float *)c;
+    for (int i = 0; i < M; i += 37)
+      for (int j = 0; j < N; j += 29) {
+        double want = 0;
+        for (int l = 0; l < K; l++)
+          want += (double)fa[i * K + l] * fb[l * N + j];
+        assert_true(fabs(fc[i * N + j] - want) <= 1e-6 * (1 + fabs(want)));
+      }
+  }
+  dev->gemm_threads = 0;
+  memset(dev->gemm_rate, 0, sizeof dev->gemm_rate);
+  memset(dev->gemm_rate_best, 0, sizeof dev->gemm_rate_best);
   free(a);
   free(b);
   free(c);
@@ -374,6 +519,7 @@ int main(void) {
       cmocka_unit_test(test_fir_choice),
       cmocka_unit_test(test_gemm_threads),
       cmocka_unit_test(test_gemm_whole),
+      cmocka_unit_test(test_gemm_cancel_loaded),
       cmocka_unit_test(test_fft_wisdom),
       cmocka_unit_test(test_fft_background_measure),
       cmocka_unit_test(test_fft_background_release_cancel),

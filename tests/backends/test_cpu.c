@@ -599,6 +599,9 @@ static void test_fir_direct(void **state) {
     fir_case(dts[d], 0, 1, 1, 1);
     fir_case(dts[d], 0, 100, 7, 3);
     fir_case(dts[d], 0, 5000, 33, 2); /* spans several direct blocks */
+    /* Several pieces between cancel checks (2^23 multiply-adds: 8192
+     * outputs of 1024 taps, 2048 complex), across rows too. */
+    fir_case(dts[d], 0, 20000, 1024, 2);
     fir_case(dts[d], 0, 10, 25, 2);   /* more taps than samples */
     fir_case(dts[d], 0, irand(1, 3000), irand(1, 200), irand(1, 3));
   }
@@ -1123,6 +1126,105 @@ static void test_cancel(void **state) {
   assert_non_null(strstr(errmsg, "kernel"));
 }
 
+/* Each op sees a cancel after a bounded piece of work, also inside one row
+ * (protocol.md, task.cancel: within about 200 ms): with the flag set before
+ * the op's code runs (called directly, not through run, which looks first),
+ * work that spans more than one piece stops with ECANCELED.  Before, map
+ * and fft ran 2^20 and 2^22 elements between checks, fir's direct loop 16
+ * rows and reduce 1024 rows, however long, and contract's permuted copies
+ * had no check: each of these ran to its end. */
+/* cblas_sgemm, wrapped: sets the cancel flag while cancel_in_blas, as a
+ * task.cancel arriving during a BLAS call. */
+static int cancel_in_blas;
+void __real_cblas_sgemm(int order, int ta, int tb, int m, int n, int k, float alpha,
+                        const float *a, int lda, const float *b, int ldb, float beta,
+                        float *c, int ldc);
+void __wrap_cblas_sgemm(int order, int ta, int tb, int m, int n, int k, float alpha,
+                        const float *a, int lda, const float *b, int ldb, float beta,
+                        float *c, int ldc);
+void __wrap_cblas_sgemm(int order, int ta, int tb, int m, int n, int k, float alpha,
+                        const float *a, int lda, const float *b, int ldb, float beta,
+                        float *c, int ldc) {
+  if (cancel_in_blas)
+    atomic_store(&cancel_flag, 1);
+  __real_cblas_sgemm(order, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+static int run_canceled(struct dspk__op *op, dspk__cpu_op_fn *fn) {
+  char msg[256];
+  int rc = dspk__op_infer(op, msg, sizeof msg);
+  if (rc)
+    fail_msg("infer: %s", msg);
+  for (int i = 0; i < op->nout; i++)
+    assert_int_equal(be->alloc(dev, dspk__tensor_nbytes(&op->out[i]), &op->out[i].mem), 0);
+  for (int i = 0; i < op->nin; i++) {
+    size_t nb = dspk__tensor_nbytes(&op->in[i]);
+    assert_int_equal(be->alloc(dev, nb, &op->in[i].mem), 0);
+    memset(op->in[i].mem->ptr, 0, nb);
+  }
+  atomic_store(&cancel_flag, !cancel_in_blas);
+  rc = fn(dev, op, &ctx);
+  atomic_store(&cancel_flag, 0);
+  free_op(op);
+  return rc;
+}
+
+static void test_cancel_pieces(void **state) {
+  (void)state;
+  struct dspk__op op;
+  memset(&op, 0, sizeof op); /* map: 2^19 elements */
+  op.kind = DSPK_OP_MAP;
+  op.nin = 1;
+  op.u.map.fn = DSPK_MAP_EXP;
+  shape_set(&op.in[0], DSPK_F32, 1, (int64_t[]){1 << 19});
+  assert_int_equal(run_canceled(&op, dspk__cpu_map), DSPK_ECANCELED);
+
+  memset(&op, 0, sizeof op); /* reduce: max of one row of 2^21 */
+  op.kind = DSPK_OP_REDUCE;
+  op.nin = 1;
+  op.u.reduce.fn = DSPK_REDUCE_MAX;
+  shape_set(&op.in[0], DSPK_F32, 1, (int64_t[]){1 << 21});
+  assert_int_equal(run_canceled(&op, dspk__cpu_reduce), DSPK_ECANCELED);
+  memset(&op, 0, sizeof op); /* reduce: min over the first axis, 2 rows */
+  op.kind = DSPK_OP_REDUCE;
+  op.nin = 1;
+  op.u.reduce.fn = DSPK_REDUCE_MIN;
+  op.u.reduce.axes = 1;
+  shape_set(&op.in[0], DSPK_F64, 2, (int64_t[]){2, 1 << 21});
+  assert_int_equal(run_canceled(&op, dspk__cpu_reduce), DSPK_ECANCELED);
+
+  memset(&op, 0, sizeof op); /* fir, direct: one row, 2^24 multiply-adds */
+  op.kind = DSPK_OP_FIR;
+  op.nin = 2;
+  shape_set(&op.in[0], DSPK_F32, 1, (int64_t[]){1 << 16});
+  shape_set(&op.in[1], DSPK_F32, 1, (int64_t[]){256});
+  dev->fir_force = 0;
+  int rc = run_canceled(&op, dspk__cpu_fir);
+  dev->fir_force = -1;
+  assert_int_equal(rc, DSPK_ECANCELED);
+
+  /* contract: canceled during its one BLAS call, 2^22 outputs left to
+   * permute into the output's order after it */
+  memset(&op, 0, sizeof op);
+  op.kind = DSPK_OP_CONTRACT;
+  op.nin = 2;
+  strcpy(op.u.contract.subscripts, "ik,kj->ji");
+  shape_set(&op.in[0], DSPK_F32, 2, (int64_t[]){2048, 1});
+  shape_set(&op.in[1], DSPK_F32, 2, (int64_t[]){1, 2048});
+  cancel_in_blas = 1;
+  dev->gemm_threads = 1; /* no thread tuning */
+  rc = run_canceled(&op, dspk__cpu_contract);
+  cancel_in_blas = 0;
+  dev->gemm_threads = 0;
+  assert_int_equal(rc, DSPK_ECANCELED);
+
+  memset(&op, 0, sizeof op); /* fft: 2048 transforms of 1024, 2^21 points */
+  op.kind = DSPK_OP_FFT;
+  op.nin = 1;
+  shape_set(&op.in[0], DSPK_C64, 2, (int64_t[]){2048, 1024});
+  assert_int_equal(run_canceled(&op, dspk__cpu_fft), DSPK_ECANCELED);
+}
+
 /* The capability query: every op with every dtype dspk__op_infer accepts,
  * f16/bf16 gemm included, and no raw kernels (the daemon answers ENOTSUP
  * for them on cpu:0 before anything runs). */
@@ -1172,6 +1274,7 @@ int main(void) {
       cmocka_unit_test(test_reduce),       cmocka_unit_test(test_reduce_sum_bits),
       cmocka_unit_test(test_map),
       cmocka_unit_test(test_empty),        cmocka_unit_test(test_cancel),
+      cmocka_unit_test(test_cancel_pieces),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }
