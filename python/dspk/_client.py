@@ -262,6 +262,30 @@ class TaskFuture(concurrent.futures.Future):
             return 0
         return timeout
 
+    def add_done_callback(self, fn: Callable[["concurrent.futures.Future[Any]"], Any]
+                          ) -> None:
+        """As concurrent.futures.Future's: ``fn(future)`` runs once the future is done.
+        Run by the client (on the thread reading the connection), an exception the
+        callback raises ends that callback only: an Exception is logged as
+        concurrent.futures does, and one that is not an Exception (SystemExit,
+        KeyboardInterrupt) is ignored, so that it can neither stop the thread reading
+        the connection nor surface in another call.  On a future already done ``fn``
+        runs at once in the calling thread, and what it raises propagates as
+        concurrent.futures lets it."""
+        if self.done():
+            super().add_done_callback(fn)
+            return
+
+        def guarded(f: "concurrent.futures.Future[Any]") -> None:
+            try:
+                fn(f)
+            except Exception:
+                raise  # concurrent.futures logs it
+            except BaseException:  # noqa: B036 - the callback's own: see above
+                pass
+
+        super().add_done_callback(guarded)
+
     def result(self, timeout: Optional[float] = None) -> Any:
         return super().result(self._pump(timeout))
 
@@ -1279,16 +1303,16 @@ class Client:
         return n
 
     def _run_ready(self, ready: List[Tuple[Callable[..., Any], Tuple[Any, ...]]]) -> None:
-        """Runs the settles and progress calls that _file collected, in order; an
-        exception that is not an Exception (KeyboardInterrupt in a callback) is raised
-        once all have run, so no future is left pending."""
+        """Runs the settles and progress calls that _file collected, in order.  The
+        callbacks they run swallow what they raise (TaskFuture.add_done_callback,
+        _progress); an exception that still comes out (KeyboardInterrupt from a signal
+        handler, on the main thread) is raised once all have run, so no future is left
+        pending."""
         first: Optional[BaseException] = None
         while ready:
             fn, args = ready.pop(0)
             try:
                 fn(*args)
-            except Exception:  # noqa: BLE001 - a progress callback's error is its own
-                pass
             except BaseException as e:  # noqa: B036
                 first = first or e
             with self._lock:
@@ -1414,9 +1438,19 @@ class Client:
                         frac = float(params.get("fraction", 0.0))
                     except (TypeError, ValueError):
                         return
-                    ready.append((call.progress, (what, frac)))
+                    ready.append((self._progress, (call.progress, what, frac)))
             elif msg[1] == "protocol.error" and isinstance(params, dict):
                 self._protocol_error = _errors.error_from(params)
+
+    @staticmethod
+    def _progress(fn: Progress, what: str, frac: float) -> None:
+        """Runs a ``progress`` callback; whatever it raises, BaseExceptions included
+        (KeyboardInterrupt, SystemExit), is its own and ignored: it must neither stop
+        the thread reading the connection nor surface in another call."""
+        try:
+            fn(what, frac)
+        except BaseException:  # noqa: B036, BLE001
+            pass
 
     @staticmethod
     def _settle(fut: concurrent.futures.Future, value: Any = None,
@@ -1475,7 +1509,13 @@ class Client:
                     with self._lock:
                         if not self._async:
                             break
-                    self._read_once()
+                    try:
+                        self._read_once()
+                    except BaseException:  # noqa: B036, BLE001
+                        # No signal lands on this thread and callbacks keep what they
+                        # raise: whatever comes here must not stop the reading while
+                        # futures are pending (a cut connection ends the loop).
+                        pass
             finally:
                 with self._lock:
                     self._reading, self._reader_ident = False, 0

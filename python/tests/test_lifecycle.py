@@ -87,6 +87,56 @@ def test_future_result_inside_a_done_callback(client):
     np.testing.assert_array_equal(f.result(), 2 * np.ones(8))
 
 
+@pytest.mark.parametrize("exc", [SystemExit, KeyboardInterrupt])
+def test_callback_base_exceptions_stay_in_the_callback(tmp_path, exc):
+    """A done-callback or progress callback raising SystemExit or KeyboardInterrupt
+    killed the dspk-reader thread (later callbacks of that future never ran, other
+    pending futures never completed) and its exception surfaced in a later, unrelated
+    call.  Now it ends that callback only (python.md, Futures)."""
+    fake = FakeDaemon(str(tmp_path / "fake.sock"))
+    c = dspk.connect(fake.path, timeout=TIMEOUT)
+    try:
+        threads = []
+        later = threading.Event()
+
+        def progress(what, frac):
+            threads.append(threading.current_thread().name)
+            raise exc("progress")
+
+        def callback(f):
+            threads.append(threading.current_thread().name)
+            raise exc("callback")
+
+        f1 = c.submit("map", "abs", np.ones(2, np.float32), progress=progress)
+        f2 = c.submit("map", "abs", np.ones(2, np.float32))
+        while len(fake.requests) < 2:
+            assert fake.got.wait(TIMEOUT)
+            fake.got.clear()
+        f1.add_done_callback(callback)        # f1 is pending: nothing was answered
+        f1.add_done_callback(lambda f: later.set())
+        ids = [m[1] for m in fake.requests]
+        out = {"dtype": "f32", "shape": [2], "data": np.array([1, 2], np.float32).tobytes()}
+        fake.send([2, "task.progress", [{"msgid": ids[0], "what": "x", "fraction": 0.5}]])
+        fake.send([1, ids[0], None, {"device": "cpu:0", "outputs": [out], "time_us": 1}])
+        assert later.wait(10), "a later done-callback of the same future did not run"
+        # f2's answer comes after the callbacks raised: the reader must still read.
+        fake.send([1, ids[1], None, {"device": "cpu:0", "outputs": [out], "time_us": 1}])
+        np.testing.assert_array_equal(f2.result(10), [1, 2])
+        np.testing.assert_array_equal(f1.result(10), [1, 2])
+        assert threads == ["dspk-reader", "dspk-reader"]
+        # A later call neither hangs nor gets the callbacks' exceptions.
+        f3 = c.submit("map", "abs", np.ones(2, np.float32))
+        while len(fake.requests) < 3:
+            assert fake.got.wait(TIMEOUT)
+            fake.got.clear()
+        fake.send([1, fake.requests[2][1], None,
+                   {"device": "cpu:0", "outputs": [out], "time_us": 1}])
+        np.testing.assert_array_equal(f3.result(10), [1, 2])
+    finally:
+        c.close()
+        fake.close()
+
+
 # ---- F: a staged result canceled -------------------------------------------------------
 
 def test_canceled_staged_result_frees_its_temporary(monkeypatch):
