@@ -47,7 +47,11 @@ _DEFAULT_MAX_MESSAGE = 268435456
 _RESULT_FRAMING = 1024  # protocol.md: inline results may carry max_message - 1024 bytes
 _SHARED_THRESHOLD = 1 << 20  # bytes: default of $DSPK_SHARED_THRESHOLD (as libdspkclient)
 _TEMP_ROUND = 2 << 20   # shared temporaries: whole 2 MiB
-_TEMP_IDLE_MAX = 6      # idle shared temporaries kept for the next tasks
+# Idle shared temporaries are daemon buffers of the user's: they count toward max_buffers
+# and the memory quotas (max_user_memory...), so few and small ones are kept for the next
+# tasks; the others are freed as soon as their task is answered.
+_TEMP_IDLE_MAX = 6      # idle shared temporaries kept, at most
+_TEMP_IDLE_BYTES = 16 << 20  # bytes of the idle shared temporaries kept, at most
 _TIMEOUT_FOREVER = 1e9  # seconds (31 years): a timeout above it waits for ever, as None
 _UNITS = {"": 1, "K": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MIB": 1 << 20,
           "G": 1 << 30, "GIB": 1 << 30, "T": 1 << 40, "TIB": 1 << 40}
@@ -183,7 +187,7 @@ class _ClosedWhileSending(Exception):
 class _Temp:
     """A shared temporary of the automatic shared-memory path: a sealed memfd the
     daemon imported (``buffer.import``), reused by later tasks."""
-    __slots__ = ("buffer", "device", "size", "mm", "view", "busy")
+    __slots__ = ("buffer", "device", "size", "mm", "view", "busy", "used")
 
     def __init__(self, buffer: int, device: str, size: int, mm: Any,
                  view: np.ndarray) -> None:
@@ -193,6 +197,7 @@ class _Temp:
         self.mm = mm
         self.view = view
         self.busy = True
+        self.used = 0  # when it was last made idle (Client._temp_clock)
 
 
 def default_socket() -> str:
@@ -727,6 +732,7 @@ class Client:
         # shared temporaries instead of the socket.
         self.shared_threshold = _env_threshold()
         self._temps: List[_Temp] = []
+        self._temp_clock = 0
         self._temp_lock = threading.Lock()
         self._any_is_cpu: Optional[bool] = None
         self.limits: Dict[str, int] = {}
@@ -1165,12 +1171,19 @@ class Client:
         """The answer of a call that makes a buffer (buffer.create, buffer.import).  When
         the caller stops waiting (dspk.Timeout), the buffer of an answer that comes later
         is freed by the next request instead of staying the connection's."""
-        fut = self._start(method, args, fds=fds)
-        try:
-            return self._wait(fut)
-        except BaseException:  # dspk.Timeout, KeyboardInterrupt: the caller gets no id
-            fut.add_done_callback(self._orphaned_buffer)
-            raise
+        for again in (False, True):
+            fut = self._start(method, args, fds=fds)
+            try:
+                return self._wait(fut)
+            except (_errors.LimitExceeded, _errors.OutOfMemory):
+                # Idle shared temporaries count toward the same limits (max_buffers,
+                # the memory quotas): freed, and the allocation tried once more.
+                if again or not self._drop_idle_temps():
+                    raise
+            except BaseException:  # dspk.Timeout, KeyboardInterrupt: the caller gets no id
+                fut.add_done_callback(self._orphaned_buffer)
+                raise
+        raise AssertionError("unreachable")
 
     def _orphaned_buffer(self, fut: concurrent.futures.Future) -> None:
         if not fut.cancelled() and fut.exception() is None:
@@ -1704,12 +1717,8 @@ class Client:
             if best is not None:
                 best.busy = True
                 return best
-            idle = [t for t in self._temps if not t.busy]
-            drop = idle[:max(0, len(idle) + 1 - _TEMP_IDLE_MAX)]
-            for t in drop:
-                self._temps.remove(t)
-        for t in drop:
-            self._free_quietly(t.buffer)  # requests already sent still see it
+            drop = self._temp_trim_locked(1)
+        self._temp_free(drop)
         size = (nbytes + _TEMP_ROUND - 1) // _TEMP_ROUND * _TEMP_ROUND
         mm, view, buf, dev = self._import_memfd(device, size)
         t = _Temp(buf, dev, size, mm, view)
@@ -1718,9 +1727,67 @@ class Client:
         return t
 
     def _temp_put(self, temps: Sequence[_Temp]) -> None:
+        """``temps`` are idle again (their task is answered): kept for the next tasks
+        within the bounds (_temp_trim_locked), the others freed at once."""
         with self._temp_lock:
             for t in temps:
                 t.busy = False
+                self._temp_clock += 1
+                t.used = self._temp_clock
+            drop = self._temp_trim_locked(0)
+        self._temp_free(drop)
+
+    def _temp_keep(self) -> int:
+        """How many idle temporaries may be kept: _TEMP_IDLE_MAX, and no more than an
+        eighth of the daemon's max_buffers (they count toward it)."""
+        most = self.limits.get("max_buffers")
+        if isinstance(most, int) and most > 0:
+            return min(_TEMP_IDLE_MAX, most // 8)
+        return _TEMP_IDLE_MAX
+
+    def _temp_trim_locked(self, room: int) -> List[_Temp]:
+        """Takes out of _temps (the caller holds _temp_lock) the idle temporaries beyond
+        the bounds, least recently used first, leaving room for ``room`` more idle
+        ones: at most _temp_keep() idle ones of at most _TEMP_IDLE_BYTES together
+        (one larger than that is never kept).  Returns them for _temp_free."""
+        idle = sorted((t for t in self._temps if not t.busy), key=lambda t: -t.used)
+        keep_n = max(0, self._temp_keep() - room)
+        kept, total, drop = 0, 0, []
+        for t in idle:  # the most recently used first
+            if kept < keep_n and total + t.size <= _TEMP_IDLE_BYTES:
+                kept += 1
+                total += t.size
+            else:
+                drop.append(t)
+        for t in drop:
+            self._temps.remove(t)
+        return drop
+
+    def _temp_free(self, drop: Sequence[_Temp]) -> None:
+        """Frees temporaries taken out of _temps (requests already sent still see
+        them); their mapping goes once nothing refers to it."""
+        for t in drop:
+            t.view = t.mm = None
+            self._free_quietly(t.buffer)
+
+    def _drop_idle_temps(self) -> bool:
+        """Frees every idle temporary now, the buffer.free sent before this returns
+        (a refused allocation is then tried again); whether there was any."""
+        with self._temp_lock:
+            drop = [t for t in self._temps if not t.busy]
+            for t in drop:
+                self._temps.remove(t)
+        if not drop:
+            return False
+        self._temp_free(drop)
+        if self._dead_shared and not self._forked():
+            deadline = None if self.timeout is None else self.timeout
+            if self._send_lock.acquire(timeout=-1 if deadline is None else deadline):
+                try:
+                    self._flush_frees_locked()
+                finally:
+                    self._send_lock.release()
+        return True
 
     @staticmethod
     def _shared_gone(ref: "weakref.ref[Client]", buf: int) -> None:
@@ -2035,8 +2102,7 @@ class Client:
             for t in shm:
                 if t in self._temps:
                     self._temps.remove(t)
-        for t in shm:
-            self._free_quietly(t.buffer)
+        self._temp_free(shm)
 
     def _run_request(self, op: str, inputs: Sequence[ArrayLike], options: Dict[str, Any],
                      out: Optional[OutArg], single: bool, progress: Optional[Progress],

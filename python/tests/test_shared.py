@@ -557,3 +557,64 @@ def test_auto_shared_falls_back_to_the_socket(limit):
             assert len(c._temps) <= limit
     finally:
         d.stop()
+
+
+def test_idle_temporaries_are_bounded_and_yield_to_allocations():
+    """Idle shared temporaries are the user's daemon buffers: after one op on 20 MiB
+    operands they held 40 MiB of a 64 MiB max_user_memory, so a 32 MiB to_device() of
+    the same connection, and an empty() of another connection of the same user, were
+    refused ELIMIT although the user held no buffer.  Now a temporary beyond the bound
+    is freed once its task is answered, and an allocation refused for a limit frees the
+    idle ones and is tried once more (python.md, the automatic shared-memory path)."""
+    from conftest import Daemon
+    d = Daemon(["--max-user-memory", "64M"])
+    mine = lambda c: [x for x in c.status()["clients"] if x["self"]][0]  # noqa: E731
+    try:
+        with dspk.connect(d.socket) as c, dspk.connect(d.socket) as c2:
+            x = np.arange(5 << 20, dtype=np.float32)                # 20 MiB
+            np.testing.assert_array_equal(c.map("scale", x, alpha=2.0, device="cpu:0"),
+                                          2 * x)
+            assert mine(c)["buffers"] == 0 and mine(c)["buffer_bytes"] == 0
+            c2.empty(8 << 20, np.float32, device="cpu:0").free()    # 32 MiB
+            with c.to_device(np.ones(8 << 20, np.float32), device="cpu:0") as e:
+                assert e.nbytes == 32 << 20
+            # Small temporaries are kept (here 2 of 4 MiB) ...
+            y = np.arange(1 << 20, dtype=np.float32)                 # 4 MiB
+            np.testing.assert_array_equal(c.map("scale", y, alpha=3.0, device="cpu:0"),
+                                          3 * y)
+            assert mine(c)["buffers"] == 2 and mine(c)["buffer_bytes"] == 8 << 20
+            # ... and yield to an allocation the quota refuses with them.
+            z = np.arange(15 << 20, dtype=np.float32)                # 60 MiB
+            with c.to_device(z, device="cpu:0") as e:
+                np.testing.assert_array_equal(e.numpy(), z)
+                assert mine(c)["buffers"] == 1
+            # A shared array, or a temporary, refused for the quota likewise.
+            np.testing.assert_array_equal(c.map("scale", y, alpha=3.0, device="cpu:0"),
+                                          3 * y)
+            s = c.empty_shared(15 << 20, np.float32)
+            assert mine(c)["buffers"] == 1
+            del s
+            gc.collect()
+    finally:
+        d.stop()
+
+
+def test_idle_temporaries_yield_to_max_buffers():
+    """The same with max_buffers: the idle temporaries kept are at most an eighth of
+    it, and a buffer.create or buffer.import refused ELIMIT frees them and is tried
+    again."""
+    from conftest import Daemon
+    d = Daemon(["--max-buffers", "16"])
+    try:
+        with dspk.connect(d.socket) as c:
+            y = np.arange(1 << 20, dtype=np.float32)                 # 4 MiB
+            for _ in range(2):
+                np.testing.assert_array_equal(c.map("scale", y, alpha=3.0, device="cpu:0"),
+                                              3 * y)
+            assert len(c._temps) == 2
+            keep = [c.empty_shared(4) for _ in range(14)]           # 14 + 2 idle = 16
+            more = c.empty(4)                                        # ELIMIT, then again
+            keep.append(c.empty_shared(4))
+            assert len(c._temps) == 0 and more.nbytes == 16
+    finally:
+        d.stop()
