@@ -2260,11 +2260,20 @@ class Client:
     # methods wait for it, submit() hands it out.
 
     def _op_gemm(self, a: ArrayLike, b: ArrayLike, c: Optional[ArrayLike] = None, *,
-                 alpha: float = 1.0, beta: float = 0.0, trans_a: bool = False,
+                 alpha: float = 1.0, beta: Optional[float] = None, trans_a: bool = False,
                  trans_b: bool = False, device: str = "any",
                  out: Optional[OutArg] = None, **kw: Any) -> TaskFuture:
         inputs = [a, b] + ([c] if c is not None else [])
-        opts = {"alpha": _number("alpha", alpha), "beta": _number("beta", beta),
+        # beta as dspk-submit's --beta (cli.md): 1 when c is given, 0 without; a
+        # nonzero beta without c would silently add nothing.
+        if beta is None:
+            beta_f = 1.0 if c is not None else 0.0
+        else:
+            beta_f = _number("beta", beta)
+            if c is None and beta_f != 0.0:
+                raise _errors.InvalidArgument("beta: %r without c (beta scales c; give c, "
+                                              "or leave beta out)" % beta)
+        opts = {"alpha": _number("alpha", alpha), "beta": beta_f,
                 "trans_a": _flag("trans_a", trans_a), "trans_b": _flag("trans_b", trans_b)}
         return self._run("gemm", inputs, opts, device, out, **kw)
 
@@ -2321,12 +2330,15 @@ class Client:
     _OPS = ("gemm", "fft", "fir", "contract", "reduce", "map", "kernel")
 
     def gemm(self, a: ArrayLike, b: ArrayLike, c: Optional[ArrayLike] = None, *,
-             alpha: float = 1.0, beta: float = 0.0, trans_a: bool = False,
+             alpha: float = 1.0, beta: Optional[float] = None, trans_a: bool = False,
              trans_b: bool = False, device: str = "any",
              out: Optional[OutArg] = None) -> Any:
         """``alpha * op(a) @ op(b) + beta * c`` (op swaps the last two axes when trans_*);
         batch axes broadcast as in numpy.matmul.  f32/f64 (f16 and bf16 in, f32 out).
-        Returns a numpy array, or ``out`` (a DeviceArray) when given."""
+        ``beta`` defaults to 1.0 when ``c`` is given (``gemm(a, b, c)`` is a@b + c, as
+        dspk-submit's gemm) and to 0.0 without it; an explicit ``beta=0.0`` with ``c``
+        reads no ``c`` (BLAS), and a nonzero ``beta`` without ``c`` is
+        dspk.InvalidArgument.  Returns a numpy array, or ``out`` when given."""
         return self._wait(self._op_gemm(a, b, c, alpha=alpha, beta=beta, trans_a=trans_a,
                                         trans_b=trans_b, device=device, out=out))
 
