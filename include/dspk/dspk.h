@@ -517,8 +517,7 @@ typedef struct dspk_task {
  * beta 0, map alpha 1, grid and block 1).  t NULL does nothing.
  * gemm's beta stays 0 when a third input C is given, and beta 0 reads no C
  * (BLAS, protocol.md): for alpha*op(A)@op(B) + C set gemm.beta = 1 (what
- * dspk-submit's --beta and the Python client's beta default to with C).  A
- * nonzero beta without C is not refused here: C is then taken as zero. */
+ * dspk-submit's --beta and the Python client's beta default to with C). */
 DSPK_EXPORT void dspk_task_init(dspk_task *t, dspk_op op);
 
 /* The answer of a task.  Inline outputs are in memory owned by the result
