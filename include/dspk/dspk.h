@@ -411,6 +411,15 @@ DSPK_EXPORT int dspk_shared_free(dspk_client *c, void *ptr);
  * result's, valid until dspk_result_free, also after dspk_close.
  * For a task on "any" only when the daemon has no hardware device ("any"
  * is then cpu:0), so that the daemon's choice of device stays free.
+ * Temporaries are daemon buffers of the user's: they count toward
+ * max_buffers and the memory quotas (max_user_memory... , protocol.md
+ * "Quotas") while they exist.  Once a task's answer is consumed (dspk_wait,
+ * dspk_wait_any, dspk_run) at most 6 idle ones of at most 16 MiB together
+ * are kept for later tasks, the most recently used, and the others freed; a
+ * result's temporary counts until dspk_result_free and the client's next
+ * wait.  A dspk_buffer_create, dspk_shared_alloc or temporary that the
+ * daemon refuses with DSPK_ELIMIT or DSPK_ENOMEM while c holds idle
+ * temporaries frees them and is tried once more.
  * The default is DSPK_SHARED_THRESHOLD, or $DSPK_SHARED_THRESHOLD at
  * dspk_connect when it is a size ("1048576", "1M", "64KiB"; 0: off). */
 #define DSPK_SHARED_THRESHOLD ((size_t)1 << 20)
