@@ -127,6 +127,12 @@ except (ImportError, OSError, AttributeError):  # no ctypes here: mmap.mmap, one
 
 
 _POLL_MAX_MS = (1 << 31) - 1  # poll()'s longest wait; a longer one is waited again
+# The files whose frames raise what is not a signal handler's (_foreign): this package
+# (the client, its error classes) and msgpack (its pure-Python fallback decoder, and
+# the frames its Cython decoder adds to a traceback, named "msgpack/_unpacker.pyx").
+_OURS = tuple(os.path.dirname(f) + os.sep for f in
+              ((lambda: None).__code__.co_filename, msgpack.__file__ or "")) + \
+    ("msgpack" + os.sep,)
 
 
 class _Mapping:
@@ -182,6 +188,29 @@ def _os_error(what: str, e: OSError) -> Error:
 
 class _ClosedWhileSending(Exception):
     """close() woke a thread waiting for room to send."""
+
+
+class _LostWhileSending(Exception):
+    """The socket's own sendmsg failed (EPIPE, ECONNRESET): the daemon is gone."""
+
+    def __init__(self, err: OSError) -> None:
+        super().__init__(err)
+        self.err = err
+
+
+def _foreign(e: BaseException) -> bool:
+    """Whether ``e`` was raised by Python code outside this module: a signal handler
+    that ran while this module waited in, or returned from, a system call (or the
+    decoder).  What a socket call or msgpack's decoder raises itself comes from C
+    code called here, so its traceback ends in a frame of this module; a handler's
+    ends in the handler's own frame.  Such an exception is the caller's (it
+    propagates), never a lost connection nor undecodable data."""
+    tb = e.__traceback__
+    if tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return not tb.tb_frame.f_code.co_filename.startswith(_OURS)
 
 
 class _Temp:
@@ -680,12 +709,14 @@ class Client:
                 sock.connect(self.socket_path)
             else:
                 self._connect_before(sock, time.monotonic() + timeout)
-        except TimeoutError:
+        except BaseException as e:
             sock.close()
-            raise _errors.Timeout("cannot connect to dspkd at %s within %gs (it accepts "
-                                  "no connections)" % (self.socket_path, timeout)) from None
-        except OSError as e:
-            sock.close()
+            if _foreign(e) or not isinstance(e, OSError):
+                raise  # a signal handler's exception (KeyboardInterrupt...): the caller's
+            if isinstance(e, TimeoutError):
+                raise _errors.Timeout("cannot connect to dspkd at %s within %gs (it accepts "
+                                      "no connections)" % (self.socket_path, timeout)) \
+                    from None
             raise _errors.ConnectError("cannot connect to dspkd at %s: %s"
                                        % (self.socket_path, e.strerror or e)) from None
         self._sock = sock
@@ -944,8 +975,14 @@ class Client:
                 calling = True
                 try:
                     n = self._sock.sendmsg(views[:512], anc, _socket.MSG_DONTWAIT)
-                except (BlockingIOError, InterruptedError):
+                except (BlockingIOError, InterruptedError) as e:
+                    if _foreign(e):
+                        raise
                     n = -1
+                except OSError as e:
+                    if _foreign(e):
+                        raise  # a signal handler's TimeoutError...: not a lost socket
+                    raise _LostWhileSending(e) from None
                 if n < 0:
                     calling = False
                     left = None if deadline is None else deadline - time.monotonic()
@@ -977,15 +1014,20 @@ class Client:
                 self._cut(_errors.Closed("connection closed by the client while a "
                                          "request was being sent"))
             raise self._closed_error() from None
-        except Error:
-            raise  # dspk.Timeout is an OSError too (TimeoutError): not a lost socket
-        except OSError as e:
+        except _LostWhileSending as lost:
             # The daemon closed; the reason it sent first, if it did, is queued.
-            self._take_queued_notice()
-            self._connection_lost(self._protocol_error or _errors.Closed(
-                "connection to dspkd lost while sending: %s" % (e.strerror or e)))
+            e = lost.err
+            try:
+                self._take_queued_notice()
+            finally:
+                self._connection_lost(self._protocol_error or _errors.Closed(
+                    "connection to dspkd lost while sending: %s" % (e.strerror or e)))
             raise self._closed_error() from None
         except BaseException as e:
+            if isinstance(e, Error) and not _foreign(e):
+                raise  # _send_timed_out's dspk.Timeout: it closed what it had to
+            # Anything else (KeyboardInterrupt, any exception a signal handler raises,
+            # an OSError too) propagates; a message it cut closes the connection.
             if calling or 0 < sent < total:
                 self._cut(_errors.Closed(
                     "a request was cut after %d of its %d bytes by %s; the connection "
@@ -1021,13 +1063,17 @@ class Client:
                     break
                 try:
                     n = self._sock.recv_into(self._rbuf, 0, _socket.MSG_DONTWAIT)
-                except OSError:  # nothing queued (BlockingIOError), or reset
+                except OSError as e:  # nothing queued (BlockingIOError), or reset
+                    if _foreign(e):
+                        raise
                     break
                 if n <= 0:
                     break
                 try:
                     self._file(n, ready)
-                except Exception:  # noqa: BLE001 - undecodable: no notice to find
+                except Exception as e:  # noqa: BLE001 - undecodable: no notice to find
+                    if _foreign(e):
+                        raise
                     break
         finally:
             if not nested:
@@ -1080,10 +1126,12 @@ class Client:
             frame = msgpack.packb([0, 0, "buffer.free", [{"buffer": buf}]])
             try:
                 n = self._sock.sendmsg([frame], [], _socket.MSG_DONTWAIT)
-            except (BlockingIOError, InterruptedError):
-                self._dead_shared.append(buf)
-                return False
-            except OSError:
+            except OSError as e:
+                if _foreign(e) or isinstance(e, (BlockingIOError, InterruptedError)):
+                    self._dead_shared.append(buf)  # nothing of it was sent
+                    if _foreign(e):
+                        raise  # a signal handler's: the caller's
+                    return False
                 return False  # the connection is going, and its buffers with it
             if n < len(frame):  # a frame this small goes whole on a Unix socket
                 self._write_locked([memoryview(frame)[n:]], [], None, n)
@@ -1277,8 +1325,10 @@ class Client:
             try:
                 if not self._poll.poll(ms):
                     return  # nothing within wait (or a wait cut at _POLL_MAX_MS)
-            except (OSError, ValueError):
-                pass  # the socket is gone: recv says so
+            except (OSError, ValueError) as e:
+                if _foreign(e):
+                    raise  # a signal handler's: it cut nothing
+                # the socket is gone: recv says so
             taking = True
             n = self._recv_nowait()
             if n is None:
@@ -1290,11 +1340,15 @@ class Client:
             if not taking:
                 raise
             self._run_ready(ready)
+            # The decoder's own error (bad bytes) closes the connection and the callers
+            # get dspk.Closed; what a signal handler raised (any exception, an OSError
+            # or a ValueError too), or KeyboardInterrupt, propagates as it is.
+            undecodable = isinstance(e, Exception) and not _foreign(e)
             what = "undecodable data from the daemon (%s: %s)" % (type(e).__name__, e) \
-                if isinstance(e, Exception) else \
+                if undecodable else \
                 "%s while an answer was being read" % type(e).__name__
             self._cut(_errors.Closed(what + "; the connection is closed"))
-            if isinstance(e, Exception):
+            if undecodable:
                 return  # the callers get dspk.Closed, not the decoder's error
             raise
         self._run_ready(ready)
@@ -1304,9 +1358,12 @@ class Client:
         when the connection is gone (then closed here)."""
         try:
             n = self._sock.recv_into(self._rbuf, 0, _socket.MSG_DONTWAIT)
-        except (BlockingIOError, InterruptedError):
-            return None
-        except OSError as e:  # a reset: a protocol.error read before it still counts
+        except OSError as e:
+            if _foreign(e):
+                raise  # a signal handler's: not the socket's
+            if isinstance(e, (BlockingIOError, InterruptedError)):
+                return None
+            # a reset: a protocol.error read before it still counts
             self._connection_lost(self._protocol_error or _errors.Closed(
                 "connection to dspkd lost: %s" % (e.strerror or e)))
             return 0
@@ -1395,6 +1452,8 @@ class Client:
             try:
                 k = self._sock.recv_into(into[got:])
             except OSError as e:
+                if _foreign(e):
+                    raise  # a signal handler's (the answer is cut: _read_once closes)
                 self._connection_lost(self._protocol_error or _errors.Closed(
                     "connection to dspkd lost: %s" % (e.strerror or e)))
                 return -1
