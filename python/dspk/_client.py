@@ -520,16 +520,33 @@ def _kernel_args(args: Any) -> List[Dict[str, Any]]:
     return out
 
 
-def _nbytes(shape: Tuple[int, ...], dt: np.dtype) -> int:
-    """Bytes of an array of ``shape`` and ``dt``; ELIMIT beyond 2^63-1 (protocol.md),
-    which numpy's int64 product would wrap."""
-    n = dt.itemsize
+def _nbytes(shape: Tuple[int, ...], dt: np.dtype,
+            limits: Optional[Mapping[str, Any]] = None) -> int:
+    """Bytes of an array of ``shape`` and ``dt``, by the daemon's rule for a tensor
+    (protocol.md, Tensors), checked before anything is allocated: a rank above
+    ``max_rank`` (of ``limits``), more elements than ``max_elements``, a dimension
+    beyond int64, or a product of the dimensions with each 0 counted as 1, times the
+    item size, beyond 2^63-1 bytes (``[2^62, 2^62, 0]`` too, which has no element and
+    no numpy array can have) is ELIMIT."""
+    lim = limits or {}
+    rank = lim.get("max_rank")
+    if isinstance(rank, int) and len(shape) > rank:
+        raise _errors.LimitExceeded("shape %s: rank %d, more than the daemon's max_rank "
+                                    "(%d)" % (shape, len(shape), rank))
+    if any(d > (1 << 63) - 1 for d in shape):
+        raise _errors.LimitExceeded("shape %s: a dimension beyond int64" % (shape,))
+    span = dt.itemsize
     for d in shape:
-        n *= d
-    if n > (1 << 63) - 1:
-        raise _errors.LimitExceeded("shape %s of %s: %d bytes, more than 2^63-1"
-                                    % (shape, dt, n))
-    return n
+        span *= max(d, 1)
+    if span > (1 << 63) - 1:
+        raise _errors.LimitExceeded("shape %s of %s: %d bytes with each 0 counted as 1, "
+                                    "more than 2^63-1" % (shape, dt, span))
+    n = math.prod(shape)
+    most = lim.get("max_elements")
+    if isinstance(most, int) and n > most:
+        raise _errors.LimitExceeded("shape %s: %d elements, more than the daemon's "
+                                    "max_elements (%d)" % (shape, n, most))
+    return n * dt.itemsize
 
 
 def _kind(v: Any) -> str:
@@ -1648,10 +1665,15 @@ class Client:
         """An uninitialised DeviceArray (``buffer.create``), e.g. for ``out=``."""
         shape_t = _shape(shape)
         dt = _dtype(dtype)
-        nbytes = _nbytes(shape_t, dt)
+        nbytes = _nbytes(shape_t, dt, self.limits)
         res = self._new_buffer("buffer.create", {"device": device, "size": nbytes})
-        return DeviceArray(self, int(res["buffer"]), str(res["device"]), shape_t, dt,
-                           size=int(res.get("size", nbytes)))
+        try:
+            return DeviceArray(self, int(res["buffer"]), str(res["device"]), shape_t, dt,
+                               size=int(res.get("size", nbytes)))
+        except BaseException:  # a malformed answer, KeyboardInterrupt: no buffer left
+            if isinstance(res, dict) and isinstance(res.get("buffer"), int):
+                self._free_quietly(res["buffer"])
+            raise
 
     def to_device(self, array: ArrayLike, device: str = "any") -> DeviceArray:
         """Copies ``array`` into a new daemon buffer on ``device`` (``"any"``: the daemon
@@ -1688,12 +1710,20 @@ class Client:
         """
         shape_t = _shape(shape)
         dt = _dtype(dtype)
-        nbytes = _nbytes(shape_t, dt)
+        nbytes = _nbytes(shape_t, dt, self.limits)
         size = max(nbytes, 1)
         mm, view, buf, dev = self._import_memfd(device, size)
-        arr = view[:nbytes].view(dt).reshape(shape_t)
-        self._shared[buf] = (arr.__array_interface__["data"][0], size, dev)
-        weakref.finalize(mm, Client._shared_gone, weakref.ref(self), buf)
+        try:
+            arr = view[:nbytes].view(dt).reshape(shape_t)
+            self._shared[buf] = (arr.__array_interface__["data"][0], size, dev)
+            weakref.finalize(mm, Client._shared_gone, weakref.ref(self), buf)
+        except BaseException as e:  # no array: its buffer goes (KeyboardInterrupt too)
+            self._shared.pop(buf, None)
+            self._free_quietly(buf)
+            if isinstance(e, Exception) and not isinstance(e, Error):
+                raise _errors.InvalidArgument("empty_shared: shape %s of %s: %s"
+                                              % (shape_t, dt, e)) from None
+            raise
         return arr
 
     def _import_memfd(self, device: str, size: int) -> Tuple[Any, np.ndarray, int, str]:

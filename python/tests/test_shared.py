@@ -618,3 +618,33 @@ def test_idle_temporaries_yield_to_max_buffers():
             assert len(c._temps) == 0 and more.nbytes == 16
     finally:
         d.stop()
+
+
+@pytest.mark.parametrize("make", ["empty_shared", "empty"])
+def test_a_shape_the_daemon_refuses_is_refused_before_any_buffer(make):
+    """empty_shared((2^62, 2^62, 0)) raised numpy's bare ValueError and leaked the
+    buffer imported for it, and empty() of it gave a DeviceArray every use of which
+    was ELIMIT.  protocol.md (Tensors): the product of the dimensions with each 0
+    counted as 1, times the item size, beyond 2^63-1 bytes is ELIMIT; so are a rank
+    above max_rank and more than max_elements elements: refused at creation."""
+    from conftest import Daemon
+    d = Daemon(["--max-elements", "1000"])
+    try:
+        with dspk.connect(d.socket) as c:
+            fn = getattr(c, make)
+            for shape, dt in [((1 << 62, 1 << 62, 0), np.float32),
+                              ((0, 1 << 61), np.float32),           # 2^63 bytes
+                              ((1 << 63, 0), np.float16),             # beyond int64
+                              ((1,) * 9, np.float32),               # max_rank 8
+                              ((1001,), np.float32)]:               # max_elements
+                with pytest.raises(dspk.LimitExceeded):
+                    fn(shape, dt)
+            # the daemon agrees: a tensor of that shape is its ELIMIT
+            with pytest.raises(dspk.LimitExceeded):
+                c.reduce(np.ones(1001, np.float32))
+            assert [x for x in c.status()["clients"] if x["self"]][0]["buffers"] == 0
+            ok = fn((1 << 20, 1 << 20, 0), np.float32)               # 2^42 bytes spanned
+            assert ok.shape == (1 << 20, 1 << 20, 0) and ok.nbytes == 0
+            assert fn((1000,), np.float32).shape == (1000,)
+    finally:
+        d.stop()
