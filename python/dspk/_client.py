@@ -593,52 +593,99 @@ def _meta(x: Any) -> Tuple[Tuple[int, ...], np.dtype]:
 def _result_meta(op: str, inputs: Sequence[Any], options: Mapping[str, Any]
                  ) -> Optional[Tuple[Tuple[int, ...], int]]:
     """(shape, item size) of the op's first result as the daemon computes it
-    (protocol.md, the table of ops), or None: unknown (kernel), or operands the
-    daemon refuses (its error says why)."""
+    (protocol.md, the table of ops), or None: unknown (kernel), or operands and
+    options the daemon refuses by the client's reading of those rules (then its
+    own error says why: nothing here may stand in for it, out='s checks included)."""
     try:
         metas = [_meta(x) for x in inputs]
         (sa, da) = metas[0]
-        names = {wire_name(d) for _, d in metas}
-        if len(names) != 1 and op != "gemm":  # operands of two dtypes: EDTYPE
-            return None
-        if not names <= ({"f32", "f64", "f16", "bf16"} if op == "gemm" else
-                         {"f32", "f64", "c64", "c128"}):
-            return None
+        names = [wire_name(d) for _, d in metas]
         if op == "gemm":
+            if len(metas) not in (2, 3) or names[0] != names[1] or \
+                    names[0] not in ("f32", "f64", "f16", "bf16"):
+                return None  # the daemon's EDTYPE
             sb = metas[1][0]
             if len(sa) < 2 or len(sb) < 2:
-                return None
+                return None  # ESHAPE
             m = sa[-1] if options.get("trans_a") else sa[-2]
+            ka = sa[-2] if options.get("trans_a") else sa[-1]
+            kb = sb[-1] if options.get("trans_b") else sb[-2]
             n = sb[-2] if options.get("trans_b") else sb[-1]
+            if ka != kb:
+                return None  # ESHAPE
             batch = np.broadcast_shapes(tuple(sa[:-2]), tuple(sb[:-2]))
-            return tuple(batch) + (m, n), (8 if da.itemsize == 8 else 4)  # f16, bf16: f32
+            shape = tuple(batch) + (m, n)
+            size = 8 if names[0] == "f64" else 4  # f16, bf16: f32
+            if len(metas) == 3:
+                if names[2] != ("f64" if size == 8 else "f32"):
+                    return None  # C has the result's dtype, else EDTYPE
+                if np.broadcast_shapes(tuple(metas[2][0]), shape) != shape:
+                    return None  # C broadcasts to the result, else ESHAPE
+            return shape, size
+        if len(set(names)) != 1 or names[0] not in ("f32", "f64", "c64", "c128"):
+            return None  # operands of two dtypes, or one the op lacks: EDTYPE
         if op == "fft":
-            if not sa:
+            if len(metas) != 1 or not sa:
                 return None
             if da.kind == "c":
                 return tuple(sa), da.itemsize
+            if options.get("inverse"):
+                return None  # inverse of a real X: EINVAL
             return tuple(sa[:-1]) + (sa[-1] // 2 + 1,), 2 * da.itemsize
         if op == "fir":
-            return (tuple(sa), da.itemsize) if sa and len(metas[1][0]) == 1 else None
+            ok = len(metas) == 2 and sa and len(metas[1][0]) == 1
+            return (tuple(sa), da.itemsize) if ok else None
         if op == "map":
-            if len(metas) > 1 and tuple(metas[1][0]) != tuple(sa):
+            fn = options.get("fn")
+            two = fn in ("add", "sub", "mul", "axpy")
+            if fn not in ("add", "sub", "mul", "axpy", "scale", "abs", "exp") or \
+                    len(metas) != (2 if two else 1):
+                return None  # the daemon's EINVAL
+            if two and tuple(metas[1][0]) != tuple(sa):
                 return None  # the daemon's ESHAPE
-            half = options.get("fn") == "abs" and da.kind == "c"
+            half = fn == "abs" and da.kind == "c"
             return tuple(sa), da.itemsize // 2 if half else da.itemsize
         if op == "reduce":
+            fn = options.get("fn", "sum")
+            if len(metas) != 1 or fn not in ("sum", "max", "min", "mean") or \
+                    (fn in ("max", "min") and da.kind == "c"):
+                return None  # EINVAL, EDTYPE
             axes = options.get("axes")
             if axes is None:
-                return (), da.itemsize
-            axes = [int(a) for a in axes]
-            gone = {a % len(sa) for a in axes}
-            if len(gone) != len(axes) or not all(-len(sa) <= a < len(sa) for a in axes):
-                return None  # the daemon's EINVAL
+                gone = set(range(len(sa)))
+            else:
+                axes = [int(a) for a in axes]
+                if not axes or not all(-len(sa) <= a < len(sa) for a in axes):
+                    return None  # the daemon's EINVAL
+                gone = {a % len(sa) for a in axes}
+                if len(gone) != len(axes):
+                    return None
+            if fn in ("max", "min") and any(sa[i] == 0 for i in gone):
+                return None  # over an axis of length 0: ESHAPE
             return tuple(n for i, n in enumerate(sa) if i not in gone), da.itemsize
         if op == "contract":
-            ins, outs = str(options["subscripts"]).replace(" ", "").split("->")
+            sub = options.get("subscripts")
+            if len(metas) != 2 or not isinstance(sub, str):
+                return None
+            sub = sub.replace(" ", "")
+            if sub.count("->") != 1:
+                return None
+            ins, outs = sub.split("->")
+            terms = ins.split(",")
+            letters = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+            if len(terms) != 2 or not all(set(t) <= letters for t in terms + [outs]):
+                return None  # an ellipsis, another character, one operand or three
             dims: Dict[str, int] = {}
-            for labels, (shape, _) in zip(ins.split(","), metas):
-                dims.update(zip(labels, shape))
+            for labels, (shape, _) in zip(terms, metas):
+                if len(labels) != len(shape) or len(set(labels)) != len(labels) or \
+                        len(labels) > 8:
+                    return None
+                for c, n in zip(labels, shape):
+                    if dims.setdefault(c, n) != n:
+                        return None  # a label of two sizes: ESHAPE
+            if len(set(outs)) != len(outs) or len(outs) > 8 or \
+                    not all(c in dims for c in outs):
+                return None
             return tuple(dims[c] for c in outs), da.itemsize
     except Exception:  # noqa: BLE001 - malformed operands: the daemon's error says why
         return None
@@ -2032,11 +2079,15 @@ class Client:
                         wire_name(rdt), tuple(meta[0]), dest.dtype, tuple(dest.shape)))
         # Shared operands: (buffer, offset, the array), so that kernel() gives them back.
         shared_ops: List[Tuple[int, int, np.ndarray]] = []
+        # kernel: its results are its inputs in order, so result i is the very object
+        # passed as input i (two views of the same bytes stay two objects).
+        by_pos: Dict[int, Union[DeviceArray, np.ndarray]] = {}
         for i, x in enumerate(inputs):
             if isinstance(x, DeviceArray):
                 if x.client is not self:
                     raise _errors.InvalidArgument("a DeviceArray of another connection")
                 tensors.append(x._ref())
+                by_pos[i] = x
                 if target == "any":
                     target = x.device
             else:
@@ -2049,6 +2100,7 @@ class Client:
                 if ref is not None and ref[1] % max(a.dtype.itemsize, 1) == 0:
                     t["buffer"], t["offset"] = ref[0], ref[1]
                     shared_ops.append((ref[0], ref[1], a))
+                    by_pos[i] = a
                     if target == "any":
                         target = ref[2]
                     continue
@@ -2110,7 +2162,9 @@ class Client:
             args["outputs"] = outputs
         operands = [x for x in inputs if isinstance(x, DeviceArray)]
 
-        def decode(res: Any) -> Any:
+        def decode(res: Any, first: int = 0) -> Any:
+            """The results of answer ``res``, its outputs being the results from
+            position ``first`` on."""
             outs = res.get("outputs", [])
             if isinstance(out, DeviceArray) and outs:
                 t = outs[0]
@@ -2130,19 +2184,31 @@ class Client:
                                           out_shared.shape))
                 return [out_shared] + [self._decode_tensor(t, operands, shared_ops, None)
                                        for t in outs[1:]]
-            return [self._decode_tensor(t, operands, shared_ops, out) for t in outs]
+            return [self._decode_tensor(t, operands, shared_ops, out,
+                                        by_pos.get(k) if op == "kernel" else None)
+                    for k, t in enumerate(outs, first)]
 
         return args, bigs, temps, decode, target, shm
 
     def _decode_tensor(self, t: Mapping[str, Any], operands: Sequence[DeviceArray],
                        shared_ops: Sequence[Tuple[int, int, np.ndarray]],
-                       out: Optional[OutArg]) -> Union[np.ndarray, DeviceArray]:
+                       out: Optional[OutArg],
+                       passed: Union[None, DeviceArray, np.ndarray] = None
+                       ) -> Union[np.ndarray, DeviceArray]:
         """One tensor of an answer: inline data as a new numpy array; a reference as the
-        DeviceArray (``out``, ``operands``) or shared array (``shared_ops``) it names."""
+        DeviceArray (``out``, ``operands``) or shared array (``shared_ops``) it names:
+        ``passed``, the object passed at its position (kernel), when it names that."""
         dt = numpy_dtype(t["dtype"])
         shape = tuple(int(n) for n in t["shape"])
         if "buffer" in t and t.get("data") is None:
             offset = int(t.get("offset") or 0)
+            if isinstance(passed, DeviceArray) and passed.buffer == t["buffer"] and \
+                    passed.offset == offset and passed.shape == shape and passed.dtype == dt:
+                return passed
+            if isinstance(passed, np.ndarray) and passed.shape == shape and \
+                    passed.dtype == dt and any(buf == t["buffer"] and off == offset and
+                                               arr is passed for buf, off, arr in shared_ops):
+                return passed
             for cand in ([out] if out is not None else []) + list(operands):
                 if cand.buffer == t["buffer"] and cand.offset == offset \
                         and cand.shape == shape and cand.dtype == dt:
@@ -2300,7 +2366,7 @@ class Client:
             try:
                 results: List[Any] = []
                 reads: List[TaskFuture] = []
-                for t in f.result()["outputs"]:
+                for k, t in enumerate(f.result()["outputs"]):
                     if t.get("data") is None and t.get("buffer") in staged:
                         arr = np.empty(tuple(int(n) for n in t["shape"]),
                                        numpy_dtype(t["dtype"]))
@@ -2309,7 +2375,7 @@ class Client:
                                                    arr.reshape(-1).view(np.uint8), is_async)
                         results.append(arr)
                     else:
-                        results.append(decode({"outputs": [t]})[0])
+                        results.append(decode({"outputs": [t]}, k)[0])
                 value = results[0] if single else results
             except BaseException as e:  # noqa: BLE001 - the caller's future gets it
                 finish(exc=e)

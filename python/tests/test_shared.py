@@ -648,3 +648,51 @@ def test_a_shape_the_daemon_refuses_is_refused_before_any_buffer(make):
             assert fn((1000,), np.float32).shape == (1000,)
     finally:
         d.stop()
+
+
+F32 = np.float32
+BAD_OPERANDS = [
+    (lambda c, o: c.gemm(np.ones((3, 4), F32), np.ones((5, 6), F32), out=o), (2, 2), F32),
+    (lambda c, o: c.gemm(np.ones((3, 4), F32), np.ones((4, 2), F32), np.ones((3, 3), F32),
+                         out=o), (3, 2), F32),
+    (lambda c, o: c.gemm(np.ones((2, 2), np.float16), np.ones((2, 2), F32), out=o),
+     (2, 2), np.float64),
+    (lambda c, o: c.contract("ij,jk->ik", np.ones((3, 4), F32), np.ones((5, 6), F32),
+                             out=o), (2, 2), F32),
+    (lambda c, o: c.contract("...j,jk->...k", np.ones((3, 4), F32), np.ones((4, 2), F32),
+                             out=o), (3, 2), F32),
+    (lambda c, o: c.contract("ii,ik->k", np.ones((3, 3), F32), np.ones((3, 2), F32),
+                             out=o), (2,), F32),
+    (lambda c, o: c.map("frob", np.ones(4, F32), out=o), (4,), F32),
+    (lambda c, o: c.map("scale", np.ones(4, F32), np.ones(4, F32), out=o), (4,), F32),
+    (lambda c, o: c.reduce(np.ones(4, np.complex64), "max", out=o), (), np.complex64),
+    (lambda c, o: c.reduce(np.ones((4, 0), F32), "max", 1, out=o), (4,), F32),
+    (lambda c, o: c.fft(np.ones(8, F32), inverse=True, out=o), (5,), np.complex64),
+]
+
+
+@pytest.mark.parametrize("i", range(len(BAD_OPERANDS)))
+@pytest.mark.parametrize("kind", ["device", "shared"])
+def test_out_leaves_invalid_operands_to_the_daemon(client, i, kind):
+    """With out=, operands the daemon refuses got the client's own out= error (a
+    RangeError about a made-up result shape, or InvalidArgument) instead of the
+    daemon's ShapeError, DtypeError or InvalidArgument that the call without out=
+    gets.  python.md: for operands the daemon refuses, its answer decides; out= is
+    not written."""
+    call, shape, dt = BAD_OPERANDS[i]
+    with pytest.raises(dspk.Error) as plain:
+        call(client, None)
+    assert not isinstance(plain.value, dspk.RangeError)
+    if kind == "device":
+        o = client.empty(shape, dt, device="cpu:0")
+        before = o.numpy()
+    else:
+        o = client.empty_shared(shape, dt)
+        o[...] = 7
+        before = o.copy()
+    with pytest.raises(dspk.Error) as e:
+        call(client, o)
+    assert type(e.value) is type(plain.value), (e.value, plain.value)
+    assert e.value.message == plain.value.message
+    after = o.numpy() if kind == "device" else o
+    np.testing.assert_array_equal(after, before)
