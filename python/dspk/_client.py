@@ -625,15 +625,15 @@ def _result_meta(op: str, inputs: Sequence[Any], options: Mapping[str, Any]
         if len(set(names)) != 1 or names[0] not in ("f32", "f64", "c64", "c128"):
             return None  # operands of two dtypes, or one the op lacks: EDTYPE
         if op == "fft":
-            if len(metas) != 1 or not sa:
-                return None
+            if len(metas) != 1 or not sa or sa[-1] == 0:
+                return None  # a scalar, or length 0: ESHAPE
             if da.kind == "c":
                 return tuple(sa), da.itemsize
             if options.get("inverse"):
                 return None  # inverse of a real X: EINVAL
             return tuple(sa[:-1]) + (sa[-1] // 2 + 1,), 2 * da.itemsize
         if op == "fir":
-            ok = len(metas) == 2 and sa and len(metas[1][0]) == 1
+            ok = len(metas) == 2 and sa and len(metas[1][0]) == 1 and metas[1][0][0] > 0
             return (tuple(sa), da.itemsize) if ok else None
         if op == "map":
             fn = options.get("fn")

@@ -668,6 +668,8 @@ BAD_OPERANDS = [
     (lambda c, o: c.reduce(np.ones(4, np.complex64), "max", out=o), (), np.complex64),
     (lambda c, o: c.reduce(np.ones((4, 0), F32), "max", 1, out=o), (4,), F32),
     (lambda c, o: c.fft(np.ones(8, F32), inverse=True, out=o), (5,), np.complex64),
+    (lambda c, o: c.fft(np.ones((2, 0), np.complex64), out=o), (2, 0), np.complex64),
+    (lambda c, o: c.fir(np.ones(8, F32), np.ones(0, F32), out=o), (4,), F32),
 ]
 
 
