@@ -166,6 +166,8 @@ struct dspk__shm {
   uint32_t ticket;
   struct dspk__lease *lease;
   uint64_t used;    /* c->shm_clock when it was last made idle */
+  bool unmapped;    /* a lent one returned larger than SHM_IDLE_BYTES: its
+                       pages are gone, its buffer is dropped by the next trim */
 };
 /* The reference for an inline operand of task `device` (items of isz
  * bytes): 1 with *id, *off when it lies in a shared allocation that can

@@ -47,9 +47,10 @@
 /* A temporary lent to a result: `returned` once dspk_result_free gave it
  * back, `orphan` once its client was closed (then the free unmaps it). */
 struct dspk__lease {
-  char *ptr;
+  char *ptr;      /* NULL once `unmapped` */
   size_t size;
   bool returned, orphan;
+  bool unmapped;  /* returned and larger than SHM_IDLE_BYTES: unmapped then */
   void *map;      /* a file's mapping holding ptr (dspk__file_lease), else NULL */
   size_t map_len;
   struct dspk__lease *next;
@@ -83,6 +84,13 @@ int dspk__shm_lease_return(const void *p) {
     free(l);
   } else if (l) {
     l->returned = true;
+    if (l->size > SHM_IDLE_BYTES) {
+      /* Never kept idle (dspk__shm_trim): its pages go now, its daemon
+       * buffer at its client's next wait. */
+      munmap(l->ptr, l->size);
+      l->ptr = NULL;
+      l->unmapped = true;
+    }
   }
   pthread_mutex_unlock(&lease_mu);
   return l != NULL;
@@ -118,6 +126,7 @@ static void leases_reclaim(dspk_client *c) {
   for (size_t i = 0; i < c->nshm; i++) {
     struct dspk__shm *s = &c->shm[i];
     if (s->state == 4 && s->lease->returned) {
+      s->unmapped = s->lease->unmapped;
       lease_unlink(s->lease);
       free(s->lease);
       s->lease = NULL;
@@ -345,7 +354,8 @@ static void shm_drop(dspk_client *c, size_t i, bool tell) {
   c->nshm--;
   if (tell && !c->broken)
     buffer_free_keep_err(c, s.id); /* requests already sent still see it */
-  munmap(s.ptr, s.size);
+  if (!s.unmapped)
+    munmap(s.ptr, s.size);
 }
 
 DSPK_EXPORT int dspk_shared_alloc(dspk_client *c, const char *device,
@@ -433,7 +443,7 @@ static int shm_temp(dspk_client *c, const char *device, size_t n, struct dspk__s
   leases_reclaim(c);
   for (size_t i = 0; i < c->nshm; i++) {
     struct dspk__shm *s = &c->shm[i];
-    if (s->state == 2 && s->size >= n && strcmp(s->device, device) == 0 &&
+    if (s->state == 2 && !s->unmapped && s->size >= n && strcmp(s->device, device) == 0 &&
         (!best || s->size < best->size))
       best = s;
   }
@@ -647,10 +657,12 @@ void dspk__shm_close(dspk_client *c) {
       continue;
     }
     if (s->state == 4) {
+      s->unmapped |= s->lease->unmapped;
       lease_unlink(s->lease);
       free(s->lease);
     }
-    munmap(s->ptr, s->size);
+    if (!s->unmapped)
+      munmap(s->ptr, s->size);
   }
   pthread_mutex_unlock(&lease_mu);
   free(c->shm);

@@ -416,8 +416,9 @@ DSPK_EXPORT int dspk_shared_free(dspk_client *c, void *ptr);
  * "Quotas") while they exist.  Once a task's answer is consumed (dspk_wait,
  * dspk_wait_any, dspk_run) at most 6 idle ones of at most 16 MiB together
  * are kept for later tasks, the most recently used, and the others freed; a
- * result's temporary counts until dspk_result_free and the client's next
- * wait.  A dspk_buffer_create, dspk_shared_alloc or temporary that the
+ * result's temporary is the result's until dspk_result_free, which unmaps
+ * one larger than 16 MiB at once (its daemon buffer goes at c's next
+ * dspk_wait, dspk_wait_any or dspk_run).  A dspk_buffer_create, dspk_shared_alloc or temporary that the
  * daemon refuses with DSPK_ELIMIT or DSPK_ENOMEM while c holds idle
  * temporaries frees them and is tried once more.
  * The default is DSPK_SHARED_THRESHOLD, or $DSPK_SHARED_THRESHOLD at

@@ -686,8 +686,10 @@ static void test_refused_alloc(void **state) {
   unlink(sock);
 }
 
-/* A map "scale" of n f32 through temporaries on c; checks the result. */
-static void scale_on(dspk_client *c, size_t n) {
+/* A map "scale" of n f32 through temporaries on c; checks the result.
+ * Returns where the result's data was (freed). */
+static uintptr_t scale_on(dspk_client *c, size_t n) {
+  uintptr_t at;
   float *x = malloc(n * sizeof(float));
   assert_non_null(x);
   for (size_t i = 0; i < n; i++)
@@ -707,8 +709,16 @@ static void scale_on(dspk_client *c, size_t n) {
   for (size_t i = 0; i < n; i++)
     if (((const float *)r.out[0].data)[i] != 2.0f * x[i])
       fail_msg("element %zu", i);
+  at = (uintptr_t)r.out[0].data;
   dspk_result_free(&r);
   free(x);
+  return at;
+}
+
+/* Whether the page at address a is mapped in this process. */
+static bool mapped(uintptr_t a) {
+  long pg = sysconf(_SC_PAGESIZE);
+  return msync((void *)(a & ~(uintptr_t)(pg - 1)), (size_t)pg, MS_ASYNC) == 0;
 }
 
 static size_t count_state_of(dspk_client *c, int state) {
@@ -736,8 +746,9 @@ static void test_idle_temps_quota(void **state) {
   assert_true(quota_pid > 0);
   assert_int_equal(dspk_connect(sock, "test_idle_temps_quota", &c2), 0);
   dspk_set_shared_threshold(c2, DSPK_SHARED_THRESHOLD);
-  scale_on(c2, (size_t)5 << 20); /* 20 MiB */
+  uintptr_t res = scale_on(c2, (size_t)5 << 20); /* 20 MiB */
   assert_int_equal(count_state_of(c2, 2), 0); /* the operand's: freed at the wait */
+  assert_false(mapped(res)); /* the result's: unmapped by dspk_result_free */
   assert_int_equal(dspk_buffer_create(c2, "cpu:0", (size_t)32 << 20, &id), 0);
   assert_int_equal(dspk_buffer_free(c2, id), 0);
   /* small ones are kept (4 MiB each), then yield to a refused allocation */
