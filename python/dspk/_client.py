@@ -1757,7 +1757,9 @@ class Client:
         """
         shape_t = _shape(shape)
         dt = _dtype(dtype)
-        nbytes = _nbytes(shape_t, dt, self.limits)
+        # Not max_rank nor max_elements: a shared array is numpy memory too, and its
+        # views of other shapes (a slice, a reshape) are the operands.
+        nbytes = _nbytes(shape_t, dt)
         size = max(nbytes, 1)
         mm, view, buf, dev = self._import_memfd(device, size)
         try:

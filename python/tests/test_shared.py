@@ -634,11 +634,21 @@ def test_a_shape_the_daemon_refuses_is_refused_before_any_buffer(make):
             fn = getattr(c, make)
             for shape, dt in [((1 << 62, 1 << 62, 0), np.float32),
                               ((0, 1 << 61), np.float32),           # 2^63 bytes
-                              ((1 << 63, 0), np.float16),             # beyond int64
-                              ((1,) * 9, np.float32),               # max_rank 8
-                              ((1001,), np.float32)]:               # max_elements
+                              ((1 << 63, 0), np.float16)]:            # beyond int64
                 with pytest.raises(dspk.LimitExceeded):
                     fn(shape, dt)
+            # A DeviceArray no op could take is refused too; a shared array is numpy
+            # memory whose views (other shapes) are the operands: made.
+            for shape in [(1,) * 9, (1001,)]:                       # max_rank, max_elements
+                if make == "empty":
+                    with pytest.raises(dspk.LimitExceeded):
+                        fn(shape, np.float32)
+                else:
+                    a = fn(shape, np.float32)
+                    a[...] = 1
+                    assert c.reduce(a.reshape(-1)[:1000]) == min(a.size, 1000)
+                    del a
+                    gc.collect()
             # the daemon agrees: a tensor of that shape is its ELIMIT
             with pytest.raises(dspk.LimitExceeded):
                 c.reduce(np.ones(1001, np.float32))
