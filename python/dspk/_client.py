@@ -665,8 +665,8 @@ def _result_meta(op: str, inputs: Sequence[Any], options: Mapping[str, Any]
             return tuple(n for i, n in enumerate(sa) if i not in gone), da.itemsize
         if op == "contract":
             sub = options.get("subscripts")
-            if len(metas) != 2 or not isinstance(sub, str):
-                return None
+            if len(metas) != 2 or not isinstance(sub, str) or len(sub.encode()) > 63:
+                return None  # the daemon's EINVAL (subscripts: at most 63 bytes)
             sub = sub.replace(" ", "")
             if sub.count("->") != 1:
                 return None

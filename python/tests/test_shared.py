@@ -673,6 +673,8 @@ BAD_OPERANDS = [
                              out=o), (3, 2), F32),
     (lambda c, o: c.contract("ii,ik->k", np.ones((3, 3), F32), np.ones((3, 2), F32),
                              out=o), (2,), F32),
+    (lambda c, o: c.contract("ij,jk" + " " * 60 + "->ik", np.ones((3, 4), F32),
+                             np.ones((4, 6), F32), out=o), (2, 2), F32),
     (lambda c, o: c.map("frob", np.ones(4, F32), out=o), (4,), F32),
     (lambda c, o: c.map("scale", np.ones(4, F32), np.ones(4, F32), out=o), (4,), F32),
     (lambda c, o: c.reduce(np.ones(4, np.complex64), "max", out=o), (), np.complex64),
