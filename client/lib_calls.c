@@ -396,6 +396,10 @@ DSPK_EXPORT int dspk_buffer_create(dspk_client *c, const char *device,
   if (!c || !id_out)
     return dspk__argerr(c, "dspk_buffer_create: id_out is NULL");
   rc = call(c, &a, &r);
+  /* Refused for a limit that idle shared temporaries count toward (max_buffers,
+   * the memory quotas): they go, and the buffer is asked for once more. */
+  if ((rc == DSPK_ELIMIT || rc == DSPK_ENOMEM) && dspk__shm_drop_idle(c))
+    rc = call(c, &a, &r);
   if (rc != 0)
     return rc;
   id = a.res[DSPK__R_BUF_BUFFER].v.u;
@@ -936,6 +940,7 @@ DSPK_EXPORT int dspk_wait(dspk_client *c, uint32_t ticket, dspk_result *res) {
     dspk__resp_free(&r);
   }
   dspk__shm_done(c, ticket); /* its temporaries are free */
+  dspk__shm_trim(c);         /* those beyond the bound go */
   return rc;
 }
 
@@ -954,6 +959,7 @@ DSPK_EXPORT int dspk_wait_any(dspk_client *c, uint32_t *ticket,
   }
   if (id != 0) { /* 0: no request was answered (none in flight, I/O error) */
     dspk__shm_done(c, id);
+    dspk__shm_trim(c);
     *ticket = id;
   }
   return rc;

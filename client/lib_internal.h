@@ -113,6 +113,7 @@ struct dspk_client {
   /* lib_shm.c: shared allocations (the caller's and temporaries). */
   struct dspk__shm *shm;
   size_t nshm, capshm;
+  uint64_t shm_clock;       /* counts temporaries made idle (their `used`) */
   size_t shm_threshold;     /* inline operands from this size go shared; 0: off */
   int shm_any;              /* "any" is cpu:0 (the daemon has no hardware device):
                                0 not known yet, 1 yes, 2 no */
@@ -164,6 +165,9 @@ struct dspk__shm {
                        4: temporary, lent to a dspk_result (`lease`) */
   uint32_t ticket;
   struct dspk__lease *lease;
+  uint64_t used;    /* c->shm_clock when it was last made idle */
+  bool unmapped;    /* a lent one returned larger than SHM_IDLE_BYTES: its
+                       pages are gone, its buffer is dropped by the next trim */
 };
 /* The reference for an inline operand of task `device` (items of isz
  * bytes): 1 with *id, *off when it lies in a shared allocation that can
@@ -208,6 +212,15 @@ void dspk__land_free(void *p);
 void dspk__shm_sent(dspk_client *c, uint32_t ticket, bool ok);
 /* After ticket's answer: its temporaries are idle (kept for reuse). */
 void dspk__shm_done(dspk_client *c, uint32_t ticket);
+/* Frees the idle temporaries beyond what is kept for the next tasks
+ * (SHM_IDLE_MAX of at most SHM_IDLE_BYTES together, the most recently used):
+ * they are daemon buffers of the user's, counted by max_buffers and the
+ * memory quotas.  Called by dspk_wait and dspk_wait_any once an answer is
+ * consumed. */
+void dspk__shm_trim(dspk_client *c);
+/* Frees every idle temporary (a refused allocation is then tried again):
+ * whether there was any. */
+bool dspk__shm_drop_idle(dspk_client *c);
 /* dspk_close: unmaps everything (the daemon frees the buffers). */
 void dspk__shm_close(dspk_client *c);
 

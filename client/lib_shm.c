@@ -10,8 +10,12 @@
  * daemon would read them into its own buffer and copy them again).  A
  * temporary belongs to its task until that task's answer is consumed
  * (dspk_wait), then it is kept for the next task (at most SHM_IDLE_MAX idle
- * ones), so a stream of big tasks reuses the same pages instead of faulting
- * in fresh ones.
+ * ones of at most SHM_IDLE_BYTES together, the most recently used; the
+ * others are freed then), so a stream of tasks reuses the same pages instead
+ * of faulting in fresh ones.  Temporaries are daemon buffers of the user's:
+ * they count toward max_buffers and the memory quotas, hence the bound; and
+ * an allocation the daemon refuses for a limit (ELIMIT, ENOMEM) frees the
+ * idle ones and is tried once more.
  *
  * A result the daemon wrote into a temporary is not copied out of it: the
  * temporary is lent to the dspk_result (its data points into the mapping)
@@ -36,15 +40,17 @@
 #include "proto/testhook.h"
 
 #define SHM_IDLE_MAX 6
+#define SHM_IDLE_BYTES ((size_t)16 << 20) /* idle temporaries kept, together */
 #define SHM_LENT_MAX 4
 #define SHM_ROUND ((size_t)2 << 20) /* temporaries: whole 2 MiB */
 
 /* A temporary lent to a result: `returned` once dspk_result_free gave it
  * back, `orphan` once its client was closed (then the free unmaps it). */
 struct dspk__lease {
-  char *ptr;
+  char *ptr;      /* NULL once `unmapped` */
   size_t size;
   bool returned, orphan;
+  bool unmapped;  /* returned and larger than SHM_IDLE_BYTES: unmapped then */
   void *map;      /* a file's mapping holding ptr (dspk__file_lease), else NULL */
   size_t map_len;
   struct dspk__lease *next;
@@ -78,6 +84,13 @@ int dspk__shm_lease_return(const void *p) {
     free(l);
   } else if (l) {
     l->returned = true;
+    if (l->size > SHM_IDLE_BYTES) {
+      /* Never kept idle (dspk__shm_trim): its pages go now, its daemon
+       * buffer at its client's next wait. */
+      munmap(l->ptr, l->size);
+      l->ptr = NULL;
+      l->unmapped = true;
+    }
   }
   pthread_mutex_unlock(&lease_mu);
   return l != NULL;
@@ -113,10 +126,12 @@ static void leases_reclaim(dspk_client *c) {
   for (size_t i = 0; i < c->nshm; i++) {
     struct dspk__shm *s = &c->shm[i];
     if (s->state == 4 && s->lease->returned) {
+      s->unmapped = s->lease->unmapped;
       lease_unlink(s->lease);
       free(s->lease);
       s->lease = NULL;
       s->state = 2;
+      s->used = ++c->shm_clock;
     }
   }
   pthread_mutex_unlock(&lease_mu);
@@ -265,14 +280,20 @@ static int shm_new_from(dspk_client *c, const char *device, size_t n, int state,
    * the user's quota is refused (ENOMEM, ELIMIT) before a page of it exists
    * (filling it first committed all of it, and a size the daemon would
    * refuse could bring the host's out-of-memory killer instead). */
-  msgid = dspk__next_id(c);
-  dspk__wbuf_init(&w);
-  dspk__pack_request_head(&w.pk, msgid, "buffer.import", true);
-  pack_import(&a, &w);
-  rc = dspk__send_fd(c, &w, msgid, fd);
-  dspk__wbuf_free(&w);
-  if (rc == 0 && (rc = dspk__wait(c, msgid, &r)) == DSPK_ETIMEDOUT)
-    dspk__abandon(c, msgid, true); /* the buffer it makes late is freed */
+  for (int again = 0;; again++) {
+    msgid = dspk__next_id(c);
+    dspk__wbuf_init(&w);
+    dspk__pack_request_head(&w.pk, msgid, "buffer.import", true);
+    pack_import(&a, &w);
+    rc = dspk__send_fd(c, &w, msgid, fd);
+    dspk__wbuf_free(&w);
+    if (rc == 0 && (rc = dspk__wait(c, msgid, &r)) == DSPK_ETIMEDOUT)
+      dspk__abandon(c, msgid, true); /* the buffer it makes late is freed */
+    /* Refused for a limit that idle temporaries count toward: they go, and
+     * the import is tried once more. */
+    if (again || (rc != DSPK_ELIMIT && rc != DSPK_ENOMEM) || !dspk__shm_drop_idle(c))
+      break;
+  }
   if (rc != 0) {
     munmap(p, n);
     close(fd);
@@ -333,7 +354,8 @@ static void shm_drop(dspk_client *c, size_t i, bool tell) {
   c->nshm--;
   if (tell && !c->broken)
     buffer_free_keep_err(c, s.id); /* requests already sent still see it */
-  munmap(s.ptr, s.size);
+  if (!s.unmapped)
+    munmap(s.ptr, s.size);
 }
 
 DSPK_EXPORT int dspk_shared_alloc(dspk_client *c, const char *device,
@@ -421,7 +443,7 @@ static int shm_temp(dspk_client *c, const char *device, size_t n, struct dspk__s
   leases_reclaim(c);
   for (size_t i = 0; i < c->nshm; i++) {
     struct dspk__shm *s = &c->shm[i];
-    if (s->state == 2 && s->size >= n && strcmp(s->device, device) == 0 &&
+    if (s->state == 2 && !s->unmapped && s->size >= n && strcmp(s->device, device) == 0 &&
         (!best || s->size < best->size))
       best = s;
   }
@@ -575,8 +597,55 @@ void dspk__shm_sent(dspk_client *c, uint32_t ticket, bool ok) {
 
 void dspk__shm_done(dspk_client *c, uint32_t ticket) {
   for (size_t i = 0; i < c->nshm; i++)
-    if (c->shm[i].state == 1 && c->shm[i].ticket == ticket)
+    if (c->shm[i].state == 1 && c->shm[i].ticket == ticket) {
       c->shm[i].state = 2;
+      c->shm[i].used = ++c->shm_clock;
+    }
+}
+
+void dspk__shm_trim(dspk_client *c) {
+  uint64_t keep[SHM_IDLE_MAX]; /* buffer ids of those kept */
+  size_t kept = 0, bytes = 0;
+  leases_reclaim(c);
+  /* The most recently used first, while they fit the bounds. */
+  while (kept < SHM_IDLE_MAX) {
+    struct dspk__shm *best = NULL;
+    for (size_t i = 0; i < c->nshm; i++) {
+      struct dspk__shm *s = &c->shm[i];
+      bool taken = false;
+      for (size_t k = 0; k < kept; k++)
+        taken |= keep[k] == s->id;
+      if (s->state == 2 && !taken && (!best || s->used > best->used))
+        best = s;
+    }
+    if (!best || bytes + best->size > SHM_IDLE_BYTES)
+      break;
+    keep[kept++] = best->id;
+    bytes += best->size;
+  }
+  for (size_t i = 0; i < c->nshm;) {
+    bool taken = false;
+    for (size_t k = 0; k < kept; k++)
+      taken |= keep[k] == c->shm[i].id;
+    if (c->shm[i].state == 2 && !taken)
+      shm_drop(c, i, true); /* requests already sent still see it */
+    else
+      i++;
+  }
+}
+
+bool dspk__shm_drop_idle(dspk_client *c) {
+  bool any = false;
+  leases_reclaim(c);
+  for (size_t i = 0; i < c->nshm;) {
+    if (c->shm[i].state == 2) {
+      shm_drop(c, i, true);
+      any = true;
+    } else {
+      i++;
+    }
+  }
+  return any;
 }
 
 void dspk__shm_close(dspk_client *c) {
@@ -588,10 +657,12 @@ void dspk__shm_close(dspk_client *c) {
       continue;
     }
     if (s->state == 4) {
+      s->unmapped |= s->lease->unmapped;
       lease_unlink(s->lease);
       free(s->lease);
     }
-    munmap(s->ptr, s->size);
+    if (!s->unmapped)
+      munmap(s->ptr, s->size);
   }
   pthread_mutex_unlock(&lease_mu);
   free(c->shm);

@@ -411,6 +411,16 @@ DSPK_EXPORT int dspk_shared_free(dspk_client *c, void *ptr);
  * result's, valid until dspk_result_free, also after dspk_close.
  * For a task on "any" only when the daemon has no hardware device ("any"
  * is then cpu:0), so that the daemon's choice of device stays free.
+ * Temporaries are daemon buffers of the user's: they count toward
+ * max_buffers and the memory quotas (max_user_memory... , protocol.md
+ * "Quotas") while they exist.  Once a task's answer is consumed (dspk_wait,
+ * dspk_wait_any, dspk_run) at most 6 idle ones of at most 16 MiB together
+ * are kept for later tasks, the most recently used, and the others freed; a
+ * result's temporary is the result's until dspk_result_free, which unmaps
+ * one larger than 16 MiB at once (its daemon buffer goes at c's next
+ * dspk_wait, dspk_wait_any or dspk_run).  A dspk_buffer_create, dspk_shared_alloc or temporary that the
+ * daemon refuses with DSPK_ELIMIT or DSPK_ENOMEM while c holds idle
+ * temporaries frees them and is tried once more.
  * The default is DSPK_SHARED_THRESHOLD, or $DSPK_SHARED_THRESHOLD at
  * dspk_connect when it is a size ("1048576", "1M", "64KiB"; 0: off). */
 #define DSPK_SHARED_THRESHOLD ((size_t)1 << 20)
@@ -514,7 +524,10 @@ typedef struct dspk_task {
 } dspk_task;
 
 /* Zeroes *t and sets op and the defaults (device "any", gemm alpha 1 /
- * beta 0, map alpha 1, grid and block 1).  t NULL does nothing. */
+ * beta 0, map alpha 1, grid and block 1).  t NULL does nothing.
+ * gemm's beta stays 0 when a third input C is given, and beta 0 reads no C
+ * (BLAS, protocol.md): for alpha*op(A)@op(B) + C set gemm.beta = 1 (what
+ * dspk-submit's --beta and the Python client's beta default to with C). */
 DSPK_EXPORT void dspk_task_init(dspk_task *t, dspk_op op);
 
 /* The answer of a task.  Inline outputs are in memory owned by the result

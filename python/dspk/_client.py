@@ -47,7 +47,11 @@ _DEFAULT_MAX_MESSAGE = 268435456
 _RESULT_FRAMING = 1024  # protocol.md: inline results may carry max_message - 1024 bytes
 _SHARED_THRESHOLD = 1 << 20  # bytes: default of $DSPK_SHARED_THRESHOLD (as libdspkclient)
 _TEMP_ROUND = 2 << 20   # shared temporaries: whole 2 MiB
-_TEMP_IDLE_MAX = 6      # idle shared temporaries kept for the next tasks
+# Idle shared temporaries are daemon buffers of the user's: they count toward max_buffers
+# and the memory quotas (max_user_memory...), so few and small ones are kept for the next
+# tasks; the others are freed as soon as their task is answered.
+_TEMP_IDLE_MAX = 6      # idle shared temporaries kept, at most
+_TEMP_IDLE_BYTES = 16 << 20  # bytes of the idle shared temporaries kept, at most
 _TIMEOUT_FOREVER = 1e9  # seconds (31 years): a timeout above it waits for ever, as None
 _UNITS = {"": 1, "K": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MIB": 1 << 20,
           "G": 1 << 30, "GIB": 1 << 30, "T": 1 << 40, "TIB": 1 << 40}
@@ -123,6 +127,12 @@ except (ImportError, OSError, AttributeError):  # no ctypes here: mmap.mmap, one
 
 
 _POLL_MAX_MS = (1 << 31) - 1  # poll()'s longest wait; a longer one is waited again
+# The files whose frames raise what is not a signal handler's (_foreign): this package
+# (the client, its error classes) and msgpack (its pure-Python fallback decoder, and
+# the frames its Cython decoder adds to a traceback, named "msgpack/_unpacker.pyx").
+_OURS = tuple(os.path.dirname(f) + os.sep for f in
+              ((lambda: None).__code__.co_filename, msgpack.__file__ or "")) + \
+    ("msgpack" + os.sep,)
 
 
 class _Mapping:
@@ -180,10 +190,33 @@ class _ClosedWhileSending(Exception):
     """close() woke a thread waiting for room to send."""
 
 
+class _LostWhileSending(Exception):
+    """The socket's own sendmsg failed (EPIPE, ECONNRESET): the daemon is gone."""
+
+    def __init__(self, err: OSError) -> None:
+        super().__init__(err)
+        self.err = err
+
+
+def _foreign(e: BaseException) -> bool:
+    """Whether ``e`` was raised by Python code outside this module: a signal handler
+    that ran while this module waited in, or returned from, a system call (or the
+    decoder).  What a socket call or msgpack's decoder raises itself comes from C
+    code called here, so its traceback ends in a frame of this module; a handler's
+    ends in the handler's own frame.  Such an exception is the caller's (it
+    propagates), never a lost connection nor undecodable data."""
+    tb = e.__traceback__
+    if tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return not tb.tb_frame.f_code.co_filename.startswith(_OURS)
+
+
 class _Temp:
     """A shared temporary of the automatic shared-memory path: a sealed memfd the
     daemon imported (``buffer.import``), reused by later tasks."""
-    __slots__ = ("buffer", "device", "size", "mm", "view", "busy")
+    __slots__ = ("buffer", "device", "size", "mm", "view", "busy", "used")
 
     def __init__(self, buffer: int, device: str, size: int, mm: Any,
                  view: np.ndarray) -> None:
@@ -193,6 +226,7 @@ class _Temp:
         self.mm = mm
         self.view = view
         self.busy = True
+        self.used = 0  # when it was last made idle (Client._temp_clock)
 
 
 def default_socket() -> str:
@@ -261,6 +295,30 @@ class TaskFuture(concurrent.futures.Future):
             owner._pump_for(self, timeout)
             return 0
         return timeout
+
+    def add_done_callback(self, fn: Callable[["concurrent.futures.Future[Any]"], Any]
+                          ) -> None:
+        """As concurrent.futures.Future's: ``fn(future)`` runs once the future is done.
+        Run by the client (on the thread reading the connection), an exception the
+        callback raises ends that callback only: an Exception is logged as
+        concurrent.futures does, and one that is not an Exception (SystemExit,
+        KeyboardInterrupt) is ignored, so that it can neither stop the thread reading
+        the connection nor surface in another call.  On a future already done ``fn``
+        runs at once in the calling thread, and what it raises propagates as
+        concurrent.futures lets it."""
+        if self.done():
+            super().add_done_callback(fn)
+            return
+
+        def guarded(f: "concurrent.futures.Future[Any]") -> None:
+            try:
+                fn(f)
+            except Exception:
+                raise  # concurrent.futures logs it
+            except BaseException:  # noqa: B036 - the callback's own: see above
+                pass
+
+        super().add_done_callback(guarded)
 
     def result(self, timeout: Optional[float] = None) -> Any:
         return super().result(self._pump(timeout))
@@ -462,16 +520,33 @@ def _kernel_args(args: Any) -> List[Dict[str, Any]]:
     return out
 
 
-def _nbytes(shape: Tuple[int, ...], dt: np.dtype) -> int:
-    """Bytes of an array of ``shape`` and ``dt``; ELIMIT beyond 2^63-1 (protocol.md),
-    which numpy's int64 product would wrap."""
-    n = dt.itemsize
+def _nbytes(shape: Tuple[int, ...], dt: np.dtype,
+            limits: Optional[Mapping[str, Any]] = None) -> int:
+    """Bytes of an array of ``shape`` and ``dt``, by the daemon's rule for a tensor
+    (protocol.md, Tensors), checked before anything is allocated: a rank above
+    ``max_rank`` (of ``limits``), more elements than ``max_elements``, a dimension
+    beyond int64, or a product of the dimensions with each 0 counted as 1, times the
+    item size, beyond 2^63-1 bytes (``[2^62, 2^62, 0]`` too, which has no element and
+    no numpy array can have) is ELIMIT."""
+    lim = limits or {}
+    rank = lim.get("max_rank")
+    if isinstance(rank, int) and len(shape) > rank:
+        raise _errors.LimitExceeded("shape %s: rank %d, more than the daemon's max_rank "
+                                    "(%d)" % (shape, len(shape), rank))
+    if any(d > (1 << 63) - 1 for d in shape):
+        raise _errors.LimitExceeded("shape %s: a dimension beyond int64" % (shape,))
+    span = dt.itemsize
     for d in shape:
-        n *= d
-    if n > (1 << 63) - 1:
-        raise _errors.LimitExceeded("shape %s of %s: %d bytes, more than 2^63-1"
-                                    % (shape, dt, n))
-    return n
+        span *= max(d, 1)
+    if span > (1 << 63) - 1:
+        raise _errors.LimitExceeded("shape %s of %s: %d bytes with each 0 counted as 1, "
+                                    "more than 2^63-1" % (shape, dt, span))
+    n = math.prod(shape)
+    most = lim.get("max_elements")
+    if isinstance(most, int) and n > most:
+        raise _errors.LimitExceeded("shape %s: %d elements, more than the daemon's "
+                                    "max_elements (%d)" % (shape, n, most))
+    return n * dt.itemsize
 
 
 def _kind(v: Any) -> str:
@@ -518,52 +593,99 @@ def _meta(x: Any) -> Tuple[Tuple[int, ...], np.dtype]:
 def _result_meta(op: str, inputs: Sequence[Any], options: Mapping[str, Any]
                  ) -> Optional[Tuple[Tuple[int, ...], int]]:
     """(shape, item size) of the op's first result as the daemon computes it
-    (protocol.md, the table of ops), or None: unknown (kernel), or operands the
-    daemon refuses (its error says why)."""
+    (protocol.md, the table of ops), or None: unknown (kernel), or operands and
+    options the daemon refuses by the client's reading of those rules (then its
+    own error says why: nothing here may stand in for it, out='s checks included)."""
     try:
         metas = [_meta(x) for x in inputs]
         (sa, da) = metas[0]
-        names = {wire_name(d) for _, d in metas}
-        if len(names) != 1 and op != "gemm":  # operands of two dtypes: EDTYPE
-            return None
-        if not names <= ({"f32", "f64", "f16", "bf16"} if op == "gemm" else
-                         {"f32", "f64", "c64", "c128"}):
-            return None
+        names = [wire_name(d) for _, d in metas]
         if op == "gemm":
+            if len(metas) not in (2, 3) or names[0] != names[1] or \
+                    names[0] not in ("f32", "f64", "f16", "bf16"):
+                return None  # the daemon's EDTYPE
             sb = metas[1][0]
             if len(sa) < 2 or len(sb) < 2:
-                return None
+                return None  # ESHAPE
             m = sa[-1] if options.get("trans_a") else sa[-2]
+            ka = sa[-2] if options.get("trans_a") else sa[-1]
+            kb = sb[-1] if options.get("trans_b") else sb[-2]
             n = sb[-2] if options.get("trans_b") else sb[-1]
+            if ka != kb:
+                return None  # ESHAPE
             batch = np.broadcast_shapes(tuple(sa[:-2]), tuple(sb[:-2]))
-            return tuple(batch) + (m, n), (8 if da.itemsize == 8 else 4)  # f16, bf16: f32
+            shape = tuple(batch) + (m, n)
+            size = 8 if names[0] == "f64" else 4  # f16, bf16: f32
+            if len(metas) == 3:
+                if names[2] != ("f64" if size == 8 else "f32"):
+                    return None  # C has the result's dtype, else EDTYPE
+                if np.broadcast_shapes(tuple(metas[2][0]), shape) != shape:
+                    return None  # C broadcasts to the result, else ESHAPE
+            return shape, size
+        if len(set(names)) != 1 or names[0] not in ("f32", "f64", "c64", "c128"):
+            return None  # operands of two dtypes, or one the op lacks: EDTYPE
         if op == "fft":
-            if not sa:
-                return None
+            if len(metas) != 1 or not sa or sa[-1] == 0:
+                return None  # a scalar, or length 0: ESHAPE
             if da.kind == "c":
                 return tuple(sa), da.itemsize
+            if options.get("inverse"):
+                return None  # inverse of a real X: EINVAL
             return tuple(sa[:-1]) + (sa[-1] // 2 + 1,), 2 * da.itemsize
         if op == "fir":
-            return (tuple(sa), da.itemsize) if sa and len(metas[1][0]) == 1 else None
+            ok = len(metas) == 2 and sa and len(metas[1][0]) == 1 and metas[1][0][0] > 0
+            return (tuple(sa), da.itemsize) if ok else None
         if op == "map":
-            if len(metas) > 1 and tuple(metas[1][0]) != tuple(sa):
+            fn = options.get("fn")
+            two = fn in ("add", "sub", "mul", "axpy")
+            if fn not in ("add", "sub", "mul", "axpy", "scale", "abs", "exp") or \
+                    len(metas) != (2 if two else 1):
+                return None  # the daemon's EINVAL
+            if two and tuple(metas[1][0]) != tuple(sa):
                 return None  # the daemon's ESHAPE
-            half = options.get("fn") == "abs" and da.kind == "c"
+            half = fn == "abs" and da.kind == "c"
             return tuple(sa), da.itemsize // 2 if half else da.itemsize
         if op == "reduce":
+            fn = options.get("fn", "sum")
+            if len(metas) != 1 or fn not in ("sum", "max", "min", "mean") or \
+                    (fn in ("max", "min") and da.kind == "c"):
+                return None  # EINVAL, EDTYPE
             axes = options.get("axes")
             if axes is None:
-                return (), da.itemsize
-            axes = [int(a) for a in axes]
-            gone = {a % len(sa) for a in axes}
-            if len(gone) != len(axes) or not all(-len(sa) <= a < len(sa) for a in axes):
-                return None  # the daemon's EINVAL
+                gone = set(range(len(sa)))
+            else:
+                axes = [int(a) for a in axes]
+                if not axes or not all(-len(sa) <= a < len(sa) for a in axes):
+                    return None  # the daemon's EINVAL
+                gone = {a % len(sa) for a in axes}
+                if len(gone) != len(axes):
+                    return None
+            if fn in ("max", "min") and any(sa[i] == 0 for i in gone):
+                return None  # over an axis of length 0: ESHAPE
             return tuple(n for i, n in enumerate(sa) if i not in gone), da.itemsize
         if op == "contract":
-            ins, outs = str(options["subscripts"]).replace(" ", "").split("->")
+            sub = options.get("subscripts")
+            if len(metas) != 2 or not isinstance(sub, str) or len(sub.encode()) > 63:
+                return None  # the daemon's EINVAL (subscripts: at most 63 bytes)
+            sub = sub.replace(" ", "")
+            if sub.count("->") != 1:
+                return None
+            ins, outs = sub.split("->")
+            terms = ins.split(",")
+            letters = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+            if len(terms) != 2 or not all(set(t) <= letters for t in terms + [outs]):
+                return None  # an ellipsis, another character, one operand or three
             dims: Dict[str, int] = {}
-            for labels, (shape, _) in zip(ins.split(","), metas):
-                dims.update(zip(labels, shape))
+            for labels, (shape, _) in zip(terms, metas):
+                if len(labels) != len(shape) or len(set(labels)) != len(labels) or \
+                        len(labels) > 8:
+                    return None
+                for c, n in zip(labels, shape):
+                    if dims.setdefault(c, n) != n:
+                        return None  # a label of two sizes: ESHAPE
+            if len(set(outs)) != len(outs) or len(outs) > 8 or \
+                    not all(c in dims for c in outs):
+                return None
             return tuple(dims[c] for c in outs), da.itemsize
     except Exception:  # noqa: BLE001 - malformed operands: the daemon's error says why
         return None
@@ -651,12 +773,14 @@ class Client:
                 sock.connect(self.socket_path)
             else:
                 self._connect_before(sock, time.monotonic() + timeout)
-        except TimeoutError:
+        except BaseException as e:
             sock.close()
-            raise _errors.Timeout("cannot connect to dspkd at %s within %gs (it accepts "
-                                  "no connections)" % (self.socket_path, timeout)) from None
-        except OSError as e:
-            sock.close()
+            if _foreign(e) or not isinstance(e, OSError):
+                raise  # a signal handler's exception (KeyboardInterrupt...): the caller's
+            if isinstance(e, TimeoutError):
+                raise _errors.Timeout("cannot connect to dspkd at %s within %gs (it accepts "
+                                      "no connections)" % (self.socket_path, timeout)) \
+                    from None
             raise _errors.ConnectError("cannot connect to dspkd at %s: %s"
                                        % (self.socket_path, e.strerror or e)) from None
         self._sock = sock
@@ -703,6 +827,7 @@ class Client:
         # shared temporaries instead of the socket.
         self.shared_threshold = _env_threshold()
         self._temps: List[_Temp] = []
+        self._temp_clock = 0
         self._temp_lock = threading.Lock()
         self._any_is_cpu: Optional[bool] = None
         self.limits: Dict[str, int] = {}
@@ -917,8 +1042,14 @@ class Client:
                 calling = True
                 try:
                     n = self._sock.sendmsg(views[:512], anc, _socket.MSG_DONTWAIT)
-                except (BlockingIOError, InterruptedError):
+                except (BlockingIOError, InterruptedError) as e:
+                    if _foreign(e):
+                        raise
                     n = -1
+                except OSError as e:
+                    if _foreign(e):
+                        raise  # a signal handler's TimeoutError...: not a lost socket
+                    raise _LostWhileSending(e) from None
                 if n < 0:
                     calling = False
                     left = None if deadline is None else deadline - time.monotonic()
@@ -950,15 +1081,20 @@ class Client:
                 self._cut(_errors.Closed("connection closed by the client while a "
                                          "request was being sent"))
             raise self._closed_error() from None
-        except Error:
-            raise  # dspk.Timeout is an OSError too (TimeoutError): not a lost socket
-        except OSError as e:
+        except _LostWhileSending as lost:
             # The daemon closed; the reason it sent first, if it did, is queued.
-            self._take_queued_notice()
-            self._connection_lost(self._protocol_error or _errors.Closed(
-                "connection to dspkd lost while sending: %s" % (e.strerror or e)))
+            e = lost.err
+            try:
+                self._take_queued_notice()
+            finally:
+                self._connection_lost(self._protocol_error or _errors.Closed(
+                    "connection to dspkd lost while sending: %s" % (e.strerror or e)))
             raise self._closed_error() from None
         except BaseException as e:
+            if isinstance(e, Error) and not _foreign(e):
+                raise  # _send_timed_out's dspk.Timeout: it closed what it had to
+            # Anything else (KeyboardInterrupt, any exception a signal handler raises,
+            # an OSError too) propagates; a message it cut closes the connection.
             if calling or 0 < sent < total:
                 self._cut(_errors.Closed(
                     "a request was cut after %d of its %d bytes by %s; the connection "
@@ -994,13 +1130,17 @@ class Client:
                     break
                 try:
                     n = self._sock.recv_into(self._rbuf, 0, _socket.MSG_DONTWAIT)
-                except OSError:  # nothing queued (BlockingIOError), or reset
+                except OSError as e:  # nothing queued (BlockingIOError), or reset
+                    if _foreign(e):
+                        raise
                     break
                 if n <= 0:
                     break
                 try:
                     self._file(n, ready)
-                except Exception:  # noqa: BLE001 - undecodable: no notice to find
+                except Exception as e:  # noqa: BLE001 - undecodable: no notice to find
+                    if _foreign(e):
+                        raise
                     break
         finally:
             if not nested:
@@ -1053,10 +1193,12 @@ class Client:
             frame = msgpack.packb([0, 0, "buffer.free", [{"buffer": buf}]])
             try:
                 n = self._sock.sendmsg([frame], [], _socket.MSG_DONTWAIT)
-            except (BlockingIOError, InterruptedError):
-                self._dead_shared.append(buf)
-                return False
-            except OSError:
+            except OSError as e:
+                if _foreign(e) or isinstance(e, (BlockingIOError, InterruptedError)):
+                    self._dead_shared.append(buf)  # nothing of it was sent
+                    if _foreign(e):
+                        raise  # a signal handler's: the caller's
+                    return False
                 return False  # the connection is going, and its buffers with it
             if n < len(frame):  # a frame this small goes whole on a Unix socket
                 self._write_locked([memoryview(frame)[n:]], [], None, n)
@@ -1144,12 +1286,19 @@ class Client:
         """The answer of a call that makes a buffer (buffer.create, buffer.import).  When
         the caller stops waiting (dspk.Timeout), the buffer of an answer that comes later
         is freed by the next request instead of staying the connection's."""
-        fut = self._start(method, args, fds=fds)
-        try:
-            return self._wait(fut)
-        except BaseException:  # dspk.Timeout, KeyboardInterrupt: the caller gets no id
-            fut.add_done_callback(self._orphaned_buffer)
-            raise
+        for again in (False, True):
+            fut = self._start(method, args, fds=fds)
+            try:
+                return self._wait(fut)
+            except (_errors.LimitExceeded, _errors.OutOfMemory):
+                # Idle shared temporaries count toward the same limits (max_buffers,
+                # the memory quotas): freed, and the allocation tried once more.
+                if again or not self._drop_idle_temps():
+                    raise
+            except BaseException:  # dspk.Timeout, KeyboardInterrupt: the caller gets no id
+                fut.add_done_callback(self._orphaned_buffer)
+                raise
+        raise AssertionError("unreachable")
 
     def _orphaned_buffer(self, fut: concurrent.futures.Future) -> None:
         if not fut.cancelled() and fut.exception() is None:
@@ -1243,8 +1392,10 @@ class Client:
             try:
                 if not self._poll.poll(ms):
                     return  # nothing within wait (or a wait cut at _POLL_MAX_MS)
-            except (OSError, ValueError):
-                pass  # the socket is gone: recv says so
+            except (OSError, ValueError) as e:
+                if _foreign(e):
+                    raise  # a signal handler's: it cut nothing
+                # the socket is gone: recv says so
             taking = True
             n = self._recv_nowait()
             if n is None:
@@ -1256,11 +1407,15 @@ class Client:
             if not taking:
                 raise
             self._run_ready(ready)
+            # The decoder's own error (bad bytes) closes the connection and the callers
+            # get dspk.Closed; what a signal handler raised (any exception, an OSError
+            # or a ValueError too), or KeyboardInterrupt, propagates as it is.
+            undecodable = isinstance(e, Exception) and not _foreign(e)
             what = "undecodable data from the daemon (%s: %s)" % (type(e).__name__, e) \
-                if isinstance(e, Exception) else \
+                if undecodable else \
                 "%s while an answer was being read" % type(e).__name__
             self._cut(_errors.Closed(what + "; the connection is closed"))
-            if isinstance(e, Exception):
+            if undecodable:
                 return  # the callers get dspk.Closed, not the decoder's error
             raise
         self._run_ready(ready)
@@ -1270,9 +1425,12 @@ class Client:
         when the connection is gone (then closed here)."""
         try:
             n = self._sock.recv_into(self._rbuf, 0, _socket.MSG_DONTWAIT)
-        except (BlockingIOError, InterruptedError):
-            return None
-        except OSError as e:  # a reset: a protocol.error read before it still counts
+        except OSError as e:
+            if _foreign(e):
+                raise  # a signal handler's: not the socket's
+            if isinstance(e, (BlockingIOError, InterruptedError)):
+                return None
+            # a reset: a protocol.error read before it still counts
             self._connection_lost(self._protocol_error or _errors.Closed(
                 "connection to dspkd lost: %s" % (e.strerror or e)))
             return 0
@@ -1282,16 +1440,16 @@ class Client:
         return n
 
     def _run_ready(self, ready: List[Tuple[Callable[..., Any], Tuple[Any, ...]]]) -> None:
-        """Runs the settles and progress calls that _file collected, in order; an
-        exception that is not an Exception (KeyboardInterrupt in a callback) is raised
-        once all have run, so no future is left pending."""
+        """Runs the settles and progress calls that _file collected, in order.  The
+        callbacks they run swallow what they raise (TaskFuture.add_done_callback,
+        _progress); an exception that still comes out (KeyboardInterrupt from a signal
+        handler, on the main thread) is raised once all have run, so no future is left
+        pending."""
         first: Optional[BaseException] = None
         while ready:
             fn, args = ready.pop(0)
             try:
                 fn(*args)
-            except Exception:  # noqa: BLE001 - a progress callback's error is its own
-                pass
             except BaseException as e:  # noqa: B036
                 first = first or e
             with self._lock:
@@ -1361,6 +1519,8 @@ class Client:
             try:
                 k = self._sock.recv_into(into[got:])
             except OSError as e:
+                if _foreign(e):
+                    raise  # a signal handler's (the answer is cut: _read_once closes)
                 self._connection_lost(self._protocol_error or _errors.Closed(
                     "connection to dspkd lost: %s" % (e.strerror or e)))
                 return -1
@@ -1417,9 +1577,19 @@ class Client:
                         frac = float(params.get("fraction", 0.0))
                     except (TypeError, ValueError):
                         return
-                    ready.append((call.progress, (what, frac)))
+                    ready.append((self._progress, (call.progress, what, frac)))
             elif msg[1] == "protocol.error" and isinstance(params, dict):
                 self._protocol_error = _errors.error_from(params)
+
+    @staticmethod
+    def _progress(fn: Progress, what: str, frac: float) -> None:
+        """Runs a ``progress`` callback; whatever it raises, BaseExceptions included
+        (KeyboardInterrupt, SystemExit), is its own and ignored: it must neither stop
+        the thread reading the connection nor surface in another call."""
+        try:
+            fn(what, frac)
+        except BaseException:  # noqa: B036, BLE001
+            pass
 
     @staticmethod
     def _settle(fut: concurrent.futures.Future, value: Any = None,
@@ -1478,7 +1648,13 @@ class Client:
                     with self._lock:
                         if not self._async:
                             break
-                    self._read_once()
+                    try:
+                        self._read_once()
+                    except BaseException:  # noqa: B036, BLE001
+                        # No signal lands on this thread and callbacks keep what they
+                        # raise: whatever comes here must not stop the reading while
+                        # futures are pending (a cut connection ends the loop).
+                        pass
             finally:
                 with self._lock:
                     self._reading, self._reader_ident = False, 0
@@ -1539,10 +1715,15 @@ class Client:
         """An uninitialised DeviceArray (``buffer.create``), e.g. for ``out=``."""
         shape_t = _shape(shape)
         dt = _dtype(dtype)
-        nbytes = _nbytes(shape_t, dt)
+        nbytes = _nbytes(shape_t, dt, self.limits)
         res = self._new_buffer("buffer.create", {"device": device, "size": nbytes})
-        return DeviceArray(self, int(res["buffer"]), str(res["device"]), shape_t, dt,
-                           size=int(res.get("size", nbytes)))
+        try:
+            return DeviceArray(self, int(res["buffer"]), str(res["device"]), shape_t, dt,
+                               size=int(res.get("size", nbytes)))
+        except BaseException:  # a malformed answer, KeyboardInterrupt: no buffer left
+            if isinstance(res, dict) and isinstance(res.get("buffer"), int):
+                self._free_quietly(res["buffer"])
+            raise
 
     def to_device(self, array: ArrayLike, device: str = "any") -> DeviceArray:
         """Copies ``array`` into a new daemon buffer on ``device`` (``"any"``: the daemon
@@ -1579,12 +1760,22 @@ class Client:
         """
         shape_t = _shape(shape)
         dt = _dtype(dtype)
+        # Not max_rank nor max_elements: a shared array is numpy memory too, and its
+        # views of other shapes (a slice, a reshape) are the operands.
         nbytes = _nbytes(shape_t, dt)
         size = max(nbytes, 1)
         mm, view, buf, dev = self._import_memfd(device, size)
-        arr = view[:nbytes].view(dt).reshape(shape_t)
-        self._shared[buf] = (arr.__array_interface__["data"][0], size, dev)
-        weakref.finalize(mm, Client._shared_gone, weakref.ref(self), buf)
+        try:
+            arr = view[:nbytes].view(dt).reshape(shape_t)
+            self._shared[buf] = (arr.__array_interface__["data"][0], size, dev)
+            weakref.finalize(mm, Client._shared_gone, weakref.ref(self), buf)
+        except BaseException as e:  # no array: its buffer goes (KeyboardInterrupt too)
+            self._shared.pop(buf, None)
+            self._free_quietly(buf)
+            if isinstance(e, Exception) and not isinstance(e, Error):
+                raise _errors.InvalidArgument("empty_shared: shape %s of %s: %s"
+                                              % (shape_t, dt, e)) from None
+            raise
         return arr
 
     def _import_memfd(self, device: str, size: int) -> Tuple[Any, np.ndarray, int, str]:
@@ -1667,12 +1858,8 @@ class Client:
             if best is not None:
                 best.busy = True
                 return best
-            idle = [t for t in self._temps if not t.busy]
-            drop = idle[:max(0, len(idle) + 1 - _TEMP_IDLE_MAX)]
-            for t in drop:
-                self._temps.remove(t)
-        for t in drop:
-            self._free_quietly(t.buffer)  # requests already sent still see it
+            drop = self._temp_trim_locked(1)
+        self._temp_free(drop)
         size = (nbytes + _TEMP_ROUND - 1) // _TEMP_ROUND * _TEMP_ROUND
         mm, view, buf, dev = self._import_memfd(device, size)
         t = _Temp(buf, dev, size, mm, view)
@@ -1681,9 +1868,67 @@ class Client:
         return t
 
     def _temp_put(self, temps: Sequence[_Temp]) -> None:
+        """``temps`` are idle again (their task is answered): kept for the next tasks
+        within the bounds (_temp_trim_locked), the others freed at once."""
         with self._temp_lock:
             for t in temps:
                 t.busy = False
+                self._temp_clock += 1
+                t.used = self._temp_clock
+            drop = self._temp_trim_locked(0)
+        self._temp_free(drop)
+
+    def _temp_keep(self) -> int:
+        """How many idle temporaries may be kept: _TEMP_IDLE_MAX, and no more than an
+        eighth of the daemon's max_buffers (they count toward it)."""
+        most = self.limits.get("max_buffers")
+        if isinstance(most, int) and most > 0:
+            return min(_TEMP_IDLE_MAX, most // 8)
+        return _TEMP_IDLE_MAX
+
+    def _temp_trim_locked(self, room: int) -> List[_Temp]:
+        """Takes out of _temps (the caller holds _temp_lock) the idle temporaries beyond
+        the bounds, least recently used first, leaving room for ``room`` more idle
+        ones: at most _temp_keep() idle ones of at most _TEMP_IDLE_BYTES together
+        (one larger than that is never kept).  Returns them for _temp_free."""
+        idle = sorted((t for t in self._temps if not t.busy), key=lambda t: -t.used)
+        keep_n = max(0, self._temp_keep() - room)
+        kept, total, drop = 0, 0, []
+        for t in idle:  # the most recently used first
+            if kept < keep_n and total + t.size <= _TEMP_IDLE_BYTES:
+                kept += 1
+                total += t.size
+            else:
+                drop.append(t)
+        for t in drop:
+            self._temps.remove(t)
+        return drop
+
+    def _temp_free(self, drop: Sequence[_Temp]) -> None:
+        """Frees temporaries taken out of _temps (requests already sent still see
+        them); their mapping goes once nothing refers to it."""
+        for t in drop:
+            t.view = t.mm = None
+            self._free_quietly(t.buffer)
+
+    def _drop_idle_temps(self) -> bool:
+        """Frees every idle temporary now, the buffer.free sent before this returns
+        (a refused allocation is then tried again); whether there was any."""
+        with self._temp_lock:
+            drop = [t for t in self._temps if not t.busy]
+            for t in drop:
+                self._temps.remove(t)
+        if not drop:
+            return False
+        self._temp_free(drop)
+        if self._dead_shared and not self._forked():
+            deadline = None if self.timeout is None else self.timeout
+            if self._send_lock.acquire(timeout=-1 if deadline is None else deadline):
+                try:
+                    self._flush_frees_locked()
+                finally:
+                    self._send_lock.release()
+        return True
 
     @staticmethod
     def _shared_gone(ref: "weakref.ref[Client]", buf: int) -> None:
@@ -1839,11 +2084,15 @@ class Client:
                         wire_name(rdt), tuple(meta[0]), dest.dtype, tuple(dest.shape)))
         # Shared operands: (buffer, offset, the array), so that kernel() gives them back.
         shared_ops: List[Tuple[int, int, np.ndarray]] = []
+        # kernel: its results are its inputs in order, so result i is the very object
+        # passed as input i (two views of the same bytes stay two objects).
+        by_pos: Dict[int, Union[DeviceArray, np.ndarray]] = {}
         for i, x in enumerate(inputs):
             if isinstance(x, DeviceArray):
                 if x.client is not self:
                     raise _errors.InvalidArgument("a DeviceArray of another connection")
                 tensors.append(x._ref())
+                by_pos[i] = x
                 if target == "any":
                     target = x.device
             else:
@@ -1856,6 +2105,7 @@ class Client:
                 if ref is not None and ref[1] % max(a.dtype.itemsize, 1) == 0:
                     t["buffer"], t["offset"] = ref[0], ref[1]
                     shared_ops.append((ref[0], ref[1], a))
+                    by_pos[i] = a
                     if target == "any":
                         target = ref[2]
                     continue
@@ -1917,7 +2167,9 @@ class Client:
             args["outputs"] = outputs
         operands = [x for x in inputs if isinstance(x, DeviceArray)]
 
-        def decode(res: Any) -> Any:
+        def decode(res: Any, first: int = 0) -> Any:
+            """The results of answer ``res``, its outputs being the results from
+            position ``first`` on."""
             outs = res.get("outputs", [])
             if isinstance(out, DeviceArray) and outs:
                 t = outs[0]
@@ -1937,19 +2189,31 @@ class Client:
                                           out_shared.shape))
                 return [out_shared] + [self._decode_tensor(t, operands, shared_ops, None)
                                        for t in outs[1:]]
-            return [self._decode_tensor(t, operands, shared_ops, out) for t in outs]
+            return [self._decode_tensor(t, operands, shared_ops, out,
+                                        by_pos.get(k) if op == "kernel" else None)
+                    for k, t in enumerate(outs, first)]
 
         return args, bigs, temps, decode, target, shm
 
     def _decode_tensor(self, t: Mapping[str, Any], operands: Sequence[DeviceArray],
                        shared_ops: Sequence[Tuple[int, int, np.ndarray]],
-                       out: Optional[OutArg]) -> Union[np.ndarray, DeviceArray]:
+                       out: Optional[OutArg],
+                       passed: Union[None, DeviceArray, np.ndarray] = None
+                       ) -> Union[np.ndarray, DeviceArray]:
         """One tensor of an answer: inline data as a new numpy array; a reference as the
-        DeviceArray (``out``, ``operands``) or shared array (``shared_ops``) it names."""
+        DeviceArray (``out``, ``operands``) or shared array (``shared_ops``) it names:
+        ``passed``, the object passed at its position (kernel), when it names that."""
         dt = numpy_dtype(t["dtype"])
         shape = tuple(int(n) for n in t["shape"])
         if "buffer" in t and t.get("data") is None:
             offset = int(t.get("offset") or 0)
+            if isinstance(passed, DeviceArray) and passed.buffer == t["buffer"] and \
+                    passed.offset == offset and passed.shape == shape and passed.dtype == dt:
+                return passed
+            if isinstance(passed, np.ndarray) and passed.shape == shape and \
+                    passed.dtype == dt and any(buf == t["buffer"] and off == offset and
+                                               arr is passed for buf, off, arr in shared_ops):
+                return passed
             for cand in ([out] if out is not None else []) + list(operands):
                 if cand.buffer == t["buffer"] and cand.offset == offset \
                         and cand.shape == shape and cand.dtype == dt:
@@ -1998,8 +2262,7 @@ class Client:
             for t in shm:
                 if t in self._temps:
                     self._temps.remove(t)
-        for t in shm:
-            self._free_quietly(t.buffer)
+        self._temp_free(shm)
 
     def _run_request(self, op: str, inputs: Sequence[ArrayLike], options: Dict[str, Any],
                      out: Optional[OutArg], single: bool, progress: Optional[Progress],
@@ -2108,7 +2371,7 @@ class Client:
             try:
                 results: List[Any] = []
                 reads: List[TaskFuture] = []
-                for t in f.result()["outputs"]:
+                for k, t in enumerate(f.result()["outputs"]):
                     if t.get("data") is None and t.get("buffer") in staged:
                         arr = np.empty(tuple(int(n) for n in t["shape"]),
                                        numpy_dtype(t["dtype"]))
@@ -2117,7 +2380,7 @@ class Client:
                                                    arr.reshape(-1).view(np.uint8), is_async)
                         results.append(arr)
                     else:
-                        results.append(decode({"outputs": [t]})[0])
+                        results.append(decode({"outputs": [t]}, k)[0])
                 value = results[0] if single else results
             except BaseException as e:  # noqa: BLE001 - the caller's future gets it
                 finish(exc=e)
@@ -2157,11 +2420,20 @@ class Client:
     # methods wait for it, submit() hands it out.
 
     def _op_gemm(self, a: ArrayLike, b: ArrayLike, c: Optional[ArrayLike] = None, *,
-                 alpha: float = 1.0, beta: float = 0.0, trans_a: bool = False,
+                 alpha: float = 1.0, beta: Optional[float] = None, trans_a: bool = False,
                  trans_b: bool = False, device: str = "any",
                  out: Optional[OutArg] = None, **kw: Any) -> TaskFuture:
         inputs = [a, b] + ([c] if c is not None else [])
-        opts = {"alpha": _number("alpha", alpha), "beta": _number("beta", beta),
+        # beta as dspk-submit's --beta (cli.md): 1 when c is given, 0 without; a
+        # nonzero beta without c would silently add nothing.
+        if beta is None:
+            beta_f = 1.0 if c is not None else 0.0
+        else:
+            beta_f = _number("beta", beta)
+            if c is None and beta_f != 0.0:
+                raise _errors.InvalidArgument("beta: %r without c (beta scales c; give c, "
+                                              "or leave beta out)" % beta)
+        opts = {"alpha": _number("alpha", alpha), "beta": beta_f,
                 "trans_a": _flag("trans_a", trans_a), "trans_b": _flag("trans_b", trans_b)}
         return self._run("gemm", inputs, opts, device, out, **kw)
 
@@ -2218,12 +2490,15 @@ class Client:
     _OPS = ("gemm", "fft", "fir", "contract", "reduce", "map", "kernel")
 
     def gemm(self, a: ArrayLike, b: ArrayLike, c: Optional[ArrayLike] = None, *,
-             alpha: float = 1.0, beta: float = 0.0, trans_a: bool = False,
+             alpha: float = 1.0, beta: Optional[float] = None, trans_a: bool = False,
              trans_b: bool = False, device: str = "any",
              out: Optional[OutArg] = None) -> Any:
         """``alpha * op(a) @ op(b) + beta * c`` (op swaps the last two axes when trans_*);
         batch axes broadcast as in numpy.matmul.  f32/f64 (f16 and bf16 in, f32 out).
-        Returns a numpy array, or ``out`` (a DeviceArray) when given."""
+        ``beta`` defaults to 1.0 when ``c`` is given (``gemm(a, b, c)`` is a@b + c, as
+        dspk-submit's gemm) and to 0.0 without it; an explicit ``beta=0.0`` with ``c``
+        reads no ``c`` (BLAS), and a nonzero ``beta`` without ``c`` is
+        dspk.InvalidArgument.  Returns a numpy array, or ``out`` when given."""
         return self._wait(self._op_gemm(a, b, c, alpha=alpha, beta=beta, trans_a=trans_a,
                                         trans_b=trans_b, device=device, out=out))
 

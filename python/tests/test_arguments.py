@@ -47,6 +47,8 @@ STRINGS = [
 @pytest.mark.parametrize("call,name", SCALARS)
 @pytest.mark.parametrize("bad", ["2", True, np.bool_(False), None, 1j, [1.0], b"1"])
 def test_number_parameters_refuse_other_types(client, call, name, bad):
+    if name == "beta" and bad is None:
+        pytest.skip("beta=None is gemm's default (1.0 with c, 0.0 without)")
     with pytest.raises(dspk.InvalidArgument) as e:
         call(client, bad)
     assert e.value.message.startswith(name + ": expected a real number"), e.value.message

@@ -5,11 +5,14 @@ idle.  Interruptions are injected at known points (a stopped daemon, a socket wr
 that raises after a recv), never timed against the daemon's work."""
 from __future__ import annotations
 
+import errno
 import gc
 import os
 import select
 import signal
+import sys
 import threading
+import types
 
 import msgpack
 import numpy as np
@@ -85,6 +88,56 @@ def test_future_result_inside_a_done_callback(client):
     assert got["result"] == 3.0 and got["sync"] == 4.0
     assert isinstance(got["exception"], dspk.InvalidArgument)
     np.testing.assert_array_equal(f.result(), 2 * np.ones(8))
+
+
+@pytest.mark.parametrize("exc", [SystemExit, KeyboardInterrupt])
+def test_callback_base_exceptions_stay_in_the_callback(tmp_path, exc):
+    """A done-callback or progress callback raising SystemExit or KeyboardInterrupt
+    killed the dspk-reader thread (later callbacks of that future never ran, other
+    pending futures never completed) and its exception surfaced in a later, unrelated
+    call.  Now it ends that callback only (python.md, Futures)."""
+    fake = FakeDaemon(str(tmp_path / "fake.sock"))
+    c = dspk.connect(fake.path, timeout=TIMEOUT)
+    try:
+        threads = []
+        later = threading.Event()
+
+        def progress(what, frac):
+            threads.append(threading.current_thread().name)
+            raise exc("progress")
+
+        def callback(f):
+            threads.append(threading.current_thread().name)
+            raise exc("callback")
+
+        f1 = c.submit("map", "abs", np.ones(2, np.float32), progress=progress)
+        f2 = c.submit("map", "abs", np.ones(2, np.float32))
+        while len(fake.requests) < 2:
+            assert fake.got.wait(TIMEOUT)
+            fake.got.clear()
+        f1.add_done_callback(callback)        # f1 is pending: nothing was answered
+        f1.add_done_callback(lambda f: later.set())
+        ids = [m[1] for m in fake.requests]
+        out = {"dtype": "f32", "shape": [2], "data": np.array([1, 2], np.float32).tobytes()}
+        fake.send([2, "task.progress", [{"msgid": ids[0], "what": "x", "fraction": 0.5}]])
+        fake.send([1, ids[0], None, {"device": "cpu:0", "outputs": [out], "time_us": 1}])
+        assert later.wait(10), "a later done-callback of the same future did not run"
+        # f2's answer comes after the callbacks raised: the reader must still read.
+        fake.send([1, ids[1], None, {"device": "cpu:0", "outputs": [out], "time_us": 1}])
+        np.testing.assert_array_equal(f2.result(10), [1, 2])
+        np.testing.assert_array_equal(f1.result(10), [1, 2])
+        assert threads == ["dspk-reader", "dspk-reader"]
+        # A later call neither hangs nor gets the callbacks' exceptions.
+        f3 = c.submit("map", "abs", np.ones(2, np.float32))
+        while len(fake.requests) < 3:
+            assert fake.got.wait(TIMEOUT)
+            fake.got.clear()
+        fake.send([1, fake.requests[2][1], None,
+                   {"device": "cpu:0", "outputs": [out], "time_us": 1}])
+        np.testing.assert_array_equal(f3.result(10), [1, 2])
+    finally:
+        c.close()
+        fake.close()
 
 
 # ---- F: a staged result canceled -------------------------------------------------------
@@ -174,6 +227,108 @@ def test_interrupt_while_reading_an_answer_closes_the_connection(client, nth):
         client.ping()
     with pytest.raises(dspk.Closed):
         client.submit("reduce", np.ones(3)).result(TIMEOUT)
+
+
+class Boom(Exception):
+    """What a signal handler of the caller's raises."""
+
+
+class HandlerSocket:
+    """Wraps a client's socket: recv_into, once it took bytes, or sendmsg, before
+    sending anything, runs ``handler`` as a signal handler runs while the process is
+    in (or returns from) that system call: an exception it raises comes out of the
+    call, from the handler's own frame."""
+
+    def __init__(self, sock, handler, where):
+        self._s = sock
+        self.handler = handler
+        self.where = where
+
+    def __getattr__(self, name):
+        return getattr(self._s, name)
+
+    def recv_into(self, *args):
+        n = self._s.recv_into(*args)
+        if self.where == "recv" and n > 0:
+            self.where = None
+            self.handler()
+        return n
+
+    def sendmsg(self, *args):
+        if self.where == "send":
+            self.where = None
+            self.handler()
+        return self._s.sendmsg(*args)
+
+
+@pytest.mark.parametrize("exc", [Boom("mine"), TimeoutError("my own deadline"),
+                                 ValueError("mine"), ConnectionResetError("mine")])
+@pytest.mark.parametrize("where", ["recv", "send"])
+def test_a_signal_handlers_exception_propagates_as_it_is(client, exc, where):
+    """An exception a signal handler raised while an answer was being received was
+    taken for undecodable data (dspk.Closed "undecodable data ... (Boom: )"), and an
+    OSError one (TimeoutError) raised while sending for a lost connection (dspk.Closed
+    "connection to dspkd lost while sending").  python.md: it propagates as it is;
+    the connection is closed when a message was cut (bytes of an answer taken, or a
+    send system call interrupted), so later calls raise dspk.Closed naming it."""
+    x = np.arange(1 << 20, dtype=np.float32)  # 4 MiB: read in place, several recvs
+    d = client.to_device(x, "cpu:0")
+
+    def handler():
+        raise exc
+
+    client._sock = HandlerSocket(client._sock, handler, where)
+    with pytest.raises(type(exc)) as e:
+        d.numpy()
+    assert e.value is exc
+    with pytest.raises(dspk.Closed, match=type(exc).__name__):
+        client.ping()
+
+
+def test_a_signal_handlers_exception_while_waiting_to_send(client, monkeypatch):
+    """A handler's TimeoutError raised while the client waits (poll) for room to send
+    cut nothing: it propagates as it is and the connection stays usable."""
+    import dspk._client as impl
+    real_poll = impl.select.poll
+
+    class Poll:
+        def __init__(self):
+            self.p = real_poll()
+
+        def register(self, *a):
+            self.p.register(*a)
+
+        def poll(self, *a):
+            raise TimeoutError("my own deadline")
+
+    class Full:
+        """A socket whose first sendmsg finds no room (as a daemon that reads no more)."""
+
+        def __init__(self, sock):
+            self._s = sock
+            self.full = True
+
+        def __getattr__(self, name):
+            return getattr(self._s, name)
+
+        def sendmsg(self, *args):
+            if self.full:
+                self.full = False
+                monkeypatch.setattr(impl.select, "poll", Poll)
+                # EAGAIN as the socket's own sendmsg raises it: its traceback ends in
+                # the client's frame that called it, not in a handler's.
+                raise BlockingIOError(errno.EAGAIN, "full").with_traceback(
+                    types.TracebackType(None, sys._getframe(1), 0, 0))
+            return self._s.sendmsg(*args)
+
+    real = client._sock
+    client._sock = Full(real)
+    with pytest.raises(TimeoutError, match="my own deadline") as e:
+        client.ping(b"x" * 100)
+    assert not isinstance(e.value, dspk.Error)
+    monkeypatch.setattr(impl.select, "poll", real_poll)
+    client._sock = real
+    assert client.ping(b"y") >= 0 and not client.closed
 
 
 def test_undecodable_answer_is_closed_not_a_msgpack_error(tmp_path):

@@ -151,6 +151,23 @@ def test_kernel_gives_shared_arrays_back(vk):
     assert vk.reduce(s) == 2 * 32 + 4 * 32
 
 
+def test_kernel_gives_back_each_object_passed(vk):
+    """Two view objects of the same bytes (a1 = s[24:34]; a2 = s[24:34]) came back as
+    [a1, a1]: results were matched by address.  python.md: the very array object
+    passed, so result i is the object passed as tensor i; DeviceArrays likewise."""
+    s = vk.empty_shared(64, np.float32, device="vulkan:0")
+    s[:] = 1
+    a1, a2 = s[32:], s[32:]
+    r = vk.kernel(DOUBLE, a1, a2, lang="glsl", grid=1, args=[{"tensor": 0}, {"i32": 32}])
+    assert r[0] is a1 and r[1] is a2
+    d = vk.to_device(np.ones(8, np.float32), device="vulkan:0")
+    d2 = dspk.DeviceArray(vk, d.buffer, d.device, d.shape, d.dtype)
+    r = vk.kernel(DOUBLE, d, d2, s, a2, lang="glsl", grid=1,
+                  args=[{"tensor": 0}, {"i32": 8}])
+    assert r[0] is d and r[1] is d2 and r[2] is s and r[3] is a2
+    np.testing.assert_array_equal(d.numpy(), [2] * 8)
+
+
 def test_kernel_staged_tensor_comes_back_as_numpy(vk_daemon, monkeypatch):
     """A tensor too large for one message went through a temporary buffer, freed once
     the task was sent: kernel() gave back a DeviceArray of that freed buffer."""

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 import dspk
+from conftest import TIMEOUT
 from dspk_kernels import GLSL_AXPY  # tests/common, on the path through conftest.py
 
 RNG = np.random.default_rng(13)
@@ -45,6 +46,26 @@ def test_gemm(client, dtype):
     ab, bb = rand((3, 1, 5, 4), dtype), rand((2, 4, 6), dtype)
     close(client.gemm(ab, bb), np.matmul(ab, bb), dtype)
     close(client.gemm(a[:, ::2], b[::2, :]), a[:, ::2] @ b[::2, :], dtype)
+
+
+def test_gemm_beta_follows_c(client):
+    """gemm(a, b, c) ignored c (beta defaulted to 0.0) where dspk-submit gemm A B C adds
+    it, and gemm(a, b, beta=2.0) silently ignored beta.  Now beta defaults to 1.0 with c
+    and 0.0 without, an explicit beta=0.0 with c reads no c, and a nonzero beta without
+    c is InvalidArgument, as cli.md's --beta."""
+    a, b, c = rand((5, 3), np.float64), rand((3, 4), np.float64), rand((5, 4), np.float64)
+    close(client.gemm(a, b, c), a @ b + c, np.float64)
+    close(client.submit("gemm", a, b, c).result(TIMEOUT), a @ b + c, np.float64)
+    close(client.gemm(a, b, c, alpha=2.0), 2 * (a @ b) + c, np.float64)
+    nan = np.full((5, 4), np.nan)
+    close(client.gemm(a, b, nan, beta=0.0), a @ b, np.float64)     # BLAS: reads no c
+    close(client.gemm(a, b), a @ b, np.float64)
+    close(client.gemm(a, b, beta=0.0), a @ b, np.float64)
+    for beta in (2.0, -1, 1e-300):
+        with pytest.raises(dspk.InvalidArgument, match="beta"):
+            client.gemm(a, b, beta=beta)
+        with pytest.raises(dspk.InvalidArgument, match="beta"):
+            client.submit("gemm", a, b, beta=beta)
 
 
 def test_gemm_half_and_bf16(client):

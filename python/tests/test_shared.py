@@ -638,3 +638,156 @@ def test_auto_shared_falls_back_to_the_socket(limit):
             assert len(c._temps) <= limit
     finally:
         d.stop()
+
+
+def test_idle_temporaries_are_bounded_and_yield_to_allocations():
+    """Idle shared temporaries are the user's daemon buffers: after one op on 20 MiB
+    operands they held 40 MiB of a 64 MiB max_user_memory, so a 32 MiB to_device() of
+    the same connection, and an empty() of another connection of the same user, were
+    refused ELIMIT although the user held no buffer.  Now a temporary beyond the bound
+    is freed once its task is answered, and an allocation refused for a limit frees the
+    idle ones and is tried once more (python.md, the automatic shared-memory path)."""
+    from conftest import Daemon
+    d = Daemon(["--max-user-memory", "64M"])
+    mine = lambda c: [x for x in c.status()["clients"] if x["self"]][0]  # noqa: E731
+    try:
+        with dspk.connect(d.socket) as c, dspk.connect(d.socket) as c2:
+            x = np.arange(5 << 20, dtype=np.float32)                # 20 MiB
+            np.testing.assert_array_equal(c.map("scale", x, alpha=2.0, device="cpu:0"),
+                                          2 * x)
+            assert mine(c)["buffers"] == 0 and mine(c)["buffer_bytes"] == 0
+            c2.empty(8 << 20, np.float32, device="cpu:0").free()    # 32 MiB
+            with c.to_device(np.ones(8 << 20, np.float32), device="cpu:0") as e:
+                assert e.nbytes == 32 << 20
+            # Small temporaries are kept (here 2 of 4 MiB) ...
+            y = np.arange(1 << 20, dtype=np.float32)                 # 4 MiB
+            np.testing.assert_array_equal(c.map("scale", y, alpha=3.0, device="cpu:0"),
+                                          3 * y)
+            assert mine(c)["buffers"] == 2 and mine(c)["buffer_bytes"] == 8 << 20
+            # ... and yield to an allocation the quota refuses with them.
+            z = np.arange(15 << 20, dtype=np.float32)                # 60 MiB
+            with c.to_device(z, device="cpu:0") as e:
+                np.testing.assert_array_equal(e.numpy(), z)
+                assert mine(c)["buffers"] == 1
+            # A shared array, or a temporary, refused for the quota likewise.
+            np.testing.assert_array_equal(c.map("scale", y, alpha=3.0, device="cpu:0"),
+                                          3 * y)
+            s = c.empty_shared(15 << 20, np.float32)
+            assert mine(c)["buffers"] == 1
+            del s
+            gc.collect()
+    finally:
+        d.stop()
+
+
+def test_idle_temporaries_yield_to_max_buffers():
+    """The same with max_buffers: the idle temporaries kept are at most an eighth of
+    it, and a buffer.create or buffer.import refused ELIMIT frees them and is tried
+    again."""
+    from conftest import Daemon
+    d = Daemon(["--max-buffers", "16"])
+    try:
+        with dspk.connect(d.socket) as c:
+            y = np.arange(1 << 20, dtype=np.float32)                 # 4 MiB
+            for _ in range(2):
+                np.testing.assert_array_equal(c.map("scale", y, alpha=3.0, device="cpu:0"),
+                                              3 * y)
+            assert len(c._temps) == 2
+            keep = [c.empty_shared(4) for _ in range(14)]           # 14 + 2 idle = 16
+            more = c.empty(4)                                        # ELIMIT, then again
+            keep.append(c.empty_shared(4))
+            assert len(c._temps) == 0 and more.nbytes == 16
+    finally:
+        d.stop()
+
+
+@pytest.mark.parametrize("make", ["empty_shared", "empty"])
+def test_a_shape_the_daemon_refuses_is_refused_before_any_buffer(make):
+    """empty_shared((2^62, 2^62, 0)) raised numpy's bare ValueError and leaked the
+    buffer imported for it, and empty() of it gave a DeviceArray every use of which
+    was ELIMIT.  protocol.md (Tensors): the product of the dimensions with each 0
+    counted as 1, times the item size, beyond 2^63-1 bytes is ELIMIT; so are a rank
+    above max_rank and more than max_elements elements: refused at creation."""
+    from conftest import Daemon
+    d = Daemon(["--max-elements", "1000"])
+    try:
+        with dspk.connect(d.socket) as c:
+            fn = getattr(c, make)
+            for shape, dt in [((1 << 62, 1 << 62, 0), np.float32),
+                              ((0, 1 << 61), np.float32),           # 2^63 bytes
+                              ((1 << 63, 0), np.float16)]:            # beyond int64
+                with pytest.raises(dspk.LimitExceeded):
+                    fn(shape, dt)
+            # A DeviceArray no op could take is refused too; a shared array is numpy
+            # memory whose views (other shapes) are the operands: made.
+            for shape in [(1,) * 9, (1001,)]:                       # max_rank, max_elements
+                if make == "empty":
+                    with pytest.raises(dspk.LimitExceeded):
+                        fn(shape, np.float32)
+                else:
+                    a = fn(shape, np.float32)
+                    a[...] = 1
+                    assert c.reduce(a.reshape(-1)[:1000]) == min(a.size, 1000)
+                    del a
+                    gc.collect()
+            # the daemon agrees: a tensor of that shape is its ELIMIT
+            with pytest.raises(dspk.LimitExceeded):
+                c.reduce(np.ones(1001, np.float32))
+            assert [x for x in c.status()["clients"] if x["self"]][0]["buffers"] == 0
+            ok = fn((1 << 20, 1 << 20, 0), np.float32)               # 2^42 bytes spanned
+            assert ok.shape == (1 << 20, 1 << 20, 0) and ok.nbytes == 0
+            assert fn((1000,), np.float32).shape == (1000,)
+    finally:
+        d.stop()
+
+
+F32 = np.float32
+BAD_OPERANDS = [
+    (lambda c, o: c.gemm(np.ones((3, 4), F32), np.ones((5, 6), F32), out=o), (2, 2), F32),
+    (lambda c, o: c.gemm(np.ones((3, 4), F32), np.ones((4, 2), F32), np.ones((3, 3), F32),
+                         out=o), (3, 2), F32),
+    (lambda c, o: c.gemm(np.ones((2, 2), np.float16), np.ones((2, 2), F32), out=o),
+     (2, 2), np.float64),
+    (lambda c, o: c.contract("ij,jk->ik", np.ones((3, 4), F32), np.ones((5, 6), F32),
+                             out=o), (2, 2), F32),
+    (lambda c, o: c.contract("...j,jk->...k", np.ones((3, 4), F32), np.ones((4, 2), F32),
+                             out=o), (3, 2), F32),
+    (lambda c, o: c.contract("ii,ik->k", np.ones((3, 3), F32), np.ones((3, 2), F32),
+                             out=o), (2,), F32),
+    (lambda c, o: c.contract("ij,jk" + " " * 60 + "->ik", np.ones((3, 4), F32),
+                             np.ones((4, 6), F32), out=o), (2, 2), F32),
+    (lambda c, o: c.map("frob", np.ones(4, F32), out=o), (4,), F32),
+    (lambda c, o: c.map("scale", np.ones(4, F32), np.ones(4, F32), out=o), (4,), F32),
+    (lambda c, o: c.reduce(np.ones(4, np.complex64), "max", out=o), (), np.complex64),
+    (lambda c, o: c.reduce(np.ones((4, 0), F32), "max", 1, out=o), (4,), F32),
+    (lambda c, o: c.fft(np.ones(8, F32), inverse=True, out=o), (5,), np.complex64),
+    (lambda c, o: c.fft(np.ones((2, 0), np.complex64), out=o), (2, 0), np.complex64),
+    (lambda c, o: c.fir(np.ones(8, F32), np.ones(0, F32), out=o), (4,), F32),
+]
+
+
+@pytest.mark.parametrize("i", range(len(BAD_OPERANDS)))
+@pytest.mark.parametrize("kind", ["device", "shared"])
+def test_out_leaves_invalid_operands_to_the_daemon(client, i, kind):
+    """With out=, operands the daemon refuses got the client's own out= error (a
+    RangeError about a made-up result shape, or InvalidArgument) instead of the
+    daemon's ShapeError, DtypeError or InvalidArgument that the call without out=
+    gets.  python.md: for operands the daemon refuses, its answer decides; out= is
+    not written."""
+    call, shape, dt = BAD_OPERANDS[i]
+    with pytest.raises(dspk.Error) as plain:
+        call(client, None)
+    assert not isinstance(plain.value, dspk.RangeError)
+    if kind == "device":
+        o = client.empty(shape, dt, device="cpu:0")
+        before = o.numpy()
+    else:
+        o = client.empty_shared(shape, dt)
+        o[...] = 7
+        before = o.copy()
+    with pytest.raises(dspk.Error) as e:
+        call(client, o)
+    assert type(e.value) is type(plain.value), (e.value, plain.value)
+    assert e.value.message == plain.value.message
+    after = o.numpy() if kind == "device" else o
+    np.testing.assert_array_equal(after, before)

@@ -773,6 +773,90 @@ static void test_refused_alloc(void **state) {
   unlink(sock);
 }
 
+/* A map "scale" of n f32 through temporaries on c; checks the result.
+ * Returns where the result's data was (freed). */
+static uintptr_t scale_on(dspk_client *c, size_t n) {
+  uintptr_t at;
+  float *x = malloc(n * sizeof(float));
+  assert_non_null(x);
+  for (size_t i = 0; i < n; i++)
+    x[i] = (float)(i % 1000);
+  dspk_tensor in = {.dtype = DSPK_F32, .rank = 1, .shape = {(int64_t)n}, .data = x,
+                    .nbytes = n * sizeof(float)};
+  dspk_task t;
+  dspk_result r;
+  dspk_task_init(&t, DSPK_OP_MAP);
+  t.device = "cpu:0";
+  t.inputs = &in;
+  t.ninputs = 1;
+  t.map.fn = DSPK_MAP_SCALE;
+  t.map.alpha = 2.0;
+  assert_int_equal(dspk_run(c, &t, &r), 0);
+  assert_int_equal(r.out[0].nbytes, n * sizeof(float));
+  for (size_t i = 0; i < n; i++)
+    if (((const float *)r.out[0].data)[i] != 2.0f * x[i])
+      fail_msg("element %zu", i);
+  at = (uintptr_t)r.out[0].data;
+  dspk_result_free(&r);
+  free(x);
+  return at;
+}
+
+/* Whether the page at address a is mapped in this process. */
+static bool mapped(uintptr_t a) {
+  long pg = sysconf(_SC_PAGESIZE);
+  return msync((void *)(a & ~(uintptr_t)(pg - 1)), (size_t)pg, MS_ASYNC) == 0;
+}
+
+static size_t count_state_of(dspk_client *c, int state) {
+  size_t n = 0;
+  for (size_t i = 0; i < c->nshm; i++)
+    n += c->shm[i].state == state;
+  return n;
+}
+
+/* Idle shared temporaries are daemon buffers of the user's: after one map
+ * of 20 MiB they held 20 MiB (and the result's 20 more) of a 64 MiB
+ * max_user_memory, and a 32 MiB dspk_buffer_create failed ELIMIT.  Now one
+ * beyond the bound (16 MiB of idle ones) is freed once its answer is
+ * consumed, and an allocation refused for a limit frees the idle ones and
+ * is tried once more. */
+static void test_idle_temps_quota(void **state) {
+  char sock[160];
+  dspk_client *c2;
+  uint64_t id = 0;
+  void *p = NULL;
+  int st;
+  (void)state;
+  snprintf(sock, sizeof sock, "%s/idle.sock", tmpdir);
+  quota_pid = spawn_daemon(sock, "cpu", "--max-user-memory", "64M");
+  assert_true(quota_pid > 0);
+  assert_int_equal(dspk_connect(sock, "test_idle_temps_quota", &c2), 0);
+  dspk_set_shared_threshold(c2, DSPK_SHARED_THRESHOLD);
+  uintptr_t res = scale_on(c2, (size_t)5 << 20); /* 20 MiB */
+  assert_int_equal(count_state_of(c2, 2), 0); /* the operand's: freed at the wait */
+  assert_false(mapped(res)); /* the result's: unmapped by dspk_result_free */
+  assert_int_equal(dspk_buffer_create(c2, "cpu:0", (size_t)32 << 20, &id), 0);
+  assert_int_equal(dspk_buffer_free(c2, id), 0);
+  /* small ones are kept (4 MiB each), then yield to a refused allocation */
+  scale_on(c2, (size_t)1 << 20);
+  scale_on(c2, (size_t)1 << 20);
+  assert_true(count_state_of(c2, 2) >= 1);
+  assert_int_equal(dspk_buffer_create(c2, "cpu:0", (size_t)60 << 20, &id), 0);
+  assert_int_equal(count_state_of(c2, 2), 0);
+  assert_int_equal(dspk_buffer_free(c2, id), 0);
+  scale_on(c2, (size_t)1 << 20);
+  assert_true(count_state_of(c2, 2) >= 1);
+  assert_int_equal(dspk_shared_alloc(c2, "cpu:0", (size_t)60 << 20, &p, &id), 0);
+  assert_int_equal(count_state_of(c2, 2), 0);
+  assert_int_equal(dspk_shared_free(c2, p), 0);
+  dspk_close(c2);
+  assert_int_equal(daemon_stop(quota_pid, &st), 0);
+  quota_pid = 0;
+  assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  unlink(sock);
+}
+
 /* The client unmaps its side while its task runs, or exits with tasks in
  * flight: the daemon's own mapping keeps the task's operands valid. */
 static void test_unmap_and_exit(void **state) {
@@ -869,6 +953,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_seals),
       cmocka_unit_test(test_unmap_and_exit),
       cmocka_unit_test(test_import_after_big),
+      cmocka_unit_test_teardown(test_idle_temps_quota, stop_quota_daemon),
   };
   return cmocka_run_group_tests(tests, start_daemon, stop_daemon);
 }
