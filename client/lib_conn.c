@@ -1542,6 +1542,7 @@ DSPK_EXPORT int dspk_connect_timeout(const char *socket_path, const char *client
   c->lim.max_depth = 32;
   c->lim.max_objects = (uint64_t)1 << 24; /* a trace's events, a status */
   c->send_max = (size_t)256 << 20; /* until hello says otherwise */
+  c->shm_idle_bytes = SHM_IDLE_BYTES;
   c->shm_threshold = DSPK_SHARED_THRESHOLD;
   {
     /* A size as every size dspk takes ("1M", "4096"); not one: ignored. */
@@ -1605,6 +1606,10 @@ DSPK_EXPORT int dspk_connect_timeout(const char *socket_path, const char *client
     dspk__arg_u64(v[DSPK__R_HELLO_LIMITS].v.o, "max_message", &mm, NULL, 0);
     if (mm >= 4096 && mm <= SIZE_MAX)
       c->send_max = (size_t)mm;
+    uint64_t quota = UINT64_MAX;
+    dspk__arg_u64(v[DSPK__R_HELLO_LIMITS].v.o, "cpu_memory_quota", &quota, NULL, 0);
+    if (quota / 8 < c->shm_idle_bytes)
+      c->shm_idle_bytes = (size_t)(quota / 8);
     proto = v[DSPK__R_HELLO_PROTOCOL].v.u;
     if (proto != DSPK_PROTOCOL_VERSION) {
       snprintf(connect_err, sizeof connect_err,

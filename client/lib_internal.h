@@ -24,6 +24,10 @@ struct dspk__frame {
   size_t len;
 };
 
+/* Idle shared temporaries kept by a client, together, at most (lib_shm.c;
+ * less under a small memory quota: dspk_client.shm_idle_bytes). */
+#define SHM_IDLE_BYTES ((size_t)64 << 20)
+
 struct dspk_client {
   int fd;
   bool broken;            /* the stream is unusable; every call fails */
@@ -32,6 +36,9 @@ struct dspk_client {
   uint32_t next_id;
   struct dspk__limits lim; /* applied to what the daemon sends */
   size_t send_max;          /* the daemon's max_message (from hello) */
+  size_t shm_idle_bytes;    /* idle shared temporaries kept, together, at most:
+                               SHM_IDLE_BYTES and an eighth of hello's
+                               cpu_memory_quota (they count toward it) */
   char err[1024];
   char daemon_version[64];
   dspk_progress_fn progress;
@@ -166,7 +173,7 @@ struct dspk__shm {
   uint32_t ticket;
   struct dspk__lease *lease;
   uint64_t used;    /* c->shm_clock when it was last made idle */
-  bool unmapped;    /* a lent one returned larger than SHM_IDLE_BYTES: its
+  bool unmapped;    /* a lent one returned larger than shm_idle_bytes: its
                        pages are gone, its buffer is dropped by the next trim */
 };
 /* The reference for an inline operand of task `device` (items of isz
@@ -213,7 +220,7 @@ void dspk__shm_sent(dspk_client *c, uint32_t ticket, bool ok);
 /* After ticket's answer: its temporaries are idle (kept for reuse). */
 void dspk__shm_done(dspk_client *c, uint32_t ticket);
 /* Frees the idle temporaries beyond what is kept for the next tasks
- * (SHM_IDLE_MAX of at most SHM_IDLE_BYTES together, the most recently used):
+ * (SHM_IDLE_MAX of at most c->shm_idle_bytes together, the most recently used):
  * they are daemon buffers of the user's, counted by max_buffers and the
  * memory quotas.  Called by dspk_wait and dspk_wait_any once an answer is
  * consumed. */

@@ -10,7 +10,7 @@
  * daemon would read them into its own buffer and copy them again).  A
  * temporary belongs to its task until that task's answer is consumed
  * (dspk_wait), then it is kept for the next task (at most SHM_IDLE_MAX idle
- * ones of at most SHM_IDLE_BYTES together, the most recently used; the
+ * ones of at most c->shm_idle_bytes together, the most recently used; the
  * others are freed then), so a stream of tasks reuses the same pages instead
  * of faulting in fresh ones.  Temporaries are daemon buffers of the user's:
  * they count toward max_buffers and the memory quotas, hence the bound; and
@@ -40,7 +40,7 @@
 #include "proto/testhook.h"
 
 #define SHM_IDLE_MAX 6
-#define SHM_IDLE_BYTES ((size_t)16 << 20) /* idle temporaries kept, together */
+/* SHM_IDLE_BYTES (lib_internal.h): idle temporaries kept, together, at most */
 #define SHM_LENT_MAX 4
 #define SHM_ROUND ((size_t)2 << 20) /* temporaries: whole 2 MiB */
 
@@ -50,7 +50,8 @@ struct dspk__lease {
   char *ptr;      /* NULL once `unmapped` */
   size_t size;
   bool returned, orphan;
-  bool unmapped;  /* returned and larger than SHM_IDLE_BYTES: unmapped then */
+  bool unmapped;  /* returned and larger than keep_max: unmapped then */
+  size_t keep_max; /* its client's shm_idle_bytes when lent */
   void *map;      /* a file's mapping holding ptr (dspk__file_lease), else NULL */
   size_t map_len;
   struct dspk__lease *next;
@@ -84,7 +85,7 @@ int dspk__shm_lease_return(const void *p) {
     free(l);
   } else if (l) {
     l->returned = true;
-    if (l->size > SHM_IDLE_BYTES) {
+    if (l->size > l->keep_max) {
       /* Never kept idle (dspk__shm_trim): its pages go now, its daemon
        * buffer at its client's next wait. */
       munmap(l->ptr, l->size);
@@ -152,6 +153,7 @@ char *dspk__shm_lend(dspk_client *c, uint32_t ticket, uint64_t id, uint64_t off,
         return NULL;
       l->ptr = s->ptr;
       l->size = s->size;
+      l->keep_max = c->shm_idle_bytes;
       pthread_mutex_lock(&lease_mu);
       l->next = leases;
       leases = l;
@@ -618,7 +620,7 @@ void dspk__shm_trim(dspk_client *c) {
       if (s->state == 2 && !taken && (!best || s->used > best->used))
         best = s;
     }
-    if (!best || bytes + best->size > SHM_IDLE_BYTES)
+    if (!best || bytes + best->size > c->shm_idle_bytes)
       break;
     keep[kept++] = best->id;
     bytes += best->size;

@@ -69,10 +69,24 @@ static int prefix(struct req *r, int code, const char *what) {
   return code;
 }
 
+/* The least of max_conn_memory and max_user_memory on cpu:0, in bytes
+ * (UINT64_MAX: no bound, or no cpu:0): what a connection's buffers there,
+ * the clients' shared temporaries among them, can hold at most. */
+static uint64_t cpu_memory_quota(const struct dspkd *d) {
+  for (int i = 0; i < d->ndevs; i++)
+    if (strcmp(d->devs[i].id, "cpu:0") == 0) {
+      uint64_t c = dspkd_quota_mem(d, &d->devs[i], true);
+      uint64_t u = dspkd_quota_mem(d, &d->devs[i], false);
+      return c < u ? c : u;
+    }
+  return UINT64_MAX;
+}
+
 /* The limits in force (hello's limits, status' daemon.limits); ud: the
- * struct dspkd_config. */
+ * struct dspkd. */
 static void pack_limits(const void *ud, struct dspk__wbuf *w) {
-  const struct dspkd_config *cfg = ud;
+  const struct dspkd *d = ud;
+  const struct dspkd_config *cfg = &d->cfg;
   struct dspk__pval v[DSPK__LIM_COUNT];
   v[DSPK__LIM_MAX_MESSAGE] = dspk__pv_uint(cfg->lim.max_message);
   v[DSPK__LIM_MAX_DEPTH] = dspk__pv_uint(
@@ -84,6 +98,7 @@ static void pack_limits(const void *ud, struct dspk__wbuf *w) {
   v[DSPK__LIM_MAX_UNSENT] = dspk__pv_uint(cfg->max_unsent);
   v[DSPK__LIM_MAX_BUFFERS] = dspk__pv_uint(cfg->max_buffers);
   v[DSPK__LIM_MAX_CLIENTS] = dspk__pv_uint(cfg->max_clients);
+  v[DSPK__LIM_CPU_MEMORY_QUOTA] = dspk__pv_uint(cpu_memory_quota(d));
   dspk__map_encode(w, dspk__limits_f, DSPK__LIM_COUNT, v);
 }
 
@@ -184,7 +199,7 @@ static int m_hello(struct req *r) {
   v[DSPK__R_HELLO_DAEMON] = dspk__pv_str(DSPKD_VERSION);
   v[DSPK__R_HELLO_SERVER] = dspk__pv_str("dspkd");
   v[DSPK__R_HELLO_CLIENT_ID] = dspk__pv_uint(c->id);
-  v[DSPK__R_HELLO_LIMITS] = dspk__pv_pack(pack_limits, &c->d->cfg);
+  v[DSPK__R_HELLO_LIMITS] = dspk__pv_pack(pack_limits, c->d);
   return answer(r, DSPK__M_HELLO, v);
 }
 
@@ -304,7 +319,7 @@ static void st_daemon(const void *ud, struct dspk__wbuf *w) {
   v[DSPK__SD_SOCKET] = dspk__pv_str(d->cfg.socket_path);
   v[DSPK__SD_CONNECTIONS] = dspk__pv_uint(d->nconns);
   v[DSPK__SD_STOPPING] = dspk__pv_bool(d->stopping);
-  v[DSPK__SD_LIMITS] = dspk__pv_pack(pack_limits, &d->cfg);
+  v[DSPK__SD_LIMITS] = dspk__pv_pack(pack_limits, d);
   dspk__map_encode(w, dspk__st_daemon_f, DSPK__SD_COUNT, v);
 }
 

@@ -80,6 +80,7 @@ const struct dspk__param dspk__limits_f[DSPK__LIM_COUNT] = {
     [DSPK__LIM_MAX_UNSENT] = RES("max_unsent", DSPK__T_UINT),
     [DSPK__LIM_MAX_BUFFERS] = RES("max_buffers", DSPK__T_UINT),
     [DSPK__LIM_MAX_CLIENTS] = RES("max_clients", DSPK__T_UINT),
+    [DSPK__LIM_CPU_MEMORY_QUOTA] = RES("cpu_memory_quota", DSPK__T_UINT),
 };
 
 static const struct dspk__param str_item = ITEM(DSPK__T_STR);

@@ -51,7 +51,8 @@ _TEMP_ROUND = 2 << 20   # shared temporaries: whole 2 MiB
 # and the memory quotas (max_user_memory...), so few and small ones are kept for the next
 # tasks; the others are freed as soon as their task is answered.
 _TEMP_IDLE_MAX = 6      # idle shared temporaries kept, at most
-_TEMP_IDLE_BYTES = 16 << 20  # bytes of the idle shared temporaries kept, at most
+_TEMP_IDLE_BYTES = 64 << 20  # bytes of the idle shared temporaries kept, at most
+_TEMP_IDLE_QUOTA = 8    # ... and at most this fraction of hello's cpu_memory_quota
 _TIMEOUT_FOREVER = 1e9  # seconds (31 years): a timeout above it waits for ever, as None
 _UNITS = {"": 1, "K": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MIB": 1 << 20,
           "G": 1 << 30, "GIB": 1 << 30, "T": 1 << 40, "TIB": 1 << 40}
@@ -1886,16 +1887,25 @@ class Client:
             return min(_TEMP_IDLE_MAX, most // 8)
         return _TEMP_IDLE_MAX
 
+    def _temp_idle_bytes(self) -> int:
+        """Bytes of idle temporaries that may be kept: _TEMP_IDLE_BYTES, and no more
+        than an eighth of the connection's memory quota on cpu:0 (hello's
+        cpu_memory_quota), which they count toward."""
+        quota = self.limits.get("cpu_memory_quota")
+        if isinstance(quota, int) and quota >= 0:
+            return min(_TEMP_IDLE_BYTES, quota // _TEMP_IDLE_QUOTA)
+        return _TEMP_IDLE_BYTES
+
     def _temp_trim_locked(self, room: int) -> List[_Temp]:
         """Takes out of _temps (the caller holds _temp_lock) the idle temporaries beyond
         the bounds, least recently used first, leaving room for ``room`` more idle
-        ones: at most _temp_keep() idle ones of at most _TEMP_IDLE_BYTES together
+        ones: at most _temp_keep() idle ones of at most _temp_idle_bytes() together
         (one larger than that is never kept).  Returns them for _temp_free."""
         idle = sorted((t for t in self._temps if not t.busy), key=lambda t: -t.used)
         keep_n = max(0, self._temp_keep() - room)
         kept, total, drop = 0, 0, []
         for t in idle:  # the most recently used first
-            if kept < keep_n and total + t.size <= _TEMP_IDLE_BYTES:
+            if kept < keep_n and total + t.size <= self._temp_idle_bytes():
                 kept += 1
                 total += t.size
             else:

@@ -680,6 +680,37 @@ def test_idle_temporaries_are_bounded_and_yield_to_allocations():
         d.stop()
 
 
+def test_idle_temporaries_sized_by_the_quota():
+    """The bound on idle temporaries follows the connection's memory quota on cpu:0
+    (hello's cpu_memory_quota): under the default quota (half the host's memory) a
+    task on 20 MiB operands keeps its two 20 MiB temporaries for the next task (a
+    stream of such tasks imports and faults in nothing new); under 64 MiB
+    (test_idle_temporaries_are_bounded_and_yield_to_allocations) it keeps none."""
+    from conftest import Daemon
+    d = Daemon([])
+    mine = lambda c: [x for x in c.status()["clients"] if x["self"]][0]  # noqa: E731
+    try:
+        with dspk.connect(d.socket) as c:
+            quota = c.limits["cpu_memory_quota"]
+            assert isinstance(quota, int) and quota >= 128 << 20
+            x = np.arange(5 << 20, dtype=np.float32)                # 20 MiB
+            for k in (2.0, 3.0):
+                np.testing.assert_array_equal(c.map("scale", x, alpha=k, device="cpu:0"),
+                                              k * x)
+                assert mine(c)["buffers"] == 2 and mine(c)["buffer_bytes"] == 40 << 20
+            ids = sorted(t.buffer for t in c._temps)
+            np.testing.assert_array_equal(c.map("scale", x, alpha=4.0, device="cpu:0"), 4 * x)
+            assert sorted(t.buffer for t in c._temps) == ids  # the same two again
+        d2 = Daemon(["--max-user-memory", "64M"])
+        try:
+            with dspk.connect(d2.socket) as c:
+                assert c.limits["cpu_memory_quota"] == 64 << 20
+        finally:
+            d2.stop()
+    finally:
+        d.stop()
+
+
 def test_idle_temporaries_yield_to_max_buffers():
     """The same with max_buffers: the idle temporaries kept are at most an eighth of
     it, and a buffer.create or buffer.import refused ELIMIT frees them and is tried

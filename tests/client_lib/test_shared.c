@@ -818,7 +818,7 @@ static size_t count_state_of(dspk_client *c, int state) {
 /* Idle shared temporaries are daemon buffers of the user's: after one map
  * of 20 MiB they held 20 MiB (and the result's 20 more) of a 64 MiB
  * max_user_memory, and a 32 MiB dspk_buffer_create failed ELIMIT.  Now one
- * beyond the bound (16 MiB of idle ones) is freed once its answer is
+ * beyond the bound (an eighth of the quota, 8 MiB, of idle ones) is freed once its answer is
  * consumed, and an allocation refused for a limit frees the idle ones and
  * is tried once more. */
 static void test_idle_temps_quota(void **state) {
