@@ -1322,6 +1322,32 @@ def gemm_blas(env):
         r = c.ok("task.run", {"op": "gemm", "device": dev, "inputs": [h, h, t32([1.0], [1, 1])],
                               "options": {"alpha": 0, "beta": 3}})
         check(vals32(r["outputs"][0]) == [3], "%s f16 alpha 0: %r" % (dev, r))
+        # The zero that decides is the one the op computes with: an alpha or beta
+        # that rounds to 0 in f32 (1e-50, -1e-50, 2^-150: a tie, to even) reads
+        # no A and B, or no C, whatever the size (BLAS library or own kernel) and
+        # the operands' dtype; f64 keeps 1e-50.
+        for dt, m, k, n in (("f32", 2, 2, 2), ("f16", 2, 2, 2), ("bf16", 2, 2, 2),
+                            ("f32", 512, 256, 512), ("f16", 256, 512, 256)):
+            def mk(v, shape, dt=dt):
+                cnt = shape[0] * shape[1]
+                data = (struct.pack("<%de" % cnt, *[v] * cnt) if dt == "f16" else
+                        bf16([v] * cnt) if dt == "bf16" else struct.pack("<%df" % cnt, *[v] * cnt))
+                return {"dtype": dt, "shape": shape, "data": data}
+            for tiny in (1e-50, -1e-50, math.ldexp(1, -150)):
+                r = c.ok("task.run", {"op": "gemm", "device": dev, "inputs": [
+                    mk(inf, [m, k]), mk(1.0, [k, n]), t32([1.0] * (m * n), [m, n])],
+                    "options": {"alpha": tiny, "beta": 2.0}})
+                check(set(vals32(r["outputs"][0])) == {2.0}, "%s %s %dx%dx%d alpha %r reads A"
+                      % (dev, dt, m, k, n, tiny))
+                r = c.ok("task.run", {"op": "gemm", "device": dev, "inputs": [
+                    mk(1.0, [m, k]), mk(1.0, [k, n]), t32([nan] * (m * n), [m, n])],
+                    "options": {"alpha": 1.0, "beta": tiny}})
+                check(set(vals32(r["outputs"][0])) == {float(k)}, "%s %s %dx%dx%d beta %r reads C"
+                      % (dev, dt, m, k, n, tiny))
+        r = c.ok("task.run", {"op": "gemm", "device": dev, "inputs": [
+            t64([1, 1, 1, 1], [2, 2]), t64([1, 1, 1, 1], [2, 2]), t64([nan] * 4, [2, 2])],
+            "options": {"alpha": 1e-50, "beta": 0.0}})
+        check(vals64(r["outputs"][0]) == [2e-50] * 4, "%s f64 alpha 1e-50: %r" % (dev, r))
         # alpha and beta of an op computed in f32 are rounded to f32 as
         # {f32: v} is: one that rounds to FLT_MAX is used as FLT_MAX, a finite
         # one that would become an infinity is ERANGE (f64 ops take any)
@@ -1391,6 +1417,35 @@ def degenerate(env):
               dev + ": gemm K = 0 without C")
         check(vals("gemm", [t32([], [0, 2]), t32([1] * 6, [2, 3])]) == ([0, 3], []),
               dev + ": gemm M = 0")
+        # K = 0 or alpha 0 (either sign): beta*C exactly, +0 without C or with
+        # beta 0 (of either sign), as BLAS: no alpha*0 is added (-1*0 is -0)
+        for T, V in ((t32, vals32), (t64, vals64)):
+            def signed(op, ins, **opt):
+                r = run(op, ins, **opt)
+                check(r[0] == "ok", "%s %s: %r" % (dev, op, r))
+                return [(v, math.copysign(1.0, v)) for v in V(r[1]["outputs"][0])]
+
+            def want(vs):
+                return [(v, math.copysign(1.0, v)) for v in vs]
+            cz = [0.0, -0.0, 1.0, -2.0]
+            k0 = [T([], [2, 0]), T([], [0, 2])]
+            ab = [T([1.0, 2.0, 3.0, 4.0], [2, 2]), T([1.0, -1.0, 1.0, 1.0], [2, 2])]
+            for ins, opt, res in (
+                    (k0, {"alpha": -1.0}, [0.0] * 4),
+                    (k0 + [T(cz, [2, 2])], {"alpha": -1.0}, [0.0] * 4),
+                    (k0 + [T(cz, [2, 2])], {"alpha": -1.0, "beta": -0.0}, [0.0] * 4),
+                    (k0 + [T(cz, [2, 2])], {"alpha": -1.0, "beta": 1.0}, cz),
+                    (k0 + [T(cz, [2, 2])], {"alpha": 2.0, "beta": -1.0}, [-0.0, 0.0, -1.0, 2.0]),
+                    (ab, {"alpha": -0.0}, [0.0] * 4),
+                    (ab, {"alpha": -0.0, "beta": 1.0}, [0.0] * 4),
+                    (ab + [T(cz, [2, 2])], {"alpha": -0.0, "beta": -0.0}, [0.0] * 4),
+                    (ab + [T(cz, [2, 2])], {"alpha": 0.0, "beta": -0.0}, [0.0] * 4),
+                    (ab + [T(cz, [2, 2])], {"alpha": -0.0, "beta": 1.0}, cz),
+                    (ab + [T(cz, [2, 2])], {"alpha": -0.0, "beta": -1.0}, [-0.0, 0.0, -1.0, 2.0]),
+                    (ab + [T(cz, [2, 2])], {"alpha": 0.0, "beta": 3.0}, [0.0, -0.0, 3.0, -6.0])):
+                check(signed("gemm", ins, **opt) == want(res), "%s gemm %s %r %s: %r, BLAS %r"
+                      % (dev, T([0])["dtype"], opt, "K = 0" if ins[0]["shape"][1] == 0 else "",
+                         signed("gemm", ins, **opt), want(res)))
         check(vals("reduce", [t32([], [0, 3])], axes=[0]) == ([3], [0, 0, 0]), dev + ": sum")
         r = vals("reduce", [t32([], [0, 2])], fn="mean", axes=[0])
         check(r[0] == [2] and all(math.isnan(v) for v in r[1]), dev + ": mean of empty is NaN")
