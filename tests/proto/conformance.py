@@ -1538,6 +1538,79 @@ def nan_extremes(env):
     still_open(c)
 
 
+@case("task.run: fft of non-finite input, the same on every backend (fft row)")
+def fft_nonfinite(env):
+    c = env.conn()
+    nan, inf = float("nan"), float("inf")
+    fmts = {"f32": ("f", 1), "f64": ("d", 1), "c64": ("f", 2), "c128": ("d", 2)}
+
+    def tensor(dt, rows):
+        fmt, w = fmts[dt]
+        flat = [v for row in rows for x in row for v in ((x.real, x.imag) if w == 2 else (x,))]
+        return {"dtype": dt, "shape": [len(rows), len(rows[0])],
+                "data": struct.pack("<%d%s" % (len(flat), fmt), *flat)}
+
+    def outputs(t):
+        fmt = "f" if t["dtype"] == "c64" else "d"
+        v = struct.unpack("<%d%s" % (len(t["data"]) // struct.calcsize(fmt), fmt), t["data"])
+        m = t["shape"][-1]
+        return [[complex(v[2 * (r * m + i)], v[2 * (r * m + i) + 1]) for i in range(m)]
+                for r in range(t["shape"][0])]
+
+    def finite(z):
+        return math.isfinite(z.real) and math.isfinite(z.imag)
+
+    def isnan(z):
+        return math.isnan(z.real) or math.isnan(z.imag)
+    for dev in gpu_and_cpu_devices(c):
+        for n in (1, 2, 7, 8, 12, 64, 97, 1000, 1024, 4096):
+            p, q = n // 3, (2 * n) // 3
+            for dt in ("f32", "f64", "c64", "c128"):
+                cplx = dt in ("c64", "c128")
+                tol = 1e-5 if dt in ("f32", "c64") else 1e-12
+                bads = [("only finite values", {}), ("NaN", {p: nan}), ("inf", {p: inf}), ("-inf", {q: -inf}),
+                        ("inf and -inf", {p: inf, q: -inf} if p != q else {p: inf}),
+                        ("inf and NaN", {q: inf, p: nan})]
+                if cplx:
+                    bads += [("NaN imaginary part", {p: complex(1, nan)}),
+                             ("inf imaginary part", {q: complex(0, -inf)})]
+                for inverse in ((False, True) if cplx else (False,)):
+                    for what, put in bads:
+                        # rows 0, 2 and 3 finite, of known transforms: an impulse
+                        # of 1e-20 (every output 1e-20, or 1e-20/n inverse) and a
+                        # constant 3 (3n, or 3, at 0 and 0 elsewhere); row 1 of
+                        # 1e20-scale values with the non-finite ones (an even
+                        # number of rows: VkFFT merged real rows in pairs)
+                        r0 = [1e-20] + [0.0] * (n - 1)
+                        r1 = [1e20 * ((i * 7919) % 13 - 6) for i in range(n)]
+                        for i, v in put.items():
+                            r1[i] = v
+                        r2 = [3.0] * n
+                        opt = {"inverse": True} if inverse else {}
+                        r = c.ok("task.run", {"op": "fft", "device": dev, "inputs": [
+                            tensor(dt, [r0, r1, r2, r0])], "options": opt})
+                        y = outputs(r["outputs"][0])
+                        name = "%s fft %s n=%d%s, %s in row 1" % (
+                            dev, dt, n, " inverse" if inverse else "", what)
+                        s0 = 1e-20 / n if inverse else 1e-20
+                        for row in (0, 3):
+                            check(all(abs(z - s0) <= tol * s0 for z in y[row]),
+                                  "%s: row %d (impulse) %r" % (name, row, y[row][:4]))
+                        s2 = 3.0 if inverse else 3.0 * n
+                        check(abs(y[2][0] - s2) <= tol * s2 and
+                              all(abs(z) <= tol * s2 for z in y[2][1:]),
+                              "%s: row 2 (constant) %r" % (name, y[2][:4]))
+                        if not put:
+                            pass  # each row to its own rounding: rows 0, 2, 3 above
+                        elif any(isnan(complex(v)) for v in put.values()):
+                            check(all(isnan(z) for z in y[1]),
+                                  "%s: an output without NaN: %r" % (name, y[1][:8]))
+                        else:
+                            check(not any(finite(z) for z in y[1]),
+                                  "%s: a finite output: %r" % (name, y[1][:8]))
+    still_open(c)
+
+
 @case("Connections: a client that half-closes gets every answer, then the close")
 def half_close(env):
     for dev in gpu_and_cpu_devices(env.conn()):
