@@ -110,6 +110,20 @@ static int check_f32_scalar(const char *opname, const char *name, double v, char
                     dspk__f64_text(v, text, sizeof text));
 }
 
+/* v as an f32 holds it (dspk__f64_fits_f32(v): no overflow). */
+static double round_f32(double v) { return (double)(float)v; }
+
+void dspk__op_gemm_scalars(const struct dspk__op *op, double *alpha, double *beta) {
+  int f32 = op->in[0].dtype != DSPK_F64;
+  *alpha = f32 ? round_f32(op->u.gemm.alpha) : op->u.gemm.alpha;
+  *beta = op->nin < 3 ? 0.0 : f32 ? round_f32(op->u.gemm.beta) : op->u.gemm.beta;
+}
+
+double dspk__op_map_alpha(const struct dspk__op *op) {
+  dspk_dtype dt = op->in[0].dtype;
+  return dt == DSPK_F32 || dt == DSPK_C64 ? round_f32(op->u.map.alpha) : op->u.map.alpha;
+}
+
 static int infer_gemm(struct dspk__op *op, char *msg, size_t len) {
   const struct dspk__tensor *A = &op->in[0], *B = &op->in[1];
   int r = check_nin(op, 2, 3, msg, len);

@@ -107,6 +107,18 @@ int dspk__op_check_results(const struct dspk__op *op, const struct dspk__op_limi
                            size_t msglen);
 
 /*
+ * The scalars an op computes with (docs/protocol.md, task.run): an option
+ * of an op that computes in f32 (gemm of f32, f16 or bf16 A and B; map of
+ * an f32 or c64 A) rounded to the nearest f32, any other as given.
+ * dspk__op_infer() checked that the rounding stays finite.  Every backend
+ * computes with these, and decides on them what BLAS decides on its
+ * arguments: gemm's "alpha 0 reads neither A nor B" and "beta 0 reads no C"
+ * (alpha 1e-50 of an f32 product is 0).  *beta is 0 without C.
+ */
+void dspk__op_gemm_scalars(const struct dspk__op *op, double *alpha, double *beta);
+double dspk__op_map_alpha(const struct dspk__op *op);
+
+/*
  * Parses contract subscripts ("ab,bc->ac", spaces ignored) against A and B,
  * as dspk__op_infer() does, for backends that lower einsum themselves.
  * Writes the NUL-terminated labels of A, B and the output into lab[0..2] and

@@ -379,7 +379,8 @@ int dspk__cpu_gemm(struct dspk__dev *dev, struct dspk__op *op,
   int ra = A->rank, rb = B->rank, ro = O->rank;
   int64_t M = O->shape[ro - 2], N = O->shape[ro - 1];
   int64_t K = A->shape[ta ? ra - 2 : ra - 1];
-  double alpha = op->u.gemm.alpha, beta = C ? op->u.gemm.beta : 0.0;
+  double alpha, beta; /* as the op computes with them: f32-rounded for an f32 product */
+  dspk__op_gemm_scalars(op, &alpha, &beta);
   size_t es = dspk__dtype_size(O->dtype);
   int64_t total = dspk__tensor_numel(O);
   float *wa = NULL, *wb = NULL;
@@ -397,7 +398,9 @@ int dspk__cpu_gemm(struct dspk__dev *dev, struct dspk__op *op,
   } else {
     beta = 0;
   }
-  if (K == 0 || alpha == 0) { /* nothing to multiply: out = beta*C */
+  /* Nothing to multiply: out = beta*C exactly, +0 without C or with beta 0
+   * (as BLAS: alpha 0 of either sign, or K = 0, adds no alpha*0). */
+  if (K == 0 || alpha == 0) {
     scale_out(dspk__cpu_ptr(O), O->dtype, total, beta);
     return 0;
   }

@@ -172,8 +172,12 @@ static int op_gemm(struct dspk__dev *dev, struct dspk__op *op, struct dspk__opct
   int64_t K = ta ? A->shape[A->rank - 2] : A->shape[A->rank - 1];
   int64_t nb = 1, sa, sb;
   size_t isz = dspk__dtype_size(A->dtype), osz = dspk__dtype_size(O->dtype);
-  double beta = 0;
+  /* alpha and beta as the op computes with them (f32-rounded for an f32
+   * product: 1e-50 is 0), on which "alpha 0 reads neither A nor B" and
+   * "beta 0 reads no C" are decided; beta 0 without C. */
+  double alpha, beta;
   int rc;
+  dspk__op_gemm_scalars(op, &alpha, &beta);
   for (int i = 0; i < O->rank - 2; i++)
     nb *= O->shape[i];
   if (nb * M * N == 0)
@@ -192,12 +196,12 @@ static int op_gemm(struct dspk__dev *dev, struct dspk__op *op, struct dspk__opct
     }
     if ((rc = permute(dev, dspk__gpurt_ptr(C), dspk__gpurt_ptr(O), osz, &d, ctx)))
       return rc;
-    beta = op->u.gemm.beta;
   }
-  if (K == 0 || op->u.gemm.alpha == 0) {
-    /* An empty sum, or alpha 0 (which reads neither A nor B, as BLAS and
-     * the cpu): out = beta*C, or 0 (beta 0 reads no C: 0, not 0*NaN). */
-    if (op->nin == 3 && beta != 0)
+  if (K == 0 || alpha == 0) {
+    /* An empty sum, or alpha 0 of either sign (which reads neither A nor B,
+     * as BLAS and the cpu): out = beta*C exactly, or +0 (beta 0 reads no C:
+     * 0, not 0*NaN; no alpha*0 is added, so no -0 from a negative alpha). */
+    if (beta != 0)
       return map_scale(dev, dspk__gpurt_ptr(O), O->dtype, nb * M * N, beta, ctx);
     int r = DRV->memset_async(dspk__gpurt_ptr(O), 0, (size_t)(nb * M * N) * osz, dev->stream);
     return r ? dspk__gpurt_err(dev, ctx, "cuMemsetD8Async", r) : 0;
@@ -205,11 +209,11 @@ static int op_gemm(struct dspk__dev *dev, struct dspk__op *op, struct dspk__opct
   sa = batch_stride(A, O);
   sb = batch_stride(B, O);
   if (sa >= 0 && sb >= 0)
-    return gemm_rm(dev, A->dtype, ta, tb, M, N, K, op->u.gemm.alpha, dspk__gpurt_ptr(A), sa,
+    return gemm_rm(dev, A->dtype, ta, tb, M, N, K, alpha, dspk__gpurt_ptr(A), sa,
                    dspk__gpurt_ptr(B), sb, beta, dspk__gpurt_ptr(O), M * N, nb, ctx);
   /* Batch shapes that broadcast both ways: one gemm per output matrix. */
   for (int64_t b = 0; b < nb; b++) {
-    rc = gemm_rm(dev, A->dtype, ta, tb, M, N, K, op->u.gemm.alpha,
+    rc = gemm_rm(dev, A->dtype, ta, tb, M, N, K, alpha,
                  dspk__gpurt_ptr(A) + (dspk__gptr)(batch_offset(A, O, b) * (int64_t)isz), 0,
                  dspk__gpurt_ptr(B) + (dspk__gptr)(batch_offset(B, O, b) * (int64_t)isz), 0,
                  beta, dspk__gpurt_ptr(O) + (dspk__gptr)(b * M * N * (int64_t)osz), 0, 1, ctx);
@@ -368,7 +372,7 @@ static int op_map(struct dspk__dev *dev, struct dspk__op *op, struct dspk__opctx
   dspk__gptr a = dspk__gpurt_ptr(A), b = op->nin > 1 ? dspk__gpurt_ptr(&op->in[1]) : a;
   dspk__gptr o = dspk__gpurt_ptr(O);
   int64_t n = dspk__tensor_numel(A);
-  double alpha = op->u.map.alpha;
+  double alpha = dspk__op_map_alpha(op); /* f32-rounded for f32 and c64 */
   void *args[5] = {&a, &b, &o, &n, &alpha};
   dspk__gfunc fn;
   int rc;

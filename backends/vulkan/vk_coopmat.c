@@ -1116,10 +1116,12 @@ static int plan(struct dspk__dev *d, const struct dspk__op *op, struct cmplan *p
     p->pc.scm = cm_ == 1 ? 0 : (uint32_t)cn;
     p->pc.bsc = kc ? (uint32_t)(cn * cm_) : 0;
   }
-  p->pc.alpha = (float)op->u.gemm.alpha;
-  p->pc.beta = (float)op->u.gemm.beta;
+  double alpha, beta; /* f32-rounded: beta 0 reads no C (1e-50 too) */
+  dspk__op_gemm_scalars(op, &alpha, &beta);
+  p->pc.alpha = (float)alpha;
+  p->pc.beta = (float)beta;
   p->flags = bf16 ? DSPK__VK_CM_F_BF16 : 0;
-  if (C && op->u.gemm.beta != 0)
+  if (C && beta != 0)
     p->flags |= DSPK__VK_CM_F_HASC;
   if (!ta)
     p->flags |= DSPK__VK_CM_F_AKC;

@@ -114,11 +114,14 @@ void dspk__vk_fft_plan_free(struct dspk__dev *d, void *plan) {
 static int plan_key(const struct dspk__vkfft_desc *desc, char *key, size_t len) {
   const struct dspk__vkfft_tune *t = &desc->tune;
   return snprintf(key, len,
-                  "fft|n=%llu|b=%llu|d=%d|r=%d|o=%d|%llu|%llu|c=%u|t=%u|g=%u|w=%u|l=%u",
+                  "fft|n=%llu|b=%llu|d=%d|r=%d|o=%d|%llu|%llu|c=%u|t=%u|g=%u|w=%u|l=%u%s",
                   (unsigned long long)desc->n, (unsigned long long)desc->batch, desc->dbl,
                   desc->r2c, desc->oop, (unsigned long long)desc->bufsize,
                   (unsigned long long)desc->insize, t->coalesced, t->aim_threads,
-                  t->reg_boost, t->bw_boost, t->lut);
+                  t->reg_boost, t->bw_boost, t->lut,
+                  /* real rows not merged in pairs (vk_vkfft.c): not the
+                   * binaries saved before */
+                  desc->r2c ? "|s" : "");
 }
 
 /* Makes a plan with its first instance (binaries from the persistent cache,

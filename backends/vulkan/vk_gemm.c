@@ -182,8 +182,10 @@ static int gen_gemm(char *src, size_t n, const struct tile *t, dspk_dtype in_dt,
       "    for (int j = 0; j < TN; j++) {\n"
       "      uint gn = n0 + tx + uint(j) * WGX;\n"
       "      if (gn >= pc.N) continue;\n"
-      "      T v = pc.alpha * acc[i][j];\n"
-      "#if %d\n      if (pc.acc == 0u) v += pc.beta * c[pc.oc + bz * pc.bsc + gm * pc.scm + gn * pc.scn];\n#endif\n"
+      "      T v = pc.K == 0u ? T(0) : pc.alpha * acc[i][j];\n"
+      "#if %d\n      if (pc.acc == 0u) {\n"
+      "        T w = pc.beta * c[pc.oc + bz * pc.bsc + gm * pc.scm + gn * pc.scn];\n"
+      "        v = pc.K == 0u ? w : v + w;\n      }\n#endif\n"
       "      uint oi = pc.oo + bz * pc.bso + gm * pc.son + gn;\n"
       "      if (pc.acc != 0u) v += o[oi];\n"
       "      o[oi] = v;\n"
@@ -374,12 +376,14 @@ static int gen_gemm2(char *src, size_t n, const struct tile *t, const struct v2m
       "      if (GUARD != 0 && gm >= pc.M) continue;\n"
       "      [[unroll]] for (int h = 0; h < TN / 4; h++) {\n"
       "        uint gn = n0 + uint(h) * (BN / (TN / 4)) + tx * 4u;\n"
-      "        vec4 v = pc.alpha * acc[g * 4 + r][h];\n"
+      "        vec4 v = pc.K == 0u ? vec4(0) : pc.alpha * acc[g * 4 + r][h];\n"
       "#if HASC\n"
       "        if (pc.acc == 0u)\n"
       "        [[unroll]] for (int j = 0; j < 4; j++)\n"
-      "          if (GUARD == 0 || gn + uint(j) < pc.N)\n"
-      "            v[j] += pc.beta * c[pc.oc + bz * pc.bsc + gm * pc.scm + (gn + uint(j)) * pc.scn];\n"
+      "          if (GUARD == 0 || gn + uint(j) < pc.N) {\n"
+      "            float w = pc.beta * c[pc.oc + bz * pc.bsc + gm * pc.scm + (gn + uint(j)) * pc.scn];\n"
+      "            v[j] = pc.K == 0u ? w : v[j] + w;\n"
+      "          }\n"
       "#endif\n"
       "#if VO\n"
       "        if (GUARD == 0 || gn < pc.N) {\n"
@@ -698,10 +702,15 @@ int dspk__vk_gemm(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *
   last_name = NULL; /* set again by launch() */
   /* f16 (and bf16 on the KHR path) on the tensor cores where the device
    * offers them (vk_coopmat.c). */
-  /* alpha 0 reads neither A nor B, as BLAS (and the cpu): the scalar
-   * kernel's empty sum (K = 0) gives beta*C, so an inf or NaN in A or B
-   * does not reach the result. */
-  int no_ab = op->u.gemm.alpha == 0;
+  /* alpha 0 reads neither A nor B, as BLAS (and the cpu): the kernels'
+   * empty sum (K = 0) gives beta*C exactly, or +0 without C (no alpha*0
+   * added: alpha -0 or -1 gives no -0), so an inf or NaN in A or B does not
+   * reach the result.  Decided on the alpha the op computes with (1e-50 of
+   * an f32 product is 0); K = 0 takes the same path. */
+  double alpha, beta;
+  dspk__op_gemm_scalars(op, &alpha, &beta);
+  int64_t K0 = op->u.gemm.trans_a ? A->shape[A->rank - 2] : A->shape[A->rank - 1];
+  int no_ab = alpha == 0 || K0 == 0;
   /* (Outputs whose tiles might not fit one dispatch take the scalar kernel,
    * which splits them: a cooperative-matrix tile is at least 8 wide.) */
   int fits = (uint64_t)O->shape[O->rank - 2] <= (uint64_t)dspk__vk_max_groups(d, 1) * 8 &&
@@ -730,15 +739,15 @@ int dspk__vk_gemm(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *
   if (C) {
     if ((r = bind(d, C, &g.bind[2], &g.oc, ctx, "C")))
       return r;
-    g.has_c = op->u.gemm.beta != 0;
+    g.has_c = beta != 0; /* beta 0 reads no C */
   } else {
     g.bind[2] = g.bind[3];
   }
   g.M = (uint32_t)M;
   g.N = (uint32_t)N;
   g.K = no_ab ? 0 : (uint32_t)K;
-  g.alpha = op->u.gemm.alpha;
-  g.beta = op->u.gemm.beta;
+  g.alpha = alpha;
+  g.beta = beta;
   /* A is (.., M, K) or (.., K, M) when transposed; likewise B. */
   int64_t lda = A->shape[ra - 1], ldb = B->shape[rb - 1];
   g.sam = ta ? 1 : (uint32_t)lda;

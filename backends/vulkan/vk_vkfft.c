@@ -123,6 +123,12 @@ int dspk__vkfft_create(struct dspk__dev *d, VkFence *fence,
   }
   if (desc->r2c) {
     c->performR2C = 1;
+    /* Each row its own transform: VkFFT would otherwise merge two real rows
+     * into one complex transform (even batch), so that a NaN or an infinity
+     * of one row made every output of the other non-finite, and a row of
+     * 1e-20 next to one of 1e20 came out as the other's rounding error.
+     * (The plan key says so: vk_fft.c, plan_key.) */
+    c->disableMergeSequencesR2C = 1;
     c->inputBufferStride[0] = desc->n;
     c->bufferStride[0] = desc->n / 2 + 1;
   }

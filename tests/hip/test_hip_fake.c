@@ -444,6 +444,50 @@ static void test_ops_own_kernels(void **state) {
   for (int i = 0; i < 2; i++)
     B->free(dev, op.in[i].mem);
   B->free(dev, op.out[0].mem);
+  /* An alpha that rounds to 0 in f32 (the product's precision) is the 0 the
+   * op computes with: it reads neither A nor B, so f16 needs no BLAS library
+   * here, and the result is +0 (alpha negative: still no -0). */
+  for (int neg = 0; neg < 2; neg++) {
+    float *o;
+    memset(&op, 0, sizeof(op));
+    op.kind = DSPK_OP_GEMM;
+    op.nin = 2;
+    op.u.gemm.alpha = neg ? -1e-50 : 1e-50;
+    set_tensor(&op.in[0], DSPK_F16, 2, sa);
+    set_tensor(&op.in[1], DSPK_F16, 2, sb);
+    upload(&op.in[0], a);
+    upload(&op.in[1], b);
+    o = run(&op);
+    for (int i = 0; i < 8; i++)
+      assert_true(o[i] == 0 && !signbit(o[i]));
+    free(o);
+  }
+  /* A beta that rounds to 0 reads no C: the output (C copied in) is cleared,
+   * not scaled by a kernel (which would keep C's NaN: NaN*1e-50). */
+  {
+    int64_t sc[2] = {4, 2};
+    float cn[8], *o;
+    for (int i = 0; i < 8; i++)
+      cn[i] = NAN;
+    memset(&op, 0, sizeof(op));
+    op.kind = DSPK_OP_GEMM;
+    op.nin = 3;
+    op.u.gemm.alpha = 0;
+    op.u.gemm.beta = 1e-50;
+    set_tensor(&op.in[0], DSPK_F32, 2, sa);
+    set_tensor(&op.in[1], DSPK_F32, 2, sb);
+    set_tensor(&op.in[2], DSPK_F32, 2, sc);
+    upload(&op.in[0], a);
+    upload(&op.in[1], b);
+    upload(&op.in[2], cn);
+    fake_live(&l0);
+    o = run(&op);
+    fake_live(&l1);
+    assert_int_equal(l1.launches - l0.launches, 1); /* C into the output */
+    for (int i = 0; i < 8; i++)
+      assert_true(o[i] == 0 && !signbit(o[i]));
+    free(o);
+  }
   c = NULL;
   free(c);
 }

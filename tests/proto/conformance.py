@@ -1444,6 +1444,32 @@ def gemm_blas(env):
         r = c.ok("task.run", {"op": "gemm", "device": dev, "inputs": [h, h, t32([1.0], [1, 1])],
                               "options": {"alpha": 0, "beta": 3}})
         check(vals32(r["outputs"][0]) == [3], "%s f16 alpha 0: %r" % (dev, r))
+        # The zero that decides is the one the op computes with: an alpha or beta
+        # that rounds to 0 in f32 (1e-50, -1e-50, 2^-150: a tie, to even) reads
+        # no A and B, or no C, whatever the size (BLAS library or own kernel) and
+        # the operands' dtype; f64 keeps 1e-50.
+        for dt, m, k, n in (("f32", 2, 2, 2), ("f16", 2, 2, 2), ("bf16", 2, 2, 2),
+                            ("f32", 512, 256, 512), ("f16", 256, 512, 256)):
+            def mk(v, shape, dt=dt):
+                cnt = shape[0] * shape[1]
+                data = (struct.pack("<%de" % cnt, *[v] * cnt) if dt == "f16" else
+                        bf16([v] * cnt) if dt == "bf16" else struct.pack("<%df" % cnt, *[v] * cnt))
+                return {"dtype": dt, "shape": shape, "data": data}
+            for tiny in (1e-50, -1e-50, math.ldexp(1, -150)):
+                r = c.ok("task.run", {"op": "gemm", "device": dev, "inputs": [
+                    mk(inf, [m, k]), mk(1.0, [k, n]), t32([1.0] * (m * n), [m, n])],
+                    "options": {"alpha": tiny, "beta": 2.0}})
+                check(set(vals32(r["outputs"][0])) == {2.0}, "%s %s %dx%dx%d alpha %r reads A"
+                      % (dev, dt, m, k, n, tiny))
+                r = c.ok("task.run", {"op": "gemm", "device": dev, "inputs": [
+                    mk(1.0, [m, k]), mk(1.0, [k, n]), t32([nan] * (m * n), [m, n])],
+                    "options": {"alpha": 1.0, "beta": tiny}})
+                check(set(vals32(r["outputs"][0])) == {float(k)}, "%s %s %dx%dx%d beta %r reads C"
+                      % (dev, dt, m, k, n, tiny))
+        r = c.ok("task.run", {"op": "gemm", "device": dev, "inputs": [
+            t64([1, 1, 1, 1], [2, 2]), t64([1, 1, 1, 1], [2, 2]), t64([nan] * 4, [2, 2])],
+            "options": {"alpha": 1e-50, "beta": 0.0}})
+        check(vals64(r["outputs"][0]) == [2e-50] * 4, "%s f64 alpha 1e-50: %r" % (dev, r))
         # alpha and beta of an op computed in f32 are rounded to f32 as
         # {f32: v} is: one that rounds to FLT_MAX is used as FLT_MAX, a finite
         # one that would become an infinity is ERANGE (f64 ops take any)
@@ -1513,6 +1539,35 @@ def degenerate(env):
               dev + ": gemm K = 0 without C")
         check(vals("gemm", [t32([], [0, 2]), t32([1] * 6, [2, 3])]) == ([0, 3], []),
               dev + ": gemm M = 0")
+        # K = 0 or alpha 0 (either sign): beta*C exactly, +0 without C or with
+        # beta 0 (of either sign), as BLAS: no alpha*0 is added (-1*0 is -0)
+        for T, V in ((t32, vals32), (t64, vals64)):
+            def signed(op, ins, **opt):
+                r = run(op, ins, **opt)
+                check(r[0] == "ok", "%s %s: %r" % (dev, op, r))
+                return [(v, math.copysign(1.0, v)) for v in V(r[1]["outputs"][0])]
+
+            def want(vs):
+                return [(v, math.copysign(1.0, v)) for v in vs]
+            cz = [0.0, -0.0, 1.0, -2.0]
+            k0 = [T([], [2, 0]), T([], [0, 2])]
+            ab = [T([1.0, 2.0, 3.0, 4.0], [2, 2]), T([1.0, -1.0, 1.0, 1.0], [2, 2])]
+            for ins, opt, res in (
+                    (k0, {"alpha": -1.0}, [0.0] * 4),
+                    (k0 + [T(cz, [2, 2])], {"alpha": -1.0}, [0.0] * 4),
+                    (k0 + [T(cz, [2, 2])], {"alpha": -1.0, "beta": -0.0}, [0.0] * 4),
+                    (k0 + [T(cz, [2, 2])], {"alpha": -1.0, "beta": 1.0}, cz),
+                    (k0 + [T(cz, [2, 2])], {"alpha": 2.0, "beta": -1.0}, [-0.0, 0.0, -1.0, 2.0]),
+                    (ab, {"alpha": -0.0}, [0.0] * 4),
+                    (ab, {"alpha": -0.0, "beta": 1.0}, [0.0] * 4),
+                    (ab + [T(cz, [2, 2])], {"alpha": -0.0, "beta": -0.0}, [0.0] * 4),
+                    (ab + [T(cz, [2, 2])], {"alpha": 0.0, "beta": -0.0}, [0.0] * 4),
+                    (ab + [T(cz, [2, 2])], {"alpha": -0.0, "beta": 1.0}, cz),
+                    (ab + [T(cz, [2, 2])], {"alpha": -0.0, "beta": -1.0}, [-0.0, 0.0, -1.0, 2.0]),
+                    (ab + [T(cz, [2, 2])], {"alpha": 0.0, "beta": 3.0}, [0.0, -0.0, 3.0, -6.0])):
+                check(signed("gemm", ins, **opt) == want(res), "%s gemm %s %r %s: %r, BLAS %r"
+                      % (dev, T([0])["dtype"], opt, "K = 0" if ins[0]["shape"][1] == 0 else "",
+                         signed("gemm", ins, **opt), want(res)))
         check(vals("reduce", [t32([], [0, 3])], axes=[0]) == ([3], [0, 0, 0]), dev + ": sum")
         r = vals("reduce", [t32([], [0, 2])], fn="mean", axes=[0])
         check(r[0] == [2] and all(math.isnan(v) for v in r[1]), dev + ": mean of empty is NaN")
@@ -1602,6 +1657,79 @@ def nan_extremes(env):
                          (not math.isinf(b) and abs(a - b) <= tol * mod) for a, b in zip(g, w))
                 check(ok, "%s exp(%r%+rj) as %s: %r, C99/numpy %r"
                       % (dev, xr, yi, cplx(fmt, pairs)["dtype"], g, w))
+    still_open(c)
+
+
+@case("task.run: fft of non-finite input, the same on every backend (fft row)")
+def fft_nonfinite(env):
+    c = env.conn()
+    nan, inf = float("nan"), float("inf")
+    fmts = {"f32": ("f", 1), "f64": ("d", 1), "c64": ("f", 2), "c128": ("d", 2)}
+
+    def tensor(dt, rows):
+        fmt, w = fmts[dt]
+        flat = [v for row in rows for x in row for v in ((x.real, x.imag) if w == 2 else (x,))]
+        return {"dtype": dt, "shape": [len(rows), len(rows[0])],
+                "data": struct.pack("<%d%s" % (len(flat), fmt), *flat)}
+
+    def outputs(t):
+        fmt = "f" if t["dtype"] == "c64" else "d"
+        v = struct.unpack("<%d%s" % (len(t["data"]) // struct.calcsize(fmt), fmt), t["data"])
+        m = t["shape"][-1]
+        return [[complex(v[2 * (r * m + i)], v[2 * (r * m + i) + 1]) for i in range(m)]
+                for r in range(t["shape"][0])]
+
+    def finite(z):
+        return math.isfinite(z.real) and math.isfinite(z.imag)
+
+    def isnan(z):
+        return math.isnan(z.real) or math.isnan(z.imag)
+    for dev in gpu_and_cpu_devices(c):
+        for n in (1, 2, 7, 8, 12, 64, 97, 1000, 1024, 4096):
+            p, q = n // 3, (2 * n) // 3
+            for dt in ("f32", "f64", "c64", "c128"):
+                cplx = dt in ("c64", "c128")
+                tol = 1e-5 if dt in ("f32", "c64") else 1e-12
+                bads = [("only finite values", {}), ("NaN", {p: nan}), ("inf", {p: inf}), ("-inf", {q: -inf}),
+                        ("inf and -inf", {p: inf, q: -inf} if p != q else {p: inf}),
+                        ("inf and NaN", {q: inf, p: nan})]
+                if cplx:
+                    bads += [("NaN imaginary part", {p: complex(1, nan)}),
+                             ("inf imaginary part", {q: complex(0, -inf)})]
+                for inverse in ((False, True) if cplx else (False,)):
+                    for what, put in bads:
+                        # rows 0, 2 and 3 finite, of known transforms: an impulse
+                        # of 1e-20 (every output 1e-20, or 1e-20/n inverse) and a
+                        # constant 3 (3n, or 3, at 0 and 0 elsewhere); row 1 of
+                        # 1e20-scale values with the non-finite ones (an even
+                        # number of rows: VkFFT merged real rows in pairs)
+                        r0 = [1e-20] + [0.0] * (n - 1)
+                        r1 = [1e20 * ((i * 7919) % 13 - 6) for i in range(n)]
+                        for i, v in put.items():
+                            r1[i] = v
+                        r2 = [3.0] * n
+                        opt = {"inverse": True} if inverse else {}
+                        r = c.ok("task.run", {"op": "fft", "device": dev, "inputs": [
+                            tensor(dt, [r0, r1, r2, r0])], "options": opt})
+                        y = outputs(r["outputs"][0])
+                        name = "%s fft %s n=%d%s, %s in row 1" % (
+                            dev, dt, n, " inverse" if inverse else "", what)
+                        s0 = 1e-20 / n if inverse else 1e-20
+                        for row in (0, 3):
+                            check(all(abs(z - s0) <= tol * s0 for z in y[row]),
+                                  "%s: row %d (impulse) %r" % (name, row, y[row][:4]))
+                        s2 = 3.0 if inverse else 3.0 * n
+                        check(abs(y[2][0] - s2) <= tol * s2 and
+                              all(abs(z) <= tol * s2 for z in y[2][1:]),
+                              "%s: row 2 (constant) %r" % (name, y[2][:4]))
+                        if not put:
+                            pass  # each row to its own rounding: rows 0, 2, 3 above
+                        elif any(isnan(complex(v)) for v in put.values()):
+                            check(all(isnan(z) for z in y[1]),
+                                  "%s: an output without NaN: %r" % (name, y[1][:8]))
+                        else:
+                            check(not any(finite(z) for z in y[1]),
+                                  "%s: a finite output: %r" % (name, y[1][:8]))
     still_open(c)
 
 
