@@ -7,6 +7,7 @@ import fcntl
 import gc
 import mmap
 import os
+import select
 import socket
 import subprocess
 import sys
@@ -362,7 +363,13 @@ class _SendSpy:
                 if len(head) >= 64:
                     break
             self.heads.append(head)
-        return self._s.sendmsg(buffers, anc, *rest)
+        # The client polls on EAGAIN; raised from here it would look like a signal
+        # handler's exception (the client's _foreign): wait here instead.
+        while True:
+            try:
+                return self._s.sendmsg(buffers, anc, *rest)
+            except BlockingIOError:
+                select.select([], [self._s], [])
 
 
 def _is_import_frame_start(head):

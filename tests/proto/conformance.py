@@ -536,7 +536,12 @@ def hello(env):
     check(isinstance(r["client_id"], int) and r["client_id"] >= 0, "client_id")
     check(set(r["limits"]) == {"max_message", "max_depth", "max_objects", "max_rank",
                                "max_elements", "max_inflight", "max_unsent", "max_buffers",
-                               "max_clients"}, "limits keys %r" % r["limits"])
+                               "max_clients", "cpu_memory_quota"}, "limits keys %r" % r["limits"])
+    # the default max_user_memory, 50% of cpu:0's memory (the host's RAM), or none
+    # without cpu:0
+    q = r["limits"]["cpu_memory_quota"]
+    check(isinstance(q, int) and 0 < q < os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+          or q == (1 << 64) - 1, "cpu_memory_quota %r" % q)
     check(r["limits"]["max_message"] == 268435456 and r["limits"]["max_depth"] == 16
           and r["limits"]["max_objects"] == 65536 and r["limits"]["max_rank"] == 8
           and r["limits"]["max_elements"] == 1 << 31 and r["limits"]["max_inflight"] == 1024

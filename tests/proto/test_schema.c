@@ -639,7 +639,7 @@ static void test_nested(void **state) {
   dspk__wbuf_free(&w);
   msgpack_sbuffer_init(&sb);
   msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-  msgpack_pack_map(&pk, 9);
+  msgpack_pack_map(&pk, 10);
   dspk__pack_kv_u64(&pk, "max_message", 7);
   dspk__pack_kv_u64(&pk, "max_depth", 1007);
   dspk__pack_kv_u64(&pk, "max_objects", 2007);
@@ -649,6 +649,7 @@ static void test_nested(void **state) {
   dspk__pack_kv_u64(&pk, "max_unsent", 6007);
   dspk__pack_kv_u64(&pk, "max_buffers", 7007);
   dspk__pack_kv_u64(&pk, "max_clients", 8007);
+  dspk__pack_kv_u64(&pk, "cpu_memory_quota", 9007);
   assert_int_equal(n, sb.size);
   assert_memory_equal(flat, sb.data, n);
   msgpack_sbuffer_destroy(&sb);
