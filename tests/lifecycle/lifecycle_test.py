@@ -468,6 +468,86 @@ def t_stopmetrics(exe, tmp):
     check(d.wait() == 0, "exit 0:\n" + d.logtext())
 
 
+def t_fdlimit(exe, tmp):
+    """A connection the daemon cannot take for want of file descriptors
+    (RLIMIT_NOFILE) gets a protocol.error ELIMIT notification, then EOF
+    (it used to be closed in silence), and the log says so once (a
+    warning at most once a minute, however many are refused); once
+    descriptors are free again, clients are served."""
+    import resource
+
+    def low_nofile():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+    d = Daemon(exe, tmp, ["--max-user-clients", "1000"], preexec_fn=low_nofile)
+    socks = []
+    for _ in range(100):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(TIMEOUT)
+        s.connect(d.sock)
+        socks.append(s)
+    served = refused = 0
+    for i, s in enumerate(socks):
+        try:
+            s.sendall(msgpack.packb([0, 1, "ping", [{"data": b"x"}]], use_bin_type=True))
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # refused already: its notice is still to be read
+        up = msgpack.Unpacker(raw=False)
+        got = None
+        while got is None:
+            try:
+                data = s.recv(65536)
+            except ConnectionResetError:
+                data = b""
+            if not data:
+                got = "EOF"
+                break
+            up.feed(data)
+            for m in up:
+                got = m
+                break
+        if got != "EOF" and got[0] == 1:
+            check(got[2] is None and got[3] == {"data": b"x"}, "ping answered: %r" % (got,))
+            served += 1
+            continue
+        check(got != "EOF" and got[0] == 2 and got[1] == "protocol.error"
+              and got[2][0]["name"] == "ELIMIT"
+              and "file descriptor" in got[2][0]["message"],
+              "connection %d: refused with protocol.error ELIMIT, not in silence: %r"
+              % (i, got))
+        rest = b""
+        try:
+            while True:
+                data = s.recv(65536)
+                if not data:
+                    break
+                rest += data
+        except ConnectionResetError:
+            pass
+        check(rest == b"", "nothing after the notice but EOF: %r" % rest)
+        refused += 1
+    check(served >= 1 and refused >= 1, "served %d, refused %d" % (served, refused))
+    log = d.logtext()
+    lines = re.findall(r"warn: accept: Too many open files \(RLIMIT_NOFILE 64\): a connection "
+                       r"was refused with protocol.error ELIMIT", log)
+    check(len(lines) == 1, "one warning for %d refusals (at most once a minute):\n%s"
+          % (refused, log))
+    for s in socks:
+        s.close()
+    # Descriptors free again: served (the connections just closed may still
+    # be counted for a moment: a few tries, each waiting on an answer).
+    deadline = time.monotonic() + TIMEOUT
+    while True:
+        try:
+            c = d.client()
+            check(c.call("ping", {"data": b"again"})["data"] == b"again", "served again")
+            c.close()
+            break
+        except (RpcError, ConnectionError, EOFError, OSError, AssertionError):
+            check(time.monotonic() < deadline, "served again once descriptors are free")
+            time.sleep(0.05)
+    d.stop()
+
+
 def write(path, text):
     with open(path, "w") as f:
         f.write(text)
@@ -961,6 +1041,7 @@ GROUPS = {
     "policy": t_policy,
     "earlysig": t_earlysig,
     "stopmetrics": t_stopmetrics,
+    "fdlimit": t_fdlimit,
     "cycles": t_cycles,
 }
 
