@@ -14,6 +14,7 @@
 
 #include "daemon/admin.h"
 #include "daemon/config.h"
+#include "daemon/lifecycle.h"
 #include "daemon/log.h"
 
 #define MAX_GROUPS 256
@@ -98,7 +99,7 @@ int dspkd_m_daemon_reload(struct req *r) {
   struct conn *c = r->c;
   int err;
   dspkd_info("client %llu (uid %ld): daemon.reload", (unsigned long long)c->id, (long)c->uid);
-  err = dspkd_config_reload(c->d, r->msg, sizeof r->msg);
+  err = dspkd_reload(c->d, r->msg, sizeof r->msg);
   if (err < 0)
     return err;
   return reply_true(r, DSPK__M_DAEMON_RELOAD);

@@ -3,7 +3,9 @@
  * (daemon/admin.c).  The policy comes from the configuration file's
  * [policy] section (daemon/config.h): allow_users/allow_groups decide who
  * may talk to the daemon at all (beyond the socket's file permissions),
- * admin_users/admin_groups who may call the admin methods:
+ * admin_users/admin_groups who else, besides root and the daemon's own
+ * user (always admins: dspkd_policy_is_admin), may call the admin methods
+ * (and cache.clear, and see everyone's work in status, trace and metrics):
  *   daemon.reload  read the configuration file again (as SIGHUP)
  *   daemon.stop    stop the daemon in order (as SIGTERM)
  *   job.register   a Slurm job's prolog: the job, its uid and GPUs (daemon/jobs.c)

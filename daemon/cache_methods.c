@@ -1,8 +1,9 @@
 /*
  * The cache methods of docs/protocol.md: cache.stats (what the persistent
  * cache holds and how it was used since the daemon started) and
- * cache.clear (delete entries of some kinds; root and the daemon's own
- * user only, by the peer credentials the connection recorded).
+ * cache.clear (delete entries of some kinds; admins only: root, the
+ * daemon's own user, admin_users/admin_groups, by the peer credentials the
+ * connection recorded: dspkd_admin_is).
  *
  * Both calls take the cache's mutex and may wait on SQLite's busy timeout
  * (another daemon sharing the file may be writing), so they run on libuv's
@@ -19,6 +20,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "daemon/admin.h"
 #include "daemon/dspkd.h"
 #include "daemon/log.h"
 
@@ -163,13 +165,13 @@ int dspkd_m_cache_clear(struct req *r) {
           dspk__cache_kind_names[k], strlen(dspk__cache_kind_names[k])));
   if (!mask)
     mask = DSPK__CACHE_ALL;
-  if (c->uid == (uid_t)-1 || (c->uid != 0 && c->uid != geteuid())) {
-    dspkd_notice("client %llu (pid %ld uid %ld): cache.clear refused", (unsigned long long)c->id,
-               (long)c->pid, (long)c->uid);
+  if (!dspkd_admin_is(c)) {
+    dspkd_notice("client %llu (pid %ld uid %ld): cache.clear refused: not an admin",
+                 (unsigned long long)c->id, (long)c->pid, (long)c->uid);
     snprintf(r->msg, sizeof r->msg,
-             "cache.clear: permission denied: only root and the daemon's own user (uid %ld) "
-             "may clear the cache; you are uid %ld",
-             (long)geteuid(), (long)c->uid);
+             "cache.clear: permission denied: uid %ld is not an admin (root, the daemon's "
+             "own user (uid %ld), admin_users and admin_groups in the [policy] of dspkd.conf)",
+             (long)c->uid, (long)geteuid());
     return DSPK_EPERM;
   }
   if (!c->d->cache)

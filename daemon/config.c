@@ -950,8 +950,10 @@ int dspkd_policy_may_connect(const struct dspkd_config *cfg, uid_t uid, gid_t gi
 
 int dspkd_policy_is_admin(const struct dspkd_config *cfg, uid_t uid, gid_t gid,
                           const gid_t *groups, size_t ngroups) {
-  if (!cfg->admin_users.n && !cfg->admin_groups.n)
-    return uid == 0 || uid == geteuid();
+  if (uid == (uid_t)-1)
+    return 0;
+  if (uid == 0 || uid == geteuid())
+    return 1;
   return in_list(&cfg->admin_users, (uint32_t)uid) ||
          in_groups(&cfg->admin_groups, gid, groups, ngroups);
 }

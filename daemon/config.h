@@ -54,9 +54,12 @@ int dspkd_config_reload(struct dspkd *d, char *msg, size_t msglen);
  * its primary group or one of its supplementary groups). */
 int dspkd_policy_may_connect(const struct dspkd_config *cfg, uid_t uid, gid_t gid,
                              const gid_t *groups, size_t ngroups);
-/* 1 when a peer with these credentials may call admin methods: it is
- * listed in admin_users/admin_groups, or both are empty and it is root or
- * the daemon's own user. */
+/* 1 when a peer with these credentials is an admin of the daemon: root,
+ * the daemon's own user, or listed in admin_users/admin_groups (its uid, its
+ * primary group or one of its supplementary groups).  The lists add admins;
+ * they never take root's or the daemon's own user's rights away.  The one
+ * rule behind every privilege check (daemon/admin.h, dspkd_admin_is): the
+ * admin methods, cache.clear, and what status, trace and metrics show. */
 int dspkd_policy_is_admin(const struct dspkd_config *cfg, uid_t uid, gid_t gid,
                           const gid_t *groups, size_t ngroups);
 

@@ -27,11 +27,13 @@
  * bytes that end the frame.  A job then answers it in its turn.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <malloc.h>
 #include <poll.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -1119,15 +1121,6 @@ void dspkd_conn_update_read(struct conn *c) {
 
 /* ---- accepting -------------------------------------------------------- */
 
-static void on_reject_close(uv_handle_t *h) { free(h); }
-
-/* libuv stops watching the listener until a pending connection is accepted,
- * so one left unaccepted for want of memory would lock every client out: a
- * handle kept aside refuses it, and a connection that arrives while that
- * handle is still closing is refused when it is free again (found by
- * tests/oom, failing every allocation from the accept on). */
-static uv_pipe_t spare_pipe;
-static bool spare_busy, spare_wanted;
 /* How many of d's connections other than self (only user u's when u is not
  * NULL) are gone though still counted: closing, or their client closed its
  * end (POLLHUP: both directions shut, not a half-close) and the loop has
@@ -1152,47 +1145,179 @@ static size_t conns_gone(struct dspkd *d, const struct conn *self, const struct 
   return n;
 }
 
-static void on_connection(uv_stream_t *server, int status);
+/* The daemon accepts itself (accept4 on the listening socket, watched by a
+ * uv_poll_t) instead of through uv_listen: libuv meets a full descriptor
+ * table (EMFILE, ENFILE) by accepting and closing the waiting connections
+ * in silence, neither the client nor the log ever told why.  Here one
+ * descriptor is kept in reserve (/dev/null): when accept fails for want of
+ * descriptors it is closed, the waiting connection accepted on it, sent a
+ * protocol.error ELIMIT notification and closed, and the reserve taken
+ * again; a warning says so in the log, at most once a minute (with how many
+ * were refused since).  When even that fails (another thread took the
+ * descriptor) the listener rests ACCEPT_REST_MS before it tries again,
+ * rather than spin on a socket that stays readable. */
+#define ACCEPT_REST_MS 100
+static uv_poll_t listen_poll;
+static uv_timer_t accept_rest;
+static bool accept_handles;
+static int reserve_fd = -1;
+static struct {
+  uint64_t last_ns, unlogged;
+  bool logged;
+} fd_refusals;
 
-static void on_spare_close(uv_handle_t *h) {
-  uv_stream_t *server = h->data;
-  spare_busy = false;
-  if (spare_wanted && !uv_is_closing((uv_handle_t *)server)) {
-    spare_wanted = false;
-    on_connection(server, 0);
-  }
+static void reserve_take(void) {
+  if (reserve_fd < 0)
+    reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
 }
 
-static void on_connection(uv_stream_t *server, int status) {
-  struct dspkd *d = server->data;
-  struct conn *c;
-  struct ucred cred;
-  socklen_t len = sizeof cred;
-  uv_os_fd_t fd;
+static void accept_fd(struct dspkd *d, int fd);
+static void accept_close(void);
 
+/* Logs a refusal for want of descriptors (rate-limited). */
+static void log_fd_refusal(int err, bool told) {
+  uint64_t now = dspkd_now_ns();
+  struct rlimit rl;
+  char lim[48] = "";
+  if (fd_refusals.logged && now - fd_refusals.last_ns < 60ull * 1000000000ull) {
+    fd_refusals.unlogged++;
+    return;
+  }
+  if (err == EMFILE && getrlimit(RLIMIT_NOFILE, &rl) == 0)
+    snprintf(lim, sizeof lim, " (RLIMIT_NOFILE %llu)", (unsigned long long)rl.rlim_cur);
+  char more[64] = "";
+  if (fd_refusals.unlogged)
+    snprintf(more, sizeof more, "; %llu more since the last such line",
+             (unsigned long long)fd_refusals.unlogged);
+  dspkd_warn("accept: %s%s: a connection was refused%s%s (logged at most once a minute; "
+             "LimitNOFILE= raises the limit)",
+             strerror(err), lim, told ? " with protocol.error ELIMIT" : " unanswered", more);
+  fd_refusals.logged = true;
+  fd_refusals.last_ns = now;
+  fd_refusals.unlogged = 0;
+}
+
+/* Accepts one waiting connection on the reserve descriptor, tells it why
+ * it is refused and closes it.  1 when one was refused so, 0 when none was
+ * waiting (accept checks for a free descriptor before it looks at the
+ * queue), -1 when it could not be done. */
+static int refuse_for_fds(int lfd, int err) {
+  struct wreq *wr;
+  char msg[160];
+  size_t n;
+  int fd;
+  if (reserve_fd < 0)
+    return -1;
+  close(reserve_fd);
+  reserve_fd = -1;
+  fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+  if (fd < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+    reserve_take();
+    return 0;
+  }
+  if (fd >= 0) {
+    bool told = false;
+    snprintf(msg, sizeof msg, "the daemon has no file descriptor left for a connection (%s): "
+             "refused; try again later", strerror(err));
+    wr = dspkd_wreq_new();
+    if (wr) {
+      dspk__pack_notify_head(&wr->w.pk, "protocol.error");
+      dspk__pack_error(&wr->w.pk, DSPK_ELIMIT, msg);
+      if (wreq_bufs(wr, &n) == 0) {
+        struct msghdr mh = {.msg_iov = (struct iovec *)(void *)wr->bufs,
+                            .msg_iovlen = n};
+        told = sendmsg(fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL) == (ssize_t)wr->len;
+      }
+      dspkd_wreq_free(wr);
+    }
+    /* What the client sent already is read and dropped, so the close does
+     * not reset the connection before the client read the notice. */
+    {
+      char sink[4096];
+      for (int i = 0; i < 16 && recv(fd, sink, sizeof sink, MSG_DONTWAIT) > 0; i++) {}
+    }
+    shutdown(fd, SHUT_WR);
+    close(fd);
+    log_fd_refusal(err, told);
+  }
+  reserve_take();
+  return fd >= 0 ? 1 : -1;
+}
+
+static void on_accept_rest(uv_timer_t *t);
+
+static void on_listen_ready(uv_poll_t *h, int status, int events) {
+  struct dspkd *d = h->data;
+  int lfd;
+  (void)events;
   if (status < 0) {
     dspkd_warn("accept: %s", uv_strerror(status));
     return;
   }
+  if (uv_fileno((uv_handle_t *)&d->listener, &lfd) != 0)
+    return;
+  /* A bounded batch per wake-up, as libuv's own accept loop: the loop's
+   * other work is not held up by a flood of connections. */
+  for (int i = 0; i < 64 && d->listening; i++) {
+    int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd >= 0) {
+      accept_fd(d, fd);
+      continue;
+    }
+    if (errno == EINTR || errno == ECONNABORTED)
+      continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK)
+      return;
+    if (errno == EMFILE || errno == ENFILE) {
+      int err = errno, r = refuse_for_fds(lfd, err);
+      if (r > 0)
+        continue;
+      if (r == 0)
+        return;
+      log_fd_refusal(err, false);
+    } else {
+      dspkd_warn("accept: %s", strerror(errno));
+    }
+    uv_poll_stop(&listen_poll);
+    uv_timer_start(&accept_rest, on_accept_rest, ACCEPT_REST_MS, 0);
+    return;
+  }
+}
+
+static void on_accept_rest(uv_timer_t *t) {
+  struct dspkd *d = t->data;
+  if (d->listening)
+    uv_poll_start(&listen_poll, UV_READABLE, on_listen_ready);
+}
+
+/* Starts accepting on d->listener (bound; listening when `do_listen` is
+ * false, as an activated socket is).  0 or a libuv error code. */
+static int listen_start(struct dspkd *d, bool do_listen) {
+  int lfd, r;
+  if ((r = uv_fileno((uv_handle_t *)&d->listener, &lfd)) != 0)
+    return r;
+  if (do_listen && listen(lfd, 128) != 0)
+    return -errno;
+  if ((r = uv_poll_init(d->loop, &listen_poll, lfd)) != 0)
+    return r;
+  listen_poll.data = d;
+  uv_timer_init(d->loop, &accept_rest);
+  accept_rest.data = d;
+  accept_handles = true;
+  reserve_take();
+  return uv_poll_start(&listen_poll, UV_READABLE, on_listen_ready);
+}
+
+static void accept_fd(struct dspkd *d, int fd) {
+  struct conn *c;
+  struct ucred cred;
+  socklen_t len = sizeof cred;
+
   c = calloc(1, sizeof(*c));
   if (!c || !(c->q = dspkd_sched_conn_new(d))) {
-    uv_pipe_t *tmp = malloc(sizeof(*tmp));
-    uv_close_cb done = on_reject_close;
     free(c);
     dspkd_error("accept: out of memory");
-    if (!tmp && !spare_busy) {
-      tmp = &spare_pipe;
-      spare_busy = true;
-      done = on_spare_close;
-    }
-    if (!tmp) {
-      spare_wanted = true;
-      return;
-    }
-    uv_pipe_init(d->loop, tmp, 0);
-    tmp->data = server;
-    if (uv_accept(server, (uv_stream_t *)tmp) != 0) {}
-    uv_close((uv_handle_t *)tmp, done);
+    close(fd);
     return;
   }
   /* ipc: the socket carries SCM_RIGHTS descriptors (buffer.import); on Unix
@@ -1209,20 +1334,20 @@ static void on_connection(uv_stream_t *server, int status) {
   d->nconns++;
   d->obs.conns_total++;
   uv_timer_stop(&d->trim_timer);
-  if (uv_accept(server, (uv_stream_t *)&c->pipe) != 0) {
+  if (uv_pipe_open(&c->pipe, fd) != 0) {
+    close(fd);
     c->closing = true;
     uv_close((uv_handle_t *)&c->pipe, on_conn_close);
     return;
   }
-  if (uv_fileno((uv_handle_t *)&c->pipe, &fd) == 0) {
+  {
     /* Answers of megabytes cross in a few large steps instead of one
      * wake-up of the client per 208 KiB, the default (the kernel caps this
      * at net.core.wmem_max and doubles it).  Best effort. */
     int sb = SOCK_SNDBUF;
     (void)setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sb, sizeof sb);
   }
-  if (uv_fileno((uv_handle_t *)&c->pipe, &fd) == 0 &&
-      getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) {
+  if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) {
     c->pid = cred.pid;
     c->uid = cred.uid;
     c->gid = cred.gid;
@@ -1357,9 +1482,10 @@ int dspkd_listen(struct dspkd *d) {
     d->listener.data = d;
     r = uv_pipe_open(&d->listener, d->activation_fd);
     if (r == 0)
-      r = uv_listen((uv_stream_t *)&d->listener, 128, on_connection);
+      r = listen_start(d, false);
     if (r < 0) {
       dspkd_error("cannot listen on the activated socket %s: %s", path, uv_strerror(r));
+      accept_close();
       uv_close((uv_handle_t *)&d->listener, NULL);
       return DSPK_EIO;
     }
@@ -1375,9 +1501,10 @@ int dspkd_listen(struct dspkd *d) {
   d->listener.data = d;
   r = dspkd_bind_0660(&d->listener, path);
   if (r == 0)
-    r = uv_listen((uv_stream_t *)&d->listener, 128, on_connection);
+    r = listen_start(d, true);
   if (r < 0) {
     listen_error(path, r);
+    accept_close();
     uv_close((uv_handle_t *)&d->listener, NULL);
     return DSPK_EIO;
   }
@@ -1388,9 +1515,23 @@ int dspkd_listen(struct dspkd *d) {
 
 /* ---- stopping (the sequence is daemon/lifecycle.c's) ------------------- */
 
+/* Closes what listen_start opened (the reserve descriptor too). */
+static void accept_close(void) {
+  if (accept_handles) {
+    accept_handles = false;
+    uv_close((uv_handle_t *)&listen_poll, NULL);
+    uv_close((uv_handle_t *)&accept_rest, NULL);
+  }
+  if (reserve_fd >= 0) {
+    close(reserve_fd);
+    reserve_fd = -1;
+  }
+}
+
 void dspkd_listen_stop(struct dspkd *d) {
   if (!d->listening)
     return;
+  accept_close();
   uv_close((uv_handle_t *)&d->listener, NULL);
   d->listening = false;
   /* An activated socket's file belongs to systemd (RemoveOnStop=). */

@@ -6,10 +6,19 @@
  * fast.  SIGHUP reloads the configuration, or, under the test hook
  * DSPKD_TEST_EXIT (daemon/teardown.h), takes the exit path under test.
  * The stop sequence itself is here too (dspkd_stop and what follows it).
+ *
+ * Before the watchers exist, from the first lines of main, a handler that
+ * only records SIGTERM/SIGINT/SIGHUP is installed (dspkd_lifecycle_early):
+ * blocking them in main is not enough, since a library's constructor may
+ * have started a thread before main ran (with the default mask), and the
+ * kernel gives a process's signal to any thread that does not block it.
+ * Once the watchers are started, what was recorded is raised again for
+ * them.
  */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "daemon/config.h"
@@ -25,6 +34,53 @@ static struct {
   int stops; /* SIGTERM + SIGINT received */
 } s;
 
+/* ---- before the watchers: record, act later ------------------------------ */
+
+/* What the recording handler saw (any thread: a library's thread created
+ * before main blocked these signals takes them as readily as main). */
+static volatile sig_atomic_t early_term, early_int, early_hup;
+
+static void early_record(int signum) {
+  if (signum == SIGTERM)
+    early_term++;
+  else if (signum == SIGINT)
+    early_int++;
+  else
+    early_hup++;
+}
+
+void dspkd_lifecycle_early(void) {
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = early_record;
+  sigfillset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  sigaction(SIGTERM, &sa, NULL);
+  sigaction(SIGINT, &sa, NULL);
+  sigaction(SIGHUP, &sa, NULL);
+}
+
+int dspkd_lifecycle_early_seen(void) {
+  return (int)(early_term + early_int + early_hup);
+}
+
+/* Called once libuv's watchers own the signals: each signal the recording
+ * handler saw is raised again on this thread (which blocks them until main
+ * unblocks them right after), so the watchers act on it as on any other
+ * delivery; two or more stop signals count as a second one (the fast stop). */
+static void early_replay(void) {
+  int stops = (int)(early_term + early_int);
+  if (stops > 1)
+    s.stops += stops - 1;
+  if (early_term)
+    raise(SIGTERM);
+  else if (early_int)
+    raise(SIGINT);
+  if (early_hup)
+    raise(SIGHUP);
+  early_term = early_int = early_hup = 0;
+}
+
 static void on_stop_signal(uv_signal_t *h, int signum) {
   struct dspkd *d = h->data;
   s.stops++;
@@ -38,10 +94,24 @@ static void on_stop_signal(uv_signal_t *h, int signum) {
   dspkd_stop_now(d);
 }
 
+int dspkd_reload(struct dspkd *d, char *msg, size_t msglen) {
+  struct timespec ts;
+  char note[96];
+  int err;
+  /* systemd's reload protocol: RELOADING=1 (with the monotonic time), then
+   * READY=1 once done, whether the new file was taken or refused, with a
+   * STATUS= that says which. */
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  snprintf(note, sizeof note, "RELOADING=1\nMONOTONIC_USEC=%llu",
+           (unsigned long long)ts.tv_sec * 1000000ull + (unsigned long long)ts.tv_nsec / 1000);
+  dspkd_notify_send(note);
+  err = dspkd_config_reload(d, msg, msglen);
+  dspkd_notify_reloaded(d, err >= 0);
+  return err;
+}
+
 static void on_hup(uv_signal_t *h, int signum) {
   struct dspkd *d = h->data;
-  struct timespec ts;
-  char msg[96];
   (void)signum;
 #ifdef DSPK_TEST_HOOKS
   if (dspkd_test_exit_on_hup(d))
@@ -52,17 +122,7 @@ static void on_hup(uv_signal_t *h, int signum) {
     return;
   }
   dspkd_info("SIGHUP: reloading the configuration");
-  /* systemd's reload protocol: RELOADING=1 (with the monotonic time), then
-   * READY=1 once done, whether the new file was taken or refused. */
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  snprintf(msg, sizeof msg, "RELOADING=1\nMONOTONIC_USEC=%llu",
-           (unsigned long long)ts.tv_sec * 1000000ull + (unsigned long long)ts.tv_nsec / 1000);
-  dspkd_notify_send(msg);
-  if (dspkd_config_reload(d, NULL, 0) < 0)
-    dspkd_notify_send("READY=1\nSTATUS=configuration reload failed: running with the "
-                      "previous one (see the log)");
-  else
-    dspkd_notify_send("READY=1");
+  dspkd_reload(d, NULL, 0);
 }
 
 int dspkd_lifecycle_start(struct dspkd *d) {
@@ -84,6 +144,7 @@ int dspkd_lifecycle_start(struct dspkd *d) {
   uv_unref((uv_handle_t *)&s.term);
   uv_unref((uv_handle_t *)&s.intr);
   uv_unref((uv_handle_t *)&s.hup);
+  early_replay();
   return 0;
 }
 
@@ -109,6 +170,10 @@ void dspkd_lifecycle_close(struct dspkd *d) {
   uv_close((uv_handle_t *)&s.hup, NULL);
   dspkd_notify_close(d);
   uv_run(d->loop, UV_RUN_DEFAULT);
+  /* libuv put the default action back with the last watcher: a thread
+   * that does not block these signals (a library's) would end the process
+   * by it.  Recorded instead, and left unacted on: the teardown goes on. */
+  dspkd_lifecycle_early();
 }
 
 /* ---- the stop sequence ------------------------------------------------- */

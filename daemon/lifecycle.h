@@ -16,14 +16,39 @@
 
 #include "daemon/dspkd.h"
 
-/* Installs the signal watchers (they do not keep the loop alive).  0 or a
- * negative code (logged). */
+/* First thing in main: SIGTERM/SIGINT/SIGHUP get a handler that only
+ * records them (whichever thread takes them), so none ends the process by
+ * its default action before the watchers exist. */
+void dspkd_lifecycle_early(void);
+/* How many such signals were recorded and not yet handed over (the test
+ * hook DSPKD_TEST_START_PAUSE waits on it). */
+int dspkd_lifecycle_early_seen(void);
+
+/* Installs the signal watchers (they do not keep the loop alive), then
+ * raises again each signal recorded since dspkd_lifecycle_early, for them
+ * to act on once the loop runs.  0 or a negative code (logged). */
 int dspkd_lifecycle_start(struct dspkd *d);
 /* After the devices opened and the socket listens: notifies systemd
  * (READY=1, STATUS=, watchdog). */
 void dspkd_lifecycle_ready(struct dspkd *d);
+/* Reads the configuration file again (SIGHUP, daemon.reload) between
+ * RELOADING=1 and READY=1 with a STATUS= saying what holds now
+ * (daemon/notify.h).  0 or dspkd_config_reload's negative code (why in
+ * msg when given). */
+int dspkd_reload(struct dspkd *d, char *msg, size_t msglen);
 /* Blocks SIGTERM/SIGINT/SIGHUP, closes the watchers and the notify
  * handles, and runs the loop until they are closed.  Idempotent. */
 void dspkd_lifecycle_close(struct dspkd *d);
+
+#ifdef DSPK_TEST_HOOKS
+/* daemon/testhooks.c: when $DSPKD_TEST_START_PAUSE names this point of the
+ * start ("early": before the configuration is read; "config": after it,
+ * before the watchers), starts a thread that does not block the stop and
+ * reload signals (as a library's may), logs "test: start paused at POINT",
+ * and waits (up to 30 s) until such a signal was recorded. */
+void dspkd_test_start_pause(const char *point);
+#else
+#define dspkd_test_start_pause(point) ((void)0)
+#endif
 
 #endif /* DSPKD_LIFECYCLE_H */

@@ -240,8 +240,13 @@ int main(int argc, char **argv) {
    * nothing of the daemon runs in it. */
   if (argc == 3 && strcmp(argv[1], "--fftw-measure") == 0)
     return dspk__cpu_fft_measure_main(argv[2]);
+  /* A stop or reload signal from now on is recorded, whichever thread takes
+   * it (a library may have started threads before main, with every signal
+   * unblocked), and acted on once the watchers are in place. */
+  dspkd_lifecycle_early();
   /* Until its watchers are in place (dspkd_lifecycle_start), a stop or a
-   * reload waits instead of ending the process by its default action; the
+   * reload waits (blocked here, recorded on other threads) instead of ending
+   * the process by its default action; the
    * signals dspkd has no use for are ignored (a file size limit then fails a
    * write with EFBIG instead of killing the daemon). */
   static const int ignored[] = {SIGPIPE, SIGUSR1, SIGUSR2, SIGALRM, SIGVTALRM,
@@ -259,6 +264,7 @@ int main(int argc, char **argv) {
   dspkd_heap_warm();
 
   dspkd_config_defaults(cfg);
+  dspkd_test_start_pause("early");
 
   /* The command line, then the file for what no option set (daemon/config.h). */
   switch (dspkd_config_start(argc, argv, cfg)) {
@@ -270,6 +276,7 @@ int main(int argc, char **argv) {
   default: return 2;
   }
 
+  dspkd_test_start_pause("config");
   activated = dspkd_activation_start(d);
   if (activated < 0)
     return 1;

@@ -572,7 +572,9 @@ static void on_scrape(uv_async_t *a) {
   pthread_mutex_lock(&h->mu);
   want = h->asked;
   pthread_mutex_unlock(&h->mu);
-  err = dspkd_metrics_render(h->d, NULL, &text, &len);
+  /* From the moment the stop begins (the grace period included) the
+   * listener answers 503 (docs/protocol.md, "metrics"). */
+  err = h->d->stopping ? DSPK_ESHUTDOWN : dspkd_metrics_render(h->d, NULL, &text, &len);
   pthread_mutex_lock(&h->mu);
   free(h->text);
   h->text = text;
@@ -655,6 +657,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     h->text = NULL;
   }
   pthread_mutex_unlock(&h->mu);
+  if (!text && err == DSPK_ESHUTDOWN)
+    return respond_msg(conn, MHD_HTTP_SERVICE_UNAVAILABLE, "dspkd is stopping\n");
   if (!text) {
     char msg[128];
     snprintf(msg, sizeof msg, "metrics not available: %s\n", dspk__strerror(err));

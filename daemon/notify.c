@@ -220,6 +220,22 @@ void dspkd_notify_ready(struct dspkd *d) {
   uv_check_start(&n.check, on_check);
 }
 
+void dspkd_notify_reloaded(struct dspkd *d, bool ok) {
+  char msg[320], line[sizeof n.last];
+  if (!ok) {
+    dspkd_notify_send("READY=1\nSTATUS=configuration reload failed: running with the "
+                      "previous one (see the log)");
+    return;
+  }
+  status_line(d, line, sizeof line);
+  if (n.started) {
+    memcpy(n.last, line, sizeof line);
+    n.last_status_ms = uv_now(d->loop);
+  }
+  snprintf(msg, sizeof msg, "READY=1\n%s", line);
+  dspkd_notify_send(msg);
+}
+
 void dspkd_notify_extend(uint64_t usec) {
   char msg[64];
   if (!n.started)

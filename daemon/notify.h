@@ -30,6 +30,11 @@ void dspkd_notify_ready(struct dspkd *d);
 /* STOPPING=1, and EXTEND_TIMEOUT_USEC= covering the grace period plus the
  * teardown of the devices. */
 void dspkd_notify_stopping(struct dspkd *d);
+/* The end of a reload (SIGHUP or daemon.reload): READY=1 with a STATUS=
+ * line that says what holds now: the failure when the new file was
+ * refused, else the current devices, clients and tasks (so a later good
+ * reload replaces what an earlier refused one said). */
+void dspkd_notify_reloaded(struct dspkd *d, bool ok);
 /* EXTEND_TIMEOUT_USEC=usec (more time for the stop). */
 void dspkd_notify_extend(uint64_t usec);
 /* Closes what dspkd_notify_start() opened; run the loop once more after. */

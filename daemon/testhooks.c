@@ -4,6 +4,7 @@
  * DSPK_TEST_HOOKS (proto/testhook.h; daemon/CMakeLists.txt leaves this file
  * out otherwise), so a production dspkd holds none of it.  DSPKD_TEST_CANCEL_WAIT
  * holds a task's runner until the task is canceled (daemon/sched.h).
+ * DSPKD_TEST_START_PAUSE pauses the start at a point (daemon/lifecycle.h).
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -11,6 +12,9 @@
 #include <string.h>
 #include <time.h>
 
+#include <signal.h>
+
+#include "daemon/lifecycle.h"
 #include "daemon/log.h"
 #include "daemon/sched.h"
 #include "daemon/teardown.h"
@@ -70,4 +74,42 @@ void dspkd_test_cancel_wait(struct job *j, const char *when) {
              "(DSPKD_TEST_CANCEL_WAIT=%s)", strcmp(when, "after") ? "before" : "after", when);
   for (int i = 0; i < 30000 && !atomic_load(&j->cancel); i++)
     nanosleep(&ms, NULL);
+}
+
+static atomic_bool pause_done;
+
+/* A thread like a library's started before main: the stop and reload
+ * signals are not blocked in it, so the kernel may hand them to it. */
+static void *pause_thread(void *arg) {
+  struct timespec ms = {0, 1000000};
+  sigset_t set;
+  (void)arg;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGHUP);
+  pthread_sigmask(SIG_UNBLOCK, &set, NULL);
+  while (!atomic_load(&pause_done))
+    nanosleep(&ms, NULL);
+  return NULL;
+}
+
+void dspkd_test_start_pause(const char *point) {
+  const char *e = DSPK_TEST_HOOK("DSPKD_TEST_START_PAUSE");
+  struct timespec ms = {0, 1000000};
+  pthread_t t;
+  if (!e || strcmp(e, point) != 0)
+    return;
+  atomic_store(&pause_done, false);
+  if (pthread_create(&t, NULL, pause_thread, NULL) != 0) {
+    dspkd_error("test: cannot start the pause thread");
+    return;
+  }
+  dspkd_warn("test: start paused at %s (DSPKD_TEST_START_PAUSE)", point);
+  for (int i = 0; i < 30000 && !dspkd_lifecycle_early_seen(); i++)
+    nanosleep(&ms, NULL);
+  dspkd_warn("test: start resumes at %s (%d signals recorded)", point,
+             dspkd_lifecycle_early_seen());
+  atomic_store(&pause_done, true);
+  pthread_join(t, NULL);
 }

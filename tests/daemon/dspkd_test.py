@@ -844,6 +844,86 @@ def t_limits(exe, tmp):
     a.close()
     c.close()
     d.stop()
+    limits_max_message(exe, tmp)
+
+
+def limits_max_message(exe, tmp):
+    """max_message's contract (docs/protocol.md, Limits): it bounds every
+    message a client sends, and every answer that carries data a client
+    asked for (buffer.read, ping, task.run's inline results), each checked
+    here at its edge by the size of the frame on the wire; the daemon's own
+    reports (status, metrics, hello...) are not bounded by it and come
+    whole."""
+    mm = 2048
+    d = Daemon(exe, tmp, ["--max-message", str(mm), "--no-cache"])
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(TIMEOUT)
+    s.connect(d.sock)
+    up = msgpack.Unpacker(raw=False)
+    pending = []
+
+    def call(msgid, method, args=None):
+        frame = msgpack.packb([0, msgid, method, [] if args is None else [args]],
+                              use_bin_type=True)
+        s.sendall(frame)
+        while True:
+            before = up.tell()
+            for m in up:
+                size = up.tell() - before
+                if m[0] == 1 and m[1] == msgid:
+                    return len(frame), size, m
+                before = up.tell()
+            data = s.recv(1 << 20)
+            check(data, "%s answered" % method)
+            up.feed(data)
+
+    _, _, m = call(1, "buffer.create", {"device": "cpu:0", "size": mm})
+    b = m[3]["buffer"]
+    _, n, m = call(2, "buffer.read", {"buffer": b, "size": mm - 64})
+    check(m[2] is None and len(m[3]["data"]) == mm - 64 and n <= mm,
+          "buffer.read of max_message - 64 bytes: a %d-byte answer" % n)
+    _, n, m = call(3, "buffer.read", {"buffer": b, "size": mm - 63})
+    check(m[2] and m[2]["name"] == "ELIMIT", "buffer.read above it: %r" % (m[2],))
+    k = (mm - 1024) // 8
+    _, n, m = call(4, "task.run", {"op": "map", "device": "cpu:0", "options": {"fn": "abs"},
+                                   "inputs": [{"dtype": "f64", "shape": [k],
+                                               "data": bytes(8 * k)}]})
+    check(m[2] is None and n <= mm, "inline result of max_message - 1024 bytes: a %d-byte "
+          "answer (%r)" % (n, m[2]))
+    _, n, m = call(5, "task.run", {"op": "map", "device": "cpu:0", "options": {"fn": "abs"},
+                                   "inputs": [{"dtype": "f64", "shape": [k + 1],
+                                               "data": bytes(8 * (k + 1))}]})
+    check(m[2] and m[2]["name"] == "ELIMIT", "inline result above it: %r" % (m[2],))
+    # The largest ping a client may send: its echo is no larger.
+    data = b""
+    while len(msgpack.packb([0, 6, "ping", [{"data": data + b"x"}]], use_bin_type=True)) <= mm:
+        data += b"x"
+    sent, n, m = call(6, "ping", {"data": data})
+    check(sent == mm and m[3]["data"] == data and n <= mm, "ping of %d bytes: a %d-byte echo"
+          % (sent, n))
+    # The daemon's own reports are not bounded by it: they come whole.
+    _, n, m = call(7, "metrics", {})
+    check(m[2] is None and n > mm and "dspk_info" in m[3], "metrics answered whole (%d bytes)" % n)
+    # A request one byte over is refused and the connection closed.
+    s.sendall(msgpack.packb([0, 8, "ping", [{"data": data + b"x"}]], use_bin_type=True))
+    got = None
+    try:
+        while got is None:
+            for m in up:
+                if m[0] == 2:
+                    got = m
+                    break
+            if got is None:
+                chunk = s.recv(1 << 20)
+                if not chunk:
+                    break
+                up.feed(chunk)
+    except ConnectionResetError:
+        pass
+    check(got and got[1] == "protocol.error" and got[2][0]["name"] == "ELIMIT",
+          "a request of max_message + 1 bytes: protocol.error ELIMIT: %r" % (got,))
+    s.close()
+    d.stop()
 
 
 def t_wire(exe, tmp):
