@@ -117,6 +117,12 @@ void dspk__op_gemm_scalars(const struct dspk__op *op, double *alpha, double *bet
   int f32 = op->in[0].dtype != DSPK_F64;
   *alpha = f32 ? round_f32(op->u.gemm.alpha) : op->u.gemm.alpha;
   *beta = op->nin < 3 ? 0.0 : f32 ? round_f32(op->u.gemm.beta) : op->u.gemm.beta;
+  /* A zero of either sign reads nothing (BLAS), so it is handed on as +0:
+   * cuBLAS read C with beta -0 (a -1e-50 rounded to f32 on the H200). */
+  if (*alpha == 0)
+    *alpha = 0.0;
+  if (*beta == 0)
+    *beta = 0.0;
 }
 
 double dspk__op_map_alpha(const struct dspk__op *op) {

@@ -113,7 +113,8 @@ int dspk__op_check_results(const struct dspk__op *op, const struct dspk__op_limi
  * dspk__op_infer() checked that the rounding stays finite.  Every backend
  * computes with these, and decides on them what BLAS decides on its
  * arguments: gemm's "alpha 0 reads neither A nor B" and "beta 0 reads no C"
- * (alpha 1e-50 of an f32 product is 0).  *beta is 0 without C.
+ * (alpha 1e-50 of an f32 product is 0).  *beta is 0 without C; a zero
+ * of either sign comes out +0 (cuBLAS read C with beta -0).
  */
 void dspk__op_gemm_scalars(const struct dspk__op *op, double *alpha, double *beta);
 double dspk__op_map_alpha(const struct dspk__op *op);
