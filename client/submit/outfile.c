@@ -229,6 +229,27 @@ static char *resolve(const char *path, int *fdlink, int *fdno) {
   return NULL;
 }
 
+/* path opened and written directly, never replaced; trunc: a regular file
+ * it reaches is emptied first. */
+static int open_direct(dspk__outfile *o, const char *path, bool trunc, char *err,
+                       size_t errlen) {
+  struct stat st;
+  int e, fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0666);
+  if (fd < 0) {
+    e = errno;
+    seterr(err, errlen, e);
+    return open_code(e);
+  }
+  if (trunc && fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && ftruncate(fd, 0) != 0) {
+    e = errno;
+    close(fd);
+    seterr(err, errlen, e);
+    return open_code(e);
+  }
+  o->fd = fd;
+  return 0;
+}
+
 int dspk__outfile_open(dspk__outfile *o, const char *path, char *err,
                        size_t errlen) {
   struct stat st;
@@ -279,33 +300,13 @@ int dspk__outfile_open(dspk__outfile *o, const char *path, char *err,
     /* Another process's descriptor: opened (the kernel follows the link to
      * the open file), written directly, never replaced. */
     free(target);
-    fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0666);
-    if (fd < 0) {
-      e = errno;
-      seterr(err, errlen, e);
-      return open_code(e);
-    }
-    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && ftruncate(fd, 0) != 0) {
-      e = errno;
-      close(fd);
-      seterr(err, errlen, e);
-      return open_code(e);
-    }
-    o->fd = fd;
-    return 0;
+    return open_direct(o, path, true, err, errlen);
   }
   exists = stat(target, &st) == 0;
   if (exists && !S_ISREG(st.st_mode)) {
     /* A FIFO, a device, a directory (which open refuses): written directly. */
     free(target);
-    fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0666);
-    if (fd < 0) {
-      e = errno;
-      seterr(err, errlen, e);
-      return open_code(e);
-    }
-    o->fd = fd;
-    return 0;
+    return open_direct(o, path, false, err, errlen);
   }
   /* A file that a plain open could not write is not replaced either. */
   if (exists && faccessat(AT_FDCWD, target, W_OK, AT_EACCESS) < 0) {
