@@ -119,9 +119,9 @@ static int plan_key(const struct dspk__vkfft_desc *desc, char *key, size_t len) 
                   desc->r2c, desc->oop, (unsigned long long)desc->bufsize,
                   (unsigned long long)desc->insize, t->coalesced, t->aim_threads,
                   t->reg_boost, t->bw_boost, t->lut,
-                  /* real rows not merged in pairs (vk_vkfft.c): not the
-                   * binaries saved before */
-                  desc->r2c ? "|s" : "");
+                  /* real rows not merged in pairs, forward plan only
+                   * (vk_vkfft.c): not the binaries saved before */
+                  desc->r2c ? "|sf" : "");
 }
 
 /* Makes a plan with its first instance (binaries from the persistent cache,

@@ -129,6 +129,12 @@ int dspk__vkfft_create(struct dspk__dev *d, VkFence *fence,
      * 1e-20 next to one of 1e20 came out as the other's rounding error.
      * (The plan key says so: vk_fft.c, plan_key.) */
     c->disableMergeSequencesR2C = 1;
+    /* Only ever run forward (an inverse of real input is refused before,
+     * vk_fft.c): no inverse plan.  Its forward plan would borrow the
+     * inverse's twiddle table and leak its own (VkFFT 1.2's
+     * VkFFTPlanR2CMultiUploadDecomposition: 8 bytes a point of every f64
+     * plan made; LeakSanitizer caught it). */
+    c->makeForwardPlanOnly = 1;
     c->inputBufferStride[0] = desc->n;
     c->bufferStride[0] = desc->n / 2 + 1;
   }

@@ -2832,7 +2832,7 @@ def main():
         if name not in daemons:
             args, backends = configs[name]
             sock = os.path.join(tmp, name + ".sock")
-            logs[name] = open(os.path.join(tmp, name + ".log"), "w+")
+            logs[name] = open(os.path.join(tmp, name + ".log"), "w+", errors="replace")
             proc = dspk_daemon.start(dspk_daemon.cmdline(a.dspkd, sock, args, backends),
                                      TIMEOUT, stderr=logs[name])
             if proc is None:
