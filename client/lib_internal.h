@@ -26,7 +26,7 @@ struct dspk__frame {
 
 /* Idle shared temporaries kept by a client, together, at most (lib_shm.c;
  * less under a small memory quota: dspk_client.shm_idle_bytes). */
-#define SHM_IDLE_BYTES ((size_t)64 << 20)
+#define SHM_IDLE_BYTES ((size_t)256 << 20)
 
 struct dspk_client {
   int fd;

@@ -415,10 +415,10 @@ DSPK_EXPORT int dspk_shared_free(dspk_client *c, void *ptr);
  * max_buffers and the memory quotas (max_user_memory... , protocol.md
  * "Quotas") while they exist.  Once a task's answer is consumed (dspk_wait,
  * dspk_wait_any, dspk_run) at most 6 idle ones are kept for later tasks, of
- * at most 64 MiB together and at most an eighth of the connection's memory
+ * at most 256 MiB together and at most an eighth of the connection's memory
  * quota on cpu:0 (hello's cpu_memory_quota, protocol.md), the most recently
  * used, and the others freed; a result's temporary is the result's until
- * dspk_result_free, which unmaps one larger than 64 MiB at once (its daemon buffer goes at c's next
+ * dspk_result_free, which unmaps one larger than that bound at once (its daemon buffer goes at c's next
  * dspk_wait, dspk_wait_any or dspk_run).  A dspk_buffer_create, dspk_shared_alloc or temporary that the
  * daemon refuses with DSPK_ELIMIT or DSPK_ENOMEM while c holds idle
  * temporaries frees them and is tried once more.

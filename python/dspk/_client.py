@@ -51,7 +51,7 @@ _TEMP_ROUND = 2 << 20   # shared temporaries: whole 2 MiB
 # and the memory quotas (max_user_memory...), so few and small ones are kept for the next
 # tasks; the others are freed as soon as their task is answered.
 _TEMP_IDLE_MAX = 6      # idle shared temporaries kept, at most
-_TEMP_IDLE_BYTES = 64 << 20  # bytes of the idle shared temporaries kept, at most
+_TEMP_IDLE_BYTES = 256 << 20  # bytes of the idle shared temporaries kept, at most
 _TEMP_IDLE_QUOTA = 8    # ... and at most this fraction of hello's cpu_memory_quota
 _TIMEOUT_FOREVER = 1e9  # seconds (31 years): a timeout above it waits for ever, as None
 _UNITS = {"": 1, "K": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MIB": 1 << 20,
