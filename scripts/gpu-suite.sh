@@ -77,8 +77,15 @@ if [ "$WHAT" = all ] || [ "$WHAT" = bench ]; then
   # cuda:0, then the first Vulkan device that is not lavapipe (issue 18:
   # goal >= 0.9 for both).  The first task of each tunes the path; the
   # decisions stored in the cache follow.
+  # Streams of 20 and of 200 tasks (the fft rows above stream 200): a
+  # stream's own cost (its first task's hand-off and recording, the
+  # closing read) is spread over its tasks; each also times one task at a
+  # time.
   for d in cuda:0 $VKDEV; do
-    "$BENCH" fir "$SOCK" "$d" 2>&1 | tee -a "$OUT/fir.md" || fail=1
+    for reps in 20 200; do
+      "$BENCH" fir "$SOCK" "$d" $reps 2>&1 | tee -a "$OUT/fir.md" || fail=1
+    done
+    "$BENCH" latency "$SOCK" "$d" 2>&1 | tee -a "$OUT/fir.md" || fail=1
   done
   python3 - "$TMP/cache.db" <<'PY' 2>&1 | tee -a "$OUT/fir.md"
 import sqlite3, sys

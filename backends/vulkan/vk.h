@@ -208,6 +208,10 @@ struct dspk__vk_coopmat {
   uint64_t ngemm; /* gemms recorded on this path */
 };
 
+/* How long a wait for the timeline polls before it blocks, on a GPU
+ * (dspk__vk_wait_value). */
+#define DSPK__VK_SPIN_NS 1000000u
+
 struct dspk__vk_cmd {
   VkCommandBuffer cb;
   uint64_t value; /* timeline value its submission signals; 0: never used */
@@ -225,6 +229,7 @@ struct dspk__dev {
   VkCommandPool cpool;
   VkSemaphore timeline;
   uint64_t submitted; /* last value signalled by a submission */
+  uint64_t spin_ns;   /* dspk__vk_wait_value polls this long before it blocks */
   struct dspk__vk_cmd ring[DSPK__VK_RING];
   unsigned ring_next;
   VkCommandBuffer rec; /* the command buffer being recorded, or NULL */

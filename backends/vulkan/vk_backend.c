@@ -14,10 +14,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <glslang/Include/glslang_c_interface.h>
 
 #include "backends/vulkan/vk.h"
+#include "proto/testhook.h"
 
 struct dspk__vkfn dspk__vk;
 VkInstance dspk__vk_instance;
@@ -234,9 +236,31 @@ static void vk_shutdown(void) {
 
 /* ---- command buffers and fences ------------------------------------------ */
 
+static int value_reached(struct dspk__dev *d, uint64_t v);
+
+static uint64_t mono_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* Waits until the timeline reaches v.  On a GPU it first polls the counter
+ * for up to d->spin_ns: a blocking vkWaitSemaphores woke 30-90 us after
+ * the work ended on the H200 (docs/performance.md, "One task at a time"),
+ * as much as a small task's whole work; CUDA's default synchronization
+ * spins alike.  Work that runs longer costs that much of the runner's core
+ * per wait, then the wait blocks. */
 int dspk__vk_wait_value(struct dspk__dev *d, uint64_t v) {
   if (v == 0)
     return 0;
+  if (d->spin_ns) {
+    uint64_t end = mono_ns() + d->spin_ns;
+    do {
+      int r = value_reached(d, v);
+      if (r != 0)
+        return r < 0 ? r : 0;
+    } while (mono_ns() < end);
+  }
   VkSemaphoreWaitInfo wi = {.sType = VK_STRUCTURE_TYPE_SEMAPHORE_WAIT_INFO,
                             .semaphoreCount = 1,
                             .pSemaphores = &d->timeline,
@@ -521,6 +545,12 @@ static int vk_open(int index, const struct dspk__devenv *env, struct dspk__dev *
     r = dspk__vk_err(vr);
     goto fail;
   }
+  /* A lavapipe device computes on the CPU: polling would take a core from
+   * its own threads.  DSPK_VK_SPIN_US (test builds): another bound, for
+   * benchmarks. */
+  d->spin_ns = d->props.deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU ? 0 : DSPK__VK_SPIN_NS;
+  if (DSPK_TEST_HOOK("DSPK_VK_SPIN_US"))
+    d->spin_ns = (uint64_t)strtoull(DSPK_TEST_HOOK("DSPK_VK_SPIN_US"), NULL, 10) * 1000u;
   if ((r = dspk__vk_mem_init(d)))
     goto fail;
   if ((r = dspk__retire_init(&d->retire, &rt_ops, d, 0)))

@@ -24,11 +24,15 @@
  *       pipelined stream of gemm 1024^2 on resident buffers, answered on
  *       completion: the GPU busy fraction (goal >= 95%) and whether every
  *       answer came after its work (exit 1 if not).
- *   bench_cuda fir SOCKET DEVICE
+ *   bench_cuda fir SOCKET DEVICE [REPS]
  *       fir of 2^24 f32 samples with 4096 taps on DEVICE (cuda:0, vulkan:N)
- *       through a running dspkd (daemon buffers) vs an overlap-save fir
- *       written with cuFFT in-process (the best of three block lengths);
+ *       through a running dspkd (daemon buffers; a stream of REPS tasks,
+ *       default 20) vs an overlap-save fir written with cuFFT in-process
+ *       (REPS runs, the best of three block lengths);
  *       the outputs are compared (exit 1 when they differ).
+ *   bench_cuda latency SOCKET DEVICE
+ *       one request at a time: dspk_ping, and a map of 16 f32 on DEVICE
+ *       (medians of the wall time and of the answers' time_us).
  *   bench_cuda clientmem SOCKET
  *       gemm 4096^2 f32 with operands and result in the client's memory
  *       (malloc'd, and dspk_shared_alloc'd) through dspkd on cuda:0 vs
@@ -469,6 +473,32 @@ static double time_daemon(dspk_client *c, const dspk_task *t, uint64_t probe_buf
   return median(v, 3);
 }
 
+/* One task at a time, as a client that waits for each answer: the median
+ * wall time from submit to answer over `reps` tasks, and the median of the
+ * answers' time_us (the runner's time, the device's work included). */
+static double time_single(dspk_client *c, const dspk_task *t, int reps, double *time_us) {
+  double w[64], u[64];
+  dspk_result r;
+  uint32_t tk;
+  if (reps > 64)
+    reps = 64;
+  for (int i = 0; i < reps; i++) {
+    double t0 = dspk_bench_now_ms();
+    CK(dspk_submit(c, t, &tk));
+    if (dspk_wait(c, tk, &r)) {
+      fprintf(stderr, "task: %s\n", dspk_last_error(c));
+      exit(1);
+    }
+    w[i] = dspk_bench_now_ms() - t0;
+    u[i] = (double)r.time_us;
+    dspk_result_free(&r);
+  }
+  qsort(w, (size_t)reps, sizeof(double), dspk_bench_cmp_d);
+  qsort(u, (size_t)reps, sizeof(double), dspk_bench_cmp_d);
+  *time_us = u[reps / 2];
+  return w[reps / 2];
+}
+
 static int bench_stream(dspk_client *c);
 
 static int mode_daemon(const char *sock, const char *dev) {
@@ -662,18 +692,17 @@ static int bench_stream(dspk_client *c) {
  * taps and output in daemon buffers; the first task, untimed, lets the
  * autotuner choose the path) vs dspk_bench_cufft_fir on cuda:0; the two
  * outputs are compared. */
-static int mode_fir(const char *sock, const char *device) {
+static int mode_fir(const char *sock, const char *device, int reps) {
   dspk_client *c;
   char why[256];
   struct dspk__devinfo info[DSPK__CUDA_MAX_DEVICES];
   int64_t n = (int64_t)1 << 24, k = 4096, L = 0;
-  int reps = 20;
   float *hx = malloc((size_t)n * 4), *hh = malloc((size_t)k * 4);
   float *yd = malloc((size_t)n * 4), *yr = malloc((size_t)n * 4);
   uint64_t bx, bh, by;
   dspk_task t;
   dspk_tensor in[2];
-  double td, tr, md = 0, mr = 1e-30;
+  double td, tr, t1, t1us, tr1, md = 0, mr = 1e-30;
   CUcontext ctx;
   if (dspk_connect(sock, "bench_cuda", &c)) {
     fprintf(stderr, "bench_cuda: connect: %s\n", dspk_connect_error());
@@ -706,6 +735,7 @@ static int mode_fir(const char *sock, const char *device) {
   t.out_refs[0].buffer = by;
   t.out_refs[0].offset = 0;
   td = time_daemon(c, &t, by, reps);
+  t1 = time_single(c, &t, 15, &t1us);
   for (size_t off = 0; off < (size_t)n * 4; off += (size_t)64 << 20) {
     size_t m = (size_t)n * 4 - off < ((size_t)64 << 20) ? (size_t)n * 4 - off : ((size_t)64 << 20);
     CK(dspk_buffer_read(c, by, off, (char *)yd + off, m));
@@ -715,13 +745,17 @@ static int mode_fir(const char *sock, const char *device) {
   CK(CU.cuDevicePrimaryCtxRetain(&ctx, 0));
   CK(CU.cuCtxSetCurrent(ctx));
   tr = dspk_bench_cufft_fir(n, k, hx, hh, reps, yr, &L);
+  tr1 = dspk_bench_cufft_fir(n, k, hx, hh, 1, NULL, NULL);
   for (int64_t i = 0; i < n; i++) {
     md = fmax(md, fabs((double)yd[i] - yr[i]));
     mr = fmax(mr, fabs((double)yr[i]));
   }
-  printf("| fir 2^24 f32, 4096 taps on %s | %.3f ms (%.2f GS/s) | cuFFT overlap-save L=%lld: "
+  printf("| fir 2^24 f32, 4096 taps on %s, %d in a stream | %.3f ms (%.2f GS/s) | cuFFT overlap-save L=%lld: "
          "%.3f ms | **%.3f** | max diff / max %.2g |\n",
-         device, td, (double)n / td / 1e6, (long long)L, tr, tr / td, md / mr);
+         device, reps, td, (double)n / td / 1e6, (long long)L, tr, tr / td, md / mr);
+  printf("| the same one task at a time (submit, wait for its answer) | %.3f ms (answer's time_us "
+         "%.0f) | one run and a synchronize: %.3f ms | **%.3f** | |\n",
+         t1, t1us, tr1, tr1 / t1);
   CK(dspk_buffer_free(c, bx));
   CK(dspk_buffer_free(c, bh));
   CK(dspk_buffer_free(c, by));
@@ -731,6 +765,45 @@ static int mode_fir(const char *sock, const char *device) {
   free(yd);
   free(yr);
   return md / mr <= 1e-4 ? 0 : 1;
+}
+
+/* ---- one task at a time: where a tiny task's answer time goes ---------------- */
+
+/* A ping and a map "scale" of 16 f32 on `device` (inline operands, inline
+ * result), each one at a time (submit, wait for the answer), 200 of each:
+ * the medians of their wall times and of the tasks' time_us. */
+static int mode_latency(const char *sock, const char *device) {
+  dspk_client *c;
+  dspk_task t;
+  dspk_tensor in;
+  float x[16];
+  int64_t shape[1] = {16};
+  double w[200], us, tw;
+  if (dspk_connect(sock, "bench_cuda", &c)) {
+    fprintf(stderr, "bench_cuda: connect: %s\n", dspk_connect_error());
+    return 1;
+  }
+  for (int i = 0; i < 16; i++)
+    x[i] = (float)i;
+  for (int i = 0; i < 200; i++) {
+    double t0 = dspk_bench_now_ms();
+    CK(dspk_ping(c, NULL, 0));
+    w[i] = dspk_bench_now_ms() - t0;
+  }
+  qsort(w, 200, sizeof(double), dspk_bench_cmp_d);
+  dspk_task_init(&t, DSPK_OP_MAP);
+  t.device = device;
+  t.map.fn = DSPK_MAP_SCALE;
+  t.map.alpha = 2.0;
+  dspk_tensor_inline(&in, DSPK_F32, 1, shape, x);
+  t.inputs = &in;
+  t.ninputs = 1;
+  (void)time_single(c, &t, 64, &us); /* compiles the kernel, warms up */
+  tw = time_single(c, &t, 64, &us);
+  printf("| one at a time on %s | ping %.1f us (p90 %.1f) | map scale 16 f32: %.1f us, time_us %.0f |\n",
+         device, w[100] * 1e3, w[180] * 1e3, tw * 1e3, us);
+  dspk_close(c);
+  return 0;
 }
 
 /* ---- operands in client memory (issue 12) ------------------------------------ */
@@ -998,14 +1071,16 @@ int main(int argc, char **argv) {
   if (argc >= 3 && strcmp(argv[1], "daemon") == 0)
     return mode_daemon(argv[2], argc > 3 ? argv[3] : "cuda:0");
   if (argc >= 4 && strcmp(argv[1], "fir") == 0)
-    return mode_fir(argv[2], argv[3]);
+    return mode_fir(argv[2], argv[3], argc >= 5 ? atoi(argv[4]) : 20);
+  if (argc >= 4 && strcmp(argv[1], "latency") == 0)
+    return mode_latency(argv[2], argv[3]);
   if (argc >= 3 && strcmp(argv[1], "clientmem") == 0)
     return mode_clientmem(argv[2]);
   if (argc >= 2 && strcmp(argv[1], "firstresult") == 0)
     return mode_firstresult();
   if (argc >= 3 && strcmp(argv[1], "mknpy") == 0)
     return mode_mknpy(argv[2]);
-  fprintf(stderr, "usage: bench_cuda backend | trace [PLAN_CACHE] | daemon SOCKET [DEVICE] | fir SOCKET DEVICE | "
+  fprintf(stderr, "usage: bench_cuda backend | trace [PLAN_CACHE] | daemon SOCKET [DEVICE] | fir SOCKET DEVICE [REPS] | latency SOCKET DEVICE | "
                   "firstresult | mknpy DIR\n");
   return 2;
 }
