@@ -705,6 +705,24 @@ static int m_buffer_free(struct req *r) {
 
 /* ---- task.run --------------------------------------------------------- */
 
+/* Whether map m has exactly one key, as every map is read (docs/protocol.md,
+ * "Framing"): keys that are not strings are ignored, and a key given twice
+ * is one key (its first value counts). */
+static bool one_key(const msgpack_object *m) {
+  const msgpack_object_str *first = NULL;
+  for (uint32_t i = 0; i < m->via.map.size; i++) {
+    const msgpack_object *k = &m->via.map.ptr[i].key;
+    if (k->type != MSGPACK_OBJECT_STR)
+      continue;
+    if (!first)
+      first = &k->via.str;
+    else if (k->via.str.size != first->size ||
+             memcmp(k->via.str.ptr, first->ptr, first->size) != 0)
+      return false;
+  }
+  return first != NULL;
+}
+
 /* The kernel's args (an array of at most 16 one-key maps, checked by the
  * decoder): each names its kind by its key. */
 static int kernel_args(struct req *r, const struct dspk__pval *args, struct dspk__op *op) {
@@ -721,7 +739,7 @@ static int kernel_args(struct req *r, const struct dspk__pval *args, struct dspk
     size_t t;
     int64_t iv;
     double fv;
-    if (m->type != MSGPACK_OBJECT_MAP || m->via.map.size != 1)
+    if (m->type != MSGPACK_OBJECT_MAP || !one_key(m))
       return fail(r, DSPK_EINVAL, "options.args[%u]: expected a map with one key", i);
     for (t = 0; t < sizeof kinds / sizeof kinds[0]; t++)
       if ((v = dspk__map_get(m, kinds[t].key)))

@@ -1374,6 +1374,21 @@ def kernel_args(env):
     r = run([{"tensor": 1}, {"tensor": 0}] + scal)
     check(r[0] == "ok" and vals32(r[1]["outputs"][0]) == [0, 0, 0]
           and vals32(r[1]["outputs"][1]) == [90, 90, 90], "binding 0 is args[0]: %r" % (r,))
+    # an args entry is read as any map (Framing): a key given twice is one
+    # key, its first value counts; keys that are not str are ignored; two
+    # different keys are refused
+    o = {"lang": "glsl", "source": src, "grid": [3],
+         "args": [{"tensor": 0, "zzmark": 7}, {"tensor": 1, 99: 1}] + scal}
+    raw = p([0, 9001, "task.run", [{"op": "kernel", "device": vk[0], "inputs": [x, y],
+                                     "options": o}]])
+    mark = p("zzmark") + p(7)
+    check(raw.count(mark) == 1, "marker")
+    c.send(raw.replace(mark, p("tensor") + p(1)))
+    r = c.wait(9001)
+    check(r[0] == "ok" and vals32(r[1]["outputs"][0]) == [92, 94, 96]
+          and vals32(r[1]["outputs"][1]) == [1, 2, 3], "args key given twice: %r" % (r,))
+    expect(run([{"tensor": 0, "i32": 1}, {"tensor": 1}] + scal), "EINVAL", "options.args[0]",
+           "one key")
     # the work-group size is the shader's: block and shared are not used;
     # a GLSL entry point is always main
     # a NUL would end the source for the compiler: refused, not cut
