@@ -501,6 +501,8 @@ DSPK_EXPORT int dspk_buffer_write(dspk_client *c, uint64_t id,
 
   if (!c || (n && !data))
     return dspk__argerr(c, "dspk_buffer_write: data is NULL and n is %zu", n);
+  if (dspk__forked(c)) /* its shared memory is the parent's too */
+    return DSPK_ECLOSED;
   /* A shared buffer of ours with nothing in flight: its bytes are here. */
   if ((local = dspk__shm_local(c, id, offset, n)) != NULL) {
     if (n) /* data may be NULL for 0 bytes */
@@ -516,6 +518,8 @@ DSPK_EXPORT int dspk_buffer_read(dspk_client *c, uint64_t id, uint64_t offset,
 
   if (!c || (n && !dst))
     return dspk__argerr(c, "dspk_buffer_read: dst is NULL and n is %zu", n);
+  if (dspk__forked(c))
+    return DSPK_ECLOSED;
   if ((local = dspk__shm_local(c, id, offset, n)) != NULL) {
     if (n) /* dst may be NULL for 0 bytes */
       memcpy(dst, local, n);
@@ -799,6 +803,8 @@ DSPK_EXPORT int dspk_submit(dspk_client *c, const dspk_task *t,
 
   if (!c || !t || !ticket)
     return dspk__argerr(c, "dspk_submit: %s is NULL", !t ? "task" : "ticket");
+  if (dspk__forked(c)) /* before a temporary, the parent's memory too, is filled */
+    return DSPK_ECLOSED;
   rc = check_task(c, t);
   if (rc != 0)
     return rc;

@@ -62,6 +62,16 @@ int dspk__argerr(dspk_client *c, const char *fmt, ...) {
   return DSPK_EINVAL;
 }
 
+int dspk__forked(dspk_client *c) {
+  if (c->pid == getpid())
+    return 0;
+  /* The socket and the shared memory are the parent's too: a child that
+   * read or wrote them would take the parent's answers (dspk.h, fork). */
+  return dspk__cerr(c, DSPK_ECLOSED, "this client belongs to process %ld, which "
+                    "connected it; it cannot be used in a child of fork() (connect anew "
+                    "there)", (long)c->pid);
+}
+
 /* The failure of a call on a client whose connection broke (dspk.h). */
 static int broken_err(dspk_client *c) {
   return dspk__cerr(c, c->broken_code, "connection is no longer usable: %s", c->broken_why);
@@ -264,6 +274,8 @@ DSPK_EXPORT int dspk_file_data(dspk_client *c, const void *addr, size_t len, int
   struct dspk__fmap m;
   if (!c || !addr)
     return dspk__argerr(c, "dspk_file_data: addr is NULL");
+  if (dspk__forked(c))
+    return DSPK_ECLOSED;
   for (size_t i = 0; i < c->nfmaps; i++)
     if (c->fmaps[i].addr == addr) { /* forgotten, or replaced below */
       close(c->fmaps[i].fd);
@@ -299,6 +311,8 @@ DSPK_EXPORT int dspk_result_to_file(dspk_client *c, uint32_t ticket, int fd, uin
     *written = false;
   if (!c)
     return dspk__argerr(c, "dspk_result_to_file: c is NULL");
+  if (dspk__forked(c))
+    return DSPK_ECLOSED;
   if (fd < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
     return dspk__argerr(c, "dspk_result_to_file: fd %d is not a regular file", fd);
   if ((fl = fcntl(fd, F_GETFL)) < 0 || (fl & O_ACCMODE) != O_RDWR || (fl & O_APPEND))
@@ -374,6 +388,8 @@ int dspk__send_fd(dspk_client *c, struct dspk__wbuf *w, uint32_t msgid, int fd) 
   bool epipe = false;
   int rc;
 
+  if ((rc = dspk__forked(c)) != 0)
+    return rc;
   if (c->broken)
     return broken_err(c);
   if (c->ninflight == c->capinflight) {
@@ -1156,6 +1172,8 @@ static int wait_common(dspk_client *c, bool any, uint32_t *msgid,
   size_t len = 0, cap = 0;
   int rc;
 
+  if ((rc = dspk__forked(c)) != 0)
+    return rc;
   for (;;) {
     if (c->closed) /* by dspk_close from the callback: nothing more is taken */
       return broken_err(c);
@@ -1329,6 +1347,8 @@ int dspk__wait_into(dspk_client *c, uint32_t msgid, void *dst, size_t n) {
   ssize_t h = 0;
   int rc;
 
+  if ((rc = dspk__forked(c)) != 0)
+    return rc;
   if (!dspk__inflight_has(c, msgid))
     return c->broken ? broken_err(c)
                      : dspk__cerr(c, DSPK_ENOENT, "request %u is not in flight", msgid);
@@ -1533,6 +1553,7 @@ DSPK_EXPORT int dspk_connect_timeout(const char *socket_path, const char *client
     return DSPK_ENOMEM;
   }
   c->next_id = 1;
+  c->pid = getpid();
   dspk__limits_default(&c->lim);
   /* Responses may carry big outputs: accept up to 4 GiB per message and a
    * generous depth for status details.  The scanner still bounds every
@@ -1634,6 +1655,16 @@ err_alloc:
 DSPK_EXPORT void dspk_close(dspk_client *c) {
   if (!c)
     return;
+  if (c->pid != getpid()) {
+    /* A child of fork(): its copy of the descriptor and of the mappings go,
+     * nothing is sent and the socket is not shut down (the parent's
+     * connection, its buffers and its temporaries stay the parent's). */
+    dspk__shm_close(c);
+    if (c->fd >= 0)
+      close(c->fd);
+    client_free(c);
+    return;
+  }
   if (c->in_progress) {
     /* From c's own progress callback: the call that invoked it still uses
      * c.  The connection ends now (that call fails); a dspk_close after

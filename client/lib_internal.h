@@ -9,6 +9,7 @@
 #include <msgpack.h>
 #include <stdarg.h>
 #include <sys/mman.h>
+#include <sys/types.h>
 
 #include "dspk/dspk.h"
 #include "proto/codec.h"
@@ -30,6 +31,7 @@ struct dspk__frame {
 
 struct dspk_client {
   int fd;
+  pid_t pid;              /* the process that connected (dspk__forked) */
   bool broken;            /* the stream is unusable; every call fails */
   int broken_code;
   char broken_why[1024];  /* c->err when it broke: later calls quote it */
@@ -150,6 +152,11 @@ int dspk__cerr(dspk_client *c, int code, const char *fmt, ...)
  * alone says it), so that dspk_last_error() is never "" after a failure. */
 int dspk__argerr(dspk_client *c, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
+
+/* A call on c made in another process than the one that connected (a
+ * child of fork() using an inherited client): DSPK_ECLOSED with a message
+ * naming fork, nothing read or written; 0 in the connecting process. */
+int dspk__forked(dspk_client *c);
 
 /* A fresh msgid for a request (never one still in flight). */
 uint32_t dspk__next_id(dspk_client *c);

@@ -251,6 +251,8 @@ static int shm_new_from(dspk_client *c, const char *device, size_t n, int state,
   bool via_map;
   int fd, rc;
 
+  if ((rc = dspk__forked(c)) != 0)
+    return rc;
   if (c->nshm == c->capshm) {
     size_t cap = c->capshm ? 2 * c->capshm : 8;
     struct dspk__shm *ns = realloc(c->shm, cap * sizeof(*ns));
@@ -397,6 +399,8 @@ DSPK_EXPORT int dspk_shared_from_file(dspk_client *c, const char *device, int fd
 DSPK_EXPORT int dspk_shared_free(dspk_client *c, void *ptr) {
   if (!c)
     return DSPK_EINVAL;
+  if (dspk__forked(c)) /* the allocation stays the parent's */
+    return DSPK_ECLOSED;
   for (size_t i = 0; i < c->nshm; i++)
     if (c->shm[i].ptr == ptr && c->shm[i].state == 0) {
       uint64_t id = c->shm[i].id;

@@ -26,6 +26,14 @@
  *    Calls made from the progress callback (dspk_set_progress) run on the
  *    thread of the call that invoked it, so they count as that thread's:
  *    they are allowed on any client, c itself included (see there).
+ *  - fork(): a client belongs to the process that connected it.  In a child
+ *    of fork() every call of an inherited client (dspk_ping, dspk_submit,
+ *    dspk_wait, dspk_buffer_read of a shared buffer, ...) fails with
+ *    DSPK_ECLOSED and a message naming fork, without reading or writing its
+ *    socket or its shared memory (the parent's answers stay the parent's);
+ *    connect anew in the child.  dspk_close there frees the child's memory
+ *    and closes its copy of the descriptor only: it sends nothing and does
+ *    not shut the connection down, which the parent goes on using.
  *  - Waiting: a call waits for the daemon (for room to send a request, for
  *    its answer) as long as the daemon takes, unless a timeout is set
  *    (dspk_set_timeout, dspk_connect_timeout): then DSPK_ETIMEDOUT.  A
@@ -120,7 +128,8 @@ DSPK_EXPORT const char *dspk_connect_error(void);
  * c, which the call that invoked the callback still uses: it ends the
  * connection at once (that call, and every later one on c, fails with
  * DSPK_ECLOSED, "closed by dspk_close from the progress callback"); call
- * dspk_close(c) again once that call has returned, to free c. */
+ * dspk_close(c) again once that call has returned, to free c.  In a child
+ * of fork() it only frees the child's copy (see fork() above). */
 DSPK_EXPORT void dspk_close(dspk_client *c);
 
 /* The message of the last failed call on c (the daemon's message for an

