@@ -789,8 +789,9 @@ static size_t result_bound(const dspk_task *t) {
   return (size_t)n;
 }
 
-DSPK_EXPORT int dspk_submit(dspk_client *c, const dspk_task *t,
-                            uint32_t *ticket) {
+/* dspk_submit, and dspk_run's send (may_wait: it may make temporaries,
+ * which waits for buffer.import's answer; dspk_submit never waits). */
+static int submit(dspk_client *c, const dspk_task *t, uint32_t *ticket, bool may_wait) {
   uint64_t sid[DSPK_SHM_OPERANDS], soff[DSPK_SHM_OPERANDS];
   bool shm[DSPK_SHM_OPERANDS] = {0};
   struct inputs in = {t, shm, sid, soff};
@@ -820,7 +821,7 @@ DSPK_EXPORT int dspk_submit(dspk_client *c, const dspk_task *t,
     if (x->is_ref || !x->nbytes)
       continue;
     rc = dspk__shm_operand(c, a.v[DSPK__RUN_DEVICE].v.s.p, x->data, x->nbytes,
-                           dspk__dtype_size(x->dtype), &sid[i], &soff[i]);
+                           dspk__dtype_size(x->dtype), may_wait, &sid[i], &soff[i]);
     if (rc < 0) {
       dspk__shm_sent(c, 0, false);
       return rc;
@@ -833,7 +834,7 @@ DSPK_EXPORT int dspk_submit(dspk_client *c, const dspk_task *t,
    * buffer and copied from there by dspk_wait, instead of crossing the socket. */
   if (!t->nout_refs && t->op != DSPK_OP_KERNEL && (bound = result_bound(t)) != 0) {
     /* No shared memory to be had (a limit, a quota): the result comes inline. */
-    if (dspk__shm_result(c, a.v[DSPK__RUN_DEVICE].v.s.p, bound,
+    if (dspk__shm_result(c, a.v[DSPK__RUN_DEVICE].v.s.p, bound, may_wait,
                          &out.out_refs[0].buffer) == 1) {
       out.nout_refs = 1;
       a.v[DSPK__RUN_OUTPUTS] = dspk__pv_pack(pack_outputs, &out);
@@ -850,6 +851,11 @@ DSPK_EXPORT int dspk_submit(dspk_client *c, const dspk_task *t,
     return rc;
   *ticket = id;
   return 0;
+}
+
+DSPK_EXPORT int dspk_submit(dspk_client *c, const dspk_task *t,
+                            uint32_t *ticket) {
+  return submit(c, t, ticket, false);
 }
 
 DSPK_EXPORT void dspk_result_free(dspk_result *r) {
@@ -978,7 +984,7 @@ DSPK_EXPORT int dspk_run(dspk_client *c, const dspk_task *t,
 
   if (!c || !t || !res)
     return dspk__argerr(c, "dspk_run: %s is NULL", !t ? "task" : "res");
-  rc = dspk_submit(c, t, &ticket);
+  rc = submit(c, t, &ticket, true);
   if (rc != 0)
     return rc;
   return dspk_wait(c, ticket, res);

@@ -187,9 +187,10 @@ struct dspk__shm {
  * bytes): 1 with *id, *off when it lies in a shared allocation that can
  * stand for it (its device the task's, or the task's "any"; the offset a
  * multiple of isz) or was copied into a temporary one (state 3 until
- * dspk__shm_sent), 0 when it goes inline, or a negative code. */
+ * dspk__shm_sent; without may_wait only an idle one, never a new one), 0
+ * when it goes inline, or a negative code. */
 int dspk__shm_operand(dspk_client *c, const char *device, const void *data,
-                      size_t n, size_t isz, uint64_t *id, uint64_t *off);
+                      size_t n, size_t isz, bool may_wait, uint64_t *id, uint64_t *off);
 /* memcpy on up to `threads` threads (at most 4, each part at least 4 MiB;
  * the caller's thread copies a part too, and a part whose thread cannot
  * start). */
@@ -197,8 +198,10 @@ void dspk__copy_wide(void *dst, const void *src, size_t n, int threads);
 /* A temporary for the one inline result of a task on `device`, of n bytes
  * (at least the result's): 1 with *id (state 3 until dspk__shm_sent), 0
  * when the result comes back inline (below the threshold, "any" free to
- * choose a hardware device), or a negative code. */
-int dspk__shm_result(dspk_client *c, const char *device, size_t n, uint64_t *id);
+ * choose a hardware device, no idle temporary fits and !may_wait), or a
+ * negative code. */
+int dspk__shm_result(dspk_client *c, const char *device, size_t n, bool may_wait,
+                     uint64_t *id);
 /* Bytes [off, off+n) of temporary id while it belongs to ticket, or NULL. */
 const char *dspk__shm_of_ticket(dspk_client *c, uint32_t ticket, uint64_t id,
                                 uint64_t off, size_t n);

@@ -418,9 +418,11 @@ DSPK_EXPORT void dspk_set_shared_threshold(dspk_client *c, size_t bytes) {
 }
 
 /* A temporary of at least n bytes for a task on `device`, now being filled
- * (state 3): 1 with *out, 0 when the task's device rules it out, or a
- * negative code. */
-static int shm_temp(dspk_client *c, const char *device, size_t n, struct dspk__shm **out) {
+ * (state 3): 1 with *out, 0 when the task's device rules it out (or, without
+ * may_wait, when no idle one fits: making one, or learning what "any" is,
+ * waits for an answer, which dspk_submit never does), or a negative code. */
+static int shm_temp(dspk_client *c, const char *device, size_t n, bool may_wait,
+                    struct dspk__shm **out) {
   struct dspk__shm *best = NULL;
   size_t want;
   int rc;
@@ -430,6 +432,8 @@ static int shm_temp(dspk_client *c, const char *device, size_t n, struct dspk__s
    * is the cpu or a software renderer); else the daemon's choice, and its
    * move to cpu:0 on ENOTSUP, stay free and the operand goes inline. */
   if (strcmp(device, "any") == 0) {
+    if (c->shm_any == 0 && !may_wait)
+      return 0; /* dspk_devices would wait: inline until a dspk_run learns it */
     if (c->shm_any == 0) {
       dspk_device_list *l = NULL;
       c->shm_any = 2;
@@ -453,6 +457,8 @@ static int shm_temp(dspk_client *c, const char *device, size_t n, struct dspk__s
         (!best || s->size < best->size))
       best = s;
   }
+  if (!best && !may_wait)
+    return 0; /* buffer.import (and buffer.free) would wait behind the device's work */
   if (!best) {
     size_t idle = 0;
     for (size_t i = 0; i < c->nshm; i++)
@@ -531,7 +537,7 @@ static void wide_copy(void *dst, const void *src, size_t n) {
 }
 
 int dspk__shm_operand(dspk_client *c, const char *device, const void *data,
-                      size_t n, size_t isz, uint64_t *id, uint64_t *off) {
+                      size_t n, size_t isz, bool may_wait, uint64_t *id, uint64_t *off) {
   const char *p = data;
   struct dspk__shm *s;
   int rc;
@@ -553,7 +559,7 @@ int dspk__shm_operand(dspk_client *c, const char *device, const void *data,
   }
   if (!c->shm_threshold || n < c->shm_threshold)
     return 0;
-  if ((rc = shm_temp(c, device, n, &s)) != 1)
+  if ((rc = shm_temp(c, device, n, may_wait, &s)) != 1)
     return rc;
   wide_copy(s->ptr, p, n);
   *id = s->id;
@@ -561,12 +567,13 @@ int dspk__shm_operand(dspk_client *c, const char *device, const void *data,
   return 1;
 }
 
-int dspk__shm_result(dspk_client *c, const char *device, size_t n, uint64_t *id) {
+int dspk__shm_result(dspk_client *c, const char *device, size_t n, bool may_wait,
+                     uint64_t *id) {
   struct dspk__shm *s;
   int rc;
   if (!c->shm_threshold || n < c->shm_threshold)
     return 0;
-  if ((rc = shm_temp(c, device, n, &s)) != 1)
+  if ((rc = shm_temp(c, device, n, may_wait, &s)) != 1)
     return rc;
   *id = s->id;
   return 1;

@@ -420,6 +420,16 @@ DSPK_EXPORT int dspk_shared_free(dspk_client *c, void *ptr);
  * result's, valid until dspk_result_free, also after dspk_close.
  * For a task on "any" only when the daemon has no hardware device ("any"
  * is then cpu:0), so that the daemon's choice of device stays free.
+ * dspk_submit never waits for an answer (it returns at once, also behind a
+ * device's long queue): it uses an idle temporary of c's that fits (on the
+ * task's device) and otherwise sends the operand inline on the socket, and
+ * has such a result come back inline; it never makes a temporary (a
+ * buffer.import round trip, answered behind the device's earlier work) nor
+ * asks what "any" is.  dspk_run, which waits anyway, makes them (and learns
+ * what "any" is with a `devices` call), and leaves them idle for the next
+ * tasks, dspk_submit's included.  An operand sent inline counts toward
+ * max_message (dspk_max_message): pass one that large through
+ * dspk_shared_alloc or a daemon buffer.
  * Temporaries are daemon buffers of the user's: they count toward
  * max_buffers and the memory quotas (max_user_memory... , protocol.md
  * "Quotas") while they exist.  Once a task's answer is consumed (dspk_wait,
@@ -564,7 +574,9 @@ DSPK_EXPORT int dspk_run(dspk_client *c, const dspk_task *t, dspk_result *res);
 
 /*
  * Asynchronous use: dspk_submit() sends the request and returns at once
- * with a ticket (the request's msgid); any number may be in flight.
+ * with a ticket (the request's msgid), never waiting for an answer (only,
+ * like every call, for room to send: see dspk_set_shared_threshold for its
+ * large operands); any number may be in flight.
  * dspk_wait() blocks until that ticket's answer arrives (answers to other
  * tickets read meanwhile are kept for their own dspk_wait) and consumes the
  * ticket.  dspk_cancel() asks the daemon to cancel it; its dspk_wait()

@@ -26,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -133,6 +134,85 @@ static void test_fork_child(void **state) {
   assert_int_equal(dspk_set_timeout(C, 0), 0);
 }
 
+/* ---- dspk_submit never waits ------------------------------------------------ */
+
+/* Long gemms on cpu:0 (operands and result in daemon buffers), then a task
+ * whose operand and result are above the shared threshold on a fresh client
+ * (no idle temporary): dspk_submit returns while the gemms still run -- none
+ * of their answers has arrived, which a buffer.import queued behind them
+ * would have waited for. */
+static void test_submit_no_wait(void **state) {
+  const int64_t n = 2048, m = 512 * 1024;
+  dspk_client *k = NULL;
+  uint64_t ab, ob;
+  float *ones = malloc(sizeof(float) * (size_t)(n * n)), *x = malloc(sizeof(float) * (size_t)m);
+  dspk_tensor g[2], xi;
+  dspk_task t, u;
+  dspk_result r;
+  uint32_t tk[3], tu;
+  (void)state;
+  assert_non_null(ones);
+  assert_non_null(x);
+  for (int64_t i = 0; i < n * n; i++)
+    ones[i] = 1.0f;
+  for (int64_t i = 0; i < m; i++)
+    x[i] = (float)(i % 1000) - 500.0f;
+  assert_int_equal(dspk_connect(sockpath, "submit_no_wait", &k), 0);
+  assert_int_equal(dspk_buffer_create(k, "cpu:0", sizeof(float) * (size_t)(n * n), &ab), 0);
+  assert_int_equal(dspk_buffer_write(k, ab, 0, ones, sizeof(float) * (size_t)(n * n)), 0);
+  assert_int_equal(dspk_buffer_create(k, "cpu:0", sizeof(float) * (size_t)(n * n), &ob), 0);
+  dspk_task_init(&t, DSPK_OP_GEMM);
+  t.device = "cpu:0";
+  for (int i = 0; i < 2; i++) {
+    memset(&g[i], 0, sizeof g[i]);
+    g[i].dtype = DSPK_F32;
+    g[i].rank = 2;
+    g[i].shape[0] = g[i].shape[1] = n;
+    g[i].is_ref = true;
+    g[i].buffer = ab;
+  }
+  t.inputs = g;
+  t.ninputs = 2;
+  t.nout_refs = 1;
+  t.out_refs[0].buffer = ob;
+  for (int i = 0; i < 3; i++)
+    assert_int_equal(dspk_submit(k, &t, &tk[i]), 0);
+  dspk_tensor_inline(&xi, DSPK_F32, 1, &m, x);
+  dspk_task_init(&u, DSPK_OP_MAP);
+  u.device = "cpu:0";
+  u.map.fn = DSPK_MAP_ABS;
+  u.inputs = &xi;
+  u.ninputs = 1;
+  assert_int_equal(dspk_submit(k, &u, &tu), 0);
+  {
+    struct pollfd pfd = {.fd = dspk_fd(k), .events = POLLIN};
+    /* nothing answered yet: the gemms still run */
+    assert_int_equal(k->ndone, 0);
+    assert_int_equal(poll(&pfd, 1, 0), 0);
+  }
+  for (size_t i = 0; i < k->nshm; i++) /* no temporary was made */
+    assert_int_equal(k->shm[i].state, 0);
+  for (int i = 0; i < 3; i++) {
+    assert_int_equal(dspk_wait(k, tk[i], &r), 0);
+    dspk_result_free(&r);
+  }
+  assert_int_equal(dspk_wait(k, tu, &r), 0);
+  assert_int_equal(r.out[0].nbytes, sizeof(float) * (size_t)m);
+  for (int64_t i = 0; i < m; i++)
+    if (((const float *)r.out[0].data)[i] != fabsf(x[i]))
+      fail_msg("abs[%lld] = %g", (long long)i, (double)((const float *)r.out[0].data)[i]);
+  dspk_result_free(&r);
+  {
+    float c[4];
+    assert_int_equal(dspk_buffer_read(k, ob, 4 * (uint64_t)(n * n / 2), c, sizeof c), 0);
+    for (int i = 0; i < 4; i++)
+      assert_true(c[i] == (float)n);
+  }
+  dspk_close(k);
+  free(ones);
+  free(x);
+}
+
 int main(int argc, char **argv) {
   if (argc < 2) {
     fprintf(stderr, "usage: %s PATH-TO-DSPKD\n", argv[0]);
@@ -142,6 +222,7 @@ int main(int argc, char **argv) {
   signal(SIGPIPE, SIG_IGN);
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_fork_child),
+      cmocka_unit_test(test_submit_no_wait),
   };
   return cmocka_run_group_tests(tests, start_daemon, stop_daemon);
 }
