@@ -907,6 +907,21 @@ static int decode_result(dspk_client *c, struct dspk__resp *r, uint32_t ticket,
     t->is_ref = wt.is_ref;
     t->buffer = wt.buffer;
     t->offset = wt.offset;
+    if (i == 0 && c->nsinks) {
+      /* dspk_result_to_file of an answer that did not go to the file on its
+       * way in: from its memory, or from its temporary's pages. */
+      const void *src = wt.is_ref ? dspk__shm_of_ticket(c, ticket, wt.buffer, wt.offset,
+                                                        wt.nbytes)
+                                  : wt.data;
+      char *f = src ? dspk__sink_write(c, ticket, src, wt.nbytes) : NULL;
+      if (f) {
+        t->data = f;
+        t->is_ref = false;
+        t->buffer = t->offset = 0;
+        out.nout = i + 1;
+        continue;
+      }
+    }
     if (wt.is_ref &&
         (t->data = dspk__shm_lend(c, ticket, wt.buffer, wt.offset, wt.nbytes)) != NULL) {
       t->is_ref = false; /* the result came through a temporary, lent to it */
@@ -951,6 +966,7 @@ DSPK_EXPORT int dspk_wait(dspk_client *c, uint32_t ticket, dspk_result *res) {
     rc = decode_result(c, &r, ticket, res);
     dspk__resp_free(&r);
   }
+  dspk__sink_forget(c, ticket); /* an error answer's, or one too small */
   dspk__shm_done(c, ticket); /* its temporaries are free */
   dspk__shm_trim(c);         /* those beyond the bound go */
   return rc;
@@ -970,6 +986,7 @@ DSPK_EXPORT int dspk_wait_any(dspk_client *c, uint32_t *ticket,
     dspk__resp_free(&r);
   }
   if (id != 0) { /* 0: no request was answered (none in flight, I/O error) */
+    dspk__sink_forget(c, id);
     dspk__shm_done(c, id);
     dspk__shm_trim(c);
     *ticket = id;

@@ -154,8 +154,10 @@ static void sink_drop(dspk_client *c, uint32_t ticket) {
     }
 }
 
+/* A request's answer is taken: no longer in flight.  Its
+ * dspk_result_to_file stays until dspk_wait has decoded the answer
+ * (dspk__sink_write, dspk__sink_forget). */
 static void inflight_del(dspk_client *c, uint32_t msgid) {
-  sink_drop(c, msgid);
   for (size_t i = 0; i < c->ninflight; i++)
     if (c->inflight[i] == msgid) {
       c->inflight[i] = c->inflight[--c->ninflight];
@@ -178,6 +180,7 @@ void dspk__abandon(dspk_client *c, uint32_t msgid, bool frees_buffer) {
     return;
   }
   inflight_del(c, msgid);
+  sink_drop(c, msgid);
   for (size_t i = 0; i < c->ndone; i++)
     if (c->done[i].msgid == msgid) { /* cannot be (it would have been taken) */
       free(c->done[i].buf);
@@ -337,6 +340,45 @@ DSPK_EXPORT int dspk_result_to_file(dspk_client *c, uint32_t ticket, int fd, uin
     return dspk__cerr(c, DSPK_EIO, "dspk_result_to_file: %s", strerror(errno));
   c->sinks[c->nsinks++] = (struct dspk__sink){ticket, dfd, offset, written};
   return 0;
+}
+
+void dspk__sink_forget(dspk_client *c, uint32_t ticket) { sink_drop(c, ticket); }
+
+char *dspk__sink_write(dspk_client *c, uint32_t ticket, const void *data, size_t n) {
+  struct dspk__sink s;
+  long pg = sysconf(_SC_PAGESIZE);
+  size_t i, done = 0;
+  char *out = NULL;
+
+  for (i = 0; i < c->nsinks && c->sinks[i].ticket != ticket; i++) {
+  }
+  if (i == c->nsinks)
+    return NULL;
+  s = c->sinks[i];
+  c->sinks[i] = c->sinks[--c->nsinks];
+  while (n >= LAND_MIN && done < n) {
+    ssize_t w = pwrite(s.fd, (const char *)data + done, n - done, (off_t)(s.off + done));
+    if (w < 0 && errno == EINTR)
+      continue;
+    if (w <= 0) /* a full disk: the result stays in memory, the file says why */
+      break;
+    done += (size_t)w;
+  }
+  if (n >= LAND_MIN && done == n) {
+    uint64_t at = pg > 0 ? s.off / (uint64_t)pg * (uint64_t)pg : s.off;
+    size_t maplen = (size_t)(s.off - at) + n;
+    void *map = mmap(NULL, maplen, PROT_READ, MAP_SHARED, s.fd, (off_t)at);
+    char *p = map == MAP_FAILED ? NULL : (char *)map + (s.off - at);
+    if (p && dspk__file_lease(map, maplen, p)) {
+      if (s.written)
+        *s.written = true;
+      out = p;
+    } else if (map != MAP_FAILED) {
+      munmap(map, maplen);
+    }
+  }
+  close(s.fd);
+  return out;
 }
 
 /* While a request with file ranges is sent: the socket non-blocking (sendfile
@@ -540,14 +582,20 @@ static int fill(dspk_client *c, bool dontwait, int64_t deadline) {
     c->rbuf = p;
     c->rcap = cap;
   }
+  /* While an answer is to go to a file (dspk_result_to_file), at most
+   * RBUF_MIN bytes a read, however large rbuf grew: the answer's head then
+   * comes in before its body, which land() sends to the file instead of
+   * this read taking it whole into memory. */
+  size_t room = c->rcap - c->rlen;
+  if (c->nsinks && room > RBUF_MIN)
+    room = RBUF_MIN;
   for (;;) {
     short rev;
     int rc;
     if (!dontwait && deadline &&
         (rc = wait_ready(c, POLLIN, deadline, &rev)) != 0)
       return rc == DSPK_ETIMEDOUT ? timed_out(c, "no answer from the daemon") : rc;
-    n = recv(c->fd, c->rbuf + c->rlen, c->rcap - c->rlen,
-             dontwait || deadline ? MSG_DONTWAIT : 0);
+    n = recv(c->fd, c->rbuf + c->rlen, room, dontwait || deadline ? MSG_DONTWAIT : 0);
     if (n < 0 && errno == EINTR) /* a signal: the wait goes on */
       continue;
     if (n < 0 && !dontwait && deadline && (errno == EAGAIN || errno == EWOULDBLOCK))

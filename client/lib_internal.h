@@ -241,6 +241,17 @@ bool dspk__shm_drop_idle(dspk_client *c);
 /* dspk_close: unmaps everything (the daemon frees the buffers). */
 void dspk__shm_close(dspk_client *c);
 
+/* dspk_result_to_file for ticket's answer that did not go to the file on
+ * its way in (read while another ticket was waited for, or a result in a
+ * shared temporary): writes the first output's n bytes at data to the
+ * file, and returns a read-only mapping of them there (freed as a landed
+ * payload, dspk__land_free) with *written set; NULL when ticket has no
+ * sink, n is below 64 KiB or the file takes no more bytes (the output
+ * stays where it is).  The sink is gone either way. */
+char *dspk__sink_write(dspk_client *c, uint32_t ticket, const void *data, size_t n);
+/* Forgets ticket's dspk_result_to_file (an error answer, a wait done). */
+void dspk__sink_forget(dspk_client *c, uint32_t ticket);
+
 /* Waits for the response to msgid (which must be in flight) and consumes
  * it: 0 with *r filled (free with dspk__resp_free), an error response's code
  * (message in c->err), or a transport error. */

@@ -378,23 +378,27 @@ DSPK_EXPORT int dspk_shared_from_file(dspk_client *c, const char *device, int fd
 DSPK_EXPORT int dspk_file_data(dspk_client *c, const void *addr, size_t len, int fd,
                                uint64_t offset);
 /* Has the first output of ticket's answer written to the open file fd at
- * offset instead of into this process's memory, when it comes inline and
- * holds at least 64 KiB: the bytes go from the socket to the file through a
- * pipe with splice(2), the kernel copying them once into the file's pages
- * (the way dspk-submit writes a large result to its .npy file).  The
+ * offset instead of into this process's memory, when it is not a reference
+ * (out_refs) and holds at least 64 KiB: the bytes go from the socket to the
+ * file through a pipe with splice(2), the kernel copying them once into the
+ * file's pages (the way dspk-submit writes a large result to its .npy
+ * file).  An answer that cannot take that way is written to the file from
+ * where it is by the wait that returns it: one read while c waited for
+ * another ticket (or while a dspk_wait_any with a timeout read it), which
+ * had to be kept in memory, and a result of at least the shared threshold,
+ * which comes through a shared temporary (dspk_set_shared_threshold).  The
  * dspk_wait (or dspk_wait_any) that returns the answer then gives that
  * output as usual, its data a read-only shared mapping of the file's bytes
  * [offset, offset + nbytes) (unmapped by dspk_result_free; the file must not
  * shrink while it is used; aligned for its dtype only when offset is), and
- * sets *written (may be NULL) to true.  It
- * stays false, the output then in memory as usual, when the answer is an
- * error, its first output is a reference or smaller, a wait_any with a
- * timeout reads it, or the file takes no more bytes (a full disk: what was
- * written is read back, and the caller's own write of the file then reports
- * the error).  fd must be a regular file open for reading and writing (not
+ * sets *written (may be NULL) to true.  It stays false, the output then in
+ * memory as usual, when the answer is an error, its first output is a
+ * reference or smaller than 64 KiB, or the file takes no more bytes (a full
+ * disk: what was written is read back, and the caller's own write of the
+ * file then reports the error).  fd must be a regular file open for reading and writing (not
  * O_APPEND); it is duplicated, and the file grows as needed; bytes outside
- * the range are not touched.  Call it after dspk_submit and before any call
- * that may read the answer.  0, DSPK_EINVAL, DSPK_ENOENT (ticket not in
+ * the range are not touched.  Call it after dspk_submit and before the
+ * dspk_wait that returns the answer.  0, DSPK_EINVAL, DSPK_ENOENT (ticket not in
  * flight), DSPK_ENOMEM or DSPK_EIO (dup failed). */
 DSPK_EXPORT int dspk_result_to_file(dspk_client *c, uint32_t ticket, int fd, uint64_t offset,
                                     bool *written);

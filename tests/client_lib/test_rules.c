@@ -213,6 +213,130 @@ static void test_submit_no_wait(void **state) {
   free(x);
 }
 
+/* ---- dspk_result_to_file ------------------------------------------------------ */
+
+/* A file in tmpdir, empty, open for reading and writing. */
+static int tmpfile_rw(const char *name) {
+  char path[160];
+  snprintf(path, sizeof path, "%s/%s", tmpdir, name);
+  int fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  assert_true(fd >= 0);
+  unlink(path);
+  return fd;
+}
+
+/* Submits x * alpha on cpu:0 with its result to fd at off, waits, and checks
+ * that it went there: written, the file's bytes and the result's. */
+static void to_file_once(dspk_client *k, const float *x, int64_t n, float alpha, int fd,
+                         uint64_t off, bool *temp) {
+  dspk_tensor in;
+  dspk_task t;
+  dspk_result r;
+  uint32_t tk;
+  bool written = false;
+  float *back = malloc(sizeof(float) * (size_t)n);
+  assert_non_null(back);
+  map_task(&t, &in, x, n, alpha, "cpu:0");
+  assert_int_equal(dspk_submit(k, &t, &tk), 0);
+  if (temp) { /* whether the result comes through a shared temporary */
+    *temp = false;
+    for (size_t i = 0; i < k->nshm; i++)
+      *temp |= k->shm[i].state == 1;
+  }
+  assert_int_equal(dspk_result_to_file(k, tk, fd, off, &written), 0);
+  assert_int_equal(dspk_wait(k, tk, &r), 0);
+  assert_true(written);
+  check_scaled(&r, x, n, alpha);
+  assert_int_equal(pread(fd, back, sizeof(float) * (size_t)n, (off_t)off),
+                   (ssize_t)(sizeof(float) * (size_t)n));
+  for (int64_t i = 0; i < n; i++)
+    if (back[i] != x[i] * alpha)
+      fail_msg("file[%lld] = %g, want %g", (long long)i, (double)back[i],
+               (double)(x[i] * alpha));
+  dspk_result_free(&r);
+  free(back);
+}
+
+/* After answers were read out of order (the receive buffer grew to hold
+ * them), later to-file answers still go to the file; and one read while
+ * another ticket was waited for goes there from memory. */
+static void test_to_file_after_buffered(void **state) {
+  const int64_t n = 200000; /* 800 KB: inline, below the shared threshold */
+  float *x = malloc(sizeof(float) * (size_t)n);
+  dspk_client *k = NULL;
+  dspk_tensor in;
+  dspk_task t;
+  dspk_result r;
+  uint32_t a, b;
+  bool written = false;
+  int fd = tmpfile_rw("tofile3.bin");
+  (void)state;
+  assert_non_null(x);
+  for (int64_t i = 0; i < n; i++)
+    x[i] = (float)(i % 4096);
+  assert_int_equal(dspk_connect(sockpath, "to_file_buffered", &k), 0);
+  to_file_once(k, x, n, 3, fd, 0, NULL);
+  map_task(&t, &in, x, n, 2, "cpu:0");
+  assert_int_equal(dspk_submit(k, &t, &a), 0);
+  assert_int_equal(dspk_submit(k, &t, &b), 0);
+  assert_int_equal(dspk_wait(k, b, &r), 0); /* a's answer is read and kept first */
+  check_scaled(&r, x, n, 2);
+  dspk_result_free(&r);
+  assert_int_equal(dspk_wait(k, a, &r), 0);
+  check_scaled(&r, x, n, 2);
+  dspk_result_free(&r);
+  to_file_once(k, x, n, 5, fd, 0, NULL);
+  to_file_once(k, x, n, 7, fd, 4096 + 64, NULL);
+  /* a to-file answer read while another ticket is waited for */
+  map_task(&t, &in, x, n, 11, "cpu:0");
+  assert_int_equal(dspk_submit(k, &t, &a), 0);
+  assert_int_equal(dspk_result_to_file(k, a, fd, 8, &written), 0);
+  assert_int_equal(dspk_submit(k, &t, &b), 0);
+  assert_int_equal(dspk_wait(k, b, &r), 0);
+  dspk_result_free(&r);
+  assert_false(written);
+  assert_int_equal(dspk_wait(k, a, &r), 0);
+  assert_true(written);
+  check_scaled(&r, x, n, 11);
+  {
+    float v;
+    assert_int_equal(pread(fd, &v, 4, 8 + 4 * 777), 4);
+    assert_true(v == x[777] * 11);
+  }
+  dspk_result_free(&r);
+  dspk_close(k);
+  close(fd);
+  free(x);
+}
+
+/* A first output of 1 MiB and more, which comes through a shared temporary,
+ * goes to the file too. */
+static void test_to_file_big(void **state) {
+  const int64_t n = 512 * 1024; /* 2 MiB */
+  float *x = malloc(sizeof(float) * (size_t)n);
+  dspk_client *k = NULL;
+  dspk_tensor in;
+  dspk_task t;
+  dspk_result r;
+  bool temp = false;
+  int fd = tmpfile_rw("tofile_big.bin");
+  (void)state;
+  assert_non_null(x);
+  for (int64_t i = 0; i < n; i++)
+    x[i] = (float)(i % 1000) - 3.0f;
+  assert_int_equal(dspk_connect(sockpath, "to_file_big", &k), 0);
+  map_task(&t, &in, x, n, 2, "cpu:0");
+  assert_int_equal(dspk_run(k, &t, &r), 0); /* makes the temporaries */
+  dspk_result_free(&r);
+  to_file_once(k, x, n, 3, fd, 0, &temp);
+  assert_true(temp);
+  to_file_once(k, x, n, 5, fd, 100 * 4, &temp);
+  assert_true(temp);
+  dspk_close(k);
+  close(fd);
+  free(x);
+}
+
 int main(int argc, char **argv) {
   if (argc < 2) {
     fprintf(stderr, "usage: %s PATH-TO-DSPKD\n", argv[0]);
@@ -223,6 +347,8 @@ int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_fork_child),
       cmocka_unit_test(test_submit_no_wait),
+      cmocka_unit_test(test_to_file_after_buffered),
+      cmocka_unit_test(test_to_file_big),
   };
   return cmocka_run_group_tests(tests, start_daemon, stop_daemon);
 }
