@@ -820,6 +820,11 @@ static int submit(dspk_client *c, const dspk_task *t, uint32_t *ticket, bool may
     const dspk_tensor *x = &t->inputs[i];
     if (x->is_ref || !x->nbytes)
       continue;
+    /* A file's bytes (dspk_file_data) go with sendfile whatever their size
+     * (a copy into a temporary would fault every page of the mapping in),
+     * unless they could not go inline at all. */
+    if (x->nbytes < c->send_max / 2 && dspk__file_range(c, x->data, x->nbytes))
+      continue;
     rc = dspk__shm_operand(c, a.v[DSPK__RUN_DEVICE].v.s.p, x->data, x->nbytes,
                            dspk__dtype_size(x->dtype), may_wait, &sid[i], &soff[i]);
     if (rc < 0) {

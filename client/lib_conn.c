@@ -272,6 +272,10 @@ static const struct dspk__fmap *fmap_of(const dspk_client *c, const void *p, siz
   return NULL;
 }
 
+bool dspk__file_range(const dspk_client *c, const void *p, size_t n) {
+  return fmap_of(c, p, n) != NULL;
+}
+
 DSPK_EXPORT int dspk_file_data(dspk_client *c, const void *addr, size_t len, int fd,
                                uint64_t offset) {
   struct dspk__fmap m;

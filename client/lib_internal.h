@@ -158,6 +158,10 @@ int dspk__argerr(dspk_client *c, const char *fmt, ...)
  * naming fork, nothing read or written; 0 in the connecting process. */
 int dspk__forked(dspk_client *c);
 
+/* Whether [p, p + n) lies in a range of a file (dspk_file_data) that is
+ * sent with sendfile (not one sendfile refused). */
+bool dspk__file_range(const dspk_client *c, const void *p, size_t n);
+
 /* A fresh msgid for a request (never one still in flight). */
 uint32_t dspk__next_id(dspk_client *c);
 /* Sends the request frame in w, packed with msgid, and registers msgid as

@@ -367,7 +367,9 @@ DSPK_EXPORT int dspk_shared_from_file(dspk_client *c, const char *device, int fd
  * or not yet written): inline operands that lie there are then sent with
  * sendfile(2) from fd, the kernel passing the file's cached pages to the
  * socket, instead of copied from memory (which would fault every page of
- * the mapping in).  fd is duplicated (the caller may close its own); the
+ * the mapping in), whatever their size: the shared threshold
+ * (dspk_set_shared_threshold) does not apply to them, except to one of half
+ * the daemon's max_message or more, which could not go inline at all.  fd is duplicated (the caller may close its own); the
  * file must not change while a request using it is sent (a file that ends
  * inside the range breaks the connection: DSPK_EIO).  Where sendfile cannot
  * be used (fd is a pipe, or the kernel cannot send a file to this socket)
@@ -411,7 +413,7 @@ DSPK_EXPORT int dspk_result_to_file(dspk_client *c, uint32_t ticket, int fd, uin
 DSPK_EXPORT int dspk_shared_free(dspk_client *c, void *ptr);
 
 /* Inline operands of at least this many bytes that are not in shared memory
- * go through a temporary shared buffer (one copy, into memory this client
+ * (nor in a file range of dspk_file_data, sent with sendfile) go through a temporary shared buffer (one copy, into memory this client
  * reuses; from 8 MiB on, the copy is split over short-lived threads, one
  * per online CPU up to 4) instead of the socket, on the task's device; 0
  * turns it off.

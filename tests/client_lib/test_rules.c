@@ -337,6 +337,50 @@ static void test_to_file_big(void **state) {
   free(x);
 }
 
+/* ---- dspk_file_data ------------------------------------------------------------- */
+
+/* An operand of 4 MiB (above the shared threshold) in a registered file
+ * mapping goes with sendfile: no temporary is made (a copy into one faulted
+ * every page of the mapping in), and the daemon gets every byte. */
+static void test_file_data_big(void **state) {
+  const int64_t n = 1 << 20;
+  const size_t nb = sizeof(float) * (size_t)n;
+  float *x = malloc(nb);
+  dspk_client *k = NULL;
+  dspk_tensor in;
+  dspk_task t;
+  dspk_result r;
+  int fd = tmpfile_rw("file_data.bin");
+  float want = 0;
+  (void)state;
+  assert_non_null(x);
+  for (int64_t i = 0; i < n; i++)
+    x[i] = (float)((i * 7919) % 100003) - 50000.0f;
+  x[n - 3] = -77777.0f;
+  for (int64_t i = 0; i < n; i++)
+    want = i == 0 || x[i] < want ? x[i] : want;
+  assert_int_equal(write(fd, x, nb), (ssize_t)nb);
+  float *m = mmap(NULL, nb, PROT_READ, MAP_SHARED, fd, 0);
+  assert_true(m != MAP_FAILED);
+  assert_int_equal(dspk_connect(sockpath, "file_data_big", &k), 0);
+  assert_int_equal(dspk_file_data(k, m, nb, fd, 0), 0);
+  dspk_tensor_inline(&in, DSPK_F32, 1, &n, m);
+  dspk_task_init(&t, DSPK_OP_REDUCE);
+  t.device = "cpu:0";
+  t.reduce.fn = DSPK_REDUCE_MIN;
+  t.inputs = &in;
+  t.ninputs = 1;
+  assert_int_equal(dspk_run(k, &t, &r), 0);
+  assert_int_equal(k->nshm, 0); /* no temporary */
+  assert_true(*(const float *)r.out[0].data == want);
+  dspk_result_free(&r);
+  assert_int_equal(dspk_file_data(k, m, 0, fd, 0), 0);
+  dspk_close(k);
+  munmap(m, nb);
+  close(fd);
+  free(x);
+}
+
 int main(int argc, char **argv) {
   if (argc < 2) {
     fprintf(stderr, "usage: %s PATH-TO-DSPKD\n", argv[0]);
@@ -349,6 +393,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_submit_no_wait),
       cmocka_unit_test(test_to_file_after_buffered),
       cmocka_unit_test(test_to_file_big),
+      cmocka_unit_test(test_file_data_big),
   };
   return cmocka_run_group_tests(tests, start_daemon, stop_daemon);
 }
