@@ -581,12 +581,19 @@ static int check_task(dspk_client *c, const dspk_task *t) {
     return dspk__cerr(c, DSPK_EINVAL, "map.fn: unknown value %d", (int)t->map.fn);
   if (t->op == DSPK_OP_CONTRACT && !t->contract.subscripts)
     return dspk__cerr(c, DSPK_EINVAL, "contract: subscripts is NULL");
+  /* Each field on its own (entry NULL is protocol.md's default, "main"). */
+  if (t->op == DSPK_OP_KERNEL && !t->kernel.lang)
+    return dspk__cerr(c, DSPK_EINVAL, "kernel.lang is NULL (one of cuda, glsl, spirv, hip)");
   if (t->op == DSPK_OP_KERNEL &&
-      (t->kernel.nargs > DSPK_KERNEL_MAX_ARGS || !t->kernel.lang ||
-       dspk__choice_find(dspk__kernel_langs, t->kernel.lang, strlen(t->kernel.lang)) < 0 ||
-       !t->kernel.entry || (t->kernel.source_len && !t->kernel.source)))
-    return dspk__cerr(c, DSPK_EINVAL, "kernel: bad lang, entry, source or "
-                      "nargs");
+      dspk__choice_find(dspk__kernel_langs, t->kernel.lang, strlen(t->kernel.lang)) < 0)
+    return dspk__cerr(c, DSPK_EINVAL, "kernel.lang: unknown language \"%.32s\" (one of cuda, "
+                      "glsl, spirv, hip)", t->kernel.lang);
+  if (t->op == DSPK_OP_KERNEL && t->kernel.source_len && !t->kernel.source)
+    return dspk__cerr(c, DSPK_EINVAL, "kernel.source is NULL and kernel.source_len is %zu",
+                      t->kernel.source_len);
+  if (t->op == DSPK_OP_KERNEL && t->kernel.nargs > DSPK_KERNEL_MAX_ARGS)
+    return dspk__cerr(c, DSPK_EINVAL, "kernel.nargs: %u is more than %d", t->kernel.nargs,
+                      DSPK_KERNEL_MAX_ARGS);
   /* An unknown kind was packed as f64 from the union's bytes. */
   for (unsigned i = 0; t->op == DSPK_OP_KERNEL && i < t->kernel.nargs; i++)
     if ((unsigned)t->kernel.args[i].kind > DSPK_KARG_F64)
@@ -725,7 +732,7 @@ static void pack_options(const void *ud, struct dspk__wbuf *w) {
     v[DSPK__KERNEL_LANG] = dspk__pv_enum(dspk__choice_find(dspk__kernel_langs, t->kernel.lang,
                                                     strlen(t->kernel.lang)));
     v[DSPK__KERNEL_SOURCE] = dspk__pv_bin(t->kernel.source, t->kernel.source_len, NULL, NULL);
-    v[DSPK__KERNEL_ENTRY] = dspk__pv_str(t->kernel.entry);
+    v[DSPK__KERNEL_ENTRY] = dspk__pv_str(t->kernel.entry ? t->kernel.entry : "main");
     v[DSPK__KERNEL_GRID].set = v[DSPK__KERNEL_BLOCK].set = true;
     memcpy(v[DSPK__KERNEL_GRID].v.dim, t->kernel.grid, sizeof t->kernel.grid);
     memcpy(v[DSPK__KERNEL_BLOCK].v.dim, t->kernel.block, sizeof t->kernel.block);

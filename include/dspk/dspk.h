@@ -542,7 +542,7 @@ typedef struct dspk_task {
     const char *lang;          /* "cuda", "glsl", "spirv", "hip" */
     const void *source;
     size_t source_len;
-    const char *entry;
+    const char *entry;         /* NULL: "main" (protocol.md's default) */
     uint32_t grid[3], block[3], shared;
     unsigned nargs;
     dspk_karg args[DSPK_KERNEL_MAX_ARGS];
@@ -550,7 +550,10 @@ typedef struct dspk_task {
 } dspk_task;
 
 /* Zeroes *t and sets op and the defaults (device "any", gemm alpha 1 /
- * beta 0, map alpha 1, grid and block 1).  t NULL does nothing.
+ * beta 0, map alpha 1, grid and block 1; kernel.entry NULL, which means
+ * "main").  t NULL does nothing.  A kernel task whose lang is NULL or not
+ * one of the four, whose source is NULL with a source_len, or whose nargs
+ * exceeds DSPK_KERNEL_MAX_ARGS is DSPK_EINVAL naming that field.
  * gemm's beta stays 0 when a third input C is given, and beta 0 reads no C
  * (BLAS, protocol.md): for alpha*op(A)@op(B) + C set gemm.beta = 1 (what
  * dspk-submit's --beta and the Python client's beta default to with C). */

@@ -381,6 +381,75 @@ static void test_file_data_big(void **state) {
   free(x);
 }
 
+/* ---- kernel fields -------------------------------------------------------------- */
+
+static const char GLSL_INC[] = "#version 450\nlayout(local_size_x=1) in;\n"
+                               "layout(std430, binding=0) buffer A { float a[]; };\n"
+                               "void main(){ a[0] += 1.0; }\n";
+
+/* Whether the daemon has device id. */
+static bool has_device(const char *id) {
+  dspk_device_list *l = NULL;
+  bool yes = false;
+  if (dspk_devices(C, false, &l) != 0)
+    return false;
+  for (size_t i = 0; i < l->ndevices; i++)
+    yes |= strcmp(l->devices[i].id, id) == 0;
+  dspk_device_list_free(l);
+  return yes;
+}
+
+static void kernel_task(dspk_task *t, dspk_tensor *in, float *a) {
+  int64_t one = 1;
+  dspk_tensor_inline(in, DSPK_F32, 1, &one, a);
+  dspk_task_init(t, DSPK_OP_KERNEL);
+  t->device = "vulkan:0";
+  t->inputs = in;
+  t->ninputs = 1;
+  t->kernel.lang = "glsl";
+  t->kernel.source = GLSL_INC;
+  t->kernel.source_len = strlen(GLSL_INC);
+  t->kernel.nargs = 1;
+  t->kernel.args[0].kind = DSPK_KARG_TENSOR;
+  t->kernel.args[0].v.tensor = 0;
+}
+
+/* Each bad field is named; entry NULL (dspk_task_init) is "main". */
+static void test_kernel_fields(void **state) {
+  float a[1] = {41};
+  dspk_tensor in;
+  dspk_task t;
+  dspk_result r;
+  uint32_t tk;
+  (void)state;
+  kernel_task(&t, &in, a);
+  t.kernel.lang = NULL;
+  assert_int_equal(dspk_submit(C, &t, &tk), DSPK_EINVAL);
+  assert_non_null(strstr(dspk_last_error(C), "kernel.lang"));
+  t.kernel.lang = "opencl";
+  assert_int_equal(dspk_submit(C, &t, &tk), DSPK_EINVAL);
+  assert_non_null(strstr(dspk_last_error(C), "kernel.lang"));
+  assert_non_null(strstr(dspk_last_error(C), "opencl"));
+  t.kernel.lang = "glsl";
+  t.kernel.source = NULL;
+  assert_int_equal(dspk_submit(C, &t, &tk), DSPK_EINVAL);
+  assert_non_null(strstr(dspk_last_error(C), "kernel.source"));
+  t.kernel.source = GLSL_INC;
+  t.kernel.nargs = DSPK_KERNEL_MAX_ARGS + 1;
+  assert_int_equal(dspk_submit(C, &t, &tk), DSPK_EINVAL);
+  assert_non_null(strstr(dspk_last_error(C), "kernel.nargs"));
+  if (!has_device("vulkan:0")) {
+    skip();
+    return;
+  }
+  kernel_task(&t, &in, a);
+  assert_null(t.kernel.entry);
+  if (dspk_run(C, &t, &r) != 0)
+    fail_msg("entry NULL: %s", dspk_last_error(C));
+  assert_true(*(const float *)r.out[0].data == 42.0f);
+  dspk_result_free(&r);
+}
+
 int main(int argc, char **argv) {
   if (argc < 2) {
     fprintf(stderr, "usage: %s PATH-TO-DSPKD\n", argv[0]);
@@ -394,6 +463,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_to_file_after_buffered),
       cmocka_unit_test(test_to_file_big),
       cmocka_unit_test(test_file_data_big),
+      cmocka_unit_test(test_kernel_fields),
   };
   return cmocka_run_group_tests(tests, start_daemon, stop_daemon);
 }
