@@ -74,6 +74,10 @@ int dspk__forked(dspk_client *c) {
 
 /* The failure of a call on a client whose connection broke (dspk.h). */
 static int broken_err(dspk_client *c) {
+  if (c->broken_unseen) { /* the call that met the daemon's reason gives it as it is */
+    c->broken_unseen = false;
+    return dspk__cerr(c, c->broken_code, "%s", c->broken_why);
+  }
   return dspk__cerr(c, c->broken_code, "connection is no longer usable: %s", c->broken_why);
 }
 
@@ -619,7 +623,7 @@ static int fill(dspk_client *c, bool dontwait, int64_t deadline) {
     if (rc)
       return rc;
     if (c->broken) /* protocol.error came first: keep its reason */
-      return dspk__cerr(c, c->broken_code, "%s", c->broken_why);
+      return broken_err(c);
     return mark_broken(c, dspk__cerr(c, DSPK_ECLOSED,
                                      "the daemon closed the connection"));
   }
@@ -937,6 +941,8 @@ static bool handle_notify(dspk_client *c, const struct dspk__msg *m, struct dspk
     if (code >= 0 || code <= DSPK__ERR_LAST)
       code = DSPK_EPROTO;
     dspk__cerr(c, (int)code, "daemon closed the connection: %s", text);
+    if (!c->broken)
+      c->broken_unseen = true;
     mark_broken(c, (int)code);
   }
   return false;
@@ -1059,6 +1065,7 @@ static int notice_salvage(dspk_client *c) {
     msgpack_unpacked_destroy(&up);
     off += (size_t)n;
   }
+  c->broken_unseen = false; /* the caller fails with it now */
   return c->broken ? c->broken_code : 0;
 }
 

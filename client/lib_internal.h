@@ -35,6 +35,9 @@ struct dspk_client {
   bool broken;            /* the stream is unusable; every call fails */
   int broken_code;
   char broken_why[1024];  /* c->err when it broke: later calls quote it */
+  bool broken_unseen;     /* the daemon's protocol.error was read but no call
+                             failed with it yet: the first to does so as it is
+                             (dspk.h), without "no longer usable" */
   uint32_t next_id;
   struct dspk__limits lim; /* applied to what the daemon sends */
   size_t send_max;          /* the daemon's max_message (from hello) */

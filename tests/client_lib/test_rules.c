@@ -42,6 +42,8 @@ static const char *dspkd_path;
 static char tmpdir[64];
 static char sockpath[128];
 static pid_t daemon_pid = -1;
+static pid_t small_pid = -1; /* a daemon of --max-objects 20 */
+static char small_sock[160];
 static dspk_client *C;
 
 static int start_daemon(void **state) {
@@ -53,6 +55,11 @@ static int start_daemon(void **state) {
   const char *args[] = {"--backends", "cpu,vulkan", "--log-level", "warn", "--no-cache", NULL};
   if ((daemon_pid = daemon_spawn(dspkd_path, sockpath, args)) < 0)
     return -1;
+  const char *small[] = {"--backends", "cpu", "--log-level", "error", "--no-cache",
+                         "--max-objects", "20", NULL};
+  snprintf(small_sock, sizeof small_sock, "%s/small.sock", tmpdir);
+  if ((small_pid = daemon_spawn(dspkd_path, small_sock, small)) < 0)
+    return -1;
   return dspk_connect(sockpath, "test_rules", &C) == 0 ? 0 : -1;
 }
 
@@ -60,6 +67,9 @@ static int stop_daemon(void **state) {
   int st = 0;
   (void)state;
   dspk_close(C);
+  if (small_pid > 0 && daemon_stop(small_pid, &st) != 0)
+    return -1;
+  unlink(small_sock);
   if (daemon_pid > 0 && daemon_stop(daemon_pid, &st) != 0)
     return -1;
   unlink(sockpath);
@@ -450,6 +460,50 @@ static void test_kernel_fields(void **state) {
   dspk_result_free(&r);
 }
 
+/* ---- the first call that meets protocol.error -------------------------------------- */
+
+/* A daemon that allows 20 msgpack objects a message closes the connection
+ * on a gemm request with a protocol.error: the call that meets it says
+ * "daemon closed the connection: " and the reason, only later calls "connection
+ * is no longer usable: " -- also when the request was sent by dspk_submit
+ * and the error met by dspk_wait. */
+static void test_protocol_error_first(void **state) {
+  char first[1024];
+  float a[4] = {1, 2, 3, 4};
+  int64_t sh[2] = {2, 2};
+  dspk_tensor in[2];
+  dspk_task t;
+  dspk_result r;
+  uint32_t tk;
+  int rc;
+  (void)state;
+  dspk_tensor_inline(&in[0], DSPK_F32, 2, sh, a);
+  in[1] = in[0];
+  dspk_task_init(&t, DSPK_OP_GEMM);
+  t.device = "cpu:0";
+  t.inputs = in;
+  t.ninputs = 2;
+  for (int mode = 0; mode < 2; mode++) {
+    dspk_client *k = NULL;
+    assert_int_equal(dspk_connect(small_sock, "perr", &k), 0);
+    if (mode == 0) {
+      rc = dspk_run(k, &t, &r);
+    } else {
+      assert_int_equal(dspk_submit(k, &t, &tk), 0);
+      rc = dspk_wait(k, tk, &r);
+    }
+    assert_true(rc < 0);
+    snprintf(first, sizeof first, "%s", dspk_last_error(k));
+    if (strncmp(first, "daemon closed the connection: ", 30) != 0)
+      fail_msg("mode %d, first failure: \"%s\"", mode, first);
+    assert_int_equal(dspk_ping(k, NULL, 0), rc);
+    if (strncmp(dspk_last_error(k), "connection is no longer usable: ", 32) != 0 ||
+        strcmp(dspk_last_error(k) + 32, first) != 0)
+      fail_msg("mode %d, later failure: \"%s\"", mode, dspk_last_error(k));
+    dspk_close(k);
+  }
+}
+
 int main(int argc, char **argv) {
   if (argc < 2) {
     fprintf(stderr, "usage: %s PATH-TO-DSPKD\n", argv[0]);
@@ -464,6 +518,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_to_file_big),
       cmocka_unit_test(test_file_data_big),
       cmocka_unit_test(test_kernel_fields),
+      cmocka_unit_test(test_protocol_error_first),
   };
   return cmocka_run_group_tests(tests, start_daemon, stop_daemon);
 }
