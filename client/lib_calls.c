@@ -427,12 +427,12 @@ static size_t piece_max(const dspk_client *c) {
 }
 
 /* Waits for the oldest of the pieces in flight (ids[*head..*tail)); a read
- * lands in its place in dst.  Keeps the first error in *first. */
-static void piece_wait(dspk_client *c, const uint32_t *ids, char *const *dsts,
+ * (rd) lands in its place in dst.  Keeps the first error in *first. */
+static void piece_wait(dspk_client *c, bool rd, const uint32_t *ids, char *const *dsts,
                        const size_t *lens, size_t *head, int *first, char *err) {
   size_t i = *head % WINDOW;
   int rc;
-  if (dsts[i]) {
+  if (rd && lens[i]) {
     rc = dspk__wait_into(c, ids[i], dsts[i], lens[i]);
   } else {
     struct dspk__resp r;
@@ -447,8 +447,9 @@ static void piece_wait(dspk_client *c, const uint32_t *ids, char *const *dsts,
   (*head)++;
 }
 
-/* Writes (dst NULL) or reads n bytes at offset in pieces (see PIECE). */
-static int transfer(dspk_client *c, uint64_t id, uint64_t offset, const void *src,
+/* Writes src (rd false) or reads n bytes at offset into dst (rd; dst may be
+ * NULL for 0 bytes, still a buffer.read) in pieces (see PIECE). */
+static int transfer(dspk_client *c, bool rd, uint64_t id, uint64_t offset, const void *src,
                     void *dst, size_t n) {
   uint32_t ids[WINDOW];
   char *dsts[WINDOW];
@@ -458,10 +459,10 @@ static int transfer(dspk_client *c, uint64_t id, uint64_t offset, const void *sr
 
   do {
     size_t k = n - done < piece_max(c) ? n - done : piece_max(c);
-    struct params a = {.m = dst ? DSPK__M_BUFFER_READ : DSPK__M_BUFFER_WRITE};
+    struct params a = {.m = rd ? DSPK__M_BUFFER_READ : DSPK__M_BUFFER_WRITE};
     uint32_t msgid;
     int rc;
-    if (dst) {
+    if (rd) {
       a.v[DSPK__BREAD_BUFFER] = dspk__pv_uint(id);
       a.v[DSPK__BREAD_OFFSET] = dspk__pv_uint(offset + done);
       a.v[DSPK__BREAD_SIZE] = dspk__pv_uint(k);
@@ -471,7 +472,7 @@ static int transfer(dspk_client *c, uint64_t id, uint64_t offset, const void *sr
       a.v[DSPK__BWRITE_DATA] = dspk__pv_bin((const char *)src + done, k, NULL, NULL);
     }
     if (tail - head == WINDOW)
-      piece_wait(c, ids, dsts, lens, &head, &first, err);
+      piece_wait(c, rd, ids, dsts, lens, &head, &first, err);
     if (first != 0)
       break;
     rc = dspk__send_call(c, dspk__methods[a.m].name, pack_params, &a, &msgid);
@@ -481,14 +482,14 @@ static int transfer(dspk_client *c, uint64_t id, uint64_t offset, const void *sr
       break;
     }
     ids[tail % WINDOW] = msgid;
-    dsts[tail % WINDOW] = dst ? (char *)dst + done : NULL;
+    dsts[tail % WINDOW] = rd && k ? (char *)dst + done : NULL;
     lens[tail % WINDOW] = k;
     tail++;
     done += k;
   } while (done < n);
   /* Every answer is taken, also after an error: the stream stays in step. */
   while (head < tail)
-    piece_wait(c, ids, dsts, lens, &head, &first, err);
+    piece_wait(c, rd, ids, dsts, lens, &head, &first, err);
   if (first != 0)
     memcpy(c->err, err, sizeof c->err);
   return first;
@@ -509,7 +510,7 @@ DSPK_EXPORT int dspk_buffer_write(dspk_client *c, uint64_t id,
       memcpy(local, data, n);
     return 0;
   }
-  return transfer(c, id, offset, data, NULL, n);
+  return transfer(c, false, id, offset, data, NULL, n);
 }
 
 DSPK_EXPORT int dspk_buffer_read(dspk_client *c, uint64_t id, uint64_t offset,
@@ -525,7 +526,7 @@ DSPK_EXPORT int dspk_buffer_read(dspk_client *c, uint64_t id, uint64_t offset,
       memcpy(dst, local, n);
     return 0;
   }
-  return transfer(c, id, offset, NULL, dst, n);
+  return transfer(c, true, id, offset, NULL, dst, n);
 }
 
 DSPK_EXPORT int dspk_buffer_free(dspk_client *c, uint64_t id) {

@@ -504,6 +504,32 @@ static void test_protocol_error_first(void **state) {
   }
 }
 
+/* ---- buffer calls of 0 bytes ------------------------------------------------------ */
+
+/* dspk_buffer_read of 0 bytes into NULL is a buffer.read like one into
+ * memory: the same answer (past the end: the same error and message), and
+ * dspk_buffer_write of 0 bytes from NULL a buffer.write like one from memory. */
+static void test_zero_byte_calls(void **state) {
+  char x[4], msg[1024];
+  uint64_t b;
+  int want;
+  (void)state;
+  assert_int_equal(dspk_buffer_create(C, "cpu:0", 16, &b), 0);
+  assert_int_equal(dspk_buffer_read(C, b, 16, NULL, 0), 0);
+  assert_int_equal(dspk_buffer_write(C, b, 16, NULL, 0), 0);
+  want = dspk_buffer_read(C, b, 17, x, 0);
+  assert_true(want < 0);
+  snprintf(msg, sizeof msg, "%s", dspk_last_error(C));
+  assert_int_equal(dspk_buffer_read(C, b, 17, NULL, 0), want);
+  assert_string_equal(dspk_last_error(C), msg);
+  want = dspk_buffer_write(C, b, 17, x, 0);
+  assert_true(want < 0);
+  snprintf(msg, sizeof msg, "%s", dspk_last_error(C));
+  assert_int_equal(dspk_buffer_write(C, b, 17, NULL, 0), want);
+  assert_string_equal(dspk_last_error(C), msg);
+  assert_int_equal(dspk_buffer_free(C, b), 0);
+}
+
 int main(int argc, char **argv) {
   if (argc < 2) {
     fprintf(stderr, "usage: %s PATH-TO-DSPKD\n", argv[0]);
@@ -519,6 +545,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_file_data_big),
       cmocka_unit_test(test_kernel_fields),
       cmocka_unit_test(test_protocol_error_first),
+      cmocka_unit_test(test_zero_byte_calls),
   };
   return cmocka_run_group_tests(tests, start_daemon, stop_daemon);
 }
