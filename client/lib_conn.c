@@ -1674,8 +1674,19 @@ DSPK_EXPORT int dspk_connect_timeout(const char *socket_path, const char *client
   }
   {
     struct dspk__pval v[DSPK__MAX_PARAMS];
-    uint64_t mm = 0, proto;
+    uint64_t mm = 0, proto = DSPK_PROTOCOL_VERSION;
     char why[256];
+    /* The version first: another protocol's hello may carry other fields
+     * (other limits, none), which are no EPROTO but that version's. */
+    if (dspk__arg_u64(r.msg.result, "protocol", &proto, NULL, 0) == 0 &&
+        proto != DSPK_PROTOCOL_VERSION) {
+      snprintf(connect_err, sizeof connect_err,
+               "daemon speaks protocol %llu, this library %d",
+               (unsigned long long)proto, DSPK_PROTOCOL_VERSION);
+      rc = DSPK_EVERSION;
+      dspk__resp_free(&r);
+      goto err_socket;
+    }
     if ((rc = dspk__result_decode(&dspk__methods[DSPK__M_HELLO], r.msg.result, v, why,
                                   sizeof why)) < 0) {
       snprintf(connect_err, sizeof connect_err, "hello: %.480s", why);
