@@ -808,10 +808,13 @@ static int submit(dspk_client *c, const dspk_task *t, uint32_t *ticket, bool may
   dspk_task out = {0}; /* its out_refs: the result's temporary */
   size_t bound;
   uint32_t id;
+  const char *device, *shdev = NULL; /* the task's; its shared operands' */
+  unsigned shfirst = 0;
   int rc;
 
   if (!c || !t || !ticket)
     return dspk__argerr(c, "dspk_submit: %s is NULL", !t ? "task" : "ticket");
+  device = t->device ? t->device : "any";
   if (dspk__forked(c)) /* before a temporary, the parent's memory too, is filled */
     return DSPK_ECLOSED;
   rc = check_task(c, t);
@@ -819,6 +822,35 @@ static int submit(dspk_client *c, const dspk_task *t, uint32_t *ticket, bool may
     return rc;
   a.v[DSPK__RUN_OP] = dspk__pv_enum((int)t->op);
   a.v[DSPK__RUN_DEVICE] = dspk__pv_str(t->device ? t->device : "any");
+  /* Operands in the caller's shared allocations go as references to them
+   * (dspk.h): the task must run on their device, the same for all. */
+  for (unsigned i = 0; t->op != DSPK_OP_KERNEL && i < t->ninputs && i < DSPK_SHM_OPERANDS; i++) {
+    const dspk_tensor *x = &t->inputs[i];
+    const struct dspk__shm *s = x->is_ref || !x->nbytes ? NULL
+                                : dspk__shm_holding(c, x->data, x->nbytes);
+    size_t isz = dspk__dtype_size(x->dtype);
+    if (!s)
+      continue;
+    if ((size_t)((const char *)x->data - s->ptr) % isz != 0)
+      return dspk__cerr(c, DSPK_EINVAL, "input %u lies at offset %zu of a shared allocation "
+                        "(on %s), not a multiple of its %zu-byte items", i,
+                        (size_t)((const char *)x->data - s->ptr), s->device, isz);
+    if (strcmp(device, "any") != 0 && strcmp(device, s->device) != 0)
+      return dspk__cerr(c, DSPK_EINVAL, "input %u lies in a shared allocation on %s, which "
+                        "a task on %s cannot use (it is sent as a reference to it): run the "
+                        "task on %s, or copy the operand", i, s->device, device, s->device);
+    if (shdev && strcmp(shdev, s->device) != 0)
+      return dspk__cerr(c, DSPK_EINVAL, "input %u lies in a shared allocation on %s, input %u "
+                        "in one on %s: a task runs on one device", i, s->device, shfirst,
+                        shdev);
+    if (!shdev) {
+      shdev = s->device;
+      shfirst = i;
+    }
+  }
+  /* On "any" such operands choose the device: temporaries go there too. */
+  if (shdev && strcmp(device, "any") == 0)
+    device = shdev;
   a.v[DSPK__RUN_INPUTS] = dspk__pv_pack(pack_inputs, &in);
   a.v[DSPK__RUN_OPTIONS] = dspk__pv_pack(pack_options, t);
   /* Operands in shared memory, or big enough to go through it (lib_shm.c). */
@@ -833,7 +865,7 @@ static int submit(dspk_client *c, const dspk_task *t, uint32_t *ticket, bool may
      * unless they could not go inline at all. */
     if (x->nbytes < c->send_max / 2 && dspk__file_range(c, x->data, x->nbytes))
       continue;
-    rc = dspk__shm_operand(c, a.v[DSPK__RUN_DEVICE].v.s.p, x->data, x->nbytes,
+    rc = dspk__shm_operand(c, device, x->data, x->nbytes,
                            dspk__dtype_size(x->dtype), may_wait, &sid[i], &soff[i]);
     if (rc < 0) {
       dspk__shm_sent(c, 0, false);
@@ -847,7 +879,7 @@ static int submit(dspk_client *c, const dspk_task *t, uint32_t *ticket, bool may
    * buffer and copied from there by dspk_wait, instead of crossing the socket. */
   if (!t->nout_refs && t->op != DSPK_OP_KERNEL && (bound = result_bound(t)) != 0) {
     /* No shared memory to be had (a limit, a quota): the result comes inline. */
-    if (dspk__shm_result(c, a.v[DSPK__RUN_DEVICE].v.s.p, bound, may_wait,
+    if (dspk__shm_result(c, device, bound, may_wait,
                          &out.out_refs[0].buffer) == 1) {
       out.nout_refs = 1;
       a.v[DSPK__RUN_OUTPUTS] = dspk__pv_pack(pack_outputs, &out);

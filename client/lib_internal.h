@@ -198,6 +198,9 @@ struct dspk__shm {
  * when it goes inline, or a negative code. */
 int dspk__shm_operand(dspk_client *c, const char *device, const void *data,
                       size_t n, size_t isz, bool may_wait, uint64_t *id, uint64_t *off);
+/* The caller's shared allocation (dspk_shared_alloc) that holds
+ * [data, data + n), or NULL. */
+const struct dspk__shm *dspk__shm_holding(const dspk_client *c, const void *data, size_t n);
 /* memcpy on up to `threads` threads (at most 4, each part at least 4 MiB;
  * the caller's thread copies a part too, and a part whose thread cannot
  * start). */

@@ -536,6 +536,16 @@ static void wide_copy(void *dst, const void *src, size_t n) {
   dspk__copy_wide(dst, src, n, ncpu < 1 ? 1 : ncpu > WIDE_MAX ? WIDE_MAX : (int)ncpu);
 }
 
+const struct dspk__shm *dspk__shm_holding(const dspk_client *c, const void *data, size_t n) {
+  const char *p = data;
+  for (size_t i = 0; p && i < c->nshm; i++) {
+    const struct dspk__shm *s = &c->shm[i];
+    if (s->state == 0 && p >= s->ptr && n <= s->size && (size_t)(p - s->ptr) <= s->size - n)
+      return s;
+  }
+  return NULL;
+}
+
 int dspk__shm_operand(dspk_client *c, const char *device, const void *data,
                       size_t n, size_t isz, bool may_wait, uint64_t *id, uint64_t *off) {
   const char *p = data;
@@ -547,8 +557,9 @@ int dspk__shm_operand(dspk_client *c, const char *device, const void *data,
   for (size_t i = 0; i < c->nshm; i++) {
     s = &c->shm[i];
     if (s->state == 0 && p >= s->ptr && n <= s->size && (size_t)(p - s->ptr) <= s->size - n) {
-      /* A reference the daemon would refuse (another device's buffer, an
-       * offset between items) is no reference: the bytes go as any other. */
+      /* dspk_submit refused these before (another device's buffer, an
+       * offset between items: DSPK_EINVAL naming the allocation's device);
+       * kept so that nothing the daemon would refuse is sent. */
       if ((size_t)(p - s->ptr) % isz != 0 ||
           (strcmp(device, "any") != 0 && strcmp(device, s->device) != 0))
         break;

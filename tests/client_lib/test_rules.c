@@ -530,6 +530,61 @@ static void test_zero_byte_calls(void **state) {
   assert_int_equal(dspk_buffer_free(C, b), 0);
 }
 
+/* ---- shared allocations on another device --------------------------------------- */
+
+/* An operand in a shared allocation is sent as a reference to it whatever
+ * the task: on another device than the allocation's, or with allocations
+ * on two devices on "any", the call is DSPK_EINVAL saying where the operand
+ * lies; on "any" it runs on the allocation's device. */
+static void test_shared_other_device(void **state) {
+  const int64_t n = 1000;
+  void *pv, *pc;
+  uint64_t iv, ic;
+  dspk_tensor in[2];
+  dspk_task t;
+  dspk_result r;
+  uint32_t tk;
+  (void)state;
+  if (!has_device("vulkan:0")) {
+    skip();
+    return;
+  }
+  assert_int_equal(dspk_shared_alloc(C, "vulkan:0", 1 << 20, &pv, &iv), 0);
+  assert_int_equal(dspk_shared_alloc(C, "cpu:0", 1 << 20, &pc, &ic), 0);
+  float *qv = pv, *qc = pc;
+  for (int64_t i = 0; i < n; i++) {
+    qv[i] = (float)i;
+    qc[i] = 1.0f;
+  }
+  map_task(&t, &in[0], qv, n, 3, "cpu:0");
+  assert_int_equal(dspk_submit(C, &t, &tk), DSPK_EINVAL);
+  assert_non_null(strstr(dspk_last_error(C), "input 0 lies in a shared allocation on vulkan:0"));
+  /* two devices on "any" */
+  dspk_tensor_inline(&in[1], DSPK_F32, 1, &n, qc);
+  t.device = NULL;
+  t.map.fn = DSPK_MAP_ADD;
+  t.ninputs = 2;
+  assert_int_equal(dspk_submit(C, &t, &tk), DSPK_EINVAL);
+  assert_non_null(strstr(dspk_last_error(C), "input 1 lies in a shared allocation on cpu:0"));
+  assert_non_null(strstr(dspk_last_error(C), "input 0 in one on vulkan:0"));
+  /* an offset between items */
+  dspk_tensor_inline(&in[0], DSPK_F32, 1, &n, (char *)pc + 2);
+  t.ninputs = 1;
+  t.map.fn = DSPK_MAP_SCALE;
+  t.device = "cpu:0";
+  assert_int_equal(dspk_submit(C, &t, &tk), DSPK_EINVAL);
+  assert_non_null(strstr(dspk_last_error(C), "input 0 lies at offset 2 of a shared allocation"));
+  /* "any": the allocation's device */
+  map_task(&t, &in[0], qv, n, 3, NULL);
+  if (dspk_run(C, &t, &r) != 0)
+    fail_msg("any: %s", dspk_last_error(C));
+  assert_string_equal(r.device, "vulkan:0");
+  check_scaled(&r, qv, n, 3);
+  dspk_result_free(&r);
+  assert_int_equal(dspk_shared_free(C, pv), 0);
+  assert_int_equal(dspk_shared_free(C, pc), 0);
+}
+
 int main(int argc, char **argv) {
   if (argc < 2) {
     fprintf(stderr, "usage: %s PATH-TO-DSPKD\n", argv[0]);
@@ -546,6 +601,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_kernel_fields),
       cmocka_unit_test(test_protocol_error_first),
       cmocka_unit_test(test_zero_byte_calls),
+      cmocka_unit_test(test_shared_other_device),
   };
   return cmocka_run_group_tests(tests, start_daemon, stop_daemon);
 }
