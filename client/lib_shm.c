@@ -12,8 +12,11 @@
  * (dspk_wait), then it is kept for the next task (at most SHM_IDLE_MAX idle
  * ones of at most c->shm_idle_bytes together, the most recently used; the
  * others are freed then), so a stream of tasks reuses the same pages instead
- * of faulting in fresh ones.  Temporaries are daemon buffers of the user's:
- * they count toward max_buffers and the memory quotas, hence the bound; and
+ * of faulting in fresh ones.  Only dspk_run makes temporaries (a
+ * buffer.import round trip); dspk_submit, which never waits for an answer,
+ * takes an idle one or sends the bytes inline.  Temporaries are daemon
+ * buffers of the user's: they count toward max_buffers and the memory
+ * quotas, hence the bound; and
  * an allocation the daemon refuses for a limit (ELIMIT, ENOMEM) frees the
  * idle ones and is tried once more.
  *

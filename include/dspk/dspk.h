@@ -27,13 +27,17 @@
  *    thread of the call that invoked it, so they count as that thread's:
  *    they are allowed on any client, c itself included (see there).
  *  - fork(): a client belongs to the process that connected it.  In a child
- *    of fork() every call of an inherited client (dspk_ping, dspk_submit,
- *    dspk_wait, dspk_buffer_read of a shared buffer, ...) fails with
+ *    of fork() every call of an inherited client that would use its
+ *    connection or its shared memory (dspk_ping, dspk_submit, dspk_run,
+ *    dspk_wait, dspk_wait_any, dspk_cancel, the buffer and shared memory
+ *    calls, dspk_result_to_file, dspk_file_data, ...) fails with
  *    DSPK_ECLOSED and a message naming fork, without reading or writing its
  *    socket or its shared memory (the parent's answers stay the parent's);
- *    connect anew in the child.  dspk_close there frees the child's memory
- *    and closes its copy of the descriptor only: it sends nothing and does
- *    not shut the connection down, which the parent goes on using.
+ *    connect anew in the child.  (The setters and getters, dspk_set_timeout,
+ *    dspk_last_error, ..., only touch the child's copy of c.)  dspk_close
+ *    there frees the child's memory and closes its copy of the descriptor
+ *    only: it sends nothing and does not shut the connection down, which
+ *    the parent goes on using.
  *  - Waiting: a call waits for the daemon (for room to send a request, for
  *    its answer) as long as the daemon takes, unless a timeout is set
  *    (dspk_set_timeout, dspk_connect_timeout): then DSPK_ETIMEDOUT.  A
@@ -375,9 +379,10 @@ DSPK_EXPORT int dspk_shared_from_file(dspk_client *c, const char *device, int fd
  * socket, instead of copied from memory (which would fault every page of
  * the mapping in), whatever their size: the shared threshold
  * (dspk_set_shared_threshold) does not apply to them, except to one of half
- * the daemon's max_message or more, which could not go inline at all.  fd is duplicated (the caller may close its own); the
- * file must not change while a request using it is sent (a file that ends
- * inside the range breaks the connection: DSPK_EIO).  Where sendfile cannot
+ * the daemon's max_message or more, which could not go inline at all.  fd
+ * is duplicated (the caller may close its own); the file must not change
+ * while a request using it is sent (a file that ends inside the range
+ * breaks the connection: DSPK_EIO).  Where sendfile cannot
  * be used (fd is a pipe, or the kernel cannot send a file to this socket)
  * the memory is sent as before.  len 0
  * forgets the range that starts at addr (do so before unmapping it);
@@ -419,8 +424,9 @@ DSPK_EXPORT int dspk_result_to_file(dspk_client *c, uint32_t ticket, int fd, uin
 DSPK_EXPORT int dspk_shared_free(dspk_client *c, void *ptr);
 
 /* Inline operands of at least this many bytes that are not in shared memory
- * (nor in a file range of dspk_file_data, sent with sendfile) go through a temporary shared buffer (one copy, into memory this client
- * reuses; from 8 MiB on, the copy is split over short-lived threads, one
+ * (nor in a file range of dspk_file_data, sent with sendfile) go through a
+ * temporary shared buffer (one copy, into memory this client reuses; from
+ * 8 MiB on, the copy is split over short-lived threads, one
  * per online CPU up to 4) instead of the socket, on the task's device; 0
  * turns it off.
  * So does the one result of a gemm, fft, fir or map task without out_refs
