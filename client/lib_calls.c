@@ -427,12 +427,12 @@ static size_t piece_max(const dspk_client *c) {
 }
 
 /* Waits for the oldest of the pieces in flight (ids[*head..*tail)); a read
- * lands in its place in dst.  Keeps the first error in *first. */
-static void piece_wait(dspk_client *c, const uint32_t *ids, char *const *dsts,
+ * (rd) lands in its place in dst.  Keeps the first error in *first. */
+static void piece_wait(dspk_client *c, bool rd, const uint32_t *ids, char *const *dsts,
                        const size_t *lens, size_t *head, int *first, char *err) {
   size_t i = *head % WINDOW;
   int rc;
-  if (dsts[i]) {
+  if (rd && lens[i]) {
     rc = dspk__wait_into(c, ids[i], dsts[i], lens[i]);
   } else {
     struct dspk__resp r;
@@ -447,8 +447,9 @@ static void piece_wait(dspk_client *c, const uint32_t *ids, char *const *dsts,
   (*head)++;
 }
 
-/* Writes (dst NULL) or reads n bytes at offset in pieces (see PIECE). */
-static int transfer(dspk_client *c, uint64_t id, uint64_t offset, const void *src,
+/* Writes src (rd false) or reads n bytes at offset into dst (rd; dst may be
+ * NULL for 0 bytes, still a buffer.read) in pieces (see PIECE). */
+static int transfer(dspk_client *c, bool rd, uint64_t id, uint64_t offset, const void *src,
                     void *dst, size_t n) {
   uint32_t ids[WINDOW];
   char *dsts[WINDOW];
@@ -458,10 +459,10 @@ static int transfer(dspk_client *c, uint64_t id, uint64_t offset, const void *sr
 
   do {
     size_t k = n - done < piece_max(c) ? n - done : piece_max(c);
-    struct params a = {.m = dst ? DSPK__M_BUFFER_READ : DSPK__M_BUFFER_WRITE};
+    struct params a = {.m = rd ? DSPK__M_BUFFER_READ : DSPK__M_BUFFER_WRITE};
     uint32_t msgid;
     int rc;
-    if (dst) {
+    if (rd) {
       a.v[DSPK__BREAD_BUFFER] = dspk__pv_uint(id);
       a.v[DSPK__BREAD_OFFSET] = dspk__pv_uint(offset + done);
       a.v[DSPK__BREAD_SIZE] = dspk__pv_uint(k);
@@ -471,7 +472,7 @@ static int transfer(dspk_client *c, uint64_t id, uint64_t offset, const void *sr
       a.v[DSPK__BWRITE_DATA] = dspk__pv_bin((const char *)src + done, k, NULL, NULL);
     }
     if (tail - head == WINDOW)
-      piece_wait(c, ids, dsts, lens, &head, &first, err);
+      piece_wait(c, rd, ids, dsts, lens, &head, &first, err);
     if (first != 0)
       break;
     rc = dspk__send_call(c, dspk__methods[a.m].name, pack_params, &a, &msgid);
@@ -481,14 +482,14 @@ static int transfer(dspk_client *c, uint64_t id, uint64_t offset, const void *sr
       break;
     }
     ids[tail % WINDOW] = msgid;
-    dsts[tail % WINDOW] = dst ? (char *)dst + done : NULL;
+    dsts[tail % WINDOW] = rd && k ? (char *)dst + done : NULL;
     lens[tail % WINDOW] = k;
     tail++;
     done += k;
   } while (done < n);
   /* Every answer is taken, also after an error: the stream stays in step. */
   while (head < tail)
-    piece_wait(c, ids, dsts, lens, &head, &first, err);
+    piece_wait(c, rd, ids, dsts, lens, &head, &first, err);
   if (first != 0)
     memcpy(c->err, err, sizeof c->err);
   return first;
@@ -501,13 +502,15 @@ DSPK_EXPORT int dspk_buffer_write(dspk_client *c, uint64_t id,
 
   if (!c || (n && !data))
     return dspk__argerr(c, "dspk_buffer_write: data is NULL and n is %zu", n);
+  if (dspk__forked(c)) /* its shared memory is the parent's too */
+    return DSPK_ECLOSED;
   /* A shared buffer of ours with nothing in flight: its bytes are here. */
   if ((local = dspk__shm_local(c, id, offset, n)) != NULL) {
     if (n) /* data may be NULL for 0 bytes */
       memcpy(local, data, n);
     return 0;
   }
-  return transfer(c, id, offset, data, NULL, n);
+  return transfer(c, false, id, offset, data, NULL, n);
 }
 
 DSPK_EXPORT int dspk_buffer_read(dspk_client *c, uint64_t id, uint64_t offset,
@@ -516,12 +519,14 @@ DSPK_EXPORT int dspk_buffer_read(dspk_client *c, uint64_t id, uint64_t offset,
 
   if (!c || (n && !dst))
     return dspk__argerr(c, "dspk_buffer_read: dst is NULL and n is %zu", n);
+  if (dspk__forked(c))
+    return DSPK_ECLOSED;
   if ((local = dspk__shm_local(c, id, offset, n)) != NULL) {
     if (n) /* dst may be NULL for 0 bytes */
       memcpy(dst, local, n);
     return 0;
   }
-  return transfer(c, id, offset, NULL, dst, n);
+  return transfer(c, true, id, offset, NULL, dst, n);
 }
 
 DSPK_EXPORT int dspk_buffer_free(dspk_client *c, uint64_t id) {
@@ -577,12 +582,19 @@ static int check_task(dspk_client *c, const dspk_task *t) {
     return dspk__cerr(c, DSPK_EINVAL, "map.fn: unknown value %d", (int)t->map.fn);
   if (t->op == DSPK_OP_CONTRACT && !t->contract.subscripts)
     return dspk__cerr(c, DSPK_EINVAL, "contract: subscripts is NULL");
+  /* Each field on its own (entry NULL is protocol.md's default, "main"). */
+  if (t->op == DSPK_OP_KERNEL && !t->kernel.lang)
+    return dspk__cerr(c, DSPK_EINVAL, "kernel.lang is NULL (one of cuda, glsl, spirv, hip)");
   if (t->op == DSPK_OP_KERNEL &&
-      (t->kernel.nargs > DSPK_KERNEL_MAX_ARGS || !t->kernel.lang ||
-       dspk__choice_find(dspk__kernel_langs, t->kernel.lang, strlen(t->kernel.lang)) < 0 ||
-       !t->kernel.entry || (t->kernel.source_len && !t->kernel.source)))
-    return dspk__cerr(c, DSPK_EINVAL, "kernel: bad lang, entry, source or "
-                      "nargs");
+      dspk__choice_find(dspk__kernel_langs, t->kernel.lang, strlen(t->kernel.lang)) < 0)
+    return dspk__cerr(c, DSPK_EINVAL, "kernel.lang: unknown language \"%.32s\" (one of cuda, "
+                      "glsl, spirv, hip)", t->kernel.lang);
+  if (t->op == DSPK_OP_KERNEL && t->kernel.source_len && !t->kernel.source)
+    return dspk__cerr(c, DSPK_EINVAL, "kernel.source is NULL and kernel.source_len is %zu",
+                      t->kernel.source_len);
+  if (t->op == DSPK_OP_KERNEL && t->kernel.nargs > DSPK_KERNEL_MAX_ARGS)
+    return dspk__cerr(c, DSPK_EINVAL, "kernel.nargs: %u is more than %d", t->kernel.nargs,
+                      DSPK_KERNEL_MAX_ARGS);
   /* An unknown kind was packed as f64 from the union's bytes. */
   for (unsigned i = 0; t->op == DSPK_OP_KERNEL && i < t->kernel.nargs; i++)
     if ((unsigned)t->kernel.args[i].kind > DSPK_KARG_F64)
@@ -721,7 +733,7 @@ static void pack_options(const void *ud, struct dspk__wbuf *w) {
     v[DSPK__KERNEL_LANG] = dspk__pv_enum(dspk__choice_find(dspk__kernel_langs, t->kernel.lang,
                                                     strlen(t->kernel.lang)));
     v[DSPK__KERNEL_SOURCE] = dspk__pv_bin(t->kernel.source, t->kernel.source_len, NULL, NULL);
-    v[DSPK__KERNEL_ENTRY] = dspk__pv_str(t->kernel.entry);
+    v[DSPK__KERNEL_ENTRY] = dspk__pv_str(t->kernel.entry ? t->kernel.entry : "main");
     v[DSPK__KERNEL_GRID].set = v[DSPK__KERNEL_BLOCK].set = true;
     memcpy(v[DSPK__KERNEL_GRID].v.dim, t->kernel.grid, sizeof t->kernel.grid);
     memcpy(v[DSPK__KERNEL_BLOCK].v.dim, t->kernel.block, sizeof t->kernel.block);
@@ -785,8 +797,9 @@ static size_t result_bound(const dspk_task *t) {
   return (size_t)n;
 }
 
-DSPK_EXPORT int dspk_submit(dspk_client *c, const dspk_task *t,
-                            uint32_t *ticket) {
+/* dspk_submit, and dspk_run's send (may_wait: it may make temporaries,
+ * which waits for buffer.import's answer; dspk_submit never waits). */
+static int submit(dspk_client *c, const dspk_task *t, uint32_t *ticket, bool may_wait) {
   uint64_t sid[DSPK_SHM_OPERANDS], soff[DSPK_SHM_OPERANDS];
   bool shm[DSPK_SHM_OPERANDS] = {0};
   struct inputs in = {t, shm, sid, soff};
@@ -795,15 +808,49 @@ DSPK_EXPORT int dspk_submit(dspk_client *c, const dspk_task *t,
   dspk_task out = {0}; /* its out_refs: the result's temporary */
   size_t bound;
   uint32_t id;
+  const char *device, *shdev = NULL; /* the task's; its shared operands' */
+  unsigned shfirst = 0;
   int rc;
 
   if (!c || !t || !ticket)
     return dspk__argerr(c, "dspk_submit: %s is NULL", !t ? "task" : "ticket");
+  device = t->device ? t->device : "any";
+  if (dspk__forked(c)) /* before a temporary, the parent's memory too, is filled */
+    return DSPK_ECLOSED;
   rc = check_task(c, t);
   if (rc != 0)
     return rc;
   a.v[DSPK__RUN_OP] = dspk__pv_enum((int)t->op);
   a.v[DSPK__RUN_DEVICE] = dspk__pv_str(t->device ? t->device : "any");
+  /* Operands in the caller's shared allocations go as references to them
+   * (dspk.h): the task must run on their device, the same for all. */
+  for (unsigned i = 0; t->op != DSPK_OP_KERNEL && i < t->ninputs && i < DSPK_SHM_OPERANDS; i++) {
+    const dspk_tensor *x = &t->inputs[i];
+    const struct dspk__shm *s = x->is_ref || !x->nbytes ? NULL
+                                : dspk__shm_holding(c, x->data, x->nbytes);
+    size_t isz = dspk__dtype_size(x->dtype);
+    if (!s)
+      continue;
+    if ((size_t)((const char *)x->data - s->ptr) % isz != 0)
+      return dspk__cerr(c, DSPK_EINVAL, "input %u lies at offset %zu of a shared allocation "
+                        "(on %s), not a multiple of its %zu-byte items", i,
+                        (size_t)((const char *)x->data - s->ptr), s->device, isz);
+    if (strcmp(device, "any") != 0 && strcmp(device, s->device) != 0)
+      return dspk__cerr(c, DSPK_EINVAL, "input %u lies in a shared allocation on %s, which "
+                        "a task on %s cannot use (it is sent as a reference to it): run the "
+                        "task on %s, or copy the operand", i, s->device, device, s->device);
+    if (shdev && strcmp(shdev, s->device) != 0)
+      return dspk__cerr(c, DSPK_EINVAL, "input %u lies in a shared allocation on %s, input %u "
+                        "in one on %s: a task runs on one device", i, s->device, shfirst,
+                        shdev);
+    if (!shdev) {
+      shdev = s->device;
+      shfirst = i;
+    }
+  }
+  /* On "any" such operands choose the device: temporaries go there too. */
+  if (shdev && strcmp(device, "any") == 0)
+    device = shdev;
   a.v[DSPK__RUN_INPUTS] = dspk__pv_pack(pack_inputs, &in);
   a.v[DSPK__RUN_OPTIONS] = dspk__pv_pack(pack_options, t);
   /* Operands in shared memory, or big enough to go through it (lib_shm.c). */
@@ -813,8 +860,13 @@ DSPK_EXPORT int dspk_submit(dspk_client *c, const dspk_task *t,
     const dspk_tensor *x = &t->inputs[i];
     if (x->is_ref || !x->nbytes)
       continue;
-    rc = dspk__shm_operand(c, a.v[DSPK__RUN_DEVICE].v.s.p, x->data, x->nbytes,
-                           dspk__dtype_size(x->dtype), &sid[i], &soff[i]);
+    /* A file's bytes (dspk_file_data) go with sendfile whatever their size
+     * (a copy into a temporary would fault every page of the mapping in),
+     * unless they could not go inline at all. */
+    if (x->nbytes < c->send_max / 2 && dspk__file_range(c, x->data, x->nbytes))
+      continue;
+    rc = dspk__shm_operand(c, device, x->data, x->nbytes,
+                           dspk__dtype_size(x->dtype), may_wait, &sid[i], &soff[i]);
     if (rc < 0) {
       dspk__shm_sent(c, 0, false);
       return rc;
@@ -827,7 +879,7 @@ DSPK_EXPORT int dspk_submit(dspk_client *c, const dspk_task *t,
    * buffer and copied from there by dspk_wait, instead of crossing the socket. */
   if (!t->nout_refs && t->op != DSPK_OP_KERNEL && (bound = result_bound(t)) != 0) {
     /* No shared memory to be had (a limit, a quota): the result comes inline. */
-    if (dspk__shm_result(c, a.v[DSPK__RUN_DEVICE].v.s.p, bound,
+    if (dspk__shm_result(c, device, bound, may_wait,
                          &out.out_refs[0].buffer) == 1) {
       out.nout_refs = 1;
       a.v[DSPK__RUN_OUTPUTS] = dspk__pv_pack(pack_outputs, &out);
@@ -844,6 +896,11 @@ DSPK_EXPORT int dspk_submit(dspk_client *c, const dspk_task *t,
     return rc;
   *ticket = id;
   return 0;
+}
+
+DSPK_EXPORT int dspk_submit(dspk_client *c, const dspk_task *t,
+                            uint32_t *ticket) {
+  return submit(c, t, ticket, false);
 }
 
 DSPK_EXPORT void dspk_result_free(dspk_result *r) {
@@ -895,6 +952,21 @@ static int decode_result(dspk_client *c, struct dspk__resp *r, uint32_t ticket,
     t->is_ref = wt.is_ref;
     t->buffer = wt.buffer;
     t->offset = wt.offset;
+    if (i == 0 && c->nsinks) {
+      /* dspk_result_to_file of an answer that did not go to the file on its
+       * way in: from its memory, or from its temporary's pages. */
+      const void *src = wt.is_ref ? dspk__shm_of_ticket(c, ticket, wt.buffer, wt.offset,
+                                                        wt.nbytes)
+                                  : wt.data;
+      char *f = src ? dspk__sink_write(c, ticket, src, wt.nbytes) : NULL;
+      if (f) {
+        t->data = f;
+        t->is_ref = false;
+        t->buffer = t->offset = 0;
+        out.nout = i + 1;
+        continue;
+      }
+    }
     if (wt.is_ref &&
         (t->data = dspk__shm_lend(c, ticket, wt.buffer, wt.offset, wt.nbytes)) != NULL) {
       t->is_ref = false; /* the result came through a temporary, lent to it */
@@ -939,6 +1011,7 @@ DSPK_EXPORT int dspk_wait(dspk_client *c, uint32_t ticket, dspk_result *res) {
     rc = decode_result(c, &r, ticket, res);
     dspk__resp_free(&r);
   }
+  dspk__sink_forget(c, ticket); /* an error answer's, or one too small */
   dspk__shm_done(c, ticket); /* its temporaries are free */
   dspk__shm_trim(c);         /* those beyond the bound go */
   return rc;
@@ -958,6 +1031,7 @@ DSPK_EXPORT int dspk_wait_any(dspk_client *c, uint32_t *ticket,
     dspk__resp_free(&r);
   }
   if (id != 0) { /* 0: no request was answered (none in flight, I/O error) */
+    dspk__sink_forget(c, id);
     dspk__shm_done(c, id);
     dspk__shm_trim(c);
     *ticket = id;
@@ -972,7 +1046,7 @@ DSPK_EXPORT int dspk_run(dspk_client *c, const dspk_task *t,
 
   if (!c || !t || !res)
     return dspk__argerr(c, "dspk_run: %s is NULL", !t ? "task" : "res");
-  rc = dspk_submit(c, t, &ticket);
+  rc = submit(c, t, &ticket, true);
   if (rc != 0)
     return rc;
   return dspk_wait(c, ticket, res);

@@ -62,8 +62,22 @@ int dspk__argerr(dspk_client *c, const char *fmt, ...) {
   return DSPK_EINVAL;
 }
 
+int dspk__forked(dspk_client *c) {
+  if (c->pid == getpid())
+    return 0;
+  /* The socket and the shared memory are the parent's too: a child that
+   * read or wrote them would take the parent's answers (dspk.h, fork). */
+  return dspk__cerr(c, DSPK_ECLOSED, "this client belongs to process %ld, which "
+                    "connected it; it cannot be used in a child of fork() (connect anew "
+                    "there)", (long)c->pid);
+}
+
 /* The failure of a call on a client whose connection broke (dspk.h). */
 static int broken_err(dspk_client *c) {
+  if (c->broken_unseen) { /* the call that met the daemon's reason gives it as it is */
+    c->broken_unseen = false;
+    return dspk__cerr(c, c->broken_code, "%s", c->broken_why);
+  }
   return dspk__cerr(c, c->broken_code, "connection is no longer usable: %s", c->broken_why);
 }
 
@@ -144,8 +158,10 @@ static void sink_drop(dspk_client *c, uint32_t ticket) {
     }
 }
 
+/* A request's answer is taken: no longer in flight.  Its
+ * dspk_result_to_file stays until dspk_wait has decoded the answer
+ * (dspk__sink_write, dspk__sink_forget). */
 static void inflight_del(dspk_client *c, uint32_t msgid) {
-  sink_drop(c, msgid);
   for (size_t i = 0; i < c->ninflight; i++)
     if (c->inflight[i] == msgid) {
       c->inflight[i] = c->inflight[--c->ninflight];
@@ -168,6 +184,7 @@ void dspk__abandon(dspk_client *c, uint32_t msgid, bool frees_buffer) {
     return;
   }
   inflight_del(c, msgid);
+  sink_drop(c, msgid);
   for (size_t i = 0; i < c->ndone; i++)
     if (c->done[i].msgid == msgid) { /* cannot be (it would have been taken) */
       free(c->done[i].buf);
@@ -259,11 +276,17 @@ static const struct dspk__fmap *fmap_of(const dspk_client *c, const void *p, siz
   return NULL;
 }
 
+bool dspk__file_range(const dspk_client *c, const void *p, size_t n) {
+  return fmap_of(c, p, n) != NULL;
+}
+
 DSPK_EXPORT int dspk_file_data(dspk_client *c, const void *addr, size_t len, int fd,
                                uint64_t offset) {
   struct dspk__fmap m;
   if (!c || !addr)
     return dspk__argerr(c, "dspk_file_data: addr is NULL");
+  if (dspk__forked(c))
+    return DSPK_ECLOSED;
   for (size_t i = 0; i < c->nfmaps; i++)
     if (c->fmaps[i].addr == addr) { /* forgotten, or replaced below */
       close(c->fmaps[i].fd);
@@ -299,6 +322,8 @@ DSPK_EXPORT int dspk_result_to_file(dspk_client *c, uint32_t ticket, int fd, uin
     *written = false;
   if (!c)
     return dspk__argerr(c, "dspk_result_to_file: c is NULL");
+  if (dspk__forked(c))
+    return DSPK_ECLOSED;
   if (fd < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
     return dspk__argerr(c, "dspk_result_to_file: fd %d is not a regular file", fd);
   if ((fl = fcntl(fd, F_GETFL)) < 0 || (fl & O_ACCMODE) != O_RDWR || (fl & O_APPEND))
@@ -323,6 +348,45 @@ DSPK_EXPORT int dspk_result_to_file(dspk_client *c, uint32_t ticket, int fd, uin
     return dspk__cerr(c, DSPK_EIO, "dspk_result_to_file: %s", strerror(errno));
   c->sinks[c->nsinks++] = (struct dspk__sink){ticket, dfd, offset, written};
   return 0;
+}
+
+void dspk__sink_forget(dspk_client *c, uint32_t ticket) { sink_drop(c, ticket); }
+
+char *dspk__sink_write(dspk_client *c, uint32_t ticket, const void *data, size_t n) {
+  struct dspk__sink s;
+  long pg = sysconf(_SC_PAGESIZE);
+  size_t i, done = 0;
+  char *out = NULL;
+
+  for (i = 0; i < c->nsinks && c->sinks[i].ticket != ticket; i++) {
+  }
+  if (i == c->nsinks)
+    return NULL;
+  s = c->sinks[i];
+  c->sinks[i] = c->sinks[--c->nsinks];
+  while (n >= LAND_MIN && done < n) {
+    ssize_t w = pwrite(s.fd, (const char *)data + done, n - done, (off_t)(s.off + done));
+    if (w < 0 && errno == EINTR)
+      continue;
+    if (w <= 0) /* a full disk: the result stays in memory, the file says why */
+      break;
+    done += (size_t)w;
+  }
+  if (n >= LAND_MIN && done == n) {
+    uint64_t at = pg > 0 ? s.off / (uint64_t)pg * (uint64_t)pg : s.off;
+    size_t maplen = (size_t)(s.off - at) + n;
+    void *map = mmap(NULL, maplen, PROT_READ, MAP_SHARED, s.fd, (off_t)at);
+    char *p = map == MAP_FAILED ? NULL : (char *)map + (s.off - at);
+    if (p && dspk__file_lease(map, maplen, p)) {
+      if (s.written)
+        *s.written = true;
+      out = p;
+    } else if (map != MAP_FAILED) {
+      munmap(map, maplen);
+    }
+  }
+  close(s.fd);
+  return out;
 }
 
 /* While a request with file ranges is sent: the socket non-blocking (sendfile
@@ -374,6 +438,8 @@ int dspk__send_fd(dspk_client *c, struct dspk__wbuf *w, uint32_t msgid, int fd) 
   bool epipe = false;
   int rc;
 
+  if ((rc = dspk__forked(c)) != 0)
+    return rc;
   if (c->broken)
     return broken_err(c);
   if (c->ninflight == c->capinflight) {
@@ -524,14 +590,20 @@ static int fill(dspk_client *c, bool dontwait, int64_t deadline) {
     c->rbuf = p;
     c->rcap = cap;
   }
+  /* While an answer is to go to a file (dspk_result_to_file), at most
+   * RBUF_MIN bytes a read, however large rbuf grew: the answer's head then
+   * comes in before its body, which land() sends to the file instead of
+   * this read taking it whole into memory. */
+  size_t room = c->rcap - c->rlen;
+  if (c->nsinks && room > RBUF_MIN)
+    room = RBUF_MIN;
   for (;;) {
     short rev;
     int rc;
     if (!dontwait && deadline &&
         (rc = wait_ready(c, POLLIN, deadline, &rev)) != 0)
       return rc == DSPK_ETIMEDOUT ? timed_out(c, "no answer from the daemon") : rc;
-    n = recv(c->fd, c->rbuf + c->rlen, c->rcap - c->rlen,
-             dontwait || deadline ? MSG_DONTWAIT : 0);
+    n = recv(c->fd, c->rbuf + c->rlen, room, dontwait || deadline ? MSG_DONTWAIT : 0);
     if (n < 0 && errno == EINTR) /* a signal: the wait goes on */
       continue;
     if (n < 0 && !dontwait && deadline && (errno == EAGAIN || errno == EWOULDBLOCK))
@@ -551,7 +623,7 @@ static int fill(dspk_client *c, bool dontwait, int64_t deadline) {
     if (rc)
       return rc;
     if (c->broken) /* protocol.error came first: keep its reason */
-      return dspk__cerr(c, c->broken_code, "%s", c->broken_why);
+      return broken_err(c);
     return mark_broken(c, dspk__cerr(c, DSPK_ECLOSED,
                                      "the daemon closed the connection"));
   }
@@ -869,6 +941,8 @@ static bool handle_notify(dspk_client *c, const struct dspk__msg *m, struct dspk
     if (code >= 0 || code <= DSPK__ERR_LAST)
       code = DSPK_EPROTO;
     dspk__cerr(c, (int)code, "daemon closed the connection: %s", text);
+    if (!c->broken)
+      c->broken_unseen = true;
     mark_broken(c, (int)code);
   }
   return false;
@@ -991,6 +1065,7 @@ static int notice_salvage(dspk_client *c) {
     msgpack_unpacked_destroy(&up);
     off += (size_t)n;
   }
+  c->broken_unseen = false; /* the caller fails with it now */
   return c->broken ? c->broken_code : 0;
 }
 
@@ -1156,6 +1231,8 @@ static int wait_common(dspk_client *c, bool any, uint32_t *msgid,
   size_t len = 0, cap = 0;
   int rc;
 
+  if ((rc = dspk__forked(c)) != 0)
+    return rc;
   for (;;) {
     if (c->closed) /* by dspk_close from the callback: nothing more is taken */
       return broken_err(c);
@@ -1329,6 +1406,8 @@ int dspk__wait_into(dspk_client *c, uint32_t msgid, void *dst, size_t n) {
   ssize_t h = 0;
   int rc;
 
+  if ((rc = dspk__forked(c)) != 0)
+    return rc;
   if (!dspk__inflight_has(c, msgid))
     return c->broken ? broken_err(c)
                      : dspk__cerr(c, DSPK_ENOENT, "request %u is not in flight", msgid);
@@ -1533,6 +1612,7 @@ DSPK_EXPORT int dspk_connect_timeout(const char *socket_path, const char *client
     return DSPK_ENOMEM;
   }
   c->next_id = 1;
+  c->pid = getpid();
   dspk__limits_default(&c->lim);
   /* Responses may carry big outputs: accept up to 4 GiB per message and a
    * generous depth for status details.  The scanner still bounds every
@@ -1594,8 +1674,19 @@ DSPK_EXPORT int dspk_connect_timeout(const char *socket_path, const char *client
   }
   {
     struct dspk__pval v[DSPK__MAX_PARAMS];
-    uint64_t mm = 0, proto;
+    uint64_t mm = 0, proto = DSPK_PROTOCOL_VERSION;
     char why[256];
+    /* The version first: another protocol's hello may carry other fields
+     * (other limits, none), which are no EPROTO but that version's. */
+    if (dspk__arg_u64(r.msg.result, "protocol", &proto, NULL, 0) == 0 &&
+        proto != DSPK_PROTOCOL_VERSION) {
+      snprintf(connect_err, sizeof connect_err,
+               "daemon speaks protocol %llu, this library %d",
+               (unsigned long long)proto, DSPK_PROTOCOL_VERSION);
+      rc = DSPK_EVERSION;
+      dspk__resp_free(&r);
+      goto err_socket;
+    }
     if ((rc = dspk__result_decode(&dspk__methods[DSPK__M_HELLO], r.msg.result, v, why,
                                   sizeof why)) < 0) {
       snprintf(connect_err, sizeof connect_err, "hello: %.480s", why);
@@ -1634,6 +1725,16 @@ err_alloc:
 DSPK_EXPORT void dspk_close(dspk_client *c) {
   if (!c)
     return;
+  if (c->pid != getpid()) {
+    /* A child of fork(): its copy of the descriptor and of the mappings go,
+     * nothing is sent and the socket is not shut down (the parent's
+     * connection, its buffers and its temporaries stay the parent's). */
+    dspk__shm_close(c);
+    if (c->fd >= 0)
+      close(c->fd);
+    client_free(c);
+    return;
+  }
   if (c->in_progress) {
     /* From c's own progress callback: the call that invoked it still uses
      * c.  The connection ends now (that call fails); a dspk_close after

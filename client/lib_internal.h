@@ -9,6 +9,7 @@
 #include <msgpack.h>
 #include <stdarg.h>
 #include <sys/mman.h>
+#include <sys/types.h>
 
 #include "dspk/dspk.h"
 #include "proto/codec.h"
@@ -30,9 +31,13 @@ struct dspk__frame {
 
 struct dspk_client {
   int fd;
+  pid_t pid;              /* the process that connected (dspk__forked) */
   bool broken;            /* the stream is unusable; every call fails */
   int broken_code;
   char broken_why[1024];  /* c->err when it broke: later calls quote it */
+  bool broken_unseen;     /* the daemon's protocol.error was read but no call
+                             failed with it yet: the first to does so as it is
+                             (dspk.h), without "no longer usable" */
   uint32_t next_id;
   struct dspk__limits lim; /* applied to what the daemon sends */
   size_t send_max;          /* the daemon's max_message (from hello) */
@@ -151,6 +156,15 @@ int dspk__cerr(dspk_client *c, int code, const char *fmt, ...)
 int dspk__argerr(dspk_client *c, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
+/* A call on c made in another process than the one that connected (a
+ * child of fork() using an inherited client): DSPK_ECLOSED with a message
+ * naming fork, nothing read or written; 0 in the connecting process. */
+int dspk__forked(dspk_client *c);
+
+/* Whether [p, p + n) lies in a range of a file (dspk_file_data) that is
+ * sent with sendfile (not one sendfile refused). */
+bool dspk__file_range(const dspk_client *c, const void *p, size_t n);
+
 /* A fresh msgid for a request (never one still in flight). */
 uint32_t dspk__next_id(dspk_client *c);
 /* Sends the request frame in w, packed with msgid, and registers msgid as
@@ -180,9 +194,13 @@ struct dspk__shm {
  * bytes): 1 with *id, *off when it lies in a shared allocation that can
  * stand for it (its device the task's, or the task's "any"; the offset a
  * multiple of isz) or was copied into a temporary one (state 3 until
- * dspk__shm_sent), 0 when it goes inline, or a negative code. */
+ * dspk__shm_sent; without may_wait only an idle one, never a new one), 0
+ * when it goes inline, or a negative code. */
 int dspk__shm_operand(dspk_client *c, const char *device, const void *data,
-                      size_t n, size_t isz, uint64_t *id, uint64_t *off);
+                      size_t n, size_t isz, bool may_wait, uint64_t *id, uint64_t *off);
+/* The caller's shared allocation (dspk_shared_alloc) that holds
+ * [data, data + n), or NULL. */
+const struct dspk__shm *dspk__shm_holding(const dspk_client *c, const void *data, size_t n);
 /* memcpy on up to `threads` threads (at most 4, each part at least 4 MiB;
  * the caller's thread copies a part too, and a part whose thread cannot
  * start). */
@@ -190,8 +208,10 @@ void dspk__copy_wide(void *dst, const void *src, size_t n, int threads);
 /* A temporary for the one inline result of a task on `device`, of n bytes
  * (at least the result's): 1 with *id (state 3 until dspk__shm_sent), 0
  * when the result comes back inline (below the threshold, "any" free to
- * choose a hardware device), or a negative code. */
-int dspk__shm_result(dspk_client *c, const char *device, size_t n, uint64_t *id);
+ * choose a hardware device, no idle temporary fits and !may_wait), or a
+ * negative code. */
+int dspk__shm_result(dspk_client *c, const char *device, size_t n, bool may_wait,
+                     uint64_t *id);
 /* Bytes [off, off+n) of temporary id while it belongs to ticket, or NULL. */
 const char *dspk__shm_of_ticket(dspk_client *c, uint32_t ticket, uint64_t id,
                                 uint64_t off, size_t n);
@@ -230,6 +250,17 @@ void dspk__shm_trim(dspk_client *c);
 bool dspk__shm_drop_idle(dspk_client *c);
 /* dspk_close: unmaps everything (the daemon frees the buffers). */
 void dspk__shm_close(dspk_client *c);
+
+/* dspk_result_to_file for ticket's answer that did not go to the file on
+ * its way in (read while another ticket was waited for, or a result in a
+ * shared temporary): writes the first output's n bytes at data to the
+ * file, and returns a read-only mapping of them there (freed as a landed
+ * payload, dspk__land_free) with *written set; NULL when ticket has no
+ * sink, n is below 64 KiB or the file takes no more bytes (the output
+ * stays where it is).  The sink is gone either way. */
+char *dspk__sink_write(dspk_client *c, uint32_t ticket, const void *data, size_t n);
+/* Forgets ticket's dspk_result_to_file (an error answer, a wait done). */
+void dspk__sink_forget(dspk_client *c, uint32_t ticket);
 
 /* Waits for the response to msgid (which must be in flight) and consumes
  * it: 0 with *r filled (free with dspk__resp_free), an error response's code

@@ -12,8 +12,11 @@
  * (dspk_wait), then it is kept for the next task (at most SHM_IDLE_MAX idle
  * ones of at most c->shm_idle_bytes together, the most recently used; the
  * others are freed then), so a stream of tasks reuses the same pages instead
- * of faulting in fresh ones.  Temporaries are daemon buffers of the user's:
- * they count toward max_buffers and the memory quotas, hence the bound; and
+ * of faulting in fresh ones.  Only dspk_run makes temporaries (a
+ * buffer.import round trip); dspk_submit, which never waits for an answer,
+ * takes an idle one or sends the bytes inline.  Temporaries are daemon
+ * buffers of the user's: they count toward max_buffers and the memory
+ * quotas, hence the bound; and
  * an allocation the daemon refuses for a limit (ELIMIT, ENOMEM) frees the
  * idle ones and is tried once more.
  *
@@ -251,6 +254,8 @@ static int shm_new_from(dspk_client *c, const char *device, size_t n, int state,
   bool via_map;
   int fd, rc;
 
+  if ((rc = dspk__forked(c)) != 0)
+    return rc;
   if (c->nshm == c->capshm) {
     size_t cap = c->capshm ? 2 * c->capshm : 8;
     struct dspk__shm *ns = realloc(c->shm, cap * sizeof(*ns));
@@ -397,6 +402,8 @@ DSPK_EXPORT int dspk_shared_from_file(dspk_client *c, const char *device, int fd
 DSPK_EXPORT int dspk_shared_free(dspk_client *c, void *ptr) {
   if (!c)
     return DSPK_EINVAL;
+  if (dspk__forked(c)) /* the allocation stays the parent's */
+    return DSPK_ECLOSED;
   for (size_t i = 0; i < c->nshm; i++)
     if (c->shm[i].ptr == ptr && c->shm[i].state == 0) {
       uint64_t id = c->shm[i].id;
@@ -414,9 +421,11 @@ DSPK_EXPORT void dspk_set_shared_threshold(dspk_client *c, size_t bytes) {
 }
 
 /* A temporary of at least n bytes for a task on `device`, now being filled
- * (state 3): 1 with *out, 0 when the task's device rules it out, or a
- * negative code. */
-static int shm_temp(dspk_client *c, const char *device, size_t n, struct dspk__shm **out) {
+ * (state 3): 1 with *out, 0 when the task's device rules it out (or, without
+ * may_wait, when no idle one fits: making one, or learning what "any" is,
+ * waits for an answer, which dspk_submit never does), or a negative code. */
+static int shm_temp(dspk_client *c, const char *device, size_t n, bool may_wait,
+                    struct dspk__shm **out) {
   struct dspk__shm *best = NULL;
   size_t want;
   int rc;
@@ -426,6 +435,8 @@ static int shm_temp(dspk_client *c, const char *device, size_t n, struct dspk__s
    * is the cpu or a software renderer); else the daemon's choice, and its
    * move to cpu:0 on ENOTSUP, stay free and the operand goes inline. */
   if (strcmp(device, "any") == 0) {
+    if (c->shm_any == 0 && !may_wait)
+      return 0; /* dspk_devices would wait: inline until a dspk_run learns it */
     if (c->shm_any == 0) {
       dspk_device_list *l = NULL;
       c->shm_any = 2;
@@ -449,6 +460,8 @@ static int shm_temp(dspk_client *c, const char *device, size_t n, struct dspk__s
         (!best || s->size < best->size))
       best = s;
   }
+  if (!best && !may_wait)
+    return 0; /* buffer.import (and buffer.free) would wait behind the device's work */
   if (!best) {
     size_t idle = 0;
     for (size_t i = 0; i < c->nshm; i++)
@@ -526,8 +539,18 @@ static void wide_copy(void *dst, const void *src, size_t n) {
   dspk__copy_wide(dst, src, n, ncpu < 1 ? 1 : ncpu > WIDE_MAX ? WIDE_MAX : (int)ncpu);
 }
 
+const struct dspk__shm *dspk__shm_holding(const dspk_client *c, const void *data, size_t n) {
+  const char *p = data;
+  for (size_t i = 0; p && i < c->nshm; i++) {
+    const struct dspk__shm *s = &c->shm[i];
+    if (s->state == 0 && p >= s->ptr && n <= s->size && (size_t)(p - s->ptr) <= s->size - n)
+      return s;
+  }
+  return NULL;
+}
+
 int dspk__shm_operand(dspk_client *c, const char *device, const void *data,
-                      size_t n, size_t isz, uint64_t *id, uint64_t *off) {
+                      size_t n, size_t isz, bool may_wait, uint64_t *id, uint64_t *off) {
   const char *p = data;
   struct dspk__shm *s;
   int rc;
@@ -537,8 +560,9 @@ int dspk__shm_operand(dspk_client *c, const char *device, const void *data,
   for (size_t i = 0; i < c->nshm; i++) {
     s = &c->shm[i];
     if (s->state == 0 && p >= s->ptr && n <= s->size && (size_t)(p - s->ptr) <= s->size - n) {
-      /* A reference the daemon would refuse (another device's buffer, an
-       * offset between items) is no reference: the bytes go as any other. */
+      /* dspk_submit refused these before (another device's buffer, an
+       * offset between items: DSPK_EINVAL naming the allocation's device);
+       * kept so that nothing the daemon would refuse is sent. */
       if ((size_t)(p - s->ptr) % isz != 0 ||
           (strcmp(device, "any") != 0 && strcmp(device, s->device) != 0))
         break;
@@ -549,7 +573,7 @@ int dspk__shm_operand(dspk_client *c, const char *device, const void *data,
   }
   if (!c->shm_threshold || n < c->shm_threshold)
     return 0;
-  if ((rc = shm_temp(c, device, n, &s)) != 1)
+  if ((rc = shm_temp(c, device, n, may_wait, &s)) != 1)
     return rc;
   wide_copy(s->ptr, p, n);
   *id = s->id;
@@ -557,12 +581,13 @@ int dspk__shm_operand(dspk_client *c, const char *device, const void *data,
   return 1;
 }
 
-int dspk__shm_result(dspk_client *c, const char *device, size_t n, uint64_t *id) {
+int dspk__shm_result(dspk_client *c, const char *device, size_t n, bool may_wait,
+                     uint64_t *id) {
   struct dspk__shm *s;
   int rc;
   if (!c->shm_threshold || n < c->shm_threshold)
     return 0;
-  if ((rc = shm_temp(c, device, n, &s)) != 1)
+  if ((rc = shm_temp(c, device, n, may_wait, &s)) != 1)
     return rc;
   *id = s->id;
   return 1;

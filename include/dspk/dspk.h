@@ -26,6 +26,18 @@
  *    Calls made from the progress callback (dspk_set_progress) run on the
  *    thread of the call that invoked it, so they count as that thread's:
  *    they are allowed on any client, c itself included (see there).
+ *  - fork(): a client belongs to the process that connected it.  In a child
+ *    of fork() every call of an inherited client that would use its
+ *    connection or its shared memory (dspk_ping, dspk_submit, dspk_run,
+ *    dspk_wait, dspk_wait_any, dspk_cancel, the buffer and shared memory
+ *    calls, dspk_result_to_file, dspk_file_data, ...) fails with
+ *    DSPK_ECLOSED and a message naming fork, without reading or writing its
+ *    socket or its shared memory (the parent's answers stay the parent's);
+ *    connect anew in the child.  (The setters and getters, dspk_set_timeout,
+ *    dspk_last_error, ..., only touch the child's copy of c.)  dspk_close
+ *    there frees the child's memory and closes its copy of the descriptor
+ *    only: it sends nothing and does not shut the connection down, which
+ *    the parent goes on using.
  *  - Waiting: a call waits for the daemon (for room to send a request, for
  *    its answer) as long as the daemon takes, unless a timeout is set
  *    (dspk_set_timeout, dspk_connect_timeout): then DSPK_ETIMEDOUT.  A
@@ -120,7 +132,8 @@ DSPK_EXPORT const char *dspk_connect_error(void);
  * c, which the call that invoked the callback still uses: it ends the
  * connection at once (that call, and every later one on c, fails with
  * DSPK_ECLOSED, "closed by dspk_close from the progress callback"); call
- * dspk_close(c) again once that call has returned, to free c. */
+ * dspk_close(c) again once that call has returned, to free c.  In a child
+ * of fork() it only frees the child's copy (see fork() above). */
 DSPK_EXPORT void dspk_close(dspk_client *c);
 
 /* The message of the last failed call on c (the daemon's message for an
@@ -329,8 +342,14 @@ DSPK_EXPORT int dspk_buffer_free(dspk_client *c, uint64_t id);
  * (NULL: "cpu:0"; on the cpu the daemon's ops read and write these very
  * pages).  Fill it and pass it to tasks with no copy at all: an inline
  * dspk_tensor whose data lies inside a shared allocation of the same client
- * is sent as a reference to it (whatever its size), and a result written
- * with out_refs to {id_out, offset} lands in it.  dspk_buffer_read/write
+ * is sent as a reference to it (whatever its size; not in a kernel task,
+ * whose inline inputs go inline), and a result written with out_refs to
+ * {id_out, offset} lands in it.  So such a task runs on the allocation's
+ * device: a task on another device, operands in allocations on two
+ * devices, or an operand at an offset that is not a multiple of its item
+ * size is DSPK_EINVAL before anything is sent ("input 1 lies in a shared
+ * allocation on vulkan:0, ..."); a task on "any" runs on the allocation's
+ * device (and its temporaries, dspk_set_shared_threshold, are made there).  dspk_buffer_read/write
  * of the id work too: with no request of c in flight they are a memcpy in
  * this process (the daemon holds the same pages), else they go to the
  * daemon in order behind the requests in flight.  Writing the memory while a task uses it gives that
@@ -358,9 +377,12 @@ DSPK_EXPORT int dspk_shared_from_file(dspk_client *c, const char *device, int fd
  * or not yet written): inline operands that lie there are then sent with
  * sendfile(2) from fd, the kernel passing the file's cached pages to the
  * socket, instead of copied from memory (which would fault every page of
- * the mapping in).  fd is duplicated (the caller may close its own); the
- * file must not change while a request using it is sent (a file that ends
- * inside the range breaks the connection: DSPK_EIO).  Where sendfile cannot
+ * the mapping in), whatever their size: the shared threshold
+ * (dspk_set_shared_threshold) does not apply to them, except to one of half
+ * the daemon's max_message or more, which could not go inline at all.  fd
+ * is duplicated (the caller may close its own); the file must not change
+ * while a request using it is sent (a file that ends inside the range
+ * breaks the connection: DSPK_EIO).  Where sendfile cannot
  * be used (fd is a pipe, or the kernel cannot send a file to this socket)
  * the memory is sent as before.  len 0
  * forgets the range that starts at addr (do so before unmapping it);
@@ -369,23 +391,27 @@ DSPK_EXPORT int dspk_shared_from_file(dspk_client *c, const char *device, int fd
 DSPK_EXPORT int dspk_file_data(dspk_client *c, const void *addr, size_t len, int fd,
                                uint64_t offset);
 /* Has the first output of ticket's answer written to the open file fd at
- * offset instead of into this process's memory, when it comes inline and
- * holds at least 64 KiB: the bytes go from the socket to the file through a
- * pipe with splice(2), the kernel copying them once into the file's pages
- * (the way dspk-submit writes a large result to its .npy file).  The
+ * offset instead of into this process's memory, when it is not a reference
+ * (out_refs) and holds at least 64 KiB: the bytes go from the socket to the
+ * file through a pipe with splice(2), the kernel copying them once into the
+ * file's pages (the way dspk-submit writes a large result to its .npy
+ * file).  An answer that cannot take that way is written to the file from
+ * where it is by the wait that returns it: one read while c waited for
+ * another ticket (or while a dspk_wait_any with a timeout read it), which
+ * had to be kept in memory, and a result of at least the shared threshold,
+ * which comes through a shared temporary (dspk_set_shared_threshold).  The
  * dspk_wait (or dspk_wait_any) that returns the answer then gives that
  * output as usual, its data a read-only shared mapping of the file's bytes
  * [offset, offset + nbytes) (unmapped by dspk_result_free; the file must not
  * shrink while it is used; aligned for its dtype only when offset is), and
- * sets *written (may be NULL) to true.  It
- * stays false, the output then in memory as usual, when the answer is an
- * error, its first output is a reference or smaller, a wait_any with a
- * timeout reads it, or the file takes no more bytes (a full disk: what was
- * written is read back, and the caller's own write of the file then reports
- * the error).  fd must be a regular file open for reading and writing (not
+ * sets *written (may be NULL) to true.  It stays false, the output then in
+ * memory as usual, when the answer is an error, its first output is a
+ * reference or smaller than 64 KiB, or the file takes no more bytes (a full
+ * disk: what was written is read back, and the caller's own write of the
+ * file then reports the error).  fd must be a regular file open for reading and writing (not
  * O_APPEND); it is duplicated, and the file grows as needed; bytes outside
- * the range are not touched.  Call it after dspk_submit and before any call
- * that may read the answer.  0, DSPK_EINVAL, DSPK_ENOENT (ticket not in
+ * the range are not touched.  Call it after dspk_submit and before the
+ * dspk_wait that returns the answer.  0, DSPK_EINVAL, DSPK_ENOENT (ticket not in
  * flight), DSPK_ENOMEM or DSPK_EIO (dup failed). */
 DSPK_EXPORT int dspk_result_to_file(dspk_client *c, uint32_t ticket, int fd, uint64_t offset,
                                     bool *written);
@@ -398,8 +424,9 @@ DSPK_EXPORT int dspk_result_to_file(dspk_client *c, uint32_t ticket, int fd, uin
 DSPK_EXPORT int dspk_shared_free(dspk_client *c, void *ptr);
 
 /* Inline operands of at least this many bytes that are not in shared memory
- * go through a temporary shared buffer (one copy, into memory this client
- * reuses; from 8 MiB on, the copy is split over short-lived threads, one
+ * (nor in a file range of dspk_file_data, sent with sendfile) go through a
+ * temporary shared buffer (one copy, into memory this client reuses; from
+ * 8 MiB on, the copy is split over short-lived threads, one
  * per online CPU up to 4) instead of the socket, on the task's device; 0
  * turns it off.
  * So does the one result of a gemm, fft, fir or map task without out_refs
@@ -411,6 +438,16 @@ DSPK_EXPORT int dspk_shared_free(dspk_client *c, void *ptr);
  * result's, valid until dspk_result_free, also after dspk_close.
  * For a task on "any" only when the daemon has no hardware device ("any"
  * is then cpu:0), so that the daemon's choice of device stays free.
+ * dspk_submit never waits for an answer (it returns at once, also behind a
+ * device's long queue): it uses an idle temporary of c's that fits (on the
+ * task's device) and otherwise sends the operand inline on the socket, and
+ * has such a result come back inline; it never makes a temporary (a
+ * buffer.import round trip, answered behind the device's earlier work) nor
+ * asks what "any" is.  dspk_run, which waits anyway, makes them (and learns
+ * what "any" is with a `devices` call), and leaves them idle for the next
+ * tasks, dspk_submit's included.  An operand sent inline counts toward
+ * max_message (dspk_max_message): pass one that large through
+ * dspk_shared_alloc or a daemon buffer.
  * Temporaries are daemon buffers of the user's: they count toward
  * max_buffers and the memory quotas (max_user_memory... , protocol.md
  * "Quotas") while they exist.  Once a task's answer is consumed (dspk_wait,
@@ -517,7 +554,7 @@ typedef struct dspk_task {
     const char *lang;          /* "cuda", "glsl", "spirv", "hip" */
     const void *source;
     size_t source_len;
-    const char *entry;
+    const char *entry;         /* NULL: "main" (protocol.md's default) */
     uint32_t grid[3], block[3], shared;
     unsigned nargs;
     dspk_karg args[DSPK_KERNEL_MAX_ARGS];
@@ -525,7 +562,10 @@ typedef struct dspk_task {
 } dspk_task;
 
 /* Zeroes *t and sets op and the defaults (device "any", gemm alpha 1 /
- * beta 0, map alpha 1, grid and block 1).  t NULL does nothing.
+ * beta 0, map alpha 1, grid and block 1; kernel.entry NULL, which means
+ * "main").  t NULL does nothing.  A kernel task whose lang is NULL or not
+ * one of the four, whose source is NULL with a source_len, or whose nargs
+ * exceeds DSPK_KERNEL_MAX_ARGS is DSPK_EINVAL naming that field.
  * gemm's beta stays 0 when a third input C is given, and beta 0 reads no C
  * (BLAS, protocol.md): for alpha*op(A)@op(B) + C set gemm.beta = 1 (what
  * dspk-submit's --beta and the Python client's beta default to with C). */
@@ -555,7 +595,9 @@ DSPK_EXPORT int dspk_run(dspk_client *c, const dspk_task *t, dspk_result *res);
 
 /*
  * Asynchronous use: dspk_submit() sends the request and returns at once
- * with a ticket (the request's msgid); any number may be in flight.
+ * with a ticket (the request's msgid), never waiting for an answer (only,
+ * like every call, for room to send: see dspk_set_shared_threshold for its
+ * large operands); any number may be in flight.
  * dspk_wait() blocks until that ticket's answer arrives (answers to other
  * tickets read meanwhile are kept for their own dspk_wait) and consumes the
  * ticket.  dspk_cancel() asks the daemon to cancel it; its dspk_wait()

@@ -173,6 +173,48 @@ static void test_version_mismatch(void **state) {
   pthread_join(t, NULL);
 }
 
+/* Another protocol's hello with other fields than this one's (no limits, a
+ * limits map of other names): still DSPK_EVERSION, the version read first. */
+static void s_version2_other_fields(struct srv *s) {
+  for (int round = 0; round < 2; round++) {
+    struct pk k;
+    msgpack_packer *p;
+    if (round)
+      s->fd = accept(lfd, NULL, NULL);
+    p = begin_result(s, "hello", &k);
+    msgpack_pack_map(p, round ? 5 : 4);
+    dspk__pack_str(p, "protocol");
+    msgpack_pack_uint32(p, 2);
+    dspk__pack_str(p, "daemon");
+    dspk__pack_str(p, "fake-2.0");
+    dspk__pack_str(p, "server");
+    dspk__pack_str(p, "dspkd");
+    dspk__pack_str(p, "client_id");
+    msgpack_pack_uint32(p, 1);
+    if (round) {
+      dspk__pack_str(p, "limits");
+      msgpack_pack_map(p, 1);
+      dspk__pack_str(p, "max_frames");
+      msgpack_pack_uint32(p, 1);
+    }
+    pk_send(s, &k);
+    if (!round)
+      close(s->fd);
+  }
+}
+
+static void test_version_mismatch_other_fields(void **state) {
+  (void)state;
+  pthread_t t = run_script(s_version2_other_fields);
+  for (int round = 0; round < 2; round++) {
+    dspk_client *c = NULL;
+    assert_int_equal(dspk_connect(path, NULL, &c), DSPK_EVERSION);
+    assert_null(c);
+    assert_non_null(strstr(dspk_connect_error(), "protocol 2"));
+  }
+  pthread_join(t, NULL);
+}
+
 static void s_hello_error(struct srv *s) {
   char m[64];
   struct pk k;
@@ -675,6 +717,7 @@ static int teardown(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_version_mismatch),
+      cmocka_unit_test(test_version_mismatch_other_fields),
       cmocka_unit_test(test_hello_error),
       cmocka_unit_test(test_garbage_answer),
       cmocka_unit_test(test_huge_header_answer),
