@@ -809,7 +809,6 @@ static int submit(dspk_client *c, const dspk_task *t, uint32_t *ticket, bool may
   size_t bound;
   uint32_t id;
   const char *device, *shdev = NULL; /* the task's; its shared operands' */
-  unsigned shfirst = 0;
   int rc;
 
   if (!c || !t || !ticket)
@@ -823,29 +822,18 @@ static int submit(dspk_client *c, const dspk_task *t, uint32_t *ticket, bool may
   a.v[DSPK__RUN_OP] = dspk__pv_enum((int)t->op);
   a.v[DSPK__RUN_DEVICE] = dspk__pv_str(t->device ? t->device : "any");
   /* Operands in the caller's shared allocations go as references to them
-   * (dspk.h): the task must run on their device, the same for all. */
+   * where a reference can stand for them (dspk.h): on "any" the first such
+   * operand's device runs the task (its temporaries are made there too);
+   * the bytes of one on another device, or at an offset between items, go
+   * as any other operand's (dspk__shm_operand). */
   for (unsigned i = 0; t->op != DSPK_OP_KERNEL && i < t->ninputs && i < DSPK_SHM_OPERANDS; i++) {
     const dspk_tensor *x = &t->inputs[i];
     const struct dspk__shm *s = x->is_ref || !x->nbytes ? NULL
                                 : dspk__shm_holding(c, x->data, x->nbytes);
     size_t isz = dspk__dtype_size(x->dtype);
-    if (!s)
-      continue;
-    if ((size_t)((const char *)x->data - s->ptr) % isz != 0)
-      return dspk__cerr(c, DSPK_EINVAL, "input %u lies at offset %zu of a shared allocation "
-                        "(on %s), not a multiple of its %zu-byte items", i,
-                        (size_t)((const char *)x->data - s->ptr), s->device, isz);
-    if (strcmp(device, "any") != 0 && strcmp(device, s->device) != 0)
-      return dspk__cerr(c, DSPK_EINVAL, "input %u lies in a shared allocation on %s, which "
-                        "a task on %s cannot use (it is sent as a reference to it): run the "
-                        "task on %s, or copy the operand", i, s->device, device, s->device);
-    if (shdev && strcmp(shdev, s->device) != 0)
-      return dspk__cerr(c, DSPK_EINVAL, "input %u lies in a shared allocation on %s, input %u "
-                        "in one on %s: a task runs on one device", i, s->device, shfirst,
-                        shdev);
-    if (!shdev) {
+    if (s && isz && (size_t)((const char *)x->data - s->ptr) % isz == 0) {
       shdev = s->device;
-      shfirst = i;
+      break;
     }
   }
   /* On "any" such operands choose the device: temporaries go there too. */

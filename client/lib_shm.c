@@ -560,9 +560,8 @@ int dspk__shm_operand(dspk_client *c, const char *device, const void *data,
   for (size_t i = 0; i < c->nshm; i++) {
     s = &c->shm[i];
     if (s->state == 0 && p >= s->ptr && n <= s->size && (size_t)(p - s->ptr) <= s->size - n) {
-      /* dspk_submit refused these before (another device's buffer, an
-       * offset between items: DSPK_EINVAL naming the allocation's device);
-       * kept so that nothing the daemon would refuse is sent. */
+      /* A reference the daemon would refuse (another device's buffer, an
+       * offset between items) is no reference: the bytes go as any other. */
       if ((size_t)(p - s->ptr) % isz != 0 ||
           (strcmp(device, "any") != 0 && strcmp(device, s->device) != 0))
         break;

@@ -344,12 +344,12 @@ DSPK_EXPORT int dspk_buffer_free(dspk_client *c, uint64_t id);
  * dspk_tensor whose data lies inside a shared allocation of the same client
  * is sent as a reference to it (whatever its size; not in a kernel task,
  * whose inline inputs go inline), and a result written with out_refs to
- * {id_out, offset} lands in it.  So such a task runs on the allocation's
- * device: a task on another device, operands in allocations on two
- * devices, or an operand at an offset that is not a multiple of its item
- * size is DSPK_EINVAL before anything is sent ("input 1 lies in a shared
- * allocation on vulkan:0, ..."); a task on "any" runs on the allocation's
- * device (and its temporaries, dspk_set_shared_threshold, are made there).  dspk_buffer_read/write
+ * {id_out, offset} lands in it.  A task on "any" runs on the device of
+ * its first such operand (and its temporaries, dspk_set_shared_threshold,
+ * are made there).  Where no reference can stand for the operand (the task
+ * runs on another device than the allocation's, or the operand starts
+ * between two items) its bytes are sent as any other operand's: the task
+ * works, with a copy.  dspk_buffer_read/write
  * of the id work too: with no request of c in flight they are a memcpy in
  * this process (the daemon holds the same pages), else they go to the
  * daemon in order behind the requests in flight.  Writing the memory while a task uses it gives that
