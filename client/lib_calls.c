@@ -853,8 +853,9 @@ static int submit(dspk_client *c, const dspk_task *t, uint32_t *ticket, bool may
      * unless they could not go inline at all. */
     if (x->nbytes < c->send_max / 2 && dspk__file_range(c, x->data, x->nbytes))
       continue;
-    rc = dspk__shm_operand(c, device, x->data, x->nbytes,
-                           dspk__dtype_size(x->dtype), may_wait, &sid[i], &soff[i]);
+    /* dspk_submit waits only for an operand that could not go inline. */
+    rc = dspk__shm_operand(c, device, x->data, x->nbytes, dspk__dtype_size(x->dtype),
+                           may_wait || x->nbytes >= c->send_max / 2, &sid[i], &soff[i]);
     if (rc < 0) {
       dspk__shm_sent(c, 0, false);
       return rc;
@@ -867,7 +868,7 @@ static int submit(dspk_client *c, const dspk_task *t, uint32_t *ticket, bool may
    * buffer and copied from there by dspk_wait, instead of crossing the socket. */
   if (!t->nout_refs && t->op != DSPK_OP_KERNEL && (bound = result_bound(t)) != 0) {
     /* No shared memory to be had (a limit, a quota): the result comes inline. */
-    if (dspk__shm_result(c, device, bound, may_wait,
+    if (dspk__shm_result(c, device, bound, may_wait || bound >= c->send_max / 2,
                          &out.out_refs[0].buffer) == 1) {
       out.nout_refs = 1;
       a.v[DSPK__RUN_OUTPUTS] = dspk__pv_pack(pack_outputs, &out);

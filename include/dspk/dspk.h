@@ -438,16 +438,16 @@ DSPK_EXPORT int dspk_shared_free(dspk_client *c, void *ptr);
  * result's, valid until dspk_result_free, also after dspk_close.
  * For a task on "any" only when the daemon has no hardware device ("any"
  * is then cpu:0), so that the daemon's choice of device stays free.
- * dspk_submit never waits for an answer (it returns at once, also behind a
- * device's long queue): it uses an idle temporary of c's that fits (on the
- * task's device) and otherwise sends the operand inline on the socket, and
- * has such a result come back inline; it never makes a temporary (a
+ * dspk_submit does not wait for an answer (it returns at once, also behind
+ * a device's long queue): it uses an idle temporary of c's that fits (on
+ * the task's device) and otherwise sends the operand inline on the socket,
+ * and has such a result come back inline; it makes no temporary (a
  * buffer.import round trip, answered behind the device's earlier work) nor
- * asks what "any" is.  dspk_run, which waits anyway, makes them (and learns
- * what "any" is with a `devices` call), and leaves them idle for the next
- * tasks, dspk_submit's included.  An operand sent inline counts toward
- * max_message (dspk_max_message): pass one that large through
- * dspk_shared_alloc or a daemon buffer.
+ * asks what "any" is, except for an operand or result of half
+ * dspk_max_message or more, which could not cross the socket in one
+ * message: for that one it waits as dspk_run does.  dspk_run, which waits
+ * anyway, makes them (and learns what "any" is with a `devices` call), and
+ * leaves them idle for the next tasks, dspk_submit's included.
  * Temporaries are daemon buffers of the user's: they count toward
  * max_buffers and the memory quotas (max_user_memory... , protocol.md
  * "Quotas") while they exist.  Once a task's answer is consumed (dspk_wait,

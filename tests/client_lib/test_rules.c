@@ -99,6 +99,49 @@ static void check_scaled(const dspk_result *r, const float *x, int64_t n, float 
       fail_msg("out[%lld] = %g, want %g", (long long)i, (double)y[i], (double)(x[i] * alpha));
 }
 
+/* dspk_submit of an operand (and a result) too large to cross the socket in
+ * one message: it makes the temporaries, as dspk_run does (dspk.h), instead
+ * of failing with DSPK_ELIMIT. */
+static void test_submit_too_big_inline(void **state) {
+  const int64_t m = 1 << 19; /* 2 MiB of f32 against a max_message of 1 MiB */
+  const char *args[] = {"--backends", "cpu", "--log-level", "warn", "--no-cache",
+                        "--max-message", "1M", NULL};
+  char sock[192];
+  pid_t pid;
+  int st = 0;
+  dspk_client *k = NULL;
+  dspk_tensor xi;
+  dspk_task u;
+  dspk_result r;
+  uint32_t tu;
+  float *x = malloc(sizeof(float) * (size_t)m);
+  (void)state;
+  assert_non_null(x);
+  for (int64_t i = 0; i < m; i++)
+    x[i] = (float)(i % 1000) - 500.0f;
+  snprintf(sock, sizeof sock, "%s/big.sock", tmpdir);
+  assert_true((pid = daemon_spawn(dspkd_path, sock, args)) > 0);
+  assert_int_equal(dspk_connect(sock, "submit_big", &k), 0);
+  dspk_tensor_inline(&xi, DSPK_F32, 1, &m, x);
+  dspk_task_init(&u, DSPK_OP_MAP);
+  u.device = "cpu:0";
+  u.map.fn = DSPK_MAP_ABS;
+  u.inputs = &xi;
+  u.ninputs = 1;
+  if (dspk_submit(k, &u, &tu) != 0)
+    fail_msg("submit: %s", dspk_last_error(k));
+  assert_int_equal(dspk_wait(k, tu, &r), 0);
+  assert_int_equal(r.out[0].nbytes, sizeof(float) * (size_t)m);
+  for (int64_t i = 0; i < m; i++)
+    if (((const float *)r.out[0].data)[i] != fabsf(x[i]))
+      fail_msg("abs[%lld] = %g", (long long)i, (double)((const float *)r.out[0].data)[i]);
+  dspk_result_free(&r);
+  dspk_close(k);
+  assert_int_equal(daemon_stop(pid, &st), 0);
+  unlink(sock);
+  free(x);
+}
+
 /* ---- fork ------------------------------------------------------------------ */
 
 static void test_fork_child(void **state) {
@@ -606,6 +649,7 @@ int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_fork_child),
       cmocka_unit_test(test_submit_no_wait),
+      cmocka_unit_test(test_submit_too_big_inline),
       cmocka_unit_test(test_to_file_after_buffered),
       cmocka_unit_test(test_to_file_big),
       cmocka_unit_test(test_file_data_big),
