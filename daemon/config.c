@@ -783,6 +783,41 @@ static void usage(FILE *f) {
         f);
 }
 
+/* Says what was wrong with an option getopt_long refused ('?': unknown or
+ * an ambiguous prefix, ':': its argument missing), in one logged line:
+ * getopt's own messages and the usage text on stderr would bypass the
+ * log's journal prefix (systemd.md). */
+static void bad_option(int opt, const char *arg, const struct option *opts) {
+  char names[512] = "";
+  size_t len, n = 0, used = 0;
+
+  if (opt == ':') {
+    if (strncmp(arg, "--", 2) == 0)
+      dspkd_error("option '%s' requires an argument (see --help)", arg);
+    else
+      dspkd_error("option '-%c' requires an argument (see --help)", optopt);
+    return;
+  }
+  if (strncmp(arg, "--", 2) != 0) {
+    dspkd_error("unknown option '-%c' (see --help)", optopt > 0 && optopt < 256 ? optopt : '?');
+    return;
+  }
+  len = strcspn(arg + 2, "=");
+  for (const struct option *o = opts; o->name; o++) {
+    if (strncmp(o->name, arg + 2, len) != 0)
+      continue;
+    n++;
+    if (used < sizeof names) {
+      int w = snprintf(names + used, sizeof names - used, " --%s", o->name);
+      used += w > 0 ? (size_t)w : 0;
+    }
+  }
+  if (n > 1)
+    dspkd_error("option '%.*s' is ambiguous; possibilities:%s", (int)(len + 2), arg, names);
+  else
+    dspkd_error("unrecognized option '%s' (see --help)", arg);
+}
+
 /* Parses the command line into cfg with getopt_long (options built from
  * the table); notes which keys it set in flag_mask and --config in
  * *config.  0, 1 (help written), 2 (--version), or a negative code
@@ -803,13 +838,14 @@ static int parse_argv(int argc, char **argv, struct dspkd_config *cfg, const cha
   }
   opts[n] = (struct option){NULL, 0, NULL, 0};
   optind = 0; /* glibc: start over (the fuzzer parses many times) */
-  while ((opt = getopt_long(argc, argv, "hV", opts, NULL)) != -1) {
+  opterr = 0; /* getopt's own messages would bypass the log (its journal prefix) */
+  while ((opt = getopt_long(argc, argv, ":hV", opts, NULL)) != -1) {
     const struct key *k;
     char why[256];
     if (opt == 'h' || opt == 'V')
       opt = 256 + key_index(opt == 'h' ? "help" : "version");
     if (opt < 256) {
-      usage(stderr);
+      bad_option(opt, argv[optind - 1], opts);
       return DSPK_EINVAL;
     }
     k = &keys[opt - 256];
@@ -827,7 +863,7 @@ static int parse_argv(int argc, char **argv, struct dspkd_config *cfg, const cha
       break;
     }
     if (store(k, k->arg ? optarg : "yes", false, cfg, why, sizeof why) != 0) {
-      fprintf(stderr, "dspkd: --%s: %s\n", names[opt - 256], why);
+      dspkd_error("--%s: %s", names[opt - 256], why);
       return DSPK_EINVAL;
     }
     if (k->off == offsetof(struct dspkd_config, cache_path) && k->type == K_STR)
@@ -836,7 +872,7 @@ static int parse_argv(int argc, char **argv, struct dspkd_config *cfg, const cha
       *cli_cache = -1;
   }
   if (optind < argc) {
-    fprintf(stderr, "dspkd: unexpected argument \"%s\" (see --help)\n", argv[optind]);
+    dspkd_error("unexpected argument \"%s\" (see --help)", argv[optind]);
     return DSPK_EINVAL;
   }
   return 0;
@@ -859,13 +895,13 @@ int dspkd_config_start(int argc, char **argv, struct dspkd_config *cfg) {
     config = DSPKD_CONFIG_DEFAULT;
   }
   if (strlen(config) >= sizeof conf_path) {
-    fprintf(stderr, "dspkd: --config: path too long\n");
+    dspkd_error("--config: path too long");
     return DSPK_EINVAL;
   }
   snprintf(conf_path, sizeof conf_path, "%s", config);
   r = load(conf_path, cfg, NULL, flag_mask, err, sizeof err);
   if (r < 0) {
-    fprintf(stderr, "dspkd: %s\n", err);
+    dspkd_error("%s", err);
     return r;
   }
   have_conf = true;
