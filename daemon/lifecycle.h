@@ -33,8 +33,8 @@ int dspkd_lifecycle_start(struct dspkd *d);
 void dspkd_lifecycle_ready(struct dspkd *d);
 /* Reads the configuration file again (SIGHUP, daemon.reload) between
  * RELOADING=1 and READY=1 with a STATUS= saying what holds now
- * (daemon/notify.h).  0 or dspkd_config_reload's negative code (why in
- * msg when given). */
+ * (daemon/notify.h).  dspkd_config_reload's answer: 0 (a file was read),
+ * 1 (no file to read) or a negative code (why in msg when given). */
 int dspkd_reload(struct dspkd *d, char *msg, size_t msglen);
 /* Blocks SIGTERM/SIGINT/SIGHUP, closes the watchers and the notify
  * handles, and runs the loop until they are closed.  Idempotent. */
