@@ -41,6 +41,11 @@ int dspkd_reload(struct dspkd *d, char *msg, size_t msglen);
 void dspkd_lifecycle_close(struct dspkd *d);
 
 #ifdef DSPK_TEST_HOOKS
+/* daemon/testhooks.c: logs one warning per test-hook variable set in the
+ * environment ("test build: NAME=VALUE is set: a test hook, obeyed by this
+ * build only"), so that a test build run as a service is noticed (dspkd(8),
+ * ENVIRONMENT).  The names are testhooks.c's HOOK_NAMES. */
+void dspkd_test_warn_hooks(void);
 /* daemon/testhooks.c: when $DSPKD_TEST_START_PAUSE names this point of the
  * start ("early": before the configuration is read; "config": after it,
  * before the watchers), starts a thread that does not block the stop and
@@ -49,6 +54,7 @@ void dspkd_lifecycle_close(struct dspkd *d);
 void dspkd_test_start_pause(const char *point);
 #else
 #define dspkd_test_start_pause(point) ((void)0)
+#define dspkd_test_warn_hooks() ((void)0)
 #endif
 
 #endif /* DSPKD_LIFECYCLE_H */

@@ -29,6 +29,19 @@ check_manifest() {
   [ -z "$out" ] || fail "installed outside $under: $out"
 }
 
+# 0. A test build (DSPK_TEST_HOOKS: its programs obey test-only variables) is not
+# installed: cmake --install stops with a message and writes nothing, unless
+# DSPK_INSTALL_TEST_BUILD=1 (the rest of this script installs it on purpose).
+if grep -q '^DSPK_TEST_HOOKS:BOOL=ON$' "$build/CMakeCache.txt"; then
+  mkdir "$tmp/refused"
+  out=$(env -u DSPK_INSTALL_TEST_BUILD cmake --install "$build" --prefix "$tmp/refused/p" 2>&1) &&
+    fail "a test build was installed without DSPK_INSTALL_TEST_BUILD=1"
+  case $out in *"this is a test build"*"-DBUILD_TESTING=OFF"*) ;;
+    *) fail "the refused install does not say why: $out" ;; esac
+  [ -z "$(ls -A "$tmp/refused")" ] || fail "the refused install wrote: $(find "$tmp/refused")"
+  export DSPK_INSTALL_TEST_BUILD=1
+fi
+
 # 1. --prefix P.
 mkdir "$tmp/scratch"
 cmake --install "$build" --prefix "$tmp/scratch/p" >/dev/null

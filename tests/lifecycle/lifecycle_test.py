@@ -776,6 +776,40 @@ def t_reloaddefault(exe, tmp):
     d.stop()
 
 
+def t_hooks(exe, tmp):
+    """A test build (DSPK_TEST_HOOKS) warns at start for each test-hook
+    variable set, so that one run as a service is noticed; the list of hook
+    names it knows (daemon/testhooks.c, HOOK_NAMES) is every hook of the
+    sources."""
+    src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+    want = set()
+    for top in ("proto", "cache", "backends", "daemon", "client"):
+        for root, _, files in os.walk(os.path.join(src, top)):
+            for f in files:
+                if not f.endswith((".c", ".h", ".cpp", ".cu")):
+                    continue
+                with open(os.path.join(root, f), errors="replace") as fh:
+                    text = re.sub(r"/\*.*?\*/|//[^\n]*", "", fh.read(), flags=re.S)
+                want |= set(re.findall(r'DSPK_TEST_HOOK\("([A-Z0-9_]+)"\)', text))
+                for n in re.findall(r'DSPK__GPURT_HOOK\(\w+, "([A-Z0-9_]+)"\)', text):
+                    want |= {"DSPK_CUDA_" + n, "DSPK_HIP_" + n}
+    with open(os.path.join(src, "daemon", "testhooks.c")) as fh:
+        table = re.search(r"HOOK_NAMES\[\] = \{(.*?)\};", fh.read(), re.S).group(1)
+    have = set(re.findall(r'"([A-Z0-9_]+)"', table))
+    check(want and have == want, "testhooks.c HOOK_NAMES: missing %r, extra %r"
+          % (sorted(want - have), sorted(have - want)))
+    d = Daemon(exe, tmp, env={"DSPKD_TEST_EXIT": "none", "DSPK_VK_SPIN_US": "1",
+                              "DSPK_TEST_BACKENDS": "cpu"})
+    d.stop()
+    warned = re.findall(r"warn: test build: (\w+)=\S* is set: a test hook", d.logtext())
+    check(sorted(warned) == ["DSPKD_TEST_EXIT", "DSPK_VK_SPIN_US"],
+          "one warning per hook variable set (not for other variables): %r\n%s"
+          % (warned, d.logtext()))
+    d = Daemon(exe, tmp)
+    d.stop()
+    check("test build:" not in d.logtext(), "no hook variable, no warning:\n" + d.logtext())
+
+
 def t_config(exe, tmp):
     def start_fail(text, want):
         conf = os.path.join(tmp, "bad.conf")
@@ -1169,6 +1203,7 @@ GROUPS = {
     "reload": t_reload,
     "reloadkeys": t_reloadkeys,
     "reloaddefault": t_reloaddefault,
+    "hooks": t_hooks,
     "config": t_config,
     "exits": t_exits,
     "policy": t_policy,
