@@ -65,6 +65,16 @@ SLURM_JOB_ID=7 DSPK_SOCKET=$tmp/none.sock "$tmp/scratch/p/libexec/dspk/slurm/epi
   fail "epilog without a daemon socket failed"
 grep -q "^ExecStart=$tmp/scratch/p/sbin/dspkd " "$tmp/scratch/p/lib/systemd/system/dspkd.service" ||
   fail "ExecStart does not name the installed dspkd"
+# The installed units verify clean, as docs/systemd.md says to check them: the
+# prefix's man pages on man's path (MANPATH=P/share/man: , the colon keeps
+# the system's), since verify runs man for each Documentation= page.
+if command -v systemd-analyze >/dev/null && command -v man >/dev/null; then
+  out=$(MANPATH="$tmp/scratch/p/share/man:" systemd-analyze verify \
+        "$tmp/scratch/p/lib/systemd/system/dspkd.service" \
+        "$tmp/scratch/p/lib/systemd/system/dspkd.socket" 2>&1) ||
+    fail "systemd-analyze verify of the installed units failed: $out"
+  [ -z "$out" ] || fail "systemd-analyze verify of the installed units said: $out"
+fi
 
 # The files under DESTDIR $1 must be exactly the manifest's (which names
 # them without DESTDIR): then nothing was written outside DESTDIR.
