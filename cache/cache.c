@@ -1585,8 +1585,12 @@ out:
 }
 
 /* See cache.h. */
-int dspk__cache_clear(struct dspk__cache *c, unsigned mask) {
+int dspk__cache_clear(struct dspk__cache *c, unsigned mask, char *why, size_t whylen) {
+  const char *step = "BEGIN IMMEDIATE";
+  char sql[64];
   int rc;
+  if (why && whylen)
+    why[0] = '\0';
   if (!c || (mask & ~DSPK__CACHE_ALL))
     return DSPK_EINVAL;
   pthread_mutex_lock(&c->mu);
@@ -1596,20 +1600,28 @@ int dspk__cache_clear(struct dspk__cache *c, unsigned mask) {
   for (int k = 0; k < DSPK__CACHE_NKINDS; k++) {
     if (!(mask & DSPK__CACHE_MASK(k)))
       continue;
-    char sql[64];
     snprintf(sql, sizeof sql, "DELETE FROM %s", kind_table[k]);
+    step = sql;
     rc = exec(c->db, sql);
     if (rc != SQLITE_OK)
       goto out;
   }
+  step = "COMMIT";
   rc = exec(c->db, "COMMIT");
   if (rc == SQLITE_OK && (mask & DSPK__CACHE_MASK(DSPK__CACHE_AUTOTUNE)))
     atomic_store(&c->epoch, atomic_fetch_add(&epoch_source, 1) + 1);
   if (rc == SQLITE_OK)
     exec(c->db, "PRAGMA incremental_vacuum"); /* best effort */
 out:
-  if (rc != SQLITE_OK)
+  if (rc != SQLITE_OK) {
+    /* SQLite's message (and the system's reason under it: ENOSPC, EFBIG,
+     * EIO) before the rollback replaces them. */
+    int sys = sqlite3_system_errno(c->db);
+    if (why && whylen)
+      snprintf(why, whylen, "%s: %s%s%s%s", step, sqlite3_errmsg(c->db), sys ? " (" : "",
+               sys ? strerror(sys) : "", sys ? ")" : "");
     rollback(c->db);
+  }
   pthread_mutex_unlock(&c->mu);
   return map_rc(rc);
 }

@@ -228,9 +228,12 @@ struct dspk__cache_stats {
 
 /* Fills *out.  Returns 0 or a negative dspk_errno. */
 int dspk__cache_stats(struct dspk__cache *c, struct dspk__cache_stats *out);
-/* Deletes every entry of the kinds in mask (DSPK__CACHE_MASK bits).
- * Returns 0 or a negative dspk_errno. */
-int dspk__cache_clear(struct dspk__cache *c, unsigned mask);
+/* Deletes every entry of the kinds in mask (DSPK__CACHE_MASK bits), all
+ * or none (one transaction).  Returns 0 or a negative dspk_errno; on a
+ * failure in the database, why (when not NULL) says what failed and SQLite's
+ * reason, and the system's under it when there is one, e.g. "COMMIT:
+ * database or disk is full (No space left on device)". */
+int dspk__cache_clear(struct dspk__cache *c, unsigned mask, char *why, size_t whylen);
 
 /* Runs PRAGMA quick_check on the open database.  Returns 0 when it is
  * consistent, DSPK_EIO when not, or another negative dspk_errno. */

@@ -73,10 +73,10 @@ struct djob *dspkd_devices_shown(struct conn *c, bool admin, bool *shown) {
   return j;
 }
 
-/* Answers method's one-field result (reloaded, stopping): true.  0 or a
+/* Answers method's one-field result (reloaded, stopping): yes.  0 or a
  * negative code. */
-static int reply_true(struct req *r, int method) {
-  struct dspk__pval v[1] = {dspk__pv_bool(true)};
+static int reply_bool(struct req *r, int method, bool yes) {
+  struct dspk__pval v[1] = {dspk__pv_bool(yes)};
   struct wreq *wr = dspkd_result(r->msgid, method, v);
   if (!wr)
     return DSPK_ENOMEM;
@@ -102,14 +102,16 @@ int dspkd_m_daemon_reload(struct req *r) {
   err = dspkd_reload(c->d, r->msg, sizeof r->msg);
   if (err < 0)
     return err;
-  return reply_true(r, DSPK__M_DAEMON_RELOAD);
+  /* false: no file was read (--config "", or the default file that does
+   * not exist and never did): nothing changed. */
+  return reply_bool(r, DSPK__M_DAEMON_RELOAD, err == 0);
 }
 
 int dspkd_m_daemon_stop(struct req *r) {
   struct conn *c = r->c;
   int err;
   dspkd_info("client %llu (uid %ld): daemon.stop", (unsigned long long)c->id, (long)c->uid);
-  err = reply_true(r, DSPK__M_DAEMON_STOP);
+  err = reply_bool(r, DSPK__M_DAEMON_STOP, true);
   if (err < 0)
     return err;
   dspkd_stop(c->d);

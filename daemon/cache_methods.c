@@ -34,13 +34,14 @@ struct cwork {
   bool clear;         /* cache.clear, else cache.stats */
   unsigned mask;      /* clear: DSPK__CACHE_MASK bits */
   int err;
+  char why[256]; /* clear: what failed in the database, and SQLite's reason */
   struct dspk__cache_stats st;
 };
 
 static void work_cb(uv_work_t *w) {
   struct cwork *cw = w->data;
   if (cw->clear)
-    cw->err = dspk__cache_clear(cw->cache, cw->mask);
+    cw->err = dspk__cache_clear(cw->cache, cw->mask, cw->why, sizeof cw->why);
   else
     cw->err = dspk__cache_stats(cw->cache, &cw->st);
 }
@@ -101,11 +102,18 @@ static void after_cb(uv_work_t *w, int status) {
   if (cw->clear && err == 0)
     dspkd_info("client %llu (uid %ld): cache.clear: done (mask %u)",
                (unsigned long long)c->id, (long)c->uid, cw->mask);
+  /* A clear the database refused (a full disk, an I/O error): the cache
+   * is not what the admin asked for, which the log says too. */
+  if (cw->clear && err < 0 && err != DSPK_ECANCELED)
+    dspkd_warn("client %llu (uid %ld): cache.clear failed: %s: %s%s%s; nothing was removed",
+               (unsigned long long)c->id, (long)c->uid, dspk__err_name(err),
+               dspk__strerror(err), cw->why[0] ? ": " : "", cw->why);
   if (!c->closing) {
     if (err < 0) {
-      char msg[128];
-      snprintf(msg, sizeof msg, "%s: %s", cw->clear ? "cache.clear" : "cache.stats",
-               dspk__strerror(err));
+      char msg[400];
+      snprintf(msg, sizeof msg, "%s: %s%s%s%s", cw->clear ? "cache.clear" : "cache.stats",
+               dspk__strerror(err), cw->why[0] ? ": " : "", cw->why,
+               cw->clear && err != DSPK_ECANCELED ? " (nothing was removed)" : "");
       dspkd_conn_send_error(c, cw->msgid, err, msg);
     } else {
       struct wreq *wr = result(cw);

@@ -158,10 +158,16 @@ _Static_assert(NKEYS <= 64, "the key masks are 64-bit");
 
 /* What the start found, for reloads. */
 static char conf_path[PATH_MAX];
-static bool have_conf;
+static bool have_conf;     /* a file was read (at start or by a reload since) */
+static bool conf_default;  /* no --config: conf_path is the default, read when it exists */
 static uint64_t flag_mask; /* bit i: keys[i] came from the command line */
 static char file_socket[256];
 static char *file_strs[NKEYS]; /* strings of the file the configuration owns */
+/* The restart-only keys as the start set them (file, else defaults): what a
+ * reload compares a new file's values with, so that a key the file changed,
+ * added or removed is logged alike. */
+static struct dspkd_config start_cfg;
+static char *reload_strs[NKEYS]; /* a reload's strings, freed once compared */
 
 static int key_index(const char *name) {
   for (size_t i = 0; i < NKEYS; i++)
@@ -623,15 +629,17 @@ static int handler(void *user, const char *section, const char *name, const char
   skip = (p->skip & ((uint64_t)1 << idx)) != 0;
 
   /* socket, cache, backends, metrics_listen: strings that only a restart
-   * changes. */
-  if (p->running && (k->type == K_SOCKET || k->type == K_STR)) {
-    const char *cur = k->type == K_SOCKET ? file_socket
-                                          : *(const char *const *)((const char *)p->running +
-                                                                   k->off);
+   * changes; a reload keeps its copy in reload_strs for the comparison
+   * (dspkd_config_reload), the running configuration's strings stay. */
+  if (p->running && k->type == K_STR) {
     if (store(k, value, true, &scratch, why, sizeof why) != 0)
       return perr(p, "%s: %s", name, why);
-    if (!skip && (!cur || strcmp(cur, value) != 0))
-      dspkd_warn("%s: %s changed; it takes effect at the next start", p->path, name);
+    if (skip)
+      return 1;
+    free(reload_strs[idx]);
+    if (!(reload_strs[idx] = strdup(value)))
+      return perr(p, "out of memory");
+    *(const char **)((char *)p->cfg + k->off) = reload_strs[idx];
     return 1;
   }
   /* A key the command line set is still checked. */
@@ -640,7 +648,8 @@ static int handler(void *user, const char *section, const char *name, const char
   if (skip)
     return 1;
   if (k->type == K_SOCKET) {
-    snprintf(file_socket, sizeof file_socket, "%s", value);
+    if (!p->running)
+      snprintf(file_socket, sizeof file_socket, "%s", value);
   } else if (k->type == K_STR) {
     char *s = strdup(value);
     if (!s)
@@ -783,6 +792,41 @@ static void usage(FILE *f) {
         f);
 }
 
+/* Says what was wrong with an option getopt_long refused ('?': unknown or
+ * an ambiguous prefix, ':': its argument missing), in one logged line:
+ * getopt's own messages and the usage text on stderr would bypass the
+ * log's journal prefix (systemd.md). */
+static void bad_option(int opt, const char *arg, const struct option *opts) {
+  char names[512] = "";
+  size_t len, n = 0, used = 0;
+
+  if (opt == ':') {
+    if (strncmp(arg, "--", 2) == 0)
+      dspkd_error("option '%s' requires an argument (see --help)", arg);
+    else
+      dspkd_error("option '-%c' requires an argument (see --help)", optopt);
+    return;
+  }
+  if (strncmp(arg, "--", 2) != 0) {
+    dspkd_error("unknown option '-%c' (see --help)", optopt > 0 && optopt < 256 ? optopt : '?');
+    return;
+  }
+  len = strcspn(arg + 2, "=");
+  for (const struct option *o = opts; o->name; o++) {
+    if (strncmp(o->name, arg + 2, len) != 0)
+      continue;
+    n++;
+    if (used < sizeof names) {
+      int w = snprintf(names + used, sizeof names - used, " --%s", o->name);
+      used += w > 0 ? (size_t)w : 0;
+    }
+  }
+  if (n > 1)
+    dspkd_error("option '%.*s' is ambiguous; possibilities:%s", (int)(len + 2), arg, names);
+  else
+    dspkd_error("unrecognized option '%s' (see --help)", arg);
+}
+
 /* Parses the command line into cfg with getopt_long (options built from
  * the table); notes which keys it set in flag_mask and --config in
  * *config.  0, 1 (help written), 2 (--version), or a negative code
@@ -803,13 +847,14 @@ static int parse_argv(int argc, char **argv, struct dspkd_config *cfg, const cha
   }
   opts[n] = (struct option){NULL, 0, NULL, 0};
   optind = 0; /* glibc: start over (the fuzzer parses many times) */
-  while ((opt = getopt_long(argc, argv, "hV", opts, NULL)) != -1) {
+  opterr = 0; /* getopt's own messages would bypass the log (its journal prefix) */
+  while ((opt = getopt_long(argc, argv, ":hV", opts, NULL)) != -1) {
     const struct key *k;
     char why[256];
     if (opt == 'h' || opt == 'V')
       opt = 256 + key_index(opt == 'h' ? "help" : "version");
     if (opt < 256) {
-      usage(stderr);
+      bad_option(opt, argv[optind - 1], opts);
       return DSPK_EINVAL;
     }
     k = &keys[opt - 256];
@@ -827,7 +872,7 @@ static int parse_argv(int argc, char **argv, struct dspkd_config *cfg, const cha
       break;
     }
     if (store(k, k->arg ? optarg : "yes", false, cfg, why, sizeof why) != 0) {
-      fprintf(stderr, "dspkd: --%s: %s\n", names[opt - 256], why);
+      dspkd_error("--%s: %s", names[opt - 256], why);
       return DSPK_EINVAL;
     }
     if (k->off == offsetof(struct dspkd_config, cache_path) && k->type == K_STR)
@@ -836,7 +881,7 @@ static int parse_argv(int argc, char **argv, struct dspkd_config *cfg, const cha
       *cli_cache = -1;
   }
   if (optind < argc) {
-    fprintf(stderr, "dspkd: unexpected argument \"%s\" (see --help)\n", argv[optind]);
+    dspkd_error("unexpected argument \"%s\" (see --help)", argv[optind]);
     return DSPK_EINVAL;
   }
   return 0;
@@ -851,25 +896,31 @@ int dspkd_config_start(int argc, char **argv, struct dspkd_config *cfg) {
   file_socket[0] = '\0';
   if ((r = parse_argv(argc, argv, cfg, &config, &cli_cache)) != 0)
     return r;
+  have_conf = conf_default = false;
+  conf_path[0] = '\0';
   if (config && !*config)
-    goto done; /* --config "": no file at all */
+    goto done; /* --config "": no file at all, nor at a reload */
   if (!config) {
+    /* The default file is read when it exists, now or at a reload. */
+    snprintf(conf_path, sizeof conf_path, "%s", DSPKD_CONFIG_DEFAULT);
+    conf_default = true;
     if (access(DSPKD_CONFIG_DEFAULT, F_OK) != 0)
       goto done;
     config = DSPKD_CONFIG_DEFAULT;
   }
   if (strlen(config) >= sizeof conf_path) {
-    fprintf(stderr, "dspkd: --config: path too long\n");
+    dspkd_error("--config: path too long");
     return DSPK_EINVAL;
   }
   snprintf(conf_path, sizeof conf_path, "%s", config);
   r = load(conf_path, cfg, NULL, flag_mask, err, sizeof err);
   if (r < 0) {
-    fprintf(stderr, "dspkd: %s\n", err);
+    dspkd_error("%s", err);
     return r;
   }
   have_conf = true;
 done:
+  start_cfg = *cfg;
   /* Which cache: an option wins over the file; the file's no_cache wins
    * over its cache; "" is no cache. */
   if (cli_cache)
@@ -882,14 +933,32 @@ done:
   return 0;
 }
 
+/* 1 when a restart-only key's value in a and b differs (strings by
+ * content, NULL as unset). */
+static int restart_key_differs(const struct key *k, const struct dspkd_config *a,
+                               const struct dspkd_config *b) {
+  const char *pa = (const char *)a + k->off, *pb = (const char *)b + k->off;
+  if (k->type == K_STR) {
+    const char *sa = *(const char *const *)pa, *sb = *(const char *const *)pb;
+    return strcmp(sa ? sa : "", sb ? sb : "") != 0;
+  }
+  if (k->type == K_SOCKET)
+    return strcmp(pa, pb) != 0;
+  return memcmp(pa, pb, k->width) != 0;
+}
+
 int dspkd_config_reload(struct dspkd *d, char *msg, size_t msglen) {
-  struct dspkd_config nw;
+  struct dspkd_config nw, was;
   char err[PATH_MAX + 512];
   int r;
 
-  if (!have_conf) {
-    dspkd_info("reload: no configuration file was read at start; nothing to do");
-    return 0;
+  if (!conf_path[0]) {
+    dspkd_info("reload: started with --config \"\": no configuration file to read");
+    return 1;
+  }
+  if (conf_default && !have_conf && access(conf_path, F_OK) != 0) {
+    dspkd_info("reload: %s does not exist; the built-in defaults stay", conf_path);
+    return 1;
   }
   dspkd_config_defaults(&nw);
   r = load(conf_path, &nw, &d->cfg, flag_mask, err, sizeof err);
@@ -898,8 +967,11 @@ int dspkd_config_reload(struct dspkd *d, char *msg, size_t msglen) {
     if (msg && msglen)
       snprintf(msg, msglen, "%.*s; keeping the running configuration",
                (int)(msglen > 64 ? msglen - 40 : msglen), err);
-    return r;
+    goto out;
   }
+  /* The start's file socket, with which the file's new one is compared. */
+  was = start_cfg;
+  snprintf(was.socket_path, sizeof was.socket_path, "%s", file_socket);
   for (size_t i = 0; i < NKEYS; i++) {
     const struct key *k = &keys[i];
     if (flag_mask & ((uint64_t)1 << i) || !(k->where & IN_FILE))
@@ -908,15 +980,22 @@ int dspkd_config_reload(struct dspkd *d, char *msg, size_t msglen) {
       memcpy((char *)&d->cfg + k->off, (char *)&nw + k->off, k->width);
       continue;
     }
-    /* A restart-only number or yes/no that the file changed (strings were
-     * compared by the handler): said, as dspk.conf(5) promises, not applied. */
-    if (k->type != K_STR && k->type != K_SOCKET &&
-        memcmp((char *)&d->cfg + k->off, (char *)&nw + k->off, k->width) != 0)
+    /* A restart-only key whose value (the file's, else its default) is not
+     * the one the daemon started with, whether the file changed, added or
+     * removed it: said, as dspk.conf(5) promises, not applied. */
+    if (restart_key_differs(k, &was, &nw))
       dspkd_warn("%s: %s changed; it takes effect at the next start", conf_path, k->name);
   }
+  have_conf = true;
   dspkd_log_set_level((enum dspkd_level)d->cfg.log_level);
   dspkd_info("configuration reloaded from %s", conf_path);
-  return 0;
+  r = 0;
+out:
+  for (size_t i = 0; i < NKEYS; i++) {
+    free(reload_strs[i]);
+    reload_strs[i] = NULL;
+  }
+  return r;
 }
 
 /* ---- policy -------------------------------------------------------------- */

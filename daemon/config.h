@@ -42,10 +42,17 @@ int dspkd_config_start(int argc, char **argv, struct dspkd_config *cfg);
 
 /*
  * Reads the file again (SIGHUP) and applies the keys that may change while
- * running; keys the command line set keep their value; a changed key that
- * needs a restart (socket, cache, backends) is logged and ignored.  An
- * invalid file changes nothing.  Returns 0 or a negative code (logged, and
- * described in msg when msg is not NULL).
+ * running; keys the command line set keep their value; a key that needs a
+ * restart (socket, cache, no_cache, cache_max_bytes, backends, foreground,
+ * metrics_listen, device_inflight) whose value (the file's, else its
+ * default) differs from the one the daemon started with is logged ("KEY
+ * changed; it takes effect at the next start") and not applied, whether the
+ * file changed, added or removed it.  Without --config the default file is
+ * read when it exists now, even if it did not at start.  An invalid file
+ * changes nothing.  Returns 0 (a file was read), 1 when no file was read
+ * (--config "", or no --config and the default file does not exist and was
+ * never read: nothing changes), or a negative code (logged, and described in
+ * msg when msg is not NULL).
  */
 int dspkd_config_reload(struct dspkd *d, char *msg, size_t msglen);
 

@@ -33,14 +33,19 @@ int dspkd_lifecycle_start(struct dspkd *d);
 void dspkd_lifecycle_ready(struct dspkd *d);
 /* Reads the configuration file again (SIGHUP, daemon.reload) between
  * RELOADING=1 and READY=1 with a STATUS= saying what holds now
- * (daemon/notify.h).  0 or dspkd_config_reload's negative code (why in
- * msg when given). */
+ * (daemon/notify.h).  dspkd_config_reload's answer: 0 (a file was read),
+ * 1 (no file to read) or a negative code (why in msg when given). */
 int dspkd_reload(struct dspkd *d, char *msg, size_t msglen);
 /* Blocks SIGTERM/SIGINT/SIGHUP, closes the watchers and the notify
  * handles, and runs the loop until they are closed.  Idempotent. */
 void dspkd_lifecycle_close(struct dspkd *d);
 
 #ifdef DSPK_TEST_HOOKS
+/* daemon/testhooks.c: logs one warning per test-hook variable set in the
+ * environment ("test build: NAME=VALUE is set: a test hook, obeyed by this
+ * build only"), so that a test build run as a service is noticed (dspkd(8),
+ * ENVIRONMENT).  The names are testhooks.c's HOOK_NAMES. */
+void dspkd_test_warn_hooks(void);
 /* daemon/testhooks.c: when $DSPKD_TEST_START_PAUSE names this point of the
  * start ("early": before the configuration is read; "config": after it,
  * before the watchers), starts a thread that does not block the stop and
@@ -49,6 +54,7 @@ void dspkd_lifecycle_close(struct dspkd *d);
 void dspkd_test_start_pause(const char *point);
 #else
 #define dspkd_test_start_pause(point) ((void)0)
+#define dspkd_test_warn_hooks() ((void)0)
 #endif
 
 #endif /* DSPKD_LIFECYCLE_H */

@@ -264,6 +264,7 @@ int main(int argc, char **argv) {
   dspkd_heap_warm();
 
   dspkd_config_defaults(cfg);
+  dspkd_test_warn_hooks();
   dspkd_test_start_pause("early");
 
   /* The command line, then the file for what no option set (daemon/config.h). */

@@ -699,9 +699,10 @@ static void sock_name(int fd, char *out, size_t outlen) {
 }
 
 /* Splits "ADDR:PORT" ("[V6]:PORT", ":PORT" for every address) and resolves
- * it.  0 or DSPK_EINVAL with msg set. */
+ * it; ":PORT" is the IPv6 any address ([::]), which the listener opens
+ * dual-stack (open_listener), *any set.  0 or DSPK_EINVAL with msg set. */
 static int parse_listen(const char *spec, struct sockaddr_storage *sa, socklen_t *salen,
-                        char *msg, size_t msglen) {
+                        bool *any, char *msg, size_t msglen) {
   struct addrinfo hints, *res = NULL;
   char host[256];
   const char *colon = strrchr(spec, ':'), *port;
@@ -724,10 +725,13 @@ static int parse_listen(const char *spec, struct sockaddr_storage *sa, socklen_t
   }
   memcpy(host, spec, n);
   host[n] = '\0';
+  *any = n == 0;
   memset(&hints, 0, sizeof hints);
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  if (*any)
+    hints.ai_family = AF_INET6; /* [::], dual-stack; 0.0.0.0 without IPv6 */
   r = getaddrinfo(n ? host : NULL, port, &hints, &res);
   if (r != 0) {
     snprintf(msg, msglen, "cannot resolve \"%s\": %s", spec, gai_strerror(r));
@@ -739,6 +743,36 @@ static int parse_listen(const char *spec, struct sockaddr_storage *sa, socklen_t
   return 0;
 }
 
+/* A listening TCP socket on sa; for the any address of IPv6 (any) with
+ * IPV6_V6ONLY off, so that IPv4 clients reach it too (as ::ffff:a.b.c.d).
+ * The fd, or -1 with errno set and *step the call that failed. */
+static int open_listener(const struct sockaddr_storage *sa, socklen_t salen, bool any,
+                         const char **step) {
+  int one = 1, zero = 0, e;
+  int lfd = socket(sa->ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  *step = "socket";
+  if (lfd < 0)
+    return -1;
+  setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  *step = "setsockopt(IPV6_V6ONLY)";
+  if (any && sa->ss_family == AF_INET6 &&
+      setsockopt(lfd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero) != 0)
+    goto fail;
+  *step = "bind";
+  if (bind(lfd, (const struct sockaddr *)sa, salen) != 0)
+    goto fail;
+  *step = "listen";
+  if (listen(lfd, 64) != 0)
+    goto fail;
+  *step = NULL;
+  return lfd;
+fail:
+  e = errno;
+  close(lfd);
+  errno = e;
+  return -1;
+}
+
 int dspkd_metrics_http_start(struct dspkd *d) {
   const char *spec = d->cfg.metrics_listen;
   struct metrics_http *h;
@@ -747,13 +781,14 @@ int dspkd_metrics_http_start(struct dspkd *d) {
   pthread_condattr_t ca;
   sigset_t all, old;
   char msg[320];
+  bool any = false;
   /* epoll or poll, never select: the daemon's descriptors may pass
    * FD_SETSIZE with many clients. */
   unsigned flags = MHD_USE_AUTO_INTERNAL_THREAD | MHD_USE_ERROR_LOG;
 
   if (!spec || !*spec)
     return 0;
-  if (parse_listen(spec, &sa, &salen, msg, sizeof msg) != 0) {
+  if (parse_listen(spec, &sa, &salen, &any, msg, sizeof msg) != 0) {
     dspkd_error("metrics_listen %s: %s", spec, msg);
     return DSPK_EINVAL;
   }
@@ -769,29 +804,33 @@ int dspkd_metrics_http_start(struct dspkd *d) {
   uv_async_init(d->loop, &h->async, on_scrape);
   h->async.data = h;
   uv_unref((uv_handle_t *)&h->async); /* scrapes never keep the loop alive */
-  if (sa.ss_family == AF_INET6)
-    flags |= MHD_USE_IPv6;
   /* Its thread takes none of the daemon's signals: those reach the loop. */
   sigfillset(&all);
   pthread_sigmask(SIG_BLOCK, &all, &old);
   /* The socket is dspkd's own, so that a failure names its real cause
-   * (libmicrohttpd says "Failed to bind to port 0" for any address). */
-  int one = 1;
-  int lfd = socket(sa.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  const char *step = "socket";
-  if (lfd >= 0) {
-    setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    step = "bind";
-    if (bind(lfd, (struct sockaddr *)&sa, salen) == 0) {
-      step = "listen";
-      if (listen(lfd, 64) == 0)
-        step = NULL;
-    }
+   * (libmicrohttpd says "Failed to bind to port 0" for any address).
+   * ":PORT" is every address: [::] dual-stack, or 0.0.0.0 where the host
+   * (or the unit's RestrictAddressFamilies=) has no IPv6. */
+  const char *step;
+  int lfd = open_listener(&sa, salen, any, &step);
+  if (lfd < 0 && any &&
+      (errno == EAFNOSUPPORT || errno == EADDRNOTAVAIL || errno == EPROTONOSUPPORT ||
+       errno == EPERM || errno == EACCES || errno == ENOPROTOOPT)) {
+    struct sockaddr_in *v4 = (struct sockaddr_in *)&sa;
+    in_port_t port = ((struct sockaddr_in6 *)&sa)->sin6_port;
+    memset(&sa, 0, sizeof sa);
+    v4->sin_family = AF_INET;
+    v4->sin_addr.s_addr = htonl(INADDR_ANY);
+    v4->sin_port = port;
+    salen = sizeof *v4;
+    dspkd_debug("metrics_listen %s: no IPv6 (%s: %s); listening on IPv4 only", spec, step,
+                strerror(errno));
+    lfd = open_listener(&sa, salen, false, &step);
   }
-  if (step) {
+  if (sa.ss_family == AF_INET6)
+    flags |= MHD_USE_IPv6;
+  if (lfd < 0) {
     int e = errno;
-    if (lfd >= 0)
-      close(lfd);
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     d->obs.http = h;
     dspkd_error("metrics_listen %s: cannot listen: %s: %s%s", spec, step, strerror(e),
@@ -818,9 +857,10 @@ int dspkd_metrics_http_start(struct dspkd *d) {
     dspkd_error("metrics_listen %s: cannot start the HTTP listener (libmicrohttpd failed)", spec);
     return DSPK_EIO;
   }
-  /* The address and port bound (the port the system chose for port 0,
-   * 0.0.0.0 or [::] for every address). */
-  dspkd_info("metrics: serving http://%s/metrics", where);
+  /* The address and port bound (the port the system chose for port 0;
+   * [::] for every address, IPv4 too, or 0.0.0.0 on a host without IPv6). */
+  dspkd_info("metrics: serving http://%s/metrics%s", where,
+             any && sa.ss_family == AF_INET6 ? " (every address, IPv6 and IPv4)" : "");
   return 0;
 }
 
@@ -847,6 +887,36 @@ void dspkd_metrics_http_stop(struct dspkd *d) {
 }
 
 #else /* !DSPKD_HAVE_MHD */
+
+/* A listening TCP socket on sa; for the any address of IPv6 (any) with
+ * IPV6_V6ONLY off, so that IPv4 clients reach it too (as ::ffff:a.b.c.d).
+ * The fd, or -1 with errno set and *step the call that failed. */
+static int open_listener(const struct sockaddr_storage *sa, socklen_t salen, bool any,
+                         const char **step) {
+  int one = 1, zero = 0, e;
+  int lfd = socket(sa->ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  *step = "socket";
+  if (lfd < 0)
+    return -1;
+  setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  *step = "setsockopt(IPV6_V6ONLY)";
+  if (any && sa->ss_family == AF_INET6 &&
+      setsockopt(lfd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero) != 0)
+    goto fail;
+  *step = "bind";
+  if (bind(lfd, (const struct sockaddr *)sa, salen) != 0)
+    goto fail;
+  *step = "listen";
+  if (listen(lfd, 64) != 0)
+    goto fail;
+  *step = NULL;
+  return lfd;
+fail:
+  e = errno;
+  close(lfd);
+  errno = e;
+  return -1;
+}
 
 int dspkd_metrics_http_start(struct dspkd *d) {
   if (!d->cfg.metrics_listen || !*d->cfg.metrics_listen)

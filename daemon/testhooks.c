@@ -22,6 +22,34 @@
 
 static atomic_bool runner_exit; /* DSPKD_TEST_EXIT=runner after SIGHUP */
 
+/* The variable of every test hook in the tree: each DSPK_TEST_HOOK("NAME"),
+ * and each DSPK__GPURT_HOOK(drv, "NAME") as DSPK_CUDA_NAME and DSPK_HIP_NAME
+ * (tests/lifecycle's hooks group checks the sources against this list). */
+static const char *const HOOK_NAMES[] = {
+    "DSPKD_TEST_CANCEL_WAIT", "DSPKD_TEST_EXIT", "DSPKD_TEST_SHM_STAGED",
+    "DSPKD_TEST_START_PAUSE", "DSPK_TEST_SHM_FILL_MAP", "DSPK_CUDA_DRIVER",
+    "DSPK_HIP_RUNTIME", "DSPK_HIP_BLAS", "DSPK_HIP_FFT", "DSPK_GPURT_FIR_WIDE",
+    "DSPK_VK_COOPMAT", "DSPK_VK_COOPMAT_BODY", "DSPK_VK_COOPMAT_TILE", "DSPK_VK_FFT_TUNE",
+    "DSPK_VK_FIR_FIX_GROUPS", "DSPK_VK_FIR_NOFIX", "DSPK_VK_FIR_SK", "DSPK_VK_GEMM_NOLIMITS",
+    "DSPK_VK_GEMM_NOTUNE", "DSPK_VK_MAX_GROUPS", "DSPK_VK_SPIN_US",
+    "DSPK_CUDA_STAGE_CHUNKS", "DSPK_CUDA_STAGE_CHUNK_KIB", "DSPK_CUDA_PLAN_CACHE",
+    "DSPK_CUDA_RETIRE_CAPACITY", "DSPK_HIP_STAGE_CHUNKS", "DSPK_HIP_STAGE_CHUNK_KIB",
+    "DSPK_HIP_PLAN_CACHE", "DSPK_HIP_RETIRE_CAPACITY",
+};
+
+void dspkd_test_warn_hooks(void) {
+  extern char **environ;
+  for (char **e = environ; e && *e; e++)
+    for (size_t i = 0; i < sizeof HOOK_NAMES / sizeof HOOK_NAMES[0]; i++) {
+      size_t n = strlen(HOOK_NAMES[i]);
+      if (strncmp(*e, HOOK_NAMES[i], n) == 0 && (*e)[n] == '=') {
+        dspkd_warn("test build: %s is set: a test hook, obeyed by this build only "
+                   "(DSPK_TEST_HOOKS; never install it: docs/architecture.md)", *e);
+        break;
+      }
+    }
+}
+
 bool dspkd_test_exit_is(const char *what) {
   const char *e = DSPK_TEST_HOOK("DSPKD_TEST_EXIT");
   return e && strcmp(e, what) == 0;

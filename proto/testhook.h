@@ -6,8 +6,10 @@
  * packaging/build-debs.sh, and tests/install/debs.sh checks that the
  * packaged binaries hold no hook name).  Without it DSPK_TEST_HOOK(name) is
  * NULL and the name is not even compiled in, so a production binary never
- * reads them.  Every other environment variable the product reads is
- * documented (dspkd(8), ENVIRONMENT).
+ * reads them.  A build with them is not installed (cmake --install stops
+ * unless DSPK_INSTALL_TEST_BUILD=1) and its dspkd warns at start for each
+ * hook variable set (daemon/testhooks.c).  Every other environment variable
+ * the product reads is documented (dspkd(8), ENVIRONMENT).
  */
 #ifndef DSPK_PROTO_TESTHOOK_H
 #define DSPK_PROTO_TESTHOOK_H

@@ -191,7 +191,7 @@ static void test_tune_then_hits(void **state) {
   assert_int_equal(s.kind[DSPK__CACHE_AUTOTUNE].misses, 1);
 
   /* Clearing the decisions makes the memo forget: tuned again. */
-  assert_int_equal(dspk__cache_clear(c, DSPK__CACHE_MASK(DSPK__CACHE_AUTOTUNE)), 0);
+  assert_int_equal(dspk__cache_clear(c, DSPK__CACHE_MASK(DSPK__CACHE_AUTOTUNE), NULL, 0), 0);
   assert_int_equal(dspk__autotune_choose(c, &r, &opts, &w, &how), 0);
   assert_int_equal(how, DSPK__AUTOTUNE_TUNED);
   assert_int_equal(total_calls(), 20);

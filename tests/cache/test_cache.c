@@ -356,7 +356,7 @@ static void test_clear_by_kind(void **state) {
   assert_int_equal(dspk__cache_kernel_put(c, &k, "B", 1), 0);
   assert_int_equal(dspk__cache_tune_put(c, &t, "w", NULL), 0);
   assert_int_equal(dspk__cache_blob_put(c, "x", "X", 1), 0);
-  assert_int_equal(dspk__cache_clear(c, DSPK__CACHE_MASK(DSPK__CACHE_KERNELS)), 0);
+  assert_int_equal(dspk__cache_clear(c, DSPK__CACHE_MASK(DSPK__CACHE_KERNELS), NULL, 0), 0);
   struct dspk__cache_stats s;
   assert_int_equal(dspk__cache_stats(c, &s), 0);
   assert_int_equal(s.kind[DSPK__CACHE_KERNELS].entries, 0);
@@ -364,12 +364,12 @@ static void test_clear_by_kind(void **state) {
   assert_int_equal(s.kind[DSPK__CACHE_AUTOTUNE].entries, 1);
   assert_int_equal(s.kind[DSPK__CACHE_BLOBS].entries, 1);
   assert_int_equal(dspk__cache_clear(c, DSPK__CACHE_MASK(DSPK__CACHE_AUTOTUNE) |
-                                            DSPK__CACHE_MASK(DSPK__CACHE_BLOBS)),
+                                            DSPK__CACHE_MASK(DSPK__CACHE_BLOBS), NULL, 0),
                    0);
   assert_int_equal(dspk__cache_stats(c, &s), 0);
   for (int i = 0; i < DSPK__CACHE_NKINDS; i++)
     assert_int_equal(s.kind[i].entries, 0);
-  assert_int_equal(dspk__cache_clear(c, 8), DSPK_EINVAL);
+  assert_int_equal(dspk__cache_clear(c, 8, NULL, 0), DSPK_EINVAL);
   assert_string_equal(dspk__cache_kind_name(DSPK__CACHE_AUTOTUNE), "autotune");
   assert_null(dspk__cache_kind_name(3));
   dspk__cache_close(c);
@@ -1105,6 +1105,38 @@ static void test_put_failure_reported(void **state) {
   dspk__cache_close(c);
 }
 
+/* A clear that the database cannot write (the disk is full) fails as a
+ * whole, and says why: the statement and SQLite's message (it answered
+ * "i/o error" alone); every entry is still there. */
+static void test_clear_failure_says_why(void **state) {
+  struct fixture *f = *state;
+  struct dspk__cache *c = open_ok(f->db, NULL);
+  static char big[64 * 1024];
+  char key[16], why[256] = "x";
+  memset(big, 5, sizeof big);
+  for (int i = 0; i < 16; i++) {
+    snprintf(key, sizeof key, "b%d", i);
+    assert_int_equal(dspk__cache_blob_put(c, key, big, sizeof big), 0);
+  }
+  void (*old)(int) = signal(SIGXFSZ, SIG_IGN);
+  fsize_limit(4096);
+  int e = dspk__cache_clear(c, DSPK__CACHE_ALL, why, sizeof why);
+  fsize_limit(RLIM_INFINITY);
+  signal(SIGXFSZ, old);
+  assert_true(e < 0);
+  /* Past RLIMIT_FSIZE a write fails with EFBIG, which SQLite calls a disk
+   * I/O error (ENOSPC: "database or disk is full"). */
+  assert_true(strstr(why, ": disk I/O error") || strstr(why, ": database or disk is full"));
+  assert_true(strncmp(why, "DELETE FROM ", 12) == 0 || strncmp(why, "COMMIT: ", 8) == 0);
+  struct dspk__cache_stats s;
+  assert_int_equal(dspk__cache_stats(c, &s), 0);
+  assert_int_equal(s.kind[DSPK__CACHE_BLOBS].entries, 16);
+  /* Space again: it works, and why is empty. */
+  assert_int_equal(dspk__cache_clear(c, DSPK__CACHE_ALL, why, sizeof why), 0);
+  assert_string_equal(why, "");
+  dspk__cache_close(c);
+}
+
 /* Opening where nothing can be written (a full disk): the fallback to
  * memory leaves no file behind that the open itself created. */
 static void test_open_full_leaves_nothing(void **state) {
@@ -1178,6 +1210,7 @@ int main(void) {
       T(test_persistence),
       T(test_lru_eviction),
       T(test_clear_by_kind),
+      T(test_clear_failure_says_why),
       T(test_corrupt_header),
       T(test_corrupt_page),
       T(test_unwritable_location),

@@ -1774,6 +1774,32 @@ def suite_journal(cli, tmp, dspkd):
         text = f.read()
     check(rc == 1 and re.search(r"^<3>.*notasocket exists and is not a socket",
                                 text, re.M), "start error: %d %r" % (rc, text))
+    # So is every line written while the configuration is read, before the
+    # log has its level: a bad value in the file, a file that cannot be
+    # read, a bad option, getopt's own complaints, a stray argument.
+    badconf = os.path.join(tmp, "bad.conf")
+    with open(badconf, "w") as f:
+        f.write("[limits]\nmax_clients = x\n")
+    for args, want in ((["--config", badconf],
+                        r"<3>%s:2: max_clients: expected an integer" % re.escape(badconf)),
+                       (["--config", tmp], r"<3>%s: cannot read: Is a directory" % re.escape(tmp)),
+                       (["--config", "", "--max-depth", "2"], r"<3>--max-depth: expected an"),
+                       (["--config", "", "--no-such-option"],
+                        r"<3>unrecognized option '--no-such-option'"),
+                       (["--config", "", "--max-u", "1"], r"<3>option '--max-u' is ambiguous"),
+                       (["--config", "", "--socket"], r"<3>option '--socket' requires an"),
+                       (["--config", "", "-x"], r"<3>unknown option '-x'"),
+                       (["--config", "", "stray"], r'<3>unexpected argument "stray"')):
+        with open(os.path.join(tmp, "cfgerr.log"), "wb") as logf:
+            st = os.fstat(logf.fileno())
+            env = dict(os.environ, JOURNAL_STREAM="%d:%d" % (st.st_dev, st.st_ino))
+            rc = subprocess.run([dspkd, "--foreground", "--socket", bad] + args, env=env,
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=logf, timeout=60).returncode
+        with open(os.path.join(tmp, "cfgerr.log")) as f:
+            lines = f.read().splitlines()
+        check(rc == 2 and len(lines) == 1 and re.match(want, lines[0]),
+              "%r under the journal: rc %d, %r" % (args, rc, lines))
 
     # Not the journal (no JOURNAL_STREAM, or one naming another stream):
     # the terminal format, the same failed-task line.

@@ -3328,7 +3328,63 @@ def t_cacheputfail(exe, tmp):
     stop()
 
 
+def t_cacheclearfail(exe, tmp):
+    """A cache.clear the database cannot write (a full disk: RLIMIT_FSIZE of
+    the daemon, writes fail as on a full file system) answers with SQLite's
+    reason, not a bare "i/o error", logs a warning, and removes nothing."""
+    import resource
+    import sqlite3
+    db = os.path.join(tmp, "cf", "cache.db")
+    sock = os.path.join(tmp, "cf.sock")
+    args = dspk_daemon.cmdline(os.path.abspath(exe), sock, ["--cache", db])
+    proc = dspk_daemon.start(args, TIMEOUT, stderr=subprocess.DEVNULL)
+    check(proc, "dspkd started")
+    check(dspk_daemon.stop(proc, TIMEOUT) == 0, "first stop")
+    # Entries to delete (blobs, as the cache stores them), written while no
+    # daemon runs.
+    con = sqlite3.connect(db)
+    con.executemany("INSERT INTO blobs(name, data, size, created, last_used, tick) "
+                    "VALUES(?, ?, ?, 1, 1, ?)",
+                    [("b%d" % i, bytes(65536), 65536, i) for i in range(16)])
+    con.commit()
+    con.close()
+    # The log goes through a pipe: the file size limit would stop a log file too.
+    proc = dspk_daemon.start(args, TIMEOUT, stderr=subprocess.PIPE)
+    check(proc, "dspkd started again")
+    loglines = []
+    reader = threading.Thread(target=lambda: loglines.extend(
+        ln.decode(errors="replace") for ln in proc.stderr), daemon=True)
+    reader.start()
+    c = Client(sock)
+    check(c.call("cache.stats", {})["kinds"]["blobs"]["entries"] == 16, "16 entries")
+    hard = resource.prlimit(proc.pid, resource.RLIMIT_FSIZE)[1]
+    resource.prlimit(proc.pid, resource.RLIMIT_FSIZE, (4096, hard))
+    try:
+        c.call("cache.clear", {})
+        raise AssertionError("cache.clear succeeded on a full disk")
+    except RpcError as e:
+        msg = e.err.get("message", "")
+        check(e.name == "EIO" and re.search(r"^cache\.clear: i/o error: (DELETE FROM \w+|COMMIT): "
+                                            r"(disk I/O error|database or disk is full).* "
+                                            r"\(nothing was removed\)$", msg),
+              "the answer says why: %r" % (e.err,))
+    resource.prlimit(proc.pid, resource.RLIMIT_FSIZE, (hard, hard))
+    check(c.call("cache.stats", {})["kinds"]["blobs"]["entries"] == 16, "nothing removed")
+    check(c.call("cache.clear", {})["cleared"], "a clear with space")
+    check(c.call("cache.stats", {})["kinds"]["blobs"]["entries"] == 0, "removed")
+    c.close()
+    rc = dspk_daemon.stop(proc, TIMEOUT)
+    reader.join(TIMEOUT)
+    check(rc == 0, "dspkd exit status %s" % rc)
+    warn = [ln for ln in loglines if "cache.clear failed" in ln]
+    check(len(warn) == 1 and "warn:" in warn[0] and
+          re.search(r"EIO: i/o error: (DELETE FROM \w+|COMMIT): (disk I/O error|database or "
+                    r"disk is full).*; nothing was removed", warn[0]),
+          "one warning with the reason: %r\n%s" % (warn, "".join(loglines)[-3000:]))
+
+
 GROUPS = {
+    "cacheclearfail": t_cacheclearfail,
     "inplace": t_inplace,
     "caps": t_caps,
     "idletrim": t_idletrim,

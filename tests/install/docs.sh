@@ -1,7 +1,8 @@
 #!/bin/sh
 # install.docs: the man pages describe what the binaries do.  Every key of
 # the configuration table in daemon/config.c is in dspk.conf(5) (the scdoc
-# source) and in the example systemd/dspkd.conf; every long option of
+# source) and in the example systemd/dspkd.conf, and what each says a reload
+# does with it agrees with the table (reload_lists.py); every long option of
 # `dspkd --help` is in dspkd(8); every command of `dspk-submit --help` is
 # in dspk-submit(1) (generated from docs/cli.md); the generated pages render
 # without a groff warning; and the unit's Documentation= names pages that
@@ -25,6 +26,10 @@ for sk in $keys; do
   grep -q "^#\{0,1\}$key = " "$src/systemd/dspkd.conf" ||
     fail "systemd/dspkd.conf has no line for $key"
 done
+
+# Which keys a reload applies and which wait for the next start: config.c's
+# table against the example file's header, dspk.conf(5) and docs/admin.md.
+python3 "$src/tests/install/reload_lists.py" "$src" || fail "the reload lists disagree"
 
 # Options of dspkd.
 for opt in $("$dspkd" --help | grep -o -- '--[a-z][a-z-]*' | sort -u); do

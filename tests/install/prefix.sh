@@ -29,6 +29,19 @@ check_manifest() {
   [ -z "$out" ] || fail "installed outside $under: $out"
 }
 
+# 0. A test build (DSPK_TEST_HOOKS: its programs obey test-only variables) is not
+# installed: cmake --install stops with a message and writes nothing, unless
+# DSPK_INSTALL_TEST_BUILD=1 (the rest of this script installs it on purpose).
+if grep -q '^DSPK_TEST_HOOKS:BOOL=ON$' "$build/CMakeCache.txt"; then
+  mkdir "$tmp/refused"
+  out=$(env -u DSPK_INSTALL_TEST_BUILD cmake --install "$build" --prefix "$tmp/refused/p" 2>&1) &&
+    fail "a test build was installed without DSPK_INSTALL_TEST_BUILD=1"
+  case $out in *"this is a test build"*"-DBUILD_TESTING=OFF"*) ;;
+    *) fail "the refused install does not say why: $out" ;; esac
+  [ -z "$(ls -A "$tmp/refused")" ] || fail "the refused install wrote: $(find "$tmp/refused")"
+  export DSPK_INSTALL_TEST_BUILD=1
+fi
+
 # 1. --prefix P.
 mkdir "$tmp/scratch"
 cmake --install "$build" --prefix "$tmp/scratch/p" >/dev/null
@@ -52,6 +65,16 @@ SLURM_JOB_ID=7 DSPK_SOCKET=$tmp/none.sock "$tmp/scratch/p/libexec/dspk/slurm/epi
   fail "epilog without a daemon socket failed"
 grep -q "^ExecStart=$tmp/scratch/p/sbin/dspkd " "$tmp/scratch/p/lib/systemd/system/dspkd.service" ||
   fail "ExecStart does not name the installed dspkd"
+# The installed units verify clean, as docs/systemd.md says to check them: the
+# prefix's man pages on man's path (MANPATH=P/share/man: , the colon keeps
+# the system's), since verify runs man for each Documentation= page.
+if command -v systemd-analyze >/dev/null && command -v man >/dev/null; then
+  out=$(MANPATH="$tmp/scratch/p/share/man:" systemd-analyze verify \
+        "$tmp/scratch/p/lib/systemd/system/dspkd.service" \
+        "$tmp/scratch/p/lib/systemd/system/dspkd.socket" 2>&1) ||
+    fail "systemd-analyze verify of the installed units failed: $out"
+  [ -z "$out" ] || fail "systemd-analyze verify of the installed units said: $out"
+fi
 
 # The files under DESTDIR $1 must be exactly the manifest's (which names
 # them without DESTDIR): then nothing was written outside DESTDIR.

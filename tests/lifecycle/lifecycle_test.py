@@ -64,7 +64,9 @@ class Notify:
 
 class Daemon:
     def __init__(self, exe, tmp, extra=(), env=None, notify=False, ready=True, sock=None,
-                 backends="cpu", preexec_fn=None):
+                 backends="cpu", preexec_fn=None, config="", socket_flag=True):
+        """config: --config's value, None for no --config (the default file);
+        socket_flag False: no --socket (the file names self.sock)."""
         self.tmp = tmp
         self.sock = sock or os.path.join(tmp, "dspkd-%d.sock" % len(DAEMONS))
         self.logpath = os.path.join(tmp, "dspkd-%d.log" % len(DAEMONS))
@@ -79,8 +81,11 @@ class Daemon:
         e["XDG_CACHE_HOME"] = tmp  # a file's default cache stays in the test's directory
         e.update(env or {})
         r, w = os.pipe()
-        args = [exe, "--foreground", "--socket", self.sock, "--ready-fd", str(w),
-                "--log-level", "debug", "--config", ""]
+        args = [exe, "--foreground", "--ready-fd", str(w), "--log-level", "debug"]
+        if socket_flag:
+            args += ["--socket", self.sock]
+        if config is not None:
+            args += ["--config", config]
         if backends:
             args += ["--backends", backends]
         if "--cache" not in extra and "--config" not in extra:
@@ -645,6 +650,166 @@ def t_reload(exe, tmp):
     d.stop()
 
 
+# The keys only a restart changes (dspk.conf(5), docs/admin.md).
+RESTART_ONLY = ("socket", "cache", "no_cache", "cache_max_bytes", "backends", "foreground",
+                "metrics_listen", "device_inflight")
+
+
+def reload_and_wait(d, what):
+    d.proc.send_signal(signal.SIGHUP)
+    d.notify.until(lambda m: m.get("RELOADING") == "1", "RELOADING=1 " + what)
+    return d.notify.until(lambda m: m.get("READY") == "1", "READY=1 " + what)
+
+
+def t_reloadkeys(exe, tmp):
+    """A restart-only key is reported at a reload whenever its value (the
+    file's, else its default) is not the one the daemon started with: changed,
+    added or removed alike; never a key the command line set."""
+    conf = os.path.join(tmp, "keys.conf")
+    sock = os.path.join(tmp, "keys.sock")
+    full = ("[daemon]\nsocket = %s\ncache = %s\nno_cache = no\ncache_max_bytes = 1M\n"
+            "backends = cpu\nforeground = yes\nmetrics_listen = 127.0.0.1:0\n"
+            "device_inflight = 3\n" % (sock, os.path.join(tmp, "keys.db")))
+    write(conf, full)
+    d = Daemon(exe, tmp, ["--config", conf], notify=True, sock=sock, backends=None,
+               config=None, socket_flag=False)
+    d.notify.until(lambda m: m.get("READY") == "1", "READY=1")
+
+    def changed_since(mark):
+        return set(re.findall(r"%s: (\w+) changed; it takes effect at the next start"
+                              % re.escape(conf), d.logtext()[mark:]))
+
+    # Every key removed (foreground = yes stays, the others back to their
+    # defaults): each one whose default is not its value at start is logged.
+    mark = len(d.logtext())
+    write(conf, "[daemon]\nforeground = yes\n")
+    reload_and_wait(d, "(keys removed)")
+    got = changed_since(mark)
+    want = set(RESTART_ONLY) - {"no_cache", "foreground"}  # no: as at start; a flag
+    check(got == want, "removed restart-only keys logged: %r, want %r\n%s"
+          % (sorted(got), sorted(want), d.logtext()))
+    # The start's values again: nothing to say.
+    mark = len(d.logtext())
+    write(conf, full)
+    reload_and_wait(d, "(start's values)")
+    check(changed_since(mark) == set(), "nothing changed: %r" % changed_since(mark))
+    # Each one changed on its own (one reload each); foreground is not here:
+    # the test's --foreground set it (the last check below).
+    for key, value in (("socket", os.path.join(tmp, "other.sock")), ("cache", "/x/other.db"),
+                       ("no_cache", "yes"), ("cache_max_bytes", "2M"), ("backends", "cpu,vulkan"),
+                       ("metrics_listen", "127.0.0.1:1"),
+                       ("device_inflight", "5")):
+        mark = len(d.logtext())
+        write(conf, re.sub(r"(?m)^%s = .*$" % key, "%s = %s" % (key, value), full))
+        reload_and_wait(d, "(%s changed)" % key)
+        check(changed_since(mark) == {key}, "%s changed: logged %r" % (key, changed_since(mark)))
+    c = d.client()
+    check(c.call("status")["daemon"]["socket"] == sock, "the socket stays")
+    c.close()
+    d.stop()
+    # A key the command line set is not the file's to change.
+    write(conf, "[daemon]\ndevice_inflight = 3\n")
+    d = Daemon(exe, tmp, ["--config", conf, "--device-inflight", "2"], notify=True, config=None)
+    d.notify.until(lambda m: m.get("READY") == "1", "READY=1")
+    mark = len(d.logtext())
+    write(conf, "[daemon]\n")
+    reload_and_wait(d, "(a flag's key removed)")
+    check(changed_since(mark) == set(), "a flag's key: %r" % changed_since(mark))
+    d.stop()
+
+
+def t_reloaddefault(exe, tmp):
+    """Without --config the default file is read when it exists: at a reload
+    too, when it did not at start; daemon.reload answers reloaded: false when
+    no file was read, and --config "" never reads one."""
+    h = subprocess.run([exe, "--help"], stdout=subprocess.PIPE, timeout=TIMEOUT).stdout.decode()
+    m = re.search(r"default\s+(/\S+/dspk/dspkd\.conf)\s+when it exists", h)
+    check(m, "--help names the default file:\n" + h)
+    default = m.group(1)
+    etc = os.path.dirname(os.path.dirname(default))
+    # The default's directory is replaced, in a mount namespace of the
+    # daemon's own, by one of the test's, so that nothing on the host changes.
+    mine = os.path.join(tmp, "etc")
+    os.makedirs(os.path.join(mine, "dspk"))
+    unshare = ["unshare", "-m", "--propagation", "private"]
+    if os.geteuid() != 0:
+        unshare.insert(1, "-r")
+    probe = subprocess.run(unshare + ["sh", "-c", 'mount --bind "$0" "$1"', mine, etc],
+                           stderr=subprocess.PIPE, timeout=TIMEOUT)
+    if probe.returncode != 0 or not os.path.isdir(etc):
+        print("skipped: cannot bind a directory over %s in a mount namespace (%s)"
+              % (etc, probe.stderr.decode().strip()))
+        sys.exit(77)
+    wrapper = os.path.join(tmp, "in-ns.sh")
+    write(wrapper, "#!/bin/sh\nexec %s sh -c 'mount --bind \"$0\" \"$1\" || exit 77; "
+          "shift; exec \"$@\"' %s %s %s \"$@\"\n" % (" ".join(unshare), mine, etc, exe))
+    os.chmod(wrapper, 0o755)
+    d = Daemon(wrapper, tmp, config=None)
+    c = d.client()
+    check(c.call("daemon.reload") == {"reloaded": False}, "no default file: reloaded false")
+    check(c.call("status")["daemon"]["limits"]["max_clients"] == 256, "the default")
+    # The file appears: a reload reads it.
+    write(os.path.join(mine, "dspk", "dspkd.conf"), "[limits]\nmax_clients = 2\n")
+    check(c.call("daemon.reload") == {"reloaded": True}, "the default file read")
+    check(c.call("status")["daemon"]["limits"]["max_clients"] == 2, "applied")
+    check("configuration reloaded from %s" % default in d.logtext(), d.logtext())
+    write(os.path.join(mine, "dspk", "dspkd.conf"), "[limits]\nmax_clients = 3\n")
+    check(c.call("daemon.reload") == {"reloaded": True}, "read again")
+    check(c.call("status")["daemon"]["limits"]["max_clients"] == 3, "applied again")
+    # Once read, a missing file is an error (as with --config PATH).
+    os.remove(os.path.join(mine, "dspk", "dspkd.conf"))
+    try:
+        c.call("daemon.reload")
+        raise AssertionError("a default file that went away was taken")
+    except RpcError as e:
+        check(e.name == "ENOENT", "missing now: %r" % e.err)
+    check(c.call("status")["daemon"]["limits"]["max_clients"] == 3, "kept")
+    c.close()
+    d.stop()
+    # --config "": no file, now or at a reload, whatever exists.
+    write(os.path.join(mine, "dspk", "dspkd.conf"), "[limits]\nmax_clients = 2\n")
+    d = Daemon(wrapper, tmp, config="")
+    c = d.client()
+    check(c.call("daemon.reload") == {"reloaded": False}, "--config \"\": reloaded false")
+    check(c.call("status")["daemon"]["limits"]["max_clients"] == 256, "nothing read")
+    c.close()
+    d.stop()
+
+
+def t_hooks(exe, tmp):
+    """A test build (DSPK_TEST_HOOKS) warns at start for each test-hook
+    variable set, so that one run as a service is noticed; the list of hook
+    names it knows (daemon/testhooks.c, HOOK_NAMES) is every hook of the
+    sources."""
+    src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+    want = set()
+    for top in ("proto", "cache", "backends", "daemon", "client"):
+        for root, _, files in os.walk(os.path.join(src, top)):
+            for f in files:
+                if not f.endswith((".c", ".h", ".cpp", ".cu")):
+                    continue
+                with open(os.path.join(root, f), errors="replace") as fh:
+                    text = re.sub(r"/\*.*?\*/|//[^\n]*", "", fh.read(), flags=re.S)
+                want |= set(re.findall(r'DSPK_TEST_HOOK\("([A-Z0-9_]+)"\)', text))
+                for n in re.findall(r'DSPK__GPURT_HOOK\(\w+, "([A-Z0-9_]+)"\)', text):
+                    want |= {"DSPK_CUDA_" + n, "DSPK_HIP_" + n}
+    with open(os.path.join(src, "daemon", "testhooks.c")) as fh:
+        table = re.search(r"HOOK_NAMES\[\] = \{(.*?)\};", fh.read(), re.S).group(1)
+    have = set(re.findall(r'"([A-Z0-9_]+)"', table))
+    check(want and have == want, "testhooks.c HOOK_NAMES: missing %r, extra %r"
+          % (sorted(want - have), sorted(have - want)))
+    d = Daemon(exe, tmp, env={"DSPKD_TEST_EXIT": "none", "DSPK_VK_SPIN_US": "1",
+                              "DSPK_TEST_BACKENDS": "cpu"})
+    d.stop()
+    warned = re.findall(r"warn: test build: (\w+)=\S* is set: a test hook", d.logtext())
+    check(sorted(warned) == ["DSPKD_TEST_EXIT", "DSPK_VK_SPIN_US"],
+          "one warning per hook variable set (not for other variables): %r\n%s"
+          % (warned, d.logtext()))
+    d = Daemon(exe, tmp)
+    d.stop()
+    check("test build:" not in d.logtext(), "no hook variable, no warning:\n" + d.logtext())
+
+
 def t_config(exe, tmp):
     def start_fail(text, want):
         conf = os.path.join(tmp, "bad.conf")
@@ -1036,6 +1201,9 @@ GROUPS = {
     "sigterm": t_sigterm,
     "fast": t_fast,
     "reload": t_reload,
+    "reloadkeys": t_reloadkeys,
+    "reloaddefault": t_reloaddefault,
+    "hooks": t_hooks,
     "config": t_config,
     "exits": t_exits,
     "policy": t_policy,

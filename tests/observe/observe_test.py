@@ -506,11 +506,27 @@ def t_httpidle(exe, submit, tmp):
     bad = [ln for ln in log.splitlines() if "metrics listener" in ln and "debug:" not in ln]
     check(not bad, "libmicrohttpd's messages about clients are debug lines: %s" % bad)
 
-    # Every address: the URL names 0.0.0.0 (or [::]) and the port.
+    # Every address (":PORT"): IPv6 and IPv4 alike, one dual-stack socket on
+    # [::]; 0.0.0.0 only on a host without IPv6 (it bound 0.0.0.0 always:
+    # a scrape of [::1] was refused).
+    try:
+        probe = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+        probe.bind(("::1", 0))
+        probe.close()
+        has_v6 = True
+    except OSError as e:
+        has_v6 = False
+        print("note: no IPv6 loopback here (%s): only the IPv4 fallback is checked" % e)
     d = Daemon(exe, tmp, ["--metrics-listen", ":0"])
     url = d.metrics_url()
-    check(re.match(r"http://(0\.0\.0\.0|\[::\]):[1-9]\d*/metrics$", url),
+    m = re.match(r"http://(0\.0\.0\.0|\[::\]):([1-9]\d*)/metrics$", url)
+    check(m and m.group(1) == ("[::]" if has_v6 else "0.0.0.0"),
           "URL of a listener on every address: %s" % url)
+    for host in ["127.0.0.1"] + (["[::1]"] if has_v6 else []):
+        with urllib.request.urlopen("http://%s:%s/metrics" % (host, m.group(2)),
+                                    timeout=TIMEOUT) as r:
+            check(r.status == 200 and b"dspk_connections" in r.read(),
+                  "a scrape of %s on a listener on every address" % host)
     d.stop()
 
     # An address of another host: the error names the cause, not "port 0".

@@ -2209,7 +2209,11 @@ def jobs(env):
 @case("daemon.reload")
 def reload(env):
     c = env.conn()
-    check(c.ok("daemon.reload") == {"reloaded": True}, "reload")
+    # This daemon has no --config: reloaded says whether the default file
+    # exists (tests/lifecycle reloaddefault checks both); the reload daemon's
+    # case below reads its file (true).
+    r = c.ok("daemon.reload")
+    check(r in ({"reloaded": True}, {"reloaded": False}), "reload %r" % r)
     c.ok("daemon.reload", {"x": None})
 
 

@@ -1,0 +1,143 @@
+#!/usr/bin/env python3
+"""The packaged Slurm epilog and prolog (build/packaging/slurm/) against each state a
+node's socket can be in (docs/cluster.md): the epilog exits 0 when the node has no
+daemon, whether no socket file exists or a stale one that nothing listens on
+(connection refused: a dspkd killed without its cleanup), saying so in one line on
+stderr; it ends the job at a live daemon; any other failure (a listener that closes
+the connection, one that never answers) fails it, so that Slurm drains the node.  The
+prolog fails closed in every case without a daemon.  Needs neither root nor Slurm.
+
+    epilog_test.py --dspkd PATH --submit DSPK_SUBMIT --build BUILD_DIR
+"""
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+import dspk_daemon  # noqa: E402
+from dspk_rpc import check  # noqa: E402
+
+TIMEOUT = 60
+
+
+def script(path, submit, sock, **env):
+    e = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "DSPK_"))}
+    e.update(DSPK_SUBMIT=submit, DSPK_SOCKET=sock, SLURM_JOB_ID="77", SLURM_JOB_UID="0",
+             DSPK_GPU_MAP="/nonexistent")
+    e.update(env)
+    return subprocess.run([path], capture_output=True, text=True, timeout=TIMEOUT, env=e)
+
+
+def run(a, tmp):
+    epilog = os.path.join(a.build, "packaging", "slurm", "epilog")
+    prolog = os.path.join(a.build, "packaging", "slurm", "prolog")
+    check(os.access(epilog, os.X_OK) and os.access(prolog, os.X_OK),
+          "the packaged prolog and epilog in the build tree")
+
+    # 1. No socket file: nothing to clean up, nothing said.
+    none = os.path.join(tmp, "none.sock")
+    p = script(epilog, a.submit, none)
+    check(p.returncode == 0 and p.stdout == "" and p.stderr == "", "no socket: %r" % (p,))
+    p = script(prolog, a.submit, none)
+    check(p.returncode == 1 and "ECONNECT" in p.stderr, "prolog without a socket: %r" % (p,))
+
+    # 2. A stale socket file: a dspkd killed with SIGKILL leaves its socket behind,
+    # and connecting to it is refused.
+    stale = os.path.join(tmp, "stale.sock")
+    log = open(os.path.join(tmp, "dspkd-stale.log"), "w")
+    proc = dspk_daemon.start(dspk_daemon.cmdline(a.dspkd, stale, ["--config", ""]), TIMEOUT,
+                             stderr=log)
+    check(proc is not None, "dspkd started")
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    check(os.path.exists(stale), "the killed daemon left its socket file")
+    s = socket.socket(socket.AF_UNIX)
+    try:
+        s.connect(stale)
+        raise AssertionError("a stale socket accepted a connection")
+    except ConnectionRefusedError:
+        pass
+    finally:
+        s.close()
+    p = script(epilog, a.submit, stale)
+    check(p.returncode == 0 and p.stdout == "", "stale socket: the epilog exits 0: %r" % (p,))
+    lines = p.stderr.splitlines()
+    check(len(lines) == 1 and lines[0].startswith("dspk epilog: job 77: no dspkd listens on "
+                                                  + stale) and "connection refused" in lines[0],
+          "stale socket: one line says so: %r" % p.stderr)
+    p = script(prolog, a.submit, stale)
+    check(p.returncode == 1 and "Connection refused" in p.stderr,
+          "prolog on a stale socket fails closed: %r" % (p,))
+
+    # 3. A live daemon: the job is ended (here: was never registered), its answer on stdout.
+    live = os.path.join(tmp, "live.sock")
+    log = open(os.path.join(tmp, "dspkd-live.log"), "w")
+    proc = dspk_daemon.start(dspk_daemon.cmdline(a.dspkd, live, ["--config", ""]), TIMEOUT,
+                             stderr=log)
+    check(proc is not None, "dspkd started")
+    try:
+        p = script(epilog, a.submit, live)
+        check(p.returncode == 0 and json.loads(p.stdout) == {"job": 77, "ended": False} and
+              p.stderr == "", "live daemon: %r" % (p,))
+        p = script(prolog, a.submit, live)
+        check(p.returncode == 0 and json.loads(p.stdout)["job"] == 77, "prolog: %r" % (p,))
+        p = script(epilog, a.submit, live)
+        check(p.returncode == 0 and json.loads(p.stdout)["ended"] is True,
+              "the registered job ended: %r" % (p,))
+    finally:
+        check(dspk_daemon.stop(proc, TIMEOUT) == 0, "dspkd stopped")
+
+    # 4. Real failures still fail: a listener that closes every connection at
+    # once, and one that never answers (DSPK_EPILOG_TIMEOUT).
+    for name, behave, env, want in (("closes", "close", {}, None),
+                                    ("silent", "hold", {"DSPK_EPILOG_TIMEOUT": "1"}, 124)):
+        path = os.path.join(tmp, name + ".sock")
+        srv = socket.socket(socket.AF_UNIX)
+        srv.bind(path)
+        srv.listen(8)
+        held = []
+
+        def serve(srv=srv, behave=behave, held=held):
+            while True:
+                try:
+                    c, _ = srv.accept()
+                except OSError:
+                    return
+                if behave == "close":
+                    c.close()
+                else:
+                    held.append(c)
+        t = threading.Thread(target=serve, daemon=True)
+        t.start()
+        p = script(epilog, a.submit, path, **env)
+        srv.close()
+        for c in held:
+            c.close()
+        check(p.returncode != 0 and (want is None or p.returncode == want) and
+              "no dspkd listens" not in p.stderr,
+              "a listener that %s: the epilog fails: %r" % (behave, p))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dspkd", required=True)
+    ap.add_argument("--submit", required=True)
+    ap.add_argument("--build", required=True)
+    a = ap.parse_args()
+    tmp = tempfile.mkdtemp(prefix="dspk-epilog-", dir="/tmp")
+    try:
+        run(a, tmp)
+        print("ok epilog")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
