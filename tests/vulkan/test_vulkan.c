@@ -1310,6 +1310,64 @@ static int gemm_try(int ra, const int64_t *as, int rb, const int64_t *bs, int ta
   return r;
 }
 
+/* Batched products of small matrices (M x N at most 1024 elements, more
+ * than one batch entry) take the small-product kernel, one invocation per
+ * output element ("small-batched" in dspk__vk_gemm_last()), instead of a
+ * tile's workgroup per batch entry: results against the naive reference
+ * for every dtype gemm and contract accept, 1x1x1 products in a batch of
+ * 50,000, broadcast batches (whole, fully broadcast, and broadcasts whose
+ * batch dims merge into two levels or more), transposes and a C term; a
+ * large batched gemm keeps the tiles. */
+static void t_gemm_small(void **state) {
+  (void)state;
+  struct scase {
+    int ra;
+    int64_t as[5];
+    int rb;
+    int64_t bs[5];
+    int ta, tb, crank;
+    int64_t cs[2];
+  } cs[] = {
+      {3, {50000, 1, 1}, 3, {50000, 1, 1}, 0, 0, -1, {0}},
+      {3, {40, 3, 7}, 3, {40, 7, 5}, 0, 0, 2, {3, 5}},
+      {3, {9, 16, 8}, 3, {9, 8, 16}, 1, 1, 1, {8}},
+      {3, {3, 32, 20}, 3, {3, 32, 20}, 0, 1, -1, {0}},      /* M*N = 1024: the bound */
+      {3, {6, 2, 3000}, 2, {3000, 3}, 0, 0, -1, {0}},       /* long K, B broadcast */
+      {2, {2, 5}, 3, {700, 5, 3}, 0, 0, 2, {2, 1}},         /* A broadcast */
+      {4, {7, 1, 2, 3}, 4, {1, 5, 3, 4}, 0, 0, -1, {0}},    /* two levels */
+      {5, {2, 1, 3, 2, 3}, 4, {4, 1, 2, 2}, 1, 0, 2, {3, 2}}, /* three levels: groups */
+      {5, {2, 3, 1, 4, 6}, 3, {4, 6, 1}, 0, 0, -1, {0}},    /* merged leading dims */
+  };
+  const dspk_dtype dts[] = {DSPK_F32, DSPK_F64, DSPK_F16, DSPK_BF16};
+  for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++)
+    for (int di = 0; di < 4; di++) {
+      const struct scase *c = &cs[i];
+      if (i == 0 && di >= 2) /* f16/bf16 take the same kernel; keep the test short */
+        continue;
+      gemm_case(dts[di], c->ra, c->as, c->rb, c->bs, c->ta, c->tb, c->crank, c->cs,
+                dts[di] == DSPK_F64 ? 1e-12 : 1e-5);
+      assert_non_null(dspk__vk_gemm_last());
+      assert_string_equal(dspk__vk_gemm_last(), "small-batched");
+    }
+  for (int di = 0; di < 4; di++) {
+    dspk_dtype dt = STD[di];
+    contract_case("i,i->i", dt, 1, (int64_t[]){50000}, 1, (int64_t[]){50000});
+    assert_string_equal(dspk__vk_gemm_last(), "small-batched");
+    contract_case("ab,ab->b", dt, 2, (int64_t[]){3, 20000}, 2, (int64_t[]){3, 20000});
+    assert_string_equal(dspk__vk_gemm_last(), "small-batched");
+    contract_case("bij,bjk->bik", dt, 3, (int64_t[]){300, 4, 6}, 3, (int64_t[]){300, 6, 2});
+    assert_string_equal(dspk__vk_gemm_last(), "small-batched");
+    contract_case("ib,bj->bji", dt, 2, (int64_t[]){5, 100}, 2, (int64_t[]){100, 3});
+    assert_string_equal(dspk__vk_gemm_last(), "small-batched");
+  }
+  /* Large matrices keep the tiles; a single small product too. */
+  gemm_case(DSPK_F32, 3, (int64_t[]){2, 64, 32}, 3, (int64_t[]){2, 32, 64}, 0, 0, -1, NULL,
+            1e-5);
+  assert_string_not_equal(dspk__vk_gemm_last(), "small-batched");
+  gemm_case(DSPK_F32, 2, (int64_t[]){3, 4}, 2, (int64_t[]){4, 5}, 0, 0, -1, NULL, 1e-5);
+  assert_string_not_equal(dspk__vk_gemm_last(), "small-batched");
+}
+
 /* Every gemm kernel candidate, forced through dspk__vk_gemm_force(), on
  * shapes that are multiples of every tile and shapes that are not, with
  * vec4-aligned and unaligned operands, each transposition, batches and a
@@ -1755,6 +1813,7 @@ int main(void) {
       cmocka_unit_test(t_raw_spirv), cmocka_unit_test(t_raw_error),
       cmocka_unit_test(t_cache_restart),
       cmocka_unit_test(t_gemm_cands),
+      cmocka_unit_test(t_gemm_small),
   };
   /* DSPK_VK_TEST_FILTER=t_fir* runs only the matching tests (by hand). */
   if (getenv("DSPK_VK_TEST_FILTER"))
