@@ -18,7 +18,9 @@
  * columns, one dispatch each, and K in slices of GEMM_KSLICE, each adding to
  * what the previous left (lavapipe silently ends an invocation's loops after
  * 65535 iterations in all).  Thin outputs (matrix-vector) take a 256x4 or
- * 4x256 tile.
+ * 4x256 tile.  Batches of small matrices (M x N at most 256, or 1024 with K
+ * at most 128) take a kernel of one invocation per output element instead
+ * (launch_small), submitted in pieces with a cancel check between them.
  *
  * contract follows the cpu backend: each operand is gathered into a
  * contiguous (batch, M, K) / (batch, K, N) array (summing labels that appear
@@ -578,18 +580,30 @@ static int launch(struct dspk__dev *d, const struct gdesc *g, const struct tile 
  * two; the other broadcasts go in one dispatch per group of the two inner
  * levels. */
 #define SMALL_NAME "small-batched"
-/* The rule (measured on lavapipe, bench/bench_vk_small.sh; see
- * docs/performance.md): more than one batch entry, an output matrix of at
- * most SMALL_MN elements (the 64x64 tile is then at least 3/4 idle) and K
- * at most SMALL_K (beyond, the tiles' shared k slices pay again). */
-#define SMALL_MN 1024u
-#define SMALL_K 4096u
-/* Outputs one dispatch covers at most (a bounded piece of work per
- * dispatch; the cancel check between submissions is at these bounds). */
+/* The rule (measured on lavapipe with bench_vulkan small; see
+ * docs/performance.md): more than one batch entry and an output matrix of
+ * at most SMALL_MN elements (the 64x64 tile is then at least 15/16 idle:
+ * the kernel won 8-14x at 8x8x4096 and 16x16x2048, 280x at 2x2x8192), or
+ * of at most SMALL_MN_SHORTK with K at most SMALL_K (32x32: 2.4x faster at
+ * K = 32, 1.3x at 128, but the tuned tiles, which share each k slice among
+ * a tile's threads, were 3.7x faster at K = 256). */
+#define SMALL_MN 256u
+#define SMALL_MN_SHORTK 1024u
+#define SMALL_K 128u
+/* Outputs one dispatch covers at most. */
 #define SMALL_CHUNK ((uint64_t)1 << 22)
+/* Multiply-adds of one submission (a piece), after which the next piece
+ * is recorded once the one before has run, and a cancel is seen: about
+ * 25-60 ms on lavapipe (a 2-core machine), well under 1 ms on a GPU, whose
+ * pieces are larger so that it never idles between them. */
+#define SMALL_PIECE_CPU ((uint64_t)1 << 24)
+#define SMALL_PIECE_GPU ((uint64_t)1 << 28)
 
 static int use_small(const struct gdesc *g) {
-  return g->nbatch > 1 && (uint64_t)g->M * g->N <= SMALL_MN && g->K <= SMALL_K;
+  /* (DSPK_VK_GEMM_NOSMALL: a test hook, for benchmarks of the tiles.) */
+  uint64_t mn = (uint64_t)g->M * g->N;
+  return g->nbatch > 1 && (mn <= SMALL_MN || (mn <= SMALL_MN_SHORTK && g->K <= SMALL_K)) &&
+         !DSPK_TEST_HOOK("DSPK_VK_GEMM_NOSMALL");
 }
 
 static int gen_small(char *src, size_t n, dspk_dtype in_dt, dspk_dtype out_dt, int has_c) {
@@ -676,9 +690,21 @@ static int launch_small(struct dspk__dev *d, const struct gdesc *g, struct dspk_
     per = g->nbatch;
   uint64_t total = per * g->M * g->N;
   uint64_t mx = (uint64_t)dspk__vk_max_groups(d, 0) * dspk__vk_max_groups(d, 1) * DSPK__VK_WG;
-  uint64_t chunk = SMALL_CHUNK < mx ? SMALL_CHUNK : mx;
+  uint64_t piece = d->props.deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU ? SMALL_PIECE_CPU
+                                                                      : SMALL_PIECE_GPU;
+  /* Test hooks: the piece's size, and a cancel that comes after the given
+   * number of pieces ran (deterministic tests of the cancel check). */
+  const char *hp = DSPK_TEST_HOOK("DSPK_VK_GEMM_SMALL_PIECE");
+  const char *hc = DSPK_TEST_HOOK("DSPK_VK_GEMM_CANCEL_AFTER");
+  if (hp && atoll(hp) > 0)
+    piece = (uint64_t)atoll(hp);
   uint64_t ks = d->props.deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU ? GEMM_KSLICE : GEMM_KSLICE_GPU;
-  uint64_t since = 0; /* outputs recorded since the last submission */
+  uint64_t chunk = SMALL_CHUNK < mx ? SMALL_CHUNK : mx;
+  uint64_t kmax = g->K < ks ? g->K : ks;
+  if (kmax && piece / kmax < chunk) /* a dispatch is at most a piece */
+    chunk = piece / kmax > DSPK__VK_WG ? piece / kmax : DSPK__VK_WG;
+  int npieces = 0;
+  uint64_t since = 0; /* multiply-adds recorded since the last submission */
   for (uint64_t gi = 0; gi < ngroups; gi++) {
     const uint32_t *bo = g->boff ? g->boff + 4 * gi * per : NULL;
     for (uint64_t i0 = 0; i0 < total; i0 += chunk) {
@@ -721,20 +747,24 @@ static int launch_small(struct dspk__dev *d, const struct gdesc *g, struct dspk_
           return r;
         k0 += kc;
         since += cnt * (kc ? kc : 1);
-      } while (k0 < g->K);
-      /* A long product goes to the device in pieces, a cancel checked
-       * between them (after the previous piece has run), so that it stops
-       * within about one piece's time on any driver. */
-      if (since >= SMALL_CHUNK * 16 && (gi + 1 < ngroups || i0 + cnt < total)) {
+        /* A long product goes to the device in pieces, a cancel checked
+         * between them (once the piece before the last one submitted has
+         * run), so that it stops within about two pieces' time on any
+         * driver. */
+        if (since < piece || (gi + 1 == ngroups && i0 + cnt >= total && k0 >= g->K))
+          continue;
         since = 0;
         uint64_t prev = d->submitted;
         if ((r = dspk__vk_submit(d)))
           return r;
         if (prev && (r = dspk__vk_wait_value(d, prev)))
           return r;
+        npieces++;
+        if (hc && ctx && ctx->cancel && npieces >= atoi(hc))
+          atomic_store(ctx->cancel, 1);
         if (ctx && ctx->cancel && atomic_load(ctx->cancel))
           return DSPK_ECANCELED;
-      }
+      } while (k0 < g->K);
     }
   }
   last_name = SMALL_NAME;

@@ -1310,8 +1310,8 @@ static int gemm_try(int ra, const int64_t *as, int rb, const int64_t *bs, int ta
   return r;
 }
 
-/* Batched products of small matrices (M x N at most 1024 elements, more
- * than one batch entry) take the small-product kernel, one invocation per
+/* Batched products of small matrices (M x N at most 256 elements, or 1024
+ * with K at most 128; more than one batch entry) take the small-product kernel, one invocation per
  * output element ("small-batched" in dspk__vk_gemm_last()), instead of a
  * tile's workgroup per batch entry: results against the naive reference
  * for every dtype gemm and contract accept, 1x1x1 products in a batch of
@@ -1360,12 +1360,68 @@ static void t_gemm_small(void **state) {
     contract_case("ib,bj->bji", dt, 2, (int64_t[]){5, 100}, 2, (int64_t[]){100, 3});
     assert_string_equal(dspk__vk_gemm_last(), "small-batched");
   }
-  /* Large matrices keep the tiles; a single small product too. */
+  /* Large matrices keep the tiles, 32x32 with a long K too; a single small
+   * product too. */
   gemm_case(DSPK_F32, 3, (int64_t[]){2, 64, 32}, 3, (int64_t[]){2, 32, 64}, 0, 0, -1, NULL,
+            1e-5);
+  assert_string_not_equal(dspk__vk_gemm_last(), "small-batched");
+  gemm_case(DSPK_F32, 3, (int64_t[]){2, 32, 256}, 3, (int64_t[]){2, 256, 32}, 0, 0, -1, NULL,
             1e-5);
   assert_string_not_equal(dspk__vk_gemm_last(), "small-batched");
   gemm_case(DSPK_F32, 2, (int64_t[]){3, 4}, 2, (int64_t[]){4, 5}, 0, 0, -1, NULL, 1e-5);
   assert_string_not_equal(dspk__vk_gemm_last(), "small-batched");
+}
+
+/* A long small-product batch goes to the device in pieces with a cancel
+ * check between them: with pieces of 2^12 multiply-adds and a cancel that
+ * comes (test hook) once the first piece ran, a contraction i,i->i of
+ * 50,000 elements answers ECANCELED; without the cancel, the same pieces
+ * give the exact result. */
+static void t_gemm_small_cancel(void **state) {
+  (void)state;
+  char msg[512];
+  int64_t n = 50000;
+  struct htensor A = h_make(DSPK_F32, 1, &n, 1), B = h_make(DSPK_F32, 1, &n, 1);
+  struct dspk__op op = {.kind = DSPK_OP_CONTRACT, .nin = 2};
+  snprintf(op.u.contract.subscripts, sizeof op.u.contract.subscripts, "i,i->i");
+  assert_int_equal(h_upload(D, &A, 0, &op.in[0]), 0);
+  assert_int_equal(h_upload(D, &B, 0, &op.in[1]), 0);
+  assert_int_equal(dspk__op_infer(&op, msg, sizeof msg), 0);
+  assert_int_equal(VKB->alloc(D, dspk__tensor_nbytes(&op.out[0]), &op.out[0].mem), 0);
+  setenv("DSPK_VK_GEMM_SMALL_PIECE", "4096", 1);
+  for (int cancel = 1; cancel >= 0; cancel--) {
+    if (cancel)
+      setenv("DSPK_VK_GEMM_CANCEL_AFTER", "1", 1);
+    else
+      unsetenv("DSPK_VK_GEMM_CANCEL_AFTER");
+    atomic_store(&cancel_flag, 0);
+    msg[0] = 0;
+    struct dspk__opctx ctx = {.cancel = &cancel_flag, .errmsg = msg, .errmsg_len = sizeof msg};
+    int r = VKB->run(D, &op, &ctx);
+    assert_int_equal(VKB->sync(D), 0);
+    if (cancel) {
+      if (r != DSPK_ECANCELED || !strstr(msg, "canceled"))
+        fail_msg("small-product contract with a cancel: %d %s", r, msg);
+      continue;
+    }
+    assert_int_equal(r, 0);
+    assert_string_equal(dspk__vk_gemm_last(), "small-batched");
+    struct htensor C = h_make(DSPK_F32, 1, &n, 0);
+    void *p = malloc((size_t)n * 4 + 16);
+    assert_int_equal(VKB->read(D, op.out[0].mem, 0, p, (size_t)n * 4), 0);
+    h_unpack(&C, p);
+    free(p);
+    for (int64_t i = 0; i < n; i++)
+      if (creal(C.v[i]) != (double)(float)(creal(A.v[i]) * creal(B.v[i])))
+        fail_msg("i,i->i in pieces: element %lld", (long long)i);
+    h_free(&C);
+  }
+  unsetenv("DSPK_VK_GEMM_SMALL_PIECE");
+  VKB->free(D, op.out[0].mem);
+  VKB->free(D, op.in[0].mem);
+  VKB->free(D, op.in[1].mem);
+  h_free(&A);
+  h_free(&B);
 }
 
 /* Every gemm kernel candidate, forced through dspk__vk_gemm_force(), on
@@ -1814,6 +1870,7 @@ int main(void) {
       cmocka_unit_test(t_cache_restart),
       cmocka_unit_test(t_gemm_cands),
       cmocka_unit_test(t_gemm_small),
+      cmocka_unit_test(t_gemm_small_cancel),
   };
   /* DSPK_VK_TEST_FILTER=t_fir* runs only the matching tests (by hand). */
   if (getenv("DSPK_VK_TEST_FILTER"))
