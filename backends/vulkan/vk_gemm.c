@@ -599,11 +599,14 @@ static int launch(struct dspk__dev *d, const struct gdesc *g, const struct tile 
 #define SMALL_PIECE_CPU ((uint64_t)1 << 24)
 #define SMALL_PIECE_GPU ((uint64_t)1 << 28)
 
-static int use_small(const struct gdesc *g) {
+static int small_shape(uint64_t M, uint64_t N, uint64_t K, uint64_t nbatch) {
   /* (DSPK_VK_GEMM_NOSMALL: a test hook, for benchmarks of the tiles.) */
-  uint64_t mn = (uint64_t)g->M * g->N;
-  return g->nbatch > 1 && (mn <= SMALL_MN || (mn <= SMALL_MN_SHORTK && g->K <= SMALL_K)) &&
+  uint64_t mn = M * N;
+  return nbatch > 1 && (mn <= SMALL_MN || (mn <= SMALL_MN_SHORTK && K <= SMALL_K)) &&
          !DSPK_TEST_HOOK("DSPK_VK_GEMM_NOSMALL");
+}
+static int use_small(const struct gdesc *g) {
+  return small_shape(g->M, g->N, g->K, g->nbatch);
 }
 
 static int gen_small(char *src, size_t n, dspk_dtype in_dt, dspk_dtype out_dt, int has_c) {
@@ -929,7 +932,18 @@ int dspk__vk_gemm(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *
    * which splits them: a cooperative-matrix tile is at least 8 wide.) */
   int fits = (uint64_t)O->shape[O->rank - 2] <= (uint64_t)dspk__vk_max_groups(d, 1) * 8 &&
              (uint64_t)O->shape[O->rank - 1] <= (uint64_t)dspk__vk_max_groups(d, 0) * 8;
-  if ((A->dtype == DSPK_F16 || A->dtype == DSPK_BF16) && !no_ab && fits &&
+  /* (Batches of matrices of at most SMALL_MN outputs take the small-product
+   * kernel instead: a cooperative-matrix tile per batch entry, mostly idle,
+   * is the cost it avoids.  Up to SMALL_MN_SHORTK, where the scalar tiles
+   * lose to it, the tensor cores' tiles are kept.) */
+  int64_t nbt = 1;
+  for (int i = 0; i < O->rank - 2; i++)
+    nbt *= O->shape[i];
+  int small = small_shape((uint64_t)O->shape[O->rank - 2], (uint64_t)O->shape[O->rank - 1],
+                          (uint64_t)K0, (uint64_t)nbt) &&
+              (uint64_t)O->shape[O->rank - 2] * (uint64_t)O->shape[O->rank - 1] <= SMALL_MN &&
+              forced < 0;
+  if ((A->dtype == DSPK_F16 || A->dtype == DSPK_BF16) && !no_ab && fits && !small &&
       dspk__vk_coopmat_usable(d, op))
     return dspk__vk_coopmat_gemm(d, op, ctx);
   struct gdesc g;
