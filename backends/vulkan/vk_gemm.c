@@ -18,7 +18,9 @@
  * columns, one dispatch each, and K in slices of GEMM_KSLICE, each adding to
  * what the previous left (lavapipe silently ends an invocation's loops after
  * 65535 iterations in all).  Thin outputs (matrix-vector) take a 256x4 or
- * 4x256 tile.
+ * 4x256 tile.  Batches of small matrices (M x N at most 256, or 1024 with K
+ * at most 128) take a kernel of one invocation per output element instead
+ * (launch_small), submitted in pieces with a cancel check between them.
  *
  * contract follows the cpu backend: each operand is gathered into a
  * contiguous (batch, M, K) / (batch, K, N) array (summing labels that appear
@@ -99,6 +101,11 @@ struct gdesc {
   /* per-batch offsets when the batch strides cannot express it (NULL:
    * use bs*) */
   uint32_t *boff; /* 4 per batch: a, b, c, o */
+  /* With boff, the batch as groups of nb2 x nb1 entries (the two innermost
+   * merged batch levels: strides bs* within the inner level of nb1, bs*2
+   * along the outer one), boff giving each group's first offsets: for the
+   * small-product kernel. */
+  uint32_t nb1, nb2, bsa2, bsb2, bsc2;
 };
 
 static const char *load_expr(dspk_dtype dt, char which) {
@@ -559,6 +566,214 @@ static int launch(struct dspk__dev *d, const struct gdesc *g, const struct tile 
   return 0;
 }
 
+/* ---- small batched products ------------------------------------------------ */
+
+/* Batched products whose matrices are small (M x N well under a tile) cost
+ * a whole tile's workgroup per batch entry in the tiled kernels (shared
+ * staging, barriers, mostly idle threads): ~100 us per 1x1 product on
+ * lavapipe.  They take this kernel instead: one invocation per output
+ * element (b, m, n), with its own loop over k, (b, m, n) flattened over a
+ * 2-D grid of 256-wide workgroups, so that such a product costs about what
+ * an elementwise map over its output costs (times K).  The batch index is
+ * split in two levels (inner nb1 with strides bs*, outer with bs*2), which
+ * covers every simple batch and every broadcast whose batch dims merge into
+ * two; the other broadcasts go in one dispatch per group of the two inner
+ * levels. */
+#define SMALL_NAME "small-batched"
+/* The rule (measured on lavapipe with bench_vulkan small; see
+ * docs/performance.md): more than one batch entry and an output matrix of
+ * at most SMALL_MN elements (the 64x64 tile is then at least 15/16 idle:
+ * the kernel won 8-14x at 8x8x4096 and 16x16x2048, 280x at 2x2x8192), or
+ * of at most SMALL_MN_SHORTK with K at most SMALL_K (32x32: 2.4x faster at
+ * K = 32, 1.3x at 128, but the tuned tiles, which share each k slice among
+ * a tile's threads, were 3.7x faster at K = 256). */
+#define SMALL_MN 256u
+#define SMALL_MN_SHORTK 1024u
+#define SMALL_K 128u
+/* Outputs one dispatch covers at most. */
+#define SMALL_CHUNK ((uint64_t)1 << 22)
+/* Multiply-adds of one submission (a piece), after which the next piece
+ * is recorded once the one before has run, and a cancel is seen: about
+ * 25-60 ms on lavapipe (a 2-core machine), well under 1 ms on a GPU, whose
+ * pieces are larger so that it never idles between them. */
+#define SMALL_PIECE_CPU ((uint64_t)1 << 24)
+#define SMALL_PIECE_GPU ((uint64_t)1 << 28)
+
+static int small_shape(uint64_t M, uint64_t N, uint64_t K, uint64_t nbatch) {
+  /* (DSPK_VK_GEMM_NOSMALL: a test hook, for benchmarks of the tiles.) */
+  uint64_t mn = M * N;
+  return nbatch > 1 && (mn <= SMALL_MN || (mn <= SMALL_MN_SHORTK && K <= SMALL_K)) &&
+         !DSPK_TEST_HOOK("DSPK_VK_GEMM_NOSMALL");
+}
+static int use_small(const struct gdesc *g) {
+  return small_shape(g->M, g->N, g->K, g->nbatch);
+}
+
+static int gen_small(char *src, size_t n, dspk_dtype in_dt, dspk_dtype out_dt, int has_c) {
+  int packed = in_dt == DSPK_F16 || in_dt == DSPK_BF16;
+  const char *T = dspk__vk_glsl_type(out_dt);
+  const char *TA = packed ? "uint" : dspk__vk_glsl_type(in_dt);
+  int dbl = out_dt == DSPK_F64 || out_dt == DSPK_C128;
+  int cplx = out_dt == DSPK_C64 || out_dt == DSPK_C128;
+  char la[320], lb[320];
+  snprintf(la, sizeof la, "%s", load_expr(in_dt, 'a'));
+  snprintf(lb, sizeof lb, "%s", load_expr(in_dt, 'b'));
+  return snprintf(
+      src, n,
+      "#version 450\n"
+      "#define T %s\n#define TA %s\n#define R %s\n"
+      "layout(local_size_x = %d) in;\n"
+      "layout(std430, binding = 0) readonly buffer BA { TA a[]; };\n"
+      "layout(std430, binding = 1) readonly buffer BB { TA b[]; };\n"
+      "layout(std430, binding = 2) readonly buffer BC { T c[]; };\n"
+      "layout(std430, binding = 3) buffer BO { T o[]; };\n"
+      "layout(push_constant) uniform PC {\n"
+      "  uint M, N, K, oa, ob, oc, oo, sam, sak, sbk, sbn, scm, scn, bsa, bsb, bsc,\n"
+      "    bso, acc, nb1, bsa2, bsb2, bsc2, total, gx, i0, pad; R alpha, beta; } pc;\n"
+      "#define LOADA(I) T(%s)\n#define LOADB(I) T(%s)\n"
+      "#if %d\n#define MAD(acc, P, Q) acc += T(P.x*Q.x - P.y*Q.y, P.x*Q.y + P.y*Q.x)\n"
+      "#else\n#define MAD(acc, x, y) acc = fma(x, y, acc)\n#endif\n"
+      "void main() {\n"
+      "  uint i = (gl_WorkGroupID.y * pc.gx + gl_WorkGroupID.x) * %du + gl_LocalInvocationID.x;\n"
+      "  if (i >= pc.total) return;\n"
+      "  i += pc.i0;\n"
+      "  uint mn = pc.M * pc.N;\n"
+      "  uint bi = i / mn, r = i - bi * mn;\n"
+      "  uint m = r / pc.N, n = r - m * pc.N;\n"
+      "  uint b2 = bi / pc.nb1, b1 = bi - b2 * pc.nb1;\n"
+      "  uint ia = pc.oa + b1 * pc.bsa + b2 * pc.bsa2 + m * pc.sam;\n"
+      "  uint ib = pc.ob + b1 * pc.bsb + b2 * pc.bsb2 + n * pc.sbn;\n"
+      "  T s = T(0);\n"
+      "  for (uint k = 0u; k < pc.K; k++) {\n"
+      "    T x = LOADA(ia), y = LOADB(ib);\n"
+      "    MAD(s, x, y);\n"
+      "    ia += pc.sak; ib += pc.sbk;\n"
+      "  }\n"
+      "  T v = pc.K == 0u ? T(0) : pc.alpha * s;\n"
+      "#if %d\n  if (pc.acc == 0u) {\n"
+      "    T w = pc.beta * c[pc.oc + b1 * pc.bsc + b2 * pc.bsc2 + m * pc.scm + n * pc.scn];\n"
+      "    v = pc.K == 0u ? w : v + w;\n  }\n#endif\n"
+      "  uint oi = pc.oo + bi * pc.bso + m * pc.N + n;\n"
+      "  if (pc.acc != 0u) v += o[oi];\n"
+      "  o[oi] = v;\n"
+      "}\n",
+      T, TA, dbl ? "double" : "float", DSPK__VK_WG, la, lb, cplx, DSPK__VK_WG, has_c);
+}
+
+/* Records g with the small-product kernel: per group of nb1 * nb2 batch
+ * entries (one group when g->boff is NULL), in dispatches of at most
+ * SMALL_CHUNK outputs and K in slices as dispatch_tiles(); between
+ * submissions of about SMALL_CHUNK outputs each it sees a cancel. */
+static int launch_small(struct dspk__dev *d, const struct gdesc *g, struct dspk__opctx *ctx) {
+  char src[8192];
+  gen_small(src, sizeof src, g->in_dt, g->out_dt, g->has_c);
+  struct dspk__vk_kernel *k;
+  int dbl = g->out_dt == DSPK_F64 || g->out_dt == DSPK_C128;
+  struct {
+    uint32_t u[26];
+    union { float f; double d; } alpha, beta;
+  } pc;
+  uint32_t pcsize = dbl ? 26 * 4 + 16 : 26 * 4 + 8;
+  int r = dspk__vk_kernel(d, "gemm-small", src, NULL, 0, "main", 4, pcsize, &k, ctx);
+  if (r)
+    return r;
+  memset(&pc, 0, sizeof pc);
+  if (dbl) {
+    pc.alpha.d = g->alpha;
+    pc.beta.d = g->beta;
+  } else {
+    float f[2] = {(float)g->alpha, (float)g->beta};
+    memcpy(&pc.alpha, f, sizeof f);
+  }
+  if (g->M == 0 || g->N == 0 || g->nbatch == 0)
+    return 0;
+  uint64_t per = (uint64_t)g->nb1 * g->nb2; /* batch entries per group */
+  uint64_t ngroups = g->boff ? g->nbatch / per : 1;
+  if (!g->boff)
+    per = g->nbatch;
+  uint64_t total = per * g->M * g->N;
+  uint64_t mx = (uint64_t)dspk__vk_max_groups(d, 0) * dspk__vk_max_groups(d, 1) * DSPK__VK_WG;
+  uint64_t piece = d->props.deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU ? SMALL_PIECE_CPU
+                                                                      : SMALL_PIECE_GPU;
+  /* Test hooks: the piece's size, and a cancel that comes after the given
+   * number of pieces ran (deterministic tests of the cancel check). */
+  const char *hp = DSPK_TEST_HOOK("DSPK_VK_GEMM_SMALL_PIECE");
+  const char *hc = DSPK_TEST_HOOK("DSPK_VK_GEMM_CANCEL_AFTER");
+  if (hp && atoll(hp) > 0)
+    piece = (uint64_t)atoll(hp);
+  uint64_t ks = d->props.deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU ? GEMM_KSLICE : GEMM_KSLICE_GPU;
+  uint64_t chunk = SMALL_CHUNK < mx ? SMALL_CHUNK : mx;
+  uint64_t kmax = g->K < ks ? g->K : ks;
+  if (kmax && piece / kmax < chunk) /* a dispatch is at most a piece */
+    chunk = piece / kmax > DSPK__VK_WG ? piece / kmax : DSPK__VK_WG;
+  int npieces = 0;
+  uint64_t since = 0; /* multiply-adds recorded since the last submission */
+  for (uint64_t gi = 0; gi < ngroups; gi++) {
+    const uint32_t *bo = g->boff ? g->boff + 4 * gi * per : NULL;
+    for (uint64_t i0 = 0; i0 < total; i0 += chunk) {
+      uint64_t cnt = total - i0 < chunk ? total - i0 : chunk;
+      uint32_t gx, gy;
+      if ((r = dspk__vk_grid2d(d, (cnt + DSPK__VK_WG - 1) / DSPK__VK_WG, &gx, &gy, "gemm", cnt,
+                               "outputs", ctx)))
+        return r;
+      uint64_t k0 = 0;
+      do {
+        uint64_t kc = g->K - k0 < ks ? g->K - k0 : ks;
+        uint32_t u[26] = {g->M,
+                          g->N,
+                          (uint32_t)kc,
+                          (uint32_t)(g->oa + (bo ? bo[0] : 0) + k0 * g->sak),
+                          (uint32_t)(g->ob + (bo ? bo[1] : 0) + k0 * g->sbk),
+                          g->oc + (bo ? bo[2] : 0),
+                          g->oo + (bo ? bo[3] : 0),
+                          g->sam,
+                          g->sak,
+                          g->sbk,
+                          g->sbn,
+                          g->scm,
+                          g->scn,
+                          g->bsa,
+                          g->bsb,
+                          g->bsc,
+                          g->bso,
+                          k0 != 0,
+                          g->boff ? g->nb1 : g->nbatch,
+                          g->boff ? g->bsa2 : 0,
+                          g->boff ? g->bsb2 : 0,
+                          g->boff ? g->bsc2 : 0,
+                          (uint32_t)cnt,
+                          gx,
+                          (uint32_t)i0,
+                          0};
+        memcpy(pc.u, u, sizeof u);
+        if ((r = dspk__vk_dispatch(d, k, g->bind, 4, &pc, pcsize, gx, gy, 1)))
+          return r;
+        k0 += kc;
+        since += cnt * (kc ? kc : 1);
+        /* A long product goes to the device in pieces, a cancel checked
+         * between them (once the piece before the last one submitted has
+         * run), so that it stops within about two pieces' time on any
+         * driver. */
+        if (since < piece || (gi + 1 == ngroups && i0 + cnt >= total && k0 >= g->K))
+          continue;
+        since = 0;
+        uint64_t prev = d->submitted;
+        if ((r = dspk__vk_submit(d)))
+          return r;
+        if (prev && (r = dspk__vk_wait_value(d, prev)))
+          return r;
+        npieces++;
+        if (hc && ctx && ctx->cancel && npieces >= atoi(hc))
+          atomic_store(ctx->cancel, 1);
+        if (ctx && ctx->cancel && atomic_load(ctx->cancel))
+          return DSPK_ECANCELED;
+      } while (k0 < g->K);
+    }
+  }
+  last_name = SMALL_NAME;
+  return 0;
+}
+
 /* ---- tile choice through the autotune framework -------------------------- */
 
 struct tune_ud {
@@ -581,6 +796,8 @@ static int gemm_exec(struct dspk__dev *d, const struct gdesc *g, struct dspk__op
   int f = forced;
   if (f >= 0 && f < NTILES)
     return launch(d, g, &tiles[f], ctx);
+  if (use_small(g))
+    return launch_small(d, g, ctx);
   if (g->N <= 4 && g->M > 64)
     return launch(d, g, &tile_thin_n, ctx);
   if (g->M <= 4 && g->N > 64)
@@ -715,7 +932,18 @@ int dspk__vk_gemm(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *
    * which splits them: a cooperative-matrix tile is at least 8 wide.) */
   int fits = (uint64_t)O->shape[O->rank - 2] <= (uint64_t)dspk__vk_max_groups(d, 1) * 8 &&
              (uint64_t)O->shape[O->rank - 1] <= (uint64_t)dspk__vk_max_groups(d, 0) * 8;
-  if ((A->dtype == DSPK_F16 || A->dtype == DSPK_BF16) && !no_ab && fits &&
+  /* (Batches of matrices of at most SMALL_MN outputs take the small-product
+   * kernel instead: a cooperative-matrix tile per batch entry, mostly idle,
+   * is the cost it avoids.  Up to SMALL_MN_SHORTK, where the scalar tiles
+   * lose to it, the tensor cores' tiles are kept.) */
+  int64_t nbt = 1;
+  for (int i = 0; i < O->rank - 2; i++)
+    nbt *= O->shape[i];
+  int small = small_shape((uint64_t)O->shape[O->rank - 2], (uint64_t)O->shape[O->rank - 1],
+                          (uint64_t)K0, (uint64_t)nbt) &&
+              (uint64_t)O->shape[O->rank - 2] * (uint64_t)O->shape[O->rank - 1] <= SMALL_MN &&
+              forced < 0;
+  if ((A->dtype == DSPK_F16 || A->dtype == DSPK_BF16) && !no_ab && fits && !small &&
       dspk__vk_coopmat_usable(d, op))
     return dspk__vk_coopmat_gemm(d, op, ctx);
   struct gdesc g;
@@ -814,7 +1042,38 @@ int dspk__vk_gemm(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *
     g.boff[4 * b + 3] = (uint32_t)(b * M * N);
   }
   int f = forced;
-  r = launch(d, &g, &tiles[f >= 0 && f < NTILES ? f : 0], ctx);
+  if (f < 0 && use_small(&g)) {
+    /* The batch dims merged where every operand's strides allow (size-1
+     * dims dropped); the innermost two levels go in one dispatch. */
+    int nl = 0;
+    int64_t ld[DSPK_MAX_RANK], la[DSPK_MAX_RANK], lb[DSPK_MAX_RANK], lc[DSPK_MAX_RANK];
+    for (int i = 0; i < nbd; i++) {
+      if (O->shape[i] == 1)
+        continue;
+      if (nl && la[nl - 1] == bsa[i] * O->shape[i] && lb[nl - 1] == bsb[i] * O->shape[i] &&
+          lc[nl - 1] == bsc[i] * O->shape[i]) {
+        ld[nl - 1] *= O->shape[i];
+      } else {
+        ld[nl] = O->shape[i];
+        nl++;
+      }
+      la[nl - 1] = bsa[i];
+      lb[nl - 1] = bsb[i];
+      lc[nl - 1] = bsc[i];
+    }
+    g.nb1 = nl ? (uint32_t)ld[nl - 1] : 1;
+    g.bsa = nl ? (uint32_t)la[nl - 1] : 0;
+    g.bsb = nl ? (uint32_t)lb[nl - 1] : 0;
+    g.bsc = nl ? (uint32_t)lc[nl - 1] : 0;
+    g.nb2 = nl > 1 ? (uint32_t)ld[nl - 2] : 1;
+    g.bsa2 = nl > 1 ? (uint32_t)la[nl - 2] : 0;
+    g.bsb2 = nl > 1 ? (uint32_t)lb[nl - 2] : 0;
+    g.bsc2 = nl > 1 ? (uint32_t)lc[nl - 2] : 0;
+    g.bso = (uint32_t)(M * N);
+    r = launch_small(d, &g, ctx);
+  } else {
+    r = launch(d, &g, &tiles[f >= 0 && f < NTILES ? f : 0], ctx);
+  }
   free(g.boff);
   return r;
 }

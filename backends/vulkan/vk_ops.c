@@ -846,7 +846,31 @@ int dspk__vk_fir_fixup(struct dspk__dev *d, struct dspk__op *op, const struct ds
 
 /* ---- raw kernels ------------------------------------------------------------ */
 
+/* A tensor argument with no elements cannot be bound as itself: Vulkan
+ * has no empty descriptor range, and the smallest range at its place
+ * would be bytes past its end (another tensor's, in a shared buffer).  It
+ * is bound to 4 bytes of a scratch block of the op's own (*scratch,
+ * allocated at the first such argument, freed by the caller behind the
+ * work): a shader's .length() reads 4 bytes over its array's stride (1 for
+ * 32-bit elements, 0 for 64-bit ones), loads read unspecified values and
+ * stores land in the scratch block. */
+static int kernel_op(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *ctx,
+                     struct dspk__mem **scratch);
+
 int dspk__vk_kernel_op(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *ctx) {
+  struct dspk__mem *scratch = NULL;
+  int r = kernel_op(d, op, ctx, &scratch);
+  if (scratch) {
+    int s = dspk__vk_submit(d); /* the scratch block goes back behind the work */
+    dspk__vk_free(d, scratch);
+    if (r == 0)
+      r = s;
+  }
+  return r;
+}
+
+static int kernel_op(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *ctx,
+                     struct dspk__mem **scratch) {
   const char *lang = op->u.kernel.lang;
   int spirv;
   if (strcmp(lang, "glsl") == 0)
@@ -871,7 +895,15 @@ int dspk__vk_kernel_op(struct dspk__dev *d, struct dspk__op *op, struct dspk__op
       if (nb == DSPK__VK_MAX_BIND)
         return dspk__vk_fail(ctx, DSPK_ELIMIT, "kernel: more than %d buffers",
                              DSPK__VK_MAX_BIND);
-      int r = dspk__vk_bind_tensor(d, t, &b[nb], &elem);
+      int r;
+      if (dspk__tensor_numel(t) == 0) {
+        if (!*scratch && (r = dspk__vk_alloc(d, 16, scratch)))
+          return r;
+        struct dspk__tensor w = {.dtype = DSPK_F32, .rank = 1, .shape = {1}, .mem = *scratch};
+        r = dspk__vk_bind_tensor(d, &w, &b[nb], &elem);
+      } else {
+        r = dspk__vk_bind_tensor(d, t, &b[nb], &elem);
+      }
       if (r == 0 && elem != 0)
         r = DSPK_ENOTSUP;
       if (r)

@@ -406,6 +406,42 @@ static void bench_gemm_cands(struct dspk__dev *d, int n, int reps) {
   free(hb);
 }
 
+/* Batched products of small matrices, f32 (bench_vulkan small [M N K BATCH]
+ * ...): the small-product kernel against the tiles it replaced (the test
+ * hook DSPK_VK_GEMM_NOSMALL), per shape. */
+static void bench_small(struct dspk__dev *d, int64_t M, int64_t N, int64_t K, int64_t nb) {
+  int64_t as[3] = {nb, M, K}, bs[3] = {nb, K, N};
+  size_t na = (size_t)(nb * M * K), nbb = (size_t)(nb * K * N);
+  float *ha = malloc(na * 4 + 4), *hb = malloc(nbb * 4 + 4);
+  fill(ha, na, DSPK_F32);
+  fill(hb, nbb, DSPK_F32);
+  struct dspk__op op = {.kind = DSPK_OP_GEMM, .nin = 2};
+  op.u.gemm.alpha = 1;
+  op.in[0] = upload(d, DSPK_F32, 3, as, ha);
+  op.in[1] = upload(d, DSPK_F32, 3, bs, hb);
+  place_outputs(d, &op);
+  double t[2];
+  const char *name[2];
+  for (int v = 0; v < 2; v++) {
+    if (v)
+      setenv("DSPK_VK_GEMM_NOSMALL", "1", 1);
+    double t1 = dspk_bench_now_ms();
+    CK(run_op(d, &op));
+    CK(V->sync(d));
+    t1 = dspk_bench_now_ms() - t1;
+    name[v] = dspk__vk_gemm_last();
+    int reps = t1 > 200 ? 1 : t1 > 20 ? 3 : 10;
+    t[v] = time_op(d, &op, reps);
+    unsetenv("DSPK_VK_GEMM_NOSMALL");
+  }
+  printf("| %lldx%lldx%lld batch %lld | %s %.3f ms | %s %.3f ms | %.2f |\n", (long long)M,
+         (long long)N, (long long)K, (long long)nb, name[0] ? name[0] : "?", t[0],
+         name[1] ? name[1] : "?", t[1], t[1] / t[0]);
+  free_op(d, &op);
+  free(ha);
+  free(hb);
+}
+
 int main(int argc, char **argv) {
   int quick = argc > 1 && strcmp(argv[1], "quick") == 0;
   int fft_only = argc > 1 && strcmp(argv[1], "fft") == 0     ? 1
@@ -431,6 +467,25 @@ int main(int argc, char **argv) {
   if (argc > 1 && strcmp(argv[1], "fir") == 0) {
     printf("| op | vulkan | cuFFT | ratio |\n|---|---|---|---|\n");
     bench_fir(d, (int64_t)1 << (argc > 2 ? atoi(argv[2]) : 24)); /* bench_vulkan fir [LOG2N] */
+    V->close(d);
+    dspk__cache_close(c);
+    unlink(path);
+    V->shutdown();
+    return 0;
+  }
+  if (argc > 1 && strcmp(argv[1], "small") == 0) {
+    printf("| M x N x K, batch | chosen | tiles | tiles / chosen |\n|---|---|---|---|\n");
+    static const int64_t shapes[][4] = {
+        {1, 1, 1, 20000}, {1, 1, 3, 100000}, {4, 4, 4, 10000}, {8, 8, 8, 4000},
+        {16, 16, 16, 1000}, {16, 16, 256, 200}, {32, 32, 32, 200}, {32, 32, 1024, 20},
+        {64, 64, 64, 50}, {2, 2, 4096, 200}, {2, 2, 8192, 50}};
+    if (argc >= 6)
+      for (int i = 2; i + 3 < argc; i += 4)
+        bench_small(d, atoll(argv[i]), atoll(argv[i + 1]), atoll(argv[i + 2]),
+                    atoll(argv[i + 3]));
+    else
+      for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        bench_small(d, shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3]);
     V->close(d);
     dspk__cache_close(c);
     unlink(path);

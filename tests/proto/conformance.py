@@ -1677,6 +1677,27 @@ def nan_extremes(env):
                          (not math.isinf(b) and abs(a - b) <= tol * mod) for a, b in zip(g, w))
                 check(ok, "%s exp(%r%+rj) as %s: %r, C99/numpy %r"
                       % (dev, xr, yi, cplx(fmt, pairs)["dtype"], g, w))
+        # complex mean: each part of the sum divided by the count (numpy divides the
+        # complex sum by a complex count: a NaN or infinite part makes both parts NaN);
+        # a real alpha scales each part (numpy multiplies by complex(alpha, 0): an
+        # infinite part gives a NaN in the other)
+        for fmt, get in (("f", vals32), ("d", vals64)):
+            for fn, ins, opt, want in (
+                    ("mean", [[(1, 1), (nan, 0)]], {}, [nan, 0.5]),
+                    ("mean", [[(inf, 0), (-inf, 0)]], {}, [nan, 0.0]),
+                    ("mean", [[(0, inf), (1, 0)]], {}, [0.5, inf]),
+                    ("scale", [[(inf, 0), (1, nan), (2, -3)]], {"alpha": -1.0},
+                     [-inf, -0.0, -1.0, nan, -2.0, 3.0]),
+                    ("axpy", [[(inf, 0)], [(0, 1)]], {"alpha": 2.0}, [inf, 1.0])):
+                op = "reduce" if fn == "mean" else "map"
+                r = c.ok("task.run", {"op": op, "device": dev,
+                                      "inputs": [cplx(fmt, v) for v in ins],
+                                      "options": dict(opt, fn=fn)})
+                got = get(r["outputs"][0])
+                check(same(got, want) and all(math.copysign(1, a) == math.copysign(1, b)
+                                              for a, b in zip(got, want) if a == 0 == b),
+                      "%s %s of %s %r: %r, want %r (each part)"
+                      % (dev, fn, cplx(fmt, ins[0])["dtype"], ins, got, want))
     still_open(c)
 
 

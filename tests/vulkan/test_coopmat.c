@@ -198,6 +198,15 @@ static void gemm_suite(struct dspk__dev *d, const char *what, int64_t tile_m, in
                what, dspk__dtype_name(gemm_dt), (long long)M, (long long)N, (long long)K,
                cs[i].ta, cs[i].tb, cs[i].batch, crank, cs[i].pad, e, tol);
   }
+  /* A batch of small matrices (at most 256 outputs each) takes the
+   * small-product kernel, not a cooperative-matrix tile per batch entry. */
+  int64_t as[3] = {2000, 4, 8}, bs[3] = {2000, 8, 4};
+  uint64_t before = d->cm.ngemm;
+  double e = gemm_case(d, 3, as, 3, bs, 0, 0, -1, NULL, 1, 0, 0);
+  if (!(e <= tol))
+    fail_msg("%s: small batched gemm: rel err %g", what, e);
+  assert_true(d->cm.ngemm == before);
+  assert_string_equal(dspk__vk_gemm_last(), "small-batched");
 }
 
 /* The workgroup tile the kernel uses on d. */

@@ -1012,6 +1012,62 @@ static void t_raw_glsl(void **state) {
   raw_bindings("glsl", raw_glsl, strlen(raw_glsl));
 }
 
+/* Raw-kernel arguments with no elements (Vulkan has no empty descriptor
+ * range): bound to 4 bytes of scratch memory, so .length() is 1 for a
+ * 32-bit array and 0 for a 64-bit one (protocol.md, kernel), and a store
+ * through one does not reach the bytes at its place: here a 0-element view
+ * inside another tensor's buffer, whose data must stay as written. */
+static void t_raw_len0(void **state) {
+  (void)state;
+  static const char src[] =
+      "#version 450\n"
+      "layout(local_size_x = 1) in;\n"
+      "layout(std430, binding = 0) buffer O { float o[]; };\n"
+      "layout(std430, binding = 1) buffer X { float x[]; };\n"
+      "layout(std430, binding = 2) buffer Y { uvec2 y[]; };\n"
+      "void main() { o[0] = float(x.length()); o[1] = float(y.length()); x[0] = 99.0; }\n";
+  char msg[512];
+  int64_t n = 256, two = 2;
+  struct htensor X = h_make(DSPK_F32, 1, &n, 1), Ot = h_make(DSPK_F32, 1, &two, 0);
+  struct dspk__op op = {.kind = DSPK_OP_KERNEL, .nin = 3};
+  assert_int_equal(h_upload(D, &Ot, 0, &op.in[0]), 0);
+  assert_int_equal(h_upload(D, &X, 0, &op.in[1]), 0);
+  struct dspk__mem *xm = op.in[1].mem;
+  /* X's tensor becomes an empty view at an aligned place inside X's data;
+   * Y an empty u64 (two 32-bit words) tensor of its own. */
+  op.in[1].shape[0] = 0;
+  op.in[1].offset = (size_t)D->align <= 512 ? (size_t)D->align : 512;
+  op.in[2] = (struct dspk__tensor){.dtype = DSPK_F64, .rank = 2, .shape = {3, 0}};
+  assert_int_equal(VKB->alloc(D, 0, &op.in[2].mem), 0);
+  op.u.kernel.lang = "glsl";
+  op.u.kernel.source = src;
+  op.u.kernel.source_len = strlen(src);
+  op.u.kernel.grid[0] = 1;
+  op.u.kernel.nargs = 3;
+  for (int i = 0; i < 3; i++)
+    op.u.kernel.args[i] = (struct dspk__karg){.kind = DSPK__KARG_TENSOR, .v.tensor = i};
+  assert_int_equal(dspk__op_infer(&op, msg, sizeof msg), 0);
+  struct dspk__opctx ctx = {.errmsg = msg, .errmsg_len = sizeof msg};
+  int r = VKB->run(D, &op, &ctx);
+  if (r)
+    fail_msg("raw kernel with empty tensors: %d %s", r, msg);
+  float o[2], *x = malloc((size_t)n * 4);
+  assert_int_equal(VKB->read(D, op.in[0].mem, 0, o, sizeof o), 0);
+  assert_int_equal(VKB->read(D, xm, 0, x, (size_t)n * 4), 0);
+  assert_float_equal(o[0], 1.0f, 0);
+  assert_float_equal(o[1], 0.0f, 0);
+  for (int64_t i = 0; i < n; i++)
+    if (x[i] != (float)creal(X.v[i]))
+      fail_msg("a store through an empty tensor reached its buffer at element %lld",
+               (long long)i);
+  free(x);
+  VKB->free(D, op.in[0].mem);
+  VKB->free(D, xm);
+  VKB->free(D, op.in[2].mem);
+  h_free(&X);
+  h_free(&Ot);
+}
+
 static void t_raw_spirv(void **state) {
   (void)state;
   /* The test makes its own SPIR-V with glslang, independently of the
@@ -1308,6 +1364,120 @@ static int gemm_try(int ra, const int64_t *as, int rb, const int64_t *bs, int ta
   h_free(&B);
   h_free(&C);
   return r;
+}
+
+/* Batched products of small matrices (M x N at most 256 elements, or 1024
+ * with K at most 128; more than one batch entry) take the small-product kernel, one invocation per
+ * output element ("small-batched" in dspk__vk_gemm_last()), instead of a
+ * tile's workgroup per batch entry: results against the naive reference
+ * for every dtype gemm and contract accept, 1x1x1 products in a batch of
+ * 50,000, broadcast batches (whole, fully broadcast, and broadcasts whose
+ * batch dims merge into two levels or more), transposes and a C term; a
+ * large batched gemm keeps the tiles. */
+static void t_gemm_small(void **state) {
+  (void)state;
+  struct scase {
+    int ra;
+    int64_t as[5];
+    int rb;
+    int64_t bs[5];
+    int ta, tb, crank;
+    int64_t cs[2];
+  } cs[] = {
+      {3, {50000, 1, 1}, 3, {50000, 1, 1}, 0, 0, -1, {0}},
+      {3, {40, 3, 7}, 3, {40, 7, 5}, 0, 0, 2, {3, 5}},
+      {3, {9, 16, 8}, 3, {9, 8, 16}, 1, 1, 1, {8}},
+      {3, {3, 32, 20}, 3, {3, 32, 20}, 0, 1, -1, {0}},      /* M*N = 1024: the bound */
+      {3, {6, 2, 3000}, 2, {3000, 3}, 0, 0, -1, {0}},       /* long K, B broadcast */
+      {2, {2, 5}, 3, {700, 5, 3}, 0, 0, 2, {2, 1}},         /* A broadcast */
+      {4, {7, 1, 2, 3}, 4, {1, 5, 3, 4}, 0, 0, -1, {0}},    /* two levels */
+      {5, {2, 1, 3, 2, 3}, 4, {4, 1, 2, 2}, 1, 0, 2, {3, 2}}, /* three levels: groups */
+      {5, {2, 3, 1, 4, 6}, 3, {4, 6, 1}, 0, 0, -1, {0}},    /* merged leading dims */
+  };
+  const dspk_dtype dts[] = {DSPK_F32, DSPK_F64, DSPK_F16, DSPK_BF16};
+  for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++)
+    for (int di = 0; di < 4; di++) {
+      const struct scase *c = &cs[i];
+      if (i == 0 && di >= 2) /* f16/bf16 take the same kernel; keep the test short */
+        continue;
+      gemm_case(dts[di], c->ra, c->as, c->rb, c->bs, c->ta, c->tb, c->crank, c->cs,
+                dts[di] == DSPK_F64 ? 1e-12 : 1e-5);
+      assert_non_null(dspk__vk_gemm_last());
+      assert_string_equal(dspk__vk_gemm_last(), "small-batched");
+    }
+  for (int di = 0; di < 4; di++) {
+    dspk_dtype dt = STD[di];
+    contract_case("i,i->i", dt, 1, (int64_t[]){50000}, 1, (int64_t[]){50000});
+    assert_string_equal(dspk__vk_gemm_last(), "small-batched");
+    contract_case("ab,ab->b", dt, 2, (int64_t[]){3, 20000}, 2, (int64_t[]){3, 20000});
+    assert_string_equal(dspk__vk_gemm_last(), "small-batched");
+    contract_case("bij,bjk->bik", dt, 3, (int64_t[]){300, 4, 6}, 3, (int64_t[]){300, 6, 2});
+    assert_string_equal(dspk__vk_gemm_last(), "small-batched");
+    contract_case("ib,bj->bji", dt, 2, (int64_t[]){5, 100}, 2, (int64_t[]){100, 3});
+    assert_string_equal(dspk__vk_gemm_last(), "small-batched");
+  }
+  /* Large matrices keep the tiles, 32x32 with a long K too; a single small
+   * product too. */
+  gemm_case(DSPK_F32, 3, (int64_t[]){2, 64, 32}, 3, (int64_t[]){2, 32, 64}, 0, 0, -1, NULL,
+            1e-5);
+  assert_string_not_equal(dspk__vk_gemm_last(), "small-batched");
+  gemm_case(DSPK_F32, 3, (int64_t[]){2, 32, 256}, 3, (int64_t[]){2, 256, 32}, 0, 0, -1, NULL,
+            1e-5);
+  assert_string_not_equal(dspk__vk_gemm_last(), "small-batched");
+  gemm_case(DSPK_F32, 2, (int64_t[]){3, 4}, 2, (int64_t[]){4, 5}, 0, 0, -1, NULL, 1e-5);
+  assert_string_not_equal(dspk__vk_gemm_last(), "small-batched");
+}
+
+/* A long small-product batch goes to the device in pieces with a cancel
+ * check between them: with pieces of 2^12 multiply-adds and a cancel that
+ * comes (test hook) once the first piece ran, a contraction i,i->i of
+ * 50,000 elements answers ECANCELED; without the cancel, the same pieces
+ * give the exact result. */
+static void t_gemm_small_cancel(void **state) {
+  (void)state;
+  char msg[512];
+  int64_t n = 50000;
+  struct htensor A = h_make(DSPK_F32, 1, &n, 1), B = h_make(DSPK_F32, 1, &n, 1);
+  struct dspk__op op = {.kind = DSPK_OP_CONTRACT, .nin = 2};
+  snprintf(op.u.contract.subscripts, sizeof op.u.contract.subscripts, "i,i->i");
+  assert_int_equal(h_upload(D, &A, 0, &op.in[0]), 0);
+  assert_int_equal(h_upload(D, &B, 0, &op.in[1]), 0);
+  assert_int_equal(dspk__op_infer(&op, msg, sizeof msg), 0);
+  assert_int_equal(VKB->alloc(D, dspk__tensor_nbytes(&op.out[0]), &op.out[0].mem), 0);
+  setenv("DSPK_VK_GEMM_SMALL_PIECE", "4096", 1);
+  for (int cancel = 1; cancel >= 0; cancel--) {
+    if (cancel)
+      setenv("DSPK_VK_GEMM_CANCEL_AFTER", "1", 1);
+    else
+      unsetenv("DSPK_VK_GEMM_CANCEL_AFTER");
+    atomic_store(&cancel_flag, 0);
+    msg[0] = 0;
+    struct dspk__opctx ctx = {.cancel = &cancel_flag, .errmsg = msg, .errmsg_len = sizeof msg};
+    int r = VKB->run(D, &op, &ctx);
+    assert_int_equal(VKB->sync(D), 0);
+    if (cancel) {
+      if (r != DSPK_ECANCELED || !strstr(msg, "canceled"))
+        fail_msg("small-product contract with a cancel: %d %s", r, msg);
+      continue;
+    }
+    assert_int_equal(r, 0);
+    assert_string_equal(dspk__vk_gemm_last(), "small-batched");
+    struct htensor C = h_make(DSPK_F32, 1, &n, 0);
+    void *p = malloc((size_t)n * 4 + 16);
+    assert_int_equal(VKB->read(D, op.out[0].mem, 0, p, (size_t)n * 4), 0);
+    h_unpack(&C, p);
+    free(p);
+    for (int64_t i = 0; i < n; i++)
+      if (creal(C.v[i]) != (double)(float)(creal(A.v[i]) * creal(B.v[i])))
+        fail_msg("i,i->i in pieces: element %lld", (long long)i);
+    h_free(&C);
+  }
+  unsetenv("DSPK_VK_GEMM_SMALL_PIECE");
+  VKB->free(D, op.out[0].mem);
+  VKB->free(D, op.in[0].mem);
+  VKB->free(D, op.in[1].mem);
+  h_free(&A);
+  h_free(&B);
 }
 
 /* Every gemm kernel candidate, forced through dspk__vk_gemm_force(), on
@@ -1752,9 +1922,12 @@ int main(void) {
       cmocka_unit_test_teardown(t_fft_cands, unset_tune),
       cmocka_unit_test_teardown(t_fft_sk, unset_tune),
       cmocka_unit_test(t_raw_glsl),
+      cmocka_unit_test(t_raw_len0),
       cmocka_unit_test(t_raw_spirv), cmocka_unit_test(t_raw_error),
       cmocka_unit_test(t_cache_restart),
       cmocka_unit_test(t_gemm_cands),
+      cmocka_unit_test(t_gemm_small),
+      cmocka_unit_test(t_gemm_small_cancel),
   };
   /* DSPK_VK_TEST_FILTER=t_fir* runs only the matching tests (by hand). */
   if (getenv("DSPK_VK_TEST_FILTER"))
