@@ -3328,6 +3328,94 @@ def t_cacheputfail(exe, tmp):
     stop()
 
 
+def t_traceslots(exe, tmp):
+    """trace slots (docs/protocol.md, trace): a user who is not an admin
+    records at most 2 traces at once, such users 8 together, and admins have
+    8 slots of their own that no other user's traces take."""
+    if os.geteuid() != 0:
+        raise Skip("needs root to act as other users")
+    d = Daemon(exe, tmp)
+    os.chmod(tmp, 0o711)  # as in t_privacy: other uids reach the socket
+
+    def hog(n):
+        """A child as another uid that asks for n traces of 600 s on one
+        connection, then a ping: every trace before the ping was decided
+        when its answer comes.  Sends the parent the names of the errors
+        answered so far (the traces taken in are not answered) and holds
+        its connection until the parent closes its pipe."""
+        def fn(w, r):
+            c = Client(d.sock)
+            ms = [c.send("trace", {"seconds": 600}) for _ in range(n)]
+            c.call("ping")
+            errs = []
+            for m in ms:
+                got = c.responses.pop(m, None)
+                if got is not None:
+                    errs.append(got[2]["name"] if got[2] else "ok")
+                    if got[2]:
+                        errs.append(got[2]["message"])
+            os.write(w, msgpack.packb(errs))
+            os.close(w)
+            os.read(r, 1)
+        return fn
+
+    kids = []
+
+    def start(uid, n):
+        pid, r, w = dspk_daemon.fork_as(uid, 0, hog(n))
+        data = b""
+        while True:
+            more = os.read(r, 1 << 16)
+            if not more:
+                break
+            data += more
+        os.close(r)
+        kids.append((pid, w))
+        check(data, "the child as uid %d failed" % uid)
+        return msgpack.unpackb(data)
+
+    # One user: two traces, the third refused, for this user only.
+    got = start(65534, 3)
+    check(len(got) == 2 and got[0] == "EBUSY" and "per user" in got[1],
+          "a third trace of one user: EBUSY per user: %r" % (got,))
+    got = start(65533, 2)
+    check(got == [], "another user's traces are taken in: %r" % (got,))
+    got = start(65532, 2)
+    check(got == [], "a third user's traces are taken in: %r" % (got,))
+    got = start(65531, 2)
+    check(got == [], "a fourth user's traces are taken in: %r" % (got,))
+    # 8 traces of users who are not admins record: a fifth user waits.
+    got = start(65530, 1)
+    check(len(got) == 2 and got[0] == "EBUSY" and "not admins" in got[1],
+          "a ninth trace of non-admins: EBUSY: %r" % (got,))
+    # An admin (root) still has all of its own slots.
+    root = d.client()
+    ms = [root.send("trace", {"seconds": 600}) for _ in range(7)]
+    check(set(root.call("trace", {"seconds": 0.001})) >= {"jobs", "devices"},
+          "an admin's trace while users hold 8")
+    ms.append(root.send("trace", {"seconds": 600}))  # the admins' eighth
+    root.expect_error("EBUSY", "trace", {"seconds": 0.001})
+    check(all(m not in root.responses for m in ms), "the admins' 8 traces record")
+    root.close()
+    for pid, w in kids:  # all first: each later child holds the earlier ones' pipes
+        os.close(w)
+    for pid, w in kids:
+        os.waitpid(pid, 0)
+    # The users' connections closed: their slots are free again.
+    c = Client(d.sock)
+    got = "EBUSY"
+    for _ in range(10000):  # the daemon may see the closes after a request of c
+        try:
+            c.call("trace", {"seconds": 0.001})
+            got = "ok"
+            break
+        except RpcError as e:
+            got = e.name
+    check(got == "ok", "a trace once the others closed: %s" % got)
+    c.close()
+    d.stop()
+
+
 GROUPS = {
     "inplace": t_inplace,
     "caps": t_caps,
@@ -3357,6 +3445,7 @@ GROUPS = {
     "wire": t_wire,
     "utf8": t_utf8,
     "privacy": t_privacy,
+    "traceslots": t_traceslots,
     "obsprivacy": t_obsprivacy,
     "userunsent": t_userunsent,
     "sockmode": t_sockmode,
