@@ -1063,12 +1063,9 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
   c->d->obs.bytes_in += (size_t)n;
   /* SCM_RIGHTS descriptors that came with these bytes (buffer.import). */
   if (uv_pipe_pending_count(&c->pipe) > 0) {
-    int err = dspkd_shm_take_fds(c);
+    char msg[128];
+    int err = dspkd_shm_take_fds(c, msg, sizeof msg);
     if (err < 0) {
-      char msg[96];
-      snprintf(msg, sizeof msg, err == DSPK_ELIMIT ? "more than %d file descriptors "
-               "not claimed by a buffer.import" : "cannot take a file descriptor "
-               "(out of memory; limit %d)", DSPKD_MAX_FDS);
       conn_protocol_error(c, err, msg);
       return;
     }

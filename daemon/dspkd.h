@@ -320,6 +320,7 @@ struct duser {
   size_t nconns;                      /* connections (until freed) */
   uint64_t rbytes;                    /* bytes of their read buffers */
   uint64_t answers;                   /* their unsent + reserved answer bytes */
+  size_t nfds;                        /* received descriptors not yet claimed (shm.c) */
   /* Bytes of requests decoded in this turn of the loop (daemon/conn.c). */
   uint64_t turn_bytes, turn_ms, turn_gen;
   uint64_t turn[DSPKD_MAX_DEVICES];   /* device's `turns` when last served (its mu) */
@@ -504,10 +505,19 @@ void dspkd_dbuf_unref(struct dspkd *d, struct dbuf *b);
 
 /* daemon/shm.c: shared-memory buffers (docs/protocol.md "Shared memory"). */
 #define DSPKD_MAX_FDS 8
+/* Unclaimed received descriptors of all the connections of one uid. */
+#define DSPKD_MAX_USER_FDS 64
+/* Descriptors kept for the daemon's own files (devices, cache, listener,
+ * metrics) in the RLIMIT_NOFILE check at start (daemon/main.c). */
+#define DSPKD_NOFILE_RESERVE 256
 struct req;
-/* Loop: takes the fds libuv received with the last read into c->fds (a
- * protocol error past DSPKD_MAX_FDS).  0, or -1 when the connection closed. */
-int dspkd_shm_take_fds(struct conn *c);
+/* Loop: takes the fds libuv received with the last read into c->fds.  0;
+ * or a negative code with msg (len bytes) saying why, for a protocol error
+ * that closes the connection: DSPK_ELIMIT past DSPKD_MAX_FDS of the
+ * connection or DSPKD_MAX_USER_FDS of its user, DSPK_ENOMEM.  A descriptor
+ * the daemon has no descriptor left to keep (EMFILE, ENFILE) is kept as a
+ * lost entry (fd -1): the buffer.import that claims it is answered ELIMIT. */
+int dspkd_shm_take_fds(struct conn *c, char *msg, size_t len);
 /* Loop: closes the fds that came with bytes before the frame starting at
  * c->frame_pos (stray: no buffer.import claimed them). */
 void dspkd_shm_drop_stale(struct conn *c);
