@@ -76,6 +76,8 @@ void dspkd_wreq_free(struct wreq *wr) {
     close(wr->fd);
   if (wr->fd_pipe) /* loop thread only: dspkd_conn_send made it */
     uv_close((uv_handle_t *)wr->fd_pipe, free_handle);
+  if (wr->share_conn) /* loop thread only: set as it was sent */
+    dspkd_shm_share_count(wr->share_conn, -1);
   dspk__wbuf_free(&wr->w); /* also the iovecs wr->bufs points at */
   free(wr);
 }

@@ -165,6 +165,12 @@ void dspkd_shm_conn_closed(struct conn *c) {
   }
 }
 
+void dspkd_shm_share_count(struct conn *c, int delta) {
+  c->share_fds += (size_t)(ssize_t)delta;
+  if (c->user)
+    c->user->share_fds += (size_t)(ssize_t)delta;
+}
+
 /* ---- the methods ------------------------------------------------------ */
 
 #define fail(r, code, ...) dspk__fail((r)->msg, sizeof (r)->msg, (code), __VA_ARGS__)
@@ -310,6 +316,10 @@ int dspkd_m_buffer_share(struct req *r) {
 
   if ((err = shm_args(r, "buffer.share", &dev, &size)))
     return err;
+  if (r->c->user && r->c->user->share_fds >= DSPKD_MAX_USER_SHARES)
+    return fail(r, DSPK_ELIMIT, "buffer.share: this user has %d shared memfds whose "
+                "answers are not yet written (at most %d: read the answers first)",
+                DSPKD_MAX_USER_SHARES, DSPKD_MAX_USER_SHARES);
   fd = memfd_create("dspk-buffer", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0)
     return fail(r, errno == EMFILE || errno == ENFILE ? DSPK_ELIMIT : DSPK_ENOMEM,

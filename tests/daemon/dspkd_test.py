@@ -3581,6 +3581,29 @@ def t_fdlimits(exe, tmp):
     os.close(fd)
     d.stop()
 
+    # 4. buffer.share memfds whose answers a user does not read: at most 256.
+    d = Daemon(exe, tmp)
+    lazy = d.client()
+    n = 1000
+    frames = b"".join(msgpack.packb([0, i + 1, "buffer.share", [{"size": 4096}]],
+                                    use_bin_type=True) for i in range(n))
+    lazy.sock.sendall(frames)
+    lazy.msgid = n
+    other = d.client()
+    other.call("ping")  # served meanwhile
+    got = {}
+    for i in range(n):
+        got[i + 1] = lazy.outcome(i + 1)
+    oks = sum(1 for v in got.values() if v == "ok")
+    lim = [v for v in got.values() if v != "ok"]
+    check(lim and set(lim) == {"ELIMIT"} and oks >= 256,
+          "1000 buffer.share unread: some ELIMIT, at least 256 ok: %d ok, %r" % (oks, set(lim)))
+    # Once read, shares work again.
+    check(set(lazy.call("buffer.share", {"size": 4096})) >= {"buffer"}, "share after reading")
+    lazy.close()
+    other.close()
+    d.stop()
+
 
 GROUPS = {
     "inplace": t_inplace,
