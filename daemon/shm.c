@@ -30,6 +30,15 @@
  * (about 36 KiB at most) and ends the read there at the latest, so only a
  * buffer.import frame that starts that sendmsg is sure to find its
  * descriptor (protocol.md, Passing descriptors).
+ *
+ * Descriptors held for clients are bounded per connection and per user
+ * (docs/admin.md, "File descriptors"), so that no user can use up the
+ * daemon's RLIMIT_NOFILE: at most DSPKD_MAX_FDS unclaimed on a connection
+ * and DSPKD_MAX_USER_FDS on all of one uid's, and DSPKD_MAX_USER_SHARES
+ * buffer.share memfds of one uid whose answers are not yet written.  A
+ * descriptor the daemon had no descriptor left to receive (the kernel drops
+ * it in recvmsg) or to keep (F_DUPFD fails) is answered ELIMIT saying so,
+ * never EINVAL: the client did send it.
  */
 #include <errno.h>
 #include <fcntl.h>
