@@ -76,6 +76,8 @@ void dspkd_wreq_free(struct wreq *wr) {
     close(wr->fd);
   if (wr->fd_pipe) /* loop thread only: dspkd_conn_send made it */
     uv_close((uv_handle_t *)wr->fd_pipe, free_handle);
+  if (wr->share_conn) /* loop thread only: set as it was sent */
+    dspkd_shm_share_count(wr->share_conn, -1);
   dspk__wbuf_free(&wr->w); /* also the iovecs wr->bufs points at */
   free(wr);
 }
@@ -1063,12 +1065,9 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
   c->d->obs.bytes_in += (size_t)n;
   /* SCM_RIGHTS descriptors that came with these bytes (buffer.import). */
   if (uv_pipe_pending_count(&c->pipe) > 0) {
-    int err = dspkd_shm_take_fds(c);
+    char msg[128];
+    int err = dspkd_shm_take_fds(c, msg, sizeof msg);
     if (err < 0) {
-      char msg[96];
-      snprintf(msg, sizeof msg, err == DSPK_ELIMIT ? "more than %d file descriptors "
-               "not claimed by a buffer.import" : "cannot take a file descriptor "
-               "(out of memory; limit %d)", DSPKD_MAX_FDS);
       conn_protocol_error(c, err, msg);
       return;
     }

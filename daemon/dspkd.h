@@ -121,6 +121,8 @@ struct wreq {
   int fd;              /* >= 0: sent with the frame's first byte (SCM_RIGHTS),
                           then closed (daemon/shm.c); -1: none */
   uv_pipe_t *fd_pipe;  /* the handle libuv sends fd through */
+  struct conn *share_conn; /* buffer.share's answer: counted in that connection's
+                              share_fds until freed (loop only), or NULL */
   struct dspk__wbuf w;
 };
 /* Returns a new wreq with an initialised wbuf, or NULL. */
@@ -187,6 +189,7 @@ struct job {
   struct device *dev;
   struct cqueue *q;          /* where it is queued */
   struct conn *conn;         /* loop only; NULL for internal jobs */
+  bool share_counted;        /* buffer.share: its memfd counts in conn's share_fds */
   uint32_t msgid;
   atomic_int cancel;         /* set by the loop: stop a running task */
   struct rchunk *chunk;      /* keeps inline request data alive, or NULL */
@@ -320,6 +323,8 @@ struct duser {
   size_t nconns;                      /* connections (until freed) */
   uint64_t rbytes;                    /* bytes of their read buffers */
   uint64_t answers;                   /* their unsent + reserved answer bytes */
+  size_t nfds;                        /* received descriptors not yet claimed (shm.c) */
+  size_t share_fds;                   /* buffer.share memfds not yet sent (shm.c) */
   /* Bytes of requests decoded in this turn of the loop (daemon/conn.c). */
   uint64_t turn_bytes, turn_ms, turn_gen;
   uint64_t turn[DSPKD_MAX_DEVICES];   /* device's `turns` when last served (its mu) */
@@ -380,6 +385,7 @@ struct conn {
    * frame being handled starts. */
   struct { int fd; uint64_t pos; } fds[8];
   int nfds;
+  size_t share_fds;         /* buffer.share memfds made, their answers not yet sent */
   uint64_t rx_pos;
   uint64_t frame_pos;
   /* A buffer.write whose data is being received straight into its cpu
@@ -504,15 +510,31 @@ void dspkd_dbuf_unref(struct dspkd *d, struct dbuf *b);
 
 /* daemon/shm.c: shared-memory buffers (docs/protocol.md "Shared memory"). */
 #define DSPKD_MAX_FDS 8
+/* Unclaimed received descriptors of all the connections of one uid. */
+#define DSPKD_MAX_USER_FDS 64
+/* buffer.share memfds of one uid's connections whose answers are not yet
+ * written (the job queued or running, or the answer waiting for the client
+ * to read): more is ELIMIT. */
+#define DSPKD_MAX_USER_SHARES 256
+/* Descriptors kept for the daemon's own files (devices, cache, listener,
+ * metrics) in the RLIMIT_NOFILE check at start (daemon/main.c). */
+#define DSPKD_NOFILE_RESERVE 256
 struct req;
-/* Loop: takes the fds libuv received with the last read into c->fds (a
- * protocol error past DSPKD_MAX_FDS).  0, or -1 when the connection closed. */
-int dspkd_shm_take_fds(struct conn *c);
+/* Loop: takes the fds libuv received with the last read into c->fds.  0;
+ * or a negative code with msg (len bytes) saying why, for a protocol error
+ * that closes the connection: DSPK_ELIMIT past DSPKD_MAX_FDS of the
+ * connection or DSPKD_MAX_USER_FDS of its user, DSPK_ENOMEM.  A descriptor
+ * the daemon has no descriptor left to keep (EMFILE, ENFILE) is kept as a
+ * lost entry (fd -1): the buffer.import that claims it is answered ELIMIT. */
+int dspkd_shm_take_fds(struct conn *c, char *msg, size_t len);
 /* Loop: closes the fds that came with bytes before the frame starting at
  * c->frame_pos (stray: no buffer.import claimed them). */
 void dspkd_shm_drop_stale(struct conn *c);
 /* Loop: closes every unclaimed fd (the connection closes). */
 void dspkd_shm_conn_closed(struct conn *c);
+/* Loop: counts a buffer.share memfd of c as held (+1) or given up (-1),
+ * on c and its user (DSPKD_MAX_USER_SHARES). */
+void dspkd_shm_share_count(struct conn *c, int delta);
 /* Logs (info) whether shared buffers can get 2 MiB pages on this host. */
 void dspkd_shm_report_pages(void);
 int dspkd_m_buffer_import(struct req *r);

@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -26,6 +27,7 @@
 #include "daemon/dspkd.h"
 #include "daemon/sched.h"
 #include "daemon/lifecycle.h"
+#include "daemon/linger.h"
 #include "daemon/log.h"
 #include "daemon/observe.h"
 #include "daemon/teardown.h"
@@ -101,6 +103,46 @@ static void signal_ready(int fd) {
 /* Detaches: the parent waits until the child is listening (or failed) and
  * exits with its status.  Runs before any thread exists.  Returns the fd the
  * child writes READY to, or -1 on error. */
+/* Raises the soft RLIMIT_NOFILE to the hard limit, as systemd advises for
+ * services that need many descriptors (its default soft limit, 1024, is
+ * for select(); dspkd polls with epoll): each connection takes one
+ * descriptor and may hold up to DSPKD_MAX_FDS more that it sent for a
+ * buffer.import not yet handled (docs/admin.md, "File descriptors").  Logs
+ * what it has, and a warning when even the hard limit cannot hold
+ * max_clients connections with their pending descriptors, the lingering
+ * ones and a reserve for the daemon's own files. */
+static void raise_nofile(const struct dspkd_config *cfg) {
+  struct rlimit rl;
+  unsigned long long need, was;
+
+  if (getrlimit(RLIMIT_NOFILE, &rl) != 0)
+    return;
+  was = (unsigned long long)rl.rlim_cur;
+  if (rl.rlim_cur != rl.rlim_max) {
+    rl.rlim_cur = rl.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &rl) != 0) {
+      dspkd_warn("cannot raise the soft RLIMIT_NOFILE from %llu to its hard limit %llu: %s",
+                 was, (unsigned long long)rl.rlim_max, strerror(errno));
+      (void)getrlimit(RLIMIT_NOFILE, &rl);
+    }
+  }
+  need = (unsigned long long)cfg->max_clients * (1 + DSPKD_MAX_FDS) + DSPKD_LINGER_MAX +
+         DSPKD_NOFILE_RESERVE;
+  if (rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur >= need) {
+    dspkd_info("file descriptors: RLIMIT_NOFILE %llu (soft limit was %llu; %llu needed at "
+               "most for max_clients %zu)", (unsigned long long)rl.rlim_cur, was, need,
+               cfg->max_clients);
+    return;
+  }
+  dspkd_warn("file descriptors: RLIMIT_NOFILE %llu (hard limit %llu) is below the %llu that "
+             "max_clients %zu connections may need (%d each with their pending "
+             "buffer.import descriptors, plus %d for the daemon's own files): raise the hard "
+             "limit (LimitNOFILE= in the unit, or ulimit -Hn) or lower max_clients "
+             "(docs/admin.md, \"File descriptors\")", (unsigned long long)rl.rlim_cur,
+             (unsigned long long)rl.rlim_max, need, cfg->max_clients, 1 + DSPKD_MAX_FDS,
+             DSPKD_LINGER_MAX + DSPKD_NOFILE_RESERVE);
+}
+
 static int detach(void) {
   int p[2];
   pid_t pid;
@@ -293,6 +335,7 @@ int main(int argc, char **argv) {
       return 1;
   }
 
+  raise_nofile(cfg);
   d->start_ms = dspkd_now_ms();
   d->exit_code = 0;
   if (uv_loop_init(&loop) != 0) {

@@ -553,6 +553,10 @@ int dspkd_buffer_submit(struct req *r, struct device *dev, uint64_t size, void *
     dspkd_job_free(c->d, j); /* the buffer's release unmaps and closes */
     return err;
   }
+  if (share_fd >= 0) { /* held until its answer is written (dspkd_shm_share_count) */
+    j->share_counted = true;
+    dspkd_shm_share_count(c, +1);
+  }
   dspkd_sched_submit(j);
   return 0;
 nomem:

@@ -104,6 +104,8 @@ void dspkd_job_free(struct dspkd *d, struct job *j) {
     dspkd_dbuf_unref(d, j->refs[i]);
   dspkd_chunk_unref(j->chunk);
   dspkd_wreq_free(j->resp);
+  if (j->share_counted && j->conn) /* its memfd is closed with the buffer */
+    dspkd_shm_share_count(j->conn, -1);
   free(j->errmsg);
   if (j->conn)
     dspkd_conn_unref(j->conn);
@@ -428,6 +430,10 @@ void dspkd_sched_done_cb(uv_async_t *h) {
                     (unsigned long long)c->id, (unsigned long long)j->buf->id);
     }
     if (j->resp && !c->closing) {
+      if (j->share_counted && j->resp->fd >= 0) { /* the answer holds the memfd now */
+        j->resp->share_conn = c;
+        j->share_counted = false;
+      }
       dspkd_conn_send(c, j->resp);
       j->resp = NULL;
     } else if (!c->closing) {

@@ -30,10 +30,20 @@
  * (about 36 KiB at most) and ends the read there at the latest, so only a
  * buffer.import frame that starts that sendmsg is sure to find its
  * descriptor (protocol.md, Passing descriptors).
+ *
+ * Descriptors held for clients are bounded per connection and per user
+ * (docs/admin.md, "File descriptors"), so that no user can use up the
+ * daemon's RLIMIT_NOFILE: at most DSPKD_MAX_FDS unclaimed on a connection
+ * and DSPKD_MAX_USER_FDS on all of one uid's, and DSPKD_MAX_USER_SHARES
+ * buffer.share memfds of one uid whose answers are not yet written.  A
+ * descriptor the daemon had no descriptor left to receive (the kernel drops
+ * it in recvmsg) or to keep (F_DUPFD fails) is answered ELIMIT saying so,
+ * never EINVAL: the client did send it.
  */
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -57,30 +67,84 @@
 
 static void free_handle(uv_handle_t *h) { free(h); }
 
-int dspkd_shm_take_fds(struct conn *c) {
+/* Logs that a descriptor a client sent was lost because the daemon had
+ * none free (err: EMFILE or ENFILE): a warning at most once a minute, the
+ * rest at debug, so that a client cannot flood the log. */
+static void log_lost(struct conn *c, const char *what, int err) {
+  static uint64_t last_ms, unlogged;
+  uint64_t now = dspkd_now_ms();
+  const char *name = err == EMFILE ? "EMFILE" : "ENFILE";
+  if (last_ms && now - last_ms < 60000) {
+    unlogged++;
+    dspkd_debug("client %llu: %s: %s (%s)", (unsigned long long)c->id, what, name,
+                strerror(err));
+    return;
+  }
+  dspkd_warn("client %llu: %s: %s (%s; %llu more since the last such line; logged at most "
+             "once a minute; docs/admin.md, \"File descriptors\")", (unsigned long long)c->id,
+             what, name, strerror(err), (unsigned long long)unlogged);
+  last_ms = now;
+  unlogged = 0;
+}
+
+/* Keeps fd (-1: lost) as the connection's next unclaimed descriptor,
+ * counted for its user. */
+static void fds_push(struct conn *c, int fd) {
+  c->fds[c->nfds].fd = fd;
+  c->fds[c->nfds].pos = c->rx_pos;
+  c->nfds++;
+  if (c->user)
+    c->user->nfds++;
+}
+
+int dspkd_shm_take_fds(struct conn *c, char *msg, size_t len) {
   while (uv_pipe_pending_count(&c->pipe) > 0) {
     uv_pipe_t *tmp = malloc(sizeof(*tmp));
     uv_os_fd_t ofd;
-    int fd = -1;
+    int fd = -1, dup_err = 0;
 
-    if (!tmp)
+    if (!tmp) {
+      snprintf(msg, len, "cannot take a file descriptor (out of memory)");
       return DSPK_ENOMEM;
+    }
     /* libuv hands a received descriptor out only through a handle: accept
      * it into a pipe, keep a duplicate, and let the handle close its own. */
     uv_pipe_init(c->d->loop, tmp, 0);
     if (uv_accept((uv_stream_t *)&c->pipe, (uv_stream_t *)tmp) == 0 &&
-        uv_fileno((uv_handle_t *)tmp, &ofd) == 0)
+        uv_fileno((uv_handle_t *)tmp, &ofd) == 0) {
       fd = fcntl(ofd, F_DUPFD_CLOEXEC, 0);
+      dup_err = fd < 0 ? errno : 0;
+    } else {
+      dup_err = EBADF;
+    }
     uv_close((uv_handle_t *)tmp, free_handle);
-    if (fd < 0)
-      return DSPK_ENOMEM;
     if (c->nfds == DSPKD_MAX_FDS) {
-      close(fd);
+      if (fd >= 0)
+        close(fd);
+      snprintf(msg, len, "more than %d file descriptors not claimed by a buffer.import",
+               DSPKD_MAX_FDS);
       return DSPK_ELIMIT;
     }
-    c->fds[c->nfds].fd = fd;
-    c->fds[c->nfds].pos = c->rx_pos;
-    c->nfds++;
+    if (c->user && c->user->nfds >= DSPKD_MAX_USER_FDS) {
+      if (fd >= 0)
+        close(fd);
+      snprintf(msg, len, "more than %d file descriptors not claimed by a buffer.import "
+               "on this user's connections together", DSPKD_MAX_USER_FDS);
+      return DSPK_ELIMIT;
+    }
+    if (fd < 0 && (dup_err == EMFILE || dup_err == ENFILE)) {
+      /* The descriptor came, but the daemon has none left to keep it:
+       * the buffer.import it came with is told so (dspkd_m_buffer_import). */
+      log_lost(c, "a file descriptor it sent is lost, the daemon has none left to keep it",
+               dup_err);
+      fds_push(c, -1);
+      continue;
+    }
+    if (fd < 0) {
+      snprintf(msg, len, "cannot take a file descriptor (%s)", strerror(dup_err));
+      return DSPK_ENOMEM;
+    }
+    fds_push(c, fd);
   }
   return 0;
 }
@@ -88,22 +152,32 @@ int dspkd_shm_take_fds(struct conn *c) {
 static void fds_shift(struct conn *c) {
   memmove(&c->fds[0], &c->fds[1], (size_t)(c->nfds - 1) * sizeof(c->fds[0]));
   c->nfds--;
+  if (c->user)
+    c->user->nfds--;
 }
 
 void dspkd_shm_drop_stale(struct conn *c) {
   while (c->nfds > 0 && c->fds[0].pos <= c->frame_pos) {
     dspkd_debug("client %llu: closing a file descriptor no buffer.import claimed",
                 (unsigned long long)c->id);
-    close(c->fds[0].fd);
+    if (c->fds[0].fd >= 0)
+      close(c->fds[0].fd);
     fds_shift(c);
   }
 }
 
 void dspkd_shm_conn_closed(struct conn *c) {
   while (c->nfds > 0) {
-    close(c->fds[0].fd);
+    if (c->fds[0].fd >= 0)
+      close(c->fds[0].fd);
     fds_shift(c);
   }
+}
+
+void dspkd_shm_share_count(struct conn *c, int delta) {
+  c->share_fds += (size_t)(ssize_t)delta;
+  if (c->user)
+    c->user->share_fds += (size_t)(ssize_t)delta;
 }
 
 /* ---- the methods ------------------------------------------------------ */
@@ -155,6 +229,21 @@ static int shm_submit(struct req *r, struct device *dev, uint64_t size, void *ho
   return dspkd_buffer_submit(r, dev, size, host, share_fd);
 }
 
+/* Whether the daemon is out of descriptors now: EMFILE or ENFILE (a
+ * duplicate of the connection's socket cannot be made), else 0. */
+static int fds_exhausted(struct conn *c) {
+  uv_os_fd_t sfd;
+  int fd;
+  if (uv_fileno((uv_handle_t *)&c->pipe, &sfd) != 0)
+    return 0;
+  fd = fcntl(sfd, F_DUPFD_CLOEXEC, 0);
+  if (fd >= 0) {
+    close(fd);
+    return 0;
+  }
+  return errno == EMFILE || errno == ENFILE ? errno : 0;
+}
+
 int dspkd_m_buffer_import(struct req *r) {
   struct conn *c = r->c;
   struct device *dev;
@@ -164,12 +253,24 @@ int dspkd_m_buffer_import(struct req *r) {
   void *host;
   int fd, seals, err;
 
+  if (c->nfds == 0 && (err = fds_exhausted(c))) {
+    /* The kernel drops the descriptors of a message the daemon has no
+     * descriptor free to receive: the client did send one. */
+    log_lost(c, "buffer.import: no file descriptor came with it and the daemon has none "
+             "free (the kernel drops the descriptors it cannot pass on)", err);
+    return fail(r, DSPK_ELIMIT, "buffer.import: the daemon had no file descriptor left "
+                "to receive the memfd (%s): try again later", err == EMFILE ? "EMFILE"
+                : "ENFILE");
+  }
   if (c->nfds == 0)
     return fail(r, DSPK_EINVAL, "buffer.import: no file descriptor came with this request "
                 "(send one memfd with SCM_RIGHTS in a sendmsg whose data starts with "
                 "this request)");
   fd = c->fds[0].fd;
   fds_shift(c);
+  if (fd < 0)
+    return fail(r, DSPK_ELIMIT, "buffer.import: the daemon had no file descriptor left "
+                "to receive the memfd (EMFILE): try again later");
   if ((err = shm_args(r, "buffer.import", &dev, &size)))
     goto out;
   seals = fcntl(fd, F_GET_SEALS);
@@ -224,6 +325,10 @@ int dspkd_m_buffer_share(struct req *r) {
 
   if ((err = shm_args(r, "buffer.share", &dev, &size)))
     return err;
+  if (r->c->user && r->c->user->share_fds >= DSPKD_MAX_USER_SHARES)
+    return fail(r, DSPK_ELIMIT, "buffer.share: this user has %d shared memfds whose "
+                "answers are not yet written (at most %d: read the answers first)",
+                DSPKD_MAX_USER_SHARES, DSPKD_MAX_USER_SHARES);
   fd = memfd_create("dspk-buffer", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0)
     return fail(r, errno == EMFILE || errno == ENFILE ? DSPK_ELIMIT : DSPK_ENOMEM,

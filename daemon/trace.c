@@ -29,7 +29,13 @@
 #include "daemon/log.h"
 
 #define TRACE_MAX_S 600.0  /* longest trace */
+/* Traces recording at once (docs/protocol.md, trace): admins have slots of
+ * their own, so that no user's traces keep an admin from tracing; everyone
+ * else shares the other slots, at most TRACE_MAX_PER_USER per uid, so that
+ * one user cannot take them all. */
 #define TRACE_MAX_SESSIONS 8
+#define TRACE_MAX_ADMIN 8
+#define TRACE_MAX_PER_USER 2
 
 struct trace_sess {
   struct trace_sess *next;
@@ -40,6 +46,7 @@ struct trace_sess {
   uint64_t t0;
   uint64_t seq0[DSPKD_MAX_DEVICES];
   bool admin;                        /* the caller, when the trace began */
+  uid_t uid;                         /* the caller's */
   bool shown[DSPKD_MAX_DEVICES];     /* the devices it is shown */
 };
 
@@ -244,7 +251,9 @@ int dspkd_m_trace(struct req *r) {
   struct trace_sess *s;
   struct trace_rec *fresh[DSPKD_MAX_DEVICES] = {0};
   double seconds = r->v[DSPK__TRACE_SECONDS].v.f;
-  int nsess = 0;
+  bool admin = dspkd_admin_is(r->c);
+  uid_t uid = r->c->uid;
+  int nadmin = 0, nother = 0, nuid = 0;
 
   if (!(seconds > 0 && seconds <= TRACE_MAX_S)) {
     snprintf(r->msg, sizeof r->msg, "seconds: expected a number in (0, %g]", TRACE_MAX_S);
@@ -254,17 +263,35 @@ int dspkd_m_trace(struct req *r) {
     snprintf(r->msg, sizeof r->msg, "the daemon is stopping");
     return DSPK_ESHUTDOWN;
   }
-  for (s = d->obs.traces; s; s = s->next)
-    nsess++;
-  if (nsess >= TRACE_MAX_SESSIONS) {
-    snprintf(r->msg, sizeof r->msg, "%d traces are in progress already", nsess);
+  for (s = d->obs.traces; s; s = s->next) {
+    if (s->admin)
+      nadmin++;
+    else
+      nother++;
+    if (!s->admin && s->uid == uid)
+      nuid++;
+  }
+  if (admin && nadmin >= TRACE_MAX_ADMIN) {
+    snprintf(r->msg, sizeof r->msg, "%d traces of admins are in progress already "
+             "(at most %d)", nadmin, TRACE_MAX_ADMIN);
+    return DSPK_EBUSY;
+  }
+  if (!admin && nuid >= TRACE_MAX_PER_USER) {
+    snprintf(r->msg, sizeof r->msg, "this user has %d traces in progress already "
+             "(at most %d per user)", nuid, TRACE_MAX_PER_USER);
+    return DSPK_EBUSY;
+  }
+  if (!admin && nother >= TRACE_MAX_SESSIONS) {
+    snprintf(r->msg, sizeof r->msg, "%d traces of users who are not admins are in "
+             "progress already (at most %d)", nother, TRACE_MAX_SESSIONS);
     return DSPK_EBUSY;
   }
   s = calloc(1, sizeof *s);
   if (!s)
     return DSPK_ENOMEM;
   /* Whom the caller may see is fixed now, as status would show it. */
-  s->admin = dspkd_admin_is(r->c);
+  s->admin = admin;
+  s->uid = uid;
   dspkd_devices_shown(r->c, s->admin, s->shown);
   /* The rings, allocated at the first trace (only the loop sets them). */
   for (int i = 0; i < d->ndevs; i++) {

@@ -310,7 +310,9 @@ DSPK_EXPORT int dspk_metrics(dspk_client *c, char **text_out);
  * it (category "phase": upload, compute, tuning inside compute, download);
  * the time each job waited in the queue is an "X" event of category
  * "queue" on a thread of its client.  Timestamps are microseconds from the
- * first event. */
+ * first event.  DSPK_EBUSY at once when too many traces record already (a
+ * user who is not an admin: 2 of its own, 8 of such users together; admins
+ * 8 of their own: docs/protocol.md, trace). */
 DSPK_EXPORT int dspk_trace(dspk_client *c, double seconds, char **json_out);
 
 /* ---- daemon-side buffers ------------------------------------------------- */

@@ -128,14 +128,15 @@ class Skip(Exception):
 
 
 class Daemon:
-    def __init__(self, exe, tmp, extra=(), sock=None, env=None, cwd=None, umask=None):
+    def __init__(self, exe, tmp, extra=(), sock=None, env=None, cwd=None, umask=None,
+                 preexec_fn=None):
         self.sock = sock or os.path.join(tmp, "dspkd.sock")
         self.log = open(os.path.join(tmp, "dspkd-%d.log" % random.randrange(1 << 30)), "w+",
                         errors="replace")
         args = dspk_daemon.cmdline(os.path.abspath(exe), self.sock, extra)
         self.proc = dspk_daemon.start(
             args, TIMEOUT, stderr=self.log, env=env, cwd=cwd,
-            preexec_fn=None if umask is None else lambda: os.umask(umask))
+            preexec_fn=preexec_fn if umask is None else lambda: os.umask(umask))
         if not self.proc:
             raise AssertionError("dspkd did not become ready:\n" + self.logtext())
         DAEMONS.append(self)
@@ -3383,6 +3384,282 @@ def t_cacheclearfail(exe, tmp):
           "one warning with the reason: %r\n%s" % (warn, "".join(loglines)[-3000:]))
 
 
+def t_traceslots(exe, tmp):
+    """trace slots (docs/protocol.md, trace): a user who is not an admin
+    records at most 2 traces at once, such users 8 together, and admins have
+    8 slots of their own that no other user's traces take."""
+    if os.geteuid() != 0:
+        raise Skip("needs root to act as other users")
+    d = Daemon(exe, tmp)
+    os.chmod(tmp, 0o711)  # as in t_privacy: other uids reach the socket
+
+    def hog(n):
+        """A child as another uid that asks for n traces of 600 s on one
+        connection, then a ping: every trace before the ping was decided
+        when its answer comes.  Sends the parent the names of the errors
+        answered so far (the traces taken in are not answered) and holds
+        its connection until the parent closes its pipe."""
+        def fn(w, r):
+            c = Client(d.sock)
+            ms = [c.send("trace", {"seconds": 600}) for _ in range(n)]
+            c.call("ping")
+            errs = []
+            for m in ms:
+                got = c.responses.pop(m, None)
+                if got is not None:
+                    errs.append(got[2]["name"] if got[2] else "ok")
+                    if got[2]:
+                        errs.append(got[2]["message"])
+            os.write(w, msgpack.packb(errs))
+            os.close(w)
+            os.read(r, 1)
+        return fn
+
+    kids = []
+
+    def start(uid, n):
+        pid, r, w = dspk_daemon.fork_as(uid, 0, hog(n))
+        data = b""
+        while True:
+            more = os.read(r, 1 << 16)
+            if not more:
+                break
+            data += more
+        os.close(r)
+        kids.append((pid, w))
+        check(data, "the child as uid %d failed" % uid)
+        return msgpack.unpackb(data)
+
+    # One user: two traces, the third refused, for this user only.
+    got = start(65534, 3)
+    check(len(got) == 2 and got[0] == "EBUSY" and "per user" in got[1],
+          "a third trace of one user: EBUSY per user: %r" % (got,))
+    got = start(65533, 2)
+    check(got == [], "another user's traces are taken in: %r" % (got,))
+    got = start(65532, 2)
+    check(got == [], "a third user's traces are taken in: %r" % (got,))
+    got = start(65531, 2)
+    check(got == [], "a fourth user's traces are taken in: %r" % (got,))
+    # 8 traces of users who are not admins record: a fifth user waits.
+    got = start(65530, 1)
+    check(len(got) == 2 and got[0] == "EBUSY" and "not admins" in got[1],
+          "a ninth trace of non-admins: EBUSY: %r" % (got,))
+    # An admin (root) still has all of its own slots.
+    root = d.client()
+    ms = [root.send("trace", {"seconds": 600}) for _ in range(7)]
+    check(set(root.call("trace", {"seconds": 0.001})) >= {"jobs", "devices"},
+          "an admin's trace while users hold 8")
+    ms.append(root.send("trace", {"seconds": 600}))  # the admins' eighth
+    root.expect_error("EBUSY", "trace", {"seconds": 0.001})
+    check(all(m not in root.responses for m in ms), "the admins' 8 traces record")
+    root.close()
+    for pid, w in kids:  # all first: each later child holds the earlier ones' pipes
+        os.close(w)
+    for pid, w in kids:
+        os.waitpid(pid, 0)
+    # The users' connections closed: their slots are free again.
+    c = Client(d.sock)
+    got = "EBUSY"
+    for _ in range(10000):  # the daemon may see the closes after a request of c
+        try:
+            c.call("trace", {"seconds": 0.001})
+            got = "ok"
+            break
+        except RpcError as e:
+            got = e.name
+    check(got == "ok", "a trace once the others closed: %s" % got)
+    c.close()
+    d.stop()
+
+
+def sealed_memfd(size=4096):
+    import fcntl
+    fd = os.memfd_create("dspkd-test", os.MFD_ALLOW_SEALING)
+    os.ftruncate(fd, size)
+    fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK)
+    return fd
+
+
+def send_with_fds(c, method, args, fds):
+    """Sends one request in a single sendmsg that carries fds; its msgid."""
+    c.msgid += 1
+    frame = msgpack.packb([0, c.msgid, method, [args] if args is not None else []],
+                          use_bin_type=True)
+    n = socket.send_fds(c.sock, [frame], fds)
+    if n < len(frame):
+        c.sock.sendall(frame[n:])
+    return c.msgid
+
+
+def nofile(pid):
+    """(soft, hard) RLIMIT_NOFILE of process pid, from /proc/PID/limits."""
+    with open("/proc/%d/limits" % pid) as f:
+        for line in f:
+            if line.startswith("Max open files"):
+                soft, hard = line.split()[3:5]
+                return int(soft), int(hard)
+    raise AssertionError("no Max open files in /proc/%d/limits" % pid)
+
+
+def t_fdlimits(exe, tmp):
+    """File descriptors (docs/admin.md, "File descriptors"): dspkd raises its
+    soft RLIMIT_NOFILE to the hard limit and warns when the hard limit is too
+    low for max_clients; one user's connections together hold at most 64
+    descriptors sent for buffer.import and not yet claimed, so another user is
+    still served; a buffer.import whose memfd the daemon had no descriptor
+    left to receive is answered ELIMIT saying so (not EINVAL, not a
+    protocol error), the log naming EMFILE."""
+    import resource
+    if os.geteuid() != 0:
+        raise Skip("needs root to act as other users")
+
+    # 1. The soft limit is raised to the hard one.
+    d = Daemon(exe, tmp, preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE,
+                                                               (200, 4096)))
+    check(nofile(d.proc.pid) == (4096, 4096), "soft raised to hard: %r" % (nofile(d.proc.pid),))
+    check("RLIMIT_NOFILE 4096 (soft limit was 200" in d.logtext(), "the limit is logged")
+    check("raise the hard limit" not in d.logtext(), "4096 is enough for max_clients 256")
+    d.stop()
+
+    # 2. One user's pending descriptors are bounded; another user is served.
+    low = 160
+    d = Daemon(exe, tmp, preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE,
+                                                               (low, low)))
+    check(nofile(d.proc.pid) == (low, low), "limits as set")
+    check(re.search(r"RLIMIT_NOFILE %d \(hard limit %d\) is below the \d+ that max_clients "
+                    r"256 connections may need.*raise the hard limit" % (low, low), d.logtext()),
+          "a warning says which limit to raise")
+    os.chmod(tmp, 0o711)  # as in t_privacy: other uids reach the socket
+
+    def hog(w, r):
+        """uid 65534: 8 connections each holding 8 unclaimed descriptors (sent
+        with a ping, they stay until the connection's next frame), then a
+        ninth connection's one descriptor passes the user's 64."""
+        cs = []
+        fds = [sealed_memfd() for _ in range(8)]
+        for i in range(8):
+            c = Client(d.sock)
+            c.wait(send_with_fds(c, "ping", None, fds))
+            cs.append(c)
+        c = Client(d.sock)
+        m = send_with_fds(c, "ping", None, fds[:1])
+        notes = c.expect_closed()
+        out = {"answered": m in c.responses,
+               "notes": [[n[1], n[2][0]["name"], n[2][0]["message"]] for n in notes]}
+        os.write(w, msgpack.packb(out))
+        os.close(w)
+        os.read(r, 1)  # the 64 stay pending until the parent has looked
+
+    pid, r, w = dspk_daemon.fork_as(65534, 0, hog)
+    data = b""
+    while True:
+        more = os.read(r, 1 << 16)
+        if not more:
+            break
+        data += more
+    os.close(r)
+    check(data, "the first user's child failed")
+    out = msgpack.unpackb(data)
+    check(not out["answered"] and len(out["notes"]) == 1 and out["notes"][0][:2] ==
+          ["protocol.error", "ELIMIT"] and "this user's connections" in out["notes"][0][2],
+          "the user's 65th pending descriptor: protocol.error ELIMIT: %r" % (out,))
+
+    def other():
+        c = Client(d.sock)
+        fd = sealed_memfd()
+        b = c.wait(send_with_fds(c, "buffer.import", {"size": 4096}, [fd]))
+        os.close(fd)
+        c.call("buffer.write", {"buffer": b["buffer"], "offset": 0, "data": b"abc"})
+        got = c.call("buffer.read", {"buffer": b["buffer"], "offset": 0, "size": 3})["data"]
+        sh = c.call("buffer.share", {"size": 4096})
+        c.close()
+        return [got, sorted(sh)]
+    got = dspk_daemon.run_as(65533, 0, other)
+    check(got[0] == b"abc", "another user imports while the first holds 64: %r" % (got,))
+    os.close(w)
+    os.waitpid(pid, 0)
+    d.stop()
+
+    # 3. No descriptor left: buffer.import says so.
+    low = 64
+    d = Daemon(exe, tmp, ["--max-user-clients", "1000"],
+               preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (low, low)))
+    first = d.client()
+    first.call("ping")
+    held = []
+    while True:  # connections until the daemon refuses one for want of descriptors
+        c = d.client()
+        try:
+            c.call("ping")
+            held.append(c)
+        except (EOFError, ConnectionResetError, BrokenPipeError):
+            notes = c.expect_closed()
+            check(notes and notes[0][1] == "protocol.error" and
+                  "file descriptor" in notes[0][2][0]["message"], "refused: %r" % (notes,))
+            c.close()
+            break
+        check(len(held) < low, "the daemon refused no connection")
+    fd = sealed_memfd()
+
+    def import_outcome(c):
+        try:
+            c.wait(send_with_fds(c, "buffer.import", {"size": 4096}, [fd]))
+            return "ok", ""
+        except RpcError as e:
+            return e.name, e.err.get("message")
+    # None free: the kernel drops the memfd.
+    got = import_outcome(first)
+    check(got[0] == "ELIMIT" and "no file descriptor left" in got[1],
+          "buffer.import with no descriptor free: %r" % (got,))
+    # One free: the memfd arrives, but the daemon cannot keep a copy.
+    gone = held.pop()
+    gone.close()
+    n = len(held) + 1
+    while len([x for x in first.call("status")["clients"]]) > n:
+        pass  # until the daemon has seen the close
+    got = import_outcome(first)
+    check(got[0] in ("ELIMIT", "ok") and (got[0] == "ok" or "no file descriptor left" in got[1]),
+          "buffer.import with one descriptor free: %r" % (got,))
+    first.call("ping")  # the connection stays open
+    log = d.logtext()
+    check("EMFILE" in log, "the log names EMFILE")
+    check("out of memory" not in log, "no out of memory in the log")
+    for c in held[:8]:
+        c.close()
+    while len(first.call("status")["clients"]) > n - 8:
+        pass
+    got = import_outcome(first)
+    check(got[0] == "ok", "buffer.import once descriptors are free: %r" % (got,))
+    for c in held[8:]:
+        c.close()
+    first.close()
+    os.close(fd)
+    d.stop()
+
+    # 4. buffer.share memfds whose answers a user does not read: at most 256.
+    d = Daemon(exe, tmp)
+    lazy = d.client()
+    n = 1000
+    frames = b"".join(msgpack.packb([0, i + 1, "buffer.share", [{"size": 4096}]],
+                                    use_bin_type=True) for i in range(n))
+    lazy.sock.sendall(frames)
+    lazy.msgid = n
+    other = d.client()
+    other.call("ping")  # served meanwhile
+    got = {}
+    for i in range(n):
+        got[i + 1] = lazy.outcome(i + 1)
+    oks = sum(1 for v in got.values() if v == "ok")
+    lim = [v for v in got.values() if v != "ok"]
+    check(lim and set(lim) == {"ELIMIT"} and oks >= 256,
+          "1000 buffer.share unread: some ELIMIT, at least 256 ok: %d ok, %r" % (oks, set(lim)))
+    # Once read, shares work again.
+    check(set(lazy.call("buffer.share", {"size": 4096})) >= {"buffer"}, "share after reading")
+    lazy.close()
+    other.close()
+    d.stop()
+
+
 GROUPS = {
     "cacheclearfail": t_cacheclearfail,
     "inplace": t_inplace,
@@ -3413,6 +3690,8 @@ GROUPS = {
     "wire": t_wire,
     "utf8": t_utf8,
     "privacy": t_privacy,
+    "fdlimits": t_fdlimits,
+    "traceslots": t_traceslots,
     "obsprivacy": t_obsprivacy,
     "userunsent": t_userunsent,
     "sockmode": t_sockmode,
