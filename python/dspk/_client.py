@@ -214,6 +214,62 @@ def _foreign(e: BaseException) -> bool:
     return not tb.tb_frame.f_code.co_filename.startswith(_OURS)
 
 
+_SEND_RECHECK = 0.05  # seconds: a thread waiting to send looks again at least this often
+
+
+class _SendLock:
+    """The right to write on the connection, safe against interruptions.
+
+    A ``threading.Lock`` acquired by a call (``lock.acquire(timeout=...)``) cannot be
+    released reliably: CPython runs signal handlers right after a C call returns, so a
+    KeyboardInterrupt can arrive with the lock taken and before any ``try`` that would
+    release it, and the lock then stays held for good.  Here the writer is a token
+    stored in ``owner``: :meth:`claim` stores it (under ``mutex``, taken only by
+    ``with`` blocks, which CPython does not interrupt between taking the lock and
+    entering the block), and the writer's ``finally`` gives it back with no call before
+    the store (``if sl.owner is token: sl.owner = None``), so whatever interrupts the
+    writer, the right is given back exactly when it was taken.  A thread waiting for it
+    is woken by :meth:`wake`, and looks again every _SEND_RECHECK seconds in case an
+    interruption cut a wake-up.  ``mutex`` is re-entrant: a garbage collection that
+    runs inside it on the same thread may come back (_flush_frees)."""
+    __slots__ = ("mutex", "cond", "owner")
+
+    def __init__(self) -> None:
+        self.mutex = threading.RLock()
+        self.cond = threading.Condition(self.mutex)
+        self.owner: Any = None
+
+    def locked(self) -> bool:
+        """Whether some call holds the right to write."""
+        return self.owner is not None
+
+    def claim(self, token: Any, deadline: Optional[float], wait: bool = True,
+              gone: Optional[Callable[[], Optional[BaseException]]] = None) -> bool:
+        """Makes ``token`` the owner: at once when free (True); else False without
+        ``wait``, or waits until ``deadline`` (time.monotonic(); None: for ever; past
+        it: TimeoutError) or until ``gone()`` returns an exception, which is raised.
+        The caller calls this inside the ``try`` whose ``finally`` gives it back."""
+        with self.mutex:
+            while self.owner is not None:
+                if not wait:
+                    return False
+                err = gone() if gone is not None else None
+                if err is not None:
+                    raise err
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise TimeoutError()
+                self.cond.wait(_SEND_RECHECK if left is None else min(left, _SEND_RECHECK))
+            self.owner = token
+            return True
+
+    def wake(self) -> None:
+        """Wakes the threads waiting in claim() (the owner gave it back, or the client
+        closed)."""
+        with self.mutex:
+            self.cond.notify_all()
+
+
 class _Temp:
     """A shared temporary of the automatic shared-memory path: a sealed memfd the
     daemon imported (``buffer.import``), reused by later tasks."""
@@ -808,7 +864,7 @@ class Client:
         self._direct: Dict[int, Tuple[bytes, memoryview]] = {}
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
-        self._send_lock = threading.Lock()
+        self._send_lock = _SendLock()
         self._pending: Dict[int, _Call] = {}
         self._next_id = 1
         self._reading = False            # some thread is in the pump
@@ -874,7 +930,10 @@ class Client:
 
     def close(self) -> None:
         """Closes the connection (idempotent).  Pending calls end with dspk.Closed; the
-        daemon frees this connection's buffers and drops its queued tasks.  In a child
+        daemon frees this connection's buffers and drops its queued tasks.  Returns at
+        once whatever other threads do: it never waits for the send lock (a thread
+        writing, or waiting for room or for the lock, is woken with dspk.Closed; the
+        descriptor is closed when the last writer lets go).  In a child
         of fork() it closes only the child's copy of the descriptor (the connection,
         and its buffers, stay the parent's)."""
         if self._forked():
@@ -891,12 +950,25 @@ class Client:
                 pass
             self._wake()
         self._fail_all()
+        self._send_lock.wake()  # a thread waiting to send sees the client closed
         t = self._thread
         if t is not None and t is not threading.current_thread():
             t.join()
-        with self._send_lock, self._lock:
-            if self._sock.fileno() >= 0 and not self._reading:
-                self._sock.close()
+        self._release_fds()
+
+    def _release_fds(self) -> None:
+        """Once closed: closes the socket's and the wake-up pipe's descriptors when no
+        thread writes (a writer still polls them; the one that gives the send lock
+        back after close() calls this again) and none reads.  Never waits for a lock
+        held for longer than a few instructions: close() returns at once whatever
+        other threads do."""
+        sl = self._send_lock
+        with sl.mutex:
+            if sl.owner is not None:
+                return  # that writer calls this when it lets go
+            with self._lock:
+                if self._sock.fileno() >= 0 and not self._reading:
+                    self._sock.close()
             self._close_wake()
 
     def _wake(self) -> None:
@@ -1015,18 +1087,34 @@ class Client:
         # hung host) fills the socket's buffer, and a blocking send, or the send lock
         # another thread holds meanwhile, would wait for ever.
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
-        if not self._send_lock.acquire(timeout=-1 if deadline is None else self.timeout):
-            raise _errors.Timeout("could not send a request within %gs (the daemon reads "
-                                  "no more)" % self.timeout)
+        sl, token = self._send_lock, object()
         try:
+            try:
+                sl.claim(token, deadline, gone=self._gone)
+            except TimeoutError:
+                raise _errors.Timeout("could not send a request within %gs (the daemon "
+                                      "reads no more)" % self.timeout) from None
             if self._closed is not None:
                 raise self._closed_error()
             self._write_locked(views, anc, deadline)
             self._flush_frees_locked()
         finally:
-            self._send_lock.release()
+            if sl.owner is token:  # no call before the store: nothing can cut it
+                sl.owner = None
+                self._after_send()
         if self._dead_shared:  # queued while this thread held the lock
             self._flush_frees()
+
+    def _gone(self) -> Optional[BaseException]:
+        """For _SendLock.claim: the error of a closed client, else None."""
+        return self._closed_error() if self._closed is not None else None
+
+    def _after_send(self) -> None:
+        """The send lock was given back: wakes the threads waiting for it, and closes
+        the descriptors if close() came meanwhile."""
+        self._send_lock.wake()
+        if self._closed is not None and not self._forked():
+            self._release_fds()
 
     def _write_locked(self, views: List[memoryview], anc: List[Any],
                       deadline: Optional[float], sent: int = 0) -> None:
@@ -1111,21 +1199,22 @@ class Client:
         one files it: this waits (at most a second) until it has found the
         connection closed."""
         me = threading.get_ident()
-        with self._lock:
-            if self._reading and self._reader_ident != me:
-                deadline = time.monotonic() + 1.0
-                while self._closed is None and self._reading and \
-                        self._reader_ident != me:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        return
-                    self._cond.wait(left)
-                if self._closed is not None:
-                    return
-            nested = self._reading
-            self._reading, self._reader_ident = True, me
         ready: List[Tuple[Callable[..., Any], Tuple[Any, ...]]] = []
+        nested = True  # until this thread takes the reading: nothing to give back
         try:
+            with self._lock:
+                if self._reading and self._reader_ident != me:
+                    deadline = time.monotonic() + 1.0
+                    while self._closed is None and self._reading and \
+                            self._reader_ident != me:
+                        left = deadline - time.monotonic()
+                        if left <= 0:
+                            return
+                        self._cond.wait(min(left, _SEND_RECHECK))
+                    if self._closed is not None:
+                        return
+                nested = self._reading
+                self._reading, self._reader_ident = True, me
             for _ in range(64):  # the socket's buffer is bounded: so is this
                 if self._protocol_error is not None:
                     break
@@ -1144,11 +1233,17 @@ class Client:
                         raise
                     break
         finally:
-            if not nested:
-                with self._lock:
-                    self._reading, self._reader_ident = False, 0
-                    self._cond.notify_all()
+            if not nested and self._reader_ident == me:  # no call before the store
+                self._reading, self._reader_ident = False, 0
+                self._readers_wake()
         self._run_ready(ready)
+
+    def _readers_wake(self) -> None:
+        """Wakes the threads waiting for the reading thread to stop (it gave the
+        reading back: stored before this call, so that no interruption can keep it;
+        the waiters look again every _SEND_RECHECK seconds in case one cut this)."""
+        with self._lock:
+            self._cond.notify_all()
 
     def _cut(self, err: Error) -> None:
         """The stream cannot carry another message: every pending call ends with
@@ -1173,12 +1268,17 @@ class Client:
         """Sends the buffer.free owed, if the send lock can be had without waiting."""
         if self._forked():
             return
-        while self._dead_shared and self._closed is None and \
-                self._send_lock.acquire(blocking=False):
+        sl = self._send_lock
+        while self._dead_shared and self._closed is None:
+            token = object()
             try:
+                if not sl.claim(token, None, wait=False):
+                    return  # the thread holding it sends them when it lets it go
                 flushed = self._flush_frees_locked()
             finally:
-                self._send_lock.release()
+                if sl.owner is token:  # no call before the store: nothing can cut it
+                    sl.owner = None
+                    self._after_send()
             if not flushed:
                 return
 
@@ -1328,18 +1428,20 @@ class Client:
         (a nested wait): it goes on reading."""
         me = threading.get_ident()
         while not fut.done():
-            with self._lock:
-                if fut.done():
-                    break
-                if self._reading and self._reader_ident != me:
-                    left = None if deadline is None else deadline - time.monotonic()
-                    if left is not None and left <= 0:
-                        return False
-                    self._cond.wait(left)
-                    continue
-                nested = self._reading
-                self._reading, self._reader_ident = True, me
+            nested = True  # until this thread takes the reading: nothing to give back
             try:
+                with self._lock:
+                    if fut.done():
+                        break
+                    if self._reading and self._reader_ident != me:
+                        left = None if deadline is None else deadline - time.monotonic()
+                        if left is not None and left <= 0:
+                            return False
+                        self._cond.wait(_SEND_RECHECK if left is None
+                                        else min(left, _SEND_RECHECK))
+                        continue
+                    nested = self._reading
+                    self._reading, self._reader_ident = True, me
                 while not fut.done():
                     if self._closed is not None:
                         # Everything pending failed; a future not among them (a staged
@@ -1350,10 +1452,9 @@ class Client:
                         return False
                     self._read_once(left)
             finally:
-                if not nested:
-                    with self._lock:
-                        self._reading, self._reader_ident = False, 0
-                        self._cond.notify_all()
+                if not nested and self._reader_ident == me:  # no call before the store
+                    self._reading, self._reader_ident = False, 0
+                    self._readers_wake()
         return True
 
     def _is_reader(self) -> bool:
@@ -1447,12 +1548,22 @@ class Client:
         handler, on the main thread) is raised once all have run, so no future is left
         pending."""
         first: Optional[BaseException] = None
+        tries = 0
         while ready:
-            fn, args = ready.pop(0)
             try:
+                fn, args = ready[0]
+                tries += 1
                 fn(*args)
+                # Taken off only once run: an interruption before the call's body (a
+                # signal handler runs as a Python function starts) runs it once more
+                # (settling a future twice does nothing).
+                del ready[0]
+                tries = 0
             except BaseException as e:  # noqa: B036
                 first = first or e
+                if tries >= 2 and ready:
+                    del ready[0]
+                    tries = 0
             with self._lock:
                 self._cond.notify_all()
         if first is not None:
@@ -1636,15 +1747,15 @@ class Client:
         submit() starts it again)."""
         me = threading.get_ident()
         while True:
-            with self._lock:
-                while self._reading and self._async and self._closed is None:
-                    self._cond.wait()
-                if not self._async or self._closed is not None:
-                    self._thread = None if self._thread is threading.current_thread() \
-                        else self._thread
-                    return
-                self._reading, self._reader_ident = True, me
             try:
+                with self._lock:
+                    while self._reading and self._async and self._closed is None:
+                        self._cond.wait(_SEND_RECHECK)
+                    if not self._async or self._closed is not None:
+                        self._thread = None if self._thread is threading.current_thread() \
+                            else self._thread
+                        return
+                    self._reading, self._reader_ident = True, me
                 while self._closed is None:
                     with self._lock:
                         if not self._async:
@@ -1657,9 +1768,9 @@ class Client:
                         # futures are pending (a cut connection ends the loop).
                         pass
             finally:
-                with self._lock:
+                if self._reader_ident == me:  # no call before the store
                     self._reading, self._reader_ident = False, 0
-                    self._cond.notify_all()
+                    self._readers_wake()
 
     # ---- simple methods ----------------------------------------------------------
 
@@ -1847,9 +1958,11 @@ class Client:
             return "any"
         return str(min(able, key=rank).get("id"))
 
-    def _temp_get(self, device: str, nbytes: int) -> _Temp:
+    def _temp_get(self, device: str, nbytes: int, into: List[_Temp]) -> _Temp:
         """An idle shared temporary of at least nbytes on device (the smallest that
-        fits), or a new one; busy until _temp_put."""
+        fits), or a new one; busy until _temp_put.  It is appended to ``into`` (the
+        caller's list, which it gives to _temp_put on every path) in the same step
+        that makes it busy, so that no interruption can leave it busy for good."""
         with self._temp_lock:
             best = None
             for t in self._temps:
@@ -1858,6 +1971,7 @@ class Client:
                     best = t
             if best is not None:
                 best.busy = True
+                into.append(best)
                 return best
             drop = self._temp_trim_locked(1)
         self._temp_free(drop)
@@ -1865,7 +1979,9 @@ class Client:
         mm, view, buf, dev = self._import_memfd(device, size)
         t = _Temp(buf, dev, size, mm, view)
         with self._temp_lock:
-            self._temps.append(t)
+            # Neither statement is a call: no signal handler runs between them.
+            into += [t]
+            self._temps += [t]
         return t
 
     def _temp_put(self, temps: Sequence[_Temp]) -> None:
@@ -1932,12 +2048,17 @@ class Client:
             return False
         self._temp_free(drop)
         if self._dead_shared and not self._forked():
-            deadline = None if self.timeout is None else self.timeout
-            if self._send_lock.acquire(timeout=-1 if deadline is None else deadline):
-                try:
-                    self._flush_frees_locked()
-                finally:
-                    self._send_lock.release()
+            deadline = None if self.timeout is None else time.monotonic() + self.timeout
+            sl, token = self._send_lock, object()
+            try:
+                sl.claim(token, deadline, gone=self._gone)
+                self._flush_frees_locked()
+            except (TimeoutError, Error):
+                pass  # not sent now: they go with a later request (or the connection)
+            finally:
+                if sl.owner is token:  # no call before the store: nothing can cut it
+                    sl.owner = None
+                    self._after_send()
         return True
 
     @staticmethod
@@ -2018,14 +2139,15 @@ class Client:
     # ---- tasks -------------------------------------------------------------------
 
     def _task_request(self, op: str, inputs: Sequence[ArrayLike], options: Dict[str, Any],
-                      device: str, out: Optional[OutArg]
+                      device: str, out: Optional[OutArg], shm: List[_Temp]
                       ) -> Tuple[Dict[str, Any], List[memoryview], List[int],
-                                 Callable[[Any], Any], str, List[_Temp]]:
+                                 Callable[[Any], Any], str]:
         """The task.run request of an op: (args, payloads spliced in by _encode,
         temporary buffers staging operands (the caller frees them), the decoder of
-        the answer, the device the task is pinned to or "any", shared temporaries)."""
+        the answer, the device the task is pinned to or "any").  The shared
+        temporaries it takes go into ``shm``, which the caller gives back (_temp_put)
+        on every path, an exception of this method's included."""
         bigs: List[memoryview] = []
-        shm: List[_Temp] = []
         temps: List[int] = []
         tensors: List[Dict[str, Any]] = []
         inline: List[Tuple[np.ndarray, Dict[str, Any]]] = []
@@ -2130,15 +2252,15 @@ class Client:
             if sdev is not None:
                 try:
                     for a, t in big:
-                        tmp = self._temp_get(sdev, a.nbytes)
-                        shm.append(tmp)
+                        tmp = self._temp_get(sdev, a.nbytes, shm)
                         _copy_wide(tmp.view[:a.nbytes], a.reshape(-1).view(np.uint8))
                         t["buffer"], t["offset"] = tmp.buffer, 0
                 except Error:
                     # No shared memory to be had (a limit, no descriptor, a quota): the
                     # socket's path.
-                    self._temp_put(shm)
-                    shm = []
+                    drop = shm[:]
+                    del shm[:]
+                    self._temp_put(drop)
                     for _, t in big:
                         t.pop("buffer", None)
                         t.pop("offset", None)
@@ -2163,7 +2285,6 @@ class Client:
                 total -= a.nbytes
                 t.update(d._ref())
         except BaseException:
-            self._temp_put(shm)
             for b in temps:
                 self._free_quietly(b)
             raise
@@ -2203,7 +2324,7 @@ class Client:
                                         by_pos.get(k) if op == "kernel" else None)
                     for k, t in enumerate(outs, first)]
 
-        return args, bigs, temps, decode, target, shm
+        return args, bigs, temps, decode, target
 
     def _decode_tensor(self, t: Mapping[str, Any], operands: Sequence[DeviceArray],
                        shared_ops: Sequence[Tuple[int, int, np.ndarray]],
@@ -2250,9 +2371,10 @@ class Client:
              progress: Optional[Progress] = None, is_async: bool = False) -> TaskFuture:
         if self._forked():  # before the temporaries' lock, which a fork may leave held
             raise self._fork_error()
-        args, bigs, temps, decode, target, shm = self._task_request(op, inputs, options,
-                                                                    device, out)
+        shm: List[_Temp] = []
         try:
+            args, bigs, temps, decode, target = self._task_request(op, inputs, options,
+                                                                   device, out, shm)
             fut = self._run_request(op, inputs, options, out, single, progress, is_async,
                                     args, bigs, temps, decode, target, shm)
         except BaseException:
@@ -2298,14 +2420,13 @@ class Client:
             rt = None
             if sdev is not None:
                 try:
-                    rt = self._temp_get(sdev, bound)
+                    rt = self._temp_get(sdev, bound, shm)
                 except Error:
                     rt = None  # no shared memory to be had: the socket's path
             if rt is not None:
                 # A large result on cpu:0: written by the daemon into a shared
                 # temporary, copied from there into the array returned (no socket, no
                 # unpacking).
-                shm.append(rt)
                 args["outputs"] = [{"buffer": rt.buffer, "offset": 0}]
 
                 def from_temp(res: Any) -> Any:
