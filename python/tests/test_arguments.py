@@ -470,3 +470,83 @@ def test_ping_and_devices_arguments(client):
     with pytest.raises(dspk.InvalidArgument, match="all: expected a bool"):
         client.devices(all="no")
     assert len(client.devices(all=np.bool_(False))) == len(client.devices())
+
+
+def _bf16_of_fraction(v):
+    """bf16 bits of the exact rational v (a Fraction), rounded to nearest even by
+    integer arithmetic alone (normal numbers of bf16's range only): independent of
+    numpy and of floats."""
+    from fractions import Fraction
+    v = Fraction(v)
+    sign = 0x8000 if v < 0 else 0
+    v = abs(v)
+    e = v.numerator.bit_length() - v.denominator.bit_length()
+    while Fraction(2) ** e > v:
+        e -= 1
+    while Fraction(2) ** (e + 1) <= v:
+        e += 1
+    q = v / Fraction(2) ** (e - 7)      # in [128, 256)
+    n = q.numerator // q.denominator
+    r = q - n
+    if r > Fraction(1, 2) or (r == Fraction(1, 2) and n % 2):
+        n += 1
+    if n == 256:
+        n, e = 128, e + 1
+    return sign | ((e + 127) << 7) | (n - 128)
+
+
+def test_to_bfloat16_rounds_once_from_the_exact_value_of_every_type():
+    """Inputs wider than float64 were rounded to float64 first: a value just above a
+    bf16 tie landed on it and went to even.  int64/uint64/Python int 2**62 + 2**54 + 1
+    gave 4.611686018427388e18 (want 4.647714815446352e18), np.longdouble(1 + 2**-8 +
+    2**-60) gave 1.0 (want 1.0078125).  Checked against exact rational rounding."""
+    from fractions import Fraction
+    rng = np.random.default_rng(21)
+    ints = [2 ** 62 + 2 ** 54 + 1, 2 ** 62 + 2 ** 54, 2 ** 62 + 2 ** 54 - 1, 2 ** 63 - 1,
+            2 ** 53 + 1, 2 ** 55 + 2 ** 47 + 1, 3 * 2 ** 60 + 2 ** 52 + 2 ** 9]
+    for _ in range(300):  # near a tie at every width of 54 to 63 bits
+        e = int(rng.integers(54, 63))
+        tie = (int(rng.integers(128, 256)) * 2 + 1) << (e - 8)
+        ints += [tie + int(rng.integers(1, 1 << (e - 53))), tie - 1, tie,
+                 int(rng.integers(1 << 53, 1 << 62))]
+    cases = [(np.array(ints, np.int64), ints),
+             (np.array([-i for i in ints], np.int64), [-i for i in ints]),
+             (np.array(ints + [2 ** 64 - 1, 2 ** 63 + 2 ** 55 + 1], np.uint64),
+              ints + [2 ** 64 - 1, 2 ** 63 + 2 ** 55 + 1]),
+             (list(ints), ints),                    # Python ints: numpy's int64
+             (np.int64(-(2 ** 62 + 2 ** 54 + 1)), [-(2 ** 62 + 2 ** 54 + 1)])]
+    big = [2 ** 70 + 2 ** 62 + 1, -(2 ** 100 + 2 ** 92 + 3), 2 ** 64 + 2 ** 56 + 1]
+    cases.append((big, big))                        # beyond 64 bits: an object array
+    fr = [Fraction(1, 3), Fraction(-257, 256 * 256) + Fraction(1, 10 ** 30)]
+    cases.append((np.array(fr, object), fr))
+    if np.finfo(np.longdouble).nmant > 52:          # x86's 80-bit long double
+        one = np.longdouble(1)
+        lds = [(one + one / 256 + one / 2 ** 60, 1 + Fraction(1, 256) + Fraction(1, 2 ** 60)),
+               (one + one / 256 - one / 2 ** 60, 1 + Fraction(1, 256) - Fraction(1, 2 ** 60)),
+               (one + 3 * one / 256 + one / 2 ** 62,
+                1 + Fraction(3, 256) + Fraction(1, 2 ** 62))]
+        for k in range(1, 128, 7):
+            tie = 1 + Fraction(2 * k - 1, 256)
+            for off in (Fraction(1, 2 ** 58), -Fraction(1, 2 ** 58), 0):
+                v = tie + off
+                lds.append((np.longdouble(v.numerator) / np.longdouble(v.denominator), v))
+        cases.append((np.array([a for a, _ in lds]), [v for _, v in lds]))
+        cases.append((-np.array([a for a, _ in lds]), [-v for _, v in lds]))
+    f64 = [1 + 2 ** -8 + 2 ** -30, 1 + 2 ** -8, -(3 + 2 ** -6 + 2 ** -52)]
+    cases += [(np.array(f64), [Fraction(x) for x in f64]),
+              (np.array(f64, np.float32), [Fraction(float(x)) for x in
+                                           np.array(f64, np.float32)]),
+              (np.array([1 + 2 ** -8 + 2 ** -10], np.float16),
+               [Fraction(1 + 2 ** -8 + 2 ** -10)])]
+    for x, exact in cases:
+        got = dspk.to_bfloat16(x).view("<u2").reshape(-1).tolist()
+        want = [_bf16_of_fraction(Fraction(v)) for v in exact]
+        bad = [(v, hex(g), hex(w)) for v, g, w in zip(exact, got, want) if g != w]
+        assert not bad, (type(x).__name__, getattr(x, "dtype", None), bad[:4])
+    # the outside tester's cases
+    for x in (np.array([2 ** 62 + 2 ** 54 + 1], np.int64),
+              np.array([2 ** 62 + 2 ** 54 + 1], np.uint64), [2 ** 62 + 2 ** 54 + 1]):
+        assert dspk.from_bfloat16(dspk.to_bfloat16(x))[0] == 4.647714815446352e18
+    for bad in ([True, 2 ** 70], [None, 2 ** 70], ["1", 2 ** 70], [1j, 2 ** 70]):
+        with pytest.raises(dspk.DtypeError, match="to_bfloat16: dtype"):
+            dspk.to_bfloat16(np.array(bad, object))
