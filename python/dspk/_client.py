@@ -54,8 +54,9 @@ _TEMP_IDLE_MAX = 6      # idle shared temporaries kept, at most
 _TEMP_IDLE_BYTES = 256 << 20  # bytes of the idle shared temporaries kept, at most
 _TEMP_IDLE_QUOTA = 8    # ... and at most this fraction of hello's cpu_memory_quota
 _TIMEOUT_FOREVER = 1e9  # seconds (31 years): a timeout above it waits for ever, as None
-_UNITS = {"": 1, "K": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MIB": 1 << 20,
-          "G": 1 << 30, "GIB": 1 << 30, "T": 1 << 40, "TIB": 1 << 40}
+# proto/units.c's units, case-sensitive (docs/cli.md "Sizes")
+_UNITS = {"": 1, "K": 1 << 10, "KiB": 1 << 10, "M": 1 << 20, "MiB": 1 << 20,
+          "G": 1 << 30, "GiB": 1 << 30, "T": 1 << 40, "TiB": 1 << 40}
 
 
 # Copies into and out of shared temporaries of at least _WIDE_MIN bytes are split over
@@ -95,17 +96,29 @@ def _copy_wide(dst: np.ndarray, src: np.ndarray, threads: Optional[int] = None) 
         t.join()
 
 
+def _parse_size(v: str) -> Optional[int]:
+    """A size as proto/units.c (dspk__parse_size, which libdspkclient and every size
+    option use) reads it, else None: ASCII digits and an optional unit spelled
+    exactly K, KiB, M, MiB, G, GiB, T or TiB; no sign, space, newline, lower case,
+    fraction or other digit; nothing beyond 64 bits (docs/cli.md "Sizes")."""
+    n = 0
+    while n < len(v) and "0" <= v[n] <= "9":
+        n += 1
+    if n == 0 or v[n:] not in _UNITS:
+        return None
+    count = int(v[:n])
+    size = count * _UNITS[v[n:]]
+    if count >= 1 << 64 or size >= 1 << 64:  # refused rather than wrapped
+        return None
+    return size
+
+
 def _env_threshold() -> int:
     """``$DSPK_SHARED_THRESHOLD`` (a size: digits and an optional binary unit, K, M,
-    G, T or KiB...; 0: never), else 1 MiB, as libdspkclient and dspk-submit."""
-    v = os.environ.get("DSPK_SHARED_THRESHOLD", "").strip()
-    digits = v.rstrip("KMGTiBkmgtib")
-    unit = v[len(digits):].upper()
-    if digits.isascii() and digits.isdigit() and unit in _UNITS:
-        v = int(digits) * _UNITS[unit]
-        if v < 1 << 64:  # beyond 64 bits: not a size (libdspkclient ignores it too)
-            return int(v)
-    return _SHARED_THRESHOLD
+    G, T or KiB...; 0: never), else 1 MiB, as libdspkclient and dspk-submit: a value
+    that is not a size by _parse_size is ignored, as libdspkclient ignores it."""
+    size = _parse_size(os.environ.get("DSPK_SHARED_THRESHOLD", ""))
+    return _SHARED_THRESHOLD if size is None else size
 
 
 # Shared memory is mapped with libc's mmap through ctypes where it can be: Python 3.11's

@@ -550,3 +550,71 @@ def test_to_bfloat16_rounds_once_from_the_exact_value_of_every_type():
     for bad in ([True, 2 ** 70], [None, 2 ** 70], ["1", 2 ** 70], [1j, 2 ** 70]):
         with pytest.raises(dspk.DtypeError, match="to_bfloat16: dtype"):
             dspk.to_bfloat16(np.array(bad, object))
+
+
+# ---- $DSPK_SHARED_THRESHOLD: sizes exactly as proto/units.c reads them ---------------
+
+def _units_table():
+    """(value, size or None) of every ok()/bad() case of tests/proto/test_units.c, the
+    C parser's own test (tests/common's sibling), with C's escapes decoded to the bytes
+    the environment would hold; None where the repository is not at hand."""
+    import codecs
+    import re
+    common = os.environ.get("DSPK_TESTS_COMMON") or os.path.join(
+        os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests", "common")
+    path = os.path.join(common, "..", "proto", "test_units.c")
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        text = f.read()
+    cases = []
+    for kind, lit, expr in re.findall(r'\b(ok|bad)\("((?:[^"\\]|\\.)*)"(?:,\s*([^;]+))?\);',
+                                      text):
+        raw = codecs.escape_decode(lit.encode("latin-1"))[0]
+        want = None
+        if kind == "ok":
+            expr = expr.strip().rstrip(")").strip() if expr.count(")") > expr.count("(") \
+                else expr.strip()
+            want = eval(expr.replace("(uint64_t)", "").replace("UINT64_MAX", str(2 ** 64 - 1)),
+                        {"__builtins__": {}})
+        cases.append((os.fsdecode(raw), want))
+    return cases
+
+
+# The table of proto/units.c's test, for a copy of python/ run without the repository.
+UNITS_TABLE = [("0", 0), ("4096", 4096), ("007", 7), ("18446744073709551615", 2 ** 64 - 1),
+               ("1K", 1024), ("1KiB", 1024), ("2M", 2 << 20), ("2MiB", 2 << 20),
+               ("3G", 3 << 30), ("3GiB", 3 << 30), ("5TiB", 5 << 40), ("1T", 1 << 40),
+               ("16777215T", 16777215 << 40), ("16777216T", None),
+               ("18014398509481984K", None), ("18446744073709551616", None),
+               ("", None), ("M", None), ("-1", None), ("+1", None), (" 1", None),
+               ("1 ", None), ("1 M", None), ("1.5M", None), ("1k", None), ("1m", None),
+               ("1MB", None), ("1B", None), ("0x10", None), (" 5", None), ("5\n", None),
+               ("\t7", None), ("2m", None), ("2kib", None), ("3g", None), ("\u0663", None),
+               ("1\uff10", None), ("\u00b2", None)]
+
+
+def test_shared_threshold_is_read_as_proto_units_c_reads_sizes(monkeypatch):
+    """Python stripped spaces and took units in any case (" 5", "5\\n", "2m", "2kib",
+    "3g" accepted) where libdspkclient (proto/units.c) ignores all of them.  Each case
+    of the C parser's own test (its table read from tests/proto/test_units.c, and a
+    copy of it here): a size it accepts is the threshold, one it refuses leaves the
+    default (1 MiB)."""
+    from dspk import _client
+    table = _units_table()
+    cases = list(UNITS_TABLE) + (table or [])
+    if table is not None:
+        assert len(table) > 40 and (" 5", None) in table and ("64KiB", 65536) in table
+    for value, want in cases:
+        monkeypatch.setenv("DSPK_SHARED_THRESHOLD", value)
+        got = _client._env_threshold()
+        assert got == (want if want is not None else 1 << 20), (value, got, want)
+    monkeypatch.delenv("DSPK_SHARED_THRESHOLD")
+    assert _client._env_threshold() == 1 << 20
+
+
+def test_shared_threshold_of_the_environment_at_connect(daemon, monkeypatch):
+    for value, want in (("2kib", 1 << 20), (" 5", 1 << 20), ("2KiB", 2048), ("0", 0)):
+        monkeypatch.setenv("DSPK_SHARED_THRESHOLD", value)
+        with dspk.connect(daemon.socket, timeout=TIMEOUT) as c:
+            assert c.shared_threshold == want, value
