@@ -621,7 +621,10 @@ def _nbytes(shape: Tuple[int, ...], dt: np.dtype,
 
 def _kind(v: Any) -> str:
     """What v is, for a message: its type and, when short, its value."""
-    r = repr(v)
+    try:
+        r = repr(v)
+    except Exception:  # noqa: BLE001 - a repr that fails: the type says enough
+        return type(v).__name__
     return "%s %s" % (type(v).__name__, r) if len(r) <= 40 else type(v).__name__
 
 
@@ -811,6 +814,15 @@ class Client:
                  name: Optional[str] = None, timeout: Optional[float] = None) -> None:
         if socket is not None and not isinstance(socket, (str, bytes, os.PathLike)):
             raise _errors.InvalidArgument("socket: expected a path, got %s" % _kind(socket))
+        if socket is not None and not isinstance(socket, (str, bytes)):
+            # A path object's __fspath__ may give neither str nor bytes, or raise: the
+            # caller's argument of another type, refused as such before connecting.
+            try:
+                socket = os.fspath(socket)
+            except Exception as e:  # noqa: BLE001 - what the object raises: named
+                raise _errors.InvalidArgument(
+                    "socket: expected a path, got %s whose __fspath__() gives no str "
+                    "or bytes (%s: %s)" % (_kind(socket), type(e).__name__, e)) from None
         self.socket_path = os.fsdecode(socket) if socket is not None else default_socket()
         if "\0" in self.socket_path:
             # The kernel would take the path up to its first NUL (and one that starts

@@ -618,3 +618,42 @@ def test_shared_threshold_of_the_environment_at_connect(daemon, monkeypatch):
         monkeypatch.setenv("DSPK_SHARED_THRESHOLD", value)
         with dspk.connect(daemon.socket, timeout=TIMEOUT) as c:
             assert c.shared_threshold == want, value
+
+
+def test_a_path_object_giving_no_path_is_invalid_argument(daemon):
+    """An os.PathLike whose __fspath__ gives neither str nor bytes escaped as a plain
+    TypeError, one whose __fspath__ raises as that exception: a socket of another
+    type, python.md says, is dspk.InvalidArgument naming it, before connecting."""
+    class Gives:
+        def __init__(self, v):
+            self.v = v
+
+        def __fspath__(self):
+            return self.v
+
+    class Raises:
+        def __init__(self, e):
+            self.e = e
+
+        def __fspath__(self):
+            raise self.e
+
+    class BadRepr(Gives):
+        def __repr__(self):
+            raise RuntimeError("no repr")
+
+    for obj, named in ((Gives(3), "Gives"), (Gives(None), "Gives"),
+                       (Gives(pathlib.Path("/x")), "Gives"),
+                       (Raises(ValueError("no path")), "Raises"),
+                       (Raises(TypeError("odd")), "Raises"),
+                       (Raises(OSError(5, "io")), "Raises"), (BadRepr(2.5), "BadRepr")):
+        with pytest.raises(dspk.InvalidArgument) as e:
+            dspk.connect(obj)
+        assert e.value.message.startswith("socket: expected a path, got " + named), \
+            e.value.message
+        assert "__fspath__" in e.value.message
+    # one that gives a path is one
+    with dspk.connect(Gives(daemon.socket), timeout=TIMEOUT) as c:
+        assert c.socket_path == daemon.socket and c.ping() > 0
+    with dspk.connect(Gives(daemon.socket.encode()), timeout=TIMEOUT) as c:
+        assert c.socket_path == daemon.socket
