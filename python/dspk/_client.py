@@ -1983,9 +1983,12 @@ class Client:
             return "any"
         return str(min(able, key=rank).get("id"))
 
-    def _temp_get(self, device: str, nbytes: int, into: List[_Temp]) -> _Temp:
+    def _temp_get(self, device: str, nbytes: int, into: List[_Temp],
+                  make: bool = True) -> Optional[_Temp]:
         """An idle shared temporary of at least nbytes on device (the smallest that
-        fits), or a new one; busy until _temp_put.  It is appended to ``into`` (the
+        fits), or a new one (without ``make``: None, so that submit() never waits for
+        the buffer.import round trip, which queues behind the device's earlier tasks);
+        busy until _temp_put.  It is appended to ``into`` (the
         caller's list, which it gives to _temp_put on every path) in the same step
         that makes it busy, so that no interruption can leave it busy for good."""
         with self._temp_lock:
@@ -1998,6 +2001,8 @@ class Client:
                 best.busy = True
                 into.append(best)
                 return best
+            if not make:
+                return None
             drop = self._temp_trim_locked(1)
         self._temp_free(drop)
         size = (nbytes + _TEMP_ROUND - 1) // _TEMP_ROUND * _TEMP_ROUND
@@ -2164,7 +2169,8 @@ class Client:
     # ---- tasks -------------------------------------------------------------------
 
     def _task_request(self, op: str, inputs: Sequence[ArrayLike], options: Dict[str, Any],
-                      device: str, out: Optional[OutArg], shm: List[_Temp]
+                      device: str, out: Optional[OutArg], shm: List[_Temp],
+                      is_async: bool = False
                       ) -> Tuple[Dict[str, Any], List[memoryview], List[int],
                                  Callable[[Any], Any], str]:
         """The task.run request of an op: (args, payloads spliced in by _encode,
@@ -2277,9 +2283,13 @@ class Client:
             if sdev is not None:
                 try:
                     for a, t in big:
-                        tmp = self._temp_get(sdev, a.nbytes, shm)
+                        tmp = self._temp_get(sdev, a.nbytes, shm, make=not is_async)
+                        if tmp is None:
+                            continue  # submit(): no idle one, inline rather than wait
                         _copy_wide(tmp.view[:a.nbytes], a.reshape(-1).view(np.uint8))
                         t["buffer"], t["offset"] = tmp.buffer, 0
+                except (_errors.Timeout, _errors.Closed):
+                    raise  # the daemon does not answer, or is gone: so would the socket
                 except Error:
                     # No shared memory to be had (a limit, no descriptor, a quota): the
                     # socket's path.
@@ -2399,7 +2409,8 @@ class Client:
         shm: List[_Temp] = []
         try:
             args, bigs, temps, decode, target = self._task_request(op, inputs, options,
-                                                                   device, out, shm)
+                                                                   device, out, shm,
+                                                                   is_async)
             fut = self._run_request(op, inputs, options, out, single, progress, is_async,
                                     args, bigs, temps, decode, target, shm)
         except BaseException:
@@ -2445,7 +2456,9 @@ class Client:
             rt = None
             if sdev is not None:
                 try:
-                    rt = self._temp_get(sdev, bound, shm)
+                    rt = self._temp_get(sdev, bound, shm, make=not is_async)
+                except (_errors.Timeout, _errors.Closed):
+                    raise  # the daemon does not answer, or is gone: so would the socket
                 except Error:
                     rt = None  # no shared memory to be had: the socket's path
             if rt is not None:
