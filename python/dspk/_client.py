@@ -464,6 +464,18 @@ class DeviceArray:
         except _errors.Closed:
             pass
 
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        """``numpy.asarray(d)`` and friends: TypeError (the data is in a daemon buffer:
+        ``d.numpy()`` copies it here, one explicit round trip), never an object array."""
+        raise TypeError("a dspk.DeviceArray is not a numpy array (its data is in a "
+                        "daemon buffer): use its .numpy() for a numpy copy")
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        """pickle and copy: TypeError.  A DeviceArray names a buffer of one connection
+        of this process; a copy would free it twice, another process could not use it."""
+        raise TypeError("cannot pickle or copy a dspk.DeviceArray (a buffer of one "
+                        "connection): pickle its .numpy() instead")
+
     def __repr__(self) -> str:
         return "DeviceArray(buffer=%d, device=%r, shape=%r, dtype=%s)" % (
             self.buffer, self.device, self.shape, self.dtype)
@@ -632,7 +644,12 @@ def _as_array(x: Any, what: str = "operand",
               limits: Optional[Mapping[str, Any]] = None) -> np.ndarray:
     """x as a C-contiguous little-endian numpy array of a dspk dtype.  More elements
     than the daemon's ``max_elements`` (of ``limits``) is LimitExceeded, checked before
-    a copy is made (a broadcast view of 2^40 elements has 4 bytes of its own)."""
+    a copy is made (a broadcast view of 2^40 elements has 4 bytes of its own).  A
+    DeviceArray where a numpy array is wanted (to_device) is InvalidArgument."""
+    if isinstance(x, DeviceArray):
+        raise _errors.InvalidArgument(
+            "%s: a DeviceArray (its data is in a daemon buffer, not here): use its "
+            ".numpy() for a numpy copy, or pass it to an op as it is" % what)
     try:
         a = np.asarray(x)
     except (ValueError, TypeError) as e:  # a ragged list, an object numpy cannot take
@@ -1038,6 +1055,11 @@ class Client:
 
     def __enter__(self) -> "Client":
         return self
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        """pickle and copy: TypeError (a connection cannot be copied: connect anew)."""
+        raise TypeError("cannot pickle or copy a dspk.Client (a connection of this "
+                        "process): connect anew where it is needed")
 
     def __exit__(self, *exc: Any) -> None:
         self.close()

@@ -657,3 +657,39 @@ def test_a_path_object_giving_no_path_is_invalid_argument(daemon):
         assert c.socket_path == daemon.socket and c.ping() > 0
     with dspk.connect(Gives(daemon.socket.encode()), timeout=TIMEOUT) as c:
         assert c.socket_path == daemon.socket
+
+
+# ---- a DeviceArray where a numpy array is wanted -------------------------------------
+
+def test_a_device_array_is_not_taken_for_a_numpy_array(client):
+    """to_device(DeviceArray) raised a misleading 'DtypeError: dtype object',
+    numpy.asarray(DeviceArray) gave an object array, pickle.dumps(DeviceArray) said
+    "cannot pickle 'socket' object".  Now each says what a DeviceArray is and what to
+    use instead (.numpy())."""
+    import copy
+    import pickle
+    d = client.to_device(np.arange(4.0))
+    try:
+        with pytest.raises(dspk.InvalidArgument, match=r"array: a DeviceArray .*\.numpy\(\)"):
+            client.to_device(d)
+        for convert in (np.asarray, np.array, lambda x: np.add(x, 1),
+                        lambda x: np.asarray([x])):
+            with pytest.raises(TypeError, match=r"DeviceArray is not a numpy array.*"
+                                                r"\.numpy\(\)"):
+                convert(d)
+        for dump in (pickle.dumps, copy.copy, copy.deepcopy):
+            with pytest.raises(TypeError, match="cannot pickle or copy a dspk.DeviceArray"):
+                dump(d)
+        with pytest.raises(TypeError, match="cannot pickle or copy a dspk.Client"):
+            pickle.dumps(client)
+        with pytest.raises(dspk.InvalidArgument, match="DeviceArray is not a numpy array"):
+            dspk.to_bfloat16(d)
+        # what it says to use works, and the DeviceArray is an operand as before
+        np.testing.assert_array_equal(d.numpy(), np.arange(4.0))
+        assert pickle.loads(pickle.dumps(d.numpy())).tolist() == [0, 1, 2, 3]
+        assert client.reduce(d) == 6
+        e = client.to_device(d.numpy())
+        np.testing.assert_array_equal(e.numpy(), np.arange(4.0))
+        e.free()
+    finally:
+        d.free()
