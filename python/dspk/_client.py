@@ -350,6 +350,9 @@ class TaskFuture(concurrent.futures.Future):
     themselves until the future completes, as a synchronous call does there: waiting
     for the reader thread would wait for the thread itself."""
     msgid: int = 0
+    # Its request is written whole (set with no call after the last byte's count, so
+    # that an interruption after that point still finds it): an answer will come.
+    sent: bool = False
     # The Client that sent it: a msgid means something on its connection only.
     _owner: "Optional[weakref.ref[Client]]" = None
 
@@ -447,9 +450,15 @@ class DeviceArray:
         client closed (the buffer went with the connection)."""
         if not self._freed:
             self._freed = True
-            if self.client.closed:  # the buffer went with the connection
-                return
-            self.client._free_buffer(self.buffer)
+            try:
+                if self.client.closed:  # the buffer went with the connection
+                    return
+                self.client._free_buffer(self.buffer)
+            except BaseException:  # noqa: B036 - KeyboardInterrupt, dspk.Timeout...
+                # Not known to be freed: freed without waiting (a second free of an
+                # id the daemon never reuses is harmless), and the exception goes on.
+                self.client._queue_free(self.buffer)
+                raise
 
     def _ref(self) -> Dict[str, Any]:
         return {"buffer": self.buffer, "offset": self.offset, "dtype": wire_name(self.dtype),
@@ -899,6 +908,8 @@ class Client:
         self._poll = select.poll()
         self._poll.register(sock, select.POLLIN)
         self._unpacker = msgpack.Unpacker(raw=False, max_buffer_size=0)
+        # Settles of answers read whose running an interruption cut (_read_once)
+        self._owed_ready: List[Tuple[Callable[..., Any], Tuple[Any, ...]]] = []
         self._rbuf = bytearray(_READ_CHUNK)
         self._fed = 0                    # bytes fed to the unpacker
         # buffer.read answers received straight into their destination:
@@ -1046,7 +1057,7 @@ class Client:
         fork, and no thread of the child will ever let it go)."""
         if self._closed is None:
             self._closed = self._fork_error()
-        self._dead_shared = []
+        del self._dead_shared[:]  # the same list: finalizers append to it
         try:
             self._sock.close()  # close(2) of this process's descriptor only
         except OSError:
@@ -1118,7 +1129,8 @@ class Client:
         bigs.append(view)
         return msgpack.ExtType(1, self._nonce + (len(bigs) - 1).to_bytes(4, "little"))
 
-    def _send_chunks(self, chunks: List[Any], fds: Optional[List[int]] = None) -> None:
+    def _send_chunks(self, chunks: List[Any], fds: Optional[List[int]] = None,
+                     mark: Optional[TaskFuture] = None) -> None:
         """Writes one message (its chunks in order, ``fds`` with its first byte) under
         the send lock, then the buffer.free owed.  The socket is written without
         blocking and waited on with poll(), so that an exception raised while waiting
@@ -1143,7 +1155,7 @@ class Client:
                                       "reads no more)" % self.timeout) from None
             if self._closed is not None:
                 raise self._closed_error()
-            self._write_locked(views, anc, deadline)
+            self._write_locked(views, anc, deadline, mark=mark)
             self._flush_frees_locked()
         finally:
             if sl.owner is token:  # no call before the store: nothing can cut it
@@ -1164,7 +1176,8 @@ class Client:
             self._release_fds()
 
     def _write_locked(self, views: List[memoryview], anc: List[Any],
-                      deadline: Optional[float], sent: int = 0) -> None:
+                      deadline: Optional[float], sent: int = 0,
+                      mark: Optional[TaskFuture] = None) -> None:
         """Writes ``views`` whole (the caller holds the send lock; ``sent``: bytes of the
         message already written).  A message cut on the wire leaves a stream that can
         carry no other, so the connection is closed (later calls: dspk.Closed) when
@@ -1204,6 +1217,8 @@ class Client:
                     continue
                 sent += n
                 calling = False
+                if sent == total and mark is not None:  # no call since the count
+                    mark.sent = True
                 anc = []
                 while n and views:
                     if n >= views[0].nbytes:
@@ -1306,9 +1321,9 @@ class Client:
         the thread holding it sends it when it lets it go), with msgid 0, whose answer
         is dropped.  Safe inside garbage collection: it never blocks.  In a child of
         fork() it does nothing: the buffer is the parent's."""
+        self._dead_shared += [buffer]  # first, and no call: nothing can lose it
         if self._forked():
-            return
-        self._dead_shared.append(buffer)
+            return  # _close_forked drops the list: the buffer is the parent's
         self._flush_frees()
 
     def _flush_frees(self) -> None:
@@ -1333,23 +1348,31 @@ class Client:
         """Sends the buffer.free owed (the caller holds the send lock), each frame
         whole, without waiting for room: False when the socket's buffer is full (the
         rest goes with a later request)."""
+        # Each buffer is taken off the list only once its frame is written: an
+        # interruption in between (a signal handler's exception) frees it twice at
+        # worst, which is harmless (the daemon never reuses a buffer id: the second
+        # is an ENOBUF answer to msgid 0, dropped), never not at all.
         while self._dead_shared and self._closed is None:
             try:
-                buf = self._dead_shared.pop()
+                buf = self._dead_shared[-1]
             except IndexError:
                 break
+            self._shared.pop(buf, None)  # its address may be mapped anew
             frame = msgpack.packb([0, 0, "buffer.free", [{"buffer": buf}]])
             try:
                 n = self._sock.sendmsg([frame], [], _socket.MSG_DONTWAIT)
             except OSError as e:
-                if _foreign(e) or isinstance(e, (BlockingIOError, InterruptedError)):
-                    self._dead_shared.append(buf)  # nothing of it was sent
-                    if _foreign(e):
-                        raise  # a signal handler's: the caller's
-                    return False
+                if _foreign(e):
+                    raise  # a signal handler's: the caller's (nothing of it was sent)
+                if isinstance(e, (BlockingIOError, InterruptedError)):
+                    return False  # nothing of it was sent: it goes later
                 return False  # the connection is going, and its buffers with it
             if n < len(frame):  # a frame this small goes whole on a Unix socket
                 self._write_locked([memoryview(frame)[n:]], [], None, n)
+            try:
+                self._dead_shared.remove(buf)
+            except ValueError:
+                pass
         return True
 
     def _send_timed_out(self, sent: int) -> None:
@@ -1369,11 +1392,20 @@ class Client:
                progress: Optional[Progress] = None, is_async: bool = False,
                bigs: Optional[List[memoryview]] = None,
                fds: Optional[List[int]] = None,
-               into: Optional[memoryview] = None) -> TaskFuture:
+               into: Optional[memoryview] = None,
+               owner: Optional[List[TaskFuture]] = None) -> TaskFuture:
+        """Sends a request; returns its future.  ``owner``: a list of the caller's
+        that gets the future before anything is sent, so that when an exception
+        (KeyboardInterrupt) comes after the request went out whole (``fut.sent``),
+        the caller can still attach what its answer owes (a buffer to free, shared
+        temporaries to give back): such a future stays pending and is completed by
+        its answer."""
         if self._forked():  # before any lock: one held at the fork stays held here
             raise self._fork_error()
         fut = TaskFuture()
         fut._owner = weakref.ref(self)
+        if owner is not None:
+            owner += [fut]
         with self._lock:
             if self._closed is not None:
                 raise self._closed_error()
@@ -1402,9 +1434,16 @@ class Client:
                 raise _errors.LimitExceeded(
                     "%s: a request of %d bytes, more than the daemon's max_message (%d)"
                     % (method, size, self.max_message))
-            self._send_chunks(chunks, fds)
-        except BaseException:  # KeyboardInterrupt too: nothing will answer it
-            with self._lock:
+            self._send_chunks(chunks, fds, fut)
+        except BaseException:  # KeyboardInterrupt too
+            if fut.sent:
+                # Written whole: its answer will come and complete the future (the
+                # caller attaches what it owes through ``owner``).
+                if is_async:
+                    fut.add_done_callback(self._on_async_done)
+                    self._ensure_reader()
+                raise
+            with self._lock:  # nothing will answer it
                 self._pending.pop(msgid, None)
                 self._direct.pop(msgid, None)
                 if is_async:
@@ -1435,16 +1474,18 @@ class Client:
         the caller stops waiting (dspk.Timeout), the buffer of an answer that comes later
         is freed by the next request instead of staying the connection's."""
         for again in (False, True):
-            fut = self._start(method, args, fds=fds)
+            owner: List[TaskFuture] = []
             try:
-                return self._wait(fut)
+                return self._wait(self._start(method, args, fds=fds, owner=owner))
             except (_errors.LimitExceeded, _errors.OutOfMemory):
                 # Idle shared temporaries count toward the same limits (max_buffers,
                 # the memory quotas): freed, and the allocation tried once more.
                 if again or not self._drop_idle_temps():
                     raise
             except BaseException:  # dspk.Timeout, KeyboardInterrupt: the caller gets no id
-                fut.add_done_callback(self._orphaned_buffer)
+                for fut in owner:  # a request sent whole: its buffer is freed when made
+                    if fut.sent:
+                        fut.add_done_callback(self._orphaned_buffer)
                 raise
         raise AssertionError("unreachable")
 
@@ -1535,6 +1576,17 @@ class Client:
         (KeyboardInterrupt, undecodable data) leaves the stream inside a message, so
         the connection is closed (pending and later calls: dspk.Closed)."""
         ready: List[Tuple[Callable[..., Any], Tuple[Any, ...]]] = []
+        if self._owed_ready:
+            # Answers read earlier whose futures an interruption kept from being
+            # completed: completed first (their waiters may wait on nothing else).
+            owed = self._owed_ready
+            self._owed_ready = []
+            try:
+                self._run_ready(owed)
+            finally:
+                if owed:
+                    self._owed_ready += owed
+            return
         taking = False  # in recv, or holding bytes not yet filed
         try:
             ms = -1 if wait is None else min(max(0, math.ceil(wait * 1000)), _POLL_MAX_MS)
@@ -1567,7 +1619,11 @@ class Client:
             if undecodable:
                 return  # the callers get dspk.Closed, not the decoder's error
             raise
-        self._run_ready(ready)
+        try:
+            self._run_ready(ready)
+        finally:
+            if ready:  # cut by an interruption (as _run_ready starts, say): owed
+                self._owed_ready += ready
 
     def _recv_nowait(self) -> Optional[int]:
         """Bytes received into _rbuf without waiting: None when there are none yet, 0
@@ -1927,7 +1983,11 @@ class Client:
         try:
             arr = view[:nbytes].view(dt).reshape(shape_t)
             self._shared[buf] = (arr.__array_interface__["data"][0], size, dev)
+            # Two finalizers, run in the reverse order: first a C call that no signal
+            # handler can cut owes the buffer.free (sent with the next request at the
+            # latest), then _shared_gone sends it at once if it can.
             weakref.finalize(mm, Client._shared_gone, weakref.ref(self), buf)
+            weakref.finalize(mm, self._dead_shared.append, buf)
         except BaseException as e:  # no array: its buffer goes (KeyboardInterrupt too)
             self._shared.pop(buf, None)
             self._free_quietly(buf)
@@ -1945,18 +2005,25 @@ class Client:
             fd = os.memfd_create("dspk-shared", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         except OSError as e:
             raise _os_error("shared memory: memfd_create", e) from None
+        res = None
         try:
             try:
-                os.ftruncate(fd, size)
-                fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW)
-                mm, view = _map_fd(fd, size)
-            except OSError as e:
-                raise _os_error("shared memory of %d bytes" % size, e) from None
-            res = self._new_buffer("buffer.import", {"device": device, "size": size},
-                                   fds=[fd])
-        finally:
-            os.close(fd)
-        return mm, view, int(res["buffer"]), str(res["device"])
+                try:
+                    os.ftruncate(fd, size)
+                    fcntl.fcntl(fd, fcntl.F_ADD_SEALS,
+                                fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW)
+                    mm, view = _map_fd(fd, size)
+                except OSError as e:
+                    raise _os_error("shared memory of %d bytes" % size, e) from None
+                res = self._new_buffer("buffer.import", {"device": device, "size": size},
+                                       fds=[fd])
+            finally:
+                os.close(fd)
+            return mm, view, int(res["buffer"]), str(res["device"])
+        except BaseException:  # KeyboardInterrupt after the answer: no buffer left
+            if isinstance(res, dict) and isinstance(res.get("buffer"), int):
+                self._free_quietly(res["buffer"])
+            raise
 
     # ---- the automatic shared-memory path -----------------------------------------
 
@@ -2029,11 +2096,16 @@ class Client:
         self._temp_free(drop)
         size = (nbytes + _TEMP_ROUND - 1) // _TEMP_ROUND * _TEMP_ROUND
         mm, view, buf, dev = self._import_memfd(device, size)
-        t = _Temp(buf, dev, size, mm, view)
-        with self._temp_lock:
-            # Neither statement is a call: no signal handler runs between them.
-            into += [t]
-            self._temps += [t]
+        try:
+            t = _Temp(buf, dev, size, mm, view)
+            with self._temp_lock:
+                # Neither statement is a call: no signal handler runs between them.
+                into += [t]
+                self._temps += [t]
+        except BaseException:  # KeyboardInterrupt: a temporary not kept is freed
+            if not any(x.buffer == buf for x in self._temps):
+                self._free_quietly(buf)
+            raise
         return t
 
     def _temp_put(self, temps: Sequence[_Temp]) -> None:
@@ -2122,8 +2194,8 @@ class Client:
         if client is None:
             return
         client._shared.pop(buf, None)
-        if client._closed is None:  # else the buffer went with the connection
-            client._queue_free(buf)
+        if client._closed is None and not client._forked():  # else nothing to send
+            client._flush_frees()  # the buffer is owed already (empty_shared)
 
     def _shared_ref(self, a: np.ndarray) -> Optional[Tuple[int, int, str]]:
         """(buffer, offset, device) when ``a`` is a C-contiguous array inside a shared
@@ -2131,7 +2203,12 @@ class Client:
         if not self._shared or not a.flags.c_contiguous:
             return None
         addr = a.__array_interface__["data"][0]
+        # A buffer whose array was collected is owed a free (its entry may not be
+        # gone yet, and a new mapping may take its address): never referenced.
+        dead = set(self._dead_shared) if self._dead_shared else ()
         for buf, (base, size, dev) in list(self._shared.items()):
+            if buf in dead:
+                continue
             if base <= addr and addr + a.nbytes <= base + size:
                 return buf, addr - base, dev
         return None
@@ -2429,14 +2506,21 @@ class Client:
         if self._forked():  # before the temporaries' lock, which a fork may leave held
             raise self._fork_error()
         shm: List[_Temp] = []
+        owner: List[TaskFuture] = []
         try:
             args, bigs, temps, decode, target = self._task_request(op, inputs, options,
                                                                    device, out, shm,
                                                                    is_async)
             fut = self._run_request(op, inputs, options, out, single, progress, is_async,
-                                    args, bigs, temps, decode, target, shm)
+                                    args, bigs, temps, decode, target, shm, owner)
         except BaseException:
-            self._temp_put(shm)
+            sent = [f for f in owner if f.sent]
+            if sent and shm:
+                # The task went out (an interruption came after): its temporaries
+                # stay busy until it is answered.
+                sent[-1].add_done_callback(lambda f: self._temps_done(f, shm))
+            else:
+                self._temp_put(shm)
             raise
         if shm:
             fut.add_done_callback(lambda f: self._temps_done(f, shm))
@@ -2458,7 +2542,8 @@ class Client:
                      out: Optional[OutArg], single: bool, progress: Optional[Progress],
                      is_async: bool, args: Dict[str, Any], bigs: List[memoryview],
                      temps: List[int], decode: Callable[[Any], Any], target: str,
-                     shm: List[_Temp]) -> TaskFuture:
+                     shm: List[_Temp], owner: Optional[List[TaskFuture]] = None
+                     ) -> TaskFuture:
         """Sends the task and returns its future.  It owns ``temps``: on every path
         they are freed, once the task is sent (requests already sent still see
         them), or by the staged future that reads them back."""
@@ -2500,7 +2585,8 @@ class Client:
                     _copy_wide(arr.reshape(-1).view(np.uint8), rt.view[:arr.nbytes])
                     return arr
 
-                return self._start("task.run", args, from_temp, progress, is_async, bigs)
+                return self._start("task.run", args, from_temp, progress, is_async, bigs,
+                                   owner=owner)
             if bound is not None and bound > self.max_message - _RESULT_FRAMING:
                 # Too large to come back inline (protocol.md, Limits): into a temporary
                 # buffer, read back in pieces.
@@ -2519,7 +2605,8 @@ class Client:
                                          progress, is_async)
                 free_now = []
                 return fut
-            return self._start("task.run", args, result, progress, is_async, bigs)
+            return self._start("task.run", args, result, progress, is_async, bigs,
+                               owner=owner)
         finally:
             for b in free_now:
                 self._free_quietly(b)

@@ -13,6 +13,7 @@ that nothing stays held: the connection is usable or closed (dspk.Closed), never
 """
 from __future__ import annotations
 
+import gc
 import os
 import sys
 import threading
@@ -52,10 +53,12 @@ def _interrupt_at(n, c_calls=True, py_calls=True):
     return prof, seen
 
 
-def _work(c):
+def _work(c, mine=None):
     """Calls through every path of the send and read locks and of the shared
     temporaries: a shared array made, used and collected, an op whose operand and
-    result go through a shared temporary, a future, a DeviceArray."""
+    result go through a shared temporary, a future, a DeviceArray (kept in ``mine``:
+    the caller's, freed by its with block unless the interruption came as that
+    block's own __enter__ or __exit__ started)."""
     s = c.empty_shared(64)
     s[:] = 1
     assert c.reduce(s[4:20]) == 16
@@ -66,11 +69,13 @@ def _work(c):
     assert y[0] == 2.0
     assert c.submit("reduce", np.ones(4)).result(TIMEOUT) == 4
     d = c.to_device(np.ones(3))
-    assert c.reduce(d) == 3
-    d.free()
+    if mine is not None:
+        mine.append(d)
+    with d:  # freed however this ends
+        assert c.reduce(d) == 3
 
 
-def _check_unstuck(c, temps=True):
+def _check_unstuck(c, temps=True, mine=()):
     """Nothing of the client stays held; it works, or says it is closed.  With
     ``temps``, no shared temporary stays busy either (an interruption as a Python
     function starts may still keep one busy: a buffer not reused, never a hang)."""
@@ -86,6 +91,16 @@ def _check_unstuck(c, temps=True):
     else:
         assert not temps or not any(t.busy for t in c._temps), \
             "a shared temporary stays busy"
+        # Every daemon buffer of the connection is one the client knows (a shared
+        # temporary, a shared array alive): none was left behind.  Two round trips
+        # first: the frees owed go with the first, and answers read by it may owe more.
+        gc.collect()
+        c.ping()
+        c.ping()
+        held = [x for x in c.status()["clients"] if x["self"]][0]["buffers"]
+        users = sum(1 for d in mine if not d._freed)
+        assert held == len(c._temps) + len(c._shared) + users, \
+            ("buffers left behind", held, len(c._temps), len(c._shared), users)
     closer = threading.Thread(target=c.close, daemon=True)
     closer.start()
     closer.join(TIMEOUT)
@@ -113,16 +128,17 @@ def test_an_interruption_at_any_point_leaves_nothing_held(daemon, kind):
         c = dspk.connect(daemon.socket, timeout=TIMEOUT)
         keep.append(c)
         prof, seen = _interrupt_at(n, c_calls, py_calls)
+        mine = []
         sys.setprofile(prof)
         try:
-            _work(c)
+            _work(c, mine)
         except _Injected:
             hit += 1
         except dspk.Closed:
             pass  # the interruption cut a message: the connection is closed
         finally:
             sys.setprofile(None)
-        _check_unstuck(c, temps=c_calls)
+        _check_unstuck(c, temps=c_calls, mine=mine)
     assert hit > points // 2, (hit, points)
     with dspk.connect(daemon.socket, timeout=TIMEOUT) as c:  # the daemon is fine
         assert c.ping() > 0
