@@ -230,6 +230,10 @@ def _foreign(e: BaseException) -> bool:
 _SEND_RECHECK = 0.05  # seconds: a thread waiting to send looks again at least this often
 
 
+class _SendWaitTimeout(Exception):
+    """_SendLock.claim: the deadline passed (never a signal handler's TimeoutError)."""
+
+
 class _SendLock:
     """The right to write on the connection, safe against interruptions.
 
@@ -260,7 +264,7 @@ class _SendLock:
               gone: Optional[Callable[[], Optional[BaseException]]] = None) -> bool:
         """Makes ``token`` the owner: at once when free (True); else False without
         ``wait``, or waits until ``deadline`` (time.monotonic(); None: for ever; past
-        it: TimeoutError) or until ``gone()`` returns an exception, which is raised.
+        it: _SendWaitTimeout) or until ``gone()`` returns an exception, raised.
         The caller calls this inside the ``try`` whose ``finally`` gives it back."""
         with self.mutex:
             while self.owner is not None:
@@ -271,7 +275,7 @@ class _SendLock:
                     raise err
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
-                    raise TimeoutError()
+                    raise _SendWaitTimeout()
                 self.cond.wait(_SEND_RECHECK if left is None else min(left, _SEND_RECHECK))
             self.owner = token
             return True
@@ -1016,12 +1020,16 @@ class Client:
         held for longer than a few instructions: close() returns at once whatever
         other threads do."""
         sl = self._send_lock
+        # Under the send lock's mutex only (held for a few instructions, re-entrant,
+        # and taking no other lock inside): this runs when a writer lets go, maybe
+        # in a garbage collection on a thread that holds _lock.  _closed is set, so a
+        # thread that starts reading or writing now sees it before it touches the
+        # socket; one that reads already is seen in _reading.
         with sl.mutex:
             if sl.owner is not None:
                 return  # that writer calls this when it lets go
-            with self._lock:
-                if self._sock.fileno() >= 0 and not self._reading:
-                    self._sock.close()
+            if self._sock.fileno() >= 0 and not self._reading:
+                self._sock.close()
             self._close_wake()
 
     def _wake(self) -> None:
@@ -1150,7 +1158,7 @@ class Client:
         try:
             try:
                 sl.claim(token, deadline, gone=self._gone)
-            except TimeoutError:
+            except _SendWaitTimeout:
                 raise _errors.Timeout("could not send a request within %gs (the daemon "
                                       "reads no more)" % self.timeout) from None
             if self._closed is not None:
@@ -2177,7 +2185,7 @@ class Client:
             try:
                 sl.claim(token, deadline, gone=self._gone)
                 self._flush_frees_locked()
-            except (TimeoutError, Error):
+            except (_SendWaitTimeout, Error):
                 pass  # not sent now: they go with a later request (or the connection)
             finally:
                 if sl.owner is token:  # no call before the store: nothing can cut it
