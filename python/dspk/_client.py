@@ -2046,6 +2046,8 @@ class Client:
         if self._any_is_cpu is None:
             try:
                 devs = self._call("devices")["devices"]
+            except (_errors.Timeout, _errors.Closed):
+                raise  # the daemon does not answer, or is gone: so would the socket
             except Error:
                 return None
             self._any_is_cpu = any(d.get("id") == "cpu:0" for d in devs) and \
@@ -2062,6 +2064,8 @@ class Client:
         try:
             devs = self._call("devices")["devices"]
             first = wire_name(_meta(inputs[0])[1]) if inputs else None
+        except (_errors.Timeout, _errors.Closed):
+            raise  # the daemon does not answer, or is gone: the call ends with it
         except (Error, IndexError):
             return "any"
 

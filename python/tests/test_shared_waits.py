@@ -20,6 +20,7 @@ def test_a_timeout_making_a_shared_temporary_ends_the_call(fresh_daemon):
     lost).  Now the call raises the import's dspk.Timeout and the connection stays
     usable."""
     c = dspk.connect(fresh_daemon.socket, timeout=1.0)
+    c2 = dspk.connect(fresh_daemon.socket, timeout=1.0)
     big = np.ones(1 << 18)                    # 2 MiB: above the 1 MiB threshold
     os.kill(fresh_daemon.proc.pid, signal.SIGSTOP)
     try:
@@ -27,8 +28,17 @@ def test_a_timeout_making_a_shared_temporary_ends_the_call(fresh_daemon):
             c.reduce(big, device="cpu:0")
         assert "closed" not in e.value.message, e.value.message
         assert not c.closed
+        # device="any" on a client that has not asked yet whether "any" is cpu:0:
+        # that devices call timed out, and the operand went inline all the same
+        with pytest.raises(dspk.Timeout) as e:
+            c2.reduce(big)
+        assert "closed" not in e.value.message, e.value.message
+        assert not c2.closed
     finally:
         os.kill(fresh_daemon.proc.pid, signal.SIGCONT)
+    c2.timeout = TIMEOUT
+    assert c2.reduce(big) == 1 << 18
+    c2.close()
     c.timeout = TIMEOUT
     assert c.ping() > 0 and c.reduce(big, device="cpu:0") == 1 << 18
     c.close()
