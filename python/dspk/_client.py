@@ -54,8 +54,9 @@ _TEMP_IDLE_MAX = 6      # idle shared temporaries kept, at most
 _TEMP_IDLE_BYTES = 256 << 20  # bytes of the idle shared temporaries kept, at most
 _TEMP_IDLE_QUOTA = 8    # ... and at most this fraction of hello's cpu_memory_quota
 _TIMEOUT_FOREVER = 1e9  # seconds (31 years): a timeout above it waits for ever, as None
-_UNITS = {"": 1, "K": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MIB": 1 << 20,
-          "G": 1 << 30, "GIB": 1 << 30, "T": 1 << 40, "TIB": 1 << 40}
+# proto/units.c's units, case-sensitive (docs/cli.md "Sizes")
+_UNITS = {"": 1, "K": 1 << 10, "KiB": 1 << 10, "M": 1 << 20, "MiB": 1 << 20,
+          "G": 1 << 30, "GiB": 1 << 30, "T": 1 << 40, "TiB": 1 << 40}
 
 
 # Copies into and out of shared temporaries of at least _WIDE_MIN bytes are split over
@@ -95,17 +96,29 @@ def _copy_wide(dst: np.ndarray, src: np.ndarray, threads: Optional[int] = None) 
         t.join()
 
 
+def _parse_size(v: str) -> Optional[int]:
+    """A size as proto/units.c (dspk__parse_size, which libdspkclient and every size
+    option use) reads it, else None: ASCII digits and an optional unit spelled
+    exactly K, KiB, M, MiB, G, GiB, T or TiB; no sign, space, newline, lower case,
+    fraction or other digit; nothing beyond 64 bits (docs/cli.md "Sizes")."""
+    n = 0
+    while n < len(v) and "0" <= v[n] <= "9":
+        n += 1
+    if n == 0 or v[n:] not in _UNITS:
+        return None
+    count = int(v[:n])
+    size = count * _UNITS[v[n:]]
+    if count >= 1 << 64 or size >= 1 << 64:  # refused rather than wrapped
+        return None
+    return size
+
+
 def _env_threshold() -> int:
     """``$DSPK_SHARED_THRESHOLD`` (a size: digits and an optional binary unit, K, M,
-    G, T or KiB...; 0: never), else 1 MiB, as libdspkclient and dspk-submit."""
-    v = os.environ.get("DSPK_SHARED_THRESHOLD", "").strip()
-    digits = v.rstrip("KMGTiBkmgtib")
-    unit = v[len(digits):].upper()
-    if digits.isascii() and digits.isdigit() and unit in _UNITS:
-        v = int(digits) * _UNITS[unit]
-        if v < 1 << 64:  # beyond 64 bits: not a size (libdspkclient ignores it too)
-            return int(v)
-    return _SHARED_THRESHOLD
+    G, T or KiB...; 0: never), else 1 MiB, as libdspkclient and dspk-submit: a value
+    that is not a size by _parse_size is ignored, as libdspkclient ignores it."""
+    size = _parse_size(os.environ.get("DSPK_SHARED_THRESHOLD", ""))
+    return _SHARED_THRESHOLD if size is None else size
 
 
 # Shared memory is mapped with libc's mmap through ctypes where it can be: Python 3.11's
@@ -214,6 +227,66 @@ def _foreign(e: BaseException) -> bool:
     return not tb.tb_frame.f_code.co_filename.startswith(_OURS)
 
 
+_SEND_RECHECK = 0.05  # seconds: a thread waiting to send looks again at least this often
+
+
+class _SendWaitTimeout(Exception):
+    """_SendLock.claim: the deadline passed (never a signal handler's TimeoutError)."""
+
+
+class _SendLock:
+    """The right to write on the connection, safe against interruptions.
+
+    A ``threading.Lock`` acquired by a call (``lock.acquire(timeout=...)``) cannot be
+    released reliably: CPython runs signal handlers right after a C call returns, so a
+    KeyboardInterrupt can arrive with the lock taken and before any ``try`` that would
+    release it, and the lock then stays held for good.  Here the writer is a token
+    stored in ``owner``: :meth:`claim` stores it (under ``mutex``, taken only by
+    ``with`` blocks, which CPython does not interrupt between taking the lock and
+    entering the block), and the writer's ``finally`` gives it back with no call before
+    the store (``if sl.owner is token: sl.owner = None``), so whatever interrupts the
+    writer, the right is given back exactly when it was taken.  A thread waiting for it
+    is woken by :meth:`wake`, and looks again every _SEND_RECHECK seconds in case an
+    interruption cut a wake-up.  ``mutex`` is re-entrant: a garbage collection that
+    runs inside it on the same thread may come back (_flush_frees)."""
+    __slots__ = ("mutex", "cond", "owner")
+
+    def __init__(self) -> None:
+        self.mutex = threading.RLock()
+        self.cond = threading.Condition(self.mutex)
+        self.owner: Any = None
+
+    def locked(self) -> bool:
+        """Whether some call holds the right to write."""
+        return self.owner is not None
+
+    def claim(self, token: Any, deadline: Optional[float], wait: bool = True,
+              gone: Optional[Callable[[], Optional[BaseException]]] = None) -> bool:
+        """Makes ``token`` the owner: at once when free (True); else False without
+        ``wait``, or waits until ``deadline`` (time.monotonic(); None: for ever; past
+        it: _SendWaitTimeout) or until ``gone()`` returns an exception, raised.
+        The caller calls this inside the ``try`` whose ``finally`` gives it back."""
+        with self.mutex:
+            while self.owner is not None:
+                if not wait:
+                    return False
+                err = gone() if gone is not None else None
+                if err is not None:
+                    raise err
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise _SendWaitTimeout()
+                self.cond.wait(_SEND_RECHECK if left is None else min(left, _SEND_RECHECK))
+            self.owner = token
+            return True
+
+    def wake(self) -> None:
+        """Wakes the threads waiting in claim() (the owner gave it back, or the client
+        closed)."""
+        with self.mutex:
+            self.cond.notify_all()
+
+
 class _Temp:
     """A shared temporary of the automatic shared-memory path: a sealed memfd the
     daemon imported (``buffer.import``), reused by later tasks."""
@@ -281,6 +354,9 @@ class TaskFuture(concurrent.futures.Future):
     themselves until the future completes, as a synchronous call does there: waiting
     for the reader thread would wait for the thread itself."""
     msgid: int = 0
+    # Its request is written whole (set with no call after the last byte's count, so
+    # that an interruption after that point still finds it): an answer will come.
+    sent: bool = False
     # The Client that sent it: a msgid means something on its connection only.
     _owner: "Optional[weakref.ref[Client]]" = None
 
@@ -378,9 +454,15 @@ class DeviceArray:
         client closed (the buffer went with the connection)."""
         if not self._freed:
             self._freed = True
-            if self.client.closed:  # the buffer went with the connection
-                return
-            self.client._free_buffer(self.buffer)
+            try:
+                if self.client.closed:  # the buffer went with the connection
+                    return
+                self.client._free_buffer(self.buffer)
+            except BaseException:  # noqa: B036 - KeyboardInterrupt, dspk.Timeout...
+                # Not known to be freed: freed without waiting (a second free of an
+                # id the daemon never reuses is harmless), and the exception goes on.
+                self.client._queue_free(self.buffer)
+                raise
 
     def _ref(self) -> Dict[str, Any]:
         return {"buffer": self.buffer, "offset": self.offset, "dtype": wire_name(self.dtype),
@@ -394,6 +476,18 @@ class DeviceArray:
             self.free()
         except _errors.Closed:
             pass
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        """``numpy.asarray(d)`` and friends: TypeError (the data is in a daemon buffer:
+        ``d.numpy()`` copies it here, one explicit round trip), never an object array."""
+        raise TypeError("a dspk.DeviceArray is not a numpy array (its data is in a "
+                        "daemon buffer): use its .numpy() for a numpy copy")
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        """pickle and copy: TypeError.  A DeviceArray names a buffer of one connection
+        of this process; a copy would free it twice, another process could not use it."""
+        raise TypeError("cannot pickle or copy a dspk.DeviceArray (a buffer of one "
+                        "connection): pickle its .numpy() instead")
 
     def __repr__(self) -> str:
         return "DeviceArray(buffer=%d, device=%r, shape=%r, dtype=%s)" % (
@@ -552,7 +646,10 @@ def _nbytes(shape: Tuple[int, ...], dt: np.dtype,
 
 def _kind(v: Any) -> str:
     """What v is, for a message: its type and, when short, its value."""
-    r = repr(v)
+    try:
+        r = repr(v)
+    except Exception:  # noqa: BLE001 - a repr that fails: the type says enough
+        return type(v).__name__
     return "%s %s" % (type(v).__name__, r) if len(r) <= 40 else type(v).__name__
 
 
@@ -560,7 +657,12 @@ def _as_array(x: Any, what: str = "operand",
               limits: Optional[Mapping[str, Any]] = None) -> np.ndarray:
     """x as a C-contiguous little-endian numpy array of a dspk dtype.  More elements
     than the daemon's ``max_elements`` (of ``limits``) is LimitExceeded, checked before
-    a copy is made (a broadcast view of 2^40 elements has 4 bytes of its own)."""
+    a copy is made (a broadcast view of 2^40 elements has 4 bytes of its own).  A
+    DeviceArray where a numpy array is wanted (to_device) is InvalidArgument."""
+    if isinstance(x, DeviceArray):
+        raise _errors.InvalidArgument(
+            "%s: a DeviceArray (its data is in a daemon buffer, not here): use its "
+            ".numpy() for a numpy copy, or pass it to an op as it is" % what)
     try:
         a = np.asarray(x)
     except (ValueError, TypeError) as e:  # a ragged list, an object numpy cannot take
@@ -742,6 +844,15 @@ class Client:
                  name: Optional[str] = None, timeout: Optional[float] = None) -> None:
         if socket is not None and not isinstance(socket, (str, bytes, os.PathLike)):
             raise _errors.InvalidArgument("socket: expected a path, got %s" % _kind(socket))
+        if socket is not None and not isinstance(socket, (str, bytes)):
+            # A path object's __fspath__ may give neither str nor bytes, or raise: the
+            # caller's argument of another type, refused as such before connecting.
+            try:
+                socket = os.fspath(socket)
+            except Exception as e:  # noqa: BLE001 - what the object raises: named
+                raise _errors.InvalidArgument(
+                    "socket: expected a path, got %s whose __fspath__() gives no str "
+                    "or bytes (%s: %s)" % (_kind(socket), type(e).__name__, e)) from None
         self.socket_path = os.fsdecode(socket) if socket is not None else default_socket()
         if "\0" in self.socket_path:
             # The kernel would take the path up to its first NUL (and one that starts
@@ -801,6 +912,8 @@ class Client:
         self._poll = select.poll()
         self._poll.register(sock, select.POLLIN)
         self._unpacker = msgpack.Unpacker(raw=False, max_buffer_size=0)
+        # Settles of answers read whose running an interruption cut (_read_once)
+        self._owed_ready: List[Tuple[Callable[..., Any], Tuple[Any, ...]]] = []
         self._rbuf = bytearray(_READ_CHUNK)
         self._fed = 0                    # bytes fed to the unpacker
         # buffer.read answers received straight into their destination:
@@ -808,7 +921,7 @@ class Client:
         self._direct: Dict[int, Tuple[bytes, memoryview]] = {}
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
-        self._send_lock = threading.Lock()
+        self._send_lock = _SendLock()
         self._pending: Dict[int, _Call] = {}
         self._next_id = 1
         self._reading = False            # some thread is in the pump
@@ -874,7 +987,10 @@ class Client:
 
     def close(self) -> None:
         """Closes the connection (idempotent).  Pending calls end with dspk.Closed; the
-        daemon frees this connection's buffers and drops its queued tasks.  In a child
+        daemon frees this connection's buffers and drops its queued tasks.  Returns at
+        once whatever other threads do: it never waits for the send lock (a thread
+        writing, or waiting for room or for the lock, is woken with dspk.Closed; the
+        descriptor is closed when the last writer lets go).  In a child
         of fork() it closes only the child's copy of the descriptor (the connection,
         and its buffers, stay the parent's)."""
         if self._forked():
@@ -891,10 +1007,27 @@ class Client:
                 pass
             self._wake()
         self._fail_all()
+        self._send_lock.wake()  # a thread waiting to send sees the client closed
         t = self._thread
         if t is not None and t is not threading.current_thread():
             t.join()
-        with self._send_lock, self._lock:
+        self._release_fds()
+
+    def _release_fds(self) -> None:
+        """Once closed: closes the socket's and the wake-up pipe's descriptors when no
+        thread writes (a writer still polls them; the one that gives the send lock
+        back after close() calls this again) and none reads.  Never waits for a lock
+        held for longer than a few instructions: close() returns at once whatever
+        other threads do."""
+        sl = self._send_lock
+        # Under the send lock's mutex only (held for a few instructions, re-entrant,
+        # and taking no other lock inside): this runs when a writer lets go, maybe
+        # in a garbage collection on a thread that holds _lock.  _closed is set, so a
+        # thread that starts reading or writing now sees it before it touches the
+        # socket; one that reads already is seen in _reading.
+        with sl.mutex:
+            if sl.owner is not None:
+                return  # that writer calls this when it lets go
             if self._sock.fileno() >= 0 and not self._reading:
                 self._sock.close()
             self._close_wake()
@@ -932,7 +1065,7 @@ class Client:
         fork, and no thread of the child will ever let it go)."""
         if self._closed is None:
             self._closed = self._fork_error()
-        self._dead_shared = []
+        del self._dead_shared[:]  # the same list: finalizers append to it
         try:
             self._sock.close()  # close(2) of this process's descriptor only
         except OSError:
@@ -941,6 +1074,11 @@ class Client:
 
     def __enter__(self) -> "Client":
         return self
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        """pickle and copy: TypeError (a connection cannot be copied: connect anew)."""
+        raise TypeError("cannot pickle or copy a dspk.Client (a connection of this "
+                        "process): connect anew where it is needed")
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
@@ -999,7 +1137,8 @@ class Client:
         bigs.append(view)
         return msgpack.ExtType(1, self._nonce + (len(bigs) - 1).to_bytes(4, "little"))
 
-    def _send_chunks(self, chunks: List[Any], fds: Optional[List[int]] = None) -> None:
+    def _send_chunks(self, chunks: List[Any], fds: Optional[List[int]] = None,
+                     mark: Optional[TaskFuture] = None) -> None:
         """Writes one message (its chunks in order, ``fds`` with its first byte) under
         the send lock, then the buffer.free owed.  The socket is written without
         blocking and waited on with poll(), so that an exception raised while waiting
@@ -1015,21 +1154,38 @@ class Client:
         # hung host) fills the socket's buffer, and a blocking send, or the send lock
         # another thread holds meanwhile, would wait for ever.
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
-        if not self._send_lock.acquire(timeout=-1 if deadline is None else self.timeout):
-            raise _errors.Timeout("could not send a request within %gs (the daemon reads "
-                                  "no more)" % self.timeout)
+        sl, token = self._send_lock, object()
         try:
+            try:
+                sl.claim(token, deadline, gone=self._gone)
+            except _SendWaitTimeout:
+                raise _errors.Timeout("could not send a request within %gs (the daemon "
+                                      "reads no more)" % self.timeout) from None
             if self._closed is not None:
                 raise self._closed_error()
-            self._write_locked(views, anc, deadline)
+            self._write_locked(views, anc, deadline, mark=mark)
             self._flush_frees_locked()
         finally:
-            self._send_lock.release()
+            if sl.owner is token:  # no call before the store: nothing can cut it
+                sl.owner = None
+                self._after_send()
         if self._dead_shared:  # queued while this thread held the lock
             self._flush_frees()
 
+    def _gone(self) -> Optional[BaseException]:
+        """For _SendLock.claim: the error of a closed client, else None."""
+        return self._closed_error() if self._closed is not None else None
+
+    def _after_send(self) -> None:
+        """The send lock was given back: wakes the threads waiting for it, and closes
+        the descriptors if close() came meanwhile."""
+        self._send_lock.wake()
+        if self._closed is not None and not self._forked():
+            self._release_fds()
+
     def _write_locked(self, views: List[memoryview], anc: List[Any],
-                      deadline: Optional[float], sent: int = 0) -> None:
+                      deadline: Optional[float], sent: int = 0,
+                      mark: Optional[TaskFuture] = None) -> None:
         """Writes ``views`` whole (the caller holds the send lock; ``sent``: bytes of the
         message already written).  A message cut on the wire leaves a stream that can
         carry no other, so the connection is closed (later calls: dspk.Closed) when
@@ -1069,6 +1225,8 @@ class Client:
                     continue
                 sent += n
                 calling = False
+                if sent == total and mark is not None:  # no call since the count
+                    mark.sent = True
                 anc = []
                 while n and views:
                     if n >= views[0].nbytes:
@@ -1111,21 +1269,22 @@ class Client:
         one files it: this waits (at most a second) until it has found the
         connection closed."""
         me = threading.get_ident()
-        with self._lock:
-            if self._reading and self._reader_ident != me:
-                deadline = time.monotonic() + 1.0
-                while self._closed is None and self._reading and \
-                        self._reader_ident != me:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        return
-                    self._cond.wait(left)
-                if self._closed is not None:
-                    return
-            nested = self._reading
-            self._reading, self._reader_ident = True, me
         ready: List[Tuple[Callable[..., Any], Tuple[Any, ...]]] = []
+        nested = True  # until this thread takes the reading: nothing to give back
         try:
+            with self._lock:
+                if self._reading and self._reader_ident != me:
+                    deadline = time.monotonic() + 1.0
+                    while self._closed is None and self._reading and \
+                            self._reader_ident != me:
+                        left = deadline - time.monotonic()
+                        if left <= 0:
+                            return
+                        self._cond.wait(min(left, _SEND_RECHECK))
+                    if self._closed is not None:
+                        return
+                nested = self._reading
+                self._reading, self._reader_ident = True, me
             for _ in range(64):  # the socket's buffer is bounded: so is this
                 if self._protocol_error is not None:
                     break
@@ -1144,11 +1303,17 @@ class Client:
                         raise
                     break
         finally:
-            if not nested:
-                with self._lock:
-                    self._reading, self._reader_ident = False, 0
-                    self._cond.notify_all()
+            if not nested and self._reader_ident == me:  # no call before the store
+                self._reading, self._reader_ident = False, 0
+                self._readers_wake()
         self._run_ready(ready)
+
+    def _readers_wake(self) -> None:
+        """Wakes the threads waiting for the reading thread to stop (it gave the
+        reading back: stored before this call, so that no interruption can keep it;
+        the waiters look again every _SEND_RECHECK seconds in case one cut this)."""
+        with self._lock:
+            self._cond.notify_all()
 
     def _cut(self, err: Error) -> None:
         """The stream cannot carry another message: every pending call ends with
@@ -1164,21 +1329,26 @@ class Client:
         the thread holding it sends it when it lets it go), with msgid 0, whose answer
         is dropped.  Safe inside garbage collection: it never blocks.  In a child of
         fork() it does nothing: the buffer is the parent's."""
+        self._dead_shared += [buffer]  # first, and no call: nothing can lose it
         if self._forked():
-            return
-        self._dead_shared.append(buffer)
+            return  # _close_forked drops the list: the buffer is the parent's
         self._flush_frees()
 
     def _flush_frees(self) -> None:
         """Sends the buffer.free owed, if the send lock can be had without waiting."""
         if self._forked():
             return
-        while self._dead_shared and self._closed is None and \
-                self._send_lock.acquire(blocking=False):
+        sl = self._send_lock
+        while self._dead_shared and self._closed is None:
+            token = object()
             try:
+                if not sl.claim(token, None, wait=False):
+                    return  # the thread holding it sends them when it lets it go
                 flushed = self._flush_frees_locked()
             finally:
-                self._send_lock.release()
+                if sl.owner is token:  # no call before the store: nothing can cut it
+                    sl.owner = None
+                    self._after_send()
             if not flushed:
                 return
 
@@ -1186,23 +1356,31 @@ class Client:
         """Sends the buffer.free owed (the caller holds the send lock), each frame
         whole, without waiting for room: False when the socket's buffer is full (the
         rest goes with a later request)."""
+        # Each buffer is taken off the list only once its frame is written: an
+        # interruption in between (a signal handler's exception) frees it twice at
+        # worst, which is harmless (the daemon never reuses a buffer id: the second
+        # is an ENOBUF answer to msgid 0, dropped), never not at all.
         while self._dead_shared and self._closed is None:
             try:
-                buf = self._dead_shared.pop()
+                buf = self._dead_shared[-1]
             except IndexError:
                 break
+            self._shared.pop(buf, None)  # its address may be mapped anew
             frame = msgpack.packb([0, 0, "buffer.free", [{"buffer": buf}]])
             try:
                 n = self._sock.sendmsg([frame], [], _socket.MSG_DONTWAIT)
             except OSError as e:
-                if _foreign(e) or isinstance(e, (BlockingIOError, InterruptedError)):
-                    self._dead_shared.append(buf)  # nothing of it was sent
-                    if _foreign(e):
-                        raise  # a signal handler's: the caller's
-                    return False
+                if _foreign(e):
+                    raise  # a signal handler's: the caller's (nothing of it was sent)
+                if isinstance(e, (BlockingIOError, InterruptedError)):
+                    return False  # nothing of it was sent: it goes later
                 return False  # the connection is going, and its buffers with it
             if n < len(frame):  # a frame this small goes whole on a Unix socket
                 self._write_locked([memoryview(frame)[n:]], [], None, n)
+            try:
+                self._dead_shared.remove(buf)
+            except ValueError:
+                pass
         return True
 
     def _send_timed_out(self, sent: int) -> None:
@@ -1222,11 +1400,20 @@ class Client:
                progress: Optional[Progress] = None, is_async: bool = False,
                bigs: Optional[List[memoryview]] = None,
                fds: Optional[List[int]] = None,
-               into: Optional[memoryview] = None) -> TaskFuture:
+               into: Optional[memoryview] = None,
+               owner: Optional[List[TaskFuture]] = None) -> TaskFuture:
+        """Sends a request; returns its future.  ``owner``: a list of the caller's
+        that gets the future before anything is sent, so that when an exception
+        (KeyboardInterrupt) comes after the request went out whole (``fut.sent``),
+        the caller can still attach what its answer owes (a buffer to free, shared
+        temporaries to give back): such a future stays pending and is completed by
+        its answer."""
         if self._forked():  # before any lock: one held at the fork stays held here
             raise self._fork_error()
         fut = TaskFuture()
         fut._owner = weakref.ref(self)
+        if owner is not None:
+            owner += [fut]
         with self._lock:
             if self._closed is not None:
                 raise self._closed_error()
@@ -1255,9 +1442,16 @@ class Client:
                 raise _errors.LimitExceeded(
                     "%s: a request of %d bytes, more than the daemon's max_message (%d)"
                     % (method, size, self.max_message))
-            self._send_chunks(chunks, fds)
-        except BaseException:  # KeyboardInterrupt too: nothing will answer it
-            with self._lock:
+            self._send_chunks(chunks, fds, fut)
+        except BaseException:  # KeyboardInterrupt too
+            if fut.sent:
+                # Written whole: its answer will come and complete the future (the
+                # caller attaches what it owes through ``owner``).
+                if is_async:
+                    fut.add_done_callback(self._on_async_done)
+                    self._ensure_reader()
+                raise
+            with self._lock:  # nothing will answer it
                 self._pending.pop(msgid, None)
                 self._direct.pop(msgid, None)
                 if is_async:
@@ -1288,16 +1482,18 @@ class Client:
         the caller stops waiting (dspk.Timeout), the buffer of an answer that comes later
         is freed by the next request instead of staying the connection's."""
         for again in (False, True):
-            fut = self._start(method, args, fds=fds)
+            owner: List[TaskFuture] = []
             try:
-                return self._wait(fut)
+                return self._wait(self._start(method, args, fds=fds, owner=owner))
             except (_errors.LimitExceeded, _errors.OutOfMemory):
                 # Idle shared temporaries count toward the same limits (max_buffers,
                 # the memory quotas): freed, and the allocation tried once more.
                 if again or not self._drop_idle_temps():
                     raise
             except BaseException:  # dspk.Timeout, KeyboardInterrupt: the caller gets no id
-                fut.add_done_callback(self._orphaned_buffer)
+                for fut in owner:  # a request sent whole: its buffer is freed when made
+                    if fut.sent:
+                        fut.add_done_callback(self._orphaned_buffer)
                 raise
         raise AssertionError("unreachable")
 
@@ -1328,18 +1524,20 @@ class Client:
         (a nested wait): it goes on reading."""
         me = threading.get_ident()
         while not fut.done():
-            with self._lock:
-                if fut.done():
-                    break
-                if self._reading and self._reader_ident != me:
-                    left = None if deadline is None else deadline - time.monotonic()
-                    if left is not None and left <= 0:
-                        return False
-                    self._cond.wait(left)
-                    continue
-                nested = self._reading
-                self._reading, self._reader_ident = True, me
+            nested = True  # until this thread takes the reading: nothing to give back
             try:
+                with self._lock:
+                    if fut.done():
+                        break
+                    if self._reading and self._reader_ident != me:
+                        left = None if deadline is None else deadline - time.monotonic()
+                        if left is not None and left <= 0:
+                            return False
+                        self._cond.wait(_SEND_RECHECK if left is None
+                                        else min(left, _SEND_RECHECK))
+                        continue
+                    nested = self._reading
+                    self._reading, self._reader_ident = True, me
                 while not fut.done():
                     if self._closed is not None:
                         # Everything pending failed; a future not among them (a staged
@@ -1350,10 +1548,9 @@ class Client:
                         return False
                     self._read_once(left)
             finally:
-                if not nested:
-                    with self._lock:
-                        self._reading, self._reader_ident = False, 0
-                        self._cond.notify_all()
+                if not nested and self._reader_ident == me:  # no call before the store
+                    self._reading, self._reader_ident = False, 0
+                    self._readers_wake()
         return True
 
     def _is_reader(self) -> bool:
@@ -1387,6 +1584,17 @@ class Client:
         (KeyboardInterrupt, undecodable data) leaves the stream inside a message, so
         the connection is closed (pending and later calls: dspk.Closed)."""
         ready: List[Tuple[Callable[..., Any], Tuple[Any, ...]]] = []
+        if self._owed_ready:
+            # Answers read earlier whose futures an interruption kept from being
+            # completed: completed first (their waiters may wait on nothing else).
+            owed = self._owed_ready
+            self._owed_ready = []
+            try:
+                self._run_ready(owed)
+            finally:
+                if owed:
+                    self._owed_ready += owed
+            return
         taking = False  # in recv, or holding bytes not yet filed
         try:
             ms = -1 if wait is None else min(max(0, math.ceil(wait * 1000)), _POLL_MAX_MS)
@@ -1419,7 +1627,11 @@ class Client:
             if undecodable:
                 return  # the callers get dspk.Closed, not the decoder's error
             raise
-        self._run_ready(ready)
+        try:
+            self._run_ready(ready)
+        finally:
+            if ready:  # cut by an interruption (as _run_ready starts, say): owed
+                self._owed_ready += ready
 
     def _recv_nowait(self) -> Optional[int]:
         """Bytes received into _rbuf without waiting: None when there are none yet, 0
@@ -1447,12 +1659,22 @@ class Client:
         handler, on the main thread) is raised once all have run, so no future is left
         pending."""
         first: Optional[BaseException] = None
+        tries = 0
         while ready:
-            fn, args = ready.pop(0)
             try:
+                fn, args = ready[0]
+                tries += 1
                 fn(*args)
+                # Taken off only once run: an interruption before the call's body (a
+                # signal handler runs as a Python function starts) runs it once more
+                # (settling a future twice does nothing).
+                del ready[0]
+                tries = 0
             except BaseException as e:  # noqa: B036
                 first = first or e
+                if tries >= 2 and ready:
+                    del ready[0]
+                    tries = 0
             with self._lock:
                 self._cond.notify_all()
         if first is not None:
@@ -1636,15 +1858,15 @@ class Client:
         submit() starts it again)."""
         me = threading.get_ident()
         while True:
-            with self._lock:
-                while self._reading and self._async and self._closed is None:
-                    self._cond.wait()
-                if not self._async or self._closed is not None:
-                    self._thread = None if self._thread is threading.current_thread() \
-                        else self._thread
-                    return
-                self._reading, self._reader_ident = True, me
             try:
+                with self._lock:
+                    while self._reading and self._async and self._closed is None:
+                        self._cond.wait(_SEND_RECHECK)
+                    if not self._async or self._closed is not None:
+                        self._thread = None if self._thread is threading.current_thread() \
+                            else self._thread
+                        return
+                    self._reading, self._reader_ident = True, me
                 while self._closed is None:
                     with self._lock:
                         if not self._async:
@@ -1657,9 +1879,9 @@ class Client:
                         # futures are pending (a cut connection ends the loop).
                         pass
             finally:
-                with self._lock:
+                if self._reader_ident == me:  # no call before the store
                     self._reading, self._reader_ident = False, 0
-                    self._cond.notify_all()
+                    self._readers_wake()
 
     # ---- simple methods ----------------------------------------------------------
 
@@ -1769,7 +1991,11 @@ class Client:
         try:
             arr = view[:nbytes].view(dt).reshape(shape_t)
             self._shared[buf] = (arr.__array_interface__["data"][0], size, dev)
+            # Two finalizers, run in the reverse order: first a C call that no signal
+            # handler can cut owes the buffer.free (sent with the next request at the
+            # latest), then _shared_gone sends it at once if it can.
             weakref.finalize(mm, Client._shared_gone, weakref.ref(self), buf)
+            weakref.finalize(mm, self._dead_shared.append, buf)
         except BaseException as e:  # no array: its buffer goes (KeyboardInterrupt too)
             self._shared.pop(buf, None)
             self._free_quietly(buf)
@@ -1787,18 +2013,25 @@ class Client:
             fd = os.memfd_create("dspk-shared", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         except OSError as e:
             raise _os_error("shared memory: memfd_create", e) from None
+        res = None
         try:
             try:
-                os.ftruncate(fd, size)
-                fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW)
-                mm, view = _map_fd(fd, size)
-            except OSError as e:
-                raise _os_error("shared memory of %d bytes" % size, e) from None
-            res = self._new_buffer("buffer.import", {"device": device, "size": size},
-                                   fds=[fd])
-        finally:
-            os.close(fd)
-        return mm, view, int(res["buffer"]), str(res["device"])
+                try:
+                    os.ftruncate(fd, size)
+                    fcntl.fcntl(fd, fcntl.F_ADD_SEALS,
+                                fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW)
+                    mm, view = _map_fd(fd, size)
+                except OSError as e:
+                    raise _os_error("shared memory of %d bytes" % size, e) from None
+                res = self._new_buffer("buffer.import", {"device": device, "size": size},
+                                       fds=[fd])
+            finally:
+                os.close(fd)
+            return mm, view, int(res["buffer"]), str(res["device"])
+        except BaseException:  # KeyboardInterrupt after the answer: no buffer left
+            if isinstance(res, dict) and isinstance(res.get("buffer"), int):
+                self._free_quietly(res["buffer"])
+            raise
 
     # ---- the automatic shared-memory path -----------------------------------------
 
@@ -1813,6 +2046,8 @@ class Client:
         if self._any_is_cpu is None:
             try:
                 devs = self._call("devices")["devices"]
+            except (_errors.Timeout, _errors.Closed):
+                raise  # the daemon does not answer, or is gone: so would the socket
             except Error:
                 return None
             self._any_is_cpu = any(d.get("id") == "cpu:0" for d in devs) and \
@@ -1829,6 +2064,8 @@ class Client:
         try:
             devs = self._call("devices")["devices"]
             first = wire_name(_meta(inputs[0])[1]) if inputs else None
+        except (_errors.Timeout, _errors.Closed):
+            raise  # the daemon does not answer, or is gone: the call ends with it
         except (Error, IndexError):
             return "any"
 
@@ -1847,9 +2084,14 @@ class Client:
             return "any"
         return str(min(able, key=rank).get("id"))
 
-    def _temp_get(self, device: str, nbytes: int) -> _Temp:
+    def _temp_get(self, device: str, nbytes: int, into: List[_Temp],
+                  make: bool = True) -> Optional[_Temp]:
         """An idle shared temporary of at least nbytes on device (the smallest that
-        fits), or a new one; busy until _temp_put."""
+        fits), or a new one (without ``make``: None, so that submit() never waits for
+        the buffer.import round trip, which queues behind the device's earlier tasks);
+        busy until _temp_put.  It is appended to ``into`` (the
+        caller's list, which it gives to _temp_put on every path) in the same step
+        that makes it busy, so that no interruption can leave it busy for good."""
         with self._temp_lock:
             best = None
             for t in self._temps:
@@ -1858,14 +2100,24 @@ class Client:
                     best = t
             if best is not None:
                 best.busy = True
+                into.append(best)
                 return best
+            if not make:
+                return None
             drop = self._temp_trim_locked(1)
         self._temp_free(drop)
         size = (nbytes + _TEMP_ROUND - 1) // _TEMP_ROUND * _TEMP_ROUND
         mm, view, buf, dev = self._import_memfd(device, size)
-        t = _Temp(buf, dev, size, mm, view)
-        with self._temp_lock:
-            self._temps.append(t)
+        try:
+            t = _Temp(buf, dev, size, mm, view)
+            with self._temp_lock:
+                # Neither statement is a call: no signal handler runs between them.
+                into += [t]
+                self._temps += [t]
+        except BaseException:  # KeyboardInterrupt: a temporary not kept is freed
+            if not any(x.buffer == buf for x in self._temps):
+                self._free_quietly(buf)
+            raise
         return t
 
     def _temp_put(self, temps: Sequence[_Temp]) -> None:
@@ -1932,12 +2184,17 @@ class Client:
             return False
         self._temp_free(drop)
         if self._dead_shared and not self._forked():
-            deadline = None if self.timeout is None else self.timeout
-            if self._send_lock.acquire(timeout=-1 if deadline is None else deadline):
-                try:
-                    self._flush_frees_locked()
-                finally:
-                    self._send_lock.release()
+            deadline = None if self.timeout is None else time.monotonic() + self.timeout
+            sl, token = self._send_lock, object()
+            try:
+                sl.claim(token, deadline, gone=self._gone)
+                self._flush_frees_locked()
+            except (_SendWaitTimeout, Error):
+                pass  # not sent now: they go with a later request (or the connection)
+            finally:
+                if sl.owner is token:  # no call before the store: nothing can cut it
+                    sl.owner = None
+                    self._after_send()
         return True
 
     @staticmethod
@@ -1949,8 +2206,8 @@ class Client:
         if client is None:
             return
         client._shared.pop(buf, None)
-        if client._closed is None:  # else the buffer went with the connection
-            client._queue_free(buf)
+        if client._closed is None and not client._forked():  # else nothing to send
+            client._flush_frees()  # the buffer is owed already (empty_shared)
 
     def _shared_ref(self, a: np.ndarray) -> Optional[Tuple[int, int, str]]:
         """(buffer, offset, device) when ``a`` is a C-contiguous array inside a shared
@@ -1958,7 +2215,12 @@ class Client:
         if not self._shared or not a.flags.c_contiguous:
             return None
         addr = a.__array_interface__["data"][0]
+        # A buffer whose array was collected is owed a free (its entry may not be
+        # gone yet, and a new mapping may take its address): never referenced.
+        dead = set(self._dead_shared) if self._dead_shared else ()
         for buf, (base, size, dev) in list(self._shared.items()):
+            if buf in dead:
+                continue
             if base <= addr and addr + a.nbytes <= base + size:
                 return buf, addr - base, dev
         return None
@@ -2018,14 +2280,16 @@ class Client:
     # ---- tasks -------------------------------------------------------------------
 
     def _task_request(self, op: str, inputs: Sequence[ArrayLike], options: Dict[str, Any],
-                      device: str, out: Optional[OutArg]
+                      device: str, out: Optional[OutArg], shm: List[_Temp],
+                      is_async: bool = False
                       ) -> Tuple[Dict[str, Any], List[memoryview], List[int],
-                                 Callable[[Any], Any], str, List[_Temp]]:
+                                 Callable[[Any], Any], str]:
         """The task.run request of an op: (args, payloads spliced in by _encode,
         temporary buffers staging operands (the caller frees them), the decoder of
-        the answer, the device the task is pinned to or "any", shared temporaries)."""
+        the answer, the device the task is pinned to or "any").  The shared
+        temporaries it takes go into ``shm``, which the caller gives back (_temp_put)
+        on every path, an exception of this method's included."""
         bigs: List[memoryview] = []
-        shm: List[_Temp] = []
         temps: List[int] = []
         tensors: List[Dict[str, Any]] = []
         inline: List[Tuple[np.ndarray, Dict[str, Any]]] = []
@@ -2130,15 +2394,19 @@ class Client:
             if sdev is not None:
                 try:
                     for a, t in big:
-                        tmp = self._temp_get(sdev, a.nbytes)
-                        shm.append(tmp)
+                        tmp = self._temp_get(sdev, a.nbytes, shm, make=not is_async)
+                        if tmp is None:
+                            continue  # submit(): no idle one, inline rather than wait
                         _copy_wide(tmp.view[:a.nbytes], a.reshape(-1).view(np.uint8))
                         t["buffer"], t["offset"] = tmp.buffer, 0
+                except (_errors.Timeout, _errors.Closed):
+                    raise  # the daemon does not answer, or is gone: so would the socket
                 except Error:
                     # No shared memory to be had (a limit, no descriptor, a quota): the
                     # socket's path.
-                    self._temp_put(shm)
-                    shm = []
+                    drop = shm[:]
+                    del shm[:]
+                    self._temp_put(drop)
                     for _, t in big:
                         t.pop("buffer", None)
                         t.pop("offset", None)
@@ -2163,7 +2431,6 @@ class Client:
                 total -= a.nbytes
                 t.update(d._ref())
         except BaseException:
-            self._temp_put(shm)
             for b in temps:
                 self._free_quietly(b)
             raise
@@ -2203,7 +2470,7 @@ class Client:
                                         by_pos.get(k) if op == "kernel" else None)
                     for k, t in enumerate(outs, first)]
 
-        return args, bigs, temps, decode, target, shm
+        return args, bigs, temps, decode, target
 
     def _decode_tensor(self, t: Mapping[str, Any], operands: Sequence[DeviceArray],
                        shared_ops: Sequence[Tuple[int, int, np.ndarray]],
@@ -2250,13 +2517,22 @@ class Client:
              progress: Optional[Progress] = None, is_async: bool = False) -> TaskFuture:
         if self._forked():  # before the temporaries' lock, which a fork may leave held
             raise self._fork_error()
-        args, bigs, temps, decode, target, shm = self._task_request(op, inputs, options,
-                                                                    device, out)
+        shm: List[_Temp] = []
+        owner: List[TaskFuture] = []
         try:
+            args, bigs, temps, decode, target = self._task_request(op, inputs, options,
+                                                                   device, out, shm,
+                                                                   is_async)
             fut = self._run_request(op, inputs, options, out, single, progress, is_async,
-                                    args, bigs, temps, decode, target, shm)
+                                    args, bigs, temps, decode, target, shm, owner)
         except BaseException:
-            self._temp_put(shm)
+            sent = [f for f in owner if f.sent]
+            if sent and shm:
+                # The task went out (an interruption came after): its temporaries
+                # stay busy until it is answered.
+                sent[-1].add_done_callback(lambda f: self._temps_done(f, shm))
+            else:
+                self._temp_put(shm)
             raise
         if shm:
             fut.add_done_callback(lambda f: self._temps_done(f, shm))
@@ -2278,7 +2554,8 @@ class Client:
                      out: Optional[OutArg], single: bool, progress: Optional[Progress],
                      is_async: bool, args: Dict[str, Any], bigs: List[memoryview],
                      temps: List[int], decode: Callable[[Any], Any], target: str,
-                     shm: List[_Temp]) -> TaskFuture:
+                     shm: List[_Temp], owner: Optional[List[TaskFuture]] = None
+                     ) -> TaskFuture:
         """Sends the task and returns its future.  It owns ``temps``: on every path
         they are freed, once the task is sent (requests already sent still see
         them), or by the staged future that reads them back."""
@@ -2298,14 +2575,15 @@ class Client:
             rt = None
             if sdev is not None:
                 try:
-                    rt = self._temp_get(sdev, bound)
+                    rt = self._temp_get(sdev, bound, shm, make=not is_async)
+                except (_errors.Timeout, _errors.Closed):
+                    raise  # the daemon does not answer, or is gone: so would the socket
                 except Error:
                     rt = None  # no shared memory to be had: the socket's path
             if rt is not None:
                 # A large result on cpu:0: written by the daemon into a shared
                 # temporary, copied from there into the array returned (no socket, no
                 # unpacking).
-                shm.append(rt)
                 args["outputs"] = [{"buffer": rt.buffer, "offset": 0}]
 
                 def from_temp(res: Any) -> Any:
@@ -2319,7 +2597,8 @@ class Client:
                     _copy_wide(arr.reshape(-1).view(np.uint8), rt.view[:arr.nbytes])
                     return arr
 
-                return self._start("task.run", args, from_temp, progress, is_async, bigs)
+                return self._start("task.run", args, from_temp, progress, is_async, bigs,
+                                   owner=owner)
             if bound is not None and bound > self.max_message - _RESULT_FRAMING:
                 # Too large to come back inline (protocol.md, Limits): into a temporary
                 # buffer, read back in pieces.
@@ -2338,7 +2617,8 @@ class Client:
                                          progress, is_async)
                 free_now = []
                 return fut
-            return self._start("task.run", args, result, progress, is_async, bigs)
+            return self._start("task.run", args, result, progress, is_async, bigs,
+                               owner=owner)
         finally:
             for b in free_now:
                 self._free_quietly(b)

@@ -1,6 +1,8 @@
 """numpy dtypes and the protocol's dtype names, bfloat16 included."""
 from __future__ import annotations
 
+import math
+import numbers
 from typing import Any, Dict, Tuple
 
 import numpy as np
@@ -67,22 +69,116 @@ def _f32_round_to_odd(d: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
     return f, u
 
 
+def _bit_length(m: np.ndarray) -> np.ndarray:
+    """The bit length of each uint64 of ``m`` (0 for 0), exactly."""
+    n = np.zeros(m.shape, np.uint64)
+    x = m.copy()
+    for shift in (32, 16, 8, 4, 2, 1):
+        big = (x >> np.uint64(shift)) != 0
+        n += big.astype(np.uint64) * np.uint64(shift)
+        x = np.where(big, x >> np.uint64(shift), x)
+    return n + (x != 0).astype(np.uint64)
+
+
+def _f64_round_to_odd_ints(a: np.ndarray) -> np.ndarray:
+    """float64 of 64-bit integers rounded to odd at float64's 53 bits (the truncated
+    significand, its last bit set when bits were dropped), computed with integers: a
+    float64 conversion would round to nearest, and a second rounding of that could
+    land on a tie the integer was not on (2**62 + 2**54 + 1)."""
+    u = a.astype(np.uint64)
+    neg = a < 0 if a.dtype.kind == "i" else np.zeros(a.shape, bool)
+    m = np.where(neg, ~u + np.uint64(1), u)  # |a|, 2**63 included
+    s = np.maximum(_bit_length(m).astype(np.int64) - 53, 0).astype(np.uint64)
+    t = m >> s
+    dropped = (m & ((np.uint64(1) << s) - np.uint64(1))) != 0
+    t |= dropped.astype(np.uint64)
+    d = np.ldexp(t.astype(np.float64), s.astype(np.int64))  # t < 2**53: exact
+    return np.where(neg, -d, d)
+
+
+def _f64_round_to_odd_wide(a: np.ndarray) -> np.ndarray:
+    """float64 of floats wider than float64 (numpy.longdouble) rounded to odd at
+    float64's precision, for the reason of _f64_round_to_odd_ints (1 + 2**-8 + 2**-60
+    became 1 + 2**-8, a tie, then 1.0)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        d = a.astype(np.float64)
+    back = d.astype(a.dtype)
+    inexact = (back != a) & np.isfinite(a)
+    toward = inexact & (np.abs(back) > np.abs(a))  # rounded away from zero (inf too)
+    d = np.where(toward, np.nextafter(d, np.zeros_like(d)), d)
+    bits = d.view(np.uint64) | inexact.astype(np.uint64)
+    return bits.view(np.float64)
+
+
+def _python_reals(a: np.ndarray) -> np.ndarray:
+    """An object array of Python numbers (ints beyond 64 bits: numpy.asarray([2**70]),
+    fractions.Fraction, floats) as float64 rounded to odd, each from its exact value;
+    DtypeError for anything else (bool, complex, str, None, Decimal)."""
+    flat = a.reshape(-1)
+    out = np.empty(flat.shape, np.float64)
+    for i, v in enumerate(flat):
+        if isinstance(v, (float, np.floating)) and not isinstance(v, bool):
+            if not np.isfinite(v):
+                out[i] = float(v)
+                continue
+            n, d = v.as_integer_ratio()
+        elif isinstance(v, numbers.Rational) and not isinstance(v, (bool, np.bool_)):
+            n, d = int(v.numerator), int(v.denominator)
+        else:
+            raise DtypeError("to_bfloat16: dtype object holding a %s (want real numbers)"
+                             % type(v).__name__)
+        m = abs(n)
+        if m == 0:
+            out[i] = 0.0
+            continue
+        # t = m/d * 2**k truncated, of 53 or 54 bits, the rest kept as a sticky bit
+        k = 53 - (m.bit_length() - d.bit_length())
+        t, r = divmod(m << k if k >= 0 else m, d if k >= 0 else d << -k)
+        while t.bit_length() > 53:
+            r |= t & 1
+            t >>= 1
+            k -= 1
+        if r:
+            t |= 1
+        try:
+            x = math.ldexp(float(t), -k)  # exact (but below float64's normal range,
+            # far below bf16's smallest subnormal, where it rounds to 0 all the same)
+        except OverflowError:  # beyond float64: bf16's infinity all the same
+            x = math.inf
+        out[i] = -x if n < 0 else x
+    return out.reshape(a.shape)
+
+
 def to_bfloat16(x: Any) -> np.ndarray:
-    """A dspk.bfloat16 array of ``x`` (real numbers; rounded to nearest even; NaN stays
-    NaN), of x's shape (0-d too)."""
+    """A dspk.bfloat16 array of ``x`` (real numbers; rounded to nearest even, once,
+    from the exact value of every input type: floats up to numpy.longdouble, integers
+    of any width, Python ints beyond 64 bits and fractions.Fraction too; NaN stays
+    NaN), of x's shape (0-d too).  Complex, bool, str or None: DtypeError."""
     try:
         a = np.asarray(x)
     except (ValueError, TypeError) as e:  # a ragged list
         raise InvalidArgument("to_bfloat16: not an array: %s" % e) from None
+    if a.dtype.kind == "O":
+        a = _python_reals(a)  # Python ints beyond 64 bits; other objects: DtypeError
     if a.dtype.kind not in "fiu" or a.dtype.names is not None:
         # complex would lose its imaginary part, None and str are no numbers
         raise DtypeError("to_bfloat16: dtype %s (want real numbers)" % a.dtype)
     # np.ascontiguousarray makes a 0-d array 1-d: the shape comes from a.
+    flat = np.ascontiguousarray(a).reshape(-1)
     if a.dtype.kind == "f" and a.dtype.itemsize <= 4:
-        f = np.ascontiguousarray(a, dtype="<f4").reshape(-1)  # exact
+        f = np.ascontiguousarray(flat, dtype="<f4")  # exact
         u = f.view("<u4").astype(np.uint64)
     else:
-        f, u = _f32_round_to_odd(np.ascontiguousarray(a, dtype="<f8").reshape(-1))
+        # Every value rounded to odd at float64's precision first (exact for float64
+        # and integers of up to 32 bits), then to odd at float32's: rounding that to
+        # nearest even at bf16's 8 bits gives what rounding the exact value gives.
+        if a.dtype.kind in "iu" and a.dtype.itemsize == 8:
+            d = _f64_round_to_odd_ints(flat)
+        elif a.dtype.kind == "f" and a.dtype.itemsize > 8:
+            d = _f64_round_to_odd_wide(flat)
+        else:
+            d = np.ascontiguousarray(flat, dtype="<f8")
+        f, u = _f32_round_to_odd(d)
     rounded = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
     nan = np.isnan(f)
     bits = np.where(nan, (u >> 16) | 0x40, rounded).astype("<u2")

@@ -470,3 +470,226 @@ def test_ping_and_devices_arguments(client):
     with pytest.raises(dspk.InvalidArgument, match="all: expected a bool"):
         client.devices(all="no")
     assert len(client.devices(all=np.bool_(False))) == len(client.devices())
+
+
+def _bf16_of_fraction(v):
+    """bf16 bits of the exact rational v (a Fraction), rounded to nearest even by
+    integer arithmetic alone (normal numbers of bf16's range only): independent of
+    numpy and of floats."""
+    from fractions import Fraction
+    v = Fraction(v)
+    sign = 0x8000 if v < 0 else 0
+    v = abs(v)
+    e = v.numerator.bit_length() - v.denominator.bit_length()
+    while Fraction(2) ** e > v:
+        e -= 1
+    while Fraction(2) ** (e + 1) <= v:
+        e += 1
+    q = v / Fraction(2) ** (e - 7)      # in [128, 256)
+    n = q.numerator // q.denominator
+    r = q - n
+    if r > Fraction(1, 2) or (r == Fraction(1, 2) and n % 2):
+        n += 1
+    if n == 256:
+        n, e = 128, e + 1
+    return sign | ((e + 127) << 7) | (n - 128)
+
+
+def test_to_bfloat16_rounds_once_from_the_exact_value_of_every_type():
+    """Inputs wider than float64 were rounded to float64 first: a value just above a
+    bf16 tie landed on it and went to even.  int64/uint64/Python int 2**62 + 2**54 + 1
+    gave 4.611686018427388e18 (want 4.647714815446352e18), np.longdouble(1 + 2**-8 +
+    2**-60) gave 1.0 (want 1.0078125).  Checked against exact rational rounding."""
+    from fractions import Fraction
+    rng = np.random.default_rng(21)
+    ints = [2 ** 62 + 2 ** 54 + 1, 2 ** 62 + 2 ** 54, 2 ** 62 + 2 ** 54 - 1, 2 ** 63 - 1,
+            2 ** 53 + 1, 2 ** 55 + 2 ** 47 + 1, 3 * 2 ** 60 + 2 ** 52 + 2 ** 9]
+    for _ in range(300):  # near a tie at every width of 54 to 63 bits
+        e = int(rng.integers(54, 63))
+        tie = (int(rng.integers(128, 256)) * 2 + 1) << (e - 8)
+        ints += [tie + int(rng.integers(1, 1 << (e - 53))), tie - 1, tie,
+                 int(rng.integers(1 << 53, 1 << 62))]
+    cases = [(np.array(ints, np.int64), ints),
+             (np.array([-i for i in ints], np.int64), [-i for i in ints]),
+             (np.array(ints + [2 ** 64 - 1, 2 ** 63 + 2 ** 55 + 1], np.uint64),
+              ints + [2 ** 64 - 1, 2 ** 63 + 2 ** 55 + 1]),
+             (list(ints), ints),                    # Python ints: numpy's int64
+             (np.int64(-(2 ** 62 + 2 ** 54 + 1)), [-(2 ** 62 + 2 ** 54 + 1)])]
+    big = [2 ** 70 + 2 ** 62 + 1, -(2 ** 100 + 2 ** 92 + 3), 2 ** 64 + 2 ** 56 + 1]
+    cases.append((big, big))                        # beyond 64 bits: an object array
+    fr = [Fraction(1, 3), Fraction(-257, 256 * 256) + Fraction(1, 10 ** 30)]
+    cases.append((np.array(fr, object), fr))
+    if np.finfo(np.longdouble).nmant > 52:          # x86's 80-bit long double
+        one = np.longdouble(1)
+        lds = [(one + one / 256 + one / 2 ** 60, 1 + Fraction(1, 256) + Fraction(1, 2 ** 60)),
+               (one + one / 256 - one / 2 ** 60, 1 + Fraction(1, 256) - Fraction(1, 2 ** 60)),
+               (one + 3 * one / 256 + one / 2 ** 62,
+                1 + Fraction(3, 256) + Fraction(1, 2 ** 62))]
+        for k in range(1, 128, 7):
+            tie = 1 + Fraction(2 * k - 1, 256)
+            for off in (Fraction(1, 2 ** 58), -Fraction(1, 2 ** 58), 0):
+                v = tie + off
+                lds.append((np.longdouble(v.numerator) / np.longdouble(v.denominator), v))
+        cases.append((np.array([a for a, _ in lds]), [v for _, v in lds]))
+        cases.append((-np.array([a for a, _ in lds]), [-v for _, v in lds]))
+    f64 = [1 + 2 ** -8 + 2 ** -30, 1 + 2 ** -8, -(3 + 2 ** -6 + 2 ** -52)]
+    cases += [(np.array(f64), [Fraction(x) for x in f64]),
+              (np.array(f64, np.float32), [Fraction(float(x)) for x in
+                                           np.array(f64, np.float32)]),
+              (np.array([1 + 2 ** -8 + 2 ** -10], np.float16),
+               [Fraction(1 + 2 ** -8 + 2 ** -10)])]
+    for x, exact in cases:
+        got = dspk.to_bfloat16(x).view("<u2").reshape(-1).tolist()
+        want = [_bf16_of_fraction(Fraction(v)) for v in exact]
+        bad = [(v, hex(g), hex(w)) for v, g, w in zip(exact, got, want) if g != w]
+        assert not bad, (type(x).__name__, getattr(x, "dtype", None), bad[:4])
+    # the outside tester's cases
+    for x in (np.array([2 ** 62 + 2 ** 54 + 1], np.int64),
+              np.array([2 ** 62 + 2 ** 54 + 1], np.uint64), [2 ** 62 + 2 ** 54 + 1]):
+        assert dspk.from_bfloat16(dspk.to_bfloat16(x))[0] == 4.647714815446352e18
+    for bad in ([True, 2 ** 70], [None, 2 ** 70], ["1", 2 ** 70], [1j, 2 ** 70]):
+        with pytest.raises(dspk.DtypeError, match="to_bfloat16: dtype"):
+            dspk.to_bfloat16(np.array(bad, object))
+
+
+# ---- $DSPK_SHARED_THRESHOLD: sizes exactly as proto/units.c reads them ---------------
+
+def _units_table():
+    """(value, size or None) of every ok()/bad() case of tests/proto/test_units.c, the
+    C parser's own test (tests/common's sibling), with C's escapes decoded to the bytes
+    the environment would hold; None where the repository is not at hand."""
+    import codecs
+    import re
+    common = os.environ.get("DSPK_TESTS_COMMON") or os.path.join(
+        os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests", "common")
+    path = os.path.join(common, "..", "proto", "test_units.c")
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        text = f.read()
+    cases = []
+    for kind, lit, expr in re.findall(r'\b(ok|bad)\("((?:[^"\\]|\\.)*)"(?:,\s*([^;]+))?\);',
+                                      text):
+        raw = codecs.escape_decode(lit.encode("latin-1"))[0]
+        want = None
+        if kind == "ok":
+            expr = expr.strip().rstrip(")").strip() if expr.count(")") > expr.count("(") \
+                else expr.strip()
+            want = eval(expr.replace("(uint64_t)", "").replace("UINT64_MAX", str(2 ** 64 - 1)),
+                        {"__builtins__": {}})
+        cases.append((os.fsdecode(raw), want))
+    return cases
+
+
+# The table of proto/units.c's test, for a copy of python/ run without the repository.
+UNITS_TABLE = [("0", 0), ("4096", 4096), ("007", 7), ("18446744073709551615", 2 ** 64 - 1),
+               ("1K", 1024), ("1KiB", 1024), ("2M", 2 << 20), ("2MiB", 2 << 20),
+               ("3G", 3 << 30), ("3GiB", 3 << 30), ("5TiB", 5 << 40), ("1T", 1 << 40),
+               ("16777215T", 16777215 << 40), ("16777216T", None),
+               ("18014398509481984K", None), ("18446744073709551616", None),
+               ("", None), ("M", None), ("-1", None), ("+1", None), (" 1", None),
+               ("1 ", None), ("1 M", None), ("1.5M", None), ("1k", None), ("1m", None),
+               ("1MB", None), ("1B", None), ("0x10", None), (" 5", None), ("5\n", None),
+               ("\t7", None), ("2m", None), ("2kib", None), ("3g", None), ("\u0663", None),
+               ("1\uff10", None), ("\u00b2", None)]
+
+
+def test_shared_threshold_is_read_as_proto_units_c_reads_sizes(monkeypatch):
+    """Python stripped spaces and took units in any case (" 5", "5\\n", "2m", "2kib",
+    "3g" accepted) where libdspkclient (proto/units.c) ignores all of them.  Each case
+    of the C parser's own test (its table read from tests/proto/test_units.c, and a
+    copy of it here): a size it accepts is the threshold, one it refuses leaves the
+    default (1 MiB)."""
+    from dspk import _client
+    table = _units_table()
+    cases = list(UNITS_TABLE) + (table or [])
+    if table is not None:
+        assert len(table) > 40 and (" 5", None) in table and ("64KiB", 65536) in table
+    for value, want in cases:
+        monkeypatch.setenv("DSPK_SHARED_THRESHOLD", value)
+        got = _client._env_threshold()
+        assert got == (want if want is not None else 1 << 20), (value, got, want)
+    monkeypatch.delenv("DSPK_SHARED_THRESHOLD")
+    assert _client._env_threshold() == 1 << 20
+
+
+def test_shared_threshold_of_the_environment_at_connect(daemon, monkeypatch):
+    for value, want in (("2kib", 1 << 20), (" 5", 1 << 20), ("2KiB", 2048), ("0", 0)):
+        monkeypatch.setenv("DSPK_SHARED_THRESHOLD", value)
+        with dspk.connect(daemon.socket, timeout=TIMEOUT) as c:
+            assert c.shared_threshold == want, value
+
+
+def test_a_path_object_giving_no_path_is_invalid_argument(daemon):
+    """An os.PathLike whose __fspath__ gives neither str nor bytes escaped as a plain
+    TypeError, one whose __fspath__ raises as that exception: a socket of another
+    type, python.md says, is dspk.InvalidArgument naming it, before connecting."""
+    class Gives:
+        def __init__(self, v):
+            self.v = v
+
+        def __fspath__(self):
+            return self.v
+
+    class Raises:
+        def __init__(self, e):
+            self.e = e
+
+        def __fspath__(self):
+            raise self.e
+
+    class BadRepr(Gives):
+        def __repr__(self):
+            raise RuntimeError("no repr")
+
+    for obj, named in ((Gives(3), "Gives"), (Gives(None), "Gives"),
+                       (Gives(pathlib.Path("/x")), "Gives"),
+                       (Raises(ValueError("no path")), "Raises"),
+                       (Raises(TypeError("odd")), "Raises"),
+                       (Raises(OSError(5, "io")), "Raises"), (BadRepr(2.5), "BadRepr")):
+        with pytest.raises(dspk.InvalidArgument) as e:
+            dspk.connect(obj)
+        assert e.value.message.startswith("socket: expected a path, got " + named), \
+            e.value.message
+        assert "__fspath__" in e.value.message
+    # one that gives a path is one
+    with dspk.connect(Gives(daemon.socket), timeout=TIMEOUT) as c:
+        assert c.socket_path == daemon.socket and c.ping() > 0
+    with dspk.connect(Gives(daemon.socket.encode()), timeout=TIMEOUT) as c:
+        assert c.socket_path == daemon.socket
+
+
+# ---- a DeviceArray where a numpy array is wanted -------------------------------------
+
+def test_a_device_array_is_not_taken_for_a_numpy_array(client):
+    """to_device(DeviceArray) raised a misleading 'DtypeError: dtype object',
+    numpy.asarray(DeviceArray) gave an object array, pickle.dumps(DeviceArray) said
+    "cannot pickle 'socket' object".  Now each says what a DeviceArray is and what to
+    use instead (.numpy())."""
+    import copy
+    import pickle
+    d = client.to_device(np.arange(4.0))
+    try:
+        with pytest.raises(dspk.InvalidArgument, match=r"array: a DeviceArray .*\.numpy\(\)"):
+            client.to_device(d)
+        for convert in (np.asarray, np.array, lambda x: np.add(x, 1),
+                        lambda x: np.asarray([x])):
+            with pytest.raises(TypeError, match=r"DeviceArray is not a numpy array.*"
+                                                r"\.numpy\(\)"):
+                convert(d)
+        for dump in (pickle.dumps, copy.copy, copy.deepcopy):
+            with pytest.raises(TypeError, match="cannot pickle or copy a dspk.DeviceArray"):
+                dump(d)
+        with pytest.raises(TypeError, match="cannot pickle or copy a dspk.Client"):
+            pickle.dumps(client)
+        with pytest.raises(dspk.InvalidArgument, match="DeviceArray is not a numpy array"):
+            dspk.to_bfloat16(d)
+        # what it says to use works, and the DeviceArray is an operand as before
+        np.testing.assert_array_equal(d.numpy(), np.arange(4.0))
+        assert pickle.loads(pickle.dumps(d.numpy())).tolist() == [0, 1, 2, 3]
+        assert client.reduce(d) == 6
+        e = client.to_device(d.numpy())
+        np.testing.assert_array_equal(e.numpy(), np.arange(4.0))
+        e.free()
+    finally:
+        d.free()

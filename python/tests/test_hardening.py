@@ -182,10 +182,12 @@ FORK_SCRIPT = textwrap.dedent("""
     before = [x for x in c.status()["clients"] if x["self"]][0]["buffers"]
     r, w = os.pipe()
     # Locks another thread of the parent may hold at the fork stay held in the child.
-    c._lock.acquire(); c._temp_lock.acquire(); c._send_lock.acquire()
+    c._lock.acquire(); c._temp_lock.acquire(); c._send_lock.mutex.acquire()
+    c._send_lock.owner = "a writer of the parent's"
     pid = os.fork()
     if pid != 0:
-        c._lock.release(); c._temp_lock.release(); c._send_lock.release()
+        c._send_lock.owner = None
+        c._lock.release(); c._temp_lock.release(); c._send_lock.mutex.release()
     if pid == 0:
         signal.alarm(20)  # a child that hangs dies rather than outlive the test
         os.close(r)

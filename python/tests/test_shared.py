@@ -196,9 +196,9 @@ def test_shared_operand_sends_no_data(client):
     sent = []
     orig = client._send_chunks
 
-    def spy(chunks, fds=None):
+    def spy(chunks, fds=None, mark=None):
         sent.append(sum(memoryview(c).nbytes for c in chunks))
-        return orig(chunks, fds)
+        return orig(chunks, fds, mark)
 
     client._send_chunks = spy
     try:
@@ -224,9 +224,9 @@ def _spy_sends(client):
     sent = []
     orig = client._send_chunks
 
-    def spy(chunks, fds=None):
+    def spy(chunks, fds=None, mark=None):
         sent.append(sum(memoryview(c).nbytes for c in chunks))
-        return orig(chunks, fds)
+        return orig(chunks, fds, mark)
 
     client._send_chunks = spy
     return sent, orig

@@ -82,6 +82,24 @@ static void test_refused(void **state) {
   bad("0x10");
   bad("18446744073709551616");
   bad("99999999999999999999999");
+  /* What Python's str.strip(), .upper() and .isdigit() took (python/tests reads
+   * this table too: the Python client must read sizes exactly so). */
+  bad(" 5");
+  bad("5 ");
+  bad("5\n");
+  bad("\t7");
+  bad("2m");
+  bad("2kib");
+  bad("2KIB");
+  bad("3g");
+  bad("4t");
+  bad("1Kib");
+  bad("1kiB");
+  bad("\xd9\xa3");         /* ARABIC-INDIC DIGIT THREE, a digit to isdigit() */
+  bad("1\xef\xbc\x90");     /* 1 and FULLWIDTH DIGIT ZERO */
+  bad("\xc2\xb2");          /* SUPERSCRIPT TWO */
+  bad("1_000");
+  bad("1e3");
 }
 
 int main(void) {

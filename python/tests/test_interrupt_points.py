@@ -1,0 +1,229 @@
+"""Interruptions at every point where CPython runs a signal handler, and close() while
+another thread (or a lost interruption) holds the send lock.
+
+CPython runs a signal handler's Python code right after a C function called from
+Python code returns, and when a Python function starts.  An exception it raises
+(KeyboardInterrupt) then propagates from that point: after a lock's acquire() returned
+True and before the ``try`` that releases it, a lock stayed held for good and every
+later call, close() and the interpreter's exit blocked.  These tests raise
+KeyboardInterrupt at each such point of the client's own code in turn (a profile
+function, which CPython calls at exactly those points, raises it: CPython then drops
+the C call's result and propagates the exception, as it does a handler's), and check
+that nothing stays held: the connection is usable or closed (dspk.Closed), never stuck.
+"""
+from __future__ import annotations
+
+import gc
+import os
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import dspk
+from conftest import TIMEOUT
+
+CLIENT_FILE = os.path.join(os.path.dirname(os.path.abspath(dspk.__file__)), "_client.py")
+
+
+class _Injected(KeyboardInterrupt):
+    """The simulated signal handler's exception."""
+
+
+def _interrupt_at(n, c_calls=True, py_calls=True):
+    """A profile function raising _Injected at the n-th point (0-based) of the
+    client's code where a signal handler could run: a C call returning, or a Python
+    function starting.  Returns (the function, a list that counts the points)."""
+    seen = [0]
+
+    def prof(frame, event, arg):
+        if event == "c_return" and c_calls:
+            where = frame.f_code.co_filename
+        elif event == "call" and py_calls:
+            where = frame.f_code.co_filename
+        else:
+            return
+        if where != CLIENT_FILE:
+            return
+        seen[0] += 1
+        if seen[0] == n + 1:
+            raise _Injected()
+    return prof, seen
+
+
+def _work(c, mine=None):
+    """Calls through every path of the send and read locks and of the shared
+    temporaries: a shared array made, used and collected, an op whose operand and
+    result go through a shared temporary, a future, a DeviceArray (kept in ``mine``:
+    the caller's, freed by its with block unless the interruption came as that
+    block's own __enter__ or __exit__ started)."""
+    s = c.empty_shared(64)
+    s[:] = 1
+    assert c.reduce(s[4:20]) == 16
+    del s
+    big = np.ones(1 << 18)                # 2 MiB: above the default 1 MiB threshold
+    assert c.reduce(big, device="cpu:0") == 1 << 18
+    y = c.map("scale", big, alpha=2.0, device="cpu:0")
+    assert y[0] == 2.0
+    assert c.submit("reduce", np.ones(4)).result(TIMEOUT) == 4
+    d = c.to_device(np.ones(3))
+    if mine is not None:
+        mine.append(d)
+    with d:  # freed however this ends
+        assert c.reduce(d) == 3
+
+
+def _check_unstuck(c, temps=True, mine=()):
+    """Nothing of the client stays held; it works, or says it is closed.  With
+    ``temps``, no shared temporary stays busy either (an interruption as a Python
+    function starts may still keep one busy: a buffer not reused, never a hang)."""
+    assert not c._send_lock.locked(), "the send lock stays held"
+    assert not (c._reading and c._reader_ident == threading.get_ident()), \
+        "the reading stays this thread's"
+    assert not c._lock.locked() or c._thread is not None
+    assert not c._temp_lock.locked()
+    try:
+        # usable: a round trip, and an op through the shared temporaries
+        assert c.ping() > 0
+        assert c.reduce(np.ones(1 << 18), device="cpu:0") == 1 << 18
+    except dspk.Closed:
+        assert c.closed
+    else:
+        assert not temps or not any(t.busy for t in c._temps), \
+            "a shared temporary stays busy"
+        # Every daemon buffer of the connection is one the client knows (a shared
+        # temporary, a shared array alive): none was left behind.  Two round trips
+        # first: the frees owed go with the first, and answers read by it may owe more.
+        gc.collect(0)
+        c.ping()
+        c.ping()
+        held = [x for x in c.status()["clients"] if x["self"]][0]["buffers"]
+        users = sum(1 for d in mine if not d._freed)
+        assert held == len(c._temps) + len(c._shared) + users, \
+            ("buffers left behind", held, len(c._temps), len(c._shared), users)
+    closer = threading.Thread(target=c.close, daemon=True)
+    closer.start()
+    closer.join(TIMEOUT)
+    assert not closer.is_alive(), "close() is blocked"
+
+
+@pytest.mark.parametrize("kind", ["c-return", "python-call"])
+def test_an_interruption_at_any_point_leaves_nothing_held(daemon, kind):
+    """Every point of one round of _work in turn (KeyboardInterrupt right after the
+    send lock's acquire() returned was the defect)."""
+    c_calls, py_calls = kind == "c-return", kind == "python-call"
+    c = dspk.connect(daemon.socket, timeout=TIMEOUT)
+    prof, seen = _interrupt_at(10 ** 9, c_calls, py_calls)
+    sys.setprofile(prof)
+    try:
+        _work(c)
+    finally:
+        sys.setprofile(None)
+    points = seen[0]
+    c.close()
+    assert points > 100, points
+    hit = 0
+    keep = []  # a client collected here would run close() on this thread
+    for n in range(points):
+        c = dspk.connect(daemon.socket, timeout=TIMEOUT)
+        keep.append(c)
+        prof, seen = _interrupt_at(n, c_calls, py_calls)
+        mine = []
+        sys.setprofile(prof)
+        try:
+            _work(c, mine)
+        except _Injected:
+            hit += 1
+        except dspk.Closed:
+            pass  # the interruption cut a message: the connection is closed
+        finally:
+            sys.setprofile(None)
+        _check_unstuck(c, temps=c_calls, mine=mine)
+    assert hit > points // 2, (hit, points)
+    with dspk.connect(daemon.socket, timeout=TIMEOUT) as c:  # the daemon is fine
+        assert c.ping() > 0
+
+
+def test_close_returns_while_another_thread_holds_the_send_lock(daemon):
+    """close() waited for the send lock: a thread holding it (or an interruption that
+    lost it) blocked close() for ever.  Now close() returns at once, later calls
+    raise dspk.Closed, and the descriptors close when the holder lets go."""
+    c = dspk.connect(daemon.socket, timeout=TIMEOUT)
+    holding, let_go, done = threading.Event(), threading.Event(), threading.Event()
+    token = object()
+
+    def holder():
+        try:
+            c._send_lock.claim(token, None)
+            holding.set()
+            let_go.wait(TIMEOUT)
+        finally:
+            if c._send_lock.owner is token:
+                c._send_lock.owner = None
+                c._after_send()
+            done.set()
+
+    t = threading.Thread(target=holder, daemon=True)
+    t.start()
+    assert holding.wait(TIMEOUT)
+    closer = threading.Thread(target=c.close, daemon=True)
+    t0 = time.monotonic()
+    closer.start()
+    closer.join(TIMEOUT)
+    assert not closer.is_alive(), "close() is blocked by the send lock"
+    assert time.monotonic() - t0 < TIMEOUT / 2
+    assert c.closed
+    with pytest.raises(dspk.Closed):
+        c.ping()
+    assert c._sock.fileno() >= 0  # the holder may still write on it
+    let_go.set()
+    assert done.wait(TIMEOUT)
+    assert c._sock.fileno() < 0 and c._wake_r < 0  # closed by the holder letting go
+
+
+def test_close_returns_with_a_send_lock_no_thread_will_let_go(daemon):
+    """The worst case of the defect: the send lock held with nobody to release it.
+    close() (and so Client.__del__ and the interpreter's exit) still returns."""
+    c = dspk.connect(daemon.socket, timeout=TIMEOUT)
+    c._send_lock.owner = object()  # as a lost interruption would leave it
+    closer = threading.Thread(target=c.close, daemon=True)
+    closer.start()
+    closer.join(TIMEOUT)
+    assert not closer.is_alive(), "close() is blocked by the send lock"
+    with pytest.raises(dspk.Closed):
+        c.ping()
+
+
+def test_a_thread_waiting_for_the_send_lock_is_woken_by_close(daemon):
+    """A thread waiting for the send lock (timeout=None) ends with dspk.Closed when
+    another thread closes the client."""
+    c = dspk.connect(daemon.socket)
+    c._send_lock.owner = object()
+    res = []
+
+    def caller():
+        try:
+            c.ping()
+            res.append("answered")
+        except BaseException as e:  # noqa: BLE001
+            res.append(e)
+
+    t = threading.Thread(target=caller, daemon=True)
+    t.start()
+    deadline = time.monotonic() + TIMEOUT
+    while not any(f.f_code.co_name == "claim" for f in _frames(t.ident)):
+        assert time.monotonic() < deadline and t.is_alive(), res
+        time.sleep(0.01)
+    c.close()
+    t.join(TIMEOUT)
+    assert not t.is_alive()
+    assert len(res) == 1 and isinstance(res[0], dspk.Closed), res
+
+
+def _frames(ident):
+    f = sys._current_frames().get(ident)
+    while f is not None:
+        yield f
+        f = f.f_back
