@@ -888,36 +888,6 @@ void dspkd_metrics_http_stop(struct dspkd *d) {
 
 #else /* !DSPKD_HAVE_MHD */
 
-/* A listening TCP socket on sa; for the any address of IPv6 (any) with
- * IPV6_V6ONLY off, so that IPv4 clients reach it too (as ::ffff:a.b.c.d).
- * The fd, or -1 with errno set and *step the call that failed. */
-static int open_listener(const struct sockaddr_storage *sa, socklen_t salen, bool any,
-                         const char **step) {
-  int one = 1, zero = 0, e;
-  int lfd = socket(sa->ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  *step = "socket";
-  if (lfd < 0)
-    return -1;
-  setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  *step = "setsockopt(IPV6_V6ONLY)";
-  if (any && sa->ss_family == AF_INET6 &&
-      setsockopt(lfd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero) != 0)
-    goto fail;
-  *step = "bind";
-  if (bind(lfd, (const struct sockaddr *)sa, salen) != 0)
-    goto fail;
-  *step = "listen";
-  if (listen(lfd, 64) != 0)
-    goto fail;
-  *step = NULL;
-  return lfd;
-fail:
-  e = errno;
-  close(lfd);
-  errno = e;
-  return -1;
-}
-
 int dspkd_metrics_http_start(struct dspkd *d) {
   if (!d->cfg.metrics_listen || !*d->cfg.metrics_listen)
     return 0;
