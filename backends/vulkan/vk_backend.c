@@ -549,8 +549,9 @@ static int vk_open(int index, const struct dspk__devenv *env, struct dspk__dev *
    * its own threads.  DSPK_VK_SPIN_US (test builds): another bound, for
    * benchmarks. */
   d->spin_ns = d->props.deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU ? 0 : DSPK__VK_SPIN_NS;
-  if (DSPK_TEST_HOOK("DSPK_VK_SPIN_US"))
-    d->spin_ns = (uint64_t)strtoull(DSPK_TEST_HOOK("DSPK_VK_SPIN_US"), NULL, 10) * 1000u;
+  const char *spin_us = DSPK_TEST_HOOK("DSPK_VK_SPIN_US");
+  if (spin_us)
+    d->spin_ns = (uint64_t)strtoull(spin_us, NULL, 10) * 1000u;
   if ((r = dspk__vk_mem_init(d)))
     goto fail;
   if ((r = dspk__retire_init(&d->retire, &rt_ops, d, 0)))
