@@ -22,8 +22,8 @@
 
 static atomic_bool runner_exit; /* DSPKD_TEST_EXIT=runner after SIGHUP */
 
-/* The variable of every test hook in the tree: each DSPK_TEST_HOOK("NAME"),
- * and each DSPK__GPURT_HOOK(drv, "NAME") as DSPK_CUDA_NAME and DSPK_HIP_NAME
+/* The variable of every test hook in the tree: each DSPK_TEST_HOOK(name),
+ * and each DSPK__GPURT_HOOK(drv, name) as DSPK_CUDA_NAME and DSPK_HIP_NAME
  * (tests/lifecycle's hooks group checks the sources against this list). */
 static const char *const HOOK_NAMES[] = {
     "DSPKD_TEST_CANCEL_WAIT", "DSPKD_TEST_EXIT", "DSPKD_TEST_SHM_STAGED",
