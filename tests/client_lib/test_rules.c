@@ -43,6 +43,7 @@ static char tmpdir[64];
 static char sockpath[128];
 static pid_t daemon_pid = -1;
 static pid_t small_pid = -1; /* a daemon of --max-objects 20 */
+static pid_t big_pid = -1;   /* test_submit_too_big_inline's (--max-message 1M) */
 static char small_sock[160];
 static dspk_client *C;
 
@@ -67,6 +68,8 @@ static int stop_daemon(void **state) {
   int st = 0;
   (void)state;
   dspk_close(C);
+  if (big_pid > 0) /* its test failed before it stopped it */
+    (void)daemon_stop(big_pid, &st);
   if (small_pid > 0 && daemon_stop(small_pid, &st) != 0)
     return -1;
   unlink(small_sock);
@@ -107,7 +110,6 @@ static void test_submit_too_big_inline(void **state) {
   const char *args[] = {"--backends", "cpu", "--log-level", "warn", "--no-cache",
                         "--max-message", "1M", NULL};
   char sock[192];
-  pid_t pid;
   int st = 0;
   dspk_client *k = NULL;
   dspk_tensor xi;
@@ -120,7 +122,7 @@ static void test_submit_too_big_inline(void **state) {
   for (int64_t i = 0; i < m; i++)
     x[i] = (float)(i % 1000) - 500.0f;
   snprintf(sock, sizeof sock, "%s/big.sock", tmpdir);
-  assert_true((pid = daemon_spawn(dspkd_path, sock, args)) > 0);
+  assert_true((big_pid = daemon_spawn(dspkd_path, sock, args)) > 0);
   assert_int_equal(dspk_connect(sock, "submit_big", &k), 0);
   dspk_tensor_inline(&xi, DSPK_F32, 1, &m, x);
   dspk_task_init(&u, DSPK_OP_MAP);
@@ -137,7 +139,8 @@ static void test_submit_too_big_inline(void **state) {
       fail_msg("abs[%lld] = %g", (long long)i, (double)((const float *)r.out[0].data)[i]);
   dspk_result_free(&r);
   dspk_close(k);
-  assert_int_equal(daemon_stop(pid, &st), 0);
+  assert_int_equal(daemon_stop(big_pid, &st), 0);
+  big_pid = -1;
   unlink(sock);
   free(x);
 }
