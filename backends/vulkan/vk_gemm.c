@@ -494,6 +494,24 @@ static int dispatch_tiles(struct dspk__dev *d, struct dspk__vk_kernel *k, const 
   return 0;
 }
 
+
+/* The push-constant block's alpha and beta, after its uints: doubles for an
+ * f64/c128 output, else two floats right after the uints (std430: 4-byte
+ * aligned), both inside alpha's 8 bytes. */
+union gscal {
+  float f;
+  double d;
+};
+static void put_scalars(const struct gdesc *g, int dbl, union gscal *alpha, union gscal *beta) {
+  if (dbl) {
+    alpha->d = g->alpha;
+    beta->d = g->beta;
+  } else {
+    float f[2] = {(float)g->alpha, (float)g->beta};
+    memcpy(alpha, f, sizeof f);
+  }
+}
+
 /* Records the gemm g with tile t.  DSPK_ENOTSUP when t cannot run g (a v2
  * tile for other dtypes than f32, or a tile above the device's shared
  * memory or workgroup limits). */
@@ -523,7 +541,7 @@ static int launch(struct dspk__dev *d, const struct gdesc *g, const struct tile 
   int dbl = g->out_dt == DSPK_F64 || g->out_dt == DSPK_C128;
   struct {
     uint32_t u[20];
-    union { float f; double d; } alpha, beta;
+    union gscal alpha, beta;
   } pc;
   uint32_t pcsize = dbl ? 20 * 4 + 16 : 20 * 4 + 8;
   int r = dspk__vk_kernel(d, "gemm", src, NULL, 0, "main", 4, pcsize, &k, ctx);
@@ -534,14 +552,7 @@ static int launch(struct dspk__dev *d, const struct gdesc *g, const struct tile 
                     g->sam, g->sak, g->sbk, g->sbn, g->scm, g->scn, g->bsa,
                     g->bsb, g->bsc, g->bso, 0,      g->N,   0};
   memcpy(pc.u, u, sizeof u);
-  if (dbl) {
-    pc.alpha.d = g->alpha;
-    pc.beta.d = g->beta;
-  } else {
-    /* Floats follow the uints directly (std430: 4-byte aligned). */
-    float f[2] = {(float)g->alpha, (float)g->beta};
-    memcpy(&pc.alpha, f, sizeof f);
-  }
+  put_scalars(g, dbl, &pc.alpha, &pc.beta);
   if (g->M == 0 || g->N == 0)
     return 0;
   uint32_t mz = dspk__vk_max_groups(d, 2);
@@ -671,20 +682,14 @@ static int launch_small(struct dspk__dev *d, const struct gdesc *g, struct dspk_
   int dbl = g->out_dt == DSPK_F64 || g->out_dt == DSPK_C128;
   struct {
     uint32_t u[26];
-    union { float f; double d; } alpha, beta;
+    union gscal alpha, beta;
   } pc;
   uint32_t pcsize = dbl ? 26 * 4 + 16 : 26 * 4 + 8;
   int r = dspk__vk_kernel(d, "gemm-small", src, NULL, 0, "main", 4, pcsize, &k, ctx);
   if (r)
     return r;
   memset(&pc, 0, sizeof pc);
-  if (dbl) {
-    pc.alpha.d = g->alpha;
-    pc.beta.d = g->beta;
-  } else {
-    float f[2] = {(float)g->alpha, (float)g->beta};
-    memcpy(&pc.alpha, f, sizeof f);
-  }
+  put_scalars(g, dbl, &pc.alpha, &pc.beta);
   if (g->M == 0 || g->N == 0 || g->nbatch == 0)
     return 0;
   uint64_t per = (uint64_t)g->nb1 * g->nb2; /* batch entries per group */

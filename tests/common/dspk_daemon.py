@@ -91,6 +91,18 @@ def fork_as(uid, gid, fn):
     return pid, from_child, to_child
 
 
+def read_to_eof(fd):
+    """Everything readable from fd until its end (a child's pipe); closes fd."""
+    data = b""
+    while True:
+        more = os.read(fd, 1 << 16)
+        if not more:
+            break
+        data += more
+    os.close(fd)
+    return data
+
+
 def run_as(uid, gid, fn):
     """Runs fn() in a child process as uid and gid (no supplementary groups)
     and returns what it returned, which must be msgpack-able; raises
@@ -99,13 +111,7 @@ def run_as(uid, gid, fn):
     import msgpack
     pid, r, w = fork_as(uid, gid, lambda out, _: os.write(out, msgpack.packb(fn())))
     os.close(w)
-    data = b""
-    while True:
-        more = os.read(r, 1 << 16)
-        if not more:
-            break
-        data += more
-    os.close(r)
+    data = read_to_eof(r)
     _, status = os.waitpid(pid, 0)
     if not (os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0):
         raise AssertionError("the child as uid %d failed (status %d)" % (uid, status))

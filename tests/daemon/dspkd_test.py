@@ -1138,13 +1138,7 @@ def t_privacy(exe, tmp):
         os.read(r2, 1)  # held open until the parent has looked
 
     pid, r1, w2 = dspk_daemon.fork_as(nobody, 0, other_user)
-    data = b""
-    while True:
-        chunk = os.read(r1, 1 << 16)
-        if not chunk:
-            break
-        data += chunk
-    os.close(r1)
+    data = dspk_daemon.read_to_eof(r1)
     got = msgpack.unpackb(data, raw=False)
     st, raw = got["status"], got["raw"]
     mine = st["clients"]
@@ -3419,13 +3413,7 @@ def t_traceslots(exe, tmp):
 
     def start(uid, n):
         pid, r, w = dspk_daemon.fork_as(uid, 0, hog(n))
-        data = b""
-        while True:
-            more = os.read(r, 1 << 16)
-            if not more:
-                break
-            data += more
-        os.close(r)
+        data = dspk_daemon.read_to_eof(r)
         kids.append((pid, w))
         check(data, "the child as uid %d failed" % uid)
         return msgpack.unpackb(data)
