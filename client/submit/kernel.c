@@ -280,13 +280,20 @@ int dspk__sub_kernel(dspk__sub_ctx *ctx, int argc, char **argv) {
       long k = -1;
       if (nouts >= KERNEL_MAX_TENSORS)
         return dspk__sub_usage(ctx, "more than %d -o", KERNEL_MAX_TENSORS);
-      if (eq != NULL && eq != optarg) {
-        char num[16];
-        snprintf(num, sizeof num, "%.*s", (int)(eq - optarg), optarg);
-        if (dspk__sub_parse_long(num, 0, KERNEL_MAX_TENSORS - 1, &k) == 0)
-          optarg = (char *)eq + 1;
-        else
-          k = -1;
+      /* Whatever integer stands before the '=' is an index, in range or
+       * not ("-o 9=y.npy" is no file named "9=y.npy": ./9=y.npy is). */
+      size_t nd = eq != NULL ? (size_t)(eq - optarg) : 0;
+      if (nd > 0 && strspn(optarg + (optarg[0] == '-'), "0123456789") ==
+                        nd - (optarg[0] == '-') && nd > (size_t)(optarg[0] == '-')) {
+        char num[32];
+        snprintf(num, sizeof num, "%.*s", (int)nd, optarg);
+        if (nd >= sizeof num ||
+            dspk__sub_parse_long(num, 0, KERNEL_MAX_TENSORS - 1, &k) != 0)
+          return dspk__sub_usage(ctx, "-o %s: there is no tensor argument %.*s (a kernel "
+                                      "has at most %d, 0 to %d)",
+                                 optarg, (int)nd, optarg, KERNEL_MAX_TENSORS,
+                                 KERNEL_MAX_TENSORS - 1);
+        optarg = (char *)eq + 1;
       }
       if (optarg[0] == '\0')
         return dspk__sub_usage(ctx, "empty output file name");
@@ -387,6 +394,13 @@ int dspk__sub_kernel(dspk__sub_ctx *ctx, int argc, char **argv) {
   }
   if (read_source(ctx, argv[optind], &src, &srclen) != 0)
     goto out;
+  /* The daemon returns the results in the tensors: a kernel without one
+   * could return nothing (and the daemon refuses it, in its own words). */
+  if (ntens == 0) {
+    status = dspk__sub_usage(ctx, "no tensor argument (a kernel writes its results into "
+                                  "its tensors: give a FILE.npy or zeros:DTYPE:SHAPE)");
+    goto out;
+  }
   t.kernel.lang = lang ? lang : lang_from_path(argv[optind]);
   t.kernel.source = src;
   t.kernel.source_len = srclen;
@@ -400,8 +414,9 @@ int dspk__sub_kernel(dspk__sub_ctx *ctx, int argc, char **argv) {
 
   /* The outputs exist (as temporaries) before the kernel runs. */
   for (int i = 0; i < nouts; i++)
-    if (dspk__sub_open_output(ctx, outs[i].path, &ofs[i]) != 0)
+    if ((status = dspk__sub_open_output(ctx, outs[i].path, &ofs[i])) != 0)
       goto out;
+  status = DSPK__SUB_EXIT_FAIL;
   if (dspk__sub_connect(ctx) != 0)
     goto out;
   for (int i = 0; i < ntens; i++) /* sent from their files (ops.c, run_task) */

@@ -363,16 +363,30 @@ static const struct {
 } size_env[] = {{"DSPK_SHARED_THRESHOLD", (uint64_t)1 << 40},
                 {"DSPK_SUBMIT_INLINE_MAX", (uint64_t)1 << 40}};
 
+/* A bad variable is a bad command line (exit 2), but not one that the
+ * command's --help would explain: the message says what a size is. */
 static int check_size_env(const dspk__sub_ctx *ctx) {
   for (size_t i = 0; i < sizeof size_env / sizeof size_env[0]; i++) {
     const char *e = getenv(size_env[i].name);
     uint64_t v;
-    if (e != NULL && *e && dspk__sub_parse_size(e, 0, size_env[i].max, &v) < 0)
-      return dspk__sub_usage(ctx, "bad value of $%s '%s': want a size of at most 1T "
-                                  "(digits and an optional K, M, G or T)",
-                             size_env[i].name, e);
+    if (e != NULL && *e && dspk__sub_parse_size(e, 0, size_env[i].max, &v) < 0) {
+      dspk__sub_fail(ctx, DSPK_EINVAL, "bad value of $%s '%s': want a size of at most "
+                     "1T, digits and an optional unit K, M, G, T or KiB, MiB, GiB, "
+                     "TiB (no sign, spaces or fractions); unset it for the default",
+                     size_env[i].name, e);
+      return DSPK__SUB_EXIT_USAGE;
+    }
   }
   return 0;
+}
+
+/* Whether a command's arguments (args[0] its name) ask for its help: -h or
+ * --help before any "--". */
+static bool asks_help(int n, char **args) {
+  for (int i = 1; i < n && strcmp(args[i], "--") != 0; i++)
+    if (strcmp(args[i], "-h") == 0 || strcmp(args[i], "--help") == 0)
+      return true;
+  return false;
 }
 
 size_t dspk__sub_shared_threshold(void) {
@@ -448,10 +462,21 @@ int dspk__sub_connect(dspk__sub_ctx *ctx) {
   }
 }
 
+/* What strtol and strtod accept beyond a plain number, and the command
+ * line does not (cli.md, "Numbers"): leading blanks, a '+' sign, and
+ * (strtod) hexadecimal "0x1p4".  Returns whether s has none of them. */
+static bool plain_number(const char *s) {
+  const char *p = s + (s[0] == '-');
+  if (s[0] == '\0' || !(*p == '.' || (*p >= '0' && *p <= '9') || *p == 'i' ||
+                        *p == 'I' || *p == 'n' || *p == 'N'))
+    return false;
+  return !(p[0] == '0' && (p[1] == 'x' || p[1] == 'X'));
+}
+
 int dspk__sub_parse_double(const char *s, double *out) {
   char *end;
   double v;
-  if (s == NULL || s[0] == '\0')
+  if (s == NULL || !plain_number(s))
     return -1;
   errno = 0;
   v = strtod(s, &end);
@@ -464,7 +489,7 @@ int dspk__sub_parse_double(const char *s, double *out) {
 int dspk__sub_parse_long(const char *s, long lo, long hi, long *out) {
   char *end;
   long v;
-  if (s == NULL || s[0] == '\0')
+  if (s == NULL || !plain_number(s))
     return -1;
   errno = 0;
   v = strtol(s, &end, 10);
@@ -483,10 +508,34 @@ int dspk__sub_parse_size(const char *s, uint64_t lo, uint64_t hi,
   return 0;
 }
 
+/* The option getopt_long just refused, as the user typed it.  For a long
+ * option ("--json=1", "--nosuch") getopt_long has moved past its word, so
+ * it is argv[optind - 1], and optopt is the option's value in its table
+ * (the short letter, or a code above 127 for a long-only option such as
+ * --trans-a), or 0 for a name not in the table: never a letter the user
+ * typed.  For a short option optopt is the letter. */
+static bool long_token(char **argv, const char **tok) {
+  *tok = optind >= 1 ? argv[optind - 1] : "";
+  return strncmp(*tok, "--", 2) == 0 && (*tok)[2] != '\0';
+}
+
 int dspk__sub_bad_option(const dspk__sub_ctx *ctx, char **argv) {
-  if (optopt != 0 && optopt != '?')
+  const char *tok;
+  if (long_token(argv, &tok)) {
+    int len = (int)strcspn(tok, "=");
+    /* A name not in the table, or a prefix of several. */
+    if (optopt == 0)
+      return dspk__sub_usage(ctx, "unknown option '%.*s'", len, tok);
+    /* A known flag given a value: getopt_long refuses it with its code.
+     * (Any other nonzero optopt is a short option inside a word that
+     * follows the long one: "-xj" leaves optind on it.) */
+    if (tok[len] == '=')
+      return dspk__sub_usage(ctx, "option '%.*s' takes no value (give it alone: '%.*s')",
+                             len, tok, len, tok);
+  }
+  if (optopt > 0 && optopt < 128 && optopt != '?')
     return dspk__sub_usage(ctx, "unknown option '-%c'", optopt);
-  return dspk__sub_usage(ctx, "unknown option '%s'", argv[optind - 1]);
+  return dspk__sub_usage(ctx, "unknown option '%s'", tok);
 }
 
 int dspk__sub_opt_other(dspk__sub_ctx *ctx, int opt, char **argv) {
@@ -524,8 +573,10 @@ int dspk__sub_end_args(const dspk__sub_ctx *ctx, int argc, char **argv) {
 }
 
 int dspk__sub_missing_arg(const dspk__sub_ctx *ctx, char **argv) {
-  return dspk__sub_usage(ctx, "option '%s' needs an argument",
-                         argv[optind - 1]);
+  const char *tok;
+  if (!long_token(argv, &tok) && optopt > 0 && optopt < 128)
+    return dspk__sub_usage(ctx, "option '-%c' needs an argument", optopt);
+  return dspk__sub_usage(ctx, "option '%s' needs an argument", tok);
 }
 
 double dspk__sub_now_us(void) {
@@ -659,13 +710,12 @@ int main(int argc, char **argv) {
       break;
     case 'h':
       print_prog_help(stdout);
-      return DSPK__SUB_EXIT_OK;
+      return flush_stdout(&ctx, DSPK__SUB_EXIT_OK);
     case 'V':
       printf(PROG " %s\n", dspk_version());
-      return DSPK__SUB_EXIT_OK;
+      return flush_stdout(&ctx, DSPK__SUB_EXIT_OK);
     case ':':
-      return dspk__sub_usage(&ctx, "option '%s' needs an argument",
-                             argv[optind - 1]);
+      return dspk__sub_missing_arg(&ctx, argv);
     default:
       return dspk__sub_bad_option(&ctx, argv);
     }
@@ -676,8 +726,10 @@ int main(int argc, char **argv) {
     return dspk__sub_usage(&ctx, "empty --socket path");
   if (strcmp(argv[optind], "help") == 0) {
     ctx.cmd = optind + 1 < argc ? argv[optind + 1] : "";
-    /* help's own --help is the program's, as for a bare "help". */
-    if (strcmp(ctx.cmd, "-h") == 0 || strcmp(ctx.cmd, "--help") == 0)
+    /* help's own help (--help, or "help help") is the program's, as for a
+     * bare "help": help is a command, but not one of the table's. */
+    if (strcmp(ctx.cmd, "-h") == 0 || strcmp(ctx.cmd, "--help") == 0 ||
+        strcmp(ctx.cmd, "help") == 0)
       ctx.cmd = "";
     if (optind + 2 < argc) {
       ctx.cmd = NULL;
@@ -688,13 +740,18 @@ int main(int argc, char **argv) {
       ctx.cmd = NULL;
       return dspk__sub_usage(&ctx, "unknown command '%s'", argv[optind + 1]);
     }
-    return dspk__sub_help(&ctx);
+    rc = dspk__sub_help(&ctx);
+    ctx.cmd = "help";
+    return flush_stdout(&ctx, rc);
   }
   cmd = find_cmd(argv[optind]);
   if (cmd == NULL)
     return dspk__sub_usage(&ctx, "unknown command '%s'", argv[optind]);
   ctx.cmd = cmd->name;
-  if ((rc = check_size_env(&ctx)) != 0)
+  /* COMMAND --help prints the help whatever the environment holds, as
+   * "help COMMAND" does: the environment is checked for the commands that
+   * run. */
+  if (!asks_help(argc - optind, argv + optind) && (rc = check_size_env(&ctx)) != 0)
     return rc;
   ci = optind;
   /* Each command parses its own arguments with getopt_long from scratch:

@@ -593,8 +593,9 @@ static int run_task(dspk__sub_ctx *ctx, const op_args *a, dspk_task *t,
   t->device = a->device;
 
   /* The output exists (as its temporary) before any work is done. */
-  if (a->output != NULL && dspk__sub_open_output(ctx, a->output, &of) != 0)
+  if (a->output != NULL && (status = dspk__sub_open_output(ctx, a->output, &of)) != 0)
     goto out;
+  status = DSPK__SUB_EXIT_FAIL;
   rc = dspk__sub_connect(ctx);
   if (rc != 0)
     goto out;
@@ -807,6 +808,15 @@ int dspk__sub_open_output(const dspk__sub_ctx *ctx, const char *path,
   int rc = dspk__outfile_open(of, path, err, sizeof err);
   if (rc < 0)
     return dspk__sub_fail(ctx, rc, "%s: %s", path, err);
+  /* A binary .npy never goes to a terminal, whatever names it: "-",
+   * /dev/stdout, /dev/fd/1, /proc/self/fd/1, /dev/tty, /dev/pts/N.  What
+   * the descriptor is open on decides, not the spelling of the path. */
+  if (isatty(of->fd) == 1) {
+    bool dash = strcmp(path, "-") == 0;
+    dspk__outfile_abort(of);
+    return dspk__sub_usage(ctx, "-o %s: %s a terminal; redirect it to a file or a pipe",
+                           path, dash || of->to_stdout ? "standard output is" : "it is");
+  }
   return 0;
 }
 

@@ -234,7 +234,7 @@ static char *resolve(const char *path, int *fdlink, int *fdno) {
 static int open_direct(dspk__outfile *o, const char *path, bool trunc, char *err,
                        size_t errlen) {
   struct stat st;
-  int e, fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0666);
+  int e, fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC | O_NOCTTY, 0666);
   if (fd < 0) {
     e = errno;
     seterr(err, errlen, e);

@@ -175,7 +175,9 @@ int dspk__sub_once(const dspk__sub_ctx *ctx, bool *seen, int opt, char **argv);
 int dspk__sub_split(const char *s, const char *seps, char *buf, size_t cap,
                     char **items, int max);
 
-/* Strict number parsing of a whole string: 0 on success, -1 otherwise. */
+/* Strict number parsing of a whole string: decimal digits with an optional
+ * '-' (and for a double a fraction, an exponent, inf or nan); no blanks, no
+ * '+', no hexadecimal.  0 on success, -1 otherwise. */
 int dspk__sub_parse_double(const char *s, double *out);
 int dspk__sub_parse_long(const char *s, long lo, long hi, long *out);
 

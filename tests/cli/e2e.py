@@ -1843,6 +1843,130 @@ def suite_help(cli, tmp):
     repeated_options(cli)
     outputs_before_work(cli, tmp)
     command_line_messages(cli, tmp)
+    command_line_round6(cli, tmp)
+
+
+def command_line_round6(cli, tmp):
+    """Round 6 of outside testing, the command line (no daemon needed):
+    a flag given a value names the flag; a bad uid or job id is called bad,
+    not missing; numbers take no blanks, '+' or hex; kernel -o K=FILE with
+    any integer K is an index; --help and help COMMAND whatever the
+    environment holds; help and --version fail when stdout does."""
+    nosock = ["--socket", "/nonexistent/dspkd.sock"]
+    a = os.path.join(tmp, "r6a.npy")
+    np.save(a, np.arange(4.0))
+    for args, opt in ((["ping", "--json=1"], "--json"), (["ping", "--help=x"], "--help"),
+                      (["gemm", a, a, "--trans-a=yes"], "--trans-a"),
+                      (["gemm", a, a, "--trans-b=1"], "--trans-b"),
+                      (["fft", a, "--inverse=1"], "--inverse"),
+                      (["top", "--once=1"], "--once"), (["devices", "--all=no"], "--all"),
+                      (["cache", "clear", "--kernels=1"], "--kernels")):
+        cli.fails(nosock + args, args[0], "EINVAL", rc_want=2, sock=False,
+                  detail="option '%s' takes no value" % opt)
+    cli.fails(["--help=1"], None, "EINVAL", rc_want=2, sock=False,
+              detail="option '--help' takes no value")
+    for args, want in ((["ping", "--nosuch=1"], "unknown option '--nosuch'"),
+                       (["ping", "-x"], "unknown option '-x'"),
+                       (["ping", "--json", "-x"], "unknown option '-x'"),
+                       (["ping", "-c"], "option '-c' needs an argument"),
+                       (["ping", "--count"], "option '--count' needs an argument")):
+        cli.fails(nosock + args, "ping", "EINVAL", rc_want=2, sock=False, detail=want)
+    top = cli.ok("--help", sock=False)
+    check(cli.ok("help", "help", sock=False) == top, "help help differs from --help")
+    # A bad size in the environment does not stop --help; it stops the
+    # commands that run, without sending the user to --help for it.
+    env = dict(os.environ, DSPK_SHARED_THRESHOLD="1.5M")
+    gemm_help = cli.ok("help", "gemm", sock=False)
+    check(cli.ok("gemm", "--help", sock=False, env=env) == gemm_help, "gemm --help")
+    check(cli.ok("ping", "-h", sock=False, env=env).startswith("usage: dspk-submit ping"),
+          "ping -h with a bad $DSPK_SHARED_THRESHOLD")
+    err = cli.fails(nosock + ["ping"], "ping", "EINVAL", rc_want=2, sock=False, env=env,
+                    detail="bad value of $DSPK_SHARED_THRESHOLD '1.5M'")
+    check("--help" not in err and "KiB" in err, "env error: %r" % err)
+    # help and --version write stdout: a failed write fails them.
+    for argv in (["--help"], ["-V"], ["help"], ["help", "gemm"], ["gemm", "--help"]):
+        with open("/dev/full", "wb") as full:
+            p = subprocess.run([cli.binary] + argv, stdout=full, stderr=subprocess.PIPE,
+                               timeout=60)
+        err = p.stderr.decode(errors="replace")
+        check(p.returncode == 1 and "EIO: <stdout>: No space left on device" in err,
+              "%s > /dev/full: %d %r" % (argv, p.returncode, err))
+        p = subprocess.run([cli.binary] + argv, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.PIPE, timeout=60,
+                           preexec_fn=lambda: os.close(1))
+        err = p.stderr.decode(errors="replace")
+        check(p.returncode == 1 and "EIO: <stdout>:" in err,
+              "%s >&-: %d %r" % (argv, p.returncode, err))
+    # job: a value given but bad is named as bad, with its range.
+    for args, want in ((["--job", "7", "--uid", "abc"], "bad --uid 'abc' (want a uid"),
+                       (["--job", "7", "--uid", "-1"], "bad --uid '-1'"),
+                       (["--job", "7", "--uid", "4294967296"], "bad --uid '4294967296'"),
+                       (["--job", "7", "--uid", " 5"], "bad --uid ' 5'"),
+                       (["--job", "abc", "--uid", "5"], "bad --job 'abc' (want a Slurm job id"),
+                       (["--job", "-5", "--uid", "5"], "bad --job '-5'")):
+        err = cli.fails(nosock + ["job", "register"] + args, "job", "EINVAL", rc_want=2,
+                        sock=False, detail=want)
+        check("is needed" not in err, "job %s: %r" % (args, err))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    cli.fails(nosock + ["job", "end"], "job", "EINVAL", rc_want=2, sock=False, env=env,
+              detail="--job: a Slurm job id (default $SLURM_JOB_ID) is needed")
+    cli.fails(nosock + ["job", "end"], "job", "EINVAL", rc_want=2, sock=False,
+              env=dict(env, SLURM_JOB_ID="x1"), detail="bad $SLURM_JOB_ID 'x1'")
+    # Numbers: no leading blank, no '+', no hex, anywhere.
+    for args in (["ping", "-c", " 2"], ["ping", "-c", "+2"], ["ping", "-c", "0x2"],
+                 ["map", "scale", a, "--alpha", " 2"], ["map", "scale", a, "--alpha", "+2"],
+                 ["map", "scale", a, "--alpha", "0x10"],
+                 ["map", "scale", a, "--alpha", "-0x1p4"],
+                 ["top", "--once", "-n", " 1"], ["top", "--once", "-n", "0x1"],
+                 ["top", "--once", "-n", "+1"], ["trace", "-o", "t.json", "-s", "0x1"],
+                 ["reduce", "sum", a, "--axis", " 0"], ["reduce", "sum", a, "--axis", "+0"],
+                 ["kernel", "k.cu", "--entry", "e", "--grid", "+1", "--block", "1"],
+                 ["kernel", "k.cu", "--entry", "e", "--grid", "1", "--block", "1", "i32:+1"],
+                 ["kernel", "k.cu", "--entry", "e", "--grid", "1", "--block", "1",
+                  "f32: 1"]):
+        cli.fails(nosock + args, args[0], "EINVAL", rc_want=2, sock=False)
+    for args in (["map", "scale", a, "--alpha", "-2.5e-1"], ["reduce", "sum", a, "--axis", "-1"]):
+        rc, out, err = cli.run(*(nosock + args), sock=False)
+        check(rc == 1 and "ECONNECT" in err, "%s: %d %r" % (args, rc, err))
+    # kernel -o K=FILE: any integer K is an index, in range or not.
+    for k in ("4", "9", "-1", "99999999999999999999999"):
+        out = os.path.join(tmp, "r6k.npy")
+        cli.fails(nosock + ["kernel", "k.comp", "--entry", "main", "--grid", "1",
+                            "--block", "1", a, "-o", "%s=%s" % (k, out)], "kernel",
+                  "EINVAL", rc_want=2, sock=False,
+                  detail="there is no tensor argument %s" % k)
+        check(not os.path.exists("%s=%s" % (k, out)), "kernel -o %s= made a file" % k)
+    # A kernel has at least one tensor argument (it returns its results).
+    kc = os.path.join(tmp, "r6k.comp")
+    with open(kc, "w") as f:
+        f.write("#version 450\nvoid main() {}\n")
+    for extra in ([], ["i32:1", "f32:2"]):
+        cli.fails(nosock + ["kernel", kc, "--entry", "main", "--grid", "1",
+                            "--block", "1"] + extra, "kernel", "EINVAL", rc_want=2,
+                  sock=False, detail="no tensor argument (a kernel writes its results")
+    # A binary .npy never goes to a terminal, whatever path names it.
+    import pty
+    for o in ("-", "/dev/stdout", "/dev/fd/1", "/proc/self/fd/1", "/dev/tty", "TTYNAME"):
+        pid, master = pty.fork()
+        if pid == 0:
+            try:
+                path = os.ttyname(1) if o == "TTYNAME" else o
+                os.execv(cli.binary, [cli.binary] + nosock + ["map", "abs", a, "-o", path])
+            finally:
+                os._exit(127)
+        got = b""
+        while True:
+            try:
+                d = os.read(master, 65536)
+            except OSError:
+                break
+            if not d:
+                break
+            got += d
+        _, st = os.waitpid(pid, 0)
+        os.close(master)
+        check(os.WIFEXITED(st) and os.WEXITSTATUS(st) == 2 and b"NUMPY" not in got and
+              b"is a terminal" in got, "-o %s on a terminal: %r %r" % (o, st, got[:200]))
 
 
 def command_line_messages(cli, tmp):
