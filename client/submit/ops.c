@@ -325,19 +325,6 @@ void dspk__sub_print_summary(FILE *f, const dspk_result *res,
           (unsigned long long)n, n == 1 ? "" : "s");
 }
 
-void dspk__sub_json_str(FILE *f, const char *s) {
-  fputc('"', f);
-  for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-    if (*p == '"' || *p == '\\')
-      fprintf(f, "\\%c", *p);
-    else if (*p < 0x20 || *p == 0x7f)
-      fprintf(f, "\\u%04x", *p);
-    else
-      fputc(*p, f);
-  }
-  fputc('"', f);
-}
-
 static void json_num(FILE *f, double v) {
   if (isfinite(v))
     fprintf(f, "%.17g", v);

@@ -63,6 +63,8 @@ static void cleanup_set(sigset_t *set) {
     sigaddset(set, s);
 }
 
+void dspk__fatal_signals(sigset_t *set) { cleanup_set(set); }
+
 static void on_fatal_signal(int sig) {
   int e = errno;
   for (int i = 0; i < OUTFILE_MAX_OPEN; i++)

@@ -75,9 +75,6 @@ void dspk__sub_print_summary(FILE *f, const dspk_result *res,
 void dspk__sub_json_result(FILE *f, const dspk_result *res,
                            const char *const *saved);
 
-/* Writes s as a JSON string (quoted, escaped) on f. */
-void dspk__sub_json_str(FILE *f, const char *s);
-
 /* "35 us", "12.3 ms", "4.56 s" into buf; returns buf. */
 const char *dspk__sub_fmt_time(uint64_t us, char *buf, size_t cap);
 

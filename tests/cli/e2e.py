@@ -691,6 +691,7 @@ def suite_info(cli, tmp):
     out = cli.ok("reduce", "max", a, "--device", "cpu:0")
     check(re.fullmatch(r"f64 \(\) on cpu:0, %s: \[11\] \(1 value\)\n"
                        % TIME, out), "summary %r" % out)
+    top_terminal(cli)
 
 
 # The time in a summary: "35 us", "12.3 ms", "4.56 s".
@@ -705,6 +706,104 @@ cli_daemon_pid = [None]
 def leftovers(d):
     """The temporaries of dspk-submit's outputs (outfile.c) left in d."""
     return sorted(n for n in os.listdir(d) if n.startswith(".dspk-submit-"))
+
+
+class Pty:
+    """A child on a pseudo-terminal (its controlling terminal), read until
+    what a test waits for arrives: events, not sleeps."""
+
+    def __init__(self, argv, env=None):
+        import pty
+        self.pid, self.fd = pty.fork()
+        if self.pid == 0:
+            try:
+                os.execve(argv[0], argv, env if env is not None else dict(os.environ))
+            finally:
+                os._exit(127)
+        self.out = b""
+
+    def until(self, want, timeout=30):
+        """Reads until want (bytes) is in what came since the last call;
+        returns that text."""
+        start, end = len(self.out), time.monotonic() + timeout
+        while want not in self.out[start:]:
+            left = end - time.monotonic()
+            check(left > 0, "no %r on the terminal within %d s: %r"
+                  % (want, timeout, self.out[start:][-300:]))
+            r, _, _ = select.select([self.fd], [], [], left)
+            if r:
+                try:
+                    d = os.read(self.fd, 65536)
+                except OSError:
+                    d = b""
+                check(d, "the terminal closed before %r: %r" % (want, self.out[start:][-300:]))
+                self.out += d
+        return self.out[start:]
+
+    def close(self):
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        try:
+            os.waitpid(self.pid, 0)
+        except ChildProcessError:
+            pass
+        os.close(self.fd)
+
+
+def top_terminal(cli):
+    """top on a terminal gives it back on every way out: Ctrl-\\ (SIGQUIT)
+    and SIGHUP restore it before the death by the signal; Ctrl-Z leaves the
+    alternate screen and raw mode for the shell, and after fg top takes
+    them again, so a lone q quits."""
+    import termios
+    for key, sig in ((b"\x1c", signal.SIGQUIT), (None, signal.SIGHUP)):
+        t = Pty([cli.binary, "--socket", cli.sock, "top", "-n", "0.2"])
+        try:
+            t.until(b"\x1b[?1049h")
+            t.until(b"DEVICE")
+            if key:
+                os.write(t.fd, key)
+            else:
+                os.kill(t.pid, sig)
+            _, st = os.waitpid(t.pid, 0)
+            check(os.WIFSIGNALED(st) and os.WTERMSIG(st) == sig,
+                  "top after %s: status %r" % (sig, st))
+            try:
+                while True:
+                    d = os.read(t.fd, 65536)
+                    if not d:
+                        break
+                    t.out += d
+            except OSError:
+                pass
+            check(t.out.rfind(b"\x1b[?1049l") > t.out.rfind(b"\x1b[?1049h"),
+                  "top killed by %s left the alternate screen on" % sig)
+            a = termios.tcgetattr(t.fd)
+            check(a[3] & termios.ECHO and a[3] & termios.ICANON,
+                  "top killed by %s left the terminal raw" % sig)
+        finally:
+            t.close()
+    # Job control under an interactive shell.
+    env = dict(os.environ, PS1="PROMPT$ ", TERM="xterm")
+    sh = Pty(["/bin/bash", "--norc", "--noprofile", "-i"], env)
+    try:
+        sh.until(b"PROMPT$ ")
+        os.write(sh.fd, ("'%s' --socket '%s' top -n 0.2\n" % (cli.binary, cli.sock)).encode())
+        sh.until(b"DEVICE")
+        os.write(sh.fd, b"\x1a")
+        got = sh.until(b"PROMPT$ ")
+        check(b"\x1b[?1049l" in got, "Ctrl-Z: top kept the alternate screen: %r" % got[-300:])
+        os.write(sh.fd, b"fg\n")
+        got = sh.until(b"DEVICE")
+        check(b"\x1b[?1049h" in got, "fg: top did not take the alternate screen again")
+        os.write(sh.fd, b"q")
+        got = sh.until(b"PROMPT$ ")
+        check(b"\x1b[?1049l" in got, "q after fg: %r" % got[-300:])
+    finally:
+        sh.close()
+
 
 
 def output_replacement(cli, tmp, large, small, fsize_limit):
