@@ -981,6 +981,18 @@ def result_line_names(cli, tmp, small):
     check("o\\x1b[31mred\\x07.npy" in err, "error line %r" % err)
     j = json.loads(cli.ok("map", "abs", small, "-o", name, "--json"))
     check(j["outputs"][0]["file"] == name, "--json file %r" % j["outputs"][0])
+    # A name that is not UTF-8, with a C1 control: the JSON stays valid
+    # (and ASCII-clean of controls), as for the daemon's strings.
+    bad = os.path.join(d, os.fsdecode(b"x\xff\xc2\x85.npy"))
+    rc, raw, err = cli.run("map", "abs", small, "-o", bad, "--json", raw=True)
+    check(rc == 0 and err == "", "map -o %r --json: %d %r" % (bad, rc, err))
+    check(b"\xff" not in raw and b"\xc2\x85" not in raw, "raw bytes in %r" % raw)
+    j = json.loads(raw.decode("utf-8"))
+    check(j["outputs"][0]["file"] == d + "/x\ufffd\u0085.npy", "--json file %r" % j)
+    rc, raw, err = cli.run("trace", "-o", bad + ".json", "-s", "0.1", "--json", raw=True)
+    check(rc == 0, "trace --json: %d %r" % (rc, err))
+    j = json.loads(raw.decode("utf-8"))
+    check(j["output"] == d + "/x\ufffd\u0085.npy.json", "trace --json output %r" % j)
 
 
 def nan_text(cli, tmp):
@@ -1820,6 +1832,24 @@ def suite_refused(cli, tmp, dspkd):
             check("usermod" not in err, "a policy refusal with the socket's hint: %r" % err)
         c.ok("ping")  # root is admitted
     finally:
+        os.chmod(tmp, 0o700)
+        d.stop()
+    # top shows what status shows a non-admin: its own connections, and
+    # the others' as a count.
+    d = Daemon(dspkd, tmp, name="others")
+    held = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        os.chmod(d.sock, 0o666)
+        os.chmod(tmp, 0o755)
+        held.connect(d.sock)  # root's connection, open while nobody looks
+        c = Cli(cli.binary, d.sock)
+        nobody = dict(preexec_fn=lambda: dspk_daemon.become(65534, 65534))
+        want = "and 1 connection of other users (not shown)"
+        for args in (["status"], ["top", "--once"]):
+            out = c.ok(*args, **nobody)
+            check(want in out, "%s as nobody: %r" % (args, out))
+    finally:
+        held.close()
         os.chmod(tmp, 0o700)
         d.stop()
 
