@@ -829,27 +829,39 @@ int dspk__sub_save(const dspk_tensor *o, dspk__outfile *of, const char *path,
 
 int dspk__sub_check_inputs(const dspk__sub_ctx *ctx, char *const *files,
                          int nfiles) {
-  int n = 0, at = -1;
+  int fds[64];
   for (int i = 0; i < nfiles; i++) {
     if (files[i][0] == '\0') {
       dspk__sub_usage(ctx, "empty input file name");
       return -1;
     }
-    if (strcmp(files[i], "-") == 0) {
-      n++;
-      at = i;
+    /* "-" and the names of a descriptor (/dev/stdin, /dev/fd/0,
+     * /proc/self/fd/0...) are one stream however spelled: read once, and
+     * never from a terminal. */
+    fds[i < 64 ? i : 63] = dspk__fd_alias(files[i]);
+    if (i >= 64 || fds[i] < 0)
+      continue;
+    for (int j = 0; j < i; j++)
+      if (fds[j] == fds[i]) {
+        if (fds[i] == STDIN_FILENO)
+          dspk__sub_usage(ctx, "standard input can be read only once ('%s' and '%s' "
+                               "both read it)", files[j], files[i]);
+        else
+          dspk__sub_usage(ctx, "descriptor %d can be read only once ('%s' and '%s' "
+                               "both read it)", fds[i], files[j], files[i]);
+        return -1;
+      }
+    if (isatty(fds[i]) == 1) {
+      /* kernel's files[0] is its SOURCE, not an array. */
+      bool source = i == 0 && ctx->cmd != NULL && strcmp(ctx->cmd, "kernel") == 0;
+      if (fds[i] == STDIN_FILENO)
+        dspk__sub_usage(ctx, "%s: standard input is a terminal; pipe %s into it",
+                        files[i], source ? "the kernel source" : "a .npy");
+      else
+        dspk__sub_usage(ctx, "%s: descriptor %d is a terminal; pipe %s into it",
+                        files[i], fds[i], source ? "the kernel source" : "a .npy");
+      return -1;
     }
-  }
-  if (n > 1) {
-    dspk__sub_usage(ctx, "standard input (-) can be read only once");
-    return -1;
-  }
-  if (n == 1 && isatty(STDIN_FILENO) == 1) {
-    /* kernel's files[0] is its SOURCE, not an array. */
-    bool source = at == 0 && ctx->cmd != NULL && strcmp(ctx->cmd, "kernel") == 0;
-    dspk__sub_usage(ctx, "-: standard input is a terminal; pipe %s into it",
-                    source ? "the kernel source" : "a .npy");
-    return -1;
   }
   return 0;
 }

@@ -252,6 +252,16 @@ static int open_direct(dspk__outfile *o, const char *path, bool trunc, char *err
   return 0;
 }
 
+int dspk__fd_alias(const char *path) {
+  int fdlink = 0, fdno = -1;
+  char *target;
+  if (strcmp(path, "-") == 0)
+    return STDIN_FILENO;
+  target = resolve(path, &fdlink, &fdno);
+  free(target);
+  return target != NULL && fdlink == 1 ? fdno : -1;
+}
+
 int dspk__outfile_open(dspk__outfile *o, const char *path, char *err,
                        size_t errlen) {
   struct stat st;

@@ -2065,6 +2065,20 @@ def command_line_round6(cli, tmp):
                   "EINVAL", rc_want=2, sock=False,
                   detail="there is no tensor argument %s" % k)
         check(not os.path.exists("%s=%s" % (k, out)), "kernel -o %s= made a file" % k)
+    # Standard input, however spelled, is read once; an empty one is
+    # called empty.
+    data = open(a, "rb").read()
+    for second in ("-", "/dev/stdin", "/dev/fd/0", "/proc/self/fd/0"):
+        cli.fails(nosock + ["map", "add", "-", second], "map", "EINVAL", rc_want=2,
+                  sock=False, data=data, detail="standard input can be read only once "
+                  "('-' and '%s' both read it)" % second)
+    cli.fails(nosock + ["map", "add", "/dev/stdin", "/proc/self/fd/0"], "map", "EINVAL",
+              rc_want=2, sock=False, data=data, detail="can be read only once")
+    for args in (["map", "abs", "-"], ["map", "abs", "/dev/stdin"]):
+        cli.fails(nosock + args, "map", "EINVAL", sock=False, data=b"",
+                  detail="empty input (0 bytes, no .npy)")
+    cli.fails(nosock + ["map", "abs", "-"], "map", "EINVAL", sock=False, data=data[:4],
+              detail="cut short: 4 bytes")
     # A kernel has at least one tensor argument (it returns its results).
     kc = os.path.join(tmp, "r6k.comp")
     with open(kc, "w") as f:
