@@ -15,6 +15,7 @@
 #include <fcntl.h>
 #include <getopt.h>
 #include <grp.h>
+#include <pwd.h>
 #include <malloc.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -403,6 +404,80 @@ size_t dspk__sub_shared_threshold(void) {
   return 0;
 }
 
+/* What a path that is there but no socket is, for the ECONNECT hint. */
+static const char *file_kind(mode_t m) {
+  return S_ISDIR(m)    ? "a directory"
+         : S_ISFIFO(m) ? "a FIFO"
+         : S_ISREG(m)  ? "a regular file"
+         : S_ISCHR(m)  ? "a character device"
+         : S_ISBLK(m)  ? "a block device"
+                       : "a file of another kind";
+}
+
+static const char *owner_name(uid_t uid, char *buf, size_t cap) {
+  struct passwd *pw = getpwuid(uid);
+  if (pw != NULL)
+    snprintf(buf, cap, "'%s'", pw->pw_name);
+  else
+    snprintf(buf, cap, "uid %ld", (long)uid);
+  return buf;
+}
+
+static const char *group_name(gid_t gid, char *buf, size_t cap) {
+  struct group *g = getgrgid(gid);
+  if (g != NULL)
+    snprintf(buf, cap, "'%s'", g->gr_name);
+  else
+    snprintf(buf, cap, "gid %ld", (long)gid);
+  return buf;
+}
+
+/* The hint for EPERM on connecting to path (not the daemon's own policy):
+ * connecting needs search permission on every directory of the path and
+ * write permission on the socket, so the first directory that refuses is
+ * named; else who the socket's mode lets in.  Asking to join the socket's
+ * group is advice only where that group may write to it. */
+static void eperm_hint(const char *path, char *hint, size_t cap) {
+  char dir[512], on[300], gn[300];
+  struct stat st;
+  size_t len = strlen(path);
+  if (len >= sizeof dir)
+    return;
+  /* Each directory from the root down: "/a", "/a/b" for "/a/b/s". */
+  memcpy(dir, path, len + 1);
+  for (char *p = strchr(dir + 1, '/'); p != NULL; p = strchr(p + 1, '/')) {
+    *p = '\0';
+    if (faccessat(AT_FDCWD, dir, X_OK, AT_EACCESS) != 0 && errno == EACCES &&
+        stat(dir, &st) == 0) {
+      snprintf(hint, cap, "; the directory %s (mode %04o, owner %s, group %s) does not "
+               "let this user reach the socket: the daemon's admin decides who may",
+               dir, (unsigned)(st.st_mode & 07777), owner_name(st.st_uid, on, sizeof on),
+               group_name(st.st_gid, gn, sizeof gn));
+      return;
+    }
+    *p = '/';
+  }
+  if (stat(path, &st) != 0)
+    return;
+  group_name(st.st_gid, gn, sizeof gn);
+  if ((st.st_mode & S_IWGRP) && st.st_uid != geteuid()) {
+    struct group *g = getgrgid(st.st_gid);
+    if (g != NULL)
+      snprintf(hint, cap, "; the socket belongs to group '%s' (mode %04o): ask to be "
+               "added to it ('sudo usermod -aG %s USER', then log in again)",
+               g->gr_name, (unsigned)(st.st_mode & 07777), g->gr_name);
+    else
+      snprintf(hint, cap, "; the socket's group (gid %ld, mode %04o) decides who may "
+               "connect", (long)st.st_gid, (unsigned)(st.st_mode & 07777));
+    return;
+  }
+  snprintf(hint, cap, "; the socket's mode %04o (owner %s, group %s) lets %s connect: "
+           "joining its group would not help; the daemon's admin decides who may "
+           "(SocketMode= and SocketGroup= of dspkd.socket)",
+           (unsigned)(st.st_mode & 07777), owner_name(st.st_uid, on, sizeof on), gn,
+           (st.st_mode & S_IWUSR) ? "only its owner" : "no one");
+}
+
 int dspk__sub_connect(dspk__sub_ctx *ctx) {
   char path[512];
   const char *shown = ctx->socket;
@@ -434,28 +509,14 @@ int dspk__sub_connect(dspk__sub_ctx *ctx) {
     if (rc == DSPK_ECONNECT && stat(shown, &st) == 0 && !S_ISSOCK(st.st_mode)) {
       /* Something is there, but no socket a daemon could listen on. */
       snprintf(hint, sizeof hint, "; %s is %s, not a socket: check --socket and "
-               "$DSPK_SOCKET", shown,
-               S_ISDIR(st.st_mode) ? "a directory" : S_ISFIFO(st.st_mode) ? "a FIFO"
-               : S_ISREG(st.st_mode) ? "a regular file" : "not a socket file");
+               "$DSPK_SOCKET", shown, file_kind(st.st_mode));
     } else if (rc == DSPK_ECONNECT) {
       snprintf(hint, sizeof hint,
                "; is dspkd running? See 'systemctl status dspkd.socket "
                "dspkd.service' (or 'systemctl --user ...'), or start one with "
                "'dspkd --foreground'");
-    } else if (rc == DSPK_EPERM && strstr(why, "allow_") == NULL &&
-               stat(shown, &st) == 0) {
-      /* Unix permissions on the socket: who may connect is its group. */
-      struct group *g = getgrgid(st.st_gid);
-      if (g != NULL)
-        snprintf(hint, sizeof hint,
-                 "; the socket belongs to group '%s' (mode %04o): ask to be "
-                 "added to it ('sudo usermod -aG %s USER', then log in again)",
-                 g->gr_name, (unsigned)(st.st_mode & 07777), g->gr_name);
-      else
-        snprintf(hint, sizeof hint,
-                 "; the socket's group (gid %ld, mode %04o) decides who may "
-                 "connect",
-                 (long)st.st_gid, (unsigned)(st.st_mode & 07777));
+    } else if (rc == DSPK_EPERM && strstr(why, "allow_") == NULL) {
+      eperm_hint(shown, hint, sizeof hint);
     }
     return dspk__sub_fail(ctx, rc, "cannot connect to %s: %s%s", shown, why,
                           hint);

@@ -1781,11 +1781,32 @@ def suite_shell_eperm(cli, tmp):
         else:
             os.chmod(path, 0o000)
         group = grp.getgrgid(os.stat(path).st_gid).gr_name
-        rc, out, err = Cli(cli.binary, path).run("ping", preexec_fn=preexec)
-        check(rc == 1 and err.startswith("dspk-submit: ping: EPERM: "),
-              "EPERM: exit %d %r" % (rc, err))
-        check("group '%s'" % group in err and "usermod -aG %s" % group in err,
-              "EPERM hint %r" % err)
+
+        def eperm():
+            rc, out, err = Cli(cli.binary, path).run("ping", preexec_fn=preexec)
+            check(rc == 1 and err.startswith("dspk-submit: ping: EPERM: "),
+                  "EPERM: exit %d %r" % (rc, err))
+            return err
+        if os.geteuid() == 0:
+            err = eperm()
+            check("group '%s'" % group in err and "usermod -aG %s" % group in err,
+                  "EPERM hint %r" % err)
+            # A group that may not write: joining it is no advice.
+            for mode in (0o600, 0o604):
+                os.chmod(path, mode)
+                err = eperm()
+                check("usermod" not in err and "mode %04o" % mode in err and
+                      "lets only its owner connect" in err, "EPERM hint %r" % err)
+            # A directory on the way that the user may not search.
+            os.chmod(path, 0o666)
+            os.chmod(tmp, 0o700)
+            err = eperm()
+            check("usermod" not in err and "the directory %s (mode 0700" % tmp in err,
+                  "EPERM hint for the directory %r" % err)
+        else:
+            err = eperm()
+            check("usermod" not in err and "lets no one connect" in err,
+                  "EPERM hint %r" % err)
     finally:
         srv.close()
         os.chmod(tmp, 0o700)
@@ -2130,7 +2151,8 @@ def command_line_messages(cli, tmp):
         f.write("x")
     fifo = os.path.join(d, "fifo")
     os.mkfifo(fifo)
-    for path, what in ((reg, "a regular file"), (d, "a directory"), (fifo, "a FIFO")):
+    for path, what in ((reg, "a regular file"), (d, "a directory"), (fifo, "a FIFO"),
+                       ("/dev/null", "a character device")):
         env = dict(os.environ, DSPK_SOCKET=path)
         err = cli.fails(["ping"], "ping", "ECONNECT", sock=False, env=env,
                         detail="%s is %s, not a socket" % (path, what))
