@@ -205,6 +205,7 @@ int dspk__sub_kernel(dspk__sub_ctx *ctx, int argc, char **argv) {
   uint32_t grid[3] = {1, 1, 1}, block[3] = {1, 1, 1};
   long shared = 0;
   kernel_out outs[KERNEL_MAX_TENSORS];
+  char *tnames[KERNEL_MAX_TENSORS];
   dspk__outfile ofs[KERNEL_MAX_TENSORS];
   int nouts = 0, ntens = 0, opt, rc, status = DSPK__SUB_EXIT_FAIL;
   dspk__npy tens[KERNEL_MAX_TENSORS];
@@ -370,6 +371,7 @@ int dspk__sub_kernel(dspk__sub_ctx *ctx, int argc, char **argv) {
       dspk_tensor_inline(&tin[ntens], tens[ntens].dtype,
                          (unsigned)tens[ntens].rank, shape, tens[ntens].data);
     }
+    tnames[ntens] = argv[i]; /* the daemon's "input N" */
     k->kind = DSPK_KARG_TENSOR;
     k->v.tensor = ntens++;
     t.kernel.nargs++;
@@ -410,6 +412,8 @@ int dspk__sub_kernel(dspk__sub_ctx *ctx, int argc, char **argv) {
   t.kernel.shared = (uint32_t)shared;
   t.inputs = tin;
   t.ninputs = (unsigned)ntens;
+  ctx->inputs = tnames;
+  ctx->ninputs = ntens;
   t.device = device;
 
   /* The outputs exist (as temporaries) before the kernel runs. */

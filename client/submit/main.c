@@ -348,11 +348,91 @@ int dspk__sub_usage(const dspk__sub_ctx *ctx, const char *fmt, ...) {
   return DSPK__SUB_EXIT_USAGE;
 }
 
+/* The task.run fields a command line sets, with the command line's name
+ * for each (docs/protocol.md, task.run; docs/cli.md). */
+static const struct {
+  const char *wire, *cli;
+} wire_names[] = {
+    {"options.axes", "--axis"},        {"options.alpha", "--alpha"},
+    {"options.beta", "--beta"},        {"options.trans_a", "--trans-a"},
+    {"options.trans_b", "--trans-b"},  {"options.inverse", "--inverse"},
+    {"options.subscripts", "SUBSCRIPTS"}, {"options.fn", "FN"},
+    {"options.entry", "--entry"},      {"options.grid", "--grid"},
+    {"options.block", "--block"},      {"options.shared", "--shared"},
+    {"options.lang", "--lang"},        {"options.source", "SOURCE"},
+    {"options.args", "ARG"},           {"inputs", "the arrays"},
+};
+
+/* Whether s[i] starts a word (not inside a longer name). */
+static bool word_start(const char *s, size_t i) {
+  char c = i > 0 ? s[i - 1] : ' ';
+  return !(c == '_' || c == '.' || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+           (c >= '0' && c <= '9'));
+}
+
+/* The daemon's detail d with its wire names said as the command line says
+ * them, into out: "options.axes[0]: " becomes "--axis: ", "options.args[2]"
+ * "ARG 2 (0-based)", "input 1" the second input file. */
+static void cli_words(const dspk__sub_ctx *ctx, const char *d, char *out, size_t cap) {
+  size_t w = 0;
+  out[0] = '\0';
+  for (size_t i = 0; d[i] != '\0' && w + 1 < cap;) {
+    const char *rep = NULL;
+    size_t skip = 0;
+    char num[600];
+    if (word_start(d, i)) {
+      for (size_t k = 0; k < sizeof wire_names / sizeof wire_names[0]; k++) {
+        size_t n = strlen(wire_names[k].wire);
+        char c;
+        if (strncmp(d + i, wire_names[k].wire, n) != 0)
+          continue;
+        c = d[i + n];
+        if (c == '_' || c == '.' || (c >= 'a' && c <= 'z'))
+          continue; /* a longer name */
+        rep = wire_names[k].cli;
+        skip = n;
+        if (c == '[') { /* an item: the axis or argument by its number */
+          size_t e = strspn(d + i + n + 1, "0123456789");
+          if (e > 0 && d[i + n + 1 + e] == ']') {
+            if (strcmp(rep, "ARG") == 0) {
+              snprintf(num, sizeof num, "ARG %.*s (0-based)", (int)e, d + i + n + 1);
+              rep = num;
+            }
+            skip += e + 2;
+          }
+        }
+        break;
+      }
+      if (rep == NULL && ctx->inputs != NULL && strncmp(d + i, "input ", 6) == 0) {
+        size_t e = strspn(d + i + 6, "0123456789");
+        char c = d[i + 6 + e];
+        long k = e > 0 && e < 4 ? strtol(d + i + 6, NULL, 10) : -1;
+        if (k >= 0 && k < ctx->ninputs && !(c >= '0' && c <= '9')) {
+          snprintf(num, sizeof num, "%s", ctx->inputs[k]);
+          rep = num;
+          skip = 6 + e;
+        }
+      }
+    }
+    if (rep == NULL) {
+      out[w++] = d[i++];
+      continue;
+    }
+    w += (size_t)snprintf(out + w, cap - w, "%s", rep);
+    if (w >= cap)
+      w = cap - 1;
+    i += skip;
+  }
+  out[w] = '\0';
+}
+
 int dspk__sub_fail_client(const dspk__sub_ctx *ctx, int code) {
   const char *detail = ctx->client ? dspk_last_error(ctx->client) : "";
+  char words[2048];
   if (detail == NULL || detail[0] == '\0')
     detail = dspk_strerror(code);
-  return dspk__sub_fail(ctx, code, "%s", detail);
+  cli_words(ctx, detail, words, sizeof words);
+  return dspk__sub_fail(ctx, code, "%s", words);
 }
 
 /* The size variables of cli.md's "Sizes" with their bounds; main() refuses
@@ -750,7 +830,7 @@ int main(int argc, char **argv) {
                                        {"help", no_argument, NULL, 'h'},
                                        {"version", no_argument, NULL, 'V'},
                                        {NULL, 0, NULL, 0}};
-  dspk__sub_ctx ctx = {NULL, NULL, NULL};
+  dspk__sub_ctx ctx = {NULL, NULL, NULL, NULL, 0};
   const dspk__sub_cmd *cmd;
   bool seen_socket = false;
   int opt, rc, ci;

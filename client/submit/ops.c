@@ -575,6 +575,27 @@ static int run_task(dspk__sub_ctx *ctx, const op_args *a, dspk_task *t,
     dspk_tensor_inline(&tin[i], in[i].dtype, (unsigned)in[i].rank, shape,
                        in[i].data);
   }
+  /* reduce's axes are checked here, against X's rank, as the user wrote
+   * them ("--axis 0,-2" names one axis twice). */
+  for (unsigned k = 0; t->op == DSPK_OP_REDUCE && k < a->naxes; k++) {
+    int r = in[0].rank, ax = a->axes[k];
+    if (ax < -r || ax >= r) {
+      if (r == 0)
+        status = dspk__sub_usage(ctx, "--axis %d: %s has rank 0 (no axes)", ax, files[0]);
+      else
+        status = dspk__sub_usage(ctx, "--axis %d: %s has rank %d (axes %d..%d)", ax,
+                                 files[0], r, -r, r - 1);
+      goto out;
+    }
+    for (unsigned j = 0; j < k; j++)
+      if ((a->axes[j] + r) % r == (ax + r) % r) {
+        status = dspk__sub_usage(ctx, "--axis %d and %d name the same axis of %s "
+                                      "(rank %d)", a->axes[j], ax, files[0], r);
+        goto out;
+      }
+  }
+  ctx->inputs = files;
+  ctx->ninputs = nfiles;
   t->inputs = tin;
   t->ninputs = (unsigned)nfiles;
   t->device = a->device;

@@ -31,6 +31,10 @@ typedef struct dspk__sub_ctx {
   const char *socket; /* --socket, or NULL for $DSPK_SOCKET / the default */
   const char *cmd;    /* name of the running command, for messages */
   dspk_client *client;
+  /* The command's input files in the order of the task's inputs (NULL when
+   * none): the daemon's "input N" is named as the file in its errors. */
+  char *const *inputs;
+  int ninputs;
 } dspk__sub_ctx;
 
 typedef struct dspk__sub_cmd {
@@ -113,8 +117,10 @@ int dspk__sub_usage(const dspk__sub_ctx *ctx, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
 /* Reports a failed library call on ctx->client: the daemon's (or the
- * library's) detail from dspk_last_error(), else dspk_strerror(code).
- * Returns DSPK__SUB_EXIT_FAIL. */
+ * library's) detail from dspk_last_error(), else dspk_strerror(code), with
+ * the wire protocol's names of what is at fault ("options.alpha",
+ * "options.axes[0]", "input 1") said as the command line says them
+ * ("--alpha", "--axis", the file).  Returns DSPK__SUB_EXIT_FAIL. */
 int dspk__sub_fail_client(const dspk__sub_ctx *ctx, int code);
 
 /* Connects ctx->client if not yet connected.  Returns 0, or reports the

@@ -1164,7 +1164,8 @@ def suite_errors(cli, tmp):
     cli.fails(["gemm", a34, b45d], "gemm", "EDTYPE")
     cli.fails(["map", "add", a34, b56], "map", "ESHAPE")
     cli.fails(["contract", "ik,kj->ij", a34, b56], "contract", "ESHAPE")
-    cli.fails(["reduce", "sum", a34, "--axis", "5"], "reduce", None)
+    cli.fails(["reduce", "sum", a34, "--axis", "5"], "reduce", "EINVAL", rc_want=2,
+              detail="--axis 5: %s has rank 2 (axes -2..1)" % a34)
     cli.fails(["fft", a34, "--inverse"], "fft", None)
     cli.fails(["gemm", a34, a34, "--trans-b", "--device", "cpu:7"], "gemm",
               "ENODEV")
@@ -1271,6 +1272,8 @@ class FakeDaemon:
     result echoes input 0), "kernel" fails with ECOMPILE and a multi-line
     compiler log."""
 
+    WIRE = ("fir: input 1 (taps): options.axes[0]: x; options.alpha: y; "
+            "options.args[3]: z; inputs: w; input 7")
     LOG = "k.cu(3): error: identifier \"z\" is undefined\nk.cu(4): error: " \
           "expected a \";\"\n\n2 errors detected.\n"
 
@@ -1361,6 +1364,9 @@ class FakeDaemon:
                     out.append([1, msgid, None, {"device": "fake:0",
                                                  "outputs": [args["inputs"][0]],
                                                  "time_us": 0}])
+                elif method == "task.run" and args.get("op") == "fir":
+                    out.append([1, msgid, {"code": -1, "name": "EINVAL",
+                                           "message": self.WIRE}, None])
                 elif method == "task.run":
                     out.append([1, msgid, {"code": -18, "name": "ECOMPILE",
                                            "message": self.LOG}, None])
@@ -1467,6 +1473,24 @@ def suite_fake(cli, tmp):
         fcli.fails(["cache", "frob"], "cache", "EINVAL", rc_want=2)
         fcli.fails(["cache"], "cache", "EINVAL", rc_want=2)
         fcli.fails(["cache", "stats", "x"], "cache", "EINVAL", rc_want=2)
+        # top shows the same strings as status, escaped the same way.
+        rc, out, err = fcli.run("top", "--once")
+        check(rc == 0, "top --once: rc %d, %r" % (rc, err))
+        inert(out, "top --once")
+        check("evil\\x1b[2J" in out and "fake:0\\x1b[A" in out and "1\\x1b[5m" in out,
+              "top: every daemon string escaped: %r" % out)
+        check("and 2 connections of other users (not shown)" in out,
+              "top: the other users' connections as a count: %r" % out)
+        rc, out, err = fcli.run("top", "--json")
+        check(rc == 0, "top --json: rc %d" % rc)
+        inert(out, "top --json")
+        check(json.loads(out)["clients"][0]["name"] == FakeDaemon.EVIL, "top --json %r" % out)
+        # The daemon's wire names are said as the command line says them.
+        h = os.path.join(tmp, "taps.npy")
+        np.save(h, np.ones(3))
+        err = fcli.fails(["fir", a, h], "fir", "EINVAL")
+        check("options." not in err and "fir: %s (taps): --axis: x; --alpha: y; ARG 3 "
+              "(0-based): z; the arrays: w; input 7" % h in err, "wire names: %r" % err)
     finally:
         fake.close()
 
@@ -2100,6 +2124,11 @@ def command_line_round6(cli, tmp):
                   detail="empty input (0 bytes, no .npy)")
     cli.fails(nosock + ["map", "abs", "-"], "map", "EINVAL", sock=False, data=data[:4],
               detail="cut short: 4 bytes")
+    # reduce's axes are checked against X as the user wrote them.
+    cli.fails(nosock + ["reduce", "sum", a, "--axis", "1"], "reduce", "EINVAL", rc_want=2,
+              sock=False, detail="--axis 1: %s has rank 1 (axes -1..0)" % a)
+    cli.fails(nosock + ["reduce", "sum", a, "--axis", "0,-1"], "reduce", "EINVAL",
+              rc_want=2, sock=False, detail="--axis 0 and -1 name the same axis of %s" % a)
     # A kernel has at least one tensor argument (it returns its results).
     kc = os.path.join(tmp, "r6k.comp")
     with open(kc, "w") as f:
