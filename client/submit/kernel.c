@@ -34,6 +34,7 @@
 typedef struct kernel_out {
   int index; /* tensor argument, -1: the next one in order */
   const char *path;
+  const char *spec; /* the -o value as given ("1=y.npy"), for messages */
 } kernel_out;
 
 /* Reads path ("-" for stdin) into a malloc'd buffer. */
@@ -277,7 +278,7 @@ int dspk__sub_kernel(dspk__sub_ctx *ctx, int argc, char **argv) {
       device = optarg;
       break;
     case 'o': {
-      const char *eq = strchr(optarg, '=');
+      const char *eq = strchr(optarg, '='), *spec = optarg;
       long k = -1;
       if (nouts >= KERNEL_MAX_TENSORS)
         return dspk__sub_usage(ctx, "more than %d -o", KERNEL_MAX_TENSORS);
@@ -299,6 +300,7 @@ int dspk__sub_kernel(dspk__sub_ctx *ctx, int argc, char **argv) {
       if (optarg[0] == '\0')
         return dspk__sub_usage(ctx, "empty output file name");
       outs[nouts].index = (int)k;
+      outs[nouts].spec = spec;
       outs[nouts].path = optarg;
       nouts++;
       break;
@@ -382,14 +384,14 @@ int dspk__sub_kernel(dspk__sub_ctx *ctx, int argc, char **argv) {
     next = outs[i].index + 1;
     if (outs[i].index >= ntens) {
       status = dspk__sub_usage(ctx, "-o %s: there is no tensor argument %d",
-                               outs[i].path, outs[i].index);
+                               outs[i].spec, outs[i].index);
       goto out;
     }
     /* One tensor, one file: a result line per saved tensor names it. */
     for (int j = 0; j < i; j++)
       if (outs[j].index == outs[i].index) {
         status = dspk__sub_usage(ctx, "-o %s and -o %s both save tensor argument %d "
-                                 "(one file per tensor)", outs[j].path, outs[i].path,
+                                 "(one file per tensor)", outs[j].spec, outs[i].spec,
                                  outs[i].index);
         goto out;
       }

@@ -2129,6 +2129,10 @@ def command_line_round6(cli, tmp):
               sock=False, detail="--axis 1: %s has rank 1 (axes -1..0)" % a)
     cli.fails(nosock + ["reduce", "sum", a, "--axis", "0,-1"], "reduce", "EINVAL",
               rc_want=2, sock=False, detail="--axis 0 and -1 name the same axis of %s" % a)
+    out = os.path.join(tmp, "r6k1.npy")
+    cli.fails(nosock + ["kernel", "k.comp", "--entry", "main", "--grid", "1", "--block", "1",
+                        a, "-o", "1=" + out], "kernel", "EINVAL", rc_want=2, sock=False,
+              detail="-o 1=%s: there is no tensor argument 1" % out)
     # A kernel has at least one tensor argument (it returns its results).
     kc = os.path.join(tmp, "r6k.comp")
     with open(kc, "w") as f:
