@@ -822,8 +822,11 @@ int dspk__sub_open_output(const dspk__sub_ctx *ctx, const char *path,
   if (isatty(of->fd) == 1) {
     bool dash = strcmp(path, "-") == 0;
     dspk__outfile_abort(of);
-    return dspk__sub_usage(ctx, "-o %s: %s a terminal; redirect it to a file or a pipe",
-                           path, dash || of->to_stdout ? "standard output is" : "it is");
+    if (dash || of->to_stdout)
+      return dspk__sub_usage(ctx, "-o %s: standard output is a terminal; redirect it to a "
+                                  "file or a pipe", path);
+    return dspk__sub_usage(ctx, "-o %s: that is a terminal, where a .npy does not go; name "
+                                "a file or a pipe", path);
   }
   return 0;
 }
