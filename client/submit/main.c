@@ -391,16 +391,29 @@ static void cli_words(const dspk__sub_ctx *ctx, const char *d, char *out, size_t
         c = d[i + n];
         if (c == '_' || c == '.' || (c >= 'a' && c <= 'z'))
           continue; /* a longer name */
+        /* "inputs" is also an English word: only the field ("inputs:",
+         * "inputs[1]") is renamed. */
+        if (strcmp(wire_names[k].wire, "inputs") == 0 && c != ':' && c != '[')
+          break;
         rep = wire_names[k].cli;
         skip = n;
-        if (c == '[') { /* an item: the axis or argument by its number */
+        if (c == '[') { /* an item: the axis, argument or input by its number */
           size_t e = strspn(d + i + n + 1, "0123456789");
+          long item = e > 0 && e < 4 ? strtol(d + i + n + 1, NULL, 10) : -1;
           if (e > 0 && d[i + n + 1 + e] == ']') {
             if (strcmp(rep, "ARG") == 0) {
               snprintf(num, sizeof num, "ARG %.*s (0-based)", (int)e, d + i + n + 1);
               rep = num;
+            } else if (strcmp(wire_names[k].wire, "inputs") == 0 && ctx->inputs != NULL &&
+                       item >= 0 && item < ctx->ninputs) {
+              snprintf(num, sizeof num, "%s", ctx->inputs[item]);
+              rep = num;
             }
             skip += e + 2;
+          }
+          if (strcmp(wire_names[k].wire, "inputs") == 0 && rep != num) {
+            rep = NULL; /* "inputs[" of something else: left as it is */
+            skip = 0;
           }
         }
         break;

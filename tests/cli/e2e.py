@@ -1273,7 +1273,8 @@ class FakeDaemon:
     compiler log."""
 
     WIRE = ("fir: input 1 (taps): options.axes[0]: x; options.alpha: y; "
-            "options.args[3]: z; inputs: w; input 7")
+            "options.args[3]: z; inputs: w; input 7; inputs[0]: v; inputs[9]: u; "
+            "there are 2 inputs; options.alphabet")
     LOG = "k.cu(3): error: identifier \"z\" is undefined\nk.cu(4): error: " \
           "expected a \";\"\n\n2 errors detected.\n"
 
@@ -1489,8 +1490,9 @@ def suite_fake(cli, tmp):
         h = os.path.join(tmp, "taps.npy")
         np.save(h, np.ones(3))
         err = fcli.fails(["fir", a, h], "fir", "EINVAL")
-        check("options." not in err and "fir: %s (taps): --axis: x; --alpha: y; ARG 3 "
-              "(0-based): z; the arrays: w; input 7" % h in err, "wire names: %r" % err)
+        check("fir: %s (taps): --axis: x; --alpha: y; ARG 3 (0-based): z; the arrays: w; "
+              "input 7; %s: v; inputs[9]: u; there are 2 inputs; options.alphabet"
+              % (h, a) in err, "wire names: %r" % err)
     finally:
         fake.close()
 
