@@ -7,8 +7,10 @@
  * from the `status` method, asked again every --interval seconds.
  *
  * On a terminal the view takes the alternate screen and reads single keys
- * (q quits); the terminal is restored on every way out, SIGINT and SIGTERM
- * included.  --once prints one frame and exits, for scripts; --json prints
+ * (q quits); the terminal is restored on every way out: q, SIGINT and
+ * SIGTERM end the loop, any other signal that ends the process restores it
+ * before the death, and Ctrl-Z gives it back to the shell (taken again on
+ * SIGCONT).  --once prints one frame and exits, for scripts; --json prints
  * the status answer it reads (one frame's data) as JSON.
  */
 #include <errno.h>
@@ -308,6 +310,10 @@ int dspk__sub_top(dspk__sub_ctx *ctx, int argc, char **argv) {
   fflush(stdout);
   term_restore();
   term_keys = term_screen = 0;
+  if (keys || screen) {
+    signal(SIGTSTP, SIG_DFL); /* job control as any process has it again */
+    signal(SIGCONT, SIG_DFL);
+  }
   sigaction(SIGINT, &old_int, NULL);
   sigaction(SIGTERM, &old_term, NULL);
   if (rc < 0)
