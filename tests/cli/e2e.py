@@ -1272,6 +1272,10 @@ class FakeDaemon:
     result echoes input 0), "kernel" fails with ECOMPILE and a multi-line
     compiler log."""
 
+    # A label value with an escape sequence, BEL and a C1 control (as the
+    # exposition format escapes it: \\ and \" and \n only).
+    METRICS = ('# HELP dspk_up up\n# TYPE dspk_up gauge\n'
+               'dspk_up{device="d\x1b]0;t\x07\u0085\\"q\\n"} 1\n')
     WIRE = ("fir: input 1 (taps): options.axes[0]: x; options.alpha: y; "
             "options.args[3]: z; inputs: w; input 7; inputs[0]: v; inputs[9]: u; "
             "there are 2 inputs; options.alphabet")
@@ -1352,6 +1356,8 @@ class FakeDaemon:
                                                  "limits": self.LIMITS}])
                 elif method == "cache.stats":
                     out.append([1, msgid, None, self.STATS])
+                elif method == "metrics":
+                    out.append([1, msgid, None, self.METRICS])
                 elif method == "status":
                     out.append([1, msgid, None, self.STATUS])
                 elif method == "devices":
@@ -1486,6 +1492,17 @@ def suite_fake(cli, tmp):
         check(rc == 0, "top --json: rc %d" % rc)
         inert(out, "top --json")
         check(json.loads(out)["clients"][0]["name"] == FakeDaemon.EVIL, "top --json %r" % out)
+        # metrics: the text escaped, the JSON valid and equal to the label.
+        rc, out, err = fcli.run("metrics")
+        check(rc == 0, "metrics: rc %d %r" % (rc, err))
+        inert(out, "metrics")
+        check("\\x1b]0;t\\x07\\u0085" in out, "metrics text: %r" % out)
+        rc, out, err = fcli.run("metrics", "--json")
+        check(rc == 0, "metrics --json: rc %d %r" % (rc, err))
+        inert(out, "metrics --json")
+        check("\u0085" not in out, "metrics --json: raw C1 in %r" % out)
+        j = json.loads(out)
+        check(j[0]["labels"]["device"] == 'd\x1b]0;t\x07\u0085"q\n', "metrics --json %r" % j)
         # The daemon's wire names are said as the command line says them.
         h = os.path.join(tmp, "taps.npy")
         np.save(h, np.ones(3))
