@@ -446,6 +446,9 @@ int dspk__sub_fail_client(const dspk__sub_ctx *ctx, int code) {
   char words[2048];
   if (detail == NULL || detail[0] == '\0')
     detail = dspk_strerror(code);
+  /* A compiler's log quotes the user's own source: left as it is. */
+  if (code == DSPK_ECOMPILE)
+    return dspk__sub_fail(ctx, code, "%s", detail);
   cli_words(ctx, detail, words, sizeof words);
   return dspk__sub_fail(ctx, code, "%s", words);
 }

@@ -1280,7 +1280,7 @@ class FakeDaemon:
             "options.args[3]: z; inputs: w; input 7; inputs[0]: v; inputs[9]: u; "
             "there are 2 inputs; options.alphabet")
     LOG = "k.cu(3): error: identifier \"z\" is undefined\nk.cu(4): error: " \
-          "expected a \";\"\n\n2 errors detected.\n"
+          "expected a \";\"\n\n2 errors detected.\nk.cu(5): inputs[0] = options.alpha;\n"
 
     STATS = {"file": "/var/cache/dspk/cache.sqlite", "file_bytes": 8192,
              "kinds": {"kernels": {"entries": 3, "bytes": 4096, "hits": 7,
@@ -1437,7 +1437,8 @@ def suite_fake(cli, tmp):
         err = fcli.fails(["kernel", ksrc, "-e", "k", "-g", "1", "-b", "1",
                           "zeros:f32:4"], "kernel", "ECOMPILE")
         check("k.cu(3): error" in err and "; k.cu(4): error" in err and
-              "2 errors detected." in err, "compiler log line %r" % err)
+              "2 errors detected." in err and "; k.cu(5): inputs[0] = options.alpha;" in err,
+              "compiler log line %r" % err)
         # cache stats: flattened fields, or JSON.
         out = fcli.ok("cache", "stats")
         lines = [l.split(None, 1) for l in out.splitlines()]
