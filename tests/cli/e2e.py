@@ -611,7 +611,7 @@ class Ops:
         got = npy_from(raw).reshape(-1).tolist()
         check(got == ref, "map abs -o -: values differ")
         txt = self.cli.ok("map", "abs", pa, "--device", "cpu:0")
-        want = ": [%s, ...] (90000 values)\n" % ", ".join("%.15g" % v for v in ref[:8])
+        want = ": [%s, ...] (90000 values)\n" % ", ".join(shortest(v, 15) for v in ref[:8])
         check(txt.startswith("f64 (300, 300) on cpu:0, ") and txt.endswith(want),
               "map abs summary %r, want it to end with %r" % (txt, want))
         head = json.loads(self.cli.ok("map", "abs", pa, "--json"))["outputs"][0]["head"]
@@ -995,6 +995,38 @@ def result_line_names(cli, tmp, small):
     check(j["output"] == d + "/x\ufffd\u0085.npy.json", "trace --json output %r" % j)
 
 
+def shortest(v, lo, back=float):
+    """v in the fewest significant digits (lo and up) that read back as v."""
+    for p in range(lo, 18):
+        t = "%.*g" % (p, v)
+        if back(t) == back(v):
+            return t
+    return t
+
+
+def value_text(cli, tmp):
+    """The result line shows each value in the fewest digits that read back
+    as the same value of its dtype (as numpy prints it); "%.7g" showed f32's
+    1/3 as 0.3333333, another f32."""
+    f32 = lambda t: np.float32(float(t))
+    f16 = lambda t: np.float16(float(t))
+    x = [1 / 3, 16777216.0, float(np.finfo(np.float32).max), 0.1, 1e-45, -2.5e-8]
+    for dt, lo, back in (("<f4", 6, f32), ("<f2", 3, f16), ("<f8", 15, float)):
+        a = np.array([1 / 3, 65504.0, 0.1, 6e-8, -2049.0] if dt == "<f2" else x).astype(dt)
+        p = os.path.join(tmp, "val_%s.npy" % dt[1:])
+        np.save(p, a)
+        want = "[%s]" % ", ".join(shortest(float(v), lo, back) for v in a)
+        out = cli.ok("map", "scale", p, "--alpha", "1")
+        check(out.endswith(": %s (%d values)\n" % (want, a.size)), "%s: %r, want %s" % (dt, out, want))
+        for t in want[1:-1].split(", "):
+            check(back(t) in a, "%s: %s is not one of %r" % (dt, t, a))
+    c = np.array([complex(1 / 3, -0.1)], "<c8")
+    p = os.path.join(tmp, "val_c8.npy")
+    np.save(p, c)
+    out = cli.ok("map", "scale", p, "--alpha", "1")
+    check(out.endswith(": [0.33333334-0.1j] (1 value)\n"), "c64: %r" % out)
+
+
 def nan_text(cli, tmp):
     """A NaN prints as numpy prints it, "nan", whatever its sign bit (printf
     wrote "-nan"); the data keeps the sign bit."""
@@ -1079,6 +1111,7 @@ def suite_errors(cli, tmp):
     outputs_through_descriptors(cli, tmp, a34)
     result_line_names(cli, tmp, a34)
     nan_text(cli, tmp)
+    value_text(cli, tmp)
     # The same limit with SIGXFSZ at its default (a shell's ulimit -f): the
     # command ignores the signal, so the write fails as above (it was killed
     # by the signal, leaving the partial file).
