@@ -406,7 +406,8 @@ DSPK_EXPORT int dspk_file_data(dspk_client *c, const void *addr, size_t len, int
  * output as usual, its data a read-only shared mapping of the file's bytes
  * [offset, offset + nbytes) (unmapped by dspk_result_free; the file must not
  * shrink while it is used; aligned for its dtype only when offset is), and
- * sets *written (may be NULL) to true.  It stays false, the output then in
+ * sets *written (may be NULL; set false by a successful
+ * dspk_result_to_file, untouched by a failed one) to true.  It stays false, the output then in
  * memory as usual, when the answer is an error, its first output is a
  * reference or smaller than 64 KiB, or the file takes no more bytes (a full
  * disk: what was written is read back, and the caller's own write of the
