@@ -227,7 +227,8 @@ typedef struct dspk_device {
   char driver[64];
   char uuid[64];
   uint64_t memory;   /* bytes */
-  bool software;     /* a software implementation (lavapipe, cpu) */
+  bool software;     /* a software renderer of a GPU API (lavapipe), which
+                        "any" avoids; false for the cpu backend (type "cpu") */
 } dspk_device;
 
 typedef struct dspk_unavailable {
@@ -310,7 +311,10 @@ DSPK_EXPORT int dspk_metrics(dspk_client *c, char **text_out);
  * it (category "phase": upload, compute, tuning inside compute, download);
  * the time each job waited in the queue is an "X" event of category
  * "queue" on a thread of its client.  Timestamps are microseconds from the
- * first event.  DSPK_EBUSY at once when too many traces record already (a
+ * start of the recording, or from the earliest time a job shown was queued
+ * when that came first (a job queued before the recording began); otherData
+ * holds start_us and end_us (the recording's span on that scale), dropped
+ * and jobs.  DSPK_EBUSY at once when too many traces record already (a
  * user who is not an admin: 2 of its own, 8 of such users together; admins
  * 8 of their own: docs/protocol.md, trace). */
 DSPK_EXPORT int dspk_trace(dspk_client *c, double seconds, char **json_out);

@@ -431,7 +431,13 @@ static void test_devices_status(void **state) {
   assert_true(l->ndevices >= 1);
   bool cpu = false;
   for (size_t i = 0; i < l->ndevices; i++)
-    cpu |= strcmp(l->devices[i].id, "cpu:0") == 0;
+    if (strcmp(l->devices[i].id, "cpu:0") == 0) {
+      cpu = true;
+      /* dspk.h: software is a software renderer's flag (lavapipe), not the
+       * cpu backend's (protocol.md, devices) */
+      assert_string_equal(l->devices[i].type, "cpu");
+      assert_false(l->devices[i].software);
+    }
   assert_true(cpu);
   assert_non_null(strstr(l->json, "\"cpu:0\""));
   dspk_device_list_free(l);
