@@ -475,8 +475,22 @@ static int shm_temp(dspk_client *c, const char *device, size_t n, bool may_wait,
       }
     }
     want = (n + SHM_ROUND - 1) / SHM_ROUND * SHM_ROUND;
-    if ((rc = shm_new(c, device, want, 2, &best)) != 0)
-      return rc;
+    if ((rc = shm_new(c, device, want, 2, &best)) != 0) {
+      /* A temporary is the library's choice, not the caller's: one that
+       * cannot be had (the daemon refuses it for max_buffers or a quota,
+       * its device takes no import, no memfd here) leaves the bytes to the
+       * socket, as dspk_submit sends them, where they fit one message.  A
+       * broken connection or a timeout stays the call's failure. */
+      if (c->broken || rc == DSPK_ETIMEDOUT)
+        return rc;
+      if (n < c->send_max / 2)
+        return 0;
+      char why[sizeof c->err];
+      memcpy(why, c->err, sizeof why);
+      return dspk__cerr(c, rc, "an operand or result of %zu bytes cannot cross the socket "
+                        "(the daemon's max_message is %zu bytes) and the shared temporary "
+                        "that would carry it was refused: %s", n, c->send_max, why);
+    }
   }
   best->state = 3;
   *out = best;

@@ -465,7 +465,14 @@ DSPK_EXPORT int dspk_shared_free(dspk_client *c, void *ptr);
  * dspk_result_free, which unmaps one larger than that bound at once (its daemon buffer goes at c's next
  * dspk_wait, dspk_wait_any or dspk_run).  A dspk_buffer_create, dspk_shared_alloc or temporary that the
  * daemon refuses with DSPK_ELIMIT or DSPK_ENOMEM while c holds idle
- * temporaries frees them and is tried once more.
+ * temporaries frees them and is tried once more.  A temporary that cannot
+ * be had all the same (refused by the daemon: max_buffers, a quota; or no
+ * shared memory here) is no failure of the task: its operand or result
+ * crosses the socket instead, as with threshold 0.  Only one of half
+ * dspk_max_message or more, which cannot, fails then, with the refusal's
+ * code and a dspk_last_error() that says a shared temporary was refused.
+ * A broken connection or a timeout (dspk_set_timeout) while one is made is
+ * the call's failure as any other.
  * The default is DSPK_SHARED_THRESHOLD, or $DSPK_SHARED_THRESHOLD at
  * dspk_connect when it is a size ("1048576", "1M", "64KiB"; 0: off). */
 #define DSPK_SHARED_THRESHOLD ((size_t)1 << 20)

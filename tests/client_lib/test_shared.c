@@ -940,6 +940,112 @@ static void test_unmap_and_exit(void **state) {
   assert_int_equal(dspk_ping(C, NULL, 0), 0);
 }
 
+/* ---- the library's view of the daemon's buffers (round 6) ---------------- */
+
+/* map abs of n f32 at x on cpu:0 (inline: the library sees whether it is
+ * shared), its result into out_id when given. */
+static void abs_task_of(dspk_task *t, dspk_tensor *in, const float *x, size_t n,
+                        const uint64_t *out_id) {
+  int64_t shape[1] = {(int64_t)n};
+  dspk_tensor_inline(in, DSPK_F32, 1, shape, x);
+  dspk_task_init(t, DSPK_OP_MAP);
+  t->device = "cpu:0";
+  t->inputs = in;
+  t->ninputs = 1;
+  t->map.fn = DSPK_MAP_ABS;
+  if (out_id) {
+    t->nout_refs = 1;
+    t->out_refs[0].buffer = *out_id;
+  }
+}
+
+static pid_t own_pid;
+
+static int stop_own_daemon(void **state) {
+  (void)state;
+  if (own_pid > 0) {
+    kill(own_pid, SIGKILL);
+    waitpid(own_pid, NULL, 0);
+    own_pid = 0;
+  }
+  return 0;
+}
+
+/* Starts own_pid's dspkd (cpu) at sock with the options in args (after
+ * --backends cpu) and connects *c to it. */
+static void own_daemon(const char *name, const char *const *extra, char *sock, size_t socklen,
+                       dspk_client **c) {
+  const char *args[16] = {"--backends", "cpu", "--log-level", "error", "--no-cache"};
+  int a = 5;
+  while (*extra && a < 15)
+    args[a++] = *extra++;
+  args[a] = NULL;
+  snprintf(sock, socklen, "%s/%s.sock", tmpdir, name);
+  own_pid = daemon_spawn(dspkd_path, sock, args);
+  assert_true(own_pid > 0);
+  assert_int_equal(dspk_connect(sock, name, c), 0);
+}
+
+static void own_daemon_stop(dspk_client *c, const char *sock) {
+  int st;
+  dspk_close(c);
+  assert_int_equal(daemon_stop(own_pid, &st), 0);
+  own_pid = 0;
+  assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  unlink(sock);
+}
+
+/* A shared temporary is the library's choice: one the daemon refuses (its
+ * max_buffers taken by the caller's 3 buffers) leaves the operand and the
+ * result to the socket, and dspk_run works as dspk_submit does (it failed
+ * ELIMIT naming max_buffers).  Only an operand that cannot cross the socket
+ * (a 1 MiB max_message) fails, saying that a shared temporary was refused. */
+static void test_temp_refused(void **state) {
+  char sock[160];
+  const char *const three[] = {"--max-buffers", "3", NULL};
+  const char *const small[] = {"--max-buffers", "3", "--max-message", "1M", NULL};
+  const size_t n = (size_t)512 << 10; /* 2 MiB of f32 */
+  float *x = malloc(n * sizeof(float));
+  dspk_client *c2;
+  uint64_t b[3];
+  dspk_tensor in;
+  dspk_task t;
+  dspk_result r;
+  (void)state;
+  assert_non_null(x);
+  for (size_t i = 0; i < n; i++)
+    x[i] = -(float)(i % 1000);
+  abs_task_of(&t, &in, x, n, NULL);
+  own_daemon("refused", three, sock, sizeof sock, &c2);
+  for (int i = 0; i < 3; i++)
+    assert_int_equal(dspk_buffer_create(c2, "cpu:0", 16, &b[i]), 0);
+  dspk_set_shared_threshold(c2, DSPK_SHARED_THRESHOLD);
+  if (dspk_run(c2, &t, &r) != 0)
+    fail_msg("dspk_run with every buffer taken: %s", dspk_last_error(c2));
+  for (size_t i = 0; i < n; i++)
+    if (((const float *)r.out[0].data)[i] != (float)(i % 1000))
+      fail_msg("element %zu", i);
+  dspk_result_free(&r);
+  assert_int_equal(c2->nshm, 0);
+  /* a buffer freed: the next run makes its temporary again */
+  assert_int_equal(dspk_buffer_free(c2, b[2]), 0);
+  assert_int_equal(dspk_run(c2, &t, &r), 0);
+  assert_true(((const float *)r.out[0].data)[999] == 999.0f);
+  dspk_result_free(&r);
+  assert_int_equal(c2->nshm, 1);
+  own_daemon_stop(c2, sock);
+
+  own_daemon("small", small, sock, sizeof sock, &c2);
+  for (int i = 0; i < 3; i++)
+    assert_int_equal(dspk_buffer_create(c2, "cpu:0", 16, &b[i]), 0);
+  assert_int_equal(dspk_run(c2, &t, &r), DSPK_ELIMIT);
+  assert_non_null(strstr(dspk_last_error(c2), "shared temporary"));
+  assert_non_null(strstr(dspk_last_error(c2), "max_buffers"));
+  assert_int_equal(dspk_ping(c2, NULL, 0), 0); /* the connection is fine */
+  own_daemon_stop(c2, sock);
+  free(x);
+}
+
 int main(int argc, char **argv) {
   if (argc < 2) {
     fprintf(stderr, "usage: %s PATH-TO-DSPKD\n", argv[0]);
@@ -962,6 +1068,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_unmap_and_exit),
       cmocka_unit_test(test_import_after_big),
       cmocka_unit_test_teardown(test_idle_temps_quota, stop_quota_daemon),
+      cmocka_unit_test_teardown(test_temp_refused, stop_own_daemon),
   };
   return cmocka_run_group_tests(tests, start_daemon, stop_daemon);
 }
