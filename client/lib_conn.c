@@ -155,6 +155,10 @@ bool dspk__inflight_has(const dspk_client *c, uint32_t msgid) {
   return false;
 }
 
+bool dspk__daemon_busy(const dspk_client *c) {
+  return c->ninflight > 0 || c->nabandoned > 0 || c->abandoned_lost;
+}
+
 /* Forgets ticket's dspk_result_to_file, closing its descriptor. */
 static void sink_drop(dspk_client *c, uint32_t ticket) {
   for (size_t i = 0; i < c->nsinks; i++)
@@ -203,6 +207,7 @@ void dspk__abandon(dspk_client *c, uint32_t msgid, bool frees_buffer) {
     size_t cap = c->capabandoned ? 2 * c->capabandoned : 8;
     struct dspk__abandoned *p = realloc(c->abandoned, cap * sizeof(*p));
     if (!p) { /* its temporaries stay busy, its answer is dropped all the same */
+      c->abandoned_lost = true; /* and when it ends is never known */
       return;
     }
     c->abandoned = p;

@@ -328,12 +328,17 @@ DSPK_EXPORT int dspk_buffer_create(dspk_client *c, const char *device,
 /* Writes n bytes at offset.  data is sent in place (not copied), in pieces
  * of at most 4 MiB (and of the daemon's max_message) with up to 8 in flight,
  * so the daemon stores one while the next arrives; on a failure (the first
- * failing piece's code) other pieces may have been written. */
+ * failing piece's code) other pieces may have been written.  Data that lies
+ * in the shared allocation of id itself (dspk_shared_alloc) and takes more
+ * than one piece is copied first, so that a piece stored cannot change the
+ * bytes of one still to be sent. */
 DSPK_EXPORT int dspk_buffer_write(dspk_client *c, uint64_t id,
                                   uint64_t offset, const void *data, size_t n);
 /* Reads exactly n bytes at offset into dst (DSPK_EPROTO if the daemon sends
  * another amount), in pipelined pieces as dspk_buffer_write; each answer's
- * data is read from the socket straight into dst. */
+ * data is read from the socket straight into dst (into memory of its own
+ * first, when dst lies in the shared allocation of id itself and the read
+ * takes more than one piece). */
 DSPK_EXPORT int dspk_buffer_read(dspk_client *c, uint64_t id, uint64_t offset,
                                  void *dst, size_t n);
 DSPK_EXPORT int dspk_buffer_free(dspk_client *c, uint64_t id);
@@ -356,10 +361,16 @@ DSPK_EXPORT int dspk_buffer_free(dspk_client *c, uint64_t id);
  * runs on another device than the allocation's, or the operand starts
  * between two items) its bytes are sent as any other operand's: the task
  * works, with a copy.  dspk_buffer_read/write
- * of the id work too: with no request of c in flight they are a memcpy in
- * this process (the daemon holds the same pages), else they go to the
- * daemon in order behind the requests in flight.  Writing the memory while a task uses it gives that
- * task undefined results (never a crash).  Freed by dspk_shared_free() or
+ * of the id work too: while the daemon works on no request of c they are a
+ * memmove in this process (the daemon holds the same pages; data or dst may
+ * lie in them), else they go to the daemon in order behind the requests
+ * in flight, a request given up on after a timeout (dspk_set_timeout)
+ * counting as in flight until its late answer is read; either way as if
+ * the bytes were all read before any is written.  Writing the memory while a task uses it gives that
+ * task undefined results (never a crash).  dspk_buffer_free of the id
+ * frees the daemon's buffer only: the mapping stays until dspk_shared_free
+ * (which then answers DSPK_ENOBUF), an inline tensor in it is sent as
+ * bytes, and dspk_buffer_read/write of the id are DSPK_ENOBUF.  Freed by dspk_shared_free() or
  * dspk_close().  The daemon answers the import before any page is made, so
  * a size beyond its device's memory or the user's quota is DSPK_ENOMEM or
  * DSPK_ELIMIT without committing memory here.  An empty device name is no
