@@ -166,7 +166,9 @@ DSPK_EXPORT const char *dspk_last_error(const dspk_client *c);
  *    daemon still runs the work (dspk_cancel it before, if it must stop).
  *    A buffer the late answer makes (dspk_buffer_create,
  *    dspk_shared_alloc, dspk_shared_from_file, a temporary) is freed then,
- *    and a task's shared temporaries are reused only after its answer;
+ *    and a task's shared temporaries are reused only after its answer,
+ *    and dspk_buffer_read/write of a shared allocation go to the daemon
+ *    behind it (no local copy) until then (dspk_shared_alloc);
  *  - dspk_wait_any that times out gives up on no request (all stay in
  *    flight).
  * dspk_shared_free that times out has unmapped the memory all the same.
@@ -341,6 +343,9 @@ DSPK_EXPORT int dspk_buffer_write(dspk_client *c, uint64_t id,
  * takes more than one piece). */
 DSPK_EXPORT int dspk_buffer_read(dspk_client *c, uint64_t id, uint64_t offset,
                                  void *dst, size_t n);
+/* Frees buffer id (DSPK_ENOBUF when c has none such).  The id of a shared
+ * allocation or temporary may be given too: see dspk_shared_alloc for what
+ * stays of the allocation. */
 DSPK_EXPORT int dspk_buffer_free(dspk_client *c, uint64_t id);
 
 /* ---- shared memory ------------------------------------------------------- */
