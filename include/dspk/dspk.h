@@ -371,8 +371,9 @@ DSPK_EXPORT int dspk_buffer_free(dspk_client *c, uint64_t id);
  * lie in them), else they go to the daemon in order behind the requests
  * in flight, a request given up on after a timeout (dspk_set_timeout)
  * counting as in flight until its late answer is read; either way as if
- * the bytes were all read before any is written.  Writing the memory while a task uses it gives that
- * task undefined results (never a crash).  dspk_buffer_free of the id
+ * the bytes were all read before any is written.  Writing the memory
+ * while a task uses it gives that task undefined results (never a crash).
+ * dspk_buffer_free of the id
  * frees the daemon's buffer only: the mapping stays until dspk_shared_free
  * (which then answers DSPK_ENOBUF), an inline tensor in it is sent as
  * bytes, and dspk_buffer_read/write of the id are DSPK_ENOBUF.  Freed by dspk_shared_free() or
