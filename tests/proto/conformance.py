@@ -1326,6 +1326,10 @@ def kernel_opts(env):
     # A finite f32 beyond its range would become an infinity: ERANGE (the
     # infinities and NaN themselves are f32 values, and the largest f32 passes).
     expect(run(args=[{"tensor": 0}, {"f32": 1e39}]), "ERANGE", "options.args[1]", "f32")
+    # the value as sent, in the shortest form that reads back (protocol.md, kernel)
+    for v in (1e39, 2.0 ** 128, -3.4028235677973366e38):
+        expect(run(args=[{"tensor": 0}, {"f32": v}]), "ERANGE",
+               "options.args[1]: %r is out of f32 range" % v)
     expect(run(args=[{"tensor": 0}, {"f32": -1e39}]), "ERANGE", "options.args[1]", "f32")
     for v in (float("inf"), float("nan"), 3.4028234663852886e38, 1e300 * 0):
         r = run(args=[{"tensor": 0}, {"f32": v}])
