@@ -353,7 +353,7 @@ struct conn {
   pid_t pid;
   uid_t uid;
   gid_t gid;
-  char name[64];
+  char name[128];           /* hello's client, echoed: dspk__utf8_echo */
   struct rchunk *rb;
   size_t unsent;            /* bytes handed to uv_write, not yet written */
   size_t inflight;          /* device jobs not yet answered (c->jobs); with
