@@ -771,12 +771,12 @@ static int kernel_args(struct req *r, const struct dspk__pval *args, struct dspk
       break;
     case DSPK__KARG_I32:
       if (iv < INT32_MIN || iv > INT32_MAX)
-        return fail(r, DSPK_ERANGE, "options.args[%u]: out of i32 range", i);
+        return fail(r, DSPK_ERANGE, "options.args[%u]: %" PRId64 " is out of i32 range", i, iv);
       k->v.i32 = (int32_t)iv;
       break;
     case DSPK__KARG_U32:
       if (iv < 0 || iv > UINT32_MAX)
-        return fail(r, DSPK_ERANGE, "options.args[%u]: out of u32 range", i);
+        return fail(r, DSPK_ERANGE, "options.args[%u]: %" PRId64 " is out of u32 range", i, iv);
       k->v.u32 = (uint32_t)iv;
       break;
     default:
