@@ -491,19 +491,26 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
       cap = pending + READ_MIN;
     /* The user's read buffers together stay within max_user_partial,
      * counted at their allocated size: a buffer that would pass it grows
-     * only to what is left (a message up to that size still fits), and
-     * when that is not room enough for what it holds and one more read the
-     * frame cannot be taken in (on_read closes the connection). */
+     * only to what is left, however little more than what it holds that is
+     * (a message up to that size still fits: the last reads may be shorter
+     * than READ_MIN), or keeps the free space it already has; when neither
+     * leaves a byte to read into, the frame cannot be taken in (on_read
+     * closes the connection, naming the size the frame needs). */
     if (c->user && cap > RCHUNK_MIN) {
       uint64_t others = c->user->rbytes - c->rbytes, bound = c->d->cfg.max_user_partial;
       uint64_t room = bound > others ? bound - others : 0;
-      if (cap > room && room >= pending + READ_MIN && room > (k ? k->cap : 0))
+      if (cap > room && room > pending)
         cap = (size_t)room;
       if (others + cap > bound) {
+        if (k && k->cap > k->end) /* what it has, no growth */
+          goto have;
         c->over_partial = true;
         c->over_pending = pending;
-        c->over_cap = cap;
-        c->over_total = others + cap;
+        c->over_others = others;
+        c->over_need = k ? dspk__frame_need(k->data + k->start, pending, &c->d->cfg.lim)
+                         : (uint64_t)pending + 1;
+        if (c->over_need <= pending)
+          c->over_need = (uint64_t)pending + 1;
         return;
       }
     }
@@ -1032,10 +1039,10 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
   if (n == UV_ENOBUFS && c->over_partial) {
     char msg[320];
     snprintf(msg, sizeof msg, "this connection's incomplete message (%llu bytes so far) "
-             "needs a read buffer of %llu bytes, with which this user's read buffers "
+             "needs a read buffer of at least %llu bytes, with which this user's read buffers "
              "would be %llu bytes (allocated size), more than max_user_partial (%llu bytes)",
-             (unsigned long long)c->over_pending, (unsigned long long)c->over_cap,
-             (unsigned long long)c->over_total,
+             (unsigned long long)c->over_pending, (unsigned long long)c->over_need,
+             (unsigned long long)(c->over_others + c->over_need),
              (unsigned long long)c->d->cfg.max_user_partial);
     conn_protocol_error(c, DSPK_ELIMIT, msg);
     return;

@@ -353,7 +353,7 @@ struct conn {
   pid_t pid;
   uid_t uid;
   gid_t gid;
-  char name[64];
+  char name[128];           /* hello's client, echoed: dspk__utf8_echo */
   struct rchunk *rb;
   size_t unsent;            /* bytes handed to uv_write, not yet written */
   size_t inflight;          /* device jobs not yet answered (c->jobs); with
@@ -369,9 +369,9 @@ struct conn {
   size_t creating;          /* buffer.create jobs in flight */
   uint64_t rbytes;          /* bytes of rb counted in user->rbytes */
   bool over_partial;        /* the read buffer could not grow: max_user_partial */
-  /* Then: the bytes of the message held, the size the buffer had to grow
-   * to, and what the user's read buffers would have held with it. */
-  uint64_t over_pending, over_cap, over_total;
+  /* Then: the bytes of the message held, the least size the whole message
+   * can have (dspk__frame_need), and the user's other read buffers. */
+  uint64_t over_pending, over_need, over_others;
   uint64_t *mem;            /* [d->ndevs] device memory: buffers + jobs in flight */
   uint64_t requests;
   /* daemon/jobs.c: the Slurm job of the connection, decided at its first

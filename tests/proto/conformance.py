@@ -525,6 +525,73 @@ def control_chars(env):
     still_open(c)
 
 
+@case("Errors: an echoed client string's blank lines are dropped, first and last too")
+def blank_lines(env):
+    # protocol.md, Errors: lines joined with "; ", blank lines dropped: a
+    # leading or trailing line break left a dangling "; " ("gemm; ").
+    c = env.conn()
+    for sent, shown in (("abc\n", "abc"), ("\nabc", "abc"), ("a\r", "a"), ("\n\n", ""),
+                        ("a\n\nb", "a; b"), ("\r\n a \r\n", "a"), (" a\x85", " a ")):
+        e = expect(c.call(sent), "ENOMETHOD")
+        check(e["message"] == 'unknown method "%s"' % shown,
+              "method %r echoed as %r" % (sent, e["message"]))
+    one = {"dtype": "f32", "shape": [1, 1], "data": struct.pack("<f", 1)}
+    e = expect(c.call("task.run", {"op": "gemm\n", "inputs": [one]}), "EINVAL")
+    check(e["message"].startswith('op: unknown op "gemm" ('), "op echoed as %r" % e["message"])
+    e = expect(c.call("task.run", {"op": "map", "inputs": [one],
+                                   "options": {"fn": "\nabs\n"}}), "EINVAL")
+    check('unknown function "abs" (' in e["message"], "fn echoed as %r" % e["message"])
+    e = expect(c.call("task.run", {"op": "map", "options": {"fn": "abs"},
+                                   "inputs": [dict(one, dtype="f32\n")]}), "EDTYPE")
+    check(e["message"].endswith('unknown dtype "f32"'), "dtype echoed as %r" % e["message"])
+    e = expect(c.call("buffer.create", {"size": 8, "device": "cpu:9\n"}), "ENODEV")
+    check('no device "cpu:9" (' in e["message"], "device echoed as %r" % e["message"])
+    # The hello name status shows follows the same rule.
+    c.ok("hello", {"client": "\nab\n\ncd\r\n"})
+    me = [x for x in c.ok("status")["clients"] if x["self"]]
+    check(me and me[0]["name"] == "ab; cd", "status name %r" % (me,))
+    c.ok("hello", {"client": "y" * 31 + "\n" * 32})
+    me = [x for x in c.ok("status")["clients"] if x["self"]]
+    check(me and me[0]["name"] == "y" * 31, "status name %r" % (me,))
+    c.ok("hello", {"client": "y\n" * 31 + "z"})
+    me = [x for x in c.ok("status")["clients"] if x["self"]]
+    check(me and me[0]["name"] == "y; " * 31 + "z", "status name, grown by the joins %r" % (me,))
+    still_open(c)
+
+
+@case("Errors: a subscript that is not a letter is named by its code point")
+def subscript_char(env):
+    # protocol.md, Errors: a control character echoed becomes a space, so the
+    # character a message points at is named in a form that survives it
+    # (U+0085 was reported as "' ' is not a letter", and spaces are allowed).
+    c = env.conn()
+    a = {"dtype": "f32", "shape": [2, 2], "data": struct.pack("<4f", 1, 2, 3, 4)}
+
+    def sub(s):
+        return c.call("task.run", {"op": "contract", "device": "cpu:0", "inputs": [a, a],
+                                   "options": {"subscripts": s}})
+    check(sub("ij, jk -> ik")[0] == "ok", "spaces are ignored")
+    for ch, name in (("\x85", "U+0085"), ("\u2028", "U+2028"), ("\u2029", "U+2029"),
+                     ("\t", "U+0009"), ("\x7f", "U+007F"), ("\n", "U+000A"),
+                     ("\x9b", "U+009B"), ("\u00a0", "'\u00a0' (U+00A0)"), ("+", "'+'"),
+                     ("\u00e9", "'\u00e9' (U+00E9)")):
+        e = expect(sub("ij,jk->i" + ch + "k"), "EINVAL")
+        check(e["message"].endswith(": %s is not a letter (labels are a-z, A-Z)" % name),
+              "%r named as %r" % (ch, e["message"]))
+    e = expect(sub("ij,jk->ik\n"), "EINVAL")
+    check(e["message"].startswith('contract: "ij,jk->ik": U+000A is not a letter'),
+          "a trailing line break: %r" % e["message"])
+    # a byte that starts no UTF-8 character: by its value
+    c.send(arr(b"\x00", p(9), p("task.run"),
+               b"\x91\x84" + p("op") + p("contract") + p("device") + p("cpu:0")
+               + p("inputs") + msgpack.packb([a, a], use_bin_type=True)
+               + p("options") + b"\x81" + p("subscripts") + b"\xaaij,jk->i\xffk"))
+    e = expect(c.wait(9), "EINVAL")
+    check(e["message"].endswith(": byte 0xff is not a letter (labels are a-z, A-Z)"),
+          "an ill-formed byte: %r" % e["message"])
+    still_open(c)
+
+
 # ---- hello, ping, devices, status
 
 @case("hello: result fields; version; client bound; job type")
@@ -1209,7 +1276,8 @@ def task_ops(env):
     expect(run("gemm", [h2, h2, h2], beta=1), "EDTYPE", "C")
     expect(run("gemm", [a23, a23, t64([1.0] * 4, [2, 2])], trans_b=True), "EDTYPE", "C")
     e = expect(run("contract", [a23, a23], subscripts="\u00e9j,kj->\u00e9k"), "EINVAL")
-    check("'\u00e9' is not a letter" in e["message"], "the whole character %r" % e["message"])
+    check("'\u00e9' (U+00E9) is not a letter" in e["message"],
+          "the whole character %r" % e["message"])
     # kernel on the cpu: ENOTSUP, after the options (a text source with a NUL byte)
     expect(run("kernel", [a23], lang="glsl", source="void main(){}"), "ENOTSUP")
     expect(run("kernel", [a23], lang="glsl", source="void main(){}\0junk"), "EINVAL",
@@ -1316,16 +1384,19 @@ def kernel_opts(env):
     expect(run(args=[{"tensor": 0}] * 17), "EINVAL", "options.args")
     expect(run(args=[{"tensor": 5}]), "EINVAL", "options.args[0]")
     expect(run(args=[{"tensor": (1 << 64) - 1}]), "EINVAL", "options.args[0]")
-    expect(run(args=[{"tensor": 0}, {"i32": 1 << 31}]), "ERANGE", "options.args[1]")
-    expect(run(args=[{"tensor": 0}, {"i32": -(1 << 31) - 1}]), "ERANGE", "options.args[1]")
-    expect(run(args=[{"tensor": 0}, {"u32": -1}]), "ERANGE", "options.args[1]")
-    expect(run(args=[{"tensor": 0}, {"u32": 1 << 32}]), "ERANGE", "options.args[1]")
-    expect(run(args=[{"tensor": 0}, {"i64": 1 << 63}]), "ERANGE", "options.args[1]")
-    expect(run(args=[{"tensor": 0}, {"i64": (1 << 64) - 1}]), "ERANGE", "options.args[1]")
+    # an integer out of range: ERANGE naming the value as sent, for each type
+    for k, v in (("i32", 1 << 31), ("i32", -(1 << 31) - 1), ("u32", -1), ("u32", 1 << 32),
+                 ("i64", 1 << 63), ("i64", (1 << 64) - 1)):
+        expect(run(args=[{"tensor": 0}, {k: v}]), "ERANGE",
+               "options.args[1]: %d is out of %s range" % (v, k))
     expect(run(args=[{"tensor": 0}, {"f32": "x"}]), "EINVAL", "options.args[1]")
     # A finite f32 beyond its range would become an infinity: ERANGE (the
     # infinities and NaN themselves are f32 values, and the largest f32 passes).
     expect(run(args=[{"tensor": 0}, {"f32": 1e39}]), "ERANGE", "options.args[1]", "f32")
+    # the value as sent, in the shortest form that reads back (protocol.md, kernel)
+    for v in (1e39, 2.0 ** 128, -3.4028235677973366e38):
+        expect(run(args=[{"tensor": 0}, {"f32": v}]), "ERANGE",
+               "options.args[1]: %r is out of f32 range" % v)
     expect(run(args=[{"tensor": 0}, {"f32": -1e39}]), "ERANGE", "options.args[1]", "f32")
     for v in (float("inf"), float("nan"), 3.4028234663852886e38, 1e300 * 0):
         r = run(args=[{"tensor": 0}, {"f32": v}])
@@ -1840,7 +1911,7 @@ def contract_subs(env):
                         ("ij,jkk->ik", ["repeats", "B term"]), ("ij,jk->iz", ["'z'"]),
                         ("i1,jk->ik", ["'1'"]), ("ij->ij", []), ("ij,jk,kl->il", ["two"]),
                         ("->", []), ("ij,jk->ik->ik", []), ("ij,jk-ik", ["'-'"]),
-                        ("i\tj,jk->ik", ["0x09"]), ("ij,jk- >ik", ["'-'"])):
+                        ("i\tj,jk->ik", ["U+0009"]), ("ij,jk- >ik", ["'-'"])):
         expect(run(subs), "EINVAL", *words)
     expect(run("ijk,jk->ik"), "ESHAPE", "rank")
     expect(run("ij,kj->ik"), "ESHAPE", "'j'")
