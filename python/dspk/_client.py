@@ -1654,6 +1654,11 @@ class Client:
                     left = None if deadline is None else deadline - time.monotonic()
                     if left is not None and left <= 0:
                         return False
+                    if getattr(fut, "_job", None) is not None:
+                        # A submit() of the worker's: the worker may complete it (an
+                        # error, a task answered before it followed it) with no byte
+                        # coming here, so this looks again every _SEND_RECHECK.
+                        left = _SEND_RECHECK if left is None else min(left, _SEND_RECHECK)
                     self._read_once(left)
             finally:
                 if not nested and self._reader_ident == me:  # no call before the store
