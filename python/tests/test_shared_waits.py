@@ -232,3 +232,26 @@ print("submitted", f.done(), flush=True)
         if p.poll() is None:
             p.kill()
             p.wait()
+
+
+def test_cancel_futures_with_the_worker(small_message):
+    """Futures of submit()s the worker has not sent yet are canceled at once
+    (future.cancel(), c.cancel()); no buffer is left behind."""
+    c = dspk.connect(small_message.socket, timeout=TIMEOUT)
+    x = np.ones(BIG)
+    os.kill(small_message.proc.pid, signal.SIGSTOP)
+    try:
+        futs = []
+        for _ in range(3):   # the first one the worker works on, the others queued
+            f, ok = _returns(c.submit, "map", "scale", x, alpha=2.0)
+            assert ok and isinstance(f, dspk.TaskFuture), f
+            futs.append(f)
+        assert futs[0].cancel() and futs[0].cancelled()
+        assert c.cancel(futs[1]) is True
+        assert isinstance(futs[1].exception(0), dspk.Canceled)
+    finally:
+        os.kill(small_message.proc.pid, signal.SIGCONT)
+    np.testing.assert_array_equal(futs[2].result(TIMEOUT), 2 * x)
+    assert c.cancel(futs[2]) is False     # done: nothing to cancel
+    assert _mine(c)["buffers"] == 0       # after the worker's requests: none left
+    c.close()
