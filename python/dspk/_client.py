@@ -2065,21 +2065,28 @@ class Client:
         user._owner = weakref.ref(self)
         job = _Job(getattr(self, "_op_" + op), args, kwargs, progress, user)
         user._job = job
-        start = None
-        with self._work_cond:
-            if self._closed is not None:
-                raise self._closed_error()
-            self._jobs.append(job)
-            self._jobs_pending += 1
-            if self._worker is None:
-                start = self._worker = threading.Thread(target=self._worker_main,
-                                                        daemon=True, name="dspk-worker")
-            else:
-                self._work_cond.notify_all()
-        if start is not None:
-            try:
+        user.add_done_callback(lambda f, job=job: self._job_done(job))
+        start: Optional[threading.Thread] = None
+        started = False
+        try:
+            with self._work_cond:
+                if self._closed is not None:
+                    raise self._closed_error()
+                self._jobs.append(job)
+                self._jobs_pending += 1
+                if self._worker is None:
+                    start = self._worker = threading.Thread(
+                        target=self._worker_main, daemon=True, name="dspk-worker")
+                else:
+                    self._work_cond.notify_all()
+            if start is not None:
                 start.start()
-            except RuntimeError as e:  # no thread to be had: nothing was sent
+                started = True
+        except BaseException as e:  # noqa: B036 - KeyboardInterrupt too
+            if start is not None and not started and start.ident is None:
+                # The worker never ran (no thread to be had, or an interruption
+                # before it started): nothing of this submit() was sent, and the
+                # next one starts a worker of its own.
                 with self._work_cond:
                     if self._worker is start:
                         self._worker = None
@@ -2087,9 +2094,10 @@ class Client:
                         self._jobs.remove(job)
                         self._jobs_pending -= 1
                     self._work_cond.notify_all()
+            if isinstance(e, RuntimeError):  # threading.start: "can't start new thread"
                 raise _errors.LimitExceeded("submit: no thread for the client's worker "
                                             "(%s)" % e) from None
-        user.add_done_callback(lambda f, job=job: self._job_done(job))
+            raise
         return user
 
     def _worker_main(self) -> None:
