@@ -3253,8 +3253,8 @@ class Client:
         # failure of it goes to the future.
         tl = self._tl
         was = getattr(tl, "deferring", False)
-        tl.deferring = True
         try:
+            tl.deferring = True  # inside the try: an interruption cannot leave it set
             return getattr(self, "_op_" + op)(*args, progress=progress, is_async=True,
                                               **kwargs)
         except _Defer:
