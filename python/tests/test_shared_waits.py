@@ -1,16 +1,20 @@
 """The automatic shared-memory path and waiting: a dspk.Timeout making a shared
-temporary ends the call (no fallback to the socket), and submit() never waits for a
-buffer.import of its own making."""
+temporary ends the call (no fallback to the socket), submit() never waits for a
+buffer.import of its own making, and a submit() whose operand or result needs a
+temporary buffer (beyond max_message) is done by the client's worker thread."""
 from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
+import threading
 
 import numpy as np
 import pytest
 
 import dspk
-from conftest import TIMEOUT
+from conftest import TIMEOUT, Daemon
 
 
 def test_a_timeout_making_a_shared_temporary_ends_the_call(fresh_daemon):
@@ -80,12 +84,6 @@ def test_submit_never_waits_for_a_shared_temporary(fresh_daemon, monkeypatch):
 
 
 # ---- submit() and staged temporaries: the worker thread ------------------------------
-
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-import threading  # noqa: E402
-
-from conftest import Daemon  # noqa: E402
 
 BIG = 300000          # float64 elements: 2.4 MB, beyond a 1 MiB max_message (staged)
 
@@ -254,4 +252,26 @@ def test_cancel_futures_with_the_worker(small_message):
     np.testing.assert_array_equal(futs[2].result(TIMEOUT), 2 * x)
     assert c.cancel(futs[2]) is False     # done: nothing to cancel
     assert _mine(c)["buffers"] == 0       # after the worker's requests: none left
+    c.close()
+
+
+def test_submit_does_not_wait_for_the_devices_call(fresh_daemon, monkeypatch):
+    """The first submit() of a connection with a large operand on device "any" asked
+    the daemon whether "any" is cpu:0 (a devices call) and waited for the answer: against
+    a stopped daemon it raised dspk.Timeout.  Now it sends that call without waiting,
+    its operand goes through the socket, and later calls use the answer."""
+    monkeypatch.setenv("DSPK_SHARED_THRESHOLD", "16K")
+    c = dspk.connect(fresh_daemon.socket, timeout=2.0)
+    x = np.ones(1 << 12)                          # 32 KiB: fits the socket's buffer
+    os.kill(fresh_daemon.proc.pid, signal.SIGSTOP)
+    try:
+        f, ok = _returns(c.submit, "reduce", x)
+        assert ok and isinstance(f, dspk.TaskFuture), f
+        assert not c._temps
+    finally:
+        os.kill(fresh_daemon.proc.pid, signal.SIGCONT)
+    assert f.result(TIMEOUT) == 1 << 12
+    c.timeout = TIMEOUT
+    assert c.reduce(x) == 1 << 12
+    assert c._any_is_cpu is True                  # learnt from that answer
     c.close()
