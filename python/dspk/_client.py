@@ -4,7 +4,10 @@ One socket per Client.  Requests are written under a send lock.  Responses are r
 whichever thread needs one (a lock-protected pump: the first waiting thread reads and files
 every response by msgid, the others wait for theirs), so a synchronous call costs no thread
 switch; while futures of :meth:`Client.submit` are pending, a reader thread keeps reading so
-that their callbacks run and ``concurrent.futures.wait`` works without anyone pumping.
+that their callbacks run and ``concurrent.futures.wait`` works without anyone pumping.  A
+submit() whose task needs an answer before it can be sent (a staged operand's or a large
+result's temporary buffer) is done by a worker thread of the client's, in order, so that
+submit() itself never waits for an answer.
 """
 from __future__ import annotations
 
