@@ -128,11 +128,14 @@ def test_out_of_file_descriptors(client):
         with pytest.raises(dspk.LimitExceeded, match="open file limit"):
             client.empty_shared(4)
         assert client.reduce(x) == x.size
-        np.testing.assert_allclose(client.gemm(y, y), y @ y, rtol=1e-10)
+        got = client.gemm(y, y)
     finally:
         for fd in dups:
             os.close(fd)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    # Compared once descriptors are back: numpy imports numpy.testing on first
+    # use, which failed for want of a descriptor when this test ran alone.
+    np.testing.assert_allclose(got, y @ y, rtol=1e-10)
 
 
 # ---- I: kernel gives shared arrays (and staged tensors) back as themselves -------------
