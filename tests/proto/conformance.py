@@ -1553,6 +1553,13 @@ def degenerate(env):
         check(vals("fft", [c64], inverse=True) == ([1], [3, -4]), dev + ": ifft of length 1")
         expect(run("fft", [t32([], [3, 0])]), "ESHAPE")
         check(vals("fft", [t32([], [0, 4])]) == ([0, 3], []), dev + ": fft of no rows")
+        # no rows of a length above the longest transform (2^31-1): empty too
+        big = 1 << 31
+        check(vals("fft", [{"dtype": "c64", "shape": [0, big], "data": b""}]) == ([0, big], []),
+              dev + ": fft of no rows of 2^31")
+        check(vals("fft", [t64([], [2, 0, big])]) == ([2, 0, big // 2 + 1], []),
+              dev + ": rfft of no rows of 2^31")
+
         check(vals("gemm", [t32([], [2, 0]), t32([], [0, 3]), t32([1, 2, 3], [3])], beta=2)
               == ([2, 3], [2, 4, 6] * 2), dev + ": gemm K = 0 gives beta*C")
         check(vals("gemm", [t32([], [2, 0]), t32([], [0, 3])]) == ([2, 3], [0] * 6),
