@@ -815,6 +815,8 @@ def _result_meta(op: str, inputs: Sequence[Any], options: Mapping[str, Any]
         if op == "fft":
             if len(metas) != 1 or not sa or sa[-1] == 0:
                 return None  # a scalar, or length 0: ESHAPE
+            if sa[-1] > (1 << 31) - 1 and all(sa):
+                return None  # a row above 2^31-1 (a batch of none is empty): ESHAPE
             if da.kind == "c":
                 return tuple(sa), da.itemsize
             if options.get("inverse"):

@@ -1624,6 +1624,13 @@ def degenerate(env):
         check(vals("fft", [c64], inverse=True) == ([1], [3, -4]), dev + ": ifft of length 1")
         expect(run("fft", [t32([], [3, 0])]), "ESHAPE")
         check(vals("fft", [t32([], [0, 4])]) == ([0, 3], []), dev + ": fft of no rows")
+        # no rows of a length above the longest transform (2^31-1): empty too
+        big = 1 << 31
+        check(vals("fft", [{"dtype": "c64", "shape": [0, big], "data": b""}]) == ([0, big], []),
+              dev + ": fft of no rows of 2^31")
+        check(vals("fft", [t64([], [2, 0, big])]) == ([2, 0, big // 2 + 1], []),
+              dev + ": rfft of no rows of 2^31")
+
         check(vals("gemm", [t32([], [2, 0]), t32([], [0, 3]), t32([1, 2, 3], [3])], beta=2)
               == ([2, 3], [2, 4, 6] * 2), dev + ": gemm K = 0 gives beta*C")
         check(vals("gemm", [t32([], [2, 0]), t32([], [0, 3])]) == ([2, 3], [0] * 6),
@@ -1842,6 +1849,57 @@ def fft_nonfinite(env):
                         else:
                             check(not any(finite(z) for z in y[1]),
                                   "%s: a finite output: %r" % (name, y[1][:8]))
+    still_open(c)
+
+
+@case("task.run: fir keeps batch rows apart, the same on every backend (fir row)")
+def fir_rows(env):
+    # The direct sum of a row involves that row alone: a row of zeros filters
+    # to exact zeros next to any other, and a row's error scales with its own
+    # values, however large its neighbours (an FFT path that packed two rows
+    # into one complex transform mixed their rounding errors).  Long filters,
+    # so that the FFT paths run; rows of one block and of several.
+    c = env.conn()
+    fmts = {"f32": ("f", 1), "f64": ("d", 1), "c64": ("f", 2), "c128": ("d", 2)}
+    scales = [0.0, 1e30, 1.0, 0.0, 1e-20, 1.0]
+    refs = {}
+    for dev in gpu_and_cpu_devices(c):
+        for n, k in ((600, 500), (5000, 200)):
+            # small integers: the reference of the pattern is exact in double
+            p = [float((i * 7919) % 13 - 6) for i in range(n)]
+            q = [float((i * 104729) % 11 - 5) for i in range(n)]
+            h = [float((i * 31) % 7 - 3) for i in range(k)]
+            if (n, k) not in refs:
+                refs[n, k] = (fir_ref(p, h), fir_ref(q, h))
+            fp, fq = refs[n, k]
+            for dt, (fmt, w) in fmts.items():
+                tol = 1e-5 if fmt == "f" else 1e-12
+                flat = []
+                for s in scales:
+                    for i in range(n):
+                        flat += [s * p[i], s * q[i]] if w == 2 else [s * p[i]]
+                hs = [v for x in h for v in ((x, 0.0) if w == 2 else (x,))]
+                r = c.ok("task.run", {"op": "fir", "device": dev, "inputs": [
+                    {"dtype": dt, "shape": [len(scales), n],
+                     "data": struct.pack("<%d%s" % (len(flat), fmt), *flat)},
+                    {"dtype": dt, "shape": [k], "data": struct.pack("<%d%s" % (len(hs), fmt), *hs)}]})
+                o = r["outputs"][0]
+                check(o["shape"] == [len(scales), n], "fir rows shape %r" % o["shape"])
+                y = struct.unpack("<%d%s" % (len(scales) * n * w, fmt), o["data"])
+                for row, s in enumerate(scales):
+                    got = y[row * n * w:(row + 1) * n * w]
+                    name = "%s fir %s %dx%d, %d taps: row %d (of order %g)" % (
+                        dev, dt, len(scales), n, k, row, s)
+                    if s == 0:
+                        check(all(v == 0 for v in got), "%s: %d non-zero outputs, largest %g" % (
+                            name, sum(v != 0 for v in got), max(abs(v) for v in got)))
+                        continue
+                    want = [v for i in range(n) for v in ((s * fp[i], s * fq[i]) if w == 2
+                                                           else (s * fp[i],))]
+                    big = max(abs(v) for v in want)
+                    err = max(abs(a - b) for a, b in zip(got, want))
+                    check(err <= tol * big, "%s: error %g of its largest output %g" % (
+                        name, err / big, big))
     still_open(c)
 
 
