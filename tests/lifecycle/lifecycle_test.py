@@ -649,6 +649,36 @@ def t_reload(exe, tmp):
     c.close()
     d.stop()
 
+    # A reload that changes max_clients checks the descriptors it needs, as
+    # the start does (docs/admin.md, "File descriptors"): a warning when the
+    # hard limit cannot hold them, the info line when it can.
+    import resource
+    write(conf, "[limits]\nmax_clients = 78\n")
+    d = Daemon(exe, tmp, ["--config", conf],
+               preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024)))
+    c = d.client()
+    warn = re.compile(r"warn: file descriptors: RLIMIT_NOFILE 1024 \(hard limit 1024\) is below "
+                      r"the (\d+) that max_clients (\d+) connections may need")
+    check(not warn.search(d.logtext()), "78 fit in 1024:\n" + d.logtext())
+    check("needed at most for max_clients 78)" in d.logtext(), "the start's line")
+    write(conf, "[limits]\nmax_clients = 5000\n")
+    check(c.call("daemon.reload") == {"reloaded": True}, "reloaded to 5000")
+    m = warn.search(d.logtext())
+    check(m and m.group(2) == "5000" and int(m.group(1)) > 1024,
+          "the reload warns as the start does:\n" + d.logtext())
+    mark = len(d.logtext())
+    write(conf, "[limits]\nmax_clients = 50\n")
+    check(c.call("daemon.reload") == {"reloaded": True}, "reloaded to 50")
+    check("file descriptors: RLIMIT_NOFILE 1024 (soft limit was 1024; " in d.logtext()[mark:]
+          and "needed at most for max_clients 50)" in d.logtext()[mark:],
+          "and says when it fits again:\n" + d.logtext()[mark:])
+    mark = len(d.logtext())
+    write(conf, "[limits]\nmax_clients = 50\nmax_inflight = 9\n")
+    check(c.call("daemon.reload") == {"reloaded": True}, "max_clients unchanged")
+    check("file descriptors" not in d.logtext()[mark:], "no line when max_clients stays")
+    c.close()
+    d.stop()
+
 
 # The keys only a restart changes (dspk.conf(5), docs/admin.md).
 RESTART_ONLY = ("socket", "cache", "no_cache", "cache_max_bytes", "backends", "foreground",
@@ -716,6 +746,20 @@ def t_reloadkeys(exe, tmp):
     reload_and_wait(d, "(a flag's key removed)")
     check(changed_since(mark) == set(), "a flag's key: %r" % changed_since(mark))
     d.stop()
+    # --no-cache and --cache decide both cache and no_cache: neither is the
+    # file's, whichever of the two the file sets.
+    for flags in (["--no-cache"], ["--cache", ""], ["--cache", os.path.join(tmp, "flag.db")]):
+        write(conf, "[daemon]\n")
+        d = Daemon(exe, tmp, ["--config", conf] + flags, notify=True, config=None)
+        d.notify.until(lambda m: m.get("READY") == "1", "READY=1")
+        for text in ("cache = %s\n" % os.path.join(tmp, "elsewhere.db"), "no_cache = yes\n",
+                     "no_cache = no\ncache = %s\n" % os.path.join(tmp, "third.db")):
+            mark = len(d.logtext())
+            write(conf, "[daemon]\n" + text)
+            reload_and_wait(d, "(%s, file %r)" % (flags, text))
+            check(changed_since(mark) == set(), "%s, file %r: %r"
+                  % (flags, text, changed_since(mark)))
+        d.stop()
 
 
 def t_reloaddefault(exe, tmp):
