@@ -1095,6 +1095,9 @@ def t_policy(exe, tmp):
     os.chmod(d.sock, 0o666)
     got = as_user(d.sock, nobody, "ping")
     check(got == ["notify:protocol.error:EPERM"], "not allowed to connect: %r" % got)
+    # The log names the user turned away, as every client line does.
+    check(re.search(r"notice: client \d+ \(pid \d+ uid %d gid \d+\): EPERM: this user may not "
+                    r"connect" % nobody, d.logtext()), "the refused uid is logged:\n" + d.logtext())
     root = d.client()
     check(root.call("ping", {"data": b"r"})["data"] == b"r", "the daemon's own user connects")
     # admin_users adds admins; root (here also the daemon's own user) stays
@@ -1112,6 +1115,10 @@ def t_policy(exe, tmp):
     # Not an admin: every privileged method says EPERM, cache.clear too.
     got = as_user(d.sock, nobody, "ping", "daemon.reload", "cache.clear")
     check(got == ["ok", "EPERM", "EPERM"], "allowed, not an admin: %r" % got)
+    for m in ("daemon.reload", "cache.clear"):
+        check(re.search(r"notice: client \d+ \(pid \d+ uid %d gid \d+\): %s refused: not an "
+                        r"admin" % (nobody, m), d.logtext()), "%s refusal logged:\n%s"
+              % (m, d.logtext()))
     write(conf, "[policy]\nallow_users = nobody\nadmin_groups = %d\n" % nobody)
     d.proc.send_signal(signal.SIGHUP)
     d.notify.until(lambda m: m.get("RELOADING") == "1", "RELOADING=1")
