@@ -322,7 +322,30 @@ def t_sigterm(exe, tmp):
     check(not os.path.exists(d.sock), "socket removed")
     d.check_clean_exit()
     log = d.logtext()
-    check("canceling them" in log, "logged the deadline")
+    check("1 task still running at the stop deadline: canceling it" in log,
+          "logged the deadline and the running task:\n" + log)
+    # No task, only answers the client does not read: the deadline says so
+    # (it said "tasks still running" then too), and the connection is closed.
+    d3 = Daemon(exe, tmp, ["--shutdown-timeout", "300"])
+    s = socket.socket(socket.AF_UNIX)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.connect(d3.sock)
+    s.settimeout(2)
+    frame = msgpack.packb([0, 0, "ping", [{"data": b"x" * (1 << 20)}]], use_bin_type=True)
+    try:
+        for _ in range(1000):  # until the daemon stops reading (max_unsent)
+            s.sendall(frame)
+        raise AssertionError("the daemon read 1 GiB of pings nobody reads the answers of")
+    except socket.timeout:
+        pass
+    d3.proc.send_signal(signal.SIGTERM)
+    check(d3.wait() == 0, "exit 0:\n" + d3.logtext())
+    s.close()
+    log = d3.logtext()
+    check("still running at the stop deadline" not in log and
+          "no task running at the stop deadline; 1 connection still open" in log and
+          "connections still open 2000 ms after the deadline: closing them" in log,
+          "no task is said to run:\n" + log)
     # The message of ESHUTDOWN is clear.
     d2 = Daemon(exe, tmp, ["--shutdown-timeout", "300"])
     c = d2.client()
