@@ -544,7 +544,7 @@ static int store(const struct key *k, const char *value, bool from_file,
   case K_BOOL: {
     bool b;
     if (parse_bool(value, &b) != 0) {
-      snprintf(why, len, "expected yes or no, got \"%s\"", value);
+      snprintf(why, len, "expected yes|no, true|false, on|off or 1|0, got \"%s\"", value);
       return -1;
     }
     memcpy(field, &b, sizeof b);

@@ -64,7 +64,8 @@ class Notify:
 
 class Daemon:
     def __init__(self, exe, tmp, extra=(), env=None, notify=False, ready=True, sock=None,
-                 backends="cpu", preexec_fn=None, config="", socket_flag=True):
+                 backends="cpu", preexec_fn=None, config="", socket_flag=True,
+                 log_level="debug"):
         """config: --config's value, None for no --config (the default file);
         socket_flag False: no --socket (the file names self.sock)."""
         self.tmp = tmp
@@ -81,7 +82,9 @@ class Daemon:
         e["XDG_CACHE_HOME"] = tmp  # a file's default cache stays in the test's directory
         e.update(env or {})
         r, w = os.pipe()
-        args = [exe, "--foreground", "--ready-fd", str(w), "--log-level", "debug"]
+        args = [exe, "--foreground", "--ready-fd", str(w)]
+        if log_level:
+            args += ["--log-level", log_level]
         if socket_flag:
             args += ["--socket", self.sock]
         if config is not None:
@@ -702,6 +705,18 @@ def t_reload(exe, tmp):
     c.close()
     d.stop()
 
+    # Started below debug, raised to debug by a reload: the stop's thread
+    # report still has the count from before the devices opened (it said -1).
+    write(conf, "[daemon]\nlog_level = info\n")
+    d = Daemon(exe, tmp, ["--config", conf], log_level=None)
+    c = d.client()
+    write(conf, "[daemon]\nlog_level = debug\n")
+    check(c.call("daemon.reload") == {"reloaded": True}, "reloaded to debug")
+    c.close()
+    d.stop()
+    m = re.search(r"threads at exit: (\d+) \(before the devices opened: (-?\d+)\)", d.logtext())
+    check(m and int(m.group(2)) > 0, "a real count before the devices opened:\n" + d.logtext())
+
 
 # The keys only a restart changes (dspk.conf(5), docs/admin.md).
 RESTART_ONLY = ("socket", "cache", "no_cache", "cache_max_bytes", "backends", "foreground",
@@ -895,7 +910,8 @@ def t_config(exe, tmp):
     start_fail("[limits]\nmax_unsent = 12Q\n", "%(f)s:2: max_unsent")
     start_fail("[limits]\nmax_user_memory = 150%\n", "%(f)s:2: max_user_memory: expected a size")
     start_fail("[limits]\nmax_conn_memory = 0\n", "%(f)s:2: max_conn_memory: expected a size")
-    start_fail("[daemon]\nforeground = maybe\n", "%(f)s:2: foreground: expected yes or no")
+    start_fail("[daemon]\nforeground = maybe\n",
+               "%(f)s:2: foreground: expected yes|no, true|false, on|off or 1|0, got \"maybe\"")
     start_fail("[limits]\nsocket = /x\n", '%(f)s:2: key "socket" belongs in section [daemon]')
     # What libinih takes but reads otherwise than dspk.conf(5) says (its
     # compiled-in leniencies) is refused by config.c's reader, naming the line:
