@@ -10,10 +10,13 @@
  * One connection behind one mutex serves every thread of the process; each
  * API call is one short transaction (BEGIN IMMEDIATE for writes, so that a
  * writer waits on the busy timeout instead of failing on a lock upgrade).
- * Recency is a logical clock (meta.tick, bumped by every put and every hit)
- * rather than wall time, so the eviction order is exact even for entries
- * touched within the same microsecond, and holds across processes sharing
- * the file.
+ * Recency is a logical clock (meta.tick, bumped by every put and every hit,
+ * hits served from the autotune memo included: those are batched, see
+ * flush_used) rather than wall time, so the eviction order is exact even for
+ * entries touched within the same microsecond, and holds across processes
+ * sharing the file.  A file locked by another process at open is retried
+ * at each put (retry_busy); a corrupt one is moved aside under a name no
+ * other file has (move_aside).
  */
 #include <errno.h>
 #include <limits.h>
