@@ -232,8 +232,8 @@ static void conn_protocol_error(struct conn *c, int code, const char *msg) {
   size_t n;
   uv_os_fd_t fd;
 
-  dspkd_notice("client %llu (pid %ld): %s: %s; closing the connection",
-             (unsigned long long)c->id, (long)c->pid, dspk__err_name(code), msg);
+  dspkd_notice(DSPKD_PEER_FMT ": %s: %s; closing the connection", DSPKD_PEER_ARGS(c),
+               dspk__err_name(code), msg);
   if (c->closing)
     return;
   wr = dspkd_wreq_new();
@@ -598,8 +598,10 @@ static void conn_frame(struct conn *c, struct rchunk *k, const char *p, size_t n
     r.msg[0] = '\0';
     err = dspkd_dispatch(&r, m.method, m.method_len);
     if (err < 0) {
-      dspkd_debug("client %llu: %.*s #%u: %s: %s", (unsigned long long)c->id,
-                  (int)m.method_len, m.method, m.msgid, dspk__err_name(err), r.msg);
+      char mv[2 * DSPKD_LOG_VALUE_MAX + 3]; /* the client's text, quoted if need be */
+      dspkd_debug("client %llu: %s #%u: %s: %s", (unsigned long long)c->id,
+                  dspkd_log_value(mv, sizeof mv, m.method, m.method_len), m.msgid,
+                  dspk__err_name(err), r.msg);
       dspkd_conn_send_error(c, m.msgid, err, r.msg);
     }
   }
@@ -1362,8 +1364,7 @@ static void accept_fd(struct dspkd *d, int fd) {
     c->uid = (uid_t)-1;
     c->gid = (gid_t)-1;
   }
-  dspkd_debug("client %llu: connected (pid %ld uid %ld gid %ld)",
-              (unsigned long long)c->id, (long)c->pid, (long)c->uid, (long)c->gid);
+  dspkd_debug(DSPKD_PEER_FMT ": connected", DSPKD_PEER_ARGS(c));
   if (!dspkd_admin_may_connect(c)) {
     conn_protocol_error(c, DSPK_EPERM, "this user may not connect (allow_users and "
                         "allow_groups in the daemon's policy)");

@@ -508,6 +508,14 @@ void dspkd_dbuf_ref(struct dbuf *b);
  * device's runner. */
 void dspkd_dbuf_unref(struct dspkd *d, struct dbuf *b);
 
+/* How every log line names a client: its connection number and the peer's
+ * credentials (SO_PEERCRED), the same fields in every line, so that an
+ * administrator can tell who was refused or did what:
+ *   dspkd_notice(DSPKD_PEER_FMT ": ...", DSPKD_PEER_ARGS(c), ...) */
+#define DSPKD_PEER_FMT "client %llu (pid %ld uid %ld gid %ld)"
+#define DSPKD_PEER_ARGS(c)                                                     \
+  (unsigned long long)(c)->id, (long)(c)->pid, (long)(c)->uid, (long)(c)->gid
+
 /* daemon/shm.c: shared-memory buffers (docs/protocol.md "Shared memory"). */
 #define DSPKD_MAX_FDS 8
 /* Unclaimed received descriptors of all the connections of one uid. */
