@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "client/submit/npy.h"
+#include "client/submit/numfmt.h"
 #include "client/submit/submit.h"
 
 /* Option ids beyond the printable short options. */
@@ -250,39 +251,6 @@ static void value_at(const dspk_tensor *t, uint64_t i, double *re, double *im) {
   }
 }
 
-/* v in the fewest significant digits that read back as the same value of
- * dtype dt (numpy's repr does the same): "%.7g" showed 1/3 in f32 as
- * 0.3333333, another f32.  A non-finite value as "%g" writes it. */
-static void fmt_shortest(char *buf, size_t cap, double v, dspk_dtype dt, bool sign) {
-  int lo = dt == DSPK_F16 ? 3 : dt == DSPK_F64 || dt == DSPK_C128 ? 15 : 6;
-  int hi = dt == DSPK_F16 ? 5 : dt == DSPK_F64 || dt == DSPK_C128 ? 17 : 9;
-  const char *fmt = sign ? "%+.*g" : "%.*g";
-  if (!isfinite(v)) {
-    snprintf(buf, cap, sign ? "%+g" : "%g", v);
-    return;
-  }
-  for (int p = lo; p < hi; p++) {
-    snprintf(buf, cap, fmt, p, v);
-    double back = strtod(buf, NULL);
-    bool same;
-    if (dt == DSPK_F16) {
-      /* Nearer to v than half the f16 spacing on back's side of it (below
-       * a power of two the spacing halves; 2^-24 among the subnormals). */
-      int e;
-      double m = frexp(fabs(v), &e);
-      int s = m == 0.5 && fabs(back) < fabs(v) ? e - 12 : e - 11;
-      same = fabs(back - v) < ldexp(1.0, (s > -24 ? s : -24) - 1);
-    } else if (dt == DSPK_F32 || dt == DSPK_C64) {
-      same = (float)back == (float)v;
-    } else {
-      same = back == v;
-    }
-    if (same)
-      return;
-  }
-  snprintf(buf, cap, fmt, hi, v);
-}
-
 static void print_value(FILE *f, const dspk_tensor *t, uint64_t i) {
   double re, im;
   char a[40], b[40];
@@ -297,13 +265,13 @@ static void print_value(FILE *f, const dspk_tensor *t, uint64_t i) {
   case DSPK_F32:
   case DSPK_F64:
   case DSPK_F16:
-    fmt_shortest(a, sizeof a, re, t->dtype, false);
+    dspk__sub_fmt_num(a, sizeof a, re, t->dtype, false);
     fputs(a, f);
     break;
   case DSPK_C64:
   case DSPK_C128:
-    fmt_shortest(a, sizeof a, re, t->dtype, false);
-    fmt_shortest(b, sizeof b, im, t->dtype, true);
+    dspk__sub_fmt_num(a, sizeof a, re, t->dtype, false);
+    dspk__sub_fmt_num(b, sizeof b, im, t->dtype, true);
     fprintf(f, "%s%sj", a, b);
     break;
   default:

@@ -12,8 +12,10 @@
  * interpreter comes from argv[1] (set by CMake);
  * without it the numpy cases are skipped, the others still run.
  */
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -29,6 +31,7 @@
 #include <cmocka.h>
 
 #include "client/submit/npy.h"
+#include "client/submit/numfmt.h"
 #include "dspk/errors.h"
 
 static const char *python;
@@ -764,9 +767,52 @@ static int teardown(void **state) {
   return system(cmd) == 0 ? 0 : -1;
 }
 
+/* The result line's numbers: the fewest digits that read back as the same
+ * value of the dtype.  The expected strings have the digits of numpy's
+ * shortest repr of the same values (np.float16/np.float32/float) in
+ * printf's %g notation, written down here. */
+static void test_fmt_num(void **state) {
+  (void)state;
+  static const struct {
+    double v;
+    dspk_dtype dt;
+    bool sign;
+    const char *want;
+  } cases[] = {
+      {(double)(float)(1.0 / 3), DSPK_F32, false, "0.33333334"},
+      {16777216.0, DSPK_F32, false, "16777216"},
+      {3.4028234663852886e+38, DSPK_F32, false, "3.4028235e+38"},
+      {(double)0.1f, DSPK_F32, false, "0.1"},
+      {1.401298464324817e-45, DSPK_F32, false, "1.4013e-45"},
+      {(double)-2.5e-8f, DSPK_F32, false, "-2.5e-08"},
+      {(double)0.1f, DSPK_C64, true, "+0.1"},
+      {-0.0, DSPK_F32, true, "-0"},
+      {0.333251953125, DSPK_F16, false, "0.3333"},          /* f16(1/3) */
+      {65504.0, DSPK_F16, false, "6.55e+04"},
+      {0.0999755859375, DSPK_F16, false, "0.1"},            /* f16(0.1) */
+      {5.9604644775390625e-08, DSPK_F16, false, "5.96e-08"}, /* 2^-24 */
+      {-2048.0, DSPK_F16, false, "-2048"},
+      {2050.0, DSPK_F16, false, "2.05e+03"},
+      {0.1 + 0.2, DSPK_F64, false, "0.30000000000000004"},
+      {0.1, DSPK_C128, false, "0.1"},
+      {1e300, DSPK_F64, false, "1e+300"},
+      {INFINITY, DSPK_F32, false, "inf"},
+      {-INFINITY, DSPK_F64, true, "-inf"},
+      {NAN, DSPK_F64, false, "nan"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    char buf[40];
+    dspk__sub_fmt_num(buf, sizeof buf, cases[i].v, cases[i].dt, cases[i].sign);
+    if (strcmp(buf, cases[i].want) != 0)
+      fail_msg("case %zu: %.17g (dtype %d) gave %s, want %s", i, cases[i].v,
+               (int)cases[i].dt, buf, cases[i].want);
+  }
+}
+
 int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_roundtrip),
+      cmocka_unit_test(test_fmt_num),
       cmocka_unit_test(test_header_layout),
       cmocka_unit_test(test_save_errors),
       cmocka_unit_test(test_save_replaces),

@@ -1,0 +1,37 @@
+/* Numbers of a dtype as text for the result line (numfmt.h). */
+#include "client/submit/numfmt.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+void dspk__sub_fmt_num(char *buf, size_t cap, double v, dspk_dtype dt, bool sign) {
+  int lo = dt == DSPK_F16 ? 3 : dt == DSPK_F64 || dt == DSPK_C128 ? 15 : 6;
+  int hi = dt == DSPK_F16 ? 5 : dt == DSPK_F64 || dt == DSPK_C128 ? 17 : 9;
+  const char *fmt = sign ? "%+.*g" : "%.*g";
+  if (!isfinite(v)) {
+    snprintf(buf, cap, sign ? "%+g" : "%g", v);
+    return;
+  }
+  for (int p = lo; p < hi; p++) {
+    snprintf(buf, cap, fmt, p, v);
+    double back = strtod(buf, NULL);
+    bool same;
+    if (dt == DSPK_F16) {
+      /* Nearer to v than half the f16 spacing on back's side of it (below
+       * a power of two the spacing halves; 2^-24 among the subnormals). */
+      int e;
+      double m = frexp(fabs(v), &e);
+      int s = m == 0.5 && fabs(back) < fabs(v) ? e - 12 : e - 11;
+      same = fabs(back - v) < ldexp(1.0, (s > -24 ? s : -24) - 1);
+    } else if (dt == DSPK_F32 || dt == DSPK_C64) {
+      same = (float)back == (float)v;
+    } else {
+      same = back == v;
+    }
+    if (same)
+      return;
+  }
+  snprintf(buf, cap, fmt, hi, v);
+}
+
