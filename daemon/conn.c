@@ -82,6 +82,17 @@ void dspkd_wreq_free(struct wreq *wr) {
   free(wr);
 }
 
+/* An answer with a descriptor leaves c->fd_writes (its write is done). */
+static void fd_unlink(struct conn *c, struct wreq *wr) {
+  if (wr->fd_prev)
+    wr->fd_prev->fd_next = wr->fd_next;
+  else
+    c->fd_writes = wr->fd_next;
+  if (wr->fd_next)
+    wr->fd_next->fd_prev = wr->fd_prev;
+  wr->fd_prev = wr->fd_next = NULL;
+}
+
 static void on_write(uv_write_t *req, int status) {
   struct wreq *wr = (struct wreq *)req;
   struct conn *c = wr->c;
@@ -90,6 +101,25 @@ static void on_write(uv_write_t *req, int status) {
   dspkd_user_answers(c, -(int64_t)wr->len);
   if (status >= 0)
     c->d->obs.bytes_out += wr->len;
+  if (wr->fd_pipe) {
+    fd_unlink(c, wr);
+    /* libuv clears send_handle once a sendmsg took the descriptor (with
+     * the answer's first bytes): it counts until the client reads it. */
+    if (req->send_handle == NULL && wr->share_conn == c) {
+      wr->share_conn = NULL;
+      dspkd_shm_fd_written(c);
+    } else if (status < 0 && !c->closing && status != UV_ECANCELED && status != UV_EPIPE &&
+               status != UV_ECONNRESET) {
+      /* Nothing of it was written (the descriptor goes with the first
+       * byte), so the stream is whole: its request is answered an error
+       * instead (ETOOMANYREFS: the daemon's user has too many descriptors
+       * in flight), and the connection goes on. */
+      dspkd_shm_answer_failed(c, wr, status);
+      dspkd_conn_update_read(c);
+      dspkd_conn_unref(c);
+      return;
+    }
+  }
   dspkd_wreq_free(wr);
   if (status < 0 && !c->closing) {
     dspkd_debug("client %llu: write failed: %s", (unsigned long long)c->id,
@@ -162,17 +192,31 @@ void dspkd_conn_send(struct conn *c, struct wreq *wr) {
   wr->c = c;
   if (wr->fd >= 0) {
     /* A memfd for the client (buffer.share): libuv sends it with the
-     * frame's first byte, through a handle that owns it from here on. */
+     * frame's first byte, through a handle that owns it from here on.  It
+     * counts until the client reads it (daemon/shm.c); an answer that
+     * cannot carry it is an error answer instead. */
+    if (!wr->share_conn) {
+      dspkd_shm_share_count(c, +1);
+      wr->share_conn = c;
+    }
     if (!(wr->fd_pipe = malloc(sizeof(*wr->fd_pipe)))) {
-      dspkd_wreq_free(wr);
-      dspkd_conn_close(c, "out of memory");
+      dspkd_shm_answer_failed(c, wr, DSPK_ENOMEM);
       return;
     }
     uv_pipe_init(c->d->loop, wr->fd_pipe, 0);
-    if (uv_pipe_open(wr->fd_pipe, wr->fd) == 0)
+    if ((err = uv_pipe_open(wr->fd_pipe, wr->fd)) == 0) {
       wr->fd = -1;
-    err = uv_write2(&wr->req, (uv_stream_t *)&c->pipe, wr->bufs, (unsigned)n,
-                    (uv_stream_t *)wr->fd_pipe, on_write);
+      err = uv_write2(&wr->req, (uv_stream_t *)&c->pipe, wr->bufs, (unsigned)n,
+                      (uv_stream_t *)wr->fd_pipe, on_write);
+    }
+    if (err != 0) {
+      dspkd_shm_answer_failed(c, wr, err);
+      return;
+    }
+    wr->fd_next = c->fd_writes;
+    if (c->fd_writes)
+      c->fd_writes->fd_prev = wr;
+    c->fd_writes = wr;
     goto queued;
   }
   /* Nothing queued before it: write what the socket takes now.  A small
@@ -368,6 +412,8 @@ void dspkd_conn_unref(struct conn *c) {
   dspkd_chunk_unref(c->rb);
   c->rb = NULL;
   rb_count(c);
+  if (c->share_fds) /* none is left once its jobs and writes are gone */
+    dspkd_shm_share_count(c, -(int)c->share_fds);
   dspkd_user_put(d, c->user);
   dspkd_job_conn_gone(c);
   free(c->bufs);
@@ -399,6 +445,7 @@ void dspkd_conn_close(struct conn *c, const char *why) {
     c->land.j = NULL;
   }
   dspkd_sched_cancel_all(d, c);
+  dspkd_shm_conn_park(c); /* its answers' descriptors the client has not read */
   for (size_t i = 0; i < c->nbufs; i++) {
     dspkd_quota_buf(c, c->bufs[i], -1);
     dspkd_dbuf_unref(d, c->bufs[i]);
@@ -1572,6 +1619,7 @@ void dspkd_conn_refuse_buffered(struct conn *c) {
  * own handles and memory. */
 void dspkd_conn_handles_close(struct dspkd *d) {
   dspkd_linger_stop();
+  dspkd_shm_parked_close(d);
   chunk_free(spare_chunk); /* stopping: to pinned_left when registered */
   spare_chunk = NULL;
   while (pinned_left) {

@@ -42,7 +42,14 @@ struct duser *dspkd_user_get(struct dspkd *d, uid_t uid) {
 }
 
 void dspkd_user_put(struct dspkd *d, struct duser *u) {
-  if (!u || --u->nconns > 0)
+  if (!u)
+    return;
+  u->nconns--;
+  dspkd_user_gc(d, u);
+}
+
+void dspkd_user_gc(struct dspkd *d, struct duser *u) {
+  if (u->nconns > 0 || u->share_fds > 0)
     return;
   for (struct duser **p = &d->users; *p; p = &(*p)->next) {
     if (*p == u) {

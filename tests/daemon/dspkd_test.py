@@ -3648,6 +3648,211 @@ def t_fdlimits(exe, tmp):
     d.stop()
 
 
+
+class UserProc:
+    """A child process as another uid (gid 0, as in t_privacy) that holds
+    connections to the daemon at sock and runs the parent's commands on them,
+    one at a time (msgpack over its pipes, each message length-prefixed):
+      shares NAME N   N buffer.share on connection NAME (made when new), one at
+                      a time, each answer waited for in the socket (FIONREAD)
+                      and left unread; answers nothing
+      read NAME       reads NAME's answers: [outcome, error message] each
+      call NAME METHOD ARGS   one call: [outcome, error message or None]
+      shutwr NAME     shuts its sending side and waits for the daemon's close
+      close NAME      closes its end
+      fill            (as the daemon's uid) sends one memfd per sendmsg on
+                      socket pairs it never reads until the kernel refuses
+                      (ETOOMANYREFS): how many are in flight
+      unfill          closes those socket pairs"""
+
+    def __init__(self, uid, sock, nofile=None):
+        self.pid, self.r, self.w = dspk_daemon.fork_as(
+            uid, 0, lambda w, r: UserProc._serve(sock, w, r, nofile))
+
+    @staticmethod
+    def _msg_write(fd, obj):
+        data = msgpack.packb(obj, use_bin_type=True)
+        os.write(fd, len(data).to_bytes(4, "little") + data)
+
+    @staticmethod
+    def _msg_read(fd):
+        def exactly(n):
+            got = b""
+            while len(got) < n:
+                more = os.read(fd, n - len(got))
+                if not more:
+                    raise EOFError("pipe closed")
+                got += more
+            return got
+        return msgpack.unpackb(exactly(int.from_bytes(exactly(4), "little")), raw=False)
+
+    @staticmethod
+    def _serve(sock, w, r, nofile):
+        import fcntl
+        import resource
+        import termios
+        if nofile:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+        conns, sent, pairs = {}, {}, []
+        while True:
+            cmd = UserProc._msg_read(r)
+            out = None
+            if cmd[0] == "exit":
+                return
+            if cmd[0] in ("shares", "read", "call", "shutwr", "close") and cmd[1] not in conns:
+                conns[cmd[1]] = Client(sock)
+                sent[cmd[1]] = []
+            if cmd[0] == "shares":
+                c = conns[cmd[1]]
+                for _ in range(cmd[2]):
+                    have = fcntl.ioctl(c.sock, termios.FIONREAD, b"\0\0\0\0")
+                    have = int.from_bytes(have, "little")
+                    sent[cmd[1]].append(c.send("buffer.share", {"size": 4096}))
+                    deadline = time.monotonic() + TIMEOUT
+                    while True:  # the answer is in the socket, not read
+                        select.select([c.sock], [], [], 0.01)
+                        n = int.from_bytes(fcntl.ioctl(c.sock, termios.FIONREAD, b"\0\0\0\0"),
+                                           "little")
+                        if n > have:
+                            break
+                        if time.monotonic() > deadline:
+                            raise AssertionError("no answer to a buffer.share")
+            elif cmd[0] == "read":
+                c, out = conns[cmd[1]], []
+                for m in sent[cmd[1]]:
+                    try:
+                        c.wait(m)
+                        out.append(["ok", None])
+                    except RpcError as e:
+                        out.append([e.name, e.err.get("message")])
+                sent[cmd[1]] = []
+            elif cmd[0] == "call":
+                try:
+                    conns[cmd[1]].call(cmd[2], cmd[3])
+                    out = ["ok", None]
+                except RpcError as e:
+                    out = [e.name, e.err.get("message")]
+            elif cmd[0] == "shutwr":
+                c = conns[cmd[1]]
+                c.sock.shutdown(socket.SHUT_WR)
+                p = select.poll()
+                p.register(c.sock, select.POLLRDHUP)
+                check(p.poll(TIMEOUT * 1000), "the daemon closes the connection")
+            elif cmd[0] == "close":
+                conns.pop(cmd[1]).close()
+            elif cmd[0] == "fill":
+                fd, out = sealed_memfd(), 0
+                try:
+                    while True:
+                        a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+                        a.setblocking(False)
+                        pairs.append((a, b))
+                        while True:
+                            try:
+                                socket.send_fds(a, [b"x"], [fd])
+                                out += 1
+                            except BlockingIOError:
+                                break
+                except OSError as e:
+                    check(e.errno == 109, "the kernel refuses at last: %r" % (e,))  # ETOOMANYREFS
+                os.close(fd)
+            elif cmd[0] == "unfill":
+                for a, b in pairs:
+                    a.close()
+                    b.close()
+                pairs = []
+            UserProc._msg_write(w, out)
+
+    def do(self, *cmd):
+        UserProc._msg_write(self.w, list(cmd))
+        return UserProc._msg_read(self.r)
+
+    def end(self):
+        UserProc._msg_write(self.w, ["exit"])
+        os.close(self.w)
+        os.close(self.r)
+        _, status = os.waitpid(self.pid, 0)
+        check(os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0,
+              "the child as another user failed (status %d)" % status)
+
+
+def t_shareunread(exe, tmp):
+    """The memfds of buffer.share answers count until the client reads them
+    (docs/admin.md, "File descriptors"): written to a socket that is not
+    read they are in flight, charged by the kernel to the daemon's user
+    against its RLIMIT_NOFILE.  One user has at most 256, read or not, also
+    on connections the daemon has closed; all users together at most what
+    RLIMIT_NOFILE leaves beyond max_clients' need; and a send the kernel
+    refuses (ETOOMANYREFS) is answered ELIMIT and logged, the connection
+    going on.  The daemon runs as a user other than root (root may have any
+    number in flight), with RLIMIT_NOFILE 1024 and max_clients 8."""
+    import collections
+    import resource
+    if os.geteuid() != 0:
+        raise Skip("needs root to act as other users")
+    duid, low, maxc = 65529, 1024, 8
+    ddir = os.path.join(tmp, "d")
+    os.mkdir(ddir)
+    os.chown(ddir, duid, 0)
+    os.chmod(tmp, 0o711)  # as in t_privacy: other uids reach the socket
+
+    def as_daemon_user():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (low, low))
+        dspk_daemon.become(duid, 0)
+    d = Daemon(exe, tmp, ["--max-clients", str(maxc)], sock=os.path.join(ddir, "d.sock"),
+               preexec_fn=as_daemon_user)
+    share_max = low - (maxc * 9 + 64 + 256)  # docs/admin.md: 632 here
+    u1, u2, u3 = (UserProc(uid, d.sock) for uid in (65534, 65533, 65532))
+
+    def outcomes(got):
+        return collections.Counter(x[0] for x in got)
+
+    # A connection the daemon closes (the client's end of stream) with 20
+    # answers written and not read: they still count.
+    u1.do("shares", "b", 20)
+    u1.do("shutwr", "b")
+    # Another connection of that user: 236 answered with their memfds,
+    # written to the socket and not read; the 237th and later are ELIMIT.
+    u1.do("shares", "a", 300)
+    check(u2.do("call", "x", "buffer.share", {"size": 4096})[0] == "ok",
+          "another user's buffer.share is served")
+    got = u1.do("read", "a")
+    check(outcomes(got) == {"ok": 236, "ELIMIT": 64} and
+          "has not read" in [x[1] for x in got if x[0] == "ELIMIT"][0],
+          "300 buffer.share unread, 20 on a closed connection: 236 ok, then ELIMIT: %r" %
+          (outcomes(got),))
+    # Read, and b closed by the client (its 20 gone with its socket): the
+    # user may have 256 unread again.
+    u1.do("close", "b")
+    u1.do("shares", "d", 256)
+    # All users together: at most share_max unread.
+    u2.do("shares", "e", 256)
+    u3.do("shares", "f", 200)
+    got = u3.do("read", "f")
+    check(outcomes(got) == {"ok": share_max - 512, "ELIMIT": 200 - (share_max - 512)} and
+          "together" in [x[1] for x in got if x[0] == "ELIMIT"][0],
+          "all users together at most %d unread: %r, %r" % (share_max, outcomes(got), got[-1]))
+    check(outcomes(u1.do("read", "d")) == {"ok": 256}, "the first user's 256")
+    check(outcomes(u2.do("read", "e")) == {"ok": 256}, "the second user's 256")
+    # The kernel refuses the send (another process of the daemon's user has
+    # RLIMIT_NOFILE descriptors in flight): ELIMIT, logged, the connection
+    # goes on.
+    helper = UserProc(duid, d.sock, nofile=low)
+    check(helper.do("fill") >= low, "the daemon's user has its RLIMIT_NOFILE in flight")
+    got = u1.do("call", "a", "buffer.share", {"size": 4096})
+    check(got[0] == "ELIMIT" and "ETOOMANYREFS" in got[1],
+          "buffer.share whose memfd the kernel refuses: ELIMIT: %r" % (got,))
+    check(u1.do("call", "a", "ping", None)[0] == "ok", "the connection goes on")
+    check(re.search(r"warn: client \d+ \(pid \d+\): buffer.share #\d+ answered ELIMIT",
+                    d.logtext()), "the refusal is logged")
+    helper.do("unfill")
+    check(u1.do("call", "a", "buffer.share", {"size": 4096})[0] == "ok",
+          "buffer.share once the descriptors in flight are read")
+    for u in (u1, u2, u3, helper):
+        u.end()
+    d.stop()
+
+
 GROUPS = {
     "cacheclearfail": t_cacheclearfail,
     "inplace": t_inplace,
@@ -3680,6 +3885,7 @@ GROUPS = {
     "privacy": t_privacy,
     "fdlimits": t_fdlimits,
     "traceslots": t_traceslots,
+    "shareunread": t_shareunread,
     "obsprivacy": t_obsprivacy,
     "userunsent": t_userunsent,
     "sockmode": t_sockmode,
