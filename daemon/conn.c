@@ -589,8 +589,14 @@ have:
   buf->len = k->cap - k->end;
 }
 
-/* Decodes one validated frame in place and runs its request. */
-static void conn_frame(struct conn *c, struct rchunk *k, const char *p, size_t n) {
+/* Decodes one validated frame in place and runs its request.  end: the
+ * stream position where the frame ends, when it is handled in its turn (0:
+ * a task.cancel taken ahead of held frames, peek_cancels): the descriptors
+ * whose read ended within it came with it or before it and no later frame
+ * can take them, so they are closed before its answer is written, whatever
+ * the answer (those of a buffer.import once it took its own). */
+static void conn_frame(struct conn *c, struct rchunk *k, const char *p, size_t n,
+                       uint64_t end) {
   struct dspkd *d = c->d;
   msgpack_object root;
   struct dspk__msg m;
@@ -617,6 +623,9 @@ static void conn_frame(struct conn *c, struct rchunk *k, const char *p, size_t n
     goto out;
   }
   err = dspk__msg_parse(&root, &m, &msgid, &has_msgid, msg, sizeof msg);
+  if (end && (err < 0 || m.method_len != sizeof "buffer.import" - 1 ||
+              memcmp(m.method, "buffer.import", m.method_len) != 0))
+    dspkd_shm_drop_upto(c, end);
   if (err < 0) {
     /* A message with a msgid can be answered; anything else is not a
      * conversation the daemon can continue. */
@@ -637,6 +646,8 @@ static void conn_frame(struct conn *c, struct rchunk *k, const char *p, size_t n
     c->requests++;
     r.msg[0] = '\0';
     err = dspkd_dispatch(&r, m.method, m.method_len);
+    if (end)
+      dspkd_shm_drop_upto(c, end);
     if (err < 0) {
       dspkd_debug("client %llu: %.*s #%u: %s: %s", (unsigned long long)c->id,
                   (int)m.method_len, m.method, m.msgid, dspk__err_name(err), r.msg);
@@ -644,6 +655,8 @@ static void conn_frame(struct conn *c, struct rchunk *k, const char *p, size_t n
     }
   }
 out:
+  if (end)
+    dspkd_shm_drop_upto(c, end);
   msgpack_zone_clear(&d->zone);
 }
 
@@ -869,7 +882,7 @@ static void peek_cancels(struct conn *c) {
     for (const struct job *j = c->jobs; target >= 0 && j && !live; j = j->cnext)
       live = j->msgid == (uint32_t)target;
     if (live) {
-      conn_frame(c, k, k->data + off, (size_t)n);
+      conn_frame(c, k, k->data + off, (size_t)n, 0);
       frame_blank(k->data + off, (size_t)n);
     } else if (target >= 0) {
       c->pk_wait++;
@@ -1000,7 +1013,7 @@ static void conn_process(struct conn *c) {
     dspkd_shm_drop_stale(c);
     k->start += (size_t)n;
     k->refs++; /* the frame's bytes stay put while the request is decoded */
-    conn_frame(c, k, p, (size_t)n);
+    conn_frame(c, k, p, (size_t)n, c->frame_pos + (uint64_t)n);
     dspkd_chunk_unref(k);
   }
   c->in_process = false;

@@ -545,8 +545,14 @@ int dspkd_shm_take_fds(struct conn *c, char *msg, size_t len);
 /* Loop: closes the fds that came with bytes before the frame starting at
  * c->frame_pos (stray: no buffer.import claimed them). */
 void dspkd_shm_drop_stale(struct conn *c);
+/* Loop: closes the fds that came with bytes up to stream position pos
+ * (the end of the frame just handled: no later frame can take them). */
+void dspkd_shm_drop_upto(struct conn *c, uint64_t pos);
 /* Loop: closes every unclaimed fd (the connection closes). */
 void dspkd_shm_conn_closed(struct conn *c);
+/* Loop: a buffer.import refused before its handler ran (its arguments):
+ * closes the descriptor it would have taken, if any. */
+void dspkd_shm_import_refused(struct conn *c);
 /* Loop: counts a buffer.share memfd of c as held (+1) or given up (-1),
  * on c, its user (DSPKD_MAX_USER_SHARES) and the daemon. */
 void dspkd_shm_share_count(struct conn *c, int delta);

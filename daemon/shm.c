@@ -162,14 +162,24 @@ static void fds_shift(struct conn *c) {
     c->user->nfds--;
 }
 
-void dspkd_shm_drop_stale(struct conn *c) {
-  while (c->nfds > 0 && c->fds[0].pos <= c->frame_pos) {
+void dspkd_shm_drop_stale(struct conn *c) { dspkd_shm_drop_upto(c, c->frame_pos); }
+
+void dspkd_shm_drop_upto(struct conn *c, uint64_t pos) {
+  while (c->nfds > 0 && c->fds[0].pos <= pos) {
     dspkd_debug("client %llu: closing a file descriptor no buffer.import claimed",
                 (unsigned long long)c->id);
     if (c->fds[0].fd >= 0)
       close(c->fds[0].fd);
     fds_shift(c);
   }
+}
+
+void dspkd_shm_import_refused(struct conn *c) {
+  if (c->nfds == 0)
+    return;
+  if (c->fds[0].fd >= 0)
+    close(c->fds[0].fd);
+  fds_shift(c);
 }
 
 void dspkd_shm_conn_closed(struct conn *c) {

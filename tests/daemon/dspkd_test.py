@@ -3519,18 +3519,28 @@ def t_fdlimits(exe, tmp):
           "a warning says which limit to raise")
     os.chmod(tmp, 0o711)  # as in t_privacy: other uids reach the socket
 
+    def hold(c, fds):
+        """Sends fds with a ping and the first byte of a next frame: they stay
+        unclaimed while that frame is incomplete (a descriptor that came with
+        a whole request is closed once it is handled).  The ping's msgid."""
+        c.msgid += 1
+        frame = msgpack.packb([0, c.msgid, "ping", []], use_bin_type=True) + b"\x94"
+        n = socket.send_fds(c.sock, [frame], fds)
+        check(n == len(frame), "one sendmsg")
+        return c.msgid
+
     def hog(w, r):
-        """uid 65534: 8 connections each holding 8 unclaimed descriptors (sent
-        with a ping, they stay until the connection's next frame), then a
-        ninth connection's one descriptor passes the user's 64."""
+        """uid 65534: 8 connections each holding 8 unclaimed descriptors
+        (hold: the ping's answer says they were taken in), then a ninth
+        connection's one descriptor passes the user's 64."""
         cs = []
         fds = [sealed_memfd() for _ in range(8)]
         for i in range(8):
             c = Client(d.sock)
-            c.wait(send_with_fds(c, "ping", None, fds))
+            c.wait(hold(c, fds))
             cs.append(c)
         c = Client(d.sock)
-        m = send_with_fds(c, "ping", None, fds[:1])
+        m = hold(c, fds[:1])
         notes = c.expect_closed()
         out = {"answered": m in c.responses,
                "notes": [[n[1], n[2][0]["name"], n[2][0]["message"]] for n in notes]}
@@ -3647,6 +3657,76 @@ def t_fdlimits(exe, tmp):
     other.close()
     d.stop()
 
+
+
+
+def t_importclose(exe, tmp):
+    """buffer.import (docs/protocol.md): the daemon closes its copy of the
+    descriptor at once, whatever the answer, a refusal of the arguments'
+    types included; a descriptor sent with any other request is closed once
+    that request is handled, not when the next frame comes."""
+    import fcntl
+    d = Daemon(exe, tmp)
+    c = d.client()
+
+    def held(name):
+        """Whether the daemon holds the memfd called name (its /proc/PID/fd)."""
+        fds = "/proc/%d/fd" % d.proc.pid
+        for f in os.listdir(fds):
+            try:
+                if os.readlink(os.path.join(fds, f)).startswith("/memfd:" + name + " "):
+                    return True
+            except FileNotFoundError:
+                pass
+        return False
+
+    def memfd(name):
+        fd = os.memfd_create(name, os.MFD_ALLOW_SEALING)
+        os.ftruncate(fd, 4096)
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK)
+        return fd
+
+    cases = [("import-type", "buffer.import", {"size": "x"}, "EINVAL"),
+             ("import-nosize", "buffer.import", {}, "EINVAL"),
+             ("import-negative", "buffer.import", {"size": -1}, "EINVAL"),
+             ("import-devtype", "buffer.import", {"size": 4096, "device": 7}, "EINVAL"),
+             ("import-devlong", "buffer.import", {"size": 4096, "device": "x" * 60}, "ELIMIT"),
+             ("import-zero", "buffer.import", {"size": 0}, "EINVAL"),
+             ("import-nodev", "buffer.import", {"size": 4096, "device": "nope:0"}, "ENODEV"),
+             ("ping", "ping", None, None),
+             ("unknown", "no.such.method", None, "ENOMETHOD")]
+    for name, method, args, want in cases:
+        fd = memfd("dspkd-test-" + name)
+        m = send_with_fds(c, method, args, [fd])
+        os.close(fd)
+        got = c.outcome(m)
+        check(got == (want or "ok"), "%s: %s, want %s" % (name, got, want))
+        # The answer is written after the request was handled: nothing else
+        # was sent, so the descriptor is closed by now or never.
+        check(not held("dspkd-test-" + name),
+              "%s: the daemon closed its copy of the memfd once answered" % name)
+    # A buffer.import refused on its arguments takes its descriptor all the
+    # same: the next buffer.import, in the same sendmsg, finds none.
+    fd = memfd("dspkd-test-two")
+    frames = b"".join(msgpack.packb([0, c.msgid + 1 + i, "buffer.import", [a]],
+                                    use_bin_type=True)
+                      for i, a in enumerate([{"size": "x"}, {"size": 4096}]))
+    n = socket.send_fds(c.sock, [frames], [fd])
+    if n < len(frames):
+        c.sock.sendall(frames[n:])
+    os.close(fd)
+    first, second = c.msgid + 1, c.msgid + 2
+    c.msgid += 2
+    check(c.outcome(first) == "EINVAL", "the first import: EINVAL")
+    try:
+        c.wait(second)
+        raise AssertionError("the second import took the first one's descriptor")
+    except RpcError as err:
+        check(err.name == "EINVAL" and "no file descriptor came" in err.err["message"],
+              "the second import finds no descriptor: %s" % err)
+    check(not held("dspkd-test-two"), "that memfd is closed")
+    c.close()
+    d.stop()
 
 
 class UserProc:
@@ -3886,6 +3966,7 @@ GROUPS = {
     "fdlimits": t_fdlimits,
     "traceslots": t_traceslots,
     "shareunread": t_shareunread,
+    "importclose": t_importclose,
     "obsprivacy": t_obsprivacy,
     "userunsent": t_userunsent,
     "sockmode": t_sockmode,
