@@ -440,6 +440,7 @@ struct dspkd {
   struct djob *jobs;        /* daemon/jobs.c: registered Slurm jobs */
   size_t njobs;
   uint64_t ended_jobs[256]; /* ids of the last jobs ended, so a claim of one fails */
+  uid_t ended_uids[256];    /* the uid each was registered for, (uid_t)-1: none */
   unsigned nended;
   uint64_t next_conn_id;
   uint64_t next_buf_id;

@@ -3729,6 +3729,66 @@ def t_importclose(exe, tmp):
     d.stop()
 
 
+
+def t_jobclaim(exe, tmp):
+    """Slurm job claims (docs/cluster.md) tell a user who is not an admin
+    nothing of other users' jobs: naming another user's job, registered or
+    ended, is answered as naming a job not registered here (the same outcome
+    and message, and the same devices), by a uid without jobs here (its
+    claim is ignored) and by one with jobs (EPERM); its own ended job is
+    EPERM saying so; an admin is told the job is another user's."""
+    if os.geteuid() != 0:
+        raise Skip("needs root to act as other users")
+    d = Daemon(exe, tmp)
+    os.chmod(tmp, 0o711)  # as in t_privacy: other uids reach the socket
+    root = d.client()
+    other, none, some = 65533, 65534, 65532
+    for job, uid in ((4242, other), (4243, other), (4300, some), (4301, some)):
+        root.call("job.register", {"job": job, "uid": uid, "devices": []})
+    for job in (4243, 4301, 9999):  # 9999: ended, never registered
+        root.call("job.end", {"job": job})
+
+    def claims(jobs):
+        """Per job: [outcome of buffer.create, its message with the job's id
+        blanked, devices' ids, status's devices' ids], on a fresh connection
+        that claims it."""
+        out = []
+        for job in jobs:
+            c = Client(d.sock)
+            c.call("hello", {"version": 1, "job": job})
+            st = sorted(x["id"] for x in c.call("status")["devices"])
+            try:
+                c.call("buffer.create", {"size": 64})
+                got = ["ok", None]
+            except RpcError as e:
+                got = [e.name, e.err.get("message").replace(str(job), "N")]
+            try:
+                devs = sorted(x["id"] for x in c.call("devices")["devices"])
+            except RpcError as e:
+                devs = e.name
+            out.append(got + [devs, st])
+            c.close()
+        return out
+
+    # A uid without jobs here: its claim is ignored, whoever's the job is.
+    got = dspk_daemon.run_as(none, 0, lambda: claims([4241, 4242, 4243, 9999]))
+    check(got[0][0] == "ok" and all(x == got[0] for x in got),
+          "claims of a uid without jobs: all as of job 4241 (not registered): %r" % (got,))
+    # A uid with jobs here: EPERM, the same whoever's the job is.
+    got = dspk_daemon.run_as(some, 0, lambda: claims([4241, 4242, 4243, 9999, 4301, 4300]))
+    check(got[0][0] == "EPERM" and "not registered on this node" in got[0][1] and
+          all(x == got[0] for x in got[:4]),
+          "claims of a uid with jobs: all as of job 4241 (not registered): %r" % (got,))
+    check(got[4][0] == "EPERM" and "has ended" in got[4][1], "its own ended job: %r" % (got[4],))
+    check(got[5][0] == "ok", "its own job: %r" % (got[5],))
+    # An admin is told.
+    got = claims([4242, 4243])
+    check(got[0][0] == "EPERM" and "another user" in got[0][1], "an admin: %r" % (got[0],))
+    check(got[1][0] == "EPERM" and "has ended" in got[1][1], "an admin: %r" % (got[1],))
+    root.close()
+    d.stop()
+
+
 class UserProc:
     """A child process as another uid (gid 0, as in t_privacy) that holds
     connections to the daemon at sock and runs the parent's commands on them,
@@ -3967,6 +4027,7 @@ GROUPS = {
     "traceslots": t_traceslots,
     "shareunread": t_shareunread,
     "importclose": t_importclose,
+    "jobclaim": t_jobclaim,
     "obsprivacy": t_obsprivacy,
     "userunsent": t_userunsent,
     "sockmode": t_sockmode,
