@@ -97,8 +97,8 @@ static void on_write(uv_write_t *req, int status) {
   struct wreq *wr = (struct wreq *)req;
   struct conn *c = wr->c;
 
-  c->unsent -= wr->len;
-  dspkd_user_answers(c, -(int64_t)wr->len);
+  c->unsent -= wr->cost;
+  dspkd_user_answers(c, -(int64_t)wr->cost);
   if (status >= 0)
     c->d->obs.bytes_out += wr->len;
   if (wr->fd_pipe) {
@@ -155,6 +155,19 @@ static int wreq_bufs(struct wreq *wr, size_t *nbufs) {
     wr->len += iov[i].iov_len;
   *nbufs = n;
   return 0;
+}
+
+/* What wr holds while it is queued (wr->cost), nbufs the buffers libuv
+ * is given: counted, not its bytes alone, so that many small answers are
+ * bounded by max_unsent and max_user_unsent as one large one is (a queued
+ * ping answer of 10 bytes holds about 800). */
+static size_t wreq_cost(const struct wreq *wr, size_t nbufs) {
+  size_t n = DSPKD_WREQ_COST + dspk__wbuf_held(&wr->w);
+  if (nbufs > sizeof wr->req.bufsml / sizeof wr->req.bufsml[0]) /* libuv copies them */
+    n += nbufs * sizeof(uv_buf_t) + DSPK__ALLOC_OVERHEAD;
+  if (wr->fd_pipe)
+    n += sizeof(*wr->fd_pipe) + DSPK__ALLOC_OVERHEAD;
+  return n;
 }
 
 /* Drops the first `done` bytes (already written) from wr's buffers. */
@@ -246,8 +259,9 @@ queued:
     dspkd_conn_close(c, "write failed");
     return;
   }
-  c->unsent += wr->len;
-  dspkd_user_answers(c, (int64_t)wr->len);
+  wr->cost = wreq_cost(wr, n);
+  c->unsent += wr->cost;
+  dspkd_user_answers(c, (int64_t)wr->cost);
   dspkd_conn_ref(c);
   dspkd_conn_update_read(c);
 }

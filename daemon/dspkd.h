@@ -117,6 +117,10 @@ struct wreq {
   uv_write_t req;
   struct conn *c;
   size_t len;
+  size_t cost;         /* what it holds while queued (counted in unsent and
+                          the user's answers: max_unsent, max_user_unsent):
+                          the struct, its frame's allocations and referenced
+                          data, libuv's copy of its buffers, its fd's handle */
   uv_buf_t *bufs;
   int fd;              /* >= 0: sent with the frame's first byte (SCM_RIGHTS),
                           then closed (daemon/shm.c); -1: none */
@@ -133,6 +137,9 @@ struct wreq {
 };
 /* Returns a new wreq with an initialised wbuf, or NULL. */
 struct wreq *dspkd_wreq_new(void);
+/* What any queued answer costs the daemon at least (its struct): the unit
+ * that the answer quotas count besides the frame's own allocations. */
+#define DSPKD_WREQ_COST (sizeof(struct wreq) + DSPK__ALLOC_OVERHEAD)
 /* Frees the frame (runs the release of each referenced payload).  Accepts NULL. */
 void dspkd_wreq_free(struct wreq *wr);
 

@@ -96,8 +96,10 @@ static uint64_t job_mem(const struct job *j) {
 }
 
 /* Bytes the job's answer may take: its inline data and some for the rest
- * of the frame (a tensor's meta data, time_us, the envelope). */
-#define ANSWER_OVERHEAD 64
+ * of the frame (a tensor's meta data, time_us, the envelope), and what
+ * holding it costs the daemon (its struct: daemon/conn.c counts a queued
+ * answer so). */
+#define ANSWER_OVERHEAD (64 + DSPKD_WREQ_COST)
 #define TENSOR_OVERHEAD 128
 static size_t job_answer(const struct job *j) {
   size_t n = ANSWER_OVERHEAD;

@@ -3789,6 +3789,76 @@ def t_jobclaim(exe, tmp):
     d.stop()
 
 
+
+def t_unsentcost(exe, tmp):
+    """max_unsent and max_user_unsent count what the daemon holds for each
+    answer waiting to be written, not its bytes alone (docs/protocol.md,
+    "Limits"): a client that pipelines tiny pings and reads nothing makes the
+    daemon queue about quota / (what one answer holds) of them, so that many
+    small answers are bounded as one large one is.  Every queued answer
+    holds at least 256 bytes (the daemon's record of it and libuv's write
+    request), so the answers queued past the socket's buffer, times 256,
+    stay within the quota plus one answer."""
+    import fcntl
+    import termios
+    quota, msgid, per = 64 << 10, 4000000, 256
+
+    def queued_when_paused(d, conns, total):
+        """conns pipeline pings (msgid `msgid`, an answer of fixed size) and
+        read nothing; once the daemon paused them (their unsent together
+        past `total`, as status shows it), the answers it queued: the
+        requests it took in less the answers in the sockets."""
+        admin = d.client()
+        ids, size = [], None
+        for c in conns:
+            ids.append(c.call("hello", {"version": 1})["client_id"])
+            c.sock.sendall(msgpack.packb([0, msgid, "ping", []], use_bin_type=True))
+            got = c.sock.recv(4096)
+            size = len(got)
+            check(msgpack.unpackb(got)[1] == msgid, "a ping's answer")
+        frames = msgpack.packb([0, msgid, "ping", []], use_bin_type=True) * 40000
+        for c in conns:
+            c.sock.setblocking(False)
+            try:
+                c.sock.send(frames)  # as much as the socket takes
+            except BlockingIOError:
+                pass
+        deadline = time.monotonic() + TIMEOUT
+        while True:
+            st = [x for x in admin.call("status")["clients"] if x["id"] in ids]
+            if sum(x["unsent"] for x in st) > total:
+                break
+            check(time.monotonic() < deadline, "the daemon pauses them: %r" % (st,))
+        queued = 0
+        for c, x in zip(conns, sorted(st, key=lambda x: ids.index(x["id"]))):
+            inq = int.from_bytes(fcntl.ioctl(c.sock, termios.FIONREAD, b"\0\0\0\0"), "little")
+            check(inq % size == 0, "whole answers in the socket")
+            queued += x["requests"] - 2 - inq // size  # hello and the first ping
+        admin.close()
+        return queued, sum(x["unsent"] for x in st)
+
+    # One connection: max_unsent.
+    d = Daemon(exe, tmp, ["--max-unsent", str(quota), "--max-user-unsent", "1G"])
+    c = d.client()
+    queued, unsent = queued_when_paused(d, [c], quota)
+    check(queued * per <= quota + 4096,
+          "max_unsent %d: %d answers queued (unsent %d), at %d bytes each at least" %
+          (quota, queued, unsent, per))
+    check(queued > 0, "answers were queued")
+    c.close()
+    d.stop()
+    # Two connections of one user: max_user_unsent.
+    d = Daemon(exe, tmp, ["--max-unsent", "1G", "--max-user-unsent", str(quota)])
+    cs = [d.client(), d.client()]
+    queued, unsent = queued_when_paused(d, cs, quota)
+    check(queued * per <= quota + 2 * 4096,
+          "max_user_unsent %d: %d answers queued (unsent %d), at %d bytes each at least" %
+          (quota, queued, unsent, per))
+    for c in cs:
+        c.close()
+    d.stop()
+
+
 class UserProc:
     """A child process as another uid (gid 0, as in t_privacy) that holds
     connections to the daemon at sock and runs the parent's commands on them,
@@ -4028,6 +4098,7 @@ GROUPS = {
     "shareunread": t_shareunread,
     "importclose": t_importclose,
     "jobclaim": t_jobclaim,
+    "unsentcost": t_unsentcost,
     "obsprivacy": t_obsprivacy,
     "userunsent": t_userunsent,
     "sockmode": t_sockmode,
