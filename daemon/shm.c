@@ -212,6 +212,7 @@ void dspkd_shm_conn_closed(struct conn *c) {
 
 struct parked {
   uv_poll_t poll;
+  int fd;                    /* the duplicate, closed after the poll handle */
   struct dspkd *d;
   struct duser *user;
   size_t n;                  /* descriptors it holds counted */
@@ -254,6 +255,7 @@ static void on_parked_closed(uv_handle_t *h) {
   struct parked *p = h->data;
   struct duser *u = p->user;
   struct dspkd *d = p->d;
+  close(p->fd); /* a uv_poll_t leaves its descriptor open */
   count_user(d, u, -(ssize_t)p->n);
   free(p);
   dspkd_user_gc(d, u);
@@ -269,7 +271,7 @@ static void parked_end(struct parked *p) {
     parked = p->next;
   if (p->next)
     p->next->prev = p->prev;
-  uv_close((uv_handle_t *)&p->poll, on_parked_closed); /* closes its socket */
+  uv_close((uv_handle_t *)&p->poll, on_parked_closed);
 }
 
 /* Both sides of the parked socket are shut: the client closed its end (its
@@ -277,10 +279,9 @@ static void parked_end(struct parked *p) {
  * hangup stays: no more polling, settle looks at it when it counts). */
 static void on_parked_hup(uv_poll_t *h, int status, int events) {
   struct parked *p = h->data;
-  int fd;
   (void)status;
   (void)events;
-  if (uv_fileno((uv_handle_t *)&p->poll, &fd) != 0 || all_read(fd))
+  if (all_read(p->fd))
     parked_end(p);
   else
     uv_poll_stop(&p->poll);
@@ -294,10 +295,8 @@ static void settle(struct dspkd *d, struct duser *u) {
     if ((!u || c->user == u) && !c->closing)
       conn_settle(c);
   for (struct parked *p = parked, *next; p; p = next) {
-    int fd;
     next = p->next;
-    if ((!u || p->user == u) && uv_fileno((uv_handle_t *)&p->poll, &fd) == 0 &&
-        all_read(fd))
+    if ((!u || p->user == u) && all_read(p->fd))
       parked_end(p);
   }
 }
@@ -326,6 +325,7 @@ void dspkd_shm_conn_park(struct conn *c) {
       /* The client reads what is queued to it, then its end of stream. */
       (void)shutdown(dfd, SHUT_WR);
       p->poll.data = p;
+      p->fd = dfd;
       p->d = d;
       p->user = c->user;
       p->n = c->fds_written;

@@ -4012,6 +4012,8 @@ def t_shareunread(exe, tmp):
     d = Daemon(exe, tmp, ["--max-clients", str(maxc)], sock=os.path.join(ddir, "d.sock"),
                preexec_fn=as_daemon_user)
     share_max = low - (maxc * 9 + 64 + 256)  # docs/admin.md: 632 here
+    fds = "/proc/%d/fd" % d.proc.pid
+    base = len(os.listdir(fds))
     u1, u2, u3 = (UserProc(uid, d.sock) for uid in (65534, 65533, 65532))
 
     def outcomes(got):
@@ -4060,6 +4062,12 @@ def t_shareunread(exe, tmp):
           "buffer.share once the descriptors in flight are read")
     for u in (u1, u2, u3, helper):
         u.end()
+    # Every client gone: no descriptor is left (b's parked socket neither).
+    deadline = time.monotonic() + TIMEOUT
+    while len(os.listdir(fds)) > base:
+        check(time.monotonic() < deadline, "the daemon's descriptors: %d, %d at start: %r" %
+              (len(os.listdir(fds)), base,
+               sorted(os.readlink(os.path.join(fds, f)) for f in os.listdir(fds))))
     d.stop()
 
 
