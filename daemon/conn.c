@@ -213,7 +213,7 @@ void dspkd_conn_send(struct conn *c, struct wreq *wr) {
       wr->share_conn = c;
     }
     if (!(wr->fd_pipe = malloc(sizeof(*wr->fd_pipe)))) {
-      dspkd_shm_answer_failed(c, wr, DSPK_ENOMEM);
+      dspkd_shm_answer_failed(c, wr, UV_ENOMEM);
       return;
     }
     uv_pipe_init(c->d->loop, wr->fd_pipe, 0);

@@ -569,10 +569,10 @@ void dspkd_shm_share_count(struct conn *c, int delta);
  * what was written to it, or closed its end. */
 void dspkd_shm_fd_written(struct conn *c);
 /* Loop: the answer wr (with its descriptor, counted on c) cannot be sent
- * (status: the libuv or negative errno code of the failed send, or a
- * DSPK_ code): frees wr, drops the buffer whose memfd it carried and
- * answers its request with an error instead (ELIMIT for ETOOMANYREFS, the
- * daemon's user has too many descriptors in flight; logged). */
+ * (status: the libuv code, a negative errno, of the failed send or setup):
+ * frees wr, drops the buffer whose memfd it carried and answers its request
+ * with an error instead (ELIMIT for ETOOMANYREFS, the daemon's user has too
+ * many descriptors in flight; ENOMEM; else EIO; logged). */
 void dspkd_shm_answer_failed(struct conn *c, struct wreq *wr, int status);
 /* Loop: c closes: descriptors of its answers that are out and not yet read
  * stay counted, on a duplicate of its socket kept until the client has read

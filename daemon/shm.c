@@ -374,6 +374,7 @@ uint64_t dspkd_shm_share_max(const struct dspkd *d) {
 
 void dspkd_shm_answer_failed(struct conn *c, struct wreq *wr, int status) {
   static uint64_t last_ms, unlogged;
+  uint64_t now = dspkd_now_ms();
   uint32_t msgid = wr->fd_msgid;
   struct dbuf *b;
   char msg[256];
@@ -383,32 +384,28 @@ void dspkd_shm_answer_failed(struct conn *c, struct wreq *wr, int status) {
     snprintf(msg, sizeof msg, "buffer.share: the daemon cannot pass the memfd now: its "
              "user has as many descriptors in flight to clients that have not read them "
              "as its RLIMIT_NOFILE allows (ETOOMANYREFS): try again later");
-  } else if (status == DSPK_ENOMEM) {
+  } else if (status == UV_ENOMEM) {
     code = DSPK_ENOMEM;
     snprintf(msg, sizeof msg, "buffer.share: out of memory to send the memfd");
   } else {
     code = DSPK_EIO;
-    snprintf(msg, sizeof msg, "buffer.share: the memfd cannot be sent: %s",
-             status < 0 && status > -4096 ? strerror(-status) : dspk__strerror(status));
+    snprintf(msg, sizeof msg, "buffer.share: the memfd cannot be sent: %s", strerror(-status));
   }
   /* The memfd goes with wr; the buffer, which the client cannot know of
    * without the answer, goes too. */
   if (wr->fd_buf && (b = dspkd_conn_buf_remove(c, wr->fd_buf)) != NULL)
     dspkd_dbuf_unref(c->d, b);
   dspkd_wreq_free(wr);
-  {
-    uint64_t now = dspkd_now_ms();
-    if (last_ms && now - last_ms < 60000) {
-      unlogged++;
-      dspkd_debug("client %llu: #%u: %s", (unsigned long long)c->id, msgid, msg);
-    } else {
-      dspkd_warn("client %llu (pid %ld): buffer.share #%u answered %s: %s (%llu more since "
-                 "the last such line; logged at most once a minute; docs/admin.md, \"File "
-                 "descriptors\")", (unsigned long long)c->id, (long)c->pid, msgid,
-                 dspk__err_name(code), msg, (unsigned long long)unlogged);
-      last_ms = now;
-      unlogged = 0;
-    }
+  if (last_ms && now - last_ms < 60000) {
+    unlogged++;
+    dspkd_debug("client %llu: #%u: %s", (unsigned long long)c->id, msgid, msg);
+  } else {
+    dspkd_warn("client %llu (pid %ld): buffer.share #%u answered %s: %s (%llu more since "
+               "the last such line; logged at most once a minute; docs/admin.md, \"File "
+               "descriptors\")", (unsigned long long)c->id, (long)c->pid, msgid,
+               dspk__err_name(code), msg, (unsigned long long)unlogged);
+    last_ms = now;
+    unlogged = 0;
   }
   dspkd_conn_send_error(c, msgid, code, msg);
 }
