@@ -225,10 +225,14 @@ static int infer_fft(struct dspk__op *op, char *msg, size_t len) {
   if (X->shape[last] < 1)
     return dspk__fail(msg, len, DSPK_ESHAPE,
                 "fft: X has length 0 along axis %d (the transform axis)", last);
-  if (X->shape[last] > INT32_MAX)
+  /* Every backend's transforms index a row with 32 bits (FFTW's int
+   * lengths, cuFFT's and VkFFT's plans).  A batch of no rows runs no
+   * transform: an empty result, as every op gives for an empty tensor. */
+  if (X->shape[last] > INT32_MAX && dspk__tensor_numel(X) > 0)
     return dspk__fail(msg, len, DSPK_ESHAPE,
                 "fft: X has length %lld along axis %d, above 2^31-1",
                 (long long)X->shape[last], last);
+
   int64_t shape[DSPK_MAX_RANK];
   memcpy(shape, X->shape, sizeof shape);
   dspk_dtype odt = X->dtype;
@@ -291,6 +295,9 @@ int dspk__contract_parse(const char *subs, const struct dspk__tensor *A,
   if (slen == DSPK__SUBSCRIPTS_MAX)
     return dspk__fail(msg, len, DSPK_EINVAL, "contract: subscripts longer than %d characters",
                 DSPK__SUBSCRIPTS_MAX - 1);
+  /* The subscripts as the messages echo them (dspk__utf8_echo). */
+  char se[2 * DSPK__SUBSCRIPTS_MAX + 1];
+  dspk__utf8_echo(se, sizeof se, subs, slen, slen);
   for (size_t i = 0; i < slen; i++) {
     char c = subs[i];
     if (c == ' ')
@@ -298,14 +305,14 @@ int dspk__contract_parse(const char *subs, const struct dspk__tensor *A,
     if (c == ',') {
       if (term != 0)
         return dspk__fail(msg, len, DSPK_EINVAL,
-                    "contract: \"%s\": exactly two operands are supported", subs);
+                    "contract: \"%s\": exactly two operands are supported", se);
       term = 1;
       continue;
     }
     if (c == '-' && i + 1 < slen && subs[i + 1] == '>') {
       if (term != 1 || arrow)
         return dspk__fail(msg, len, DSPK_EINVAL,
-                    "contract: \"%s\": expected \"A,B->out\"", subs);
+                    "contract: \"%s\": expected \"A,B->out\"", se);
       arrow = 1;
       term = 2;
       i++;
@@ -313,34 +320,32 @@ int dspk__contract_parse(const char *subs, const struct dspk__tensor *A,
     }
     if (c == '.')
       return dspk__fail(msg, len, DSPK_EINVAL,
-                  "contract: \"%s\": ellipsis (...) is not supported", subs);
+                  "contract: \"%s\": ellipsis (...) is not supported", se);
     if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'))) {
-      /* The whole character, as the client wrote it (a byte that starts
-       * none as its hex value). */
-      size_t k = dspk__utf8_seq(subs + i, slen - i);
-      if (k == 0 || (unsigned char)c < 0x20 || c == 0x7f)
-        return dspk__fail(msg, len, DSPK_EINVAL,
-                    "contract: \"%s\": byte 0x%02x is not a letter (labels are a-z, A-Z)",
-                    subs, (unsigned)(unsigned char)c);
+      /* The whole character, named so that the echo does not turn it
+       * into another (a control character by its code point, not as the
+       * space it becomes in the echo; a byte that starts none by its
+       * value). */
+      char cn[32];
       return dspk__fail(msg, len, DSPK_EINVAL,
-                  "contract: \"%s\": '%.*s' is not a letter (labels are a-z, A-Z)", subs,
-                  (int)k, subs + i);
+                  "contract: \"%s\": %s is not a letter (labels are a-z, A-Z)", se,
+                  dspk__utf8_char_name(cn, sizeof cn, subs + i, slen - i));
     }
     if (n[term] == DSPK_MAX_RANK)
       return dspk__fail(msg, len, DSPK_ESHAPE,
-                  "contract: \"%s\": the %s term has more than %d labels", subs,
+                  "contract: \"%s\": the %s term has more than %d labels", se,
                   names[term], DSPK_MAX_RANK);
     for (int k = 0; k < n[term]; k++)
       if (l[term][k] == c)
         return dspk__fail(msg, len, DSPK_EINVAL,
                     "contract: \"%s\": label '%c' repeats in the %s term "
                     "(diagonals/traces within one operand are not supported)",
-                    subs, c, names[term]);
+                    se, c, names[term]);
     l[term][n[term]++] = c;
   }
   if (!arrow)
     return dspk__fail(msg, len, DSPK_EINVAL,
-                "contract: \"%s\": needs an explicit output (\"ij,jk->ik\")", subs);
+                "contract: \"%s\": needs an explicit output (\"ij,jk->ik\")", se);
   for (int t = 0; t < 3; t++)
     l[t][n[t]] = 0;
   const struct dspk__tensor *T[2] = {A, B};
@@ -348,7 +353,7 @@ int dspk__contract_parse(const char *subs, const struct dspk__tensor *A,
     if (n[t] != T[t]->rank)
       return dspk__fail(msg, len, DSPK_ESHAPE,
                   "contract: \"%s\": %s has rank %d but its term \"%s\" has %d labels",
-                  subs, names[t], T[t]->rank, l[t], n[t]);
+                  se, names[t], T[t]->rank, l[t], n[t]);
   int64_t sz[128];
   for (int c = 0; c < 128; c++)
     sz[c] = -1;
@@ -370,7 +375,7 @@ int dspk__contract_parse(const char *subs, const struct dspk__tensor *A,
     if (sz[(unsigned char)l[2][k]] < 0)
       return dspk__fail(msg, len, DSPK_EINVAL,
                   "contract: \"%s\": output label '%c' appears in neither A nor B",
-                  subs, l[2][k]);
+                  se, l[2][k]);
   memcpy(lab, l, sizeof l);
   memcpy(size, sz, sizeof sz);
   return 0;

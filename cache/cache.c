@@ -10,10 +10,13 @@
  * One connection behind one mutex serves every thread of the process; each
  * API call is one short transaction (BEGIN IMMEDIATE for writes, so that a
  * writer waits on the busy timeout instead of failing on a lock upgrade).
- * Recency is a logical clock (meta.tick, bumped by every put and every hit)
- * rather than wall time, so the eviction order is exact even for entries
- * touched within the same microsecond, and holds across processes sharing
- * the file.
+ * Recency is a logical clock (meta.tick, bumped by every put and every hit,
+ * hits served from the autotune memo included: those are batched, see
+ * flush_used) rather than wall time, so the eviction order is exact even for
+ * entries touched within the same microsecond, and holds across processes
+ * sharing the file.  A file locked by another process at open is retried
+ * at each put (retry_busy); a corrupt one is moved aside under a name no
+ * other file has (move_aside).
  */
 #include <errno.h>
 #include <limits.h>
@@ -35,6 +38,8 @@
 
 #define DEFAULT_MAX_BYTES (UINT64_C(256) << 20)
 #define DEFAULT_BUSY_MS 5000
+/* Distinct decisions whose memo uses are kept before they are written. */
+#define USED_MAX 64
 
 /* Atomics, so dspk__cache_counts() reads them without the mutex, which a
  * statement may hold for as long as SQLite's busy timeout. */
@@ -57,10 +62,24 @@ struct dspk__cache {
   void *notice_ud;
   void (*put_result)(void *ud, int kind, int err, const char *detail);
   int put_failing; /* the last put failed (under mu) */
+  /* The file was locked by another process at open (OPEN_BUSY): the cache
+   * is in memory, and each put tries the file again (retry_busy). */
+  int busy_retry;
   int put_rc;      /* SQLite's code of the last failed put (under mu) */
   struct kcount count[DSPK__CACHE_NKINDS];
   _Atomic uint64_t epoch;
+  /* Uses of autotune decisions served from a caller's in-process memo
+   * (dspk__cache_tune_used), not yet written: one row per key, in order of
+   * last use, written in one transaction by flush_used (under mu). */
+  struct used {
+    char key[DSPK__HASH_HEX];
+    uint64_t hits;
+    int64_t last_used;
+  } used[USED_MAX];
+  int nused;
 };
+
+static int flush_used(struct dspk__cache *c, int in_txn);
 
 /* Source of epochs: unique across every cache opened in the process. */
 static _Atomic uint64_t epoch_source;
@@ -250,7 +269,7 @@ struct file_info {
 };
 
 enum open_result { OPEN_OK, OPEN_CORRUPT, OPEN_DAMAGED, OPEN_FOREIGN,
-                   OPEN_NEWER, OPEN_UNWRITABLE, OPEN_FAIL };
+                   OPEN_NEWER, OPEN_UNWRITABLE, OPEN_BUSY, OPEN_FAIL };
 
 /* The database's own tables, not SQLite's internal ones. */
 #define USER_TABLES                                                            \
@@ -454,6 +473,9 @@ static enum open_result rc_result(int rc) {
   if (is_corrupt_rc(rc))
     return OPEN_CORRUPT;
   switch (rc & 0xff) {
+  case SQLITE_BUSY: /* another process held its lock past the busy timeout */
+  case SQLITE_LOCKED:
+    return OPEN_BUSY;
   case SQLITE_READONLY:
   case SQLITE_CANTOPEN:
   case SQLITE_IOERR:
@@ -679,21 +701,62 @@ fail:
   return res;
 }
 
-/* Renames path and its -wal/-shm companions to "<name>.corrupt-<time>".
+/* rename(from, to) that never replaces an existing to: -1 with EEXIST
+ * then.  RENAME_NOREPLACE where the file system has it; elsewhere link(2)
+ * (which fails on an existing name too) and unlink, else a check and a
+ * rename (only a race with another process can replace then). */
+static int rename_noreplace(const char *from, const char *to) {
+  struct stat sb;
+  if (renameat2(AT_FDCWD, from, AT_FDCWD, to, RENAME_NOREPLACE) == 0)
+    return 0;
+  if (errno != EINVAL && errno != ENOSYS && errno != ENOTSUP)
+    return -1;
+  if (link(from, to) == 0)
+    return unlink(from) == 0 || errno == ENOENT ? 0 : -1;
+  if (errno == EEXIST || errno == ENOENT)
+    return -1;
+  if (lstat(to, &sb) == 0) {
+    errno = EEXIST;
+    return -1;
+  }
+  return rename(from, to);
+}
+
+/* Renames path and its -wal/-shm companions to "<path>.corrupt-<time>",
+ * or, when a file of that name (or one of its companions) is already
+ * there (a second recovery in the same second), "<path>.corrupt-<time>.N"
+ * with the lowest free N from 1: a file kept aside is never replaced.
  * Writes the new main name into moved.  Returns 0 or -errno. */
 static int move_aside(const char *path, char *moved, size_t len) {
   static const char *const suffix[] = {"", "-wal", "-shm"};
   long t = (long)now_s();
-  snprintf(moved, len, "%s.corrupt-%ld", path, t);
-  for (size_t i = 0; i < 3; i++) {
-    char from[4096], to[4200];
-    snprintf(from, sizeof from, "%s%s", path, suffix[i]);
-    snprintf(to, sizeof to, "%s.corrupt-%ld%s", path, t, suffix[i]);
-    if (rename(from, to) != 0 && errno != ENOENT) {
-      if (i == 0)
-        return -errno;
-      unlink(from); /* a companion of a corrupt file is useless */
+  char base[4200];
+  for (int n = 0;; n++) {
+    struct stat sb;
+    if (n == 0)
+      snprintf(base, sizeof base, "%s.corrupt-%ld", path, t);
+    else
+      snprintf(base, sizeof base, "%s.corrupt-%ld.%d", path, t, n);
+    int taken = 0;
+    for (size_t i = 1; i < 3 && !taken; i++) {
+      char to[4300];
+      snprintf(to, sizeof to, "%s%s", base, suffix[i]);
+      taken = lstat(to, &sb) == 0;
     }
+    if (taken)
+      continue;
+    if (rename_noreplace(path, base) == 0)
+      break;
+    if (errno != EEXIST || n >= 1000)
+      return -errno;
+  }
+  snprintf(moved, len, "%s", base);
+  for (size_t i = 1; i < 3; i++) {
+    char from[4096], to[4300];
+    snprintf(from, sizeof from, "%s%s", path, suffix[i]);
+    snprintf(to, sizeof to, "%s%s", base, suffix[i]);
+    if (rename_noreplace(from, to) != 0 && errno != ENOENT)
+      unlink(from); /* a companion of a corrupt file is useless */
   }
   return 0;
 }
@@ -794,6 +857,20 @@ static int open_file(struct dspk__cache *c, int no_fallback, sqlite3 **db,
             " using an in-memory cache",
             c->path, why);
     return 1;
+  case OPEN_BUSY:
+    /* Transient: another process (a daemon rebuilding a shared cache, an
+     * sqlite3 .backup) held its lock longer than the busy timeout. */
+    if (created || dirs)
+      remove_created(c->path, created, dirs);
+    if (no_fallback)
+      return DSPK_EBUSY;
+    c->busy_retry = 1;
+    setwarn(warn, warnlen,
+            "cache file %s is locked by another process (%s after %d ms);"
+            " using an in-memory cache until it is free (each store tries the"
+            " file again)",
+            c->path, why, c->busy_ms);
+    return 1;
   default:
     break;
   }
@@ -879,6 +956,89 @@ err_free:
   return err;
 }
 
+/* Copies what the in-memory cache holds into the file attached to its
+ * connection as "f" (one transaction), after the file's own entries in
+ * recency: the memory's ticks are moved past the file's clock, which is
+ * advanced by as much.  An entry the file has already is kept as the file
+ * has it.  Returns the entries copied, or a negative sqlite rc. */
+static int64_t copy_into_file(sqlite3 *mem) {
+  static const char *const step[] = {
+      "UPDATE main.kernels SET tick = tick + (SELECT v FROM f.meta WHERE k = 'tick')",
+      "UPDATE main.autotune SET tick = tick + (SELECT v FROM f.meta WHERE k = 'tick')",
+      "UPDATE main.blobs SET tick = tick + (SELECT v FROM f.meta WHERE k = 'tick')",
+      "INSERT OR IGNORE INTO f.kernels SELECT * FROM main.kernels",
+      "INSERT OR IGNORE INTO f.autotune SELECT * FROM main.autotune",
+      "INSERT OR IGNORE INTO f.blobs SELECT * FROM main.blobs",
+      "UPDATE f.meta SET v = v + (SELECT v FROM main.meta WHERE k = 'tick')"
+      " WHERE k = 'tick'"};
+  int64_t copied = 0;
+  int rc = exec(mem, "BEGIN IMMEDIATE");
+  for (size_t i = 0; rc == SQLITE_OK && i < sizeof step / sizeof step[0]; i++) {
+    rc = exec(mem, step[i]);
+    if (rc == SQLITE_OK && i >= 3 && i < 6)
+      copied += sqlite3_changes(mem);
+  }
+  if (rc == SQLITE_OK)
+    rc = exec(mem, "COMMIT");
+  if (rc != SQLITE_OK) {
+    rollback(mem);
+    return -rc;
+  }
+  return copied;
+}
+
+/* Called with the mutex held before each put while the cache is in memory
+ * because its file was locked at open: opens the file again, waiting at
+ * most RETRY_BUSY_MS for the lock (a put must not wait the full busy
+ * timeout each time).  Still locked: stays in memory and tries at the next
+ * put.  Opened: what was stored in memory meanwhile is copied into it, the
+ * cache goes on with the file, and one line goes to opts.notice.  Another
+ * failure (the file became unusable): stays in memory for good, and says
+ * so. */
+#define RETRY_BUSY_MS 100
+static void retry_busy(struct dspk__cache *c) {
+  char warn[1024] = "", line[1400];
+  sqlite3 *db = NULL, *mem = c->db;
+  int busy_ms = c->busy_ms;
+  c->busy_retry = 0;
+  c->busy_ms = RETRY_BUSY_MS;
+  int r = open_file(c, 0, &db, warn, sizeof warn);
+  c->busy_ms = busy_ms;
+  if (r != 0) {
+    if (c->busy_retry)
+      return; /* still locked: no line, the next put tries again */
+    snprintf(line, sizeof line, "%s", warn);
+  } else {
+    sqlite3_busy_timeout(db, busy_ms);
+    sqlite3_stmt *st = NULL;
+    int64_t copied = -1;
+    if (sqlite3_prepare_v2(mem, "ATTACH DATABASE ?1 AS f", -1, &st, NULL) == SQLITE_OK) {
+      sqlite3_bind_text(st, 1, c->path, -1, SQLITE_STATIC);
+      if (sqlite3_step(st) == SQLITE_DONE)
+        copied = copy_into_file(mem);
+      sqlite3_finalize(st);
+      exec(mem, "DETACH DATABASE f");
+    }
+    remember_file(c);
+    c->db = db;
+    atomic_store(&c->in_memory, 0);
+    sqlite3_close_v2(mem);
+    if (copied >= 0)
+      snprintf(line, sizeof line,
+               "cache file %s is no longer locked: using it (%lld %s stored in memory"
+               " meanwhile copied into it)%s%s",
+               c->path, (long long)copied, copied == 1 ? "entry" : "entries",
+               warn[0] ? "; " : "", warn);
+    else
+      snprintf(line, sizeof line,
+               "cache file %s is no longer locked: using it (what was stored in memory"
+               " meanwhile could not be copied into it and is dropped)%s%s",
+               c->path, warn[0] ? "; " : "", warn);
+  }
+  if (c->notice)
+    c->notice(c->notice_ud, line);
+}
+
 /* Called with the mutex held before each put.  When c->path no longer
  * names the file that is open (it was deleted, or another file was renamed
  * over it), everything stored would go into a file nobody will open again:
@@ -890,6 +1050,10 @@ static void follow_path(struct dspk__cache *c) {
   struct stat sb;
   char warn[1024] = "", line[1400];
   sqlite3 *db = NULL;
+  if (atomic_load(&c->in_memory) && c->busy_retry) {
+    retry_busy(c);
+    return;
+  }
   if (atomic_load(&c->in_memory) || !c->have_id)
     return;
   int gone = stat(c->path, &sb) != 0;
@@ -934,6 +1098,7 @@ tell:
 void dspk__cache_close(struct dspk__cache *c) {
   if (!c)
     return;
+  (void)flush_used(c, 0);
   sqlite3_close_v2(c->db);
   pthread_mutex_destroy(&c->mu);
   free(c->path);
@@ -948,6 +1113,17 @@ const char *dspk__cache_path(const struct dspk__cache *c) {
 /* See cache.h. */
 int dspk__cache_in_memory(const struct dspk__cache *c) {
   return atomic_load(&((struct dspk__cache *)c)->in_memory);
+}
+
+/* See cache.h. */
+int dspk__cache_waiting_for_file(struct dspk__cache *c) {
+  int w;
+  if (!c)
+    return 0;
+  pthread_mutex_lock(&c->mu);
+  w = atomic_load(&c->in_memory) && c->busy_retry;
+  pthread_mutex_unlock(&c->mu);
+  return w;
 }
 
 /* See cache.h. */
@@ -1013,6 +1189,51 @@ static void touch(struct dspk__cache *c, int kind, const char *key) {
 out:
   sqlite3_finalize(st);
   rollback(c->db);
+}
+
+/* Writes the memo uses kept by dspk__cache_tune_used (with the mutex held):
+ * each decision's hits + n, its last_used and a new tick, in the order the
+ * decisions were last used, so the most recently used one gets the highest
+ * tick.  Inside the caller's write transaction when in_txn, else in one of
+ * its own.  Best effort, like touch(): what a busy or full file refuses
+ * only loses recency, and is dropped.  Returns an sqlite rc (in_txn: the
+ * caller's transaction must be rolled back on an error). */
+static int flush_used(struct dspk__cache *c, int in_txn) {
+  sqlite3_stmt *st = NULL;
+  int rc = SQLITE_OK;
+  if (c->nused == 0)
+    return SQLITE_OK;
+  if (!in_txn && (rc = begin_write(c->db)) != SQLITE_OK)
+    goto out;
+  rc = sqlite3_prepare_v2(c->db,
+                          "UPDATE autotune SET hits = hits + ?1,"
+                          " last_used = max(last_used, ?2), tick = ?3 WHERE key = ?4",
+                          -1, &st, NULL);
+  if (rc != SQLITE_OK)
+    goto out;
+  for (int i = 0; i < c->nused; i++) {
+    int64_t t = next_tick(c->db);
+    if (t < 0) {
+      rc = (int)-t;
+      goto out;
+    }
+    sqlite3_reset(st);
+    sqlite3_bind_int64(st, 1, (int64_t)c->used[i].hits);
+    sqlite3_bind_int64(st, 2, c->used[i].last_used);
+    sqlite3_bind_int64(st, 3, t);
+    sqlite3_bind_text(st, 4, c->used[i].key, -1, SQLITE_STATIC);
+    if ((rc = sqlite3_step(st)) != SQLITE_DONE)
+      goto out;
+  }
+  rc = SQLITE_OK;
+  if (!in_txn)
+    rc = exec(c->db, "COMMIT");
+out:
+  sqlite3_finalize(st);
+  if (rc != SQLITE_OK && !in_txn)
+    rollback(c->db);
+  c->nused = 0;
+  return rc;
 }
 
 /* Deletes least recently used entries (inside the caller's write
@@ -1114,6 +1335,13 @@ static int put_commit(struct dspk__cache *c, int kind, sqlite3_stmt *st,
   int rc = begin_write(c->db);
   if (rc != SQLITE_OK)
     goto out;
+  /* The memo's uses first, so the eviction below sees them (and the new
+   * entry still gets the highest tick).  A failure here only loses them. */
+  if (c->nused && flush_used(c, 1) != SQLITE_OK) {
+    rollback(c->db);
+    if ((rc = begin_write(c->db)) != SQLITE_OK)
+      goto out;
+  }
   int64_t t = next_tick(c->db);
   if (t < 0) {
     rc = (int)-t;
@@ -1541,6 +1769,7 @@ int dspk__cache_stats(struct dspk__cache *c, struct dspk__cache_stats *out) {
     return DSPK_EINVAL;
   memset(&s, 0, sizeof s);
   pthread_mutex_lock(&c->mu);
+  (void)flush_used(c, 0); /* stored_hits and the ticks count the memo's uses */
   for (int k = 0; k < DSPK__CACHE_NKINDS; k++) {
     char sql[128];
     snprintf(sql, sizeof sql,
@@ -1656,10 +1885,33 @@ void dspk__cache_counts(struct dspk__cache *c, struct dspk__cache_kstats *out) {
 }
 
 /* See cache.h. */
-void dspk__cache_count_hit(struct dspk__cache *c, int kind) {
-  if (!c || kind < 0 || kind >= DSPK__CACHE_NKINDS)
+void dspk__cache_tune_used(struct dspk__cache *c, const struct dspk__tune_key *k) {
+  char key[DSPK__HASH_HEX], cands[17];
+  struct used u;
+  int i;
+  if (!c || !k)
     return;
+  tune_key(k, key, cands);
   pthread_mutex_lock(&c->mu);
-  c->count[kind].hits++;
+  c->count[DSPK__CACHE_AUTOTUNE].hits++;
+  for (i = 0; i < c->nused && strcmp(c->used[i].key, key) != 0; i++)
+    ;
+  if (i == c->nused && c->nused == USED_MAX) {
+    (void)flush_used(c, 0); /* one transaction per USED_MAX distinct keys */
+    i = 0;
+  }
+  if (i < c->nused) {
+    u = c->used[i];
+  } else {
+    memcpy(u.key, key, sizeof key);
+    u.hits = 0;
+  }
+  u.hits++;
+  u.last_used = now_s();
+  /* Kept in order of last use: the most recent last. */
+  memmove(&c->used[i], &c->used[i + 1], (size_t)(c->nused - (i < c->nused) - i) * sizeof u);
+  if (i < c->nused)
+    c->nused--;
+  c->used[c->nused++] = u;
   pthread_mutex_unlock(&c->mu);
 }

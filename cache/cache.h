@@ -88,11 +88,17 @@ struct dspk__cache_opts {
  * are left alone, byte for byte (no -wal or -shm file is made beside them).
  * A corrupt file (not a database, or PRAGMA quick_check fails) and a
  * marked cache whose tables are not those of its version are renamed to
- * "<path>.corrupt-<unixtime>" and a new one is made; a location that
- * cannot be written, a file left alone, or one that cannot be rebuilt
- * falls back to an in-memory cache.  In those cases the call succeeds and
- * writes one line into warn (for the daemon to log once) saying what
- * happened; otherwise warn is set to "".  warn may be NULL.
+ * "<path>.corrupt-<unixtime>" (or "<path>.corrupt-<unixtime>.N", N from
+ * 1, when that name is taken: a file kept aside is never replaced) and a
+ * new one is made; a location that cannot be written, a file left alone,
+ * or one that cannot be rebuilt falls back to an in-memory cache.  A file
+ * another process keeps locked for longer than the busy timeout falls back
+ * to an in-memory cache too, but only until it is free: each put first
+ * tries the file again (waiting at most 100 ms for the lock), and once it
+ * opens, what was stored in memory meanwhile is copied into it and
+ * opts->notice is told once.  In those cases the call succeeds and writes
+ * one line into warn (for the daemon to log once) saying what happened;
+ * otherwise warn is set to "".  warn may be NULL.
  *
  * While open, each put first checks (one stat) that path still names the
  * open file; when it was deleted or replaced, the path is opened again by
@@ -101,7 +107,8 @@ struct dspk__cache_opts {
  *
  * Returns 0 and writes *out (the caller closes it with dspk__cache_close),
  * or a negative dspk_errno (DSPK_EIO when no_fallback and the file is
- * unusable or left alone, DSPK_ENOMEM).
+ * unusable or left alone, DSPK_EBUSY when no_fallback and it is locked,
+ * DSPK_ENOMEM).
  */
 int dspk__cache_open(const char *path, const struct dspk__cache_opts *opts,
                      struct dspk__cache **out, char *warn, size_t warnlen);
@@ -112,6 +119,10 @@ void dspk__cache_close(struct dspk__cache *c);
 const char *dspk__cache_path(const struct dspk__cache *c);
 /* 1 when the cache lives in memory only (by request or after a fallback). */
 int dspk__cache_in_memory(const struct dspk__cache *c);
+/* 1 while the cache is in memory only because its file was locked at open
+ * (each put tries the file again); 0 otherwise.  Call it where no put runs
+ * at the same time (right after dspk__cache_open). */
+int dspk__cache_waiting_for_file(struct dspk__cache *c);
 
 /* ---- device identity ------------------------------------------------------ */
 
@@ -248,8 +259,15 @@ uint64_t dspk__cache_epoch(const struct dspk__cache *c);
  * or the cache's lock, so an event loop may call it.  c may be NULL (all
  * zero). */
 void dspk__cache_counts(struct dspk__cache *c, struct dspk__cache_kstats *out);
-/* Counts a hit of `kind` served from a caller's in-process memo (the
- * autotune framework remembers decisions), so stats stay truthful. */
-void dspk__cache_count_hit(struct dspk__cache *c, int kind);
+/* Records a use of the decision for k served from a caller's in-process
+ * memo (the autotune framework remembers decisions), as a hit from the file
+ * would be: counted in hits at once, and the stored entry's hits, last_used
+ * and tick updated, so that the size bound evicts what was least recently
+ * used and stored_hits stays truthful.  No write per use: the uses are
+ * kept in memory (one row per decision, up to 64) and written in one
+ * transaction at the next put (before it evicts), at dspk__cache_stats, at
+ * dspk__cache_close, or when 64 other decisions are waiting.  Best effort:
+ * a busy or full file loses them (only recency).  c NULL: nothing. */
+void dspk__cache_tune_used(struct dspk__cache *c, const struct dspk__tune_key *k);
 
 #endif /* DSPK_CACHE_CACHE_H */

@@ -506,9 +506,24 @@ DSPK_EXPORT int dspk_buffer_write(dspk_client *c, uint64_t id,
     return DSPK_ECLOSED;
   /* A shared buffer of ours with nothing in flight: its bytes are here. */
   if ((local = dspk__shm_local(c, id, offset, n)) != NULL) {
-    if (n) /* data may be NULL for 0 bytes */
-      memcpy(local, data, n);
+    if (n) /* data may be NULL for 0 bytes; it may lie in the mapping itself */
+      memmove(local, data, n);
     return 0;
+  }
+  /* From the buffer's own pages, in more than one piece: the daemon may
+   * have written a piece into bytes that a later one is still to be sent
+   * from; a copy taken now gives the bytes as they were at the call, as
+   * the local memmove and a one-piece request do. */
+  if (n > piece_max(c) && dspk__shm_overlaps(c, id, data, n)) {
+    void *tmp = malloc(n);
+    int rc;
+    if (!tmp)
+      return dspk__cerr(c, DSPK_ENOMEM, "dspk_buffer_write: out of memory for a copy of "
+                        "%zu bytes that lie in the shared buffer written", n);
+    memcpy(tmp, data, n);
+    rc = transfer(c, false, id, offset, tmp, NULL, n);
+    free(tmp);
+    return rc;
   }
   return transfer(c, false, id, offset, data, NULL, n);
 }
@@ -522,9 +537,24 @@ DSPK_EXPORT int dspk_buffer_read(dspk_client *c, uint64_t id, uint64_t offset,
   if (dspk__forked(c))
     return DSPK_ECLOSED;
   if ((local = dspk__shm_local(c, id, offset, n)) != NULL) {
-    if (n) /* dst may be NULL for 0 bytes */
-      memcpy(dst, local, n);
+    if (n) /* dst may be NULL for 0 bytes; it may lie in the mapping itself */
+      memmove(dst, local, n);
     return 0;
+  }
+  /* Into the buffer's own pages, in more than one piece: a piece received
+   * there could change bytes that a later piece is still to read; through a
+   * copy, dst gets the bytes as the daemon read them. */
+  if (n > piece_max(c) && dspk__shm_overlaps(c, id, dst, n)) {
+    void *tmp = malloc(n);
+    int rc;
+    if (!tmp)
+      return dspk__cerr(c, DSPK_ENOMEM, "dspk_buffer_read: out of memory for a copy of "
+                        "%zu bytes that lie in the shared buffer read", n);
+    rc = transfer(c, true, id, offset, NULL, tmp, n);
+    if (rc == 0)
+      memcpy(dst, tmp, n);
+    free(tmp);
+    return rc;
   }
   return transfer(c, true, id, offset, NULL, dst, n);
 }
@@ -532,13 +562,23 @@ DSPK_EXPORT int dspk_buffer_read(dspk_client *c, uint64_t id, uint64_t offset,
 DSPK_EXPORT int dspk_buffer_free(dspk_client *c, uint64_t id) {
   struct params a = {.m = DSPK__M_BUFFER_FREE, .v = {[DSPK__BFREE_BUFFER] = dspk__pv_uint(id)}};
   struct dspk__resp r;
+  uint32_t msgid;
   int rc;
 
   if (!c)
     return DSPK_EINVAL;
-  rc = call(c, &a, &r);
+  rc = dspk__send_call(c, dspk__methods[a.m].name, pack_params, &a, &msgid);
+  if (rc != 0)
+    return rc; /* not sent: the buffer is still there */
+  rc = dspk__wait(c, msgid, &r);
+  if (rc == DSPK_ETIMEDOUT) /* given up on: the daemon frees it all the same */
+    dspk__abandon(c, msgid, false);
   if (rc == 0)
     dspk__resp_free(&r);
+  /* Gone (or going, or never there): a shared allocation or temporary with
+   * this id is no longer one the daemon has (lib_shm.c). */
+  if (rc == 0 || rc == DSPK_ETIMEDOUT || rc == DSPK_ENOBUF)
+    dspk__shm_freed(c, id);
   return rc;
 }
 

@@ -130,13 +130,20 @@ DSPK_EXPORT int dspk_default_socket(char *buf, size_t buflen) {
 
   /* In a Slurm job the node's daemon (docs/cluster.md), not the session's
    * XDG_RUNTIME_DIR that sbatch carried over from the login node. */
+  const char *dir = "", *name = "/run/dspk/dspkd.sock";
   if (env && *env)
-    n = snprintf(buf, buflen, "%s", env);
-  else if (geteuid() != 0 && xdg && *xdg && !(job && *job))
-    n = snprintf(buf, buflen, "%s/dspk/dspkd.sock", xdg);
-  else
-    n = snprintf(buf, buflen, "/run/dspk/dspkd.sock");
-  return n < 0 || (size_t)n >= buflen ? DSPK_ELIMIT : 0;
+    name = env;
+  else if (geteuid() != 0 && xdg && *xdg && !(job && *job)) {
+    dir = xdg;
+    name = "/dspk/dspkd.sock";
+  }
+  /* Measured first: buf is written only when the whole path fits (dspk.h:
+   * outputs are written only on success). */
+  n = snprintf(NULL, 0, "%s%s", dir, name);
+  if (n < 0 || (size_t)n >= buflen)
+    return DSPK_ELIMIT;
+  snprintf(buf, buflen, "%s%s", dir, name);
+  return 0;
 }
 
 /* ---- in-flight bookkeeping ---------------------------------------------- */
@@ -146,6 +153,10 @@ bool dspk__inflight_has(const dspk_client *c, uint32_t msgid) {
     if (c->inflight[i] == msgid)
       return true;
   return false;
+}
+
+bool dspk__daemon_busy(const dspk_client *c) {
+  return c->ninflight > 0 || c->nabandoned > 0 || c->abandoned_lost;
 }
 
 /* Forgets ticket's dspk_result_to_file, closing its descriptor. */
@@ -196,6 +207,7 @@ void dspk__abandon(dspk_client *c, uint32_t msgid, bool frees_buffer) {
     size_t cap = c->capabandoned ? 2 * c->capabandoned : 8;
     struct dspk__abandoned *p = realloc(c->abandoned, cap * sizeof(*p));
     if (!p) { /* its temporaries stay busy, its answer is dropped all the same */
+      c->abandoned_lost = true; /* and when it ends is never known */
       return;
     }
     c->abandoned = p;
@@ -318,8 +330,6 @@ DSPK_EXPORT int dspk_result_to_file(dspk_client *c, uint32_t ticket, int fd, uin
                                     bool *written) {
   struct stat st;
   int fl, dfd;
-  if (written)
-    *written = false;
   if (!c)
     return dspk__argerr(c, "dspk_result_to_file: c is NULL");
   if (dspk__forked(c))
@@ -346,6 +356,8 @@ DSPK_EXPORT int dspk_result_to_file(dspk_client *c, uint32_t ticket, int fd, uin
   }
   if ((dfd = fcntl(fd, F_DUPFD_CLOEXEC, 0)) < 0)
     return dspk__cerr(c, DSPK_EIO, "dspk_result_to_file: %s", strerror(errno));
+  if (written) /* only now: outputs are written only on success (dspk.h) */
+    *written = false;
   c->sinks[c->nsinks++] = (struct dspk__sink){ticket, dfd, offset, written};
   return 0;
 }

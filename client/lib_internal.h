@@ -73,6 +73,11 @@ struct dspk_client {
     bool frees_buffer;
   } *abandoned;
   size_t nabandoned, capabandoned;
+  /* A request was given up on that c->abandoned could not hold (out of
+   * memory): the daemon may run it still, and c never learns when it ends,
+   * so for the rest of the connection something counts as in flight
+   * (dspk__daemon_busy). */
+  bool abandoned_lost;
   /* Received bytes not yet consumed. */
   char *rbuf;
   size_t rlen, rcap;
@@ -189,6 +194,10 @@ struct dspk__shm {
   uint64_t used;    /* c->shm_clock when it was last made idle */
   bool unmapped;    /* a lent one returned larger than shm_idle_bytes: its
                        pages are gone, its buffer is dropped by the next trim */
+  bool freed;       /* its id was freed with dspk_buffer_free (the daemon has no
+                       such buffer now): the caller's stays mapped until
+                       dspk_shared_free but stands for no operand and takes no
+                       local read or write; a temporary is dropped once idle */
 };
 /* The reference for an inline operand of task `device` (items of isz
  * bytes): 1 with *id, *off when it lies in a shared allocation that can
@@ -216,9 +225,13 @@ int dspk__shm_result(dspk_client *c, const char *device, size_t n, bool may_wait
 const char *dspk__shm_of_ticket(dspk_client *c, uint32_t ticket, uint64_t id,
                                 uint64_t off, size_t n);
 /* Where buffer id's bytes [off, off+n) are in this process, when id is a
- * dspk_shared_alloc of c and no request is in flight (so a local copy keeps
+ * live dspk_shared_alloc of c (not freed with dspk_buffer_free) and the daemon
+ * works on no request of c (dspk__daemon_busy: so a local copy keeps
  * the order the daemon would give); else NULL. */
 char *dspk__shm_local(dspk_client *c, uint64_t id, uint64_t off, size_t n);
+/* Whether [p, p + n) overlaps the mapping of c's live shared allocation id
+ * (dspk_buffer_write/read from or into its own pages). */
+bool dspk__shm_overlaps(const dspk_client *c, uint64_t id, const void *p, size_t n);
 /* The result of ticket that the daemon wrote into temporary id: lends the
  * temporary's pages to the result (state 4: no copy; dspk_result_free gives
  * them back for reuse) and returns where its bytes [off, off+n) are, or
@@ -245,6 +258,9 @@ void dspk__shm_done(dspk_client *c, uint32_t ticket);
  * memory quotas.  Called by dspk_wait and dspk_wait_any once an answer is
  * consumed. */
 void dspk__shm_trim(dspk_client *c);
+/* dspk_buffer_free freed buffer id: a shared allocation or temporary of c
+ * with that id is marked freed (lib_shm.c, struct dspk__shm). */
+void dspk__shm_freed(dspk_client *c, uint64_t id);
 /* Frees every idle temporary (a refused allocation is then tried again):
  * whether there was any. */
 bool dspk__shm_drop_idle(dspk_client *c);
@@ -280,6 +296,12 @@ int dspk__send_call(dspk_client *c, const char *method,
                     uint32_t *id);
 /* True when msgid is in flight. */
 bool dspk__inflight_has(const dspk_client *c, uint32_t msgid);
+/* Whether the daemon may still be working on a request of c: one in flight,
+ * or one given up on after a timeout (dspk__abandon) whose answer has not
+ * come yet, which the daemon still runs.  A local shortcut that must keep
+ * the daemon's order of requests (dspk__shm_local) is taken only when it is
+ * false. */
+bool dspk__daemon_busy(const dspk_client *c);
 /* Gives up on request msgid after its wait timed out: no longer in flight,
  * its late answer dropped when it comes (the temporaries of that ticket
  * idle again then; with frees_buffer, the buffer the answer names freed). */

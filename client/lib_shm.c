@@ -359,10 +359,20 @@ static void shm_drop(dspk_client *c, size_t i, bool tell) {
   struct dspk__shm s = c->shm[i];
   memmove(&c->shm[i], &c->shm[i + 1], (c->nshm - i - 1) * sizeof(c->shm[0]));
   c->nshm--;
-  if (tell && !c->broken)
+  if (tell && !c->broken && !s.freed) /* freed: the caller's dspk_buffer_free did */
     buffer_free_keep_err(c, s.id); /* requests already sent still see it */
   if (!s.unmapped)
     munmap(s.ptr, s.size);
+}
+
+void dspk__shm_freed(dspk_client *c, uint64_t id) {
+  for (size_t i = 0; id && i < c->nshm; i++)
+    if (c->shm[i].id == id) {
+      c->shm[i].freed = true;
+      if (c->shm[i].state == 2) /* an idle temporary: of no more use */
+        shm_drop(c, i, false);
+      return;
+    }
 }
 
 DSPK_EXPORT int dspk_shared_alloc(dspk_client *c, const char *device,
@@ -456,7 +466,8 @@ static int shm_temp(dspk_client *c, const char *device, size_t n, bool may_wait,
   leases_reclaim(c);
   for (size_t i = 0; i < c->nshm; i++) {
     struct dspk__shm *s = &c->shm[i];
-    if (s->state == 2 && !s->unmapped && s->size >= n && strcmp(s->device, device) == 0 &&
+    if (s->state == 2 && !s->unmapped && !s->freed && s->size >= n &&
+        strcmp(s->device, device) == 0 &&
         (!best || s->size < best->size))
       best = s;
   }
@@ -475,8 +486,22 @@ static int shm_temp(dspk_client *c, const char *device, size_t n, bool may_wait,
       }
     }
     want = (n + SHM_ROUND - 1) / SHM_ROUND * SHM_ROUND;
-    if ((rc = shm_new(c, device, want, 2, &best)) != 0)
-      return rc;
+    if ((rc = shm_new(c, device, want, 2, &best)) != 0) {
+      /* A temporary is the library's choice, not the caller's: one that
+       * cannot be had (the daemon refuses it for max_buffers or a quota,
+       * its device takes no import, no memfd here) leaves the bytes to the
+       * socket, as dspk_submit sends them, where they fit one message.  A
+       * broken connection or a timeout stays the call's failure. */
+      if (c->broken || rc == DSPK_ETIMEDOUT)
+        return rc;
+      if (n < c->send_max / 2)
+        return 0;
+      char why[sizeof c->err];
+      memcpy(why, c->err, sizeof why);
+      return dspk__cerr(c, rc, "an operand or result of %zu bytes cannot cross the socket "
+                        "(the daemon's max_message is %zu bytes) and the shared temporary "
+                        "that would carry it was refused: %s", n, c->send_max, why);
+    }
   }
   best->state = 3;
   *out = best;
@@ -543,7 +568,8 @@ const struct dspk__shm *dspk__shm_holding(const dspk_client *c, const void *data
   const char *p = data;
   for (size_t i = 0; p && i < c->nshm; i++) {
     const struct dspk__shm *s = &c->shm[i];
-    if (s->state == 0 && p >= s->ptr && n <= s->size && (size_t)(p - s->ptr) <= s->size - n)
+    if (s->state == 0 && !s->freed && p >= s->ptr && n <= s->size &&
+        (size_t)(p - s->ptr) <= s->size - n)
       return s;
   }
   return NULL;
@@ -561,8 +587,9 @@ int dspk__shm_operand(dspk_client *c, const char *device, const void *data,
     s = &c->shm[i];
     if (s->state == 0 && p >= s->ptr && n <= s->size && (size_t)(p - s->ptr) <= s->size - n) {
       /* A reference the daemon would refuse (another device's buffer, an
-       * offset between items) is no reference: the bytes go as any other. */
-      if ((size_t)(p - s->ptr) % isz != 0 ||
+       * offset between items, an id freed with dspk_buffer_free) is no
+       * reference: the bytes go as any other. */
+      if (s->freed || (size_t)(p - s->ptr) % isz != 0 ||
           (strcmp(device, "any") != 0 && strcmp(device, s->device) != 0))
         break;
       *id = s->id;
@@ -603,14 +630,26 @@ const char *dspk__shm_of_ticket(dspk_client *c, uint32_t ticket, uint64_t id,
 }
 
 char *dspk__shm_local(dspk_client *c, uint64_t id, uint64_t off, size_t n) {
-  if (c->ninflight > 0 || c->broken) /* keep the daemon's order of requests */
+  /* Keep the daemon's order of requests: also behind one given up on after
+   * a timeout, which the daemon still runs (its answer not come yet). */
+  if (dspk__daemon_busy(c) || c->broken)
     return NULL;
   for (size_t i = 0; i < c->nshm; i++) {
     struct dspk__shm *s = &c->shm[i];
-    if (s->state == 0 && s->id == id)
+    if (s->state == 0 && !s->freed && s->id == id)
       return off <= s->size && n <= s->size - off ? s->ptr + off : NULL;
   }
   return NULL;
+}
+
+bool dspk__shm_overlaps(const dspk_client *c, uint64_t id, const void *p, size_t n) {
+  const char *q = p;
+  for (size_t i = 0; q && n && i < c->nshm; i++) {
+    const struct dspk__shm *s = &c->shm[i];
+    if (s->state == 0 && !s->freed && s->id == id && !s->unmapped)
+      return q < s->ptr + s->size && s->ptr < q + n;
+  }
+  return false;
 }
 
 void dspk__shm_sent(dspk_client *c, uint32_t ticket, bool ok) {
@@ -641,7 +680,7 @@ void dspk__shm_trim(dspk_client *c) {
       bool taken = false;
       for (size_t k = 0; k < kept; k++)
         taken |= keep[k] == s->id;
-      if (s->state == 2 && !taken && (!best || s->used > best->used))
+      if (s->state == 2 && !s->freed && !taken && (!best || s->used > best->used))
         best = s;
     }
     if (!best || bytes + best->size > c->shm_idle_bytes)

@@ -88,8 +88,7 @@ int dspkd_admin_check(struct req *r, const char *method) {
   struct conn *c = r->c;
   if (dspkd_admin_is(c))
     return 0;
-  dspkd_notice("client %llu (pid %ld uid %ld): %s refused: not an admin",
-             (unsigned long long)c->id, (long)c->pid, (long)c->uid, method);
+  dspkd_notice(DSPKD_PEER_FMT ": %s refused: not an admin", DSPKD_PEER_ARGS(c), method);
   return dspk__fail(r->msg, sizeof r->msg, DSPK_EPERM, "%s: uid %ld is not an admin "
                     "(admin_users and admin_groups in the [policy] of dspkd.conf)", method,
                     (long)c->uid);
@@ -98,7 +97,7 @@ int dspkd_admin_check(struct req *r, const char *method) {
 int dspkd_m_daemon_reload(struct req *r) {
   struct conn *c = r->c;
   int err;
-  dspkd_info("client %llu (uid %ld): daemon.reload", (unsigned long long)c->id, (long)c->uid);
+  dspkd_info(DSPKD_PEER_FMT ": daemon.reload", DSPKD_PEER_ARGS(c));
   err = dspkd_reload(c->d, r->msg, sizeof r->msg);
   if (err < 0)
     return err;
@@ -110,7 +109,7 @@ int dspkd_m_daemon_reload(struct req *r) {
 int dspkd_m_daemon_stop(struct req *r) {
   struct conn *c = r->c;
   int err;
-  dspkd_info("client %llu (uid %ld): daemon.stop", (unsigned long long)c->id, (long)c->uid);
+  dspkd_info(DSPKD_PEER_FMT ": daemon.stop", DSPKD_PEER_ARGS(c));
   err = reply_bool(r, DSPK__M_DAEMON_STOP, true);
   if (err < 0)
     return err;

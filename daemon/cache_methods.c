@@ -100,13 +100,12 @@ static void after_cb(uv_work_t *w, int status) {
   int err = status < 0 ? DSPK_ECANCELED : cw->err;
 
   if (cw->clear && err == 0)
-    dspkd_info("client %llu (uid %ld): cache.clear: done (mask %u)",
-               (unsigned long long)c->id, (long)c->uid, cw->mask);
+    dspkd_info(DSPKD_PEER_FMT ": cache.clear: done (mask %u)", DSPKD_PEER_ARGS(c), cw->mask);
   /* A clear the database refused (a full disk, an I/O error): the cache
    * is not what the admin asked for, which the log says too. */
   if (cw->clear && err < 0 && err != DSPK_ECANCELED)
-    dspkd_warn("client %llu (uid %ld): cache.clear failed: %s: %s%s%s; nothing was removed",
-               (unsigned long long)c->id, (long)c->uid, dspk__err_name(err),
+    dspkd_warn(DSPKD_PEER_FMT ": cache.clear failed: %s: %s%s%s; nothing was removed",
+               DSPKD_PEER_ARGS(c), dspk__err_name(err),
                dspk__strerror(err), cw->why[0] ? ": " : "", cw->why);
   if (!c->closing) {
     if (err < 0) {
@@ -174,8 +173,7 @@ int dspkd_m_cache_clear(struct req *r) {
   if (!mask)
     mask = DSPK__CACHE_ALL;
   if (!dspkd_admin_is(c)) {
-    dspkd_notice("client %llu (pid %ld uid %ld): cache.clear refused: not an admin",
-                 (unsigned long long)c->id, (long)c->pid, (long)c->uid);
+    dspkd_notice(DSPKD_PEER_FMT ": cache.clear refused: not an admin", DSPKD_PEER_ARGS(c));
     snprintf(r->msg, sizeof r->msg,
              "cache.clear: permission denied: uid %ld is not an admin (root, the daemon's "
              "own user (uid %ld), admin_users and admin_groups in the [policy] of dspkd.conf)",

@@ -26,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -36,6 +37,7 @@
 
 #include "backends/backend.h"
 #include "daemon/config.h"
+#include "daemon/linger.h"
 #include "daemon/log.h"
 #include "proto/units.h"
 
@@ -542,7 +544,7 @@ static int store(const struct key *k, const char *value, bool from_file,
   case K_BOOL: {
     bool b;
     if (parse_bool(value, &b) != 0) {
-      snprintf(why, len, "expected yes or no, got \"%s\"", value);
+      snprintf(why, len, "expected yes|no, true|false, on|off or 1|0, got \"%s\"", value);
       return -1;
     }
     memcpy(field, &b, sizeof b);
@@ -896,6 +898,12 @@ int dspkd_config_start(int argc, char **argv, struct dspkd_config *cfg) {
   file_socket[0] = '\0';
   if ((r = parse_argv(argc, argv, cfg, &config, &cli_cache)) != 0)
     return r;
+  /* --cache and --no-cache each decide both keys of the cache's choice (the
+   * option wins over the file's cache and no_cache alike), so both are the
+   * command line's: the file's are read but not applied, at start and at a
+   * reload, nor reported as changed by one. */
+  if (cli_cache)
+    flag_mask |= (uint64_t)1 << key_index("cache") | (uint64_t)1 << key_index("no_cache");
   have_conf = conf_default = false;
   conf_path[0] = '\0';
   if (config && !*config)
@@ -947,8 +955,36 @@ static int restart_key_differs(const struct key *k, const struct dspkd_config *a
   return memcmp(pa, pb, k->width) != 0;
 }
 
+uint64_t dspkd_fds_need(const struct dspkd_config *cfg) {
+  return (uint64_t)cfg->max_clients * (1 + DSPKD_MAX_FDS) + DSPKD_LINGER_MAX +
+         DSPKD_NOFILE_RESERVE;
+}
+
+void dspkd_config_check_nofile(const struct dspkd_config *cfg, unsigned long long was) {
+  struct rlimit rl;
+  unsigned long long need;
+
+  if (getrlimit(RLIMIT_NOFILE, &rl) != 0)
+    return;
+  need = (unsigned long long)dspkd_fds_need(cfg);
+  if (rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur >= need) {
+    dspkd_info("file descriptors: RLIMIT_NOFILE %llu (soft limit was %llu; %llu needed at "
+               "most for max_clients %zu, the rest for buffer.share memfds not yet read)",
+               (unsigned long long)rl.rlim_cur, was, need, cfg->max_clients);
+    return;
+  }
+  dspkd_warn("file descriptors: RLIMIT_NOFILE %llu (hard limit %llu) is below the %llu that "
+             "max_clients %zu connections may need (%d each with their pending "
+             "buffer.import descriptors, plus %d for the daemon's own files): raise the hard "
+             "limit (LimitNOFILE= in the unit, or ulimit -Hn) or lower max_clients "
+             "(docs/admin.md, \"File descriptors\")", (unsigned long long)rl.rlim_cur,
+             (unsigned long long)rl.rlim_max, need, cfg->max_clients, 1 + DSPKD_MAX_FDS,
+             DSPKD_LINGER_MAX + DSPKD_NOFILE_RESERVE);
+}
+
 int dspkd_config_reload(struct dspkd *d, char *msg, size_t msglen) {
   struct dspkd_config nw, was;
+  size_t clients_were = d->cfg.max_clients;
   char err[PATH_MAX + 512];
   int r;
 
@@ -989,6 +1025,13 @@ int dspkd_config_reload(struct dspkd *d, char *msg, size_t msglen) {
   have_conf = true;
   dspkd_log_set_level((enum dspkd_level)d->cfg.log_level);
   dspkd_info("configuration reloaded from %s", conf_path);
+  /* The checks the start makes of a reloadable key, made again when a
+   * reload changed it: the descriptors max_clients needs. */
+  if (d->cfg.max_clients != clients_were) {
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0)
+      dspkd_config_check_nofile(&d->cfg, (unsigned long long)rl.rlim_cur);
+  }
   r = 0;
 out:
   for (size_t i = 0; i < NKEYS; i++) {

@@ -56,6 +56,14 @@ int dspkd_config_start(int argc, char **argv, struct dspkd_config *cfg);
  */
 int dspkd_config_reload(struct dspkd *d, char *msg, size_t msglen);
 
+/* Logs whether RLIMIT_NOFILE can hold max_clients connections with their
+ * pending descriptors, the lingering ones and the daemon's own reserve (at
+ * info, "file descriptors: RLIMIT_NOFILE N (soft limit was was; ...)"), or
+ * a warning that it cannot (docs/admin.md, "File descriptors").  At the
+ * start (after the soft limit is raised) and at each reload that changes
+ * max_clients. */
+void dspkd_config_check_nofile(const struct dspkd_config *cfg, unsigned long long was);
+
 /* 1 when a peer with these credentials may connect: the allow lists are
  * empty, or it is root or the daemon's own user, or it is listed (its uid,
  * its primary group or one of its supplementary groups). */

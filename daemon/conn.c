@@ -290,8 +290,8 @@ static void conn_protocol_error(struct conn *c, int code, const char *msg) {
   size_t n;
   uv_os_fd_t fd;
 
-  dspkd_notice("client %llu (pid %ld): %s: %s; closing the connection",
-             (unsigned long long)c->id, (long)c->pid, dspk__err_name(code), msg);
+  dspkd_notice(DSPKD_PEER_FMT ": %s: %s; closing the connection", DSPKD_PEER_ARGS(c),
+               dspk__err_name(code), msg);
   if (c->closing)
     return;
   wr = dspkd_wreq_new();
@@ -552,19 +552,26 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
       cap = pending + READ_MIN;
     /* The user's read buffers together stay within max_user_partial,
      * counted at their allocated size: a buffer that would pass it grows
-     * only to what is left (a message up to that size still fits), and
-     * when that is not room enough for what it holds and one more read the
-     * frame cannot be taken in (on_read closes the connection). */
+     * only to what is left, however little more than what it holds that is
+     * (a message up to that size still fits: the last reads may be shorter
+     * than READ_MIN), or keeps the free space it already has; when neither
+     * leaves a byte to read into, the frame cannot be taken in (on_read
+     * closes the connection, naming the size the frame needs). */
     if (c->user && cap > RCHUNK_MIN) {
       uint64_t others = c->user->rbytes - c->rbytes, bound = c->d->cfg.max_user_partial;
       uint64_t room = bound > others ? bound - others : 0;
-      if (cap > room && room >= pending + READ_MIN && room > (k ? k->cap : 0))
+      if (cap > room && room > pending)
         cap = (size_t)room;
       if (others + cap > bound) {
+        if (k && k->cap > k->end) /* what it has, no growth */
+          goto have;
         c->over_partial = true;
         c->over_pending = pending;
-        c->over_cap = cap;
-        c->over_total = others + cap;
+        c->over_others = others;
+        c->over_need = k ? dspk__frame_need(k->data + k->start, pending, &c->d->cfg.lim)
+                         : (uint64_t)pending + 1;
+        if (c->over_need <= pending)
+          c->over_need = (uint64_t)pending + 1;
         return;
       }
     }
@@ -663,8 +670,10 @@ static void conn_frame(struct conn *c, struct rchunk *k, const char *p, size_t n
     if (end)
       dspkd_shm_drop_upto(c, end);
     if (err < 0) {
-      dspkd_debug("client %llu: %.*s #%u: %s: %s", (unsigned long long)c->id,
-                  (int)m.method_len, m.method, m.msgid, dspk__err_name(err), r.msg);
+      char mv[2 * DSPKD_LOG_VALUE_MAX + 3]; /* the client's text, quoted if need be */
+      dspkd_debug("client %llu: %s #%u: %s: %s", (unsigned long long)c->id,
+                  dspkd_log_value(mv, sizeof mv, m.method, m.method_len), m.msgid,
+                  dspk__err_name(err), r.msg);
       dspkd_conn_send_error(c, m.msgid, err, r.msg);
     }
   }
@@ -1106,10 +1115,10 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
   if (n == UV_ENOBUFS && c->over_partial) {
     char msg[320];
     snprintf(msg, sizeof msg, "this connection's incomplete message (%llu bytes so far) "
-             "needs a read buffer of %llu bytes, with which this user's read buffers "
+             "needs a read buffer of at least %llu bytes, with which this user's read buffers "
              "would be %llu bytes (allocated size), more than max_user_partial (%llu bytes)",
-             (unsigned long long)c->over_pending, (unsigned long long)c->over_cap,
-             (unsigned long long)c->over_total,
+             (unsigned long long)c->over_pending, (unsigned long long)c->over_need,
+             (unsigned long long)(c->over_others + c->over_need),
              (unsigned long long)c->d->cfg.max_user_partial);
     conn_protocol_error(c, DSPK_ELIMIT, msg);
     return;
@@ -1429,8 +1438,7 @@ static void accept_fd(struct dspkd *d, int fd) {
     c->uid = (uid_t)-1;
     c->gid = (gid_t)-1;
   }
-  dspkd_debug("client %llu: connected (pid %ld uid %ld gid %ld)",
-              (unsigned long long)c->id, (long)c->pid, (long)c->uid, (long)c->gid);
+  dspkd_debug(DSPKD_PEER_FMT ": connected", DSPKD_PEER_ARGS(c));
   if (!dspkd_admin_may_connect(c)) {
     conn_protocol_error(c, DSPK_EPERM, "this user may not connect (allow_users and "
                         "allow_groups in the daemon's policy)");

@@ -366,7 +366,7 @@ struct conn {
   pid_t pid;
   uid_t uid;
   gid_t gid;
-  char name[64];
+  char name[128];           /* hello's client, echoed: dspk__utf8_echo */
   struct rchunk *rb;
   size_t unsent;            /* bytes handed to uv_write, not yet written */
   size_t inflight;          /* device jobs not yet answered (c->jobs); with
@@ -382,9 +382,9 @@ struct conn {
   size_t creating;          /* buffer.create jobs in flight */
   uint64_t rbytes;          /* bytes of rb counted in user->rbytes */
   bool over_partial;        /* the read buffer could not grow: max_user_partial */
-  /* Then: the bytes of the message held, the size the buffer had to grow
-   * to, and what the user's read buffers would have held with it. */
-  uint64_t over_pending, over_cap, over_total;
+  /* Then: the bytes of the message held, the least size the whole message
+   * can have (dspk__frame_need), and the user's other read buffers. */
+  uint64_t over_pending, over_need, over_others;
   uint64_t *mem;            /* [d->ndevs] device memory: buffers + jobs in flight */
   uint64_t requests;
   /* daemon/jobs.c: the Slurm job of the connection, decided at its first
@@ -528,6 +528,14 @@ void dspkd_dbuf_ref(struct dbuf *b);
  * device's runner. */
 void dspkd_dbuf_unref(struct dspkd *d, struct dbuf *b);
 
+/* How every log line names a client: its connection number and the peer's
+ * credentials (SO_PEERCRED), the same fields in every line, so that an
+ * administrator can tell who was refused or did what:
+ *   dspkd_notice(DSPKD_PEER_FMT ": ...", DSPKD_PEER_ARGS(c), ...) */
+#define DSPKD_PEER_FMT "client %llu (pid %ld uid %ld gid %ld)"
+#define DSPKD_PEER_ARGS(c)                                                     \
+  (unsigned long long)(c)->id, (long)(c)->pid, (long)(c)->uid, (long)(c)->gid
+
 /* daemon/shm.c: shared-memory buffers (docs/protocol.md "Shared memory"). */
 #define DSPKD_MAX_FDS 8
 /* Unclaimed received descriptors of all the connections of one uid. */
@@ -582,7 +590,8 @@ void dspkd_shm_conn_park(struct conn *c);
 void dspkd_shm_parked_close(struct dspkd *d);
 /* Descriptors the daemon may need besides buffer.share's: max_clients
  * connections with their pending buffer.import descriptors, the lingering
- * ones and a reserve for its own files (daemon/main.c checks it at start). */
+ * ones and a reserve for its own files (daemon/config.c: checked at start
+ * and at a reload that changes max_clients). */
 uint64_t dspkd_fds_need(const struct dspkd_config *cfg);
 /* How many buffer.share memfds all users together may have not yet read:
  * what RLIMIT_NOFILE leaves beyond dspkd_fds_need, at least

@@ -137,8 +137,7 @@ static void job_bind(struct conn *c, struct djob *j) {
   c->job_state = 1;
   if (j) {
     j->nconns++;
-    dspkd_debug("client %llu (pid %ld uid %ld): Slurm job %" PRIu64,
-                (unsigned long long)c->id, (long)c->pid, (long)c->uid, j->id);
+    dspkd_debug(DSPKD_PEER_FMT ": Slurm job %" PRIu64, DSPKD_PEER_ARGS(c), j->id);
   }
 }
 
@@ -321,8 +320,8 @@ int dspkd_m_job_register(struct req *r) {
   if (!(wr = dspkd_result(r->msgid, DSPK__M_JOB_REGISTER, v)))
     return DSPK_ENOMEM;
   dspkd_conn_send(r->c, wr);
-  dspkd_info("client %llu (uid %ld): Slurm job %" PRIu64 " registered for uid %ld, %d GPU(s), "
-             "%d device(s) here", (unsigned long long)r->c->id, (long)r->c->uid, id,
+  dspkd_info(DSPKD_PEER_FMT ": Slurm job %" PRIu64 " registered for uid %ld, %d GPU(s), "
+             "%d device(s) here", DSPKD_PEER_ARGS(r->c), id,
              (long)j->uid, j->ndevs, nmatch);
   return 0;
 }
@@ -359,9 +358,9 @@ int dspkd_m_job_end(struct req *r) {
     buffers += c->nbufs;
     dspkd_conn_close(c, "its Slurm job ended");
   }
-  dspkd_info("client %llu (uid %ld): Slurm job %" PRIu64 " ended: %" PRIu64 " connection(s) "
+  dspkd_info(DSPKD_PEER_FMT ": Slurm job %" PRIu64 " ended: %" PRIu64 " connection(s) "
              "closed, %" PRIu64 " request(s) in flight canceled, %" PRIu64 " buffer(s) freed",
-             (unsigned long long)r->c->id, (long)r->c->uid, id, nconns, inflight, buffers);
+             DSPKD_PEER_ARGS(r->c), id, nconns, inflight, buffers);
   /* Answered when the last of its connections is gone (now, when none). */
   j->end_conns = nconns;
   j->end_inflight = inflight;

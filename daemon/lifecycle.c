@@ -195,8 +195,22 @@ void dspkd_lifecycle_close(struct dspkd *d) {
 static void on_grace(uv_timer_t *t) {
   struct dspkd *d = t->data;
   if (!d->grace_expired) {
+    size_t tasks = 0, conns = 0;
     d->grace_expired = true;
-    dspkd_warn("tasks still running at the stop deadline: canceling them");
+    /* Said as it is: the tasks that still run, if any (a connection can
+     * also be open only for answers its client does not read). */
+    for (struct conn *c = d->conns; c; c = c->next) {
+      conns++;
+      for (struct job *j = c->jobs; j; j = j->cnext)
+        tasks++;
+    }
+    if (tasks)
+      dspkd_warn("%zu task%s still running at the stop deadline: canceling %s", tasks,
+                 tasks == 1 ? "" : "s", tasks == 1 ? "it" : "them");
+    else if (conns)
+      dspkd_info("no task running at the stop deadline; %zu connection%s still open (answers "
+                 "not yet read by their clients): closed in %d ms if still open",
+                 conns, conns == 1 ? "" : "s", GRACE_FLUSH_MS);
     dspkd_sched_cancel_all(d, NULL);
     uv_timer_start(&d->grace_timer, on_grace, GRACE_FLUSH_MS, 0);
     return;

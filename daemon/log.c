@@ -65,9 +65,30 @@ int dspkd_log_enabled(enum dspkd_level level) {
   return (int)level <= atomic_load(&log_level);
 }
 
+/* Writes s[0..n) into line[pos..cap) as valid UTF-8: each byte that starts
+ * no well-formed character becomes U+FFFD, as dspk__pack_strn does for an
+ * answer's str; never splits a character at the cap.  Returns the new pos. */
+static size_t put_valid(char *line, size_t pos, size_t cap, const char *s, size_t n) {
+  static const char fffd[3] = {(char)0xEF, (char)0xBF, (char)0xBD};
+  for (size_t i = 0, k; i < n; i += k) {
+    const char *src = s + i;
+    size_t len = k = dspk__utf8_seq(s + i, n - i);
+    if (k == 0) {
+      src = fffd;
+      len = sizeof fffd;
+      k = 1;
+    }
+    if (pos + len > cap)
+      break;
+    memcpy(line + pos, src, len);
+    pos += len;
+  }
+  return pos;
+}
+
 void dspkd_log(enum dspkd_level level, const char *fmt, ...) {
-  char msg[1024], line[1100];
-  size_t n = 0;
+  char msg[1024], folded[2 * sizeof msg], line[3 * sizeof msg + 64];
+  size_t n;
   int h;
   va_list ap;
 
@@ -77,7 +98,7 @@ void dspkd_log(enum dspkd_level level, const char *fmt, ...) {
     level = DSPKD_ERROR;
   pthread_once(&sink_once, sink_detect);
   va_start(ap, fmt);
-  if (vsnprintf(msg, sizeof msg, fmt, ap) < 0)
+  if (dspk__vformat(msg, sizeof msg, fmt, ap) < 0)
     msg[0] = '\0';
   va_end(ap);
   if (to_journal)
@@ -86,27 +107,55 @@ void dspkd_log(enum dspkd_level level, const char *fmt, ...) {
     h = snprintf(line, sizeof line, "dspkd[%ld]: %s: ", (long)getpid(), level_names[level]);
   if (h < 0)
     return;
-  n = (size_t)h;
-  /* One event, one line: a newline inside a message (a compiler's log)
-   * becomes "; ", other control characters a space (dspk__utf8_ctl). */
-  for (size_t i = 0, left = strlen(msg), k; i < left && n < sizeof line - 3; i += k) {
-    k = 1;
-    if (msg[i] == '\n') {
-      if (i + 1 == left)
-        break;
-      line[n++] = ';';
-      line[n++] = ' ';
-    } else if ((k = dspk__utf8_ctl(msg + i, left - i)) != 0) {
-      line[n++] = ' '; /* C0, DEL, C1, U+2028, U+2029: a space, as in errors */
-    } else {
-      k = 1;
-      line[n++] = msg[i];
-    }
-  }
+  /* A line's text is cleaned as an answer's message is (client text quoted
+   * in either is the same): one line (dspk__one_line: the lines joined with
+   * "; ", each other control character a space), then valid UTF-8 (each
+   * ill-formed byte U+FFFD), so that journald stores it as text. */
+  n = dspk__one_line(folded, msg); /* at most twice strlen(msg) */
+  n = put_valid(line, (size_t)h, sizeof line - 1, folded, n);
   line[n++] = '\n';
   /* One write per line; a short or failed write of a log line is ignored. */
   ssize_t w = write(STDERR_FILENO, line, n);
   (void)w;
+}
+
+const char *dspkd_log_value(char *dst, size_t cap, const char *s, size_t n) {
+  size_t w = 0, i;
+  bool bare = n > 0;
+
+  for (i = 0; i < n && bare; i++) {
+    unsigned char c = (unsigned char)s[i];
+    bare = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+           (c != 0 && strchr("_.:/@+,-", c) != NULL);
+  }
+  if (cap < 3) {
+    if (cap)
+      dst[0] = '\0';
+    return dst;
+  }
+  if (bare) {
+    dspk__utf8_copy(dst, cap, s, n); /* ASCII only: a plain cut */
+    return dst;
+  }
+  /* Quoted: a blank, '=' or ':' inside cannot start another field, nor a
+   * '"' end the value early.  '"', '\\' and '=' get a backslash, so that
+   * a search for key=value never matches inside a value; what is not
+   * well-formed UTF-8 or a control character dspkd_log cleans later. */
+  dst[w++] = '"';
+  for (i = 0; i < n; i++) {
+    char c = s[i] == '\0' ? ' ' : s[i];
+    bool esc = c == '"' || c == '\\' || c == '=';
+    if (w + (esc ? 2 : 1) + 2 > cap)
+      break;
+    if (esc)
+      dst[w++] = '\\';
+    dst[w++] = c;
+  }
+  /* A cut inside a character leaves an ill-formed tail: dspkd_log makes it
+   * U+FFFD. */
+  dst[w++] = '"';
+  dst[w] = '\0';
+  return dst;
 }
 
 enum dspkd_level dspkd_log_task_level(int code) {
@@ -140,8 +189,17 @@ enum dspkd_level dspkd_log_task_level(int code) {
 
 void dspkd_log_task_failed(const char *device, const char *op, uint64_t client,
                            long pid, int code, const char *msg) {
+  char dv[2 * DSPKD_LOG_VALUE_MAX + 3], ov[2 * DSPKD_LOG_VALUE_MAX + 3];
+  /* device and op may be what the client sent (a request refused before it
+   * reached a device): quoted when not a plain token, so that they cannot
+   * add or shadow fields. */
+  if (!device || !*device)
+    device = "-";
+  if (!op || !*op)
+    op = "-";
   dspkd_log(dspkd_log_task_level(code),
             "task failed: device=%s op=%s client=%" PRIu64 " pid=%ld: %s: %s",
-            device && *device ? device : "-", op && *op ? op : "-", client, pid,
+            dspkd_log_value(dv, sizeof dv, device, strnlen(device, DSPKD_LOG_VALUE_MAX)),
+            dspkd_log_value(ov, sizeof ov, op, strnlen(op, DSPKD_LOG_VALUE_MAX)), client, pid,
             dspk__err_name(code), msg && *msg ? msg : dspk__strerror(code));
 }

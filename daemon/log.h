@@ -6,8 +6,10 @@
  * systemd.exec(5)), each line instead starts with its syslog priority,
  * "<3>" for an error, "<4>" warn, "<5>" notice, "<6>" info, "<7>" debug,
  * which journald stores as the entry's PRIORITY (name and pid it records
- * itself), so `journalctl -p err` finds the errors.  Control characters in
- * a message are folded, so an event is always one line.  Only daemon/
+ * itself), so `journalctl -p err` finds the errors.  Every line is cleaned
+ * as an answer's message is (dspk__one_line, then each ill-formed UTF-8
+ * byte U+FFFD), so an event is always one line of valid UTF-8 whatever
+ * client text it quotes.  Only daemon/
  * logs; the libraries it calls return codes and messages and the daemon
  * decides, once, at the boundary, what to log.  Thread-safe: one write(2)
  * per line.
@@ -15,6 +17,7 @@
 #ifndef DSPKD_LOG_H
 #define DSPKD_LOG_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 enum dspkd_level {
@@ -47,9 +50,21 @@ enum dspkd_level dspkd_log_task_level(int code);
 /* The one line of a failed task:
  *   task failed: device=cpu:0 op=gemm client=3 pid=1234: ESHAPE: message
  * at dspkd_log_task_level(code).  device is the device that ran it, or the
- * one the request named when it failed before reaching a device. */
+ * one the request named when it failed before reaching a device; device and
+ * op are written by dspkd_log_value (quoted unless a plain token). */
 void dspkd_log_task_failed(const char *device, const char *op, uint64_t client,
                            long pid, int code, const char *msg);
+
+/* A client's string (s[0..n)) as a log field's value or a quoted name: as
+ * it is when it is a plain token (letters, digits and _.:/@+,-), else in
+ * double quotes, with a backslash before each '"', '\\' and '=' inside (a
+ * NUL a blank), so that it can neither end early nor add or shadow a
+ * key=value field, nor match a search for one.  Cut to fit cap (> 0); the
+ * rest of the cleaning (valid UTF-8, control characters) is dspkd_log's,
+ * for every line.  Returns dst.  A cap of 2 * DSPKD_LOG_VALUE_MAX + 3 holds
+ * any value of up to DSPKD_LOG_VALUE_MAX bytes whole. */
+#define DSPKD_LOG_VALUE_MAX 64
+const char *dspkd_log_value(char *dst, size_t cap, const char *s, size_t n);
 
 #define dspkd_error(...) dspkd_log(DSPKD_ERROR, __VA_ARGS__)
 #define dspkd_warn(...) dspkd_log(DSPKD_WARN, __VA_ARGS__)

@@ -113,7 +113,7 @@ static void signal_ready(int fd) {
  * ones and a reserve for the daemon's own files. */
 static void raise_nofile(const struct dspkd_config *cfg) {
   struct rlimit rl;
-  unsigned long long need, was;
+  unsigned long long was;
 
   if (getrlimit(RLIMIT_NOFILE, &rl) != 0)
     return;
@@ -126,20 +126,7 @@ static void raise_nofile(const struct dspkd_config *cfg) {
       (void)getrlimit(RLIMIT_NOFILE, &rl);
     }
   }
-  need = (unsigned long long)dspkd_fds_need(cfg);
-  if (rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur >= need) {
-    dspkd_info("file descriptors: RLIMIT_NOFILE %llu (soft limit was %llu; %llu needed at "
-               "most for max_clients %zu, the rest for buffer.share memfds not yet read)",
-               (unsigned long long)rl.rlim_cur, was, need, cfg->max_clients);
-    return;
-  }
-  dspkd_warn("file descriptors: RLIMIT_NOFILE %llu (hard limit %llu) is below the %llu that "
-             "max_clients %zu connections may need (%d each with their pending "
-             "buffer.import descriptors, plus %d for the daemon's own files): raise the hard "
-             "limit (LimitNOFILE= in the unit, or ulimit -Hn) or lower max_clients "
-             "(docs/admin.md, \"File descriptors\")", (unsigned long long)rl.rlim_cur,
-             (unsigned long long)rl.rlim_max, need, cfg->max_clients, 1 + DSPKD_MAX_FDS,
-             DSPKD_LINGER_MAX + DSPKD_NOFILE_RESERVE);
+  dspkd_config_check_nofile(cfg, was);
 }
 
 static int detach(void) {
@@ -193,6 +180,11 @@ static void cache_notice(void *ud, const char *line) {
   dspkd_warn("cache: %s", line);
 }
 
+/* "a" or "an" before word (an autotune entry, a kernels entry). */
+static const char *article(const char *word) {
+  return word && strchr("aeiou", word[0]) && word[0] ? "an" : "a";
+}
+
 /* The cache's put_result: a put that failed in the database (a full disk,
  * an I/O error) is logged as a warning the first time and then at most once
  * a minute (with how many failed meanwhile), and once when puts work again;
@@ -217,14 +209,16 @@ static void cache_put_result(void *ud, int kind, int err, const char *detail) {
     return;
   }
   if (unlogged)
-    dspkd_warn("cache: cannot store a %s entry: %s (%s; %llu more failed since the last such"
+    dspkd_warn("cache: cannot store %s %s entry: %s (%s; %llu more failed since the last such"
                " line, logged at most once a minute)",
-               dspk__cache_kind_name(kind), detail, dspk__strerror(err),
+               article(dspk__cache_kind_name(kind)), dspk__cache_kind_name(kind), detail,
+               dspk__strerror(err),
                (unsigned long long)unlogged);
   else
-    dspkd_warn("cache: cannot store a %s entry: %s (%s; the entry is not kept;"
+    dspkd_warn("cache: cannot store %s %s entry: %s (%s; the entry is not kept;"
                " dspk_cache_put_errors_total counts these, logged at most once a minute)",
-               dspk__cache_kind_name(kind), detail, dspk__strerror(err));
+               article(dspk__cache_kind_name(kind)), dspk__cache_kind_name(kind), detail,
+               dspk__strerror(err));
   logged = 1;
   last_ns = now;
   unlogged = 0;
@@ -260,7 +254,10 @@ static int open_cache(struct dspkd *d) {
   if (warn[0])
     dspkd_warn("cache: %s", warn);
   dspkd_info("cache: %s%s", dspk__cache_path(d->cache),
-             dspk__cache_in_memory(d->cache) ? " (in memory: nothing persists)" : "");
+             dspk__cache_waiting_for_file(d->cache)
+                 ? " (in memory until the file is free)"
+             : dspk__cache_in_memory(d->cache) ? " (in memory: nothing persists)"
+                                               : "");
   return 0;
 }
 

@@ -33,25 +33,8 @@
 #include "proto/schema.h"
 #include "proto/utf8.h"
 
-_Static_assert(sizeof(((struct conn *)0)->name) > DSPK__CLIENT_NAME_MAX, "hello client");
-
-/* A client's name for status as one line (in place): each control
- * character (dspk__utf8_ctl: C0, DEL, C1, U+2028, U+2029) becomes a space,
- * as in error messages, so that a viewer of status (dspk-submit top) shows
- * it as text. */
-static void one_name(char *s) {
-  size_t n = strlen(s), w = 0, k;
-
-  for (size_t i = 0; i < n; i += k) {
-    if ((k = dspk__utf8_ctl(s + i, n - i)) != 0) {
-      s[w++] = ' ';
-    } else {
-      k = 1;
-      s[w++] = s[i];
-    }
-  }
-  s[w] = '\0';
-}
+_Static_assert(sizeof(((struct conn *)0)->name) > 2 * DSPK__CLIENT_NAME_MAX + 1,
+               "hello client, echoed (dspk__utf8_echo)");
 
 #define fail(r, code, ...) dspk__fail((r)->msg, sizeof (r)->msg, (code), __VA_ARGS__)
 
@@ -143,7 +126,9 @@ static struct device *resolve_device(struct req *r, const char *name,
   }
   dev = dspkd_device_find(d, name, strlen(name));
   if (!dev) {
-    *err = fail(r, DSPK_ENODEV, "no device \"%s\" (the devices method lists them)", name);
+    char echo[2 * DSPK__DEVICE_NAME_MAX + 2];
+    *err = fail(r, DSPK_ENODEV, "no device \"%s\" (the devices method lists them)",
+                dspk__utf8_echo(echo, sizeof echo, name, strlen(name), DSPK__DEVICE_NAME_MAX));
     return NULL;
   }
   if ((*err = device_ok(r, dev)) < 0)
@@ -188,8 +173,10 @@ static int m_hello(struct req *r) {
     return fail(r, DSPK_EVERSION, "client speaks protocol %" PRIu64
                 ", this daemon speaks %d", version, DSPK_PROTOCOL_VERSION);
   if (r->v[DSPK__HELLO_CLIENT].v.s.n) {
-    dspk__pval_str(&r->v[DSPK__HELLO_CLIENT], c->name, sizeof c->name);
-    one_name(c->name);
+    /* As one line, the way a message echoes a client's string (a viewer
+     * of status, dspk-submit top, shows it as text). */
+    const struct dspk__pval *n = &r->v[DSPK__HELLO_CLIENT];
+    dspk__utf8_echo(c->name, sizeof c->name, n->v.s.p, n->v.s.n, DSPK__CLIENT_NAME_MAX);
   }
   /* The Slurm job the client says it belongs to (daemon/jobs.c checks it
    * at the first request that needs a device). */
@@ -784,12 +771,12 @@ static int kernel_args(struct req *r, const struct dspk__pval *args, struct dspk
       break;
     case DSPK__KARG_I32:
       if (iv < INT32_MIN || iv > INT32_MAX)
-        return fail(r, DSPK_ERANGE, "options.args[%u]: out of i32 range", i);
+        return fail(r, DSPK_ERANGE, "options.args[%u]: %" PRId64 " is out of i32 range", i, iv);
       k->v.i32 = (int32_t)iv;
       break;
     case DSPK__KARG_U32:
       if (iv < 0 || iv > UINT32_MAX)
-        return fail(r, DSPK_ERANGE, "options.args[%u]: out of u32 range", i);
+        return fail(r, DSPK_ERANGE, "options.args[%u]: %" PRId64 " is out of u32 range", i, iv);
       k->v.u32 = (uint32_t)iv;
       break;
     default:

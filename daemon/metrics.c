@@ -623,18 +623,27 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 
   (void)version;
   (void)upload;
-  if (!*state) { /* first call: headers only; answer on the next */
-    *state = h;
-    return MHD_YES;
-  }
-  if (*upload_size) {
+  /* Every answer is decided at the first call, which has the headers only:
+   * a response queued then is sent without "100 Continue" and without
+   * reading a body (libmicrohttpd closes the connection after it), so a
+   * request that is refused never gets to upload one.  Later calls come
+   * only with a body no answer asked for: dropped. */
+  if (*state) {
     *upload_size = 0;
     return MHD_YES;
   }
+  *state = h;
   if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0)
     return respond_msg(conn, MHD_HTTP_METHOD_NOT_ALLOWED, "only GET /metrics\n");
   if (strcmp(url, "/metrics") != 0)
     return respond_msg(conn, MHD_HTTP_NOT_FOUND, "not found: the metrics are at /metrics\n");
+  {
+    const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
+                                                 MHD_HTTP_HEADER_CONTENT_LENGTH);
+    if ((cl && strspn(cl, "0") != strlen(cl)) ||
+        MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_TRANSFER_ENCODING))
+      return respond_msg(conn, MHD_HTTP_BAD_REQUEST, "GET /metrics takes no body\n");
+  }
 
   pthread_mutex_lock(&h->mu);
   if (h->closed) {

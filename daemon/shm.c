@@ -57,7 +57,6 @@
 #include <unistd.h>
 
 #include "daemon/dspkd.h"
-#include "daemon/linger.h"
 #include "daemon/log.h"
 #include "daemon/sched.h"
 #include "proto/testhook.h"
@@ -355,11 +354,6 @@ void dspkd_shm_parked_close(struct dspkd *d) {
   (void)d;
   while (parked)
     parked_end(parked);
-}
-
-uint64_t dspkd_fds_need(const struct dspkd_config *cfg) {
-  return (uint64_t)cfg->max_clients * (1 + DSPKD_MAX_FDS) + DSPKD_LINGER_MAX +
-         DSPKD_NOFILE_RESERVE;
 }
 
 uint64_t dspkd_shm_share_max(const struct dspkd *d) {

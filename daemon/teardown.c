@@ -194,10 +194,11 @@ static int count_threads(int *runners, char *names, size_t len) {
 
 static int threads_at_start = -1;
 
+/* Counted whatever the log level: a reload may raise it to debug before
+ * the report (one read of /proc/self/task). */
 void dspkd_teardown_baseline(void) {
   int r;
-  if (dspkd_log_enabled(DSPKD_DEBUG))
-    threads_at_start = count_threads(&r, NULL, 0);
+  threads_at_start = count_threads(&r, NULL, 0);
 }
 
 void dspkd_teardown_report(void) {

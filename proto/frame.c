@@ -56,9 +56,11 @@ static uint64_t be(const unsigned char *p, unsigned n) {
   return v;
 }
 
-ssize_t dspk__frame_scan(const void *buf, size_t len,
-                         const struct dspk__limits *lim, char *msg,
-                         size_t msglen) {
+/* dspk__frame_scan(), and when it answers 0 the least length the frame can
+ * have (*need, > len): what the headers read so far announce (a str/bin
+ * payload's length, one byte per object still owed), or len + 1. */
+static ssize_t scan(const void *buf, size_t len, const struct dspk__limits *lim,
+                    char *msg, size_t msglen, uint64_t *need) {
   const unsigned char *p = buf;
   uint64_t stack[DSPK__SCAN_DEPTH_MAX]; /* objects still owed per level */
   unsigned depth = 0;
@@ -75,8 +77,11 @@ ssize_t dspk__frame_scan(const void *buf, size_t len,
   for (;;) {
     /* One object starts at pos.  It is taken off its parent's count now, so
      * owed is what must still follow once this object is complete. */
-    if (pos >= len)
+    if (pos >= len) {
+      /* This object (still in owed: it is taken off below) and the rest. */
+      *need = pos + (owed ? owed : 1);
       goto incomplete;
+    }
     unsigned char c = p[pos];
     size_t hdr = 1;       /* header bytes including c */
     uint64_t payload = 0; /* raw bytes following the header */
@@ -136,8 +141,10 @@ ssize_t dspk__frame_scan(const void *buf, size_t len,
 
     if (lenbytes) {
       hdr += lenbytes;
-      if (len - pos < hdr)
+      if (len - pos < hdr) {
+        *need = pos + hdr + owed;
         goto incomplete;
+      }
       uint64_t n = be(p + pos + 1, lenbytes);
       if (container)
         children = n;
@@ -180,8 +187,10 @@ ssize_t dspk__frame_scan(const void *buf, size_t len,
         continue; /* the next object is its first element */
       }
     } else {
-      if (len - pos < hdr || len - pos - hdr < payload)
+      if (len - pos < hdr || len - pos - hdr < payload) {
+        *need = pos + hdr + payload + owed;
         goto incomplete;
+      }
       pos += hdr + (size_t)payload;
     }
 
@@ -196,10 +205,26 @@ ssize_t dspk__frame_scan(const void *buf, size_t len,
 incomplete:
   if (len > maxmsg)
     goto toolong;
+  if (*need <= len)
+    *need = (uint64_t)len + 1;
   return 0;
 toolong:
   return dspk__fail(msg, msglen, DSPK_ELIMIT,
               "message longer than %zu bytes (max_message)", maxmsg);
+}
+
+ssize_t dspk__frame_scan(const void *buf, size_t len,
+                         const struct dspk__limits *lim, char *msg,
+                         size_t msglen) {
+  uint64_t need = 0;
+  return scan(buf, len, lim, msg, msglen, &need);
+}
+
+uint64_t dspk__frame_need(const void *buf, size_t len, const struct dspk__limits *lim) {
+  char msg[160];
+  uint64_t need = 0;
+  ssize_t n = scan(buf, len, lim, msg, sizeof msg, &need);
+  return n == 0 ? need : n > 0 ? (uint64_t)n : len;
 }
 
 /* ---- the head of a buffer.write (dspk__write_head_scan) ------------------ */

@@ -47,6 +47,16 @@ ssize_t dspk__frame_scan(const void *buf, size_t len,
                          size_t msglen);
 
 /*
+ * For buf[0..len) that dspk__frame_scan() answers 0 (incomplete): the least
+ * length in bytes the whole frame can have, more than len: what the headers
+ * read so far announce (a str/bin's payload, at least one byte for each
+ * object still owed), or len + 1 when they announce nothing further.  For a
+ * complete frame, its length; for one the scanner refuses, len.  Never reads
+ * past len.
+ */
+uint64_t dspk__frame_need(const void *buf, size_t len, const struct dspk__limits *lim);
+
+/*
  * The head of a buffer.write request whose data can be received straight
  * into the buffer: [0, msgid, "buffer.write", [{buffer: uint, offset?: uint,
  * data: bin}]] with "data" the map's last key, so that the bin's payload ends

@@ -549,7 +549,7 @@ static int decode_item(const struct dspk__param *item, const msgpack_object *o,
  * an array. */
 static int decode_nested(const struct dspk__param *p, const msgpack_object *o, const char *pre,
                          char *msg, size_t msglen) {
-  char sub[48];
+  char sub[72]; /* "." and a key echoed (dspk__utf8_echo: at most 65 bytes) */
   int err;
   if (p->type == DSPK__T_MAP && p->fields) {
     struct dspk__pval tmp[DSPK__MAX_FIELDS];
@@ -569,7 +569,8 @@ static int decode_nested(const struct dspk__param *p, const msgpack_object *o, c
       if (dspk__obj_str(&kv->key, &k, &kn) != 0)
         return dspk__fail(msg, msglen, DSPK_EINVAL, "%s%s: expected a map keyed by names",
                           pre, p->name);
-      snprintf(sub, sizeof sub, ".%.*s", (int)dspk__utf8_cut(k, kn, 32), k);
+      char echo[2 * 32 + 2];
+      snprintf(sub, sizeof sub, ".%s", dspk__utf8_echo(echo, sizeof echo, k, kn, 32));
       if ((err = decode_item(p->item, &kv->val, pre, p->name, sub, msg, msglen)) < 0)
         return err;
     }

@@ -1,6 +1,7 @@
 /* UTF-8 cutting, formatting and sanitizing (proto/utf8.h). */
 #include "proto/utf8.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -78,20 +79,82 @@ size_t dspk__utf8_cut(const char *s, size_t n, size_t max) {
 }
 
 const char *dspk__utf8_echo(char *dst, size_t cap, const char *s, size_t n, size_t max) {
-  size_t w = 0;
+  size_t w = 0, blanks = 0, k;
+  bool text = false, brk = false, cut = false;
 
   n = dspk__utf8_cut(s, n, max);
-  for (size_t i = 0; i < n && w + 1 < cap; i++) {
-    if (s[i] != '\0') {
-      dst[w++] = s[i];
-    } else if (w + 2 < cap) {
-      dst[w++] = '\\';
-      dst[w++] = '0';
-    } else {
+  for (size_t i = 0; i < n; i += k) {
+    unsigned char c = (unsigned char)s[i];
+    k = 1;
+    if (c == '\n' || c == '\r') { /* the blanks before it end a line: dropped */
+      brk = true;
+      blanks = 0;
+      continue;
+    }
+    if (c != '\0' && ((k = dspk__utf8_ctl(s + i, n - i)) != 0 || c == ' ')) {
+      k = k ? k : 1;
+      blanks++;
+      continue;
+    }
+    /* Text: a new line's leading blanks dropped, joined after text; then
+     * the character (a NUL as \0, an ill-formed byte as it is: packing
+     * makes it U+FFFD), all of it or, past cap, nothing more. */
+    size_t sep = brk ? (text ? 2 : 0) : blanks;
+    k = c == '\0' ? 1 : dspk__utf8_seq(s + i, n - i);
+    k = k ? k : 1;
+    if (w + sep + (c == '\0' ? 2 : k) >= cap) {
+      cut = true;
       break;
     }
+    if (brk)
+      memcpy(dst + w, "; ", sep);
+    else
+      memset(dst + w, ' ', sep);
+    w += sep;
+    if (c == '\0')
+      memcpy(dst + w, "\\0", 2), w += 2;
+    else
+      memcpy(dst + w, s + i, k), w += k;
+    brk = false;
+    blanks = 0;
+    text = true;
+  }
+  if (!brk && !cut && w + blanks < cap) { /* the string's own trailing blanks */
+    memset(dst + w, ' ', blanks);
+    w += blanks;
   }
   dst[w] = '\0';
+  return dst;
+}
+
+const char *dspk__utf8_char_name(char *dst, size_t cap, const char *s, size_t n) {
+  const unsigned char *u = (const unsigned char *)s;
+  size_t k = dspk__utf8_seq(s, n);
+  uint32_t cp;
+
+  if (n == 0) {
+    snprintf(dst, cap, "end of text");
+    return dst;
+  }
+  if (k == 0) {
+    snprintf(dst, cap, "byte 0x%02x", (unsigned)u[0]);
+    return dst;
+  }
+  if (k == 1)
+    cp = u[0];
+  else if (k == 2)
+    cp = (uint32_t)(u[0] & 0x1F) << 6 | (u[1] & 0x3F);
+  else if (k == 3)
+    cp = (uint32_t)(u[0] & 0x0F) << 12 | (uint32_t)(u[1] & 0x3F) << 6 | (u[2] & 0x3F);
+  else
+    cp = (uint32_t)(u[0] & 0x07) << 18 | (uint32_t)(u[1] & 0x3F) << 12 |
+         (uint32_t)(u[2] & 0x3F) << 6 | (u[3] & 0x3F);
+  if (dspk__utf8_ctl(s, n) != 0 || cp == ' ')
+    snprintf(dst, cap, "U+%04X", (unsigned)cp);
+  else if (cp < 0x80)
+    snprintf(dst, cap, "'%c'", (char)cp);
+  else
+    snprintf(dst, cap, "'%.*s' (U+%04X)", (int)k, s, (unsigned)cp);
   return dst;
 }
 

@@ -26,11 +26,28 @@ bool dspk__utf8_valid(const char *s, size_t n);
  * start of the character it would split. */
 size_t dspk__utf8_cut(const char *s, size_t n, size_t max);
 
-/* A client's string for a message: its first max bytes (cut at a
- * character boundary, dspk__utf8_cut), each NUL byte written as the two
- * characters \0 (printf would stop at it), into dst (cap > 0; cut to fit,
- * NUL-terminated).  Returns dst. */
+/* A client's string made printable for a message (every place a message
+ * echoes one uses this, so that it reads as the client wrote it and never
+ * breaks the message's one line): its first max bytes (cut at a character
+ * boundary, dspk__utf8_cut), as docs/protocol.md "Errors" says: its lines
+ * (a line ends at LF or CR) joined with "; " and blank lines dropped, a
+ * leading or trailing line break too (the blanks next to a line break go
+ * with it), each NUL byte written as the two characters \0 (printf would
+ * stop at it) and every other control character (dspk__utf8_ctl) as one
+ * space; into dst (cap > 0; cut to fit, never inside a character,
+ * NUL-terminated).  An ill-formed byte is copied as it is (packing makes it
+ * U+FFFD).  Output at most 2 * max + 1 bytes.  Returns dst. */
 const char *dspk__utf8_echo(char *dst, size_t cap, const char *s, size_t n, size_t max);
+
+/* Names the character that starts s[0..n) for a message that points at
+ * it (e.g. "U+0085 is not a letter"), in a form that survives
+ * dspk__utf8_echo and dspk__one_line: a control character (dspk__utf8_ctl)
+ * or a space as its code point ("U+0009", "U+2028"), an ASCII character in
+ * quotes ("'+'"), another one in quotes and by code point ("'é' (U+00E9)",
+ * so that a no-break space is not taken for a space), a byte that starts no
+ * well-formed sequence as "byte 0xNN", nothing as "end of text".  Into dst
+ * (24 bytes are enough).  Returns dst. */
+const char *dspk__utf8_char_name(char *dst, size_t cap, const char *s, size_t n);
 
 /* Copies the longest prefix of s[0..n) that fits in cap - 1 bytes without
  * splitting a character, and a NUL; returns the bytes copied (cap > 0). */

@@ -589,7 +589,7 @@ int dspk__autotune_choose(struct dspk__cache *cache,
   if (rc != 0)
     return rc;
   if (found == DSPK__AUTOTUNE_MEMO)
-    dspk__cache_count_hit(cache, DSPK__CACHE_AUTOTUNE);
+    dspk__cache_tune_used(cache, &k);
   *winner = w;
   if (how)
     *how = found;

@@ -26,7 +26,11 @@ int dspk__fir_geometry(int64_t n, int64_t k, int64_t rows, int cplx, int m, int 
   g->S = g->L - k + 1;
   g->nb = (n + g->S - 1) / g->S;
   g->nblk = rows * g->nb;
-  g->nc = cplx ? g->nblk : (g->nblk + 1) / 2;
+  /* Two blocks of the same row share a complex row, never blocks of two
+   * rows: the rounding of a transform scales with all of its values, and
+   * one row's values must not reach another row's outputs.  A row with
+   * an odd number of blocks has its last one alone (imaginary parts 0). */
+  g->nc = cplx ? g->nblk : rows * ((g->nb + 1) / 2);
   return 0;
 }
 

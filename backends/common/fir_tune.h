@@ -25,7 +25,9 @@ extern const char *const dspk__fir_path_names[DSPK__FIR_NPATHS];
 
 /* The block layout of one overlap-save run: blocks of L = 2^lg samples
  * overlapping by k-1 (S = L-k+1 new samples each), nb blocks per row, nblk
- * in all, nc complex rows (a real signal packs two blocks into one). */
+ * in all, nc complex rows (a real signal packs two consecutive blocks of
+ * one row into one: blocks 2q and 2q+1 of signal row r in complex row
+ * r*((nb+1)/2) + q, real and imaginary parts; never blocks of two rows). */
 struct dspk__fir_geo {
   int lg;
   int64_t L, S, nb, nblk, nc;

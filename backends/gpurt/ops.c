@@ -15,6 +15,7 @@
 #include "backends/gpurt/gpurt.h"
 #include "backends/common/autotune.h"
 #include "cache/cache.h"
+#include "proto/utf8.h"
 
 #define DRV (dev->drv)
 
@@ -772,10 +773,14 @@ static int op_kernel(struct dspk__dev *dev, struct dspk__op *op, struct dspk__op
     dspk__plancache_put(&dev->raw_modules, &key, sizeof(key), m);
   }
   r = DRV->module_func(&fn, m->mod, op->u.kernel.entry);
-  if (DRV->classify(r) == DSPK__G_NOT_FOUND)
+  if (DRV->classify(r) == DSPK__G_NOT_FOUND) {
+    char echo[2 * DSPK__ENTRY_MAX + 2];
     return dspk__gpurt_msg(ctx, DSPK_EINVAL,
                           "kernel: no entry \"%s\" in the source (declare it extern \"C\" "
-                          "__global__)", op->u.kernel.entry);
+                          "__global__)",
+                          dspk__utf8_echo(echo, sizeof echo, op->u.kernel.entry,
+                                          strlen(op->u.kernel.entry), DSPK__ENTRY_MAX));
+  }
   if (r != 0)
     return dspk__gpurt_err(dev, ctx, "kernel: cuModuleGetFunction", r);
   /* Client code runs in the worker process: a fault there cannot poison

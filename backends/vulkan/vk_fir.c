@@ -8,11 +8,15 @@
  * Overlap-save: each row of n samples is cut into blocks of L = 2^lg
  * samples that overlap by k-1 (block b starts at sample b*S - (k-1), S =
  * L-k+1; samples outside the row read as zero).  A gather kernel writes the
- * blocks as complex rows (a real signal packs two consecutive blocks into
- * the real and imaginary parts of one row, which the real filter keeps
- * apart); one batched out-of-place transform, a multiplication by the
- * transform of the zero-padded filter, the inverse transform (scaled by
- * 1/L, as numpy.fft.ifft) and a scatter kernel that keeps the last S
+ * blocks as complex rows (a real signal packs two consecutive blocks of
+ * the same row into the real and imaginary parts of one complex row, which
+ * the real filter keeps apart; never blocks of two rows, whose rounding
+ * errors would then reach each other: a row's result depends on that row
+ * alone, a row of zeros filters to exact zeros next to any other, and a
+ * row with an odd number of blocks has its last one alone); one batched
+ * out-of-place transform, a multiplication by the transform of the
+ * zero-padded filter, the inverse transform (scaled by 1/L, as
+ * numpy.fft.ifft) and a scatter kernel that keeps the last S
  * samples of each block.  Real f32 signals whose blocks our own fft
  * kernels (vk_sfft.c) can transform skip the gather, the filter's own
  * transform, the multiplication and the scatter: the transforms' first
@@ -61,8 +65,9 @@
  * dspk__vk_fir_force and dspk__vk_fir_tune_always are the tests' handles.
  *
  * Precision: f32 and c64 transform in single precision (an error of a few
- * ulps of the largest output times log2(L), against the direct kernel's
- * single-precision sums of k products), f64 and c128 in double.
+ * ulps of the largest output of the transform's blocks, all of one row,
+ * times log2(L), against the direct kernel's single-precision sums of k
+ * products), f64 and c128 in double.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -134,11 +139,15 @@ static int fir_kernel(struct dspk__dev *d, dspk_dtype dt, int which,
       "    fl_clear(i, pc.nblk);\n"
       "  for (uint i = gl_GlobalInvocationID.x; i < pc.total; i += STRIDE) {\n"
       "    uint c = i >> pc.lg, j = i & mask;\n"
+      "#if CPLX\n"
+      "    uint row = c / pc.nb, b0 = c - row * pc.nb;\n"
+      "#else\n"
+      "    uint nbp = (pc.nb + 1u) >> 1, row = c / nbp, b0 = 2u * (c - row * nbp);\n"
+      "#endif\n"
       "    C v = C(0);\n"
       "    for (uint p = 0u; p < PARTS; p++) {\n"
-      "      uint g = c * PARTS + p;\n"
-      "      if (g >= pc.nblk) break;\n"
-      "      uint row = g / pc.nb, t = (g - row * pc.nb) * pc.S + j;\n"
+      "      if (b0 + p >= pc.nb) break;\n"
+      "      uint t = (b0 + p) * pc.S + j;\n"
       "      if (t >= pc.km1 && t - pc.km1 < pc.n) {\n"
       "        T xv = x[pc.ox + row * pc.n + t - pc.km1];\n"
       "#if CPLX\n        v = xv;\n#else\n        v[p] = xv;\n#endif\n"
@@ -158,9 +167,10 @@ static int fir_kernel(struct dspk__dev *d, dspk_dtype dt, int which,
       "  }\n}\n",
       /* y from the last S samples of each block: complex signals one
        * output per invocation (total = rows*n), real ones one complex value
-       * per invocation (total = nc*S), an output of block 2c in its real
-       * part and one of block 2c+1 in its imaginary part; a segment that
-       * gets a non-finite output is listed in fl (see the top) */
+       * per invocation (total = nc*S), an output of block 2q of its row in
+       * its real part and one of block 2q+1 in its imaginary part (see
+       * dspk__fir_geo); a segment that gets a non-finite output is listed
+       * in fl (see the top) */
       "layout(std430, binding = 0) readonly buffer BB { C b[]; };\n"
       "layout(std430, binding = 1) writeonly buffer BY { T y[]; };\n"
       "layout(std430, binding = 2) buffer BF { uint fl[]; };\n"
@@ -181,14 +191,14 @@ static int fir_kernel(struct dspk__dev *d, dspk_dtype dt, int which,
       "    if (bad(v.x) || bad(v.y)) list(row * pc.nb + blk);\n"
       "#else\n"
       "    uint c = i / pc.S, j = i - c * pc.S;\n"
+      "    uint nbp = (pc.nb + 1u) >> 1, row = c / nbp, b0 = 2u * (c - row * nbp);\n"
       "    C v = b[(c << pc.lg) + pc.km1 + j];\n"
       "    for (uint p = 0u; p < 2u; p++) {\n"
-      "      uint g = 2u * c + p;\n"
-      "      if (g >= pc.nblk) break;\n"
-      "      uint row = g / pc.nb, t = (g - row * pc.nb) * pc.S + j;\n"
+      "      if (b0 + p >= pc.nb) break;\n"
+      "      uint t = (b0 + p) * pc.S + j;\n"
       "      if (t < pc.n) {\n"
       "        y[pc.oy + row * pc.n + t] = v[p];\n"
-      "        if (bad(v[p])) list(g);\n"
+      "        if (bad(v[p])) list(row * pc.nb + b0 + p);\n"
       "      }\n"
       "    }\n"
       "#endif\n"

@@ -435,20 +435,30 @@ static void gen_hooks(struct dspk__vk_sbuf *b, const struct splan *pl, int hk) {
         "layout(std430, binding = 3) buffer BA { float a[]; };\n"
         "layout(std430, binding = 4) readonly buffer BH { %s hs[]; };\n",
      hk & HK_MUL ? "vec2" : "float");
-  /* Sample j of block g (two blocks a row: real and imaginary parts) is
-   * signal sample (g - r nb) S + j - (k-1) of its signal row r; row
-   * (nblk+1)/2, after the blocks, is the filter. */
+  /* Row c holds blocks 2q and 2q+1 of signal row r = c / nbp (nbp =
+   * (nb+1)/2 rows per signal row, q = c - r nbp; real and imaginary parts;
+   * never blocks of two signal rows, see dspk__fir_geo), and sample j of
+   * block b of row r is signal sample b S + j - (k-1) of row r; row
+   * rows x nbp, after the blocks, is the filter.  blk(c, p) is the index
+   * of the block in part p of row c, among all nblk, or nblk for none (the
+   * list's, FL_END). */
+  if (hk & HK_SCT)
+    ap(b, "uint blk(uint c, uint p) {\n"
+          "  uint nbp = (pc.nb + 1u) >> 1, row = c / nbp, bi = 2u * (c - row * nbp) + p;\n"
+          "  return bi < pc.nb ? row * pc.nb + bi : pc.nblk;\n"
+          "}\n");
   if (hk & HK_LD)
     ap(b,
-       "float sig(uint g, uint j) {\n"
-       "  if (g >= pc.nblk) return 0.0;\n"
-       "  uint row = g / pc.nb, t = (g - row * pc.nb) * pc.S + j;\n"
-       "  return t >= pc.km1 && t - pc.km1 < pc.n ? a[pc.aoff + row * pc.n + t - pc.km1] : 0.0;\n"
+       "float sig(uint row, uint bi, uint j) {\n"
+       "  uint t = bi * pc.S + j;\n"
+       "  return bi < pc.nb && t >= pc.km1 && t - pc.km1 < pc.n ?\n"
+       "    a[pc.aoff + row * pc.n + t - pc.km1] : 0.0;\n"
        "}\n"
        "vec2 LD(uint i) {\n"
        "  uint q = i - pc.xoff, c = q >> %du, j = q & %uu;\n"
-       "  if (c >= (pc.nblk + 1u) >> 1) return vec2(j <= pc.km1 ? hs[pc.hoff + j] : 0.0, 0.0);\n"
-       "  return vec2(sig(2u * c, j), sig(2u * c + 1u, j));\n"
+       "  uint nbp = (pc.nb + 1u) >> 1, row = c / nbp, b0 = 2u * (c - row * nbp);\n"
+       "  if (row >= pc.nblk / pc.nb) return vec2(j <= pc.km1 ? hs[pc.hoff + j] : 0.0, 0.0);\n"
+       "  return vec2(sig(row, b0, j), sig(row, b0 + 1u, j));\n"
        "}\n",
        lg, mask);
   else if (hk & HK_MUL)
@@ -479,10 +489,11 @@ static void gen_hooks(struct dspk__vk_sbuf *b, const struct splan *pl, int hk) {
        "  uint q = i - pc.ooff, c = q >> %du, j = q & %uu;\n"
        "  if (j < pc.km1) return;\n"
        "  j -= pc.km1;\n"
+       "  uint nbp = (pc.nb + 1u) >> 1, row = c / nbp, b0 = 2u * (c - row * nbp);\n"
        "  for (uint p = 0u; p < 2u; p++) {\n"
-       "    uint g = 2u * c + p;\n"
-       "    if (g >= pc.nblk) break;\n"
-       "    uint row = g / pc.nb, t = (g - row * pc.nb) * pc.S + j;\n"
+       "    uint g = row * pc.nb + b0 + p, t = (b0 + p) * pc.S + j;\n"
+       "    if (b0 + p >= pc.nb || g >= pc.nblk) break; /* none, or the filter's row */\n"
+
        "    float s = p == 0u ? v.x : v.y;\n"
        "    if (t >= pc.n) continue;\n"
        "    a[pc.aoff + row * pc.n + t] = s;\n"
@@ -494,7 +505,7 @@ static void gen_hooks(struct dspk__vk_sbuf *b, const struct splan *pl, int hk) {
        "}\n"
        "void FL_END() {\n"
        "  for (uint p = 0u; p < 2u; p++)\n"
-       "    if ((nf_b & (1u << p)) != 0u) fl_list(2u * nf_c + p, pc.nblk, pc.S, pc.cap);\n"
+       "    if ((nf_b & (1u << p)) != 0u) fl_list(blk(nf_c, p), pc.nblk, pc.S, pc.cap);\n"
        "}\n",
        lg, mask);
   else

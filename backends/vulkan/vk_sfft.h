@@ -60,9 +60,11 @@ int dspk__vk_sfft(struct dspk__dev *d, const struct dspk__vk_sfft_cfg *cfg, uint
                   struct dspk__opctx *ctx);
 /* The overlap-save fir's hooks into a transform (vk_fir.c) of real f32
  * signals: rows of L complex values, each holding two blocks of L samples
- * (block 2c in the real parts of row c, block 2c+1 in the imaginary
- * parts; nblk blocks in all, nb per signal row of n samples, block g of a
- * row starting at sample g*S - km1), then one row more, the filter's.
+ * of one signal row (blocks 2q and 2q+1 of signal row r in the real and
+ * imaginary parts of row r*((nb+1)/2) + q, as dspk__fir_geo says; nblk
+ * blocks in all, nb per signal row of n samples, block b of a row
+ * starting at sample b*S - km1), then one row more, the filter's.
+
  * Forward: the first pass reads the blocks straight from the signal (sig
  * from element sigoff; x is not read) and the filter's km1+1 taps (hs,
  * float, from element hoff) into the last row.  Inverse (scaled by 1/L):

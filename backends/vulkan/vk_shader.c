@@ -297,6 +297,7 @@ static int make_pipeline(struct dspk__dev *d, const uint32_t *spv, size_t nbytes
       .layout = k->layout};
   if ((vr = VK(CreateComputePipelines)(d->dev, d->pcache, 1, &ci, NULL, &k->pipe)) !=
       VK_SUCCESS) {
+    char echo[2 * 64 + 2]; /* entry: a client's string (options.entry) */
     k->pipe = VK_NULL_HANDLE;
     return dspk__vk_fail(ctx, vr == VK_ERROR_OUT_OF_HOST_MEMORY ||
                                       vr == VK_ERROR_OUT_OF_DEVICE_MEMORY
@@ -304,7 +305,7 @@ static int make_pipeline(struct dspk__dev *d, const uint32_t *spv, size_t nbytes
                                   : DSPK_ECOMPILE,
                          "vulkan: vkCreateComputePipelines failed (VkResult %d): check "
                          "the entry point \"%s\", bindings and push constants",
-                         (int)vr, entry);
+                         (int)vr, dspk__utf8_echo(echo, sizeof echo, entry, strlen(entry), 64));
   }
   d->nkernels_made_since_open++;
   k->nbind = nbind;

@@ -71,3 +71,30 @@ void dspk__sub_put(FILE *f, const char *s, enum dspk__sub_esc_style st) {
   if (b != small)
     free(b);
 }
+
+void dspk__sub_json_strn(FILE *f, const char *s, size_t n) {
+  size_t i = 0;
+  fputc('"', f);
+  while (i < n) {
+    const unsigned char c = (unsigned char)s[i];
+    size_t k = dspk__utf8_seq(s + i, n - i);
+    if (k == 0) {
+      fputs("\\ufffd", f); /* a byte that starts no character */
+      k = 1;
+    } else if (c == '"' || c == '\\') {
+      fprintf(f, "\\%c", c);
+    } else if (k == 1 && (c < 0x20 || c == 0x7f)) {
+      fprintf(f, "\\u%04x", c);
+    } else if (k == 2 && c == 0xC2 && (unsigned char)s[i + 1] < 0xA0) {
+      fprintf(f, "\\u%04x", (unsigned char)s[i + 1]); /* C1 */
+    } else {
+      fwrite(s + i, 1, k, f);
+    }
+    i += k;
+  }
+  fputc('"', f);
+}
+
+void dspk__sub_json_str(FILE *f, const char *s) {
+  dspk__sub_json_strn(f, s ? s : "", s ? strlen(s) : 0);
+}

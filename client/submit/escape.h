@@ -36,4 +36,13 @@ const char *dspk__sub_esc(const char *s);
 /* Writes the escaped form of s to f, whatever its length. */
 void dspk__sub_put(FILE *f, const char *s, enum dspk__sub_esc_style st);
 
+/* Writes s[0..n) (which may hold any bytes) as one quoted JSON string on
+ * f: '"' and '\\' escaped, C0 controls, DEL and C1 controls as \u00NN,
+ * bytes that start no well-formed UTF-8 character as \ufffd; so the JSON
+ * is valid and inert whatever the string is (a file name from the command
+ * line, a label from the daemon). */
+void dspk__sub_json_strn(FILE *f, const char *s, size_t n);
+/* The same for a NUL-terminated s (NULL as ""). */
+void dspk__sub_json_str(FILE *f, const char *s);
+
 #endif

@@ -85,10 +85,19 @@ int dspk__sub_job(dspk__sub_ctx *ctx, int argc, char **argv) {
   }
   if ((rc = dspk__sub_end_args(ctx, argc, argv)) != 0)
     return rc;
-  if (!jobs || parse_id(jobs, UINT64_MAX, &job) != 0 || job == 0)
+  /* A value that is there but no number is named as given, with where it
+   * came from; "is needed" is for none at all. */
+  if (!jobs || (!*jobs && !seen_job))
     return dspk__sub_usage(ctx, "--job: a Slurm job id (default $SLURM_JOB_ID) is needed");
-  if (reg && (!uids || parse_id(uids, 0xfffffffeULL, &uid) != 0))
+  if (parse_id(jobs, UINT64_MAX, &job) != 0 || job == 0)
+    return dspk__sub_usage(ctx, "bad %s '%s' (want a Slurm job id, 1..%llu)",
+                           seen_job ? "--job" : "$SLURM_JOB_ID", jobs,
+                           (unsigned long long)UINT64_MAX);
+  if (reg && (!uids || (!*uids && !seen_uid)))
     return dspk__sub_usage(ctx, "--uid: the job's uid (default $SLURM_JOB_UID) is needed");
+  if (reg && parse_id(uids, 0xfffffffeULL, &uid) != 0)
+    return dspk__sub_usage(ctx, "bad %s '%s' (want a uid, 0..4294967294)",
+                           seen_uid ? "--uid" : "$SLURM_JOB_UID", uids);
   if (!reg && devs)
     return dspk__sub_usage(ctx, "--devices belongs to register");
   if (devs) {

@@ -34,6 +34,7 @@
 typedef struct kernel_out {
   int index; /* tensor argument, -1: the next one in order */
   const char *path;
+  const char *spec; /* the -o value as given ("1=y.npy"), for messages */
 } kernel_out;
 
 /* Reads path ("-" for stdin) into a malloc'd buffer. */
@@ -205,6 +206,7 @@ int dspk__sub_kernel(dspk__sub_ctx *ctx, int argc, char **argv) {
   uint32_t grid[3] = {1, 1, 1}, block[3] = {1, 1, 1};
   long shared = 0;
   kernel_out outs[KERNEL_MAX_TENSORS];
+  char *tnames[KERNEL_MAX_TENSORS];
   dspk__outfile ofs[KERNEL_MAX_TENSORS];
   int nouts = 0, ntens = 0, opt, rc, status = DSPK__SUB_EXIT_FAIL;
   dspk__npy tens[KERNEL_MAX_TENSORS];
@@ -276,21 +278,29 @@ int dspk__sub_kernel(dspk__sub_ctx *ctx, int argc, char **argv) {
       device = optarg;
       break;
     case 'o': {
-      const char *eq = strchr(optarg, '=');
+      const char *eq = strchr(optarg, '='), *spec = optarg;
       long k = -1;
       if (nouts >= KERNEL_MAX_TENSORS)
         return dspk__sub_usage(ctx, "more than %d -o", KERNEL_MAX_TENSORS);
-      if (eq != NULL && eq != optarg) {
-        char num[16];
-        snprintf(num, sizeof num, "%.*s", (int)(eq - optarg), optarg);
-        if (dspk__sub_parse_long(num, 0, KERNEL_MAX_TENSORS - 1, &k) == 0)
-          optarg = (char *)eq + 1;
-        else
-          k = -1;
+      /* Whatever integer stands before the '=' is an index, in range or
+       * not ("-o 9=y.npy" is no file named "9=y.npy": ./9=y.npy is). */
+      size_t nd = eq != NULL ? (size_t)(eq - optarg) : 0;
+      if (nd > 0 && strspn(optarg + (optarg[0] == '-'), "0123456789") ==
+                        nd - (optarg[0] == '-') && nd > (size_t)(optarg[0] == '-')) {
+        char num[32];
+        snprintf(num, sizeof num, "%.*s", (int)nd, optarg);
+        if (nd >= sizeof num ||
+            dspk__sub_parse_long(num, 0, KERNEL_MAX_TENSORS - 1, &k) != 0)
+          return dspk__sub_usage(ctx, "-o %s: there is no tensor argument %.*s (a kernel "
+                                      "has at most %d, 0 to %d)",
+                                 optarg, (int)nd, optarg, KERNEL_MAX_TENSORS,
+                                 KERNEL_MAX_TENSORS - 1);
+        optarg = (char *)eq + 1;
       }
       if (optarg[0] == '\0')
         return dspk__sub_usage(ctx, "empty output file name");
       outs[nouts].index = (int)k;
+      outs[nouts].spec = spec;
       outs[nouts].path = optarg;
       nouts++;
       break;
@@ -363,6 +373,7 @@ int dspk__sub_kernel(dspk__sub_ctx *ctx, int argc, char **argv) {
       dspk_tensor_inline(&tin[ntens], tens[ntens].dtype,
                          (unsigned)tens[ntens].rank, shape, tens[ntens].data);
     }
+    tnames[ntens] = argv[i]; /* the daemon's "input N" */
     k->kind = DSPK_KARG_TENSOR;
     k->v.tensor = ntens++;
     t.kernel.nargs++;
@@ -373,20 +384,27 @@ int dspk__sub_kernel(dspk__sub_ctx *ctx, int argc, char **argv) {
     next = outs[i].index + 1;
     if (outs[i].index >= ntens) {
       status = dspk__sub_usage(ctx, "-o %s: there is no tensor argument %d",
-                               outs[i].path, outs[i].index);
+                               outs[i].spec, outs[i].index);
       goto out;
     }
     /* One tensor, one file: a result line per saved tensor names it. */
     for (int j = 0; j < i; j++)
       if (outs[j].index == outs[i].index) {
         status = dspk__sub_usage(ctx, "-o %s and -o %s both save tensor argument %d "
-                                 "(one file per tensor)", outs[j].path, outs[i].path,
+                                 "(one file per tensor)", outs[j].spec, outs[i].spec,
                                  outs[i].index);
         goto out;
       }
   }
   if (read_source(ctx, argv[optind], &src, &srclen) != 0)
     goto out;
+  /* The daemon returns the results in the tensors: a kernel without one
+   * could return nothing (and the daemon refuses it, in its own words). */
+  if (ntens == 0) {
+    status = dspk__sub_usage(ctx, "no tensor argument (a kernel writes its results into "
+                                  "its tensors: give a FILE.npy or zeros:DTYPE:SHAPE)");
+    goto out;
+  }
   t.kernel.lang = lang ? lang : lang_from_path(argv[optind]);
   t.kernel.source = src;
   t.kernel.source_len = srclen;
@@ -396,12 +414,15 @@ int dspk__sub_kernel(dspk__sub_ctx *ctx, int argc, char **argv) {
   t.kernel.shared = (uint32_t)shared;
   t.inputs = tin;
   t.ninputs = (unsigned)ntens;
+  ctx->inputs = tnames;
+  ctx->ninputs = ntens;
   t.device = device;
 
   /* The outputs exist (as temporaries) before the kernel runs. */
   for (int i = 0; i < nouts; i++)
-    if (dspk__sub_open_output(ctx, outs[i].path, &ofs[i]) != 0)
+    if ((status = dspk__sub_open_output(ctx, outs[i].path, &ofs[i])) != 0)
       goto out;
+  status = DSPK__SUB_EXIT_FAIL;
   if (dspk__sub_connect(ctx) != 0)
     goto out;
   for (int i = 0; i < ntens; i++) /* sent from their files (ops.c, run_task) */

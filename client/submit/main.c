@@ -15,6 +15,7 @@
 #include <fcntl.h>
 #include <getopt.h>
 #include <grp.h>
+#include <pwd.h>
 #include <malloc.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -176,8 +177,10 @@ const dspk__sub_cmd dspk__sub_cmds[] = {
      "  -b, --block X[,Y[,Z]]  threads per block (also XxYxZ)\n"
      "  -s, --shared SIZE      dynamic shared memory (default 0; a size with\n"
      "                         units K, M...: 48K = 49152)\n"
-     "  -o, --output [K=]FILE  save tensor argument K (0-based; default: the\n"
-     "                         one after the previous -o, from 0) as .npy;\n"
+     "  -o, --output [K=]FILE  save tensor argument K (0-based; any integer\n"
+     "                         before '=' is an index: ./4=y.npy for such a\n"
+     "                         file name; default: the one after the\n"
+     "                         previous -o, from 0) as .npy;\n"
      "                         repeatable (one FILE per tensor); - for\n"
      "                         standard output.  Without -o, print\n"
      "                         summaries of every tensor\n"
@@ -347,11 +350,107 @@ int dspk__sub_usage(const dspk__sub_ctx *ctx, const char *fmt, ...) {
   return DSPK__SUB_EXIT_USAGE;
 }
 
+/* The task.run fields a command line sets, with the command line's name
+ * for each (docs/protocol.md, task.run; docs/cli.md). */
+static const struct {
+  const char *wire, *cli;
+} wire_names[] = {
+    {"options.axes", "--axis"},        {"options.alpha", "--alpha"},
+    {"options.beta", "--beta"},        {"options.trans_a", "--trans-a"},
+    {"options.trans_b", "--trans-b"},  {"options.inverse", "--inverse"},
+    {"options.subscripts", "SUBSCRIPTS"}, {"options.fn", "FN"},
+    {"options.entry", "--entry"},      {"options.grid", "--grid"},
+    {"options.block", "--block"},      {"options.shared", "--shared"},
+    {"options.lang", "--lang"},        {"options.source", "SOURCE"},
+    {"options.args", "ARG"},           {"inputs", "the arrays"},
+};
+
+/* Whether s[i] starts a word (not inside a longer name). */
+static bool word_start(const char *s, size_t i) {
+  char c = i > 0 ? s[i - 1] : ' ';
+  return !(c == '_' || c == '.' || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+           (c >= '0' && c <= '9'));
+}
+
+/* The daemon's detail d with its wire names said as the command line says
+ * them, into out: "options.axes[0]: " becomes "--axis: ", "options.args[2]"
+ * "ARG 2 (0-based)", "input 1" the second input file. */
+static void cli_words(const dspk__sub_ctx *ctx, const char *d, char *out, size_t cap) {
+  size_t w = 0;
+  out[0] = '\0';
+  for (size_t i = 0; d[i] != '\0' && w + 1 < cap;) {
+    const char *rep = NULL;
+    size_t skip = 0;
+    char num[600];
+    if (word_start(d, i)) {
+      for (size_t k = 0; k < sizeof wire_names / sizeof wire_names[0]; k++) {
+        size_t n = strlen(wire_names[k].wire);
+        char c;
+        if (strncmp(d + i, wire_names[k].wire, n) != 0)
+          continue;
+        c = d[i + n];
+        if (c == '_' || c == '.' || (c >= 'a' && c <= 'z'))
+          continue; /* a longer name */
+        /* "inputs" is also an English word: only the field ("inputs:",
+         * "inputs[1]") is renamed. */
+        if (strcmp(wire_names[k].wire, "inputs") == 0 && c != ':' && c != '[')
+          break;
+        rep = wire_names[k].cli;
+        skip = n;
+        if (c == '[') { /* an item: the axis, argument or input by its number */
+          size_t e = strspn(d + i + n + 1, "0123456789");
+          long item = e > 0 && e < 4 ? strtol(d + i + n + 1, NULL, 10) : -1;
+          if (e > 0 && d[i + n + 1 + e] == ']') {
+            if (strcmp(rep, "ARG") == 0) {
+              snprintf(num, sizeof num, "ARG %.*s (0-based)", (int)e, d + i + n + 1);
+              rep = num;
+            } else if (strcmp(wire_names[k].wire, "inputs") == 0 && ctx->inputs != NULL &&
+                       item >= 0 && item < ctx->ninputs) {
+              snprintf(num, sizeof num, "%s", ctx->inputs[item]);
+              rep = num;
+            }
+            skip += e + 2;
+          }
+          if (strcmp(wire_names[k].wire, "inputs") == 0 && rep != num) {
+            rep = NULL; /* "inputs[" of something else: left as it is */
+            skip = 0;
+          }
+        }
+        break;
+      }
+      if (rep == NULL && ctx->inputs != NULL && strncmp(d + i, "input ", 6) == 0) {
+        size_t e = strspn(d + i + 6, "0123456789");
+        char c = d[i + 6 + e];
+        long k = e > 0 && e < 4 ? strtol(d + i + 6, NULL, 10) : -1;
+        if (k >= 0 && k < ctx->ninputs && !(c >= '0' && c <= '9')) {
+          snprintf(num, sizeof num, "%s", ctx->inputs[k]);
+          rep = num;
+          skip = 6 + e;
+        }
+      }
+    }
+    if (rep == NULL) {
+      out[w++] = d[i++];
+      continue;
+    }
+    w += (size_t)snprintf(out + w, cap - w, "%s", rep);
+    if (w >= cap)
+      w = cap - 1;
+    i += skip;
+  }
+  out[w] = '\0';
+}
+
 int dspk__sub_fail_client(const dspk__sub_ctx *ctx, int code) {
   const char *detail = ctx->client ? dspk_last_error(ctx->client) : "";
+  char words[2048];
   if (detail == NULL || detail[0] == '\0')
     detail = dspk_strerror(code);
-  return dspk__sub_fail(ctx, code, "%s", detail);
+  /* A compiler's log quotes the user's own source: left as it is. */
+  if (code == DSPK_ECOMPILE)
+    return dspk__sub_fail(ctx, code, "%s", detail);
+  cli_words(ctx, detail, words, sizeof words);
+  return dspk__sub_fail(ctx, code, "%s", words);
 }
 
 /* The size variables of cli.md's "Sizes" with their bounds; main() refuses
@@ -363,16 +462,30 @@ static const struct {
 } size_env[] = {{"DSPK_SHARED_THRESHOLD", (uint64_t)1 << 40},
                 {"DSPK_SUBMIT_INLINE_MAX", (uint64_t)1 << 40}};
 
+/* A bad variable is a bad command line (exit 2), but not one that the
+ * command's --help would explain: the message says what a size is. */
 static int check_size_env(const dspk__sub_ctx *ctx) {
   for (size_t i = 0; i < sizeof size_env / sizeof size_env[0]; i++) {
     const char *e = getenv(size_env[i].name);
     uint64_t v;
-    if (e != NULL && *e && dspk__sub_parse_size(e, 0, size_env[i].max, &v) < 0)
-      return dspk__sub_usage(ctx, "bad value of $%s '%s': want a size of at most 1T "
-                                  "(digits and an optional K, M, G or T)",
-                             size_env[i].name, e);
+    if (e != NULL && *e && dspk__sub_parse_size(e, 0, size_env[i].max, &v) < 0) {
+      dspk__sub_fail(ctx, DSPK_EINVAL, "bad value of $%s '%s': want a size of at most "
+                     "1T, digits and an optional unit K, M, G, T or KiB, MiB, GiB, "
+                     "TiB (no sign, spaces or fractions); unset it for the default",
+                     size_env[i].name, e);
+      return DSPK__SUB_EXIT_USAGE;
+    }
   }
   return 0;
+}
+
+/* Whether a command's arguments (args[0] its name) ask for its help: -h or
+ * --help before any "--". */
+static bool asks_help(int n, char **args) {
+  for (int i = 1; i < n && strcmp(args[i], "--") != 0; i++)
+    if (strcmp(args[i], "-h") == 0 || strcmp(args[i], "--help") == 0)
+      return true;
+  return false;
 }
 
 size_t dspk__sub_shared_threshold(void) {
@@ -387,6 +500,80 @@ size_t dspk__sub_shared_threshold(void) {
   if (e != NULL && *e && dspk__sub_parse_size(e, 0, (uint64_t)1 << 40, &v) == 0)
     return (size_t)v;
   return 0;
+}
+
+/* What a path that is there but no socket is, for the ECONNECT hint. */
+static const char *file_kind(mode_t m) {
+  return S_ISDIR(m)    ? "a directory"
+         : S_ISFIFO(m) ? "a FIFO"
+         : S_ISREG(m)  ? "a regular file"
+         : S_ISCHR(m)  ? "a character device"
+         : S_ISBLK(m)  ? "a block device"
+                       : "a file of another kind";
+}
+
+static const char *owner_name(uid_t uid, char *buf, size_t cap) {
+  struct passwd *pw = getpwuid(uid);
+  if (pw != NULL)
+    snprintf(buf, cap, "'%s'", pw->pw_name);
+  else
+    snprintf(buf, cap, "uid %ld", (long)uid);
+  return buf;
+}
+
+static const char *group_name(gid_t gid, char *buf, size_t cap) {
+  struct group *g = getgrgid(gid);
+  if (g != NULL)
+    snprintf(buf, cap, "'%s'", g->gr_name);
+  else
+    snprintf(buf, cap, "gid %ld", (long)gid);
+  return buf;
+}
+
+/* The hint for EPERM on connecting to path (not the daemon's own policy):
+ * connecting needs search permission on every directory of the path and
+ * write permission on the socket, so the first directory that refuses is
+ * named; else who the socket's mode lets in.  Asking to join the socket's
+ * group is advice only where that group may write to it. */
+static void eperm_hint(const char *path, char *hint, size_t cap) {
+  char dir[512], on[300], gn[300];
+  struct stat st;
+  size_t len = strlen(path);
+  if (len >= sizeof dir)
+    return;
+  /* Each directory from the root down: "/a", "/a/b" for "/a/b/s". */
+  memcpy(dir, path, len + 1);
+  for (char *p = strchr(dir + 1, '/'); p != NULL; p = strchr(p + 1, '/')) {
+    *p = '\0';
+    if (faccessat(AT_FDCWD, dir, X_OK, AT_EACCESS) != 0 && errno == EACCES &&
+        stat(dir, &st) == 0) {
+      snprintf(hint, cap, "; the directory %s (mode %04o, owner %s, group %s) does not "
+               "let this user reach the socket: the daemon's admin decides who may",
+               dir, (unsigned)(st.st_mode & 07777), owner_name(st.st_uid, on, sizeof on),
+               group_name(st.st_gid, gn, sizeof gn));
+      return;
+    }
+    *p = '/';
+  }
+  if (stat(path, &st) != 0)
+    return;
+  group_name(st.st_gid, gn, sizeof gn);
+  if ((st.st_mode & S_IWGRP) && st.st_uid != geteuid()) {
+    struct group *g = getgrgid(st.st_gid);
+    if (g != NULL)
+      snprintf(hint, cap, "; the socket belongs to group '%s' (mode %04o): ask to be "
+               "added to it ('sudo usermod -aG %s USER', then log in again)",
+               g->gr_name, (unsigned)(st.st_mode & 07777), g->gr_name);
+    else
+      snprintf(hint, cap, "; the socket's group (gid %ld, mode %04o) decides who may "
+               "connect", (long)st.st_gid, (unsigned)(st.st_mode & 07777));
+    return;
+  }
+  snprintf(hint, cap, "; the socket's mode %04o (owner %s, group %s) lets %s connect: "
+           "joining its group would not help; the daemon's admin decides who may "
+           "(SocketMode= and SocketGroup= of dspkd.socket)",
+           (unsigned)(st.st_mode & 07777), owner_name(st.st_uid, on, sizeof on), gn,
+           (st.st_mode & S_IWUSR) ? "only its owner" : "no one");
 }
 
 int dspk__sub_connect(dspk__sub_ctx *ctx) {
@@ -420,38 +607,35 @@ int dspk__sub_connect(dspk__sub_ctx *ctx) {
     if (rc == DSPK_ECONNECT && stat(shown, &st) == 0 && !S_ISSOCK(st.st_mode)) {
       /* Something is there, but no socket a daemon could listen on. */
       snprintf(hint, sizeof hint, "; %s is %s, not a socket: check --socket and "
-               "$DSPK_SOCKET", shown,
-               S_ISDIR(st.st_mode) ? "a directory" : S_ISFIFO(st.st_mode) ? "a FIFO"
-               : S_ISREG(st.st_mode) ? "a regular file" : "not a socket file");
+               "$DSPK_SOCKET", shown, file_kind(st.st_mode));
     } else if (rc == DSPK_ECONNECT) {
       snprintf(hint, sizeof hint,
                "; is dspkd running? See 'systemctl status dspkd.socket "
                "dspkd.service' (or 'systemctl --user ...'), or start one with "
                "'dspkd --foreground'");
-    } else if (rc == DSPK_EPERM && strstr(why, "allow_") == NULL &&
-               stat(shown, &st) == 0) {
-      /* Unix permissions on the socket: who may connect is its group. */
-      struct group *g = getgrgid(st.st_gid);
-      if (g != NULL)
-        snprintf(hint, sizeof hint,
-                 "; the socket belongs to group '%s' (mode %04o): ask to be "
-                 "added to it ('sudo usermod -aG %s USER', then log in again)",
-                 g->gr_name, (unsigned)(st.st_mode & 07777), g->gr_name);
-      else
-        snprintf(hint, sizeof hint,
-                 "; the socket's group (gid %ld, mode %04o) decides who may "
-                 "connect",
-                 (long)st.st_gid, (unsigned)(st.st_mode & 07777));
+    } else if (rc == DSPK_EPERM && strstr(why, "allow_") == NULL) {
+      eperm_hint(shown, hint, sizeof hint);
     }
     return dspk__sub_fail(ctx, rc, "cannot connect to %s: %s%s", shown, why,
                           hint);
   }
 }
 
+/* What strtol and strtod accept beyond a plain number, and the command
+ * line does not (cli.md, "Numbers"): leading blanks, a '+' sign, and
+ * (strtod) hexadecimal "0x1p4".  Returns whether s has none of them. */
+static bool plain_number(const char *s) {
+  const char *p = s + (s[0] == '-');
+  if (s[0] == '\0' || !(*p == '.' || (*p >= '0' && *p <= '9') || *p == 'i' ||
+                        *p == 'I' || *p == 'n' || *p == 'N'))
+    return false;
+  return !(p[0] == '0' && (p[1] == 'x' || p[1] == 'X'));
+}
+
 int dspk__sub_parse_double(const char *s, double *out) {
   char *end;
   double v;
-  if (s == NULL || s[0] == '\0')
+  if (s == NULL || !plain_number(s))
     return -1;
   errno = 0;
   v = strtod(s, &end);
@@ -464,7 +648,7 @@ int dspk__sub_parse_double(const char *s, double *out) {
 int dspk__sub_parse_long(const char *s, long lo, long hi, long *out) {
   char *end;
   long v;
-  if (s == NULL || s[0] == '\0')
+  if (s == NULL || !plain_number(s))
     return -1;
   errno = 0;
   v = strtol(s, &end, 10);
@@ -483,10 +667,34 @@ int dspk__sub_parse_size(const char *s, uint64_t lo, uint64_t hi,
   return 0;
 }
 
+/* The option getopt_long just refused, as the user typed it.  For a long
+ * option ("--json=1", "--nosuch") getopt_long has moved past its word, so
+ * it is argv[optind - 1], and optopt is the option's value in its table
+ * (the short letter, or a code above 127 for a long-only option such as
+ * --trans-a), or 0 for a name not in the table: never a letter the user
+ * typed.  For a short option optopt is the letter. */
+static bool long_token(char **argv, const char **tok) {
+  *tok = optind >= 1 ? argv[optind - 1] : "";
+  return strncmp(*tok, "--", 2) == 0 && (*tok)[2] != '\0';
+}
+
 int dspk__sub_bad_option(const dspk__sub_ctx *ctx, char **argv) {
-  if (optopt != 0 && optopt != '?')
+  const char *tok;
+  if (long_token(argv, &tok)) {
+    int len = (int)strcspn(tok, "=");
+    /* A name not in the table, or a prefix of several. */
+    if (optopt == 0)
+      return dspk__sub_usage(ctx, "unknown option '%.*s'", len, tok);
+    /* A known flag given a value: getopt_long refuses it with its code.
+     * (Any other nonzero optopt is a short option inside a word that
+     * follows the long one: "-xj" leaves optind on it.) */
+    if (tok[len] == '=')
+      return dspk__sub_usage(ctx, "option '%.*s' takes no value (give it alone: '%.*s')",
+                             len, tok, len, tok);
+  }
+  if (optopt > 0 && optopt < 128 && optopt != '?')
     return dspk__sub_usage(ctx, "unknown option '-%c'", optopt);
-  return dspk__sub_usage(ctx, "unknown option '%s'", argv[optind - 1]);
+  return dspk__sub_usage(ctx, "unknown option '%s'", tok);
 }
 
 int dspk__sub_opt_other(dspk__sub_ctx *ctx, int opt, char **argv) {
@@ -524,8 +732,10 @@ int dspk__sub_end_args(const dspk__sub_ctx *ctx, int argc, char **argv) {
 }
 
 int dspk__sub_missing_arg(const dspk__sub_ctx *ctx, char **argv) {
-  return dspk__sub_usage(ctx, "option '%s' needs an argument",
-                         argv[optind - 1]);
+  const char *tok;
+  if (!long_token(argv, &tok) && optopt > 0 && optopt < 128)
+    return dspk__sub_usage(ctx, "option '-%c' needs an argument", optopt);
+  return dspk__sub_usage(ctx, "option '%s' needs an argument", tok);
 }
 
 double dspk__sub_now_us(void) {
@@ -638,7 +848,7 @@ int main(int argc, char **argv) {
                                        {"help", no_argument, NULL, 'h'},
                                        {"version", no_argument, NULL, 'V'},
                                        {NULL, 0, NULL, 0}};
-  dspk__sub_ctx ctx = {NULL, NULL, NULL};
+  dspk__sub_ctx ctx = {NULL, NULL, NULL, NULL, 0};
   const dspk__sub_cmd *cmd;
   bool seen_socket = false;
   int opt, rc, ci;
@@ -659,13 +869,12 @@ int main(int argc, char **argv) {
       break;
     case 'h':
       print_prog_help(stdout);
-      return DSPK__SUB_EXIT_OK;
+      return flush_stdout(&ctx, DSPK__SUB_EXIT_OK);
     case 'V':
       printf(PROG " %s\n", dspk_version());
-      return DSPK__SUB_EXIT_OK;
+      return flush_stdout(&ctx, DSPK__SUB_EXIT_OK);
     case ':':
-      return dspk__sub_usage(&ctx, "option '%s' needs an argument",
-                             argv[optind - 1]);
+      return dspk__sub_missing_arg(&ctx, argv);
     default:
       return dspk__sub_bad_option(&ctx, argv);
     }
@@ -676,8 +885,10 @@ int main(int argc, char **argv) {
     return dspk__sub_usage(&ctx, "empty --socket path");
   if (strcmp(argv[optind], "help") == 0) {
     ctx.cmd = optind + 1 < argc ? argv[optind + 1] : "";
-    /* help's own --help is the program's, as for a bare "help". */
-    if (strcmp(ctx.cmd, "-h") == 0 || strcmp(ctx.cmd, "--help") == 0)
+    /* help's own help (--help, or "help help") is the program's, as for a
+     * bare "help": help is a command, but not one of the table's. */
+    if (strcmp(ctx.cmd, "-h") == 0 || strcmp(ctx.cmd, "--help") == 0 ||
+        strcmp(ctx.cmd, "help") == 0)
       ctx.cmd = "";
     if (optind + 2 < argc) {
       ctx.cmd = NULL;
@@ -688,13 +899,18 @@ int main(int argc, char **argv) {
       ctx.cmd = NULL;
       return dspk__sub_usage(&ctx, "unknown command '%s'", argv[optind + 1]);
     }
-    return dspk__sub_help(&ctx);
+    rc = dspk__sub_help(&ctx);
+    ctx.cmd = "help";
+    return flush_stdout(&ctx, rc);
   }
   cmd = find_cmd(argv[optind]);
   if (cmd == NULL)
     return dspk__sub_usage(&ctx, "unknown command '%s'", argv[optind]);
   ctx.cmd = cmd->name;
-  if ((rc = check_size_env(&ctx)) != 0)
+  /* COMMAND --help prints the help whatever the environment holds, as
+   * "help COMMAND" does: the environment is checked for the commands that
+   * run. */
+  if (!asks_help(argc - optind, argv + optind) && (rc = check_size_env(&ctx)) != 0)
     return rc;
   ci = optind;
   /* Each command parses its own arguments with getopt_long from scratch:

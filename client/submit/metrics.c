@@ -12,21 +12,6 @@
 
 #include "client/submit/submit.h"
 
-/* Writes s[0..n) as a JSON string (the sample's pieces are not terminated). */
-static void json_strn(const char *s, size_t n) {
-  putchar('"');
-  for (size_t i = 0; i < n; i++) {
-    unsigned char ch = (unsigned char)s[i];
-    if (ch == '"' || ch == '\\')
-      printf("\\%c", ch);
-    else if (ch < 0x20)
-      printf("\\u%04x", ch);
-    else
-      putchar(ch);
-  }
-  putchar('"');
-}
-
 /* Prints the labels of one sample, {a="x",b="y"}, as a JSON object; p
  * points after the '{'.  Returns the position after the '}', or NULL. */
 static const char *json_labels(const char *p) {
@@ -39,22 +24,27 @@ static const char *json_labels(const char *p) {
     if (!first)
       putchar(',');
     first = 0;
-    json_strn(p, (size_t)(eq - p));
+    dspk__sub_json_strn(stdout, p, (size_t)(eq - p));
     putchar(':');
     p = eq + 2;
-    putchar('"');
-    for (; *p && *p != '"'; p++) {
-      if (*p == '\\' && p[1]) {
-        p++;
-        if (*p == 'n')
-          fputs("\\n", stdout);
-        else
-          printf("\\%c", *p);
-      } else {
-        putchar(*p);
+    {
+      /* The value unescaped (\\, \", \n), then escaped as JSON: whatever
+       * bytes it holds, the JSON stays valid and inert. */
+      char *v = malloc(strlen(p) + 1);
+      size_t n = 0;
+      if (!v)
+        return NULL;
+      for (; *p && *p != '"'; p++) {
+        if (*p == '\\' && p[1]) {
+          p++;
+          v[n++] = *p == 'n' ? '\n' : *p;
+        } else {
+          v[n++] = *p;
+        }
       }
+      dspk__sub_json_strn(stdout, v, n);
+      free(v);
     }
-    putchar('"');
     if (*p != '"')
       return NULL;
     p++;
@@ -75,7 +65,7 @@ static int print_json(const char *text) {
       size_t nl = strcspn(line, "{ ");
       const char *p = line + nl;
       printf("%s\n{\"name\":", n++ ? "," : "");
-      json_strn(line, nl);
+      dspk__sub_json_strn(stdout, line, nl);
       printf(",\"labels\":");
       if (*p == '{') {
         p = json_labels(p + 1);
@@ -111,7 +101,16 @@ int dspk__sub_metrics(dspk__sub_ctx *ctx, int argc, char **argv) {
   if (rc < 0)
     return dspk__sub_fail_client(ctx, rc);
   if (!json) {
-    fputs(text, stdout);
+    /* Line by line, escaped as every daemon text is (escape.h). */
+    for (char *line = text, *eol; *line; line = eol ? eol + 1 : line + strlen(line)) {
+      eol = strchr(line, '\n');
+      if (eol)
+        *eol = '\0';
+      dspk__sub_put(stdout, line, DSPK__SUB_ESC_TEXT);
+      putchar('\n');
+      if (!eol)
+        break;
+    }
   } else if (print_json(text) != 0) {
     dspk_free(text);
     return dspk__sub_fail(ctx, DSPK_EPROTO, "the daemon's metrics text does not parse");

@@ -324,6 +324,17 @@ static int parse_preamble(const unsigned char *buf, size_t avail,
                           size_t *hdr_off, size_t *hdr_len, char *err,
                           size_t errlen) {
   size_t off, hl;
+  /* Nothing at all (an empty file, a pipe closed at once) and a start of
+   * a .npy cut short are said as such, not blamed on the bytes. */
+  if (avail == 0) {
+    seterr(err, errlen, "empty input (0 bytes, no .npy)");
+    return DSPK_EINVAL;
+  }
+  if (avail < 10 &&
+      memcmp(buf, npy_magic, avail < sizeof npy_magic ? avail : sizeof npy_magic) == 0) {
+    seterr(err, errlen, "cut short: %zu bytes, less than a .npy preamble", avail);
+    return DSPK_EINVAL;
+  }
   if (avail < 10 || memcmp(buf, npy_magic, sizeof npy_magic) != 0) {
     seterr(err, errlen, "not a .npy file (bad magic)");
     return DSPK_EINVAL;

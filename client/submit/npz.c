@@ -31,7 +31,7 @@
 
 #define NPZ_ZIP_FUNCS(X)                                                       \
   X(zip_open) X(zip_discard) X(zip_error_init_with_code) X(zip_error_strerror) \
-  X(zip_error_fini) X(zip_get_num_entries) X(zip_get_name) X(zip_name_locate)  \
+  X(zip_error_fini) X(zip_get_num_entries) X(zip_get_name)  \
   X(zip_stat_index) X(zip_strerror) X(zip_fopen_index) X(zip_fread)             \
   X(zip_file_strerror) X(zip_fclose)
 
@@ -65,6 +65,33 @@ static void list_members(zip_t *za, char *buf, size_t cap) {
     }
     used += (size_t)w;
   }
+}
+
+/* The index of the entry named name as numpy finds it, or -1.  numpy reads
+ * an .npz through zipfile, whose table of names keeps the LAST entry of a
+ * name that appears twice (an archive updated by appending, as zip -u and
+ * zipfile's mode 'a' do); libzip's zip_name_locate answers the first. */
+static zip_int64_t locate_last(zip_t *za, const char *name) {
+  for (zip_int64_t i = Z.zip_get_num_entries(za, 0) - 1; i >= 0; i--) {
+    const char *s = Z.zip_get_name(za, (zip_uint64_t)i, 0);
+    if (s != NULL && strcmp(s, name) == 0)
+      return i;
+  }
+  return -1;
+}
+
+/* Whether every entry has the name of the first: one array, maybe updated. */
+static int one_name(zip_t *za) {
+  zip_int64_t n = Z.zip_get_num_entries(za, 0);
+  const char *first = n > 0 ? Z.zip_get_name(za, 0, 0) : NULL;
+  if (first == NULL)
+    return 0;
+  for (zip_int64_t i = 1; i < n; i++) {
+    const char *s = Z.zip_get_name(za, (zip_uint64_t)i, 0);
+    if (s == NULL || strcmp(s, first) != 0)
+      return 0;
+  }
+  return 1;
 }
 
 static int fail(char *err, size_t errlen, int code, const char *fmt, ...)
@@ -142,23 +169,24 @@ int dspk__npz_load(const char *path, const char *member, dspk__npy *out,
   }
   list_members(za, names, sizeof names);
   if (member == NULL) {
-    if (Z.zip_get_num_entries(za, 0) != 1) {
+    if (!one_name(za)) {
       rc = fail(err, errlen, DSPK_EINVAL,
                 "%s: the archive holds %lld arrays (%s); name one as %s:NAME",
                 path, (long long)Z.zip_get_num_entries(za, 0), names, path);
       goto out;
     }
-    idx = 0;
+    idx = Z.zip_get_num_entries(za, 0) - 1;
     snprintf(label, sizeof label, "%s", path);
   } else {
     if (member[0] == '\0') {
       rc = fail(err, errlen, DSPK_EINVAL, "%s: empty array name after ':'", path);
       goto out;
     }
+    /* numpy's order: an entry named NAME itself, else NAME.npy. */
     snprintf(full, sizeof full, "%s.npy", member);
-    idx = Z.zip_name_locate(za, full, 0);
+    idx = locate_last(za, member);
     if (idx < 0)
-      idx = Z.zip_name_locate(za, member, 0);
+      idx = locate_last(za, full);
     snprintf(label, sizeof label, "%s:%s", path, member);
     if (idx < 0) {
       rc = fail(err, errlen, DSPK_ENOENT, "%s: no array '%s' in the archive (it has: %s)",

@@ -250,8 +250,42 @@ static void value_at(const dspk_tensor *t, uint64_t i, double *re, double *im) {
   }
 }
 
+/* v in the fewest significant digits that read back as the same value of
+ * dtype dt (numpy's repr does the same): "%.7g" showed 1/3 in f32 as
+ * 0.3333333, another f32.  A non-finite value as "%g" writes it. */
+static void fmt_shortest(char *buf, size_t cap, double v, dspk_dtype dt, bool sign) {
+  int lo = dt == DSPK_F16 ? 3 : dt == DSPK_F64 || dt == DSPK_C128 ? 15 : 6;
+  int hi = dt == DSPK_F16 ? 5 : dt == DSPK_F64 || dt == DSPK_C128 ? 17 : 9;
+  const char *fmt = sign ? "%+.*g" : "%.*g";
+  if (!isfinite(v)) {
+    snprintf(buf, cap, sign ? "%+g" : "%g", v);
+    return;
+  }
+  for (int p = lo; p < hi; p++) {
+    snprintf(buf, cap, fmt, p, v);
+    double back = strtod(buf, NULL);
+    bool same;
+    if (dt == DSPK_F16) {
+      /* Nearer to v than half the f16 spacing on back's side of it (below
+       * a power of two the spacing halves; 2^-24 among the subnormals). */
+      int e;
+      double m = frexp(fabs(v), &e);
+      int s = m == 0.5 && fabs(back) < fabs(v) ? e - 12 : e - 11;
+      same = fabs(back - v) < ldexp(1.0, (s > -24 ? s : -24) - 1);
+    } else if (dt == DSPK_F32 || dt == DSPK_C64) {
+      same = (float)back == (float)v;
+    } else {
+      same = back == v;
+    }
+    if (same)
+      return;
+  }
+  snprintf(buf, cap, fmt, hi, v);
+}
+
 static void print_value(FILE *f, const dspk_tensor *t, uint64_t i) {
   double re, im;
+  char a[40], b[40];
   value_at(t, i, &re, &im);
   /* A NaN prints as numpy prints it, "nan" whatever its sign bit (printf
    * writes "-nan"); --json writes null. */
@@ -261,19 +295,16 @@ static void print_value(FILE *f, const dspk_tensor *t, uint64_t i) {
     im = fabs(im);
   switch (t->dtype) {
   case DSPK_F32:
-    fprintf(f, "%.7g", re);
-    break;
   case DSPK_F64:
-    fprintf(f, "%.15g", re);
+  case DSPK_F16:
+    fmt_shortest(a, sizeof a, re, t->dtype, false);
+    fputs(a, f);
     break;
   case DSPK_C64:
-    fprintf(f, "%.7g%+.7gj", re, im);
-    break;
   case DSPK_C128:
-    fprintf(f, "%.15g%+.15gj", re, im);
-    break;
-  case DSPK_F16:
-    fprintf(f, "%.4g", re);
+    fmt_shortest(a, sizeof a, re, t->dtype, false);
+    fmt_shortest(b, sizeof b, im, t->dtype, true);
+    fprintf(f, "%s%sj", a, b);
     break;
   default:
     fprintf(f, "?");
@@ -323,19 +354,6 @@ void dspk__sub_print_summary(FILE *f, const dspk_result *res,
   }
   fprintf(f, "%s] (%llu value%s)\n", n > SUMMARY_SHOW ? ", ..." : "",
           (unsigned long long)n, n == 1 ? "" : "s");
-}
-
-void dspk__sub_json_str(FILE *f, const char *s) {
-  fputc('"', f);
-  for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-    if (*p == '"' || *p == '\\')
-      fprintf(f, "\\%c", *p);
-    else if (*p < 0x20 || *p == 0x7f)
-      fprintf(f, "\\u%04x", *p);
-    else
-      fputc(*p, f);
-  }
-  fputc('"', f);
 }
 
 static void json_num(FILE *f, double v) {
@@ -588,13 +606,35 @@ static int run_task(dspk__sub_ctx *ctx, const op_args *a, dspk_task *t,
     dspk_tensor_inline(&tin[i], in[i].dtype, (unsigned)in[i].rank, shape,
                        in[i].data);
   }
+  /* reduce's axes are checked here, against X's rank, as the user wrote
+   * them ("--axis 0,-2" names one axis twice). */
+  for (unsigned k = 0; t->op == DSPK_OP_REDUCE && k < a->naxes; k++) {
+    int r = in[0].rank, ax = a->axes[k];
+    if (ax < -r || ax >= r) {
+      if (r == 0)
+        status = dspk__sub_usage(ctx, "--axis %d: %s has rank 0 (no axes)", ax, files[0]);
+      else
+        status = dspk__sub_usage(ctx, "--axis %d: %s has rank %d (axes %d..%d)", ax,
+                                 files[0], r, -r, r - 1);
+      goto out;
+    }
+    for (unsigned j = 0; j < k; j++)
+      if ((a->axes[j] + r) % r == (ax + r) % r) {
+        status = dspk__sub_usage(ctx, "--axis %d and %d name the same axis of %s "
+                                      "(rank %d)", a->axes[j], ax, files[0], r);
+        goto out;
+      }
+  }
+  ctx->inputs = files;
+  ctx->ninputs = nfiles;
   t->inputs = tin;
   t->ninputs = (unsigned)nfiles;
   t->device = a->device;
 
   /* The output exists (as its temporary) before any work is done. */
-  if (a->output != NULL && dspk__sub_open_output(ctx, a->output, &of) != 0)
+  if (a->output != NULL && (status = dspk__sub_open_output(ctx, a->output, &of)) != 0)
     goto out;
+  status = DSPK__SUB_EXIT_FAIL;
   rc = dspk__sub_connect(ctx);
   if (rc != 0)
     goto out;
@@ -807,6 +847,18 @@ int dspk__sub_open_output(const dspk__sub_ctx *ctx, const char *path,
   int rc = dspk__outfile_open(of, path, err, sizeof err);
   if (rc < 0)
     return dspk__sub_fail(ctx, rc, "%s: %s", path, err);
+  /* A binary .npy never goes to a terminal, whatever names it: "-",
+   * /dev/stdout, /dev/fd/1, /proc/self/fd/1, /dev/tty, /dev/pts/N.  What
+   * the descriptor is open on decides, not the spelling of the path. */
+  if (isatty(of->fd) == 1) {
+    bool dash = strcmp(path, "-") == 0;
+    dspk__outfile_abort(of);
+    if (dash || of->to_stdout)
+      return dspk__sub_usage(ctx, "-o %s: standard output is a terminal; redirect it to a "
+                                  "file or a pipe", path);
+    return dspk__sub_usage(ctx, "-o %s: that is a terminal, where a .npy does not go; name "
+                                "a file or a pipe", path);
+  }
   return 0;
 }
 
@@ -832,27 +884,39 @@ int dspk__sub_save(const dspk_tensor *o, dspk__outfile *of, const char *path,
 
 int dspk__sub_check_inputs(const dspk__sub_ctx *ctx, char *const *files,
                          int nfiles) {
-  int n = 0, at = -1;
+  int fds[64];
   for (int i = 0; i < nfiles; i++) {
     if (files[i][0] == '\0') {
       dspk__sub_usage(ctx, "empty input file name");
       return -1;
     }
-    if (strcmp(files[i], "-") == 0) {
-      n++;
-      at = i;
+    /* "-" and the names of a descriptor (/dev/stdin, /dev/fd/0,
+     * /proc/self/fd/0...) are one stream however spelled: read once, and
+     * never from a terminal. */
+    fds[i < 64 ? i : 63] = dspk__fd_alias(files[i]);
+    if (i >= 64 || fds[i] < 0)
+      continue;
+    for (int j = 0; j < i; j++)
+      if (fds[j] == fds[i]) {
+        if (fds[i] == STDIN_FILENO)
+          dspk__sub_usage(ctx, "standard input can be read only once ('%s' and '%s' "
+                               "both read it)", files[j], files[i]);
+        else
+          dspk__sub_usage(ctx, "descriptor %d can be read only once ('%s' and '%s' "
+                               "both read it)", fds[i], files[j], files[i]);
+        return -1;
+      }
+    if (isatty(fds[i]) == 1) {
+      /* kernel's files[0] is its SOURCE, not an array. */
+      bool source = i == 0 && ctx->cmd != NULL && strcmp(ctx->cmd, "kernel") == 0;
+      if (fds[i] == STDIN_FILENO)
+        dspk__sub_usage(ctx, "%s: standard input is a terminal; pipe %s into it",
+                        files[i], source ? "the kernel source" : "a .npy");
+      else
+        dspk__sub_usage(ctx, "%s: descriptor %d is a terminal; pipe %s into it",
+                        files[i], fds[i], source ? "the kernel source" : "a .npy");
+      return -1;
     }
-  }
-  if (n > 1) {
-    dspk__sub_usage(ctx, "standard input (-) can be read only once");
-    return -1;
-  }
-  if (n == 1 && isatty(STDIN_FILENO) == 1) {
-    /* kernel's files[0] is its SOURCE, not an array. */
-    bool source = at == 0 && ctx->cmd != NULL && strcmp(ctx->cmd, "kernel") == 0;
-    dspk__sub_usage(ctx, "-: standard input is a terminal; pipe %s into it",
-                    source ? "the kernel source" : "a .npy");
-    return -1;
   }
   return 0;
 }

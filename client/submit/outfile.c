@@ -63,6 +63,8 @@ static void cleanup_set(sigset_t *set) {
     sigaddset(set, s);
 }
 
+void dspk__fatal_signals(sigset_t *set) { cleanup_set(set); }
+
 static void on_fatal_signal(int sig) {
   int e = errno;
   for (int i = 0; i < OUTFILE_MAX_OPEN; i++)
@@ -234,7 +236,7 @@ static char *resolve(const char *path, int *fdlink, int *fdno) {
 static int open_direct(dspk__outfile *o, const char *path, bool trunc, char *err,
                        size_t errlen) {
   struct stat st;
-  int e, fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0666);
+  int e, fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC | O_NOCTTY, 0666);
   if (fd < 0) {
     e = errno;
     seterr(err, errlen, e);
@@ -248,6 +250,16 @@ static int open_direct(dspk__outfile *o, const char *path, bool trunc, char *err
   }
   o->fd = fd;
   return 0;
+}
+
+int dspk__fd_alias(const char *path) {
+  int fdlink = 0, fdno = -1;
+  char *target;
+  if (strcmp(path, "-") == 0)
+    return STDIN_FILENO;
+  target = resolve(path, &fdlink, &fdno);
+  free(target);
+  return target != NULL && fdlink == 1 ? fdno : -1;
 }
 
 int dspk__outfile_open(dspk__outfile *o, const char *path, char *err,

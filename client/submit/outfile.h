@@ -26,6 +26,7 @@
 #ifndef DSPK_CLIENT_SUBMIT_OUTFILE_H
 #define DSPK_CLIENT_SUBMIT_OUTFILE_H
 
+#include <signal.h>
 #include <stdbool.h>
 #include <stddef.h>
 
@@ -57,5 +58,15 @@ int dspk__outfile_commit(dspk__outfile *o, char *err, size_t errlen);
 /* Abandons what was written: closes o and removes its temporary, leaving
  * the target as it was.  Accepts an o already committed or abandoned. */
 void dspk__outfile_abort(dspk__outfile *o);
+
+/* For an input path: the descriptor of this process it names, "-" (0) or
+ * a link to one followed as outputs follow it (/dev/stdin, /dev/fd/N,
+ * /proc/self/fd/N); -1 for any other path. */
+int dspk__fd_alias(const char *path);
+
+/* The signals above (every one that can be caught and whose default action
+ * ends the process, the real-time ones included) into *set: what any state
+ * to undo before dying (a temporary, the terminal of top) must handle. */
+void dspk__fatal_signals(sigset_t *set);
 
 #endif /* DSPK_CLIENT_SUBMIT_OUTFILE_H */

@@ -31,6 +31,10 @@ typedef struct dspk__sub_ctx {
   const char *socket; /* --socket, or NULL for $DSPK_SOCKET / the default */
   const char *cmd;    /* name of the running command, for messages */
   dspk_client *client;
+  /* The command's input files in the order of the task's inputs (NULL when
+   * none): the daemon's "input N" is named as the file in its errors. */
+  char *const *inputs;
+  int ninputs;
 } dspk__sub_ctx;
 
 typedef struct dspk__sub_cmd {
@@ -75,9 +79,6 @@ void dspk__sub_print_summary(FILE *f, const dspk_result *res,
 void dspk__sub_json_result(FILE *f, const dspk_result *res,
                            const char *const *saved);
 
-/* Writes s as a JSON string (quoted, escaped) on f. */
-void dspk__sub_json_str(FILE *f, const char *s);
-
 /* "35 us", "12.3 ms", "4.56 s" into buf; returns buf. */
 const char *dspk__sub_fmt_time(uint64_t us, char *buf, size_t cap);
 
@@ -116,8 +117,10 @@ int dspk__sub_usage(const dspk__sub_ctx *ctx, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
 /* Reports a failed library call on ctx->client: the daemon's (or the
- * library's) detail from dspk_last_error(), else dspk_strerror(code).
- * Returns DSPK__SUB_EXIT_FAIL. */
+ * library's) detail from dspk_last_error(), else dspk_strerror(code), with
+ * the wire protocol's names of what is at fault ("options.alpha",
+ * "options.axes[0]", "input 1") said as the command line says them
+ * ("--alpha", "--axis", the file).  Returns DSPK__SUB_EXIT_FAIL. */
 int dspk__sub_fail_client(const dspk__sub_ctx *ctx, int code);
 
 /* Connects ctx->client if not yet connected.  Returns 0, or reports the
@@ -175,7 +178,9 @@ int dspk__sub_once(const dspk__sub_ctx *ctx, bool *seen, int opt, char **argv);
 int dspk__sub_split(const char *s, const char *seps, char *buf, size_t cap,
                     char **items, int max);
 
-/* Strict number parsing of a whole string: 0 on success, -1 otherwise. */
+/* Strict number parsing of a whole string: decimal digits with an optional
+ * '-' (and for a double a fraction, an exponent, inf or nan); no blanks, no
+ * '+', no hexadecimal.  0 on success, -1 otherwise. */
 int dspk__sub_parse_double(const char *s, double *out);
 int dspk__sub_parse_long(const char *s, long lo, long hi, long *out);
 

@@ -7,8 +7,10 @@
  * from the `status` method, asked again every --interval seconds.
  *
  * On a terminal the view takes the alternate screen and reads single keys
- * (q quits); the terminal is restored on every way out, SIGINT and SIGTERM
- * included.  --once prints one frame and exits, for scripts; --json prints
+ * (q quits); the terminal is restored on every way out: q, SIGINT and
+ * SIGTERM end the loop, any other signal that ends the process restores it
+ * before the death, and Ctrl-Z gives it back to the shell (taken again on
+ * SIGCONT).  --once prints one frame and exits, for scripts; --json prints
  * the status answer it reads (one frame's data) as JSON.
  */
 #include <errno.h>
@@ -24,9 +26,72 @@
 
 #include "client/submit/submit.h"
 
-static volatile sig_atomic_t got_signal;
+static volatile sig_atomic_t got_signal, resumed;
 
 static void on_signal(int sig) { got_signal = sig; }
+
+/* The terminal as top found it, and what top changed (raw keys, the
+ * alternate screen): the handlers below undo it with async-signal-safe
+ * calls only (write, tcsetattr). */
+static struct termios term_saved;
+static volatile sig_atomic_t term_keys, term_screen;
+
+static void term_restore(void) {
+  static const char leave[] = "\033[?25h\033[?1049l";
+  if (term_screen && write(STDOUT_FILENO, leave, sizeof leave - 1) < 0) {
+    /* nothing more to do on the way out */
+  }
+  if (term_keys)
+    tcsetattr(STDIN_FILENO, TCSANOW, &term_saved);
+}
+
+/* Raw keys and the alternate screen, as top wants them. */
+static void term_setup(void) {
+  if (term_keys) {
+    struct termios raw = term_saved;
+    raw.c_lflag &= ~(tcflag_t)(ICANON | ECHO);
+    raw.c_cc[VMIN] = 1;
+    raw.c_cc[VTIME] = 0;
+    tcsetattr(STDIN_FILENO, TCSANOW, &raw);
+  }
+  if (term_screen) {
+    fputs("\033[?1049h\033[?25l", stdout); /* alternate screen, no cursor */
+    fflush(stdout);
+  }
+}
+
+/* Any other signal that ends the process (SIGQUIT from Ctrl-\, SIGHUP...):
+ * the terminal restored, then the death by the signal as before. */
+static void on_fatal(int sig) {
+  term_restore();
+  signal(sig, SIG_DFL);
+  raise(sig);
+}
+
+/* Ctrl-Z: the terminal restored for the shell, then stopped; once
+ * continued, the main loop sets it up again and redraws (resumed). */
+static void on_tstp(int sig) {
+  struct sigaction sa;
+  sigset_t set;
+  int e = errno;
+  term_restore();
+  signal(sig, SIG_DFL);
+  sigemptyset(&set);
+  sigaddset(&set, sig);
+  sigprocmask(SIG_UNBLOCK, &set, NULL);
+  raise(sig); /* stops here until SIGCONT */
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_tstp;
+  sigemptyset(&sa.sa_mask);
+  sigaction(sig, &sa, NULL);
+  resumed = 1;
+  errno = e;
+}
+
+static void on_cont(int sig) {
+  (void)sig;
+  resumed = 1; /* also after a SIGSTOP: the shell may have reset the modes */
+}
 
 static const char *bytes(uint64_t b, char *buf, size_t cap) {
   static const char *units[] = {"B", "K", "M", "G", "T"};
@@ -58,7 +123,7 @@ static void frame(FILE *f, const dspk_status *s, bool interactive) {
 
   localtime_r(&now, &tm);
   strftime(clock, sizeof clock, "%H:%M:%S", &tm);
-  fprintf(f, "dspkd %s  pid %lld  up %s  %llu connection%s  %s\n", s->version,
+  fprintf(f, "dspkd %s  pid %lld  up %s  %llu connection%s  %s\n", dspk__sub_esc(s->version),
           (long long)s->pid, duration(s->uptime_s, up, sizeof up),
           (unsigned long long)s->connections, s->connections == 1 ? "" : "s", clock);
   fprintf(f, "\n%-10s %5s  %-22s %6s %7s %8s %6s  %s\n", "DEVICE", "BUSY",
@@ -71,11 +136,12 @@ static void frame(FILE *f, const dspk_status *s, bool interactive) {
              bytes(a->memory_cached, mem[1], sizeof mem[1]),
              a->memory ? bytes(a->memory, mem[2], sizeof mem[2]) : "-");
     if (a->running)
-      snprintf(run, sizeof run, "%s %s", a->running_op,
+      snprintf(run, sizeof run, "%s %s", dspk__sub_esc(a->running_op),
                duration(a->running_age_s, age, sizeof age));
     else
       snprintf(run, sizeof run, "-");
-    fprintf(f, "%-10s %4.0f%%  %-22s %6llu %7llu %8llu %6llu  %s\n", d->id, a->busy * 100,
+    fprintf(f, "%-10s %4.0f%%  %-22s %6llu %7llu %8llu %6llu  %s\n", dspk__sub_esc(d->id),
+            a->busy * 100,
             memcol, (unsigned long long)d->queued, (unsigned long long)a->clients,
             (unsigned long long)d->completed, (unsigned long long)d->failed, run);
   }
@@ -86,8 +152,15 @@ static void frame(FILE *f, const dspk_status *s, bool interactive) {
       const dspk_status_client *c = &s->clients[i];
       fprintf(f, "%-8llu %-8lld %-6lld %8llu %8llu  %s\n", (unsigned long long)c->id,
               (long long)c->pid, (long long)c->uid, (unsigned long long)c->inflight,
-              (unsigned long long)c->buffers, c->name);
+              (unsigned long long)c->buffers, dspk__sub_esc(c->name));
     }
+  }
+  /* As status says it: a non-admin sees its own uid's connections, the
+   * rest only as a count. */
+  if (s->connections > s->nclients) {
+    unsigned long long more = (unsigned long long)(s->connections - s->nclients);
+    fprintf(f, "%sand %llu connection%s of other users (not shown)\n",
+            s->nclients ? "" : "\n", more, more == 1 ? "" : "s");
   }
   if (interactive)
     fputs("\nq: quit\n", f);
@@ -120,7 +193,6 @@ int dspk__sub_top(dspk__sub_ctx *ctx, int argc, char **argv) {
                                        DSPK__SUB_OPTS_END};
   double interval = 1;
   bool once = false, json = false, keys, screen, seen_interval = false;
-  struct termios saved, raw;
   struct sigaction sa, old_int, old_term;
   dspk_status *s = NULL;
   int opt, rc, status = DSPK__SUB_EXIT_OK;
@@ -149,34 +221,59 @@ int dspk__sub_top(dspk__sub_ctx *ctx, int argc, char **argv) {
     rc = dspk_status_get(ctx->client, &s);
     if (rc < 0)
       return dspk__sub_fail_client(ctx, rc);
-    if (json)
-      printf("%s\n", s->json ? s->json : "{}");
+    if (json) {
+      dspk__sub_put(stdout, s->json ? s->json : "{}", DSPK__SUB_ESC_JSON);
+      putchar('\n');
+    }
     else
       frame(stdout, s, false);
     dspk_status_free(s);
     return DSPK__SUB_EXIT_OK;
   }
 
-  keys = isatty(STDIN_FILENO) && tcgetattr(STDIN_FILENO, &saved) == 0;
+  keys = isatty(STDIN_FILENO) && tcgetattr(STDIN_FILENO, &term_saved) == 0;
   screen = isatty(STDOUT_FILENO);
   memset(&sa, 0, sizeof sa);
   sa.sa_handler = on_signal; /* no SA_RESTART: poll returns at once */
   sigemptyset(&sa.sa_mask);
   sigaction(SIGINT, &sa, &old_int);
   sigaction(SIGTERM, &sa, &old_term);
-  if (keys) {
-    raw = saved;
-    raw.c_lflag &= ~(tcflag_t)(ICANON | ECHO);
-    raw.c_cc[VMIN] = 1;
-    raw.c_cc[VTIME] = 0;
-    tcsetattr(STDIN_FILENO, TCSANOW, &raw);
+  if (keys || screen) {
+    /* Every other way the process can end by a signal restores the
+     * terminal first, and job control (Ctrl-Z, fg) gives it back to the
+     * shell and takes it again, as less and top(1) do.  Only signals at
+     * their default action are taken over (SIGXFSZ is ignored, main.c). */
+    sigset_t fatal;
+    dspk__fatal_signals(&fatal);
+    for (int sig = 1; sig < NSIG; sig++) {
+      struct sigaction old, h;
+      if (sig == SIGINT || sig == SIGTERM || sigismember(&fatal, sig) != 1 ||
+          sigaction(sig, NULL, &old) != 0 || (old.sa_flags & SA_SIGINFO) ||
+          old.sa_handler != SIG_DFL)
+        continue;
+      memset(&h, 0, sizeof h);
+      h.sa_handler = on_fatal;
+      sigemptyset(&h.sa_mask);
+      sigaction(sig, &h, NULL);
+    }
+    memset(&sa, 0, sizeof sa);
+    sigemptyset(&sa.sa_mask);
+    sa.sa_handler = on_tstp;
+    sigaction(SIGTSTP, &sa, NULL);
+    sa.sa_handler = on_cont;
+    sigaction(SIGCONT, &sa, NULL);
   }
-  if (screen)
-    fputs("\033[?1049h\033[?25l", stdout); /* alternate screen, no cursor */
+  term_keys = keys;
+  term_screen = screen;
+  term_setup();
 
   while (!got_signal) {
     struct pollfd pfd = {STDIN_FILENO, POLLIN, 0};
     double until;
+    if (resumed) {
+      resumed = 0;
+      term_setup();
+    }
     rc = dspk_status_get(ctx->client, &s);
     if (rc < 0)
       break;
@@ -194,7 +291,7 @@ int dspk__sub_top(dspk__sub_ctx *ctx, int argc, char **argv) {
       double left = until - dspk__sub_now_us();
       int n;
       char ch;
-      if (left <= 0 || got_signal)
+      if (left <= 0 || got_signal || resumed)
         break;
       n = poll(&pfd, keys ? 1 : 0, (int)(left / 1000) + 1);
       if (n < 0 && errno != EINTR)
@@ -210,11 +307,13 @@ int dspk__sub_top(dspk__sub_ctx *ctx, int argc, char **argv) {
     }
   }
 
-  if (screen)
-    fputs("\033[?25h\033[?1049l", stdout);
   fflush(stdout);
-  if (keys)
-    tcsetattr(STDIN_FILENO, TCSANOW, &saved);
+  term_restore();
+  term_keys = term_screen = 0;
+  if (keys || screen) {
+    signal(SIGTSTP, SIG_DFL); /* job control as any process has it again */
+    signal(SIGCONT, SIG_DFL);
+  }
   sigaction(SIGINT, &old_int, NULL);
   sigaction(SIGTERM, &old_term, NULL);
   if (rc < 0)

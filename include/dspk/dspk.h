@@ -166,7 +166,9 @@ DSPK_EXPORT const char *dspk_last_error(const dspk_client *c);
  *    daemon still runs the work (dspk_cancel it before, if it must stop).
  *    A buffer the late answer makes (dspk_buffer_create,
  *    dspk_shared_alloc, dspk_shared_from_file, a temporary) is freed then,
- *    and a task's shared temporaries are reused only after its answer;
+ *    and a task's shared temporaries are reused only after its answer,
+ *    and dspk_buffer_read/write of a shared allocation go to the daemon
+ *    behind it (no local copy) until then (dspk_shared_alloc);
  *  - dspk_wait_any that times out gives up on no request (all stay in
  *    flight).
  * dspk_shared_free that times out has unmapped the memory all the same.
@@ -227,7 +229,8 @@ typedef struct dspk_device {
   char driver[64];
   char uuid[64];
   uint64_t memory;   /* bytes */
-  bool software;     /* a software implementation (lavapipe, cpu) */
+  bool software;     /* a software renderer of a GPU API (lavapipe), which
+                        "any" avoids; false for the cpu backend (type "cpu") */
 } dspk_device;
 
 typedef struct dspk_unavailable {
@@ -310,7 +313,10 @@ DSPK_EXPORT int dspk_metrics(dspk_client *c, char **text_out);
  * it (category "phase": upload, compute, tuning inside compute, download);
  * the time each job waited in the queue is an "X" event of category
  * "queue" on a thread of its client.  Timestamps are microseconds from the
- * first event.  DSPK_EBUSY at once when too many traces record already (a
+ * start of the recording, or from the earliest time a job shown was queued
+ * when that came first (a job queued before the recording began); otherData
+ * holds start_us and end_us (the recording's span on that scale), dropped
+ * and jobs.  DSPK_EBUSY at once when too many traces record already (a
  * user who is not an admin: 2 of its own, 8 of such users together; admins
  * 8 of their own: docs/protocol.md, trace). */
 DSPK_EXPORT int dspk_trace(dspk_client *c, double seconds, char **json_out);
@@ -324,14 +330,22 @@ DSPK_EXPORT int dspk_buffer_create(dspk_client *c, const char *device,
 /* Writes n bytes at offset.  data is sent in place (not copied), in pieces
  * of at most 4 MiB (and of the daemon's max_message) with up to 8 in flight,
  * so the daemon stores one while the next arrives; on a failure (the first
- * failing piece's code) other pieces may have been written. */
+ * failing piece's code) other pieces may have been written.  Data that lies
+ * in the shared allocation of id itself (dspk_shared_alloc) and takes more
+ * than one piece is copied first, so that a piece stored cannot change the
+ * bytes of one still to be sent. */
 DSPK_EXPORT int dspk_buffer_write(dspk_client *c, uint64_t id,
                                   uint64_t offset, const void *data, size_t n);
 /* Reads exactly n bytes at offset into dst (DSPK_EPROTO if the daemon sends
  * another amount), in pipelined pieces as dspk_buffer_write; each answer's
- * data is read from the socket straight into dst. */
+ * data is read from the socket straight into dst (into memory of its own
+ * first, when dst lies in the shared allocation of id itself and the read
+ * takes more than one piece). */
 DSPK_EXPORT int dspk_buffer_read(dspk_client *c, uint64_t id, uint64_t offset,
                                  void *dst, size_t n);
+/* Frees buffer id (DSPK_ENOBUF when c has none such).  The id of a shared
+ * allocation or temporary may be given too: see dspk_shared_alloc for what
+ * stays of the allocation. */
 DSPK_EXPORT int dspk_buffer_free(dspk_client *c, uint64_t id);
 
 /* ---- shared memory ------------------------------------------------------- */
@@ -352,10 +366,17 @@ DSPK_EXPORT int dspk_buffer_free(dspk_client *c, uint64_t id);
  * runs on another device than the allocation's, or the operand starts
  * between two items) its bytes are sent as any other operand's: the task
  * works, with a copy.  dspk_buffer_read/write
- * of the id work too: with no request of c in flight they are a memcpy in
- * this process (the daemon holds the same pages), else they go to the
- * daemon in order behind the requests in flight.  Writing the memory while a task uses it gives that
- * task undefined results (never a crash).  Freed by dspk_shared_free() or
+ * of the id work too: while the daemon works on no request of c they are a
+ * memmove in this process (the daemon holds the same pages; data or dst may
+ * lie in them), else they go to the daemon in order behind the requests
+ * in flight, a request given up on after a timeout (dspk_set_timeout)
+ * counting as in flight until its late answer is read; either way as if
+ * the bytes were all read before any is written.  Writing the memory
+ * while a task uses it gives that task undefined results (never a crash).
+ * dspk_buffer_free of the id
+ * frees the daemon's buffer only: the mapping stays until dspk_shared_free
+ * (which then answers DSPK_ENOBUF), an inline tensor in it is sent as
+ * bytes, and dspk_buffer_read/write of the id are DSPK_ENOBUF.  Freed by dspk_shared_free() or
  * dspk_close().  The daemon answers the import before any page is made, so
  * a size beyond its device's memory or the user's quota is DSPK_ENOMEM or
  * DSPK_ELIMIT without committing memory here.  An empty device name is no
@@ -406,7 +427,8 @@ DSPK_EXPORT int dspk_file_data(dspk_client *c, const void *addr, size_t len, int
  * output as usual, its data a read-only shared mapping of the file's bytes
  * [offset, offset + nbytes) (unmapped by dspk_result_free; the file must not
  * shrink while it is used; aligned for its dtype only when offset is), and
- * sets *written (may be NULL) to true.  It stays false, the output then in
+ * sets *written (may be NULL; set false by a successful
+ * dspk_result_to_file, untouched by a failed one) to true.  It stays false, the output then in
  * memory as usual, when the answer is an error, its first output is a
  * reference or smaller than 64 KiB, or the file takes no more bytes (a full
  * disk: what was written is read back, and the caller's own write of the
@@ -460,7 +482,14 @@ DSPK_EXPORT int dspk_shared_free(dspk_client *c, void *ptr);
  * dspk_result_free, which unmaps one larger than that bound at once (its daemon buffer goes at c's next
  * dspk_wait, dspk_wait_any or dspk_run).  A dspk_buffer_create, dspk_shared_alloc or temporary that the
  * daemon refuses with DSPK_ELIMIT or DSPK_ENOMEM while c holds idle
- * temporaries frees them and is tried once more.
+ * temporaries frees them and is tried once more.  A temporary that cannot
+ * be had all the same (refused by the daemon: max_buffers, a quota; or no
+ * shared memory here) is no failure of the task: its operand or result
+ * crosses the socket instead, as with threshold 0.  Only one of half
+ * dspk_max_message or more, which cannot, fails then, with the refusal's
+ * code and a dspk_last_error() that says a shared temporary was refused.
+ * A broken connection or a timeout (dspk_set_timeout) while one is made is
+ * the call's failure as any other.
  * The default is DSPK_SHARED_THRESHOLD, or $DSPK_SHARED_THRESHOLD at
  * dspk_connect when it is a size ("1048576", "1M", "64KiB"; 0: off). */
 #define DSPK_SHARED_THRESHOLD ((size_t)1 << 20)

@@ -4,11 +4,15 @@ One socket per Client.  Requests are written under a send lock.  Responses are r
 whichever thread needs one (a lock-protected pump: the first waiting thread reads and files
 every response by msgid, the others wait for theirs), so a synchronous call costs no thread
 switch; while futures of :meth:`Client.submit` are pending, a reader thread keeps reading so
-that their callbacks run and ``concurrent.futures.wait`` works without anyone pumping.
+that their callbacks run and ``concurrent.futures.wait`` works without anyone pumping.  A
+submit() whose task needs an answer before it can be sent (a staged operand's or a large
+result's temporary buffer) is done by a worker thread of the client's, in order, so that
+submit() itself never waits for an answer.
 """
 from __future__ import annotations
 
 import array as _array
+import collections
 import concurrent.futures
 import errno
 import fcntl
@@ -144,9 +148,13 @@ _POLL_MAX_MS = (1 << 31) - 1  # poll()'s longest wait; a longer one is waited ag
 # The files whose frames raise what is not a signal handler's (_foreign): this package
 # (the client, its error classes) and msgpack (its pure-Python fallback decoder, and
 # the frames its Cython decoder adds to a traceback, named "msgpack/_unpacker.pyx").
+# The socket module's Python wrapper (socket.socket() is Python code over _socket, so
+# what its constructor raises, EMFILE, ends in a frame of socket.py) counts as ours too:
+# no signal handler is defined there.
 _OURS = tuple(os.path.dirname(f) + os.sep for f in
               ((lambda: None).__code__.co_filename, msgpack.__file__ or "")) + \
-    ("msgpack" + os.sep,)
+    ("msgpack" + os.sep,) + \
+    tuple(f for f in (getattr(_socket, "__file__", None),) if f)
 
 
 class _Mapping:
@@ -198,6 +206,64 @@ def _os_error(what: str, e: OSError) -> Error:
     if e.errno in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
         return _errors.NotSupported(text)
     return _errors.IOFailure(text)
+
+
+def _as_error(e: BaseException) -> BaseException:
+    """``e`` as the dspk.Error a public method raises: a dspk.Error as it is; an OSError
+    of a system call of the client's as _os_error maps it; a MemoryError (numpy could
+    not allocate an array) dspk.OutOfMemory; a signal handler's exception (_foreign),
+    or one that is no Exception (KeyboardInterrupt), as it is."""
+    if isinstance(e, Error) or not isinstance(e, Exception) or _foreign(e):
+        return e
+    if isinstance(e, OSError):
+        return _os_error("a system call of the client", e)
+    if isinstance(e, MemoryError):
+        return _errors.OutOfMemory("no memory for an array here: %s" % (e or "MemoryError"))
+    return e
+
+
+def _public(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """A public method: an OSError or MemoryError of the client's own (not a signal
+    handler's) leaves it as the dspk.Error of _as_error, never as it is."""
+    def method(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except (OSError, MemoryError) as e:
+            err = _as_error(e)
+            if err is e:
+                raise
+            raise err from None
+    method.__name__ = fn.__name__
+    method.__qualname__ = fn.__qualname__
+    method.__doc__ = fn.__doc__
+    method.__wrapped__ = fn  # type: ignore[attr-defined]  # inspect.signature sees fn's
+    return method
+
+
+class _Defer(Exception):
+    """submit() on the caller's thread came to a step that would wait for an answer (a
+    staged operand's or a large result's temporary buffer, a ``devices`` call), or to
+    the sending of its task while earlier submit()s are still with the worker: the op
+    goes to the client's worker thread instead (Client._defer)."""
+
+
+class _Job:
+    """One submit() handed to the client's worker thread: the op (``fn``, the bound
+    ``_op_<name>``, and its arguments), the future submit() returned, and the future of
+    the request the worker sent (``inner``; None until then).  ``stop``: canceled
+    before its task was sent."""
+    __slots__ = ("fn", "args", "kwargs", "progress", "future", "inner", "stop")
+
+    def __init__(self, fn: Callable[..., "TaskFuture"], args: Tuple[Any, ...],
+                 kwargs: Dict[str, Any], progress: Optional[Progress],
+                 future: "TaskFuture") -> None:
+        self.fn = fn
+        self.args = args
+        self.kwargs = kwargs
+        self.progress = progress
+        self.future = future
+        self.inner: Optional[TaskFuture] = None
+        self.stop = False
 
 
 class _ClosedWhileSending(Exception):
@@ -316,6 +382,7 @@ def default_socket() -> str:
     return "/run/dspk/dspkd.sock"
 
 
+@_public
 def connect(socket: Union[str, bytes, "os.PathLike[str]", None] = None, *,
             name: Optional[str] = None, timeout: Optional[float] = None) -> "Client":
     """Connects to dspkd and returns a :class:`Client`.
@@ -332,6 +399,9 @@ def connect(socket: Union[str, bytes, "os.PathLike[str]", None] = None, *,
 
     Raises:
         dspk.ConnectError: no daemon listens there.
+        dspk.LimitExceeded: no file descriptor for the socket or the wake-up pipe
+            (EMFILE, ENFILE); other OSErrors of making them as python.md's Errors
+            says (never a bare OSError).
         dspk.InvalidArgument: a parameter of another type, timeout <= 0, or a socket
             path or name holding a NUL character.
         dspk.LimitExceeded, dspk.PermissionDenied: the daemon refused the connection
@@ -359,6 +429,9 @@ class TaskFuture(concurrent.futures.Future):
     sent: bool = False
     # The Client that sent it: a msgid means something on its connection only.
     _owner: "Optional[weakref.ref[Client]]" = None
+    # A submit() handed to the client's worker thread: its job (msgid is 0 until the
+    # worker sent its task).
+    _job: Optional[_Job] = None
 
     def _pump(self, timeout: Optional[float]) -> Optional[float]:
         """Reads the connection until done when this thread reads it; returns the
@@ -368,7 +441,15 @@ class TaskFuture(concurrent.futures.Future):
         owner = self._owner() if self._owner is not None else None
         if owner is not None and not self.done() and owner._forked():
             raise owner._fork_error()  # nothing in this process will ever complete it
-        if owner is not None and not self.done() and owner._is_reader():
+        if owner is not None and self._job is not None and not self.done() and \
+                owner._is_worker():
+            # A callback the worker runs waits for a later submit() of the worker's:
+            # the worker is this thread, so it runs the jobs up to that one here.
+            owner._work_until(self._job)
+        if owner is not None and not self.done() and \
+                (owner._is_reader() or owner._thread is None):
+            # This thread reads the connection (a callback's wait), or no reader thread
+            # runs (none could be started): it reads until the future is done.
             owner._pump_for(self, timeout)
             return 0
         return timeout
@@ -376,13 +457,15 @@ class TaskFuture(concurrent.futures.Future):
     def add_done_callback(self, fn: Callable[["concurrent.futures.Future[Any]"], Any]
                           ) -> None:
         """As concurrent.futures.Future's: ``fn(future)`` runs once the future is done.
-        Run by the client (on the thread reading the connection), an exception the
-        callback raises ends that callback only: an Exception is logged as
-        concurrent.futures does, and one that is not an Exception (SystemExit,
-        KeyboardInterrupt) is ignored, so that it can neither stop the thread reading
-        the connection nor surface in another call.  On a future already done ``fn``
-        runs at once in the calling thread, and what it raises propagates as
-        concurrent.futures lets it."""
+        Run by the client (on the thread reading the connection, or on its worker
+        thread), an exception the callback raises ends that callback only: an
+        Exception is logged as concurrent.futures does, and one that is not an
+        Exception (SystemExit, KeyboardInterrupt) is ignored, so that it can neither
+        stop the thread reading the connection nor surface in another call.  On a
+        future already done ``fn`` runs at once in the calling thread, as
+        concurrent.futures runs it: an Exception it raises is logged (logger
+        ``concurrent.futures``) and add_done_callback() returns normally; only one
+        that is not an Exception (KeyboardInterrupt, SystemExit) propagates."""
         if self.done():
             super().add_done_callback(fn)
             return
@@ -443,11 +526,13 @@ class DeviceArray:
     def ndim(self) -> int:
         return len(self.shape)
 
+    @_public
     def numpy(self) -> np.ndarray:
         """A numpy copy of the tensor (``buffer.read``, in chunks below the daemon's
         message limit)."""
         return self.client._read_array(self)
 
+    @_public
     def free(self) -> None:
         """Frees the buffer (``buffer.free``); requests already sent still see it.  A
         second free() of the same DeviceArray does nothing, and so does one after its
@@ -730,6 +815,8 @@ def _result_meta(op: str, inputs: Sequence[Any], options: Mapping[str, Any]
         if op == "fft":
             if len(metas) != 1 or not sa or sa[-1] == 0:
                 return None  # a scalar, or length 0: ESHAPE
+            if sa[-1] > (1 << 31) - 1 and all(sa):
+                return None  # a row above 2^31-1 (a batch of none is empty): ESHAPE
             if da.kind == "c":
                 return tuple(sa), da.itemsize
             if options.get("inverse"):
@@ -879,7 +966,13 @@ class Client:
                 raise _errors.InvalidArgument("name: not valid Unicode text (%s)"
                                               % e.reason) from None
         self.timeout = timeout
-        sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+        try:
+            sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+        except OSError as e:
+            if _foreign(e):
+                raise  # a signal handler's: the caller's
+            # out of descriptors (EMFILE, ENFILE): LimitExceeded, as for the pipe below
+            raise _os_error("the client's socket", e) from None
         try:
             if timeout is None:
                 sock.connect(self.socket_path)
@@ -930,7 +1023,12 @@ class Client:
         self._thread: Optional[threading.Thread] = None
         self._closed: Optional[Error] = None   # set once the connection is unusable
         self._protocol_error: Optional[Error] = None
-        self._nonce = os.urandom(16)
+        try:
+            self._nonce = os.urandom(16)
+        except OSError as e:  # no getrandom(), and /dev/urandom cannot be opened
+            self._close_wake()
+            sock.close()
+            raise _os_error("the client's random nonce", e) from None
         # Shared arrays of empty_shared(): buffer id -> (address, bytes, device).
         self._shared: Dict[int, Tuple[int, int, str]] = {}
         # buffer.free owed: collected shared arrays, buffers answered after a Timeout,
@@ -944,6 +1042,15 @@ class Client:
         self._temp_clock = 0
         self._temp_lock = threading.Lock()
         self._any_is_cpu: Optional[bool] = None
+        self._any_asking = False         # a devices call of submit() is in flight
+        # submit()s that would wait for an answer before their task can be sent (a
+        # staged operand, a large result's temporary buffer): run in order by one
+        # worker thread, started when needed and gone when it has nothing to do.
+        self._work_cond = threading.Condition(threading.Lock())
+        self._jobs: "collections.deque[_Job]" = collections.deque()
+        self._jobs_pending = 0           # jobs queued or running whose task is unsent
+        self._worker: Optional[threading.Thread] = None
+        self._tl = threading.local()     # .deferring: in submit()'s first attempt
         self.limits: Dict[str, int] = {}
         if name is None:
             name = "python:" + os.path.basename(sys.argv[0] if sys.argv and sys.argv[0]
@@ -985,6 +1092,7 @@ class Client:
 
     # ---- connection --------------------------------------------------------------
 
+    @_public
     def close(self) -> None:
         """Closes the connection (idempotent).  Pending calls end with dspk.Closed; the
         daemon frees this connection's buffers and drops its queued tasks.  Returns at
@@ -1007,6 +1115,7 @@ class Client:
                 pass
             self._wake()
         self._fail_all()
+        self._fail_jobs()
         self._send_lock.wake()  # a thread waiting to send sees the client closed
         t = self._thread
         if t is not None and t is not threading.current_thread():
@@ -1029,7 +1138,10 @@ class Client:
             if sl.owner is not None:
                 return  # that writer calls this when it lets go
             if self._sock.fileno() >= 0 and not self._reading:
-                self._sock.close()
+                try:
+                    self._sock.close()
+                except OSError:
+                    pass  # the descriptor is gone either way (close(2) frees it)
             self._close_wake()
 
     def _wake(self) -> None:
@@ -1410,6 +1522,7 @@ class Client:
         its answer."""
         if self._forked():  # before any lock: one held at the fork stays held here
             raise self._fork_error()
+        self._after_jobs(method)
         fut = TaskFuture()
         fut._owner = weakref.ref(self)
         if owner is not None:
@@ -1546,6 +1659,11 @@ class Client:
                     left = None if deadline is None else deadline - time.monotonic()
                     if left is not None and left <= 0:
                         return False
+                    if getattr(fut, "_job", None) is not None:
+                        # A submit() of the worker's: the worker may complete it (an
+                        # error, a task answered before it followed it) with no byte
+                        # coming here, so this looks again every _SEND_RECHECK.
+                        left = _SEND_RECHECK if left is None else min(left, _SEND_RECHECK)
                     self._read_once(left)
             finally:
                 if not nested and self._reader_ident == me:  # no call before the store
@@ -1785,7 +1903,11 @@ class Client:
                 try:
                     value = call.decode(msg[3]) if call.decode else msg[3]
                 except Exception as e:  # noqa: BLE001 - a bad answer fails its call only
-                    ready.append((self._settle, (fut, None, e)))
+                    err = _as_error(e)
+                    if not isinstance(err, Error):  # a malformed answer (KeyError...)
+                        err = _errors.ProtocolError("%s: a malformed answer (%s: %s)" % (
+                            "request %d" % fut.msgid, type(e).__name__, e))
+                    ready.append((self._settle, (fut, None, err)))
                 else:
                     ready.append((self._settle, (fut, value)))
             return
@@ -1849,9 +1971,16 @@ class Client:
             if self._thread is not None and self._thread.is_alive():
                 self._cond.notify_all()
                 return
-            self._thread = threading.Thread(target=self._reader_main, daemon=True,
-                                            name="dspk-reader")
-            self._thread.start()
+            t = threading.Thread(target=self._reader_main, daemon=True,
+                                 name="dspk-reader")
+            self._thread = t
+            try:
+                t.start()
+            except RuntimeError:
+                # No thread to be had (RuntimeError "can't start new thread"): the
+                # request is sent, so no error here; result() and exception() of the
+                # futures read the connection themselves while no reader runs (_pump).
+                self._thread = None
 
     def _reader_main(self) -> None:
         """Reads while submit() futures are pending; exits when none is (the next
@@ -1883,8 +2012,214 @@ class Client:
                     self._reading, self._reader_ident = False, 0
                     self._readers_wake()
 
+    # ---- the worker: submit()s that would wait ------------------------------------
+
+    def _is_worker(self) -> bool:
+        """Whether this thread is the client's worker (running deferred submit()s)."""
+        w = self._worker
+        return w is not None and w is threading.current_thread()
+
+    def _no_wait(self, always: bool = True) -> None:
+        """In submit()'s first attempt, on the caller's thread: _Defer where the op would
+        wait for an answer (``always``), or, at the sending of its task, while earlier
+        submit()s are still with the worker (their tasks are sent first)."""
+        if getattr(self._tl, "deferring", False) and (always or self._jobs_pending):
+            raise _Defer()
+
+    # The operands of each op (parameters of its method): what _snapshot copies.
+    _OPERANDS = {"gemm": ("a", "b", "c"), "fft": ("x",), "fir": ("x", "h"),
+                 "contract": ("a", "b"), "reduce": ("x",), "map": ("a", "b"),
+                 "kernel": ("tensors",)}
+
+    def _snapshot(self, op: str, args: Tuple[Any, ...], kwargs: Dict[str, Any]
+                  ) -> Tuple[Tuple[Any, ...], Dict[str, Any]]:
+        """The arguments of a deferred submit() with a copy of each plain numpy operand
+        that shares the caller's memory, so that the caller may write its arrays once
+        submit() returns, as after an op sent at once.  DeviceArrays and shared arrays
+        (and views of them) are references, as in any op: kept."""
+        bound = inspect.signature(getattr(self, op)).bind(*args, **kwargs)
+
+        def own(x: Any, what: str) -> Any:
+            if x is None or isinstance(x, DeviceArray):
+                return x
+            a = _as_array(x, what, self.limits)
+            ref = self._shared_ref(a)
+            if ref is not None and ref[1] % max(a.dtype.itemsize, 1) == 0:
+                return x  # sent as a reference to the shared array, as x
+            try:
+                shares = np.may_share_memory(a, x)
+            except Exception:  # noqa: BLE001 - an object numpy cannot compare: copied
+                shares = True
+            return a.copy() if shares else a
+
+        for name in self._OPERANDS[op]:
+            if name not in bound.arguments:
+                continue
+            v = bound.arguments[name]
+            if name == "tensors":
+                bound.arguments[name] = tuple(own(x, "input %d" % i) for i, x in enumerate(v))
+            else:
+                bound.arguments[name] = own(v, name)
+        return bound.args, dict(bound.kwargs)
+
+    def _defer(self, op: str, args: Tuple[Any, ...], kwargs: Dict[str, Any],
+               progress: Optional[Progress]) -> TaskFuture:
+        """Hands submit(op, ...) to the worker thread; returns its future at once."""
+        args, kwargs = self._snapshot(op, args, kwargs)
+        user = TaskFuture()
+        user._owner = weakref.ref(self)
+        job = _Job(getattr(self, "_op_" + op), args, kwargs, progress, user)
+        user._job = job
+        user.add_done_callback(lambda f, job=job: self._job_done(job))
+        start: Optional[threading.Thread] = None
+        started = False
+        try:
+            with self._work_cond:
+                if self._closed is not None:
+                    raise self._closed_error()
+                self._jobs.append(job)
+                self._jobs_pending += 1
+                if self._worker is None:
+                    start = self._worker = threading.Thread(
+                        target=self._worker_main, daemon=True, name="dspk-worker")
+                else:
+                    self._work_cond.notify_all()
+            if start is not None:
+                start.start()
+                started = True
+        except BaseException as e:  # noqa: B036 - KeyboardInterrupt too
+            if start is not None and not started and start.ident is None:
+                # The worker never ran (no thread to be had, or an interruption
+                # before it started): nothing of this submit() was sent, and the
+                # next one starts a worker of its own.
+                with self._work_cond:
+                    if self._worker is start:
+                        self._worker = None
+                    if job in self._jobs:
+                        self._jobs.remove(job)
+                        self._jobs_pending -= 1
+                    self._work_cond.notify_all()
+            if isinstance(e, RuntimeError):  # threading.start: "can't start new thread"
+                raise _errors.LimitExceeded("submit: no thread for the client's worker "
+                                            "(%s)" % e) from None
+            raise
+        return user
+
+    def _worker_main(self) -> None:
+        """Runs the deferred submit()s in order; exits when none is queued (the next
+        one starts it again).  A daemon thread: the interpreter's exit never waits for
+        it."""
+        me = threading.current_thread()
+        while True:
+            with self._work_cond:
+                if not self._jobs or self._worker is not me:
+                    if self._worker is me:
+                        self._worker = None
+                    self._work_cond.notify_all()
+                    return
+                job = self._jobs.popleft()
+            self._run_job(job)
+
+    def _work_until(self, job: _Job) -> None:
+        """On the worker's thread (a callback it runs waits for ``job``): runs the jobs
+        queued up to ``job`` here, in order."""
+        while True:
+            with self._work_cond:
+                if job not in self._jobs:
+                    return
+                nxt = self._jobs.popleft()
+            self._run_job(nxt)
+
+    def _run_job(self, job: _Job) -> None:
+        """Runs one deferred submit(): its staging and the sending of its task (waiting
+        for their answers as a synchronous call does), then its future follows the
+        task's.  Every failure goes to the future, as a dspk.Error."""
+        inner = None
+        err: Optional[BaseException] = None
+        try:
+            if not job.future.done() and not job.stop:
+                inner = job.fn(*job.args, progress=job.progress, is_async=True,
+                               **job.kwargs)
+        except BaseException as e:  # noqa: B036 - the future's: see below
+            err = _as_error(e)
+            if isinstance(err, Exception) and not isinstance(err, Error):
+                err = _errors.InternalError("%s: %s: %s" % (
+                    getattr(job.fn, "__name__", "submit")[4:], type(err).__name__, err))
+        finally:
+            with self._work_cond:
+                job.inner = inner
+                stop = job.stop
+            try:
+                if inner is not None:
+                    job.future.msgid = inner.msgid
+                    if stop or job.future.done():  # canceled while it was being sent
+                        inner.cancel()  # before the calls waiting for this job go on
+            finally:
+                with self._work_cond:
+                    self._jobs_pending -= 1
+                    self._work_cond.notify_all()
+        user = job.future
+        if inner is None:
+            if err is not None:
+                self._settle(user, exc=err)
+            return
+
+        def follow(f: concurrent.futures.Future) -> None:
+            if f.cancelled():
+                self._settle(user, exc=_errors.Canceled("task canceled"))
+            elif f.exception() is not None:
+                self._settle(user, exc=f.exception())
+            else:
+                self._settle(user, f.result())
+
+        inner.add_done_callback(follow)
+
+    def _job_done(self, job: _Job) -> None:
+        """The future of a deferred submit() is done: canceled (future.cancel()), its
+        task is canceled too, or never sent."""
+        if not job.future.cancelled():
+            return
+        with self._work_cond:
+            inner = job.inner
+            job.stop = True
+        if inner is not None:
+            inner.cancel()
+
+    def _fail_jobs(self) -> None:
+        """close(): the deferred submit()s not yet taken by the worker end with
+        dspk.Closed at once (the one it runs ends as its waits do)."""
+        with self._work_cond:
+            jobs = list(self._jobs)
+            self._jobs.clear()
+            self._jobs_pending -= len(jobs)
+            self._work_cond.notify_all()
+        for job in jobs:
+            self._settle(job.future, exc=self._closed_error())
+
+    def _after_jobs(self, method: str) -> None:
+        """Before a request of another call is sent: waits until the worker has sent the
+        tasks of the submit()s made before (requests reach the daemon in the order
+        they were made, so that, say, a DeviceArray's free() or numpy() follows the
+        task that uses it), at most the client's timeout (dspk.Timeout).  Not on the
+        worker's thread nor the reading thread (whose callbacks may run meanwhile),
+        and not for task.cancel."""
+        if not self._jobs_pending or method == "task.cancel" or self._is_worker() or \
+                self._is_reader() or getattr(self._tl, "deferring", False):
+            return
+        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        with self._work_cond:
+            while self._jobs_pending and self._closed is None:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise _errors.Timeout(
+                        "%s: the submit()s made before it were not sent within %gs"
+                        % (method, self.timeout))
+                self._work_cond.wait(_SEND_RECHECK if left is None
+                                     else min(left, _SEND_RECHECK))
+
     # ---- simple methods ----------------------------------------------------------
 
+    @_public
     def ping(self, data: bytes = b"") -> float:
         """One round trip to the daemon's main loop; returns its time in seconds.
         ``data`` (any bytes-like object) is echoed back and checked."""
@@ -1903,6 +2238,7 @@ class Client:
             raise _errors.ProtocolError("ping: the daemon echoed other data")
         return dt
 
+    @_public
     def devices(self, all: bool = False) -> List[Dict[str, Any]]:
         """The daemon's devices (``{id, backend, name, type, memory, software, ...}``).
         With ``all=True``, backends without a usable device follow as
@@ -1914,10 +2250,12 @@ class Client:
             out += list(res.get("unavailable") or [])
         return out
 
+    @_public
     def status(self) -> Dict[str, Any]:
         """The daemon's ``status``: ``{daemon, clients, devices}`` (docs/protocol.md)."""
         return self._call("status")
 
+    @_public
     def cancel(self, future: concurrent.futures.Future) -> bool:
         """Asks the daemon to cancel the request of ``future`` (from :meth:`submit`);
         True when it was still in flight: the future then fails with dspk.Canceled when
@@ -1928,11 +2266,26 @@ class Client:
             # from 1 on every connection) and cancel that one.
             raise _errors.InvalidArgument("cancel: not a future of this connection's "
                                           "submit()")
+        job = future._job
+        if job is not None:
+            with self._work_cond:
+                inner = job.inner
+                if inner is None and not future.done():
+                    job.stop = True  # the worker sends nothing more of it
+            if inner is None:
+                # Still with the worker: nothing of its task reached the daemon.
+                if future.done():
+                    return False
+                self._settle(future, exc=_errors.Canceled(
+                    "task canceled before it was sent"))
+                return True
+            future = inner
         return bool(self._call("task.cancel", {"msgid": getattr(future, "msgid", 0)})
                     .get("canceled"))
 
     # ---- device buffers ----------------------------------------------------------
 
+    @_public
     def empty(self, shape: Union[int, Sequence[int]], dtype: Any = np.float32,
               device: str = "any") -> DeviceArray:
         """An uninitialised DeviceArray (``buffer.create``), e.g. for ``out=``."""
@@ -1948,6 +2301,7 @@ class Client:
                 self._free_quietly(res["buffer"])
             raise
 
+    @_public
     def to_device(self, array: ArrayLike, device: str = "any") -> DeviceArray:
         """Copies ``array`` into a new daemon buffer on ``device`` (``"any"``: the daemon
         chooses) and returns it as a DeviceArray."""
@@ -1963,6 +2317,7 @@ class Client:
             raise
         return d
 
+    @_public
     def empty_shared(self, shape: Union[int, Sequence[int]], dtype: Any = np.float32,
                      device: str = "cpu:0") -> np.ndarray:
         """An uninitialised numpy array in memory shared with the daemon.
@@ -2044,6 +2399,11 @@ class Client:
         if target != "any":
             return None
         if self._any_is_cpu is None:
+            if getattr(self._tl, "deferring", False):
+                # submit() waits for no answer: this task goes through the socket, and
+                # the answer of a devices call sent now tells the next ones.
+                self._ask_any_is_cpu()
+                return None
             try:
                 devs = self._call("devices")["devices"]
             except (_errors.Timeout, _errors.Closed):
@@ -2054,6 +2414,26 @@ class Client:
                 all(d.get("backend") == "cpu" or d.get("software") for d in devs)
         return "cpu:0" if self._any_is_cpu else None
 
+    def _ask_any_is_cpu(self) -> None:
+        """Sends a devices call, without waiting, whose answer sets _any_is_cpu."""
+        if self._any_asking:
+            return
+        self._any_asking = True
+
+        def learn(res: Any) -> None:
+            devs = res["devices"]
+            self._any_is_cpu = any(d.get("id") == "cpu:0" for d in devs) and \
+                all(d.get("backend") == "cpu" or d.get("software") for d in devs)
+
+        def done(f: concurrent.futures.Future) -> None:
+            if f.cancelled() or f.exception() is not None:
+                self._any_asking = False  # asked again by a later call
+
+        try:
+            self._start("devices", None, learn, is_async=True).add_done_callback(done)
+        except Error:
+            self._any_asking = False
+
     def _task_device(self, op: str, inputs: Sequence[Any], options: Mapping[str, Any]
                      ) -> str:
         """The device "any" would choose for the task by protocol.md's rule, as far as
@@ -2061,6 +2441,7 @@ class Client:
         kernel's ``lang``, ``ops`` holding the op for its first input's dtype) a
         hardware device, else cpu:0, else a software renderer; "any" when none does
         (the daemon's error then says why)."""
+        self._no_wait()  # submit(): the devices call goes to the worker
         try:
             devs = self._call("devices")["devices"]
             first = wire_name(_meta(inputs[0])[1]) if inputs else None
@@ -2420,6 +2801,7 @@ class Client:
             for a, t in sorted(inline, key=lambda p: -p[0].nbytes):
                 if total + _HEADROOM <= self.max_message:
                     break
+                self._no_wait()  # submit(): staged by the worker, which waits
                 if target == "any":
                     # A temporary buffer pins the task to its device: one that runs
                     # the task (a kernel's language, the op on its first input's
@@ -2597,11 +2979,13 @@ class Client:
                     _copy_wide(arr.reshape(-1).view(np.uint8), rt.view[:arr.nbytes])
                     return arr
 
+                self._no_wait(always=False)  # earlier submit()s' tasks go first
                 return self._start("task.run", args, from_temp, progress, is_async, bigs,
                                    owner=owner)
             if bound is not None and bound > self.max_message - _RESULT_FRAMING:
                 # Too large to come back inline (protocol.md, Limits): into a temporary
                 # buffer, read back in pieces.
+                self._no_wait()  # submit(): the worker makes it, and waits
                 res = self._new_buffer("buffer.create", {"device": target, "size": bound})
                 tmp = int(res["buffer"])
                 free_now.append(tmp)
@@ -2617,6 +3001,7 @@ class Client:
                                          progress, is_async)
                 free_now = []
                 return fut
+            self._no_wait(always=False)  # earlier submit()s' tasks go first
             return self._start("task.run", args, result, progress, is_async, bigs,
                                owner=owner)
         finally:
@@ -2673,7 +3058,11 @@ class Client:
                         results.append(decode({"outputs": [t]}, k)[0])
                 value = results[0] if single else results
             except BaseException as e:  # noqa: BLE001 - the caller's future gets it
-                finish(exc=e)
+                err = _as_error(e)
+                if isinstance(err, Exception) and not isinstance(err, Error):
+                    err = _errors.ProtocolError("task.run: a malformed answer (%s: %s)"
+                                                % (type(e).__name__, e))
+                finish(exc=err)
                 return
             left = [len(reads)]
 
@@ -2779,6 +3168,7 @@ class Client:
 
     _OPS = ("gemm", "fft", "fir", "contract", "reduce", "map", "kernel")
 
+    @_public
     def gemm(self, a: ArrayLike, b: ArrayLike, c: Optional[ArrayLike] = None, *,
              alpha: float = 1.0, beta: Optional[float] = None, trans_a: bool = False,
              trans_b: bool = False, device: str = "any",
@@ -2792,28 +3182,33 @@ class Client:
         return self._wait(self._op_gemm(a, b, c, alpha=alpha, beta=beta, trans_a=trans_a,
                                         trans_b=trans_b, device=device, out=out))
 
+    @_public
     def fft(self, x: ArrayLike, *, inverse: bool = False, device: str = "any",
             out: Optional[OutArg] = None) -> Any:
         """numpy.fft.fft (ifft when ``inverse``) of complex x along the last axis; real x
         gives numpy.fft.rfft."""
         return self._wait(self._op_fft(x, inverse=inverse, device=device, out=out))
 
+    @_public
     def fir(self, x: ArrayLike, h: ArrayLike, *, device: str = "any",
             out: Optional[OutArg] = None) -> Any:
         """``scipy.signal.lfilter(h, 1, x)`` along the last axis (same shape as x)."""
         return self._wait(self._op_fir(x, h, device=device, out=out))
 
+    @_public
     def contract(self, subscripts: str, a: ArrayLike, b: ArrayLike, *, device: str = "any",
                  out: Optional[OutArg] = None) -> Any:
         """``numpy.einsum(subscripts, a, b)``; subscripts need an explicit ``->``."""
         return self._wait(self._op_contract(subscripts, a, b, device=device, out=out))
 
+    @_public
     def reduce(self, x: ArrayLike, fn: str = "sum",
                axes: Union[None, int, Sequence[int]] = None, *, device: str = "any",
                out: Optional[OutArg] = None) -> Any:
         """``x.sum/max/min/mean(axis=axes)`` (``fn``; axes None: all, giving shape ())."""
         return self._wait(self._op_reduce(x, fn, axes, device=device, out=out))
 
+    @_public
     def map(self, fn: str, a: ArrayLike, b: Optional[ArrayLike] = None, *,
             alpha: float = 1.0, device: str = "any",
             out: Optional[OutArg] = None) -> Any:
@@ -2821,6 +3216,7 @@ class Client:
         abs, exp."""
         return self._wait(self._op_map(fn, a, b, alpha=alpha, device=device, out=out))
 
+    @_public
     def kernel(self, source: Union[str, bytes], *tensors: ArrayLike, lang: str,
                grid: Union[int, Sequence[int]],
                block: Union[None, int, Sequence[int]] = None,
@@ -2837,6 +3233,7 @@ class Client:
                                           block=block, args=args, entry=entry,
                                           shared=shared, device=device))
 
+    @_public
     def submit(self, op: str, *args: Any, progress: Optional[Progress] = None,
                **kwargs: Any) -> TaskFuture:
         """Sends ``op`` (a name of the ops above: "gemm", "fft", ...) without waiting and
@@ -2853,4 +3250,20 @@ class Client:
             inspect.signature(getattr(self, op)).bind(*args, **kwargs)
         except TypeError as e:
             raise TypeError("submit(%r, ...): %s" % (op, e)) from None
-        return getattr(self, "_op_" + op)(*args, progress=progress, is_async=True, **kwargs)
+        # First on this thread: the arguments are checked (their errors raised here)
+        # and the task is sent at once, unless a step would wait for an answer (a
+        # staged operand's or a large result's temporary buffer, which the daemon
+        # answers behind the device's earlier tasks) or earlier submit()s are still
+        # with the worker: then the worker thread does it all, in order, and every
+        # failure of it goes to the future.
+        tl = self._tl
+        was = getattr(tl, "deferring", False)
+        try:
+            tl.deferring = True  # inside the try: an interruption cannot leave it set
+            return getattr(self, "_op_" + op)(*args, progress=progress, is_async=True,
+                                              **kwargs)
+        except _Defer:
+            pass
+        finally:
+            tl.deferring = was
+        return self._defer(op, args, kwargs, progress)

@@ -390,3 +390,24 @@ def test_collected_while_another_thread_sends(client):
     assert client._dead_shared == []
     frees = [msgpack.unpackb(f) for f in sock.sent if b"buffer.free" in f]
     assert frees == [[0, 0, "buffer.free", [{"buffer": buf}]]]
+
+
+def test_done_callback_added_to_a_done_future(client, caplog):
+    """python.md said an exception of a done-callback added to a future already done
+    propagates from add_done_callback(); it is logged, as concurrent.futures does, and
+    only a BaseException that is no Exception propagates (the docs say so now)."""
+    f = client.submit("reduce", np.ones(4))
+    assert f.result(TIMEOUT) == 4
+
+    def boom(_):
+        raise ValueError("from the callback")
+
+    def stop(_):
+        raise KeyboardInterrupt()
+    with caplog.at_level("ERROR", logger="concurrent.futures"):
+        f.add_done_callback(boom)    # returns normally
+    assert any("from the callback" in (r.exc_text or "") or
+               (r.exc_info and "from the callback" in str(r.exc_info[1]))
+               for r in caplog.records), caplog.records
+    with pytest.raises(KeyboardInterrupt):
+        f.add_done_callback(stop)

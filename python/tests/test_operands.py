@@ -128,11 +128,14 @@ def test_out_of_file_descriptors(client):
         with pytest.raises(dspk.LimitExceeded, match="open file limit"):
             client.empty_shared(4)
         assert client.reduce(x) == x.size
-        np.testing.assert_allclose(client.gemm(y, y), y @ y, rtol=1e-10)
+        got = client.gemm(y, y)
     finally:
         for fd in dups:
             os.close(fd)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    # Compared once descriptors are back: numpy imports numpy.testing on first
+    # use, which failed for want of a descriptor when this test ran alone.
+    np.testing.assert_allclose(got, y @ y, rtol=1e-10)
 
 
 # ---- I: kernel gives shared arrays (and staged tensors) back as themselves -------------
@@ -376,3 +379,83 @@ def test_operand_elements_against_the_daemons_limit():
                 c.reduce(np.broadcast_to(np.float32(2), (1001,)))
     finally:
         d.stop()
+
+
+# ---- no bare OSError from connect() and the other public methods -----------------------
+
+@pytest.mark.parametrize("free", [0, 1])
+def test_connect_out_of_file_descriptors(daemon, free):
+    """With no descriptor for the socket, connect() raised a bare OSError (EMFILE),
+    while one step later (the wake-up pipe) the same was dspk.LimitExceeded.  Now both
+    are dspk.LimitExceeded, and nothing is left open."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    dups = []
+    resource.setrlimit(resource.RLIMIT_NOFILE, (_fds() + 8, hard))
+    try:
+        try:
+            while True:
+                dups.append(os.dup(0))
+        except OSError:
+            pass
+        for _ in range(free):
+            os.close(dups.pop())
+        with pytest.raises(dspk.LimitExceeded, match="open file limit"):
+            dspk.connect(daemon.socket, timeout=TIMEOUT)
+        got = []   # nothing left open: the free descriptors are free again
+        try:
+            while True:
+                got.append(os.dup(0))
+        except OSError:
+            pass
+        dups += got
+        assert len(got) == free
+    finally:
+        for fd in dups:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    with dspk.connect(daemon.socket, timeout=TIMEOUT) as c:
+        assert c.ping() > 0
+
+
+def test_no_thread_to_be_had(daemon, monkeypatch):
+    """Where no thread can be started (RuntimeError "can't start new thread"), submit()
+    raised that RuntimeError after its request was sent (the reader thread), and the
+    future was lost.  Now the future is returned and its result() reads the connection
+    itself; a submit() that needs the worker thread raises dspk.LimitExceeded, having
+    sent nothing."""
+    import threading
+    start = threading.Thread.start
+
+    def refuse(self):
+        if self.name in ("dspk-reader", "dspk-worker"):
+            raise RuntimeError("can't start new thread")
+        start(self)
+    with dspk.connect(daemon.socket, timeout=TIMEOUT) as c:
+        monkeypatch.setattr(threading.Thread, "start", refuse)
+        f = c.submit("reduce", np.ones(5))
+        assert f.result(TIMEOUT) == 5
+        assert f.exception(TIMEOUT) is None
+        c.limits["max_message"] = 64 << 10   # the operand is now staged: the worker's
+        with pytest.raises(dspk.LimitExceeded, match="no thread"):
+            c.submit("reduce", np.ones(1 << 14))
+        monkeypatch.undo()
+        assert c.submit("reduce", np.ones(1 << 14)).result(TIMEOUT) == 1 << 14
+        assert [x for x in c.status()["clients"] if x["self"]][0]["buffers"] == 0
+
+
+def test_malformed_answer_is_a_protocol_error(tmp_path):
+    """An answer without the result the client decodes failed the future with the
+    decoder's IndexError or KeyError; now dspk.ProtocolError."""
+    from test_client import FakeDaemon
+    fake = FakeDaemon(str(tmp_path / "fake.sock"))
+    c = dspk.connect(fake.path, timeout=TIMEOUT)
+    try:
+        f = c.submit("map", "abs", np.ones(2, np.float32))
+        while not fake.requests:
+            assert fake.got.wait(TIMEOUT)
+            fake.got.clear()
+        fake.send([1, fake.requests[0][1], None, {"device": "cpu:0", "time_us": 1}])
+        assert isinstance(f.exception(TIMEOUT), dspk.ProtocolError), f.exception()
+    finally:
+        c.close()
+        fake.close()

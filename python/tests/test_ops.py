@@ -186,6 +186,10 @@ def test_kernel_on_cpu_is_enotsup(client):
 def test_zero_size_and_scalar(client):
     x = np.zeros((0, 5), np.float32)
     assert client.map("scale", x, alpha=2.0).shape == (0, 5)
+    # fft of no rows longer than the longest transform (2^31-1): empty too
+    y = client.fft(np.zeros((0, 1 << 31), np.complex64))
+    assert y.shape == (0, 1 << 31) and y.dtype == np.complex64
+    assert client.fft(np.zeros((2, 0, 1 << 31), np.float64)).shape == (2, 0, (1 << 30) + 1)
     s = np.array(3.0, np.float64)
     got = client.map("scale", s, alpha=2.0)
     assert got.shape == () and got == 6.0

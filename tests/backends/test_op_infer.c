@@ -398,6 +398,27 @@ static void test_zero_dims(void **state) {
   assert_int_equal(op.out[0].shape[1], 1);
   op = OP(DSPK_OP_FFT, 1, T64(DSPK_C64, 2, f0));
   assert_int_equal(infer_lim(&op, l100), DSPK_ESHAPE);
+  /* fft: a row of 2^31 samples (within max_elements) is above the
+   * transforms' 2^31-1, ESHAPE; a batch of no such rows is an empty result
+   * (protocol.md, the fft row). */
+  struct dspk__op_limits l31 = LIM((uint64_t)1 << 31, UINT64_MAX, UINT64_MAX);
+  int64_t fb[] = {1, (int64_t)1 << 31}, fe[] = {0, (int64_t)1 << 31},
+          fm[] = {1, ((int64_t)1 << 31) - 1};
+  op = OP(DSPK_OP_FFT, 1, T64(DSPK_C64, 2, fb));
+  assert_int_equal(infer_lim(&op, l31), DSPK_ESHAPE);
+  assert_non_null(strstr(msg, "fft: X has length 2147483648 along axis 1, above 2^31-1"));
+  op = OP(DSPK_OP_FFT, 1, T64(DSPK_C64, 2, fm));
+  assert_int_equal(infer_lim(&op, l31), 0);
+  op = OP(DSPK_OP_FFT, 1, T64(DSPK_C64, 2, fe));
+  assert_int_equal(infer_lim(&op, l31), 0);
+  assert_int_equal(op.out[0].dtype, DSPK_C64);
+  assert_int_equal(op.out[0].shape[0], 0);
+  assert_int_equal(op.out[0].shape[1], (int64_t)1 << 31);
+  op = OP(DSPK_OP_FFT, 1, T64(DSPK_F32, 2, fe));
+  assert_int_equal(infer_lim(&op, l31), 0);
+  assert_int_equal(op.out[0].dtype, DSPK_C64);
+  assert_int_equal(op.out[0].shape[1], ((int64_t)1 << 30) + 1);
+
   /* fir: one tap is valid, zero taps are not; an empty X gives an empty Y. */
   int64_t h1[] = {1}, h0[] = {0}, xe[] = {0, 9};
   op = OP(DSPK_OP_FIR, 2, T64(DSPK_F32, 2, f1), T64(DSPK_F32, 1, h1));

@@ -16,6 +16,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <glob.h>
+#include <time.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -348,6 +349,68 @@ static void test_lru_eviction(void **state) {
   dspk__cache_close(c);
 }
 
+/* A decision served from the autotune framework's in-process memo counts as
+ * used (dspk__cache_tune_used): without a write per use, but before the next
+ * put evicts, so the most used decision is not the first to go, and
+ * stored_hits counts its uses. */
+static void test_memo_uses_count(void **state) {
+  struct fixture *f = *state;
+  struct dspk__cache_opts o = {.max_bytes = 10000};
+  struct dspk__cache *c = open_ok(f->db, &o);
+  struct dspk__tune_key t = base_tune();
+  struct dspk__cache_stats s;
+  char data[3000], timings[2900];
+  void *p;
+  size_t n;
+  memset(data, 'x', sizeof data);
+  memset(timings, 't', sizeof timings - 1);
+  timings[sizeof timings - 1] = '\0';
+  assert_int_equal(dspk__cache_tune_put(c, &t, "w", timings), 0); /* the oldest */
+  assert_int_equal(dspk__cache_blob_put(c, "b", data, sizeof data), 0);
+  assert_int_equal(dspk__cache_blob_put(c, "c", data, sizeof data), 0);
+  for (int i = 0; i < 10; i++)
+    dspk__cache_tune_used(c, &t);
+  /* Nothing written yet: the file still says 0 (one connection of its own). */
+  {
+    sqlite3 *db;
+    sqlite3_stmt *st;
+    assert_int_equal(sqlite3_open_v2(f->db, &db, SQLITE_OPEN_READONLY, NULL), SQLITE_OK);
+    assert_int_equal(sqlite3_prepare_v2(db, "SELECT hits FROM autotune", -1, &st, NULL),
+                     SQLITE_OK);
+    assert_int_equal(sqlite3_step(st), SQLITE_ROW);
+    assert_int_equal(sqlite3_column_int64(st, 0), 0);
+    sqlite3_finalize(st);
+    sqlite3_close(db);
+  }
+  /* The put evicts b, the least recently used now, not the decision. */
+  assert_int_equal(dspk__cache_blob_put(c, "d", data, sizeof data), 0);
+  assert_int_equal(dspk__cache_blob_get(c, "b", &p, &n), DSPK_ENOENT);
+  char w[8];
+  assert_int_equal(dspk__cache_tune_get(c, &t, w, sizeof w), 0);
+  assert_string_equal(w, "w");
+  for (int i = 0; i < 5; i++)
+    dspk__cache_tune_used(c, &t);
+  assert_int_equal(dspk__cache_stats(c, &s), 0);
+  assert_int_equal(s.kind[DSPK__CACHE_AUTOTUNE].hits, 16);
+  assert_int_equal(s.kind[DSPK__CACHE_AUTOTUNE].stored_hits, 16);
+  assert_int_equal(s.kind[DSPK__CACHE_BLOBS].evictions, 1);
+  /* Uses of more decisions than are kept are written, not lost. */
+  for (int i = 0; i < 70; i++) {
+    struct dspk__tune_key m = t;
+    char shape[16];
+    snprintf(shape, sizeof shape, "s%d", i);
+    m.shape = shape;
+    dspk__cache_tune_used(c, &m);
+  }
+  dspk__cache_tune_used(c, &t);
+  dspk__cache_close(c);
+  c = open_ok(f->db, &o);
+  assert_int_equal(dspk__cache_stats(c, &s), 0);
+  assert_int_equal(s.kind[DSPK__CACHE_AUTOTUNE].stored_hits, 17);
+  dspk__cache_close(c);
+  dspk__cache_tune_used(NULL, &t);
+}
+
 static void test_clear_by_kind(void **state) {
   struct fixture *f = *state;
   struct dspk__cache *c = open_ok(f->db, NULL);
@@ -439,6 +502,53 @@ static void test_corrupt_header(void **state) {
   fill_some(f->db);
   overwrite(f->db, 0, 100);
   check_rebuilt(f);
+}
+
+/* A second recovery in the same second (a restart loop) keeps the first
+ * file aside: each gets a name of its own, and none is replaced.  Files
+ * named for this second and the next few are there already (so the names
+ * collide whatever the clock does), and none of them is touched. */
+static void test_corrupt_twice(void **state) {
+  struct fixture *f = *state;
+  char name[400], warn[1024];
+  struct dspk__cache *c;
+  struct stat sb;
+  long now = (long)time(NULL);
+  glob_t g;
+  dspk__cache_close(open_ok(f->db, NULL)); /* its directories */
+  for (long t = now; t < now + 10; t++) {
+    snprintf(name, sizeof name, "%s.corrupt-%ld", f->db, t);
+    FILE *fp = fopen(name, "w");
+    assert_non_null(fp);
+    fputs("decoy", fp);
+    fclose(fp);
+  }
+  for (int round = 0; round < 3; round++) {
+    FILE *fp = fopen(f->db, "w");
+    assert_non_null(fp);
+    for (int i = 0; i < 1000 * (round + 1); i++)
+      fputc('A' + round, fp);
+    fclose(fp);
+    warn[0] = '\0';
+    assert_int_equal(dspk__cache_open(f->db, NULL, &c, warn, sizeof warn), 0);
+    assert_non_null(strstr(warn, "rebuilt"));
+    dspk__cache_close(c);
+  }
+  assert_int_equal(count_corrupt(f->db), 13);
+  /* The decoys are intact, and the three moved files are all there. */
+  int sizes = 0, decoys = 0;
+  snprintf(name, sizeof name, "%s.corrupt-*", f->db);
+  assert_int_equal(glob(name, 0, NULL, &g), 0);
+  for (size_t i = 0; i < g.gl_pathc; i++) {
+    assert_int_equal(stat(g.gl_pathv[i], &sb), 0);
+    if (sb.st_size == 5)
+      decoys++;
+    else if (sb.st_size % 1000 == 0 && sb.st_size <= 3000)
+      sizes |= 1 << (sb.st_size / 1000 - 1);
+  }
+  globfree(&g);
+  assert_int_equal(decoys, 10);
+  assert_int_equal(sizes, 7);
 }
 
 static void test_corrupt_page(void **state) {
@@ -784,6 +894,60 @@ static void test_file_deleted(void **state) {
   char w[16];
   assert_int_equal(dspk__cache_tune_get(c, &t, w, sizeof w), 0);
   assert_int_equal(dspk__cache_blob_get(c, "before", &p, &n), DSPK_ENOENT);
+  dspk__cache_close(c);
+}
+
+/* A file another process holds locked past the busy timeout at open is
+ * not "unusable": the warning says it is locked, the cache runs in memory
+ * meanwhile, and the first put after the lock is gone moves to the file,
+ * copying what was stored in memory. */
+static void test_locked_at_open(void **state) {
+  struct fixture *f = *state;
+  struct notices ns = {0};
+  struct dspk__cache_opts o = {.busy_timeout_ms = 100, .notice = on_notice, .notice_ud = &ns};
+  struct dspk__cache *c = open_ok(f->db, NULL), *c2;
+  struct dspk__cache_stats s;
+  char warn[1024] = "";
+  sqlite3 *db;
+  void *p;
+  size_t n;
+  assert_int_equal(dspk__cache_blob_put(c, "old", "O", 1), 0);
+  dspk__cache_close(c);
+  assert_int_equal(sqlite3_open(f->db, &db), SQLITE_OK);
+  assert_int_equal(sqlite3_exec(db, "BEGIN EXCLUSIVE", NULL, NULL, NULL), SQLITE_OK);
+  assert_int_equal(dspk__cache_open(f->db, &o, &c, warn, sizeof warn), 0);
+  if (!strstr(warn, "is locked by another process (database is locked after 100 ms); using an"
+                    " in-memory cache until it is free"))
+    fail_msg("warn: %s", warn);
+  assert_true(dspk__cache_in_memory(c));
+  assert_true(dspk__cache_waiting_for_file(c));
+  /* no_fallback: EBUSY, not EIO */
+  struct dspk__cache_opts nf = {.busy_timeout_ms = 50, .no_fallback = 1};
+  assert_int_equal(dspk__cache_open(f->db, &nf, &c2, NULL, 0), DSPK_EBUSY);
+  /* Still locked: the put stays in memory, and nothing is told. */
+  assert_int_equal(dspk__cache_blob_put(c, "m1", "1", 1), 0);
+  assert_true(dspk__cache_in_memory(c));
+  assert_int_equal(ns.n, 0);
+  assert_int_equal(sqlite3_exec(db, "COMMIT", NULL, NULL, NULL), SQLITE_OK);
+  sqlite3_close(db);
+  /* Free: the next put uses the file, with what memory held. */
+  assert_int_equal(dspk__cache_blob_put(c, "m2", "2", 1), 0);
+  assert_false(dspk__cache_in_memory(c));
+  assert_false(dspk__cache_waiting_for_file(c));
+  assert_int_equal(ns.n, 1);
+  if (!strstr(ns.last, "is no longer locked: using it (1 entry stored in memory meanwhile copied"))
+    fail_msg("notice: %s", ns.last);
+  assert_int_equal(dspk__cache_stats(c, &s), 0);
+  assert_false(s.in_memory);
+  assert_int_equal(s.kind[DSPK__CACHE_BLOBS].entries, 3);
+  dspk__cache_close(c);
+  c = open_ok(f->db, NULL);
+  const char *names[] = {"old", "m1", "m2"};
+  for (int i = 0; i < 3; i++) {
+    assert_int_equal(dspk__cache_blob_get(c, names[i], &p, &n), 0);
+    free(p);
+  }
+  assert_int_equal(dspk__cache_check(c), 0);
   dspk__cache_close(c);
 }
 
@@ -1209,10 +1373,12 @@ int main(void) {
       T(test_tune_components),
       T(test_persistence),
       T(test_lru_eviction),
+      T(test_memo_uses_count),
       T(test_clear_by_kind),
       T(test_clear_failure_says_why),
       T(test_corrupt_header),
       T(test_corrupt_page),
+      T(test_corrupt_twice),
       T(test_unwritable_location),
       T(test_newer_schema),
       T(test_foreign_database),
@@ -1221,6 +1387,7 @@ int main(void) {
       T(test_damaged_schema),
       T(test_missing_table),
       T(test_file_deleted),
+      T(test_locked_at_open),
       T(test_file_replaced),
       T(test_default_path),
       T(test_two_processes),

@@ -611,7 +611,7 @@ class Ops:
         got = npy_from(raw).reshape(-1).tolist()
         check(got == ref, "map abs -o -: values differ")
         txt = self.cli.ok("map", "abs", pa, "--device", "cpu:0")
-        want = ": [%s, ...] (90000 values)\n" % ", ".join("%.15g" % v for v in ref[:8])
+        want = ": [%s, ...] (90000 values)\n" % ", ".join(shortest(v, 15) for v in ref[:8])
         check(txt.startswith("f64 (300, 300) on cpu:0, ") and txt.endswith(want),
               "map abs summary %r, want it to end with %r" % (txt, want))
         head = json.loads(self.cli.ok("map", "abs", pa, "--json"))["outputs"][0]["head"]
@@ -691,6 +691,7 @@ def suite_info(cli, tmp):
     out = cli.ok("reduce", "max", a, "--device", "cpu:0")
     check(re.fullmatch(r"f64 \(\) on cpu:0, %s: \[11\] \(1 value\)\n"
                        % TIME, out), "summary %r" % out)
+    top_terminal(cli)
 
 
 # The time in a summary: "35 us", "12.3 ms", "4.56 s".
@@ -705,6 +706,104 @@ cli_daemon_pid = [None]
 def leftovers(d):
     """The temporaries of dspk-submit's outputs (outfile.c) left in d."""
     return sorted(n for n in os.listdir(d) if n.startswith(".dspk-submit-"))
+
+
+class Pty:
+    """A child on a pseudo-terminal (its controlling terminal), read until
+    what a test waits for arrives: events, not sleeps."""
+
+    def __init__(self, argv, env=None):
+        import pty
+        self.pid, self.fd = pty.fork()
+        if self.pid == 0:
+            try:
+                os.execve(argv[0], argv, env if env is not None else dict(os.environ))
+            finally:
+                os._exit(127)
+        self.out = b""
+
+    def until(self, want, timeout=30):
+        """Reads until want (bytes) is in what came since the last call;
+        returns that text."""
+        start, end = len(self.out), time.monotonic() + timeout
+        while want not in self.out[start:]:
+            left = end - time.monotonic()
+            check(left > 0, "no %r on the terminal within %d s: %r"
+                  % (want, timeout, self.out[start:][-300:]))
+            r, _, _ = select.select([self.fd], [], [], left)
+            if r:
+                try:
+                    d = os.read(self.fd, 65536)
+                except OSError:
+                    d = b""
+                check(d, "the terminal closed before %r: %r" % (want, self.out[start:][-300:]))
+                self.out += d
+        return self.out[start:]
+
+    def close(self):
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        try:
+            os.waitpid(self.pid, 0)
+        except ChildProcessError:
+            pass
+        os.close(self.fd)
+
+
+def top_terminal(cli):
+    """top on a terminal gives it back on every way out: Ctrl-\\ (SIGQUIT)
+    and SIGHUP restore it before the death by the signal; Ctrl-Z leaves the
+    alternate screen and raw mode for the shell, and after fg top takes
+    them again, so a lone q quits."""
+    import termios
+    for key, sig in ((b"\x1c", signal.SIGQUIT), (None, signal.SIGHUP)):
+        t = Pty([cli.binary, "--socket", cli.sock, "top", "-n", "0.2"])
+        try:
+            t.until(b"\x1b[?1049h")
+            t.until(b"DEVICE")
+            if key:
+                os.write(t.fd, key)
+            else:
+                os.kill(t.pid, sig)
+            _, st = os.waitpid(t.pid, 0)
+            check(os.WIFSIGNALED(st) and os.WTERMSIG(st) == sig,
+                  "top after %s: status %r" % (sig, st))
+            try:
+                while True:
+                    d = os.read(t.fd, 65536)
+                    if not d:
+                        break
+                    t.out += d
+            except OSError:
+                pass
+            check(t.out.rfind(b"\x1b[?1049l") > t.out.rfind(b"\x1b[?1049h"),
+                  "top killed by %s left the alternate screen on" % sig)
+            a = termios.tcgetattr(t.fd)
+            check(a[3] & termios.ECHO and a[3] & termios.ICANON,
+                  "top killed by %s left the terminal raw" % sig)
+        finally:
+            t.close()
+    # Job control under an interactive shell.
+    env = dict(os.environ, PS1="PROMPT$ ", TERM="xterm")
+    sh = Pty(["/bin/bash", "--norc", "--noprofile", "-i"], env)
+    try:
+        sh.until(b"PROMPT$ ")
+        os.write(sh.fd, ("'%s' --socket '%s' top -n 0.2\n" % (cli.binary, cli.sock)).encode())
+        sh.until(b"DEVICE")
+        os.write(sh.fd, b"\x1a")
+        got = sh.until(b"PROMPT$ ")
+        check(b"\x1b[?1049l" in got, "Ctrl-Z: top kept the alternate screen: %r" % got[-300:])
+        os.write(sh.fd, b"fg\n")
+        got = sh.until(b"DEVICE")
+        check(b"\x1b[?1049h" in got, "fg: top did not take the alternate screen again")
+        os.write(sh.fd, b"q")
+        got = sh.until(b"PROMPT$ ")
+        check(b"\x1b[?1049l" in got, "q after fg: %r" % got[-300:])
+    finally:
+        sh.close()
+
 
 
 def output_replacement(cli, tmp, large, small, fsize_limit):
@@ -882,6 +981,50 @@ def result_line_names(cli, tmp, small):
     check("o\\x1b[31mred\\x07.npy" in err, "error line %r" % err)
     j = json.loads(cli.ok("map", "abs", small, "-o", name, "--json"))
     check(j["outputs"][0]["file"] == name, "--json file %r" % j["outputs"][0])
+    # A name that is not UTF-8, with a C1 control: the JSON stays valid
+    # (and ASCII-clean of controls), as for the daemon's strings.
+    bad = os.path.join(d, os.fsdecode(b"x\xff\xc2\x85.npy"))
+    rc, raw, err = cli.run("map", "abs", small, "-o", bad, "--json", raw=True)
+    check(rc == 0 and err == "", "map -o %r --json: %d %r" % (bad, rc, err))
+    check(b"\xff" not in raw and b"\xc2\x85" not in raw, "raw bytes in %r" % raw)
+    j = json.loads(raw.decode("utf-8"))
+    check(j["outputs"][0]["file"] == d + "/x\ufffd\u0085.npy", "--json file %r" % j)
+    rc, raw, err = cli.run("trace", "-o", bad + ".json", "-s", "0.1", "--json", raw=True)
+    check(rc == 0, "trace --json: %d %r" % (rc, err))
+    j = json.loads(raw.decode("utf-8"))
+    check(j["output"] == d + "/x\ufffd\u0085.npy.json", "trace --json output %r" % j)
+
+
+def shortest(v, lo, back=float):
+    """v in the fewest significant digits (lo and up) that read back as v."""
+    for p in range(lo, 18):
+        t = "%.*g" % (p, v)
+        if back(t) == back(v):
+            return t
+    return t
+
+
+def value_text(cli, tmp):
+    """The result line shows each value in the fewest digits that read back
+    as the same value of its dtype (as numpy prints it); "%.7g" showed f32's
+    1/3 as 0.3333333, another f32."""
+    f32 = lambda t: np.float32(float(t))
+    f16 = lambda t: np.float16(float(t))
+    x = [1 / 3, 16777216.0, float(np.finfo(np.float32).max), 0.1, 1e-45, -2.5e-8]
+    for dt, lo, back in (("<f4", 6, f32), ("<f2", 3, f16), ("<f8", 15, float)):
+        a = np.array([1 / 3, 65504.0, 0.1, 6e-8, -2049.0] if dt == "<f2" else x).astype(dt)
+        p = os.path.join(tmp, "val_%s.npy" % dt[1:])
+        np.save(p, a)
+        want = "[%s]" % ", ".join(shortest(float(v), lo, back) for v in a)
+        out = cli.ok("map", "scale", p, "--alpha", "1")
+        check(out.endswith(": %s (%d values)\n" % (want, a.size)), "%s: %r, want %s" % (dt, out, want))
+        for t in want[1:-1].split(", "):
+            check(back(t) in a, "%s: %s is not one of %r" % (dt, t, a))
+    c = np.array([complex(1 / 3, -0.1)], "<c8")
+    p = os.path.join(tmp, "val_c8.npy")
+    np.save(p, c)
+    out = cli.ok("map", "scale", p, "--alpha", "1")
+    check(out.endswith(": [0.33333334-0.1j] (1 value)\n"), "c64: %r" % out)
 
 
 def nan_text(cli, tmp):
@@ -968,6 +1111,7 @@ def suite_errors(cli, tmp):
     outputs_through_descriptors(cli, tmp, a34)
     result_line_names(cli, tmp, a34)
     nan_text(cli, tmp)
+    value_text(cli, tmp)
     # The same limit with SIGXFSZ at its default (a shell's ulimit -f): the
     # command ignores the signal, so the write fails as above (it was killed
     # by the signal, leaving the partial file).
@@ -1053,7 +1197,8 @@ def suite_errors(cli, tmp):
     cli.fails(["gemm", a34, b45d], "gemm", "EDTYPE")
     cli.fails(["map", "add", a34, b56], "map", "ESHAPE")
     cli.fails(["contract", "ik,kj->ij", a34, b56], "contract", "ESHAPE")
-    cli.fails(["reduce", "sum", a34, "--axis", "5"], "reduce", None)
+    cli.fails(["reduce", "sum", a34, "--axis", "5"], "reduce", "EINVAL", rc_want=2,
+              detail="--axis 5: %s has rank 2 (axes -2..1)" % a34)
     cli.fails(["fft", a34, "--inverse"], "fft", None)
     cli.fails(["gemm", a34, a34, "--trans-b", "--device", "cpu:7"], "gemm",
               "ENODEV")
@@ -1160,8 +1305,15 @@ class FakeDaemon:
     result echoes input 0), "kernel" fails with ECOMPILE and a multi-line
     compiler log."""
 
+    # A label value with an escape sequence, BEL and a C1 control (as the
+    # exposition format escapes it: \\ and \" and \n only).
+    METRICS = ('# HELP dspk_up up\n# TYPE dspk_up gauge\n'
+               'dspk_up{device="d\x1b]0;t\x07\u0085\\"q\\n"} 1\n')
+    WIRE = ("fir: input 1 (taps): options.axes[0]: x; options.alpha: y; "
+            "options.args[3]: z; inputs: w; input 7; inputs[0]: v; inputs[9]: u; "
+            "there are 2 inputs; options.alphabet")
     LOG = "k.cu(3): error: identifier \"z\" is undefined\nk.cu(4): error: " \
-          "expected a \";\"\n\n2 errors detected.\n"
+          "expected a \";\"\n\n2 errors detected.\nk.cu(5): inputs[0] = options.alpha;\n"
 
     STATS = {"file": "/var/cache/dspk/cache.sqlite", "file_bytes": 8192,
              "kinds": {"kernels": {"entries": 3, "bytes": 4096, "hits": 7,
@@ -1237,6 +1389,8 @@ class FakeDaemon:
                                                  "limits": self.LIMITS}])
                 elif method == "cache.stats":
                     out.append([1, msgid, None, self.STATS])
+                elif method == "metrics":
+                    out.append([1, msgid, None, self.METRICS])
                 elif method == "status":
                     out.append([1, msgid, None, self.STATUS])
                 elif method == "devices":
@@ -1250,6 +1404,9 @@ class FakeDaemon:
                     out.append([1, msgid, None, {"device": "fake:0",
                                                  "outputs": [args["inputs"][0]],
                                                  "time_us": 0}])
+                elif method == "task.run" and args.get("op") == "fir":
+                    out.append([1, msgid, {"code": -1, "name": "EINVAL",
+                                           "message": self.WIRE}, None])
                 elif method == "task.run":
                     out.append([1, msgid, {"code": -18, "name": "ECOMPILE",
                                            "message": self.LOG}, None])
@@ -1313,7 +1470,8 @@ def suite_fake(cli, tmp):
         err = fcli.fails(["kernel", ksrc, "-e", "k", "-g", "1", "-b", "1",
                           "zeros:f32:4"], "kernel", "ECOMPILE")
         check("k.cu(3): error" in err and "; k.cu(4): error" in err and
-              "2 errors detected." in err, "compiler log line %r" % err)
+              "2 errors detected." in err and "; k.cu(5): inputs[0] = options.alpha;" in err,
+              "compiler log line %r" % err)
         # cache stats: flattened fields, or JSON.
         out = fcli.ok("cache", "stats")
         lines = [l.split(None, 1) for l in out.splitlines()]
@@ -1356,6 +1514,36 @@ def suite_fake(cli, tmp):
         fcli.fails(["cache", "frob"], "cache", "EINVAL", rc_want=2)
         fcli.fails(["cache"], "cache", "EINVAL", rc_want=2)
         fcli.fails(["cache", "stats", "x"], "cache", "EINVAL", rc_want=2)
+        # top shows the same strings as status, escaped the same way.
+        rc, out, err = fcli.run("top", "--once")
+        check(rc == 0, "top --once: rc %d, %r" % (rc, err))
+        inert(out, "top --once")
+        check("evil\\x1b[2J" in out and "fake:0\\x1b[A" in out and "1\\x1b[5m" in out,
+              "top: every daemon string escaped: %r" % out)
+        check("and 2 connections of other users (not shown)" in out,
+              "top: the other users' connections as a count: %r" % out)
+        rc, out, err = fcli.run("top", "--json")
+        check(rc == 0, "top --json: rc %d" % rc)
+        inert(out, "top --json")
+        check(json.loads(out)["clients"][0]["name"] == FakeDaemon.EVIL, "top --json %r" % out)
+        # metrics: the text escaped, the JSON valid and equal to the label.
+        rc, out, err = fcli.run("metrics")
+        check(rc == 0, "metrics: rc %d %r" % (rc, err))
+        inert(out, "metrics")
+        check("\\x1b]0;t\\x07\\u0085" in out, "metrics text: %r" % out)
+        rc, out, err = fcli.run("metrics", "--json")
+        check(rc == 0, "metrics --json: rc %d %r" % (rc, err))
+        inert(out, "metrics --json")
+        check("\u0085" not in out, "metrics --json: raw C1 in %r" % out)
+        j = json.loads(out)
+        check(j[0]["labels"]["device"] == 'd\x1b]0;t\x07\u0085"q\n', "metrics --json %r" % j)
+        # The daemon's wire names are said as the command line says them.
+        h = os.path.join(tmp, "taps.npy")
+        np.save(h, np.ones(3))
+        err = fcli.fails(["fir", a, h], "fir", "EINVAL")
+        check("fir: %s (taps): --axis: x; --alpha: y; ARG 3 (0-based): z; the arrays: w; "
+              "input 7; %s: v; inputs[9]: u; there are 2 inputs; options.alphabet"
+              % (h, a) in err, "wire names: %r" % err)
     finally:
         fake.close()
 
@@ -1670,11 +1858,32 @@ def suite_shell_eperm(cli, tmp):
         else:
             os.chmod(path, 0o000)
         group = grp.getgrgid(os.stat(path).st_gid).gr_name
-        rc, out, err = Cli(cli.binary, path).run("ping", preexec_fn=preexec)
-        check(rc == 1 and err.startswith("dspk-submit: ping: EPERM: "),
-              "EPERM: exit %d %r" % (rc, err))
-        check("group '%s'" % group in err and "usermod -aG %s" % group in err,
-              "EPERM hint %r" % err)
+
+        def eperm():
+            rc, out, err = Cli(cli.binary, path).run("ping", preexec_fn=preexec)
+            check(rc == 1 and err.startswith("dspk-submit: ping: EPERM: "),
+                  "EPERM: exit %d %r" % (rc, err))
+            return err
+        if os.geteuid() == 0:
+            err = eperm()
+            check("group '%s'" % group in err and "usermod -aG %s" % group in err,
+                  "EPERM hint %r" % err)
+            # A group that may not write: joining it is no advice.
+            for mode in (0o600, 0o604):
+                os.chmod(path, mode)
+                err = eperm()
+                check("usermod" not in err and "mode %04o" % mode in err and
+                      "lets only its owner connect" in err, "EPERM hint %r" % err)
+            # A directory on the way that the user may not search.
+            os.chmod(path, 0o666)
+            os.chmod(tmp, 0o700)
+            err = eperm()
+            check("usermod" not in err and "the directory %s (mode 0700" % tmp in err,
+                  "EPERM hint for the directory %r" % err)
+        else:
+            err = eperm()
+            check("usermod" not in err and "lets no one connect" in err,
+                  "EPERM hint %r" % err)
     finally:
         srv.close()
         os.chmod(tmp, 0o700)
@@ -1721,6 +1930,24 @@ def suite_refused(cli, tmp, dspkd):
             check("usermod" not in err, "a policy refusal with the socket's hint: %r" % err)
         c.ok("ping")  # root is admitted
     finally:
+        os.chmod(tmp, 0o700)
+        d.stop()
+    # top shows what status shows a non-admin: its own connections, and
+    # the others' as a count.
+    d = Daemon(dspkd, tmp, name="others")
+    held = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        os.chmod(d.sock, 0o666)
+        os.chmod(tmp, 0o755)
+        held.connect(d.sock)  # root's connection, open while nobody looks
+        c = Cli(cli.binary, d.sock)
+        nobody = dict(preexec_fn=lambda: dspk_daemon.become(65534, 65534))
+        want = "and 1 connection of other users (not shown)"
+        for args in (["status"], ["top", "--once"]):
+            out = c.ok(*args, **nobody)
+            check(want in out, "%s as nobody: %r" % (args, out))
+    finally:
+        held.close()
         os.chmod(tmp, 0o700)
         d.stop()
 
@@ -1843,6 +2070,153 @@ def suite_help(cli, tmp):
     repeated_options(cli)
     outputs_before_work(cli, tmp)
     command_line_messages(cli, tmp)
+    command_line_round6(cli, tmp)
+
+
+def command_line_round6(cli, tmp):
+    """Round 6 of outside testing, the command line (no daemon needed):
+    a flag given a value names the flag; a bad uid or job id is called bad,
+    not missing; numbers take no blanks, '+' or hex; kernel -o K=FILE with
+    any integer K is an index; --help and help COMMAND whatever the
+    environment holds; help and --version fail when stdout does."""
+    nosock = ["--socket", "/nonexistent/dspkd.sock"]
+    a = os.path.join(tmp, "r6a.npy")
+    np.save(a, np.arange(4.0))
+    for args, opt in ((["ping", "--json=1"], "--json"), (["ping", "--help=x"], "--help"),
+                      (["gemm", a, a, "--trans-a=yes"], "--trans-a"),
+                      (["gemm", a, a, "--trans-b=1"], "--trans-b"),
+                      (["fft", a, "--inverse=1"], "--inverse"),
+                      (["top", "--once=1"], "--once"), (["devices", "--all=no"], "--all"),
+                      (["cache", "clear", "--kernels=1"], "--kernels")):
+        cli.fails(nosock + args, args[0], "EINVAL", rc_want=2, sock=False,
+                  detail="option '%s' takes no value" % opt)
+    cli.fails(["--help=1"], None, "EINVAL", rc_want=2, sock=False,
+              detail="option '--help' takes no value")
+    for args, want in ((["ping", "--nosuch=1"], "unknown option '--nosuch'"),
+                       (["ping", "-x"], "unknown option '-x'"),
+                       (["ping", "--json", "-x"], "unknown option '-x'"),
+                       (["ping", "-c"], "option '-c' needs an argument"),
+                       (["ping", "--count"], "option '--count' needs an argument")):
+        cli.fails(nosock + args, "ping", "EINVAL", rc_want=2, sock=False, detail=want)
+    top = cli.ok("--help", sock=False)
+    check(cli.ok("help", "help", sock=False) == top, "help help differs from --help")
+    # A bad size in the environment does not stop --help; it stops the
+    # commands that run, without sending the user to --help for it.
+    env = dict(os.environ, DSPK_SHARED_THRESHOLD="1.5M")
+    gemm_help = cli.ok("help", "gemm", sock=False)
+    check(cli.ok("gemm", "--help", sock=False, env=env) == gemm_help, "gemm --help")
+    check(cli.ok("ping", "-h", sock=False, env=env).startswith("usage: dspk-submit ping"),
+          "ping -h with a bad $DSPK_SHARED_THRESHOLD")
+    err = cli.fails(nosock + ["ping"], "ping", "EINVAL", rc_want=2, sock=False, env=env,
+                    detail="bad value of $DSPK_SHARED_THRESHOLD '1.5M'")
+    check("--help" not in err and "KiB" in err, "env error: %r" % err)
+    # help and --version write stdout: a failed write fails them.
+    for argv in (["--help"], ["-V"], ["help"], ["help", "gemm"], ["gemm", "--help"]):
+        with open("/dev/full", "wb") as full:
+            p = subprocess.run([cli.binary] + argv, stdout=full, stderr=subprocess.PIPE,
+                               timeout=60)
+        err = p.stderr.decode(errors="replace")
+        check(p.returncode == 1 and "EIO: <stdout>: No space left on device" in err,
+              "%s > /dev/full: %d %r" % (argv, p.returncode, err))
+        p = subprocess.run([cli.binary] + argv, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.PIPE, timeout=60,
+                           preexec_fn=lambda: os.close(1))
+        err = p.stderr.decode(errors="replace")
+        check(p.returncode == 1 and "EIO: <stdout>:" in err,
+              "%s >&-: %d %r" % (argv, p.returncode, err))
+    # job: a value given but bad is named as bad, with its range.
+    for args, want in ((["--job", "7", "--uid", "abc"], "bad --uid 'abc' (want a uid"),
+                       (["--job", "7", "--uid", "-1"], "bad --uid '-1'"),
+                       (["--job", "7", "--uid", "4294967296"], "bad --uid '4294967296'"),
+                       (["--job", "7", "--uid", " 5"], "bad --uid ' 5'"),
+                       (["--job", "abc", "--uid", "5"], "bad --job 'abc' (want a Slurm job id"),
+                       (["--job", "-5", "--uid", "5"], "bad --job '-5'")):
+        err = cli.fails(nosock + ["job", "register"] + args, "job", "EINVAL", rc_want=2,
+                        sock=False, detail=want)
+        check("is needed" not in err, "job %s: %r" % (args, err))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    cli.fails(nosock + ["job", "end"], "job", "EINVAL", rc_want=2, sock=False, env=env,
+              detail="--job: a Slurm job id (default $SLURM_JOB_ID) is needed")
+    cli.fails(nosock + ["job", "end"], "job", "EINVAL", rc_want=2, sock=False,
+              env=dict(env, SLURM_JOB_ID="x1"), detail="bad $SLURM_JOB_ID 'x1'")
+    # Numbers: no leading blank, no '+', no hex, anywhere.
+    for args in (["ping", "-c", " 2"], ["ping", "-c", "+2"], ["ping", "-c", "0x2"],
+                 ["map", "scale", a, "--alpha", " 2"], ["map", "scale", a, "--alpha", "+2"],
+                 ["map", "scale", a, "--alpha", "0x10"],
+                 ["map", "scale", a, "--alpha", "-0x1p4"],
+                 ["top", "--once", "-n", " 1"], ["top", "--once", "-n", "0x1"],
+                 ["top", "--once", "-n", "+1"], ["trace", "-o", "t.json", "-s", "0x1"],
+                 ["reduce", "sum", a, "--axis", " 0"], ["reduce", "sum", a, "--axis", "+0"],
+                 ["kernel", "k.cu", "--entry", "e", "--grid", "+1", "--block", "1"],
+                 ["kernel", "k.cu", "--entry", "e", "--grid", "1", "--block", "1", "i32:+1"],
+                 ["kernel", "k.cu", "--entry", "e", "--grid", "1", "--block", "1",
+                  "f32: 1"]):
+        cli.fails(nosock + args, args[0], "EINVAL", rc_want=2, sock=False)
+    for args in (["map", "scale", a, "--alpha", "-2.5e-1"], ["reduce", "sum", a, "--axis", "-1"]):
+        rc, out, err = cli.run(*(nosock + args), sock=False)
+        check(rc == 1 and "ECONNECT" in err, "%s: %d %r" % (args, rc, err))
+    # kernel -o K=FILE: any integer K is an index, in range or not.
+    for k in ("4", "9", "-1", "99999999999999999999999"):
+        out = os.path.join(tmp, "r6k.npy")
+        cli.fails(nosock + ["kernel", "k.comp", "--entry", "main", "--grid", "1",
+                            "--block", "1", a, "-o", "%s=%s" % (k, out)], "kernel",
+                  "EINVAL", rc_want=2, sock=False,
+                  detail="there is no tensor argument %s" % k)
+        check(not os.path.exists("%s=%s" % (k, out)), "kernel -o %s= made a file" % k)
+    # Standard input, however spelled, is read once; an empty one is
+    # called empty.
+    data = open(a, "rb").read()
+    for second in ("-", "/dev/stdin", "/dev/fd/0", "/proc/self/fd/0"):
+        cli.fails(nosock + ["map", "add", "-", second], "map", "EINVAL", rc_want=2,
+                  sock=False, data=data, detail="standard input can be read only once "
+                  "('-' and '%s' both read it)" % second)
+    cli.fails(nosock + ["map", "add", "/dev/stdin", "/proc/self/fd/0"], "map", "EINVAL",
+              rc_want=2, sock=False, data=data, detail="can be read only once")
+    for args in (["map", "abs", "-"], ["map", "abs", "/dev/stdin"]):
+        cli.fails(nosock + args, "map", "EINVAL", sock=False, data=b"",
+                  detail="empty input (0 bytes, no .npy)")
+    cli.fails(nosock + ["map", "abs", "-"], "map", "EINVAL", sock=False, data=data[:4],
+              detail="cut short: 4 bytes")
+    # reduce's axes are checked against X as the user wrote them.
+    cli.fails(nosock + ["reduce", "sum", a, "--axis", "1"], "reduce", "EINVAL", rc_want=2,
+              sock=False, detail="--axis 1: %s has rank 1 (axes -1..0)" % a)
+    cli.fails(nosock + ["reduce", "sum", a, "--axis", "0,-1"], "reduce", "EINVAL",
+              rc_want=2, sock=False, detail="--axis 0 and -1 name the same axis of %s" % a)
+    out = os.path.join(tmp, "r6k1.npy")
+    cli.fails(nosock + ["kernel", "k.comp", "--entry", "main", "--grid", "1", "--block", "1",
+                        a, "-o", "1=" + out], "kernel", "EINVAL", rc_want=2, sock=False,
+              detail="-o 1=%s: there is no tensor argument 1" % out)
+    # A kernel has at least one tensor argument (it returns its results).
+    kc = os.path.join(tmp, "r6k.comp")
+    with open(kc, "w") as f:
+        f.write("#version 450\nvoid main() {}\n")
+    for extra in ([], ["i32:1", "f32:2"]):
+        cli.fails(nosock + ["kernel", kc, "--entry", "main", "--grid", "1",
+                            "--block", "1"] + extra, "kernel", "EINVAL", rc_want=2,
+                  sock=False, detail="no tensor argument (a kernel writes its results")
+    # A binary .npy never goes to a terminal, whatever path names it.
+    import pty
+    for o in ("-", "/dev/stdout", "/dev/fd/1", "/proc/self/fd/1", "/dev/tty", "TTYNAME"):
+        pid, master = pty.fork()
+        if pid == 0:
+            try:
+                path = os.ttyname(1) if o == "TTYNAME" else o
+                os.execv(cli.binary, [cli.binary] + nosock + ["map", "abs", a, "-o", path])
+            finally:
+                os._exit(127)
+        got = b""
+        while True:
+            try:
+                d = os.read(master, 65536)
+            except OSError:
+                break
+            if not d:
+                break
+            got += d
+        _, st = os.waitpid(pid, 0)
+        os.close(master)
+        check(os.WIFEXITED(st) and os.WEXITSTATUS(st) == 2 and b"NUMPY" not in got and
+              b"is a terminal" in got, "-o %s on a terminal: %r %r" % (o, st, got[:200]))
 
 
 def command_line_messages(cli, tmp):
@@ -1863,7 +2237,8 @@ def command_line_messages(cli, tmp):
         f.write("x")
     fifo = os.path.join(d, "fifo")
     os.mkfifo(fifo)
-    for path, what in ((reg, "a regular file"), (d, "a directory"), (fifo, "a FIFO")):
+    for path, what in ((reg, "a regular file"), (d, "a directory"), (fifo, "a FIFO"),
+                       ("/dev/null", "a character device")):
         env = dict(os.environ, DSPK_SOCKET=path)
         err = cli.fails(["ping"], "ping", "ECONNECT", sock=False, env=env,
                         detail="%s is %s, not a socket" % (path, what))

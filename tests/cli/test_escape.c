@@ -8,6 +8,7 @@
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -99,11 +100,42 @@ static void test_cut(void **st) {
   assert_int_equal(dspk__sub_escape(NULL, 0, in, DSPK__SUB_ESC_TEXT), strlen(whole));
 }
 
+/* dspk__sub_json_strn: a quoted JSON string whatever the bytes (a file name
+ * from the command line): quotes and backslashes escaped, controls C0, DEL
+ * and C1 as \u00NN, ill-formed bytes as \ufffd, NUL included. */
+static void test_json_str(void **st) {
+  static const struct {
+    const char *in;
+    size_t n;
+    const char *want;
+  } cases[] = {
+      {"a.npy", 5, "\"a.npy\""},
+      {"x\xff\xc2\x85.npy", 8, "\"x\\ufffd\\u0085.npy\""},
+      {"q\"b\\", 4, "\"q\\\"b\\\\\""},
+      {"\x1b[31m\x07\x7f", 7, "\"\\u001b[31m\\u0007\\u007f\""},
+      {"n\0z", 3, "\"n\\u0000z\""},
+      {"\xc3\xa9\xe2\x82\xac", 5, "\"\xc3\xa9\xe2\x82\xac\""},
+      {"\xc3", 1, "\"\\ufffd\""},
+  };
+  (void)st;
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    assert_non_null(f);
+    dspk__sub_json_strn(f, cases[i].in, cases[i].n);
+    fclose(f);
+    assert_string_equal(buf, cases[i].want);
+    assert_inert(buf);
+    free(buf);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_text),   cmocka_unit_test(test_line),
       cmocka_unit_test(test_json),   cmocka_unit_test(test_all_bytes),
-      cmocka_unit_test(test_cut),
+      cmocka_unit_test(test_cut),   cmocka_unit_test(test_json_str),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

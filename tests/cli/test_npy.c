@@ -612,7 +612,23 @@ static const char npz_py[] =
     "k = raw.find(npy(c)) + 200\n"
     "raw[k] ^= 0xff\n"
     "open(d + '/crc.npz', 'wb').write(bytes(raw))\n"
-    "open(d + '/notzip.npz', 'wb').write(b'PK but not really a zip file' * 4)\n";
+    "open(d + '/notzip.npz', 'wb').write(b'PK but not really a zip file' * 4)\n"
+    "# Edge cases of the zip format, as numpy reads them: of two entries with\n"
+    "# one name the last (an update appended to the archive), and NAME itself\n"
+    "# before NAME.npy.\n"
+    "import warnings\n"
+    "with warnings.catch_warnings():\n"
+    "    warnings.simplefilter('ignore')\n"
+    "    with zipfile.ZipFile(d + '/dup.npz', 'w') as z:\n"
+    "        z.writestr('x.npy', npy(a))\n"
+    "        z.writestr('x.npy', npy(c))\n"
+    "    with zipfile.ZipFile(d + '/both.npz', 'w') as z:\n"
+    "        z.writestr('y.npy', npy(a))\n"
+    "        z.writestr('y', npy(b))\n"
+    "z = np.load(d + '/dup.npz')\n"
+    "assert z['x'].dtype == c.dtype and (z['x'] == c).all()\n"
+    "z = np.load(d + '/both.npz')\n"
+    "assert z['y'].dtype == b.dtype and (z['y'] == b).all()\n";
 
 static void npz_ok(const char *spec, dspk_dtype dt, int rank,
                    const uint64_t *shape) {
@@ -668,6 +684,10 @@ static void test_npz(void **state) {
   npz_fail("missing.npz:a", DSPK_ENOENT, "missing.npz");
   npz_fail("stored.npz:", DSPK_EINVAL, "empty array name");
   npz_fail("zs.npz:zz", DSPK_ENOENT, "it has: a, c, raw, bad");
+  npz_ok("dup.npz:x", DSPK_F64, 2, sc); /* the last of two x.npy, as numpy */
+  npz_ok("dup.npz", DSPK_F64, 2, sc);   /* one array (twice): the last */
+  npz_ok("both.npz:y", DSPK_C64, 1, sb); /* "y" before "y.npy", as numpy */
+  npz_ok("both.npz:y.npy", DSPK_F32, 2, sa);
 }
 
 /* A .npy read from a pipe to its end, and written to a descriptor. */

@@ -431,7 +431,13 @@ static void test_devices_status(void **state) {
   assert_true(l->ndevices >= 1);
   bool cpu = false;
   for (size_t i = 0; i < l->ndevices; i++)
-    cpu |= strcmp(l->devices[i].id, "cpu:0") == 0;
+    if (strcmp(l->devices[i].id, "cpu:0") == 0) {
+      cpu = true;
+      /* dspk.h: software is a software renderer's flag (lavapipe), not the
+       * cpu backend's (protocol.md, devices) */
+      assert_string_equal(l->devices[i].type, "cpu");
+      assert_false(l->devices[i].software);
+    }
   assert_true(cpu);
   assert_non_null(strstr(l->json, "\"cpu:0\""));
   dspk_device_list_free(l);
@@ -1338,8 +1344,10 @@ static void test_result_to_file(void **state) {
     assert_true(dspk_wait(c, tk, &r) < 0);
     assert_false(written);
   }
-  /* Bad arguments. */
+  /* Bad arguments: *written is not touched by a call that fails. */
+  written = true;
   assert_int_equal(dspk_result_to_file(c, 12345, fd, 0, &written), DSPK_ENOENT);
+  assert_true(written);
   {
     int wo = open(path, O_WRONLY), pfd[2];
     assert_true(wo >= 0);
@@ -1348,6 +1356,7 @@ static void test_result_to_file(void **state) {
     assert_int_equal(pipe(pfd), 0);
     assert_int_equal(dspk_result_to_file(c, 1, pfd[0], 0, &written), DSPK_EINVAL);
     assert_int_equal(dspk_result_to_file(NULL, 1, fd, 0, &written), DSPK_EINVAL);
+    assert_true(written);
     close(wo);
     close(pfd[0]);
     close(pfd[1]);
@@ -1715,7 +1724,19 @@ static void test_misc_api(void **state) {
   assert_string_equal(dspk_err_name(DSPK_ESHAPE), "ESHAPE");
   assert_string_equal(dspk_strerror(DSPK_ENODEV), "no such device");
   assert_string_equal(dspk_err_name(12345), "EUNKNOWN");
+  /* Too small: buf is not written (outputs only on success; it held a cut
+   * path, "/run/ds"). */
+  memcpy(buf, "ZZZZZZZ", sizeof buf);
   assert_int_equal(dspk_default_socket(buf, sizeof buf), DSPK_ELIMIT);
+  assert_memory_equal(buf, "ZZZZZZZ", sizeof buf);
+  setenv("DSPK_SOCKET", "/tmp/socket", 1);
+  assert_int_equal(dspk_default_socket(buf, sizeof buf), DSPK_ELIMIT);
+  assert_memory_equal(buf, "ZZZZZZZ", sizeof buf);
+  setenv("DSPK_SOCKET", "/x/yzabc", 1); /* 8 bytes with its NUL: fits exactly */
+  assert_int_equal(dspk_default_socket(buf, sizeof buf), DSPK_ELIMIT);
+  setenv("DSPK_SOCKET", "/x/yzab", 1);
+  assert_int_equal(dspk_default_socket(buf, sizeof buf), 0);
+  assert_string_equal(buf, "/x/yzab");
   setenv("DSPK_SOCKET", "/x/y", 1);
   assert_int_equal(dspk_default_socket(buf, sizeof buf), 0);
   assert_string_equal(buf, "/x/y");

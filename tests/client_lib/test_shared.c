@@ -12,7 +12,11 @@
  * and every descriptor sent in a sendmsg whose data starts with its
  * buffer.import frame, also right after big requests (protocol.md, Passing
  * descriptors: the kernel gives the descriptors to the first part of a
- * call's data only).
+ * call's data only).  The library's view of the daemon's buffers: an id
+ * freed with dspk_buffer_free (read, write, operands, temporaries), read
+ * and write from or into the allocation's own pages (memmove semantics,
+ * locally and in pieces), a task given up on after a timeout still ordering
+ * the reads and writes behind it, and temporaries the daemon refuses.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -940,6 +944,276 @@ static void test_unmap_and_exit(void **state) {
   assert_int_equal(dspk_ping(C, NULL, 0), 0);
 }
 
+/* ---- the library's view of the daemon's buffers (round 6) ---------------- */
+
+/* map abs of n f32 at x on cpu:0 (inline: the library sees whether it is
+ * shared), its result into out_id when given. */
+static void abs_task_of(dspk_task *t, dspk_tensor *in, const float *x, size_t n,
+                        const uint64_t *out_id) {
+  int64_t shape[1] = {(int64_t)n};
+  dspk_tensor_inline(in, DSPK_F32, 1, shape, x);
+  dspk_task_init(t, DSPK_OP_MAP);
+  t->device = "cpu:0";
+  t->inputs = in;
+  t->ninputs = 1;
+  t->map.fn = DSPK_MAP_ABS;
+  if (out_id) {
+    t->nout_refs = 1;
+    t->out_refs[0].buffer = *out_id;
+  }
+}
+
+/* dspk_buffer_free of a shared allocation's id: the client forgets the id
+ * (it stays mapped until dspk_shared_free): read and write of it are the
+ * daemon's ENOBUF, also with nothing in flight (they were a memcpy into the
+ * mapping, answering 0), an inline operand in it goes as bytes (it went as a
+ * reference to the freed buffer: ENOBUF), and dspk_shared_free answers
+ * ENOBUF.  A temporary whose id the caller frees is not used again (the next
+ * task that would reuse it failed ENOBUF). */
+static void test_freed_shared_id(void **state) {
+  float *p, sum;
+  char got[4] = {0};
+  uint64_t id;
+  dspk_result r;
+  dspk_tensor in;
+  dspk_task t;
+  (void)state;
+  assert_int_equal(dspk_shared_alloc(C, "cpu:0", 4096, (void **)&p, &id), 0);
+  for (int i = 0; i < 10; i++)
+    p[i] = 1.0f;
+  assert_int_equal(dspk_buffer_free(C, id), 0);
+  assert_int_equal(dspk_buffer_write(C, id, 0, "abcd", 4), DSPK_ENOBUF);
+  assert_int_equal(dspk_buffer_read(C, id, 0, got, 4), DSPK_ENOBUF);
+  assert_true(p[0] == 1.0f); /* nothing written into the mapping */
+  {
+    int64_t shape[1] = {10};
+    dspk_tensor_inline(&in, DSPK_F32, 1, shape, p);
+    dspk_task_init(&t, DSPK_OP_REDUCE);
+    t.device = "cpu:0";
+    t.inputs = &in;
+    t.ninputs = 1;
+    t.reduce.fn = DSPK_REDUCE_SUM;
+    if (dspk_run(C, &t, &r) != 0)
+      fail_msg("reduce of an operand in a freed allocation: %s", dspk_last_error(C));
+    memcpy(&sum, r.out[0].data, sizeof sum);
+    assert_true(sum == 10.0f);
+    dspk_result_free(&r);
+  }
+  assert_int_equal(dspk_shared_free(C, p), DSPK_ENOBUF);
+  /* A temporary's id freed by the caller (on a connection of its own: the
+   * operand's and the result's temporaries, 4 MiB each). */
+  {
+    const size_t n = (size_t)1 << 20;
+    float *x = malloc(n * sizeof(float));
+    uint64_t tid = 0;
+    dspk_client *c3;
+    assert_non_null(x);
+    for (size_t i = 0; i < n; i++)
+      x[i] = -(float)(i % 100);
+    assert_int_equal(dspk_connect(sockpath, "freed_temp", &c3), 0);
+    dspk_set_shared_threshold(c3, DSPK_SHARED_THRESHOLD);
+    abs_task_of(&t, &in, x, n, NULL);
+    assert_int_equal(dspk_run(c3, &t, &r), 0);
+    dspk_result_free(&r);
+    assert_int_equal(c3->nshm, 2);
+    for (size_t i = 0; i < c3->nshm; i++)
+      if (c3->shm[i].state == 2) /* the operand's (the result's is lent) */
+        tid = c3->shm[i].id;
+    assert_true(tid != 0);
+    assert_int_equal(dspk_buffer_free(c3, tid), 0);
+    for (int k = 0; k < 3; k++) {
+      if (dspk_run(c3, &t, &r) != 0)
+        fail_msg("run %d after a temporary's id was freed: %s", k, dspk_last_error(c3));
+      assert_true(((const float *)r.out[0].data)[n - 1] == (float)((n - 1) % 100));
+      dspk_result_free(&r);
+    }
+    for (size_t i = 0; i < c3->nshm; i++) /* dropped, never used again */
+      assert_true(c3->shm[i].id != tid);
+    dspk_close(c3);
+    free(x);
+  }
+}
+
+/* dspk_buffer_write/read of a shared id from or into its own mapping: as
+ * memmove, on the local path (a memcpy there was undefined: ASan's
+ * memcpy-param-overlap) and on the socket path in several pieces (with a
+ * request in flight), where a piece stored could change bytes of one still
+ * to be sent. */
+static void test_shared_rw_overlap(void **state) {
+  const size_t size = (size_t)24 << 20, big = (size_t)20 << 20, shift = (size_t)3 << 20;
+  unsigned char *p, *want = malloc(size);
+  uint64_t id;
+  uint32_t tk;
+  float x[4] = {-1, 2, -3, 4};
+  dspk_tensor in;
+  dspk_task t;
+  dspk_result r;
+  (void)state;
+  assert_non_null(want);
+  assert_int_equal(dspk_shared_alloc(C, "cpu:0", size, (void **)&p, &id), 0);
+  for (size_t i = 0; i < size; i++)
+    p[i] = want[i] = (unsigned char)(i * 7 + i / 251);
+  assert_int_equal(C->ninflight, 0); /* the local path */
+  assert_int_equal(dspk_buffer_write(C, id, 4, p, 100), 0);
+  memmove(want + 4, want, 100);
+  assert_memory_equal(p, want, 256);
+  assert_int_equal(dspk_buffer_read(C, id, 0, p + 8, 200), 0);
+  memmove(want + 8, want, 200);
+  assert_memory_equal(p, want, 256);
+  /* the socket path: a task in flight, pieces of 4 MiB, each stored over
+   * the next one's source (3 MiB on) */
+  abs_task_of(&t, &in, x, 4, NULL);
+  assert_int_equal(dspk_submit(C, &t, &tk), 0);
+  assert_int_equal(dspk_buffer_write(C, id, shift, p, big), 0);
+  memmove(want + shift, want, big);
+  assert_int_equal(dspk_wait(C, tk, &r), 0);
+  dspk_result_free(&r);
+  assert_memory_equal(p, want, size);
+  assert_int_equal(dspk_submit(C, &t, &tk), 0);
+  assert_int_equal(dspk_buffer_read(C, id, 0, p + shift, big), 0);
+  memmove(want + shift, want, big);
+  assert_int_equal(dspk_wait(C, tk, &r), 0);
+  dspk_result_free(&r);
+  assert_memory_equal(p, want, size);
+  assert_int_equal(dspk_shared_free(C, p), 0);
+  free(want);
+}
+
+static pid_t own_pid;
+
+static int stop_own_daemon(void **state) {
+  (void)state;
+  if (own_pid > 0) {
+    kill(own_pid, SIGKILL);
+    waitpid(own_pid, NULL, 0);
+    own_pid = 0;
+  }
+  return 0;
+}
+
+/* Starts own_pid's dspkd (cpu) at sock with the options in args (after
+ * --backends cpu) and connects *c to it. */
+static void own_daemon(const char *name, const char *const *extra, char *sock, size_t socklen,
+                       dspk_client **c) {
+  const char *args[16] = {"--backends", "cpu", "--log-level", "error", "--no-cache"};
+  int a = 5;
+  while (*extra && a < 15)
+    args[a++] = *extra++;
+  args[a] = NULL;
+  snprintf(sock, socklen, "%s/%s.sock", tmpdir, name);
+  own_pid = daemon_spawn(dspkd_path, sock, args);
+  assert_true(own_pid > 0);
+  assert_int_equal(dspk_connect(sock, name, c), 0);
+}
+
+static void own_daemon_stop(dspk_client *c, const char *sock) {
+  int st;
+  dspk_close(c);
+  assert_int_equal(daemon_stop(own_pid, &st), 0);
+  own_pid = 0;
+  assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  unlink(sock);
+}
+
+/* A task given up on by a dspk_wait timeout still runs in the daemon: until
+ * its answer comes, dspk_buffer_read/write of a shared allocation go to the
+ * daemon behind it, not a memcpy at once (which read the result half
+ * written, and had a write mixed into it).  The test hook holds the task
+ * before it runs until it is canceled: a write behind it times out too,
+ * leaving the memory alone; after the cancel a read waits for both and
+ * gives the write's value; once every late answer is read the local path
+ * is back. */
+static void test_timeout_keeps_order(void **state) {
+  char sock[160];
+  const char *const extra[] = {NULL};
+  dspk_client *c2;
+  float x[16], *o, five = 5.0f, got = 0;
+  uint64_t oid;
+  uint32_t tk;
+  bool canceled = false;
+  dspk_tensor in;
+  dspk_task t;
+  dspk_result r;
+  (void)state;
+  for (int i = 0; i < 16; i++)
+    x[i] = -(float)i - 1;
+  setenv("DSPKD_TEST_CANCEL_WAIT", "before", 1);
+  own_daemon("order", extra, sock, sizeof sock, &c2);
+  unsetenv("DSPKD_TEST_CANCEL_WAIT");
+  assert_int_equal(dspk_shared_alloc(c2, "cpu:0", 4096, (void **)&o, &oid), 0);
+  o[0] = -7.0f;
+  abs_task_of(&t, &in, x, 16, &oid);
+  assert_int_equal(dspk_submit(c2, &t, &tk), 0);
+  assert_int_equal(dspk_set_timeout(c2, 50), 0);
+  assert_int_equal(dspk_wait(c2, tk, &r), DSPK_ETIMEDOUT);
+  assert_false(dspk__inflight_has(c2, tk));
+  assert_true(dspk__daemon_busy(c2));
+  assert_null(dspk__shm_local(c2, oid, 0, sizeof five));
+  assert_int_equal(dspk_buffer_write(c2, oid, 0, &five, sizeof five), DSPK_ETIMEDOUT);
+  assert_true(o[0] == -7.0f); /* queued behind the held task, not written here */
+  assert_int_equal(dspk_set_timeout(c2, 0), 0);
+  assert_int_equal(dspk_cancel(c2, tk, &canceled), 0);
+  assert_int_equal(dspk_buffer_read(c2, oid, 0, &got, sizeof got), 0);
+  assert_true(got == 5.0f); /* the write came after the task, whatever it did */
+  assert_true(o[0] == 5.0f);
+  assert_int_equal(c2->nabandoned, 0);
+  assert_false(dspk__daemon_busy(c2));
+  assert_non_null(dspk__shm_local(c2, oid, 0, sizeof five));
+  assert_int_equal(dspk_shared_free(c2, o), 0);
+  own_daemon_stop(c2, sock);
+}
+
+/* A shared temporary is the library's choice: one the daemon refuses (its
+ * max_buffers taken by the caller's 3 buffers) leaves the operand and the
+ * result to the socket, and dspk_run works as dspk_submit does (it failed
+ * ELIMIT naming max_buffers).  Only an operand that cannot cross the socket
+ * (a 1 MiB max_message) fails, saying that a shared temporary was refused. */
+static void test_temp_refused(void **state) {
+  char sock[160];
+  const char *const three[] = {"--max-buffers", "3", NULL};
+  const char *const small[] = {"--max-buffers", "3", "--max-message", "1M", NULL};
+  const size_t n = (size_t)512 << 10; /* 2 MiB of f32 */
+  float *x = malloc(n * sizeof(float));
+  dspk_client *c2;
+  uint64_t b[3];
+  dspk_tensor in;
+  dspk_task t;
+  dspk_result r;
+  (void)state;
+  assert_non_null(x);
+  for (size_t i = 0; i < n; i++)
+    x[i] = -(float)(i % 1000);
+  abs_task_of(&t, &in, x, n, NULL);
+  own_daemon("refused", three, sock, sizeof sock, &c2);
+  for (int i = 0; i < 3; i++)
+    assert_int_equal(dspk_buffer_create(c2, "cpu:0", 16, &b[i]), 0);
+  dspk_set_shared_threshold(c2, DSPK_SHARED_THRESHOLD);
+  if (dspk_run(c2, &t, &r) != 0)
+    fail_msg("dspk_run with every buffer taken: %s", dspk_last_error(c2));
+  for (size_t i = 0; i < n; i++)
+    if (((const float *)r.out[0].data)[i] != (float)(i % 1000))
+      fail_msg("element %zu", i);
+  dspk_result_free(&r);
+  assert_int_equal(c2->nshm, 0);
+  /* a buffer freed: the next run makes its temporary again */
+  assert_int_equal(dspk_buffer_free(c2, b[2]), 0);
+  assert_int_equal(dspk_run(c2, &t, &r), 0);
+  assert_true(((const float *)r.out[0].data)[999] == 999.0f);
+  dspk_result_free(&r);
+  assert_int_equal(c2->nshm, 1);
+  own_daemon_stop(c2, sock);
+
+  own_daemon("small", small, sock, sizeof sock, &c2);
+  for (int i = 0; i < 3; i++)
+    assert_int_equal(dspk_buffer_create(c2, "cpu:0", 16, &b[i]), 0);
+  assert_int_equal(dspk_run(c2, &t, &r), DSPK_ELIMIT);
+  assert_non_null(strstr(dspk_last_error(c2), "shared temporary"));
+  assert_non_null(strstr(dspk_last_error(c2), "max_buffers"));
+  assert_int_equal(dspk_ping(c2, NULL, 0), 0); /* the connection is fine */
+  own_daemon_stop(c2, sock);
+  free(x);
+}
+
 int main(int argc, char **argv) {
   if (argc < 2) {
     fprintf(stderr, "usage: %s PATH-TO-DSPKD\n", argv[0]);
@@ -962,6 +1236,10 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_unmap_and_exit),
       cmocka_unit_test(test_import_after_big),
       cmocka_unit_test_teardown(test_idle_temps_quota, stop_quota_daemon),
+      cmocka_unit_test(test_freed_shared_id),
+      cmocka_unit_test(test_shared_rw_overlap),
+      cmocka_unit_test_teardown(test_timeout_keeps_order, stop_own_daemon),
+      cmocka_unit_test_teardown(test_temp_refused, stop_own_daemon),
   };
   return cmocka_run_group_tests(tests, start_daemon, stop_daemon);
 }

@@ -569,6 +569,59 @@ static void test_fir_fft_nonfinite(void **state) {
   }
 }
 
+/* The overlap-save path keeps rows apart (each forced block size, every
+ * dtype): rows 0 and 3 of zeros come out exactly zero, and rows of order
+ * 1e30, 1 and 1e-20 in one batch each within tol of their own largest
+ * output (a double loop), as the direct sum: no row's values or rounding
+ * reach another's (vk_fir.c once packed two rows into one transform). */
+static void test_fir_fft_rows(void **state) {
+  static const int64_t cases[][2] = {{1000, 900}, {600, 599}, {5000, 200}, {300, 1000}};
+  static const double scale[6] = {0, 1e30, 1, 0, 1e-20, 1};
+  (void)state;
+  for (int di = 0; di < 4; di++) {
+    dspk_dtype dt = std4[di];
+    int w = dspk__dtype_is_complex(dt) ? 2 : 1;
+    double tol = (dt == DSPK_F32 || dt == DSPK_C64) ? 1e-5 : 1e-12;
+    for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++)
+      for (int m = 1; m < 4; m++) {
+        int64_t rows = 6, n = cases[c][0], k = cases[c][1], xs[2] = {rows, n}, hs[1] = {k};
+        struct dspk__tensor tx = T(dt, 2, xs), th = T(dt, 1, hs);
+        void *in[2] = {rand_data(&tx), rand_data(&th)};
+        for (int64_t i = 0; i < rows * n; i++) {
+          double re, im;
+          elem(dt, in[0], i, &re, &im);
+          set_elem(dt, in[0], i, re * scale[i / n], im * scale[i / n]);
+        }
+        void *y = fir_gpu(dt, rows, n, k, in, m);
+        for (int64_t r = 0; r < rows; r++) {
+          double big = 0, err = 0;
+          int64_t nz = 0;
+          for (int64_t t = 0; t < n; t++) {
+            double ar = 0, ai = 0, xr, xi, hr, hi, g[2];
+            for (int64_t j = 0; j < k && j <= t; j++) {
+              elem(dt, in[1], j, &hr, &hi);
+              elem(dt, in[0], r * n + t - j, &xr, &xi);
+              ar += hr * xr - hi * xi;
+              ai += hr * xi + hi * xr;
+            }
+            elem(dt, y, r * n + t, &g[0], &g[1]);
+            nz += g[0] != 0 || (w == 2 && g[1] != 0);
+            big = fmax(big, hypot(ar, ai));
+            err = fmax(err, hypot(g[0] - ar, w == 2 ? g[1] - ai : 0));
+          }
+          if (scale[r] == 0 ? nz != 0 : !(err <= tol * big))
+            fail_msg("fir %s %s 6x%lld k=%lld: row %lld (of order %g) has %lld non-zero "
+                     "outputs, error %g of its largest %g", dspk__cuda_fir_last(),
+                     dspk__dtype_name(dt), (long long)n, (long long)k, (long long)r, scale[r],
+                     (long long)nz, big > 0 ? err / big : err, big);
+        }
+        free(y);
+        free(in[0]);
+        free(in[1]);
+      }
+  }
+}
+
 static struct dspk__cache *restart_on(const char *file);
 
 static int fir_tunings; /* "autotune fir" tunings finished */
@@ -1327,6 +1380,7 @@ int main(void) {
       cmocka_unit_test(test_fir),
       cmocka_unit_test(test_fir_fft),
       cmocka_unit_test(test_fir_fft_nonfinite),
+      cmocka_unit_test(test_fir_fft_rows),
       cmocka_unit_test(test_reduce),
       cmocka_unit_test(test_reduce_candidates),
       cmocka_unit_test(test_reduce_tuned),

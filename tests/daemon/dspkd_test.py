@@ -1961,9 +1961,39 @@ def t_partial(exe, tmp):
     msgs = [n[2][0]["message"] for n in notes if n[1] == "protocol.error"
             and n[2][0]["name"] == "ELIMIT"]
     check(len(msgs) == 1 and "max_user_partial (102400 bytes)" in msgs[0]
-          and "(allocated size)" in msgs[0] and "102400 bytes so far" in msgs[0],
+          and "(allocated size)" in msgs[0] and "102400 bytes so far" in msgs[0]
+          and "needs a read buffer of at least 102401 bytes" in msgs[0]
+          and "would be 102401 bytes" in msgs[0],
           "refused with the numbers: %r" % notes)
     c.close()
+    d.stop()
+
+    # With another connection of the user holding its 64 KiB buffer, the
+    # room left is 200K - 64K = 139264 bytes: a 128 KiB buffer grows to it
+    # though that is less than one more READ_MIN (16 KiB) above what it
+    # holds (a 137,264-byte message was refused, naming the uncapped 256 KiB
+    # doubling as "needed"); one byte more than the room is refused, naming
+    # the message's own size.
+    d = Daemon(exe, tmp, ["--max-user-partial", "200K"])
+    idle, c = d.client(), d.client()
+    idle.call("ping")
+    room = 200 * 1024 - 65536
+    for total in (room - 2000, room - 4000, room):
+        f, n = ping_frame(total)
+        c.sock.sendall(f)
+        check(len(c.wait(1)["data"]) == n, "a %d-byte message fits next to an idle "
+              "connection's 64 KiB" % total)
+    c.sock.sendall(ping_frame(room + 1)[0])
+    notes = c.expect_closed()
+    msgs = [n[2][0]["message"] for n in notes if n[1] == "protocol.error"
+            and n[2][0]["name"] == "ELIMIT"]
+    check(len(msgs) == 1 and "(%d bytes so far)" % room in msgs[0]
+          and "needs a read buffer of at least %d bytes" % (room + 1) in msgs[0]
+          and "would be %d bytes" % (65536 + room + 1) in msgs[0]
+          and "max_user_partial (204800 bytes)" in msgs[0],
+          "one byte over the room is refused with the message's size: %r" % notes)
+    check(idle.call("ping", {"data": b"z"})["data"] == b"z", "the idle connection is served")
+    idle.close()
     d.stop()
 
 
@@ -3294,6 +3324,12 @@ def t_cacheputfail(exe, tmp):
     check(put_errors() == 0, "no put error yet")
     hard = resource.prlimit(d.proc.pid, resource.RLIMIT_FSIZE)[1]
     resource.prlimit(d.proc.pid, resource.RLIMIT_FSIZE, (1, hard))
+    # First an autotune decision (a cpu gemm of a shape not tuned yet): its
+    # failed put is the one the warning names ("an autotune entry").
+    a16 = np.ones((16, 16), np.float32)
+    out = c.call("task.run", {"op": "gemm", "device": "cpu:0",
+                              "inputs": [tensor(a16), tensor(a16)]})["outputs"]
+    check(array(out[0])[0, 0] == 16.0, "gemm runs although its decision is not stored")
     for v in (11, 12, 13):
         out = c.call("task.run", kernel(v))["outputs"]
         check(array(out[0])[0] == float(v), "kernel %d runs although its binary is not stored" % v)
@@ -3309,7 +3345,7 @@ def t_cacheputfail(exe, tmp):
 
     wait_log("cannot store a")
     lines = [ln for ln in d.logtext().splitlines() if "cannot store a" in ln]
-    check(len(lines) == 1 and "warn" in lines[0] and "kernels entry" in lines[0] and
+    check(len(lines) == 1 and "warn" in lines[0] and "cannot store an autotune entry" in lines[0] and
           "not an error" not in lines[0],
           "one warning for the failed puts (at most one a minute): %r\n%s" % (lines, d.logtext()[-3000:]))
     resource.prlimit(d.proc.pid, resource.RLIMIT_FSIZE, (hard, hard))

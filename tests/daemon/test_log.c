@@ -80,6 +80,14 @@ static void test_journal_lines(void **state) {
   /* C0, DEL, C1 (NEL, CSI) and U+2028/U+2029 a space each, as in errors */
   dspkd_info("name a\x1b\x7f" "b\xc2\x85" "c\xc2\x9b" "d\xe2\x80\xa8" "e\xe2\x80\xa9" "f\xc2\xa0g");
   dspkd_debug("not written at info");
+  /* A client's text: ill-formed UTF-8 becomes U+FFFD, as in its answer, and
+   * a device or op that is not a plain token is quoted, so that it can
+   * neither be forged into fields nor hide the line from journalctl. */
+  dspkd_log_task_failed("cpu:\xff\xfe", "gemm", 1, 2, DSPK_ENODEV, "no device \"cpu:\xff\xfe\"");
+  dspkd_log_task_failed("x op=kernel client=99 pid=1: EDEVICE: fake", "gemm", 1, 16000,
+                        DSPK_ENODEV, "m");
+  dspkd_log_task_failed("cpu x\"\\", "a\xe2\x80\xa8" "b", 1, 2, DSPK_ENODEV, "m");
+  dspkd_info("cut \xc3");
 
   assert_int_equal(dup2(saved, STDERR_FILENO), STDERR_FILENO);
   close(saved);
@@ -97,7 +105,28 @@ static void test_journal_lines(void **state) {
            "<6>task failed: device=cpu:0 op=map client=3 pid=42: ECANCELED: task canceled\n"
            "<4>task failed: device=vulkan:0 op=fft client=1 pid=9: ENOMEM: out of memory\n"
            "<6>listening on /run/dspk/dspkd.sock\n"
-           "<6>name a  b c d e f\xc2\xa0g\n");
+           "<6>name a  b c d e f\xc2\xa0g\n"
+           "<5>task failed: device=\"cpu:\xef\xbf\xbd\xef\xbf\xbd\" op=gemm client=1 pid=2: "
+           "ENODEV: no device \"cpu:\xef\xbf\xbd\xef\xbf\xbd\"\n"
+           "<5>task failed: device=\"x op\\=kernel client\\=99 pid\\=1: EDEVICE: fake\" op=gemm "
+           "client=1 pid=16000: ENODEV: m\n"
+           "<5>task failed: device=\"cpu x\\\"\\\\\" op=\"a b\" client=1 pid=2: ENODEV: m\n"
+           "<6>cut \xef\xbf\xbd\n");
+}
+
+/* The value of a field: bare when a plain token, else quoted and escaped,
+ * and cut to the buffer without losing the closing quote. */
+static void test_log_value(void **state) {
+  char b[32];
+  (void)state;
+  assert_string_equal(dspkd_log_value(b, sizeof b, "cuda:0", 6), "cuda:0");
+  assert_string_equal(dspkd_log_value(b, sizeof b, "task.run", 8), "task.run");
+  assert_string_equal(dspkd_log_value(b, sizeof b, "", 0), "\"\"");
+  assert_string_equal(dspkd_log_value(b, sizeof b, "a b", 3), "\"a b\"");
+  assert_string_equal(dspkd_log_value(b, sizeof b, "k=v\"\\", 5), "\"k\\=v\\\"\\\\\"");
+  assert_string_equal(dspkd_log_value(b, sizeof b, "a\0b", 3), "\"a b\"");
+  assert_string_equal(dspkd_log_value(b, 8, "a b c d e f", 11), "\"a b c\"");
+  assert_string_equal(dspkd_log_value(b, 4, "abcdef", 6), "abc");
 }
 
 int main(void) {
@@ -105,6 +134,7 @@ int main(void) {
       cmocka_unit_test(test_task_levels),
       cmocka_unit_test(test_levels_parse),
       cmocka_unit_test(test_journal_lines),
+      cmocka_unit_test(test_log_value),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

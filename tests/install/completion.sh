@@ -2,7 +2,8 @@
 # install.completion: the bash completion of dspk-submit (without the
 # bash-completion package, as on a minimal host) completes commands from
 # `dspk-submit --help`, a command's options from `dspk-submit CMD --help`,
-# reduce's functions, and .npy file arguments.
+# reduce's functions, job's subcommands, and .npy file arguments only where a
+# command takes arrays; --socket=PATH as readline splits it.
 # Usage: completion.sh SRC DSPK_SUBMIT
 set -u
 src=$1 submit=$2
@@ -17,6 +18,7 @@ bad=0
 # complete LINE EXPECTED...: every EXPECTED word is offered for LINE's last word.
 complete_is() {
   local line=$1; shift
+  unset COMP_LINE COMP_POINT
   read -r -a COMP_WORDS <<<"$line"
   [[ $line == *' ' ]] && COMP_WORDS+=("")
   COMP_CWORD=$((${#COMP_WORDS[@]} - 1))
@@ -26,6 +28,37 @@ complete_is() {
   for w in "$@"; do
     [[ $got == *" $w "* ]] || { echo "FAIL: '$line' offered [${COMPREPLY[*]}], not $w"; bad=1; }
   done
+}
+# complete_rl LINE EXPECTED...: the same with LINE split as readline splits
+# it (COMP_WORDBREAKS: '=' and ':' are words of their own) and COMP_LINE.
+complete_rl() {
+  local line=$1 w="" c i; shift
+  COMP_LINE=$line COMP_POINT=${#line} COMP_WORDS=()
+  for ((i = 0; i < ${#line}; i++)); do
+    c=${line:i:1}
+    if [[ $c == " " ]]; then
+      [[ -n $w ]] && COMP_WORDS+=("$w")
+      w=""
+    elif [[ $c == [=:] ]]; then
+      [[ -n $w ]] && COMP_WORDS+=("$w")
+      COMP_WORDS+=("$c")
+      w=""
+    else
+      w+=$c
+    fi
+  done
+  if [[ -n $w ]]; then COMP_WORDS+=("$w"); elif [[ $line == *' ' ]]; then COMP_WORDS+=(""); fi
+  COMP_CWORD=$((${#COMP_WORDS[@]} - 1))
+  COMPREPLY=()
+  _dspk_submit
+  local got=" ${COMPREPLY[*]} " w
+  for w in "$@"; do
+    [[ $got == *" $w "* ]] || { echo "FAIL: '$line' (readline's words) offered [${COMPREPLY[*]}], not $w"; bad=1; }
+  done
+}
+# none: no candidate at all.
+none() {
+  [[ ${#COMPREPLY[@]} -eq 0 ]] || { echo "FAIL: $1 offered [${COMPREPLY[*]}]"; bad=1; }
 }
 cd "$tmp" || exit 1
 : >a.npy; : >b.npy; : >notes.txt
@@ -46,5 +79,24 @@ complete_is "dspk-submit gemm n"
 complete_is "dspk-submit fft w"
 [[ ${#COMPREPLY[@]} -eq 1 && ${COMPREPLY[0]} == "with space.npy" ]] ||
   { echo "FAIL: 'with space.npy' offered as [${COMPREPLY[*]}] (${#COMPREPLY[@]} words)"; bad=1; }
+# --socket=PATH (split at '=' by readline) is the socket, not the command.
+complete_rl "dspk-submit --socket=/x " ping gemm help
+complete_rl "dspk-submit --socket=/x fft " a.npy b.npy
+complete_rl "dspk-submit --socket=/x gemm a.npy -d " any
+complete_rl "dspk-submit --socket=./" ./a.npy ./notes.txt
+complete_rl "dspk-submit gemm --output=" a.npy
+complete_is "dspk-submit --socket = /x " ping gemm help
+complete_is "dspk-submit --socket = /x fft " a.npy b.npy
+# Subcommands, and no files where a command takes none.
+complete_is "dspk-submit job " register end
+complete_is "dspk-submit help " gemm trace
+for line in "dspk-submit metrics " "dspk-submit top -n " "dspk-submit top " \
+            "dspk-submit status " "dspk-submit job register " "dspk-submit cache clear " \
+            "dspk-submit trace -s " "dspk-submit job register --uid "; do
+  complete_is "$line"
+  none "'$line'"
+done
+# trace writes JSON: -o offers any file.
+complete_is "dspk-submit trace -o n" notes.txt
 [ $bad -eq 0 ] && echo "completion: ok"
 exit $bad

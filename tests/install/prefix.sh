@@ -65,6 +65,18 @@ SLURM_JOB_ID=7 DSPK_SOCKET=$tmp/none.sock "$tmp/scratch/p/libexec/dspk/slurm/epi
   fail "epilog without a daemon socket failed"
 grep -q "^ExecStart=$tmp/scratch/p/sbin/dspkd " "$tmp/scratch/p/lib/systemd/system/dspkd.service" ||
   fail "ExecStart does not name the installed dspkd"
+# The unit names the configuration file this dspkd reads (its --help's
+# default, fixed at configure time), and has ConfigurationDirectory= (which
+# only makes directories under /etc) only when that file is in /etc/dspk.
+conf=$("$tmp/scratch/p/sbin/dspkd" --help | tr -s ' \n' '  ' | sed -n 's/.*(default \(\/[^ ]*\/dspk\/dspkd\.conf\) when it exists.*/\1/p')
+[ -n "$conf" ] || fail "dspkd --help names no default configuration file"
+unit=$tmp/scratch/p/lib/systemd/system/dspkd.service
+grep -q "^# Reads $conf when it exists" "$unit" || fail "the unit does not name $conf: $(grep -n Reads "$unit")"
+if [ "$conf" = /etc/dspk/dspkd.conf ]; then
+  grep -q '^ConfigurationDirectory=dspk$' "$unit" || fail "no ConfigurationDirectory=dspk for /etc/dspk"
+else
+  ! grep -q '^ConfigurationDirectory=' "$unit" || fail "ConfigurationDirectory= names /etc/dspk, $conf is read"
+fi
 # The installed units verify clean, as docs/systemd.md says to check them: the
 # prefix's man pages on man's path (MANPATH=P/share/man: , the colon keeps
 # the system's), since verify runs man for each Documentation= page.

@@ -64,7 +64,8 @@ class Notify:
 
 class Daemon:
     def __init__(self, exe, tmp, extra=(), env=None, notify=False, ready=True, sock=None,
-                 backends="cpu", preexec_fn=None, config="", socket_flag=True):
+                 backends="cpu", preexec_fn=None, config="", socket_flag=True,
+                 log_level="debug"):
         """config: --config's value, None for no --config (the default file);
         socket_flag False: no --socket (the file names self.sock)."""
         self.tmp = tmp
@@ -81,7 +82,9 @@ class Daemon:
         e["XDG_CACHE_HOME"] = tmp  # a file's default cache stays in the test's directory
         e.update(env or {})
         r, w = os.pipe()
-        args = [exe, "--foreground", "--ready-fd", str(w), "--log-level", "debug"]
+        args = [exe, "--foreground", "--ready-fd", str(w)]
+        if log_level:
+            args += ["--log-level", log_level]
         if socket_flag:
             args += ["--socket", self.sock]
         if config is not None:
@@ -322,7 +325,30 @@ def t_sigterm(exe, tmp):
     check(not os.path.exists(d.sock), "socket removed")
     d.check_clean_exit()
     log = d.logtext()
-    check("canceling them" in log, "logged the deadline")
+    check("1 task still running at the stop deadline: canceling it" in log,
+          "logged the deadline and the running task:\n" + log)
+    # No task, only answers the client does not read: the deadline says so
+    # (it said "tasks still running" then too), and the connection is closed.
+    d3 = Daemon(exe, tmp, ["--shutdown-timeout", "300"])
+    s = socket.socket(socket.AF_UNIX)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.connect(d3.sock)
+    s.settimeout(2)
+    frame = msgpack.packb([0, 0, "ping", [{"data": b"x" * (1 << 20)}]], use_bin_type=True)
+    try:
+        for _ in range(1000):  # until the daemon stops reading (max_unsent)
+            s.sendall(frame)
+        raise AssertionError("the daemon read 1 GiB of pings nobody reads the answers of")
+    except socket.timeout:
+        pass
+    d3.proc.send_signal(signal.SIGTERM)
+    check(d3.wait() == 0, "exit 0:\n" + d3.logtext())
+    s.close()
+    log = d3.logtext()
+    check("still running at the stop deadline" not in log and
+          "no task running at the stop deadline; 1 connection still open" in log and
+          "connections still open 2000 ms after the deadline: closing them" in log,
+          "no task is said to run:\n" + log)
     # The message of ESHUTDOWN is clear.
     d2 = Daemon(exe, tmp, ["--shutdown-timeout", "300"])
     c = d2.client()
@@ -649,6 +675,48 @@ def t_reload(exe, tmp):
     c.close()
     d.stop()
 
+    # A reload that changes max_clients checks the descriptors it needs, as
+    # the start does (docs/admin.md, "File descriptors"): a warning when the
+    # hard limit cannot hold them, the info line when it can.
+    import resource
+    write(conf, "[limits]\nmax_clients = 78\n")
+    d = Daemon(exe, tmp, ["--config", conf],
+               preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024)))
+    c = d.client()
+    warn = re.compile(r"warn: file descriptors: RLIMIT_NOFILE 1024 \(hard limit 1024\) is below "
+                      r"the (\d+) that max_clients (\d+) connections may need")
+    check(not warn.search(d.logtext()), "78 fit in 1024:\n" + d.logtext())
+    check("needed at most for max_clients 78)" in d.logtext(), "the start's line")
+    write(conf, "[limits]\nmax_clients = 5000\n")
+    check(c.call("daemon.reload") == {"reloaded": True}, "reloaded to 5000")
+    m = warn.search(d.logtext())
+    check(m and m.group(2) == "5000" and int(m.group(1)) > 1024,
+          "the reload warns as the start does:\n" + d.logtext())
+    mark = len(d.logtext())
+    write(conf, "[limits]\nmax_clients = 50\n")
+    check(c.call("daemon.reload") == {"reloaded": True}, "reloaded to 50")
+    check("file descriptors: RLIMIT_NOFILE 1024 (soft limit was 1024; " in d.logtext()[mark:]
+          and "needed at most for max_clients 50)" in d.logtext()[mark:],
+          "and says when it fits again:\n" + d.logtext()[mark:])
+    mark = len(d.logtext())
+    write(conf, "[limits]\nmax_clients = 50\nmax_inflight = 9\n")
+    check(c.call("daemon.reload") == {"reloaded": True}, "max_clients unchanged")
+    check("file descriptors" not in d.logtext()[mark:], "no line when max_clients stays")
+    c.close()
+    d.stop()
+
+    # Started below debug, raised to debug by a reload: the stop's thread
+    # report still has the count from before the devices opened (it said -1).
+    write(conf, "[daemon]\nlog_level = info\n")
+    d = Daemon(exe, tmp, ["--config", conf], log_level=None)
+    c = d.client()
+    write(conf, "[daemon]\nlog_level = debug\n")
+    check(c.call("daemon.reload") == {"reloaded": True}, "reloaded to debug")
+    c.close()
+    d.stop()
+    m = re.search(r"threads at exit: (\d+) \(before the devices opened: (-?\d+)\)", d.logtext())
+    check(m and int(m.group(2)) > 0, "a real count before the devices opened:\n" + d.logtext())
+
 
 # The keys only a restart changes (dspk.conf(5), docs/admin.md).
 RESTART_ONLY = ("socket", "cache", "no_cache", "cache_max_bytes", "backends", "foreground",
@@ -716,6 +784,20 @@ def t_reloadkeys(exe, tmp):
     reload_and_wait(d, "(a flag's key removed)")
     check(changed_since(mark) == set(), "a flag's key: %r" % changed_since(mark))
     d.stop()
+    # --no-cache and --cache decide both cache and no_cache: neither is the
+    # file's, whichever of the two the file sets.
+    for flags in (["--no-cache"], ["--cache", ""], ["--cache", os.path.join(tmp, "flag.db")]):
+        write(conf, "[daemon]\n")
+        d = Daemon(exe, tmp, ["--config", conf] + flags, notify=True, config=None)
+        d.notify.until(lambda m: m.get("READY") == "1", "READY=1")
+        for text in ("cache = %s\n" % os.path.join(tmp, "elsewhere.db"), "no_cache = yes\n",
+                     "no_cache = no\ncache = %s\n" % os.path.join(tmp, "third.db")):
+            mark = len(d.logtext())
+            write(conf, "[daemon]\n" + text)
+            reload_and_wait(d, "(%s, file %r)" % (flags, text))
+            check(changed_since(mark) == set(), "%s, file %r: %r"
+                  % (flags, text, changed_since(mark)))
+        d.stop()
 
 
 def t_reloaddefault(exe, tmp):
@@ -828,7 +910,8 @@ def t_config(exe, tmp):
     start_fail("[limits]\nmax_unsent = 12Q\n", "%(f)s:2: max_unsent")
     start_fail("[limits]\nmax_user_memory = 150%\n", "%(f)s:2: max_user_memory: expected a size")
     start_fail("[limits]\nmax_conn_memory = 0\n", "%(f)s:2: max_conn_memory: expected a size")
-    start_fail("[daemon]\nforeground = maybe\n", "%(f)s:2: foreground: expected yes or no")
+    start_fail("[daemon]\nforeground = maybe\n",
+               "%(f)s:2: foreground: expected yes|no, true|false, on|off or 1|0, got \"maybe\"")
     start_fail("[limits]\nsocket = /x\n", '%(f)s:2: key "socket" belongs in section [daemon]')
     # What libinih takes but reads otherwise than dspk.conf(5) says (its
     # compiled-in leniencies) is refused by config.c's reader, naming the line:
@@ -1051,6 +1134,9 @@ def t_policy(exe, tmp):
     os.chmod(d.sock, 0o666)
     got = as_user(d.sock, nobody, "ping")
     check(got == ["notify:protocol.error:EPERM"], "not allowed to connect: %r" % got)
+    # The log names the user turned away, as every client line does.
+    check(re.search(r"notice: client \d+ \(pid \d+ uid %d gid \d+\): EPERM: this user may not "
+                    r"connect" % nobody, d.logtext()), "the refused uid is logged:\n" + d.logtext())
     root = d.client()
     check(root.call("ping", {"data": b"r"})["data"] == b"r", "the daemon's own user connects")
     # admin_users adds admins; root (here also the daemon's own user) stays
@@ -1068,6 +1154,10 @@ def t_policy(exe, tmp):
     # Not an admin: every privileged method says EPERM, cache.clear too.
     got = as_user(d.sock, nobody, "ping", "daemon.reload", "cache.clear")
     check(got == ["ok", "EPERM", "EPERM"], "allowed, not an admin: %r" % got)
+    for m in ("daemon.reload", "cache.clear"):
+        check(re.search(r"notice: client \d+ \(pid \d+ uid %d gid \d+\): %s refused: not an "
+                        r"admin" % (nobody, m), d.logtext()), "%s refusal logged:\n%s"
+              % (m, d.logtext()))
     write(conf, "[policy]\nallow_users = nobody\nadmin_groups = %d\n" % nobody)
     d.proc.send_signal(signal.SIGHUP)
     d.notify.until(lambda m: m.get("RELOADING") == "1", "RELOADING=1")

@@ -230,6 +230,26 @@ def t_metrics(exe, submit, tmp):
             check(False, "%s %s refused" % (method, path))
         except urllib.error.HTTPError as e:
             check(e.code == code, "%s %s: %d" % (method, path, e.code))
+    # A refused request is answered from its headers, before any body: no
+    # "100 Continue" invites the upload, and the answer comes while the body
+    # is still unsent (a client that sends none still gets it).
+    host, port = url.split("/")[2].rsplit(":", 1)
+    for head, code in (("POST /metrics HTTP/1.1\r\nExpect: 100-continue\r\n", 405),
+                       ("PUT /metrics HTTP/1.1\r\n", 405),
+                       ("POST /other HTTP/1.1\r\nExpect: 100-continue\r\n", 405),
+                       ("GET /other HTTP/1.1\r\nExpect: 100-continue\r\n", 404),
+                       ("GET /metrics HTTP/1.1\r\nExpect: 100-continue\r\n", 400)):
+        s = socket.create_connection((host, int(port)), timeout=TIMEOUT)
+        s.sendall(("%sHost: x\r\nContent-Length: %d\r\n\r\n" % (head, 1 << 30)).encode())
+        got = b""
+        while b"\r\n\r\n" not in got:
+            more = s.recv(4096)
+            check(more, "an answer before the body: %r" % got)
+            got += more
+        s.close()
+        status = got.split(b"\r\n")[0]
+        check(status.startswith(b"HTTP/1.1 %d " % code) and b"100 Continue" not in got,
+              "%r answered %d at once: %r" % (head.split("\r")[0], code, got[:200]))
 
     # dspk-submit metrics: the text, and --json with the same values.
     p = subprocess.run([submit, "-S", d.sock, "metrics"], capture_output=True, text=True,

@@ -525,6 +525,73 @@ def control_chars(env):
     still_open(c)
 
 
+@case("Errors: an echoed client string's blank lines are dropped, first and last too")
+def blank_lines(env):
+    # protocol.md, Errors: lines joined with "; ", blank lines dropped: a
+    # leading or trailing line break left a dangling "; " ("gemm; ").
+    c = env.conn()
+    for sent, shown in (("abc\n", "abc"), ("\nabc", "abc"), ("a\r", "a"), ("\n\n", ""),
+                        ("a\n\nb", "a; b"), ("\r\n a \r\n", "a"), (" a\x85", " a ")):
+        e = expect(c.call(sent), "ENOMETHOD")
+        check(e["message"] == 'unknown method "%s"' % shown,
+              "method %r echoed as %r" % (sent, e["message"]))
+    one = {"dtype": "f32", "shape": [1, 1], "data": struct.pack("<f", 1)}
+    e = expect(c.call("task.run", {"op": "gemm\n", "inputs": [one]}), "EINVAL")
+    check(e["message"].startswith('op: unknown op "gemm" ('), "op echoed as %r" % e["message"])
+    e = expect(c.call("task.run", {"op": "map", "inputs": [one],
+                                   "options": {"fn": "\nabs\n"}}), "EINVAL")
+    check('unknown function "abs" (' in e["message"], "fn echoed as %r" % e["message"])
+    e = expect(c.call("task.run", {"op": "map", "options": {"fn": "abs"},
+                                   "inputs": [dict(one, dtype="f32\n")]}), "EDTYPE")
+    check(e["message"].endswith('unknown dtype "f32"'), "dtype echoed as %r" % e["message"])
+    e = expect(c.call("buffer.create", {"size": 8, "device": "cpu:9\n"}), "ENODEV")
+    check('no device "cpu:9" (' in e["message"], "device echoed as %r" % e["message"])
+    # The hello name status shows follows the same rule.
+    c.ok("hello", {"client": "\nab\n\ncd\r\n"})
+    me = [x for x in c.ok("status")["clients"] if x["self"]]
+    check(me and me[0]["name"] == "ab; cd", "status name %r" % (me,))
+    c.ok("hello", {"client": "y" * 31 + "\n" * 32})
+    me = [x for x in c.ok("status")["clients"] if x["self"]]
+    check(me and me[0]["name"] == "y" * 31, "status name %r" % (me,))
+    c.ok("hello", {"client": "y\n" * 31 + "z"})
+    me = [x for x in c.ok("status")["clients"] if x["self"]]
+    check(me and me[0]["name"] == "y; " * 31 + "z", "status name, grown by the joins %r" % (me,))
+    still_open(c)
+
+
+@case("Errors: a subscript that is not a letter is named by its code point")
+def subscript_char(env):
+    # protocol.md, Errors: a control character echoed becomes a space, so the
+    # character a message points at is named in a form that survives it
+    # (U+0085 was reported as "' ' is not a letter", and spaces are allowed).
+    c = env.conn()
+    a = {"dtype": "f32", "shape": [2, 2], "data": struct.pack("<4f", 1, 2, 3, 4)}
+
+    def sub(s):
+        return c.call("task.run", {"op": "contract", "device": "cpu:0", "inputs": [a, a],
+                                   "options": {"subscripts": s}})
+    check(sub("ij, jk -> ik")[0] == "ok", "spaces are ignored")
+    for ch, name in (("\x85", "U+0085"), ("\u2028", "U+2028"), ("\u2029", "U+2029"),
+                     ("\t", "U+0009"), ("\x7f", "U+007F"), ("\n", "U+000A"),
+                     ("\x9b", "U+009B"), ("\u00a0", "'\u00a0' (U+00A0)"), ("+", "'+'"),
+                     ("\u00e9", "'\u00e9' (U+00E9)")):
+        e = expect(sub("ij,jk->i" + ch + "k"), "EINVAL")
+        check(e["message"].endswith(": %s is not a letter (labels are a-z, A-Z)" % name),
+              "%r named as %r" % (ch, e["message"]))
+    e = expect(sub("ij,jk->ik\n"), "EINVAL")
+    check(e["message"].startswith('contract: "ij,jk->ik": U+000A is not a letter'),
+          "a trailing line break: %r" % e["message"])
+    # a byte that starts no UTF-8 character: by its value
+    c.send(arr(b"\x00", p(9), p("task.run"),
+               b"\x91\x84" + p("op") + p("contract") + p("device") + p("cpu:0")
+               + p("inputs") + msgpack.packb([a, a], use_bin_type=True)
+               + p("options") + b"\x81" + p("subscripts") + b"\xaaij,jk->i\xffk"))
+    e = expect(c.wait(9), "EINVAL")
+    check(e["message"].endswith(": byte 0xff is not a letter (labels are a-z, A-Z)"),
+          "an ill-formed byte: %r" % e["message"])
+    still_open(c)
+
+
 # ---- hello, ping, devices, status
 
 @case("hello: result fields; version; client bound; job type")
@@ -1209,7 +1276,8 @@ def task_ops(env):
     expect(run("gemm", [h2, h2, h2], beta=1), "EDTYPE", "C")
     expect(run("gemm", [a23, a23, t64([1.0] * 4, [2, 2])], trans_b=True), "EDTYPE", "C")
     e = expect(run("contract", [a23, a23], subscripts="\u00e9j,kj->\u00e9k"), "EINVAL")
-    check("'\u00e9' is not a letter" in e["message"], "the whole character %r" % e["message"])
+    check("'\u00e9' (U+00E9) is not a letter" in e["message"],
+          "the whole character %r" % e["message"])
     # kernel on the cpu: ENOTSUP, after the options (a text source with a NUL byte)
     expect(run("kernel", [a23], lang="glsl", source="void main(){}"), "ENOTSUP")
     expect(run("kernel", [a23], lang="glsl", source="void main(){}\0junk"), "EINVAL",
@@ -1316,16 +1384,19 @@ def kernel_opts(env):
     expect(run(args=[{"tensor": 0}] * 17), "EINVAL", "options.args")
     expect(run(args=[{"tensor": 5}]), "EINVAL", "options.args[0]")
     expect(run(args=[{"tensor": (1 << 64) - 1}]), "EINVAL", "options.args[0]")
-    expect(run(args=[{"tensor": 0}, {"i32": 1 << 31}]), "ERANGE", "options.args[1]")
-    expect(run(args=[{"tensor": 0}, {"i32": -(1 << 31) - 1}]), "ERANGE", "options.args[1]")
-    expect(run(args=[{"tensor": 0}, {"u32": -1}]), "ERANGE", "options.args[1]")
-    expect(run(args=[{"tensor": 0}, {"u32": 1 << 32}]), "ERANGE", "options.args[1]")
-    expect(run(args=[{"tensor": 0}, {"i64": 1 << 63}]), "ERANGE", "options.args[1]")
-    expect(run(args=[{"tensor": 0}, {"i64": (1 << 64) - 1}]), "ERANGE", "options.args[1]")
+    # an integer out of range: ERANGE naming the value as sent, for each type
+    for k, v in (("i32", 1 << 31), ("i32", -(1 << 31) - 1), ("u32", -1), ("u32", 1 << 32),
+                 ("i64", 1 << 63), ("i64", (1 << 64) - 1)):
+        expect(run(args=[{"tensor": 0}, {k: v}]), "ERANGE",
+               "options.args[1]: %d is out of %s range" % (v, k))
     expect(run(args=[{"tensor": 0}, {"f32": "x"}]), "EINVAL", "options.args[1]")
     # A finite f32 beyond its range would become an infinity: ERANGE (the
     # infinities and NaN themselves are f32 values, and the largest f32 passes).
     expect(run(args=[{"tensor": 0}, {"f32": 1e39}]), "ERANGE", "options.args[1]", "f32")
+    # the value as sent, in the shortest form that reads back (protocol.md, kernel)
+    for v in (1e39, 2.0 ** 128, -3.4028235677973366e38):
+        expect(run(args=[{"tensor": 0}, {"f32": v}]), "ERANGE",
+               "options.args[1]: %r is out of f32 range" % v)
     expect(run(args=[{"tensor": 0}, {"f32": -1e39}]), "ERANGE", "options.args[1]", "f32")
     for v in (float("inf"), float("nan"), 3.4028234663852886e38, 1e300 * 0):
         r = run(args=[{"tensor": 0}, {"f32": v}])
@@ -1553,6 +1624,13 @@ def degenerate(env):
         check(vals("fft", [c64], inverse=True) == ([1], [3, -4]), dev + ": ifft of length 1")
         expect(run("fft", [t32([], [3, 0])]), "ESHAPE")
         check(vals("fft", [t32([], [0, 4])]) == ([0, 3], []), dev + ": fft of no rows")
+        # no rows of a length above the longest transform (2^31-1): empty too
+        big = 1 << 31
+        check(vals("fft", [{"dtype": "c64", "shape": [0, big], "data": b""}]) == ([0, big], []),
+              dev + ": fft of no rows of 2^31")
+        check(vals("fft", [t64([], [2, 0, big])]) == ([2, 0, big // 2 + 1], []),
+              dev + ": rfft of no rows of 2^31")
+
         check(vals("gemm", [t32([], [2, 0]), t32([], [0, 3]), t32([1, 2, 3], [3])], beta=2)
               == ([2, 3], [2, 4, 6] * 2), dev + ": gemm K = 0 gives beta*C")
         check(vals("gemm", [t32([], [2, 0]), t32([], [0, 3])]) == ([2, 3], [0] * 6),
@@ -1774,6 +1852,57 @@ def fft_nonfinite(env):
     still_open(c)
 
 
+@case("task.run: fir keeps batch rows apart, the same on every backend (fir row)")
+def fir_rows(env):
+    # The direct sum of a row involves that row alone: a row of zeros filters
+    # to exact zeros next to any other, and a row's error scales with its own
+    # values, however large its neighbours (an FFT path that packed two rows
+    # into one complex transform mixed their rounding errors).  Long filters,
+    # so that the FFT paths run; rows of one block and of several.
+    c = env.conn()
+    fmts = {"f32": ("f", 1), "f64": ("d", 1), "c64": ("f", 2), "c128": ("d", 2)}
+    scales = [0.0, 1e30, 1.0, 0.0, 1e-20, 1.0]
+    refs = {}
+    for dev in gpu_and_cpu_devices(c):
+        for n, k in ((600, 500), (5000, 200)):
+            # small integers: the reference of the pattern is exact in double
+            p = [float((i * 7919) % 13 - 6) for i in range(n)]
+            q = [float((i * 104729) % 11 - 5) for i in range(n)]
+            h = [float((i * 31) % 7 - 3) for i in range(k)]
+            if (n, k) not in refs:
+                refs[n, k] = (fir_ref(p, h), fir_ref(q, h))
+            fp, fq = refs[n, k]
+            for dt, (fmt, w) in fmts.items():
+                tol = 1e-5 if fmt == "f" else 1e-12
+                flat = []
+                for s in scales:
+                    for i in range(n):
+                        flat += [s * p[i], s * q[i]] if w == 2 else [s * p[i]]
+                hs = [v for x in h for v in ((x, 0.0) if w == 2 else (x,))]
+                r = c.ok("task.run", {"op": "fir", "device": dev, "inputs": [
+                    {"dtype": dt, "shape": [len(scales), n],
+                     "data": struct.pack("<%d%s" % (len(flat), fmt), *flat)},
+                    {"dtype": dt, "shape": [k], "data": struct.pack("<%d%s" % (len(hs), fmt), *hs)}]})
+                o = r["outputs"][0]
+                check(o["shape"] == [len(scales), n], "fir rows shape %r" % o["shape"])
+                y = struct.unpack("<%d%s" % (len(scales) * n * w, fmt), o["data"])
+                for row, s in enumerate(scales):
+                    got = y[row * n * w:(row + 1) * n * w]
+                    name = "%s fir %s %dx%d, %d taps: row %d (of order %g)" % (
+                        dev, dt, len(scales), n, k, row, s)
+                    if s == 0:
+                        check(all(v == 0 for v in got), "%s: %d non-zero outputs, largest %g" % (
+                            name, sum(v != 0 for v in got), max(abs(v) for v in got)))
+                        continue
+                    want = [v for i in range(n) for v in ((s * fp[i], s * fq[i]) if w == 2
+                                                           else (s * fp[i],))]
+                    big = max(abs(v) for v in want)
+                    err = max(abs(a - b) for a, b in zip(got, want))
+                    check(err <= tol * big, "%s: error %g of its largest output %g" % (
+                        name, err / big, big))
+    still_open(c)
+
+
 @case("Connections: a client that half-closes gets every answer, then the close")
 def half_close(env):
     for dev in gpu_and_cpu_devices(env.conn()):
@@ -1840,7 +1969,7 @@ def contract_subs(env):
                         ("ij,jkk->ik", ["repeats", "B term"]), ("ij,jk->iz", ["'z'"]),
                         ("i1,jk->ik", ["'1'"]), ("ij->ij", []), ("ij,jk,kl->il", ["two"]),
                         ("->", []), ("ij,jk->ik->ik", []), ("ij,jk-ik", ["'-'"]),
-                        ("i\tj,jk->ik", ["0x09"]), ("ij,jk- >ik", ["'-'"])):
+                        ("i\tj,jk->ik", ["U+0009"]), ("ij,jk- >ik", ["'-'"])):
         expect(run(subs), "EINVAL", *words)
     expect(run("ijk,jk->ik"), "ESHAPE", "rank")
     expect(run("ij,kj->ik"), "ESHAPE", "'j'")

@@ -160,6 +160,49 @@ static void test_every_prefix_incomplete(void **state) {
   msgpack_sbuffer_destroy(&sb);
 }
 
+/* dspk__frame_need: a lower bound of the frame's size, more than what is
+ * there, exact once the header of a trailing bin has come. */
+static void test_need(void **state) {
+  (void)state;
+  struct dspk__limits l = deflim();
+  msgpack_sbuffer sb;
+  build_request(&sb, 300);
+  for (size_t k = 0; k < sb.size; k++) {
+    uint64_t need = dspk__frame_need(sb.data, k, &l);
+    assert_true(need > k);
+    assert_true(need <= sb.size);
+  }
+  assert_int_equal(dspk__frame_need(sb.data, sb.size, &l), sb.size);
+  msgpack_sbuffer_destroy(&sb);
+
+  /* [0, 1, "ping", [{"data": bin}]]: the bin ends the frame. */
+  msgpack_packer pk;
+  size_t binlen = 200000;
+  char *data = calloc(1, binlen);
+  assert_non_null(data);
+  msgpack_sbuffer_init(&sb);
+  msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+  dspk__pack_request_head(&pk, 1, "ping", true);
+  msgpack_pack_map(&pk, 1);
+  dspk__pack_str(&pk, "data");
+  msgpack_pack_bin(&pk, binlen);
+  msgpack_pack_bin_body(&pk, data, binlen);
+  free(data);
+  size_t head = sb.size - binlen;
+  for (size_t k = head; k < sb.size; k += 9999)
+    assert_int_equal(dspk__frame_need(sb.data, k, &l), sb.size);
+  assert_int_equal(dspk__frame_need(sb.data, sb.size - 1, &l), sb.size);
+  /* Before the bin's length has come: its header; before its first byte,
+   * one byte for it. */
+  assert_int_equal(dspk__frame_need(sb.data, head - 4, &l), head);
+  assert_int_equal(dspk__frame_need(sb.data, head - 5, &l), head - 4);
+  assert_int_equal(dspk__frame_need(sb.data, 0, &l), 1);
+  /* A refused frame: its length as given. */
+  unsigned char bad[3] = {0x93, 0xc1, 0x00};
+  assert_int_equal(dspk__frame_need(bad, 3, &l), 3);
+  msgpack_sbuffer_destroy(&sb);
+}
+
 static void test_all_header_forms(void **state) {
   (void)state;
   struct dspk__limits l = deflim();
@@ -795,6 +838,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_complete_frames),
       cmocka_unit_test(test_every_prefix_incomplete),
+      cmocka_unit_test(test_need),
       cmocka_unit_test(test_all_header_forms),
       cmocka_unit_test(test_max_message),
       cmocka_unit_test(test_max_depth),

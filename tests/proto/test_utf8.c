@@ -124,6 +124,54 @@ static void test_echo(void **st) {
   assert_string_equal(dspk__utf8_echo(buf, sizeof buf, "", 0, 64), "");
 }
 
+/* Its lines joined with "; ", blank lines dropped, a leading or trailing
+ * line break too ("gemm\n" was echoed as "gemm; "), the blanks next to a
+ * break with it, other controls as one space, the string's own leading and
+ * trailing blanks kept. */
+static void test_echo_lines(void **st) {
+  static const struct { const char *in, *out; } cases[] = {
+      {"abc\n", "abc"},          {"\nabc", "abc"},       {"a\r", "a"},
+      {"\n\n", ""},              {"a\n\nb", "a; b"},     {"a\r\nb", "a; b"},
+      {"a \n b", "a; b"},        {" \t\n a\n\t", "a"},  {"\n \n", ""},
+      {" a ", " a "},           {"a\tb", "a b"},        {"a\xc2\x85" "b", "a b"},
+      {"\xe2\x80\xa8" "x", " x"}, {"x\xe2\x80\xa9\n", "x"}, {"a\n\xc2\x9b\nb", "a; b"},
+      {"\xc3\xa9\n\xc3\xa9", "\xc3\xa9; \xc3\xa9"}, {"ij, jk -> ik", "ij, jk -> ik"},
+  };
+  char buf[64];
+  (void)st;
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+    assert_string_equal(dspk__utf8_echo(buf, sizeof buf, cases[i].in, strlen(cases[i].in), 32),
+                        cases[i].out);
+  /* A NUL is text: "\0" after a break is a line. */
+  assert_string_equal(dspk__utf8_echo(buf, sizeof buf, "\n\0\n", 3, 32), "\\0");
+  /* The growth fits 2 * max + 1; cut to cap whole ("; " is not split). */
+  assert_string_equal(dspk__utf8_echo(buf, sizeof buf, "a\na\na", 5, 32), "a; a; a");
+  assert_string_equal(dspk__utf8_echo(buf, 5, "a\nb", 3, 32), "a; b");
+  assert_string_equal(dspk__utf8_echo(buf, 4, "a\nb", 3, 32), "a");
+  assert_string_equal(dspk__utf8_echo(buf, 3, "a\nb", 3, 32), "a");
+}
+
+/* One character named for a message, in a form the echo keeps. */
+static void test_char_name(void **st) {
+  char buf[32];
+  (void)st;
+  assert_string_equal(dspk__utf8_char_name(buf, sizeof buf, "\xc2\x85k", 3), "U+0085");
+  assert_string_equal(dspk__utf8_char_name(buf, sizeof buf, "\xe2\x80\xa8", 3), "U+2028");
+  assert_string_equal(dspk__utf8_char_name(buf, sizeof buf, "\xe2\x80\xa9", 3), "U+2029");
+  assert_string_equal(dspk__utf8_char_name(buf, sizeof buf, "\t", 1), "U+0009");
+  assert_string_equal(dspk__utf8_char_name(buf, sizeof buf, "\x7f", 1), "U+007F");
+  assert_string_equal(dspk__utf8_char_name(buf, sizeof buf, "", 1), "U+0000");
+  assert_string_equal(dspk__utf8_char_name(buf, sizeof buf, " ", 1), "U+0020");
+  assert_string_equal(dspk__utf8_char_name(buf, sizeof buf, "+x", 2), "'+'");
+  assert_string_equal(dspk__utf8_char_name(buf, sizeof buf, "\xc2\xa0", 2),
+                      "'\xc2\xa0' (U+00A0)");
+  assert_string_equal(dspk__utf8_char_name(buf, sizeof buf, "\xf0\x9f\x98\x80", 4),
+                      "'\xf0\x9f\x98\x80' (U+1F600)");
+  assert_string_equal(dspk__utf8_char_name(buf, sizeof buf, "\xff", 1), "byte 0xff");
+  assert_string_equal(dspk__utf8_char_name(buf, sizeof buf, "\xc2", 1), "byte 0xc2");
+  assert_string_equal(dspk__utf8_char_name(buf, sizeof buf, "", 0), "end of text");
+}
+
 static void test_copy(void **st) {
   (void)st;
   char buf[8];
@@ -293,6 +341,8 @@ int main(void) {
       cmocka_unit_test(test_cut),
       cmocka_unit_test(test_copy),
       cmocka_unit_test(test_echo),
+      cmocka_unit_test(test_echo_lines),
+      cmocka_unit_test(test_char_name),
       cmocka_unit_test(test_format),
       cmocka_unit_test(test_sanitize),
       cmocka_unit_test(test_pack_str),

@@ -1665,6 +1665,78 @@ static void t_fir_fft(void **state) {
   print_message("fir f32: %d cases ran fused into our fft kernels\n", nfused);
 }
 
+/* fir's FFT path keeps rows apart (the direct sum of a row never involves
+ * another): rows of very different magnitude in one batch, each forced
+ * block size, f32 fused into our fft kernels and not.  Rows: 0 zeros, 1
+ * of order 1e30, 2 of order 1, 3 zeros, 4 of order 1e-20 (and more rows
+ * of order 1 in some cases); a zero row must come out exactly zero, every
+ * other within tol of its own largest output (the double-precision direct
+ * sum).  The shapes give one block per row (rows paired across, were they
+ * packed two rows to a transform), an odd and an even number of blocks;
+ * every block size in single precision, one in double (as t_fir_fft: the
+ * plans cost most of the time on lavapipe). */
+static void t_fir_fft_rows(void **state) {
+  (void)state;
+  static const int64_t cases[][3] = {/* rows, n, k */
+                                     {5, 1000, 900}, {6, 600, 599}, {5, 2000, 300},
+                                     {7, 300, 1000}, {5, 5000, 200}};
+  static const double scale[5] = {0, 1e30, 1, 0, 1e-20};
+  for (int di = 0; di < 4; di++) {
+    dspk_dtype dt = STD[di];
+    int sp = dt == DSPK_F32 || dt == DSPK_C64;
+    if (!sp && !D->has_f64)
+      continue;
+    double tol = sp ? 1e-5 : 1e-12;
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
+      for (int m = sp ? 1 : 2; m <= (sp ? 3 : 2); m++)
+        for (int unfused = 0; unfused < (dt == DSPK_F32 ? 2 : 1); unfused++) {
+          char msg[512];
+          int64_t rows = cases[c][0], n = cases[c][1], k = cases[c][2];
+          int64_t xs[2] = {rows, n}, hs[1] = {k};
+          struct htensor X = h_make(dt, 2, xs, 1), Hh = h_make(dt, 1, hs, 1), got;
+          struct dspk__op op = {.kind = DSPK_OP_FIR, .nin = 2};
+          for (int64_t i = 0; i < X.n; i++)
+            X.v[i] *= i / n < 5 ? scale[i / n] : 1;
+          if (unfused)
+            setenv("DSPK_VK_FIR_SK", "off", 1);
+          assert_int_equal(h_upload(D, &X, 0, &op.in[0]), 0);
+          assert_int_equal(h_upload(D, &Hh, 0, &op.in[1]), 0);
+          dspk__vk_fir_force(m);
+          int r = h_run(D, &op, &got, msg, sizeof msg);
+          dspk__vk_fir_force(-1);
+          unsetenv("DSPK_VK_FIR_SK");
+          if (r)
+            fail_msg("fir rows %s %lldx%lld k=%lld mode %d: %d %s", dspk__dtype_name(dt),
+                     (long long)rows, (long long)n, (long long)k, m, r, msg);
+          assert_string_equal(dspk__vk_fir_last(), dspk__fir_path_names[m]);
+          int fused = dspk__vk_fir_last_fused();
+          assert_true(!unfused || !fused);
+          for (int64_t b = 0; b < rows; b++) {
+            double complex *want = calloc((size_t)n, sizeof *want);
+            double big = 0, err = 0;
+            int64_t nz = 0;
+            for (int64_t i = 0; i < n; i++) {
+              for (int64_t t = 0; t < k && t <= i; t++)
+                want[i] += Hh.v[t] * X.v[b * n + i - t];
+              big = fmax(big, cabs(want[i]));
+              err = fmax(err, cabs(got.v[b * n + i] - want[i]));
+              nz += got.v[b * n + i] != 0;
+            }
+            free(want);
+            if (b < 5 && scale[b] == 0 ? nz != 0 : !(err <= tol * big))
+              fail_msg("fir rows %s %lldx%lld k=%lld %s%s: row %lld (of order %g) has %lld "
+                       "non-zero outputs, error %g of its largest %g",
+                       dspk__dtype_name(dt), (long long)rows, (long long)n, (long long)k,
+                       dspk__fir_path_names[m], fused ? " fused" : "", (long long)b,
+                       b < 5 ? scale[b] : 1.0, (long long)nz, big > 0 ? err / big : err, big);
+          }
+          h_free(&got);
+          h_free(&X);
+          h_free(&Hh);
+        }
+  }
+}
+
 /* fir on x and h (host tensors: rows x n and k values) with the path mode
  * forced (as fir_case), against a direct sum in double in the direct
  * kernel's order (component by component, no C complex multiply): the
@@ -1918,6 +1990,7 @@ int main(void) {
       cmocka_unit_test(t_import_host), cmocka_unit_test(t_host_register),
       cmocka_unit_test(t_map),       cmocka_unit_test(t_reduce),
       cmocka_unit_test(t_fir),       cmocka_unit_test(t_fir_fft),
+      cmocka_unit_test(t_fir_fft_rows),
       cmocka_unit_test(t_fir_fft_nonfinite), cmocka_unit_test(t_fir_tune_nonfinite),
       cmocka_unit_test(t_fir_tune),  cmocka_unit_test(t_gemm),
       cmocka_unit_test(t_contract),  cmocka_unit_test(t_long_loops),
