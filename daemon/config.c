@@ -955,18 +955,22 @@ static int restart_key_differs(const struct key *k, const struct dspkd_config *a
   return memcmp(pa, pb, k->width) != 0;
 }
 
+uint64_t dspkd_fds_need(const struct dspkd_config *cfg) {
+  return (uint64_t)cfg->max_clients * (1 + DSPKD_MAX_FDS) + DSPKD_LINGER_MAX +
+         DSPKD_NOFILE_RESERVE;
+}
+
 void dspkd_config_check_nofile(const struct dspkd_config *cfg, unsigned long long was) {
   struct rlimit rl;
   unsigned long long need;
 
   if (getrlimit(RLIMIT_NOFILE, &rl) != 0)
     return;
-  need = (unsigned long long)cfg->max_clients * (1 + DSPKD_MAX_FDS) + DSPKD_LINGER_MAX +
-         DSPKD_NOFILE_RESERVE;
+  need = (unsigned long long)dspkd_fds_need(cfg);
   if (rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur >= need) {
     dspkd_info("file descriptors: RLIMIT_NOFILE %llu (soft limit was %llu; %llu needed at "
-               "most for max_clients %zu)", (unsigned long long)rl.rlim_cur, was, need,
-               cfg->max_clients);
+               "most for max_clients %zu, the rest for buffer.share memfds not yet read)",
+               (unsigned long long)rl.rlim_cur, was, need, cfg->max_clients);
     return;
   }
   dspkd_warn("file descriptors: RLIMIT_NOFILE %llu (hard limit %llu) is below the %llu that "

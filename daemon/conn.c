@@ -82,14 +82,44 @@ void dspkd_wreq_free(struct wreq *wr) {
   free(wr);
 }
 
+/* An answer with a descriptor leaves c->fd_writes (its write is done). */
+static void fd_unlink(struct conn *c, struct wreq *wr) {
+  if (wr->fd_prev)
+    wr->fd_prev->fd_next = wr->fd_next;
+  else
+    c->fd_writes = wr->fd_next;
+  if (wr->fd_next)
+    wr->fd_next->fd_prev = wr->fd_prev;
+  wr->fd_prev = wr->fd_next = NULL;
+}
+
 static void on_write(uv_write_t *req, int status) {
   struct wreq *wr = (struct wreq *)req;
   struct conn *c = wr->c;
 
-  c->unsent -= wr->len;
-  dspkd_user_answers(c, -(int64_t)wr->len);
+  c->unsent -= wr->cost;
+  dspkd_user_answers(c, -(int64_t)wr->cost);
   if (status >= 0)
     c->d->obs.bytes_out += wr->len;
+  if (wr->fd_pipe) {
+    fd_unlink(c, wr);
+    /* libuv clears send_handle once a sendmsg took the descriptor (with
+     * the answer's first bytes): it counts until the client reads it. */
+    if (req->send_handle == NULL && wr->share_conn == c) {
+      wr->share_conn = NULL;
+      dspkd_shm_fd_written(c);
+    } else if (status < 0 && !c->closing && status != UV_ECANCELED && status != UV_EPIPE &&
+               status != UV_ECONNRESET) {
+      /* Nothing of it was written (the descriptor goes with the first
+       * byte), so the stream is whole: its request is answered an error
+       * instead (ETOOMANYREFS: the daemon's user has too many descriptors
+       * in flight), and the connection goes on. */
+      dspkd_shm_answer_failed(c, wr, status);
+      dspkd_conn_update_read(c);
+      dspkd_conn_unref(c);
+      return;
+    }
+  }
   dspkd_wreq_free(wr);
   if (status < 0 && !c->closing) {
     dspkd_debug("client %llu: write failed: %s", (unsigned long long)c->id,
@@ -127,6 +157,19 @@ static int wreq_bufs(struct wreq *wr, size_t *nbufs) {
   return 0;
 }
 
+/* What wr holds while it is queued (wr->cost), nbufs the buffers libuv
+ * is given: counted, not its bytes alone, so that many small answers are
+ * bounded by max_unsent and max_user_unsent as one large one is (a queued
+ * ping answer of 10 bytes holds about 800). */
+static size_t wreq_cost(const struct wreq *wr, size_t nbufs) {
+  size_t n = DSPKD_WREQ_COST + dspk__wbuf_held(&wr->w);
+  if (nbufs > sizeof wr->req.bufsml / sizeof wr->req.bufsml[0]) /* libuv copies them */
+    n += nbufs * sizeof(uv_buf_t) + DSPK__ALLOC_OVERHEAD;
+  if (wr->fd_pipe)
+    n += sizeof(*wr->fd_pipe) + DSPK__ALLOC_OVERHEAD;
+  return n;
+}
+
 /* Drops the first `done` bytes (already written) from wr's buffers. */
 static void wreq_skip(struct wreq *wr, size_t *nbufs, size_t done) {
   size_t i = 0;
@@ -162,17 +205,31 @@ void dspkd_conn_send(struct conn *c, struct wreq *wr) {
   wr->c = c;
   if (wr->fd >= 0) {
     /* A memfd for the client (buffer.share): libuv sends it with the
-     * frame's first byte, through a handle that owns it from here on. */
+     * frame's first byte, through a handle that owns it from here on.  It
+     * counts until the client reads it (daemon/shm.c); an answer that
+     * cannot carry it is an error answer instead. */
+    if (!wr->share_conn) {
+      dspkd_shm_share_count(c, +1);
+      wr->share_conn = c;
+    }
     if (!(wr->fd_pipe = malloc(sizeof(*wr->fd_pipe)))) {
-      dspkd_wreq_free(wr);
-      dspkd_conn_close(c, "out of memory");
+      dspkd_shm_answer_failed(c, wr, UV_ENOMEM);
       return;
     }
     uv_pipe_init(c->d->loop, wr->fd_pipe, 0);
-    if (uv_pipe_open(wr->fd_pipe, wr->fd) == 0)
+    if ((err = uv_pipe_open(wr->fd_pipe, wr->fd)) == 0) {
       wr->fd = -1;
-    err = uv_write2(&wr->req, (uv_stream_t *)&c->pipe, wr->bufs, (unsigned)n,
-                    (uv_stream_t *)wr->fd_pipe, on_write);
+      err = uv_write2(&wr->req, (uv_stream_t *)&c->pipe, wr->bufs, (unsigned)n,
+                      (uv_stream_t *)wr->fd_pipe, on_write);
+    }
+    if (err != 0) {
+      dspkd_shm_answer_failed(c, wr, err);
+      return;
+    }
+    wr->fd_next = c->fd_writes;
+    if (c->fd_writes)
+      c->fd_writes->fd_prev = wr;
+    c->fd_writes = wr;
     goto queued;
   }
   /* Nothing queued before it: write what the socket takes now.  A small
@@ -202,8 +259,9 @@ queued:
     dspkd_conn_close(c, "write failed");
     return;
   }
-  c->unsent += wr->len;
-  dspkd_user_answers(c, (int64_t)wr->len);
+  wr->cost = wreq_cost(wr, n);
+  c->unsent += wr->cost;
+  dspkd_user_answers(c, (int64_t)wr->cost);
   dspkd_conn_ref(c);
   dspkd_conn_update_read(c);
 }
@@ -368,6 +426,8 @@ void dspkd_conn_unref(struct conn *c) {
   dspkd_chunk_unref(c->rb);
   c->rb = NULL;
   rb_count(c);
+  if (c->share_fds) /* none is left once its jobs and writes are gone */
+    dspkd_shm_share_count(c, -(int)c->share_fds);
   dspkd_user_put(d, c->user);
   dspkd_job_conn_gone(c);
   free(c->bufs);
@@ -399,6 +459,7 @@ void dspkd_conn_close(struct conn *c, const char *why) {
     c->land.j = NULL;
   }
   dspkd_sched_cancel_all(d, c);
+  dspkd_shm_conn_park(c); /* its answers' descriptors the client has not read */
   for (size_t i = 0; i < c->nbufs; i++) {
     dspkd_quota_buf(c, c->bufs[i], -1);
     dspkd_dbuf_unref(d, c->bufs[i]);
@@ -549,8 +610,14 @@ have:
   buf->len = k->cap - k->end;
 }
 
-/* Decodes one validated frame in place and runs its request. */
-static void conn_frame(struct conn *c, struct rchunk *k, const char *p, size_t n) {
+/* Decodes one validated frame in place and runs its request.  end: the
+ * stream position where the frame ends, when it is handled in its turn (0:
+ * a task.cancel taken ahead of held frames, peek_cancels): the descriptors
+ * whose read ended within it came with it or before it and no later frame
+ * can take them, so they are closed before its answer is written, whatever
+ * the answer (those of a buffer.import once it took its own). */
+static void conn_frame(struct conn *c, struct rchunk *k, const char *p, size_t n,
+                       uint64_t end) {
   struct dspkd *d = c->d;
   msgpack_object root;
   struct dspk__msg m;
@@ -577,6 +644,9 @@ static void conn_frame(struct conn *c, struct rchunk *k, const char *p, size_t n
     goto out;
   }
   err = dspk__msg_parse(&root, &m, &msgid, &has_msgid, msg, sizeof msg);
+  if (end && (err < 0 || m.method_len != sizeof "buffer.import" - 1 ||
+              memcmp(m.method, "buffer.import", m.method_len) != 0))
+    dspkd_shm_drop_upto(c, end);
   if (err < 0) {
     /* A message with a msgid can be answered; anything else is not a
      * conversation the daemon can continue. */
@@ -597,6 +667,8 @@ static void conn_frame(struct conn *c, struct rchunk *k, const char *p, size_t n
     c->requests++;
     r.msg[0] = '\0';
     err = dspkd_dispatch(&r, m.method, m.method_len);
+    if (end)
+      dspkd_shm_drop_upto(c, end);
     if (err < 0) {
       char mv[2 * DSPKD_LOG_VALUE_MAX + 3]; /* the client's text, quoted if need be */
       dspkd_debug("client %llu: %s #%u: %s: %s", (unsigned long long)c->id,
@@ -606,6 +678,8 @@ static void conn_frame(struct conn *c, struct rchunk *k, const char *p, size_t n
     }
   }
 out:
+  if (end)
+    dspkd_shm_drop_upto(c, end);
   msgpack_zone_clear(&d->zone);
 }
 
@@ -831,7 +905,7 @@ static void peek_cancels(struct conn *c) {
     for (const struct job *j = c->jobs; target >= 0 && j && !live; j = j->cnext)
       live = j->msgid == (uint32_t)target;
     if (live) {
-      conn_frame(c, k, k->data + off, (size_t)n);
+      conn_frame(c, k, k->data + off, (size_t)n, 0);
       frame_blank(k->data + off, (size_t)n);
     } else if (target >= 0) {
       c->pk_wait++;
@@ -962,7 +1036,7 @@ static void conn_process(struct conn *c) {
     dspkd_shm_drop_stale(c);
     k->start += (size_t)n;
     k->refs++; /* the frame's bytes stay put while the request is decoded */
-    conn_frame(c, k, p, (size_t)n);
+    conn_frame(c, k, p, (size_t)n, c->frame_pos + (uint64_t)n);
     dspkd_chunk_unref(k);
   }
   c->in_process = false;
@@ -1580,6 +1654,7 @@ void dspkd_conn_refuse_buffered(struct conn *c) {
  * own handles and memory. */
 void dspkd_conn_handles_close(struct dspkd *d) {
   dspkd_linger_stop();
+  dspkd_shm_parked_close(d);
   chunk_free(spare_chunk); /* stopping: to pinned_left when registered */
   spare_chunk = NULL;
   while (pinned_left) {

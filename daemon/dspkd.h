@@ -117,16 +117,29 @@ struct wreq {
   uv_write_t req;
   struct conn *c;
   size_t len;
+  size_t cost;         /* what it holds while queued (counted in unsent and
+                          the user's answers: max_unsent, max_user_unsent):
+                          the struct, its frame's allocations and referenced
+                          data, libuv's copy of its buffers, its fd's handle */
   uv_buf_t *bufs;
   int fd;              /* >= 0: sent with the frame's first byte (SCM_RIGHTS),
                           then closed (daemon/shm.c); -1: none */
   uv_pipe_t *fd_pipe;  /* the handle libuv sends fd through */
-  struct conn *share_conn; /* buffer.share's answer: counted in that connection's
-                              share_fds until freed (loop only), or NULL */
+  struct conn *share_conn; /* an answer with fd: counted in that connection's
+                              share_fds until the client reads it (the count
+                              passes to c->fds_written once fd is out, else it
+                              is given back when wr is freed; loop only), or NULL */
+  uint32_t fd_msgid;   /* an answer with fd: the request it answers, and the */
+  uint64_t fd_buf;     /* buffer (its id) whose memfd fd is, dropped with an
+                          error answer when fd cannot be sent (daemon/shm.c) */
+  struct wreq *fd_prev, *fd_next; /* in c->fd_writes while libuv writes it */
   struct dspk__wbuf w;
 };
 /* Returns a new wreq with an initialised wbuf, or NULL. */
 struct wreq *dspkd_wreq_new(void);
+/* What any queued answer costs the daemon at least (its struct): the unit
+ * that the answer quotas count besides the frame's own allocations. */
+#define DSPKD_WREQ_COST (sizeof(struct wreq) + DSPK__ALLOC_OVERHEAD)
 /* Frees the frame (runs the release of each referenced payload).  Accepts NULL. */
 void dspkd_wreq_free(struct wreq *wr);
 
@@ -324,7 +337,7 @@ struct duser {
   uint64_t rbytes;                    /* bytes of their read buffers */
   uint64_t answers;                   /* their unsent + reserved answer bytes */
   size_t nfds;                        /* received descriptors not yet claimed (shm.c) */
-  size_t share_fds;                   /* buffer.share memfds not yet sent (shm.c) */
+  size_t share_fds;                   /* buffer.share memfds not yet read (shm.c) */
   /* Bytes of requests decoded in this turn of the loop (daemon/conn.c). */
   uint64_t turn_bytes, turn_ms, turn_gen;
   uint64_t turn[DSPKD_MAX_DEVICES];   /* device's `turns` when last served (its mu) */
@@ -385,7 +398,11 @@ struct conn {
    * frame being handled starts. */
   struct { int fd; uint64_t pos; } fds[8];
   int nfds;
-  size_t share_fds;         /* buffer.share memfds made, their answers not yet sent */
+  size_t share_fds;         /* buffer.share memfds made, their answers not yet read */
+  size_t fds_written;       /* of those, the ones whose answer (its descriptor) is
+                               out: counted until the client has read every byte
+                               written to it (daemon/shm.c) */
+  struct wreq *fd_writes;   /* answers with a descriptor that libuv writes now */
   uint64_t rx_pos;
   uint64_t frame_pos;
   /* A buffer.write whose data is being received straight into its cpu
@@ -425,9 +442,12 @@ struct dspkd {
   struct conn *conns;
   size_t nconns;
   struct duser *users;      /* daemon/quota.c */
+  size_t share_fds;         /* buffer.share memfds of every user not yet read
+                               (daemon/shm.c, DSPKD_MAX_USER_SHARES) */
   struct djob *jobs;        /* daemon/jobs.c: registered Slurm jobs */
   size_t njobs;
   uint64_t ended_jobs[256]; /* ids of the last jobs ended, so a claim of one fails */
+  uid_t ended_uids[256];    /* the uid each was registered for, (uid_t)-1: none */
   unsigned nended;
   uint64_t next_conn_id;
   uint64_t next_buf_id;
@@ -520,9 +540,12 @@ void dspkd_dbuf_unref(struct dspkd *d, struct dbuf *b);
 #define DSPKD_MAX_FDS 8
 /* Unclaimed received descriptors of all the connections of one uid. */
 #define DSPKD_MAX_USER_FDS 64
-/* buffer.share memfds of one uid's connections whose answers are not yet
- * written (the job queued or running, or the answer waiting for the client
- * to read): more is ELIMIT. */
+/* buffer.share memfds of one uid's connections whose answers the client has
+ * not read (the job queued or running, the answer waiting to be written, or
+ * written and not yet read: a descriptor in flight in the client's receive
+ * queue, which the kernel charges to the daemon's user against its
+ * RLIMIT_NOFILE): more is ELIMIT.  All users' together are bounded by
+ * dspkd_shm_share_max(). */
 #define DSPKD_MAX_USER_SHARES 256
 /* Descriptors kept for the daemon's own files (devices, cache, listener,
  * metrics) in the RLIMIT_NOFILE check at start (daemon/main.c). */
@@ -538,11 +561,42 @@ int dspkd_shm_take_fds(struct conn *c, char *msg, size_t len);
 /* Loop: closes the fds that came with bytes before the frame starting at
  * c->frame_pos (stray: no buffer.import claimed them). */
 void dspkd_shm_drop_stale(struct conn *c);
+/* Loop: closes the fds that came with bytes up to stream position pos
+ * (the end of the frame just handled: no later frame can take them). */
+void dspkd_shm_drop_upto(struct conn *c, uint64_t pos);
 /* Loop: closes every unclaimed fd (the connection closes). */
 void dspkd_shm_conn_closed(struct conn *c);
+/* Loop: a buffer.import refused before its handler ran (its arguments):
+ * closes the descriptor it would have taken, if any. */
+void dspkd_shm_import_refused(struct conn *c);
 /* Loop: counts a buffer.share memfd of c as held (+1) or given up (-1),
- * on c and its user (DSPKD_MAX_USER_SHARES). */
+ * on c, its user (DSPKD_MAX_USER_SHARES) and the daemon. */
 void dspkd_shm_share_count(struct conn *c, int delta);
+/* Loop: the descriptor of an answer of c counted by dspkd_shm_share_count
+ * went out: it stays counted (c->fds_written) until the client has read
+ * what was written to it, or closed its end. */
+void dspkd_shm_fd_written(struct conn *c);
+/* Loop: the answer wr (with its descriptor, counted on c) cannot be sent
+ * (status: the libuv code, a negative errno, of the failed send or setup):
+ * frees wr, drops the buffer whose memfd it carried and answers its request
+ * with an error instead (ELIMIT for ETOOMANYREFS, the daemon's user has too
+ * many descriptors in flight; ENOMEM; else EIO; logged). */
+void dspkd_shm_answer_failed(struct conn *c, struct wreq *wr, int status);
+/* Loop: c closes: descriptors of its answers that are out and not yet read
+ * stay counted, on a duplicate of its socket kept until the client has read
+ * them or closed its end ("parked"). */
+void dspkd_shm_conn_park(struct conn *c);
+/* The stop: closes every parked socket. */
+void dspkd_shm_parked_close(struct dspkd *d);
+/* Descriptors the daemon may need besides buffer.share's: max_clients
+ * connections with their pending buffer.import descriptors, the lingering
+ * ones and a reserve for its own files (daemon/config.c: checked at start
+ * and at a reload that changes max_clients). */
+uint64_t dspkd_fds_need(const struct dspkd_config *cfg);
+/* How many buffer.share memfds all users together may have not yet read:
+ * what RLIMIT_NOFILE leaves beyond dspkd_fds_need, at least
+ * DSPKD_MAX_USER_SHARES. */
+uint64_t dspkd_shm_share_max(const struct dspkd *d);
 /* Logs (info) whether shared buffers can get 2 MiB pages on this host. */
 void dspkd_shm_report_pages(void);
 int dspkd_m_buffer_import(struct req *r);
@@ -577,8 +631,12 @@ void dspkd_device_none_why(struct dspkd *d, struct conn *c, const struct dspk__o
 /* Finds or makes the user's counters and counts one more connection of it;
  * NULL when out of memory. */
 struct duser *dspkd_user_get(struct dspkd *d, uid_t uid);
-/* Counts one connection of the user less (frees it after the last). */
+/* Counts one connection of the user less (frees it after the last, unless
+ * parked descriptors still count on it: dspkd_user_gc). */
 void dspkd_user_put(struct dspkd *d, struct duser *u);
+/* Frees the user's counters when neither a connection nor a buffer.share
+ * memfd not yet read (parked, daemon/shm.c) counts on them. */
+void dspkd_user_gc(struct dspkd *d, struct duser *u);
 /* Charges a buffer of the connection's table to it and its user (sign 1),
  * or gives it back (-1). */
 void dspkd_quota_buf(struct conn *c, struct dbuf *b, int sign);

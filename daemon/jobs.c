@@ -11,13 +11,21 @@
  *   2. the job the client claimed in hello (libdspkclient and the Python
  *      client send SLURM_JOB_ID);
  *   3. without either: the uid's only registered job on this node.
- * A job named by 1 or 2 must be registered for the peer's uid; one that
- * ended on this node, or belongs to another uid, is EPERM, and so is a job
- * that is not registered while the uid has registered jobs here (a process
- * cannot step out of its allocation by naming a job that does not exist).
- * A uid with several jobs here and no claim is EPERM until it names one.  A
- * uid without registered jobs has no job: every device (as on a host
- * without Slurm), unless job_required is set (then the cpu only).
+ * A job named by 1 or 2 must be registered for the peer's uid; one of its
+ * own that ended on this node is EPERM, and so is a job that is not its own
+ * (registered for another uid, ended, or never registered) while the uid
+ * has registered jobs here (a process cannot step out of its allocation by
+ * naming a job that does not exist or is another's).  A uid with several
+ * jobs here and no claim is EPERM until it names one.  A uid without
+ * registered jobs has no job: every device (as on a host without Slurm),
+ * unless job_required is set (then the cpu only), whatever job it names.
+ *
+ * Another user's jobs are not shown to a non-admin (status, metrics), so
+ * neither is the answer to a claim: naming another user's job (registered or
+ * ended) is answered exactly as naming a job not registered here, the same
+ * outcome and the same message, so that a loop over job ids lists nothing.
+ * An admin, who sees every job anyway, is told that the job is another
+ * user's or has ended (EPERM).
  *
  * A connection of a job sees and uses the cpu devices and the devices whose
  * UUID is in the job's allocation; the same GPU through two backends has one
@@ -33,6 +41,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "daemon/admin.h"
 #include "daemon/dspkd.h"
 #include "daemon/log.h"
 
@@ -58,11 +67,16 @@ static struct djob *job_find(struct dspkd *d, uint64_t id) {
   return NULL;
 }
 
-static bool job_was_ended(const struct dspkd *d, uint64_t id) {
+/* Whether job id ended on this node (job.end); *uid: the uid it was
+ * registered for ((uid_t)-1: it was not registered). */
+static bool job_was_ended(const struct dspkd *d, uint64_t id, uid_t *uid) {
   unsigned n = d->nended < 256 ? d->nended : 256;
   for (unsigned i = 0; i < n; i++)
-    if (d->ended_jobs[i] == id)
+    if (d->ended_jobs[i] == id) {
+      if (uid)
+        *uid = d->ended_uids[i];
       return true;
+    }
   return false;
 }
 
@@ -147,22 +161,28 @@ int dspkd_job_decide(struct conn *c, struct djob **out, char *msg, size_t len) {
   }
   if (claim) {
     struct djob *j = job_find(d, claim);
+    uid_t ended_uid;
+    bool ended = job_was_ended(d, claim, &ended_uid), admin;
     if (j && j->uid == c->uid) {
       *out = j;
       return 0;
     }
-    if (j) {
+    /* Only an admin learns about another user's job. */
+    admin = (j || (ended && ended_uid != c->uid)) && dspkd_admin_is(c);
+    if (j && admin) {
       snprintf(msg, len, "Slurm job %" PRIu64 " (%s) runs as another user on this node", claim,
                how);
       return DSPK_EPERM;
     }
-    if (job_was_ended(d, claim)) {
+    if (ended && (admin || (c->uid != (uid_t)-1 && ended_uid == c->uid))) {
       snprintf(msg, len, "Slurm job %" PRIu64 " (%s) has ended on this node", claim, how);
       return DSPK_EPERM;
     }
+    /* Not registered here, or (to a non-admin, who is told no more)
+     * another user's. */
     if (mine) {
-      snprintf(msg, len, "Slurm job %" PRIu64 " (%s) is not registered on this node; uid %ld "
-               "has %zu job(s) here", claim, how, (long)c->uid, mine);
+      snprintf(msg, len, "Slurm job %" PRIu64 " (%s) is not registered on this node for uid "
+               "%ld, which has %zu job(s) here", claim, how, (long)c->uid, mine);
       return DSPK_EPERM;
     }
     return 0; /* no job of this uid here: as without Slurm */
@@ -315,8 +335,10 @@ int dspkd_m_job_end(struct req *r) {
   if (j && r->c->job == j)
     return fail(r, DSPK_EINVAL, "this connection belongs to Slurm job %" PRIu64
                 " and cannot end it", id);
-  if (!job_was_ended(d, id))
+  if (!job_was_ended(d, id, NULL)) {
+    d->ended_uids[d->nended % 256] = j ? j->uid : (uid_t)-1;
     d->ended_jobs[d->nended++ % 256] = id;
+  }
   if (!j) {
     /* Not registered: nothing to end, and no counts. */
     struct dspk__pval v[5] = {[DSPK__R_JEND_JOB] = dspk__pv_uint(id),

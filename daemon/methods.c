@@ -1103,6 +1103,10 @@ int dspkd_dispatch(struct req *r, const char *method, size_t len) {
     return err;
   if ((err = dspk__params_decode(m->params, m->nparams, r->args, NULL, r->v, r->msg,
                                  sizeof r->msg)) < 0) {
+    /* The descriptor a buffer.import takes is closed at once whatever the
+     * answer, this one too (no later buffer.import takes it instead). */
+    if (m == &dspk__methods[DSPK__M_BUFFER_IMPORT])
+      dspkd_shm_import_refused(r->c);
     if (m == &dspk__methods[DSPK__M_TASK_RUN]) { /* a failed task too */
       char op[16] = "", dev[DSPK__DEVICE_NAME_MAX + 1] = "any";
       dspk__obj_strcpy(dspk__map_get(r->args, "op"), op, sizeof op);

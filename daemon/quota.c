@@ -42,7 +42,14 @@ struct duser *dspkd_user_get(struct dspkd *d, uid_t uid) {
 }
 
 void dspkd_user_put(struct dspkd *d, struct duser *u) {
-  if (!u || --u->nconns > 0)
+  if (!u)
+    return;
+  u->nconns--;
+  dspkd_user_gc(d, u);
+}
+
+void dspkd_user_gc(struct dspkd *d, struct duser *u) {
+  if (u->nconns > 0 || u->share_fds > 0)
     return;
   for (struct duser **p = &d->users; *p; p = &(*p)->next) {
     if (*p == u) {
@@ -89,8 +96,10 @@ static uint64_t job_mem(const struct job *j) {
 }
 
 /* Bytes the job's answer may take: its inline data and some for the rest
- * of the frame (a tensor's meta data, time_us, the envelope). */
-#define ANSWER_OVERHEAD 64
+ * of the frame (a tensor's meta data, time_us, the envelope), and what
+ * holding it costs the daemon (its struct: daemon/conn.c counts a queued
+ * answer so). */
+#define ANSWER_OVERHEAD (64 + DSPKD_WREQ_COST)
 #define TENSOR_OVERHEAD 128
 static size_t job_answer(const struct job *j) {
   size_t n = ANSWER_OVERHEAD;

@@ -35,7 +35,8 @@
  * (docs/admin.md, "File descriptors"), so that no user can use up the
  * daemon's RLIMIT_NOFILE: at most DSPKD_MAX_FDS unclaimed on a connection
  * and DSPKD_MAX_USER_FDS on all of one uid's, and DSPKD_MAX_USER_SHARES
- * buffer.share memfds of one uid whose answers are not yet written.  A
+ * buffer.share memfds of one uid whose answers it has not read (all users'
+ * together: dspkd_shm_share_max).  A
  * descriptor the daemon had no descriptor left to receive (the kernel drops
  * it in recvmsg) or to keep (F_DUPFD fails) is answered ELIMIT saying so,
  * never EINVAL: the client did send it.
@@ -46,7 +47,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/sockios.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/vfs.h>
 #include <unistd.h>
@@ -156,14 +161,24 @@ static void fds_shift(struct conn *c) {
     c->user->nfds--;
 }
 
-void dspkd_shm_drop_stale(struct conn *c) {
-  while (c->nfds > 0 && c->fds[0].pos <= c->frame_pos) {
+void dspkd_shm_drop_stale(struct conn *c) { dspkd_shm_drop_upto(c, c->frame_pos); }
+
+void dspkd_shm_drop_upto(struct conn *c, uint64_t pos) {
+  while (c->nfds > 0 && c->fds[0].pos <= pos) {
     dspkd_debug("client %llu: closing a file descriptor no buffer.import claimed",
                 (unsigned long long)c->id);
     if (c->fds[0].fd >= 0)
       close(c->fds[0].fd);
     fds_shift(c);
   }
+}
+
+void dspkd_shm_import_refused(struct conn *c) {
+  if (c->nfds == 0)
+    return;
+  if (c->fds[0].fd >= 0)
+    close(c->fds[0].fd);
+  fds_shift(c);
 }
 
 void dspkd_shm_conn_closed(struct conn *c) {
@@ -174,10 +189,219 @@ void dspkd_shm_conn_closed(struct conn *c) {
   }
 }
 
+/* ---- buffer.share's descriptors until the client reads them ------------
+
+ * The memfd of a buffer.share answer counts from the request until the
+ * client has read the answer: a descriptor written to the socket is in
+ * flight in the client's receive queue, which the kernel charges to the
+ * daemon's user; once that user has RLIMIT_NOFILE descriptors in flight
+ * every sendmsg with one fails (ETOOMANYREFS), whoever it is for.  The
+ * daemon cannot see a client read, but it sees that a socket's send queue is
+ * empty (SIOCOUTQ 0: every byte written to it was read, each answer's
+ * descriptor with it, or the client closed its end, which drops them): a
+ * connection's written descriptors (c->fds_written) stop counting then.
+ * They are looked at when a count is at its bound (settle).  A connection
+ * the daemon closes first (an end of stream, a protocol error) leaves its
+ * unread descriptors in the client's socket: a duplicate of its socket is
+ * kept ("parked", its sending side shut) and they count on its user until
+ * the client has read them or closed its end (looked at by settle, and at
+ * the parked socket's hangup).  A parked socket is one of the daemon's
+ * descriptors: there are at most as many as memfds counted, which
+ * dspkd_shm_share_max bounds within RLIMIT_NOFILE. */
+
+struct parked {
+  uv_poll_t poll;
+  int fd;                    /* the duplicate, closed after the poll handle */
+  struct dspkd *d;
+  struct duser *user;
+  size_t n;                  /* descriptors it holds counted */
+  bool closing;
+  struct parked *prev, *next;
+};
+static struct parked *parked;
+
+static void count_user(struct dspkd *d, struct duser *u, ssize_t delta) {
+  d->share_fds += (size_t)delta;
+  if (u)
+    u->share_fds += (size_t)delta;
+}
+
 void dspkd_shm_share_count(struct conn *c, int delta) {
   c->share_fds += (size_t)(ssize_t)delta;
-  if (c->user)
-    c->user->share_fds += (size_t)(ssize_t)delta;
+  count_user(c->d, c->user, delta);
+}
+
+void dspkd_shm_fd_written(struct conn *c) { c->fds_written++; }
+
+/* Whether every byte written to socket fd was read by its peer, or its
+ * peer closed its end (which drops what it did not read, the descriptors
+ * with it). */
+static bool all_read(int fd) {
+  int n = -1;
+  return ioctl(fd, SIOCOUTQ, &n) == 0 && n == 0;
+}
+
+static void conn_settle(struct conn *c) {
+  uv_os_fd_t fd;
+  if (c->fds_written && uv_fileno((uv_handle_t *)&c->pipe, &fd) == 0 && all_read(fd)) {
+    c->share_fds -= c->fds_written;
+    count_user(c->d, c->user, -(ssize_t)c->fds_written);
+    c->fds_written = 0;
+  }
+}
+
+static void on_parked_closed(uv_handle_t *h) {
+  struct parked *p = h->data;
+  struct duser *u = p->user;
+  struct dspkd *d = p->d;
+  close(p->fd); /* a uv_poll_t leaves its descriptor open */
+  count_user(d, u, -(ssize_t)p->n);
+  free(p);
+  dspkd_user_gc(d, u);
+}
+
+static void parked_end(struct parked *p) {
+  if (p->closing)
+    return;
+  p->closing = true;
+  if (p->prev)
+    p->prev->next = p->next;
+  else
+    parked = p->next;
+  if (p->next)
+    p->next->prev = p->prev;
+  uv_close((uv_handle_t *)&p->poll, on_parked_closed);
+}
+
+/* Both sides of the parked socket are shut: the client closed its end (its
+ * unread answers gone with it), or only shut its sending side (then the
+ * hangup stays: no more polling, settle looks at it when it counts). */
+static void on_parked_hup(uv_poll_t *h, int status, int events) {
+  struct parked *p = h->data;
+  (void)status;
+  (void)events;
+  if (all_read(p->fd))
+    parked_end(p);
+  else
+    uv_poll_stop(&p->poll);
+}
+
+/* Looks again at the descriptors written and not yet read of user u's
+ * connections (every user's: u NULL), and ends the parked sockets whose
+ * client has read them or is gone. */
+static void settle(struct dspkd *d, struct duser *u) {
+  for (struct conn *c = d->conns; c; c = c->next)
+    if ((!u || c->user == u) && !c->closing)
+      conn_settle(c);
+  for (struct parked *p = parked, *next; p; p = next) {
+    next = p->next;
+    if ((!u || p->user == u) && all_read(p->fd))
+      parked_end(p);
+  }
+}
+
+void dspkd_shm_conn_park(struct conn *c) {
+  struct dspkd *d = c->d;
+  struct parked *p;
+  uv_os_fd_t fd;
+  int dfd = -1;
+
+  /* Answers libuv is still writing whose descriptor went out with their
+   * first bytes (libuv clears send_handle then): out, though the rest of
+   * the answer is never written now.  The others are never sent. */
+  for (struct wreq *wr = c->fd_writes; wr; wr = wr->fd_next)
+    if (wr->req.send_handle == NULL && wr->share_conn == c) {
+      wr->share_conn = NULL;
+      c->fds_written++;
+    }
+  conn_settle(c);
+  if (!c->fds_written)
+    return;
+  if (!d->stopping && uv_fileno((uv_handle_t *)&c->pipe, &fd) == 0 &&
+      (p = calloc(1, sizeof(*p))) != NULL) {
+    if ((dfd = fcntl(fd, F_DUPFD_CLOEXEC, 0)) >= 0 &&
+        uv_poll_init(d->loop, &p->poll, dfd) == 0) {
+      /* The client reads what is queued to it, then its end of stream. */
+      (void)shutdown(dfd, SHUT_WR);
+      p->poll.data = p;
+      p->fd = dfd;
+      p->d = d;
+      p->user = c->user;
+      p->n = c->fds_written;
+      c->share_fds -= c->fds_written; /* the user's and the daemon's stay */
+      c->fds_written = 0;
+      p->next = parked;
+      if (parked)
+        parked->prev = p;
+      parked = p;
+      if (uv_poll_start(&p->poll, UV_DISCONNECT, on_parked_hup) != 0)
+        parked_end(p);
+      dspkd_debug("client %llu: closed with %zu buffer.share descriptors not yet read: "
+                  "they count for its user until read", (unsigned long long)c->id, p->n);
+      return;
+    }
+    if (dfd >= 0)
+      close(dfd);
+    free(p);
+  }
+  /* Stopping, or no memory or descriptor to keep it: no longer counted. */
+  c->share_fds -= c->fds_written;
+  count_user(d, c->user, -(ssize_t)c->fds_written);
+  c->fds_written = 0;
+}
+
+void dspkd_shm_parked_close(struct dspkd *d) {
+  (void)d;
+  while (parked)
+    parked_end(parked);
+}
+
+uint64_t dspkd_shm_share_max(const struct dspkd *d) {
+  struct rlimit rl;
+  uint64_t need = dspkd_fds_need(&d->cfg);
+  if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY)
+    return UINT64_MAX;
+  if ((uint64_t)rl.rlim_cur < need + DSPKD_MAX_USER_SHARES)
+    return DSPKD_MAX_USER_SHARES;
+  return (uint64_t)rl.rlim_cur - need;
+}
+
+void dspkd_shm_answer_failed(struct conn *c, struct wreq *wr, int status) {
+  static uint64_t last_ms, unlogged;
+  uint64_t now = dspkd_now_ms();
+  uint32_t msgid = wr->fd_msgid;
+  struct dbuf *b;
+  char msg[256];
+  int code = DSPK_ELIMIT;
+
+  if (status == -ETOOMANYREFS) {
+    snprintf(msg, sizeof msg, "buffer.share: the daemon cannot pass the memfd now: its "
+             "user has as many descriptors in flight to clients that have not read them "
+             "as its RLIMIT_NOFILE allows (ETOOMANYREFS): try again later");
+  } else if (status == UV_ENOMEM) {
+    code = DSPK_ENOMEM;
+    snprintf(msg, sizeof msg, "buffer.share: out of memory to send the memfd");
+  } else {
+    code = DSPK_EIO;
+    snprintf(msg, sizeof msg, "buffer.share: the memfd cannot be sent: %s", strerror(-status));
+  }
+  /* The memfd goes with wr; the buffer, which the client cannot know of
+   * without the answer, goes too. */
+  if (wr->fd_buf && (b = dspkd_conn_buf_remove(c, wr->fd_buf)) != NULL)
+    dspkd_dbuf_unref(c->d, b);
+  dspkd_wreq_free(wr);
+  if (last_ms && now - last_ms < 60000) {
+    unlogged++;
+    dspkd_debug("client %llu: #%u: %s", (unsigned long long)c->id, msgid, msg);
+  } else {
+    dspkd_warn("client %llu (pid %ld): buffer.share #%u answered %s: %s (%llu more since "
+               "the last such line; logged at most once a minute; docs/admin.md, \"File "
+               "descriptors\")", (unsigned long long)c->id, (long)c->pid, msgid,
+               dspk__err_name(code), msg, (unsigned long long)unlogged);
+    last_ms = now;
+    unlogged = 0;
+  }
+  dspkd_conn_send_error(c, msgid, code, msg);
 }
 
 /* ---- the methods ------------------------------------------------------ */
@@ -319,16 +543,25 @@ out:
 
 int dspkd_m_buffer_share(struct req *r) {
   struct device *dev;
-  uint64_t size;
+  uint64_t size, max;
   void *host;
   int fd, err;
 
   if ((err = shm_args(r, "buffer.share", &dev, &size)))
     return err;
   if (r->c->user && r->c->user->share_fds >= DSPKD_MAX_USER_SHARES)
+    settle(r->c->d, r->c->user);
+  if (r->c->user && r->c->user->share_fds >= DSPKD_MAX_USER_SHARES)
     return fail(r, DSPK_ELIMIT, "buffer.share: this user has %d shared memfds whose "
-                "answers are not yet written (at most %d: read the answers first)",
+                "answers it has not read (at most %d: read the answers first)",
                 DSPKD_MAX_USER_SHARES, DSPKD_MAX_USER_SHARES);
+  if ((uint64_t)r->c->d->share_fds >= (max = dspkd_shm_share_max(r->c->d)))
+    settle(r->c->d, NULL);
+  if ((uint64_t)r->c->d->share_fds >= max)
+    return fail(r, DSPK_ELIMIT, "buffer.share: the users of this daemon together have "
+                "%zu shared memfds whose answers they have not read (at most %" PRIu64
+                ", what the daemon's RLIMIT_NOFILE leaves): try again later",
+                r->c->d->share_fds, max);
   fd = memfd_create("dspk-buffer", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0)
     return fail(r, errno == EMFILE || errno == ENFILE ? DSPK_ELIMIT : DSPK_ENOMEM,

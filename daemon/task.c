@@ -236,6 +236,8 @@ static void exec_create(struct device *dev, struct job *j) {
   dspk__result_encode(&wr->w, &dspk__methods[DSPK__M_BUFFER_CREATE], v);
   if (j->buf->host && j->buf->share_fd >= 0) { /* buffer.share: goes with the answer */
     wr->fd = j->buf->share_fd;
+    wr->fd_msgid = j->msgid;
+    wr->fd_buf = j->buf->id;
     j->buf->share_fd = -1;
   }
 }

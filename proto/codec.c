@@ -372,7 +372,8 @@ static int wbuf_reserve(struct dspk__wbuf *w) {
   if (w->nsegs == w->cap) {
     size_t cap = w->cap ? 2 * w->cap : 8;
     struct dspk__wbuf_seg *s;
-    if (w->segs == w->inl_segs) {
+    bool heap = w->segs != w->inl_segs;
+    if (!heap) {
       s = malloc(cap * sizeof(*s));
       if (s)
         memcpy(s, w->segs, w->nsegs * sizeof(*s));
@@ -381,6 +382,7 @@ static int wbuf_reserve(struct dspk__wbuf *w) {
     }
     if (!s)
       return DSPK_ENOMEM;
+    w->heap += (cap - (heap ? w->cap : 0)) * sizeof(*s) + (heap ? 0 : DSPK__ALLOC_OVERHEAD);
     w->segs = s;
     w->cap = cap;
   }
@@ -444,6 +446,7 @@ static int wbuf_grow(struct dspk__wbuf *w, size_t len) {
     p = realloc(w->cur.data, cap);
     if (!p)
       return DSPK_ENOMEM;
+    w->heap += cap - w->cur.alloc;
   } else {
     p = malloc(cap);
     if (!p)
@@ -452,6 +455,7 @@ static int wbuf_grow(struct dspk__wbuf *w, size_t len) {
       memcpy(p, w->cur.data, w->cur.size); /* those inline bytes are left */
     w->inl_used = sizeof w->inl;            /* unused */
     w->cur_heap = true;
+    w->heap += cap + DSPK__ALLOC_OVERHEAD;
   }
   w->cur.data = p;
   w->cur.alloc = cap;
@@ -493,6 +497,7 @@ static int wbuf_write(void *data, const char *buf, size_t len) {
 
 void dspk__wbuf_init(struct dspk__wbuf *w) {
   /* The inline arrays are left as they are: only the header is set. */
+  w->heap = 0;
   w->segs = w->inl_segs;
   w->nsegs = 0;
   w->cap = DSPK__WBUF_INLINE_SEGS;
@@ -562,6 +567,18 @@ size_t dspk__wbuf_len(const struct dspk__wbuf *w) {
    * as too large, never wrap round to a small frame. */
   for (size_t i = 0; i < w->nsegs; i++)
     n = w->segs[i].len > SIZE_MAX - n ? SIZE_MAX : n + w->segs[i].len;
+  return n;
+}
+
+size_t dspk__wbuf_held(const struct dspk__wbuf *w) {
+  size_t n = w->heap;
+  if (w->iov && w->iov != w->inl_iov)
+    n += (w->nsegs ? w->nsegs : 1) * sizeof(*w->iov) + DSPK__ALLOC_OVERHEAD;
+  /* Referenced data (a bin by reference); the owned chunks' bytes are in
+   * heap already. */
+  for (size_t i = 0; i < w->nsegs; i++)
+    if (w->segs[i].release && w->segs[i].release != free_chunk)
+      n += w->segs[i].len;
   return n;
 }
 

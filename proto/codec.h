@@ -109,6 +109,8 @@ struct dspk__wbuf {
   struct iovec *iov;       /* built by dspk__wbuf_iov, owned by w */
   bool cur_heap;           /* cur.data is a malloc'd chunk */
   size_t inl_used;         /* bytes of inl already cut into segments */
+  size_t heap;             /* bytes of its chunks and segment array as
+                              allocated (dspk__wbuf_held) */
   struct dspk__wbuf_seg inl_segs[DSPK__WBUF_INLINE_SEGS];
   struct iovec inl_iov[DSPK__WBUF_INLINE_SEGS];
   char inl[DSPK__WBUF_INLINE];
@@ -122,6 +124,15 @@ void dspk__wbuf_bin_ref(struct dspk__wbuf *w, const void *data, size_t n,
 int dspk__wbuf_iov(struct dspk__wbuf *w, struct iovec **iov, size_t *n);
 /* Total bytes of the frame. */
 size_t dspk__wbuf_len(const struct dspk__wbuf *w);
+/* Bytes the frame holds beyond the struct itself: its chunks, segment and
+ * iovec arrays at their allocated size (plus DSPK__ALLOC_OVERHEAD each),
+ * and the bytes of the data it references (dspk__wbuf_bin_ref), which stay
+ * alive for it.  What a queue of frames costs is the sum of these and of
+ * the structs. */
+size_t dspk__wbuf_held(const struct dspk__wbuf *w);
+/* What the C library's allocator takes per allocation beyond its size (its
+ * header and alignment), as the accounting above counts it. */
+#define DSPK__ALLOC_OVERHEAD 16
 /* Frees owned chunks and calls the release of each ref.  Accepts a zeroed w. */
 void dspk__wbuf_free(struct dspk__wbuf *w);
 

@@ -3555,18 +3555,28 @@ def t_fdlimits(exe, tmp):
           "a warning says which limit to raise")
     os.chmod(tmp, 0o711)  # as in t_privacy: other uids reach the socket
 
+    def hold(c, fds):
+        """Sends fds with a ping and the first byte of a next frame: they stay
+        unclaimed while that frame is incomplete (a descriptor that came with
+        a whole request is closed once it is handled).  The ping's msgid."""
+        c.msgid += 1
+        frame = msgpack.packb([0, c.msgid, "ping", []], use_bin_type=True) + b"\x94"
+        n = socket.send_fds(c.sock, [frame], fds)
+        check(n == len(frame), "one sendmsg")
+        return c.msgid
+
     def hog(w, r):
-        """uid 65534: 8 connections each holding 8 unclaimed descriptors (sent
-        with a ping, they stay until the connection's next frame), then a
-        ninth connection's one descriptor passes the user's 64."""
+        """uid 65534: 8 connections each holding 8 unclaimed descriptors
+        (hold: the ping's answer says they were taken in), then a ninth
+        connection's one descriptor passes the user's 64."""
         cs = []
         fds = [sealed_memfd() for _ in range(8)]
         for i in range(8):
             c = Client(d.sock)
-            c.wait(send_with_fds(c, "ping", None, fds))
+            c.wait(hold(c, fds))
             cs.append(c)
         c = Client(d.sock)
-        m = send_with_fds(c, "ping", None, fds[:1])
+        m = hold(c, fds[:1])
         notes = c.expect_closed()
         out = {"answered": m in c.responses,
                "notes": [[n[1], n[2][0]["name"], n[2][0]["message"]] for n in notes]}
@@ -3684,6 +3694,419 @@ def t_fdlimits(exe, tmp):
     d.stop()
 
 
+
+
+def t_importclose(exe, tmp):
+    """buffer.import (docs/protocol.md): the daemon closes its copy of the
+    descriptor at once, whatever the answer, a refusal of the arguments'
+    types included; a descriptor sent with any other request is closed once
+    that request is handled, not when the next frame comes."""
+    import fcntl
+    d = Daemon(exe, tmp)
+    c = d.client()
+
+    def held(name):
+        """Whether the daemon holds the memfd called name (its /proc/PID/fd)."""
+        fds = "/proc/%d/fd" % d.proc.pid
+        for f in os.listdir(fds):
+            try:
+                if os.readlink(os.path.join(fds, f)).startswith("/memfd:" + name + " "):
+                    return True
+            except FileNotFoundError:
+                pass
+        return False
+
+    def memfd(name):
+        fd = os.memfd_create(name, os.MFD_ALLOW_SEALING)
+        os.ftruncate(fd, 4096)
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK)
+        return fd
+
+    cases = [("import-type", "buffer.import", {"size": "x"}, "EINVAL"),
+             ("import-nosize", "buffer.import", {}, "EINVAL"),
+             ("import-negative", "buffer.import", {"size": -1}, "EINVAL"),
+             ("import-devtype", "buffer.import", {"size": 4096, "device": 7}, "EINVAL"),
+             ("import-devlong", "buffer.import", {"size": 4096, "device": "x" * 60}, "ELIMIT"),
+             ("import-zero", "buffer.import", {"size": 0}, "EINVAL"),
+             ("import-nodev", "buffer.import", {"size": 4096, "device": "nope:0"}, "ENODEV"),
+             ("ping", "ping", None, None),
+             ("unknown", "no.such.method", None, "ENOMETHOD")]
+    for name, method, args, want in cases:
+        fd = memfd("dspkd-test-" + name)
+        m = send_with_fds(c, method, args, [fd])
+        os.close(fd)
+        got = c.outcome(m)
+        check(got == (want or "ok"), "%s: %s, want %s" % (name, got, want))
+        # The answer is written after the request was handled: nothing else
+        # was sent, so the descriptor is closed by now or never.
+        check(not held("dspkd-test-" + name),
+              "%s: the daemon closed its copy of the memfd once answered" % name)
+    # A buffer.import refused on its arguments takes its descriptor all the
+    # same: the next buffer.import, in the same sendmsg, finds none.
+    fd = memfd("dspkd-test-two")
+    frames = b"".join(msgpack.packb([0, c.msgid + 1 + i, "buffer.import", [a]],
+                                    use_bin_type=True)
+                      for i, a in enumerate([{"size": "x"}, {"size": 4096}]))
+    n = socket.send_fds(c.sock, [frames], [fd])
+    if n < len(frames):
+        c.sock.sendall(frames[n:])
+    os.close(fd)
+    first, second = c.msgid + 1, c.msgid + 2
+    c.msgid += 2
+    check(c.outcome(first) == "EINVAL", "the first import: EINVAL")
+    try:
+        c.wait(second)
+        raise AssertionError("the second import took the first one's descriptor")
+    except RpcError as err:
+        check(err.name == "EINVAL" and "no file descriptor came" in err.err["message"],
+              "the second import finds no descriptor: %s" % err)
+    check(not held("dspkd-test-two"), "that memfd is closed")
+    c.close()
+    d.stop()
+
+
+
+def t_jobclaim(exe, tmp):
+    """Slurm job claims (docs/cluster.md) tell a user who is not an admin
+    nothing of other users' jobs: naming another user's job, registered or
+    ended, is answered as naming a job not registered here (the same outcome
+    and message, and the same devices), by a uid without jobs here (its
+    claim is ignored) and by one with jobs (EPERM); its own ended job is
+    EPERM saying so; an admin is told the job is another user's."""
+    if os.geteuid() != 0:
+        raise Skip("needs root to act as other users")
+    d = Daemon(exe, tmp)
+    os.chmod(tmp, 0o711)  # as in t_privacy: other uids reach the socket
+    root = d.client()
+    other, none, some = 65533, 65534, 65532
+    for job, uid in ((4242, other), (4243, other), (4300, some), (4301, some)):
+        root.call("job.register", {"job": job, "uid": uid, "devices": []})
+    for job in (4243, 4301, 9999):  # 9999: ended, never registered
+        root.call("job.end", {"job": job})
+
+    def claims(jobs):
+        """Per job: [outcome of buffer.create, its message with the job's id
+        blanked, devices' ids, status's devices' ids], on a fresh connection
+        that claims it."""
+        out = []
+        for job in jobs:
+            c = Client(d.sock)
+            c.call("hello", {"version": 1, "job": job})
+            st = sorted(x["id"] for x in c.call("status")["devices"])
+            try:
+                c.call("buffer.create", {"size": 64})
+                got = ["ok", None]
+            except RpcError as e:
+                got = [e.name, e.err.get("message").replace(str(job), "N")]
+            try:
+                devs = sorted(x["id"] for x in c.call("devices")["devices"])
+            except RpcError as e:
+                devs = e.name
+            out.append(got + [devs, st])
+            c.close()
+        return out
+
+    # A uid without jobs here: its claim is ignored, whoever's the job is.
+    got = dspk_daemon.run_as(none, 0, lambda: claims([4241, 4242, 4243, 9999]))
+    check(got[0][0] == "ok" and all(x == got[0] for x in got),
+          "claims of a uid without jobs: all as of job 4241 (not registered): %r" % (got,))
+    # A uid with jobs here: EPERM, the same whoever's the job is.
+    got = dspk_daemon.run_as(some, 0, lambda: claims([4241, 4242, 4243, 9999, 4301, 4300]))
+    check(got[0][0] == "EPERM" and "not registered on this node" in got[0][1] and
+          all(x == got[0] for x in got[:4]),
+          "claims of a uid with jobs: all as of job 4241 (not registered): %r" % (got,))
+    check(got[4][0] == "EPERM" and "has ended" in got[4][1], "its own ended job: %r" % (got[4],))
+    check(got[5][0] == "ok", "its own job: %r" % (got[5],))
+    # An admin is told.
+    got = claims([4242, 4243])
+    check(got[0][0] == "EPERM" and "another user" in got[0][1], "an admin: %r" % (got[0],))
+    check(got[1][0] == "EPERM" and "has ended" in got[1][1], "an admin: %r" % (got[1],))
+    root.close()
+    d.stop()
+
+
+
+def t_unsentcost(exe, tmp):
+    """max_unsent and max_user_unsent count what the daemon holds for each
+    answer waiting to be written, not its bytes alone (docs/protocol.md,
+    "Limits"): a client that pipelines tiny pings and reads nothing makes the
+    daemon queue about quota / (what one answer holds) of them, so that many
+    small answers are bounded as one large one is.  Every queued answer
+    holds at least 256 bytes (the daemon's record of it and libuv's write
+    request), so the answers queued past the socket's buffer, times 256,
+    stay within the quota plus one answer."""
+    import fcntl
+    import termios
+    quota, msgid, per = 64 << 10, 4000000, 256
+
+    def queued_when_paused(d, conns, total):
+        """conns pipeline pings (msgid `msgid`, an answer of fixed size) and
+        read nothing; once the daemon paused them (their unsent together
+        past `total`, as status shows it), the answers it queued: the
+        requests it took in less the answers in the sockets."""
+        admin = d.client()
+        ids, size = [], None
+        for c in conns:
+            ids.append(c.call("hello", {"version": 1})["client_id"])
+            c.sock.sendall(msgpack.packb([0, msgid, "ping", []], use_bin_type=True))
+            got = c.sock.recv(4096)
+            size = len(got)
+            check(msgpack.unpackb(got)[1] == msgid, "a ping's answer")
+        frames = msgpack.packb([0, msgid, "ping", []], use_bin_type=True) * 40000
+        for c in conns:
+            c.sock.setblocking(False)
+            try:
+                c.sock.send(frames)  # as much as the socket takes
+            except BlockingIOError:
+                pass
+        deadline = time.monotonic() + TIMEOUT
+        while True:
+            st = [x for x in admin.call("status")["clients"] if x["id"] in ids]
+            if sum(x["unsent"] for x in st) > total:
+                break
+            check(time.monotonic() < deadline, "the daemon pauses them: %r" % (st,))
+        queued = 0
+        for c, x in zip(conns, sorted(st, key=lambda x: ids.index(x["id"]))):
+            inq = int.from_bytes(fcntl.ioctl(c.sock, termios.FIONREAD, b"\0\0\0\0"), "little")
+            check(inq % size == 0, "whole answers in the socket")
+            queued += x["requests"] - 2 - inq // size  # hello and the first ping
+        admin.close()
+        return queued, sum(x["unsent"] for x in st)
+
+    # One connection: max_unsent.
+    d = Daemon(exe, tmp, ["--max-unsent", str(quota), "--max-user-unsent", "1G"])
+    c = d.client()
+    queued, unsent = queued_when_paused(d, [c], quota)
+    check(queued * per <= quota + 4096,
+          "max_unsent %d: %d answers queued (unsent %d), at %d bytes each at least" %
+          (quota, queued, unsent, per))
+    check(queued > 0, "answers were queued")
+    c.close()
+    d.stop()
+    # Two connections of one user: max_user_unsent.
+    d = Daemon(exe, tmp, ["--max-unsent", "1G", "--max-user-unsent", str(quota)])
+    cs = [d.client(), d.client()]
+    queued, unsent = queued_when_paused(d, cs, quota)
+    check(queued * per <= quota + 2 * 4096,
+          "max_user_unsent %d: %d answers queued (unsent %d), at %d bytes each at least" %
+          (quota, queued, unsent, per))
+    for c in cs:
+        c.close()
+    d.stop()
+
+
+class UserProc:
+    """A child process as another uid (gid 0, as in t_privacy) that holds
+    connections to the daemon at sock and runs the parent's commands on them,
+    one at a time (msgpack over its pipes, each message length-prefixed):
+      shares NAME N   N buffer.share on connection NAME (made when new), one at
+                      a time, each answer waited for in the socket (FIONREAD)
+                      and left unread; answers nothing
+      read NAME       reads NAME's answers: [outcome, error message] each
+      call NAME METHOD ARGS   one call: [outcome, error message or None]
+      shutwr NAME     shuts its sending side and waits for the daemon's close
+      close NAME      closes its end
+      fill            (as the daemon's uid) sends one memfd per sendmsg on
+                      socket pairs it never reads until the kernel refuses
+                      (ETOOMANYREFS): how many are in flight
+      unfill          closes those socket pairs"""
+
+    def __init__(self, uid, sock, nofile=None):
+        self.pid, self.r, self.w = dspk_daemon.fork_as(
+            uid, 0, lambda w, r: UserProc._serve(sock, w, r, nofile))
+
+    @staticmethod
+    def _msg_write(fd, obj):
+        data = msgpack.packb(obj, use_bin_type=True)
+        os.write(fd, len(data).to_bytes(4, "little") + data)
+
+    @staticmethod
+    def _msg_read(fd):
+        def exactly(n):
+            got = b""
+            while len(got) < n:
+                more = os.read(fd, n - len(got))
+                if not more:
+                    raise EOFError("pipe closed")
+                got += more
+            return got
+        return msgpack.unpackb(exactly(int.from_bytes(exactly(4), "little")), raw=False)
+
+    @staticmethod
+    def _serve(sock, w, r, nofile):
+        import fcntl
+        import resource
+        import termios
+        if nofile:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+        conns, sent, pairs = {}, {}, []
+        while True:
+            cmd = UserProc._msg_read(r)
+            out = None
+            if cmd[0] == "exit":
+                return
+            if cmd[0] in ("shares", "read", "call", "shutwr", "close") and cmd[1] not in conns:
+                conns[cmd[1]] = Client(sock)
+                sent[cmd[1]] = []
+            if cmd[0] == "shares":
+                c = conns[cmd[1]]
+                for _ in range(cmd[2]):
+                    have = fcntl.ioctl(c.sock, termios.FIONREAD, b"\0\0\0\0")
+                    have = int.from_bytes(have, "little")
+                    sent[cmd[1]].append(c.send("buffer.share", {"size": 4096}))
+                    deadline = time.monotonic() + TIMEOUT
+                    while True:  # the answer is in the socket, not read
+                        select.select([c.sock], [], [], 0.01)
+                        n = int.from_bytes(fcntl.ioctl(c.sock, termios.FIONREAD, b"\0\0\0\0"),
+                                           "little")
+                        if n > have:
+                            break
+                        if time.monotonic() > deadline:
+                            raise AssertionError("no answer to a buffer.share")
+            elif cmd[0] == "read":
+                c, out = conns[cmd[1]], []
+                for m in sent[cmd[1]]:
+                    try:
+                        c.wait(m)
+                        out.append(["ok", None])
+                    except RpcError as e:
+                        out.append([e.name, e.err.get("message")])
+                sent[cmd[1]] = []
+            elif cmd[0] == "call":
+                try:
+                    conns[cmd[1]].call(cmd[2], cmd[3])
+                    out = ["ok", None]
+                except RpcError as e:
+                    out = [e.name, e.err.get("message")]
+            elif cmd[0] == "shutwr":
+                c = conns[cmd[1]]
+                c.sock.shutdown(socket.SHUT_WR)
+                p = select.poll()
+                p.register(c.sock, select.POLLRDHUP)
+                check(p.poll(TIMEOUT * 1000), "the daemon closes the connection")
+            elif cmd[0] == "close":
+                conns.pop(cmd[1]).close()
+            elif cmd[0] == "fill":
+                fd, out = sealed_memfd(), 0
+                try:
+                    while True:
+                        a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+                        a.setblocking(False)
+                        pairs.append((a, b))
+                        while True:
+                            try:
+                                socket.send_fds(a, [b"x"], [fd])
+                                out += 1
+                            except BlockingIOError:
+                                break
+                except OSError as e:
+                    check(e.errno == 109, "the kernel refuses at last: %r" % (e,))  # ETOOMANYREFS
+                os.close(fd)
+            elif cmd[0] == "unfill":
+                for a, b in pairs:
+                    a.close()
+                    b.close()
+                pairs = []
+            UserProc._msg_write(w, out)
+
+    def do(self, *cmd):
+        UserProc._msg_write(self.w, list(cmd))
+        return UserProc._msg_read(self.r)
+
+    def end(self):
+        UserProc._msg_write(self.w, ["exit"])
+        os.close(self.w)
+        os.close(self.r)
+        _, status = os.waitpid(self.pid, 0)
+        check(os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0,
+              "the child as another user failed (status %d)" % status)
+
+
+def t_shareunread(exe, tmp):
+    """The memfds of buffer.share answers count until the client reads them
+    (docs/admin.md, "File descriptors"): written to a socket that is not
+    read they are in flight, charged by the kernel to the daemon's user
+    against its RLIMIT_NOFILE.  One user has at most 256, read or not, also
+    on connections the daemon has closed; all users together at most what
+    RLIMIT_NOFILE leaves beyond max_clients' need; and a send the kernel
+    refuses (ETOOMANYREFS) is answered ELIMIT and logged, the connection
+    going on.  The daemon runs as a user other than root (root may have any
+    number in flight), with RLIMIT_NOFILE 1024 and max_clients 8."""
+    import collections
+    import resource
+    if os.geteuid() != 0:
+        raise Skip("needs root to act as other users")
+    duid, low, maxc = 65529, 1024, 8
+    ddir = os.path.join(tmp, "d")
+    os.mkdir(ddir)
+    os.chown(ddir, duid, 0)
+    os.chmod(tmp, 0o711)  # as in t_privacy: other uids reach the socket
+
+    def as_daemon_user():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (low, low))
+        dspk_daemon.become(duid, 0)
+    d = Daemon(exe, tmp, ["--max-clients", str(maxc)], sock=os.path.join(ddir, "d.sock"),
+               preexec_fn=as_daemon_user)
+    share_max = low - (maxc * 9 + 64 + 256)  # docs/admin.md: 632 here
+    fds = "/proc/%d/fd" % d.proc.pid
+    base = len(os.listdir(fds))
+    u1, u2, u3 = (UserProc(uid, d.sock) for uid in (65534, 65533, 65532))
+
+    def outcomes(got):
+        return collections.Counter(x[0] for x in got)
+
+    # A connection the daemon closes (the client's end of stream) with 20
+    # answers written and not read: they still count.
+    u1.do("shares", "b", 20)
+    u1.do("shutwr", "b")
+    # Another connection of that user: 236 answered with their memfds,
+    # written to the socket and not read; the 237th and later are ELIMIT.
+    u1.do("shares", "a", 300)
+    check(u2.do("call", "x", "buffer.share", {"size": 4096})[0] == "ok",
+          "another user's buffer.share is served")
+    got = u1.do("read", "a")
+    check(outcomes(got) == {"ok": 236, "ELIMIT": 64} and
+          "has not read" in [x[1] for x in got if x[0] == "ELIMIT"][0],
+          "300 buffer.share unread, 20 on a closed connection: 236 ok, then ELIMIT: %r" %
+          (outcomes(got),))
+    # Read, and b closed by the client (its 20 gone with its socket): the
+    # user may have 256 unread again.
+    u1.do("close", "b")
+    u1.do("shares", "d", 256)
+    # All users together: at most share_max unread.
+    u2.do("shares", "e", 256)
+    u3.do("shares", "f", 200)
+    got = u3.do("read", "f")
+    check(outcomes(got) == {"ok": share_max - 512, "ELIMIT": 200 - (share_max - 512)} and
+          "together" in [x[1] for x in got if x[0] == "ELIMIT"][0],
+          "all users together at most %d unread: %r, %r" % (share_max, outcomes(got), got[-1]))
+    check(outcomes(u1.do("read", "d")) == {"ok": 256}, "the first user's 256")
+    check(outcomes(u2.do("read", "e")) == {"ok": 256}, "the second user's 256")
+    # The kernel refuses the send (another process of the daemon's user has
+    # RLIMIT_NOFILE descriptors in flight): ELIMIT, logged, the connection
+    # goes on.
+    helper = UserProc(duid, d.sock, nofile=low)
+    check(helper.do("fill") >= low, "the daemon's user has its RLIMIT_NOFILE in flight")
+    got = u1.do("call", "a", "buffer.share", {"size": 4096})
+    check(got[0] == "ELIMIT" and "ETOOMANYREFS" in got[1],
+          "buffer.share whose memfd the kernel refuses: ELIMIT: %r" % (got,))
+    check(u1.do("call", "a", "ping", None)[0] == "ok", "the connection goes on")
+    check(re.search(r"warn: client \d+ \(pid \d+\): buffer.share #\d+ answered ELIMIT",
+                    d.logtext()), "the refusal is logged")
+    helper.do("unfill")
+    check(u1.do("call", "a", "buffer.share", {"size": 4096})[0] == "ok",
+          "buffer.share once the descriptors in flight are read")
+    for u in (u1, u2, u3, helper):
+        u.end()
+    # Every client gone: no descriptor is left (b's parked socket neither).
+    deadline = time.monotonic() + TIMEOUT
+    while len(os.listdir(fds)) > base:
+        check(time.monotonic() < deadline, "the daemon's descriptors: %d, %d at start: %r" %
+              (len(os.listdir(fds)), base,
+               sorted(os.readlink(os.path.join(fds, f)) for f in os.listdir(fds))))
+    d.stop()
+
+
 GROUPS = {
     "cacheclearfail": t_cacheclearfail,
     "inplace": t_inplace,
@@ -3716,6 +4139,10 @@ GROUPS = {
     "privacy": t_privacy,
     "fdlimits": t_fdlimits,
     "traceslots": t_traceslots,
+    "shareunread": t_shareunread,
+    "importclose": t_importclose,
+    "jobclaim": t_jobclaim,
+    "unsentcost": t_unsentcost,
     "obsprivacy": t_obsprivacy,
     "userunsent": t_userunsent,
     "sockmode": t_sockmode,

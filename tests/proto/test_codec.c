@@ -530,6 +530,36 @@ static void test_tensor_decode_bad_shapes(void **state) {
 static int releases;
 static void count_release(void *ud) { releases += (int)(intptr_t)ud; }
 
+/* dspk__wbuf_held: what a frame holds beyond its struct, as the daemon's
+ * answer quotas count it: nothing for a small frame in its inline bytes,
+ * the allocated size of a chunk (not the bytes packed into it), and the
+ * bytes of data packed by reference. */
+static void test_wbuf_held(void **state) {
+  (void)state;
+  struct dspk__wbuf w;
+  static char data[1 << 16];
+  dspk__wbuf_init(&w);
+  dspk__pack_result_head(&w.pk, 7);
+  msgpack_pack_nil(&w.pk);
+  assert_int_equal(dspk__wbuf_held(&w), 0); /* a small answer: inline */
+  dspk__wbuf_free(&w);
+
+  /* 300 bytes: past the inline bytes, into a chunk of at least 8 KiB. */
+  dspk__wbuf_init(&w);
+  dspk__pack_result_head(&w.pk, 7);
+  msgpack_pack_bin_with_body(&w.pk, data, 300);
+  assert_true(dspk__wbuf_held(&w) >= 8192 + DSPK__ALLOC_OVERHEAD);
+  dspk__wbuf_free(&w);
+
+  /* By reference: its bytes count (they stay alive for the frame). */
+  dspk__wbuf_init(&w);
+  dspk__pack_result_head(&w.pk, 7);
+  dspk__wbuf_bin_ref(&w, data, sizeof data, count_release, (void *)(intptr_t)1);
+  assert_true(dspk__wbuf_held(&w) >= sizeof data);
+  assert_true(dspk__wbuf_held(&w) < sizeof data + 4096);
+  dspk__wbuf_free(&w);
+}
+
 static void test_wbuf_zero_copy(void **state) {
   (void)state;
   size_t big = 1 << 20;
@@ -689,6 +719,7 @@ int main(void) {
       cmocka_unit_test(test_tensor_decode),
       cmocka_unit_test(test_tensor_decode_bad_shapes),
       cmocka_unit_test(test_wbuf_zero_copy),
+      cmocka_unit_test(test_wbuf_held),
       cmocka_unit_test(test_error_one_line),
       cmocka_unit_test(test_error_table),
       cmocka_unit_test(test_dtype_table),
