@@ -814,16 +814,25 @@ static void bad_option(int opt, const char *arg, const struct option *opts) {
     return;
   }
   len = strcspn(arg + 2, "=");
+  const struct option *only = NULL;
   for (const struct option *o = opts; o->name; o++) {
     if (strncmp(o->name, arg + 2, len) != 0)
       continue;
     n++;
+    if (!only || strlen(o->name) == len)
+      only = o; /* the one match, or the one named in full */
     if (used < sizeof names) {
       int w = snprintf(names + used, sizeof names - used, " --%s", o->name);
       used += w > 0 ? (size_t)w : 0;
     }
   }
-  if (n > 1)
+  /* A switch given a value (--foreground=1): getopt_long calls it
+   * unrecognized, which sends the reader to look for a typo. */
+  if (only && only->has_arg == no_argument && arg[2 + len] == '=' &&
+      (n == 1 || strlen(only->name) == len))
+    dspkd_error("option '--%s' takes no value (give it alone: '--%s')", only->name,
+                only->name);
+  else if (n > 1)
     dspkd_error("option '%.*s' is ambiguous; possibilities:%s", (int)(len + 2), arg, names);
   else
     dspkd_error("unrecognized option '%s' (see --help)", arg);

@@ -991,7 +991,13 @@ def t_config(exe, tmp):
                        (["--socket", ""], "--socket: expected a non-empty path"),
                        (["--metrics-listen", "127.0.0.1:99999"],
                         "--metrics-listen: expected ADDR:PORT with a port from 0 to 65535"),
-                       (["--max-u", "1"], "ambiguous"), (["stray"], 'unexpected argument "stray"')):
+                       (["--max-u", "1"], "ambiguous"), (["stray"], 'unexpected argument "stray"'),
+                       # A switch given a value is named as such, not "unrecognized";
+                       # --cache=x is --cache's value (--cache-max-bytes starts alike).
+                       (["--foreground=1"], "option '--foreground' takes no value"),
+                       (["--no-cache=yes"], "option '--no-cache' takes no value"),
+                       (["--fore=1"], "option '--foreground' takes no value"),
+                       (["--no-such=1"], "unrecognized option '--no-such=1'")):
         p = subprocess.run([exe, "--foreground", "--config", ""] + args, stderr=subprocess.PIPE,
                            stdout=subprocess.PIPE, timeout=TIMEOUT)
         check(p.returncode == 2 and want in p.stderr.decode(), "%r: %r" % (args, p.stderr))
