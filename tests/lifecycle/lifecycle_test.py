@@ -686,7 +686,7 @@ def t_reload(exe, tmp):
     warn = re.compile(r"warn: file descriptors: RLIMIT_NOFILE 1024 \(hard limit 1024\) is below "
                       r"the (\d+) that max_clients (\d+) connections may need")
     check(not warn.search(d.logtext()), "78 fit in 1024:\n" + d.logtext())
-    check("needed at most for max_clients 78)" in d.logtext(), "the start's line")
+    check("needed at most for max_clients 78, " in d.logtext(), "the start's line")
     write(conf, "[limits]\nmax_clients = 5000\n")
     check(c.call("daemon.reload") == {"reloaded": True}, "reloaded to 5000")
     m = warn.search(d.logtext())
@@ -696,7 +696,7 @@ def t_reload(exe, tmp):
     write(conf, "[limits]\nmax_clients = 50\n")
     check(c.call("daemon.reload") == {"reloaded": True}, "reloaded to 50")
     check("file descriptors: RLIMIT_NOFILE 1024 (soft limit was 1024; " in d.logtext()[mark:]
-          and "needed at most for max_clients 50)" in d.logtext()[mark:],
+          and "needed at most for max_clients 50, " in d.logtext()[mark:],
           "and says when it fits again:\n" + d.logtext()[mark:])
     mark = len(d.logtext())
     write(conf, "[limits]\nmax_clients = 50\nmax_inflight = 9\n")
