@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "client/lib_internal.h"
+#include "proto/utf8.h"
 
 void dspk__jput(struct dspk__jbuf *j, const char *s, size_t n) {
   if (j->err)
@@ -35,25 +36,35 @@ void dspk__jput(struct dspk__jbuf *j, const char *s, size_t n) {
 
 void dspk__jputs(struct dspk__jbuf *j, const char *s) { dspk__jput(j, s, strlen(s)); }
 
+/* One JSON string: '"', '\\' and C0 controls escaped as JSON requires,
+ * DEL and C1 controls (U+007F..U+009F) as \u00NN too, so that the text
+ * can reach a terminal, and a byte that starts no well-formed UTF-8
+ * character as \ufffd, so that it stays valid JSON (RFC 8259: UTF-8). */
 void dspk__jstr(struct dspk__jbuf *j, const char *s, size_t n) {
   dspk__jput(j, "\"", 1);
-  for (size_t i = 0; i < n; i++) {
+  for (size_t i = 0; i < n;) {
     unsigned char ch = (unsigned char)s[i];
     char esc[8];
-    switch (ch) {
+    size_t k = ch < 0x80 ? 1 : dspk__utf8_seq(s + i, n - i);
+    unsigned cp = ch < 0x80 ? ch : k == 2 && ch == 0xC2 ? (unsigned char)s[i + 1] : 0x100;
+    switch (cp) {
     case '"': dspk__jput(j, "\\\"", 2); break;
     case '\\': dspk__jput(j, "\\\\", 2); break;
     case '\n': dspk__jput(j, "\\n", 2); break;
     case '\r': dspk__jput(j, "\\r", 2); break;
     case '\t': dspk__jput(j, "\\t", 2); break;
     default:
-      if (ch < 0x20) {
-        snprintf(esc, sizeof esc, "\\u%04x", ch);
+      if (k == 0) {
+        dspk__jput(j, "\\ufffd", 6);
+        k = 1;
+      } else if (cp < 0x20 || (cp >= 0x7f && cp < 0xa0)) {
+        snprintf(esc, sizeof esc, "\\u%04x", cp);
         dspk__jput(j, esc, 6);
       } else {
-        dspk__jput(j, (const char *)&s[i], 1);
+        dspk__jput(j, s + i, k);
       }
     }
+    i += k;
   }
   dspk__jput(j, "\"", 1);
 }

@@ -201,7 +201,11 @@ DSPK_EXPORT int dspk_ping(dspk_client *c, const void *data, size_t n);
 /*
  * Calls `method` with no arguments and returns its result as JSON text in
  * *json_out (NUL-terminated, free with dspk_free()).  bin values become
- * base64 strings.  Useful for `status` and for scripting.
+ * base64 strings.  Useful for `status` and for scripting.  In the JSON text
+ * of this and every other call, strings escape control characters (C0,
+ * DEL and C1: U+0000..U+001F, U+007F..U+009F) as \u00NN and a byte that
+ * starts no well-formed UTF-8 character as \ufffd: the text is valid JSON
+ * and carries no terminal control sequence.
  */
 DSPK_EXPORT int dspk_call_json(dspk_client *c, const char *method,
                                char **json_out);

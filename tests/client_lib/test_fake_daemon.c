@@ -24,6 +24,7 @@
 #include <cmocka.h>
 #include <msgpack.h>
 
+#include "client/lib_internal.h"
 #include "dspk/dspk.h"
 #include "proto/codec.h"
 #include "proto/schema.h"
@@ -590,6 +591,21 @@ static void s_trace(struct srv *s) { good_then_bad(s, answer_trace); }
 
 /* The daemon's records as Chrome trace-event JSON; a record the table
  * (dspk__trace_job_f) does not describe is EPROTO naming its path. */
+/* Library JSON strings (trace, status, cache answers): DEL and C1 controls
+ * as \u00NN so the text is safe on a terminal, an ill-formed byte as
+ * \ufffd so it stays JSON; other UTF-8 kept.  (DEL, U+0085 and a stray
+ * 0xff went through raw.) */
+static void test_json_string_escapes(void **state) {
+  (void)state;
+  static const char in[] = "a\x7f\xc2\x85\xc2\x9b\xff\"\\\n\x01\xc2\xa0\xc3\xa9\xe2\x80\xa8";
+  static const char want[] = "\"a\\u007f\\u0085\\u009b\\ufffd\\\"\\\\\\n\\u0001\xc2\xa0\xc3\xa9\xe2\x80\xa8\"";
+  struct dspk__jbuf j = {0};
+  dspk__jstr(&j, in, sizeof in - 1);
+  assert_int_equal(j.err, 0);
+  assert_string_equal(j.p, want);
+  free(j.p);
+}
+
 static void test_trace_json(void **state) {
   (void)state;
   pthread_t t = run_script(s_trace);
@@ -727,6 +743,7 @@ int main(void) {
       cmocka_unit_test(test_reset_is_closed),
       cmocka_unit_test(test_out_of_order_progress),
       cmocka_unit_test(test_trace_json),
+      cmocka_unit_test(test_json_string_escapes),
       cmocka_unit_test(test_bad_nested),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
