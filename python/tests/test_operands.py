@@ -5,6 +5,7 @@ numbers beyond float64 or 64 bits, misaligned views of shared arrays, and operan
 beyond max_elements refused before they are copied."""
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
 
@@ -110,29 +111,46 @@ def test_shared_arrays_hold_no_file_descriptor(client):
     assert client.reduce(keep[7]) == 7 * 16
 
 
-def test_out_of_file_descriptors(client):
-    """With no descriptor to be had, empty_shared raised a bare OSError, and a large
-    plain operand (the automatic shared-memory path) failed the same way instead of
-    going through the socket."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    x = np.ones(300000)                       # 2.4 MB: the shared path
-    y = RNG.random((600, 600))                # a 2.9 MB result too
-    dups = []
-    resource.setrlimit(resource.RLIMIT_NOFILE, (_fds() + 4, hard))
+def _take_descriptors(dups):
+    """Duplicates stdin until the open file limit stops it; returns the new ones
+    (also added to dups)."""
+    got = []
     try:
-        try:
-            while True:
-                dups.append(os.dup(0))
-        except OSError:
-            pass
-        with pytest.raises(dspk.LimitExceeded, match="open file limit"):
-            client.empty_shared(4)
-        assert client.reduce(x) == x.size
-        got = client.gemm(y, y)
+        while True:
+            got.append(os.dup(0))
+    except OSError:
+        pass
+    dups += got
+    return got
+
+
+@contextlib.contextmanager
+def _no_descriptors(extra):
+    """The open file limit lowered to what is open plus extra, and every descriptor
+    under it taken; yields the list of those taken (close and pop to free one)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    dups = []
+    resource.setrlimit(resource.RLIMIT_NOFILE, (_fds() + extra, hard))
+    try:
+        _take_descriptors(dups)
+        yield dups
     finally:
         for fd in dups:
             os.close(fd)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_out_of_file_descriptors(client):
+    """With no descriptor to be had, empty_shared raised a bare OSError, and a large
+    plain operand (the automatic shared-memory path) failed the same way instead of
+    going through the socket."""
+    x = np.ones(300000)                       # 2.4 MB: the shared path
+    y = RNG.random((600, 600))                # a 2.9 MB result too
+    with _no_descriptors(4):
+        with pytest.raises(dspk.LimitExceeded, match="open file limit"):
+            client.empty_shared(4)
+        assert client.reduce(x) == x.size
+        got = client.gemm(y, y)
     # Compared once descriptors are back: numpy imports numpy.testing on first
     # use, which failed for want of a descriptor when this test ran alone.
     np.testing.assert_allclose(got, y @ y, rtol=1e-10)
@@ -388,31 +406,13 @@ def test_connect_out_of_file_descriptors(daemon, free):
     """With no descriptor for the socket, connect() raised a bare OSError (EMFILE),
     while one step later (the wake-up pipe) the same was dspk.LimitExceeded.  Now both
     are dspk.LimitExceeded, and nothing is left open."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    dups = []
-    resource.setrlimit(resource.RLIMIT_NOFILE, (_fds() + 8, hard))
-    try:
-        try:
-            while True:
-                dups.append(os.dup(0))
-        except OSError:
-            pass
+    with _no_descriptors(8) as dups:
         for _ in range(free):
             os.close(dups.pop())
         with pytest.raises(dspk.LimitExceeded, match="open file limit"):
             dspk.connect(daemon.socket, timeout=TIMEOUT)
-        got = []   # nothing left open: the free descriptors are free again
-        try:
-            while True:
-                got.append(os.dup(0))
-        except OSError:
-            pass
-        dups += got
+        got = _take_descriptors(dups)  # nothing left open: the free ones are free again
         assert len(got) == free
-    finally:
-        for fd in dups:
-            os.close(fd)
-        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
     with dspk.connect(daemon.socket, timeout=TIMEOUT) as c:
         assert c.ping() > 0
 
