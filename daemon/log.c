@@ -65,29 +65,8 @@ int dspkd_log_enabled(enum dspkd_level level) {
   return (int)level <= atomic_load(&log_level);
 }
 
-/* Writes s[0..n) into line[pos..cap) as valid UTF-8: each byte that starts
- * no well-formed character becomes U+FFFD, as dspk__pack_strn does for an
- * answer's str; never splits a character at the cap.  Returns the new pos. */
-static size_t put_valid(char *line, size_t pos, size_t cap, const char *s, size_t n) {
-  static const char fffd[3] = {(char)0xEF, (char)0xBF, (char)0xBD};
-  for (size_t i = 0, k; i < n; i += k) {
-    const char *src = s + i;
-    size_t len = k = dspk__utf8_seq(s + i, n - i);
-    if (k == 0) {
-      src = fffd;
-      len = sizeof fffd;
-      k = 1;
-    }
-    if (pos + len > cap)
-      break;
-    memcpy(line + pos, src, len);
-    pos += len;
-  }
-  return pos;
-}
-
 void dspkd_log(enum dspkd_level level, const char *fmt, ...) {
-  char msg[1024], folded[2 * sizeof msg], line[3 * sizeof msg + 64];
+  char msg[1024], folded[2 * sizeof msg], valid[3 * sizeof folded], line[3 * sizeof msg + 64];
   size_t n;
   int h;
   va_list ap;
@@ -112,7 +91,11 @@ void dspkd_log(enum dspkd_level level, const char *fmt, ...) {
    * "; ", each other control character a space), then valid UTF-8 (each
    * ill-formed byte U+FFFD), so that journald stores it as text. */
   n = dspk__one_line(folded, msg); /* at most twice strlen(msg) */
-  n = put_valid(line, (size_t)h, sizeof line - 1, folded, n);
+  size_t v = dspk__utf8_sanitized_len(folded, n); /* at most 3 n */
+  dspk__utf8_sanitize(valid, folded, n);
+  v = dspk__utf8_cut(valid, v, sizeof line - 1 - (size_t)h);
+  memcpy(line + h, valid, v);
+  n = (size_t)h + v;
   line[n++] = '\n';
   /* One write per line; a short or failed write of a log line is ignored. */
   ssize_t w = write(STDERR_FILENO, line, n);

@@ -3585,13 +3585,7 @@ def t_fdlimits(exe, tmp):
         os.read(r, 1)  # the 64 stay pending until the parent has looked
 
     pid, r, w = dspk_daemon.fork_as(65534, 0, hog)
-    data = b""
-    while True:
-        more = os.read(r, 1 << 16)
-        if not more:
-            break
-        data += more
-    os.close(r)
+    data = dspk_daemon.read_to_eof(r)
     check(data, "the first user's child failed")
     out = msgpack.unpackb(data)
     check(not out["answered"] and len(out["notes"]) == 1 and out["notes"][0][:2] ==
