@@ -444,6 +444,7 @@ struct dspkd {
   struct duser *users;      /* daemon/quota.c */
   size_t share_fds;         /* buffer.share memfds of every user not yet read
                                (daemon/shm.c, DSPKD_MAX_USER_SHARES) */
+  struct dspkd_parked *parked; /* connections closed with those unread (shm.c) */
   struct djob *jobs;        /* daemon/jobs.c: registered Slurm jobs */
   size_t njobs;
   uint64_t ended_jobs[256]; /* ids of the last jobs ended, so a claim of one fails */

@@ -209,16 +209,15 @@ void dspkd_shm_conn_closed(struct conn *c) {
  * descriptors: there are at most as many as memfds counted, which
  * dspkd_shm_share_max bounds within RLIMIT_NOFILE. */
 
-struct parked {
+struct dspkd_parked {
   uv_poll_t poll;
   int fd;                    /* the duplicate, closed after the poll handle */
   struct dspkd *d;
   struct duser *user;
   size_t n;                  /* descriptors it holds counted */
   bool closing;
-  struct parked *prev, *next;
+  struct dspkd_parked *prev, *next;
 };
-static struct parked *parked;
 
 static void count_user(struct dspkd *d, struct duser *u, ssize_t delta) {
   d->share_fds += (size_t)delta;
@@ -251,7 +250,7 @@ static void conn_settle(struct conn *c) {
 }
 
 static void on_parked_closed(uv_handle_t *h) {
-  struct parked *p = h->data;
+  struct dspkd_parked *p = h->data;
   struct duser *u = p->user;
   struct dspkd *d = p->d;
   close(p->fd); /* a uv_poll_t leaves its descriptor open */
@@ -260,14 +259,14 @@ static void on_parked_closed(uv_handle_t *h) {
   dspkd_user_gc(d, u);
 }
 
-static void parked_end(struct parked *p) {
+static void parked_end(struct dspkd_parked *p) {
   if (p->closing)
     return;
   p->closing = true;
   if (p->prev)
     p->prev->next = p->next;
   else
-    parked = p->next;
+    p->d->parked = p->next;
   if (p->next)
     p->next->prev = p->prev;
   uv_close((uv_handle_t *)&p->poll, on_parked_closed);
@@ -277,7 +276,7 @@ static void parked_end(struct parked *p) {
  * unread answers gone with it), or only shut its sending side (then the
  * hangup stays: no more polling, settle looks at it when it counts). */
 static void on_parked_hup(uv_poll_t *h, int status, int events) {
-  struct parked *p = h->data;
+  struct dspkd_parked *p = h->data;
   (void)status;
   (void)events;
   if (all_read(p->fd))
@@ -293,7 +292,7 @@ static void settle(struct dspkd *d, struct duser *u) {
   for (struct conn *c = d->conns; c; c = c->next)
     if ((!u || c->user == u) && !c->closing)
       conn_settle(c);
-  for (struct parked *p = parked, *next; p; p = next) {
+  for (struct dspkd_parked *p = d->parked, *next; p; p = next) {
     next = p->next;
     if ((!u || p->user == u) && all_read(p->fd))
       parked_end(p);
@@ -302,7 +301,7 @@ static void settle(struct dspkd *d, struct duser *u) {
 
 void dspkd_shm_conn_park(struct conn *c) {
   struct dspkd *d = c->d;
-  struct parked *p;
+  struct dspkd_parked *p;
   uv_os_fd_t fd;
   int dfd = -1;
 
@@ -330,10 +329,10 @@ void dspkd_shm_conn_park(struct conn *c) {
       p->n = c->fds_written;
       c->share_fds -= c->fds_written; /* the user's and the daemon's stay */
       c->fds_written = 0;
-      p->next = parked;
-      if (parked)
-        parked->prev = p;
-      parked = p;
+      p->next = d->parked;
+      if (d->parked)
+        d->parked->prev = p;
+      d->parked = p;
       if (uv_poll_start(&p->poll, UV_DISCONNECT, on_parked_hup) != 0)
         parked_end(p);
       dspkd_debug("client %llu: closed with %zu buffer.share descriptors not yet read: "
@@ -351,9 +350,8 @@ void dspkd_shm_conn_park(struct conn *c) {
 }
 
 void dspkd_shm_parked_close(struct dspkd *d) {
-  (void)d;
-  while (parked)
-    parked_end(parked);
+  while (d->parked)
+    parked_end(d->parked);
 }
 
 uint64_t dspkd_shm_share_max(const struct dspkd *d) {
