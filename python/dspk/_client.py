@@ -16,6 +16,7 @@ import collections
 import concurrent.futures
 import errno
 import fcntl
+import functools
 import inspect
 import math
 import mmap
@@ -225,6 +226,7 @@ def _as_error(e: BaseException) -> BaseException:
 def _public(fn: Callable[..., Any]) -> Callable[..., Any]:
     """A public method: an OSError or MemoryError of the client's own (not a signal
     handler's) leaves it as the dspk.Error of _as_error, never as it is."""
+    @functools.wraps(fn)  # name, doc, and __wrapped__: inspect.signature sees fn's
     def method(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
@@ -233,10 +235,6 @@ def _public(fn: Callable[..., Any]) -> Callable[..., Any]:
             if err is e:
                 raise
             raise err from None
-    method.__name__ = fn.__name__
-    method.__qualname__ = fn.__qualname__
-    method.__doc__ = fn.__doc__
-    method.__wrapped__ = fn  # type: ignore[attr-defined]  # inspect.signature sees fn's
     return method
 
 
