@@ -11,12 +11,12 @@
  * API call is one short transaction (BEGIN IMMEDIATE for writes, so that a
  * writer waits on the busy timeout instead of failing on a lock upgrade).
  * Recency is a logical clock (meta.tick, bumped by every put and every hit,
- * hits served from the autotune memo included: those are batched, see
- * flush_used) rather than wall time, so the eviction order is exact even for
- * entries touched within the same microsecond, and holds across processes
- * sharing the file.  A file locked by another process at open is retried
- * at each put (retry_busy); a corrupt one is moved aside under a name no
- * other file has (move_aside).
+ * hits served from callers' memos of decisions, kernels and blobs included:
+ * those are batched, see flush_used) rather than wall time, so the eviction
+ * order is exact even for entries touched within the same microsecond, and
+ * holds across processes sharing the file.  A file locked by another
+ * process at open is retried at each put (retry_busy); a corrupt one is
+ * moved aside under a name no other file has (move_aside).
  */
 #include <errno.h>
 #include <limits.h>
@@ -38,7 +38,7 @@
 
 #define DEFAULT_MAX_BYTES (UINT64_C(256) << 20)
 #define DEFAULT_BUSY_MS 5000
-/* Distinct decisions whose memo uses are kept before they are written. */
+/* Distinct entries whose memo uses are kept before they are written. */
 #define USED_MAX 64
 
 /* Atomics, so dspk__cache_counts() reads them without the mutex, which a
@@ -68,11 +68,13 @@ struct dspk__cache {
   int put_rc;      /* SQLite's code of the last failed put (under mu) */
   struct kcount count[DSPK__CACHE_NKINDS];
   _Atomic uint64_t epoch;
-  /* Uses of autotune decisions served from a caller's in-process memo
-   * (dspk__cache_tune_used), not yet written: one row per key, in order of
-   * last use, written in one transaction by flush_used (under mu). */
+  /* Uses of entries served from a caller's in-process memo
+   * (dspk__cache_tune_used, _kernel_used, _blob_used), not yet written: one
+   * row per entry, in order of last use, written in one transaction by
+   * flush_used (under mu). */
   struct used {
-    char key[DSPK__HASH_HEX];
+    int kind;
+    char *key; /* malloc'd: the row's key (kernels, autotune) or name (blobs) */
     uint64_t hits;
     int64_t last_used;
   } used[USED_MAX];
@@ -1191,47 +1193,56 @@ out:
   rollback(c->db);
 }
 
-/* Writes the memo uses kept by dspk__cache_tune_used (with the mutex held):
- * each decision's hits + n, its last_used and a new tick, in the order the
- * decisions were last used, so the most recently used one gets the highest
- * tick.  Inside the caller's write transaction when in_txn, else in one of
- * its own.  Best effort, like touch(): what a busy or full file refuses
- * only loses recency, and is dropped.  Returns an sqlite rc (in_txn: the
- * caller's transaction must be rolled back on an error). */
+/* Writes the memo uses kept by note_used (with the mutex held): each
+ * entry's hits + n, its last_used and a new tick, in the order the entries
+ * were last used, so the most recently used one gets the highest tick.
+ * Inside the caller's write transaction when in_txn, else in one of its
+ * own.  Best effort, like touch(): what a busy or full file refuses only
+ * loses recency, and is dropped (an entry evicted or cleared meanwhile
+ * matches no row).  Returns an sqlite rc (in_txn: the caller's transaction
+ * must be rolled back on an error). */
 static int flush_used(struct dspk__cache *c, int in_txn) {
-  sqlite3_stmt *st = NULL;
+  static const char *const sql[DSPK__CACHE_NKINDS] = {
+      "UPDATE kernels SET hits = hits + ?1, last_used = max(last_used, ?2), tick = ?3"
+      " WHERE key = ?4",
+      "UPDATE autotune SET hits = hits + ?1, last_used = max(last_used, ?2), tick = ?3"
+      " WHERE key = ?4",
+      "UPDATE blobs SET hits = hits + ?1, last_used = max(last_used, ?2), tick = ?3"
+      " WHERE name = ?4"};
+  sqlite3_stmt *st[DSPK__CACHE_NKINDS] = {NULL};
   int rc = SQLITE_OK;
   if (c->nused == 0)
     return SQLITE_OK;
   if (!in_txn && (rc = begin_write(c->db)) != SQLITE_OK)
     goto out;
-  rc = sqlite3_prepare_v2(c->db,
-                          "UPDATE autotune SET hits = hits + ?1,"
-                          " last_used = max(last_used, ?2), tick = ?3 WHERE key = ?4",
-                          -1, &st, NULL);
-  if (rc != SQLITE_OK)
-    goto out;
   for (int i = 0; i < c->nused; i++) {
+    struct used *u = &c->used[i];
+    if (!st[u->kind] &&
+        (rc = sqlite3_prepare_v2(c->db, sql[u->kind], -1, &st[u->kind], NULL)) != SQLITE_OK)
+      goto out;
     int64_t t = next_tick(c->db);
     if (t < 0) {
       rc = (int)-t;
       goto out;
     }
-    sqlite3_reset(st);
-    sqlite3_bind_int64(st, 1, (int64_t)c->used[i].hits);
-    sqlite3_bind_int64(st, 2, c->used[i].last_used);
-    sqlite3_bind_int64(st, 3, t);
-    sqlite3_bind_text(st, 4, c->used[i].key, -1, SQLITE_STATIC);
-    if ((rc = sqlite3_step(st)) != SQLITE_DONE)
+    sqlite3_reset(st[u->kind]);
+    sqlite3_bind_int64(st[u->kind], 1, (int64_t)u->hits);
+    sqlite3_bind_int64(st[u->kind], 2, u->last_used);
+    sqlite3_bind_int64(st[u->kind], 3, t);
+    sqlite3_bind_text(st[u->kind], 4, u->key, -1, SQLITE_STATIC);
+    if ((rc = sqlite3_step(st[u->kind])) != SQLITE_DONE)
       goto out;
   }
   rc = SQLITE_OK;
   if (!in_txn)
     rc = exec(c->db, "COMMIT");
 out:
-  sqlite3_finalize(st);
+  for (int k = 0; k < DSPK__CACHE_NKINDS; k++)
+    sqlite3_finalize(st[k]);
   if (rc != SQLITE_OK && !in_txn)
     rollback(c->db);
+  for (int i = 0; i < c->nused; i++)
+    free(c->used[i].key);
   c->nused = 0;
   return rc;
 }
@@ -1884,26 +1895,27 @@ void dspk__cache_counts(struct dspk__cache *c, struct dspk__cache_kstats *out) {
   }
 }
 
-/* See cache.h. */
-void dspk__cache_tune_used(struct dspk__cache *c, const struct dspk__tune_key *k) {
-  char key[DSPK__HASH_HEX], cands[17];
+/* Counts a use of the entry of kind with key (a row's key, or a blob's
+ * name) served from a caller's memo: a hit now, written by flush_used. */
+static void note_used(struct dspk__cache *c, int kind, const char *key) {
   struct used u;
   int i;
-  if (!c || !k)
-    return;
-  tune_key(k, key, cands);
   pthread_mutex_lock(&c->mu);
-  c->count[DSPK__CACHE_AUTOTUNE].hits++;
-  for (i = 0; i < c->nused && strcmp(c->used[i].key, key) != 0; i++)
+  c->count[kind].hits++;
+  for (i = 0; i < c->nused && (c->used[i].kind != kind || strcmp(c->used[i].key, key) != 0);
+       i++)
     ;
   if (i == c->nused && c->nused == USED_MAX) {
-    (void)flush_used(c, 0); /* one transaction per USED_MAX distinct keys */
+    (void)flush_used(c, 0); /* one transaction per USED_MAX distinct entries */
     i = 0;
   }
   if (i < c->nused) {
     u = c->used[i];
+  } else if (!(u.key = strdup(key))) {
+    pthread_mutex_unlock(&c->mu); /* best effort: only this use's recency is lost */
+    return;
   } else {
-    memcpy(u.key, key, sizeof key);
+    u.kind = kind;
     u.hits = 0;
   }
   u.hits++;
@@ -1914,4 +1926,32 @@ void dspk__cache_tune_used(struct dspk__cache *c, const struct dspk__tune_key *k
     c->nused--;
   c->used[c->nused++] = u;
   pthread_mutex_unlock(&c->mu);
+}
+
+/* See cache.h. */
+void dspk__cache_tune_used(struct dspk__cache *c, const struct dspk__tune_key *k) {
+  char key[DSPK__HASH_HEX], cands[17];
+  if (!c || !k)
+    return;
+  tune_key(k, key, cands);
+  note_used(c, DSPK__CACHE_AUTOTUNE, key);
+}
+
+/* See cache.h. */
+void dspk__cache_kernel_id(const struct dspk__kernel_key *k, char id[DSPK__HASH_HEX]) {
+  struct kkey kk;
+  kernel_key(k, &kk);
+  memcpy(id, kk.key, sizeof kk.key);
+}
+
+/* See cache.h. */
+void dspk__cache_kernel_used(struct dspk__cache *c, const char *id) {
+  if (c && id && id[0])
+    note_used(c, DSPK__CACHE_KERNELS, id);
+}
+
+/* See cache.h. */
+void dspk__cache_blob_used(struct dspk__cache *c, const char *name) {
+  if (c && name)
+    note_used(c, DSPK__CACHE_BLOBS, name);
 }

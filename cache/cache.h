@@ -264,10 +264,20 @@ void dspk__cache_counts(struct dspk__cache *c, struct dspk__cache_kstats *out);
  * would be: counted in hits at once, and the stored entry's hits, last_used
  * and tick updated, so that the size bound evicts what was least recently
  * used and stored_hits stays truthful.  No write per use: the uses are
- * kept in memory (one row per decision, up to 64) and written in one
+ * kept in memory (one row per entry, up to 64) and written in one
  * transaction at the next put (before it evicts), at dspk__cache_stats, at
- * dspk__cache_close, or when 64 other decisions are waiting.  Best effort:
+ * dspk__cache_close, or when 64 other entries are waiting.  Best effort:
  * a busy or full file loses them (only recency).  c NULL: nothing. */
 void dspk__cache_tune_used(struct dspk__cache *c, const struct dspk__tune_key *k);
+/* The key under which dspk__cache_kernel_put stores k: a memo of compiled
+ * kernels keeps it to report uses with dspk__cache_kernel_used. */
+void dspk__cache_kernel_id(const struct dspk__kernel_key *k, char id[DSPK__HASH_HEX]);
+/* As dspk__cache_tune_used, for the kernel stored under id (from
+ * dspk__cache_kernel_id; "" or NULL: nothing) that a caller's memo served
+ * (a loaded module, a pipeline). */
+void dspk__cache_kernel_used(struct dspk__cache *c, const char *id);
+/* As dspk__cache_tune_used, for the blob called name that a caller's memo
+ * served (a plan made from it, wisdom imported from it). */
+void dspk__cache_blob_used(struct dspk__cache *c, const char *name);
 
 #endif /* DSPK_CACHE_CACHE_H */

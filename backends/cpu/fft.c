@@ -50,6 +50,7 @@
 #include <fftw3.h>
 
 #include "backends/cpu/cpu.h"
+#include "backends/cpu/fftw_wisdom.h"
 #include "backends/cpu/tune.h"
 
 /* Rows per execute call are chosen so a chunk is about this many elements
@@ -584,6 +585,7 @@ void *dspk__cpu_fft_plan(struct dspk__dev *dev, int kind, int dbl, int n,
         p->inplace == inplace && p->aligned == aligned) {
       p->last_use = now;
       dev->plan_hits++;
+      dspk__fftw_wisdom_used(dev->env.cache, dbl);
       return p->plan;
     }
   }

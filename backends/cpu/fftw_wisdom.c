@@ -2,9 +2,11 @@
  * FFTW wisdom as cache blobs (see fftw_wisdom.h).  The process remembers
  * the hash of the wisdom text it last loaded or stored per precision, so
  * saving after every plan writes to SQLite only when FFTW learnt something.
- * Those hashes are guarded by the caller's FFTW lock, like FFTW itself.
+ * Those hashes are written under the caller's FFTW lock, like FFTW itself,
+ * and are atomic because dspk__fftw_wisdom_used reads them without it.
  */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,7 +18,7 @@
 static pthread_once_t model_once = PTHREAD_ONCE_INIT;
 static char model[128];
 /* wisdom_hash() of the text last loaded or stored, per precision (0: none) */
-static uint64_t last_hash[2];
+static _Atomic uint64_t last_hash[2];
 
 static void read_model(void) {
   FILE *f = fopen("/proc/cpuinfo", "r");
@@ -123,6 +125,14 @@ int dspk__fftw_wisdom_load(struct dspk__cache *c) {
     free(text);
   }
   return imported;
+}
+
+/* See fftw_wisdom.h. */
+void dspk__fftw_wisdom_used(struct dspk__cache *c, int dbl) {
+  char name[256];
+  if (c && atomic_load(&last_hash[dbl != 0]) != 0 &&
+      dspk__fftw_wisdom_name(dbl, name, sizeof name) == 0)
+    dspk__cache_blob_used(c, name);
 }
 
 /* See fftw_wisdom.h. */

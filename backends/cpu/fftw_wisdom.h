@@ -34,4 +34,9 @@ int dspk__fftw_wisdom_load(struct dspk__cache *c);
  * or a negative dspk_errno.  NULL cache: 0. */
 int dspk__fftw_wisdom_save(struct dspk__cache *c);
 
+/* A plan of precision dbl served from a memo: a use of that precision's
+ * stored wisdom, once this process has loaded or stored it
+ * (dspk__cache_blob_used; batched, no write per use). */
+void dspk__fftw_wisdom_used(struct dspk__cache *c, int dbl);
+
 #endif /* DSPK_BACKENDS_CPU_FFTW_WISDOM_H */

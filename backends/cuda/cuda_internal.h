@@ -42,7 +42,8 @@ static inline int dspk__cuda_stage_read(struct dspk__dev *dev, void *dst, CUdevi
 static inline int dspk__cuda_compile(struct dspk__dev *dev, const char *arch, const char *name,
                                      const char *src, size_t len, void **bin, size_t *n,
                                      char *log, size_t loglen) {
-  return dspk__gpurt_compile(&dspk__gpurt_cuda, dev, arch, name, src, len, bin, n, log, loglen);
+  return dspk__gpurt_compile(&dspk__gpurt_cuda, dev, arch, name, src, len, bin, n, log, loglen,
+                             NULL);
 }
 static inline CUstream dspk__cuda_stream(struct dspk__dev *dev) {
   return (CUstream)dspk__gpurt_stream(dev);

@@ -299,6 +299,7 @@ struct dspk__fence {
 struct dspk__gpurt_module {
   dspk__gmodule mod;
   int loaded;
+  char cache_id[DSPK__HASH_HEX]; /* its cache entry, "" when none */
 };
 
 /* The pinned staging ring of a device (device.c): every host<->device copy of
@@ -421,11 +422,15 @@ void dspk__gpurt_retire(struct dspk__dev *dev, dspk__retire_release_fn fn,
 
 /* rtc.c.  Compiles src with drv's run-time compiler for dev's arch (or
  * `arch` when dev is NULL: then drv says which runtime) through the kernel
- * cache; writes a malloc'd code object (cubin, hsaco).  Returns 0,
- * DSPK_ECOMPILE with the compiler log in log, or another dspk_errno. */
+ * cache; writes a malloc'd code object (cubin, hsaco).  cache_id (may be
+ * NULL) gets the cache entry's key when the cache holds the code object
+ * (dspk__cache_kernel_id), else "": a memo of the loaded module reports its
+ * uses with dspk__cache_kernel_used.  Returns 0, DSPK_ECOMPILE with the
+ * compiler log in log, or another dspk_errno. */
 int dspk__gpurt_compile(const struct dspk__gpurt_driver *drv, struct dspk__dev *dev,
                         const char *arch, const char *name, const char *src, size_t len,
-                        void **cubin, size_t *cubin_len, char *log, size_t loglen);
+                        void **cubin, size_t *cubin_len, char *log, size_t loglen,
+                        char cache_id[DSPK__HASH_HEX]);
 /* The function `entry` of a generated family's module for dtype dt,
  * compiling and loading it on first use. */
 int dspk__gpurt_kfunc(struct dspk__dev *dev, enum dspk__kfamily f, dspk_dtype dt,

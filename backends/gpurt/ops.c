@@ -712,6 +712,7 @@ struct rawmod {
   uint32_t gen;
   void *cubin;
   size_t cubin_len;
+  char cache_id[DSPK__HASH_HEX]; /* its cache entry, "" when none */
 };
 
 static void rawmod_release(void *ud, void *p) {
@@ -747,13 +748,16 @@ static int op_kernel(struct dspk__dev *dev, struct dspk__op *op, struct dspk__op
   key.hi = h.hi;
   key.lo = h.lo;
   m = dspk__plancache_get(&dev->raw_modules, &key, sizeof(key));
-  if (!m) {
+  if (m) {
+    dspk__cache_kernel_used(dev->env.cache, m->cache_id); /* served from memory */
+  } else {
+    char cache_id[DSPK__HASH_HEX];
     char *log = ctx && ctx->errmsg ? ctx->errmsg : NULL;
     size_t loglen = ctx && ctx->errmsg ? ctx->errmsg_len : 0;
     void *bin = NULL;
     size_t blen = 0;
     if ((rc = dspk__gpurt_compile(DRV, dev, NULL, "kernel.cu", op->u.kernel.source,
-                                 op->u.kernel.source_len, &bin, &blen, log, loglen)))
+                                 op->u.kernel.source_len, &bin, &blen, log, loglen, cache_id)))
       return rc;
     m = calloc(1, sizeof(*m));
     if (!m) {
@@ -770,6 +774,7 @@ static int op_kernel(struct dspk__dev *dev, struct dspk__op *op, struct dspk__op
     }
     m->cubin = bin;
     m->cubin_len = blen;
+    memcpy(m->cache_id, cache_id, sizeof cache_id);
     dspk__plancache_put(&dev->raw_modules, &key, sizeof(key), m);
   }
   r = DRV->module_func(&fn, m->mod, op->u.kernel.entry);

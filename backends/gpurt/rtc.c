@@ -38,7 +38,8 @@ static void fill_key(struct dspk__dev *dev, struct dspk__kernel_key *k,
 
 int dspk__gpurt_compile(const struct dspk__gpurt_driver *drv, struct dspk__dev *dev,
                         const char *arch, const char *name, const char *src, size_t len,
-                        void **cubin, size_t *cubin_len, char *log, size_t loglen) {
+                        void **cubin, size_t *cubin_len, char *log, size_t loglen,
+                        char cache_id[DSPK__HASH_HEX]) {
   char why[160], rtver[32], *text = NULL;
   struct dspk__kernel_key key;
   struct dspk__cache *cache = dev ? dev->env.cache : NULL;
@@ -49,6 +50,8 @@ int dspk__gpurt_compile(const struct dspk__gpurt_driver *drv, struct dspk__dev *
     drv = dev->drv;
   if (log && loglen)
     log[0] = 0;
+  if (cache_id)
+    cache_id[0] = 0;
   /* NVRTC and hiprtc have no include callback: they open any path a source
    * names.  Refused from the text, before the compiler sees it (srccheck.h). */
   if (dspk__src_check(src, len, DSPK__SRC_CUDA, name, log, loglen))
@@ -67,6 +70,8 @@ int dspk__gpurt_compile(const struct dspk__gpurt_driver *drv, struct dspk__dev *
     fill_key(dev, &key, name, src, len, joined, rtver);
     if (dspk__cache_kernel_get(cache, &key, &bin, &n) == 0) {
       dev->kernel_cache_hits++;
+      if (cache_id)
+        dspk__cache_kernel_id(&key, cache_id);
       *cubin = bin;
       *cubin_len = n;
       return 0;
@@ -85,8 +90,8 @@ int dspk__gpurt_compile(const struct dspk__gpurt_driver *drv, struct dspk__dev *
   if (dev)
     dev->kernels_compiled++;
   /* A failed put costs a later compile, never correctness. */
-  if (cache)
-    dspk__cache_kernel_put(cache, &key, bin, n);
+  if (cache && dspk__cache_kernel_put(cache, &key, bin, n) == 0 && cache_id)
+    dspk__cache_kernel_id(&key, cache_id);
   *cubin = bin;
   *cubin_len = n;
   return 0;
@@ -112,7 +117,8 @@ int dspk__gpurt_kfunc(struct dspk__dev *dev, enum dspk__kfamily f, dspk_dtype dt
                             dspk__kfamily_name(f), dspk__dtype_name(dt));
     snprintf(name, sizeof(name), "dspk_%s_%s.cu", dspk__kfamily_name(f),
              dspk__kfamily_typed(f) ? dspk__dtype_name(dt) : "any");
-    rc = dspk__gpurt_compile(DRV, dev, NULL, name, src, len, &bin, &blen, log, sizeof(log));
+    rc = dspk__gpurt_compile(DRV, dev, NULL, name, src, len, &bin, &blen, log, sizeof(log),
+                             m->cache_id);
     free(src);
     if (rc)
       return dspk__gpurt_msg(ctx, rc, "%s", log);
@@ -121,6 +127,8 @@ int dspk__gpurt_kfunc(struct dspk__dev *dev, enum dspk__kfamily f, dspk_dtype dt
     if (r != 0)
       return dspk__gpurt_err(dev, ctx, "cuModuleLoadData", r);
     m->loaded = 1;
+  } else { /* served from memory: a use of its cache entry */
+    dspk__cache_kernel_used(dev->env.cache, m->cache_id);
   }
   r = DRV->module_func(out, m->mod, entry);
   if (r != 0)

@@ -107,6 +107,9 @@ struct dspk__mem {
 /* One compiled kernel: pipeline and its layouts. */
 struct dspk__vk_kernel {
   uint64_t key[2]; /* hash of GLSL/SPIR-V + bindings + push size */
+  /* The persistent cache's key of its SPIR-V ("" when none: a client's
+   * SPIR-V), so that uses served from the table count there. */
+  char cache_id[DSPK__HASH_HEX];
   VkShaderModule mod;
   VkDescriptorSetLayout dsl;
   VkPipelineLayout layout;
@@ -321,10 +324,11 @@ void dspk__vk_ap(struct dspk__vk_sbuf *b, const char *fmt, ...)
 
 /* Compiles GLSL compute source to SPIR-V (malloc'd words, *nwords).  On a
  * compile error returns DSPK_ECOMPILE with glslang's log in log.  Goes
- * through the persistent cache first (counted in the device's stats). */
+ * through the persistent cache first (counted in the device's stats);
+ * cache_id (may be NULL) gets the entry's key (dspk__cache_kernel_id). */
 int dspk__vk_glsl_to_spirv(struct dspk__dev *d, const char *name,
                            const char *src, uint32_t **spv, size_t *nwords,
-                           char *log, size_t loglen);
+                           char *log, size_t loglen, char cache_id[DSPK__HASH_HEX]);
 /* Returns the kernel for GLSL src (or, when spirv is non-NULL, for that
  * SPIR-V binary of nbytes) with nbind storage-buffer bindings and pcsize
  * push-constant bytes: from the device's table, else compiled.  The device

@@ -1169,8 +1169,8 @@ static int get_kernel(struct dspk__dev *d, int tile, unsigned flags,
   } else {
     uint32_t *nv = NULL, *khr = NULL;
     size_t nw = 0, kw = 0;
-    char log[2048] = "";
-    r = dspk__vk_glsl_to_spirv(d, "gemm_coopmat", src, &nv, &nw, log, sizeof log);
+    char log[2048] = "", cache_id[DSPK__HASH_HEX] = "";
+    r = dspk__vk_glsl_to_spirv(d, "gemm_coopmat", src, &nv, &nw, log, sizeof log, cache_id);
     if (r)
       return dspk__vk_fail(ctx, r, "gemm: coopmat kernel: %s", log);
     r = dspk__vk_coopmat_nv_to_khr(nv, nw, &khr, &kw);
@@ -1187,6 +1187,8 @@ static int get_kernel(struct dspk__dev *d, int tile, unsigned flags,
     }
     r = dspk__vk_kernel(d, "gemm_coopmat", NULL, khr, kw * 4, "main", 4, PC_SIZE, &k, ctx);
     free(khr);
+    if (r == 0) /* made from the rewritten SPIR-V: its uses count for the GLSL's entry */
+      memcpy(k->cache_id, cache_id, sizeof cache_id);
   }
   if (r)
     return r;

@@ -67,6 +67,7 @@ struct fplan {
   struct dspk__vkfft_desc desc;
   void *bin; /* VkFFT's binaries, for further instances (may be NULL) */
   size_t binlen;
+  char *blob; /* the persistent cache's blob of bin (malloc'd), NULL when none */
   int ninst;
   struct finst inst[FFT_INST];
 };
@@ -89,6 +90,7 @@ static void fplan_release(void *ud, void *res) {
   for (int i = p->ninst - 1; i >= 0; i--)
     dspk__vkfft_destroy(p->inst[i].f);
   free(p->bin);
+  free(p->blob);
   free(p);
 }
 
@@ -159,6 +161,7 @@ static int make_plan(struct dspk__dev *d, const struct dspk__vkfft_desc *desc,
       d->kernel_cache_hits++;
       p->bin = bin;
       p->binlen = binlen;
+      p->blob = strdup(name); /* NULL: its later uses are not counted, no more */
     } else {
       free(bin);
     }
@@ -168,8 +171,9 @@ static int make_plan(struct dspk__dev *d, const struct dspk__vkfft_desc *desc,
                            &p->binlen);
     if (r == 0) {
       d->kernels_compiled++;
-      if (p->bin && d->env.cache)
-        dspk__cache_blob_put(d->env.cache, name, p->bin, p->binlen);
+      if (p->bin && d->env.cache && dspk__cache_blob_put(d->env.cache, name, p->bin,
+                                                         p->binlen) == 0)
+        p->blob = strdup(name);
     }
   }
   if (r) {
@@ -184,6 +188,7 @@ static int make_plan(struct dspk__dev *d, const struct dspk__vkfft_desc *desc,
   return 0;
 fail:
   free(p->bin);
+  free(p->blob);
   free(p);
   return r;
 }
@@ -194,6 +199,8 @@ static int get_plan(struct dspk__dev *d, const struct dspk__vkfft_desc *desc,
   int klen = plan_key(desc, key, sizeof key);
   struct fplan *p = dspk__plancache_get(&d->plans, key, (size_t)klen);
   if (p) {
+    if (p->blob) /* served from memory: a use of the stored binaries */
+      dspk__cache_blob_used(d->env.cache, p->blob);
     *out = p;
     return 0;
   }

@@ -142,9 +142,12 @@ out:
 }
 
 int dspk__vk_glsl_to_spirv(struct dspk__dev *d, const char *name, const char *src,
-                           uint32_t **spv, size_t *nwords, char *log, size_t loglen) {
+                           uint32_t **spv, size_t *nwords, char *log, size_t loglen,
+                           char cache_id[DSPK__HASH_HEX]) {
   struct dspk__kernel_key k;
   key_of(d, name, src, &k);
+  if (cache_id)
+    cache_id[0] = '\0';
   if (d->env.cache) {
     void *bin;
     size_t len;
@@ -153,6 +156,8 @@ int dspk__vk_glsl_to_spirv(struct dspk__dev *d, const char *name, const char *sr
         d->kernel_cache_hits++;
         *spv = bin;
         *nwords = len / 4;
+        if (cache_id)
+          dspk__cache_kernel_id(&k, cache_id);
         return 0;
       }
       free(bin);
@@ -162,8 +167,10 @@ int dspk__vk_glsl_to_spirv(struct dspk__dev *d, const char *name, const char *sr
   if (r)
     return r;
   d->kernels_compiled++;
-  if (d->env.cache)
-    dspk__cache_kernel_put(d->env.cache, &k, *spv, *nwords * 4);
+  /* Only an entry the file has: its uses count there. */
+  if (d->env.cache && dspk__cache_kernel_put(d->env.cache, &k, *spv, *nwords * 4) == 0 &&
+      cache_id)
+    dspk__cache_kernel_id(&k, cache_id);
   return 0;
 }
 
@@ -308,16 +315,25 @@ static int make_pipeline(struct dspk__dev *d, const uint32_t *spv, size_t nbytes
                          (int)vr, dspk__utf8_echo(echo, sizeof echo, entry, strlen(entry), 64));
   }
   d->nkernels_made_since_open++;
+  if (d->pcache_loaded) /* the stored pipeline cache is read for this creation */
+    dspk__cache_blob_used(d->env.cache, d->pcache_name);
   k->nbind = nbind;
   k->pcsize = pcsize;
   return 0;
+}
+
+/* A use of k served from memory: recent in the table, and in the
+ * persistent cache (batched there, no write per use). */
+static void kernel_used(struct dspk__dev *d, struct dspk__vk_kernel *k) {
+  k->last_use = ++d->kclock;
+  dspk__cache_kernel_used(d->env.cache, k->cache_id);
 }
 
 struct dspk__vk_kernel *dspk__vk_kmemo_get(struct dspk__dev *d, struct dspk__vk_kmemo *m) {
   struct dspk__vk_kernel *k = m->k;
   if (!k || !k->pipe || k->key[0] != m->key[0] || k->key[1] != m->key[1])
     return NULL;
-  k->last_use = ++d->kclock;
+  kernel_used(d, k);
   return k;
 }
 
@@ -347,7 +363,7 @@ int dspk__vk_kernel(struct dspk__dev *d, const char *name, const char *src,
   for (int i = 0; i < d->nkernels; i++) {
     struct dspk__vk_kernel *k = &d->kernels[i];
     if (k->key[0] == h.hi && k->key[1] == h.lo) {
-      k->last_use = ++d->kclock;
+      kernel_used(d, k);
       *out = k;
       return 0;
     }
@@ -373,10 +389,11 @@ int dspk__vk_kernel(struct dspk__dev *d, const char *name, const char *src,
   }
   uint32_t *spv = NULL;
   size_t nwords = 0;
+  char cache_id[DSPK__HASH_HEX] = "";
   int r;
   if (!spirv) {
     char log[2048] = "";
-    r = dspk__vk_glsl_to_spirv(d, name, src, &spv, &nwords, log, sizeof log);
+    r = dspk__vk_glsl_to_spirv(d, name, src, &spv, &nwords, log, sizeof log, cache_id);
     if (r) {
       /* The generated kernels always compile: a log here is a client's
        * (glslang's, "glsl: ..."; a refused #include as docs/protocol.md
@@ -423,6 +440,7 @@ int dspk__vk_kernel(struct dspk__dev *d, const char *name, const char *src,
   }
   k->key[0] = h.hi;
   k->key[1] = h.lo;
+  memcpy(k->cache_id, cache_id, sizeof cache_id);
   k->last_use = ++d->kclock;
   *out = k;
   return 0;

@@ -411,6 +411,52 @@ static void test_memo_uses_count(void **state) {
   dspk__cache_tune_used(NULL, &t);
 }
 
+/* A kernel or a blob served from a caller's in-process memo (a loaded
+ * module, a plan) counts as used too (dspk__cache_kernel_used with the key
+ * of dspk__cache_kernel_id, dspk__cache_blob_used): the put that evicts
+ * takes the entry nobody used, and stored_hits counts the memo's uses. */
+static void test_memo_uses_kernels_blobs(void **state) {
+  struct fixture *f = *state;
+  struct dspk__cache_opts o = {.max_bytes = 10000};
+  struct dspk__cache *c = open_ok(f->db, &o);
+  struct dspk__kernel_key k = base_kernel();
+  struct dspk__cache_stats s;
+  char data[2800], id[DSPK__HASH_HEX];
+  void *p;
+  size_t n;
+  memset(data, 'x', sizeof data);
+  assert_int_equal(dspk__cache_kernel_put(c, &k, data, sizeof data), 0); /* oldest */
+  assert_int_equal(dspk__cache_blob_put(c, "wisdom", data, sizeof data), 0);
+  assert_int_equal(dspk__cache_blob_put(c, "idle", data, sizeof data), 0);
+  dspk__cache_kernel_id(&k, id);
+  assert_int_equal(strlen(id), DSPK__HASH_HEX - 1);
+  for (int i = 0; i < 4; i++) {
+    dspk__cache_kernel_used(c, id);
+    dspk__cache_blob_used(c, "wisdom");
+  }
+  dspk__cache_kernel_used(c, "");   /* no entry: nothing */
+  dspk__cache_kernel_used(c, NULL); /* nothing */
+  /* The put evicts "idle", the one entry not used since it was stored. */
+  assert_int_equal(dspk__cache_blob_put(c, "new", data, sizeof data), 0);
+  assert_int_equal(dspk__cache_blob_get(c, "idle", &p, &n), DSPK_ENOENT);
+  assert_int_equal(dspk__cache_kernel_get(c, &k, &p, &n), 0);
+  free(p);
+  assert_int_equal(dspk__cache_blob_get(c, "wisdom", &p, &n), 0);
+  free(p);
+  assert_int_equal(dspk__cache_stats(c, &s), 0);
+  assert_int_equal(s.kind[DSPK__CACHE_KERNELS].stored_hits, 5); /* 4 memo uses, 1 get */
+  assert_int_equal(s.kind[DSPK__CACHE_KERNELS].hits, 5);
+  assert_int_equal(s.kind[DSPK__CACHE_BLOBS].stored_hits, 5);
+  assert_int_equal(s.kind[DSPK__CACHE_BLOBS].evictions, 1);
+  /* A decision and a blob of the same key text stay apart. */
+  dspk__cache_blob_used(c, id);
+  assert_int_equal(dspk__cache_stats(c, &s), 0);
+  assert_int_equal(s.kind[DSPK__CACHE_KERNELS].stored_hits, 5);
+  dspk__cache_close(c);
+  dspk__cache_kernel_used(NULL, id);
+  dspk__cache_blob_used(NULL, "wisdom");
+}
+
 static void test_clear_by_kind(void **state) {
   struct fixture *f = *state;
   struct dspk__cache *c = open_ok(f->db, NULL);
@@ -1374,6 +1420,7 @@ int main(void) {
       T(test_persistence),
       T(test_lru_eviction),
       T(test_memo_uses_count),
+      T(test_memo_uses_kernels_blobs),
       T(test_clear_by_kind),
       T(test_clear_failure_says_why),
       T(test_corrupt_header),

@@ -6,7 +6,9 @@
  *   wisdom_restart   an fft of 2^14 c64 (planned with FFTW_MEASURE) stores a
  *                    wisdom blob; after a restart on the same file the
  *                    wisdom is read at start (blobs.hits) and the same fft
- *                    plans from it: no new wisdom is stored (blobs.puts 0)
+ *                    plans from it: no new wisdom is stored (blobs.puts 0);
+ *                    the plan served again from memory counts as a use of
+ *                    the wisdom (blobs.stored_hits)
  *   progress         a fir whose shape needs tuning sends task.progress
  *                    notifications to the client (dspk_set_progress); the
  *                    same shape again is decided from memory (no progress)
@@ -47,6 +49,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -97,6 +100,9 @@ static void daemon_start_ex(struct daemon *d, const char *sockname,
   d->pid = fork();
   assert_true(d->pid >= 0);
   if (d->pid == 0) {
+    /* A failed assertion leaves no daemon behind (it would hold the test's
+     * output open, and ctest would report a timeout, not the failure). */
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
     int fd = open(log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
     if (fd >= 0)
       dup2(fd, STDERR_FILENO);
@@ -431,6 +437,13 @@ static void test_wisdom_restart(void **state) {
   /* ... and the plan came from it: nothing new to store. */
   assert_int_equal(stat_of(c, "blobs", "puts"), 0);
   assert_true(stat_of(c, "blobs", "entries") >= 1);
+  /* The plan again, from the daemon's memory: a use of the wisdom, counted
+   * in the file (the size bound evicts what was least recently used). */
+  {
+    uint64_t before = stat_of(c, "blobs", "stored_hits");
+    fft_check(c, 3);
+    assert_true(stat_of(c, "blobs", "stored_hits") >= before + 1);
+  }
   dspk_close(c);
   daemon_stop(&d);
 }

@@ -45,7 +45,7 @@ static int compile_all(const char *arch) {
         return 1;
       snprintf(name, sizeof(name), "%s_%s.cu", dspk__kfamily_name(f), dspk__dtype_name(dts[t]));
       rc = dspk__gpurt_compile(&dspk__gpurt_hip, NULL, arch, name, src, len, &bin, &blen, log,
-                               sizeof(log));
+                               sizeof(log), NULL);
       free(src);
       if (rc != 0) {
         printf("%s for %s: %d: %s\n", name, arch, rc, log);
@@ -120,7 +120,7 @@ static void test_compile_error_returns_log(void **state) {
   size_t blen = 0;
   (void)state;
   assert_int_equal(dspk__gpurt_compile(&dspk__gpurt_hip, NULL, "gfx90a", "bad.hip", bad,
-                                       strlen(bad), &bin, &blen, log, sizeof(log)),
+                                       strlen(bad), &bin, &blen, log, sizeof(log), NULL),
                    DSPK_ECOMPILE);
   assert_null(bin);
   assert_non_null(strstr(log, "undeclared_y"));
@@ -134,7 +134,7 @@ static void test_include_refused(void **state) {
   size_t blen = 0;
   (void)state;
   assert_int_equal(dspk__gpurt_compile(&dspk__gpurt_hip, NULL, "gfx90a", "inc.hip", inc,
-                                       strlen(inc), &bin, &blen, log, sizeof(log)),
+                                       strlen(inc), &bin, &blen, log, sizeof(log), NULL),
                    DSPK_ECOMPILE);
   assert_null(bin);
   assert_null(strstr(log, "root:"));

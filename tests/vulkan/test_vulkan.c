@@ -1310,8 +1310,19 @@ static void t_cache_restart(void **state) {
     assert_int_equal(dspk__cache_open(path, NULL, &c, NULL, 0), 0);
     struct dspk__devenv env = {.cache = c};
     struct dspk__dev *d;
+    struct dspk__cache_stats before, after;
     assert_int_equal(VKB->open(0, &env, &d), 0);
     workload(d);
+    /* The same work again is served from the device's memory (kernel
+     * table, plan cache); those uses count in the file too, so that the
+     * size bound evicts what was least recently used. */
+    assert_int_equal(dspk__cache_stats(c, &before), 0);
+    workload(d);
+    assert_int_equal(dspk__cache_stats(c, &after), 0);
+    assert_true(after.kind[DSPK__CACHE_KERNELS].stored_hits >=
+                before.kind[DSPK__CACHE_KERNELS].stored_hits + 3); /* 3 map kernels */
+    assert_true(after.kind[DSPK__CACHE_BLOBS].stored_hits >=
+                before.kind[DSPK__CACHE_BLOBS].stored_hits + 1); /* the VkFFT plan */
     memset(&st, 0, sizeof st);
     VKB->stats(d, &st);
     VKB->close(d); /* saves the pipeline-cache data */
