@@ -605,7 +605,17 @@ static int check_task(dspk_client *c, const dspk_task *t) {
       if (x->shape[k] < 0)
         return dspk__cerr(c, DSPK_EINVAL, "input %u: negative shape[%u]", i,
                           k);
-    if (!x->is_ref && x->nbytes != dspk_tensor_numel(x) * isz)
+    /* The daemon's rule (protocol.md, Tensors), checked here first so that
+     * no size below is computed with wrapping arithmetic: the product of
+     * the dimensions, each 0 counted as 1, times the item size, at most
+     * 2^63-1 bytes. */
+    uint64_t extent = isz;
+    for (unsigned k = 0; k < x->rank; k++)
+      if ((x->shape[k] && __builtin_mul_overflow(extent, (uint64_t)x->shape[k], &extent)) ||
+          extent > (uint64_t)INT64_MAX)
+        return dspk__cerr(c, DSPK_ELIMIT, "input %u: tensor shape[%u]: product of dimensions "
+                          "(0 as 1) times item size %zu passes 2^63-1 bytes", i, k, isz);
+    if (!x->is_ref && x->nbytes != dspk_tensor_numel(x) * isz) /* cannot wrap now */
       return dspk__cerr(c, DSPK_EINVAL,
                         "input %u: nbytes %zu, but its shape needs %llu", i,
                         x->nbytes,
@@ -916,6 +926,7 @@ static int submit(dspk_client *c, const dspk_task *t, uint32_t *ticket, bool may
   }
   id = dspk__next_id(c);
   dspk__wbuf_init(&w);
+  dspk__wbuf_files(c, &w);
   dspk__pack_request_head(&w.pk, id, "task.run", true);
   pack_params(&a, &w);
   rc = dspk__send(c, &w, id);

@@ -148,11 +148,57 @@ DSPK_EXPORT int dspk_default_socket(char *buf, size_t buflen) {
 
 /* ---- in-flight bookkeeping ---------------------------------------------- */
 
+static size_t infl_slot(uint32_t msgid, size_t cap) {
+  return (size_t)(msgid * 2654435761u) & (cap - 1); /* Knuth's multiplicative hash */
+}
+
+/* The slot of msgid when it is in flight, else NULL. */
+static struct dspk__inflight *infl_find(const dspk_client *c, uint32_t msgid) {
+  if (!c->capinflight || !msgid)
+    return NULL;
+  for (size_t i = infl_slot(msgid, c->capinflight);; i = (i + 1) & (c->capinflight - 1)) {
+    if (c->inflight[i].msgid == msgid)
+      return &c->inflight[i];
+    if (c->inflight[i].msgid == 0)
+      return NULL;
+  }
+}
+
+static void infl_put(struct dspk__inflight *t, size_t cap, struct dspk__inflight e) {
+  size_t i = infl_slot(e.msgid, cap);
+  while (t[i].msgid)
+    i = (i + 1) & (cap - 1);
+  t[i] = e;
+}
+
+/* Room for one more in flight (so that adding it after its request was sent
+ * cannot fail): 0 or DSPK_ENOMEM. */
+static int infl_reserve(dspk_client *c) {
+  size_t cap = c->capinflight ? c->capinflight : 16;
+  struct dspk__inflight *t;
+  while (2 * (c->ninflight + 1) > cap)
+    cap *= 2;
+  if (cap == c->capinflight)
+    return 0;
+  if (!(t = calloc(cap, sizeof *t)))
+    return DSPK_ENOMEM;
+  for (size_t i = 0; i < c->capinflight; i++)
+    if (c->inflight[i].msgid)
+      infl_put(t, cap, c->inflight[i]);
+  free(c->inflight);
+  c->inflight = t;
+  c->capinflight = cap;
+  return 0;
+}
+
+/* Adds msgid (infl_reserve made room). */
+static void infl_add(dspk_client *c, uint32_t msgid) {
+  infl_put(c->inflight, c->capinflight, (struct dspk__inflight){msgid, 0});
+  c->ninflight++;
+}
+
 bool dspk__inflight_has(const dspk_client *c, uint32_t msgid) {
-  for (size_t i = 0; i < c->ninflight; i++)
-    if (c->inflight[i] == msgid)
-      return true;
-  return false;
+  return infl_find(c, msgid) != NULL;
 }
 
 bool dspk__daemon_busy(const dspk_client *c) {
@@ -173,11 +219,37 @@ static void sink_drop(dspk_client *c, uint32_t ticket) {
  * dspk_result_to_file stays until dspk_wait has decoded the answer
  * (dspk__sink_write, dspk__sink_forget). */
 static void inflight_del(dspk_client *c, uint32_t msgid) {
-  for (size_t i = 0; i < c->ninflight; i++)
-    if (c->inflight[i] == msgid) {
-      c->inflight[i] = c->inflight[--c->ninflight];
-      return;
+  struct dspk__inflight *e = infl_find(c, msgid);
+  size_t cap = c->capinflight, i, j;
+  if (!e)
+    return;
+  /* Linear probing's deletion: the entries after it in its run that hash
+   * at or before the hole move back into it. */
+  i = (size_t)(e - c->inflight);
+  c->inflight[i].msgid = 0;
+  c->ninflight--;
+  for (j = (i + 1) & (cap - 1); c->inflight[j].msgid; j = (j + 1) & (cap - 1)) {
+    size_t h = infl_slot(c->inflight[j].msgid, cap);
+    /* j's entry may move to i when its home h is not in (i, j]. */
+    if ((j > i && (h <= i || h > j)) || (j < i && h <= i && h > j)) {
+      c->inflight[i] = c->inflight[j];
+      c->inflight[j].msgid = 0;
+      i = j;
     }
+  }
+}
+
+/* Takes kept answer k (an index in c->done) out of done: the last one
+ * moves into its place. */
+static struct dspk__frame done_take(dspk_client *c, size_t k) {
+  struct dspk__frame f = c->done[k];
+  struct dspk__inflight *e = infl_find(c, f.msgid);
+  if (e)
+    e->kept = 0;
+  c->done[k] = c->done[--c->ndone];
+  if (k < c->ndone && (e = infl_find(c, c->done[k].msgid)))
+    e->kept = (uint32_t)k + 1;
+  return f;
 }
 
 static bool abandoned_has(const dspk_client *c, uint32_t msgid) {
@@ -194,15 +266,18 @@ void dspk__abandon(dspk_client *c, uint32_t msgid, bool frees_buffer) {
         c->abandoned[i].frees_buffer |= frees_buffer;
     return;
   }
-  inflight_del(c, msgid);
-  sink_drop(c, msgid);
-  for (size_t i = 0; i < c->ndone; i++)
-    if (c->done[i].msgid == msgid) { /* cannot be (it would have been taken) */
-      free(c->done[i].buf);
-      c->done[i] = c->done[--c->ndone];
+  {
+    struct dspk__inflight *e = infl_find(c, msgid);
+    if (e && e->kept) { /* cannot be (it would have been taken) */
+      free(done_take(c, e->kept - 1).buf);
+      inflight_del(c, msgid);
+      sink_drop(c, msgid);
       dspk__shm_done(c, msgid);
       return;
     }
+  }
+  inflight_del(c, msgid);
+  sink_drop(c, msgid);
   if (c->nabandoned == c->capabandoned) {
     size_t cap = c->capabandoned ? 2 * c->capabandoned : 8;
     struct dspk__abandoned *p = realloc(c->abandoned, cap * sizeof(*p));
@@ -292,6 +367,17 @@ bool dspk__file_range(const dspk_client *c, const void *p, size_t n) {
   return fmap_of(c, p, n) != NULL;
 }
 
+static bool by_ref_file(const void *ud, const void *p, size_t n) {
+  return fmap_of(ud, p, n) != NULL;
+}
+
+void dspk__wbuf_files(const dspk_client *c, struct dspk__wbuf *w) {
+  if (c->nfmaps) {
+    w->by_ref = by_ref_file;
+    w->by_ref_ud = c;
+  }
+}
+
 DSPK_EXPORT int dspk_file_data(dspk_client *c, const void *addr, size_t len, int fd,
                                uint64_t offset) {
   struct dspk__fmap m;
@@ -309,7 +395,9 @@ DSPK_EXPORT int dspk_file_data(dspk_client *c, const void *addr, size_t len, int
     return 0;
   if (fd < 0)
     return dspk__argerr(c, "dspk_file_data: fd %d is not a file descriptor", fd);
-  if (offset > (uint64_t)INT64_MAX - len)
+  if ((uintptr_t)addr > UINTPTR_MAX - len)
+    return dspk__argerr(c, "dspk_file_data: addr + len wraps around the address space");
+  if ((uint64_t)len > (uint64_t)INT64_MAX || offset > (uint64_t)INT64_MAX - len)
     return dspk__argerr(c, "dspk_file_data: offset + len exceeds a file's largest offset");
   if (c->nfmaps == c->capfmaps) {
     size_t cap = c->capfmaps ? 2 * c->capfmaps : 4;
@@ -366,6 +454,7 @@ void dspk__sink_forget(dspk_client *c, uint32_t ticket) { sink_drop(c, ticket); 
 
 char *dspk__sink_write(dspk_client *c, uint32_t ticket, const void *data, size_t n) {
   struct dspk__sink s;
+  struct dspk__nofsz g;
   long pg = sysconf(_SC_PAGESIZE);
   size_t i, done = 0;
   char *out = NULL;
@@ -376,14 +465,16 @@ char *dspk__sink_write(dspk_client *c, uint32_t ticket, const void *data, size_t
     return NULL;
   s = c->sinks[i];
   c->sinks[i] = c->sinks[--c->nsinks];
+  dspk__nofsz_begin(&g);
   while (n >= LAND_MIN && done < n) {
     ssize_t w = pwrite(s.fd, (const char *)data + done, n - done, (off_t)(s.off + done));
     if (w < 0 && errno == EINTR)
       continue;
-    if (w <= 0) /* a full disk: the result stays in memory, the file says why */
+    if (w <= 0) /* a full disk, RLIMIT_FSIZE: the result stays in memory */
       break;
     done += (size_t)w;
   }
+  dspk__nofsz_end(&g);
   if (n >= LAND_MIN && done == n) {
     uint64_t at = pg > 0 ? s.off / (uint64_t)pg * (uint64_t)pg : s.off;
     size_t maplen = (size_t)(s.off - at) + n;
@@ -441,6 +532,25 @@ static void file_send_end(dspk_client *c, struct file_send *fs, bool epipe) {
   fs->on = false;
 }
 
+void dspk__nofsz_begin(struct dspk__nofsz *g) {
+  sigset_t xfsz, pend;
+  sigemptyset(&xfsz);
+  sigaddset(&xfsz, SIGXFSZ);
+  pthread_sigmask(SIG_BLOCK, &xfsz, &g->old);
+  g->pending = sigpending(&pend) == 0 && sigismember(&pend, SIGXFSZ);
+}
+
+void dspk__nofsz_end(struct dspk__nofsz *g) {
+  sigset_t xfsz, pend;
+  struct timespec zero = {0, 0};
+  sigemptyset(&xfsz);
+  sigaddset(&xfsz, SIGXFSZ);
+  if (!g->pending && sigpending(&pend) == 0 && sigismember(&pend, SIGXFSZ))
+    while (sigtimedwait(&xfsz, NULL, &zero) < 0 && errno == EINTR) {
+    }
+  pthread_sigmask(SIG_SETMASK, &g->old, NULL);
+}
+
 int dspk__send_fd(dspk_client *c, struct dspk__wbuf *w, uint32_t msgid, int fd) {
   union { char buf[CMSG_SPACE(sizeof(int))]; struct cmsghdr align; } cm;
   struct file_send fs = {0};
@@ -454,14 +564,8 @@ int dspk__send_fd(dspk_client *c, struct dspk__wbuf *w, uint32_t msgid, int fd) 
     return rc;
   if (c->broken)
     return broken_err(c);
-  if (c->ninflight == c->capinflight) {
-    size_t cap = c->capinflight ? 2 * c->capinflight : 16;
-    uint32_t *p = realloc(c->inflight, cap * sizeof(*p));
-    if (!p)
-      return dspk__cerr(c, DSPK_ENOMEM, "out of memory");
-    c->inflight = p;
-    c->capinflight = cap;
-  }
+  if (infl_reserve(c) != 0)
+    return dspk__cerr(c, DSPK_ENOMEM, "out of memory");
   rc = dspk__wbuf_iov(w, &iov, &niov);
   if (rc != 0)
     return dspk__cerr(c, rc, "out of memory packing the request");
@@ -569,7 +673,7 @@ int dspk__send_fd(dspk_client *c, struct dspk__wbuf *w, uint32_t msgid, int fd) 
       iov->iov_len -= (size_t)n;
     }
   }
-  c->inflight[c->ninflight++] = msgid;
+  infl_add(c, msgid);
 out:
   file_send_end(c, &fs, epipe);
   return rc;
@@ -582,26 +686,56 @@ out:
  * (nothing read, the stream whole; the message in c->err).  Bytes still to
  * be skipped (c->skip) are dropped first.  0, or a negative code
  * (connection broken). */
+/* Moves rbuf's unconsumed bytes to the start of its allocation. */
+static void rbuf_compact(dspk_client *c) {
+  size_t lead = (size_t)(c->rbuf - c->rbase);
+  if (!lead)
+    return;
+  memmove(c->rbase, c->rbuf, c->rlen);
+  c->rbuf = c->rbase;
+  c->rcap += lead;
+}
+
+/* At least RBUF_MIN / 4 bytes of room after rbuf's unconsumed ones: the
+ * consumed bytes before them (next_frame only moves rbuf past a frame) are
+ * taken back when there are at least as many as the bytes to move (so that
+ * each byte received is moved at most once on average, however many
+ * answers wait in rbuf), else the buffer grows (a spare one taken again
+ * when it is large enough).  0 or DSPK_ENOMEM. */
+static int rbuf_room(dspk_client *c) {
+  size_t lead = (size_t)(c->rbuf - c->rbase);
+  if (c->rcap - c->rlen >= RBUF_MIN / 4)
+    return 0;
+  if (lead && lead >= c->rlen) {
+    rbuf_compact(c);
+    if (c->rcap - c->rlen >= RBUF_MIN / 4)
+      return 0;
+  }
+  size_t cap = lead + c->rcap ? 2 * (lead + c->rcap) : RBUF_MIN;
+  char *p;
+  if (c->spare && c->spare_cap >= cap) { /* grown before: take it again */
+    p = c->spare;
+    cap = c->spare_cap;
+    c->spare = NULL;
+    c->spare_cap = 0;
+    if (c->rlen)
+      memcpy(p, c->rbuf, c->rlen);
+    free(c->rbase);
+  } else {
+    rbuf_compact(c);
+    if (!(p = realloc(c->rbase, cap)))
+      return DSPK_ENOMEM;
+  }
+  c->rbase = c->rbuf = p;
+  c->rcap = cap;
+  return 0;
+}
+
 static int fill(dspk_client *c, bool dontwait, int64_t deadline) {
   ssize_t n;
 
-  if (c->rcap - c->rlen < RBUF_MIN / 4) {
-    size_t cap = c->rcap ? 2 * c->rcap : RBUF_MIN;
-    char *p;
-    if (c->spare && c->spare_cap >= cap) { /* grown before: take it again */
-      p = c->spare;
-      cap = c->spare_cap;
-      c->spare = NULL;
-      c->spare_cap = 0;
-      if (c->rlen)
-        memcpy(p, c->rbuf, c->rlen);
-      free(c->rbuf);
-    } else if (!(p = realloc(c->rbuf, cap))) {
-      return mark_broken(c, dspk__cerr(c, DSPK_ENOMEM, "out of memory"));
-    }
-    c->rbuf = p;
-    c->rcap = cap;
-  }
+  if (rbuf_room(c) != 0)
+    return mark_broken(c, dspk__cerr(c, DSPK_ENOMEM, "out of memory"));
   /* While an answer is to go to a file (dspk_result_to_file), at most
    * RBUF_MIN bytes a read, however large rbuf grew: the answer's head then
    * comes in before its body, which land() sends to the file instead of
@@ -702,6 +836,7 @@ static int land_file(dspk_client *c, const struct dspk__run_head *h, struct dspk
                      int64_t deadline, char **mem, size_t *got) {
   size_t have = c->rlen - h->head, take = have < h->len ? have : h->len, pos = 0;
   long pg = sysconf(_SC_PAGESIZE);
+  struct dspk__nofsz g;
   int rc;
 
   if (!c->sink_pipe_ok) {
@@ -710,14 +845,18 @@ static int land_file(dspk_client *c, const struct dspk__run_head *h, struct dspk
     (void)fcntl(c->sink_pipe[1], F_SETPIPE_SZ, (int)SINK_CHUNK);
     c->sink_pipe_ok = true;
   }
+  dspk__nofsz_begin(&g);
   while (pos < take) {
     ssize_t w = pwrite(s->fd, c->rbuf + h->head + pos, take - pos, (off_t)(s->off + pos));
     if (w < 0 && errno == EINTR)
       continue;
     if (w <= 0)
-      return 1;
+      break;
     pos += (size_t)w;
   }
+  dspk__nofsz_end(&g);
+  if (pos < take)
+    return 1;
   memmove(c->rbuf + h->head, c->rbuf + h->head + take, have - take);
   c->rlen = h->head + (have - take);
   memset(c->rbuf + h->len_at, 0, h->head - h->len_at); /* an empty bin now */
@@ -746,7 +885,9 @@ static int land_file(dspk_client *c, const struct dspk__run_head *h, struct dspk
       ssize_t w;
       if (!*mem) {
         loff_t o = (loff_t)(s->off + pos);
+        dspk__nofsz_begin(&g);
         w = splice(c->sink_pipe[0], NULL, s->fd, &o, left, SPLICE_F_MOVE);
+        dspk__nofsz_end(&g);
         if (w < 0 && errno == EINTR)
           continue;
         if (w <= 0 && !(*mem = sink_fallback(s, h->len, pos)))
@@ -900,10 +1041,11 @@ static int next_frame(dspk_client *c, bool any, uint32_t msgid, int64_t deadline
   size_t rest = c->rlen - (size_t)n;
   *cap = 0;
   if (rest == 0 && (size_t)n > RBUF_MIN) {
+    rbuf_compact(c); /* the allocation goes with the frame */
     *buf = c->rbuf;
     *len = (size_t)n;
     *cap = c->rcap;
-    c->rbuf = NULL;
+    c->rbuf = c->rbase = NULL;
     c->rcap = c->rlen = 0;
     return 0;
   }
@@ -915,8 +1057,14 @@ static int next_frame(dspk_client *c, bool any, uint32_t msgid, int64_t deadline
     return mark_broken(c, dspk__cerr(c, DSPK_ENOMEM, "out of memory"));
   }
   memcpy(p, c->rbuf, (size_t)n);
-  memmove(c->rbuf, c->rbuf + n, rest);
+  /* Past the frame, without moving the rest (rbuf_room takes the room
+   * back): a memmove of the rest for each frame made many answers read
+   * ahead of their waits cost quadratic time. */
+  c->rbuf += n;
+  c->rcap -= (size_t)n;
   c->rlen = rest;
+  if (!rest)
+    rbuf_compact(c);
   *buf = p;
   *len = (size_t)n;
   return 0;
@@ -1041,14 +1189,8 @@ static int notice_salvage(dspk_client *c) {
     return 0;
   for (int i = 0; i < 64; i++) { /* the socket's buffer is bounded: so is this */
     ssize_t n;
-    if (c->rcap - c->rlen < RBUF_MIN / 4) {
-      size_t cap = c->rcap ? 2 * c->rcap : RBUF_MIN;
-      char *p = realloc(c->rbuf, cap);
-      if (!p)
-        break;
-      c->rbuf = p;
-      c->rcap = cap;
-    }
+    if (rbuf_room(c) != 0)
+      break;
     n = recv(c->fd, c->rbuf + c->rlen, c->rcap - c->rlen, MSG_DONTWAIT);
     if (n < 0 && errno == EINTR)
       continue;
@@ -1209,22 +1351,21 @@ static int resp_status(dspk_client *c, struct dspk__resp *r) {
 static int take_done(dspk_client *c, bool any, uint32_t *msgid, struct dspk__resp *out,
                      int *rc) {
   struct dspk__resp r;
-  for (size_t i = 0; i < c->ndone; i++) {
-    if (any || c->done[i].msgid == *msgid) {
-      struct dspk__frame f = c->done[i];
-      c->done[i] = c->done[--c->ndone];
-      inflight_del(c, f.msgid);
-      *rc = decode(c, f.buf, f.len, 0, &r);
-      if (*rc != 0)
-        return 1;
-      *msgid = f.msgid;
-      *rc = resp_status(c, &r);
-      if (*rc == 0)
-        *out = r;
-      return 1;
-    }
-  }
-  return 0;
+  const struct dspk__inflight *e = any ? NULL : infl_find(c, *msgid);
+  size_t k = any ? 0 : e && e->kept ? e->kept - 1 : SIZE_MAX;
+  struct dspk__frame f;
+  if (!c->ndone || k == SIZE_MAX)
+    return 0;
+  f = done_take(c, k);
+  inflight_del(c, f.msgid);
+  *rc = decode(c, f.buf, f.len, 0, &r);
+  if (*rc != 0)
+    return 1;
+  *msgid = f.msgid;
+  *rc = resp_status(c, &r);
+  if (*rc == 0)
+    *out = r;
+  return 1;
 }
 
 /* Reads frames until the response to *msgid arrives (or, with any, the
@@ -1321,6 +1462,7 @@ static int wait_common(dspk_client *c, bool any, uint32_t *msgid,
     }
     resp_unpacked_free(&r);
     c->done[c->ndone++] = (struct dspk__frame){id, r.buf, r.len};
+    infl_find(c, id)->kept = (uint32_t)c->ndone;
     r.cap = 0; /* the kept frame is freed plainly */
   }
 }
@@ -1350,6 +1492,7 @@ int dspk__send_call(dspk_client *c, const char *method,
 
   *id = dspk__next_id(c);
   dspk__wbuf_init(&w);
+  dspk__wbuf_files(c, &w);
   dspk__pack_request_head(&w.pk, *id, method, pack != NULL);
   if (pack)
     pack(ud, &w);
@@ -1530,7 +1673,7 @@ static void client_free(dspk_client *c) {
     close(c->sink_pipe[1]);
   }
   dspk__land_free(c->land);
-  free(c->rbuf);
+  free(c->rbase);
   free(c->spare);
   free(c->inflight);
   for (size_t i = 0; i < c->ndone; i++)

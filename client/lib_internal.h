@@ -7,7 +7,9 @@
 #define DSPK_CLIENT_LIB_INTERNAL_H
 
 #include <msgpack.h>
+#include <signal.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <sys/mman.h>
 #include <sys/types.h>
 
@@ -78,8 +80,10 @@ struct dspk_client {
    * so for the rest of the connection something counts as in flight
    * (dspk__daemon_busy). */
   bool abandoned_lost;
-  /* Received bytes not yet consumed. */
-  char *rbuf;
+  /* Received bytes not yet consumed: rlen of them at rbuf, which lies
+   * inside the allocation at rbase (the bytes between were consumed), with
+   * rcap bytes from rbuf to its end. */
+  char *rbuf, *rbase;
   size_t rlen, rcap;
   /* A large rbuf handed over with its frame comes back here when the
    * response is freed, so the next large frame does not grow a fresh
@@ -92,8 +96,15 @@ struct dspk_client {
    * NULL when none. */
   void *land;
   size_t land_len;
-  /* Requests sent and not yet waited for. */
-  uint32_t *inflight;
+  /* Requests sent and not yet waited for: an open-addressing hash table
+   * of capinflight slots (a power of two, at most half full; msgid 0, which
+   * no request has, is an empty slot), each with its kept answer (1 + its
+   * index in done; 0: none), so that finding a ticket and its answer costs
+   * the same with any number in flight (lib_conn.c). */
+  struct dspk__inflight {
+    uint32_t msgid;
+    uint32_t kept;
+  } *inflight;
   size_t ninflight, capinflight;
   /* Responses that arrived before their wait. */
   struct dspk__frame *done;
@@ -169,6 +180,26 @@ int dspk__forked(dspk_client *c);
 /* Whether [p, p + n) lies in a range of a file (dspk_file_data) that is
  * sent with sendfile (not one sendfile refused). */
 bool dspk__file_range(const dspk_client *c, const void *p, size_t n);
+
+/* Calls that may grow a file on the caller's behalf (ftruncate of a memfd,
+ * sendfile into one, pwrite and splice into a dspk_result_to_file file)
+ * run between these two: SIGXFSZ blocked in the calling thread, so that a
+ * file size limit (RLIMIT_FSIZE) makes the call fail with EFBIG instead of
+ * killing the process, and a SIGXFSZ it raised taken back (one pending
+ * before is left alone).  The library installs no signal handler; this
+ * keeps it from leaving signals behind too. */
+struct dspk__nofsz {
+  sigset_t old;
+  bool pending; /* SIGXFSZ was pending already */
+};
+void dspk__nofsz_begin(struct dspk__nofsz *g);
+void dspk__nofsz_end(struct dspk__nofsz *g);
+
+/* Has w reference every bin whose bytes lie in a file range of c
+ * (dspk_file_data), short ones too, instead of copying them: they are
+ * sent with sendfile and never read through the caller's mapping, which
+ * faults (SIGBUS) where the file shrank. */
+void dspk__wbuf_files(const dspk_client *c, struct dspk__wbuf *w);
 
 /* A fresh msgid for a request (never one still in flight). */
 uint32_t dspk__next_id(dspk_client *c);

@@ -35,6 +35,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/sendfile.h>
 #include <unistd.h>
 
@@ -252,7 +253,8 @@ static int shm_new_from(dspk_client *c, const char *device, size_t n, int state,
   uint64_t id = 0;
   void *p = MAP_FAILED;
   bool via_map;
-  int fd, rc;
+  struct dspk__nofsz g;
+  int fd, rc, e;
 
   if ((rc = dspk__forked(c)) != 0)
     return rc;
@@ -267,8 +269,19 @@ static int shm_new_from(dspk_client *c, const char *device, size_t n, int state,
   fd = memfd_create("dspk-shared", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0)
     return dspk__cerr(c, DSPK_ENOMEM, "memfd_create: %s", strerror(errno));
-  if (ftruncate(fd, (off_t)n) != 0) {
-    rc = dspk__cerr(c, DSPK_ENOMEM, "shared memory of %zu bytes: %s", n, strerror(errno));
+  dspk__nofsz_begin(&g);
+  rc = n > (size_t)INT64_MAX ? (errno = EFBIG, -1) : ftruncate(fd, (off_t)n);
+  e = errno;
+  dspk__nofsz_end(&g);
+  if (rc != 0) {
+    struct rlimit rl;
+    if (e == EFBIG && getrlimit(RLIMIT_FSIZE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
+        (uint64_t)n > (uint64_t)rl.rlim_cur)
+      rc = dspk__cerr(c, DSPK_ELIMIT, "shared memory of %zu bytes: more than this process's "
+                      "file size limit (RLIMIT_FSIZE, %llu bytes)", n,
+                      (unsigned long long)rl.rlim_cur);
+    else
+      rc = dspk__cerr(c, DSPK_ENOMEM, "shared memory of %zu bytes: %s", n, strerror(e));
     close(fd);
     return rc;
   }
@@ -325,7 +338,12 @@ static int shm_new_from(dspk_client *c, const char *device, size_t n, int state,
   via_map = src >= 0 && (shmem_huge_on_advice() || DSPK_TEST_HOOK("DSPK_TEST_SHM_FILL_MAP"));
   if (src < 0 || via_map)
     (void)madvise(p, n, MADV_POPULATE_WRITE);
-  if (src >= 0 && (rc = fill_from(fd, via_map ? p : NULL, src, off, n)) != 0) {
+  if (src >= 0) {
+    dspk__nofsz_begin(&g);
+    rc = fill_from(fd, via_map ? p : NULL, src, off, n);
+    dspk__nofsz_end(&g);
+  }
+  if (src >= 0 && rc != 0) {
     rc = rc < 0 ? dspk__cerr(c, DSPK_EIO, "reading %zu bytes at offset %llu of file "
                              "descriptor %d into shared memory: the file ends before "
                              "offset %llu", n, (unsigned long long)off, src,
@@ -401,6 +419,9 @@ DSPK_EXPORT int dspk_shared_from_file(dspk_client *c, const char *device, int fd
     return dspk__argerr(c, "dspk_shared_from_file: %s is NULL", !ptr_out ? "ptr_out" : "id_out");
   if (bytes == 0 || fd < 0)
     return dspk__argerr(c, "dspk_shared_from_file: needs a file and bytes > 0");
+  if (offset > (uint64_t)INT64_MAX || (uint64_t)bytes > (uint64_t)INT64_MAX - offset)
+    return dspk__argerr(c, "dspk_shared_from_file: offset %llu + bytes %zu passes a file's "
+                        "largest offset (2^63-1)", (unsigned long long)offset, bytes);
   rc = shm_new_from(c, device ? device : "cpu:0", bytes, 0, fd, offset, &s);
   if (rc != 0)
     return rc;

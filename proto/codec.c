@@ -504,6 +504,8 @@ void dspk__wbuf_init(struct dspk__wbuf *w) {
   w->err = 0;
   w->iov = NULL;
   w->inl_used = 0;
+  w->by_ref = NULL;
+  w->by_ref_ud = NULL;
   wbuf_cur_inline(w);
   msgpack_packer_init(&w->pk, w, wbuf_write);
 }
@@ -511,7 +513,8 @@ void dspk__wbuf_init(struct dspk__wbuf *w) {
 void dspk__wbuf_bin_ref(struct dspk__wbuf *w, const void *data, size_t n,
                         void (*release)(void *ud), void *ud) {
   msgpack_pack_bin(&w->pk, n);
-  if (n < DSPK__WBUF_COPY_MAX || w->err) {
+  if ((n < DSPK__WBUF_COPY_MAX && !(n && w->by_ref && w->by_ref(w->by_ref_ud, data, n))) ||
+      w->err) {
     if (n)
       msgpack_pack_bin_body(&w->pk, data, n);
     /* The bytes are copied; the release still runs at dspk__wbuf_free. */

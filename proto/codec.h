@@ -111,13 +111,20 @@ struct dspk__wbuf {
   size_t inl_used;         /* bytes of inl already cut into segments */
   size_t heap;             /* bytes of its chunks and segment array as
                               allocated (dspk__wbuf_held) */
+  /* Bins that dspk__wbuf_bin_ref references whatever their size (never
+   * copied, not even a short one): those for which this says true (NULL,
+   * set by dspk__wbuf_init: none).  libdspkclient's file ranges, whose
+   * bytes go with sendfile and must not be read through their mapping. */
+  bool (*by_ref)(const void *ud, const void *data, size_t n);
+  const void *by_ref_ud;
   struct dspk__wbuf_seg inl_segs[DSPK__WBUF_INLINE_SEGS];
   struct iovec inl_iov[DSPK__WBUF_INLINE_SEGS];
   char inl[DSPK__WBUF_INLINE];
 };
 void dspk__wbuf_init(struct dspk__wbuf *w);
-/* Packs a bin header of n bytes followed by data[0..n) by reference; data
- * must stay valid until release(ud) runs (release may be NULL). */
+/* Packs a bin header of n bytes followed by data[0..n) by reference (a
+ * short one is copied, unless w->by_ref says otherwise); data must stay
+ * valid until release(ud) runs (release may be NULL). */
 void dspk__wbuf_bin_ref(struct dspk__wbuf *w, const void *data, size_t n,
                         void (*release)(void *ud), void *ud);
 /* Cuts the frame into iovecs (*iov is owned by w).  0 or DSPK_ENOMEM. */
