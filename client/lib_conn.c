@@ -1630,7 +1630,32 @@ int dspk__wait_into(dspk_client *c, uint32_t msgid, void *dst, size_t n) {
 
 /* ---- connect / close ---------------------------------------------------- */
 
-struct hello_args { const char *name; uint64_t job; };
+struct hello_args { const char *name; uint64_t job; char sane[DSPK__CLIENT_NAME_MAX + 1]; };
+
+/* The client name as hello sends it: each byte of it that starts no
+ * well-formed UTF-8 character as U+FFFD (as packing would make it), cut at
+ * a character boundary to DSPK__CLIENT_NAME_MAX bytes, so that a name
+ * within that limit, which dspk.h accepts, is not refused for the bytes
+ * the replacement adds.  A longer name is sent as it is (the daemon refuses
+ * it: DSPK_ELIMIT). */
+static const char *hello_name(struct hello_args *a) {
+  static const char fffd[] = "\xef\xbf\xbd";
+  size_t n = strlen(a->name), i = 0, o = 0;
+  if (n > DSPK__CLIENT_NAME_MAX || dspk__utf8_valid(a->name, n))
+    return a->name;
+  while (i < n) {
+    size_t k = dspk__utf8_seq(a->name + i, n - i);
+    const char *p = k ? a->name + i : fffd;
+    size_t m = k ? k : sizeof fffd - 1;
+    if (o + m > DSPK__CLIENT_NAME_MAX)
+      break;
+    memcpy(a->sane + o, p, m);
+    o += m;
+    i += k ? k : 1;
+  }
+  a->sane[o] = '\0';
+  return a->sane;
+}
 
 /* The Slurm job this process runs in, which hello tells the daemon
  * (docs/protocol.md, "Slurm jobs"): $DSPK_JOB, else $SLURM_JOB_ID; 0 when
@@ -1653,8 +1678,9 @@ static void pack_hello(void *ud, struct dspk__wbuf *w) {
   const struct dspk__method *m = &dspk__methods[DSPK__M_HELLO];
   struct hello_args *a = ud;
   struct dspk__pval v[DSPK__MAX_PARAMS] = {0};
+  const char *name = hello_name(a);
   v[DSPK__HELLO_VERSION] = (struct dspk__pval){.set = true, .v = {.u = DSPK_PROTOCOL_VERSION}};
-  v[DSPK__HELLO_CLIENT] = (struct dspk__pval){.set = true, .v = {.s = {a->name, strlen(a->name)}}};
+  v[DSPK__HELLO_CLIENT] = (struct dspk__pval){.set = true, .v = {.s = {name, strlen(name)}}};
   if (a->job)
     v[DSPK__HELLO_JOB] = (struct dspk__pval){.set = true, .v = {.u = a->job}};
   dspk__params_encode(w, m->params, m->nparams, v);
@@ -1735,7 +1761,7 @@ DSPK_EXPORT int dspk_connect_timeout(const char *socket_path, const char *client
                                      int timeout_ms, dspk_client **out) {
   char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
   struct sockaddr_un sa = {.sun_family = AF_UNIX};
-  struct hello_args ha = {client_name ? client_name : "libdspkclient", env_job()};
+  struct hello_args ha = {client_name ? client_name : "libdspkclient", env_job(), ""};
   struct dspk__resp r;
   dspk_client *c;
   int rc;

@@ -36,10 +36,13 @@ void dspk__jput(struct dspk__jbuf *j, const char *s, size_t n) {
 
 void dspk__jputs(struct dspk__jbuf *j, const char *s) { dspk__jput(j, s, strlen(s)); }
 
-/* One JSON string: '"', '\\' and C0 controls escaped as JSON requires,
- * DEL and C1 controls (U+007F..U+009F) as \u00NN too, so that the text
- * can reach a terminal, and a byte that starts no well-formed UTF-8
- * character as \ufffd, so that it stays valid JSON (RFC 8259: UTF-8). */
+/* One JSON string: '"' and '\\' escaped as \" and \\, every control
+ * character (C0, DEL and C1: U+0000..U+001F, U+007F..U+009F; TAB, LF and
+ * CR too, never the short \t \n \r) as \u00NN, as dspk.h says and as
+ * dspk-submit's JSON writes them, so that the text can reach a terminal
+ * and a line-oriented filter sees one form, and a byte that starts no
+ * well-formed UTF-8 character as \ufffd, so that it stays valid JSON
+ * (RFC 8259: UTF-8). */
 void dspk__jstr(struct dspk__jbuf *j, const char *s, size_t n) {
   dspk__jput(j, "\"", 1);
   for (size_t i = 0; i < n;) {
@@ -50,9 +53,6 @@ void dspk__jstr(struct dspk__jbuf *j, const char *s, size_t n) {
     switch (cp) {
     case '"': dspk__jput(j, "\\\"", 2); break;
     case '\\': dspk__jput(j, "\\\\", 2); break;
-    case '\n': dspk__jput(j, "\\n", 2); break;
-    case '\r': dspk__jput(j, "\\r", 2); break;
-    case '\t': dspk__jput(j, "\\t", 2); break;
     default:
       if (k == 0) {
         dspk__jput(j, "\\ufffd", 6);

@@ -591,14 +591,17 @@ static void s_trace(struct srv *s) { good_then_bad(s, answer_trace); }
 
 /* The daemon's records as Chrome trace-event JSON; a record the table
  * (dspk__trace_job_f) does not describe is EPROTO naming its path. */
-/* Library JSON strings (trace, status, cache answers): DEL and C1 controls
- * as \u00NN so the text is safe on a terminal, an ill-formed byte as
+/* Library JSON strings (trace, status, cache answers): every control
+ * character as \u00NN (TAB, LF and CR too, as dspk.h says: they came out as
+ * \t \n \r) so the text is safe on a terminal, an ill-formed byte as
  * \ufffd so it stays JSON; other UTF-8 kept.  (DEL, U+0085 and a stray
  * 0xff went through raw.) */
 static void test_json_string_escapes(void **state) {
   (void)state;
-  static const char in[] = "a\x7f\xc2\x85\xc2\x9b\xff\"\\\n\x01\xc2\xa0\xc3\xa9\xe2\x80\xa8";
-  static const char want[] = "\"a\\u007f\\u0085\\u009b\\ufffd\\\"\\\\\\n\\u0001\xc2\xa0\xc3\xa9\xe2\x80\xa8\"";
+  static const char in[] = "a\x7f\xc2\x85\xc2\x9b\xff\"\\\n\x01\xc2\xa0\xc3\xa9\xe2\x80\xa8"
+                           "\t\r\b\f";
+  static const char want[] = "\"a\\u007f\\u0085\\u009b\\ufffd\\\"\\\\\\u000a\\u0001\xc2\xa0\xc3\xa9\xe2\x80\xa8"
+                             "\\u0009\\u000d\\u0008\\u000c\"";
   struct dspk__jbuf j = {0};
   dspk__jstr(&j, in, sizeof in - 1);
   assert_int_equal(j.err, 0);

@@ -1,0 +1,428 @@
+/*
+ * libdspkclient under the limits a caller's process may run with, and with
+ * arguments at the edges of their types, against a real dspkd (argv[1]):
+ *  - a file size limit (RLIMIT_FSIZE): the library's growth of its memfds
+ *    and of a dspk_result_to_file file fails (DSPK_ELIMIT, the socket, the
+ *    result kept in memory) instead of SIGXFSZ killing the process;
+ *  - dspk_file_data and dspk_shared_from_file ranges that wrap: DSPK_EINVAL;
+ *  - a dspk_file_data file that shrank: DSPK_EIO for an operand of any size
+ *    (a short one was copied through the mapping: SIGBUS);
+ *  - many answers read ahead of their waits: each costs O(1) (kept answers
+ *    were found by a linear scan and rbuf moved for each frame);
+ *  - a 63-byte client name with bytes that are not UTF-8 connects;
+ *  - a tensor whose byte size overflows: one refusal, DSPK_ELIMIT, that
+ *    never states a wrapped size.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "daemon_spawn.h"
+#include "dspk/dspk.h"
+
+static const char *dspkd_path;
+static char tmpdir[64];
+static char sockpath[128];
+static char floodsock[160];
+static pid_t daemon_pid = -1, flood_pid = -1;
+
+static int start_daemons(void **state) {
+  (void)state;
+  strcpy(tmpdir, "/tmp/dspk-limits-XXXXXX");
+  if (!mkdtemp(tmpdir))
+    return -1;
+  snprintf(sockpath, sizeof sockpath, "%s/dspkd.sock", tmpdir);
+  const char *args[] = {"--backends", "cpu", "--log-level", "warn", "--no-cache", NULL};
+  if ((daemon_pid = daemon_spawn(dspkd_path, sockpath, args)) < 0)
+    return -1;
+  /* Few tasks at once and little room for unsent answers: a client that
+   * submits many reads their answers while it waits for room to send, and
+   * keeps them for their waits. */
+  const char *flood[] = {"--backends", "cpu", "--log-level", "warn", "--no-cache",
+                         "--max-unsent", "65536", "--max-inflight", "16", NULL};
+  snprintf(floodsock, sizeof floodsock, "%s/flood.sock", tmpdir);
+  if ((flood_pid = daemon_spawn(dspkd_path, floodsock, flood)) < 0)
+    return -1;
+  return 0;
+}
+
+static int stop_daemons(void **state) {
+  int st = 0, st2 = 0;
+  (void)state;
+  if (flood_pid > 0 && daemon_stop(flood_pid, &st2) != 0)
+    return -1;
+  unlink(floodsock);
+  if (daemon_pid > 0 && daemon_stop(daemon_pid, &st) != 0)
+    return -1;
+  unlink(sockpath);
+  rmdir(tmpdir);
+  return WIFEXITED(st) && WEXITSTATUS(st) == 0 && WIFEXITED(st2) && WEXITSTATUS(st2) == 0
+             ? 0
+             : -1;
+}
+
+static int tmpfile_rw(const char *name) {
+  char path[160];
+  snprintf(path, sizeof path, "%s/%s", tmpdir, name);
+  int fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  assert_true(fd >= 0);
+  unlink(path);
+  return fd;
+}
+
+/* ---- RLIMIT_FSIZE ------------------------------------------------------- */
+
+/* The child's checks: each failure exits with its own status (the parent
+ * names it); 0 when all held.  A SIGXFSZ kills the child instead. */
+#define CHILD_CHECK(cond, code) \
+  do {                          \
+    if (!(cond))                \
+      _exit(code);              \
+  } while (0)
+
+static void fsize_child(int src) {
+  const size_t big = (size_t)4 << 20;
+  const int64_t n = (int64_t)(big / sizeof(float)), rn = 65536; /* 256 KiB result */
+  struct rlimit rl = {(rlim_t)1 << 20, (rlim_t)1 << 20};
+  dspk_client *c = NULL;
+  void *p = NULL;
+  uint64_t id = 0;
+  dspk_tensor in;
+  dspk_task t;
+  dspk_result r;
+  uint32_t tk;
+  bool written = true;
+  float *x = malloc(big);
+  int out;
+
+  CHILD_CHECK(x != NULL, 2);
+  for (int64_t i = 0; i < n; i++)
+    x[i] = (float)(i % 97);
+  out = tmpfile_rw("fsize.out");
+  CHILD_CHECK(setrlimit(RLIMIT_FSIZE, &rl) == 0, 3);
+  CHILD_CHECK(dspk_connect(sockpath, "fsize", &c) == 0, 4);
+  /* Shared memory beyond the limit: the library's refusal, naming it. */
+  CHILD_CHECK(dspk_shared_alloc(c, NULL, big, &p, &id) == DSPK_ELIMIT, 10);
+  CHILD_CHECK(strstr(dspk_last_error(c), "RLIMIT_FSIZE") != NULL, 11);
+  CHILD_CHECK(dspk_shared_from_file(c, NULL, src, 0, big, &p, &id) == DSPK_ELIMIT, 12);
+  CHILD_CHECK(strstr(dspk_last_error(c), "RLIMIT_FSIZE") != NULL, 13);
+  /* A 4 MiB operand above the 1 MiB threshold: no temporary to be had, so
+   * it crosses the socket, and its 4 MiB result too. */
+  dspk_tensor_inline(&in, DSPK_F32, 1, &n, x);
+  dspk_task_init(&t, DSPK_OP_MAP);
+  t.device = "cpu:0";
+  t.map.fn = DSPK_MAP_SCALE;
+  t.map.alpha = 2.0;
+  t.inputs = &in;
+  t.ninputs = 1;
+  CHILD_CHECK(dspk_run(c, &t, &r) == 0, 20);
+  CHILD_CHECK(r.nout == 1 && r.out[0].nbytes == big, 21);
+  for (int64_t i = 0; i < n; i++)
+    CHILD_CHECK(((const float *)r.out[0].data)[i] == x[i] * 2.0f, 22);
+  dspk_result_free(&r);
+  /* A result to a file that may not grow that far: it stays in memory. */
+  rl.rlim_cur = (rlim_t)128 << 10;
+  CHILD_CHECK(setrlimit(RLIMIT_FSIZE, &rl) == 0, 3);
+  in.shape[0] = rn;
+  in.nbytes = (size_t)rn * sizeof(float);
+  CHILD_CHECK(dspk_submit(c, &t, &tk) == 0, 30);
+  CHILD_CHECK(dspk_result_to_file(c, tk, out, 0, &written) == 0, 31);
+  CHILD_CHECK(dspk_wait(c, tk, &r) == 0, 32);
+  CHILD_CHECK(!written, 33);
+  for (int64_t i = 0; i < rn; i++)
+    CHILD_CHECK(((const float *)r.out[0].data)[i] == x[i] * 2.0f, 34);
+  dspk_result_free(&r);
+  /* Kept answers read while waiting for another (dspk__sink_write). */
+  uint32_t tk2;
+  written = true;
+  CHILD_CHECK(dspk_submit(c, &t, &tk) == 0, 40);
+  CHILD_CHECK(dspk_submit(c, &t, &tk2) == 0, 41);
+  CHILD_CHECK(dspk_result_to_file(c, tk2, out, 0, &written) == 0, 42);
+  CHILD_CHECK(dspk_wait(c, tk, &r) == 0, 43);
+  dspk_result_free(&r);
+  CHILD_CHECK(dspk_wait(c, tk2, &r) == 0, 44);
+  CHILD_CHECK(!written, 45);
+  CHILD_CHECK(((const float *)r.out[0].data)[rn - 1] == x[rn - 1] * 2.0f, 46);
+  dspk_result_free(&r);
+  CHILD_CHECK(dspk_ping(c, "x", 1) == 0, 50);
+  dspk_close(c);
+  free(x);
+  _exit(0);
+}
+
+/* Under a file size limit no call of the library raises SIGXFSZ (whose
+ * default action ends the process): shared memory beyond it is
+ * DSPK_ELIMIT naming RLIMIT_FSIZE, an operand's temporary falls back to
+ * the socket, a result the file cannot take stays in memory. */
+static void test_file_size_limit(void **state) {
+  const size_t big = (size_t)4 << 20;
+  char *buf = calloc(1, big);
+  int src = tmpfile_rw("fsize.src"), st = 0;
+  pid_t pid;
+  (void)state;
+  assert_non_null(buf);
+  assert_int_equal(write(src, buf, big), (ssize_t)big);
+  free(buf);
+  pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0)
+    fsize_child(src);
+  assert_int_equal(waitpid(pid, &st, 0), pid);
+  close(src);
+  if (WIFSIGNALED(st))
+    fail_msg("the child was killed by signal %d (%s)", WTERMSIG(st), strsignal(WTERMSIG(st)));
+  assert_true(WIFEXITED(st));
+  if (WEXITSTATUS(st) != 0)
+    fail_msg("the child's check %d failed", WEXITSTATUS(st));
+}
+
+/* ---- ranges ------------------------------------------------------------ */
+
+/* A range whose end wraps (the address space, a file's largest offset) is
+ * no range: DSPK_EINVAL, and operands outside what was registered still go
+ * from memory. */
+static void test_wrapping_ranges(void **state) {
+  const int64_t n = 1000;
+  float x[1000];
+  dspk_client *c = NULL;
+  dspk_tensor in;
+  dspk_task t;
+  dspk_result r;
+  void *p = NULL;
+  uint64_t id = 0;
+  int fd = tmpfile_rw("wrap.bin");
+  char page[4096] = {0};
+  (void)state;
+  for (int i = 0; i < n; i++)
+    x[i] = 2.0f;
+  assert_int_equal(write(fd, page, sizeof page), (ssize_t)sizeof page);
+  void *m = mmap(NULL, sizeof page, PROT_READ, MAP_SHARED, fd, 0);
+  assert_true(m != MAP_FAILED);
+  assert_int_equal(dspk_connect(sockpath, "wrap", &c), 0);
+  assert_int_equal(dspk_file_data(c, m, SIZE_MAX, fd, 0), DSPK_EINVAL);
+  assert_non_null(strstr(dspk_last_error(c), "wraps"));
+  assert_int_equal(dspk_file_data(c, (void *)(uintptr_t)-16, 100, fd, 0), DSPK_EINVAL);
+  assert_int_equal(dspk_file_data(c, m, (size_t)INT64_MAX + 1, fd, 0), DSPK_EINVAL);
+  assert_int_equal(dspk_file_data(c, m, 16, fd, (uint64_t)INT64_MAX), DSPK_EINVAL);
+  assert_int_equal(dspk_shared_from_file(c, NULL, fd, (uint64_t)INT64_MAX, 2, &p, &id),
+                   DSPK_EINVAL);
+  assert_int_equal(dspk_shared_from_file(c, NULL, fd, 0, SIZE_MAX, &p, &id), DSPK_EINVAL);
+  /* The heap operand is no file's: sent from memory. */
+  dspk_tensor_inline(&in, DSPK_F32, 1, &n, x);
+  dspk_task_init(&t, DSPK_OP_REDUCE);
+  t.device = "cpu:0";
+  t.reduce.fn = DSPK_REDUCE_SUM;
+  t.inputs = &in;
+  t.ninputs = 1;
+  assert_int_equal(dspk_run(c, &t, &r), 0);
+  assert_true(*(const float *)r.out[0].data == 2000.0f);
+  dspk_result_free(&r);
+  dspk_close(c);
+  munmap(m, sizeof page);
+  close(fd);
+}
+
+/* A file range's bytes go with sendfile whatever their size (dspk.h): a
+ * file that shrank under an operand of 100 floats, or a ping's 100 bytes,
+ * is DSPK_EIO, as for a large one, not a SIGBUS from reading the mapping. */
+static void test_file_data_shrunk_small(void **state) {
+  const size_t n = 1 << 16, nb = n * sizeof(float);
+  const int64_t k = 100;
+  float *ones = malloc(nb);
+  dspk_client *c = NULL, *c2 = NULL;
+  dspk_tensor in;
+  dspk_task t;
+  dspk_result r;
+  int fd = tmpfile_rw("shrink.bin");
+  (void)state;
+  assert_non_null(ones);
+  for (size_t i = 0; i < n; i++)
+    ones[i] = 1.0f;
+  assert_int_equal(write(fd, ones, nb), (ssize_t)nb);
+  free(ones);
+  float *m = mmap(NULL, nb, PROT_READ, MAP_SHARED, fd, 0);
+  assert_true(m != MAP_FAILED);
+  assert_int_equal(dspk_connect(sockpath, "shrink", &c), 0);
+  assert_int_equal(dspk_connect(sockpath, "shrink2", &c2), 0);
+  assert_int_equal(dspk_file_data(c, m, nb, fd, 0), 0);
+  assert_int_equal(dspk_file_data(c2, m, nb, fd, 0), 0);
+  dspk_tensor_inline(&in, DSPK_F32, 1, &k, m + n / 2 + 1024);
+  dspk_task_init(&t, DSPK_OP_REDUCE);
+  t.device = "cpu:0";
+  t.reduce.fn = DSPK_REDUCE_SUM;
+  t.inputs = &in;
+  t.ninputs = 1;
+  assert_int_equal(dspk_run(c, &t, &r), 0);
+  assert_true(*(const float *)r.out[0].data == 100.0f);
+  dspk_result_free(&r);
+  assert_int_equal(ftruncate(fd, (off_t)(nb / 2)), 0); /* ends inside the range */
+  assert_int_equal(dspk_run(c, &t, &r), DSPK_EIO);
+  assert_non_null(strstr(dspk_last_error(c), "input file ended"));
+  assert_int_equal(dspk_ping(c2, m + n / 2 + 1024, 100), DSPK_EIO);
+  dspk_close(c);
+  dspk_close(c2);
+  munmap(m, nb);
+  close(fd);
+}
+
+/* ---- many answers kept --------------------------------------------------- */
+
+/* Client CPU seconds of n tasks submitted at once, then waited for in
+ * reverse order: each answer's data (x * i) is its own ticket's. */
+static double flood(int n) {
+  float x[1024];
+  const int64_t len = 1024;
+  dspk_client *c = NULL;
+  dspk_tensor in;
+  dspk_task t;
+  dspk_result r;
+  uint32_t *tk = calloc((size_t)n, sizeof *tk);
+  int *val = calloc((size_t)n, sizeof *val); /* the alpha of tk[i]'s task */
+  struct timespec a, b;
+  assert_non_null(tk);
+  assert_non_null(val);
+  for (int i = 0; i < 1024; i++)
+    x[i] = 1.0f;
+  assert_int_equal(dspk_connect(floodsock, "flood", &c), 0);
+  dspk_tensor_inline(&in, DSPK_F32, 1, &len, x);
+  dspk_task_init(&t, DSPK_OP_MAP);
+  t.device = "cpu:0";
+  t.map.fn = DSPK_MAP_SCALE;
+  t.inputs = &in;
+  t.ninputs = 1;
+  for (int i = 0; i < n; i++) {
+    t.map.alpha = (double)i;
+    val[i] = i;
+    assert_int_equal(dspk_submit(c, &t, &tk[i]), 0);
+  }
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &a);
+  for (int i = n - 1; i >= 0; i--) {
+    uint32_t any = 0;
+    if (i % 7 == 3) { /* now and then whichever answer comes first */
+      assert_int_equal(dspk_wait_any(c, &any, &r), 0);
+      int j = 0;
+      while (j <= i && tk[j] != any)
+        j++;
+      assert_true(j <= i);
+      assert_true(((const float *)r.out[0].data)[1023] == (float)val[j]);
+      tk[j] = tk[i]; /* slot i is waited for: its ticket takes j's place */
+      val[j] = val[i];
+    } else {
+      assert_int_equal(dspk_wait(c, tk[i], &r), 0);
+      assert_true(((const float *)r.out[0].data)[1023] == (float)val[i]);
+    }
+    dspk_result_free(&r);
+  }
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &b);
+  dspk_close(c);
+  free(tk);
+  free(val);
+  return (double)(b.tv_sec - a.tv_sec) + (double)(b.tv_nsec - a.tv_nsec) / 1e9;
+}
+
+/* Waiting for n answers that were read ahead costs O(n), not O(n^2): four
+ * times the tickets take well under 16 times the client's CPU (quadratic:
+ * about 30 times, 8000 tickets several seconds). */
+static void test_many_kept_answers(void **state) {
+  (void)state;
+  double small = flood(2000), large = flood(8000);
+  if (large > 0.05 && large > 8 * (small > 0.005 ? small : 0.005))
+    fail_msg("waits for 2000 answers took %.3f s of CPU, for 8000 %.3f s", small, large);
+}
+
+/* ---- client name, tensor sizes --------------------------------------- */
+
+/* A name of 63 bytes is within dspk_connect's limit whatever its bytes: one
+ * that is not UTF-8 connects (sent with U+FFFD, cut to 63 bytes); 64 bytes
+ * are DSPK_ELIMIT. */
+static void test_client_name_63(void **state) {
+  char name[65];
+  dspk_client *c = NULL;
+  (void)state;
+  memset(name, 0xff, 63);
+  name[63] = '\0';
+  assert_int_equal(dspk_connect(sockpath, name, &c), 0);
+  dspk_close(c);
+  memset(name, 'a', 63);
+  name[0] = (char)0xff;
+  assert_int_equal(dspk_connect(sockpath, name, &c), 0);
+  dspk_close(c);
+  memset(name, 'a', 63);
+  name[62] = (char)0xc3; /* a character cut short */
+  assert_int_equal(dspk_connect(sockpath, name, &c), 0);
+  dspk_close(c);
+  memset(name, 'a', 64);
+  name[64] = '\0';
+  assert_int_equal(dspk_connect(sockpath, name, &c), DSPK_ELIMIT);
+}
+
+/* A shape whose byte size passes 2^63-1 is DSPK_ELIMIT, as the daemon
+ * refuses it, with a message that states no wrapped size, whatever nbytes
+ * says (dspk_tensor_inline's SIZE_MAX, or the wrapped product). */
+static void test_tensor_size_overflow(void **state) {
+  static const struct {
+    int64_t shape[3];
+    unsigned rank;
+    dspk_dtype dt;
+    size_t nbytes;
+  } cases[] = {
+      {{INT64_MAX, 4}, 2, DSPK_F32, SIZE_MAX},
+      {{(int64_t)1 << 61, 2}, 2, DSPK_F64, SIZE_MAX},
+      {{(int64_t)1 << 61, 2}, 2, DSPK_F64, 0},
+      {{((int64_t)1 << 61) + 1, 2}, 2, DSPK_F64, 16},
+      {{(int64_t)1 << 62, (int64_t)1 << 62, 0}, 3, DSPK_F32, 0},
+  };
+  dspk_client *c = NULL;
+  float one = 1.0f;
+  (void)state;
+  assert_int_equal(dspk_connect(sockpath, "overflow", &c), 0);
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    dspk_tensor in;
+    dspk_task t;
+    dspk_result r;
+    dspk_tensor_inline(&in, cases[i].dt, cases[i].rank, cases[i].shape, &one);
+    in.nbytes = cases[i].nbytes;
+    dspk_task_init(&t, DSPK_OP_MAP);
+    t.device = "cpu:0";
+    t.map.fn = DSPK_MAP_ABS;
+    t.inputs = &in;
+    t.ninputs = 1;
+    assert_int_equal(dspk_run(c, &t, &r), DSPK_ELIMIT);
+    assert_non_null(strstr(dspk_last_error(c), "passes 2^63-1 bytes"));
+    assert_null(strstr(dspk_last_error(c), "needs"));
+  }
+  assert_int_equal(dspk_ping(c, "x", 1), 0);
+  dspk_close(c);
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2) {
+    fprintf(stderr, "usage: %s PATH-TO-DSPKD\n", argv[0]);
+    return 2;
+  }
+  dspkd_path = argv[1];
+  signal(SIGPIPE, SIG_IGN);
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_file_size_limit),
+      cmocka_unit_test(test_wrapping_ranges),
+      cmocka_unit_test(test_file_data_shrunk_small),
+      cmocka_unit_test(test_many_kept_answers),
+      cmocka_unit_test(test_client_name_63),
+      cmocka_unit_test(test_tensor_size_overflow),
+  };
+  return cmocka_run_group_tests(tests, start_daemons, stop_daemons);
+}
