@@ -504,8 +504,11 @@ DSPK_EXPORT int dspk_buffer_write(dspk_client *c, uint64_t id,
     return dspk__argerr(c, "dspk_buffer_write: data is NULL and n is %zu", n);
   if (dspk__forked(c)) /* its shared memory is the parent's too */
     return DSPK_ECLOSED;
-  /* A shared buffer of ours with nothing in flight: its bytes are here. */
-  if ((local = dspk__shm_local(c, id, offset, n)) != NULL) {
+  /* A shared buffer of ours with nothing in flight: its bytes are here
+   * (not for bytes of a file range, dspk_file_data: those go with sendfile,
+   * never read through the caller's mapping of the file). */
+  if (!(n && dspk__file_range(c, data, n)) &&
+      (local = dspk__shm_local(c, id, offset, n)) != NULL) {
     if (n) /* data may be NULL for 0 bytes; it may lie in the mapping itself */
       memmove(local, data, n);
     return 0;

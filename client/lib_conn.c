@@ -367,6 +367,10 @@ bool dspk__file_range(const dspk_client *c, const void *p, size_t n) {
   return fmap_of(c, p, n) != NULL;
 }
 
+const struct dspk__fmap *dspk__fmap_of(const dspk_client *c, const void *p, size_t n) {
+  return fmap_of(c, p, n);
+}
+
 static bool by_ref_file(const void *ud, const void *p, size_t n) {
   return fmap_of(ud, p, n) != NULL;
 }

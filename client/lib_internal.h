@@ -180,6 +180,8 @@ int dspk__forked(dspk_client *c);
 /* Whether [p, p + n) lies in a range of a file (dspk_file_data) that is
  * sent with sendfile (not one sendfile refused). */
 bool dspk__file_range(const dspk_client *c, const void *p, size_t n);
+/* That range (its file and offset), or NULL. */
+const struct dspk__fmap *dspk__fmap_of(const dspk_client *c, const void *p, size_t n);
 
 /* Calls that may grow a file on the caller's behalf (ftruncate of a memfd,
  * sendfile into one, pwrite and splice into a dspk_result_to_file file)

@@ -622,7 +622,21 @@ int dspk__shm_operand(dspk_client *c, const char *device, const void *data,
     return 0;
   if ((rc = shm_temp(c, device, n, may_wait, &s)) != 1)
     return rc;
-  wide_copy(s->ptr, p, n);
+  /* A file's bytes (dspk_file_data, an operand too large for the socket)
+   * are read from the file, never through the caller's mapping of it,
+   * which faults (SIGBUS) where the file shrank. */
+  const struct dspk__fmap *fm = dspk__fmap_of(c, p, n);
+  rc = fm ? fill_from(-1, s->ptr, fm->fd, fm->off + (uint64_t)(p - fm->addr), n) : 0;
+  if (rc == ESPIPE || rc == EINVAL || rc == EBADF) /* not readable so: as memory */
+    fm = NULL;
+  if (fm) {
+    if (rc != 0)
+      return rc < 0 ? dspk__cerr(c, DSPK_EIO, "an input file ended before its data was "
+                                 "copied (changed while in use?)")
+                    : dspk__cerr(c, DSPK_EIO, "reading an input file: %s", strerror(rc));
+  } else {
+    wide_copy(s->ptr, p, n);
+  }
   *id = s->id;
   *off = 0;
   return 1;

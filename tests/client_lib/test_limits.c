@@ -6,7 +6,8 @@
  *    result kept in memory) instead of SIGXFSZ killing the process;
  *  - dspk_file_data and dspk_shared_from_file ranges that wrap: DSPK_EINVAL;
  *  - a dspk_file_data file that shrank: DSPK_EIO for an operand of any size
- *    (a short one was copied through the mapping: SIGBUS);
+ *    and for dspk_buffer_write's local copy (a short operand, a large one's
+ *    temporary and that copy read the mapping: SIGBUS);
  *  - many answers read ahead of their waits: each costs O(1) (kept answers
  *    were found by a linear scan and rbuf moved for each frame);
  *  - a 63-byte client name with bytes that are not UTF-8 connects;
@@ -53,7 +54,8 @@ static int start_daemons(void **state) {
    * submits many reads their answers while it waits for room to send, and
    * keeps them for their waits. */
   const char *flood[] = {"--backends", "cpu", "--log-level", "warn", "--no-cache",
-                         "--max-unsent", "65536", "--max-inflight", "16", NULL};
+                         "--max-unsent", "65536", "--max-inflight", "16",
+                         "--max-message", "1M", NULL};
   snprintf(floodsock, sizeof floodsock, "%s/flood.sock", tmpdir);
   if ((flood_pid = daemon_spawn(dspkd_path, floodsock, flood)) < 0)
     return -1;
@@ -279,6 +281,55 @@ static void test_file_data_shrunk_small(void **state) {
   close(fd);
 }
 
+/* The other ways a file range's bytes leave: dspk_buffer_write into a
+ * shared allocation while nothing is in flight (a memmove here) and an
+ * operand too large for the socket (copied into a temporary) read the file,
+ * not the mapping: DSPK_EIO once the file shrank, not SIGBUS. */
+static void test_file_data_shrunk_copies(void **state) {
+  const size_t n = 1 << 18, nb = n * sizeof(float); /* 1 MiB */
+  const int64_t k = 160 << 10;                       /* 640 KiB: half max_message or more */
+  float *ones = malloc(nb);
+  dspk_client *c = NULL, *c2 = NULL;
+  dspk_tensor in;
+  dspk_task t;
+  dspk_result r;
+  void *sp = NULL;
+  uint64_t sid = 0;
+  int fd = tmpfile_rw("shrink2.bin");
+  (void)state;
+  assert_non_null(ones);
+  for (size_t i = 0; i < n; i++)
+    ones[i] = 1.0f;
+  assert_int_equal(write(fd, ones, nb), (ssize_t)nb);
+  free(ones);
+  float *m = mmap(NULL, nb, PROT_READ, MAP_SHARED, fd, 0);
+  assert_true(m != MAP_FAILED);
+  assert_int_equal(dspk_connect(floodsock, "shrink-big", &c), 0); /* max_message 1 MiB */
+  assert_int_equal(dspk_connect(sockpath, "shrink-write", &c2), 0);
+  assert_int_equal(dspk_file_data(c, m, nb, fd, 0), 0);
+  assert_int_equal(dspk_file_data(c2, m, nb, fd, 0), 0);
+  assert_int_equal(dspk_shared_alloc(c2, "cpu:0", 4096, &sp, &sid), 0);
+  dspk_tensor_inline(&in, DSPK_F32, 1, &k, m + 1024);
+  dspk_task_init(&t, DSPK_OP_REDUCE);
+  t.device = "cpu:0";
+  t.reduce.fn = DSPK_REDUCE_SUM;
+  t.inputs = &in;
+  t.ninputs = 1;
+  assert_int_equal(dspk_run(c, &t, &r), 0);
+  assert_true(*(const float *)r.out[0].data == (float)k);
+  dspk_result_free(&r);
+  assert_int_equal(dspk_buffer_write(c2, sid, 0, m + n / 2, 100), 0);
+  assert_true(((const float *)sp)[24] == 1.0f);
+  assert_int_equal(ftruncate(fd, 4096), 0); /* both now end inside the range */
+  assert_int_equal(dspk_run(c, &t, &r), DSPK_EIO);
+  assert_non_null(strstr(dspk_last_error(c), "input file ended"));
+  assert_int_equal(dspk_buffer_write(c2, sid, 0, m + n / 2, 100), DSPK_EIO);
+  dspk_close(c);
+  dspk_close(c2);
+  munmap(m, nb);
+  close(fd);
+}
+
 /* ---- many answers kept --------------------------------------------------- */
 
 /* Client CPU seconds of n tasks submitted at once, then waited for in
@@ -420,6 +471,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_file_size_limit),
       cmocka_unit_test(test_wrapping_ranges),
       cmocka_unit_test(test_file_data_shrunk_small),
+      cmocka_unit_test(test_file_data_shrunk_copies),
       cmocka_unit_test(test_many_kept_answers),
       cmocka_unit_test(test_client_name_63),
       cmocka_unit_test(test_tensor_size_overflow),
