@@ -46,7 +46,11 @@
  *  - The library never prints, never exits and installs no signal handlers;
  *    it sends with MSG_NOSIGNAL, so a daemon that goes away gives
  *    DSPK_ECLOSED rather than SIGPIPE (whether the stream ended or was
- *    reset); where the daemon sent a protocol.error before closing, the
+ *    reset), and it grows files on the caller's behalf (its shared memory,
+ *    a dspk_result_to_file file) with SIGXFSZ blocked in the calling
+ *    thread, so a file size limit (RLIMIT_FSIZE, ulimit -f) makes that
+ *    growth fail as each call below says rather than kill the process (a
+ *    SIGXFSZ it raised is taken back, one pending before is left); where the daemon sent a protocol.error before closing, the
  *    call gives that error's code and message instead ("daemon closed the
  *    connection: " and the daemon's reason), also when it failed while
  *    sending; every later call on that client fails with the same code and
@@ -101,7 +105,9 @@ DSPK_EXPORT int dspk_default_socket(char *buf, size_t buflen);
 /*
  * Connects to the daemon at socket_path (NULL: dspk_default_socket()) and
  * says hello with client_name (NULL: "libdspkclient"; at most 63 bytes,
- * a longer one is DSPK_ELIMIT) and the Slurm job this process runs in
+ * a longer one is DSPK_ELIMIT; each byte of it that starts no well-formed
+ * UTF-8 character is sent as U+FFFD, the name then cut at a character
+ * boundary to 63 bytes) and the Slurm job this process runs in
  * ($DSPK_JOB, else $SLURM_JOB_ID, when a decimal number from 1;
  * docs/cluster.md).  On success *out is a new client, freed with
  * dspk_close().  Returns DSPK_EINVAL when out is NULL, DSPK_ELIMIT for a
@@ -203,7 +209,8 @@ DSPK_EXPORT int dspk_ping(dspk_client *c, const void *data, size_t n);
  * *json_out (NUL-terminated, free with dspk_free()).  bin values become
  * base64 strings.  Useful for `status` and for scripting.  In the JSON text
  * of this and every other call, strings escape control characters (C0,
- * DEL and C1: U+0000..U+001F, U+007F..U+009F) as \u00NN and a byte that
+ * DEL and C1: U+0000..U+001F, U+007F..U+009F; TAB, LF and CR too, never
+ * as \t \n \r) as \u00NN and a byte that
  * starts no well-formed UTF-8 character as \ufffd: the text is valid JSON
  * and carries no terminal control sequence.
  */
@@ -372,7 +379,8 @@ DSPK_EXPORT int dspk_buffer_free(dspk_client *c, uint64_t id);
  * works, with a copy.  dspk_buffer_read/write
  * of the id work too: while the daemon works on no request of c they are a
  * memmove in this process (the daemon holds the same pages; data or dst may
- * lie in them), else they go to the daemon in order behind the requests
+ * lie in them; a write whose data lies in a dspk_file_data range goes to
+ * the daemon instead, sent from the file), else they go to the daemon in order behind the requests
  * in flight, a request given up on after a timeout (dspk_set_timeout)
  * counting as in flight until its late answer is read; either way as if
  * the bytes were all read before any is written.  Writing the memory
@@ -383,7 +391,9 @@ DSPK_EXPORT int dspk_buffer_free(dspk_client *c, uint64_t id);
  * bytes, and dspk_buffer_read/write of the id are DSPK_ENOBUF.  Freed by dspk_shared_free() or
  * dspk_close().  The daemon answers the import before any page is made, so
  * a size beyond its device's memory or the user's quota is DSPK_ENOMEM or
- * DSPK_ELIMIT without committing memory here.  An empty device name is no
+ * DSPK_ELIMIT without committing memory here; the memory is a file (a
+ * memfd), so a size beyond this process's file size limit (RLIMIT_FSIZE)
+ * is DSPK_ELIMIT too, with a dspk_last_error() that names it.  An empty device name is no
  * device (DSPK_ENODEV), as in every call that names one.
  */
 DSPK_EXPORT int dspk_shared_alloc(dspk_client *c, const char *device,
@@ -394,27 +404,35 @@ DSPK_EXPORT int dspk_shared_alloc(dspk_client *c, const char *device,
  * the mapping where shared memory gets huge pages only on request,
  * transparent_hugepage/shmem_enabled "advise") instead of by this process:
  * the fast way to pass a large file's data (dspk-submit does so for .npy
- * inputs).  DSPK_EIO when the file is shorter.  Freed by
+ * inputs).  DSPK_EIO when the file is shorter, DSPK_EINVAL when
+ * offset + bytes passes 2^63-1 (a file's largest offset), DSPK_ELIMIT
+ * beyond RLIMIT_FSIZE as for dspk_shared_alloc.  Freed by
  * dspk_shared_free(). */
 DSPK_EXPORT int dspk_shared_from_file(dspk_client *c, const char *device, int fd,
                                       uint64_t offset, size_t bytes, void **ptr_out,
                                       uint64_t *id_out);
 /* Says that the bytes [addr, addr + len) of this process are the bytes
  * [offset, offset + len) of the open file fd (a mapping of it, read-only
- * or not yet written): inline operands that lie there are then sent with
- * sendfile(2) from fd, the kernel passing the file's cached pages to the
- * socket, instead of copied from memory (which would fault every page of
- * the mapping in), whatever their size: the shared threshold
+ * or not yet written): inline operands that lie there (and the data of a
+ * dspk_buffer_write or dspk_ping that does) are then sent with sendfile(2)
+ * from fd, the kernel passing the file's cached pages to the socket,
+ * instead of copied from memory (which would fault every page of the
+ * mapping in), whatever their size: the shared threshold
  * (dspk_set_shared_threshold) does not apply to them, except to one of half
- * the daemon's max_message or more, which could not go inline at all.  fd
+ * the daemon's max_message or more, which could not go inline at all and
+ * is read from fd (pread) into its temporary.  The library never reads
+ * such bytes through the mapping, so a file that shrank is an error, not a
+ * SIGBUS: fd
  * is duplicated (the caller may close its own); the file must not change
  * while a request using it is sent (a file that ends inside the range
- * breaks the connection: DSPK_EIO).  Where sendfile cannot
+ * breaks the connection: DSPK_EIO; DSPK_EIO too, the connection intact,
+ * for the large operand whose temporary it cannot fill).  Where sendfile cannot
  * be used (fd is a pipe, or the kernel cannot send a file to this socket)
  * the memory is sent as before.  len 0
  * forgets the range that starts at addr (do so before unmapping it);
- * dspk_close forgets all.  0, DSPK_EINVAL, DSPK_ENOMEM or DSPK_EIO (dup
- * failed). */
+ * dspk_close forgets all.  0, DSPK_EINVAL (also for a range whose
+ * addr + len wraps around the address space, or whose offset + len passes
+ * 2^63-1), DSPK_ENOMEM or DSPK_EIO (dup failed). */
 DSPK_EXPORT int dspk_file_data(dspk_client *c, const void *addr, size_t len, int fd,
                                uint64_t offset);
 /* Has the first output of ticket's answer written to the open file fd at
@@ -435,7 +453,8 @@ DSPK_EXPORT int dspk_file_data(dspk_client *c, const void *addr, size_t len, int
  * dspk_result_to_file, untouched by a failed one) to true.  It stays false, the output then in
  * memory as usual, when the answer is an error, its first output is a
  * reference or smaller than 64 KiB, or the file takes no more bytes (a full
- * disk: what was written is read back, and the caller's own write of the
+ * disk, or the offset reached this process's file size limit, RLIMIT_FSIZE:
+ * what was written is read back, and the caller's own write of the
  * file then reports the error).  fd must be a regular file open for reading and writing (not
  * O_APPEND); it is duplicated, and the file grows as needed; bytes outside
  * the range are not touched.  Call it after dspk_submit and before the
@@ -488,7 +507,7 @@ DSPK_EXPORT int dspk_shared_free(dspk_client *c, void *ptr);
  * daemon refuses with DSPK_ELIMIT or DSPK_ENOMEM while c holds idle
  * temporaries frees them and is tried once more.  A temporary that cannot
  * be had all the same (refused by the daemon: max_buffers, a quota; or no
- * shared memory here) is no failure of the task: its operand or result
+ * shared memory here, RLIMIT_FSIZE below its size included) is no failure of the task: its operand or result
  * crosses the socket instead, as with threshold 0.  Only one of half
  * dspk_max_message or more, which cannot, fails then, with the refusal's
  * code and a dspk_last_error() that says a shared temporary was refused.
@@ -529,8 +548,11 @@ DSPK_EXPORT int dspk_dtype_from_name(const char *name, dspk_dtype *out);
  * min(rank, DSPK_MAX_RANK) axes; UINT64_MAX when an axis is negative (the
  * shape is invalid, whatever the other axes are: {-1, 0} too); else 0 when
  * an axis is 0 (even where the other axes' product would overflow); else
- * UINT64_MAX when the product overflows 64 bits (dspk_run refuses a tensor
- * whose numel is UINT64_MAX); 0 for NULL. */
+ * UINT64_MAX when the product overflows 64 bits; 0 for NULL.  dspk_run and
+ * dspk_submit refuse, with DSPK_ELIMIT as the daemon does (protocol.md,
+ * Tensors), a tensor whose size, the product of its dimensions (each 0
+ * counted as 1) times the item size, passes 2^63-1 bytes, which every one
+ * whose numel is UINT64_MAX does, before looking at its nbytes. */
 DSPK_EXPORT uint64_t dspk_tensor_numel(const dspk_tensor *t);
 
 /* Convenience: fills *t as an inline tensor over data (not copied), with
@@ -634,7 +656,8 @@ DSPK_EXPORT int dspk_run(dspk_client *c, const dspk_task *t, dspk_result *res);
  * like every call, for room to send: see dspk_set_shared_threshold for its
  * large operands); any number may be in flight.
  * dspk_wait() blocks until that ticket's answer arrives (answers to other
- * tickets read meanwhile are kept for their own dspk_wait) and consumes the
+ * tickets read meanwhile are kept for their own dspk_wait, each found in
+ * constant time however many are kept) and consumes the
  * ticket.  dspk_cancel() asks the daemon to cancel it; its dspk_wait()
  * then returns DSPK_ECANCELED when its work stopped before it was complete,
  * else its result (the work completed first).
