@@ -34,38 +34,89 @@ static void skip_ws(flat *f) {
     f->p++;
 }
 
-/* Copies a JSON string at f->p (opening quote) into out (unescaping the
- * simple escapes; \u sequences are kept as written). */
+/* Four hex digits at p into *v; -1 when they are not. */
+static int hex4(const char *p, unsigned *v) {
+  *v = 0;
+  for (int i = 0; i < 4; i++) {
+    int d = p[i] >= '0' && p[i] <= '9'   ? p[i] - '0'
+            : p[i] >= 'a' && p[i] <= 'f' ? p[i] - 'a' + 10
+            : p[i] >= 'A' && p[i] <= 'F' ? p[i] - 'A' + 10
+                                         : -1;
+    if (d < 0)
+      return -1;
+    *v = *v << 4 | (unsigned)d;
+  }
+  return 0;
+}
+
+/* Reads a JSON string into out (cap bytes, cut at a character), its
+ * escapes decoded (\uXXXX, surrogate pairs included, as UTF-8; a lone
+ * surrogate as U+FFFD): the caller escapes what it prints by cli.md's one
+ * rule (dspk__sub_esc). */
 static int json_string(flat *f, char *out, size_t cap) {
   size_t n = 0;
+  bool full = false;
   if (*f->p != '"')
     return -1;
   f->p++;
   while (*f->p && *f->p != '"') {
-    char c = *f->p++;
+    char c = *f->p++, u8[4];
+    size_t k = 1;
+    unsigned cp, lo;
+    u8[0] = c;
     if (c == '\\') {
-      c = *f->p++;
-      switch (c) {
-      case 'n':
-        c = ' ';
-        break;
-      case 't':
-        c = ' ';
-        break;
+      switch (c = *f->p++) {
+      case 'b': u8[0] = '\b'; break;
+      case 'f': u8[0] = '\f'; break;
+      case 'n': u8[0] = '\n'; break;
+      case 'r': u8[0] = '\r'; break;
+      case 't': u8[0] = '\t'; break;
       case 'u':
-        if (n + 2 < cap) {
-          out[n++] = '\\';
-          out[n++] = 'u';
+        if (hex4(f->p, &cp) < 0)
+          return -1;
+        f->p += 4;
+        if (cp >= 0xd800 && cp < 0xdc00 && f->p[0] == '\\' && f->p[1] == 'u' &&
+            hex4(f->p + 2, &lo) == 0 && lo >= 0xdc00 && lo < 0xe000) {
+          cp = 0x10000 + ((cp - 0xd800) << 10) + (lo - 0xdc00);
+          f->p += 6;
+        } else if (cp >= 0xd800 && cp < 0xe000) {
+          cp = 0xfffd;
         }
-        continue;
+        if (cp == 0) { /* no NUL in a C string: shown as cli.md shows C0 */
+          memcpy(u8, "\\x00", 4);
+          k = 4;
+        } else if (cp < 0x80) {
+          u8[0] = (char)cp;
+        } else if (cp < 0x800) {
+          u8[0] = (char)(0xc0 | cp >> 6);
+          u8[1] = (char)(0x80 | (cp & 0x3f));
+          k = 2;
+        } else if (cp < 0x10000) {
+          u8[0] = (char)(0xe0 | cp >> 12);
+          u8[1] = (char)(0x80 | (cp >> 6 & 0x3f));
+          u8[2] = (char)(0x80 | (cp & 0x3f));
+          k = 3;
+        } else {
+          u8[0] = (char)(0xf0 | cp >> 18);
+          u8[1] = (char)(0x80 | (cp >> 12 & 0x3f));
+          u8[2] = (char)(0x80 | (cp >> 6 & 0x3f));
+          u8[3] = (char)(0x80 | (cp & 0x3f));
+          k = 4;
+        }
+        break;
       case '\0':
         return -1;
-      default:
+      default: /* \" \\ \/ */
+        u8[0] = c;
         break;
       }
     }
-    if (n + 1 < cap)
-      out[n++] = c;
+    if (!full && n + k < cap) {
+      memcpy(out + n, u8, k);
+      n += k;
+    } else {
+      full = true; /* cut here, never inside or after a character left out */
+    }
   }
   if (*f->p != '"')
     return -1;

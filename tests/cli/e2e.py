@@ -1320,7 +1320,7 @@ class FakeDaemon:
                                    "misses": 3},
                        "autotune": {"entries": 0, "bytes": 0, "hits": 0,
                                     "misses": 0}},
-             "recent": [1.5, "x\ty", True, None, []]}
+             "recent": [1.5, "x\ty", True, None, [], "\u00e9\U0001f600\x01\x00"]}
 
     # Complete where libdspkclient checks the result (hello, status).
     LIMITS = {k: 1 for k in ("max_message", "max_depth", "max_objects", "max_rank",
@@ -1472,7 +1472,9 @@ def suite_fake(cli, tmp):
         check("k.cu(3): error" in err and "; k.cu(4): error" in err and
               "2 errors detected." in err and "; k.cu(5): inputs[0] = options.alpha;" in err,
               "compiler log line %r" % err)
-        # cache stats: flattened fields, or JSON.
+        # cache stats: flattened fields, or JSON; strings decoded from the
+        # library's JSON (\\uXXXX, surrogate pairs) and shown by cli.md's one
+        # escaping rule (TAB as \\t, C0 as \\xNN, UTF-8 as it is).
         out = fcli.ok("cache", "stats")
         lines = [l.split(None, 1) for l in out.splitlines()]
         want = [["file", "/var/cache/dspk/cache.sqlite"], ["file_bytes", "8192"],
@@ -1480,9 +1482,9 @@ def suite_fake(cli, tmp):
                 ["kinds.kernels.hits", "7"], ["kinds.kernels.misses", "3"],
                 ["kinds.autotune.entries", "0"], ["kinds.autotune.bytes", "0"],
                 ["kinds.autotune.hits", "0"], ["kinds.autotune.misses", "0"],
-                ["recent[0]", "1.5"], ["recent[1]", "x y"],
+                ["recent[0]", "1.5"], ["recent[1]", "x\\ty"],
                 ["recent[2]", "true"], ["recent[3]", "null"],
-                ["recent[4]", "[]"]]
+                ["recent[4]", "[]"], ["recent[5]", "\u00e9\U0001f600\\x01\\x00"]]
         check(lines == want, "cache stats: %r" % out)
         j = json.loads(fcli.ok("cache", "stats", "--json"))
         check(j == FakeDaemon.STATS, "cache stats --json: %r" % j)
