@@ -809,6 +809,54 @@ static void test_contract(void **state) {
         contract_case(dts[d], subs[s]);
 }
 
+/* contract of complex values holding an infinity keeps numpy's infinite
+ * parts: (inf+0j)*(2+0j) summed is inf+nanj, (inf+1j)*(1-2j) is inf-infj
+ * (OpenBLAS's cgemm/zgemm made both nan+nanj, by scaling with 1+0j). */
+static void contract_inf_case(dspk_dtype dt, const char *subs, int ra, const int64_t *sa,
+                              const double *a, int rb, const int64_t *sb, const double *b,
+                              int64_t nout, const double *want) {
+  struct dspk__op op;
+  memset(&op, 0, sizeof op);
+  op.kind = DSPK_OP_CONTRACT;
+  op.nin = 2;
+  strcpy(op.u.contract.subscripts, subs);
+  shape_set(&op.in[0], dt, ra, sa);
+  shape_set(&op.in[1], dt, rb, sb);
+  put_vals(&op.in[0], a);
+  put_vals(&op.in[1], b);
+  assert_int_equal(run_op(&op), 0);
+  double *got = get(&op.out[0]);
+  for (int64_t i = 0; i < 2 * nout; i++)
+    if (!(isnan(want[i]) ? isnan(got[i]) : got[i] == want[i]))
+      fail_msg("contract %s %s: part %lld is %g, want %g", dspk__dtype_name(dt), subs,
+               (long long)i, got[i], want[i]);
+  free(got);
+  free_op(&op);
+}
+
+static void test_contract_complex_inf(void **state) {
+  (void)state;
+  static const dspk_dtype dts[] = {DSPK_C64, DSPK_C128};
+  for (int d = 0; d < 2; d++) {
+    dspk_dtype dt = dts[d];
+    contract_inf_case(dt, "i,i->", 1, (int64_t[]){1}, (double[]){INFINITY, 0}, 1,
+                      (int64_t[]){1}, (double[]){2, 0}, 1, (double[]){INFINITY, NAN});
+    contract_inf_case(dt, "i,->i", 1, (int64_t[]){1}, (double[]){INFINITY, 1}, 0, NULL,
+                      (double[]){1, -2}, 1, (double[]){INFINITY, -INFINITY});
+    contract_inf_case(dt, "ij,jk->ik", 2, (int64_t[]){1, 1}, (double[]){INFINITY, 0}, 2,
+                      (int64_t[]){1, 1}, (double[]){2, 0}, 1, (double[]){INFINITY, NAN});
+    /* 2x3 @ 3x2 with one inf+0j in B (row 1, column 0): column 0 gets
+     * a[i][1]*inf (an infinite real part), column 1 stays finite and exact. */
+    double a[12] = {1, 0, 2, 0, 3, 0, -1, 0, -2, 0, 1, 0};
+    double b[12] = {1, 0, 1, 0, INFINITY, 0, 2, 0, 1, 0, 1, 0};
+    contract_inf_case(dt, "ij,jk->ik", 2, (int64_t[]){2, 3}, a, 2, (int64_t[]){3, 2}, b, 4,
+                      (double[]){INFINITY, NAN, 8, 0, -INFINITY, NAN, -4, 0});
+    /* A NaN stays a NaN in both parts. */
+    contract_inf_case(dt, "i,i->", 1, (int64_t[]){2}, (double[]){NAN, 0, 1, 0}, 1,
+                      (int64_t[]){2}, (double[]){2, 0, 1, 0}, 1, (double[]){NAN, NAN});
+  }
+}
+
 /* ---- reduce ------------------------------------------------------------- */
 
 static void reduce_case(dspk_dtype dt, dspk_reduce fn) {
@@ -1271,6 +1319,7 @@ int main(void) {
       cmocka_unit_test(test_fir_direct),
       cmocka_unit_test(test_fir_fft),      cmocka_unit_test(test_fir_fft_nonfinite),
       cmocka_unit_test(test_contract),
+      cmocka_unit_test(test_contract_complex_inf),
       cmocka_unit_test(test_reduce),       cmocka_unit_test(test_reduce_sum_bits),
       cmocka_unit_test(test_map),
       cmocka_unit_test(test_empty),        cmocka_unit_test(test_cancel),
