@@ -931,9 +931,10 @@ static void test_reduce(void **state) {
 }
 
 /* The sum of a long row is the documented order of additions, to the bit
- * (backends/cpu/reduce.c): blocks of 2^14 elements, each in 8 double lanes
- * combined as ((0+4)+(1+5))+((2+6)+(3+7)), the blocks' sums added in
- * order, whatever the thread count.  This file is built for the baseline
+ * (backends/cpu/reduce.c): blocks of 2^14 elements, each summed pairwise
+ * (halves, the first a multiple of 8, down to leaves of at most 128
+ * elements, each in 8 double lanes combined as ((0+4)+(1+5))+((2+6)+(3+7))),
+ * the blocks' sums added pairwise, whatever the thread count.  This file is built for the baseline
  * CPU, so on a machine with AVX2 it also checks that the backend's AVX2
  * build of the block sum gives the baseline's bits. */
 static double lanes_ref(const double *x, int64_t n) {
@@ -945,6 +946,53 @@ static double lanes_ref(const double *x, int64_t n) {
   for (; i < n; i++)
     a[i % 8] += x[i];
   return ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]));
+}
+
+static double pairwise_ref(const double *x, int64_t n) {
+  if (n <= 128)
+    return lanes_ref(x, n);
+  int64_t h = n / 2 - (n / 2) % 8;
+  return pairwise_ref(x, h) + pairwise_ref(x + h, n - h);
+}
+
+static double halves_ref(const double *x, int64_t n) {
+  if (n <= 2)
+    return n == 1 ? x[0] : x[0] + x[1];
+  return halves_ref(x, n / 2) + halves_ref(x + n / 2, n - n / 2);
+}
+
+/* Small addends after a large one keep numpy's accuracy: f64 [2^53, 1 x n]
+ * (a running total per lane over a block lost 2048 of 10^6 ones; pairwise,
+ * as numpy, 16), along the last axis of a real row and of a complex one. */
+static void test_reduce_sum_pairwise(void **state) {
+  (void)state;
+  for (int c = 0; c < 2; c++) {
+    int64_t n = 1000001;
+    dspk_dtype dt = c ? DSPK_C128 : DSPK_F64;
+    struct dspk__op op;
+    memset(&op, 0, sizeof op);
+    op.kind = DSPK_OP_REDUCE;
+    op.nin = 1;
+    op.u.reduce.fn = DSPK_REDUCE_SUM;
+    shape_set(&op.in[0], dt, 1, &n);
+    double *x = malloc(sizeof(double) * (size_t)(2 * n));
+    assert_non_null(x);
+    for (int64_t i = 0; i < n * W(dt); i++)
+      x[i] = 1;
+    x[0] = x[W(dt) - 1] = 9007199254740992.0;
+    put_vals(&op.in[0], x);
+    assert_int_equal(run_op(&op), 0);
+    double *got = get(&op.out[0]);
+    for (int w = 0; w < W(dt); w++) {
+      double lost = 9007199254740992.0 + 1000000.0 - got[w];
+      if (!(fabs(lost) <= 64))
+        fail_msg("sum of %s [2^53, 1 x 10^6], part %d: %.17g, %g off", dspk__dtype_name(dt),
+                 w, got[w], lost);
+    }
+    free(x);
+    free(got);
+    free_op(&op);
+  }
 }
 
 static void test_reduce_sum_bits(void **state) {
@@ -982,9 +1030,13 @@ static void test_reduce_sum_bits(void **state) {
       }
       assert_int_equal(run_op(&op), 0);
       double *got = get(&op.out[0]);
-      double want = 0.0;
-      for (int64_t b = 0; b * 16384 < n; b++)
-        want += lanes_ref(x + b * 16384, n - b * 16384 < 16384 ? n - b * 16384 : 16384);
+      int64_t nb = (n + 16383) / 16384;
+      double *part = malloc(sizeof(double) * (size_t)nb);
+      assert_non_null(part);
+      for (int64_t b = 0; b < nb; b++)
+        part[b] = pairwise_ref(x + b * 16384, n - b * 16384 < 16384 ? n - b * 16384 : 16384);
+      double want = halves_ref(part, nb);
+      free(part);
       if (dts[d] == DSPK_F32)
         want = (double)(float)want;
       if (memcmp(&got[0], &want, sizeof want) != 0)
@@ -1321,6 +1373,7 @@ int main(void) {
       cmocka_unit_test(test_contract),
       cmocka_unit_test(test_contract_complex_inf),
       cmocka_unit_test(test_reduce),       cmocka_unit_test(test_reduce_sum_bits),
+      cmocka_unit_test(test_reduce_sum_pairwise),
       cmocka_unit_test(test_map),
       cmocka_unit_test(test_empty),        cmocka_unit_test(test_cancel),
       cmocka_unit_test(test_cancel_pieces),
