@@ -8,14 +8,14 @@
  *
  * The sum (and mean) of real values over the last axis runs at memory
  * bandwidth: a row is cut into fixed blocks of SUM_BLOCK elements, each
- * summed pairwise as numpy does (halves down to leaves of at most
- * PAIR_LEAF elements, each leaf in SUM_LANES independent double
- * accumulators, which the compiler turns into vector adds), and the blocks'
- * partial sums are added pairwise too.  So the error of an f64 sum of n
- * values is at most about (PAIR_LEAF / SUM_LANES + log2 n) units of
- * rounding of the sum of their magnitudes, numpy's own bound; with one
- * running total per lane over a whole block, [2^53, 1 x 10^6] lost 2048
- * of its ones (numpy 16).  A reduction of the whole tensor splits its blocks over up to
+ * summed pairwise as numpy does (leaves of PAIR_LEAF elements, each in
+ * SUM_LANES independent double accumulators, which the compiler turns into
+ * vector adds, the leaves' sums added in halves), and the blocks' partial
+ * sums are added pairwise too.  So the error of an f64 sum of n values is
+ * at most about (PAIR_LEAF / SUM_LANES + log2 n) units of rounding of the
+ * sum of their magnitudes, numpy's own bound; with one running total per
+ * lane over a whole block, [2^53, 1 x 10^6] lost 2048 of its ones (numpy
+ * 16).  A reduction of the whole tensor splits its blocks over up to
  * SUM_THREADS threads; the split is by block, and the partials are combined
  * in the same order whatever the thread count, so the result is the same
  * bits on every run and every machine with IEEE doubles.
@@ -58,8 +58,10 @@ static double fold(dspk_reduce fn, double acc, double v) {
 #define SUM_CLONES
 #endif
 
-/* Sums n (<= PAIR_LEAF) contiguous values in SUM_LANES accumulators. */
-SUM_CLONES static double sum_leaf(const char *p, int dbl, int64_t n) {
+/* Sums n (<= PAIR_LEAF) contiguous values in SUM_LANES accumulators (inlined
+ * into each build of sum_block). */
+static inline __attribute__((always_inline)) double sum_leaf(const char *p, int dbl,
+                                                            int64_t n) {
   double a[SUM_LANES] = {0};
   int64_t i = 0;
   if (dbl) {
@@ -80,22 +82,23 @@ SUM_CLONES static double sum_leaf(const char *p, int dbl, int64_t n) {
   return ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]));
 }
 
-/* Sums n (<= SUM_BLOCK) contiguous values pairwise: halves (the first a
- * multiple of SUM_LANES) down to leaves of at most PAIR_LEAF. */
-static double sum_block(const char *p, int dbl, int64_t n) {
-  if (n <= PAIR_LEAF)
-    return sum_leaf(p, dbl, n);
-  int64_t h = n / 2;
-  h -= h % SUM_LANES;
-  return sum_block(p, dbl, h) + sum_block(p + (size_t)h * (dbl ? 8 : 4), dbl, n - h);
-}
-
-/* Sums a[0 .. n) pairwise. */
+/* Sums a[0 .. n) pairwise: halves, down to one or two values. */
 static double sum_pairwise(const double *a, int64_t n) {
   if (n <= 2)
     return n == 0 ? 0.0 : n == 1 ? a[0] : a[0] + a[1];
   int64_t h = n / 2;
   return sum_pairwise(a, h) + sum_pairwise(a + h, n - h);
+}
+
+/* Sums n (<= SUM_BLOCK) contiguous values: leaves of PAIR_LEAF (the last
+ * one shorter) each by sum_leaf, their sums pairwise. */
+SUM_CLONES static double sum_block(const char *p, int dbl, int64_t n) {
+  double part[SUM_BLOCK / PAIR_LEAF];
+  int64_t nl = 0;
+  for (int64_t i = 0; i < n; i += PAIR_LEAF)
+    part[nl++] = sum_leaf(p + (size_t)i * (dbl ? 8 : 4), dbl,
+                          n - i < PAIR_LEAF ? n - i : PAIR_LEAF);
+  return sum_pairwise(part, nl);
 }
 
 /* Sums n values st apart from p pairwise, as sum_block (the parts of a

@@ -932,9 +932,9 @@ static void test_reduce(void **state) {
 
 /* The sum of a long row is the documented order of additions, to the bit
  * (backends/cpu/reduce.c): blocks of 2^14 elements, each summed pairwise
- * (halves, the first a multiple of 8, down to leaves of at most 128
- * elements, each in 8 double lanes combined as ((0+4)+(1+5))+((2+6)+(3+7))),
- * the blocks' sums added pairwise, whatever the thread count.  This file is built for the baseline
+ * (leaves of 128 elements, each in 8 double lanes combined as
+ * ((0+4)+(1+5))+((2+6)+(3+7)), the leaves' sums added in halves), the
+ * blocks' sums added in halves too, whatever the thread count.  This file is built for the baseline
  * CPU, so on a machine with AVX2 it also checks that the backend's AVX2
  * build of the block sum gives the baseline's bits. */
 static double lanes_ref(const double *x, int64_t n) {
@@ -948,17 +948,18 @@ static double lanes_ref(const double *x, int64_t n) {
   return ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]));
 }
 
-static double pairwise_ref(const double *x, int64_t n) {
-  if (n <= 128)
-    return lanes_ref(x, n);
-  int64_t h = n / 2 - (n / 2) % 8;
-  return pairwise_ref(x, h) + pairwise_ref(x + h, n - h);
-}
-
 static double halves_ref(const double *x, int64_t n) {
   if (n <= 2)
     return n == 1 ? x[0] : x[0] + x[1];
   return halves_ref(x, n / 2) + halves_ref(x + n / 2, n - n / 2);
+}
+
+static double pairwise_ref(const double *x, int64_t n) {
+  double leaf[128];
+  int64_t nl = 0;
+  for (int64_t i = 0; i < n; i += 128)
+    leaf[nl++] = lanes_ref(x + i, n - i < 128 ? n - i : 128);
+  return halves_ref(leaf, nl);
 }
 
 /* Small addends after a large one keep numpy's accuracy: f64 [2^53, 1 x n]
