@@ -516,11 +516,12 @@ int dspk__vk_map(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *c
  * f32 summed to 2^24).  `precise` keeps the compiler from simplifying the
  * error terms away.  kfin gives v + c, or v alone where that is NaN: an
  * infinite or NaN v has NaN error terms (c is finite while v is, since v
- * stays infinite or NaN once it is), and an infinite v must stay one.  Each invocation's compensated
- * total is then combined pairwise across the workgroup (a tree of
- * log2(DSPK__VK_WG) levels) and with the partial the previous slice left,
- * so the error of a sum of n values is about (log2(DSPK__VK_WG) + 2 +
- * n / RED_SLICE) units of rounding of the sum of their magnitudes. */
+ * stays infinite or NaN once it is), and an infinite v must stay one.
+ * Each invocation's compensated total is then combined pairwise across the
+ * workgroup (a tree of log2(DSPK__VK_WG) levels) and with the partial the
+ * previous slice left, so the error of a sum of n values is about
+ * (log2(DSPK__VK_WG) + 2 + n / RED_SLICE) units of rounding of the sum of
+ * their magnitudes (docs/protocol.md, reduce). */
 static const char RED_PLAIN[] =
     "void kadd(inout T v, inout T c, T x) { v = COMB(v, x); }\n"
     "T kfin(T v, T c) { return v; }\n";
