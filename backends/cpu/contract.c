@@ -13,8 +13,7 @@
  * Complex operands holding an infinity or a NaN go through a plain loop
  * instead of BLAS: OpenBLAS's cgemm/zgemm scale their sums by alpha = 1+0j
  * as a complex product, which turns an infinite sum such as inf+nanj into
- * nan+nanj, where numpy's einsum (and every other backend) keeps the
- * infinite part.
+ * nan+nanj, where numpy's einsum keeps the infinite part.
  */
 #include <math.h>
 #include <stdio.h>
@@ -112,8 +111,8 @@ static int any_nonfinite(const char *p, int dbl, int64_t n) {
 
 /* The batched complex product C = A @ B (batch x M x K by batch x K x N,
  * contiguous) as numpy's einsum computes it: each term the plain complex
- * product (ar*br - ai*bi, ar*bi + ai*br), summed in K order (in double for
- * c64), with no further scaling.  0, or DSPK_ECANCELED. */
+ * product (ar*br - ai*bi, ar*bi + ai*br) in the dtype, summed in K order,
+ * with no further scaling.  0, or DSPK_ECANCELED. */
 static int plain_cgemm(int dbl, int64_t nb, int64_t M, int64_t N, int64_t K,
                        const char *A, const char *B, char *C,
                        const struct dspk__opctx *ctx) {
@@ -126,27 +125,25 @@ static int plain_cgemm(int dbl, int64_t nb, int64_t M, int64_t N, int64_t K,
           return DSPK_ECANCELED;
       }
       for (int64_t j = 0; j < N; j++) {
-        double re = 0, im = 0;
-        for (int64_t k = 0; k < K; k++) {
-          int64_t ia = 2 * ((b * M + i) * K + k), ib = 2 * ((b * K + k) * N + j);
-          double ar, ai, br, bi;
-          if (dbl) {
-            ar = ((const double *)A)[ia], ai = ((const double *)A)[ia + 1];
-            br = ((const double *)B)[ib], bi = ((const double *)B)[ib + 1];
-          } else {
-            ar = ((const float *)A)[ia], ai = ((const float *)A)[ia + 1];
-            br = ((const float *)B)[ib], bi = ((const float *)B)[ib + 1];
-          }
-          re += ar * br - ai * bi;
-          im += ar * bi + ai * br;
-        }
-        int64_t ic = 2 * ((b * M + i) * N + j);
+        int64_t ia = 2 * (b * M + i) * K, ib = 2 * (b * K * N + j), ic = 2 * ((b * M + i) * N + j);
         if (dbl) {
+          const double *a = (const double *)A + ia, *x = (const double *)B + ib;
+          double re = 0, im = 0;
+          for (int64_t k = 0; k < K; k++, a += 2, x += 2 * N) {
+            re += a[0] * x[0] - a[1] * x[1];
+            im += a[0] * x[1] + a[1] * x[0];
+          }
           ((double *)C)[ic] = re;
           ((double *)C)[ic + 1] = im;
         } else {
-          ((float *)C)[ic] = (float)re;
-          ((float *)C)[ic + 1] = (float)im;
+          const float *a = (const float *)A + ia, *x = (const float *)B + ib;
+          float re = 0, im = 0;
+          for (int64_t k = 0; k < K; k++, a += 2, x += 2 * N) {
+            re += a[0] * x[0] - a[1] * x[1];
+            im += a[0] * x[1] + a[1] * x[0];
+          }
+          ((float *)C)[ic] = re;
+          ((float *)C)[ic + 1] = im;
         }
       }
     }
