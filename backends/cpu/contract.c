@@ -9,7 +9,13 @@
  * the output's label order.  An operand already in the wanted order is used
  * in place, and a result already in the output's order is written straight
  * into the output, so "ik,kj->ij" is one plain BLAS call.
+ *
+ * Complex operands holding an infinity or a NaN go through a plain loop
+ * instead of BLAS: OpenBLAS's cgemm/zgemm scale their sums by alpha = 1+0j
+ * as a complex product, which turns an infinite sum such as inf+nanj into
+ * nan+nanj, where numpy's einsum keeps the infinite part.
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -91,6 +97,56 @@ static int gather(const struct view *v, const char *src, char *dst, dspk_dtype d
       idx[i] = 0;
     }
   }
+  return 0;
+}
+
+/* 1 when one of the n values (parts, for a complex dtype) at p is an
+ * infinity or a NaN. */
+static int any_nonfinite(const char *p, int dbl, int64_t n) {
+  for (int64_t i = 0; i < n; i++)
+    if (!isfinite(dbl ? ((const double *)p)[i] : ((const float *)p)[i]))
+      return 1;
+  return 0;
+}
+
+/* The batched complex product C = A @ B (batch x M x K by batch x K x N,
+ * contiguous) as numpy's einsum computes it: each term the plain complex
+ * product (ar*br - ai*bi, ar*bi + ai*br) in the dtype, summed in K order,
+ * with no further scaling.  0, or DSPK_ECANCELED. */
+static int plain_cgemm(int dbl, int64_t nb, int64_t M, int64_t N, int64_t K,
+                       const char *A, const char *B, char *C,
+                       const struct dspk__opctx *ctx) {
+  int64_t since = 0;
+  for (int64_t b = 0; b < nb; b++)
+    for (int64_t i = 0; i < M; i++) {
+      if ((since += N * K) >= GATHER_CHECK) {
+        since = 0;
+        if (dspk__cpu_canceled(ctx))
+          return DSPK_ECANCELED;
+      }
+      for (int64_t j = 0; j < N; j++) {
+        int64_t ia = 2 * (b * M + i) * K, ib = 2 * (b * K * N + j), ic = 2 * ((b * M + i) * N + j);
+        if (dbl) {
+          const double *a = (const double *)A + ia, *x = (const double *)B + ib;
+          double re = 0, im = 0;
+          for (int64_t k = 0; k < K; k++, a += 2, x += 2 * N) {
+            re += a[0] * x[0] - a[1] * x[1];
+            im += a[0] * x[1] + a[1] * x[0];
+          }
+          ((double *)C)[ic] = re;
+          ((double *)C)[ic + 1] = im;
+        } else {
+          const float *a = (const float *)A + ia, *x = (const float *)B + ib;
+          float re = 0, im = 0;
+          for (int64_t k = 0; k < K; k++, a += 2, x += 2 * N) {
+            re += a[0] * x[0] - a[1] * x[1];
+            im += a[0] * x[1] + a[1] * x[0];
+          }
+          ((float *)C)[ic] = re;
+          ((float *)C)[ic + 1] = im;
+        }
+      }
+    }
   return 0;
 }
 
@@ -222,7 +278,12 @@ int dspk__cpu_contract(struct dspk__dev *dev, struct dspk__op *op,
       goto nomem;
     pc = tc;
   }
-  rc = dspk__cpu_gemm_batched(dev, dt, nb, M, N, K, pa, pb, pc, ctx);
+  if (dspk__dtype_is_complex(dt) &&
+      (any_nonfinite(pa, dt == DSPK_C128, 2 * nb * M * K) ||
+       any_nonfinite(pb, dt == DSPK_C128, 2 * nb * K * N)))
+    rc = plain_cgemm(dt == DSPK_C128, nb, M, N, K, pa, pb, pc, ctx);
+  else
+    rc = dspk__cpu_gemm_batched(dev, dt, nb, M, N, K, pa, pb, pc, ctx);
   if (rc == 0 && !direct_out) {
     /* Permute (batch, free-A, free-B) into the output's order. */
     int64_t osize[128];

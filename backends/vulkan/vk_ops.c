@@ -508,6 +508,32 @@ int dspk__vk_map(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *c
 
 /* ---- reduce ------------------------------------------------------------- */
 
+/* How an invocation folds its elements into (v, c): max and min with
+ * COMB; sum and mean with compensated summation (Knuth's TwoSum: c gathers
+ * the rounding error of every addition, added back at the end), so that a
+ * long run of small addends after a large one is not lost, as it was when
+ * each invocation kept one running total in the dtype ([2^24, 1 x 1000] in
+ * f32 summed to 2^24).  `precise` keeps the compiler from simplifying the
+ * error terms away.  kfin gives v + c, or v alone where that is NaN: an
+ * infinite or NaN v has NaN error terms (c is finite while v is, since v
+ * stays infinite or NaN once it is), and an infinite v must stay one.
+ * Each invocation's compensated total is then combined pairwise across the
+ * workgroup (a tree of log2(DSPK__VK_WG) levels) and with the partial the
+ * previous slice left, so the error of a sum of n values is about
+ * (log2(DSPK__VK_WG) + 2 + n / RED_SLICE) units of rounding of the sum of
+ * their magnitudes (docs/protocol.md, reduce). */
+static const char RED_PLAIN[] =
+    "void kadd(inout T v, inout T c, T x) { v = COMB(v, x); }\n"
+    "T kfin(T v, T c) { return v; }\n";
+static const char RED_KAHAN[] =
+    "void kadd(inout T v, inout T c, T x) {\n"
+    "  precise T t = v + x;\n"
+    "  precise T z = t - v;\n"
+    "  precise T e = (v - (t - z)) + (x - z);\n"
+    "  c += e; v = t;\n"
+    "}\n"
+    "T kfin(T v, T c) { precise T r = v + c; return mix(r, v, isnan(r)); }\n";
+
 /* The reduce kernels' push constants. */
 struct red_pc {
   uint32_t nout, nred, rk, rr, ox, oo, r0, rn, gx, first, last, pad;
@@ -557,9 +583,10 @@ int dspk__vk_reduce(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx
   pc.nout = (uint32_t)nout;
   pc.nred = (uint32_t)nred;
   const char *init, *comb, *fin;
+  int sum = 0;
   switch (op->u.reduce.fn) {
-  case DSPK_REDUCE_SUM: init = "T(0)"; comb = "(A) + (B)"; fin = "v"; break;
-  case DSPK_REDUCE_MEAN: init = "T(0)"; comb = "(A) + (B)"; fin = "v / R(pc.nred)"; break;
+  case DSPK_REDUCE_SUM: init = "T(0)"; comb = "(A) + (B)"; fin = "v"; sum = 1; break;
+  case DSPK_REDUCE_MEAN: init = "T(0)"; comb = "(A) + (B)"; fin = "v / R(pc.nred)"; sum = 1; break;
   case DSPK_REDUCE_MAX:
     init = "T(uintBitsToFloat(0xff800000u))"; comb = "(isnan(A) || (A) >= (B)) ? (A) : (B)"; fin = "v"; break;
   case DSPK_REDUCE_MIN:
@@ -579,6 +606,7 @@ int dspk__vk_reduce(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx
                 "layout(push_constant) uniform PC { uint nout, nred, rk, rr, ox, oo, r0, rn,\n"
                 "  gx, first, last, p0; uint dim[8]; uint str[8]; } pc;\n"
                 "#define COMB(A, B) %s\n"
+                "%s"
                 "void main() {\n"
                 "  uint oi = (gl_WorkGroupID.y * pc.gx + gl_WorkGroupID.x) * %du +\n"
                 "            gl_LocalInvocationID.x;\n"
@@ -586,16 +614,17 @@ int dspk__vk_reduce(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx
                 "  uint rem = oi, base = pc.ox;\n"
                 "  for (int j = int(pc.rk) - 1; j >= 0; j--) {\n"
                 "    base += (rem %% pc.dim[j]) * pc.str[j]; rem /= pc.dim[j]; }\n"
-                "  T v = %s;\n"
+                "  T v = %s, c = T(0);\n"
                 "  for (uint ri = pc.r0; ri < pc.r0 + pc.rn; ri++) {\n"
                 "    uint rr = ri, off = base;\n"
                 "    for (int j = int(pc.rk + pc.rr) - 1; j >= int(pc.rk); j--) {\n"
                 "      off += (rr %% pc.dim[j]) * pc.str[j]; rr /= pc.dim[j]; }\n"
-                "    v = COMB(v, x[off]);\n"
+                "    kadd(v, c, x[off]);\n"
                 "  }\n"
+                "  v = kfin(v, c);\n"
                 "  if (pc.first == 0u) { T p = o[pc.oo + oi]; v = COMB(p, v); }\n"
                 "  o[pc.oo + oi] = pc.last != 0u ? %s : v;\n}\n",
-                comb, DSPK__VK_WG, init, fin);
+                comb, sum ? RED_KAHAN : RED_PLAIN, DSPK__VK_WG, init, fin);
   else
     r = prepare(d, ctx, &kr, "reduce", dt, t, 2, sizeof pc,
                 "layout(std430, binding = 0) buffer BX { T x[]; };\n"
@@ -603,6 +632,7 @@ int dspk__vk_reduce(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx
                 "layout(push_constant) uniform PC { uint nout, nred, rk, rr, ox, oo, r0, rn,\n"
                 "  gx, first, last, p0; uint dim[8]; uint str[8]; } pc;\n"
                 "#define COMB(A, B) %s\n"
+                "%s"
                 "shared T s[%d];\n"
                 "void main() {\n"
                 "  uint lid = gl_LocalInvocationID.x;\n"
@@ -611,14 +641,14 @@ int dspk__vk_reduce(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx
                 "    uint rem = oi, base = pc.ox;\n"
                 "    for (int j = int(pc.rk) - 1; j >= 0; j--) {\n"
                 "      base += (rem %% pc.dim[j]) * pc.str[j]; rem /= pc.dim[j]; }\n"
-                "    T acc = %s;\n"
+                "    T acc = %s, c = T(0);\n"
                 "    for (uint ri = pc.r0 + lid; ri < pc.r0 + pc.rn; ri += %du) {\n"
                 "      uint rr = ri, off = base;\n"
                 "      for (int j = int(pc.rk + pc.rr) - 1; j >= int(pc.rk); j--) {\n"
                 "        off += (rr %% pc.dim[j]) * pc.str[j]; rr /= pc.dim[j]; }\n"
-                "      acc = COMB(acc, x[off]);\n"
+                "      kadd(acc, c, x[off]);\n"
                 "    }\n"
-                "    s[lid] = acc;\n"
+                "    s[lid] = kfin(acc, c);\n"
                 "    barrier();\n"
                 "    for (uint st = %du; st > 0u; st >>= 1) {\n"
                 "      if (lid < st) s[lid] = COMB(s[lid], s[lid + st]);\n"
@@ -630,7 +660,8 @@ int dspk__vk_reduce(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx
                 "      o[pc.oo + oi] = pc.last != 0u ? %s : v;\n"
                 "    }\n"
                 "  }\n}\n",
-                comb, DSPK__VK_WG, init, DSPK__VK_WG, DSPK__VK_WG / 2, fin);
+                comb, sum ? RED_KAHAN : RED_PLAIN, DSPK__VK_WG, init, DSPK__VK_WG,
+                DSPK__VK_WG / 2, fin);
   if (r)
     return r;
   pc.ox = kr.e[0];

@@ -1606,6 +1606,43 @@ def gpu_and_cpu_devices(c):
     return devs
 
 
+@case("task.run: reduce's sum and mean within their stated bounds, contract's complex "
+      "infinities as numpy's, on every backend")
+def sums_and_infinities(env):
+    c = env.conn()
+    devs = gpu_and_cpu_devices(c)
+    # f32 [2^24, 1 x 1000]: exactly 2^24 + 1000.  The bounds of the table of
+    # ops: at most (16 + log2 n) u sum|x| on cpu:0, (10 + n/2^19) u sum|x| on
+    # Vulkan, n u sum|x| in double on cuda and hip (u = 2^-24), so within 16
+    # here; a running f32 total per invocation gave 2^24 (1000 lost).
+    big = t32([16777216.0] + [1.0] * 1000)
+    cinf = {"dtype": "c64", "shape": [1], "data": struct.pack("<2f", math.inf, 0)}
+    ctwo = {"dtype": "c64", "shape": [1], "data": struct.pack("<2f", 2, 0)}
+    cm = {"dtype": "c64", "shape": [], "data": struct.pack("<2f", 1, -2)}
+    cinf1 = {"dtype": "c64", "shape": [1], "data": struct.pack("<2f", math.inf, 1)}
+    for dev in devs:
+        def run(op, ins, **opt):
+            r = c.call("task.run", {"op": op, "device": dev, "inputs": ins, "options": opt})
+            check(r[0] == "ok", "%s %s: %r" % (dev, op, r))
+            return vals32(r[1]["outputs"][0])
+        got = run("reduce", [big], fn="sum")[0]
+        check(abs(got - 16778216.0) <= 16, "%s: sum of [2^24, 1 x 1000] is %r" % (dev, got))
+        got = run("reduce", [big], fn="mean")[0]
+        check(abs(got - 16778216.0 / 1001) <= 16 / 1001 + 2e-3,
+              "%s: mean of [2^24, 1 x 1000] is %r" % (dev, got))
+        # (inf+0j)(2+0j) is inf+nanj, (inf+1j)(1-2j) is inf-infj, as numpy's
+        # einsum (BLAS's complex gemm on cpu:0 made both nan+nanj)
+        re, im = run("contract", [cinf, ctwo], subscripts="i,i->")
+        check(re == math.inf and math.isnan(im), "%s: i,i-> of inf+0j, 2: %r" % (dev, (re, im)))
+        re, im = run("contract", [cinf1, cm], subscripts="i,->i")
+        check(re == math.inf and im == -math.inf,
+              "%s: i,->i of inf+1j, 1-2j: %r" % (dev, (re, im)))
+        re, im = run("contract", [{**cinf, "shape": [1, 1]}, {**ctwo, "shape": [1, 1]}],
+                     subscripts="ij,jk->ik")
+        check(re == math.inf and math.isnan(im), "%s: ij,jk->ik of inf+0j, 2: %r" % (dev, (re, im)))
+    still_open(c)
+
+
 @case("task.run: degenerate sizes, the same on every backend")
 def degenerate(env):
     c = env.conn()

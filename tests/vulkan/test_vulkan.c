@@ -217,6 +217,87 @@ static void t_reduce(void **state) {
   }
 }
 
+/* The sum (or mean) of X along axes into out, on the device. */
+static void reduce_run(struct htensor *X, dspk_reduce fn, uint32_t axes, struct htensor *out) {
+  char msg[512];
+  struct dspk__op op = {.kind = DSPK_OP_REDUCE, .nin = 1};
+  op.u.reduce.fn = fn;
+  op.u.reduce.axes = axes;
+  assert_int_equal(h_upload(D, X, 0, &op.in[0]), 0);
+  int r = h_run(D, &op, out, msg, sizeof msg);
+  if (r)
+    fail_msg("reduce: %d %s", r, msg);
+}
+
+/* Small addends after a large one are kept: each invocation used to keep
+ * one running total in the dtype, so f32 [2^24, 1 x 1000] summed to 2^24
+ * (1000 lost); now they sum with compensation.  Rows of big + n ones, by
+ * the short kernel (one invocation per output: n < 4096) and the long one
+ * (a workgroup per output, several dispatches: n > 2 RED_SLICE), for f32,
+ * c64 (both parts) and f64 (2^53); want is exact, got within tol of it. */
+static void small_addends(dspk_dtype dt, int64_t rows, int64_t n, double big, double tol) {
+  int64_t shape[2] = {rows, n + 1};
+  struct htensor X = h_make(dt, 2, shape, 0), out;
+  for (int64_t r = 0; r < rows; r++)
+    for (int64_t i = 0; i <= n; i++)
+      X.v[r * (n + 1) + i] = (i ? 1 : big) * (h_cplx(dt) ? 1 - I : 1);
+  for (int fn = 0; fn < 2; fn++) {
+    reduce_run(&X, fn ? DSPK_REDUCE_MEAN : DSPK_REDUCE_SUM, 2u, &out);
+    assert_int_equal(out.n, rows);
+    long double want = ((long double)big + (long double)n) / (fn ? (long double)(n + 1) : 1);
+    for (int64_t r = 0; r < rows; r++)
+      for (int part = 0; part < (h_cplx(dt) ? 2 : 1); part++) {
+        double got = part ? -cimag(out.v[r]) : creal(out.v[r]);
+        if (!(fabsl((long double)got - want) <= tol * want))
+          fail_msg("%s of %s [%g, 1 x %lld], row %lld part %d: %.17g, want %.17Lg",
+                   fn ? "mean" : "sum", dspk__dtype_name(dt), big, (long long)n,
+                   (long long)r, part, got, want);
+      }
+    h_free(&out);
+  }
+  h_free(&X);
+}
+
+/* Sums with an infinity or a NaN give numpy's: the compensation (an error
+ * term that is NaN there) must not reach the result. */
+static void nonfinite_sums(dspk_dtype dt, int64_t n) {
+  static const double first[] = {INFINITY, -INFINITY, NAN, INFINITY};
+  static const double second[] = {1, 1, 1, -INFINITY};
+  for (int c = 0; c < 4; c++) {
+    int64_t shape[1] = {n};
+    struct htensor X = h_make(dt, 1, shape, 0), out;
+    for (int64_t i = 0; i < n; i++)
+      X.v[i] = 1;
+    X.v[n / 3] = first[c];
+    X.v[n / 2] = second[c];
+    reduce_run(&X, DSPK_REDUCE_SUM, 0, &out);
+    double want = first[c] + second[c], got = creal(out.v[0]);
+    if (!(isnan(want) ? isnan(got) : got == want))
+      fail_msg("sum of %s n=%lld with %g and %g: %g, want %g", dspk__dtype_name(dt),
+               (long long)n, first[c], second[c], got, want);
+    h_free(&out);
+    h_free(&X);
+  }
+}
+
+static void t_reduce_small_addends(void **state) {
+  (void)state;
+  nonfinite_sums(DSPK_F32, 1000);
+  nonfinite_sums(DSPK_F32, 100000);
+  nonfinite_sums(DSPK_C64, 100000);
+  if (D->has_f64)
+    nonfinite_sums(DSPK_F64, 1000);
+  small_addends(DSPK_F32, 4, 1000, 16777216, 6e-8);
+  small_addends(DSPK_C64, 2, 1000, 16777216, 6e-8);
+  small_addends(DSPK_F32, 1, 1 << 20, 16777216, 3e-7);
+  small_addends(DSPK_C64, 1, 1 << 20, 16777216, 3e-7);
+  if (D->has_f64) {
+    small_addends(DSPK_F64, 4, 1000, 9007199254740992.0, 1.2e-16);
+    small_addends(DSPK_F64, 1, 1 << 20, 9007199254740992.0, 6e-16);
+    small_addends(DSPK_C128, 1, 1 << 20, 9007199254740992.0, 6e-16);
+  }
+}
+
 static void t_fir(void **state) {
   (void)state;
   char msg[512];
@@ -2000,6 +2081,7 @@ int main(void) {
       cmocka_unit_test(t_memory),
       cmocka_unit_test(t_import_host), cmocka_unit_test(t_host_register),
       cmocka_unit_test(t_map),       cmocka_unit_test(t_reduce),
+      cmocka_unit_test(t_reduce_small_addends),
       cmocka_unit_test(t_fir),       cmocka_unit_test(t_fir_fft),
       cmocka_unit_test(t_fir_fft_rows),
       cmocka_unit_test(t_fir_fft_nonfinite), cmocka_unit_test(t_fir_tune_nonfinite),
