@@ -149,11 +149,15 @@ static int parse_scalar(dspk__sub_ctx *ctx, const char *spec, dspk_karg *k) {
   const char *v = strchr(spec, ':');
   double d;
   long l;
+  int prc;
   if (v == NULL || v - spec != 3)
     return 1;
   v++;
   if (strncmp(spec, "f32", 3) == 0 || strncmp(spec, "f64", 3) == 0) {
-    if (dspk__sub_parse_double(v, &d) < 0)
+    if ((prc = dspk__sub_parse_double(v, &d)) == -2)
+      return dspk__sub_usage(ctx, "bad %.3s in '%s' (beyond %.3s's range)", spec,
+                             spec, spec);
+    if (prc < 0)
       return dspk__sub_usage(ctx, "bad number in '%s'", spec);
     k->kind = spec[1] == '3' ? DSPK_KARG_F32 : DSPK_KARG_F64;
     /* A value that rounds (to nearest even) to an infinity is refused like

@@ -12,6 +12,7 @@
  * the operation failed, 2 for a bad command line).
  */
 #include <errno.h>
+#include <math.h>
 #include <fcntl.h>
 #include <getopt.h>
 #include <grp.h>
@@ -639,8 +640,12 @@ int dspk__sub_parse_double(const char *s, double *out) {
     return -1;
   errno = 0;
   v = strtod(s, &end);
-  if (*end != '\0' || errno == ERANGE)
+  if (*end != '\0')
     return -1;
+  /* ERANGE with a finite result is an underflow: v is then the nearest
+   * subnormal or 0, a number in range (Python reads 1e-310 the same). */
+  if (errno == ERANGE && isinf(v))
+    return -2;
   *out = v;
   return 0;
 }

@@ -611,7 +611,7 @@ class Ops:
         got = npy_from(raw).reshape(-1).tolist()
         check(got == ref, "map abs -o -: values differ")
         txt = self.cli.ok("map", "abs", pa, "--device", "cpu:0")
-        want = ": [%s, ...] (90000 values)\n" % ", ".join(shortest(v, 15) for v in ref[:8])
+        want = ": [%s, ...] (90000 values)\n" % ", ".join(shortest(v, 15, np.float64) for v in ref[:8])
         check(txt.startswith("f64 (300, 300) on cpu:0, ") and txt.endswith(want),
               "map abs summary %r, want it to end with %r" % (txt, want))
         head = json.loads(self.cli.ok("map", "abs", pa, "--json"))["outputs"][0]["head"]
@@ -995,36 +995,70 @@ def result_line_names(cli, tmp, small):
     check(j["output"] == d + "/x\ufffd\u0085.npy.json", "trace --json output %r" % j)
 
 
-def shortest(v, lo, back=float):
-    """v in the fewest significant digits (lo and up) that read back as v."""
-    for p in range(lo, 18):
-        t = "%.*g" % (p, v)
-        if back(t) == back(v):
-            return t
-    return t
+def shortest(v, lo, np_type):
+    """v in %g notation with numpy's shortest round-trip digits for its dtype
+    (np.format_float_scientific(unique=True)); in the range where %.{lo}g
+    writes positional digits, at lo digits (the zeros %g drops)."""
+    sci = np.format_float_scientific(np_type(v), unique=True, trim="-")
+    n = len(sci.split("e")[0].lstrip("-").replace(".", ""))
+    if 1e-4 <= abs(v) < 10.0 ** lo:
+        n = max(n, lo)
+    return "%.*g" % (n, v)
 
 
 def value_text(cli, tmp):
     """The result line shows each value in the fewest digits that read back
     as the same value of its dtype (as numpy prints it); "%.7g" showed f32's
-    1/3 as 0.3333333, another f32."""
-    f32 = lambda t: np.float32(float(t))
-    x = [1 / 3, 16777216.0, float(np.finfo(np.float32).max), 0.1, 1e-45, -2.5e-8]
+    1/3 as 0.3333333, another f32, and subnormals had the digits of the
+    normal range (an f64 1e-310 as 9.99999999999997e-311).  --json's head
+    has the same digits (it had "%.17g": 0.1 as 0.10000000000000001)."""
+    x32 = [1 / 3, 16777216.0, float(np.finfo(np.float32).max), 0.1, 1e-45, -2.5e-8,
+           1e-40, 3e-39]
+    x64 = [1 / 3, 0.1, 1e23, 5e-324, 1e-310, -2.5e-320, 2.225073858507201e-308, 0.3]
     # (f16 results need a GPU backend: tests/cli/test_npy.c test_fmt_num has them.)
-    for dt, lo, back in (("<f4", 6, f32), ("<f8", 15, float)):
+    for dt, lo, np_type, x in (("<f4", 6, np.float32, x32), ("<f8", 15, np.float64, x64)):
         a = np.array(x).astype(dt)
         p = os.path.join(tmp, "val_%s.npy" % dt[1:])
         np.save(p, a)
-        want = "[%s]" % ", ".join(shortest(float(v), lo, back) for v in a)
+        texts = [shortest(float(v), lo, np_type) for v in a]
+        want = "[%s]" % ", ".join(texts)
         out = cli.ok("map", "scale", p, "--alpha", "1")
         check(out.endswith(": %s (%d values)\n" % (want, a.size)), "%s: %r, want %s" % (dt, out, want))
-        for t in want[1:-1].split(", "):
-            check(back(t) in a, "%s: %s is not one of %r" % (dt, t, a))
+        for t in texts:
+            check(np_type(t) in a, "%s: %s is not one of %r" % (dt, t, a))
+        out = cli.ok("map", "scale", p, "--alpha", "1", "--json")
+        check('"head":[%s]' % ",".join(texts) in out, "%s --json: %r, want head %s"
+              % (dt, out, texts))
+        check([np_type(v) for v in json.loads(out)["outputs"][0]["head"]] == list(a),
+              "%s --json head values: %r" % (dt, out))
     c = np.array([complex(1 / 3, -0.1)], "<c8")
     p = os.path.join(tmp, "val_c8.npy")
     np.save(p, c)
     out = cli.ok("map", "scale", p, "--alpha", "1")
     check(out.endswith(": [0.33333334-0.1j] (1 value)\n"), "c64: %r" % out)
+    out = cli.ok("map", "scale", p, "--alpha", "1", "--json")
+    check('"head":[[0.33333334,-0.1]]' in out, "c64 --json: %r" % out)
+    # A real number below the normal range is a number (the nearest
+    # subnormal, or 0), as Python reads it; one beyond the largest double
+    # is out of range, said so.
+    one = os.path.join(tmp, "val_one.npy")
+    np.save(one, np.ones(2))
+    for al, want in (("1e-310", "1e-310"), ("4.9e-324", "5e-324"),
+                     ("2.225073858507201e-308", "2.225073858507201e-308"), ("1e-400", "0")):
+        out = cli.ok("map", "scale", one, "--alpha", al)
+        check(out.endswith(": [%s, %s] (2 values)\n" % (want, want)), "--alpha %s: %r" % (al, out))
+    cli.fails(["map", "scale", one, "--alpha", "1e400"], "map", "EINVAL", rc_want=2,
+              detail="bad --alpha '1e400' (beyond f64's range)")
+    cli.fails(["map", "scale", one, "--alpha", "-1e400"], "map", "EINVAL", rc_want=2,
+              detail="bad --alpha '-1e400' (beyond f64's range)")
+    cli.fails(["map", "scale", one, "--alpha", "1e-3x"], "map", "EINVAL", rc_want=2,
+              detail="bad --alpha '1e-3x' (want a number)")
+    eye = os.path.join(tmp, "val_eye.npy")
+    np.save(eye, np.eye(2))
+    out = cli.ok("gemm", eye, eye, eye, "--beta", "1e-310")
+    check(out.endswith(": [1, 0, 0, 1] (4 values)\n"), "gemm --beta 1e-310: %r" % out)
+    cli.fails(["gemm", eye, eye, eye, "--beta", "1e999"], "gemm", "EINVAL", rc_want=2,
+              detail="bad --beta '1e999' (beyond f64's range)")
 
 
 def nan_text(cli, tmp):
