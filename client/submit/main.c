@@ -531,13 +531,55 @@ static const char *group_name(gid_t gid, char *buf, size_t cap) {
   return buf;
 }
 
+/* Whether this process's effective group or one of its supplementary
+ * groups is gid (the kernel then applies the mode's group bits to it). */
+static bool in_group(gid_t gid) {
+  gid_t gs[256];
+  int n;
+  if (getegid() == gid)
+    return true;
+  n = getgroups((int)(sizeof gs / sizeof gs[0]), gs);
+  for (int i = 0; i < n; i++)
+    if (gs[i] == gid)
+      return true;
+  return false;
+}
+
+/* Whom mode's write bits let connect, as the kernel decides: the owner by
+ * the owner bits alone, members of the group by the group bits, everyone
+ * else by the other bits ("users outside group G"). */
+static void who_may(mode_t mode, const char *gn, char *buf, size_t cap) {
+  const char *who[3];
+  char other[340];
+  int n = 0;
+  snprintf(other, sizeof other, "users outside group %s", gn);
+  if (mode & S_IWUSR)
+    who[n++] = "its owner";
+  if (mode & S_IWGRP)
+    who[n++] = "members of its group";
+  if (mode & S_IWOTH)
+    who[n++] = other;
+  if (n == 0)
+    snprintf(buf, cap, "no one");
+  else if (n == 1)
+    snprintf(buf, cap, "%s%s", mode & S_IWUSR ? "only " : "", who[0]);
+  else if (n == 2)
+    snprintf(buf, cap, "%s and %s", who[0], who[1]);
+  else
+    snprintf(buf, cap, "%s, %s and %s", who[0], who[1], who[2]);
+}
+
 /* The hint for EPERM on connecting to path (not the daemon's own policy):
  * connecting needs search permission on every directory of the path and
  * write permission on the socket, so the first directory that refuses is
- * named; else who the socket's mode lets in.  Asking to join the socket's
- * group is advice only where that group may write to it. */
+ * named; else who the socket's mode lets in, by the kernel's order (the
+ * owner's bits for the owner, the group's for its members, the other bits
+ * for everyone else: a member of the group is refused by 0606 that lets
+ * every other user in).  Asking to join the socket's group is advice only
+ * where that group may write to it, this user is not in it already, and it
+ * is not group root (gid 0), which no admin adds users to for this. */
 static void eperm_hint(const char *path, char *hint, size_t cap) {
-  char dir[512], on[300], gn[300];
+  char dir[512], on[300], gn[300], who[720];
   struct stat st;
   size_t len = strlen(path);
   if (len >= sizeof dir)
@@ -559,7 +601,8 @@ static void eperm_hint(const char *path, char *hint, size_t cap) {
   if (stat(path, &st) != 0)
     return;
   group_name(st.st_gid, gn, sizeof gn);
-  if ((st.st_mode & S_IWGRP) && st.st_uid != geteuid()) {
+  bool owner = st.st_uid == geteuid(), member = !owner && in_group(st.st_gid);
+  if ((st.st_mode & S_IWGRP) && !owner && !member && st.st_gid != 0) {
     struct group *g = getgrgid(st.st_gid);
     if (g != NULL)
       snprintf(hint, cap, "; the socket belongs to group '%s' (mode %04o): ask to be "
@@ -570,11 +613,16 @@ static void eperm_hint(const char *path, char *hint, size_t cap) {
                "connect", (long)st.st_gid, (unsigned)(st.st_mode & 07777));
     return;
   }
-  snprintf(hint, cap, "; the socket's mode %04o (owner %s, group %s) lets %s connect: "
-           "joining its group would not help; the daemon's admin decides who may "
-           "(SocketMode= and SocketGroup= of dspkd.socket)",
-           (unsigned)(st.st_mode & 07777), owner_name(st.st_uid, on, sizeof on), gn,
-           (st.st_mode & S_IWUSR) ? "only its owner" : "no one");
+  who_may(st.st_mode, gn, who, sizeof who);
+  snprintf(hint, cap, "; the socket's mode %04o (owner %s, group %s) lets %s connect: %s; "
+           "the daemon's admin decides who may (SocketMode= and SocketGroup= of "
+           "dspkd.socket)",
+           (unsigned)(st.st_mode & 07777), owner_name(st.st_uid, on, sizeof on), gn, who,
+           owner    ? "not its owner, which this user is"
+           : member ? "not members of its group, which this user is"
+           : (st.st_mode & S_IWGRP)
+               ? "joining group root is not the way to be let in"
+               : "joining its group would not help");
 }
 
 int dspk__sub_connect(dspk__sub_ctx *ctx) {
@@ -597,7 +645,7 @@ int dspk__sub_connect(dspk__sub_ctx *ctx) {
   }
   {
     const char *why = dspk_connect_error();
-    char pre[600], hint[900] = "";
+    char pre[600], hint[2048] = "";
     struct stat st;
     if (why == NULL || why[0] == '\0')
       why = dspk_strerror(rc);

@@ -1899,15 +1899,39 @@ def suite_shell_eperm(cli, tmp):
                   "EPERM: exit %d %r" % (rc, err))
             return err
         if os.geteuid() == 0:
+            # Group root may write: joining group root is no advice.
             err = eperm()
-            check("group '%s'" % group in err and "usermod -aG %s" % group in err,
-                  "EPERM hint %r" % err)
+            check("usermod" not in err and "group 'root') lets its owner and members of its"
+                  " group connect: joining group root is not the way" in err,
+                  "EPERM hint for group root %r" % err)
+            # Another group that may write: ask to join it.
+            other = next(g for g in grp.getgrall() if g.gr_gid not in (0, 65534))
+            os.chown(path, 0, other.gr_gid)
+            err = eperm()
+            check("group '%s'" % other.gr_name in err and
+                  "usermod -aG %s" % other.gr_name in err, "EPERM hint %r" % err)
+            os.chown(path, 0, 0)
             # A group that may not write: joining it is no advice.
             for mode in (0o600, 0o604):
                 os.chmod(path, mode)
                 err = eperm()
                 check("usermod" not in err and "mode %04o" % mode in err and
-                      "lets only its owner connect" in err, "EPERM hint %r" % err)
+                      "lets only its owner connect: joining its group would not help" in err,
+                      "EPERM hint %r" % err)
+            # The user is in the socket's group, which may not write, while
+            # every other user may (the kernel applies the group's bits to a
+            # member): the hint says so, not "only its owner".
+            nogroup = grp.getgrgid(65534).gr_name
+            os.chown(path, 0, 65534)
+            for mode, who in ((0o606, "its owner and users outside group '%s'" % nogroup),
+                              (0o602, "its owner and users outside group '%s'" % nogroup),
+                              (0o002, "users outside group '%s'" % nogroup)):
+                os.chmod(path, mode)
+                err = eperm()
+                check("usermod" not in err and "mode %04o" % mode in err and
+                      "lets %s connect: not members of its group, which this user is" % who
+                      in err, "EPERM hint (mode %04o, a member) %r" % (mode, err))
+            os.chown(path, 0, 0)
             # A directory on the way that the user may not search.
             os.chmod(path, 0o666)
             os.chmod(tmp, 0o700)
