@@ -2127,6 +2127,7 @@ def suite_help(cli, tmp):
     help_matches_doc(cli)
     repeated_options(cli)
     outputs_before_work(cli, tmp)
+    kernel_same_output(cli, tmp)
     command_line_messages(cli, tmp)
     command_line_round6(cli, tmp)
 
@@ -2337,6 +2338,38 @@ def command_line_messages(cli, tmp):
         err = p.stderr.decode(errors="replace")
         check(p.returncode == 2 and want in err, "kernel %s on a tty: %d %r"
               % (args, p.returncode, err))
+
+
+def kernel_same_output(cli, tmp):
+    """Two kernel -o naming one file however spelled (./k.npy, a link, a
+    hard link, an absolute and a relative name, - and /dev/stdout) are a bad
+    command line before any work, as the same name twice is; the name was
+    compared as a string, so one tensor silently overwrote the other."""
+    src = os.path.join(tmp, "same.comp")
+    with open(src, "w") as f:
+        f.write("void main() {}\n")
+    d = os.path.join(tmp, "same")
+    os.mkdir(d)
+    os.mkdir(os.path.join(d, "sub"))
+    k0 = os.path.join(d, "k0.npy")
+    new = os.path.join(d, "new.npy")  # not there: its directory and name
+    nosock = ["--socket", os.path.join(tmp, "nothing.sock")]
+    base = ["kernel", src, "--entry", "main", "--grid", "1", "--block", "1",
+            "zeros:f32:4", "zeros:f32:4"]
+    pairs = [(new, os.path.join(d, ".", "new.npy")),
+             (new, os.path.join(d, "sub", "..", "new.npy")),
+             ("-", "/dev/stdout"), ("/dev/stdout", "/proc/self/fd/1")]
+    np.save(k0, np.zeros(4))
+    os.symlink(k0, os.path.join(d, "link.npy"))
+    os.link(k0, os.path.join(d, "hard.npy"))
+    pairs += [(k0, os.path.join(d, "link.npy")), (k0, os.path.join(d, "hard.npy")),
+              (os.path.join(d, "link.npy"), os.path.join(d, ".", "k0.npy"))]
+    for x, y in pairs:
+        cli.fails(nosock + base + ["-o", x, "-o", y], "kernel", "EINVAL", rc_want=2, sock=False,
+                  detail="-o %s and -o %s are the same file (one file per tensor)" % (x, y))
+    check(not os.path.exists(new), "an output was written")
+    # Two files: past the check (to the connect).
+    cli.fails(nosock + base + ["-o", k0, "-o", new], "kernel", "ECONNECT", sock=False)
 
 
 def outputs_before_work(cli, tmp):
