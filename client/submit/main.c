@@ -197,7 +197,8 @@ const dspk__sub_cmd dspk__sub_cmds[] = {
      "decisions, blobs): entries, bytes, hits and misses per kind, one\n"
      "\"field value\" line each.\n"
      "clear deletes the entries of the kinds named (no flag: every kind);\n"
-     "only root and the daemon's own user may (EPERM otherwise).\n"
+     "only the daemon's admins may (root, the user the daemon runs as, and\n"
+     "admin_users/admin_groups of dspkd.conf; EPERM otherwise).\n"
      "\n"
      "  --json   print the daemon's answer as JSON\n"},
     {"metrics", dspk__sub_metrics, "the daemon's metrics (Prometheus text)",
@@ -223,16 +224,19 @@ const dspk__sub_cmd dspk__sub_cmds[] = {
      "  -n, --interval SECONDS   time between refreshes (0.1 to 3600, default 1)\n"
      "      --once               print one frame and exit\n"
      "      --json               print one frame's data (the status answer) as JSON\n"},
-    {"trace", dspk__sub_trace, "record what every device runs (Chrome trace JSON)",
+    {"trace", dspk__sub_trace, "record what the devices run (Chrome trace JSON)",
      "usage: dspk-submit trace -o FILE [--seconds N] [--json]\n"
      "\n"
-     "Records every job on every device for N seconds (default 5, at most 600)\n"
-     "and writes Chrome trace-event JSON that Perfetto (ui.perfetto.dev) and\n"
-     "chrome://tracing open: one process per device; on its runner thread each\n"
-     "job with its phases (upload, compute, tuning, download), and on a thread\n"
-     "per client the time each job waited in the queue.  FILE is created\n"
-     "before the recording starts (a bad FILE fails at once) as a temporary\n"
-     "beside it, renamed over FILE once the trace is written whole.\n"
+     "Records the jobs of the devices status shows you for N seconds (default\n"
+     "5, at most 600) and writes Chrome trace-event JSON that Perfetto\n"
+     "(ui.perfetto.dev) and chrome://tracing open: one process per device; on\n"
+     "its runner thread each job with its phases (upload, compute, tuning,\n"
+     "download), and on a thread per client the time each job waited in the\n"
+     "queue.  Unless you are an admin of the daemon, another user's jobs are\n"
+     "slices named other (when the device was busy, not with what or whose).\n"
+     "FILE is created before the recording starts (a bad FILE fails at once)\n"
+     "as a temporary beside it, renamed over FILE once the trace is written\n"
+     "whole.\n"
      "\n"
      "  -o, --output FILE   where to write the trace (- for standard output)\n"
      "  -s, --seconds N     how long to record (more than 0, at most 600;\n"

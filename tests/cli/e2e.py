@@ -2473,6 +2473,18 @@ def help_matches_doc(cli):
         for w in words:
             check(re.search(r"\b%s\b" % w, h) and re.search(r"\b%s\b" % w, sections[c]),
                   "%s: --help and cli.md do not both say %s" % (c, w))
+    # Who may do what: the access rules of --help are cli.md's (the help
+    # said "only root and the daemon's own user" may clear the cache, and
+    # that trace records every job).
+    h = cli.ok("cache", "--help", sock=False)
+    check("admin_users/admin_groups" in h and "the user the daemon runs as" in h and
+          "admin_users`/`admin_groups" in sections["cache"] and
+          "the user the daemon runs as" in sections["cache"], "cache --help: %r" % h)
+    h = cli.ok("trace", "--help", sock=False)
+    check("devices status shows you" in h and "slices named other" in h and
+          "devices `status` shows you" in sections["trace"] and
+          "slices named `other`" in sections["trace"] and "every job" not in h,
+          "trace --help: %r" % h)
     # Sizes: every unit that the parser takes (proto/units.h) works and the
     # help says so.
     check("KiB" in cli.ok("ping", "--help", sock=False), "ping --help omits KiB")
