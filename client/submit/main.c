@@ -446,14 +446,50 @@ static void cli_words(const dspk__sub_ctx *ctx, const char *d, char *out, size_t
   out[w] = '\0';
 }
 
+/* The daemon's remedy for a result too large for one response is a
+ * protocol one (a task.run that writes into a buffer), which the command
+ * line does not offer: said instead as what a shell user can do. */
+static const char too_big_advice[] =
+    ": write it into a buffer (task.run outputs: [{buffer, offset}])";
+
+/* detail with a protocol remedy (too_big_advice) replaced by the command
+ * line's, into out; 0 when detail has none. */
+static int cli_remedy(const dspk__sub_ctx *ctx, const char *detail, char *out, size_t cap) {
+  const char *adv = strstr(detail, too_big_advice), *n;
+  unsigned long long bytes = 0;
+  char shm[300] = "";
+  const char *cmd = ctx->cmd != NULL ? ctx->cmd : "";
+  if (adv == NULL)
+    return 0;
+  n = strstr(detail, "the inline result would be ");
+  if (n != NULL)
+    bytes = strtoull(n + strlen("the inline result would be "), NULL, 10);
+  /* Results of these come back through shared memory when asked
+   * (DSPK_SHARED_THRESHOLD, ENVIRONMENT of cli.md): at most their size. */
+  if (bytes >= 1024 && (strcmp(cmd, "gemm") == 0 || strcmp(cmd, "fft") == 0 ||
+                        strcmp(cmd, "fir") == 0 || strcmp(cmd, "map") == 0))
+    snprintf(shm, sizeof shm,
+             "set DSPK_SHARED_THRESHOLD=%lluK (or less) to have it come back through "
+             "shared memory (with a --device other than any when the daemon has a GPU), "
+             "or ",
+             bytes / 1024);
+  snprintf(out, cap, "%.*s: too large for one message of this daemon; %sask the daemon's "
+           "admin to raise max_message (dspkd --max-message, [limits] max_message of "
+           "dspk.conf)%s",
+           (int)(adv - detail), detail, shm, adv + strlen(too_big_advice));
+  return 1;
+}
+
 int dspk__sub_fail_client(const dspk__sub_ctx *ctx, int code) {
   const char *detail = ctx->client ? dspk_last_error(ctx->client) : "";
-  char words[2048];
+  char words[2048], remedy[2048];
   if (detail == NULL || detail[0] == '\0')
     detail = dspk_strerror(code);
   /* A compiler's log quotes the user's own source: left as it is. */
   if (code == DSPK_ECOMPILE)
     return dspk__sub_fail(ctx, code, "%s", detail);
+  if (code == DSPK_ELIMIT && cli_remedy(ctx, detail, remedy, sizeof remedy))
+    detail = remedy;
   cli_words(ctx, detail, words, sizeof words);
   return dspk__sub_fail(ctx, code, "%s", words);
 }

@@ -1824,6 +1824,26 @@ def suite_shell(cli, tmp, dspkd):
         j = json.loads(c2.ok("reduce", "sum", fbig, "--json"))
         check(abs(j["outputs"][0]["head"][0] - big.sum()) < 1e-9,
               "reduce of 2.4 MB under --max-message 2M: %r" % j)
+        # A result larger than a response may carry: the advice is what a
+        # shell user can do (the daemon's is a task.run field), and it works.
+        fexp = os.path.join(tmp, "bexp.npy")
+        err = c2.fails(["map", "exp", fbig, "-o", fexp], "map", "ELIMIT",
+                       detail="the inline result would be 2400000 bytes")
+        m = re.search(r"; set DSPK_SHARED_THRESHOLD=(\d+K) \(or less\) to have it come back "
+                      r"through shared memory \(with a --device other than any when the daemon "
+                      r"has a GPU\), or ask the daemon's admin to raise max_message \(dspkd "
+                      r"--max-message, \[limits\] max_message of dspk.conf\)\n$", err)
+        check(m and "task.run" not in err and "{buffer" not in err, "ELIMIT advice %r" % err)
+        env = dict(os.environ, DSPK_SHARED_THRESHOLD=m.group(1) if m else "1K")
+        c2.ok("map", "exp", fbig, "-o", fexp, env=env)
+        check(np.allclose(np.load(fexp), np.exp(big), rtol=1e-12), "map exp through shm")
+        # Where no shared memory helps (contract), only max_message is.
+        eye = os.path.join(tmp, "eye1000.npy")
+        np.save(eye, np.eye(1000))
+        err = c2.fails(["contract", "ij,jk->ik", fbig, eye], "contract", "ELIMIT")
+        check(err.endswith("too large for one message of this daemon; ask the daemon's admin "
+                           "to raise max_message (dspkd --max-message, [limits] max_message of "
+                           "dspk.conf)\n") and "task.run" not in err, "contract ELIMIT %r" % err)
     finally:
         d2.stop()
     for bad in (["--max-message", "2Q"], ["--max-message", "16777216T"],
