@@ -58,6 +58,15 @@ struct dspk__cache {
   dev_t dev;
   ino_t ino;
   int have_id;
+  /* Its write-ahead log and shared-memory index ("<path>-wal", "-shm") as
+   * the open connection made them: once the main file is replaced, these
+   * belong to the old file and must not be applied to the new one
+   * (drop_side_files). */
+  struct side_id {
+    dev_t dev;
+    ino_t ino;
+    int have;
+  } side[2];
   void (*notice)(void *ud, const char *line);
   void *notice_ud;
   void (*put_result)(void *ud, int kind, int err, const char *detail);
@@ -506,10 +515,28 @@ static char *immutable_uri(const char *path) {
   return uri;
 }
 
+/* 1 when the file at path starts with SQLite's 16-byte header string, 0
+ * when it does not (or is shorter), and 1 when it cannot be read (the open
+ * that follows reports why). */
+static int has_sqlite_header(const char *path) {
+  static const char magic[16] = "SQLite format 3";
+  char head[sizeof magic];
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+  if (fd < 0)
+    return 1;
+  ssize_t n = pread(fd, head, sizeof head, 0);
+  close(fd);
+  if (n < 0)
+    return 1;
+  return n == (ssize_t)sizeof head && memcmp(head, magic, sizeof magic) == 0;
+}
+
 /* Looks at the file at path without changing it or creating anything
  * beside it: SQLite's immutable mode takes no lock and makes no -wal or
  * -shm file, which opening a WAL database even read-only would.  Returns
- * OPEN_FOREIGN or OPEN_NEWER (why explains) for a file to leave alone;
+ * OPEN_CORRUPT for a non-empty file that does not start with SQLite's
+ * header, OPEN_FOREIGN or OPEN_NEWER (why explains) for a file to leave
+ * alone;
  * otherwise OPEN_OK, and try_open decides again with a lock held: a
  * missing, empty or unreadable file, one that looks like a dspk cache, or
  * one another process changed under this unlocked look. */
@@ -536,6 +563,13 @@ static enum open_result inspect(const char *path, char *why, size_t whylen) {
   }
   if (sb.st_size == 0)
     return OPEN_OK;
+  /* What the file is, by its own bytes first: SQLite would take page 1
+   * from a "<path>-wal" beside it, which may belong to another file (one
+   * that was at the path before). */
+  if (!has_sqlite_header(path)) {
+    snprintf(why, whylen, "its first bytes are not an SQLite header");
+    return OPEN_CORRUPT;
+  }
   uri = immutable_uri(path);
   if (!uri)
     return OPEN_OK;
@@ -789,11 +823,53 @@ static void remove_created(const char *path, int created, int dirs) {
 /* Remembers which file c->path names now, so that a put can notice when
  * it was deleted or replaced (follow_path). */
 static void remember_file(struct dspk__cache *c) {
+  static const char *const suffix[2] = {"-wal", "-shm"};
   struct stat sb;
+  char p[PATH_MAX + 8];
   c->have_id = stat(c->path, &sb) == 0;
   if (c->have_id) {
     c->dev = sb.st_dev;
     c->ino = sb.st_ino;
+  }
+  for (int i = 0; i < 2; i++) {
+    c->side[i].have = c->have_id &&
+                      (size_t)snprintf(p, sizeof p, "%s%s", c->path, suffix[i]) <
+                          sizeof p &&
+                      lstat(p, &sb) == 0;
+    if (c->side[i].have) {
+      c->side[i].dev = sb.st_dev;
+      c->side[i].ino = sb.st_ino;
+    }
+  }
+}
+
+/* Called when c->path no longer names the open file (deleted, or another
+ * file renamed over it), before anything opens the path again.  The open
+ * connection's "<path>-wal" and "-shm" stay at the path: SQLite neither
+ * checkpoints a moved file when closing it nor deletes those by name.  Any
+ * SQLite open of the path would then replay the old cache's log over the
+ * file there now (another program's database would lose its tables, a
+ * file of garbage would read as a cache).  So: first checkpoint the log
+ * into the old file through the open connection (a file moved elsewhere
+ * keeps every commit), then remove the two side files, but only when they
+ * are still the ones this connection made (same device and inode): side
+ * files that came with the new file are its own and are left alone. */
+static void drop_side_files(struct dspk__cache *c) {
+  static const char *const suffix[2] = {"-wal", "-shm"};
+  struct stat sb;
+  char p[PATH_MAX + 8];
+  /* Best effort: a reader of another process may keep part of the log;
+   * what it keeps still goes with the old file, not the new one. */
+  (void)sqlite3_wal_checkpoint_v2(c->db, "main", SQLITE_CHECKPOINT_TRUNCATE,
+                                  NULL, NULL);
+  for (int i = 0; i < 2; i++) {
+    if (!c->side[i].have ||
+        (size_t)snprintf(p, sizeof p, "%s%s", c->path, suffix[i]) >= sizeof p)
+      continue;
+    if (lstat(p, &sb) == 0 && sb.st_dev == c->side[i].dev &&
+        sb.st_ino == c->side[i].ino)
+      (void)unlink(p); /* the open connection keeps its descriptors */
+    c->side[i].have = 0;
   }
 }
 
@@ -1063,6 +1139,7 @@ static void follow_path(struct dspk__cache *c) {
     return; /* cannot tell (EACCES, ...): keep the file that is open */
   if (!gone && sb.st_dev == c->dev && sb.st_ino == c->ino)
     return;
+  drop_side_files(c);
   int r = open_file(c, 0, &db, warn, sizeof warn);
   if (r == 0) {
     remember_file(c);
@@ -1088,7 +1165,8 @@ static void follow_path(struct dspk__cache *c) {
              c->path, gone ? "deleted" : "replaced", warn);
   }
   /* SQLite neither checkpoints into a moved file nor deletes its -wal and
-   * -shm by name when closing it, so whatever is at the path now is safe. */
+   * -shm by name when closing it (and drop_side_files removed those), so
+   * whatever is at the path now is safe. */
   sqlite3_close_v2(c->db);
   c->db = db;
 tell:

@@ -86,7 +86,8 @@ struct dspk__cache_opts {
  * tables of its schema version) is used, migrated forward if older.
  * Another program's SQLite database, and a dspk cache of a newer schema,
  * are left alone, byte for byte (no -wal or -shm file is made beside them).
- * A corrupt file (not a database, or PRAGMA quick_check fails) and a
+ * A corrupt file (not a database: a non-empty file whose first 16 bytes
+ * are not SQLite's header, or PRAGMA quick_check fails) and a
  * marked cache whose tables are not those of its version are renamed to
  * "<path>.corrupt-<unixtime>" (or "<path>.corrupt-<unixtime>.N", N from
  * 1, when that name is taken: a file kept aside is never replaced) and a
@@ -101,9 +102,11 @@ struct dspk__cache_opts {
  * otherwise warn is set to "".  warn may be NULL.
  *
  * While open, each put first checks (one stat) that path still names the
- * open file; when it was deleted or replaced, the path is opened again by
- * the same rules (a new cache where nothing is left) and opts->notice is
- * told once.
+ * open file; when it was deleted or replaced, the old file's -wal and -shm
+ * (still at the path) are checkpointed into it and removed, when they are
+ * still the ones the open connection made, so that they are never applied
+ * to the file at the path; then the path is opened again by the same rules
+ * (a new cache where nothing is left) and opts->notice is told once.
  *
  * Returns 0 and writes *out (the caller closes it with dspk__cache_close),
  * or a negative dspk_errno (DSPK_EIO when no_fallback and the file is

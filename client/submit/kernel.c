@@ -149,11 +149,15 @@ static int parse_scalar(dspk__sub_ctx *ctx, const char *spec, dspk_karg *k) {
   const char *v = strchr(spec, ':');
   double d;
   long l;
+  int prc;
   if (v == NULL || v - spec != 3)
     return 1;
   v++;
   if (strncmp(spec, "f32", 3) == 0 || strncmp(spec, "f64", 3) == 0) {
-    if (dspk__sub_parse_double(v, &d) < 0)
+    if ((prc = dspk__sub_parse_double(v, &d)) == -2)
+      return dspk__sub_usage(ctx, "bad %.3s in '%s' (beyond %.3s's range)", spec,
+                             spec, spec);
+    if (prc < 0)
       return dspk__sub_usage(ctx, "bad number in '%s'", spec);
     k->kind = spec[1] == '3' ? DSPK_KARG_F32 : DSPK_KARG_F64;
     /* A value that rounds (to nearest even) to an infinity is refused like
@@ -314,14 +318,19 @@ int dspk__sub_kernel(dspk__sub_ctx *ctx, int argc, char **argv) {
   if (dspk__sub_check_inputs(ctx, argv + optind, argc - optind) != 0)
     return DSPK__SUB_EXIT_USAGE;
   for (int i = 0, n = 0; i < nouts; i++) {
-    /* Two -o to one file: which tensor it would hold is not clear. */
-    for (int j = 0; j < i; j++)
-      if (strcmp(outs[i].path, outs[j].path) == 0 && strcmp(outs[i].path, "-") != 0)
-        return dspk__sub_usage(ctx, "-o %s given twice (one file per tensor)",
-                               outs[i].path);
     n += strcmp(outs[i].path, "-") == 0;
     if (n > 1)
       return dspk__sub_usage(ctx, "standard output (-o -) can take one tensor");
+    /* Two -o to one file, however spelled (./k.npy, a link, /dev/stdout
+     * and -): which tensor it would hold is not clear. */
+    for (int j = 0; j < i; j++) {
+      if (strcmp(outs[i].path, outs[j].path) == 0)
+        return dspk__sub_usage(ctx, "-o %s given twice (one file per tensor)",
+                               outs[i].path);
+      if (dspk__outfile_same(outs[i].path, outs[j].path))
+        return dspk__sub_usage(ctx, "-o %s and -o %s are the same file (one file per "
+                                    "tensor)", outs[j].path, outs[i].path);
+    }
     if (n == 1 && strcmp(outs[i].path, "-") == 0 && isatty(STDOUT_FILENO) == 1)
       return dspk__sub_usage(ctx, "-o -: standard output is a terminal; "
                                   "redirect it to a file or a pipe");

@@ -12,6 +12,7 @@
  * the operation failed, 2 for a bad command line).
  */
 #include <errno.h>
+#include <math.h>
 #include <fcntl.h>
 #include <getopt.h>
 #include <grp.h>
@@ -196,7 +197,8 @@ const dspk__sub_cmd dspk__sub_cmds[] = {
      "decisions, blobs): entries, bytes, hits and misses per kind, one\n"
      "\"field value\" line each.\n"
      "clear deletes the entries of the kinds named (no flag: every kind);\n"
-     "only root and the daemon's own user may (EPERM otherwise).\n"
+     "only the daemon's admins may (root, the user the daemon runs as, and\n"
+     "admin_users/admin_groups of dspkd.conf; EPERM otherwise).\n"
      "\n"
      "  --json   print the daemon's answer as JSON\n"},
     {"metrics", dspk__sub_metrics, "the daemon's metrics (Prometheus text)",
@@ -222,16 +224,19 @@ const dspk__sub_cmd dspk__sub_cmds[] = {
      "  -n, --interval SECONDS   time between refreshes (0.1 to 3600, default 1)\n"
      "      --once               print one frame and exit\n"
      "      --json               print one frame's data (the status answer) as JSON\n"},
-    {"trace", dspk__sub_trace, "record what every device runs (Chrome trace JSON)",
+    {"trace", dspk__sub_trace, "record what the devices run (Chrome trace JSON)",
      "usage: dspk-submit trace -o FILE [--seconds N] [--json]\n"
      "\n"
-     "Records every job on every device for N seconds (default 5, at most 600)\n"
-     "and writes Chrome trace-event JSON that Perfetto (ui.perfetto.dev) and\n"
-     "chrome://tracing open: one process per device; on its runner thread each\n"
-     "job with its phases (upload, compute, tuning, download), and on a thread\n"
-     "per client the time each job waited in the queue.  FILE is created\n"
-     "before the recording starts (a bad FILE fails at once) as a temporary\n"
-     "beside it, renamed over FILE once the trace is written whole.\n"
+     "Records the jobs of the devices status shows you for N seconds (default\n"
+     "5, at most 600) and writes Chrome trace-event JSON that Perfetto\n"
+     "(ui.perfetto.dev) and chrome://tracing open: one process per device; on\n"
+     "its runner thread each job with its phases (upload, compute, tuning,\n"
+     "download), and on a thread per client the time each job waited in the\n"
+     "queue.  Unless you are an admin of the daemon, another user's jobs are\n"
+     "slices named other (when the device was busy, not with what or whose).\n"
+     "FILE is created before the recording starts (a bad FILE fails at once)\n"
+     "as a temporary beside it, renamed over FILE once the trace is written\n"
+     "whole.\n"
      "\n"
      "  -o, --output FILE   where to write the trace (- for standard output)\n"
      "  -s, --seconds N     how long to record (more than 0, at most 600;\n"
@@ -441,14 +446,50 @@ static void cli_words(const dspk__sub_ctx *ctx, const char *d, char *out, size_t
   out[w] = '\0';
 }
 
+/* The daemon's remedy for a result too large for one response is a
+ * protocol one (a task.run that writes into a buffer), which the command
+ * line does not offer: said instead as what a shell user can do. */
+static const char too_big_advice[] =
+    ": write it into a buffer (task.run outputs: [{buffer, offset}])";
+
+/* detail with a protocol remedy (too_big_advice) replaced by the command
+ * line's, into out; 0 when detail has none. */
+static int cli_remedy(const dspk__sub_ctx *ctx, const char *detail, char *out, size_t cap) {
+  const char *adv = strstr(detail, too_big_advice), *n;
+  unsigned long long bytes = 0;
+  char shm[300] = "";
+  const char *cmd = ctx->cmd != NULL ? ctx->cmd : "";
+  if (adv == NULL)
+    return 0;
+  n = strstr(detail, "the inline result would be ");
+  if (n != NULL)
+    bytes = strtoull(n + strlen("the inline result would be "), NULL, 10);
+  /* Results of these come back through shared memory when asked
+   * (DSPK_SHARED_THRESHOLD, ENVIRONMENT of cli.md): at most their size. */
+  if (bytes >= 1024 && (strcmp(cmd, "gemm") == 0 || strcmp(cmd, "fft") == 0 ||
+                        strcmp(cmd, "fir") == 0 || strcmp(cmd, "map") == 0))
+    snprintf(shm, sizeof shm,
+             "set DSPK_SHARED_THRESHOLD=%lluK (or less) to have it come back through "
+             "shared memory (with a --device other than any when the daemon has a GPU), "
+             "or ",
+             bytes / 1024);
+  snprintf(out, cap, "%.*s: too large for one message of this daemon; %sask the daemon's "
+           "admin to raise max_message (dspkd --max-message, [limits] max_message of "
+           "dspk.conf)%s",
+           (int)(adv - detail), detail, shm, adv + strlen(too_big_advice));
+  return 1;
+}
+
 int dspk__sub_fail_client(const dspk__sub_ctx *ctx, int code) {
   const char *detail = ctx->client ? dspk_last_error(ctx->client) : "";
-  char words[2048];
+  char words[2048], remedy[2048];
   if (detail == NULL || detail[0] == '\0')
     detail = dspk_strerror(code);
   /* A compiler's log quotes the user's own source: left as it is. */
   if (code == DSPK_ECOMPILE)
     return dspk__sub_fail(ctx, code, "%s", detail);
+  if (code == DSPK_ELIMIT && cli_remedy(ctx, detail, remedy, sizeof remedy))
+    detail = remedy;
   cli_words(ctx, detail, words, sizeof words);
   return dspk__sub_fail(ctx, code, "%s", words);
 }
@@ -530,13 +571,55 @@ static const char *group_name(gid_t gid, char *buf, size_t cap) {
   return buf;
 }
 
+/* Whether this process's effective group or one of its supplementary
+ * groups is gid (the kernel then applies the mode's group bits to it). */
+static bool in_group(gid_t gid) {
+  gid_t gs[256];
+  int n;
+  if (getegid() == gid)
+    return true;
+  n = getgroups((int)(sizeof gs / sizeof gs[0]), gs);
+  for (int i = 0; i < n; i++)
+    if (gs[i] == gid)
+      return true;
+  return false;
+}
+
+/* Whom mode's write bits let connect, as the kernel decides: the owner by
+ * the owner bits alone, members of the group by the group bits, everyone
+ * else by the other bits ("users outside group G"). */
+static void who_may(mode_t mode, const char *gn, char *buf, size_t cap) {
+  const char *who[3];
+  char other[340];
+  int n = 0;
+  snprintf(other, sizeof other, "users outside group %s", gn);
+  if (mode & S_IWUSR)
+    who[n++] = "its owner";
+  if (mode & S_IWGRP)
+    who[n++] = "members of its group";
+  if (mode & S_IWOTH)
+    who[n++] = other;
+  if (n == 0)
+    snprintf(buf, cap, "no one");
+  else if (n == 1)
+    snprintf(buf, cap, "%s%s", mode & S_IWUSR ? "only " : "", who[0]);
+  else if (n == 2)
+    snprintf(buf, cap, "%s and %s", who[0], who[1]);
+  else
+    snprintf(buf, cap, "%s, %s and %s", who[0], who[1], who[2]);
+}
+
 /* The hint for EPERM on connecting to path (not the daemon's own policy):
  * connecting needs search permission on every directory of the path and
  * write permission on the socket, so the first directory that refuses is
- * named; else who the socket's mode lets in.  Asking to join the socket's
- * group is advice only where that group may write to it. */
+ * named; else who the socket's mode lets in, by the kernel's order (the
+ * owner's bits for the owner, the group's for its members, the other bits
+ * for everyone else: a member of the group is refused by 0606 that lets
+ * every other user in).  Asking to join the socket's group is advice only
+ * where that group may write to it, this user is not in it already, and it
+ * is not group root (gid 0), which no admin adds users to for this. */
 static void eperm_hint(const char *path, char *hint, size_t cap) {
-  char dir[512], on[300], gn[300];
+  char dir[512], on[300], gn[300], who[720];
   struct stat st;
   size_t len = strlen(path);
   if (len >= sizeof dir)
@@ -558,7 +641,8 @@ static void eperm_hint(const char *path, char *hint, size_t cap) {
   if (stat(path, &st) != 0)
     return;
   group_name(st.st_gid, gn, sizeof gn);
-  if ((st.st_mode & S_IWGRP) && st.st_uid != geteuid()) {
+  bool owner = st.st_uid == geteuid(), member = !owner && in_group(st.st_gid);
+  if ((st.st_mode & S_IWGRP) && !owner && !member && st.st_gid != 0) {
     struct group *g = getgrgid(st.st_gid);
     if (g != NULL)
       snprintf(hint, cap, "; the socket belongs to group '%s' (mode %04o): ask to be "
@@ -569,11 +653,16 @@ static void eperm_hint(const char *path, char *hint, size_t cap) {
                "connect", (long)st.st_gid, (unsigned)(st.st_mode & 07777));
     return;
   }
-  snprintf(hint, cap, "; the socket's mode %04o (owner %s, group %s) lets %s connect: "
-           "joining its group would not help; the daemon's admin decides who may "
-           "(SocketMode= and SocketGroup= of dspkd.socket)",
-           (unsigned)(st.st_mode & 07777), owner_name(st.st_uid, on, sizeof on), gn,
-           (st.st_mode & S_IWUSR) ? "only its owner" : "no one");
+  who_may(st.st_mode, gn, who, sizeof who);
+  snprintf(hint, cap, "; the socket's mode %04o (owner %s, group %s) lets %s connect: %s; "
+           "the daemon's admin decides who may (SocketMode= and SocketGroup= of "
+           "dspkd.socket)",
+           (unsigned)(st.st_mode & 07777), owner_name(st.st_uid, on, sizeof on), gn, who,
+           owner    ? "not its owner, which this user is"
+           : member ? "not members of its group, which this user is"
+           : (st.st_mode & S_IWGRP)
+               ? "joining group root is not the way to be let in"
+               : "joining its group would not help");
 }
 
 int dspk__sub_connect(dspk__sub_ctx *ctx) {
@@ -596,7 +685,7 @@ int dspk__sub_connect(dspk__sub_ctx *ctx) {
   }
   {
     const char *why = dspk_connect_error();
-    char pre[600], hint[900] = "";
+    char pre[600], hint[2048] = "";
     struct stat st;
     if (why == NULL || why[0] == '\0')
       why = dspk_strerror(rc);
@@ -639,8 +728,12 @@ int dspk__sub_parse_double(const char *s, double *out) {
     return -1;
   errno = 0;
   v = strtod(s, &end);
-  if (*end != '\0' || errno == ERANGE)
+  if (*end != '\0')
     return -1;
+  /* ERANGE with a finite result is an underflow: v is then the nearest
+   * subnormal or 0, a number in range (Python reads 1e-310 the same). */
+  if (errno == ERANGE && isinf(v))
+    return -2;
   *out = v;
   return 0;
 }

@@ -13,7 +13,16 @@ void dspk__sub_fmt_num(char *buf, size_t cap, double v, dspk_dtype dt, bool sign
     snprintf(buf, cap, sign ? "%+g" : "%g", v);
     return;
   }
-  for (int p = lo; p < hi; p++) {
+  /* Where "%.*g" writes positional digits at lo (1e-4 <= |v| < 10^lo, all
+   * normal numbers of every dtype), trying from lo keeps that notation:
+   * there lo digits of a value that fewer digits name are those digits
+   * and zeros, which %g drops.  Elsewhere (scientific either way) the
+   * search starts at one digit: a subnormal, whose precision is below
+   * lo, needs fewer digits than lo (an f64 1e-310 is "1e-310", where
+   * 15 digits show 9.99999999999997e-311). */
+  double mag = fabs(v);
+  int from = mag >= 1e-4 && mag < pow(10.0, lo) ? lo : 1;
+  for (int p = from; p < hi; p++) {
     snprintf(buf, cap, fmt, p, v);
     double back = strtod(buf, NULL);
     bool same;
@@ -25,7 +34,9 @@ void dspk__sub_fmt_num(char *buf, size_t cap, double v, dspk_dtype dt, bool sign
       int s = m == 0.5 && fabs(back) < fabs(v) ? e - 12 : e - 11;
       same = fabs(back - v) < ldexp(1.0, (s > -24 ? s : -24) - 1);
     } else if (dt == DSPK_F32 || dt == DSPK_C64) {
-      same = (float)back == (float)v;
+      /* strtof: the text read as an f32 directly (going through a
+       * double could round twice). */
+      same = strtof(buf, NULL) == (float)v;
     } else {
       same = back == v;
     }

@@ -147,16 +147,17 @@ static int parse_op_args(dspk__sub_ctx *ctx, int argc, char **argv,
     case OPT_ALPHA:
       if ((rc = dspk__sub_once(ctx, &seen_alpha, opt, argv)) != 0)
         return rc;
-      if (dspk__sub_parse_double(optarg, &a->alpha) < 0)
-        return dspk__sub_usage(ctx, "bad --alpha '%s' (want a number)",
-                               optarg);
+      if ((rc = dspk__sub_parse_double(optarg, &a->alpha)) < 0)
+        return dspk__sub_usage(ctx, "bad --alpha '%s' (%s)", optarg,
+                               rc == -2 ? "beyond f64's range" : "want a number");
       a->have_alpha = true;
       break;
     case OPT_BETA:
       if ((rc = dspk__sub_once(ctx, &seen_beta, opt, argv)) != 0)
         return rc;
-      if (dspk__sub_parse_double(optarg, &a->beta) < 0)
-        return dspk__sub_usage(ctx, "bad --beta '%s' (want a number)", optarg);
+      if ((rc = dspk__sub_parse_double(optarg, &a->beta)) < 0)
+        return dspk__sub_usage(ctx, "bad --beta '%s' (%s)", optarg,
+                               rc == -2 ? "beyond f64's range" : "want a number");
       a->have_beta = true;
       break;
     case ':':
@@ -324,11 +325,16 @@ void dspk__sub_print_summary(FILE *f, const dspk_result *res,
           (unsigned long long)n, n == 1 ? "" : "s");
 }
 
-static void json_num(FILE *f, double v) {
-  if (isfinite(v))
-    fprintf(f, "%.17g", v);
-  else
+/* v as a JSON number in the same fewest digits as the text line (a
+ * value of dtype dt, or of each part's for c64 and c128), or null. */
+static void json_num(FILE *f, double v, dspk_dtype dt) {
+  char b[40];
+  if (isfinite(v)) {
+    dspk__sub_fmt_num(b, sizeof b, v, dt, false);
+    fputs(b, f);
+  } else {
     fputs("null", f);
+  }
 }
 
 void dspk__sub_json_result(FILE *f, const dspk_result *res,
@@ -356,12 +362,12 @@ void dspk__sub_json_result(FILE *f, const dspk_result *res,
         fputs(i ? "," : "", f);
         if (cplx) {
           fputc('[', f);
-          json_num(f, re);
+          json_num(f, re, t->dtype);
           fputc(',', f);
-          json_num(f, im);
+          json_num(f, im, t->dtype);
           fputc(']', f);
         } else {
-          json_num(f, re);
+          json_num(f, re, t->dtype);
         }
       }
       fputc(']', f);

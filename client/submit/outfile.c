@@ -262,6 +262,73 @@ int dspk__fd_alias(const char *path) {
   return target != NULL && fdlink == 1 ? fdno : -1;
 }
 
+/* What an output path writes to, for telling two spellings of one file
+ * apart from two files: a descriptor of this process ("-" is 1), or a file
+ * by st_dev/st_ino (links followed), or, for a file not there yet, its
+ * directory's st_dev/st_ino and its name in it. */
+struct out_id {
+  int fd; /* >= 0: a descriptor (dev/ino its file's when fstat works) */
+  bool have_file;
+  dev_t dev;
+  ino_t ino;
+  char *name; /* malloc'd: the last component when the file is missing */
+};
+
+static void out_id_of(const char *path, struct out_id *id) {
+  struct stat st;
+  int fdlink = 0, fdno = -1;
+  char *target;
+  memset(id, 0, sizeof *id);
+  id->fd = -1;
+  if (strcmp(path, "-") == 0) {
+    id->fd = STDOUT_FILENO;
+  } else {
+    target = resolve(path, &fdlink, &fdno);
+    if (target == NULL)
+      return;
+    if (fdlink == 1) {
+      id->fd = fdno;
+    } else if (stat(target, &st) == 0) {
+      id->have_file = true;
+      id->dev = st.st_dev;
+      id->ino = st.st_ino;
+    } else {
+      const char *slash = strrchr(target, '/');
+      char *dir = dir_of(target);
+      if (dir != NULL && stat(dir, &st) == 0 && (id->name = strdup(slash ? slash + 1 : target))) {
+        id->dev = st.st_dev;
+        id->ino = st.st_ino;
+      }
+      free(dir);
+    }
+    free(target);
+    if (id->fd < 0)
+      return;
+  }
+  if (fstat(id->fd, &st) == 0) {
+    id->have_file = true;
+    id->dev = st.st_dev;
+    id->ino = st.st_ino;
+  }
+}
+
+int dspk__outfile_same(const char *a, const char *b) {
+  struct out_id x, y;
+  int same;
+  out_id_of(a, &x);
+  out_id_of(b, &y);
+  if (x.fd >= 0 && x.fd == y.fd)
+    same = 1;
+  else if (x.have_file && y.have_file)
+    same = x.dev == y.dev && x.ino == y.ino;
+  else
+    same = x.name != NULL && y.name != NULL && x.dev == y.dev && x.ino == y.ino &&
+           strcmp(x.name, y.name) == 0;
+  free(x.name);
+  free(y.name);
+  return same;
+}
+
 int dspk__outfile_open(dspk__outfile *o, const char *path, char *err,
                        size_t errlen) {
   struct stat st;

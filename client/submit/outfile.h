@@ -59,6 +59,11 @@ int dspk__outfile_commit(dspk__outfile *o, char *err, size_t errlen);
  * the target as it was.  Accepts an o already committed or abandoned. */
 void dspk__outfile_abort(dspk__outfile *o);
 
+/* 1 when the output paths a and b write to one file however spelled
+ * ("-" and /dev/stdout; k.npy, ./k.npy, a link to it, a hard link; a
+ * file not there yet by its directory and name), else 0. */
+int dspk__outfile_same(const char *a, const char *b);
+
 /* For an input path: the descriptor of this process it names, "-" (0) or
  * a link to one followed as outputs follow it (/dev/stdin, /dev/fd/N,
  * /proc/self/fd/N); -1 for any other path. */

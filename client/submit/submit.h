@@ -180,7 +180,10 @@ int dspk__sub_split(const char *s, const char *seps, char *buf, size_t cap,
 
 /* Strict number parsing of a whole string: decimal digits with an optional
  * '-' (and for a double a fraction, an exponent, inf or nan); no blanks, no
- * '+', no hexadecimal.  0 on success, -1 otherwise. */
+ * '+', no hexadecimal.  0 on success, -1 otherwise.  A double is the
+ * nearest one: a value too small for a normal double is a subnormal or 0
+ * (1e-310, 1e-400: strtod's ERANGE on underflow is no error), one beyond
+ * the largest double (1e400) is -2 (out of range) from parse_double. */
 int dspk__sub_parse_double(const char *s, double *out);
 int dspk__sub_parse_long(const char *s, long lo, long hi, long *out);
 

@@ -1,5 +1,6 @@
 /*
- * dspk-submit trace: records every job on every device of the daemon for
+ * dspk-submit trace: records the jobs of the devices the daemon shows this
+ * user (other users' jobs anonymous unless an admin asks) for
  * --seconds and writes it as Chrome trace-event JSON (dspk_trace), which
  * Perfetto (ui.perfetto.dev) and chrome://tracing open.  The output is
  * opened before the recording starts (a bad -o fails at once, not after

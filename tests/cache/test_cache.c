@@ -997,6 +997,13 @@ static void test_locked_at_open(void **state) {
   dspk__cache_close(c);
 }
 
+/* 1 when "<path><suffix>" exists. */
+static int side_file_exists(const char *path, const char *suffix) {
+  char p[420];
+  snprintf(p, sizeof p, "%s%s", path, suffix);
+  return access(p, F_OK) == 0;
+}
+
 /* Another program's database renamed over the open cache: left alone, the
  * cache goes on in memory. */
 static void test_file_replaced(void **state) {
@@ -1006,10 +1013,25 @@ static void test_file_replaced(void **state) {
   struct dspk__cache *c = open_ok(f->db, &o);
   char other[400];
   size_t n0, n1;
+  FILE *fp;
   assert_int_equal(dspk__cache_blob_put(c, "before", "B", 1), 0);
   snprintf(other, sizeof other, "%s/app.db", f->dir);
-  sql_on(other, "CREATE TABLE users(name TEXT);");
+  /* Enough stores that the cache's log holds pages not yet in its file. */
+  for (int i = 0; i < 20; i++) {
+    char name[16];
+    snprintf(name, sizeof name, "more-%d", i);
+    assert_int_equal(dspk__cache_blob_put(c, name, "x", 1), 0);
+  }
+  assert_true(side_file_exists(f->db, "-wal"));
+  sql_on(other, "CREATE TABLE users(name TEXT);"
+                "INSERT INTO users VALUES ('a'), ('b'), ('c');");
+  char keep[420];
+  snprintf(keep, sizeof keep, "%s/app.orig", f->dir);
   char *before = slurp(other, &n0);
+  fp = fopen(keep, "wb");
+  assert_non_null(fp);
+  assert_int_equal(fwrite(before, 1, n0, fp), n0);
+  fclose(fp);
   assert_int_equal(rename(other, f->db), 0);
   assert_int_equal(dspk__cache_blob_put(c, "after", "A", 1), 0);
   assert_int_equal(ns.n, 1);
@@ -1031,6 +1053,117 @@ static void test_file_replaced(void **state) {
   assert_memory_equal(before, after, n0);
   free(before);
   free(after);
+  /* The old cache's log and index are not left beside it: any open of the
+   * path would replay them over the program's database. */
+  assert_false(side_file_exists(f->db, "-wal"));
+  assert_false(side_file_exists(f->db, "-shm"));
+  /* The program opens its database as usual: its table is there, and its
+   * own open and close leave the file as it was. */
+  assert_int_equal(sql_int(f->db, "SELECT count(*) FROM users"), 3);
+  sql_on(f->db, "SELECT count(*) FROM users;");
+  after = slurp(f->db, &n1);
+  before = slurp(keep, &n0);
+  assert_int_equal(n0, n1);
+  assert_memory_equal(before, after, n0);
+  free(before);
+  free(after);
+}
+
+/* Bytes that are no database at all renamed over the open cache: judged by
+ * their own bytes (not through the old cache's log), so moved aside as a
+ * corrupt file, and a new cache is made at the path. */
+static void test_garbage_replaced(void **state) {
+  struct fixture *f = *state;
+  struct notices ns = {0};
+  struct dspk__cache_opts o = {.notice = on_notice, .notice_ud = &ns};
+  struct dspk__cache *c = open_ok(f->db, &o);
+  char other[400], pat[420];
+  unsigned char junk[8192];
+  size_t n;
+  void *p;
+  glob_t g;
+  for (int i = 0; i < 3; i++) {
+    char name[16];
+    snprintf(name, sizeof name, "old-%d", i);
+    assert_int_equal(dspk__cache_blob_put(c, name, "O", 1), 0);
+  }
+  assert_true(side_file_exists(f->db, "-wal"));
+  for (size_t i = 0; i < sizeof junk; i++)
+    junk[i] = (unsigned char)(i * 131 + 7);
+  snprintf(other, sizeof other, "%s/junk", f->dir);
+  FILE *fp = fopen(other, "wb");
+  assert_non_null(fp);
+  assert_int_equal(fwrite(junk, 1, sizeof junk, fp), sizeof junk);
+  fclose(fp);
+  assert_int_equal(rename(other, f->db), 0);
+  assert_int_equal(dspk__cache_blob_put(c, "after", "A", 1), 0);
+  assert_int_equal(ns.n, 1);
+  if (!strstr(ns.last, "was replaced while in use; cache file") ||
+      !strstr(ns.last, "was corrupt (its first bytes are not an SQLite header);"
+                       " moved it to") ||
+      !strstr(ns.last, "and rebuilt it"))
+    fail_msg("notice: %s", ns.last);
+  assert_false(dspk__cache_in_memory(c));
+  assert_int_equal(count_corrupt(f->db), 1);
+  snprintf(pat, sizeof pat, "%s.corrupt-*", f->db);
+  assert_int_equal(glob(pat, 0, NULL, &g), 0);
+  char *kept = slurp(g.gl_pathv[0], &n);
+  globfree(&g);
+  assert_int_equal(n, sizeof junk);
+  assert_memory_equal(kept, junk, sizeof junk);
+  free(kept);
+  assert_int_equal(dspk__cache_check(c), 0);
+  dspk__cache_close(c);
+  c = open_ok(f->db, NULL);
+  assert_int_equal(dspk__cache_blob_get(c, "after", &p, &n), 0);
+  free(p);
+  assert_int_equal(dspk__cache_blob_get(c, "old-0", &p, &n), DSPK_ENOENT);
+  dspk__cache_close(c);
+}
+
+/* A copy of the cache taken earlier (a backup) renamed over the open
+ * cache: used as it is, without the entries the replaced file had in its
+ * log; and the replaced file, kept under another name, keeps every commit
+ * (its log is checkpointed into it first). */
+static void test_backup_replaced(void **state) {
+  struct fixture *f = *state;
+  struct notices ns = {0};
+  struct dspk__cache_opts o = {.notice = on_notice, .notice_ud = &ns};
+  struct dspk__cache *c = open_ok(f->db, &o);
+  struct dspk__cache_stats s;
+  char backup[400], moved[400];
+  void *p;
+  size_t n;
+  assert_int_equal(dspk__cache_blob_put(c, "b0", "0", 1), 0);
+  dspk__cache_close(c);
+  snprintf(backup, sizeof backup, "%s/backup.db", f->dir);
+  snprintf(moved, sizeof moved, "%s/moved.db", f->dir);
+  size_t len;
+  char *bytes = slurp(f->db, &len);
+  FILE *fp = fopen(backup, "wb");
+  assert_non_null(fp);
+  assert_int_equal(fwrite(bytes, 1, len, fp), len);
+  fclose(fp);
+  free(bytes);
+  c = open_ok(f->db, &o);
+  for (int i = 1; i < 4; i++) {
+    char name[8];
+    snprintf(name, sizeof name, "b%d", i);
+    assert_int_equal(dspk__cache_blob_put(c, name, "x", 1), 0);
+  }
+  assert_true(side_file_exists(f->db, "-wal"));
+  assert_int_equal(rename(f->db, moved), 0);
+  assert_int_equal(rename(backup, f->db), 0);
+  assert_int_equal(dspk__cache_blob_put(c, "new", "N", 1), 0);
+  assert_int_equal(ns.n, 1);
+  if (!strstr(ns.last, "was replaced while in use; now using the cache file at that path"))
+    fail_msg("notice: %s", ns.last);
+  assert_int_equal(dspk__cache_stats(c, &s), 0);
+  assert_int_equal(s.kind[DSPK__CACHE_BLOBS].entries, 2);
+  assert_int_equal(dspk__cache_blob_get(c, "b1", &p, &n), DSPK_ENOENT);
+  dspk__cache_close(c);
+  /* The file moved away holds all four. */
+  assert_int_equal(sql_int(moved, "SELECT count(*) FROM blobs"), 4);
 }
 
 static void test_default_path(void **state) {
@@ -1436,6 +1569,8 @@ int main(void) {
       T(test_file_deleted),
       T(test_locked_at_open),
       T(test_file_replaced),
+      T(test_garbage_replaced),
+      T(test_backup_replaced),
       T(test_default_path),
       T(test_two_processes),
       T(test_threads),

@@ -611,7 +611,7 @@ class Ops:
         got = npy_from(raw).reshape(-1).tolist()
         check(got == ref, "map abs -o -: values differ")
         txt = self.cli.ok("map", "abs", pa, "--device", "cpu:0")
-        want = ": [%s, ...] (90000 values)\n" % ", ".join(shortest(v, 15) for v in ref[:8])
+        want = ": [%s, ...] (90000 values)\n" % ", ".join(shortest(v, 15, np.float64) for v in ref[:8])
         check(txt.startswith("f64 (300, 300) on cpu:0, ") and txt.endswith(want),
               "map abs summary %r, want it to end with %r" % (txt, want))
         head = json.loads(self.cli.ok("map", "abs", pa, "--json"))["outputs"][0]["head"]
@@ -995,36 +995,70 @@ def result_line_names(cli, tmp, small):
     check(j["output"] == d + "/x\ufffd\u0085.npy.json", "trace --json output %r" % j)
 
 
-def shortest(v, lo, back=float):
-    """v in the fewest significant digits (lo and up) that read back as v."""
-    for p in range(lo, 18):
-        t = "%.*g" % (p, v)
-        if back(t) == back(v):
-            return t
-    return t
+def shortest(v, lo, np_type):
+    """v in %g notation with numpy's shortest round-trip digits for its dtype
+    (np.format_float_scientific(unique=True)); in the range where %.{lo}g
+    writes positional digits, at lo digits (the zeros %g drops)."""
+    sci = np.format_float_scientific(np_type(v), unique=True, trim="-")
+    n = len(sci.split("e")[0].lstrip("-").replace(".", ""))
+    if 1e-4 <= abs(v) < 10.0 ** lo:
+        n = max(n, lo)
+    return "%.*g" % (n, v)
 
 
 def value_text(cli, tmp):
     """The result line shows each value in the fewest digits that read back
     as the same value of its dtype (as numpy prints it); "%.7g" showed f32's
-    1/3 as 0.3333333, another f32."""
-    f32 = lambda t: np.float32(float(t))
-    x = [1 / 3, 16777216.0, float(np.finfo(np.float32).max), 0.1, 1e-45, -2.5e-8]
+    1/3 as 0.3333333, another f32, and subnormals had the digits of the
+    normal range (an f64 1e-310 as 9.99999999999997e-311).  --json's head
+    has the same digits (it had "%.17g": 0.1 as 0.10000000000000001)."""
+    x32 = [1 / 3, 16777216.0, float(np.finfo(np.float32).max), 0.1, 1e-45, -2.5e-8,
+           1e-40, 3e-39]
+    x64 = [1 / 3, 0.1, 1e23, 5e-324, 1e-310, -2.5e-320, 2.225073858507201e-308, 0.3]
     # (f16 results need a GPU backend: tests/cli/test_npy.c test_fmt_num has them.)
-    for dt, lo, back in (("<f4", 6, f32), ("<f8", 15, float)):
+    for dt, lo, np_type, x in (("<f4", 6, np.float32, x32), ("<f8", 15, np.float64, x64)):
         a = np.array(x).astype(dt)
         p = os.path.join(tmp, "val_%s.npy" % dt[1:])
         np.save(p, a)
-        want = "[%s]" % ", ".join(shortest(float(v), lo, back) for v in a)
+        texts = [shortest(float(v), lo, np_type) for v in a]
+        want = "[%s]" % ", ".join(texts)
         out = cli.ok("map", "scale", p, "--alpha", "1")
         check(out.endswith(": %s (%d values)\n" % (want, a.size)), "%s: %r, want %s" % (dt, out, want))
-        for t in want[1:-1].split(", "):
-            check(back(t) in a, "%s: %s is not one of %r" % (dt, t, a))
+        for t in texts:
+            check(np_type(t) in a, "%s: %s is not one of %r" % (dt, t, a))
+        out = cli.ok("map", "scale", p, "--alpha", "1", "--json")
+        check('"head":[%s]' % ",".join(texts) in out, "%s --json: %r, want head %s"
+              % (dt, out, texts))
+        check([np_type(v) for v in json.loads(out)["outputs"][0]["head"]] == list(a),
+              "%s --json head values: %r" % (dt, out))
     c = np.array([complex(1 / 3, -0.1)], "<c8")
     p = os.path.join(tmp, "val_c8.npy")
     np.save(p, c)
     out = cli.ok("map", "scale", p, "--alpha", "1")
     check(out.endswith(": [0.33333334-0.1j] (1 value)\n"), "c64: %r" % out)
+    out = cli.ok("map", "scale", p, "--alpha", "1", "--json")
+    check('"head":[[0.33333334,-0.1]]' in out, "c64 --json: %r" % out)
+    # A real number below the normal range is a number (the nearest
+    # subnormal, or 0), as Python reads it; one beyond the largest double
+    # is out of range, said so.
+    one = os.path.join(tmp, "val_one.npy")
+    np.save(one, np.ones(2))
+    for al, want in (("1e-310", "1e-310"), ("4.9e-324", "5e-324"),
+                     ("2.225073858507201e-308", "2.225073858507201e-308"), ("1e-400", "0")):
+        out = cli.ok("map", "scale", one, "--alpha", al)
+        check(out.endswith(": [%s, %s] (2 values)\n" % (want, want)), "--alpha %s: %r" % (al, out))
+    cli.fails(["map", "scale", one, "--alpha", "1e400"], "map", "EINVAL", rc_want=2,
+              detail="bad --alpha '1e400' (beyond f64's range)")
+    cli.fails(["map", "scale", one, "--alpha", "-1e400"], "map", "EINVAL", rc_want=2,
+              detail="bad --alpha '-1e400' (beyond f64's range)")
+    cli.fails(["map", "scale", one, "--alpha", "1e-3x"], "map", "EINVAL", rc_want=2,
+              detail="bad --alpha '1e-3x' (want a number)")
+    eye = os.path.join(tmp, "val_eye.npy")
+    np.save(eye, np.eye(2))
+    out = cli.ok("gemm", eye, eye, eye, "--beta", "1e-310")
+    check(out.endswith(": [1, 0, 0, 1] (4 values)\n"), "gemm --beta 1e-310: %r" % out)
+    cli.fails(["gemm", eye, eye, eye, "--beta", "1e999"], "gemm", "EINVAL", rc_want=2,
+              detail="bad --beta '1e999' (beyond f64's range)")
 
 
 def nan_text(cli, tmp):
@@ -1792,6 +1826,26 @@ def suite_shell(cli, tmp, dspkd):
         j = json.loads(c2.ok("reduce", "sum", fbig, "--json"))
         check(abs(j["outputs"][0]["head"][0] - big.sum()) < 1e-9,
               "reduce of 2.4 MB under --max-message 2M: %r" % j)
+        # A result larger than a response may carry: the advice is what a
+        # shell user can do (the daemon's is a task.run field), and it works.
+        fexp = os.path.join(tmp, "bexp.npy")
+        err = c2.fails(["map", "exp", fbig, "-o", fexp], "map", "ELIMIT",
+                       detail="the inline result would be 2400000 bytes")
+        m = re.search(r"; set DSPK_SHARED_THRESHOLD=(\d+K) \(or less\) to have it come back "
+                      r"through shared memory \(with a --device other than any when the daemon "
+                      r"has a GPU\), or ask the daemon's admin to raise max_message \(dspkd "
+                      r"--max-message, \[limits\] max_message of dspk.conf\)\n$", err)
+        check(m and "task.run" not in err and "{buffer" not in err, "ELIMIT advice %r" % err)
+        env = dict(os.environ, DSPK_SHARED_THRESHOLD=m.group(1) if m else "1K")
+        c2.ok("map", "exp", fbig, "-o", fexp, env=env)
+        check(np.allclose(np.load(fexp), np.exp(big), rtol=1e-12), "map exp through shm")
+        # Where no shared memory helps (contract), only max_message is.
+        eye = os.path.join(tmp, "eye1000.npy")
+        np.save(eye, np.eye(1000))
+        err = c2.fails(["contract", "ij,jk->ik", fbig, eye], "contract", "ELIMIT")
+        check(err.endswith("too large for one message of this daemon; ask the daemon's admin "
+                           "to raise max_message (dspkd --max-message, [limits] max_message of "
+                           "dspk.conf)\n") and "task.run" not in err, "contract ELIMIT %r" % err)
     finally:
         d2.stop()
     for bad in (["--max-message", "2Q"], ["--max-message", "16777216T"],
@@ -1867,15 +1921,39 @@ def suite_shell_eperm(cli, tmp):
                   "EPERM: exit %d %r" % (rc, err))
             return err
         if os.geteuid() == 0:
+            # Group root may write: joining group root is no advice.
             err = eperm()
-            check("group '%s'" % group in err and "usermod -aG %s" % group in err,
-                  "EPERM hint %r" % err)
+            check("usermod" not in err and "group 'root') lets its owner and members of its"
+                  " group connect: joining group root is not the way" in err,
+                  "EPERM hint for group root %r" % err)
+            # Another group that may write: ask to join it.
+            other = next(g for g in grp.getgrall() if g.gr_gid not in (0, 65534))
+            os.chown(path, 0, other.gr_gid)
+            err = eperm()
+            check("group '%s'" % other.gr_name in err and
+                  "usermod -aG %s" % other.gr_name in err, "EPERM hint %r" % err)
+            os.chown(path, 0, 0)
             # A group that may not write: joining it is no advice.
             for mode in (0o600, 0o604):
                 os.chmod(path, mode)
                 err = eperm()
                 check("usermod" not in err and "mode %04o" % mode in err and
-                      "lets only its owner connect" in err, "EPERM hint %r" % err)
+                      "lets only its owner connect: joining its group would not help" in err,
+                      "EPERM hint %r" % err)
+            # The user is in the socket's group, which may not write, while
+            # every other user may (the kernel applies the group's bits to a
+            # member): the hint says so, not "only its owner".
+            nogroup = grp.getgrgid(65534).gr_name
+            os.chown(path, 0, 65534)
+            for mode, who in ((0o606, "its owner and users outside group '%s'" % nogroup),
+                              (0o602, "its owner and users outside group '%s'" % nogroup),
+                              (0o002, "users outside group '%s'" % nogroup)):
+                os.chmod(path, mode)
+                err = eperm()
+                check("usermod" not in err and "mode %04o" % mode in err and
+                      "lets %s connect: not members of its group, which this user is" % who
+                      in err, "EPERM hint (mode %04o, a member) %r" % (mode, err))
+            os.chown(path, 0, 0)
             # A directory on the way that the user may not search.
             os.chmod(path, 0o666)
             os.chmod(tmp, 0o700)
@@ -2071,6 +2149,7 @@ def suite_help(cli, tmp):
     help_matches_doc(cli)
     repeated_options(cli)
     outputs_before_work(cli, tmp)
+    kernel_same_output(cli, tmp)
     command_line_messages(cli, tmp)
     command_line_round6(cli, tmp)
 
@@ -2283,6 +2362,38 @@ def command_line_messages(cli, tmp):
               % (args, p.returncode, err))
 
 
+def kernel_same_output(cli, tmp):
+    """Two kernel -o naming one file however spelled (./k.npy, a link, a
+    hard link, an absolute and a relative name, - and /dev/stdout) are a bad
+    command line before any work, as the same name twice is; the name was
+    compared as a string, so one tensor silently overwrote the other."""
+    src = os.path.join(tmp, "same.comp")
+    with open(src, "w") as f:
+        f.write("void main() {}\n")
+    d = os.path.join(tmp, "same")
+    os.mkdir(d)
+    os.mkdir(os.path.join(d, "sub"))
+    k0 = os.path.join(d, "k0.npy")
+    new = os.path.join(d, "new.npy")  # not there: its directory and name
+    nosock = ["--socket", os.path.join(tmp, "nothing.sock")]
+    base = ["kernel", src, "--entry", "main", "--grid", "1", "--block", "1",
+            "zeros:f32:4", "zeros:f32:4"]
+    pairs = [(new, os.path.join(d, ".", "new.npy")),
+             (new, os.path.join(d, "sub", "..", "new.npy")),
+             ("-", "/dev/stdout"), ("/dev/stdout", "/proc/self/fd/1")]
+    np.save(k0, np.zeros(4))
+    os.symlink(k0, os.path.join(d, "link.npy"))
+    os.link(k0, os.path.join(d, "hard.npy"))
+    pairs += [(k0, os.path.join(d, "link.npy")), (k0, os.path.join(d, "hard.npy")),
+              (os.path.join(d, "link.npy"), os.path.join(d, ".", "k0.npy"))]
+    for x, y in pairs:
+        cli.fails(nosock + base + ["-o", x, "-o", y], "kernel", "EINVAL", rc_want=2, sock=False,
+                  detail="-o %s and -o %s are the same file (one file per tensor)" % (x, y))
+    check(not os.path.exists(new), "an output was written")
+    # Two files: past the check (to the connect).
+    cli.fails(nosock + base + ["-o", k0, "-o", new], "kernel", "ECONNECT", sock=False)
+
+
 def outputs_before_work(cli, tmp):
     """An output that cannot be created fails before any work: before
     connecting (ENOENT, not ECONNECT to the socket that is not there), for
@@ -2384,6 +2495,18 @@ def help_matches_doc(cli):
         for w in words:
             check(re.search(r"\b%s\b" % w, h) and re.search(r"\b%s\b" % w, sections[c]),
                   "%s: --help and cli.md do not both say %s" % (c, w))
+    # Who may do what: the access rules of --help are cli.md's (the help
+    # said "only root and the daemon's own user" may clear the cache, and
+    # that trace records every job).
+    h = cli.ok("cache", "--help", sock=False)
+    check("admin_users/admin_groups" in h and "the user the daemon runs as" in h and
+          "admin_users`/`admin_groups" in sections["cache"] and
+          "the user the daemon runs as" in sections["cache"], "cache --help: %r" % h)
+    h = cli.ok("trace", "--help", sock=False)
+    check("devices status shows you" in h and "slices named other" in h and
+          "devices `status` shows you" in sections["trace"] and
+          "slices named `other`" in sections["trace"] and "every job" not in h,
+          "trace --help: %r" % h)
     # Sizes: every unit that the parser takes (proto/units.h) works and the
     # help says so.
     check("KiB" in cli.ok("ping", "--help", sock=False), "ping --help omits KiB")

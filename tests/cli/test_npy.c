@@ -783,14 +783,28 @@ static void test_fmt_num(void **state) {
       {16777216.0, DSPK_F32, false, "16777216"},
       {3.4028234663852886e+38, DSPK_F32, false, "3.4028235e+38"},
       {(double)0.1f, DSPK_F32, false, "0.1"},
-      {1.401298464324817e-45, DSPK_F32, false, "1.4013e-45"},
+      /* Subnormals: the fewest digits too, not the digits of the normal
+       * range (15 for f64 showed 1e-310 as 9.99999999999997e-311). */
+      {1.401298464324817e-45, DSPK_F32, false, "1e-45"},
+      {2.802596928649634e-45, DSPK_F32, false, "3e-45"},
+      {(double)1e-40f, DSPK_F32, false, "1e-40"},
+      {(double)3e-39f, DSPK_F32, false, "3e-39"},
+      {1.1754943508222875e-38, DSPK_F32, false, "1.1754944e-38"}, /* FLT_MIN */
+      {4.9406564584124654e-324, DSPK_F64, false, "5e-324"},
+      {1e-310, DSPK_F64, false, "1e-310"},
+      {2.5e-320, DSPK_F64, true, "+2.5e-320"},
+      {2.225073858507201e-308, DSPK_F64, false, "2.225073858507201e-308"},
+      {2.2250738585072014e-308, DSPK_F64, false, "2.2250738585072014e-308"},
+      {1e23, DSPK_F64, false, "1e+23"},
+      {1.0013580322265625e-05, DSPK_F16, false, "1e-05"},                     /* f16 subnormal */
+      {1.7881393432617188e-07, DSPK_F16, false, "2e-07"},     /* 3 * 2^-24 */
       {(double)-2.5e-8f, DSPK_F32, false, "-2.5e-08"},
       {(double)0.1f, DSPK_C64, true, "+0.1"},
       {-0.0, DSPK_F32, true, "-0"},
       {0.333251953125, DSPK_F16, false, "0.3333"},          /* f16(1/3) */
       {65504.0, DSPK_F16, false, "6.55e+04"},
       {0.0999755859375, DSPK_F16, false, "0.1"},            /* f16(0.1) */
-      {5.9604644775390625e-08, DSPK_F16, false, "5.96e-08"}, /* 2^-24 */
+      {5.9604644775390625e-08, DSPK_F16, false, "6e-08"}, /* 2^-24 */
       {-2048.0, DSPK_F16, false, "-2048"},
       {2050.0, DSPK_F16, false, "2.05e+03"},
       {0.1 + 0.2, DSPK_F64, false, "0.30000000000000004"},

@@ -117,6 +117,12 @@ def run(a, tmp):
         t = threading.Thread(target=serve, daemon=True)
         t.start()
         p = script(epilog, a.submit, path, **env)
+        if behave == "hold":
+            # The prolog is bounded the same way (DSPK_PROLOG_TIMEOUT).
+            q = script(prolog, a.submit, path, SLURM_JOB_ID="78", SLURM_JOB_UID="1000",
+                       DSPK_PROLOG_TIMEOUT="1")
+            check(q.returncode == 124, "a listener that never answers: the prolog gives up: %r"
+                  % (q,))
         srv.close()
         for c in held:
             c.close()

@@ -98,5 +98,26 @@ for line in "dspk-submit metrics " "dspk-submit top -n " "dspk-submit top " \
 done
 # trace writes JSON: -o offers any file.
 complete_is "dspk-submit trace -o n" notes.txt
+# A daemon that accepts the connection and never answers (a stopped
+# process): --device gives up after DSPK_COMPLETION_TIMEOUT seconds and
+# offers "any"; the shell is not held (the outer timeout only bounds a
+# failure of this test).
+coproc SILENT { exec python3 -c 'import socket, sys
+s = socket.socket(socket.AF_UNIX); s.bind(sys.argv[1]); s.listen(8)
+print("ready", flush=True); sys.stdin.read()' "$tmp/silent.sock"; }
+silent=$SILENT_PID ready=""
+read -r ready <&"${SILENT[0]}"
+if [[ $ready != ready ]]; then
+  echo "FAIL: the silent listener did not start"; bad=1
+else
+  got=$(DSPK_COMPLETION_TIMEOUT=1 timeout 20 bash -c '. "$1/packaging/completion/dspk-submit"
+    COMP_WORDS=(dspk-submit --socket "$2" gemm a.npy -d ""); COMP_CWORD=6
+    _dspk_submit; echo "${COMPREPLY[*]}"' _ "$src" "$tmp/silent.sock")
+  rc=$?
+  [[ $rc -eq 0 && $got == any ]] ||
+    { echo "FAIL: --device with a daemon that never answers: rc=$rc, offered [$got]"; bad=1; }
+fi
+kill "$silent" 2>/dev/null
+wait "$silent" 2>/dev/null
 [ $bad -eq 0 ] && echo "completion: ok"
 exit $bad
