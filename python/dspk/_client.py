@@ -915,11 +915,28 @@ def _over_limit(shape: Tuple[int, ...], limits: Mapping[str, Any]) -> bool:
     return (isinstance(most, int) and n > most) or n * 16 > (1 << 63) - 1
 
 
+def _sendable(text: str) -> str:
+    """An OS-provided string (a file name: sys.argv[0]) as UTF-8 text: its bytes (the
+    surrogate escapes of bytes that are no UTF-8 given back as those bytes), each one
+    that is not part of a well-formed UTF-8 character replaced by U+FFFD, as the daemon
+    does for client strings (protocol.md).  Never raises."""
+    try:
+        raw = os.fsencode(text)
+    except UnicodeError:  # a surrogate no decoding made (from a caller's str)
+        raw = text.encode("utf-8", "surrogatepass")
+    return raw.decode("utf-8", "replace")
+
+
 def _env_job() -> int:
     """The Slurm job this process runs in, which hello tells the daemon so that it
     enforces the job's GPU allocation: $DSPK_JOB, else $SLURM_JOB_ID (0: none)."""
     v = os.environ.get("DSPK_JOB") or os.environ.get("SLURM_JOB_ID") or ""
-    return int(v) if v.isascii() and v.isdigit() and not v.startswith("0") else 0
+    if not (v.isascii() and v.isdigit() and not v.startswith("0")):
+        return 0
+    job = int(v)
+    # hello's job is a uint64: a larger value is no job id, ignored as the other
+    # malformed ones are (libdspkclient's strtoull overflows to the same end).
+    return job if job < 1 << 64 else 0
 
 class Client:
     """A connection to dspkd (see :func:`connect`).  Thread-safe: any number of threads
@@ -1051,8 +1068,9 @@ class Client:
         self._tl = threading.local()     # .deferring: in submit()'s first attempt
         self.limits: Dict[str, int] = {}
         if name is None:
-            name = "python:" + os.path.basename(sys.argv[0] if sys.argv and sys.argv[0]
-                                                else "python")
+            name = "python:" + _sendable(os.path.basename(
+                sys.argv[0] if sys.argv and isinstance(sys.argv[0], str) and sys.argv[0]
+                else "python"))
         raw = name.encode("utf-8")[:63]
         name = raw.decode("utf-8", "ignore")
         params: Dict[str, Any] = {"version": 1, "client": name}

@@ -158,6 +158,18 @@ def to_bfloat16(x: Any) -> np.ndarray:
         a = np.asarray(x)
     except (ValueError, TypeError) as e:  # a ragged list
         raise InvalidArgument("to_bfloat16: not an array: %s" % e) from None
+    if a.dtype.kind == "f" and not isinstance(x, (np.ndarray, np.generic)):
+        # A sequence whose elements numpy promoted to one float dtype: an int among
+        # floats (or a float16 among float64s...) became that float, rounded once
+        # already.  Each element converted from its own exact value instead.
+        try:
+            o = np.asarray(x, dtype=object)
+        except (ValueError, TypeError):
+            o = None
+        if o is not None and o.shape == a.shape and \
+                any(type(v) is not a.dtype.type and
+                    not (type(v) is float and a.dtype == np.float64) for v in o.flat):
+            a = o
     if a.dtype.kind == "O":
         a = _python_reals(a)  # Python ints beyond 64 bits; other objects: DtypeError
     if a.dtype.kind not in "fiu" or a.dtype.names is not None:
