@@ -7,7 +7,7 @@ from typing import Any, Dict, Tuple
 
 import numpy as np
 
-from ._errors import DtypeError, InvalidArgument
+from ._errors import DtypeError, InvalidArgument, ProtocolError
 
 __all__ = ["bfloat16", "to_bfloat16", "from_bfloat16", "wire_name", "numpy_dtype",
            "DTYPES"]
@@ -45,11 +45,13 @@ def wire_name(dtype: Any) -> str:
 
 
 def numpy_dtype(name: str) -> np.dtype:
-    """The numpy dtype of a protocol dtype name ("bf16" gives dspk.bfloat16)."""
+    """The numpy dtype of a protocol dtype name in a daemon's answer ("bf16" gives
+    dspk.bfloat16); ProtocolError for another name (an answer the client cannot
+    decode, not a dtype of the caller's)."""
     try:
         return DTYPES[name]
-    except KeyError:
-        raise DtypeError("the daemon sent unknown dtype %r" % (name,)) from None
+    except (KeyError, TypeError):
+        raise ProtocolError("the daemon sent unknown dtype %r" % (name,)) from None
 
 
 def _f32_round_to_odd(d: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
