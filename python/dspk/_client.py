@@ -1425,18 +1425,24 @@ class Client:
         # What each sendmsg returned, appended by C code (list.extend of a map calls
         # sendmsg and stores its count without returning to Python code in between):
         # a signal handler runs only once the count is stored, so the bytes sent are
-        # always ``base + sum(counts)``, wherever an interruption lands.
+        # always ``base + sum(counts)``, wherever an interruption lands.  ``calls``
+        # counts the calls made (no call between its update and sendmsg's): fewer
+        # counts than calls means an exception came out of the call itself, whose
+        # bytes are unknown.
         base = sent
         counts: List[int] = []
+        calls = 0
         send = self._sock.sendmsg
         try:
             while views:
                 try:
+                    calls += 1
                     counts.extend(map(send, (views[:512],), (anc,), (_socket.MSG_DONTWAIT,)))
                     n = counts[-1]
                 except (BlockingIOError, InterruptedError) as e:
                     if _foreign(e):
-                        raise
+                        raise  # a signal handler's, out of the call: bytes unknown
+                    calls -= 1  # the socket's own: nothing sent
                     n = -1
                 except OSError as e:
                     if _foreign(e):
@@ -1489,9 +1495,15 @@ class Client:
             # an OSError too) propagates; a message it cut closes the connection.  One
             # raised after the last byte went cut nothing: the request is pending.
             sent = base + sum(counts)
-            if sent == total and mark is not None:
+            inside = len(counts) < calls  # raised by the send call itself
+            if sent == total and not inside and mark is not None:
                 mark.sent = True
-            if 0 < sent < total:
+            if inside and sent < total:
+                self._cut(_errors.Closed(
+                    "a request was cut by %s inside a send system call, after %d of its "
+                    "%d bytes and an unknown number more; the connection is closed"
+                    % (type(e).__name__, sent, total)))
+            elif 0 < sent < total:
                 self._cut(_errors.Closed(
                     "a request was cut after %d of its %d bytes by %s; the connection "
                     "is closed" % (sent, total, type(e).__name__)))
@@ -1876,14 +1888,15 @@ class Client:
         except BaseException as e:
             if not taking:
                 raise
-            if not filing and (not isinstance(e, Exception) or _foreign(e)):
-                # An interruption before the bytes received were filed: how many
-                # there are is known (got), so nothing is cut.  They are filed, and
-                # the exception propagates with the connection usable.
-                if not got or got[-1] <= 0:
-                    if got:  # end of stream: the connection is gone all the same
-                        self._connection_lost(self._protocol_error or _errors.Closed(
-                            "the daemon closed the connection"))
+            if not filing and got and (not isinstance(e, Exception) or _foreign(e)):
+                # An interruption after recv returned, before the bytes received
+                # were filed: how many there are is known (got), so nothing is cut.
+                # They are filed, and the exception propagates, the connection
+                # usable.  (One raised by the recv call itself, got empty, leaves
+                # the bytes it took unknown: cut below.)
+                if got[-1] <= 0:  # end of stream: the connection is gone all the same
+                    self._connection_lost(self._protocol_error or _errors.Closed(
+                        "the daemon closed the connection"))
                     raise
                 filing = True
                 try:
