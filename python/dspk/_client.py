@@ -389,7 +389,8 @@ def connect(socket: Union[str, bytes, "os.PathLike[str]", None] = None, *,
         socket: the socket path (str, bytes or path object); None: :func:`default_socket`
             (``$DSPK_SOCKET``, ...).
         name: the name of this connection in the daemon's ``status`` (a str, cut at 63
-            bytes; default: "python:" and the script's name).
+            bytes; default: "python:" and the script's file name, a byte of it that is
+            no UTF-8 replaced by U+FFFD).
         timeout: seconds (more than 0) any one call may wait to connect, to send its
             request and for its answer before it raises :class:`dspk.Timeout` (None, inf
             or more than 1e9: wait for ever; a daemon that goes away always ends the wait
