@@ -12,8 +12,13 @@ See docs/python.md of the dspk repository for the whole interface.
 """
 from ._client import Client, DeviceArray, TaskFuture, connect, default_socket
 from ._dtypes import DTYPES, bfloat16, from_bfloat16, to_bfloat16
-from ._errors import *  # noqa: F401,F403 - Error and one subclass per code
-from ._errors import __all__ as _error_names
+# Error and one subclass per code, named one by one so that type checkers see them
+# (the stub _errors.pyi declares them; test_client checks this list against it).
+from ._errors import (Busy, Canceled, Closed, CompileError, ConnectError, DeviceError,
+                      DtypeError, Error, InternalError, InvalidArgument, IOFailure,
+                      LimitExceeded, NoBuffer, NoDevice, NoMethod, NotFound, NotSupported,
+                      OutOfMemory, PermissionDenied, ProtocolError, RangeError, ShapeError,
+                      Shutdown, Timeout, VersionMismatch, error_from)
 
 __version__ = "0.1.0"
 
@@ -25,4 +30,9 @@ float16 = DTYPES["f16"]
 
 __all__ = ["connect", "default_socket", "Client", "DeviceArray", "TaskFuture", "DTYPES",
            "bfloat16", "to_bfloat16", "from_bfloat16", "float32", "float64", "complex64",
-           "complex128", "float16", "__version__"] + list(_error_names)
+           "complex128", "float16", "__version__",
+           "Error", "InvalidArgument", "OutOfMemory", "ProtocolError", "LimitExceeded",
+           "NoMethod", "NoDevice", "DtypeError", "ShapeError", "NoBuffer", "RangeError",
+           "Canceled", "Shutdown", "PermissionDenied", "IOFailure", "Closed", "ConnectError",
+           "DeviceError", "CompileError", "NotSupported", "Busy", "Timeout", "NotFound",
+           "VersionMismatch", "InternalError", "error_from"]

@@ -389,7 +389,8 @@ def connect(socket: Union[str, bytes, "os.PathLike[str]", None] = None, *,
         socket: the socket path (str, bytes or path object); None: :func:`default_socket`
             (``$DSPK_SOCKET``, ...).
         name: the name of this connection in the daemon's ``status`` (a str, cut at 63
-            bytes; default: "python:" and the script's name).
+            bytes; default: "python:" and the script's file name, a byte of it that is
+            no UTF-8 replaced by U+FFFD).
         timeout: seconds (more than 0) any one call may wait to connect, to send its
             request and for its answer before it raises :class:`dspk.Timeout` (None, inf
             or more than 1e9: wait for ever; a daemon that goes away always ends the wait
@@ -486,14 +487,115 @@ class TaskFuture(concurrent.futures.Future):
 
 
 class _Call:
-    __slots__ = ("future", "decode", "progress", "is_async")
+    __slots__ = ("future", "decode", "progress", "is_async", "method")
 
     def __init__(self, future: TaskFuture, decode: Optional[Callable[[Any], Any]],
-                 progress: Optional[Progress], is_async: bool) -> None:
+                 progress: Optional[Progress], is_async: bool, method: str = "") -> None:
         self.future = future
         self.decode = decode
         self.progress = progress
         self.is_async = is_async
+        self.method = method
+
+
+class _Malformed(Exception):
+    """An answer whose shape is not protocol.md's ("Results of each method"): a field
+    missing or of another type.  Its call fails with dspk.ProtocolError (_dispatch)."""
+
+
+class _NoShared(Exception):
+    """A shared temporary of an op could not be had (a dspk.Error of making it but
+    Timeout and Closed): the op is made again without the shared-memory path
+    (Client._run)."""
+
+
+class _NotProtocol(Exception):
+    """A message from the daemon that is no message of the protocol (not [1, msgid,
+    error, result] nor [2, method, params], an ext type): the stream cannot be
+    trusted, the connection is closed (_read_once)."""
+
+
+def _no_ext(code: int, data: bytes) -> Any:
+    """The decoder's ext_hook: an ext type is no part of the protocol."""
+    raise _NotProtocol("the daemon sent an ext type (%d), which the protocol has not"
+                       % code)
+
+
+_KINDS: Dict[str, Callable[[Any], bool]] = {
+    "uint": lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
+    "str": lambda v: isinstance(v, str),
+    "bool": lambda v: isinstance(v, bool),
+    "bin": lambda v: isinstance(v, bytes),
+    "map": lambda v: isinstance(v, dict),
+    "array": lambda v: isinstance(v, list),
+}
+
+
+def _want(v: Any, kind: str, path: str) -> Any:
+    """``v``, the field ``path`` of an answer, if of ``kind`` (_KINDS), else _Malformed."""
+    if not _KINDS[kind](v):
+        raise _Malformed("%s is %s, not a %s" % (path, _kind(v), kind))
+    return v
+
+
+def _field(m: Mapping[str, Any], key: str, kind: str, path: str = "result") -> Any:
+    """Field ``key`` of the answer map ``m`` (at ``path``), present and of ``kind``."""
+    if key not in m:
+        raise _Malformed("%s.%s is missing" % (path, key))
+    return _want(m[key], kind, "%s.%s" % (path, key))
+
+
+def _decode_hello(res: Any) -> Tuple[str, int, Dict[str, int]]:
+    """hello's answer: (daemon version, client id, limits), every limit a uint and
+    max_message at least 1."""
+    _want(res, "map", "result")
+    daemon = _field(res, "daemon", "str")
+    client_id = _field(res, "client_id", "uint")
+    limits = _field(res, "limits", "map")
+    for k, v in limits.items():
+        _want(k, "str", "a key of result.limits")
+        _want(v, "uint", "result.limits.%s" % k)
+    if _field(limits, "max_message", "uint", "result.limits") < 1:
+        raise _Malformed("result.limits.max_message is 0")
+    return daemon, client_id, dict(limits)
+
+
+def _decode_devices(res: Any) -> Dict[str, Any]:
+    """devices' answer, checked: ``devices`` (each with id, backend, software, ops and
+    kernel_langs as the client reads them) and ``unavailable`` (backend, reason)."""
+    _want(res, "map", "result")
+    for i, d in enumerate(_field(res, "devices", "array")):
+        path = "result.devices[%d]" % i
+        _want(d, "map", path)
+        for key, kind in (("id", "str"), ("backend", "str"), ("name", "str"),
+                          ("type", "str"), ("memory", "uint"), ("software", "bool"),
+                          ("ops", "map"), ("kernel_langs", "array")):
+            _field(d, key, kind, path)
+        for op, dts in d["ops"].items():
+            _want(dts, "array", "%s.ops.%s" % (path, op))
+    for i, u in enumerate(_field(res, "unavailable", "array")):
+        path = "result.unavailable[%d]" % i
+        _want(u, "map", path)
+        _field(u, "backend", "str", path)
+        _field(u, "reason", "str", path)
+    return res
+
+
+def _decode_map(res: Any) -> Dict[str, Any]:
+    """An answer that must be a map (status)."""
+    return _want(res, "map", "result")
+
+
+def _decode_ping(res: Any) -> bytes:
+    """ping's answer: the data echoed."""
+    _want(res, "map", "result")
+    return _field(res, "data", "bin")
+
+
+def _decode_canceled(res: Any) -> bool:
+    """task.cancel's answer: whether the request was still in flight."""
+    _want(res, "map", "result")
+    return _field(res, "canceled", "bool")
 
 
 class DeviceArray:
@@ -915,11 +1017,28 @@ def _over_limit(shape: Tuple[int, ...], limits: Mapping[str, Any]) -> bool:
     return (isinstance(most, int) and n > most) or n * 16 > (1 << 63) - 1
 
 
+def _sendable(text: str) -> str:
+    """An OS-provided string (a file name: sys.argv[0]) as UTF-8 text: its bytes (the
+    surrogate escapes of bytes that are no UTF-8 given back as those bytes), each one
+    that is not part of a well-formed UTF-8 character replaced by U+FFFD, as the daemon
+    does for client strings (protocol.md).  Never raises."""
+    try:
+        raw = os.fsencode(text)
+    except UnicodeError:  # a surrogate no decoding made (from a caller's str)
+        raw = text.encode("utf-8", "surrogatepass")
+    return raw.decode("utf-8", "replace")
+
+
 def _env_job() -> int:
     """The Slurm job this process runs in, which hello tells the daemon so that it
     enforces the job's GPU allocation: $DSPK_JOB, else $SLURM_JOB_ID (0: none)."""
     v = os.environ.get("DSPK_JOB") or os.environ.get("SLURM_JOB_ID") or ""
-    return int(v) if v.isascii() and v.isdigit() and not v.startswith("0") else 0
+    if not (v.isascii() and v.isdigit() and not v.startswith("0")):
+        return 0
+    job = int(v)
+    # hello's job is a uint64: a larger value is no job id, ignored as the other
+    # malformed ones are (libdspkclient's strtoull overflows to the same end).
+    return job if job < 1 << 64 else 0
 
 class Client:
     """A connection to dspkd (see :func:`connect`).  Thread-safe: any number of threads
@@ -1002,7 +1121,7 @@ class Client:
         # call than select.select() or a non-blocking recv that fails first.
         self._poll = select.poll()
         self._poll.register(sock, select.POLLIN)
-        self._unpacker = msgpack.Unpacker(raw=False, max_buffer_size=0)
+        self._unpacker = msgpack.Unpacker(raw=False, max_buffer_size=0, ext_hook=_no_ext)
         # Settles of answers read whose running an interruption cut (_read_once)
         self._owed_ready: List[Tuple[Callable[..., Any], Tuple[Any, ...]]] = []
         self._rbuf = bytearray(_READ_CHUNK)
@@ -1051,8 +1170,9 @@ class Client:
         self._tl = threading.local()     # .deferring: in submit()'s first attempt
         self.limits: Dict[str, int] = {}
         if name is None:
-            name = "python:" + os.path.basename(sys.argv[0] if sys.argv and sys.argv[0]
-                                                else "python")
+            name = "python:" + _sendable(os.path.basename(
+                sys.argv[0] if sys.argv and isinstance(sys.argv[0], str) and sys.argv[0]
+                else "python"))
         raw = name.encode("utf-8")[:63]
         name = raw.decode("utf-8", "ignore")
         params: Dict[str, Any] = {"version": 1, "client": name}
@@ -1060,14 +1180,14 @@ class Client:
         if job:
             params["job"] = job     # the Slurm job this process runs in
         try:
-            hello = self._call("hello", params)
+            hello = self._call("hello", params, _decode_hello)
         except BaseException:
             self.close()
             raise
         self.name = name
-        self.daemon_version: str = hello.get("daemon", "")
-        self.client_id: int = hello.get("client_id", 0)
-        self.limits = dict(hello.get("limits") or {})
+        self.daemon_version: str = hello[0]
+        self.client_id: int = hello[1]
+        self.limits = hello[2]
 
     def _connect_before(self, sock: _socket.socket, deadline: float) -> None:
         """connect() that gives up at ``deadline`` (TimeoutError).  A full listen
@@ -1303,22 +1423,33 @@ class Client:
         raised after part of it was written; one raised before the first byte went,
         or after the last, leaves the connection usable."""
         total = sent + sum(v.nbytes for v in views)
-        calling = False  # in sendmsg, or between its return and the count of its bytes
+        # What each sendmsg returned, appended by C code (list.extend of a map calls
+        # sendmsg and stores its count without returning to Python code in between):
+        # a signal handler runs only once the count is stored, so the bytes sent are
+        # always ``base + sum(counts)``, wherever an interruption lands.  ``calls``
+        # counts the calls made (no call between its update and sendmsg's): fewer
+        # counts than calls means an exception came out of the call itself, whose
+        # bytes are unknown.
+        base = sent
+        counts: List[int] = []
+        calls = 0
+        send = self._sock.sendmsg
         try:
             while views:
-                calling = True
                 try:
-                    n = self._sock.sendmsg(views[:512], anc, _socket.MSG_DONTWAIT)
+                    calls += 1
+                    counts.extend(map(send, (views[:512],), (anc,), (_socket.MSG_DONTWAIT,)))
+                    n = counts[-1]
                 except (BlockingIOError, InterruptedError) as e:
                     if _foreign(e):
-                        raise
+                        raise  # a signal handler's, out of the call: bytes unknown
+                    calls -= 1  # the socket's own: nothing sent
                     n = -1
                 except OSError as e:
                     if _foreign(e):
                         raise  # a signal handler's TimeoutError...: not a lost socket
                     raise _LostWhileSending(e) from None
                 if n < 0:
-                    calling = False
                     left = None if deadline is None else deadline - time.monotonic()
                     if left is not None and left <= 0:
                         self._send_timed_out(sent)
@@ -1333,9 +1464,8 @@ class Client:
                             any(fd == self._wake_r for fd, _ in ready):  # close()
                         raise _ClosedWhileSending()
                     continue
-                sent += n
-                calling = False
-                if sent == total and mark is not None:  # no call since the count
+                sent = base + sum(counts)
+                if sent == total and mark is not None:
                     mark.sent = True
                 anc = []
                 while n and views:
@@ -1363,8 +1493,18 @@ class Client:
             if isinstance(e, Error) and not _foreign(e):
                 raise  # _send_timed_out's dspk.Timeout: it closed what it had to
             # Anything else (KeyboardInterrupt, any exception a signal handler raises,
-            # an OSError too) propagates; a message it cut closes the connection.
-            if calling or 0 < sent < total:
+            # an OSError too) propagates; a message it cut closes the connection.  One
+            # raised after the last byte went cut nothing: the request is pending.
+            sent = base + sum(counts)
+            inside = len(counts) < calls  # raised by the send call itself
+            if sent == total and not inside and mark is not None:
+                mark.sent = True
+            if inside and sent < total:
+                self._cut(_errors.Closed(
+                    "a request was cut by %s inside a send system call, after %d of its "
+                    "%d bytes and an unknown number more; the connection is closed"
+                    % (type(e).__name__, sent, total)))
+            elif 0 < sent < total:
                 self._cut(_errors.Closed(
                     "a request was cut after %d of its %d bytes by %s; the connection "
                     "is closed" % (sent, total, type(e).__name__)))
@@ -1533,7 +1673,7 @@ class Client:
                 msgid = msgid % 0xFFFFFFFF + 1
             self._next_id = msgid % 0xFFFFFFFF + 1
             fut.msgid = msgid
-            self._pending[msgid] = _Call(fut, decode, progress, is_async)
+            self._pending[msgid] = _Call(fut, decode, progress, is_async, method)
             if into is not None:  # buffer.read: its answer's bytes go straight to `into`
                 n = into.nbytes
                 self._direct[msgid] = (
@@ -1595,7 +1735,8 @@ class Client:
         for again in (False, True):
             owner: List[TaskFuture] = []
             try:
-                return self._wait(self._start(method, args, fds=fds, owner=owner))
+                return self._wait(self._start(method, args, self._decode_buffer, fds=fds,
+                                              owner=owner))
             except (_errors.LimitExceeded, _errors.OutOfMemory):
                 # Idle shared temporaries count toward the same limits (max_buffers,
                 # the memory quotas): freed, and the allocation tried once more.
@@ -1607,6 +1748,20 @@ class Client:
                         fut.add_done_callback(self._orphaned_buffer)
                 raise
         raise AssertionError("unreachable")
+
+    def _decode_buffer(self, res: Any) -> Dict[str, Any]:
+        """The answer of buffer.create or buffer.import: {buffer, device, size}.  A
+        malformed one that still names a buffer has it freed (the caller gets none)."""
+        try:
+            _want(res, "map", "result")
+            _field(res, "buffer", "uint")
+            _field(res, "device", "str")
+            _field(res, "size", "uint")
+        except _Malformed:
+            if isinstance(res, dict) and _KINDS["uint"](res.get("buffer")):
+                self._queue_free(res["buffer"])
+            raise
+        return res
 
     def _orphaned_buffer(self, fut: concurrent.futures.Future) -> None:
         if not fut.cancelled() and fut.exception() is None:
@@ -1712,6 +1867,8 @@ class Client:
                     self._owed_ready += owed
             return
         taking = False  # in recv, or holding bytes not yet filed
+        filing = False  # the bytes received are being filed
+        got: List[int] = []  # what recv returned, stored by C code (_recv_nowait)
         try:
             ms = -1 if wait is None else min(max(0, math.ceil(wait * 1000)), _POLL_MAX_MS)
             try:
@@ -1722,21 +1879,45 @@ class Client:
                     raise  # a signal handler's: it cut nothing
                 # the socket is gone: recv says so
             taking = True
-            n = self._recv_nowait()
+            n = self._recv_nowait(got)
             if n is None:
                 return
+            filing = True
             if n > 0:
                 self._file(n, ready)
             taking = False
         except BaseException as e:
             if not taking:
                 raise
+            if not filing and got and (not isinstance(e, Exception) or _foreign(e)):
+                # An interruption after recv returned, before the bytes received
+                # were filed: how many there are is known (got), so nothing is cut.
+                # They are filed, and the exception propagates, the connection
+                # usable.  (One raised by the recv call itself, got empty, leaves
+                # the bytes it took unknown: cut below.)
+                if got[-1] <= 0:  # end of stream: the connection is gone all the same
+                    self._connection_lost(self._protocol_error or _errors.Closed(
+                        "the daemon closed the connection"))
+                    raise
+                filing = True
+                try:
+                    self._file(got[-1], ready)
+                except BaseException:  # noqa: B036 - cut: closed below, e propagates
+                    pass
+                else:
+                    try:
+                        self._run_ready(ready)
+                    finally:
+                        if ready:
+                            self._owed_ready += ready
+                    raise
             self._run_ready(ready)
             # The decoder's own error (bad bytes) closes the connection and the callers
             # get dspk.Closed; what a signal handler raised (any exception, an OSError
             # or a ValueError too), or KeyboardInterrupt, propagates as it is.
             undecodable = isinstance(e, Exception) and not _foreign(e)
-            what = "undecodable data from the daemon (%s: %s)" % (type(e).__name__, e) \
+            what = str(e) if isinstance(e, _NotProtocol) else \
+                "undecodable data from the daemon (%s: %s)" % (type(e).__name__, e) \
                 if undecodable else \
                 "%s while an answer was being read" % type(e).__name__
             self._cut(_errors.Closed(what + "; the connection is closed"))
@@ -1749,11 +1930,18 @@ class Client:
             if ready:  # cut by an interruption (as _run_ready starts, say): owed
                 self._owed_ready += ready
 
-    def _recv_nowait(self) -> Optional[int]:
+    def _recv_nowait(self, got: Optional[List[int]] = None) -> Optional[int]:
         """Bytes received into _rbuf without waiting: None when there are none yet, 0
-        when the connection is gone (then closed here)."""
+        when the connection is gone (then closed here).  The count is also appended
+        to ``got`` by C code (list.extend of a map calls recv_into and stores what it
+        returns before any signal handler can run), so that an interruption after the
+        call returned does not lose it."""
+        if got is None:
+            got = []
         try:
-            n = self._sock.recv_into(self._rbuf, 0, _socket.MSG_DONTWAIT)
+            got.extend(map(self._sock.recv_into, (self._rbuf,), (0,),
+                           (_socket.MSG_DONTWAIT,)))
+            n = got[-1]
         except OSError as e:
             if _foreign(e):
                 raise  # a signal handler's: not the socket's
@@ -1877,15 +2065,21 @@ class Client:
         """A fresh unpacker at a message boundary (the old one holds nothing: a frame
         is taken over only at a boundary); _fed restarts at its position 0."""
         self._fed = 0
-        return msgpack.Unpacker(raw=False, max_buffer_size=0)
+        return msgpack.Unpacker(raw=False, max_buffer_size=0, ext_hook=_no_ext)
 
     def _dispatch(self, msg: Any,
                   ready: List[Tuple[Callable[..., Any], Tuple[Any, ...]]]) -> None:
         """Files one message: a response's settle, or a task.progress call, goes into
         ``ready`` (run by _read_once once every byte read is filed)."""
-        if not isinstance(msg, list) or not msg:
-            return
-        if msg[0] == 1 and len(msg) == 4:
+        if not isinstance(msg, list) or len(msg) not in (3, 4) or \
+                not (msg[0] == 1 and len(msg) == 4 and _KINDS["uint"](msg[1]) or
+                     msg[0] == 2 and len(msg) == 3 and isinstance(msg[1], str) and
+                     isinstance(msg[2], list)):
+            text = repr(msg)
+            raise _NotProtocol("the daemon sent a message that is not [1, msgid, error, "
+                               "result] nor [2, method, params]: %s" % (
+                                   text if len(text) <= 80 else text[:77] + "..."))
+        if msg[0] == 1:
             with self._lock:
                 call = self._pending.pop(msg[1], None)
                 self._direct.pop(msg[1], None)
@@ -1894,35 +2088,43 @@ class Client:
             if call is None:
                 return
             fut = call.future
+            what = "%s (request %d)" % (call.method, fut.msgid) if call.method else \
+                "request %d" % fut.msgid
             if msg[2] is not None:
-                err = msg[2] if isinstance(msg[2], dict) else {"message": str(msg[2])}
-                ready.append((self._settle, (fut, None, _errors.error_from(err))))
+                if isinstance(msg[2], dict):
+                    err = _errors.error_from(msg[2])
+                else:
+                    err = _errors.ProtocolError("%s: a malformed answer: its error is %s, "
+                                                "not a map" % (what, _kind(msg[2])))
+                ready.append((self._settle, (fut, None, err)))
             else:
                 try:
                     value = call.decode(msg[3]) if call.decode else msg[3]
                 except Exception as e:  # noqa: BLE001 - a bad answer fails its call only
                     err = _as_error(e)
-                    if not isinstance(err, Error):  # a malformed answer (KeyError...)
+                    if isinstance(e, _Malformed):
+                        err = _errors.ProtocolError("%s: a malformed answer: %s" % (what, e))
+                    elif not isinstance(err, Error):  # a malformed answer (KeyError...)
                         err = _errors.ProtocolError("%s: a malformed answer (%s: %s)" % (
-                            "request %d" % fut.msgid, type(e).__name__, e))
+                            what, type(e).__name__, e))
                     ready.append((self._settle, (fut, None, err)))
                 else:
                     ready.append((self._settle, (fut, value)))
             return
-        if msg[0] == 2 and len(msg) >= 3:
-            params = msg[2][0] if isinstance(msg[2], list) and msg[2] else {}
-            if msg[1] == "task.progress" and isinstance(params, dict):
-                with self._lock:
-                    call = self._pending.get(params.get("msgid"))
-                if call is not None and call.progress is not None:
-                    try:
-                        what = str(params.get("what", ""))
-                        frac = float(params.get("fraction", 0.0))
-                    except (TypeError, ValueError):
-                        return
-                    ready.append((self._progress, (call.progress, what, frac)))
-            elif msg[1] == "protocol.error" and isinstance(params, dict):
-                self._protocol_error = _errors.error_from(params)
+        # A notification [2, method, params]
+        params = msg[2][0] if msg[2] else {}
+        if msg[1] == "task.progress" and isinstance(params, dict):
+            with self._lock:
+                call = self._pending.get(params.get("msgid"))
+            if call is not None and call.progress is not None:
+                try:
+                    what = str(params.get("what", ""))
+                    frac = float(params.get("fraction", 0.0))
+                except (TypeError, ValueError):
+                    return
+                ready.append((self._progress, (call.progress, what, frac)))
+        elif msg[1] == "protocol.error" and isinstance(params, dict):
+            self._protocol_error = _errors.error_from(params)
 
     @staticmethod
     def _progress(fn: Progress, what: str, frac: float) -> None:
@@ -2230,9 +2432,9 @@ class Client:
         bigs: List[memoryview] = []
         args = {"data": self._bin(data, bigs)} if memoryview(data).nbytes else None
         t0 = time.perf_counter()
-        res = self._call("ping", args, bigs=bigs)
+        echo = self._call("ping", args, _decode_ping, bigs=bigs)
         dt = time.perf_counter() - t0
-        if res.get("data", b"") != memoryview(data).cast("B"):
+        if echo != memoryview(data).cast("B"):
             raise _errors.ProtocolError("ping: the daemon echoed other data")
         return dt
 
@@ -2242,16 +2444,16 @@ class Client:
         With ``all=True``, backends without a usable device follow as
         ``{backend, reason}`` entries."""
         all = _flag("all", all)
-        res = self._call("devices", {"all": True} if all else None)
-        out = list(res.get("devices") or [])
+        res = self._call("devices", {"all": True} if all else None, _decode_devices)
+        out = list(res["devices"])
         if all:
-            out += list(res.get("unavailable") or [])
+            out += list(res["unavailable"])
         return out
 
     @_public
     def status(self) -> Dict[str, Any]:
         """The daemon's ``status``: ``{daemon, clients, devices}`` (docs/protocol.md)."""
-        return self._call("status")
+        return self._call("status", None, _decode_map)
 
     @_public
     def cancel(self, future: concurrent.futures.Future) -> bool:
@@ -2278,8 +2480,8 @@ class Client:
                     "task canceled before it was sent"))
                 return True
             future = inner
-        return bool(self._call("task.cancel", {"msgid": getattr(future, "msgid", 0)})
-                    .get("canceled"))
+        return self._call("task.cancel", {"msgid": getattr(future, "msgid", 0)},
+                          _decode_canceled)
 
     # ---- device buffers ----------------------------------------------------------
 
@@ -2403,7 +2605,7 @@ class Client:
                 self._ask_any_is_cpu()
                 return None
             try:
-                devs = self._call("devices")["devices"]
+                devs = self._call("devices", None, _decode_devices)["devices"]
             except (_errors.Timeout, _errors.Closed):
                 raise  # the daemon does not answer, or is gone: so would the socket
             except Error:
@@ -2428,7 +2630,8 @@ class Client:
                 self._any_asking = False  # asked again by a later call
 
         try:
-            self._start("devices", None, learn, is_async=True).add_done_callback(done)
+            self._start("devices", None, lambda res: learn(_decode_devices(res)),
+                        is_async=True).add_done_callback(done)
         except Error:
             self._any_asking = False
 
@@ -2441,7 +2644,7 @@ class Client:
         (the daemon's error then says why)."""
         self._no_wait()  # submit(): the devices call goes to the worker
         try:
-            devs = self._call("devices")["devices"]
+            devs = self._call("devices", None, _decode_devices)["devices"]
             first = wire_name(_meta(inputs[0])[1]) if inputs else None
         except (_errors.Timeout, _errors.Closed):
             raise  # the daemon does not answer, or is gone: the call ends with it
@@ -2608,19 +2811,21 @@ class Client:
         return max(1, self.max_message - _HEADROOM)
 
     def _write(self, buffer: int, offset: int, view: memoryview) -> None:
-        """buffer.write in chunks below max_message, pipelined, then all answers."""
+        """buffer.write in chunks below max_message, pipelined, then all answers.  When
+        sending a chunk fails (an interruption, dspk.Timeout), the chunks already sent
+        are not waited for: that exception propagates as it is (waiting there could
+        raise another, dspk.Closed of a connection the failure closed, in its place);
+        their answers are dropped as they come."""
         step = self._chunk()
         futs = []
-        try:
-            for pos in range(0, view.nbytes, step):
-                bigs: List[memoryview] = []
-                data = self._bin(view[pos:pos + step], bigs)
-                futs.append(self._start("buffer.write", {"buffer": buffer,
-                                                         "offset": offset + pos,
-                                                         "data": data}, bigs=bigs))
-        finally:
-            for f in futs:
-                self._wait(f)
+        for pos in range(0, view.nbytes, step):
+            bigs: List[memoryview] = []
+            data = self._bin(view[pos:pos + step], bigs)
+            futs.append(self._start("buffer.write", {"buffer": buffer,
+                                                     "offset": offset + pos,
+                                                     "data": data}, bigs=bigs))
+        for f in futs:
+            self._wait(f)
 
     def _start_reads(self, buffer: int, offset: int, flat: np.ndarray,
                      is_async: bool = False) -> List[TaskFuture]:
@@ -2660,7 +2865,7 @@ class Client:
 
     def _task_request(self, op: str, inputs: Sequence[ArrayLike], options: Dict[str, Any],
                       device: str, out: Optional[OutArg], shm: List[_Temp],
-                      is_async: bool = False
+                      is_async: bool = False, shared: bool = True
                       ) -> Tuple[Dict[str, Any], List[memoryview], List[int],
                                  Callable[[Any], Any], str]:
         """The task.run request of an op: (args, payloads spliced in by _encode,
@@ -2768,7 +2973,7 @@ class Client:
             # daemon reads in place, instead of crossing the socket (and being copied
             # again on the daemon's side).  Not for kernel, whose inputs come back.
             big = [(a, t) for a, t in inline
-                   if self.shared_threshold and a.nbytes >= self.shared_threshold]
+                   if shared and self.shared_threshold and a.nbytes >= self.shared_threshold]
             sdev = self._shared_device(target) if big and op != "kernel" else None
             if sdev is not None:
                 try:
@@ -2782,13 +2987,9 @@ class Client:
                     raise  # the daemon does not answer, or is gone: so would the socket
                 except Error:
                     # No shared memory to be had (a limit, no descriptor, a quota): the
-                    # socket's path.
-                    drop = shm[:]
-                    del shm[:]
-                    self._temp_put(drop)
-                    for _, t in big:
-                        t.pop("buffer", None)
-                        t.pop("offset", None)
+                    # op is made again through the socket (_run), once the temporaries
+                    # made for it, which count toward the same limits, are freed.
+                    raise _NoShared() from None
                 if shm:
                     inline = [(a, t) for a, t in inline if "buffer" not in t]
                     target = sdev
@@ -2894,17 +3095,30 @@ class Client:
 
     def _run(self, op: str, inputs: Sequence[ArrayLike], options: Dict[str, Any],
              device: str, out: Optional[OutArg], single: bool = True,
-             progress: Optional[Progress] = None, is_async: bool = False) -> TaskFuture:
+             progress: Optional[Progress] = None, is_async: bool = False,
+             shared: bool = True) -> TaskFuture:
+        """Sends the op's task; its future.  ``shared``: the automatic shared-memory
+        path may be taken.  When it cannot be had (a temporary refused), or a
+        synchronous call's task that took it is refused with ELIMIT (the temporaries,
+        whole 2 MiB each, count toward the quotas that refused it), the temporaries are
+        freed and the op is made again through the socket: the documented fallback
+        never fails for what the temporaries themselves hold."""
         if self._forked():  # before the temporaries' lock, which a fork may leave held
             raise self._fork_error()
         shm: List[_Temp] = []
         owner: List[TaskFuture] = []
+        again = functools.partial(self._run, op, inputs, options, device, out, single,
+                                  progress, is_async, shared=False)
         try:
             args, bigs, temps, decode, target = self._task_request(op, inputs, options,
                                                                    device, out, shm,
-                                                                   is_async)
+                                                                   is_async, shared)
             fut = self._run_request(op, inputs, options, out, single, progress, is_async,
-                                    args, bigs, temps, decode, target, shm, owner)
+                                    args, bigs, temps, decode, target, shm, owner, shared)
+        except _NoShared:  # nothing of the task was sent
+            self._temp_put(shm)
+            self._drop_idle_temps()
+            return again()
         except BaseException:
             sent = [f for f in owner if f.sent]
             if sent and shm:
@@ -2916,6 +3130,17 @@ class Client:
             raise
         if shm:
             fut.add_done_callback(lambda f: self._temps_done(f, shm))
+            if not is_async:
+                try:
+                    self._wait(fut)
+                except _errors.LimitExceeded:
+                    # Refused before it ran (a quota, max_buffers): through the
+                    # socket, with the idle temporaries freed first.  (_temps_done may
+                    # not have run yet on the thread that read the answer: putting the
+                    # temporaries back twice does no harm.)
+                    self._temp_put(shm)
+                    self._drop_idle_temps()
+                    return again()
         return fut
 
     def _temps_done(self, fut: concurrent.futures.Future, shm: List[_Temp]) -> None:
@@ -2934,8 +3159,8 @@ class Client:
                      out: Optional[OutArg], single: bool, progress: Optional[Progress],
                      is_async: bool, args: Dict[str, Any], bigs: List[memoryview],
                      temps: List[int], decode: Callable[[Any], Any], target: str,
-                     shm: List[_Temp], owner: Optional[List[TaskFuture]] = None
-                     ) -> TaskFuture:
+                     shm: List[_Temp], owner: Optional[List[TaskFuture]] = None,
+                     shared: bool = True) -> TaskFuture:
         """Sends the task and returns its future.  It owns ``temps``: on every path
         they are freed, once the task is sent (requests already sent still see
         them), or by the staged future that reads them back."""
@@ -2949,7 +3174,7 @@ class Client:
             if out is None and "outputs" not in args and single:
                 bound = _result_bound(op, inputs, options, self.limits)
             sdev = None
-            if bound is not None and self.shared_threshold and \
+            if shared and bound is not None and self.shared_threshold and \
                     bound >= self.shared_threshold and op != "kernel":
                 sdev = self._shared_device(target)
             rt = None
@@ -2959,7 +3184,9 @@ class Client:
                 except (_errors.Timeout, _errors.Closed):
                     raise  # the daemon does not answer, or is gone: so would the socket
                 except Error:
-                    rt = None  # no shared memory to be had: the socket's path
+                    # No shared memory to be had: the op is made again through the
+                    # socket (_run), the operands' temporaries freed first.
+                    raise _NoShared() from None
             if rt is not None:
                 # A large result on cpu:0: written by the daemon into a shared
                 # temporary, copied from there into the array returned (no socket, no

@@ -7,7 +7,7 @@ from typing import Any, Dict, Tuple
 
 import numpy as np
 
-from ._errors import DtypeError, InvalidArgument
+from ._errors import DtypeError, InvalidArgument, ProtocolError
 
 __all__ = ["bfloat16", "to_bfloat16", "from_bfloat16", "wire_name", "numpy_dtype",
            "DTYPES"]
@@ -45,11 +45,13 @@ def wire_name(dtype: Any) -> str:
 
 
 def numpy_dtype(name: str) -> np.dtype:
-    """The numpy dtype of a protocol dtype name ("bf16" gives dspk.bfloat16)."""
+    """The numpy dtype of a protocol dtype name in a daemon's answer ("bf16" gives
+    dspk.bfloat16); ProtocolError for another name (an answer the client cannot
+    decode, not a dtype of the caller's)."""
     try:
         return DTYPES[name]
-    except KeyError:
-        raise DtypeError("the daemon sent unknown dtype %r" % (name,)) from None
+    except (KeyError, TypeError):
+        raise ProtocolError("the daemon sent unknown dtype %r" % (name,)) from None
 
 
 def _f32_round_to_odd(d: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
@@ -158,6 +160,18 @@ def to_bfloat16(x: Any) -> np.ndarray:
         a = np.asarray(x)
     except (ValueError, TypeError) as e:  # a ragged list
         raise InvalidArgument("to_bfloat16: not an array: %s" % e) from None
+    if a.dtype.kind == "f" and not isinstance(x, (np.ndarray, np.generic)):
+        # A sequence whose elements numpy promoted to one float dtype: an int among
+        # floats (or a float16 among float64s...) became that float, rounded once
+        # already.  Each element converted from its own exact value instead.
+        try:
+            o = np.asarray(x, dtype=object)
+        except (ValueError, TypeError):
+            o = None
+        if o is not None and o.shape == a.shape and \
+                any(type(v) is not a.dtype.type and
+                    not (type(v) is float and a.dtype == np.float64) for v in o.flat):
+            a = o
     if a.dtype.kind == "O":
         a = _python_reals(a)  # Python ints beyond 64 bits; other objects: DtypeError
     if a.dtype.kind not in "fiu" or a.dtype.names is not None:

@@ -1,8 +1,16 @@
 """Type stubs of dspk._errors: its error classes are made at import from one
-table (_errors.py), which static checkers cannot see."""
+table (_errors.py), which static checkers cannot see.  ``__all__`` is spelled out
+(the same list as _errors.py's, which test_client checks): a checker takes the
+names of ``from ._errors import *`` from it, and a bare annotation would give none."""
 from typing import Any, Mapping
 
-__all__: list[str]
+__all__ = [
+    "Error", "InvalidArgument", "OutOfMemory", "ProtocolError", "LimitExceeded",
+    "NoMethod", "NoDevice", "DtypeError", "ShapeError", "NoBuffer", "RangeError",
+    "Canceled", "Shutdown", "PermissionDenied", "IOFailure", "Closed", "ConnectError",
+    "DeviceError", "CompileError", "NotSupported", "Busy", "Timeout", "NotFound",
+    "VersionMismatch", "InternalError", "error_from",
+]
 
 class Error(Exception):
     code: int

@@ -552,6 +552,32 @@ def test_to_bfloat16_rounds_once_from_the_exact_value_of_every_type():
             dspk.to_bfloat16(np.array(bad, object))
 
 
+
+def test_to_bfloat16_of_a_mixed_list_rounds_each_element_once():
+    """A list mixing Python ints with floats (or numpy floats of another width) went
+    through numpy.asarray's float64 promotion: 2**62 + 2**54 + 1 was rounded to float64
+    (4.611686018427388e18... a tie) and then to bf16, 0x5e80 instead of 0x5e81.  Each
+    element now converts from its own exact value."""
+    from fractions import Fraction
+    n = 2 ** 62 + 2 ** 54 + 1
+    for x, exact in (([n, 1.0], [n, 1]), ((n, 1.5), [n, Fraction(3, 2)]),
+                     ([np.float16(1), n], [1, n]), ([[n, 2.0], [0.5, -n]],
+                                                   [n, 2, Fraction(1, 2), -n]),
+                     ([np.uint64(2 ** 63 + 2 ** 55 + 1), -1],
+                      [2 ** 63 + 2 ** 55 + 1, -1]),
+                     ([np.array([n]), np.array([0.25])], [n, Fraction(1, 4)])):
+        got = dspk.to_bfloat16(x).view("<u2").reshape(-1).tolist()
+        assert got == [_bf16_of_fraction(Fraction(v)) for v in exact], (x, got)
+        assert dspk.to_bfloat16(x).shape == np.asarray(x).shape
+    assert dspk.to_bfloat16([n, 1.0]).view("<u2")[0] == 0x5e81
+    # plain float lists keep numpy's fast path and values
+    assert dspk.to_bfloat16([1.0, 2.5]).view("<u2").tolist() == [0x3f80, 0x4020]
+    # a bool among floats is no real number (numpy made it 1.0)
+    with pytest.raises(dspk.DtypeError, match="to_bfloat16: dtype object holding a bool"):
+        dspk.to_bfloat16([True, 1.5])
+    with pytest.raises(dspk.InvalidArgument):  # ragged: still not an array
+        dspk.to_bfloat16([[1.0], [1.0, 2**62]])
+
 # ---- $DSPK_SHARED_THRESHOLD: sizes exactly as proto/units.c reads them ---------------
 
 def _units_table():

@@ -37,6 +37,84 @@ def test_default_socket(monkeypatch):
     assert dspk.default_socket() == "/run/dspk/dspkd.sock"
 
 
+def test_the_error_classes_are_declared_for_type_checkers():
+    """`from ._errors import *` with a stub whose __all__ had no value hid every error
+    class from mypy ("Module has no attribute ShapeError").  Now the stub lists
+    __all__ literally, every name is declared in it, and the package imports each by
+    name: checked here as a type checker reads the files (no mypy needed)."""
+    import ast
+    pkg = os.path.dirname(os.path.abspath(dspk.__file__))
+    from dspk import _errors
+    with open(os.path.join(pkg, "_errors.pyi")) as f:
+        stub = ast.parse(f.read())
+    declared, listed = set(), None
+    for node in stub.body:
+        if isinstance(node, (ast.ClassDef, ast.FunctionDef)):
+            declared.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            target = node.targets[0] if isinstance(node, ast.Assign) else node.target
+            if isinstance(target, ast.Name) and target.id == "__all__":
+                assert node.value is not None, "the stub's __all__ has no value"
+                listed = ast.literal_eval(node.value)
+    assert listed == list(_errors.__all__)
+    assert set(listed) <= declared, set(listed) - declared
+    with open(os.path.join(pkg, "__init__.py")) as f:
+        init = ast.parse(f.read())
+    imported = set()
+    for node in init.body:
+        if isinstance(node, ast.ImportFrom) and node.module == "_errors":
+            assert all(a.name != "*" for a in node.names), "a star import of _errors"
+            imported |= {a.asname or a.name for a in node.names}
+    assert set(listed) <= imported, set(listed) - imported
+    assert set(listed) <= set(dspk.__all__)
+    for name in listed:
+        assert getattr(dspk, name) is getattr(_errors, name)
+
+
+@pytest.mark.parametrize("var, value, job", [
+    ("DSPK_JOB", "18446744073709551616", None),        # 2^64: no job id
+    ("SLURM_JOB_ID", "99999999999999999999", None),
+    ("DSPK_JOB", "18446744073709551615", 18446744073709551615),
+])
+def test_a_job_id_beyond_64_bits_is_ignored(var, value, job, monkeypatch):
+    """$DSPK_JOB/$SLURM_JOB_ID beyond 2^64-1 made hello unpackable: connect() failed
+    with "an argument cannot be sent: Integer value out of range".  Now it is ignored,
+    as libdspkclient ignores it (and as the other malformed values are)."""
+    from dspk import _client
+    monkeypatch.delenv("DSPK_JOB", raising=False)
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    monkeypatch.setenv(var, value)
+    assert _client._env_job() == (job or 0)
+
+
+def test_a_job_id_beyond_64_bits_still_connects(daemon, monkeypatch):
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    monkeypatch.setenv("DSPK_JOB", "18446744073709551616")
+    with dspk.connect(daemon.socket, timeout=TIMEOUT) as c:
+        me = [x for x in c.status()["clients"] if x["self"]][0]
+        assert me["job"] is None
+
+
+def test_the_default_name_of_a_script_whose_file_name_is_no_utf8(daemon, tmp_path):
+    """A script named caf\\xe9.py (Latin-1; sys.argv[0] holds the surrogate escape
+    \\udce9) died in connect() with a bare UnicodeEncodeError.  Its default name now
+    has U+FFFD for the byte, as the daemon does for client strings."""
+    import subprocess
+    import sys
+    script = os.path.join(os.fsencode(str(tmp_path)), b"caf\xe9.py")
+    with open(script, "w") as f:
+        f.write("import sys, dspk\n"
+                "with dspk.connect(sys.argv[1], timeout=%r) as c:\n"
+                "    me = [x for x in c.status()['clients'] if x['self']][0]\n"
+                "    print(ascii(c.name), ascii(me['name']))\n" % TIMEOUT)
+    pkg = os.path.dirname(os.path.dirname(os.path.abspath(dspk.__file__)))
+    env = dict(os.environ, PYTHONPATH=pkg, LC_ALL="C.UTF-8")
+    out = subprocess.run([sys.executable, script, daemon.socket], env=env,
+                         capture_output=True, timeout=TIMEOUT)
+    assert out.returncode == 0, out.stderr.decode(errors="replace")
+    assert out.stdout.decode().split() == ["'python:caf\\ufffd.py'"] * 2
+
+
 def test_slurm_job_claim(daemon, monkeypatch):
     """hello names the Slurm job of $SLURM_JOB_ID ($DSPK_JOB wins): with two jobs of this
     uid registered, only the claim decides the connection's job (docs/cluster.md)."""

@@ -428,7 +428,9 @@ def test_the_notice_is_read_after_a_failed_send(tmp_path):
             msgs = list(u)
             if msgs:
                 break
-        s.sendall(msgpack.packb([1, msgs[0][1], None, {"protocol": 1, "daemon": "fake"}]))
+        s.sendall(msgpack.packb([1, msgs[0][1], None, {
+            "protocol": 1, "daemon": "fake", "server": "fake", "client_id": 1,
+            "limits": {"max_message": 1 << 20}}]))
         s.sendall(msgpack.packb([2, "protocol.error", [
             {"code": -4, "name": "ELIMIT", "message": "message longer than 10 bytes"}]]))
         s.close()

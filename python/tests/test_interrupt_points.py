@@ -227,3 +227,91 @@ def _frames(ident):
     while f is not None:
         yield f
         f = f.f_back
+
+
+def _interrupt_in(func, names, event="c_return", when=None):
+    """A profile function raising _Injected at the first ``event`` of a C function
+    named in ``names`` called from the client's function ``func`` (and ``when(frame)``
+    true, if given), as a signal handler's exception raised as that call returns (or
+    starts).  Returns (the function, a list that holds True once it raised)."""
+    fired = []
+
+    def prof(frame, ev, arg):
+        if fired or ev != event or frame.f_code.co_filename != CLIENT_FILE or \
+                frame.f_code.co_name != func or \
+                getattr(arg, "__name__", None) not in names:
+            return
+        if when is not None and not when(frame):
+            return
+        fired.append(True)
+        raise _Injected()
+    return prof, fired
+
+
+@pytest.mark.parametrize("where, names", [
+    ("_write_locked", ("sendmsg", "extend")),   # the request's send returned
+    ("_recv_nowait", ("recv_into", "extend")),  # the answer's recv returned
+])
+def test_an_interruption_as_a_socket_call_returns_cuts_nothing(daemon, where, names):
+    """A KeyboardInterrupt right after sendmsg returned (CPython runs the handler then,
+    before the count is stored) closed the connection with "a request was cut after 0
+    of its N bytes", though the request went out whole and ran; likewise one right
+    after recv returned lost the bytes received.  Now the count is stored before any
+    handler can run: nothing is cut, the exception propagates, the connection stays
+    usable and the answer is not lost."""
+    c = dspk.connect(daemon.socket, timeout=TIMEOUT)
+    prof, fired = _interrupt_in(where, names)
+    sys.setprofile(prof)
+    try:
+        with pytest.raises(_Injected):
+            c.ping(b"x" * 100)
+    finally:
+        sys.setprofile(None)
+    assert fired
+    assert not c.closed, c._closed
+    assert c.ping(b"y") > 0
+    assert not c._pending  # the interrupted ping's answer was read too
+    c.close()
+
+
+@pytest.mark.parametrize("call", ["to_device", "map"])
+def test_an_interruption_that_cuts_a_chunked_transfer_propagates(call):
+    """An interruption that cut a chunk of a chunked write (to_device, an operand
+    staged through a temporary buffer) came out as dspk.Closed: _write waited for the
+    earlier chunks' answers in a ``finally``, on the connection the cut had closed,
+    and that wait's dspk.Closed replaced the KeyboardInterrupt.  Now the interruption
+    itself propagates; the connection is closed (the stream was cut)."""
+    from conftest import Daemon
+    d = Daemon(["--max-message", "64K"])
+    try:
+        c = dspk.connect(d.socket, timeout=TIMEOUT)
+        c.shared_threshold = 0
+        x = np.ones(1 << 18, np.float32)  # 1 MiB: 17 buffer.write chunks
+        writes = [0]
+
+        def prof(frame, ev, arg):
+            # The third chunk is cut as _write_locked does when an interruption
+            # lands in the middle of a message: the connection closed, then the
+            # exception propagates.
+            if ev == "call" and frame.f_code.co_filename == CLIENT_FILE and \
+                    frame.f_code.co_name == "_write_locked":
+                writes[0] += 1
+                if writes[0] == 4:  # buffer.create, then chunks 1, 2, 3
+                    c._cut(dspk.Closed("a request was cut by _Injected (the test)"))
+                    raise _Injected()
+
+        sys.setprofile(prof)
+        try:
+            with pytest.raises(_Injected):
+                if call == "to_device":
+                    c.to_device(x)
+                else:
+                    c.map("add", x, x)
+        finally:
+            sys.setprofile(None)
+        assert writes[0] >= 4 and c.closed
+        with pytest.raises(dspk.Closed):
+            c.ping()
+        c.close()
+    finally:
+        d.stop()

@@ -687,6 +687,33 @@ def test_idle_temporaries_are_bounded_and_yield_to_allocations():
         d.stop()
 
 
+@pytest.mark.parametrize("case", ["result-temporary-refused", "task-refused"])
+def test_the_fallback_is_not_failed_by_the_ops_own_temporaries(case):
+    """Near a quota the shared path failed an op that the socket's path runs: the
+    operands' temporaries (whole 2 MiB each) held the quota, so when the result's
+    temporary was refused the result's inline memory was refused too (map: ELIMIT), or
+    the task itself was (gemm with a small result).  Now the op's temporaries are freed
+    and it goes through the socket (python.md: "the op is not failed for it")."""
+    from conftest import Daemon
+    d = Daemon(["--max-user-memory", "64M"])
+    mine = lambda c: [x for x in c.status()["clients"] if x["self"]][0]  # noqa: E731
+    try:
+        with dspk.connect(d.socket) as hog, dspk.connect(d.socket) as c:
+            c.shared_threshold = 1 << 20
+            if case == "result-temporary-refused":
+                hog.empty(15 << 20, np.float32, device="cpu:0")            # 60 MiB held
+                x = np.arange(1 << 18, dtype=np.float32)                   # 1 MiB
+                np.testing.assert_array_equal(c.map("add", x, x), x + x)   # 3 MiB inline
+            else:
+                hog.empty((61 << 20) // 4 + (1 << 17), np.float32, device="cpu:0")
+                a = np.ones((1024, 256), np.float32)      # 1 MiB: a 2 MiB temporary
+                b = np.ones((256, 200), np.float32)       # 200 KiB, result 800 KiB
+                np.testing.assert_array_equal(c.gemm(a, b), a @ b)  # 2 MiB inline
+            assert mine(c)["buffers"] == 0  # and no temporary left holding the quota
+    finally:
+        d.stop()
+
+
 def test_idle_temporaries_sized_by_the_quota():
     """The bound on idle temporaries follows the connection's memory quota on cpu:0
     (hello's cpu_memory_quota): under the default quota (half the host's memory) a

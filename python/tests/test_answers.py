@@ -1,0 +1,187 @@
+"""Answers of the daemon that are not what protocol.md says (a fake daemon sends them):
+every one the client parses fails its call with dspk.ProtocolError, and a message
+that is no protocol message at all closes the connection (dspk.Closed), never a bare
+KeyError/TypeError/... nor a call that waits for ever."""
+from __future__ import annotations
+
+import socket
+import threading
+
+import msgpack
+import numpy as np
+import pytest
+
+import dspk
+from conftest import TIMEOUT
+
+HELLO = {"protocol": 1, "daemon": "fake", "server": "dspkd", "client_id": 7,
+         "limits": {"max_message": 1 << 20, "max_buffers": 4096}}
+DEVICE = {"id": "cpu:0", "backend": "cpu", "name": "cpu", "type": "cpu", "arch": "x",
+          "driver": "", "uuid": "", "memory": 1 << 30, "software": False,
+          "ops": {"map": ["f32"]}, "kernel_langs": []}
+
+
+class Fake:
+    """A daemon on ``path`` that answers each request with ``answers[method](msgid)``
+    (raw bytes), hello with a well-formed answer unless ``answers`` says otherwise;
+    records every request."""
+
+    def __init__(self, path, answers):
+        self.srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.srv.bind(path)
+        self.srv.listen(1)
+        self.path = path
+        self.answers = answers
+        self.requests = []
+        self.conn = None
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self):
+        self.conn, _ = self.srv.accept()
+        up = msgpack.Unpacker(raw=False)
+        while True:
+            try:
+                data = self.conn.recv(1 << 16)
+            except OSError:
+                return
+            if not data:
+                return
+            up.feed(data)
+            for m in up:
+                self.requests.append(m)
+                if m[2] in self.answers:
+                    out = self.answers[m[2]](m[1])
+                elif m[2] == "hello":
+                    out = msgpack.packb([1, m[1], None, HELLO])
+                elif m[2] == "ping":  # the data echoed
+                    out = msgpack.packb([1, m[1], None, {
+                        "data": m[3][0]["data"] if m[3] else b""}])
+                else:
+                    out = msgpack.packb([1, m[1], None, {}])
+                try:
+                    self.conn.sendall(out)
+                except OSError:
+                    return
+
+    def close(self):
+        if self.conn is not None:
+            try:
+                self.conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            self.conn.close()
+        self.srv.close()
+        self.thread.join(TIMEOUT)
+
+
+def answer(result=None, error=None):
+    return lambda msgid: msgpack.packb([1, msgid, error, result])
+
+
+def limits(**kw):
+    return dict(HELLO, limits=dict(HELLO["limits"], **kw))
+
+
+@pytest.fixture()
+def fake(tmp_path):
+    made = []
+
+    def make(answers):
+        f = Fake(str(tmp_path / ("fake%d.sock" % len(made))), answers)
+        made.append(f)
+        return f
+    yield make
+    for f in made:
+        f.close()
+
+
+@pytest.mark.parametrize("result", [
+    dict(HELLO, limits="big"),                       # limits a str
+    limits(max_message="big"),                       # a limit of another type
+    limits(max_message=0),                           # no message could be sent
+    limits(max_message=-5),
+    {k: v for k, v in HELLO.items() if k != "limits"},
+    {k: v for k, v in HELLO.items() if k != "client_id"},
+    dict(HELLO, daemon=5),
+    None,                                            # result nil, error nil
+    [1, 2],
+], ids=["limits-str", "max_message-str", "max_message-0", "max_message-negative",
+        "no-limits", "no-client_id", "daemon-int", "nil", "array"])
+def test_a_malformed_hello_answer_is_a_protocol_error(fake, result):
+    f = fake({"hello": answer(result)})
+    with pytest.raises(dspk.ProtocolError, match=r"hello \(request 1\): a malformed answer"):
+        dspk.connect(f.path, timeout=TIMEOUT)
+
+
+@pytest.mark.parametrize("method, result, call", [
+    ("devices", {"devices": 5, "unavailable": []}, lambda c: c.devices()),
+    ("devices", {"devices": ["cpu:0"], "unavailable": []}, lambda c: c.devices()),
+    ("devices", {"devices": [dict(DEVICE, id=None)], "unavailable": []},
+     lambda c: c.devices()),
+    ("devices", {"devices": [DEVICE], "unavailable": 1}, lambda c: c.devices(all=True)),
+    ("devices", None, lambda c: c.devices()),
+    ("buffer.create", {"device": "cpu:0", "size": 16}, lambda c: c.empty(4)),
+    ("buffer.create", {"buffer": "x", "device": "cpu:0", "size": 16}, lambda c: c.empty(4)),
+    ("buffer.create", {"buffer": 3, "device": None, "size": 16}, lambda c: c.empty(4)),
+    ("buffer.create", 3, lambda c: c.empty(4)),
+    ("ping", {}, lambda c: c.ping()),
+    ("ping", None, lambda c: c.ping(b"x")),
+    ("status", [1], lambda c: c.status()),
+    ("task.run", {"outputs": [{"dtype": "i32", "shape": [4], "data": b"\0" * 16}]},
+     lambda c: c.map("scale", np.ones(4, np.float32), alpha=2.0)),
+    ("task.run", 5, lambda c: c.map("scale", np.ones(4, np.float32), alpha=2.0)),
+], ids=["devices-int", "device-str", "device-id-nil", "unavailable-int", "devices-nil",
+        "no-buffer", "buffer-str", "device-nil", "buffer.create-int", "ping-no-data",
+        "ping-nil", "status-array", "task.run-dtype", "task.run-int"])
+def test_a_malformed_answer_fails_its_call_with_protocol_error(fake, method, result, call):
+    f = fake({method: answer(result)})
+    with dspk.connect(f.path, timeout=TIMEOUT) as c:
+        with pytest.raises(dspk.ProtocolError, match="a malformed answer|unknown dtype"):
+            call(c)
+        assert not c.closed  # the stream is whole: the connection stays usable
+        if method != "ping":
+            assert c.ping() >= 0
+
+
+def test_a_malformed_buffer_answer_naming_a_buffer_frees_it(fake):
+    f = fake({"buffer.create": answer({"buffer": 9, "device": 5, "size": 16})})
+    with dspk.connect(f.path, timeout=TIMEOUT) as c:
+        with pytest.raises(dspk.ProtocolError):
+            c.empty(4)
+        c._call("ping")  # the owed free goes before it
+    assert [m[3] for m in f.requests if m[2] == "buffer.free"] == [[{"buffer": 9}]]
+
+
+def test_an_error_that_is_no_map_is_a_protocol_error(fake):
+    f = fake({"ping": answer(error="bad")})
+    with dspk.connect(f.path, timeout=TIMEOUT) as c:
+        with pytest.raises(dspk.ProtocolError, match="its error is str 'bad', not a map"):
+            c.ping()
+
+
+@pytest.mark.parametrize("raw", [
+    lambda msgid: msgpack.packb(5),
+    lambda msgid: msgpack.packb([1, msgid]),
+    lambda msgid: msgpack.packb([1, msgid, None, {}, 0]),
+    lambda msgid: msgpack.packb([1, "x", None, {}]),
+    lambda msgid: msgpack.packb([2, "task.progress"]),
+    lambda msgid: msgpack.packb(msgpack.ExtType(5, b"abc")),
+    lambda msgid: msgpack.packb([1, msgid, None, {"data": msgpack.ExtType(1, b"")}]),
+], ids=["int", "cut", "five", "msgid-str", "notification-cut", "ext", "ext-inside"])
+def test_a_message_that_is_no_protocol_message_closes_the_connection(fake, raw):
+    f = fake({"ping": raw})
+    with dspk.connect(f.path, timeout=TIMEOUT) as c:
+        with pytest.raises(dspk.Closed, match="the daemon sent .*; the connection is closed"):
+            c.ping()  # not a wait for ever (nor a dspk.Timeout after TIMEOUT)
+        assert c.closed
+        with pytest.raises(dspk.Closed):
+            c.ping()
+
+
+def test_a_well_formed_devices_answer_passes_the_checks(fake):
+    """The control: protocol.md's devices answer is taken as it is."""
+    f = fake({"devices": answer({"devices": [DEVICE], "unavailable": []})})
+    with dspk.connect(f.path, timeout=TIMEOUT) as c:
+        assert c.devices() == [DEVICE]
+        assert c.devices(all=True) == [DEVICE]
