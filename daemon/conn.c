@@ -1440,8 +1440,9 @@ static void accept_fd(struct dspkd *d, int fd) {
   }
   dspkd_debug(DSPKD_PEER_FMT ": connected", DSPKD_PEER_ARGS(c));
   if (!dspkd_admin_may_connect(c)) {
-    conn_protocol_error(c, DSPK_EPERM, "this user may not connect (allow_users and "
-                        "allow_groups in the daemon's policy)");
+    char msg[192];
+    dspkd_admin_connect_refusal(c, msg, sizeof msg);
+    conn_protocol_error(c, DSPK_EPERM, msg);
     return;
   }
   if (d->nconns > d->cfg.max_clients && d->nconns - conns_gone(d, c, NULL) > d->cfg.max_clients) {
