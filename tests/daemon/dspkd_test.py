@@ -3815,6 +3815,22 @@ def t_jobclaim(exe, tmp):
     got = claims([4242, 4243])
     check(got[0][0] == "EPERM" and "another user" in got[0][1], "an admin: %r" % (got[0],))
     check(got[1][0] == "EPERM" and "has ended" in got[1][1], "an admin: %r" % (got[1],))
+
+    # Job 0 is no Slurm job, in hello as in job.register: EINVAL, never taken
+    # as "no job named" (that bound a uid's connection to its only job).
+    def job0():
+        c = Client(d.sock)
+        e = c.expect_error("EINVAL", "hello", {"version": 1, "job": 0})
+        c.call("hello", {"version": 1})  # the connection stays
+        c.close()
+        return [e.err["message"]]
+    root.call("job.register", {"job": 4400, "uid": none, "devices": []})
+    got = dspk_daemon.run_as(none, 0, job0)
+    check(got[0] == "job: expected the Slurm job id (a positive integer)", "hello job 0: %r"
+          % (got,))
+    e = root.expect_error("EINVAL", "job.register", {"job": 0, "uid": none})
+    check(e.err["message"] == got[0], "job.register's job 0 says the same: %r" % e.err)
+    root.call("job.end", {"job": 4400})
     root.close()
     d.stop()
 
