@@ -561,6 +561,30 @@ def t_fairness(exe, tmp):
     d.stop()
 
 
+def t_turnmsgs(exe, tmp):
+    """A user's turn of the main loop is bounded in messages, not only in
+    bytes (docs/protocol.md, Framing): 1000 pings of 9 bytes in one write
+    (9 KB, far below the 256 KiB of a turn) are handled 256 a turn, so that
+    another user's request waits for 256 of them at most, not for a
+    quarter second of 29,000.  The daemon's debug log says where each turn
+    ended."""
+    d = Daemon(exe, tmp, ["--log-level", "debug"])
+    c = d.client()
+    n = 1000
+    c.sock.sendall(b"".join(msgpack.packb([0, i + 1, "ping", []]) for i in range(n)))
+    for i in range(n):
+        check(c.wait(i + 1) is not None, "ping %d answered" % (i + 1))
+    turns = [tuple(int(x) for x in t) for t in re.findall(
+        r"uid %d: turn used up \((\d+) messages, (\d+) bytes, (\d+) us of the loop\)"
+        % os.getuid(), d.logtext())]
+    # A turn ends at 256 messages, or earlier when they took 2 ms of the
+    # loop's time (a slow machine, a sanitizer build).
+    check(turns and all(m == 256 or (m < 256 and us >= 2000) for m, b, us in turns),
+          "1000 pings: turns of 256 messages: %r" % turns)
+    c.close()
+    d.stop()
+
+
 def t_disconnect(exe, tmp):
     d = Daemon(exe, tmp)
     good = d.client()
@@ -4136,6 +4160,7 @@ GROUPS = {
     "inflight": t_inflight,
     "garbage": t_garbage,
     "fairness": t_fairness,
+    "turnmsgs": t_turnmsgs,
     "disconnect": t_disconnect,
     "sigterm": t_sigterm,
     "stopheld": t_stopheld,
