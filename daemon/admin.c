@@ -87,7 +87,8 @@ static int reply_bool(struct req *r, int method, bool yes) {
 
 int dspkd_admin_refuse(struct req *r, const char *method) {
   struct conn *c = r->c;
-  dspkd_notice(DSPKD_PEER_FMT ": %s refused: not an admin", DSPKD_PEER_ARGS(c), method);
+  if (dspkd_log_client_ok((long)c->uid, DSPKD_NOTICE))
+    dspkd_notice(DSPKD_PEER_FMT ": %s refused: not an admin", DSPKD_PEER_ARGS(c), method);
   /* Every admin refusal names the whole rule (docs/protocol.md): root and
    * the daemon's own user are admins whatever the lists say. */
   return dspk__fail(r->msg, sizeof r->msg, DSPK_EPERM, "%s: permission denied: uid %ld is "

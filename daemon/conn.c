@@ -290,8 +290,9 @@ static void conn_protocol_error(struct conn *c, int code, const char *msg) {
   size_t n;
   uv_os_fd_t fd;
 
-  dspkd_notice(DSPKD_PEER_FMT ": %s: %s; closing the connection", DSPKD_PEER_ARGS(c),
-               dspk__err_name(code), msg);
+  if (dspkd_log_client_ok((long)c->uid, DSPKD_NOTICE))
+    dspkd_notice(DSPKD_PEER_FMT ": %s: %s; closing the connection", DSPKD_PEER_ARGS(c),
+                 dspk__err_name(code), msg);
   if (c->closing)
     return;
   wr = dspkd_wreq_new();

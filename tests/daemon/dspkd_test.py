@@ -585,6 +585,65 @@ def t_turnmsgs(exe, tmp):
     d.stop()
 
 
+def t_logstall(exe, tmp):
+    """A log nobody reads never stalls the daemon, and one user's failing
+    requests cannot flood it (docs/admin.md, Logs): with stderr a pipe that
+    is not read (a stalled journald), a client's 8000 failing requests (a
+    debug line each, about 1 MB: more than the pipe and the log's queue hold)
+    are all answered, and so is another client's ping; of the failures, 10
+    are logged at notice, then one notice that the rest are counted, and
+    their count at the stop; the lines the queue could not hold are
+    counted in a warning once the reader reads again."""
+    r, w = os.pipe()
+    sock = os.path.join(tmp, "stall.sock")
+    proc = dspk_daemon.start(dspk_daemon.cmdline(os.path.abspath(exe), sock), TIMEOUT, stderr=w)
+    os.close(w)
+    check(proc is not None, "dspkd started")
+    chunks = []
+    reader = threading.Thread(target=lambda: chunks.extend(iter(lambda: os.read(r, 65536), b"")))
+    try:
+        c = Client(sock)
+        n = 8000
+        bad = {"op": "map", "device": "cuda:9", "inputs": [tensor(np.ones(3, np.float32))],
+               "options": {"fn": "abs"}}
+        c.sock.sendall(b"".join(msgpack.packb([0, i + 1, "task.run", [bad]], use_bin_type=True)
+                                for i in range(n)))
+        got = [c.outcome(i + 1) for i in range(n)]
+        check(got == ["ENODEV"] * n, "every failing request answered: %r" % set(got))
+        check(Client(sock).call("ping") == {"data": b""}, "another client's ping answered")
+        # The reader reads again: the queue drains, then the count of the
+        # lines it could not hold.
+        seen = b""
+        while b"log lines dropped" not in seen:
+            check(select.select([r], [], [], TIMEOUT)[0], "the log goes on: %r" % seen[-500:])
+            data = os.read(r, 65536)
+            check(data, "the log ended early: %r" % seen[-500:])
+            seen += data
+        chunks.append(seen)
+        reader.start()
+        c.close()
+    finally:
+        rc = dspk_daemon.stop(proc, TIMEOUT)
+        if not reader.is_alive() and not chunks:
+            reader.start()  # a failure before: read what there is
+        reader.join(TIMEOUT)
+        os.close(r)
+    text = b"".join(chunks).decode(errors="replace")
+    check(rc == 0, "dspkd exited with %r:\n%s" % (rc, text[-3000:]))
+    uid = os.getuid()
+    failed = re.findall(r"notice: task failed: device=cuda:9 op=map ", text)
+    check(len(failed) == 10, "10 failed-task lines at notice, not %d" % len(failed))
+    check(re.search(r"notice: uid %d: more than 10 lines about its clients' requests in a "
+                    r"minute: the rest of the minute's are counted, not logged" % uid, text),
+          "the notice that the rest are counted:\n" + text[-3000:])
+    m = re.search(r"notice: uid %d: (\d+) more lines about its clients' requests were not "
+                  r"logged in the minute after 10 were \(at most 10 a minute per uid\)" % uid, text)
+    check(m and int(m.group(1)) == n - 10, "their count at the stop:\n" + text[-3000:])
+    m = re.search(r"warn: (\d+) log lines dropped: the log's reader did not keep up", text)
+    check(m and int(m.group(1)) > 0, "the dropped lines counted:\n" + text[-3000:])
+    check(re.search(r"info: stopped\n$", text), "the last line, written at exit:\n" + text[-500:])
+
+
 def t_disconnect(exe, tmp):
     d = Daemon(exe, tmp)
     good = d.client()
@@ -4161,6 +4220,7 @@ GROUPS = {
     "garbage": t_garbage,
     "fairness": t_fairness,
     "turnmsgs": t_turnmsgs,
+    "logstall": t_logstall,
     "disconnect": t_disconnect,
     "sigterm": t_sigterm,
     "stopheld": t_stopheld,
