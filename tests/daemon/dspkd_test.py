@@ -887,6 +887,59 @@ def t_progress(exe, tmp):
     d.stop()
 
 
+def t_planstep(exe, tmp):
+    """An FFTW plan measured inside a task is a tuning step, and a bounded one
+    (docs/protocol.md, task.cancel and task.progress): a fir of a new shape
+    on cpu:0 (2 rows of 46952 f32, 2974 taps: always the FFT path, blocks of
+    23814 points, a 2^a 3^b 5^c 7^d size) measured its plans for 0.3-2.4 s
+    with no task.progress, no tune phase in its trace and no cancel seen.
+    Now, with a fresh cache: "autotune fir: fftw plan" progress before its
+    answer, the last at 1, and the tune phase in the trace (the plans are
+    measured by a thread of their own while the runner watches the cancel
+    flag); the same shape again tunes nothing.  Then, on a fresh cache, the
+    fir canceled while its plan is measured: ECANCELED."""
+    d = Daemon(exe, tmp, ["--cache", os.path.join(tmp, "planstep.db")])
+    c, tr = d.client(), d.client()
+    tm = tr.send("trace", {"seconds": 1})
+    rng = np.random.default_rng(12)
+    X = rng.standard_normal((2, 46952)).astype(np.float32)
+    H = rng.standard_normal(2974).astype(np.float32)
+    task = {"op": "fir", "device": "cpu:0", "inputs": [tensor(X), tensor(H)]}
+    mid = c.send("task.run", task)
+    while mid not in c.responses:
+        c.pump()
+    c.wait(mid)
+    notes = [n[2][0] for n in c.notifications if n[1] == "task.progress"]
+    check(notes and all(n["msgid"] == mid and n["what"] == "autotune fir: fftw plan" for n in notes)
+          and notes[-1]["fraction"] == 1.0, "the plans' progress: %r" % notes)
+    jobs = [j for j in tr.wait(tm)["jobs"] if j.get("msgid") == mid and j["client"] != 0]
+    check(len(jobs) == 1 and "tune_start_us" in jobs[0], "the trace's tune phase: %r" % jobs)
+    c.notifications.clear()
+    again = c.call("task.run", task)
+    check(not [n for n in c.notifications if n[1] == "task.progress"], "the same shape again")
+    y = array(again["outputs"][0])
+    want = np.stack([np.convolve(X[r].astype(np.float64), H.astype(np.float64))[:X.shape[1]]
+                     for r in range(2)])
+    close_enough(y, want, "fir", np.float32)
+    c.close()
+    tr.close()
+    d.stop()
+    # Canceled while its plan is measured: the runner leaves the measuring
+    # (it goes on, for the wisdom) and the task answers ECANCELED.  The test
+    # hook holds the measuring until the cancel, so that it cannot end first.
+    d = Daemon(exe, tmp, ["--cache", os.path.join(tmp, "planstep2.db")],
+               env=dict(os.environ, DSPK_CPU_FFTW_TASK_HOLD="1"))
+    c = d.client()
+    mid = c.send("task.run", task)
+    while not any(n[1] == "task.progress" for n in c.notifications) and mid not in c.responses:
+        c.pump()
+    check(mid not in c.responses, "the plans are measured: %r" % c.notifications)
+    check(c.call("task.cancel", {"msgid": mid})["canceled"], "canceled while measuring")
+    check(c.outcome(mid) == "ECANCELED", "a task canceled while its plan is measured stops")
+    c.close()
+    d.stop()
+
+
 def t_limits(exe, tmp):
     """Per-connection limits: max_clients, max_buffers, max_rank/max_elements
     as configured, and hello reporting them."""
@@ -4221,6 +4274,7 @@ GROUPS = {
     "fairness": t_fairness,
     "turnmsgs": t_turnmsgs,
     "logstall": t_logstall,
+    "planstep": t_planstep,
     "disconnect": t_disconnect,
     "sigterm": t_sigterm,
     "stopheld": t_stopheld,
