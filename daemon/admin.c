@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include "daemon/admin.h"
 #include "daemon/config.h"
@@ -84,14 +85,28 @@ static int reply_bool(struct req *r, int method, bool yes) {
   return 0;
 }
 
-int dspkd_admin_check(struct req *r, const char *method) {
+int dspkd_admin_refuse(struct req *r, const char *method) {
   struct conn *c = r->c;
-  if (dspkd_admin_is(c))
+  if (dspkd_log_client_ok((long)c->uid, DSPKD_NOTICE))
+    dspkd_notice(DSPKD_PEER_FMT ": %s refused: not an admin", DSPKD_PEER_ARGS(c), method);
+  /* Every admin refusal names the whole rule (docs/protocol.md): root and
+   * the daemon's own user are admins whatever the lists say. */
+  return dspk__fail(r->msg, sizeof r->msg, DSPK_EPERM, "%s: permission denied: uid %ld is "
+                    "not an admin (root, the daemon's own user (uid %ld), admin_users and "
+                    "admin_groups in the [policy] of dspkd.conf)", method, (long)c->uid,
+                    (long)geteuid());
+}
+
+int dspkd_admin_check(struct req *r, const char *method) {
+  if (dspkd_admin_is(r->c))
     return 0;
-  dspkd_notice(DSPKD_PEER_FMT ": %s refused: not an admin", DSPKD_PEER_ARGS(c), method);
-  return dspk__fail(r->msg, sizeof r->msg, DSPK_EPERM, "%s: uid %ld is not an admin "
-                    "(admin_users and admin_groups in the [policy] of dspkd.conf)", method,
-                    (long)c->uid);
+  return dspkd_admin_refuse(r, method);
+}
+
+void dspkd_admin_connect_refusal(const struct conn *c, char *msg, size_t len) {
+  snprintf(msg, len, "permission denied: uid %ld may not connect (root, the daemon's own "
+           "user (uid %ld), allow_users and allow_groups in the [policy] of dspkd.conf)",
+           (long)c->uid, (long)geteuid());
 }
 
 int dspkd_m_daemon_reload(struct req *r) {

@@ -20,9 +20,19 @@
 /* 1 when the connection's peer passes the allow lists, else 0. */
 int dspkd_admin_may_connect(struct conn *c);
 
-/* 0 when r's peer may call the admin method, else DSPK_EPERM with the
- * detail in r->msg (and a warning in the log). */
+/* 0 when r's peer may call the admin method, else dspkd_admin_refuse's
+ * DSPK_EPERM. */
 int dspkd_admin_check(struct req *r, const char *method);
+/* Refuses method to r's peer, who is not an admin: a notice in the log and
+ * DSPK_EPERM, with r->msg naming every way to be an admin ("METHOD:
+ * permission denied: uid M is not an admin (root, the daemon's own user
+ * (uid N), admin_users and admin_groups in the [policy] of dspkd.conf)"),
+ * the one text of every admin refusal. */
+int dspkd_admin_refuse(struct req *r, const char *method);
+/* The message of the protocol.error EPERM that refuses a connection the
+ * allow lists do not admit, naming every way to be admitted, into msg
+ * (len bytes). */
+void dspkd_admin_connect_refusal(const struct conn *c, char *msg, size_t len);
 /* The handlers of daemon.reload and daemon.stop (dspkd_dispatch's
  * contract). */
 int dspkd_m_daemon_reload(struct req *r);

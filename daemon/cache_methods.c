@@ -172,14 +172,8 @@ int dspkd_m_cache_clear(struct req *r) {
           dspk__cache_kind_names[k], strlen(dspk__cache_kind_names[k])));
   if (!mask)
     mask = DSPK__CACHE_ALL;
-  if (!dspkd_admin_is(c)) {
-    dspkd_notice(DSPKD_PEER_FMT ": cache.clear refused: not an admin", DSPKD_PEER_ARGS(c));
-    snprintf(r->msg, sizeof r->msg,
-             "cache.clear: permission denied: uid %ld is not an admin (root, the daemon's "
-             "own user (uid %ld), admin_users and admin_groups in the [policy] of dspkd.conf)",
-             (long)c->uid, (long)geteuid());
-    return DSPK_EPERM;
-  }
+  if (!dspkd_admin_is(c))
+    return dspkd_admin_refuse(r, "cache.clear");
   if (!c->d->cache)
     return no_cache(r);
   return queue(r, true, mask);

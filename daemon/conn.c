@@ -290,8 +290,9 @@ static void conn_protocol_error(struct conn *c, int code, const char *msg) {
   size_t n;
   uv_os_fd_t fd;
 
-  dspkd_notice(DSPKD_PEER_FMT ": %s: %s; closing the connection", DSPKD_PEER_ARGS(c),
-               dspk__err_name(code), msg);
+  if (dspkd_log_client_ok((long)c->uid, DSPKD_NOTICE))
+    dspkd_notice(DSPKD_PEER_FMT ": %s: %s; closing the connection", DSPKD_PEER_ARGS(c),
+                 dspk__err_name(code), msg);
   if (c->closing)
     return;
   wr = dspkd_wreq_new();
@@ -863,6 +864,10 @@ static void frame_blank(char *s, size_t n) {
   }
 }
 
+static bool turn_open(struct conn *c);
+static void turn_frame(struct conn *c, struct rchunk *k, const char *p, size_t n,
+                       uint64_t end);
+
 /* The connection is paused with requests held in its read buffer: each
  * task.cancel behind them that names a request of this connection in
  * flight now is answered now (it cancels the request it would cancel in
@@ -904,8 +909,10 @@ static void peek_cancels(struct conn *c) {
     msgpack_zone_clear(&c->d->zone);
     for (const struct job *j = c->jobs; target >= 0 && j && !live; j = j->cnext)
       live = j->msgid == (uint32_t)target;
+    if (live && !turn_open(c))
+      break; /* looked at again in the next turn (c->pk_pos: this frame) */
     if (live) {
-      conn_frame(c, k, k->data + off, (size_t)n, 0);
+      turn_frame(c, k, k->data + off, (size_t)n, 0);
       frame_blank(k->data + off, (size_t)n);
     } else if (target >= 0) {
       c->pk_wait++;
@@ -942,13 +949,18 @@ static void conn_land(struct conn *c, struct rchunk *k) {
 }
 
 /* Decoding requests is the loop's own work, shared by every client: one
- * user's connections together decode at most TURN_BYTES of requests (or
- * one request, whatever its size) in one turn of the loop; the rest waits
- * for the next turn (a new millisecond of loop time, or `resume`), their
- * reading stopped meanwhile, so a user who floods the daemon with costly
- * messages from many connections delays another user's requests by about
- * one turn, not by one message of each of those connections. */
+ * user's connections together handle at most TURN_MSGS messages and
+ * TURN_BYTES of them, and spend at most TURN_NS of the loop's time on them
+ * (decoding, answering, a tiny task run on the loop), in one turn of the
+ * loop (at least one message, whatever its size); the rest waits for the
+ * next turn (a new millisecond of loop time, or `resume`), their reading
+ * stopped meanwhile, so a user who floods the daemon from many connections
+ * delays another user's requests by about one turn, not by one message of
+ * each of those connections.  Bytes alone did not bound a turn: 256 KiB of
+ * 9-byte pings is 29,000 requests, a quarter second of the loop's time. */
 #define TURN_BYTES (256u << 10)
+#define TURN_MSGS 256u
+#define TURN_NS (2u * 1000 * 1000)
 
 static void on_resume(uv_idle_t *h) {
   struct dspkd *d = h->data;
@@ -965,7 +977,7 @@ static void on_resume(uv_idle_t *h) {
   }
 }
 
-/* Whether c's user may decode another request in this turn (checked before
+/* Whether c's user may handle another message in this turn (checked before
  * the frame is even scanned: scanning costs as much as decoding). */
 static bool turn_open(struct conn *c) {
   struct duser *u = c->user;
@@ -978,13 +990,41 @@ static bool turn_open(struct conn *c) {
     u->turn_ms = now;
     u->turn_gen = d->turn_gen;
     u->turn_bytes = 0;
+    u->turn_msgs = 0;
+    u->turn_ns = 0;
+    u->turn_over = false;
   }
-  if (u->turn_bytes < TURN_BYTES)
+  if (u->turn_bytes < TURN_BYTES && u->turn_msgs < TURN_MSGS && u->turn_ns < TURN_NS)
     return true;
+  if (!u->turn_over) {
+    u->turn_over = true;
+    dspkd_debug("uid %ld: turn used up (%llu messages, %llu bytes, %llu us of the loop): "
+                "its connections wait for the next", (long)u->uid,
+                (unsigned long long)u->turn_msgs, (unsigned long long)u->turn_bytes,
+                (unsigned long long)(u->turn_ns / 1000));
+  }
   c->deferred = true;
   if (!uv_is_closing((uv_handle_t *)&d->resume))
     uv_idle_start(&d->resume, on_resume);
   return false;
+}
+
+/* Handles one frame of n bytes counted against c's user's turn (which
+ * turn_open let in): conn_frame's contract. */
+static void turn_frame(struct conn *c, struct rchunk *k, const char *p, size_t n,
+                       uint64_t end) {
+  struct duser *u = c->user;
+  uint64_t t0;
+
+  if (!u) {
+    conn_frame(c, k, p, n, end);
+    return;
+  }
+  u->turn_bytes += (uint64_t)n;
+  u->turn_msgs++;
+  t0 = dspkd_now_ns();
+  conn_frame(c, k, p, n, end); /* u lives on: the caller holds a ref on c */
+  u->turn_ns += dspkd_now_ns() - t0;
 }
 
 /* Runs every complete frame in the read buffer while the connection may
@@ -1027,8 +1067,6 @@ static void conn_process(struct conn *c) {
       conn_protocol_error(c, (int)n, msg[0] ? msg : dspk__strerror((int)n));
       break;
     }
-    if (c->user)
-      c->user->turn_bytes += (uint64_t)n;
     p = k->data + k->start;
     /* Where this frame starts in the stream: fds that came before it were
      * not sent with it (daemon/shm.c). */
@@ -1036,7 +1074,7 @@ static void conn_process(struct conn *c) {
     dspkd_shm_drop_stale(c);
     k->start += (size_t)n;
     k->refs++; /* the frame's bytes stay put while the request is decoded */
-    conn_frame(c, k, p, (size_t)n, c->frame_pos + (uint64_t)n);
+    turn_frame(c, k, p, (size_t)n, c->frame_pos + (uint64_t)n);
     dspkd_chunk_unref(k);
   }
   c->in_process = false;
@@ -1440,8 +1478,9 @@ static void accept_fd(struct dspkd *d, int fd) {
   }
   dspkd_debug(DSPKD_PEER_FMT ": connected", DSPKD_PEER_ARGS(c));
   if (!dspkd_admin_may_connect(c)) {
-    conn_protocol_error(c, DSPK_EPERM, "this user may not connect (allow_users and "
-                        "allow_groups in the daemon's policy)");
+    char msg[192];
+    dspkd_admin_connect_refusal(c, msg, sizeof msg);
+    conn_protocol_error(c, DSPK_EPERM, msg);
     return;
   }
   if (d->nconns > d->cfg.max_clients && d->nconns - conns_gone(d, c, NULL) > d->cfg.max_clients) {

@@ -338,8 +338,10 @@ struct duser {
   uint64_t answers;                   /* their unsent + reserved answer bytes */
   size_t nfds;                        /* received descriptors not yet claimed (shm.c) */
   size_t share_fds;                   /* buffer.share memfds not yet read (shm.c) */
-  /* Bytes of requests decoded in this turn of the loop (daemon/conn.c). */
-  uint64_t turn_bytes, turn_ms, turn_gen;
+  /* Bytes and messages handled in this turn of the loop, and the loop's
+   * time spent on them (daemon/conn.c); turn_over: the turn is used up. */
+  uint64_t turn_bytes, turn_msgs, turn_ns, turn_ms, turn_gen;
+  bool turn_over;
   uint64_t turn[DSPKD_MAX_DEVICES];   /* device's `turns` when last served (its mu) */
   uint64_t mem[DSPKD_MAX_DEVICES];    /* device memory: buffers + jobs in flight */
 };

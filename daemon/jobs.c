@@ -109,27 +109,29 @@ static void djob_finish(struct dspkd *d, struct djob *j) {
   free(j);
 }
 
-/* The job id in the peer's cgroup path ("/job_<id>/" of Slurm's cgroup
- * plugins, v1 and v2), or 0. */
-static uint64_t cgroup_job(pid_t pid) {
+/* Whether the peer's cgroup path names a job ("/job_<id>/" of Slurm's
+ * cgroup plugins, v1 and v2): then its id in *out. */
+static bool cgroup_job(pid_t pid, uint64_t *out) {
   char path[64], line[1024];
-  uint64_t id = 0;
+  bool found = false;
   FILE *f;
   if (pid <= 0)
-    return 0;
+    return false;
   snprintf(path, sizeof path, "/proc/%ld/cgroup", (long)pid);
   if (!(f = fopen(path, "re")))
-    return 0;
-  while (!id && fgets(line, sizeof line, f)) {
-    for (char *p = strstr(line, "/job_"); p && !id; p = strstr(p + 1, "/job_")) {
+    return false;
+  while (!found && fgets(line, sizeof line, f)) {
+    for (char *p = strstr(line, "/job_"); p && !found; p = strstr(p + 1, "/job_")) {
       char *end;
       unsigned long long v = strtoull(p + 5, &end, 10);
-      if (end != p + 5 && (*end == '/' || *end == '\n' || *end == '\0'))
-        id = v;
+      if (end != p + 5 && (*end == '/' || *end == '\n' || *end == '\0')) {
+        *out = v;
+        found = true;
+      }
     }
   }
   fclose(f);
-  return id;
+  return found;
 }
 
 static void job_bind(struct conn *c, struct djob *j) {
@@ -143,7 +145,8 @@ static void job_bind(struct conn *c, struct djob *j) {
 
 int dspkd_job_decide(struct conn *c, struct djob **out, char *msg, size_t len) {
   struct dspkd *d = c->d;
-  uint64_t claim;
+  uint64_t claim = 0;
+  bool claimed;
   const char *how = "cgroup";
   size_t mine = 0;
   struct djob *only = NULL;
@@ -154,12 +157,16 @@ int dspkd_job_decide(struct conn *c, struct djob **out, char *msg, size_t len) {
       mine++;
       only = j;
     }
-  claim = cgroup_job(c->pid);
-  if (!claim) {
+  /* A job named is a claim whatever its id: "/job_0/" names job 0, which
+   * is never registered (job.register refuses 0, and so does hello: its
+   * job_claim 0 means none). */
+  claimed = cgroup_job(c->pid, &claim);
+  if (!claimed) {
     claim = c->job_claim;
+    claimed = claim != 0;
     how = "claimed";
   }
-  if (claim) {
+  if (claimed) {
     struct djob *j = job_find(d, claim);
     uid_t ended_uid;
     bool ended = job_was_ended(d, claim, &ended_uid), admin;

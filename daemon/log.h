@@ -11,12 +11,23 @@
  * byte U+FFFD), so an event is always one line of valid UTF-8 whatever
  * client text it quotes.  Only daemon/
  * logs; the libraries it calls return codes and messages and the daemon
- * decides, once, at the boundary, what to log.  Thread-safe: one write(2)
- * per line.
+ * decides, once, at the boundary, what to log.  Thread-safe: one write
+ * per line, which never blocks the caller: what the log's reader (the
+ * journal, a pipe) does not take at once waits in a bounded queue that a
+ * thread of the log writes from, and a line that finds it full is dropped
+ * and counted (a warning says how many once it drains).  So a stalled log
+ * never stalls the daemon's loop.
+ *
+ * Lines a client causes (its failed requests, refusals, protocol errors:
+ * whatever a client can repeat at will) are written through
+ * dspkd_log_client_ok(), at most 10 a minute per uid, so that no user can
+ * flood the log (or use up journald's rate limit, after which the
+ * daemon's own errors would be dropped too).
  */
 #ifndef DSPKD_LOG_H
 #define DSPKD_LOG_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -39,6 +50,18 @@ int dspkd_log_enabled(enum dspkd_level level);
 void dspkd_log(enum dspkd_level level, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
+/* Whether a line that uid's client caused, at level, may be written now:
+ * true for the first 10 such lines of each uid in a minute (from its
+ * first), false after (counted: the first one held back writes a notice
+ * that the rest of the minute's are counted, and the minute's count is
+ * written as a notice once it is over, when a later client line of any
+ * uid, or dspkd_log_client_flush, comes).  A level not written at all is
+ * not counted.  Thread-safe.  _at takes the monotonic time in ms. */
+bool dspkd_log_client_ok(long uid, enum dspkd_level level);
+bool dspkd_log_client_ok_at(long uid, enum dspkd_level level, uint64_t now_ms);
+/* Writes the counts of lines held back so far (at the daemon's stop). */
+void dspkd_log_client_flush(void);
+
 /* The level a failed task is logged at, by its error code: errors of the
  * daemon or a device (EDEVICE, EIO, EINTERNAL, ETIMEDOUT, unknown codes)
  * at error; resource pressure (ENOMEM, EBUSY) at warn; the client's own
@@ -49,10 +72,12 @@ enum dspkd_level dspkd_log_task_level(int code);
 
 /* The one line of a failed task:
  *   task failed: device=cpu:0 op=gemm client=3 pid=1234: ESHAPE: message
- * at dspkd_log_task_level(code).  device is the device that ran it, or the
+ * at dspkd_log_task_level(code), when dspkd_log_client_ok(uid) lets it
+ * (uid: its client's; a failed task is a client-caused line whatever its
+ * level).  device is the device that ran it, or the
  * one the request named when it failed before reaching a device; device and
  * op are written by dspkd_log_value (quoted unless a plain token). */
-void dspkd_log_task_failed(const char *device, const char *op, uint64_t client,
+void dspkd_log_task_failed(long uid, const char *device, const char *op, uint64_t client,
                            long pid, int code, const char *msg);
 
 /* A client's string (s[0..n)) as a log field's value or a quoted name: as

@@ -424,6 +424,7 @@ out_loop:
   if (uv_loop_close(&loop) != 0)
     dspkd_warn("event loop closed with handles still open");
   dspkd_teardown_report();
+  dspkd_log_client_flush(); /* what the last minute held back */
   if (rc == 0)
     dspkd_info("stopped");
   if (detach_fd >= 0)

@@ -1045,7 +1045,8 @@ static int m_task_run(struct req *r) {
   int err = task_run(r, devname);
   /* A request refused before it reached a device is a failed task too. */
   if (err < 0)
-    dspkd_log_task_failed(devname, dspk__op_names[r->v[DSPK__RUN_OP].v.e], r->c->id,
+    dspkd_log_task_failed((long)r->c->uid, devname, dspk__op_names[r->v[DSPK__RUN_OP].v.e],
+                          r->c->id,
                           (long)r->c->pid, err, r->msg);
   return err;
 }
@@ -1111,7 +1112,7 @@ int dspkd_dispatch(struct req *r, const char *method, size_t len) {
       char op[16] = "", dev[DSPK__DEVICE_NAME_MAX + 1] = "any";
       dspk__obj_strcpy(dspk__map_get(r->args, "op"), op, sizeof op);
       dspk__obj_strcpy(dspk__map_get(r->args, "device"), dev, sizeof dev);
-      dspkd_log_task_failed(dev, op, r->c->id, (long)r->c->pid, err, r->msg);
+      dspkd_log_task_failed((long)r->c->uid, dev, op, r->c->id, (long)r->c->pid, err, r->msg);
     }
     return err;
   }

@@ -128,7 +128,8 @@ static const char *op_name(dspk_op kind) {
  * (the one its client got), else the code's. */
 static void log_task_failed(struct job *j, int code, const char *msg) {
   struct conn *c = j->conn;
-  dspkd_log_task_failed(j->dev ? j->dev->id : NULL, op_name(j->op.kind), c ? c->id : 0,
+  dspkd_log_task_failed(c ? (long)c->uid : -1L, j->dev ? j->dev->id : NULL,
+                        op_name(j->op.kind), c ? c->id : 0,
                         c ? (long)c->pid : 0L, code, j->errmsg ? j->errmsg : msg);
 }
 

@@ -248,7 +248,10 @@ static const struct dspk__param hello_p[] = {
     [DSPK__HELLO_VERSION] = {"version", DSPK__T_UINT, .max = UINT64_MAX, .def = {.v.u = 1},
                              .def_doc = "1"},
     [DSPK__HELLO_CLIENT] = {"client", DSPK__T_STR, .max = DSPK__CLIENT_NAME_MAX},
-    [DSPK__HELLO_JOB] = {"job", DSPK__T_UINT, .max = UINT64_MAX},
+    /* A Slurm job id is positive, as job.register's (JOB_P): 0 is refused,
+     * never read as "no job named" (leave the key out for that). */
+    [DSPK__HELLO_JOB] = {"job", DSPK__T_UINT, .min = 1, .max = UINT64_MAX,
+                         .expect = "the Slurm job id (a positive integer)"},
 };
 static const struct dspk__param hello_r[] = {
     [DSPK__R_HELLO_PROTOCOL] = RES("protocol", DSPK__T_UINT),

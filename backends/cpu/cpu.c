@@ -328,6 +328,7 @@ static int cpu_run(struct dspk__dev *dev, struct dspk__op *op,
     return dspk__cpu_err(ctx, DSPK_ENOTSUP, "cpu: unknown op %d", (int)op->kind);
   dspk__cpu_fft_adopt(dev); /* between ops: no plan of dev is in use */
   dev->ctx = ctx;
+  dev->op_kind = op->kind;
   int rc = ops[op->kind](dev, op, ctx);
   dev->ctx = NULL;
   return rc;

@@ -94,8 +94,11 @@ struct dspk__dev {
   struct dspk__cpu_refine *refine;
   uint64_t plans_refined; /* measured plans swapped in */
   /* The running op's context (cpu_run), for waits that must see a cancel:
-   * the FFTW planner lock while a background measuring holds it. */
+   * the FFTW planner lock while a background measuring holds it, a plan
+   * measured for the op; and its kind (the progress of such a measuring
+   * names it). */
   struct dspk__opctx *ctx;
+  dspk_op op_kind;
   /* Large blocks (DSPK__CPU_BIG_BLOCK and up), cached after free for the
    * next alloc of their size class, under pool_mu. */
   struct dspk__pool pool;

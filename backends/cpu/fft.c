@@ -29,6 +29,18 @@
  * cache.  A plan the runner needs meanwhile waits for the lock, polling
  * its task's cancel flag.  The thread exits when it has nothing to do.
  *
+ * Smaller plans are measured for the task that needs them, completely, but
+ * by a thread of their own ("dspk-fftw-task", holding the planner) while
+ * the runner waits, looking at the task's cancel flag every 20 ms: most
+ * take milliseconds, yet some sizes take seconds (fir's blocks of
+ * 2^a 3^b 5^c 7^d points, 16-24K of them for 2-3K taps: 0.3-2.4 s) and
+ * FFTW's planner cannot be interrupted.  A canceled task leaves at once;
+ * the measuring goes on and its wisdom stays in the process (stored with
+ * the next), so the plan comes from it when asked again.  The wait is a
+ * tuning step of the task: progress "autotune fir: fftw plan" (or fft), 0
+ * then 1 (its
+ * task.progress notifications and its trace's tune phase).
+ *
  * numpy's conventions: the forward transform is unnormalised, the inverse
  * divides by n; real input gives the n/2+1 non-negative frequencies.  Large
  * batches run in chunks so a cancel request is seen between chunks.
@@ -39,6 +51,7 @@
 #include <signal.h>
 #include <spawn.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -52,6 +65,7 @@
 #include "backends/cpu/cpu.h"
 #include "backends/cpu/fftw_wisdom.h"
 #include "backends/cpu/tune.h"
+#include "proto/testhook.h"
 
 /* Rows per execute call are chosen so a chunk is about this many elements
  * (a cancel is seen between chunks): 2^20 c128 points, 4 transforms of
@@ -189,10 +203,12 @@ static void *plan_dft(int kind, int dbl, int n, int batch, void *in, void *out,
  * With MEASURE flags: from stored wisdom when it answers, else, when
  * `estimate_big` is set and the transform has PLAN_BG_POINTS points or
  * more, with FFTW_ESTIMATE (*need_measure set), else measured for at most
- * `limit` seconds (*measured set: new wisdom).  Caller holds the lock. */
+ * `limit` seconds (*measured set: new wisdom), or, when `apart` is not
+ * NULL, not at all: NULL and *apart set (the caller has it measured by a
+ * thread of its own, measure_for_task).  Caller holds the lock. */
 static void *make_plan(int kind, int dbl, int n, int batch, int inplace,
                        int aligned, unsigned flags, int estimate_big, double limit,
-                       int *measured, int *need_measure) {
+                       int *measured, int *need_measure, int *apart) {
   size_t cs = dbl ? 16 : 8, rs = dbl ? 8 : 4;
   int nh = n / 2 + 1, r2c = kind == DSPK__CPU_FFT_R2C, c2r = kind == DSPK__CPU_FFT_C2R;
   /* r2c: n reals in, nh complex out; c2r the other way round; else n
@@ -229,6 +245,8 @@ static void *make_plan(int kind, int dbl, int n, int batch, int inplace,
     unsigned ef = (flags & ~(unsigned)(FFTW_PATIENT | FFTW_EXHAUSTIVE)) | FFTW_ESTIMATE;
     plan = plan_dft(kind, dbl, n, batch, in, out, idist, odist, ef);
     *need_measure = plan != NULL;
+  } else if (!plan && apart && !(flags & FFTW_ESTIMATE)) {
+    *apart = 1;
   } else if (!plan) {
     plan = plan_dft(kind, dbl, n, batch, in, out, idist, odist, flags);
     *measured = plan && !(flags & FFTW_ESTIMATE);
@@ -380,7 +398,7 @@ int dspk__cpu_fft_measure_main(const char *spec) {
       k.n < 1 || k.batch < 1 || (int64_t)k.n * k.batch > ((int64_t)1 << 34))
     return 2;
   void *plan = make_plan(k.kind, k.dbl, k.n, k.batch, k.inplace, k.aligned, k.flags, 0,
-                         REFINE_TIMELIMIT_S, &measured, &unused);
+                         REFINE_TIMELIMIT_S, &measured, &unused, NULL);
   if (!plan || !measured)
     return 1;
   char *w = k.dbl ? fftw_export_wisdom_to_string() : fftwf_export_wisdom_to_string();
@@ -418,7 +436,7 @@ static void *refine_main(void *arg) {
                 : fftwf_import_wisdom_from_string(wisdom))
         plan = make_plan(k.kind, k.dbl, k.n, k.batch, k.inplace, k.aligned,
                          k.flags | FFTW_WISDOM_ONLY, 0, REFINE_TIMELIMIT_S, &measured,
-                         &unused);
+                         &unused, NULL);
       dspk__cpu_fftw_unlock();
       free(wisdom);
     } else if (!spawned) {
@@ -426,7 +444,7 @@ static void *refine_main(void *arg) {
        * holding the planner. */
       dspk__cpu_fftw_lock();
       plan = make_plan(k.kind, k.dbl, k.n, k.batch, k.inplace, k.aligned, k.flags, 0,
-                       REFINE_TIMELIMIT_S, &measured, &unused);
+                       REFINE_TIMELIMIT_S, &measured, &unused, NULL);
       dspk__cpu_fftw_unlock();
     }
     pthread_mutex_lock(&r->mu);
@@ -572,6 +590,137 @@ static int refine_release(struct dspk__dev *dev) {
   return 0;
 }
 
+/* ---- measuring for a task ------------------------------------------------- */
+
+/* A plan measured for a task by a thread of its own (see the top of this
+ * file).  Two references: the runner's and the thread's. */
+struct for_task {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int refs, done, abandoned, measured;
+  int kind, dbl, n, batch, inplace, aligned;
+  unsigned flags;
+  void *plan;
+};
+
+/* Set when a measuring whose task was canceled made wisdom: the runner's
+ * next plan marks the device's wisdom to be stored. */
+static atomic_int for_task_wisdom;
+
+static void for_task_unref(struct for_task *a) {
+  pthread_mutex_lock(&a->mu);
+  int last = --a->refs == 0;
+  pthread_mutex_unlock(&a->mu);
+  if (last) {
+    pthread_mutex_destroy(&a->mu);
+    pthread_cond_destroy(&a->cv);
+    free(a);
+  }
+}
+
+static void *for_task_main(void *arg) {
+  struct for_task *a = arg;
+  int measured = 0, unused = 0;
+  if (DSPK_TEST_HOOK("DSPK_CPU_FFTW_TASK_HOLD")) {
+    /* Test builds: the measuring starts only once its task let go of it
+     * (a cancel), so that a test cancels while it is measured. */
+    pthread_mutex_lock(&a->mu);
+    while (!a->abandoned)
+      pthread_cond_wait(&a->cv, &a->mu);
+    pthread_mutex_unlock(&a->mu);
+  }
+  dspk__cpu_fftw_lock();
+  void *plan = make_plan(a->kind, a->dbl, a->n, a->batch, a->inplace, a->aligned, a->flags, 0,
+                         FFTW_NO_TIMELIMIT, &measured, &unused, NULL);
+  pthread_mutex_lock(&a->mu);
+  if (a->abandoned) { /* its task was canceled: the wisdom stays, not the plan */
+    struct dspk__cpu_plan p = {.dbl = a->dbl, .plan = plan};
+    destroy_plan(&p);
+    if (measured)
+      atomic_store(&for_task_wisdom, 1);
+  } else {
+    a->plan = plan;
+    a->measured = measured;
+  }
+  a->done = 1;
+  pthread_cond_signal(&a->cv);
+  pthread_mutex_unlock(&a->mu);
+  dspk__cpu_fftw_unlock();
+  for_task_unref(a);
+  return NULL;
+}
+
+/* Measures a plan for the running op (dev->ctx), without the planner lock
+ * (its thread takes it): the plan, *measured set when it made wisdom; NULL
+ * when FFTW failed or the op was canceled meanwhile. */
+static void *measure_for_task(struct dspk__dev *dev, int kind, int dbl, int n, int batch,
+                              int inplace, int aligned, unsigned flags, int *measured) {
+  struct dspk__opctx *ctx = dev->ctx;
+  struct for_task *a = calloc(1, sizeof *a);
+  pthread_attr_t attr;
+  pthread_t th;
+  void *plan = NULL;
+  int started = 0;
+
+  if (a) {
+    *a = (struct for_task){.refs = 2, .kind = kind, .dbl = dbl, .n = n, .batch = batch,
+                           .inplace = inplace, .aligned = aligned, .flags = flags};
+    pthread_mutex_init(&a->mu, NULL);
+    pthread_cond_init(&a->cv, NULL);
+    if (pthread_attr_init(&attr) == 0) {
+      pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+      started = pthread_create(&th, &attr, for_task_main, a) == 0;
+      pthread_attr_destroy(&attr);
+    }
+    if (started)
+      pthread_setname_np(th, "dspk-fftw-task");
+  }
+  if (!started) { /* no thread to be had: measured here, as before */
+    int unused = 0;
+    if (a) {
+      pthread_mutex_destroy(&a->mu);
+      pthread_cond_destroy(&a->cv);
+      free(a);
+    }
+    dspk__cpu_fftw_lock();
+    plan = make_plan(kind, dbl, n, batch, inplace, aligned, flags, 1, FFTW_NO_TIMELIMIT,
+                     measured, &unused, NULL);
+    dspk__cpu_fftw_unlock();
+    return plan;
+  }
+  /* "autotune fir: fftw plan": the op's name, as every tuning step's. */
+  char what[48];
+  snprintf(what, sizeof what, "autotune %s: fftw plan",
+           dev->op_kind == DSPK_OP_FIR ? "fir" : "fft");
+  if (ctx && ctx->progress)
+    ctx->progress(ctx->progress_ud, what, 0.0);
+  pthread_mutex_lock(&a->mu);
+  while (!a->done) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_nsec += 20 * 1000 * 1000;
+    if (ts.tv_nsec >= 1000000000L) {
+      ts.tv_sec++;
+      ts.tv_nsec -= 1000000000L;
+    }
+    pthread_cond_timedwait(&a->cv, &a->mu, &ts);
+    if (!a->done && dspk__cpu_canceled(ctx)) {
+      a->abandoned = 1;
+      pthread_cond_broadcast(&a->cv); /* a test hook's hold waits for it */
+      break;
+    }
+  }
+  int done = a->done;
+  plan = a->plan;
+  *measured = a->measured;
+  a->plan = NULL;
+  pthread_mutex_unlock(&a->mu);
+  for_task_unref(a);
+  if (done && ctx && ctx->progress)
+    ctx->progress(ctx->progress_ud, what, 1.0);
+  return plan;
+}
+
 /* ---- the plan cache ------------------------------------------------------- */
 
 void *dspk__cpu_fft_plan(struct dspk__dev *dev, int kind, int dbl, int n,
@@ -592,9 +741,20 @@ void *dspk__cpu_fft_plan(struct dspk__dev *dev, int kind, int dbl, int n,
   unsigned flags = dspk__cpu_fft_flags(dev, kind, dbl, n, batch);
   if (fftw_lock_op(dev) != 0)
     return NULL; /* canceled while a background measuring held the planner */
-  int measured = 0, need_measure = 0;
+  int measured = 0, need_measure = 0, apart = 0;
+  if (atomic_exchange(&for_task_wisdom, 0))
+    dev->wisdom_dirty = 1; /* a canceled task's measuring: store its wisdom */
+  /* Inside an op (dev->ctx), a plan to measure is measured apart, so
+   * that the op's cancel is seen meanwhile. */
   void *plan = make_plan(kind, dbl, n, batch, inplace, aligned, flags, 1,
-                         FFTW_NO_TIMELIMIT, &measured, &need_measure);
+                         FFTW_NO_TIMELIMIT, &measured, &need_measure, dev->ctx ? &apart : NULL);
+  if (!plan && apart) {
+    dspk__cpu_fftw_unlock();
+    plan = measure_for_task(dev, kind, dbl, n, batch, inplace, aligned, flags, &measured);
+    if (!plan)
+      return NULL; /* canceled (the caller checks), or FFTW failed */
+    dspk__cpu_fftw_lock(); /* for its slot (a plan evicted is destroyed) */
+  }
   struct dspk__cpu_plan *slot = plan ? plan_slot(dev) : NULL;
   dspk__cpu_fftw_unlock();
   if (!plan)

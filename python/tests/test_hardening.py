@@ -401,8 +401,9 @@ def test_refused_by_allow_users_is_eperm_with_the_reason(tmp_path):
 
         from conftest import dspk_daemon
         got = dspk_daemon.run_as(65534, 65534, refusals)
-        want = "PermissionDenied EPERM: this user may not connect (allow_users and " \
-               "allow_groups in the daemon's policy)"
+        want = "PermissionDenied EPERM: permission denied: uid 65534 may not connect (root, " \
+               "the daemon's own user (uid %d), allow_users and allow_groups in the [policy] " \
+               "of dspkd.conf)" % os.geteuid()
         assert got == [want] * 50
     finally:
         d.stop()

@@ -2004,8 +2004,9 @@ def suite_refused(cli, tmp, dspkd):
         os.chmod(tmp, 0o755)
         c = Cli(cli.binary, d.sock)
         for _ in range(50):
-            err = c.fails(["ping"], "ping", "EPERM", detail="this user may not connect "
-                          "(allow_users and allow_groups in the daemon's policy)",
+            err = c.fails(["ping"], "ping", "EPERM", detail="permission denied: uid 65534 may "
+                          "not connect (root, the daemon's own user (uid 0), allow_users and "
+                          "allow_groups in the [policy] of dspkd.conf)",
                           preexec_fn=lambda: dspk_daemon.become(65534, 65534))
             check("usermod" not in err, "a policy refusal with the socket's hint: %r" % err)
         c.ok("ping")  # root is admitted

@@ -561,6 +561,89 @@ def t_fairness(exe, tmp):
     d.stop()
 
 
+def t_turnmsgs(exe, tmp):
+    """A user's turn of the main loop is bounded in messages, not only in
+    bytes (docs/protocol.md, Framing): 1000 pings of 9 bytes in one write
+    (9 KB, far below the 256 KiB of a turn) are handled 256 a turn, so that
+    another user's request waits for 256 of them at most, not for a
+    quarter second of 29,000.  The daemon's debug log says where each turn
+    ended."""
+    d = Daemon(exe, tmp, ["--log-level", "debug"])
+    c = d.client()
+    n = 1000
+    c.sock.sendall(b"".join(msgpack.packb([0, i + 1, "ping", []]) for i in range(n)))
+    for i in range(n):
+        check(c.wait(i + 1) is not None, "ping %d answered" % (i + 1))
+    turns = [tuple(int(x) for x in t) for t in re.findall(
+        r"uid %d: turn used up \((\d+) messages, (\d+) bytes, (\d+) us of the loop\)"
+        % os.getuid(), d.logtext())]
+    # A turn ends at 256 messages, or earlier when they took 2 ms of the
+    # loop's time (a slow machine, a sanitizer build).
+    check(turns and all(m == 256 or (m < 256 and us >= 2000) for m, b, us in turns),
+          "1000 pings: turns of 256 messages: %r" % turns)
+    c.close()
+    d.stop()
+
+
+def t_logstall(exe, tmp):
+    """A log nobody reads never stalls the daemon, and one user's failing
+    requests cannot flood it (docs/admin.md, Logs): with stderr a pipe that
+    is not read (a stalled journald), a client's 8000 failing requests (a
+    debug line each, about 1 MB: more than the pipe and the log's queue hold)
+    are all answered, and so is another client's ping; of the failures, 10
+    are logged at notice, then one notice that the rest are counted, and
+    their count at the stop; the lines the queue could not hold are
+    counted in a warning once the reader reads again."""
+    r, w = os.pipe()
+    sock = os.path.join(tmp, "stall.sock")
+    proc = dspk_daemon.start(dspk_daemon.cmdline(os.path.abspath(exe), sock), TIMEOUT, stderr=w)
+    os.close(w)
+    check(proc is not None, "dspkd started")
+    chunks = []
+    reader = threading.Thread(target=lambda: chunks.extend(iter(lambda: os.read(r, 65536), b"")))
+    try:
+        c = Client(sock)
+        n = 8000
+        bad = {"op": "map", "device": "cuda:9", "inputs": [tensor(np.ones(3, np.float32))],
+               "options": {"fn": "abs"}}
+        c.sock.sendall(b"".join(msgpack.packb([0, i + 1, "task.run", [bad]], use_bin_type=True)
+                                for i in range(n)))
+        got = [c.outcome(i + 1) for i in range(n)]
+        check(got == ["ENODEV"] * n, "every failing request answered: %r" % set(got))
+        check(Client(sock).call("ping") == {"data": b""}, "another client's ping answered")
+        # The reader reads again: the queue drains, then the count of the
+        # lines it could not hold.
+        seen = b""
+        while b"log lines dropped" not in seen:
+            check(select.select([r], [], [], TIMEOUT)[0], "the log goes on: %r" % seen[-500:])
+            data = os.read(r, 65536)
+            check(data, "the log ended early: %r" % seen[-500:])
+            seen += data
+        chunks.append(seen)
+        reader.start()
+        c.close()
+    finally:
+        rc = dspk_daemon.stop(proc, TIMEOUT)
+        if not reader.is_alive() and not chunks:
+            reader.start()  # a failure before: read what there is
+        reader.join(TIMEOUT)
+        os.close(r)
+    text = b"".join(chunks).decode(errors="replace")
+    check(rc == 0, "dspkd exited with %r:\n%s" % (rc, text[-3000:]))
+    uid = os.getuid()
+    failed = re.findall(r"notice: task failed: device=cuda:9 op=map ", text)
+    check(len(failed) == 10, "10 failed-task lines at notice, not %d" % len(failed))
+    check(re.search(r"notice: uid %d: more than 10 lines about its clients' requests in a "
+                    r"minute: the rest of the minute's are counted, not logged" % uid, text),
+          "the notice that the rest are counted:\n" + text[-3000:])
+    m = re.search(r"notice: uid %d: (\d+) more lines about its clients' requests were not "
+                  r"logged in the minute after 10 were \(at most 10 a minute per uid\)" % uid, text)
+    check(m and int(m.group(1)) == n - 10, "their count at the stop:\n" + text[-3000:])
+    m = re.search(r"warn: (\d+) log lines dropped: the log's reader did not keep up", text)
+    check(m and int(m.group(1)) > 0, "the dropped lines counted:\n" + text[-3000:])
+    check(re.search(r"info: stopped\n$", text), "the last line, written at exit:\n" + text[-500:])
+
+
 def t_disconnect(exe, tmp):
     d = Daemon(exe, tmp)
     good = d.client()
@@ -800,6 +883,59 @@ def t_progress(exe, tmp):
                         and n[2][0]["what"] for n in notes), "task.progress: %r" % notes[:3])
     close_enough(array(c.wait(mid)["outputs"][0]), A.astype(np.float64) @ A, "vulkan gemm",
                  np.float32)
+    c.close()
+    d.stop()
+
+
+def t_planstep(exe, tmp):
+    """An FFTW plan measured inside a task is a tuning step, and a bounded one
+    (docs/protocol.md, task.cancel and task.progress): a fir of a new shape
+    on cpu:0 (2 rows of 46952 f32, 2974 taps: always the FFT path, blocks of
+    23814 points, a 2^a 3^b 5^c 7^d size) measured its plans for 0.3-2.4 s
+    with no task.progress, no tune phase in its trace and no cancel seen.
+    Now, with a fresh cache: "autotune fir: fftw plan" progress before its
+    answer, the last at 1, and the tune phase in the trace (the plans are
+    measured by a thread of their own while the runner watches the cancel
+    flag); the same shape again tunes nothing.  Then, on a fresh cache, the
+    fir canceled while its plan is measured: ECANCELED."""
+    d = Daemon(exe, tmp, ["--cache", os.path.join(tmp, "planstep.db")])
+    c, tr = d.client(), d.client()
+    tm = tr.send("trace", {"seconds": 1})
+    rng = np.random.default_rng(12)
+    X = rng.standard_normal((2, 46952)).astype(np.float32)
+    H = rng.standard_normal(2974).astype(np.float32)
+    task = {"op": "fir", "device": "cpu:0", "inputs": [tensor(X), tensor(H)]}
+    mid = c.send("task.run", task)
+    while mid not in c.responses:
+        c.pump()
+    c.wait(mid)
+    notes = [n[2][0] for n in c.notifications if n[1] == "task.progress"]
+    check(notes and all(n["msgid"] == mid and n["what"] == "autotune fir: fftw plan" for n in notes)
+          and notes[-1]["fraction"] == 1.0, "the plans' progress: %r" % notes)
+    jobs = [j for j in tr.wait(tm)["jobs"] if j.get("msgid") == mid and j["client"] != 0]
+    check(len(jobs) == 1 and "tune_start_us" in jobs[0], "the trace's tune phase: %r" % jobs)
+    c.notifications.clear()
+    again = c.call("task.run", task)
+    check(not [n for n in c.notifications if n[1] == "task.progress"], "the same shape again")
+    y = array(again["outputs"][0])
+    want = np.stack([np.convolve(X[r].astype(np.float64), H.astype(np.float64))[:X.shape[1]]
+                     for r in range(2)])
+    close_enough(y, want, "fir", np.float32)
+    c.close()
+    tr.close()
+    d.stop()
+    # Canceled while its plan is measured: the runner leaves the measuring
+    # (it goes on, for the wisdom) and the task answers ECANCELED.  The test
+    # hook holds the measuring until the cancel, so that it cannot end first.
+    d = Daemon(exe, tmp, ["--cache", os.path.join(tmp, "planstep2.db")],
+               env=dict(os.environ, DSPK_CPU_FFTW_TASK_HOLD="1"))
+    c = d.client()
+    mid = c.send("task.run", task)
+    while not any(n[1] == "task.progress" for n in c.notifications) and mid not in c.responses:
+        c.pump()
+    check(mid not in c.responses, "the plans are measured: %r" % c.notifications)
+    check(c.call("task.cancel", {"msgid": mid})["canceled"], "canceled while measuring")
+    check(c.outcome(mid) == "ECANCELED", "a task canceled while its plan is measured stops")
     c.close()
     d.stop()
 
@@ -3815,6 +3951,22 @@ def t_jobclaim(exe, tmp):
     got = claims([4242, 4243])
     check(got[0][0] == "EPERM" and "another user" in got[0][1], "an admin: %r" % (got[0],))
     check(got[1][0] == "EPERM" and "has ended" in got[1][1], "an admin: %r" % (got[1],))
+
+    # Job 0 is no Slurm job, in hello as in job.register: EINVAL, never taken
+    # as "no job named" (that bound a uid's connection to its only job).
+    def job0():
+        c = Client(d.sock)
+        e = c.expect_error("EINVAL", "hello", {"version": 1, "job": 0})
+        c.call("hello", {"version": 1})  # the connection stays
+        c.close()
+        return [e.err["message"]]
+    root.call("job.register", {"job": 4400, "uid": none, "devices": []})
+    got = dspk_daemon.run_as(none, 0, job0)
+    check(got[0] == "job: expected the Slurm job id (a positive integer)", "hello job 0: %r"
+          % (got,))
+    e = root.expect_error("EINVAL", "job.register", {"job": 0, "uid": none})
+    check(e.err["message"] == got[0], "job.register's job 0 says the same: %r" % e.err)
+    root.call("job.end", {"job": 4400})
     root.close()
     d.stop()
 
@@ -4120,6 +4272,9 @@ GROUPS = {
     "inflight": t_inflight,
     "garbage": t_garbage,
     "fairness": t_fairness,
+    "turnmsgs": t_turnmsgs,
+    "logstall": t_logstall,
+    "planstep": t_planstep,
     "disconnect": t_disconnect,
     "sigterm": t_sigterm,
     "stopheld": t_stopheld,

@@ -8,6 +8,8 @@
  * folded onto one line, control characters (C1 and U+2028/U+2029 too) a
  * space each, levels above the threshold left out.
  */
+#include <fcntl.h>
+#include <poll.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -16,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -72,10 +75,10 @@ static void test_journal_lines(void **state) {
   assert_int_equal(dup2(fd, STDERR_FILENO), STDERR_FILENO);
 
   dspkd_log_set_level(DSPKD_INFO);
-  dspkd_log_task_failed("cuda:0", "fft", 7, 5120, DSPK_EDEVICE, "cufft failed\nat plan 2\n");
-  dspkd_log_task_failed("any", "gemm", 3, 42, DSPK_ESHAPE, "gemm: A has K=4");
-  dspkd_log_task_failed("cpu:0", "map", 3, 42, DSPK_ECANCELED, NULL);
-  dspkd_log_task_failed("vulkan:0", "fft", 1, 9, DSPK_ENOMEM, "");
+  dspkd_log_task_failed(1000, "cuda:0", "fft", 7, 5120, DSPK_EDEVICE, "cufft failed\nat plan 2\n");
+  dspkd_log_task_failed(1000, "any", "gemm", 3, 42, DSPK_ESHAPE, "gemm: A has K=4");
+  dspkd_log_task_failed(1000, "cpu:0", "map", 3, 42, DSPK_ECANCELED, NULL);
+  dspkd_log_task_failed(1000, "vulkan:0", "fft", 1, 9, DSPK_ENOMEM, "");
   dspkd_info("listening on %s", "/run/dspk/dspkd.sock");
   /* C0, DEL, C1 (NEL, CSI) and U+2028/U+2029 a space each, as in errors */
   dspkd_info("name a\x1b\x7f" "b\xc2\x85" "c\xc2\x9b" "d\xe2\x80\xa8" "e\xe2\x80\xa9" "f\xc2\xa0g");
@@ -83,10 +86,10 @@ static void test_journal_lines(void **state) {
   /* A client's text: ill-formed UTF-8 becomes U+FFFD, as in its answer, and
    * a device or op that is not a plain token is quoted, so that it can
    * neither be forged into fields nor hide the line from journalctl. */
-  dspkd_log_task_failed("cpu:\xff\xfe", "gemm", 1, 2, DSPK_ENODEV, "no device \"cpu:\xff\xfe\"");
-  dspkd_log_task_failed("x op=kernel client=99 pid=1: EDEVICE: fake", "gemm", 1, 16000,
+  dspkd_log_task_failed(1000, "cpu:\xff\xfe", "gemm", 1, 2, DSPK_ENODEV, "no device \"cpu:\xff\xfe\"");
+  dspkd_log_task_failed(1000, "x op=kernel client=99 pid=1: EDEVICE: fake", "gemm", 1, 16000,
                         DSPK_ENODEV, "m");
-  dspkd_log_task_failed("cpu x\"\\", "a\xe2\x80\xa8" "b", 1, 2, DSPK_ENODEV, "m");
+  dspkd_log_task_failed(1000, "cpu x\"\\", "a\xe2\x80\xa8" "b", 1, 2, DSPK_ENODEV, "m");
   dspkd_info("cut \xc3");
 
   assert_int_equal(dup2(saved, STDERR_FILENO), STDERR_FILENO);
@@ -129,12 +132,106 @@ static void test_log_value(void **state) {
   assert_string_equal(dspkd_log_value(b, 4, "abcdef", 6), "abc");
 }
 
+/* A log whose reader stalls never blocks the logger (first of the tests:
+ * the child must be the first to write a line, so that it finds stderr a
+ * pipe).  A child logs 5000 lines of about 150 bytes into a pipe nobody
+ * reads (64 KiB of pipe, 256 KiB of queue): it must get through them and
+ * say so within 10 s; then the parent reads, and finds the first lines
+ * in order and, once the queue drained, the count of those dropped. */
+static void test_stalled_reader(void **state) {
+  int logp[2], sync[2], st;
+  char c, buf[1 << 16];
+  struct pollfd pf;
+  size_t have = 0, lines = 0;
+  (void)state;
+  assert_int_equal(pipe(logp), 0);
+  assert_int_equal(pipe(sync), 0);
+  pid_t kid = fork();
+  assert_true(kid >= 0);
+  if (kid == 0) {
+    close(logp[0]);
+    close(sync[0]);
+    unsetenv("JOURNAL_STREAM");
+    if (dup2(logp[1], STDERR_FILENO) != STDERR_FILENO)
+      _exit(100);
+    dspkd_log_set_level(DSPKD_INFO);
+    for (int i = 0; i < 5000; i++)
+      dspkd_info("line %04d %0120d", i, 0);
+    if (write(sync[1], "x", 1) != 1)
+      _exit(101);
+    exit(0); /* the queue drains at exit (up to 2 s) */
+  }
+  close(logp[1]);
+  close(sync[1]);
+  pf = (struct pollfd){.fd = sync[0], .events = POLLIN};
+  assert_int_equal(poll(&pf, 1, 10000), 1); /* it never waited for a reader */
+  assert_int_equal(read(sync[0], &c, 1), 1);
+  close(sync[0]);
+  /* Read it all (the writer thread now writes the queue, then the warning). */
+  char *all = malloc(1 << 20);
+  assert_non_null(all);
+  for (;;) {
+    ssize_t n = read(logp[0], buf, sizeof buf);
+    if (n <= 0)
+      break;
+    assert_true(have + (size_t)n < (1 << 20));
+    memcpy(all + have, buf, (size_t)n);
+    have += (size_t)n;
+  }
+  all[have] = '\0';
+  close(logp[0]);
+  assert_int_equal(waitpid(kid, &st, 0), kid);
+  assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  for (char *p = all; (p = strstr(p, ": info: line ")); p++)
+    lines++;
+  assert_true(strstr(all, ": info: line 0000 ") != NULL);
+  assert_true(lines > 400 && lines < 5000); /* the pipe and the queue, not more */
+  const char *w = strstr(all, ": warn: ");
+  assert_non_null(w);
+  unsigned long long dropped = strtoull(w + 8, NULL, 10);
+  assert_int_equal(dropped, 5000 - lines);
+  assert_non_null(strstr(w, " log lines dropped: the log's reader did not keep up"));
+  free(all);
+}
+
+/* Client-caused lines: 10 a minute per uid, then a notice that the rest
+ * are counted, and their count once the minute is over. */
+static void test_client_rate(void **state) {
+  char path[] = "/tmp/dspk-log-XXXXXX", buf[4096];
+  int fd, saved, ok = 0;
+  size_t n;
+  (void)state;
+  fd = mkstemp(path);
+  assert_true(fd >= 0);
+  saved = dup(STDERR_FILENO);
+  assert_int_equal(dup2(fd, STDERR_FILENO), STDERR_FILENO);
+  dspkd_log_set_level(DSPKD_INFO);
+  for (int i = 0; i < 15; i++)
+    ok += dspkd_log_client_ok_at(4711, DSPKD_NOTICE, 1000 + (uint64_t)i);
+  assert_int_equal(ok, 10);
+  assert_true(dspkd_log_client_ok_at(4712, DSPKD_NOTICE, 1100)); /* another uid */
+  assert_false(dspkd_log_client_ok_at(4711, DSPKD_DEBUG, 1100)); /* not written: not counted */
+  assert_true(dspkd_log_client_ok_at(4711, DSPKD_NOTICE, 61000)); /* a new minute */
+  assert_int_equal(dup2(saved, STDERR_FILENO), STDERR_FILENO);
+  close(saved);
+  n = (size_t)pread(fd, buf, sizeof buf - 1, 0);
+  buf[n] = '\0';
+  close(fd);
+  unlink(path);
+  assert_string_equal(buf, "<5>uid 4711: more than 10 lines about its clients' requests in a "
+                           "minute: the rest of the minute's are counted, not logged\n"
+                           "<5>uid 4711: 5 more lines about its clients' requests were not "
+                           "logged in the minute after 10 were (at most 10 a minute per uid)\n");
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_stalled_reader),
       cmocka_unit_test(test_task_levels),
       cmocka_unit_test(test_levels_parse),
       cmocka_unit_test(test_journal_lines),
       cmocka_unit_test(test_log_value),
+      cmocka_unit_test(test_client_rate),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1141,8 +1141,10 @@ def t_policy(exe, tmp):
     got = as_user(d.sock, nobody, "ping")
     check(got == ["notify:protocol.error:EPERM"], "not allowed to connect: %r" % got)
     # The log names the user turned away, as every client line does.
-    check(re.search(r"notice: client \d+ \(pid \d+ uid %d gid \d+\): EPERM: this user may not "
-                    r"connect" % nobody, d.logtext()), "the refused uid is logged:\n" + d.logtext())
+    check(re.search(r"notice: client \d+ \(pid \d+ uid %d gid \d+\): EPERM: permission denied: "
+                    r"uid %d may not connect \(root, the daemon's own user \(uid 0\), allow_users "
+                    r"and allow_groups in the \[policy\] of dspkd.conf\)" % (nobody, nobody),
+                    d.logtext()), "the refused uid is logged:\n" + d.logtext())
     root = d.client()
     check(root.call("ping", {"data": b"r"})["data"] == b"r", "the daemon's own user connects")
     # admin_users adds admins; root (here also the daemon's own user) stays

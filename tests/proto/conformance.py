@@ -2774,7 +2774,8 @@ def progress(env):
           "every progress before the response: %r" % c.events)
 
 
-@case("daemon.reload, daemon.stop, job.*: EPERM for a non-admin, before the arguments",
+@case("daemon.reload, daemon.stop, job.*, cache.clear: EPERM for a non-admin, before the "
+      "arguments, naming every way to be an admin",
       daemon="admin")
 def not_admin(env):
     # root and the daemon's own user are admins whatever admin_users says; a
@@ -2789,9 +2790,16 @@ def not_admin(env):
         c = env.conn()
     finally:
         os.seteuid(0)
+    # Every admin refusal names every way to be an admin, root and the
+    # daemon's own user included (job.register and job.end named only the
+    # lists, as if those were the only admins).
     for method, args in (("daemon.reload", None), ("daemon.stop", {"x": 1}),
-                         ("job.register", {"job": 0}), ("job.end", {})):
-        expect(c.call(method, args), "EPERM", method)
+                         ("job.register", {"job": 0}), ("job.end", {}), ("cache.clear", None)):
+        e = expect(c.call(method, args), "EPERM", method)
+        want = ("%s: permission denied: uid 65534 is not an admin (root, the daemon's own "
+                "user (uid %d), admin_users and admin_groups in the [policy] of dspkd.conf)"
+                % (method, os.geteuid()))
+        check(e["message"] == want, "%s: %r, want %r" % (method, e["message"], want))
     still_open(c)
 
 
