@@ -11,11 +11,14 @@
  * interface, which from SPIR-V 1.4 on lists the global variables of the
  * entry point, glslang's every declared one), OpVariable and OpTypePointer
  * (storage classes), the DescriptorSet, Binding, Block/BufferBlock, Offset
- * and ArrayStride decorations, the types of the push-constant block, and the
+ * and ArrayStride decorations, given by OpDecorate/OpMemberDecorate or
+ * through a decoration group (OpDecorationGroup, OpGroupDecorate,
+ * OpGroupMemberDecorate), the types of the push-constant block, and the
  * operands of the functions' instructions: a variable is used when one of
  * them names it (as the Vulkan specification's "statically used"), and from
- * 1.4 on is in the entry's interface.  Anything malformed is left to the
- * driver (vkCreateShaderModule), as before.
+ * 1.4 on is in the entry's interface.  The module has passed SPIRV-Tools'
+ * validator first (vk_spvval.c), so it is well-formed; the bounds checks
+ * here stay all the same.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -24,6 +27,7 @@
 
 #include "backends/vulkan/vk.h"
 #include "dspk/errors.h"
+#include "proto/utf8.h"
 
 enum {
   OP_EXTINST = 12,
@@ -42,6 +46,8 @@ enum {
   OP_VARIABLE = 59,
   OP_DECORATE = 71,
   OP_MEMBERDECORATE = 72,
+  OP_GROUPDECORATE = 74,
+  OP_GROUPMEMBERDECORATE = 75,
   OP_LINE = 8,
   OP_LOAD = 61,
   OP_STORE = 62,
@@ -59,6 +65,7 @@ enum {
   DEC_BINDING = 33,
   DEC_DESCRIPTORSET = 34,
   DEC_OFFSET = 35,
+  EM_GLCOMPUTE = 5,
   SC_UNIFORMCONSTANT = 0,
   SC_UNIFORM = 2,
   SC_PUSHCONSTANT = 9,
@@ -72,6 +79,7 @@ struct id {
   uint32_t def;     /* word index of the instruction that defines it; 0: none */
   int32_t set, bnd; /* DescriptorSet, Binding: -1 when absent */
   uint32_t stride;  /* ArrayStride */
+  int64_t offset;   /* Offset of a decoration group (OpGroupMemberDecorate); -1 none */
   uint8_t block;    /* 1 Block, 2 BufferBlock */
   uint8_t ref;      /* named by an instruction of a function */
   uint8_t used;     /* by the entry point */
@@ -127,6 +135,12 @@ static uint64_t size_of(const struct mod *m, uint32_t id, int depth) {
         if (op_of(m->w[i]) == OP_MEMBERDECORATE && l >= 5 && m->w[i + 1] == id &&
             m->w[i + 2] == k && m->w[i + 3] == DEC_OFFSET)
           off = m->w[i + 4];
+        /* A group's Offset given to (struct, member) pairs. */
+        if (op_of(m->w[i]) == OP_GROUPMEMBERDECORATE && l >= 2 && m->w[i + 1] < m->bound &&
+            m->ids[m->w[i + 1]].offset >= 0)
+          for (uint32_t j = 2; j + 1 < l; j += 2)
+            if (m->w[i + j] == id && m->w[i + j + 1] == k)
+              off = (uint64_t)m->ids[m->w[i + 1]].offset;
         if (op_of(m->w[i]) == OP_FUNCTION)
           break;
         i += l;
@@ -167,12 +181,14 @@ int dspk__vk_spv_check(const uint32_t *w, size_t nw, const char *entry, int nbin
   struct mod m = {.w = w, .nw = nw};
   int r = 0;
   if (nw < 5 || w[0] != 0x07230203 || w[3] == 0 || w[3] > ID_BOUND_MAX)
-    return 0; /* the driver's to refuse */
+    return 0; /* not after validation (vk_spvval.c) */
   m.bound = w[3];
   if (!(m.ids = calloc(m.bound, sizeof *m.ids)))
     return DSPK_ENOMEM;
-  for (uint32_t i = 0; i < m.bound; i++)
+  for (uint32_t i = 0; i < m.bound; i++) {
     m.ids[i].set = m.ids[i].bnd = -1;
+    m.ids[i].offset = -1;
+  }
 
   /* Definitions and decorations; the entry point's interface. */
   int interface = w[1] >= 0x00010400u; /* SPIR-V 1.4: lists every global used */
@@ -181,11 +197,11 @@ int dspk__vk_spv_check(const uint32_t *w, size_t nw, const char *entry, int nbin
   for (size_t i = 5; i < nw;) {
     uint32_t op = op_of(w[i]), l = len_of(w[i]);
     if (l == 0 || i + l > nw)
-      goto out; /* malformed: the driver's to refuse */
+      goto out; /* malformed: not after validation */
     const uint32_t *o = w + i;
     switch (op) {
     case OP_ENTRYPOINT:
-      if (l >= 4 && !ep) {
+      if (l >= 4 && !ep && o[1] == EM_GLCOMPUTE) {
         size_t sl = strnlen((const char *)(o + 3), (l - 3) * 4);
         if (sl < (l - 3) * 4 && strcmp((const char *)(o + 3), entry) == 0)
           ep = o;
@@ -215,6 +231,28 @@ int dspk__vk_spv_check(const uint32_t *w, size_t nw, const char *entry, int nbin
           d->set = (int32_t)(o[3] & 0x7fffffff);
         else if (l >= 4 && o[2] == DEC_ARRAYSTRIDE)
           d->stride = o[3];
+        else if (l >= 4 && o[2] == DEC_OFFSET)
+          d->offset = o[3]; /* read for a decoration group only */
+      }
+      break;
+    case OP_GROUPDECORATE:
+      /* The group's decorations (given to the group's id before this
+       * instruction, as SPIR-V's layout requires) to each target. */
+      if (l >= 2 && o[1] < m.bound) {
+        const struct id *g = &m.ids[o[1]];
+        for (uint32_t k = 2; k < l; k++) {
+          if (o[k] >= m.bound)
+            continue;
+          struct id *d = &m.ids[o[k]];
+          if (g->block)
+            d->block = g->block;
+          if (g->bnd >= 0)
+            d->bnd = g->bnd;
+          if (g->set >= 0)
+            d->set = g->set;
+          if (g->stride)
+            d->stride = g->stride;
+        }
       }
       break;
     case OP_FUNCTION:
@@ -225,8 +263,15 @@ int dspk__vk_spv_check(const uint32_t *w, size_t nw, const char *entry, int nbin
     }
     i += l;
   }
-  if (!ep)
-    goto out; /* no such entry point: the pipeline's creation says so */
+  if (!ep) {
+    /* Vulkan leaves a pipeline of an entry point the module lacks undefined
+     * (VkPipelineShaderStageCreateInfo::pName). */
+    char echo[2 * 64 + 2]; /* entry: a client's string (options.entry) */
+    snprintf(msg, msglen, "spirv: the module has no GLCompute entry point \"%s\"",
+             dspk__utf8_echo(echo, sizeof echo, entry, strlen(entry), 64));
+    r = DSPK_ECOMPILE;
+    goto out;
+  }
 
   /* Which variables the entry point uses: those an instruction of a function
    * names (the operands that are literals skipped, so that a number is not
