@@ -411,8 +411,9 @@ int dspk__vk_kernel(struct dspk__dev *d, const char *name, const char *src,
     goto fail;
   }
   /* A client's kernel: its SPIR-V must be valid (vk_spvval.c; Vulkan
-   * leaves an invalid module undefined, and lavapipe faults on some), and the
-   * resources it uses must be those the layout has (vk_spvcheck.c); the
+   * leaves an invalid module undefined, and lavapipe faults on some), the
+   * resources it uses must be those the layout has, and its work-group size
+   * and shared memory within the device's limits (vk_spvcheck.c); the
    * generated kernels are ours. */
   if (strcmp(name, "raw") == 0) {
     char msg[1024] = "";
@@ -428,7 +429,8 @@ int dspk__vk_kernel(struct dspk__dev *d, const char *name, const char *src,
     }
     r = dspk__vk_spv_validate(d->props.apiVersion, w, nbytes / 4, msg, sizeof msg);
     if (!r)
-      r = dspk__vk_spv_check(w, nbytes / 4, entry, nbind, pcsize, msg, sizeof msg);
+      r = dspk__vk_spv_check(w, nbytes / 4, entry, nbind, pcsize, &d->props.limits, msg,
+                             sizeof msg);
     free(copy);
     if (r) {
       if (msg[0])

@@ -1261,7 +1261,8 @@ static int raw_spirv_try(const void *w, size_t nbytes, const char *entry, char *
  * nothing defines (92 bytes: lavapipe died of it in
  * vkCreateComputePipelines), one whose id bound is 2^32-1, and one with no
  * entry point of the name are ECOMPILE quoting the validator, the message
- * on one line; decorations given through decoration groups are read. */
+ * on one line; decorations given through decoration groups are read; a
+ * work-group size or shared memory beyond the device's limits is ELIMIT. */
 static void t_raw_spirv_valid(void **state) {
   (void)state;
   char msg[1024];
@@ -1308,6 +1309,68 @@ static void t_raw_spirv_valid(void **state) {
                                         "args fill 8");
   free(w);
   free(text);
+
+  /* A work-group size beyond the device's limits (its WorkgroupSize
+   * constant, which wins over LocalSize): ELIMIT, no pipeline (lavapipe ran
+   * 65536 invocations silently). */
+  const VkPhysicalDeviceLimits *lim = &D->props.limits;
+  char over[32], *big = malloc(sizeof raw_groups_asm + 64);
+  assert_non_null(big);
+  snprintf(over, sizeof over, "%u", lim->maxComputeWorkGroupInvocations + 1);
+  at = strstr(raw_groups_asm, "%53 = OpConstant %6 64");
+  assert_non_null(at);
+  size_t pre = (size_t)(at - raw_groups_asm) + strlen("%53 = OpConstant %6 ");
+  snprintf(big, sizeof raw_groups_asm + 64, "%.*s%s%s", (int)pre, raw_groups_asm, over,
+           at + strlen("%53 = OpConstant %6 64"));
+  spv_assemble(big, &w, &nw);
+  char want[200];
+  snprintf(want, sizeof want, "work-group size %sx1x1 exceeds the device's", over);
+  r = raw_spirv_try(w, nw * 4, "main", msg, sizeof msg);
+  if (r != DSPK_ELIMIT || !strstr(msg, want))
+    fail_msg("work-group size %s: %d \"%s\", expected ELIMIT \"%s\"", over, r, msg, want);
+  free(w);
+  free(big);
+
+  /* Shared memory: maxComputeSharedMemorySize bytes run, 4 more are ELIMIT. */
+  for (int more = 0; more <= 1; more++) {
+    char src[512];
+    snprintf(src, sizeof src,
+             "#version 450\nlayout(local_size_x = 1) in;\n"
+             "layout(std430, binding = 0) buffer X { float x[]; };\n"
+             "shared float s[%u];\n"
+             "void main() { s[%u] = 2.0; barrier(); x[0] = s[%u]; }\n",
+             lim->maxComputeSharedMemorySize / 4 + (unsigned)more,
+             lim->maxComputeSharedMemorySize / 4 - 1, lim->maxComputeSharedMemorySize / 4 - 1);
+    int64_t n = 4;
+    struct htensor X = h_make(DSPK_F32, 1, &n, 1);
+    struct dspk__op op = {.kind = DSPK_OP_KERNEL, .nin = 1};
+    assert_int_equal(h_upload(D, &X, 0, &op.in[0]), 0);
+    op.u.kernel.lang = "glsl";
+    op.u.kernel.source = src;
+    op.u.kernel.source_len = strlen(src);
+    op.u.kernel.grid[0] = 1;
+    op.u.kernel.nargs = 1;
+    op.u.kernel.args[0] = (struct dspk__karg){.kind = DSPK__KARG_TENSOR, .v.tensor = 0};
+    assert_int_equal(dspk__op_infer(&op, msg, sizeof msg), 0);
+    struct dspk__opctx ctx = {.errmsg = msg, .errmsg_len = sizeof msg};
+    msg[0] = 0;
+    r = VKB->run(D, &op, &ctx);
+    if (!more) {
+      if (r)
+        fail_msg("shared memory at the limit: %d %s", r, msg);
+      float x0;
+      assert_int_equal(VKB->read(D, op.in[0].mem, 0, &x0, 4), 0);
+      assert_float_equal(x0, 2.0f, 0);
+    } else {
+      snprintf(want, sizeof want, "shared (Workgroup) variables take %u bytes, more than the "
+               "device's maxComputeSharedMemorySize %u", lim->maxComputeSharedMemorySize + 4,
+               lim->maxComputeSharedMemorySize);
+      if (r != DSPK_ELIMIT || !strstr(msg, want))
+        fail_msg("shared memory over the limit: %d \"%s\", expected ELIMIT", r, msg);
+    }
+    VKB->free(D, op.in[0].mem);
+    h_free(&X);
+  }
 }
 
 static void t_raw_error(void **state) {
