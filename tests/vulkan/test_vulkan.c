@@ -1259,9 +1259,9 @@ static int raw_spirv_try(const void *w, size_t nbytes, const char *entry, char *
 /* A raw SPIR-V kernel is valid SPIR-V before a driver sees it (Vulkan
  * leaves an invalid module undefined): a module that decorates an id
  * nothing defines (92 bytes: lavapipe died of it in
- * vkCreateComputePipelines), one whose id bound is 2^32-1, and one with no
- * entry point of the name are ECOMPILE quoting the validator, the message
- * on one line; decorations given through decoration groups are read; a
+ * vkCreateComputePipelines) and one whose id bound is 2^32-1 are ECOMPILE
+ * quoting the validator, the message on one line; one with no entry point
+ * of the name is ECOMPILE saying so; decorations given through decoration groups are read; a
  * work-group size or shared memory beyond the device's limits is ELIMIT. */
 static void t_raw_spirv_valid(void **state) {
   (void)state;
