@@ -338,15 +338,25 @@ int dspk__vk_kernel(struct dspk__dev *d, const char *name, const char *src,
                     int nbind, uint32_t pcsize, struct dspk__vk_kernel **out,
                     struct dspk__opctx *ctx);
 void dspk__vk_kernels_fini(struct dspk__dev *d);
-/* Checks the resources SPIR-V module w (nw words) uses at entry point entry
- * against a layout of nbind storage buffers (bindings 0 .. nbind-1 of set 0)
- * and pcsize push-constant bytes (vk_spvcheck.c): 0 when they fit or the
- * module cannot be read (the driver's to refuse), DSPK_EINVAL with msg
- * naming the resource when the shader uses one the layout lacks,
+/* Checks the resources valid SPIR-V module w (nw words) uses at entry point
+ * entry against a layout of nbind storage buffers (bindings 0 .. nbind-1 of
+ * set 0) and pcsize push-constant bytes, and its work-group size and shared
+ * (Workgroup) bytes against the device's limits lim (none when NULL)
+ * (vk_spvcheck.c): 0 when they fit, DSPK_EINVAL with msg naming the
+ * resource when the shader uses one the layout lacks, DSPK_ELIMIT beyond a
+ * limit, DSPK_ECOMPILE when the module has no GLCompute entry point entry,
  * DSPK_ENOMEM.  dspk__vk_kernel applies it to a client's kernel (name
- * "raw") before making its pipeline. */
+ * "raw"), after dspk__vk_spv_validate, before making its pipeline. */
 int dspk__vk_spv_check(const uint32_t *w, size_t nw, const char *entry, int nbind,
-                       uint32_t pcsize, char *msg, size_t msglen);
+                       uint32_t pcsize, const VkPhysicalDeviceLimits *lim, char *msg,
+                       size_t msglen);
+/* Validates SPIR-V module w (nw words) with SPIRV-Tools' validator for a
+ * device of Vulkan apiVersion api (vk_spvval.c): 0 when valid,
+ * DSPK_ECOMPILE with msg quoting the validator (sanitized) when not,
+ * DSPK_ENOMEM.  dspk__vk_kernel applies it to every client's kernel (name
+ * "raw") before anything else reads the module. */
+int dspk__vk_spv_validate(uint32_t api, const uint32_t *w, size_t nw, char *msg,
+                          size_t msglen);
 /* Loads / saves the VkPipelineCache data through the persistent cache. */
 int dspk__vk_pcache_init(struct dspk__dev *d);
 void dspk__vk_pcache_fini(struct dspk__dev *d);

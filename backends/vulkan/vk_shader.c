@@ -410,10 +410,13 @@ int dspk__vk_kernel(struct dspk__dev *d, const char *name, const char *src,
                       nbytes);
     goto fail;
   }
-  /* A client's kernel: the resources its SPIR-V uses must be those the
-   * layout has (vk_spvcheck.c); the generated kernels are ours. */
+  /* A client's kernel: its SPIR-V must be valid (vk_spvval.c; Vulkan
+   * leaves an invalid module undefined, and lavapipe faults on some), the
+   * resources it uses must be those the layout has, and its work-group size
+   * and shared memory within the device's limits (vk_spvcheck.c); the
+   * generated kernels are ours. */
   if (strcmp(name, "raw") == 0) {
-    char msg[256] = "";
+    char msg[1024] = "";
     const uint32_t *w = spirv;
     uint32_t *copy = NULL;
     if ((uintptr_t)spirv % sizeof(uint32_t)) {
@@ -424,7 +427,10 @@ int dspk__vk_kernel(struct dspk__dev *d, const char *name, const char *src,
       memcpy(copy, spirv, nbytes);
       w = copy;
     }
-    r = dspk__vk_spv_check(w, nbytes / 4, entry, nbind, pcsize, msg, sizeof msg);
+    r = dspk__vk_spv_validate(d->props.apiVersion, w, nbytes / 4, msg, sizeof msg);
+    if (!r)
+      r = dspk__vk_spv_check(w, nbytes / 4, entry, nbind, pcsize, &d->props.limits, msg,
+                             sizeof msg);
     free(copy);
     if (r) {
       if (msg[0])

@@ -11,11 +11,18 @@
  * interface, which from SPIR-V 1.4 on lists the global variables of the
  * entry point, glslang's every declared one), OpVariable and OpTypePointer
  * (storage classes), the DescriptorSet, Binding, Block/BufferBlock, Offset
- * and ArrayStride decorations, the types of the push-constant block, and the
+ * and ArrayStride decorations, given by OpDecorate/OpMemberDecorate or
+ * through a decoration group (OpDecorationGroup, OpGroupDecorate,
+ * OpGroupMemberDecorate), the types of the push-constant block, and the
  * operands of the functions' instructions: a variable is used when one of
  * them names it (as the Vulkan specification's "statically used"), and from
- * 1.4 on is in the entry's interface.  Anything malformed is left to the
- * driver (vkCreateShaderModule), as before.
+ * 1.4 on is in the entry's interface.  The entry point's work-group size
+ * (WorkgroupSize, LocalSize, LocalSizeId) and the bytes of the Workgroup
+ * variables it uses (each variable's size, no padding between them) are
+ * checked against the device's limits too: ELIMIT beyond them, which Vulkan
+ * also leaves undefined.  The module has passed SPIRV-Tools'
+ * validator first (vk_spvval.c), so it is well-formed; the bounds checks
+ * here stay all the same.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -24,6 +31,7 @@
 
 #include "backends/vulkan/vk.h"
 #include "dspk/errors.h"
+#include "proto/utf8.h"
 
 enum {
   OP_EXTINST = 12,
@@ -37,11 +45,23 @@ enum {
   OP_TYPERUNTIMEARRAY = 29,
   OP_TYPESTRUCT = 30,
   OP_TYPEPOINTER = 32,
+  OP_EXECUTIONMODE = 16,
   OP_CONSTANT = 43,
+  OP_CONSTANTCOMPOSITE = 44,
+  OP_SPECCONSTANT = 50,
+  OP_SPECCONSTANTCOMPOSITE = 51,
+  OP_EXECUTIONMODEID = 331,
+  EXM_LOCALSIZE = 17,
+  EXM_LOCALSIZEID = 38,
+  DEC_BUILTIN = 11,
+  BI_WORKGROUPSIZE = 25,
+  SC_WORKGROUP = 4,
   OP_FUNCTION = 54,
   OP_VARIABLE = 59,
   OP_DECORATE = 71,
   OP_MEMBERDECORATE = 72,
+  OP_GROUPDECORATE = 74,
+  OP_GROUPMEMBERDECORATE = 75,
   OP_LINE = 8,
   OP_LOAD = 61,
   OP_STORE = 62,
@@ -59,6 +79,7 @@ enum {
   DEC_BINDING = 33,
   DEC_DESCRIPTORSET = 34,
   DEC_OFFSET = 35,
+  EM_GLCOMPUTE = 5,
   SC_UNIFORMCONSTANT = 0,
   SC_UNIFORM = 2,
   SC_PUSHCONSTANT = 9,
@@ -72,9 +93,12 @@ struct id {
   uint32_t def;     /* word index of the instruction that defines it; 0: none */
   int32_t set, bnd; /* DescriptorSet, Binding: -1 when absent */
   uint32_t stride;  /* ArrayStride */
+  int64_t offset;   /* Offset of a decoration group (OpGroupMemberDecorate); -1 none */
   uint8_t block;    /* 1 Block, 2 BufferBlock */
   uint8_t ref;      /* named by an instruction of a function */
   uint8_t used;     /* by the entry point */
+  uint8_t wgsize;   /* decorated BuiltIn WorkgroupSize */
+  uint32_t mode;    /* of a function: word index of its LocalSize(Id) mode; 0 none */
 };
 
 struct mod {
@@ -127,6 +151,12 @@ static uint64_t size_of(const struct mod *m, uint32_t id, int depth) {
         if (op_of(m->w[i]) == OP_MEMBERDECORATE && l >= 5 && m->w[i + 1] == id &&
             m->w[i + 2] == k && m->w[i + 3] == DEC_OFFSET)
           off = m->w[i + 4];
+        /* A group's Offset given to (struct, member) pairs. */
+        if (op_of(m->w[i]) == OP_GROUPMEMBERDECORATE && l >= 2 && m->w[i + 1] < m->bound &&
+            m->ids[m->w[i + 1]].offset >= 0)
+          for (uint32_t j = 2; j + 1 < l; j += 2)
+            if (m->w[i + j] == id && m->w[i + j + 1] == k)
+              off = (uint64_t)m->ids[m->w[i + 1]].offset;
         if (op_of(m->w[i]) == OP_FUNCTION)
           break;
         i += l;
@@ -162,17 +192,65 @@ static int literal(uint32_t op, uint32_t k) {
   }
 }
 
+/* The value of constant id (OpConstant, or OpSpecConstant's default: the
+ * daemon passes no specialization), or -1. */
+static int64_t const_of(const struct mod *m, uint32_t id) {
+  const uint32_t *c = def_of(m, id);
+  if (!c || (op_of(c[0]) != OP_CONSTANT && op_of(c[0]) != OP_SPECCONSTANT) || len_of(c[0]) < 4)
+    return -1;
+  return c[3];
+}
+
+/* The entry point's work-group size (an object decorated WorkgroupSize, else
+ * its LocalSize or LocalSizeId mode) against the device's limits: 0 when it
+ * fits or is not told, DSPK_ELIMIT with msg (Vulkan leaves a pipeline
+ * beyond them undefined; lavapipe ran 65536 invocations silently). */
+static int local_size(const struct mod *m, const uint32_t *ep, const VkPhysicalDeviceLimits *lim,
+                      char *msg, size_t msglen) {
+  int64_t sz[3] = {-1, -1, -1};
+  for (uint32_t id = 1; id < m->bound; id++) {
+    const uint32_t *c = m->ids[id].wgsize ? def_of(m, id) : NULL;
+    if (c && (op_of(c[0]) == OP_CONSTANTCOMPOSITE || op_of(c[0]) == OP_SPECCONSTANTCOMPOSITE) &&
+        len_of(c[0]) >= 6) {
+      for (int k = 0; k < 3; k++)
+        sz[k] = const_of(m, c[3 + k]);
+      break;
+    }
+  }
+  uint32_t fn = ep[2];
+  if (sz[0] < 0 && fn < m->bound && m->ids[fn].mode) {
+    const uint32_t *o = m->w + m->ids[fn].mode;
+    for (int k = 0; k < 3; k++)
+      sz[k] = op_of(o[0]) == OP_EXECUTIONMODE ? (int64_t)o[3 + k] : const_of(m, o[3 + k]);
+  }
+  if (sz[0] < 0 || sz[1] < 0 || sz[2] < 0)
+    return 0; /* spirv-val requires one for Vulkan */
+  const uint32_t *mx = lim->maxComputeWorkGroupSize;
+  uint64_t n = (uint64_t)sz[0] * (uint64_t)sz[1] * (uint64_t)sz[2];
+  if (sz[0] > mx[0] || sz[1] > mx[1] || sz[2] > mx[2] || n > lim->maxComputeWorkGroupInvocations)
+    return dspk__fail(msg, msglen, DSPK_ELIMIT,
+                      "kernel: the shader's work-group size %lldx%lldx%lld exceeds the "
+                      "device's maxComputeWorkGroupSize %ux%ux%u or "
+                      "maxComputeWorkGroupInvocations %u",
+                      (long long)sz[0], (long long)sz[1], (long long)sz[2], mx[0], mx[1],
+                      mx[2], lim->maxComputeWorkGroupInvocations);
+  return 0;
+}
+
 int dspk__vk_spv_check(const uint32_t *w, size_t nw, const char *entry, int nbind,
-                       uint32_t pcsize, char *msg, size_t msglen) {
+                       uint32_t pcsize, const VkPhysicalDeviceLimits *lim, char *msg,
+                       size_t msglen) {
   struct mod m = {.w = w, .nw = nw};
   int r = 0;
   if (nw < 5 || w[0] != 0x07230203 || w[3] == 0 || w[3] > ID_BOUND_MAX)
-    return 0; /* the driver's to refuse */
+    return 0; /* not after validation (vk_spvval.c) */
   m.bound = w[3];
   if (!(m.ids = calloc(m.bound, sizeof *m.ids)))
     return DSPK_ENOMEM;
-  for (uint32_t i = 0; i < m.bound; i++)
+  for (uint32_t i = 0; i < m.bound; i++) {
     m.ids[i].set = m.ids[i].bnd = -1;
+    m.ids[i].offset = -1;
+  }
 
   /* Definitions and decorations; the entry point's interface. */
   int interface = w[1] >= 0x00010400u; /* SPIR-V 1.4: lists every global used */
@@ -181,11 +259,11 @@ int dspk__vk_spv_check(const uint32_t *w, size_t nw, const char *entry, int nbin
   for (size_t i = 5; i < nw;) {
     uint32_t op = op_of(w[i]), l = len_of(w[i]);
     if (l == 0 || i + l > nw)
-      goto out; /* malformed: the driver's to refuse */
+      goto out; /* malformed: not after validation */
     const uint32_t *o = w + i;
     switch (op) {
     case OP_ENTRYPOINT:
-      if (l >= 4 && !ep) {
+      if (l >= 4 && !ep && o[1] == EM_GLCOMPUTE) {
         size_t sl = strnlen((const char *)(o + 3), (l - 3) * 4);
         if (sl < (l - 3) * 4 && strcmp((const char *)(o + 3), entry) == 0)
           ep = o;
@@ -197,7 +275,16 @@ int dspk__vk_spv_check(const uint32_t *w, size_t nw, const char *entry, int nbin
       if (l >= 2 && o[1] < m.bound)
         m.ids[o[1]].def = (uint32_t)i;
       break;
+    case OP_EXECUTIONMODE:
+    case OP_EXECUTIONMODEID:
+      if (l >= 6 && o[1] < m.bound &&
+          o[2] == (op == OP_EXECUTIONMODE ? EXM_LOCALSIZE : EXM_LOCALSIZEID))
+        m.ids[o[1]].mode = (uint32_t)i;
+      break;
     case OP_CONSTANT:
+    case OP_SPECCONSTANT:
+    case OP_CONSTANTCOMPOSITE:
+    case OP_SPECCONSTANTCOMPOSITE:
     case OP_VARIABLE:
       if (l >= 4 && o[2] < m.bound)
         m.ids[o[2]].def = (uint32_t)i;
@@ -215,6 +302,30 @@ int dspk__vk_spv_check(const uint32_t *w, size_t nw, const char *entry, int nbin
           d->set = (int32_t)(o[3] & 0x7fffffff);
         else if (l >= 4 && o[2] == DEC_ARRAYSTRIDE)
           d->stride = o[3];
+        else if (l >= 4 && o[2] == DEC_OFFSET)
+          d->offset = o[3]; /* read for a decoration group only */
+        else if (l >= 4 && o[2] == DEC_BUILTIN && o[3] == BI_WORKGROUPSIZE)
+          d->wgsize = 1;
+      }
+      break;
+    case OP_GROUPDECORATE:
+      /* The group's decorations (given to the group's id before this
+       * instruction, as SPIR-V's layout requires) to each target. */
+      if (l >= 2 && o[1] < m.bound) {
+        const struct id *g = &m.ids[o[1]];
+        for (uint32_t k = 2; k < l; k++) {
+          if (o[k] >= m.bound)
+            continue;
+          struct id *d = &m.ids[o[k]];
+          if (g->block)
+            d->block = g->block;
+          if (g->bnd >= 0)
+            d->bnd = g->bnd;
+          if (g->set >= 0)
+            d->set = g->set;
+          if (g->stride)
+            d->stride = g->stride;
+        }
       }
       break;
     case OP_FUNCTION:
@@ -225,8 +336,15 @@ int dspk__vk_spv_check(const uint32_t *w, size_t nw, const char *entry, int nbin
     }
     i += l;
   }
-  if (!ep)
-    goto out; /* no such entry point: the pipeline's creation says so */
+  if (!ep) {
+    /* Vulkan leaves a pipeline of an entry point the module lacks undefined
+     * (VkPipelineShaderStageCreateInfo::pName). */
+    char echo[2 * 64 + 2]; /* entry: a client's string (options.entry) */
+    snprintf(msg, msglen, "spirv: the module has no GLCompute entry point \"%s\"",
+             dspk__utf8_echo(echo, sizeof echo, entry, strlen(entry), 64));
+    r = DSPK_ECOMPILE;
+    goto out;
+  }
 
   /* Which variables the entry point uses: those an instruction of a function
    * names (the operands that are literals skipped, so that a number is not
@@ -251,8 +369,11 @@ int dspk__vk_spv_check(const uint32_t *w, size_t nw, const char *entry, int nbin
       m.ids[id].used = m.ids[id].ref;
   }
 
+  if (lim && (r = local_size(&m, ep, lim, msg, msglen)))
+    goto out;
   uint32_t pcmax = (pcsize + 3) & ~3u;
   int32_t unbound = -1;
+  uint64_t shared = 0;
   for (uint32_t id = 1; id < m.bound && !r; id++) {
     const uint32_t *v = def_of(&m, id);
     if (!v || op_of(v[0]) != OP_VARIABLE || !m.ids[id].used)
@@ -273,6 +394,8 @@ int dspk__vk_spv_check(const uint32_t *w, size_t nw, const char *entry, int nbin
       }
       continue;
     }
+    if (sc == SC_WORKGROUP)
+      shared += size_of(&m, pointee, 0);
     if (sc != SC_UNIFORMCONSTANT && sc != SC_UNIFORM && sc != SC_STORAGEBUFFER)
       continue;
     if (set < 0 || bnd < 0) {
@@ -300,6 +423,13 @@ int dspk__vk_spv_check(const uint32_t *w, size_t nw, const char *entry, int nbin
     } else if (bnd >= nbind && (unbound < 0 || bnd < unbound)) {
       unbound = bnd; /* the lowest one is named, after the other checks */
     }
+  }
+  if (!r && lim && shared > lim->maxComputeSharedMemorySize) {
+    snprintf(msg, msglen,
+             "kernel: the shader's shared (Workgroup) variables take %llu bytes, more than "
+             "the device's maxComputeSharedMemorySize %u",
+             (unsigned long long)shared, lim->maxComputeSharedMemorySize);
+    r = DSPK_ELIMIT;
   }
   if (!r && unbound >= 0) {
     if (nbind)

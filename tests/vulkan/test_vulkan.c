@@ -18,6 +18,11 @@
 
 #include <glslang/Include/glslang_c_interface.h>
 #include <glslang/Public/resource_limits_c.h>
+/* libspirv.h defines a const at file scope (an external definition in C,
+ * as in vk_spvval.c): renamed to keep the two apart. */
+#define kDefaultMaxIdBound test_vulkan_kDefaultMaxIdBound
+#include <spirv-tools/libspirv.h>
+#undef kDefaultMaxIdBound
 
 #include "cache/cache.h"
 #include "backends/common/autotune.h"
@@ -1194,6 +1199,261 @@ static void t_raw_spirv(void **state) {
   free(w);
 }
 
+/* raw_glsl as SPIR-V 1.3 whose buffers' DescriptorSet and Binding, the
+ * push-constant block's second Offset and the Block decorations are given
+ * through decoration groups (OpDecorationGroup, OpGroupDecorate,
+ * OpGroupMemberDecorate): valid SPIR-V (spirv-val), which the resource
+ * check once read as buffers without a binding.  "Offset 4" is the group's
+ * Offset, replaced to make a block of 12 bytes. */
+static const char raw_groups_asm[] =
+    "OpCapability Shader\n"
+    "%1 = OpExtInstImport \"GLSL.std.450\"\n"
+    "OpMemoryModel Logical GLSL450\n"
+    "OpEntryPoint GLCompute %4 \"main\" %11\n"
+    "OpExecutionMode %4 LocalSize 64 1 1\n"
+    "OpDecorate %11 BuiltIn GlobalInvocationId\n"
+    "OpMemberDecorate %18 0 Offset 0\n"
+    "OpDecorate %60 DescriptorSet 0\n"
+    "OpDecorate %61 Binding 1\n"
+    "OpDecorate %62 Binding 0\n"
+    "OpDecorate %63 Offset 4\n"
+    "OpDecorate %64 Block\n"
+    "%60 = OpDecorationGroup\n"
+    "%61 = OpDecorationGroup\n"
+    "%62 = OpDecorationGroup\n"
+    "%63 = OpDecorationGroup\n"
+    "%64 = OpDecorationGroup\n"
+    "OpGroupDecorate %60 %33 %42\n"
+    "OpGroupDecorate %61 %33\n"
+    "OpGroupDecorate %62 %42\n"
+    "OpGroupMemberDecorate %63 %18 1\n"
+    "OpGroupDecorate %64 %18 %31 %40\n"
+    "OpDecorate %30 ArrayStride 4\n"
+    "OpMemberDecorate %31 0 Offset 0\n"
+    "OpDecorate %39 ArrayStride 4\n"
+    "OpMemberDecorate %40 0 Offset 0\n"
+    "OpDecorate %55 BuiltIn WorkgroupSize\n"
+    "%2 = OpTypeVoid\n"
+    "%3 = OpTypeFunction %2\n"
+    "%6 = OpTypeInt 32 0\n"
+    "%7 = OpTypePointer Function %6\n"
+    "%9 = OpTypeVector %6 3\n"
+    "%10 = OpTypePointer Input %9\n"
+    "%11 = OpVariable %10 Input\n"
+    "%12 = OpConstant %6 0\n"
+    "%13 = OpTypePointer Input %6\n"
+    "%17 = OpTypeFloat 32\n"
+    "%18 = OpTypeStruct %6 %17\n"
+    "%19 = OpTypePointer PushConstant %18\n"
+    "%20 = OpVariable %19 PushConstant\n"
+    "%21 = OpTypeInt 32 1\n"
+    "%22 = OpConstant %21 0\n"
+    "%23 = OpTypePointer PushConstant %6\n"
+    "%26 = OpTypeBool\n"
+    "%30 = OpTypeRuntimeArray %17\n"
+    "%31 = OpTypeStruct %30\n"
+    "%32 = OpTypePointer StorageBuffer %31\n"
+    "%33 = OpVariable %32 StorageBuffer\n"
+    "%35 = OpConstant %21 1\n"
+    "%36 = OpTypePointer PushConstant %17\n"
+    "%39 = OpTypeRuntimeArray %17\n"
+    "%40 = OpTypeStruct %39\n"
+    "%41 = OpTypePointer StorageBuffer %40\n"
+    "%42 = OpVariable %41 StorageBuffer\n"
+    "%44 = OpTypePointer StorageBuffer %17\n"
+    "%53 = OpConstant %6 64\n"
+    "%54 = OpConstant %6 1\n"
+    "%55 = OpConstantComposite %9 %53 %54 %54\n"
+    "%4 = OpFunction %2 None %3\n"
+    "%5 = OpLabel\n"
+    "%8 = OpVariable %7 Function\n"
+    "%14 = OpAccessChain %13 %11 %12\n"
+    "%15 = OpLoad %6 %14\n"
+    "OpStore %8 %15\n"
+    "%16 = OpLoad %6 %8\n"
+    "%24 = OpAccessChain %23 %20 %22\n"
+    "%25 = OpLoad %6 %24\n"
+    "%27 = OpULessThan %26 %16 %25\n"
+    "OpSelectionMerge %29 None\n"
+    "OpBranchConditional %27 %28 %29\n"
+    "%28 = OpLabel\n"
+    "%34 = OpLoad %6 %8\n"
+    "%37 = OpAccessChain %36 %20 %35\n"
+    "%38 = OpLoad %17 %37\n"
+    "%43 = OpLoad %6 %8\n"
+    "%45 = OpAccessChain %44 %42 %22 %43\n"
+    "%46 = OpLoad %17 %45\n"
+    "%47 = OpFMul %17 %38 %46\n"
+    "%48 = OpLoad %6 %8\n"
+    "%49 = OpAccessChain %44 %33 %22 %48\n"
+    "%50 = OpLoad %17 %49\n"
+    "%51 = OpFAdd %17 %47 %50\n"
+    "%52 = OpAccessChain %44 %33 %22 %34\n"
+    "OpStore %52 %51\n"
+    "OpBranch %29\n"
+    "%29 = OpLabel\n"
+    "OpReturn\n"
+    "OpFunctionEnd\n";
+
+/* Assembles text (SPIR-V 1.3, Vulkan 1.1) into *w, *nw words: the tests
+ * make their modules independently of the backend. */
+static void spv_assemble(const char *text, uint32_t **w, size_t *nw) {
+  spv_context c = spvContextCreate(SPV_ENV_VULKAN_1_1);
+  spv_binary bin = NULL;
+  spv_diagnostic diag = NULL;
+  assert_non_null(c);
+  if (spvTextToBinary(c, text, strlen(text), &bin, &diag) != SPV_SUCCESS)
+    fail_msg("spirv-as: %s", diag && diag->error ? diag->error : "failed");
+  *nw = bin->wordCount;
+  *w = malloc(bin->wordCount * 4);
+  assert_non_null(*w);
+  memcpy(*w, bin->code, bin->wordCount * 4);
+  spvBinaryDestroy(bin);
+  spvDiagnosticDestroy(diag);
+  spvContextDestroy(c);
+}
+
+/* Runs the raw SPIR-V kernel w with one 4-element f32 tensor argument and
+ * entry point entry: returns the result, *msg the message. */
+static int raw_spirv_try(const void *w, size_t nbytes, const char *entry, char *msg,
+                         size_t msglen) {
+  int64_t n = 4;
+  struct htensor X = h_make(DSPK_F32, 1, &n, 1);
+  struct dspk__op op = {.kind = DSPK_OP_KERNEL, .nin = 1};
+  assert_int_equal(h_upload(D, &X, 0, &op.in[0]), 0);
+  op.u.kernel.lang = "spirv";
+  op.u.kernel.source = w;
+  op.u.kernel.source_len = nbytes;
+  snprintf(op.u.kernel.entry, sizeof op.u.kernel.entry, "%s", entry);
+  op.u.kernel.grid[0] = 1;
+  op.u.kernel.nargs = 1;
+  op.u.kernel.args[0] = (struct dspk__karg){.kind = DSPK__KARG_TENSOR, .v.tensor = 0};
+  assert_int_equal(dspk__op_infer(&op, msg, msglen), 0);
+  struct dspk__opctx ctx = {.errmsg = msg, .errmsg_len = msglen};
+  msg[0] = 0;
+  int r = VKB->run(D, &op, &ctx);
+  VKB->free(D, op.in[0].mem);
+  h_free(&X);
+  return r;
+}
+
+/* A raw SPIR-V kernel is valid SPIR-V before a driver sees it (Vulkan
+ * leaves an invalid module undefined): a module that decorates an id
+ * nothing defines (92 bytes: lavapipe died of it in
+ * vkCreateComputePipelines) and one whose id bound is 2^32-1 are ECOMPILE
+ * quoting the validator, the message on one line; one with no entry point
+ * of the name is ECOMPILE saying so; decorations given through decoration groups are read; a
+ * work-group size or shared memory beyond the device's limits is ELIMIT. */
+static void t_raw_spirv_valid(void **state) {
+  (void)state;
+  char msg[1024];
+  /* OpCapability Shader, OpMemoryModel Logical GLSL450, OpEntryPoint
+   * GLCompute %1 "main", OpDecorate %7 Binding 2^32-1 (then %d for
+   * DescriptorSet 0): %1 and %7 defined nowhere. */
+  uint32_t bad[23] = {0x07230203, 0x00010300, 0,          16,         0,
+                      0x00020011, 1,          0x0003000e, 0,          1,
+                      0x0005000f, 5,          1,          0x6e69616d, 0,
+                      0x00040047, 7,          33,         0xffffffff, 0x00040047,
+                      7,          34,         0};
+  assert_int_equal(sizeof bad, 92);
+  int r = raw_spirv_try(bad, sizeof bad, "main", msg, sizeof msg);
+  if (r != DSPK_ECOMPILE || !strstr(msg, "spirv: invalid SPIR-V module (spirv-val, vulkan1.") ||
+      strchr(msg, '\n'))
+    fail_msg("undefined ids: %d \"%s\", expected ECOMPILE from spirv-val on one line", r, msg);
+  print_message("undefined ids: %s\n", msg);
+  /* The same decorating id 2^32-2, with an id bound of 2^32-1. */
+  bad[3] = 0xffffffff;
+  bad[16] = bad[20] = 0xfffffffe;
+  bad[18] = 0;
+  r = raw_spirv_try(bad, sizeof bad, "main", msg, sizeof msg);
+  if (r != DSPK_ECOMPILE || !strstr(msg, "spirv: invalid SPIR-V module"))
+    fail_msg("id bound 2^32-1: %d \"%s\", expected ECOMPILE", r, msg);
+
+  uint32_t *w;
+  size_t nw;
+  spv_assemble(raw_groups_asm, &w, &nw);
+  /* Bindings through groups: it runs, and the bindings it uses are checked. */
+  raw_run("spirv", w, nw * 4);
+  raw_bindings("spirv", w, nw * 4);
+  r = raw_spirv_try(w, nw * 4, "nope", msg, sizeof msg);
+  if (r != DSPK_ECOMPILE || !strstr(msg, "no GLCompute entry point \"nope\""))
+    fail_msg("entry nope: %d \"%s\", expected ECOMPILE", r, msg);
+  free(w);
+  /* The group's Offset read: the push-constant block ends at 12 bytes. */
+  char *text = strdup(raw_groups_asm);
+  assert_non_null(text);
+  char *at = strstr(text, "Offset 4");
+  assert_non_null(at);
+  at[7] = '8';
+  spv_assemble(text, &w, &nw);
+  raw_refused("spirv", w, nw * 4, 2, 2, "push-constant block is 12 bytes, the scalars of "
+                                        "args fill 8");
+  free(w);
+  free(text);
+
+  /* A work-group size beyond the device's limits (its WorkgroupSize
+   * constant, which wins over LocalSize): ELIMIT, no pipeline (lavapipe ran
+   * 65536 invocations silently). */
+  const VkPhysicalDeviceLimits *lim = &D->props.limits;
+  char over[32], *big = malloc(sizeof raw_groups_asm + 64);
+  assert_non_null(big);
+  snprintf(over, sizeof over, "%u", lim->maxComputeWorkGroupInvocations + 1);
+  at = strstr(raw_groups_asm, "%53 = OpConstant %6 64");
+  assert_non_null(at);
+  size_t pre = (size_t)(at - raw_groups_asm) + strlen("%53 = OpConstant %6 ");
+  snprintf(big, sizeof raw_groups_asm + 64, "%.*s%s%s", (int)pre, raw_groups_asm, over,
+           at + strlen("%53 = OpConstant %6 64"));
+  spv_assemble(big, &w, &nw);
+  char want[200];
+  snprintf(want, sizeof want, "work-group size %sx1x1 exceeds the device's", over);
+  r = raw_spirv_try(w, nw * 4, "main", msg, sizeof msg);
+  if (r != DSPK_ELIMIT || !strstr(msg, want))
+    fail_msg("work-group size %s: %d \"%s\", expected ELIMIT \"%s\"", over, r, msg, want);
+  free(w);
+  free(big);
+
+  /* Shared memory: maxComputeSharedMemorySize bytes run, 4 more are ELIMIT. */
+  for (int more = 0; more <= 1; more++) {
+    char src[512];
+    snprintf(src, sizeof src,
+             "#version 450\nlayout(local_size_x = 1) in;\n"
+             "layout(std430, binding = 0) buffer X { float x[]; };\n"
+             "shared float s[%u];\n"
+             "void main() { s[%u] = 2.0; barrier(); x[0] = s[%u]; }\n",
+             lim->maxComputeSharedMemorySize / 4 + (unsigned)more,
+             lim->maxComputeSharedMemorySize / 4 - 1, lim->maxComputeSharedMemorySize / 4 - 1);
+    int64_t n = 4;
+    struct htensor X = h_make(DSPK_F32, 1, &n, 1);
+    struct dspk__op op = {.kind = DSPK_OP_KERNEL, .nin = 1};
+    assert_int_equal(h_upload(D, &X, 0, &op.in[0]), 0);
+    op.u.kernel.lang = "glsl";
+    op.u.kernel.source = src;
+    op.u.kernel.source_len = strlen(src);
+    op.u.kernel.grid[0] = 1;
+    op.u.kernel.nargs = 1;
+    op.u.kernel.args[0] = (struct dspk__karg){.kind = DSPK__KARG_TENSOR, .v.tensor = 0};
+    assert_int_equal(dspk__op_infer(&op, msg, sizeof msg), 0);
+    struct dspk__opctx ctx = {.errmsg = msg, .errmsg_len = sizeof msg};
+    msg[0] = 0;
+    r = VKB->run(D, &op, &ctx);
+    if (!more) {
+      if (r)
+        fail_msg("shared memory at the limit: %d %s", r, msg);
+      float x0;
+      assert_int_equal(VKB->read(D, op.in[0].mem, 0, &x0, 4), 0);
+      assert_float_equal(x0, 2.0f, 0);
+    } else {
+      snprintf(want, sizeof want, "shared (Workgroup) variables take %u bytes, more than the "
+               "device's maxComputeSharedMemorySize %u", lim->maxComputeSharedMemorySize + 4,
+               lim->maxComputeSharedMemorySize);
+      if (r != DSPK_ELIMIT || !strstr(msg, want))
+        fail_msg("shared memory over the limit: %d \"%s\", expected ELIMIT", r, msg);
+    }
+    VKB->free(D, op.in[0].mem);
+    h_free(&X);
+  }
+}
+
 static void t_raw_error(void **state) {
   (void)state;
   static const char bad[] = "#version 450\nlayout(local_size_x=1) in;\n"
@@ -2097,7 +2357,8 @@ int main(void) {
       cmocka_unit_test_teardown(t_fft_sk, unset_tune),
       cmocka_unit_test(t_raw_glsl),
       cmocka_unit_test(t_raw_len0),
-      cmocka_unit_test(t_raw_spirv), cmocka_unit_test(t_raw_error),
+      cmocka_unit_test(t_raw_spirv), cmocka_unit_test(t_raw_spirv_valid),
+      cmocka_unit_test(t_raw_error),
       cmocka_unit_test(t_cache_restart),
       cmocka_unit_test(t_gemm_cands),
       cmocka_unit_test(t_gemm_small),
