@@ -1068,6 +1068,144 @@ static void t_raw_len0(void **state) {
   h_free(&Ot);
 }
 
+/* Runs raw GLSL src over tensors t[0..n) (each an argument, in order),
+ * grid 1; returns run's code, msg the message. */
+static int raw_over(const char *src, struct dspk__tensor *t, int n, char *msg, size_t len) {
+  struct dspk__op op = {.kind = DSPK_OP_KERNEL, .nin = n};
+  for (int i = 0; i < n; i++) {
+    op.in[i] = t[i];
+    op.u.kernel.args[i] = (struct dspk__karg){.kind = DSPK__KARG_TENSOR, .v.tensor = i};
+  }
+  op.u.kernel.nargs = n;
+  op.u.kernel.lang = "glsl";
+  op.u.kernel.source = src;
+  op.u.kernel.source_len = strlen(src);
+  op.u.kernel.grid[0] = 1;
+  assert_int_equal(dspk__op_infer(&op, msg, len), 0);
+  struct dspk__opctx ctx = {.errmsg = msg, .errmsg_len = len};
+  msg[0] = 0;
+  return VKB->run(D, &op, &ctx);
+}
+
+/* A tensor of n 32-bit words in a fresh block, zeroed. */
+static struct dspk__tensor words(int64_t n) {
+  struct dspk__tensor t = {.dtype = DSPK_F32, .rank = 1, .shape = {n}};
+  uint32_t *z = calloc((size_t)n, 4);
+  assert_int_equal(VKB->alloc(D, (size_t)n * 4, &t.mem), 0);
+  assert_int_equal(VKB->write(D, t.mem, 0, z, (size_t)n * 4), 0);
+  free(z);
+  return t;
+}
+
+/* Workgroup (shared) memory and uninitialised locals of a raw kernel read
+ * zero, never what an earlier kernel (another user's) left there: one
+ * kernel fills a shared array with a pattern, the next copies out its own
+ * unwritten shared array (lavapipe handed it the first one's bytes, every
+ * word, before vk_spvzero.c). */
+static void t_raw_zero_init(void **state) {
+  (void)state;
+  static const char writer[] =
+      "#version 450\n"
+      "layout(local_size_x = 64) in;\n"
+      "layout(std430, binding = 0) buffer B { uint d[]; };\n"
+      "shared uint sh[4096];\n"
+      "void main() { uint i = gl_LocalInvocationID.x;\n"
+      "  for (uint k = i; k < 4096u; k += 64u) sh[k] = 0x5EC2E7A5u + k;\n"
+      "  barrier(); d[i] = sh[(i * 61u) % 4096u]; }\n";
+  static const char reader[] =
+      "#version 450\n"
+      "layout(local_size_x = 64) in;\n"
+      "layout(std430, binding = 0) buffer B { uint d[]; };\n"
+      "layout(std430, binding = 1) buffer L { uint l[]; };\n"
+      "shared uint sh[4096];\n"
+      "void main() { uint i = gl_LocalInvocationID.x; uint v[16];\n"
+      "  for (uint k = i; k < 4096u; k += 64u) d[k] = sh[k];\n"
+      "  for (uint k = 0u; k < 16u; k++) l[i * 16u + k] = v[k]; }\n";
+  char msg[512];
+  if (!D->zero_wg) {
+    /* Such a device refuses kernels with workgroup memory. */
+    struct dspk__tensor t = words(4096);
+    assert_int_equal(raw_over(writer, &t, 1, msg, sizeof msg), DSPK_ENOTSUP);
+    assert_non_null(strstr(msg, "shaderZeroInitializeWorkgroupMemory"));
+    VKB->free(D, t.mem);
+    return;
+  }
+  for (int round = 0; round < 2; round++) {
+    struct dspk__tensor t[2] = {words(4096), words(64 * 16)};
+    int r = raw_over(writer, t, 1, msg, sizeof msg);
+    if (r)
+      fail_msg("writer: %d %s", r, msg);
+    if ((r = raw_over(reader, t, 2, msg, sizeof msg)))
+      fail_msg("reader: %d %s", r, msg);
+    uint32_t *d = malloc(4096 * 4), *l = malloc(64 * 16 * 4);
+    assert_int_equal(VKB->read(D, t[0].mem, 0, d, 4096 * 4), 0);
+    assert_int_equal(VKB->read(D, t[1].mem, 0, l, 64 * 16 * 4), 0);
+    int shared = 0, locals = 0;
+    for (int k = 0; k < 4096; k++)
+      shared += d[k] != 0;
+    for (int k = 0; k < 64 * 16; k++)
+      locals += l[k] != 0;
+    if (shared || locals)
+      fail_msg("round %d: %d of 4096 words of unwritten shared memory and %d of 1024 "
+               "words of unwritten locals are not zero (shared[0] %#x)",
+               round, shared, locals, d[0]);
+    free(d);
+    free(l);
+    VKB->free(D, t[0].mem);
+    VKB->free(D, t[1].mem);
+  }
+}
+
+/* The padding a binding rounds a tensor up to (4 bytes), and the scratch
+ * word an empty tensor is bound to, read zero: never what a block at that
+ * place held before (0xab bytes written here, as another user's). */
+static void t_raw_pad_zero(void **state) {
+  (void)state;
+  static const char src[] =
+      "#version 450\n"
+      "layout(local_size_x = 1) in;\n"
+      "layout(std430, binding = 0) buffer A { uint a[]; };\n"
+      "layout(std430, binding = 1) buffer E { uint e[]; };\n"
+      "layout(std430, binding = 2) buffer O { uint o[]; };\n"
+      "void main() { o[0] = a[a.length() - 1]; o[1] = e[0]; o[2] = a.length(); }\n";
+  unsigned char dirty[512];
+  memset(dirty, 0xab, sizeof dirty);
+  char msg[512];
+  for (int64_t n = 1; n <= 3; n += 2) {
+    /* Blocks of the pool's smallest bucket, dirtied and given back: the
+     * next ones of that bucket are these. */
+    struct dspk__mem *m[3];
+    for (int i = 0; i < 3; i++) {
+      assert_int_equal(VKB->alloc(D, sizeof dirty, &m[i]), 0);
+      assert_int_equal(VKB->write(D, m[i], 0, dirty, sizeof dirty), 0);
+    }
+    for (int i = 0; i < 3; i++)
+      VKB->free(D, m[i]);
+    VKB->settle(D);
+    /* A tensor of n zero f16 elements (2n bytes, bound as 2n + 2), an
+     * empty one (the scratch word) and the output. */
+    struct dspk__tensor t[3] = {{.dtype = DSPK_F16, .rank = 1, .shape = {n}},
+                                {.dtype = DSPK_F32, .rank = 1, .shape = {0}},
+                                {0}};
+    unsigned char zero[8] = {0};
+    assert_int_equal(VKB->alloc(D, (size_t)n * 2, &t[0].mem), 0);
+    assert_int_equal(VKB->write(D, t[0].mem, 0, zero, (size_t)n * 2), 0);
+    assert_int_equal(VKB->alloc(D, 0, &t[1].mem), 0);
+    t[2] = words(4);
+    int r = raw_over(src, t, 3, msg, sizeof msg);
+    if (r)
+      fail_msg("f16[%lld]: %d %s", (long long)n, r, msg);
+    uint32_t o[3];
+    assert_int_equal(VKB->read(D, t[2].mem, 0, o, sizeof o), 0);
+    if (o[0] != 0 || o[1] != 0)
+      fail_msg("f16[%lld]: its last word reads %#x (its padding not zeroed), an empty "
+               "tensor %#x", (long long)n, o[0], o[1]);
+    assert_int_equal(o[2], (n * 2 + 3) / 4);
+    for (int i = 0; i < 3; i++)
+      VKB->free(D, t[i].mem);
+  }
+}
+
 static void t_raw_spirv(void **state) {
   (void)state;
   /* The test makes its own SPIR-V with glslang, independently of the
@@ -2015,6 +2153,8 @@ int main(void) {
       cmocka_unit_test_teardown(t_fft_sk, unset_tune),
       cmocka_unit_test(t_raw_glsl),
       cmocka_unit_test(t_raw_len0),
+      cmocka_unit_test(t_raw_zero_init),
+      cmocka_unit_test(t_raw_pad_zero),
       cmocka_unit_test(t_raw_spirv), cmocka_unit_test(t_raw_error),
       cmocka_unit_test(t_cache_restart),
       cmocka_unit_test(t_gemm_cands),
