@@ -288,6 +288,9 @@ struct dspk__mem {
   dspk__gptr ptr;
   size_t size;
   uint32_t gen;
+  /* The block's bytes past size (the pool's rounding) were zeroed, before
+   * a raw kernel first got the block (worker.c). */
+  int tail_clean;
 };
 
 struct dspk__fence {

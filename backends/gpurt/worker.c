@@ -255,6 +255,19 @@ int dspk__gpurt_worker_run(struct dspk__dev *dev, struct dspk__op *op, const voi
   int r;
   /* The worker's stream knows nothing of ours: everything enqueued so far
    * (the writes of the kernel's inputs among it) must be done first. */
+  /* A tensor's allocation is mapped whole into the worker (IPC), and the
+   * kernel may read past the tensor (CUDA has no bounds): the bytes of the
+   * pool block past what the daemon allocated (an earlier user's) are
+   * zeroed, once per block handed out. */
+  for (int i = 0; i < op->u.kernel.nargs; i++) {
+    const struct dspk__karg *a = &op->u.kernel.args[i];
+    struct dspk__mem *m = a->kind == DSPK__KARG_TENSOR ? op->in[a->v.tensor].mem : NULL;
+    if (!m || m->tail_clean || !m->blk || m->blk->size <= m->size)
+      continue;
+    if ((r = DRV->memset_async(m->ptr + m->size, 0, m->blk->size - m->size, dev->stream)))
+      return dspk__gpurt_err(dev, ctx, "cuMemsetD8Async", r);
+    m->tail_clean = 1;
+  }
   if ((r = DRV->stream_sync(dev->stream)) != 0)
     return dspk__gpurt_err(dev, ctx, "cuStreamSynchronize", r);
   rc = attempt(dev, op, cubin, cubin_len, !dev->ipc_broken, &ipc_failed, ctx);

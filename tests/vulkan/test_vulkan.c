@@ -1173,13 +1173,14 @@ static void t_raw_pad_zero(void **state) {
   char msg[512];
   for (int64_t n = 1; n <= 3; n += 2) {
     /* Blocks of the pool's smallest bucket, dirtied and given back: the
-     * next ones of that bucket are these. */
-    struct dspk__mem *m[3];
-    for (int i = 0; i < 3; i++) {
+     * next ones of that bucket are these (the three tensors' and the
+     * scratch block's). */
+    struct dspk__mem *m[5];
+    for (int i = 0; i < 5; i++) {
       assert_int_equal(VKB->alloc(D, sizeof dirty, &m[i]), 0);
       assert_int_equal(VKB->write(D, m[i], 0, dirty, sizeof dirty), 0);
     }
-    for (int i = 0; i < 3; i++)
+    for (int i = 0; i < 5; i++)
       VKB->free(D, m[i]);
     VKB->settle(D);
     /* A tensor of n zero f16 elements (2n bytes, bound as 2n + 2), an
