@@ -127,8 +127,7 @@ int dspk__vk_spv_zero_init(const uint32_t *w, size_t nw, int workgroup, uint32_t
     const uint32_t *in = w + i;
     uint32_t op = op_of(in[0]), l = len_of(in[0]);
     if (op == OP_UNDEF && l == 3 && null_ok(w, ids, bound, in[1], 0)) {
-      extra += 3;
-      nu++;
+      nu++; /* moved, as many words */
     } else if (op == OP_VARIABLE && l == 4 &&
                (in[3] == SC_WORKGROUP || in[3] == SC_PRIVATE || in[3] == SC_FUNCTION)) {
       const uint32_t *p = in[1] < bound && ids[in[1]].def ? w + ids[in[1]].def : NULL;
