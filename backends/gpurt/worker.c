@@ -254,8 +254,6 @@ int dspk__gpurt_worker_run(struct dspk__dev *dev, struct dspk__op *op, const voi
                           size_t cubin_len, struct dspk__opctx *ctx) {
   int ipc_failed = 0, rc;
   int r;
-  /* The worker's stream knows nothing of ours: everything enqueued so far
-   * (the writes of the kernel's inputs among it) must be done first. */
   /* A tensor's allocation is mapped whole into the worker (IPC), and the
    * kernel may read past the tensor (CUDA has no bounds): the bytes of the
    * pool block past what the daemon allocated (an earlier user's) are
@@ -269,6 +267,8 @@ int dspk__gpurt_worker_run(struct dspk__dev *dev, struct dspk__op *op, const voi
       return dspk__gpurt_err(dev, ctx, "cuMemsetD8Async", r);
     m->tail_clean = 1;
   }
+  /* The worker's stream knows nothing of ours: everything enqueued so far
+   * (the writes of the kernel's inputs among it) must be done first. */
   if ((r = DRV->stream_sync(dev->stream)) != 0)
     return dspk__gpurt_err(dev, ctx, "cuStreamSynchronize", r);
   /* The worker's context keeps __shared__ memory, registers and local
