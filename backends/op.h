@@ -149,6 +149,12 @@ struct dspk__opctx {
    * names); the daemon sends it as the error message. */
   char *errmsg;
   size_t errmsg_len;
+  /* The uid whose task this is (the daemon sets it; 0 elsewhere).  The GPU
+   * runtimes run raw kernels of every user in one worker process per
+   * device, whose context keeps shared memory, registers and local memory
+   * from one kernel to the next: a raw kernel of another uid than the
+   * worker's last one gets a fresh worker (backends/gpurt/worker.c). */
+  uint32_t uid;
 };
 
 /* Writes a one-line message into ctx->errmsg (when ctx has one) and returns

@@ -288,6 +288,9 @@ struct dspk__mem {
   dspk__gptr ptr;
   size_t size;
   uint32_t gen;
+  /* The block's bytes past size (the pool's rounding) were zeroed, before
+   * a raw kernel first got the block (worker.c). */
+  int tail_clean;
 };
 
 struct dspk__fence {
@@ -363,6 +366,7 @@ struct dspk__dev {
   /* The kernel worker (worker.h): raw kernels run in it. */
   int worker_pid, worker_fd, ipc_broken;
   uint64_t worker_starts;
+  uint32_t worker_uid; /* the uid (dspk__opctx) whose raw kernels the worker runs */
 
   uint64_t kernels_compiled, kernel_cache_hits, faults;
 

@@ -131,6 +131,7 @@ static int start(struct dspk__dev *dev, struct dspk__opctx *ctx) {
     return dspk__gpurt_msg(ctx, DSPK_EDEVICE, "kernel: %s", rep.msg);
   }
   dev->worker_starts++;
+  dev->worker_uid = ctx ? ctx->uid : 0;
   return 0;
 }
 
@@ -253,10 +254,31 @@ int dspk__gpurt_worker_run(struct dspk__dev *dev, struct dspk__op *op, const voi
                           size_t cubin_len, struct dspk__opctx *ctx) {
   int ipc_failed = 0, rc;
   int r;
+  /* A tensor's allocation is mapped whole into the worker (IPC), and the
+   * kernel may read past the tensor (CUDA has no bounds): the bytes of the
+   * pool block past what the daemon allocated (an earlier user's) are
+   * zeroed, once per block handed out. */
+  for (int i = 0; i < op->u.kernel.nargs; i++) {
+    const struct dspk__karg *a = &op->u.kernel.args[i];
+    struct dspk__mem *m = a->kind == DSPK__KARG_TENSOR ? op->in[a->v.tensor].mem : NULL;
+    if (!m || m->tail_clean || !m->blk || m->blk->size <= m->size)
+      continue;
+    if ((r = DRV->memset_async(m->ptr + m->size, 0, m->blk->size - m->size, dev->stream)))
+      return dspk__gpurt_err(dev, ctx, "cuMemsetD8Async", r);
+    m->tail_clean = 1;
+  }
   /* The worker's stream knows nothing of ours: everything enqueued so far
    * (the writes of the kernel's inputs among it) must be done first. */
   if ((r = DRV->stream_sync(dev->stream)) != 0)
     return dspk__gpurt_err(dev, ctx, "cuStreamSynchronize", r);
+  /* The worker's context keeps __shared__ memory, registers and local
+   * memory from one kernel to the next, and nothing clears them: another
+   * user's kernel runs in a fresh worker (a new context), never after this
+   * user's in the same one.  That costs a worker's start (a process and a
+   * context) at each change of user, and nothing while one user's kernels
+   * follow each other. */
+  if (dev->worker_pid > 0 && dev->worker_uid != (ctx ? ctx->uid : 0))
+    reap(dev, NULL, 0);
   rc = attempt(dev, op, cubin, cubin_len, !dev->ipc_broken, &ipc_failed, ctx);
   if (ipc_failed) {
     dev->ipc_broken = 1;

@@ -36,6 +36,9 @@ static void cu_fail(struct dspk__wrep *rep, const char *what, int r) {
            text ? text : "?");
 }
 
+/* The bytes the worker allocates for a tensor of n bytes passed as data. */
+static size_t data_alloc(uint64_t n) { return n ? (size_t)((n + 255) & ~(uint64_t)255) : 256; }
+
 int dspk__gpurt_worker_main(const struct dspk__gpurt_driver *drv, int argc, char **argv) {
   struct dspk__wrep rep;
   void *ctx;
@@ -103,7 +106,12 @@ int dspk__gpurt_worker_main(const struct dspk__gpurt_driver *drv, int argc, char
         kargs[i] = &ptrs[i];
         break;
       case DSPK__WARG_DATA:
-        if ((r = D->mem_alloc(&owned[i], q.args[i].bytes ? q.args[i].bytes : 1)) ||
+        /* A whole number of 256-byte units, zeroed before the tensor's bytes
+         * come: the kernel may read past them (CUDA has no bounds), and
+         * must find zeros there, not an earlier task's bytes. */
+        if ((r = D->mem_alloc(&owned[i], data_alloc(q.args[i].bytes))) ||
+            (r = D->memset_async(owned[i], 0, data_alloc(q.args[i].bytes), st)) ||
+            (r = D->stream_sync(st)) ||
             (r = D->htod(owned[i], host[i], q.args[i].bytes))) {
           cu_fail(&rep, "kernel worker: staging a tensor", r);
           ok = 0;
@@ -151,6 +159,13 @@ int dspk__gpurt_worker_main(const struct dspk__gpurt_driver *drv, int argc, char
       if (!rep.fatal) {
         if (mapped[i])
           D->ipc_close(mapped[i]);
+        /* Zeroed before it goes back to the driver, which may hand its
+         * memory to a later task's (another user's) allocation. */
+        if (owned[i] && (D->memset_async(owned[i], 0, data_alloc(q.args[i].bytes), st) ||
+                         D->stream_sync(st))) {
+          drv->ctx_close(atoi(argv[1]), ctx, st, 1);
+          return 3;
+        }
         if (owned[i])
           D->mem_free(owned[i]);
       }

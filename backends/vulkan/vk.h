@@ -243,6 +243,9 @@ struct dspk__dev {
   VkDeviceSize host_import_align; /* minImportedHostPointerAlignment; 0: none */
   struct dspk__mem *hostregs;     /* host_register: client mappings imported for DMA */
   int has_f64, has_int64, has_coopmat, has_f16;
+  /* shaderZeroInitializeWorkgroupMemory is on: raw kernels may use
+   * workgroup memory (vk_spvzero.c). */
+  int zero_wg;
   uint32_t devtype_local, devtype_host; /* memory type indices */
   int local_is_host;  /* device memory is host-visible (lavapipe, UMA) */
   int local_cached;   /* ... and host-cached: the host may read it directly */
@@ -308,6 +311,10 @@ int dspk__vk_write(struct dspk__dev *d, struct dspk__mem *m, size_t off,
                    const void *src, size_t n);
 int dspk__vk_read(struct dspk__dev *d, struct dspk__mem *m, size_t off,
                   void *dst, size_t n);
+/* Sets bytes [off, off + n) of m to zero (both multiples of 4), ordered
+ * after the work submitted before and before the work after (submitted at
+ * once).  0, DSPK_ERANGE, or a device error. */
+int dspk__vk_zero(struct dspk__dev *d, struct dspk__mem *m, size_t off, size_t n);
 
 /* ---- vk_shader.c -------------------------------------------------------- */
 
@@ -357,6 +364,17 @@ int dspk__vk_spv_check(const uint32_t *w, size_t nw, const char *entry, int nbin
  * "raw") before anything else reads the module. */
 int dspk__vk_spv_validate(uint32_t api, const uint32_t *w, size_t nw, char *msg,
                           size_t msglen);
+/* The zero-initialising rewrite of a client's SPIR-V module w (nw words,
+ * vk_spvzero.c): every Workgroup, Private and Function variable without an
+ * initializer gets OpConstantNull, every OpUndef becomes an OpConstantNull,
+ * so that no shader reads bytes an earlier task (another user's) left in
+ * workgroup memory or registers.  workgroup: the device zero-initialises
+ * workgroup memory (shaderZeroInitializeWorkgroupMemory); without it a
+ * module declaring Workgroup variables is DSPK_ENOTSUP.  *out malloc'd,
+ * *nout words; 0, DSPK_EINVAL (malformed), DSPK_ENOTSUP, DSPK_ELIMIT (no id
+ * left), DSPK_ENOMEM; msg says why for the errors but ENOMEM. */
+int dspk__vk_spv_zero_init(const uint32_t *w, size_t nw, int workgroup, uint32_t **out,
+                           size_t *nout, char *msg, size_t msglen);
 /* Loads / saves the VkPipelineCache data through the persistent cache. */
 int dspk__vk_pcache_init(struct dspk__dev *d);
 void dspk__vk_pcache_fini(struct dspk__dev *d);

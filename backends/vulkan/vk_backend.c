@@ -29,6 +29,7 @@ static void *g_loader;
 static VkPhysicalDevice g_pd[DSPK__VK_MAX_DEV];
 static int g_ndev;
 static int g_glslang;
+static uint32_t g_inst_ver; /* the instance's Vulkan version (at most 1.3, which it asks) */
 
 int dspk__vk_err(VkResult r) {
   switch (r) {
@@ -79,6 +80,7 @@ static int load_instance(char *why, size_t whylen) {
              VK_API_VERSION_MAJOR(ver), VK_API_VERSION_MINOR(ver));
     return DSPK_ENODEV;
   }
+  g_inst_ver = ver < VK_API_VERSION_1_3 ? ver : VK_API_VERSION_1_3;
   VkApplicationInfo ai = {.sType = VK_STRUCTURE_TYPE_APPLICATION_INFO,
                           .pApplicationName = "dspkd",
                           .pEngineName = "dspk",
@@ -484,9 +486,27 @@ static int vk_open(int index, const struct dspk__devenv *env, struct dspk__dev *
   d->has_int64 = f2.features.shaderInt64;
   d->has_f16 = f12.shaderFloat16 && f11.storageBuffer16BitAccess;
 
-  const char *exts[6];
+  const char *exts[7];
   uint32_t next = 0;
   exts[next++] = VK_KHR_PUSH_DESCRIPTOR_EXTENSION_NAME;
+  /* Workgroup memory zeroed for raw kernels (vk_spvzero.c): core in 1.3
+   * (the instance asks for 1.3), else the extension. */
+  VkPhysicalDeviceZeroInitializeWorkgroupMemoryFeatures fz = {
+      .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_ZERO_INITIALIZE_WORKGROUP_MEMORY_FEATURES};
+  int ext_zero = dspk__vk_has_ext(d->pd, VK_KHR_ZERO_INITIALIZE_WORKGROUP_MEMORY_EXTENSION_NAME);
+  if (ext_zero || (d->props.apiVersion >= VK_API_VERSION_1_3 && g_inst_ver >= VK_API_VERSION_1_3)) {
+    VkPhysicalDeviceFeatures2 q = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2,
+                                   .pNext = &fz};
+    VK(GetPhysicalDeviceFeatures2)(d->pd, &q);
+    if (fz.shaderZeroInitializeWorkgroupMemory) {
+      d->zero_wg = 1;
+      fz.pNext = e2.pNext;
+      e2.pNext = &fz;
+      if (ext_zero && !(d->props.apiVersion >= VK_API_VERSION_1_3 &&
+                        g_inst_ver >= VK_API_VERSION_1_3))
+        exts[next++] = VK_KHR_ZERO_INITIALIZE_WORKGROUP_MEMORY_EXTENSION_NAME;
+    }
+  }
   /* Shared-memory buffers in place (import_host), where offered. */
   int ext_host = dspk__vk_has_ext(d->pd, VK_EXT_EXTERNAL_MEMORY_HOST_EXTENSION_NAME);
   if (ext_host)
@@ -597,8 +617,22 @@ static void vk_close(struct dspk__dev *d) {
   free(d);
 }
 
+/* The daemon's blocks (buffers, a task's inline operands).  A shader reads
+ * a tensor through a binding rounded up to 4 bytes (dspk__vk_bind_tensor):
+ * the bytes past n in its last word are zeroed here, so that they never
+ * show what an earlier block at that place held (the daemon zeroes or
+ * writes the first n). */
 static int vk_alloc(struct dspk__dev *d, size_t n, struct dspk__mem **out) {
-  return dspk__vk_alloc(d, n, out);
+  struct dspk__mem *m;
+  int r = dspk__vk_alloc(d, n, &m);
+  if (r)
+    return r;
+  if (n % 4 && (r = dspk__vk_zero(d, m, n & ~(size_t)3, 4))) {
+    dspk__vk_free(d, m);
+    return r;
+  }
+  *out = m;
+  return 0;
 }
 static void vk_free(struct dspk__dev *d, struct dspk__mem *m) { dspk__vk_free(d, m); }
 

@@ -347,6 +347,24 @@ int dspk__vk_write(struct dspk__dev *d, struct dspk__mem *m, size_t off,
   return r;
 }
 
+int dspk__vk_zero(struct dspk__dev *d, struct dspk__mem *m, size_t off, size_t n) {
+  if (off % 4 || n % 4 || off > m->size || n > m->size - off)
+    return DSPK_ERANGE;
+  if (n == 0)
+    return 0;
+  if (m->map && d->local_cached && queue_idle(d)) {
+    memset((char *)m->map + off, 0, n);
+    flush(d, m, off, n, 0);
+    return 0;
+  }
+  VkCommandBuffer cb;
+  int r = dspk__vk_cmd(d, &cb);
+  if (r)
+    return r;
+  VK(CmdFillBuffer)(cb, m->buf, m->off + off, n, 0);
+  return dspk__vk_submit(d);
+}
+
 int dspk__vk_read(struct dspk__dev *d, struct dspk__mem *m, size_t off, void *dst,
                   size_t n) {
   if (off > m->size || n > m->size - off)

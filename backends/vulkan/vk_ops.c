@@ -880,11 +880,11 @@ int dspk__vk_fir_fixup(struct dspk__dev *d, struct dspk__op *op, const struct ds
 /* A tensor argument with no elements cannot be bound as itself: Vulkan
  * has no empty descriptor range, and the smallest range at its place
  * would be bytes past its end (another tensor's, in a shared buffer).  It
- * is bound to 4 bytes of a scratch block of the op's own (*scratch,
+ * is bound to 4 bytes of a zeroed scratch block of the op's own (*scratch,
  * allocated at the first such argument, freed by the caller behind the
  * work): a shader's .length() reads 4 bytes over its array's stride (1 for
- * 32-bit elements, 0 for 64-bit ones), loads read unspecified values and
- * stores land in the scratch block. */
+ * 32-bit elements, 0 for 64-bit ones), loads read zeros (or what the kernel
+ * stored there) and stores land in the scratch block. */
 static int kernel_op(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *ctx,
                      struct dspk__mem **scratch);
 
@@ -929,6 +929,9 @@ static int kernel_op(struct dspk__dev *d, struct dspk__op *op, struct dspk__opct
       int r;
       if (dspk__tensor_numel(t) == 0) {
         if (!*scratch && (r = dspk__vk_alloc(d, 16, scratch)))
+          return r;
+        /* Loads read zeros, never a pool block's earlier bytes. */
+        if ((r = dspk__vk_zero(d, *scratch, 0, 16)))
           return r;
         struct dspk__tensor w = {.dtype = DSPK_F32, .rank = 1, .shape = {1}, .mem = *scratch};
         r = dspk__vk_bind_tensor(d, &w, &b[nb], &elem);

@@ -360,6 +360,10 @@ int dspk__vk_kernel(struct dspk__dev *d, const char *name, const char *src,
   dspk__hash_str(&h, entry);
   dspk__hash_u64(&h, (uint64_t)nbind);
   dspk__hash_u64(&h, pcsize);
+  /* A client's kernel is made zero-initialised (below): never the same
+   * pipeline as one of ours of the same source. */
+  int raw = strcmp(name, "raw") == 0;
+  dspk__hash_u64(&h, (uint64_t)raw);
   for (int i = 0; i < d->nkernels; i++) {
     struct dspk__vk_kernel *k = &d->kernels[i];
     if (k->key[0] == h.hi && k->key[1] == h.lo) {
@@ -413,12 +417,15 @@ int dspk__vk_kernel(struct dspk__dev *d, const char *name, const char *src,
   /* A client's kernel: its SPIR-V must be valid (vk_spvval.c; Vulkan
    * leaves an invalid module undefined, and lavapipe faults on some), the
    * resources it uses must be those the layout has, and its work-group size
-   * and shared memory within the device's limits (vk_spvcheck.c); the
-   * generated kernels are ours. */
-  if (strcmp(name, "raw") == 0) {
+   * and shared memory within the device's limits (vk_spvcheck.c), and what
+   * it reads before writing is zero, never bytes an earlier task left in
+   * workgroup memory or registers (vk_spvzero.c, on the validated module);
+   * the generated kernels are ours. */
+  if (raw) {
     char msg[1024] = "";
     const uint32_t *w = spirv;
-    uint32_t *copy = NULL;
+    uint32_t *copy = NULL, *z = NULL;
+    size_t nz = 0;
     if ((uintptr_t)spirv % sizeof(uint32_t)) {
       if (!(copy = malloc(nbytes))) {
         r = DSPK_ENOMEM;
@@ -431,12 +438,18 @@ int dspk__vk_kernel(struct dspk__dev *d, const char *name, const char *src,
     if (!r)
       r = dspk__vk_spv_check(w, nbytes / 4, entry, nbind, pcsize, &d->props.limits, msg,
                              sizeof msg);
+    if (!r)
+      r = dspk__vk_spv_zero_init(w, nbytes / 4, d->zero_wg, &z, &nz, msg, sizeof msg);
     free(copy);
     if (r) {
-      if (msg[0])
+      if (msg[0] && r != DSPK_ENOMEM)
         dspk__vk_fail(ctx, r, "%s", msg);
       goto fail;
     }
+    free(spv);
+    spv = z;
+    spirv = z;
+    nbytes = nz * 4;
   }
   r = make_pipeline(d, spirv, nbytes, entry, nbind, pcsize, k, ctx);
   free(spv);

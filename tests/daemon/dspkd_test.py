@@ -2563,6 +2563,74 @@ def t_zeroed(exe, tmp):
     d.stop()
 
 
+def t_vkzeroed(exe, tmp):
+    """Round 7: on the Vulkan device (lavapipe in CI) a raw kernel read what
+    another connection's work left in the device: its unwritten `shared`
+    array held the other's built-in gemm operands and a raw kernel's data,
+    and the 2 bytes of padding of an f16[1] tensor (inline, or a fresh
+    2-byte buffer) the other's bytes.  Both read zero now."""
+    d = Daemon(exe, tmp, ["--backends", "cpu,vulkan"])
+    a, b = d.client(), d.client()
+    vk = [x["id"] for x in a.call("devices", {})["devices"] if x["backend"] == "vulkan"]
+    if not vk:
+        a.close()
+        b.close()
+        d.stop()
+        raise Skip("no vulkan device")
+    dev = vk[0]
+
+    def kernel(c, src, inputs):
+        args = [{"tensor": i} for i in range(len(inputs))]
+        return c.call("task.run", {"op": "kernel", "device": dev, "inputs": inputs,
+                                   "options": {"lang": "glsl", "source": src, "args": args}})
+
+    writer = ("#version 450\nlayout(local_size_x = 64) in;\n"
+              "layout(std430, binding = 0) buffer B { uint d[]; };\nshared uint sh[4096];\n"
+              "void main() { uint i = gl_LocalInvocationID.x;\n"
+              "  for (uint k = i; k < 4096u; k += 64u) sh[k] = 0x5EC2E7A5u + k;\n"
+              "  barrier(); d[i] = sh[4095u - i]; }\n")
+    reader = ("#version 450\nlayout(local_size_x = 64) in;\n"
+              "layout(std430, binding = 0) buffer B { uint d[]; };\nshared uint sh[8192];\n"
+              "void main() { uint i = gl_LocalInvocationID.x;\n"
+              "  for (uint k = i; k < 8192u; k += 64u) d[k] = sh[k]; }\n")
+    secret = np.full((256, 256), 1234.5, np.float32)
+    a.call("task.run", {"op": "gemm", "device": dev,
+                        "inputs": [{"dtype": "f32", "shape": [256, 256],
+                                    "data": secret.tobytes()}] * 2})
+    got = np.frombuffer(kernel(b, reader, [{"dtype": "f32", "shape": [8192],
+                                            "data": bytes(32768)}])["outputs"][0]["data"],
+                        np.uint32)
+    check(not got.any(), "after another connection's gemm, %d of 8192 words of unwritten "
+          "shared memory are not zero (%d hold its operands)"
+          % (int((got != 0).sum()), int((got.view(np.float32) == 1234.5).sum())))
+    kernel(a, writer, [{"dtype": "f32", "shape": [64], "data": bytes(256)}])
+    got = np.frombuffer(kernel(b, reader, [{"dtype": "f32", "shape": [8192],
+                                            "data": bytes(32768)}])["outputs"][0]["data"],
+                        np.uint32)
+    check(not got.any(), "after another connection's kernel, %d of 8192 words of unwritten "
+          "shared memory are not zero" % int((got != 0).sum()))
+    # Padding: a's bytes 0xab in small blocks, then b's f16[1] read as a word.
+    for _ in range(20):
+        buf = a.call("buffer.create", {"device": dev, "size": 512})["buffer"]
+        a.call("buffer.write", {"buffer": buf, "data": b"\xab" * 512})
+        a.call("buffer.free", {"buffer": buf})
+    a.call("buffer.create", {"device": dev, "size": 4})  # the frees are done
+    probe = ("#version 450\nlayout(local_size_x = 1) in;\n"
+             "layout(std430, binding = 0) buffer A { uint a[]; };\n"
+             "layout(std430, binding = 1) buffer O { uint o[]; };\n"
+             "void main() { o[0] = a[0]; }\n")
+    nb = b.call("buffer.create", {"device": dev, "size": 2})["buffer"]
+    for t in ({"dtype": "f16", "shape": [1], "data": b"\0\0"},
+              {"buffer": nb, "dtype": "f16", "shape": [1]}):
+        r = kernel(b, probe, [t, {"dtype": "f32", "shape": [1], "data": bytes(4)}])
+        word = int.from_bytes(r["outputs"][1]["data"], "little")
+        check(word == 0, "an f16[1] tensor (%s) reads as the word %#x: its padding holds "
+              "another connection's bytes" % ("buffer" if "buffer" in t else "inline", word))
+    a.close()
+    b.close()
+    d.stop()
+
+
 def t_idletrim(exe, tmp):
     """Once the last client has left (and idle_trim has passed), the device
     pool gives its cached blocks back: status then shows no cached bytes.
@@ -4277,6 +4345,7 @@ GROUPS = {
     "retireidlehip": t_retireidlehip,
     "measureapart": t_measureapart,
     "zeroed": t_zeroed,
+    "vkzeroed": t_vkzeroed,
     "reuse": t_reuse,
     "sendfrom": t_sendfrom,
     "reduceacc": t_reduceacc,

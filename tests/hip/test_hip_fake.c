@@ -561,6 +561,21 @@ static void test_raw_kernels(void **state) {
   assert_int_equal(raw("hip", ksrc, "fake_fill", m, 64, 4.5f), 0);
   expect_filled(m, 64, 4.5f);
   assert_true(dev->worker_starts >= 2);
+  /* Another uid's kernel gets a fresh worker (a new context: nothing of
+   * the first user's kernels in its shared memory or registers); that
+   * uid's next one keeps it; back to the first uid, another fresh one. */
+  {
+    uint64_t starts = dev->worker_starts;
+    ctx.uid = 1001;
+    assert_int_equal(raw("hip", ksrc, "fake_fill", m, 64, 5.5f), 0);
+    assert_int_equal(dev->worker_starts, starts + 1);
+    assert_int_equal(raw("hip", ksrc, "fake_fill", m, 64, 6.5f), 0);
+    assert_int_equal(dev->worker_starts, starts + 1);
+    ctx.uid = 0;
+    assert_int_equal(raw("hip", ksrc, "fake_fill", m, 64, 7.5f), 0);
+    assert_int_equal(dev->worker_starts, starts + 2);
+    expect_filled(m, 64, 7.5f);
+  }
   /* Errors that never reach the worker. */
   assert_int_equal(raw("hip", ksrc, "no_such", m, 64, 1.0f), DSPK_EINVAL);
   assert_non_null(strstr(errmsg, "no entry"));

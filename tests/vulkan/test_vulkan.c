@@ -1154,10 +1154,148 @@ static void t_raw_len0(void **state) {
   h_free(&Ot);
 }
 
-static void t_raw_spirv(void **state) {
+/* Runs raw GLSL src over tensors t[0..n) (each an argument, in order),
+ * grid 1; returns run's code, msg the message. */
+static int raw_over(const char *src, struct dspk__tensor *t, int n, char *msg, size_t len) {
+  struct dspk__op op = {.kind = DSPK_OP_KERNEL, .nin = n};
+  for (int i = 0; i < n; i++) {
+    op.in[i] = t[i];
+    op.u.kernel.args[i] = (struct dspk__karg){.kind = DSPK__KARG_TENSOR, .v.tensor = i};
+  }
+  op.u.kernel.nargs = n;
+  op.u.kernel.lang = "glsl";
+  op.u.kernel.source = src;
+  op.u.kernel.source_len = strlen(src);
+  op.u.kernel.grid[0] = 1;
+  assert_int_equal(dspk__op_infer(&op, msg, len), 0);
+  struct dspk__opctx ctx = {.errmsg = msg, .errmsg_len = len};
+  msg[0] = 0;
+  return VKB->run(D, &op, &ctx);
+}
+
+/* A tensor of n 32-bit words in a fresh block, zeroed. */
+static struct dspk__tensor words(int64_t n) {
+  struct dspk__tensor t = {.dtype = DSPK_F32, .rank = 1, .shape = {n}};
+  uint32_t *z = calloc((size_t)n, 4);
+  assert_int_equal(VKB->alloc(D, (size_t)n * 4, &t.mem), 0);
+  assert_int_equal(VKB->write(D, t.mem, 0, z, (size_t)n * 4), 0);
+  free(z);
+  return t;
+}
+
+/* Workgroup (shared) memory and uninitialised locals of a raw kernel read
+ * zero, never what an earlier kernel (another user's) left there: one
+ * kernel fills a shared array with a pattern, the next copies out its own
+ * unwritten shared array (lavapipe handed it the first one's bytes, every
+ * word, before vk_spvzero.c). */
+static void t_raw_zero_init(void **state) {
   (void)state;
-  /* The test makes its own SPIR-V with glslang, independently of the
-   * backend's compile path. */
+  static const char writer[] =
+      "#version 450\n"
+      "layout(local_size_x = 64) in;\n"
+      "layout(std430, binding = 0) buffer B { uint d[]; };\n"
+      "shared uint sh[4096];\n"
+      "void main() { uint i = gl_LocalInvocationID.x;\n"
+      "  for (uint k = i; k < 4096u; k += 64u) sh[k] = 0x5EC2E7A5u + k;\n"
+      "  barrier(); d[i] = sh[(i * 61u) % 4096u]; }\n";
+  static const char reader[] =
+      "#version 450\n"
+      "layout(local_size_x = 64) in;\n"
+      "layout(std430, binding = 0) buffer B { uint d[]; };\n"
+      "layout(std430, binding = 1) buffer L { uint l[]; };\n"
+      "shared uint sh[4096];\n"
+      "void main() { uint i = gl_LocalInvocationID.x; uint v[16];\n"
+      "  for (uint k = i; k < 4096u; k += 64u) d[k] = sh[k];\n"
+      "  for (uint k = 0u; k < 16u; k++) l[i * 16u + k] = v[k]; }\n";
+  char msg[512];
+  if (!D->zero_wg) {
+    /* Such a device refuses kernels with workgroup memory. */
+    struct dspk__tensor t = words(4096);
+    assert_int_equal(raw_over(writer, &t, 1, msg, sizeof msg), DSPK_ENOTSUP);
+    assert_non_null(strstr(msg, "shaderZeroInitializeWorkgroupMemory"));
+    VKB->free(D, t.mem);
+    return;
+  }
+  for (int round = 0; round < 2; round++) {
+    struct dspk__tensor t[2] = {words(4096), words(64 * 16)};
+    int r = raw_over(writer, t, 1, msg, sizeof msg);
+    if (r)
+      fail_msg("writer: %d %s", r, msg);
+    if ((r = raw_over(reader, t, 2, msg, sizeof msg)))
+      fail_msg("reader: %d %s", r, msg);
+    uint32_t *d = malloc(4096 * 4), *l = malloc(64 * 16 * 4);
+    assert_int_equal(VKB->read(D, t[0].mem, 0, d, 4096 * 4), 0);
+    assert_int_equal(VKB->read(D, t[1].mem, 0, l, 64 * 16 * 4), 0);
+    int shared = 0, locals = 0;
+    for (int k = 0; k < 4096; k++)
+      shared += d[k] != 0;
+    for (int k = 0; k < 64 * 16; k++)
+      locals += l[k] != 0;
+    if (shared || locals)
+      fail_msg("round %d: %d of 4096 words of unwritten shared memory and %d of 1024 "
+               "words of unwritten locals are not zero (shared[0] %#x)",
+               round, shared, locals, d[0]);
+    free(d);
+    free(l);
+    VKB->free(D, t[0].mem);
+    VKB->free(D, t[1].mem);
+  }
+}
+
+/* The padding a binding rounds a tensor up to (4 bytes), and the scratch
+ * word an empty tensor is bound to, read zero: never what a block at that
+ * place held before (0xab bytes written here, as another user's). */
+static void t_raw_pad_zero(void **state) {
+  (void)state;
+  static const char src[] =
+      "#version 450\n"
+      "layout(local_size_x = 1) in;\n"
+      "layout(std430, binding = 0) buffer A { uint a[]; };\n"
+      "layout(std430, binding = 1) buffer E { uint e[]; };\n"
+      "layout(std430, binding = 2) buffer O { uint o[]; };\n"
+      "void main() { o[0] = a[a.length() - 1]; o[1] = e[0]; o[2] = a.length(); }\n";
+  unsigned char dirty[512];
+  memset(dirty, 0xab, sizeof dirty);
+  char msg[512];
+  for (int64_t n = 1; n <= 3; n += 2) {
+    /* Blocks of the pool's smallest bucket, dirtied and given back: the
+     * next ones of that bucket are these (the three tensors' and the
+     * scratch block's). */
+    struct dspk__mem *m[5];
+    for (int i = 0; i < 5; i++) {
+      assert_int_equal(VKB->alloc(D, sizeof dirty, &m[i]), 0);
+      assert_int_equal(VKB->write(D, m[i], 0, dirty, sizeof dirty), 0);
+    }
+    for (int i = 0; i < 5; i++)
+      VKB->free(D, m[i]);
+    VKB->settle(D);
+    /* A tensor of n zero f16 elements (2n bytes, bound as 2n + 2), an
+     * empty one (the scratch word) and the output. */
+    struct dspk__tensor t[3] = {{.dtype = DSPK_F16, .rank = 1, .shape = {n}},
+                                {.dtype = DSPK_F32, .rank = 1, .shape = {0}},
+                                {0}};
+    unsigned char zero[8] = {0};
+    assert_int_equal(VKB->alloc(D, (size_t)n * 2, &t[0].mem), 0);
+    assert_int_equal(VKB->write(D, t[0].mem, 0, zero, (size_t)n * 2), 0);
+    assert_int_equal(VKB->alloc(D, 0, &t[1].mem), 0);
+    t[2] = words(4);
+    int r = raw_over(src, t, 3, msg, sizeof msg);
+    if (r)
+      fail_msg("f16[%lld]: %d %s", (long long)n, r, msg);
+    uint32_t o[3];
+    assert_int_equal(VKB->read(D, t[2].mem, 0, o, sizeof o), 0);
+    if (o[0] != 0 || o[1] != 0)
+      fail_msg("f16[%lld]: its last word reads %#x (its padding not zeroed), an empty "
+               "tensor %#x", (long long)n, o[0], o[1]);
+    assert_int_equal(o[2], (n * 2 + 3) / 4);
+    for (int i = 0; i < 3; i++)
+      VKB->free(D, t[i].mem);
+  }
+}
+
+/* GLSL compute source to SPIR-V 1.3 with glslang, independently of the
+ * backend's compile path; *nw words, malloc'd. */
+static uint32_t *to_spirv(const char *src, size_t *nw) {
   glslang_initialize_process();
   glslang_input_t in = {.language = GLSLANG_SOURCE_GLSL,
                         .stage = GLSLANG_STAGE_COMPUTE,
@@ -1165,7 +1303,7 @@ static void t_raw_spirv(void **state) {
                         .client_version = GLSLANG_TARGET_VULKAN_1_1,
                         .target_language = GLSLANG_TARGET_SPV,
                         .target_language_version = GLSLANG_TARGET_SPV_1_3,
-                        .code = raw_glsl,
+                        .code = src,
                         .default_version = 450,
                         .default_profile = GLSLANG_NO_PROFILE,
                         .messages = GLSLANG_MSG_DEFAULT_BIT,
@@ -1177,12 +1315,129 @@ static void t_raw_spirv(void **state) {
   glslang_program_add_shader(p, sh);
   assert_true(glslang_program_link(p, GLSLANG_MSG_SPV_RULES_BIT | GLSLANG_MSG_VULKAN_RULES_BIT));
   glslang_program_SPIRV_generate(p, GLSLANG_STAGE_COMPUTE);
-  size_t nw = glslang_program_SPIRV_get_size(p);
-  uint32_t *w = malloc(nw * 4);
+  *nw = glslang_program_SPIRV_get_size(p);
+  uint32_t *w = malloc(*nw * 4 + 64);
   glslang_program_SPIRV_get(p, w);
   glslang_program_delete(p);
   glslang_shader_delete(sh);
   glslang_finalize_process();
+  return w;
+}
+
+/* Inserts the instruction ins (its words) at word `at` of module w (nw
+ * words, room for it). */
+static void spv_insert(uint32_t *w, size_t *nw, size_t at, const uint32_t *ins) {
+  size_t l = ins[0] >> 16;
+  memmove(w + at + l, w + at, (*nw - at) * 4);
+  memcpy(w + at, ins, l * 4);
+  *nw += l;
+}
+
+/* The zero-initialising rewrite of client SPIR-V (vk_spvzero.c): every
+ * Workgroup, Private and Function variable gets an OpConstantNull
+ * initializer, OpUndefs (a global and a local one, added here) become
+ * OpConstantNull, the module stays valid (spirv-val, where found at build
+ * time); a device without zeroed workgroup memory refuses a module with a
+ * shared array and takes one without; a malformed module is EINVAL. */
+static void t_spv_zero_init(void **state) {
+  (void)state;
+  static const char src[] =
+      "#version 450\n"
+      "layout(local_size_x = 64) in;\n"
+      "layout(std430, binding = 0) buffer B { uint d[]; };\n"
+      "shared uint sh[64];\n"
+      "shared vec4 sv;\n"
+      "uint g;\n"
+      "void main() { uint i = gl_LocalInvocationID.x; uint v[4]; mat2 m;\n"
+      "  d[i] = sh[i] + v[i % 4u] + g + uint(m[0][0] + sv.x); }\n";
+  static const char plain[] =
+      "#version 450\n"
+      "layout(local_size_x = 1) in;\n"
+      "layout(std430, binding = 0) buffer B { uint d[]; };\n"
+      "void main() { uint v[4]; d[0] = v[d[1] % 4u]; }\n";
+  size_t nw, nz;
+  uint32_t *w = to_spirv(src, &nw), *z = NULL;
+  char msg[256];
+  /* Two OpUndefs of the 32-bit uint type: one global, before the first
+   * function, one local, after the first block's variables. */
+  uint32_t tuint = 0, bound = w[3];
+  size_t first_fn = 0;
+  for (size_t i = 5; i < nw; i += w[i] >> 16) {
+    if ((w[i] & 0xffff) == 21 && w[i + 2] == 32 && w[i + 3] == 0)
+      tuint = w[i + 1];
+    if ((w[i] & 0xffff) == 54 && !first_fn)
+      first_fn = i;
+  }
+  assert_true(tuint && first_fn);
+  size_t at = first_fn;
+  while ((w[at] & 0xffff) != 248) /* OpLabel */
+    at += w[at] >> 16;
+  for (at += 2; (w[at] & 0xffff) == 59;)
+    at += w[at] >> 16;
+  uint32_t local[3] = {(3u << 16) | 1, tuint, bound + 1};
+  spv_insert(w, &nw, at, local);
+  /* use it: OpIAdd %uint %new %undef %undef */
+  uint32_t add[5] = {(5u << 16) | 128, tuint, bound + 2, bound + 1, bound};
+  spv_insert(w, &nw, at + 3, add);
+  uint32_t global[3] = {(3u << 16) | 1, tuint, bound};
+  spv_insert(w, &nw, first_fn, global);
+  w[3] = bound + 3;
+
+  int zr = dspk__vk_spv_zero_init(w, nw, 1, &z, &nz, msg, sizeof msg);
+  if (zr) fail_msg("%d %s", zr, msg);
+  int vars = 0, inits = 0, undefs = 0, nulls = 0;
+  for (size_t i = 5; i < nz; i += z[i] >> 16) {
+    uint32_t op = z[i] & 0xffff, l = z[i] >> 16;
+    if (op == 59 && (z[i + 3] == 4 || z[i + 3] == 6 || z[i + 3] == 7)) {
+      vars++;
+      inits += l == 5;
+    }
+    undefs += op == 1;
+    nulls += op == 46 && (z[i + 2] == bound || z[i + 2] == bound + 1);
+  }
+  print_message("spv zero init: %d variables, %d initialised, %zu -> %zu words\n", vars,
+                inits, nw, nz);
+  assert_true(vars >= 6); /* sh, sv, g, i, v, m at least */
+  assert_int_equal(inits, vars);
+  assert_int_equal(undefs, 0);
+  assert_int_equal(nulls, 2);
+#ifdef DSPK_SPIRV_VAL
+  if (access(DSPK_SPIRV_VAL, X_OK) == 0) {
+    char path[] = "/tmp/dspk-spvzero-XXXXXX", cmd[512];
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, z, nz * 4), (ssize_t)(nz * 4));
+    close(fd);
+    snprintf(cmd, sizeof cmd, "%s --target-env vulkan1.3 %s", DSPK_SPIRV_VAL, path);
+    int r = system(cmd);
+    unlink(path);
+    if (r != 0)
+      fail_msg("spirv-val rejects the zero-initialised module (exit %d)", r);
+  }
+#endif
+  free(z);
+  z = NULL;
+  /* No zeroed workgroup memory: refused, with the reason. */
+  assert_int_equal(dspk__vk_spv_zero_init(w, nw, 0, &z, &nz, msg, sizeof msg), DSPK_ENOTSUP);
+  assert_non_null(strstr(msg, "shaderZeroInitializeWorkgroupMemory"));
+  assert_null(z);
+  /* An instruction running past the module's end. */
+  w[first_fn] = (w[first_fn] & 0xffff) | (0xffffu << 16);
+  assert_int_equal(dspk__vk_spv_zero_init(w, nw, 1, &z, &nz, msg, sizeof msg), DSPK_EINVAL);
+  assert_null(z);
+  free(w);
+  /* Without shared memory, a device that cannot zero it takes the kernel. */
+  w = to_spirv(plain, &nw);
+  assert_int_equal(dspk__vk_spv_zero_init(w, nw, 0, &z, &nz, msg, sizeof msg), 0);
+  assert_true(nz > nw);
+  free(z);
+  free(w);
+}
+
+static void t_raw_spirv(void **state) {
+  (void)state;
+  size_t nw;
+  uint32_t *w = to_spirv(raw_glsl, &nw);
   raw_run("spirv", w, nw * 4);
   /* SPIR-V 1.3: the entry point's interface does not list the buffers, the
    * functions' instructions tell which are used. */
@@ -2357,6 +2612,9 @@ int main(void) {
       cmocka_unit_test_teardown(t_fft_sk, unset_tune),
       cmocka_unit_test(t_raw_glsl),
       cmocka_unit_test(t_raw_len0),
+      cmocka_unit_test(t_raw_zero_init),
+      cmocka_unit_test(t_raw_pad_zero),
+      cmocka_unit_test(t_spv_zero_init),
       cmocka_unit_test(t_raw_spirv), cmocka_unit_test(t_raw_spirv_valid),
       cmocka_unit_test(t_raw_error),
       cmocka_unit_test(t_cache_restart),
