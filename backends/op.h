@@ -149,6 +149,12 @@ struct dspk__opctx {
    * names); the daemon sends it as the error message. */
   char *errmsg;
   size_t errmsg_len;
+  /* The uid whose task this is.  A client's raw kernel is compiled and
+   * cached for its owner alone (docs/security.md): another uid running the
+   * same source compiles it anew, so no user can tell from counters or
+   * timing whether another ran a given source.  The daemon's own kernels
+   * are shared. */
+  uint32_t owner;
 };
 
 /* Writes a one-line message into ctx->errmsg (when ctx has one) and returns

@@ -1410,6 +1410,8 @@ static void kernel_key(const struct dspk__kernel_key *k, struct kkey *out) {
   dspk__hash_str(&h, k->name);
   dspk__hash_field(&h, k->source, k->source_len);
   dspk__hash_str(&h, k->options);
+  if (k->owner) /* the daemon's own kernels keep the keys they had */
+    dspk__hash_str(&h, k->owner);
   dspk__hash_hex(&h, out->key);
 }
 

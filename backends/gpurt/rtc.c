@@ -24,7 +24,7 @@ struct dspk__cache_devid dspk__gpurt_devid(const struct dspk__dev *dev) {
 }
 
 static void fill_key(struct dspk__dev *dev, struct dspk__kernel_key *k,
-                     const char *name, const char *src, size_t len,
+                     const char *name, const char *owner, const char *src, size_t len,
                      const char *opts, const char *nvver) {
   memset(k, 0, sizeof(*k));
   k->dev = dspk__gpurt_devid(dev);
@@ -34,12 +34,21 @@ static void fill_key(struct dspk__dev *dev, struct dspk__kernel_key *k,
   k->source = src;
   k->source_len = len;
   k->options = opts;
+  k->owner = owner;
 }
 
 int dspk__gpurt_compile(const struct dspk__gpurt_driver *drv, struct dspk__dev *dev,
                         const char *arch, const char *name, const char *src, size_t len,
                         void **cubin, size_t *cubin_len, char *log, size_t loglen,
                         char cache_id[DSPK__HASH_HEX]) {
+  return dspk__gpurt_compile_owned(drv, dev, arch, name, NULL, src, len, cubin, cubin_len, log,
+                                   loglen, cache_id);
+}
+
+int dspk__gpurt_compile_owned(const struct dspk__gpurt_driver *drv, struct dspk__dev *dev,
+                              const char *arch, const char *name, const char *owner,
+                              const char *src, size_t len, void **cubin, size_t *cubin_len,
+                              char *log, size_t loglen, char cache_id[DSPK__HASH_HEX]) {
   char why[160], rtver[32], *text = NULL;
   struct dspk__kernel_key key;
   struct dspk__cache *cache = dev ? dev->env.cache : NULL;
@@ -67,7 +76,7 @@ int dspk__gpurt_compile(const struct dspk__gpurt_driver *drv, struct dspk__dev *
   if (cache) {
     char joined[128];
     drv->rtc_opts(arch, joined, sizeof(joined));
-    fill_key(dev, &key, name, src, len, joined, rtver);
+    fill_key(dev, &key, name, owner, src, len, joined, rtver);
     if (dspk__cache_kernel_get(cache, &key, &bin, &n) == 0) {
       dev->kernel_cache_hits++;
       if (cache_id)

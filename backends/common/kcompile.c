@@ -1,0 +1,240 @@
+/* A client's kernel compiled in a child process under limits (kcompile.h). */
+#include "backends/common/kcompile.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "dspk/errors.h"
+#include "proto/utf8.h"
+
+extern char **environ;
+
+/* Writes all of p to fd; 0 or -1. */
+static int write_all(int fd, const void *p, size_t n) {
+  const char *c = p;
+  while (n) {
+    ssize_t w = write(fd, c, n);
+    if (w < 0 && errno == EINTR)
+      continue;
+    if (w <= 0)
+      return -1;
+    c += w;
+    n -= (size_t)w;
+  }
+  return 0;
+}
+
+static int64_t now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* The source as the child's stdin: a memfd, so that neither side waits on
+ * the other while it is written. */
+static int source_fd(const char *src, size_t len) {
+  int fd = memfd_create("dspk-kernel-source", MFD_CLOEXEC);
+  if (fd < 0)
+    return -1;
+  if (write_all(fd, src, len) != 0 || lseek(fd, 0, SEEK_SET) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+int dspk__kcompile_run(const char *exe, const char *lang, const char *src, size_t len,
+                       atomic_int *cancel, void **bin, size_t *binlen, char *log,
+                       size_t loglen) {
+  char *argv[] = {"dspkd-kernel-compile", "--kernel-compile", (char *)lang, NULL};
+  posix_spawn_file_actions_t fa;
+  char *buf = NULL;
+  size_t n = 0, cap = 0;
+  int p[2], in, st = 0, rc, timed_out = 0, canceled = 0, too_long = 0;
+  pid_t pid;
+  if (log && loglen)
+    log[0] = 0;
+  if ((in = source_fd(src, len)) < 0)
+    return errno == ENOMEM ? DSPK_ENOMEM : DSPK_EIO;
+  if (pipe2(p, O_CLOEXEC) != 0) {
+    close(in);
+    return DSPK_EIO;
+  }
+  /* dup2 onto 0 and 1 clears close-on-exec there; stderr is /dev/null (a
+   * compiler's crash report is not the daemon's log line to write). */
+  rc = posix_spawn_file_actions_init(&fa);
+  if (rc == 0) {
+    rc = posix_spawn_file_actions_adddup2(&fa, in, 0);
+    if (rc == 0)
+      rc = posix_spawn_file_actions_adddup2(&fa, p[1], 1);
+    if (rc == 0)
+      rc = posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
+    if (rc == 0)
+      rc = posix_spawn(&pid, exe, &fa, NULL, argv, environ);
+    posix_spawn_file_actions_destroy(&fa);
+  }
+  close(in);
+  close(p[1]);
+  if (rc != 0) {
+    close(p[0]);
+    dspk__format(log, loglen, "kernel: cannot start the compiler's process: %s", strerror(rc));
+    return rc == ENOMEM ? DSPK_ENOMEM : DSPK_EIO;
+  }
+  int64_t deadline = now_ms() + (int64_t)DSPK__KCOMPILE_TIME_S * 1000;
+  for (;;) {
+    int64_t left = deadline - now_ms();
+    if (cancel && atomic_load(cancel)) {
+      canceled = 1;
+      break;
+    }
+    if (left <= 0) {
+      timed_out = 1;
+      break;
+    }
+    struct pollfd pf = {.fd = p[0], .events = POLLIN};
+    /* Wakes at least every 50 ms to see a cancel. */
+    int pr = poll(&pf, 1, left < 50 ? (int)left : 50);
+    if (pr < 0 && errno != EINTR)
+      break;
+    if (pr <= 0)
+      continue;
+    if (n == cap) {
+      size_t ncap = cap ? 2 * cap : 65536;
+      char *nb = ncap <= DSPK__KCOMPILE_OUT_MAX + 4 ? realloc(buf, ncap) : NULL;
+      if (!nb) {
+        too_long = 1;
+        break;
+      }
+      buf = nb;
+      cap = ncap;
+    }
+    ssize_t r = read(p[0], buf + n, cap - n);
+    if (r < 0 && errno == EINTR)
+      continue;
+    if (r <= 0)
+      break;
+    n += (size_t)r;
+  }
+  close(p[0]);
+  if (timed_out || canceled || too_long)
+    kill(pid, SIGKILL);
+  while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
+    ;
+  rc = 0;
+  if (canceled) {
+    rc = DSPK_ECANCELED;
+    dspk__format(log, loglen, "the task was canceled");
+  } else if (timed_out || (WIFSIGNALED(st) && WTERMSIG(st) == SIGXCPU)) {
+    rc = DSPK_ELIMIT;
+    dspk__format(log, loglen,
+                 "kernel: compiling the source took longer than the %d s a client's kernel "
+                 "compile may take",
+                 DSPK__KCOMPILE_TIME_S);
+  } else if (too_long) {
+    rc = DSPK_ELIMIT;
+    dspk__format(log, loglen, "kernel: the compiled code is larger than %u MiB",
+                 DSPK__KCOMPILE_OUT_MAX >> 20);
+  } else if (WIFSIGNALED(st) || (WIFEXITED(st) && WEXITSTATUS(st) == 3)) {
+    /* Out of its address space: glslang's operator new throws, which ends
+     * in abort(); the child's own malloc failures exit with 3. */
+    int sig = WIFSIGNALED(st) ? WTERMSIG(st) : 0;
+    rc = sig == 0 || sig == SIGABRT || sig == SIGKILL ? DSPK_ELIMIT : DSPK_ECOMPILE;
+    if (rc == DSPK_ELIMIT)
+      dspk__format(log, loglen,
+                   "kernel: compiling the source needed more than the %d MiB of memory a "
+                   "client's kernel compile may use",
+                   DSPK__KCOMPILE_MEM_MIB);
+    else
+      dspk__format(log, loglen, "kernel: the compiler failed on this source (signal %d)", sig);
+  } else if (!WIFEXITED(st) || WEXITSTATUS(st) != 0 || n < 4) {
+    rc = DSPK_EIO;
+    dspk__format(log, loglen, "kernel: the compiler's process gave no answer");
+  }
+  if (rc) {
+    free(buf);
+    return rc;
+  }
+  int32_t code;
+  memcpy(&code, buf, 4);
+  if (code < 0) {
+    size_t m = n - 4 < loglen ? n - 4 : (loglen ? loglen - 1 : 0);
+    if (loglen) {
+      memcpy(log, buf + 4, m);
+      log[m] = 0;
+    }
+    free(buf);
+    return code;
+  }
+  memmove(buf, buf + 4, n - 4);
+  *bin = buf;
+  *binlen = n - 4;
+  return 0;
+}
+
+/* The child's address space now, in bytes (0 when unknown). */
+static size_t vm_now(void) {
+  unsigned long pages = 0;
+  FILE *f = fopen("/proc/self/statm", "r");
+  if (!f)
+    return 0;
+  if (fscanf(f, "%lu", &pages) != 1)
+    pages = 0;
+  fclose(f);
+  return (size_t)pages * (size_t)sysconf(_SC_PAGESIZE);
+}
+
+int dspk__kcompile_serve(dspk__kcompile_fn *fn, void *ud) {
+  char log[4096] = "";
+  char *src = NULL;
+  size_t n = 0, cap = 0;
+  void *bin = NULL;
+  size_t binlen = 0;
+  /* Ends with the daemon's thread that asked. */
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  for (;;) {
+    if (n + 1 >= cap) {
+      size_t ncap = cap ? 2 * cap : 65536;
+      char *nb = realloc(src, ncap);
+      if (!nb)
+        return 3;
+      src = nb;
+      cap = ncap;
+    }
+    ssize_t r = read(0, src + n, cap - 1 - n);
+    if (r < 0 && errno == EINTR)
+      continue;
+    if (r < 0)
+      return 2;
+    if (r == 0)
+      break;
+    n += (size_t)r;
+  }
+  src[n] = 0;
+  struct rlimit as = {.rlim_cur = vm_now() + ((size_t)DSPK__KCOMPILE_MEM_MIB << 20)};
+  struct rlimit cpu = {.rlim_cur = DSPK__KCOMPILE_TIME_S + 1, .rlim_max = DSPK__KCOMPILE_TIME_S + 2};
+  as.rlim_max = as.rlim_cur;
+  if (setrlimit(RLIMIT_AS, &as) != 0 || setrlimit(RLIMIT_CPU, &cpu) != 0)
+    return 2;
+  int32_t code = fn(ud, src, n, &bin, &binlen, log, sizeof log);
+  if (code == DSPK_ENOMEM)
+    return 3;
+  if (write_all(1, &code, 4) != 0 ||
+      (code == 0 ? write_all(1, bin, binlen) : write_all(1, log, strlen(log))) != 0)
+    return 2;
+  free(bin);
+  free(src);
+  return 0;
+}

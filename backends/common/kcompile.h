@@ -1,0 +1,46 @@
+/*
+ * A client's raw-kernel source is compiled in a child process under limits.
+ * A compiler front end amplifies its input: a 0.5 KiB GLSL source of nested
+ * macros expands to 2^20 tokens and more, and glslang (or NVRTC, hiprtc)
+ * then takes GiBs and minutes on the device's runner thread.  So the daemon
+ * hands a client's source to a child (`EXE --kernel-compile LANG`, dspkd
+ * itself, which runs dspk__kernel_compile_main) that may use at most
+ * DSPK__KCOMPILE_MEM_MIB MiB of address space beyond what it had at its
+ * start and DSPK__KCOMPILE_TIME_S seconds: past either the child is gone and
+ * the task fails with DSPK_ELIMIT (docs/protocol.md, kernel).  A crash of
+ * the compiler ends the child too, never the daemon.  The daemon's own
+ * generated kernels are compiled in process (they are ours, and small).
+ */
+#ifndef DSPK_BACKENDS_COMMON_KCOMPILE_H
+#define DSPK_BACKENDS_COMMON_KCOMPILE_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+
+/* The limits of one compile of a client's source (docs/protocol.md). */
+#define DSPK__KCOMPILE_MEM_MIB 512
+#define DSPK__KCOMPILE_TIME_S 5
+/* The most bytes of code a compile may give back. */
+#define DSPK__KCOMPILE_OUT_MAX (64u << 20)
+
+/* A compiler as the child runs it: 0 and a malloc'd *bin of *binlen bytes,
+ * or a negative dspk_errno with log (NUL-terminated) set. */
+typedef int dspk__kcompile_fn(void *ud, const char *src, size_t len, void **bin, size_t *binlen,
+                              char *log, size_t loglen);
+
+/* The parent's side: runs `exe --kernel-compile lang` with src on its stdin
+ * and waits for it, at most DSPK__KCOMPILE_TIME_S seconds, and stops it as
+ * soon as *cancel (may be NULL) is set.  Returns 0 with *bin (malloc'd) and
+ * *binlen; the compiler's error (its log in log); DSPK_ELIMIT with log
+ * saying which limit the compile went past; DSPK_ECANCELED; or DSPK_ENOMEM,
+ * DSPK_EIO when no child could run.  Runs on a runner thread. */
+int dspk__kcompile_run(const char *exe, const char *lang, const char *src, size_t len,
+                       atomic_int *cancel, void **bin, size_t *binlen, char *log,
+                       size_t loglen);
+
+/* The child's side: reads the source from stdin, sets the limits, runs fn
+ * and writes its answer to stdout.  Returns the exit status (0 when an
+ * answer was written, 2 when not). */
+int dspk__kcompile_serve(dspk__kcompile_fn *fn, void *ud);
+
+#endif
