@@ -41,12 +41,26 @@ const char *const dspk__known_backends[] = {"cpu", "cuda", "vulkan", "hip", NULL
 #ifdef DSPK_HAVE_VULKAN
 int dspk__vk_compile_main(void); /* backends/vulkan/vk_shader.c */
 #endif
+#ifdef DSPK_HAVE_CUDA
+int dspk__cuda_compile_main(const char *arch); /* backends/cuda/backend.c */
+#endif
+#ifdef DSPK_HAVE_HIP
+int dspk__hip_compile_main(const char *arch); /* backends/hip/backend.c */
+#endif
 
 /* See backend.h: the languages whose compiler runs in this process. */
 int dspk__kernel_compile_main(const char *lang) {
 #ifdef DSPK_HAVE_VULKAN
   if (strcmp(lang, "glsl") == 0)
     return dspk__vk_compile_main();
+#endif
+#ifdef DSPK_HAVE_CUDA
+  if (strncmp(lang, "cuda:", 5) == 0)
+    return dspk__cuda_compile_main(lang + 5);
+#endif
+#ifdef DSPK_HAVE_HIP
+  if (strncmp(lang, "hip:", 4) == 0)
+    return dspk__hip_compile_main(lang + 4);
 #endif
   (void)lang;
   return 2;

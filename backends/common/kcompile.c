@@ -184,16 +184,19 @@ int dspk__kcompile_run(const char *exe, const char *lang, const char *src, size_
   return 0;
 }
 
-/* The child's address space now, in bytes (0 when unknown). */
-static size_t vm_now(void) {
-  unsigned long pages = 0;
-  FILE *f = fopen("/proc/self/statm", "r");
+/* The child's data segment now (VmData: its heap and every private
+ * writable mapping, what RLIMIT_DATA bounds), in bytes; 0 when unknown. */
+static size_t data_now(void) {
+  char line[128];
+  unsigned long kib = 0;
+  FILE *f = fopen("/proc/self/status", "r");
   if (!f)
     return 0;
-  if (fscanf(f, "%lu", &pages) != 1)
-    pages = 0;
+  while (fgets(line, sizeof line, f))
+    if (sscanf(line, "VmData: %lu kB", &kib) == 1)
+      break;
   fclose(f);
-  return (size_t)pages * (size_t)sysconf(_SC_PAGESIZE);
+  return (size_t)kib << 10;
 }
 
 int dspk__kcompile_serve(dspk__kcompile_fn *fn, void *ud) {
@@ -223,10 +226,12 @@ int dspk__kcompile_serve(dspk__kcompile_fn *fn, void *ud) {
     n += (size_t)r;
   }
   src[n] = 0;
-  struct rlimit as = {.rlim_cur = vm_now() + ((size_t)DSPK__KCOMPILE_MEM_MIB << 20)};
+  /* RLIMIT_DATA rather than RLIMIT_AS: a compiler's reserved but unused
+   * address space (PROT_NONE arenas, libraries' text) costs nothing. */
+  struct rlimit as = {.rlim_cur = data_now() + ((size_t)DSPK__KCOMPILE_MEM_MIB << 20)};
   struct rlimit cpu = {.rlim_cur = DSPK__KCOMPILE_TIME_S + 1, .rlim_max = DSPK__KCOMPILE_TIME_S + 2};
   as.rlim_max = as.rlim_cur;
-  if (setrlimit(RLIMIT_AS, &as) != 0 || setrlimit(RLIMIT_CPU, &cpu) != 0)
+  if (setrlimit(RLIMIT_DATA, &as) != 0 || setrlimit(RLIMIT_CPU, &cpu) != 0)
     return 2;
   int32_t code = fn(ud, src, n, &bin, &binlen, log, sizeof log);
   if (code == DSPK_ENOMEM)

@@ -5,8 +5,9 @@
  * then takes GiBs and minutes on the device's runner thread.  So the daemon
  * hands a client's source to a child (`EXE --kernel-compile LANG`, dspkd
  * itself, which runs dspk__kernel_compile_main) that may use at most
- * DSPK__KCOMPILE_MEM_MIB MiB of address space beyond what it had at its
- * start and DSPK__KCOMPILE_TIME_S seconds: past either the child is gone and
+ * DSPK__KCOMPILE_MEM_MIB MiB of memory (RLIMIT_DATA: heap and private
+ * writable mappings) beyond what it had once its compiler was loaded, and
+ * DSPK__KCOMPILE_TIME_S seconds: past either the child is gone and
  * the task fails with DSPK_ELIMIT (docs/protocol.md, kernel).  A crash of
  * the compiler ends the child too, never the daemon.  The daemon's own
  * generated kernels are compiled in process (they are ours, and small).

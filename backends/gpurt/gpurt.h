@@ -431,13 +431,21 @@ int dspk__gpurt_compile(const struct dspk__gpurt_driver *drv, struct dspk__dev *
                         const char *arch, const char *name, const char *src, size_t len,
                         void **cubin, size_t *cubin_len, char *log, size_t loglen,
                         char cache_id[DSPK__HASH_HEX]);
-/* dspk__gpurt_compile for a client's raw kernel: owner ("uid 1000") is in
- * its cache key, so the entry is that client's alone (a hit tells no one
- * whether another uid compiled the same source); NULL: the daemon's own. */
-int dspk__gpurt_compile_owned(const struct dspk__gpurt_driver *drv, struct dspk__dev *dev,
-                              const char *arch, const char *name, const char *owner,
-                              const char *src, size_t len, void **cubin, size_t *cubin_len,
-                              char *log, size_t loglen, char cache_id[DSPK__HASH_HEX]);
+/* dspk__gpurt_compile for a client's raw kernel (client: its task; NULL:
+ * the daemon's own kernel).  client->owner is in the cache key, so the
+ * entry is that uid's alone (a hit tells no one whether another uid
+ * compiled the same source), and the compile runs in a child under the
+ * limits of backends/common/kcompile.h when dev's env has a compile_exe
+ * (DSPK_ELIMIT past them, DSPK_ECANCELED when client->cancel is set). */
+int dspk__gpurt_compile_client(const struct dspk__gpurt_driver *drv, struct dspk__dev *dev,
+                               const char *arch, const char *name,
+                               const struct dspk__opctx *client, const char *src, size_t len,
+                               void **cubin, size_t *cubin_len, char *log, size_t loglen,
+                               char cache_id[DSPK__HASH_HEX]);
+/* The child's side of a client's compile for drv (`EXE --kernel-compile
+ * LANG:ARCH`, backends/registry.c): loads the compiler, then
+ * dspk__kcompile_serve.  Returns the exit status. */
+int dspk__gpurt_compile_main(const struct dspk__gpurt_driver *drv, const char *arch);
 /* The function `entry` of a generated family's module for dtype dt,
  * compiling and loading it on first use. */
 int dspk__gpurt_kfunc(struct dspk__dev *dev, enum dspk__kfamily f, dspk_dtype dt,

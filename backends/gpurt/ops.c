@@ -732,7 +732,6 @@ static int op_kernel(struct dspk__dev *dev, struct dspk__op *op, struct dspk__op
   const char *lang = op->u.kernel.lang;
   struct dspk__hash h;
   struct { uint64_t hi, lo; } key;
-  char owner[24];
   struct rawmod *m;
   dspk__gfunc fn;
   int r;
@@ -746,10 +745,10 @@ static int op_kernel(struct dspk__dev *dev, struct dspk__op *op, struct dspk__op
       return dspk__gpurt_msg(ctx, DSPK_EINVAL, "kernel: grid and block sizes must be >= 1");
   /* A client's module is its owner's alone (op.h, owner): in the table and
    * in the persistent cache, so a hit tells no one about another uid. */
-  snprintf(owner, sizeof owner, "uid %u", (unsigned)(ctx ? ctx->owner : 0));
   dspk__hash_init(&h);
   dspk__hash_field(&h, op->u.kernel.source, op->u.kernel.source_len);
-  dspk__hash_str(&h, owner);
+  dspk__hash_str(&h, "owner");
+  dspk__hash_u64(&h, ctx ? ctx->owner : 0);
   key.hi = h.hi;
   key.lo = h.lo;
   m = dspk__plancache_get(&dev->raw_modules, &key, sizeof(key));
@@ -761,7 +760,9 @@ static int op_kernel(struct dspk__dev *dev, struct dspk__op *op, struct dspk__op
     size_t loglen = ctx && ctx->errmsg ? ctx->errmsg_len : 0;
     void *bin = NULL;
     size_t blen = 0;
-    if ((rc = dspk__gpurt_compile_owned(DRV, dev, NULL, "kernel.cu", owner, op->u.kernel.source,
+    struct dspk__opctx anon = {0};
+    if ((rc = dspk__gpurt_compile_client(DRV, dev, NULL, "kernel.cu", ctx ? ctx : &anon,
+                                        op->u.kernel.source,
                                        op->u.kernel.source_len, &bin, &blen, log, loglen,
                                        cache_id)))
       return rc;
