@@ -13,6 +13,7 @@
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -43,41 +44,27 @@ static int64_t now_ms(void) {
   return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-/* The source as the child's stdin: a memfd, so that neither side waits on
- * the other while it is written. */
-static int source_fd(const char *src, size_t len) {
-  int fd = memfd_create("dspk-kernel-source", MFD_CLOEXEC);
-  if (fd < 0)
-    return -1;
-  if (write_all(fd, src, len) != 0 || lseek(fd, 0, SEEK_SET) != 0) {
-    close(fd);
-    return -1;
-  }
-  return fd;
-}
-
-int dspk__kcompile_run(const char *exe, const char *lang, const char *src, size_t len,
-                       atomic_int *cancel, void **bin, size_t *binlen, char *log,
-                       size_t loglen) {
+/* Starts `exe --kernel-compile lang` into *s (its stdin a socket, so that
+ * a write to a dead child is an error, not SIGPIPE; its stderr /dev/null:
+ * a compiler's crash report is not the daemon's log line to write).
+ * Returns 0 or a positive errno. */
+static int spawn(struct dspk__kcompile_spare *s, const char *exe, const char *lang) {
   char *argv[] = {"dspkd-kernel-compile", "--kernel-compile", (char *)lang, NULL};
   posix_spawn_file_actions_t fa;
-  char *buf = NULL;
-  size_t n = 0, cap = 0;
-  int p[2], in, st = 0, rc, timed_out = 0, canceled = 0, too_long = 0;
+  int sv[2], p[2], rc;
   pid_t pid;
-  if (log && loglen)
-    log[0] = 0;
-  if ((in = source_fd(src, len)) < 0)
-    return errno == ENOMEM ? DSPK_ENOMEM : DSPK_EIO;
+  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0)
+    return errno;
   if (pipe2(p, O_CLOEXEC) != 0) {
-    close(in);
-    return DSPK_EIO;
+    rc = errno;
+    close(sv[0]);
+    close(sv[1]);
+    return rc;
   }
-  /* dup2 onto 0 and 1 clears close-on-exec there; stderr is /dev/null (a
-   * compiler's crash report is not the daemon's log line to write). */
+  /* dup2 onto 0 and 1 clears close-on-exec there. */
   rc = posix_spawn_file_actions_init(&fa);
   if (rc == 0) {
-    rc = posix_spawn_file_actions_adddup2(&fa, in, 0);
+    rc = posix_spawn_file_actions_adddup2(&fa, sv[1], 0);
     if (rc == 0)
       rc = posix_spawn_file_actions_adddup2(&fa, p[1], 1);
     if (rc == 0)
@@ -86,13 +73,55 @@ int dspk__kcompile_run(const char *exe, const char *lang, const char *src, size_
       rc = posix_spawn(&pid, exe, &fa, NULL, argv, environ);
     posix_spawn_file_actions_destroy(&fa);
   }
-  close(in);
+  close(sv[1]);
   close(p[1]);
   if (rc != 0) {
+    close(sv[0]);
     close(p[0]);
-    dspk__format(log, loglen, "kernel: cannot start the compiler's process: %s", strerror(rc));
-    return rc == ENOMEM ? DSPK_ENOMEM : DSPK_EIO;
+    return rc;
   }
+  s->pid = (int)pid;
+  s->in = sv[0];
+  s->out = p[0];
+  snprintf(s->lang, sizeof s->lang, "%s", lang);
+  return 0;
+}
+
+void dspk__kcompile_spare_end(struct dspk__kcompile_spare *s) {
+  int st;
+  if (!s || s->pid <= 0)
+    return;
+  close(s->in);
+  close(s->out);
+  kill((pid_t)s->pid, SIGKILL);
+  while (waitpid((pid_t)s->pid, &st, 0) < 0 && errno == EINTR)
+    ;
+  memset(s, 0, sizeof *s);
+}
+
+int dspk__kcompile_run(struct dspk__kcompile_spare *spare, const char *exe, const char *lang,
+                       const char *src, size_t len, atomic_int *cancel, void **bin,
+                       size_t *binlen, char *log, size_t loglen) {
+  struct dspk__kcompile_spare c = {0};
+  char *buf = NULL;
+  size_t n = 0, cap = 0, sent = 0;
+  int st = 0, rc, timed_out = 0, canceled = 0, too_long = 0;
+  if (log && loglen)
+    log[0] = 0;
+  if (spare && spare->pid > 0 && strcmp(spare->lang, lang) == 0) {
+    c = *spare;
+    memset(spare, 0, sizeof *spare);
+  } else {
+    dspk__kcompile_spare_end(spare); /* another language's */
+    if ((rc = spawn(&c, exe, lang)) != 0) {
+      dspk__format(log, loglen, "kernel: cannot start the compiler's process: %s",
+                   strerror(rc));
+      return rc == ENOMEM ? DSPK_ENOMEM : DSPK_EIO;
+    }
+  }
+  /* The source goes in as the answer comes out: neither side waits on the
+   * other, and a child that takes no input still meets the deadline. */
+  fcntl(c.in, F_SETFL, fcntl(c.in, F_GETFL) | O_NONBLOCK);
   int64_t deadline = now_ms() + (int64_t)DSPK__KCOMPILE_TIME_S * 1000;
   for (;;) {
     int64_t left = deadline - now_ms();
@@ -104,12 +133,23 @@ int dspk__kcompile_run(const char *exe, const char *lang, const char *src, size_
       timed_out = 1;
       break;
     }
-    struct pollfd pf = {.fd = p[0], .events = POLLIN};
+    struct pollfd pf[2] = {{.fd = c.out, .events = POLLIN}, {.fd = c.in, .events = POLLOUT}};
     /* Wakes at least every 50 ms to see a cancel. */
-    int pr = poll(&pf, 1, left < 50 ? (int)left : 50);
+    int pr = poll(pf, sent < len || c.in >= 0 ? 2 : 1, left < 50 ? (int)left : 50);
     if (pr < 0 && errno != EINTR)
       break;
     if (pr <= 0)
+      continue;
+    if (c.in >= 0 && (pf[1].revents & (POLLOUT | POLLERR | POLLHUP))) {
+      ssize_t w = sent < len ? send(c.in, src + sent, len - sent, MSG_NOSIGNAL) : 0;
+      if (w > 0)
+        sent += (size_t)w;
+      if (sent == len || (w < 0 && errno != EAGAIN && errno != EINTR)) {
+        close(c.in); /* the end of the source (or a child gone) */
+        c.in = -1;
+      }
+    }
+    if (!(pf[0].revents & (POLLIN | POLLERR | POLLHUP)))
       continue;
     if (n == cap) {
       size_t ncap = cap ? 2 * cap : 65536;
@@ -121,18 +161,23 @@ int dspk__kcompile_run(const char *exe, const char *lang, const char *src, size_
       buf = nb;
       cap = ncap;
     }
-    ssize_t r = read(p[0], buf + n, cap - n);
+    ssize_t r = read(c.out, buf + n, cap - n);
     if (r < 0 && errno == EINTR)
       continue;
     if (r <= 0)
       break;
     n += (size_t)r;
   }
-  close(p[0]);
+  if (c.in >= 0)
+    close(c.in);
+  close(c.out);
   if (timed_out || canceled || too_long)
-    kill(pid, SIGKILL);
-  while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
+    kill((pid_t)c.pid, SIGKILL);
+  while (waitpid((pid_t)c.pid, &st, 0) < 0 && errno == EINTR)
     ;
+  /* The next compile's child, set up while this device does other work. */
+  if (spare && spawn(spare, exe, lang) != 0)
+    memset(spare, 0, sizeof *spare);
   rc = 0;
   if (canceled) {
     rc = DSPK_ECANCELED;
@@ -199,14 +244,19 @@ static size_t data_now(void) {
   return (size_t)kib << 10;
 }
 
-int dspk__kcompile_serve(dspk__kcompile_fn *fn, void *ud) {
+int dspk__kcompile_serve(dspk__kcompile_fn *fn, void *ud, const char *warm) {
   char log[4096] = "";
   char *src = NULL;
   size_t n = 0, cap = 0;
   void *bin = NULL;
   size_t binlen = 0;
+  struct rusage ru;
   /* Ends with the daemon's thread that asked. */
   prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (warm && fn(ud, warm, strlen(warm), &bin, &binlen, log, sizeof log) == 0) {
+    free(bin);
+    bin = NULL;
+  }
   for (;;) {
     if (n + 1 >= cap) {
       size_t ncap = cap ? 2 * cap : 65536;
@@ -229,7 +279,12 @@ int dspk__kcompile_serve(dspk__kcompile_fn *fn, void *ud) {
   /* RLIMIT_DATA rather than RLIMIT_AS: a compiler's reserved but unused
    * address space (PROT_NONE arenas, libraries' text) costs nothing. */
   struct rlimit as = {.rlim_cur = data_now() + ((size_t)DSPK__KCOMPILE_MEM_MIB << 20)};
-  struct rlimit cpu = {.rlim_cur = DSPK__KCOMPILE_TIME_S + 1, .rlim_max = DSPK__KCOMPILE_TIME_S + 2};
+  /* RLIMIT_CPU counts the whole process: the set-up so far, then ours. */
+  rlim_t used = getrusage(RUSAGE_SELF, &ru) == 0
+                    ? (rlim_t)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec + 1)
+                    : 0;
+  struct rlimit cpu = {.rlim_cur = used + DSPK__KCOMPILE_TIME_S + 1,
+                       .rlim_max = used + DSPK__KCOMPILE_TIME_S + 2};
   as.rlim_max = as.rlim_cur;
   if (setrlimit(RLIMIT_DATA, &as) != 0 || setrlimit(RLIMIT_CPU, &cpu) != 0)
     return 2;

@@ -30,6 +30,7 @@
 #include <string.h>
 
 #include "backends/backend.h"
+#include "backends/common/kcompile.h"
 #include "backends/common/plancache.h"
 #include "backends/common/pool.h"
 #include "backends/common/retire.h"
@@ -332,6 +333,7 @@ struct dspk__dev {
   void *ctx;
   dspk__gstream stream;
   struct dspk__devenv env;
+  struct dspk__kcompile_spare kspare; /* clients' compiles (kcompile.h) */
   struct dspk__devinfo info;
   char arch[32];       /* "sm_90", "gfx90a" */
   char rtc_ver[32];    /* the run-time compiler's version: "13.0" */

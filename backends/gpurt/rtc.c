@@ -66,7 +66,9 @@ int dspk__gpurt_compile_main(const struct dspk__gpurt_driver *drv, const char *a
    * source's doing. */
   if (drv->rtc_load(why, sizeof why) != 0)
     return 2;
-  return dspk__kcompile_serve(rtc_child_fn, &c);
+  /* A trivial kernel sets the compiler up before the client's source
+   * arrives (kcompile.h, spare). */
+  return dspk__kcompile_serve(rtc_child_fn, &c, "extern \"C\" __global__ void dspk_warm() {}\n");
 }
 
 int dspk__gpurt_compile_client(const struct dspk__gpurt_driver *drv, struct dspk__dev *dev,
@@ -123,8 +125,8 @@ int dspk__gpurt_compile_client(const struct dspk__gpurt_driver *drv, struct dspk
     /* A client's source: in a child, under kcompile.h's limits. */
     char lang[64];
     snprintf(lang, sizeof lang, "%s:%s", drv->lang, arch);
-    rc = dspk__kcompile_run(dev->env.compile_exe, lang, text, strlen(text), client->cancel, &bin,
-                            &n, log, loglen);
+    rc = dspk__kcompile_run(&dev->kspare, dev->env.compile_exe, lang, text, strlen(text),
+                            client->cancel, &bin, &n, log, loglen);
   } else {
     rc = drv->rtc_compile(arch, name, text, &bin, &n, log, loglen);
   }

@@ -30,6 +30,7 @@
 #include <stdint.h>
 
 #include "backends/backend.h"
+#include "backends/common/kcompile.h"
 #include "backends/common/plancache.h"
 #include "backends/common/pool.h"
 #include "backends/common/retire.h"
@@ -222,6 +223,7 @@ struct dspk__vk_cmd {
 
 struct dspk__dev {
   struct dspk__devenv env;
+  struct dspk__kcompile_spare kspare; /* clients' compiles (kcompile.h) */
   int index;
   VkPhysicalDevice pd;
   VkPhysicalDeviceProperties props;

@@ -165,7 +165,10 @@ static int compile_fn(void *ud, const char *src, size_t len, void **bin, size_t 
 int dspk__vk_compile_main(void) {
   if (!glslang_initialize_process())
     return 2;
-  return dspk__kcompile_serve(compile_fn, NULL);
+  /* A trivial shader sets up glslang's built-in tables for GLSL 450
+   * compute before the client's source arrives (kcompile.h, spare). */
+  return dspk__kcompile_serve(compile_fn, NULL,
+                              "#version 450\nlayout(local_size_x = 1) in;\nvoid main() {}\n");
 }
 
 /* A client's source: in the child of kcompile.h when the daemon gave an
@@ -179,8 +182,8 @@ static int compile_client(struct dspk__dev *d, const char *src, const struct dsp
   /* Refused here already, so that no child starts for it. */
   if (dspk__src_check(src, strlen(src), DSPK__SRC_GLSL, "kernel.comp", log, loglen))
     return DSPK_ECOMPILE;
-  int r = dspk__kcompile_run(d->env.compile_exe, "glsl", src, strlen(src), client->cancel, &bin,
-                             &len, log, loglen);
+  int r = dspk__kcompile_run(&d->kspare, d->env.compile_exe, "glsl", src, strlen(src),
+                             client->cancel, &bin, &len, log, loglen);
   if (r)
     return r;
   if (len % 4 || len < 20) {
