@@ -135,7 +135,7 @@ int dspk__kcompile_run(struct dspk__kcompile_spare *spare, const char *exe, cons
     }
     struct pollfd pf[2] = {{.fd = c.out, .events = POLLIN}, {.fd = c.in, .events = POLLOUT}};
     /* Wakes at least every 50 ms to see a cancel. */
-    int pr = poll(pf, sent < len || c.in >= 0 ? 2 : 1, left < 50 ? (int)left : 50);
+    int pr = poll(pf, 2, left < 50 ? (int)left : 50); /* fd -1 (source sent): ignored */
     if (pr < 0 && errno != EINTR)
       break;
     if (pr <= 0)
@@ -193,8 +193,9 @@ int dspk__kcompile_run(struct dspk__kcompile_spare *spare, const char *exe, cons
     dspk__format(log, loglen, "kernel: the compiled code is larger than %u MiB",
                  DSPK__KCOMPILE_OUT_MAX >> 20);
   } else if (WIFSIGNALED(st) || (WIFEXITED(st) && WEXITSTATUS(st) == 3)) {
-    /* Out of its address space: glslang's operator new throws, which ends
-     * in abort(); the child's own malloc failures exit with 3. */
+    /* Out of its memory (RLIMIT_DATA): glslang's operator new throws, which
+     * ends in abort(); the child's own malloc failures exit with 3; the
+     * kernel's OOM killer sends SIGKILL. */
     int sig = WIFSIGNALED(st) ? WTERMSIG(st) : 0;
     rc = sig == 0 || sig == SIGABRT || sig == SIGKILL ? DSPK_ELIMIT : DSPK_ECOMPILE;
     if (rc == DSPK_ELIMIT)
