@@ -49,6 +49,11 @@ struct dspk__devenv {
    * thread-safe) stays free for other tasks meanwhile; NULL: measured in a
    * thread of this process, holding the planner. */
   const char *measure_exe;
+  /* An executable that runs `EXE --kernel-compile LANG` (dspkd: itself),
+   * where a client's raw-kernel source is compiled under the memory and time
+   * limits of backends/common/kcompile.h; NULL: compiled in this process,
+   * without them (for tests and tools, never the daemon). */
+  const char *compile_exe;
 };
 
 /* The child's side of measure_exe: `EXE --fftw-measure SPEC` calls this with
@@ -57,6 +62,14 @@ struct dspk__devenv {
  * stdout.  Returns the process's exit status: 0, 1 (no plan or no wisdom)
  * or 2 (a bad SPEC, or the process that asked is gone). */
 int dspk__cpu_fft_measure_main(const char *spec);
+
+/* The child's side of compile_exe: `EXE --kernel-compile LANG` calls this
+ * (backends/registry.c): it compiles the source on stdin with LANG's
+ * compiler under the limits of backends/common/kcompile.h and writes the
+ * answer on stdout.  Returns the process's exit status: 0 (an answer
+ * written), 2 (a LANG this build cannot compile, or I/O failed), 3 (out of
+ * memory before the compiler ran). */
+int dspk__kernel_compile_main(const char *lang);
 
 /*
  * What one device runs, as its backend reports it once, right after open

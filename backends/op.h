@@ -149,12 +149,16 @@ struct dspk__opctx {
    * names); the daemon sends it as the error message. */
   char *errmsg;
   size_t errmsg_len;
-  /* The uid whose task this is (the daemon sets it; 0 elsewhere).  The GPU
-   * runtimes run raw kernels of every user in one worker process per
-   * device, whose context keeps shared memory, registers and local memory
-   * from one kernel to the next: a raw kernel of another uid than the
-   * worker's last one gets a fresh worker (backends/gpurt/worker.c). */
-  uint32_t uid;
+  /* The uid whose task this is (the daemon sets it; 0 elsewhere).  A
+   * client's raw kernel is compiled and cached for its owner alone
+   * (docs/security.md): another uid running the same source compiles it
+   * anew, so no user can tell from counters or timing whether another ran a
+   * given source; the daemon's own kernels are shared.  The GPU runtimes
+   * run raw kernels in one worker process per device, whose context keeps
+   * shared memory, registers and local memory from one kernel to the next:
+   * a raw kernel of another uid than the worker's last one gets a fresh
+   * worker (backends/gpurt/worker.c). */
+  uint32_t owner;
 };
 
 /* Writes a one-line message into ctx->errmsg (when ctx has one) and returns

@@ -5,6 +5,7 @@
  * Adding a backend means one extern line, one table line and its name in
  * dspk__known_backends here (see docs/backends.md).
  */
+#include <string.h>
 #include "backends/backend.h"
 
 extern const struct dspk__backend dspk__backend_cpu;
@@ -36,3 +37,31 @@ const struct dspk__backend *const dspk__backends[] = {
  * these names (one this build lacks is listed as unavailable).  The
  * languages of raw kernels are the protocol's (proto/schema.c). */
 const char *const dspk__known_backends[] = {"cpu", "cuda", "vulkan", "hip", NULL};
+
+#ifdef DSPK_HAVE_VULKAN
+int dspk__vk_compile_main(void); /* backends/vulkan/vk_shader.c */
+#endif
+#ifdef DSPK_HAVE_CUDA
+int dspk__cuda_compile_main(const char *arch); /* backends/cuda/backend.c */
+#endif
+#ifdef DSPK_HAVE_HIP
+int dspk__hip_compile_main(const char *arch); /* backends/hip/backend.c */
+#endif
+
+/* See backend.h: the languages whose compiler runs in this process. */
+int dspk__kernel_compile_main(const char *lang) {
+#ifdef DSPK_HAVE_VULKAN
+  if (strcmp(lang, "glsl") == 0)
+    return dspk__vk_compile_main();
+#endif
+#ifdef DSPK_HAVE_CUDA
+  if (strncmp(lang, "cuda:", 5) == 0)
+    return dspk__cuda_compile_main(lang + 5);
+#endif
+#ifdef DSPK_HAVE_HIP
+  if (strncmp(lang, "hip:", 4) == 0)
+    return dspk__hip_compile_main(lang + 4);
+#endif
+  (void)lang;
+  return 2;
+}

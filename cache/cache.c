@@ -1473,6 +1473,11 @@ static size_t dev_len(const struct dspk__cache_devid *d) {
 struct kkey {
   char key[DSPK__HASH_HEX];
   char src[DSPK__HASH_HEX];
+  /* The name column: the kernel's name, and for a client's kernel its
+   * owner too ("raw for uid 1000"), so that the SQL match compares the
+   * owner as it does every other field. */
+  const char *name;
+  char owned[192];
 };
 
 static void kernel_key(const struct dspk__kernel_key *k, struct kkey *out) {
@@ -1488,6 +1493,12 @@ static void kernel_key(const struct dspk__kernel_key *k, struct kkey *out) {
   dspk__hash_str(&h, k->name);
   dspk__hash_field(&h, k->source, k->source_len);
   dspk__hash_str(&h, k->options);
+  out->name = k->name;
+  if (k->owner) { /* the daemon's own kernels keep the keys they had */
+    dspk__hash_str(&h, k->owner);
+    snprintf(out->owned, sizeof out->owned, "%s for %s", k->name ? k->name : "", k->owner);
+    out->name = out->owned;
+  }
   dspk__hash_hex(&h, out->key);
 }
 
@@ -1522,7 +1533,7 @@ static void bind_kernel(sqlite3_stmt *st, const struct dspk__kernel_key *k,
   bind_dev(st, 2, &k->dev);
   bind_str(st, 7, k->compiler);
   bind_str(st, 8, k->compiler_version);
-  bind_str(st, 9, k->name);
+  bind_str(st, 9, kk->name);
   sqlite3_bind_text(st, 10, kk->src, -1, SQLITE_STATIC);
   bind_str(st, 11, k->options);
 }
@@ -1591,7 +1602,7 @@ int dspk__cache_kernel_put(struct dspk__cache *c,
     return DSPK_EINVAL;
   kernel_key(k, &kk);
   uint64_t size = len + dev_len(&k->dev) + slen(k->compiler) +
-                  slen(k->compiler_version) + slen(k->name) +
+                  slen(k->compiler_version) + slen(kk.name) +
                   slen(k->options) + 2 * 32;
   if (size > c->max_bytes)
     return DSPK_ELIMIT;
@@ -1614,7 +1625,7 @@ int dspk__cache_kernel_put(struct dspk__cache *c,
   bind_dev(st, 3, &k->dev);
   bind_str(st, 8, k->compiler);
   bind_str(st, 9, k->compiler_version);
-  bind_str(st, 10, k->name);
+  bind_str(st, 10, kk.name);
   sqlite3_bind_text(st, 11, kk.src, -1, SQLITE_STATIC);
   bind_str(st, 12, k->options);
   sqlite3_bind_blob64(st, 13, len ? bin : "", len, SQLITE_STATIC);

@@ -150,6 +150,9 @@ struct dspk__kernel_key {
   const void *source;           /* source after code generation */
   size_t source_len;
   const char *options;          /* compile options, as one string */
+  const char *owner;            /* a client's kernel: whose ("uid 1000"), in
+                                   the key only; NULL: the daemon's own,
+                                   shared by every client */
 };
 
 /*

@@ -278,6 +278,10 @@ int main(int argc, char **argv) {
    * nothing of the daemon runs in it. */
   if (argc == 3 && strcmp(argv[1], "--fftw-measure") == 0)
     return dspk__cpu_fft_measure_main(argv[2]);
+  /* A child that compiles one client's kernel source for a runner under
+   * limits (backends/common/kcompile.h): nothing of the daemon runs in it. */
+  if (argc == 3 && strcmp(argv[1], "--kernel-compile") == 0)
+    return dspk__kernel_compile_main(argv[2]);
   /* A stop or reload signal from now on is recorded, whichever thread takes
    * it (a library may have started threads before main, with every signal
    * unblocked), and acted on once the watchers are in place. */

@@ -580,8 +580,9 @@ static void *runner_main(void *arg) {
   struct device *dev = arg;
   struct dspkd *d = dev->d;
   /* Large FFTW plans are measured by a child dspkd (--fftw-measure), so the
-   * planner stays free for the device's other tasks meanwhile. */
-  struct dspk__devenv env = {d->cache, runner_log, dev, "/proc/self/exe"};
+   * planner stays free for the device's other tasks meanwhile; a client's
+   * kernel source is compiled by one (--kernel-compile) under limits. */
+  struct dspk__devenv env = {d->cache, runner_log, dev, "/proc/self/exe", "/proc/self/exe"};
   struct dspk__dev *bdev = NULL;
   struct dspk__devstats stats;
   char why[256] = "";

@@ -505,7 +505,7 @@ static void exec_task(struct device *dev, struct job *j) {
   int nres, err = 0, empty_res = 0;
   char msg[512] = "";
   struct dspk__opctx ctx = {.cancel = &j->cancel, .progress = on_progress, .progress_ud = j,
-                            .errmsg = msg, .errmsg_len = sizeof msg, .uid = j->uid};
+                            .errmsg = msg, .errmsg_len = sizeof msg, .owner = j->uid};
   struct wreq *wr;
 
   if (atomic_load(&j->cancel)) {

@@ -19,3 +19,10 @@ const struct dspk__backend dspk__backend_cuda = {
     .open = cuda_open,
     DSPK__GPURT_BACKEND_MEMBERS,
 };
+
+/* `dspkd --kernel-compile cuda:ARCH` (backends/registry.c): NVRTC on a
+ * client's source in a child under limits (backends/common/kcompile.h). */
+int dspk__cuda_compile_main(const char *arch);
+int dspk__cuda_compile_main(const char *arch) {
+  return dspk__gpurt_compile_main(&dspk__gpurt_cuda, arch);
+}

@@ -790,6 +790,7 @@ int dspk__gpurt_open(const struct dspk__gpurt_driver *drv, int index,
 void dspk__gpurt_close(struct dspk__dev *dev) {
   if (!dev)
     return;
+  dspk__kcompile_spare_end(&dev->kspare);
   teardown(dev);
   free(dev->hostreg); /* the daemon unregisters before it closes; never left */
   free(dev);

@@ -30,6 +30,7 @@
 #include <string.h>
 
 #include "backends/backend.h"
+#include "backends/common/kcompile.h"
 #include "backends/common/plancache.h"
 #include "backends/common/pool.h"
 #include "backends/common/retire.h"
@@ -335,6 +336,7 @@ struct dspk__dev {
   void *ctx;
   dspk__gstream stream;
   struct dspk__devenv env;
+  struct dspk__kcompile_spare kspare; /* clients' compiles (kcompile.h) */
   struct dspk__devinfo info;
   char arch[32];       /* "sm_90", "gfx90a" */
   char rtc_ver[32];    /* the run-time compiler's version: "13.0" */
@@ -435,6 +437,21 @@ int dspk__gpurt_compile(const struct dspk__gpurt_driver *drv, struct dspk__dev *
                         const char *arch, const char *name, const char *src, size_t len,
                         void **cubin, size_t *cubin_len, char *log, size_t loglen,
                         char cache_id[DSPK__HASH_HEX]);
+/* dspk__gpurt_compile for a client's raw kernel (client: its task; NULL:
+ * the daemon's own kernel).  client->owner is in the cache key, so the
+ * entry is that uid's alone (a hit tells no one whether another uid
+ * compiled the same source), and the compile runs in a child under the
+ * limits of backends/common/kcompile.h when dev's env has a compile_exe
+ * (DSPK_ELIMIT past them, DSPK_ECANCELED when client->cancel is set). */
+int dspk__gpurt_compile_client(const struct dspk__gpurt_driver *drv, struct dspk__dev *dev,
+                               const char *arch, const char *name,
+                               const struct dspk__opctx *client, const char *src, size_t len,
+                               void **cubin, size_t *cubin_len, char *log, size_t loglen,
+                               char cache_id[DSPK__HASH_HEX]);
+/* The child's side of a client's compile for drv (`EXE --kernel-compile
+ * LANG:ARCH`, backends/registry.c): loads the compiler, then
+ * dspk__kcompile_serve.  Returns the exit status. */
+int dspk__gpurt_compile_main(const struct dspk__gpurt_driver *drv, const char *arch);
 /* The function `entry` of a generated family's module for dtype dt,
  * compiling and loading it on first use. */
 int dspk__gpurt_kfunc(struct dspk__dev *dev, enum dspk__kfamily f, dspk_dtype dt,

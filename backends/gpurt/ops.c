@@ -743,8 +743,12 @@ static int op_kernel(struct dspk__dev *dev, struct dspk__op *op, struct dspk__op
   for (int i = 0; i < 3; i++)
     if (op->u.kernel.grid[i] == 0 || op->u.kernel.block[i] == 0)
       return dspk__gpurt_msg(ctx, DSPK_EINVAL, "kernel: grid and block sizes must be >= 1");
+  /* A client's module is its owner's alone (op.h, owner): in the table and
+   * in the persistent cache, so a hit tells no one about another uid. */
   dspk__hash_init(&h);
   dspk__hash_field(&h, op->u.kernel.source, op->u.kernel.source_len);
+  dspk__hash_str(&h, "owner");
+  dspk__hash_u64(&h, ctx ? ctx->owner : 0);
   key.hi = h.hi;
   key.lo = h.lo;
   m = dspk__plancache_get(&dev->raw_modules, &key, sizeof(key));
@@ -756,8 +760,11 @@ static int op_kernel(struct dspk__dev *dev, struct dspk__op *op, struct dspk__op
     size_t loglen = ctx && ctx->errmsg ? ctx->errmsg_len : 0;
     void *bin = NULL;
     size_t blen = 0;
-    if ((rc = dspk__gpurt_compile(DRV, dev, NULL, "kernel.cu", op->u.kernel.source,
-                                 op->u.kernel.source_len, &bin, &blen, log, loglen, cache_id)))
+    struct dspk__opctx anon = {0};
+    if ((rc = dspk__gpurt_compile_client(DRV, dev, NULL, "kernel.cu", ctx ? ctx : &anon,
+                                        op->u.kernel.source,
+                                       op->u.kernel.source_len, &bin, &blen, log, loglen,
+                                       cache_id)))
       return rc;
     m = calloc(1, sizeof(*m));
     if (!m) {

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backends/common/kcompile.h"
 #include "backends/common/srccheck.h"
 #include "proto/utf8.h"
 #include "backends/gpurt/gpurt.h"
@@ -24,7 +25,7 @@ struct dspk__cache_devid dspk__gpurt_devid(const struct dspk__dev *dev) {
 }
 
 static void fill_key(struct dspk__dev *dev, struct dspk__kernel_key *k,
-                     const char *name, const char *src, size_t len,
+                     const char *name, const char *owner, const char *src, size_t len,
                      const char *opts, const char *nvver) {
   memset(k, 0, sizeof(*k));
   k->dev = dspk__gpurt_devid(dev);
@@ -34,13 +35,48 @@ static void fill_key(struct dspk__dev *dev, struct dspk__kernel_key *k,
   k->source = src;
   k->source_len = len;
   k->options = opts;
+  k->owner = owner;
 }
 
 int dspk__gpurt_compile(const struct dspk__gpurt_driver *drv, struct dspk__dev *dev,
                         const char *arch, const char *name, const char *src, size_t len,
                         void **cubin, size_t *cubin_len, char *log, size_t loglen,
                         char cache_id[DSPK__HASH_HEX]) {
-  char why[160], rtver[32], *text = NULL;
+  return dspk__gpurt_compile_client(drv, dev, arch, name, NULL, src, len, cubin, cubin_len, log,
+                                    loglen, cache_id);
+}
+
+/* The child of kcompile.h: drv's compiler for arch. */
+struct rtc_child {
+  const struct dspk__gpurt_driver *drv;
+  const char *arch;
+};
+
+static int rtc_child_fn(void *ud, const char *src, size_t len, void **bin, size_t *binlen,
+                        char *log, size_t loglen) {
+  const struct rtc_child *c = ud;
+  (void)len; /* NUL-terminated: the compiler reads up to the first NUL */
+  return c->drv->rtc_compile(c->arch, "kernel.cu", src, bin, binlen, log, loglen);
+}
+
+int dspk__gpurt_compile_main(const struct dspk__gpurt_driver *drv, const char *arch) {
+  char why[160];
+  struct rtc_child c = {drv, arch};
+  /* Loaded before the limits: the library's own pages are not the
+   * source's doing. */
+  if (drv->rtc_load(why, sizeof why) != 0)
+    return 2;
+  /* A trivial kernel sets the compiler up before the client's source
+   * arrives (kcompile.h, spare). */
+  return dspk__kcompile_serve(rtc_child_fn, &c, "extern \"C\" __global__ void dspk_warm() {}\n");
+}
+
+int dspk__gpurt_compile_client(const struct dspk__gpurt_driver *drv, struct dspk__dev *dev,
+                               const char *arch, const char *name,
+                               const struct dspk__opctx *client, const char *src, size_t len,
+                               void **cubin, size_t *cubin_len, char *log, size_t loglen,
+                               char cache_id[DSPK__HASH_HEX]) {
+  char why[160], rtver[32], *text = NULL, owner[24];
   struct dspk__kernel_key key;
   struct dspk__cache *cache = dev ? dev->env.cache : NULL;
   size_t n = 0;
@@ -63,11 +99,13 @@ int dspk__gpurt_compile(const struct dspk__gpurt_driver *drv, struct dspk__dev *
   }
   if (dev)
     arch = dev->arch;
+  if (client)
+    snprintf(owner, sizeof owner, "uid %u", (unsigned)client->owner);
   drv->rtc_version(rtver, sizeof(rtver));
   if (cache) {
     char joined[128];
     drv->rtc_opts(arch, joined, sizeof(joined));
-    fill_key(dev, &key, name, src, len, joined, rtver);
+    fill_key(dev, &key, name, client ? owner : NULL, src, len, joined, rtver);
     if (dspk__cache_kernel_get(cache, &key, &bin, &n) == 0) {
       dev->kernel_cache_hits++;
       if (cache_id)
@@ -83,7 +121,15 @@ int dspk__gpurt_compile(const struct dspk__gpurt_driver *drv, struct dspk__dev *
     return DSPK_ENOMEM;
   memcpy(text, src, len);
   text[len] = 0;
-  rc = drv->rtc_compile(arch, name, text, &bin, &n, log, loglen);
+  if (client && dev && dev->env.compile_exe) {
+    /* A client's source: in a child, under kcompile.h's limits. */
+    char lang[64];
+    snprintf(lang, sizeof lang, "%s:%s", drv->lang, arch);
+    rc = dspk__kcompile_run(&dev->kspare, dev->env.compile_exe, lang, text, strlen(text),
+                            client->cancel, &bin, &n, log, loglen);
+  } else {
+    rc = drv->rtc_compile(arch, name, text, &bin, &n, log, loglen);
+  }
   free(text);
   if (rc)
     return rc;

@@ -131,7 +131,7 @@ static int start(struct dspk__dev *dev, struct dspk__opctx *ctx) {
     return dspk__gpurt_msg(ctx, DSPK_EDEVICE, "kernel: %s", rep.msg);
   }
   dev->worker_starts++;
-  dev->worker_uid = ctx ? ctx->uid : 0;
+  dev->worker_uid = ctx ? ctx->owner : 0;
   return 0;
 }
 
@@ -277,7 +277,7 @@ int dspk__gpurt_worker_run(struct dspk__dev *dev, struct dspk__op *op, const voi
    * user's in the same one.  That costs a worker's start (a process and a
    * context) at each change of user, and nothing while one user's kernels
    * follow each other. */
-  if (dev->worker_pid > 0 && dev->worker_uid != (ctx ? ctx->uid : 0))
+  if (dev->worker_pid > 0 && dev->worker_uid != (ctx ? ctx->owner : 0))
     reap(dev, NULL, 0);
   rc = attempt(dev, op, cubin, cubin_len, !dev->ipc_broken, &ipc_failed, ctx);
   if (ipc_failed) {

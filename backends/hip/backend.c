@@ -19,3 +19,10 @@ const struct dspk__backend dspk__backend_hip = {
     .open = hip_open,
     DSPK__GPURT_BACKEND_MEMBERS,
 };
+
+/* `dspkd --kernel-compile hip:ARCH` (backends/registry.c): hiprtc on a
+ * client's source in a child under limits (backends/common/kcompile.h). */
+int dspk__hip_compile_main(const char *arch);
+int dspk__hip_compile_main(const char *arch) {
+  return dspk__gpurt_compile_main(&dspk__gpurt_hip, arch);
+}

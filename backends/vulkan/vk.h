@@ -30,6 +30,7 @@
 #include <stdint.h>
 
 #include "backends/backend.h"
+#include "backends/common/kcompile.h"
 #include "backends/common/plancache.h"
 #include "backends/common/pool.h"
 #include "backends/common/retire.h"
@@ -222,6 +223,7 @@ struct dspk__vk_cmd {
 
 struct dspk__dev {
   struct dspk__devenv env;
+  struct dspk__kcompile_spare kspare; /* clients' compiles (kcompile.h) */
   int index;
   VkPhysicalDevice pd;
   VkPhysicalDeviceProperties props;
@@ -333,8 +335,13 @@ void dspk__vk_ap(struct dspk__vk_sbuf *b, const char *fmt, ...)
  * compile error returns DSPK_ECOMPILE with glslang's log in log.  Goes
  * through the persistent cache first (counted in the device's stats);
  * cache_id (may be NULL) gets the entry's key (dspk__cache_kernel_id). */
+/* client: NULL for the daemon's own kernels; a client's task for its raw
+ * kernel, which is cached for client->owner alone and compiled under the
+ * limits of backends/common/kcompile.h (DSPK_ELIMIT past them) when the
+ * device's env has a compile_exe. */
 int dspk__vk_glsl_to_spirv(struct dspk__dev *d, const char *name,
-                           const char *src, uint32_t **spv, size_t *nwords,
+                           const char *src, const struct dspk__opctx *client,
+                           uint32_t **spv, size_t *nwords,
                            char *log, size_t loglen, char cache_id[DSPK__HASH_HEX]);
 /* Returns the kernel for GLSL src (or, when spirv is non-NULL, for that
  * SPIR-V binary of nbytes) with nbind storage-buffer bindings and pcsize
@@ -375,6 +382,12 @@ int dspk__vk_spv_validate(uint32_t api, const uint32_t *w, size_t nw, char *msg,
  * left), DSPK_ENOMEM; msg says why for the errors but ENOMEM. */
 int dspk__vk_spv_zero_init(const uint32_t *w, size_t nw, int workgroup, uint32_t **out,
                            size_t *nout, char *msg, size_t msglen);
+/* A copy of module w (nw words) with an OpSourceExtension holding text (a
+ * debug instruction: the code is unchanged) before its first debug
+ * instruction: 0 with *out (malloc'd) and *outnw, or DSPK_ENOMEM.  A module
+ * that cannot be read is copied as it is (the driver's to refuse). */
+int dspk__vk_spv_mark(const uint32_t *w, size_t nw, const char *text, uint32_t **out,
+                      size_t *outnw);
 /* Loads / saves the VkPipelineCache data through the persistent cache. */
 int dspk__vk_pcache_init(struct dspk__dev *d);
 void dspk__vk_pcache_fini(struct dspk__dev *d);

@@ -591,6 +591,7 @@ fail:
 static void vk_close(struct dspk__dev *d) {
   if (!d)
     return;
+  dspk__kcompile_spare_end(&d->kspare);
   if (d->dev) {
     dspk__vk_submit(d);
     VK(DeviceWaitIdle)(d->dev);

@@ -1170,7 +1170,8 @@ static int get_kernel(struct dspk__dev *d, int tile, unsigned flags,
     uint32_t *nv = NULL, *khr = NULL;
     size_t nw = 0, kw = 0;
     char log[2048] = "", cache_id[DSPK__HASH_HEX] = "";
-    r = dspk__vk_glsl_to_spirv(d, "gemm_coopmat", src, &nv, &nw, log, sizeof log, cache_id);
+    r = dspk__vk_glsl_to_spirv(d, "gemm_coopmat", src, NULL, &nv, &nw, log, sizeof log,
+                               cache_id);
     if (r)
       return dspk__vk_fail(ctx, r, "gemm: coopmat kernel: %s", log);
     r = dspk__vk_coopmat_nv_to_khr(nv, nw, &khr, &kw);

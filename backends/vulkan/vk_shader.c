@@ -16,6 +16,7 @@
  * buffers and one push-constant range.
  */
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,6 +25,7 @@
 #include <glslang/Public/resource_limits_c.h>
 #include <glslang/build_info.h>
 
+#include "backends/common/kcompile.h"
 #include "backends/common/srccheck.h"
 #include "proto/utf8.h"
 #include "backends/vulkan/vk.h"
@@ -42,7 +44,7 @@ struct dspk__cache_devid dspk__vk_devid(const struct dspk__dev *d) {
                                     .uuid = d->uuid, .driver = d->driver};
 }
 
-static void key_of(struct dspk__dev *d, const char *name, const char *src,
+static void key_of(struct dspk__dev *d, const char *name, const char *owner, const char *src,
                    struct dspk__kernel_key *k) {
   memset(k, 0, sizeof *k);
   k->dev = dspk__vk_devid(d);
@@ -52,6 +54,7 @@ static void key_of(struct dspk__dev *d, const char *name, const char *src,
   k->source = src;
   k->source_len = strlen(src);
   k->options = compile_options;
+  k->owner = owner;
 }
 
 /* glslang's includer, for GL_GOOGLE_include_directive and
@@ -141,11 +144,66 @@ out:
   return r;
 }
 
+/* compile() as the child of kcompile.h runs it. */
+static int compile_fn(void *ud, const char *src, size_t len, void **bin, size_t *binlen,
+                      char *log, size_t loglen) {
+  uint32_t *w = NULL;
+  size_t n = 0;
+  (void)ud;
+  if (strlen(src) != len) {
+    dspk__format(log, loglen, "glsl: the source holds a NUL byte");
+    return DSPK_ECOMPILE;
+  }
+  int r = compile(src, &w, &n, log, loglen);
+  if (r == 0) {
+    *bin = w;
+    *binlen = n * 4;
+  }
+  return r;
+}
+
+int dspk__vk_compile_main(void) {
+  if (!glslang_initialize_process())
+    return 2;
+  /* A trivial shader sets up glslang's built-in tables for GLSL 450
+   * compute before the client's source arrives (kcompile.h, spare). */
+  return dspk__kcompile_serve(compile_fn, NULL,
+                              "#version 450\nlayout(local_size_x = 1) in;\nvoid main() {}\n");
+}
+
+/* A client's source: in the child of kcompile.h when the daemon gave an
+ * executable for it, under its limits. */
+static int compile_client(struct dspk__dev *d, const char *src, const struct dspk__opctx *client,
+                          uint32_t **spv, size_t *nwords, char *log, size_t loglen) {
+  void *bin = NULL;
+  size_t len = 0;
+  if (!d->env.compile_exe)
+    return compile(src, spv, nwords, log, loglen);
+  /* Refused here already, so that no child starts for it. */
+  if (dspk__src_check(src, strlen(src), DSPK__SRC_GLSL, "kernel.comp", log, loglen))
+    return DSPK_ECOMPILE;
+  int r = dspk__kcompile_run(&d->kspare, d->env.compile_exe, "glsl", src, strlen(src),
+                             client->cancel, &bin, &len, log, loglen);
+  if (r)
+    return r;
+  if (len % 4 || len < 20) {
+    free(bin);
+    dspk__format(log, loglen, "glsl: the compiler gave no SPIR-V");
+    return DSPK_ECOMPILE;
+  }
+  *spv = bin;
+  *nwords = len / 4;
+  return 0;
+}
+
 int dspk__vk_glsl_to_spirv(struct dspk__dev *d, const char *name, const char *src,
-                           uint32_t **spv, size_t *nwords, char *log, size_t loglen,
-                           char cache_id[DSPK__HASH_HEX]) {
+                           const struct dspk__opctx *client, uint32_t **spv, size_t *nwords,
+                           char *log, size_t loglen, char cache_id[DSPK__HASH_HEX]) {
   struct dspk__kernel_key k;
-  key_of(d, name, src, &k);
+  char owner[24];
+  if (client)
+    snprintf(owner, sizeof owner, "uid %u", (unsigned)client->owner);
+  key_of(d, name, client ? owner : NULL, src, &k);
   if (cache_id)
     cache_id[0] = '\0';
   if (d->env.cache) {
@@ -163,7 +221,8 @@ int dspk__vk_glsl_to_spirv(struct dspk__dev *d, const char *name, const char *sr
       free(bin);
     }
   }
-  int r = compile(src, spv, nwords, log, loglen);
+  int r = client ? compile_client(d, src, client, spv, nwords, log, loglen)
+                 : compile(src, spv, nwords, log, loglen);
   if (r)
     return r;
   d->kernels_compiled++;
@@ -360,10 +419,16 @@ int dspk__vk_kernel(struct dspk__dev *d, const char *name, const char *src,
   dspk__hash_str(&h, entry);
   dspk__hash_u64(&h, (uint64_t)nbind);
   dspk__hash_u64(&h, pcsize);
-  /* A client's kernel is made zero-initialised (below): never the same
-   * pipeline as one of ours of the same source. */
+  /* A client's kernel is made zero-initialised (below), and is its owner's
+   * alone (op.h, owner): never the same pipeline as one of ours of the same
+   * source, and the table keeps one pipeline per owner, so a table hit
+   * tells nobody about another. */
   int raw = strcmp(name, "raw") == 0;
   dspk__hash_u64(&h, (uint64_t)raw);
+  if (raw) {
+    dspk__hash_str(&h, "owner");
+    dspk__hash_u64(&h, ctx ? ctx->owner : 0);
+  }
   for (int i = 0; i < d->nkernels; i++) {
     struct dspk__vk_kernel *k = &d->kernels[i];
     if (k->key[0] == h.hi && k->key[1] == h.lo) {
@@ -397,7 +462,8 @@ int dspk__vk_kernel(struct dspk__dev *d, const char *name, const char *src,
   int r;
   if (!spirv) {
     char log[2048] = "";
-    r = dspk__vk_glsl_to_spirv(d, name, src, &spv, &nwords, log, sizeof log, cache_id);
+    r = dspk__vk_glsl_to_spirv(d, name, src, raw ? ctx : NULL, &spv, &nwords, log,
+                               sizeof log, cache_id);
     if (r) {
       /* The generated kernels always compile: a log here is a client's
        * (glslang's, "glsl: ..."; a refused #include as docs/protocol.md
@@ -421,11 +487,12 @@ int dspk__vk_kernel(struct dspk__dev *d, const char *name, const char *src,
    * it reads before writing is zero, never bytes an earlier task left in
    * workgroup memory or registers (vk_spvzero.c, on the validated module);
    * the generated kernels are ours. */
+  uint32_t *marked = NULL;
   if (raw) {
-    char msg[1024] = "";
+    char msg[1024] = "", mark[48];
     const uint32_t *w = spirv;
     uint32_t *copy = NULL, *z = NULL;
-    size_t nz = 0;
+    size_t nz = 0, nw = 0;
     if ((uintptr_t)spirv % sizeof(uint32_t)) {
       if (!(copy = malloc(nbytes))) {
         r = DSPK_ENOMEM;
@@ -440,18 +507,27 @@ int dspk__vk_kernel(struct dspk__dev *d, const char *name, const char *src,
                              sizeof msg);
     if (!r)
       r = dspk__vk_spv_zero_init(w, nbytes / 4, d->zero_wg, &z, &nz, msg, sizeof msg);
+    /* The driver's own caches (the VkPipelineCache, Mesa's and NVIDIA's
+     * in-memory and disk caches) key a pipeline by its module's bytes: a
+     * mark naming the owner makes those of two users differ, so neither
+     * can time a hit on the other's pipeline. */
+    snprintf(mark, sizeof mark, "dspk-owner-uid-%u", (unsigned)(ctx ? ctx->owner : 0));
+    if (!r)
+      r = dspk__vk_spv_mark(z, nz, mark, &marked, &nw);
     free(copy);
     if (r) {
+      free(z);
       if (msg[0] && r != DSPK_ENOMEM)
         dspk__vk_fail(ctx, r, "%s", msg);
       goto fail;
     }
     free(spv);
     spv = z;
-    spirv = z;
-    nbytes = nz * 4;
+    spirv = marked;
+    nbytes = nw * 4;
   }
   r = make_pipeline(d, spirv, nbytes, entry, nbind, pcsize, k, ctx);
+  free(marked);
   free(spv);
   if (r) {
     kernel_destroy(d, k);

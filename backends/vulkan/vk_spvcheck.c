@@ -447,3 +447,42 @@ out:
   free(m.ids);
   return r;
 }
+
+/* See vk.h.  OpSourceExtension (4) is valid in every SPIR-V version and
+ * belongs to the first group of debug instructions, right after the
+ * capabilities, extensions, imports, memory model, entry points and
+ * execution modes (the module's logical layout). */
+int dspk__vk_spv_mark(const uint32_t *w, size_t nw, const char *text, uint32_t **out,
+                      size_t *outnw) {
+  size_t tlen = strlen(text), tw = tlen / 4 + 1, at = nw, i = 5;
+  uint32_t *o;
+  if (nw >= 5 && w[0] == 0x07230203) {
+    while (i < nw) {
+      uint32_t op = w[i] & 0xffff, len = w[i] >> 16;
+      /* OpCapability, OpExtension, OpExtInstImport, OpMemoryModel,
+       * OpEntryPoint, OpExecutionMode, OpExecutionModeId. */
+      if (len == 0 || i + len > nw ||
+          !(op == 17 || op == 10 || op == 11 || op == 14 || op == 15 || op == 16 || op == 331))
+        break;
+      i += len;
+    }
+    at = i;
+  }
+  if (at >= nw || nw < 5 || w[0] != 0x07230203) { /* unreadable: as it is */
+    if (!(o = malloc(nw * sizeof *o)))
+      return DSPK_ENOMEM;
+    memcpy(o, w, nw * sizeof *o);
+    *out = o;
+    *outnw = nw;
+    return 0;
+  }
+  if (!(o = calloc(nw + 1 + tw, sizeof *o)))
+    return DSPK_ENOMEM;
+  memcpy(o, w, at * sizeof *o);
+  o[at] = (uint32_t)(1 + tw) << 16 | 4u;
+  memcpy(o + at + 1, text, tlen); /* NUL-padded by calloc */
+  memcpy(o + at + 1 + tw, w + at, (nw - at) * sizeof *o);
+  *out = o;
+  *outnw = nw + 1 + tw;
+  return 0;
+}

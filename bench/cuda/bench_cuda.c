@@ -106,7 +106,7 @@ static struct dspk__tensor T(dspk_dtype dt, int rank, const int64_t *shape) {
 static double time_backend(struct dspk__op *op, int reps) {
   atomic_int cancel = 0;
   char err[512];
-  struct dspk__opctx ctx = {&cancel, NULL, NULL, err, sizeof(err)};
+  struct dspk__opctx ctx = {&cancel, NULL, NULL, err, sizeof(err), 0};
   double v[3];
   CK(B->run(dev, op, &ctx));
   CK(B->sync(dev));
@@ -258,7 +258,7 @@ static void bench_trace(int sync_on_evict, int64_t i0, int64_t di, int64_t j, in
   CUevent ev[2 * NT];
   atomic_int cancel = 0;
   char err[512];
-  struct dspk__opctx ctx = {&cancel, NULL, NULL, err, sizeof(err)};
+  struct dspk__opctx ctx = {&cancel, NULL, NULL, err, sizeof(err), 0};
   struct dspk__devstats s0, s1;
   uint64_t seed = 12345;
   int shapes[NT];

@@ -69,7 +69,7 @@ static double gemm_task_ms(void) {
   double t[REPS];
   char err[256];
   atomic_int cancel = 0;
-  struct dspk__opctx ctx = {&cancel, NULL, NULL, err, sizeof(err)};
+  struct dspk__opctx ctx = {&cancel, NULL, NULL, err, sizeof(err), 0};
   if (!a || !b || !c)
     dspk_bench_die("bench_cuda_staging", "malloc", 1);
   for (size_t i = 0; i < (size_t)N * N; i++) {

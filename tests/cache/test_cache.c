@@ -160,12 +160,14 @@ static void expect_kernel(struct dspk__cache *c,
 /* One test per key component: each change must be a miss. */
 enum kfield { KF_SOURCE, KF_OPTIONS, KF_COMPILER_VERSION, KF_COMPILER,
               KF_DEVICE_NAME, KF_UUID, KF_ARCH, KF_DRIVER, KF_BACKEND,
-              KF_NAME };
+              KF_NAME, KF_OWNER, KF_OTHER_OWNER };
 
 static void kernel_component_miss(void **state, enum kfield field) {
   struct fixture *f = *state;
   struct dspk__cache *c = open_ok(f->db, NULL);
   struct dspk__kernel_key k = base_kernel();
+  if (field == KF_OTHER_OWNER)
+    k.owner = "uid 1001";
   assert_int_equal(dspk__cache_kernel_put(c, &k, "BINARY", 6), 0);
   expect_kernel(c, &k, "BINARY");
 
@@ -185,6 +187,9 @@ static void kernel_component_miss(void **state, enum kfield field) {
   case KF_DRIVER: m.dev.driver = "550.54.16"; break;
   case KF_BACKEND: m.dev.backend = "hip"; break;
   case KF_NAME: m.name = NULL; break;
+  /* A client's kernel is its owner's alone (docs/cache.md, Keys). */
+  case KF_OWNER: m.owner = "uid 1001"; break;
+  case KF_OTHER_OWNER: m.owner = "uid 1002"; break;
   }
   expect_kernel(c, &m, NULL);
   /* The changed key stores its own entry; the old one is untouched. */
@@ -211,6 +216,8 @@ static void test_kernel_miss_arch(void **s) { kernel_component_miss(s, KF_ARCH);
 static void test_kernel_miss_driver(void **s) { kernel_component_miss(s, KF_DRIVER); }
 static void test_kernel_miss_backend(void **s) { kernel_component_miss(s, KF_BACKEND); }
 static void test_kernel_miss_name(void **s) { kernel_component_miss(s, KF_NAME); }
+static void test_kernel_miss_owner(void **s) { kernel_component_miss(s, KF_OWNER); }
+static void test_kernel_miss_other_owner(void **s) { kernel_component_miss(s, KF_OTHER_OWNER); }
 
 static void test_tune_components(void **state) {
   struct fixture *f = *state;
@@ -1549,6 +1556,8 @@ int main(void) {
       T(test_kernel_miss_driver),
       T(test_kernel_miss_backend),
       T(test_kernel_miss_name),
+      T(test_kernel_miss_owner),
+      T(test_kernel_miss_other_owner),
       T(test_tune_components),
       T(test_persistence),
       T(test_lru_eviction),

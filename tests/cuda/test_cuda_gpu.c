@@ -86,7 +86,7 @@ static int run_on(const struct dspk__backend *be, struct dspk__dev *dev,
   struct dspk__op op = *tmpl;
   struct dspk__mem *mi[DSPK__OP_MAX_IN] = {0}, *mo[DSPK__OP_MAX_OUT] = {0};
   atomic_int cancel = 0;
-  struct dspk__opctx ctx = {&cancel, be == GPU ? run_progress : NULL, NULL, err, errlen};
+  struct dspk__opctx ctx = {&cancel, be == GPU ? run_progress : NULL, NULL, err, errlen, 0};
   char msg[256];
   int rc = dspk__op_infer(&op, msg, sizeof(msg));
   err[0] = 0;
@@ -940,7 +940,7 @@ static int run_kernel(const char *src, const char *entry, float *y, float *x, in
   struct dspk__op op;
   struct dspk__mem *my, *mx;
   atomic_int cancel = 0;
-  struct dspk__opctx ctx = {&cancel, NULL, NULL, err, errlen};
+  struct dspk__opctx ctx = {&cancel, NULL, NULL, err, errlen, 0};
   int64_t s[1] = {n};
   char msg[256];
   int rc;
@@ -1033,7 +1033,7 @@ static void test_fault_recovery(void **state) {
   assert_int_equal(GPU->read(gpu, old, 0, back, sizeof(back)), 0);
   {
     atomic_int cancel = 0;
-    struct dspk__opctx ctx = {&cancel, NULL, NULL, err, sizeof(err)};
+    struct dspk__opctx ctx = {&cancel, NULL, NULL, err, sizeof(err), 0};
     int64_t s[1] = {N};
     char msg[128];
     struct dspk__mem *o;

@@ -1527,6 +1527,48 @@ def t_kernelfs(exe, tmp):
     d.stop()
 
 
+def t_kernelbomb(exe, tmp):
+    """A client's kernel source cannot make the daemon use unbounded memory
+    or time while compiling (docs/protocol.md, kernel): 0.5 KiB of GLSL whose
+    macros expand to 2^22 tokens (GiBs and about 20 s in glslang, which ran
+    in the daemon) is ELIMIT at the compile's limits, the daemon's peak
+    memory stays where it was (the compile is a child's), and the device
+    runs the next kernel at once."""
+    d = Daemon(exe, tmp, ["--backends", "cpu,vulkan", "--no-cache"])
+    c = d.client()
+    vk = [x["id"] for x in c.call("devices", {})["devices"] if x["backend"] == "vulkan"]
+    if not vk:
+        c.close()
+        d.stop()
+        raise Skip("no vulkan device")
+
+    def kernel(src):
+        return {"op": "kernel", "device": vk[0], "inputs": [tensor(np.zeros(4, np.float32))],
+                "options": {"lang": "glsl", "source": src, "args": [{"tensor": 0}]}}
+
+    def hwm_mib():
+        with open("/proc/%d/status" % d.proc.pid) as f:
+            return int([l for l in f if l.startswith("VmHWM")][0].split()[1]) >> 10
+
+    out = c.call("task.run", kernel(KERNEL_OK))["outputs"]
+    check(array(out[0])[0] == 7.0, "a small kernel runs")
+    before = hwm_mib()
+    lines = KERNEL_OK.split("\n")[:3] + ["#define A0 +1.0"]
+    lines += ["#define A%d A%d A%d" % (i, i - 1, i - 1) for i in range(1, 23)]
+    lines += ["void main() { x[0] = 1.0 A22; }", ""]
+    bomb = "\n".join(lines)
+    check(len(bomb) < 1024, "the source is small: %d bytes" % len(bomb))
+    e = c.expect_error("ELIMIT", "task.run", kernel(bomb))
+    m = e.err["message"]
+    check("a client's kernel compile may" in m, "the message names the limit: %r" % m)
+    grew = hwm_mib() - before
+    check(grew < 128, "the daemon's peak memory grew by %d MiB" % grew)
+    out = c.call("task.run", kernel(KERNEL_OK))["outputs"]
+    check(array(out[0])[0] == 7.0, "the device runs the next kernel")
+    c.close()
+    d.stop()
+
+
 def t_firvk(exe, tmp):
     """Issue 18: fir on the Vulkan device (lavapipe in CI) through dspkd
     against numpy's convolution: long filters (from 128 taps the software
@@ -4380,6 +4422,7 @@ GROUPS = {
     "userunsent": t_userunsent,
     "sockmode": t_sockmode,
     "kernelfs": t_kernelfs,
+    "kernelbomb": t_kernelbomb,
     "cacheputfail": t_cacheputfail,
     "firvk": t_firvk,
     "firnan": t_firnan,

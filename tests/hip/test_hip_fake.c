@@ -566,12 +566,12 @@ static void test_raw_kernels(void **state) {
    * uid's next one keeps it; back to the first uid, another fresh one. */
   {
     uint64_t starts = dev->worker_starts;
-    ctx.uid = 1001;
+    ctx.owner = 1001;
     assert_int_equal(raw("hip", ksrc, "fake_fill", m, 64, 5.5f), 0);
     assert_int_equal(dev->worker_starts, starts + 1);
     assert_int_equal(raw("hip", ksrc, "fake_fill", m, 64, 6.5f), 0);
     assert_int_equal(dev->worker_starts, starts + 1);
-    ctx.uid = 0;
+    ctx.owner = 0;
     assert_int_equal(raw("hip", ksrc, "fake_fill", m, 64, 7.5f), 0);
     assert_int_equal(dev->worker_starts, starts + 2);
     expect_filled(m, 64, 7.5f);
@@ -583,6 +583,49 @@ static void test_raw_kernels(void **state) {
   assert_non_null(strstr(errmsg, "syntax_error"));
   assert_int_equal(raw("cuda", ksrc, "fake_fill", m, 64, 1.0f), DSPK_ENOTSUP);
   assert_non_null(strstr(errmsg, "lang \"hip\""));
+  B->free(dev, m);
+}
+
+/* The compiles so far on dev. */
+static uint64_t compiled(void) {
+  struct dspk__devstats st;
+  memset(&st, 0, sizeof(st));
+  B->stats(dev, &st);
+  return st.kernels_compiled;
+}
+
+/* A client's raw kernel is its owner's alone (docs/security.md): the same
+ * source run by another uid compiles again, so whether one user ran a
+ * source shows nowhere to another.  Its compile runs in a child (`EXE
+ * --kernel-compile hip:ARCH`, this test's main) under the limits of
+ * backends/common/kcompile.h: the code and the compiler's log come back
+ * from there. */
+static void test_raw_owner_child(void **state) {
+  struct dspk__devenv env = {.compile_exe = "/proc/self/exe"};
+  struct dspk__devinfo info[4];
+  struct dspk__mem *m;
+  char why[200];
+  uint64_t c0;
+  (void)state;
+  env_fake(1);
+  assert_int_equal(B->probe(info, 4, why, sizeof(why)), 2);
+  assert_int_equal(B->open(0, &env, &dev), 0);
+  assert_int_equal(B->alloc(dev, 64 * sizeof(float), &m), 0);
+  c0 = compiled();
+  ctx.owner = 1001;
+  if (raw("hip", ksrc, "fake_fill", m, 64, 2.5f) != 0)
+    fail_msg("fill: %s", errmsg);
+  expect_filled(m, 64, 2.5f);
+  assert_int_equal(compiled(), c0 + 1);
+  assert_int_equal(raw("hip", ksrc, "fake_fill", m, 64, 3.5f), 0); /* its own: the table */
+  assert_int_equal(compiled(), c0 + 1);
+  ctx.owner = 1002;
+  assert_int_equal(raw("hip", ksrc, "fake_fill", m, 64, 4.5f), 0); /* not 1001's */
+  expect_filled(m, 64, 4.5f);
+  assert_int_equal(compiled(), c0 + 2);
+  assert_int_equal(raw("hip", "void k() { syntax_error; }", "k", m, 64, 1.0f), DSPK_ECOMPILE);
+  assert_non_null(strstr(errmsg, "syntax_error"));
+  ctx.owner = 0;
   B->free(dev, m);
 }
 
@@ -668,7 +711,10 @@ static void test_caps(void **state) {
   }
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+  /* The child a device's compile_exe names (test_raw_owner_child). */
+  if (argc == 3 && strcmp(argv[1], "--kernel-compile") == 0)
+    return dspk__kernel_compile_main(argv[2]);
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_probe),
       cmocka_unit_test_teardown(test_caps, close_dev),
@@ -676,6 +722,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_ops_libraries, open_dev, close_dev),
       cmocka_unit_test_teardown(test_ops_own_kernels, close_dev),
       cmocka_unit_test_setup_teardown(test_raw_kernels, open_dev, close_dev),
+      cmocka_unit_test_teardown(test_raw_owner_child, close_dev),
       cmocka_unit_test_setup(test_sticky_error, open_dev),
   };
   void *fake = dlopen(FAKE_HIP_PATH, RTLD_NOW | RTLD_LOCAL);

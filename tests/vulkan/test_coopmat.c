@@ -412,7 +412,7 @@ static void t_spirv(void **state) {
       assert_true(dspk__vk_coopmat_source(src, 32768, &cm, 0, variants[v]) < 32768);
       uint32_t *nv = NULL, *khr = NULL;
       size_t nw = 0, kw = 0;
-      int r = dspk__vk_glsl_to_spirv(d, "gemm_coopmat", src, &nv, &nw, log, sizeof log, NULL);
+      int r = dspk__vk_glsl_to_spirv(d, "gemm_coopmat", src, NULL, &nv, &nw, log, sizeof log, NULL);
       if (r)
         fail_msg("coopmat %ux%ux%u variant %u does not compile: %s", cm.lm, cm.ln, cm.lk,
                  variants[v], log);
@@ -451,7 +451,7 @@ static void t_spirv(void **state) {
     assert_true(dspk__vk_coopmat_source(src, 32768, &cm, t, variants[2]) < 32768);
     uint32_t *nv = NULL, *khr = NULL;
     size_t nw = 0, kw = 0;
-    if (dspk__vk_glsl_to_spirv(d, "gemm_coopmat", src, &nv, &nw, log, sizeof log, NULL))
+    if (dspk__vk_glsl_to_spirv(d, "gemm_coopmat", src, NULL, &nv, &nw, log, sizeof log, NULL))
       fail_msg("coopmat tile %s does not compile: %s", dspk__vk_coopmat_tile_name(t), log);
     spirv_val(nv, nw, dspk__vk_coopmat_tile_name(t));
     assert_int_equal(dspk__vk_coopmat_nv_to_khr(nv, nw, &khr, &kw), 0);
@@ -464,7 +464,7 @@ static void t_spirv(void **state) {
     assert_true(dspk__vk_coopmat_source(src, 32768, &cm, t, variants[2] | DSPK__VK_CM_F_BF16) <
                 32768);
     assert_non_null(strstr(src, "#define LN 16u"));
-    if (dspk__vk_glsl_to_spirv(d, "gemm_coopmat", src, &nv, &nw, log, sizeof log, NULL))
+    if (dspk__vk_glsl_to_spirv(d, "gemm_coopmat", src, NULL, &nv, &nw, log, sizeof log, NULL))
       fail_msg("bf16 coopmat tile %s does not compile: %s", dspk__vk_coopmat_tile_name(t), log);
     spirv_val(nv, nw, dspk__vk_coopmat_tile_name(t));
     assert_int_equal(dspk__vk_coopmat_nv_to_khr(nv, nw, &khr, &kw), 0);
@@ -485,7 +485,7 @@ static void t_spirv(void **state) {
   assert_true(dspk__vk_coopmat_source(src, 32768, &emu, 0, 0) < 32768);
   uint32_t *spv = NULL;
   size_t sw = 0;
-  assert_int_equal(dspk__vk_glsl_to_spirv(d, "gemm_coopmat", src, &spv, &sw, log, sizeof log, NULL), 0);
+  assert_int_equal(dspk__vk_glsl_to_spirv(d, "gemm_coopmat", src, NULL, &spv, &sw, log, sizeof log, NULL), 0);
   spirv_val(spv, sw, "emulated");
   assert_int_equal(dspk__vk_coopmat_nv_to_khr(spv, sw, &o, &on), DSPK_EINVAL);
   /* bf16: malformed, and a module without a 16-bit float, are refused. */

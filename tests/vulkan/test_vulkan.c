@@ -45,7 +45,8 @@ static int setup(void **state) {
     return -1;
   }
   int dev = getenv("DSPK_VK_TEST_DEVICE") ? atoi(getenv("DSPK_VK_TEST_DEVICE")) : 0;
-  struct dspk__devenv env = {0};
+  /* Clients' kernels compile in a child, as in the daemon (main below). */
+  struct dspk__devenv env = {.compile_exe = "/proc/self/exe"};
   if (VKB->open(dev, &env, &D) != 0)
     return -1;
   return 0;
@@ -1725,6 +1726,157 @@ static void t_raw_error(void **state) {
   assert_int_equal(VKB->run(D, &op, &ctx), DSPK_ENOTSUP);
 }
 
+/* A raw GLSL kernel writing tag into o[0], run for owner (a uid) on d:
+ * returns the run's result, the message in msg. */
+static int raw_owned(struct dspk__dev *d, uint32_t owner, unsigned tag, char *msg, size_t len) {
+  char src[256];
+  int64_t n = 1;
+  struct htensor O = h_make(DSPK_F32, 1, &n, 0);
+  struct dspk__op op = {.kind = DSPK_OP_KERNEL, .nin = 1};
+  snprintf(src, sizeof src,
+           "#version 450\nlayout(local_size_x = 1) in;\n"
+           "layout(std430, binding = 0) buffer O { uint o[]; };\n"
+           "void main() { o[0] = %uu; }\n", tag);
+  assert_int_equal(h_upload(d, &O, 0, &op.in[0]), 0);
+  op.u.kernel.lang = "glsl";
+  op.u.kernel.source = src;
+  op.u.kernel.source_len = strlen(src);
+  op.u.kernel.grid[0] = 1;
+  op.u.kernel.nargs = 1;
+  op.u.kernel.args[0] = (struct dspk__karg){.kind = DSPK__KARG_TENSOR, .v.tensor = 0};
+  assert_int_equal(dspk__op_infer(&op, msg, len), 0);
+  struct dspk__opctx ctx = {.errmsg = msg, .errmsg_len = len, .owner = owner};
+  msg[0] = 0;
+  int r = VKB->run(d, &op, &ctx);
+  if (r == 0) {
+    uint32_t got = 0;
+    assert_int_equal(VKB->read(d, op.in[0].mem, 0, &got, 4), 0);
+    assert_int_equal(got, tag);
+  }
+  VKB->free(d, op.in[0].mem);
+  h_free(&O);
+  return r;
+}
+
+/* The compiles of raw_owned's kernel so far on d. */
+static uint64_t compiled(struct dspk__dev *d, uint64_t *hits) {
+  struct dspk__devstats st;
+  memset(&st, 0, sizeof st);
+  VKB->stats(d, &st);
+  if (hits)
+    *hits = st.kernel_cache_hits;
+  return st.kernels_compiled;
+}
+
+/* A client's raw kernel is its owner's alone (docs/security.md): another
+ * uid running the same source compiles it anew, from the device's table
+ * and from the persistent cache alike, so neither kernels_compiled nor the
+ * time a task takes tells one user whether another ran a given source. */
+static void t_raw_owner(void **state) {
+  (void)state;
+  char msg[512], path[] = "/tmp/dspk-vk-owner-XXXXXX";
+  unsigned tag = 424242u + (unsigned)getpid() % 1000u;
+  uint64_t hits, hits0;
+  assert_int_equal(h_cache_path(path), 0);
+  for (int round = 0; round < 2; round++) {
+    struct dspk__cache *c;
+    struct dspk__dev *d;
+    assert_int_equal(dspk__cache_open(path, NULL, &c, NULL, 0), 0);
+    struct dspk__devenv env = {.cache = c, .compile_exe = "/proc/self/exe"};
+    assert_int_equal(VKB->open(0, &env, &d), 0);
+    if (round == 0) {
+      assert_int_equal(raw_owned(d, 1001, tag, msg, sizeof msg), 0);
+      assert_int_equal(compiled(d, NULL), 1);
+      assert_int_equal(raw_owned(d, 1001, tag, msg, sizeof msg), 0); /* its own: the table */
+      assert_int_equal(compiled(d, NULL), 1);
+      assert_int_equal(raw_owned(d, 1002, tag, msg, sizeof msg), 0); /* not 1001's */
+      assert_int_equal(compiled(d, NULL), 2);
+    } else {
+      /* Restarted: each owner's entry is in the file, a third's is not. */
+      compiled(d, &hits0);
+      assert_int_equal(raw_owned(d, 1002, tag, msg, sizeof msg), 0);
+      assert_int_equal(compiled(d, &hits), 0);
+      assert_int_equal(hits, hits0 + 1);
+      assert_int_equal(raw_owned(d, 1003, tag, msg, sizeof msg), 0);
+      assert_int_equal(compiled(d, &hits), 1);
+      assert_int_equal(hits, hits0 + 1);
+    }
+    VKB->close(d);
+    dspk__cache_close(c);
+  }
+  h_cache_unlink(path);
+}
+
+/* The mark dspk__vk_kernel gives a client's module (the driver's caches key
+ * pipelines by the module's bytes): one OpSourceExtension after the
+ * preamble, the rest unchanged, different per owner. */
+static void t_spv_mark(void **state) {
+  (void)state;
+  /* Header; OpCapability Shader; OpMemoryModel Logical GLSL450; OpSource. */
+  static const uint32_t m[] = {0x07230203, 0x00010000, 0, 8, 0, (2u << 16) | 17, 1,
+                               (3u << 16) | 14, 0, 1, (3u << 16) | 3, 2, 450};
+  uint32_t *a = NULL, *b = NULL;
+  size_t na = 0, nb = 0;
+  assert_int_equal(dspk__vk_spv_mark(m, 13, "dspk-owner-uid-1", &a, &na), 0);
+  assert_int_equal(dspk__vk_spv_mark(m, 13, "dspk-owner-uid-2", &b, &nb), 0);
+  assert_int_equal(na, 13 + 1 + 5); /* 16 characters and a NUL: 5 words */
+  assert_int_equal(nb, na);
+  assert_memory_equal(a, m, 10 * 4);
+  assert_int_equal(a[10], (6u << 16) | 4u);
+  assert_string_equal((const char *)(a + 11), "dspk-owner-uid-1");
+  assert_memory_equal(a + 16, m + 10, 3 * 4);
+  assert_memory_not_equal(a, b, na * 4);
+  free(a);
+  free(b);
+}
+
+/* A GLSL source whose macros expand to 2^levels tokens in 0.5 KiB. */
+static char *macro_bomb(int levels) {
+  size_t cap = 4096;
+  char *s = malloc(cap);
+  int at = snprintf(s, cap,
+                    "#version 450\nlayout(local_size_x = 1) in;\n"
+                    "layout(std430, binding = 0) buffer A { float a[]; };\n#define A0 +1.0\n");
+  for (int i = 1; i <= levels; i++)
+    at += snprintf(s + at, cap - (size_t)at, "#define A%d A%d A%d\n", i, i - 1, i - 1);
+  snprintf(s + at, cap - (size_t)at, "void main() { a[0] = %d.0 A%d; }\n", (int)getpid(),
+           levels);
+  return s;
+}
+
+/* A client's source cannot make the compiler take unbounded memory or time
+ * (docs/protocol.md, kernel): 2^22 tokens (GiBs and about 20 s in glslang)
+ * end in ELIMIT at the compile's limits, and a canceled task stops its
+ * compile at once. */
+static void t_raw_compile_limits(void **state) {
+  (void)state;
+  char msg[512];
+  char *src = macro_bomb(22);
+  int64_t n = 1;
+  struct htensor X = h_make(DSPK_F32, 1, &n, 0);
+  struct dspk__op op = {.kind = DSPK_OP_KERNEL, .nin = 1};
+  assert_int_equal(h_upload(D, &X, 0, &op.in[0]), 0);
+  op.u.kernel.lang = "glsl";
+  op.u.kernel.source = src;
+  op.u.kernel.source_len = strlen(src);
+  op.u.kernel.grid[0] = 1;
+  op.u.kernel.nargs = 1;
+  op.u.kernel.args[0] = (struct dspk__karg){.kind = DSPK__KARG_TENSOR, .v.tensor = 0};
+  assert_int_equal(dspk__op_infer(&op, msg, sizeof msg), 0);
+  atomic_int cancel = 1;
+  struct dspk__opctx ctx = {.errmsg = msg, .errmsg_len = sizeof msg, .cancel = &cancel};
+  msg[0] = 0;
+  assert_int_equal(VKB->run(D, &op, &ctx), DSPK_ECANCELED);
+  atomic_store(&cancel, 0);
+  int r = VKB->run(D, &op, &ctx);
+  if (r != DSPK_ELIMIT || !strstr(msg, "a client's kernel compile may"))
+    fail_msg("a 2^22-token source: %d \"%s\", expected ELIMIT at the compile's limits", r, msg);
+  print_message("macro bomb: %s\n", msg);
+  VKB->free(D, op.in[0].mem);
+  h_free(&X);
+  free(src);
+}
+
 /* Shared memory in place (VK_EXT_external_memory_host): a memfd mapping
  * imported as device memory is read and written by an op directly; on a
  * device without the extension import_host must say ENOTSUP (the daemon
@@ -2590,7 +2742,10 @@ static void t_fir_tune_nonfinite(void **state) {
   h_free(&Hh);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+  /* The child the device's compile_exe names (setup, t_raw_owner). */
+  if (argc == 3 && strcmp(argv[1], "--kernel-compile") == 0)
+    return dspk__kernel_compile_main(argv[2]);
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(t_probe),     cmocka_unit_test(t_caps),
       cmocka_unit_test(t_memory),
@@ -2617,6 +2772,8 @@ int main(void) {
       cmocka_unit_test(t_spv_zero_init),
       cmocka_unit_test(t_raw_spirv), cmocka_unit_test(t_raw_spirv_valid),
       cmocka_unit_test(t_raw_error),
+      cmocka_unit_test(t_raw_owner), cmocka_unit_test(t_spv_mark),
+      cmocka_unit_test(t_raw_compile_limits),
       cmocka_unit_test(t_cache_restart),
       cmocka_unit_test(t_gemm_cands),
       cmocka_unit_test(t_gemm_small),
