@@ -52,7 +52,7 @@ step conformance 180 env DSPK_TEST_BACKENDS=cpu,vulkan,cuda python3 tests/proto/
   --dspkd "$B/daemon/dspkd" gemm_blas degenerate nan_extremes half_close cancel_done fft_nonfinite \
   fir_rows
 step shm_gpu 180 python3 tests/daemon/shm_gpu.py --dspkd "$B/daemon/dspkd"
-step test_vulkan 120 "$B/tests/vulkan/test_vulkan"
+step test_vulkan 300 "$B/tests/vulkan/test_vulkan"
 step test_coopmat 120 "$B/tests/vulkan/test_coopmat"
 step gpu_suite 420 scripts/gpu-suite.sh "$B" "$L/cuda" bench
 step staging 60 "$B/bench/cuda_staging/bench_cuda_staging"
