@@ -18,6 +18,12 @@
  * minute per uid, in a table of LOG_CLIENT_UIDS uids (the least recent
  * one's summary is written when another needs its slot).
  *
+ * A daemon that detached (no --foreground) keeps a stderr that is a
+ * regular file; any other (the caller's pipe or terminal, which would
+ * keep `$(dspkd)` or an ssh session waiting until it exits) is replaced by
+ * a datagram socket to syslog's /dev/log, or /dev/null where there is none
+ * (dspkd_log_detached).
+ *
  * Whether stderr is the journal is decided once, at the first line: systemd
  * sets JOURNAL_STREAM to "DEVICE:INODE" of the stream it connected, and
  * only when stderr's fstat(2) matches both is the line written with a
@@ -37,6 +43,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -55,6 +62,9 @@ static const int level_prio[NLEVELS] = {3, 4, 5, 6, 7};
 
 static pthread_once_t sink_once = PTHREAD_ONCE_INIT;
 static bool to_journal;
+/* Detached with stderr not a file: lines go to syslog's /dev/log as
+ * "<N>dspkd[PID]: text" (dspkd_log_detached). */
+static atomic_bool to_devlog;
 
 /* How a line is written without blocking: send(MSG_DONTWAIT) on a socket,
  * write() on sink_fd (stderr itself for a regular file or when no
@@ -223,6 +233,39 @@ static void sink_line(const char *line, size_t n) {
   pthread_mutex_unlock(&q_mu);
 }
 
+void dspkd_log_detached(void) {
+  struct sockaddr_un a = {.sun_family = AF_UNIX, .sun_path = "/dev/log"};
+  struct stat st;
+  bool ok;
+  int s;
+
+  pthread_once(&sink_once, sink_detect);
+  if (fstat(STDERR_FILENO, &st) == 0 && S_ISREG(st.st_mode))
+    return; /* a log file: kept */
+  s = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  ok = s >= 0 && connect(s, (const struct sockaddr *)&a, sizeof a) == 0;
+  if (!ok) {
+    dspkd_log(DSPKD_WARN, "detached: no syslog socket at /dev/log (%s): log lines are dropped "
+              "from now on (run dspkd with --foreground under a supervisor, or with stderr "
+              "a file)", strerror(errno));
+    if (s >= 0)
+      close(s);
+    s = open("/dev/null", O_WRONLY | O_CLOEXEC);
+  }
+  pthread_mutex_lock(&q_mu);
+  q_head = q_len = 0; /* lines still waiting were for the caller's stream */
+  if (s >= 0) {
+    dup2(s, STDERR_FILENO);
+    close(s);
+  }
+  if (sink_fd != STDERR_FILENO)
+    close(sink_fd);
+  sink_fd = STDERR_FILENO;
+  sink_socket = ok;
+  atomic_store(&to_devlog, ok);
+  pthread_mutex_unlock(&q_mu);
+}
+
 void dspkd_log_set_level(enum dspkd_level level) { atomic_store(&log_level, (int)level); }
 
 int dspkd_log_parse_level(const char *s, enum dspkd_level *out) {
@@ -246,7 +289,9 @@ static size_t format_line(char *line, size_t cap, enum dspkd_level level, const 
   size_t n, v;
   int h;
 
-  if (to_journal)
+  if (atomic_load(&to_devlog))
+    h = snprintf(line, cap, "<%d>dspkd[%ld]: ", level_prio[level], (long)getpid());
+  else if (to_journal)
     h = snprintf(line, cap, "<%d>", level_prio[level]);
   else
     h = snprintf(line, cap, "dspkd[%ld]: %s: ", (long)getpid(), level_names[level]);

@@ -39,6 +39,11 @@ enum dspkd_level {
   DSPKD_DEBUG = 4
 };
 
+/* Called once a detached daemon is ready: a stderr that is not a regular
+ * file (the starter's pipe or terminal) is given back, log lines going to
+ * syslog's /dev/log from then on (to nowhere, after one warning, where it
+ * is missing). */
+void dspkd_log_detached(void);
 /* Sets the most verbose level that is written (default DSPKD_INFO). */
 void dspkd_log_set_level(enum dspkd_level level);
 /* Parses "error", "warn", "notice", "info" or "debug"; 0 and *out, or -1

@@ -378,7 +378,10 @@ int main(int argc, char **argv) {
   uv_signal_start(&d->sigterm, on_signal, SIGTERM);
   uv_signal_start(&d->sigint, on_signal, SIGINT);
   signal_ready(cfg->ready_fd);
-  signal_ready(detach_fd);
+  if (detach_fd >= 0) {
+    signal_ready(detach_fd);
+    dspkd_log_detached(); /* the starter's stderr is not held until we exit */
+  }
   detach_fd = -1;
   dspkd_lifecycle_ready(d);
 

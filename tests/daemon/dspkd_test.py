@@ -160,6 +160,45 @@ class Daemon:
 
 # ---- groups ---------------------------------------------------------------------
 
+def _stop_pid(pid):
+    """SIGTERMs a daemon that is not our child and waits until it is gone."""
+    fd = os.pidfd_open(pid)
+    try:
+        os.kill(pid, signal.SIGTERM)
+        ready, _, _ = select.select([fd], [], [], TIMEOUT)
+        check(ready, "detached dspkd %d gone after SIGTERM" % pid)
+    finally:
+        os.close(fd)
+
+
+def t_detached(exe, tmp):
+    """Without --foreground dspkd detaches once it listens.  A starter's
+    stderr that is a pipe is given back then (syslog's /dev/log takes the
+    lines), so `$(dspkd 2>&1)` or `dspkd | tee` returns while the daemon
+    runs; a stderr that is a regular file is kept and gets the later lines."""
+    sock = os.path.join(tmp, "det.sock")
+    args = [exe, "--socket", sock, "--backends", "cpu", "--config", "", "--no-cache"]
+    p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        out, _ = p.communicate(timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.communicate()
+        pid = Client(sock).call("status")["daemon"]["pid"]
+        _stop_pid(pid)
+        raise AssertionError("the starter's pipe stayed open after dspkd detached")
+    check(p.returncode == 0, "detaching parent exits 0: %d %r" % (p.returncode, out))
+    _stop_pid(Client(sock).call("status")["daemon"]["pid"])
+    logf = os.path.join(tmp, "det.log")
+    with open(logf, "w") as f:
+        check(subprocess.run(args, stderr=f, timeout=TIMEOUT).returncode == 0, "detached")
+    _stop_pid(Client(sock).call("status")["daemon"]["pid"])
+    with open(logf) as f:
+        text = f.read()
+    check("stop" in text.split("listening", 1)[-1],
+          "a log file keeps the lines after detaching:\n" + text)
+
+
 def t_basic(exe, tmp):
     d = Daemon(exe, tmp)
     c = d.client()
@@ -4423,6 +4462,7 @@ GROUPS = {
     "sockmode": t_sockmode,
     "kernelfs": t_kernelfs,
     "kernelbomb": t_kernelbomb,
+    "detached": t_detached,
     "cacheputfail": t_cacheputfail,
     "firvk": t_firvk,
     "firnan": t_firnan,
