@@ -119,6 +119,18 @@ def main():
                 raise AssertionError("a glsl kernel ran on %s" % dev)
             except RpcError as e:
                 check(e.name == "ENOTSUP" and dev in e.err["message"], "glsl on %s: %s" % (dev, e))
+            # A client's cuda source: compiled by the daemon's compile child
+            # (dspkd --kernel-compile cuda:ARCH, within its memory and time
+            # limits), it runs; the same source from this uid again is a hit.
+            cu = (b'extern "C" __global__ void k(float *x, float a) {'
+                  b' int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < 4) x[i] = a * i; }')
+            raw = {"op": "kernel", "device": dev, "inputs": [tensor([0.0] * 4, [4])],
+                   "options": {"lang": "cuda", "source": cu, "entry": "k", "grid": [1],
+                               "block": [4], "args": [{"tensor": 0}, {"f32": 2.5}]}}
+            for _ in range(2):
+                res = c.call("task.run", raw)
+                close(unf32(res["outputs"][0]["data"]), [0.0, 2.5, 5.0, 7.5], "cuda raw kernel")
+            print("cuda raw kernel (compile child): ok")
             vk = [d["id"] for d in devs["devices"] if "glsl" in d["kernel_langs"]]
             if vk:
                 res = c.call("task.run", dict(kern, device="any"))
