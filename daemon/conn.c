@@ -440,6 +440,23 @@ void dspkd_conn_unref(struct conn *c) {
 
 static void on_conn_close(uv_handle_t *h) { dspkd_conn_unref(h->data); }
 
+/* What the client sent and the daemon will never read is discarded before
+ * the close: a stream socket closed with unread bytes resets its peer
+ * (ECONNRESET), and the client would lose the answers it has not read yet
+ * (the stop's ESHUTDOWNs, a protocol.error).  At most 16 MiB: a client that
+ * is still sending gets its reset. */
+static void discard_unread(struct conn *c) {
+  static char sink[65536]; /* the loop thread's */
+  uv_os_fd_t fd;
+  if (uv_fileno((const uv_handle_t *)&c->pipe, &fd) != 0)
+    return;
+  for (int i = 0; i < 256; i++) {
+    ssize_t n = recv(fd, sink, sizeof sink, MSG_DONTWAIT);
+    if (n == 0 || (n < 0 && errno != EINTR))
+      break;
+  }
+}
+
 void dspkd_conn_close(struct conn *c, const char *why) {
   struct dspkd *d = c->d;
 
@@ -450,6 +467,7 @@ void dspkd_conn_close(struct conn *c, const char *why) {
   if (c->reading)
     uv_read_stop((uv_stream_t *)&c->pipe);
   c->reading = false;
+  discard_unread(c);
   /* Queued jobs are dropped unanswered, running ones asked to stop; each
    * still holds a reference and frees its resources when it comes back. */
   dspkd_sched_drop(d, c, 0);

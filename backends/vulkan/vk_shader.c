@@ -473,7 +473,7 @@ int dspk__vk_kernel(struct dspk__dev *d, const char *name, const char *src,
     }
     spirv = spv;
     nbytes = nwords * 4;
-  } else if (nbytes < 20 || nbytes % 4 || ((const uint32_t *)spirv)[0] != 0x07230203) {
+  } else if (nbytes < 20 || nbytes % 4 || memcmp(spirv, &(const uint32_t){0x07230203}, 4)) {
     r = dspk__vk_fail(ctx, DSPK_EINVAL,
                       "spirv: not a SPIR-V binary (%zu bytes, needs a multiple of 4 "
                       "starting with the magic 0x07230203)",

@@ -731,6 +731,16 @@ def t_sigterm(exe, tmp):
     c.call("buffer.write", {"buffer": a, "data": A.tobytes()})
     tasks = [c.send("task.run", gemm_task((a, o), n)) for _ in range(100)]
     c.wait(tasks[0])
+    # Every request taken in before the stop (a turn of the loop reads at
+    # most 256 messages or 2 ms' worth; each status reply is an event).
+    other = d.client()
+    deadline = time.monotonic() + TIMEOUT
+    while True:
+        cpu = [x for x in other.call("status")["devices"] if x["id"] == "cpu:0"][0]
+        if cpu["queued"] + cpu["running"] + cpu["completed"] >= 100:
+            break
+        check(time.monotonic() < deadline, "all 100 tasks taken in: %r" % cpu)
+    other.close()
     d.proc.send_signal(signal.SIGTERM)
     done = shut = 0
     for t in tasks[1:]:
