@@ -3984,6 +3984,15 @@ def t_fdlimits(exe, tmp):
     lazy.msgid = n
     other = d.client()
     other.call("ping")  # served meanwhile
+    # Read nothing before the daemon has taken in all n (a turn of its loop
+    # reads at most 256 messages or 2 ms' worth; each status reply is an event).
+    deadline = time.monotonic() + TIMEOUT
+    while True:
+        mine = [x for x in other.call("status")["clients"]
+                if x["pid"] == os.getpid() and not x["self"]]
+        if mine and mine[0]["requests"] >= n:
+            break
+        check(time.monotonic() < deadline, "all %d buffer.share taken in: %r" % (n, mine))
     got = {}
     for i in range(n):
         got[i + 1] = lazy.outcome(i + 1)
