@@ -1538,6 +1538,12 @@ void main() { x[0] = 7.0; }
 """
 
 
+def glsl_task(dev, src):
+    """task.run params of GLSL kernel src on dev over one f32[4] of zeros."""
+    return {"op": "kernel", "device": dev, "inputs": [tensor(np.zeros(4, np.float32))],
+            "options": {"lang": "glsl", "source": src, "args": [{"tensor": 0}]}}
+
+
 def t_kernelfs(exe, tmp):
     """Raw kernels cannot read files: #include (both GLSL include extensions)
     is ECOMPILE, the same for an existing and a missing file, and no byte
@@ -1555,8 +1561,7 @@ def t_kernelfs(exe, tmp):
         raise Skip("no vulkan device")
 
     def kernel(src):
-        return {"op": "kernel", "device": vk[0], "inputs": [tensor(np.zeros(4, np.float32))],
-                "options": {"lang": "glsl", "source": src, "args": [{"tensor": 0}]}}
+        return glsl_task(vk[0], src)
 
     out = c.call("task.run", kernel(KERNEL_OK))["outputs"]
     check(array(out[0])[0] == 7.0, "a kernel without includes runs")
@@ -1592,8 +1597,7 @@ def t_kernelbomb(exe, tmp):
         raise Skip("no vulkan device")
 
     def kernel(src):
-        return {"op": "kernel", "device": vk[0], "inputs": [tensor(np.zeros(4, np.float32))],
-                "options": {"lang": "glsl", "source": src, "args": [{"tensor": 0}]}}
+        return glsl_task(vk[0], src)
 
     def hwm_mib():
         with open("/proc/%d/status" % d.proc.pid) as f:
@@ -3620,9 +3624,7 @@ def t_cacheputfail(exe, tmp):
         raise Skip("no vulkan device")
 
     def kernel(val):
-        src = KERNEL_OK.replace("7.0", "%d.0" % val)
-        return {"op": "kernel", "device": vk[0], "inputs": [tensor(np.zeros(4, np.float32))],
-                "options": {"lang": "glsl", "source": src, "args": [{"tensor": 0}]}}
+        return glsl_task(vk[0], KERNEL_OK.replace("7.0", "%d.0" % val))
 
     def put_errors():
         r = c.call("metrics", {})
