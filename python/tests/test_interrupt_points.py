@@ -124,7 +124,7 @@ def test_an_interruption_at_any_point_leaves_nothing_held(daemon, kind):
     points = seen[0]
     c.close()
     assert points > 100, points
-    hit = 0
+    hit = fired = 0
     keep = []  # a client collected here would run close() on this thread
     for n in range(points):
         c = dspk.connect(daemon.socket, timeout=TIMEOUT)
@@ -140,8 +140,11 @@ def test_an_interruption_at_any_point_leaves_nothing_held(daemon, kind):
             pass  # the interruption cut a message: the connection is closed
         finally:
             sys.setprofile(None)
+        fired += seen[0] > n
         _check_unstuck(c, temps=c_calls, mine=mine)
-    assert hit > points // 2, (hit, points)
+    # How many points a round has depends on timing (a slow daemon's answer comes in
+    # more reads): count the rounds that reached their point, not the first round's.
+    assert fired > 100 and hit > fired // 2, (hit, fired, points)
     with dspk.connect(daemon.socket, timeout=TIMEOUT) as c:  # the daemon is fine
         assert c.ping() > 0
 
