@@ -195,6 +195,7 @@ struct dspk__vk_bf16_features { /* VkPhysicalDeviceShaderBfloat16FeaturesKHR */
   void *pNext;
   VkBool32 shaderBFloat16Type, shaderBFloat16DotProduct, shaderBFloat16CooperativeMatrix;
 };
+#define DSPK__VK_KCAPS 24 /* capabilities a raw kernel may declare, at most */
 #define DSPK__VK_CM_TILES 11    /* workgroup tiles (vk_coopmat.c) */
 struct dspk__vk_coopmat {
   enum dspk__vk_cm_kind kind;
@@ -248,6 +249,16 @@ struct dspk__dev {
   /* shaderZeroInitializeWorkgroupMemory is on: raw kernels may use
    * workgroup memory (vk_spvzero.c). */
   int zero_wg;
+  /* Raw kernels' storage-buffer accesses are bounded to the descriptors'
+   * ranges (robustBufferAccess2's behaviour: loads past a tensor read zero,
+   * stores are dropped): 1 per pipeline (VK_EXT_pipeline_robustness), 2 for
+   * every pipeline of the device (robustBufferAccess2 enabled), 0 not at
+   * all (protocol.md, kernel). */
+  int robust_raw;
+  /* The SPIR-V capabilities a raw kernel may declare: those the device has
+   * enabled (dspk__vk_spv_caps), DSPK__VK_KCAPS at most. */
+  uint32_t kcaps[DSPK__VK_KCAPS];
+  int nkcaps;
   uint32_t devtype_local, devtype_host; /* memory type indices */
   int local_is_host;  /* device memory is host-visible (lavapipe, UMA) */
   int local_cached;   /* ... and host-cached: the host may read it directly */
@@ -364,6 +375,13 @@ void dspk__vk_kernels_fini(struct dspk__dev *d);
 int dspk__vk_spv_check(const uint32_t *w, size_t nw, const char *entry, int nbind,
                        uint32_t pcsize, const VkPhysicalDeviceLimits *lim, char *msg,
                        size_t msglen);
+/* Checks that every OpCapability of module w (nw words) is one of the nok
+ * capabilities in ok (the device's kcaps: a capability whose feature the
+ * device has not enabled is undefined in Vulkan, and PhysicalStorageBuffer
+ * addresses would let a kernel reach any memory of the device): 0, or
+ * DSPK_ENOTSUP with msg naming the first one that is not. */
+int dspk__vk_spv_caps(const uint32_t *w, size_t nw, const uint32_t *ok, int nok, char *msg,
+                      size_t msglen);
 /* Validates SPIR-V module w (nw words) with SPIRV-Tools' validator for a
  * device of Vulkan apiVersion api (vk_spvval.c): 0 when valid,
  * DSPK_ECOMPILE with msg quoting the validator (sanitized) when not,

@@ -435,6 +435,45 @@ static void plan_evict(void *ud, void *plan) {
 
 static void vk_close(struct dspk__dev *d);
 
+/* The capabilities a raw kernel may declare on d: those of the features
+ * the device is created with (f: the supported core features; f11, e12:
+ * the enabled 1.1 and 1.2 ones), and the subgroup operations it supports
+ * in compute shaders, which need no enabling (vk.h, kcaps). */
+static void kcaps_enabled(struct dspk__dev *d, const VkPhysicalDeviceFeatures *f,
+                          const VkPhysicalDeviceVulkan11Features *f11,
+                          const VkPhysicalDeviceVulkan12Features *e12) {
+  VkPhysicalDeviceSubgroupProperties sg = {
+      .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES};
+  VkPhysicalDeviceProperties2 p2 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2,
+                                    .pNext = &sg};
+  VK(GetPhysicalDeviceProperties2)(d->pd, &p2);
+  struct {
+    uint32_t cap;
+    int on;
+  } t[] = {{0, 1}, /* Matrix */
+           {1, 1}, /* Shader */
+           {9, e12->shaderFloat16},
+           {10, f->shaderFloat64},
+           {11, f->shaderInt64},
+           {22, f->shaderInt16},
+           {39, e12->shaderInt8},
+           {4433, f11->storageBuffer16BitAccess},
+           {4448, e12->storageBuffer8BitAccess},
+           {5345, e12->vulkanMemoryModel},
+           {6022, d->cm.kind == DSPK__VK_CM_KHR},
+           {5357, d->cm.kind == DSPK__VK_CM_NV}};
+  d->nkcaps = 0;
+  for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)
+    if (t[i].on)
+      d->kcaps[d->nkcaps++] = t[i].cap;
+  /* GroupNonUniform (61) .. GroupNonUniformQuad (68): the bits of
+   * VkSubgroupFeatureFlagBits in that order. */
+  if (sg.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT)
+    for (uint32_t b = 0; b < 8 && d->nkcaps < DSPK__VK_KCAPS; b++)
+      if (sg.supportedOperations & (1u << b))
+        d->kcaps[d->nkcaps++] = 61 + b;
+}
+
 static int vk_open(int index, const struct dspk__devenv *env, struct dspk__dev **out) {
   if (index < 0 || index >= g_ndev || !dspk__vk_instance)
     return DSPK_ENODEV;
@@ -482,11 +521,13 @@ static int vk_open(int index, const struct dspk__devenv *env, struct dspk__dev *
                                   .pNext = &e11};
   e2.features.shaderFloat64 = f2.features.shaderFloat64;
   e2.features.shaderInt64 = f2.features.shaderInt64;
+  e2.features.shaderInt16 = f2.features.shaderInt16; /* for raw kernels (kcaps) */
+  e12.shaderInt8 = f12.shaderInt8;
   d->has_f64 = f2.features.shaderFloat64;
   d->has_int64 = f2.features.shaderInt64;
   d->has_f16 = f12.shaderFloat16 && f11.storageBuffer16BitAccess;
 
-  const char *exts[7];
+  const char *exts[10];
   uint32_t next = 0;
   exts[next++] = VK_KHR_PUSH_DESCRIPTOR_EXTENSION_NAME;
   /* Workgroup memory zeroed for raw kernels (vk_spvzero.c): core in 1.3
@@ -511,8 +552,46 @@ static int vk_open(int index, const struct dspk__devenv *env, struct dspk__dev *
   int ext_host = dspk__vk_has_ext(d->pd, VK_EXT_EXTERNAL_MEMORY_HOST_EXTENSION_NAME);
   if (ext_host)
     exts[next++] = VK_EXT_EXTERNAL_MEMORY_HOST_EXTENSION_NAME;
+  /* Raw kernels bounded to their tensors with robustBufferAccess2's
+   * behaviour, which checks each access against its descriptor's range
+   * (robustBufferAccess alone may reach anywhere in the VkBuffer, which
+   * holds other users' blocks): asked per pipeline (make_pipeline) where
+   * the device has pipeline robustness, so that the daemon's own kernels
+   * run unchecked; else, where it has robustBufferAccess2, for the whole
+   * device (every kernel checked: safety first). */
+  VkPhysicalDeviceRobustness2FeaturesEXT fr2 = {
+      .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_ROBUSTNESS_2_FEATURES_EXT};
+  VkPhysicalDevicePipelineRobustnessFeaturesEXT fpr = {
+      .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PIPELINE_ROBUSTNESS_FEATURES_EXT};
+  if (dspk__vk_has_ext(d->pd, VK_EXT_ROBUSTNESS_2_EXTENSION_NAME)) {
+    int ext_pr = dspk__vk_has_ext(d->pd, VK_EXT_PIPELINE_ROBUSTNESS_EXTENSION_NAME);
+    fpr.pNext = &fr2;
+    VkPhysicalDeviceFeatures2 q = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2,
+                                   .pNext = ext_pr ? (void *)&fpr : (void *)&fr2};
+    VK(GetPhysicalDeviceFeatures2)(d->pd, &q);
+    if (fr2.robustBufferAccess2 && ext_pr && fpr.pipelineRobustness) {
+      d->robust_raw = 1;
+      exts[next++] = VK_EXT_PIPELINE_ROBUSTNESS_EXTENSION_NAME;
+      exts[next++] = VK_EXT_ROBUSTNESS_2_EXTENSION_NAME;
+      fpr = (VkPhysicalDevicePipelineRobustnessFeaturesEXT){
+          .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PIPELINE_ROBUSTNESS_FEATURES_EXT,
+          .pNext = e2.pNext,
+          .pipelineRobustness = VK_TRUE};
+      e2.pNext = &fpr;
+    } else if (fr2.robustBufferAccess2 && f2.features.robustBufferAccess) {
+      d->robust_raw = 2;
+      exts[next++] = VK_EXT_ROBUSTNESS_2_EXTENSION_NAME;
+      fr2 = (VkPhysicalDeviceRobustness2FeaturesEXT){
+          .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_ROBUSTNESS_2_FEATURES_EXT,
+          .pNext = e2.pNext,
+          .robustBufferAccess2 = VK_TRUE};
+      e2.pNext = &fr2;
+      e2.features.robustBufferAccess = VK_TRUE; /* robustBufferAccess2 requires it */
+    }
+  }
   /* The cooperative-matrix gemm path: its extension and feature (vk_coopmat.c). */
   dspk__vk_coopmat_setup(d, d->has_f16 && f12.vulkanMemoryModel, exts, &next, &e12.pNext);
+  kcaps_enabled(d, &f2.features, &f11, &e12);
   float prio = 1.0f;
   VkDeviceQueueCreateInfo qi = {.sType = VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO,
                                 .queueFamilyIndex = d->qfamily,

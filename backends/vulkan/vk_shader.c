@@ -315,8 +315,10 @@ void dspk__vk_kernels_fini(struct dspk__dev *d) {
   d->nkernels = 0;
 }
 
+/* raw: a client's kernel, whose storage-buffer accesses are bounded where
+ * the device can (vk.h, robust_raw). */
 static int make_pipeline(struct dspk__dev *d, const uint32_t *spv, size_t nbytes,
-                         const char *entry, int nbind, uint32_t pcsize,
+                         const char *entry, int nbind, uint32_t pcsize, int raw,
                          struct dspk__vk_kernel *k, struct dspk__opctx *ctx) {
   VkResult vr;
   VkShaderModuleCreateInfo mi = {.sType = VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO,
@@ -354,8 +356,15 @@ static int make_pipeline(struct dspk__dev *d, const uint32_t *spv, size_t nbytes
     k->layout = VK_NULL_HANDLE;
     return dspk__vk_err(vr);
   }
+  VkPipelineRobustnessCreateInfoEXT rob = {
+      .sType = VK_STRUCTURE_TYPE_PIPELINE_ROBUSTNESS_CREATE_INFO_EXT,
+      .storageBuffers = VK_PIPELINE_ROBUSTNESS_BUFFER_BEHAVIOR_ROBUST_BUFFER_ACCESS_2_EXT,
+      .uniformBuffers = VK_PIPELINE_ROBUSTNESS_BUFFER_BEHAVIOR_ROBUST_BUFFER_ACCESS_2_EXT,
+      .vertexInputs = VK_PIPELINE_ROBUSTNESS_BUFFER_BEHAVIOR_DEVICE_DEFAULT_EXT,
+      .images = VK_PIPELINE_ROBUSTNESS_IMAGE_BEHAVIOR_DEVICE_DEFAULT_EXT};
   VkComputePipelineCreateInfo ci = {
       .sType = VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO,
+      .pNext = raw && d->robust_raw == 1 ? &rob : NULL,
       .stage = {.sType = VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO,
                 .stage = VK_SHADER_STAGE_COMPUTE_BIT,
                 .module = k->mod,
@@ -506,6 +515,8 @@ int dspk__vk_kernel(struct dspk__dev *d, const char *name, const char *src,
       r = dspk__vk_spv_check(w, nbytes / 4, entry, nbind, pcsize, &d->props.limits, msg,
                              sizeof msg);
     if (!r)
+      r = dspk__vk_spv_caps(w, nbytes / 4, d->kcaps, d->nkcaps, msg, sizeof msg);
+    if (!r)
       r = dspk__vk_spv_zero_init(w, nbytes / 4, d->zero_wg, &z, &nz, msg, sizeof msg);
     /* The driver's own caches (the VkPipelineCache, Mesa's and NVIDIA's
      * in-memory and disk caches) key a pipeline by its module's bytes: a
@@ -526,7 +537,7 @@ int dspk__vk_kernel(struct dspk__dev *d, const char *name, const char *src,
     spirv = marked;
     nbytes = nw * 4;
   }
-  r = make_pipeline(d, spirv, nbytes, entry, nbind, pcsize, k, ctx);
+  r = make_pipeline(d, spirv, nbytes, entry, nbind, pcsize, raw, k, ctx);
   free(marked);
   free(spv);
   if (r) {

@@ -486,3 +486,69 @@ int dspk__vk_spv_mark(const uint32_t *w, size_t nw, const char *text, uint32_t *
   *outnw = nw + 1 + tw;
   return 0;
 }
+
+/* The names of the capabilities a compute shader is likely to declare, for
+ * messages (the SPIR-V specification's "Capability" table). */
+static const char *cap_name(uint32_t c) {
+  static const struct {
+    uint32_t c;
+    const char *name;
+  } t[] = {{0, "Matrix"}, {1, "Shader"}, {4, "Addresses"}, {5, "Linkage"}, {6, "Kernel"},
+           {9, "Float16"}, {10, "Float64"}, {11, "Int64"}, {12, "Int64Atomics"},
+           {22, "Int16"}, {39, "Int8"}, {61, "GroupNonUniform"}, {62, "GroupNonUniformVote"},
+           {63, "GroupNonUniformArithmetic"}, {64, "GroupNonUniformBallot"},
+           {65, "GroupNonUniformShuffle"}, {66, "GroupNonUniformShuffleRelative"},
+           {67, "GroupNonUniformClustered"}, {68, "GroupNonUniformQuad"},
+           {4433, "StorageBuffer16BitAccess"}, {4434, "UniformAndStorageBuffer16BitAccess"},
+           {4435, "StoragePushConstant16"}, {4441, "VariablePointersStorageBuffer"},
+           {4442, "VariablePointers"}, {4448, "StorageBuffer8BitAccess"},
+           {4449, "UniformAndStorageBuffer8BitAccess"}, {4450, "StoragePushConstant8"},
+           {5345, "VulkanMemoryModel"}, {5346, "VulkanMemoryModelDeviceScope"},
+           {5347, "PhysicalStorageBufferAddresses"}, {5357, "CooperativeMatrixNV"},
+           {6022, "CooperativeMatrixKHR"}};
+  for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)
+    if (t[i].c == c)
+      return t[i].name;
+  return NULL;
+}
+
+/* See vk.h.  Capabilities open a module (its logical layout), so the scan
+ * stops at the first other instruction. */
+int dspk__vk_spv_caps(const uint32_t *w, size_t nw, const uint32_t *ok, int nok, char *msg,
+                      size_t msglen) {
+  for (size_t i = 5; i < nw;) {
+    uint32_t op = w[i] & 0xffff, len = w[i] >> 16;
+    if (op != 17 || len < 2 || i + len > nw)
+      break;
+    uint32_t c = w[i + 1];
+    int found = 0;
+    for (int k = 0; k < nok && !found; k++)
+      found = ok[k] == c;
+    if (!found) {
+      char list[512] = "";
+      size_t at = 0;
+      for (int k = 0; k < nok && at < sizeof list; k++) {
+        const char *n = cap_name(ok[k]);
+        int m = n ? snprintf(list + at, sizeof list - at, "%s%s", k ? ", " : "", n)
+                  : snprintf(list + at, sizeof list - at, "%s%u", k ? ", " : "", ok[k]);
+        if (m < 0)
+          break;
+        at += (size_t)m;
+      }
+      const char *n = cap_name(c);
+      if (n)
+        snprintf(msg, msglen,
+                 "kernel: the shader declares capability %s (%u), which this device does not "
+                 "enable for kernels (it enables %s)",
+                 n, c, list);
+      else
+        snprintf(msg, msglen,
+                 "kernel: the shader declares capability %u, which this device does not enable "
+                 "for kernels (it enables %s)",
+                 c, list);
+      return DSPK_ENOTSUP;
+    }
+    i += len;
+  }
+  return 0;
+}

@@ -1297,6 +1297,99 @@ static void t_raw_pad_zero(void **state) {
   }
 }
 
+/* A raw kernel's accesses stay within its tensors where the device bounds
+ * them (robust_raw): one tensor is words 16..31 of a block of 64 that holds
+ * a pattern (the rest of the block: another tensor's, another user's); the
+ * kernel reads the words past its tensor's end and before its start (as
+ * negative indices wrap) and writes past its end.  Loads read zero, stores
+ * change nothing.  On a GPU without pipeline robustness the loads read the
+ * pattern or fault: such a device (robust_raw 0, protocol.md says what it
+ * means) skips the test. */
+static void t_raw_bounded(void **state) {
+  (void)state;
+  if (!D->robust_raw) {
+    print_message("%s offers no pipeline robustness with robustBufferAccess2: raw kernels "
+                  "are not bounded there\n", D->name);
+    skip();
+  }
+  static const char src[] =
+      "#version 450\n"
+      "layout(local_size_x = 1) in;\n"
+      "layout(std430, binding = 0) buffer A { uint a[]; };\n"
+      "layout(std430, binding = 1) buffer O { uint o[]; };\n"
+      "layout(push_constant) uniform P { int n; } p;\n"
+      "void main() { for (int k = 0; k < 16; k++) { o[k] = a[p.n + k];\n"
+      "    o[16 + k] = a[uint(-1 - k)]; }\n"
+      "  for (int k = 0; k < 16; k++) a[p.n + k] = 0xdeadu; }\n";
+  uint32_t pat[64], back[64], o[32];
+  for (int i = 0; i < 64; i++)
+    pat[i] = 0x5EC20000u + (uint32_t)i;
+  struct dspk__tensor t[2] = {{.dtype = DSPK_F32, .rank = 1, .shape = {16}, .offset = 64},
+                              words(32)};
+  assert_int_equal(VKB->alloc(D, sizeof pat, &t[0].mem), 0);
+  assert_int_equal(VKB->write(D, t[0].mem, 0, pat, sizeof pat), 0);
+  struct dspk__op op = {.kind = DSPK_OP_KERNEL, .nin = 2};
+  char msg[512];
+  for (int i = 0; i < 2; i++) {
+    op.in[i] = t[i];
+    op.u.kernel.args[i] = (struct dspk__karg){.kind = DSPK__KARG_TENSOR, .v.tensor = i};
+  }
+  op.u.kernel.args[2] = (struct dspk__karg){.kind = DSPK__KARG_I32, .v.i32 = 16};
+  op.u.kernel.nargs = 3;
+  op.u.kernel.lang = "glsl";
+  op.u.kernel.source = src;
+  op.u.kernel.source_len = strlen(src);
+  op.u.kernel.grid[0] = 1;
+  assert_int_equal(dspk__op_infer(&op, msg, sizeof msg), 0);
+  struct dspk__opctx ctx = {.errmsg = msg, .errmsg_len = sizeof msg};
+  int r = VKB->run(D, &op, &ctx);
+  if (r)
+    fail_msg("raw kernel: %d %s", r, msg);
+  assert_int_equal(VKB->read(D, t[1].mem, 0, o, sizeof o), 0);
+  assert_int_equal(VKB->read(D, t[0].mem, 0, back, sizeof back), 0);
+  for (int k = 0; k < 32; k++)
+    if (o[k] != 0)
+      fail_msg("a load %s its tensor read %#x, not zero (word %d)", k < 16 ? "past" : "before",
+               o[k], k);
+  for (int i = 0; i < 64; i++)
+    if (back[i] != pat[i])
+      fail_msg("word %d of the block became %#x: a store past the tensor landed", i, back[i]);
+  VKB->free(D, t[0].mem);
+  VKB->free(D, t[1].mem);
+}
+
+/* A raw kernel declaring a capability the device has not enabled is
+ * ENOTSUP before any pipeline is made, naming it: Vulkan leaves such a
+ * module undefined, and with PhysicalStorageBufferAddresses a kernel could
+ * turn any number into a pointer to the device's memory. */
+static void t_raw_caps(void **state) {
+  (void)state;
+  static const char bda[] =
+      "#version 450\n"
+      "#extension GL_EXT_buffer_reference : require\n"
+      "#extension GL_EXT_shader_explicit_arithmetic_types_int64 : require\n"
+      "layout(local_size_x = 1) in;\n"
+      "layout(buffer_reference, std430) buffer P { uint v; };\n"
+      "layout(std430, binding = 0) buffer O { uint64_t o[]; };\n"
+      "void main() { P q = P(o[0]); o[1] = q.v; }\n";
+  char msg[512];
+  struct dspk__tensor t = words(4);
+  t.dtype = DSPK_F64;
+  t.shape[0] = 2;
+  int r = raw_over(bda, &t, 1, msg, sizeof msg);
+  if (r != DSPK_ENOTSUP || !strstr(msg, "PhysicalStorageBufferAddresses"))
+    fail_msg("a kernel with buffer references: %d \"%s\", expected ENOTSUP naming "
+             "PhysicalStorageBufferAddresses", r, msg);
+  VKB->free(D, t.mem);
+  /* The capabilities of a plain kernel (Shader) pass. */
+  uint32_t ok[] = {1}, w[] = {0x07230203, 0x10300, 0, 8, 0, 2u << 16 | 17, 1};
+  assert_int_equal(dspk__vk_spv_caps(w, 7, ok, 1, msg, sizeof msg), 0);
+  w[6] = 22; /* Int16, not in ok */
+  assert_int_equal(dspk__vk_spv_caps(w, 7, ok, 1, msg, sizeof msg), DSPK_ENOTSUP);
+  assert_non_null(strstr(msg, "capability Int16 (22)"));
+  assert_non_null(strstr(msg, "it enables Shader"));
+}
+
 /* GLSL compute source to SPIR-V 1.3 with glslang, independently of the
  * backend's compile path; *nw words, malloc'd. */
 static uint32_t *to_spirv(const char *src, size_t *nw) {
@@ -2772,6 +2865,8 @@ int main(int argc, char **argv) {
       cmocka_unit_test(t_raw_len0),
       cmocka_unit_test(t_raw_zero_init),
       cmocka_unit_test(t_raw_pad_zero),
+      cmocka_unit_test(t_raw_bounded),
+      cmocka_unit_test(t_raw_caps),
       cmocka_unit_test(t_spv_zero_init),
       cmocka_unit_test(t_raw_spirv), cmocka_unit_test(t_raw_spirv_valid),
       cmocka_unit_test(t_raw_error),
