@@ -1159,14 +1159,17 @@ static void t_raw_len0(void **state) {
 }
 
 /* Runs raw GLSL src over tensors t[0..n) (each an argument, in order),
- * grid 1; returns run's code, msg the message. */
-static int raw_over(const char *src, struct dspk__tensor *t, int n, char *msg, size_t len) {
+ * then the scalars sc[0..nsc), grid 1; returns run's code, msg the message. */
+static int raw_over_sc(const char *src, struct dspk__tensor *t, int n,
+                       const struct dspk__karg *sc, int nsc, char *msg, size_t len) {
   struct dspk__op op = {.kind = DSPK_OP_KERNEL, .nin = n};
   for (int i = 0; i < n; i++) {
     op.in[i] = t[i];
     op.u.kernel.args[i] = (struct dspk__karg){.kind = DSPK__KARG_TENSOR, .v.tensor = i};
   }
-  op.u.kernel.nargs = n;
+  for (int i = 0; i < nsc; i++)
+    op.u.kernel.args[n + i] = sc[i];
+  op.u.kernel.nargs = n + nsc;
   op.u.kernel.lang = "glsl";
   op.u.kernel.source = src;
   op.u.kernel.source_len = strlen(src);
@@ -1175,6 +1178,10 @@ static int raw_over(const char *src, struct dspk__tensor *t, int n, char *msg, s
   struct dspk__opctx ctx = {.errmsg = msg, .errmsg_len = len};
   msg[0] = 0;
   return VKB->run(D, &op, &ctx);
+}
+
+static int raw_over(const char *src, struct dspk__tensor *t, int n, char *msg, size_t len) {
+  return raw_over_sc(src, t, n, NULL, 0, msg, len);
 }
 
 /* A tensor of n 32-bit words in a fresh block, zeroed. */
@@ -1328,21 +1335,9 @@ static void t_raw_bounded(void **state) {
                               words(32)};
   assert_int_equal(VKB->alloc(D, sizeof pat, &t[0].mem), 0);
   assert_int_equal(VKB->write(D, t[0].mem, 0, pat, sizeof pat), 0);
-  struct dspk__op op = {.kind = DSPK_OP_KERNEL, .nin = 2};
   char msg[512];
-  for (int i = 0; i < 2; i++) {
-    op.in[i] = t[i];
-    op.u.kernel.args[i] = (struct dspk__karg){.kind = DSPK__KARG_TENSOR, .v.tensor = i};
-  }
-  op.u.kernel.args[2] = (struct dspk__karg){.kind = DSPK__KARG_I32, .v.i32 = 16};
-  op.u.kernel.nargs = 3;
-  op.u.kernel.lang = "glsl";
-  op.u.kernel.source = src;
-  op.u.kernel.source_len = strlen(src);
-  op.u.kernel.grid[0] = 1;
-  assert_int_equal(dspk__op_infer(&op, msg, sizeof msg), 0);
-  struct dspk__opctx ctx = {.errmsg = msg, .errmsg_len = sizeof msg};
-  int r = VKB->run(D, &op, &ctx);
+  struct dspk__karg n16 = {.kind = DSPK__KARG_I32, .v.i32 = 16};
+  int r = raw_over_sc(src, t, 2, &n16, 1, msg, sizeof msg);
   if (r)
     fail_msg("raw kernel: %d %s", r, msg);
   assert_int_equal(VKB->read(D, t[1].mem, 0, o, sizeof o), 0);
