@@ -662,6 +662,20 @@ static void conn_frame(struct conn *c, struct rchunk *k, const char *p, size_t n
     dspkd_debug("client %llu: notification ignored", (unsigned long long)c->id);
     goto out;
   }
+  /* Of the three types dspk__msg_parse() knows, a client sends only two
+   * (notifications are out above): its text, naming all three, would be
+   * untrue here. */
+  if (root.type == MSGPACK_OBJECT_ARRAY && root.via.array.size >= 1 &&
+      (root.via.array.ptr[0].type != MSGPACK_OBJECT_POSITIVE_INTEGER ||
+       root.via.array.ptr[0].via.u64 != DSPK__REQUEST)) {
+    if (root.via.array.ptr[0].type == MSGPACK_OBJECT_POSITIVE_INTEGER &&
+        root.via.array.ptr[0].via.u64 == DSPK__RESPONSE)
+      conn_protocol_error(c, DSPK_EPROTO, "clients send requests, not responses");
+    else
+      conn_protocol_error(c, DSPK_EPROTO, "message type (element 0) must be 0 "
+                          "(request) or 2 (notification)");
+    goto out;
+  }
   err = dspk__msg_parse(&root, &m, &msgid, &has_msgid, msg, sizeof msg);
   if (end && (err < 0 || m.method_len != sizeof "buffer.import" - 1 ||
               memcmp(m.method, "buffer.import", m.method_len) != 0))
@@ -675,10 +689,6 @@ static void conn_frame(struct conn *c, struct rchunk *k, const char *p, size_t n
       dspkd_conn_send_error(c, msgid, err, msg);
     else
       conn_protocol_error(c, err, msg);
-    goto out;
-  }
-  if (m.type == DSPK__RESPONSE) {
-    conn_protocol_error(c, DSPK_EPROTO, "clients send requests, not responses");
     goto out;
   }
   {

@@ -52,7 +52,8 @@ int dspk__msg_parse(const msgpack_object *root, struct dspk__msg *out,
   }
   if (e[0].type != MSGPACK_OBJECT_POSITIVE_INTEGER || e[0].via.u64 > 2)
     return dspk__fail(msg, msglen, DSPK_EPROTO,
-                "message type (element 0) must be 0, 1 or 2");
+                "message type (element 0) must be 0 (request), 1 "
+                "(response) or 2 (notification)");
   type = e[0].via.u64;
   m.type = (enum dspk__msgtype)type;
   if (root->via.array.size != (type == DSPK__NOTIFY ? 3u : 4u))

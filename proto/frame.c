@@ -132,10 +132,20 @@ static ssize_t scan(const void *buf, size_t len, const struct dspk__limits *lim,
       case 0xc1:
         return dspk__fail(msg, msglen, DSPK_EPROTO,
                     "byte 0xc1 (never used in msgpack) at offset %zu", pos);
-      default: /* 0xc7-0xc9 ext, 0xd4-0xd8 fixext */
+      default: { /* 0xc7-0xc9 ext 8/16/32, 0xd4-0xd8 fixext 1-16 */
+        /* Refused at once, before its type byte (which follows the
+         * format byte of a fixext, and the length of an ext 8/16/32) has
+         * perhaps arrived: the message names the type when it has. */
+        size_t at = pos + 1 + (c <= 0xc9 ? (1u << (c - 0xc7)) : 0);
+        if (at < len)
+          return dspk__fail(msg, msglen, DSPK_EPROTO,
+                      "msgpack ext (format byte 0x%02x, ext type %d) at "
+                      "offset %zu: the protocol uses no ext types",
+                      c, (int)(signed char)p[at], pos);
         return dspk__fail(msg, msglen, DSPK_EPROTO,
-                    "msgpack ext type 0x%02x at offset %zu is not allowed",
-                    c, pos);
+                    "msgpack ext (format byte 0x%02x) at offset %zu: the "
+                    "protocol uses no ext types", c, pos);
+      }
       }
     }
 
@@ -160,15 +170,21 @@ static ssize_t scan(const void *buf, size_t len, const struct dspk__limits *lim,
     if (pos + hdr > maxmsg)
       goto toolong;
     uint64_t room = maxmsg - pos - hdr;
+    /* What is refused is the message, not the str/bin or container: the
+     * texts say how long the message would at least be (room < maxmsg,
+     * so the sums cannot overflow). */
     if (payload + owed > room)
       return dspk__fail(msg, msglen, DSPK_ELIMIT,
-                  "str/bin of %" PRIu64 " bytes at offset %zu exceeds the "
-                  "%zu-byte message limit (max_message)", payload, pos, maxmsg);
+                  "str/bin of %" PRIu64 " bytes at offset %zu makes the "
+                  "message at least %" PRIu64 " bytes, more than %zu "
+                  "(max_message)", payload, pos,
+                  (uint64_t)(pos + hdr) + payload + owed, maxmsg);
     if (children + owed > room)
       return dspk__fail(msg, msglen, DSPK_ELIMIT,
                   "container at offset %zu announces %" PRIu64
-                  " elements, more than the bytes left in the message "
-                  "(max_message %zu)", pos, children, maxmsg);
+                  " elements, which make the message at least %" PRIu64
+                  " bytes, more than %zu (max_message)", pos, children,
+                  (uint64_t)(pos + hdr) + children + owed, maxmsg);
     if (children + owed + objects > lim->max_objects)
       return dspk__fail(msg, msglen, DSPK_ELIMIT,
                   "container at offset %zu announces %" PRIu64

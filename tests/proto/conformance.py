@@ -430,6 +430,32 @@ def malformed_close(env):
         c.close()
 
 
+@case("Malformed input: the protocol.error message says what was wrong")
+def malformed_texts(env):
+    cases = [
+        (p([3, 1, "ping", []]), ["must be 0 (request) or 2 (notification)"], ["1"]),
+        (p(["0", 1, "ping", []]), ["must be 0 (request) or 2 (notification)"], ["1"]),
+        (p([1, 1, None, {}]), ["clients send requests, not responses"], []),
+        # a fixext 1 of type 5: named by its type, its format byte named as such
+        (b"\x94\x00\x01\xa4ping\x91\x81\xa4data\xd4\x05\x00",
+         ["format byte 0xd4, ext type 5"], ["type 0xd4"]),
+        (b"\x94\x00\x01\xa4ping\x91\x81\xa4data\xc7\x01\x01\x00",
+         ["format byte 0xc7, ext type 1"], ["type 0xc7"]),
+    ]
+    for data, words, absent in cases:
+        c = env.conn()
+        c.send(data)
+        notes = c.expect_close()
+        pe = [n for n in notes if n[1] == "protocol.error"]
+        check(pe, "%r: closed without protocol.error" % data[:20])
+        m = pe[-1][2][0]["message"]
+        for w in words:
+            check(w in m, "%r: message %r lacks %r" % (data[:20], m, w))
+        for w in absent:
+            check(w not in m, "%r: message %r has %r" % (data[:20], m, w))
+        c.close()
+
+
 @case("Framing: notifications from a client are ignored")
 def client_notification(env):
     c = env.conn()
@@ -2837,6 +2863,16 @@ def small_message(env):
         c = env.conn()
         c.send(arr(b"\x00", p(1), p("ping"), b"\x91\x81" + p("data") + head))
         expect_protocol_error(c, "ELIMIT")
+
+
+@case("Limits: max_message, the refusal says the message is too long", daemon="small")
+def small_message_text(env):
+    # a 4000-byte bin (within max_message 4096) in a message of 4100 bytes: the
+    # message is what exceeds the limit, and the text says so
+    c = env.conn()
+    c.send(req(1, "ping", {"data": b"x" * 4000, "pad": b"y" * 80}))
+    expect_protocol_error(c, "ELIMIT", "str/bin of 80 bytes", "makes the message at least",
+                          "more than 4096 (max_message)")
 
 
 @case("Limits: max_depth (the message array is depth 1)", daemon="small")

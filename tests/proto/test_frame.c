@@ -435,6 +435,46 @@ static void test_malformed(void **state) {
   assert_int_equal(scan("", 0, &l), 0);
 }
 
+/* The refusal texts say what was wrong: an ext by its format byte and, once
+ * it has arrived, its type (not the format byte called a type); a str/bin
+ * that fits max_message but makes the message too long by what it reaches,
+ * not as if it exceeded the limit by itself. */
+static void test_refusal_texts(void **state) {
+  (void)state;
+  struct dspk__limits l = deflim();
+  char msg[256];
+  const unsigned char fix1[] = {0xd4, 0x05, 0x00};
+  assert_int_equal(dspk__frame_scan(fix1, sizeof fix1, &l, msg, sizeof msg),
+                   DSPK_EPROTO);
+  assert_non_null(strstr(msg, "format byte 0xd4, ext type 5)"));
+  assert_null(strstr(msg, "type 0xd4"));
+  assert_int_equal(dspk__frame_scan(fix1, 1, &l, msg, sizeof msg), DSPK_EPROTO);
+  assert_non_null(strstr(msg, "(format byte 0xd4)"));
+  const unsigned char ext8[] = {0x91, 0xc7, 0x01, 0xff, 0x00};
+  assert_int_equal(dspk__frame_scan(ext8, sizeof ext8, &l, msg, sizeof msg),
+                   DSPK_EPROTO);
+  assert_non_null(strstr(msg, "format byte 0xc7, ext type -1) at offset 1"));
+  const unsigned char ext32[] = {0xc9, 0, 0, 0, 1, 0x07, 0x00};
+  assert_int_equal(dspk__frame_scan(ext32, sizeof ext32, &l, msg, sizeof msg),
+                   DSPK_EPROTO);
+  assert_non_null(strstr(msg, "format byte 0xc9, ext type 7)"));
+  assert_int_equal(dspk__frame_scan(ext32, 5, &l, msg, sizeof msg), DSPK_EPROTO);
+  assert_non_null(strstr(msg, "(format byte 0xc9)"));
+  /* [bin8 of 10] is a 13-byte message, max_message 12: the bin (10 bytes)
+   * is within the limit, the message it makes is not. */
+  unsigned char bin[13] = {0x91, 0xc4, 10};
+  l.max_message = 12;
+  assert_int_equal(dspk__frame_scan(bin, 3, &l, msg, sizeof msg), DSPK_ELIMIT);
+  assert_non_null(strstr(msg, "str/bin of 10 bytes at offset 1 makes the "
+                              "message at least 13 bytes, more than 12 "
+                              "(max_message)"));
+  const unsigned char arr16[] = {0x92, 0xdc, 0x00, 0x0a};
+  assert_int_equal(dspk__frame_scan(arr16, sizeof arr16, &l, msg, sizeof msg),
+                   DSPK_ELIMIT);
+  assert_non_null(strstr(msg, "announces 10 elements, which make the message "
+                              "at least 15 bytes, more than 12 (max_message)"));
+}
+
 /* ---- random valid objects and mutations --------------------------------- */
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
@@ -846,6 +886,7 @@ int main(void) {
       cmocka_unit_test(test_counts_bounded_by_remaining),
       cmocka_unit_test(test_huge_header),
       cmocka_unit_test(test_malformed),
+      cmocka_unit_test(test_refusal_texts),
       cmocka_unit_test(test_random_valid),
       cmocka_unit_test(test_mutations),
       cmocka_unit_test(test_write_head),
