@@ -115,10 +115,12 @@ static const struct key keys[] = {
      "buffers per connection"},
     {"limits", "max_clients", K_UINT, F(max_clients), 1, 1 << 20, true, IN_BOTH, "256", "N",
      "open connections"},
-    /* One user may hold a quarter of the connections, half of each device's
-     * memory, and four largest messages in incomplete frames. */
+    /* One user may hold a quarter of the connections (max_user_clients has
+     * no fixed default: unset, it is derived from max_clients by
+     * derive_defaults(), at start and at each reload), half of each
+     * device's memory, and four largest messages in incomplete frames. */
     {"limits", "max_user_clients", K_UINT, F(max_user_clients), 1, 1 << 20, true, IN_BOTH,
-     "64", "N", "open connections of one user"},
+     NULL, "N", "open connections of one user (default: a quarter of max_clients, at least 1)"},
     {"limits", "max_user_partial", K_SIZE, F(max_user_partial), 4096, (uint64_t)1 << 40,
      true, IN_BOTH, "1G", "SIZE",
      "bytes of incomplete messages of one user's connections together"},
@@ -180,6 +182,14 @@ static int key_index(const char *name) {
 
 static int store(const struct key *k, const char *value, bool from_file,
                  struct dspkd_config *cfg, char *why, size_t len);
+
+/* The defaults computed from other keys, for those left unset (0, below
+ * every such key's lower bound) once the command line and the file are
+ * read: max_user_clients, a quarter of max_clients (at least 1). */
+static void derive_defaults(struct dspkd_config *cfg) {
+  if (cfg->max_user_clients == 0)
+    cfg->max_user_clients = cfg->max_clients / 4 ? cfg->max_clients / 4 : 1;
+}
 
 void dspkd_config_defaults(struct dspkd_config *cfg) {
   char why[160];
@@ -937,6 +947,7 @@ int dspkd_config_start(int argc, char **argv, struct dspkd_config *cfg) {
   }
   have_conf = true;
 done:
+  derive_defaults(cfg);
   start_cfg = *cfg;
   /* Which cache: an option wins over the file; the file's no_cache wins
    * over its cache; "" is no cache. */
@@ -1031,6 +1042,9 @@ int dspkd_config_reload(struct dspkd *d, char *msg, size_t msglen) {
     if (restart_key_differs(k, &was, &nw))
       dspkd_warn("%s: %s changed; it takes effect at the next start", conf_path, k->name);
   }
+  /* A derived key the file leaves unset is derived again (from the new
+   * max_clients); one the command line set is kept as the loop kept it. */
+  derive_defaults(&d->cfg);
   have_conf = true;
   dspkd_log_set_level((enum dspkd_level)d->cfg.log_level);
   dspkd_info("configuration reloaded from %s", conf_path);

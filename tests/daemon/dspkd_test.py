@@ -993,8 +993,8 @@ def t_planstep(exe, tmp):
 def t_limits(exe, tmp):
     """Per-connection limits: max_clients, max_buffers, max_rank/max_elements
     as configured, and hello reporting them."""
-    d = Daemon(exe, tmp, ["--max-clients", "2", "--max-buffers", "2", "--max-rank", "3",
-                          "--max-elements", "1000"])
+    d = Daemon(exe, tmp, ["--max-clients", "2", "--max-user-clients", "2", "--max-buffers", "2",
+                          "--max-rank", "3", "--max-elements", "1000"])
     a, b = d.client(), d.client()
     lim = a.call("hello", {"client": "a"})["limits"]
     check(lim["max_clients"] == 2 and lim["max_buffers"] == 2 and lim["max_rank"] == 3
@@ -4376,7 +4376,8 @@ def t_shareunread(exe, tmp):
     def as_daemon_user():
         resource.setrlimit(resource.RLIMIT_NOFILE, (low, low))
         dspk_daemon.become(duid, 0)
-    d = Daemon(exe, tmp, ["--max-clients", str(maxc)], sock=os.path.join(ddir, "d.sock"),
+    d = Daemon(exe, tmp, ["--max-clients", str(maxc), "--max-user-clients", str(maxc)],
+               sock=os.path.join(ddir, "d.sock"),
                preexec_fn=as_daemon_user)
     share_max = low - (maxc * 9 + 64 + 256)  # docs/admin.md: 632 here
     fds = "/proc/%d/fd" % d.proc.pid

@@ -385,7 +385,9 @@ def main():
     with open(conf, "w") as f:
         f.write("[policy]\nadmin_users = 65534\n"
                 "[limits]\nmax_message = 1M\nmax_elements = 1048576\nmax_buffers = 8\n"
-                "max_inflight = 64\nmax_unsent = 4M\nmax_clients = 64\n")
+                "max_inflight = 64\nmax_unsent = 4M\nmax_clients = 64\n"
+                # the fuzzer (one user) holds up to 17 connections at once
+                "max_user_clients = 64\n")
     log = open(os.path.join(tmp, "dspkd.log"), "w+", errors="replace")  # it quotes client bytes
     r, w = os.pipe()
     env = dict(os.environ)

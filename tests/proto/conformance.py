@@ -3032,6 +3032,40 @@ def max_clients(env):
         c.close()
 
 
+@case("Quotas: max_user_clients defaults to a quarter of max_clients, at start and at a reload",
+      daemon="userdefault", check_alive=False)
+def max_user_clients_default(env):
+    # the file sets max_clients = 8: one user may hold 2 connections
+    def fill(n):
+        cs = [env.conn() for _ in range(n)]
+        for c in cs:
+            c.ok("ping")
+        extra = env.conn()
+        expect_protocol_error(extra, "ELIMIT", "max_user_clients")
+        extra.close()
+        return cs
+    cs = fill(2)
+    with open(env.config, "w") as f:
+        f.write("[limits]\nmax_clients = 12\n")
+    check(cs[0].ok("daemon.reload") == {"reloaded": True}, "reload")
+    cs += fill(1)  # 3 now
+    with open(env.config, "w") as f:
+        f.write("[limits]\nmax_clients = 12\nmax_user_clients = 5\n")
+    check(cs[0].ok("daemon.reload") == {"reloaded": True}, "reload")
+    cs += fill(2)  # set: 5
+    with open(env.config, "w") as f:
+        f.write("[limits]\nmax_clients = 3\n")
+    check(cs[0].ok("daemon.reload") == {"reloaded": True}, "reload")
+    for c in cs[1:]:
+        c.close()
+    # unset again: a quarter of 3 is 0, and the quota is at least 1
+    cs[0].ok("ping")
+    extra = env.conn()
+    expect_protocol_error(extra, "ELIMIT", "max_user_clients")
+    extra.close()
+    cs[0].close()
+
+
 # ---------------------------------------------------------------- runner
 
 def alive(sock):
@@ -3050,6 +3084,8 @@ def main():
     tmp = tempfile.mkdtemp(prefix="dspk-conf-")
     with open(os.path.join(tmp, "reload.conf"), "w") as f:
         f.write("[limits]\nmax_buffers = 5\n")
+    with open(os.path.join(tmp, "userdefault.conf"), "w") as f:
+        f.write("[limits]\nmax_clients = 8\n")
     with open(os.path.join(tmp, "admin.conf"), "w") as f:
         f.write("[policy]\nadmin_users = 4242\n")  # not the test's user
     daemons = {}
@@ -3074,7 +3110,9 @@ def main():
                "admin": (["--config", os.path.join(tmp, "admin.conf")], "cpu"),
                "msg": (["--max-message", "4096"], "cpu"),
                "unsent": (["--max-unsent", "256K"], "cpu"),
-               "clients": (["--max-clients", "2"], "cpu")}
+               "userdefault": (["--config", os.path.join(tmp, "userdefault.conf")], "cpu"),
+               # the one user of the test may hold both connections
+               "clients": (["--max-clients", "2", "--max-user-clients", "2"], "cpu")}
     failed = []
     skipped = []
 
@@ -3097,7 +3135,8 @@ def main():
                 continue
             proc, sock = daemon(dname)
             try:
-                note = fn(Env(sock, os.path.join(tmp, "reload.conf")))
+                note = fn(Env(sock, os.path.join(tmp, "%s.conf" % (
+                    dname if dname == "userdefault" else "reload"))))
                 if check_alive:
                     alive(sock)
                 if note:
