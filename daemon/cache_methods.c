@@ -172,8 +172,7 @@ int dspkd_m_cache_clear(struct req *r) {
           dspk__cache_kind_names[k], strlen(dspk__cache_kind_names[k])));
   if (!mask)
     mask = DSPK__CACHE_ALL;
-  if (!dspkd_admin_is(c))
-    return dspkd_admin_refuse(r, "cache.clear");
+  /* A non-admin was refused by dspkd_dispatch() (DSPK__ADMIN_AFTER_PARAMS). */
   if (!c->d->cache)
     return no_cache(r);
   return queue(r, true, mask);

@@ -1099,8 +1099,9 @@ int dspkd_dispatch(struct req *r, const char *method, size_t len) {
     return fail(r, DSPK_ENOMETHOD, "unknown method \"%s\"",
                 dspk__utf8_echo(echo, sizeof echo, method, len, 64));
   }
-  /* Admin methods refuse a non-admin before looking at its arguments. */
-  if (m->admin && (err = dspkd_admin_check(r, m->name)) < 0)
+  /* Admin methods refuse a non-admin before looking at its arguments,
+   * or once they are checked (enum dspk__admin). */
+  if (m->admin == DSPK__ADMIN_FIRST && (err = dspkd_admin_check(r, m->name)) < 0)
     return err;
   if ((err = dspk__params_decode(m->params, m->nparams, r->args, NULL, r->v, r->msg,
                                  sizeof r->msg)) < 0) {
@@ -1116,6 +1117,8 @@ int dspkd_dispatch(struct req *r, const char *method, size_t len) {
     }
     return err;
   }
+  if (m->admin == DSPK__ADMIN_AFTER_PARAMS && (err = dspkd_admin_check(r, m->name)) < 0)
+    return err;
   return handlers[m - dspk__methods](r);
 }
 

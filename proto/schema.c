@@ -423,26 +423,26 @@ static const struct dspk__param jend_r[] = {
 #define M0(id, name, r, adm) [id] = {name, NULL, 0, r, N(r), adm}
 
 const struct dspk__method dspk__methods[DSPK__M_COUNT] = {
-    M(DSPK__M_HELLO, "hello", hello_p, hello_r, false),
-    M(DSPK__M_PING, "ping", ping_p, ping_r, false),
-    M(DSPK__M_DEVICES, "devices", devices_p, devices_r, false),
-    M0(DSPK__M_STATUS, "status", status_r, false),
-    M(DSPK__M_BUFFER_CREATE, "buffer.create", bcreate_p, bcreate_r, false),
-    M(DSPK__M_BUFFER_WRITE, "buffer.write", bwrite_p, bwrite_r, false),
-    M(DSPK__M_BUFFER_READ, "buffer.read", bread_p, bread_r, false),
-    [DSPK__M_BUFFER_FREE] = {"buffer.free", bfree_p, N(bfree_p), empty_r, 0, false},
-    M(DSPK__M_BUFFER_IMPORT, "buffer.import", bshm_p, bcreate_r, false),
-    M(DSPK__M_BUFFER_SHARE, "buffer.share", bshm_p, bcreate_r, false),
-    M(DSPK__M_TASK_RUN, "task.run", run_p, run_r, false),
-    M(DSPK__M_TASK_CANCEL, "task.cancel", cancel_p, cancel_r, false),
-    M0(DSPK__M_DAEMON_RELOAD, "daemon.reload", reload_r, true),
-    M0(DSPK__M_DAEMON_STOP, "daemon.stop", stop_r, true),
-    M0(DSPK__M_CACHE_STATS, "cache.stats", cstats_r, false),
-    M(DSPK__M_CACHE_CLEAR, "cache.clear", cclear_p, cclear_r, false),
-    [DSPK__M_METRICS] = {"metrics", NULL, 0, NULL, 0, false}, /* answers a str */
-    M(DSPK__M_TRACE, "trace", trace_p, trace_r, false),
-    M(DSPK__M_JOB_REGISTER, "job.register", jreg_p, jreg_r, true),
-    M(DSPK__M_JOB_END, "job.end", jend_p, jend_r, true),
+    M(DSPK__M_HELLO, "hello", hello_p, hello_r, DSPK__ADMIN_NO),
+    M(DSPK__M_PING, "ping", ping_p, ping_r, DSPK__ADMIN_NO),
+    M(DSPK__M_DEVICES, "devices", devices_p, devices_r, DSPK__ADMIN_NO),
+    M0(DSPK__M_STATUS, "status", status_r, DSPK__ADMIN_NO),
+    M(DSPK__M_BUFFER_CREATE, "buffer.create", bcreate_p, bcreate_r, DSPK__ADMIN_NO),
+    M(DSPK__M_BUFFER_WRITE, "buffer.write", bwrite_p, bwrite_r, DSPK__ADMIN_NO),
+    M(DSPK__M_BUFFER_READ, "buffer.read", bread_p, bread_r, DSPK__ADMIN_NO),
+    [DSPK__M_BUFFER_FREE] = {"buffer.free", bfree_p, N(bfree_p), empty_r, 0, DSPK__ADMIN_NO},
+    M(DSPK__M_BUFFER_IMPORT, "buffer.import", bshm_p, bcreate_r, DSPK__ADMIN_NO),
+    M(DSPK__M_BUFFER_SHARE, "buffer.share", bshm_p, bcreate_r, DSPK__ADMIN_NO),
+    M(DSPK__M_TASK_RUN, "task.run", run_p, run_r, DSPK__ADMIN_NO),
+    M(DSPK__M_TASK_CANCEL, "task.cancel", cancel_p, cancel_r, DSPK__ADMIN_NO),
+    M0(DSPK__M_DAEMON_RELOAD, "daemon.reload", reload_r, DSPK__ADMIN_FIRST),
+    M0(DSPK__M_DAEMON_STOP, "daemon.stop", stop_r, DSPK__ADMIN_FIRST),
+    M0(DSPK__M_CACHE_STATS, "cache.stats", cstats_r, DSPK__ADMIN_NO),
+    M(DSPK__M_CACHE_CLEAR, "cache.clear", cclear_p, cclear_r, DSPK__ADMIN_AFTER_PARAMS),
+    [DSPK__M_METRICS] = {"metrics", NULL, 0, NULL, 0, DSPK__ADMIN_NO}, /* answers a str */
+    M(DSPK__M_TRACE, "trace", trace_p, trace_r, DSPK__ADMIN_NO),
+    M(DSPK__M_JOB_REGISTER, "job.register", jreg_p, jreg_r, DSPK__ADMIN_FIRST),
+    M(DSPK__M_JOB_END, "job.end", jend_p, jend_r, DSPK__ADMIN_FIRST),
 };
 
 /* ---- the ops of task.run and their options: proto/options.h ------------- */
@@ -975,7 +975,10 @@ int dspk__schema_json(FILE *f) {
     const struct dspk__method *m = &dspk__methods[i];
     fprintf(f, "%s\n  {\"name\": ", i ? "," : "");
     jstr(f, m->name);
-    fprintf(f, ", \"admin\": %s,\n   \"result\": ", m->admin ? "true" : "false");
+    fprintf(f, ", \"admin\": %s,", m->admin != DSPK__ADMIN_NO ? "true" : "false");
+    if (m->admin == DSPK__ADMIN_AFTER_PARAMS)
+      fputs(" \"admin_after_params\": true,", f);
+    fputs("\n   \"result\": ", f);
     if (m->results)
       jparams(f, m->results, m->nresults, "   ");
     else

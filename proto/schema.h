@@ -177,7 +177,17 @@ struct dspk__method {
                                     indexed by the result enums below;
                                     NULL when the result is a str */
   int nresults;
-  bool admin;                    /* only admins may call it */
+  unsigned char admin;           /* enum dspk__admin */
+};
+
+/* Who may call a method (protocol.json's "admin": true unless _NO).  The
+ * daemon refuses a non-admin EPERM: before looking at the arguments
+ * (_FIRST), or once they are checked, so that a malformed call says so
+ * whoever sends it (_AFTER_PARAMS; protocol.json's "admin_after_params"). */
+enum dspk__admin {
+  DSPK__ADMIN_NO,
+  DSPK__ADMIN_FIRST,
+  DSPK__ADMIN_AFTER_PARAMS,
 };
 
 /* ---- the methods: ids and parameter indices ---------------------------- */

@@ -25,6 +25,7 @@ usage: conformance.py --dspkd PATH [CASE...]"""
 import argparse
 import array
 import fcntl
+import json
 import math
 import mmap
 import os
@@ -41,6 +42,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import dspk_daemon  # noqa: E402
 
 TIMEOUT = 30
+PROTOCOL_JSON = None  # --protocol-json
 
 # docs/protocol.md, "Errors": the table.
 ERRORS = {
@@ -2826,6 +2828,25 @@ def not_admin(env):
                 "user (uid %d), admin_users and admin_groups in the [policy] of dspkd.conf)"
                 % (method, os.geteuid()))
         check(e["message"] == want, "%s: %r, want %r" % (method, e["message"], want))
+    # protocol.json's "admin" says which methods refuse a non-admin, and
+    # "admin_after_params" which check the arguments first (cache.clear was
+    # marked "admin": false): every method, called with no arguments and with
+    # an unknown one.
+    if not PROTOCOL_JSON:
+        return "no --protocol-json"
+    with open(PROTOCOL_JSON) as f:
+        methods = json.load(f)["methods"]
+    check(any(m["admin"] for m in methods), "no admin method in protocol.json")
+    for m in methods:
+        name = m["name"]
+        got = c.call(name, None)
+        if m["admin"]:
+            expect(got, "EPERM", name + ": permission denied")
+        else:
+            check(got[0] != "EPERM", "%s: protocol.json admin false, non-admin gets EPERM" % name)
+        if m["params"]:
+            got = c.call(name, {m["params"][0]["name"]: {"not": "valid"}})
+            expect(got, "EINVAL" if m.get("admin_after_params") or not m["admin"] else "EPERM")
     still_open(c)
 
 
@@ -3079,8 +3100,11 @@ def alive(sock):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--dspkd", required=True)
+    ap.add_argument("--protocol-json", help="the build's protocol.json (cases comparing it)")
     ap.add_argument("cases", nargs="*")
     a = ap.parse_args()
+    global PROTOCOL_JSON
+    PROTOCOL_JSON = a.protocol_json
     tmp = tempfile.mkdtemp(prefix="dspk-conf-")
     with open(os.path.join(tmp, "reload.conf"), "w") as f:
         f.write("[limits]\nmax_buffers = 5\n")
