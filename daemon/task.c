@@ -390,8 +390,11 @@ static void pack_outputs(const void *ud, struct dspk__wbuf *w) {
   }
 }
 
-/* The opctx progress callback: a task.progress notification, at most every
- * PROGRESS_MS per task, and always the final one. */
+/* The opctx progress callback: a task.progress notification.  Those in
+ * between (0 < fraction < 1) at most every PROGRESS_MS per task; a step's
+ * start (0) and end (1) always, and they do not count against that rate:
+ * an FFTW plan's 0 comes right after the previous plan's 1, and was
+ * dropped when that 1 had started a new PROGRESS_MS. */
 #define PROGRESS_MS 100
 static void on_progress(void *ud, const char *what, double fraction) {
   struct job *j = ud;
@@ -404,9 +407,11 @@ static void on_progress(void *ud, const char *what, double fraction) {
     if (!j->t.tune_start)
       j->t.tune_start = j->t.tune_end;
   }
-  if (fraction < 1.0 && j->progress_ms && now - j->progress_ms < PROGRESS_MS)
-    return;
-  j->progress_ms = now;
+  if (fraction > 0.0 && fraction < 1.0) {
+    if (j->progress_ms && now - j->progress_ms < PROGRESS_MS)
+      return;
+    j->progress_ms = now;
+  }
   if (!(wr = dspkd_wreq_new()))
     return;
   dspk__pack_notify_head(&wr->w.pk, "task.progress");

@@ -962,6 +962,11 @@ def t_planstep(exe, tmp):
     notes = [n[2][0] for n in c.notifications if n[1] == "task.progress"]
     check(notes and all(n["msgid"] == mid and n["what"] == "autotune fir: fftw plan" for n in notes)
           and notes[-1]["fraction"] == 1.0, "the plans' progress: %r" % notes)
+    # Each plan has its 0 and its 1 (the rate limit let a plan's 1 swallow
+    # the next plan's 0: only the first plan had a start).
+    fr = [n["fraction"] for n in notes]
+    check(len(fr) >= 4 and fr == [0.0, 1.0] * (len(fr) // 2),
+          "a 0 and a 1 for each of several plans: %r" % fr)
     jobs = [j for j in tr.wait(tm)["jobs"] if j.get("msgid") == mid and j["client"] != 0]
     check(len(jobs) == 1 and "tune_start_us" in jobs[0], "the trace's tune phase: %r" % jobs)
     c.notifications.clear()
