@@ -22,6 +22,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 #include <uv.h>
 
@@ -176,6 +177,13 @@ struct dbuf {
    * mapping itself (backend import_host), else the runner copies between it
    * and mem around each task.  Runner only once created. */
   void *host;
+  /* The memfd host maps (from its start), by identity: buffers of one file
+   * (two buffer.import of one memfd, or a buffer.share's imported again)
+   * share memory where their offsets meet (dspkd_out_aliases).  Set before
+   * the create job is queued, then read-only. */
+  bool has_file;
+  dev_t file_dev;
+  ino_t file_ino;
   bool host_direct;
   bool host_registered;  /* backend host_register succeeded */
   int share_fd;          /* buffer.share: the memfd until its answer takes it */
@@ -687,7 +695,8 @@ int dspkd_uuid_norm(const char *in, size_t len, char out[DSPKD_UUID_LEN]);
  * job's work may still run on the device when it returns. */
 void dspkd_job_execute(struct device *dev, struct job *j);
 /* Whether output i of the task j is written into a buffer that one of its
- * inputs reads in an overlapping byte range (but for a map's output that is
+ * inputs reads, or into one sharing its memory (a mapping of the same memfd),
+ * in an overlapping byte range (but for a map's output that is
  * exactly its input: elementwise, each element is read before it is
  * written).  Such an output is computed into a block of its own and copied
  * into the buffer afterwards, so the result is as if every input were read
@@ -736,12 +745,13 @@ struct device *dspkd_resolve_device(struct req *r, const char *name, int *err);
  * the connection's max_buffers: 0, or a code with r->msg set. */
 int dspkd_buffer_fits(struct req *r, struct device *dev, uint64_t size);
 /* Queues the create job of a new buffer of size bytes on dev, answering r
- * (buffer.create; buffer.import and buffer.share, daemon/shm.c, with host
- * and share_fd: the shared mapping and the memfd for the answer, else NULL
- * and -1).  It takes host and share_fd: unmapped and closed here when out
- * of memory, else by the buffer's release.  0, or a code with r->msg set. */
+ * (buffer.create; buffer.import and buffer.share, daemon/shm.c, with host,
+ * file and share_fd: the shared mapping, the fstat of the memfd it maps from
+ * its start, and the memfd for the answer or -1; else NULL, NULL and -1).
+ * It takes host and share_fd: unmapped and closed here when out of memory,
+ * else by the buffer's release.  0, or a code with r->msg set. */
 int dspkd_buffer_submit(struct req *r, struct device *dev, uint64_t size, void *host,
-                        int share_fd);
+                        const struct stat *file, int share_fd);
 
 /* daemon/cache_methods.c: the cache.stats and cache.clear handlers of
  * dspkd_dispatch (same contract: 0 when answered or queued, else a negative

@@ -513,7 +513,7 @@ int dspkd_buffer_fits(struct req *r, struct device *dev, uint64_t size) {
 }
 
 int dspkd_buffer_submit(struct req *r, struct device *dev, uint64_t size, void *host,
-                        int share_fd) {
+                        const struct stat *file, int share_fd) {
   struct conn *c = r->c;
   struct dbuf *b;
   struct job *j;
@@ -533,6 +533,11 @@ int dspkd_buffer_submit(struct req *r, struct device *dev, uint64_t size, void *
   b->size = size;
   b->refs = 1; /* the job's */
   b->host = host;
+  if (file) {
+    b->has_file = true;
+    b->file_dev = file->st_dev;
+    b->file_ino = file->st_ino;
+  }
   b->share_fd = share_fd;
   j->buf = b;
   j->refs[j->nrefs++] = b;
@@ -565,7 +570,7 @@ static int m_buffer_create(struct req *r) {
     return err;
   if ((err = dspkd_buffer_fits(r, dev, size)) < 0)
     return err;
-  return dspkd_buffer_submit(r, dev, size, NULL, -1);
+  return dspkd_buffer_submit(r, dev, size, NULL, NULL, -1);
 }
 
 static int m_buffer_write(struct req *r) {

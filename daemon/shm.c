@@ -443,12 +443,12 @@ void dspkd_shm_report_pages(void) {
  * buffer.share, the memfd that goes with the answer (dspkd_buffer_submit,
  * which takes both). */
 static int shm_submit(struct req *r, struct device *dev, uint64_t size, void *host,
-                      int share_fd) {
+                      const struct stat *file, int share_fd) {
   /* Huge pages where the system allows them for shared memory
    * (transparent_hugepage/shmem_enabled "advise"): ops striding through a
    * large operand miss the TLB far less (docs/performance.md). */
   (void)madvise(host, (size_t)size, MADV_HUGEPAGE);
-  return dspkd_buffer_submit(r, dev, size, host, share_fd);
+  return dspkd_buffer_submit(r, dev, size, host, file, share_fd);
 }
 
 /* Whether the daemon is out of descriptors now: EMFILE or ENFILE (a
@@ -533,7 +533,7 @@ int dspkd_m_buffer_import(struct req *r) {
                "open it O_RDWR and do not seal it against writing", strerror(errno));
     goto out;
   }
-  err = shm_submit(r, dev, size, host, -1);
+  err = shm_submit(r, dev, size, host, &st, -1);
 out:
   close(fd);
   return err;
@@ -541,6 +541,7 @@ out:
 
 int dspkd_m_buffer_share(struct req *r) {
   struct device *dev;
+  struct stat st;
   uint64_t size, max;
   void *host;
   int fd, err;
@@ -565,7 +566,8 @@ int dspkd_m_buffer_share(struct req *r) {
     return fail(r, errno == EMFILE || errno == ENFILE ? DSPK_ELIMIT : DSPK_ENOMEM,
                 "buffer.share: memfd_create: %s", strerror(errno));
   if (ftruncate(fd, (off_t)size) != 0 ||
-      fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+      fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0 ||
+      fstat(fd, &st) != 0) {
     err = fail(r, DSPK_ENOMEM, "buffer.share: cannot size the memfd: %s", strerror(errno));
     close(fd);
     return err;
@@ -576,7 +578,7 @@ int dspkd_m_buffer_share(struct req *r) {
     close(fd);
     return err;
   }
-  return shm_submit(r, dev, size, host, fd);
+  return shm_submit(r, dev, size, host, &st, fd);
 }
 
 /* ---- the runner's side ------------------------------------------------ */

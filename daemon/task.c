@@ -456,6 +456,13 @@ static void pin_chunk(struct device *dev, struct job *j) {
   }
 }
 
+/* Whether a and b may share memory at equal offsets: one buffer, or two
+ * mappings of one memfd (both map it from its start). */
+static bool same_memory(const struct dbuf *a, const struct dbuf *b) {
+  return a == b || (a && b && a->has_file && b->has_file && a->file_dev == b->file_dev &&
+                    a->file_ino == b->file_ino);
+}
+
 bool dspkd_out_aliases(const struct job *j, int i) {
   const struct dspk__op *op = &j->op;
   const struct dspk__tensor *o = &op->out[i];
@@ -465,7 +472,8 @@ bool dspkd_out_aliases(const struct job *j, int i) {
   for (int k = 0; k < op->nin; k++) {
     const struct dspk__tensor *t = &op->in[k];
     uint64_t tb = t->offset, tn = dspk__tensor_nbytes(t);
-    if (j->in_buf[k] != j->out_buf[i] || tn == 0 || tb >= ob + on || ob >= tb + tn)
+    if (!same_memory(j->in_buf[k], j->out_buf[i]) || tn == 0 || tb >= ob + on ||
+        ob >= tb + tn)
       continue;
     if (op->kind == DSPK_OP_MAP && tb == ob && tn == on)
       continue; /* in place, element by element */
