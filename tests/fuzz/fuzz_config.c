@@ -51,6 +51,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     FUZZ_CHECK(cfg.lim.max_rank >= 1 && cfg.lim.max_rank <= DSPK_MAX_RANK);
     FUZZ_CHECK(cfg.lim.max_elements >= 1 && cfg.lim.max_elements <= (uint64_t)1 << 40);
     FUZZ_CHECK(cfg.max_inflight >= 1 && cfg.max_buffers >= 1 && cfg.max_clients >= 1);
+    /* Derived when the file leaves it unset (a quarter of max_clients). */
+    FUZZ_CHECK(cfg.max_user_clients >= 1);
     FUZZ_CHECK(cfg.log_level >= DSPKD_ERROR && cfg.log_level <= DSPKD_DEBUG);
     FUZZ_CHECK(cfg.allow_users.n <= DSPKD_MAX_IDS && cfg.allow_groups.n <= DSPKD_MAX_IDS);
     (void)dspkd_policy_may_connect(&cfg, 1000, 1000, NULL, 0);
