@@ -207,6 +207,33 @@ def main():
     for o in schema["ops"]:
         if not re.search(r"^\| %s \|" % re.escape(o["name"]), run, flags=re.M):
             errors.append("op %s: not in the table of ops of task.run" % o["name"])
+    # Every key protocol.json uses is described in its section ("admin",
+    # "nil", "min_items", "choices", "max_bytes" were in no part of the page),
+    # and the admin methods it names are the ones that section lists.
+    sec = secs.get("protocol.json", "")
+    if not sec:
+        errors.append("no ### protocol.json section")
+    keys = set()
+
+    def walk(o):
+        if isinstance(o, dict):
+            keys.update(o)
+            for v in o.values():
+                walk(v)
+        elif isinstance(o, list):
+            for v in o:
+                walk(v)
+    walk(schema)
+    for k in sorted(keys):
+        if not re.search(r"`%s`" % re.escape(k), sec):
+            errors.append("protocol.json key %r not described in its section" % k)
+    admins = {m["name"] for m in schema["methods"] if m["admin"]}
+    mt = re.search(r"`admin`: `true`(.*?)else `false`", sec, re.S)
+    named = {n for n in re.findall(r"`([a-z.]+)`", mt.group(1) if mt else "")
+             if n in {m["name"] for m in schema["methods"]}}
+    if admins != named:
+        errors.append("protocol.json section names admin methods %s, the table %s"
+                      % (sorted(named), sorted(admins)))
     if len(sys.argv) > 3:
         check_python(sys.argv[3], schema, errors)
     for e in errors:
