@@ -8,7 +8,9 @@ exactly one row per result field, nested ones included (the fields of a map,
 of each item of an array, of each value of a map keyed by names), with its
 type, whether it is always there and its values, and nothing the table
 lacks; every method has its own section naming every key of its result;
-every op is in the table of ops.  Also checks that the
+every op is in the table of ops; every key protocol.json uses is described
+in the section "protocol.json", whose list of admin methods is the table's.
+Also checks that the
 Python package (python/dspk) calls only methods of the table, with only
 their parameters.
 
