@@ -620,8 +620,15 @@ static int handler(void *user, const char *section, const char *name, const char
       *c = '_';
   idx = key_index(kname);
   k = idx >= 0 && (keys[idx].where & IN_FILE) ? &keys[idx] : NULL;
+  /* inih gives "" as the section of a key above the first header: there is
+   * no section "[]" to name, the header is what is missing. */
+  if (!k && !section[0])
+    return perr(p, "unknown key \"%s\" before any [section]", name);
   if (!k)
     return perr(p, "unknown key \"%s\" in [%s]", name, section);
+  if (!section[0])
+    return perr(p, "key \"%s\" comes before any [section]; it belongs in [%s]", name,
+                k->section);
   if (strcmp(section, k->section) != 0)
     return perr(p, "key \"%s\" belongs in section [%s], not [%s]", name, k->section,
                 section);

@@ -913,6 +913,11 @@ def t_config(exe, tmp):
     start_fail("[daemon]\nforeground = maybe\n",
                "%(f)s:2: foreground: expected yes|no, true|false, on|off or 1|0, got \"maybe\"")
     start_fail("[limits]\nsocket = /x\n", '%(f)s:2: key "socket" belongs in section [daemon]')
+    # A key above the first header is in no section: the message says so
+    # (never "in []", a section nobody wrote) and where it belongs.
+    start_fail("max_clients = 5\n",
+               '%(f)s:1: key "max_clients" comes before any [section]; it belongs in [limits]')
+    start_fail("# c\nfoo = 1\n", '%(f)s:2: unknown key "foo" before any [section]')
     # What libinih takes but reads otherwise than dspk.conf(5) says (its
     # compiled-in leniencies) is refused by config.c's reader, naming the line:
     # an unknown section, with keys or without (inih never shows it to the
