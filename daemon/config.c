@@ -577,6 +577,13 @@ static int store(const struct key *k, const char *value, bool from_file,
       snprintf(why, len, "%s: not an open file descriptor", value);
       return -1;
     }
+    /* The daemon logs to stderr for its whole life: READY there, and the
+     * descriptor given back after it, would take the log away. */
+    if (k->type == K_FD && v == STDERR_FILENO) {
+      snprintf(why, len, "%s: that is standard error, where dspkd logs; give another "
+               "descriptor (the write end of a pipe the caller reads)", value);
+      return -1;
+    }
     put_uint(field, k->width, v);
     return 0;
   case K_SHARE:
