@@ -95,7 +95,7 @@ static const struct key keys[] = {
     {"daemon", "log_level", K_LEVEL, F(log_level), 0, 0, true, IN_BOTH, "info", "LEVEL",
      "error, warn, notice, info or debug"},
     {NULL, "ready_fd", K_FD, F(ready_fd), 0, INT_MAX, false, IN_ARGV, NULL, "N",
-     "write \"READY\\n\" to file descriptor N once listening, close it"},
+     "write \"READY\\n\" to file descriptor N (not 2) once listening, close it"},
     {"limits", "max_message", K_SIZE, F(lim.max_message), 64, (uint64_t)1 << 32, true,
      IN_BOTH, "256M", "SIZE", "largest message"},
     {"limits", "max_depth", K_UINT, F(lim.max_depth), 4, 1024, true, IN_BOTH, "16", "N",
