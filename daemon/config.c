@@ -95,7 +95,7 @@ static const struct key keys[] = {
     {"daemon", "log_level", K_LEVEL, F(log_level), 0, 0, true, IN_BOTH, "info", "LEVEL",
      "error, warn, notice, info or debug"},
     {NULL, "ready_fd", K_FD, F(ready_fd), 0, INT_MAX, false, IN_ARGV, NULL, "N",
-     "write \"READY\\n\" to file descriptor N once listening, close it"},
+     "write \"READY\\n\" to file descriptor N (not 2) once listening, close it"},
     {"limits", "max_message", K_SIZE, F(lim.max_message), 64, (uint64_t)1 << 32, true,
      IN_BOTH, "256M", "SIZE", "largest message"},
     {"limits", "max_depth", K_UINT, F(lim.max_depth), 4, 1024, true, IN_BOTH, "16", "N",
@@ -587,6 +587,13 @@ static int store(const struct key *k, const char *value, bool from_file,
       snprintf(why, len, "%s: not an open file descriptor", value);
       return -1;
     }
+    /* The daemon logs to stderr for its whole life: READY there, and the
+     * descriptor given back after it, would take the log away. */
+    if (k->type == K_FD && v == STDERR_FILENO) {
+      snprintf(why, len, "%s: that is standard error, where dspkd logs; give another "
+               "descriptor (the write end of a pipe the caller reads)", value);
+      return -1;
+    }
     put_uint(field, k->width, v);
     return 0;
   case K_SHARE:
@@ -630,8 +637,15 @@ static int handler(void *user, const char *section, const char *name, const char
       *c = '_';
   idx = key_index(kname);
   k = idx >= 0 && (keys[idx].where & IN_FILE) ? &keys[idx] : NULL;
+  /* inih gives "" as the section of a key above the first header: there is
+   * no section "[]" to name, the header is what is missing. */
+  if (!k && !section[0])
+    return perr(p, "unknown key \"%s\" before any [section]", name);
   if (!k)
     return perr(p, "unknown key \"%s\" in [%s]", name, section);
+  if (!section[0])
+    return perr(p, "key \"%s\" comes before any [section]; it belongs in [%s]", name,
+                k->section);
   if (strcmp(section, k->section) != 0)
     return perr(p, "key \"%s\" belongs in section [%s], not [%s]", name, k->section,
                 section);

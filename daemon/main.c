@@ -8,6 +8,7 @@
  * close the cache, remove the socket, exit 0.  No runner thread is alive
  * when main returns.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -89,20 +90,123 @@ static void on_signal(uv_signal_t *h, int signum) {
   dspkd_stop(d);
 }
 
+/* Puts /dev/null on standard descriptor fd (0, 1 or 2).  A standard
+ * descriptor is never left closed: the next open(2), socket(2) or accept(2)
+ * would take its number, and what the daemon writes to stderr (its log)
+ * would go to that file or to a client's connection.  0, or -1 (errno). */
+static int null_std_fd(int fd) {
+  int null = open("/dev/null", O_RDWR);
+  if (null < 0)
+    return -1;
+  if (null != fd) {
+    if (dup2(null, fd) < 0) {
+      int e = errno;
+      close(null);
+      errno = e;
+      return -1;
+    }
+    close(null);
+  }
+  return 0;
+}
+
+/* Opens /dev/null on each of 0, 1 and 2 that the caller left closed
+ * (`dspkd 2>&-`), before the daemon opens anything.  0, or -1 when
+ * /dev/null cannot be opened (nothing can be logged then: stderr may be
+ * the closed one). */
+static int guard_std_fds(void) {
+  for (int fd = STDIN_FILENO; fd <= STDERR_FILENO; fd++)
+    if (fcntl(fd, F_GETFD) < 0 && errno == EBADF && null_std_fd(fd) != 0)
+      return -1;
+  return 0;
+}
+
+/* The descriptors above 2 open when main started: the caller's (a script's
+ * 9>&1, make's jobserver pipe, a supervisor's status pipe) and the ones
+ * systemd passed.  Recorded before the daemon opens anything of its own, so
+ * that a detached daemon can give back exactly the caller's
+ * (close_inherited_fds). */
+static int *inherited_fds;
+static size_t n_inherited;
+
+static void note_inherited(int fd) {
+  int *n;
+  if (n_inherited % 64 == 0) {
+    n = realloc(inherited_fds, (n_inherited + 64) * sizeof *n);
+    if (!n)
+      return; /* not recorded: left open, as before */
+    inherited_fds = n;
+  }
+  inherited_fds[n_inherited++] = fd;
+}
+
+/* Fills inherited_fds from /proc/self/fd, or, without /proc, by asking
+ * fcntl(2) about every number below the soft RLIMIT_NOFILE (at most
+ * 65536). */
+static void record_inherited_fds(void) {
+  DIR *dir = opendir("/proc/self/fd");
+  struct dirent *e;
+
+  if (dir) {
+    while ((e = readdir(dir)) != NULL) {
+      char *end;
+      long fd = strtol(e->d_name, &end, 10);
+      if (e->d_name[0] < '0' || e->d_name[0] > '9' || *end || fd <= STDERR_FILENO ||
+          fd > INT_MAX || fd == dirfd(dir))
+        continue;
+      note_inherited((int)fd);
+    }
+    closedir(dir);
+    return;
+  }
+  struct rlimit rl;
+  long top = 65536;
+  if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
+      rl.rlim_cur < (rlim_t)top)
+    top = (long)rl.rlim_cur;
+  for (long fd = STDERR_FILENO + 1; fd < top; fd++)
+    if (fcntl((int)fd, F_GETFD) >= 0)
+      note_inherited((int)fd);
+}
+
+/* Gives back the caller's descriptors (daemon(7)): a detached daemon
+ * (detach != 0) closes every inherited descriptor above 2 but the ones it
+ * was told to use (the --ready-fd until READY is written, the socket
+ * passed by socket activation), so that whoever reads a pipe it passed
+ * sees end-of-file at once rather than when the daemon exits; one in the
+ * foreground keeps them but marks them close-on-exec, so that no child it
+ * starts (an FFTW measure, a kernel compile) holds them either. */
+static void close_inherited_fds(const struct dspkd *d, int detach) {
+  for (size_t i = 0; i < n_inherited; i++) {
+    int fd = inherited_fds[i];
+    if (fd == d->cfg.ready_fd || (d->activation_fd > 0 && fd == d->activation_fd))
+      continue;
+    if (detach)
+      close(fd);
+    else
+      (void)fcntl(fd, F_SETFD, FD_CLOEXEC);
+  }
+  free(inherited_fds);
+  inherited_fds = NULL;
+  n_inherited = 0;
+}
+
 /* Tells whoever waits (the tests, the parent of a detached daemon) that
- * the socket is listening. */
+ * the socket is listening, and gives fd back: closed, or, for a standard
+ * descriptor (--ready-fd 0 or 1), replaced by /dev/null so that no later
+ * file or connection takes its number. */
 static void signal_ready(int fd) {
   static const char msg[] = "READY\n";
   if (fd < 0)
     return;
   if (write(fd, msg, sizeof msg - 1) != (ssize_t)(sizeof msg - 1))
     dspkd_warn("--ready-fd %d: %s", fd, strerror(errno));
-  close(fd);
+  if (fd > STDERR_FILENO)
+    close(fd);
+  else if (null_std_fd(fd) != 0)
+    dspkd_warn("--ready-fd %d: cannot put /dev/null there: %s", fd, strerror(errno));
 }
 
-/* Detaches: the parent waits until the child is listening (or failed) and
- * exits with its status.  Runs before any thread exists.  Returns the fd the
- * child writes READY to, or -1 on error. */
 /* Raises the soft RLIMIT_NOFILE to the hard limit, as systemd advises for
  * services that need many descriptors (its default soft limit, 1024, is
  * for select(); dspkd polls with epoll): each connection takes one
@@ -129,7 +233,14 @@ static void raise_nofile(const struct dspkd_config *cfg) {
   dspkd_config_check_nofile(cfg, was);
 }
 
-static int detach(void) {
+/* Detaches: the parent waits until the child is listening (or failed) and
+ * exits with its status.  Runs before any thread exists.  The child gives
+ * back the caller's descriptors: stdin and stdout become /dev/null (but a
+ * --ready-fd 0 or 1, which signal_ready gives back once READY is written),
+ * the inherited ones above 2 are closed (close_inherited_fds); stderr is
+ * dspkd_log_detached's, once listening.  Returns the fd the child writes
+ * READY to, or -1 on error. */
+static int detach(const struct dspkd *d) {
   int p[2];
   pid_t pid;
   char buf[8];
@@ -160,15 +271,10 @@ static int detach(void) {
   close(p[0]);
   if (setsid() < 0)
     dspkd_warn("setsid: %s", strerror(errno));
-  {
-    int null = open("/dev/null", O_RDWR | O_CLOEXEC);
-    if (null >= 0) {
-      dup2(null, STDIN_FILENO);
-      dup2(null, STDOUT_FILENO);
-      if (null > STDERR_FILENO)
-        close(null);
-    }
-  }
+  for (int fd = STDIN_FILENO; fd < STDERR_FILENO; fd++)
+    if (fd != d->cfg.ready_fd && null_std_fd(fd) != 0)
+      dspkd_warn("cannot put /dev/null on descriptor %d: %s", fd, strerror(errno));
+  close_inherited_fds(d, 1);
   return p[1];
 }
 
@@ -285,6 +391,11 @@ int main(int argc, char **argv) {
   /* A stop or reload signal from now on is recorded, whichever thread takes
    * it (a library may have started threads before main, with every signal
    * unblocked), and acted on once the watchers are in place. */
+  /* Before anything opens a descriptor: 0-2 are never left closed, and
+   * what the caller passed above them is known (close_inherited_fds). */
+  if (guard_std_fds() != 0)
+    return 1;
+  record_inherited_fds();
   dspkd_lifecycle_early();
   /* Until its watchers are in place (dspkd_lifecycle_start), a stop or a
    * reload waits (blocked here, recorded on other threads) instead of ending
@@ -323,6 +434,13 @@ int main(int argc, char **argv) {
   activated = dspkd_activation_start(d);
   if (activated < 0)
     return 1;
+  /* The listening socket is the event loop's: READY written there, and the
+   * descriptor closed after it, would end the service. */
+  if (activated && cfg->ready_fd == d->activation_fd) {
+    dspkd_error("--ready-fd %d: that is the listening socket passed by socket activation "
+                "(LISTEN_FDS); give the write end of a pipe the caller reads", cfg->ready_fd);
+    return 2;
+  }
   if (!activated &&
       socket_path(cfg) != 0)
     return 1;
@@ -330,9 +448,11 @@ int main(int argc, char **argv) {
   if (!activated && dspkd_socket_check(cfg->socket_path) != 0)
     return 1;
   if (!cfg->foreground) {
-    detach_fd = detach();
+    detach_fd = detach(d);
     if (detach_fd < 0)
       return 1;
+  } else {
+    close_inherited_fds(d, 0);
   }
 
   raise_nofile(cfg);

@@ -43,28 +43,91 @@ static struct {
 #undef X
 } Z;
 
-/* Lists the arrays of the archive ("a, b, c") into buf. */
+/* The name of entry i as numpy knows it, in UTF-8 (malloc'd; the caller
+ * frees it), or NULL.  numpy reads an .npz through Python's zipfile, which
+ * takes a name with the UTF-8 flag as UTF-8 and any other as cp437, whose
+ * bytes 0x00-0x7F are ASCII itself: a control character stays that
+ * character (numpy.savez stores 'a\x1bb' so, flagless).  libzip's
+ * strict decoding (ZIP_FL_ENC_STRICT) is cp437 too, but with a glyph for
+ * each control (ESC as U+2190): the name nobody can type.  So each raw
+ * byte below 0x80 is kept, and each other byte takes libzip's strict
+ * decoding of it (one character per byte in cp437). */
+static char *numpy_name(zip_t *za, zip_uint64_t i) {
+  const unsigned char *raw = (const unsigned char *)Z.zip_get_name(za, i, ZIP_FL_ENC_RAW);
+  const unsigned char *dec;
+  size_t rlen, dlen, k = 0, used = 0;
+  char *out;
+
+  if (raw == NULL)
+    return NULL;
+  rlen = strlen((const char *)raw);
+  dec = (const unsigned char *)Z.zip_get_name(za, i, ZIP_FL_ENC_STRICT);
+  dlen = dec != NULL ? strlen((const char *)dec) : 0;
+  if (dec == NULL || (dlen == rlen && memcmp(dec, raw, rlen) == 0))
+    return strdup((const char *)raw); /* UTF-8 by its flag, or printable ASCII */
+  if ((out = malloc(dlen + rlen + 1)) == NULL)
+    return NULL;
+  for (size_t r = 0; r < rlen; r++) {
+    size_t c = k + 1; /* the end of dec's character for this byte */
+    while (c < dlen && (dec[c] & 0xC0) == 0x80)
+      c++;
+    if (k >= dlen) { /* not one character per byte: not cp437, keep the bytes */
+      free(out);
+      return strdup((const char *)raw);
+    }
+    if (raw[r] < 0x80) {
+      out[used++] = (char)raw[r];
+    } else {
+      memcpy(out + used, dec + k, c - k);
+      used += c - k;
+    }
+    k = c;
+  }
+  if (k != dlen) {
+    free(out);
+    return strdup((const char *)raw);
+  }
+  out[used] = '\0';
+  return out;
+}
+
+/* Lists the arrays of the archive ("a, b, c") into buf, names as numpy
+ * gives them (NAME.npy as NAME); when the list does not fit, it ends with
+ * the last whole name and " and N more". */
 static void list_members(zip_t *za, char *buf, size_t cap) {
   zip_int64_t n = Z.zip_get_num_entries(za, 0);
   size_t used = 0;
   buf[0] = '\0';
-  for (zip_int64_t i = 0; i < n && used + 1 < cap; i++) {
-    const char *name = Z.zip_get_name(za, (zip_uint64_t)i, 0);
-    size_t len;
-    int w;
+  for (zip_int64_t i = 0; i < n; i++) {
+    char *name = numpy_name(za, (zip_uint64_t)i);
+    size_t len, need;
     if (name == NULL)
       continue;
     len = strlen(name);
     if (len > 4 && strcmp(name + len - 4, ".npy") == 0)
       len -= 4;
-    w = snprintf(buf + used, cap - used, "%s%.*s", used ? ", " : "", (int)len, name);
-    if (w < 0 || (size_t)w >= cap - used) {
-      if (cap > 6)
-        memcpy(buf + cap - 6, ", ...", 6); /* cut: say so */
+    need = (used ? 2 : 0) + len;
+    /* Room for this one, and for the tail should more follow. */
+    if (used + need + (i + 1 < n ? 32 : 0) >= cap) {
+      free(name);
+      if (used == 0)
+        snprintf(buf, cap, "%lld names too long to list", (long long)n);
+      else
+        snprintf(buf + used, cap - used, " and %lld more", (long long)(n - i));
       return;
     }
-    used += (size_t)w;
+    snprintf(buf + used, cap - used, "%s%.*s", used ? ", " : "", (int)len, name);
+    used += need;
+    free(name);
   }
+}
+
+/* Whether entry i has the name name, as numpy names it. */
+static int name_is(zip_t *za, zip_int64_t i, const char *name) {
+  char *s = numpy_name(za, (zip_uint64_t)i);
+  int same = s != NULL && strcmp(s, name) == 0;
+  free(s);
+  return same;
 }
 
 /* The index of the entry named name as numpy finds it, or -1.  numpy reads
@@ -72,26 +135,21 @@ static void list_members(zip_t *za, char *buf, size_t cap) {
  * name that appears twice (an archive updated by appending, as zip -u and
  * zipfile's mode 'a' do); libzip's zip_name_locate answers the first. */
 static zip_int64_t locate_last(zip_t *za, const char *name) {
-  for (zip_int64_t i = Z.zip_get_num_entries(za, 0) - 1; i >= 0; i--) {
-    const char *s = Z.zip_get_name(za, (zip_uint64_t)i, 0);
-    if (s != NULL && strcmp(s, name) == 0)
+  for (zip_int64_t i = Z.zip_get_num_entries(za, 0) - 1; i >= 0; i--)
+    if (name_is(za, i, name))
       return i;
-  }
   return -1;
 }
 
 /* Whether every entry has the name of the first: one array, maybe updated. */
 static int one_name(zip_t *za) {
   zip_int64_t n = Z.zip_get_num_entries(za, 0);
-  const char *first = n > 0 ? Z.zip_get_name(za, 0, 0) : NULL;
-  if (first == NULL)
-    return 0;
-  for (zip_int64_t i = 1; i < n; i++) {
-    const char *s = Z.zip_get_name(za, (zip_uint64_t)i, 0);
-    if (s == NULL || strcmp(s, first) != 0)
-      return 0;
-  }
-  return 1;
+  char *first = n > 0 ? numpy_name(za, 0) : NULL;
+  int one = first != NULL;
+  for (zip_int64_t i = 1; one && i < n; i++)
+    one = name_is(za, i, first);
+  free(first);
+  return one;
 }
 
 static int fail(char *err, size_t errlen, int code, const char *fmt, ...)

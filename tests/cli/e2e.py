@@ -1766,6 +1766,25 @@ def suite_shell(cli, tmp, dspkd):
     np.savez(one, only=a)
     cli.ok("gemm", one, fb, "-o", out)
     close_to(np.load(out), ref_ab, "gemm from a one-array npz")
+    # A member name with a control character, as numpy.savez stores it
+    # (ASCII, no UTF-8 flag): found as numpy finds it, and listed escaped
+    # (cli.md's one rule), not as a cp437 glyph (ESC was shown as U+2190).
+    ctl = os.path.join(tmp, "ctl.npz")
+    np.savez(ctl, **{"a\x1bb": a, "c": b})
+    check(np.load(ctl).files == ["a\x1bb", "c"], "numpy's names %r" % np.load(ctl).files)
+    cli.ok("gemm", ctl + ":a\x1bb", ctl + ":c", "-o", out)
+    close_to(np.load(out), ref_ab, "gemm from an npz member named with ESC")
+    err = cli.fails(["gemm", ctl, fb], "gemm", "EINVAL", detail="(a\\x1bb, c)")
+    check("\u2190" not in err, "no cp437 glyph for ESC: %r" % err)
+    # A list too long for the line ends with whole names and how many more:
+    # never a half-written, empty item (", , ...").
+    many = os.path.join(tmp, "many.npz")
+    np.savez(many, **{"name_%03d" % i: a for i in range(100)})
+    err = cli.fails(["gemm", many, fb], "gemm", "EINVAL", detail="more); name one as")
+    listed = err.split("arrays (", 1)[1].split(" and ", 1)[0].split(", ")
+    check(listed == ["name_%03d" % i for i in range(len(listed))] and len(listed) > 1,
+          "whole names listed in order: %r" % err)
+    check(" and %d more)" % (100 - len(listed)) in err, "counts the rest: %r" % err)
 
     # --json on every other command.
     v = os.path.join(tmp, "v.npy")

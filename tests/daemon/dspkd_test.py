@@ -198,6 +198,96 @@ def t_detached(exe, tmp):
     check("stop" in text.split("listening", 1)[-1],
           "a log file keeps the lines after detaching:\n" + text)
 
+    # Every other descriptor the caller passed (a script's 9>&1, make's
+    # jobserver pipe) is given back too: its reader sees EOF at once, not
+    # when the daemon exits (daemon(7)).
+    r, w = os.pipe()
+    try:
+        p = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             pass_fds=[w])
+        os.close(w)
+        w = -1
+        check(p.wait(TIMEOUT) == 0, "detached with a pipe on another fd")
+        pid = Client(sock).call("status")["daemon"]["pid"]
+        try:
+            got, _, _ = select.select([r], [], [], TIMEOUT)
+            check(got and os.read(r, 16) == b"",
+                  "the caller's pipe on another descriptor sees EOF while dspkd runs")
+        finally:
+            _stop_pid(pid)
+    finally:
+        os.close(r)
+        if w >= 0:
+            os.close(w)
+    # --ready-fd 1 with stdout a pipe (dspkd --ready-fd 1 | head -1): READY
+    # is written before stdout is given back, then EOF.
+    p = subprocess.Popen(args + ["--ready-fd", "1"], stdout=subprocess.PIPE,
+                         stderr=subprocess.DEVNULL)
+    try:
+        out, _ = p.communicate(timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.communicate()
+        raise AssertionError("--ready-fd 1: the starter's stdout stayed open")
+    check(p.returncode == 0, "detached with --ready-fd 1: %d" % p.returncode)
+    _stop_pid(Client(sock).call("status")["daemon"]["pid"])
+    check(out == b"READY\n", "--ready-fd 1 detached: READY on stdout, got %r" % out)
+
+
+def fd_target(pid, fd):
+    try:
+        return os.readlink("/proc/%d/fd/%d" % (pid, fd))
+    except FileNotFoundError:
+        return "(closed)"
+
+
+def t_stdfds(exe, tmp):
+    """dspkd never leaves a standard descriptor closed, so that no later
+    file or connection takes its number (a client's socket on fd 2 got the
+    daemon's log lines): --ready-fd 0 or 1 is /dev/null after READY, a
+    closed one at start is /dev/null from the start, and --ready-fd 2
+    (stderr, where dspkd logs) is a bad command line."""
+    sock = os.path.join(tmp, "std.sock")
+    args = [exe, "--foreground", "--socket", sock, "--backends", "cpu", "--config", "",
+            "--no-cache"]
+    q = subprocess.run(args + ["--ready-fd", "2"], stdout=subprocess.DEVNULL,
+                       stderr=subprocess.PIPE, timeout=TIMEOUT)
+    check(q.returncode == 2 and q.stderr.count(b"\n") == 1 and
+          b"--ready-fd: 2: that is standard error" in q.stderr,
+          "--ready-fd 2 refused: %d %r" % (q.returncode, q.stderr))
+    check(not os.path.exists(sock), "never listened")
+    for n in (0, 1):
+        log = open(os.path.join(tmp, "std%d.log" % n), "w+")
+        a, b = socket.socketpair()
+        p = subprocess.Popen(args + ["--ready-fd", str(n)],
+                             stdin=b if n == 0 else subprocess.DEVNULL,
+                             stdout=b if n == 1 else subprocess.DEVNULL, stderr=log)
+        b.close()
+        try:
+            a.settimeout(TIMEOUT)
+            check(a.recv(16) == b"READY\n", "--ready-fd %d: READY" % n)
+            c = Client(sock)
+            c.call("ping", {"data": b"x"})
+            check(fd_target(p.pid, n) == "/dev/null",
+                  "--ready-fd %d: /dev/null there after READY, not %s"
+                  % (n, fd_target(p.pid, n)))
+            check(a.recv(16) == b"", "--ready-fd %d: given back after READY" % n)
+            c.close()
+        finally:
+            a.close()
+            rc = dspk_daemon.stop(p, TIMEOUT)
+            log.close()
+        check(rc == 0, "--ready-fd %d: exit %r" % (n, rc))
+    # Started with stderr closed (dspkd 2>&-): /dev/null there, not the
+    # event loop's epoll descriptor or a client's connection.
+    d = Daemon(exe, tmp, sock=sock, preexec_fn=lambda: os.close(2))
+    c = d.client()
+    c.call("ping", {"data": b"x"})
+    check(fd_target(d.proc.pid, 2) == "/dev/null",
+          "stderr closed at start: /dev/null there, not %s" % fd_target(d.proc.pid, 2))
+    c.close()
+    d.stop()
+
 
 def t_basic(exe, tmp):
     d = Daemon(exe, tmp)
@@ -4490,6 +4580,7 @@ GROUPS = {
     "kernelfs": t_kernelfs,
     "kernelbomb": t_kernelbomb,
     "detached": t_detached,
+    "stdfds": t_stdfds,
     "cacheputfail": t_cacheputfail,
     "firvk": t_firvk,
     "firnan": t_firnan,

@@ -68,6 +68,20 @@ complete_is "dspk-submit gemm --tr" --trans-a --trans-b
 complete_is "dspk-submit gemm -" --alpha --device --output
 complete_is "dspk-submit reduce " sum max min mean
 complete_is "dspk-submit cache " stats clear
+# The function is the first operand as dspk-submit parses it: options (and
+# their values) may come before it.
+complete_is "dspk-submit reduce --axis 0 " sum max min mean
+complete_is "dspk-submit reduce -a 0 --json " sum max min mean
+complete_is "dspk-submit map --alpha 2 " add scale exp
+complete_is "dspk-submit map -o y.npy " add scale exp
+complete_rl "dspk-submit map --output=y.npy " add scale exp
+complete_is "dspk-submit reduce --axis 0 sum " a.npy b.npy
+complete_is "dspk-submit map -o y.npy scale " a.npy b.npy
+# --device is an option of the commands, not of dspk-submit: nothing before one.
+for line in "dspk-submit --device " "dspk-submit -d " "dspk-submit -o "; do
+  complete_is "$line"
+  none "'$line'"
+done
 complete_is "dspk-submit gemm a" a.npy
 complete_is "dspk-submit --socket /x fft " a.npy b.npy
 complete_is "dspk-submit kernel --lang " cuda glsl

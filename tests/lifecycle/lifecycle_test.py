@@ -286,6 +286,29 @@ def t_activation(exe, tmp):
         if p.poll() is None:
             p.kill()
             p.wait()
+    # --ready-fd naming the passed socket (fd 3) is refused at start, exit 2 and
+    # one line: READY written there and the descriptor closed under the event
+    # loop ended the service (an abort at the first connection, no log line).
+    sock3 = os.path.join(tmp, "act3.sock")
+    p = subprocess.Popen([sa, "-l", sock3] + args[3:] + ["--ready-fd", "3"],
+                         stderr=subprocess.PIPE)
+    try:
+        got, _, _ = select.select([p.stderr], [], [], TIMEOUT)
+        first = p.stderr.readline().decode() if got else ""
+        check(first.startswith("Listening on %s" % sock3), "activator listens: %r" % first)
+        s3 = socket.socket(socket.AF_UNIX)
+        s3.connect(sock3)  # execs dspkd
+        rc = p.wait(TIMEOUT)
+        s3.close()
+        err = p.stderr.read().decode()
+        lines = [l for l in err.splitlines() if l.startswith("dspkd[")]
+        check(rc == 2 and len(lines) == 1 and
+              "--ready-fd 3: that is the listening socket passed by socket activation"
+              in lines[0], "--ready-fd 3 under activation refused: %d %r" % (rc, err))
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
     # A passed descriptor that is not a listening Unix stream socket is refused.
     r, w = os.pipe()
     code = ("import os,sys; fd=int(sys.argv[1]); os.dup2(fd, 3); fd != 3 and os.close(fd); "
@@ -913,6 +936,11 @@ def t_config(exe, tmp):
     start_fail("[daemon]\nforeground = maybe\n",
                "%(f)s:2: foreground: expected yes|no, true|false, on|off or 1|0, got \"maybe\"")
     start_fail("[limits]\nsocket = /x\n", '%(f)s:2: key "socket" belongs in section [daemon]')
+    # A key above the first header is in no section: the message says so
+    # (never "in []", a section nobody wrote) and where it belongs.
+    start_fail("max_clients = 5\n",
+               '%(f)s:1: key "max_clients" comes before any [section]; it belongs in [limits]')
+    start_fail("# c\nfoo = 1\n", '%(f)s:2: unknown key "foo" before any [section]')
     # What libinih takes but reads otherwise than dspk.conf(5) says (its
     # compiled-in leniencies) is refused by config.c's reader, naming the line:
     # an unknown section, with keys or without (inih never shows it to the
