@@ -479,6 +479,27 @@ class TaskFuture(concurrent.futures.Future):
 
         super().add_done_callback(guarded)
 
+    def cancel(self) -> bool:
+        """As concurrent.futures.Future's: True when the future is (now) canceled,
+        False when it is done already (a TaskFuture is never RUNNING: its work runs in
+        the daemon, and cancel() of a pending one also asks the daemon to drop it).
+        A future canceled here is also moved on to the state that
+        ``concurrent.futures.wait()`` and ``as_completed()`` count as done (the part an
+        executor plays with ``set_running_or_notify_cancel()``): Future.cancel() alone
+        wakes result() but not their waiters, which then waited for ever."""
+        canceled = False
+        try:
+            canceled = super().cancel()
+        finally:
+            # Also when an interruption came after the state changed: the waiters of
+            # wait()/as_completed() are told in any case.
+            if self.cancelled():
+                try:
+                    self.set_running_or_notify_cancel()  # False: canceled, waiters told
+                except RuntimeError:
+                    pass  # told already (another cancel() of it)
+        return canceled
+
     def result(self, timeout: Optional[float] = None) -> Any:
         return super().result(self._pump(timeout))
 
