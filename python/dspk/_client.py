@@ -28,6 +28,9 @@ import sys
 import threading
 import time
 import weakref
+# The C module's socketpair(): its sockets own their descriptors from the start
+# (socket.socketpair() moves them into new objects, a window where they are bare ints).
+from _socket import socketpair as _socketpair
 from typing import (Any, Callable, Dict, List, Mapping, Optional, Sequence,
                     Tuple, Union)
 
@@ -398,7 +401,7 @@ def connect(socket: Union[str, bytes, "os.PathLike[str]", None] = None, *,
 
     Raises:
         dspk.ConnectError: no daemon listens there.
-        dspk.LimitExceeded: no file descriptor for the socket or the wake-up pipe
+        dspk.LimitExceeded: no file descriptor for the socket or the wake-up pair
             (EMFILE, ENFILE); other OSErrors of making them as python.md's Errors
             says (never a bare OSError).
         dspk.InvalidArgument: a parameter of another type, timeout <= 0, or a socket
@@ -1104,13 +1107,32 @@ class Client:
                 raise _errors.InvalidArgument("name: not valid Unicode text (%s)"
                                               % e.reason) from None
         self.timeout = timeout
+        # Every descriptor made here is held by an object that closes it when collected
+        # (the socket, the wake-up socket pair below): one that an interruption drops
+        # before it is stored is closed with it.  Whatever fails or is interrupted (a
+        # signal handler's KeyboardInterrupt too) after the socket is made closes the
+        # socket and the wake-up pair before connect() raises (_abandon): the caller
+        # gets no Client to close.
         try:
             sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
         except OSError as e:
             if _foreign(e):
                 raise  # a signal handler's: the caller's
-            # out of descriptors (EMFILE, ENFILE): LimitExceeded, as for the pipe below
+            # out of descriptors (EMFILE, ENFILE): LimitExceeded, as for the pair below
             raise _os_error("the client's socket", e) from None
+        made = False
+        try:
+            self._init_connected(sock, name)
+            made = True
+        finally:
+            if not made:
+                self._abandon(sock)
+
+    def _init_connected(self, sock: _socket.socket, name: Optional[str]) -> None:
+        """The rest of __init__, once the socket is made: connects, makes the wake-up
+        pair and the client's state, says hello.  Its caller releases everything it
+        made when it raises."""
+        timeout = self.timeout
         try:
             if timeout is None:
                 sock.connect(self.socket_path)
@@ -1131,13 +1153,19 @@ class Client:
         # daemon's buffers with it, and must touch neither (_forked).
         self._pid = os.getpid()
         # close() wakes a thread waiting to send (the daemon reads no more) by writing
-        # to this pipe, which that wait watches with the socket: shutdown() does not
-        # wake a wait for room to write.
+        # to this socket pair, whose other end that wait watches with the socket:
+        # shutdown() does not wake a wait for room to write.  A socket pair, not a
+        # pipe: its descriptors are owned by objects that close them when collected,
+        # so that none leaks when an interruption comes right after they are made.
         try:
-            self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+            self._wake_pair = _socketpair(_socket.AF_UNIX, _socket.SOCK_STREAM)
         except OSError as e:
-            sock.close()
-            raise _os_error("the client's wake-up pipe", e) from None
+            if _foreign(e):
+                raise  # a signal handler's: the caller's
+            raise _os_error("the client's wake-up socket pair", e) from None
+        for end in self._wake_pair:
+            end.setblocking(False)  # a wake-up that finds it full is one already
+        self._wake_r = self._wake_pair[0].fileno()  # polled by a wait to send
         # Waiting for an answer: poll() on one registered descriptor costs less per
         # call than select.select() or a non-blocking recv that fails first.
         self._poll = select.poll()
@@ -1164,8 +1192,8 @@ class Client:
         try:
             self._nonce = os.urandom(16)
         except OSError as e:  # no getrandom(), and /dev/urandom cannot be opened
-            self._close_wake()
-            sock.close()
+            if _foreign(e):
+                raise  # a signal handler's: the caller's
             raise _os_error("the client's random nonce", e) from None
         # Shared arrays of empty_shared(): buffer id -> (address, bytes, device).
         self._shared: Dict[int, Tuple[int, int, str]] = {}
@@ -1200,15 +1228,22 @@ class Client:
         job = _env_job()
         if job:
             params["job"] = job     # the Slurm job this process runs in
-        try:
-            hello = self._call("hello", params, _decode_hello)
-        except BaseException:
-            self.close()
-            raise
+        hello = self._call("hello", params, _decode_hello)  # failing: _abandon
         self.name = name
         self.daemon_version: str = hello[0]
         self.client_id: int = hello[1]
         self.limits = hello[2]
+
+    def _abandon(self, sock: _socket.socket) -> None:
+        """__init__ failed or was interrupted after the socket was made: closes the
+        socket and the wake-up pair (whatever of them was made), taking no lock and
+        waiting for nothing.  No other thread uses the client yet (hello is read on
+        the constructing thread; no reader or worker thread is started before it)."""
+        self._closed = _errors.Closed("connect() failed")  # __del__: nothing to close
+        try:
+            sock.close()
+        finally:
+            self._close_wake()
 
     def _connect_before(self, sock: _socket.socket, deadline: float) -> None:
         """connect() that gives up at ``deadline`` (TimeoutError).  A full listen
@@ -1262,7 +1297,7 @@ class Client:
         self._release_fds()
 
     def _release_fds(self) -> None:
-        """Once closed: closes the socket's and the wake-up pipe's descriptors when no
+        """Once closed: closes the socket's and the wake-up pair's descriptors when no
         thread writes (a writer still polls them; the one that gives the send lock
         back after close() calls this again) and none reads.  Never waits for a lock
         held for longer than a few instructions: close() returns at once whatever
@@ -1286,19 +1321,17 @@ class Client:
     def _wake(self) -> None:
         """Wakes a thread waiting for room to send (it then sees the client closed)."""
         try:
-            os.write(self._wake_w, b"\0")
+            self._wake_pair[1].send(b"\0")
         except OSError:
             pass  # full (it is awake already) or closed
 
     def _close_wake(self) -> None:
-        for name in ("_wake_r", "_wake_w"):
-            fd = getattr(self, name, -1)
-            if fd >= 0:
-                setattr(self, name, -1)
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
+        self._wake_r = -1
+        for end in getattr(self, "_wake_pair", ()):
+            try:
+                end.close()
+            except OSError:
+                pass  # the descriptor is gone either way (close(2) frees it)
 
     def _forked(self) -> bool:
         """Whether this is a child process of fork() of the process that connected."""
