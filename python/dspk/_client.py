@@ -38,7 +38,7 @@ import msgpack
 import numpy as np
 
 from . import _errors
-from ._dtypes import numpy_dtype, wire_name
+from ._dtypes import as_ndarray, from_signal_handler, numpy_dtype, user_code, wire_name
 from ._errors import Error
 
 __all__ = ["connect", "default_socket", "Client", "DeviceArray", "TaskFuture"]
@@ -721,8 +721,12 @@ def _number(name: str, v: Any) -> float:
             f = float(v)
     except (OverflowError, ValueError, TypeError):
         f = math.inf
+    except Exception as e:  # noqa: BLE001 - what the object's __float__ raises: named
+        if isinstance(e, (Error, MemoryError)) or from_signal_handler(e):
+            raise
+        raise _errors.InvalidArgument("%s: %s: %s" % (name, type(e).__name__, e)) from e
     else:
-        if not math.isinf(f) or np.isinf(v):
+        if not math.isinf(f) or user_code(name, np.isinf, v):
             return f
     raise _errors.InvalidArgument("%s: %s is beyond what a float64 holds"
                                   % (name, _kind(v)))
@@ -740,14 +744,14 @@ def _integer(name: str, v: Any) -> int:
     """v (an int or numpy integer; not a bool, float or str) as an int."""
     if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Integral):
         raise _errors.InvalidArgument("%s: expected an integer, got %s" % (name, _kind(v)))
-    return int(v)
+    return user_code(name, int, v)  # its __int__ or __index__ may raise
 
 
 def _flag(name: str, v: Any) -> bool:
     """v (a bool, numpy bool, or the integer 0 or 1) as a bool."""
     if isinstance(v, (bool, np.bool_)):
         return bool(v)
-    if isinstance(v, numbers.Integral) and int(v) in (0, 1):
+    if isinstance(v, numbers.Integral) and user_code(name, int, v) in (0, 1):
         return bool(v)
     raise _errors.InvalidArgument("%s: expected a bool, got %s" % (name, _kind(v)))
 
@@ -768,7 +772,8 @@ def _integers(name: str, v: Any) -> List[int]:
         v = v[()]
     if isinstance(v, (numbers.Integral, np.bool_)):
         return [_int64(name, v)]
-    return [_int64("%s[%d]" % (name, i), n) for i, n in enumerate(v)]
+    items = user_code(name, list, v)  # its __iter__ or __getitem__ may raise
+    return [_int64("%s[%d]" % (name, i), n) for i, n in enumerate(items)]
 
 
 def _shape(v: Any) -> Tuple[int, ...]:
@@ -784,9 +789,11 @@ def _dtype(v: Any) -> np.dtype:
     the daemon's data is little-endian, and a big-endian dtype (">f4") would read its
     bytes swapped."""
     try:
-        dt = np.dtype(v)
-    except (TypeError, ValueError) as e:
-        raise _errors.DtypeError("dtype: %s" % e) from None
+        dt = user_code("dtype", np.dtype, v)
+    except _errors.InvalidArgument as e:
+        if isinstance(e.__cause__, (TypeError, ValueError)):
+            raise _errors.DtypeError("dtype: %s" % e.__cause__) from None
+        raise
     wire_name(dt)  # raises DtypeError
     if dt.byteorder not in ("<", "|") and not (dt.byteorder == "=" and
                                                sys.byteorder == "little"):
@@ -801,12 +808,14 @@ def _kernel_args(args: Any) -> List[Dict[str, Any]]:
         raise _errors.InvalidArgument("args: expected a list of one-key dicts, got %s"
                                       % _kind(args))
     out = []
-    for i, a in enumerate(args):
-        if not isinstance(a, Mapping) or len(a) != 1:
+    for i, a in enumerate(user_code("args", list, args)):  # its __iter__ may raise
+        items = user_code("args[%d]" % i, lambda m: list(m.items()), a) \
+            if isinstance(a, Mapping) else None
+        if items is None or len(items) != 1:
             raise _errors.InvalidArgument("args[%d]: expected a one-key dict such as "
                                           "{\"tensor\": 0} or {\"f32\": 1.5}, got %s"
                                           % (i, _kind(a)))
-        (k, v), = a.items()
+        (k, v), = items
         what = "args[%d].%s" % (i, k)
         if k in ("f32", "f64"):
             try:
@@ -872,10 +881,9 @@ def _as_array(x: Any, what: str = "operand",
         raise _errors.InvalidArgument(
             "%s: a DeviceArray (its data is in a daemon buffer, not here): use its "
             ".numpy() for a numpy copy, or pass it to an op as it is" % what)
-    try:
-        a = np.asarray(x)
-    except (ValueError, TypeError) as e:  # a ragged list, an object numpy cannot take
-        raise _errors.InvalidArgument("%s: not an array: %s" % (what, e)) from None
+    # A ragged list, an object numpy cannot take, one whose __array__ raises, a
+    # masked array or a numpy.matrix: InvalidArgument naming the operand.
+    a = as_ndarray(x, what)
     if a.dtype.kind in "biu" and a.dtype.names is None:
         raise _errors.DtypeError("%s: dtype %s has no dspk equivalent (float32, float64, "
                                  "complex64, complex128, float16, dspk.bfloat16)"
@@ -895,10 +903,10 @@ def _as_array(x: Any, what: str = "operand",
     return a
 
 
-def _meta(x: Any) -> Tuple[Tuple[int, ...], np.dtype]:
+def _meta(x: Any, what: str) -> Tuple[Tuple[int, ...], np.dtype]:
     if isinstance(x, DeviceArray):
         return x.shape, x.dtype
-    a = np.asarray(x)
+    a = as_ndarray(x, what)
     return tuple(a.shape), a.dtype
 
 
@@ -909,7 +917,7 @@ def _result_meta(op: str, inputs: Sequence[Any], options: Mapping[str, Any]
     options the daemon refuses by the client's reading of those rules (then its
     own error says why: nothing here may stand in for it, out='s checks included)."""
     try:
-        metas = [_meta(x) for x in inputs]
+        metas = [_meta(x, "input %d" % i) for i, x in enumerate(inputs)]
         (sa, da) = metas[0]
         names = [wire_name(d) for _, d in metas]
         if op == "gemm":
@@ -1001,7 +1009,9 @@ def _result_meta(op: str, inputs: Sequence[Any], options: Mapping[str, Any]
                     not all(c in dims for c in outs):
                 return None
             return tuple(dims[c] for c in outs), da.itemsize
-    except Exception:  # noqa: BLE001 - malformed operands: the daemon's error says why
+    except Exception as e:  # noqa: BLE001 - malformed operands: the daemon's error says why
+        if from_signal_handler(e):
+            raise  # the caller's, as it is
         return None
     return None
 
@@ -1012,7 +1022,7 @@ def _result_dtype(op: str, inputs: Sequence[Any], options: Mapping[str, Any]
     table of ops), or None where _result_meta knows no result."""
     if _result_meta(op, inputs, options) is None:
         return None
-    da = _meta(inputs[0])[1]
+    da = _meta(inputs[0], "input 0")[1]
     if op == "gemm":  # f16 and bf16 in, f32 out
         return np.dtype(np.float64 if da.itemsize == 8 and da.kind == "f" else np.float32)
     if op == "fft" and da.kind != "c":
@@ -2699,7 +2709,7 @@ class Client:
         self._no_wait()  # submit(): the devices call goes to the worker
         try:
             devs = self._call("devices", None, _decode_devices)["devices"]
-            first = wire_name(_meta(inputs[0])[1]) if inputs else None
+            first = wire_name(_meta(inputs[0], "input 0")[1]) if inputs else None
         except (_errors.Timeout, _errors.Closed):
             raise  # the daemon does not answer, or is gone: the call ends with it
         except (Error, IndexError):
@@ -2937,6 +2947,13 @@ class Client:
         out_shared = None
         outputs = None
         if out is not None:
+            if isinstance(out, (np.ma.MaskedArray, np.matrix)):
+                # The daemon would write the data under a mask it leaves as it was, or
+                # a result of another shape than the matrix's (as_ndarray's operands).
+                raise _errors.InvalidArgument(
+                    "out=: a %s (a plain numpy array takes a result: a shared array, or "
+                    "a C-contiguous slice of one)" % ("numpy.ma.MaskedArray" if isinstance(
+                        out, np.ma.MaskedArray) else "numpy.matrix"))
             if isinstance(out, np.ndarray):
                 # The daemon writes the result in one piece, into memory the caller
                 # may write: a strided view or a read-only one would be overwritten
