@@ -762,6 +762,19 @@ def _string(name: str, v: Any) -> str:
     return v
 
 
+def _device(v: Any) -> str:
+    """``device`` (a device id of devices(), or "any"): a str the wire carries.  None
+    or another type is InvalidArgument naming it, before anything is sent (None was
+    sent as no device at all: the daemon's default, where the caller meant none)."""
+    _string("device", v)
+    try:
+        v.encode("utf-8")
+    except UnicodeEncodeError as e:  # a lone surrogate: no UTF-8 for the daemon
+        raise _errors.InvalidArgument("device: %r is not valid Unicode text (%s)"
+                                      % (v, e.reason)) from None
+    return v
+
+
 def _integers(name: str, v: Any) -> List[int]:
     """v (an integer, or a sequence or 1-D array of integers) as a list of ints."""
     if isinstance(v, (str, bytes)) or not (isinstance(v, (numbers.Integral, np.ndarray))
@@ -2553,6 +2566,7 @@ class Client:
     def empty(self, shape: Union[int, Sequence[int]], dtype: Any = np.float32,
               device: str = "any") -> DeviceArray:
         """An uninitialised DeviceArray (``buffer.create``), e.g. for ``out=``."""
+        device = _device(device)
         shape_t = _shape(shape)
         dt = _dtype(dtype)
         nbytes = _nbytes(shape_t, dt, self.limits)
@@ -2569,6 +2583,7 @@ class Client:
     def to_device(self, array: ArrayLike, device: str = "any") -> DeviceArray:
         """Copies ``array`` into a new daemon buffer on ``device`` (``"any"``: the daemon
         chooses) and returns it as a DeviceArray."""
+        device = _device(device)
         a = _as_array(array, "array", self.limits)
         d = self.empty(a.shape, a.dtype, device)
         try:
@@ -2600,6 +2615,7 @@ class Client:
                 daemon's limits; dspk.OutOfMemory: no memory for the memfd or the
                 mapping (and the other dspk.Error of buffer.import).
         """
+        device = _device(device)
         shape_t = _shape(shape)
         dt = _dtype(dtype)
         # Not max_rank nor max_elements: a shared array is numpy memory too, and its
@@ -3174,6 +3190,7 @@ class Client:
         whole 2 MiB each, count toward the quotas that refused it), the temporaries are
         freed and the op is made again through the socket: the documented fallback
         never fails for what the temporaries themselves hold."""
+        device = _device(device)  # every op's, submit()'s too: checked before anything
         if self._forked():  # before the temporaries' lock, which a fork may leave held
             raise self._fork_error()
         shm: List[_Temp] = []

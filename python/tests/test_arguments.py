@@ -257,12 +257,38 @@ def test_operands_numpy_cannot_take(client):
     client.ping()
 
 
+@pytest.mark.parametrize("dev", [None, 0, b"cpu:0", object(), ["cpu:0"], "cpu:\ud800"])
+def test_device_is_checked_by_the_client(client, dev):
+    """device=None was sent as no device (the daemon's default: cpu:0, also for
+    empty_shared and submit), an int or bytes was refused by the daemon after a round
+    trip, and an object by msgpack with a message naming the RPC method.  Now every
+    method that takes ``device`` refuses one that is no str (or no UTF-8 text) with
+    InvalidArgument naming ``device``, before anything is sent."""
+    x = np.ones(4)
+    calls = [
+        lambda: client.map("exp", x, device=dev),
+        lambda: client.gemm(A, B, device=dev),
+        lambda: client.kernel("x", x, lang="glsl", grid=1, device=dev),
+        lambda: client.empty(2, device=dev),
+        lambda: client.to_device(x, device=dev),
+        lambda: client.empty_shared(2, device=dev),
+        lambda: client.submit("map", "exp", x, device=dev),
+        lambda: client.submit("reduce", np.ones(1 << 18), device=dev),  # shared temporary
+    ]
+    sent = client._next_id
+    for call in calls:
+        with pytest.raises(dspk.InvalidArgument, match="^EINVAL: device: "):
+            call()
+    assert client._next_id == sent, "a request was sent"
+    assert client.ping() > 0
+
+
 def test_values_msgpack_cannot_carry(client):
     """An int beyond 64 bits, or an object, in a parameter passed through to the daemon
     raised msgpack's OverflowError/TypeError; now InvalidArgument, and the request it
     belonged to is not left pending."""
     with pytest.raises(dspk.InvalidArgument, match="cannot be sent"):
-        client.reduce(A, device=object())
+        client.kernel("x", A, lang="glsl", grid=1, args=[{"f16": object()}])
     with pytest.raises(dspk.InvalidArgument, match="cannot be sent"):
         client.kernel("x", A, lang="glsl", grid=1, args=[{"i16": 1 << 70}])
     assert not client._pending
