@@ -18,6 +18,7 @@ import errno
 import fcntl
 import functools
 import inspect
+import io
 import math
 import mmap
 import numbers
@@ -182,6 +183,15 @@ class _Mapping:
 
     def madvise(self, advice: int) -> None:
         _libc.madvise(self.address, self.size, advice)  # advice only: failure is fine
+
+
+def _new_memfd() -> io.FileIO:
+    """A new memfd (close-on-exec, sealable) owned by a FileIO, which closes it when
+    collected.  map() calls memfd_create and hands its descriptor straight to FileIO,
+    in C: no signal handler can run between the two (CPython runs one only between
+    bytecodes), so an interruption drops the FileIO, never a bare descriptor."""
+    return next(map(io.FileIO, map(os.memfd_create, ("dspk-shared",),
+                                   (os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING,)), ("r+",)))
 
 
 def _map_fd(fd: int, size: int) -> Tuple[Any, np.ndarray]:
@@ -2645,13 +2655,14 @@ class Client:
         ``device``: (mapping, its bytes, buffer id, device id).  An OSError of making
         or mapping it is the dspk.Error of _os_error."""
         try:
-            fd = os.memfd_create("dspk-shared", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+            f = _new_memfd()
         except OSError as e:
             raise _os_error("shared memory: memfd_create", e) from None
         res = None
         try:
             try:
                 try:
+                    fd = f.fileno()
                     os.ftruncate(fd, size)
                     fcntl.fcntl(fd, fcntl.F_ADD_SEALS,
                                 fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW)
@@ -2661,7 +2672,7 @@ class Client:
                 res = self._new_buffer("buffer.import", {"device": device, "size": size},
                                        fds=[fd])
             finally:
-                os.close(fd)
+                f.close()
             return mm, view, int(res["buffer"]), str(res["device"])
         except BaseException:  # KeyboardInterrupt after the answer: no buffer left
             if isinstance(res, dict) and isinstance(res.get("buffer"), int):

@@ -211,6 +211,57 @@ def test_an_interrupted_connect_leaves_no_descriptor(daemon, kind):
     assert connections() == held
 
 
+@pytest.mark.parametrize("kind", ["c-return", "python-call"])
+def test_an_interrupted_empty_shared_leaves_no_descriptor(daemon, kind):
+    """The same for the memfd of a shared array (and of a shared temporary): an
+    interruption right after memfd_create returned dropped its descriptor, a bare
+    int, for good.  Now the memfd is owned by an object from the start (made in one
+    chain of C calls) and every point of empty_shared() in turn leaves this process's
+    descriptors as they were, and no daemon buffer behind."""
+    c_calls, py_calls = kind == "c-return", kind == "python-call"
+    c = dspk.connect(daemon.socket, timeout=TIMEOUT)
+    gc.collect()
+    before = _descriptors()
+    prof, seen = _interrupt_at(10 ** 9, c_calls, py_calls)
+    sys.setprofile(prof)
+    try:
+        s = c.empty_shared(64)
+    finally:
+        sys.setprofile(None)
+    points = seen[0]
+    del s
+    assert points > 10, points
+    hit = 0
+    for n in range(points):
+        prof, seen = _interrupt_at(n, c_calls, py_calls)
+        s = None
+        sys.setprofile(prof)
+        try:
+            s = c.empty_shared(64)
+        except _Injected:
+            hit += 1
+        except dspk.Closed:  # a message was cut: the connection is closed
+            pass
+        finally:
+            sys.setprofile(None)
+        s = None
+        if c.closed:
+            c.close()
+            gc.collect()
+            after = _descriptors()
+            assert set(after) <= set(before), (n, points, {k: v for k, v in after.items()
+                                                           if before.get(k) != v})
+            c = dspk.connect(daemon.socket, timeout=TIMEOUT)
+            gc.collect()
+            before = _descriptors()
+        gc.collect()
+        after = _descriptors()
+        assert after == before, (n, points, {k: v for k, v in after.items()
+                                             if before.get(k) != v})
+    assert hit > points // 2, (hit, points)
+    _check_unstuck(c, temps=c_calls)
+
+
 def test_close_returns_while_another_thread_holds_the_send_lock(daemon):
     """close() waited for the send lock: a thread holding it (or an interruption that
     lost it) blocked close() for ever.  Now close() returns at once, later calls
