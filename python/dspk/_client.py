@@ -761,8 +761,10 @@ def _flag(name: str, v: Any) -> bool:
     """v (a bool, numpy bool, or the integer 0 or 1) as a bool."""
     if isinstance(v, (bool, np.bool_)):
         return bool(v)
-    if isinstance(v, numbers.Integral) and user_code(name, int, v) in (0, 1):
-        return bool(v)
+    if isinstance(v, numbers.Integral):
+        n = user_code(name, int, v)  # its __int__ may raise
+        if n in (0, 1):
+            return bool(n)
     raise _errors.InvalidArgument("%s: expected a bool, got %s" % (name, _kind(v)))
 
 

@@ -191,6 +191,7 @@ def test_a_parameter_whose_conversion_raises_is_invalid_argument(client):
     cases = [
         ("alpha: RuntimeError: no float", lambda: client.map("scale", x, alpha=_BadNumber(2))),
         ("axes: RuntimeError: no int", lambda: client.reduce(x, "sum", _BadInt(1))),
+        ("inverse: RuntimeError: no int", lambda: client.fft(x, inverse=_BadInt(1))),
         ("axes: OSError", lambda: client.reduce(x, "sum", _BadSeq())),
         ("shape: OSError", lambda: client.empty(_BadSeq())),
         ("args: OSError", lambda: client.kernel("void main(){}", x, lang="glsl",
