@@ -234,17 +234,17 @@ def test_an_interrupted_empty_shared_leaves_no_descriptor(daemon, kind):
     hit = 0
     for n in range(points):
         prof, seen = _interrupt_at(n, c_calls, py_calls)
-        s = None
+        made = []
         sys.setprofile(prof)
         try:
-            s = c.empty_shared(64)
+            made.append(c.empty_shared(64))
         except _Injected:
             hit += 1
         except dspk.Closed:  # a message was cut: the connection is closed
             pass
         finally:
             sys.setprofile(None)
-        s = None
+        del made[:]  # the array made, if any: collected with its memory
         if c.closed:
             c.close()
             gc.collect()
