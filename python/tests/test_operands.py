@@ -424,8 +424,8 @@ def test_operand_elements_against_the_daemons_limit():
 @pytest.mark.parametrize("free", [0, 1])
 def test_connect_out_of_file_descriptors(daemon, free):
     """With no descriptor for the socket, connect() raised a bare OSError (EMFILE),
-    while one step later (the wake-up pipe) the same was dspk.LimitExceeded.  Now both
-    are dspk.LimitExceeded, and nothing is left open."""
+    while one step later (the wake-up pipe, now a socket pair) the same was
+    dspk.LimitExceeded.  Now both are dspk.LimitExceeded, and nothing is left open."""
     with _no_descriptors(8) as dups:
         for _ in range(free):
             os.close(dups.pop())
