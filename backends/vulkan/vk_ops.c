@@ -884,24 +884,96 @@ int dspk__vk_fir_fixup(struct dspk__dev *d, struct dspk__op *op, const struct ds
  * allocated at the first such argument, freed by the caller behind the
  * work): a shader's .length() reads 4 bytes over its array's stride (1 for
  * 32-bit elements, 0 for 64-bit ones), loads read zeros (or what the kernel
- * stored there) and stores land in the scratch block. */
+ * stored there) and stores land in the scratch block.
+ *
+ * A tensor whose place is not a multiple of the device's
+ * minStorageBufferOffsetAlignment (a slice of a client's shared array at a
+ * multiple of its item size, protocol.md) cannot be bound at its first
+ * element either: a raw kernel indexes its array from 0, with no offset of
+ * ours as the built-in ops take.  It is staged: copied into a block of the
+ * op's own (zeroed first: the binding's padding to 4 bytes reads zero, never
+ * a block's earlier bytes), bound there, and copied back over the tensor
+ * after the dispatch (the kernel may write any of its tensors), all in order
+ * on the queue; a tensor named by several arguments is staged once. */
+struct kstage {
+  int n;
+  int tensor[DSPK__VK_MAX_BIND];            /* op->in index */
+  struct dspk__mem *mem[DSPK__VK_MAX_BIND]; /* its block, freed behind the work */
+};
+
 static int kernel_op(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *ctx,
-                     struct dspk__mem **scratch);
+                     struct dspk__mem **scratch, struct kstage *st);
 
 int dspk__vk_kernel_op(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *ctx) {
   struct dspk__mem *scratch = NULL;
-  int r = kernel_op(d, op, ctx, &scratch);
-  if (scratch) {
-    int s = dspk__vk_submit(d); /* the scratch block goes back behind the work */
+  struct kstage st = {0};
+  int r = kernel_op(d, op, ctx, &scratch, &st);
+  if (scratch || st.n) {
+    int s = dspk__vk_submit(d); /* the blocks go back behind the work */
     dspk__vk_free(d, scratch);
+    for (int i = 0; i < st.n; i++)
+      dspk__vk_free(d, st.mem[i]);
     if (r == 0)
       r = s;
   }
   return r;
 }
 
+/* Binds op->in[ti] through a staged copy (above): *b its binding. */
+static int stage_tensor(struct dspk__dev *d, struct dspk__op *op, int ti, struct kstage *st,
+                        struct dspk__vk_bind *b) {
+  const struct dspk__tensor *t = &op->in[ti];
+  struct dspk__mem *m = NULL;
+  for (int i = 0; i < st->n; i++)
+    if (st->tensor[i] == ti)
+      m = st->mem[i];
+  size_t n = dspk__tensor_nbytes(t);
+  if (!m) {
+    size_t n4 = n < 4 ? 4 : (n + 3) & ~(size_t)3;
+    VkCommandBuffer cb;
+    int r;
+    if (st->n == DSPK__VK_MAX_BIND)
+      return DSPK_ELIMIT; /* (one binding each: never more than the bindings) */
+    if ((r = dspk__vk_alloc(d, n4, &m)))
+      return r;
+    st->tensor[st->n] = ti;
+    st->mem[st->n++] = m;
+    if ((r = dspk__vk_zero(d, m, 0, n4)) || (r = dspk__vk_cmd(d, &cb)))
+      return r;
+    dspk__vk_barrier(d); /* the fill before the copy over it */
+    VkBufferCopy c = {.srcOffset = t->mem->off + t->offset, .dstOffset = m->off, .size = n};
+    VK(CmdCopyBuffer)(cb, t->mem->buf, m->buf, 1, &c);
+    dspk__vk_barrier(d);
+  }
+  struct dspk__tensor w = *t;
+  w.mem = m;
+  w.offset = 0;
+  uint32_t elem;
+  int r = dspk__vk_bind_tensor(d, &w, b, &elem);
+  return r ? r : elem ? DSPK_ENOTSUP : 0;
+}
+
+/* After the dispatch: every staged tensor's bytes back over the tensor. */
+static int unstage(struct dspk__dev *d, struct dspk__op *op, const struct kstage *st) {
+  if (!st->n)
+    return 0;
+  VkCommandBuffer cb;
+  int r = dspk__vk_cmd(d, &cb);
+  if (r)
+    return r;
+  for (int i = 0; i < st->n; i++) {
+    const struct dspk__tensor *t = &op->in[st->tensor[i]];
+    VkBufferCopy c = {.srcOffset = st->mem[i]->off,
+                      .dstOffset = t->mem->off + t->offset,
+                      .size = dspk__tensor_nbytes(t)};
+    VK(CmdCopyBuffer)(cb, st->mem[i]->buf, t->mem->buf, 1, &c);
+  }
+  dspk__vk_barrier(d);
+  return 0;
+}
+
 static int kernel_op(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *ctx,
-                     struct dspk__mem **scratch) {
+                     struct dspk__mem **scratch, struct kstage *st) {
   const char *lang = op->u.kernel.lang;
   int spirv;
   if (strcmp(lang, "glsl") == 0)
@@ -937,15 +1009,18 @@ static int kernel_op(struct dspk__dev *d, struct dspk__op *op, struct dspk__opct
         r = dspk__vk_bind_tensor(d, &w, &b[nb], &elem);
       } else {
         r = dspk__vk_bind_tensor(d, t, &b[nb], &elem);
+        if (r == 0 && elem != 0) /* off the device's alignment: staged */
+          r = stage_tensor(d, op, a->v.tensor, st, &b[nb]);
       }
-      if (r == 0 && elem != 0)
-        r = DSPK_ENOTSUP;
-      if (r)
+      if (r == DSPK_ENOTSUP || r == DSPK_ELIMIT)
         return dspk__vk_fail(ctx, r,
                              "kernel: argument %d (input %d) cannot be bound: its offset "
-                             "must be a multiple of %llu bytes and its size within "
+                             "must be a multiple of its item size and its size within "
                              "maxStorageBufferRange",
-                             i, a->v.tensor, (unsigned long long)d->align);
+                             i, a->v.tensor);
+      if (r)
+        return dspk__vk_fail(ctx, r, "kernel: argument %d (input %d) cannot be staged",
+                             i, a->v.tensor);
       nb++;
       continue;
     }
@@ -988,7 +1063,9 @@ static int kernel_op(struct dspk__dev *d, struct dspk__op *op, struct dspk__opct
     return dspk__vk_fail(ctx, DSPK_ELIMIT, "kernel: grid %ux%ux%u exceeds the device's "
                                            "maxComputeWorkGroupCount %ux%ux%u",
                          g[0], g[1], g[2], mx[0], mx[1], mx[2]);
-  return dspk__vk_dispatch(d, kern, b, nb, pc, pcsize, g[0], g[1], g[2]);
+  if ((r = dspk__vk_dispatch(d, kern, b, nb, pc, pcsize, g[0], g[1], g[2])))
+    return r;
+  return unstage(d, op, st);
 }
 
 /* ---- dispatcher ------------------------------------------------------------- */

@@ -18,6 +18,7 @@ import errno
 import fcntl
 import functools
 import inspect
+import io
 import math
 import mmap
 import numbers
@@ -28,6 +29,9 @@ import sys
 import threading
 import time
 import weakref
+# The C module's socketpair(): its sockets own their descriptors from the start
+# (socket.socketpair() moves them into new objects, a window where they are bare ints).
+from _socket import socketpair as _socketpair
 from typing import (Any, Callable, Dict, List, Mapping, Optional, Sequence,
                     Tuple, Union)
 
@@ -35,7 +39,7 @@ import msgpack
 import numpy as np
 
 from . import _errors
-from ._dtypes import numpy_dtype, wire_name
+from ._dtypes import as_ndarray, from_signal_handler, numpy_dtype, user_code, wire_name
 from ._errors import Error
 
 __all__ = ["connect", "default_socket", "Client", "DeviceArray", "TaskFuture"]
@@ -179,6 +183,15 @@ class _Mapping:
 
     def madvise(self, advice: int) -> None:
         _libc.madvise(self.address, self.size, advice)  # advice only: failure is fine
+
+
+def _new_memfd() -> io.FileIO:
+    """A new memfd (close-on-exec, sealable) owned by a FileIO, which closes it when
+    collected.  map() calls memfd_create and hands its descriptor straight to FileIO,
+    in C: no signal handler can run between the two (CPython runs one only between
+    bytecodes), so an interruption drops the FileIO, never a bare descriptor."""
+    return next(map(io.FileIO, map(os.memfd_create, ("dspk-shared",),
+                                   (os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING,)), ("r+",)))
 
 
 def _map_fd(fd: int, size: int) -> Tuple[Any, np.ndarray]:
@@ -398,7 +411,7 @@ def connect(socket: Union[str, bytes, "os.PathLike[str]", None] = None, *,
 
     Raises:
         dspk.ConnectError: no daemon listens there.
-        dspk.LimitExceeded: no file descriptor for the socket or the wake-up pipe
+        dspk.LimitExceeded: no file descriptor for the socket or the wake-up pair
             (EMFILE, ENFILE); other OSErrors of making them as python.md's Errors
             says (never a bare OSError).
         dspk.InvalidArgument: a parameter of another type, timeout <= 0, or a socket
@@ -478,6 +491,27 @@ class TaskFuture(concurrent.futures.Future):
                 pass
 
         super().add_done_callback(guarded)
+
+    def cancel(self) -> bool:
+        """As concurrent.futures.Future's: True when the future is (now) canceled,
+        False when it is done already (a TaskFuture is never RUNNING: its work runs in
+        the daemon, and cancel() of a pending one also asks the daemon to drop it).
+        A future canceled here is also moved on to the state that
+        ``concurrent.futures.wait()`` and ``as_completed()`` count as done (the part an
+        executor plays with ``set_running_or_notify_cancel()``): Future.cancel() alone
+        wakes result() but not their waiters, which then waited for ever."""
+        canceled = False
+        try:
+            canceled = super().cancel()
+        finally:
+            # Also when an interruption came after the state changed: the waiters of
+            # wait()/as_completed() are told in any case.
+            if self.cancelled():
+                try:
+                    self.set_running_or_notify_cancel()  # False: canceled, waiters told
+                except RuntimeError:
+                    pass  # told already (another cancel() of it)
+        return canceled
 
     def result(self, timeout: Optional[float] = None) -> Any:
         return super().result(self._pump(timeout))
@@ -697,8 +731,12 @@ def _number(name: str, v: Any) -> float:
             f = float(v)
     except (OverflowError, ValueError, TypeError):
         f = math.inf
+    except Exception as e:  # noqa: BLE001 - what the object's __float__ raises: named
+        if isinstance(e, (Error, MemoryError)) or from_signal_handler(e):
+            raise
+        raise _errors.InvalidArgument("%s: %s: %s" % (name, type(e).__name__, e)) from e
     else:
-        if not math.isinf(f) or np.isinf(v):
+        if not math.isinf(f) or user_code(name, np.isinf, v):
             return f
     raise _errors.InvalidArgument("%s: %s is beyond what a float64 holds"
                                   % (name, _kind(v)))
@@ -716,21 +754,36 @@ def _integer(name: str, v: Any) -> int:
     """v (an int or numpy integer; not a bool, float or str) as an int."""
     if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Integral):
         raise _errors.InvalidArgument("%s: expected an integer, got %s" % (name, _kind(v)))
-    return int(v)
+    return user_code(name, int, v)  # its __int__ or __index__ may raise
 
 
 def _flag(name: str, v: Any) -> bool:
     """v (a bool, numpy bool, or the integer 0 or 1) as a bool."""
     if isinstance(v, (bool, np.bool_)):
         return bool(v)
-    if isinstance(v, numbers.Integral) and int(v) in (0, 1):
-        return bool(v)
+    if isinstance(v, numbers.Integral):
+        n = user_code(name, int, v)  # its __int__ may raise
+        if n in (0, 1):
+            return bool(n)
     raise _errors.InvalidArgument("%s: expected a bool, got %s" % (name, _kind(v)))
 
 
 def _string(name: str, v: Any) -> str:
     if not isinstance(v, str):
         raise _errors.InvalidArgument("%s: expected a str, got %s" % (name, _kind(v)))
+    return v
+
+
+def _device(v: Any) -> str:
+    """``device`` (a device id of devices(), or "any"): a str the wire carries.  None
+    or another type is InvalidArgument naming it, before anything is sent (None was
+    sent as no device at all: the daemon's default, where the caller meant none)."""
+    _string("device", v)
+    try:
+        v.encode("utf-8")
+    except UnicodeEncodeError as e:  # a lone surrogate: no UTF-8 for the daemon
+        raise _errors.InvalidArgument("device: %r is not valid Unicode text (%s)"
+                                      % (v, e.reason)) from None
     return v
 
 
@@ -744,7 +797,8 @@ def _integers(name: str, v: Any) -> List[int]:
         v = v[()]
     if isinstance(v, (numbers.Integral, np.bool_)):
         return [_int64(name, v)]
-    return [_int64("%s[%d]" % (name, i), n) for i, n in enumerate(v)]
+    items = user_code(name, list, v)  # its __iter__ or __getitem__ may raise
+    return [_int64("%s[%d]" % (name, i), n) for i, n in enumerate(items)]
 
 
 def _shape(v: Any) -> Tuple[int, ...]:
@@ -760,9 +814,11 @@ def _dtype(v: Any) -> np.dtype:
     the daemon's data is little-endian, and a big-endian dtype (">f4") would read its
     bytes swapped."""
     try:
-        dt = np.dtype(v)
-    except (TypeError, ValueError) as e:
-        raise _errors.DtypeError("dtype: %s" % e) from None
+        dt = user_code("dtype", np.dtype, v)
+    except _errors.InvalidArgument as e:
+        if isinstance(e.__cause__, (TypeError, ValueError)):
+            raise _errors.DtypeError("dtype: %s" % e.__cause__) from None
+        raise
     wire_name(dt)  # raises DtypeError
     if dt.byteorder not in ("<", "|") and not (dt.byteorder == "=" and
                                                sys.byteorder == "little"):
@@ -777,12 +833,14 @@ def _kernel_args(args: Any) -> List[Dict[str, Any]]:
         raise _errors.InvalidArgument("args: expected a list of one-key dicts, got %s"
                                       % _kind(args))
     out = []
-    for i, a in enumerate(args):
-        if not isinstance(a, Mapping) or len(a) != 1:
+    for i, a in enumerate(user_code("args", list, args)):  # its __iter__ may raise
+        items = user_code("args[%d]" % i, lambda m: list(m.items()), a) \
+            if isinstance(a, Mapping) else None
+        if items is None or len(items) != 1:
             raise _errors.InvalidArgument("args[%d]: expected a one-key dict such as "
                                           "{\"tensor\": 0} or {\"f32\": 1.5}, got %s"
                                           % (i, _kind(a)))
-        (k, v), = a.items()
+        (k, v), = items
         what = "args[%d].%s" % (i, k)
         if k in ("f32", "f64"):
             try:
@@ -848,10 +906,9 @@ def _as_array(x: Any, what: str = "operand",
         raise _errors.InvalidArgument(
             "%s: a DeviceArray (its data is in a daemon buffer, not here): use its "
             ".numpy() for a numpy copy, or pass it to an op as it is" % what)
-    try:
-        a = np.asarray(x)
-    except (ValueError, TypeError) as e:  # a ragged list, an object numpy cannot take
-        raise _errors.InvalidArgument("%s: not an array: %s" % (what, e)) from None
+    # A ragged list, an object numpy cannot take, one whose __array__ raises, a
+    # masked array or a numpy.matrix: InvalidArgument naming the operand.
+    a = as_ndarray(x, what)
     if a.dtype.kind in "biu" and a.dtype.names is None:
         raise _errors.DtypeError("%s: dtype %s has no dspk equivalent (float32, float64, "
                                  "complex64, complex128, float16, dspk.bfloat16)"
@@ -871,10 +928,10 @@ def _as_array(x: Any, what: str = "operand",
     return a
 
 
-def _meta(x: Any) -> Tuple[Tuple[int, ...], np.dtype]:
+def _meta(x: Any, what: str) -> Tuple[Tuple[int, ...], np.dtype]:
     if isinstance(x, DeviceArray):
         return x.shape, x.dtype
-    a = np.asarray(x)
+    a = as_ndarray(x, what)
     return tuple(a.shape), a.dtype
 
 
@@ -885,7 +942,7 @@ def _result_meta(op: str, inputs: Sequence[Any], options: Mapping[str, Any]
     options the daemon refuses by the client's reading of those rules (then its
     own error says why: nothing here may stand in for it, out='s checks included)."""
     try:
-        metas = [_meta(x) for x in inputs]
+        metas = [_meta(x, "input %d" % i) for i, x in enumerate(inputs)]
         (sa, da) = metas[0]
         names = [wire_name(d) for _, d in metas]
         if op == "gemm":
@@ -977,7 +1034,9 @@ def _result_meta(op: str, inputs: Sequence[Any], options: Mapping[str, Any]
                     not all(c in dims for c in outs):
                 return None
             return tuple(dims[c] for c in outs), da.itemsize
-    except Exception:  # noqa: BLE001 - malformed operands: the daemon's error says why
+    except Exception as e:  # noqa: BLE001 - malformed operands: the daemon's error says why
+        if from_signal_handler(e):
+            raise  # the caller's, as it is
         return None
     return None
 
@@ -988,7 +1047,7 @@ def _result_dtype(op: str, inputs: Sequence[Any], options: Mapping[str, Any]
     table of ops), or None where _result_meta knows no result."""
     if _result_meta(op, inputs, options) is None:
         return None
-    da = _meta(inputs[0])[1]
+    da = _meta(inputs[0], "input 0")[1]
     if op == "gemm":  # f16 and bf16 in, f32 out
         return np.dtype(np.float64 if da.itemsize == 8 and da.kind == "f" else np.float32)
     if op == "fft" and da.kind != "c":
@@ -1083,13 +1142,32 @@ class Client:
                 raise _errors.InvalidArgument("name: not valid Unicode text (%s)"
                                               % e.reason) from None
         self.timeout = timeout
+        # Every descriptor made here is held by an object that closes it when collected
+        # (the socket, the wake-up socket pair below): one that an interruption drops
+        # before it is stored is closed with it.  Whatever fails or is interrupted (a
+        # signal handler's KeyboardInterrupt too) after the socket is made closes the
+        # socket and the wake-up pair before connect() raises (_abandon): the caller
+        # gets no Client to close.
         try:
             sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
         except OSError as e:
             if _foreign(e):
                 raise  # a signal handler's: the caller's
-            # out of descriptors (EMFILE, ENFILE): LimitExceeded, as for the pipe below
+            # out of descriptors (EMFILE, ENFILE): LimitExceeded, as for the pair below
             raise _os_error("the client's socket", e) from None
+        made = False
+        try:
+            self._init_connected(sock, name)
+            made = True
+        finally:
+            if not made:
+                self._abandon(sock)
+
+    def _init_connected(self, sock: _socket.socket, name: Optional[str]) -> None:
+        """The rest of __init__, once the socket is made: connects, makes the wake-up
+        pair and the client's state, says hello.  Its caller releases everything it
+        made when it raises."""
+        timeout = self.timeout
         try:
             if timeout is None:
                 sock.connect(self.socket_path)
@@ -1110,13 +1188,19 @@ class Client:
         # daemon's buffers with it, and must touch neither (_forked).
         self._pid = os.getpid()
         # close() wakes a thread waiting to send (the daemon reads no more) by writing
-        # to this pipe, which that wait watches with the socket: shutdown() does not
-        # wake a wait for room to write.
+        # to this socket pair, whose other end that wait watches with the socket:
+        # shutdown() does not wake a wait for room to write.  A socket pair, not a
+        # pipe: its descriptors are owned by objects that close them when collected,
+        # so that none leaks when an interruption comes right after they are made.
         try:
-            self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+            self._wake_pair = _socketpair(_socket.AF_UNIX, _socket.SOCK_STREAM)
         except OSError as e:
-            sock.close()
-            raise _os_error("the client's wake-up pipe", e) from None
+            if _foreign(e):
+                raise  # a signal handler's: the caller's
+            raise _os_error("the client's wake-up socket pair", e) from None
+        for end in self._wake_pair:
+            end.setblocking(False)  # a wake-up that finds it full is one already
+        self._wake_r = self._wake_pair[0].fileno()  # polled by a wait to send
         # Waiting for an answer: poll() on one registered descriptor costs less per
         # call than select.select() or a non-blocking recv that fails first.
         self._poll = select.poll()
@@ -1143,8 +1227,8 @@ class Client:
         try:
             self._nonce = os.urandom(16)
         except OSError as e:  # no getrandom(), and /dev/urandom cannot be opened
-            self._close_wake()
-            sock.close()
+            if _foreign(e):
+                raise  # a signal handler's: the caller's
             raise _os_error("the client's random nonce", e) from None
         # Shared arrays of empty_shared(): buffer id -> (address, bytes, device).
         self._shared: Dict[int, Tuple[int, int, str]] = {}
@@ -1179,15 +1263,22 @@ class Client:
         job = _env_job()
         if job:
             params["job"] = job     # the Slurm job this process runs in
-        try:
-            hello = self._call("hello", params, _decode_hello)
-        except BaseException:
-            self.close()
-            raise
+        hello = self._call("hello", params, _decode_hello)  # failing: _abandon
         self.name = name
         self.daemon_version: str = hello[0]
         self.client_id: int = hello[1]
         self.limits = hello[2]
+
+    def _abandon(self, sock: _socket.socket) -> None:
+        """__init__ failed or was interrupted after the socket was made: closes the
+        socket and the wake-up pair (whatever of them was made), taking no lock and
+        waiting for nothing.  No other thread uses the client yet (hello is read on
+        the constructing thread; no reader or worker thread is started before it)."""
+        self._closed = _errors.Closed("connect() failed")  # __del__: nothing to close
+        try:
+            sock.close()
+        finally:
+            self._close_wake()
 
     def _connect_before(self, sock: _socket.socket, deadline: float) -> None:
         """connect() that gives up at ``deadline`` (TimeoutError).  A full listen
@@ -1241,7 +1332,7 @@ class Client:
         self._release_fds()
 
     def _release_fds(self) -> None:
-        """Once closed: closes the socket's and the wake-up pipe's descriptors when no
+        """Once closed: closes the socket's and the wake-up pair's descriptors when no
         thread writes (a writer still polls them; the one that gives the send lock
         back after close() calls this again) and none reads.  Never waits for a lock
         held for longer than a few instructions: close() returns at once whatever
@@ -1265,19 +1356,17 @@ class Client:
     def _wake(self) -> None:
         """Wakes a thread waiting for room to send (it then sees the client closed)."""
         try:
-            os.write(self._wake_w, b"\0")
+            self._wake_pair[1].send(b"\0")
         except OSError:
             pass  # full (it is awake already) or closed
 
     def _close_wake(self) -> None:
-        for name in ("_wake_r", "_wake_w"):
-            fd = getattr(self, name, -1)
-            if fd >= 0:
-                setattr(self, name, -1)
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
+        self._wake_r = -1
+        for end in getattr(self, "_wake_pair", ()):
+            try:
+                end.close()
+            except OSError:
+                pass  # the descriptor is gone either way (close(2) frees it)
 
     def _forked(self) -> bool:
         """Whether this is a child process of fork() of the process that connected."""
@@ -2489,6 +2578,7 @@ class Client:
     def empty(self, shape: Union[int, Sequence[int]], dtype: Any = np.float32,
               device: str = "any") -> DeviceArray:
         """An uninitialised DeviceArray (``buffer.create``), e.g. for ``out=``."""
+        device = _device(device)
         shape_t = _shape(shape)
         dt = _dtype(dtype)
         nbytes = _nbytes(shape_t, dt, self.limits)
@@ -2505,6 +2595,7 @@ class Client:
     def to_device(self, array: ArrayLike, device: str = "any") -> DeviceArray:
         """Copies ``array`` into a new daemon buffer on ``device`` (``"any"``: the daemon
         chooses) and returns it as a DeviceArray."""
+        device = _device(device)
         a = _as_array(array, "array", self.limits)
         d = self.empty(a.shape, a.dtype, device)
         try:
@@ -2536,6 +2627,7 @@ class Client:
                 daemon's limits; dspk.OutOfMemory: no memory for the memfd or the
                 mapping (and the other dspk.Error of buffer.import).
         """
+        device = _device(device)
         shape_t = _shape(shape)
         dt = _dtype(dtype)
         # Not max_rank nor max_elements: a shared array is numpy memory too, and its
@@ -2565,13 +2657,14 @@ class Client:
         ``device``: (mapping, its bytes, buffer id, device id).  An OSError of making
         or mapping it is the dspk.Error of _os_error."""
         try:
-            fd = os.memfd_create("dspk-shared", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+            f = _new_memfd()
         except OSError as e:
             raise _os_error("shared memory: memfd_create", e) from None
         res = None
         try:
             try:
                 try:
+                    fd = f.fileno()
                     os.ftruncate(fd, size)
                     fcntl.fcntl(fd, fcntl.F_ADD_SEALS,
                                 fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW)
@@ -2581,7 +2674,7 @@ class Client:
                 res = self._new_buffer("buffer.import", {"device": device, "size": size},
                                        fds=[fd])
             finally:
-                os.close(fd)
+                f.close()
             return mm, view, int(res["buffer"]), str(res["device"])
         except BaseException:  # KeyboardInterrupt after the answer: no buffer left
             if isinstance(res, dict) and isinstance(res.get("buffer"), int):
@@ -2645,7 +2738,7 @@ class Client:
         self._no_wait()  # submit(): the devices call goes to the worker
         try:
             devs = self._call("devices", None, _decode_devices)["devices"]
-            first = wire_name(_meta(inputs[0])[1]) if inputs else None
+            first = wire_name(_meta(inputs[0], "input 0")[1]) if inputs else None
         except (_errors.Timeout, _errors.Closed):
             raise  # the daemon does not answer, or is gone: the call ends with it
         except (Error, IndexError):
@@ -2883,6 +2976,13 @@ class Client:
         out_shared = None
         outputs = None
         if out is not None:
+            if isinstance(out, (np.ma.MaskedArray, np.matrix)):
+                # The daemon would write the data under a mask it leaves as it was, or
+                # a result of another shape than the matrix's (as_ndarray's operands).
+                raise _errors.InvalidArgument(
+                    "out=: a %s (a plain numpy array takes a result: a shared array, or "
+                    "a C-contiguous slice of one)" % ("numpy.ma.MaskedArray" if isinstance(
+                        out, np.ma.MaskedArray) else "numpy.matrix"))
             if isinstance(out, np.ndarray):
                 # The daemon writes the result in one piece, into memory the caller
                 # may write: a strided view or a read-only one would be overwritten
@@ -3103,6 +3203,7 @@ class Client:
         whole 2 MiB each, count toward the quotas that refused it), the temporaries are
         freed and the op is made again through the socket: the documented fallback
         never fails for what the temporaries themselves hold."""
+        device = _device(device)  # every op's, submit()'s too: checked before anything
         if self._forked():  # before the temporaries' lock, which a fork may leave held
             raise self._fork_error()
         shm: List[_Temp] = []

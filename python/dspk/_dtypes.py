@@ -3,11 +3,13 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Any, Dict, Tuple
+import signal
+import types
+from typing import Any, Callable, Dict, Tuple, TypeVar
 
 import numpy as np
 
-from ._errors import DtypeError, InvalidArgument, ProtocolError
+from ._errors import DtypeError, Error, InvalidArgument, ProtocolError
 
 __all__ = ["bfloat16", "to_bfloat16", "from_bfloat16", "wire_name", "numpy_dtype",
            "DTYPES"]
@@ -17,6 +19,80 @@ __all__ = ["bfloat16", "to_bfloat16", "from_bfloat16", "wire_name", "numpy_dtype
 #: wire.  Make one with :func:`to_bfloat16`, read one with :func:`from_bfloat16`.
 #: Arrays of ml_dtypes' ``bfloat16`` are accepted too, where that package is installed.
 bfloat16: np.dtype = np.dtype([("bf16", "<u2")])
+
+_T = TypeVar("_T")
+
+
+def _handler_codes() -> set:
+    """The code objects of the Python signal handlers installed now."""
+    codes = set()
+    for s in signal.valid_signals():
+        try:
+            h = signal.getsignal(s)
+        except (ValueError, OSError):
+            continue
+        if h is None or isinstance(h, int):  # SIG_DFL, SIG_IGN, not set from Python
+            continue
+        for _ in range(4):  # a bound method, a functools.partial, an object's __call__
+            code = getattr(h, "__code__", None)
+            if isinstance(code, types.CodeType):
+                codes.add(code)
+                break
+            nxt = getattr(h, "__func__", None) or getattr(h, "func", None)
+            if nxt is None and not isinstance(h, (type, types.BuiltinFunctionType)):
+                nxt = getattr(type(h), "__call__", None)
+            h = nxt
+            if h is None:
+                break
+    return codes
+
+
+def from_signal_handler(e: BaseException) -> bool:
+    """Whether ``e`` was raised by a Python signal handler (a frame of one installed
+    now is in its traceback): the caller's exception, which propagates as it is, not
+    a failure of the code that was running."""
+    tb = e.__traceback__
+    if tb is None:
+        return False
+    codes = _handler_codes()
+    while tb is not None:
+        if tb.tb_frame.f_code in codes:
+            return True
+        tb = tb.tb_next
+    return False
+
+
+def user_code(what: str, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
+    """fn(*args) calling into an object of the caller's (numpy converting it runs its
+    ``__array__``, ``__len__``, ``__getitem__``...; ``int()`` its ``__index__``...):
+    any Exception that raises is dspk.InvalidArgument naming ``what`` and the
+    exception (chained as its ``__cause__``).  A dspk.Error passes as it is, and so
+    do a MemoryError (numpy could not allocate: dspk.OutOfMemory, python.md), a
+    signal handler's exception and one that is no Exception (KeyboardInterrupt)."""
+    try:
+        return fn(*args, **kwargs)
+    except (Error, MemoryError):
+        raise
+    except Exception as e:  # noqa: BLE001 - the object's own: named, chained
+        if from_signal_handler(e):
+            raise
+        raise InvalidArgument("%s: %s: %s" % (what, type(e).__name__, e)) from e
+
+
+def as_ndarray(x: Any, what: str) -> np.ndarray:
+    """``numpy.asarray(x)`` for an operand named ``what``.  A numpy.ma.MaskedArray
+    (numpy.asarray drops its mask: the values under it would be computed with) and a
+    numpy.matrix (always 2-D: its reductions keep the axis, dspk's results would not)
+    are dspk.InvalidArgument, and so is anything numpy fails to convert (user_code)."""
+    if isinstance(x, np.ma.MaskedArray):
+        raise InvalidArgument("%s: a numpy.ma.MaskedArray (dspk computes on plain arrays: "
+                              "its mask would be ignored): pass x.filled(value) or "
+                              "x.compressed()" % what)
+    if isinstance(x, np.matrix):
+        raise InvalidArgument("%s: a numpy.matrix (dspk computes on plain arrays and "
+                              "gives plain arrays back): pass numpy.asarray(x)" % what)
+    return user_code("%s: not an array" % what, np.asarray, x)
+
 
 #: The protocol's dtype names and their numpy dtypes (all little-endian).
 DTYPES: Dict[str, np.dtype] = {
@@ -156,17 +232,14 @@ def to_bfloat16(x: Any) -> np.ndarray:
     from the exact value of every input type: floats up to numpy.longdouble, integers
     of any width, Python ints beyond 64 bits and fractions.Fraction too; NaN stays
     NaN), of x's shape (0-d too).  Complex, bool, str or None: DtypeError."""
-    try:
-        a = np.asarray(x)
-    except (ValueError, TypeError) as e:  # a ragged list
-        raise InvalidArgument("to_bfloat16: not an array: %s" % e) from None
+    a = as_ndarray(x, "to_bfloat16")
     if a.dtype.kind == "f" and not isinstance(x, (np.ndarray, np.generic)):
         # A sequence whose elements numpy promoted to one float dtype: an int among
         # floats (or a float16 among float64s...) became that float, rounded once
         # already.  Each element converted from its own exact value instead.
         try:
-            o = np.asarray(x, dtype=object)
-        except (ValueError, TypeError):
+            o = user_code("to_bfloat16: not an array", np.asarray, x, dtype=object)
+        except InvalidArgument:
             o = None
         if o is not None and o.shape == a.shape and \
                 any(type(v) is not a.dtype.type and
@@ -202,7 +275,7 @@ def to_bfloat16(x: Any) -> np.ndarray:
 def from_bfloat16(x: np.ndarray) -> np.ndarray:
     """float32 values of a bfloat16 array (dspk.bfloat16 or ml_dtypes.bfloat16), of its
     shape (0-d too)."""
-    a = np.asarray(x)
+    a = as_ndarray(x, "from_bfloat16")
     if not (a.dtype == bfloat16 or (a.dtype.name == "bfloat16" and a.dtype.itemsize == 2)):
         # another 2-byte dtype (float16, int16) would be read as bf16 bits
         raise DtypeError("from_bfloat16: dtype %s is not a bfloat16" % a.dtype)

@@ -98,6 +98,151 @@ def test_reduce_axes(client):
 
 # ---- operands ------------------------------------------------------------------------
 
+class _Raising:
+    """An operand whose conversion fails as a lazy array's read does (h5py, zarr, a
+    memmap of a file gone): its __array__ raises ``exc``."""
+
+    def __init__(self, exc):
+        self.exc = exc
+
+    def __array__(self, dtype=None, copy=None):
+        raise self.exc
+
+
+@pytest.mark.parametrize("exc", [OSError(5, "Input/output error"), RuntimeError("bad"),
+                                 KeyError("k"), ValueError("bad"), IndexError(3)])
+def test_an_operand_whose_conversion_raises_is_invalid_argument(client, exc):
+    """Only a ValueError or TypeError of numpy's conversion became InvalidArgument; an
+    OSError, RuntimeError, KeyError... of the operand's __array__ escaped bare.  Now
+    every Exception of it is InvalidArgument naming the operand and the exception,
+    which is chained as its __cause__, on every path that converts an operand."""
+    x = np.ones(4)
+    s = client.empty_shared(4, np.float64)
+    calls = [
+        ("input 1", lambda v: client.map("add", x, v)),
+        ("input 0", lambda v: client.reduce(v)),
+        ("input 1", lambda v: client.map("add", x, v, out=s)),
+        ("input 0", lambda v: client.submit("reduce", v)),
+        ("array", lambda v: client.to_device(v)),
+        ("to_bfloat16", lambda v: dspk.to_bfloat16(v)),
+        ("from_bfloat16", lambda v: dspk.from_bfloat16(v)),
+    ]
+    for what, call in calls:
+        with pytest.raises(dspk.InvalidArgument, match="%s: not an array: %s" % (
+                what, type(exc).__name__)) as e:
+            call(_Raising(exc))
+        assert e.value.__cause__ is exc
+    assert client.ping() > 0 and \
+        [x for x in client.status()["clients"] if x["self"]][0]["buffers"] == 1  # s
+
+
+def test_a_signal_handlers_exception_in_a_conversion_propagates(client):
+    """A signal handler's exception that lands while numpy converts an operand is the
+    caller's: it propagates as it is (python.md), not as InvalidArgument."""
+    import signal
+
+    class Alarm(Exception):
+        pass
+
+    def handler(signum, frame):
+        raise Alarm()
+
+    class Slow:
+        def __array__(self, dtype=None, copy=None):
+            os.kill(os.getpid(), signal.SIGUSR1)  # the handler runs in this loop
+            for _ in range(10 ** 7):
+                pass
+            raise AssertionError("the handler did not run")
+
+    old = signal.signal(signal.SIGUSR1, handler)
+    try:
+        with pytest.raises(Alarm):
+            client.reduce(Slow())
+        with pytest.raises(Alarm):
+            dspk.to_bfloat16(Slow())
+    finally:
+        signal.signal(signal.SIGUSR1, old)
+
+
+class _BadNumber(float):
+    """A real number whose conversions raise what its code raises."""
+
+    def __float__(self):
+        raise RuntimeError("no float")
+
+
+class _BadInt(int):
+    def __int__(self):
+        raise RuntimeError("no int")
+
+    __index__ = __int__
+
+
+class _BadSeq:
+    def __iter__(self):
+        raise OSError(5, "Input/output error")
+
+
+def test_a_parameter_whose_conversion_raises_is_invalid_argument(client):
+    """The same for the other parameters the client converts by calling into the
+    caller's object (float(), int(), iteration): InvalidArgument naming the parameter,
+    not the object's bare exception."""
+    x = np.ones((2, 3))
+    cases = [
+        ("alpha: RuntimeError: no float", lambda: client.map("scale", x, alpha=_BadNumber(2))),
+        ("axes: RuntimeError: no int", lambda: client.reduce(x, "sum", _BadInt(1))),
+        ("inverse: RuntimeError: no int", lambda: client.fft(x, inverse=_BadInt(1))),
+        ("axes: OSError", lambda: client.reduce(x, "sum", _BadSeq())),
+        ("shape: OSError", lambda: client.empty(_BadSeq())),
+        ("args: OSError", lambda: client.kernel("void main(){}", x, lang="glsl",
+                                                 args=_BadSeq(), grid=[1, 1, 1])),
+    ]
+    for match, call in cases:
+        with pytest.raises(dspk.InvalidArgument, match=match) as e:
+            call()
+        assert isinstance(e.value.__cause__, (RuntimeError, OSError))
+    assert client.ping() > 0
+
+
+@pytest.mark.filterwarnings("ignore::PendingDeprecationWarning")  # numpy.matrix's
+@pytest.mark.parametrize("kind", ["masked", "matrix"])
+def test_masked_arrays_and_matrices_are_refused(client, kind):
+    """A numpy.ma.MaskedArray went through numpy.asarray, which drops its mask: the
+    values under the mask were computed with (a sum of 1e30 where the masked sum is
+    7), silently; a numpy.matrix lost its 2-D meaning (its sum(axis=1) is (n, 1)).
+    Now both are InvalidArgument naming the operand, on every path that converts an
+    operand (ops, submit, to_device, to_bfloat16, a shared array's view as out=)."""
+    base = np.array([[1.0, 2.0], [1e30, 4.0]], np.float32)
+    if kind == "masked":
+        v = np.ma.masked_array(base, mask=[[0, 0], [1, 0]])
+        match = "numpy.ma.MaskedArray"
+    else:
+        v = np.asmatrix(base)
+        match = "numpy.matrix"
+    calls = [
+        ("input 0", lambda: client.reduce(v)),
+        ("input 1", lambda: client.map("add", base, v)),
+        ("input 0", lambda: client.submit("map", "exp", v)),
+        ("array", lambda: client.to_device(v)),
+        ("to_bfloat16", lambda: dspk.to_bfloat16(v)),
+    ]
+    for what, call in calls:
+        with pytest.raises(dspk.InvalidArgument, match="%s: a %s" % (what, match)):
+            call()
+    s = client.empty_shared((2, 2))
+    out = np.ma.masked_array(s, mask=[[0, 0], [1, 0]]) if kind == "masked" else np.asmatrix(s)
+    with pytest.raises(dspk.InvalidArgument, match="out=: a %s" % match):
+        client.map("abs", base, out=out)
+    # a shared array's masked view or matrix as an operand: refused too (not sent as
+    # a reference to its data)
+    sv = np.ma.masked_array(s, mask=[[0, 0], [1, 0]]) if kind == "masked" else np.asmatrix(s)
+    with pytest.raises(dspk.InvalidArgument, match="input 0: a %s" % match):
+        client.reduce(sv)
+    # its plain array (what the message says to pass) is taken
+    assert client.reduce(np.asarray(v)) == pytest.approx(float(base.sum()), rel=1e-6)
+    assert client.ping() > 0
+
+
 def test_operands_numpy_cannot_take(client):
     """A ragged list raised numpy's bare ValueError; now InvalidArgument (still a
     ValueError) naming the input; a dtype error names the input too."""
@@ -113,12 +258,38 @@ def test_operands_numpy_cannot_take(client):
     client.ping()
 
 
+@pytest.mark.parametrize("dev", [None, 0, b"cpu:0", object(), ["cpu:0"], "cpu:\ud800"])
+def test_device_is_checked_by_the_client(client, dev):
+    """device=None was sent as no device (the daemon's default: cpu:0, also for
+    empty_shared and submit), an int or bytes was refused by the daemon after a round
+    trip, and an object by msgpack with a message naming the RPC method.  Now every
+    method that takes ``device`` refuses one that is no str (or no UTF-8 text) with
+    InvalidArgument naming ``device``, before anything is sent."""
+    x = np.ones(4)
+    calls = [
+        lambda: client.map("exp", x, device=dev),
+        lambda: client.gemm(A, B, device=dev),
+        lambda: client.kernel("x", x, lang="glsl", grid=1, device=dev),
+        lambda: client.empty(2, device=dev),
+        lambda: client.to_device(x, device=dev),
+        lambda: client.empty_shared(2, device=dev),
+        lambda: client.submit("map", "exp", x, device=dev),
+        lambda: client.submit("reduce", np.ones(1 << 18), device=dev),  # shared temporary
+    ]
+    sent = client._next_id
+    for call in calls:
+        with pytest.raises(dspk.InvalidArgument, match="^EINVAL: device: "):
+            call()
+    assert client._next_id == sent, "a request was sent"
+    assert client.ping() > 0
+
+
 def test_values_msgpack_cannot_carry(client):
     """An int beyond 64 bits, or an object, in a parameter passed through to the daemon
     raised msgpack's OverflowError/TypeError; now InvalidArgument, and the request it
     belonged to is not left pending."""
     with pytest.raises(dspk.InvalidArgument, match="cannot be sent"):
-        client.reduce(A, device=object())
+        client.kernel("x", A, lang="glsl", grid=1, args=[{"f16": object()}])
     with pytest.raises(dspk.InvalidArgument, match="cannot be sent"):
         client.kernel("x", A, lang="glsl", grid=1, args=[{"i16": 1 << 70}])
     assert not client._pending

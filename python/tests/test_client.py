@@ -358,6 +358,43 @@ def test_cancel(client):
         f.result(TIMEOUT)
 
 
+@pytest.mark.parametrize("where", ["sent", "with the worker"])
+def test_a_canceled_future_is_done_for_wait_and_as_completed(tmp_path, where):
+    """future.cancel() made the future cancelled() and done(), but never told the
+    waiters of concurrent.futures.wait() and as_completed() (the executor's
+    set_running_or_notify_cancel() does that): they waited for ever.  Now a canceled
+    TaskFuture is done for them at once: one whose task was sent (the fake daemon never
+    answers it), and one of a submit() still with the client's worker (its operand is
+    above max_message: the worker waits for a buffer.create that is never answered)."""
+    fake = FakeDaemon(str(tmp_path / "fake.sock"))
+    c = dspk.connect(fake.path, timeout=TIMEOUT)
+    try:
+        x = f32(4) if where == "sent" else np.ones(1 << 19, np.float32)  # 2 MiB > 1 MiB
+        futs = [c.submit("map", "abs", x, device="cpu:0") for _ in range(3)]
+        assert fake.got.wait(TIMEOUT)
+        assert (futs[0]._job is None) == (where == "sent")
+        assert futs[-1].cancel() and futs[-1].cancel()
+        assert futs[-1].cancelled() and futs[-1].done()
+        with pytest.raises(concurrent.futures.CancelledError):
+            futs[-1].result(0)
+        done, not_done = concurrent.futures.wait(futs, timeout=0)
+        assert done == {futs[-1]} and not_done == set(futs[:-1])
+        done, _ = concurrent.futures.wait(futs, timeout=TIMEOUT,
+                                          return_when=concurrent.futures.FIRST_COMPLETED)
+        assert done == {futs[-1]}
+        got = concurrent.futures.as_completed(futs, timeout=TIMEOUT)
+        assert next(got) is futs[-1]
+        # canceled while as_completed() waits: it wakes (a thread cancels them)
+        t = threading.Thread(target=lambda: [f.cancel() for f in futs[:-1]])
+        t.start()
+        assert set(got) == set(futs[:-1])
+        t.join(TIMEOUT)
+        assert all(f.cancelled() for f in futs)
+    finally:
+        c.close()
+        fake.close()
+
+
 # ---- threads ----------------------------------------------------------------------
 
 def test_threads_share_one_client(client):

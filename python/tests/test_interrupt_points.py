@@ -149,6 +149,119 @@ def test_an_interruption_at_any_point_leaves_nothing_held(daemon, kind):
         assert c.ping() > 0
 
 
+def _descriptors():
+    """This process's open descriptors: number -> what it is."""
+    out = {}
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            out[fd] = os.readlink("/proc/self/fd/" + fd)
+        except OSError:
+            pass  # listdir's own, closed by now
+    return out
+
+
+@pytest.mark.parametrize("kind", ["c-return", "python-call"])
+def test_an_interrupted_connect_leaves_no_descriptor(daemon, kind):
+    """A signal handler's exception during connect() leaked the wake-up pipe (two
+    descriptors per interrupted connect(), for ever: the caller gets no Client to
+    close, and an int holds no descriptor for the collector to close) where it came
+    after the pipe was made and before the hello; the socket was closed by its own
+    object.  Now every point of connect() in turn is interrupted and leaves this
+    process's descriptors as they were (the wake-up pair is owned by objects too,
+    and anything failing or interrupted after the socket is made closes both), and
+    the daemon holds no connection of it."""
+    c_calls, py_calls = kind == "c-return", kind == "python-call"
+
+    def connections():  # this process's connections the daemon holds, besides the asking
+        with dspk.connect(daemon.socket, timeout=TIMEOUT) as q:
+            return sum(1 for x in q.status()["clients"]
+                       if x.get("pid") == os.getpid() and not x["self"])
+    held = connections()
+    gc.collect()
+    before = _descriptors()
+    prof, seen = _interrupt_at(10 ** 9, c_calls, py_calls)
+    sys.setprofile(prof)
+    try:
+        c = dspk.connect(daemon.socket, timeout=TIMEOUT)
+    finally:
+        sys.setprofile(None)
+    points = seen[0]
+    c.close()
+    del c
+    assert points > 20, points
+    hit = 0
+    for n in range(points):
+        prof, seen = _interrupt_at(n, c_calls, py_calls)
+        c = None
+        sys.setprofile(prof)
+        try:
+            c = dspk.connect(daemon.socket, timeout=TIMEOUT)
+        except _Injected:
+            hit += 1
+        finally:
+            sys.setprofile(None)
+        if c is not None:  # the point came later this time (more reads of the hello)
+            c.close()
+            c = None
+        gc.collect()
+        after = _descriptors()
+        assert after == before, (n, points, {k: v for k, v in after.items()
+                                             if before.get(k) != v})
+    assert hit > points // 2, (hit, points)
+    assert connections() == held
+
+
+@pytest.mark.parametrize("kind", ["c-return", "python-call"])
+def test_an_interrupted_empty_shared_leaves_no_descriptor(daemon, kind):
+    """The same for the memfd of a shared array (and of a shared temporary): an
+    interruption right after memfd_create returned dropped its descriptor, a bare
+    int, for good.  Now the memfd is owned by an object from the start (made in one
+    chain of C calls) and every point of empty_shared() in turn leaves this process's
+    descriptors as they were, and no daemon buffer behind."""
+    c_calls, py_calls = kind == "c-return", kind == "python-call"
+    c = dspk.connect(daemon.socket, timeout=TIMEOUT)
+    gc.collect()
+    before = _descriptors()
+    prof, seen = _interrupt_at(10 ** 9, c_calls, py_calls)
+    sys.setprofile(prof)
+    try:
+        s = c.empty_shared(64)
+    finally:
+        sys.setprofile(None)
+    points = seen[0]
+    del s
+    assert points > 10, points
+    hit = 0
+    for n in range(points):
+        prof, seen = _interrupt_at(n, c_calls, py_calls)
+        made = []
+        sys.setprofile(prof)
+        try:
+            made.append(c.empty_shared(64))
+        except _Injected:
+            hit += 1
+        except dspk.Closed:  # a message was cut: the connection is closed
+            pass
+        finally:
+            sys.setprofile(None)
+        del made[:]  # the array made, if any: collected with its memory
+        if c.closed:
+            c.close()
+            gc.collect()
+            after = _descriptors()
+            assert set(after) <= set(before), (n, points, {k: v for k, v in after.items()
+                                                           if before.get(k) != v})
+            c = dspk.connect(daemon.socket, timeout=TIMEOUT)
+            gc.collect()
+            before = _descriptors()
+        gc.collect()
+        after = _descriptors()
+        assert after == before, (n, points, {k: v for k, v in after.items()
+                                             if before.get(k) != v})
+    assert hit > points // 2, (hit, points)
+    _check_unstuck(c, temps=c_calls)
+
+
 def test_close_returns_while_another_thread_holds_the_send_lock(daemon):
     """close() waited for the send lock: a thread holding it (or an interruption that
     lost it) blocked close() for ever.  Now close() returns at once, later calls
