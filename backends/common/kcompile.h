@@ -54,6 +54,12 @@ int dspk__kcompile_run(struct dspk__kcompile_spare *spare, const char *exe, cons
                        const char *src, size_t len, atomic_int *cancel, void **bin,
                        size_t *binlen, char *log, size_t loglen);
 
+/* Starts a spare child for lang ahead of its first compile when spare has
+ * none (the next dspk__kcompile_run for lang takes it); nothing when it
+ * cannot start (that run starts one). */
+void dspk__kcompile_spare_start(struct dspk__kcompile_spare *spare, const char *exe,
+                                const char *lang);
+
 /* Ends the spare child, if any (a device's close). */
 void dspk__kcompile_spare_end(struct dspk__kcompile_spare *spare);
 

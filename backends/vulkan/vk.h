@@ -225,6 +225,8 @@ struct dspk__vk_cmd {
 struct dspk__dev {
   struct dspk__devenv env;
   struct dspk__kcompile_spare kspare; /* clients' compiles (kcompile.h) */
+  /* A software device's trials of clients' pipelines (vk_shader.c). */
+  struct dspk__kcompile_spare pspare;
   int index;
   VkPhysicalDevice pd;
   VkPhysicalDeviceProperties props;
@@ -363,6 +365,12 @@ int dspk__vk_kernel(struct dspk__dev *d, const char *name, const char *src,
                     int nbind, uint32_t pcsize, struct dspk__vk_kernel **out,
                     struct dspk__opctx *ctx);
 void dspk__vk_kernels_fini(struct dspk__dev *d);
+/* The backend's table (vk_backend.c). */
+extern const struct dspk__backend dspk__backend_vulkan;
+/* The child's side of a raw kernel's pipeline tried first on a software
+ * device (vk_shader.c): `EXE --kernel-compile vkpipe:SPEC`, SPEC being
+ * INDEX:UUID of the daemon's device.  Returns the exit status. */
+int dspk__vk_trial_main(const char *spec);
 /* Checks the resources valid SPIR-V module w (nw words) uses at entry point
  * entry against a layout of nbind storage buffers (bindings 0 .. nbind-1 of
  * set 0) and pcsize push-constant bytes, and its work-group size and shared
