@@ -61,8 +61,19 @@ static int spawn(struct dspk__kcompile_spare *s, const char *exe, const char *la
     close(sv[1]);
     return rc;
   }
-  /* dup2 onto 0 and 1 clears close-on-exec there. */
-  rc = posix_spawn_file_actions_init(&fa);
+  /* dup2 onto 0 and 1 clears close-on-exec there.  The child starts with
+   * no signal blocked (the runner thread that spawns it blocks the
+   * daemon's): a compiler's or driver's own raise() of SIGSEGV or SIGABRT,
+   * and RLIMIT_CPU's SIGXCPU, end it as they would any process. */
+  posix_spawnattr_t at;
+  sigset_t none;
+  sigemptyset(&none);
+  rc = posix_spawnattr_init(&at);
+  if (rc == 0 && ((rc = posix_spawnattr_setsigmask(&at, &none)) != 0 ||
+                  (rc = posix_spawnattr_setflags(&at, POSIX_SPAWN_SETSIGMASK)) != 0))
+    posix_spawnattr_destroy(&at);
+  if (rc == 0 && (rc = posix_spawn_file_actions_init(&fa)) != 0)
+    posix_spawnattr_destroy(&at);
   if (rc == 0) {
     rc = posix_spawn_file_actions_adddup2(&fa, sv[1], 0);
     if (rc == 0)
@@ -70,8 +81,9 @@ static int spawn(struct dspk__kcompile_spare *s, const char *exe, const char *la
     if (rc == 0)
       rc = posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
     if (rc == 0)
-      rc = posix_spawn(&pid, exe, &fa, NULL, argv, environ);
+      rc = posix_spawn(&pid, exe, &fa, &at, argv, environ);
     posix_spawn_file_actions_destroy(&fa);
+    posix_spawnattr_destroy(&at);
   }
   close(sv[1]);
   close(p[1]);

@@ -33,6 +33,7 @@
 #include "proto/utf8.h"
 #include "backends/vulkan/vk.h"
 #include "cache/cache.h"
+#include "proto/testhook.h"
 
 #define STR2(x) #x
 #define STR(x) STR2(x)
@@ -457,6 +458,9 @@ static int trial_fn(void *ud, const char *in, size_t len, void **bin, size_t *bi
   memcpy(entry, in + sizeof h, h[2]);
   entry[h[2]] = 0;
   struct dspk__opctx ctx = {.errmsg = log, .errmsg_len = loglen};
+  /* A test build's stand-in for a driver that faults on a module. */
+  if (DSPK_TEST_HOOK("DSPK_VK_TRIAL_FAULT"))
+    raise(SIGSEGV);
   /* in is malloc'd (kcompile.c): its words are aligned. */
   int r = make_pipeline(g_trial_dev, (const uint32_t *)(const void *)(in + at), len - at,
                         entry, (int)h[0], h[1], 1, &k, &ctx);

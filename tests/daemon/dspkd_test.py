@@ -1630,7 +1630,9 @@ def t_kernelbuild(exe, tmp):
     kernel), so the kernel is ELIMIT within them and another client's task
     on the device is answered meanwhile or right after (it waited for the
     whole build, minutes, in the daemon).  A normal raw kernel still runs,
-    and the daemon stops at once on SIGTERM."""
+    and the daemon stops at once on SIGTERM.  A fault of the driver while it
+    makes a client's pipeline is that client's ECOMPILE, not the daemon's
+    end."""
     d = Daemon(exe, tmp, ["--backends", "cpu,vulkan", "--no-cache"])
     a, b = d.client(), d.client()
     vk = [x["id"] for x in a.call("devices", {})["devices"]
@@ -1668,6 +1670,20 @@ def t_kernelbuild(exe, tmp):
     t0 = time.monotonic()
     d.stop()
     check(time.monotonic() - t0 < 10, "stopped in %.1f s" % (time.monotonic() - t0))
+    # A driver that faults making a client's pipeline (the test build's
+    # DSPK_VK_TRIAL_FAULT: the trial child ends on SIGSEGV) costs that
+    # client ECOMPILE; the daemon goes on (it used to fault in the daemon).
+    d = Daemon(exe, tmp, ["--backends", "cpu,vulkan", "--no-cache"],
+               env=dict(os.environ, DSPK_VK_TRIAL_FAULT="1"))
+    c = d.client()
+    e = c.expect_error("ECOMPILE", "task.run", glsl_task(vk[0], KERNEL_OK))
+    check("kernel: the driver failed on this kernel (signal 11)" in e.err["message"],
+          "the message: %r" % e.err["message"])
+    got = array(c.call("task.run", {"op": "map", "device": vk[0], "options": {"fn": "abs"},
+                                    "inputs": [tensor(np.array([-4], np.float32))]})["outputs"][0])
+    check(list(got) == [4], "the device runs the next task: %r" % got)
+    c.close()
+    d.stop()
 
 
 def t_firvk(exe, tmp):
