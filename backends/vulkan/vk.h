@@ -359,7 +359,10 @@ int dspk__vk_glsl_to_spirv(struct dspk__dev *d, const char *name,
 /* Returns the kernel for GLSL src (or, when spirv is non-NULL, for that
  * SPIR-V binary of nbytes) with nbind storage-buffer bindings and pcsize
  * push-constant bytes: from the device's table, else compiled.  The device
- * owns it.  entry is the SPIR-V entry point ("main"). */
+ * owns it.  entry is the SPIR-V entry point ("main").  A client's kernel
+ * (name "raw") on a software device whose env has a compile_exe is first
+ * made into a pipeline by that child (vk_shader.c): DSPK_ELIMIT past its
+ * limits, DSPK_ECOMPILE when the driver crashed there. */
 int dspk__vk_kernel(struct dspk__dev *d, const char *name, const char *src,
                     const void *spirv, size_t nbytes, const char *entry,
                     int nbind, uint32_t pcsize, struct dspk__vk_kernel **out,
