@@ -231,7 +231,8 @@ int dspk__kcompile_run(struct dspk__kcompile_spare *spare, const char *exe, cons
                    trial ? "driver" : "compiler", trial ? "kernel" : "source", sig);
   } else if (!WIFEXITED(st) || WEXITSTATUS(st) != 0 || n < 4) {
     rc = DSPK_EIO;
-    dspk__format(log, loglen, "kernel: the compiler's process gave no answer");
+    dspk__format(log, loglen, "kernel: the %s process gave no answer",
+                 trial ? "pipeline trial's" : "compiler's");
   }
   if (rc) {
     free(buf);
