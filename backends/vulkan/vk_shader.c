@@ -396,8 +396,9 @@ static int make_pipeline(struct dspk__dev *d, const uint32_t *spv, size_t nbytes
 
 /* ---- a client's pipeline tried first in a child (software devices) -------- */
 
-/* On a software device (lavapipe) making a pipeline is LLVM compiling the
- * shader on the CPU, and a tiny module can make it take minutes and GiBs
+/* On a software device (lavapipe) a pipeline's shader is compiled by LLVM
+ * on the CPU (at its first dispatch), and a tiny module can make that take
+ * minutes and GiBs
  * (a dynamically indexed local array of a few thousand floats, which the
  * zero-initialisation of vk_spvzero.c makes a large constant store): on the
  * device's runner thread that holds every user's work there, and a fault of
@@ -511,8 +512,8 @@ int dspk__vk_trial_main(const char *spec) {
   _exit(dspk__kcompile_serve(trial_fn, NULL, NULL));
 }
 
-/* The trial of the pipeline of module spv (nbytes) in a child, on a
- * software device of a daemon (see above); 0 elsewhere. */
+/* Whether d tries clients' pipelines first (a software device of a
+ * daemon), and then the child's LANG. */
 static int trial_lang(struct dspk__dev *d, char lang[64]) {
   if (!d->env.compile_exe || d->props.deviceType != VK_PHYSICAL_DEVICE_TYPE_CPU)
     return 0;
@@ -528,6 +529,8 @@ static void trial_ahead(struct dspk__dev *d) {
     dspk__kcompile_spare_start(&d->pspare, d->env.compile_exe, lang);
 }
 
+/* The trial of the pipeline of module spv (nbytes) in a child where d
+ * tries them (see above); 0 elsewhere. */
 static int trial_pipeline(struct dspk__dev *d, const uint32_t *spv, size_t nbytes,
                           const char *entry, int nbind, uint32_t pcsize,
                           struct dspk__opctx *ctx) {
