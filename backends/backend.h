@@ -51,8 +51,9 @@ struct dspk__devenv {
   const char *measure_exe;
   /* An executable that runs `EXE --kernel-compile LANG` (dspkd: itself),
    * where a client's raw-kernel source is compiled under the memory and time
-   * limits of backends/common/kcompile.h; NULL: compiled in this process,
-   * without them (for tests and tools, never the daemon). */
+   * limits of backends/common/kcompile.h, and where a software Vulkan device
+   * first makes a raw kernel's pipeline under them; NULL: compiled and made
+   * in this process, without them (for tests and tools, never the daemon). */
   const char *compile_exe;
 };
 

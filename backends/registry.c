@@ -40,6 +40,7 @@ const char *const dspk__known_backends[] = {"cpu", "cuda", "vulkan", "hip", NULL
 
 #ifdef DSPK_HAVE_VULKAN
 int dspk__vk_compile_main(void); /* backends/vulkan/vk_shader.c */
+int dspk__vk_trial_main(const char *spec); /* backends/vulkan/vk_shader.c */
 #endif
 #ifdef DSPK_HAVE_CUDA
 int dspk__cuda_compile_main(const char *arch); /* backends/cuda/backend.c */
@@ -53,6 +54,8 @@ int dspk__kernel_compile_main(const char *lang) {
 #ifdef DSPK_HAVE_VULKAN
   if (strcmp(lang, "glsl") == 0)
     return dspk__vk_compile_main();
+  if (strncmp(lang, "vkpipe:", 7) == 0)
+    return dspk__vk_trial_main(lang + 7);
 #endif
 #ifdef DSPK_HAVE_CUDA
   if (strncmp(lang, "cuda:", 5) == 0)

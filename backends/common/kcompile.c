@@ -61,8 +61,19 @@ static int spawn(struct dspk__kcompile_spare *s, const char *exe, const char *la
     close(sv[1]);
     return rc;
   }
-  /* dup2 onto 0 and 1 clears close-on-exec there. */
-  rc = posix_spawn_file_actions_init(&fa);
+  /* dup2 onto 0 and 1 clears close-on-exec there.  The child starts with
+   * no signal blocked (the runner thread that spawns it blocks the
+   * daemon's): a compiler's or driver's own raise() of SIGSEGV or SIGABRT,
+   * and RLIMIT_CPU's SIGXCPU, end it as they would any process. */
+  posix_spawnattr_t at;
+  sigset_t none;
+  sigemptyset(&none);
+  rc = posix_spawnattr_init(&at);
+  if (rc == 0 && ((rc = posix_spawnattr_setsigmask(&at, &none)) != 0 ||
+                  (rc = posix_spawnattr_setflags(&at, POSIX_SPAWN_SETSIGMASK)) != 0))
+    posix_spawnattr_destroy(&at);
+  if (rc == 0 && (rc = posix_spawn_file_actions_init(&fa)) != 0)
+    posix_spawnattr_destroy(&at);
   if (rc == 0) {
     rc = posix_spawn_file_actions_adddup2(&fa, sv[1], 0);
     if (rc == 0)
@@ -70,8 +81,9 @@ static int spawn(struct dspk__kcompile_spare *s, const char *exe, const char *la
     if (rc == 0)
       rc = posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
     if (rc == 0)
-      rc = posix_spawn(&pid, exe, &fa, NULL, argv, environ);
+      rc = posix_spawn(&pid, exe, &fa, &at, argv, environ);
     posix_spawn_file_actions_destroy(&fa);
+    posix_spawnattr_destroy(&at);
   }
   close(sv[1]);
   close(p[1]);
@@ -85,6 +97,14 @@ static int spawn(struct dspk__kcompile_spare *s, const char *exe, const char *la
   s->out = p[0];
   snprintf(s->lang, sizeof s->lang, "%s", lang);
   return 0;
+}
+
+void dspk__kcompile_spare_start(struct dspk__kcompile_spare *s, const char *exe,
+                                const char *lang) {
+  if (s->pid > 0)
+    return;
+  if (spawn(s, exe, lang) != 0)
+    memset(s, 0, sizeof *s);
 }
 
 void dspk__kcompile_spare_end(struct dspk__kcompile_spare *s) {
@@ -179,15 +199,18 @@ int dspk__kcompile_run(struct dspk__kcompile_spare *spare, const char *exe, cons
   if (spare && spawn(spare, exe, lang) != 0)
     memset(spare, 0, sizeof *spare);
   rc = 0;
+  /* "vkpipe:..." is the trial of a Vulkan pipeline (vk_shader.c), the
+   * driver's work; every other language is a compiler's. */
+  int trial = strncmp(lang, "vkpipe:", 7) == 0;
+  const char *doing = trial ? "making the kernel's pipeline" : "compiling the source";
   if (canceled) {
     rc = DSPK_ECANCELED;
     dspk__format(log, loglen, "the task was canceled");
   } else if (timed_out || (WIFSIGNALED(st) && WTERMSIG(st) == SIGXCPU)) {
     rc = DSPK_ELIMIT;
     dspk__format(log, loglen,
-                 "kernel: compiling the source took longer than the %d s a client's kernel "
-                 "compile may take",
-                 DSPK__KCOMPILE_TIME_S);
+                 "kernel: %s took longer than the %d s a client's kernel compile may take",
+                 doing, DSPK__KCOMPILE_TIME_S);
   } else if (too_long) {
     rc = DSPK_ELIMIT;
     dspk__format(log, loglen, "kernel: the compiled code is larger than %u MiB",
@@ -200,14 +223,16 @@ int dspk__kcompile_run(struct dspk__kcompile_spare *spare, const char *exe, cons
     rc = sig == 0 || sig == SIGABRT || sig == SIGKILL ? DSPK_ELIMIT : DSPK_ECOMPILE;
     if (rc == DSPK_ELIMIT)
       dspk__format(log, loglen,
-                   "kernel: compiling the source needed more than the %d MiB of memory a "
-                   "client's kernel compile may use",
-                   DSPK__KCOMPILE_MEM_MIB);
+                   "kernel: %s needed more than the %d MiB of memory a client's kernel "
+                   "compile may use",
+                   doing, DSPK__KCOMPILE_MEM_MIB);
     else
-      dspk__format(log, loglen, "kernel: the compiler failed on this source (signal %d)", sig);
+      dspk__format(log, loglen, "kernel: the %s failed on this %s (signal %d)",
+                   trial ? "driver" : "compiler", trial ? "kernel" : "source", sig);
   } else if (!WIFEXITED(st) || WEXITSTATUS(st) != 0 || n < 4) {
     rc = DSPK_EIO;
-    dspk__format(log, loglen, "kernel: the compiler's process gave no answer");
+    dspk__format(log, loglen, "kernel: the %s process gave no answer",
+                 trial ? "pipeline trial's" : "compiler's");
   }
   if (rc) {
     free(buf);

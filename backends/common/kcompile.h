@@ -11,6 +11,11 @@
  * the task fails with DSPK_ELIMIT (docs/protocol.md, kernel).  A crash of
  * the compiler ends the child too, never the daemon.  The daemon's own
  * generated kernels are compiled in process (they are ours, and small).
+ * The same child, as `EXE --kernel-compile vkpipe:INDEX:UUID`, makes a raw
+ * kernel's Vulkan pipeline first on a software device (vk_shader.c: the
+ * driver's LLVM compile, which a tiny module can make take minutes); the
+ * messages then name "making the kernel's pipeline" and "the driver".  A
+ * child starts with no signal blocked, whatever the runner thread blocks.
  *
  * Each child compiles one source.  A compiler's first compile sets up its
  * built-in tables (glslang: about 0.2 s of CPU), so a device keeps one
@@ -53,6 +58,12 @@ struct dspk__kcompile_spare {
 int dspk__kcompile_run(struct dspk__kcompile_spare *spare, const char *exe, const char *lang,
                        const char *src, size_t len, atomic_int *cancel, void **bin,
                        size_t *binlen, char *log, size_t loglen);
+
+/* Starts a spare child for lang ahead of its first compile when spare has
+ * none (the next dspk__kcompile_run for lang takes it); nothing when it
+ * cannot start (that run starts one). */
+void dspk__kcompile_spare_start(struct dspk__kcompile_spare *spare, const char *exe,
+                                const char *lang);
 
 /* Ends the spare child, if any (a device's close). */
 void dspk__kcompile_spare_end(struct dspk__kcompile_spare *spare);

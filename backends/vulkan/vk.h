@@ -225,6 +225,8 @@ struct dspk__vk_cmd {
 struct dspk__dev {
   struct dspk__devenv env;
   struct dspk__kcompile_spare kspare; /* clients' compiles (kcompile.h) */
+  /* A software device's trials of clients' pipelines (vk_shader.c). */
+  struct dspk__kcompile_spare pspare;
   int index;
   VkPhysicalDevice pd;
   VkPhysicalDeviceProperties props;
@@ -357,12 +359,21 @@ int dspk__vk_glsl_to_spirv(struct dspk__dev *d, const char *name,
 /* Returns the kernel for GLSL src (or, when spirv is non-NULL, for that
  * SPIR-V binary of nbytes) with nbind storage-buffer bindings and pcsize
  * push-constant bytes: from the device's table, else compiled.  The device
- * owns it.  entry is the SPIR-V entry point ("main"). */
+ * owns it.  entry is the SPIR-V entry point ("main").  A client's kernel
+ * (name "raw") on a software device whose env has a compile_exe is first
+ * made into a pipeline by that child (vk_shader.c): DSPK_ELIMIT past its
+ * limits, DSPK_ECOMPILE when the driver crashed there. */
 int dspk__vk_kernel(struct dspk__dev *d, const char *name, const char *src,
                     const void *spirv, size_t nbytes, const char *entry,
                     int nbind, uint32_t pcsize, struct dspk__vk_kernel **out,
                     struct dspk__opctx *ctx);
 void dspk__vk_kernels_fini(struct dspk__dev *d);
+/* The backend's table (vk_backend.c). */
+extern const struct dspk__backend dspk__backend_vulkan;
+/* The child's side of a raw kernel's pipeline tried first on a software
+ * device (vk_shader.c): `EXE --kernel-compile vkpipe:SPEC`, SPEC being
+ * INDEX:UUID of the daemon's device.  Returns the exit status. */
+int dspk__vk_trial_main(const char *spec);
 /* Checks the resources valid SPIR-V module w (nw words) uses at entry point
  * entry against a layout of nbind storage buffers (bindings 0 .. nbind-1 of
  * set 0) and pcsize push-constant bytes, and its work-group size and shared

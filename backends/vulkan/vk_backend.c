@@ -671,6 +671,7 @@ static void vk_close(struct dspk__dev *d) {
   if (!d)
     return;
   dspk__kcompile_spare_end(&d->kspare);
+  dspk__kcompile_spare_end(&d->pspare);
   if (d->dev) {
     dspk__vk_submit(d);
     VK(DeviceWaitIdle)(d->dev);

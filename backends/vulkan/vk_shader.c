@@ -20,6 +20,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <unistd.h>
 
 #include <glslang/Include/glslang_c_interface.h>
 #include <glslang/Public/resource_limits_c.h>
@@ -30,6 +33,7 @@
 #include "proto/utf8.h"
 #include "backends/vulkan/vk.h"
 #include "cache/cache.h"
+#include "proto/testhook.h"
 
 #define STR2(x) #x
 #define STR(x) STR2(x)
@@ -390,6 +394,168 @@ static int make_pipeline(struct dspk__dev *d, const uint32_t *spv, size_t nbytes
   return 0;
 }
 
+/* ---- a client's pipeline tried first in a child (software devices) -------- */
+
+/* On a software device (lavapipe) a pipeline's shader is compiled by LLVM
+ * on the CPU (at its first dispatch), and a tiny module can make that take
+ * minutes and GiBs
+ * (a dynamically indexed local array of a few thousand floats, which the
+ * zero-initialisation of vk_spvzero.c makes a large constant store): on the
+ * device's runner thread that holds every user's work there, and a fault of
+ * the driver would end the daemon.  So the final module (validated,
+ * zero-initialised, marked) is first made into a pipeline by a child,
+ * `EXE --kernel-compile vkpipe:INDEX:UUID`, which opens the same device
+ * with this backend's own code (the same features, robustness and
+ * extensions) under the limits of backends/common/kcompile.h: past its time
+ * or memory the task is DSPK_ELIMIT, a crash of the driver there is
+ * DSPK_ECOMPILE, and only a module the child made a pipeline of is made in
+ * the daemon (where Mesa's shader cache, when on, usually serves what the
+ * child compiled).  The child's input: nbind, pcsize and the entry's
+ * length (3 native u32), the entry padded to 4 bytes, the module. */
+
+static struct dspk__dev *g_trial_dev; /* the child's device */
+
+static int bind_kernel(struct dspk__dev *d, struct dspk__vk_kernel *k,
+                       const struct dspk__vk_bind *b, int nb, const void *pc, uint32_t pcsize,
+                       VkCommandBuffer *cbp);
+
+/* lavapipe compiles a pipeline's shader with LLVM when it is first
+ * dispatched, not when it is made: the trial dispatches it over no work
+ * groups (no invocation runs: the client's code never runs here), every
+ * binding a 4-byte range of one block. */
+static int trial_dispatch(struct dspk__dev *d, struct dspk__vk_kernel *k) {
+  struct dspk__vk_bind b[DSPK__VK_MAX_BIND];
+  struct dspk__mem *m = NULL;
+  VkCommandBuffer cb;
+  uint8_t pc[DSPK__VK_PC_MAX] = {0};
+  int r = dspk__vk_alloc(d, 64, &m);
+  if (r)
+    return r;
+  for (int i = 0; i < k->nbind; i++)
+    b[i] = (struct dspk__vk_bind){.buf = m->buf, .off = m->off, .range = 4};
+  r = bind_kernel(d, k, b, k->nbind, pc, k->pcsize, &cb);
+  if (!r) {
+    VK(CmdDispatch)(cb, 0, 0, 0);
+    if (!(r = dspk__vk_submit(d)))
+      r = dspk__vk_wait_value(d, d->submitted);
+  }
+  dspk__vk_free(d, m);
+  return r;
+}
+
+static int trial_fn(void *ud, const char *in, size_t len, void **bin, size_t *binlen,
+                    char *log, size_t loglen) {
+  uint32_t h[3];
+  struct dspk__vk_kernel k = {0};
+  char entry[256];
+  (void)ud;
+  if (len < sizeof h)
+    return DSPK_EINVAL;
+  memcpy(h, in, sizeof h);
+  size_t at = sizeof h + ((h[2] + 3) & ~(size_t)3);
+  if (h[2] >= sizeof entry || at > len || (len - at) % 4 || h[0] > DSPK__VK_MAX_BIND ||
+      h[1] > DSPK__VK_PC_MAX)
+    return DSPK_EINVAL;
+  memcpy(entry, in + sizeof h, h[2]);
+  entry[h[2]] = 0;
+  struct dspk__opctx ctx = {.errmsg = log, .errmsg_len = loglen};
+  /* A test build's stand-in for a driver that faults on a module. */
+  if (DSPK_TEST_HOOK("DSPK_VK_TRIAL_FAULT"))
+    raise(SIGSEGV);
+  /* in is malloc'd (kcompile.c): its words are aligned. */
+  int r = make_pipeline(g_trial_dev, (const uint32_t *)(const void *)(in + at), len - at,
+                        entry, (int)h[0], h[1], 1, &k, &ctx);
+  if (!r)
+    r = trial_dispatch(g_trial_dev, &k);
+  kernel_destroy(g_trial_dev, &k);
+  if (r)
+    return r;
+  *bin = NULL;
+  *binlen = 0;
+  return 0;
+}
+
+int dspk__vk_trial_main(const char *spec) {
+  struct dspk__devinfo info[16];
+  char why[256], *end;
+  uint32_t *spv = NULL;
+  size_t nw = 0;
+  /* Ends with the daemon's thread that asked, even while the device opens. */
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  long index = strtol(spec, &end, 10);
+  if (end == spec || *end != ':' || index < 0)
+    return 2;
+  int n = dspk__backend_vulkan.probe(info, 16, why, sizeof why);
+  /* The daemon's device, the same in this process's list. */
+  if (index >= n || strcmp(info[index].uuid, end + 1) != 0)
+    return 2;
+  if (dspk__backend_vulkan.open((int)index, NULL, &g_trial_dev) != 0)
+    return 2;
+  /* A first pipeline sets up the driver's compiler before the client's
+   * module arrives (kcompile.h, spare). */
+  static const char warm[] =
+      "#version 450\nlayout(local_size_x = 64) in;\n"
+      "layout(std430, binding = 0) buffer A { float a[]; };\n"
+      "layout(std430, binding = 1) buffer B { float b[]; };\n"
+      "layout(push_constant) uniform P { uint n; float s; };\n"
+      "void main() { float t[4]; uint i = gl_GlobalInvocationID.x; t[i & 3u] = a[i];\n"
+      "  if (i < n) b[i] = t[n & 3u] * s + sqrt(a[i]); }\n";
+  if (compile(warm, &spv, &nw, why, sizeof why) == 0) {
+    struct dspk__vk_kernel k = {0};
+    if (make_pipeline(g_trial_dev, spv, nw * 4, "main", 2, 8, 1, &k, NULL) == 0)
+      trial_dispatch(g_trial_dev, &k);
+    kernel_destroy(g_trial_dev, &k);
+    free(spv);
+  }
+  /* The process ends once it answered, without closing the device (the
+   * daemon waits for its end). */
+  _exit(dspk__kcompile_serve(trial_fn, NULL, NULL));
+}
+
+/* Whether d tries clients' pipelines first (a software device of a
+ * daemon), and then the child's LANG. */
+static int trial_lang(struct dspk__dev *d, char lang[64]) {
+  if (!d->env.compile_exe || d->props.deviceType != VK_PHYSICAL_DEVICE_TYPE_CPU)
+    return 0;
+  snprintf(lang, 64, "vkpipe:%d:%s", d->index, d->uuid);
+  return 1;
+}
+
+/* A raw kernel is coming: its trial's child starts now, and sets up its
+ * device while the source compiles and the module is checked. */
+static void trial_ahead(struct dspk__dev *d) {
+  char lang[64];
+  if (d->pspare.pid <= 0 && trial_lang(d, lang))
+    dspk__kcompile_spare_start(&d->pspare, d->env.compile_exe, lang);
+}
+
+/* The trial of the pipeline of module spv (nbytes) in a child where d
+ * tries them (see above); 0 elsewhere. */
+static int trial_pipeline(struct dspk__dev *d, const uint32_t *spv, size_t nbytes,
+                          const char *entry, int nbind, uint32_t pcsize,
+                          struct dspk__opctx *ctx) {
+  char lang[64], log[1024] = "";
+  if (!trial_lang(d, lang))
+    return 0;
+  size_t elen = strlen(entry), at = 12 + ((elen + 3) & ~(size_t)3);
+  uint32_t h[3] = {(uint32_t)nbind, pcsize, (uint32_t)elen};
+  void *bin = NULL;
+  size_t binlen = 0;
+  char *in = calloc(1, at + nbytes);
+  if (!in)
+    return DSPK_ENOMEM;
+  memcpy(in, h, sizeof h);
+  memcpy(in + sizeof h, entry, elen);
+  memcpy(in + at, spv, nbytes);
+  int r = dspk__kcompile_run(&d->pspare, d->env.compile_exe, lang, in, at + nbytes,
+                             ctx ? ctx->cancel : NULL, &bin, &binlen, log, sizeof log);
+  free(in);
+  free(bin);
+  if (r && r != DSPK_ENOMEM)
+    dspk__vk_fail(ctx, r, "%s", log[0] ? log : "kernel: the pipeline could not be made");
+  return r;
+}
+
 /* A use of k served from memory: recent in the table, and in the
  * persistent cache (batched there, no write per use). */
 static void kernel_used(struct dspk__dev *d, struct dspk__vk_kernel *k) {
@@ -469,6 +635,8 @@ int dspk__vk_kernel(struct dspk__dev *d, const char *name, const char *src,
   size_t nwords = 0;
   char cache_id[DSPK__HASH_HEX] = "";
   int r;
+  if (raw)
+    trial_ahead(d);
   if (!spirv) {
     char log[2048] = "";
     r = dspk__vk_glsl_to_spirv(d, name, src, raw ? ctx : NULL, &spv, &nwords, log,
@@ -537,7 +705,9 @@ int dspk__vk_kernel(struct dspk__dev *d, const char *name, const char *src,
     spirv = marked;
     nbytes = nw * 4;
   }
-  r = make_pipeline(d, spirv, nbytes, entry, nbind, pcsize, raw, k, ctx);
+  r = raw ? trial_pipeline(d, spirv, nbytes, entry, nbind, pcsize, ctx) : 0;
+  if (!r)
+    r = make_pipeline(d, spirv, nbytes, entry, nbind, pcsize, raw, k, ctx);
   free(marked);
   free(spv);
   if (r) {

@@ -1717,6 +1717,70 @@ def t_kernelbomb(exe, tmp):
     d.stop()
 
 
+def t_kernelbuild(exe, tmp):
+    """A tiny raw kernel whose pipeline takes the driver minutes to make
+    (lavapipe: a dynamically indexed local array of 3000 floats, which the
+    daemon zero-initialises) cannot hold the software device: the pipeline
+    is tried first in the compile child under its limits (docs/protocol.md,
+    kernel), so the kernel is ELIMIT within them and another client's task
+    on the device is answered meanwhile or right after (it waited for the
+    whole build, minutes, in the daemon).  A normal raw kernel still runs,
+    and the daemon stops at once on SIGTERM.  A fault of the driver while it
+    makes a client's pipeline is that client's ECOMPILE, not the daemon's
+    end."""
+    d = Daemon(exe, tmp, ["--backends", "cpu,vulkan", "--no-cache"])
+    a, b = d.client(), d.client()
+    vk = [x["id"] for x in a.call("devices", {})["devices"]
+          if x["backend"] == "vulkan" and x.get("software")]
+    if not vk:
+        a.close()
+        b.close()
+        d.stop()
+        raise Skip("no software vulkan device")
+    out = a.call("task.run", glsl_task(vk[0], KERNEL_OK))["outputs"]
+    check(array(out[0])[0] == 7.0, "a normal raw kernel runs")
+    slow = KERNEL_OK.split("\n")[:3] + [
+        "void main() { float loc[3000]; loc[uint(x[0])] = x[1] + %d.0; "
+        "x[2] = loc[uint(x[3])]; }" % random.randrange(1 << 20), ""]
+    slow = "\n".join(slow)
+    t0 = time.monotonic()
+    ma = a.send("task.run", glsl_task(vk[0], slow))
+    mb = b.send("task.run", {"op": "map", "device": vk[0], "options": {"fn": "abs"},
+                             "inputs": [tensor(np.array([-1, 2, -3], np.float32))]})
+    try:
+        a.wait(ma)
+        raise AssertionError("the slow kernel ran")
+    except RpcError as e:
+        check(e.name == "ELIMIT", "the slow kernel: %s %s" % (e.name, e.err.get("message")))
+        check("making the kernel's pipeline took longer than the 5 s" in e.err["message"],
+              "the message names the limit: %r" % e.err["message"])
+    took = time.monotonic() - t0
+    check(took < 20, "the slow kernel's answer took %.1f s" % took)
+    got = array(b.wait(mb)["outputs"][0])
+    check(list(got) == [1, 2, 3], "the other client's map: %r" % got)
+    out = a.call("task.run", glsl_task(vk[0], KERNEL_OK.replace("7.0", "8.0")))["outputs"]
+    check(array(out[0])[0] == 8.0, "a normal raw kernel runs after")
+    a.close()
+    b.close()
+    t0 = time.monotonic()
+    d.stop()
+    check(time.monotonic() - t0 < 10, "stopped in %.1f s" % (time.monotonic() - t0))
+    # A driver that faults making a client's pipeline (the test build's
+    # DSPK_VK_TRIAL_FAULT: the trial child ends on SIGSEGV) costs that
+    # client ECOMPILE; the daemon goes on (it used to fault in the daemon).
+    d = Daemon(exe, tmp, ["--backends", "cpu,vulkan", "--no-cache"],
+               env=dict(os.environ, DSPK_VK_TRIAL_FAULT="1"))
+    c = d.client()
+    e = c.expect_error("ECOMPILE", "task.run", glsl_task(vk[0], KERNEL_OK))
+    check("kernel: the driver failed on this kernel (signal 11)" in e.err["message"],
+          "the message: %r" % e.err["message"])
+    got = array(c.call("task.run", {"op": "map", "device": vk[0], "options": {"fn": "abs"},
+                                    "inputs": [tensor(np.array([-4], np.float32))]})["outputs"][0])
+    check(list(got) == [4], "the device runs the next task: %r" % got)
+    c.close()
+    d.stop()
+
+
 def t_firvk(exe, tmp):
     """Issue 18: fir on the Vulkan device (lavapipe in CI) through dspkd
     against numpy's convolution: long filters (from 128 taps the software
@@ -4579,6 +4643,7 @@ GROUPS = {
     "sockmode": t_sockmode,
     "kernelfs": t_kernelfs,
     "kernelbomb": t_kernelbomb,
+    "kernelbuild": t_kernelbuild,
     "detached": t_detached,
     "stdfds": t_stdfds,
     "cacheputfail": t_cacheputfail,
