@@ -239,14 +239,18 @@ struct dspk__shm {
 static inline bool dspk__operand_needs_shm(const dspk_client *c, size_t n) {
   return n >= c->send_max / 2;
 }
-/* The same for the one result of a task, of at most n bytes: half
- * max_message or more, or more than an inline result may carry
- * (max_message - 1024 bytes, protocol.md "Limits"; none at all for a
- * max_message of 1024 bytes or less). */
+/* The bytes an inline result may carry: max_message - 1024 (protocol.md
+ * "Limits"; none at all for a max_message of 1024 bytes or less). */
 #define DSPK__RESULT_FRAMING 1024
+static inline size_t dspk__result_inline_max(const dspk_client *c) {
+  return c->send_max > DSPK__RESULT_FRAMING ? c->send_max - DSPK__RESULT_FRAMING : 0;
+}
+/* The one result of a task, of at most n bytes, that goes through a shared
+ * temporary whatever the shared threshold: of half max_message or more
+ * (dspk.h), or more than an inline result may carry.  Only the latter
+ * fails the task when its temporary is refused; the other comes inline. */
 static inline bool dspk__result_needs_shm(const dspk_client *c, size_t n) {
-  size_t inl = c->send_max > DSPK__RESULT_FRAMING ? c->send_max - DSPK__RESULT_FRAMING : 0;
-  return n >= c->send_max / 2 || n > inl;
+  return n >= c->send_max / 2 || n > dspk__result_inline_max(c);
 }
 /* The reference for an inline operand of task `device` (items of isz
  * bytes): 1 with *id, *off when it lies in a shared allocation that can
@@ -270,7 +274,8 @@ void dspk__copy_wide(void *dst, const void *src, size_t n, int threads);
  * when the result comes back inline (below the threshold, "any" free to
  * choose a hardware device, no idle temporary fits and !may_wait; neither
  * of the first and last for a result that dspk__result_needs_shm), or a
- * negative code (also when such a result's temporary was refused). */
+ * negative code (also when the temporary of a result larger than
+ * dspk__result_inline_max was refused). */
 int dspk__shm_result(dspk_client *c, const char *device, size_t n, bool may_wait,
                      uint64_t *id);
 /* Bytes [off, off+n) of temporary id while it belongs to ticket, or NULL. */

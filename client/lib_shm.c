@@ -455,9 +455,9 @@ DSPK_EXPORT void dspk_set_shared_threshold(dspk_client *c, size_t bytes) {
  * (state 3): 1 with *out, 0 when the task's device rules it out (or, without
  * may_wait, when no idle one fits: making one, or learning what "any" is,
  * waits for an answer, which dspk_submit never does), or a negative code.
- * need: the bytes cannot cross the socket (dspk__operand_needs_shm,
- * dspk__result_needs_shm): the call waits as with may_wait, and a refused
- * temporary is the call's failure instead of 0. */
+ * need: the bytes cannot cross the socket (dspk__operand_needs_shm, a
+ * result above dspk__result_inline_max): the call waits as with may_wait,
+ * and a refused temporary is the call's failure instead of 0. */
 static int shm_temp(dspk_client *c, const char *device, size_t n, bool may_wait, bool need,
                     struct dspk__shm **out) {
   struct dspk__shm *best = NULL;
@@ -654,7 +654,8 @@ int dspk__shm_result(dspk_client *c, const char *device, size_t n, bool may_wait
   bool need = dspk__result_needs_shm(c, n);
   if (!need && (!c->shm_threshold || n < c->shm_threshold))
     return 0;
-  if ((rc = shm_temp(c, device, n, may_wait, need, &s)) != 1)
+  if ((rc = shm_temp(c, device, n, may_wait || need, n > dspk__result_inline_max(c),
+                     &s)) != 1)
     return rc;
   *id = s->id;
   return 1;

@@ -524,9 +524,10 @@ DSPK_EXPORT int dspk_shared_free(dspk_client *c, void *ptr);
  * be had all the same (refused by the daemon: max_buffers, a quota; or no
  * shared memory here, RLIMIT_FSIZE below its size included) is no failure of the task: its operand or result
  * crosses the socket instead, as with threshold 0.  Only one that cannot
- * (of half dspk_max_message or more, or a result too large to come back
- * inline) fails then, before anything is sent, with the refusal's code
- * and a dspk_last_error() that says a shared temporary was refused.
+ * (an operand of half dspk_max_message or more, a result of more than
+ * dspk_max_message - 1024 bytes) fails then, before anything is sent,
+ * with the refusal's code and a dspk_last_error() that says a shared
+ * temporary was refused.
  * A broken connection or a timeout (dspk_set_timeout) while one is made is
  * the call's failure as any other.
  * The default is DSPK_SHARED_THRESHOLD, or $DSPK_SHARED_THRESHOLD at

@@ -627,7 +627,8 @@ static void test_half_max_message_temporaries(void **state) {
 /* A result that cannot come back inline whose temporary the daemon refuses
  * (max_buffers, the one buffer taken) fails the task before it is sent,
  * saying so, as an operand does: it was sent anyway and the daemon refused
- * the inline result. */
+ * the inline result.  One of half max_message that an answer can carry
+ * comes inline then. */
 static void test_result_temporary_refused(void **state) {
   static float col[128];
   const int64_t sa[2] = {128, 1}, sb[2] = {1, 128};
@@ -651,6 +652,13 @@ static void test_result_temporary_refused(void **state) {
   assert_int_equal(dspk_run(c, &gemm, &r), DSPK_ELIMIT);
   assert_non_null(strstr(dspk_last_error(c), "shared temporary"));
   assert_int_equal(dspk_ping(c, "x", 1), 0);
+  /* Half max_message, which could come inline: it does, its temporary
+   * refused ((64,1) @ (1,128), 32768 bytes). */
+  const int64_t sa2[2] = {64, 1};
+  dspk_tensor_inline(&gx[0], DSPK_F32, 2, sa2, col);
+  assert_int_equal(dspk_run(c, &gemm, &r), 0);
+  assert_int_equal(r.out[0].nbytes, 32768);
+  dspk_result_free(&r);
   dspk_close(c);
   stop_mm(pid, sock);
 }
