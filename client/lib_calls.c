@@ -408,11 +408,14 @@ DSPK_EXPORT int dspk_buffer_create(dspk_client *c, const char *device,
   return 0;
 }
 
-/* Largest payload of one buffer.write request or buffer.read answer: the
- * daemon's max_message less room for the envelope and keys. */
-static size_t chunk_max(const dspk_client *c) {
-  return c->send_max > 8192 ? c->send_max - 4096 : c->send_max / 2;
-}
+/* Bytes of a buffer.write request besides its data, at most: the envelope
+ * [0, msgid, "buffer.write", [{"buffer": id, "offset": off, "data": bin}]]
+ * takes 1 + 1 + 5 (uint32 msgid) + 13 + 1 for the array heads, method and
+ * params, 1 + 7 + 9 + 7 + 9 + 5 for the map with its keys and 64-bit
+ * values, and 5 for the longest bin header: 64.  A buffer.read answer
+ * carries at most max_message - 64 data bytes (protocol.md, Limits). */
+#define WRITE_FRAMING 64
+#define READ_FRAMING 64
 
 /* Large transfers go in pieces of at most PIECE bytes with up to WINDOW
  * requests in flight: the daemon copies one piece into the buffer (or out
@@ -421,8 +424,12 @@ static size_t chunk_max(const dspk_client *c) {
 #define PIECE ((size_t)4 << 20)
 #define WINDOW 8
 
-static size_t piece_max(const dspk_client *c) {
-  size_t m = chunk_max(c);
+/* Largest payload of one buffer.write request (rd false) or buffer.read
+ * answer (rd): PIECE, and what the daemon's max_message leaves beside the
+ * framing; 0 when it leaves nothing (a max_message of 64 bytes or less). */
+static size_t piece_max(const dspk_client *c, bool rd) {
+  size_t framing = rd ? READ_FRAMING : WRITE_FRAMING;
+  size_t m = c->send_max > framing ? c->send_max - framing : 0;
   return m < PIECE ? m : PIECE;
 }
 
@@ -456,9 +463,18 @@ static int transfer(dspk_client *c, bool rd, uint64_t id, uint64_t offset, const
   size_t lens[WINDOW], head = 0, tail = 0, done = 0;
   char err[sizeof c->err];
   int first = 0;
+  size_t piece = piece_max(c, rd);
 
+  /* No piece could carry a byte: refused before anything is sent (a
+   * 0-byte transfer is one request, which dspk__send checks as any). */
+  if (n && !piece)
+    return dspk__cerr(c, DSPK_ELIMIT, "dspk_buffer_%s: the daemon's max_message (%zu "
+                      "bytes) leaves no room for data in a buffer.%s %s (more than %d "
+                      "bytes needed)", rd ? "read" : "write", c->send_max,
+                      rd ? "read" : "write", rd ? "answer" : "request",
+                      rd ? READ_FRAMING : WRITE_FRAMING);
   do {
-    size_t k = n - done < piece_max(c) ? n - done : piece_max(c);
+    size_t k = n - done < piece ? n - done : piece;
     struct params a = {.m = rd ? DSPK__M_BUFFER_READ : DSPK__M_BUFFER_WRITE};
     uint32_t msgid;
     int rc;
@@ -517,7 +533,7 @@ DSPK_EXPORT int dspk_buffer_write(dspk_client *c, uint64_t id,
    * have written a piece into bytes that a later one is still to be sent
    * from; a copy taken now gives the bytes as they were at the call, as
    * the local memmove and a one-piece request do. */
-  if (n > piece_max(c) && dspk__shm_overlaps(c, id, data, n)) {
+  if (n > piece_max(c, false) && dspk__shm_overlaps(c, id, data, n)) {
     void *tmp = malloc(n);
     int rc;
     if (!tmp)
@@ -547,7 +563,7 @@ DSPK_EXPORT int dspk_buffer_read(dspk_client *c, uint64_t id, uint64_t offset,
   /* Into the buffer's own pages, in more than one piece: a piece received
    * there could change bytes that a later piece is still to read; through a
    * copy, dst gets the bytes as the daemon read them. */
-  if (n > piece_max(c) && dspk__shm_overlaps(c, id, dst, n)) {
+  if (n > piece_max(c, true) && dspk__shm_overlaps(c, id, dst, n)) {
     void *tmp = malloc(n);
     int rc;
     if (!tmp)
@@ -904,11 +920,12 @@ static int submit(dspk_client *c, const dspk_task *t, uint32_t *ticket, bool may
     /* A file's bytes (dspk_file_data) go with sendfile whatever their size
      * (a copy into a temporary would fault every page of the mapping in),
      * unless they could not go inline at all. */
-    if (x->nbytes < c->send_max / 2 && dspk__file_range(c, x->data, x->nbytes))
+    if (!dspk__operand_needs_shm(c, x->nbytes) && dspk__file_range(c, x->data, x->nbytes))
       continue;
-    /* dspk_submit waits only for an operand that could not go inline. */
+    /* dspk_submit waits only for an operand that could not go inline; such
+     * an operand takes a temporary whatever the threshold (lib_shm.c). */
     rc = dspk__shm_operand(c, device, x->data, x->nbytes, dspk__dtype_size(x->dtype),
-                           may_wait || x->nbytes >= c->send_max / 2, &sid[i], &soff[i]);
+                           may_wait, &sid[i], &soff[i]);
     if (rc < 0) {
       dspk__shm_sent(c, 0, false);
       return rc;
@@ -920,9 +937,15 @@ static int submit(dspk_client *c, const dspk_task *t, uint32_t *ticket, bool may
   /* A large result on the cpu: written by the daemon into a temporary shared
    * buffer and copied from there by dspk_wait, instead of crossing the socket. */
   if (!t->nout_refs && t->op != DSPK_OP_KERNEL && (bound = result_bound(t)) != 0) {
-    /* No shared memory to be had (a limit, a quota): the result comes inline. */
-    if (dspk__shm_result(c, device, bound, may_wait || bound >= c->send_max / 2,
-                         &out.out_refs[0].buffer) == 1) {
+    /* No shared memory to be had (a limit, a quota): the result comes
+     * inline, unless it cannot (dspk__result_needs_shm): then the refusal
+     * is the task's failure, before anything is sent. */
+    rc = dspk__shm_result(c, device, bound, may_wait, &out.out_refs[0].buffer);
+    if (rc < 0) {
+      dspk__shm_sent(c, 0, false);
+      return rc;
+    }
+    if (rc == 1) {
       out.nout_refs = 1;
       a.v[DSPK__RUN_OUTPUTS] = dspk__pv_pack(pack_outputs, &out);
     }

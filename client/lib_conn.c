@@ -1879,9 +1879,18 @@ DSPK_EXPORT int dspk_connect_timeout(const char *socket_path, const char *client
       goto err_socket;
     }
     dspk__pval_str(&v[DSPK__R_HELLO_DAEMON], c->daemon_version, sizeof c->daemon_version);
+    /* The daemon's own limit, whatever it is (dspkd takes 64 bytes and up):
+     * every size this library sends is computed from it (dspk_max_message),
+     * and a request that would not fit fails here, before it is sent.  None
+     * (0) could carry no request at all: not a hello of this protocol. */
     dspk__arg_u64(v[DSPK__R_HELLO_LIMITS].v.o, "max_message", &mm, NULL, 0);
-    if (mm >= 4096 && mm <= SIZE_MAX)
-      c->send_max = (size_t)mm;
+    if (mm == 0) {
+      snprintf(connect_err, sizeof connect_err, "hello: result.limits.max_message is 0");
+      rc = DSPK_EPROTO;
+      dspk__resp_free(&r);
+      goto err_socket;
+    }
+    c->send_max = mm > SIZE_MAX ? SIZE_MAX : (size_t)mm;
     uint64_t quota = UINT64_MAX;
     dspk__arg_u64(v[DSPK__R_HELLO_LIMITS].v.o, "cpu_memory_quota", &quota, NULL, 0);
     if (quota / 8 < c->shm_idle_bytes)

@@ -232,12 +232,34 @@ struct dspk__shm {
                        dspk_shared_free but stands for no operand and takes no
                        local read or write; a temporary is dropped once idle */
 };
+/* An inline operand of n bytes that cannot go on the socket in a task.run:
+ * one of half the daemon's max_message or more (dspk.h).  It goes through a
+ * shared temporary whatever the shared threshold, and one that cannot be
+ * had fails the task. */
+static inline bool dspk__operand_needs_shm(const dspk_client *c, size_t n) {
+  return n >= c->send_max / 2;
+}
+/* The bytes an inline result may carry: max_message - 1024 (protocol.md
+ * "Limits"; none at all for a max_message of 1024 bytes or less). */
+#define DSPK__RESULT_FRAMING 1024
+static inline size_t dspk__result_inline_max(const dspk_client *c) {
+  return c->send_max > DSPK__RESULT_FRAMING ? c->send_max - DSPK__RESULT_FRAMING : 0;
+}
+/* The one result of a task, of at most n bytes, that goes through a shared
+ * temporary whatever the shared threshold: of half max_message or more
+ * (dspk.h), or more than an inline result may carry.  Only the latter
+ * fails the task when its temporary is refused; the other comes inline. */
+static inline bool dspk__result_needs_shm(const dspk_client *c, size_t n) {
+  return n >= c->send_max / 2 || n > dspk__result_inline_max(c);
+}
 /* The reference for an inline operand of task `device` (items of isz
  * bytes): 1 with *id, *off when it lies in a shared allocation that can
  * stand for it (its device the task's, or the task's "any"; the offset a
  * multiple of isz) or was copied into a temporary one (state 3 until
- * dspk__shm_sent; without may_wait only an idle one, never a new one), 0
- * when it goes inline, or a negative code. */
+ * dspk__shm_sent; without may_wait only an idle one, never a new one,
+ * except for an operand that dspk__operand_needs_shm, whatever the
+ * threshold), 0 when it goes inline, or a negative code (also when such an
+ * operand's temporary was refused). */
 int dspk__shm_operand(dspk_client *c, const char *device, const void *data,
                       size_t n, size_t isz, bool may_wait, uint64_t *id, uint64_t *off);
 /* The caller's shared allocation (dspk_shared_alloc) that holds
@@ -250,8 +272,10 @@ void dspk__copy_wide(void *dst, const void *src, size_t n, int threads);
 /* A temporary for the one inline result of a task on `device`, of n bytes
  * (at least the result's): 1 with *id (state 3 until dspk__shm_sent), 0
  * when the result comes back inline (below the threshold, "any" free to
- * choose a hardware device, no idle temporary fits and !may_wait), or a
- * negative code. */
+ * choose a hardware device, no idle temporary fits and !may_wait; neither
+ * of the first and last for a result that dspk__result_needs_shm), or a
+ * negative code (also when the temporary of a result larger than
+ * dspk__result_inline_max was refused). */
 int dspk__shm_result(dspk_client *c, const char *device, size_t n, bool may_wait,
                      uint64_t *id);
 /* Bytes [off, off+n) of temporary id while it belongs to ticket, or NULL. */

@@ -454,13 +454,17 @@ DSPK_EXPORT void dspk_set_shared_threshold(dspk_client *c, size_t bytes) {
 /* A temporary of at least n bytes for a task on `device`, now being filled
  * (state 3): 1 with *out, 0 when the task's device rules it out (or, without
  * may_wait, when no idle one fits: making one, or learning what "any" is,
- * waits for an answer, which dspk_submit never does), or a negative code. */
-static int shm_temp(dspk_client *c, const char *device, size_t n, bool may_wait,
+ * waits for an answer, which dspk_submit never does), or a negative code.
+ * need: the bytes cannot cross the socket (dspk__operand_needs_shm, a
+ * result above dspk__result_inline_max): the call waits as with may_wait,
+ * and a refused temporary is the call's failure instead of 0. */
+static int shm_temp(dspk_client *c, const char *device, size_t n, bool may_wait, bool need,
                     struct dspk__shm **out) {
   struct dspk__shm *best = NULL;
   size_t want;
   int rc;
 
+  may_wait |= need;
   /* A temporary pins the task to its device.  For "any" that is right only
    * when "any" can mean nothing but cpu:0 (no hardware device: every device
    * is the cpu or a software renderer); else the daemon's choice, and its
@@ -515,7 +519,7 @@ static int shm_temp(dspk_client *c, const char *device, size_t n, bool may_wait,
        * broken connection or a timeout stays the call's failure. */
       if (c->broken || rc == DSPK_ETIMEDOUT)
         return rc;
-      if (n < c->send_max / 2)
+      if (!need)
         return 0;
       char why[sizeof c->err];
       memcpy(why, c->err, sizeof why);
@@ -618,9 +622,10 @@ int dspk__shm_operand(dspk_client *c, const char *device, const void *data,
       return 1;
     }
   }
-  if (!c->shm_threshold || n < c->shm_threshold)
+  bool need = dspk__operand_needs_shm(c, n);
+  if (!need && (!c->shm_threshold || n < c->shm_threshold))
     return 0;
-  if ((rc = shm_temp(c, device, n, may_wait, &s)) != 1)
+  if ((rc = shm_temp(c, device, n, may_wait, need, &s)) != 1)
     return rc;
   /* A file's bytes (dspk_file_data, an operand too large for the socket)
    * are read from the file, never through the caller's mapping of it,
@@ -646,9 +651,11 @@ int dspk__shm_result(dspk_client *c, const char *device, size_t n, bool may_wait
                      uint64_t *id) {
   struct dspk__shm *s;
   int rc;
-  if (!c->shm_threshold || n < c->shm_threshold)
+  bool need = dspk__result_needs_shm(c, n);
+  if (!need && (!c->shm_threshold || n < c->shm_threshold))
     return 0;
-  if ((rc = shm_temp(c, device, n, may_wait, &s)) != 1)
+  if ((rc = shm_temp(c, device, n, may_wait || need, n > dspk__result_inline_max(c),
+                     &s)) != 1)
     return rc;
   *id = s->id;
   return 1;

@@ -4,7 +4,8 @@
  *
  * "cache clear [--kernels|--autotune|--blobs]" calls cache.clear through
  * dspk_cache_clear() (no flag: every kind) and prints "cleared KIND ..."; a
- * caller who is neither root nor the daemon's user gets EPERM.
+ * caller who is not an admin of the daemon (root, the daemon's user,
+ * admin_users/admin_groups of dspkd.conf [policy]) gets EPERM.
  *
  * "cache stats" calls the cache.stats method.  With --json the answer is
  * printed as the library renders it; otherwise it is flattened into one

@@ -464,15 +464,15 @@ static int cli_remedy(const dspk__sub_ctx *ctx, const char *detail, char *out, s
   n = strstr(detail, "the inline result would be ");
   if (n != NULL)
     bytes = strtoull(n + strlen("the inline result would be "), NULL, 10);
-  /* Results of these come back through shared memory when asked
-   * (DSPK_SHARED_THRESHOLD, ENVIRONMENT of cli.md): at most their size. */
+  /* Results of these that cannot come inline come back through a shared
+   * temporary whatever DSPK_SHARED_THRESHOLD (dspk.h), except on "any"
+   * when the daemon has a GPU (the library leaves it the daemon's choice):
+   * the only way here to this ELIMIT, and a named device its remedy. */
   if (bytes >= 1024 && (strcmp(cmd, "gemm") == 0 || strcmp(cmd, "fft") == 0 ||
                         strcmp(cmd, "fir") == 0 || strcmp(cmd, "map") == 0))
     snprintf(shm, sizeof shm,
-             "set DSPK_SHARED_THRESHOLD=%lluK (or less) to have it come back through "
-             "shared memory (with a --device other than any when the daemon has a GPU), "
-             "or ",
-             bytes / 1024);
+             "run it with a --device other than any (the daemon has a GPU) to have it "
+             "come back through shared memory, or ");
   snprintf(out, cap, "%.*s: too large for one message of this daemon; %sask the daemon's "
            "admin to raise max_message (dspkd --max-message, [limits] max_message of "
            "dspk.conf)%s",

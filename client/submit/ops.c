@@ -381,7 +381,8 @@ void dspk__sub_json_result(FILE *f, const dspk_result *res,
  * the task.run request stays far below the daemon's max_message (256 MiB by
  * default); $DSPK_SUBMIT_INLINE_MAX overrides it (tests use a small one). */
 #define INLINE_MAX_DEFAULT (64u << 20)
-/* Inputs smaller than this stay inline even then. */
+/* Inputs smaller than this stay inline even then (smaller ones too when
+ * n of them could pass the inline limit: a daemon of a small max_message). */
 #define INLINE_SMALL 4096
 /* Bytes of a task.run request besides its inputs' data (keys, shapes,
  * options; the inputs below INLINE_SMALL that stay inline are counted). */
@@ -403,7 +404,8 @@ static size_t inline_max(dspk_client *c) {
 }
 
 /* When the inputs together exceed inline_max(), uploads every input of at
- * least INLINE_SMALL bytes into a daemon buffer (buffer.create on the
+ * least INLINE_SMALL bytes (at least inline_max() / n, when that is less,
+ * so that those left inline fit together) into a daemon buffer (buffer.create on the
  * task's device, or "any"; buffer.write splits big data) and turns its
  * tensor into a reference.  The buffers belong to the connection and go
  * with it.  Returns 0 or the exit status of a reported failure. */
@@ -457,11 +459,14 @@ static int offload_inputs(dspk__sub_ctx *ctx, const op_args *a, const dspk__npy 
   for (i = 0; i < n; i++)
     if (op == DSPK_OP_KERNEL || !shm_min || tin[i].nbytes < shm_min)
       total += tin[i].nbytes;
-  if (total <= inline_max(ctx->client))
+  size_t lim = inline_max(ctx->client), small = INLINE_SMALL;
+  if (total <= lim)
     return 0;
+  if (n > 0 && lim / (size_t)n < small)
+    small = lim / (size_t)n;
   for (i = 0; i < n; i++) {
     uint64_t id;
-    if (tin[i].nbytes < INLINE_SMALL ||
+    if (!tin[i].nbytes || tin[i].nbytes < small ||
         (op != DSPK_OP_KERNEL && shm_min && tin[i].nbytes >= shm_min))
       continue;
     rc = dspk_buffer_create(ctx->client, a->device ? a->device : "any",

@@ -116,7 +116,12 @@ DSPK_EXPORT int dspk_default_socket(char *buf, size_t buflen);
  * version, the code of the daemon's refusal (DSPK_ELIMIT for max_clients
  * and max_user_clients, DSPK_EPERM for allow_users and allow_groups: its
  * protocol.error, whose message dspk_connect_error() gives after "hello: "),
- * or another negative code.  The reason of a failure cannot be read
+ * or another negative code.  hello is the one request sent before the
+ * daemon's max_message is known: it must fit in it (about 30 bytes and the
+ * client name, the job's number too), which a daemon run with a
+ * max_message below 100 bytes (dspkd takes 64 and up) may refuse for a
+ * long name: DSPK_ELIMIT then, the daemon's protocol.error ("exceeds the
+ * 64-byte message limit") in dspk_connect_error().  The reason of a failure cannot be read
  * with dspk_last_error() (there is no client); dspk_connect_error() gives it.
  */
 DSPK_EXPORT int dspk_connect(const char *socket_path, const char *client_name,
@@ -184,9 +189,10 @@ DSPK_EXPORT int dspk_set_timeout(dspk_client *c, int ms);
 /* The daemon's version string from hello ("0.1.0"); owned by c. */
 DSPK_EXPORT const char *dspk_daemon_version(const dspk_client *c);
 
-/* The daemon's max_message from hello (bytes in one message; a request
- * larger than it fails with DSPK_ELIMIT before anything is sent), so that
- * a caller can pass big operands through buffers in time; 0 for NULL. */
+/* The daemon's max_message from hello, whatever its size (bytes in one
+ * message; a request larger than it fails with DSPK_ELIMIT before anything
+ * is sent), so that a caller can pass big operands through buffers in time;
+ * 0 for NULL.  A hello whose max_message is 0 is DSPK_EPROTO at connect. */
 DSPK_EXPORT size_t dspk_max_message(const dspk_client *c);
 
 /* The connected socket's file descriptor (for poll(); do not read from or
@@ -339,7 +345,9 @@ DSPK_EXPORT int dspk_trace(dspk_client *c, double seconds, char **json_out);
 DSPK_EXPORT int dspk_buffer_create(dspk_client *c, const char *device,
                                    size_t size, uint64_t *id_out);
 /* Writes n bytes at offset.  data is sent in place (not copied), in pieces
- * of at most 4 MiB (and of the daemon's max_message) with up to 8 in flight,
+ * of at most 4 MiB and of max_message - 64 bytes (dspk_max_message: 64 are
+ * room for the request's framing; DSPK_ELIMIT, nothing sent, when
+ * max_message is 64 or less and n is not 0) with up to 8 in flight,
  * so the daemon stores one while the next arrives; on a failure (the first
  * failing piece's code) other pieces may have been written.  Data that lies
  * in the shared allocation of id itself (dspk_shared_alloc) and takes more
@@ -348,7 +356,9 @@ DSPK_EXPORT int dspk_buffer_create(dspk_client *c, const char *device,
 DSPK_EXPORT int dspk_buffer_write(dspk_client *c, uint64_t id,
                                   uint64_t offset, const void *data, size_t n);
 /* Reads exactly n bytes at offset into dst (DSPK_EPROTO if the daemon sends
- * another amount), in pipelined pieces as dspk_buffer_write; each answer's
+ * another amount), in pipelined pieces as dspk_buffer_write (of at most
+ * max_message - 64 bytes, what a buffer.read answer may carry, protocol.md;
+ * the same DSPK_ELIMIT at a max_message of 64); each answer's
  * data is read from the socket straight into dst (into memory of its own
  * first, when dst lies in the shared allocation of id itself and the read
  * takes more than one piece). */
@@ -475,7 +485,8 @@ DSPK_EXPORT int dspk_shared_free(dspk_client *c, void *ptr);
  * temporary shared buffer (one copy, into memory this client reuses; from
  * 8 MiB on, the copy is split over short-lived threads, one
  * per online CPU up to 4) instead of the socket, on the task's device; 0
- * turns it off.
+ * turns it off (but for an operand or result that cannot cross the
+ * socket, below).
  * So does the one result of a gemm, fft, fir or map task without out_refs
  * when it is at least that large: the daemon writes it into a temporary,
  * which dspk_wait lends to the result (still inline, no copy: out[0].data
@@ -492,7 +503,11 @@ DSPK_EXPORT int dspk_shared_free(dspk_client *c, void *ptr);
  * buffer.import round trip, answered behind the device's earlier work) nor
  * asks what "any" is, except for an operand or result of half
  * dspk_max_message or more, which could not cross the socket in one
- * message: for that one it waits as dspk_run does.  dspk_run, which waits
+ * message: for that one it waits as dspk_run does.  Such an operand or
+ * result (and a result of more than dspk_max_message - 1024 bytes, what an
+ * inline result may carry, protocol.md "Limits"; any result when
+ * max_message is 1024 or less) goes through a temporary whatever the
+ * threshold, 0 and SIZE_MAX included, for dspk_run and dspk_submit alike.  dspk_run, which waits
  * anyway, makes them (and learns what "any" is with a `devices` call), and
  * leaves them idle for the next tasks, dspk_submit's included.
  * Temporaries are daemon buffers of the user's: they count toward
@@ -508,9 +523,11 @@ DSPK_EXPORT int dspk_shared_free(dspk_client *c, void *ptr);
  * temporaries frees them and is tried once more.  A temporary that cannot
  * be had all the same (refused by the daemon: max_buffers, a quota; or no
  * shared memory here, RLIMIT_FSIZE below its size included) is no failure of the task: its operand or result
- * crosses the socket instead, as with threshold 0.  Only one of half
- * dspk_max_message or more, which cannot, fails then, with the refusal's
- * code and a dspk_last_error() that says a shared temporary was refused.
+ * crosses the socket instead, as with threshold 0.  Only one that cannot
+ * (an operand of half dspk_max_message or more, a result of more than
+ * dspk_max_message - 1024 bytes) fails then, before anything is sent,
+ * with the refusal's code and a dspk_last_error() that says a shared
+ * temporary was refused.
  * A broken connection or a timeout (dspk_set_timeout) while one is made is
  * the call's failure as any other.
  * The default is DSPK_SHARED_THRESHOLD, or $DSPK_SHARED_THRESHOLD at
@@ -715,7 +732,8 @@ DSPK_EXPORT void dspk_set_progress(dspk_client *c, dspk_progress_fn fn,
 /*
  * Calls `cache.clear` for the kinds in the mask (0: every kind); *cleared
  * (may be NULL) receives the kinds the daemon cleared.  Returns 0,
- * DSPK_EPERM when the caller is neither root nor the daemon's own user,
+ * DSPK_EPERM when the caller is neither root, the daemon's own user nor an
+ * admin of the daemon (admin_users, admin_groups: dspkd.conf [policy]),
  * DSPK_ENOENT when the daemon runs without a cache, DSPK_EINVAL for bits
  * outside DSPK_CACHE_ALL.  (Statistics: dspk_call_json(c, "cache.stats").)
  */

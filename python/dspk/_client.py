@@ -51,7 +51,14 @@ OutArg = Union["DeviceArray", np.ndarray]  # a DeviceArray, or a shared array (e
 _BIG = 1 << 16          # bytes: a bin at least this large goes to the socket uncopied
 _DIRECT_MIN = 1 << 16   # bytes: a buffer.read answer this large is received in place
 _READ_CHUNK = 1 << 20   # bytes asked of recv at a time
-_HEADROOM = 4096        # bytes of a message besides its payload (msgpack framing, keys)
+_HEADROOM = 4096        # bytes of a task.run besides its operands' data, at most (staging)
+# Bytes of a buffer.write request besides its data, at most: [0, msgid, "buffer.write",
+# [{"buffer": id, "offset": off, "data": bin}]] is 1 + 1 + 5 (uint32 msgid) + 13 + 1 for
+# the envelope, 1 + 7 + 9 + 7 + 9 + 5 for the map with its keys and 64-bit values, and 5
+# for the longest bin header (as libdspkclient).  A buffer.read answer carries at most
+# max_message - 64 data bytes (protocol.md, Limits).
+_WRITE_FRAMING = 64
+_READ_FRAMING = 64
 _DEFAULT_MAX_MESSAGE = 268435456
 _RESULT_FRAMING = 1024  # protocol.md: inline results may carry max_message - 1024 bytes
 _SHARED_THRESHOLD = 1 << 20  # bytes: default of $DSPK_SHARED_THRESHOLD (as libdspkclient)
@@ -2900,8 +2907,18 @@ class Client:
                 return buf, addr - base, dev
         return None
 
-    def _chunk(self) -> int:
-        return max(1, self.max_message - _HEADROOM)
+    def _piece(self, nbytes: int, framing: int, method: str) -> int:
+        """Bytes of data in one ``method`` piece of a transfer of ``nbytes``: what the
+        daemon's max_message leaves beside the framing.  None at all (a max_message of
+        64 bytes or less) is dspk.LimitExceeded before anything is sent."""
+        step = self.max_message - framing
+        if step <= 0 and nbytes:
+            raise _errors.LimitExceeded(
+                "%s: the daemon's max_message (%d bytes) leaves no room for data in a "
+                "%s (more than %d bytes needed)"
+                % (method, self.max_message, method + (" answer" if method == "buffer.read"
+                                                        else " request"), framing))
+        return max(step, 1)
 
     def _write(self, buffer: int, offset: int, view: memoryview) -> None:
         """buffer.write in chunks below max_message, pipelined, then all answers.  When
@@ -2909,7 +2926,7 @@ class Client:
         are not waited for: that exception propagates as it is (waiting there could
         raise another, dspk.Closed of a connection the failure closed, in its place);
         their answers are dropped as they come."""
-        step = self._chunk()
+        step = self._piece(view.nbytes, _WRITE_FRAMING, "buffer.write")
         futs = []
         for pos in range(0, view.nbytes, step):
             bigs: List[memoryview] = []
@@ -2924,7 +2941,7 @@ class Client:
                      is_async: bool = False) -> List[TaskFuture]:
         """buffer.read requests filling ``flat`` (uint8), each at most max_message - 64
         bytes as protocol.md requires; their futures complete when their piece is in."""
-        step = max(1, self.max_message - 64)
+        step = self._piece(flat.nbytes, _READ_FRAMING, "buffer.read")
         futs = []
         for pos in range(0, flat.nbytes, step):
             n = min(step, flat.nbytes - pos)

@@ -294,6 +294,56 @@ def test_small_max_message_chunks_and_stages():
         d.stop()
 
 
+def test_tiny_max_message_pieces():
+    """dspkd takes a max_message from 64 bytes.  buffer.write pieces were
+    max(1, max_message - 4096) bytes: one request per byte at 4096 or less (100 KB
+    did not finish in 30 s).  Now each piece carries max_message - 64 bytes (the
+    request's framing is at most 64) and each read max_message - 64 (protocol.md); at
+    64 no piece could carry data: dspk.LimitExceeded before anything is sent."""
+    for mm in (1024, 4095, 4096):
+        d = Daemon(["--max-message", str(mm)])
+        try:
+            with dspk.connect(d.socket, timeout=TIMEOUT) as c:
+                assert c.max_message == mm
+                c.shared_threshold = 0
+                sent = []
+                orig = c._start
+
+                def spy(method, args, *a, **k):
+                    sent.append((method, len(args.get("data", b"")) if method ==
+                                 "buffer.write" else args.get("size")))
+                    return orig(method, args, *a, **k)
+
+                c._start = spy
+                x = np.arange(4096, dtype=np.float32)  # 16 KiB
+                with c.to_device(x) as dx:
+                    writes = [n for m, n in sent if m == "buffer.write"]
+                    assert len(writes) == -(-x.nbytes // (mm - 64)), writes[:4]
+                    assert max(writes) == mm - 64
+                    np.testing.assert_array_equal(dx.numpy(), x)
+                reads = [n for m, n in sent if m == "buffer.read"]
+                assert max(reads) == mm - 64 and sum(reads) == x.nbytes
+                c._start = orig
+                y = np.arange(25600, dtype=np.float32)  # 100 KiB, as reported
+                with c.to_device(y) as dy:
+                    np.testing.assert_array_equal(dy.numpy(), y)
+                c.ping()
+        finally:
+            d.stop()
+    d = Daemon(["--max-message", "64"])
+    try:
+        with dspk.connect(d.socket, name="t", timeout=TIMEOUT) as c:
+            assert c.max_message == 64
+            c.shared_threshold = 0
+            with pytest.raises(dspk.LimitExceeded, match="leaves no room"):
+                c.to_device(np.ones(4, np.float32))
+            assert c.ping() > 0  # nothing was sent: the connection is usable
+            me = [x for x in c.status()["clients"] if x["self"]][0]
+            assert me["buffers"] == 0  # the array's buffer was freed
+    finally:
+        d.stop()
+
+
 # ---- futures ----------------------------------------------------------------------
 
 def test_many_futures_in_flight(client):

@@ -107,7 +107,9 @@ static msgpack_packer *begin_result(struct srv *s, const char *method, struct pk
   return p;
 }
 
-static void answer_hello(struct srv *s, unsigned protocol) {
+/* hello's answer with max_message mm (the library takes it whatever its
+ * size) and every other limit 1. */
+static void answer_hello_mm(struct srv *s, unsigned protocol, uint32_t mm) {
   struct pk k;
   msgpack_packer *p = begin_result(s, "hello", &k);
   /* Every field of hello's result (the library decodes it by the table). */
@@ -124,9 +126,13 @@ static void answer_hello(struct srv *s, unsigned protocol) {
   msgpack_pack_map(p, DSPK__LIM_COUNT);
   for (int i = 0; i < DSPK__LIM_COUNT; i++) {
     dspk__pack_str(p, dspk__limits_f[i].name);
-    msgpack_pack_uint32(p, 1);
+    msgpack_pack_uint32(p, strcmp(dspk__limits_f[i].name, "max_message") == 0 ? mm : 1);
   }
   pk_send(s, &k);
+}
+
+static void answer_hello(struct srv *s, unsigned protocol) {
+  answer_hello_mm(s, protocol, 1 << 20);
 }
 
 static void answer_ping(struct srv *s, uint32_t id) {
@@ -171,6 +177,20 @@ static void test_version_mismatch(void **state) {
   assert_int_equal(dspk_connect(path, NULL, &c), DSPK_EVERSION);
   assert_null(c);
   assert_non_null(strstr(dspk_connect_error(), "protocol 2"));
+  pthread_join(t, NULL);
+}
+
+/* A max_message of 0 could carry no request: no hello of this protocol
+ * (it was taken as "no limit given", 256 MiB). */
+static void s_max_message_0(struct srv *s) { answer_hello_mm(s, DSPK_PROTOCOL_VERSION, 0); }
+
+static void test_max_message_0(void **state) {
+  (void)state;
+  pthread_t t = run_script(s_max_message_0);
+  dspk_client *c = NULL;
+  assert_int_equal(dspk_connect(path, NULL, &c), DSPK_EPROTO);
+  assert_null(c);
+  assert_non_null(strstr(dspk_connect_error(), "max_message is 0"));
   pthread_join(t, NULL);
 }
 
@@ -736,6 +756,7 @@ static int teardown(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_version_mismatch),
+      cmocka_unit_test(test_max_message_0),
       cmocka_unit_test(test_version_mismatch_other_fields),
       cmocka_unit_test(test_hello_error),
       cmocka_unit_test(test_garbage_answer),

@@ -12,7 +12,11 @@
  *    were found by a linear scan and rbuf moved for each frame);
  *  - a 63-byte client name with bytes that are not UTF-8 connects;
  *  - a tensor whose byte size overflows: one refusal, DSPK_ELIMIT, that
- *    never states a wrapped size.
+ *    never states a wrapped size;
+ *  - daemons with a small max_message (64, 1024, 4095, 64 KiB bytes): the
+ *    library computes every size from hello's value, and operands and
+ *    results that cannot cross the socket take shared temporaries whatever
+ *    the shared threshold.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -40,6 +44,9 @@ static char tmpdir[64];
 static char sockpath[128];
 static char floodsock[160];
 static pid_t daemon_pid = -1, flood_pid = -1;
+/* Daemons of spawn_mm still running: a failed test leaves its own, which
+ * the group's teardown stops. */
+static pid_t mm_pids[4];
 
 static int start_daemons(void **state) {
   (void)state;
@@ -65,6 +72,9 @@ static int start_daemons(void **state) {
 static int stop_daemons(void **state) {
   int st = 0, st2 = 0;
   (void)state;
+  for (size_t i = 0; i < 4; i++) /* those a failed test left */
+    if (mm_pids[i] > 0 && daemon_stop(mm_pids[i], &st) != 0)
+      return -1;
   if (flood_pid > 0 && daemon_stop(flood_pid, &st2) != 0)
     return -1;
   unlink(floodsock);
@@ -460,6 +470,199 @@ static void test_tensor_size_overflow(void **state) {
   dspk_close(c);
 }
 
+/* ---- a small max_message ------------------------------------------------- */
+
+/* Starts a daemon with --max-message mm (and extra, NULL or one option and
+ * its value) on tmpdir/<tag>.sock, its path in sock. */
+static pid_t spawn_mm(const char *tag, const char *mm, const char *extra, const char *val,
+                      char *sock, size_t len) {
+  snprintf(sock, len, "%s/%s.sock", tmpdir, tag);
+  const char *args[] = {"--backends", "cpu", "--log-level", "warn", "--no-cache",
+                        "--max-message", mm, extra, val, NULL};
+  pid_t pid = daemon_spawn(dspkd_path, sock, args);
+  for (size_t i = 0; pid > 0 && i < 4; i++)
+    if (mm_pids[i] <= 0) {
+      mm_pids[i] = pid;
+      break;
+    }
+  return pid;
+}
+
+static void stop_mm(pid_t pid, const char *sock) {
+  int st = 0;
+  for (size_t i = 0; i < 4; i++)
+    if (mm_pids[i] == pid)
+      mm_pids[i] = -1;
+  assert_int_equal(daemon_stop(pid, &st), 0);
+  assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  unlink(sock);
+}
+
+/* dspkd takes a max_message from 64 bytes: the library trusts hello's value
+ * below 4096 too (it took 256 MiB instead), so dspk_buffer_write and
+ * dspk_buffer_read go in pieces that fit and a ping too large for it fails
+ * before it is sent, the connection still usable. */
+static void test_small_max_message(void **state) {
+  static const char *const mms[] = {"1024", "4095"};
+  static char data[100000], back[100000];
+  char sock[192];
+  (void)state;
+  for (size_t i = 0; i < sizeof data; i++)
+    data[i] = (char)(i * 7 + 3);
+  for (size_t k = 0; k < 2; k++) {
+    dspk_client *c = NULL;
+    uint64_t id = 0;
+    pid_t pid = spawn_mm(mms[k], mms[k], NULL, NULL, sock, sizeof sock);
+    assert_true(pid > 0);
+    assert_int_equal(dspk_connect(sock, "small-mm", &c), 0);
+    assert_int_equal(dspk_max_message(c), (size_t)atoi(mms[k]));
+    assert_int_equal(dspk_buffer_create(c, NULL, sizeof data, &id), 0);
+    assert_int_equal(dspk_buffer_write(c, id, 0, data, sizeof data), 0);
+    memset(back, 0, sizeof back);
+    assert_int_equal(dspk_buffer_read(c, id, 0, back, sizeof back), 0);
+    assert_memory_equal(back, data, sizeof data);
+    assert_int_equal(dspk_ping(c, data, (size_t)atoi(mms[k])), DSPK_ELIMIT);
+    assert_non_null(strstr(dspk_last_error(c), "max_message"));
+    assert_int_equal(dspk_ping(c, "x", 1), 0);
+    assert_int_equal(dspk_buffer_free(c, id), 0);
+    dspk_close(c);
+    stop_mm(pid, sock);
+  }
+}
+
+/* At 64 bytes no buffer.write request nor buffer.read answer has room for
+ * data: refused before anything is sent, the connection still usable (the
+ * 0-byte ones still go). */
+static void test_tiny_max_message(void **state) {
+  char sock[192], b[16] = "0123456789abcdef";
+  dspk_client *c = NULL;
+  uint64_t id = 0;
+  (void)state;
+  pid_t pid = spawn_mm("tiny", "64", NULL, NULL, sock, sizeof sock);
+  assert_true(pid > 0);
+  assert_int_equal(dspk_connect(sock, "t", &c), 0);
+  assert_int_equal(dspk_max_message(c), 64);
+  assert_int_equal(dspk_buffer_create(c, NULL, sizeof b, &id), 0);
+  assert_int_equal(dspk_buffer_write(c, id, 0, b, sizeof b), DSPK_ELIMIT);
+  assert_non_null(strstr(dspk_last_error(c), "leaves no room"));
+  assert_int_equal(dspk_buffer_read(c, id, 0, b, sizeof b), DSPK_ELIMIT);
+  assert_non_null(strstr(dspk_last_error(c), "leaves no room"));
+  assert_int_equal(dspk_buffer_write(c, id, 0, NULL, 0), 0);
+  assert_int_equal(dspk_buffer_read(c, id, 0, NULL, 0), 0);
+  assert_int_equal(dspk_ping(c, "x", 1), 0);
+  dspk_close(c);
+  stop_mm(pid, sock);
+}
+
+/* Operands of half max_message or more, and results that cannot come back
+ * inline, go through shared temporaries whatever the shared threshold
+ * (above them by default, SIZE_MAX, 0), for dspk_run and dspk_submit, and
+ * for a dspk_file_data operand: the library sent them inline (ELIMIT). */
+static void test_half_max_message_temporaries(void **state) {
+  static float ones[16384], col[128];
+  const int64_t n = 16384, sa[2] = {128, 1}, sb[2] = {1, 128};
+  static const size_t thr[] = {DSPK_SHARED_THRESHOLD, SIZE_MAX, 0};
+  char sock[192];
+  dspk_client *c = NULL;
+  dspk_tensor x[2], fx;
+  dspk_task red, gemm, fred;
+  dspk_result r;
+  uint32_t tk;
+  (void)state;
+  for (int i = 0; i < 16384; i++)
+    ones[i] = 1.0f;
+  for (int i = 0; i < 128; i++)
+    col[i] = (float)i;
+  int fd = tmpfile_rw("half.bin");
+  assert_int_equal(write(fd, ones, sizeof ones), (ssize_t)sizeof ones);
+  float *m = mmap(NULL, sizeof ones, PROT_READ, MAP_SHARED, fd, 0);
+  assert_true(m != MAP_FAILED);
+  pid_t pid = spawn_mm("half", "65536", NULL, NULL, sock, sizeof sock);
+  assert_true(pid > 0);
+  assert_int_equal(dspk_connect(sock, "half-mm", &c), 0);
+  assert_int_equal(dspk_file_data(c, m, sizeof ones, fd, 0), 0);
+  dspk_task_init(&red, DSPK_OP_REDUCE); /* a 65536-byte operand */
+  red.device = "cpu:0";
+  red.reduce.fn = DSPK_REDUCE_SUM;
+  dspk_tensor_inline(&x[0], DSPK_F32, 1, &n, ones);
+  red.inputs = x;
+  red.ninputs = 1;
+  fred = red; /* the same from the file range */
+  dspk_tensor_inline(&fx, DSPK_F32, 1, &n, m);
+  fred.inputs = &fx;
+  dspk_task_init(&gemm, DSPK_OP_GEMM); /* (128,1) @ (1,128): a 65536-byte result */
+  gemm.device = "cpu:0";
+  dspk_tensor gx[2];
+  dspk_tensor_inline(&gx[0], DSPK_F32, 2, sa, col);
+  dspk_tensor_inline(&gx[1], DSPK_F32, 2, sb, col);
+  gemm.inputs = gx;
+  gemm.ninputs = 2;
+  for (size_t k = 0; k < 3; k++) {
+    dspk_set_shared_threshold(c, thr[k]);
+    assert_int_equal(dspk_run(c, &red, &r), 0);
+    assert_true(*(const float *)r.out[0].data == 16384.0f);
+    dspk_result_free(&r);
+    assert_int_equal(dspk_submit(c, &red, &tk), 0);
+    assert_int_equal(dspk_wait(c, tk, &r), 0);
+    assert_true(*(const float *)r.out[0].data == 16384.0f);
+    dspk_result_free(&r);
+    assert_int_equal(dspk_run(c, &fred, &r), 0);
+    assert_true(*(const float *)r.out[0].data == 16384.0f);
+    dspk_result_free(&r);
+    assert_int_equal(dspk_run(c, &gemm, &r), 0);
+    assert_int_equal(r.out[0].nbytes, 65536);
+    assert_true(((const float *)r.out[0].data)[127 * 128 + 5] == 127.0f * 5.0f);
+    dspk_result_free(&r);
+    assert_int_equal(dspk_submit(c, &gemm, &tk), 0);
+    assert_int_equal(dspk_wait(c, tk, &r), 0);
+    assert_true(((const float *)r.out[0].data)[3 * 128 + 7] == 21.0f);
+    dspk_result_free(&r);
+  }
+  dspk_close(c);
+  stop_mm(pid, sock);
+  munmap(m, sizeof ones);
+  close(fd);
+}
+
+/* A result that cannot come back inline whose temporary the daemon refuses
+ * (max_buffers, the one buffer taken) fails the task before it is sent,
+ * saying so, as an operand does: it was sent anyway and the daemon refused
+ * the inline result.  One of half max_message that an answer can carry
+ * comes inline then. */
+static void test_result_temporary_refused(void **state) {
+  static float col[128];
+  const int64_t sa[2] = {128, 1}, sb[2] = {1, 128};
+  char sock[192];
+  dspk_client *c = NULL;
+  dspk_tensor gx[2];
+  dspk_task gemm;
+  dspk_result r;
+  uint64_t id = 0;
+  (void)state;
+  pid_t pid = spawn_mm("refused", "65536", "--max-buffers", "1", sock, sizeof sock);
+  assert_true(pid > 0);
+  assert_int_equal(dspk_connect(sock, "refused", &c), 0);
+  assert_int_equal(dspk_buffer_create(c, NULL, 16, &id), 0);
+  dspk_task_init(&gemm, DSPK_OP_GEMM);
+  gemm.device = "cpu:0";
+  dspk_tensor_inline(&gx[0], DSPK_F32, 2, sa, col);
+  dspk_tensor_inline(&gx[1], DSPK_F32, 2, sb, col);
+  gemm.inputs = gx;
+  gemm.ninputs = 2;
+  assert_int_equal(dspk_run(c, &gemm, &r), DSPK_ELIMIT);
+  assert_non_null(strstr(dspk_last_error(c), "shared temporary"));
+  assert_int_equal(dspk_ping(c, "x", 1), 0);
+  /* Half max_message, which could come inline: it does, its temporary
+   * refused ((64,1) @ (1,128), 32768 bytes). */
+  const int64_t sa2[2] = {64, 1};
+  dspk_tensor_inline(&gx[0], DSPK_F32, 2, sa2, col);
+  assert_int_equal(dspk_run(c, &gemm, &r), 0);
+  assert_int_equal(r.out[0].nbytes, 32768);
+  dspk_result_free(&r);
+  dspk_close(c);
+  stop_mm(pid, sock);
+}
+
 int main(int argc, char **argv) {
   if (argc < 2) {
     fprintf(stderr, "usage: %s PATH-TO-DSPKD\n", argv[0]);
@@ -475,6 +678,10 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_many_kept_answers),
       cmocka_unit_test(test_client_name_63),
       cmocka_unit_test(test_tensor_size_overflow),
+      cmocka_unit_test(test_small_max_message),
+      cmocka_unit_test(test_tiny_max_message),
+      cmocka_unit_test(test_half_max_message_temporaries),
+      cmocka_unit_test(test_result_temporary_refused),
   };
   return cmocka_run_group_tests(tests, start_daemons, stop_daemons);
 }
