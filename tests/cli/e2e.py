@@ -1360,6 +1360,7 @@ class FakeDaemon:
     LIMITS = {k: 1 for k in ("max_message", "max_depth", "max_objects", "max_rank",
                              "max_elements", "max_inflight", "max_unsent", "max_buffers",
                              "max_clients", "cpu_memory_quota")}
+    LIMITS["max_message"] = 1 << 20  # the library sends nothing larger than this
     STATS0 = {k: 0 for k in ("pool_bytes_in_use", "pool_bytes_cached", "pool_hits",
                              "pool_misses", "retire_deferred", "retire_released",
                              "retire_barrier_fallbacks", "retire_leaked", "retire_in_flight",

@@ -153,6 +153,7 @@ struct cb_state {
   bool after_first;     /* a notification came after the first call returned */
   bool first_done;
   double last_fraction;
+  char last_what[64];
   bool fractions_ordered;
   uint32_t ticket;      /* the task's, from the notification */
   int nested_rc, nested_rc2;
@@ -165,15 +166,20 @@ enum { CB_DEVICE_JOB, CB_CANCEL, CB_PING, CB_WAIT_SAME, CB_CLOSE };
 
 static void cb(void *ud, uint32_t ticket, const char *what, double fraction) {
   struct cb_state *s = ud;
-  (void)what;
   s->calls++;
   if (++s->depth > s->max_depth)
     s->max_depth = s->depth;
   if (s->first_done)
     s->after_first = true;
-  if (fraction < s->last_fraction && ticket == s->ticket)
+  /* Within a step (one what) fractions only grow; a 0 starts the next step
+   * (protocol.md, task.progress: a 0 and a 1 for each FFTW plan, then the
+   * fir's own choice). */
+  if (strcmp(what, s->last_what) != 0)
+    s->last_fraction = 0;
+  if (fraction < s->last_fraction && fraction != 0 && ticket == s->ticket)
     s->fractions_ordered = false;
   s->last_fraction = fraction;
+  snprintf(s->last_what, sizeof s->last_what, "%s", what);
   if (s->calls == 1) {
     s->ticket = ticket;
     switch (s->mode) {
