@@ -1801,6 +1801,213 @@ static void t_raw_spirv_valid(void **state) {
   }
 }
 
+/* The module of t_spv_spec_limits: one shared float array of length len
+ * (its definition in lendef, after %N, %W and the other constants), the
+ * work-group size given by mode (an OpExecutionMode(Id) line) and by wg
+ * (decorations and constants of a WorkgroupSize object, or nothing). */
+static void spec_module(char *out, size_t outlen, const char *mode, const char *wgdec,
+                        const char *consts, const char *lendef) {
+  int n = snprintf(out, outlen,
+                   "OpCapability Shader\n"
+                   "OpMemoryModel Logical GLSL450\n"
+                   "OpEntryPoint GLCompute %%main \"main\"\n"
+                   "%s"
+                   "OpDecorate %%N SpecId 1\n"
+                   "OpDecorate %%W SpecId 2\n"
+                   "%s"
+                   "OpDecorate %%rt ArrayStride 4\n"
+                   "OpMemberDecorate %%A 0 Offset 0\n"
+                   "OpDecorate %%A Block\n"
+                   "OpDecorate %%a DescriptorSet 0\n"
+                   "OpDecorate %%a Binding 0\n"
+                   "%%void = OpTypeVoid\n"
+                   "%%fn = OpTypeFunction %%void\n"
+                   "%%float = OpTypeFloat 32\n"
+                   "%%uint = OpTypeInt 32 0\n"
+                   "%%int = OpTypeInt 32 1\n"
+                   "%%v3 = OpTypeVector %%uint 3\n"
+                   "%%one = OpConstant %%uint 1\n"
+                   "%%two = OpConstant %%int 2\n"
+                   "%%zero = OpConstant %%int 0\n"
+                   "%s"
+                   "%s"
+                   "%%arr = OpTypeArray %%float %%len\n"
+                   "%%parr = OpTypePointer Workgroup %%arr\n"
+                   "%%sh = OpVariable %%parr Workgroup\n"
+                   "%%rt = OpTypeRuntimeArray %%float\n"
+                   "%%A = OpTypeStruct %%rt\n"
+                   "%%pA = OpTypePointer StorageBuffer %%A\n"
+                   "%%a = OpVariable %%pA StorageBuffer\n"
+                   "%%pf = OpTypePointer StorageBuffer %%float\n"
+                   "%%pw = OpTypePointer Workgroup %%float\n"
+                   "%%main = OpFunction %%void None %%fn\n"
+                   "%%l = OpLabel\n"
+                   "%%p = OpAccessChain %%pf %%a %%zero %%zero\n"
+                   "%%x = OpLoad %%float %%p\n"
+                   "%%q = OpAccessChain %%pw %%sh %%zero\n"
+                   "OpStore %%q %%x\n"
+                   "%%y = OpLoad %%float %%q\n"
+                   "%%p1 = OpAccessChain %%pf %%a %%zero %%one\n"
+                   "OpStore %%p1 %%y\n"
+                   "OpReturn\n"
+                   "OpFunctionEnd\n",
+                   mode, wgdec, consts, lendef);
+  assert_true(n > 0 && (size_t)n < outlen);
+}
+
+/* Runs spec_module(...) as a raw SPIR-V kernel: its result, *msg. */
+static int spec_try(const char *mode, const char *wgdec, const char *consts,
+                    const char *lendef, char *msg, size_t msglen) {
+  char text[4096];
+  uint32_t *w;
+  size_t nw;
+  spec_module(text, sizeof text, mode, wgdec, consts, lendef);
+  spv_assemble(text, &w, &nw);
+  int r = raw_spirv_try(w, nw * 4, "main", msg, msglen);
+  free(w);
+  return r;
+}
+
+/* The daemon passes no specialization, so a specialization constant is its
+ * default for the driver, and so for the limit checks: a shared array
+ * sized by OpSpecConstant (tester C's: lavapipe gave the daemon's process
+ * GiBs for one), or by an OpSpecConstantOp of them, counts its evaluated
+ * length; a work-group size of specialization constants (a WorkgroupSize
+ * object, LocalSizeId) counts their evaluated values; a length or size
+ * that cannot be evaluated (a division by zero here) is EINVAL, never
+ * passed unchecked. */
+static void t_spv_spec_limits(void **state) {
+  (void)state;
+  const VkPhysicalDeviceLimits *lim = &D->props.limits;
+  const char *ls1 = "OpExecutionMode %main LocalSize 1 1 1\n";
+  char msg[1024], consts[512], want[256];
+  uint32_t words = lim->maxComputeSharedMemorySize / 4, inv = lim->maxComputeWorkGroupInvocations;
+  /* The length: the specialization constant itself (the report's), and
+   * N * 2 (glslang's `shared float s[N * 2]`). */
+  static const char *const lens[2] = {"%len = OpSpecConstantOp %int IAdd %N %zero\n",
+                                      "%len = OpSpecConstantOp %int IMul %N %two\n"};
+  for (int form = 0; form < 3; form++)
+    for (int more = 0; more <= 1; more++) {
+      uint32_t len = words + (uint32_t)more;
+      if (form == 2)
+        len &= ~1u; /* an even length, as N * 2 */
+      if (form == 2 && more)
+        len += 2;
+      snprintf(consts, sizeof consts,
+               "%%N = OpSpecConstant %%int %u\n%%W = OpSpecConstant %%uint 1\n",
+               form == 2 ? len / 2 : len);
+      int r = spec_try(ls1, "", consts,
+                       form == 0 ? "%len = OpSpecConstantOp %int SConvert %N\n" : lens[form - 1],
+                       msg, sizeof msg);
+      if (form == 0) {
+        /* The plain OpSpecConstant length: %len is then %N itself. */
+        char c2[512];
+        snprintf(c2, sizeof c2, "%%W = OpSpecConstant %%uint 1\n%%len = OpSpecConstant %%int %u\n"
+                 "%%N = OpSpecConstant %%int 1\n", len);
+        r = spec_try(ls1, "", c2, "", msg, sizeof msg);
+      }
+      snprintf(want, sizeof want, "shared (Workgroup) variables take %u bytes, more than the "
+               "device's maxComputeSharedMemorySize %u", len * 4,
+               lim->maxComputeSharedMemorySize);
+      if (!more && r)
+        fail_msg("form %d: shared memory of %u bytes, at the limit: %d %s", form, len * 4, r,
+                 msg);
+      if (more && (r != DSPK_ELIMIT || !strstr(msg, want)))
+        fail_msg("form %d: shared memory over the limit: %d \"%s\", expected ELIMIT \"%s\"",
+                 form, r, msg, want);
+    }
+  /* A length that cannot be evaluated (N / 0) or below 1 (N - 8): EINVAL. */
+  snprintf(consts, sizeof consts, "%%N = OpSpecConstant %%int 8\n%%W = OpSpecConstant %%uint 1\n");
+  static const char *const badlens[2] = {"%len = OpSpecConstantOp %int SDiv %N %zero\n",
+                                         "%len = OpSpecConstantOp %int ISub %zero %N\n"};
+  for (int k = 0; k < 2; k++) {
+    int r = spec_try(ls1, "", consts, badlens[k], msg, sizeof msg);
+    if (r != DSPK_EINVAL || !strstr(msg, "shared (Workgroup) variable") ||
+        !strstr(msg, "cannot be told"))
+      fail_msg("length %s: %d \"%s\", expected EINVAL", badlens[k], r, msg);
+  }
+
+  /* The work-group size: a WorkgroupSize object of W + 1 (glslang's
+   * `local_size_x_id`), at the limit runs, beyond it is ELIMIT. */
+  const char *wgdec = "OpDecorate %wg BuiltIn WorkgroupSize\n";
+  for (int more = 0; more <= 1; more++) {
+    snprintf(consts, sizeof consts,
+             "%%N = OpSpecConstant %%int 1\n%%W = OpSpecConstant %%uint %u\n"
+             "%%wx = OpSpecConstantOp %%uint IAdd %%W %%one\n"
+             "%%wg = OpSpecConstantComposite %%v3 %%wx %%one %%one\n"
+             "%%len = OpSpecConstantOp %%int IAdd %%N %%zero\n",
+             inv - 1 + (uint32_t)more);
+    int r = spec_try(ls1, wgdec, consts, "", msg, sizeof msg);
+    snprintf(want, sizeof want, "work-group size %ux1x1 exceeds the device's", inv + 1);
+    if (!more && r)
+      fail_msg("WorkgroupSize %u: %d %s", inv, r, msg);
+    if (more && (r != DSPK_ELIMIT || !strstr(msg, want)))
+      fail_msg("WorkgroupSize %u: %d \"%s\", expected ELIMIT \"%s\"", inv + 1, r, msg, want);
+  }
+  /* One that cannot be evaluated: EINVAL. */
+  snprintf(consts, sizeof consts,
+           "%%N = OpSpecConstant %%int 1\n%%W = OpSpecConstant %%uint 64\n"
+           "%%wx = OpSpecConstantOp %%uint UDiv %%W %%W\n%%w0 = OpConstant %%uint 0\n"
+           "%%wy = OpSpecConstantOp %%uint UDiv %%W %%w0\n"
+           "%%wg = OpSpecConstantComposite %%v3 %%wx %%wy %%one\n"
+           "%%len = OpSpecConstantOp %%int IAdd %%N %%zero\n");
+  int r = spec_try(ls1, wgdec, consts, "", msg, sizeof msg);
+  if (r != DSPK_EINVAL || !strstr(msg, "work-group size cannot be told"))
+    fail_msg("WorkgroupSize W / 0: %d \"%s\", expected EINVAL", r, msg);
+  /* GLSL's local_size_x_id (tester C's form): glslang gives it a
+   * specialization constant of its own, default 1, which the driver uses
+   * without specialization; the constant_id of 100000 is another: it runs,
+   * a work group of 1. */
+  {
+    static const char src[] = "#version 450\nlayout(local_size_x_id = 0) in;\n"
+                              "layout(constant_id = 0) const uint WG = 100000;\n"
+                              "layout(std430, binding = 0) buffer X { float x[]; };\n"
+                              "void main() { x[0] = float(gl_WorkGroupSize.x); "
+                              "x[1] = float(WG); }\n";
+    int64_t n = 4;
+    struct htensor X = h_make(DSPK_F32, 1, &n, 1);
+    struct dspk__op op = {.kind = DSPK_OP_KERNEL, .nin = 1};
+    assert_int_equal(h_upload(D, &X, 0, &op.in[0]), 0);
+    op.u.kernel.lang = "glsl";
+    op.u.kernel.source = src;
+    op.u.kernel.source_len = strlen(src);
+    op.u.kernel.grid[0] = 1;
+    op.u.kernel.nargs = 1;
+    op.u.kernel.args[0] = (struct dspk__karg){.kind = DSPK__KARG_TENSOR, .v.tensor = 0};
+    assert_int_equal(dspk__op_infer(&op, msg, sizeof msg), 0);
+    struct dspk__opctx ctx = {.errmsg = msg, .errmsg_len = sizeof msg};
+    msg[0] = 0;
+    if ((r = VKB->run(D, &op, &ctx)))
+      fail_msg("local_size_x_id: %d %s", r, msg);
+    float x[2];
+    assert_int_equal(VKB->read(D, op.in[0].mem, 0, x, sizeof x), 0);
+    if (x[0] != 1.0f || x[1] != 100000.0f)
+      fail_msg("local_size_x_id: gl_WorkGroupSize.x %g, WG %g (expected 1, 100000)", x[0],
+               x[1]);
+    VKB->free(D, op.in[0].mem);
+    h_free(&X);
+  }
+  /* LocalSizeId (Vulkan 1.3's maintenance4) of W * 2. */
+  if (D->props.apiVersion >= VK_API_VERSION_1_3) {
+    for (int more = 0; more <= 1; more++) {
+      snprintf(consts, sizeof consts,
+               "%%N = OpSpecConstant %%int 1\n%%W = OpSpecConstant %%uint %u\n"
+               "%%u2 = OpConstant %%uint 2\n"
+               "%%wx = OpSpecConstantOp %%uint IMul %%W %%u2\n"
+               "%%len = OpSpecConstantOp %%int IAdd %%N %%zero\n",
+               inv / 2 + (uint32_t)more);
+      r = spec_try("OpExecutionModeId %main LocalSizeId %wx %one %one\n", "", consts, "", msg,
+                   sizeof msg);
+      snprintf(want, sizeof want, "work-group size %ux1x1 exceeds the device's",
+               (inv / 2 + 1) * 2);
+      if (!more && r)
+        fail_msg("LocalSizeId %u: %d %s", inv / 2 * 2, r, msg);
+      if (more && (r != DSPK_ELIMIT || !strstr(msg, want)))
+        fail_msg("LocalSizeId: %d \"%s\", expected ELIMIT \"%s\"", r, msg, want);
+    }
+  }
+}
+
 static void t_raw_error(void **state) {
   (void)state;
   static const char bad[] = "#version 450\nlayout(local_size_x=1) in;\n"
@@ -2864,6 +3071,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(t_raw_caps),
       cmocka_unit_test(t_spv_zero_init),
       cmocka_unit_test(t_raw_spirv), cmocka_unit_test(t_raw_spirv_valid),
+      cmocka_unit_test(t_spv_spec_limits),
       cmocka_unit_test(t_raw_error),
       cmocka_unit_test(t_raw_owner), cmocka_unit_test(t_spv_mark),
       cmocka_unit_test(t_raw_compile_limits),
