@@ -1581,6 +1581,47 @@ def t_kernelfs(exe, tmp):
     d.stop()
 
 
+def t_drivercache(exe, tmp):
+    """Round 8 (tester C): Mesa's shader disk cache (of the daemon's user)
+    keys a shader by its compiled form, without the owner mark of a raw
+    kernel, so a raw kernel's first run was 3 ms where another user had run
+    it and 16 ms where nobody had: one user could tell what another ran.
+    dspkd turns the drivers' disk caches off before any driver loads, unless
+    its environment sets them (docs/admin.md): with MESA_SHADER_CACHE_DISABLE
+    unset nothing reaches the cache directory; set to false by the
+    administrator, the driver's cache is used (which also shows that this
+    driver has one: a driver without it skips the group)."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("MESA_SHADER_CACHE_DISABLE", "MESA_GLSL_CACHE_DISABLE",
+                        "__GL_SHADER_DISK_CACHE")}
+    env["XDG_CACHE_HOME"] = os.path.join(tmp, "xdg")
+
+    def files(top):
+        return sum(len(f) for _, _, f in os.walk(top))
+
+    def run(extra, tag):
+        cache = os.path.join(tmp, "mesa-%s" % tag)
+        d = Daemon(exe, tmp, ["--backends", "vulkan"],
+                   env=dict(env, MESA_SHADER_CACHE_DIR=cache, **extra))
+        c = d.client()
+        vk = [x["id"] for x in c.call("devices", {})["devices"] if x["backend"] == "vulkan"]
+        if vk:
+            src = KERNEL_OK.replace("7.0", "%d.0" % random.randrange(1 << 20))
+            c.call("task.run", glsl_task(vk[0], src))
+        c.close()
+        d.stop()  # the driver's cache writes end with the process
+        if not vk:
+            raise Skip("no vulkan device")
+        return files(cache) + files(env["XDG_CACHE_HOME"])
+
+    kept = run({"MESA_SHADER_CACHE_DISABLE": "false"}, "admin")
+    if kept == 0:
+        raise Skip("the Vulkan driver keeps no Mesa shader disk cache")
+    n = run({}, "default")
+    check(n == 0, "no file in the driver's disk cache (%d; %d with the admin's override)"
+          % (n, kept))
+
+
 def t_kernelbomb(exe, tmp):
     """A client's kernel source cannot make the daemon use unbounded memory
     or time while compiling (docs/protocol.md, kernel): 0.5 KiB of GLSL whose
@@ -4439,6 +4480,7 @@ def t_shareunread(exe, tmp):
 
 
 GROUPS = {
+    "drivercache": t_drivercache,
     "cacheclearfail": t_cacheclearfail,
     "inplace": t_inplace,
     "caps": t_caps,
