@@ -17,8 +17,9 @@
  * operands of the functions' instructions: a variable is used when one of
  * them names it (as the Vulkan specification's "statically used"), and from
  * 1.4 on is in the entry's interface.  The entry point's work-group size
- * (WorkgroupSize, LocalSize, LocalSizeId) and the bytes of the Workgroup
- * variables it uses (each variable's size, no padding between them) are
+ * (WorkgroupSize, LocalSize, LocalSizeId) and the bytes of the module's
+ * Workgroup variables, used or not (each variable's size, no padding
+ * between them), are
  * checked against the device's limits too: ELIMIT beyond them, which Vulkan
  * also leaves undefined.  Those checks see the values the driver sees: the
  * daemon passes no specialization, so a specialization constant is its
@@ -629,9 +630,15 @@ int dspk__vk_spv_check(const uint32_t *w, size_t nw, const char *entry, int nbin
   uint64_t shared = 0;
   for (uint32_t id = 1; id < m.bound && !r; id++) {
     const uint32_t *v = def_of(&m, id);
-    if (!v || op_of(v[0]) != OP_VARIABLE || !m.ids[id].used)
+    if (!v || op_of(v[0]) != OP_VARIABLE)
       continue;
     uint32_t sc = v[3];
+    /* Every Workgroup variable counts, used or not: the zero-initialising
+     * rewrite (vk_spvzero.c) gives each an initializer, which the driver
+     * honours (lavapipe: an unused `shared float s[1 << 22]` took the
+     * daemon's process 2.3 GiB and 82 s). */
+    if (!m.ids[id].used && sc != SC_WORKGROUP)
+      continue;
     const uint32_t *p = def_of(&m, v[1]);
     uint32_t pointee = p && op_of(p[0]) == OP_TYPEPOINTER && len_of(p[0]) >= 4 ? p[3] : 0;
     const uint32_t *t = def_of(&m, pointee);

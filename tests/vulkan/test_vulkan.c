@@ -1916,6 +1916,35 @@ static void t_spv_spec_limits(void **state) {
         fail_msg("form %d: shared memory over the limit: %d \"%s\", expected ELIMIT \"%s\"",
                  form, r, msg, want);
     }
+  /* A shared array the shader never uses counts too (the zeroing gives it
+   * an initializer: lavapipe then gave the daemon's process 2.3 GiB for an
+   * unused `shared float s[1 << 22]`). */
+  {
+    char src[512];
+    snprintf(src, sizeof src,
+             "#version 450\nlayout(local_size_x = 1) in;\n"
+             "layout(std430, binding = 0) buffer X { float x[]; };\n"
+             "shared float unused[%u];\nvoid main() { x[0] = 2.0; }\n", words + 1);
+    int64_t n = 4;
+    struct htensor X = h_make(DSPK_F32, 1, &n, 1);
+    struct dspk__op op = {.kind = DSPK_OP_KERNEL, .nin = 1};
+    assert_int_equal(h_upload(D, &X, 0, &op.in[0]), 0);
+    op.u.kernel.lang = "glsl";
+    op.u.kernel.source = src;
+    op.u.kernel.source_len = strlen(src);
+    op.u.kernel.grid[0] = 1;
+    op.u.kernel.nargs = 1;
+    op.u.kernel.args[0] = (struct dspk__karg){.kind = DSPK__KARG_TENSOR, .v.tensor = 0};
+    assert_int_equal(dspk__op_infer(&op, msg, sizeof msg), 0);
+    struct dspk__opctx ctx = {.errmsg = msg, .errmsg_len = sizeof msg};
+    msg[0] = 0;
+    int r = VKB->run(D, &op, &ctx);
+    snprintf(want, sizeof want, "shared (Workgroup) variables take %u bytes", (words + 1) * 4);
+    if (r != DSPK_ELIMIT || !strstr(msg, want))
+      fail_msg("an unused shared array over the limit: %d \"%s\", expected ELIMIT", r, msg);
+    VKB->free(D, op.in[0].mem);
+    h_free(&X);
+  }
   /* A length that cannot be evaluated (N / 0) or below 1 (N - 8): EINVAL. */
   snprintf(consts, sizeof consts, "%%N = OpSpecConstant %%int 8\n%%W = OpSpecConstant %%uint 1\n");
   static const char *const badlens[2] = {"%len = OpSpecConstantOp %int SDiv %N %zero\n",
