@@ -1304,6 +1304,74 @@ static void t_raw_pad_zero(void **state) {
   }
 }
 
+/* The rounding of a tensor that ends with an imported buffer (shared
+ * memory, buffer.import) whose size is not a multiple of 4 is zero, and a
+ * store there reaches nothing (protocol.md, kernel), never the client's
+ * bytes past the buffer's size in its mapping: tester C's f16[3] over 6
+ * bytes of a memfd of 0x11s read them and wrote 0xabcd there.  Another
+ * tensor over the same buffer (its first word) sees the kernel's stores
+ * through the first one, as in place; a bf16 tensor of 5 elements ends
+ * the same way.  Skipped where the device imports no host memory. */
+static void t_raw_pad_import(void **state) {
+  (void)state;
+  if (!D->host_import_align || !D->local_is_host) {
+    print_message("%s imports no host memory for ops\n", D->name);
+    skip();
+  }
+  static const char src[] =
+      "#version 450\n"
+      "layout(local_size_x = 1) in;\n"
+      "layout(std430, binding = 0) buffer A { uint w[]; };\n"
+      "layout(std430, binding = 1) buffer B { uint v[]; };\n"
+      "layout(std430, binding = 2) buffer O { uint o[]; };\n"
+      "void main() { uint pad = w[w.length() - 1]; o[0] = pad; o[1] = w.length();\n"
+      "  w[w.length() - 1] = pad | 0xabcd0000u; w[0] = 0x12345678u; o[2] = v[0]; }\n";
+  long page = sysconf(_SC_PAGESIZE);
+  int fd = memfd_create("p", MFD_CLOEXEC);
+  assert_true(fd >= 0 && page > 0);
+  assert_int_equal(ftruncate(fd, page), 0);
+  unsigned char *p = mmap(NULL, (size_t)page, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  assert_true(p != MAP_FAILED);
+  char msg[512];
+  for (int k = 0; k < 2; k++) {
+    /* f16[3] over 6 bytes; bf16[5] over 10. */
+    size_t size = k == 0 ? 6 : 10;
+    memset(p, 0x11, (size_t)page);
+    struct dspk__tensor t[3] = {
+        {.dtype = k == 0 ? DSPK_F16 : DSPK_BF16, .rank = 1, .shape = {(int64_t)size / 2}},
+        {.dtype = DSPK_F32, .rank = 1, .shape = {1}},
+        {0}};
+    assert_int_equal(VKB->import_host(D, p, size, &t[0].mem), 0);
+    t[1].mem = t[0].mem;
+    t[2] = words(4);
+    int r = raw_over(src, t, 3, msg, sizeof msg);
+    if (r)
+      fail_msg("%zu bytes: %d %s", size, r, msg);
+    assert_int_equal(VKB->sync(D), 0);
+    uint32_t o[3];
+    assert_int_equal(VKB->read(D, t[2].mem, 0, o, sizeof o), 0);
+    for (size_t i = size; i < size + 6; i++)
+      if (p[i] != 0x11)
+        fail_msg("%zu bytes: the client's byte %zu past the buffer is %#x, not 0x11 (the "
+                 "kernel read %#x there)", size, i, p[i], o[0]);
+    uint32_t want = 0x1111u; /* the buffer's bytes of the last word, zeros past them */
+    if (o[0] != want || o[1] != (uint32_t)(size + 2) / 4)
+      fail_msg("%zu bytes: the last word read %#x (want %#x: the buffer's bytes, zeros past "
+               "them), length %u", size, o[0], want, o[1]);
+    uint32_t first;
+    memcpy(&first, p, 4);
+    if (first != 0x12345678u || o[2] != 0x12345678u)
+      fail_msg("%zu bytes: the first word %#x, read through the other tensor after the "
+               "store %#x (want 0x12345678 both)", size, first, o[2]);
+    if (p[size - 2] != 0x11 || p[size - 1] != 0x11)
+      fail_msg("%zu bytes: the buffer's own bytes of the last word changed", size);
+    VKB->free(D, t[0].mem);
+    VKB->free(D, t[2].mem);
+  }
+  munmap(p, (size_t)page);
+  close(fd);
+}
+
 /* A raw kernel's accesses stay within its tensors where the device bounds
  * them (robust_raw): one tensor is words 16..31 of a block of 64 that holds
  * a pattern (the rest of the block: another tensor's, another user's); the
@@ -3095,7 +3163,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(t_raw_glsl),
       cmocka_unit_test(t_raw_len0),
       cmocka_unit_test(t_raw_zero_init),
-      cmocka_unit_test(t_raw_pad_zero),
+      cmocka_unit_test(t_raw_pad_zero), cmocka_unit_test(t_raw_pad_import),
       cmocka_unit_test(t_raw_bounded),
       cmocka_unit_test(t_raw_caps),
       cmocka_unit_test(t_spv_zero_init),
