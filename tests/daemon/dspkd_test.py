@@ -1622,6 +1622,46 @@ def t_drivercache(exe, tmp):
           % (n, kept))
 
 
+def t_padimport(exe, tmp):
+    """Round 8 (tester C): on the Vulkan device an f16 tensor of odd length
+    that ends with an imported buffer (buffer.import) of 6 bytes was bound
+    over the client's memfd rounded up to 8 bytes: the kernel read the
+    memfd's bytes 6 and 7 as the rounding and its store there changed them.
+    The rounding reads zero and the memfd past `size` stays untouched
+    (protocol.md, kernel)."""
+    import fcntl
+    import mmap
+    d = Daemon(exe, tmp, ["--backends", "cpu,vulkan"])
+    c = d.client()
+    vk = [x["id"] for x in c.call("devices", {})["devices"] if x["backend"] == "vulkan"]
+    if not vk:
+        c.close()
+        d.stop()
+        raise Skip("no vulkan device")
+    fd = os.memfd_create("dspkd-test-pad", os.MFD_ALLOW_SEALING)
+    os.ftruncate(fd, 8192)
+    mm = mmap.mmap(fd, 8192)
+    mm[:] = b"\x11" * 8192
+    fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK)
+    b = c.wait(send_with_fds(c, "buffer.import", {"device": vk[0], "size": 6}, [fd]))["buffer"]
+    os.close(fd)
+    src = ("#version 450\nlayout(local_size_x = 1) in;\n"
+           "layout(std430, binding = 0) buffer A { uint w[]; };\n"
+           "void main() { uint pad = w[1] >> 16; w[0] = pad;\n"
+           "  w[1] = (w[1] & 0xffffu) | 0xabcd0000u; }\n")
+    c.call("task.run", {"op": "kernel", "device": vk[0],
+                        "inputs": [{"buffer": b, "dtype": "f16", "shape": [3]}],
+                        "options": {"lang": "glsl", "source": src, "args": [{"tensor": 0}]}})
+    got = bytes(c.call("buffer.read", {"buffer": b, "size": 6})["data"])
+    check(got == b"\0\0\0\0\x11\x11",
+          "the rounding read zero, the buffer's own bytes kept: %s" % got.hex())
+    check(mm[6:8] == b"\x11\x11", "the memfd past size untouched: %s" % mm[6:8].hex())
+    c.call("buffer.free", {"buffer": b})
+    mm.close()
+    c.close()
+    d.stop()
+
+
 def t_kernelbomb(exe, tmp):
     """A client's kernel source cannot make the daemon use unbounded memory
     or time while compiling (docs/protocol.md, kernel): 0.5 KiB of GLSL whose
@@ -4480,6 +4520,7 @@ def t_shareunread(exe, tmp):
 
 
 GROUPS = {
+    "padimport": t_padimport,
     "drivercache": t_drivercache,
     "cacheclearfail": t_cacheclearfail,
     "inplace": t_inplace,
