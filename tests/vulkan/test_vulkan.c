@@ -1950,8 +1950,8 @@ static void t_spv_spec_limits(void **state) {
   const char *ls1 = "OpExecutionMode %main LocalSize 1 1 1\n";
   char msg[1024], consts[512], want[256];
   uint32_t words = lim->maxComputeSharedMemorySize / 4, inv = lim->maxComputeWorkGroupInvocations;
-  /* The length: the specialization constant itself (the report's), and
-   * N * 2 (glslang's `shared float s[N * 2]`). */
+  /* The length: the specialization constant itself (the report's), N + 0,
+   * and N * 2 (glslang's `shared float s[N * 2]`). */
   static const char *const lens[2] = {"%len = OpSpecConstantOp %int IAdd %N %zero\n",
                                       "%len = OpSpecConstantOp %int IMul %N %two\n"};
   for (int form = 0; form < 3; form++)
@@ -1961,18 +1961,18 @@ static void t_spv_spec_limits(void **state) {
         len &= ~1u; /* an even length, as N * 2 */
       if (form == 2 && more)
         len += 2;
-      snprintf(consts, sizeof consts,
-               "%%N = OpSpecConstant %%int %u\n%%W = OpSpecConstant %%uint 1\n",
-               form == 2 ? len / 2 : len);
-      int r = spec_try(ls1, "", consts,
-                       form == 0 ? "%len = OpSpecConstantOp %int SConvert %N\n" : lens[form - 1],
-                       msg, sizeof msg);
+      int r;
       if (form == 0) {
-        /* The plain OpSpecConstant length: %len is then %N itself. */
-        char c2[512];
-        snprintf(c2, sizeof c2, "%%W = OpSpecConstant %%uint 1\n%%len = OpSpecConstant %%int %u\n"
+        /* The plain OpSpecConstant length. */
+        snprintf(consts, sizeof consts,
+                 "%%W = OpSpecConstant %%uint 1\n%%len = OpSpecConstant %%int %u\n"
                  "%%N = OpSpecConstant %%int 1\n", len);
-        r = spec_try(ls1, "", c2, "", msg, sizeof msg);
+        r = spec_try(ls1, "", consts, "", msg, sizeof msg);
+      } else {
+        snprintf(consts, sizeof consts,
+                 "%%N = OpSpecConstant %%int %u\n%%W = OpSpecConstant %%uint 1\n",
+                 form == 2 ? len / 2 : len);
+        r = spec_try(ls1, "", consts, lens[form - 1], msg, sizeof msg);
       }
       snprintf(want, sizeof want, "shared (Workgroup) variables take %u bytes, more than the "
                "device's maxComputeSharedMemorySize %u", len * 4,
