@@ -140,10 +140,12 @@ static int int_type(const struct mod *m, uint32_t type, uint32_t *width, int *si
  * 0 where it has none to count (a runtime array, an unknown type);
  * SIZE_UNKNOWN where it holds an array whose length (a specialization
  * constant at its default, or an expression of them) cannot be evaluated
- * or is below 1. */
+ * or is below 1, or types nested more than 16 deep. */
 static uint64_t size_of(const struct mod *m, uint32_t id, int depth) {
   const uint32_t *t = def_of(m, id);
-  if (!t || depth > 16)
+  if (depth > 16)
+    return SIZE_UNKNOWN; /* counted as 0, arrays nested deeper escaped the limits */
+  if (!t)
     return 0;
   uint32_t n = len_of(t[0]);
   switch (op_of(t[0])) {
@@ -156,7 +158,9 @@ static uint64_t size_of(const struct mod *m, uint32_t id, int depth) {
     uint64_t es = n > 3 ? size_of(m, t[2], depth + 1) : 0;
     if (es == SIZE_UNKNOWN)
       return SIZE_UNKNOWN;
-    return t[3] * es > SIZE_CAP ? SIZE_CAP : t[3] * es; /* es <= 2^40, t[3] < 2^32 */
+    if (es && t[3] > SIZE_CAP / es)
+      return SIZE_CAP;
+    return t[3] * es;
   }
   case OP_TYPEARRAY: {
     /* The length: the value the driver sees (a specialization constant at
@@ -648,9 +652,10 @@ int dspk__vk_spv_check(const uint32_t *w, size_t nw, const char *entry, int nbin
       /* Its size must be the driver's: refused where it cannot be told. */
       snprintf(msg, msglen,
                "kernel: the shader's %s variable %u holds an array whose length cannot be "
-               "told before the pipeline is made (below 1, or a specialization-constant "
+               "told before the pipeline is made (below 1, a specialization-constant "
                "expression other than integer arithmetic on specialization constants' "
-               "defaults): give it a constant or specialization-constant length",
+               "defaults, or types nested more than 16 deep): give it a constant or "
+               "specialization-constant length",
                sc == SC_WORKGROUP ? "shared (Workgroup)" : "push-constant", id);
       r = DSPK_EINVAL;
       continue;

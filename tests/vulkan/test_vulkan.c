@@ -1869,6 +1869,31 @@ static void t_raw_spirv_valid(void **state) {
   }
 }
 
+/* Runs raw GLSL src with one f32[4] argument of zeros, grid 1: returns
+ * run's code, msg the message, *x0 (when not NULL) the tensor's first
+ * element after it. */
+static int glsl_try(const char *src, char *msg, size_t msglen, float *x0) {
+  int64_t n = 4;
+  struct htensor X = h_make(DSPK_F32, 1, &n, 1);
+  struct dspk__op op = {.kind = DSPK_OP_KERNEL, .nin = 1};
+  assert_int_equal(h_upload(D, &X, 0, &op.in[0]), 0);
+  op.u.kernel.lang = "glsl";
+  op.u.kernel.source = src;
+  op.u.kernel.source_len = strlen(src);
+  op.u.kernel.grid[0] = 1;
+  op.u.kernel.nargs = 1;
+  op.u.kernel.args[0] = (struct dspk__karg){.kind = DSPK__KARG_TENSOR, .v.tensor = 0};
+  assert_int_equal(dspk__op_infer(&op, msg, msglen), 0);
+  struct dspk__opctx ctx = {.errmsg = msg, .errmsg_len = msglen};
+  msg[0] = 0;
+  int r = VKB->run(D, &op, &ctx);
+  if (r == 0 && x0)
+    assert_int_equal(VKB->read(D, op.in[0].mem, 0, x0, 4), 0);
+  VKB->free(D, op.in[0].mem);
+  h_free(&X);
+  return r;
+}
+
 /* The module of t_spv_spec_limits: one shared float array of length len
  * (its definition in lendef, after %N, %W and the other constants), the
  * work-group size given by mode (an OpExecutionMode(Id) line) and by wg
@@ -1993,25 +2018,23 @@ static void t_spv_spec_limits(void **state) {
              "#version 450\nlayout(local_size_x = 1) in;\n"
              "layout(std430, binding = 0) buffer X { float x[]; };\n"
              "shared float unused[%u];\nvoid main() { x[0] = 2.0; }\n", words + 1);
-    int64_t n = 4;
-    struct htensor X = h_make(DSPK_F32, 1, &n, 1);
-    struct dspk__op op = {.kind = DSPK_OP_KERNEL, .nin = 1};
-    assert_int_equal(h_upload(D, &X, 0, &op.in[0]), 0);
-    op.u.kernel.lang = "glsl";
-    op.u.kernel.source = src;
-    op.u.kernel.source_len = strlen(src);
-    op.u.kernel.grid[0] = 1;
-    op.u.kernel.nargs = 1;
-    op.u.kernel.args[0] = (struct dspk__karg){.kind = DSPK__KARG_TENSOR, .v.tensor = 0};
-    assert_int_equal(dspk__op_infer(&op, msg, sizeof msg), 0);
-    struct dspk__opctx ctx = {.errmsg = msg, .errmsg_len = sizeof msg};
-    msg[0] = 0;
-    int r = VKB->run(D, &op, &ctx);
+    int r = glsl_try(src, msg, sizeof msg, NULL);
     snprintf(want, sizeof want, "shared (Workgroup) variables take %u bytes", (words + 1) * 4);
     if (r != DSPK_ELIMIT || !strstr(msg, want))
       fail_msg("an unused shared array over the limit: %d \"%s\", expected ELIMIT", r, msg);
-    VKB->free(D, op.in[0].mem);
-    h_free(&X);
+  }
+  /* Arrays nested deeper than the check reads (2^18 floats in 18 levels of
+   * 2 counted 0 bytes): EINVAL. */
+  {
+    char src[512] = "#version 450\nlayout(local_size_x = 1) in;\n"
+                    "layout(std430, binding = 0) buffer X { float x[]; };\nshared float s";
+    for (int k = 0; k < 18; k++)
+      strcat(src, "[2]");
+    strcat(src, ";\nvoid main() { s[0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][1] = "
+                "3.0; x[0] = s[0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][1]; }\n");
+    int r = glsl_try(src, msg, sizeof msg, NULL);
+    if (r != DSPK_EINVAL || !strstr(msg, "nested more than 16 deep"))
+      fail_msg("a shared array of 18 levels: %d \"%s\", expected EINVAL", r, msg);
   }
   /* A length that cannot be evaluated (N / 0) or below 1 (N - 8): EINVAL. */
   snprintf(consts, sizeof consts, "%%N = OpSpecConstant %%int 8\n%%W = OpSpecConstant %%uint 1\n");
@@ -2059,30 +2082,14 @@ static void t_spv_spec_limits(void **state) {
     static const char src[] = "#version 450\nlayout(local_size_x_id = 0) in;\n"
                               "layout(constant_id = 0) const uint WG = 100000;\n"
                               "layout(std430, binding = 0) buffer X { float x[]; };\n"
-                              "void main() { x[0] = float(gl_WorkGroupSize.x); "
-                              "x[1] = float(WG); }\n";
-    int64_t n = 4;
-    struct htensor X = h_make(DSPK_F32, 1, &n, 1);
-    struct dspk__op op = {.kind = DSPK_OP_KERNEL, .nin = 1};
-    assert_int_equal(h_upload(D, &X, 0, &op.in[0]), 0);
-    op.u.kernel.lang = "glsl";
-    op.u.kernel.source = src;
-    op.u.kernel.source_len = strlen(src);
-    op.u.kernel.grid[0] = 1;
-    op.u.kernel.nargs = 1;
-    op.u.kernel.args[0] = (struct dspk__karg){.kind = DSPK__KARG_TENSOR, .v.tensor = 0};
-    assert_int_equal(dspk__op_infer(&op, msg, sizeof msg), 0);
-    struct dspk__opctx ctx = {.errmsg = msg, .errmsg_len = sizeof msg};
-    msg[0] = 0;
-    if ((r = VKB->run(D, &op, &ctx)))
+                              "void main() { x[0] = float(gl_WorkGroupSize.x) + "
+                              "float(WG == 100000u); }\n";
+    float x0;
+    if ((r = glsl_try(src, msg, sizeof msg, &x0)))
       fail_msg("local_size_x_id: %d %s", r, msg);
-    float x[2];
-    assert_int_equal(VKB->read(D, op.in[0].mem, 0, x, sizeof x), 0);
-    if (x[0] != 1.0f || x[1] != 100000.0f)
-      fail_msg("local_size_x_id: gl_WorkGroupSize.x %g, WG %g (expected 1, 100000)", x[0],
-               x[1]);
-    VKB->free(D, op.in[0].mem);
-    h_free(&X);
+    if (x0 != 2.0f)
+      fail_msg("local_size_x_id: gl_WorkGroupSize.x + (WG == 100000) is %g (expected 1 + 1)",
+               x0);
   }
   /* LocalSizeId (Vulkan 1.3's maintenance4) of W * 2. */
   if (D->props.apiVersion >= VK_API_VERSION_1_3) {
