@@ -367,6 +367,17 @@ static int open_cache(struct dspkd *d) {
   return 0;
 }
 
+/* The environment variables that turn the Vulkan drivers' shader disk
+ * caches off (Mesa's drivers: lavapipe, radv, anv...; NVIDIA's), set where
+ * the environment does not already give them a value. */
+static void driver_caches_off(void) {
+  static const char *const vars[][2] = {{"MESA_SHADER_CACHE_DISABLE", "true"},
+                                        {"__GL_SHADER_DISK_CACHE", "0"}};
+  for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++)
+    if (setenv(vars[i][0], vars[i][1], 0) != 0)
+      dspkd_warn("cannot set %s: %s", vars[i][0], strerror(errno));
+}
+
 int main(int argc, char **argv) {
   static struct dspkd daemon_state;
   struct dspkd *d = &daemon_state;
@@ -388,6 +399,13 @@ int main(int argc, char **argv) {
    * limits (backends/common/kcompile.h): nothing of the daemon runs in it. */
   if (argc == 3 && strcmp(argv[1], "--kernel-compile") == 0)
     return dspk__kernel_compile_main(argv[2]);
+  /* Before any driver loads (and before any thread reads the environment):
+   * the drivers' own disk caches off.  Mesa keys its shader disk cache by
+   * the shader's compiled form, from which the owner mark of a raw kernel
+   * (an OpSourceExtension, vk_shader.c) is gone, so a hit there would show
+   * one user, by its time, that another ran the same kernel
+   * (docs/security.md).  A value the administrator set wins (docs/admin.md). */
+  driver_caches_off();
   /* A stop or reload signal from now on is recorded, whichever thread takes
    * it (a library may have started threads before main, with every signal
    * unblocked), and acted on once the watchers are in place. */

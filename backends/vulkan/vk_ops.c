@@ -880,39 +880,106 @@ int dspk__vk_fir_fixup(struct dspk__dev *d, struct dspk__op *op, const struct ds
 /* A tensor argument with no elements cannot be bound as itself: Vulkan
  * has no empty descriptor range, and the smallest range at its place
  * would be bytes past its end (another tensor's, in a shared buffer).  It
- * is bound to 4 bytes of a zeroed scratch block of the op's own (*scratch,
- * allocated at the first such argument, freed by the caller behind the
- * work): a shader's .length() reads 4 bytes over its array's stride (1 for
- * 32-bit elements, 0 for 64-bit ones), loads read zeros (or what the kernel
- * stored there) and stores land in the scratch block.
+ * is bound to 4 bytes of a zeroed scratch block of the op's own (the
+ * first of struct kscratch, allocated at the first such argument, freed
+ * behind the work): a shader's .length() reads 4 bytes over its array's
+ * stride (1 for 32-bit elements, 0 for 64-bit ones), loads read zeros (or
+ * what the kernel stored there) and stores land in the scratch block.
+ *
+ * A buffer imported in place (a client's shared memory, import_host) whose
+ * size is not a multiple of 4 cannot be bound as itself either: a binding
+ * is rounded up to whole words, and the words past its size in the
+ * mapping are the client's file (protocol.md: that rounding is zero, and
+ * stores there reach nothing).  The kernel sees such a buffer through a
+ * copy of the op's own (its bytes, then zeros to the next word): every
+ * argument over that buffer is bound to the copy, so arguments over the
+ * same bytes still see each other's stores, and the copy's first `size`
+ * bytes go back to the buffer after the dispatch.
  *
  * A tensor whose place is not a multiple of the device's
  * minStorageBufferOffsetAlignment (a slice of a client's shared array at a
  * multiple of its item size, protocol.md) cannot be bound at its first
  * element either: a raw kernel indexes its array from 0, with no offset of
- * ours as the built-in ops take.  It is staged: copied into a block of the
- * op's own (zeroed first: the binding's padding to 4 bytes reads zero, never
- * a block's earlier bytes), bound there, and copied back over the tensor
- * after the dispatch (the kernel may write any of its tensors), all in order
- * on the queue; a tensor named by several arguments is staged once. */
+ * ours as the built-in ops take.  It is staged: copied from its buffer into
+ * a block of the op's own (zeroed first: the binding's padding to 4 bytes
+ * reads zero, never a block's earlier bytes), bound there, and copied back
+ * over the tensor after the dispatch, after the padded copies above went
+ * back (the kernel may write any of its tensors), all in order on the
+ * queue; a tensor named by several arguments is staged once. */
+struct kpad {
+  struct dspk__mem *buf, *copy;
+};
 struct kstage {
   int n;
   int tensor[DSPK__VK_MAX_BIND];            /* op->in index */
   struct dspk__mem *mem[DSPK__VK_MAX_BIND]; /* its block, freed behind the work */
 };
+struct kscratch {
+  struct dspk__mem *empty;
+  struct kpad pad[DSPK__VK_MAX_BIND];
+  int npad;
+  struct kstage st;
+};
 
 static int kernel_op(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *ctx,
-                     struct dspk__mem **scratch, struct kstage *st);
+                     struct kscratch *ks);
+
+/* Records a copy of n bytes from the start of block s to the start of
+ * block t into the open command buffer, followed by a barrier. */
+static int copy_blocks(struct dspk__dev *d, struct dspk__mem *s, struct dspk__mem *t,
+                       size_t n) {
+  VkCommandBuffer cb;
+  int r = dspk__vk_cmd(d, &cb);
+  if (r)
+    return r;
+  VkBufferCopy c = {.srcOffset = s->off, .dstOffset = t->off, .size = n};
+  VK(CmdCopyBuffer)(cb, s->buf, t->buf, 1, &c);
+  dspk__vk_barrier(d);
+  return 0;
+}
+
+/* The block a tensor over m is bound to: m, or the padded copy of an
+ * imported m of a size not a multiple of 4 (made at its first use). */
+static int bind_block(struct dspk__dev *d, struct kscratch *ks, struct dspk__mem *m,
+                      struct dspk__mem **out) {
+  *out = m;
+  if (!m->imported || m->size % 4 == 0)
+    return 0;
+  for (int i = 0; i < ks->npad; i++)
+    if (ks->pad[i].buf == m) {
+      *out = ks->pad[i].copy;
+      return 0;
+    }
+  if (ks->npad == DSPK__VK_MAX_BIND)
+    return DSPK_ELIMIT; /* not reached: one per binding */
+  struct dspk__mem *c;
+  size_t words = (m->size + 3) & ~(size_t)3;
+  int r = dspk__vk_alloc(d, words, &c);
+  if (r)
+    return r;
+  /* Zeros in its last word, then the buffer's bytes over the rest. */
+  if ((r = dspk__vk_zero(d, c, words - 4, 4)) || (r = copy_blocks(d, m, c, m->size))) {
+    (void)dspk__vk_submit(d);
+    dspk__vk_free(d, c);
+    return r;
+  }
+  ks->pad[ks->npad].buf = m;
+  ks->pad[ks->npad++].copy = c;
+  *out = c;
+  return 0;
+}
 
 int dspk__vk_kernel_op(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *ctx) {
-  struct dspk__mem *scratch = NULL;
-  struct kstage st = {0};
-  int r = kernel_op(d, op, ctx, &scratch, &st);
-  if (scratch || st.n) {
+  struct kscratch ks = {0};
+  int r = kernel_op(d, op, ctx, &ks);
+  if (ks.empty || ks.npad || ks.st.n) {
     int s = dspk__vk_submit(d); /* the blocks go back behind the work */
-    dspk__vk_free(d, scratch);
-    for (int i = 0; i < st.n; i++)
-      dspk__vk_free(d, st.mem[i]);
+    if (ks.empty)
+      dspk__vk_free(d, ks.empty);
+    for (int i = 0; i < ks.npad; i++)
+      dspk__vk_free(d, ks.pad[i].copy);
+    for (int i = 0; i < ks.st.n; i++)
+      dspk__vk_free(d, ks.st.mem[i]);
     if (r == 0)
       r = s;
   }
@@ -973,7 +1040,7 @@ static int unstage(struct dspk__dev *d, struct dspk__op *op, const struct kstage
 }
 
 static int kernel_op(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *ctx,
-                     struct dspk__mem **scratch, struct kstage *st) {
+                     struct kscratch *ks) {
   const char *lang = op->u.kernel.lang;
   int spirv;
   if (strcmp(lang, "glsl") == 0)
@@ -1000,17 +1067,20 @@ static int kernel_op(struct dspk__dev *d, struct dspk__op *op, struct dspk__opct
                              DSPK__VK_MAX_BIND);
       int r;
       if (dspk__tensor_numel(t) == 0) {
-        if (!*scratch && (r = dspk__vk_alloc(d, 16, scratch)))
+        if (!ks->empty && (r = dspk__vk_alloc(d, 16, &ks->empty)))
           return r;
         /* Loads read zeros, never a pool block's earlier bytes. */
-        if ((r = dspk__vk_zero(d, *scratch, 0, 16)))
+        if ((r = dspk__vk_zero(d, ks->empty, 0, 16)))
           return r;
-        struct dspk__tensor w = {.dtype = DSPK_F32, .rank = 1, .shape = {1}, .mem = *scratch};
+        struct dspk__tensor w = {.dtype = DSPK_F32, .rank = 1, .shape = {1}, .mem = ks->empty};
         r = dspk__vk_bind_tensor(d, &w, &b[nb], &elem);
       } else {
-        r = dspk__vk_bind_tensor(d, t, &b[nb], &elem);
+        struct dspk__tensor w = *t;
+        if ((r = bind_block(d, ks, t->mem, &w.mem)))
+          return r;
+        r = dspk__vk_bind_tensor(d, &w, &b[nb], &elem);
         if (r == 0 && elem != 0) /* off the device's alignment: staged */
-          r = stage_tensor(d, op, a->v.tensor, st, &b[nb]);
+          r = stage_tensor(d, op, a->v.tensor, &ks->st, &b[nb]);
       }
       if (r == DSPK_ENOTSUP || r == DSPK_ELIMIT)
         return dspk__vk_fail(ctx, r,
@@ -1065,7 +1135,12 @@ static int kernel_op(struct dspk__dev *d, struct dspk__op *op, struct dspk__opct
                          g[0], g[1], g[2], mx[0], mx[1], mx[2]);
   if ((r = dspk__vk_dispatch(d, kern, b, nb, pc, pcsize, g[0], g[1], g[2])))
     return r;
-  return unstage(d, op, st);
+  /* What the kernel stored goes back to the imported buffers, within their
+   * sizes, then the staged tensors over theirs. */
+  for (int i = 0; i < ks->npad; i++)
+    if ((r = copy_blocks(d, ks->pad[i].copy, ks->pad[i].buf, ks->pad[i].buf->size)))
+      return r;
+  return unstage(d, op, &ks->st);
 }
 
 /* ---- dispatcher ------------------------------------------------------------- */

@@ -17,10 +17,15 @@
  * operands of the functions' instructions: a variable is used when one of
  * them names it (as the Vulkan specification's "statically used"), and from
  * 1.4 on is in the entry's interface.  The entry point's work-group size
- * (WorkgroupSize, LocalSize, LocalSizeId) and the bytes of the Workgroup
- * variables it uses (each variable's size, no padding between them) are
+ * (WorkgroupSize, LocalSize, LocalSizeId) and the bytes of the module's
+ * Workgroup variables, used or not (each variable's size, no padding
+ * between them), are
  * checked against the device's limits too: ELIMIT beyond them, which Vulkan
- * also leaves undefined.  The module has passed SPIRV-Tools'
+ * also leaves undefined.  Those checks see the values the driver sees: the
+ * daemon passes no specialization, so a specialization constant is its
+ * default, and an OpSpecConstantOp of integer arithmetic on such values is
+ * computed (eval); a size or array length that cannot be computed so is
+ * EINVAL, never passed unchecked.  The module has passed SPIRV-Tools'
  * validator first (vk_spvval.c), so it is well-formed; the bounds checks
  * here stay all the same.
  */
@@ -46,10 +51,16 @@ enum {
   OP_TYPESTRUCT = 30,
   OP_TYPEPOINTER = 32,
   OP_EXECUTIONMODE = 16,
+  OP_CONSTANTTRUE = 41,
+  OP_CONSTANTFALSE = 42,
   OP_CONSTANT = 43,
   OP_CONSTANTCOMPOSITE = 44,
+  OP_CONSTANTNULL = 46,
+  OP_SPECCONSTANTTRUE = 48,
+  OP_SPECCONSTANTFALSE = 49,
   OP_SPECCONSTANT = 50,
   OP_SPECCONSTANTCOMPOSITE = 51,
+  OP_SPECCONSTANTOP = 52,
   OP_EXECUTIONMODEID = 331,
   EXM_LOCALSIZE = 17,
   EXM_LOCALSIZEID = 38,
@@ -99,6 +110,8 @@ struct id {
   uint8_t used;     /* by the entry point */
   uint8_t wgsize;   /* decorated BuiltIn WorkgroupSize */
   uint32_t mode;    /* of a function: word index of its LocalSize(Id) mode; 0 none */
+  uint8_t ev;       /* a constant's value: 0 not yet evaluated, 1 val, 2 cannot be told */
+  uint64_t val;     /* its bits, within its type's width */
 };
 
 struct mod {
@@ -116,11 +129,23 @@ static const uint32_t *def_of(const struct mod *m, uint32_t id) {
   return id < m->bound && m->ids[id].def ? m->w + m->ids[id].def : NULL;
 }
 
+static int value_of(const struct mod *m, uint32_t id, uint64_t *v);
+static int int_type(const struct mod *m, uint32_t type, uint32_t *width, int *sign);
+
+/* What size_of gives for a type with an array whose length cannot be told. */
+#define SIZE_UNKNOWN UINT64_MAX
+#define SIZE_CAP ((uint64_t)1 << 40)
+
 /* Bytes the type occupies in a block (its last byte's end), at most 2^40;
- * 0 where it cannot be told (a runtime array, an unknown type). */
+ * 0 where it has none to count (a runtime array, an unknown type);
+ * SIZE_UNKNOWN where it holds an array whose length (a specialization
+ * constant at its default, or an expression of them) cannot be evaluated
+ * or is below 1, or types nested more than 16 deep. */
 static uint64_t size_of(const struct mod *m, uint32_t id, int depth) {
   const uint32_t *t = def_of(m, id);
-  if (!t || depth > 16)
+  if (depth > 16)
+    return SIZE_UNKNOWN; /* counted as 0, arrays nested deeper escaped the limits */
+  if (!t)
     return 0;
   uint32_t n = len_of(t[0]);
   switch (op_of(t[0])) {
@@ -129,15 +154,31 @@ static uint64_t size_of(const struct mod *m, uint32_t id, int depth) {
   case OP_TYPEFLOAT: return n > 2 ? t[2] / 8 : 0;
   case OP_TYPEPOINTER: return 8;
   case OP_TYPEVECTOR:
-  case OP_TYPEMATRIX: return n > 3 ? t[3] * size_of(m, t[2], depth + 1) : 0;
+  case OP_TYPEMATRIX: {
+    uint64_t es = n > 3 ? size_of(m, t[2], depth + 1) : 0;
+    if (es == SIZE_UNKNOWN)
+      return SIZE_UNKNOWN;
+    if (es && t[3] > SIZE_CAP / es)
+      return SIZE_CAP;
+    return t[3] * es;
+  }
   case OP_TYPEARRAY: {
+    /* The length: the value the driver sees (a specialization constant at
+     * its default: the daemon passes no specialization). */
+    uint64_t len, es;
+    uint32_t width;
+    int sign;
     const uint32_t *c = n > 3 ? def_of(m, t[3]) : NULL;
-    if (!c || op_of(c[0]) != OP_CONSTANT || len_of(c[0]) < 4 || c[3] == 0)
-      return 0;
-    uint64_t es = size_of(m, t[2], depth + 1);
+    if (!c || value_of(m, t[3], &len) || int_type(m, c[1], &width, &sign) || width < 8 ||
+        len == 0 || (sign && len >> (width - 1)))
+      return SIZE_UNKNOWN;
+    if ((es = size_of(m, t[2], depth + 1)) == SIZE_UNKNOWN)
+      return SIZE_UNKNOWN;
     uint64_t st = m->ids[id].stride ? m->ids[id].stride : es;
-    uint64_t s = (uint64_t)(c[3] - 1) * st + es;
-    return s > ((uint64_t)1 << 40) ? (uint64_t)1 << 40 : s;
+    if (st && len - 1 > SIZE_CAP / st)
+      return SIZE_CAP;
+    uint64_t s = (len - 1) * st + es;
+    return s > SIZE_CAP ? SIZE_CAP : s;
   }
   case OP_TYPESTRUCT: {
     uint64_t end = 0, at = 0;
@@ -162,6 +203,8 @@ static uint64_t size_of(const struct mod *m, uint32_t id, int depth) {
         i += l;
       }
       uint64_t s = size_of(m, t[2 + k], depth + 1);
+      if (s == SIZE_UNKNOWN)
+        return SIZE_UNKNOWN;
       at = off + s;
       if (at > end)
         end = at;
@@ -192,48 +235,257 @@ static int literal(uint32_t op, uint32_t k) {
   }
 }
 
-/* The value of constant id (OpConstant, or OpSpecConstant's default: the
- * daemon passes no specialization), or -1. */
-static int64_t const_of(const struct mod *m, uint32_t id) {
-  const uint32_t *c = def_of(m, id);
-  if (!c || (op_of(c[0]) != OP_CONSTANT && op_of(c[0]) != OP_SPECCONSTANT) || len_of(c[0]) < 4)
+/* The width (1 for a bool) and signedness of an integer or bool type;
+ * -1 for any other type. */
+static int int_type(const struct mod *m, uint32_t type, uint32_t *width, int *sign) {
+  const uint32_t *t = def_of(m, type);
+  if (t && op_of(t[0]) == OP_TYPEBOOL) {
+    *width = 1;
+    *sign = 0;
+    return 0;
+  }
+  if (!t || op_of(t[0]) != OP_TYPEINT || len_of(t[0]) < 4 || t[2] == 0 || t[2] > 64)
     return -1;
-  return c[3];
+  *width = t[2];
+  *sign = t[3] != 0;
+  return 0;
+}
+
+static uint64_t mask_to(uint64_t v, uint32_t width) {
+  return width >= 64 ? v : v & (((uint64_t)1 << width) - 1);
+}
+
+/* v's bits of the given width read as a signed number. */
+static int64_t sext(uint64_t v, uint32_t width) {
+  if (width >= 64)
+    return (int64_t)v;
+  uint64_t s = (uint64_t)1 << (width - 1);
+  return (int64_t)((mask_to(v, width) ^ s) - s);
+}
+
+/* The opcodes of OpSpecConstantOp evaluated (SPIR-V's numbers). */
+enum {
+  SO_UCONVERT = 113, SO_SCONVERT = 114, SO_SNEGATE = 126, SO_IADD = 128, SO_ISUB = 130,
+  SO_IMUL = 132, SO_UDIV = 134, SO_SDIV = 135, SO_UMOD = 137, SO_SREM = 138, SO_SMOD = 139,
+  SO_LOGICALEQUAL = 164, SO_LOGICALNOTEQUAL = 165, SO_LOGICALOR = 166, SO_LOGICALAND = 167,
+  SO_LOGICALNOT = 168, SO_SELECT = 169, SO_IEQUAL = 170, SO_INOTEQUAL = 171,
+  SO_UGREATERTHAN = 172, SO_SGREATERTHAN = 173, SO_UGREATERTHANEQUAL = 174,
+  SO_SGREATERTHANEQUAL = 175, SO_ULESSTHAN = 176, SO_SLESSTHAN = 177,
+  SO_ULESSTHANEQUAL = 178, SO_SLESSTHANEQUAL = 179, SO_SHIFTRIGHTLOGICAL = 194,
+  SO_SHIFTRIGHTARITHMETIC = 195, SO_SHIFTLEFTLOGICAL = 196, SO_BITWISEOR = 197,
+  SO_BITWISEXOR = 198, SO_BITWISEAND = 199, SO_NOT = 200,
+};
+
+/* Evaluates the integer or bool scalar constant of c (its instruction):
+ * 0 and *v, or -1 where it cannot be told. */
+static int eval(const struct mod *m, const uint32_t *c, int depth, uint64_t *v);
+
+/* The value of scalar constant id as the driver sees it (OpConstant;
+ * OpSpecConstant, -True, -False at their defaults: the daemon passes no
+ * specialization; OpSpecConstantOp of integer arithmetic, comparisons,
+ * logic and OpCompositeExtract over those, computed in the result's width
+ * as the specification defines): 0 and *v (its bits, within the type's
+ * width), or -1 where it cannot be told (another kind of constant or
+ * operation, a division by zero, a shift by the width or more, a chain
+ * deeper than 64).  Each id is evaluated once (m->ids[].ev), so that a
+ * module of shared subexpressions costs its size, not their paths. */
+static int eval_id(const struct mod *m, uint32_t id, int depth, uint64_t *v) {
+  const uint32_t *c = def_of(m, id);
+  if (!c || depth > 64)
+    return -1;
+  struct id *e = &m->ids[id];
+  if (e->ev == 0) {
+    uint64_t x;
+    e->ev = 2; /* also while being evaluated: a cycle cannot be told */
+    if (eval(m, c, depth, &x) == 0) {
+      e->ev = 1;
+      e->val = x;
+    }
+  }
+  *v = e->val;
+  return e->ev == 1 ? 0 : -1;
+}
+
+static int value_of(const struct mod *m, uint32_t id, uint64_t *v) {
+  return eval_id(m, id, 0, v);
+}
+
+static int eval(const struct mod *m, const uint32_t *c, int depth, uint64_t *v) {
+  uint32_t op = op_of(c[0]), n = len_of(c[0]), w, wa = 0;
+  int sg, sa = 0;
+  if (n < 3 || int_type(m, c[1], &w, &sg))
+    return -1;
+  switch (op) {
+  case OP_CONSTANTTRUE: case OP_SPECCONSTANTTRUE: *v = 1; return 0;
+  case OP_CONSTANTFALSE: case OP_SPECCONSTANTFALSE: case OP_CONSTANTNULL: *v = 0; return 0;
+  case OP_CONSTANT: case OP_SPECCONSTANT:
+    if (n < 4 || w == 1)
+      return -1;
+    *v = mask_to(w > 32 && n >= 5 ? (uint64_t)c[4] << 32 | c[3] : c[3], w);
+    return 0;
+  case OP_SPECCONSTANTOP: break;
+  default: return -1;
+  }
+  if (n < 5)
+    return -1;
+  uint32_t so = c[3];
+  uint64_t a = 0, b = 0, r;
+  if (so == 81 /* OpCompositeExtract: a composite constant, literal indexes */) {
+    uint32_t id = c[4];
+    for (uint32_t k = 5; k < n; k++) {
+      const uint32_t *x = def_of(m, id);
+      if (!x || (op_of(x[0]) != OP_CONSTANTCOMPOSITE &&
+                 op_of(x[0]) != OP_SPECCONSTANTCOMPOSITE) || 3 + (uint64_t)c[k] >= len_of(x[0]))
+        return -1;
+      id = x[3 + c[k]];
+    }
+    if (eval_id(m, id, depth + 1, &r))
+      return -1;
+    *v = mask_to(r, w);
+    return 0;
+  }
+  /* The operands: ids of scalar constants. */
+  if (eval_id(m, c[4], depth + 1, &a) || int_type(m, def_of(m, c[4])[1], &wa, &sa))
+    return -1;
+  if (n >= 6 && so != SO_SELECT && eval_id(m, c[5], depth + 1, &b))
+    return -1;
+  int64_t x = sext(a, wa), y = 0;
+  uint32_t wb = 0;
+  int sb;
+  if (n >= 6 && so != SO_SELECT) {
+    if (int_type(m, def_of(m, c[5])[1], &wb, &sb))
+      return -1;
+    y = sext(b, wb);
+  }
+  int two = n >= 6; /* a second operand */
+  switch (so) {
+  case SO_UCONVERT: r = a; break;
+  case SO_SCONVERT: r = (uint64_t)x; break;
+  case SO_SNEGATE: r = 0 - a; break;
+  case SO_NOT: r = ~a; break;
+  case SO_LOGICALNOT: r = !a; break;
+  case SO_SELECT: {
+    uint64_t p, q;
+    if (n < 7 || eval_id(m, c[5], depth + 1, &p) || eval_id(m, c[6], depth + 1, &q))
+      return -1;
+    r = a ? p : q;
+    break;
+  }
+  default:
+    if (!two)
+      return -1;
+    switch (so) {
+    case SO_IADD: r = a + b; break;
+    case SO_ISUB: r = a - b; break;
+    case SO_IMUL: r = a * b; break;
+    case SO_UDIV: if (!b) return -1; r = a / b; break;
+    case SO_UMOD: if (!b) return -1; r = a % b; break;
+    case SO_SDIV:
+    case SO_SREM:
+    case SO_SMOD:
+      /* Division by zero is undefined, so is the overflow of the most
+       * negative number by -1. */
+      if (!y || (y == -1 && x == INT64_MIN))
+        return -1;
+      if (so == SO_SDIV) {
+        r = (uint64_t)(x / y);
+      } else {
+        int64_t q = x % y; /* SRem: the sign of x */
+        if (so == SO_SMOD && q && ((q < 0) != (y < 0)))
+          q += y; /* SMod: the sign of y */
+        r = (uint64_t)q;
+      }
+      break;
+    case SO_SHIFTRIGHTLOGICAL:
+    case SO_SHIFTRIGHTARITHMETIC:
+    case SO_SHIFTLEFTLOGICAL:
+      if (b >= wa) /* undefined */
+        return -1;
+      r = so == SO_SHIFTLEFTLOGICAL ? a << b
+          : so == SO_SHIFTRIGHTLOGICAL ? a >> b
+          : (uint64_t)(x < 0 ? ~(~x >> b) : x >> b);
+      break;
+    case SO_BITWISEOR: r = a | b; break;
+    case SO_BITWISEXOR: r = a ^ b; break;
+    case SO_BITWISEAND: r = a & b; break;
+    case SO_LOGICALEQUAL: case SO_IEQUAL: r = a == b; break;
+    case SO_LOGICALNOTEQUAL: case SO_INOTEQUAL: r = a != b; break;
+    case SO_LOGICALOR: r = a || b; break;
+    case SO_LOGICALAND: r = a && b; break;
+    case SO_UGREATERTHAN: r = a > b; break;
+    case SO_SGREATERTHAN: r = x > y; break;
+    case SO_UGREATERTHANEQUAL: r = a >= b; break;
+    case SO_SGREATERTHANEQUAL: r = x >= y; break;
+    case SO_ULESSTHAN: r = a < b; break;
+    case SO_SLESSTHAN: r = x < y; break;
+    case SO_ULESSTHANEQUAL: r = a <= b; break;
+    case SO_SLESSTHANEQUAL: r = x <= y; break;
+    default: return -1;
+    }
+  }
+  (void)sg;
+  *v = mask_to(r, w);
+  return 0;
 }
 
 /* The entry point's work-group size (an object decorated WorkgroupSize, else
- * its LocalSize or LocalSizeId mode) against the device's limits: 0 when it
- * fits or is not told, DSPK_ELIMIT with msg (Vulkan leaves a pipeline
- * beyond them undefined; lavapipe ran 65536 invocations silently). */
+ * its LocalSize or LocalSizeId mode; a specialization constant at its
+ * default, as the driver sees it without specialization) against the
+ * device's limits: 0 when it fits or is not told, DSPK_ELIMIT with msg
+ * (Vulkan leaves a pipeline beyond them undefined; lavapipe ran 65536
+ * invocations silently), DSPK_EINVAL where a dimension is an expression
+ * that cannot be evaluated (eval_id) or is 0. */
 static int local_size(const struct mod *m, const uint32_t *ep, const VkPhysicalDeviceLimits *lim,
                       char *msg, size_t msglen) {
-  int64_t sz[3] = {-1, -1, -1};
-  for (uint32_t id = 1; id < m->bound; id++) {
-    const uint32_t *c = m->ids[id].wgsize ? def_of(m, id) : NULL;
-    if (c && (op_of(c[0]) == OP_CONSTANTCOMPOSITE || op_of(c[0]) == OP_SPECCONSTANTCOMPOSITE) &&
-        len_of(c[0]) >= 6) {
-      for (int k = 0; k < 3; k++)
-        sz[k] = const_of(m, c[3 + k]);
+  uint64_t sz[3];
+  int told = 0, bad = 0;
+  for (uint32_t id = 1; id < m->bound && !told; id++) {
+    if (!m->ids[id].wgsize)
+      continue;
+    /* The WorkgroupSize object wins over the mode, whatever it is: one
+     * that is not a composite of 3 evaluable constants cannot be told. */
+    const uint32_t *c = def_of(m, id);
+    told = 1;
+    if (!c || (op_of(c[0]) != OP_CONSTANTCOMPOSITE && op_of(c[0]) != OP_SPECCONSTANTCOMPOSITE) ||
+        len_of(c[0]) < 6) {
+      bad = 1;
       break;
     }
+    for (int k = 0; k < 3; k++)
+      bad |= value_of(m, c[3 + k], &sz[k]) != 0;
   }
   uint32_t fn = ep[2];
-  if (sz[0] < 0 && fn < m->bound && m->ids[fn].mode) {
+  if (!told && fn < m->bound && m->ids[fn].mode) {
     const uint32_t *o = m->w + m->ids[fn].mode;
-    for (int k = 0; k < 3; k++)
-      sz[k] = op_of(o[0]) == OP_EXECUTIONMODE ? (int64_t)o[3 + k] : const_of(m, o[3 + k]);
+    told = 1;
+    for (int k = 0; k < 3; k++) {
+      if (op_of(o[0]) == OP_EXECUTIONMODE)
+        sz[k] = o[3 + k];
+      else
+        bad |= value_of(m, o[3 + k], &sz[k]) != 0;
+    }
   }
-  if (sz[0] < 0 || sz[1] < 0 || sz[2] < 0)
+  if (!told)
     return 0; /* spirv-val requires one for Vulkan */
+  if (bad || !sz[0] || !sz[1] || !sz[2])
+    return dspk__fail(msg, msglen, DSPK_EINVAL,
+                      "kernel: the shader's work-group size cannot be told before the "
+                      "pipeline is made (a dimension of 0, or a specialization-constant "
+                      "expression other than integer arithmetic on specialization "
+                      "constants' defaults): give it as constants or specialization "
+                      "constants");
   const uint32_t *mx = lim->maxComputeWorkGroupSize;
-  uint64_t n = (uint64_t)sz[0] * (uint64_t)sz[1] * (uint64_t)sz[2];
-  if (sz[0] > mx[0] || sz[1] > mx[1] || sz[2] > mx[2] || n > lim->maxComputeWorkGroupInvocations)
+  /* Each dimension within its limit is below 2^32: no product overflows. */
+  if (sz[0] > mx[0] || sz[1] > mx[1] || sz[2] > mx[2] ||
+      sz[0] * sz[1] > lim->maxComputeWorkGroupInvocations ||
+      sz[0] * sz[1] * sz[2] > lim->maxComputeWorkGroupInvocations)
     return dspk__fail(msg, msglen, DSPK_ELIMIT,
-                      "kernel: the shader's work-group size %lldx%lldx%lld exceeds the "
+                      "kernel: the shader's work-group size %llux%llux%llu exceeds the "
                       "device's maxComputeWorkGroupSize %ux%ux%u or "
                       "maxComputeWorkGroupInvocations %u",
-                      (long long)sz[0], (long long)sz[1], (long long)sz[2], mx[0], mx[1],
-                      mx[2], lim->maxComputeWorkGroupInvocations);
+                      (unsigned long long)sz[0], (unsigned long long)sz[1],
+                      (unsigned long long)sz[2], mx[0], mx[1], mx[2],
+                      lim->maxComputeWorkGroupInvocations);
   return 0;
 }
 
@@ -281,8 +533,14 @@ int dspk__vk_spv_check(const uint32_t *w, size_t nw, const char *entry, int nbin
           o[2] == (op == OP_EXECUTIONMODE ? EXM_LOCALSIZE : EXM_LOCALSIZEID))
         m.ids[o[1]].mode = (uint32_t)i;
       break;
+    case OP_CONSTANTTRUE:
+    case OP_CONSTANTFALSE:
     case OP_CONSTANT:
+    case OP_CONSTANTNULL:
+    case OP_SPECCONSTANTTRUE:
+    case OP_SPECCONSTANTFALSE:
     case OP_SPECCONSTANT:
+    case OP_SPECCONSTANTOP:
     case OP_CONSTANTCOMPOSITE:
     case OP_SPECCONSTANTCOMPOSITE:
     case OP_VARIABLE:
@@ -376,13 +634,32 @@ int dspk__vk_spv_check(const uint32_t *w, size_t nw, const char *entry, int nbin
   uint64_t shared = 0;
   for (uint32_t id = 1; id < m.bound && !r; id++) {
     const uint32_t *v = def_of(&m, id);
-    if (!v || op_of(v[0]) != OP_VARIABLE || !m.ids[id].used)
+    if (!v || op_of(v[0]) != OP_VARIABLE)
       continue;
     uint32_t sc = v[3];
+    /* Every Workgroup variable counts, used or not: the zero-initialising
+     * rewrite (vk_spvzero.c) gives each an initializer, which the driver
+     * honours (lavapipe: an unused `shared float s[1 << 22]` took the
+     * daemon's process 2.3 GiB and 82 s). */
+    if (!m.ids[id].used && sc != SC_WORKGROUP)
+      continue;
     const uint32_t *p = def_of(&m, v[1]);
     uint32_t pointee = p && op_of(p[0]) == OP_TYPEPOINTER && len_of(p[0]) >= 4 ? p[3] : 0;
     const uint32_t *t = def_of(&m, pointee);
     int32_t set = m.ids[id].set, bnd = m.ids[id].bnd;
+    if ((sc == SC_PUSHCONSTANT || sc == SC_WORKGROUP) &&
+        size_of(&m, pointee, 0) == SIZE_UNKNOWN) {
+      /* Its size must be the driver's: refused where it cannot be told. */
+      snprintf(msg, msglen,
+               "kernel: the shader's %s variable %u holds an array whose length cannot be "
+               "told before the pipeline is made (below 1, a specialization-constant "
+               "expression other than integer arithmetic on specialization constants' "
+               "defaults, or types nested more than 16 deep): give it a constant or "
+               "specialization-constant length",
+               sc == SC_WORKGROUP ? "shared (Workgroup)" : "push-constant", id);
+      r = DSPK_EINVAL;
+      continue;
+    }
     if (sc == SC_PUSHCONSTANT) {
       uint64_t s = size_of(&m, pointee, 0);
       if (s > pcmax) {

@@ -1676,6 +1676,87 @@ def t_kernelfs(exe, tmp):
     d.stop()
 
 
+def t_drivercache(exe, tmp):
+    """Round 8 (tester C): Mesa's shader disk cache (of the daemon's user)
+    keys a shader by its compiled form, without the owner mark of a raw
+    kernel, so a raw kernel's first run was 3 ms where another user had run
+    it and 16 ms where nobody had: one user could tell what another ran.
+    dspkd turns the drivers' disk caches off before any driver loads, unless
+    its environment sets them (docs/admin.md): with MESA_SHADER_CACHE_DISABLE
+    unset nothing reaches the cache directory; set to false by the
+    administrator, the driver's cache is used (which also shows that this
+    driver has one: a driver without it skips the group)."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("MESA_SHADER_CACHE_DISABLE", "MESA_GLSL_CACHE_DISABLE",
+                        "__GL_SHADER_DISK_CACHE")}
+    env["XDG_CACHE_HOME"] = os.path.join(tmp, "xdg")
+
+    def files(top):
+        return sum(len(f) for _, _, f in os.walk(top))
+
+    def run(extra, tag):
+        cache = os.path.join(tmp, "mesa-%s" % tag)
+        d = Daemon(exe, tmp, ["--backends", "vulkan"],
+                   env=dict(env, MESA_SHADER_CACHE_DIR=cache, **extra))
+        c = d.client()
+        vk = [x["id"] for x in c.call("devices", {})["devices"] if x["backend"] == "vulkan"]
+        if vk:
+            src = KERNEL_OK.replace("7.0", "%d.0" % random.randrange(1 << 20))
+            c.call("task.run", glsl_task(vk[0], src))
+        c.close()
+        d.stop()  # the driver's cache writes end with the process
+        if not vk:
+            raise Skip("no vulkan device")
+        return files(cache) + files(env["XDG_CACHE_HOME"])
+
+    kept = run({"MESA_SHADER_CACHE_DISABLE": "false"}, "admin")
+    if kept == 0:
+        raise Skip("the Vulkan driver keeps no Mesa shader disk cache")
+    n = run({}, "default")
+    check(n == 0, "no file in the driver's disk cache (%d; %d with the admin's override)"
+          % (n, kept))
+
+
+def t_padimport(exe, tmp):
+    """Round 8 (tester C): on the Vulkan device an f16 tensor of odd length
+    that ends with an imported buffer (buffer.import) of 6 bytes was bound
+    over the client's memfd rounded up to 8 bytes: the kernel read the
+    memfd's bytes 6 and 7 as the rounding and its store there changed them.
+    The rounding reads zero and the memfd past `size` stays untouched
+    (protocol.md, kernel)."""
+    import fcntl
+    import mmap
+    d = Daemon(exe, tmp, ["--backends", "cpu,vulkan"])
+    c = d.client()
+    vk = [x["id"] for x in c.call("devices", {})["devices"] if x["backend"] == "vulkan"]
+    if not vk:
+        c.close()
+        d.stop()
+        raise Skip("no vulkan device")
+    fd = os.memfd_create("dspkd-test-pad", os.MFD_ALLOW_SEALING)
+    os.ftruncate(fd, 8192)
+    mm = mmap.mmap(fd, 8192)
+    mm[:] = b"\x11" * 8192
+    fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK)
+    b = c.wait(send_with_fds(c, "buffer.import", {"device": vk[0], "size": 6}, [fd]))["buffer"]
+    os.close(fd)
+    src = ("#version 450\nlayout(local_size_x = 1) in;\n"
+           "layout(std430, binding = 0) buffer A { uint w[]; };\n"
+           "void main() { uint pad = w[1] >> 16; w[0] = pad;\n"
+           "  w[1] = (w[1] & 0xffffu) | 0xabcd0000u; }\n")
+    c.call("task.run", {"op": "kernel", "device": vk[0],
+                        "inputs": [{"buffer": b, "dtype": "f16", "shape": [3]}],
+                        "options": {"lang": "glsl", "source": src, "args": [{"tensor": 0}]}})
+    got = bytes(c.call("buffer.read", {"buffer": b, "size": 6})["data"])
+    check(got == b"\0\0\0\0\x11\x11",
+          "the rounding read zero, the buffer's own bytes kept: %s" % got.hex())
+    check(mm[6:8] == b"\x11\x11", "the memfd past size untouched: %s" % mm[6:8].hex())
+    c.call("buffer.free", {"buffer": b})
+    mm.close()
+    c.close()
+    d.stop()
+
+
 def t_kernelbomb(exe, tmp):
     """A client's kernel source cannot make the daemon use unbounded memory
     or time while compiling (docs/protocol.md, kernel): 0.5 KiB of GLSL whose
@@ -4599,6 +4680,8 @@ def t_shareunread(exe, tmp):
 
 
 GROUPS = {
+    "padimport": t_padimport,
+    "drivercache": t_drivercache,
     "cacheclearfail": t_cacheclearfail,
     "inplace": t_inplace,
     "caps": t_caps,

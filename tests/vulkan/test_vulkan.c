@@ -1304,6 +1304,74 @@ static void t_raw_pad_zero(void **state) {
   }
 }
 
+/* The rounding of a tensor that ends with an imported buffer (shared
+ * memory, buffer.import) whose size is not a multiple of 4 is zero, and a
+ * store there reaches nothing (protocol.md, kernel), never the client's
+ * bytes past the buffer's size in its mapping: tester C's f16[3] over 6
+ * bytes of a memfd of 0x11s read them and wrote 0xabcd there.  Another
+ * tensor over the same buffer (its first word) sees the kernel's stores
+ * through the first one, as in place; a bf16 tensor of 5 elements ends
+ * the same way.  Skipped where the device imports no host memory. */
+static void t_raw_pad_import(void **state) {
+  (void)state;
+  if (!D->host_import_align || !D->local_is_host) {
+    print_message("%s imports no host memory for ops\n", D->name);
+    skip();
+  }
+  static const char src[] =
+      "#version 450\n"
+      "layout(local_size_x = 1) in;\n"
+      "layout(std430, binding = 0) buffer A { uint w[]; };\n"
+      "layout(std430, binding = 1) buffer B { uint v[]; };\n"
+      "layout(std430, binding = 2) buffer O { uint o[]; };\n"
+      "void main() { uint pad = w[w.length() - 1]; o[0] = pad; o[1] = w.length();\n"
+      "  w[w.length() - 1] = pad | 0xabcd0000u; w[0] = 0x12345678u; o[2] = v[0]; }\n";
+  long page = sysconf(_SC_PAGESIZE);
+  int fd = memfd_create("p", MFD_CLOEXEC);
+  assert_true(fd >= 0 && page > 0);
+  assert_int_equal(ftruncate(fd, page), 0);
+  unsigned char *p = mmap(NULL, (size_t)page, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  assert_true(p != MAP_FAILED);
+  char msg[512];
+  for (int k = 0; k < 2; k++) {
+    /* f16[3] over 6 bytes; bf16[5] over 10. */
+    size_t size = k == 0 ? 6 : 10;
+    memset(p, 0x11, (size_t)page);
+    struct dspk__tensor t[3] = {
+        {.dtype = k == 0 ? DSPK_F16 : DSPK_BF16, .rank = 1, .shape = {(int64_t)size / 2}},
+        {.dtype = DSPK_F32, .rank = 1, .shape = {1}},
+        {0}};
+    assert_int_equal(VKB->import_host(D, p, size, &t[0].mem), 0);
+    t[1].mem = t[0].mem;
+    t[2] = words(4);
+    int r = raw_over(src, t, 3, msg, sizeof msg);
+    if (r)
+      fail_msg("%zu bytes: %d %s", size, r, msg);
+    assert_int_equal(VKB->sync(D), 0);
+    uint32_t o[3];
+    assert_int_equal(VKB->read(D, t[2].mem, 0, o, sizeof o), 0);
+    for (size_t i = size; i < size + 6; i++)
+      if (p[i] != 0x11)
+        fail_msg("%zu bytes: the client's byte %zu past the buffer is %#x, not 0x11 (the "
+                 "kernel read %#x there)", size, i, p[i], o[0]);
+    uint32_t want = 0x1111u; /* the buffer's bytes of the last word, zeros past them */
+    if (o[0] != want || o[1] != (uint32_t)(size + 2) / 4)
+      fail_msg("%zu bytes: the last word read %#x (want %#x: the buffer's bytes, zeros past "
+               "them), length %u", size, o[0], want, o[1]);
+    uint32_t first;
+    memcpy(&first, p, 4);
+    if (first != 0x12345678u || o[2] != 0x12345678u)
+      fail_msg("%zu bytes: the first word %#x, read through the other tensor after the "
+               "store %#x (want 0x12345678 both)", size, first, o[2]);
+    if (p[size - 2] != 0x11 || p[size - 1] != 0x11)
+      fail_msg("%zu bytes: the buffer's own bytes of the last word changed", size);
+    VKB->free(D, t[0].mem);
+    VKB->free(D, t[2].mem);
+  }
+  munmap(p, (size_t)page);
+  close(fd);
+}
+
 /* A raw kernel's accesses stay within its tensors where the device bounds
  * them (robust_raw): one tensor is words 16..31 of a block of 64 that holds
  * a pattern (the rest of the block: another tensor's, another user's); the
@@ -1875,6 +1943,249 @@ static void t_raw_spirv_valid(void **state) {
     }
     VKB->free(D, op.in[0].mem);
     h_free(&X);
+  }
+}
+
+/* Runs raw GLSL src with one f32[4] argument of zeros, grid 1: returns
+ * run's code, msg the message, *x0 (when not NULL) the tensor's first
+ * element after it. */
+static int glsl_try(const char *src, char *msg, size_t msglen, float *x0) {
+  int64_t n = 4;
+  struct htensor X = h_make(DSPK_F32, 1, &n, 1);
+  struct dspk__op op = {.kind = DSPK_OP_KERNEL, .nin = 1};
+  assert_int_equal(h_upload(D, &X, 0, &op.in[0]), 0);
+  op.u.kernel.lang = "glsl";
+  op.u.kernel.source = src;
+  op.u.kernel.source_len = strlen(src);
+  op.u.kernel.grid[0] = 1;
+  op.u.kernel.nargs = 1;
+  op.u.kernel.args[0] = (struct dspk__karg){.kind = DSPK__KARG_TENSOR, .v.tensor = 0};
+  assert_int_equal(dspk__op_infer(&op, msg, msglen), 0);
+  struct dspk__opctx ctx = {.errmsg = msg, .errmsg_len = msglen};
+  msg[0] = 0;
+  int r = VKB->run(D, &op, &ctx);
+  if (r == 0 && x0)
+    assert_int_equal(VKB->read(D, op.in[0].mem, 0, x0, 4), 0);
+  VKB->free(D, op.in[0].mem);
+  h_free(&X);
+  return r;
+}
+
+/* The module of t_spv_spec_limits: one shared float array of length len
+ * (its definition in lendef, after %N, %W and the other constants), the
+ * work-group size given by mode (an OpExecutionMode(Id) line) and by wg
+ * (decorations and constants of a WorkgroupSize object, or nothing). */
+static void spec_module(char *out, size_t outlen, const char *mode, const char *wgdec,
+                        const char *consts, const char *lendef) {
+  int n = snprintf(out, outlen,
+                   "OpCapability Shader\n"
+                   "OpMemoryModel Logical GLSL450\n"
+                   "OpEntryPoint GLCompute %%main \"main\"\n"
+                   "%s"
+                   "OpDecorate %%N SpecId 1\n"
+                   "OpDecorate %%W SpecId 2\n"
+                   "%s"
+                   "OpDecorate %%rt ArrayStride 4\n"
+                   "OpMemberDecorate %%A 0 Offset 0\n"
+                   "OpDecorate %%A Block\n"
+                   "OpDecorate %%a DescriptorSet 0\n"
+                   "OpDecorate %%a Binding 0\n"
+                   "%%void = OpTypeVoid\n"
+                   "%%fn = OpTypeFunction %%void\n"
+                   "%%float = OpTypeFloat 32\n"
+                   "%%uint = OpTypeInt 32 0\n"
+                   "%%int = OpTypeInt 32 1\n"
+                   "%%v3 = OpTypeVector %%uint 3\n"
+                   "%%one = OpConstant %%uint 1\n"
+                   "%%two = OpConstant %%int 2\n"
+                   "%%zero = OpConstant %%int 0\n"
+                   "%s"
+                   "%s"
+                   "%%arr = OpTypeArray %%float %%len\n"
+                   "%%parr = OpTypePointer Workgroup %%arr\n"
+                   "%%sh = OpVariable %%parr Workgroup\n"
+                   "%%rt = OpTypeRuntimeArray %%float\n"
+                   "%%A = OpTypeStruct %%rt\n"
+                   "%%pA = OpTypePointer StorageBuffer %%A\n"
+                   "%%a = OpVariable %%pA StorageBuffer\n"
+                   "%%pf = OpTypePointer StorageBuffer %%float\n"
+                   "%%pw = OpTypePointer Workgroup %%float\n"
+                   "%%main = OpFunction %%void None %%fn\n"
+                   "%%l = OpLabel\n"
+                   "%%p = OpAccessChain %%pf %%a %%zero %%zero\n"
+                   "%%x = OpLoad %%float %%p\n"
+                   "%%q = OpAccessChain %%pw %%sh %%zero\n"
+                   "OpStore %%q %%x\n"
+                   "%%y = OpLoad %%float %%q\n"
+                   "%%p1 = OpAccessChain %%pf %%a %%zero %%one\n"
+                   "OpStore %%p1 %%y\n"
+                   "OpReturn\n"
+                   "OpFunctionEnd\n",
+                   mode, wgdec, consts, lendef);
+  assert_true(n > 0 && (size_t)n < outlen);
+}
+
+/* Runs spec_module(...) as a raw SPIR-V kernel: its result, *msg. */
+static int spec_try(const char *mode, const char *wgdec, const char *consts,
+                    const char *lendef, char *msg, size_t msglen) {
+  char text[4096];
+  uint32_t *w;
+  size_t nw;
+  spec_module(text, sizeof text, mode, wgdec, consts, lendef);
+  spv_assemble(text, &w, &nw);
+  int r = raw_spirv_try(w, nw * 4, "main", msg, msglen);
+  free(w);
+  return r;
+}
+
+/* The daemon passes no specialization, so a specialization constant is its
+ * default for the driver, and so for the limit checks: a shared array
+ * sized by OpSpecConstant (tester C's: lavapipe gave the daemon's process
+ * GiBs for one), or by an OpSpecConstantOp of them, counts its evaluated
+ * length; a work-group size of specialization constants (a WorkgroupSize
+ * object, LocalSizeId) counts their evaluated values; a length or size
+ * that cannot be evaluated (a division by zero here) is EINVAL, never
+ * passed unchecked. */
+static void t_spv_spec_limits(void **state) {
+  (void)state;
+  const VkPhysicalDeviceLimits *lim = &D->props.limits;
+  const char *ls1 = "OpExecutionMode %main LocalSize 1 1 1\n";
+  char msg[1024], consts[512], want[256];
+  uint32_t words = lim->maxComputeSharedMemorySize / 4, inv = lim->maxComputeWorkGroupInvocations;
+  /* The length: the specialization constant itself (the report's), N + 0,
+   * and N * 2 (glslang's `shared float s[N * 2]`). */
+  static const char *const lens[2] = {"%len = OpSpecConstantOp %int IAdd %N %zero\n",
+                                      "%len = OpSpecConstantOp %int IMul %N %two\n"};
+  for (int form = 0; form < 3; form++)
+    for (int more = 0; more <= 1; more++) {
+      uint32_t len = words + (uint32_t)more;
+      if (form == 2)
+        len &= ~1u; /* an even length, as N * 2 */
+      if (form == 2 && more)
+        len += 2;
+      int r;
+      if (form == 0) {
+        /* The plain OpSpecConstant length. */
+        snprintf(consts, sizeof consts,
+                 "%%W = OpSpecConstant %%uint 1\n%%len = OpSpecConstant %%int %u\n"
+                 "%%N = OpSpecConstant %%int 1\n", len);
+        r = spec_try(ls1, "", consts, "", msg, sizeof msg);
+      } else {
+        snprintf(consts, sizeof consts,
+                 "%%N = OpSpecConstant %%int %u\n%%W = OpSpecConstant %%uint 1\n",
+                 form == 2 ? len / 2 : len);
+        r = spec_try(ls1, "", consts, lens[form - 1], msg, sizeof msg);
+      }
+      snprintf(want, sizeof want, "shared (Workgroup) variables take %u bytes, more than the "
+               "device's maxComputeSharedMemorySize %u", len * 4,
+               lim->maxComputeSharedMemorySize);
+      if (!more && r)
+        fail_msg("form %d: shared memory of %u bytes, at the limit: %d %s", form, len * 4, r,
+                 msg);
+      if (more && (r != DSPK_ELIMIT || !strstr(msg, want)))
+        fail_msg("form %d: shared memory over the limit: %d \"%s\", expected ELIMIT \"%s\"",
+                 form, r, msg, want);
+    }
+  /* A shared array the shader never uses counts too (the zeroing gives it
+   * an initializer: lavapipe then gave the daemon's process 2.3 GiB for an
+   * unused `shared float s[1 << 22]`). */
+  {
+    char src[512];
+    snprintf(src, sizeof src,
+             "#version 450\nlayout(local_size_x = 1) in;\n"
+             "layout(std430, binding = 0) buffer X { float x[]; };\n"
+             "shared float unused[%u];\nvoid main() { x[0] = 2.0; }\n", words + 1);
+    int r = glsl_try(src, msg, sizeof msg, NULL);
+    snprintf(want, sizeof want, "shared (Workgroup) variables take %u bytes", (words + 1) * 4);
+    if (r != DSPK_ELIMIT || !strstr(msg, want))
+      fail_msg("an unused shared array over the limit: %d \"%s\", expected ELIMIT", r, msg);
+  }
+  /* Arrays nested deeper than the check reads (2^18 floats in 18 levels of
+   * 2 counted 0 bytes): EINVAL. */
+  {
+    char src[512] = "#version 450\nlayout(local_size_x = 1) in;\n"
+                    "layout(std430, binding = 0) buffer X { float x[]; };\nshared float s";
+    for (int k = 0; k < 18; k++)
+      strcat(src, "[2]");
+    strcat(src, ";\nvoid main() { s[0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][1] = "
+                "3.0; x[0] = s[0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][1]; }\n");
+    int r = glsl_try(src, msg, sizeof msg, NULL);
+    if (r != DSPK_EINVAL || !strstr(msg, "nested more than 16 deep"))
+      fail_msg("a shared array of 18 levels: %d \"%s\", expected EINVAL", r, msg);
+  }
+  /* A length that cannot be evaluated (N / 0) or below 1 (N - 8): EINVAL. */
+  snprintf(consts, sizeof consts, "%%N = OpSpecConstant %%int 8\n%%W = OpSpecConstant %%uint 1\n");
+  static const char *const badlens[2] = {"%len = OpSpecConstantOp %int SDiv %N %zero\n",
+                                         "%len = OpSpecConstantOp %int ISub %zero %N\n"};
+  for (int k = 0; k < 2; k++) {
+    int r = spec_try(ls1, "", consts, badlens[k], msg, sizeof msg);
+    if (r != DSPK_EINVAL || !strstr(msg, "shared (Workgroup) variable") ||
+        !strstr(msg, "cannot be told"))
+      fail_msg("length %s: %d \"%s\", expected EINVAL", badlens[k], r, msg);
+  }
+
+  /* The work-group size: a WorkgroupSize object of W + 1 (glslang's
+   * `local_size_x_id`), at the limit runs, beyond it is ELIMIT. */
+  const char *wgdec = "OpDecorate %wg BuiltIn WorkgroupSize\n";
+  for (int more = 0; more <= 1; more++) {
+    snprintf(consts, sizeof consts,
+             "%%N = OpSpecConstant %%int 1\n%%W = OpSpecConstant %%uint %u\n"
+             "%%wx = OpSpecConstantOp %%uint IAdd %%W %%one\n"
+             "%%wg = OpSpecConstantComposite %%v3 %%wx %%one %%one\n"
+             "%%len = OpSpecConstantOp %%int IAdd %%N %%zero\n",
+             inv - 1 + (uint32_t)more);
+    int r = spec_try(ls1, wgdec, consts, "", msg, sizeof msg);
+    snprintf(want, sizeof want, "work-group size %ux1x1 exceeds the device's", inv + 1);
+    if (!more && r)
+      fail_msg("WorkgroupSize %u: %d %s", inv, r, msg);
+    if (more && (r != DSPK_ELIMIT || !strstr(msg, want)))
+      fail_msg("WorkgroupSize %u: %d \"%s\", expected ELIMIT \"%s\"", inv + 1, r, msg, want);
+  }
+  /* One that cannot be evaluated: EINVAL. */
+  snprintf(consts, sizeof consts,
+           "%%N = OpSpecConstant %%int 1\n%%W = OpSpecConstant %%uint 64\n"
+           "%%wx = OpSpecConstantOp %%uint UDiv %%W %%W\n%%w0 = OpConstant %%uint 0\n"
+           "%%wy = OpSpecConstantOp %%uint UDiv %%W %%w0\n"
+           "%%wg = OpSpecConstantComposite %%v3 %%wx %%wy %%one\n"
+           "%%len = OpSpecConstantOp %%int IAdd %%N %%zero\n");
+  int r = spec_try(ls1, wgdec, consts, "", msg, sizeof msg);
+  if (r != DSPK_EINVAL || !strstr(msg, "work-group size cannot be told"))
+    fail_msg("WorkgroupSize W / 0: %d \"%s\", expected EINVAL", r, msg);
+  /* GLSL's local_size_x_id (tester C's form): glslang gives it a
+   * specialization constant of its own, default 1, which the driver uses
+   * without specialization; the constant_id of 100000 is another: it runs,
+   * a work group of 1. */
+  {
+    static const char src[] = "#version 450\nlayout(local_size_x_id = 0) in;\n"
+                              "layout(constant_id = 0) const uint WG = 100000;\n"
+                              "layout(std430, binding = 0) buffer X { float x[]; };\n"
+                              "void main() { x[0] = float(gl_WorkGroupSize.x) + "
+                              "float(WG == 100000u); }\n";
+    float x0;
+    if ((r = glsl_try(src, msg, sizeof msg, &x0)))
+      fail_msg("local_size_x_id: %d %s", r, msg);
+    if (x0 != 2.0f)
+      fail_msg("local_size_x_id: gl_WorkGroupSize.x + (WG == 100000) is %g (expected 1 + 1)",
+               x0);
+  }
+  /* LocalSizeId (Vulkan 1.3's maintenance4) of W * 2. */
+  if (D->props.apiVersion >= VK_API_VERSION_1_3) {
+    for (int more = 0; more <= 1; more++) {
+      snprintf(consts, sizeof consts,
+               "%%N = OpSpecConstant %%int 1\n%%W = OpSpecConstant %%uint %u\n"
+               "%%u2 = OpConstant %%uint 2\n"
+               "%%wx = OpSpecConstantOp %%uint IMul %%W %%u2\n"
+               "%%len = OpSpecConstantOp %%int IAdd %%N %%zero\n",
+               inv / 2 + (uint32_t)more);
+      r = spec_try("OpExecutionModeId %main LocalSizeId %wx %one %one\n", "", consts, "", msg,
+                   sizeof msg);
+      snprintf(want, sizeof want, "work-group size %ux1x1 exceeds the device's",
+               (inv / 2 + 1) * 2);
+      if (!more && r)
+        fail_msg("LocalSizeId %u: %d %s", inv / 2 * 2, r, msg);
+      if (more && (r != DSPK_ELIMIT || !strstr(msg, want)))
+        fail_msg("LocalSizeId: %d \"%s\", expected ELIMIT \"%s\"", r, msg, want);
+    }
   }
 }
 
@@ -2936,12 +3247,13 @@ int main(int argc, char **argv) {
       cmocka_unit_test(t_raw_glsl),
       cmocka_unit_test(t_raw_len0),
       cmocka_unit_test(t_raw_zero_init),
-      cmocka_unit_test(t_raw_pad_zero),
+      cmocka_unit_test(t_raw_pad_zero), cmocka_unit_test(t_raw_pad_import),
       cmocka_unit_test(t_raw_bounded),
       cmocka_unit_test(t_raw_misaligned),
       cmocka_unit_test(t_raw_caps),
       cmocka_unit_test(t_spv_zero_init),
       cmocka_unit_test(t_raw_spirv), cmocka_unit_test(t_raw_spirv_valid),
+      cmocka_unit_test(t_spv_spec_limits),
       cmocka_unit_test(t_raw_error),
       cmocka_unit_test(t_raw_owner), cmocka_unit_test(t_spv_mark),
       cmocka_unit_test(t_raw_compile_limits),
