@@ -792,6 +792,8 @@ static int kernel_args(struct req *r, const struct dspk__pval *args, struct dspk
  * an integer in [-rank, rank), none repeated. */
 static int reduce_axes(struct req *r, const struct dspk__pval *axes, struct dspk__op *op) {
   int rank = op->in[0].rank;
+  int64_t given[DSPK_MAX_RANK]; /* by axis: the value that named it first */
+  uint32_t at[DSPK_MAX_RANK];   /* and its index in axes */
   op->u.reduce.axes = 0;
   for (uint32_t i = 0; axes->set && i < axes->v.o->via.array.size; i++) {
     const msgpack_object *o = &axes->v.o->via.array.ptr[i];
@@ -804,11 +806,16 @@ static int reduce_axes(struct req *r, const struct dspk__pval *axes, struct dspk
     if (ax < -rank || ax >= rank)
       return fail(r, DSPK_EINVAL, "options.axes[%u]: axis %" PRId64
                   " is out of range for input 0 of rank %d", i, ax, rank);
+    int64_t as_sent = ax;
     if (ax < 0)
       ax += rank;
     if (op->u.reduce.axes & (1u << ax))
-      return fail(r, DSPK_EINVAL, "options.axes: axis %" PRId64 " repeated", ax);
+      return fail(r, DSPK_EINVAL, "options.axes[%u]: %" PRId64 " names the same axis as "
+                  "options.axes[%u] (%" PRId64 ") of input 0 (rank %d)", i, as_sent, at[ax],
+                  given[ax], rank);
     op->u.reduce.axes |= 1u << ax;
+    given[ax] = as_sent;
+    at[ax] = i;
   }
   return 0;
 }
