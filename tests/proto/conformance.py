@@ -1503,6 +1503,15 @@ def kernel_args(env):
     for v in (mid, -mid, math.nextafter(mid, math.inf)):
         expect(run([{"tensor": 0}, {"tensor": 1}, {"f32": v}, {"i32": 0}, {"u32": 0}]),
                "ERANGE", "options.args[2]", repr(v))
+    # an integer is rounded once, from its exact value, to the nearest f32:
+    # 2^53 + 2^29 + 1 is 2^53 + 2^30 (through a double first it would be the
+    # tie 2^53 + 2^29, then 2^53)
+    for v, want in ((2**53 + 2**29 + 1, 2.0**53 + 2**30), (-(2**53 + 2**29 + 1), -(2.0**53 + 2**30)),
+                    (2**64 - 1, 2.0**64)):
+        r = run([{"tensor": 0}, {"tensor": 1}, {"f32": v}, {"i32": 0}, {"u32": 0}],
+                inputs=(x, halves))
+        check(r[0] == "ok" and vals32(r[1]["outputs"][0]) == [want * s for s in (1, 0.5, 0.25)],
+              "f32 %r rounds once to %r: %r" % (v, want, r))
     still_open(c)
 
 
@@ -1593,6 +1602,21 @@ def gemm_blas(env):
             r = c.ok("task.run", {"op": "map", "device": dev, "inputs": ins,
                                   "options": {"fn": fn, "alpha": 3.4028235e38}})
             check(vals32(r["outputs"][0])[0] == FLT_MAX, "%s map %s %r" % (dev, fn, r))
+        # an integer alpha or beta is rounded once, from its exact value, to
+        # the nearest f32 (2^53 + 2^29 + 1: 2^53 + 2^30; through a double first
+        # the tie 2^53 + 2^29, then 2^53); an f64 op takes the nearest double
+        big, big32 = 2**53 + 2**29 + 1, 2.0**53 + 2**30
+        for opt, ins, want in (({"alpha": big}, [one, one], big32),
+                               ({"alpha": 0, "beta": -big}, [one, one, one], -big32)):
+            r = c.ok("task.run", {"op": "gemm", "device": dev, "inputs": ins, "options": opt})
+            check(vals32(r["outputs"][0]) == [want], "%s gemm %r: %r" % (dev, opt, r))
+        for fn, ins in (("scale", [one]), ("axpy", [one, t32([0.0], [1, 1])])):
+            r = c.ok("task.run", {"op": "map", "device": dev, "inputs": ins,
+                                  "options": {"fn": fn, "alpha": big}})
+            check(vals32(r["outputs"][0]) == [big32], "%s map %s alpha %d: %r" % (dev, fn, big, r))
+        r = c.ok("task.run", {"op": "gemm", "device": dev, "inputs": [t64([1.0], [1, 1])] * 2,
+                              "options": {"alpha": big}})
+        check(vals64(r["outputs"][0]) == [float(big)], "%s f64 gemm, alpha %d: %r" % (dev, big, r))
         r = c.ok("task.run", {"op": "map", "device": dev, "inputs": [t32([-1.0])],
                               "options": {"fn": "abs", "alpha": 1e39}})
         check(vals32(r["outputs"][0]) == [1.0], "%s abs: alpha unused %r" % (dev, r))
