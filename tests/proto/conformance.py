@@ -1623,6 +1623,65 @@ def gemm_blas(env):
     still_open(c)
 
 
+@case("task.run: contract's labels in one operand only: no overflow of their sums, "
+      "infinities as the sum of the products (cpu:0, vulkan:0)")
+def contract_one_operand_labels(env):
+    c = env.conn()
+    devs = [d for d in gpu_and_cpu_devices(c) if d in ("cpu:0", "vulkan:0")]
+    inf = math.inf
+    f32_3e38 = struct.unpack("<f", struct.pack("<f", 3e38))[0]
+
+    def tc(dt, vals, shape):  # complex tensor of real parts vals
+        fmt = "f" if dt == "c64" else "d"
+        data = b"".join(struct.pack("<2" + fmt, v, 0) for v in vals)
+        return {"dtype": dt, "shape": shape, "data": data}
+
+    def parts(dt, t):
+        v = vals32(t) if dt in ("f32", "c64") else vals64(t)
+        return [complex(v[i], v[i + 1]) for i in range(0, len(v), 2)] if dt[0] == "c" else v
+
+    for dev in devs:
+        def run(sub, dt, a, b):
+            r = c.call("task.run", {"op": "contract", "device": dev, "inputs": [a, b],
+                                    "options": {"subscripts": sub}})
+            check(r[0] == "ok", "%s %s %s: %r" % (dev, sub, dt, r))
+            return parts(dt, r[1]["outputs"][0])
+        # Every product and the result finite, the sum of one operand's values
+        # beyond the dtype's range: 4 products of 7.5e37 make 3e38 (inf, or
+        # inf+nanj, when A's row was summed first), 2 of 3e37 make 6e37.
+        for dt, T, big in (("f32", t32, f32_3e38), ("f64", t64, 1.7e308), ("c64", None, f32_3e38),
+                           ("c128", None, 1.7e308)):
+            mk = T or (lambda v, shape, dt=dt: tc(dt, v, shape))
+            got = run("ab,cd->", dt, mk([big, big], [1, 2]), mk([0.25, 0.25], [1, 2]))
+            check(len(got) == 1 and abs(got[0] - big) <= 1e-6 * big,
+                  "%s ab,cd-> %s of [[%r, %r]], [[0.25, 0.25]]: %r" % (dev, dt, big, big, got))
+            got = run("bk,kc->c", dt, mk([big, big], [2, 1]), mk([0.1], [1, 1]))
+            check(len(got) == 1 and abs(got[0] - big / 5) <= 1e-6 * big / 5,
+                  "%s bk,kc->c %s of [[%r], [%r]], [[0.1]]: %r" % (dev, dt, big, big, got))
+        # An infinity times values of both signs: inf - inf = NaN among the
+        # products (as numpy.einsum adds them), not inf * (2 - 1).
+        for dt, T in (("f32", t32), ("f64", t64)):
+            got = run("bk,kc->c", dt, T([2, 1, 1, 1, 1, -1, 1, 1, 1, 1, 0.5, 1, 1, 1, 1], [3, 5]),
+                      T([inf, 1, 1, 1, 1, 1, 1, 1, 1, 1], [5, 2]))
+            check(math.isnan(got[0]) and got[1] == 13.5, "%s bk,kc->c %s: %r" % (dev, dt, got))
+            got = run("ab,cd->", dt, T([inf, 1], [1, 2]), T([1, -1], [1, 2]))
+            check(math.isnan(got[0]), "%s ab,cd-> %s of [[inf, 1]], [[1, -1]]: %r" % (dev, dt, got))
+        for dt in ("c64", "c128"):
+            got = run("bk,kc->c", dt, tc(dt, [2, -1], [2, 1]), tc(dt, [inf], [1, 1]))
+            check(math.isnan(got[0].real) and math.isnan(got[0].imag),
+                  "%s bk,kc->c %s of [[2], [-1]], [[inf]]: %r" % (dev, dt, got))
+            got = run("abk,kc->ac", dt, tc(dt, [1, -3, -2, 2], [1, 2, 2]),
+                      tc(dt, [inf, 1], [2, 1]))
+            check(math.isnan(got[0].real), "%s abk,kc->ac %s: %r" % (dev, dt, got))
+        # An operand's own infinity or NaN in a summed label is NaN or inf as
+        # the products give it.
+        got = run("ab,b->", "f32", t32([inf, -inf], [1, 2]), t32([1, 1]))
+        check(math.isnan(got[0]), "%s ab,b-> of [[inf, -inf]], [1, 1]: %r" % (dev, got))
+        got = run("ab,c->c", "f32", t32([inf, 1], [1, 2]), t32([2, 0.5]))
+        check(got == [inf, inf], "%s ab,c->c of [[inf, 1]], [2, 0.5]: %r" % (dev, got))
+    still_open(c)
+
+
 def gpu_and_cpu_devices(c):
     """cpu:0, vulkan:0 and, on a GPU host, cuda:0 and hip:0: the cases that
     say "every backend" run on each (scripts/gpu-all.sh runs them there)."""
