@@ -28,8 +28,9 @@
  * permuted into the output's label order.  Steps whose layout already fits
  * are skipped.  When there were sums and an operand then holds an infinity
  * or a NaN, the work is done again without them: plain permutations and a
- * kernel adding every product (sum_products), as on the cpu.  Plans (the label analysis) live in the device's plan cache;
- * the temporary arrays are retired behind the work.
+ * kernel adding every product (sum_products), as on the cpu.  Plans (the
+ * label analysis) live in the device's plan cache; the temporary arrays are
+ * retired behind the work.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -1359,9 +1360,7 @@ struct sumprod_pc {
   uint32_t nout, M, N, K, S, T, k0, s0, t0, rn, gx, first;
 };
 
-static void sumprod_slice(void *pc_, uint64_t r0, uint64_t rn, uint64_t n) {
-  struct sumprod_pc *pc = pc_;
-  (void)n;
+static void sumprod_slice(struct sumprod_pc *pc, uint64_t r0, uint64_t rn) {
   uint64_t st = (uint64_t)pc->S * pc->T;
   pc->k0 = (uint32_t)(r0 / st);
   pc->s0 = (uint32_t)(r0 / pc->T % pc->S);
@@ -1411,7 +1410,8 @@ static int sum_products(struct dspk__dev *d, dspk_dtype dt, const struct dspk__v
            "    uint k = pc.k0, s = pc.s0, t = pc.t0;\n"
            "    T_ acc = pc.first != 0u ? T_(0) : o[pc.oc + oi];\n"
            "    for (uint i = 0u; i < pc.rn; i++) {\n"
-           "      acc += mul(a[(bm * pc.K + k) * pc.S + s], b[((bi * pc.K + k) * pc.T + t) * pc.N + n]);\n"
+           "      acc += mul(a[(bm * pc.K + k) * pc.S + s],\n"
+           "                 b[((bi * pc.K + k) * pc.T + t) * pc.N + n]);\n"
            "      if (++t == pc.T) { t = 0u; if (++s == pc.S) { s = 0u; k++; } }\n"
            "    }\n"
            "    o[pc.oc + oi] = acc;\n"
@@ -1439,7 +1439,7 @@ static int sum_products(struct dspk__dev *d, dspk_dtype dt, const struct dspk__v
   uint64_t r0 = 0;
   do {
     uint64_t rn = n - r0 < GATHER_SLICE ? n - r0 : GATHER_SLICE;
-    sumprod_slice(&pc, r0, rn, n);
+    sumprod_slice(&pc, r0, rn);
     full.s = pc;
     full.oc = oc;
     if ((r = dspk__vk_dispatch(d, k, b, 3, &full, sizeof full, gx, gy, 1)))
@@ -1572,7 +1572,8 @@ int dspk__vk_contract(struct dspk__dev *d, struct dspk__op *op, struct dspk__opc
     if ((r = dspk__vk_alloc(d, (size_t)dspk__tensor_numel(A) * es, &ta2)) ||
         (r = dspk__vk_alloc(d, (size_t)dspk__tensor_numel(B) * es, &tb2)))
       goto out;
-    struct dspk__vk_bind b2a = {ta2->buf, ta2->off, ta2->size}, b2b = {tb2->buf, tb2->off, tb2->size};
+    struct dspk__vk_bind b2a = {ta2->buf, ta2->off, ta2->size},
+                         b2b = {tb2->buf, tb2->off, tb2->size};
     for (int i = 0; i < p->ak; i++, n++)
       kd[n] = p->akd[i], ks[n] = p->aks[i];
     for (int i = 0; i < p->as; i++, n++)
