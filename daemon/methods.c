@@ -756,7 +756,7 @@ static int kernel_args(struct req *r, const struct dspk__pval *args, struct dspk
                     "would round to an infinity)", i, dspk__f64_text(fv, text, sizeof text));
       }
       if (k->kind == DSPK__KARG_F32)
-        k->v.f32 = (float)fv;
+        (void)dspk__obj_f32(v, &k->v.f32); /* from the exact value (fv: an int rounded) */
       else
         k->v.f64 = fv;
       continue;
@@ -797,6 +797,8 @@ static int kernel_args(struct req *r, const struct dspk__pval *args, struct dspk
  * an integer in [-rank, rank), none repeated. */
 static int reduce_axes(struct req *r, const struct dspk__pval *axes, struct dspk__op *op) {
   int rank = op->in[0].rank;
+  int64_t given[DSPK_MAX_RANK]; /* by axis: the value that named it first */
+  uint32_t at[DSPK_MAX_RANK];   /* and its index in axes */
   op->u.reduce.axes = 0;
   for (uint32_t i = 0; axes->set && i < axes->v.o->via.array.size; i++) {
     const msgpack_object *o = &axes->v.o->via.array.ptr[i];
@@ -809,13 +811,49 @@ static int reduce_axes(struct req *r, const struct dspk__pval *axes, struct dspk
     if (ax < -rank || ax >= rank)
       return fail(r, DSPK_EINVAL, "options.axes[%u]: axis %" PRId64
                   " is out of range for input 0 of rank %d", i, ax, rank);
+    int64_t as_sent = ax;
     if (ax < 0)
       ax += rank;
     if (op->u.reduce.axes & (1u << ax))
-      return fail(r, DSPK_EINVAL, "options.axes: axis %" PRId64 " repeated", ax);
+      return fail(r, DSPK_EINVAL, "options.axes[%u]: %" PRId64 " names the same axis as "
+                  "options.axes[%u] (%" PRId64 ") of input 0 (rank %d)", i, as_sent, at[ax],
+                  given[ax], rank);
     op->u.reduce.axes |= 1u << ax;
+    given[ax] = as_sent;
+    at[ax] = i;
   }
   return 0;
+}
+
+/* gemm's alpha and beta, map's alpha, of an op that uses them as f32 (the
+ * inputs are decoded by now; dspk__op_gemm_scalars, dspk__op_map_alpha):
+ * an integer sent is rounded once, to the nearest f32 from its exact value,
+ * which the double then holds exactly, so that the op's own rounding to f32
+ * changes nothing.  The table's double would be a second rounding
+ * (2^53 + 2^29 + 1 to the tie 2^53 + 2^29, then to 2^53).  A float sent is
+ * a double already, rounded once by the op. */
+static void f32_scalars(const msgpack_object *o, struct dspk__op *op) {
+  static const char *gemm_keys[] = {"alpha", "beta"}, *map_keys[] = {"alpha"};
+  double *gemm_vals[] = {&op->u.gemm.alpha, &op->u.gemm.beta}, *map_vals[] = {&op->u.map.alpha};
+  const char **keys;
+  double **vals;
+  int n;
+  dspk_dtype dt = op->nin > 0 ? op->in[0].dtype : DSPK_F64;
+  if (op->kind == DSPK_OP_GEMM && dt != DSPK_F64) {
+    keys = gemm_keys, vals = gemm_vals, n = 2;
+  } else if (op->kind == DSPK_OP_MAP && (dt == DSPK_F32 || dt == DSPK_C64)) {
+    keys = map_keys, vals = map_vals, n = 1;
+  } else {
+    return;
+  }
+  for (int i = 0; i < n; i++) {
+    const msgpack_object *x = o && o->type == MSGPACK_OBJECT_MAP ? dspk__map_get(o, keys[i]) : NULL;
+    float f;
+    if (x && (x->type == MSGPACK_OBJECT_POSITIVE_INTEGER ||
+              x->type == MSGPACK_OBJECT_NEGATIVE_INTEGER) &&
+        dspk__obj_f32(x, &f) == 0)
+      *vals[i] = f;
+  }
 }
 
 /* Decodes the op's options with the op's table (proto/schema.c), which
@@ -830,6 +868,7 @@ static int task_options(struct req *r, const msgpack_object *o, struct dspk__op 
                                  sizeof r->msg)))
     return err;
   dspk__params_store(od->options, od->noptions, v, &op->u);
+  f32_scalars(o, op);
   switch (op->kind) {
   case DSPK_OP_CONTRACT:
     if (!op->u.contract.subscripts[0])

@@ -154,6 +154,25 @@ int dspk__obj_f64(const msgpack_object *o, double *out) {
   }
 }
 
+int dspk__obj_f32(const msgpack_object *o, float *out) {
+  if (!o)
+    return DSPK_EINVAL;
+  switch (o->type) {
+  case MSGPACK_OBJECT_FLOAT32:
+  case MSGPACK_OBJECT_FLOAT64:
+    *out = (float)o->via.f64;
+    return 0;
+  case MSGPACK_OBJECT_POSITIVE_INTEGER:
+    *out = (float)o->via.u64; /* one rounding, from the exact integer */
+    return 0;
+  case MSGPACK_OBJECT_NEGATIVE_INTEGER:
+    *out = (float)o->via.i64;
+    return 0;
+  default:
+    return DSPK_EINVAL;
+  }
+}
+
 int dspk__obj_bool(const msgpack_object *o, bool *out) {
   if (!o || o->type != MSGPACK_OBJECT_BOOLEAN)
     return DSPK_EINVAL;

@@ -50,6 +50,10 @@ const msgpack_object *dspk__map_get(const msgpack_object *map, const char *key);
 int dspk__obj_u64(const msgpack_object *o, uint64_t *out);
 int dspk__obj_i64(const msgpack_object *o, int64_t *out);
 int dspk__obj_f64(const msgpack_object *o, double *out); /* int or float */
+/* An int or float rounded once to the nearest f32 (ties to even) from its
+ * exact value: an integer not through a double first (2^53 + 2^29 + 1
+ * would become the tie 2^53 + 2^29, then 2^53). */
+int dspk__obj_f32(const msgpack_object *o, float *out);
 int dspk__obj_bool(const msgpack_object *o, bool *out);
 int dspk__obj_str(const msgpack_object *o, const char **s, size_t *len);
 int dspk__obj_bin(const msgpack_object *o, const void **p, size_t *len); /* bin or str */

@@ -14,6 +14,18 @@
  * instead of BLAS: OpenBLAS's cgemm/zgemm scale their sums by alpha = 1+0j
  * as a complex product, which turns an infinite sum such as inf+nanj into
  * nan+nanj, where numpy's einsum keeps the infinite part.
+ *
+ * Summing the summed-only labels first (distributivity) is exact only in
+ * real arithmetic: a partial sum may overflow where every product and the
+ * result are finite (f32 [[3e38, 3e38]] summed is inf; times 0.25 it should
+ * be 3e38), and an infinity met by values of both signs in the other
+ * operand gives inf - inf = NaN in numpy's sum of products, but
+ * inf * (their sum) after the pre-sum.  So when an operand, after its
+ * pre-sum, holds an infinity or a NaN (either cause), the contraction is
+ * made again without pre-sums: each operand permuted with its summed-only
+ * labels as the innermost axes, and a plain loop adding every product as
+ * numpy does (sum_products).  Finite data whose pre-sums stay finite (the
+ * common case) keeps the pre-sum and BLAS.
  */
 #include <math.h>
 #include <stdio.h>
@@ -150,6 +162,58 @@ static int plain_cgemm(int dbl, int64_t nb, int64_t M, int64_t N, int64_t K,
   return 0;
 }
 
+/* C = the plain sums of products, as numpy's einsum: C[b,m,n] (batch x M x
+ * N, contiguous) = sum over k, s, t of A[b,m,k,s] * B[b,k,t,n] (A batch x M
+ * x K x S, B batch x K x T x N, contiguous), each product (complex: ar*br -
+ * ai*bi, ar*bi + ai*br) and the running sum in the dtype.  0, or
+ * DSPK_ECANCELED. */
+static int sum_products(dspk_dtype dt, int64_t nb, int64_t M, int64_t N, int64_t K, int64_t S,
+                        int64_t T, const char *A, const char *B, char *C,
+                        const struct dspk__opctx *ctx) {
+  int dbl = dt == DSPK_F64 || dt == DSPK_C128, cplx = dspk__dtype_is_complex(dt);
+  int64_t since = 0;
+  for (int64_t b = 0; b < nb; b++)
+    for (int64_t i = 0; i < M; i++)
+      for (int64_t j = 0; j < N; j++) {
+        if ((since += K * S * T) >= GATHER_CHECK) {
+          since = 0;
+          if (dspk__cpu_canceled(ctx))
+            return DSPK_ECANCELED;
+        }
+        double dre = 0, dim = 0;
+        float fre = 0, fim = 0;
+        int64_t ic = (b * M + i) * N + j;
+        for (int64_t k = 0; k < K; k++)
+          for (int64_t s = 0; s < S; s++)
+            for (int64_t t = 0; t < T; t++) {
+              int64_t ia = ((b * M + i) * K + k) * S + s, ib = ((b * K + k) * T + t) * N + j;
+              if (dbl && cplx) {
+                const double *a = (const double *)A + 2 * ia, *x = (const double *)B + 2 * ib;
+                dre += a[0] * x[0] - a[1] * x[1];
+                dim += a[0] * x[1] + a[1] * x[0];
+              } else if (cplx) {
+                const float *a = (const float *)A + 2 * ia, *x = (const float *)B + 2 * ib;
+                fre += a[0] * x[0] - a[1] * x[1];
+                fim += a[0] * x[1] + a[1] * x[0];
+              } else if (dbl) {
+                dre += ((const double *)A)[ia] * ((const double *)B)[ib];
+              } else {
+                fre += ((const float *)A)[ia] * ((const float *)B)[ib];
+              }
+            }
+        if (dbl) {
+          ((double *)C)[ic * (1 + cplx)] = dre;
+          if (cplx)
+            ((double *)C)[2 * ic + 1] = dim;
+        } else {
+          ((float *)C)[ic * (1 + cplx)] = fre;
+          if (cplx)
+            ((float *)C)[2 * ic + 1] = fim;
+        }
+      }
+  return 0;
+}
+
 static int has(const char *s, char c) { return c && strchr(s, c) != NULL; }
 
 /* Element strides of a C-order tensor, by label. */
@@ -244,6 +308,7 @@ int dspk__cpu_contract(struct dspk__dev *dev, struct dspk__op *op,
   snprintf(oc, sizeof oc, "%s%s%s", bat, fa, fb);
 
   int64_t stra[128], strb[128], strc[128];
+  int W = dspk__dtype_is_complex(dt) ? 2 : 1;
   label_strides(la, A->shape, stra);
   label_strides(lb, B->shape, strb);
   char *ta = NULL, *tb = NULL, *tc = NULL;
@@ -278,9 +343,39 @@ int dspk__cpu_contract(struct dspk__dev *dev, struct dspk__op *op,
       goto nomem;
     pc = tc;
   }
-  if (dspk__dtype_is_complex(dt) &&
-      (any_nonfinite(pa, dt == DSPK_C128, 2 * nb * M * K) ||
-       any_nonfinite(pb, dt == DSPK_C128, 2 * nb * K * N)))
+  int nonfinite = (dspk__dtype_is_complex(dt) || nsa || nsb) &&
+                  (any_nonfinite(pa, dt == DSPK_C128 || dt == DSPK_F64, W * nb * M * K) ||
+                   any_nonfinite(pb, dt == DSPK_C128 || dt == DSPK_F64, W * nb * K * N));
+  if (nonfinite && (nsa || nsb)) {
+    /* Again without pre-sums (see the top): A as (batch, M, K, its
+     * summed-only labels), B as (batch, K, its summed-only labels, N). */
+    int64_t S = prod(sa, size), T = prod(sb, size);
+    char oa2[4 * DSPK_MAX_RANK + 1], ob2[4 * DSPK_MAX_RANK + 1];
+    snprintf(oa2, sizeof oa2, "%s%s", oa, sa);
+    snprintf(ob2, sizeof ob2, "%s%s%s%s", bat, con, sb, fb);
+    free(ta);
+    free(tb);
+    ta = tb = NULL;
+    pa = dspk__cpu_ptr(A);
+    pb = dspk__cpu_ptr(B);
+    if (strcmp(oa2, la) != 0) {
+      if (!(ta = malloc((size_t)dspk__tensor_numel(A) * es)))
+        goto nomem;
+      make_view(&v, oa2, "", size, stra);
+      if ((rc = gather(&v, pa, ta, dt, ctx)) < 0)
+        goto out;
+      pa = ta;
+    }
+    if (strcmp(ob2, lb) != 0) {
+      if (!(tb = malloc((size_t)dspk__tensor_numel(B) * es)))
+        goto nomem;
+      make_view(&v, ob2, "", size, strb);
+      if ((rc = gather(&v, pb, tb, dt, ctx)) < 0)
+        goto out;
+      pb = tb;
+    }
+    rc = sum_products(dt, nb, M, N, K, S, T, pa, pb, pc, ctx);
+  } else if (nonfinite)
     rc = plain_cgemm(dt == DSPK_C128, nb, M, N, K, pa, pb, pc, ctx);
   else
     rc = dspk__cpu_gemm_batched(dev, dt, nb, M, N, K, pa, pb, pc, ctx);

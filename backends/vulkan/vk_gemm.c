@@ -26,8 +26,11 @@
  * contiguous (batch, M, K) / (batch, K, N) array (summing labels that appear
  * in that operand only), one batched gemm multiplies them, and the result is
  * permuted into the output's label order.  Steps whose layout already fits
- * are skipped.  Plans (the label analysis) live in the device's plan cache;
- * the temporary arrays are retired behind the work.
+ * are skipped.  When there were sums and an operand then holds an infinity
+ * or a NaN, the work is done again without them: plain permutations and a
+ * kernel adding every product (sum_products), as on the cpu.  Plans (the
+ * label analysis) live in the device's plan cache; the temporary arrays are
+ * retired behind the work.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -1309,6 +1312,143 @@ static void plan_key(const struct dspk__op *op, char *key, size_t *len) {
   *len = (size_t)n;
 }
 
+/* 1 into flag[0] when one of the n real parts of x from part ox on is an
+ * infinity or a NaN (flag zeroed before); a single dispatch, one part per
+ * invocation. */
+struct nonfinite_pc {
+  uint32_t n, ox, gx;
+};
+
+static int scan_nonfinite(struct dspk__dev *d, dspk_dtype dt, const struct dspk__vk_bind *x,
+                          uint32_t ox, uint64_t n, const struct dspk__vk_bind *flag,
+                          struct dspk__opctx *ctx) {
+  int W = dspk__dtype_is_complex(dt) ? 2 : 1;
+  int dbl = dt == DSPK_F64 || dt == DSPK_C128;
+  struct nonfinite_pc pc = {(uint32_t)(n * (uint64_t)W), ox * (uint32_t)W, 0};
+  if (n == 0)
+    return 0;
+  char src[1024];
+  snprintf(src, sizeof src,
+           "#version 450\n"
+           "layout(local_size_x = %d) in;\n"
+           "layout(std430, binding = 0) readonly buffer BX { %s x[]; };\n"
+           "layout(std430, binding = 1) buffer BF { uint flag[]; };\n"
+           "layout(push_constant) uniform PC { uint n, ox, gx; } pc;\n"
+           "void main() {\n"
+           "  uint i = (gl_WorkGroupID.y * pc.gx + gl_WorkGroupID.x) * %du +\n"
+           "           gl_LocalInvocationID.x;\n"
+           "  if (i < pc.n && (isinf(x[pc.ox + i]) || isnan(x[pc.ox + i])))\n"
+           "    flag[0] = 1u;\n"
+           "}\n",
+           DSPK__VK_WG, dbl ? "double" : "float", DSPK__VK_WG);
+  struct dspk__vk_kernel *k;
+  int r = dspk__vk_kernel(d, "contract_nonfinite", src, NULL, 0, "main", 2, sizeof pc, &k, ctx);
+  if (r)
+    return r;
+  uint32_t gx, gy;
+  if ((r = dspk__vk_grid2d(d, (pc.n + DSPK__VK_WG - 1) / DSPK__VK_WG, &gx, &gy, "contract",
+                           pc.n, "elements", ctx)))
+    return r;
+  pc.gx = gx;
+  struct dspk__vk_bind b[2] = {*x, *flag};
+  return dspk__vk_dispatch(d, k, b, 2, &pc, sizeof pc, gx, gy, 1);
+}
+
+/* The sums of products kernel's push constants: the slice starts at
+ * (k0, s0, t0) and takes rn steps. */
+struct sumprod_pc {
+  uint32_t nout, M, N, K, S, T, k0, s0, t0, rn, gx, first;
+};
+
+static void sumprod_slice(struct sumprod_pc *pc, uint64_t r0, uint64_t rn) {
+  uint64_t st = (uint64_t)pc->S * pc->T;
+  pc->k0 = (uint32_t)(r0 / st);
+  pc->s0 = (uint32_t)(r0 / pc->T % pc->S);
+  pc->t0 = (uint32_t)(r0 % pc->T);
+  pc->rn = (uint32_t)rn;
+  pc->first = r0 == 0;
+}
+
+/* C[b,m,n] (batch x M x N, contiguous) = the sum over k, s, t of
+ * A[b,m,k,s] * B[b,k,t,n] (both contiguous, from element 0), each product
+ * (complex: cmul's) and the running sum in the dtype, as numpy's einsum
+ * adds them. */
+static int sum_products(struct dspk__dev *d, dspk_dtype dt, const struct dspk__vk_bind *a,
+                        const struct dspk__vk_bind *bb, const struct dspk__vk_bind *c,
+                        uint32_t oc, const struct cplan *p, int64_t S, int64_t T,
+                        struct dspk__opctx *ctx) {
+  struct sumprod_pc pc;
+  memset(&pc, 0, sizeof pc);
+  uint64_t nout = (uint64_t)(p->B_ * p->M * p->N);
+  pc.nout = (uint32_t)nout;
+  pc.M = (uint32_t)p->M;
+  pc.N = (uint32_t)p->N;
+  pc.K = (uint32_t)p->K;
+  pc.S = (uint32_t)S;
+  pc.T = (uint32_t)T;
+  if (nout == 0)
+    return 0;
+  int cplx = dspk__dtype_is_complex(dt);
+  char src[4096];
+  snprintf(src, sizeof src,
+           "#version 450\n"
+           "layout(local_size_x = %d) in;\n"
+           "#define T_ %s\n"
+           "layout(std430, binding = 0) readonly buffer BA { T_ a[]; };\n"
+           "layout(std430, binding = 1) readonly buffer BB { T_ b[]; };\n"
+           "layout(std430, binding = 2) buffer BO { T_ o[]; };\n"
+           "layout(push_constant) uniform PC { uint nout, M, N, K, S, T, k0, s0, t0, rn,\n"
+           "  gx, first; uint oc; } pc;\n"
+           "T_ mul(T_ x, T_ y) {\n"
+           "%s"
+           "}\n"
+           "void main() {\n"
+           "  uint oi = (gl_WorkGroupID.y * pc.gx + gl_WorkGroupID.x) * %du +\n"
+           "            gl_LocalInvocationID.x;\n"
+           "  if (oi < pc.nout) {\n"
+           "    uint n = oi %% pc.N, bm = oi / pc.N, bi = bm / pc.M;\n"
+           "    uint k = pc.k0, s = pc.s0, t = pc.t0;\n"
+           "    T_ acc = pc.first != 0u ? T_(0) : o[pc.oc + oi];\n"
+           "    for (uint i = 0u; i < pc.rn; i++) {\n"
+           "      acc += mul(a[(bm * pc.K + k) * pc.S + s],\n"
+           "                 b[((bi * pc.K + k) * pc.T + t) * pc.N + n]);\n"
+           "      if (++t == pc.T) { t = 0u; if (++s == pc.S) { s = 0u; k++; } }\n"
+           "    }\n"
+           "    o[pc.oc + oi] = acc;\n"
+           "  }\n}\n",
+           DSPK__VK_WG, dspk__vk_glsl_type(dt),
+           cplx ? "  return T_(x.x*y.x - x.y*y.y, x.x*y.y + x.y*y.x);\n" : "  return x*y;\n",
+           DSPK__VK_WG);
+  struct {
+    struct sumprod_pc s;
+    uint32_t oc;
+  } full;
+  struct dspk__vk_kernel *k;
+  int r = dspk__vk_kernel(d, "contract_sumprod", src, NULL, 0, "main", 3, sizeof full, &k, ctx);
+  if (r)
+    return r;
+  uint32_t gx, gy;
+  if ((r = dspk__vk_grid2d(d, (nout + DSPK__VK_WG - 1) / DSPK__VK_WG, &gx, &gy, "contract",
+                           nout, "elements", ctx)))
+    return r;
+  pc.gx = gx;
+  struct dspk__vk_bind b[3] = {*a, *bb, *c};
+  uint64_t n = (uint64_t)p->K * (uint64_t)S * (uint64_t)T;
+  /* Slices as the gather's (lavapipe's loop limit); sumprod_slice sets the
+   * start, the offset of C rides after the slice's constants. */
+  uint64_t r0 = 0;
+  do {
+    uint64_t rn = n - r0 < GATHER_SLICE ? n - r0 : GATHER_SLICE;
+    sumprod_slice(&pc, r0, rn);
+    full.s = pc;
+    full.oc = oc;
+    if ((r = dspk__vk_dispatch(d, k, b, 3, &full, sizeof full, gx, gy, 1)))
+      return r;
+    r0 += rn;
+  } while (r0 < n);
+  return 0;
+}
+
 /* Records a fill of O with zero bytes. */
 static int fill_zero(struct dspk__dev *d, const struct dspk__tensor *O) {
   VkCommandBuffer cb;
@@ -1364,7 +1504,8 @@ int dspk__vk_contract(struct dspk__dev *d, struct dspk__op *op, struct dspk__opc
   if ((r = bind(d, A, &ba, &ea, ctx, "A")) || (r = bind(d, B, &bb, &eb, ctx, "B")) ||
       (r = bind(d, O, &bo, &eo, ctx, "the output")))
     return r;
-  struct dspk__mem *ta = NULL, *tb = NULL, *tc = NULL;
+  struct dspk__mem *ta = NULL, *tb = NULL, *tc = NULL, *tf = NULL, *ta2 = NULL, *tb2 = NULL;
+  int64_t pS = 1, pT = 1;
   struct gdesc g;
   memset(&g, 0, sizeof g);
   g.in_dt = g.out_dt = dt;
@@ -1402,6 +1543,57 @@ int dspk__vk_contract(struct dspk__dev *d, struct dspk__op *op, struct dspk__opc
                     p->bss, ctx)))
       goto out;
   }
+  /* Pre-sums that hold an infinity or a NaN (an operand's own, or an
+   * overflow of the sum), or the other operand's: again without pre-sums
+   * (the cpu's contract.c says why), after a wait for the check. */
+  int plain = 0;
+  if (p->as || p->bs) {
+    uint32_t flag = 0;
+    if ((r = dspk__vk_alloc(d, 4, &tf)) || (r = dspk__vk_zero(d, tf, 0, 4)))
+      goto out;
+    struct dspk__vk_bind bf = {tf->buf, tf->off, tf->size};
+    if ((r = scan_nonfinite(d, dt, &g.bind[0], g.oa, (uint64_t)(p->B_ * p->M * p->K), &bf,
+                            ctx)) ||
+        (r = scan_nonfinite(d, dt, &g.bind[1], g.ob, (uint64_t)(p->B_ * p->K * p->N), &bf,
+                            ctx)) ||
+        (r = dspk__vk_read(d, tf, 0, &flag, 4)))
+      goto out;
+    plain = flag != 0;
+  }
+  if (plain) {
+    /* A as (batch, M, K, its summed-only labels), B as (batch, K, its
+     * summed-only labels, N): plain permutations, no sums. */
+    int64_t kd[DSPK_MAX_RANK], ks[DSPK_MAX_RANK], S = 1, T = 1;
+    int n = 0, split = p->nb + p->nk;
+    for (int i = 0; i < p->as; i++)
+      S *= p->asd[i];
+    for (int i = 0; i < p->bs; i++)
+      T *= p->bsd[i];
+    if ((r = dspk__vk_alloc(d, (size_t)dspk__tensor_numel(A) * es, &ta2)) ||
+        (r = dspk__vk_alloc(d, (size_t)dspk__tensor_numel(B) * es, &tb2)))
+      goto out;
+    struct dspk__vk_bind b2a = {ta2->buf, ta2->off, ta2->size},
+                         b2b = {tb2->buf, tb2->off, tb2->size};
+    for (int i = 0; i < p->ak; i++, n++)
+      kd[n] = p->akd[i], ks[n] = p->aks[i];
+    for (int i = 0; i < p->as; i++, n++)
+      kd[n] = p->asd[i], ks[n] = p->ass[i];
+    if ((r = gather(d, dt, &ba, ea, &b2a, 0, n, kd, ks, 0, NULL, NULL, ctx)))
+      goto out;
+    n = 0;
+    for (int i = 0; i < split; i++, n++)
+      kd[n] = p->bkd[i], ks[n] = p->bks[i];
+    for (int i = 0; i < p->bs; i++, n++)
+      kd[n] = p->bsd[i], ks[n] = p->bss[i];
+    for (int i = split; i < p->bk; i++, n++)
+      kd[n] = p->bkd[i], ks[n] = p->bks[i];
+    if ((r = gather(d, dt, &bb, eb, &b2b, 0, n, kd, ks, 0, NULL, NULL, ctx)))
+      goto out;
+    pS = S;
+    pT = T;
+    g.bind[0] = b2a;
+    g.bind[1] = b2b;
+  }
   if (p->o_ident) {
     g.bind[3] = bo;
     g.oo = eo;
@@ -1416,7 +1608,11 @@ int dspk__vk_contract(struct dspk__dev *d, struct dspk__op *op, struct dspk__opc
     r = fill_zero(d, O);
     goto out;
   }
-  if ((r = gemm_exec(d, &g, ctx)))
+  if (plain)
+    r = sum_products(d, dt, &g.bind[0], &g.bind[1], &g.bind[3], g.oo, p, pS, pT, ctx);
+  else
+    r = gemm_exec(d, &g, ctx);
+  if (r)
     goto out;
   if (!p->o_ident)
     r = gather(d, dt, &g.bind[3], 0, &bo, eo, p->ok, p->okd, p->oks, 0, NULL, NULL, ctx);
@@ -1426,5 +1622,8 @@ out:
   dspk__vk_free(d, ta);
   dspk__vk_free(d, tb);
   dspk__vk_free(d, tc);
+  dspk__vk_free(d, tf);
+  dspk__vk_free(d, ta2);
+  dspk__vk_free(d, tb2);
   return r;
 }

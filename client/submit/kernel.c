@@ -166,9 +166,17 @@ static int parse_scalar(dspk__sub_ctx *ctx, const char *spec, dspk_karg *k) {
      * the daemon's rule, proto/dtype.h; "inf" and "nan" are f32 values). */
     if (k->kind == DSPK_KARG_F32 && fabs(d) >= 0x1.ffffffp127 && !isinf(d))
       return dspk__sub_usage(ctx, "bad f32 in '%s' (beyond f32's range)", spec);
-    if (k->kind == DSPK_KARG_F32)
-      k->v.f32 = (float)d;
-    else
+    /* An f32 read from the text at once (strtof rounds the decimal value
+     * once): (float) of the double rounds twice (9007199791611905, that is
+     * 2^53 + 2^29 + 1, became the tie 2^53 + 2^29, then 2^53, not the nearest
+     * f32 2^53 + 2^30).  The syntax and the range were checked above, on the
+     * double; a value the double put below the midpoint that the text
+     * passes would round to an infinity here: refused the same way. */
+    if (k->kind == DSPK_KARG_F32) {
+      k->v.f32 = strtof(v, NULL);
+      if (isinf(k->v.f32) && !isinf(d))
+        return dspk__sub_usage(ctx, "bad f32 in '%s' (beyond f32's range)", spec);
+    } else
       k->v.f64 = d;
     return 0;
   }

@@ -39,6 +39,7 @@ import msgpack
 import numpy as np
 
 from . import _errors
+from . import _dtypes
 from ._dtypes import as_ndarray, from_signal_handler, numpy_dtype, user_code, wire_name
 from ._errors import Error
 
@@ -749,6 +750,52 @@ def _number(name: str, v: Any) -> float:
                                   % (name, _kind(v)))
 
 
+def _scalar(name: str, v: Any, f32: bool) -> Union[int, float]:
+    """v (a real number, as _number) as sent for an op's alpha or beta: an integer of
+    64 bits (-2^63 to 2^64-1) as that int, which the daemon rounds once to the type the
+    op uses; a float64 or narrower float as it is; any other value (a longdouble, an
+    int beyond 64 bits, a Fraction) rounded once from its exact value to the nearest
+    f32 when ``f32`` (the op computes in f32), else to the nearest float64.  Never an
+    int or longdouble through float64 on its way to f32: that rounds twice
+    (2**53 + 2**29 + 1 became the tie 2**53 + 2**29, then 2**53, not 2**53 + 2**30)."""
+    if type(v) is float:
+        return v
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real):
+        return _number(name, v)  # its InvalidArgument
+    if isinstance(v, numbers.Integral):
+        n = int(v)
+        if -(1 << 63) <= n < 1 << 64:
+            return n
+    elif isinstance(v, (float, np.floating)) and np.dtype(type(v)).itemsize <= 8:
+        return float(v)  # exact
+    if not f32:
+        return _number(name, v)  # float() of an int, Fraction or longdouble: one rounding
+    # To odd at float64's precision from the exact value, then to nearest at f32's:
+    # one rounding (as to_bfloat16).
+    if isinstance(v, np.floating):
+        d = float(_dtypes._f64_round_to_odd_wide(np.array([v]))[0])
+    else:
+        d = float(_dtypes._python_reals(np.array([v], dtype=object))[0])
+    if math.isnan(d) or (math.isinf(d) and not np.isinf(v)):
+        return _number(name, v)  # its InvalidArgument (beyond float64), or the NaN
+    with np.errstate(over="ignore"):
+        f = float(np.float32(d))
+    # beyond f32's range: the double itself, which the daemon refuses (ERANGE)
+    return d if math.isinf(f) and not math.isinf(d) else f
+
+
+def _f32_op(op: str, x: Any) -> bool:
+    """Whether op ("gemm", "map") with first operand x uses its scalars as f32
+    (protocol.md: a gemm of f32, f16 or bf16; a map of f32 or c64)."""
+    try:
+        dt = _meta(x)[1]
+    except (ValueError, TypeError):
+        return False  # not an array: refused elsewhere
+    if op == "gemm":
+        return dt != np.float64
+    return dt in (np.float32, np.complex64)
+
+
 def _int64(name: str, v: Any) -> int:
     """v (an integer, see _integer) that msgpack carries: -2^63 to 2^64-1."""
     n = _integer(name, v)
@@ -851,7 +898,7 @@ def _kernel_args(args: Any) -> List[Dict[str, Any]]:
         what = "args[%d].%s" % (i, k)
         if k in ("f32", "f64"):
             try:
-                v = _number(what, v)
+                v = _scalar(what, v, k == "f32")
             except _errors.InvalidArgument as e:
                 if "beyond" not in e.message:
                     raise
@@ -3451,11 +3498,11 @@ class Client:
         if beta is None:
             beta_f = 1.0 if c is not None else 0.0
         else:
-            beta_f = _number("beta", beta)
+            beta_f = _scalar("beta", beta, _f32_op("gemm", a))
             if c is None and beta_f != 0.0:
                 raise _errors.InvalidArgument("beta: %r without c (beta scales c; give c, "
                                               "or leave beta out)" % beta)
-        opts = {"alpha": _number("alpha", alpha), "beta": beta_f,
+        opts = {"alpha": _scalar("alpha", alpha, _f32_op("gemm", a)), "beta": beta_f,
                 "trans_a": _flag("trans_a", trans_a), "trans_b": _flag("trans_b", trans_b)}
         return self._run("gemm", inputs, opts, device, out, **kw)
 
@@ -3488,7 +3535,8 @@ class Client:
                 alpha: float = 1.0, device: str = "any",
                 out: Optional[OutArg] = None, **kw: Any) -> TaskFuture:
         inputs = [a] + ([b] if b is not None else [])
-        return self._run("map", inputs, {"fn": _string("fn", fn), "alpha": _number("alpha", alpha)}, device,
+        return self._run("map", inputs, {"fn": _string("fn", fn),
+                                       "alpha": _scalar("alpha", alpha, _f32_op("map", a))}, device,
                          out, **kw)
 
     def _op_kernel(self, source: Union[str, bytes], *tensors: ArrayLike, lang: str,

@@ -82,6 +82,31 @@ def test_numeric_types_that_are_numbers(client):
     np.testing.assert_allclose(client.gemm(a, a.T.copy(), trans_a=0), a @ a.T, rtol=1e-5)
 
 
+def test_scalars_rounded_once_to_f32(client):
+    """An int or longdouble alpha/beta/{f32: v} is rounded once, from its exact value, to
+    the f32 an f32 op uses (it went through float64 first: 2**53 + 2**29 + 1 became the
+    tie 2**53 + 2**29, then 2**53, not the nearest f32 2**53 + 2**30); an f64 op takes
+    the nearest float64."""
+    one32, one64 = np.ones((1, 1), np.float32), np.ones((1, 1), np.float64)
+    ld = np.longdouble(1) + np.longdouble(2) ** -24 + np.longdouble(2) ** -60
+    if float(ld) == 1 + 2.0 ** -24:  # a longdouble wider than float64 (not on aarch64...)
+        cases = [(2 ** 53 + 2 ** 29 + 1, 2.0 ** 53 + 2 ** 30), (ld, 1 + 2.0 ** -23)]
+    else:
+        cases = [(2 ** 53 + 2 ** 29 + 1, 2.0 ** 53 + 2 ** 30)]
+    cases += [(np.uint64(2 ** 53 + 2 ** 29 + 1), 2.0 ** 53 + 2 ** 30),
+              (2 ** 70 + 2 ** 46 + 1, 2.0 ** 70 + 2 ** 47),  # beyond 64 bits
+              (-(2 ** 70 + 2 ** 46 + 1), -(2.0 ** 70 + 2 ** 47))]
+    for v, want in cases:
+        assert client.map("scale", one32, alpha=v, device="cpu:0")[0, 0] == want, v
+        assert client.gemm(one32, one32, alpha=v, device="cpu:0")[0, 0] == want, v
+        assert client.gemm(one32, one32, one32, alpha=0, beta=v, device="cpu:0")[0, 0] == want
+        assert client.map("scale", one64, alpha=v, device="cpu:0")[0, 0] == float(v), v
+        assert client.gemm(one64, one64, alpha=v, device="cpu:0")[0, 0] == float(v), v
+    args = dspk._client._kernel_args([{"f32": 2 ** 70 + 2 ** 46 + 1}, {"f64": 2 ** 70 + 1},
+                                      {"f32": 5}])
+    assert args == [{"f32": 2.0 ** 70 + 2 ** 47}, {"f64": float(2 ** 70)}, {"f32": 5}], args
+
+
 def test_reduce_axes(client):
     x = f64(2, 3, 4)
     for axes, ref in ((1, 1), (np.int64(-1), -1), ([0, 2], (0, 2)), ((np.int32(0),), (0,)),

@@ -1620,6 +1620,14 @@ def suite_kernel(cli, tmp):
               "kernel y[%d] = %r, reference %r" % (i, ys[i], ref))
         check(abs(z2s[i] - zs[i] * beta) <= 1e-15,
               "kernel z[%d] = %r, reference %r" % (i, z2s[i], zs[i] * beta))
+    # f32:V is rounded once from the text to the nearest f32: 2^53 + 2^29 + 1 is
+    # 2^53 + 2^30 (through a double first, the tie 2^53 + 2^29, then 2^53).
+    one = os.path.join(tmp, "one.npy")
+    np.save(one, np.ones(1, "<f8"))
+    cli.ok("kernel", src, "-e", "main", "-g", "1", "-b", "64", "-d", "vulkan:0",
+           "zeros:f32:1", one, "i32:1", "f32:%d" % (2**53 + 2**29 + 1), "f64:1", "-o", py)
+    y = np.load(py)
+    check(y.tolist() == [2.0**53 + 2**30], "kernel f32:%d gave %r" % (2**53 + 2**29 + 1, y))
     # Summaries of every tensor argument without -o.
     out = cli.ok("kernel", src, "-e", "main", "-g", "1", "-b", "64", "-d",
                  "vulkan:0", "zeros:f32:4", "zeros:f64:4", "i32:4", "f32:1",

@@ -1305,7 +1305,11 @@ def task_ops(env):
     expect(run("reduce", [a23], axes=[-3]), "EINVAL", "options.axes[0]", "out of range")
     expect(run("reduce", [a23], axes=[-(1 << 63)]), "EINVAL", "options.axes[0]", "out of range")
     expect(run("reduce", [a23], axes=[(1 << 64) - 1]), "EINVAL", "options.axes[0]", "out of range")
-    expect(run("reduce", [a23], axes=[0, -2]), "EINVAL", "options.axes", "repeated")
+    # A repeated axis is named by the values as sent, not the normalised one.
+    expect(run("reduce", [a23], axes=[0, -2]), "EINVAL",
+           "options.axes[1]: -2 names the same axis as options.axes[0] (0) of input 0 (rank 2)")
+    expect(run("reduce", [a23], axes=[-1, 1]), "EINVAL",
+           "options.axes[1]: 1 names the same axis as options.axes[0] (-1) of input 0 (rank 2)")
     expect(run("reduce", [t32([], [0])], fn="max"), "ESHAPE")
     r = run("reduce", [t32([], [0])], fn="mean")
     check(r[0] == "ok" and math.isnan(vals32(r[1]["outputs"][0])[0]), "mean of empty is NaN")
@@ -1565,6 +1569,15 @@ def kernel_args(env):
     for v in (mid, -mid, math.nextafter(mid, math.inf)):
         expect(run([{"tensor": 0}, {"tensor": 1}, {"f32": v}, {"i32": 0}, {"u32": 0}]),
                "ERANGE", "options.args[2]", repr(v))
+    # an integer is rounded once, from its exact value, to the nearest f32:
+    # 2^53 + 2^29 + 1 is 2^53 + 2^30 (through a double first it would be the
+    # tie 2^53 + 2^29, then 2^53)
+    for v, want in ((2**53 + 2**29 + 1, 2.0**53 + 2**30), (-(2**53 + 2**29 + 1), -(2.0**53 + 2**30)),
+                    (2**64 - 1, 2.0**64)):
+        r = run([{"tensor": 0}, {"tensor": 1}, {"f32": v}, {"i32": 0}, {"u32": 0}],
+                inputs=(x, halves))
+        check(r[0] == "ok" and vals32(r[1]["outputs"][0]) == [want * s for s in (1, 0.5, 0.25)],
+              "f32 %r rounds once to %r: %r" % (v, want, r))
     still_open(c)
 
 
@@ -1655,9 +1668,83 @@ def gemm_blas(env):
             r = c.ok("task.run", {"op": "map", "device": dev, "inputs": ins,
                                   "options": {"fn": fn, "alpha": 3.4028235e38}})
             check(vals32(r["outputs"][0])[0] == FLT_MAX, "%s map %s %r" % (dev, fn, r))
+        # an integer alpha or beta is rounded once, from its exact value, to
+        # the nearest f32 (2^53 + 2^29 + 1: 2^53 + 2^30; through a double first
+        # the tie 2^53 + 2^29, then 2^53); an f64 op takes the nearest double
+        big, big32 = 2**53 + 2**29 + 1, 2.0**53 + 2**30
+        for opt, ins, want in (({"alpha": big}, [one, one], big32),
+                               ({"alpha": 0, "beta": -big}, [one, one, one], -big32)):
+            r = c.ok("task.run", {"op": "gemm", "device": dev, "inputs": ins, "options": opt})
+            check(vals32(r["outputs"][0]) == [want], "%s gemm %r: %r" % (dev, opt, r))
+        for fn, ins in (("scale", [one]), ("axpy", [one, t32([0.0], [1, 1])])):
+            r = c.ok("task.run", {"op": "map", "device": dev, "inputs": ins,
+                                  "options": {"fn": fn, "alpha": big}})
+            check(vals32(r["outputs"][0]) == [big32], "%s map %s alpha %d: %r" % (dev, fn, big, r))
+        r = c.ok("task.run", {"op": "gemm", "device": dev, "inputs": [t64([1.0], [1, 1])] * 2,
+                              "options": {"alpha": big}})
+        check(vals64(r["outputs"][0]) == [float(big)], "%s f64 gemm, alpha %d: %r" % (dev, big, r))
         r = c.ok("task.run", {"op": "map", "device": dev, "inputs": [t32([-1.0])],
                               "options": {"fn": "abs", "alpha": 1e39}})
         check(vals32(r["outputs"][0]) == [1.0], "%s abs: alpha unused %r" % (dev, r))
+    still_open(c)
+
+
+@case("task.run: contract's labels in one operand only: no overflow of their sums, "
+      "infinities as the sum of the products (cpu:0, vulkan:0)")
+def contract_one_operand_labels(env):
+    c = env.conn()
+    devs = [d for d in gpu_and_cpu_devices(c) if d in ("cpu:0", "vulkan:0")]
+    inf = math.inf
+    f32_3e38 = struct.unpack("<f", struct.pack("<f", 3e38))[0]
+
+    def tc(dt, vals, shape):  # complex tensor of real parts vals
+        fmt = "f" if dt == "c64" else "d"
+        data = b"".join(struct.pack("<2" + fmt, v, 0) for v in vals)
+        return {"dtype": dt, "shape": shape, "data": data}
+
+    def parts(dt, t):
+        v = vals32(t) if dt in ("f32", "c64") else vals64(t)
+        return [complex(v[i], v[i + 1]) for i in range(0, len(v), 2)] if dt[0] == "c" else v
+
+    for dev in devs:
+        def run(sub, dt, a, b):
+            r = c.call("task.run", {"op": "contract", "device": dev, "inputs": [a, b],
+                                    "options": {"subscripts": sub}})
+            check(r[0] == "ok", "%s %s %s: %r" % (dev, sub, dt, r))
+            return parts(dt, r[1]["outputs"][0])
+        # Every product and the result finite, the sum of one operand's values
+        # beyond the dtype's range: 4 products of 7.5e37 make 3e38 (inf, or
+        # inf+nanj, when A's row was summed first), 2 of 3e37 make 6e37.
+        for dt, T, big in (("f32", t32, f32_3e38), ("f64", t64, 1.7e308), ("c64", None, f32_3e38),
+                           ("c128", None, 1.7e308)):
+            mk = T or (lambda v, shape, dt=dt: tc(dt, v, shape))
+            got = run("ab,cd->", dt, mk([big, big], [1, 2]), mk([0.25, 0.25], [1, 2]))
+            check(len(got) == 1 and abs(got[0] - big) <= 1e-6 * big,
+                  "%s ab,cd-> %s of [[%r, %r]], [[0.25, 0.25]]: %r" % (dev, dt, big, big, got))
+            got = run("bk,kc->c", dt, mk([big, big], [2, 1]), mk([0.1], [1, 1]))
+            check(len(got) == 1 and abs(got[0] - big / 5) <= 1e-6 * big / 5,
+                  "%s bk,kc->c %s of [[%r], [%r]], [[0.1]]: %r" % (dev, dt, big, big, got))
+        # An infinity times values of both signs: inf - inf = NaN among the
+        # products (as numpy.einsum adds them), not inf * (2 - 1).
+        for dt, T in (("f32", t32), ("f64", t64)):
+            got = run("bk,kc->c", dt, T([2, 1, 1, 1, 1, -1, 1, 1, 1, 1, 0.5, 1, 1, 1, 1], [3, 5]),
+                      T([inf, 1, 1, 1, 1, 1, 1, 1, 1, 1], [5, 2]))
+            check(math.isnan(got[0]) and got[1] == 13.5, "%s bk,kc->c %s: %r" % (dev, dt, got))
+            got = run("ab,cd->", dt, T([inf, 1], [1, 2]), T([1, -1], [1, 2]))
+            check(math.isnan(got[0]), "%s ab,cd-> %s of [[inf, 1]], [[1, -1]]: %r" % (dev, dt, got))
+        for dt in ("c64", "c128"):
+            got = run("bk,kc->c", dt, tc(dt, [2, -1], [2, 1]), tc(dt, [inf], [1, 1]))
+            check(math.isnan(got[0].real) and math.isnan(got[0].imag),
+                  "%s bk,kc->c %s of [[2], [-1]], [[inf]]: %r" % (dev, dt, got))
+            got = run("abk,kc->ac", dt, tc(dt, [1, -3, -2, 2], [1, 2, 2]),
+                      tc(dt, [inf, 1], [2, 1]))
+            check(math.isnan(got[0].real), "%s abk,kc->ac %s: %r" % (dev, dt, got))
+        # An operand's own infinity or NaN in a summed label is NaN or inf as
+        # the products give it.
+        got = run("ab,b->", "f32", t32([inf, -inf], [1, 2]), t32([1, 1]))
+        check(math.isnan(got[0]), "%s ab,b-> of [[inf, -inf]], [1, 1]: %r" % (dev, got))
+        got = run("ab,c->c", "f32", t32([inf, 1], [1, 2]), t32([2, 0.5]))
+        check(got == [inf, inf], "%s ab,c->c of [[inf, 1]], [2, 0.5]: %r" % (dev, got))
     still_open(c)
 
 
