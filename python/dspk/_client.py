@@ -767,7 +767,7 @@ def _scalar(name: str, v: Any, f32: bool) -> Union[int, float]:
         if -(1 << 63) <= n < 1 << 64:
             return n
     elif isinstance(v, (float, np.floating)) and np.dtype(type(v)).itemsize <= 8:
-        return float(v)  # exact
+        return _number(name, v)  # exact (a float subclass's __float__ may raise: named)
     if not f32:
         return _number(name, v)  # float() of an int, Fraction or longdouble: one rounding
     # To odd at float64's precision from the exact value, then to nearest at f32's:
@@ -788,8 +788,8 @@ def _f32_op(op: str, x: Any) -> bool:
     """Whether op ("gemm", "map") with first operand x uses its scalars as f32
     (protocol.md: a gemm of f32, f16 or bf16; a map of f32 or c64)."""
     try:
-        dt = _meta(x)[1]
-    except (ValueError, TypeError):
+        dt = _meta(x, "input 0")[1]
+    except (ValueError, TypeError, Error):
         return False  # not an array: refused elsewhere
     if op == "gemm":
         return dt != np.float64
