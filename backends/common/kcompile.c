@@ -139,11 +139,39 @@ int dspk__kcompile_run(struct dspk__kcompile_spare *spare, const char *exe, cons
       return rc == ENOMEM ? DSPK_ENOMEM : DSPK_EIO;
     }
   }
+  /* The child's set-up (its start, a device opened, a warm-up compile) is
+   * not the source's: the deadline starts once it says it is ready. */
+  int ready = 0, setup_late = 0;
+  int64_t setup_end = now_ms() + (int64_t)DSPK__KCOMPILE_SETUP_S * 1000;
+  while (!ready) {
+    int64_t left = setup_end - now_ms();
+    if (cancel && atomic_load(cancel)) {
+      canceled = 1;
+      break;
+    }
+    if (left <= 0) {
+      setup_late = 1;
+      break;
+    }
+    struct pollfd pf = {.fd = c.out, .events = POLLIN};
+    int pr = poll(&pf, 1, left < 50 ? (int)left : 50);
+    if (pr < 0 && errno != EINTR)
+      break;
+    if (pr <= 0)
+      continue;
+    char b;
+    ssize_t r = read(c.out, &b, 1);
+    if (r < 0 && errno == EINTR)
+      continue;
+    if (r != 1 || b != 'R')
+      break; /* gone before it was ready: its status says why, below */
+    ready = 1;
+  }
   /* The source goes in as the answer comes out: neither side waits on the
    * other, and a child that takes no input still meets the deadline. */
   fcntl(c.in, F_SETFL, fcntl(c.in, F_GETFL) | O_NONBLOCK);
   int64_t deadline = now_ms() + (int64_t)DSPK__KCOMPILE_TIME_S * 1000;
-  for (;;) {
+  for (; ready;) {
     int64_t left = deadline - now_ms();
     if (cancel && atomic_load(cancel)) {
       canceled = 1;
@@ -191,7 +219,7 @@ int dspk__kcompile_run(struct dspk__kcompile_spare *spare, const char *exe, cons
   if (c.in >= 0)
     close(c.in);
   close(c.out);
-  if (timed_out || canceled || too_long)
+  if (timed_out || canceled || too_long || setup_late || !ready)
     kill((pid_t)c.pid, SIGKILL);
   while (waitpid((pid_t)c.pid, &st, 0) < 0 && errno == EINTR)
     ;
@@ -206,6 +234,10 @@ int dspk__kcompile_run(struct dspk__kcompile_spare *spare, const char *exe, cons
   if (canceled) {
     rc = DSPK_ECANCELED;
     dspk__format(log, loglen, "the task was canceled");
+  } else if (setup_late) {
+    rc = DSPK_EIO;
+    dspk__format(log, loglen, "kernel: the %s process was not ready within %d s",
+                 trial ? "pipeline trial's" : "compiler's", DSPK__KCOMPILE_SETUP_S);
   } else if (timed_out || (WIFSIGNALED(st) && WTERMSIG(st) == SIGXCPU)) {
     rc = DSPK_ELIMIT;
     dspk__format(log, loglen,
@@ -283,6 +315,10 @@ int dspk__kcompile_serve(dspk__kcompile_fn *fn, void *ud, const char *warm) {
     free(bin);
     bin = NULL;
   }
+  log[0] = 0;
+  /* Set up: the parent's clock for this compile starts now (kcompile.h). */
+  if (write_all(1, "R", 1) != 0)
+    return 2;
   for (;;) {
     if (n + 1 >= cap) {
       size_t ncap = cap ? 2 * cap : 65536;

@@ -32,6 +32,11 @@
 /* The limits of one compile of a client's source (docs/protocol.md). */
 #define DSPK__KCOMPILE_MEM_MIB 512
 #define DSPK__KCOMPILE_TIME_S 5
+/* How long a child may take to set up (start, open its device, compile a
+ * warm-up source) before it says it is ready ("R" on its stdout): the
+ * source's DSPK__KCOMPILE_TIME_S start then, so that a slow start (a
+ * loaded machine, a sanitizer build) is never a client's ELIMIT. */
+#define DSPK__KCOMPILE_SETUP_S 60
 /* The most bytes of code a compile may give back. */
 #define DSPK__KCOMPILE_OUT_MAX (64u << 20)
 
