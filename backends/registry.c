@@ -5,6 +5,7 @@
  * Adding a backend means one extern line, one table line and its name in
  * dspk__known_backends here (see docs/backends.md).
  */
+#include <signal.h>
 #include <string.h>
 #include "backends/backend.h"
 
@@ -49,8 +50,15 @@ int dspk__cuda_compile_main(const char *arch); /* backends/cuda/backend.c */
 int dspk__hip_compile_main(const char *arch); /* backends/hip/backend.c */
 #endif
 
-/* See backend.h: the languages whose compiler runs in this process. */
+/* See backend.h: the languages whose compiler runs in this process.  A
+ * fault of the compiler or driver kills the process by its signal, as
+ * kcompile.c reads it (ECOMPILE naming the signal), also in a sanitizer
+ * build, whose handlers would turn it into a report and an abort (read as
+ * running out of memory): this process exists to contain such a crash. */
 int dspk__kernel_compile_main(const char *lang) {
+  static const int fatal[] = {SIGSEGV, SIGBUS, SIGILL, SIGFPE};
+  for (size_t i = 0; i < sizeof fatal / sizeof fatal[0]; i++)
+    signal(fatal[i], SIG_DFL);
 #ifdef DSPK_HAVE_VULKAN
   if (strcmp(lang, "glsl") == 0)
     return dspk__vk_compile_main();
