@@ -451,7 +451,17 @@ struct cplan {
   int perm[3];
   int trans[2], swap;
   struct pdesc pd[3];
-  struct dspk__pool_block *ws_red[2], *ws_perm[3];
+  /* check: scan the multiplied operands for an infinity or a NaN, and if
+   * one is there make the output again adding every product (sd; the
+   * kernels' dspk_sdesc in kernels/reduce.cu) */
+  int check;
+  struct sdesc {
+    int nout, nin;
+    int64_t oshape[DSPK_MAX_RANK], oa[DSPK_MAX_RANK], ob[DSPK_MAX_RANK];
+    int64_t ishape[2 * DSPK_MAX_RANK], ia[2 * DSPK_MAX_RANK], ib[2 * DSPK_MAX_RANK];
+    int64_t n, ninner;
+  } sd;
+  struct dspk__pool_block *ws_red[2], *ws_perm[3], *ws_flag;
 };
 
 static void cplan_release(void *ud, void *p) {
@@ -461,6 +471,7 @@ static void cplan_release(void *ud, void *p) {
     dspk__pool_put(&pl->dev->pool, pl->ws_red[i]);
   for (int i = 0; i < 3; i++)
     dspk__pool_put(&pl->dev->pool, pl->ws_perm[i]);
+  dspk__pool_put(&pl->dev->pool, pl->ws_flag);
   free(pl);
 }
 
@@ -469,6 +480,46 @@ void dspk__gpurt_contract_plan_evict(void *ud, void *plan) {
    * event behind their last use completes (or, with the benchmark switch,
    * after a synchronize, to measure what that costs). */
   dspk__gpurt_retire(ud, cplan_release, NULL, plan);
+}
+
+/* The element strides of a contraction's labels in A and B, for
+ * dspk_sumprod: the output's labels in its order, then the summed ones. */
+static void sumprod_desc(const struct dspk__tensor *const T[2], const struct dspk__tensor *O,
+                         char lab[3][DSPK_MAX_RANK + 1], struct sdesc *d) {
+  int64_t st[2][DSPK_MAX_RANK];
+  char inner[2 * DSPK_MAX_RANK];
+  int ni = 0;
+  memset(d, 0, sizeof(*d));
+  for (int t = 0; t < 2; t++)
+    strides_of(T[t]->shape, T[t]->rank, st[t]);
+  for (int t = 0; t < 2; t++)
+    for (int i = 0; lab[t][i]; i++) {
+      char c = lab[t][i];
+      if (!strchr(lab[2], c) && !memchr(inner, c, (size_t)ni))
+        inner[ni++] = c;
+    }
+  d->nout = O->rank;
+  d->n = 1;
+  for (int i = 0; i < O->rank; i++) {
+    d->oshape[i] = O->shape[i];
+    d->n *= O->shape[i];
+  }
+  d->nin = ni;
+  d->ninner = 1;
+  for (int t = 0; t < 2; t++)
+    for (int i = 0; lab[t][i]; i++) {
+      const char *at = strchr(lab[2], lab[t][i]);
+      int64_t *sa = t ? d->ob : d->oa, *si = t ? d->ib : d->ia;
+      if (at) {
+        sa[at - lab[2]] += st[t][i];
+      } else {
+        int k = (int)((const char *)memchr(inner, lab[t][i], (size_t)ni) - inner);
+        d->ishape[k] = T[t]->shape[i];
+        si[k] += st[t][i];
+      }
+    }
+  for (int k = 0; k < ni; k++)
+    d->ninner *= d->ishape[k];
 }
 
 static int cplan_make(struct dspk__dev *dev, const struct dspk__op *op, struct cplan **out,
@@ -593,6 +644,16 @@ static int cplan_make(struct dspk__dev *dev, const struct dspk__op *op, struct c
     }
   }
 #undef IN
+  /* Summing one operand's own labels first is exact only in real
+   * arithmetic (backends/cpu/contract.c says why), and the vendor's complex
+   * BLAS scales each sum by 1+0j, which turns inf+nanj into nan+nanj: such
+   * contractions check their operands and, when one holds an infinity or a
+   * NaN, make the output again as numpy's einsum does (dspk_sumprod). */
+  pl->check = pl->red[0] || pl->red[1] ||
+              (dspk__dtype_is_complex(pl->dt) && dev->blas && !dev->own_kernels &&
+               !own_gemm_fits(dev, pl->dt, pl->M, pl->N, pl->K, pl->nb));
+  if (pl->check)
+    sumprod_desc(T, O, lab, &pl->sd);
   /* Workspaces. */
   for (int t = 0; t < 2; t++) {
     int64_t n = 1;
@@ -605,6 +666,8 @@ static int cplan_make(struct dspk__dev *dev, const struct dspk__op *op, struct c
   }
   if (pl->perm[2] &&
       (rc = dspk__gpurt_tmp_alloc(dev, (size_t)(pl->nb * pl->M * pl->N) * esz, &pl->ws_perm[2])))
+    goto fail;
+  if (pl->check && (rc = dspk__gpurt_tmp_alloc(dev, sizeof(unsigned), &pl->ws_flag)))
     goto fail;
   *out = pl;
   return 0;
@@ -667,9 +730,11 @@ static int contract_launch(struct dspk__dev *dev, struct cplan *pl,
                            const struct dspk__tensor *const T[2],
                            const struct dspk__tensor *O, dspk__gptr p[2],
                            struct dspk__opctx *ctx) {
-  dspk__gptr c;
+  dspk__gptr c, flag = pl->check ? (dspk__gptr)pl->ws_flag->handle : 0;
   size_t esz = dspk__dtype_size(O->dtype);
-  int rc;
+  int rc, r;
+  if (pl->check && (r = DRV->memset_async(flag, 0, sizeof(unsigned), dev->stream)))
+    return dspk__gpurt_err(dev, ctx, "cuMemsetD8Async", r);
   for (int t = 0; t < 2; t++) {
     p[t] = dspk__gpurt_ptr(T[t]);
     if (pl->red[t]) {
@@ -685,6 +750,16 @@ static int contract_launch(struct dspk__dev *dev, struct cplan *pl,
         return rc;
       p[t] = dst;
     }
+    if (pl->check) {
+      dspk__gfunc fn;
+      int64_t n = 1;
+      void *args[3] = {&p[t], &n, &flag};
+      for (int i = 0; i < pl->rank[t]; i++)
+        n *= pl->shape[t][i];
+      if ((rc = dspk__gpurt_kfunc(dev, DSPK__K_REDUCE, pl->dt, "dspk_nonfinite", &fn, ctx)) ||
+          (rc = dspk__gpurt_launch1d(dev, fn, n, args, ctx)))
+        return rc;
+    }
   }
   c = pl->perm[2] ? (dspk__gptr)pl->ws_perm[2]->handle : dspk__gpurt_ptr(O);
   /* C^T (b n m) = op(B)^T op(A)^T: the operands swap and so do their flags. */
@@ -696,8 +771,19 @@ static int contract_launch(struct dspk__dev *dev, struct cplan *pl,
                           pl->nb, ctx);
   if (rc)
     return rc;
-  if (pl->perm[2])
-    return permute(dev, c, dspk__gpurt_ptr(O), esz, &pl->pd[2], ctx);
+  if (pl->perm[2] && (rc = permute(dev, c, dspk__gpurt_ptr(O), esz, &pl->pd[2], ctx)))
+    return rc;
+  if (pl->check) {
+    /* Every output again from the original operands when the scans found
+     * an infinity or a NaN; the kernel reads the flag and otherwise does
+     * nothing (no wait for the scans on the host). */
+    dspk__gfunc fn;
+    dspk__gptr a = dspk__gpurt_ptr(T[0]), b = dspk__gpurt_ptr(T[1]), o = dspk__gpurt_ptr(O);
+    void *args[5] = {&a, &b, &o, &pl->sd, &flag};
+    if ((rc = dspk__gpurt_kfunc(dev, DSPK__K_REDUCE, pl->dt, "dspk_sumprod", &fn, ctx)) ||
+        (rc = dspk__gpurt_launch1d(dev, fn, pl->sd.n, args, ctx)))
+      return rc;
+  }
   return 0;
 }
 

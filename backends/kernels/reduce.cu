@@ -116,3 +116,64 @@ extern "C" __global__ void dspk_reduce_thread(const DSPK_T *x, DSPK_T *out, dspk
     dspk_store(&out[o], dspk_finish(fn, acc, d.nred_total));
   }
 }
+
+/*
+ * contract's check and fallback (backends/gpurt/ops.c, contract): a
+ * contraction that sums one operand's own labels first, or one whose
+ * complex product goes to the vendor's BLAS, scans the operands it
+ * multiplies for an infinity or a NaN (dspk_nonfinite sets *flag), and
+ * dspk_sumprod, launched after the product, then makes every output again
+ * as numpy's einsum does, adding each product of the original operands:
+ * no sum of one operand's values that overflows, inf - inf = NaN where
+ * the pre-sum gave inf * (their sum).  With *flag 0 it writes nothing.
+ */
+__device__ inline int dspk_nonfin(double a) { return a - a != 0.0; }
+__device__ inline int dspk_nonfin(dspk_c128 a) { return a.x - a.x != 0.0 || a.y - a.y != 0.0; }
+
+extern "C" __global__ void dspk_nonfinite(const DSPK_T *x, dspk_i64 n, unsigned *flag) {
+  DSPK_LOOP(i, n) {
+    if (dspk_nonfin(dspk_acc(x[i]))) {
+      *flag = 1u;
+      return;
+    }
+  }
+}
+
+/* The output's labels (C order) with their strides in A and B (0 where a
+ * label is not the operand's), and the labels summed over (those of A or B
+ * not in the output) likewise; a label repeated in one operand has the sum
+ * of its strides. */
+struct dspk_sdesc {
+  int nout, nin;
+  dspk_i64 oshape[DSPK_MAXRANK], oa[DSPK_MAXRANK], ob[DSPK_MAXRANK];
+  dspk_i64 ishape[2 * DSPK_MAXRANK], ia[2 * DSPK_MAXRANK], ib[2 * DSPK_MAXRANK];
+  dspk_i64 n, ninner;
+};
+
+extern "C" __global__ void dspk_sumprod(const DSPK_T *a, const DSPK_T *b, DSPK_T *o,
+                                        dspk_sdesc d, const unsigned *flag) {
+  if (*flag == 0u)
+    return;
+  DSPK_LOOP(i, d.n) {
+    dspk_i64 pa = 0, pb = 0, t = i;
+    for (int k = d.nout - 1; k >= 0; k--) {
+      dspk_i64 x = t % d.oshape[k];
+      t /= d.oshape[k];
+      pa += x * d.oa[k];
+      pb += x * d.ob[k];
+    }
+    DSPK_ACC acc;
+    dspk_zero(&acc);
+    for (dspk_i64 r = 0; r < d.ninner; r++) {
+      dspk_i64 qa = pa, qb = pb, u = r;
+      for (int k = d.nin - 1; k >= 0; k--) {
+        dspk_i64 x = u % d.ishape[k];
+        u /= d.ishape[k];
+        qa += x * d.ia[k];
+        qb += x * d.ib[k];
+      }
+      acc = dspk_add(acc, dspk_mul(dspk_acc(a[qa]), dspk_acc(b[qb])));
+    }
+    dspk_store(&o[i], acc);
+  }
+}
