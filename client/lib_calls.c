@@ -7,6 +7,7 @@
  * memory; results are decoded with proto's checked getters and copied into
  * memory the caller owns.
  */
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -434,9 +435,11 @@ static size_t piece_max(const dspk_client *c, bool rd) {
 }
 
 /* Waits for the oldest of the pieces in flight (ids[*head..*tail)); a read
- * (rd) lands in its place in dst.  Keeps the first error in *first. */
+ * (rd) lands in its place in dst.  Keeps the first error in *first, and in
+ * *bad_off / *bad_len the range of the piece that had it. */
 static void piece_wait(dspk_client *c, bool rd, const uint32_t *ids, char *const *dsts,
-                       const size_t *lens, size_t *head, int *first, char *err) {
+                       const size_t *lens, const uint64_t *offs, size_t *head, int *first,
+                       char *err, uint64_t *bad_off, size_t *bad_len) {
   size_t i = *head % WINDOW;
   int rc;
   if (rd && lens[i]) {
@@ -450,6 +453,8 @@ static void piece_wait(dspk_client *c, bool rd, const uint32_t *ids, char *const
   if (rc != 0 && *first == 0) {
     *first = rc;
     memcpy(err, c->err, sizeof c->err);
+    *bad_off = offs[i];
+    *bad_len = lens[i];
   }
   (*head)++;
 }
@@ -460,10 +465,20 @@ static int transfer(dspk_client *c, bool rd, uint64_t id, uint64_t offset, const
                     void *dst, size_t n) {
   uint32_t ids[WINDOW];
   char *dsts[WINDOW];
-  size_t lens[WINDOW], head = 0, tail = 0, done = 0;
+  uint64_t offs[WINDOW], bad_off = offset;
+  size_t lens[WINDOW], head = 0, tail = 0, done = 0, bad_len = n;
   char err[sizeof c->err];
   int first = 0;
   size_t piece = piece_max(c, rd);
+  const char *what = rd ? "read" : "write";
+
+  /* A range that runs past the last byte offset a buffer can have is
+   * nobody's: refused before any piece goes (its pieces' offsets would
+   * wrap to the start of the buffer). */
+  if (n && n - 1 > UINT64_MAX - offset)
+    return dspk__cerr(c, DSPK_ERANGE, "dspk_buffer_%s: %zu bytes at offset %" PRIu64
+                      " run past the largest byte offset (2^64 - 1); nothing was %s", what,
+                      n, offset, rd ? "read" : "written");
 
   /* No piece could carry a byte: refused before anything is sent (a
    * 0-byte transfer is one request, which dspk__send checks as any). */
@@ -488,16 +503,19 @@ static int transfer(dspk_client *c, bool rd, uint64_t id, uint64_t offset, const
       a.v[DSPK__BWRITE_DATA] = dspk__pv_bin((const char *)src + done, k, NULL, NULL);
     }
     if (tail - head == WINDOW)
-      piece_wait(c, rd, ids, dsts, lens, &head, &first, err);
+      piece_wait(c, rd, ids, dsts, lens, offs, &head, &first, err, &bad_off, &bad_len);
     if (first != 0)
       break;
     rc = dspk__send_call(c, dspk__methods[a.m].name, pack_params, &a, &msgid);
     if (rc != 0) {
       first = rc;
       memcpy(err, c->err, sizeof c->err);
+      bad_off = offset + done;
+      bad_len = k;
       break;
     }
     ids[tail % WINDOW] = msgid;
+    offs[tail % WINDOW] = offset + done;
     dsts[tail % WINDOW] = rd && k ? (char *)dst + done : NULL;
     lens[tail % WINDOW] = k;
     tail++;
@@ -505,8 +523,16 @@ static int transfer(dspk_client *c, bool rd, uint64_t id, uint64_t offset, const
   } while (done < n);
   /* Every answer is taken, also after an error: the stream stays in step. */
   while (head < tail)
-    piece_wait(c, rd, ids, dsts, lens, &head, &first, err);
-  if (first != 0)
+    piece_wait(c, rd, ids, dsts, lens, offs, &head, &first, err, &bad_off, &bad_len);
+  if (first == 0)
+    return 0;
+  /* The caller asked for one range: a piece's error names it, and the
+   * piece within it. */
+  if (n > piece)
+    snprintf(c->err, sizeof c->err, "dspk_buffer_%s of %zu bytes at offset %" PRIu64
+             ": the piece of %zu bytes at offset %" PRIu64 ": %s", what, n, offset, bad_len,
+             bad_off, err);
+  else
     memcpy(c->err, err, sizeof c->err);
   return first;
 }

@@ -349,7 +349,10 @@ DSPK_EXPORT int dspk_buffer_create(dspk_client *c, const char *device,
  * room for the request's framing; DSPK_ELIMIT, nothing sent, when
  * max_message is 64 or less and n is not 0) with up to 8 in flight,
  * so the daemon stores one while the next arrives; on a failure (the first
- * failing piece's code) other pieces may have been written.  Data that lies
+ * failing piece's code; its message names the call's range and the piece's)
+ * other pieces may have been written.  A range that runs past byte offset
+ * 2^64 - 1 is DSPK_ERANGE with nothing sent (the same for dspk_buffer_read).
+ * Data that lies
  * in the shared allocation of id itself (dspk_shared_alloc) and takes more
  * than one piece is copied first, so that a piece stored cannot change the
  * bytes of one still to be sent. */

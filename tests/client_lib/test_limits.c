@@ -521,6 +521,25 @@ static void test_small_max_message(void **state) {
     memset(back, 0, sizeof back);
     assert_int_equal(dspk_buffer_read(c, id, 0, back, sizeof back), 0);
     assert_memory_equal(back, data, sizeof data);
+    /* A range past the largest offset: its later pieces' offsets would
+     * wrap to the buffer's start; refused before any piece goes. */
+    static char zeros[100000];
+    assert_int_equal(dspk_buffer_write(c, id, UINT64_MAX - 10, zeros, sizeof zeros),
+                     DSPK_ERANGE);
+    assert_non_null(strstr(dspk_last_error(c), "run past the largest byte offset"));
+    assert_int_equal(dspk_buffer_read(c, id, UINT64_MAX - 10, back, sizeof back), DSPK_ERANGE);
+    memset(back, 0, sizeof back);
+    assert_int_equal(dspk_buffer_read(c, id, 0, back, sizeof back), 0);
+    assert_memory_equal(back, data, sizeof data);
+    /* A range that overruns the buffer in a later piece: the error names
+     * the caller's range and the piece's. */
+    assert_int_equal(dspk_buffer_write(c, id, 50000, zeros, sizeof zeros), DSPK_ERANGE);
+    assert_non_null(strstr(dspk_last_error(c),
+                           "dspk_buffer_write of 100000 bytes at offset 50000: the piece of"));
+    assert_int_equal(dspk_buffer_read(c, id, 50000, back, sizeof back), DSPK_ERANGE);
+    assert_non_null(strstr(dspk_last_error(c),
+                           "dspk_buffer_read of 100000 bytes at offset 50000: the piece of"));
+    assert_int_equal(dspk_buffer_write(c, id, 0, data, sizeof data), 0);
     assert_int_equal(dspk_ping(c, data, (size_t)atoi(mms[k])), DSPK_ELIMIT);
     assert_non_null(strstr(dspk_last_error(c), "max_message"));
     assert_int_equal(dspk_ping(c, "x", 1), 0);
