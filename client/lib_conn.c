@@ -246,9 +246,30 @@ static struct dspk__frame done_take(dspk_client *c, size_t k) {
   struct dspk__inflight *e = infl_find(c, f.msgid);
   if (e)
     e->kept = 0;
-  c->done[k] = c->done[--c->ndone];
-  if (k < c->ndone && (e = infl_find(c, c->done[k].msgid)))
-    e->kept = (uint32_t)k + 1;
+  /* Out of the arrival order... */
+  if (f.older)
+    c->done[f.older - 1].newer = f.newer;
+  else
+    c->done_oldest = f.newer;
+  if (f.newer)
+    c->done[f.newer - 1].older = f.older;
+  else
+    c->done_newest = f.older;
+  /* ...and the last one moves into its slot, its neighbours told. */
+  if (k < --c->ndone) {
+    struct dspk__frame *m = &c->done[c->ndone];
+    if (m->older)
+      c->done[m->older - 1].newer = k + 1;
+    else
+      c->done_oldest = k + 1;
+    if (m->newer)
+      c->done[m->newer - 1].older = k + 1;
+    else
+      c->done_newest = k + 1;
+    c->done[k] = *m;
+    if ((e = infl_find(c, c->done[k].msgid)))
+      e->kept = (uint32_t)k + 1;
+  }
   return f;
 }
 
@@ -1356,7 +1377,7 @@ static int take_done(dspk_client *c, bool any, uint32_t *msgid, struct dspk__res
                      int *rc) {
   struct dspk__resp r;
   const struct dspk__inflight *e = any ? NULL : infl_find(c, *msgid);
-  size_t k = any ? 0 : e && e->kept ? e->kept - 1 : SIZE_MAX;
+  size_t k = any ? c->done_oldest - 1 : e && e->kept ? e->kept - 1 : SIZE_MAX;
   struct dspk__frame f;
   if (!c->ndone || k == SIZE_MAX)
     return 0;
@@ -1465,7 +1486,12 @@ static int wait_common(dspk_client *c, bool any, uint32_t *msgid,
       r.buf = p;
     }
     resp_unpacked_free(&r);
-    c->done[c->ndone++] = (struct dspk__frame){id, r.buf, r.len};
+    c->done[c->ndone++] = (struct dspk__frame){id, r.buf, r.len, c->done_newest, 0};
+    if (c->done_newest)
+      c->done[c->done_newest - 1].newer = c->ndone;
+    else
+      c->done_oldest = c->ndone;
+    c->done_newest = c->ndone;
     infl_find(c, id)->kept = (uint32_t)c->ndone;
     r.cap = 0; /* the kept frame is freed plainly */
   }

@@ -25,6 +25,7 @@ struct dspk__frame {
   uint32_t msgid;
   char *buf;   /* owned */
   size_t len;
+  size_t older, newer; /* neighbours in arrival order: 1 + index in done; 0: none */
 };
 
 /* Idle shared temporaries kept by a client, together, at most (lib_shm.c;
@@ -106,9 +107,11 @@ struct dspk_client {
     uint32_t kept;
   } *inflight;
   size_t ninflight, capinflight;
-  /* Responses that arrived before their wait. */
+  /* Responses that arrived before their wait, linked in arrival order
+   * (done_oldest, done_newest: 1 + index; 0 when none), so that
+   * dspk_wait_any takes them first come, first served. */
   struct dspk__frame *done;
-  size_t ndone, capdone;
+  size_t ndone, capdone, done_oldest, done_newest;
   /* Reused for each response, so a small answer costs no allocation: a
    * zone for its unpacked objects and a buffer for its bytes, each lent to
    * one dspk__resp at a time (a second live response gets its own). */

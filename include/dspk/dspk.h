@@ -686,7 +686,9 @@ DSPK_EXPORT int dspk_submit(dspk_client *c, const dspk_task *t,
                             uint32_t *ticket);
 DSPK_EXPORT int dspk_wait(dspk_client *c, uint32_t ticket, dspk_result *res);
 /* Like dspk_wait() for any one ticket: 0 with *ticket and *res of the first
- * completed request, DSPK_ENOENT when none is in flight.
+ * completed request, DSPK_ENOENT when none is in flight.  Answers that
+ * arrived while another was waited for are kept and given first, in the
+ * order they arrived (first come, first served).
  * An exception to "outputs are written only on success": when the request
  * answered is the one that failed (its error answer, or a result that
  * could not be decoded), *ticket is written with that ticket too (consumed

@@ -1101,6 +1101,41 @@ static void test_inflight(void **state) {
   }
 }
 
+/* Answers kept while waiting for another are taken by dspk_wait_any in
+ * the order they arrived: tasks of one connection on cpu:0 are answered in
+ * the order submitted, so after waiting for the last, wait_any gives the
+ * others first to last (it gave the newest kept one after the first). */
+static void test_wait_any_fifo(void **state) {
+  (void)state;
+  enum { NT = 7 };
+  float x[4] = {1, 2, 3, 4};
+  const int64_t n = 4;
+  uint32_t tk[NT];
+  dspk_result r;
+  for (int i = 0; i < NT; i++) {
+    dspk_tensor in;
+    dspk_task t;
+    dspk_tensor_inline(&in, DSPK_F32, 1, &n, x);
+    dspk_task_init(&t, DSPK_OP_MAP);
+    t.inputs = &in;
+    t.ninputs = 1;
+    t.map.fn = DSPK_MAP_ABS;
+    t.device = "cpu:0";
+    assert_int_equal(dspk_submit(C, &t, &tk[i]), 0);
+  }
+  assert_int_equal(dspk_wait(C, tk[NT - 1], &r), 0);
+  dspk_result_free(&r);
+  for (int i = 0; i < NT - 1; i++) {
+    uint32_t id = 0;
+    assert_int_equal(dspk_wait_any(C, &id, &r), 0);
+    assert_int_equal(id, tk[i]);
+    assert_true(((const float *)r.out[0].data)[3] == 4.0f);
+    dspk_result_free(&r);
+  }
+  uint32_t none = 0;
+  assert_int_equal(dspk_wait_any(C, &none, &r), DSPK_ENOENT);
+}
+
 /* Results of 64 KiB and more: received straight into their own memory
  * (lib_conn.c, land()) when their answer is the one waited for, kept whole
  * and decoded later when another is; in any order, 64-byte aligned, freed
@@ -1926,6 +1961,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_transfer_pieces),
       cmocka_unit_test(test_inflight),
       cmocka_unit_test(test_inflight_large),
+      cmocka_unit_test(test_wait_any_fifo),
       cmocka_unit_test(test_file_data),
       cmocka_unit_test(test_result_to_file),
       cmocka_unit_test(test_backpressure),
