@@ -404,9 +404,36 @@ DSPK_EXPORT int dspk_buffer_create(dspk_client *c, const char *device,
   if (rc != 0)
     return rc;
   id = a.res[DSPK__R_BUF_BUFFER].v.u;
+  /* Its device, for tasks on "any" that refer to it (not known: such a
+   * task's operands then go inline, never to a temporary elsewhere). */
+  if (c->nbufdev == c->capbufdev) {
+    size_t cap = c->capbufdev ? 2 * c->capbufdev : 16;
+    struct dspk__bufdev *p = realloc(c->bufdev, cap * sizeof(*p));
+    if (p) {
+      c->bufdev = p;
+      c->capbufdev = cap;
+    }
+  }
+  if (c->nbufdev < c->capbufdev) {
+    struct dspk__bufdev *e = &c->bufdev[c->nbufdev++];
+    e->id = id;
+    dspk__pval_str(&a.res[DSPK__R_BUF_DEVICE], e->device, sizeof e->device);
+  }
   dspk__resp_free(&r);
   *id_out = id;
   return 0;
+}
+
+/* The device of buffer id, when this client knows it (a buffer it created,
+ * a shared allocation or temporary of its own), else NULL. */
+static const char *buffer_device(const dspk_client *c, uint64_t id) {
+  for (size_t i = 0; i < c->nbufdev; i++)
+    if (c->bufdev[i].id == id)
+      return c->bufdev[i].device;
+  for (size_t i = 0; i < c->nshm; i++)
+    if (c->shm[i].id == id && !c->shm[i].freed)
+      return c->shm[i].device;
+  return NULL;
 }
 
 /* Bytes of a buffer.write request besides its data, at most: the envelope
@@ -622,8 +649,14 @@ DSPK_EXPORT int dspk_buffer_free(dspk_client *c, uint64_t id) {
     dspk__resp_free(&r);
   /* Gone (or going, or never there): a shared allocation or temporary with
    * this id is no longer one the daemon has (lib_shm.c). */
-  if (rc == 0 || rc == DSPK_ETIMEDOUT || rc == DSPK_ENOBUF)
+  if (rc == 0 || rc == DSPK_ETIMEDOUT || rc == DSPK_ENOBUF) {
     dspk__shm_freed(c, id);
+    for (size_t i = 0; i < c->nbufdev; i++)
+      if (c->bufdev[i].id == id) {
+        c->bufdev[i] = c->bufdev[--c->nbufdev];
+        break;
+      }
+  }
   return rc;
 }
 
@@ -931,6 +964,24 @@ static int submit(dspk_client *c, const dspk_task *t, uint32_t *ticket, bool may
       break;
     }
   }
+  /* A reference to a buffer pins the task to its device (protocol.md,
+   * task.run): on "any" its temporaries go there too, not to a device the
+   * daemon would refuse beside it (EINVAL, operands on two devices).  A
+   * reference to a buffer of unknown device leaves nothing to a temporary. */
+  bool unknown_ref = false;
+  if (strcmp(device, "any") == 0) {
+    const char *rdev = NULL;
+    for (unsigned i = 0; i < t->ninputs && !rdev; i++)
+      if (t->inputs[i].is_ref && !(rdev = buffer_device(c, t->inputs[i].buffer)))
+        unknown_ref = true;
+    for (unsigned i = 0; i < t->nout_refs && i < DSPK_MAX_OUTPUTS && !rdev; i++)
+      if (!(rdev = buffer_device(c, t->out_refs[i].buffer)))
+        unknown_ref = true;
+    if (rdev) {
+      shdev = rdev;
+      unknown_ref = false;
+    }
+  }
   /* On "any" such operands choose the device: temporaries go there too. */
   if (shdev && strcmp(device, "any") == 0)
     device = shdev;
@@ -946,7 +997,8 @@ static int submit(dspk_client *c, const dspk_task *t, uint32_t *ticket, bool may
     /* A file's bytes (dspk_file_data) go with sendfile whatever their size
      * (a copy into a temporary would fault every page of the mapping in),
      * unless they could not go inline at all. */
-    if (!dspk__operand_needs_shm(c, x->nbytes) && dspk__file_range(c, x->data, x->nbytes))
+    if (!dspk__operand_needs_shm(c, x->nbytes) &&
+        (unknown_ref || dspk__file_range(c, x->data, x->nbytes)))
       continue;
     /* dspk_submit waits only for an operand that could not go inline; such
      * an operand takes a temporary whatever the threshold (lib_shm.c). */
@@ -962,7 +1014,8 @@ static int submit(dspk_client *c, const dspk_task *t, uint32_t *ticket, bool may
     a.v[DSPK__RUN_OUTPUTS] = dspk__pv_pack(pack_outputs, t);
   /* A large result on the cpu: written by the daemon into a temporary shared
    * buffer and copied from there by dspk_wait, instead of crossing the socket. */
-  if (!t->nout_refs && t->op != DSPK_OP_KERNEL && (bound = result_bound(t)) != 0) {
+  if (!t->nout_refs && !unknown_ref && t->op != DSPK_OP_KERNEL &&
+      (bound = result_bound(t)) != 0) {
     /* No shared memory to be had (a limit, a quota): the result comes
      * inline, unless it cannot (dspk__result_needs_shm): then the refusal
      * is the task's failure, before anything is sent. */

@@ -1737,6 +1737,7 @@ static void client_free(dspk_client *c) {
   free(c->done);
   free(c->pq);
   free(c->abandoned);
+  free(c->bufdev);
   if (c->zone_ready)
     msgpack_zone_destroy(&c->zone);
   free(c);

@@ -112,6 +112,14 @@ struct dspk_client {
    * dspk_wait_any takes them first come, first served. */
   struct dspk__frame *done;
   size_t ndone, capdone, done_oldest, done_newest;
+  /* The devices of the buffers dspk_buffer_create made (until freed): a
+   * reference pins a task on "any" to its buffer's device, where its
+   * temporaries must be made too (lib_calls.c, submit). */
+  struct dspk__bufdev {
+    uint64_t id;
+    char device[48];
+  } *bufdev;
+  size_t nbufdev, capbufdev;
   /* Reused for each response, so a small answer costs no allocation: a
    * zone for its unpacked objects and a buffer for its bytes, each lent to
    * one dspk__resp at a time (a second live response gets its own). */

@@ -386,7 +386,10 @@ DSPK_EXPORT int dspk_buffer_free(dspk_client *c, uint64_t id);
  * whose inline inputs go inline), and a result written with out_refs to
  * {id_out, offset} lands in it.  A task on "any" runs on the device of
  * its first such operand (and its temporaries, dspk_set_shared_threshold,
- * are made there).  Where no reference can stand for the operand (the task
+ * are made there); a task on "any" with a buffer reference (is_ref, or
+ * out_refs) runs on that buffer's device, and its temporaries are made
+ * there (for a buffer of another client's making, whose device c does
+ * not know, its operands and result go inline).  Where no reference can stand for the operand (the task
  * runs on another device than the allocation's, or the operand starts
  * between two items) its bytes are sent as any other operand's: the task
  * works, with a copy.  dspk_buffer_read/write

@@ -642,6 +642,53 @@ static void test_shared_other_device(void **state) {
   assert_int_equal(dspk_shared_free(C, pc), 0);
 }
 
+/* A reference to a buffer on vulkan:0 pins a task on "any" there: an
+ * inline operand above the shared threshold takes its temporary on that
+ * device, and so does the result (both went to cpu:0 temporaries, whose
+ * references beside the buffer's were EINVAL: operands on two devices).
+ * After the buffer is freed, its id stands for no device. */
+static void test_ref_pins_temporaries(void **state) {
+  const int64_t n = 1 << 19; /* 2 MiB of f32: above the 1 MiB threshold */
+  float *x = malloc((size_t)n * 4), *y = malloc((size_t)n * 4);
+  uint64_t id;
+  dspk_tensor in[2];
+  dspk_task t;
+  dspk_result r;
+  (void)state;
+  if (!has_device("vulkan:0")) {
+    free(x);
+    free(y);
+    skip();
+    return;
+  }
+  assert_non_null(x);
+  assert_non_null(y);
+  for (int64_t i = 0; i < n; i++) {
+    x[i] = (float)(i % 1000);
+    y[i] = 0.5f;
+  }
+  assert_int_equal(dspk_buffer_create(C, "vulkan:0", (size_t)n * 4, &id), 0);
+  assert_int_equal(dspk_buffer_write(C, id, 0, x, (size_t)n * 4), 0);
+  in[0] = (dspk_tensor){.dtype = DSPK_F32, .rank = 1, .shape = {n}, .is_ref = true,
+                        .buffer = id};
+  dspk_tensor_inline(&in[1], DSPK_F32, 1, &n, y);
+  dspk_task_init(&t, DSPK_OP_MAP);
+  t.map.fn = DSPK_MAP_ADD;
+  t.inputs = in;
+  t.ninputs = 2;
+  if (dspk_run(C, &t, &r) != 0)
+    fail_msg("any, a buffer on vulkan:0 and a large operand: %s", dspk_last_error(C));
+  assert_string_equal(r.device, "vulkan:0");
+  assert_int_equal(r.out[0].nbytes, (size_t)n * 4);
+  for (int64_t i = 0; i < n; i++)
+    if (((const float *)r.out[0].data)[i] != x[i] + 0.5f)
+      fail_msg("out[%lld] = %g", (long long)i, (double)((const float *)r.out[0].data)[i]);
+  dspk_result_free(&r);
+  assert_int_equal(dspk_buffer_free(C, id), 0);
+  free(x);
+  free(y);
+}
+
 int main(int argc, char **argv) {
   if (argc < 2) {
     fprintf(stderr, "usage: %s PATH-TO-DSPKD\n", argv[0]);
@@ -660,6 +707,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_protocol_error_first),
       cmocka_unit_test(test_zero_byte_calls),
       cmocka_unit_test(test_shared_other_device),
+      cmocka_unit_test(test_ref_pins_temporaries),
   };
   return cmocka_run_group_tests(tests, start_daemon, stop_daemon);
 }
