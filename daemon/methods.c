@@ -172,7 +172,7 @@ static int m_hello(struct req *r) {
   if (version != DSPK_PROTOCOL_VERSION)
     return fail(r, DSPK_EVERSION, "client speaks protocol %" PRIu64
                 ", this daemon speaks %d", version, DSPK_PROTOCOL_VERSION);
-  if (r->v[DSPK__HELLO_CLIENT].v.s.n) {
+  if (r->v[DSPK__HELLO_CLIENT].set) { /* "" too: a name, the empty one */
     /* As one line, the way a message echoes a client's string (a viewer
      * of status, dspk-submit top, shows it as text). */
     const struct dspk__pval *n = &r->v[DSPK__HELLO_CLIENT];
@@ -735,8 +735,10 @@ static int kernel_args(struct req *r, const struct dspk__pval *args, struct dspk
     size_t t;
     int64_t iv;
     double fv;
+    char w[64];
     if (m->type != MSGPACK_OBJECT_MAP || !one_key(m))
-      return fail(r, DSPK_EINVAL, "options.args[%u]: expected a map with one key", i);
+      return fail(r, DSPK_EINVAL, "options.args[%u]: expected a map with one key, got %s", i,
+                  dspk__obj_what(m, w, sizeof w));
     for (t = 0; t < sizeof kinds / sizeof kinds[0]; t++)
       if ((v = dspk__map_get(m, kinds[t].key)))
         break;
@@ -746,7 +748,8 @@ static int kernel_args(struct req *r, const struct dspk__pval *args, struct dspk
     k->kind = kinds[t].kind;
     if (k->kind == DSPK__KARG_F32 || k->kind == DSPK__KARG_F64) {
       if (dspk__obj_f64(v, &fv) != 0)
-        return fail(r, DSPK_EINVAL, "options.args[%u]: expected a number", i);
+        return fail(r, DSPK_EINVAL, "options.args[%u]: expected a number, got %s", i,
+                    dspk__obj_what(v, w, sizeof w));
       /* A finite value that would round to an infinity is ERANGE, as an
        * integer outside its type's (one that rounds to FLT_MAX is in range;
        * infinities and NaN are f32 values), naming the value as given. */
@@ -766,7 +769,8 @@ static int kernel_args(struct req *r, const struct dspk__pval *args, struct dspk
                   "options.args[%u]: %" PRIu64 " is out of %s range", i, v->via.u64,
                   k->kind == DSPK__KARG_TENSOR ? "tensor index" : kinds[t].key);
     if (dspk__obj_i64(v, &iv) != 0)
-      return fail(r, DSPK_EINVAL, "options.args[%u]: expected an integer", i);
+      return fail(r, DSPK_EINVAL, "options.args[%u]: expected an integer, got %s", i,
+                  dspk__obj_what(v, w, sizeof w));
     switch (k->kind) {
     case DSPK__KARG_TENSOR:
       if (iv < 0 || iv >= op->nin)
@@ -806,8 +810,11 @@ static int reduce_axes(struct req *r, const struct dspk__pval *axes, struct dspk
     if (o->type == MSGPACK_OBJECT_POSITIVE_INTEGER && o->via.u64 > INT64_MAX)
       return fail(r, DSPK_EINVAL, "options.axes[%u]: axis %" PRIu64
                   " is out of range for input 0 of rank %d", i, o->via.u64, rank);
-    if (dspk__obj_i64(o, &ax) != 0)
-      return fail(r, DSPK_EINVAL, "options.axes[%u]: expected an integer", i);
+    if (dspk__obj_i64(o, &ax) != 0) {
+      char w[64];
+      return fail(r, DSPK_EINVAL, "options.axes[%u]: expected an integer, got %s", i,
+                  dspk__obj_what(o, w, sizeof w));
+    }
     if (ax < -rank || ax >= rank)
       return fail(r, DSPK_EINVAL, "options.axes[%u]: axis %" PRId64
                   " is out of range for input 0 of rank %d", i, ax, rank);
@@ -870,10 +877,6 @@ static int task_options(struct req *r, const msgpack_object *o, struct dspk__op 
   dspk__params_store(od->options, od->noptions, v, &op->u);
   f32_scalars(o, op);
   switch (op->kind) {
-  case DSPK_OP_CONTRACT:
-    if (!op->u.contract.subscripts[0])
-      return fail(r, DSPK_EINVAL, "contract needs options.subscripts, e.g. \"ik,kj->ij\"");
-    break;
   case DSPK_OP_REDUCE:
     return reduce_axes(r, &v[DSPK__REDUCE_AXES], op);
   case DSPK_OP_KERNEL:
@@ -890,8 +893,13 @@ static int task_options(struct req *r, const msgpack_object *o, struct dspk__op 
                     "%zu)", op->u.kernel.lang,
                     (size_t)(z - (const char *)op->u.kernel.source));
     }
-    if (!op->u.kernel.entry[0]) /* "" as the default */
+    /* Left out: "main".  Given as "": no function has that name (not the
+     * default, which only leaving it out asks for). */
+    if (!v[DSPK__KERNEL_ENTRY].set)
       snprintf(op->u.kernel.entry, sizeof op->u.kernel.entry, "main");
+    else if (!op->u.kernel.entry[0])
+      return fail(r, DSPK_EINVAL, "options.entry: \"\" names no entry point (leave "
+                  "entry out for \"main\")");
     return kernel_args(r, &v[DSPK__KERNEL_ARGS], op);
   default:
     break;

@@ -27,6 +27,44 @@
 
 /* ---- envelope ---------------------------------------------------------- */
 
+const char *dspk__obj_what(const msgpack_object *o, char *buf, size_t n) {
+  if (!o) {
+    snprintf(buf, n, "nothing");
+    return buf;
+  }
+  switch (o->type) {
+  case MSGPACK_OBJECT_NIL: snprintf(buf, n, "nil"); break;
+  case MSGPACK_OBJECT_BOOLEAN: snprintf(buf, n, "%s", o->via.boolean ? "true" : "false"); break;
+  case MSGPACK_OBJECT_POSITIVE_INTEGER:
+    snprintf(buf, n, "the integer %" PRIu64, o->via.u64);
+    break;
+  case MSGPACK_OBJECT_NEGATIVE_INTEGER:
+    snprintf(buf, n, "the integer %" PRId64, o->via.i64);
+    break;
+  case MSGPACK_OBJECT_FLOAT32:
+  case MSGPACK_OBJECT_FLOAT64: snprintf(buf, n, "the number %.17g", o->via.f64); break;
+  case MSGPACK_OBJECT_STR:
+    snprintf(buf, n, "a string of %" PRIu32 " byte%s", o->via.str.size,
+             o->via.str.size == 1 ? "" : "s");
+    break;
+  case MSGPACK_OBJECT_BIN:
+    snprintf(buf, n, "binary data of %" PRIu32 " byte%s", o->via.bin.size,
+             o->via.bin.size == 1 ? "" : "s");
+    break;
+  case MSGPACK_OBJECT_ARRAY:
+    snprintf(buf, n, "an array of %" PRIu32 " item%s", o->via.array.size,
+             o->via.array.size == 1 ? "" : "s");
+    break;
+  case MSGPACK_OBJECT_MAP:
+    snprintf(buf, n, "a map of %" PRIu32 " entr%s", o->via.map.size,
+             o->via.map.size == 1 ? "y" : "ies");
+    break;
+  case MSGPACK_OBJECT_EXT: snprintf(buf, n, "an extension of type %d", o->via.ext.type); break;
+  default: snprintf(buf, n, "an unknown object"); break;
+  }
+  return buf;
+}
+
 int dspk__msg_parse(const msgpack_object *root, struct dspk__msg *out,
                     uint32_t *msgid_out, bool *has_msgid, char *msg,
                     size_t msglen) {
@@ -36,8 +74,10 @@ int dspk__msg_parse(const msgpack_object *root, struct dspk__msg *out,
 
   if (has_msgid)
     *has_msgid = false;
+  char w[64];
   if (root->type != MSGPACK_OBJECT_ARRAY)
-    return dspk__fail(msg, msglen, DSPK_EPROTO, "message is not an array");
+    return dspk__fail(msg, msglen, DSPK_EPROTO, "message is not an array: got %s",
+                      dspk__obj_what(root, w, sizeof w));
   e = root->via.array.ptr;
   if (root->via.array.size < 3)
     return dspk__fail(msg, msglen, DSPK_EPROTO,
@@ -53,7 +93,7 @@ int dspk__msg_parse(const msgpack_object *root, struct dspk__msg *out,
   if (e[0].type != MSGPACK_OBJECT_POSITIVE_INTEGER || e[0].via.u64 > 2)
     return dspk__fail(msg, msglen, DSPK_EPROTO,
                 "message type (element 0) must be 0 (request), 1 "
-                "(response) or 2 (notification)");
+                "(response) or 2 (notification): got %s", dspk__obj_what(&e[0], w, sizeof w));
   type = e[0].via.u64;
   m.type = (enum dspk__msgtype)type;
   if (root->via.array.size != (type == DSPK__NOTIFY ? 3u : 4u))
@@ -65,7 +105,8 @@ int dspk__msg_parse(const msgpack_object *root, struct dspk__msg *out,
   if (type != DSPK__NOTIFY) {
     if (e[1].type != MSGPACK_OBJECT_POSITIVE_INTEGER ||
         e[1].via.u64 > UINT32_MAX)
-      return dspk__fail(msg, msglen, DSPK_EPROTO, "msgid must be a uint32");
+      return dspk__fail(msg, msglen, DSPK_EPROTO, "msgid must be a uint32: got %s",
+                        dspk__obj_what(&e[1], w, sizeof w));
     m.msgid = (uint32_t)e[1].via.u64;
   }
 
@@ -76,17 +117,20 @@ int dspk__msg_parse(const msgpack_object *root, struct dspk__msg *out,
     const msgpack_object *meth = type == DSPK__NOTIFY ? &e[1] : &e[2];
     const msgpack_object *params = type == DSPK__NOTIFY ? &e[2] : &e[3];
     if (meth->type != MSGPACK_OBJECT_STR)
-      return dspk__fail(msg, msglen, DSPK_EPROTO, "method must be a string");
+      return dspk__fail(msg, msglen, DSPK_EPROTO, "method must be a string: got %s",
+                        dspk__obj_what(meth, w, sizeof w));
     m.method = meth->via.str.size ? meth->via.str.ptr : ""; /* see dspk__obj_str */
     m.method_len = meth->via.str.size;
     if (params->type != MSGPACK_OBJECT_ARRAY || params->via.array.size > 1)
       return dspk__fail(msg, msglen, DSPK_EPROTO,
-                  "params must be an array of at most one map");
+                  "params must be an array of at most one map: got %s",
+                  dspk__obj_what(params, w, sizeof w));
     if (params->via.array.size == 1) {
       const msgpack_object *a = &params->via.array.ptr[0];
       if (a->type != MSGPACK_OBJECT_MAP && a->type != MSGPACK_OBJECT_NIL)
         return dspk__fail(msg, msglen, DSPK_EPROTO,
-                    "params must be an array of at most one map");
+                    "params must be an array of at most one map: its item is %s",
+                    dspk__obj_what(a, w, sizeof w));
       m.args = a->type == MSGPACK_OBJECT_MAP ? a : NULL;
     }
   }
@@ -234,8 +278,10 @@ static const msgpack_object *arg(const msgpack_object *map, const char *key) {
   int dspk__arg_##name(const msgpack_object *map, const char *key, type *out,  \
                        char *msg, size_t msglen) {                             \
     const msgpack_object *v = arg(map, key);                                   \
+    char w[64];                                                                \
     if (v && dspk__obj_##name(v, out) != 0)                                    \
-      return dspk__fail(msg, msglen, DSPK_EINVAL, "%s: expected " what, key);  \
+      return dspk__fail(msg, msglen, DSPK_EINVAL, "%s: expected " what ", got %s", \
+                        key, dspk__obj_what(v, w, sizeof w));                  \
     return 0;                                                                  \
   }
 DSPK__ARG_SCALAR(u64, uint64_t, "a non-negative integer")
@@ -256,8 +302,11 @@ int dspk__arg_str(const msgpack_object *map, const char *key, char *buf,
                 buflen ? buflen - 1 : 0);
   if (rc != 0 && v->type == MSGPACK_OBJECT_STR)
     return dspk__fail(msg, msglen, rc, "%s: the string holds a NUL byte", key);
-  if (rc != 0)
-    return dspk__fail(msg, msglen, rc, "%s: expected a string", key);
+  if (rc != 0) {
+    char w[64];
+    return dspk__fail(msg, msglen, rc, "%s: expected a string, got %s", key,
+                      dspk__obj_what(v, w, sizeof w));
+  }
   return 0;
 }
 
@@ -280,12 +329,15 @@ int dspk__tensor_decode(const msgpack_object *o,
     lim = &deflim;
   }
   max_rank = lim->max_rank < DSPK_MAX_RANK ? lim->max_rank : DSPK_MAX_RANK;
+  char w[64];
   if (!o || o->type != MSGPACK_OBJECT_MAP)
-    return dspk__fail(msg, msglen, DSPK_EINVAL, "tensor must be a map");
+    return dspk__fail(msg, msglen, DSPK_EINVAL, "tensor must be a map, got %s",
+                      dspk__obj_what(o, w, sizeof w));
 
   v = dspk__map_get(o, "dtype");
   if (dspk__obj_str(v, &s, &slen) != 0)
-    return dspk__fail(msg, msglen, DSPK_EINVAL, "tensor dtype: expected a string");
+    return dspk__fail(msg, msglen, DSPK_EINVAL, "tensor dtype: expected a string, got %s",
+                      dspk__obj_what(v, w, sizeof w));
   if (dspk__dtype_from_name(s, slen, &t.dtype) != 0) {
     char echo[40];
     return dspk__fail(msg, msglen, DSPK_EDTYPE, "unknown dtype \"%s\"",
@@ -297,7 +349,8 @@ int dspk__tensor_decode(const msgpack_object *o,
   v = dspk__map_get(o, "shape");
   if (!v || v->type != MSGPACK_OBJECT_ARRAY)
     return dspk__fail(msg, msglen, DSPK_EINVAL,
-                "tensor shape: expected an array of integers");
+                "tensor shape: expected an array of integers, got %s",
+                dspk__obj_what(v, w, sizeof w));
   if (v->via.array.size > max_rank)
     return dspk__fail(msg, msglen, DSPK_ELIMIT,
                 "tensor rank %" PRIu32 " exceeds max_rank %u",
@@ -312,7 +365,8 @@ int dspk__tensor_decode(const msgpack_object *o,
     uint64_t d;
     if (dspk__obj_u64(&v->via.array.ptr[i], &d) != 0)
       return dspk__fail(msg, msglen, DSPK_EINVAL,
-                  "tensor shape[%u]: expected a non-negative integer", i);
+                  "tensor shape[%u]: expected a non-negative integer, got %s", i,
+                  dspk__obj_what(&v->via.array.ptr[i], w, sizeof w));
     if (d > INT64_MAX)
       return dspk__fail(msg, msglen, DSPK_ELIMIT,
                   "tensor shape[%u]: %" PRIu64 " does not fit an int64", i, d);
@@ -347,7 +401,8 @@ int dspk__tensor_decode(const msgpack_object *o,
     t.is_ref = true;
     if (dspk__obj_u64(v, &t.buffer) != 0)
       return dspk__fail(msg, msglen, DSPK_EINVAL,
-                  "tensor buffer: expected a buffer id");
+                  "tensor buffer: expected a buffer id, got %s",
+                  dspk__obj_what(v, w, sizeof w));
     /* Inline or a reference, never both: which one the client meant is
      * not for the daemon to guess. */
     if (data && data->type != MSGPACK_OBJECT_NIL)
@@ -361,7 +416,9 @@ int dspk__tensor_decode(const msgpack_object *o,
     v = dspk__map_get(o, "data");
     if (dspk__obj_bin(v, &t.data, &slen) != 0)
       return dspk__fail(msg, msglen, DSPK_EINVAL,
-                  "tensor needs data (bin) or a buffer reference");
+                  "tensor needs data (bin) or a buffer reference%s%s",
+                  v && v->type != MSGPACK_OBJECT_NIL ? ": data is " : "",
+                  v && v->type != MSGPACK_OBJECT_NIL ? dspk__obj_what(v, w, sizeof w) : "");
     if (slen != t.nbytes)
       return dspk__fail(msg, msglen, DSPK_EINVAL,
                   "tensor data has %zu bytes, its %s shape needs %zu",

@@ -57,6 +57,10 @@ int dspk__obj_f32(const msgpack_object *o, float *out);
 int dspk__obj_bool(const msgpack_object *o, bool *out);
 int dspk__obj_str(const msgpack_object *o, const char **s, size_t *len);
 int dspk__obj_bin(const msgpack_object *o, const void **p, size_t *len); /* bin or str */
+/* What o is, in a few words for an error message ("an array of 3", "the
+ * integer -1", "a string of 4 bytes", "nil"), written into buf (at most
+ * n bytes); returns buf.  Never echoes a string's bytes. */
+const char *dspk__obj_what(const msgpack_object *o, char *buf, size_t n);
 /* Copies a str into buf (NUL-terminated); DSPK_ELIMIT when it does not fit. */
 int dspk__obj_strcpy(const msgpack_object *o, char *buf, size_t buflen);
 /* Key lookups with a default: absent key leaves *out as it is and returns 0;

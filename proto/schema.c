@@ -516,9 +516,10 @@ static int enum_value(const struct dspk__param *p, const msgpack_object *o, cons
   /* The list of choices is written only for an error (it cost 2% of the
    * daemon's time on a stream of tiny tasks). */
   if (dspk__obj_str(o, &s, &n) != 0) {
+    char w[64];
     choices_text(p->choices, list, sizeof list);
-    return dspk__fail(msg, msglen, DSPK_EINVAL, "%s%s: expected a string (%s)", pre, what,
-                      list);
+    return dspk__fail(msg, msglen, DSPK_EINVAL, "%s%s: expected a string (%s), got %s", pre,
+                      what, list, dspk__obj_what(o, w, sizeof w));
   }
   *out = dspk__choice_find(p->choices, s, n);
   if (*out < 0) {
@@ -569,9 +570,12 @@ static int decode_nested(const struct dspk__param *p, const msgpack_object *o, c
       const msgpack_object_kv *kv = &o->via.map.ptr[i];
       const char *k;
       size_t kn;
-      if (dspk__obj_str(&kv->key, &k, &kn) != 0)
-        return dspk__fail(msg, msglen, DSPK_EINVAL, "%s%s: expected a map keyed by names",
-                          pre, p->name);
+      if (dspk__obj_str(&kv->key, &k, &kn) != 0) {
+        char w[64];
+        return dspk__fail(msg, msglen, DSPK_EINVAL, "%s%s: expected a map keyed by names, "
+                          "got a key that is %s", pre, p->name,
+                          dspk__obj_what(&kv->key, w, sizeof w));
+      }
       char echo[2 * 32 + 2];
       snprintf(sub, sizeof sub, ".%s", dspk__utf8_echo(echo, sizeof echo, k, kn, 32));
       if ((err = decode_item(p->item, &kv->val, pre, p->name, sub, msg, msglen)) < 0)
@@ -657,8 +661,9 @@ static int decode_one(const struct dspk__param *p, const msgpack_object *o, cons
     for (uint32_t i = 0; i < n; i++) {
       uint64_t x;
       if (dspk__obj_u64(&o->via.array.ptr[i], &x) != 0 || x == 0 || x > UINT32_MAX)
-        return dspk__fail(msg, msglen, DSPK_EINVAL, "%s%s[%u]: expected a positive uint32",
-                          pre, name, i);
+        return dspk__fail(msg, msglen, DSPK_EINVAL, "%s%s[%u]: expected a positive uint32, "
+                          "got %s", pre, name, i,
+                          dspk__obj_what(&o->via.array.ptr[i], buf, sizeof buf));
       v->v.dim[i] = (uint32_t)x;
     }
     return 0;
@@ -679,9 +684,10 @@ static int decode_one(const struct dspk__param *p, const msgpack_object *o, cons
     v->v.o = o;
     return decode_nested(p, o, pre, msg, msglen);
   }
-expected:
-  return dspk__fail(msg, msglen, DSPK_EINVAL, "%s%s: expected %s", pre, name,
-                    expect_text(p, buf, sizeof buf));
+expected:;
+  char w[64];
+  return dspk__fail(msg, msglen, DSPK_EINVAL, "%s%s: expected %s, got %s", pre, name,
+                    expect_text(p, buf, sizeof buf), dspk__obj_what(o, w, sizeof w));
 }
 
 int dspk__params_decode(const struct dspk__param *params, int n, const msgpack_object *map,

@@ -343,8 +343,10 @@ int dspk__sub_kernel(dspk__sub_ctx *ctx, int argc, char **argv) {
       return dspk__sub_usage(ctx, "-o -: standard output is a terminal; "
                                   "redirect it to a file or a pipe");
   }
-  if (entry == NULL || entry[0] == '\0')
+  if (entry == NULL)
     return dspk__sub_usage(ctx, "missing --entry NAME");
+  if (entry[0] == '\0')
+    return dspk__sub_usage(ctx, "--entry \"\": the name is empty (a GLSL shader's is main)");
   if (!have_grid || !have_block)
     return dspk__sub_usage(ctx, "missing --%s", have_grid ? "block" : "grid");
   if (argc - optind - 1 > DSPK_KERNEL_MAX_ARGS)

@@ -1255,6 +1255,10 @@ def suite_errors(cli, tmp):
     # bound is the daemon's: 2^128 - 2^103 (3.4028235677973366e38) and past
     # it round to an infinity, anything below to FLT_MAX at most (numpy's
     # printed FLT_MAX, 3.4028235e38, was refused).
+    # An empty --entry is a bad command line saying so (it said "missing --entry").
+    cli.fails(["kernel", ksrc, "--entry", "", "--grid", "1", "--block", "32",
+               "zeros:f32:32", "--device", "cpu:0"], "kernel", "EINVAL", rc_want=2,
+              detail="the name is empty")
     for bad in ("f32:1e39", "f32:-1e39", "f32:3.4028235677973366e38", "i32:2147483648",
                 "u32:-1"):
         cli.fails(["kernel", ksrc, "--entry", "k", "--grid", "1", "--block", "32",

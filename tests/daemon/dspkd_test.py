@@ -596,6 +596,54 @@ def t_garbage(exe, tmp):
     check(c.responses.pop(8)[2]["name"] == "EPROTO", "bad params: error response")
     c.expect_error("EINVAL", "ping", {"data": 5})
     check(c.call("ping")["data"] == b"", "still open")
+    # A value of the wrong kind: the message says what was expected and what came.
+    def raw_error(msg):
+        c.sock.sendall(msgpack.packb(msg))
+        while msg[1] not in c.responses:
+            c.pump()
+        return c.responses.pop(msg[1])[2]["message"]
+    for msg, want in (([0, 9, 5, []], "method must be a string: got the integer 5"),
+                      ([0, 10, "ping", [1, 2]],
+                       "params must be an array of at most one map: got an array of 2 items"),
+                      ([0, 11, "ping", {"data": b""}],
+                       "params must be an array of at most one map: got a map of 1 entry")):
+        got = raw_error(msg)
+        check(got == want, "%r: %r, want %r" % (msg, got, want))
+    inl = {"dtype": "f32", "shape": [2, 2], "data": b"\0" * 16}
+    for method, args, want in (
+            ("ping", {"data": 5}, "data: expected bin, got the integer 5"),
+            ("buffer.create", {"size": "x"}, "size: expected a byte count, got a string of 1 byte"),
+            ("task.run", {"op": "gemm", "inputs": 3}, "got the integer 3"),
+            ("task.run", {"op": "gemm", "inputs": [inl, inl], "options": []},
+             "options: expected a map, got an array of 0 items"),
+            ("task.run", {"op": "gemm", "inputs": [{"dtype": "f32", "data": b""}, inl]},
+             "input 0: tensor shape: expected an array of integers, got nothing"),
+            ("task.run", {"op": "gemm", "inputs": [{"dtype": "f32", "shape": [2, -1]}, inl]},
+             "tensor shape[1]: expected a non-negative integer, got the integer -1"),
+            ("task.run", {"op": "reduce", "inputs": [inl], "options": {"axes": [1.5]}},
+             "options.axes[0]: expected an integer, got the number 1.5")):
+        e = c.expect_error("EINVAL", method, args)
+        check(want in e.err["message"], "%s %r: %r, want %r" % (method, args, e.err["message"],
+                                                              want))
+    # An empty string is a value, not a missing one.
+    c.call("hello", {"client": "named"})
+    c.call("hello", {"client": ""})
+    myid = c.call("hello", {"client": ""})["client_id"]
+    me = [x for x in c.call("status")["clients"] if x["id"] == myid]
+    check(len(me) == 1 and me[0]["name"] == "", "hello client \"\" names the connection \"\": %r"
+          % me)
+    e = c.expect_error("EINVAL", "task.run", {"op": "contract", "device": "cpu:0",
+                                              "inputs": [inl, inl],
+                                              "options": {"subscripts": ""}})
+    check(e.err["message"].startswith('contract: "":'), "subscripts \"\": %r" % e.err["message"])
+    e = c.expect_error("EINVAL", "task.run", {"op": "contract", "device": "cpu:0",
+                                              "inputs": [inl, inl]})
+    check("options.subscripts: required" in e.err["message"], "no subscripts: %r"
+          % e.err["message"])
+    e = c.expect_error("EINVAL", "task.run", {"op": "kernel", "inputs": [inl], "options": {
+        "lang": "glsl", "source": "#version 450\nvoid main() {}", "entry": "", "grid": [1]}})
+    check(e.err["message"] == 'options.entry: "" names no entry point (leave entry out for '
+          '"main")', "entry \"\": %r" % e.err["message"])
     # Big messages are fine; one over --max-message is refused (below).
     big = d.client()
     big.sock.sendall(msgpack.packb([0, 1000, "ping", [{"data": b"\0" * (1 << 20)}]]))
