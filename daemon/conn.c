@@ -556,7 +556,7 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
   } else {
     /* A frame may be at most max_message bytes; the scanner refuses it
      * before the buffer grows further. */
-    limit = c->d->cfg.lim.max_message + READ_MIN;
+    limit = c->lim.max_message + READ_MIN;
     /* Doubled when one frame outgrew the buffer; the same size when jobs
      * still hold it (pipelined frames would otherwise double it up to
      * max_message, each one a fresh mapping). */
@@ -587,7 +587,7 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
         c->over_partial = true;
         c->over_pending = pending;
         c->over_others = others;
-        c->over_need = k ? dspk__frame_need(k->data + k->start, pending, &c->d->cfg.lim)
+        c->over_need = k ? dspk__frame_need(k->data + k->start, pending, &c->lim)
                          : (uint64_t)pending + 1;
         if (c->over_need <= pending)
           c->over_need = (uint64_t)pending + 1;
@@ -905,7 +905,7 @@ static void turn_frame(struct conn *c, struct rchunk *k, const char *p, size_t n
  * and is looked at again once another request was taken in.  Frames are
  * scanned once (c->pk_pos: the stream position scanned up to). */
 static void peek_cancels(struct conn *c) {
-  const struct dspk__limits *lim = &c->d->cfg.lim;
+  const struct dspk__limits *lim = &c->lim;
   struct rchunk *k = c->rb;
   uint64_t base;
   size_t off;
@@ -962,7 +962,7 @@ static void conn_land(struct conn *c, struct rchunk *k) {
   char *dst;
 
   if (c->land.j || have < 16 ||
-      !dspk__write_head_scan(k->data + k->start, have, &c->d->cfg.lim, &h) ||
+      !dspk__write_head_scan(k->data + k->start, have, &c->lim, &h) ||
       h.len < LAND_MIN || have >= h.head + h.len)
     return;
   /* As for any frame: fds that came before it were not sent with it. */
@@ -1058,7 +1058,7 @@ static void turn_frame(struct conn *c, struct rchunk *k, const char *p, size_t n
 /* Runs every complete frame in the read buffer while the connection may
  * take more requests. */
 static void conn_process(struct conn *c) {
-  const struct dspk__limits *lim = &c->d->cfg.lim;
+  const struct dspk__limits *lim = &c->lim;
   char msg[256];
 
   if (c->in_process)
@@ -1473,6 +1473,7 @@ static void accept_fd(struct dspkd *d, int fd) {
   uv_pipe_init(d->loop, &c->pipe, 1);
   c->pipe.data = c;
   c->d = d;
+  c->lim = d->cfg.lim;
   c->refs = 1;
   c->id = ++d->next_conn_id;
   c->next = d->conns;
@@ -1692,7 +1693,7 @@ void dspkd_listen_stop(struct dspkd *d) {
  * no request the daemon took in goes unanswered.  Bytes still in the
  * kernel's socket buffer were never taken in; the close tells of those. */
 void dspkd_conn_refuse_buffered(struct conn *c) {
-  const struct dspk__limits *lim = &c->d->cfg.lim;
+  const struct dspk__limits *lim = &c->lim;
   struct rchunk *k = c->rb;
   char msg[256];
 

@@ -357,6 +357,10 @@ struct duser {
 struct conn {
   uv_pipe_t pipe;
   struct dspkd *d;
+  /* The message limits (max_message, max_depth, max_objects, max_rank,
+   * max_elements) as they were when it connected: its hello told the
+   * client so, and a reload does not change them under it. */
+  struct dspk__limits lim;
   struct conn *prev, *next; /* in d->conns */
   uint64_t id;
   int refs;                 /* open socket + pending writes + in-flight jobs */

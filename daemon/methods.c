@@ -65,18 +65,26 @@ static uint64_t cpu_memory_quota(const struct dspkd *d) {
   return UINT64_MAX;
 }
 
-/* The limits in force (hello's limits, status' daemon.limits); ud: the
- * struct dspkd. */
+/* The limits in force: hello's (ud: the struct conn; its message limits
+ * are the connection's own), status' daemon.limits (ud: the struct dspkd,
+ * NULL conn). */
+struct limits_of {
+  const struct dspkd *d;
+  const struct conn *c;
+};
+
 static void pack_limits(const void *ud, struct dspk__wbuf *w) {
-  const struct dspkd *d = ud;
+  const struct limits_of *lo = ud;
+  const struct dspkd *d = lo->d;
   const struct dspkd_config *cfg = &d->cfg;
+  const struct dspk__limits *ml = lo->c ? &lo->c->lim : &cfg->lim;
   struct dspk__pval v[DSPK__LIM_COUNT];
-  v[DSPK__LIM_MAX_MESSAGE] = dspk__pv_uint(cfg->lim.max_message);
+  v[DSPK__LIM_MAX_MESSAGE] = dspk__pv_uint(ml->max_message);
   v[DSPK__LIM_MAX_DEPTH] = dspk__pv_uint(
-      cfg->lim.max_depth < DSPK__SCAN_DEPTH_MAX ? cfg->lim.max_depth : DSPK__SCAN_DEPTH_MAX);
-  v[DSPK__LIM_MAX_OBJECTS] = dspk__pv_uint(cfg->lim.max_objects);
-  v[DSPK__LIM_MAX_RANK] = dspk__pv_uint(cfg->lim.max_rank);
-  v[DSPK__LIM_MAX_ELEMENTS] = dspk__pv_uint(cfg->lim.max_elements);
+      ml->max_depth < DSPK__SCAN_DEPTH_MAX ? ml->max_depth : DSPK__SCAN_DEPTH_MAX);
+  v[DSPK__LIM_MAX_OBJECTS] = dspk__pv_uint(ml->max_objects);
+  v[DSPK__LIM_MAX_RANK] = dspk__pv_uint(ml->max_rank);
+  v[DSPK__LIM_MAX_ELEMENTS] = dspk__pv_uint(ml->max_elements);
   v[DSPK__LIM_MAX_INFLIGHT] = dspk__pv_uint(cfg->max_inflight);
   v[DSPK__LIM_MAX_UNSENT] = dspk__pv_uint(cfg->max_unsent);
   v[DSPK__LIM_MAX_BUFFERS] = dspk__pv_uint(cfg->max_buffers);
@@ -186,7 +194,8 @@ static int m_hello(struct req *r) {
   v[DSPK__R_HELLO_DAEMON] = dspk__pv_str(DSPKD_VERSION);
   v[DSPK__R_HELLO_SERVER] = dspk__pv_str("dspkd");
   v[DSPK__R_HELLO_CLIENT_ID] = dspk__pv_uint(c->id);
-  v[DSPK__R_HELLO_LIMITS] = dspk__pv_pack(pack_limits, c->d);
+  struct limits_of lo = {c->d, c};
+  v[DSPK__R_HELLO_LIMITS] = dspk__pv_pack(pack_limits, &lo);
   return answer(r, DSPK__M_HELLO, v);
 }
 
@@ -306,7 +315,8 @@ static void st_daemon(const void *ud, struct dspk__wbuf *w) {
   v[DSPK__SD_SOCKET] = dspk__pv_str(d->cfg.socket_path);
   v[DSPK__SD_CONNECTIONS] = dspk__pv_uint(d->nconns);
   v[DSPK__SD_STOPPING] = dspk__pv_bool(d->stopping);
-  v[DSPK__SD_LIMITS] = dspk__pv_pack(pack_limits, d);
+  struct limits_of lo = {d, NULL};
+  v[DSPK__SD_LIMITS] = dspk__pv_pack(pack_limits, &lo);
   dspk__map_encode(w, dspk__st_daemon_f, DSPK__SD_COUNT, v);
 }
 
@@ -655,7 +665,7 @@ void dspkd_land_end(struct conn *c) {
 static int m_buffer_read(struct req *r) {
   struct dbuf *b;
   uint64_t off = r->v[DSPK__BREAD_OFFSET].v.u, size;
-  uint64_t max = r->c->d->cfg.lim.max_message - 64;
+  uint64_t max = r->c->lim.max_message - 64;
   struct job *j;
   int err = 0;
 
@@ -912,14 +922,14 @@ static int task_options(struct req *r, const msgpack_object *o, struct dspk__op 
  * (under 200 bytes with 8 dimensions; 4 results at most). */
 #define RESULT_FRAMING 1024
 
-/* The limits of this daemon's configuration that task.run's op obeys
- * (max_bytes stays unset until the device is known). */
-static void task_limits(const struct dspkd_config *cfg, struct dspk__op_limits *l) {
+/* The connection's message limits that task.run's op obeys (max_bytes
+ * stays unset until the device is known). */
+static void task_limits(const struct dspk__limits *cl, struct dspk__op_limits *l) {
   dspk__op_limits_none(l);
-  l->max_elements = cfg->lim.max_elements;
-  l->max_rank = cfg->lim.max_rank;
-  l->max_inline = cfg->lim.max_message > RESULT_FRAMING
-                      ? (uint64_t)cfg->lim.max_message - RESULT_FRAMING
+  l->max_elements = cl->max_elements;
+  l->max_rank = cl->max_rank;
+  l->max_inline = cl->max_message > RESULT_FRAMING
+                      ? (uint64_t)cl->max_message - RESULT_FRAMING
                       : 0;
 }
 
@@ -962,7 +972,7 @@ static int task_run(struct req *r, char *devname) {
     struct dspk__wire_tensor wt;
     struct dspk__tensor *t = &j->op.in[i];
     snprintf(what, sizeof what, "input %d", i);
-    err = dspk__tensor_decode(&inputs->via.array.ptr[i], &d->cfg.lim, &wt, r->msg,
+    err = dspk__tensor_decode(&inputs->via.array.ptr[i], &c->lim, &wt, r->msg,
                               sizeof r->msg);
     if (err < 0) {
       prefix(r, err, what);
@@ -1000,7 +1010,7 @@ static int task_run(struct req *r, char *devname) {
   }
   if ((err = task_options(r, r->v[DSPK__RUN_OPTIONS].v.o, &j->op)))
     goto fail;
-  task_limits(&d->cfg, &lim);
+  task_limits(&c->lim, &lim);
   if ((err = dspk__op_infer_lim(&j->op, &lim, r->msg, sizeof r->msg)) < 0)
     goto fail;
   /* Results come back inline unless outputs names a buffer; a kernel's

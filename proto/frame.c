@@ -187,9 +187,11 @@ static ssize_t scan(const void *buf, size_t len, const struct dspk__limits *lim,
                   (uint64_t)(pos + hdr) + children + owed, maxmsg);
     if (children + owed + objects > lim->max_objects)
       return dspk__fail(msg, msglen, DSPK_ELIMIT,
-                  "container at offset %zu announces %" PRIu64
-                  " elements, more than max_objects %zu allows",
-                  pos, children, lim->max_objects);
+                  "%s at offset %zu announces %" PRIu64 " objects%s, which make the "
+                  "message at least %" PRIu64 " objects, more than %zu (max_objects)",
+                  container == 2 ? "map" : "array", pos, children,
+                  container == 2 ? " (two per entry)" : "", children + owed + objects,
+                  lim->max_objects);
 
     if (container) {
       if (depth + 1 > max_depth)

@@ -740,6 +740,42 @@ def t_reload(exe, tmp):
     m = re.search(r"threads at exit: (\d+) \(before the devices opened: (-?\d+)\)", d.logtext())
     check(m and int(m.group(2)) > 0, "a real count before the devices opened:\n" + d.logtext())
 
+    # A reload that lowers the message limits leaves a connection open
+    # before it with the limits its hello gave (it sized its frames by them);
+    # hello there says so, status says the daemon's, a new connection gets
+    # the new ones.
+    write(conf, "[limits]\nmax_message = 1M\nmax_elements = 1000000\nmax_rank = 8\n")
+    d = Daemon(exe, tmp, ["--config", conf])
+    old = d.client()
+    before = old.call("hello", {"client": "old"})["limits"]
+    check(before["max_message"] == 1 << 20, "start: %r" % before)
+    write(conf, "[limits]\nmax_message = 64K\nmax_elements = 1000\nmax_rank = 2\n"
+          "max_objects = 100\n")
+    check(old.call("daemon.reload") == {"reloaded": True}, "reloaded smaller limits")
+    kept = old.call("hello", {"client": "old"})["limits"]
+    for k in ("max_message", "max_depth", "max_objects", "max_rank", "max_elements"):
+        check(kept[k] == before[k], "%s kept for the old connection: %r" % (k, kept))
+    now = old.call("status")["daemon"]["limits"]
+    check(now["max_message"] == 65536 and now["max_elements"] == 1000 and now["max_rank"] == 2
+          and now["max_objects"] == 100, "status says the daemon's: %r" % now)
+    big = b"x" * 200000
+    check(old.call("ping", {"data": big})["data"] == big, "a 200 KB ping on the old connection")
+    x = {"dtype": "f32", "shape": [2, 2, 2], "data": b"\0" * 32}
+    got = old.call("task.run", {"op": "map", "device": "cpu:0", "inputs": [x],
+                                "options": {"fn": "abs"}})
+    check(got["outputs"][0]["shape"] == [2, 2, 2], "rank 3 on the old connection: %r" % got)
+    new = d.client()
+    check(new.call("hello", {})["limits"]["max_message"] == 65536, "new connection: new limits")
+    try:
+        new.call("task.run", {"op": "map", "device": "cpu:0", "inputs": [x],
+                              "options": {"fn": "abs"}})
+        check(False, "rank 3 on a new connection after max_rank 2")
+    except Exception as e:
+        check("max_rank" in str(e), "rank 3 refused on the new connection: %s" % e)
+    new.close()
+    old.close()
+    d.stop()
+
 
 # The keys only a restart changes (dspk.conf(5), docs/admin.md).
 RESTART_ONLY = ("socket", "cache", "no_cache", "cache_max_bytes", "backends", "foreground",

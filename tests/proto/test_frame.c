@@ -330,6 +330,17 @@ static void test_max_objects(void **state) {
   l.max_objects = 100;
   assert_int_equal(scan(buf, sizeof buf, &l), DSPK_ELIMIT);
   assert_int_equal(scan(buf, 3, &l), DSPK_ELIMIT); /* from the header on */
+  /* The message counts what the limit counts: objects. */
+  char msg[256];
+  assert_int_equal(dspk__frame_scan(buf, 3, &l, msg, sizeof msg), DSPK_ELIMIT);
+  assert_string_equal(msg, "array at offset 0 announces 100 objects, which make the message "
+                           "at least 101 objects, more than 100 (max_objects)");
+  const unsigned char m3[] = {0x91, 0x83};
+  l.max_objects = 6;
+  assert_int_equal(dspk__frame_scan(m3, sizeof m3, &l, msg, sizeof msg), DSPK_ELIMIT);
+  assert_string_equal(msg, "map at offset 1 announces 6 objects (two per entry), which make "
+                           "the message at least 8 objects, more than 6 (max_objects)");
+  l.max_objects = 100;
   /* Scalars only count once seen: [1, [2, 3]] is 5 objects. */
   const unsigned char nest[] = {0x92, 0x01, 0x92, 0x02, 0x03};
   l.max_objects = 5;
