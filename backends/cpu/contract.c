@@ -27,12 +27,15 @@
  * numpy does (sum_products).  Finite data whose pre-sums stay finite (the
  * common case) keeps the pre-sum and BLAS.
  */
+#include <float.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "backends/cpu/cpu.h"
+#include "proto/testhook.h"
 
 /* A strided view: element (i0..i{nd-1}) of the destination, contiguous in
  * that order, is the sum over the summed indices of src at sum(i*str). */
@@ -167,48 +170,177 @@ static int plain_cgemm(int dbl, int64_t nb, int64_t M, int64_t N, int64_t K,
  * x K x S, B batch x K x T x N, contiguous), each product (complex: ar*br -
  * ai*bi, ar*bi + ai*br) and the running sum in the dtype.  0, or
  * DSPK_ECANCELED. */
+/* The kinds of value a group of summed-only values holds (one bit each). */
+enum { K_NAN = 1, K_PINF = 2, K_NINF = 4, K_ZERO = 8, K_PFIN = 16, K_NFIN = 32 };
+
+static unsigned kind_of(double x) {
+  if (isnan(x))
+    return K_NAN;
+  if (isinf(x))
+    return x > 0 ? K_PINF : K_NINF;
+  return x == 0 ? K_ZERO : x > 0 ? K_PFIN : K_NFIN;
+}
+
+#if LDBL_MAX_EXP <= DBL_MAX_EXP
+#error "contract's sums of products need a long double wider than double"
+#endif
+
+/* Whether cancel was asked, looked at once per GATHER_CHECK steps.  Test
+ * hook: DSPK_CPU_CONTRACT_CANCEL_AFTER=N asks for the cancel at the N-th
+ * look (a deterministic test of the looks inside one output). */
+struct watch {
+  int64_t since, looks, after;
+};
+
+static void watch_init(struct watch *w) {
+  const char *h = DSPK_TEST_HOOK("DSPK_CPU_CONTRACT_CANCEL_AFTER");
+  w->since = w->looks = 0;
+  w->after = h ? atoll(h) : 0;
+}
+
+static bool check_cancel(struct watch *w, int64_t steps, const struct dspk__opctx *ctx) {
+  if ((w->since += steps) < GATHER_CHECK)
+    return false;
+  w->since = 0;
+  if (++w->looks == w->after && ctx && ctx->cancel)
+    atomic_store(ctx->cancel, 1);
+  return dspk__cpu_canceled(ctx);
+}
+
+/* Real dtypes: C[b,m,n] = the sum over k, s, t of A[b,m,k,s] * B[b,k,t,n]
+ * (both contiguous), in K * (S + T) steps per output instead of K * S * T:
+ * sum_{s,t} a_s b_t is (sum a_s)(sum b_t) but for what IEEE adds, which the
+ * kinds of values in each group decide (an infinity times a zero, infinite
+ * products of both signs: NaN; else an infinite product gives its sign).
+ * With none of those every value is finite, and the sums, their products
+ * and the sum over k are made in long double, whose range holds them
+ * (|values| < 2^1024, at most 2^63 of them, squared: far below 2^16384),
+ * rounded once to the dtype (an infinity when the value is past its
+ * range, as the exact sum would be). */
+static int sum_products_real(int dbl, int64_t nb, int64_t M, int64_t N, int64_t K, int64_t S,
+                             int64_t T, const char *A, const char *B, char *C,
+                             struct dspk__opctx *ctx) {
+  int64_t na = nb * M * K, nbk = nb * K * N;
+  struct watch since;
+  watch_init(&since);
+  long double *sa = malloc((size_t)(na + nbk) * sizeof *sa);
+  unsigned char *ka = calloc((size_t)(na + nbk), 1);
+  int rc = 0;
+  if (!sa || !ka) {
+    free(sa);
+    free(ka);
+    return dspk__cpu_err(ctx, DSPK_ENOMEM, "contract: out of memory for the sums of "
+                                           "summed-only labels");
+  }
+  long double *sb = sa + na;
+  unsigned char *kb = ka + na;
+#define AT(P, i) (dbl ? ((const double *)(P))[i] : (double)((const float *)(P))[i])
+  for (int64_t r = 0; r < na; r++) {
+    long double acc = 0;
+    unsigned k = 0;
+    for (int64_t x = 0; x < S; x++) {
+      double v = AT(A, r * S + x);
+      k |= kind_of(v);
+      acc += v;
+    }
+    sa[r] = acc;
+    ka[r] = (unsigned char)k;
+    if (check_cancel(&since, S, ctx))
+      goto canceled;
+  }
+  for (int64_t bk = 0; bk < nb * K; bk++) {
+    long double *row = sb + bk * N;
+    unsigned char *krow = kb + bk * N;
+    for (int64_t n = 0; n < N; n++)
+      row[n] = 0;
+    for (int64_t t = 0; t < T; t++) {
+      for (int64_t n = 0; n < N; n++) {
+        double v = AT(B, (bk * T + t) * N + n);
+        krow[n] |= (unsigned char)kind_of(v);
+        row[n] += v;
+      }
+      if (check_cancel(&since, N, ctx))
+        goto canceled;
+    }
+  }
+#undef AT
+  for (int64_t b = 0; b < nb; b++)
+    for (int64_t i = 0; i < M; i++) {
+      for (int64_t j = 0; j < N; j++) {
+        long double acc = 0;
+        bool nan = false, pinf = false, ninf = false;
+        for (int64_t k = 0; k < K; k++) {
+          unsigned x = ka[(b * M + i) * K + k], y = kb[(b * K + k) * N + j];
+          bool xinf = x & (K_PINF | K_NINF), yinf = y & (K_PINF | K_NINF);
+          nan |= (x & K_NAN) || (y & K_NAN) || (xinf && (y & K_ZERO)) ||
+                 (yinf && (x & K_ZERO));
+          pinf |= ((x & K_PINF) && (y & (K_PFIN | K_PINF))) ||
+                  ((x & K_NINF) && (y & (K_NFIN | K_NINF))) ||
+                  ((y & K_PINF) && (x & K_PFIN)) || ((y & K_NINF) && (x & K_NFIN));
+          ninf |= ((x & K_PINF) && (y & (K_NFIN | K_NINF))) ||
+                  ((x & K_NINF) && (y & (K_PFIN | K_PINF))) ||
+                  ((y & K_PINF) && (x & K_NFIN)) || ((y & K_NINF) && (x & K_PFIN));
+          acc += sa[(b * M + i) * K + k] * sb[(b * K + k) * N + j];
+        }
+        double v = nan || (pinf && ninf) ? NAN : pinf ? INFINITY : ninf ? -INFINITY
+                                                                         : (double)acc;
+        int64_t ic = (b * M + i) * N + j;
+        if (dbl)
+          ((double *)C)[ic] = v;
+        else
+          ((float *)C)[ic] = nan || pinf || ninf ? (float)v : (float)acc;
+      }
+      if (check_cancel(&since, N * K, ctx))
+        goto canceled;
+    }
+  goto out;
+canceled:
+  rc = DSPK_ECANCELED;
+out:
+  free(sa);
+  free(ka);
+  return rc;
+}
+
+/* Complex dtypes: every product added as numpy's einsum does, K * S * T
+ * steps per output, a cancel seen within about GATHER_CHECK of them. */
 static int sum_products(dspk_dtype dt, int64_t nb, int64_t M, int64_t N, int64_t K, int64_t S,
                         int64_t T, const char *A, const char *B, char *C,
-                        const struct dspk__opctx *ctx) {
-  int dbl = dt == DSPK_F64 || dt == DSPK_C128, cplx = dspk__dtype_is_complex(dt);
-  int64_t since = 0;
+                        struct dspk__opctx *ctx) {
+  int dbl = dt == DSPK_F64 || dt == DSPK_C128;
+  struct watch since;
+  watch_init(&since);
+  if (!dspk__dtype_is_complex(dt))
+    return sum_products_real(dbl, nb, M, N, K, S, T, A, B, C, ctx);
   for (int64_t b = 0; b < nb; b++)
     for (int64_t i = 0; i < M; i++)
       for (int64_t j = 0; j < N; j++) {
-        if ((since += K * S * T) >= GATHER_CHECK) {
-          since = 0;
-          if (dspk__cpu_canceled(ctx))
-            return DSPK_ECANCELED;
-        }
         double dre = 0, dim = 0;
         float fre = 0, fim = 0;
         int64_t ic = (b * M + i) * N + j;
         for (int64_t k = 0; k < K; k++)
-          for (int64_t s = 0; s < S; s++)
+          for (int64_t s = 0; s < S; s++) {
+            if (check_cancel(&since, T, ctx))
+              return DSPK_ECANCELED;
             for (int64_t t = 0; t < T; t++) {
               int64_t ia = ((b * M + i) * K + k) * S + s, ib = ((b * K + k) * T + t) * N + j;
-              if (dbl && cplx) {
+              if (dbl) {
                 const double *a = (const double *)A + 2 * ia, *x = (const double *)B + 2 * ib;
                 dre += a[0] * x[0] - a[1] * x[1];
                 dim += a[0] * x[1] + a[1] * x[0];
-              } else if (cplx) {
+              } else {
                 const float *a = (const float *)A + 2 * ia, *x = (const float *)B + 2 * ib;
                 fre += a[0] * x[0] - a[1] * x[1];
                 fim += a[0] * x[1] + a[1] * x[0];
-              } else if (dbl) {
-                dre += ((const double *)A)[ia] * ((const double *)B)[ib];
-              } else {
-                fre += ((const float *)A)[ia] * ((const float *)B)[ib];
               }
             }
+          }
         if (dbl) {
-          ((double *)C)[ic * (1 + cplx)] = dre;
-          if (cplx)
-            ((double *)C)[2 * ic + 1] = dim;
+          ((double *)C)[2 * ic] = dre;
+          ((double *)C)[2 * ic + 1] = dim;
         } else {
-          ((float *)C)[ic * (1 + cplx)] = fre;
-          if (cplx)
-            ((float *)C)[2 * ic + 1] = fim;
+          ((float *)C)[2 * ic] = fre;
+          ((float *)C)[2 * ic + 1] = fim;
         }
       }
   return 0;

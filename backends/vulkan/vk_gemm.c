@@ -1434,8 +1434,13 @@ static int sum_products(struct dspk__dev *d, dspk_dtype dt, const struct dspk__v
   pc.gx = gx;
   struct dspk__vk_bind b[3] = {*a, *bb, *c};
   uint64_t n = (uint64_t)p->K * (uint64_t)S * (uint64_t)T;
+  uint64_t piece = d->props.deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU ? SMALL_PIECE_CPU
+                                                                      : SMALL_PIECE_GPU;
+  uint64_t since = 0;
   /* Slices as the gather's (lavapipe's loop limit); sumprod_slice sets the
-   * start, the offset of C rides after the slice's constants. */
+   * start, the offset of C rides after the slice's constants.  K * S * T
+   * products per output can be long: they go to the device in pieces, a
+   * cancel checked between them (as launch_small's). */
   uint64_t r0 = 0;
   do {
     uint64_t rn = n - r0 < GATHER_SLICE ? n - r0 : GATHER_SLICE;
@@ -1445,6 +1450,16 @@ static int sum_products(struct dspk__dev *d, dspk_dtype dt, const struct dspk__v
     if ((r = dspk__vk_dispatch(d, k, b, 3, &full, sizeof full, gx, gy, 1)))
       return r;
     r0 += rn;
+    if ((since += nout * rn) < piece || r0 >= n)
+      continue;
+    since = 0;
+    uint64_t prev = d->submitted;
+    if ((r = dspk__vk_submit(d)))
+      return r;
+    if (prev && (r = dspk__vk_wait_value(d, prev)))
+      return r;
+    if (ctx && ctx->cancel && atomic_load(ctx->cancel))
+      return DSPK_ECANCELED;
   } while (r0 < n);
   return 0;
 }

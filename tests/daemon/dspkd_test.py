@@ -2594,6 +2594,24 @@ def t_cancel(exe, tmp):
     c.close()
     d.stop()
 
+    # A complex contraction with labels of one operand only and an infinity
+    # adds every product, S * T per output: 2^34 here, minutes of one core,
+    # in one output.  The cancel looks come inside it (there was one per
+    # output): the test hook asks for the cancel at the third look.
+    d = Daemon(exe, tmp, env=dict(os.environ, DSPK_CPU_CONTRACT_CANCEL_AFTER="3"))
+    c = d.client()
+    S = 1 << 17
+    a = np.ones(S, np.complex64)
+    a[0] = np.inf
+    try:
+        c.call("task.run", {"op": "contract", "device": "cpu:0", "inputs": [
+            tensor(a), tensor(np.ones(S, np.complex64))], "options": {"subscripts": "s,t->"}})
+        raise AssertionError("the contraction ran to its end")
+    except RpcError as e:
+        check(e.name == "ECANCELED", "contraction: ECANCELED, got %s" % e.name)
+    c.close()
+    d.stop()
+
     d = Daemon(exe, tmp)
     c, watcher = d.client(), d.client()
     n = 6144  # a few seconds and more on one core: one BLAS call used to run it all

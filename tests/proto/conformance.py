@@ -1749,6 +1749,23 @@ def contract_one_operand_labels(env):
         # devices (more than 2^25 multiply-adds), with no label summed first:
         # (inf+0j)(2+0j) is inf+nanj, and so is its row's sum (BLAS's scaling
         # by 1+0j made it nan+nanj).
+        # Large groups of one operand's labels on the cpu: the sums of
+        # products there take K * (S + T) steps per output (they took
+        # K * S * T: with S = T = 2^17 minutes of one core).  Per k: every
+        # product 3e38 * 2^-36 summed 2^34 times is 7.5e37 (its row summed
+        # first overflows); an infinity times a 0 is NaN; +inf times positives
+        # is +inf; 1 * 0.5 summed 2^34 times is 2^33.
+        if dev == "cpu:0":
+            S = T = 1 << 17
+            rows_a = ([f32_3e38] * S, [inf] + [1.0] * (S - 1), [inf] * S, [1.0] * S)
+            rows_b = ([2.0 ** -36] * T, [0.0] + [1.0] * (T - 1), [2.0] * T, [0.5] * T)
+            a = t32([v for row in rows_a for v in row], [4, S])   # k, s
+            b = t32([v for row in rows_b for v in row], [4, T])   # k, t
+            got = run("ks,kt->k", "f32", a, b)
+            want0 = struct.unpack("<f", struct.pack("<f", f32_3e38 * 2.0 ** -2))[0]
+            check(len(got) == 4 and abs(got[0] - want0) <= 1e-6 * want0 and math.isnan(got[1])
+                  and got[2] == inf and got[3] == 2.0 ** 33,
+                  "%s ks,kt->k with S = T = 2^17: %r" % (dev, got))
         M, K, N = 64, 8193, 64
         a = [1.0] * (M * K)
         a[0] = inf
