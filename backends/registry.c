@@ -42,6 +42,7 @@ const char *const dspk__known_backends[] = {"cpu", "cuda", "vulkan", "hip", NULL
 #ifdef DSPK_HAVE_VULKAN
 int dspk__vk_compile_main(void); /* backends/vulkan/vk_shader.c */
 int dspk__vk_trial_main(const char *spec); /* backends/vulkan/vk_shader.c */
+int dspk__vk_spvval_main(const char *api); /* backends/vulkan/vk_spvval.c */
 #endif
 #ifdef DSPK_HAVE_CUDA
 int dspk__cuda_compile_main(const char *arch); /* backends/cuda/backend.c */
@@ -64,6 +65,8 @@ int dspk__kernel_compile_main(const char *lang) {
     return dspk__vk_compile_main();
   if (strncmp(lang, "vkpipe:", 7) == 0)
     return dspk__vk_trial_main(lang + 7);
+  if (strncmp(lang, "spvval:", 7) == 0)
+    return dspk__vk_spvval_main(lang + 7);
 #endif
 #ifdef DSPK_HAVE_CUDA
   if (strncmp(lang, "cuda:", 5) == 0)

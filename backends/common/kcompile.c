@@ -229,15 +229,18 @@ int dspk__kcompile_run(struct dspk__kcompile_spare *spare, const char *exe, cons
   rc = 0;
   /* "vkpipe:..." is the trial of a Vulkan pipeline (vk_shader.c), the
    * driver's work; every other language is a compiler's. */
-  int trial = strncmp(lang, "vkpipe:", 7) == 0;
-  const char *doing = trial ? "making the kernel's pipeline" : "compiling the source";
+  int trial = strncmp(lang, "vkpipe:", 7) == 0, val = strncmp(lang, "spvval:", 7) == 0;
+  const char *doing = trial ? "making the kernel's pipeline"
+                      : val ? "validating the SPIR-V module"
+                            : "compiling the source";
   if (canceled) {
     rc = DSPK_ECANCELED;
     dspk__format(log, loglen, "the task was canceled");
   } else if (setup_late) {
     rc = DSPK_EIO;
     dspk__format(log, loglen, "kernel: the %s process was not ready within %d s",
-                 trial ? "pipeline trial's" : "compiler's", DSPK__KCOMPILE_SETUP_S);
+                 trial ? "pipeline trial's" : val ? "SPIR-V validator's" : "compiler's",
+                 DSPK__KCOMPILE_SETUP_S);
   } else if (timed_out || (WIFSIGNALED(st) && WTERMSIG(st) == SIGXCPU)) {
     rc = DSPK_ELIMIT;
     dspk__format(log, loglen,
@@ -260,11 +263,12 @@ int dspk__kcompile_run(struct dspk__kcompile_spare *spare, const char *exe, cons
                    doing, DSPK__KCOMPILE_MEM_MIB);
     else
       dspk__format(log, loglen, "kernel: the %s failed on this %s (signal %d)",
-                   trial ? "driver" : "compiler", trial ? "kernel" : "source", sig);
+                   trial ? "driver" : val ? "SPIR-V validator" : "compiler",
+                   trial ? "kernel" : val ? "module" : "source", sig);
   } else if (!WIFEXITED(st) || WEXITSTATUS(st) != 0 || n < 4) {
     rc = DSPK_EIO;
     dspk__format(log, loglen, "kernel: the %s process gave no answer",
-                 trial ? "pipeline trial's" : "compiler's");
+                 trial ? "pipeline trial's" : val ? "SPIR-V validator's" : "compiler's");
   }
   if (rc) {
     free(buf);

@@ -400,6 +400,15 @@ int dspk__vk_spv_caps(const uint32_t *w, size_t nw, const uint32_t *ok, int nok,
  * "raw") before anything else reads the module. */
 int dspk__vk_spv_validate(uint32_t api, const uint32_t *w, size_t nw, char *msg,
                           size_t msglen);
+/* A client's module validated as above in a child, `EXE --kernel-compile
+ * spvval:API` under the limits of kcompile.h (in this process when d has
+ * no executable for children), its id bound checked first (ELIMIT past
+ * 65536 + 4 per word); *cancel stops it. */
+int dspk__vk_spv_validate_client(struct dspk__dev *d, const uint32_t *w, size_t nw,
+                                 atomic_int *cancel, char *msg, size_t msglen);
+/* The child's side (backends/registry.c): validates what it reads for
+ * Vulkan apiVersion api (decimal). */
+int dspk__vk_spvval_main(const char *api);
 /* The zero-initialising rewrite of a client's SPIR-V module w (nw words,
  * vk_spvzero.c): every Workgroup, Private and Function variable without an
  * initializer gets OpConstantNull, every OpUndef becomes an OpConstantNull,

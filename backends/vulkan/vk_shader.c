@@ -678,7 +678,8 @@ int dspk__vk_kernel(struct dspk__dev *d, const char *name, const char *src,
       memcpy(copy, spirv, nbytes);
       w = copy;
     }
-    r = dspk__vk_spv_validate(d->props.apiVersion, w, nbytes / 4, msg, sizeof msg);
+    r = dspk__vk_spv_validate_client(d, w, nbytes / 4, ctx ? ctx->cancel : NULL, msg,
+                                     sizeof msg);
     if (!r)
       r = dspk__vk_spv_check(w, nbytes / 4, entry, nbind, pcsize, &d->props.limits, msg,
                              sizeof msg);

@@ -23,6 +23,9 @@
 #include <spirv-tools/libspirv.h>
 #undef kDefaultMaxIdBound
 
+#include <stdlib.h>
+
+#include "backends/common/kcompile.h"
 #include "backends/vulkan/vk.h"
 #include "dspk/errors.h"
 #include "proto/utf8.h"
@@ -72,5 +75,56 @@ int dspk__vk_spv_validate(uint32_t api, const uint32_t *w, size_t nw, char *msg,
   spvDiagnosticDestroy(diag);
   spvValidatorOptionsDestroy(opt);
   spvContextDestroy(ctx);
+  return r;
+}
+
+/* ---- in a child -------------------------------------------------------------
+ * The validator's time and memory grow with the module, which a client
+ * makes (a module of max_message bytes, a large id bound, a deep control
+ * flow graph): on the runner thread that would hold every user's work on
+ * the device, so a daemon validates a client's module in a child,
+ * `EXE --kernel-compile spvval:API`, under the limits of kcompile.h. */
+
+static int validate_fn(void *ud, const char *in, size_t len, void **bin, size_t *binlen,
+                       char *log, size_t loglen) {
+  uint32_t api = *(const uint32_t *)ud;
+  if (len % 4)
+    return DSPK_EINVAL;
+  /* in is malloc'd (kcompile.c): its words are aligned. */
+  int r = dspk__vk_spv_validate(api, (const uint32_t *)(const void *)in, len / 4, log, loglen);
+  *bin = NULL;
+  *binlen = 0;
+  return r;
+}
+
+int dspk__vk_spvval_main(const char *api) {
+  char *end;
+  unsigned long v = strtoul(api, &end, 10);
+  static uint32_t a;
+  if (end == api || *end || v > UINT32_MAX)
+    return 2;
+  a = (uint32_t)v;
+  return dspk__kcompile_serve(validate_fn, &a, NULL);
+}
+
+int dspk__vk_spv_validate_client(struct dspk__dev *d, const uint32_t *w, size_t nw,
+                                 atomic_int *cancel, char *msg, size_t msglen) {
+  char lang[64];
+  void *bin = NULL;
+  size_t binlen = 0;
+  /* The id bound sizes the validator's tables (and vk_spvcheck.c's): a
+   * module needs no more ids than it has words to use them in, and a
+   * larger bound is refused before anything looks at it. */
+  uint64_t most = 65536 + 4 * (uint64_t)nw;
+  if (nw >= 5 && w[3] > most)
+    return dspk__fail(msg, msglen, DSPK_ELIMIT, "spirv: the module's id bound %u is above "
+                      "%llu (65536 + 4 per word of its %zu words)", (unsigned)w[3],
+                      (unsigned long long)most, nw);
+  if (!d->env.compile_exe)
+    return dspk__vk_spv_validate(d->props.apiVersion, w, nw, msg, msglen);
+  snprintf(lang, sizeof lang, "spvval:%u", (unsigned)d->props.apiVersion);
+  int r = dspk__kcompile_run(NULL, d->env.compile_exe, lang, (const char *)w, nw * 4, cancel,
+                             &bin, &binlen, msg, msglen);
+  free(bin);
   return r;
 }

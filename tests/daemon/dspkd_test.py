@@ -3669,9 +3669,17 @@ def t_caps(exe, tmp):
         e = c.expect_error("ECOMPILE", "task.run", kernel(v["id"], "spirv", bad))
         check(e.err["message"].startswith("spirv: invalid SPIR-V module (spirv-val, vulkan1.")
               and "\n" not in e.err["message"], "message: %r" % e.err)
+        # An id bound past what the module's words could use (the validator's
+        # tables, and the daemon's checks, are sized by it) is ELIMIT first.
+        huge = list(words)
+        huge[3] = 1 << 31
+        e = c.expect_error("ELIMIT", "task.run", kernel(v["id"], "spirv",
+                                                        struct.pack("<%dI" % len(huge), *huge)))
+        check(e.err["message"] == "spirv: the module's id bound 2147483648 is above 65628 "
+              "(65536 + 4 per word of its 23 words)", "message: %r" % e.err)
         r = c.call("task.run", kernel(v["id"], "glsl", KERNEL_OK))
         check(array(r["outputs"][0])[0] == 7.0, "the next kernel runs on %s" % v["id"])
-        check(counters(c, v["id"])[:2] == (2, 1), "vulkan counters: %r"
+        check(counters(c, v["id"])[:2] == (2, 2), "vulkan counters: %r"
               % (counters(c, v["id"]),))
     else:
         e = c.expect_error("ENOTSUP", "task.run", kernel("any", "glsl", KERNEL_OK))
