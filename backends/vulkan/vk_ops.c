@@ -15,6 +15,7 @@
  * invocation's loops after 65535 iterations in all).
  */
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -986,14 +987,62 @@ int dspk__vk_kernel_op(struct dspk__dev *d, struct dspk__op *op, struct dspk__op
   return r;
 }
 
-/* Binds op->in[ti] through a staged copy (above): *b its binding. */
+/* Whether op->in[ti] would be staged: its first byte off the alignment a
+ * binding needs (dspk__vk_bind_tensor). */
+static bool off_alignment(const struct dspk__dev *d, const struct dspk__tensor *t) {
+  VkDeviceSize es = dspk__dtype_size(t->dtype);
+  VkDeviceSize a = d->align > es ? d->align : es;
+  return es && (t->mem->off + t->offset) % a != 0;
+}
+
+/* Two tensors of a raw kernel over overlapping bytes of one buffer, one of
+ * them staged, would each have bytes of their own: the kernel's stores
+ * through one would not be seen through the other, and the copy back of
+ * the staged one would undo the other's.  Two tensors over the same bytes
+ * (same offset and size) share one staged copy; any other overlap with a
+ * staged tensor is EINVAL, before anything runs. */
+static int check_staged_overlap(struct dspk__dev *d, const struct dspk__op *op,
+                                struct dspk__opctx *ctx) {
+  for (int i = 0; i < op->u.kernel.nargs; i++) {
+    const struct dspk__karg *x = &op->u.kernel.args[i];
+    if (x->kind != DSPK__KARG_TENSOR)
+      continue;
+    const struct dspk__tensor *s = &op->in[x->v.tensor];
+    for (int j = i + 1; j < op->u.kernel.nargs; j++) {
+      const struct dspk__karg *y = &op->u.kernel.args[j];
+      if (y->kind != DSPK__KARG_TENSOR || y->v.tensor == x->v.tensor)
+        continue;
+      const struct dspk__tensor *t = &op->in[y->v.tensor];
+      size_t ns = dspk__tensor_nbytes(s), nt = dspk__tensor_nbytes(t);
+      if (s->mem != t->mem || !ns || !nt || s->offset >= t->offset + nt ||
+          t->offset >= s->offset + ns || (!off_alignment(d, s) && !off_alignment(d, t)) ||
+          (s->offset == t->offset && ns == nt))
+        continue;
+      return dspk__vk_fail(ctx, DSPK_EINVAL,
+                           "kernel: arguments %d and %d (inputs %d and %d) overlap in one "
+                           "buffer (bytes %zu..%zu and %zu..%zu) and one starts off this "
+                           "device's %llu-byte binding alignment, so it is bound through a "
+                           "copy of its own: tensors over the same bytes must have the same "
+                           "offset and size, or not overlap",
+                           i, j, x->v.tensor, y->v.tensor, s->offset, s->offset + ns,
+                           t->offset, t->offset + nt, (unsigned long long)d->align);
+    }
+  }
+  return 0;
+}
+
+/* Binds op->in[ti] through a staged copy (above): *b its binding.  A
+ * tensor over the same bytes as one staged already shares its copy. */
 static int stage_tensor(struct dspk__dev *d, struct dspk__op *op, int ti, struct kstage *st,
                         struct dspk__vk_bind *b) {
   const struct dspk__tensor *t = &op->in[ti];
   struct dspk__mem *m = NULL;
-  for (int i = 0; i < st->n; i++)
-    if (st->tensor[i] == ti)
+  for (int i = 0; i < st->n && !m; i++) {
+    const struct dspk__tensor *u = &op->in[st->tensor[i]];
+    if (st->tensor[i] == ti || (u->mem == t->mem && u->offset == t->offset &&
+                                dspk__tensor_nbytes(u) == dspk__tensor_nbytes(t)))
       m = st->mem[i];
+  }
   size_t n = dspk__tensor_nbytes(t);
   if (!m) {
     size_t n4 = n < 4 ? 4 : (n + 3) & ~(size_t)3;
@@ -1057,6 +1106,9 @@ static int kernel_op(struct dspk__dev *d, struct dspk__op *op, struct dspk__opct
   uint8_t pc[DSPK__VK_PC_MAX];
   uint32_t pcsize = 0;
   int nb = 0;
+  int cr = check_staged_overlap(d, op, ctx);
+  if (cr)
+    return cr;
   for (int i = 0; i < op->u.kernel.nargs; i++) {
     const struct dspk__karg *a = &op->u.kernel.args[i];
     if (a->kind == DSPK__KARG_TENSOR) {

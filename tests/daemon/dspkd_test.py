@@ -3027,6 +3027,30 @@ def t_vkzeroed(exe, tmp):
         word = int.from_bytes(r["outputs"][1]["data"], "little")
         check(word == 0, "an f16[1] tensor (%s) reads as the word %#x: its padding holds "
               "another connection's bytes" % ("buffer" if "buffer" in t else "inline", word))
+    # Two tensors over the same bytes off the binding alignment (offset 4)
+    # share one staged copy: each sees the other's stores, both land (each
+    # had a copy of its own, and the last copy back undid the other's).
+    buf = a.call("buffer.create", {"device": dev, "size": 256})["buffer"]
+    a.call("buffer.write", {"buffer": buf, "data": bytes(256)})
+    two = ("#version 450\nlayout(local_size_x = 1) in;\n"
+           "layout(std430, binding = 0) buffer A { float x[]; };\n"
+           "layout(std430, binding = 1) buffer B { float y[]; };\n"
+           "void main() { x[0] = 1.0; y[1] = 2.0; }\n")
+    at4 = {"buffer": buf, "offset": 4, "dtype": "f32", "shape": [16]}
+    a.call("task.run", {"op": "kernel", "device": dev, "inputs": [at4, dict(at4)],
+                        "options": {"lang": "glsl", "source": two,
+                                    "args": [{"tensor": 0}, {"tensor": 1}]}})
+    got = np.frombuffer(a.call("buffer.read", {"buffer": buf})["data"], np.float32)
+    check(list(got[:4]) == [0, 1, 2, 0], "two tensors over the same staged bytes: %r"
+          % list(got[:4]))
+    # Overlapping otherwise (offsets 0 and 4): refused before anything runs.
+    e = a.expect_error("EINVAL", "task.run", {
+        "op": "kernel", "device": dev,
+        "inputs": [dict(at4, offset=0), at4],
+        "options": {"lang": "glsl", "source": two, "args": [{"tensor": 0}, {"tensor": 1}]}})
+    check("overlap in one buffer" in e.err["message"], "message: %r" % e.err["message"])
+    got = np.frombuffer(a.call("buffer.read", {"buffer": buf})["data"], np.float32)
+    check(list(got[:4]) == [0, 1, 2, 0], "nothing ran: %r" % list(got[:4]))
     a.close()
     b.close()
     d.stop()
