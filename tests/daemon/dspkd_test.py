@@ -4414,6 +4414,30 @@ def t_importclose(exe, tmp):
         check(err.name == "EINVAL" and "no file descriptor came" in err.err["message"],
               "the second import finds no descriptor: %s" % err)
     check(not held("dspkd-test-two"), "that memfd is closed")
+
+    # Pages a memfd lacks are not made by the daemon: a sparse import keeps
+    # its holes (the whole memfd was faulted in, in the daemon, on the
+    # runner), a buffer.share's fresh memfd takes pages as they are written.
+    def shmem_kib():
+        with open("/proc/%d/status" % d.proc.pid) as f:
+            return int([l for l in f if l.startswith("RssShmem")][0].split()[1])
+    big = 64 << 20
+    fd = sealed_memfd(big)
+    os.pwrite(fd, b"x" * 4096, 0)
+    before = shmem_kib()
+    b = c.wait(send_with_fds(c, "buffer.import", {"size": big}, [fd]))["buffer"]
+    check(os.fstat(fd).st_blocks * 512 <= 1 << 20, "the import kept the memfd sparse: %d bytes "
+          "allocated" % (os.fstat(fd).st_blocks * 512))
+    check(c.call("buffer.read", {"buffer": b, "offset": 0, "size": 2})["data"] == b"xx",
+          "its written page is read")
+    os.close(fd)
+    sh = c.call("buffer.share", {"size": big})
+    grew = shmem_kib() - before
+    check(grew < 8 << 10, "the daemon's shared memory grew by %d KiB for an import of one "
+          "written page and a fresh 64 MiB share" % grew)
+    c.call("buffer.write", {"buffer": sh["buffer"], "offset": big - 4, "data": b"abcd"})
+    check(c.call("buffer.read", {"buffer": sh["buffer"], "offset": big - 4, "size": 4})["data"]
+          == b"abcd", "the share's last page is written and read")
     c.close()
     d.stop()
 
