@@ -230,11 +230,29 @@ int dspk__vk_glsl_to_spirv(struct dspk__dev *d, const char *name, const char *sr
   if (r)
     return r;
   d->kernels_compiled++;
-  /* Only an entry the file has: its uses count there. */
-  if (d->env.cache && dspk__cache_kernel_put(d->env.cache, &k, *spv, *nwords * 4) == 0 &&
-      cache_id)
+  /* A client's module is stored once it has become a pipeline
+   * (dspk__vk_glsl_store): one the checks or the driver refuse would fill
+   * the cache with entries that never run.  Only an entry the file has: its
+   * uses count there. */
+  if (!client && d->env.cache &&
+      dspk__cache_kernel_put(d->env.cache, &k, *spv, *nwords * 4) == 0 && cache_id)
     dspk__cache_kernel_id(&k, cache_id);
   return 0;
+}
+
+/* Stores a client's module compiled from src (see above), now that its
+ * pipeline is made; cache_id as dspk__vk_glsl_to_spirv's. */
+static void glsl_store(struct dspk__dev *d, const char *name, const char *src,
+                       const struct dspk__opctx *client, const uint32_t *spv, size_t nwords,
+                       char cache_id[DSPK__HASH_HEX]) {
+  struct dspk__kernel_key k;
+  char owner[24];
+  if (!d->env.cache || !client)
+    return;
+  snprintf(owner, sizeof owner, "uid %u", (unsigned)client->owner);
+  key_of(d, name, owner, src, &k);
+  if (dspk__cache_kernel_put(d->env.cache, &k, spv, nwords * 4) == 0)
+    dspk__cache_kernel_id(&k, cache_id);
 }
 
 void dspk__vk_ap(struct dspk__vk_sbuf *b, const char *fmt, ...) {
@@ -631,8 +649,8 @@ int dspk__vk_kernel(struct dspk__dev *d, const char *name, const char *src,
     dspk__vk_wait_value(d, d->submitted);
     kernel_destroy(d, k);
   }
-  uint32_t *spv = NULL;
-  size_t nwords = 0;
+  uint32_t *spv = NULL, *compiled = NULL;
+  size_t nwords = 0, compiled_words = 0;
   char cache_id[DSPK__HASH_HEX] = "";
   int r;
   if (raw)
@@ -650,6 +668,7 @@ int dspk__vk_kernel(struct dspk__dev *d, const char *name, const char *src,
     }
     spirv = spv;
     nbytes = nwords * 4;
+    compiled_words = nwords;
   } else if (nbytes < 20 || nbytes % 4 || memcmp(spirv, &(const uint32_t){0x07230203}, 4)) {
     r = dspk__vk_fail(ctx, DSPK_EINVAL,
                       "spirv: not a SPIR-V binary (%zu bytes, needs a multiple of 4 "
@@ -701,7 +720,7 @@ int dspk__vk_kernel(struct dspk__dev *d, const char *name, const char *src,
         dspk__vk_fail(ctx, r, "%s", msg);
       goto fail;
     }
-    free(spv);
+    compiled = spv; /* a client's GLSL module: stored once its pipeline is made */
     spv = z;
     spirv = marked;
     nbytes = nw * 4;
@@ -709,6 +728,9 @@ int dspk__vk_kernel(struct dspk__dev *d, const char *name, const char *src,
   r = raw ? trial_pipeline(d, spirv, nbytes, entry, nbind, pcsize, ctx) : 0;
   if (!r)
     r = make_pipeline(d, spirv, nbytes, entry, nbind, pcsize, raw, k, ctx);
+  if (!r && compiled && !cache_id[0])
+    glsl_store(d, name, src, ctx, compiled, compiled_words, cache_id);
+  free(compiled);
   free(marked);
   free(spv);
   if (r) {

@@ -1687,6 +1687,38 @@ def glsl_task(dev, src):
             "options": {"lang": "glsl", "source": src, "args": [{"tensor": 0}]}}
 
 
+def t_cachefailed(exe, tmp):
+    """A client's GLSL kernel that compiles but is refused after (a binding
+    its arguments lack, the module's checks) is not stored in the cache: a
+    user could fill the cache with entries that never run, evicting
+    everyone's.  A kernel that runs is stored, once."""
+    db = os.path.join(tmp, "cf.db")
+    d = Daemon(exe, tmp, ["--backends", "cpu,vulkan", "--cache", db])
+    c = d.client()
+    vk = [x["id"] for x in c.call("devices", {})["devices"] if x["backend"] == "vulkan"]
+    if not vk:
+        c.close()
+        d.stop()
+        raise Skip("no vulkan device")
+
+    def entries():
+        return c.call("cache.stats", {})["kinds"]["kernels"]["entries"]
+    before = entries()
+    for i in range(5):
+        bad = KERNEL_OK.replace("binding = 0", "binding = 3").replace("7.0", "%d.0" % i)
+        c.expect_error("EINVAL", "task.run", glsl_task(vk[0], bad))
+    check(entries() == before, "refused kernels stored: %d entries, were %d"
+          % (entries(), before))
+    check(array(c.call("task.run", glsl_task(vk[0], KERNEL_OK))["outputs"][0])[0] == 7.0,
+          "a good kernel runs")
+    check(entries() == before + 1, "the good kernel stored: %d entries, were %d"
+          % (entries(), before))
+    c.call("task.run", glsl_task(vk[0], KERNEL_OK))
+    check(entries() == before + 1, "stored once: %d" % entries())
+    c.close()
+    d.stop()
+
+
 def t_kernelfs(exe, tmp):
     """Raw kernels cannot read files: #include (both GLSL include extensions)
     is ECOMPILE, the same for an existing and a missing file, and no byte
@@ -4847,6 +4879,7 @@ GROUPS = {
     "userunsent": t_userunsent,
     "sockmode": t_sockmode,
     "kernelfs": t_kernelfs,
+    "cachefailed": t_cachefailed,
     "kernelbomb": t_kernelbomb,
     "kernelbuild": t_kernelbuild,
     "detached": t_detached,
