@@ -128,6 +128,13 @@ static const char *const migrations[] = {
     " created INTEGER NOT NULL, last_used INTEGER NOT NULL,"
     " tick INTEGER NOT NULL, hits INTEGER NOT NULL DEFAULT 0);"
     "CREATE INDEX blobs_tick ON blobs(tick);",
+    /* 1 -> 2: a client's kernel names its owner ("uid 1000"; NULL: the
+     * daemon's own), which version 1 kept only inside name ("raw for uid
+     * 1000"), so that each owner's entries are evicted apart. */
+    "ALTER TABLE kernels ADD COLUMN owner TEXT;"
+    "UPDATE kernels SET owner = substr(name, instr(name, ' for ') + 5)"
+    " WHERE instr(name, ' for ') > 0;"
+    "CREATE INDEX kernels_owner ON kernels(owner, tick);",
 };
 #define SCHEMA_VERSION ((int)(sizeof migrations / sizeof migrations[0]))
 
@@ -1325,16 +1332,79 @@ out:
   return rc;
 }
 
-/* Deletes least recently used entries (inside the caller's write
- * transaction) until the total size is at most max_bytes.  Returns an
+/* The most bytes of entries one client's owner (a uid's kernels) may
+ * hold: a quarter of max_bytes, so that one user's kernels cannot evict
+ * everyone else's. */
+static uint64_t owner_share(const struct dspk__cache *c) { return c->max_bytes / 4; }
+
+/* Deletes owner's least recently used kernels (inside the caller's write
+ * transaction) until they hold at most owner_share bytes.  Returns an
  * sqlite rc. */
-static int evict(struct dspk__cache *c) {
+static int evict_owner(struct dspk__cache *c, const char *owner) {
+  sqlite3_stmt *tot = NULL, *old = NULL, *del = NULL;
+  int rc = sqlite3_prepare_v2(c->db, "SELECT total(size) FROM kernels WHERE owner = ?1", -1,
+                              &tot, NULL);
+  if (rc == SQLITE_OK)
+    rc = sqlite3_prepare_v2(c->db, "SELECT rowid, size FROM kernels WHERE owner = ?1"
+                                   " ORDER BY tick LIMIT 64", -1, &old, NULL);
+  if (rc == SQLITE_OK)
+    rc = sqlite3_prepare_v2(c->db, "DELETE FROM kernels WHERE rowid = ?1", -1, &del, NULL);
+  if (rc != SQLITE_OK)
+    goto out;
+  sqlite3_bind_text(tot, 1, owner, -1, SQLITE_STATIC);
+  sqlite3_bind_text(old, 1, owner, -1, SQLITE_STATIC);
+  if ((rc = sqlite3_step(tot)) != SQLITE_ROW)
+    goto out;
+  double total = sqlite3_column_double(tot, 0);
+  rc = SQLITE_OK;
+  while (total > (double)owner_share(c)) {
+    int64_t victims[64];
+    double sizes[64];
+    int n = 0;
+    sqlite3_reset(old);
+    while ((rc = sqlite3_step(old)) == SQLITE_ROW && n < 64) {
+      victims[n] = sqlite3_column_int64(old, 0);
+      sizes[n++] = sqlite3_column_double(old, 1);
+    }
+    if (rc != SQLITE_ROW && rc != SQLITE_DONE)
+      goto out;
+    rc = SQLITE_OK;
+    sqlite3_reset(old);
+    if (n == 0)
+      break;
+    for (int i = 0; i < n && total > (double)owner_share(c); i++) {
+      sqlite3_reset(del);
+      sqlite3_bind_int64(del, 1, victims[i]);
+      if ((rc = sqlite3_step(del)) != SQLITE_DONE)
+        goto out;
+      rc = SQLITE_OK;
+      total -= sizes[i];
+      c->count[DSPK__CACHE_KERNELS].evictions++;
+    }
+  }
+out:
+  sqlite3_finalize(tot);
+  sqlite3_finalize(old);
+  sqlite3_finalize(del);
+  return rc;
+}
+
+/* Deletes least recently used entries (inside the caller's write
+ * transaction) until the total size is at most max_bytes: for a put of a
+ * client's kernel (owner not NULL) first that owner's beyond its share,
+ * then clients' kernels only (a user's put never evicts what the daemon
+ * stored for itself: tuning decisions, its own kernels, blobs).  Returns
+ * an sqlite rc. */
+static int evict(struct dspk__cache *c, const char *owner) {
   sqlite3_stmt *tot = NULL, *old = NULL, *del[DSPK__CACHE_NKINDS] = {0};
   static const char *const del_sql[DSPK__CACHE_NKINDS] = {
       "DELETE FROM kernels WHERE rowid = ?1",
       "DELETE FROM autotune WHERE rowid = ?1",
       "DELETE FROM blobs WHERE rowid = ?1"};
-  int rc = sqlite3_prepare_v2(
+  int rc = owner ? evict_owner(c, owner) : SQLITE_OK;
+  if (rc != SQLITE_OK)
+    return rc;
+  rc = sqlite3_prepare_v2(
       c->db,
       "SELECT (SELECT total(size) FROM kernels) + (SELECT total(size) FROM"
       " autotune) + (SELECT total(size) FROM blobs)",
@@ -1350,9 +1420,11 @@ static int evict(struct dspk__cache *c) {
     goto out;
   rc = sqlite3_prepare_v2(
       c->db,
-      "SELECT 0, rowid, size, tick FROM kernels UNION ALL"
-      " SELECT 1, rowid, size, tick FROM autotune UNION ALL"
-      " SELECT 2, rowid, size, tick FROM blobs ORDER BY 4 LIMIT 64",
+      owner ? "SELECT 0, rowid, size, tick FROM kernels WHERE owner IS NOT NULL"
+              " ORDER BY 4 LIMIT 64"
+            : "SELECT 0, rowid, size, tick FROM kernels UNION ALL"
+              " SELECT 1, rowid, size, tick FROM autotune UNION ALL"
+              " SELECT 2, rowid, size, tick FROM blobs ORDER BY 4 LIMIT 64",
       -1, &old, NULL);
   if (rc != SQLITE_OK)
     goto out;
@@ -1420,7 +1492,7 @@ static void note_put(struct dspk__cache *c, int kind, int err) {
 }
 
 static int put_commit(struct dspk__cache *c, int kind, sqlite3_stmt *st,
-                      int tick_param) {
+                      int tick_param, const char *owner) {
   int rc = begin_write(c->db);
   if (rc != SQLITE_OK)
     goto out;
@@ -1440,7 +1512,7 @@ static int put_commit(struct dspk__cache *c, int kind, sqlite3_stmt *st,
   rc = sqlite3_step(st);
   if (rc != SQLITE_DONE)
     goto out;
-  rc = evict(c);
+  rc = evict(c, owner);
   if (rc != SQLITE_OK)
     goto out;
   rc = exec(c->db, "COMMIT");
@@ -1604,7 +1676,7 @@ int dspk__cache_kernel_put(struct dspk__cache *c,
   uint64_t size = len + dev_len(&k->dev) + slen(k->compiler) +
                   slen(k->compiler_version) + slen(kk.name) +
                   slen(k->options) + 2 * 32;
-  if (size > c->max_bytes)
+  if (size > (k->owner ? owner_share(c) : c->max_bytes))
     return DSPK_ELIMIT;
   pthread_mutex_lock(&c->mu);
   follow_path(c);
@@ -1612,9 +1684,9 @@ int dspk__cache_kernel_put(struct dspk__cache *c,
       c->db,
       "INSERT OR REPLACE INTO kernels(key, tick, backend, device, arch, uuid,"
       " driver, compiler, compiler_version, name, source_hash, options, bin,"
-      " size, created, last_used, hits)"
+      " size, created, last_used, hits, owner)"
       " VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14,"
-      " ?15, ?15, 0)",
+      " ?15, ?15, 0, ?16)",
       -1, &st, NULL);
   if (rc != SQLITE_OK) {
     c->put_rc = rc;
@@ -1631,7 +1703,8 @@ int dspk__cache_kernel_put(struct dspk__cache *c,
   sqlite3_bind_blob64(st, 13, len ? bin : "", len, SQLITE_STATIC);
   sqlite3_bind_int64(st, 14, (int64_t)size);
   sqlite3_bind_int64(st, 15, now_s());
-  err = put_commit(c, DSPK__CACHE_KERNELS, st, 2);
+  bind_str(st, 16, k->owner);
+  err = put_commit(c, DSPK__CACHE_KERNELS, st, 2, k->owner);
 out:
   note_put(c, DSPK__CACHE_KERNELS, err);
   pthread_mutex_unlock(&c->mu);
@@ -1764,7 +1837,7 @@ int dspk__cache_tune_put(struct dspk__cache *c, const struct dspk__tune_key *k,
   bind_str(st, 14, timings);
   sqlite3_bind_int64(st, 15, (int64_t)size);
   sqlite3_bind_int64(st, 16, now_s());
-  err = put_commit(c, DSPK__CACHE_AUTOTUNE, st, 2);
+  err = put_commit(c, DSPK__CACHE_AUTOTUNE, st, 2, NULL);
 out:
   note_put(c, DSPK__CACHE_AUTOTUNE, err);
   pthread_mutex_unlock(&c->mu);
@@ -1851,7 +1924,7 @@ int dspk__cache_blob_put(struct dspk__cache *c, const char *name,
   sqlite3_bind_blob64(st, 3, len ? data : "", len, SQLITE_STATIC);
   sqlite3_bind_int64(st, 4, (int64_t)size);
   sqlite3_bind_int64(st, 5, now_s());
-  err = put_commit(c, DSPK__CACHE_BLOBS, st, 2);
+  err = put_commit(c, DSPK__CACHE_BLOBS, st, 2, NULL);
 out:
   note_put(c, DSPK__CACHE_BLOBS, err);
   pthread_mutex_unlock(&c->mu);

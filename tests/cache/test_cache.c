@@ -356,6 +356,61 @@ static void test_lru_eviction(void **state) {
   dspk__cache_close(c);
 }
 
+static int sql_int(const char *path, const char *sql);
+
+/* Each client's kernels hold at most a quarter of max_bytes, and a client's
+ * put evicts only clients' kernels: one user compiling many kernels evicts
+ * its own oldest, never another user's within its share, nor what the
+ * daemon stored for itself (its kernels, decisions, blobs). */
+static void test_owner_share(void **state) {
+  struct fixture *f = *state;
+  struct dspk__cache_opts o = {.max_bytes = 40000};
+  struct dspk__cache *c = open_ok(f->db, &o);
+  static char data[3000];
+  char src[64];
+  void *p;
+  size_t n;
+  memset(data, 'x', sizeof data);
+  struct dspk__kernel_key mine = base_kernel(), other = base_kernel();
+  mine.owner = "uid 1000";
+  other.owner = "uid 1001";
+  assert_int_equal(dspk__cache_blob_put(c, "wisdom", data, sizeof data), 0);
+  struct dspk__kernel_key own = base_kernel(); /* the daemon's */
+  assert_int_equal(dspk__cache_kernel_put(c, &own, data, sizeof data), 0);
+  snprintf(src, sizeof src, "other");
+  other.source = src;
+  other.source_len = strlen(src);
+  assert_int_equal(dspk__cache_kernel_put(c, &other, data, sizeof data), 0);
+  /* 40 kernels of ~3 KB from uid 1000: 120 KB, three times the bound. */
+  char srcs[40][16];
+  for (int i = 0; i < 40; i++) {
+    snprintf(srcs[i], sizeof srcs[i], "k%d", i);
+    mine.source = srcs[i];
+    mine.source_len = strlen(srcs[i]);
+    assert_int_equal(dspk__cache_kernel_put(c, &mine, data, sizeof data), 0);
+  }
+  assert_int_equal(sql_int(f->db, "SELECT total(size) <= 10000 FROM kernels"
+                                  " WHERE owner = 'uid 1000'"), 1);
+  assert_int_equal(sql_int(f->db, "SELECT count(*) FROM kernels WHERE owner = 'uid 1000'"), 3);
+  /* Its newest are kept, the others' entries all stay. */
+  mine.source = srcs[39];
+  mine.source_len = strlen(srcs[39]);
+  assert_int_equal(dspk__cache_kernel_get(c, &mine, &p, &n), 0);
+  free(p);
+  assert_int_equal(dspk__cache_kernel_get(c, &other, &p, &n), 0);
+  free(p);
+  assert_int_equal(dspk__cache_kernel_get(c, &own, &p, &n), 0);
+  free(p);
+  assert_int_equal(dspk__cache_blob_get(c, "wisdom", &p, &n), 0);
+  free(p);
+  /* A client's entry larger than its share is refused. */
+  static char big[12000];
+  mine.source = "big";
+  mine.source_len = 3;
+  assert_int_equal(dspk__cache_kernel_put(c, &mine, big, sizeof big), DSPK_ELIMIT);
+  dspk__cache_close(c);
+}
+
 /* A decision served from the autotune framework's in-process memo counts as
  * used (dspk__cache_tune_used): without a write per use, but before the next
  * put evicts, so the most used decision is not the first to go, and
@@ -795,7 +850,7 @@ static void test_empty_file(void **state) {
   assert_int_equal(dspk__cache_blob_put(c, "x", "X", 1), 0);
   dspk__cache_close(c);
   assert_int_equal(sql_int(p, "PRAGMA application_id"), 0x4453504b);
-  assert_int_equal(sql_int(p, "PRAGMA user_version"), 1);
+  assert_int_equal(sql_int(p, "PRAGMA user_version"), 2);
 }
 
 /* A cache made before caches were marked (application_id 0): the schema
@@ -835,6 +890,9 @@ static void test_unmarked_cache(void **state) {
          "PRAGMA user_version=1;"
          "UPDATE meta SET v = 1 WHERE k = 'tick';"
          "INSERT INTO blobs VALUES('old', 'OLD', 6, 1, 1, 1, 0);"
+         "INSERT INTO kernels(key, name, source_hash, bin, size, created, last_used, tick)"
+         " VALUES('k1', 'raw for uid 1000', 'h', 'B', 10, 1, 1, 1),"
+         " ('k2', 'gemm', 'h', 'B', 10, 1, 1, 1);"
          "COMMIT;");
   assert_int_equal(sql_int(f->db, "PRAGMA application_id"), 0);
   struct dspk__cache *c = open_ok(f->db, NULL);
@@ -848,6 +906,12 @@ static void test_unmarked_cache(void **state) {
   assert_int_equal(dspk__cache_blob_put(c, "new", "N", 1), 0);
   dspk__cache_close(c);
   assert_int_equal(count_corrupt(f->db), 0);
+  /* Migrated to version 2: a client's kernel names its owner. */
+  assert_int_equal(sql_int(f->db, "PRAGMA user_version"), 2);
+  assert_int_equal(sql_int(f->db, "SELECT count(*) FROM kernels WHERE key = 'k1'"
+                                  " AND owner = 'uid 1000'"), 1);
+  assert_int_equal(sql_int(f->db, "SELECT count(*) FROM kernels WHERE key = 'k2'"
+                                  " AND owner IS NULL"), 1);
   assert_int_equal(sql_int(f->db, "PRAGMA application_id"), 0x4453504b);
   c = open_ok(f->db, NULL);
   assert_int_equal(dspk__cache_blob_get(c, "old", &p, &n), 0);
@@ -1546,6 +1610,7 @@ static void test_open_full_leaves_nothing(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       T(test_hash_vectors),
+      T(test_owner_share),
       T(test_kernel_miss_source),
       T(test_kernel_miss_options),
       T(test_kernel_miss_compiler_version),
