@@ -196,7 +196,7 @@ def _python_reals(a: np.ndarray) -> np.ndarray:
     out = np.empty(flat.shape, np.float64)
     for i, v in enumerate(flat):
         if isinstance(v, (float, np.floating)) and not isinstance(v, bool):
-            if not np.isfinite(v):
+            if not np.isfinite(v) or v == 0:  # infinities, NaN, and zeros with their sign
                 out[i] = float(v)
                 continue
             n, d = v.as_integer_ratio()

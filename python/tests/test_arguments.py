@@ -773,6 +773,12 @@ def test_to_bfloat16_of_a_mixed_list_rounds_each_element_once():
         dspk.to_bfloat16([True, 1.5])
     with pytest.raises(dspk.InvalidArgument):  # ragged: still not an array
         dspk.to_bfloat16([[1.0], [1.0, 2**62]])
+    # a negative zero keeps its sign among other numbers (it became +0)
+    from fractions import Fraction as F
+    for x, at in (([-0.0, 1], 0), ([F(0), -0.0], 1), ([np.float16(-0.0), 2 ** 70], 0),
+                  ((2 ** 62 + 1, -0.0), 1)):
+        got = dspk.to_bfloat16(x).view("<u2").tolist()
+        assert got[at] == 0x8000 and got[1 - at] != 0x8000, (x, got)
 
 # ---- $DSPK_SHARED_THRESHOLD: sizes exactly as proto/units.c reads them ---------------
 
