@@ -1259,7 +1259,8 @@ class Client:
         # call than select.select() or a non-blocking recv that fails first.
         self._poll = select.poll()
         self._poll.register(sock, select.POLLIN)
-        self._unpacker = msgpack.Unpacker(raw=False, max_buffer_size=0, ext_hook=_no_ext)
+        self._unpacker = msgpack.Unpacker(raw=False, max_buffer_size=0, ext_hook=_no_ext,
+                                        unicode_errors="replace")
         # Settles of answers read whose running an interruption cut (_read_once)
         self._owed_ready: List[Tuple[Callable[..., Any], Tuple[Any, ...]]] = []
         self._rbuf = bytearray(_READ_CHUNK)
@@ -2208,7 +2209,8 @@ class Client:
         """A fresh unpacker at a message boundary (the old one holds nothing: a frame
         is taken over only at a boundary); _fed restarts at its position 0."""
         self._fed = 0
-        return msgpack.Unpacker(raw=False, max_buffer_size=0, ext_hook=_no_ext)
+        return msgpack.Unpacker(raw=False, max_buffer_size=0, ext_hook=_no_ext,
+                               unicode_errors="replace")
 
     def _dispatch(self, msg: Any,
                   ready: List[Tuple[Callable[..., Any], Tuple[Any, ...]]]) -> None:

@@ -185,3 +185,19 @@ def test_a_well_formed_devices_answer_passes_the_checks(fake):
     with dspk.connect(f.path, timeout=TIMEOUT) as c:
         assert c.devices() == [DEVICE]
         assert c.devices(all=True) == [DEVICE]
+
+
+def test_a_string_that_is_not_utf8_is_read_with_replacement_characters(fake):
+    """A daemon's string of bytes that are not UTF-8 (an error message here) reads with
+    U+FFFD for each bad byte, as the message of the call's error: it closed the
+    connection (UnicodeDecodeError in the reader)."""
+    def bad(msgid):
+        raw = msgpack.packb([1, msgid, {"code": -1, "name": "EINVAL", "message": "XXX"}, None])
+        return raw.replace(b"\xa3XXX", b"\xa3\xff\xfeA")
+    f = fake({"ping": bad})
+    with dspk.connect(f.path, timeout=TIMEOUT) as c:
+        with pytest.raises(dspk.InvalidArgument) as e:
+            c.ping()
+        assert e.value.message == "\ufffd\ufffdA"
+        with pytest.raises(dspk.InvalidArgument):  # the connection goes on
+            c.ping()
