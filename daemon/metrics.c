@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -611,6 +612,27 @@ static enum MHD_Result respond_msg(struct MHD_Connection *conn, unsigned status,
 }
 
 /* libmicrohttpd's thread: GET /metrics. */
+/* The headers that announce a body: how many Content-Length (and whether
+ * one is not 0), whether a Transfer-Encoding came. */
+struct body_headers {
+  int lengths;
+  bool nonzero, transfer;
+};
+
+static enum MHD_Result count_body_headers(void *cls, enum MHD_ValueKind kind, const char *key,
+                                          const char *value) {
+  struct body_headers *bh = cls;
+  (void)kind;
+  if (strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH) == 0) {
+    bh->lengths++;
+    if (!value || strspn(value, "0") != strlen(value))
+      bh->nonzero = true;
+  } else if (strcasecmp(key, MHD_HTTP_HEADER_TRANSFER_ENCODING) == 0) {
+    bh->transfer = true;
+  }
+  return MHD_YES;
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
                                   const char *method, const char *version,
                                   const char *upload, size_t *upload_size, void **state) {
@@ -638,10 +660,14 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
   if (strcmp(url, "/metrics") != 0)
     return respond_msg(conn, MHD_HTTP_NOT_FOUND, "not found: the metrics are at /metrics\n");
   {
-    const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
-                                                 MHD_HTTP_HEADER_CONTENT_LENGTH);
-    if ((cl && strspn(cl, "0") != strlen(cl)) ||
-        MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_TRANSFER_ENCODING))
+    /* Every Content-Length, not the first only: a second one (0 then 5)
+     * would leave bytes that a keep-alive connection reads as another
+     * request. */
+    struct body_headers bh = {0};
+    MHD_get_connection_values(conn, MHD_HEADER_KIND, count_body_headers, &bh);
+    if (bh.lengths > 1)
+      return respond_msg(conn, MHD_HTTP_BAD_REQUEST, "more than one Content-Length\n");
+    if (bh.nonzero || bh.transfer)
       return respond_msg(conn, MHD_HTTP_BAD_REQUEST, "GET /metrics takes no body\n");
   }
 
