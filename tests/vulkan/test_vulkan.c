@@ -1855,13 +1855,20 @@ static void t_raw_spirv_valid(void **state) {
       strchr(msg, '\n'))
     fail_msg("undefined ids: %d \"%s\", expected ECOMPILE from spirv-val on one line", r, msg);
   print_message("undefined ids: %s\n", msg);
-  /* The same decorating id 2^32-2, with an id bound of 2^32-1. */
+  /* The same decorating id 2^32-2, with an id bound of 2^32-1: the bound is
+   * refused before the validator sizes its tables by it. */
   bad[3] = 0xffffffff;
   bad[16] = bad[20] = 0xfffffffe;
   bad[18] = 0;
   r = raw_spirv_try(bad, sizeof bad, "main", msg, sizeof msg);
+  if (r != DSPK_ELIMIT || !strstr(msg, "spirv: the module's id bound 4294967295 is above 65628"))
+    fail_msg("id bound 2^32-1: %d \"%s\", expected ELIMIT", r, msg);
+  /* A bound within 65536 + 4 per word reaches the validator. */
+  bad[3] = 65628;
+  bad[16] = bad[20] = 65627;
+  r = raw_spirv_try(bad, sizeof bad, "main", msg, sizeof msg);
   if (r != DSPK_ECOMPILE || !strstr(msg, "spirv: invalid SPIR-V module"))
-    fail_msg("id bound 2^32-1: %d \"%s\", expected ECOMPILE", r, msg);
+    fail_msg("id bound 65628: %d \"%s\", expected ECOMPILE", r, msg);
 
   uint32_t *w;
   size_t nw;
