@@ -610,6 +610,17 @@ static int launch(struct dspk__dev *d, const struct gdesc *g, const struct tile 
  * is recorded once the one before has run, and a cancel is seen: about
  * 25-60 ms on lavapipe (a 2-core machine), well under 1 ms on a GPU, whose
  * pieces are larger so that it never idles between them. */
+/* Submits what is recorded as one piece of a long computation and waits
+ * for the piece before it (so that at most two are queued and a cancel
+ * checked after it is seen within about two pieces' time). */
+static int submit_piece(struct dspk__dev *d) {
+  uint64_t prev = d->submitted;
+  int r = dspk__vk_submit(d);
+  if (!r && prev)
+    r = dspk__vk_wait_value(d, prev);
+  return r;
+}
+
 #define SMALL_PIECE_CPU ((uint64_t)1 << 24)
 #define SMALL_PIECE_GPU ((uint64_t)1 << 28)
 
@@ -765,10 +776,7 @@ static int launch_small(struct dspk__dev *d, const struct gdesc *g, struct dspk_
         if (since < piece || (gi + 1 == ngroups && i0 + cnt >= total && k0 >= g->K))
           continue;
         since = 0;
-        uint64_t prev = d->submitted;
-        if ((r = dspk__vk_submit(d)))
-          return r;
-        if (prev && (r = dspk__vk_wait_value(d, prev)))
+        if ((r = submit_piece(d)))
           return r;
         npieces++;
         if (hc && ctx && ctx->cancel && npieces >= atoi(hc))
@@ -1453,10 +1461,7 @@ static int sum_products(struct dspk__dev *d, dspk_dtype dt, const struct dspk__v
     if ((since += nout * rn) < piece || r0 >= n)
       continue;
     since = 0;
-    uint64_t prev = d->submitted;
-    if ((r = dspk__vk_submit(d)))
-      return r;
-    if (prev && (r = dspk__vk_wait_value(d, prev)))
+    if ((r = submit_piece(d)))
       return r;
     if (ctx && ctx->cancel && atomic_load(ctx->cancel))
       return DSPK_ECANCELED;
