@@ -173,11 +173,19 @@ int dspk__sub_devices(dspk__sub_ctx *ctx, int argc, char **argv) {
     putchar('\n');
     goto out;
   }
-  printf("%-10s %-8s %-10s %s\n", "ID", "TYPE", "MEMORY", "NAME");
+  /* The UUID (what job.register and nvidia-smi name a GPU by; "-" where
+   * the backend has none, as the cpu) in a column as wide as the longest. */
+  int uw = 4;
+  for (size_t i = 0; i < l->ndevices; i++) {
+    int n = (int)strlen(dspk__sub_esc(l->devices[i].uuid));
+    uw = n > uw ? n : uw;
+  }
+  printf("%-10s %-8s %-10s %-*s %s\n", "ID", "TYPE", "MEMORY", uw, "UUID", "NAME");
   for (size_t i = 0; i < l->ndevices; i++) {
     const dspk_device *d = &l->devices[i];
-    printf("%-10s %-8s %-10s %s%s%s%s\n", dspk__sub_esc(d->id), dspk__sub_esc(d->type),
-           human_bytes(d->memory, mem, sizeof mem), dspk__sub_esc(d->name),
+    printf("%-10s %-8s %-10s %-*s %s%s%s%s\n", dspk__sub_esc(d->id), dspk__sub_esc(d->type),
+           human_bytes(d->memory, mem, sizeof mem), uw,
+           d->uuid[0] ? dspk__sub_esc(d->uuid) : "-", dspk__sub_esc(d->name),
            d->arch[0] ? " [" : "", dspk__sub_esc(d->arch), d->arch[0] ? "]" : "");
     if (d->software)
       printf("%-10s (software implementation)\n", "");
