@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -610,6 +611,27 @@ static enum MHD_Result respond_msg(struct MHD_Connection *conn, unsigned status,
   return respond(conn, status, body, strlen(body), "text/plain; charset=utf-8");
 }
 
+/* The request's header lines that matter to a GET without a body. */
+struct hdr_count {
+  int content_length, host;
+  bool body; /* a Content-Length other than 0 (an empty one too), a Transfer-Encoding */
+};
+
+static enum MHD_Result count_header(void *cls, enum MHD_ValueKind kind, const char *key,
+                                    const char *value) {
+  struct hdr_count *hc = cls;
+  (void)kind;
+  if (strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH) == 0) {
+    hc->content_length++;
+    hc->body |= !value || !*value || strspn(value, "0") != strlen(value);
+  } else if (strcasecmp(key, MHD_HTTP_HEADER_HOST) == 0) {
+    hc->host++;
+  } else if (strcasecmp(key, MHD_HTTP_HEADER_TRANSFER_ENCODING) == 0) {
+    hc->body = true;
+  }
+  return MHD_YES;
+}
+
 /* libmicrohttpd's thread: GET /metrics. */
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
                                   const char *method, const char *version,
@@ -638,10 +660,16 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
   if (strcmp(url, "/metrics") != 0)
     return respond_msg(conn, MHD_HTTP_NOT_FOUND, "not found: the metrics are at /metrics\n");
   {
-    const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
-                                                 MHD_HTTP_HEADER_CONTENT_LENGTH);
-    if ((cl && strspn(cl, "0") != strlen(cl)) ||
-        MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_TRANSFER_ENCODING))
+    /* Every header line is looked at, not the first of a name: two
+     * Content-Length (or Host) lines are a malformed request (RFC 9112
+     * 6.3, RFC 9110 7.2) that a proxy in front may read otherwise. */
+    struct hdr_count hc = {0, 0, false};
+    MHD_get_connection_values(conn, MHD_HEADER_KIND, count_header, &hc);
+    if (hc.content_length > 1)
+      return respond_msg(conn, MHD_HTTP_BAD_REQUEST, "duplicate Content-Length header\n");
+    if (hc.host > 1)
+      return respond_msg(conn, MHD_HTTP_BAD_REQUEST, "duplicate Host header\n");
+    if (hc.body)
       return respond_msg(conn, MHD_HTTP_BAD_REQUEST, "GET /metrics takes no body\n");
   }
 
