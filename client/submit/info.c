@@ -88,6 +88,16 @@ int dspk__sub_ping(dspk__sub_ctx *ctx, int argc, char **argv) {
   for (size_t i = 0; i < n; i++) {
     double t0 = dspk__sub_now_us();
     rc = dspk_ping(ctx->client, payload, (size_t)size);
+    /* A payload over the daemon's message limit: said in ping's terms
+     * (the library's advice is about task operands, not a ping). */
+    if (rc == DSPK_ELIMIT && dspk_max_message(ctx->client) != 0 &&
+        (size_t)size + 64 > dspk_max_message(ctx->client)) {
+      dspk__sub_fail(ctx, rc, "-s %ld: a ping of %ld bytes with its framing exceeds the "
+                     "daemon's %zu-byte message limit (max_message); %zu bytes or less fit",
+                     size, size, dspk_max_message(ctx->client),
+                     dspk_max_message(ctx->client) - 64);
+      goto out;
+    }
     if (rc < 0) {
       dspk__sub_fail_client(ctx, rc);
       goto out;

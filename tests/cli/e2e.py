@@ -1855,6 +1855,13 @@ def suite_shell(cli, tmp, dspkd):
             got, h1.astype(np.float64) @ h2.astype(np.float64), rtol=1e-5, atol=1e-5),
             "gemm of f16 on cpu:0: %s %r" % (got.dtype, got))
         c2 = Cli(cli.binary, d2.sock)
+        # ping -s over the message limit: the message names -s, the limit and
+        # what fits (the library's advice about operands is no ping's).
+        err = c2.fails(["ping", "-s", "3M"], "ping", "ELIMIT",
+                       detail="-s 3145728: a ping of 3145728 bytes with its framing "
+                              "exceeds the daemon's 2097152-byte message limit "
+                              "(max_message); 2097088 bytes or less fit")
+        c2.ok("ping", "-s", "2097088")
         fo = os.path.join(tmp, "bw.npy")
         c2.ok("gemm", fbig, fw, "-o", fo)
         got = np.load(fo)
