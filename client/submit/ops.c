@@ -827,10 +827,10 @@ int dspk__sub_open_output(const dspk__sub_ctx *ctx, const char *path,
   struct stat st;
   /* A directory: named so, as a usage error, before the work is done. */
   if (strcmp(path, "-") != 0 && stat(path, &st) == 0 && S_ISDIR(st.st_mode))
-    return dspk__sub_usage(ctx, "-o %s: is a directory", path);
+    return dspk__sub_usage(ctx, "-o %s: is a directory", dspk__sub_arg(path));
   int rc = dspk__outfile_open(of, path, err, sizeof err);
   if (rc < 0)
-    return dspk__sub_fail(ctx, rc, "%s: %s", path, err);
+    return dspk__sub_fail(ctx, rc, "%s: %s", dspk__sub_arg(path), err);
   /* A binary .npy never goes to a terminal, whatever names it: "-",
    * /dev/stdout, /dev/fd/1, /proc/self/fd/1, /dev/tty, /dev/pts/N.  What
    * the descriptor is open on decides, not the spelling of the path. */
@@ -874,7 +874,7 @@ static int check_input_file(const dspk__sub_ctx *ctx, const char *path) {
   if (stat(path, &st) != 0)
     return 0; /* the load says why */
   if (S_ISDIR(st.st_mode)) {
-    dspk__sub_usage(ctx, "%s: is a directory", path);
+    dspk__sub_usage(ctx, "%s: is a directory", dspk__sub_arg(path));
     return -1;
   }
   if (S_ISCHR(st.st_mode)) {
@@ -885,7 +885,7 @@ static int check_input_file(const dspk__sub_ctx *ctx, const char *path) {
     if (fd >= 0)
       close(fd);
     if (tty) {
-      dspk__sub_usage(ctx, "%s: is a terminal; give a file or - for a pipe", path);
+      dspk__sub_usage(ctx, "%s: is a terminal; give a file or - for a pipe", dspk__sub_arg(path));
       return -1;
     }
   }

@@ -1136,8 +1136,8 @@ def suite_errors(cli, tmp):
     with open(lbad, "wb") as f:
         f.write(data[:128].replace(b"'shape'", b"'shapo'") + data[128:])
     cli.fails(["map", "abs", lbad], "map", "EINVAL", detail="%s: malformed .npy header" % lbad)
-    cli.fails(["map", "abs", large, "-o", tmp], "map", "EIO",
-              detail="%s: Is a directory" % tmp)
+    cli.fails(["map", "abs", large, "-o", tmp], "map", "EINVAL", rc_want=2,
+              detail="-o %s: is a directory" % tmp)
     cli.fails(["map", "abs", large, "-o", os.path.join(a34, "x.npy")], "map", "EIO",
               detail=os.path.join(a34, "x.npy"))
 
@@ -2443,6 +2443,13 @@ def dir_and_tty_files(cli, tmp):
     finally:
         os.close(slave)
         os.close(master)
+    # What cannot be seen in an argument the message echoes is shown escaped.
+    odd = os.path.join(tmp, "d\tir\u200b")
+    os.mkdir(odd)
+    cli.fails(nosock + ["gemm", odd, a], "gemm", "EINVAL", rc_want=2, sock=False,
+              detail=os.path.join(tmp, "d\\tir\\u200b") + ": is a directory")
+    cli.fails(nosock + ["--sock\u200bet", "x", "ping"], None, "EINVAL", rc_want=2, sock=False,
+              detail="unknown option '--sock\\u200bet'")
 
 
 def kernel_same_output(cli, tmp):
