@@ -649,6 +649,24 @@ static int quick_check(sqlite3 *db, char *detail, size_t len) {
   return rc;
 }
 
+/* Why SQLite failed with rc, for a person: its text for rc and, when a
+ * system call failed under it, the operating system's reason ("unable to
+ * open database file" alone names no cause: permissions, a read-only file
+ * system, a name too long...). */
+static void sql_why(sqlite3 *db, int rc, const char *prefix, char *why, size_t whylen) {
+  int p = rc & 0xff;
+  /* Only where a system call is the cause: the errno of another code's
+   * failure may be an old one. */
+  int e = db && (p == SQLITE_CANTOPEN || p == SQLITE_IOERR || p == SQLITE_READONLY ||
+                 p == SQLITE_PERM || p == SQLITE_FULL)
+              ? sqlite3_system_errno(db)
+              : 0;
+  if (e != 0)
+    snprintf(why, whylen, "%s%s: %s", prefix, sqlite3_errstr(rc), strerror(e));
+  else
+    snprintf(why, whylen, "%s%s", prefix, sqlite3_errstr(rc));
+}
+
 /* Opens path and makes it ready: decides what the file is before writing
  * anything (inspect, then classify with a lock held), then quick_check,
  * WAL, busy timeout, schema.  On OPEN_OK writes *out; otherwise closes
@@ -668,7 +686,7 @@ static enum open_result try_open(const char *path, int busy_ms, sqlite3 **out,
                            SQLITE_OPEN_NOMUTEX,
                        NULL);
   if (rc != SQLITE_OK) {
-    snprintf(why, whylen, "%s", db ? sqlite3_errmsg(db) : sqlite3_errstr(rc));
+    sql_why(db, rc, "", why, whylen);
     res = (rc & 0xff) == SQLITE_CANTOPEN || (rc & 0xff) == SQLITE_PERM ||
                   (rc & 0xff) == SQLITE_READONLY
               ? OPEN_UNWRITABLE
@@ -689,7 +707,7 @@ static enum open_result try_open(const char *path, int busy_ms, sqlite3 **out,
     rc = classify(db, &fi, why, whylen);
   rollback(db);
   if (rc != SQLITE_OK) {
-    snprintf(why, whylen, "%s", sqlite3_errstr(rc));
+    sql_why(db, rc, "", why, whylen);
     res = rc_result(rc);
     goto fail;
   }
@@ -721,7 +739,7 @@ static enum open_result try_open(const char *path, int busy_ms, sqlite3 **out,
     }
     sqlite3_finalize(st);
     if (rc != SQLITE_OK) {
-      snprintf(why, whylen, "cannot enable WAL: %s", sqlite3_errstr(rc));
+      sql_why(db, rc, "cannot enable WAL: ", why, whylen);
       res = rc_result(rc);
       goto fail;
     }
@@ -731,7 +749,7 @@ static enum open_result try_open(const char *path, int busy_ms, sqlite3 **out,
   }
   rc = setup(db, &fi, why, whylen);
   if (rc != SQLITE_OK) {
-    snprintf(why, whylen, "%s", sqlite3_errstr(rc));
+    sql_why(db, rc, "", why, whylen);
     res = rc_result(rc);
     goto fail;
   }

@@ -40,8 +40,23 @@
 #include "daemon/linger.h"
 #include "daemon/log.h"
 #include "proto/units.h"
+#include "proto/utf8.h"
 
 #define DSPKD_SUN_PATH sizeof(((struct sockaddr_un *)0)->sun_path)
+
+/* User text (a line of the file, a command-line argument) for a message,
+ * with what cannot be seen escaped (dspk__utf8_visible: a tab as \t, a
+ * zero-width space as \u200b, a byte that is not UTF-8 as \xNN), in one
+ * of 8 rotating buffers: several may appear in one message.  Parsing runs
+ * on one thread at a time (start, reload). */
+static const char *visn(const char *s, size_t n) {
+  static char buf[8][256];
+  static unsigned next;
+  char *b = buf[next++ % 8];
+  return dspk__utf8_visible(b, sizeof buf[0], s, n);
+}
+
+static const char *vis(const char *s) { return visn(s, strlen(s)); }
 
 /* K_SHARE: a size in bytes, or a share of a device's memory ("50%").
  * K_CONFIG, K_FD, K_HELP and K_VERSION are options of the command line
@@ -317,14 +332,14 @@ static int parse_ids(const char *s, bool groups, struct dspkd_idlist *out, char 
     if (groups) {
       struct group *g = getgrnam(word);
       if (!g) {
-        snprintf(msg, len, "no such group \"%s\"", word);
+        snprintf(msg, len, "no such group \"%s\"", vis(word));
         return -1;
       }
       l.id[l.n++] = (uint32_t)g->gr_gid;
     } else {
       struct passwd *p = getpwnam(word);
       if (!p) {
-        snprintf(msg, len, "no such user \"%s\"", word);
+        snprintf(msg, len, "no such user \"%s\"", vis(word));
         return -1;
       }
       l.id[l.n++] = (uint32_t)p->pw_uid;
@@ -389,12 +404,12 @@ static int check_line(struct parse *p, const char *s, bool indented) {
       return 0; /* inih's syntax error */
     for (const char *c = end + 1; *c; c++)
       if (!isspace((unsigned char)*c)) {
-        perr(p, "text after the section header [%.*s] (a comment takes a line of its own)",
-             (int)(end - s - 1), s + 1);
+        perr(p, "text after the section header [%s] (a comment takes a line of its own)",
+             visn(s + 1, (size_t)(end - s - 1)));
         return -1;
       }
     if (!known_section(s + 1, (size_t)(end - s - 1))) {
-      perr(p, "unknown section [%.*s]", (int)(end - s - 1), s + 1);
+      perr(p, "unknown section [%s]", visn(s + 1, (size_t)(end - s - 1)));
       return -1;
     }
     return 0;
@@ -488,7 +503,7 @@ static int check_backends(const char *s, char *why, size_t len) {
         known = true;
     if (!known) {
       snprintf(why, len, "expected a comma list (no blanks) of cpu, cuda, vulkan, hip; "
-               "got \"%.*s\" in \"%s\"", (int)n, p, s);
+               "got \"%s\" in \"%s\"", visn(p, n), vis(s));
       return -1;
     }
     if (!p[n])
@@ -512,7 +527,7 @@ static int check_listen(const char *s, char *why, size_t len) {
       return 0;
   }
   snprintf(why, len, "expected ADDR:PORT with a port from 0 to 65535 (e.g. "
-           "127.0.0.1:9464), got \"%s\"", s);
+           "127.0.0.1:9464), got \"%s\"", vis(s));
   return -1;
 }
 
@@ -554,7 +569,7 @@ static int store(const struct key *k, const char *value, bool from_file,
   case K_BOOL: {
     bool b;
     if (parse_bool(value, &b) != 0) {
-      snprintf(why, len, "expected yes|no, true|false, on|off or 1|0, got \"%s\"", value);
+      snprintf(why, len, "expected yes|no, true|false, on|off or 1|0, got \"%s\"", vis(value));
       return -1;
     }
     memcpy(field, &b, sizeof b);
@@ -563,7 +578,7 @@ static int store(const struct key *k, const char *value, bool from_file,
   case K_LEVEL: {
     enum dspkd_level l;
     if (dspkd_log_parse_level(value, &l) != 0) {
-      snprintf(why, len, "expected error, warn, notice, info or debug, got \"%s\"", value);
+      snprintf(why, len, "expected error, warn, notice, info or debug, got \"%s\"", vis(value));
       return -1;
     }
     *(int *)field = (int)l;
@@ -580,11 +595,11 @@ static int store(const struct key *k, const char *value, bool from_file,
                k->type == K_SIZE  ? " bytes (suffix K, M, G or T allowed)"
                : k->type == K_MS ? " milliseconds (suffix ms or s allowed)"
                                  : "",
-               value);
+               vis(value));
       return -1;
     }
     if (k->type == K_FD && fcntl((int)v, F_GETFD) < 0) {
-      snprintf(why, len, "%s: not an open file descriptor", value);
+      snprintf(why, len, "%s: not an open file descriptor", vis(value));
       return -1;
     }
     /* The daemon logs to stderr for its whole life: READY there, and the
@@ -600,7 +615,7 @@ static int store(const struct key *k, const char *value, bool from_file,
     if (dspkd_config_parse_share(value, k->lo, k->hi, &v) != 0) {
       snprintf(why, len, "expected a size from %llu to %llu (suffix K, M, G or T allowed) "
                "or a share of each device's memory from 1%% to 100%%, got \"%s\"",
-               (unsigned long long)k->lo, (unsigned long long)k->hi, value);
+               (unsigned long long)k->lo, (unsigned long long)k->hi, vis(value));
       return -1;
     }
     put_uint(field, k->width, v);
@@ -640,17 +655,17 @@ static int handler(void *user, const char *section, const char *name, const char
   /* inih gives "" as the section of a key above the first header: there is
    * no section "[]" to name, the header is what is missing. */
   if (!k && !section[0])
-    return perr(p, "unknown key \"%s\" before any [section]", name);
+    return perr(p, "unknown key \"%s\" before any [section]", vis(name));
   if (!k)
-    return perr(p, "unknown key \"%s\" in [%s]", name, section);
+    return perr(p, "unknown key \"%s\" in [%s]", vis(name), vis(section));
   if (!section[0])
-    return perr(p, "key \"%s\" comes before any [section]; it belongs in [%s]", name,
+    return perr(p, "key \"%s\" comes before any [section]; it belongs in [%s]", vis(name),
                 k->section);
   if (strcmp(section, k->section) != 0)
-    return perr(p, "key \"%s\" belongs in section [%s], not [%s]", name, k->section,
-                section);
+    return perr(p, "key \"%s\" belongs in section [%s], not [%s]", vis(name), k->section,
+                vis(section));
   if (p->seen & ((uint64_t)1 << idx))
-    return perr(p, "key \"%s\" given twice", name);
+    return perr(p, "key \"%s\" given twice", vis(name));
   p->seen |= (uint64_t)1 << idx;
   skip = (p->skip & ((uint64_t)1 << idx)) != 0;
 
@@ -828,7 +843,7 @@ static void bad_option(int opt, const char *arg, const struct option *opts) {
 
   if (opt == ':') {
     if (strncmp(arg, "--", 2) == 0)
-      dspkd_error("option '%s' requires an argument (see --help)", arg);
+      dspkd_error("option '%s' requires an argument (see --help)", vis(arg));
     else
       dspkd_error("option '-%c' requires an argument (see --help)", optopt);
     return;
@@ -859,7 +874,7 @@ static void bad_option(int opt, const char *arg, const struct option *opts) {
   else if (n > 1)
     dspkd_error("option '%.*s' is ambiguous; possibilities:%s", (int)(len + 2), arg, names);
   else
-    dspkd_error("unrecognized option '%s' (see --help)", arg);
+    dspkd_error("unrecognized option '%s' (see --help)", vis(arg));
 }
 
 /* Parses the command line into cfg with getopt_long (options built from
@@ -916,7 +931,7 @@ static int parse_argv(int argc, char **argv, struct dspkd_config *cfg, const cha
       *cli_cache = -1;
   }
   if (optind < argc) {
-    dspkd_error("unexpected argument \"%s\" (see --help)", argv[optind]);
+    dspkd_error("unexpected argument \"%s\" (see --help)", vis(argv[optind]));
     return DSPK_EINVAL;
   }
   return 0;

@@ -295,6 +295,21 @@ int dspkd_m_job_register(struct req *r) {
                   "dashes and a GPU- prefix allowed)", i);
     tmp.ndevs++;
   }
+  /* A UUID that names none of this daemon's devices is the prolog's error
+   * (a GPU this node does not have, or one that could not be opened):
+   * ENODEV, so that the prolog fails and Slurm reports it, rather than a
+   * job registered without its GPU.  Checked before anything changes. */
+  for (int i = 0; i < tmp.ndevs; i++) {
+    char u[DSPKD_UUID_LEN];
+    bool found = false;
+    for (int k = 0; k < d->ndevs && !found; k++)
+      found = d->devs[k].open_state == 1 &&
+              dspkd_uuid_norm(d->devs[k].info.uuid, sizeof d->devs[k].info.uuid, u) == 0 &&
+              strcmp(u, tmp.uuid[i]) == 0;
+    if (!found)
+      return fail(r, DSPK_ENODEV, "devices[%d]: no device of this daemon has the UUID %s",
+                  i, tmp.uuid[i]);
+  }
   j = job_find(d, id);
   if (j && j->uid != tmp.uid)
     return fail(r, DSPK_EBUSY, "Slurm job %" PRIu64 " is registered for uid %ld already",

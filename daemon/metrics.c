@@ -611,28 +611,28 @@ static enum MHD_Result respond_msg(struct MHD_Connection *conn, unsigned status,
   return respond(conn, status, body, strlen(body), "text/plain; charset=utf-8");
 }
 
-/* libmicrohttpd's thread: GET /metrics. */
-/* The headers that announce a body: how many Content-Length (and whether
- * one is not 0), whether a Transfer-Encoding came. */
-struct body_headers {
-  int lengths;
-  bool nonzero, transfer;
+/* The request's header lines that matter to a GET without a body. */
+struct hdr_count {
+  int content_length, host;
+  bool body; /* a Content-Length other than 0 (an empty one too), a Transfer-Encoding */
 };
 
-static enum MHD_Result count_body_headers(void *cls, enum MHD_ValueKind kind, const char *key,
-                                          const char *value) {
-  struct body_headers *bh = cls;
+static enum MHD_Result count_header(void *cls, enum MHD_ValueKind kind, const char *key,
+                                    const char *value) {
+  struct hdr_count *hc = cls;
   (void)kind;
   if (strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH) == 0) {
-    bh->lengths++;
-    if (!value || strspn(value, "0") != strlen(value))
-      bh->nonzero = true;
+    hc->content_length++;
+    hc->body |= !value || !*value || strspn(value, "0") != strlen(value);
+  } else if (strcasecmp(key, MHD_HTTP_HEADER_HOST) == 0) {
+    hc->host++;
   } else if (strcasecmp(key, MHD_HTTP_HEADER_TRANSFER_ENCODING) == 0) {
-    bh->transfer = true;
+    hc->body = true;
   }
   return MHD_YES;
 }
 
+/* libmicrohttpd's thread: GET /metrics. */
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
                                   const char *method, const char *version,
                                   const char *upload, size_t *upload_size, void **state) {
@@ -660,14 +660,16 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
   if (strcmp(url, "/metrics") != 0)
     return respond_msg(conn, MHD_HTTP_NOT_FOUND, "not found: the metrics are at /metrics\n");
   {
-    /* Every Content-Length, not the first only: a second one (0 then 5)
-     * would leave bytes that a keep-alive connection reads as another
-     * request. */
-    struct body_headers bh = {0};
-    MHD_get_connection_values(conn, MHD_HEADER_KIND, count_body_headers, &bh);
-    if (bh.lengths > 1)
-      return respond_msg(conn, MHD_HTTP_BAD_REQUEST, "more than one Content-Length\n");
-    if (bh.nonzero || bh.transfer)
+    /* Every header line is looked at, not the first of a name: two
+     * Content-Length (or Host) lines are a malformed request (RFC 9112
+     * 6.3, RFC 9110 7.2) that a proxy in front may read otherwise. */
+    struct hdr_count hc = {0, 0, false};
+    MHD_get_connection_values(conn, MHD_HEADER_KIND, count_header, &hc);
+    if (hc.content_length > 1)
+      return respond_msg(conn, MHD_HTTP_BAD_REQUEST, "duplicate Content-Length header\n");
+    if (hc.host > 1)
+      return respond_msg(conn, MHD_HTTP_BAD_REQUEST, "duplicate Host header\n");
+    if (hc.body)
       return respond_msg(conn, MHD_HTTP_BAD_REQUEST, "GET /metrics takes no body\n");
   }
 

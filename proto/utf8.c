@@ -220,3 +220,59 @@ void dspk__utf8_sanitize(char *dst, const char *s, size_t n) {
     dst += k ? k : sizeof replacement;
   }
 }
+
+/* Characters that print as nothing (or as a plain space) and so hide in a
+ * message: zero-width and joiner characters, bidirectional controls, the
+ * word joiner and invisible operators, the byte order mark, the soft hyphen,
+ * no-break spaces, Mongolian vowel separator, Arabic letter mark. */
+static bool invisible_cp(uint32_t cp) {
+  return cp == 0x00A0 || cp == 0x00AD || cp == 0x061C || cp == 0x180E ||
+         (cp >= 0x2000 && cp <= 0x200F) || (cp >= 0x2028 && cp <= 0x202F) ||
+         (cp >= 0x205F && cp <= 0x206F) || cp == 0x3000 || cp == 0xFEFF;
+}
+
+static uint32_t decode(const unsigned char *u, size_t k) {
+  if (k == 1)
+    return u[0];
+  if (k == 2)
+    return (uint32_t)(u[0] & 0x1F) << 6 | (u[1] & 0x3F);
+  if (k == 3)
+    return (uint32_t)(u[0] & 0x0F) << 12 | (uint32_t)(u[1] & 0x3F) << 6 | (u[2] & 0x3F);
+  return (uint32_t)(u[0] & 0x07) << 18 | (uint32_t)(u[1] & 0x3F) << 12 |
+         (uint32_t)(u[2] & 0x3F) << 6 | (u[3] & 0x3F);
+}
+
+const char *dspk__utf8_visible(char *dst, size_t cap, const char *s, size_t n) {
+  const unsigned char *u = (const unsigned char *)s;
+  size_t o = 0;
+  if (cap == 0)
+    return dst;
+  for (size_t i = 0, k; i < n; i += k) {
+    char esc[16];
+    const char *piece = esc;
+    size_t plen;
+    k = dspk__utf8_seq(s + i, n - i);
+    uint32_t cp = k ? decode(u + i, k) : 0;
+    if (k == 0) { /* not UTF-8: the byte */
+      k = 1;
+      plen = (size_t)snprintf(esc, sizeof esc, "\\x%02x", u[i]);
+    } else if (cp == '\\') {
+      plen = (size_t)snprintf(esc, sizeof esc, "\\\\");
+    } else if (cp == '\t' || cp == '\n' || cp == '\r') {
+      plen = (size_t)snprintf(esc, sizeof esc, "\\%c", cp == '\t' ? 't' : cp == '\n' ? 'n' : 'r');
+    } else if (cp < 0x20 || cp == 0x7F) {
+      plen = (size_t)snprintf(esc, sizeof esc, "\\x%02x", (unsigned)cp);
+    } else if ((cp >= 0x80 && cp <= 0x9F) || invisible_cp(cp)) {
+      plen = (size_t)snprintf(esc, sizeof esc, "\\u%04x", (unsigned)cp);
+    } else {
+      piece = s + i;
+      plen = k;
+    }
+    if (o + plen >= cap)
+      break;
+    memcpy(dst + o, piece, plen);
+    o += plen;
+  }
+  dst[o] = '\0';
+  return dst;
+}

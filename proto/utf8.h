@@ -39,6 +39,17 @@ size_t dspk__utf8_cut(const char *s, size_t n, size_t max);
  * U+FFFD).  Output at most 2 * max + 1 bytes.  Returns dst. */
 const char *dspk__utf8_echo(char *dst, size_t cap, const char *s, size_t n, size_t max);
 
+/* User text (a configuration line, a command-line argument) made visible
+ * for a message that echoes it, so that what cannot be seen can be read:
+ * a backslash as \\, tab, LF and CR as \t, \n, \r, the other C0 controls,
+ * DEL and every byte that starts no well-formed UTF-8 sequence as \xNN, the
+ * C1 controls and the characters that print as nothing or as a plain space
+ * (U+00A0, U+00AD, U+061C, U+180E, U+2000-U+200F, U+2028-U+202F,
+ * U+205F-U+206F, U+3000, U+FEFF) as \uNNNN; other characters as they are.
+ * Into dst (cap > 0; cut before an escape or character that would not fit,
+ * NUL-terminated).  Returns dst. */
+const char *dspk__utf8_visible(char *dst, size_t cap, const char *s, size_t n);
+
 /* Names the character that starts s[0..n) for a message that points at
  * it (e.g. "U+0085 is not a letter"), in a form that survives
  * dspk__utf8_echo and dspk__one_line: a control character (dspk__utf8_ctl)

@@ -98,3 +98,12 @@ void dspk__sub_json_strn(FILE *f, const char *s, size_t n) {
 void dspk__sub_json_str(FILE *f, const char *s) {
   dspk__sub_json_strn(f, s ? s : "", s ? strlen(s) : 0);
 }
+
+const char *dspk__sub_arg_n(const char *s, size_t n) {
+  static char bufs[8][1024];
+  static unsigned next;
+  char *b = bufs[next++ % 8];
+  return dspk__utf8_visible(b, sizeof bufs[0], s ? s : "", s ? n : 0);
+}
+
+const char *dspk__sub_arg(const char *s) { return dspk__sub_arg_n(s, s ? strlen(s) : 0); }

@@ -33,6 +33,14 @@ size_t dspk__sub_escape(char *dst, size_t cap, const char *s, enum dspk__sub_esc
  * 1 KiB: several may appear in one printf. */
 const char *dspk__sub_esc(const char *s);
 
+/* A command-line argument (a file name, an option as typed) as a message
+ * echoes it: what cannot be seen made visible (dspk__utf8_visible: a tab
+ * as \\t, U+200B as \\u200b, a byte that is not UTF-8 as \\xNN, a backslash
+ * as \\\\), in one of 8 rotating buffers of 1 KiB (cut to fit). */
+const char *dspk__sub_arg(const char *s);
+/* The same for s[0..n). */
+const char *dspk__sub_arg_n(const char *s, size_t n);
+
 /* Writes the escaped form of s to f, whatever its length. */
 void dspk__sub_put(FILE *f, const char *s, enum dspk__sub_esc_style st);
 

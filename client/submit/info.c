@@ -88,6 +88,16 @@ int dspk__sub_ping(dspk__sub_ctx *ctx, int argc, char **argv) {
   for (size_t i = 0; i < n; i++) {
     double t0 = dspk__sub_now_us();
     rc = dspk_ping(ctx->client, payload, (size_t)size);
+    /* A payload over the daemon's message limit: said in ping's terms
+     * (the library's advice is about task operands, not a ping). */
+    if (rc == DSPK_ELIMIT && dspk_max_message(ctx->client) != 0 &&
+        (size_t)size + 64 > dspk_max_message(ctx->client)) {
+      dspk__sub_fail(ctx, rc, "-s %ld: a ping of %ld bytes with its framing exceeds the "
+                     "daemon's %zu-byte message limit (max_message); %zu bytes or less fit",
+                     size, size, dspk_max_message(ctx->client),
+                     dspk_max_message(ctx->client) - 64);
+      goto out;
+    }
     if (rc < 0) {
       dspk__sub_fail_client(ctx, rc);
       goto out;
@@ -173,11 +183,19 @@ int dspk__sub_devices(dspk__sub_ctx *ctx, int argc, char **argv) {
     putchar('\n');
     goto out;
   }
-  printf("%-10s %-8s %-10s %s\n", "ID", "TYPE", "MEMORY", "NAME");
+  /* The UUID (what job.register and nvidia-smi name a GPU by; "-" where
+   * the backend has none, as the cpu) in a column as wide as the longest. */
+  int uw = 4;
+  for (size_t i = 0; i < l->ndevices; i++) {
+    int n = (int)strlen(dspk__sub_esc(l->devices[i].uuid));
+    uw = n > uw ? n : uw;
+  }
+  printf("%-10s %-8s %-10s %-*s %s\n", "ID", "TYPE", "MEMORY", uw, "UUID", "NAME");
   for (size_t i = 0; i < l->ndevices; i++) {
     const dspk_device *d = &l->devices[i];
-    printf("%-10s %-8s %-10s %s%s%s%s\n", dspk__sub_esc(d->id), dspk__sub_esc(d->type),
-           human_bytes(d->memory, mem, sizeof mem), dspk__sub_esc(d->name),
+    printf("%-10s %-8s %-10s %-*s %s%s%s%s\n", dspk__sub_esc(d->id), dspk__sub_esc(d->type),
+           human_bytes(d->memory, mem, sizeof mem), uw,
+           d->uuid[0] ? dspk__sub_esc(d->uuid) : "-", dspk__sub_esc(d->name),
            d->arch[0] ? " [" : "", dspk__sub_esc(d->arch), d->arch[0] ? "]" : "");
     if (d->software)
       printf("%-10s (software implementation)\n", "");

@@ -112,9 +112,13 @@ int dspk__sub_job(dspk__sub_ctx *ctx, int argc, char **argv) {
       size_t len;
       t += strspn(t, " ");
       len = strcspn(t, " ");
-      if (len == 0 || t[len + strspn(t + len, " ")] != '\0')
-        return dspk__sub_usage(ctx, "--devices: bad list '%s' (want UUID,UUID,... "
-                                    "with no empty item)", devs);
+      /* Items counted from 1, as a person reads the list. */
+      if (len == 0)
+        return dspk__sub_usage(ctx, "--devices '%s': item %d is empty (want UUID,UUID,... "
+                                    "with no empty item)", devs, (int)n + 1);
+      if (t[len + strspn(t + len, " ")] != '\0')
+        return dspk__sub_usage(ctx, "--devices '%s': item %d '%s' holds a blank (want "
+                                    "UUID,UUID,...; one UUID an item)", devs, (int)n + 1, t);
       t[len] = '\0';
       if (n == MAX_UUIDS)
         return dspk__sub_usage(ctx, "--devices: at most %d UUIDs", MAX_UUIDS);

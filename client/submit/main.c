@@ -777,7 +777,7 @@ int dspk__sub_bad_option(const dspk__sub_ctx *ctx, char **argv) {
     int len = (int)strcspn(tok, "=");
     /* A name not in the table, or a prefix of several. */
     if (optopt == 0)
-      return dspk__sub_usage(ctx, "unknown option '%.*s'", len, tok);
+      return dspk__sub_usage(ctx, "unknown option '%s'", dspk__sub_arg_n(tok, len));
     /* A known flag given a value: getopt_long refuses it with its code.
      * (Any other nonzero optopt is a short option inside a word that
      * follows the long one: "-xj" leaves optind on it.) */
@@ -786,8 +786,8 @@ int dspk__sub_bad_option(const dspk__sub_ctx *ctx, char **argv) {
                              len, tok, len, tok);
   }
   if (optopt > 0 && optopt < 128 && optopt != '?')
-    return dspk__sub_usage(ctx, "unknown option '-%c'", optopt);
-  return dspk__sub_usage(ctx, "unknown option '%s'", tok);
+    return dspk__sub_usage(ctx, "unknown option '-%s'", dspk__sub_arg((char[]){(char)optopt, 0}));
+  return dspk__sub_usage(ctx, "unknown option '%s'", dspk__sub_arg(tok));
 }
 
 int dspk__sub_opt_other(dspk__sub_ctx *ctx, int opt, char **argv) {

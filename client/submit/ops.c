@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "client/submit/npy.h"
@@ -823,9 +824,13 @@ int dspk__sub_map(dspk__sub_ctx *ctx, int argc, char **argv) {
 int dspk__sub_open_output(const dspk__sub_ctx *ctx, const char *path,
                           dspk__outfile *of) {
   char err[256];
+  struct stat st;
+  /* A directory: named so, as a usage error, before the work is done. */
+  if (strcmp(path, "-") != 0 && stat(path, &st) == 0 && S_ISDIR(st.st_mode))
+    return dspk__sub_usage(ctx, "-o %s: is a directory", dspk__sub_arg(path));
   int rc = dspk__outfile_open(of, path, err, sizeof err);
   if (rc < 0)
-    return dspk__sub_fail(ctx, rc, "%s: %s", path, err);
+    return dspk__sub_fail(ctx, rc, "%s: %s", dspk__sub_arg(path), err);
   /* A binary .npy never goes to a terminal, whatever names it: "-",
    * /dev/stdout, /dev/fd/1, /proc/self/fd/1, /dev/tty, /dev/pts/N.  What
    * the descriptor is open on decides, not the spelling of the path. */
@@ -861,6 +866,32 @@ int dspk__sub_save(const dspk_tensor *o, dspk__outfile *of, const char *path,
   return rc;
 }
 
+/* A named input that is a directory or a terminal is refused before
+ * anything is read: a directory gives only open(2)'s words later, and a
+ * terminal would wait for typing that never makes a .npy. */
+static int check_input_file(const dspk__sub_ctx *ctx, const char *path) {
+  struct stat st;
+  if (stat(path, &st) != 0)
+    return 0; /* the load says why */
+  if (S_ISDIR(st.st_mode)) {
+    dspk__sub_usage(ctx, "%s: is a directory", dspk__sub_arg(path));
+    return -1;
+  }
+  if (S_ISCHR(st.st_mode)) {
+    int fd = open(path, O_RDONLY | O_NOCTTY | O_NONBLOCK | O_CLOEXEC);
+    /* /dev/tty without a controlling terminal cannot be opened (ENXIO):
+     * a terminal all the same. */
+    bool tty = fd >= 0 ? isatty(fd) == 1 : errno == ENXIO && strcmp(path, "/dev/tty") == 0;
+    if (fd >= 0)
+      close(fd);
+    if (tty) {
+      dspk__sub_usage(ctx, "%s: is a terminal; give a file or - for a pipe", dspk__sub_arg(path));
+      return -1;
+    }
+  }
+  return 0;
+}
+
 int dspk__sub_check_inputs(const dspk__sub_ctx *ctx, char *const *files,
                          int nfiles) {
   int fds[64];
@@ -873,8 +904,11 @@ int dspk__sub_check_inputs(const dspk__sub_ctx *ctx, char *const *files,
      * /proc/self/fd/0...) are one stream however spelled: read once, and
      * never from a terminal. */
     fds[i < 64 ? i : 63] = dspk__fd_alias(files[i]);
-    if (i >= 64 || fds[i] < 0)
+    if (i >= 64 || fds[i] < 0) {
+      if (check_input_file(ctx, files[i]) != 0)
+        return -1;
       continue;
+    }
     for (int j = 0; j < i; j++)
       if (fds[j] == fds[i]) {
         if (fds[i] == STDIN_FILENO)

@@ -699,6 +699,22 @@ static void test_unwritable_location(void **state) {
   assert_int_equal(dspk__cache_open(path, &o, &c, warn, sizeof warn), DSPK_EIO);
   assert_null(c);
 
+  /* SQLite cannot open it (a file name longer than NAME_MAX, which no
+   * capability passes): the warning gives the system's reason, not only
+   * SQLite's "unable to open database file". */
+  {
+    char longname[600];
+    int k = snprintf(longname, sizeof longname, "%s/", f->dir);
+    memset(longname + k, 'n', 300);
+    strcpy(longname + k + 300, ".db");
+    warn[0] = '\0';
+    assert_int_equal(dspk__cache_open(longname, NULL, &c, warn, sizeof warn), 0);
+    assert_true(dspk__cache_in_memory(c));
+    assert_non_null(strstr(warn, "is unusable ("));
+    assert_non_null(strstr(warn, strerror(ENAMETOOLONG)));
+    dspk__cache_close(c);
+  }
+
   /* A read-only directory (meaningful only without CAP_DAC_OVERRIDE). */
   if (geteuid() != 0) {
     char ro[300];

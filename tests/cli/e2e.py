@@ -656,6 +656,14 @@ def suite_info(cli, tmp):
     out = cli.ok("devices")
     check(re.search(r"^cpu:0\s", out, re.M), "devices lacks cpu:0: %r" % out)
     j = json.loads(cli.ok("devices", "--json"))
+    # A UUID column: each device's uuid from the JSON answer, "-" where it has none.
+    lines = out.splitlines()
+    check(lines[0].split() == ["ID", "TYPE", "MEMORY", "UUID", "NAME"], "header %r" % lines[0])
+    col = lines[0].index("UUID")
+    for dv in j["devices"]:
+        row = [x for x in lines[1:] if x.split()[0] == dv["id"]]
+        check(len(row) == 1 and row[0][col:].split()[0] == (dv.get("uuid") or "-"),
+              "devices row of %s lacks its uuid %r: %r" % (dv["id"], dv.get("uuid"), row))
     ids = [d["id"] for d in j["devices"]]
     check("cpu:0" in ids, "devices --json ids %s" % ids)
     j = json.loads(cli.ok("devices", "--all", "--json"))
@@ -1128,8 +1136,8 @@ def suite_errors(cli, tmp):
     with open(lbad, "wb") as f:
         f.write(data[:128].replace(b"'shape'", b"'shapo'") + data[128:])
     cli.fails(["map", "abs", lbad], "map", "EINVAL", detail="%s: malformed .npy header" % lbad)
-    cli.fails(["map", "abs", large, "-o", tmp], "map", "EIO",
-              detail="%s: Is a directory" % tmp)
+    cli.fails(["map", "abs", large, "-o", tmp], "map", "EINVAL", rc_want=2,
+              detail="-o %s: is a directory" % tmp)
     cli.fails(["map", "abs", large, "-o", os.path.join(a34, "x.npy")], "map", "EIO",
               detail=os.path.join(a34, "x.npy"))
 
@@ -1762,7 +1770,8 @@ def suite_shell(cli, tmp, dspkd):
     close_to(np.load(out_f), ref_ab, "gemm of two FIFOs")
     for w in writers:
         w.join(30)
-    cli.fails(["reduce", "sum", tmp], "reduce", "EINVAL", detail="not a regular file")
+    cli.fails(["reduce", "sum", tmp], "reduce", "EINVAL", rc_want=2,
+              detail=tmp + ": is a directory")
     cli.fails(["reduce", "sum", "/dev/null"], "reduce", "EINVAL", detail="/dev/null")
 
     # .npz inputs: numpy.savez (stored) and savez_compressed (deflated).
@@ -1850,6 +1859,13 @@ def suite_shell(cli, tmp, dspkd):
             got, h1.astype(np.float64) @ h2.astype(np.float64), rtol=1e-5, atol=1e-5),
             "gemm of f16 on cpu:0: %s %r" % (got.dtype, got))
         c2 = Cli(cli.binary, d2.sock)
+        # ping -s over the message limit: the message names -s, the limit and
+        # what fits (the library's advice about operands is no ping's).
+        err = c2.fails(["ping", "-s", "3M"], "ping", "ELIMIT",
+                       detail="-s 3145728: a ping of 3145728 bytes with its framing "
+                              "exceeds the daemon's 2097152-byte message limit "
+                              "(max_message); 2097088 bytes or less fit")
+        c2.ok("ping", "-s", "2097088")
         fo = os.path.join(tmp, "bw.npy")
         c2.ok("gemm", fbig, fw, "-o", fo)
         got = np.load(fo)
@@ -2193,6 +2209,7 @@ def suite_help(cli, tmp):
     repeated_options(cli)
     outputs_before_work(cli, tmp)
     kernel_same_output(cli, tmp)
+    dir_and_tty_files(cli, tmp)
     command_line_messages(cli, tmp)
     command_line_round6(cli, tmp)
 
@@ -2405,6 +2422,40 @@ def command_line_messages(cli, tmp):
               % (args, p.returncode, err))
 
 
+def dir_and_tty_files(cli, tmp):
+    """A file argument that is a directory or a terminal is a bad command line
+    (exit 2, before any daemon is asked) that says so; a terminal input waited
+    for typing and a directory gave only open(2)'s words."""
+    import pty
+    import numpy as np
+    a = os.path.join(tmp, "dt_a.npy")
+    np.save(a, np.ones((2, 2), dtype=np.float32))
+    nosock = ["--socket", os.path.join(tmp, "nothing.sock")]
+    master, slave = pty.openpty()
+    tty = os.ttyname(slave)
+    try:
+        for args, want in (
+                (["gemm", tmp, a], tmp + ": is a directory"),
+                (["gemm", a, tmp], tmp + ": is a directory"),
+                (["gemm", a, a, "-o", tmp], "-o " + tmp + ": is a directory"),
+                (["gemm", tty, a], tty + ": is a terminal; give a file or - for a pipe"),
+                (["map", "abs", tty], tty + ": is a terminal; give a file or - for a pipe"),
+                (["kernel", tmp, "--entry", "main", "--grid", "1", "--block", "1"],
+                 tmp + ": is a directory")):
+            cmd = args[0]
+            cli.fails(nosock + args, cmd, "EINVAL", rc_want=2, sock=False, detail=want)
+    finally:
+        os.close(slave)
+        os.close(master)
+    # What cannot be seen in an argument the message echoes is shown escaped.
+    odd = os.path.join(tmp, "d\tir\u200b")
+    os.mkdir(odd)
+    cli.fails(nosock + ["gemm", odd, a], "gemm", "EINVAL", rc_want=2, sock=False,
+              detail=os.path.join(tmp, "d\\tir\\u200b") + ": is a directory")
+    cli.fails(nosock + ["--sock\u200bet", "x", "ping"], None, "EINVAL", rc_want=2, sock=False,
+              detail="unknown option '--sock\\u200bet'")
+
+
 def kernel_same_output(cli, tmp):
     """Two kernel -o naming one file however spelled (./k.npy, a link, a
     hard link, an absolute and a relative name, - and /dev/stdout) are a bad
@@ -2605,6 +2656,12 @@ def repeated_options(cli):
     for args, what in empty:
         err = cli.fails(args, args[0], "EINVAL", rc_want=2, sock=False)
         check(what in err, "%s: %r does not name %s" % (args, err, what))
+    # A bad item of job register --devices is named by its number and text.
+    for devs, want in (("GPU-1,", "--devices 'GPU-1,': item 2 is empty"),
+                       ("a,,b", "--devices 'a,,b': item 2 is empty"),
+                       ("a, b c,d", "--devices 'a, b c,d': item 2 'b c' holds a blank")):
+        cli.fails(["job", "register", "--job", "1", "--uid", "0", "--devices", devs], "job",
+                  "EINVAL", rc_want=2, sock=False, detail=want)
 
 
 # ---- main ---------------------------------------------------------------------

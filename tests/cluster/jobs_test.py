@@ -155,6 +155,18 @@ def run(exe, submit, tmp):
               "job 101 matches cpu and %s: %r" % (gpu["id"], ans))
         check(err_of(admin, "job.register", {"job": 101, "uid": NOBODY})[0] == "EBUSY",
               "job 101 registered again for another uid")
+        # A UUID that no device here has (a GPU the node lacks): ENODEV, so that the
+        # prolog fails, and job 101 keeps its devices.
+        e = err_of(admin, "job.register", {"job": 101, "uid": me, "devices": [fancy, "GPU-0badc0de"]})
+        check(e[0] == "ENODEV" and "devices[1]" in e[1] and "0badc0de" in e[1],
+              "job.register with an unknown UUID: %r" % (e,))
+        p = subprocess.run([submit, "job", "register", "--job", "103", "--uid", "0", "--devices",
+                            "GPU-0badc0de"], capture_output=True, text=True, timeout=TIMEOUT,
+                           env=dict(os.environ, DSPK_SOCKET=d.sock))
+        check(p.returncode != 0 and "0badc0de" in p.stderr,
+              "dspk-submit job register with an unknown UUID: %r" % (p,))
+        check(sorted(j["job"] for j in admin.call("status", {})["jobs"]) == [100, 101],
+              "nothing registered by the refused calls")
 
         # Two jobs of this uid: a connection that names none gets EPERM for devices.
         c = d.client()

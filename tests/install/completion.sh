@@ -133,5 +133,30 @@ else
 fi
 kill "$silent" 2>/dev/null
 wait "$silent" 2>/dev/null
+# --socket as typed (~, ~USER, $VAR, ${VAR}) is expanded as the shell will when
+# the line runs: the device query goes to that socket.  A stand-in for
+# dspk-submit lists a device only when asked on the expected path.
+printf '%s\n' '#!/bin/bash' \
+  '[[ $1 == --socket && $2 == "$WANT_SOCK" && $3 == devices ]] && echo "ok:1 cpu x"' \
+  >"$tmp/fake-submit"
+chmod +x "$tmp/fake-submit"
+me=$(id -un)
+for pair in "~/d.sock|$HOME/d.sock" "~$me/d.sock|$(getent passwd "$me" | cut -d: -f6)/d.sock" \
+            '$DSPK_T_DIR/d.sock|/run/t/d.sock' '${DSPK_T_DIR}x/d.sock|/run/tx/d.sock' \
+            '/a$DSPK_T_NONE/d.sock|/a/d.sock'; do
+  typed=${pair%%|*} want=${pair#*|}
+  for form in split joined; do
+    if [[ $form == split ]]; then
+      words=("$tmp/fake-submit" --socket "$typed" gemm a.npy -d "")
+    else
+      words=("$tmp/fake-submit" "--socket=$typed" gemm a.npy -d "")
+    fi
+    got=$(WANT_SOCK=$want DSPK_T_DIR=/run/t bash -c '. "$1/packaging/completion/dspk-submit"
+      shift; COMP_WORDS=("$@"); COMP_CWORD=$((${#COMP_WORDS[@]} - 1))
+      _dspk_submit; echo "${COMPREPLY[*]}"' _ "$src" "${words[@]}")
+    [[ " $got " == *" ok:1 "* ]] ||
+      { echo "FAIL: --socket '$typed' ($form) not queried as $want: offered [$got]"; bad=1; }
+  done
+done
 [ $bad -eq 0 ] && echo "completion: ok"
 exit $bad

@@ -603,7 +603,7 @@ def t_fdlimit(exe, tmp):
 
 
 def write(path, text):
-    with open(path, "w") as f:
+    with open(path, "w", errors="surrogateescape") as f:
         f.write(text)
 
 
@@ -977,6 +977,19 @@ def t_config(exe, tmp):
     start_fail("max_clients = 5\n",
                '%(f)s:1: key "max_clients" comes before any [section]; it belongs in [limits]')
     start_fail("# c\nfoo = 1\n", '%(f)s:2: unknown key "foo" before any [section]')
+    # What cannot be seen in the file is shown escaped in the message: a tab,
+    # a zero-width space, a control byte, a byte that is not UTF-8, a backslash.
+    start_fail("[limits]\nmax_\u200bclients = 5\n",
+               '%(f)s:2: unknown key "max_\\u200bclients" in [limits]')
+    start_fail("[daemon]\nforeground = ye\x01s\n",
+               '%(f)s:2: foreground: expected yes|no, true|false, on|off or 1|0, '
+               'got "ye\\x01s"')
+    start_fail("[daemon]\nlog_level = de\\bug\u00a0\n",
+               '%(f)s:2: log_level: expected error, warn, notice, info or debug, '
+               'got "de\\\\bug\\u00a0"')
+    start_fail("[limits\t]\nmax_clients = 4\n", "%(f)s:1: unknown section [limits\\t]")
+    start_fail(b"[limits]\nmax_cl\xffients = 5\n".decode("utf-8", "surrogateescape"),
+               '%(f)s:2: unknown key "max_cl\\xffients" in [limits]')
     # What libinih takes but reads otherwise than dspk.conf(5) says (its
     # compiled-in leniencies) is refused by config.c's reader, naming the line:
     # an unknown section, with keys or without (inih never shows it to the

@@ -264,6 +264,42 @@ def t_metrics(exe, submit, tmp):
         s.close()
         check(got.startswith(b"HTTP/1.1 400 "), "Content-Length %r: %r" % (lengths, got[:100]))
 
+    # Malformed requests, whole (headers and nothing more): 400 with the reason,
+    # whichever line comes first (libmicrohttpd's lookup sees only the first).
+    for hdrs, why in (("Content-Length: 0\r\nContent-Length: 5\r\n",
+                       b"duplicate Content-Length"),
+                      ("Content-Length: 0\r\ncontent-length: 0\r\n",
+                       b"duplicate Content-Length"),
+                      ("Host: y\r\n", b"duplicate Host"),
+                      ("Content-Length: x\r\n", b"Content-Length"),  # libmicrohttpd's 400
+                      ("Transfer-Encoding: chunked\r\n", b"takes no body")):
+        s = socket.create_connection((host, int(port)), timeout=TIMEOUT)
+        s.sendall(("GET /metrics HTTP/1.1\r\nHost: x\r\n%s\r\n" % hdrs).encode())
+        got = b""
+        while True:
+            more = s.recv(65536)
+            if not more:
+                break
+            got += more
+            if b"\r\n\r\n" in got and why in got:
+                break
+        s.close()
+        check(got.startswith(b"HTTP/1.1 400 ") and why in got,
+              "%r: want 400 %r, got %r" % (hdrs, why, got[:300]))
+    # A well-formed GET with Content-Length: 0 is still served.
+    s = socket.create_connection((host, int(port)), timeout=TIMEOUT)
+    s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n"
+              b"Connection: close\r\n\r\n")
+    got = b""
+    while True:
+        more = s.recv(65536)
+        if not more:
+            break
+        got += more
+    s.close()
+    check(got.startswith(b"HTTP/1.1 200 ") and b"dspk_connections" in got,
+          "GET with Content-Length: 0: %r" % got[:200])
+
     # dspk-submit metrics: the text, and --json with the same values.
     p = subprocess.run([submit, "-S", d.sock, "metrics"], capture_output=True, text=True,
                        timeout=TIMEOUT)

@@ -2557,8 +2557,10 @@ def jobs(env):
            "devices[0]", "NUL")
     expect(c.call("job.register", {"job": 7, "uid": 5000, "devices": ["a" * 40]}), "EINVAL",
            "devices[0]")
-    c.ok("job.register", {"job": 8, "uid": 5000, "devices": ["GPU-" + "a" * 39]})
-    c.ok("job.end", {"job": 8})
+    # a well-formed UUID that no device of the daemon has: ENODEV, nothing registered
+    expect(c.call("job.register", {"job": 8, "uid": 5000, "devices": ["GPU-" + "a" * 39]}),
+           "ENODEV", "devices[0]", "a" * 39)
+    check(c.ok("job.end", {"job": 8}) == {"job": 8, "ended": False}, "job 8 not registered")
     r = c.ok("job.register", {"job": 7, "uid": 5000})
     check(r["job"] == 7 and r["uid"] == 5000 and "cpu:0" in r["devices"], "register %r" % r)
     r = c.ok("job.register", {"job": 7, "uid": 5000, "devices": None})

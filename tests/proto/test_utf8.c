@@ -335,6 +335,19 @@ static void test_controls(void **st) {
   assert_memory_equal(out, "x; y", 4);
 }
 
+/* dspk__utf8_visible: what cannot be seen, escaped; the rest as it is. */
+static void test_visible(void **state) {
+  char b[64];
+  (void)state;
+  static const char in[] = "a\tb\\c\0d\x01\x7f\xff\xc2\x85\xe2\x80\x8b\xef\xbb\xbf\xc3\xa9 z";
+  assert_string_equal(dspk__utf8_visible(b, sizeof b, in, sizeof in - 1),
+                      "a\\tb\\\\c\\x00d\\x01\\x7f\\xff\\u0085\\u200b\\ufeff\xc3\xa9 z");
+  /* Cut before an escape that would not fit, never inside one. */
+  assert_string_equal(dspk__utf8_visible(b, 5, "ab\tcd", 5), "ab\\t");
+  assert_string_equal(dspk__utf8_visible(b, 4, "ab\tcd", 5), "ab");
+  assert_string_equal(dspk__utf8_visible(b, 1, "ab", 2), "");
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_valid_against_reference),
@@ -348,6 +361,7 @@ int main(void) {
       cmocka_unit_test(test_pack_str),
       cmocka_unit_test(test_codec_echo),
       cmocka_unit_test(test_controls),
+      cmocka_unit_test(test_visible),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
