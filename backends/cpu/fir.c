@@ -10,7 +10,9 @@
  *    at least 8K), the filter's spectrum computed once per call; best for
  *    long filters.  Real signals use r2c/c2r transforms.  A segment of S
  *    outputs that comes out non-finite (a NaN or Inf in the data, or an
- *    overflow inside the transforms) is computed again by the direct sum.
+ *    overflow inside the transforms) is computed again by the direct sum,
+ *    and so is each output too small for the transforms' error bound (a
+ *    row of wide dynamic range, see RANGE_MARGIN).
  */
 #include <float.h>
 #include <math.h>
