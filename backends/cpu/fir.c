@@ -10,8 +10,11 @@
  *    at least 8K), the filter's spectrum computed once per call; best for
  *    long filters.  Real signals use r2c/c2r transforms.  A segment of S
  *    outputs that comes out non-finite (a NaN or Inf in the data, or an
- *    overflow inside the transforms) is computed again by the direct sum.
+ *    overflow inside the transforms) is computed again by the direct sum,
+ *    and so is each output too small for the transforms' error bound (a
+ *    row of wide dynamic range, see RANGE_MARGIN).
  */
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,6 +30,14 @@
 
 #include "backends/cpu/cpu.h"
 #include "backends/cpu/tune.h"
+
+/* An FFT output below this many times the transforms' error bound (eps
+ * log2(L) max|x| sum|h|) is computed again by the direct sum: where the
+ * FFT's result is kept, its relative error is at most about 1/RANGE_MARGIN
+ * (2^-6 in single precision, 2^-20 in double; in practice far less, the
+ * bound being a worst case).  Random data of one scale rarely come that
+ * close to zero; a row of 1e20 next to 1 has its small outputs summed. */
+#define RANGE_MARGIN(DBL) ((DBL) ? 1048576.0 : 64.0)
 
 /* Output samples per block of the direct loop. */
 #define DIRECT_BLOCK 2048
@@ -202,9 +213,17 @@ static int64_t good_size(int64_t n) {
     dspk__cpu_fft_exec(fk, DBL, pf, buf, hs);                                  \
     for (int64_t i = 0; i < 2 * nh; i++)                                       \
       hs[i] *= (R)(1.0 / (double)L);                                           \
+    /* The transforms' error at an output is about eps log2(L) times        \
+     * max|x| (over the two blocks reaching it) times sum|h|. */               \
+    double hsum = 0, lg = 1;                                                   \
+    for (int64_t i = 0; i < W * k; i++)                                        \
+      hsum += fabs((double)h[i]);                                              \
+    while ((int64_t)1 << (int)lg < L)                                          \
+      lg++;                                                                    \
     for (int64_t r = 0; r < rows; r++) {                                       \
       const R *xr = x + r * n * W;                                             \
       R *yr = y + r * n * W;                                                   \
+      R mprev = 0;                                                             \
       memset(yr, 0, sizeof(R) * W * n);                                        \
       for (int64_t s0 = 0; s0 < n; s0 += S) {                                  \
         if (dspk__cpu_canceled(ctx)) {                                         \
@@ -235,6 +254,39 @@ static int64_t good_size(int64_t n) {
             goto out;                                                          \
           }                                                                    \
           DIRECT(xr, h, yr, lo, s0 + len - lo < per ? s0 + len : lo + per, k); \
+        }                                                                      \
+        /* The outputs reached by the two blocks' absolute error:           \
+         * below RANGE_MARGIN times it, they are the direct sum's. */          \
+        R mb = 0;                                                              \
+        for (int64_t i = 0; i < e; i++)                                        \
+          mb = fabs((double)xr[s0 * W + i]) > mb ? (R)fabs((double)xr[s0 * W + i]) : mb; \
+        double thr = RANGE_MARGIN(DBL) * (DBL ? DBL_EPSILON : FLT_EPSILON) *  \
+                     lg * (mb > mprev ? mb : mprev) * hsum;                    \
+        mprev = mb;                                                            \
+        if (bad || !(thr > 0))                                                 \
+          continue;                                                            \
+        int64_t done = 0;                                                      \
+        for (int64_t i = s0; i < s0 + len;) {                                  \
+          if (!(fabs((double)yr[i * W]) +                                      \
+                    (W == 2 ? fabs((double)yr[i * W + W - 1]) : 0.0) < thr)) { \
+            i++;                                                               \
+            continue;                                                          \
+          }                                                                    \
+          int64_t j = i + 1;                                                   \
+          while (j < s0 + len && j - i < per &&                                \
+                 fabs((double)yr[j * W]) +                                     \
+                         (W == 2 ? fabs((double)yr[j * W + W - 1]) : 0.0) < thr) \
+            j++;                                                               \
+          DIRECT(xr, h, yr, i, j, k);                                          \
+          done += j - i;                                                       \
+          if (done >= per) {                                                   \
+            done = 0;                                                          \
+            if (dspk__cpu_canceled(ctx)) {                                     \
+              rc = DSPK_ECANCELED;                                             \
+              goto out;                                                        \
+            }                                                                  \
+          }                                                                    \
+          i = j;                                                               \
         }                                                                      \
       }                                                                        \
     }                                                                          \

@@ -323,20 +323,63 @@ static int blue_kernel(struct dspk__dev *d, int dbl, struct dspk__vk_kernel **k,
            "layout(std430, binding = 4) writeonly buffer BO { T o[]; };\n"
            "layout(push_constant) uniform PC { uint total, n, m, ox, oo, mode; R scale; } pc;\n"
            "T cmul(T a, T b) { return T(a.x*b.x - a.y*b.y, a.x*b.y + a.y*b.x); }\n"
+           "shared R red[%d];\n"
+           "int rexp(uint r) { return int(t[pc.total + r].x); }\n"
+           "T sc(T v, int e) { return ldexp(ldexp(v, ivec2(e / 2)), ivec2(e - e / 2)); }\n"
            "void main() {\n"
+           "  if (pc.mode == 3u) {\n"
+           /* a workgroup a row: the exponent e of its largest |part|
+            * (0 for a row of zeros or with inf or NaN), kept after the
+            * convolution's m * rows values of t */
+           "    for (uint r = gl_WorkGroupID.x; r < pc.oo; r += gl_NumWorkGroups.x) {\n"
+           "      R a = R(0);\n"
+           "      for (uint j = gl_LocalInvocationID.x; j < pc.n; j += %du) {\n"
+           "        T v = abs(x[pc.ox + r * pc.n + j]);\n"
+           "        a = (v.x > a || isnan(v.x)) ? v.x : a;\n"
+           "        a = (v.y > a || isnan(v.y)) ? v.y : a;\n"
+           "      }\n"
+           "      red[gl_LocalInvocationID.x] = a;\n"
+           "      barrier();\n"
+           "      for (uint h = %du; h > 0u; h >>= 1) {\n"
+           "        if (gl_LocalInvocationID.x < h) {\n"
+           "          R b = red[gl_LocalInvocationID.x + h];\n"
+           "          if (b > red[gl_LocalInvocationID.x] || isnan(b))\n"
+           "            red[gl_LocalInvocationID.x] = b;\n"
+           "        }\n"
+           "        barrier();\n"
+           "      }\n"
+           "      if (gl_LocalInvocationID.x == 0u) {\n"
+           "        R mx = red[0];\n"
+           "        int e = 0;\n"
+           "        if (!isnan(mx) && !isinf(mx) && mx > R(0))\n"
+           "          frexp(mx, e);\n"
+           "        t[pc.total + r] = T(R(e), R(0));\n"
+           "      }\n"
+           "      barrier();\n"
+           "    }\n"
+           "    return;\n"
+           "  }\n"
            "  uint stride = gl_NumWorkGroups.x * %du;\n"
            "  for (uint i = gl_GlobalInvocationID.x; i < pc.total; i += stride) {\n"
            "    if (pc.mode == 0u) {\n"
+           /* each row scaled by 2^-e: its convolution's values of the
+            * order of n m, not of n m max|x| (which overflowed), and
+            * exact in binary floating point */
            "      uint r = i / pc.m, j = i %% pc.m;\n"
-           "      t[i] = j < pc.n ? cmul(x[pc.ox + r * pc.n + j], c[j]) : T(0);\n"
+           "      t[i] = j < pc.n ? cmul(sc(x[pc.ox + r * pc.n + j], -rexp(r)), c[j])\n"
+           "                      : T(0);\n"
            "    } else if (pc.mode == 1u) {\n"
            "      t[i] = cmul(t[i], bh[i %% pc.m]);\n"
-           "    } else {\n"
+           "    }\n"
+           "  }\n"
+           "  if (pc.mode == 2u) {\n"
+           "    uint tot = pc.total / pc.m * pc.n;\n"
+           "    for (uint i = gl_GlobalInvocationID.x; i < tot; i += stride) {\n"
            "      uint r = i / pc.n, k = i %% pc.n;\n"
-           "      o[pc.oo + i] = pc.scale * cmul(t[r * pc.m + k], c[k]);\n"
+           "      o[pc.oo + i] = sc(pc.scale * cmul(t[r * pc.m + k], c[k]), rexp(r));\n"
            "    }\n"
            "  }\n}\n",
-           DSPK__VK_WG, T, R, DSPK__VK_WG);
+           DSPK__VK_WG, T, R, DSPK__VK_WG, DSPK__VK_WG, DSPK__VK_WG / 2, DSPK__VK_WG);
   return dspk__vk_kernel(d, "bluestein", src, NULL, 0, "main", 5, 32, k, ctx);
 }
 
@@ -351,7 +394,8 @@ static int blue_pass(struct dspk__dev *d, struct dspk__vk_kernel *k,
     pc.scale.d = scale;
   else
     pc.scale.f = (float)scale;
-  uint32_t g = (total + DSPK__VK_WG - 1) / DSPK__VK_WG;
+  /* mode 3 (the rows' exponents): a workgroup a row, oo rows */
+  uint32_t g = mode == 3 ? oo : (total + DSPK__VK_WG - 1) / DSPK__VK_WG;
   return dspk__vk_dispatch(d, k, b, 5, &pc, 32, g > 65535 ? 65535 : (g ? g : 1), 1, 1);
 }
 
@@ -444,18 +488,21 @@ static int bluestein(struct dspk__dev *d, const struct dspk__vk_bind *src, uint3
                          (unsigned long long)n, (unsigned long long)batch);
   size_t es = dbl ? 16 : 8;
   struct dspk__mem *t;
-  if ((r = dspk__vk_alloc(d, es * m * batch, &t)))
+  /* t: the convolution's rows, then each row's exponent (mode 3) */
+  if ((r = dspk__vk_alloc(d, es * (m + 1) * batch, &t)))
     return r;
   struct dspk__vk_bind b[5] = {*src,
                                {p->chirp->buf, p->chirp->off, es * n},
                                {p->bhat->buf, p->bhat->off, es * m},
-                               {t->buf, t->off, es * m * batch},
+                               {t->buf, t->off, es * (m + 1) * batch},
                                *dst};
   struct dspk__vkfft_desc desc = {.n = m, .batch = batch, .dbl = dbl, .buf = t->buf,
                                   .bufsize = t->bufsize};
   struct fplan *fp;
   /* The plan first: making it may submit what is recorded so far. */
   if ((r = get_plan(d, &desc, &fp, ctx)) ||
+      (r = blue_pass(d, k, b, dbl, (uint32_t)(m * batch), (uint32_t)n, (uint32_t)m, soff,
+                     (uint32_t)batch, 3, 1.0)) ||
       (r = blue_pass(d, k, b, dbl, (uint32_t)(m * batch), (uint32_t)n, (uint32_t)m, soff, 0,
                      0, 1.0)) ||
       (r = fft_launch(d, fp, 0, t->buf, t->off, VK_NULL_HANDLE, 0, ctx)) ||
@@ -463,7 +510,7 @@ static int bluestein(struct dspk__dev *d, const struct dspk__vk_bind *src, uint3
                      1.0)) ||
       (r = fft_launch(d, fp, 1, t->buf, t->off, VK_NULL_HANDLE, 0, ctx)))
     goto out;
-  r = blue_pass(d, k, b, dbl, (uint32_t)(n * batch), (uint32_t)n, (uint32_t)m, 0, doff, 2,
+  r = blue_pass(d, k, b, dbl, (uint32_t)(m * batch), (uint32_t)n, (uint32_t)m, 0, doff, 2,
                 inverse ? 1.0 / (double)n : 1.0);
 out:
   dspk__vk_submit(d);

@@ -725,6 +725,70 @@ static void test_fir_fft_nonfinite(void **state) {
       }
 }
 
+/* fir's FFT path on rows of a wide dynamic range: values in [-1, 1) with
+ * a few of 1e20.  The transforms' error, about eps times 1e20 times the
+ * taps, once swamped every output of the blocks the large values reach;
+ * each output must be within the direct sum's own error (eps k times the
+ * sum of |h_j x_{i-j}|) of a long-double direct sum. */
+static void test_fir_fft_range(void **state) {
+  (void)state;
+  static const dspk_dtype dts[] = {DSPK_F32, DSPK_F64, DSPK_C64, DSPK_C128};
+  for (int d = 0; d < 4; d++) {
+    dspk_dtype dt = dts[d];
+    int w = W(dt);
+    int64_t n = 20000, k = 300, m = n * w;
+    double *x = malloc(sizeof(double) * (size_t)m), *h = malloc(sizeof(double) * (size_t)(k * w));
+    assert_non_null(x);
+    assert_non_null(h);
+    for (int64_t i = 0; i < m; i++)
+      x[i] = roundto(dt, urand());
+    for (int64_t i = 0; i < k * w; i++)
+      h[i] = roundto(dt, urand());
+    x[5000 * w] = roundto(dt, 1e20);
+    x[12345 * w + w - 1] = roundto(dt, -1e20);
+    struct dspk__op op;
+    memset(&op, 0, sizeof op);
+    op.kind = DSPK_OP_FIR;
+    op.nin = 2;
+    shape_set(&op.in[0], dt, 2, (int64_t[]){1, n});
+    shape_set(&op.in[1], dt, 1, (int64_t[]){k});
+    put_vals(&op.in[0], x);
+    put_vals(&op.in[1], h);
+    dev->fir_force = 1;
+    int rc = run_op(&op);
+    dev->fir_force = -1;
+    assert_int_equal(rc, 0);
+    double *got = get(&op.out[0]);
+    for (int64_t i = 0; i < n; i++) {
+      long double re = 0, im = 0, a = 0;
+      for (int64_t j = 0; j < k && j <= i; j++) {
+        const double *xv = &x[(i - j) * w], *hv = &h[j * w];
+        if (w == 1) {
+          re += (long double)hv[0] * xv[0];
+          a += fabsl((long double)hv[0] * xv[0]);
+        } else {
+          re += (long double)hv[0] * xv[0] - (long double)hv[1] * xv[1];
+          im += (long double)hv[0] * xv[1] + (long double)hv[1] * xv[0];
+          a += (fabsl((long double)hv[0]) + fabsl((long double)hv[1])) *
+               (fabsl((long double)xv[0]) + fabsl((long double)xv[1]));
+        }
+      }
+      double tol = 4 * eps(dt) * (double)(k + 4) * (double)a;
+      for (int c = 0; c < w; c++) {
+        double want = (double)(c ? im : re), g = got[i * w + c];
+        if (!(fabs(g - want) <= tol))
+          fail_msg("fir fft %s n=%lld k=%lld with values of 1e20: output %lld%s is %.9g, "
+                   "want %.9g (tol %.3g)", dspk__dtype_name(dt), (long long)n, (long long)k,
+                   (long long)i, w == 2 ? (c ? " im" : " re") : "", g, want, tol);
+      }
+    }
+    free(got);
+    free(x);
+    free(h);
+    free_op(&op);
+  }
+}
+
 /* ---- contract ----------------------------------------------------------- */
 
 static void contract_case(dspk_dtype dt, const char *subs) {
@@ -1371,6 +1435,7 @@ int main(void) {
       cmocka_unit_test(test_fft_plan_reuse), cmocka_unit_test(test_fft_threads),
       cmocka_unit_test(test_fir_direct),
       cmocka_unit_test(test_fir_fft),      cmocka_unit_test(test_fir_fft_nonfinite),
+      cmocka_unit_test(test_fir_fft_range),
       cmocka_unit_test(test_contract),
       cmocka_unit_test(test_contract_complex_inf),
       cmocka_unit_test(test_reduce),       cmocka_unit_test(test_reduce_sum_bits),

@@ -2071,6 +2071,71 @@ def fft_nonfinite(env):
     still_open(c)
 
 
+@case("task.run: fft of rows of large finite values, finite on every backend (fft row)")
+def fft_large_rows(env):
+    # Rows of values up to 1e36 (f32) or 1e305 (f64) whose transforms are
+    # finite: Bluestein's convolution (lengths with a prime factor above 13)
+    # grew them by about n * m and overflowed to inf, then NaN.  Each row is
+    # compared with a direct DFT of itself scaled by a power of two (exact),
+    # a tiny row next to the large ones keeping its own accuracy.
+    c = env.conn()
+    fmts = {"f32": ("f", 1), "f64": ("d", 1), "c64": ("f", 2), "c128": ("d", 2)}
+
+    def dft(x, inverse):
+        n, s = len(x), (1 if inverse else -1)
+        w = [complex(math.cos(2 * math.pi * k / n), s * math.sin(2 * math.pi * k / n))
+             for k in range(n)]
+        return [sum(x[j] * w[(j * k) % n] for j in range(n)) / (n if inverse else 1)
+                for k in range(n)]
+    for dev in gpu_and_cpu_devices(c):
+        for n in (34, 97, 1009, 64):
+            # pseudo-random in [-1, 1]: transforms of about sqrt(n), where
+            # Bluestein's convolution reaches about m sqrt(n) (m >= 2n)
+            pat = [((i * i * 7919 + 13 * i) % 97 - 48) / 48.0 for i in range(n)]
+            for dt, (fmt, w) in fmts.items():
+                top = 1e36 if fmt == "f" else 1e305
+                tol = 2e-5 if fmt == "f" else 1e-12
+                imp = [v * 1e-3 for v in pat]
+                imp[n // 3] = top
+                pair = [0.0] * n
+                pair[1], pair[n - 2] = top / 3, -top / 3
+                rows = [[v * top for v in pat], imp, pair,
+                        [v * 1e-30 for v in pat]]
+                if w == 2:
+                    rows = [[complex(v, rows[(r + 1) % 4][i] / 10) for i, v in enumerate(row)]
+                            for r, row in enumerate(rows)]
+                for inverse in ((False, True) if w == 2 else (False,)):
+                    flat = [u for row in rows for v in row
+                            for u in ((v.real, v.imag) if w == 2 else (v,))]
+                    r = c.ok("task.run", {"op": "fft", "device": dev, "inputs": [
+                        {"dtype": dt, "shape": [4, n],
+                         "data": struct.pack("<%d%s" % (len(flat), fmt), *flat)}],
+                        "options": {"inverse": True} if inverse else {}})
+                    o = r["outputs"][0]
+                    m = n if w == 2 else n // 2 + 1
+                    check(o["shape"] == [4, m], "fft shape %r" % o["shape"])
+                    y = struct.unpack("<%d%s" % (8 * m, fmt), o["data"])
+                    for i, row in enumerate(rows):
+                        e = math.frexp(max(max(abs(complex(v).real), abs(complex(v).imag))
+                                           for v in row))[1]
+                        want = dft([complex(math.ldexp(complex(v).real, -e),
+                                            math.ldexp(complex(v).imag, -e)) for v in row],
+                                   inverse)[:m]
+                        got = [complex(y[2 * (i * m + k)], y[2 * (i * m + k) + 1])
+                               for k in range(m)]
+                        name = "%s fft %s n=%d%s row %d" % (dev, dt, n,
+                                                            " inverse" if inverse else "", i)
+                        fin = all(math.isfinite(z.real) and math.isfinite(z.imag) for z in got)
+                        check(fin, "%s: not finite: %r" % (name, got[:4]))
+                        if fin:
+                            big = max(abs(z) for z in want)
+                            err = max(abs(complex(math.ldexp(z.real, -e), math.ldexp(z.imag, -e))
+                                          - v) for z, v in zip(got, want))
+                            check(err <= tol * big, "%s: error %g of its largest output %g"
+                                  % (name, err, big))
+    still_open(c)
+
+
 @case("task.run: fir keeps batch rows apart, the same on every backend (fir row)")
 def fir_rows(env):
     # The direct sum of a row involves that row alone: a row of zeros filters
