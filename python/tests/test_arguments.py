@@ -691,6 +691,26 @@ def _bf16_of_fraction(v):
     return sign | ((e + 127) << 7) | (n - 128)
 
 
+def test_to_bfloat16_keeps_negative_zero_and_converts_bools():
+    """-0.0 among other elements of a list (converted one by one from its exact value,
+    0/1) became +0.0, and bool arrays were refused with DtypeError.  Now -0.0 keeps its
+    sign on every path and arrays of bools convert as numpy converts them (True 1.0)."""
+    from fractions import Fraction
+    for x in ([-0.0, 1], [-0.0, 2 ** 70], [np.longdouble(-0.0), 1.0],
+              np.array([-0.0, Fraction(1, 2)], object), np.array([-0.0, 1.0], np.float16),
+              np.array([-0.0, 1.0], np.float32), np.array([-0.0, 1.0]),
+              np.array([-0.0, 1.0], np.longdouble)):
+        bits = dspk.to_bfloat16(x).view("<u2")
+        assert bits[0] == 0x8000, (x, hex(bits[0]))
+    assert dspk.to_bfloat16(-0.0).view("<u2") == 0x8000
+    for x, want in ((np.array([True, False, True]), [1.0, 0.0, 1.0]),
+                    (np.bool_(True), 1.0), ([True, False], [1.0, 0.0]),
+                    (np.array([[False], [True]]), [[0.0], [1.0]])):
+        b = dspk.to_bfloat16(x)
+        assert b.dtype == dspk.bfloat16 and b.shape == np.shape(want)
+        assert dspk.from_bfloat16(b).tolist() == want
+
+
 def test_to_bfloat16_rounds_once_from_the_exact_value_of_every_type():
     """Inputs wider than float64 were rounded to float64 first: a value just above a
     bf16 tie landed on it and went to even.  int64/uint64/Python int 2**62 + 2**54 + 1
