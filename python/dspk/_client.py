@@ -704,6 +704,22 @@ class DeviceArray:
         except _errors.Closed:
             pass
 
+    # numpy's operators and ufuncs with a DeviceArray operand (``np.add(x, d)``,
+    # ``x + d``, ``d * 2``): TypeError at once, before numpy looks at the operand
+    # any further (it could otherwise make an object array holding it).
+    __array_ufunc__ = None
+
+    def _no_arithmetic(self, *other: Any) -> Any:
+        raise TypeError("a dspk.DeviceArray supports no arithmetic here (its data is in a "
+                        "daemon buffer): use the client's ops, or its .numpy() for a copy")
+
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = _no_arithmetic
+    __truediv__ = __rtruediv__ = __floordiv__ = __rfloordiv__ = _no_arithmetic
+    __mod__ = __rmod__ = __pow__ = __rpow__ = __matmul__ = __rmatmul__ = _no_arithmetic
+    __and__ = __rand__ = __or__ = __ror__ = __xor__ = __rxor__ = _no_arithmetic
+    __lshift__ = __rlshift__ = __rshift__ = __rrshift__ = _no_arithmetic
+    __neg__ = __pos__ = __abs__ = __invert__ = _no_arithmetic
+
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         """``numpy.asarray(d)`` and friends: TypeError (the data is in a daemon buffer:
         ``d.numpy()`` copies it here, one explicit round trip), never an object array."""

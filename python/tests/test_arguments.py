@@ -914,11 +914,20 @@ def test_a_device_array_is_not_taken_for_a_numpy_array(client):
     try:
         with pytest.raises(dspk.InvalidArgument, match=r"array: a DeviceArray .*\.numpy\(\)"):
             client.to_device(d)
-        for convert in (np.asarray, np.array, lambda x: np.add(x, 1),
-                        lambda x: np.asarray([x])):
+        for convert in (np.asarray, np.array, lambda x: np.asarray([x])):
             with pytest.raises(TypeError, match=r"DeviceArray is not a numpy array.*"
                                                 r"\.numpy\(\)"):
                 convert(d)
+        # numpy's ufuncs and operators: TypeError (__array_ufunc__ = None), never an
+        # object array holding the DeviceArray (np.ones(3, object) + d made one)
+        x = np.ones(4)
+        for op in (lambda: np.add(x, d), lambda: np.add(d, 1), lambda: x + d,
+                   lambda: d + x, lambda: d * 2, lambda: 2.0 * d, lambda: x @ d,
+                   lambda: np.ones(4, object) + d, lambda: np.sin(d), lambda: -d,
+                   lambda: np.float64(1) + d, lambda: np.multiply(x, d, dtype=object)):
+            with pytest.raises(TypeError, match="DeviceArray"):
+                op()
+        assert dspk.DeviceArray.__array_ufunc__ is None
         for dump in (pickle.dumps, copy.copy, copy.deepcopy):
             with pytest.raises(TypeError, match="cannot pickle or copy a dspk.DeviceArray"):
                 dump(d)
