@@ -1275,7 +1275,11 @@ class Client:
         # call than select.select() or a non-blocking recv that fails first.
         self._poll = select.poll()
         self._poll.register(sock, select.POLLIN)
-        self._unpacker = msgpack.Unpacker(raw=False, max_buffer_size=0, ext_hook=_no_ext)
+        # Text that is not valid UTF-8 (a device's name, a message) decodes with
+        # U+FFFD for what is bad, as bytes.decode(errors="replace"): the answer is
+        # still the protocol's, never a UnicodeDecodeError that closes the connection.
+        self._unpacker = msgpack.Unpacker(raw=False, unicode_errors="replace",
+                                          max_buffer_size=0, ext_hook=_no_ext)
         # Settles of answers read whose running an interruption cut (_read_once)
         self._owed_ready: List[Tuple[Callable[..., Any], Tuple[Any, ...]]] = []
         self._rbuf = bytearray(_READ_CHUNK)
@@ -2224,7 +2228,8 @@ class Client:
         """A fresh unpacker at a message boundary (the old one holds nothing: a frame
         is taken over only at a boundary); _fed restarts at its position 0."""
         self._fed = 0
-        return msgpack.Unpacker(raw=False, max_buffer_size=0, ext_hook=_no_ext)
+        return msgpack.Unpacker(raw=False, unicode_errors="replace", max_buffer_size=0,
+                                ext_hook=_no_ext)
 
     def _dispatch(self, msg: Any,
                   ready: List[Tuple[Callable[..., Any], Tuple[Any, ...]]]) -> None:

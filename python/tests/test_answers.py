@@ -185,3 +185,39 @@ def test_a_well_formed_devices_answer_passes_the_checks(fake):
     with dspk.connect(f.path, timeout=TIMEOUT) as c:
         assert c.devices() == [DEVICE]
         assert c.devices(all=True) == [DEVICE]
+
+
+def _bad_utf8(msg, marks):
+    """msg packed, each placeholder of ``marks`` (bytes) replaced by bytes that are no
+    UTF-8 (their str header keeps their length)."""
+    raw = msgpack.packb(msg)
+    for mark, bad in marks.items():
+        assert len(mark) == len(bad) and raw.count(mark) == 1
+        raw = raw.replace(mark, bad)
+    return raw
+
+
+def test_text_that_is_not_utf8_decodes_with_replacement_characters(fake):
+    """A device name or an error message holding bytes that are no UTF-8 raised
+    UnicodeDecodeError inside the decoder, which closed the connection ("undecodable
+    data").  Now such text decodes as bytes.decode(errors="replace") does (U+FFFD for
+    each bad byte here) and the connection stays usable."""
+    name = b"gpu\xff\xfe-\xc3(x"          # 0xff, 0xfe, and a cut 2-byte sequence
+    msg = b"bad \x80 operand"
+    dev = dict(DEVICE, name="N" * len(name))
+    f = fake({
+        "devices": lambda msgid: _bad_utf8([1, msgid, None, {"devices": [dev],
+                                                             "unavailable": []}],
+                                           {b"N" * len(name): name}),
+        "status": lambda msgid: _bad_utf8([1, msgid, {"code": -1, "name": "EINVAL",
+                                                      "message": "M" * len(msg)}, None],
+                                          {b"M" * len(msg): msg}),
+    })
+    with dspk.connect(f.path, timeout=TIMEOUT) as c:
+        got = c.devices()
+        assert got[0]["name"] == name.decode("utf-8", "replace") == "gpu\ufffd\ufffd-\ufffd(x"
+        with pytest.raises(dspk.InvalidArgument) as e:
+            c.status()
+        assert e.value.message == "bad \ufffd operand"
+        assert not c.closed
+        assert c.ping() >= 0  # the connection is still usable
