@@ -872,10 +872,25 @@ def _integers(name: str, v: Any) -> List[int]:
 
 
 def _shape(v: Any) -> Tuple[int, ...]:
-    """A shape (an integer or a sequence of them, each >= 0) as a tuple."""
-    shape = tuple(_integers("shape", v))
+    """A shape (an integer or a sequence of them, each >= 0) as a tuple.  A dimension
+    beyond int64 (2^63 or more: the daemon's limit, whatever msgpack could carry) is
+    dspk.LimitExceeded, as the daemon would say; a product of them too large is
+    _nbytes'."""
+    if isinstance(v, (str, bytes)) or not (isinstance(v, (numbers.Integral, np.ndarray))
+                                           or hasattr(v, "__iter__")):
+        raise _errors.InvalidArgument("shape: expected an integer or a sequence of "
+                                      "integers, got %s" % _kind(v))
+    if isinstance(v, np.ndarray) and v.ndim == 0:
+        v = v[()]
+    if isinstance(v, (numbers.Integral, np.bool_)):
+        shape: Tuple[int, ...] = (_integer("shape", v),)
+    else:
+        items = user_code("shape", list, v)  # its __iter__ or __getitem__ may raise
+        shape = tuple(_integer("shape[%d]" % i, n) for i, n in enumerate(items))
     if any(n < 0 for n in shape):
         raise _errors.InvalidArgument("shape: %s has a negative dimension" % (shape,))
+    if any(n > (1 << 63) - 1 for n in shape):
+        raise _errors.LimitExceeded("shape %s: a dimension beyond int64" % (shape,))
     return shape
 
 

@@ -413,6 +413,15 @@ def test_empty_shapes(client, make):
         f((1 << 62,), np.float32)
     with pytest.raises(dspk.LimitExceeded):
         f((1 << 32, 1 << 32), np.float64)
+    # A dimension of 2^63 or more: LimitExceeded (the daemon's rule), also beyond the
+    # 64 bits msgpack carries (InvalidArgument "beyond 64 bits" before), never msgpack's
+    # OverflowError; products that overflow 64 bits too.
+    for shape in ((1 << 63,), (1 << 64,), (2, 1 << 70), np.array([1 << 63], np.uint64),
+                  1 << 100, [(1 << 62), (1 << 62), 0], (1 << 40,) * 4):
+        with pytest.raises(dspk.LimitExceeded) as e:
+            f(shape, np.float32)
+        assert e.value.code == -4 and e.value.name == "ELIMIT"
+    assert not client._pending
     with pytest.raises(dspk.DtypeError):
         f(3, "no-such-dtype")
     assert f(np.int64(3), "float32").shape == (3,)
