@@ -640,6 +640,14 @@ def _decode_canceled(res: Any) -> bool:
     return _field(res, "canceled", "bool")
 
 
+def _foreign_array(what: str, d: "DeviceArray") -> str:
+    """The message for a DeviceArray of another client passed to an op of this one: its
+    buffer id means nothing (or another buffer) on this connection."""
+    return ("%s: a DeviceArray of another connection (buffer %d of that client's "
+            "connection; buffers belong to the connection that made them): pass it to "
+            "an op of its own client, or its .numpy() here" % (what, d.buffer))
+
+
 class DeviceArray:
     """A tensor in a daemon-side buffer (``buffer.create``), owned by one connection.
 
@@ -2418,7 +2426,10 @@ class Client:
         (and views of them) are references, as in any op: kept."""
         bound = inspect.signature(getattr(self, op)).bind(*args, **kwargs)
 
-        def own(x: Any, what: str) -> Any:
+        def own(x: Any, what: str, pos: int) -> Any:
+            if isinstance(x, DeviceArray) and x.client is not self:
+                # refused now, as an op sent at once refuses it, not by the worker
+                raise _errors.InvalidArgument(_foreign_array("input %d" % pos, x))
             if x is None or isinstance(x, DeviceArray):
                 return x
             a = _as_array(x, what, self.limits)
@@ -2431,14 +2442,18 @@ class Client:
                 shares = True
             return a.copy() if shares else a
 
-        for name in self._OPERANDS[op]:
+        for k, name in enumerate(self._OPERANDS[op]):
             if name not in bound.arguments:
                 continue
             v = bound.arguments[name]
             if name == "tensors":
-                bound.arguments[name] = tuple(own(x, "input %d" % i) for i, x in enumerate(v))
+                bound.arguments[name] = tuple(own(x, "input %d" % i, i)
+                                              for i, x in enumerate(v))
             else:
-                bound.arguments[name] = own(v, name)
+                bound.arguments[name] = own(v, name, k)
+        out = bound.arguments.get("out")
+        if isinstance(out, DeviceArray) and out.client is not self:
+            raise _errors.InvalidArgument(_foreign_array("out=", out))
         return bound.args, dict(bound.kwargs)
 
     def _defer(self, op: str, args: Tuple[Any, ...], kwargs: Dict[str, Any],
@@ -3111,7 +3126,9 @@ class Client:
                 out = None
                 if target == "any":
                     target = ref[2]
-            elif not isinstance(out, DeviceArray) or out.client is not self:
+            elif isinstance(out, DeviceArray) and out.client is not self:
+                raise _errors.InvalidArgument(_foreign_array("out=", out))
+            elif not isinstance(out, DeviceArray):
                 raise _errors.InvalidArgument("out= must be a DeviceArray of this connection")
             else:
                 outputs = [{"buffer": out.buffer, "offset": out.offset}]
@@ -3148,7 +3165,7 @@ class Client:
         for i, x in enumerate(inputs):
             if isinstance(x, DeviceArray):
                 if x.client is not self:
-                    raise _errors.InvalidArgument("a DeviceArray of another connection")
+                    raise _errors.InvalidArgument(_foreign_array("input %d" % i, x))
                 tensors.append(x._ref())
                 by_pos[i] = x
                 if target == "any":
