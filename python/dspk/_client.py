@@ -19,6 +19,7 @@ import fcntl
 import functools
 import inspect
 import io
+import logging
 import math
 import mmap
 import numbers
@@ -42,6 +43,8 @@ from . import _errors
 from . import _dtypes
 from ._dtypes import as_ndarray, from_signal_handler, numpy_dtype, user_code, wire_name
 from ._errors import Error
+
+_LOGGER = logging.getLogger("concurrent.futures")
 
 __all__ = ["connect", "default_socket", "Client", "DeviceArray", "TaskFuture"]
 
@@ -157,6 +160,8 @@ except (ImportError, OSError, AttributeError):  # no ctypes here: mmap.mmap, one
     _libc = None
 
 
+_CB_RECHECK = 0.01  # a callback waiting for a future completed by another thread looks
+# again this often (the thread reading wakes no condition of the callbacks thread)
 _POLL_MAX_MS = (1 << 31) - 1  # poll()'s longest wait; a longer one is waited again
 # The files whose frames raise what is not a signal handler's (_foreign): this package
 # (the client, its error classes) and msgpack (its pure-Python fallback decoder, and
@@ -439,10 +444,11 @@ class TaskFuture(concurrent.futures.Future):
     """A :class:`concurrent.futures.Future` of one request.  ``msgid`` is its request's
     id; ``cancel()`` on a pending one also asks the daemon to drop the task.
 
-    ``result()`` and ``exception()`` called on the thread that is reading the
-    connection (from a done-callback or a ``progress`` callback) read the connection
-    themselves until the future completes, as a synchronous call does there: waiting
-    for the reader thread would wait for the thread itself."""
+    Done-callbacks and ``progress`` calls run on the client's ``dspk-callbacks``
+    thread, in order.  ``result()`` and ``exception()`` called there (a callback that
+    waits) run the callbacks due meanwhile, so that a settle queued behind progress
+    calls is not waited for in vain; called on a thread that reads the connection they
+    read it themselves until the future completes, as a synchronous call does."""
     msgid: int = 0
     # Its request is written whole (set with no call after the last byte's count, so
     # that an interruption after that point still finds it): an answer will come.
@@ -452,6 +458,8 @@ class TaskFuture(concurrent.futures.Future):
     # A submit() handed to the client's worker thread: its job (msgid is 0 until the
     # worker sent its task).
     _job: Optional[_Job] = None
+    # Answered, its settle queued on the callbacks thread behind its progress calls.
+    _queued: bool = False
 
     def _pump(self, timeout: Optional[float]) -> Optional[float]:
         """Reads the connection until done when this thread reads it; returns the
@@ -466,6 +474,11 @@ class TaskFuture(concurrent.futures.Future):
             # A callback the worker runs waits for a later submit() of the worker's:
             # the worker is this thread, so it runs the jobs up to that one here.
             owner._work_until(self._job)
+        if owner is not None and not self.done() and owner._is_callbacks_thread():
+            # A callback waits: the callbacks queued before this future's settle (its
+            # progress calls) run here, and a settle may be among them.
+            owner._callbacks_wait(self, timeout)
+            return 0
         if owner is not None and not self.done() and \
                 (owner._is_reader() or owner._thread is None):
             # This thread reads the connection (a callback's wait), or no reader thread
@@ -476,16 +489,35 @@ class TaskFuture(concurrent.futures.Future):
 
     def add_done_callback(self, fn: Callable[["concurrent.futures.Future[Any]"], Any]
                           ) -> None:
-        """As concurrent.futures.Future's: ``fn(future)`` runs once the future is done.
-        Run by the client (on the thread reading the connection, or on its worker
-        thread), an exception the callback raises ends that callback only: an
-        Exception is logged as concurrent.futures does, and one that is not an
-        Exception (SystemExit, KeyboardInterrupt) is ignored, so that it can neither
-        stop the thread reading the connection nor surface in another call.  On a
-        future already done ``fn`` runs at once in the calling thread, as
-        concurrent.futures runs it: an Exception it raises is logged (logger
-        ``concurrent.futures``) and add_done_callback() returns normally; only one
-        that is not an Exception (KeyboardInterrupt, SystemExit) propagates."""
+        """As concurrent.futures.Future's: ``fn(future)`` runs once the future is done,
+        on the client's ``dspk-callbacks`` thread, after the callbacks (done-callbacks
+        and ``progress`` calls) that came before it: never on the thread reading the
+        connection, so that a callback may call the client and wait (a callback that
+        waits holds back only the callbacks after it).  An exception the callback
+        raises ends that callback only: an Exception is logged as concurrent.futures
+        does (logger ``concurrent.futures``), and one that is not an Exception
+        (SystemExit, KeyboardInterrupt) is ignored.  On a future already done ``fn``
+        runs at once in the calling thread, as concurrent.futures runs it: an
+        Exception it raises is logged and add_done_callback() returns normally; only
+        one that is not an Exception (KeyboardInterrupt, SystemExit) propagates."""
+        owner = self._owner
+        if self.done() or owner is None:
+            super().add_done_callback(fn)
+            return
+
+        def posted(f: "concurrent.futures.Future[Any]") -> None:
+            client = owner()
+            if client is None:  # no client left to run it: run here, as before
+                _run_callback(fn, f)
+            else:
+                client._post(_run_callback, (fn, f))
+
+        super().add_done_callback(posted)
+
+    def _add_inline(self, fn: Callable[["concurrent.futures.Future[Any]"], Any]) -> None:
+        """The client's own done-callbacks: run where the future completes (the thread
+        reading, the worker, the dspk-callbacks thread for a settle queued behind
+        progress calls), what they raise kept in them as for a user's callback."""
         if self.done():
             super().add_done_callback(fn)
             return
@@ -526,6 +558,17 @@ class TaskFuture(concurrent.futures.Future):
 
     def exception(self, timeout: Optional[float] = None) -> Optional[BaseException]:
         return super().exception(self._pump(timeout))
+
+
+def _run_callback(fn: Callable[[Any], Any], fut: concurrent.futures.Future) -> None:
+    """Runs a user's done-callback: an Exception it raises is logged as
+    concurrent.futures logs it, one that is not an Exception is ignored."""
+    try:
+        fn(fut)
+    except Exception:
+        _LOGGER.exception("exception calling callback for %r", fut)
+    except BaseException:  # noqa: B036 - the callback's own: see add_done_callback
+        pass
 
 
 class _Call:
@@ -1349,6 +1392,17 @@ class Client:
         self._jobs_pending = 0           # jobs queued or running whose task is unsent
         self._worker: Optional[threading.Thread] = None
         self._tl = threading.local()     # .deferring: in submit()'s first attempt
+        # The user's callbacks (done-callbacks, progress calls) run in order on one
+        # thread of their own, started when one is queued and gone when none is: never
+        # on the thread reading the connection, which a callback that calls the client
+        # and waits (or waits for another thread that does) would otherwise stop.
+        self._cb_cond = threading.Condition(threading.Lock())
+        self._cb_queue: "collections.deque[Tuple[Callable[..., Any], Tuple[Any, ...]]]" = \
+            collections.deque()
+        self._cb_thread: Optional[threading.Thread] = None
+        # Progress calls queued per future (by id): its settle waits behind them, so
+        # that progress is always called before the future completes.
+        self._cb_progress: Dict[int, int] = {}
         self.limits: Dict[str, int] = {}
         if name is None:
             name = "python:" + _sendable(os.path.basename(
@@ -1885,7 +1939,7 @@ class Client:
                 # Written whole: its answer will come and complete the future (the
                 # caller attaches what it owes through ``owner``).
                 if is_async:
-                    fut.add_done_callback(self._on_async_done)
+                    fut._add_inline(self._on_async_done)
                     self._ensure_reader()
                 raise
             with self._lock:  # nothing will answer it
@@ -1895,7 +1949,7 @@ class Client:
                     self._async -= 1
             raise
         if is_async:
-            fut.add_done_callback(self._on_async_done)
+            fut._add_inline(self._on_async_done)
             self._ensure_reader()
         return fut
 
@@ -1931,7 +1985,7 @@ class Client:
             except BaseException:  # dspk.Timeout, KeyboardInterrupt: the caller gets no id
                 for fut in owner:  # a request sent whole: its buffer is freed when made
                     if fut.sent:
-                        fut.add_done_callback(self._orphaned_buffer)
+                        fut._add_inline(self._orphaned_buffer)
                 raise
         raise AssertionError("unreachable")
 
@@ -1976,6 +2030,12 @@ class Client:
         (a nested wait): it goes on reading."""
         me = threading.get_ident()
         while not fut.done():
+            if getattr(fut, "_queued", False) and not self._is_callbacks_thread():
+                # Answered, its settle queued behind progress calls on the callbacks
+                # thread: nothing more comes to read for it.
+                left = None if deadline is None else deadline - time.monotonic()
+                concurrent.futures.wait([fut], None if left is None else max(left, 0))
+                return fut.done()
             nested = True  # until this thread takes the reading: nothing to give back
             try:
                 with self._lock:
@@ -1990,7 +2050,7 @@ class Client:
                         continue
                     nested = self._reading
                     self._reading, self._reader_ident = True, me
-                while not fut.done():
+                while not fut.done() and not getattr(fut, "_queued", False):
                     if self._closed is not None:
                         # Everything pending failed; a future not among them (a staged
                         # result's) would wait for ever.
@@ -2283,7 +2343,7 @@ class Client:
                 else:
                     err = _errors.ProtocolError("%s: a malformed answer: its error is %s, "
                                                 "not a map" % (what, _kind(msg[2])))
-                ready.append((self._settle, (fut, None, err)))
+                ready.append((self._settle_after, (fut, None, err)))
             else:
                 try:
                     value = call.decode(msg[3]) if call.decode else msg[3]
@@ -2294,9 +2354,9 @@ class Client:
                     elif not isinstance(err, Error):  # a malformed answer (KeyError...)
                         err = _errors.ProtocolError("%s: a malformed answer (%s: %s)" % (
                             what, type(e).__name__, e))
-                    ready.append((self._settle, (fut, None, err)))
+                    ready.append((self._settle_after, (fut, None, err)))
                 else:
-                    ready.append((self._settle, (fut, value)))
+                    ready.append((self._settle_after, (fut, value)))
             return
         # A notification [2, method, params]
         params = msg[2][0] if msg[2] else {}
@@ -2309,9 +2369,122 @@ class Client:
                     frac = float(params.get("fraction", 0.0))
                 except (TypeError, ValueError):
                     return
-                ready.append((self._progress, (call.progress, what, frac)))
+                ready.append((self._progress_post, (call.future, call.progress, what,
+                                                    frac)))
         elif msg[1] == "protocol.error" and isinstance(params, dict):
             self._protocol_error = _errors.error_from(params)
+
+    # ---- the callbacks thread -----------------------------------------------------
+
+    def _post(self, fn: Callable[..., Any], args: Tuple[Any, ...]) -> None:
+        """Queues ``fn(*args)`` (which keeps what it raises) for the dspk-callbacks
+        thread, starting it where none runs.  Where no thread can be started, the
+        queue is run here (the thread completing the future, as before)."""
+        with self._cb_cond:
+            self._cb_queue.append((fn, args))
+            self._cb_cond.notify_all()
+            if self._cb_thread is not None and self._cb_thread.is_alive():
+                return  # (one of the parent's, in a child of fork(), is not)
+            t = self._cb_thread = threading.Thread(target=self._callbacks_main,
+                                                   daemon=True, name="dspk-callbacks")
+        try:
+            t.start()
+        except RuntimeError:  # "can't start new thread"
+            with self._cb_cond:
+                if self._cb_thread is t:
+                    self._cb_thread = None
+            while self._run_one_callback():
+                pass
+
+    def _run_one_callback(self) -> bool:
+        """Runs the first queued callback here; False when none was queued."""
+        with self._cb_cond:
+            if not self._cb_queue:
+                return False
+            fn, args = self._cb_queue.popleft()
+        try:
+            fn(*args)
+        except BaseException:  # noqa: B036, BLE001 - each keeps its own; see _run_callback
+            pass
+        return True
+
+    def _callbacks_main(self) -> None:
+        """The dspk-callbacks thread: runs the queue in order, and ends when it is
+        empty (the next _post() starts another)."""
+        me = threading.current_thread()
+        while True:
+            with self._cb_cond:
+                if not self._cb_queue:
+                    if self._cb_thread is me:
+                        self._cb_thread = None
+                    return
+            self._run_one_callback()
+
+    def _is_callbacks_thread(self) -> bool:
+        t = self._cb_thread
+        return t is not None and t is threading.current_thread()
+
+    def _callbacks_wait(self, fut: concurrent.futures.Future,
+                        timeout: Optional[float]) -> None:
+        """result()/exception() of ``fut`` in a callback (on the callbacks thread): runs
+        the queued callbacks meanwhile (the settle of ``fut`` may be among them), and
+        reads the connection where no reader thread does; concurrent.futures'
+        TimeoutError when ``timeout`` seconds pass first."""
+        if timeout is not None:
+            try:
+                timeout = float(timeout)
+            except OverflowError:
+                timeout = None
+        deadline = None if timeout is None or timeout > _TIMEOUT_FOREVER \
+            else time.monotonic() + timeout
+        while not fut.done():
+            if self._run_one_callback():
+                continue
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise concurrent.futures.TimeoutError()
+            step = _CB_RECHECK if left is None else min(left, _CB_RECHECK)
+            if not getattr(fut, "_queued", False) and self._thread is None:
+                self._pump_until(fut, time.monotonic() + step)  # no reader: read here
+            else:
+                with self._cb_cond:
+                    if not self._cb_queue and not fut.done():
+                        self._cb_cond.wait(step)
+
+    def _progress_post(self, fut: concurrent.futures.Future, fn: Progress, what: str,
+                       frac: float) -> None:
+        with self._cb_cond:
+            self._cb_progress[id(fut)] = self._cb_progress.get(id(fut), 0) + 1
+        self._post(self._progress_run, (fut, fn, what, frac))
+
+    def _progress_run(self, fut: concurrent.futures.Future, fn: Progress, what: str,
+                      frac: float) -> None:
+        try:
+            self._progress(fn, what, frac)
+        finally:
+            with self._cb_cond:
+                n = self._cb_progress.pop(id(fut), 1) - 1
+                if n > 0:
+                    self._cb_progress[id(fut)] = n
+
+    def _settle_after(self, fut: concurrent.futures.Future, value: Any = None,
+                      exc: Optional[BaseException] = None) -> None:
+        """Settles ``fut`` here, or, while progress calls of its are queued, queues the
+        settle behind them (the future completes once they ran)."""
+        with self._cb_cond:
+            queued = self._cb_progress.get(id(fut), 0) > 0
+            if queued:
+                fut._queued = True  # type: ignore[union-attr]
+        if queued:
+            self._post(self._settle_queued, (fut, value, exc))
+        else:
+            self._settle(fut, value, exc)
+
+    def _settle_queued(self, fut: concurrent.futures.Future, value: Any,
+                       exc: Optional[BaseException]) -> None:
+        self._settle(fut, value, exc)
+        with self._lock:
+            self._cond.notify_all()
 
     @staticmethod
     def _progress(fn: Progress, what: str, frac: float) -> None:
@@ -2464,7 +2637,7 @@ class Client:
         user._owner = weakref.ref(self)
         job = _Job(getattr(self, "_op_" + op), args, kwargs, progress, user)
         user._job = job
-        user.add_done_callback(lambda f, job=job: self._job_done(job))
+        user._add_inline(lambda f, job=job: self._job_done(job))
         start: Optional[threading.Thread] = None
         started = False
         try:
@@ -2566,7 +2739,7 @@ class Client:
             else:
                 self._settle(user, f.result())
 
-        inner.add_done_callback(follow)
+        inner._add_inline(follow)
 
     def _job_done(self, job: _Job) -> None:
         """The future of a deferred submit() is done: canceled (future.cancel()), its
@@ -2829,7 +3002,7 @@ class Client:
 
         try:
             self._start("devices", None, lambda res: learn(_decode_devices(res)),
-                        is_async=True).add_done_callback(done)
+                        is_async=True)._add_inline(done)
         except Error:
             self._any_asking = False
 
@@ -3342,12 +3515,12 @@ class Client:
             if sent and shm:
                 # The task went out (an interruption came after): its temporaries
                 # stay busy until it is answered.
-                sent[-1].add_done_callback(lambda f: self._temps_done(f, shm))
+                sent[-1]._add_inline(lambda f: self._temps_done(f, shm))
             else:
                 self._temp_put(shm)
             raise
         if shm:
-            fut.add_done_callback(lambda f: self._temps_done(f, shm))
+            fut._add_inline(lambda f: self._temps_done(f, shm))
             if not is_async:
                 try:
                     self._wait(fut)
@@ -3523,15 +3696,15 @@ class Client:
             if not reads:
                 finish(value=value)
             for rf in reads:
-                rf.add_done_callback(on_read)
+                rf._add_inline(on_read)
 
         def on_user(u: concurrent.futures.Future) -> None:
             if u.cancelled():
                 inner.cancel()
                 release()  # at once: the reads may still be in flight
 
-        inner.add_done_callback(on_task)
-        user.add_done_callback(on_user)
+        inner._add_inline(on_task)
+        user._add_inline(on_user)
         return user
 
     def _free_quietly(self, buffer: int) -> None:

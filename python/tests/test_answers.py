@@ -221,3 +221,46 @@ def test_text_that_is_not_utf8_decodes_with_replacement_characters(fake):
         assert e.value.message == "bad \ufffd operand"
         assert not c.closed
         assert c.ping() >= 0  # the connection is still usable
+
+
+def test_callbacks_run_on_their_own_thread_and_may_wait(fake):
+    """Done-callbacks and progress callbacks ran on the thread reading the connection:
+    one that waited for another thread's call (or called the client and waited for a
+    future of another thread's) stopped the reading, and that call deadlocked (here:
+    dspk.Timeout).  Now they run in order on the client's dspk-callbacks thread;
+    progress still comes before the future completes, and a callback may call the
+    client and wait."""
+    out = {"dtype": "f32", "shape": [2], "data": np.array([1, 2], np.float32).tobytes()}
+
+    def run(msgid):  # a progress notification, then the answer, in one write
+        return msgpack.packb([2, "task.progress", [{"msgid": msgid, "what": "tune",
+                                                    "fraction": 0.5}]]) + \
+            msgpack.packb([1, msgid, None, {"device": "cpu:0", "outputs": [out],
+                                            "time_us": 1}])
+    f = fake({"task.run": run})
+    with dspk.connect(f.path, timeout=10) as c:
+        go, done = threading.Event(), threading.Event()
+        seen = []
+
+        def progress(what, frac):
+            seen.append(("progress", threading.current_thread().name, fut.done()))
+            assert go.wait(TIMEOUT)  # waits for the main thread's ping below
+
+        def callback(g):
+            seen.append(("done", threading.current_thread().name, g.done()))
+            # a synchronous call, and a submit() waited for, from the callback
+            seen.append(("ping", c.ping() >= 0))
+            h = c.submit("map", "abs", np.ones(2, np.float32), progress=lambda w, x: seen
+                         .append(("progress", threading.current_thread().name, h.done())))
+            seen.append(("nested", h.result(TIMEOUT).tolist()))
+            done.set()
+
+        fut = c.submit("map", "abs", np.ones(2, np.float32), progress=progress)
+        fut.add_done_callback(callback)
+        assert c.ping() >= 0   # deadlocked while progress held the reading thread
+        go.set()
+        np.testing.assert_array_equal(fut.result(TIMEOUT), [1, 2])
+        assert done.wait(TIMEOUT)
+        assert seen == [("progress", "dspk-callbacks", False),
+                        ("done", "dspk-callbacks", True), ("ping", True),
+                        ("progress", "dspk-callbacks", False), ("nested", [1, 2])]
