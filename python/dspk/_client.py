@@ -1177,6 +1177,164 @@ def _result_meta(op: str, inputs: Sequence[Any], options: Mapping[str, Any]
     return None
 
 
+_STD = ("f32", "f64", "c64", "c128")
+_MAP_INPUTS = {"add": 2, "sub": 2, "mul": 2, "scale": 1, "axpy": 2, "abs": 1, "exp": 1}
+
+
+def _op_refusal(op: str, inputs: Sequence[Any], options: Mapping[str, Any],
+                limits: Mapping[str, Any]) -> Optional[Error]:
+    """The error the daemon's check of the op's operands (backends/op.c, infer_*)
+    would give, in its class and its very words, so that an op it refuses is refused
+    before any operand is sent or staged; None where it would take them, or where the
+    client does not know (then the daemon decides, as before): operands that are no
+    arrays, a rank or size its generic checks refuse, the contraction's subscripts."""
+    try:
+        metas = [_meta(x, "input %d" % i) for i, x in enumerate(inputs)]
+        names = [wire_name(d) for _, d in metas]
+    except Exception as e:  # noqa: BLE001 - the operand's own error comes later
+        if from_signal_handler(e):
+            raise
+        return None
+    most = limits.get("max_rank")
+    most = min(8, most) if isinstance(most, int) else 8
+    if any(len(sh) > most or _over_limit(tuple(sh), limits) for sh, _ in metas):
+        return None
+    for (sh, dt) in metas:
+        span = dt.itemsize
+        for n in sh:
+            span *= max(n, 1)
+        if span > (1 << 63) - 1:
+            return None
+    shapes = [tuple(int(n) for n in sh) for sh, _ in metas]
+    E = _errors
+    if op == "gemm" and len(metas) in (2, 3):
+        ab = ("A", "B", "C")
+        for i in range(2):
+            if names[i] not in ("f32", "f64", "f16", "bf16"):
+                return E.DtypeError("gemm: %s has dtype %s (supported: f32, f64, f16, bf16)"
+                                    % (ab[i], names[i]))
+        if names[0] != names[1]:
+            return E.DtypeError("gemm: A has dtype %s but B has dtype %s (must be equal)"
+                                % (names[0], names[1]))
+        for i in range(2):
+            if len(shapes[i]) < 2:
+                return E.ShapeError("gemm: %s has rank %d, needs rank >= 2 (1-D vectors are "
+                                    "not promoted: reshape to (1,K) or (K,1))"
+                                    % (ab[i], len(shapes[i])))
+        A, B = shapes[0], shapes[1]
+        ra, rb = len(A), len(B)
+        ta, tb = bool(options.get("trans_a")), bool(options.get("trans_b"))
+        am, ak = (ra - 1, ra - 2) if ta else (ra - 2, ra - 1)
+        bk, bn = (rb - 1, rb - 2) if tb else (rb - 2, rb - 1)
+        if A[ak] != B[bk]:
+            return E.ShapeError("gemm: A has K=%d (axis %d%s) but B has K=%d (axis %d%s)"
+                                % (A[ak], ak, ", trans_a" if ta else "", B[bk], bk,
+                                   ", trans_b" if tb else ""))
+        odt = "f64" if names[0] == "f64" else "f32"
+        ro = max(ra, rb)
+        out: List[int] = []
+        for i in range(ro - 2):
+            ia, ib = i - (ro - ra), i - (ro - rb)
+            da = A[ia] if ia >= 0 else 1
+            db = B[ib] if ib >= 0 else 1
+            if da != db and da != 1 and db != 1:
+                return E.ShapeError("gemm: batch dimensions do not broadcast: A has %d (axis "
+                                    "%d) but B has %d (axis %d)" % (da, ia, db, ib))
+            out.append(db if da == 1 else da)
+        out += [A[am], B[bn]]
+        if len(metas) == 3:
+            C = shapes[2]
+            if names[2] != odt:
+                return E.DtypeError("gemm: C has dtype %s but the output is %s (must be "
+                                    "equal)" % (names[2], odt))
+            if len(C) > ro:
+                return E.ShapeError("gemm: C has rank %d, more than the output's rank %d"
+                                    % (len(C), ro))
+            for i, n in enumerate(C):
+                io = i + (ro - len(C))
+                if n != 1 and n != out[io]:
+                    return E.ShapeError("gemm: C has %d (axis %d) but the output has %d "
+                                        "(axis %d): C must broadcast to the output"
+                                        % (n, i, out[io], io))
+        return None
+    if op == "fft" and len(metas) == 1:
+        X = shapes[0]
+        if names[0] not in _STD:
+            return E.DtypeError("fft: X has dtype %s (supported: c64, c128, and f32, f64 for "
+                                "rfft)" % names[0])
+        if not X:
+            return E.ShapeError("fft: X has rank 0, needs rank >= 1")
+        last = len(X) - 1
+        if X[last] < 1:
+            return E.ShapeError("fft: X has length 0 along axis %d (the transform axis)"
+                                % last)
+        if X[last] > (1 << 31) - 1 and math.prod(X) > 0:
+            return E.ShapeError("fft: X has length %d along axis %d, above 2^31-1"
+                                % (X[last], last))
+        if names[0] in ("f32", "f64") and options.get("inverse"):
+            return E.InvalidArgument("fft: X is real (%s): the inverse transform needs "
+                                     "complex input (real input gives rfft)" % names[0])
+        return None
+    if op == "fir" and len(metas) == 2:
+        X, H = shapes
+        if names[0] not in _STD:
+            return E.DtypeError("fir: X has dtype %s (supported: f32, f64, c64, c128)"
+                                % names[0])
+        if names[1] != names[0]:
+            return E.DtypeError("fir: H has dtype %s but X has dtype %s (must be equal)"
+                                % (names[1], names[0]))
+        if not X:
+            return E.ShapeError("fir: X has rank 0, needs rank >= 1")
+        if len(H) != 1:
+            return E.ShapeError("fir: H has rank %d, must be 1-D (K,)" % len(H))
+        if H[0] < 1:
+            return E.ShapeError("fir: H has length 0 (axis 0), needs >= 1 tap")
+        return None
+    if op == "contract" and len(metas) == 2:
+        if names[0] not in _STD:
+            return E.DtypeError("contract: A has dtype %s (supported: f32, f64, c64, c128)"
+                                % names[0])
+        if names[1] != names[0]:
+            return E.DtypeError("contract: A has dtype %s but B has dtype %s (must be "
+                                "equal)" % (names[0], names[1]))
+        return None  # the subscripts: the daemon's checks
+    if op == "reduce" and len(metas) == 1:
+        fn = options.get("fn", "sum")
+        if fn not in ("sum", "max", "min", "mean"):
+            return None  # the daemon's EINVAL
+        if names[0] not in _STD:
+            return E.DtypeError("reduce: X has dtype %s (supported: f32, f64, c64, c128)"
+                                % names[0])
+        if fn in ("max", "min") and names[0] not in ("f32", "f64"):
+            return E.DtypeError("reduce: %s needs real X, X has dtype %s" % (fn, names[0]))
+        return None  # the axes: the daemon's checks
+    if op == "map":
+        fn = options.get("fn")
+        if fn not in _MAP_INPUTS:
+            return None  # the daemon's EINVAL
+        if len(metas) != _MAP_INPUTS[fn]:
+            k = _MAP_INPUTS[fn]
+            return E.InvalidArgument("map: %s takes %d input%s, got %d"
+                                     % (fn, k, "" if k == 1 else "s", len(metas)))
+        if names[0] not in _STD:
+            return E.DtypeError("map: A has dtype %s (supported: f32, f64, c64, c128)"
+                                % names[0])
+        if len(metas) == 2:
+            A, B = shapes
+            if names[1] != names[0]:
+                return E.DtypeError("map: %s: A has dtype %s but B has dtype %s (must be "
+                                    "equal)" % (fn, names[0], names[1]))
+            if len(B) != len(A):
+                return E.ShapeError("map: %s: A has rank %d but B has rank %d (shapes must "
+                                    "be equal)" % (fn, len(A), len(B)))
+            for i, (na, nb) in enumerate(zip(A, B)):
+                if na != nb:
+                    return E.ShapeError("map: %s: A has %d (axis %d) but B has %d (axis %d)"
+                                        % (fn, na, i, nb, i))
+        return None
+    return None
+
+
 def _result_dtype(op: str, inputs: Sequence[Any], options: Mapping[str, Any]
                   ) -> Optional[np.dtype]:
     """The dtype of the op's first result as the daemon makes it (protocol.md, the
@@ -3307,6 +3465,13 @@ class Client:
                 outputs = [{"buffer": out.buffer, "offset": out.offset}]
                 if target == "any":
                     target = out.device
+        for i, x in enumerate(inputs):
+            if isinstance(x, DeviceArray) and x.client is not self:
+                raise _errors.InvalidArgument(_foreign_array("input %d" % i, x))
+        # Operands the daemon's op would refuse: its error, before any is sent.
+        refused = _op_refusal(op, inputs, options, self.limits)
+        if refused is not None:
+            raise refused
         if outputs is not None:
             # out= must hold the result (protocol.md: ERANGE before any work).  The
             # daemon bounds the result by the out= buffer only, and a view (a slice of a
