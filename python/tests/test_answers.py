@@ -264,3 +264,46 @@ def test_callbacks_run_on_their_own_thread_and_may_wait(fake):
         assert seen == [("progress", "dspk-callbacks", False),
                         ("done", "dspk-callbacks", True), ("ping", True),
                         ("progress", "dspk-callbacks", False), ("nested", [1, 2])]
+
+
+# protocol.md's error codes and python.md's table of classes (and builtins they derive from)
+ERRORS = [(-1, "EINVAL", "InvalidArgument", ValueError), (-2, "ENOMEM", "OutOfMemory",
+          MemoryError), (-3, "EPROTO", "ProtocolError", None),
+          (-4, "ELIMIT", "LimitExceeded", None), (-5, "ENOMETHOD", "NoMethod", None),
+          (-6, "ENODEV", "NoDevice", None), (-7, "EDTYPE", "DtypeError", TypeError),
+          (-8, "ESHAPE", "ShapeError", ValueError), (-9, "ENOBUF", "NoBuffer", None),
+          (-10, "ERANGE", "RangeError", IndexError), (-11, "ECANCELED", "Canceled", None),
+          (-12, "ESHUTDOWN", "Shutdown", None), (-13, "EPERM", "PermissionDenied",
+          PermissionError), (-14, "EIO", "IOFailure", None),
+          (-15, "ECLOSED", "Closed", ConnectionError),
+          (-16, "ECONNECT", "ConnectError", ConnectionError),
+          (-17, "EDEVICE", "DeviceError", None), (-18, "ECOMPILE", "CompileError", None),
+          (-19, "ENOTSUP", "NotSupported", NotImplementedError), (-20, "EBUSY", "Busy", None),
+          (-21, "ETIMEDOUT", "Timeout", TimeoutError), (-22, "ENOENT", "NotFound", None),
+          (-23, "EVERSION", "VersionMismatch", None),
+          (-24, "EINTERNAL", "InternalError", None)]
+
+
+def test_every_error_code_raises_its_class(fake):
+    """Each code of protocol.md's table, answered by the daemon, raises python.md's
+    subclass (ENOMEM: dspk.OutOfMemory, a MemoryError), with the code, name and message
+    as sent; an error map with a name but no integer code maps by its name (it was
+    InternalError)."""
+    from dspk import _errors
+    assert len(ERRORS) == len(_errors._TABLE)
+    for code, name, cls_name, builtin in ERRORS:
+        f = fake({"status": answer(error={"code": code, "name": name, "message": "m " + name})})
+        with dspk.connect(f.path, timeout=TIMEOUT) as c:
+            with pytest.raises(getattr(dspk, cls_name)) as e:
+                c.status()
+            assert type(e.value) is getattr(dspk, cls_name)
+            assert (e.value.code, e.value.name, e.value.message) == (code, name, "m " + name)
+            assert builtin is None or isinstance(e.value, builtin)
+            assert not c.closed
+        for err in ({"name": name, "message": "x"}, {"code": str(code), "name": name},
+                    {"code": True, "name": name}):
+            got = dspk.error_from(err)
+            assert type(got) is getattr(dspk, cls_name) and got.code == code, (err, got)
+    assert isinstance(dspk.error_from({"code": -2, "name": "ENOMEM"}), MemoryError)
+    assert type(dspk.error_from({"code": -99, "name": "EWHAT"})) is dspk.Error
+    assert type(dspk.error_from({"name": "EWHAT"})) is dspk.InternalError
