@@ -19,6 +19,7 @@ import fcntl
 import functools
 import inspect
 import io
+import logging
 import math
 import mmap
 import numbers
@@ -42,6 +43,8 @@ from . import _errors
 from . import _dtypes
 from ._dtypes import as_ndarray, from_signal_handler, numpy_dtype, user_code, wire_name
 from ._errors import Error
+
+_LOGGER = logging.getLogger("concurrent.futures")
 
 __all__ = ["connect", "default_socket", "Client", "DeviceArray", "TaskFuture"]
 
@@ -157,6 +160,8 @@ except (ImportError, OSError, AttributeError):  # no ctypes here: mmap.mmap, one
     _libc = None
 
 
+_CB_RECHECK = 0.01  # a callback waiting for a future completed by another thread looks
+# again this often (the thread reading wakes no condition of the callbacks thread)
 _POLL_MAX_MS = (1 << 31) - 1  # poll()'s longest wait; a longer one is waited again
 # The files whose frames raise what is not a signal handler's (_foreign): this package
 # (the client, its error classes) and msgpack (its pure-Python fallback decoder, and
@@ -439,10 +444,11 @@ class TaskFuture(concurrent.futures.Future):
     """A :class:`concurrent.futures.Future` of one request.  ``msgid`` is its request's
     id; ``cancel()`` on a pending one also asks the daemon to drop the task.
 
-    ``result()`` and ``exception()`` called on the thread that is reading the
-    connection (from a done-callback or a ``progress`` callback) read the connection
-    themselves until the future completes, as a synchronous call does there: waiting
-    for the reader thread would wait for the thread itself."""
+    Done-callbacks and ``progress`` calls run on the client's ``dspk-callbacks``
+    thread, in order.  ``result()`` and ``exception()`` called there (a callback that
+    waits) run the callbacks due meanwhile, so that a settle queued behind progress
+    calls is not waited for in vain; called on a thread that reads the connection they
+    read it themselves until the future completes, as a synchronous call does."""
     msgid: int = 0
     # Its request is written whole (set with no call after the last byte's count, so
     # that an interruption after that point still finds it): an answer will come.
@@ -452,6 +458,8 @@ class TaskFuture(concurrent.futures.Future):
     # A submit() handed to the client's worker thread: its job (msgid is 0 until the
     # worker sent its task).
     _job: Optional[_Job] = None
+    # Answered, its settle queued on the callbacks thread behind its progress calls.
+    _queued: bool = False
 
     def _pump(self, timeout: Optional[float]) -> Optional[float]:
         """Reads the connection until done when this thread reads it; returns the
@@ -466,6 +474,11 @@ class TaskFuture(concurrent.futures.Future):
             # A callback the worker runs waits for a later submit() of the worker's:
             # the worker is this thread, so it runs the jobs up to that one here.
             owner._work_until(self._job)
+        if owner is not None and not self.done() and owner._is_callbacks_thread():
+            # A callback waits: the callbacks queued before this future's settle (its
+            # progress calls) run here, and a settle may be among them.
+            owner._callbacks_wait(self, timeout)
+            return 0
         if owner is not None and not self.done() and \
                 (owner._is_reader() or owner._thread is None):
             # This thread reads the connection (a callback's wait), or no reader thread
@@ -476,16 +489,35 @@ class TaskFuture(concurrent.futures.Future):
 
     def add_done_callback(self, fn: Callable[["concurrent.futures.Future[Any]"], Any]
                           ) -> None:
-        """As concurrent.futures.Future's: ``fn(future)`` runs once the future is done.
-        Run by the client (on the thread reading the connection, or on its worker
-        thread), an exception the callback raises ends that callback only: an
-        Exception is logged as concurrent.futures does, and one that is not an
-        Exception (SystemExit, KeyboardInterrupt) is ignored, so that it can neither
-        stop the thread reading the connection nor surface in another call.  On a
-        future already done ``fn`` runs at once in the calling thread, as
-        concurrent.futures runs it: an Exception it raises is logged (logger
-        ``concurrent.futures``) and add_done_callback() returns normally; only one
-        that is not an Exception (KeyboardInterrupt, SystemExit) propagates."""
+        """As concurrent.futures.Future's: ``fn(future)`` runs once the future is done,
+        on the client's ``dspk-callbacks`` thread, after the callbacks (done-callbacks
+        and ``progress`` calls) that came before it: never on the thread reading the
+        connection, so that a callback may call the client and wait (a callback that
+        waits holds back only the callbacks after it).  An exception the callback
+        raises ends that callback only: an Exception is logged as concurrent.futures
+        does (logger ``concurrent.futures``), and one that is not an Exception
+        (SystemExit, KeyboardInterrupt) is ignored.  On a future already done ``fn``
+        runs at once in the calling thread, as concurrent.futures runs it: an
+        Exception it raises is logged and add_done_callback() returns normally; only
+        one that is not an Exception (KeyboardInterrupt, SystemExit) propagates."""
+        owner = self._owner
+        if self.done() or owner is None:
+            super().add_done_callback(fn)
+            return
+
+        def posted(f: "concurrent.futures.Future[Any]") -> None:
+            client = owner()
+            if client is None:  # no client left to run it: run here, as before
+                _run_callback(fn, f)
+            else:
+                client._post(_run_callback, (fn, f))
+
+        super().add_done_callback(posted)
+
+    def _add_inline(self, fn: Callable[["concurrent.futures.Future[Any]"], Any]) -> None:
+        """The client's own done-callbacks: run where the future completes (the thread
+        reading, the worker, the dspk-callbacks thread for a settle queued behind
+        progress calls), what they raise kept in them as for a user's callback."""
         if self.done():
             super().add_done_callback(fn)
             return
@@ -526,6 +558,17 @@ class TaskFuture(concurrent.futures.Future):
 
     def exception(self, timeout: Optional[float] = None) -> Optional[BaseException]:
         return super().exception(self._pump(timeout))
+
+
+def _run_callback(fn: Callable[[Any], Any], fut: concurrent.futures.Future) -> None:
+    """Runs a user's done-callback: an Exception it raises is logged as
+    concurrent.futures logs it, one that is not an Exception is ignored."""
+    try:
+        fn(fut)
+    except Exception:
+        _LOGGER.exception("exception calling callback for %r", fut)
+    except BaseException:  # noqa: B036 - the callback's own: see add_done_callback
+        pass
 
 
 class _Call:
@@ -640,6 +683,14 @@ def _decode_canceled(res: Any) -> bool:
     return _field(res, "canceled", "bool")
 
 
+def _foreign_array(what: str, d: "DeviceArray") -> str:
+    """The message for a DeviceArray of another client passed to an op of this one: its
+    buffer id means nothing (or another buffer) on this connection."""
+    return ("%s: a DeviceArray of another connection (buffer %d of that client's "
+            "connection; buffers belong to the connection that made them): pass it to "
+            "an op of its own client, or its .numpy() here" % (what, d.buffer))
+
+
 class DeviceArray:
     """A tensor in a daemon-side buffer (``buffer.create``), owned by one connection.
 
@@ -703,6 +754,22 @@ class DeviceArray:
             self.free()
         except _errors.Closed:
             pass
+
+    # numpy's operators and ufuncs with a DeviceArray operand (``np.add(x, d)``,
+    # ``x + d``, ``d * 2``): TypeError at once, before numpy looks at the operand
+    # any further (it could otherwise make an object array holding it).
+    __array_ufunc__ = None
+
+    def _no_arithmetic(self, *other: Any) -> Any:
+        raise TypeError("a dspk.DeviceArray supports no arithmetic here (its data is in a "
+                        "daemon buffer): use the client's ops, or its .numpy() for a copy")
+
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = _no_arithmetic
+    __truediv__ = __rtruediv__ = __floordiv__ = __rfloordiv__ = _no_arithmetic
+    __mod__ = __rmod__ = __pow__ = __rpow__ = __matmul__ = __rmatmul__ = _no_arithmetic
+    __and__ = __rand__ = __or__ = __ror__ = __xor__ = __rxor__ = _no_arithmetic
+    __lshift__ = __rlshift__ = __rshift__ = __rrshift__ = _no_arithmetic
+    __neg__ = __pos__ = __abs__ = __invert__ = _no_arithmetic
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         """``numpy.asarray(d)`` and friends: TypeError (the data is in a daemon buffer:
@@ -856,10 +923,25 @@ def _integers(name: str, v: Any) -> List[int]:
 
 
 def _shape(v: Any) -> Tuple[int, ...]:
-    """A shape (an integer or a sequence of them, each >= 0) as a tuple."""
-    shape = tuple(_integers("shape", v))
+    """A shape (an integer or a sequence of them, each >= 0) as a tuple.  A dimension
+    beyond int64 (2^63 or more: the daemon's limit, whatever msgpack could carry) is
+    dspk.LimitExceeded, as the daemon would say; a product of them too large is
+    _nbytes'."""
+    if isinstance(v, (str, bytes)) or not (isinstance(v, (numbers.Integral, np.ndarray))
+                                           or hasattr(v, "__iter__")):
+        raise _errors.InvalidArgument("shape: expected an integer or a sequence of "
+                                      "integers, got %s" % _kind(v))
+    if isinstance(v, np.ndarray) and v.ndim == 0:
+        v = v[()]
+    if isinstance(v, (numbers.Integral, np.bool_)):
+        shape: Tuple[int, ...] = (_integer("shape", v),)
+    else:
+        items = user_code("shape", list, v)  # its __iter__ or __getitem__ may raise
+        shape = tuple(_integer("shape[%d]" % i, n) for i, n in enumerate(items))
     if any(n < 0 for n in shape):
         raise _errors.InvalidArgument("shape: %s has a negative dimension" % (shape,))
+    if any(n > (1 << 63) - 1 for n in shape):
+        raise _errors.LimitExceeded("shape %s: a dimension beyond int64" % (shape,))
     return shape
 
 
@@ -1095,6 +1177,164 @@ def _result_meta(op: str, inputs: Sequence[Any], options: Mapping[str, Any]
     return None
 
 
+_STD = ("f32", "f64", "c64", "c128")
+_MAP_INPUTS = {"add": 2, "sub": 2, "mul": 2, "scale": 1, "axpy": 2, "abs": 1, "exp": 1}
+
+
+def _op_refusal(op: str, inputs: Sequence[Any], options: Mapping[str, Any],
+                limits: Mapping[str, Any]) -> Optional[Error]:
+    """The error the daemon's check of the op's operands (backends/op.c, infer_*)
+    would give, in its class and its very words, so that an op it refuses is refused
+    before any operand is sent or staged; None where it would take them, or where the
+    client does not know (then the daemon decides, as before): operands that are no
+    arrays, a rank or size its generic checks refuse, the contraction's subscripts."""
+    try:
+        metas = [_meta(x, "input %d" % i) for i, x in enumerate(inputs)]
+        names = [wire_name(d) for _, d in metas]
+    except Exception as e:  # noqa: BLE001 - the operand's own error comes later
+        if from_signal_handler(e):
+            raise
+        return None
+    most = limits.get("max_rank")
+    most = min(8, most) if isinstance(most, int) else 8
+    if any(len(sh) > most or _over_limit(tuple(sh), limits) for sh, _ in metas):
+        return None
+    for (sh, dt) in metas:
+        span = dt.itemsize
+        for n in sh:
+            span *= max(n, 1)
+        if span > (1 << 63) - 1:
+            return None
+    shapes = [tuple(int(n) for n in sh) for sh, _ in metas]
+    E = _errors
+    if op == "gemm" and len(metas) in (2, 3):
+        ab = ("A", "B", "C")
+        for i in range(2):
+            if names[i] not in ("f32", "f64", "f16", "bf16"):
+                return E.DtypeError("gemm: %s has dtype %s (supported: f32, f64, f16, bf16)"
+                                    % (ab[i], names[i]))
+        if names[0] != names[1]:
+            return E.DtypeError("gemm: A has dtype %s but B has dtype %s (must be equal)"
+                                % (names[0], names[1]))
+        for i in range(2):
+            if len(shapes[i]) < 2:
+                return E.ShapeError("gemm: %s has rank %d, needs rank >= 2 (1-D vectors are "
+                                    "not promoted: reshape to (1,K) or (K,1))"
+                                    % (ab[i], len(shapes[i])))
+        A, B = shapes[0], shapes[1]
+        ra, rb = len(A), len(B)
+        ta, tb = bool(options.get("trans_a")), bool(options.get("trans_b"))
+        am, ak = (ra - 1, ra - 2) if ta else (ra - 2, ra - 1)
+        bk, bn = (rb - 1, rb - 2) if tb else (rb - 2, rb - 1)
+        if A[ak] != B[bk]:
+            return E.ShapeError("gemm: A has K=%d (axis %d%s) but B has K=%d (axis %d%s)"
+                                % (A[ak], ak, ", trans_a" if ta else "", B[bk], bk,
+                                   ", trans_b" if tb else ""))
+        odt = "f64" if names[0] == "f64" else "f32"
+        ro = max(ra, rb)
+        out: List[int] = []
+        for i in range(ro - 2):
+            ia, ib = i - (ro - ra), i - (ro - rb)
+            da = A[ia] if ia >= 0 else 1
+            db = B[ib] if ib >= 0 else 1
+            if da != db and da != 1 and db != 1:
+                return E.ShapeError("gemm: batch dimensions do not broadcast: A has %d (axis "
+                                    "%d) but B has %d (axis %d)" % (da, ia, db, ib))
+            out.append(db if da == 1 else da)
+        out += [A[am], B[bn]]
+        if len(metas) == 3:
+            C = shapes[2]
+            if names[2] != odt:
+                return E.DtypeError("gemm: C has dtype %s but the output is %s (must be "
+                                    "equal)" % (names[2], odt))
+            if len(C) > ro:
+                return E.ShapeError("gemm: C has rank %d, more than the output's rank %d"
+                                    % (len(C), ro))
+            for i, n in enumerate(C):
+                io = i + (ro - len(C))
+                if n != 1 and n != out[io]:
+                    return E.ShapeError("gemm: C has %d (axis %d) but the output has %d "
+                                        "(axis %d): C must broadcast to the output"
+                                        % (n, i, out[io], io))
+        return None
+    if op == "fft" and len(metas) == 1:
+        X = shapes[0]
+        if names[0] not in _STD:
+            return E.DtypeError("fft: X has dtype %s (supported: c64, c128, and f32, f64 for "
+                                "rfft)" % names[0])
+        if not X:
+            return E.ShapeError("fft: X has rank 0, needs rank >= 1")
+        last = len(X) - 1
+        if X[last] < 1:
+            return E.ShapeError("fft: X has length 0 along axis %d (the transform axis)"
+                                % last)
+        if X[last] > (1 << 31) - 1 and math.prod(X) > 0:
+            return E.ShapeError("fft: X has length %d along axis %d, above 2^31-1"
+                                % (X[last], last))
+        if names[0] in ("f32", "f64") and options.get("inverse"):
+            return E.InvalidArgument("fft: X is real (%s): the inverse transform needs "
+                                     "complex input (real input gives rfft)" % names[0])
+        return None
+    if op == "fir" and len(metas) == 2:
+        X, H = shapes
+        if names[0] not in _STD:
+            return E.DtypeError("fir: X has dtype %s (supported: f32, f64, c64, c128)"
+                                % names[0])
+        if names[1] != names[0]:
+            return E.DtypeError("fir: H has dtype %s but X has dtype %s (must be equal)"
+                                % (names[1], names[0]))
+        if not X:
+            return E.ShapeError("fir: X has rank 0, needs rank >= 1")
+        if len(H) != 1:
+            return E.ShapeError("fir: H has rank %d, must be 1-D (K,)" % len(H))
+        if H[0] < 1:
+            return E.ShapeError("fir: H has length 0 (axis 0), needs >= 1 tap")
+        return None
+    if op == "contract" and len(metas) == 2:
+        if names[0] not in _STD:
+            return E.DtypeError("contract: A has dtype %s (supported: f32, f64, c64, c128)"
+                                % names[0])
+        if names[1] != names[0]:
+            return E.DtypeError("contract: A has dtype %s but B has dtype %s (must be "
+                                "equal)" % (names[0], names[1]))
+        return None  # the subscripts: the daemon's checks
+    if op == "reduce" and len(metas) == 1:
+        fn = options.get("fn", "sum")
+        if fn not in ("sum", "max", "min", "mean"):
+            return None  # the daemon's EINVAL
+        if names[0] not in _STD:
+            return E.DtypeError("reduce: X has dtype %s (supported: f32, f64, c64, c128)"
+                                % names[0])
+        if fn in ("max", "min") and names[0] not in ("f32", "f64"):
+            return E.DtypeError("reduce: %s needs real X, X has dtype %s" % (fn, names[0]))
+        return None  # the axes: the daemon's checks
+    if op == "map":
+        fn = options.get("fn")
+        if fn not in _MAP_INPUTS:
+            return None  # the daemon's EINVAL
+        if len(metas) != _MAP_INPUTS[fn]:
+            k = _MAP_INPUTS[fn]
+            return E.InvalidArgument("map: %s takes %d input%s, got %d"
+                                     % (fn, k, "" if k == 1 else "s", len(metas)))
+        if names[0] not in _STD:
+            return E.DtypeError("map: A has dtype %s (supported: f32, f64, c64, c128)"
+                                % names[0])
+        if len(metas) == 2:
+            A, B = shapes
+            if names[1] != names[0]:
+                return E.DtypeError("map: %s: A has dtype %s but B has dtype %s (must be "
+                                    "equal)" % (fn, names[0], names[1]))
+            if len(B) != len(A):
+                return E.ShapeError("map: %s: A has rank %d but B has rank %d (shapes must "
+                                    "be equal)" % (fn, len(A), len(B)))
+            for i, (na, nb) in enumerate(zip(A, B)):
+                if na != nb:
+                    return E.ShapeError("map: %s: A has %d (axis %d) but B has %d (axis %d)"
+                                        % (fn, na, i, nb, i))
+        return None
+    return None
+
+
 def _result_dtype(op: str, inputs: Sequence[Any], options: Mapping[str, Any]
                   ) -> Optional[np.dtype]:
     """The dtype of the op's first result as the daemon makes it (protocol.md, the
@@ -1259,8 +1499,11 @@ class Client:
         # call than select.select() or a non-blocking recv that fails first.
         self._poll = select.poll()
         self._poll.register(sock, select.POLLIN)
-        self._unpacker = msgpack.Unpacker(raw=False, max_buffer_size=0, ext_hook=_no_ext,
-                                        unicode_errors="replace")
+        # Text that is not valid UTF-8 (a device's name, a message) decodes with
+        # U+FFFD for what is bad, as bytes.decode(errors="replace"): the answer is
+        # still the protocol's, never a UnicodeDecodeError that closes the connection.
+        self._unpacker = msgpack.Unpacker(raw=False, unicode_errors="replace",
+                                          max_buffer_size=0, ext_hook=_no_ext)
         # Settles of answers read whose running an interruption cut (_read_once)
         self._owed_ready: List[Tuple[Callable[..., Any], Tuple[Any, ...]]] = []
         self._rbuf = bytearray(_READ_CHUNK)
@@ -1307,6 +1550,17 @@ class Client:
         self._jobs_pending = 0           # jobs queued or running whose task is unsent
         self._worker: Optional[threading.Thread] = None
         self._tl = threading.local()     # .deferring: in submit()'s first attempt
+        # The user's callbacks (done-callbacks, progress calls) run in order on one
+        # thread of their own, started when one is queued and gone when none is: never
+        # on the thread reading the connection, which a callback that calls the client
+        # and waits (or waits for another thread that does) would otherwise stop.
+        self._cb_cond = threading.Condition(threading.Lock())
+        self._cb_queue: "collections.deque[Tuple[Callable[..., Any], Tuple[Any, ...]]]" = \
+            collections.deque()
+        self._cb_thread: Optional[threading.Thread] = None
+        # Progress calls queued per future (by id): its settle waits behind them, so
+        # that progress is always called before the future completes.
+        self._cb_progress: Dict[int, int] = {}
         self.limits: Dict[str, int] = {}
         if name is None:
             name = "python:" + _sendable(os.path.basename(
@@ -1843,7 +2097,7 @@ class Client:
                 # Written whole: its answer will come and complete the future (the
                 # caller attaches what it owes through ``owner``).
                 if is_async:
-                    fut.add_done_callback(self._on_async_done)
+                    fut._add_inline(self._on_async_done)
                     self._ensure_reader()
                 raise
             with self._lock:  # nothing will answer it
@@ -1853,7 +2107,7 @@ class Client:
                     self._async -= 1
             raise
         if is_async:
-            fut.add_done_callback(self._on_async_done)
+            fut._add_inline(self._on_async_done)
             self._ensure_reader()
         return fut
 
@@ -1889,7 +2143,7 @@ class Client:
             except BaseException:  # dspk.Timeout, KeyboardInterrupt: the caller gets no id
                 for fut in owner:  # a request sent whole: its buffer is freed when made
                     if fut.sent:
-                        fut.add_done_callback(self._orphaned_buffer)
+                        fut._add_inline(self._orphaned_buffer)
                 raise
         raise AssertionError("unreachable")
 
@@ -1934,6 +2188,12 @@ class Client:
         (a nested wait): it goes on reading."""
         me = threading.get_ident()
         while not fut.done():
+            if getattr(fut, "_queued", False) and not self._is_callbacks_thread():
+                # Answered, its settle queued behind progress calls on the callbacks
+                # thread: nothing more comes to read for it.
+                left = None if deadline is None else deadline - time.monotonic()
+                concurrent.futures.wait([fut], None if left is None else max(left, 0))
+                return fut.done()
             nested = True  # until this thread takes the reading: nothing to give back
             try:
                 with self._lock:
@@ -1948,7 +2208,7 @@ class Client:
                         continue
                     nested = self._reading
                     self._reading, self._reader_ident = True, me
-                while not fut.done():
+                while not fut.done() and not getattr(fut, "_queued", False):
                     if self._closed is not None:
                         # Everything pending failed; a future not among them (a staged
                         # result's) would wait for ever.
@@ -2209,8 +2469,8 @@ class Client:
         """A fresh unpacker at a message boundary (the old one holds nothing: a frame
         is taken over only at a boundary); _fed restarts at its position 0."""
         self._fed = 0
-        return msgpack.Unpacker(raw=False, max_buffer_size=0, ext_hook=_no_ext,
-                               unicode_errors="replace")
+        return msgpack.Unpacker(raw=False, unicode_errors="replace", max_buffer_size=0,
+                                ext_hook=_no_ext)
 
     def _dispatch(self, msg: Any,
                   ready: List[Tuple[Callable[..., Any], Tuple[Any, ...]]]) -> None:
@@ -2241,7 +2501,7 @@ class Client:
                 else:
                     err = _errors.ProtocolError("%s: a malformed answer: its error is %s, "
                                                 "not a map" % (what, _kind(msg[2])))
-                ready.append((self._settle, (fut, None, err)))
+                ready.append((self._settle_after, (fut, None, err)))
             else:
                 try:
                     value = call.decode(msg[3]) if call.decode else msg[3]
@@ -2252,9 +2512,9 @@ class Client:
                     elif not isinstance(err, Error):  # a malformed answer (KeyError...)
                         err = _errors.ProtocolError("%s: a malformed answer (%s: %s)" % (
                             what, type(e).__name__, e))
-                    ready.append((self._settle, (fut, None, err)))
+                    ready.append((self._settle_after, (fut, None, err)))
                 else:
-                    ready.append((self._settle, (fut, value)))
+                    ready.append((self._settle_after, (fut, value)))
             return
         # A notification [2, method, params]
         params = msg[2][0] if msg[2] else {}
@@ -2267,9 +2527,122 @@ class Client:
                     frac = float(params.get("fraction", 0.0))
                 except (TypeError, ValueError):
                     return
-                ready.append((self._progress, (call.progress, what, frac)))
+                ready.append((self._progress_post, (call.future, call.progress, what,
+                                                    frac)))
         elif msg[1] == "protocol.error" and isinstance(params, dict):
             self._protocol_error = _errors.error_from(params)
+
+    # ---- the callbacks thread -----------------------------------------------------
+
+    def _post(self, fn: Callable[..., Any], args: Tuple[Any, ...]) -> None:
+        """Queues ``fn(*args)`` (which keeps what it raises) for the dspk-callbacks
+        thread, starting it where none runs.  Where no thread can be started, the
+        queue is run here (the thread completing the future, as before)."""
+        with self._cb_cond:
+            self._cb_queue.append((fn, args))
+            self._cb_cond.notify_all()
+            if self._cb_thread is not None and self._cb_thread.is_alive():
+                return  # (one of the parent's, in a child of fork(), is not)
+            t = self._cb_thread = threading.Thread(target=self._callbacks_main,
+                                                   daemon=True, name="dspk-callbacks")
+        try:
+            t.start()
+        except RuntimeError:  # "can't start new thread"
+            with self._cb_cond:
+                if self._cb_thread is t:
+                    self._cb_thread = None
+            while self._run_one_callback():
+                pass
+
+    def _run_one_callback(self) -> bool:
+        """Runs the first queued callback here; False when none was queued."""
+        with self._cb_cond:
+            if not self._cb_queue:
+                return False
+            fn, args = self._cb_queue.popleft()
+        try:
+            fn(*args)
+        except BaseException:  # noqa: B036, BLE001 - each keeps its own; see _run_callback
+            pass
+        return True
+
+    def _callbacks_main(self) -> None:
+        """The dspk-callbacks thread: runs the queue in order, and ends when it is
+        empty (the next _post() starts another)."""
+        me = threading.current_thread()
+        while True:
+            with self._cb_cond:
+                if not self._cb_queue:
+                    if self._cb_thread is me:
+                        self._cb_thread = None
+                    return
+            self._run_one_callback()
+
+    def _is_callbacks_thread(self) -> bool:
+        t = self._cb_thread
+        return t is not None and t is threading.current_thread()
+
+    def _callbacks_wait(self, fut: concurrent.futures.Future,
+                        timeout: Optional[float]) -> None:
+        """result()/exception() of ``fut`` in a callback (on the callbacks thread): runs
+        the queued callbacks meanwhile (the settle of ``fut`` may be among them), and
+        reads the connection where no reader thread does; concurrent.futures'
+        TimeoutError when ``timeout`` seconds pass first."""
+        if timeout is not None:
+            try:
+                timeout = float(timeout)
+            except OverflowError:
+                timeout = None
+        deadline = None if timeout is None or timeout > _TIMEOUT_FOREVER \
+            else time.monotonic() + timeout
+        while not fut.done():
+            if self._run_one_callback():
+                continue
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise concurrent.futures.TimeoutError()
+            step = _CB_RECHECK if left is None else min(left, _CB_RECHECK)
+            if not getattr(fut, "_queued", False) and self._thread is None:
+                self._pump_until(fut, time.monotonic() + step)  # no reader: read here
+            else:
+                with self._cb_cond:
+                    if not self._cb_queue and not fut.done():
+                        self._cb_cond.wait(step)
+
+    def _progress_post(self, fut: concurrent.futures.Future, fn: Progress, what: str,
+                       frac: float) -> None:
+        with self._cb_cond:
+            self._cb_progress[id(fut)] = self._cb_progress.get(id(fut), 0) + 1
+        self._post(self._progress_run, (fut, fn, what, frac))
+
+    def _progress_run(self, fut: concurrent.futures.Future, fn: Progress, what: str,
+                      frac: float) -> None:
+        try:
+            self._progress(fn, what, frac)
+        finally:
+            with self._cb_cond:
+                n = self._cb_progress.pop(id(fut), 1) - 1
+                if n > 0:
+                    self._cb_progress[id(fut)] = n
+
+    def _settle_after(self, fut: concurrent.futures.Future, value: Any = None,
+                      exc: Optional[BaseException] = None) -> None:
+        """Settles ``fut`` here, or, while progress calls of its are queued, queues the
+        settle behind them (the future completes once they ran)."""
+        with self._cb_cond:
+            queued = self._cb_progress.get(id(fut), 0) > 0
+            if queued:
+                fut._queued = True  # type: ignore[union-attr]
+        if queued:
+            self._post(self._settle_queued, (fut, value, exc))
+        else:
+            self._settle(fut, value, exc)
+
+    def _settle_queued(self, fut: concurrent.futures.Future, value: Any,
+                       exc: Optional[BaseException]) -> None:
+        self._settle(fut, value, exc)
+        with self._lock:
+            self._cond.notify_all()
 
     @staticmethod
     def _progress(fn: Progress, what: str, frac: float) -> None:
@@ -2384,7 +2757,10 @@ class Client:
         (and views of them) are references, as in any op: kept."""
         bound = inspect.signature(getattr(self, op)).bind(*args, **kwargs)
 
-        def own(x: Any, what: str) -> Any:
+        def own(x: Any, what: str, pos: int) -> Any:
+            if isinstance(x, DeviceArray) and x.client is not self:
+                # refused now, as an op sent at once refuses it, not by the worker
+                raise _errors.InvalidArgument(_foreign_array("input %d" % pos, x))
             if x is None or isinstance(x, DeviceArray):
                 return x
             a = _as_array(x, what, self.limits)
@@ -2397,14 +2773,18 @@ class Client:
                 shares = True
             return a.copy() if shares else a
 
-        for name in self._OPERANDS[op]:
+        for k, name in enumerate(self._OPERANDS[op]):
             if name not in bound.arguments:
                 continue
             v = bound.arguments[name]
             if name == "tensors":
-                bound.arguments[name] = tuple(own(x, "input %d" % i) for i, x in enumerate(v))
+                bound.arguments[name] = tuple(own(x, "input %d" % i, i)
+                                              for i, x in enumerate(v))
             else:
-                bound.arguments[name] = own(v, name)
+                bound.arguments[name] = own(v, name, k)
+        out = bound.arguments.get("out")
+        if isinstance(out, DeviceArray) and out.client is not self:
+            raise _errors.InvalidArgument(_foreign_array("out=", out))
         return bound.args, dict(bound.kwargs)
 
     def _defer(self, op: str, args: Tuple[Any, ...], kwargs: Dict[str, Any],
@@ -2415,7 +2795,7 @@ class Client:
         user._owner = weakref.ref(self)
         job = _Job(getattr(self, "_op_" + op), args, kwargs, progress, user)
         user._job = job
-        user.add_done_callback(lambda f, job=job: self._job_done(job))
+        user._add_inline(lambda f, job=job: self._job_done(job))
         start: Optional[threading.Thread] = None
         started = False
         try:
@@ -2517,7 +2897,7 @@ class Client:
             else:
                 self._settle(user, f.result())
 
-        inner.add_done_callback(follow)
+        inner._add_inline(follow)
 
     def _job_done(self, job: _Job) -> None:
         """The future of a deferred submit() is done: canceled (future.cancel()), its
@@ -2780,7 +3160,7 @@ class Client:
 
         try:
             self._start("devices", None, lambda res: learn(_decode_devices(res)),
-                        is_async=True).add_done_callback(done)
+                        is_async=True)._add_inline(done)
         except Error:
             self._any_asking = False
 
@@ -3077,12 +3457,21 @@ class Client:
                 out = None
                 if target == "any":
                     target = ref[2]
-            elif not isinstance(out, DeviceArray) or out.client is not self:
+            elif isinstance(out, DeviceArray) and out.client is not self:
+                raise _errors.InvalidArgument(_foreign_array("out=", out))
+            elif not isinstance(out, DeviceArray):
                 raise _errors.InvalidArgument("out= must be a DeviceArray of this connection")
             else:
                 outputs = [{"buffer": out.buffer, "offset": out.offset}]
                 if target == "any":
                     target = out.device
+        for i, x in enumerate(inputs):
+            if isinstance(x, DeviceArray) and x.client is not self:
+                raise _errors.InvalidArgument(_foreign_array("input %d" % i, x))
+        # Operands the daemon's op would refuse: its error, before any is sent.
+        refused = _op_refusal(op, inputs, options, self.limits)
+        if refused is not None:
+            raise refused
         if outputs is not None:
             # out= must hold the result (protocol.md: ERANGE before any work).  The
             # daemon bounds the result by the out= buffer only, and a view (a slice of a
@@ -3114,7 +3503,7 @@ class Client:
         for i, x in enumerate(inputs):
             if isinstance(x, DeviceArray):
                 if x.client is not self:
-                    raise _errors.InvalidArgument("a DeviceArray of another connection")
+                    raise _errors.InvalidArgument(_foreign_array("input %d" % i, x))
                 tensors.append(x._ref())
                 by_pos[i] = x
                 if target == "any":
@@ -3291,12 +3680,12 @@ class Client:
             if sent and shm:
                 # The task went out (an interruption came after): its temporaries
                 # stay busy until it is answered.
-                sent[-1].add_done_callback(lambda f: self._temps_done(f, shm))
+                sent[-1]._add_inline(lambda f: self._temps_done(f, shm))
             else:
                 self._temp_put(shm)
             raise
         if shm:
-            fut.add_done_callback(lambda f: self._temps_done(f, shm))
+            fut._add_inline(lambda f: self._temps_done(f, shm))
             if not is_async:
                 try:
                     self._wait(fut)
@@ -3472,15 +3861,15 @@ class Client:
             if not reads:
                 finish(value=value)
             for rf in reads:
-                rf.add_done_callback(on_read)
+                rf._add_inline(on_read)
 
         def on_user(u: concurrent.futures.Future) -> None:
             if u.cancelled():
                 inner.cancel()
                 release()  # at once: the reads may still be in flight
 
-        inner.add_done_callback(on_task)
-        user.add_done_callback(on_user)
+        inner._add_inline(on_task)
+        user._add_inline(on_user)
         return user
 
     def _free_quietly(self, buffer: int) -> None:

@@ -191,12 +191,13 @@ def _f64_round_to_odd_wide(a: np.ndarray) -> np.ndarray:
 def _python_reals(a: np.ndarray) -> np.ndarray:
     """An object array of Python numbers (ints beyond 64 bits: numpy.asarray([2**70]),
     fractions.Fraction, floats) as float64 rounded to odd, each from its exact value;
-    DtypeError for anything else (bool, complex, str, None, Decimal)."""
+    DtypeError for anything else (bool, complex, str, None, Decimal: a bool among
+    numbers is taken for a mistake; an array of bools converts, in to_bfloat16)."""
     flat = a.reshape(-1)
     out = np.empty(flat.shape, np.float64)
     for i, v in enumerate(flat):
-        if isinstance(v, (float, np.floating)) and not isinstance(v, bool):
-            if not np.isfinite(v) or v == 0:  # infinities, NaN, and zeros with their sign
+        if isinstance(v, (float, np.floating)):
+            if not np.isfinite(v) or v == 0:  # -0.0 keeps its sign (its ratio is 0/1)
                 out[i] = float(v)
                 continue
             n, d = v.as_integer_ratio()
@@ -231,7 +232,8 @@ def to_bfloat16(x: Any) -> np.ndarray:
     """A dspk.bfloat16 array of ``x`` (real numbers; rounded to nearest even, once,
     from the exact value of every input type: floats up to numpy.longdouble, integers
     of any width, Python ints beyond 64 bits and fractions.Fraction too; NaN stays
-    NaN), of x's shape (0-d too).  Complex, bool, str or None: DtypeError."""
+    NaN, -0.0 keeps its sign; an array of bools is 0.0 and 1.0), of x's shape (0-d
+    too).  Complex, str or None, or a bool among numbers: DtypeError."""
     a = as_ndarray(x, "to_bfloat16")
     if a.dtype.kind == "f" and not isinstance(x, (np.ndarray, np.generic)):
         # A sequence whose elements numpy promoted to one float dtype: an int among
@@ -247,6 +249,8 @@ def to_bfloat16(x: Any) -> np.ndarray:
             a = o
     if a.dtype.kind == "O":
         a = _python_reals(a)  # Python ints beyond 64 bits; other objects: DtypeError
+    if a.dtype.kind == "b":
+        a = a.astype(np.float32)  # False 0.0, True 1.0 (as numpy converts bools)
     if a.dtype.kind not in "fiu" or a.dtype.names is not None:
         # complex would lose its imaginary part, None and str are no numbers
         raise DtypeError("to_bfloat16: dtype %s (want real numbers)" % a.dtype)

@@ -83,8 +83,9 @@ def _subclass(cls_name: str, builtin: Type[BaseException] | None, code: int, nam
 
 
 _BY_CODE: Dict[int, Type[Error]] = {}
+_BY_NAME: Dict[str, Type[Error]] = {}
 for _row in _TABLE:
-    _BY_CODE[_row[2]] = globals()[_row[0]] = _subclass(*_row)
+    _BY_CODE[_row[2]] = _BY_NAME[_row[3]] = globals()[_row[0]] = _subclass(*_row)
 del _row
 
 
@@ -93,8 +94,9 @@ def error_from(err: Mapping[str, Any]) -> Error:
     code = err.get("code")
     name = err.get("name")
     message = err.get("message") or ""
-    if not isinstance(code, int):
-        code = -24
+    if isinstance(code, bool) or not isinstance(code, int):
+        # No code (or not an integer): the class its name says, else EINTERNAL.
+        code = _BY_NAME[name].code if isinstance(name, str) and name in _BY_NAME else -24
     cls = _BY_CODE.get(code, Error)
     if not isinstance(name, str) or not name:
         name = cls.name if cls is not Error else "E%d" % -code

@@ -201,3 +201,124 @@ def test_a_string_that_is_not_utf8_is_read_with_replacement_characters(fake):
         assert e.value.message == "\ufffd\ufffdA"
         with pytest.raises(dspk.InvalidArgument):  # the connection goes on
             c.ping()
+
+def _bad_utf8(msg, marks):
+    """msg packed, each placeholder of ``marks`` (bytes) replaced by bytes that are no
+    UTF-8 (their str header keeps their length)."""
+    raw = msgpack.packb(msg)
+    for mark, bad in marks.items():
+        assert len(mark) == len(bad) and raw.count(mark) == 1
+        raw = raw.replace(mark, bad)
+    return raw
+
+
+def test_text_that_is_not_utf8_decodes_with_replacement_characters(fake):
+    """A device name or an error message holding bytes that are no UTF-8 raised
+    UnicodeDecodeError inside the decoder, which closed the connection ("undecodable
+    data").  Now such text decodes as bytes.decode(errors="replace") does (U+FFFD for
+    each bad byte here) and the connection stays usable."""
+    name = b"gpu\xff\xfe-\xc3(x"          # 0xff, 0xfe, and a cut 2-byte sequence
+    msg = b"bad \x80 operand"
+    dev = dict(DEVICE, name="N" * len(name))
+    f = fake({
+        "devices": lambda msgid: _bad_utf8([1, msgid, None, {"devices": [dev],
+                                                             "unavailable": []}],
+                                           {b"N" * len(name): name}),
+        "status": lambda msgid: _bad_utf8([1, msgid, {"code": -1, "name": "EINVAL",
+                                                      "message": "M" * len(msg)}, None],
+                                          {b"M" * len(msg): msg}),
+    })
+    with dspk.connect(f.path, timeout=TIMEOUT) as c:
+        got = c.devices()
+        assert got[0]["name"] == name.decode("utf-8", "replace") == "gpu\ufffd\ufffd-\ufffd(x"
+        with pytest.raises(dspk.InvalidArgument) as e:
+            c.status()
+        assert e.value.message == "bad \ufffd operand"
+        assert not c.closed
+        assert c.ping() >= 0  # the connection is still usable
+
+
+def test_callbacks_run_on_their_own_thread_and_may_wait(fake):
+    """Done-callbacks and progress callbacks ran on the thread reading the connection:
+    one that waited for another thread's call (or called the client and waited for a
+    future of another thread's) stopped the reading, and that call deadlocked (here:
+    dspk.Timeout).  Now they run in order on the client's dspk-callbacks thread;
+    progress still comes before the future completes, and a callback may call the
+    client and wait."""
+    out = {"dtype": "f32", "shape": [2], "data": np.array([1, 2], np.float32).tobytes()}
+
+    def run(msgid):  # a progress notification, then the answer, in one write
+        return msgpack.packb([2, "task.progress", [{"msgid": msgid, "what": "tune",
+                                                    "fraction": 0.5}]]) + \
+            msgpack.packb([1, msgid, None, {"device": "cpu:0", "outputs": [out],
+                                            "time_us": 1}])
+    f = fake({"task.run": run})
+    with dspk.connect(f.path, timeout=10) as c:
+        go, done = threading.Event(), threading.Event()
+        seen = []
+
+        def progress(what, frac):
+            seen.append(("progress", threading.current_thread().name, fut.done()))
+            assert go.wait(TIMEOUT)  # waits for the main thread's ping below
+
+        def callback(g):
+            seen.append(("done", threading.current_thread().name, g.done()))
+            # a synchronous call, and a submit() waited for, from the callback
+            seen.append(("ping", c.ping() >= 0))
+            h = c.submit("map", "abs", np.ones(2, np.float32), progress=lambda w, x: seen
+                         .append(("progress", threading.current_thread().name, h.done())))
+            seen.append(("nested", h.result(TIMEOUT).tolist()))
+            done.set()
+
+        fut = c.submit("map", "abs", np.ones(2, np.float32), progress=progress)
+        fut.add_done_callback(callback)
+        assert c.ping() >= 0   # deadlocked while progress held the reading thread
+        go.set()
+        np.testing.assert_array_equal(fut.result(TIMEOUT), [1, 2])
+        assert done.wait(TIMEOUT)
+        assert seen == [("progress", "dspk-callbacks", False),
+                        ("done", "dspk-callbacks", True), ("ping", True),
+                        ("progress", "dspk-callbacks", False), ("nested", [1, 2])]
+
+
+# protocol.md's error codes and python.md's table of classes (and builtins they derive from)
+ERRORS = [(-1, "EINVAL", "InvalidArgument", ValueError), (-2, "ENOMEM", "OutOfMemory",
+          MemoryError), (-3, "EPROTO", "ProtocolError", None),
+          (-4, "ELIMIT", "LimitExceeded", None), (-5, "ENOMETHOD", "NoMethod", None),
+          (-6, "ENODEV", "NoDevice", None), (-7, "EDTYPE", "DtypeError", TypeError),
+          (-8, "ESHAPE", "ShapeError", ValueError), (-9, "ENOBUF", "NoBuffer", None),
+          (-10, "ERANGE", "RangeError", IndexError), (-11, "ECANCELED", "Canceled", None),
+          (-12, "ESHUTDOWN", "Shutdown", None), (-13, "EPERM", "PermissionDenied",
+          PermissionError), (-14, "EIO", "IOFailure", None),
+          (-15, "ECLOSED", "Closed", ConnectionError),
+          (-16, "ECONNECT", "ConnectError", ConnectionError),
+          (-17, "EDEVICE", "DeviceError", None), (-18, "ECOMPILE", "CompileError", None),
+          (-19, "ENOTSUP", "NotSupported", NotImplementedError), (-20, "EBUSY", "Busy", None),
+          (-21, "ETIMEDOUT", "Timeout", TimeoutError), (-22, "ENOENT", "NotFound", None),
+          (-23, "EVERSION", "VersionMismatch", None),
+          (-24, "EINTERNAL", "InternalError", None)]
+
+
+def test_every_error_code_raises_its_class(fake):
+    """Each code of protocol.md's table, answered by the daemon, raises python.md's
+    subclass (ENOMEM: dspk.OutOfMemory, a MemoryError), with the code, name and message
+    as sent; an error map with a name but no integer code maps by its name (it was
+    InternalError)."""
+    from dspk import _errors
+    assert len(ERRORS) == len(_errors._TABLE)
+    for code, name, cls_name, builtin in ERRORS:
+        f = fake({"status": answer(error={"code": code, "name": name, "message": "m " + name})})
+        with dspk.connect(f.path, timeout=TIMEOUT) as c:
+            with pytest.raises(getattr(dspk, cls_name)) as e:
+                c.status()
+            assert type(e.value) is getattr(dspk, cls_name)
+            assert (e.value.code, e.value.name, e.value.message) == (code, name, "m " + name)
+            assert builtin is None or isinstance(e.value, builtin)
+            assert not c.closed
+        for err in ({"name": name, "message": "x"}, {"code": str(code), "name": name},
+                    {"code": True, "name": name}):
+            got = dspk.error_from(err)
+            assert type(got) is getattr(dspk, cls_name) and got.code == code, (err, got)
+    assert isinstance(dspk.error_from({"code": -2, "name": "ENOMEM"}), MemoryError)
+    assert type(dspk.error_from({"code": -99, "name": "EWHAT"})) is dspk.Error
+    assert type(dspk.error_from({"name": "EWHAT"})) is dspk.InternalError

@@ -413,6 +413,15 @@ def test_empty_shapes(client, make):
         f((1 << 62,), np.float32)
     with pytest.raises(dspk.LimitExceeded):
         f((1 << 32, 1 << 32), np.float64)
+    # A dimension of 2^63 or more: LimitExceeded (the daemon's rule), also beyond the
+    # 64 bits msgpack carries (InvalidArgument "beyond 64 bits" before), never msgpack's
+    # OverflowError; products that overflow 64 bits too.
+    for shape in ((1 << 63,), (1 << 64,), (2, 1 << 70), np.array([1 << 63], np.uint64),
+                  1 << 100, [(1 << 62), (1 << 62), 0], (1 << 40,) * 4):
+        with pytest.raises(dspk.LimitExceeded) as e:
+            f(shape, np.float32)
+        assert e.value.code == -4 and e.value.name == "ELIMIT"
+    assert not client._pending
     with pytest.raises(dspk.DtypeError):
         f(3, "no-such-dtype")
     assert f(np.int64(3), "float32").shape == (3,)
@@ -691,6 +700,26 @@ def _bf16_of_fraction(v):
     return sign | ((e + 127) << 7) | (n - 128)
 
 
+def test_to_bfloat16_keeps_negative_zero_and_converts_bools():
+    """-0.0 among other elements of a list (converted one by one from its exact value,
+    0/1) became +0.0, and bool arrays were refused with DtypeError.  Now -0.0 keeps its
+    sign on every path and arrays of bools convert as numpy converts them (True 1.0)."""
+    from fractions import Fraction
+    for x in ([-0.0, 1], [-0.0, 2 ** 70], [np.longdouble(-0.0), 1.0],
+              np.array([-0.0, Fraction(1, 2)], object), np.array([-0.0, 1.0], np.float16),
+              np.array([-0.0, 1.0], np.float32), np.array([-0.0, 1.0]),
+              np.array([-0.0, 1.0], np.longdouble)):
+        bits = dspk.to_bfloat16(x).view("<u2")
+        assert bits[0] == 0x8000, (x, hex(bits[0]))
+    assert dspk.to_bfloat16(-0.0).view("<u2") == 0x8000
+    for x, want in ((np.array([True, False, True]), [1.0, 0.0, 1.0]),
+                    (np.bool_(True), 1.0), ([True, False], [1.0, 0.0]),
+                    (np.array([[False], [True]]), [[0.0], [1.0]])):
+        b = dspk.to_bfloat16(x)
+        assert b.dtype == dspk.bfloat16 and b.shape == np.shape(want)
+        assert dspk.from_bfloat16(b).tolist() == want
+
+
 def test_to_bfloat16_rounds_once_from_the_exact_value_of_every_type():
     """Inputs wider than float64 were rounded to float64 first: a value just above a
     bf16 tie landed on it and went to even.  int64/uint64/Python int 2**62 + 2**54 + 1
@@ -900,11 +929,20 @@ def test_a_device_array_is_not_taken_for_a_numpy_array(client):
     try:
         with pytest.raises(dspk.InvalidArgument, match=r"array: a DeviceArray .*\.numpy\(\)"):
             client.to_device(d)
-        for convert in (np.asarray, np.array, lambda x: np.add(x, 1),
-                        lambda x: np.asarray([x])):
+        for convert in (np.asarray, np.array, lambda x: np.asarray([x])):
             with pytest.raises(TypeError, match=r"DeviceArray is not a numpy array.*"
                                                 r"\.numpy\(\)"):
                 convert(d)
+        # numpy's ufuncs and operators: TypeError (__array_ufunc__ = None), never an
+        # object array holding the DeviceArray (np.ones(3, object) + d made one)
+        x = np.ones(4)
+        for op in (lambda: np.add(x, d), lambda: np.add(d, 1), lambda: x + d,
+                   lambda: d + x, lambda: d * 2, lambda: 2.0 * d, lambda: x @ d,
+                   lambda: np.ones(4, object) + d, lambda: np.sin(d), lambda: -d,
+                   lambda: np.float64(1) + d, lambda: np.multiply(x, d, dtype=object)):
+            with pytest.raises(TypeError, match="DeviceArray"):
+                op()
+        assert dspk.DeviceArray.__array_ufunc__ is None
         for dump in (pickle.dumps, copy.copy, copy.deepcopy):
             with pytest.raises(TypeError, match="cannot pickle or copy a dspk.DeviceArray"):
                 dump(d)

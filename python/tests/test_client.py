@@ -357,8 +357,11 @@ def test_many_futures_in_flight(client):
     for x, f in zip(xs, futs[300:]):
         np.testing.assert_allclose(f.result(), np.fft.fft(x), rtol=1e-4, atol=1e-4)
     assert len({f.msgid for f in futs}) == len(futs)
-    # an error fails its own future only
-    bad = client.submit("gemm", f32(2, 3), f32(4, 5))
+    # operands the op refuses: raised by submit() itself, nothing sent
+    with pytest.raises(dspk.ShapeError, match="gemm: A has K=3"):
+        client.submit("gemm", f32(2, 3), f32(4, 5))
+    # an error of the daemon's (a label of two sizes) fails its own future only
+    bad = client.submit("contract", "ij,jk->ik", f32(2, 3), f32(4, 5))
     good = client.submit("map", "scale", f32(3), alpha=0.0)
     assert isinstance(bad.exception(TIMEOUT), dspk.ShapeError)
     assert not good.result(TIMEOUT).any()

@@ -126,7 +126,7 @@ def test_callback_base_exceptions_stay_in_the_callback(tmp_path, exc):
         fake.send([1, ids[1], None, {"device": "cpu:0", "outputs": [out], "time_us": 1}])
         np.testing.assert_array_equal(f2.result(10), [1, 2])
         np.testing.assert_array_equal(f1.result(10), [1, 2])
-        assert threads == ["dspk-reader", "dspk-reader"]
+        assert threads == ["dspk-callbacks", "dspk-callbacks"]
         # A later call neither hangs nor gets the callbacks' exceptions.
         f3 = c.submit("map", "abs", np.ones(2, np.float32))
         while len(fake.requests) < 3:

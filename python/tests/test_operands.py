@@ -479,3 +479,47 @@ def test_malformed_answer_is_a_protocol_error(tmp_path):
     finally:
         c.close()
         fake.close()
+
+
+def test_a_device_array_of_another_connection(daemon):
+    """A DeviceArray of another client passed to an op (its buffer id names no buffer,
+    or another one, on this connection) was refused with a bare "a DeviceArray of
+    another connection" naming no operand (out=: "must be a DeviceArray of this
+    connection").  Now refused before anything is sent, naming the operand and its
+    other connection, for every op's operands, as out=, and in submit() (also one the
+    worker would stage, checked as its arguments are taken)."""
+    x = np.arange(8, dtype=np.float32)
+    with dspk.connect(daemon.socket, timeout=TIMEOUT) as c, \
+            dspk.connect(daemon.socket, timeout=TIMEOUT) as other:
+        d = other.to_device(x)
+        m = other.to_device(np.ones((8, 8), np.float32))
+        o = other.empty(8, np.float32)
+        sent = c._next_id
+        calls = [
+            ("input 0", lambda: c.reduce(d)),
+            ("input 1", lambda: c.map("add", x, d)),
+            ("input 1", lambda: c.gemm(np.ones((8, 8), np.float32), m)),
+            ("input 2", lambda: c.gemm(np.ones((8, 8), np.float32),
+                                       np.ones((8, 8), np.float32), m)),
+            ("input 1", lambda: c.fir(x, d)),
+            ("input 0", lambda: c.contract("ij,jk->ik", m, np.ones((8, 8), np.float32))),
+            ("input 1", lambda: c.kernel("void main() {}", x, d, lang="glsl", grid=1)),
+            ("out=", lambda: c.map("abs", x, out=o)),
+            ("input 0", lambda: c.submit("reduce", d)),
+            ("out=", lambda: c.submit("map", "abs", x, out=o)),
+            # a large plain operand beside it: the submit() would go to the worker
+            ("input 1", lambda: c.submit("map", "add", np.ones(8 << 20, np.float32), d)),
+        ]
+        for what, call in calls:
+            with pytest.raises(dspk.InvalidArgument) as e:
+                call()
+            assert e.value.message.startswith(what + ": a DeviceArray of another "
+                                              "connection"), e.value.message
+            assert not isinstance(e.value, dspk.NoBuffer)
+        assert not c._pending
+        assert c._next_id == sent, "a request was sent"
+        mine = [x for x in c.status()["clients"] if x["self"]][0]
+        assert mine["buffers"] == 0
+        # both still work, and the arrays with their own client
+        assert other.reduce(d) == 28
+        np.testing.assert_array_equal(c.map("abs", -x), x)

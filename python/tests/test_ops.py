@@ -219,3 +219,73 @@ def test_kernel_glsl_on_vulkan():
                          dz, lang="glsl", grid=1, block=64, device="vulkan:0")
     finally:
         d.stop()
+
+
+def _bad_ops():
+    f32, f64 = np.float32, np.float64
+    z = np.zeros
+    return [
+        ("gemm", (z((3, 4), f32), z((5, 6), f32)), {}),
+        ("gemm", (z((4, 3), f32), z((5, 6), f32)), {"trans_a": True, "trans_b": True}),
+        ("gemm", (z((3, 4), f32), z((4, 6), f64)), {}),
+        ("gemm", (z((3, 4), np.complex64), z((4, 6), np.complex64)), {}),
+        ("gemm", (z(4, f32), z((4, 6), f32)), {}),
+        ("gemm", (z((2, 3, 4), f32), z((5, 4, 6), f32)), {}),
+        ("gemm", (z((3, 4), f32), z((4, 6), f32), z((3, 6), f64)), {}),
+        ("gemm", (z((3, 4), f32), z((4, 6), f32), z((2, 3, 6), f32)), {}),
+        ("gemm", (z((3, 4), f32), z((4, 6), f32), z((3, 5), f32)), {}),
+        ("fft", (z(8, np.float16),), {}),
+        ("fft", (z((), np.complex64),), {}),
+        ("fft", (z((3, 0), np.complex64),), {}),
+        ("fft", (z(8, f32),), {"inverse": True}),
+        ("fir", (z(8, np.float16), z(3, np.float16)), {}),
+        ("fir", (z(8, f32), z(3, f64)), {}),
+        ("fir", (z((), f32), z(3, f32)), {}),
+        ("fir", (z(8, f32), z((3, 1), f32)), {}),
+        ("fir", (z(8, f32), z(0, f32)), {}),
+        ("contract", ("ij,jk->ik", z((2, 3), np.float16), z((3, 2), np.float16)), {}),
+        ("contract", ("ij,jk->ik", z((2, 3), f32), z((3, 2), f64)), {}),
+        ("reduce", (z(8, np.float16),), {}),
+        ("reduce", (z(8, np.complex64), "max"), {}),
+        ("map", ("add", z(8, f32), z(8, f64)), {}),
+        ("map", ("add", z(8, f32), z((8, 1), f32)), {}),
+        ("map", ("sub", z((2, 8), f32), z((2, 7), f32)), {}),
+        ("map", ("exp", z(8, np.float16)), {}),
+        ("map", ("add", z(8, f32)), {}),
+    ]
+
+
+@pytest.mark.parametrize("case", range(len(_bad_ops())))
+def test_refused_operands_are_refused_before_sending(client, monkeypatch, case):
+    """Operands the daemon's op refuses (gemm's inner dimensions, a dtype the op lacks)
+    were sent, all their data, and only then refused.  Now the client refuses them first
+    with the daemon's very error (class and words of backends/op.c): compared here with
+    the daemon's own answer to the same op, sent with the client's check turned off."""
+    op, args, kw = _bad_ops()[case]
+    sent = client._next_id
+    with pytest.raises(dspk.Error) as local:
+        getattr(client, op)(*args, **kw)
+    assert client._next_id == sent, "a request was sent"
+    from dspk import _client
+    monkeypatch.setattr(_client, "_op_refusal", lambda *a: None)
+    with pytest.raises(dspk.Error) as remote:
+        getattr(client, op)(*args, **kw)
+    assert client._next_id != sent, "the daemon was not asked"
+    assert type(local.value) is type(remote.value)
+    assert (local.value.code, local.value.name, local.value.message) == \
+        (remote.value.code, remote.value.name, remote.value.message)
+
+
+def test_a_refused_large_operand_is_not_sent(client):
+    """A gemm whose inner dimensions differ, of a 64 MiB operand (staged through buffers
+    or written into the message), refused with nothing sent; in submit() too."""
+    a = np.zeros((4096, 4096), np.float32)
+    b = np.zeros((4095, 8), np.float32)
+    sent = client._next_id
+    with pytest.raises(dspk.ShapeError, match=r"^ESHAPE: gemm: A has K=4096 \(axis 1\) but "
+                                              r"B has K=4095 \(axis 0\)$"):
+        client.gemm(a, b)
+    with pytest.raises(dspk.ShapeError):
+        client.submit("gemm", a, b)
+    assert client._next_id == sent
+    assert [x for x in client.status()["clients"] if x["self"]][0]["buffers"] == 0
