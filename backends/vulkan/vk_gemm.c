@@ -1377,6 +1377,196 @@ static void sumprod_slice(struct sumprod_pc *pc, uint64_t r0, uint64_t rn) {
   pc->first = r0 == 0;
 }
 
+/* The linear sums of products for real dtypes (the cpu's contract.c
+ * sum_products says how): a group's (or a running total's) finite part as
+ * m * 2^e, m in [0.5, 1) or 0, so that no partial sum overflows before the
+ * final rounding, and its flags (1 NaN, 2 +inf, 4 -inf, 8 zero, 16 positive,
+ * 32 negative). */
+#define LIN_HEAD                                                                \
+  "#version 450\n"                                                              \
+  "layout(local_size_x = %d) in;\n"                                             \
+  "#define T_ %s\n"                                                             \
+  "#define MINDIFF %d\n"                                                        \
+  "struct G { T_ m; int e; uint f; };\n"                                        \
+  "void addm(inout T_ m, inout int e, T_ y, int ye) {\n"                        \
+  "  if (y == T_(0)) return;\n"                                                 \
+  "  int d = max(e, ye);\n"                                                     \
+  "  if (m == T_(0)) d = ye;\n"                                                 \
+  "  m = (m == T_(0) || e - d < MINDIFF ? T_(0) : ldexp(m, e - d)) +\n"         \
+  "      (ye - d < MINDIFF ? T_(0) : ldexp(y, ye - d));\n"                      \
+  "  int k;\n"                                                                  \
+  "  m = frexp(m, k);\n"                                                        \
+  "  e = m == T_(0) ? 0 : d + k;\n"                                             \
+  "}\n"
+
+/* Flags and m * 2^e sums of n groups of len values, each at
+ * (g / inner) * len * inner + g %% inner with step inner, in slices. */
+static int lin_groups(struct dspk__dev *d, dspk_dtype dt, const struct dspk__vk_bind *x,
+                      const struct dspk__vk_bind *g, uint64_t n, uint64_t len, uint64_t inner,
+                      struct dspk__opctx *ctx) {
+  int dbl = dt == DSPK_F64;
+  char src[4096];
+  snprintf(src, sizeof src,
+           LIN_HEAD
+           "layout(std430, binding = 0) readonly buffer BX { T_ x[]; };\n"
+           "layout(std430, binding = 1) buffer BG { G g[]; };\n"
+           "layout(push_constant) uniform PC { uint n, len, inner, l0, rn, gx, first; } pc;\n"
+           "void main() {\n"
+           "  uint gi = (gl_WorkGroupID.y * pc.gx + gl_WorkGroupID.x) * %du +\n"
+           "            gl_LocalInvocationID.x;\n"
+           "  if (gi >= pc.n) return;\n"
+           "  uint base = gi / pc.inner * pc.len * pc.inner + gi %% pc.inner;\n"
+           "  T_ m = T_(0); int e = 0; uint f = 0u;\n"
+           "  if (pc.first == 0u) { m = g[gi].m; e = g[gi].e; f = g[gi].f; }\n"
+           "  T_ sm = T_(0), cm = T_(0); int se = 0, ce = 0;\n"
+           "  for (uint i = 0u; i < pc.rn; i++) {\n"
+           "    T_ v = x[base + (pc.l0 + i) * pc.inner];\n"
+           "    if (isnan(v)) f |= 1u;\n"
+           "    else if (isinf(v)) f |= v > T_(0) ? 2u : 4u;\n"
+           "    else if (v == T_(0)) f |= 8u;\n"
+           "    else { f |= v > T_(0) ? 16u : 32u; int ve; T_ vm = frexp(v, ve); addm(cm, ce, vm, ve); }\n"
+           "    if ((i & 63u) == 63u) { addm(sm, se, cm, ce); cm = T_(0); ce = 0; }\n"
+           "  }\n"
+           "  addm(sm, se, cm, ce);\n"
+           "  addm(m, e, sm, se);\n"
+           "  g[gi].m = m; g[gi].e = e; g[gi].f = f;\n"
+           "}\n",
+           DSPK__VK_WG, dbl ? "double" : "float", dbl ? -60 : -30, DSPK__VK_WG);
+  struct {
+    uint32_t n, len, inner, l0, rn, gx, first;
+  } pc = {(uint32_t)n, (uint32_t)len, (uint32_t)inner, 0, 0, 0, 1};
+  struct dspk__vk_kernel *k;
+  int r = dspk__vk_kernel(d, "contract_lingroups", src, NULL, 0, "main", 2, sizeof pc, &k, ctx);
+  if (r)
+    return r;
+  uint32_t gx, gy;
+  if ((r = dspk__vk_grid2d(d, (n + DSPK__VK_WG - 1) / DSPK__VK_WG, &gx, &gy, "contract", n,
+                           "elements", ctx)))
+    return r;
+  pc.gx = gx;
+  struct dspk__vk_bind b[2] = {*x, *g};
+  for (uint64_t l0 = 0; l0 < len; l0 += GATHER_SLICE) {
+    pc.l0 = (uint32_t)l0;
+    pc.rn = (uint32_t)(len - l0 < GATHER_SLICE ? len - l0 : GATHER_SLICE);
+    pc.first = l0 == 0;
+    if ((r = dspk__vk_dispatch(d, k, b, 2, &pc, sizeof pc, gx, gy, 1)))
+      return r;
+  }
+  return 0;
+}
+
+/* C[b,m,n] for real dtypes from A's groups (batch x M x K) and B's (batch x
+ * K x N): K work per output, in slices of K, the running total in acc. */
+static int lin_products(struct dspk__dev *d, dspk_dtype dt, const struct dspk__vk_bind *ga,
+                        const struct dspk__vk_bind *gb, const struct dspk__vk_bind *acc,
+                        const struct dspk__vk_bind *c, uint32_t oc, const struct cplan *p,
+                        struct dspk__opctx *ctx) {
+  int dbl = dt == DSPK_F64;
+  char src[6144];
+  snprintf(src, sizeof src,
+           LIN_HEAD
+           "layout(std430, binding = 0) readonly buffer BA { G ga[]; };\n"
+           "layout(std430, binding = 1) readonly buffer BB { G gb[]; };\n"
+           "layout(std430, binding = 2) buffer BC { G acc[]; };\n"
+           "layout(std430, binding = 3) buffer BO { T_ o[]; };\n"
+           "layout(push_constant) uniform PC { uint nout, M, N, K, k0, rn, gx, first, last,\n"
+           "  oc; } pc;\n"
+           "uint pairf(uint fa, uint fb) {\n"
+           "  if (((fa | fb) & 1u) != 0u) return 1u;\n"
+           "  uint ia = fa & 6u, ib = fb & 6u;\n"
+           "  if (ia == 0u && ib == 0u) return 0u;\n"
+           "  if ((ia != 0u && (fb & 8u) != 0u) || (ib != 0u && (fa & 8u) != 0u)) return 1u;\n"
+           "  uint ap = fa & 18u, an = fa & 36u, bp = fb & 18u, bn = fb & 36u, r = 0u;\n"
+           "  if (((fa & 2u) != 0u && bp != 0u) || ((fa & 4u) != 0u && bn != 0u) ||\n"
+           "      ((fb & 2u) != 0u && ap != 0u) || ((fb & 4u) != 0u && an != 0u)) r |= 2u;\n"
+           "  if (((fa & 2u) != 0u && bn != 0u) || ((fa & 4u) != 0u && bp != 0u) ||\n"
+           "      ((fb & 2u) != 0u && an != 0u) || ((fb & 4u) != 0u && ap != 0u)) r |= 4u;\n"
+           "  return r;\n"
+           "}\n"
+           "void main() {\n"
+           "  uint oi = (gl_WorkGroupID.y * pc.gx + gl_WorkGroupID.x) * %du +\n"
+           "            gl_LocalInvocationID.x;\n"
+           "  if (oi >= pc.nout) return;\n"
+           "  uint n = oi %% pc.N, bm = oi / pc.N, bi = bm / pc.M;\n"
+           "  T_ m = T_(0); int e = 0; uint f = 0u;\n"
+           "  if (pc.first == 0u) { m = acc[oi].m; e = acc[oi].e; f = acc[oi].f; }\n"
+           "  T_ sm = T_(0), cm = T_(0); int se = 0, ce = 0;\n"
+           "  for (uint i = 0u; i < pc.rn; i++) {\n"
+           "    uint k = pc.k0 + i;\n"
+           "    G a = ga[bm * pc.K + k], b = gb[(bi * pc.K + k) * pc.N + n];\n"
+           "    uint pf = pairf(a.f, b.f);\n"
+           "    if (pf != 0u) f |= pf; else addm(cm, ce, a.m * b.m, a.e + b.e);\n"
+           "    if ((i & 63u) == 63u) { addm(sm, se, cm, ce); cm = T_(0); ce = 0; }\n"
+           "  }\n"
+           "  addm(sm, se, cm, ce);\n"
+           "  addm(m, e, sm, se);\n"
+           "  if (pc.last == 0u) { acc[oi].m = m; acc[oi].e = e; acc[oi].f = f; return; }\n"
+           "  T_ r;\n"
+           "  if ((f & 1u) != 0u || (f & 6u) == 6u) r = %s;\n"
+           "  else if (f != 0u) r = (f & 2u) != 0u ? %s : -%s;\n"
+           "  else if (m == T_(0) || e < %d) r = T_(0);\n"
+           "  else if (e > %d) r = m > T_(0) ? %s : -%s;\n"
+           "  else r = ldexp(m, e);\n"
+           "  o[pc.oc + oi] = r;\n"
+           "}\n",
+           DSPK__VK_WG, dbl ? "double" : "float", dbl ? -60 : -30, DSPK__VK_WG,
+           dbl ? "packDouble2x32(uvec2(0u, 0x7ff80000u))" : "uintBitsToFloat(0x7fc00000u)",
+           dbl ? "packDouble2x32(uvec2(0u, 0x7ff00000u))" : "uintBitsToFloat(0x7f800000u)",
+           dbl ? "packDouble2x32(uvec2(0u, 0x7ff00000u))" : "uintBitsToFloat(0x7f800000u)",
+           dbl ? -1021 : -125, dbl ? 1024 : 128,
+           dbl ? "packDouble2x32(uvec2(0u, 0x7ff00000u))" : "uintBitsToFloat(0x7f800000u)",
+           dbl ? "packDouble2x32(uvec2(0u, 0x7ff00000u))" : "uintBitsToFloat(0x7f800000u)");
+  uint64_t nout = (uint64_t)(p->B_ * p->M * p->N), K = (uint64_t)p->K;
+  struct {
+    uint32_t nout, M, N, K, k0, rn, gx, first, last, oc;
+  } pc = {(uint32_t)nout, (uint32_t)p->M, (uint32_t)p->N, (uint32_t)K, 0, 0, 0, 1, 0, oc};
+  struct dspk__vk_kernel *k;
+  int r = dspk__vk_kernel(d, "contract_linprod", src, NULL, 0, "main", 4, sizeof pc, &k, ctx);
+  if (r)
+    return r;
+  uint32_t gx, gy;
+  if ((r = dspk__vk_grid2d(d, (nout + DSPK__VK_WG - 1) / DSPK__VK_WG, &gx, &gy, "contract",
+                           nout, "elements", ctx)))
+    return r;
+  pc.gx = gx;
+  struct dspk__vk_bind b[4] = {*ga, *gb, *acc, *c};
+  for (uint64_t k0 = 0; k0 < K; k0 += GATHER_SLICE) {
+    pc.k0 = (uint32_t)k0;
+    pc.rn = (uint32_t)(K - k0 < GATHER_SLICE ? K - k0 : GATHER_SLICE);
+    pc.first = k0 == 0;
+    pc.last = k0 + pc.rn == K;
+    if ((r = dspk__vk_dispatch(d, k, b, 4, &pc, sizeof pc, gx, gy, 1)))
+      return r;
+  }
+  return 0;
+}
+
+/* sum_products for f32 and f64: K * (S + T) work per output. */
+static int lin_sum_products(struct dspk__dev *d, dspk_dtype dt, const struct dspk__vk_bind *a,
+                            const struct dspk__vk_bind *bb, const struct dspk__vk_bind *c,
+                            uint32_t oc, const struct cplan *p, int64_t S, int64_t T,
+                            struct dspk__opctx *ctx) {
+  size_t gs = dt == DSPK_F64 ? 16 : 12; /* struct G in std430 */
+  uint64_t na = (uint64_t)(p->B_ * p->M * p->K), nbg = (uint64_t)(p->B_ * p->K * p->N),
+           nout = (uint64_t)(p->B_ * p->M * p->N);
+  struct dspk__mem *ta = NULL, *tb = NULL, *tc = NULL;
+  int r;
+  if ((r = dspk__vk_alloc(d, na * gs, &ta)) || (r = dspk__vk_alloc(d, nbg * gs, &tb)) ||
+      (r = dspk__vk_alloc(d, nout * gs, &tc)))
+    goto out;
+  struct dspk__vk_bind ba = {ta->buf, ta->off, ta->size}, bg = {tb->buf, tb->off, tb->size},
+                       bc = {tc->buf, tc->off, tc->size};
+  if ((r = lin_groups(d, dt, a, &ba, na, (uint64_t)S, 1, ctx)) ||
+      (r = lin_groups(d, dt, bb, &bg, nbg, (uint64_t)T, (uint64_t)p->N, ctx)))
+    goto out;
+  r = lin_products(d, dt, &ba, &bg, &bc, c, oc, p, ctx);
+out:
+  dspk__vk_free(d, ta);
+  dspk__vk_free(d, tb);
+  dspk__vk_free(d, tc);
+  return r;
+}
+
 /* C[b,m,n] (batch x M x N, contiguous) = the sum over k, s, t of
  * A[b,m,k,s] * B[b,k,t,n] (both contiguous, from element 0), each product
  * (complex: cmul's) and the running sum in the dtype, as numpy's einsum
@@ -1629,7 +1819,9 @@ int dspk__vk_contract(struct dspk__dev *d, struct dspk__op *op, struct dspk__opc
     goto out;
   }
   if (plain)
-    r = sum_products(d, dt, &g.bind[0], &g.bind[1], &g.bind[3], g.oo, p, pS, pT, ctx);
+    r = dspk__dtype_is_complex(dt)
+            ? sum_products(d, dt, &g.bind[0], &g.bind[1], &g.bind[3], g.oo, p, pS, pT, ctx)
+            : lin_sum_products(d, dt, &g.bind[0], &g.bind[1], &g.bind[3], g.oo, p, pS, pT, ctx);
   else
     r = gemm_exec(d, &g, ctx);
   if (r)

@@ -25,6 +25,7 @@ usage: conformance.py --dspkd PATH [CASE...]"""
 import argparse
 import array
 import fcntl
+import fractions
 import json
 import math
 import mmap
@@ -1745,6 +1746,49 @@ def contract_one_operand_labels(env):
         check(math.isnan(got[0]), "%s ab,b-> of [[inf, -inf]], [1, 1]: %r" % (dev, got))
         got = run("ab,c->c", "f32", t32([inf, 1], [1, 2]), t32([2, 0.5]))
         check(got == [inf, inf], "%s ab,c->c of [[inf, 1]], [2, 0.5]: %r" % (dev, got))
+        # Large groups of one-operand labels (S = T = 2^16, sa,tb->ab): the
+        # sum of every product (2^32 per output) made as the product of the
+        # two groups' sums with IEEE's special values from the groups' flags,
+        # K*(S + T) work per output (seconds per output for the quadratic loop,
+        # minutes in all).  The reference: the special values from the products
+        # of the columns' distinct values, the finite part in exact arithmetic.
+        # Not on cuda and hip yet: they still add the K*S*T products one by one
+        # (docs/protocol.md, contract's row).
+        for dt, T, big, tiny in (("f32", t32, f32_3e38, 2.0 ** -40),
+                                 ("f64", t64, 1.7e308, 2.0 ** -40)) \
+                if dev in ("cpu:0", "vulkan:0") else ():
+            S = 1 << 16
+            acols = [[big] * S, [big] * S, [1.0] * S, [1.0] * S, [-1.0] * S]
+            acols[1][5], acols[1][7] = inf, -1.0
+            acols[2][9], acols[2][11] = inf, 0.0
+            acols[3][S - 1] = math.nan
+            acols[4][3], acols[4][S - 2] = -inf, big
+            bcols = [[tiny] * S, [tiny] * S, [1.0] * S, [1.0] * S]
+            for i in range(0, S, 7):
+                bcols[1][i] = -tiny
+            bcols[2][S // 2] = 0.0
+            bcols[3][100] = -inf
+            a = T([acols[j][i] for i in range(S) for j in range(5)], [S, 5])
+            b = T([bcols[j][i] for i in range(S) for j in range(4)], [S, 4])
+            got = run("sa,tb->ab", dt, a, b)
+
+            def exact(col):
+                return fractions.Fraction(math.fsum(x * 2.0 ** -600 for x in col)) * 2 ** 600
+
+            for i, ac in enumerate(acols):
+                for j, bc in enumerate(bcols):
+                    prods = [x * y for x in set(ac) for y in set(bc)]
+                    special = [p for p in prods if not math.isfinite(p)]
+                    g = got[i * 4 + j]
+                    if special:
+                        want = sum(special)  # nan, inf or -inf as IEEE adds them
+                        ok = (math.isnan(g) if math.isnan(want) else g == want)
+                    else:
+                        x = exact(ac) * exact(bc)  # rounded once to the dtype
+                        top = 2 ** 128 - 2 ** 103 if dt == "f32" else 2 ** 1024 - 2 ** 970
+                        want = float(x) if abs(x) < top else inf if x > 0 else -inf
+                        ok = g == want if math.isinf(want) else abs(g - want) <= 1e-4 * abs(want)
+                    check(ok, "%s sa,tb->ab %s [%d, %d]: %r, want %r" % (dev, dt, i, j, g, want))
         # A complex product large enough for the vendor's BLAS on cuda and hip
         # devices (more than 2^25 multiply-adds), with no label summed first:
         # (inf+0j)(2+0j) is inf+nanj, and so is its row's sum (BLAS's scaling
