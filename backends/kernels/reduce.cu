@@ -150,10 +150,139 @@ struct dspk_sdesc {
   dspk_i64 n, ninner;
 };
 
+#if !DSPK_COMPLEX
+/* Real dtypes: K*(S + T) work per output, not K*S*T (S, T: the sizes of
+ * A's and B's own summed labels, K of those in both).  For each index of
+ * the labels in both, the products' sum is the product of the two groups'
+ * sums, each kept as m * 2^e (no partial sum overflows) with its flags (1
+ * NaN, 2 +inf, 4 -inf, 8 zero, 16 positive, 32 negative), from which
+ * IEEE's special values follow: a NaN, an infinity times a zero, or
+ * infinities of both signs among the products give NaN, else an infinity
+ * among them gives it.  The finite part is rounded once on store. */
+__device__ inline void dspk_addm(double &m, int &e, double y, int ye) {
+  if (y == 0.0)
+    return;
+  int d = m == 0.0 ? ye : (e > ye ? e : ye);
+  m = (m == 0.0 || e - d < -60 ? 0.0 : ldexp(m, e - d)) + (ye - d < -60 ? 0.0 : ldexp(y, ye - d));
+  int k;
+  m = frexp(m, &k);
+  e = m == 0.0 ? 0 : d + k;
+}
+
+/* The flags and m * 2^e sum of the values of x at q plus every index of
+ * the n labels lab (sizes d.ishape, strides st). */
+__device__ inline unsigned dspk_group(const DSPK_T *x, dspk_i64 q, const dspk_sdesc &d,
+                                      const dspk_i64 *st, const int *lab, int n, dspk_i64 cnt,
+                                      double &m, int &e) {
+  unsigned f = 0u;
+  m = 0.0;
+  e = 0;
+  for (dspk_i64 r = 0; r < cnt; r++) {
+    dspk_i64 qq = q, u = r;
+    for (int j = n - 1; j >= 0; j--) {
+      dspk_i64 sz = d.ishape[lab[j]];
+      qq += u % sz * st[lab[j]];
+      u /= sz;
+    }
+    double v = dspk_acc(x[qq]);
+    if (v != v)
+      f |= 1u;
+    else if (v - v != 0.0)
+      f |= v > 0.0 ? 2u : 4u;
+    else if (v == 0.0)
+      f |= 8u;
+    else {
+      f |= v > 0.0 ? 16u : 32u;
+      int ve;
+      double vm = frexp(v, &ve);
+      dspk_addm(m, e, vm, ve);
+    }
+  }
+  return f;
+}
+
+__device__ inline unsigned dspk_pairf(unsigned fa, unsigned fb) {
+  if ((fa | fb) & 1u)
+    return 1u;
+  unsigned ia = fa & 6u, ib = fb & 6u;
+  if (!ia && !ib)
+    return 0u;
+  if ((ia && (fb & 8u)) || (ib && (fa & 8u)))
+    return 1u;
+  unsigned ap = fa & 18u, an = fa & 36u, bp = fb & 18u, bn = fb & 36u, r = 0u;
+  if (((fa & 2u) && bp) || ((fa & 4u) && bn) || ((fb & 2u) && ap) || ((fb & 4u) && an))
+    r |= 2u;
+  if (((fa & 2u) && bn) || ((fa & 4u) && bp) || ((fb & 2u) && an) || ((fb & 4u) && ap))
+    r |= 4u;
+  return r;
+}
+#endif
+
 extern "C" __global__ void dspk_sumprod(const DSPK_T *a, const DSPK_T *b, DSPK_T *o,
                                         dspk_sdesc d, const unsigned *flag) {
   if (*flag == 0u)
     return;
+#if !DSPK_COMPLEX
+  /* The summed labels by kind: in both operands, in A only, in B only. */
+  int lc[2 * DSPK_MAXRANK], la[2 * DSPK_MAXRANK], lb[2 * DSPK_MAXRANK], nc = 0, na = 0, nb = 0;
+  dspk_i64 K = 1, S = 1, T = 1;
+  for (int k = 0; k < d.nin; k++) {
+    if (d.ib[k] == 0 && d.ia[k] != 0) {
+      la[na++] = k;
+      S *= d.ishape[k];
+    } else if (d.ia[k] == 0 && d.ib[k] != 0) {
+      lb[nb++] = k;
+      T *= d.ishape[k];
+    } else {
+      lc[nc++] = k;
+      K *= d.ishape[k];
+    }
+  }
+  DSPK_LOOP(i, d.n) {
+    dspk_i64 pa = 0, pb = 0, t = i;
+    for (int k = d.nout - 1; k >= 0; k--) {
+      dspk_i64 x = t % d.oshape[k];
+      t /= d.oshape[k];
+      pa += x * d.oa[k];
+      pb += x * d.ob[k];
+    }
+    double m = 0.0;
+    int e = 0;
+    unsigned f = 0u;
+    for (dspk_i64 r = 0; r < K; r++) {
+      dspk_i64 qa = pa, qb = pb, u = r;
+      for (int j = nc - 1; j >= 0; j--) {
+        dspk_i64 sz = d.ishape[lc[j]], x = u % sz;
+        u /= sz;
+        qa += x * d.ia[lc[j]];
+        qb += x * d.ib[lc[j]];
+      }
+      double ma, mb;
+      int ea, eb;
+      unsigned fa = dspk_group(a, qa, d, d.ia, la, na, S, ma, ea);
+      unsigned fb = dspk_group(b, qb, d, d.ib, lb, nb, T, mb, eb);
+      unsigned pf = dspk_pairf(fa, fb);
+      if (pf)
+        f |= pf;
+      else
+        dspk_addm(m, e, ma * mb, ea + eb);
+    }
+    double v;
+    if ((f & 1u) || (f & 6u) == 6u)
+      v = __longlong_as_double(0x7ff8000000000000LL);
+    else if (f)
+      v = __longlong_as_double((f & 2u) ? 0x7ff0000000000000LL : (long long)0xfff0000000000000ULL);
+    else if (m == 0.0)
+      v = 0.0;
+    else if (e > 1100)
+      v = __longlong_as_double(m > 0.0 ? 0x7ff0000000000000LL : (long long)0xfff0000000000000ULL);
+    else if (e < -1100)
+      v = 0.0;
+    else
+      v = ldexp(m, e);
+    dspk_store(&o[i], v);
+  }
+#else
   DSPK_LOOP(i, d.n) {
     dspk_i64 pa = 0, pb = 0, t = i;
     for (int k = d.nout - 1; k >= 0; k--) {
@@ -176,4 +305,5 @@ extern "C" __global__ void dspk_sumprod(const DSPK_T *a, const DSPK_T *b, DSPK_T
     }
     dspk_store(&o[i], acc);
   }
+#endif
 }

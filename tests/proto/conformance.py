@@ -1752,11 +1752,8 @@ def contract_one_operand_labels(env):
         # K*(S + T) work per output (seconds per output for the quadratic loop,
         # minutes in all).  The reference: the special values from the products
         # of the columns' distinct values, the finite part in exact arithmetic.
-        # Not on cuda and hip yet: they still add the K*S*T products one by one
-        # (docs/protocol.md, contract's row).
         for dt, T, big, tiny in (("f32", t32, f32_3e38, 2.0 ** -40),
-                                 ("f64", t64, 1.7e308, 2.0 ** -40)) \
-                if dev in ("cpu:0", "vulkan:0") else ():
+                                 ("f64", t64, 1.7e308, 2.0 ** -40)):
             S = 1 << 16
             acols = [[big] * S, [big] * S, [1.0] * S, [1.0] * S, [-1.0] * S]
             acols[1][5], acols[1][7] = inf, -1.0
