@@ -101,6 +101,9 @@ struct dspk__mem {
   struct dspk__pool_block *pb; /* the pool's record of this block */
   int host;                    /* staging memory (host-visible pool) */
   VkDeviceSize bufsize;        /* size of the whole VkBuffer */
+  /* The bytes asked of the pool (size is its bucket's, larger): a raw
+   * kernel's stores past them are zeroed after it (vk_ops.c). */
+  VkDeviceSize asked;
   int imported;                /* import_host: dm and buf over a client's pages */
   struct dspk__mem *hnext;     /* host_register: the device's next registered mapping */
 };

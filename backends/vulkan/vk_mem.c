@@ -259,6 +259,7 @@ static int pool_alloc(struct dspk__dev *d, struct dspk__pool *p, size_t n,
     return r;
   struct dspk__mem *m = (struct dspk__mem *)(uintptr_t)b->handle;
   m->pb = b;
+  m->asked = n;
   *out = m;
   return 0;
 }

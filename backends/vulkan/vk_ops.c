@@ -917,6 +917,7 @@ struct kstage {
 };
 struct kscratch {
   struct dspk__mem *empty;
+  struct dspk__mem *zero; /* 16 zero bytes: the source of zero_padding */
   struct kpad pad[DSPK__VK_MAX_BIND];
   int npad;
   struct kstage st;
@@ -973,10 +974,12 @@ static int bind_block(struct dspk__dev *d, struct kscratch *ks, struct dspk__mem
 int dspk__vk_kernel_op(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *ctx) {
   struct kscratch ks = {0};
   int r = kernel_op(d, op, ctx, &ks);
-  if (ks.empty || ks.npad || ks.st.n) {
+  if (ks.empty || ks.zero || ks.npad || ks.st.n) {
     int s = dspk__vk_submit(d); /* the blocks go back behind the work */
     if (ks.empty)
       dspk__vk_free(d, ks.empty);
+    if (ks.zero)
+      dspk__vk_free(d, ks.zero);
     for (int i = 0; i < ks.npad; i++)
       dspk__vk_free(d, ks.pad[i].copy);
     for (int i = 0; i < ks.st.n; i++)
@@ -1088,6 +1091,45 @@ static int unstage(struct dspk__dev *d, struct dspk__op *op, const struct kstage
   return 0;
 }
 
+/* A pool block's size is its bucket's, above the bytes asked of it, and a
+ * binding is rounded up to whole words within the block: a raw kernel may
+ * store past the size its buffer was asked with, into bytes that a larger
+ * tensor, a share or the block's next user would see.  After the dispatch
+ * the bytes of each binding past its block's asked size (bm[i], the block
+ * bound as itself; NULL for the op's own copies) are zeroed again, in order
+ * on the queue: the head up to a word from the zero block (a copy has no
+ * alignment), the rest filled. */
+static int zero_padding(struct dspk__dev *d, struct kscratch *ks, struct dspk__mem *const *bm,
+                        const struct dspk__vk_bind *b, int nb) {
+  VkCommandBuffer cb = VK_NULL_HANDLE;
+  int r;
+  for (int i = 0; i < nb; i++) {
+    struct dspk__mem *m = bm[i];
+    if (!m || m->imported || m->asked >= m->size)
+      continue;
+    VkDeviceSize from = m->off + m->asked, end = b[i].off + b[i].range;
+    if (b[i].buf != m->buf || end <= from)
+      continue;
+    if (!ks->zero &&
+        ((r = dspk__vk_alloc(d, 16, &ks->zero)) || (r = dspk__vk_zero(d, ks->zero, 0, 16))))
+      return r;
+    if (!cb && (r = dspk__vk_cmd(d, &cb)))
+      return r;
+    VkDeviceSize word = (from + 3) & ~(VkDeviceSize)3;
+    if (word > end)
+      word = end;
+    if (word > from) {
+      VkBufferCopy c = {.srcOffset = ks->zero->off, .dstOffset = from, .size = word - from};
+      VK(CmdCopyBuffer)(cb, ks->zero->buf, m->buf, 1, &c);
+    }
+    if (end > word)
+      VK(CmdFillBuffer)(cb, m->buf, word, (end - word) & ~(VkDeviceSize)3, 0);
+  }
+  if (cb)
+    dspk__vk_barrier(d);
+  return 0;
+}
+
 static int kernel_op(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *ctx,
                      struct kscratch *ks) {
   const char *lang = op->u.kernel.lang;
@@ -1103,6 +1145,7 @@ static int kernel_op(struct dspk__dev *d, struct dspk__op *op, struct dspk__opct
   /* Tensor arguments are bindings 0, 1, ... in order; scalars are packed
    * into the push-constant block with std430 alignment. */
   struct dspk__vk_bind b[DSPK__VK_MAX_BIND];
+  struct dspk__mem *bm[DSPK__VK_MAX_BIND] = {0}; /* the block bound as itself */
   uint8_t pc[DSPK__VK_PC_MAX];
   uint32_t pcsize = 0;
   int nb = 0;
@@ -1133,6 +1176,8 @@ static int kernel_op(struct dspk__dev *d, struct dspk__op *op, struct dspk__opct
         r = dspk__vk_bind_tensor(d, &w, &b[nb], &elem);
         if (r == 0 && elem != 0) /* off the device's alignment: staged */
           r = stage_tensor(d, op, a->v.tensor, &ks->st, &b[nb]);
+        else if (r == 0 && w.mem == t->mem)
+          bm[nb] = t->mem;
       }
       if (r == DSPK_ENOTSUP || r == DSPK_ELIMIT)
         return dspk__vk_fail(ctx, r,
@@ -1185,7 +1230,8 @@ static int kernel_op(struct dspk__dev *d, struct dspk__op *op, struct dspk__opct
     return dspk__vk_fail(ctx, DSPK_ELIMIT, "kernel: grid %ux%ux%u exceeds the device's "
                                            "maxComputeWorkGroupCount %ux%ux%u",
                          g[0], g[1], g[2], mx[0], mx[1], mx[2]);
-  if ((r = dspk__vk_dispatch(d, kern, b, nb, pc, pcsize, g[0], g[1], g[2])))
+  if ((r = dspk__vk_dispatch(d, kern, b, nb, pc, pcsize, g[0], g[1], g[2])) ||
+      (r = zero_padding(d, ks, bm, b, nb)))
     return r;
   /* What the kernel stored goes back to the imported buffers, within their
    * sizes, then the staged tensors over theirs. */

@@ -3083,6 +3083,28 @@ def t_vkzeroed(exe, tmp):
     check("overlap in one buffer" in e.err["message"], "message: %r" % e.err["message"])
     got = np.frombuffer(a.call("buffer.read", {"buffer": buf})["data"], np.float32)
     check(list(got[:4]) == [0, 1, 2, 0], "nothing ran: %r" % list(got[:4]))
+    # A raw kernel's store past a buffer's asked size (the binding rounded
+    # to a word, within the pool's larger block) is zeroed after it: a
+    # buffer of 2 or 6 bytes written as whole words keeps its own bytes, and
+    # its padding reads zero to the next kernel (and to a share's user).
+    smash = ("#version 450\nlayout(local_size_x = 1) in;\n"
+             "layout(std430, binding = 0) buffer A { uint a[]; };\n"
+             "void main() { for (uint i = 0u; i < uint(a.length()); i++) "
+             "a[i] = 0xDEAD0000u + 0x101u * (i + 1u); }\n")
+    for size in (2, 6):
+        pb = b.call("buffer.create", {"device": dev, "size": size})["buffer"]
+        t = {"buffer": pb, "dtype": "f16", "shape": [size // 2]}
+        kernel(b, smash, [t])
+        own = b.call("buffer.read", {"buffer": pb})["data"]
+        want = struct.pack("<%dI" % ((size + 3) // 4),
+                           *[0xDEAD0000 + 0x101 * (i + 1) for i in range((size + 3) // 4)])
+        check(own == want[:size], "a %d-byte buffer holds %r after the kernel, not %r"
+              % (size, own, want[:size]))
+        r = kernel(b, probe.replace("o[0] = a[0]", "o[0] = a[%d]" % (size // 4)),
+                   [t, {"dtype": "f32", "shape": [1], "data": bytes(4)}])
+        word = int.from_bytes(r["outputs"][1]["data"], "little")
+        check(word == 0x101 * (size // 4 + 1) & 0xffff, "the last word of a %d-byte buffer "
+              "reads %#x after a kernel stored 0xdead in its padding" % (size, word))
     a.close()
     b.close()
     d.stop()
