@@ -4563,8 +4563,8 @@ def t_jobclaim(exe, tmp):
         return [e.err["message"]]
     root.call("job.register", {"job": 4400, "uid": none, "devices": []})
     got = dspk_daemon.run_as(none, 0, job0)
-    check(got[0] == "job: expected the Slurm job id (a positive integer)", "hello job 0: %r"
-          % (got,))
+    check(got[0] == "job: expected the Slurm job id (a positive integer), got the integer 0",
+          "hello job 0: %r" % (got,))
     e = root.expect_error("EINVAL", "job.register", {"job": 0, "uid": none})
     check(e.err["message"] == got[0], "job.register's job 0 says the same: %r" % e.err)
     root.call("job.end", {"job": 4400})
