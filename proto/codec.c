@@ -27,6 +27,12 @@
 
 /* ---- envelope ---------------------------------------------------------- */
 
+/* "WHAT K UNIT(S)" into buf. */
+static void counted(char *buf, size_t n, const char *what, uint32_t k, const char *one,
+                    const char *many) {
+  snprintf(buf, n, "%s %" PRIu32 " %s", what, k, k == 1 ? one : many);
+}
+
 const char *dspk__obj_what(const msgpack_object *o, char *buf, size_t n) {
   if (!o) {
     snprintf(buf, n, "nothing");
@@ -43,22 +49,14 @@ const char *dspk__obj_what(const msgpack_object *o, char *buf, size_t n) {
     break;
   case MSGPACK_OBJECT_FLOAT32:
   case MSGPACK_OBJECT_FLOAT64: snprintf(buf, n, "the number %.17g", o->via.f64); break;
-  case MSGPACK_OBJECT_STR:
-    snprintf(buf, n, "a string of %" PRIu32 " byte%s", o->via.str.size,
-             o->via.str.size == 1 ? "" : "s");
-    break;
+  case MSGPACK_OBJECT_STR: counted(buf, n, "a string of", o->via.str.size, "byte", "bytes"); break;
   case MSGPACK_OBJECT_BIN:
-    snprintf(buf, n, "binary data of %" PRIu32 " byte%s", o->via.bin.size,
-             o->via.bin.size == 1 ? "" : "s");
+    counted(buf, n, "binary data of", o->via.bin.size, "byte", "bytes");
     break;
   case MSGPACK_OBJECT_ARRAY:
-    snprintf(buf, n, "an array of %" PRIu32 " item%s", o->via.array.size,
-             o->via.array.size == 1 ? "" : "s");
+    counted(buf, n, "an array of", o->via.array.size, "item", "items");
     break;
-  case MSGPACK_OBJECT_MAP:
-    snprintf(buf, n, "a map of %" PRIu32 " entr%s", o->via.map.size,
-             o->via.map.size == 1 ? "y" : "ies");
-    break;
+  case MSGPACK_OBJECT_MAP: counted(buf, n, "a map of", o->via.map.size, "entry", "entries"); break;
   case MSGPACK_OBJECT_EXT: snprintf(buf, n, "an extension of type %d", o->via.ext.type); break;
   default: snprintf(buf, n, "an unknown object"); break;
   }

@@ -1189,6 +1189,19 @@ static int gather(struct dspk__dev *d, dspk_dtype dt, const struct dspk__vk_bind
 
 /* ---- contract --------------------------------------------------------------- */
 
+/* Contract's kernel name of GLSL src (nbind bindings, pcsize bytes of push
+ * constants) and the 2-D grid of work groups that gives one invocation to
+ * each of n elements (any count fits the dispatch limits). */
+static int contract_kernel(struct dspk__dev *d, const char *name, const char *src, int nbind,
+                           uint32_t pcsize, uint64_t n, struct dspk__vk_kernel **k,
+                           uint32_t *gx, uint32_t *gy, struct dspk__opctx *ctx) {
+  int r = dspk__vk_kernel(d, name, src, NULL, 0, "main", nbind, pcsize, k, ctx);
+  if (r)
+    return r;
+  return dspk__vk_grid2d(d, (n + DSPK__VK_WG - 1) / DSPK__VK_WG, gx, gy, "contract", n,
+                         "elements", ctx);
+}
+
 /* The label analysis of one contraction, kept in the plan cache. */
 struct cplan {
   int kind;                /* 0: a contract plan (see plan_evict) */
@@ -1350,12 +1363,9 @@ static int scan_nonfinite(struct dspk__dev *d, dspk_dtype dt, const struct dspk_
            "}\n",
            DSPK__VK_WG, dbl ? "double" : "float", DSPK__VK_WG);
   struct dspk__vk_kernel *k;
-  int r = dspk__vk_kernel(d, "contract_nonfinite", src, NULL, 0, "main", 2, sizeof pc, &k, ctx);
-  if (r)
-    return r;
   uint32_t gx, gy;
-  if ((r = dspk__vk_grid2d(d, (pc.n + DSPK__VK_WG - 1) / DSPK__VK_WG, &gx, &gy, "contract",
-                           pc.n, "elements", ctx)))
+  int r = contract_kernel(d, "contract_nonfinite", src, 2, sizeof pc, pc.n, &k, &gx, &gy, ctx);
+  if (r)
     return r;
   pc.gx = gx;
   struct dspk__vk_bind b[2] = {*x, *flag};
@@ -1521,12 +1531,9 @@ static int lin_products(struct dspk__dev *d, dspk_dtype dt, const struct dspk__v
     uint32_t nout, M, N, K, k0, rn, gx, first, last, oc;
   } pc = {(uint32_t)nout, (uint32_t)p->M, (uint32_t)p->N, (uint32_t)K, 0, 0, 0, 1, 0, oc};
   struct dspk__vk_kernel *k;
-  int r = dspk__vk_kernel(d, "contract_linprod", src, NULL, 0, "main", 4, sizeof pc, &k, ctx);
-  if (r)
-    return r;
   uint32_t gx, gy;
-  if ((r = dspk__vk_grid2d(d, (nout + DSPK__VK_WG - 1) / DSPK__VK_WG, &gx, &gy, "contract",
-                           nout, "elements", ctx)))
+  int r = contract_kernel(d, "contract_linprod", src, 4, sizeof pc, nout, &k, &gx, &gy, ctx);
+  if (r)
     return r;
   pc.gx = gx;
   struct dspk__vk_bind b[4] = {*ga, *gb, *acc, *c};
@@ -1622,12 +1629,9 @@ static int sum_products(struct dspk__dev *d, dspk_dtype dt, const struct dspk__v
     uint32_t oc;
   } full;
   struct dspk__vk_kernel *k;
-  int r = dspk__vk_kernel(d, "contract_sumprod", src, NULL, 0, "main", 3, sizeof full, &k, ctx);
-  if (r)
-    return r;
   uint32_t gx, gy;
-  if ((r = dspk__vk_grid2d(d, (nout + DSPK__VK_WG - 1) / DSPK__VK_WG, &gx, &gy, "contract",
-                           nout, "elements", ctx)))
+  int r = contract_kernel(d, "contract_sumprod", src, 3, sizeof full, nout, &k, &gx, &gy, ctx);
+  if (r)
     return r;
   pc.gx = gx;
   struct dspk__vk_bind b[3] = {*a, *bb, *c};
