@@ -250,19 +250,6 @@ def t_metrics(exe, submit, tmp):
         status = got.split(b"\r\n")[0]
         check(status.startswith(b"HTTP/1.1 %d " % code) and b"100 Continue" not in got,
               "%r answered %d at once: %r" % (head.split("\r")[0], code, got[:200]))
-    # Two Content-Length headers (0, then 5) are refused: the second's bytes would
-    # be read as the next request of a kept-alive connection (the first was taken).
-    for lengths in ((0, 5), (0, 0)):
-        s = socket.create_connection((host, int(port)), timeout=TIMEOUT)
-        s.sendall(("GET /metrics HTTP/1.1\r\nHost: x\r\n%s\r\nhello" % "".join(
-            "Content-Length: %d\r\n" % n for n in lengths)).encode())
-        got = b""
-        while b"\r\n\r\n" not in got:
-            more = s.recv(4096)
-            check(more, "an answer: %r" % got)
-            got += more
-        s.close()
-        check(got.startswith(b"HTTP/1.1 400 "), "Content-Length %r: %r" % (lengths, got[:100]))
 
     # Malformed requests, whole (headers and nothing more): 400 with the reason,
     # whichever line comes first (libmicrohttpd's lookup sees only the first).
