@@ -555,12 +555,18 @@ static int transfer(dspk_client *c, bool rd, uint64_t id, uint64_t offset, const
     return 0;
   /* The caller asked for one range: a piece's error names it, and the
    * piece within it. */
-  if (n > piece)
-    snprintf(c->err, sizeof c->err, "dspk_buffer_%s of %zu bytes at offset %" PRIu64
-             ": the piece of %zu bytes at offset %" PRIu64 ": %s", what, n, offset, bad_len,
-             bad_off, err);
-  else
+  if (n > piece) {
+    int k = snprintf(c->err, sizeof c->err, "dspk_buffer_%s of %zu bytes at offset %" PRIu64
+                     ": the piece of %zu bytes at offset %" PRIu64 ": ", what, n, offset,
+                     bad_len, bad_off);
+    if (k > 0 && (size_t)k < sizeof c->err) { /* the piece's error after it, as it fits */
+      size_t m = strnlen(err, sizeof c->err - (size_t)k - 1);
+      memcpy(c->err + k, err, m);
+      c->err[(size_t)k + m] = '\0';
+    }
+  } else {
     memcpy(c->err, err, sizeof c->err);
+  }
   return first;
 }
 
