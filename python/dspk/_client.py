@@ -440,6 +440,19 @@ def connect(socket: Union[str, bytes, "os.PathLike[str]", None] = None, *,
     return Client(socket, name=name, timeout=timeout)
 
 
+def _deadline_of(timeout: Optional[float]) -> Optional[float]:
+    """The time.monotonic() deadline of a future's wait of ``timeout`` seconds; None for
+    none (None, too large for a float, or above _TIMEOUT_FOREVER)."""
+    if timeout is not None:
+        try:
+            timeout = float(timeout)
+        except OverflowError:
+            timeout = None
+    if timeout is None or timeout > _TIMEOUT_FOREVER:
+        return None
+    return time.monotonic() + timeout
+
+
 class TaskFuture(concurrent.futures.Future):
     """A :class:`concurrent.futures.Future` of one request.  ``msgid`` is its request's
     id; ``cancel()`` on a pending one also asks the daemon to drop the task.
@@ -2235,13 +2248,7 @@ class Client:
     def _pump_for(self, fut: concurrent.futures.Future, timeout: Optional[float]) -> None:
         """TaskFuture.result(timeout) on the reading thread: reads until ``fut`` is done;
         concurrent.futures.TimeoutError when ``timeout`` seconds pass first."""
-        if timeout is not None:
-            try:
-                timeout = float(timeout)
-            except OverflowError:
-                timeout = None
-        deadline = None if timeout is None or timeout > _TIMEOUT_FOREVER \
-            else time.monotonic() + timeout
+        deadline = _deadline_of(timeout)
         if not self._pump_until(fut, deadline):
             raise concurrent.futures.TimeoutError()
 
@@ -2588,13 +2595,7 @@ class Client:
         the queued callbacks meanwhile (the settle of ``fut`` may be among them), and
         reads the connection where no reader thread does; concurrent.futures'
         TimeoutError when ``timeout`` seconds pass first."""
-        if timeout is not None:
-            try:
-                timeout = float(timeout)
-            except OverflowError:
-                timeout = None
-        deadline = None if timeout is None or timeout > _TIMEOUT_FOREVER \
-            else time.monotonic() + timeout
+        deadline = _deadline_of(timeout)
         while not fut.done():
             if self._run_one_callback():
                 continue

@@ -1674,6 +1674,17 @@ def t_sockmode(exe, tmp):
     d.stop()
 
 
+def vulkan_ids_or_skip(d, c):
+    """The ids of d's vulkan devices, as c sees them; with none, c and d are
+    closed and the group is skipped (Skip: exit status 77)."""
+    vk = [x["id"] for x in c.call("devices", {})["devices"] if x["backend"] == "vulkan"]
+    if not vk:
+        c.close()
+        d.stop()
+        raise Skip("no vulkan device")
+    return vk
+
+
 KERNEL_OK = """#version 450
 layout(local_size_x = 1) in;
 layout(std430, binding = 0) buffer B { float x[]; };
@@ -1695,11 +1706,7 @@ def t_cachefailed(exe, tmp):
     db = os.path.join(tmp, "cf.db")
     d = Daemon(exe, tmp, ["--backends", "cpu,vulkan", "--cache", db])
     c = d.client()
-    vk = [x["id"] for x in c.call("devices", {})["devices"] if x["backend"] == "vulkan"]
-    if not vk:
-        c.close()
-        d.stop()
-        raise Skip("no vulkan device")
+    vk = vulkan_ids_or_skip(d, c)
 
     def entries():
         return c.call("cache.stats", {})["kinds"]["kernels"]["entries"]
@@ -1729,11 +1736,7 @@ def t_kernelfs(exe, tmp):
         f.write("secret_token_xyzzy plugh_identifier;\n")
     d = Daemon(exe, tmp, ["--backends", "cpu,vulkan"], cwd=work)
     c = d.client()
-    vk = [x["id"] for x in c.call("devices", {})["devices"] if x["backend"] == "vulkan"]
-    if not vk:
-        c.close()
-        d.stop()
-        raise Skip("no vulkan device")
+    vk = vulkan_ids_or_skip(d, c)
 
     def kernel(src):
         return glsl_task(vk[0], src)
@@ -1808,11 +1811,7 @@ def t_padimport(exe, tmp):
     import mmap
     d = Daemon(exe, tmp, ["--backends", "cpu,vulkan"])
     c = d.client()
-    vk = [x["id"] for x in c.call("devices", {})["devices"] if x["backend"] == "vulkan"]
-    if not vk:
-        c.close()
-        d.stop()
-        raise Skip("no vulkan device")
+    vk = vulkan_ids_or_skip(d, c)
     fd = os.memfd_create("dspkd-test-pad", os.MFD_ALLOW_SEALING)
     os.ftruncate(fd, 8192)
     mm = mmap.mmap(fd, 8192)
@@ -1846,11 +1845,7 @@ def t_kernelbomb(exe, tmp):
     runs the next kernel at once."""
     d = Daemon(exe, tmp, ["--backends", "cpu,vulkan", "--no-cache"])
     c = d.client()
-    vk = [x["id"] for x in c.call("devices", {})["devices"] if x["backend"] == "vulkan"]
-    if not vk:
-        c.close()
-        d.stop()
-        raise Skip("no vulkan device")
+    vk = vulkan_ids_or_skip(d, c)
 
     def kernel(src):
         return glsl_task(vk[0], src)
@@ -3447,11 +3442,7 @@ def t_done(exe, tmp):
     vulkan device (lavapipe in CI)."""
     d = Daemon(exe, tmp, ["--backends", "cpu,vulkan", "--no-cache"])
     c = d.client()
-    vk = [x["id"] for x in c.call("devices", {})["devices"] if x["backend"] == "vulkan"]
-    if not vk:
-        c.close()
-        d.stop()
-        raise Skip("no vulkan device")
+    vk = vulkan_ids_or_skip(d, c)
     dev = vk[0]
     # fir with few taps (the direct kernel, no tuning, no FFT plans), small
     # operands: about 0.1 to 0.3 s of lavapipe's work.

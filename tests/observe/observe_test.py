@@ -38,6 +38,21 @@ TIMEOUT = 30.0
 DAEMONS = []
 
 
+
+def raw_http(host, port, request, enough=lambda got: False):
+    """Sends request (bytes) on a new connection to host:port and reads the
+    answer until the daemon closes it or enough(bytes read so far)."""
+    s = socket.create_connection((host, int(port)), timeout=TIMEOUT)
+    s.sendall(request)
+    got = b""
+    while not enough(got):
+        more = s.recv(65536)
+        if not more:
+            break
+        got += more
+    s.close()
+    return got
+
 def tensor(a):
     names = {np.dtype(np.float64): "f64", np.dtype(np.complex128): "c128"}
     a = np.ascontiguousarray(a)
@@ -260,30 +275,13 @@ def t_metrics(exe, submit, tmp):
                       ("Host: y\r\n", b"duplicate Host"),
                       ("Content-Length: x\r\n", b"Content-Length"),  # libmicrohttpd's 400
                       ("Transfer-Encoding: chunked\r\n", b"takes no body")):
-        s = socket.create_connection((host, int(port)), timeout=TIMEOUT)
-        s.sendall(("GET /metrics HTTP/1.1\r\nHost: x\r\n%s\r\n" % hdrs).encode())
-        got = b""
-        while True:
-            more = s.recv(65536)
-            if not more:
-                break
-            got += more
-            if b"\r\n\r\n" in got and why in got:
-                break
-        s.close()
+        got = raw_http(host, port, ("GET /metrics HTTP/1.1\r\nHost: x\r\n%s\r\n" % hdrs)
+                       .encode(), lambda got, why=why: b"\r\n\r\n" in got and why in got)
         check(got.startswith(b"HTTP/1.1 400 ") and why in got,
               "%r: want 400 %r, got %r" % (hdrs, why, got[:300]))
     # A well-formed GET with Content-Length: 0 is still served.
-    s = socket.create_connection((host, int(port)), timeout=TIMEOUT)
-    s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n"
-              b"Connection: close\r\n\r\n")
-    got = b""
-    while True:
-        more = s.recv(65536)
-        if not more:
-            break
-        got += more
-    s.close()
+    got = raw_http(host, port, b"GET /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n"
+                               b"Connection: close\r\n\r\n")
     check(got.startswith(b"HTTP/1.1 200 ") and b"dspk_connections" in got,
           "GET with Content-Length: 0: %r" % got[:200])
 
