@@ -448,6 +448,14 @@ int dspk__gpurt_compile_client(const struct dspk__gpurt_driver *drv, struct dspk
                                const struct dspk__opctx *client, const char *src, size_t len,
                                void **cubin, size_t *cubin_len, char *log, size_t loglen,
                                char cache_id[DSPK__HASH_HEX]);
+/* Stores a client's module compiled by dspk__gpurt_compile_client (which
+ * stores only the daemon's own) in dev's persistent cache, once it has
+ * loaded and its entry was found: one the driver refuses would fill the
+ * cache with entries that never run.  cache_id as compile_client's. */
+void dspk__gpurt_store_client(struct dspk__dev *dev, const char *name,
+                              const struct dspk__opctx *client, const char *src, size_t len,
+                              const void *cubin, size_t cubin_len,
+                              char cache_id[DSPK__HASH_HEX]);
 /* The child's side of a client's compile for drv (`EXE --kernel-compile
  * LANG:ARCH`, backends/registry.c): loads the compiler, then
  * dspk__kcompile_serve.  Returns the exit status. */

@@ -798,7 +798,7 @@ struct rawmod {
   uint32_t gen;
   void *cubin;
   size_t cubin_len;
-  char cache_id[DSPK__HASH_HEX]; /* its cache entry, "" when none */
+  char cache_id[DSPK__HASH_HEX]; /* its cache entry, "" when none (yet) */
 };
 
 static void rawmod_release(void *ud, void *p) {
@@ -881,6 +881,12 @@ static int op_kernel(struct dspk__dev *dev, struct dspk__op *op, struct dspk__op
   }
   if (r != 0)
     return dspk__gpurt_err(dev, ctx, "kernel: cuModuleGetFunction", r);
+  /* Loaded, its entry found: into the persistent cache (not a hit from it:
+   * those have their id already). */
+  if (!m->cache_id[0])
+    dspk__gpurt_store_client(dev, "kernel.cu", ctx ? ctx : &(struct dspk__opctx){0},
+                             op->u.kernel.source, op->u.kernel.source_len, m->cubin,
+                             m->cubin_len, m->cache_id);
   /* Client code runs in the worker process: a fault there cannot poison
    * this process's runtime (sticky errors are per process). */
   return dspk__gpurt_worker_run(dev, op, m->cubin, m->cubin_len, ctx);

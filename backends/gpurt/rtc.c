@@ -38,6 +38,36 @@ static void fill_key(struct dspk__dev *dev, struct dspk__kernel_key *k,
   k->owner = owner;
 }
 
+/* The texts a kernel key points to. */
+struct key_bufs {
+  char owner[24], opts[128], rtver[32];
+};
+
+/* The cache key of a kernel dev compiles from src (a client's: its owner's
+ * alone), its texts in kb. */
+static void cache_key(struct dspk__dev *dev, struct dspk__kernel_key *k, struct key_bufs *kb,
+                      const char *name, const struct dspk__opctx *client, const char *src,
+                      size_t len) {
+  if (client)
+    snprintf(kb->owner, sizeof kb->owner, "uid %u", (unsigned)client->owner);
+  dev->drv->rtc_version(kb->rtver, sizeof kb->rtver);
+  dev->drv->rtc_opts(dev->arch, kb->opts, sizeof kb->opts);
+  fill_key(dev, k, name, client ? kb->owner : NULL, src, len, kb->opts, kb->rtver);
+}
+
+void dspk__gpurt_store_client(struct dspk__dev *dev, const char *name,
+                              const struct dspk__opctx *client, const char *src, size_t len,
+                              const void *cubin, size_t cubin_len,
+                              char cache_id[DSPK__HASH_HEX]) {
+  struct dspk__kernel_key key;
+  struct key_bufs kb;
+  if (!dev->env.cache)
+    return;
+  cache_key(dev, &key, &kb, name, client, src, len);
+  if (dspk__cache_kernel_put(dev->env.cache, &key, cubin, cubin_len) == 0)
+    dspk__cache_kernel_id(&key, cache_id);
+}
+
 int dspk__gpurt_compile(const struct dspk__gpurt_driver *drv, struct dspk__dev *dev,
                         const char *arch, const char *name, const char *src, size_t len,
                         void **cubin, size_t *cubin_len, char *log, size_t loglen,
@@ -76,8 +106,9 @@ int dspk__gpurt_compile_client(const struct dspk__gpurt_driver *drv, struct dspk
                                const struct dspk__opctx *client, const char *src, size_t len,
                                void **cubin, size_t *cubin_len, char *log, size_t loglen,
                                char cache_id[DSPK__HASH_HEX]) {
-  char why[160], rtver[32], *text = NULL, owner[24];
+  char why[160], *text = NULL;
   struct dspk__kernel_key key;
+  struct key_bufs kb;
   struct dspk__cache *cache = dev ? dev->env.cache : NULL;
   size_t n = 0;
   void *bin = NULL;
@@ -99,13 +130,8 @@ int dspk__gpurt_compile_client(const struct dspk__gpurt_driver *drv, struct dspk
   }
   if (dev)
     arch = dev->arch;
-  if (client)
-    snprintf(owner, sizeof owner, "uid %u", (unsigned)client->owner);
-  drv->rtc_version(rtver, sizeof(rtver));
   if (cache) {
-    char joined[128];
-    drv->rtc_opts(arch, joined, sizeof(joined));
-    fill_key(dev, &key, name, client ? owner : NULL, src, len, joined, rtver);
+    cache_key(dev, &key, &kb, name, client, src, len);
     if (dspk__cache_kernel_get(cache, &key, &bin, &n) == 0) {
       dev->kernel_cache_hits++;
       if (cache_id)
@@ -135,8 +161,9 @@ int dspk__gpurt_compile_client(const struct dspk__gpurt_driver *drv, struct dspk
     return rc;
   if (dev)
     dev->kernels_compiled++;
-  /* A failed put costs a later compile, never correctness. */
-  if (cache && dspk__cache_kernel_put(cache, &key, bin, n) == 0 && cache_id)
+  /* A failed put costs a later compile, never correctness.  A client's
+   * module is stored by dspk__gpurt_store_client once it has loaded. */
+  if (cache && !client && dspk__cache_kernel_put(cache, &key, bin, n) == 0 && cache_id)
     dspk__cache_kernel_id(&key, cache_id);
   *cubin = bin;
   *cubin_len = n;

@@ -1726,6 +1726,48 @@ def t_cachefailed(exe, tmp):
     d.stop()
 
 
+def t_cachefailedcuda(exe, tmp):
+    """A client's CUDA kernel that NVRTC compiles but the driver refuses to
+    load (cuda:0 on the fake driver of tests/cuda/fake_libcuda.c, whose
+    cuModuleLoadData always fails) is not stored in the persistent cache:
+    each refusal would otherwise leave an entry that never runs, counted
+    against its owner's share.  The same source again is compiled again and
+    refused the same way."""
+    fake = os.environ.get("DSPK_TEST_FAKE_CUDA")
+    if not fake:
+        raise Skip("DSPK_TEST_FAKE_CUDA not set")
+    db = os.path.join(tmp, "cfc.db")
+    env = dict(os.environ, DSPK_CUDA_DRIVER=fake)
+    d = Daemon(exe, tmp, ["--backends", "cpu,cuda", "--cache", db], env=env)
+    c = d.client()
+    if "cuda:0" not in [x["id"] for x in c.call("devices", {})["devices"]]:
+        c.close()
+        d.stop()
+        raise Skip("no cuda:0 on the fake driver:\n" + d.logtext()[-2000:])
+
+    def entries():
+        return c.call("cache.stats", {})["kinds"]["kernels"]["entries"]
+    def compiled():
+        st = [x for x in c.call("status", {})["devices"] if x["id"] == "cuda:0"][0]
+        return st["stats"]["kernels_compiled"]
+    before, compiled0 = entries(), compiled()
+    for i in range(3):
+        src = ('extern "C" __global__ void k(float *x) { x[threadIdx.x] = %d.0f; }' % i)
+        task = {"op": "kernel", "device": "cuda:0",
+                "inputs": [{"dtype": "f32", "shape": [4], "data": bytes(16)}],
+                "options": {"lang": "cuda", "source": src, "entry": "k", "grid": [1],
+                            "block": [4], "args": [{"tensor": 0}]}}
+        for _ in range(2):
+            e = c.expect_error("EDEVICE", "task.run", task)
+            check("cuModuleLoadData" in e.err["message"], "message: %r" % e.err)
+    check(entries() == before, "kernels the driver refused were stored: %d entries, were %d"
+          % (entries(), before))
+    check(compiled() == compiled0 + 6,
+          "each refused source compiled again: %d compiles, were %d" % (compiled(), compiled0))
+    c.close()
+    d.stop()
+
+
 def t_kernelfs(exe, tmp):
     """Raw kernels cannot read files: #include (both GLSL include extensions)
     is ECOMPILE, the same for an existing and a missing file, and no byte
@@ -4893,6 +4935,7 @@ GROUPS = {
     "sockmode": t_sockmode,
     "kernelfs": t_kernelfs,
     "cachefailed": t_cachefailed,
+    "cachefailedcuda": t_cachefailedcuda,
     "kernelbomb": t_kernelbomb,
     "kernelbuild": t_kernelbuild,
     "detached": t_detached,

@@ -127,9 +127,33 @@ def main():
             raw = {"op": "kernel", "device": dev, "inputs": [tensor([0.0] * 4, [4])],
                    "options": {"lang": "cuda", "source": cu, "entry": "k", "grid": [1],
                                "block": [4], "args": [{"tensor": 0}, {"f32": 2.5}]}}
+            def kentries():
+                return c.call("cache.stats", {})["kinds"]["kernels"]["entries"]
+            k0 = kentries()
+            # A module that loads but lacks the entry asked for, and one the
+            # driver refuses to load (a 1 TiB device array: out of memory),
+            # are not stored in the persistent cache; one that runs is, once.
+            try:
+                c.call("task.run", dict(raw, options=dict(raw["options"], entry="nope")))
+                raise AssertionError("a missing entry ran")
+            except RpcError as e:
+                check(e.name == "EINVAL" and "nope" in e.err["message"], "missing entry: %s" % e)
+            huge = dict(raw, options=dict(raw["options"], source=(
+                b'extern "C" __device__ char big[1ull << 40];' + cu.replace(
+                    b"x[i] = a * i;", b"x[i] = a * i + big[i];"))))
+            try:
+                c.call("task.run", huge)
+                raise AssertionError("a module with a 1 TiB device array loaded")
+            except RpcError as e:
+                check("cuModuleLoadData" in e.err["message"], "1 TiB module: %s" % e)
+                print("1 TiB module refused:", e.name, e.err["message"][:120])
+            check(kentries() == k0, "refused modules stored: %d entries, were %d"
+                  % (kentries(), k0))
             for _ in range(2):
                 res = c.call("task.run", raw)
                 close(unf32(res["outputs"][0]["data"]), [0.0, 2.5, 5.0, 7.5], "cuda raw kernel")
+            check(kentries() == k0 + 1, "the kernel that ran stored once: %d entries, were %d"
+                  % (kentries(), k0))
             print("cuda raw kernel (compile child): ok")
             vk = [d["id"] for d in devs["devices"] if "glsl" in d["kernel_langs"]]
             if vk:
