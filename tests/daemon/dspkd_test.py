@@ -1685,6 +1685,28 @@ def vulkan_ids_or_skip(d, c):
     return vk
 
 
+def fake_cuda_daemon(exe, tmp, args, **env):
+    """A Daemon with cuda:0 on the fake driver of tests/cuda/fake_libcuda.c
+    ($DSPK_TEST_FAKE_CUDA) and env added to its environment, and a client;
+    the group is skipped (Skip) without the driver or without its cuda:0."""
+    fake = os.environ.get("DSPK_TEST_FAKE_CUDA")
+    if not fake:
+        raise Skip("DSPK_TEST_FAKE_CUDA not set")
+    d = Daemon(exe, tmp, ["--backends", "cpu,cuda"] + args,
+               env=dict(os.environ, DSPK_CUDA_DRIVER=fake, **env))
+    c = d.client()
+    if "cuda:0" not in [x["id"] for x in c.call("devices", {})["devices"]]:
+        c.close()
+        d.stop()
+        raise Skip("no cuda:0 on the fake driver:\n" + d.logtext()[-2000:])
+    return d, c
+
+
+def kernel_entries(c):
+    """The persistent cache's kernel entries, as cache.stats counts them."""
+    return c.call("cache.stats", {})["kinds"]["kernels"]["entries"]
+
+
 KERNEL_OK = """#version 450
 layout(local_size_x = 1) in;
 layout(std430, binding = 0) buffer B { float x[]; };
@@ -1709,7 +1731,7 @@ def t_cachefailed(exe, tmp):
     vk = vulkan_ids_or_skip(d, c)
 
     def entries():
-        return c.call("cache.stats", {})["kinds"]["kernels"]["entries"]
+        return kernel_entries(c)
     before = entries()
     for i in range(5):
         bad = KERNEL_OK.replace("binding = 0", "binding = 3").replace("7.0", "%d.0" % i)
@@ -1733,20 +1755,11 @@ def t_cachefailedcuda(exe, tmp):
     each refusal would otherwise leave an entry that never runs, counted
     against its owner's share.  The same source again is compiled again and
     refused the same way."""
-    fake = os.environ.get("DSPK_TEST_FAKE_CUDA")
-    if not fake:
-        raise Skip("DSPK_TEST_FAKE_CUDA not set")
-    db = os.path.join(tmp, "cfc.db")
-    env = dict(os.environ, DSPK_CUDA_DRIVER=fake)
-    d = Daemon(exe, tmp, ["--backends", "cpu,cuda", "--cache", db], env=env)
-    c = d.client()
-    if "cuda:0" not in [x["id"] for x in c.call("devices", {})["devices"]]:
-        c.close()
-        d.stop()
-        raise Skip("no cuda:0 on the fake driver:\n" + d.logtext()[-2000:])
+    d, c = fake_cuda_daemon(exe, tmp, ["--cache", os.path.join(tmp, "cfc.db")])
 
     def entries():
-        return c.call("cache.stats", {})["kinds"]["kernels"]["entries"]
+        return kernel_entries(c)
+
     def compiled():
         st = [x for x in c.call("status", {})["devices"] if x["id"] == "cuda:0"][0]
         return st["stats"]["kernels_compiled"]
@@ -3689,16 +3702,7 @@ def t_fencefault(exe, tmp):
     so several requests are in flight at once.  Of writes pipelined on one
     connection only the marked one is answered EDEVICE (naming the device);
     the ones before and after it succeed, and a read sees the last write."""
-    fake = os.environ.get("DSPK_TEST_FAKE_CUDA")
-    if not fake:
-        raise Skip("DSPK_TEST_FAKE_CUDA not set")
-    env = dict(os.environ, DSPK_CUDA_DRIVER=fake, DSPK_CUDA_STAGE_CHUNKS="0")
-    d = Daemon(exe, tmp, ["--backends", "cpu,cuda"], env=env)
-    c = d.client()
-    if "cuda:0" not in [x["id"] for x in c.call("devices", {})["devices"]]:
-        c.close()
-        d.stop()
-        raise Skip("no cuda:0 on the fake driver:\n" + d.logtext()[-2000:])
+    d, c = fake_cuda_daemon(exe, tmp, [], DSPK_CUDA_STAGE_CHUNKS="0")
     b = c.call("buffer.create", {"device": "cuda:0", "size": 64})["buffer"]
     for rnd in range(3):
         datas = [bytes([65 + rnd]) * 64, b"DEVFAULT" + bytes(56), bytes([97 + rnd]) * 64]
