@@ -668,10 +668,16 @@ static void conn_frame(struct conn *c, struct rchunk *k, const char *p, size_t n
   if (root.type == MSGPACK_OBJECT_ARRAY && root.via.array.size >= 1 &&
       (root.via.array.ptr[0].type != MSGPACK_OBJECT_POSITIVE_INTEGER ||
        root.via.array.ptr[0].via.u64 != DSPK__REQUEST)) {
-    if (root.via.array.ptr[0].type == MSGPACK_OBJECT_POSITIVE_INTEGER &&
-        root.via.array.ptr[0].via.u64 == DSPK__RESPONSE)
+    const msgpack_object *t = &root.via.array.ptr[0];
+    if (t->type == MSGPACK_OBJECT_POSITIVE_INTEGER && t->via.u64 == DSPK__RESPONSE)
       conn_protocol_error(c, DSPK_EPROTO, "clients send requests, not responses");
-    else
+    else if (t->type == MSGPACK_OBJECT_POSITIVE_INTEGER && t->via.u64 == DSPK__NOTIFY) {
+      /* Its type is right, its length is not (one of 3 or more is ignored
+       * above). */
+      snprintf(msg, sizeof msg, "message array has %u %s, expected 3 or more for a notification",
+               (unsigned)root.via.array.size, root.via.array.size == 1 ? "element" : "elements");
+      conn_protocol_error(c, DSPK_EPROTO, msg);
+    } else
       conn_protocol_error(c, DSPK_EPROTO, "message type (element 0) must be 0 "
                           "(request) or 2 (notification)");
     goto out;

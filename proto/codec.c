@@ -79,8 +79,8 @@ int dspk__msg_parse(const msgpack_object *root, struct dspk__msg *out,
   e = root->via.array.ptr;
   if (root->via.array.size < 3)
     return dspk__fail(msg, msglen, DSPK_EPROTO,
-                "message array has %" PRIu32 " elements, expected 3 or 4",
-                root->via.array.size);
+                "message array has %" PRIu32 " %s, expected 3 or 4",
+                root->via.array.size, root->via.array.size == 1 ? "element" : "elements");
   if (e[1].type == MSGPACK_OBJECT_POSITIVE_INTEGER &&
       e[1].via.u64 <= UINT32_MAX) {
     if (msgid_out)

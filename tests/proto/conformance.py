@@ -439,6 +439,11 @@ def malformed_texts(env):
         (p([3, 1, "ping", []]), ["must be 0 (request) or 2 (notification)"], ["1"]),
         (p(["0", 1, "ping", []]), ["must be 0 (request) or 2 (notification)"], ["1"]),
         (p([1, 1, None, {}]), ["clients send requests, not responses"], []),
+        # a notification too short: its length is what is wrong, not its type
+        (p([2]), ["has 1 element,", "3 or more"], ["must be 0"]),
+        (p([2, "x"]), ["has 2 elements,", "3 or more"], ["must be 0"]),
+        (p([0]), ["has 1 element,", "expected 3 or 4"], ["1 elements"]),
+        (p([0, 1]), ["has 2 elements,", "expected 3 or 4"], []),
         # a fixext 1 of type 5: named by its type, its format byte named as such
         (b"\x94\x00\x01\xa4ping\x91\x81\xa4data\xd4\x05\x00",
          ["format byte 0xd4, ext type 5"], ["type 0xd4"]),
