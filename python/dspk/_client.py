@@ -16,6 +16,7 @@ import collections
 import concurrent.futures
 import errno
 import fcntl
+import fractions
 import functools
 import inspect
 import io
@@ -824,7 +825,9 @@ def _number(name: str, v: Any) -> float:
             raise
         raise _errors.InvalidArgument("%s: %s: %s" % (name, type(e).__name__, e)) from e
     else:
-        if not math.isinf(f) or user_code(name, np.isinf, v):
+        # an infinity itself, or a finite value beyond float64 (an int, a Fraction, a
+        # longdouble, another real type: never equal to an infinity)
+        if not math.isinf(f) or user_code(name, lambda: bool(v == f)):
             return f
     raise _errors.InvalidArgument("%s: %s is beyond what a float64 holds"
                                   % (name, _kind(v)))
@@ -834,34 +837,63 @@ def _scalar(name: str, v: Any, f32: bool) -> Union[int, float]:
     """v (a real number, as _number) as sent for an op's alpha or beta: an integer of
     64 bits (-2^63 to 2^64-1) as that int, which the daemon rounds once to the type the
     op uses; a float64 or narrower float as it is; any other value (a longdouble, an
-    int beyond 64 bits, a Fraction) rounded once from its exact value to the nearest
-    f32 when ``f32`` (the op computes in f32), else to the nearest float64.  Never an
-    int or longdouble through float64 on its way to f32: that rounds twice
-    (2**53 + 2**29 + 1 became the tie 2**53 + 2**29, then 2**53, not 2**53 + 2**30)."""
+    int beyond 64 bits, a Fraction, another numbers.Real) rounded once from its exact
+    value to the nearest f32 when ``f32`` (the op computes in f32), else to the nearest
+    float64.  Never an int or longdouble through float64 on its way to f32: that rounds
+    twice (2**53 + 2**29 + 1 became the tie 2**53 + 2**29, then 2**53, not 2**53 +
+    2**30).  A value no float64 holds is InvalidArgument whatever the op's type."""
     if type(v) is float:
         return v
     if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real):
         return _number(name, v)  # its InvalidArgument
     if isinstance(v, numbers.Integral):
-        n = int(v)
+        n = user_code(name, int, v)  # its __index__ or __int__ may raise: named
         if -(1 << 63) <= n < 1 << 64:
             return n
+        v = n
     elif isinstance(v, (float, np.floating)) and np.dtype(type(v)).itemsize <= 8:
         return _number(name, v)  # exact (a float subclass's __float__ may raise: named)
-    if not f32:
-        return _number(name, v)  # float() of an int, Fraction or longdouble: one rounding
+    # float() of an int, Fraction, longdouble or other real: one rounding, and the
+    # InvalidArgument of a value beyond float64 (also for an f32 op: never ERANGE for
+    # a value the caller did not pass)
+    f64 = _number(name, v)
+    if not f32 or math.isnan(f64) or math.isinf(f64):
+        return f64
     # To odd at float64's precision from the exact value, then to nearest at f32's:
     # one rounding (as to_bfloat16).
     if isinstance(v, np.floating):
         d = float(_dtypes._f64_round_to_odd_wide(np.array([v]))[0])
     else:
-        d = float(_dtypes._python_reals(np.array([v], dtype=object))[0])
-    if math.isnan(d) or (math.isinf(d) and not np.isinf(v)):
-        return _number(name, v)  # its InvalidArgument (beyond float64), or the NaN
+        exact = _exact_ratio(name, v)
+        if exact is None:  # a real type with no exact ratio: through its float()
+            d = f64
+        else:
+            d = float(_dtypes._python_reals(np.array([exact], dtype=object))[0])
     with np.errstate(over="ignore"):
         f = float(np.float32(d))
     # beyond f32's range: the double itself, which the daemon refuses (ERANGE)
     return d if math.isinf(f) and not math.isinf(d) else f
+
+
+def _exact_ratio(name: str, v: Any) -> Optional[fractions.Fraction]:
+    """The exact value of a real number v that is neither a float nor a numpy scalar:
+    an int, a numbers.Rational (Fraction), or a type with ``as_integer_ratio()`` (as
+    float, decimal and gmpy2's types have); None for a real type with none of these.
+    What the object's methods raise is InvalidArgument naming ``name``."""
+    if isinstance(v, int):
+        return fractions.Fraction(v)
+    if isinstance(v, numbers.Rational):
+        return user_code(name, lambda: fractions.Fraction(int(v.numerator),
+                                                          int(v.denominator)))
+    ratio = user_code(name, getattr, v, "as_integer_ratio", None)
+    if ratio is None:
+        return None
+    nd = user_code(name, ratio)
+    if not (isinstance(nd, tuple) and len(nd) == 2 and
+            all(isinstance(x, int) and not isinstance(x, bool) for x in nd) and nd[1] > 0):
+        raise _errors.InvalidArgument("%s: %s.as_integer_ratio() gave %s, not two ints"
+                                      % (name, type(v).__name__, _kind(nd)))
+    return fractions.Fraction(nd[0], nd[1])
 
 
 def _f32_op(op: str, x: Any) -> bool:
@@ -1576,9 +1608,10 @@ class Client:
         self._cb_progress: Dict[int, int] = {}
         self.limits: Dict[str, int] = {}
         if name is None:
+            argv = getattr(sys, "argv", None)  # absent in an embedded interpreter
             name = "python:" + _sendable(os.path.basename(
-                sys.argv[0] if sys.argv and isinstance(sys.argv[0], str) and sys.argv[0]
-                else "python"))
+                argv[0] if isinstance(argv, list) and argv and isinstance(argv[0], str)
+                and argv[0] else "python"))
         raw = name.encode("utf-8")[:63]
         name = raw.decode("utf-8", "ignore")
         params: Dict[str, Any] = {"version": 1, "client": name}

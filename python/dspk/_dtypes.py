@@ -1,6 +1,7 @@
 """numpy dtypes and the protocol's dtype names, bfloat16 included."""
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 import signal
@@ -9,7 +10,7 @@ from typing import Any, Callable, Dict, Tuple, TypeVar
 
 import numpy as np
 
-from ._errors import DtypeError, Error, InvalidArgument, ProtocolError
+from ._errors import DtypeError, Error, InvalidArgument, OutOfMemory, ProtocolError
 
 __all__ = ["bfloat16", "to_bfloat16", "from_bfloat16", "wire_name", "numpy_dtype",
            "DTYPES"]
@@ -66,16 +67,19 @@ def user_code(what: str, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T
     """fn(*args) calling into an object of the caller's (numpy converting it runs its
     ``__array__``, ``__len__``, ``__getitem__``...; ``int()`` its ``__index__``...):
     any Exception that raises is dspk.InvalidArgument naming ``what`` and the
-    exception (chained as its ``__cause__``).  A dspk.Error passes as it is, and so
-    do a MemoryError (numpy could not allocate: dspk.OutOfMemory, python.md), a
-    signal handler's exception and one that is no Exception (KeyboardInterrupt)."""
+    exception (chained as its ``__cause__``).  A MemoryError (numpy, or the object,
+    could not allocate) is dspk.OutOfMemory (python.md), chained as well.  A dspk.Error
+    passes as it is, and so do a signal handler's exception and one that is no
+    Exception (KeyboardInterrupt)."""
     try:
         return fn(*args, **kwargs)
-    except (Error, MemoryError):
+    except Error:
         raise
     except Exception as e:  # noqa: BLE001 - the object's own: named, chained
         if from_signal_handler(e):
             raise
+        if isinstance(e, MemoryError):
+            raise OutOfMemory("%s: %s: %s" % (what, type(e).__name__, e)) from e
         raise InvalidArgument("%s: %s: %s" % (what, type(e).__name__, e)) from e
 
 
@@ -228,6 +232,22 @@ def _python_reals(a: np.ndarray) -> np.ndarray:
     return out.reshape(a.shape)
 
 
+def _no_memory(fn: Callable[..., _T]) -> Callable[..., _T]:
+    """A public helper whose numpy could not allocate an array: dspk.OutOfMemory
+    (python.md, Errors), chained, not a bare MemoryError."""
+    @functools.wraps(fn)
+    def helper(*args: Any, **kwargs: Any) -> _T:
+        try:
+            return fn(*args, **kwargs)
+        except MemoryError as e:
+            if isinstance(e, Error) or from_signal_handler(e):
+                raise
+            raise OutOfMemory("%s: no memory for an array here: %s"
+                              % (fn.__name__, e or "MemoryError")) from e
+    return helper
+
+
+@_no_memory
 def to_bfloat16(x: Any) -> np.ndarray:
     """A dspk.bfloat16 array of ``x`` (real numbers; rounded to nearest even, once,
     from the exact value of every input type: floats up to numpy.longdouble, integers
@@ -276,6 +296,7 @@ def to_bfloat16(x: Any) -> np.ndarray:
     return bits.view(bfloat16).reshape(a.shape)
 
 
+@_no_memory
 def from_bfloat16(x: np.ndarray) -> np.ndarray:
     """float32 values of a bfloat16 array (dspk.bfloat16 or ml_dtypes.bfloat16), of its
     shape (0-d too)."""

@@ -4,7 +4,9 @@ arguments.  Each is a dspk.Error naming the parameter (or the documented TypeErr
 a bad call), raised before anything is sent; the connection stays usable."""
 from __future__ import annotations
 
+import fractions
 import math
+import numbers
 import os
 import pathlib
 
@@ -107,6 +109,64 @@ def test_scalars_rounded_once_to_f32(client):
     assert args == [{"f32": 2.0 ** 70 + 2 ** 47}, {"f64": float(2 ** 70)}, {"f32": 5}], args
 
 
+class _Real(numbers.Real):
+    """A real number of another library (as gmpy2's and sympy's register themselves):
+    numbers.Real with __float__, and as_integer_ratio() when ``exact``."""
+
+    def __init__(self, v, exact=True):
+        self.v = fractions.Fraction(v)
+        if exact:
+            self.as_integer_ratio = lambda: self.v.as_integer_ratio()
+
+    def __float__(self):
+        return float(self.v)
+
+    # the rest of numbers.Real: unused by the client
+    __abs__ = __add__ = __ceil__ = __eq__ = __floor__ = __floordiv__ = __le__ = \
+        __lt__ = __mod__ = __mul__ = __neg__ = __pos__ = __pow__ = __radd__ = \
+        __rfloordiv__ = __rmod__ = __rmul__ = __round__ = __rpow__ = __rtruediv__ = \
+        __truediv__ = __trunc__ = lambda self, *a: NotImplemented
+
+
+class _BadIndex(numbers.Integral):
+    """An integer whose conversion fails."""
+
+    def __index__(self):
+        raise RuntimeError("no index")
+
+    __int__ = __index__
+    __abs__ = __add__ = __and__ = __ceil__ = __eq__ = __floor__ = __floordiv__ = \
+        __invert__ = __le__ = __lshift__ = __lt__ = __mod__ = __mul__ = __neg__ = \
+        __or__ = __pos__ = __pow__ = __radd__ = __rand__ = __rfloordiv__ = \
+        __rlshift__ = __rmod__ = __rmul__ = __ror__ = __round__ = __rpow__ = \
+        __rrshift__ = __rshift__ = __rtruediv__ = __rxor__ = __truediv__ = \
+        __trunc__ = __xor__ = lambda self, *a: NotImplemented
+
+
+def test_scalars_of_other_real_types(client):
+    """A numbers.Real of another library worked on f64 ops and was refused on f32 ops
+    with "DtypeError: to_bfloat16: dtype object holding a ..." (a function the caller
+    never called); an Integral whose __index__ raises escaped as that bare exception.
+    Now the value is rounded once from its exact value (as_integer_ratio()) where it
+    has one, else through its float(); a failing conversion is InvalidArgument."""
+    one32, one64 = np.ones((1, 1), np.float32), np.ones(1, np.float64)
+    tie = 2 ** 53 + 2 ** 29 + 1  # nearest f32 2**53 + 2**30; through float64 2**53
+    assert client.map("scale", one32, alpha=_Real(tie), device="cpu:0")[0, 0] == \
+        2.0 ** 53 + 2 ** 30
+    assert client.gemm(one32, one32, alpha=_Real(tie), device="cpu:0")[0, 0] == \
+        2.0 ** 53 + 2 ** 30
+    assert client.map("scale", one32, alpha=_Real(tie, exact=False),
+                      device="cpu:0")[0, 0] == 2.0 ** 53  # its float(), then f32
+    assert client.map("scale", one64, alpha=_Real(2.5), device="cpu:0")[0] == 2.5
+    assert dspk._client._kernel_args([{"f32": _Real(tie)}]) == [{"f32": 2.0 ** 53 + 2 ** 30}]
+    for dt in (np.float32, np.float64):
+        with pytest.raises(dspk.InvalidArgument, match="^EINVAL: alpha: RuntimeError: no "
+                                                       "index") as e:
+            client.map("scale", np.ones(2, dt), alpha=_BadIndex())
+        assert isinstance(e.value.__cause__, RuntimeError)
+    assert client.ping() >= 0
+
+
 def test_reduce_axes(client):
     x = f64(2, 3, 4)
     for axes, ref in ((1, 1), (np.int64(-1), -1), ([0, 2], (0, 2)), ((np.int32(0),), (0,)),
@@ -159,6 +219,35 @@ def test_an_operand_whose_conversion_raises_is_invalid_argument(client, exc):
         assert e.value.__cause__ is exc
     assert client.ping() > 0 and \
         [x for x in client.status()["clients"] if x["self"]][0]["buffers"] == 1  # s
+
+
+def test_an_operand_whose_conversion_runs_out_of_memory_is_out_of_memory(client):
+    """A MemoryError of an operand's __array__ (a lazy array that cannot allocate) left
+    reduce, to_device and to_bfloat16 bare, although python.md makes it
+    dspk.OutOfMemory; a dspk.Error it raises passes as it is."""
+    x = np.ones(4)
+    calls = [lambda v: client.reduce(v), lambda v: client.map("add", x, v),
+             lambda v: client.to_device(v), lambda v: client.submit("reduce", v).result(),
+             lambda v: dspk.to_bfloat16(v), lambda v: dspk.from_bfloat16(v)]
+    for call in calls:
+        exc = MemoryError("cannot allocate")
+        with pytest.raises(dspk.OutOfMemory, match="cannot allocate") as e:
+            call(_Raising(exc))
+        assert e.value.__cause__ is exc and e.value.name == "ENOMEM"
+        busy = dspk.Busy("busy elsewhere")
+        with pytest.raises(dspk.Busy) as e:
+            call(_Raising(busy))
+        assert e.value is busy
+    assert client.ping() > 0
+
+
+def test_connect_without_sys_argv(daemon, monkeypatch):
+    """An embedded interpreter may have no sys.argv: connect() raised AttributeError
+    making its default name; it is python:python, as for an empty argv."""
+    monkeypatch.delattr("sys.argv")
+    with dspk.connect(daemon.socket, timeout=TIMEOUT) as c:
+        me = [x for x in c.status()["clients"] if x["self"]][0]
+        assert me["name"] == "python:python", me
 
 
 def test_a_signal_handlers_exception_in_a_conversion_propagates(client):

@@ -9,6 +9,8 @@ import contextlib
 import os
 import resource
 
+import fractions
+
 import numpy as np
 import pytest
 
@@ -345,6 +347,19 @@ def test_vulkan_kernel_bindings_must_match_args(vk):
     (lambda c: c.gemm(np.ones((2, 2)), np.ones((2, 2)), np.ones((2, 2)), beta=-10**400),
      "beta"),
     (lambda c: c.map("scale", np.ones(2), alpha=np.longdouble("1e4000")), "alpha"),
+    # the same values on f32 ops (rounded here to f32: numpy's isinf on an int beyond
+    # 64 bits raised a bare TypeError; a longdouble beyond float64 came back as ERANGE
+    # naming 1.797e308, a value the caller never passed)
+    (lambda c: c.gemm(np.ones((2, 2), np.float32), np.ones((2, 2), np.float32),
+                      alpha=10**400), "alpha"),
+    (lambda c: c.gemm(np.ones((2, 2), np.float32), np.ones((2, 2), np.float32),
+                      np.ones((2, 2), np.float32), beta=-10**400), "beta"),
+    (lambda c: c.map("scale", np.ones(2, np.float32), alpha=2**1024), "alpha"),
+    (lambda c: c.map("scale", np.ones(2, np.float32),
+                     alpha=fractions.Fraction(10**400, 3)), "alpha"),
+    (lambda c: c.map("scale", np.ones(2, np.complex64), alpha=np.longdouble("1e4000")),
+     "alpha"),
+    (lambda c: c.submit("map", "scale", np.ones(2, np.float32), alpha=10**400), "alpha"),
     (lambda c: c.reduce(np.ones(2), axes=2**64), "axes"),
     (lambda c: c.reduce(np.ones((2, 2)), axes=[0, -2**70]), r"axes\[1\]"),
     (lambda c: c.kernel("x", np.ones(2), lang="glsl", grid=2**64), "grid"),
