@@ -605,6 +605,9 @@ int dspk__vk_kernel(struct dspk__dev *d, const char *name, const char *src,
                          nbind, pcsize, DSPK__VK_MAX_BIND, DSPK__VK_PC_MAX);
   struct dspk__hash h;
   dspk__hash_init(&h);
+  /* The language first: GLSL text given as "spirv" is refused (below),
+   * never the pipeline compiled from the same bytes given as GLSL. */
+  dspk__hash_str(&h, spirv ? "spirv" : "glsl");
   if (spirv)
     dspk__hash_field(&h, spirv, nbytes);
   else

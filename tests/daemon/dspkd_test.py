@@ -3794,7 +3794,13 @@ def t_caps(exe, tmp):
               "(65536 + 4 per word of its 23 words)", "message: %r" % e.err)
         r = c.call("task.run", kernel(v["id"], "glsl", KERNEL_OK))
         check(array(r["outputs"][0])[0] == 7.0, "the next kernel runs on %s" % v["id"])
-        check(counters(c, v["id"])[:2] == (2, 2), "vulkan counters: %r"
+        # The same GLSL text given as spirv, after it ran as glsl: the pipeline
+        # table was keyed by the bytes alone and ran the GLSL pipeline.
+        for src in (KERNEL_OK, KERNEL_OK.encode()):
+            e = c.expect_error("EINVAL", "task.run", kernel(v["id"], "spirv", src))
+            check(e.err["message"].startswith("spirv: not a SPIR-V binary"),
+                  "message: %r" % e.err)
+        check(counters(c, v["id"])[:2] == (2, 4), "vulkan counters: %r"
               % (counters(c, v["id"]),))
     else:
         e = c.expect_error("ENOTSUP", "task.run", kernel("any", "glsl", KERNEL_OK))
