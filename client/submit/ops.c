@@ -821,14 +821,21 @@ int dspk__sub_map(dspk__sub_ctx *ctx, int argc, char **argv) {
   return run_task(ctx, &a, &t, a.pos + 1, a.npos - 1);
 }
 
-int dspk__sub_open_output(const dspk__sub_ctx *ctx, const char *path,
-                          dspk__outfile *of) {
-  char err[256];
+int dspk__sub_output_dir(const dspk__sub_ctx *ctx, const char *path) {
   struct stat st;
   /* A directory: named so, as a usage error, before the work is done. */
   if (strcmp(path, "-") != 0 && stat(path, &st) == 0 && S_ISDIR(st.st_mode))
     return dspk__sub_usage(ctx, "-o %s: is a directory", dspk__sub_arg(path));
-  int rc = dspk__outfile_open(of, path, err, sizeof err);
+  return 0;
+}
+
+int dspk__sub_open_output(const dspk__sub_ctx *ctx, const char *path,
+                          dspk__outfile *of) {
+  char err[256];
+  int rc = dspk__sub_output_dir(ctx, path);
+  if (rc != 0)
+    return rc;
+  rc = dspk__outfile_open(of, path, err, sizeof err);
   if (rc < 0)
     return dspk__sub_fail(ctx, rc, "%s: %s", dspk__sub_arg(path), err);
   /* A binary .npy never goes to a terminal, whatever names it: "-",

@@ -82,6 +82,11 @@ void dspk__sub_json_result(FILE *f, const dspk_result *res,
 /* "35 us", "12.3 ms", "4.56 s" into buf; returns buf. */
 const char *dspk__sub_fmt_time(uint64_t us, char *buf, size_t cap);
 
+/* An output path that is a directory: reported as a bad command line
+ * ("-o PATH: is a directory", docs/cli.md ARRAYS) and DSPK__SUB_EXIT_USAGE's
+ * status returned; else 0.  Every command with -o asks before it opens. */
+int dspk__sub_output_dir(const dspk__sub_ctx *ctx, const char *path);
+
 /* Opens the output path ("-": standard output) into *of before the task
  * runs (ops.c), so that an output that cannot be created fails before any
  * work is done, with the codes of outfile.h.  Returns 0, or reports the

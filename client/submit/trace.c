@@ -53,6 +53,8 @@ int dspk__sub_trace(dspk__sub_ctx *ctx, int argc, char **argv) {
     return dspk__sub_usage(ctx, "missing -o FILE (- for standard output)");
   if (summary && strcmp(out, "-") == 0)
     return dspk__sub_usage(ctx, "--json prints a summary: it needs -o FILE, not -");
+  if ((rc = dspk__sub_output_dir(ctx, out)) != 0)
+    return rc;
   rc = dspk__outfile_open(&of, out, err, sizeof err);
   if (rc < 0)
     return dspk__sub_fail(ctx, rc, "%s: %s", out, err);

@@ -2438,6 +2438,10 @@ def dir_and_tty_files(cli, tmp):
                 (["gemm", tmp, a], tmp + ": is a directory"),
                 (["gemm", a, tmp], tmp + ": is a directory"),
                 (["gemm", a, a, "-o", tmp], "-o " + tmp + ": is a directory"),
+                # trace wrote its own way: EIO "Is a directory", exit 1
+                (["trace", "-o", tmp, "-s", "1"], "-o " + tmp + ": is a directory"),
+                (["kernel", a, "--entry", "main", "--grid", "1", "--block", "1",
+                  "zeros:f32:4", "-o", "0=" + tmp], "-o " + tmp + ": is a directory"),
                 (["gemm", tty, a], tty + ": is a terminal; give a file or - for a pipe"),
                 (["map", "abs", tty], tty + ": is a terminal; give a file or - for a pipe"),
                 (["kernel", tmp, "--entry", "main", "--grid", "1", "--block", "1"],
