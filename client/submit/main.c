@@ -693,8 +693,10 @@ int dspk__sub_connect(dspk__sub_ctx *ctx) {
     snprintf(pre, sizeof pre, "connect to %s: ", shown);
     if (strncmp(why, pre, strlen(pre)) == 0)
       why += strlen(pre);
-    if (rc == DSPK_ECONNECT && stat(shown, &st) == 0 && !S_ISSOCK(st.st_mode)) {
-      /* Something is there, but no socket a daemon could listen on. */
+    if ((rc == DSPK_ECONNECT || (rc == DSPK_EPERM && strstr(why, "allow_") == NULL)) &&
+        stat(shown, &st) == 0 && !S_ISSOCK(st.st_mode)) {
+      /* Something is there, but no socket a daemon could listen on (EPERM
+       * too, where this user may not write it: no mode would help). */
       snprintf(hint, sizeof hint, "; %s is %s, not a socket: check --socket and "
                "$DSPK_SOCKET", shown, file_kind(st.st_mode));
     } else if (rc == DSPK_ECONNECT) {

@@ -2384,6 +2384,23 @@ def command_line_messages(cli, tmp):
         err = cli.fails(["ping"], "ping", "ECONNECT", sock=False, env=env,
                         detail="%s is %s, not a socket" % (path, what))
         check("is dspkd running" not in err, "not a socket, yet %r" % err)
+    # One this user may not write is EPERM, and no socket all the same (the hint
+    # spoke of "the socket's mode ... lets only its owner connect").
+    ro = os.path.join(d, "rofile")
+    with open(ro, "w") as f:
+        f.write("x")
+    kw = {}
+    if os.geteuid() == 0:  # root writes anything: run the client as nobody
+        os.chmod(ro, 0o644)
+        os.chmod(d, 0o755)
+        os.chmod(tmp, 0o755)
+        kw["preexec_fn"] = lambda: dspk_daemon.become(65534, 65534)
+    else:
+        os.chmod(ro, 0o444)
+    err = cli.fails(["ping"], "ping", "EPERM", sock=False,
+                    env=dict(os.environ, DSPK_SOCKET=ro),
+                    detail="%s is a regular file, not a socket" % ro, **kw)
+    check("socket's mode" not in err, "a regular file called a socket: %r" % err)
     env = dict(os.environ, DSPK_SOCKET="/" + "x" * 120)
     err = cli.fails(["ping"], "ping", "ELIMIT", sock=False, env=env,
                     detail="socket path from $DSPK_SOCKET longer than 107 bytes")
