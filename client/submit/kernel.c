@@ -449,7 +449,7 @@ int dspk__sub_kernel(dspk__sub_ctx *ctx, int argc, char **argv) {
       (void)dspk_file_data(ctx->client, tens[i].map, tens[i].map_len, tens[i].map_fd, 0);
   rc = dspk_run(ctx->client, &t, &res);
   if (rc < 0) {
-    dspk__sub_fail_client(ctx, rc);
+    dspk__sub_fail_inputs(ctx, rc, tens, tnames, ntens, -1);
     goto out;
   }
   for (int i = 0; i < nouts; i++) {

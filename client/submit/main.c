@@ -480,18 +480,25 @@ static int cli_remedy(const dspk__sub_ctx *ctx, const char *detail, char *out, s
   return 1;
 }
 
-int dspk__sub_fail_client(const dspk__sub_ctx *ctx, int code) {
+int dspk__sub_fail_client_at(const dspk__sub_ctx *ctx, int code, const char *prefix) {
   const char *detail = ctx->client ? dspk_last_error(ctx->client) : "";
+  const char *sep = prefix && *prefix ? ": " : "";
   char words[2048], remedy[2048];
+  if (!prefix)
+    prefix = "";
   if (detail == NULL || detail[0] == '\0')
     detail = dspk_strerror(code);
   /* A compiler's log quotes the user's own source: left as it is. */
   if (code == DSPK_ECOMPILE)
-    return dspk__sub_fail(ctx, code, "%s", detail);
+    return dspk__sub_fail(ctx, code, "%s%s%s", prefix, sep, detail);
   if (code == DSPK_ELIMIT && cli_remedy(ctx, detail, remedy, sizeof remedy))
     detail = remedy;
   cli_words(ctx, detail, words, sizeof words);
-  return dspk__sub_fail(ctx, code, "%s", words);
+  return dspk__sub_fail(ctx, code, "%s%s%s", prefix, sep, words);
+}
+
+int dspk__sub_fail_client(const dspk__sub_ctx *ctx, int code) {
+  return dspk__sub_fail_client_at(ctx, code, NULL);
 }
 
 /* The size variables of cli.md's "Sizes" with their bounds; main() refuses

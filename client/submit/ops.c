@@ -410,6 +410,27 @@ static size_t inline_max(dspk_client *c) {
  * task's device, or "any"; buffer.write splits big data) and turns its
  * tensor into a reference.  The buffers belong to the connection and go
  * with it.  Returns 0 or the exit status of a reported failure. */
+/* See submit.h. */
+int dspk__sub_fail_inputs(const dspk__sub_ctx *ctx, int rc, const dspk__npy *npy,
+                          char **files, int n, int i) {
+  char what[1024];
+  for (int k = i >= 0 ? i : 0; rc == DSPK_EIO && k < (i >= 0 ? i + 1 : n); k++) {
+    struct stat st;
+    if (!npy[k].map || fstat(npy[k].map_fd, &st) != 0 ||
+        (uint64_t)st.st_size >= (uint64_t)npy[k].map_len)
+      continue;
+    snprintf(what, sizeof what, "%s: the file changed while in use (%lld bytes now, "
+             "%zu when it was read)", dspk__sub_arg(files[k]), (long long)st.st_size,
+             npy[k].map_len);
+    return dspk__sub_fail_client_at(ctx, rc, what);
+  }
+  if (i >= 0 && (rc == DSPK_EIO || rc == DSPK_EPERM)) {
+    snprintf(what, sizeof what, "%s", dspk__sub_arg(files[i]));
+    return dspk__sub_fail_client_at(ctx, rc, what);
+  }
+  return dspk__sub_fail_client(ctx, rc);
+}
+
 static int offload_inputs(dspk__sub_ctx *ctx, const op_args *a, const dspk__npy *npy,
                           char **files, dspk_tensor *tin, int n, dspk_op op) {
   size_t total = 0, shm_min = dspk__sub_shared_threshold();
@@ -454,7 +475,7 @@ static int offload_inputs(dspk__sub_ctx *ctx, const op_args *a, const dspk__npy 
         memcpy(p, tin[i].data, tin[i].nbytes);
     }
     if (rc < 0)
-      return dspk__sub_fail_client(ctx, rc);
+      return dspk__sub_fail_inputs(ctx, rc, npy, files, n, i);
     tin[i].data = p; /* freed with the connection */
   }
   for (i = 0; i < n; i++)
@@ -475,7 +496,7 @@ static int offload_inputs(dspk__sub_ctx *ctx, const op_args *a, const dspk__npy 
     if (rc == 0)
       rc = dspk_buffer_write(ctx->client, id, 0, tin[i].data, tin[i].nbytes);
     if (rc < 0)
-      return dspk__sub_fail_client(ctx, rc);
+      return dspk__sub_fail_inputs(ctx, rc, npy, files, n, i);
     tin[i].is_ref = true;
     tin[i].buffer = id;
     tin[i].offset = 0;
@@ -629,6 +650,12 @@ static int run_task(dspk__sub_ctx *ctx, const op_args *a, dspk_task *t,
   dspk_set_progress(ctx->client, on_progress, &ps);
   rc = run_into(ctx, t, &res, &of, &landed);
   dspk_set_progress(ctx->client, NULL, NULL);
+  if (rc < 0) { /* named while the inputs are still open */
+    if (ps.drawn)
+      fputs("\r\033[K", stderr);
+    ps.drawn = false;
+    dspk__sub_fail_inputs(ctx, rc, in, files, loaded, -1);
+  }
   /* The inputs may be mappings of files the output is about to replace. */
   for (i = 0; i < loaded; i++) {
     if (in[i].map)
@@ -640,10 +667,8 @@ static int run_task(dspk__sub_ctx *ctx, const op_args *a, dspk_task *t,
     fputs("\r\033[K", stderr);
     fflush(stderr);
   }
-  if (rc < 0) {
-    dspk__sub_fail_client(ctx, rc);
+  if (rc < 0)
     goto out;
-  }
   if (res.nout < 1 || res.out[0].is_ref) {
     dspk__sub_fail(ctx, DSPK_EPROTO, "the daemon returned no inline output");
     goto out_res;

@@ -128,6 +128,22 @@ int dspk__sub_usage(const dspk__sub_ctx *ctx, const char *fmt, ...)
  * ("--alpha", "--axis", the file).  Returns DSPK__SUB_EXIT_FAIL. */
 int dspk__sub_fail_client(const dspk__sub_ctx *ctx, int code);
 
+/* A failed library call that read the input files npy[0..n) (with i >= 0:
+ * a call for input i only), reported as dspk__sub_fail_client does, but a
+ * mapped input whose file is now shorter than what was mapped of it is
+ * named first ("PATH: the file changed while in use (...)": the library's
+ * EIO knows only a descriptor or "an input file"), and a call for input i
+ * that failed with EIO or EPERM names files[i].  Returns
+ * DSPK__SUB_EXIT_FAIL. */
+struct dspk__npy;
+int dspk__sub_fail_inputs(const dspk__sub_ctx *ctx, int rc, const struct dspk__npy *npy,
+                          char **files, int n, int i);
+
+/* dspk__sub_fail_client with what the failure is about said first (a file:
+ * "PATH: the file changed while in use (...): DETAIL"); prefix NULL or "":
+ * dspk__sub_fail_client itself. */
+int dspk__sub_fail_client_at(const dspk__sub_ctx *ctx, int code, const char *prefix);
+
 /* Connects ctx->client if not yet connected.  Returns 0, or reports the
  * failure and returns DSPK__SUB_EXIT_FAIL. */
 int dspk__sub_connect(dspk__sub_ctx *ctx);

@@ -39,6 +39,7 @@ Suites (the first argument after the options):
           keeps serving afterwards
 """
 import argparse
+import array
 import cmath
 import itertools
 import json
@@ -47,6 +48,7 @@ import os
 import re
 import select
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -882,8 +884,8 @@ def output_replacement(cli, tmp, large, small, fsize_limit):
     # codes of the compute commands.
     cli.fails(["trace", "-o", os.path.join(d, "no/such/dir.json"), "--seconds", "600"],
               "trace", "ENOENT", detail="no/such/dir.json: No such file or directory")
-    cli.fails(["trace", "-o", d, "--seconds", "600"], "trace", "EIO",
-              detail="%s: Is a directory" % d)
+    cli.fails(["trace", "-o", d, "--seconds", "600"], "trace", "EINVAL", rc_want=2,
+              detail="-o %s: is a directory" % d)  # cli.md ARRAYS, as every -o
     # A failed trace write keeps the old file; a good one replaces it.
     tr = put("tr.json")
     def tiny_limit():
@@ -1086,6 +1088,99 @@ def nan_text(cli, tmp):
     check(out.endswith(": [nan+nanj] (1 value)\n"), "c64: %r" % out)
 
 
+class _HoldingProxy:
+    """A Unix-socket relay between one client and the daemon (descriptors passed
+    along) that, once the daemon's first answer (hello's) has gone to the client,
+    stops taking the client's bytes until release(): what the client sends next
+    waits in its socket.  held is set when that point is reached."""
+
+    def __init__(self, daemon_sock, path):
+        self.daemon_sock, self.path = daemon_sock, path
+        self.srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.srv.bind(path)
+        self.srv.listen(1)
+        self.held, self.released = threading.Event(), threading.Event()
+        self.t = threading.Thread(target=self._run, daemon=True)
+        self.t.start()
+
+    @staticmethod
+    def _relay(src, dst):
+        data, anc, _, _ = src.recvmsg(1 << 16, socket.CMSG_SPACE(8 * 4))
+        fds = array.array("i")
+        for level, kind, d in anc:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds.frombytes(d[:len(d) - len(d) % fds.itemsize])
+        if data:
+            dst.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)]
+                        if len(fds) else [])
+        for fd in fds:
+            os.close(fd)
+        return bool(data)
+
+    def _run(self):
+        c, _ = self.srv.accept()
+        d = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        d.connect(self.daemon_sock)
+        answered = False
+        with c, d:
+            while True:
+                hold = answered and not self.released.is_set()
+                if hold:
+                    self.held.set()
+                r, _, _ = select.select([d] if hold else [c, d], [], [], 0.05)
+                if d in r:
+                    if not self._relay(d, c):
+                        return
+                    answered = True
+                if c in r and not self._relay(c, d):
+                    return
+
+    def release(self):
+        self.released.set()
+
+    def close(self):
+        self.released.set()
+        self.t.join(timeout=60)
+        self.srv.close()
+
+
+def input_changed_while_sent(cli, tmp):
+    """An input file cut short while dspk-submit sends it (from the file to the
+    socket, into shared memory, or into a daemon buffer) fails with EIO naming
+    the file; the library's words named only "an input file" or a descriptor.
+    Deterministic: the command's requests after hello are held back (by a relay
+    in front of the daemon) until the file has been cut."""
+    import shutil
+    src = os.path.join(tmp, "cut_src.npy")
+    np.save(src, np.ones(3 << 20, "<f4"))  # 12 MiB
+    for n, (env_extra, what) in enumerate((
+            ({}, "inline"), ({"DSPK_SHARED_THRESHOLD": "1M"}, "shared memory"),
+            ({"DSPK_SUBMIT_INLINE_MAX": "1M"}, "a daemon buffer"))):
+        f = os.path.join(tmp, "cut.npy")
+        shutil.copyfile(src, f)
+        proxy = _HoldingProxy(cli.sock, os.path.join(tmp, "hold%d.sock" % n))
+        p = subprocess.Popen([cli.binary, "--socket", proxy.path, "reduce", "sum", f,
+                              "--device", "cpu:0"], stdin=subprocess.DEVNULL,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             env=dict(os.environ, **env_extra))
+        try:
+            check(proxy.held.wait(60), "%s: hello was never answered" % what)
+            os.truncate(f, 1 << 20)  # beyond what the client's socket holds
+            proxy.release()
+            out, err = p.communicate(timeout=120)
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+            proxy.close()
+        err = err.decode(errors="replace")
+        check(p.returncode == 1 and err.startswith(
+            "dspk-submit: reduce: EIO: %s: the file changed while in use (1048576 bytes now, "
+            "12583040 when it was read): " % f),
+            "%s: exit %d, stderr %r" % (what, p.returncode, err))
+    cli.ok("ping")  # the daemon goes on
+
+
 def suite_errors(cli, tmp):
     def save(name, x):
         p = os.path.join(tmp, name)
@@ -1281,6 +1376,7 @@ def suite_errors(cli, tmp):
     nobody = Cli(cli.binary, os.path.join(tmp, "nobody.sock"))
     nobody.fails(["ping"], "ping", "ECONNECT", detail="nobody.sock")
     nobody.fails(["gemm", a34, a34, "--trans-b"], "gemm", "ECONNECT")
+    input_changed_while_sent(cli, tmp)
 
     # Command-line mistakes: exit 2.
     usage = [
