@@ -25,6 +25,7 @@
 #include <stdlib.h>
 #include <stdint.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -368,6 +369,7 @@ static const struct {
     {"options.block", "--block"},      {"options.shared", "--shared"},
     {"options.lang", "--lang"},        {"options.source", "SOURCE"},
     {"options.args", "ARG"},           {"inputs", "the arrays"},
+    {"devices", "--devices"}, /* job register's; only its items ("devices[1]") */
 };
 
 /* Whether s[i] starts a word (not inside a longer name). */
@@ -409,6 +411,10 @@ static void cli_words(const dspk__sub_ctx *ctx, const char *d, char *out, size_t
             if (strcmp(rep, "ARG") == 0) {
               snprintf(num, sizeof num, "ARG %.*s (0-based)", (int)e, d + i + n + 1);
               rep = num;
+            } else if (strcmp(rep, "--devices") == 0 && item >= 0) {
+              /* counted from 1, as the command line's own messages count */
+              snprintf(num, sizeof num, "--devices item %ld", item + 1);
+              rep = num;
             } else if (strcmp(wire_names[k].wire, "inputs") == 0 && ctx->inputs != NULL &&
                        item >= 0 && item < ctx->ninputs) {
               snprintf(num, sizeof num, "%s", ctx->inputs[item]);
@@ -416,10 +422,14 @@ static void cli_words(const dspk__sub_ctx *ctx, const char *d, char *out, size_t
             }
             skip += e + 2;
           }
-          if (strcmp(wire_names[k].wire, "inputs") == 0 && rep != num) {
+          if ((strcmp(wire_names[k].wire, "inputs") == 0 ||
+               strcmp(wire_names[k].wire, "devices") == 0) && rep != num) {
             rep = NULL; /* "inputs[" of something else: left as it is */
             skip = 0;
           }
+        } else if (strcmp(wire_names[k].wire, "devices") == 0) {
+          rep = NULL; /* the word, not the field */
+          skip = 0;
         }
         break;
       }
@@ -700,6 +710,14 @@ int dspk__sub_connect(dspk__sub_ctx *ctx) {
     snprintf(pre, sizeof pre, "connect to %s: ", shown);
     if (strncmp(why, pre, strlen(pre)) == 0)
       why += strlen(pre);
+    /* A path the library was given: it came from --socket (cli.md). */
+    static const char too_long[] = "socket path longer than ";
+    if (rc == DSPK_ELIMIT && ctx->socket != NULL &&
+        strncmp(why, too_long, sizeof too_long - 1) == 0) {
+      snprintf(hint, sizeof hint, "socket path from --socket longer than %s",
+               why + sizeof too_long - 1);
+      return dspk__sub_fail(ctx, rc, "cannot connect to %s: %s", shown, hint);
+    }
     if ((rc == DSPK_ECONNECT || (rc == DSPK_EPERM && strstr(why, "allow_") == NULL)) &&
         stat(shown, &st) == 0 && !S_ISSOCK(st.st_mode)) {
       /* Something is there, but no socket a daemon could listen on (EPERM
@@ -724,8 +742,12 @@ int dspk__sub_connect(dspk__sub_ctx *ctx) {
  * (strtod) hexadecimal "0x1p4".  Returns whether s has none of them. */
 static bool plain_number(const char *s) {
   const char *p = s + (s[0] == '-');
-  if (s[0] == '\0' || !(*p == '.' || (*p >= '0' && *p <= '9') || *p == 'i' ||
-                        *p == 'I' || *p == 'n' || *p == 'N'))
+  /* The words, as Python's float() takes them (any case); not strtod's
+   * "nan(chars)". */
+  if (*p == 'i' || *p == 'I' || *p == 'n' || *p == 'N')
+    return strcasecmp(p, "inf") == 0 || strcasecmp(p, "infinity") == 0 ||
+           strcasecmp(p, "nan") == 0;
+  if (s[0] == '\0' || !(*p == '.' || (*p >= '0' && *p <= '9')))
     return false;
   return !(p[0] == '0' && (p[1] == 'x' || p[1] == 'X'));
 }

@@ -1453,7 +1453,7 @@ class FakeDaemon:
                'dspk_up{device="d\x1b]0;t\x07\u0085\\"q\\n"} 1\n')
     WIRE = ("fir: input 1 (taps): options.axes[0]: x; options.alpha: y; "
             "options.args[3]: z; inputs: w; input 7; inputs[0]: v; inputs[9]: u; "
-            "there are 2 inputs; options.alphabet")
+            "there are 2 inputs; options.alphabet; devices[1]: t; no devices; devices: s")
     LOG = "k.cu(3): error: identifier \"z\" is undefined\nk.cu(4): error: " \
           "expected a \";\"\n\n2 errors detected.\nk.cu(5): inputs[0] = options.alpha;\n"
 
@@ -1687,7 +1687,8 @@ def suite_fake(cli, tmp):
         np.save(h, np.ones(3))
         err = fcli.fails(["fir", a, h], "fir", "EINVAL")
         check("fir: %s (taps): --axis: x; --alpha: y; ARG 3 (0-based): z; the arrays: w; "
-              "input 7; %s: v; inputs[9]: u; there are 2 inputs; options.alphabet"
+              "input 7; %s: v; inputs[9]: u; there are 2 inputs; options.alphabet; "
+              "--devices item 2: t; no devices; devices: s"
               % (h, a) in err, "wire names: %r" % err)
     finally:
         fake.close()
@@ -2381,6 +2382,11 @@ def command_line_round6(cli, tmp):
                  ["map", "scale", a, "--alpha", " 2"], ["map", "scale", a, "--alpha", "+2"],
                  ["map", "scale", a, "--alpha", "0x10"],
                  ["map", "scale", a, "--alpha", "-0x1p4"],
+                 # strtod's NaN with a payload: Python's float() refuses it
+                 ["map", "scale", a, "--alpha", "nan(1)"], ["map", "scale", a, "--alpha", "nan()"],
+                 ["map", "scale", a, "--alpha", "infx"],
+                 ["kernel", "k.cu", "--entry", "e", "--grid", "1", "--block", "1",
+                  "f32:nan(0x7)"],
                  ["top", "--once", "-n", " 1"], ["top", "--once", "-n", "0x1"],
                  ["top", "--once", "-n", "+1"], ["trace", "-o", "t.json", "-s", "0x1"],
                  ["reduce", "sum", a, "--axis", " 0"], ["reduce", "sum", a, "--axis", "+0"],
@@ -2389,7 +2395,9 @@ def command_line_round6(cli, tmp):
                  ["kernel", "k.cu", "--entry", "e", "--grid", "1", "--block", "1",
                   "f32: 1"]):
         cli.fails(nosock + args, args[0], "EINVAL", rc_want=2, sock=False)
-    for args in (["map", "scale", a, "--alpha", "-2.5e-1"], ["reduce", "sum", a, "--axis", "-1"]):
+    for args in (["map", "scale", a, "--alpha", "-2.5e-1"], ["reduce", "sum", a, "--axis", "-1"],
+                 ["map", "scale", a, "--alpha", "NaN"], ["map", "scale", a, "--alpha", "-Infinity"],
+                 ["map", "scale", a, "--alpha", "inf"]):
         rc, out, err = cli.run(*(nosock + args), sock=False)
         check(rc == 1 and "ECONNECT" in err, "%s: %d %r" % (args, rc, err))
     # kernel -o K=FILE: any integer K is an index, in range or not.
@@ -2501,6 +2509,8 @@ def command_line_messages(cli, tmp):
     err = cli.fails(["ping"], "ping", "ELIMIT", sock=False, env=env,
                     detail="socket path from $DSPK_SOCKET longer than 107 bytes")
     check("default socket" not in err, "$DSPK_SOCKET called the default: %r" % err)
+    cli.fails(["--socket", "/" + "x" * 120, "ping"], "ping", "ELIMIT", sock=False,
+              detail="socket path from --socket longer than 107 bytes")
     nonpz = os.path.join(tmp, "missing.npz")
     for spec in (nonpz, nonpz + ":x"):
         cli.fails(["map", "abs", spec], "map", "ENOENT", sock=False,
