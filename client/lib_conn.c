@@ -1963,6 +1963,9 @@ DSPK_EXPORT void dspk_close(dspk_client *c) {
     c->closed = true;
     if (!c->broken) {
       (void)shutdown(c->fd, SHUT_RDWR);
+      /* The call that invoked the callback says it as it is (dspk.h);
+       * later calls say "connection is no longer usable: " before it. */
+      c->broken_unseen = true;
       mark_broken(c, dspk__cerr(c, DSPK_ECLOSED, "closed by dspk_close from the "
                                 "progress callback"));
     }

@@ -142,7 +142,10 @@ DSPK_EXPORT const char *dspk_connect_error(void);
  * NULL.  From c's own progress callback (dspk_set_progress) it cannot free
  * c, which the call that invoked the callback still uses: it ends the
  * connection at once (that call, and every later one on c, fails with
- * DSPK_ECLOSED, "closed by dspk_close from the progress callback"); call
+ * DSPK_ECLOSED: the first of them to fail, the callback's own call after
+ * the close or else the call that invoked it, with "closed by dspk_close
+ * from the progress callback", the others with "connection is no longer
+ * usable: " before it, as after any connection that broke); call
  * dspk_close(c) again once that call has returned, to free c.  In a child
  * of fork() it only frees the child's copy (see fork() above). */
 DSPK_EXPORT void dspk_close(dspk_client *c);
