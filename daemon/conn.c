@@ -496,10 +496,14 @@ static bool may_read(const struct conn *c) {
          dspkd_conn_inflight(c) < d->cfg.max_inflight &&
          c->unsent + c->reserved <= d->cfg.max_unsent &&
          /* One user's answers together: a connection that owes none of its
-          * own always reads (a client waiting on it alone cannot deadlock
-          * against its other connections' unread answers). */
-         (!c->user || c->unsent + c->reserved == 0 ||
-          c->user->answers <= d->cfg.max_user_unsent);
+          * own reads up to twice the quota (a client waiting on it alone is
+          * not held up by its other connections' unread answers unless
+          * they hold the quota twice over), so that the user's many
+          * connections cannot each hold one answer of up to max_message
+          * beyond it (docs/protocol.md, max_user_unsent). */
+         (!c->user || c->user->answers <= d->cfg.max_user_unsent ||
+          (c->unsent + c->reserved == 0 &&
+           c->user->answers <= dspkd_user_unsent_ceiling(d)));
 }
 
 /* nk (fresh, or the spare) takes the pending bytes of k, which it replaces:

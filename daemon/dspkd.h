@@ -663,6 +663,9 @@ int dspkd_quota_check(const struct job *j, char *msg, size_t len);
 /* Adds delta to the answer bytes (unsent + reserved) of c's user; once they
  * are back within max_user_unsent, the user's other connections read again. */
 void dspkd_user_answers(struct conn *c, int64_t delta);
+/* What one user's answers may reach through its connections that owe none
+ * (twice max_user_unsent): beyond it those pause too. */
+uint64_t dspkd_user_unsent_ceiling(const struct dspkd *d);
 void dspkd_quota_charge(struct job *j);
 void dspkd_quota_release(struct job *j);
 /* The memory quota of one user, or one connection (conn true), on dev;

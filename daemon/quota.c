@@ -8,7 +8,8 @@
  *   the connection is not read while unsent + reserved answers exceed
  *   max_unsent, so answers of admitted requests cannot pile up beyond it
  *   (by more than one answer); nor while those of all the user's
- *   connections together (user->answers) exceed max_user_unsent.
+ *   connections together (user->answers) exceed max_user_unsent, but for a
+ *   connection that owes none, which reads up to twice that.
  * - Device memory: a connection's buffers (created or being created) and
  *   the device memory its tasks in flight take for inline operands and
  *   results count against max_conn_memory (per connection) and
@@ -157,6 +158,10 @@ int dspkd_quota_check(const struct job *j, char *msg, size_t len) {
   return 0;
 }
 
+uint64_t dspkd_user_unsent_ceiling(const struct dspkd *d) {
+  return 2 * d->cfg.max_user_unsent; /* max_user_unsent is at most 2^40 */
+}
+
 void dspkd_user_answers(struct conn *c, int64_t delta) {
   struct duser *u = c->user;
   struct dspkd *d = c->d;
@@ -164,10 +169,15 @@ void dspkd_user_answers(struct conn *c, int64_t delta) {
 
   if (!u)
     return;
+  uint64_t ceiling = dspkd_user_unsent_ceiling(d);
   was_over = u->answers > d->cfg.max_user_unsent;
+  bool was_above = u->answers > ceiling;
   u->answers += (uint64_t)delta;
-  /* The user's connections whose reading paused for the quota go on. */
-  if (was_over && u->answers <= d->cfg.max_user_unsent)
+  /* The user's connections whose reading paused for the quota go on: all
+   * of them back within it, those that owe nothing back within its
+   * ceiling (daemon/conn.c, may_read). */
+  if ((was_over && u->answers <= d->cfg.max_user_unsent) ||
+      (was_above && u->answers <= ceiling))
     for (struct conn *o = d->conns, *next; o; o = next) {
       next = o->next;
       if (o->user == u && o != c && !o->closing)

@@ -419,8 +419,13 @@ void dspkd_sched_done_cb(uv_async_t *h) {
   while (list) {
     struct job *j = list;
     struct conn *c = j->conn;
+    /* Its answer's reservation is given back once the answer is queued (and
+     * counted as unsent), not before: in between the user's answers would
+     * read low, and its paused connections would take more requests. */
+    size_t resv = j->resv_answer;
     list = j->next;
     j->next = NULL;
+    j->resv_answer = 0;
     conn_unlink_job(j);
     if (j->kind == JOB_TASK && j->err < 0)
       log_task_failed(j, j->err, NULL);
@@ -441,6 +446,10 @@ void dspkd_sched_done_cb(uv_async_t *h) {
       /* The runner could not allocate the answer: answer ENOMEM (the
        * connection closes if even that fails), never nothing. */
       dspkd_conn_send_error(c, j->msgid, DSPK_ENOMEM, "out of memory: the answer could not be built");
+    }
+    if (resv) {
+      c->reserved -= resv;
+      dspkd_user_answers(c, -(int64_t)resv);
     }
     dspkd_conn_update_read(c);
     dspkd_job_free(d, j);

@@ -1437,6 +1437,79 @@ def t_userunsent(exe, tmp):
     d.stop()
 
 
+def t_userunsent_many(exe, tmp):
+    """One user's many connections that each owe nothing took one request
+    each past max_user_unsent: twelve connections each reading 1 MiB and never
+    reading the answer held 12 answers against a quota of about 2 (40
+    connections of 16 MiB answers: 640 MiB against 256). Those connections now
+    read up to twice the quota, so the user holds at most that plus one answer;
+    another user is served meanwhile, and once the lazy user reads its
+    connections, every answer arrives.  Answers of 8 MiB: what the
+    socket takes of each (its send buffer, up to 2 MiB) is not counted."""
+    nobody, nconn, size, quota = 65534, 12, 8 << 20, 20000000
+    d = Daemon(exe, tmp, ["--max-unsent", "64M", "--max-user-unsent", str(quota)])
+    os.chmod(tmp, 0o711)  # as in t_privacy: nobody reaches the socket through group 0
+    root = d.client()
+    data = np.random.default_rng(13).integers(0, 255, size, dtype=np.uint8).tobytes()
+
+    def lazy_user(w1, r2):
+        conns = []
+        for _ in range(nconn):
+            c = Client(d.sock)
+            b = c.call("buffer.create", {"size": size})["buffer"]
+            c.call("buffer.write", {"buffer": b, "data": data})
+            conns.append((c, b))
+        for c, b in conns:
+            c.msgid += 1
+            c.sock.sendall(msgpack.packb([0, c.msgid, "buffer.read", [{"buffer": b}]],
+                                         use_bin_type=True))
+        conns = [c for c, _ in conns]
+        os.write(w1, b"f")
+        os.read(r2, 1)  # the parent has looked
+        # Every connection read at once (one at a time, the first could be one
+        # whose request waits for the others' answers to be read: the ceiling's
+        # documented cost).
+        got = [None] * len(conns)
+
+        def read(i):
+            got[i] = conns[i].wait(conns[i].msgid)["data"]
+        ts = [threading.Thread(target=read, args=(i,)) for i in range(len(conns))]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        if got != [data] * len(conns):
+            raise AssertionError("answers' data")
+
+    pid, r1, w2 = dspk_daemon.fork_as(nobody, 0, lazy_user)
+    check(os.read(r1, 1) == b"f", "the lazy user's requests are sent")
+    per = size + 1024  # an answer as counted (its record included), at most
+    deadline = time.monotonic() + TIMEOUT
+    while True:
+        st = root.call("status")
+        lazy = [x for x in st["clients"] if x["uid"] == nobody]
+        cpu = [x for x in st["devices"] if x["id"] == "cpu:0"][0]
+        held = sum(x["unsent"] for x in lazy)
+        # the reads taken in so far are answered and waiting, and enough of them
+        # to pass twice the quota
+        if len(lazy) == nconn and all(x["inflight"] == 0 for x in lazy) and \
+                cpu["queued"] == 0 and cpu["running"] == 0 and held > 2 * quota - size:
+            break
+        check(time.monotonic() < deadline, "reads settled: held %d, %r" % (held, lazy))
+    check(held <= 2 * quota + per,
+          "the user's unsent answers within twice max_user_unsent plus one answer: %d "
+          "bytes (%d answers) of %d connections" % (held, held // size, nconn))
+    check(root.call("ping", {"data": b"other"})["data"] == b"other", "another user is served")
+    os.write(w2, b"g")
+    os.close(w2)
+    os.close(r1)
+    _, status = os.waitpid(pid, 0)
+    check(os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0,
+          "every answer of the lazy user arrives once it reads")
+    root.close()
+    d.stop()
+
+
 def t_privacy(exe, tmp):
     """status: a non-admin sees its own uid's connections in full and only
     counts for the rest; an admin sees everything."""
@@ -4942,6 +5015,7 @@ GROUPS = {
     "unsentcost": t_unsentcost,
     "obsprivacy": t_obsprivacy,
     "userunsent": t_userunsent,
+    "usermany": t_userunsent_many,
     "sockmode": t_sockmode,
     "kernelfs": t_kernelfs,
     "cachefailed": t_cachefailed,
