@@ -105,6 +105,9 @@ static const struct key keys[] = {
      "size bound of the cache; least recently used entries are evicted"},
     {"daemon", "backends", K_STR, F(backends), 0, 0, false, IN_BOTH, NULL, "LIST",
      "comma list of backends to use (default: every one available)"},
+    {"daemon", "raw_kernels", K_STR, F(raw_kernels), 0, 0, false, IN_BOTH, "all", "LIST",
+     "devices that run clients' raw kernels: all, none, or a comma list of device ids "
+     "(vulkan:0,cuda:1); the others refuse them (ENOTSUP)"},
     {"daemon", "foreground", K_BOOL, F(foreground), 0, 0, false, IN_BOTH, NULL, NULL,
      "stay in the foreground (default: detach once listening)"},
     {"daemon", "log_level", K_LEVEL, F(log_level), 0, 0, true, IN_BOTH, "info", "LEVEL",
@@ -512,6 +515,44 @@ static int check_backends(const char *s, char *why, size_t len) {
   }
 }
 
+/* raw_kernels: all, none, or a comma list of device ids (BACKEND:N, a
+ * backend dspk knows); whether each device exists is the host's to say, so
+ * an id of none here runs nothing and is no error. */
+static int check_raw_kernels(const char *s, char *why, size_t len) {
+  if (strcmp(s, "all") == 0 || strcmp(s, "none") == 0)
+    return 0;
+  for (const char *p = s;;) {
+    size_t n = strcspn(p, ","), b = strcspn(p, ":,");
+    bool known = false;
+    for (int i = 0; dspk__known_backends[i]; i++)
+      if (strlen(dspk__known_backends[i]) == b && memcmp(dspk__known_backends[i], p, b) == 0)
+        known = true;
+    size_t digits = b < n ? strspn(p + b + 1, "0123456789") : 0;
+    if (!known || b >= n || digits == 0 || digits > 3 || b + 1 + digits != n) {
+      snprintf(why, len, "expected all, none, or a comma list (no blanks) of device ids "
+               "such as vulkan:0 or cuda:1; got \"%s\" in \"%s\"", visn(p, n), vis(s));
+      return -1;
+    }
+    if (!p[n])
+      return 0;
+    p += n + 1;
+  }
+}
+
+bool dspkd_raw_kernels_on(const struct dspkd_config *cfg, const char *id) {
+  const char *s = cfg->raw_kernels;
+  size_t len = strlen(id);
+  if (!s || strcmp(s, "all") == 0)
+    return true;
+  for (const char *p = s; *p;) {
+    size_t n = strcspn(p, ",");
+    if (n == len && memcmp(p, id, n) == 0)
+      return true;
+    p += n + (p[n] == ',');
+  }
+  return false; /* "none", or not listed */
+}
+
 /* metrics_listen: ADDR:PORT ([V6]:PORT; :PORT for every address) with a
  * decimal port from 0 to 65535; whether ADDR resolves is seen when the
  * listener starts. */
@@ -563,6 +604,9 @@ static int store(const struct key *k, const char *value, bool from_file,
       return -1;
     if (k->off == offsetof(struct dspkd_config, metrics_listen) &&
         check_listen(value, why, len) != 0)
+      return -1;
+    if (k->off == offsetof(struct dspkd_config, raw_kernels) &&
+        check_raw_kernels(value, why, len) != 0)
       return -1;
     *(const char **)field = value;
     return 0;

@@ -62,6 +62,7 @@ struct dspkd_config {
   bool no_cache;            /* --no-cache / no_cache = yes: run without a cache */
   uint64_t cache_max_bytes; /* size bound of the cache; 0: the cache's default */
   const char *backends;     /* comma list, NULL: every backend */
+  const char *raw_kernels;  /* "all" (NULL too), "none", or a comma list of device ids */
   bool foreground;
   int ready_fd;             /* -1: none */
   struct dspk__limits lim;  /* frame and tensor limits */
@@ -272,6 +273,7 @@ struct device {
   /* What it runs (the backend's caps, written by the runner before
    * open_state becomes 1, read-only after): tasks are routed with it. */
   struct dspk__devcaps caps;
+  bool kernels_off;         /* its backend runs raw kernels, raw_kernels leaves it out */
   pthread_t thread;
   bool thread_started;
   bool joined;
@@ -663,6 +665,8 @@ int dspkd_quota_check(const struct job *j, char *msg, size_t len);
 /* Adds delta to the answer bytes (unsent + reserved) of c's user; once they
  * are back within max_user_unsent, the user's other connections read again. */
 void dspkd_user_answers(struct conn *c, int64_t delta);
+/* Whether raw_kernels (daemon/config.c) lets device id run raw kernels. */
+bool dspkd_raw_kernels_on(const struct dspkd_config *cfg, const char *id);
 /* What one user's answers may reach through its connections that owe none
  * (twice max_user_unsent): beyond it those pause too. */
 uint64_t dspkd_user_unsent_ceiling(const struct dspkd *d);

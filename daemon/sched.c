@@ -616,6 +616,13 @@ static void *runner_main(void *arg) {
   dev->bdev = bdev;
   memset(&dev->caps, 0, sizeof dev->caps);
   dev->be->caps(bdev, &dev->caps);
+  /* raw_kernels leaves this device out: it runs none (devices lists no
+   * kernel_langs, "any" passes it by, a task naming it is refused). */
+  if (dev->caps.dtypes[DSPK_OP_KERNEL] && !dspkd_raw_kernels_on(&d->cfg, dev->id)) {
+    dev->caps.dtypes[DSPK_OP_KERNEL] = 0;
+    dev->caps.langs = 0;
+    dev->kernels_off = true;
+  }
   if (dev->be->stats) {
     memset(&stats, 0, sizeof stats);
     dev->be->stats(bdev, &stats);

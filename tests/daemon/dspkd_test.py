@@ -3875,6 +3875,29 @@ def t_caps(exe, tmp):
                   "message: %r" % e.err)
         check(counters(c, v["id"])[:2] == (2, 4), "vulkan counters: %r"
               % (counters(c, v["id"]),))
+        # raw_kernels leaves a device out: no kernel_langs, refused by name with
+        # the reason, passed by for "any" (docs: dspk.conf(5), protocol.md kernel).
+        c.close()
+        d.stop()
+        d = Daemon(exe, tmp, ["--backends", "cpu,vulkan", "--raw-kernels", "none"])
+        c = d.client()
+        devs = {x["id"]: x for x in c.call("devices")["devices"]}
+        check(devs[v["id"]]["kernel_langs"] == [] and devs[v["id"]]["ops"] == v["ops"],
+              "raw_kernels none: %r" % devs[v["id"]])
+        e = c.expect_error("ENOTSUP", "task.run", kernel(v["id"], "glsl", KERNEL_OK))
+        check(e.err["message"] == "kernel: raw kernels are turned off on %s (raw_kernels in "
+              "the daemon's configuration)" % v["id"], "message: %r" % e.err)
+        c.expect_error("ENOTSUP", "task.run", kernel("any", "glsl", KERNEL_OK))
+        check(counters(c, v["id"]) == (0, 0, 0, 0), "nothing ran on %s: %r"
+              % (v["id"], counters(c, v["id"])))
+        c.close()
+        d.stop()
+        d = Daemon(exe, tmp, ["--backends", "cpu,vulkan", "--raw-kernels",
+                              "cuda:3,%s" % v["id"]])
+        c = d.client()
+        r = c.call("task.run", kernel("any", "glsl", KERNEL_OK))
+        check(r["device"] == v["id"] and array(r["outputs"][0])[0] == 7.0,
+              "raw_kernels naming %s: it runs them" % v["id"])
     else:
         e = c.expect_error("ENOTSUP", "task.run", kernel("any", "glsl", KERNEL_OK))
         check(e.err["message"].startswith("no device runs this task (kernel: cpu:0 runs no "

@@ -778,8 +778,8 @@ def t_reload(exe, tmp):
 
 
 # The keys only a restart changes (dspk.conf(5), docs/admin.md).
-RESTART_ONLY = ("socket", "cache", "no_cache", "cache_max_bytes", "backends", "foreground",
-                "metrics_listen", "device_inflight")
+RESTART_ONLY = ("socket", "cache", "no_cache", "cache_max_bytes", "backends", "raw_kernels",
+                "foreground", "metrics_listen", "device_inflight")
 
 
 def reload_and_wait(d, what):
@@ -795,7 +795,8 @@ def t_reloadkeys(exe, tmp):
     conf = os.path.join(tmp, "keys.conf")
     sock = os.path.join(tmp, "keys.sock")
     full = ("[daemon]\nsocket = %s\ncache = %s\nno_cache = no\ncache_max_bytes = 1M\n"
-            "backends = cpu\nforeground = yes\nmetrics_listen = 127.0.0.1:0\n"
+            "backends = cpu\nraw_kernels = none\nforeground = yes\n"
+            "metrics_listen = 127.0.0.1:0\n"
             "device_inflight = 3\n" % (sock, os.path.join(tmp, "keys.db")))
     write(conf, full)
     d = Daemon(exe, tmp, ["--config", conf], notify=True, sock=sock, backends=None,
@@ -824,6 +825,7 @@ def t_reloadkeys(exe, tmp):
     # the test's --foreground set it (the last check below).
     for key, value in (("socket", os.path.join(tmp, "other.sock")), ("cache", "/x/other.db"),
                        ("no_cache", "yes"), ("cache_max_bytes", "2M"), ("backends", "cpu,vulkan"),
+                       ("raw_kernels", "vulkan:0"),
                        ("metrics_listen", "127.0.0.1:1"),
                        ("device_inflight", "5")):
         mark = len(d.logtext())
