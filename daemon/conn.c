@@ -1601,21 +1601,36 @@ int dspkd_socket_check(const char *path) {
  * gets a narrower mode than it would, never a wider one, and the daemon's
  * own files (cache database, wisdom) are read back only by the daemon. */
 int dspkd_bind_0660(uv_pipe_t *p, const char *path) {
+  /* Bound here and handed to libuv (uv_pipe_open), not by uv_pipe_bind,
+   * whose close unlinks the path whatever file it names by then (another
+   * daemon's socket, after ours was removed): dspkd_listen_stop removes
+   * the file while it is still ours. */
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  size_t n = strlen(path);
+  int fd, r;
+  if (n >= sizeof sa.sun_path)
+    return UV_ENAMETOOLONG;
+  memcpy(sa.sun_path, path, n + 1);
+  if ((fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0)) < 0)
+    return -errno;
   mode_t old = umask(0117);
-  int r = uv_pipe_bind(p, path);
+  r = bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0 ? 0 : -errno;
   umask(old);
+  if (r == 0 && (r = uv_pipe_open(p, fd)) != 0)
+    (void)unlink(path);
+  if (r != 0)
+    close(fd);
   return r;
 }
 
-/* Logs why binding path failed.  libuv's bind reports a missing directory
- * as EACCES ("permission denied", even to root): the directory is looked
- * at to say which it was. */
+/* Logs why binding path failed: for a missing or unreachable directory
+ * (ENOENT, EACCES), the directory is looked at to say which it was. */
 static void listen_error(const char *path, int r) {
   char dir[sizeof(((struct sockaddr_un *)0)->sun_path)];
   const char *slash = strrchr(path, '/');
   struct stat st;
 
-  if (r == UV_EACCES && slash && (size_t)(slash - path) < sizeof dir) {
+  if ((r == UV_EACCES || r == UV_ENOENT) && slash && (size_t)(slash - path) < sizeof dir) {
     size_t n = slash == path ? 1 : (size_t)(slash - path);
     memcpy(dir, path, n);
     dir[n] = '\0';
@@ -1668,6 +1683,13 @@ int dspkd_listen(struct dspkd *d) {
     return DSPK_EIO;
   }
   d->listening = true;
+  {
+    struct stat st;
+    if (stat(path, &st) == 0) {
+      d->sock_dev = st.st_dev;
+      d->sock_ino = st.st_ino;
+    }
+  }
   dspkd_info("listening on %s", path);
   return 0;
 }
@@ -1693,8 +1715,17 @@ void dspkd_listen_stop(struct dspkd *d) {
   accept_close();
   uv_close((uv_handle_t *)&d->listener, NULL);
   d->listening = false;
-  /* An activated socket's file belongs to systemd (RemoveOnStop=). */
-  if (!d->activated && unlink(d->cfg.socket_path) != 0 && errno != ENOENT)
+  /* An activated socket's file belongs to systemd (RemoveOnStop=).  Ours
+   * is removed only while the path names it: one removed meanwhile and
+   * replaced (another daemon's socket, any file) is not ours to remove. */
+  struct stat st;
+  if (d->activated || lstat(d->cfg.socket_path, &st) != 0)
+    return;
+  if (!S_ISSOCK(st.st_mode) || st.st_dev != d->sock_dev || st.st_ino != d->sock_ino) {
+    dspkd_info("%s is no longer this daemon's socket: left in place", d->cfg.socket_path);
+    return;
+  }
+  if (unlink(d->cfg.socket_path) != 0 && errno != ENOENT)
     dspkd_warn("cannot remove %s: %s", d->cfg.socket_path, strerror(errno));
 }
 

@@ -437,6 +437,10 @@ struct dspkd {
   struct dspkd_config cfg;
   uv_pipe_t listener;
   bool listening;
+  /* The socket file bound (not activated): removed at the stop only while
+   * the path still names it, never a file another process put there. */
+  dev_t sock_dev;
+  ino_t sock_ino;
   uv_signal_t sigterm, sigint;
   uv_async_t done_async;
   uv_timer_t grace_timer;   /* shutdown: cancel what still runs after it */
@@ -492,8 +496,9 @@ int dspkd_socket_check(const char *path);
 /* Binds (created with mode 0660: dspkd_bind_0660) and listens.  0 or a
  * negative code (logged). */
 int dspkd_listen(struct dspkd *d);
-/* uv_pipe_bind under umask 0117, so the socket is created with mode 0660.
- * 0 or a libuv error. */
+/* Binds a Unix socket at path under umask 0117, so that it is created with
+ * mode 0660, and opens it into p (libuv then never unlinks the path).  0 or
+ * a libuv error. */
 int dspkd_bind_0660(uv_pipe_t *p, const char *path);
 /* Queues a frame for writing and takes wr (freed once written, or at once
  * when the connection is closing or the frame could not be encoded). */

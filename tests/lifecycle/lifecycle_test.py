@@ -323,6 +323,36 @@ def t_activation(exe, tmp):
           "bad passed fd refused: %r" % q.stderr)
 
 
+def t_sockreplaced(exe, tmp):
+    """A daemon's socket file removed while it runs and replaced (by another
+    daemon's socket, or any file) is left in place at its stop: it removed
+    whatever the path named, so the new daemon ran on unreachable."""
+    path = os.path.join(tmp, "shared.sock")
+    a = Daemon(exe, tmp, sock=path)
+    os.unlink(path)
+    b = Daemon(exe, tmp, sock=path)  # the path is free: b listens there
+    a.proc.send_signal(signal.SIGTERM)
+    check(a.wait() == 0, "a exits 0:\n" + a.logtext())
+    check(os.path.exists(path), "b's socket is still there after a's stop")
+    c = b.client()
+    check(c.call("ping", {"data": b"b"})["data"] == b"b", "b is reachable")
+    c.close()
+    check("is no longer this daemon's socket: left in place" in a.logtext(),
+          "a says why:\n" + a.logtext())
+    b.proc.send_signal(signal.SIGTERM)
+    check(b.wait() == 0 and not os.path.exists(path), "b removes its own socket")
+    # A regular file put there is left too.
+    a = Daemon(exe, tmp, sock=path)
+    os.unlink(path)
+    with open(path, "w") as f:
+        f.write("not a socket")
+    a.proc.send_signal(signal.SIGTERM)
+    check(a.wait() == 0, "a exits 0")
+    with open(path) as f:
+        check(f.read() == "not a socket", "the file is left as it was")
+    os.unlink(path)
+
+
 def t_sigterm(exe, tmp):
     """SIGTERM with tasks running and queued: the running task is canceled at the
     grace deadline, queued ones fail with ESHUTDOWN, everyone gets every answer
@@ -1376,6 +1406,7 @@ GROUPS = {
     "notify": t_notify,
     "activation": t_activation,
     "sigterm": t_sigterm,
+    "sockreplaced": t_sockreplaced,
     "fast": t_fast,
     "reload": t_reload,
     "reloadkeys": t_reloadkeys,
