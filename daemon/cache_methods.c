@@ -150,7 +150,7 @@ static int queue(struct req *r, bool clear, unsigned mask) {
 }
 
 static int no_cache(struct req *r) {
-  snprintf(r->msg, sizeof r->msg, "the daemon runs without a cache (--no-cache)");
+  snprintf(r->msg, sizeof r->msg, "the daemon runs without a cache (no_cache, --no-cache or --cache \"\")");
   return DSPK_ENOENT;
 }
 
