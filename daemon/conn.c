@@ -1582,6 +1582,11 @@ int dspkd_socket_check(const char *path) {
     dspkd_error("another daemon is listening on %s; not replacing it", path);
     return DSPK_EBUSY;
   }
+  if (r == -EPROTOTYPE) { /* bound by something else: not a stale dspkd socket */
+    dspkd_error("%s is a socket of another type (not a stream socket, as dspkd's); "
+                "not replacing it", path);
+    return DSPK_EINVAL;
+  }
   if (r != -ECONNREFUSED) {
     dspkd_error("cannot check %s: %s", path, strerror(-r));
     return DSPK_EIO;

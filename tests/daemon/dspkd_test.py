@@ -999,6 +999,17 @@ def t_socket(exe, tmp):
     p = subprocess.run([exe, "--foreground", "--socket", f], stderr=subprocess.PIPE,
                        timeout=TIMEOUT)
     check(p.returncode != 0 and os.path.isfile(f), "regular file kept: %r" % p.stderr)
+    # A datagram socket bound there (another program's) is kept and named so
+    # (it said "cannot check PATH: Protocol wrong type for socket").
+    g = os.path.join(tmp, "dgram.sock")
+    dg = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    dg.bind(g)
+    p = subprocess.run([exe, "--foreground", "--socket", g, "--backends", "cpu", "--no-cache"],
+                       stderr=subprocess.PIPE, timeout=TIMEOUT)
+    check(p.returncode == 1 and os.path.exists(g) and
+          b"is a socket of another type (not a stream socket, as dspkd's); not replacing it"
+          in p.stderr, "datagram socket: %r" % p.stderr)
+    dg.close()
     # --help and --version answer without starting.
     p = subprocess.run([exe, "--help"], stdout=subprocess.PIPE, timeout=TIMEOUT)
     check(p.returncode == 0 and b"--socket" in p.stdout and b"--max-message" in p.stdout,
