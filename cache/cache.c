@@ -687,6 +687,22 @@ static enum open_result try_open(const char *path, int busy_ms, sqlite3 **out,
                        NULL);
   if (rc != SQLITE_OK) {
     sql_why(db, rc, "", why, whylen);
+    /* A file to create where this process may not: SQLite's last system
+     * call (opening it read-only after O_CREAT was refused) says only that
+     * there is no file. */
+    struct stat st;
+    if (!mem && (rc & 0xff) == SQLITE_CANTOPEN && stat(path, &st) != 0 && errno == ENOENT) {
+      char dir[PATH_MAX];
+      const char *slash = strrchr(path, '/');
+      size_t n = !slash ? 1 : slash == path ? 1 : (size_t)(slash - path);
+      if (n < sizeof dir) {
+        memcpy(dir, slash ? path : ".", n);
+        dir[n] = '\0';
+        if (faccessat(AT_FDCWD, dir, W_OK | X_OK, AT_EACCESS) != 0)
+          snprintf(why, whylen, "%s: cannot create it in %.200s: %s", sqlite3_errstr(rc), dir,
+                   strerror(errno));
+      }
+    }
     res = (rc & 0xff) == SQLITE_CANTOPEN || (rc & 0xff) == SQLITE_PERM ||
                   (rc & 0xff) == SQLITE_READONLY
               ? OPEN_UNWRITABLE

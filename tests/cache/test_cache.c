@@ -715,6 +715,34 @@ static void test_unwritable_location(void **state) {
     dspk__cache_close(c);
   }
 
+  /* A directory this user may not write, as root through a child that is
+   * uid 65534: the warning says so (it said "No such file or directory",
+   * from SQLite's read-only retry). */
+  if (geteuid() == 0) {
+    char ro[300];
+    snprintf(ro, sizeof ro, "%s/rootonly", f->dir);
+    assert_int_equal(mkdir(ro, 0755), 0);
+    assert_int_equal(chmod(f->dir, 0711), 0); /* traversable, as /var is */
+    snprintf(path, sizeof path, "%s/cache.db", ro);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+      struct dspk__cache *cc = NULL;
+      char w[1024] = "";
+      int ok = setgid(65534) == 0 && setuid(65534) == 0 &&
+               dspk__cache_open(path, NULL, &cc, w, sizeof w) == 0 &&
+               dspk__cache_in_memory(cc) && strstr(w, "is unusable (") &&
+               strstr(w, "cannot create it in ") && strstr(w, strerror(EACCES));
+      if (!ok)
+        fprintf(stderr, "read-only directory as uid 65534: %s\n", w);
+      _exit(ok ? 0 : 1);
+    }
+    int status;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    assert_int_equal(access(path, F_OK), -1);
+    chmod(f->dir, 0700);
+  }
   /* A read-only directory (meaningful only without CAP_DAC_OVERRIDE). */
   if (geteuid() != 0) {
     char ro[300];
