@@ -1680,6 +1680,7 @@ class Client:
             self._wake()
         self._fail_all()
         self._fail_jobs()
+        self._drop_temps_closed()
         self._send_lock.wake()  # a thread waiting to send sees the client closed
         t = self._thread
         if t is not None and t is not threading.current_thread():
@@ -3275,6 +3276,20 @@ class Client:
                 t.used = self._temp_clock
             drop = self._temp_trim_locked(0)
         self._temp_free(drop)
+        if self._closed is not None:  # nothing reuses them now
+            self._drop_temps_closed()
+
+    def _drop_temps_closed(self) -> None:
+        """Once closed: the idle temporaries' mappings go at once (as dspk_close
+        unmaps libdspkclient's), not with the Client object; the daemon freed their
+        buffers with the connection.  A busy one goes when its task is settled
+        (_temp_put), a result's borrowed view keeping its pages until it goes."""
+        with self._temp_lock:
+            drop = [t for t in self._temps if not t.busy]
+            for t in drop:
+                self._temps.remove(t)
+        for t in drop:
+            t.view = t.mm = None
 
     def _temp_keep(self) -> int:
         """How many idle temporaries may be kept: _TEMP_IDLE_MAX, and no more than an
