@@ -25,6 +25,7 @@
 #include <stdatomic.h>
 #include <pwd.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1506,6 +1507,26 @@ out:
   return rc;
 }
 
+/* A put refused before the database because the entry alone is larger than
+ * what it may take (bound: the cache's max_bytes, or a client's share of
+ * it): never kept however much is evicted, so counted with the failed puts
+ * and told through opts.put_result, so that a bound too small for the
+ * entries is seen (it was a silent miss each time).  DSPK_ELIMIT. */
+static int put_too_large(struct dspk__cache *c, int kind, uint64_t size, uint64_t bound,
+                         bool share) {
+  char why[160];
+  c->count[kind].put_errors++;
+  snprintf(why, sizeof why, "the entry (%llu bytes) is larger than %s (%llu bytes)",
+           (unsigned long long)size,
+           share ? "a client's share of the cache's size bound" : "the cache's size bound",
+           (unsigned long long)bound);
+  pthread_mutex_lock(&c->mu);
+  if (c->put_result)
+    c->put_result(c->notice_ud, kind, DSPK_ELIMIT, why);
+  pthread_mutex_unlock(&c->mu);
+  return DSPK_ELIMIT;
+}
+
 /* Finishes a put: runs the prepared insert (whose ?2 is the tick) inside a
  * write transaction together with the tick bump and the eviction.  Takes
  * ownership of st.  Called with the mutex held.  Returns 0 or a dspk_errno. */
@@ -1711,7 +1732,8 @@ int dspk__cache_kernel_put(struct dspk__cache *c,
                   slen(k->compiler_version) + slen(kk.name) +
                   slen(k->options) + 2 * 32;
   if (size > (k->owner ? owner_share(c) : c->max_bytes))
-    return DSPK_ELIMIT;
+    return put_too_large(c, DSPK__CACHE_KERNELS, size,
+                         k->owner ? owner_share(c) : c->max_bytes, k->owner != 0);
   pthread_mutex_lock(&c->mu);
   follow_path(c);
   int rc = sqlite3_prepare_v2(
@@ -1844,7 +1866,7 @@ int dspk__cache_tune_put(struct dspk__cache *c, const struct dspk__tune_key *k,
                   slen(k->dtypes) + slen(k->layout) + slen(winner) +
                   slen(timings) + 32 + 16;
   if (size > c->max_bytes)
-    return DSPK_ELIMIT;
+    return put_too_large(c, DSPK__CACHE_AUTOTUNE, size, c->max_bytes, false);
   pthread_mutex_lock(&c->mu);
   follow_path(c);
   int rc = sqlite3_prepare_v2(
@@ -1941,7 +1963,7 @@ int dspk__cache_blob_put(struct dspk__cache *c, const char *name,
     return DSPK_EINVAL;
   uint64_t size = len + strlen(name);
   if (size > c->max_bytes)
-    return DSPK_ELIMIT;
+    return put_too_large(c, DSPK__CACHE_BLOBS, size, c->max_bytes, false);
   pthread_mutex_lock(&c->mu);
   follow_path(c);
   int rc = sqlite3_prepare_v2(

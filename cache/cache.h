@@ -67,8 +67,10 @@ struct dspk__cache_opts {
   void *notice_ud;
   /* Optional: told about every put (kernel, tune, blob) that failed in the
    * database (err a negative dspk_errno, detail SQLite's message, e.g.
-   * "database or disk is full"), and once about the first put that works
-   * after failures (err 0, detail "").  kind is an enum dspk__cache_kind;
+   * "database or disk is full") or was refused for an entry larger than it
+   * may take (DSPK_ELIMIT, detail "the entry (N bytes) is larger than the
+   * cache's size bound (M bytes)"), and once about the first put that works
+   * after failures in the database (err 0, detail "").  kind is an enum dspk__cache_kind;
    * ud is notice_ud.  Same thread and lock rules as notice.  The puts also
    * return the error, and dspk__cache_counts counts them (put_errors). */
   void (*put_result)(void *ud, int kind, int err, const char *detail);

@@ -1563,6 +1563,40 @@ static void test_put_failure_reported(void **state) {
   dspk__cache_close(c);
 }
 
+/* An entry larger than the cache's bound (or, a client's kernel, than its
+ * share of it) was refused without a word: misses went up, puts and
+ * put_errors stayed 0, nothing was logged, so a bound too small for the
+ * entries went unseen.  It is a failed put, counted and told. */
+static void test_put_too_large_reported(void **state) {
+  struct fixture *f = *state;
+  struct putres r = {0};
+  struct dspk__cache_opts o = {.put_result = on_put_result, .notice_ud = &r,
+                               .max_bytes = 16384};
+  struct dspk__cache *c = open_ok(f->db, &o);
+  static char big[32 * 1024];
+  memset(big, 3, sizeof big);
+  assert_int_equal(dspk__cache_blob_put(c, "big", big, sizeof big), DSPK_ELIMIT);
+  assert_int_equal(r.fails, 1);
+  assert_int_equal(r.last_kind, DSPK__CACHE_BLOBS);
+  assert_int_equal(r.last_err, DSPK_ELIMIT);
+  assert_non_null(strstr(r.detail, "is larger than the cache's size bound (16384 bytes)"));
+  struct dspk__kernel_key k = base_kernel();
+  k.owner = "uid 1000"; /* a client's: a quarter of the bound */
+  assert_int_equal(dspk__cache_kernel_put(c, &k, big, 8192), DSPK_ELIMIT);
+  assert_int_equal(r.last_kind, DSPK__CACHE_KERNELS);
+  assert_non_null(strstr(r.detail, "a client's share of the cache's size bound (4096 bytes)"));
+  struct dspk__cache_kstats ks[DSPK__CACHE_NKINDS];
+  dspk__cache_counts(c, ks);
+  assert_int_equal(ks[DSPK__CACHE_BLOBS].put_errors, 1);
+  assert_int_equal(ks[DSPK__CACHE_KERNELS].put_errors, 1);
+  assert_int_equal(ks[DSPK__CACHE_BLOBS].puts, 0);
+  /* One that fits is stored, and nothing says "works again" (no put failed
+   * in the database). */
+  assert_int_equal(dspk__cache_blob_put(c, "small", "s", 1), 0);
+  assert_int_equal(r.oks, 0);
+  dspk__cache_close(c);
+}
+
 /* A clear that the database cannot write (the disk is full) fails as a
  * whole, and says why: the statement and SQLite's message (it answered
  * "i/o error" alone); every entry is still there. */
@@ -1695,6 +1729,7 @@ int main(void) {
       T(test_memory_and_args),
       T(test_not_regular),
       T(test_put_failure_reported),
+      T(test_put_too_large_reported),
       T(test_open_full_leaves_nothing),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
