@@ -486,6 +486,14 @@ static char *reader(char *str, int num, void *stream) {
   return str;
 }
 
+/* Whether the n bytes at p name a backend dspk knows (built in or not). */
+static bool known_backend(const char *p, size_t n) {
+  for (int i = 0; dspk__known_backends[i]; i++)
+    if (strlen(dspk__known_backends[i]) == n && memcmp(dspk__known_backends[i], p, n) == 0)
+      return true;
+  return false;
+}
+
 /* backends: a comma list of the backends dspk knows (those this build lacks
  * included: they are listed as unavailable), no blanks, no empty item.
  * Checked here so that a bad list stops dspkd with status 2 naming
@@ -500,11 +508,7 @@ static int check_backends(const char *s, char *why, size_t len) {
   }
   for (const char *p = s;;) {
     size_t n = strcspn(p, ",");
-    bool known = false;
-    for (int i = 0; dspk__known_backends[i]; i++)
-      if (strlen(dspk__known_backends[i]) == n && memcmp(dspk__known_backends[i], p, n) == 0)
-        known = true;
-    if (!known) {
+    if (!known_backend(p, n)) {
       snprintf(why, len, "expected a comma list (no blanks) of cpu, cuda, vulkan, hip; "
                "got \"%s\" in \"%s\"", visn(p, n), vis(s));
       return -1;
@@ -523,10 +527,7 @@ static int check_raw_kernels(const char *s, char *why, size_t len) {
     return 0;
   for (const char *p = s;;) {
     size_t n = strcspn(p, ","), b = strcspn(p, ":,");
-    bool known = false;
-    for (int i = 0; dspk__known_backends[i]; i++)
-      if (strlen(dspk__known_backends[i]) == b && memcmp(dspk__known_backends[i], p, b) == 0)
-        known = true;
+    bool known = known_backend(p, b);
     size_t digits = b < n ? strspn(p + b + 1, "0123456789") : 0;
     if (!known || b >= n || digits == 0 || digits > 3 || b + 1 + digits != n) {
       snprintf(why, len, "expected all, none, or a comma list (no blanks) of device ids "

@@ -1389,6 +1389,21 @@ def t_utf8(exe, tmp):
     d.stop()
 
 
+def lazy_user_finishes(d, root, pid, r1, w2, how):
+    """The end of t_userunsent and t_userunsent_many: another user is served
+    while the lazy user (child pid, pipes r1 and w2) holds its answers; then it
+    reads them (told through w2) and exits 0; the daemon stops."""
+    check(root.call("ping", {"data": b"other"})["data"] == b"other", "another user is served")
+    os.write(w2, b"g")
+    os.close(w2)
+    os.close(r1)
+    _, status = os.waitpid(pid, 0)
+    check(os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0,
+          "every answer of the lazy user arrives, " + how)
+    root.close()
+    d.stop()
+
+
 def t_userunsent(exe, tmp):
     """max_user_unsent bounds the answers one user's connections hold
     together (each connection alone stays within max_unsent): a user whose
@@ -1437,15 +1452,7 @@ def t_userunsent(exe, tmp):
     check(held <= quota + nconn * (size + 1024),
           "the user's unsent answers together within max_user_unsent plus one answer per "
           "connection: %d bytes, %r" % (held, lazy))
-    check(root.call("ping", {"data": b"other"})["data"] == b"other", "another user is served")
-    os.write(w2, b"g")
-    os.close(w2)
-    os.close(r1)
-    _, status = os.waitpid(pid, 0)
-    check(os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0,
-          "every answer of the lazy user arrives, one connection read at a time")
-    root.close()
-    d.stop()
+    lazy_user_finishes(d, root, pid, r1, w2, "one connection read at a time")
 
 
 def t_userunsent_many(exe, tmp):
@@ -1510,15 +1517,7 @@ def t_userunsent_many(exe, tmp):
     check(held <= 2 * quota + per,
           "the user's unsent answers within twice max_user_unsent plus one answer: %d "
           "bytes (%d answers) of %d connections" % (held, held // size, nconn))
-    check(root.call("ping", {"data": b"other"})["data"] == b"other", "another user is served")
-    os.write(w2, b"g")
-    os.close(w2)
-    os.close(r1)
-    _, status = os.waitpid(pid, 0)
-    check(os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0,
-          "every answer of the lazy user arrives once it reads")
-    root.close()
-    d.stop()
+    lazy_user_finishes(d, root, pid, r1, w2, "once it reads")
 
 
 def t_privacy(exe, tmp):
