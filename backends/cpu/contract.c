@@ -13,7 +13,9 @@
  * Complex operands holding an infinity or a NaN go through a plain loop
  * instead of BLAS: OpenBLAS's cgemm/zgemm scale their sums by alpha = 1+0j
  * as a complex product, which turns an infinite sum such as inf+nanj into
- * nan+nanj, where numpy's einsum keeps the infinite part.
+ * nan+nanj, where numpy's einsum keeps the infinite part; and so does a
+ * BLAS result of finite complex operands that holds an infinity or a NaN
+ * (a product or a sum that overflowed: inf+2j came back inf+nanj).
  *
  * Summing the summed-only labels first (distributivity) is exact only in
  * real arithmetic: a partial sum may overflow where every product and the
@@ -475,9 +477,18 @@ int dspk__cpu_contract(struct dspk__dev *dev, struct dspk__op *op,
       goto nomem;
     pc = tc;
   }
+  int dbl = dt == DSPK_C128 || dt == DSPK_F64;
   int nonfinite = (dspk__dtype_is_complex(dt) || nsa || nsb) &&
-                  (any_nonfinite(pa, dt == DSPK_C128 || dt == DSPK_F64, W * nb * M * K) ||
-                   any_nonfinite(pb, dt == DSPK_C128 || dt == DSPK_F64, W * nb * K * N));
+                  (any_nonfinite(pa, dbl, W * nb * M * K) ||
+                   any_nonfinite(pb, dbl, W * nb * K * N));
+  if (!nonfinite) {
+    rc = dspk__cpu_gemm_batched(dev, dt, nb, M, N, K, pa, pb, pc, ctx);
+    /* Finite complex operands whose products or sums overflow: the BLAS's
+     * scaling by 1+0j makes the other part of an infinite one NaN (inf+2j
+     * becomes inf+nanj), so such a result is made again as numpy's. */
+    if (rc == 0 && dspk__dtype_is_complex(dt) && any_nonfinite(pc, dbl, W * nb * M * N))
+      nonfinite = 1;
+  }
   if (nonfinite && (nsa || nsb)) {
     /* Again without pre-sums (see the top): A as (batch, M, K, its
      * summed-only labels), B as (batch, K, its summed-only labels, N). */
@@ -509,8 +520,6 @@ int dspk__cpu_contract(struct dspk__dev *dev, struct dspk__op *op,
     rc = sum_products(dt, nb, M, N, K, S, T, pa, pb, pc, ctx);
   } else if (nonfinite)
     rc = plain_cgemm(dt == DSPK_C128, nb, M, N, K, pa, pb, pc, ctx);
-  else
-    rc = dspk__cpu_gemm_batched(dev, dt, nb, M, N, K, pa, pb, pc, ctx);
   if (rc == 0 && !direct_out) {
     /* Permute (batch, free-A, free-B) into the output's order. */
     int64_t osize[128];

@@ -918,6 +918,15 @@ static void test_contract_complex_inf(void **state) {
     /* A NaN stays a NaN in both parts. */
     contract_inf_case(dt, "i,i->", 1, (int64_t[]){2}, (double[]){NAN, 0, 1, 0}, 1,
                       (int64_t[]){2}, (double[]){2, 0, 1, 0}, 1, (double[]){NAN, NAN});
+    /* Finite operands whose product or sum overflows: numpy's -1+infj
+     * and inf+2j (the BLAS's scaling by 1+0j gave nan+infj and inf+nanj). */
+    double big = dt == DSPK_C64 ? 3e38 : 1.7e308;
+    contract_inf_case(dt, "ij,jk->ik", 2, (int64_t[]){1, 1}, (double[]){big, 0.5}, 2,
+                      (int64_t[]){1, 1}, (double[]){0, 2}, 1, (double[]){-1, INFINITY});
+    contract_inf_case(dt, "i,i->", 1, (int64_t[]){2}, (double[]){big, 1, big, 1}, 1,
+                      (int64_t[]){2}, (double[]){1, 0, 1, 0}, 1, (double[]){INFINITY, 2});
+    contract_inf_case(dt, "bk,kc->c", 2, (int64_t[]){2, 1}, (double[]){big, 0, -2.5, 0.5},
+                      2, (int64_t[]){1, 1}, (double[]){0, 2}, 1, (double[]){-1, INFINITY});
   }
 }
 
