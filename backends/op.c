@@ -165,6 +165,16 @@ static int infer_gemm(struct dspk__op *op, char *msg, size_t len) {
                 (long long)A->shape[ak], ak, ta ? ", trans_a" : "",
                 (long long)B->shape[bk], bk, tb ? ", trans_b" : "");
   dspk_dtype odt = (A->dtype == DSPK_F64) ? DSPK_F64 : DSPK_F32;
+  /* beta scales C: one without C is the client's mistake, not a no-op (a
+   * zero, or an f32 product's beta that rounds to one, reads nothing). */
+  double beta = op->u.gemm.beta;
+  if (op->nin < 3 && !(beta == 0) &&
+      !(odt == DSPK_F32 && dspk__f64_fits_f32(beta) && round_f32(beta) == 0)) {
+    char text[32];
+    return dspk__fail(msg, len, DSPK_EINVAL, "gemm: options.beta is %s without C (beta "
+                      "scales C, the third input: send C, or leave beta out)",
+                      dspk__f64_text(beta, text, sizeof text));
+  }
   if (odt == DSPK_F32 && (r = check_f32_scalar("gemm", "alpha", op->u.gemm.alpha, msg, len)))
     return r;
   if (odt == DSPK_F32 && (r = check_f32_scalar("gemm", "beta", op->u.gemm.beta, msg, len)))

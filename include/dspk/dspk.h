@@ -651,7 +651,8 @@ typedef struct dspk_task {
  * exceeds DSPK_KERNEL_MAX_ARGS is DSPK_EINVAL naming that field.
  * gemm's beta stays 0 when a third input C is given, and beta 0 reads no C
  * (BLAS, protocol.md): for alpha*op(A)@op(B) + C set gemm.beta = 1 (what
- * dspk-submit's --beta and the Python client's beta default to with C). */
+ * dspk-submit's --beta and the Python client's beta default to with C);
+ * a nonzero beta without C is the daemon's DSPK_EINVAL. */
 DSPK_EXPORT void dspk_task_init(dspk_task *t, dspk_op op);
 
 /* The answer of a task.  Inline outputs are in memory owned by the result

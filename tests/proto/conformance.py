@@ -1658,12 +1658,26 @@ def gemm_blas(env):
             want = [FLT_MAX] if "beta" not in opt else [0.5 - FLT_MAX]
             check(vals32(r["outputs"][0]) == want, "%s gemm %r: %r" % (dev, opt, r))
         for name, v in (("alpha", mid), ("beta", -1e39)):
-            expect(c.call("task.run", {"op": "gemm", "device": dev, "inputs": [one, one],
+            expect(c.call("task.run", {"op": "gemm", "device": dev,
+                                       "inputs": [one, one] + [one] * (name == "beta"),
                                        "options": {name: v}}),
                    "ERANGE", "options." + name, repr(v))
             expect(c.call("task.run", {"op": "gemm", "device": dev,
                                        "inputs": [h, h, t32([1.0], [1, 1])],
                                        "options": {name: v}}), "ERANGE", "options." + name)
+        # beta scales C: a nonzero one without C is EINVAL, as the clients
+        # have it (it was dropped silently); a zero, or an f32 product's beta
+        # that rounds to 0, reads nothing and is taken
+        for v in (2.0, nan, -inf, -1e39, 1):
+            expect(c.call("task.run", {"op": "gemm", "device": dev, "inputs": [one, one],
+                                       "options": {"beta": v}}),
+                   "EINVAL", "options.beta is", "without C")
+        expect(c.call("task.run", {"op": "gemm", "device": dev, "inputs": [t64([1.0], [1, 1])] * 2,
+                                   "options": {"beta": 1e-50}}), "EINVAL", "options.beta")
+        for v in (0, -0.0, 1e-50):
+            r = c.ok("task.run", {"op": "gemm", "device": dev, "inputs": [one, one],
+                                  "options": {"beta": v}})
+            check(vals32(r["outputs"][0]) == [1.0], "%s gemm beta %r without C: %r" % (dev, v, r))
         r = c.ok("task.run", {"op": "gemm", "device": dev, "inputs": [t64([1.0], [1, 1])] * 2,
                               "options": {"alpha": 1e300}})
         check(vals64(r["outputs"][0]) == [1e300], "%s f64 gemm, alpha 1e300: %r" % (dev, r))
