@@ -308,6 +308,10 @@ static void conn_protocol_error(struct conn *c, int code, const char *msg) {
   dspkd_conn_close(c, msg);
 }
 
+void dspkd_conn_close_notice(struct conn *c, int code, const char *msg) {
+  conn_protocol_error(c, code, msg);
+}
+
 /* ---- connection lifetime ---------------------------------------------- */
 
 /* One large read buffer kept after use, for the next large frame of any

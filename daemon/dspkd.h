@@ -505,6 +505,10 @@ int dspkd_bind_0660(uv_pipe_t *p, const char *path);
 void dspkd_conn_send(struct conn *c, struct wreq *wr);
 void dspkd_conn_send_error(struct conn *c, uint32_t msgid, int code, const char *msg);
 void dspkd_conn_close(struct conn *c, const char *why);
+/* Closes c after a [2, "protocol.error", [error]] notice of code and msg,
+ * written when nothing else waits to be written to it (docs/protocol.md,
+ * "Notifications from the daemon"). */
+void dspkd_conn_close_notice(struct conn *c, int code, const char *msg);
 void dspkd_conn_ref(struct conn *c);
 void dspkd_conn_unref(struct conn *c);
 /* Re-evaluates whether the connection may read (limits, backpressure). */
@@ -680,6 +684,11 @@ void dspkd_quota_release(struct job *j);
 /* The memory quota of one user, or one connection (conn true), on dev;
  * UINT64_MAX when none. */
 uint64_t dspkd_quota_mem(const struct dspkd *d, const struct device *dev, bool conn);
+/* The most that buffers of connection c can hold on dev: the least of
+ * max_conn_memory, max_user_memory and, when c belongs to a Slurm job (or
+ * would, were its job decided now: hello's claim, its cgroup, its user's
+ * only job), max_job_memory.  Decides nothing. */
+uint64_t dspkd_quota_conn_cap(struct conn *c, const struct device *dev);
 
 /* daemon/jobs.c: Slurm jobs (docs/cluster.md, docs/protocol.md "Slurm jobs"). */
 /* Decides the connection's job if not yet done: 0 (c->job set, or NULL for

@@ -40,6 +40,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "daemon/admin.h"
 #include "daemon/dspkd.h"
@@ -58,6 +59,33 @@ int dspkd_uuid_norm(const char *in, size_t len, char out[DSPKD_UUID_LEN]) {
   }
   out[n] = '\0';
   return n ? 0 : -1;
+}
+
+/* A UUID as job.register takes it: an optional GPU- prefix (nvidia-smi's,
+ * any case), then hex digits and dashes only, 1 to DSPKD_UUID_LEN - 1
+ * digits; out: its digits, lower case.  0, or -1 with why set. */
+static int uuid_parse(const char *in, size_t len, char out[DSPKD_UUID_LEN], char *why,
+                      size_t wlen) {
+  size_t n = 0, i = len >= 4 && strncasecmp(in, "GPU-", 4) == 0 ? 4 : 0;
+  for (; i < len; i++) {
+    if (in[i] == '-')
+      continue;
+    if (!isxdigit((unsigned char)in[i])) {
+      snprintf(why, wlen, "byte %zu is not a hex digit or a dash", i + 1);
+      return -1;
+    }
+    if (n + 1 >= DSPKD_UUID_LEN) {
+      snprintf(why, wlen, "more than %d hex digits", DSPKD_UUID_LEN - 1);
+      return -1;
+    }
+    out[n++] = (char)tolower((unsigned char)in[i]);
+  }
+  out[n] = '\0';
+  if (n == 0) {
+    snprintf(why, wlen, "no hex digits");
+    return -1;
+  }
+  return 0;
 }
 
 static struct djob *job_find(struct dspkd *d, uint64_t id) {
@@ -277,6 +305,7 @@ int dspkd_m_job_register(struct req *r) {
   struct dspk__pval v[3];
   struct matched mt;
   int nmatch = 0;
+  uint32_t at[DSPKD_JOB_MAX_DEVICES]; /* tmp.uuid[i] is devices[at[i]] */
 
   _Static_assert(DSPKD_JOB_MAX_DEVICES == 64, "job.register devices in proto/schema.c");
   _Static_assert(sizeof(uid_t) == 4, "job.register uid in proto/schema.c");
@@ -289,11 +318,18 @@ int dspkd_m_job_register(struct req *r) {
     if (o->type == MSGPACK_OBJECT_STR && o->via.str.size &&
         memchr(o->via.str.ptr, 0, o->via.str.size))
       return fail(r, DSPK_EINVAL, "devices[%u]: the string holds a NUL byte", i);
-    if (o->type != MSGPACK_OBJECT_STR ||
-        dspkd_uuid_norm(o->via.str.ptr, o->via.str.size, tmp.uuid[tmp.ndevs]) != 0)
-      return fail(r, DSPK_EINVAL, "devices[%u]: expected a device UUID (hex digits, "
-                  "dashes and a GPU- prefix allowed)", i);
-    tmp.ndevs++;
+    char why[64];
+    if (o->type != MSGPACK_OBJECT_STR)
+      return fail(r, DSPK_EINVAL, "devices[%u]: expected a device UUID, a str", i);
+    if (uuid_parse(o->via.str.ptr, o->via.str.size, tmp.uuid[tmp.ndevs], why, sizeof why))
+      return fail(r, DSPK_EINVAL, "devices[%u]: expected a device UUID (hex digits and "
+                  "dashes, after an optional GPU- prefix): %s", i, why);
+    /* The same GPU named twice (two spellings): once. */
+    bool dup = false;
+    for (int k = 0; k < tmp.ndevs && !dup; k++)
+      dup = strcmp(tmp.uuid[k], tmp.uuid[tmp.ndevs]) == 0;
+    if (!dup)
+      at[tmp.ndevs++] = i;
   }
   /* A UUID that names none of this daemon's devices is the prolog's error
    * (a GPU this node does not have, or one that could not be opened):
@@ -307,8 +343,8 @@ int dspkd_m_job_register(struct req *r) {
               dspkd_uuid_norm(d->devs[k].info.uuid, sizeof d->devs[k].info.uuid, u) == 0 &&
               strcmp(u, tmp.uuid[i]) == 0;
     if (!found)
-      return fail(r, DSPK_ENODEV, "devices[%d]: no device of this daemon has the UUID %s",
-                  i, tmp.uuid[i]);
+      return fail(r, DSPK_ENODEV, "devices[%u]: no device of this daemon has the UUID %s",
+                  at[i], tmp.uuid[i]);
   }
   j = job_find(d, id);
   if (j && j->uid != tmp.uid)
@@ -372,13 +408,15 @@ int dspkd_m_job_end(struct req *r) {
     return 0;
   }
   j->ended = true;
+  char why[64];
+  snprintf(why, sizeof why, "Slurm job %" PRIu64 " ended on this node", id);
   for (struct conn *c = d->conns; c; c = c->next) {
     if (c->job != j || c->closing)
       continue;
     nconns++;
     inflight += dspkd_conn_inflight(c);
     buffers += c->nbufs;
-    dspkd_conn_close(c, "its Slurm job ended");
+    dspkd_conn_close_notice(c, DSPK_EPERM, why);
   }
   dspkd_info(DSPKD_PEER_FMT ": Slurm job %" PRIu64 " ended: %" PRIu64 " connection(s) "
              "closed, %" PRIu64 " request(s) in flight canceled, %" PRIu64 " buffer(s) freed",

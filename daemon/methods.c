@@ -52,16 +52,14 @@ static int prefix(struct req *r, int code, const char *what) {
   return code;
 }
 
-/* The least of max_conn_memory and max_user_memory on cpu:0, in bytes
- * (UINT64_MAX: no bound, or no cpu:0): what a connection's buffers there,
- * the clients' shared temporaries among them, can hold at most. */
-static uint64_t cpu_memory_quota(const struct dspkd *d) {
+/* What a buffer of the connection c on cpu:0 can hold at most (UINT64_MAX:
+ * no bound, or no cpu:0): the least of max_conn_memory, max_user_memory
+ * and, for a connection of a Slurm job (decided, or as it would be decided
+ * now), max_job_memory; the clients size their shared temporaries by it. */
+static uint64_t cpu_memory_quota(const struct dspkd *d, struct conn *c) {
   for (int i = 0; i < d->ndevs; i++)
-    if (strcmp(d->devs[i].id, "cpu:0") == 0) {
-      uint64_t c = dspkd_quota_mem(d, &d->devs[i], true);
-      uint64_t u = dspkd_quota_mem(d, &d->devs[i], false);
-      return c < u ? c : u;
-    }
+    if (strcmp(d->devs[i].id, "cpu:0") == 0)
+      return dspkd_quota_conn_cap(c, &d->devs[i]);
   return UINT64_MAX;
 }
 
@@ -71,6 +69,7 @@ static uint64_t cpu_memory_quota(const struct dspkd *d) {
 struct limits_of {
   const struct dspkd *d;
   const struct conn *c;
+  struct conn *asker; /* the connection the quota figure is for */
 };
 
 static void pack_limits(const void *ud, struct dspk__wbuf *w) {
@@ -89,7 +88,7 @@ static void pack_limits(const void *ud, struct dspk__wbuf *w) {
   v[DSPK__LIM_MAX_UNSENT] = dspk__pv_uint(cfg->max_unsent);
   v[DSPK__LIM_MAX_BUFFERS] = dspk__pv_uint(cfg->max_buffers);
   v[DSPK__LIM_MAX_CLIENTS] = dspk__pv_uint(cfg->max_clients);
-  v[DSPK__LIM_CPU_MEMORY_QUOTA] = dspk__pv_uint(cpu_memory_quota(d));
+  v[DSPK__LIM_CPU_MEMORY_QUOTA] = dspk__pv_uint(cpu_memory_quota(d, lo->asker));
   dspk__map_encode(w, dspk__limits_f, DSPK__LIM_COUNT, v);
 }
 
@@ -194,7 +193,7 @@ static int m_hello(struct req *r) {
   v[DSPK__R_HELLO_DAEMON] = dspk__pv_str(DSPKD_VERSION);
   v[DSPK__R_HELLO_SERVER] = dspk__pv_str("dspkd");
   v[DSPK__R_HELLO_CLIENT_ID] = dspk__pv_uint(c->id);
-  struct limits_of lo = {c->d, c};
+  struct limits_of lo = {c->d, c, c};
   v[DSPK__R_HELLO_LIMITS] = dspk__pv_pack(pack_limits, &lo);
   return answer(r, DSPK__M_HELLO, v);
 }
@@ -315,7 +314,7 @@ static void st_daemon(const void *ud, struct dspk__wbuf *w) {
   v[DSPK__SD_SOCKET] = dspk__pv_str(d->cfg.socket_path);
   v[DSPK__SD_CONNECTIONS] = dspk__pv_uint(d->nconns);
   v[DSPK__SD_STOPPING] = dspk__pv_bool(d->stopping);
-  struct limits_of lo = {d, NULL};
+  struct limits_of lo = {d, NULL, x->r->c};
   v[DSPK__SD_LIMITS] = dspk__pv_pack(pack_limits, &lo);
   dspk__map_encode(w, dspk__st_daemon_f, DSPK__SD_COUNT, v);
 }

@@ -76,6 +76,23 @@ uint64_t dspkd_quota_mem(const struct dspkd *d, const struct device *dev, bool c
   return quota_on(conn ? d->cfg.max_conn_memory : d->cfg.max_user_memory, dev);
 }
 
+uint64_t dspkd_quota_conn_cap(struct conn *c, const struct device *dev) {
+  const struct dspkd *d = c->d;
+  uint64_t lim = dspkd_quota_mem(d, dev, true), u = dspkd_quota_mem(d, dev, false);
+  struct djob *j = c->job;
+  char why[256];
+  if (u < lim)
+    lim = u;
+  if (!c->job_state && dspkd_job_decide(c, &j, why, sizeof why) != 0)
+    j = NULL; /* undecidable: its first device request will say why */
+  if (j) {
+    uint64_t v = quota_on(d->cfg.max_job_memory, dev);
+    if (v < lim)
+      lim = v;
+  }
+  return lim;
+}
+
 /* Device memory a job may take on its device: a new buffer, or a task's
  * inline operands and results (temporaries on the device). */
 static uint64_t job_mem(const struct job *j) {

@@ -155,6 +155,23 @@ def run(exe, submit, tmp):
               "job 101 matches cpu and %s: %r" % (gpu["id"], ans))
         check(err_of(admin, "job.register", {"job": 101, "uid": NOBODY})[0] == "EBUSY",
               "job 101 registered again for another uid")
+        # A UUID is hex digits and dashes after an optional GPU- prefix: other
+        # characters were dropped silently ("zz" + a UUID matched it), and the message
+        # names what is wrong
+        for bad, why in (("zz" + u, "byte 1 is not a hex digit"), ("q1", "byte 1"),
+                         (fancy + " (mine)", "byte %d is not" % (len(fancy) + 1)),
+                         ("GPU-", "no hex digits"), ("-", "no hex digits"),
+                         ("a" * 40, "more than 39 hex digits")):
+            e = err_of(admin, "job.register", {"job": 104, "uid": me, "devices": [bad]})
+            check(e[0] == "EINVAL" and "devices[0]" in e[1] and why in e[1],
+                  "job.register %r: %r" % (bad, e))
+        # The same GPU in two spellings counts once, in the answer and in status.
+        ans = admin.call("job.register", {"job": 104, "uid": me, "devices": [fancy, u.lower()]})
+        j104 = status_job(admin, 104)
+        check(j104["devices"] == [u.lower()] and
+              sorted(ans["devices"]) == sorted([cpu["id"], gpu["id"]]),
+              "the same GPU twice: %r %r" % (ans, j104))
+        admin.call("job.end", {"job": 104})
         # A UUID that no device here has (a GPU the node lacks): ENODEV, so that the
         # prolog fails, and job 101 keeps its devices.
         e = err_of(admin, "job.register", {"job": 101, "uid": me, "devices": [fancy, "GPU-0badc0de"]})
@@ -215,6 +232,15 @@ def run(exe, submit, tmp):
         check(e[0] == "ok", "first 600K of job 101 on the cpu")
         e = err_of(c101, "buffer.create", {"device": cpu["id"], "size": 600 << 10})
         check(e[0] == "ELIMIT" and "max_job_memory" in e[1], "job quota: %r" % (e,))
+        # hello's and status' cpu_memory_quota include the job's quota (it said the
+        # least of the connection's and the user's: 50% of the host), before the job is
+        # decided too; a connection without one (the uid has two jobs) is not bound by it
+        for who in (c101, d.client(job=101)):
+            q = [who.call("hello", {"job": 101})["limits"]["cpu_memory_quota"],
+                 who.call("status", {})["daemon"]["limits"]["cpu_memory_quota"]]
+            check(q == [1 << 20] * 2, "cpu_memory_quota of a job's connection: %r" % q)
+        q = d.client().call("hello", {})["limits"]["cpu_memory_quota"]
+        check(q > 1 << 20, "cpu_memory_quota without a job: %r" % q)
 
         # The cgroup names the job even without a claim (Slurm's cgroup plugins: a path
         # with /job_<id>/).  Needs a writable cgroup v1 hierarchy; said when it is not.
@@ -261,6 +287,12 @@ def run(exe, submit, tmp):
               "job.end 101: %r" % ans)
         c101.expect_eof()
         c101b.expect_eof()
+        # c101b owed nothing: it read why it was closed (the end of its job, not a
+        # daemon that died)
+        pe = [n[2][0] for n in c101b.notes if n[1] == "protocol.error"]
+        check(len(pe) == 1 and pe[0]["name"] == "EPERM" and
+              pe[0]["message"] == "Slurm job 101 ended on this node",
+              "job.end's notice: %r" % c101b.notes)
         check(status_job(admin, 101) is None, "status: job 101 gone")
         st = admin.call("status", {})
         check(not [x for x in st["clients"] if x["job"] == 101], "no client of job 101 left")

@@ -28,6 +28,7 @@ class Client:
         self.up = msgpack.Unpacker(raw=False, max_buffer_size=1 << 30)
         self.msgid = 0
         self.responses = {}
+        self.notes = []  # the daemon's notifications, [2, method, params]
 
     def send(self, method, args=None, fds=None):
         """fds: file descriptors sent with the request's first byte
@@ -49,6 +50,8 @@ class Client:
         for m in self.up:
             if m[0] == 1:
                 self.responses[m[1]] = m
+            elif m[0] == 2:
+                self.notes.append(m)
 
     def wait(self, msgid):
         while msgid not in self.responses:
