@@ -238,7 +238,7 @@ static const struct dspk__param out_tensor_item = ITEM_MAP(dspk__out_tensor_f);
  * written into that buffer, or nil for one that comes back inline. */
 const struct dspk__param dspk__out_ref_f[DSPK__OREF_COUNT] = {
     [DSPK__OREF_BUFFER] = {"buffer", DSPK__T_UINT, REQ, .max = UINT64_MAX},
-    [DSPK__OREF_OFFSET] = {"offset", DSPK__T_UINT, .max = UINT64_MAX},
+    [DSPK__OREF_OFFSET] = {"offset", DSPK__T_UINT, .max = UINT64_MAX, .def_doc = "0"},
 };
 static const struct dspk__param out_ref_item = {
     "", DSPK__T_MAP, REQ | DSPK__P_NIL, .max = UINT64_MAX, .fields = dspk__out_ref_f,
@@ -382,7 +382,7 @@ static const struct dspk__param cclear_r[] = {
 };
 
 static const struct dspk__param trace_p[] = {
-    [DSPK__TRACE_SECONDS] = {"seconds", DSPK__T_NUM, REQ},
+    [DSPK__TRACE_SECONDS] = {"seconds", DSPK__T_NUM, REQ, .values_doc = "(0, 600]"},
 };
 static const struct dspk__param trace_r[] = {
     [DSPK__R_TRACE_START_US] = RES("start_us", DSPK__T_UINT),
@@ -948,6 +948,10 @@ static void jparam(FILE *f, const struct dspk__param *p, const char *indent) {
   if (p->def_doc) {
     fputs(", \"default\": ", f);
     jstr(f, p->def_doc);
+  }
+  if (p->values_doc) {
+    fputs(", \"values\": ", f);
+    jstr(f, p->values_doc);
   }
   if (p->fields) {
     fputs(", \"fields\": ", f);

@@ -153,6 +153,8 @@ struct dspk__param {
   struct dspk__pval def;         /* the default (def.v), when not required */
   const char *def_doc;           /* the default as docs/protocol.md writes it;
                                     NULL: none, or the zero of the type */
+  const char *values_doc;        /* NUM: its range as docs/protocol.md
+                                    writes it (NULL: any number) */
   size_t at;                     /* op options: 1 + the offset in
                                     union dspk__op_options where
                                     dspk__params_store puts the value; 0:

@@ -26,6 +26,8 @@ RESULTS_HEAD = "| method | field | type | always | values |"
 
 def values(p):
     t = p["type"]
+    if "values" in p:
+        return p["values"]
     if t == "enum":
         return ", ".join(p["choices"])
     if t == "enum_list":
