@@ -1519,6 +1519,7 @@ static void accept_fd(struct dspkd *d, int fd) {
     c->uid = (uid_t)-1;
     c->gid = (gid_t)-1;
   }
+  dspkd_job_peer_cgroup(c);
   dspkd_debug(DSPKD_PEER_FMT ": connected", DSPKD_PEER_ARGS(c));
   if (!dspkd_admin_may_connect(c)) {
     char msg[192];
@@ -1526,7 +1527,12 @@ static void accept_fd(struct dspkd *d, int fd) {
     conn_protocol_error(c, DSPK_EPERM, msg);
     return;
   }
-  if (d->nconns > d->cfg.max_clients && d->nconns - conns_gone(d, c, NULL) > d->cfg.max_clients) {
+  /* An admin (a Slurm prolog or epilog, dspk-submit as root) has a few
+   * connections more than others may take: users filling the daemon must
+   * not make a job's prolog fail and drain the node. */
+  size_t extra = dspkd_admin_is(c) ? DSPKD_ADMIN_EXTRA_CONNS : 0;
+  if (d->nconns > d->cfg.max_clients + extra &&
+      d->nconns - conns_gone(d, c, NULL) > d->cfg.max_clients + extra) {
     char msg[96];
     snprintf(msg, sizeof msg, "more than %zu connections (max_clients)",
              d->cfg.max_clients);
@@ -1538,8 +1544,8 @@ static void accept_fd(struct dspkd *d, int fd) {
     conn_protocol_error(c, DSPK_ENOMEM, "out of memory");
     return;
   }
-  if (c->user->nconns > d->cfg.max_user_clients &&
-      c->user->nconns - conns_gone(d, c, c->user) > d->cfg.max_user_clients) {
+  if (c->user->nconns > d->cfg.max_user_clients + extra &&
+      c->user->nconns - conns_gone(d, c, c->user) > d->cfg.max_user_clients + extra) {
     char msg[96];
     snprintf(msg, sizeof msg, "this user has %zu connections already (max_user_clients)",
              c->user->nconns - 1 - conns_gone(d, c, c->user));

@@ -408,6 +408,8 @@ struct conn {
   int job_state;            /* 0: not decided, 1: decided (job may be NULL) */
   struct djob *job;         /* NULL: no job (every device) */
   uint64_t job_claim;       /* hello's job (SLURM_JOB_ID), 0: none */
+  int cg_state;             /* its cgroup when it connected: DSPKD_CG_* */
+  uint64_t cg_job;          /* DSPKD_CG_JOB: the job its cgroup path names */
   /* daemon/shm.c: file descriptors received (SCM_RIGHTS) and not yet
    * claimed by a buffer.import, with the stream position (bytes received)
    * at the end of the read that brought each; and the position where the
@@ -504,6 +506,8 @@ int dspkd_bind_0660(uv_pipe_t *p, const char *path);
  * when the connection is closing or the frame could not be encoded). */
 void dspkd_conn_send(struct conn *c, struct wreq *wr);
 void dspkd_conn_send_error(struct conn *c, uint32_t msgid, int code, const char *msg);
+/* Connections an admin may open beyond max_clients and max_user_clients. */
+#define DSPKD_ADMIN_EXTRA_CONNS 8
 void dspkd_conn_close(struct conn *c, const char *why);
 /* Closes c after a [2, "protocol.error", [error]] notice of code and msg,
  * written when nothing else waits to be written to it (docs/protocol.md,
@@ -694,6 +698,9 @@ uint64_t dspkd_quota_conn_cap(struct conn *c, const struct device *dev);
 /* Decides the connection's job if not yet done: 0 (c->job set, or NULL for
  * no job), or DSPK_EPERM with msg set (a claim it may not make, or a uid
  * with several jobs here and no claim). */
+enum { DSPKD_CG_NONE, DSPKD_CG_JOB, DSPKD_CG_GONE };
+/* Reads the peer's cgroup into c->cg_state and c->cg_job (at accept). */
+void dspkd_job_peer_cgroup(struct conn *c);
 int dspkd_job_resolve(struct conn *c, char *msg, size_t len);
 /* The same decision without keeping it (status): 0 with *job (NULL: no
  * job), or DSPK_EPERM with msg set. */

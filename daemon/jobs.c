@@ -37,6 +37,7 @@
 #include <ctype.h>
 #include <inttypes.h>
 #include <stdarg.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -137,29 +138,37 @@ static void djob_finish(struct dspkd *d, struct djob *j) {
   free(j);
 }
 
-/* Whether the peer's cgroup path names a job ("/job_<id>/" of Slurm's
- * cgroup plugins, v1 and v2): then its id in *out. */
-static bool cgroup_job(pid_t pid, uint64_t *out) {
+/* The peer's cgroup as it connects (c->cg_state, c->cg_job): its path names
+ * a job ("/job_<id>/" of Slurm's cgroup plugins, v1 and v2), or none, or
+ * it could not be read because the process had exited already.  Read at
+ * once, while the pid SO_PEERCRED recorded is still the peer's: read later,
+ * at the first device request, a process that connected and handed the
+ * socket on (or daemonized) would be gone and its claim believed, or its
+ * pid another process's. */
+void dspkd_job_peer_cgroup(struct conn *c) {
   char path[64], line[1024];
-  bool found = false;
   FILE *f;
-  if (pid <= 0)
-    return false;
-  snprintf(path, sizeof path, "/proc/%ld/cgroup", (long)pid);
-  if (!(f = fopen(path, "re")))
-    return false;
-  while (!found && fgets(line, sizeof line, f)) {
-    for (char *p = strstr(line, "/job_"); p && !found; p = strstr(p + 1, "/job_")) {
+  c->cg_state = DSPKD_CG_NONE;
+  if (c->pid <= 0)
+    return;
+  snprintf(path, sizeof path, "/proc/%ld/cgroup", (long)c->pid);
+  if (!(f = fopen(path, "re"))) {
+    if (errno == ENOENT || errno == ESRCH)
+      c->cg_state = DSPKD_CG_GONE;
+    return;
+  }
+  while (c->cg_state == DSPKD_CG_NONE && fgets(line, sizeof line, f)) {
+    for (char *p = strstr(line, "/job_"); p; p = strstr(p + 1, "/job_")) {
       char *end;
       unsigned long long v = strtoull(p + 5, &end, 10);
       if (end != p + 5 && (*end == '/' || *end == '\n' || *end == '\0')) {
-        *out = v;
-        found = true;
+        c->cg_job = v;
+        c->cg_state = DSPKD_CG_JOB;
+        break;
       }
     }
   }
   fclose(f);
-  return found;
 }
 
 static void job_bind(struct conn *c, struct djob *j) {
@@ -188,7 +197,14 @@ int dspkd_job_decide(struct conn *c, struct djob **out, char *msg, size_t len) {
   /* A job named is a claim whatever its id: "/job_0/" names job 0, which
    * is never registered (job.register refuses 0, and so does hello: its
    * job_claim 0 means none). */
-  claimed = cgroup_job(c->pid, &claim);
+  if (c->cg_state == DSPKD_CG_GONE && mine) {
+    snprintf(msg, len, "the process that connected (pid %ld) had exited before its cgroup "
+             "could be read, and uid %ld has %zu Slurm job(s) here: connect from the job's "
+             "own process", (long)c->pid, (long)c->uid, mine);
+    return DSPK_EPERM;
+  }
+  claimed = c->cg_state == DSPKD_CG_JOB;
+  claim = c->cg_job;
   if (!claimed) {
     claim = c->job_claim;
     claimed = claim != 0;
@@ -393,6 +409,16 @@ int dspkd_m_job_end(struct req *r) {
   if (j && r->c->job == j)
     return fail(r, DSPK_EINVAL, "this connection belongs to Slurm job %" PRIu64
                 " and cannot end it", id);
+  /* A connection of the job that has not asked for a device yet (its job
+   * undecided: a hello's claim, its cgroup, its uid's only job) is the
+   * job's too: decided now, so that it is closed with the others. */
+  for (struct conn *c = d->conns; j && c; c = c->next) {
+    struct djob *cj;
+    char why[8];
+    if (!c->job_state && !c->closing && c != r->c &&
+        dspkd_job_decide(c, &cj, why, sizeof why) == 0 && cj == j)
+      job_bind(c, j);
+  }
   if (!job_was_ended(d, id, NULL)) {
     d->ended_uids[d->nended % 256] = j ? j->uid : (uid_t)-1;
     d->ended_jobs[d->nended++ % 256] = id;

@@ -235,17 +235,26 @@ static void pack_ops(const void *ud, struct dspk__wbuf *w) {
 }
 
 /* The devices the connection may use (devices' `devices`). */
+/* Whether devices shows dev: an open device the connection's job may use,
+ * or any open device when an admin asks for all (whatever its job: the
+ * UUIDs a Slurm node's GPU map is written from, docs/cluster.md). */
+static bool dv_shown(const struct req *r, const struct device *dev) {
+  if (dev->open_state != 1)
+    return false;
+  return (r->v[DSPK__DEVICES_ALL].v.b && dspkd_admin_is(r->c)) || dspkd_job_dev_ok(r->c, dev);
+}
+
 static void dv_devices(const void *ud, struct dspk__wbuf *w) {
   const struct req *r = ud;
   const struct dspkd *d = r->c->d;
   int n = 0;
   for (int i = 0; i < d->ndevs; i++)
-    n += d->devs[i].open_state == 1 && dspkd_job_dev_ok(r->c, &d->devs[i]);
+    n += dv_shown(r, &d->devs[i]);
   msgpack_pack_array(&w->pk, (size_t)n);
   for (int i = 0; i < d->ndevs; i++) {
     const struct device *dev = &d->devs[i];
     struct dspk__pval v[DSPK__DEV_COUNT];
-    if (dev->open_state != 1 || !dspkd_job_dev_ok(r->c, dev))
+    if (!dv_shown(r, dev))
       continue;
     v[DSPK__DEV_ID] = dspk__pv_str(dev->id);
     v[DSPK__DEV_BACKEND] = dspk__pv_str(dev->be->name);
@@ -282,7 +291,9 @@ static int m_devices(struct req *r) {
   struct dspk__pval v[2];
   int err;
 
-  if ((err = dspkd_job_resolve(r->c, r->msg, sizeof r->msg)) < 0)
+  /* An admin's all: true decides nothing (dv_shown). */
+  if (!(r->v[DSPK__DEVICES_ALL].v.b && dspkd_admin_is(r->c)) &&
+      (err = dspkd_job_resolve(r->c, r->msg, sizeof r->msg)) < 0)
     return err;
   v[DSPK__R_DEVICES_DEVICES] = dspk__pv_pack(dv_devices, r);
   v[DSPK__R_DEVICES_UNAVAILABLE] = dspk__pv_pack(dv_unavailable, r);

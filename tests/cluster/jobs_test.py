@@ -63,6 +63,55 @@ def err_of(c, method, args):
     return "ok", ""
 
 
+def handed_on(d, job):
+    """A connection made by a child process that hands it to this one and
+    exits before the daemon accepts it (the daemon stopped meanwhile): its
+    cgroup cannot be read.  Returns the Client, after its hello claiming job."""
+    import msgpack
+    import socket
+    a, b = socket.socketpair()
+    os.kill(d.proc.pid, signal.SIGSTOP)
+    try:
+        pid = os.fork()
+        if pid == 0:
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.connect(d.sock)  # queued: the daemon accepts once it runs again
+            socket.send_fds(b, [b"x"], [s.fileno()])
+            os._exit(0)
+        _, fds, _, _ = socket.recv_fds(a, 1, 1)
+        os.waitpid(pid, 0)  # gone, and reaped: no /proc/PID left
+    finally:
+        os.kill(d.proc.pid, signal.SIGCONT)
+    a.close()
+    b.close()
+    c = Client.__new__(Client)
+    c.sock = socket.socket(fileno=fds[0])
+    c.sock.settimeout(TIMEOUT)
+    c.up = msgpack.Unpacker(raw=False, max_buffer_size=1 << 30)
+    c.msgid, c.responses, c.notes = 0, {}, []
+    c.call("hello", {"version": 1, "job": job})
+    return c
+
+
+def opened_until_refused(d, most=64):
+    """Connections (kept open) until the daemon refuses one: their count and
+    the refusal's notice."""
+    held = []
+    while len(held) < most:
+        c = Client(d.sock, TIMEOUT)
+        try:
+            c.call("hello", {"version": 1})
+        except (EOFError, ConnectionResetError):
+            note = [n[2][0] for n in c.notes if n[1] == "protocol.error"]
+            for x in held + [c]:
+                x.close()
+            return len(held), note
+        held.append(c)
+    for x in held:
+        x.close()
+    return len(held), None
+
+
 def ids(c):
     return [d["id"] for d in c.call("devices", {})["devices"]]
 
@@ -190,6 +239,15 @@ def run(exe, submit, tmp):
         e = err_of(c, "devices", {})
         check(e[0] == "EPERM" and "2 Slurm jobs" in e[1], "no claim with two jobs: %r" % (e,))
         check(err_of(c, "task.run", gemm_args("cpu:0")[0])[0] == "EPERM", "task.run unclaimed")
+        # A connection made by a process that exited before the daemon read its cgroup
+        # (it handed the socket on): its job cannot be decided from its cgroup, so its
+        # claim is not believed while the uid has jobs here (it was: a process of job B
+        # handing a socket to a claim of job A got A's GPU)
+        ch = handed_on(d, 101)
+        e = err_of(ch, "devices", {})
+        check(e[0] == "EPERM" and "had exited before its cgroup could be read" in e[1],
+              "a handed-on connection's claim: %r" % (e,))
+        ch.close()
         # ... and names one that is not registered here: EPERM.
         c9 = d.client(job=999)
         e = err_of(c9, "devices", {})
@@ -235,10 +293,15 @@ def run(exe, submit, tmp):
         # hello's and status' cpu_memory_quota include the job's quota (it said the
         # least of the connection's and the user's: 50% of the host), before the job is
         # decided too; a connection without one (the uid has two jobs) is not bound by it
-        for who in (c101, d.client(job=101)):
+        cq = d.client(job=101)
+        cq_id = cq.call("hello", {"job": 101})["client_id"]
+        for who in (c101, cq):
             q = [who.call("hello", {"job": 101})["limits"]["cpu_memory_quota"],
                  who.call("status", {})["daemon"]["limits"]["cpu_memory_quota"]]
             check(q == [1 << 20] * 2, "cpu_memory_quota of a job's connection: %r" % q)
+        cq.close()  # gone before job.end below counts the job's connections
+        while [x for x in admin.call("status", {})["clients"] if x["id"] == cq_id]:
+            pass
         q = d.client().call("hello", {})["limits"]["cpu_memory_quota"]
         check(q > 1 << 20, "cpu_memory_quota without a job: %r" % q)
 
@@ -282,11 +345,16 @@ def run(exe, submit, tmp):
         # job.end 101 (the epilog): its connections are closed, buffers freed, work
         # canceled; the answer comes once they are gone.
         c101.send("task.run", gemm_args(gpu["id"], 64)[0])  # in flight at the end
+        # A connection of job 101 that asked for no device yet (its job undecided) is
+        # the job's too: closed and counted (it outlived the job)
+        cz = d.client(job=101)
+        cz.call("ping", {})
         ans = admin.call("job.end", {"job": 101})
-        check(ans["ended"] and ans["connections"] == 2 and ans["buffers"] == 2,
+        check(ans["ended"] and ans["connections"] == 3 and ans["buffers"] == 2,
               "job.end 101: %r" % ans)
         c101.expect_eof()
         c101b.expect_eof()
+        cz.expect_eof()
         # c101b owed nothing: it read why it was closed (the end of its job, not a
         # daemon that died)
         pe = [n[2][0] for n in c101b.notes if n[1] == "protocol.error"]
@@ -329,9 +397,33 @@ def run(exe, submit, tmp):
         check(ids(c) == [cpu["id"]], "job_required, no job: the cpu only")
         e = err_of(c, "buffer.create", {"device": gpu["id"], "size": 64})
         check(e[0] == "ENODEV" and "job_required" in e[1], "job_required: %r" % (e,))
+        # An admin's devices --all lists every device with its UUID whatever its job
+        # (how the node's GPU map is written; it listed the cpu only), and decides nothing
+        every = c.call("devices", {"all": True})["devices"]
+        check(sorted(x["id"] for x in every) == sorted([cpu["id"], gpu["id"]]) and
+              [x["uuid"] for x in every if x["id"] == gpu["id"]] == [gpu["uuid"]],
+              "job_required: an admin's devices --all: %r" % every)
+        check(ids(c) == [cpu["id"]], "job_required: devices after --all")
         c.call("job.register", {"job": 5, "uid": os.getuid(), "devices": [gpu["uuid"]]})
         check(sorted(ids(d.client())) == sorted([cpu["id"], gpu["id"]]), "with a job: its GPU")
         c.close()
+        d.stop()
+    except BaseException:
+        sys.stderr.write(d.logtext()[-6000:])
+        d.proc.kill()
+        raise
+    # An admin (root) may open 8 connections beyond max_clients and max_user_clients
+    # (a prolog or epilog must not be refused when users fill the daemon); others not.
+    os.unlink(os.path.join(tmp, "dspkd.log"))
+    d = Daemon(exe, tmp, ["--max-clients", "2"])
+    try:
+        os.chmod(d.sock, 0o666)
+        n, note = opened_until_refused(d)
+        check(n == 1 + 8 and note and note[0]["name"] == "ELIMIT" and
+              "max_user_clients" in note[0]["message"], "an admin's connections: %d %r" % (n, note))
+        n, note = dspk_daemon.run_as(NOBODY, NOBODY, lambda: opened_until_refused(d))
+        check(n == 1 and note and "max_user_clients" in note[0]["message"],
+              "a user's connections: %d %r" % (n, note))
         d.stop()
     except BaseException:
         sys.stderr.write(d.logtext()[-6000:])
