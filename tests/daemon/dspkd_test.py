@@ -1154,11 +1154,18 @@ def t_limits(exe, tmp):
     check(lim["max_clients"] == 2 and lim["max_buffers"] == 2 and lim["max_rank"] == 3
           and lim["max_elements"] == 1000, "hello reports the limits: %r" % lim)
     check(b.call("ping")["data"] == b"", "second client served")
+    # This test runs as root, an admin: 8 connections more than max_clients
+    # (and max_user_clients) are its, so that a Slurm prolog is never refused.
+    extra = [d.client() for _ in range(ADMIN_EXTRA_CONNS)]
+    for x in extra:
+        check(x.call("ping")["data"] == b"", "an admin's extra connection served")
     third = d.client()
     notes = third.expect_closed()
     check(any(n[1] == "protocol.error" and n[2][0]["name"] == "ELIMIT" for n in notes),
           "third client refused with ELIMIT: %r" % notes)
     third.close()
+    for x in extra:
+        x.close()
     a.call("buffer.create", {"size": 8})
     a.call("buffer.create", {"size": 8})
     a.expect_error("ELIMIT", "buffer.create", {"size": 8})
@@ -2526,6 +2533,28 @@ def t_createpipe(exe, tmp):
 
 
 OTHER_UID = 65534  # nobody
+ADMIN_EXTRA_CONNS = 8  # connections an admin may open beyond max_clients
+
+# 300 connections one after the other, each closed before the next: each served
+CHILD_RECONNECT = r"""
+import socket, sys, msgpack
+for i in range(300):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(30)
+    s.connect(sys.argv[1])
+    s.sendall(msgpack.packb([0, 1, "ping", [{"data": b"%d" % i}]], use_bin_type=True))
+    up = msgpack.Unpacker(raw=False)
+    m = None
+    while m is None:
+        data = s.recv(1 << 16)
+        if not data:
+            sys.exit("connection %d closed: refused" % i)
+        up.feed(data)
+        m = next(up, None)
+    if not (m[0] == 1 and m[1] == 1 and m[3] == {"data": b"%d" % i}):
+        sys.exit("connection %d: unexpected %r" % (i, m))
+    s.close()
+"""
 
 CHILD_PING = r"""
 import socket, sys, msgpack
@@ -2559,9 +2588,10 @@ def t_userconns(exe, tmp):
     sdir = os.path.join(tmp, "shared")
     os.mkdir(sdir)
     os.chmod(sdir, 0o750)
-    d = Daemon(exe, tmp, ["--max-clients", "8", "--max-user-clients", "3"],
+    d = Daemon(exe, tmp, ["--max-clients", "16", "--max-user-clients", "3"],
                sock=os.path.join(sdir, "dspkd.sock"))
-    mine = [d.client() for _ in range(3)]
+    # root, an admin, has ADMIN_EXTRA_CONNS beyond max_user_clients
+    mine = [d.client() for _ in range(3 + ADMIN_EXTRA_CONNS)]
     for c in mine:
         check(c.call("ping", {"data": b"x"})["data"] == b"x", "own connections served")
     extra = d.client()
@@ -2578,14 +2608,15 @@ def t_userconns(exe, tmp):
     d.stop()
     # A client that connects again right after closing (a shell loop of
     # commands) is not refused for its closed connection whose end of stream
-    # the daemon has not read yet; max_clients alike.
+    # the daemon has not read yet; max_clients alike (as another user: root
+    # has its extra connections).
     for flags in (["--max-user-clients", "1"], ["--max-clients", "1"]):
-        d = Daemon(exe, tmp, flags)
-        for i in range(300):
-            c = d.client()
-            check(c.call("ping", {"data": b"%d" % i})["data"] == b"%d" % i,
-                  "%s: connection %d right after the last one closed is served" % (flags, i))
-            c.close()
+        d = Daemon(exe, tmp, flags, sock=os.path.join(sdir, "dspkd.sock"))
+        r = subprocess.run([sys.executable, "-c", CHILD_RECONNECT, d.sock],
+                           user=OTHER_UID, group=0, extra_groups=[], capture_output=True,
+                           text=True, timeout=TIMEOUT * 4)
+        check(r.returncode == 0, "%s: a connection right after the last one closed is served: %s"
+              % (flags, r.stderr))
         d.stop()
 
 
