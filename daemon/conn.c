@@ -1090,8 +1090,15 @@ static void conn_process(struct conn *c) {
     /* Paused, a task.cancel at the head is taken in its turn all the
      * same, and one behind held requests maybe before it (peek_cancels). */
     if (!may_read(c) && !(may_peek(c) && is_cancel(k->data + k->start, k->end - k->start))) {
-      if (may_peek(c))
+      if (may_peek(c)) {
         peek_cancels(c);
+        /* A cancel it took may have ended the pause (a queued task's
+         * answer reserved no more): the held requests go on now, for no
+         * read may ever come to take them (dspkd_conn_update_read, called
+         * meanwhile, left them to this loop). */
+        if (may_read(c) && !c->closing)
+          continue;
+      }
       c->held = !c->closing;
       break;
     }

@@ -3070,6 +3070,54 @@ def t_pausecancel(exe, tmp):
         d.stop()
 
 
+def t_cancelresume(exe, tmp):
+    """A task.cancel taken while the connection is paused may end the pause
+    (the canceled task was queued: its answer reserves no more): the requests
+    held behind it are taken in then.  They waited for more bytes from the
+    client, for ever when none came (a ping after cancels of two queued
+    tasks whose results passed max_unsent got no answer: found through the
+    Python client's future.cancel()).  DSPKD_TEST_CANCEL_WAIT=before holds
+    cpu:0's runner on another connection's task, so both stay queued."""
+    env = dict(os.environ, DSPKD_TEST_CANCEL_WAIT="before")
+    hook = "waits for the task's cancel before it runs"
+    d = Daemon(exe, tmp, ["--no-cache", "--max-unsent", "1000000"], env=env)
+    X = np.ones((512, 1024), np.float32)  # an exp of it answers 2 MiB: over max_unsent
+    holder, c, watcher = d.client(), d.client(), d.client()
+    b = c.call("buffer.create", {"device": "cpu:0", "size": X.nbytes})["buffer"]
+    c.call("buffer.write", {"buffer": b, "data": X.tobytes()})
+    # 128 KiB: a task the runner runs (the loop runs those of 64 KiB or less)
+    hmid = holder.send("task.run", {"op": "map", "device": "cpu:0", "options": {"fn": "abs"},
+                                    "inputs": [tensor(np.ones(1 << 15, np.float32))]})
+    deadline = time.monotonic() + TIMEOUT
+    while hook not in d.logtext():
+        check(time.monotonic() < deadline, "the holder's task reached the hook")
+        time.sleep(0.005)
+    task = {"op": "map", "device": "cpu:0", "options": {"fn": "exp"},
+            "inputs": [{"buffer": b, "dtype": "f32", "shape": list(X.shape)}]}
+    a_mid, b_mid = c.send("task.run", task), c.send("task.run", task)
+    # The first is taken in (queued: the runner is held) and pauses the
+    # connection; the second is held back.
+    while cpu_running(watcher)[0] != 1:
+        check(time.monotonic() < deadline, "the first task queued")
+    frames, mids = b"", []
+    for method, args in (("task.cancel", {"msgid": a_mid}), ("task.cancel", {"msgid": b_mid}),
+                         ("ping", {"data": b"after"})):
+        c.msgid += 1
+        mids.append(c.msgid)
+        frames += msgpack.packb([0, c.msgid, method, [args]], use_bin_type=True)
+    c.sock.sendall(frames)  # one write: nothing else will come from this client
+    check(c.wait(mids[0]) == {"canceled": True}, "the queued task is canceled")
+    check(c.outcome(a_mid) == "ECANCELED", "its answer")
+    check(c.outcome(b_mid) == "ECANCELED", "the held task, canceled in its turn")
+    check(c.wait(mids[1]) == {"canceled": True}, "its cancel's answer")
+    check(c.wait(mids[2])["data"] == b"after", "the ping held behind the cancels is answered")
+    holder.call("task.cancel", {"msgid": hmid})
+    check(holder.outcome(hmid) == "ECANCELED", "the holder's task")
+    for x in (holder, c, watcher):
+        x.close()
+    d.stop()
+
+
 def measuring_children(pid):
     """Pids of the processes dspkd `pid` started to measure an FFTW plan."""
     kids = []
@@ -5101,6 +5149,7 @@ GROUPS = {
     "cancel": t_cancel,
     "canceldone": t_canceldone,
     "pausecancel": t_pausecancel,
+    "cancelresume": t_cancelresume,
     "done": t_done,
     "fencefault": t_fencefault,
 }
