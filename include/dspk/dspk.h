@@ -575,10 +575,12 @@ DSPK_EXPORT int dspk_dtype_from_name(const char *name, dspk_dtype *out);
  * shape is invalid, whatever the other axes are: {-1, 0} too); else 0 when
  * an axis is 0 (even where the other axes' product would overflow); else
  * UINT64_MAX when the product overflows 64 bits; 0 for NULL.  dspk_run and
- * dspk_submit refuse, with DSPK_ELIMIT as the daemon does (protocol.md,
- * Tensors), a tensor whose size, the product of its dimensions (each 0
- * counted as 1) times the item size, passes 2^63-1 bytes, which every one
- * whose numel is UINT64_MAX does, before looking at its nbytes. */
+ * dspk_submit refuse, before looking at its nbytes, a tensor with a
+ * negative axis with DSPK_EINVAL ("input 0: negative shape[1]"), and with
+ * DSPK_ELIMIT as the daemon does (protocol.md, Tensors) one whose size,
+ * the product of its dimensions (each 0 counted as 1) times the item size,
+ * passes 2^63-1 bytes, which every other one whose numel is UINT64_MAX
+ * does. */
 DSPK_EXPORT uint64_t dspk_tensor_numel(const dspk_tensor *t);
 
 /* Convenience: fills *t as an inline tensor over data (not copied), with

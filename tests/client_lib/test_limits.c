@@ -466,6 +466,26 @@ static void test_tensor_size_overflow(void **state) {
     assert_non_null(strstr(dspk_last_error(c), "passes 2^63-1 bytes"));
     assert_null(strstr(dspk_last_error(c), "needs"));
   }
+  /* A negative axis is an invalid shape (EINVAL), not a size (dspk.h,
+   * dspk_tensor_numel), whatever the other axes: {-1, 0} too. */
+  {
+    static const int64_t neg[2] = {-1, 0};
+    dspk_tensor in;
+    dspk_task t;
+    dspk_result r;
+    uint32_t ticket;
+    dspk_tensor_inline(&in, DSPK_F32, 2, neg, &one);
+    assert_int_equal(dspk_tensor_numel(&in), UINT64_MAX);
+    dspk_task_init(&t, DSPK_OP_MAP);
+    t.device = "cpu:0";
+    t.map.fn = DSPK_MAP_ABS;
+    t.inputs = &in;
+    t.ninputs = 1;
+    assert_int_equal(dspk_run(c, &t, &r), DSPK_EINVAL);
+    assert_string_equal(dspk_last_error(c), "input 0: negative shape[0]");
+    assert_int_equal(dspk_submit(c, &t, &ticket), DSPK_EINVAL);
+    assert_string_equal(dspk_last_error(c), "input 0: negative shape[0]");
+  }
   assert_int_equal(dspk_ping(c, "x", 1), 0);
   dspk_close(c);
 }
