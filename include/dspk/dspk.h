@@ -120,8 +120,10 @@ DSPK_EXPORT int dspk_default_socket(char *buf, size_t buflen);
  * daemon's max_message is known: it must fit in it (about 30 bytes and the
  * client name, the job's number too), which a daemon run with a
  * max_message below 100 bytes (dspkd takes 64 and up) may refuse for a
- * long name: DSPK_ELIMIT then, the daemon's protocol.error ("exceeds the
- * 64-byte message limit") in dspk_connect_error().  The reason of a failure cannot be read
+ * long name: DSPK_ELIMIT then, with the daemon's protocol.error in
+ * dspk_connect_error() ("hello: daemon closed the connection: str/bin of
+ * 63 bytes at offset 27 makes the message at least 92 bytes, more than 64
+ * (max_message)" for a 63-byte name and no job).  The reason of a failure cannot be read
  * with dspk_last_error() (there is no client); dspk_connect_error() gives it.
  */
 DSPK_EXPORT int dspk_connect(const char *socket_path, const char *client_name,

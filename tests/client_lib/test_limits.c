@@ -590,6 +590,20 @@ static void test_tiny_max_message(void **state) {
   assert_int_equal(dspk_buffer_read(c, id, 0, NULL, 0), 0);
   assert_int_equal(dspk_ping(c, "x", 1), 0);
   dspk_close(c);
+  /* A hello too long for it: ELIMIT with the daemon's words (dspk.h,
+   * dspk_connect). */
+  {
+    char name[64];
+    memset(name, 'n', 63);
+    name[63] = '\0';
+    unsetenv("DSPK_JOB");
+    unsetenv("SLURM_JOB_ID");
+    assert_int_equal(dspk_connect(sock, name, &c), DSPK_ELIMIT);
+    assert_string_equal(dspk_connect_error(),
+                        "hello: daemon closed the connection: str/bin of 63 bytes at "
+                        "offset 27 makes the message at least 92 bytes, more than 64 "
+                        "(max_message)");
+  }
   stop_mm(pid, sock);
 }
 
