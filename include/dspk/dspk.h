@@ -415,7 +415,9 @@ DSPK_EXPORT int dspk_buffer_free(dspk_client *c, uint64_t id);
  * DSPK_ELIMIT without committing memory here; the memory is a file (a
  * memfd), so a size beyond this process's file size limit (RLIMIT_FSIZE)
  * is DSPK_ELIMIT too, with a dspk_last_error() that names it.  An empty device name is no
- * device (DSPK_ENODEV), as in every call that names one.
+ * device (DSPK_ENODEV), as in every call that names one.  bytes 0 is
+ * DSPK_EINVAL ("dspk_shared_alloc: bytes must be > 0": a mapping cannot be
+ * empty; dspk_buffer_create takes 0).
  */
 DSPK_EXPORT int dspk_shared_alloc(dspk_client *c, const char *device,
                                   size_t bytes, void **ptr_out,
@@ -426,7 +428,8 @@ DSPK_EXPORT int dspk_shared_alloc(dspk_client *c, const char *device,
  * transparent_hugepage/shmem_enabled "advise") instead of by this process:
  * the fast way to pass a large file's data (dspk-submit does so for .npy
  * inputs).  DSPK_EIO when the file is shorter, DSPK_EINVAL when
- * offset + bytes passes 2^63-1 (a file's largest offset), DSPK_ELIMIT
+ * offset + bytes passes 2^63-1 (a file's largest offset), when bytes is 0
+ * (as for dspk_shared_alloc) and when fd is negative, DSPK_ELIMIT
  * beyond RLIMIT_FSIZE as for dspk_shared_alloc.  Freed by
  * dspk_shared_free(). */
 DSPK_EXPORT int dspk_shared_from_file(dspk_client *c, const char *device, int fd,
