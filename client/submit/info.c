@@ -113,9 +113,9 @@ int dspk__sub_ping(dspk__sub_ctx *ctx, int argc, char **argv) {
     printf("pong from %s: %ld bytes, time=%.1f us\n", dspk__sub_esc(where), size, t[0]);
   } else {
     printf("--- %s ping statistics ---\n", dspk__sub_esc(where));
-    printf("%zu round trips, %ld bytes each, rtt min/median/p99 = "
+    printf("%zu round trip%s, %ld bytes each, rtt min/median/p99 = "
            "%.1f/%.1f/%.1f us\n",
-           n, size, t[0], median(t, n), percentile(t, n, 0.99));
+           n, n == 1 ? "" : "s", size, t[0], median(t, n), percentile(t, n, 0.99));
   }
   status = DSPK__SUB_EXIT_OK;
 out:

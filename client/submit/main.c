@@ -485,7 +485,7 @@ static int cli_remedy(const dspk__sub_ctx *ctx, const char *detail, char *out, s
              "come back through shared memory, or ");
   snprintf(out, cap, "%.*s: too large for one message of this daemon; %sask the daemon's "
            "admin to raise max_message (dspkd --max-message, [limits] max_message of "
-           "dspk.conf)%s",
+           "dspkd.conf, dspk.conf(5))%s",
            (int)(adv - detail), detail, shm, adv + strlen(too_big_advice));
   return 1;
 }

@@ -654,6 +654,8 @@ def suite_info(cli, tmp):
     out = cli.ok("ping", "-c", "5", "-s", "100000")
     check(re.search(r"5 round trips, 100000 bytes each, rtt min/median/p99 = "
                     r"[0-9.]+/[0-9.]+/[0-9.]+ us", out), "ping -c text %r" % out)
+    out = cli.ok("ping", "-c", "1")
+    check(re.search(r"^1 round trip, 0 bytes each, ", out, re.M), "ping -c 1 text %r" % out)
 
     out = cli.ok("devices")
     check(re.search(r"^cpu:0\s", out, re.M), "devices lacks cpu:0: %r" % out)
@@ -1984,7 +1986,7 @@ def suite_shell(cli, tmp, dspkd):
         err = c2.fails(["contract", "ij,jk->ik", fbig, eye], "contract", "ELIMIT")
         check(err.endswith("too large for one message of this daemon; ask the daemon's admin "
                            "to raise max_message (dspkd --max-message, [limits] max_message of "
-                           "dspk.conf)\n") and "task.run" not in err, "contract ELIMIT %r" % err)
+                           "dspkd.conf, dspk.conf(5))\n") and "task.run" not in err, "contract ELIMIT %r" % err)
     finally:
         d2.stop()
     # A daemon of a tiny max_message (dspkd takes 64 and up): inputs below
