@@ -406,6 +406,15 @@ int dspk__sub_kernel(dspk__sub_ctx *ctx, int argc, char **argv) {
                                outs[i].spec, outs[i].index);
       goto out;
     }
+    /* A dtype no .npy holds (bf16) is refused before any work, not after
+     * the kernel ran. */
+    char why[128];
+    if (dspk__npy_writable(tens[outs[i].index].dtype, why, sizeof why) < 0) {
+      status = dspk__sub_fail(ctx, DSPK_EDTYPE, "-o %s: tensor argument %d (%s): %s "
+                              "(without -o its values are shown)", outs[i].spec,
+                              outs[i].index, tnames[outs[i].index], why);
+      goto out;
+    }
     /* One tensor, one file: a result line per saved tensor names it. */
     for (int j = 0; j < i; j++)
       if (outs[j].index == outs[i].index) {

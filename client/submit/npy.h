@@ -142,4 +142,8 @@ void dspk__npy_free(dspk__npy *a);
 size_t dspk__npy_itemsize(dspk_dtype dt);
 const char *dspk__npy_descr(dspk_dtype dt);
 
+/* 0 when a .npy can hold dtype dt, else DSPK_EDTYPE with the reason in err
+ * ("a .npy cannot hold bf16: numpy has no bf16 dtype"). */
+int dspk__npy_writable(dspk_dtype dt, char *err, size_t errlen);
+
 #endif /* DSPK_CLIENT_SUBMIT_NPY_H */

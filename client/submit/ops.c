@@ -225,6 +225,14 @@ static float half_to_float(uint16_t h) {
   return h & 0x8000 ? -v : v;
 }
 
+/* bfloat16 to float: its bits are a float's upper half. */
+static float bf16_to_float(uint16_t h) {
+  uint32_t u = (uint32_t)h << 16;
+  float v;
+  memcpy(&v, &u, sizeof v);
+  return v;
+}
+
 /* Element i of t as a double pair (imaginary part 0 for real dtypes). */
 static void value_at(const dspk_tensor *t, uint64_t i, double *re, double *im) {
   const void *d = t->data;
@@ -247,6 +255,9 @@ static void value_at(const dspk_tensor *t, uint64_t i, double *re, double *im) {
   case DSPK_F16:
     *re = (double)half_to_float(((const uint16_t *)d)[i]);
     break;
+  case DSPK_BF16:
+    *re = (double)bf16_to_float(((const uint16_t *)d)[i]);
+    break;
   default:
     *re = NAN;
     break;
@@ -267,6 +278,7 @@ static void print_value(FILE *f, const dspk_tensor *t, uint64_t i) {
   case DSPK_F32:
   case DSPK_F64:
   case DSPK_F16:
+  case DSPK_BF16:
     dspk__sub_fmt_num(a, sizeof a, re, t->dtype, false);
     fputs(a, f);
     break;

@@ -49,6 +49,7 @@ import re
 import select
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -1456,6 +1457,8 @@ class FakeDaemon:
     WIRE = ("fir: input 1 (taps): options.axes[0]: x; options.alpha: y; "
             "options.args[3]: z; inputs: w; input 7; inputs[0]: v; inputs[9]: u; "
             "there are 2 inputs; options.alphabet; devices[1]: t; no devices; devices: s")
+    # bf16 1/3, 0.1, -2.5, 1024, the largest, 2^-133 (the least), inf, nan
+    BF16_BITS = (0x3EAB, 0x3DCD, 0xC020, 0x4480, 0x7F7F, 0x0001, 0x7F80, 0x7FC0)
     LOG = "k.cu(3): error: identifier \"z\" is undefined\nk.cu(4): error: " \
           "expected a \";\"\n\n2 errors detected.\nk.cu(5): inputs[0] = options.alpha;\n"
 
@@ -1552,6 +1555,14 @@ class FakeDaemon:
                 elif method == "task.run" and args.get("op") == "fir":
                     out.append([1, msgid, {"code": -1, "name": "EINVAL",
                                            "message": self.WIRE}, None])
+                elif (method == "task.run" and args.get("op") == "kernel" and
+                      args.get("options", {}).get("entry") == "echo"):
+                    # Every tensor back, a bf16 one holding BF16_BITS.
+                    outs = [dict(t, data=struct.pack("<%dH" % len(self.BF16_BITS),
+                                                     *self.BF16_BITS))
+                            if t.get("dtype") == "bf16" else t for t in args["inputs"]]
+                    out.append([1, msgid, None, {"device": "fake:0", "outputs": outs,
+                                                 "time_us": 0}])
                 elif method == "task.run":
                     out.append([1, msgid, {"code": -18, "name": "ECOMPILE",
                                            "message": self.LOG}, None])
@@ -1617,6 +1628,26 @@ def suite_fake(cli, tmp):
         check("k.cu(3): error" in err and "; k.cu(4): error" in err and
               "2 errors detected." in err and "; k.cu(5): inputs[0] = options.alpha;" in err,
               "compiler log line %r" % err)
+        # bf16 (kernel's zeros:bf16) is shown as its f32 value in the fewest
+        # digits that read back as the same bf16, in text and JSON; an -o for
+        # it is refused before anything is sent (no .npy holds bf16): here
+        # before connecting to a socket where nothing listens.
+        kargs = ["kernel", ksrc, "-e", "echo", "-g", "1", "-b", "1", "zeros:bf16:8"]
+        out = fcli.ok(*kargs)
+        check(out == "tensor 0: bf16 (8,) on fake:0: [0.334, 0.1, -2.5, 1024, 3.39e+38, "
+              "9e-41, inf, nan] (8 values)\n", "kernel bf16 summary %r" % out)
+        j = json.loads(fcli.ok(*(kargs + ["--json"])))
+        check(j["outputs"] == [{"dtype": "bf16", "shape": [8], "count": 8,
+                                "head": [0.334, 0.1, -2.5, 1024, 3.39e+38, 9e-41, None,
+                                         None]}], "kernel bf16 --json %r" % j)
+        nowhere = Cli(cli.binary, os.path.join(tmp, "nothing.sock"))
+        yb = os.path.join(tmp, "ybf16.npy")
+        for o in (yb, "-"):
+            err = nowhere.fails(kargs + ["-o", o], "kernel", "EDTYPE")
+            check("-o %s: tensor argument 0 (zeros:bf16:8): a .npy cannot hold bf16: numpy "
+                  "has no bf16 dtype (without -o its values are shown)" % o in err,
+                  "kernel bf16 -o %s: %r" % (o, err))
+        check(not os.path.exists(yb), "kernel bf16 -o left %s" % yb)
         # cache stats: flattened fields, or JSON; strings decoded from the
         # library's JSON (\\uXXXX, surrogate pairs) and shown by cli.md's one
         # escaping rule (TAB as \\t, C0 as \\xNN, UTF-8 as it is).
