@@ -52,7 +52,7 @@ int dspk__sub_ping(dspk__sub_ctx *ctx, int argc, char **argv) {
       if ((rc = dspk__sub_once(ctx, &seen_count, opt, argv)) != 0)
         return rc;
       if (dspk__sub_parse_long(optarg, 1, 1000000, &count) < 0)
-        return dspk__sub_usage(ctx, "bad COUNT '%s' (want 1..1000000)",
+        return dspk__sub_usage(ctx, "bad --count '%s' (want a count, 1..1000000)",
                                optarg);
       break;
     case 's': {
@@ -60,7 +60,7 @@ int dspk__sub_ping(dspk__sub_ctx *ctx, int argc, char **argv) {
         return rc;
       uint64_t v;
       if (dspk__sub_parse_size(optarg, 0, 64u << 20, &v) < 0)
-        return dspk__sub_usage(ctx, "bad size '%s' (want 0..64M bytes)",
+        return dspk__sub_usage(ctx, "bad --size '%s' (want a size, 0..64M bytes)",
                                optarg);
       size = (long)v;
       break;

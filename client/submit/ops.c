@@ -68,7 +68,7 @@ static int add_axes(dspk__sub_ctx *ctx, op_args *a, const char *arg) {
   for (int i = 0; i < n; i++) {
     long k;
     if (dspk__sub_parse_long(items[i], -DSPK_MAX_RANK, DSPK_MAX_RANK - 1, &k) < 0)
-      return dspk__sub_usage(ctx, "bad axis '%s' (want an integer in -%d..%d)",
+      return dspk__sub_usage(ctx, "bad --axis '%s' (want an axis, -%d..%d)",
                              items[i], DSPK_MAX_RANK, DSPK_MAX_RANK - 1);
     if (a->naxes >= DSPK_MAX_RANK)
       return dspk__sub_usage(ctx, "more than %d axes", DSPK_MAX_RANK);

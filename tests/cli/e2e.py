@@ -2342,6 +2342,7 @@ def suite_help(cli, tmp):
     dir_and_tty_files(cli, tmp)
     command_line_messages(cli, tmp)
     command_line_round6(cli, tmp)
+    number_ranges(cli)
 
 
 def command_line_round6(cli, tmp):
@@ -2495,6 +2496,48 @@ def command_line_round6(cli, tmp):
         os.close(master)
         check(os.WIFEXITED(st) and os.WEXITSTATUS(st) == 2 and b"NUMPY" not in got and
               b"is a terminal" in got, "-o %s on a terminal: %r %r" % (o, st, got[:200]))
+
+
+def number_ranges(cli):
+    """A number that is given but bad is called bad with the values allowed
+    (cli.md, Numbers), for every numeric option and typed value; a zeros:
+    shape past the size limit is too large, not malformed."""
+    src = "/nonexistent/k.comp"  # the numbers are refused before it is read
+    k = ["kernel", src, "--entry", "main"]
+    gb = ["--grid", "1", "--block", "1"]
+    cases = [
+        (k + gb + ["--shared", "4G", "zeros:f32:4"],
+         "bad --shared '4G' (want a size, 0..4294967295 bytes"),
+        (k + ["--grid", "4294967296", "--block", "1", "zeros:f32:4"],
+         "bad --grid '4294967296' (want X[,Y[,Z]], each 1..4294967295)"),
+        (k + ["--grid", "0", "--block", "1", "zeros:f32:4"],
+         "bad --grid '0' (want X[,Y[,Z]], each 1..4294967295)"),
+        (k + ["--grid", "1", "--block", "1,0", "zeros:f32:4"],
+         "bad --block '1,0' (want X[,Y[,Z]], each 1..4294967295)"),
+        (k + gb + ["zeros:f32:4", "i32:2147483648"],
+         "bad i32 in 'i32:2147483648' (want an integer, -2147483648..2147483647)"),
+        (k + gb + ["zeros:f32:4", "u32:-1"],
+         "bad u32 in 'u32:-1' (want an integer, 0..4294967295)"),
+        (k + gb + ["zeros:f32:4", "i64:9223372036854775808"],
+         "bad i64 in 'i64:9223372036854775808' (want an integer, "
+         "-9223372036854775808..9223372036854775807)"),
+        (k + gb + ["zeros:f32:4", "f64:x"], "bad f64 in 'f64:x' (want a number)"),
+        (k + gb + ["zeros:f32:99999999999x99999999999"],
+         "'zeros:f32:99999999999x99999999999' is too large (want at most 2147483648 "
+         "elements)"),
+        (k + gb + ["zeros:f32:65536x65536"],
+         "'zeros:f32:65536x65536' is too large (want at most 2147483648 elements)"),
+        (k + gb + ["zeros:f32:1x1x1x1x1x1x1x1x1"],
+         "bad shape in 'zeros:f32:1x1x1x1x1x1x1x1x1' (want at most 8 dimensions)"),
+        (k + gb + ["zeros:f32:4x-1"],
+         "bad dimension '-1' in 'zeros:f32:4x-1' (want 0..2147483648)"),
+        (["ping", "-c", "0"], "bad --count '0' (want a count, 1..1000000)"),
+        (["ping", "-s", "65M"], "bad --size '65M' (want a size, 0..64M bytes)"),
+        (["reduce", "sum", "x.npy", "--axis", "8"], "bad --axis '8' (want an axis, -8..7)"),
+    ]
+    for argv, detail in cases:
+        cli.fails(["--socket", "/nonexistent.sock"] + argv, argv[0], "EINVAL", rc_want=2,
+                  sock=False, detail=detail)
 
 
 def command_line_messages(cli, tmp):
