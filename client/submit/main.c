@@ -802,8 +802,24 @@ static bool long_token(char **argv, const char **tok) {
   return strncmp(*tok, "--", 2) == 0 && (*tok)[2] != '\0';
 }
 
+/* The word "-:NAME" that getopt_long just refused at its ':' (in the word
+ * at optind, or the one before when the ':' ended it), else NULL: an .npz
+ * member asked of standard input, which gives one .npy. */
+static const char *stdin_member(char **argv) {
+  if (optopt != ':')
+    return NULL;
+  for (int i = optind; i >= 1 && i >= optind - 1; i--)
+    if (argv[i] != NULL && strncmp(argv[i], "-:", 2) == 0)
+      return argv[i];
+  return NULL;
+}
+
 int dspk__sub_bad_option(const dspk__sub_ctx *ctx, char **argv) {
-  const char *tok;
+  const char *tok, *member = stdin_member(argv);
+  if (member != NULL)
+    return dspk__sub_usage(ctx, "'%s': standard input cannot name an .npz member ('-' is "
+                           "one .npy on standard input): save the archive as a file and "
+                           "give FILE.npz:NAME", dspk__sub_arg(member));
   if (long_token(argv, &tok)) {
     int len = (int)strcspn(tok, "=");
     /* A name not in the table, or a prefix of several. */

@@ -949,24 +949,28 @@ void dspk__npy_free(dspk__npy *a) {
   memset(a, 0, sizeof *a);
 }
 
+size_t dspk__npz_path_len(const char *spec) {
+  const char *npz = NULL;
+  for (const char *p = strstr(spec, ".npz:"); p != NULL; p = strstr(p + 1, ".npz:"))
+    npz = p;
+  return npz != NULL ? (size_t)(npz - spec) + 4 : 0;
+}
+
 int dspk__npy_input(const char *spec, dspk__npy *out, char *err,
                     size_t errlen) {
-  const char *npz = NULL, *p;
-  size_t len = strlen(spec);
+  size_t len = strlen(spec), plen = dspk__npz_path_len(spec);
 
   if (strcmp(spec, "-") == 0)
     return dspk__npy_load_fd(STDIN_FILENO, "<stdin>", out, err, errlen);
-  /* "FILE.npz:NAME": the last ".npz:" splits; "FILE.npz": no member. */
-  for (p = strstr(spec, ".npz:"); p != NULL; p = strstr(p + 1, ".npz:"))
-    npz = p;
-  if (npz != NULL) {
-    char *path = strndup(spec, (size_t)(npz - spec) + 4);
+  /* "FILE.npz:NAME"; "FILE.npz": no member. */
+  if (plen > 0) {
+    char *path = strndup(spec, plen);
     int rc;
     if (path == NULL) {
       seterr(err, errlen, "out of memory");
       return DSPK_ENOMEM;
     }
-    rc = dspk__npz_load(path, npz + 5, out, err, errlen);
+    rc = dspk__npz_load(path, spec + plen + 1, out, err, errlen);
     free(path);
     return rc;
   }

@@ -915,10 +915,16 @@ int dspk__sub_save(const dspk_tensor *o, dspk__outfile *of, const char *path,
  * terminal would wait for typing that never makes a .npy. */
 static int check_input_file(const dspk__sub_ctx *ctx, const char *path) {
   struct stat st;
-  if (stat(path, &st) != 0)
+  size_t plen = dspk__npz_path_len(path);
+  /* FILE.npz:NAME: the archive's path is the file */
+  char *file = plen > 0 ? strndup(path, plen) : NULL;
+  int rc = stat(file != NULL ? file : path, &st);
+  free(file);
+  if (rc != 0)
     return 0; /* the load says why */
   if (S_ISDIR(st.st_mode)) {
-    dspk__sub_usage(ctx, "%s: is a directory", dspk__sub_arg(path));
+    dspk__sub_usage(ctx, "%s: is a directory",
+                    dspk__sub_arg_n(path, plen > 0 ? plen : strlen(path)));
     return -1;
   }
   if (S_ISCHR(st.st_mode)) {

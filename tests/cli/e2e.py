@@ -2343,6 +2343,7 @@ def suite_help(cli, tmp):
     command_line_messages(cli, tmp)
     command_line_round6(cli, tmp)
     number_ranges(cli)
+    npz_corners(cli, tmp)
 
 
 def command_line_round6(cli, tmp):
@@ -2496,6 +2497,31 @@ def command_line_round6(cli, tmp):
         os.close(master)
         check(os.WIFEXITED(st) and os.WEXITSTATUS(st) == 2 and b"NUMPY" not in got and
               b"is a terminal" in got, "-o %s on a terminal: %r %r" % (o, st, got[:200]))
+
+
+def npz_corners(cli, tmp):
+    """An .npz that is a directory (with :NAME too), an empty archive, and
+    an .npz member asked of standard input, each said as it is."""
+    d = os.path.join(tmp, "npzc")
+    os.mkdir(d)
+    os.mkdir(os.path.join(d, "dir.npz"))
+    empty = os.path.join(d, "empty.npz")
+    import zipfile
+    zipfile.ZipFile(empty, "w").close()
+    nowhere = ["--socket", "/nonexistent.sock"]
+    for spec in ("dir.npz", "dir.npz:x"):
+        cli.fails(nowhere + ["reduce", "sum", os.path.join(d, spec)], "reduce", "EINVAL",
+                  rc_want=2, sock=False,
+                  detail="EINVAL: %s: is a directory (see" % os.path.join(d, "dir.npz"))
+    for spec in (empty, empty + ":x"):
+        cli.fails(nowhere + ["reduce", "sum", spec], "reduce", "EINVAL", sock=False,
+                  detail="EINVAL: %s: the archive holds no arrays\n" % empty)
+    for argv in (["reduce", "sum", "-:x"], ["kernel", "k.cu", "-e", "k", "-g", "1", "-b", "1",
+                                             "-:x"]):
+        cli.fails(nowhere + argv, argv[0], "EINVAL", rc_want=2, sock=False,
+                  detail="'-:x': standard input cannot name an .npz member ('-' is one .npy "
+                         "on standard input): save the archive as a file and give "
+                         "FILE.npz:NAME")
 
 
 def number_ranges(cli):
