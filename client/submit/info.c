@@ -65,7 +65,7 @@ int dspk__sub_ping(dspk__sub_ctx *ctx, int argc, char **argv) {
       size = (long)v;
       break;
     }
-    DSPK__SUB_OPT_CASES(ctx, opt, argv, json);
+    DSPK__SUB_OPT_CASES(ctx, opt, argv, json, opts);
     }
   }
   if ((rc = dspk__sub_end_args(ctx, argc, argv)) != 0)
@@ -157,7 +157,7 @@ static int flag_opts(dspk__sub_ctx *ctx, int argc, char **argv, bool *json,
     case 'a':
       *all = true;
       break;
-    DSPK__SUB_OPT_CASES(ctx, opt, argv, *json);
+    DSPK__SUB_OPT_CASES(ctx, opt, argv, *json, opts);
     }
   }
   return dspk__sub_end_args(ctx, argc, argv) ? DSPK__SUB_EXIT_USAGE : -1;

@@ -335,7 +335,7 @@ int dspk__sub_kernel(dspk__sub_ctx *ctx, int argc, char **argv) {
       nouts++;
       break;
     }
-    DSPK__SUB_OPT_CASES(ctx, opt, argv, json);
+    DSPK__SUB_OPT_CASES(ctx, opt, argv, json, opts);
     }
   }
   if (optind >= argc)

@@ -164,7 +164,7 @@ static int parse_op_args(dspk__sub_ctx *ctx, int argc, char **argv,
     case ':':
       return dspk__sub_missing_arg(ctx, argv);
     default:
-      return dspk__sub_bad_option(ctx, argv);
+      return dspk__sub_bad_option(ctx, argv, all);
     }
   }
   a->pos = argv + optind;

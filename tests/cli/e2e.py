@@ -1334,6 +1334,9 @@ def suite_errors(cli, tmp):
 
     # The daemon's validation, passed on verbatim.
     cli.fails(["gemm", a34, b56], "gemm", "ESHAPE")
+    # ... with its field names said as the options (trans_a: --trans-a).
+    cli.fails(["gemm", a34, a34, "--trans-a", "--trans-b"], "gemm", "ESHAPE",
+              detail="gemm: A has K=3 (axis 0, --trans-a) but B has K=4 (axis 1, --trans-b)")
     cli.fails(["gemm", a34, b45d], "gemm", "EDTYPE")
     cli.fails(["map", "add", a34, b56], "map", "ESHAPE")
     cli.fails(["contract", "ik,kj->ij", a34, b56], "contract", "ESHAPE")
@@ -1456,7 +1459,8 @@ class FakeDaemon:
                'dspk_up{device="d\x1b]0;t\x07\u0085\\"q\\n"} 1\n')
     WIRE = ("fir: input 1 (taps): options.axes[0]: x; options.alpha: y; "
             "options.args[3]: z; inputs: w; input 7; inputs[0]: v; inputs[9]: u; "
-            "there are 2 inputs; options.alphabet; devices[1]: t; no devices; devices: s")
+            "there are 2 inputs; options.alphabet; devices[1]: t; no devices; devices: s; "
+            "A has K=2 (axis 0, trans_a) but B (trans_b); trans_ab; x_trans_a")
     # bf16 1/3, 0.1, -2.5, 1024, the largest, 2^-133 (the least), inf, nan
     BF16_BITS = (0x3EAB, 0x3DCD, 0xC020, 0x4480, 0x7F7F, 0x0001, 0x7F80, 0x7FC0)
     LOG = "k.cu(3): error: identifier \"z\" is undefined\nk.cu(4): error: " \
@@ -1721,7 +1725,8 @@ def suite_fake(cli, tmp):
         err = fcli.fails(["fir", a, h], "fir", "EINVAL")
         check("fir: %s (taps): --axis: x; --alpha: y; ARG 3 (0-based): z; the arrays: w; "
               "input 7; %s: v; inputs[9]: u; there are 2 inputs; options.alphabet; "
-              "--devices item 2: t; no devices; devices: s"
+              "--devices item 2: t; no devices; devices: s; "
+              "A has K=2 (axis 0, --trans-a) but B (--trans-b); trans_ab; x_trans_a"
               % (h, a) in err, "wire names: %r" % err)
     finally:
         fake.close()
@@ -2344,6 +2349,16 @@ def suite_help(cli, tmp):
     command_line_round6(cli, tmp)
     number_ranges(cli)
     npz_corners(cli, tmp)
+    # An abbreviation of several long options is ambiguous, naming them; of
+    # one, that option; of none, unknown.
+    for argv, detail in (
+            (["gemm", "a.npy", "b.npy", "--t"],
+             "option '--t' is ambiguous: --trans-a, --trans-b (see"),
+            (["gemm", "a.npy", "b.npy", "--tz"], "unknown option '--tz' (see")):
+        cli.fails(["--socket", "/nonexistent.sock"] + argv, argv[0], "EINVAL", rc_want=2,
+                  sock=False, detail=detail)
+    cli.fails(["--socket", "/nonexistent.sock", "ping", "--co"], "ping", "EINVAL",
+              rc_want=2, sock=False, detail="option '--co' needs an argument")
 
 
 def command_line_round6(cli, tmp):
