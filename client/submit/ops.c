@@ -77,39 +77,70 @@ static int add_axes(dspk__sub_ctx *ctx, op_args *a, const char *arg) {
   return 0;
 }
 
+/* The options of the op commands; those of need[] only where allowed. */
+static const struct option all_opts[] = {
+    {"output", required_argument, NULL, OPT_OUTPUT},
+    {"device", required_argument, NULL, OPT_DEVICE},
+    {"help", no_argument, NULL, OPT_HELP},
+    {"axis", required_argument, NULL, OPT_AXIS},
+    {"trans-a", no_argument, NULL, OPT_TRANS_A},
+    {"trans-b", no_argument, NULL, OPT_TRANS_B},
+    {"alpha", required_argument, NULL, OPT_ALPHA},
+    {"beta", required_argument, NULL, OPT_BETA},
+    {"inverse", no_argument, NULL, OPT_INVERSE},
+    {"json", no_argument, NULL, OPT_JSON},
+    {NULL, 0, NULL, 0}};
+static const struct {
+  int id;
+  unsigned bit;
+} need[] = {{OPT_AXIS, ALLOW_AXIS},       {OPT_TRANS_A, ALLOW_TRANS},
+            {OPT_TRANS_B, ALLOW_TRANS},   {OPT_ALPHA, ALLOW_ALPHA},
+            {OPT_BETA, ALLOW_BETA},       {OPT_INVERSE, ALLOW_INVERSE}};
+#define NOPTS (sizeof all_opts / sizeof all_opts[0])
+
+/* Whether option id applies to a command that allows the bits allowed. */
+static bool applies(int id, unsigned allowed) {
+  for (size_t i = 0; i < sizeof need / sizeof need[0]; i++)
+    if (id == need[i].id && !(allowed & need[i].bit))
+      return false;
+  return true;
+}
+
+/* A long option getopt_long refused (argv[optind - 1]) that names one of
+ * all_opts that does not apply ("gemm --inverse", "--inv"), and none that
+ * does: reported as such, and its exit status returned; else 0. */
+static int foreign_option(const dspk__sub_ctx *ctx, char **argv, unsigned allowed) {
+  const char *tok = optind >= 1 ? argv[optind - 1] : "";
+  size_t len = strcspn(tok, "=");
+  int other = 0, own = 0;
+  if (strncmp(tok, "--", 2) != 0 || len <= 2)
+    return 0;
+  for (size_t i = 0; i + 1 < NOPTS; i++)
+    if (strncmp(all_opts[i].name, tok + 2, len - 2) == 0)
+      applies(all_opts[i].val, allowed) ? own++ : other++;
+  if (other != 1 || own != 0)
+    return 0;
+  return dspk__sub_usage(ctx, "option '%.*s' does not apply to %s", (int)len, tok, ctx->cmd);
+}
+
 /* Parses the options of an op command into *a (a->allowed set by the
  * caller).  Returns -1 to go on, else an exit status (help or usage). */
 static int parse_op_args(dspk__sub_ctx *ctx, int argc, char **argv,
                          op_args *a) {
-  static const struct option all[] = {
-      {"output", required_argument, NULL, OPT_OUTPUT},
-      {"device", required_argument, NULL, OPT_DEVICE},
-      {"help", no_argument, NULL, OPT_HELP},
-      {"axis", required_argument, NULL, OPT_AXIS},
-      {"trans-a", no_argument, NULL, OPT_TRANS_A},
-      {"trans-b", no_argument, NULL, OPT_TRANS_B},
-      {"alpha", required_argument, NULL, OPT_ALPHA},
-      {"beta", required_argument, NULL, OPT_BETA},
-      {"inverse", no_argument, NULL, OPT_INVERSE},
-      {"json", no_argument, NULL, OPT_JSON},
-      {NULL, 0, NULL, 0}};
-  static const struct {
-    int id;
-    unsigned bit;
-  } need[] = {{OPT_AXIS, ALLOW_AXIS},       {OPT_TRANS_A, ALLOW_TRANS},
-              {OPT_TRANS_B, ALLOW_TRANS},   {OPT_ALPHA, ALLOW_ALPHA},
-              {OPT_BETA, ALLOW_BETA},       {OPT_INVERSE, ALLOW_INVERSE}};
+  /* Only the command's own options are taken, and abbreviated
+   * ("gemm --a" is --alpha: --axis is reduce's). */
+  struct option mine[NOPTS];
+  size_t nmine = 0;
+  for (size_t i = 0; i < NOPTS; i++)
+    if (applies(all_opts[i].val, a->allowed))
+      mine[nmine++] = all_opts[i];
   const char *shorts = a->allowed & ALLOW_AXIS ? ":o:d:ha:" : ":o:d:h";
   bool seen_output = false, seen_device = false, seen_alpha = false,
        seen_beta = false;
   int opt, rc;
 
   a->alpha = 1.0;
-  while ((opt = getopt_long(argc, argv, shorts, all, NULL)) != -1) {
-    for (size_t i = 0; i < sizeof need / sizeof need[0]; i++)
-      if (opt == need[i].id && !(a->allowed & need[i].bit))
-        return dspk__sub_usage(ctx, "option '%s' does not apply to %s",
-                               argv[optind - 1], ctx->cmd);
+  while ((opt = getopt_long(argc, argv, shorts, mine, NULL)) != -1) {
     switch (opt) {
     case OPT_OUTPUT:
       if ((rc = dspk__sub_once(ctx, &seen_output, opt, argv)) != 0)
@@ -164,7 +195,9 @@ static int parse_op_args(dspk__sub_ctx *ctx, int argc, char **argv,
     case ':':
       return dspk__sub_missing_arg(ctx, argv);
     default:
-      return dspk__sub_bad_option(ctx, argv, all);
+      if ((rc = foreign_option(ctx, argv, a->allowed)) != 0)
+        return rc;
+      return dspk__sub_bad_option(ctx, argv, mine);
     }
   }
   a->pos = argv + optind;

@@ -2354,7 +2354,13 @@ def suite_help(cli, tmp):
     for argv, detail in (
             (["gemm", "a.npy", "b.npy", "--t"],
              "option '--t' is ambiguous: --trans-a, --trans-b (see"),
-            (["gemm", "a.npy", "b.npy", "--tz"], "unknown option '--tz' (see")):
+            (["gemm", "a.npy", "b.npy", "--tz"], "unknown option '--tz' (see"),
+            # only the command's own options count: fft has no --t...
+            (["fft", "a.npy", "--t"], "unknown option '--t' (see"),
+            (["fft", "a.npy", "--trans-a"], "option '--trans-a' does not apply to fft"),
+            (["gemm", "a.npy", "b.npy", "--inv"], "option '--inv' does not apply to gemm"),
+            # ... and gemm's --a is --alpha (--axis is reduce's)
+            (["gemm", "a.npy", "b.npy", "--a", "x"], "bad --alpha 'x' (want a number)")):
         cli.fails(["--socket", "/nonexistent.sock"] + argv, argv[0], "EINVAL", rc_want=2,
                   sock=False, detail=detail)
     cli.fails(["--socket", "/nonexistent.sock", "ping", "--co"], "ping", "EINVAL",
