@@ -835,7 +835,8 @@ static int abbreviated(const struct option *opts, const char *tok, size_t len, c
 }
 
 int dspk__sub_bad_option(const dspk__sub_ctx *ctx, char **argv, const struct option *opts) {
-  const char *tok, *member = stdin_member(argv);
+  /* An array operand is a command's: before COMMAND "-:x" is an option. */
+  const char *tok, *member = ctx != NULL && ctx->cmd != NULL ? stdin_member(argv) : NULL;
   if (member != NULL)
     return dspk__sub_usage(ctx, "'%s': standard input cannot name an .npz member ('-' is "
                            "one .npy on standard input): save the archive as a file and "

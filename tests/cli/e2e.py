@@ -2543,6 +2543,9 @@ def npz_corners(cli, tmp):
                   detail="'-:x': standard input cannot name an .npz member ('-' is one .npy "
                          "on standard input): save the archive as a file and give "
                          "FILE.npz:NAME")
+    # Before COMMAND there is no array operand: an unknown option.
+    cli.fails(["-:x", "ping"], None, "EINVAL", rc_want=2, sock=False,
+              detail="unknown option '-:'")
 
 
 def number_ranges(cli):
