@@ -417,8 +417,10 @@ DSPK_EXPORT int dspk_shared_from_file(dspk_client *c, const char *device, int fd
   int rc;
   if (!c || !ptr_out || !id_out)
     return dspk__argerr(c, "dspk_shared_from_file: %s is NULL", !ptr_out ? "ptr_out" : "id_out");
-  if (bytes == 0 || fd < 0)
-    return dspk__argerr(c, "dspk_shared_from_file: needs a file and bytes > 0");
+  if (fd < 0)
+    return dspk__argerr(c, "dspk_shared_from_file: fd %d is no file", fd);
+  if (bytes == 0)
+    return dspk__argerr(c, "dspk_shared_from_file: bytes must be > 0");
   if (offset > (uint64_t)INT64_MAX || (uint64_t)bytes > (uint64_t)INT64_MAX - offset)
     return dspk__argerr(c, "dspk_shared_from_file: offset %llu + bytes %zu passes a file's "
                         "largest offset (2^63-1)", (unsigned long long)offset, bytes);

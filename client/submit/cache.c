@@ -254,7 +254,7 @@ static int cache_clear(dspk__sub_ctx *ctx, int argc, char **argv) {
     case 'b':
       kinds |= DSPK_CACHE_BLOBS;
       break;
-    DSPK__SUB_OPT_CASES(ctx, opt, argv, json);
+    DSPK__SUB_OPT_CASES(ctx, opt, argv, json, opts);
     }
   }
   if ((rc = dspk__sub_end_args(ctx, argc, argv)) != 0 || (rc = dspk__sub_connect(ctx)) != 0)

@@ -52,7 +52,7 @@ int dspk__sub_ping(dspk__sub_ctx *ctx, int argc, char **argv) {
       if ((rc = dspk__sub_once(ctx, &seen_count, opt, argv)) != 0)
         return rc;
       if (dspk__sub_parse_long(optarg, 1, 1000000, &count) < 0)
-        return dspk__sub_usage(ctx, "bad COUNT '%s' (want 1..1000000)",
+        return dspk__sub_usage(ctx, "bad --count '%s' (want a count, 1..1000000)",
                                optarg);
       break;
     case 's': {
@@ -60,12 +60,12 @@ int dspk__sub_ping(dspk__sub_ctx *ctx, int argc, char **argv) {
         return rc;
       uint64_t v;
       if (dspk__sub_parse_size(optarg, 0, 64u << 20, &v) < 0)
-        return dspk__sub_usage(ctx, "bad size '%s' (want 0..64M bytes)",
+        return dspk__sub_usage(ctx, "bad --size '%s' (want a size, 0..64M bytes)",
                                optarg);
       size = (long)v;
       break;
     }
-    DSPK__SUB_OPT_CASES(ctx, opt, argv, json);
+    DSPK__SUB_OPT_CASES(ctx, opt, argv, json, opts);
     }
   }
   if ((rc = dspk__sub_end_args(ctx, argc, argv)) != 0)
@@ -113,9 +113,9 @@ int dspk__sub_ping(dspk__sub_ctx *ctx, int argc, char **argv) {
     printf("pong from %s: %ld bytes, time=%.1f us\n", dspk__sub_esc(where), size, t[0]);
   } else {
     printf("--- %s ping statistics ---\n", dspk__sub_esc(where));
-    printf("%zu round trips, %ld bytes each, rtt min/median/p99 = "
+    printf("%zu round trip%s, %ld bytes each, rtt min/median/p99 = "
            "%.1f/%.1f/%.1f us\n",
-           n, size, t[0], median(t, n), percentile(t, n, 0.99));
+           n, n == 1 ? "" : "s", size, t[0], median(t, n), percentile(t, n, 0.99));
   }
   status = DSPK__SUB_EXIT_OK;
 out:
@@ -157,7 +157,7 @@ static int flag_opts(dspk__sub_ctx *ctx, int argc, char **argv, bool *json,
     case 'a':
       *all = true;
       break;
-    DSPK__SUB_OPT_CASES(ctx, opt, argv, *json);
+    DSPK__SUB_OPT_CASES(ctx, opt, argv, *json, opts);
     }
   }
   return dspk__sub_end_args(ctx, argc, argv) ? DSPK__SUB_EXIT_USAGE : -1;

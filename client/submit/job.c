@@ -80,7 +80,7 @@ int dspk__sub_job(dspk__sub_ctx *ctx, int argc, char **argv) {
         return rc;
       devs = optarg;
       break;
-    DSPK__SUB_OPT_CASES(ctx, opt, argv, json);
+    DSPK__SUB_OPT_CASES(ctx, opt, argv, json, opts);
     }
   }
   if ((rc = dspk__sub_end_args(ctx, argc, argv)) != 0)

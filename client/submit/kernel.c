@@ -109,10 +109,14 @@ static int parse_dim3(const char *s, uint32_t d[3]) {
   return n > 0 ? 0 : -1;
 }
 
+/* Elements of a zeros: tensor at most (the product of its dimensions). */
+#define ZEROS_MAX_COUNT (1ull << 31)
+
 /* "zeros:DTYPE:D0xD1x..." into a zero-filled array. */
 static int parse_zeros(dspk__sub_ctx *ctx, const char *spec, dspk__npy *a) {
-  char buf[256], dbuf[256], *dt, *dims, *items[DSPK_MAX_RANK];
+  char buf[256], dbuf[256], *dt, *dims, *items[DSPK_MAX_RANK + 1];
   size_t is;
+  bool big = false;
   int n;
   snprintf(buf, sizeof buf, "%s", spec + 6);
   dt = buf;
@@ -124,25 +128,45 @@ static int parse_zeros(dspk__sub_ctx *ctx, const char *spec, dspk__npy *a) {
   if (dspk_dtype_from_name(dt, &a->dtype) < 0)
     return dspk__sub_usage(ctx, "bad dtype '%s' in '%s'", dt, spec);
   a->count = 1;
-  n = dspk__sub_split(dims, "x,", dbuf, sizeof dbuf, items, DSPK_MAX_RANK);
+  n = dspk__sub_split(dims, "x,", dbuf, sizeof dbuf, items, DSPK_MAX_RANK + 1);
+  if (n > DSPK_MAX_RANK)
+    return dspk__sub_usage(ctx, "bad shape in '%s' (want at most %d dimensions)", spec,
+                           DSPK_MAX_RANK);
   if (n < 0)
-    return dspk__sub_usage(ctx, "bad shape in '%s'", spec);
+    return dspk__sub_usage(ctx, "bad shape in '%s' (want D0xD1... with no empty item)",
+                           spec);
   for (int i = 0; i < n; i++) {
-    long v;
-    if (dspk__sub_parse_long(items[i], 0, 1L << 31, &v) < 0)
-      return dspk__sub_usage(ctx, "bad shape in '%s'", spec);
-    a->shape[a->rank++] = (uint64_t)v;
-    a->count *= (uint64_t)v;
+    unsigned long long v;
+    /* Digits alone; a number past 64 bits is as large as any. */
+    if (items[i][strspn(items[i], "0123456789")] != '\0')
+      return dspk__sub_usage(ctx, "bad dimension '%s' in '%s' (want 0..%llu)", items[i],
+                             spec, ZEROS_MAX_COUNT);
+    errno = 0;
+    v = strtoull(items[i], NULL, 10);
+    big = big || errno == ERANGE || v > ZEROS_MAX_COUNT;
+    a->shape[a->rank++] = big ? 0 : v;
+    a->count = big ? 0 : a->count * v;
+    big = big || a->count > ZEROS_MAX_COUNT;
   }
   is = dspk_dtype_size(a->dtype);
-  if (a->rank == 0 || a->count > (1ull << 31))
-    return dspk__sub_usage(ctx, "bad shape in '%s'", spec);
+  if (big)
+    return dspk__sub_usage(ctx, "'%s' is too large (want at most %llu elements)", spec,
+                           ZEROS_MAX_COUNT);
   a->nbytes = (size_t)a->count * is;
   a->data = calloc(1, a->nbytes ? a->nbytes : 1);
   if (a->data == NULL)
     return dspk__sub_fail(ctx, DSPK_ENOMEM, "out of memory for '%s'", spec);
   return 0;
 }
+
+/* The integer scalars of the command line and their ranges. */
+static const struct {
+  const char *name;
+  long lo, hi;
+  dspk_karg_kind kind;
+} int_kinds[] = {{"i32", INT32_MIN, INT32_MAX, DSPK_KARG_I32},
+                 {"u32", 0, UINT32_MAX, DSPK_KARG_U32},
+                 {"i64", INT64_MIN, INT64_MAX, DSPK_KARG_I64}};
 
 /* A scalar "i32:5", "f64:2.5"...; returns 1 if spec is not a scalar. */
 static int parse_scalar(dspk__sub_ctx *ctx, const char *spec, dspk_karg *k) {
@@ -158,7 +182,7 @@ static int parse_scalar(dspk__sub_ctx *ctx, const char *spec, dspk_karg *k) {
       return dspk__sub_usage(ctx, "bad %.3s in '%s' (beyond %.3s's range)", spec,
                              spec, spec);
     if (prc < 0)
-      return dspk__sub_usage(ctx, "bad number in '%s'", spec);
+      return dspk__sub_usage(ctx, "bad %.3s in '%s' (want a number)", spec, spec);
     k->kind = spec[1] == '3' ? DSPK_KARG_F32 : DSPK_KARG_F64;
     /* A value that rounds (to nearest even) to an infinity is refused like
      * an f64 beyond f64's: |d| >= 2^128 - 2^103, the midpoint between
@@ -180,25 +204,19 @@ static int parse_scalar(dspk__sub_ctx *ctx, const char *spec, dspk_karg *k) {
       k->v.f64 = d;
     return 0;
   }
-  if (strncmp(spec, "i32", 3) == 0) {
-    if (dspk__sub_parse_long(v, INT32_MIN, INT32_MAX, &l) < 0)
-      return dspk__sub_usage(ctx, "bad i32 in '%s'", spec);
-    k->kind = DSPK_KARG_I32;
-    k->v.i32 = (int32_t)l;
-    return 0;
-  }
-  if (strncmp(spec, "u32", 3) == 0) {
-    if (dspk__sub_parse_long(v, 0, UINT32_MAX, &l) < 0)
-      return dspk__sub_usage(ctx, "bad u32 in '%s'", spec);
-    k->kind = DSPK_KARG_U32;
-    k->v.u32 = (uint32_t)l;
-    return 0;
-  }
-  if (strncmp(spec, "i64", 3) == 0) {
-    if (dspk__sub_parse_long(v, INT64_MIN, INT64_MAX, &l) < 0)
-      return dspk__sub_usage(ctx, "bad i64 in '%s'", spec);
-    k->kind = DSPK_KARG_I64;
-    k->v.i64 = l;
+  for (size_t i = 0; i < sizeof int_kinds / sizeof int_kinds[0]; i++) {
+    if (strncmp(spec, int_kinds[i].name, 3) != 0)
+      continue;
+    if (dspk__sub_parse_long(v, int_kinds[i].lo, int_kinds[i].hi, &l) < 0)
+      return dspk__sub_usage(ctx, "bad %s in '%s' (want an integer, %ld..%ld)",
+                             int_kinds[i].name, spec, int_kinds[i].lo, int_kinds[i].hi);
+    k->kind = int_kinds[i].kind;
+    if (k->kind == DSPK_KARG_I32)
+      k->v.i32 = (int32_t)l;
+    else if (k->kind == DSPK_KARG_U32)
+      k->v.u32 = (uint32_t)l;
+    else
+      k->v.i64 = l;
     return 0;
   }
   return 1;
@@ -248,16 +266,16 @@ int dspk__sub_kernel(dspk__sub_ctx *ctx, int argc, char **argv) {
       if ((rc = dspk__sub_once(ctx, &have_grid, opt, argv)) != 0)
         return rc;
       if (parse_dim3(optarg, grid) < 0)
-        return dspk__sub_usage(ctx, "bad --grid '%s' (want X[,Y[,Z]])",
-                               optarg);
+        return dspk__sub_usage(ctx, "bad --grid '%s' (want X[,Y[,Z]], each "
+                                    "1..4294967295)", optarg);
       have_grid = true;
       break;
     case 'b':
       if ((rc = dspk__sub_once(ctx, &have_block, opt, argv)) != 0)
         return rc;
       if (parse_dim3(optarg, block) < 0)
-        return dspk__sub_usage(ctx, "bad --block '%s' (want X[,Y[,Z]])",
-                               optarg);
+        return dspk__sub_usage(ctx, "bad --block '%s' (want X[,Y[,Z]], each "
+                                    "1..4294967295)", optarg);
       have_block = true;
       break;
     case 's': {
@@ -265,8 +283,8 @@ int dspk__sub_kernel(dspk__sub_ctx *ctx, int argc, char **argv) {
         return rc;
       uint64_t v;
       if (dspk__sub_parse_size(optarg, 0, UINT32_MAX, &v) < 0)
-        return dspk__sub_usage(ctx, "bad --shared '%s' (want bytes, e.g. "
-                                    "4096 or 48K)",
+        return dspk__sub_usage(ctx, "bad --shared '%s' (want a size, 0..4294967295 "
+                                    "bytes, e.g. 4096 or 48K)",
                                optarg);
       shared = (long)v;
       break;
@@ -317,7 +335,7 @@ int dspk__sub_kernel(dspk__sub_ctx *ctx, int argc, char **argv) {
       nouts++;
       break;
     }
-    DSPK__SUB_OPT_CASES(ctx, opt, argv, json);
+    DSPK__SUB_OPT_CASES(ctx, opt, argv, json, opts);
     }
   }
   if (optind >= argc)
@@ -404,6 +422,15 @@ int dspk__sub_kernel(dspk__sub_ctx *ctx, int argc, char **argv) {
     if (outs[i].index >= ntens) {
       status = dspk__sub_usage(ctx, "-o %s: there is no tensor argument %d",
                                outs[i].spec, outs[i].index);
+      goto out;
+    }
+    /* A dtype no .npy holds (bf16) is refused before any work, not after
+     * the kernel ran. */
+    char why[128];
+    if (dspk__npy_writable(tens[outs[i].index].dtype, why, sizeof why) < 0) {
+      status = dspk__sub_fail(ctx, DSPK_EDTYPE, "-o %s: tensor argument %d (%s): %s "
+                              "(without -o its values are shown)", outs[i].spec,
+                              outs[i].index, tnames[outs[i].index], why);
       goto out;
     }
     /* One tensor, one file: a result line per saved tensor names it. */

@@ -370,6 +370,8 @@ static const struct {
     {"options.lang", "--lang"},        {"options.source", "SOURCE"},
     {"options.args", "ARG"},           {"inputs", "the arrays"},
     {"devices", "--devices"}, /* job register's; only its items ("devices[1]") */
+    /* gemm's "A has K=2 (axis 0, trans_a)": the option's field, bare */
+    {"trans_a", "--trans-a"},          {"trans_b", "--trans-b"},
 };
 
 /* Whether s[i] starts a word (not inside a longer name). */
@@ -485,7 +487,7 @@ static int cli_remedy(const dspk__sub_ctx *ctx, const char *detail, char *out, s
              "come back through shared memory, or ");
   snprintf(out, cap, "%.*s: too large for one message of this daemon; %sask the daemon's "
            "admin to raise max_message (dspkd --max-message, [limits] max_message of "
-           "dspk.conf)%s",
+           "dspkd.conf, dspk.conf(5))%s",
            (int)(adv - detail), detail, shm, adv + strlen(too_big_advice));
   return 1;
 }
@@ -802,11 +804,50 @@ static bool long_token(char **argv, const char **tok) {
   return strncmp(*tok, "--", 2) == 0 && (*tok)[2] != '\0';
 }
 
-int dspk__sub_bad_option(const dspk__sub_ctx *ctx, char **argv) {
-  const char *tok;
+/* The word "-:NAME" that getopt_long just refused at its ':' (in the word
+ * at optind, or the one before when the ':' ended it), else NULL: an .npz
+ * member asked of standard input, which gives one .npy. */
+static const char *stdin_member(char **argv) {
+  if (optopt != ':')
+    return NULL;
+  for (int i = optind; i >= 1 && i >= optind - 1; i--)
+    if (argv[i] != NULL && strncmp(argv[i], "-:", 2) == 0)
+      return argv[i];
+  return NULL;
+}
+
+/* The long options of opts that tok[0..len) ("--t") abbreviates, as
+ * "--trans-a, --trans-b" into buf; returns how many. */
+static int abbreviated(const struct option *opts, const char *tok, size_t len, char *buf,
+                       size_t cap) {
+  size_t w = 0;
+  int n = 0;
+  buf[0] = '\0';
+  for (const struct option *o = opts; o != NULL && o->name != NULL; o++) {
+    if (strncmp(o->name, tok + 2, len - 2) != 0)
+      continue;
+    int k = snprintf(buf + w, cap - w, "%s--%s", n ? ", " : "", o->name);
+    if (k > 0 && (size_t)k < cap - w)
+      w += (size_t)k;
+    n++;
+  }
+  return n;
+}
+
+int dspk__sub_bad_option(const dspk__sub_ctx *ctx, char **argv, const struct option *opts) {
+  /* An array operand is a command's: before COMMAND "-:x" is an option. */
+  const char *tok, *member = ctx != NULL && ctx->cmd != NULL ? stdin_member(argv) : NULL;
+  if (member != NULL)
+    return dspk__sub_usage(ctx, "'%s': standard input cannot name an .npz member ('-' is "
+                           "one .npy on standard input): save the archive as a file and "
+                           "give FILE.npz:NAME", dspk__sub_arg(member));
   if (long_token(argv, &tok)) {
     int len = (int)strcspn(tok, "=");
-    /* A name not in the table, or a prefix of several. */
+    char cands[512];
+    /* A prefix of several names in the table, or a name not there. */
+    if (optopt == 0 && abbreviated(opts, tok, (size_t)len, cands, sizeof cands) > 1)
+      return dspk__sub_usage(ctx, "option '%s' is ambiguous: %s", dspk__sub_arg_n(tok, len),
+                             cands);
     if (optopt == 0)
       return dspk__sub_usage(ctx, "unknown option '%s'", dspk__sub_arg_n(tok, len));
     /* A known flag given a value: getopt_long refuses it with its code.
@@ -821,12 +862,13 @@ int dspk__sub_bad_option(const dspk__sub_ctx *ctx, char **argv) {
   return dspk__sub_usage(ctx, "unknown option '%s'", dspk__sub_arg(tok));
 }
 
-int dspk__sub_opt_other(dspk__sub_ctx *ctx, int opt, char **argv) {
+int dspk__sub_opt_other(dspk__sub_ctx *ctx, int opt, char **argv,
+                        const struct option *opts) {
   if (opt == 'h')
     return dspk__sub_help(ctx);
   if (opt == ':')
     return dspk__sub_missing_arg(ctx, argv);
-  return dspk__sub_bad_option(ctx, argv);
+  return dspk__sub_bad_option(ctx, argv, opts);
 }
 
 int dspk__sub_json_only(dspk__sub_ctx *ctx, int argc, char **argv, bool *json) {
@@ -835,7 +877,7 @@ int dspk__sub_json_only(dspk__sub_ctx *ctx, int argc, char **argv, bool *json) {
 
   while ((opt = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
     if (opt != 'j')
-      return dspk__sub_opt_other(ctx, opt, argv);
+      return dspk__sub_opt_other(ctx, opt, argv, opts);
     *json = true;
   }
   return dspk__sub_end_args(ctx, argc, argv) ? DSPK__SUB_EXIT_USAGE : -1;
@@ -1000,7 +1042,7 @@ int main(int argc, char **argv) {
     case ':':
       return dspk__sub_missing_arg(&ctx, argv);
     default:
-      return dspk__sub_bad_option(&ctx, argv);
+      return dspk__sub_bad_option(&ctx, argv, opts);
     }
   }
   if (optind >= argc)

@@ -737,6 +737,24 @@ int dspk__npy_load_fd(int fd, const char *name, dspk__npy *out, char *err,
   return dspk__npy_adopt(buf, len, name, out, err, errlen);
 }
 
+int dspk__npy_writable(dspk_dtype dt, char *err, size_t errlen) {
+  const char *name = "?";
+  if (dspk__npy_descr(dt) != NULL)
+    return 0;
+  switch (dt) { /* the wire name (types.h), without the library */
+#define NPY_DT_NAME(e, nm, size, cplx)                                         \
+  case DSPK_##e:                                                               \
+    name = nm;                                                                 \
+    break;
+    DSPK_DTYPE_MAP(NPY_DT_NAME)
+#undef NPY_DT_NAME
+  default:
+    break;
+  }
+  seterr(err, errlen, "a .npy cannot hold %s: numpy has no %s dtype", name, name);
+  return DSPK_EDTYPE;
+}
+
 int dspk__npy_header_build(dspk_dtype dtype, int rank, const uint64_t *shape,
                            unsigned char **out, size_t *len) {
   const char *descr = dspk__npy_descr(dtype);
@@ -797,10 +815,12 @@ int dspk__npy_write_fd(int fd, dspk_dtype dtype, int rank,
   int rc;
 
   memset(&h, 0, sizeof h);
-  if (rank < 0 || rank > DSPK_MAX_RANK || dspk__npy_descr(dtype) == NULL) {
-    seterr(err, errlen, "cannot write this array as .npy");
-    return rank < 0 || rank > DSPK_MAX_RANK ? DSPK_ELIMIT : DSPK_EDTYPE;
+  if (rank < 0 || rank > DSPK_MAX_RANK) {
+    seterr(err, errlen, "rank %d above the limit %d", rank, DSPK_MAX_RANK);
+    return DSPK_ELIMIT;
   }
+  if ((rc = dspk__npy_writable(dtype, err, errlen)) < 0)
+    return rc;
   h.dtype = dtype;
   h.rank = rank;
   if (rank)
@@ -841,9 +861,12 @@ int dspk__npy_save(const char *path, dspk_dtype dtype, int rank,
   h.rank = rank;
   if (rank)
     memcpy(h.shape, shape, (size_t)rank * sizeof *shape);
-  if (dspk__npy_descr(dtype) == NULL) {
-    seterr(err, errlen, "%s: dtype has no numpy equivalent", path);
-    return DSPK_EDTYPE;
+  {
+    char why[96];
+    if ((rc = dspk__npy_writable(dtype, why, sizeof why)) < 0) {
+      seterr(err, errlen, "%s: %s", path, why);
+      return rc;
+    }
   }
   rc = header_sizes(&h, &count, &nbytes, err, errlen);
   if (rc < 0)
@@ -926,24 +949,28 @@ void dspk__npy_free(dspk__npy *a) {
   memset(a, 0, sizeof *a);
 }
 
+size_t dspk__npz_path_len(const char *spec) {
+  const char *npz = NULL;
+  for (const char *p = strstr(spec, ".npz:"); p != NULL; p = strstr(p + 1, ".npz:"))
+    npz = p;
+  return npz != NULL ? (size_t)(npz - spec) + 4 : 0;
+}
+
 int dspk__npy_input(const char *spec, dspk__npy *out, char *err,
                     size_t errlen) {
-  const char *npz = NULL, *p;
-  size_t len = strlen(spec);
+  size_t len = strlen(spec), plen = dspk__npz_path_len(spec);
 
   if (strcmp(spec, "-") == 0)
     return dspk__npy_load_fd(STDIN_FILENO, "<stdin>", out, err, errlen);
-  /* "FILE.npz:NAME": the last ".npz:" splits; "FILE.npz": no member. */
-  for (p = strstr(spec, ".npz:"); p != NULL; p = strstr(p + 1, ".npz:"))
-    npz = p;
-  if (npz != NULL) {
-    char *path = strndup(spec, (size_t)(npz - spec) + 4);
+  /* "FILE.npz:NAME"; "FILE.npz": no member. */
+  if (plen > 0) {
+    char *path = strndup(spec, plen);
     int rc;
     if (path == NULL) {
       seterr(err, errlen, "out of memory");
       return DSPK_ENOMEM;
     }
-    rc = dspk__npz_load(path, npz + 5, out, err, errlen);
+    rc = dspk__npz_load(path, spec + plen + 1, out, err, errlen);
     free(path);
     return rc;
   }

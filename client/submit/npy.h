@@ -134,6 +134,11 @@ int dspk__npz_load(const char *path, const char *member, dspk__npy *out,
 int dspk__npy_input(const char *spec, dspk__npy *out, char *err,
                     size_t errlen);
 
+/* The length of the archive's path in an input "FILE.npz:NAME" (the last
+ * ".npz:" splits: "a.npz:b.npz:c" is member c of a.npz:b.npz), or 0 when
+ * spec names no member of an archive. */
+size_t dspk__npz_path_len(const char *spec);
+
 /* Frees the data of a (accepts NULL and a zeroed struct); a is zeroed. */
 void dspk__npy_free(dspk__npy *a);
 
@@ -141,5 +146,9 @@ void dspk__npy_free(dspk__npy *a);
  * NULL for dtypes numpy cannot represent (bf16). */
 size_t dspk__npy_itemsize(dspk_dtype dt);
 const char *dspk__npy_descr(dspk_dtype dt);
+
+/* 0 when a .npy can hold dtype dt, else DSPK_EDTYPE with the reason in err
+ * ("a .npy cannot hold bf16: numpy has no bf16 dtype"). */
+int dspk__npy_writable(dspk_dtype dt, char *err, size_t errlen);
 
 #endif /* DSPK_CLIENT_SUBMIT_NPY_H */

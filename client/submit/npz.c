@@ -226,6 +226,10 @@ int dspk__npz_load(const char *path, const char *member, dspk__npy *out,
     return rc;
   }
   list_members(za, names, sizeof names);
+  if (Z.zip_get_num_entries(za, 0) == 0) {
+    rc = fail(err, errlen, DSPK_EINVAL, "%s: the archive holds no arrays", path);
+    goto out;
+  }
   if (member == NULL) {
     if (!one_name(za)) {
       rc = fail(err, errlen, DSPK_EINVAL,
@@ -248,7 +252,7 @@ int dspk__npz_load(const char *path, const char *member, dspk__npy *out,
     snprintf(label, sizeof label, "%s:%s", path, member);
     if (idx < 0) {
       rc = fail(err, errlen, DSPK_ENOENT, "%s: no array '%s' in the archive (it has: %s)",
-                path, member, names[0] ? names : "nothing");
+                path, member, names);
       goto out;
     }
   }

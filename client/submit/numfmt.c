@@ -5,9 +5,21 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+/* Whether back reads as the same value v of a binary format of prec
+ * significant bits whose subnormals are spaced 2^min_s apart (f16: 11,
+ * -24; bf16: 8, -133): nearer to v than half the spacing on back's side
+ * of it (below a power of two the spacing halves). */
+static bool same_small(double back, double v, int prec, int min_s) {
+  int e;
+  double m = frexp(fabs(v), &e);
+  int s = m == 0.5 && fabs(back) < fabs(v) ? e - prec - 1 : e - prec;
+  return fabs(back - v) < ldexp(1.0, (s > min_s ? s : min_s) - 1);
+}
+
 void dspk__sub_fmt_num(char *buf, size_t cap, double v, dspk_dtype dt, bool sign) {
-  int lo = dt == DSPK_F16 ? 3 : dt == DSPK_F64 || dt == DSPK_C128 ? 15 : 6;
-  int hi = dt == DSPK_F16 ? 5 : dt == DSPK_F64 || dt == DSPK_C128 ? 17 : 9;
+  bool dbl = dt == DSPK_F64 || dt == DSPK_C128;
+  int lo = dt == DSPK_F16 || dt == DSPK_BF16 ? 3 : dbl ? 15 : 6;
+  int hi = dt == DSPK_F16 ? 5 : dt == DSPK_BF16 ? 4 : dbl ? 17 : 9;
   const char *fmt = sign ? "%+.*g" : "%.*g";
   if (!isfinite(v)) {
     snprintf(buf, cap, sign ? "%+g" : "%g", v);
@@ -27,12 +39,9 @@ void dspk__sub_fmt_num(char *buf, size_t cap, double v, dspk_dtype dt, bool sign
     double back = strtod(buf, NULL);
     bool same;
     if (dt == DSPK_F16) {
-      /* Nearer to v than half the f16 spacing on back's side of it (below
-       * a power of two the spacing halves; 2^-24 among the subnormals). */
-      int e;
-      double m = frexp(fabs(v), &e);
-      int s = m == 0.5 && fabs(back) < fabs(v) ? e - 12 : e - 11;
-      same = fabs(back - v) < ldexp(1.0, (s > -24 ? s : -24) - 1);
+      same = same_small(back, v, 11, -24);
+    } else if (dt == DSPK_BF16) {
+      same = same_small(back, v, 8, -133);
     } else if (dt == DSPK_F32 || dt == DSPK_C64) {
       /* strtof: the text read as an f32 directly (going through a
        * double could round twice). */

@@ -13,8 +13,8 @@
 
 #include "dspk/dspk.h"
 
-/* Writes v (a value of dtype dt: f16, f32 or f64; c64 and c128 mean each
- * part's f32 or f64) into buf (cap bytes, 40 are enough), with a sign
+/* Writes v (a value of dtype dt: f16, bf16, f32 or f64; c64 and c128 mean
+ * each part's f32 or f64) into buf (cap bytes, 40 are enough), with a sign
  * always when sign is true (the imaginary part of "RE+IMj").  A NaN or an
  * infinity is written as "%g" writes it. */
 void dspk__sub_fmt_num(char *buf, size_t cap, double v, dspk_dtype dt, bool sign);

@@ -68,7 +68,7 @@ static int add_axes(dspk__sub_ctx *ctx, op_args *a, const char *arg) {
   for (int i = 0; i < n; i++) {
     long k;
     if (dspk__sub_parse_long(items[i], -DSPK_MAX_RANK, DSPK_MAX_RANK - 1, &k) < 0)
-      return dspk__sub_usage(ctx, "bad axis '%s' (want an integer in -%d..%d)",
+      return dspk__sub_usage(ctx, "bad --axis '%s' (want an axis, -%d..%d)",
                              items[i], DSPK_MAX_RANK, DSPK_MAX_RANK - 1);
     if (a->naxes >= DSPK_MAX_RANK)
       return dspk__sub_usage(ctx, "more than %d axes", DSPK_MAX_RANK);
@@ -77,39 +77,70 @@ static int add_axes(dspk__sub_ctx *ctx, op_args *a, const char *arg) {
   return 0;
 }
 
+/* The options of the op commands; those of need[] only where allowed. */
+static const struct option all_opts[] = {
+    {"output", required_argument, NULL, OPT_OUTPUT},
+    {"device", required_argument, NULL, OPT_DEVICE},
+    {"help", no_argument, NULL, OPT_HELP},
+    {"axis", required_argument, NULL, OPT_AXIS},
+    {"trans-a", no_argument, NULL, OPT_TRANS_A},
+    {"trans-b", no_argument, NULL, OPT_TRANS_B},
+    {"alpha", required_argument, NULL, OPT_ALPHA},
+    {"beta", required_argument, NULL, OPT_BETA},
+    {"inverse", no_argument, NULL, OPT_INVERSE},
+    {"json", no_argument, NULL, OPT_JSON},
+    {NULL, 0, NULL, 0}};
+static const struct {
+  int id;
+  unsigned bit;
+} need[] = {{OPT_AXIS, ALLOW_AXIS},       {OPT_TRANS_A, ALLOW_TRANS},
+            {OPT_TRANS_B, ALLOW_TRANS},   {OPT_ALPHA, ALLOW_ALPHA},
+            {OPT_BETA, ALLOW_BETA},       {OPT_INVERSE, ALLOW_INVERSE}};
+#define NOPTS (sizeof all_opts / sizeof all_opts[0])
+
+/* Whether option id applies to a command that allows the bits allowed. */
+static bool applies(int id, unsigned allowed) {
+  for (size_t i = 0; i < sizeof need / sizeof need[0]; i++)
+    if (id == need[i].id && !(allowed & need[i].bit))
+      return false;
+  return true;
+}
+
+/* A long option getopt_long refused (argv[optind - 1]) that names one of
+ * all_opts that does not apply ("gemm --inverse", "--inv"), and none that
+ * does: reported as such, and its exit status returned; else 0. */
+static int foreign_option(const dspk__sub_ctx *ctx, char **argv, unsigned allowed) {
+  const char *tok = optind >= 1 ? argv[optind - 1] : "";
+  size_t len = strcspn(tok, "=");
+  int other = 0, own = 0;
+  if (strncmp(tok, "--", 2) != 0 || len <= 2)
+    return 0;
+  for (size_t i = 0; i + 1 < NOPTS; i++)
+    if (strncmp(all_opts[i].name, tok + 2, len - 2) == 0)
+      applies(all_opts[i].val, allowed) ? own++ : other++;
+  if (other != 1 || own != 0)
+    return 0;
+  return dspk__sub_usage(ctx, "option '%.*s' does not apply to %s", (int)len, tok, ctx->cmd);
+}
+
 /* Parses the options of an op command into *a (a->allowed set by the
  * caller).  Returns -1 to go on, else an exit status (help or usage). */
 static int parse_op_args(dspk__sub_ctx *ctx, int argc, char **argv,
                          op_args *a) {
-  static const struct option all[] = {
-      {"output", required_argument, NULL, OPT_OUTPUT},
-      {"device", required_argument, NULL, OPT_DEVICE},
-      {"help", no_argument, NULL, OPT_HELP},
-      {"axis", required_argument, NULL, OPT_AXIS},
-      {"trans-a", no_argument, NULL, OPT_TRANS_A},
-      {"trans-b", no_argument, NULL, OPT_TRANS_B},
-      {"alpha", required_argument, NULL, OPT_ALPHA},
-      {"beta", required_argument, NULL, OPT_BETA},
-      {"inverse", no_argument, NULL, OPT_INVERSE},
-      {"json", no_argument, NULL, OPT_JSON},
-      {NULL, 0, NULL, 0}};
-  static const struct {
-    int id;
-    unsigned bit;
-  } need[] = {{OPT_AXIS, ALLOW_AXIS},       {OPT_TRANS_A, ALLOW_TRANS},
-              {OPT_TRANS_B, ALLOW_TRANS},   {OPT_ALPHA, ALLOW_ALPHA},
-              {OPT_BETA, ALLOW_BETA},       {OPT_INVERSE, ALLOW_INVERSE}};
+  /* Only the command's own options are taken, and abbreviated
+   * ("gemm --a" is --alpha: --axis is reduce's). */
+  struct option mine[NOPTS];
+  size_t nmine = 0;
+  for (size_t i = 0; i < NOPTS; i++)
+    if (applies(all_opts[i].val, a->allowed))
+      mine[nmine++] = all_opts[i];
   const char *shorts = a->allowed & ALLOW_AXIS ? ":o:d:ha:" : ":o:d:h";
   bool seen_output = false, seen_device = false, seen_alpha = false,
        seen_beta = false;
   int opt, rc;
 
   a->alpha = 1.0;
-  while ((opt = getopt_long(argc, argv, shorts, all, NULL)) != -1) {
-    for (size_t i = 0; i < sizeof need / sizeof need[0]; i++)
-      if (opt == need[i].id && !(a->allowed & need[i].bit))
-        return dspk__sub_usage(ctx, "option '%s' does not apply to %s",
-                               argv[optind - 1], ctx->cmd);
+  while ((opt = getopt_long(argc, argv, shorts, mine, NULL)) != -1) {
     switch (opt) {
     case OPT_OUTPUT:
       if ((rc = dspk__sub_once(ctx, &seen_output, opt, argv)) != 0)
@@ -164,7 +195,9 @@ static int parse_op_args(dspk__sub_ctx *ctx, int argc, char **argv,
     case ':':
       return dspk__sub_missing_arg(ctx, argv);
     default:
-      return dspk__sub_bad_option(ctx, argv);
+      if ((rc = foreign_option(ctx, argv, a->allowed)) != 0)
+        return rc;
+      return dspk__sub_bad_option(ctx, argv, mine);
     }
   }
   a->pos = argv + optind;
@@ -225,6 +258,14 @@ static float half_to_float(uint16_t h) {
   return h & 0x8000 ? -v : v;
 }
 
+/* bfloat16 to float: its bits are a float's upper half. */
+static float bf16_to_float(uint16_t h) {
+  uint32_t u = (uint32_t)h << 16;
+  float v;
+  memcpy(&v, &u, sizeof v);
+  return v;
+}
+
 /* Element i of t as a double pair (imaginary part 0 for real dtypes). */
 static void value_at(const dspk_tensor *t, uint64_t i, double *re, double *im) {
   const void *d = t->data;
@@ -247,6 +288,9 @@ static void value_at(const dspk_tensor *t, uint64_t i, double *re, double *im) {
   case DSPK_F16:
     *re = (double)half_to_float(((const uint16_t *)d)[i]);
     break;
+  case DSPK_BF16:
+    *re = (double)bf16_to_float(((const uint16_t *)d)[i]);
+    break;
   default:
     *re = NAN;
     break;
@@ -267,6 +311,7 @@ static void print_value(FILE *f, const dspk_tensor *t, uint64_t i) {
   case DSPK_F32:
   case DSPK_F64:
   case DSPK_F16:
+  case DSPK_BF16:
     dspk__sub_fmt_num(a, sizeof a, re, t->dtype, false);
     fputs(a, f);
     break;
@@ -903,10 +948,16 @@ int dspk__sub_save(const dspk_tensor *o, dspk__outfile *of, const char *path,
  * terminal would wait for typing that never makes a .npy. */
 static int check_input_file(const dspk__sub_ctx *ctx, const char *path) {
   struct stat st;
-  if (stat(path, &st) != 0)
+  size_t plen = dspk__npz_path_len(path);
+  /* FILE.npz:NAME: the archive's path is the file */
+  char *file = plen > 0 ? strndup(path, plen) : NULL;
+  int rc = stat(file != NULL ? file : path, &st);
+  free(file);
+  if (rc != 0)
     return 0; /* the load says why */
   if (S_ISDIR(st.st_mode)) {
-    dspk__sub_usage(ctx, "%s: is a directory", dspk__sub_arg(path));
+    dspk__sub_usage(ctx, "%s: is a directory",
+                    dspk__sub_arg_n(path, plen > 0 ? plen : strlen(path)));
     return -1;
   }
   if (S_ISCHR(st.st_mode)) {

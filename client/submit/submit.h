@@ -159,20 +159,23 @@ int dspk__sub_help(const dspk__sub_ctx *ctx);
       {NULL, 0, NULL, 0}
 /* The last cases of every command's getopt switch: -j/--json sets the bool
  * json; anything else not handled above (-h/--help, a missing argument, an
- * unknown option) ends the command through dspk__sub_opt_other. */
-#define DSPK__SUB_OPT_CASES(ctx, opt, argv, json)                              \
+ * unknown option) ends the command through dspk__sub_opt_other (opts: the
+ * getopt_long table). */
+#define DSPK__SUB_OPT_CASES(ctx, opt, argv, json, opts)                        \
   case 'j':                                                                    \
     (json) = true;                                                             \
     break;                                                                     \
   default:                                                                     \
-    return dspk__sub_opt_other((ctx), (opt), (argv))
+    return dspk__sub_opt_other((ctx), (opt), (argv), (opts))
 
-/* Usage errors for getopt_long's '?' and ':' returns (argv as passed to
- * getopt_long); return DSPK__SUB_EXIT_USAGE. */
-int dspk__sub_bad_option(const dspk__sub_ctx *ctx, char **argv);
+/* Usage errors for getopt_long's '?' and ':' returns (argv and opts as
+ * passed to getopt_long: an abbreviation of several long options is said
+ * to be ambiguous, with them); return DSPK__SUB_EXIT_USAGE. */
+struct option;
+int dspk__sub_bad_option(const dspk__sub_ctx *ctx, char **argv, const struct option *opts);
 /* What every command's getopt loop does with -h/--help (its help), a
  * missing option argument and an unknown option; returns the exit status. */
-int dspk__sub_opt_other(dspk__sub_ctx *ctx, int opt, char **argv);
+int dspk__sub_opt_other(dspk__sub_ctx *ctx, int opt, char **argv, const struct option *opts);
 /* Parses the arguments of a command that takes only --json and --help:
  * returns -1 when the command should run (*json set), else its exit status. */
 int dspk__sub_json_only(dspk__sub_ctx *ctx, int argc, char **argv, bool *json);

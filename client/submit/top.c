@@ -212,7 +212,7 @@ int dspk__sub_top(dspk__sub_ctx *ctx, int argc, char **argv) {
       json = once = true;
       break;
     default:
-      return dspk__sub_opt_other(ctx, opt, argv);
+      return dspk__sub_opt_other(ctx, opt, argv, opts);
     }
   }
   if ((rc = dspk__sub_end_args(ctx, argc, argv)) != 0 || (rc = dspk__sub_connect(ctx)) != 0)

@@ -44,7 +44,7 @@ int dspk__sub_trace(dspk__sub_ctx *ctx, int argc, char **argv) {
         return dspk__sub_usage(ctx, "bad --seconds '%s' (want more than 0, at most 600)",
                                optarg);
       break;
-    DSPK__SUB_OPT_CASES(ctx, opt, argv, summary);
+    DSPK__SUB_OPT_CASES(ctx, opt, argv, summary, opts);
     }
   }
   if ((rc = dspk__sub_end_args(ctx, argc, argv)) != 0)

@@ -120,8 +120,10 @@ DSPK_EXPORT int dspk_default_socket(char *buf, size_t buflen);
  * daemon's max_message is known: it must fit in it (about 30 bytes and the
  * client name, the job's number too), which a daemon run with a
  * max_message below 100 bytes (dspkd takes 64 and up) may refuse for a
- * long name: DSPK_ELIMIT then, the daemon's protocol.error ("exceeds the
- * 64-byte message limit") in dspk_connect_error().  The reason of a failure cannot be read
+ * long name: DSPK_ELIMIT then, with the daemon's protocol.error in
+ * dspk_connect_error() ("hello: daemon closed the connection: str/bin of
+ * 63 bytes at offset 27 makes the message at least 92 bytes, more than 64
+ * (max_message)" for a 63-byte name and no job).  The reason of a failure cannot be read
  * with dspk_last_error() (there is no client); dspk_connect_error() gives it.
  */
 DSPK_EXPORT int dspk_connect(const char *socket_path, const char *client_name,
@@ -413,7 +415,9 @@ DSPK_EXPORT int dspk_buffer_free(dspk_client *c, uint64_t id);
  * DSPK_ELIMIT without committing memory here; the memory is a file (a
  * memfd), so a size beyond this process's file size limit (RLIMIT_FSIZE)
  * is DSPK_ELIMIT too, with a dspk_last_error() that names it.  An empty device name is no
- * device (DSPK_ENODEV), as in every call that names one.
+ * device (DSPK_ENODEV), as in every call that names one.  bytes 0 is
+ * DSPK_EINVAL ("dspk_shared_alloc: bytes must be > 0": a mapping cannot be
+ * empty; dspk_buffer_create takes 0).
  */
 DSPK_EXPORT int dspk_shared_alloc(dspk_client *c, const char *device,
                                   size_t bytes, void **ptr_out,
@@ -424,7 +428,8 @@ DSPK_EXPORT int dspk_shared_alloc(dspk_client *c, const char *device,
  * transparent_hugepage/shmem_enabled "advise") instead of by this process:
  * the fast way to pass a large file's data (dspk-submit does so for .npy
  * inputs).  DSPK_EIO when the file is shorter, DSPK_EINVAL when
- * offset + bytes passes 2^63-1 (a file's largest offset), DSPK_ELIMIT
+ * offset + bytes passes 2^63-1 (a file's largest offset), when bytes is 0
+ * (as for dspk_shared_alloc) and when fd is negative, DSPK_ELIMIT
  * beyond RLIMIT_FSIZE as for dspk_shared_alloc.  Freed by
  * dspk_shared_free(). */
 DSPK_EXPORT int dspk_shared_from_file(dspk_client *c, const char *device, int fd,
@@ -575,10 +580,12 @@ DSPK_EXPORT int dspk_dtype_from_name(const char *name, dspk_dtype *out);
  * shape is invalid, whatever the other axes are: {-1, 0} too); else 0 when
  * an axis is 0 (even where the other axes' product would overflow); else
  * UINT64_MAX when the product overflows 64 bits; 0 for NULL.  dspk_run and
- * dspk_submit refuse, with DSPK_ELIMIT as the daemon does (protocol.md,
- * Tensors), a tensor whose size, the product of its dimensions (each 0
- * counted as 1) times the item size, passes 2^63-1 bytes, which every one
- * whose numel is UINT64_MAX does, before looking at its nbytes. */
+ * dspk_submit refuse, before looking at its nbytes, a tensor with a
+ * negative axis with DSPK_EINVAL ("input 0: negative shape[1]"), and with
+ * DSPK_ELIMIT as the daemon does (protocol.md, Tensors) one whose size,
+ * the product of its dimensions (each 0 counted as 1) times the item size,
+ * passes 2^63-1 bytes, which every other one whose numel is UINT64_MAX
+ * does. */
 DSPK_EXPORT uint64_t dspk_tensor_numel(const dspk_tensor *t);
 
 /* Convenience: fills *t as an inline tensor over data (not copied), with

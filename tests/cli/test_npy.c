@@ -813,6 +813,15 @@ static void test_fmt_num(void **state) {
       {INFINITY, DSPK_F32, false, "inf"},
       {-INFINITY, DSPK_F64, true, "-inf"},
       {NAN, DSPK_F64, false, "nan"},
+      /* bf16 (8 significant bits): the fewest digits that read back as the
+       * same bf16, as for the other dtypes. */
+      {0.333984375, DSPK_BF16, false, "0.334"},             /* bf16(1/3) */
+      {0.10009765625, DSPK_BF16, false, "0.1"},             /* bf16(0.1) */
+      {-2.5, DSPK_BF16, false, "-2.5"},
+      {1024.0, DSPK_BF16, false, "1024"},
+      {3.3895313892515355e+38, DSPK_BF16, false, "3.39e+38"}, /* largest */
+      {9.183549615799121e-41, DSPK_BF16, false, "9e-41"},   /* 2^-133 */
+      {1.1754943508222875e-38, DSPK_BF16, false, "1.18e-38"}, /* 2^-126 */
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     char buf[40];

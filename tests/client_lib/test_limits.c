@@ -440,12 +440,18 @@ static void test_tensor_size_overflow(void **state) {
     unsigned rank;
     dspk_dtype dt;
     size_t nbytes;
+    int want;
+    const char *msg; /* a part of dspk_last_error() */
   } cases[] = {
-      {{INT64_MAX, 4}, 2, DSPK_F32, SIZE_MAX},
-      {{(int64_t)1 << 61, 2}, 2, DSPK_F64, SIZE_MAX},
-      {{(int64_t)1 << 61, 2}, 2, DSPK_F64, 0},
-      {{((int64_t)1 << 61) + 1, 2}, 2, DSPK_F64, 16},
-      {{(int64_t)1 << 62, (int64_t)1 << 62, 0}, 3, DSPK_F32, 0},
+      {{INT64_MAX, 4}, 2, DSPK_F32, SIZE_MAX, DSPK_ELIMIT, "passes 2^63-1 bytes"},
+      {{(int64_t)1 << 61, 2}, 2, DSPK_F64, SIZE_MAX, DSPK_ELIMIT, "passes 2^63-1 bytes"},
+      {{(int64_t)1 << 61, 2}, 2, DSPK_F64, 0, DSPK_ELIMIT, "passes 2^63-1 bytes"},
+      {{((int64_t)1 << 61) + 1, 2}, 2, DSPK_F64, 16, DSPK_ELIMIT, "passes 2^63-1 bytes"},
+      {{(int64_t)1 << 62, (int64_t)1 << 62, 0}, 3, DSPK_F32, 0, DSPK_ELIMIT,
+       "passes 2^63-1 bytes"},
+      /* A negative axis is an invalid shape (EINVAL), not a size (dspk.h,
+       * dspk_tensor_numel), whatever the other axes: {-1, 0} too. */
+      {{-1, 0}, 2, DSPK_F32, 0, DSPK_EINVAL, "input 0: negative shape[0]"},
   };
   dspk_client *c = NULL;
   float one = 1.0f;
@@ -455,6 +461,7 @@ static void test_tensor_size_overflow(void **state) {
     dspk_tensor in;
     dspk_task t;
     dspk_result r;
+    uint32_t ticket;
     dspk_tensor_inline(&in, cases[i].dt, cases[i].rank, cases[i].shape, &one);
     in.nbytes = cases[i].nbytes;
     dspk_task_init(&t, DSPK_OP_MAP);
@@ -462,9 +469,11 @@ static void test_tensor_size_overflow(void **state) {
     t.map.fn = DSPK_MAP_ABS;
     t.inputs = &in;
     t.ninputs = 1;
-    assert_int_equal(dspk_run(c, &t, &r), DSPK_ELIMIT);
-    assert_non_null(strstr(dspk_last_error(c), "passes 2^63-1 bytes"));
+    assert_int_equal(dspk_run(c, &t, &r), cases[i].want);
+    assert_non_null(strstr(dspk_last_error(c), cases[i].msg));
     assert_null(strstr(dspk_last_error(c), "needs"));
+    assert_int_equal(dspk_submit(c, &t, &ticket), cases[i].want);
+    assert_non_null(strstr(dspk_last_error(c), cases[i].msg));
   }
   assert_int_equal(dspk_ping(c, "x", 1), 0);
   dspk_close(c);
@@ -570,6 +579,20 @@ static void test_tiny_max_message(void **state) {
   assert_int_equal(dspk_buffer_read(c, id, 0, NULL, 0), 0);
   assert_int_equal(dspk_ping(c, "x", 1), 0);
   dspk_close(c);
+  /* A hello too long for it: ELIMIT with the daemon's words (dspk.h,
+   * dspk_connect). */
+  {
+    char name[64];
+    memset(name, 'n', 63);
+    name[63] = '\0';
+    unsetenv("DSPK_JOB");
+    unsetenv("SLURM_JOB_ID");
+    assert_int_equal(dspk_connect(sock, name, &c), DSPK_ELIMIT);
+    assert_string_equal(dspk_connect_error(),
+                        "hello: daemon closed the connection: str/bin of 63 bytes at "
+                        "offset 27 makes the message at least 92 bytes, more than 64 "
+                        "(max_message)");
+  }
   stop_mm(pid, sock);
 }
 

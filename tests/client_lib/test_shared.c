@@ -384,6 +384,12 @@ static void test_shared_from_file(void **state) {
   uint64_t id;
   assert_int_equal(dspk_shared_from_file(C, NULL, fd, hdr + 8, nb, &p, &id), DSPK_EIO);
   assert_int_equal(dspk_shared_from_file(C, NULL, -1, 0, nb, &p, &id), DSPK_EINVAL);
+  assert_string_equal(dspk_last_error(C), "dspk_shared_from_file: fd -1 is no file");
+  /* 0 bytes: no mapping (dspk.h) */
+  assert_int_equal(dspk_shared_from_file(C, NULL, fd, 0, 0, &p, &id), DSPK_EINVAL);
+  assert_string_equal(dspk_last_error(C), "dspk_shared_from_file: bytes must be > 0");
+  assert_int_equal(dspk_shared_alloc(C, NULL, 0, &p, &id), DSPK_EINVAL);
+  assert_string_equal(dspk_last_error(C), "dspk_shared_alloc: bytes must be > 0");
   assert_int_equal(dspk_shared_free(C, a), 0);
   /* the same by pread into the mapping, the path of hosts whose shared
    * memory gets huge pages only on advice (test hook: on any host) */

@@ -130,6 +130,16 @@ else
   rc=$?
   [[ $rc -eq 0 && $got == any ]] ||
     { echo "FAIL: --device with a daemon that never answers: rc=$rc, offered [$got]"; bad=1; }
+  # A value that is no positive number of seconds is the default (2 s):
+  # timeout(1) takes 0 as no limit, which held the shell.
+  for tmo in 0 0.0 -1 abc; do
+    got=$(DSPK_COMPLETION_TIMEOUT=$tmo timeout 20 bash -c '. "$1/packaging/completion/dspk-submit"
+      COMP_WORDS=(dspk-submit --socket "$2" gemm a.npy -d ""); COMP_CWORD=6
+      _dspk_submit; echo "${COMPREPLY[*]}"' _ "$src" "$tmp/silent.sock")
+    rc=$?
+    [[ $rc -eq 0 && $got == any ]] ||
+      { echo "FAIL: DSPK_COMPLETION_TIMEOUT=$tmo, a daemon that never answers: rc=$rc, offered [$got]"; bad=1; }
+  done
 fi
 kill "$silent" 2>/dev/null
 wait "$silent" 2>/dev/null
