@@ -6,6 +6,8 @@ own, with a stand-in dspk-submit that prints its arguments (docs/cluster.md):
   that tree's dspk-submit also when slurm.conf names a link to them at another depth
   (Prolog=/etc/slurm/prolog.d/*: absolute, relative and chained links); a copy of a script
   elsewhere finds none and says so (exit 127);
+- the map file's # starts a comment anywhere on a line (`0 UUID#card A` maps 0 to UUID),
+  a CR at a line's end is dropped, and an index with only a comment has no UUID (exit 1);
 - DSPK_PROLOG_TIMEOUT / DSPK_EPILOG_TIMEOUT take whole seconds from 1 (unset or empty:
   120); 0, fractions, suffixes, signs and values over 999999999 are refused with one line
   (exit 2) before dspk-submit runs.
@@ -27,6 +29,7 @@ from dspk_rpc import check  # noqa: E402
 
 TIMEOUT = 60
 FAKE = "#!/bin/sh\nfor a; do printf '%s\\n' \"$a\"; done\n"
+UUID = ["5c1e0d3a-0000-4000-8000-00000000000%d" % i for i in range(4)]
 
 
 def run(path, **env):
@@ -82,6 +85,30 @@ def links(sdir, tmp, sock):
               "DSPK_SUBMIT" in lines[0], "a copy of the %s: %r" % (s, p))
 
 
+def gpu_map(sdir, tmp, sock):
+    path = os.path.join(tmp, "slurm-gpus")
+    with open(path, "w", newline="") as f:
+        f.write("# index uuid\n"
+                "0 %s#card A\n"
+                "1 %s # card B\n"
+                "#2 ffff\n"
+                "2\tGPU-%s\r\n"
+                "3 %s#\n"
+                "63 # not yet\n" % (UUID[0], UUID[1], UUID[2].upper(), UUID[3]))
+    p = run(os.path.join(sdir, "prolog"), DSPK_SOCKET=sock, DSPK_GPU_MAP=path,
+            SLURM_JOB_GPUS="0,1,2,3")
+    out = p.stdout.splitlines()
+    devices = out[out.index("--devices") + 1] if "--devices" in out else None
+    check(p.returncode == 0 and devices == ",".join([UUID[0], UUID[1], "GPU-" + UUID[2].upper(),
+                                                     UUID[3]]),
+          "# starts a comment anywhere, a CR is dropped: %r" % (p,))
+    p = run(os.path.join(sdir, "prolog"), DSPK_SOCKET=sock, DSPK_GPU_MAP=path,
+            SLURM_JOB_GPUS="0,63")
+    check(p.returncode == 1 and p.stdout == "" and
+          p.stderr == 'dspk prolog: job 7: no UUID for GPU index 63 (add "63 UUID" to %s)\n' % path,
+          "an index with only a comment has no UUID: %r" % (p,))
+
+
 def timeouts(sdir, sock):
     for s in ("prolog", "epilog"):
         var = "DSPK_%s_TIMEOUT" % s.upper()
@@ -113,6 +140,7 @@ def main():
         srv = socket.socket(socket.AF_UNIX)
         srv.bind(sock)
         links(sdir, tmp, sock)
+        gpu_map(sdir, tmp, sock)
         timeouts(sdir, sock)
         print("ok scripts")
     finally:
