@@ -7,7 +7,11 @@
   (ended_jobs[N] in daemon/dspkd.h);
 - the map file is written from `dspk-submit devices --all` (what shows every UUID to root
   with job_required = yes), an option docs/cli.md gives `devices`;
-- the socket access paragraph does not offer allow_users/allow_groups as a way in.
+- the socket access paragraph does not offer allow_users/allow_groups as a way in;
+- paths: the prolog's and epilog's comments name the Debian packages' paths, as cluster.md
+  does (no configure-time @VAR@ there, which made a /usr/local build's comments disagree
+  with the page), and the FILES of dspkd(8) and dspk.conf(5) name the Debian packages'
+  configuration file beside the build's.
 
     docs_check.py SRC_DIR
 """
@@ -56,6 +60,21 @@ def main():
           "the map file is written from dspk-submit devices --all")
     check(re.search(r"^dspk-submit \[--socket PATH\] devices \[--all\]", read("docs", "cli.md"),
                     re.M), "docs/cli.md: devices takes --all")
+    for s in ("prolog", "epilog"):
+        text = read("packaging", "slurm", "dspk-%s.in" % s)
+        comments = "\n".join(l for l in text.splitlines() if l.startswith("#"))
+        check("@" not in comments, "dspk-%s.in: no configure-time path in its comments" % s)
+        check("%s=/usr/libexec/dspk/slurm/%s" % (s.capitalize(), s) in comments and
+              "/usr/bin/dspk-submit" in comments and "From a source tree" in comments,
+              "dspk-%s.in names the Debian paths and the prefix rule" % s)
+        check("%s=/usr/libexec/dspk/slurm/%s" % (s.capitalize(), s) in page,
+              "cluster.md: %s=/usr/libexec/dspk/slurm/%s" % (s.capitalize(), s))
+    check("`PREFIX/libexec/dspk/slurm/`" in page and "From a source tree" in page,
+          "cluster.md names the prefix rule")
+    for man in ("dspkd.8.scd", "dspk.conf.5.scd"):
+        files = read("man", man).split("\n# FILES\n")[1].split("\n# ")[0]
+        check("in the Debian packages _/etc/dspk/dspkd.conf_" in files,
+              "%s FILES: the Debian packages' configuration file" % man)
     print("cluster docs: ok (job_required, %d ended jobs, devices --all)" % n)
     return 0
 
