@@ -22,11 +22,15 @@ if [ -z "$digits" ] || [ "${#digits}" -gt 9 ]; then
     "999999999 (unset or empty: 120)" >&2
   exit 2
 fi
-if ! command -v -- "$submit" >/dev/null 2>&1; then
-  echo "dspk $what: job $job: no dspk-submit at $submit (the one of this script's tree;" \
-    "DSPK_SUBMIT names another)" >&2
+# A path must be an executable file (dash's command -v takes any file for one).
+case $submit in
+  */*) [ -f "$submit" ] && [ -x "$submit" ] ;;
+  *) command -v -- "$submit" >/dev/null 2>&1 ;;
+esac || {
+  echo "dspk $what: job $job: no executable dspk-submit at $submit (the one of this" \
+    "script's tree; DSPK_SUBMIT names another)" >&2
   exit 127
-fi
+}
 
 # run_submit WHY ARGS...: dspk-submit --socket SOCKET ARGS..., bounded by the timeout;
 # when it runs out (exit 124), one line on stderr says so, ending with WHY.

@@ -5,7 +5,8 @@ own, with a stand-in dspk-submit that prints its arguments (docs/cluster.md):
 - installed in a tree (LIBEXECDIR/dspk/slurm, BINDIR/dspk-submit, as configured) they run
   that tree's dspk-submit also when slurm.conf names a link to them at another depth
   (Prolog=/etc/slurm/prolog.d/*: absolute, relative and chained links); a copy of a script
-  elsewhere finds none and says so (exit 127);
+  elsewhere finds none and says so (exit 127), as does a DSPK_SUBMIT that is no executable
+  file;
 - the map file's # starts a comment anywhere on a line (`0 UUID#card A` maps 0 to UUID),
   a CR at a line's end is dropped, and an index with only a comment has no UUID (exit 1);
 - DSPK_PROLOG_TIMEOUT / DSPK_EPILOG_TIMEOUT take whole seconds from 1 (unset or empty:
@@ -81,8 +82,16 @@ def links(sdir, tmp, sock):
         p = run(copy, DSPK_SOCKET=sock)
         lines = p.stderr.splitlines()
         check(p.returncode == 127 and p.stdout == "" and len(lines) == 1 and
-              lines[0].startswith("dspk %s: job 7: no dspk-submit at " % s) and
+              lines[0].startswith("dspk %s: job 7: no executable dspk-submit at " % s) and
               "DSPK_SUBMIT" in lines[0], "a copy of the %s: %r" % (s, p))
+        # DSPK_SUBMIT naming a file that is not executable, or no file.
+        plain = os.path.join(tmp, "not-executable")
+        open(plain, "w").close()
+        for bad in (plain, os.path.join(tmp, "none")):
+            p = run(os.path.join(sdir, s), DSPK_SOCKET=sock, DSPK_SUBMIT=bad)
+            check(p.returncode == 127 and p.stdout == "" and p.stderr.startswith(
+                "dspk %s: job 7: no executable dspk-submit at %s " % (s, bad)),
+                "DSPK_SUBMIT=%s: %r" % (bad, p))
 
 
 def gpu_map(sdir, tmp, sock):
