@@ -4,8 +4,9 @@ node's socket can be in (docs/cluster.md): the epilog exits 0 when the node has 
 daemon, whether no socket file exists or a stale one that nothing listens on
 (connection refused: a dspkd killed without its cleanup), saying so in one line on
 stderr; it ends the job at a live daemon; any other failure (a listener that closes
-the connection, one that never answers) fails it, so that Slurm drains the node.  The
-prolog fails closed in every case without a daemon.  Needs neither root nor Slurm.
+the connection, one that never answers) fails it, so that Slurm drains the node; a
+timeout says so in one line (what gave up, after how long, the socket).  The prolog fails
+closed in every case without a daemon.  Needs neither root nor Slurm.
 
     epilog_test.py --dspkd PATH --submit DSPK_SUBMIT --build BUILD_DIR
 """
@@ -121,8 +122,15 @@ def run(a, tmp):
             # The prolog is bounded the same way (DSPK_PROLOG_TIMEOUT).
             q = script(prolog, a.submit, path, SLURM_JOB_ID="78", SLURM_JOB_UID="1000",
                        DSPK_PROLOG_TIMEOUT="1")
-            check(q.returncode == 124, "a listener that never answers: the prolog gives up: %r"
+            check(q.returncode == 124 and q.stdout == "" and q.stderr ==
+                  "dspk prolog: job 78: no answer from dspkd on %s within 1 s "
+                  "(DSPK_PROLOG_TIMEOUT); the job is not registered\n" % path,
+                  "a listener that never answers: the prolog gives up, one line says so: %r"
                   % (q,))
+            check(p.stdout == "" and p.stderr ==
+                  "dspk epilog: job 77: no answer from dspkd on %s within 1 s "
+                  "(DSPK_EPILOG_TIMEOUT); the job's work may still be in the daemon\n" % path,
+                  "a listener that never answers: one line says the epilog gave up: %r" % (p,))
         srv.close()
         for c in held:
             c.close()

@@ -4,6 +4,9 @@ docs/cluster.md promises: one dspkd per node (a DaemonSet whose selector matches
 in the foreground with the mounted configuration, the socket directory /run/dspk on a
 hostPath mounted at /run/dspk, the cache on a hostPath, probes that ping the socket; the
 ConfigMap's dspkd.conf parses as INI and uses only keys dspkd knows (daemon/config.c).
+The socket's group: dspkd runs as uid 0 with a runAsGroup other than 0 (it creates the
+socket 0660 with its own gid), and the client pod of docs/cluster.md has that gid in its
+supplementalGroups and does not run as root (root pods are admins, which the page says).
 
     k8s_check.py SRC_DIR
 """
@@ -70,6 +73,22 @@ def main():
         for key in ini[sec]:
             check((sec, key) in known, "[%s] %s is a dspkd key" % (sec, key))
     check(ini["daemon"]["socket"] == "/run/dspk/dspkd.sock", "socket in the hostPath")
+    # Who may connect: the socket's group is dspkd's gid; cluster.md's client pod has it.
+    sc = ctr["securityContext"]
+    gid = sc.get("runAsGroup")
+    check(sc.get("runAsUser") == 0 and isinstance(gid, int) and gid > 0,
+          "dspkd runs as uid 0 with a socket group of its own: %r" % sc)
+    with open(os.path.join(src, "docs", "cluster.md")) as f:
+        page = f.read()
+    k8s = page[page.index("## Kubernetes"):]
+    blocks = re.findall(r"```yaml\n(.*?)```", k8s, re.S)
+    check(len(blocks) == 1, "cluster.md shows one client pod: %d yaml blocks" % len(blocks))
+    pod_sc = yaml.safe_load(blocks[0])["spec"]["securityContext"]
+    check(pod_sc.get("supplementalGroups") == [gid] and pod_sc.get("runAsNonRoot") is True and
+          pod_sc.get("runAsUser", 0) != 0,
+          "cluster.md's client pod: not root, the socket's gid %d: %r" % (gid, pod_sc))
+    check("runAsGroup: %d" % gid in k8s and "is an admin of the\ndaemon" in k8s,
+          "cluster.md names the gid and says that root pods are admins")
     print("k8s manifest: ok (%d documents)" % len(docs))
     return 0
 

@@ -1,0 +1,47 @@
+# -- The part the prolog and the epilog share (packaging/slurm/dspk-slurm.sh,
+# put into both when they are configured).  Before it: what (prolog or
+# epilog), tvar (the name of its timeout variable) and tmo (that variable's
+# value).
+#
+# dspk-submit is DSPK_SUBMIT, else the one of the tree this script is
+# installed in, found from the script's real path: symbolic links resolved,
+# so that a link to the script (Prolog=/etc/slurm/prolog.d/*) finds it too.
+self=$(readlink -f -- "$0") || self=$0
+submit=${DSPK_SUBMIT:-${self%/*}/@DSPK_SLURM_TO_BIN@/dspk-submit}
+socket=${DSPK_SOCKET:-/run/dspk/dspkd.sock}
+job=${SLURM_JOB_ID:?dspk $what: SLURM_JOB_ID is not set}
+# The timeout is whole seconds from 1 (unset or empty: 120); anything else
+# would be timeout(1)'s (0: none at all, 1.5, 2m): exit 2, with one line.
+tmo=${tmo:-120}
+digits=${tmo#"${tmo%%[!0]*}"}
+case $tmo in
+  *[!0-9]*) digits= ;;
+esac
+if [ -z "$digits" ] || [ "${#digits}" -gt 9 ]; then
+  echo "dspk $what: job $job: $tvar is '$tmo': expected whole seconds from 1 to" \
+    "999999999 (unset or empty: 120)" >&2
+  exit 2
+fi
+# A path must be an executable file (dash's command -v takes any file for one).
+case $submit in
+  */*) [ -f "$submit" ] && [ -x "$submit" ] ;;
+  *) command -v -- "$submit" >/dev/null 2>&1 ;;
+esac || {
+  echo "dspk $what: job $job: no executable dspk-submit at $submit (the one of this" \
+    "script's tree; DSPK_SUBMIT names another)" >&2
+  exit 127
+}
+
+# run_submit WHY ARGS...: dspk-submit --socket SOCKET ARGS..., bounded by the timeout;
+# when it runs out (exit 124), one line on stderr says so, ending with WHY.
+run_submit() {
+  why=$1
+  shift
+  timeout "$tmo" "$submit" --socket "$socket" "$@"
+  rc=$?
+  [ "$rc" -ne 124 ] ||
+    echo "dspk $what: job $job: no answer from dspkd on $socket within $tmo s ($tvar);" \
+      "$why" >&2
+  return "$rc"
+}
+# -- End of the shared part.

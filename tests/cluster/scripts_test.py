@@ -1,0 +1,162 @@
+#!/usr/bin/env python3
+"""cluster.scripts: the packaged Slurm prolog and epilog (build/packaging/slurm/) on their
+own, with a stand-in dspk-submit that prints its arguments (docs/cluster.md):
+
+- installed in a tree (LIBEXECDIR/dspk/slurm, BINDIR/dspk-submit, as configured) they run
+  that tree's dspk-submit also when slurm.conf names a link to them at another depth
+  (Prolog=/etc/slurm/prolog.d/*: absolute, relative and chained links); a copy of a script
+  elsewhere finds none and says so (exit 127), as does a DSPK_SUBMIT that is no executable
+  file;
+- the map file's # starts a comment anywhere on a line (`0 UUID#card A` maps 0 to UUID),
+  a CR at a line's end is dropped, and an index with only a comment has no UUID (exit 1);
+- DSPK_PROLOG_TIMEOUT / DSPK_EPILOG_TIMEOUT take whole seconds from 1 (unset or empty:
+  120); 0, fractions, suffixes, signs and values over 999999999 are refused with one line
+  (exit 2) before dspk-submit runs.
+The timeouts themselves run out in cluster.epilog (a listener that never answers).  Needs
+neither root, Slurm nor a daemon.
+
+    scripts_test.py --build BUILD_DIR --libexecdir FULL_LIBEXECDIR --bindir FULL_BINDIR
+"""
+import argparse
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+from dspk_rpc import check  # noqa: E402
+
+TIMEOUT = 60
+FAKE = "#!/bin/sh\nfor a; do printf '%s\\n' \"$a\"; done\n"
+UUID = ["5c1e0d3a-0000-4000-8000-00000000000%d" % i for i in range(4)]
+
+
+def run(path, **env):
+    """path with slurmd's environment: Slurm's variables, no DSPK_SUBMIT."""
+    e = {"PATH": "/usr/bin:/bin", "SLURM_JOB_ID": "7", "SLURM_JOB_UID": "1000",
+         "SLURM_JOB_GPUS": "", "DSPK_GPU_MAP": "/nonexistent"}
+    e.update(env)
+    return subprocess.run([path], capture_output=True, text=True, timeout=TIMEOUT, env=e)
+
+
+def tree(a, tmp):
+    """An installed tree under tmp/root: the built scripts and the stand-in dspk-submit, at
+    the build's LIBEXECDIR/dspk/slurm and BINDIR (absolute: CMAKE_INSTALL_FULL_*)."""
+    sdir = os.path.join(tmp, "root", a.libexecdir.lstrip("/"), "dspk", "slurm")
+    bdir = os.path.join(tmp, "root", a.bindir.lstrip("/"))
+    os.makedirs(sdir)
+    os.makedirs(bdir)
+    for s in ("prolog", "epilog"):
+        shutil.copy2(os.path.join(a.build, "packaging", "slurm", s), os.path.join(sdir, s))
+    with open(os.path.join(bdir, "dspk-submit"), "w") as f:
+        f.write(FAKE)
+    os.chmod(os.path.join(bdir, "dspk-submit"), 0o755)
+    return sdir
+
+
+def links(sdir, tmp, sock):
+    # Absolute links at another depth, a relative one, and a link to a link.
+    etc = os.path.join(tmp, "etc", "slurm")
+    deep = os.path.join(tmp, "opt", "slurm", "site", "etc", "epilog.d")
+    for d in (etc + "/prolog.d", etc + "/epilog.d", deep):
+        os.makedirs(d)
+    os.symlink(os.path.join(sdir, "prolog"), etc + "/prolog.d/50-dspk")
+    os.symlink(os.path.relpath(os.path.join(sdir, "epilog"), deep), deep + "/50-dspk")
+    os.symlink(deep + "/50-dspk", etc + "/epilog.d/50-dspk")
+    want = ["--socket", sock, "job", "register", "--job", "7", "--uid", "1000", "--devices", "",
+            "--json"]
+    p = run(etc + "/prolog.d/50-dspk", DSPK_SOCKET=sock)
+    check(p.returncode == 0 and p.stdout.splitlines() == want and p.stderr == "",
+          "the prolog through a link runs its tree's dspk-submit: %r" % (p,))
+    want = ["--socket", sock, "job", "end", "--job", "7", "--json"]
+    for path in (deep + "/50-dspk", etc + "/epilog.d/50-dspk"):
+        p = run(path, DSPK_SOCKET=sock)
+        check(p.returncode == 0 and p.stdout.splitlines() == want and p.stderr == "",
+              "the epilog through %s: %r" % (os.path.relpath(path, tmp), p))
+    # A copy has no tree of its own: it says where it looked.
+    for s in ("prolog", "epilog"):
+        copy = os.path.join(etc, s + ".d", "copy")
+        shutil.copy2(os.path.join(sdir, s), copy)
+        p = run(copy, DSPK_SOCKET=sock)
+        lines = p.stderr.splitlines()
+        check(p.returncode == 127 and p.stdout == "" and len(lines) == 1 and
+              lines[0].startswith("dspk %s: job 7: no executable dspk-submit at " % s) and
+              "DSPK_SUBMIT" in lines[0], "a copy of the %s: %r" % (s, p))
+        # DSPK_SUBMIT naming a file that is not executable, or no file.
+        plain = os.path.join(tmp, "not-executable")
+        open(plain, "w").close()
+        for bad in (plain, os.path.join(tmp, "none")):
+            p = run(os.path.join(sdir, s), DSPK_SOCKET=sock, DSPK_SUBMIT=bad)
+            check(p.returncode == 127 and p.stdout == "" and p.stderr.startswith(
+                "dspk %s: job 7: no executable dspk-submit at %s " % (s, bad)),
+                "DSPK_SUBMIT=%s: %r" % (bad, p))
+
+
+def gpu_map(sdir, tmp, sock):
+    path = os.path.join(tmp, "slurm-gpus")
+    with open(path, "w", newline="") as f:
+        f.write("# index uuid\n"
+                "0 %s#card A\n"
+                "1 %s # card B\n"
+                "#2 ffff\n"
+                "2\tGPU-%s\r\n"
+                "3 %s#\n"
+                "63 # not yet\n" % (UUID[0], UUID[1], UUID[2].upper(), UUID[3]))
+    p = run(os.path.join(sdir, "prolog"), DSPK_SOCKET=sock, DSPK_GPU_MAP=path,
+            SLURM_JOB_GPUS="0,1,2,3")
+    out = p.stdout.splitlines()
+    devices = out[out.index("--devices") + 1] if "--devices" in out else None
+    check(p.returncode == 0 and devices == ",".join([UUID[0], UUID[1], "GPU-" + UUID[2].upper(),
+                                                     UUID[3]]),
+          "# starts a comment anywhere, a CR is dropped: %r" % (p,))
+    p = run(os.path.join(sdir, "prolog"), DSPK_SOCKET=sock, DSPK_GPU_MAP=path,
+            SLURM_JOB_GPUS="0,63")
+    check(p.returncode == 1 and p.stdout == "" and
+          p.stderr == 'dspk prolog: job 7: no UUID for GPU index 63 (add "63 UUID" to %s)\n' % path,
+          "an index with only a comment has no UUID: %r" % (p,))
+
+
+def timeouts(sdir, sock):
+    for s in ("prolog", "epilog"):
+        var = "DSPK_%s_TIMEOUT" % s.upper()
+        for bad in ("0", "000", "abc", "1.5", "2m", "-1", "+5", " 5", "1000000000"):
+            # The epilog checks before it looks for the socket: none here.
+            p = run(os.path.join(sdir, s), DSPK_SOCKET=sock if s == "prolog" else "/nonexistent",
+                    **{var: bad})
+            check(p.returncode == 2 and p.stdout == "" and
+                  p.stderr == "dspk %s: job 7: %s is '%s': expected whole seconds from 1 to "
+                  "999999999 (unset or empty: 120)\n" % (s, var, bad),
+                  "%s=%r is refused: %r" % (var, bad, p))
+        for good in ("", "1", "007", "999999999"):
+            p = run(os.path.join(sdir, s), DSPK_SOCKET=sock, **{var: good})
+            check(p.returncode == 0 and p.stderr == "" and "--json" in p.stdout,
+                  "%s=%r is taken: %r" % (var, good, p))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    for opt in ("--build", "--libexecdir", "--bindir"):
+        ap.add_argument(opt, required=True)
+    a = ap.parse_args()
+    tmp = tempfile.mkdtemp(prefix="dspk-scripts-", dir="/tmp")
+    srv = None
+    try:
+        sdir = tree(a, tmp)
+        # A socket file, so that the epilog calls dspk-submit (nothing connects to it).
+        sock = os.path.join(tmp, "s.sock")
+        srv = socket.socket(socket.AF_UNIX)
+        srv.bind(sock)
+        links(sdir, tmp, sock)
+        gpu_map(sdir, tmp, sock)
+        timeouts(sdir, sock)
+        print("ok scripts")
+    finally:
+        if srv:
+            srv.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
