@@ -2169,11 +2169,14 @@ def suite_refused(cli, tmp, dspkd):
     import socket
     d = Daemon(dspkd, tmp, extra=["--no-cache", "--max-user-clients", "1"],
                name="maxuser")
-    held = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    # This user's one connection, and the 8 more an admin (root, the daemon's
+    # own user: this test's uid) may open beyond max_user_clients; accepted
+    # before any command's connection (the listen queue is FIFO).
+    helds = [socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(1 + 8)]
+    held = helds[0]
     try:
-        # Accepted before any command's connection (the listen queue is FIFO):
-        # this user's one connection.
-        held.connect(d.sock)
+        for h in helds:
+            h.connect(d.sock)
         c = Cli(cli.binary, d.sock)
         for _ in range(50):
             # The count may include a refused connection still closing.
@@ -2184,7 +2187,8 @@ def suite_refused(cli, tmp, dspkd):
         held.close()
         c.ok("ping")  # the slot is free again
     finally:
-        held.close()
+        for h in helds:
+            h.close()
         d.stop()
     if os.geteuid() != 0:
         return  # allow_users admits the daemon's own user: another one is needed
