@@ -103,6 +103,9 @@ static const struct key keys[] = {
     {"daemon", "cache_max_bytes", K_SIZE, F(cache_max_bytes), 4096, (uint64_t)1 << 40, false,
      IN_BOTH, "256M", "SIZE",
      "size bound of the cache; least recently used entries are evicted"},
+    {"daemon", "job_state", K_STR, F(job_state), 0, 0, false, IN_BOTH, NULL, "PATH",
+     "the file the registered Slurm jobs are kept in across restarts (default: the "
+     "socket's path with .jobs for .sock, /run/dspk/dspkd.jobs under systemd)"},
     {"daemon", "backends", K_STR, F(backends), 0, 0, false, IN_BOTH, NULL, "LIST",
      "comma list of backends to use (default: every one available)"},
     {"daemon", "raw_kernels", K_STR, F(raw_kernels), 0, 0, false, IN_BOTH, "all", "LIST",
@@ -598,6 +601,10 @@ static int store(const struct key *k, const char *value, bool from_file,
      * the file and the command line alike. */
     if (from_file && !*value) {
       snprintf(why, len, "expected a value");
+      return -1;
+    }
+    if (k->off == offsetof(struct dspkd_config, job_state) && !*value) {
+      snprintf(why, len, "expected a path (the Slurm jobs' state cannot be turned off)");
       return -1;
     }
     if (k->off == offsetof(struct dspkd_config, backends) &&

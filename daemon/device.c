@@ -212,7 +212,7 @@ static bool candidate(struct dspkd *d, struct conn *c, const struct dspk__op *op
   char msg[64];
   if (dev->open_state != 1)
     return false;
-  if (c && (c->job || d->cfg.job_required) && !dspkd_job_dev_ok(c, dev))
+  if (c && (c->job || dspkd_jobs_required(d)) && !dspkd_job_dev_ok(c, dev))
     return false;
   return !op || dspk__caps_check(&dev->caps, op, dev->id, msg, sizeof msg) == 0;
 }

@@ -81,6 +81,8 @@ struct dspkd_config {
   uint64_t idle_trim_ms;    /* after the last client left: give cached memory back */
   unsigned device_inflight; /* jobs a runner enqueues on its device ahead of their answers */
   const char *metrics_listen; /* "ADDR:PORT" of the HTTP metrics listener, or NULL */
+  const char *job_state;    /* the Slurm jobs' state file (daemon/jobstate.c); NULL:
+                               the socket's path, .jobs for .sock */
   /* daemon/config.c: the configuration file's extra settings. */
   int log_level;            /* enum dspkd_level */
   struct dspkd_idlist allow_users, allow_groups; /* may connect (both empty: anyone) */
@@ -472,6 +474,12 @@ struct dspkd {
   uint64_t ended_jobs[256]; /* ids of the last jobs ended, so a claim of one fails */
   uid_t ended_uids[256];    /* the uid each was registered for, (uid_t)-1: none */
   unsigned nended;
+  /* daemon/jobstate.c: the file the registered and the ended jobs are kept
+   * in across restarts ("" : none could be named), and whether the start
+   * could not read it (then a connection without a registered job gets the
+   * cpu only, as with job_required, until the daemon stops). */
+  char job_state[4096];
+  bool jobs_fail_closed;
   uint64_t next_conn_id;
   uint64_t next_buf_id;
   bool stopping;
@@ -719,6 +727,23 @@ int dspkd_m_job_register(struct req *r);
 int dspkd_m_job_end(struct req *r);
 /* Frees every job (at exit). */
 void dspkd_jobs_free(struct dspkd *d);
+/* daemon/jobstate.c: the registered and the ended Slurm jobs kept across a
+ * restart (docs/protocol.md, "Slurm jobs").  Names the file (d->job_state):
+ * the job_state setting, else the socket's path with .jobs for .sock. */
+void dspkd_jobstate_init(struct dspkd *d);
+/* At start, after the devices opened and before the socket listens:
+ * registers the file's jobs again and remembers its ended ones.  A file
+ * that is unsafe (a symlink, another owner, writable by others) or cannot
+ * be read or parsed is logged as an error, nothing of it is taken, and
+ * jobs_fail_closed is set.  No file: nothing to do. */
+void dspkd_jobstate_load(struct dspkd *d);
+/* Writes the registered jobs (not ended) and the ended ones to the file
+ * anew: a temporary file beside it, fsync, rename, fsync of the directory.
+ * 0, or DSPK_EIO with msg naming the file and the reason. */
+int dspkd_jobstate_save(const struct dspkd *d, char *msg, size_t len);
+/* Whether a connection without a registered job gets the cpu only:
+ * job_required, or the state file could not be read at start. */
+bool dspkd_jobs_required(const struct dspkd *d);
 /* Normalises a UUID for comparison (hex digits, lower case: "GPU-" and
  * dashes dropped).  0, or -1 when it has no hex digit or is too long. */
 int dspkd_uuid_norm(const char *in, size_t len, char out[DSPKD_UUID_LEN]);

@@ -264,7 +264,7 @@ int dspkd_job_dev_allowed(const struct dspkd *d, const struct djob *j, bool deci
   if (strcmp(dev->be->name, "cpu") == 0)
     return 1;
   if (!j) /* not decided yet: the cpu only */
-    return decided && !d->cfg.job_required;
+    return decided && !dspkd_jobs_required(d);
   if (dspkd_uuid_norm(dev->info.uuid, sizeof dev->info.uuid, u) != 0)
     return 0;
   for (int i = 0; i < j->ndevs; i++)
@@ -292,6 +292,68 @@ void dspkd_job_conn_gone(struct conn *c) {
 /* The params were checked against proto/schema.c's table before these
  * handlers run (job > 0, uid < 2^32-1, at most 64 devices). */
 
+static void swap_devices(struct djob *a, struct djob *b) {
+  char u[DSPKD_JOB_MAX_DEVICES][DSPKD_UUID_LEN];
+  int n = a->ndevs;
+  memcpy(u, a->uuid, sizeof u);
+  a->ndevs = b->ndevs;
+  memcpy(a->uuid, b->uuid, sizeof u);
+  b->ndevs = n;
+  memcpy(b->uuid, u, sizeof u);
+}
+
+/* job.register made durable (daemon/jobstate.c): the state file written,
+ * or the registration undone and EIO.  created: the job is new; old: the
+ * devices it had; cleared: the ended_jobs slot its registration cleared
+ * (-1: none). */
+static int register_persist(struct req *r, struct djob *j, bool created, struct djob *old,
+                            int cleared) {
+  struct dspkd *d = r->c->d;
+  char why[sizeof r->msg];
+  uint64_t id = j->id;
+  if (dspkd_jobstate_save(d, why, sizeof why) == 0)
+    return 0;
+  if (cleared >= 0)
+    d->ended_jobs[cleared] = id;
+  if (created) {
+    job_unlink(d, j);
+    free(j);
+  } else {
+    swap_devices(j, old);
+  }
+  dspkd_error(DSPKD_PEER_FMT ": job.register of Slurm job %" PRIu64 " failed: %s",
+              DSPKD_PEER_ARGS(r->c), id, why);
+  return fail(r, DSPK_EIO, "%s; Slurm job %" PRIu64 " is not registered (nothing changed)",
+              why, id);
+}
+
+/* What job.end recorded before the state file is written: whether it took
+ * a slot of the ended jobs, and what the slot held. */
+struct end_undo {
+  bool recorded;
+  uint64_t id;
+  uid_t uid;
+};
+
+/* job.end made durable: the state file written, or the end undone and EIO
+ * (nothing of the job is closed then). */
+static int end_persist(struct req *r, struct djob *j, uint64_t id, const struct end_undo *u) {
+  struct dspkd *d = r->c->d;
+  char why[sizeof r->msg];
+  if (dspkd_jobstate_save(d, why, sizeof why) == 0)
+    return 0;
+  if (u->recorded) {
+    d->nended--;
+    d->ended_jobs[d->nended % 256] = u->id;
+    d->ended_uids[d->nended % 256] = u->uid;
+  }
+  if (j)
+    j->ended = false;
+  dspkd_error(DSPKD_PEER_FMT ": job.end of Slurm job %" PRIu64 " failed: %s",
+              DSPKD_PEER_ARGS(r->c), id, why);
+  return fail(r, DSPK_EIO, "%s; Slurm job %" PRIu64 " is not ended (nothing changed)", why, id);
+}
+
 /* job.register's devices: those of this daemon the allocation matched, the
  * cpu devices always, the others by UUID. */
 struct matched {
@@ -316,6 +378,8 @@ int dspkd_m_job_register(struct req *r) {
   const msgpack_object *devs = r->v[DSPK__JREG_DEVICES].set ? r->v[DSPK__JREG_DEVICES].v.o
                                                              : NULL;
   struct djob *j, tmp;
+  bool created;
+  int cleared = -1, err;
   uint64_t id = r->v[DSPK__JREG_JOB].v.u, uid = r->v[DSPK__JREG_UID].v.u;
   struct wreq *wr;
   struct dspk__pval v[3];
@@ -366,6 +430,7 @@ int dspkd_m_job_register(struct req *r) {
   if (j && j->uid != tmp.uid)
     return fail(r, DSPK_EBUSY, "Slurm job %" PRIu64 " is registered for uid %ld already",
                 id, (long)j->uid);
+  created = !j;
   if (!j) {
     if (d->njobs >= MAX_JOBS)
       return fail(r, DSPK_ELIMIT, "%d Slurm jobs are registered on this node already", MAX_JOBS);
@@ -378,12 +443,16 @@ int dspkd_m_job_register(struct req *r) {
     d->njobs++;
     /* A requeued job comes back with its id: it may be claimed again. */
     for (unsigned i = 0; i < 256; i++)
-      if (d->ended_jobs[i] == id)
+      if (d->ended_jobs[i] == id) {
         d->ended_jobs[i] = 0;
+        cleared = (int)i;
+      }
   }
-  /* A second registration (the prolog ran again) replaces the devices. */
-  j->ndevs = tmp.ndevs;
-  memcpy(j->uuid, tmp.uuid, sizeof j->uuid);
+  /* A second registration (the prolog ran again) replaces the devices
+   * (tmp keeps the old ones until the state file has the new). */
+  swap_devices(j, &tmp);
+  if ((err = register_persist(r, j, created, &tmp, cleared)) < 0)
+    return err;
   for (int i = 0; i < d->ndevs; i++)
     nmatch += d->devs[i].open_state == 1 && dspkd_job_dev_allowed(d, j, true, &d->devs[i]);
   v[DSPK__R_JREG_JOB] = dspk__pv_uint(id);
@@ -404,6 +473,8 @@ int dspkd_m_job_end(struct req *r) {
   struct dspkd *d = r->c->d;
   struct djob *j;
   uint64_t id = r->v[DSPK__JEND_JOB].v.u, nconns = 0, inflight = 0, buffers = 0;
+  struct end_undo undo = {0};
+  int err;
 
   j = job_find(d, id);
   if (j && r->c->job == j)
@@ -420,9 +491,15 @@ int dspkd_m_job_end(struct req *r) {
       job_bind(c, j);
   }
   if (!job_was_ended(d, id, NULL)) {
+    undo = (struct end_undo){true, d->ended_jobs[d->nended % 256],
+                             d->ended_uids[d->nended % 256]};
     d->ended_uids[d->nended % 256] = j ? j->uid : (uid_t)-1;
     d->ended_jobs[d->nended++ % 256] = id;
   }
+  if (j)
+    j->ended = true;
+  if ((err = end_persist(r, j, id, &undo)) < 0)
+    return err;
   if (!j) {
     /* Not registered: nothing to end, and no counts. */
     struct dspk__pval v[5] = {[DSPK__R_JEND_JOB] = dspk__pv_uint(id),
@@ -433,7 +510,6 @@ int dspkd_m_job_end(struct req *r) {
     dspkd_conn_send(r->c, wr);
     return 0;
   }
-  j->ended = true;
   char why[64];
   snprintf(why, sizeof why, "Slurm job %" PRIu64 " ended on this node", id);
   for (struct conn *c = d->conns; c; c = c->next) {

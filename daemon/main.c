@@ -508,6 +508,10 @@ int main(int argc, char **argv) {
   if (dspkd_devices_start(d) != 0)
     goto out_devices;
   dspkd_shm_report_pages();
+  /* The Slurm jobs registered before a restart, matched to the devices
+   * just opened, before any client is served (daemon/jobstate.c). */
+  dspkd_jobstate_init(d);
+  dspkd_jobstate_load(d);
   dspkd_teardown_arm(d); /* exit() from now on closes the devices first */
   if (dspkd_metrics_http_start(d) != 0)
     goto out_devices;

@@ -106,7 +106,10 @@ static int device_ok(struct req *r, const struct device *dev) {
     return fail(r, DSPK_ENODEV, "device %s is not in the allocation of Slurm job %" PRIu64,
                 dev->id, c->job->id);
   return fail(r, DSPK_ENODEV, "device %s: this connection has no Slurm job on this node "
-              "(job_required)", dev->id);
+              "(job_required%s)", dev->id, c->d->jobs_fail_closed
+                                               ? "; the Slurm jobs' state file was refused at "
+                                                 "start, see the daemon's log"
+                                               : "");
 }
 
 /* Resolves a device name ("any" or an id) among the devices the connection

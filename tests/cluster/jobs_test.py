@@ -3,8 +3,9 @@
 job.end (raw, and through `dspk-submit job register|end` as the prolog and epilog call them), a connection's job from its hello claim, from
 its uid's only job and from its cgroup, the allocation enforced by device UUID (devices
 filtered, ENODEV for the others, buffers included, "any" among the allowed), per-job
-memory quota, the job in status, metrics and traces, and nothing of a job left after
-job.end.  The excluded device is lavapipe (Vulkan), so the test needs a Vulkan device;
+memory quota, the job in status, metrics and traces, nothing of a job left after
+job.end, and registrations that outlive a restart (the state file, refused when unsafe
+or corrupt, EIO when it cannot be written; restart()).  The excluded device is lavapipe (Vulkan), so the test needs a Vulkan device;
 exit 77 (skipped) without one.
 
     jobs_test.py --dspkd PATH --submit DSPK_SUBMIT
@@ -429,7 +430,177 @@ def run(exe, submit, tmp):
         sys.stderr.write(d.logtext()[-6000:])
         d.proc.kill()
         raise
+    restart(exe, submit, os.path.join(tmp, "restart"), gpu, cpu)
     return 0
+
+
+def job_ids(c):
+    return sorted(j["job"] for j in c.call("status", {})["jobs"])
+
+
+def daemon_check(d, fn):
+    """Runs fn(d), then stops d; on an error writes d's log and kills it."""
+    try:
+        fn(d)
+        d.stop()
+    except BaseException:
+        sys.stderr.write(d.logtext()[-6000:])
+        d.proc.kill()
+        raise
+
+
+def restart(exe, submit, tmp, gpu, cpu):
+    """Registrations outlive a restart (docs/protocol.md, "Slurm jobs"): the jobs and the
+    ended ones are in dspkd.jobs beside the socket (dspkd.sock); an unsafe or corrupt file
+    is refused and the daemon fails closed; a state file that cannot be written fails
+    job.register and job.end with EIO and changes nothing."""
+    os.mkdir(tmp)
+    os.chmod(tmp, 0o711)
+    state = os.path.join(tmp, "dspkd.jobs")
+    me = os.getuid()
+
+    def before(d):
+        admin = d.client()
+        admin.call("job.register", {"job": 10, "uid": me, "devices": [gpu["uuid"]]})
+        admin.call("job.register", {"job": 11, "uid": me, "devices": []})
+        admin.call("job.register", {"job": 12, "uid": NOBODY, "devices": [gpu["uuid"]]})
+        admin.call("job.end", {"job": 12})
+        st = os.lstat(state)
+        check(st.st_mode & 0o7777 == 0o600 and st.st_uid == os.geteuid(),
+              "dspkd.jobs mode %o uid %d" % (st.st_mode, st.st_uid))
+    daemon_check(Daemon(exe, tmp), before)
+    good = open(state).read()
+
+    def after(d):
+        admin = d.client()
+        jobs = {j["job"]: j for j in admin.call("status", {})["jobs"]}
+        check(sorted(jobs) == [10, 11] and jobs[10]["devices"] == [gpu["uuid"]] and
+              jobs[11]["devices"] == [] and jobs[10]["uid"] == me,
+              "jobs after the restart: %r" % jobs)
+        check("2 job(s) registered again, 1 ended job(s) remembered" in d.logtext(), "log")
+        # A claim of the job that ended before the restart is still EPERM.
+        os.chmod(d.sock, 0o666)
+        e = dspk_daemon.run_as(NOBODY, NOBODY, lambda: err_of(d.client(job=12), "devices", {}))
+        check(e[0] == "EPERM" and "ended" in e[1], "claim of ended job 12: %r" % (e,))
+        # Each job's connection sees its own devices only.
+        check(ids(d.client(job=11)) == [cpu["id"]], "job 11: the cpu only")
+        c10 = d.client(job=10)
+        check(sorted(ids(c10)) == sorted([cpu["id"], gpu["id"]]), "job 10: cpu and its GPU")
+        # The epilog of a job registered before the restart ends it (and its connection).
+        p = subprocess.run([submit, "job", "end", "--job", "10"], capture_output=True,
+                           text=True, timeout=TIMEOUT, env=dict(os.environ, DSPK_SOCKET=d.sock))
+        check(p.returncode == 0 and p.stdout == "job 10: ended\n", "epilog: %r" % (p,))
+        try:
+            c10.call("devices", {})
+            check(False, "job 10's connection was not closed")
+        except (RpcError, OSError, EOFError):
+            pass
+        check(job_ids(admin) == [11], "job 11 left")
+    daemon_check(Daemon(exe, tmp), after)
+
+    # A GPU gone at start (a daemon without vulkan): the job stays registered with what
+    # is found, and the log names the job and the UUID.
+    admin_reg = {"job": 13, "uid": me, "devices": [gpu["uuid"]]}
+    daemon_check(Daemon(exe, tmp), lambda d: d.client().call("job.register", admin_reg))
+
+    def gone(d):
+        check(job_ids(d.client()) == [11, 13], "both kept")
+        check(ids(d.client(job=13)) == [cpu["id"]], "job 13 without its GPU: the cpu only")
+        check("Slurm job 13 (uid %d): no device of this daemon has its GPU %s" % (me, gpu["uuid"])
+              in d.logtext(), "the missing GPU is logged")
+        d.client().call("job.end", {"job": 13})
+    daemon_check(Daemon(exe, tmp, ["--backends", "cpu"]), gone)
+
+    # Unsafe or corrupt files: refused (an error naming the file and why), no job, and
+    # a connection without a job gets the cpu only (fail closed).
+    good = open(state).read()
+    lines = good.splitlines(True)
+
+    def plain(text, mode=0o600, uid=0):
+        def make():
+            with open(state, "w") as f:
+                f.write(text)
+            os.chmod(state, mode)
+            os.chown(state, uid, -1)
+        return make
+
+    def link():
+        plain(good)()
+        os.rename(state, state + ".real")
+        os.symlink(state + ".real", state)
+    cases = [(plain(good, uid=NOBODY), "owned by uid %d" % NOBODY),
+             (plain(good, mode=0o666), "writable by group or others (mode 0666"),
+             (link, "symbolic link"),
+             (plain("".join(lines[:-1])), "no \"end\" line"),
+             (plain(good[:-3]), "cut short"),
+             (plain(good.replace("job 11 0", "job 11 x")), "line 2: expected job ID UID"),
+             (plain("garbage\n"), "line 1: not \"dspkd-jobs 1\""),
+             (plain(good.replace(lines[-1], "end 99\n")), "\"end 99\" but 4 records")]
+    check(good == "dspkd-jobs 1\njob 11 0\nended 12 %d\nended 10 0\nended 13 0\nend 4\n"
+          % NOBODY, "state file: %r" % good)
+    for make, why in cases:
+        for f in (state, state + ".real"):
+            if os.path.lexists(f):
+                os.unlink(f)
+        make()
+
+        def refused(d):
+            log = d.logtext()
+            check("refusing the state file %s: " % state in log and why in log,
+                  "%s: %s" % (why, log[-3000:]))
+            check(job_ids(d.client()) == [], "%s: no job" % why)
+            check(ids(d.client()) == [cpu["id"]], "%s: fail closed, the cpu only" % why)
+            e = err_of(d.client(), "buffer.create", {"device": gpu["id"], "size": 64})
+            check(e[0] == "ENODEV" and "state file was refused" in e[1], "%s: %r" % (why, e))
+        daemon_check(Daemon(exe, tmp), refused)
+    os.unlink(state)
+    if os.path.lexists(state + ".real"):
+        os.unlink(state + ".real")
+
+    # A state file that cannot be written (a full tmpfs): job.register and job.end
+    # fail with EIO naming it, and nothing changes.
+    mnt = os.path.join(tmp, "full")
+    os.mkdir(mnt)
+    p = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k,mode=0755", "tmpfs", mnt],
+                       capture_output=True, text=True)
+    if p.returncode != 0:
+        # Root without CAP_SYS_ADMIN (an unprivileged container): said, not failed.
+        print("cannot mount a tmpfs (%s): the full-disk check did not run" % p.stderr.strip())
+        return
+    try:
+        fstate = os.path.join(mnt, "jobs.state")
+
+        def fill():
+            fd = os.open(os.path.join(mnt, "filler"), os.O_WRONLY | os.O_CREAT, 0o600)
+            try:
+                while True:
+                    os.write(fd, b"x" * 4096)
+            except OSError:
+                pass
+            os.close(fd)
+
+        def full(d):
+            admin = d.client()
+            admin.call("job.register", {"job": 20, "uid": me, "devices": []})
+            fill()
+            for method, args in (("job.register", {"job": 21, "uid": me, "devices": []}),
+                                 ("job.register", {"job": 20, "uid": me,
+                                                   "devices": [gpu["uuid"]]}),
+                                 ("job.end", {"job": 20})):
+                e = err_of(admin, method, args)
+                check(e[0] == "EIO" and fstate in e[1] and "nothing changed" in e[1],
+                      "%s %r on a full disk: %r" % (method, args, e))
+            jobs = admin.call("status", {})["jobs"]
+            check([(j["job"], j["devices"]) for j in jobs] == [(20, [])],
+                  "nothing changed: %r" % jobs)
+            check(ids(d.client(job=20)) == [cpu["id"]], "job 20 still registered, no GPU")
+            os.unlink(os.path.join(mnt, "filler"))
+            admin.call("job.end", {"job": 20})
+            check(job_ids(admin) == [], "job 20 ended once the disk has room")
+            check(not os.path.exists(fstate + ".tmp"), "no temporary file left")
+        daemon_check(Daemon(exe, tmp, ["--job-state", fstate]), full)
+    finally:
+        subprocess.run(["umount", mnt], check=True)
 
 
 def main():

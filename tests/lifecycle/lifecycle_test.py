@@ -808,8 +808,8 @@ def t_reload(exe, tmp):
 
 
 # The keys only a restart changes (dspk.conf(5), docs/admin.md).
-RESTART_ONLY = ("socket", "cache", "no_cache", "cache_max_bytes", "backends", "raw_kernels",
-                "foreground", "metrics_listen", "device_inflight")
+RESTART_ONLY = ("socket", "cache", "no_cache", "cache_max_bytes", "job_state", "backends",
+                "raw_kernels", "foreground", "metrics_listen", "device_inflight")
 
 
 def reload_and_wait(d, what):
@@ -827,7 +827,8 @@ def t_reloadkeys(exe, tmp):
     full = ("[daemon]\nsocket = %s\ncache = %s\nno_cache = no\ncache_max_bytes = 1M\n"
             "backends = cpu\nraw_kernels = none\nforeground = yes\n"
             "metrics_listen = 127.0.0.1:0\n"
-            "device_inflight = 3\n" % (sock, os.path.join(tmp, "keys.db")))
+            "device_inflight = 3\njob_state = %s\n"
+            % (sock, os.path.join(tmp, "keys.db"), os.path.join(tmp, "keys.jobs")))
     write(conf, full)
     d = Daemon(exe, tmp, ["--config", conf], notify=True, sock=sock, backends=None,
                config=None, socket_flag=False)
@@ -857,7 +858,8 @@ def t_reloadkeys(exe, tmp):
                        ("no_cache", "yes"), ("cache_max_bytes", "2M"), ("backends", "cpu,vulkan"),
                        ("raw_kernels", "vulkan:0"),
                        ("metrics_listen", "127.0.0.1:1"),
-                       ("device_inflight", "5")):
+                       ("device_inflight", "5"),
+                       ("job_state", os.path.join(tmp, "other.jobs"))):
         mark = len(d.logtext())
         write(conf, re.sub(r"(?m)^%s = .*$" % key, "%s = %s" % (key, value), full))
         reload_and_wait(d, "(%s changed)" % key)
@@ -1175,6 +1177,8 @@ def t_config(exe, tmp):
     enabled = re.sub(r"(?m)^socket = .*$", "socket = %s" % os.path.join(tmp, "ex.sock"),
                      enabled)
     enabled = re.sub(r"(?m)^cache = .*$", "cache = %s" % os.path.join(tmp, "ex.db"), enabled)
+    enabled = re.sub(r"(?m)^job_state = .*$", "job_state = %s" % os.path.join(tmp, "ex.jobs"),
+                     enabled)
     # A port the system picks: the example's may be taken on the test machine.
     enabled = re.sub(r"(?m)^metrics_listen = .*$", "metrics_listen = 127.0.0.1:0", enabled)
     conf = os.path.join(tmp, "example.conf")

@@ -1,0 +1,551 @@
+/*
+ * The Slurm jobs' state file (daemon/dspkd.h; docs/protocol.md, "Slurm
+ * jobs"): the registered jobs (id, uid, GPU UUIDs) and the ended ones (id,
+ * uid) outlive a restart of the daemon (systemctl restart, a package
+ * upgrade, Restart=on-failure, the watchdog), so that a running job keeps
+ * exactly its GPUs, a claim of an ended job stays EPERM, and the epilog of
+ * a job registered before the restart ends it.
+ *
+ * The file is text, one record a line, rewritten whole after every
+ * job.register and job.end that changed something:
+ *
+ *     dspkd-jobs 1
+ *     job ID UID [UUID...]      a registered job, UUIDs normalised
+ *     ended ID UID|-            an ended job, oldest first ("-": not registered)
+ *     end N                     N: the records above; a file without it is cut short
+ *
+ * Written to PATH.tmp (O_EXCL, O_NOFOLLOW, mode 0600), fsynced, renamed over
+ * PATH, and the directory fsynced.  Read once at start; a file that is a
+ * symlink, not a regular file, not owned by the daemon's euid, writable by
+ * group or others, unreadable, or not exactly the format above is taken as
+ * lost state: nothing of it is used, the daemon logs why, and fails closed
+ * (jobs_fail_closed: a connection without a registered job gets the cpu
+ * only, as with job_required, until the daemon stops).  Loop thread only.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "daemon/dspkd.h"
+#include "daemon/log.h"
+
+#define STATE_MAGIC "dspkd-jobs 1"
+#define STATE_MAX_BYTES (16u << 20) /* 4096 jobs of 64 UUIDs take under 11 MiB */
+#define STATE_MAX_JOBS 4096         /* daemon/jobs.c's MAX_JOBS */
+#define ENDED_SLOTS 256             /* d->ended_jobs */
+_Static_assert(sizeof((struct dspkd *)0)->ended_jobs == ENDED_SLOTS * sizeof(uint64_t),
+               "the ended jobs' ring of struct dspkd");
+
+bool dspkd_jobs_required(const struct dspkd *d) {
+  return d->cfg.job_required || d->jobs_fail_closed;
+}
+
+/* ---- where ------------------------------------------------------------- */
+
+/* The default: the socket's path with its ".sock" suffix (if any) replaced
+ * by ".jobs", so that daemons on two sockets of one directory keep two
+ * files; for an activated socket without a path, dspkd.jobs in systemd's
+ * RuntimeDirectory=.  The length snprintf wanted, or -1 when neither is
+ * known. */
+static int default_path(const struct dspkd *d, char *out, size_t len) {
+  const char *sock = d->cfg.socket_path, *rt = getenv("RUNTIME_DIRECTORY");
+  size_t n = strlen(sock);
+
+  if (sock[0] && sock[0] != '(') {
+    if (n > 5 && strcmp(sock + n - 5, ".sock") == 0)
+      n -= 5;
+    return snprintf(out, len, "%.*s.jobs", (int)n, sock);
+  }
+  if (rt && rt[0] == '/')
+    return snprintf(out, len, "%.*s/dspkd.jobs", (int)strcspn(rt, ":"), rt);
+  return -1;
+}
+
+void dspkd_jobstate_init(struct dspkd *d) {
+  int n;
+
+  d->job_state[0] = '\0';
+  if (d->cfg.job_state) {
+    n = snprintf(d->job_state, sizeof d->job_state, "%s", d->cfg.job_state);
+  } else if ((n = default_path(d, d->job_state, sizeof d->job_state)) < 0) {
+    d->job_state[0] = '\0';
+    dspkd_warn("Slurm jobs: the socket has no path and RUNTIME_DIRECTORY is not set: no "
+               "state file (set job_state); job.register and job.end fail with EIO");
+    return;
+  }
+  if (n < 0 || (size_t)n >= sizeof d->job_state) {
+    dspkd_error("Slurm jobs: the state file's path is too long; job.register and job.end "
+                "fail with EIO");
+    d->job_state[0] = '\0';
+  }
+}
+
+/* ---- writing ------------------------------------------------------------ */
+
+/* The file's text for d's jobs, in a malloc'd buffer.  0 or -1 (errno). */
+static int state_text(const struct dspkd *d, char **buf, size_t *len) {
+  FILE *f = open_memstream(buf, len);
+  unsigned long n = 0;
+  unsigned first = d->nended > ENDED_SLOTS ? d->nended - ENDED_SLOTS : 0;
+
+  if (!f)
+    return -1;
+  fprintf(f, STATE_MAGIC "\n");
+  for (const struct djob *j = d->jobs; j; j = j->next) {
+    if (j->ended)
+      continue;
+    fprintf(f, "job %" PRIu64 " %lu", j->id, (unsigned long)j->uid);
+    for (int i = 0; i < j->ndevs; i++)
+      fprintf(f, " %s", j->uuid[i]);
+    fputc('\n', f);
+    n++;
+  }
+  for (unsigned k = first; k < d->nended; k++) {
+    uint64_t id = d->ended_jobs[k % ENDED_SLOTS];
+    uid_t uid = d->ended_uids[k % ENDED_SLOTS];
+    if (!id)
+      continue; /* registered again (a requeued job) */
+    if (uid == (uid_t)-1)
+      fprintf(f, "ended %" PRIu64 " -\n", id);
+    else
+      fprintf(f, "ended %" PRIu64 " %lu\n", id, (unsigned long)uid);
+    n++;
+  }
+  fprintf(f, "end %lu\n", n);
+  if (ferror(f)) {
+    fclose(f);
+    free(*buf);
+    *buf = NULL;
+    errno = ENOMEM;
+    return -1;
+  }
+  return fclose(f) == 0 ? 0 : -1;
+}
+
+/* fsync of path's directory, so that the rename is on disk.  0 or -1. */
+static int sync_dir(const char *path) {
+  const char *slash = strrchr(path, '/');
+  char dir[sizeof((struct dspkd *)0)->job_state];
+  int fd, r;
+
+  if (!slash)
+    snprintf(dir, sizeof dir, ".");
+  else
+    snprintf(dir, sizeof dir, "%.*s", slash == path ? 1 : (int)(slash - path), path);
+  fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0)
+    return -1;
+  r = fsync(fd);
+  close(fd);
+  return r;
+}
+
+/* Writes text to fd, syncs and closes it (also on error).  0, or -1 with
+ * errno and the step that failed in *step. */
+static int write_synced(int fd, const char *text, size_t len, const char **step) {
+  FILE *f = fdopen(fd, "w");
+  int e;
+
+  if (!f) {
+    e = errno;
+    close(fd);
+    errno = e;
+    return -1;
+  }
+  *step = "write";
+  if (fwrite(text, 1, len, f) == len && fflush(f) == 0) {
+    *step = "fsync";
+    if (fsync(fd) == 0) {
+      *step = "close";
+      return fclose(f) == 0 ? 0 : -1;
+    }
+  }
+  e = errno;
+  fclose(f);
+  errno = e;
+  return -1;
+}
+
+/* Writes text to path through path.tmp.  0, or -1 with errno and the step
+ * that failed in *step. */
+static int replace_file(const char *path, const char *text, size_t len, const char **step) {
+  char tmp[sizeof((struct dspkd *)0)->job_state + 8];
+  int fd, e;
+
+  snprintf(tmp, sizeof tmp, "%s.tmp", path);
+  *step = "remove";
+  if (unlink(tmp) != 0 && errno != ENOENT)
+    return -1;
+  *step = "create";
+  fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd < 0)
+    return -1;
+  if (write_synced(fd, text, len, step) != 0) {
+    e = errno;
+    goto fail;
+  }
+  *step = "rename";
+  if (rename(tmp, path) != 0) {
+    e = errno;
+    goto fail;
+  }
+  /* The new file is in place: memory and the file agree, so a directory
+   * that cannot be synced is a warning, not a failed call. */
+  if (sync_dir(path) != 0)
+    dspkd_warn("Slurm jobs: %s written, but its directory could not be synced: %s", path,
+               strerror(errno));
+  return 0;
+fail:
+  unlink(tmp);
+  errno = e;
+  return -1;
+}
+
+int dspkd_jobstate_save(const struct dspkd *d, char *msg, size_t len) {
+  char *text = NULL;
+  size_t n = 0;
+  const char *step = "format";
+  int r;
+
+  if (!d->job_state[0]) {
+    snprintf(msg, len, "no Slurm jobs' state file (set job_state in dspkd.conf)");
+    return DSPK_EIO;
+  }
+  r = state_text(d, &text, &n);
+  if (r == 0)
+    r = replace_file(d->job_state, text, n, &step);
+  if (r != 0)
+    snprintf(msg, len, "cannot write the Slurm jobs' state file %s (%s: %s)", d->job_state,
+             step, strerror(errno));
+  free(text);
+  return r == 0 ? 0 : DSPK_EIO;
+}
+
+/* ---- reading ------------------------------------------------------------ */
+
+/* What a parse of the file found, applied only when all of it is good. */
+struct parsed {
+  struct djob *jobs; /* in the order of the file */
+  struct djob **tail;
+  size_t njobs;
+  uint64_t ended[ENDED_SLOTS];
+  uid_t ended_uid[ENDED_SLOTS];
+  unsigned nended;
+};
+
+/* A decimal from lo to hi, nothing else.  0 or -1. */
+static int parse_num(const char *s, uint64_t lo, uint64_t hi, uint64_t *out) {
+  char *end;
+  unsigned long long v;
+  if (*s < '0' || *s > '9')
+    return -1;
+  errno = 0;
+  v = strtoull(s, &end, 10);
+  if (errno || *end || v < lo || v > hi)
+    return -1;
+  *out = v;
+  return 0;
+}
+
+/* A normalised UUID: 1 to DSPKD_UUID_LEN - 1 lower-case hex digits. */
+static bool uuid_ok(const char *s) {
+  size_t n = strlen(s);
+  return n && n < DSPKD_UUID_LEN && strspn(s, "0123456789abcdef") == n;
+}
+
+static bool job_listed(const struct parsed *p, uint64_t id) {
+  for (const struct djob *j = p->jobs; j; j = j->next)
+    if (j->id == id)
+      return true;
+  return false;
+}
+
+/* "job ID UID UUID...", its words after "job" in w[0..n).  0, or -1 with
+ * why. */
+static int parse_job(struct parsed *p, char **w, int n, char *why, size_t len) {
+  uint64_t id, uid;
+  struct djob *j;
+  if (n < 2 || n - 2 > DSPKD_JOB_MAX_DEVICES || parse_num(w[0], 1, UINT64_MAX, &id) ||
+      parse_num(w[1], 0, UINT32_MAX - 1, &uid)) {
+    snprintf(why, len, "expected job ID UID and at most %d UUIDs", DSPKD_JOB_MAX_DEVICES);
+    return -1;
+  }
+  if (job_listed(p, id)) {
+    snprintf(why, len, "job %" PRIu64 " listed twice", id);
+    return -1;
+  }
+  if (p->njobs >= STATE_MAX_JOBS) {
+    snprintf(why, len, "more than %d jobs", STATE_MAX_JOBS);
+    return -1;
+  }
+  if (!(j = calloc(1, sizeof *j))) {
+    snprintf(why, len, "out of memory");
+    return -1;
+  }
+  j->id = id;
+  j->uid = (uid_t)uid;
+  for (int i = 2; i < n; i++) {
+    if (!uuid_ok(w[i])) {
+      snprintf(why, len, "job %" PRIu64 ": \"%.40s\" is not a UUID (lower-case hex digits)",
+               id, w[i]);
+      free(j);
+      return -1;
+    }
+    snprintf(j->uuid[j->ndevs++], DSPKD_UUID_LEN, "%s", w[i]);
+  }
+  *p->tail = j;
+  p->tail = &j->next;
+  p->njobs++;
+  return 0;
+}
+
+/* "ended ID UID|-".  0, or -1 with why. */
+static int parse_ended(struct parsed *p, char **w, int n, char *why, size_t len) {
+  uint64_t id, uid = (uint64_t)(uid_t)-1;
+  if (n != 2 || parse_num(w[0], 1, UINT64_MAX, &id) ||
+      (strcmp(w[1], "-") != 0 && parse_num(w[1], 0, UINT32_MAX - 1, &uid))) {
+    snprintf(why, len, "expected ended ID UID (or - for none)");
+    return -1;
+  }
+  if (p->nended >= ENDED_SLOTS) {
+    snprintf(why, len, "more than %d ended jobs", ENDED_SLOTS);
+    return -1;
+  }
+  p->ended[p->nended] = id;
+  p->ended_uid[p->nended++] = (uid_t)uid;
+  return 0;
+}
+
+/* Splits line at single spaces into at most max words.  The count, or -1
+ * when there are more or a word is empty. */
+static int split(char *line, char **w, int max) {
+  int n = 0;
+  for (char *s = line;;) {
+    char *sp = strchr(s, ' ');
+    if (n == max || sp == s || !*s)
+      return -1;
+    w[n++] = s;
+    if (!sp)
+      return n;
+    *sp = '\0';
+    s = sp + 1;
+  }
+}
+
+/* One line (without its newline), the lineno-th.  0, 1 after "end N", or
+ * -1 with why. */
+static int parse_line(struct parsed *p, char *line, int lineno, char *why, size_t len) {
+  char *w[DSPKD_JOB_MAX_DEVICES + 3];
+  uint64_t count;
+  int n;
+
+  if (lineno == 1) {
+    if (strcmp(line, STATE_MAGIC) == 0)
+      return 0;
+    snprintf(why, len, "not \"" STATE_MAGIC "\" (not a dspkd job state file, or "
+             "another version's)");
+    return -1;
+  }
+  n = split(line, w, (int)(sizeof w / sizeof w[0]));
+  if (n > 0 && strcmp(w[0], "job") == 0)
+    return parse_job(p, w + 1, n - 1, why, len);
+  if (n > 0 && strcmp(w[0], "ended") == 0)
+    return parse_ended(p, w + 1, n - 1, why, len);
+  if (n == 2 && strcmp(w[0], "end") == 0 && parse_num(w[1], 0, UINT64_MAX, &count) == 0) {
+    if (count == p->njobs + p->nended)
+      return 1;
+    snprintf(why, len, "\"end %" PRIu64 "\" but %zu records", count,
+             p->njobs + (size_t)p->nended);
+    return -1;
+  }
+  snprintf(why, len, "expected job, ended or end");
+  return -1;
+}
+
+/* Parses the n bytes of text.  0, or -1 with why (the line named). */
+static int parse_text(struct parsed *p, char *text, size_t n, char *why, size_t len) {
+  char *s = text, *end = text + n, reason[200];
+  int lineno = 0, r = 0;
+
+  if (memchr(text, '\0', n)) {
+    snprintf(why, len, "a NUL byte");
+    return -1;
+  }
+  while (s < end && r == 0) {
+    char *nl = memchr(s, '\n', (size_t)(end - s));
+    if (!nl) {
+      snprintf(why, len, "line %d: cut short (no newline)", lineno + 1);
+      return -1;
+    }
+    *nl = '\0';
+    r = parse_line(p, s, ++lineno, reason, sizeof reason);
+    if (r < 0) {
+      snprintf(why, len, "line %d: %s", lineno, reason);
+      return -1;
+    }
+    s = nl + 1;
+  }
+  if (r != 1) {
+    snprintf(why, len, "cut short after line %d (no \"end\" line)", lineno);
+    return -1;
+  }
+  if (s != end) {
+    snprintf(why, len, "text after the \"end\" line (line %d)", lineno + 1);
+    return -1;
+  }
+  return 0;
+}
+
+/* Opens path for reading if it is safe: a regular file of the daemon's
+ * euid that group and others cannot write, not a symlink.  The fd, -2 when
+ * it does not exist, or -1 with why. */
+static int open_safe(const char *path, struct stat *st, char *why, size_t len) {
+  int fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0 && errno == ENOENT)
+    return -2;
+  if (fd < 0) {
+    snprintf(why, len, "%s", errno == ELOOP ? "it is a symbolic link" : strerror(errno));
+    return -1;
+  }
+  if (fstat(fd, st) != 0)
+    snprintf(why, len, "fstat: %s", strerror(errno));
+  else if (!S_ISREG(st->st_mode))
+    snprintf(why, len, "not a regular file");
+  else if (st->st_uid != geteuid())
+    snprintf(why, len, "owned by uid %lu, not by dspkd's uid %lu", (unsigned long)st->st_uid,
+             (unsigned long)geteuid());
+  else if (st->st_mode & (S_IWGRP | S_IWOTH))
+    snprintf(why, len, "writable by group or others (mode %04o; dspkd writes it 0600)",
+             (unsigned)(st->st_mode & 07777));
+  else if ((uint64_t)st->st_size > STATE_MAX_BYTES)
+    snprintf(why, len, "larger than %u bytes", STATE_MAX_BYTES);
+  else
+    return fd;
+  close(fd);
+  return -1;
+}
+
+/* Reads the file into a malloc'd buffer (*text, *n bytes).  0, 1 when it
+ * does not exist, or -1 with why. */
+static int read_state(const char *path, char **text, size_t *n, char *why, size_t len) {
+  struct stat st;
+  size_t got = 0;
+  int fd = open_safe(path, &st, why, len);
+
+  if (fd == -2)
+    return 1;
+  if (fd < 0)
+    return -1;
+  if (!(*text = malloc((size_t)st.st_size + 1))) {
+    snprintf(why, len, "out of memory");
+    close(fd);
+    return -1;
+  }
+  for (;;) {
+    ssize_t r = read(fd, *text + got, (size_t)st.st_size + 1 - got);
+    if (r < 0 && errno == EINTR)
+      continue;
+    if (r < 0) {
+      snprintf(why, len, "read: %s", strerror(errno));
+      break;
+    }
+    got += (size_t)r;
+    if (r == 0 || got > (size_t)st.st_size)
+      break;
+  }
+  close(fd);
+  if (got > (size_t)st.st_size)
+    snprintf(why, len, "it grew while read");
+  if (why[0]) {
+    free(*text);
+    return -1;
+  }
+  *n = got;
+  return 0;
+}
+
+/* Whether an open device of d has the (normalised) UUID u. */
+static bool have_uuid(const struct dspkd *d, const char *u) {
+  char n[DSPKD_UUID_LEN];
+  for (int i = 0; i < d->ndevs; i++)
+    if (d->devs[i].open_state == 1 &&
+        dspkd_uuid_norm(d->devs[i].info.uuid, sizeof d->devs[i].info.uuid, n) == 0 &&
+        strcmp(n, u) == 0)
+      return true;
+  return false;
+}
+
+/* Registers the parsed jobs, in the order of the file (d->jobs' order),
+ * and remembers the ended ones. */
+static void apply(struct dspkd *d, struct parsed *p) {
+  struct djob **tail = &d->jobs;
+  while (*tail)
+    tail = &(*tail)->next;
+  while (p->jobs) {
+    struct djob *j = p->jobs;
+    p->jobs = j->next;
+    for (int i = 0; i < j->ndevs; i++)
+      if (!have_uuid(d, j->uuid[i]))
+        dspkd_warn("%s: Slurm job %" PRIu64 " (uid %lu): no device of this daemon has its "
+                   "GPU %s now; the job keeps its other devices (the cpu and the GPUs "
+                   "found)", d->job_state, j->id, (unsigned long)j->uid, j->uuid[i]);
+    j->next = NULL;
+    *tail = j;
+    tail = &j->next;
+    d->njobs++;
+  }
+  for (unsigned i = 0; i < p->nended; i++) {
+    d->ended_uids[d->nended % ENDED_SLOTS] = p->ended_uid[i];
+    d->ended_jobs[d->nended++ % ENDED_SLOTS] = p->ended[i];
+  }
+}
+
+static void parsed_free(struct parsed *p) {
+  while (p->jobs) {
+    struct djob *j = p->jobs;
+    p->jobs = j->next;
+    free(j);
+  }
+}
+
+void dspkd_jobstate_load(struct dspkd *d) {
+  struct parsed p = {0};
+  char why[320] = "", *text = NULL;
+  size_t n = 0, njobs;
+  int r;
+
+  if (!d->job_state[0]) {
+    d->jobs_fail_closed = true;
+    dspkd_error("Slurm jobs: no state file to read: connections without a registered job "
+                "get the cpu only (as job_required = yes) until dspkd stops");
+    return;
+  }
+  p.tail = &p.jobs;
+  r = read_state(d->job_state, &text, &n, why, sizeof why);
+  if (r == 1) {
+    dspkd_info("Slurm jobs: %s does not exist: no job registered before this start",
+               d->job_state);
+    return;
+  }
+  if (r == 0)
+    r = parse_text(&p, text, n, why, sizeof why);
+  free(text);
+  if (r != 0) {
+    parsed_free(&p);
+    d->jobs_fail_closed = true;
+    dspkd_error("Slurm jobs: refusing the state file %s: %s; starting without the jobs "
+                "registered before, and connections without a registered job get the cpu "
+                "only (as job_required = yes) until dspkd stops; the next job.register or "
+                "job.end writes the file anew", d->job_state, why);
+    return;
+  }
+  njobs = p.njobs;
+  apply(d, &p);
+  dspkd_info("Slurm jobs: %s: %zu job(s) registered again, %u ended job(s) remembered",
+             d->job_state, njobs, p.nended);
+}
