@@ -3315,9 +3315,14 @@ def deep(env):
     expect_protocol_error(c, "ELIMIT", "max_depth")
 
 
+# This test's uid is the daemon's own (or root): an admin, which may open 8
+# connections beyond max_clients and max_user_clients (protocol.md, Quotas).
+ADMIN_EXTRA = 8
+
+
 @case("Quotas: max_user_clients", daemon="userclients", check_alive=False)
 def user_clients(env):
-    cs = [env.conn() for _ in range(2)]
+    cs = [env.conn() for _ in range(2 + ADMIN_EXTRA)]
     for c in cs:
         c.ok("ping")
     extra = env.conn()
@@ -3329,7 +3334,7 @@ def user_clients(env):
 
 @case("Limits: max_clients", daemon="clients", check_alive=False)
 def max_clients(env):
-    cs = [env.conn() for _ in range(2)]
+    cs = [env.conn() for _ in range(2 + ADMIN_EXTRA)]
     for c in cs:
         c.ok("ping")
     extra = env.conn()
@@ -3342,15 +3347,18 @@ def max_clients(env):
 @case("Quotas: max_user_clients defaults to a quarter of max_clients, at start and at a reload",
       daemon="userdefault", check_alive=False)
 def max_user_clients_default(env):
-    # the file sets max_clients = 8: one user may hold 2 connections
+    # the file sets max_clients = 8: one user may hold 2 connections (this
+    # one, an admin, 8 more: fill(n) opens n of them)
     def fill(n):
-        cs = [env.conn() for _ in range(n)]
+        cs = [env.conn() for _ in range(n + ADMIN_EXTRA)]
         for c in cs:
             c.ok("ping")
         extra = env.conn()
         expect_protocol_error(extra, "ELIMIT", "max_user_clients")
         extra.close()
-        return cs
+        for c in cs[n:]:
+            c.close()
+        return cs[:n]
     cs = fill(2)
     with open(env.config, "w") as f:
         f.write("[limits]\nmax_clients = 12\n")
@@ -3367,10 +3375,14 @@ def max_user_clients_default(env):
         c.close()
     # unset again: a quarter of 3 is 0, and the quota is at least 1
     cs[0].ok("ping")
+    extras = [env.conn() for _ in range(ADMIN_EXTRA)]
+    for c in extras:
+        c.ok("ping")
     extra = env.conn()
     expect_protocol_error(extra, "ELIMIT", "max_user_clients")
     extra.close()
-    cs[0].close()
+    for c in extras + cs[:1]:
+        c.close()
 
 
 # ---------------------------------------------------------------- runner
