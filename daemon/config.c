@@ -763,7 +763,9 @@ static int load(const char *path, struct dspkd_config *cfg,
   fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
     int e = errno;
-    snprintf(err, len, "%s: cannot read: %s", path, strerror(e));
+    snprintf(err, len, "%s: cannot read: %s%s", path, strerror(e),
+             e == ENOENT && lstat(path, &st) == 0 ? " (a symbolic link to a missing file)"
+                                                   : "");
     return e == ENOENT ? DSPK_ENOENT : DSPK_EIO;
   }
   if (fstat(fd, &st) != 0)
@@ -982,6 +984,15 @@ static int parse_argv(int argc, char **argv, struct dspkd_config *cfg, const cha
   return 0;
 }
 
+/* Whether the default file is absent: nothing has its name (ENOENT from
+ * lstat, its directory searchable).  Anything else, a directory on the way
+ * the daemon's user cannot search, a symbolic link to nothing, a loop, an
+ * I/O error, is a file that cannot be read: load() says why. */
+static bool default_absent(const char *path) {
+  struct stat st;
+  return lstat(path, &st) != 0 && errno == ENOENT;
+}
+
 int dspkd_config_start(int argc, char **argv, struct dspkd_config *cfg) {
   const char *config = NULL;
   char err[PATH_MAX + 512];
@@ -1005,7 +1016,7 @@ int dspkd_config_start(int argc, char **argv, struct dspkd_config *cfg) {
     /* The default file is read when it exists, now or at a reload. */
     snprintf(conf_path, sizeof conf_path, "%s", DSPKD_CONFIG_DEFAULT);
     conf_default = true;
-    if (access(DSPKD_CONFIG_DEFAULT, F_OK) != 0)
+    if (default_absent(DSPKD_CONFIG_DEFAULT))
       goto done;
     config = DSPKD_CONFIG_DEFAULT;
   }
@@ -1032,6 +1043,13 @@ done:
     cfg->cache_path = NULL;
   }
   dspkd_log_set_level((enum dspkd_level)cfg->log_level);
+  if (have_conf)
+    dspkd_info("configuration read from %s", conf_path);
+  else if (conf_default)
+    dspkd_info("no configuration file (%s does not exist): the built-in defaults",
+               conf_path);
+  else
+    dspkd_info("no configuration file (--config \"\"): the built-in defaults");
   return 0;
 }
 
@@ -1086,7 +1104,7 @@ int dspkd_config_reload(struct dspkd *d, char *msg, size_t msglen) {
     dspkd_info("reload: started with --config \"\": no configuration file to read");
     return 1;
   }
-  if (conf_default && !have_conf && access(conf_path, F_OK) != 0) {
+  if (conf_default && !have_conf && default_absent(conf_path)) {
     dspkd_info("reload: %s does not exist; the built-in defaults stay", conf_path);
     return 1;
   }

@@ -11,6 +11,7 @@ a sleep.
     lifecycle_test.py --dspkd PATH GROUP     GROUP: see GROUPS at the bottom
 """
 import argparse
+import errno
 import os
 import re
 import select
@@ -921,6 +922,19 @@ def t_reloaddefault(exe, tmp):
     c = d.client()
     check(c.call("daemon.reload") == {"reloaded": False}, "no default file: reloaded false")
     check(c.call("status")["daemon"]["limits"]["max_clients"] == 256, "the default")
+    check("info: no configuration file (%s does not exist)" % default in d.logtext(),
+          "the start says no file was read:\n" + d.logtext())
+    # A default file that is there but cannot be read is no absent file: a
+    # reload refuses it and keeps what runs.
+    conf = os.path.join(mine, "dspk", "dspkd.conf")
+    os.symlink(os.path.join(tmp, "nowhere.conf"), conf)
+    try:
+        c.call("daemon.reload")
+        raise AssertionError("a dangling default file was taken for an absent one")
+    except RpcError as e:
+        check(e.name == "ENOENT" and "symbolic link to a missing file" in e.err.get("message", ""),
+              "dangling: %r" % e.err)
+    os.remove(conf)
     # The file appears: a reload reads it.
     write(os.path.join(mine, "dspk", "dspkd.conf"), "[limits]\nmax_clients = 2\n")
     check(c.call("daemon.reload") == {"reloaded": True}, "the default file read")
@@ -945,8 +959,48 @@ def t_reloaddefault(exe, tmp):
     c = d.client()
     check(c.call("daemon.reload") == {"reloaded": False}, "--config \"\": reloaded false")
     check(c.call("status")["daemon"]["limits"]["max_clients"] == 256, "nothing read")
+    check('info: no configuration file (--config "")' in d.logtext(), d.logtext())
     c.close()
     d.stop()
+    # The default file, read: the start names it.
+    d = Daemon(wrapper, tmp, config=None)
+    check("info: configuration read from %s" % default in d.logtext(), d.logtext())
+    d.stop()
+    # Only "no such file" means absent: a default file that cannot be reached
+    # stops the start (exit 2), as any file that cannot be read, with why.
+    unreachable = [("a symbolic link to a missing file",
+                    lambda: os.symlink(os.path.join(tmp, "nowhere.conf"), conf),
+                    "No such file or directory (a symbolic link to a missing file)"),
+                   ("a symbolic link loop", lambda: os.symlink(conf, conf),
+                    os.strerror(errno.ELOOP))]
+    os.remove(conf)
+    for what, make, why in unreachable:
+        make()
+        d = Daemon(wrapper, tmp, config=None, ready=False)
+        check(d.wait() == 2, "%s: exit 2:\n%s" % (what, d.logtext()))
+        check("error: %s: cannot read: %s" % (default, why) in d.logtext(),
+              "%s:\n%s" % (what, d.logtext()))
+        os.remove(conf)
+    # Its directory not searchable by the daemon's user (root searches any).
+    if os.geteuid() != 0 or not shutil.which("setpriv"):
+        return
+    write(conf, "[policy]\nallow_users = root\n")
+    os.chmod(os.path.join(mine, "dspk"), 0o700)
+    run = tempfile.mkdtemp(prefix="dspkd-l-run-", dir="/tmp")  # reachable by nobody
+    os.chmod(run, 0o777)
+    nobody = os.path.join(tmp, "in-ns-nobody.sh")
+    write(nobody, "#!/bin/sh\nexec %s sh -c 'mount --bind \"$0\" \"$1\" || exit 77; "
+          "shift; exec setpriv --reuid=65534 --regid=65534 --clear-groups \"$@\"' %s %s %s "
+          "\"$@\"\n" % (" ".join(unshare), mine, etc, exe))
+    os.chmod(nobody, 0o755)
+    try:
+        d = Daemon(nobody, tmp, config=None, ready=False, sock=os.path.join(run, "s.sock"))
+        rc = d.wait()
+    finally:
+        shutil.rmtree(run, ignore_errors=True)
+    check(rc == 2, "unsearchable directory: exit 2:\n" + d.logtext())
+    check("error: %s: cannot read: %s" % (default, os.strerror(errno.EACCES)) in d.logtext(),
+          d.logtext())
 
 
 def t_hooks(exe, tmp):
