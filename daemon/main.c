@@ -378,6 +378,41 @@ static void driver_caches_off(void) {
       dspkd_warn("cannot set %s: %s", vars[i][0], strerror(errno));
 }
 
+/* Ignores a signal whose default action would end or stop the daemon at
+ * once (devices open, the socket left) and that means nothing to it, unless
+ * something already handles it: a profiler's SIGPROF (gprof, gperftools), a
+ * sanitizer's or the runtime's (a signal valgrind reserves refuses the
+ * change; it is not ours to touch). */
+static void ignore_signal(int signum) {
+  struct sigaction sa;
+  if (sigaction(signum, NULL, &sa) != 0 || sa.sa_handler != SIG_DFL ||
+      (sa.sa_flags & SA_SIGINFO))
+    return;
+  sa.sa_handler = SIG_IGN;
+  sa.sa_flags = 0;
+  sigemptyset(&sa.sa_mask);
+  (void)sigaction(signum, &sa, NULL);
+}
+
+/* The signals dspkd(8) SIGNALS lists as ignored: every asynchronous one
+ * whose default action ends or stops the process, but SIGTERM, SIGINT and
+ * SIGHUP (watched), SIGQUIT (kept: the core dump on request), SIGKILL and
+ * SIGSTOP (no program can).  SIGSYS and SIGTRAP are faults when a seccomp
+ * filter or a breakpoint raises them, and the kernel then forces their
+ * default action whatever the disposition: ignoring them only stops a
+ * kill(1) from ending the daemon at once.  The fault signals (SIGSEGV,
+ * SIGBUS, SIGFPE, SIGILL, SIGABRT) keep theirs: the sanitizers' handlers
+ * and the core dump of a crash need them. */
+static void ignore_signals(void) {
+  static const int ignored[] = {SIGPIPE, SIGUSR1, SIGUSR2, SIGALRM, SIGVTALRM, SIGPROF,
+                                SIGIO,   SIGPWR,  SIGXFSZ, SIGXCPU, SIGSTKFLT, SIGSYS,
+                                SIGTRAP, SIGTSTP, SIGTTIN, SIGTTOU};
+  for (size_t i = 0; i < sizeof ignored / sizeof ignored[0]; i++)
+    ignore_signal(ignored[i]);
+  for (int s = SIGRTMIN; s <= SIGRTMAX; s++)
+    ignore_signal(s);
+}
+
 int main(int argc, char **argv) {
   static struct dspkd daemon_state;
   struct dspkd *d = &daemon_state;
@@ -420,16 +455,13 @@ int main(int argc, char **argv) {
    * the process by its default action; the
    * signals dspkd has no use for are ignored (a file size limit then fails a
    * write with EFBIG instead of killing the daemon). */
-  static const int ignored[] = {SIGPIPE, SIGUSR1, SIGUSR2, SIGALRM, SIGVTALRM,
-                                SIGIO,   SIGPWR,  SIGXFSZ};
   sigset_t early;
   sigemptyset(&early);
   sigaddset(&early, SIGTERM);
   sigaddset(&early, SIGINT);
   sigaddset(&early, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &early, NULL);
-  for (size_t i = 0; i < sizeof ignored / sizeof ignored[0]; i++)
-    signal(ignored[i], SIG_IGN);
+  ignore_signals();
   mallopt(M_MMAP_THRESHOLD, 32 << 20);
   mallopt(M_TRIM_THRESHOLD, 64 << 20);
   dspkd_heap_warm();

@@ -518,6 +518,46 @@ def t_earlysig(exe, tmp):
                   what + ": the signal was recorded:\n" + d.logtext())
 
 
+def ignored_signals():
+    """What dspkd(8) SIGNALS lists as ignored, read from the page (so that the
+    list and the daemon agree): (signal numbers, the page's line)."""
+    src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+    with open(os.path.join(src, "man", "dspkd.8.scd")) as f:
+        page = f.read()
+    entry = re.search(r"\n(\*SIG[^\n]*)\n\tIgnored", page)
+    check(entry, "dspkd(8) SIGNALS has an Ignored entry")
+    nums = []
+    for name in re.findall(r"\*(SIG[A-Z0-9+]+)\*", entry.group(1)):
+        if name == "SIGRTMIN":
+            nums += range(signal.SIGRTMIN, signal.SIGRTMAX + 1)
+        elif name != "SIGRTMAX":
+            nums.append(getattr(signal, name))
+    return nums, entry.group(1)
+
+
+def t_ignored(exe, tmp):
+    """Every signal dspkd(8) SIGNALS lists as ignored is ignored (SigIgn in
+    /proc), and one of each sent leaves the daemon serving; no signal whose
+    default action ends or stops a process is left out of the page's lists
+    but SIGQUIT, SIGKILL, SIGSTOP and the faults it names."""
+    nums, line = ignored_signals()
+    for name in ("SIGPROF", "SIGSTKFLT", "SIGSYS", "SIGTRAP", "SIGTSTP", "SIGTTIN",
+                 "SIGTTOU", "SIGRTMIN", "SIGRTMAX"):
+        check(name in line, "%s listed as ignored: %s" % (name, line))
+    d = Daemon(exe, tmp)
+    with open("/proc/%d/status" % d.proc.pid) as f:
+        ign = int(re.search(r"^SigIgn:\s*([0-9a-f]+)$", f.read(), re.M).group(1), 16)
+    missing = [signal.Signals(n).name if n < signal.SIGRTMIN else "SIGRTMIN+%d"
+               % (n - signal.SIGRTMIN) for n in nums if not ign >> (n - 1) & 1]
+    check(not missing, "listed as ignored but not: %r" % missing)
+    for n in nums:
+        d.proc.send_signal(n)
+    c = d.client()
+    check(c.call("ping", {"data": b"up"})["data"] == b"up", "serving after the signals")
+    c.close()
+    d.stop()
+
+
 def t_stopmetrics(exe, tmp):
     """GET /metrics answers 503 while the daemon stops (docs/protocol.md,
     "metrics"): during the grace period, a task held running by the test
@@ -1470,6 +1510,7 @@ GROUPS = {
     "exits": t_exits,
     "policy": t_policy,
     "earlysig": t_earlysig,
+    "ignored": t_ignored,
     "stopmetrics": t_stopmetrics,
     "fdlimit": t_fdlimit,
     "cycles": t_cycles,
