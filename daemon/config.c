@@ -1053,6 +1053,45 @@ done:
   return 0;
 }
 
+/* Writes cwd/path into out (len bytes, at most max - 1 used) when path is
+ * relative.  0, or -1 (logged, naming what). */
+static int absolute(const char *what, const char *path, char *out, size_t len, size_t max) {
+  char cwd[PATH_MAX];
+  int n;
+  if (!getcwd(cwd, sizeof cwd)) {
+    dspkd_error("%s %s: cannot tell the current directory: %s", what, path, strerror(errno));
+    return -1;
+  }
+  n = snprintf(out, len, "%s%s%s", cwd, strcmp(cwd, "/") ? "/" : "", path);
+  if (n < 0 || (size_t)n >= len || (size_t)n >= max) {
+    dspkd_error("%s %s: as an absolute path (%s/%s) it has more than %zu bytes; give a "
+                "shorter one", what, path, cwd, path, max - 1);
+    return -1;
+  }
+  return 0;
+}
+
+int dspkd_config_absolute(struct dspkd_config *cfg) {
+  static char cache[PATH_MAX];
+  char buf[PATH_MAX];
+  if (cfg->socket_path[0] && cfg->socket_path[0] != '/') {
+    if (absolute("socket", cfg->socket_path, buf, sizeof buf, DSPKD_SUN_PATH) != 0)
+      return -1;
+    memcpy(cfg->socket_path, buf, strlen(buf) + 1); /* shorter than DSPKD_SUN_PATH */
+  }
+  if (cfg->cache_path && cfg->cache_path[0] && cfg->cache_path[0] != '/') {
+    if (absolute("cache", cfg->cache_path, cache, sizeof cache, sizeof cache) != 0)
+      return -1;
+    cfg->cache_path = cache;
+  }
+  if (conf_path[0] && conf_path[0] != '/') {
+    if (absolute("configuration file", conf_path, buf, sizeof buf, sizeof conf_path) != 0)
+      return -1;
+    memcpy(conf_path, buf, strlen(buf) + 1); /* shorter than conf_path */
+  }
+  return 0;
+}
+
 /* 1 when a restart-only key's value in a and b differs (strings by
  * content, NULL as unset). */
 static int restart_key_differs(const struct key *k, const struct dspkd_config *a,

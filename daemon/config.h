@@ -41,6 +41,14 @@ int dspkd_config_parse_share(const char *s, uint64_t lo, uint64_t hi, uint64_t *
 int dspkd_config_start(int argc, char **argv, struct dspkd_config *cfg);
 
 /*
+ * Before a detached daemon leaves its start directory (chdir("/")): makes
+ * the relative paths it uses later absolute, from the current directory:
+ * cfg->socket_path, cfg->cache_path and the file a reload reads.  0, or -1
+ * (logged: the directory is unknown, or a path gets too long).
+ */
+int dspkd_config_absolute(struct dspkd_config *cfg);
+
+/*
  * Reads the file again (SIGHUP) and applies the keys that may change while
  * running; keys the command line set keep their value; a key that needs a
  * restart (socket, cache, no_cache, cache_max_bytes, backends, foreground,

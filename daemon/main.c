@@ -271,6 +271,8 @@ static int detach(const struct dspkd *d) {
   close(p[0]);
   if (setsid() < 0)
     dspkd_warn("setsid: %s", strerror(errno));
+  if (chdir("/") != 0)
+    dspkd_warn("cannot leave the start directory: chdir /: %s", strerror(errno));
   for (int fd = STDIN_FILENO; fd < STDERR_FILENO; fd++)
     if (fd != d->cfg.ready_fd && null_std_fd(fd) != 0)
       dspkd_warn("cannot put /dev/null on descriptor %d: %s", fd, strerror(errno));
@@ -498,6 +500,10 @@ int main(int argc, char **argv) {
   if (!activated && dspkd_socket_check(cfg->socket_path) != 0)
     return 1;
   if (!cfg->foreground) {
+    /* Detached, it leaves its start directory (which could not be
+     * unmounted while it runs): the relative paths are resolved first. */
+    if (dspkd_config_absolute(cfg) != 0)
+      return 1;
     detach_fd = detach(d);
     if (detach_fd < 0)
       return 1;
