@@ -514,6 +514,9 @@ def t_earlysig(exe, tmp):
                 check(rc == 0, "%s: exit status %d, want 0:\n%s" % (what, rc, d.logtext()))
                 d.check_clean_exit()
                 check(not os.path.exists(d.sock), what + ": no socket left")
+                # Logged as a later one is: the journal says why it stopped.
+                check("info: received %s\n" % signal.Signals(sig).name in d.logtext(),
+                      what + ": the stop's cause logged:\n" + d.logtext())
             check("test: start resumes at %s (1 signals recorded)" % point in d.logtext(),
                   what + ": the signal was recorded:\n" + d.logtext())
 
