@@ -924,6 +924,22 @@ static void bad_option(int opt, const char *arg, const struct option *opts) {
     dspkd_error("unrecognized option '%s' (see --help)", vis(arg));
 }
 
+/* An option given twice, or --cache with --no-cache: refused (logged), as
+ * the file refuses a key given twice; the last one does not silently win. */
+static bool repeated_option(int i, char names[][40]) {
+  int cache = key_index("cache"), no_cache = key_index("no_cache");
+  int other = i == cache ? no_cache : i == no_cache ? cache : -1;
+  if (flag_mask & ((uint64_t)1 << i)) {
+    dspkd_error("option '--%s' given twice (give each option once)", names[i]);
+    return true;
+  }
+  if (other >= 0 && (flag_mask & ((uint64_t)1 << other))) {
+    dspkd_error("options '--%s' and '--%s' both given (give one)", names[other], names[i]);
+    return true;
+  }
+  return false;
+}
+
 /* Parses the command line into cfg with getopt_long (options built from
  * the table); notes which keys it set in flag_mask and --config in
  * *config.  0, 1 (help written), 2 (--version), or a negative code
@@ -955,6 +971,8 @@ static int parse_argv(int argc, char **argv, struct dspkd_config *cfg, const cha
       return DSPK_EINVAL;
     }
     k = &keys[opt - 256];
+    if (repeated_option(opt - 256, names))
+      return DSPK_EINVAL;
     flag_mask |= (uint64_t)1 << (opt - 256);
     switch (k->type) {
     case K_HELP:
@@ -996,7 +1014,7 @@ static bool default_absent(const char *path) {
 int dspkd_config_start(int argc, char **argv, struct dspkd_config *cfg) {
   const char *config = NULL;
   char err[PATH_MAX + 512];
-  int r, cli_cache = 0; /* 1: --cache PATH, -1: --no-cache (the last one wins) */
+  int r, cli_cache = 0; /* 1: --cache PATH, -1: --no-cache (never both) */
 
   flag_mask = 0;
   file_socket[0] = '\0';

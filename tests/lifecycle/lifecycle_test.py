@@ -84,15 +84,16 @@ class Daemon:
         e.update(env or {})
         r, w = os.pipe()
         args = [exe, "--foreground", "--ready-fd", str(w)]
-        if log_level:
+        # dspkd refuses an option given twice: extra's win over these.
+        if log_level and "--log-level" not in extra:
             args += ["--log-level", log_level]
-        if socket_flag:
+        if socket_flag and "--socket" not in extra:
             args += ["--socket", self.sock]
-        if config is not None:
+        if config is not None and "--config" not in extra:
             args += ["--config", config]
-        if backends:
+        if backends and "--backends" not in extra:
             args += ["--backends", backends]
-        if "--cache" not in extra and "--config" not in extra:
+        if not {"--cache", "--no-cache", "--config"} & set(extra):
             args += ["--no-cache"]
         self.proc = subprocess.Popen(args + list(extra), pass_fds=[w], stderr=self.log, env=e,
                                      preexec_fn=preexec_fn)
@@ -1203,7 +1204,21 @@ def t_config(exe, tmp):
                        (["--foreground=1"], "option '--foreground' takes no value"),
                        (["--no-cache=yes"], "option '--no-cache' takes no value"),
                        (["--fore=1"], "option '--foreground' takes no value"),
-                       (["--no-such=1"], "unrecognized option '--no-such=1'")):
+                       (["--no-such=1"], "unrecognized option '--no-such=1'"),
+                       # An option given twice is refused, as a key twice in the
+                       # file is: the last one never silently wins.
+                       (["--max-clients", "5", "--max-clients", "6"],
+                        "option '--max-clients' given twice"),
+                       (["--backends", "cpu", "--backends=vulkan"],
+                        "option '--backends' given twice"),
+                       (["--log-level", "info", "--log-l", "info"],
+                        "option '--log-level' given twice"),
+                       (["--config", "", "--foreground"], "option '--config' given twice"),
+                       (["--foreground"], "option '--foreground' given twice"),
+                       (["--no-cache", "--cache", "x.db"],
+                        "options '--no-cache' and '--cache' both given"),
+                       (["--cache", "x.db", "--no-cache"],
+                        "options '--cache' and '--no-cache' both given")):
         p = subprocess.run([exe, "--foreground", "--config", ""] + args, stderr=subprocess.PIPE,
                            stdout=subprocess.PIPE, timeout=TIMEOUT)
         check(p.returncode == 2 and want in p.stderr.decode(), "%r: %r" % (args, p.stderr))
