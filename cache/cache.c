@@ -713,7 +713,14 @@ static enum open_result try_open(const char *path, int busy_ms, sqlite3 **out,
   sqlite3_extended_result_codes(db, 1);
   sqlite3_busy_timeout(db, busy_ms);
   if (sqlite3_db_readonly(db, "main") == 1) {
-    snprintf(why, whylen, "the file is read-only");
+    /* SQLite fell back to reading only, its system call's errno gone: the
+     * reason asked again (a read-only file system, permissions, an
+     * immutable file), after SQLite's text as every other reason. */
+    int e = faccessat(AT_FDCWD, path, W_OK, AT_EACCESS) != 0 ? errno : 0;
+    if (e)
+      snprintf(why, whylen, "%s: %s", sqlite3_errstr(SQLITE_READONLY), strerror(e));
+    else
+      snprintf(why, whylen, "%s: the file is read-only", sqlite3_errstr(SQLITE_READONLY));
     res = OPEN_UNWRITABLE;
     goto fail;
   }

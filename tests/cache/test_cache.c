@@ -26,6 +26,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <signal.h>
+#include <sched.h>
+#include <sys/mount.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -741,6 +743,59 @@ static void test_unwritable_location(void **state) {
     assert_int_equal(waitpid(pid, &status, 0), pid);
     assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
     assert_int_equal(access(path, F_OK), -1);
+    chmod(f->dir, 0700);
+  }
+  /* An existing cache SQLite can only read: the warning gives the system's
+   * reason after SQLite's (it said "the file is read-only", even for a
+   * read-only file system), as uid 65534 for a file of root's
+   * (Permission denied), and on a tmpfs remounted read-only in a mount
+   * namespace of a child's own (Read-only file system). */
+  if (geteuid() == 0) {
+    char dir[300];
+    snprintf(dir, sizeof dir, "%s/rofs", f->dir);
+    assert_int_equal(mkdir(dir, 0755), 0);
+    snprintf(path, sizeof path, "%s/cache.db", dir);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+      struct dspk__cache *cc = NULL;
+      char w[1024] = "";
+      if (unshare(CLONE_NEWNS) != 0 || mount("none", "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0 ||
+          mount("tmpfs", dir, "tmpfs", 0, "mode=0755") != 0)
+        _exit(77); /* no mount namespace here */
+      int ok = dspk__cache_open(path, NULL, &cc, w, sizeof w) == 0 && !dspk__cache_in_memory(cc);
+      dspk__cache_close(cc);
+      cc = NULL;
+      ok = ok && chmod(path, 0644) == 0 && chmod(f->dir, 0711) == 0;
+      pid_t p2 = ok ? fork() : -1;
+      if (p2 == 0) {
+        int good = setgid(65534) == 0 && setuid(65534) == 0 &&
+                   dspk__cache_open(path, NULL, &cc, w, sizeof w) == 0 &&
+                   dspk__cache_in_memory(cc) && strstr(w, "is unusable (") &&
+                   strstr(w, strerror(EACCES));
+        if (!good)
+          fprintf(stderr, "a file of root's as uid 65534: %s\n", w);
+        _exit(good ? 0 : 1);
+      }
+      int st2;
+      ok = ok && p2 > 0 && waitpid(p2, &st2, 0) == p2 && WIFEXITED(st2) && !WEXITSTATUS(st2);
+      ok = ok && mount(NULL, dir, NULL, MS_REMOUNT | MS_RDONLY, NULL) == 0;
+      w[0] = '\0';
+      ok = ok && dspk__cache_open(path, NULL, &cc, w, sizeof w) == 0 &&
+           dspk__cache_in_memory(cc) && strstr(w, "is unusable (") &&
+           strstr(w, strerror(EROFS)) && !strstr(w, "the file is read-only");
+      if (!ok)
+        fprintf(stderr, "a cache on a read-only file system: %s\n", w);
+      dspk__cache_close(cc);
+      _exit(ok ? 0 : 1);
+    }
+    int status;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status));
+    if (WEXITSTATUS(status) == 77)
+      fprintf(stderr, "skipped the read-only file system case: no mount namespace\n");
+    else
+      assert_int_equal(WEXITSTATUS(status), 0);
     chmod(f->dir, 0700);
   }
   /* A read-only directory (meaningful only without CAP_DAC_OVERRIDE). */
