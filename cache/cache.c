@@ -2033,10 +2033,15 @@ int dspk__cache_stats(struct dspk__cache *c, struct dspk__cache_stats *out) {
   if (!s.in_memory) {
     struct stat sb;
     char wal[PATH_MAX + 8];
-    if (stat(c->path, &sb) == 0)
+    /* The file SQLite opened: a symbolic link's target, beside which it
+     * keeps the log (not beside the link). */
+    const char *file = sqlite3_db_filename(c->db, "main");
+    if (!file || !*file)
+      file = c->path;
+    if (stat(file, &sb) == 0)
       s.file_bytes = (uint64_t)sb.st_size;
     /* with its write-ahead log, where new entries are until a checkpoint */
-    if ((size_t)snprintf(wal, sizeof wal, "%s-wal", c->path) < sizeof wal &&
+    if ((size_t)snprintf(wal, sizeof wal, "%s-wal", file) < sizeof wal &&
         stat(wal, &sb) == 0)
       s.file_bytes += (uint64_t)sb.st_size;
   }

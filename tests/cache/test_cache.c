@@ -309,6 +309,25 @@ static void test_persistence(void **state) {
   }
   assert_int_equal(dspk__cache_check(c), 0);
   dspk__cache_close(c);
+  {
+    /* Opened through a symbolic link, SQLite keeps the log beside the
+     * link's target: file_bytes counts it there (it counted the target
+     * alone, looking for the log beside the link). */
+    char link[512], wal[512];
+    struct stat sb, sw;
+    snprintf(link, sizeof link, "%s.link", f->db);
+    assert_int_equal(symlink(f->db, link), 0);
+    c = open_ok(link, NULL);
+    assert_int_equal(dspk__cache_blob_put(c, "viaLink", "L", 1), 0);
+    assert_int_equal(dspk__cache_stats(c, &s), 0);
+    snprintf(wal, sizeof wal, "%s-wal", f->db);
+    assert_int_equal(stat(f->db, &sb), 0);
+    assert_int_equal(stat(wal, &sw), 0);
+    assert_true(sw.st_size > 0);
+    assert_int_equal(s.file_bytes, (uint64_t)(sb.st_size + sw.st_size));
+    dspk__cache_close(c);
+    assert_int_equal(unlink(link), 0);
+  }
 
   /* The file is really in WAL mode. */
   sqlite3 *db;
