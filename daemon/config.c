@@ -525,6 +525,11 @@ static int check_backends(const char *s, char *why, size_t len) {
 static int check_raw_kernels(const char *s, char *why, size_t len) {
   if (strcmp(s, "all") == 0 || strcmp(s, "none") == 0)
     return 0;
+  if (!*s) {
+    snprintf(why, len, "expected all, none, or a comma list (no blanks) of device ids such "
+             "as vulkan:0 or cuda:1; got an empty value (leave it out for all)");
+    return -1;
+  }
   for (const char *p = s;;) {
     size_t n = strcspn(p, ","), b = strcspn(p, ":,");
     bool known = known_backend(p, b);
@@ -1069,6 +1074,18 @@ done:
   else
     dspkd_info("no configuration file (--config \"\"): the built-in defaults");
   return 0;
+}
+
+const char *dspkd_config_name(const char *key, char *buf, size_t len) {
+  int i = key_index(key);
+  if (i >= 0 && (flag_mask & ((uint64_t)1 << i))) {
+    char opt[40];
+    opt_name(&keys[i], opt, sizeof opt);
+    snprintf(buf, len, "--%s", opt);
+  } else {
+    snprintf(buf, len, "%s%s%s", conf_path[0] ? conf_path : "", conf_path[0] ? ": " : "", key);
+  }
+  return buf;
 }
 
 /* Writes cwd/path into out (len bytes, at most max - 1 used) when path is

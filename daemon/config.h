@@ -48,6 +48,10 @@ int dspkd_config_start(int argc, char **argv, struct dspkd_config *cfg);
  */
 int dspkd_config_absolute(struct dspkd_config *cfg);
 
+/* How a message names the setting key: "--OPTION" when the command line
+ * set it, else "FILE: key" (or the key alone without a file), in buf. */
+const char *dspkd_config_name(const char *key, char *buf, size_t len);
+
 /*
  * Reads the file again (SIGHUP) and applies the keys that may change while
  * running; keys the command line set keep their value; a key that needs a

@@ -2624,8 +2624,11 @@ def t_userconns(exe, tmp):
         check(c.call("ping", {"data": b"x"})["data"] == b"x", "own connections served")
     extra = d.client()
     notes = extra.expect_closed()
+    # The message names the limit's value (it said "(max_user_clients)" and
+    # "1 connections").
+    want = "this user has %d connections already (max_user_clients 3)" % (3 + ADMIN_EXTRA_CONNS)
     check(any(n[1] == "protocol.error" and n[2][0]["name"] == "ELIMIT"
-              and "max_user_clients" in n[2][0]["message"] for n in notes),
+              and n[2][0]["message"] == want for n in notes),
           "a fourth connection of the same user is refused: %r" % notes)
     extra.close()
     r = subprocess.run([sys.executable, "-c", CHILD_PING, d.sock], user=OTHER_UID, group=0,

@@ -1191,6 +1191,9 @@ def t_config(exe, tmp):
                        (["--backends", ""], "--backends: expected a comma list (no blanks) of "
                         "cpu, cuda, vulkan, hip; got an empty list"),
                        (["--backends", "cpu,"], '--backends: expected a comma list'),
+                       (["--raw-kernels", ""], "--raw-kernels: expected all, none, or a comma "
+                        "list (no blanks) of device ids such as vulkan:0 or cuda:1; got an "
+                        "empty value"),
                        (["--metrics-listen", ""], "--metrics-listen: expected ADDR:PORT"),
                        (["--ready-fd", "999"], "--ready-fd: 999: not an open file descriptor"),
                        (["--backends", "cpu,nosuch"], '--backends: expected a comma list'),
