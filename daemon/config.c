@@ -1066,6 +1066,10 @@ done:
     cfg->cache_path = NULL;
   }
   dspkd_log_set_level((enum dspkd_level)cfg->log_level);
+  return 0;
+}
+
+void dspkd_config_log_source(void) {
   if (have_conf)
     dspkd_info("configuration read from %s", conf_path);
   else if (conf_default)
@@ -1073,7 +1077,6 @@ done:
                conf_path);
   else
     dspkd_info("no configuration file (--config \"\"): the built-in defaults");
-  return 0;
 }
 
 const char *dspkd_config_name(const char *key, char *buf, size_t len) {

@@ -501,6 +501,7 @@ int main(int argc, char **argv) {
   /* Before any device opens: a second daemon must not touch the GPUs. */
   if (!activated && dspkd_socket_check(cfg->socket_path) != 0)
     return 1;
+  dspkd_config_log_source();
   if (!cfg->foreground) {
     /* Detached, it leaves its start directory (which could not be
      * unmounted while it runs): the relative paths are resolved first. */
