@@ -692,6 +692,27 @@ static void test_corrupt_page(void **state) {
   check_rebuilt(f);
 }
 
+/* Opens the cache at path in a child running as uid 65534 (gid 65534):
+ * 1 when it fell back to memory with a warning that holds "is unusable (",
+ * what (unless NULL) and strerror(err); else 0, the warning on stderr. */
+static int unusable_as_nobody(const char *path, const char *what, int err) {
+  int status;
+  pid_t pid = fork();
+  if (pid == 0) {
+    struct dspk__cache *cc = NULL;
+    char w[1024] = "";
+    int ok = setgid(65534) == 0 && setuid(65534) == 0 &&
+             dspk__cache_open(path, NULL, &cc, w, sizeof w) == 0 &&
+             dspk__cache_in_memory(cc) && strstr(w, "is unusable (") &&
+             (!what || strstr(w, what)) && strstr(w, strerror(err));
+    if (!ok)
+      fprintf(stderr, "%s as uid 65534: %s\n", path, w);
+    _exit(ok ? 0 : 1);
+  }
+  return pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status) &&
+         WEXITSTATUS(status) == 0;
+}
+
 static void test_unwritable_location(void **state) {
   struct fixture *f = *state;
   /* A regular file where a directory should be: mkdir fails even for root. */
@@ -745,22 +766,7 @@ static void test_unwritable_location(void **state) {
     assert_int_equal(mkdir(ro, 0755), 0);
     assert_int_equal(chmod(f->dir, 0711), 0); /* traversable, as /var is */
     snprintf(path, sizeof path, "%s/cache.db", ro);
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-      struct dspk__cache *cc = NULL;
-      char w[1024] = "";
-      int ok = setgid(65534) == 0 && setuid(65534) == 0 &&
-               dspk__cache_open(path, NULL, &cc, w, sizeof w) == 0 &&
-               dspk__cache_in_memory(cc) && strstr(w, "is unusable (") &&
-               strstr(w, "cannot create it in ") && strstr(w, strerror(EACCES));
-      if (!ok)
-        fprintf(stderr, "read-only directory as uid 65534: %s\n", w);
-      _exit(ok ? 0 : 1);
-    }
-    int status;
-    assert_int_equal(waitpid(pid, &status, 0), pid);
-    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    assert_true(unusable_as_nobody(path, "cannot create it in ", EACCES));
     assert_int_equal(access(path, F_OK), -1);
     chmod(f->dir, 0700);
   }
@@ -779,25 +785,15 @@ static void test_unwritable_location(void **state) {
     if (pid == 0) {
       struct dspk__cache *cc = NULL;
       char w[1024] = "";
-      if (unshare(CLONE_NEWNS) != 0 || mount("none", "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0 ||
+      if (unshare(CLONE_NEWNS) != 0 ||
+          mount("none", "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0 ||
           mount("tmpfs", dir, "tmpfs", 0, "mode=0755") != 0)
         _exit(77); /* no mount namespace here */
       int ok = dspk__cache_open(path, NULL, &cc, w, sizeof w) == 0 && !dspk__cache_in_memory(cc);
       dspk__cache_close(cc);
       cc = NULL;
-      ok = ok && chmod(path, 0644) == 0 && chmod(f->dir, 0711) == 0;
-      pid_t p2 = ok ? fork() : -1;
-      if (p2 == 0) {
-        int good = setgid(65534) == 0 && setuid(65534) == 0 &&
-                   dspk__cache_open(path, NULL, &cc, w, sizeof w) == 0 &&
-                   dspk__cache_in_memory(cc) && strstr(w, "is unusable (") &&
-                   strstr(w, strerror(EACCES));
-        if (!good)
-          fprintf(stderr, "a file of root's as uid 65534: %s\n", w);
-        _exit(good ? 0 : 1);
-      }
-      int st2;
-      ok = ok && p2 > 0 && waitpid(p2, &st2, 0) == p2 && WIFEXITED(st2) && !WEXITSTATUS(st2);
+      ok = ok && chmod(path, 0644) == 0 && chmod(f->dir, 0711) == 0 &&
+           unusable_as_nobody(path, NULL, EACCES);
       ok = ok && mount(NULL, dir, NULL, MS_REMOUNT | MS_RDONLY, NULL) == 0;
       w[0] = '\0';
       ok = ok && dspk__cache_open(path, NULL, &cc, w, sizeof w) == 0 &&
