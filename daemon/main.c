@@ -400,8 +400,10 @@ static void ignore_signal(int signum) {
 
 /* The signals dspkd(8) SIGNALS lists as ignored: every asynchronous one
  * whose default action ends or stops the process, but SIGTERM, SIGINT and
- * SIGHUP (watched), SIGQUIT (kept: the core dump on request), SIGKILL and
- * SIGSTOP (no program can).  SIGSYS and SIGTRAP are faults when a seccomp
+ * SIGHUP (watched), SIGQUIT (kept: the core dump on request), SIGXCPU
+ * (kept: a soft RLIMIT_CPU asks for the end; and the children inherit what
+ * is ignored here, kcompile.c's relies on it), SIGKILL and SIGSTOP (no
+ * program can).  SIGSYS and SIGTRAP are faults when a seccomp
  * filter or a breakpoint raises them, and the kernel then forces their
  * default action whatever the disposition: ignoring them only stops a
  * kill(1) from ending the daemon at once.  The fault signals (SIGSEGV,
@@ -409,8 +411,8 @@ static void ignore_signal(int signum) {
  * and the core dump of a crash need them. */
 static void ignore_signals(void) {
   static const int ignored[] = {SIGPIPE, SIGUSR1, SIGUSR2, SIGALRM, SIGVTALRM, SIGPROF,
-                                SIGIO,   SIGPWR,  SIGXFSZ, SIGXCPU, SIGSTKFLT, SIGSYS,
-                                SIGTRAP, SIGTSTP, SIGTTIN, SIGTTOU};
+                                SIGIO,   SIGPWR,  SIGXFSZ, SIGSTKFLT, SIGSYS,  SIGTRAP,
+                                SIGTSTP, SIGTTIN, SIGTTOU};
   for (size_t i = 0; i < sizeof ignored / sizeof ignored[0]; i++)
     ignore_signal(ignored[i]);
   for (int s = SIGRTMIN; s <= SIGRTMAX; s++)

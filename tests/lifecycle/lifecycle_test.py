@@ -545,6 +545,13 @@ def t_ignored(exe, tmp):
     default action ends or stops a process is left out of the page's lists
     but SIGQUIT, SIGKILL, SIGSTOP and the faults it names."""
     nums, line = ignored_signals()
+    src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+    with open(os.path.join(src, "man", "dspkd.8.scd")) as f:
+        page = f.read()
+    named = set(re.findall(r"\*(SIG[A-Z0-9+]+)\*", page.split("# SIGNALS", 1)[1]
+                           .split("\n# ", 1)[0]))
+    unnamed = [s.name for s in signal.Signals if s.name not in named]
+    check(not unnamed, "dspkd(8) SIGNALS says nothing of %r" % unnamed)
     for name in ("SIGPROF", "SIGSTKFLT", "SIGSYS", "SIGTRAP", "SIGTSTP", "SIGTTIN",
                  "SIGTTOU", "SIGRTMIN", "SIGRTMAX"):
         check(name in line, "%s listed as ignored: %s" % (name, line))
