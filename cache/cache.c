@@ -713,7 +713,14 @@ static enum open_result try_open(const char *path, int busy_ms, sqlite3 **out,
   sqlite3_extended_result_codes(db, 1);
   sqlite3_busy_timeout(db, busy_ms);
   if (sqlite3_db_readonly(db, "main") == 1) {
-    snprintf(why, whylen, "the file is read-only");
+    /* SQLite fell back to reading only, its system call's errno gone: the
+     * reason asked again (a read-only file system, permissions, an
+     * immutable file), after SQLite's text as every other reason. */
+    int e = faccessat(AT_FDCWD, path, W_OK, AT_EACCESS) != 0 ? errno : 0;
+    if (e)
+      snprintf(why, whylen, "%s: %s", sqlite3_errstr(SQLITE_READONLY), strerror(e));
+    else
+      snprintf(why, whylen, "%s: the file is read-only", sqlite3_errstr(SQLITE_READONLY));
     res = OPEN_UNWRITABLE;
     goto fail;
   }
@@ -2026,10 +2033,15 @@ int dspk__cache_stats(struct dspk__cache *c, struct dspk__cache_stats *out) {
   if (!s.in_memory) {
     struct stat sb;
     char wal[PATH_MAX + 8];
-    if (stat(c->path, &sb) == 0)
+    /* The file SQLite opened: a symbolic link's target, beside which it
+     * keeps the log (not beside the link). */
+    const char *file = sqlite3_db_filename(c->db, "main");
+    if (!file || !*file)
+      file = c->path;
+    if (stat(file, &sb) == 0)
       s.file_bytes = (uint64_t)sb.st_size;
     /* with its write-ahead log, where new entries are until a checkpoint */
-    if ((size_t)snprintf(wal, sizeof wal, "%s-wal", c->path) < sizeof wal &&
+    if ((size_t)snprintf(wal, sizeof wal, "%s-wal", file) < sizeof wal &&
         stat(wal, &sb) == 0)
       s.file_bytes += (uint64_t)sb.st_size;
   }

@@ -528,6 +528,11 @@ static int check_backends(const char *s, char *why, size_t len) {
 static int check_raw_kernels(const char *s, char *why, size_t len) {
   if (strcmp(s, "all") == 0 || strcmp(s, "none") == 0)
     return 0;
+  if (!*s) {
+    snprintf(why, len, "expected all, none, or a comma list (no blanks) of device ids such "
+             "as vulkan:0 or cuda:1; got an empty value (leave it out for all)");
+    return -1;
+  }
   for (const char *p = s;;) {
     size_t n = strcspn(p, ","), b = strcspn(p, ":,");
     bool known = known_backend(p, b);
@@ -770,7 +775,9 @@ static int load(const char *path, struct dspkd_config *cfg,
   fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
     int e = errno;
-    snprintf(err, len, "%s: cannot read: %s", path, strerror(e));
+    snprintf(err, len, "%s: cannot read: %s%s", path, strerror(e),
+             e == ENOENT && lstat(path, &st) == 0 ? " (a symbolic link to a missing file)"
+                                                   : "");
     return e == ENOENT ? DSPK_ENOENT : DSPK_EIO;
   }
   if (fstat(fd, &st) != 0)
@@ -929,6 +936,22 @@ static void bad_option(int opt, const char *arg, const struct option *opts) {
     dspkd_error("unrecognized option '%s' (see --help)", vis(arg));
 }
 
+/* An option given twice, or --cache with --no-cache: refused (logged), as
+ * the file refuses a key given twice; the last one does not silently win. */
+static bool repeated_option(int i, char names[][40]) {
+  int cache = key_index("cache"), no_cache = key_index("no_cache");
+  int other = i == cache ? no_cache : i == no_cache ? cache : -1;
+  if (flag_mask & ((uint64_t)1 << i)) {
+    dspkd_error("option '--%s' given twice (give each option once)", names[i]);
+    return true;
+  }
+  if (other >= 0 && (flag_mask & ((uint64_t)1 << other))) {
+    dspkd_error("options '--%s' and '--%s' both given (give one)", names[other], names[i]);
+    return true;
+  }
+  return false;
+}
+
 /* Parses the command line into cfg with getopt_long (options built from
  * the table); notes which keys it set in flag_mask and --config in
  * *config.  0, 1 (help written), 2 (--version), or a negative code
@@ -960,6 +983,8 @@ static int parse_argv(int argc, char **argv, struct dspkd_config *cfg, const cha
       return DSPK_EINVAL;
     }
     k = &keys[opt - 256];
+    if (repeated_option(opt - 256, names))
+      return DSPK_EINVAL;
     flag_mask |= (uint64_t)1 << (opt - 256);
     switch (k->type) {
     case K_HELP:
@@ -989,10 +1014,19 @@ static int parse_argv(int argc, char **argv, struct dspkd_config *cfg, const cha
   return 0;
 }
 
+/* Whether the default file is absent: nothing has its name (ENOENT from
+ * lstat, its directory searchable).  Anything else, a directory on the way
+ * the daemon's user cannot search, a symbolic link to nothing, a loop, an
+ * I/O error, is a file that cannot be read: load() says why. */
+static bool default_absent(const char *path) {
+  struct stat st;
+  return lstat(path, &st) != 0 && errno == ENOENT;
+}
+
 int dspkd_config_start(int argc, char **argv, struct dspkd_config *cfg) {
   const char *config = NULL;
   char err[PATH_MAX + 512];
-  int r, cli_cache = 0; /* 1: --cache PATH, -1: --no-cache (the last one wins) */
+  int r, cli_cache = 0; /* 1: --cache PATH, -1: --no-cache (never both) */
 
   flag_mask = 0;
   file_socket[0] = '\0';
@@ -1012,7 +1046,7 @@ int dspkd_config_start(int argc, char **argv, struct dspkd_config *cfg) {
     /* The default file is read when it exists, now or at a reload. */
     snprintf(conf_path, sizeof conf_path, "%s", DSPKD_CONFIG_DEFAULT);
     conf_default = true;
-    if (access(DSPKD_CONFIG_DEFAULT, F_OK) != 0)
+    if (default_absent(DSPKD_CONFIG_DEFAULT))
       goto done;
     config = DSPKD_CONFIG_DEFAULT;
   }
@@ -1039,6 +1073,67 @@ done:
     cfg->cache_path = NULL;
   }
   dspkd_log_set_level((enum dspkd_level)cfg->log_level);
+  return 0;
+}
+
+void dspkd_config_log_source(void) {
+  if (have_conf)
+    dspkd_info("configuration read from %s", conf_path);
+  else if (conf_default)
+    dspkd_info("no configuration file (%s does not exist): the built-in defaults",
+               conf_path);
+  else
+    dspkd_info("no configuration file (--config \"\"): the built-in defaults");
+}
+
+const char *dspkd_config_name(const char *key, char *buf, size_t len) {
+  int i = key_index(key);
+  if (i >= 0 && (flag_mask & ((uint64_t)1 << i))) {
+    char opt[40];
+    opt_name(&keys[i], opt, sizeof opt);
+    snprintf(buf, len, "--%s", opt);
+  } else {
+    snprintf(buf, len, "%s%s%s", conf_path[0] ? conf_path : "", conf_path[0] ? ": " : "", key);
+  }
+  return buf;
+}
+
+/* Writes cwd/path into out (len bytes, at most max - 1 used) when path is
+ * relative.  0, or -1 (logged, naming what). */
+static int absolute(const char *what, const char *path, char *out, size_t len, size_t max) {
+  char cwd[PATH_MAX];
+  int n;
+  if (!getcwd(cwd, sizeof cwd)) {
+    dspkd_error("%s %s: cannot tell the current directory: %s", what, path, strerror(errno));
+    return -1;
+  }
+  n = snprintf(out, len, "%s%s%s", cwd, strcmp(cwd, "/") ? "/" : "", path);
+  if (n < 0 || (size_t)n >= len || (size_t)n >= max) {
+    dspkd_error("%s %s: as an absolute path (%s/%s) it has more than %zu bytes; give a "
+                "shorter one", what, path, cwd, path, max - 1);
+    return -1;
+  }
+  return 0;
+}
+
+int dspkd_config_absolute(struct dspkd_config *cfg) {
+  static char cache[PATH_MAX];
+  char buf[PATH_MAX];
+  if (cfg->socket_path[0] && cfg->socket_path[0] != '/') {
+    if (absolute("socket", cfg->socket_path, buf, sizeof buf, DSPKD_SUN_PATH) != 0)
+      return -1;
+    memcpy(cfg->socket_path, buf, strlen(buf) + 1); /* shorter than DSPKD_SUN_PATH */
+  }
+  if (cfg->cache_path && cfg->cache_path[0] && cfg->cache_path[0] != '/') {
+    if (absolute("cache", cfg->cache_path, cache, sizeof cache, sizeof cache) != 0)
+      return -1;
+    cfg->cache_path = cache;
+  }
+  if (conf_path[0] && conf_path[0] != '/') {
+    if (absolute("configuration file", conf_path, buf, sizeof buf, sizeof conf_path) != 0)
+      return -1;
+    memcpy(conf_path, buf, strlen(buf) + 1); /* shorter than conf_path */
+  }
   return 0;
 }
 
@@ -1093,7 +1188,7 @@ int dspkd_config_reload(struct dspkd *d, char *msg, size_t msglen) {
     dspkd_info("reload: started with --config \"\": no configuration file to read");
     return 1;
   }
-  if (conf_default && !have_conf && access(conf_path, F_OK) != 0) {
+  if (conf_default && !have_conf && default_absent(conf_path)) {
     dspkd_info("reload: %s does not exist; the built-in defaults stay", conf_path);
     return 1;
   }

@@ -39,6 +39,21 @@ int dspkd_config_parse_share(const char *s, uint64_t lo, uint64_t hi, uint64_t *
  * Remembers the file and the options for dspkd_config_reload().
  */
 int dspkd_config_start(int argc, char **argv, struct dspkd_config *cfg);
+/* Logs (info) the file dspkd_config_start read, or that it read none and
+ * why; once the start-up checks passed (an error stays the one line). */
+void dspkd_config_log_source(void);
+
+/*
+ * Before a detached daemon leaves its start directory (chdir("/")): makes
+ * the relative paths it uses later absolute, from the current directory:
+ * cfg->socket_path, cfg->cache_path and the file a reload reads.  0, or -1
+ * (logged: the directory is unknown, or a path gets too long).
+ */
+int dspkd_config_absolute(struct dspkd_config *cfg);
+
+/* How a message names the setting key: "--OPTION" when the command line
+ * set it, else "FILE: key" (or the key alone without a file), in buf. */
+const char *dspkd_config_name(const char *key, char *buf, size_t len);
 
 /*
  * Reads the file again (SIGHUP) and applies the keys that may change while

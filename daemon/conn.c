@@ -1554,8 +1554,9 @@ static void accept_fd(struct dspkd *d, int fd) {
   if (c->user->nconns > d->cfg.max_user_clients + extra &&
       c->user->nconns - conns_gone(d, c, c->user) > d->cfg.max_user_clients + extra) {
     char msg[96];
-    snprintf(msg, sizeof msg, "this user has %zu connections already (max_user_clients)",
-             c->user->nconns - 1 - conns_gone(d, c, c->user));
+    size_t n = c->user->nconns - 1 - conns_gone(d, c, c->user);
+    snprintf(msg, sizeof msg, "this user has %zu connection%s already (max_user_clients %zu)",
+             n, n == 1 ? "" : "s", d->cfg.max_user_clients);
     conn_protocol_error(c, DSPK_ELIMIT, msg);
     return;
   }

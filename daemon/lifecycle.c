@@ -83,6 +83,7 @@ static void early_replay(void) {
 
 static void on_stop_signal(uv_signal_t *h, int signum) {
   struct dspkd *d = h->data;
+  dspkd_info("received %s", signum == SIGTERM ? "SIGTERM" : "SIGINT");
   s.stops++;
   if (s.stops == 1) {
     dspkd_stop(d);

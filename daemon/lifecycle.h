@@ -5,7 +5,9 @@
  *                    second makes it fast: running tasks are canceled now,
  *                    the stop still goes in order;
  *   SIGHUP           reloads the configuration file (daemon/config.h);
- *   SIGPIPE          ignored (main).
+ *   SIGPIPE and the  ignored (main's ignore_signals: every asynchronous
+ *   others           signal whose default action would end or stop the
+ *                    process, as dspkd(8) SIGNALS lists them).
  * The watchers are installed before the devices open, so a signal during
  * the start is acted on once the loop runs instead of killing the process
  * with devices open, and they stay until the loop has ended, after which

@@ -83,9 +83,11 @@ static int socket_path(struct dspkd_config *cfg) {
   return 0;
 }
 
+/* daemon/lifecycle.c's watcher logs the signal (also one taken during the
+ * start, which only its watcher sees). */
 static void on_signal(uv_signal_t *h, int signum) {
   struct dspkd *d = h->data;
-  dspkd_info("received %s", signum == SIGTERM ? "SIGTERM" : "SIGINT");
+  (void)signum;
   d->exit_code = 0;
   dspkd_stop(d);
 }
@@ -271,6 +273,8 @@ static int detach(const struct dspkd *d) {
   close(p[0]);
   if (setsid() < 0)
     dspkd_warn("setsid: %s", strerror(errno));
+  if (chdir("/") != 0)
+    dspkd_warn("cannot leave the start directory: chdir /: %s", strerror(errno));
   for (int fd = STDIN_FILENO; fd < STDERR_FILENO; fd++)
     if (fd != d->cfg.ready_fd && null_std_fd(fd) != 0)
       dspkd_warn("cannot put /dev/null on descriptor %d: %s", fd, strerror(errno));
@@ -378,6 +382,43 @@ static void driver_caches_off(void) {
       dspkd_warn("cannot set %s: %s", vars[i][0], strerror(errno));
 }
 
+/* Ignores a signal whose default action would end or stop the daemon at
+ * once (devices open, the socket left) and that means nothing to it, unless
+ * something already handles it: a profiler's SIGPROF (gprof, gperftools), a
+ * sanitizer's or the runtime's (a signal valgrind reserves refuses the
+ * change; it is not ours to touch). */
+static void ignore_signal(int signum) {
+  struct sigaction sa;
+  if (sigaction(signum, NULL, &sa) != 0 || sa.sa_handler != SIG_DFL ||
+      (sa.sa_flags & SA_SIGINFO))
+    return;
+  sa.sa_handler = SIG_IGN;
+  sa.sa_flags = 0;
+  sigemptyset(&sa.sa_mask);
+  (void)sigaction(signum, &sa, NULL);
+}
+
+/* The signals dspkd(8) SIGNALS lists as ignored: every asynchronous one
+ * whose default action ends or stops the process, but SIGTERM, SIGINT and
+ * SIGHUP (watched), SIGQUIT (kept: the core dump on request), SIGXCPU
+ * (kept: a soft RLIMIT_CPU asks for the end; and the children inherit what
+ * is ignored here, kcompile.c's relies on it), SIGKILL and SIGSTOP (no
+ * program can).  SIGSYS and SIGTRAP are faults when a seccomp
+ * filter or a breakpoint raises them, and the kernel then forces their
+ * default action whatever the disposition: ignoring them only stops a
+ * kill(1) from ending the daemon at once.  The fault signals (SIGSEGV,
+ * SIGBUS, SIGFPE, SIGILL, SIGABRT) keep theirs: the sanitizers' handlers
+ * and the core dump of a crash need them. */
+static void ignore_signals(void) {
+  static const int ignored[] = {SIGPIPE, SIGUSR1, SIGUSR2, SIGALRM, SIGVTALRM, SIGPROF,
+                                SIGIO,   SIGPWR,  SIGXFSZ, SIGSTKFLT, SIGSYS,  SIGTRAP,
+                                SIGTSTP, SIGTTIN, SIGTTOU};
+  for (size_t i = 0; i < sizeof ignored / sizeof ignored[0]; i++)
+    ignore_signal(ignored[i]);
+  for (int s = SIGRTMIN; s <= SIGRTMAX; s++)
+    ignore_signal(s);
+}
+
 int main(int argc, char **argv) {
   static struct dspkd daemon_state;
   struct dspkd *d = &daemon_state;
@@ -420,16 +461,13 @@ int main(int argc, char **argv) {
    * the process by its default action; the
    * signals dspkd has no use for are ignored (a file size limit then fails a
    * write with EFBIG instead of killing the daemon). */
-  static const int ignored[] = {SIGPIPE, SIGUSR1, SIGUSR2, SIGALRM, SIGVTALRM,
-                                SIGIO,   SIGPWR,  SIGXFSZ};
   sigset_t early;
   sigemptyset(&early);
   sigaddset(&early, SIGTERM);
   sigaddset(&early, SIGINT);
   sigaddset(&early, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &early, NULL);
-  for (size_t i = 0; i < sizeof ignored / sizeof ignored[0]; i++)
-    signal(ignored[i], SIG_IGN);
+  ignore_signals();
   mallopt(M_MMAP_THRESHOLD, 32 << 20);
   mallopt(M_TRIM_THRESHOLD, 64 << 20);
   dspkd_heap_warm();
@@ -465,7 +503,12 @@ int main(int argc, char **argv) {
   /* Before any device opens: a second daemon must not touch the GPUs. */
   if (!activated && dspkd_socket_check(cfg->socket_path) != 0)
     return 1;
+  dspkd_config_log_source();
   if (!cfg->foreground) {
+    /* Detached, it leaves its start directory (which could not be
+     * unmounted while it runs): the relative paths are resolved first. */
+    if (dspkd_config_absolute(cfg) != 0)
+      return 1;
     detach_fd = detach(d);
     if (detach_fd < 0)
       return 1;

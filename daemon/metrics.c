@@ -13,6 +13,7 @@
  */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <limits.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <pthread.h>
@@ -33,6 +34,7 @@
 
 #include "cache/cache.h"
 #include "daemon/admin.h"
+#include "daemon/config.h"
 #include "daemon/dspkd.h"
 #include "daemon/log.h"
 #include "daemon/sched.h"
@@ -771,7 +773,7 @@ static int parse_listen(const char *spec, struct sockaddr_storage *sa, socklen_t
     hints.ai_family = AF_INET6; /* [::], dual-stack; 0.0.0.0 without IPv6 */
   r = getaddrinfo(n ? host : NULL, port, &hints, &res);
   if (r != 0) {
-    snprintf(msg, msglen, "cannot resolve \"%s\": %s", spec, gai_strerror(r));
+    snprintf(msg, msglen, "cannot resolve the address \"%s\": %s", host, gai_strerror(r));
     return DSPK_EINVAL;
   }
   memcpy(sa, res->ai_addr, res->ai_addrlen);
@@ -817,7 +819,7 @@ int dspkd_metrics_http_start(struct dspkd *d) {
   socklen_t salen;
   pthread_condattr_t ca;
   sigset_t all, old;
-  char msg[320];
+  char msg[320], name[PATH_MAX + 64];
   bool any = false;
   /* epoll or poll, never select: the daemon's descriptors may pass
    * FD_SETSIZE with many clients. */
@@ -826,7 +828,8 @@ int dspkd_metrics_http_start(struct dspkd *d) {
   if (!spec || !*spec)
     return 0;
   if (parse_listen(spec, &sa, &salen, &any, msg, sizeof msg) != 0) {
-    dspkd_error("metrics_listen %s: %s", spec, msg);
+    dspkd_error("%s %s: %s", dspkd_config_name("metrics_listen", name, sizeof name), spec,
+                msg);
     return DSPK_EINVAL;
   }
   h = calloc(1, sizeof *h);
@@ -870,7 +873,8 @@ int dspkd_metrics_http_start(struct dspkd *d) {
     int e = errno;
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     d->obs.http = h;
-    dspkd_error("metrics_listen %s: cannot listen: %s: %s%s", spec, step, strerror(e),
+    dspkd_error("%s %s: cannot listen: %s: %s%s",
+                dspkd_config_name("metrics_listen", name, sizeof name), spec, step, strerror(e),
                 e == EADDRNOTAVAIL ? " (not an address of this host)"
                 : e == EADDRINUSE  ? " (another program listens there)"
                 : e == EACCES      ? " (a port below 1024 needs privileges)"
@@ -891,7 +895,8 @@ int dspkd_metrics_http_start(struct dspkd *d) {
   d->obs.http = h;
   if (!h->mhd) {
     close(lfd);
-    dspkd_error("metrics_listen %s: cannot start the HTTP listener (libmicrohttpd failed)", spec);
+    dspkd_error("%s %s: cannot start the HTTP listener (libmicrohttpd failed)",
+                dspkd_config_name("metrics_listen", name, sizeof name), spec);
     return DSPK_EIO;
   }
   /* The address and port bound (the port the system chose for port 0;
@@ -926,10 +931,11 @@ void dspkd_metrics_http_stop(struct dspkd *d) {
 #else /* !DSPKD_HAVE_MHD */
 
 int dspkd_metrics_http_start(struct dspkd *d) {
+  char name[PATH_MAX + 64];
   if (!d->cfg.metrics_listen || !*d->cfg.metrics_listen)
     return 0;
-  dspkd_error("metrics_listen %s: this dspkd was built without libmicrohttpd",
-              d->cfg.metrics_listen);
+  dspkd_error("%s %s: this dspkd was built without libmicrohttpd",
+              dspkd_config_name("metrics_listen", name, sizeof name), d->cfg.metrics_listen);
   return DSPK_ENOTSUP;
 }
 

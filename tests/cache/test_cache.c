@@ -26,6 +26,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <signal.h>
+#include <sched.h>
+#include <sys/mount.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -307,6 +309,25 @@ static void test_persistence(void **state) {
   }
   assert_int_equal(dspk__cache_check(c), 0);
   dspk__cache_close(c);
+  {
+    /* Opened through a symbolic link, SQLite keeps the log beside the
+     * link's target: file_bytes counts it there (it counted the target
+     * alone, looking for the log beside the link). */
+    char link[512], wal[512];
+    struct stat sb, sw;
+    snprintf(link, sizeof link, "%s.link", f->db);
+    assert_int_equal(symlink(f->db, link), 0);
+    c = open_ok(link, NULL);
+    assert_int_equal(dspk__cache_blob_put(c, "viaLink", "L", 1), 0);
+    assert_int_equal(dspk__cache_stats(c, &s), 0);
+    snprintf(wal, sizeof wal, "%s-wal", f->db);
+    assert_int_equal(stat(f->db, &sb), 0);
+    assert_int_equal(stat(wal, &sw), 0);
+    assert_true(sw.st_size > 0);
+    assert_int_equal(s.file_bytes, (uint64_t)(sb.st_size + sw.st_size));
+    dspk__cache_close(c);
+    assert_int_equal(unlink(link), 0);
+  }
 
   /* The file is really in WAL mode. */
   sqlite3 *db;
@@ -671,6 +692,27 @@ static void test_corrupt_page(void **state) {
   check_rebuilt(f);
 }
 
+/* Opens the cache at path in a child running as uid 65534 (gid 65534):
+ * 1 when it fell back to memory with a warning that holds "is unusable (",
+ * what (unless NULL) and strerror(err); else 0, the warning on stderr. */
+static int unusable_as_nobody(const char *path, const char *what, int err) {
+  int status;
+  pid_t pid = fork();
+  if (pid == 0) {
+    struct dspk__cache *cc = NULL;
+    char w[1024] = "";
+    int ok = setgid(65534) == 0 && setuid(65534) == 0 &&
+             dspk__cache_open(path, NULL, &cc, w, sizeof w) == 0 &&
+             dspk__cache_in_memory(cc) && strstr(w, "is unusable (") &&
+             (!what || strstr(w, what)) && strstr(w, strerror(err));
+    if (!ok)
+      fprintf(stderr, "%s as uid 65534: %s\n", path, w);
+    _exit(ok ? 0 : 1);
+  }
+  return pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status) &&
+         WEXITSTATUS(status) == 0;
+}
+
 static void test_unwritable_location(void **state) {
   struct fixture *f = *state;
   /* A regular file where a directory should be: mkdir fails even for root. */
@@ -724,23 +766,51 @@ static void test_unwritable_location(void **state) {
     assert_int_equal(mkdir(ro, 0755), 0);
     assert_int_equal(chmod(f->dir, 0711), 0); /* traversable, as /var is */
     snprintf(path, sizeof path, "%s/cache.db", ro);
+    assert_true(unusable_as_nobody(path, "cannot create it in ", EACCES));
+    assert_int_equal(access(path, F_OK), -1);
+    chmod(f->dir, 0700);
+  }
+  /* An existing cache SQLite can only read: the warning gives the system's
+   * reason after SQLite's (it said "the file is read-only", even for a
+   * read-only file system), as uid 65534 for a file of root's
+   * (Permission denied), and on a tmpfs remounted read-only in a mount
+   * namespace of a child's own (Read-only file system). */
+  if (geteuid() == 0) {
+    char dir[300];
+    snprintf(dir, sizeof dir, "%s/rofs", f->dir);
+    assert_int_equal(mkdir(dir, 0755), 0);
+    snprintf(path, sizeof path, "%s/cache.db", dir);
     pid_t pid = fork();
     assert_true(pid >= 0);
     if (pid == 0) {
       struct dspk__cache *cc = NULL;
       char w[1024] = "";
-      int ok = setgid(65534) == 0 && setuid(65534) == 0 &&
-               dspk__cache_open(path, NULL, &cc, w, sizeof w) == 0 &&
-               dspk__cache_in_memory(cc) && strstr(w, "is unusable (") &&
-               strstr(w, "cannot create it in ") && strstr(w, strerror(EACCES));
+      if (unshare(CLONE_NEWNS) != 0 ||
+          mount("none", "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0 ||
+          mount("tmpfs", dir, "tmpfs", 0, "mode=0755") != 0)
+        _exit(77); /* no mount namespace here */
+      int ok = dspk__cache_open(path, NULL, &cc, w, sizeof w) == 0 && !dspk__cache_in_memory(cc);
+      dspk__cache_close(cc);
+      cc = NULL;
+      ok = ok && chmod(path, 0644) == 0 && chmod(f->dir, 0711) == 0 &&
+           unusable_as_nobody(path, NULL, EACCES);
+      ok = ok && mount(NULL, dir, NULL, MS_REMOUNT | MS_RDONLY, NULL) == 0;
+      w[0] = '\0';
+      ok = ok && dspk__cache_open(path, NULL, &cc, w, sizeof w) == 0 &&
+           dspk__cache_in_memory(cc) && strstr(w, "is unusable (") &&
+           strstr(w, strerror(EROFS)) && !strstr(w, "the file is read-only");
       if (!ok)
-        fprintf(stderr, "read-only directory as uid 65534: %s\n", w);
+        fprintf(stderr, "a cache on a read-only file system: %s\n", w);
+      dspk__cache_close(cc);
       _exit(ok ? 0 : 1);
     }
     int status;
     assert_int_equal(waitpid(pid, &status, 0), pid);
-    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-    assert_int_equal(access(path, F_OK), -1);
+    assert_true(WIFEXITED(status));
+    if (WEXITSTATUS(status) == 77)
+      fprintf(stderr, "skipped the read-only file system case: no mount namespace\n");
+    else
+      assert_int_equal(WEXITSTATUS(status), 0);
     chmod(f->dir, 0700);
   }
   /* A read-only directory (meaningful only without CAP_DAC_OVERRIDE). */

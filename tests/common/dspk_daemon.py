@@ -10,14 +10,16 @@ import subprocess
 
 
 def cmdline(exe, sock, extra=(), backends="cpu"):
-    """dspkd's command line for a test: in the foreground on sock, debug log,
-    then extra; backends (unless extra has --backends) and no cache (never
-    the user's ~/.cache, unless extra has --cache)."""
+    """dspkd's command line for a test: in the foreground on sock, debug log
+    (unless extra has --log-level), then extra; backends (unless extra has
+    --backends) and no cache (never the user's ~/.cache, unless extra has
+    --cache or --no-cache).  dspkd refuses an option given twice."""
     extra = list(extra)
-    args = [exe, "--foreground", "--socket", sock, "--log-level", "debug"] + extra
+    args = [exe, "--foreground", "--socket", sock] + \
+        ([] if "--log-level" in extra else ["--log-level", "debug"]) + extra
     if "--backends" not in extra:
         args += ["--backends", backends]
-    if "--cache" not in extra:
+    if "--cache" not in extra and "--no-cache" not in extra:
         args += ["--no-cache"]
     return args
 

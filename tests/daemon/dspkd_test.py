@@ -232,6 +232,34 @@ def t_detached(exe, tmp):
     check(p.returncode == 0, "detached with --ready-fd 1: %d" % p.returncode)
     _stop_pid(Client(sock).call("status")["daemon"]["pid"])
     check(out == b"READY\n", "--ready-fd 1 detached: READY on stdout, got %r" % out)
+    # Detached, it leaves its start directory (which could not be unmounted
+    # while it runs: daemon(7)); relative --socket, --cache and --config
+    # still name what they named from there, also at a reload.
+    start = os.path.join(tmp, "startdir")
+    os.mkdir(start)
+    with open(os.path.join(start, "rel.conf"), "w") as f:
+        f.write("[limits]\nmax_clients = 7\n")
+    rel = [os.path.abspath(exe), "--socket", "rel.sock", "--cache", "rel.db", "--config", "rel.conf",
+           "--backends", "cpu", "--ready-fd", "1"]
+    p = subprocess.run(rel, cwd=start, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                       timeout=TIMEOUT)
+    check(p.returncode == 0 and p.stdout == b"READY\n", "relative paths: %r" % (p,))
+    c = Client(os.path.join(start, "rel.sock"))
+    st = c.call("status")
+    pid = st["daemon"]["pid"]
+    try:
+        check(os.readlink("/proc/%d/cwd" % pid) == "/", "detached: cwd is /, not %s"
+              % os.readlink("/proc/%d/cwd" % pid))
+        check(st["daemon"]["limits"]["max_clients"] == 7, "the relative --config was read")
+        with open(os.path.join(start, "rel.conf"), "w") as f:
+            f.write("[limits]\nmax_clients = 8\n")
+        check(c.call("daemon.reload") == {"reloaded": True}, "reloaded from rel.conf")
+        check(c.call("status")["daemon"]["limits"]["max_clients"] == 8, "the reload applied")
+        check(os.path.exists(os.path.join(start, "rel.db")), "the cache where --cache said")
+        c.close()
+    finally:
+        _stop_pid(pid)
+    check(not os.path.exists(os.path.join(start, "rel.sock")), "the relative socket removed")
 
 
 def fd_target(pid, fd):
@@ -2596,8 +2624,11 @@ def t_userconns(exe, tmp):
         check(c.call("ping", {"data": b"x"})["data"] == b"x", "own connections served")
     extra = d.client()
     notes = extra.expect_closed()
+    # The message names the limit's value (it said "(max_user_clients)" and
+    # "1 connections").
+    want = "this user has %d connections already (max_user_clients 3)" % (3 + ADMIN_EXTRA_CONNS)
     check(any(n[1] == "protocol.error" and n[2][0]["name"] == "ELIMIT"
-              and "max_user_clients" in n[2][0]["message"] for n in notes),
+              and n[2][0]["message"] == want for n in notes),
           "a fourth connection of the same user is refused: %r" % notes)
     extra.close()
     r = subprocess.run([sys.executable, "-c", CHILD_PING, d.sock], user=OTHER_UID, group=0,

@@ -23,7 +23,7 @@ for sk in $keys; do
     $0 == s {on = 1; next} /^# / {on = 0} on && index($0, k) {found = 1}
     END {exit !found}' "$src/man/dspk.conf.5.scd" ||
     fail "dspk.conf(5) does not describe $key in [$section]"
-  grep -q "^#\{0,1\}$key = " "$src/systemd/dspkd.conf" ||
+  grep -q "^#\{0,1\}$key =\( \|$\)" "$src/systemd/dspkd.conf" ||
     fail "systemd/dspkd.conf has no line for $key"
 done
 

@@ -11,6 +11,7 @@ a sleep.
     lifecycle_test.py --dspkd PATH GROUP     GROUP: see GROUPS at the bottom
 """
 import argparse
+import errno
 import os
 import re
 import select
@@ -83,15 +84,16 @@ class Daemon:
         e.update(env or {})
         r, w = os.pipe()
         args = [exe, "--foreground", "--ready-fd", str(w)]
-        if log_level:
+        # dspkd refuses an option given twice: extra's win over these.
+        if log_level and "--log-level" not in extra:
             args += ["--log-level", log_level]
-        if socket_flag:
+        if socket_flag and "--socket" not in extra:
             args += ["--socket", self.sock]
-        if config is not None:
+        if config is not None and "--config" not in extra:
             args += ["--config", config]
-        if backends:
+        if backends and "--backends" not in extra:
             args += ["--backends", backends]
-        if "--cache" not in extra and "--config" not in extra:
+        if not {"--cache", "--no-cache", "--config"} & set(extra):
             args += ["--no-cache"]
         self.proc = subprocess.Popen(args + list(extra), pass_fds=[w], stderr=self.log, env=e,
                                      preexec_fn=preexec_fn)
@@ -513,8 +515,58 @@ def t_earlysig(exe, tmp):
                 check(rc == 0, "%s: exit status %d, want 0:\n%s" % (what, rc, d.logtext()))
                 d.check_clean_exit()
                 check(not os.path.exists(d.sock), what + ": no socket left")
+                # Logged as a later one is: the journal says why it stopped.
+                check("info: received %s\n" % signal.Signals(sig).name in d.logtext(),
+                      what + ": the stop's cause logged:\n" + d.logtext())
             check("test: start resumes at %s (1 signals recorded)" % point in d.logtext(),
                   what + ": the signal was recorded:\n" + d.logtext())
+
+
+def ignored_signals():
+    """What dspkd(8) SIGNALS lists as ignored, read from the page (so that the
+    list and the daemon agree): (signal numbers, the page's line)."""
+    src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+    with open(os.path.join(src, "man", "dspkd.8.scd")) as f:
+        page = f.read()
+    entry = re.search(r"\n(\*SIG[^\n]*)\n\tIgnored", page)
+    check(entry, "dspkd(8) SIGNALS has an Ignored entry")
+    nums = []
+    for name in re.findall(r"\*(SIG[A-Z0-9+]+)\*", entry.group(1)):
+        if name == "SIGRTMIN":
+            nums += range(signal.SIGRTMIN, signal.SIGRTMAX + 1)
+        elif name != "SIGRTMAX":
+            nums.append(getattr(signal, name))
+    return nums, entry.group(1)
+
+
+def t_ignored(exe, tmp):
+    """Every signal dspkd(8) SIGNALS lists as ignored is ignored (SigIgn in
+    /proc), and one of each sent leaves the daemon serving; no signal whose
+    default action ends or stops a process is left out of the page's lists
+    but SIGQUIT, SIGKILL, SIGSTOP and the faults it names."""
+    nums, line = ignored_signals()
+    src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+    with open(os.path.join(src, "man", "dspkd.8.scd")) as f:
+        page = f.read()
+    named = set(re.findall(r"\*(SIG[A-Z0-9+]+)\*", page.split("# SIGNALS", 1)[1]
+                           .split("\n# ", 1)[0]))
+    unnamed = [s.name for s in signal.Signals if s.name not in named]
+    check(not unnamed, "dspkd(8) SIGNALS says nothing of %r" % unnamed)
+    for name in ("SIGPROF", "SIGSTKFLT", "SIGSYS", "SIGTRAP", "SIGTSTP", "SIGTTIN",
+                 "SIGTTOU", "SIGRTMIN", "SIGRTMAX"):
+        check(name in line, "%s listed as ignored: %s" % (name, line))
+    d = Daemon(exe, tmp)
+    with open("/proc/%d/status" % d.proc.pid) as f:
+        ign = int(re.search(r"^SigIgn:\s*([0-9a-f]+)$", f.read(), re.M).group(1), 16)
+    missing = [signal.Signals(n).name if n < signal.SIGRTMIN else "SIGRTMIN+%d"
+               % (n - signal.SIGRTMIN) for n in nums if not ign >> (n - 1) & 1]
+    check(not missing, "listed as ignored but not: %r" % missing)
+    for n in nums:
+        d.proc.send_signal(n)
+    c = d.client()
+    check(c.call("ping", {"data": b"up"})["data"] == b"up", "serving after the signals")
+    c.close()
+    d.stop()
 
 
 def t_stopmetrics(exe, tmp):
@@ -923,6 +975,19 @@ def t_reloaddefault(exe, tmp):
     c = d.client()
     check(c.call("daemon.reload") == {"reloaded": False}, "no default file: reloaded false")
     check(c.call("status")["daemon"]["limits"]["max_clients"] == 256, "the default")
+    check("info: no configuration file (%s does not exist)" % default in d.logtext(),
+          "the start says no file was read:\n" + d.logtext())
+    # A default file that is there but cannot be read is no absent file: a
+    # reload refuses it and keeps what runs.
+    conf = os.path.join(mine, "dspk", "dspkd.conf")
+    os.symlink(os.path.join(tmp, "nowhere.conf"), conf)
+    try:
+        c.call("daemon.reload")
+        raise AssertionError("a dangling default file was taken for an absent one")
+    except RpcError as e:
+        check(e.name == "ENOENT" and "symbolic link to a missing file" in e.err.get("message", ""),
+              "dangling: %r" % e.err)
+    os.remove(conf)
     # The file appears: a reload reads it.
     write(os.path.join(mine, "dspk", "dspkd.conf"), "[limits]\nmax_clients = 2\n")
     check(c.call("daemon.reload") == {"reloaded": True}, "the default file read")
@@ -947,8 +1012,48 @@ def t_reloaddefault(exe, tmp):
     c = d.client()
     check(c.call("daemon.reload") == {"reloaded": False}, "--config \"\": reloaded false")
     check(c.call("status")["daemon"]["limits"]["max_clients"] == 256, "nothing read")
+    check('info: no configuration file (--config "")' in d.logtext(), d.logtext())
     c.close()
     d.stop()
+    # The default file, read: the start names it.
+    d = Daemon(wrapper, tmp, config=None)
+    check("info: configuration read from %s" % default in d.logtext(), d.logtext())
+    d.stop()
+    # Only "no such file" means absent: a default file that cannot be reached
+    # stops the start (exit 2), as any file that cannot be read, with why.
+    unreachable = [("a symbolic link to a missing file",
+                    lambda: os.symlink(os.path.join(tmp, "nowhere.conf"), conf),
+                    "No such file or directory (a symbolic link to a missing file)"),
+                   ("a symbolic link loop", lambda: os.symlink(conf, conf),
+                    os.strerror(errno.ELOOP))]
+    os.remove(conf)
+    for what, make, why in unreachable:
+        make()
+        d = Daemon(wrapper, tmp, config=None, ready=False)
+        check(d.wait() == 2, "%s: exit 2:\n%s" % (what, d.logtext()))
+        check("error: %s: cannot read: %s" % (default, why) in d.logtext(),
+              "%s:\n%s" % (what, d.logtext()))
+        os.remove(conf)
+    # Its directory not searchable by the daemon's user (root searches any).
+    if os.geteuid() != 0 or not shutil.which("setpriv"):
+        return
+    write(conf, "[policy]\nallow_users = root\n")
+    os.chmod(os.path.join(mine, "dspk"), 0o700)
+    run = tempfile.mkdtemp(prefix="dspkd-l-run-", dir="/tmp")  # reachable by nobody
+    os.chmod(run, 0o777)
+    nobody = os.path.join(tmp, "in-ns-nobody.sh")
+    write(nobody, "#!/bin/sh\nexec %s sh -c 'mount --bind \"$0\" \"$1\" || exit 77; "
+          "shift; exec setpriv --reuid=65534 --regid=65534 --clear-groups \"$@\"' %s %s %s "
+          "\"$@\"\n" % (" ".join(unshare), mine, etc, exe))
+    os.chmod(nobody, 0o755)
+    try:
+        d = Daemon(nobody, tmp, config=None, ready=False, sock=os.path.join(run, "s.sock"))
+        rc = d.wait()
+    finally:
+        shutil.rmtree(run, ignore_errors=True)
+    check(rc == 2, "unsearchable directory: exit 2:\n" + d.logtext())
+    check("error: %s: cannot read: %s" % (default, os.strerror(errno.EACCES)) in d.logtext(),
+          d.logtext())
 
 
 def t_hooks(exe, tmp):
@@ -1095,6 +1200,9 @@ def t_config(exe, tmp):
                        (["--backends", ""], "--backends: expected a comma list (no blanks) of "
                         "cpu, cuda, vulkan, hip; got an empty list"),
                        (["--backends", "cpu,"], '--backends: expected a comma list'),
+                       (["--raw-kernels", ""], "--raw-kernels: expected all, none, or a comma "
+                        "list (no blanks) of device ids such as vulkan:0 or cuda:1; got an "
+                        "empty value"),
                        (["--metrics-listen", ""], "--metrics-listen: expected ADDR:PORT"),
                        (["--ready-fd", "999"], "--ready-fd: 999: not an open file descriptor"),
                        (["--backends", "cpu,nosuch"], '--backends: expected a comma list'),
@@ -1108,7 +1216,21 @@ def t_config(exe, tmp):
                        (["--foreground=1"], "option '--foreground' takes no value"),
                        (["--no-cache=yes"], "option '--no-cache' takes no value"),
                        (["--fore=1"], "option '--foreground' takes no value"),
-                       (["--no-such=1"], "unrecognized option '--no-such=1'")):
+                       (["--no-such=1"], "unrecognized option '--no-such=1'"),
+                       # An option given twice is refused, as a key twice in the
+                       # file is: the last one never silently wins.
+                       (["--max-clients", "5", "--max-clients", "6"],
+                        "option '--max-clients' given twice"),
+                       (["--backends", "cpu", "--backends=vulkan"],
+                        "option '--backends' given twice"),
+                       (["--log-level", "info", "--log-l", "info"],
+                        "option '--log-level' given twice"),
+                       (["--config", "", "--foreground"], "option '--config' given twice"),
+                       (["--foreground"], "option '--foreground' given twice"),
+                       (["--no-cache", "--cache", "x.db"],
+                        "options '--no-cache' and '--cache' both given"),
+                       (["--cache", "x.db", "--no-cache"],
+                        "options '--cache' and '--no-cache' both given")):
         p = subprocess.run([exe, "--foreground", "--config", ""] + args, stderr=subprocess.PIPE,
                            stdout=subprocess.PIPE, timeout=TIMEOUT)
         check(p.returncode == 2 and want in p.stderr.decode(), "%r: %r" % (args, p.stderr))
@@ -1167,13 +1289,16 @@ def t_config(exe, tmp):
     check(p.wait(TIMEOUT) == 0, "exit 0")
     log.seek(0)
     check("debug:" in log.read(), "log_level from the file")
-    # The installed example parses (every key commented out but valid when enabled).
+    # The installed example starts with every key enabled as it is written
+    # (its values are the defaults, or marked examples that any host takes):
+    # only the paths and the port are the test machine's.  Its policy lists
+    # were users and groups a host may lack (wheel on Debian): exit 2.
     ex = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "systemd",
                       "dspkd.conf")
     text = open(ex).read()
-    enabled = re.sub(r"(?m)^#(\w+ = )", r"\1", text).replace("dspk, ", "")
-    enabled = re.sub(r"(?m)^(admin_users|allow_users) = .*$", r"\1 = root", enabled)
-    enabled = re.sub(r"(?m)^(admin_groups|allow_groups) = .*$", r"\1 = 0", enabled)
+    enabled = re.sub(r"(?m)^#(\w+ =)", r"\1", text)
+    keys = re.findall(r"(?m)^(\w+) =", enabled)
+    check(len(keys) == len(set(keys)) >= 30, "every key enabled once: %r" % keys)
     enabled = re.sub(r"(?m)^socket = .*$", "socket = %s" % os.path.join(tmp, "ex.sock"),
                      enabled)
     enabled = re.sub(r"(?m)^cache = .*$", "cache = %s" % os.path.join(tmp, "ex.db"), enabled)
@@ -1183,8 +1308,20 @@ def t_config(exe, tmp):
     enabled = re.sub(r"(?m)^metrics_listen = .*$", "metrics_listen = 127.0.0.1:0", enabled)
     conf = os.path.join(tmp, "example.conf")
     write(conf, enabled)
-    d = Daemon(exe, tmp, ["--config", conf])
+    d = Daemon(exe, tmp, ["--config", conf], socket_flag=False, backends=None,
+               sock=os.path.join(tmp, "ex.sock"))
+    c = d.client()
+    shown = c.call("status")["daemon"]
+    c.close()
     d.stop()
+    # The values shown are the defaults: the same limits as with no file.
+    d = Daemon(exe, tmp)
+    c = d.client()
+    dflt = c.call("status")["daemon"]
+    c.close()
+    d.stop()
+    check(shown["limits"] == dflt["limits"], "the example's limits are the defaults: %r, "
+          "not %r" % (shown["limits"], dflt["limits"]))
 
 
 AS_NOBODY = r"""
@@ -1420,6 +1557,7 @@ GROUPS = {
     "exits": t_exits,
     "policy": t_policy,
     "earlysig": t_earlysig,
+    "ignored": t_ignored,
     "stopmetrics": t_stopmetrics,
     "fdlimit": t_fdlimit,
     "cycles": t_cycles,

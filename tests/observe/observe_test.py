@@ -591,6 +591,25 @@ def t_httpidle(exe, submit, tmp):
           "192.0.2.1:9999: cannot listen: bind: " in p.stderr and
           "not an address of this host" in p.stderr,
           "listen on a foreign address: %d %s" % (p.returncode, p.stderr))
+    check("error: --metrics-listen 192.0.2.1:9999: " in p.stderr,
+          "the option is named, not the file's key: %s" % p.stderr)
+    # A name that does not resolve: the host is quoted, not host:port; the
+    # option named as given (the file's key, after its file, when set there).
+    p = subprocess.run([exe, "--foreground", "--socket", os.path.join(tmp, "bad3.sock"),
+                        "--backends", "cpu", "--no-cache", "--metrics-listen",
+                        "nosuchhost.invalid:0"], capture_output=True, text=True, timeout=TIMEOUT)
+    check(p.returncode == 1 and "error: --metrics-listen nosuchhost.invalid:0: cannot resolve "
+          'the address "nosuchhost.invalid": ' in p.stderr,
+          "unresolvable: %d %s" % (p.returncode, p.stderr))
+    conf = os.path.join(tmp, "unresolvable.conf")
+    with open(conf, "w") as f:
+        f.write("[daemon]\nmetrics_listen = nosuchhost.invalid:0\n")
+    p = subprocess.run([exe, "--foreground", "--socket", os.path.join(tmp, "bad3.sock"),
+                        "--backends", "cpu", "--no-cache", "--config", conf],
+                       capture_output=True, text=True, timeout=TIMEOUT)
+    check(p.returncode == 1 and "error: %s: metrics_listen nosuchhost.invalid:0: cannot "
+          "resolve" % conf in p.stderr, "unresolvable, from the file: %d %s"
+          % (p.returncode, p.stderr))
 
 
 GROUPS = {"metrics": t_metrics, "trace": t_trace, "trace_tune": t_trace_tune, "top": t_top, "httpidle": t_httpidle}
