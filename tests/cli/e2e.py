@@ -1984,7 +1984,8 @@ def suite_shell(cli, tmp, dspkd):
         err = c2.fails(["contract", "ij,jk->ik", fbig, eye], "contract", "ELIMIT")
         check(err.endswith("too large for one message of this daemon; ask the daemon's admin "
                            "to raise max_message (dspkd --max-message, [limits] max_message of "
-                           "dspk.conf)\n") and "task.run" not in err, "contract ELIMIT %r" % err)
+                           "dspkd.conf, dspk.conf(5))\n") and "task.run" not in err,
+              "contract ELIMIT %r" % err)
     finally:
         d2.stop()
     # A daemon of a tiny max_message (dspkd takes 64 and up): inputs below
