@@ -481,13 +481,12 @@ int dspkd_m_job_end(struct req *r) {
     return fail(r, DSPK_EINVAL, "this connection belongs to Slurm job %" PRIu64
                 " and cannot end it", id);
   /* A connection of the job that has not asked for a device yet (its job
-   * undecided: a hello's claim, its cgroup, its uid's only job) is the
-   * job's too: decided now, so that it is closed with the others. */
+   * undecided) whose cgroup or hello names it is the job's too: bound now,
+   * so that it is closed with the others.  (Not one that would fall to it
+   * as its uid's only job: an admin's status or trace connection.) */
   for (struct conn *c = d->conns; j && c; c = c->next) {
-    struct djob *cj;
-    char why[8];
-    if (!c->job_state && !c->closing && c != r->c &&
-        dspkd_job_decide(c, &cj, why, sizeof why) == 0 && cj == j)
+    uint64_t named = c->cg_state == DSPKD_CG_JOB ? c->cg_job : c->job_claim;
+    if (!c->job_state && !c->closing && c != r->c && named == id && c->uid == j->uid)
       job_bind(c, j);
   }
   if (!job_was_ended(d, id, NULL)) {
