@@ -697,6 +697,50 @@ def _decode_canceled(res: Any) -> bool:
     return _field(res, "canceled", "bool")
 
 
+def _tensor_meta(t: Any, path: str) -> Tuple[np.dtype, Tuple[int, ...]]:
+    """(dtype, shape) of the tensor ``t`` of an answer (at ``path``), checked as
+    protocol.md's table of results has it: a map with a known ``dtype``, a ``shape`` of
+    uints, and inline ``data`` of exactly the bytes of that shape, or a ``buffer`` (uint)
+    and an ``offset`` (uint, optional)."""
+    _want(t, "map", path)
+    name = _field(t, "dtype", "str", path)
+    if name not in _dtypes.DTYPES:
+        raise _Malformed("%s.dtype is %r, a dtype the client does not know" % (path, name))
+    dt = _dtypes.DTYPES[name]
+    shape = tuple(_want(n, "uint", "%s.shape[%d]" % (path, i))
+                  for i, n in enumerate(_field(t, "shape", "array", path)))
+    if t.get("data") is not None:
+        n = len(_field(t, "data", "bin", path))
+        if n != math.prod(shape) * dt.itemsize:
+            raise _Malformed("%s.data is %d bytes, not the %d of %s %s"
+                             % (path, n, math.prod(shape) * dt.itemsize, name, shape))
+    else:
+        if "buffer" not in t:
+            raise _Malformed("%s has neither data nor buffer" % path)
+        _field(t, "buffer", "uint", path)
+        if t.get("offset") is not None:
+            _field(t, "offset", "uint", path)
+    return dt, shape
+
+
+def _task_outputs(res: Any, count: int,
+                  expect: Optional[Tuple[str, Tuple[int, ...], np.dtype]] = None
+                  ) -> List[Dict[str, Any]]:
+    """task.run's answer: ``result.outputs``, checked (_tensor_meta), ``count`` of them
+    (an op's one result, a kernel's every tensor); ``expect`` (op, shape, dtype) the
+    first result as the client computed it for the op's operands, where it can."""
+    _want(res, "map", "result")
+    outs = _field(res, "outputs", "array")
+    if len(outs) != count:
+        raise _Malformed("result.outputs has %d items, not %d" % (len(outs), count))
+    metas = [_tensor_meta(t, "result.outputs[%d]" % i) for i, t in enumerate(outs)]
+    if expect is not None and metas[0] != (expect[2], expect[1]):
+        raise _Malformed("result.outputs[0] is %s %s, where %s of these operands gives "
+                         "%s %s" % (wire_name(metas[0][0]), metas[0][1], expect[0],
+                                    wire_name(expect[2]), expect[1]))
+    return outs
+
+
 def _foreign_array(what: str, d: "DeviceArray") -> str:
     """The message for a DeviceArray of another client passed to an op of this one: its
     buffer id means nothing (or another buffer) on this connection."""
@@ -3425,12 +3469,13 @@ class Client:
             n = min(step, flat.nbytes - pos)
 
             def fill(res: Any, pos: int = pos, n: int = n) -> None:
+                _want(res, "map", "result")
                 if "data" not in res and res.get("size") == n:
                     return  # received in place (_take_direct)
-                data = res["data"]
+                data = _field(res, "data", "bin")
                 if len(data) != n:
-                    raise _errors.ProtocolError("buffer.read: %d bytes, asked %d"
-                                                % (len(data), n))
+                    raise _Malformed("result.data is %d bytes, not the %d asked"
+                                     % (len(data), n))
                 flat[pos:pos + n] = np.frombuffer(data, np.uint8)
 
             into = memoryview(flat[pos:pos + n]) if n >= _DIRECT_MIN else None
@@ -3686,8 +3731,8 @@ class Client:
                     return arr
             owner = out or next((o for o in operands if o.buffer == t["buffer"]), None)
             if owner is None:
-                raise _errors.ProtocolError("a result in buffer %s, which no operand names"
-                                            % t["buffer"])
+                raise _Malformed("a result in buffer %s, which no operand names"
+                                 % t["buffer"])
             return DeviceArray(self, int(t["buffer"]), owner.device, shape, dt, offset)
         data = t["data"]
         n = math.prod(shape)
@@ -3769,7 +3814,10 @@ class Client:
         """Sends the task and returns its future.  It owns ``temps``: on every path
         they are freed, once the task is sent (requests already sent still see
         them), or by the staged future that reads them back."""
+        count, expect = self._task_expect(op, inputs, options, out)
+
         def result(res: Any) -> Any:
+            _task_outputs(res, count, expect)
             outs = decode(res)
             return outs[0] if single else outs
 
@@ -3799,13 +3847,13 @@ class Client:
                 args["outputs"] = [{"buffer": rt.buffer, "offset": 0}]
 
                 def from_temp(res: Any) -> Any:
-                    t = res["outputs"][0]
-                    dt = numpy_dtype(t["dtype"])
-                    shape = tuple(int(n) for n in t["shape"])
+                    t = _task_outputs(res, count, expect)[0]
+                    dt, shape = _tensor_meta(t, "result.outputs[0]")
                     arr = np.empty(shape, dt)
                     if t.get("buffer") != rt.buffer or arr.nbytes > rt.size:
-                        raise _errors.ProtocolError("result of %s %s not in its temporary"
-                                                    % (shape, dt))
+                        raise _Malformed("result.outputs[0] (%s %s) is not in its "
+                                         "temporary (buffer %d)"
+                                         % (wire_name(dt), shape, rt.buffer))
                     _copy_wide(arr.reshape(-1).view(np.uint8), rt.view[:arr.nbytes])
                     return arr
 
@@ -3821,14 +3869,14 @@ class Client:
                 free_now.append(tmp)
                 args["outputs"] = [{"buffer": tmp, "offset": 0}]
                 fut = self._start_staged(args, bigs, [tmp], decode, single, progress,
-                                         is_async)
+                                         is_async, (count, expect))
                 free_now.remove(tmp)
                 return fut
             if op == "kernel" and temps:
                 # Tensors staged through temporary buffers come back as numpy arrays,
                 # as inline ones do: read back before the buffers are freed.
                 fut = self._start_staged(args, bigs, list(temps), decode, single,
-                                         progress, is_async)
+                                         progress, is_async, (count, expect))
                 free_now = []
                 return fut
             self._no_wait(always=False)  # earlier submit()s' tasks go first
@@ -3838,9 +3886,23 @@ class Client:
             for b in free_now:
                 self._free_quietly(b)
 
+    @staticmethod
+    def _task_expect(op: str, inputs: Sequence[ArrayLike], options: Mapping[str, Any],
+                     out: Optional[OutArg]
+                     ) -> Tuple[int, Optional[Tuple[str, Tuple[int, ...], np.dtype]]]:
+        """What task.run's answer must hold (_task_outputs): how many outputs (a
+        kernel's every tensor, an op's one result) and, without out= (whose own checks
+        say more), the first one's shape and dtype where the client computes them."""
+        if op == "kernel":
+            return len(inputs), None
+        meta = _result_meta(op, inputs, options) if out is None else None
+        dt = _result_dtype(op, inputs, options) if meta is not None else None
+        return 1, (op, meta[0], dt) if meta is not None and dt is not None else None
+
     def _start_staged(self, args: Dict[str, Any], bigs: List[memoryview], staged: List[int],
                       decode: Callable[[Any], Any], single: bool,
-                      progress: Optional[Progress], is_async: bool) -> TaskFuture:
+                      progress: Optional[Progress], is_async: bool,
+                      check: Tuple[int, Any] = (1, None)) -> TaskFuture:
         """task.run with tensors in temporary buffers ``staged``; the future returned
         gets the results (those in ``staged`` read back as numpy arrays, the others as
         ``decode`` makes them) once every buffer.read is in.  Once the task is sent the
@@ -3876,10 +3938,11 @@ class Client:
             try:
                 results: List[Any] = []
                 reads: List[TaskFuture] = []
-                for k, t in enumerate(f.result()["outputs"]):
+                outs = _task_outputs(f.result(), *check)
+                for k, t in enumerate(outs):
                     if t.get("data") is None and t.get("buffer") in staged:
-                        arr = np.empty(tuple(int(n) for n in t["shape"]),
-                                       numpy_dtype(t["dtype"]))
+                        dt, shape = _tensor_meta(t, "result.outputs[%d]" % k)
+                        arr = np.empty(shape, dt)
                         reads += self._start_reads(int(t["buffer"]),
                                                    int(t.get("offset") or 0),
                                                    arr.reshape(-1).view(np.uint8), is_async)
@@ -3889,9 +3952,13 @@ class Client:
                 value = results[0] if single else results
             except BaseException as e:  # noqa: BLE001 - the caller's future gets it
                 err = _as_error(e)
-                if isinstance(err, Exception) and not isinstance(err, Error):
-                    err = _errors.ProtocolError("task.run: a malformed answer (%s: %s)"
-                                                % (type(e).__name__, e))
+                if isinstance(e, _Malformed):
+                    err = _errors.ProtocolError("task.run (request %d): a malformed "
+                                                "answer: %s" % (inner.msgid, e))
+                elif isinstance(err, Exception) and not isinstance(err, Error):
+                    err = _errors.ProtocolError("task.run (request %d): a malformed "
+                                                "answer (%s: %s)" % (inner.msgid,
+                                                                     type(e).__name__, e))
                 finish(exc=err)
                 return
             left = [len(reads)]

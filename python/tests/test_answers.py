@@ -144,6 +144,71 @@ def test_a_malformed_answer_fails_its_call_with_protocol_error(fake, method, res
             assert c.ping() >= 0
 
 
+F32_2 = {"dtype": "f32", "shape": [2], "data": b"\0" * 8}
+
+
+@pytest.mark.parametrize("outputs, path", [
+    (None, "result.outputs is NoneType None, not a array"),
+    ([], "result.outputs has 0 items, not 1"),
+    ([F32_2, F32_2], "result.outputs has 2 items, not 1"),
+    ([5], r"result.outputs\[0\] is int 5, not a map"),
+    ([{"dtype": "f32", "shape": [2]}], r"result.outputs\[0\] has neither data nor buffer"),
+    ([{"shape": [2], "data": b"\0" * 8}], r"result.outputs\[0\].dtype is missing"),
+    ([dict(F32_2, dtype=3)], r"result.outputs\[0\].dtype is int 3, not a str"),
+    ([dict(F32_2, dtype="i32")],
+     r"result.outputs\[0\].dtype is 'i32', a dtype the client does not know"),
+    ([dict(F32_2, shape=2)], r"result.outputs\[0\].shape is int 2, not a array"),
+    ([dict(F32_2, shape=[2.0])], r"result.outputs\[0\].shape\[0\] is float 2.0, not a uint"),
+    ([dict(F32_2, shape=[-1])], r"result.outputs\[0\].shape\[0\] is int -1, not a uint"),
+    ([dict(F32_2, data="ab")], r"result.outputs\[0\].data is str 'ab', not a bin"),
+    ([dict(F32_2, data=b"\0" * 4)], r"result.outputs\[0\].data is 4 bytes, not the 8 of f32"),
+    ([{"dtype": "f32", "shape": [2], "buffer": "x"}],
+     r"result.outputs\[0\].buffer is str 'x', not a uint"),
+    ([{"dtype": "f32", "shape": [2], "buffer": 3, "offset": -1}],
+     r"result.outputs\[0\].offset is int -1, not a uint"),
+    ([{"dtype": "f64", "shape": [2], "data": b"\0" * 16}],
+     r"result.outputs\[0\] is f64 \(2,\), where map of these operands gives f32 \(2,\)"),
+    ([{"dtype": "f32", "shape": [1, 2], "data": b"\0" * 8}],
+     r"result.outputs\[0\] is f32 \(1, 2\), where map of these operands gives f32 \(2,\)"),
+    ("x", "result is str 'x', not a map"),
+])
+def test_a_malformed_task_run_answer_names_the_request_and_the_field(fake, outputs, path):
+    result = outputs if isinstance(outputs, str) else \
+        {"device": "cpu:0", "time_us": 1, "outputs": outputs}
+    f = fake({"task.run": answer(result)})
+    with dspk.connect(f.path, timeout=TIMEOUT) as c:
+        with pytest.raises(dspk.ProtocolError,
+                           match=r"^EPROTO: task.run \(request \d+\): a malformed answer: "
+                                 + path) as ei:
+            c.map("abs", np.ones(2, np.float32))
+        assert "Error:" not in str(ei.value)  # no Python internals (KeyError: ...)
+        assert c.ping() >= 0  # the connection stays usable
+
+
+def test_a_well_formed_task_run_answer_passes_the_checks(fake):
+    f = fake({"task.run": answer({"device": "cpu:0", "time_us": 1, "outputs": [
+        {"dtype": "f32", "shape": [2], "data": np.float32([1, 2]).tobytes()}]})})
+    with dspk.connect(f.path, timeout=TIMEOUT) as c:
+        assert c.map("abs", np.ones(2, np.float32)).tolist() == [1.0, 2.0]
+
+
+@pytest.mark.parametrize("result, path", [
+    ({}, "result.data is missing"),
+    ({"data": 5}, "result.data is int 5, not a bin"),
+    ({"data": b"\0" * 3}, "result.data is 3 bytes, not the 16 asked"),
+    (None, "result is NoneType None, not a map"),
+])
+def test_a_malformed_buffer_read_answer_names_the_field(fake, result, path):
+    f = fake({"buffer.create": answer({"buffer": 3, "device": "cpu:0", "size": 16}),
+              "buffer.read": answer(result)})
+    with dspk.connect(f.path, timeout=TIMEOUT) as c:
+        d = c.empty(4)
+        with pytest.raises(dspk.ProtocolError, match=r"^EPROTO: buffer.read \(request \d+\): "
+                                                     r"a malformed answer: " + path):
+            d.numpy()
+        assert c.ping() >= 0
+
+
 def test_a_malformed_buffer_answer_naming_a_buffer_frees_it(fake):
     f = fake({"buffer.create": answer({"buffer": 9, "device": 5, "size": 16})})
     with dspk.connect(f.path, timeout=TIMEOUT) as c:
