@@ -496,8 +496,18 @@ class TaskFuture(concurrent.futures.Future):
         if owner is not None and not self.done() and \
                 (owner._is_reader() or owner._thread is None):
             # This thread reads the connection (a callback's wait), or no reader thread
-            # runs (none could be started): it reads until the future is done.
-            owner._pump_for(self, timeout)
+            # runs (none could be started, or it ended as the connection closed): it
+            # reads until the future is done.
+            try:
+                owner._pump_for(self, timeout)
+            except Error as e:
+                if owner._closed is None:
+                    raise
+                # The connection is closed and this future not yet failed (the thread
+                # that found it closed is still failing the pending calls): it fails
+                # with the connection's error here, so that exception() returns it
+                # and result() raises it, as concurrent.futures has them.
+                owner._settle(self, exc=e)
             return 0
         return timeout
 
@@ -2301,6 +2311,9 @@ class Client:
                     self._reading, self._reader_ident = True, me
                 while not fut.done() and not getattr(fut, "_queued", False):
                     if self._closed is not None:
+                        if self._owed_ready:  # answers read before: completed first
+                            self._read_once(0)
+                            continue
                         # Everything pending failed; a future not among them (a staged
                         # result's) would wait for ever.
                         raise self._closed_error()

@@ -387,3 +387,38 @@ def test_every_error_code_raises_its_class(fake):
     assert isinstance(dspk.error_from({"code": -2, "name": "ENOMEM"}), MemoryError)
     assert type(dspk.error_from({"code": -99, "name": "EWHAT"})) is dspk.Error
     assert type(dspk.error_from({"name": "EWHAT"})) is dspk.InternalError
+
+
+@pytest.mark.parametrize("where", ["this thread", "another thread"])
+def test_exception_returns_the_connection_error_of_a_pending_future(fake, where):
+    """The daemon goes away with a submit() pending: exception() returns dspk.Closed,
+    never raises it (concurrent.futures' contract), also on a thread that reads the
+    connection itself (the reader thread ended as it closed) before the thread that
+    found it closed has failed the pending calls (held here: _fail_all deferred)."""
+    f = fake({"task.run": lambda msgid: b""})  # never answered
+    with dspk.connect(f.path, timeout=TIMEOUT) as c:
+        fut = c.submit("map", "abs", np.ones(2, np.float32))
+        fail_all, held = c._fail_all, []
+        c._fail_all = lambda: held.append(1)  # the pending calls fail later
+        reader = c._thread
+        f.close()
+        reader.join(TIMEOUT)  # it found the connection closed and ended
+        assert held and c._thread is None and not fut.done()
+        got = []
+
+        def call():
+            try:
+                got.append(fut.exception(timeout=TIMEOUT))
+            except BaseException as e:  # noqa: BLE001 - what the test is about
+                got.append(("raised", e))
+        if where == "this thread":
+            call()
+        else:
+            t = threading.Thread(target=call)
+            t.start()
+            t.join(TIMEOUT)
+        assert len(got) == 1 and isinstance(got[0], dspk.Closed), got
+        with pytest.raises(dspk.Closed):
+            fut.result(timeout=TIMEOUT)
+        fail_all()  # the deferred failing finds it done: no harm
+        assert fut.exception() is got[0]
