@@ -199,6 +199,14 @@ class _Mapping:
         _libc.madvise(self.address, self.size, advice)  # advice only: failure is fine
 
 
+def _in_mapping(a: np.ndarray) -> bool:
+    """Whether ``a`` is a view of a _Mapping (a shared array of some Client's)."""
+    base: Any = a
+    while isinstance(base, np.ndarray):
+        base = base.base
+    return isinstance(base, _Mapping)
+
+
 def _new_memfd() -> io.FileIO:
     """A new memfd (close-on-exec, sealable) owned by a FileIO, which closes it when
     collected.  map() calls memfd_create and hands its descriptor straight to FileIO,
@@ -791,6 +799,7 @@ class DeviceArray:
     def numpy(self) -> np.ndarray:
         """A numpy copy of the tensor (``buffer.read``, in chunks below the daemon's
         message limit)."""
+        self._live("numpy()")
         return self.client._read_array(self)
 
     @_public
@@ -809,6 +818,14 @@ class DeviceArray:
                 # id the daemon never reuses is harmless), and the exception goes on.
                 self.client._queue_free(self.buffer)
                 raise
+
+    def _live(self, what: str) -> None:
+        """dspk.NoBuffer (ENOBUF, the daemon's code for it) when this DeviceArray was
+        freed by free(): the client knows it, the daemon would only say "no buffer N".
+        After its client closed, the call's own dspk.Closed says more."""
+        if self._freed and not self.client.closed:
+            raise _errors.NoBuffer("%s: this DeviceArray was freed (buffer %d, free() or "
+                                   "its with-block)" % (what, self.buffer))
 
     def _ref(self) -> Dict[str, Any]:
         return {"buffer": self.buffer, "offset": self.offset, "dtype": wire_name(self.dtype),
@@ -852,8 +869,9 @@ class DeviceArray:
                         "connection): pickle its .numpy() instead")
 
     def __repr__(self) -> str:
-        return "DeviceArray(buffer=%d, device=%r, shape=%r, dtype=%s)" % (
-            self.buffer, self.device, self.shape, self.dtype)
+        return "DeviceArray(buffer=%d, device=%r, shape=%r, dtype=%s%s)" % (
+            self.buffer, self.device, self.shape, self.dtype,
+            ", freed" if self._freed else "")
 
 
 # The checks of the parameters that are not arrays: each refuses another type with
@@ -1510,6 +1528,10 @@ class Client:
                     "socket: expected a path, got %s whose __fspath__() gives no str "
                     "or bytes (%s: %s)" % (_kind(socket), type(e).__name__, e)) from None
         self.socket_path = os.fsdecode(socket) if socket is not None else default_socket()
+        if not self.socket_path:
+            raise _errors.ConnectError("cannot connect to dspkd: the socket path is empty "
+                                       "(socket=None takes the default, "
+                                       "dspk.default_socket())")
         if "\0" in self.socket_path:
             # The kernel would take the path up to its first NUL (and one that starts
             # with a NUL names an abstract socket): another socket than the one meant.
@@ -3547,6 +3569,11 @@ class Client:
                 if not out.flags.writeable:
                     raise _errors.InvalidArgument("out=: the array is read-only")
                 ref = self._shared_ref(out)
+                if ref is None and _in_mapping(out):
+                    raise _errors.InvalidArgument(
+                        "out=: a shared array of another Client (or of a closed one): its "
+                        "memory is imported into that client's connection only; pass it "
+                        "to an op of that client, or use a shared array of this one")
                 if ref is None:
                     raise _errors.InvalidArgument("out= must be a DeviceArray or a shared "
                                                   "array (Client.empty_shared) of this "
@@ -3569,12 +3596,15 @@ class Client:
             elif not isinstance(out, DeviceArray):
                 raise _errors.InvalidArgument("out= must be a DeviceArray of this connection")
             else:
+                out._live("out=")
                 outputs = [{"buffer": out.buffer, "offset": out.offset}]
                 if target == "any":
                     target = out.device
         for i, x in enumerate(inputs):
             if isinstance(x, DeviceArray) and x.client is not self:
                 raise _errors.InvalidArgument(_foreign_array("input %d" % i, x))
+            if isinstance(x, DeviceArray):
+                x._live("input %d" % i)
         # Operands the daemon's op would refuse: its error, before any is sent.
         refused = _op_refusal(op, inputs, options, self.limits)
         if refused is not None:
@@ -3585,17 +3615,17 @@ class Client:
             # shared array, a DeviceArray inside its buffer) is less: refused here.
             room = (out_shared if out_shared is not None else out).nbytes
             meta = _result_meta(op, inputs, options)
+            rdt = _result_dtype(op, inputs, options)
+            dest = out_shared if out_shared is not None else out
             if meta is not None and not _over_limit(meta[0], self.limits) and \
                     math.prod(meta[0]) * meta[1] > room:
                 raise _errors.RangeError(
-                    "out=: the result (shape %s, %d bytes) does not fit the %d bytes of "
-                    "out= (%s %s)" % (meta[0], math.prod(meta[0]) * meta[1], room,
-                                       (out_shared if out_shared is not None else out).dtype,
-                                       (out_shared if out_shared is not None else out).shape))
+                    "out=: the result (%s %s, %d bytes) does not fit the %d bytes of "
+                    "out= (%s %s)" % (wire_name(rdt) if rdt is not None else "shape",
+                                      tuple(meta[0]), math.prod(meta[0]) * meta[1], room,
+                                      dest.dtype, tuple(dest.shape)))
             # One that fits but is of another shape or dtype would be written and then
             # refused: refused before anything is sent.
-            rdt = _result_dtype(op, inputs, options)
-            dest = out_shared if out_shared is not None else out
             if meta is not None and rdt is not None and \
                     not _over_limit(meta[0], self.limits) and \
                     (tuple(meta[0]) != tuple(dest.shape) or rdt != dest.dtype):
