@@ -35,7 +35,7 @@ import weakref
 # (socket.socketpair() moves them into new objects, a window where they are bare ints).
 from _socket import socketpair as _socketpair
 from typing import (Any, Callable, Dict, List, Mapping, Optional, Sequence,
-                    Tuple, Union)
+                    Tuple, TypeVar, Union, cast, overload)
 
 import msgpack
 import numpy as np
@@ -52,6 +52,13 @@ __all__ = ["connect", "default_socket", "Client", "DeviceArray", "TaskFuture"]
 ArrayLike = Any  # numpy.ndarray, DeviceArray, or anything numpy.asarray accepts
 Progress = Callable[[str, float], None]
 OutArg = Union["DeviceArray", np.ndarray]  # a DeviceArray, or a shared array (empty_shared)
+# An op's out=, which it returns: a DeviceArray, or a shared array (empty_shared).
+_Out = TypeVar("_Out", "DeviceArray", np.ndarray)
+# A socket path: str, bytes, or a path object giving either.
+SocketPath = Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]"]
+# ping()'s data: any bytes-like object.
+BytesLike = Union[bytes, bytearray, memoryview]
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 _BIG = 1 << 16          # bytes: a bin at least this large goes to the socket uncopied
 _DIRECT_MIN = 1 << 16   # bytes: a buffer.read answer this large is received in place
@@ -258,7 +265,7 @@ def _as_error(e: BaseException) -> BaseException:
     return e
 
 
-def _public(fn: Callable[..., Any]) -> Callable[..., Any]:
+def _public(fn: _F) -> _F:
     """A public method: an OSError or MemoryError of the client's own (not a signal
     handler's) leaves it as the dspk.Error of _as_error, never as it is."""
     @functools.wraps(fn)  # name, doc, and __wrapped__: inspect.signature sees fn's
@@ -270,7 +277,7 @@ def _public(fn: Callable[..., Any]) -> Callable[..., Any]:
             if err is e:
                 raise
             raise err from None
-    return method
+    return cast(_F, method)
 
 
 class _Defer(Exception):
@@ -416,7 +423,7 @@ def default_socket() -> str:
 
 
 @_public
-def connect(socket: Union[str, bytes, "os.PathLike[str]", None] = None, *,
+def connect(socket: Optional[SocketPath] = None, *,
             name: Optional[str] = None, timeout: Optional[float] = None) -> "Client":
     """Connects to dspkd and returns a :class:`Client`.
 
@@ -1514,7 +1521,7 @@ class Client:
     """A connection to dspkd (see :func:`connect`).  Thread-safe: any number of threads
     may call it at once; each call waits only for its own answer."""
 
-    def __init__(self, socket: Union[str, bytes, "os.PathLike[str]", None] = None, *,
+    def __init__(self, socket: Optional[SocketPath] = None, *,
                  name: Optional[str] = None, timeout: Optional[float] = None) -> None:
         if socket is not None and not isinstance(socket, (str, bytes, os.PathLike)):
             raise _errors.InvalidArgument("socket: expected a path, got %s" % _kind(socket))
@@ -3059,7 +3066,7 @@ class Client:
     # ---- simple methods ----------------------------------------------------------
 
     @_public
-    def ping(self, data: bytes = b"") -> float:
+    def ping(self, data: BytesLike = b"") -> float:
         """One round trip to the daemon's main loop; returns its time in seconds.
         ``data`` (any bytes-like object) is echoed back and checked."""
         try:
@@ -4109,11 +4116,21 @@ class Client:
 
     _OPS = ("gemm", "fft", "fir", "contract", "reduce", "map", "kernel")
 
+    @overload
+    def gemm(self, a: ArrayLike, b: ArrayLike, c: Optional[ArrayLike] = None, *,
+             alpha: float = ..., beta: Optional[float] = ..., trans_a: bool = ...,
+             trans_b: bool = ..., device: str = ..., out: None = None) -> np.ndarray: ...
+
+    @overload
+    def gemm(self, a: ArrayLike, b: ArrayLike, c: Optional[ArrayLike] = None, *,
+             alpha: float = ..., beta: Optional[float] = ..., trans_a: bool = ...,
+             trans_b: bool = ..., device: str = ..., out: _Out) -> _Out: ...
+
     @_public
     def gemm(self, a: ArrayLike, b: ArrayLike, c: Optional[ArrayLike] = None, *,
              alpha: float = 1.0, beta: Optional[float] = None, trans_a: bool = False,
              trans_b: bool = False, device: str = "any",
-             out: Optional[OutArg] = None) -> Any:
+             out: Optional[OutArg] = None) -> Union[np.ndarray, OutArg]:
         """``alpha * op(a) @ op(b) + beta * c`` (op swaps the last two axes when trans_*);
         batch axes broadcast as in numpy.matmul.  f32/f64 (f16 and bf16 in, f32 out).
         ``beta`` defaults to 1.0 when ``c`` is given (``gemm(a, b, c)`` is a@b + c, as
@@ -4123,36 +4140,76 @@ class Client:
         return self._wait(self._op_gemm(a, b, c, alpha=alpha, beta=beta, trans_a=trans_a,
                                         trans_b=trans_b, device=device, out=out))
 
+    @overload
+    def fft(self, x: ArrayLike, *, inverse: bool = ..., device: str = ...,
+            out: None = None) -> np.ndarray: ...
+
+    @overload
+    def fft(self, x: ArrayLike, *, inverse: bool = ..., device: str = ...,
+            out: _Out) -> _Out: ...
+
     @_public
     def fft(self, x: ArrayLike, *, inverse: bool = False, device: str = "any",
-            out: Optional[OutArg] = None) -> Any:
+            out: Optional[OutArg] = None) -> Union[np.ndarray, OutArg]:
         """numpy.fft.fft (ifft when ``inverse``) of complex x along the last axis; real x
         gives numpy.fft.rfft."""
         return self._wait(self._op_fft(x, inverse=inverse, device=device, out=out))
 
+    @overload
+    def fir(self, x: ArrayLike, h: ArrayLike, *, device: str = ..., out: None = None) -> np.ndarray: ...
+
+    @overload
+    def fir(self, x: ArrayLike, h: ArrayLike, *, device: str = ..., out: _Out) -> _Out: ...
+
     @_public
     def fir(self, x: ArrayLike, h: ArrayLike, *, device: str = "any",
-            out: Optional[OutArg] = None) -> Any:
+            out: Optional[OutArg] = None) -> Union[np.ndarray, OutArg]:
         """``scipy.signal.lfilter(h, 1, x)`` along the last axis (same shape as x)."""
         return self._wait(self._op_fir(x, h, device=device, out=out))
 
+    @overload
+    def contract(self, subscripts: str, a: ArrayLike, b: ArrayLike, *, device: str = ...,
+                 out: None = None) -> np.ndarray: ...
+
+    @overload
+    def contract(self, subscripts: str, a: ArrayLike, b: ArrayLike, *, device: str = ...,
+                 out: _Out) -> _Out: ...
+
     @_public
     def contract(self, subscripts: str, a: ArrayLike, b: ArrayLike, *, device: str = "any",
-                 out: Optional[OutArg] = None) -> Any:
+                 out: Optional[OutArg] = None) -> Union[np.ndarray, OutArg]:
         """``numpy.einsum(subscripts, a, b)``; subscripts need an explicit ``->``."""
         return self._wait(self._op_contract(subscripts, a, b, device=device, out=out))
+
+    @overload
+    def reduce(self, x: ArrayLike, fn: str = ...,
+               axes: Union[None, int, Sequence[int]] = ..., *, device: str = ...,
+               out: None = None) -> np.ndarray: ...
+
+    @overload
+    def reduce(self, x: ArrayLike, fn: str = ...,
+               axes: Union[None, int, Sequence[int]] = ..., *, device: str = ...,
+               out: _Out) -> _Out: ...
 
     @_public
     def reduce(self, x: ArrayLike, fn: str = "sum",
                axes: Union[None, int, Sequence[int]] = None, *, device: str = "any",
-               out: Optional[OutArg] = None) -> Any:
+               out: Optional[OutArg] = None) -> Union[np.ndarray, OutArg]:
         """``x.sum/max/min/mean(axis=axes)`` (``fn``; axes None: all, giving shape ())."""
         return self._wait(self._op_reduce(x, fn, axes, device=device, out=out))
+
+    @overload
+    def map(self, fn: str, a: ArrayLike, b: Optional[ArrayLike] = None, *,
+            alpha: float = ..., device: str = ..., out: None = None) -> np.ndarray: ...
+
+    @overload
+    def map(self, fn: str, a: ArrayLike, b: Optional[ArrayLike] = None, *,
+            alpha: float = ..., device: str = ..., out: _Out) -> _Out: ...
 
     @_public
     def map(self, fn: str, a: ArrayLike, b: Optional[ArrayLike] = None, *,
             alpha: float = 1.0, device: str = "any",
-            out: Optional[OutArg] = None) -> Any:
+            out: Optional[OutArg] = None) -> Union[np.ndarray, OutArg]:
         """Elementwise ``fn``: add, sub, mul (a, b), scale (alpha*a), axpy (alpha*a+b),
         abs, exp."""
         return self._wait(self._op_map(fn, a, b, alpha=alpha, device=device, out=out))
@@ -4162,7 +4219,7 @@ class Client:
                grid: Union[int, Sequence[int]],
                block: Union[None, int, Sequence[int]] = None,
                args: Optional[Sequence[Mapping[str, Any]]] = None, entry: str = "main",
-               shared: int = 0, device: str = "any") -> List[Any]:
+               shared: int = 0, device: str = "any") -> List[Union[np.ndarray, DeviceArray]]:
         """Runs a raw kernel (``lang``: "cuda", "glsl", "spirv", "hip") on a GPU device.
         ``args`` are its parameters in order, each a one-key dict: ``{"tensor": i}``,
         ``{"i32": v}``, ``{"u32": v}``, ``{"i64": v}``, ``{"f32": v}``, ``{"f64": v}``.

@@ -10,6 +10,7 @@ import numbers
 import os
 import pathlib
 import re
+import typing
 
 import numpy as np
 import pytest
@@ -1092,3 +1093,24 @@ def test_a_shared_array_of_another_client_as_out_says_so(daemon, client):
             client.map("abs", np.ones(4, np.float32), out=out)
         with pytest.raises(dspk.InvalidArgument, match="of this connection"):
             client.map("abs", np.ones(4, np.float32), out=np.empty(4, np.float32))
+
+
+# ---- type hints (py.typed): as wide as what runs --------------------------------------
+
+def test_type_hints_are_those_of_the_runtime():
+    """A bytes path object connects and ping() takes any bytes-like object, so the
+    hints say so; an op returns a numpy array, or out= (a DeviceArray or a shared
+    array) when given: its overloads say which, not Any."""
+    hints = typing.get_type_hints
+    assert os.PathLike[bytes] in typing.get_args(hints(dspk.connect)["socket"])
+    assert os.PathLike[bytes] in typing.get_args(hints(dspk.Client.__init__)["socket"])
+    assert {bytes, bytearray, memoryview} <= set(typing.get_args(hints(dspk.Client.ping)["data"]))
+    for op in ("gemm", "fft", "fir", "contract", "reduce", "map"):
+        fn = getattr(dspk.Client, op)
+        assert set(typing.get_args(hints(fn)["return"])) == {np.ndarray, dspk.DeviceArray}, op
+        plain, given = (hints(o) for o in typing.get_overloads(fn))
+        assert plain["out"] is type(None) and plain["return"] is np.ndarray, op
+        assert given["out"] is given["return"], op
+        assert {getattr(t, "__forward_arg__", t) for t in given["out"].__constraints__} \
+            == {np.ndarray, "DeviceArray"}, op
+    assert os.path.exists(os.path.join(os.path.dirname(dspk.__file__), "py.typed"))
