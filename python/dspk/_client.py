@@ -4156,10 +4156,12 @@ class Client:
         return self._wait(self._op_fft(x, inverse=inverse, device=device, out=out))
 
     @overload
-    def fir(self, x: ArrayLike, h: ArrayLike, *, device: str = ..., out: None = None) -> np.ndarray: ...
+    def fir(self, x: ArrayLike, h: ArrayLike, *, device: str = ...,
+            out: None = None) -> np.ndarray: ...
 
     @overload
-    def fir(self, x: ArrayLike, h: ArrayLike, *, device: str = ..., out: _Out) -> _Out: ...
+    def fir(self, x: ArrayLike, h: ArrayLike, *, device: str = ...,
+            out: _Out) -> _Out: ...
 
     @_public
     def fir(self, x: ArrayLike, h: ArrayLike, *, device: str = "any",
@@ -4219,7 +4221,8 @@ class Client:
                grid: Union[int, Sequence[int]],
                block: Union[None, int, Sequence[int]] = None,
                args: Optional[Sequence[Mapping[str, Any]]] = None, entry: str = "main",
-               shared: int = 0, device: str = "any") -> List[Union[np.ndarray, DeviceArray]]:
+               shared: int = 0, device: str = "any"
+               ) -> List[Union[np.ndarray, DeviceArray]]:
         """Runs a raw kernel (``lang``: "cuda", "glsl", "spirv", "hip") on a GPU device.
         ``args`` are its parameters in order, each a one-key dict: ``{"tensor": i}``,
         ``{"i32": v}``, ``{"u32": v}``, ``{"i64": v}``, ``{"f32": v}``, ``{"f64": v}``.

@@ -1104,7 +1104,8 @@ def test_type_hints_are_those_of_the_runtime():
     hints = typing.get_type_hints
     assert os.PathLike[bytes] in typing.get_args(hints(dspk.connect)["socket"])
     assert os.PathLike[bytes] in typing.get_args(hints(dspk.Client.__init__)["socket"])
-    assert {bytes, bytearray, memoryview} <= set(typing.get_args(hints(dspk.Client.ping)["data"]))
+    assert {bytes, bytearray, memoryview} <= \
+        set(typing.get_args(hints(dspk.Client.ping)["data"]))
     for op in ("gemm", "fft", "fir", "contract", "reduce", "map"):
         fn = getattr(dspk.Client, op)
         assert set(typing.get_args(hints(fn)["return"])) == {np.ndarray, dspk.DeviceArray}, op
