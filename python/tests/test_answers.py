@@ -422,3 +422,26 @@ def test_exception_returns_the_connection_error_of_a_pending_future(fake, where)
             fut.result(timeout=TIMEOUT)
         fail_all()  # the deferred failing finds it done: no harm
         assert fut.exception() is got[0]
+
+
+@pytest.mark.parametrize("output, path", [
+    ({"dtype": "f64", "shape": [64, 64], "buffer": 3},
+     r"result.outputs\[0\] is f64 \(64, 64\), where gemm of these operands gives f32 "
+     r"\(64, 64\)"),
+    ({"dtype": "f32", "shape": [64, 64]}, r"result.outputs\[0\] has neither data nor buffer"),
+    (None, r"result.outputs\[0\] is NoneType None, not a map"),
+])
+def test_a_malformed_staged_task_run_answer_names_the_request_and_the_field(fake, output,
+                                                                             path):
+    """A result too large for one message comes back through a temporary buffer (the
+    staged path): its answer is checked as an inline one, and the temporary freed."""
+    f = fake({"hello": answer(limits(max_message=8192)),
+              "buffer.create": answer({"buffer": 3, "device": "cpu:0", "size": 16384}),
+              "task.run": answer({"device": "cpu:0", "time_us": 1, "outputs": [output]})})
+    with dspk.connect(f.path, timeout=TIMEOUT) as c:
+        with pytest.raises(dspk.ProtocolError,
+                           match=r"^EPROTO: task.run \(request \d+\): a malformed answer: "
+                                 + path):
+            c.gemm(np.ones((64, 1), np.float32), np.ones((1, 64), np.float32))
+        c._call("ping")  # the owed free goes before it
+    assert [m[3] for m in f.requests if m[2] == "buffer.free"] == [[{"buffer": 3}]]
