@@ -748,21 +748,24 @@ def _tensor_meta(t: Any, path: str) -> Tuple[np.dtype, Tuple[int, ...]]:
     return dt, shape
 
 
-def _task_outputs(res: Any, count: int,
-                  expect: Optional[Tuple[str, Tuple[int, ...], np.dtype]] = None
+_Expect = Tuple[str, List[Tuple[np.dtype, Tuple[int, ...]]]]
+
+
+def _task_outputs(res: Any, count: int, expect: Optional[_Expect] = None
                   ) -> List[Dict[str, Any]]:
     """task.run's answer: ``result.outputs``, checked (_tensor_meta), ``count`` of them
-    (an op's one result, a kernel's every tensor); ``expect`` (op, shape, dtype) the
-    first result as the client computed it for the op's operands, where it can."""
+    (an op's one result, a kernel's every tensor); ``expect`` (op, [(dtype, shape)...])
+    the first results as the client computed them for the op's operands, where it can."""
     _want(res, "map", "result")
     outs = _field(res, "outputs", "array")
     if len(outs) != count:
         raise _Malformed("result.outputs has %d items, not %d" % (len(outs), count))
     metas = [_tensor_meta(t, "result.outputs[%d]" % i) for i, t in enumerate(outs)]
-    if expect is not None and metas[0] != (expect[2], expect[1]):
-        raise _Malformed("result.outputs[0] is %s %s, where %s of these operands gives "
-                         "%s %s" % (wire_name(metas[0][0]), metas[0][1], expect[0],
-                                    wire_name(expect[2]), expect[1]))
+    for i, (got, want) in enumerate(zip(metas, expect[1] if expect is not None else [])):
+        if got != want:
+            raise _Malformed("result.outputs[%d] is %s %s, where %s of these operands "
+                             "gives %s %s" % (i, wire_name(got[0]), got[1], expect[0],
+                                              wire_name(want[0]), want[1]))
     return outs
 
 
@@ -3938,21 +3941,28 @@ class Client:
 
     @staticmethod
     def _task_expect(op: str, inputs: Sequence[ArrayLike], options: Mapping[str, Any],
-                     out: Optional[OutArg]
-                     ) -> Tuple[int, Optional[Tuple[str, Tuple[int, ...], np.dtype]]]:
-        """What task.run's answer must hold (_task_outputs): how many outputs (a
-        kernel's every tensor, an op's one result) and, without out= (whose own checks
-        say more), the first one's shape and dtype where the client computes them."""
+                     out: Optional[OutArg]) -> Tuple[int, Optional[_Expect]]:
+        """What task.run's answer must hold (_task_outputs): how many outputs and of
+        which dtype and shape: a kernel's every tensor as it was passed; an op's one
+        result, without out= (whose own checks say more), where the client computes
+        it."""
         if op == "kernel":
-            return len(inputs), None
+            try:
+                metas = [_meta(x, "tensor %d" % i) for i, x in enumerate(inputs)]
+            except Exception as e:  # noqa: BLE001 - refused before: nothing to expect
+                if from_signal_handler(e):
+                    raise
+                return len(inputs), None
+            return len(inputs), (op, [(dt.newbyteorder("<") if dt.byteorder == ">" else dt,
+                                       shape) for shape, dt in metas])
         meta = _result_meta(op, inputs, options) if out is None else None
         dt = _result_dtype(op, inputs, options) if meta is not None else None
-        return 1, (op, meta[0], dt) if meta is not None and dt is not None else None
+        return 1, (op, [(dt, meta[0])]) if meta is not None and dt is not None else None
 
     def _start_staged(self, args: Dict[str, Any], bigs: List[memoryview], staged: List[int],
                       decode: Callable[[Any], Any], single: bool,
                       progress: Optional[Progress], is_async: bool,
-                      check: Tuple[int, Any] = (1, None)) -> TaskFuture:
+                      check: Tuple[int, Optional[_Expect]] = (1, None)) -> TaskFuture:
         """task.run with tensors in temporary buffers ``staged``; the future returned
         gets the results (those in ``staged`` read back as numpy arrays, the others as
         ``decode`` makes them) once every buffer.read is in.  Once the task is sent the

@@ -445,3 +445,29 @@ def test_a_malformed_staged_task_run_answer_names_the_request_and_the_field(fake
             c.gemm(np.ones((64, 1), np.float32), np.ones((1, 64), np.float32))
         c._call("ping")  # the owed free goes before it
     assert [m[3] for m in f.requests if m[2] == "buffer.free"] == [[{"buffer": 3}]]
+
+
+@pytest.mark.parametrize("outputs, path", [
+    ([F32_2], r"result.outputs has 1 items, not 2"),
+    ([F32_2, {"dtype": "f32", "shape": [3], "data": b"\0" * 12}],
+     r"result.outputs\[1\] is f32 \(3,\), where kernel of these operands gives f32 \(2,\)"),
+    ([F32_2, dict(F32_2, dtype="f64", data=b"\0" * 16)],
+     r"result.outputs\[1\] is f64 \(2,\), where kernel of these operands gives f32 \(2,\)"),
+])
+def test_a_malformed_kernel_answer_names_the_request_and_the_field(fake, outputs, path):
+    """kernel's answer gives back every tensor as it was passed: one of another count,
+    dtype or shape is named."""
+    gpu = dict(DEVICE, id="vulkan:0", backend="vulkan", kernel_langs=["glsl"])
+    f = fake({"devices": answer({"devices": [DEVICE, gpu], "unavailable": []}),
+              "task.run": answer({"device": "vulkan:0", "time_us": 1, "outputs": outputs})})
+    with dspk.connect(f.path, timeout=TIMEOUT) as c:
+        with pytest.raises(dspk.ProtocolError,
+                           match=r"^EPROTO: task.run \(request \d+\): a malformed answer: "
+                                 + path):
+            c.kernel("void main() {}", np.ones(2, np.float32), np.ones(2, np.float32),
+                     lang="glsl", grid=1, device="vulkan:0")
+        f.answers["task.run"] = answer({"device": "vulkan:0", "time_us": 1,
+                                        "outputs": [F32_2, F32_2]})
+        got = c.kernel("void main() {}", np.ones(2, np.float32), np.ones(2, np.float32),
+                       lang="glsl", grid=1, device="vulkan:0")  # well-formed: taken
+        assert [g.tolist() for g in got] == [[0.0, 0.0], [0.0, 0.0]]
