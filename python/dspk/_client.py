@@ -35,7 +35,7 @@ import weakref
 # (socket.socketpair() moves them into new objects, a window where they are bare ints).
 from _socket import socketpair as _socketpair
 from typing import (Any, Callable, Dict, List, Mapping, Optional, Sequence,
-                    Tuple, Union)
+                    Tuple, TypeVar, Union, cast, overload)
 
 import msgpack
 import numpy as np
@@ -52,6 +52,13 @@ __all__ = ["connect", "default_socket", "Client", "DeviceArray", "TaskFuture"]
 ArrayLike = Any  # numpy.ndarray, DeviceArray, or anything numpy.asarray accepts
 Progress = Callable[[str, float], None]
 OutArg = Union["DeviceArray", np.ndarray]  # a DeviceArray, or a shared array (empty_shared)
+# An op's out=, which it returns: a DeviceArray, or a shared array (empty_shared).
+_Out = TypeVar("_Out", "DeviceArray", np.ndarray)
+# A socket path: str, bytes, or a path object giving either.
+SocketPath = Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]"]
+# ping()'s data: any bytes-like object.
+BytesLike = Union[bytes, bytearray, memoryview]
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 _BIG = 1 << 16          # bytes: a bin at least this large goes to the socket uncopied
 _DIRECT_MIN = 1 << 16   # bytes: a buffer.read answer this large is received in place
@@ -199,6 +206,14 @@ class _Mapping:
         _libc.madvise(self.address, self.size, advice)  # advice only: failure is fine
 
 
+def _in_mapping(a: np.ndarray) -> bool:
+    """Whether ``a`` is a view of a _Mapping (a shared array of some Client's)."""
+    base: Any = a
+    while isinstance(base, np.ndarray):
+        base = base.base
+    return isinstance(base, _Mapping)
+
+
 def _new_memfd() -> io.FileIO:
     """A new memfd (close-on-exec, sealable) owned by a FileIO, which closes it when
     collected.  map() calls memfd_create and hands its descriptor straight to FileIO,
@@ -250,7 +265,7 @@ def _as_error(e: BaseException) -> BaseException:
     return e
 
 
-def _public(fn: Callable[..., Any]) -> Callable[..., Any]:
+def _public(fn: _F) -> _F:
     """A public method: an OSError or MemoryError of the client's own (not a signal
     handler's) leaves it as the dspk.Error of _as_error, never as it is."""
     @functools.wraps(fn)  # name, doc, and __wrapped__: inspect.signature sees fn's
@@ -262,7 +277,7 @@ def _public(fn: Callable[..., Any]) -> Callable[..., Any]:
             if err is e:
                 raise
             raise err from None
-    return method
+    return cast(_F, method)
 
 
 class _Defer(Exception):
@@ -408,7 +423,7 @@ def default_socket() -> str:
 
 
 @_public
-def connect(socket: Union[str, bytes, "os.PathLike[str]", None] = None, *,
+def connect(socket: Optional[SocketPath] = None, *,
             name: Optional[str] = None, timeout: Optional[float] = None) -> "Client":
     """Connects to dspkd and returns a :class:`Client`.
 
@@ -496,8 +511,18 @@ class TaskFuture(concurrent.futures.Future):
         if owner is not None and not self.done() and \
                 (owner._is_reader() or owner._thread is None):
             # This thread reads the connection (a callback's wait), or no reader thread
-            # runs (none could be started): it reads until the future is done.
-            owner._pump_for(self, timeout)
+            # runs (none could be started, or it ended as the connection closed): it
+            # reads until the future is done.
+            try:
+                owner._pump_for(self, timeout)
+            except Error as e:
+                if owner._closed is None:
+                    raise
+                # The connection is closed and this future not yet failed (the thread
+                # that found it closed is still failing the pending calls): it fails
+                # with the connection's error here, so that exception() returns it
+                # and result() raises it, as concurrent.futures has them.
+                owner._settle(self, exc=e)
             return 0
         return timeout
 
@@ -697,6 +722,53 @@ def _decode_canceled(res: Any) -> bool:
     return _field(res, "canceled", "bool")
 
 
+def _tensor_meta(t: Any, path: str) -> Tuple[np.dtype, Tuple[int, ...]]:
+    """(dtype, shape) of the tensor ``t`` of an answer (at ``path``), checked as
+    protocol.md's table of results has it: a map with a known ``dtype``, a ``shape`` of
+    uints, and inline ``data`` of exactly the bytes of that shape, or a ``buffer`` (uint)
+    and an ``offset`` (uint, optional)."""
+    _want(t, "map", path)
+    name = _field(t, "dtype", "str", path)
+    if name not in _dtypes.DTYPES:
+        raise _Malformed("%s.dtype is %r, a dtype the client does not know" % (path, name))
+    dt = _dtypes.DTYPES[name]
+    shape = tuple(_want(n, "uint", "%s.shape[%d]" % (path, i))
+                  for i, n in enumerate(_field(t, "shape", "array", path)))
+    if t.get("data") is not None:
+        n = len(_field(t, "data", "bin", path))
+        if n != math.prod(shape) * dt.itemsize:
+            raise _Malformed("%s.data is %d bytes, not the %d of %s %s"
+                             % (path, n, math.prod(shape) * dt.itemsize, name, shape))
+    else:
+        if "buffer" not in t:
+            raise _Malformed("%s has neither data nor buffer" % path)
+        _field(t, "buffer", "uint", path)
+        if t.get("offset") is not None:
+            _field(t, "offset", "uint", path)
+    return dt, shape
+
+
+_Expect = Tuple[str, List[Tuple[np.dtype, Tuple[int, ...]]]]
+
+
+def _task_outputs(res: Any, count: int, expect: Optional[_Expect] = None
+                  ) -> List[Dict[str, Any]]:
+    """task.run's answer: ``result.outputs``, checked (_tensor_meta), ``count`` of them
+    (an op's one result, a kernel's every tensor); ``expect`` (op, [(dtype, shape)...])
+    the first results as the client computed them for the op's operands, where it can."""
+    _want(res, "map", "result")
+    outs = _field(res, "outputs", "array")
+    if len(outs) != count:
+        raise _Malformed("result.outputs has %d items, not %d" % (len(outs), count))
+    metas = [_tensor_meta(t, "result.outputs[%d]" % i) for i, t in enumerate(outs)]
+    for i, (got, want) in enumerate(zip(metas, expect[1] if expect is not None else [])):
+        if got != want:
+            raise _Malformed("result.outputs[%d] is %s %s, where %s of these operands "
+                             "gives %s %s" % (i, wire_name(got[0]), got[1], expect[0],
+                                              wire_name(want[0]), want[1]))
+    return outs
+
+
 def _foreign_array(what: str, d: "DeviceArray") -> str:
     """The message for a DeviceArray of another client passed to an op of this one: its
     buffer id means nothing (or another buffer) on this connection."""
@@ -737,6 +809,7 @@ class DeviceArray:
     def numpy(self) -> np.ndarray:
         """A numpy copy of the tensor (``buffer.read``, in chunks below the daemon's
         message limit)."""
+        self._live("numpy()")
         return self.client._read_array(self)
 
     @_public
@@ -755,6 +828,14 @@ class DeviceArray:
                 # id the daemon never reuses is harmless), and the exception goes on.
                 self.client._queue_free(self.buffer)
                 raise
+
+    def _live(self, what: str) -> None:
+        """dspk.NoBuffer (ENOBUF, the daemon's code for it) when this DeviceArray was
+        freed by free(): the client knows it, the daemon would only say "no buffer N".
+        After its client closed, the call's own dspk.Closed says more."""
+        if self._freed and not self.client.closed:
+            raise _errors.NoBuffer("%s: this DeviceArray was freed (buffer %d, free() or "
+                                   "its with-block)" % (what, self.buffer))
 
     def _ref(self) -> Dict[str, Any]:
         return {"buffer": self.buffer, "offset": self.offset, "dtype": wire_name(self.dtype),
@@ -798,8 +879,9 @@ class DeviceArray:
                         "connection): pickle its .numpy() instead")
 
     def __repr__(self) -> str:
-        return "DeviceArray(buffer=%d, device=%r, shape=%r, dtype=%s)" % (
-            self.buffer, self.device, self.shape, self.dtype)
+        return "DeviceArray(buffer=%d, device=%r, shape=%r, dtype=%s%s)" % (
+            self.buffer, self.device, self.shape, self.dtype,
+            ", freed" if self._freed else "")
 
 
 # The checks of the parameters that are not arrays: each refuses another type with
@@ -1442,7 +1524,7 @@ class Client:
     """A connection to dspkd (see :func:`connect`).  Thread-safe: any number of threads
     may call it at once; each call waits only for its own answer."""
 
-    def __init__(self, socket: Union[str, bytes, "os.PathLike[str]", None] = None, *,
+    def __init__(self, socket: Optional[SocketPath] = None, *,
                  name: Optional[str] = None, timeout: Optional[float] = None) -> None:
         if socket is not None and not isinstance(socket, (str, bytes, os.PathLike)):
             raise _errors.InvalidArgument("socket: expected a path, got %s" % _kind(socket))
@@ -1456,6 +1538,10 @@ class Client:
                     "socket: expected a path, got %s whose __fspath__() gives no str "
                     "or bytes (%s: %s)" % (_kind(socket), type(e).__name__, e)) from None
         self.socket_path = os.fsdecode(socket) if socket is not None else default_socket()
+        if not self.socket_path:
+            raise _errors.ConnectError("cannot connect to dspkd: the socket path is empty "
+                                       "(socket=None takes the default, "
+                                       "dspk.default_socket())")
         if "\0" in self.socket_path:
             # The kernel would take the path up to its first NUL (and one that starts
             # with a NUL names an abstract socket): another socket than the one meant.
@@ -2257,6 +2343,9 @@ class Client:
                     self._reading, self._reader_ident = True, me
                 while not fut.done() and not getattr(fut, "_queued", False):
                     if self._closed is not None:
+                        if self._owed_ready:  # answers read before: completed first
+                            self._read_once(0)
+                            continue
                         # Everything pending failed; a future not among them (a staged
                         # result's) would wait for ever.
                         raise self._closed_error()
@@ -2980,7 +3069,7 @@ class Client:
     # ---- simple methods ----------------------------------------------------------
 
     @_public
-    def ping(self, data: bytes = b"") -> float:
+    def ping(self, data: BytesLike = b"") -> float:
         """One round trip to the daemon's main loop; returns its time in seconds.
         ``data`` (any bytes-like object) is echoed back and checked."""
         try:
@@ -3425,12 +3514,13 @@ class Client:
             n = min(step, flat.nbytes - pos)
 
             def fill(res: Any, pos: int = pos, n: int = n) -> None:
+                _want(res, "map", "result")
                 if "data" not in res and res.get("size") == n:
                     return  # received in place (_take_direct)
-                data = res["data"]
+                data = _field(res, "data", "bin")
                 if len(data) != n:
-                    raise _errors.ProtocolError("buffer.read: %d bytes, asked %d"
-                                                % (len(data), n))
+                    raise _Malformed("result.data is %d bytes, not the %d asked"
+                                     % (len(data), n))
                 flat[pos:pos + n] = np.frombuffer(data, np.uint8)
 
             into = memoryview(flat[pos:pos + n]) if n >= _DIRECT_MIN else None
@@ -3489,6 +3579,11 @@ class Client:
                 if not out.flags.writeable:
                     raise _errors.InvalidArgument("out=: the array is read-only")
                 ref = self._shared_ref(out)
+                if ref is None and _in_mapping(out):
+                    raise _errors.InvalidArgument(
+                        "out=: a shared array of another Client (or of a closed one): its "
+                        "memory is imported into that client's connection only; pass it "
+                        "to an op of that client, or use a shared array of this one")
                 if ref is None:
                     raise _errors.InvalidArgument("out= must be a DeviceArray or a shared "
                                                   "array (Client.empty_shared) of this "
@@ -3511,12 +3606,15 @@ class Client:
             elif not isinstance(out, DeviceArray):
                 raise _errors.InvalidArgument("out= must be a DeviceArray of this connection")
             else:
+                out._live("out=")
                 outputs = [{"buffer": out.buffer, "offset": out.offset}]
                 if target == "any":
                     target = out.device
         for i, x in enumerate(inputs):
             if isinstance(x, DeviceArray) and x.client is not self:
                 raise _errors.InvalidArgument(_foreign_array("input %d" % i, x))
+            if isinstance(x, DeviceArray):
+                x._live("input %d" % i)
         # Operands the daemon's op would refuse: its error, before any is sent.
         refused = _op_refusal(op, inputs, options, self.limits)
         if refused is not None:
@@ -3527,17 +3625,17 @@ class Client:
             # shared array, a DeviceArray inside its buffer) is less: refused here.
             room = (out_shared if out_shared is not None else out).nbytes
             meta = _result_meta(op, inputs, options)
+            rdt = _result_dtype(op, inputs, options)
+            dest = out_shared if out_shared is not None else out
             if meta is not None and not _over_limit(meta[0], self.limits) and \
                     math.prod(meta[0]) * meta[1] > room:
                 raise _errors.RangeError(
-                    "out=: the result (shape %s, %d bytes) does not fit the %d bytes of "
-                    "out= (%s %s)" % (meta[0], math.prod(meta[0]) * meta[1], room,
-                                       (out_shared if out_shared is not None else out).dtype,
-                                       (out_shared if out_shared is not None else out).shape))
+                    "out=: the result (%s %s, %d bytes) does not fit the %d bytes of "
+                    "out= (%s %s)" % (wire_name(rdt) if rdt is not None else "shape",
+                                      tuple(meta[0]), math.prod(meta[0]) * meta[1], room,
+                                      dest.dtype, tuple(dest.shape)))
             # One that fits but is of another shape or dtype would be written and then
             # refused: refused before anything is sent.
-            rdt = _result_dtype(op, inputs, options)
-            dest = out_shared if out_shared is not None else out
             if meta is not None and rdt is not None and \
                     not _over_limit(meta[0], self.limits) and \
                     (tuple(meta[0]) != tuple(dest.shape) or rdt != dest.dtype):
@@ -3686,8 +3784,8 @@ class Client:
                     return arr
             owner = out or next((o for o in operands if o.buffer == t["buffer"]), None)
             if owner is None:
-                raise _errors.ProtocolError("a result in buffer %s, which no operand names"
-                                            % t["buffer"])
+                raise _Malformed("a result in buffer %s, which no operand names"
+                                 % t["buffer"])
             return DeviceArray(self, int(t["buffer"]), owner.device, shape, dt, offset)
         data = t["data"]
         n = math.prod(shape)
@@ -3769,7 +3867,10 @@ class Client:
         """Sends the task and returns its future.  It owns ``temps``: on every path
         they are freed, once the task is sent (requests already sent still see
         them), or by the staged future that reads them back."""
+        count, expect = self._task_expect(op, inputs, options, out)
+
         def result(res: Any) -> Any:
+            _task_outputs(res, count, expect)
             outs = decode(res)
             return outs[0] if single else outs
 
@@ -3799,13 +3900,13 @@ class Client:
                 args["outputs"] = [{"buffer": rt.buffer, "offset": 0}]
 
                 def from_temp(res: Any) -> Any:
-                    t = res["outputs"][0]
-                    dt = numpy_dtype(t["dtype"])
-                    shape = tuple(int(n) for n in t["shape"])
+                    t = _task_outputs(res, count, expect)[0]
+                    dt, shape = _tensor_meta(t, "result.outputs[0]")
                     arr = np.empty(shape, dt)
                     if t.get("buffer") != rt.buffer or arr.nbytes > rt.size:
-                        raise _errors.ProtocolError("result of %s %s not in its temporary"
-                                                    % (shape, dt))
+                        raise _Malformed("result.outputs[0] (%s %s) is not in its "
+                                         "temporary (buffer %d)"
+                                         % (wire_name(dt), shape, rt.buffer))
                     _copy_wide(arr.reshape(-1).view(np.uint8), rt.view[:arr.nbytes])
                     return arr
 
@@ -3821,14 +3922,14 @@ class Client:
                 free_now.append(tmp)
                 args["outputs"] = [{"buffer": tmp, "offset": 0}]
                 fut = self._start_staged(args, bigs, [tmp], decode, single, progress,
-                                         is_async)
+                                         is_async, (count, expect))
                 free_now.remove(tmp)
                 return fut
             if op == "kernel" and temps:
                 # Tensors staged through temporary buffers come back as numpy arrays,
                 # as inline ones do: read back before the buffers are freed.
                 fut = self._start_staged(args, bigs, list(temps), decode, single,
-                                         progress, is_async)
+                                         progress, is_async, (count, expect))
                 free_now = []
                 return fut
             self._no_wait(always=False)  # earlier submit()s' tasks go first
@@ -3838,9 +3939,30 @@ class Client:
             for b in free_now:
                 self._free_quietly(b)
 
+    @staticmethod
+    def _task_expect(op: str, inputs: Sequence[ArrayLike], options: Mapping[str, Any],
+                     out: Optional[OutArg]) -> Tuple[int, Optional[_Expect]]:
+        """What task.run's answer must hold (_task_outputs): how many outputs and of
+        which dtype and shape: a kernel's every tensor as it was passed; an op's one
+        result, without out= (whose own checks say more), where the client computes
+        it."""
+        if op == "kernel":
+            try:
+                metas = [_meta(x, "tensor %d" % i) for i, x in enumerate(inputs)]
+            except Exception as e:  # noqa: BLE001 - refused before: nothing to expect
+                if from_signal_handler(e):
+                    raise
+                return len(inputs), None
+            return len(inputs), (op, [(dt.newbyteorder("<") if dt.byteorder == ">" else dt,
+                                       shape) for shape, dt in metas])
+        meta = _result_meta(op, inputs, options) if out is None else None
+        dt = _result_dtype(op, inputs, options) if meta is not None else None
+        return 1, (op, [(dt, meta[0])]) if meta is not None and dt is not None else None
+
     def _start_staged(self, args: Dict[str, Any], bigs: List[memoryview], staged: List[int],
                       decode: Callable[[Any], Any], single: bool,
-                      progress: Optional[Progress], is_async: bool) -> TaskFuture:
+                      progress: Optional[Progress], is_async: bool,
+                      check: Tuple[int, Optional[_Expect]] = (1, None)) -> TaskFuture:
         """task.run with tensors in temporary buffers ``staged``; the future returned
         gets the results (those in ``staged`` read back as numpy arrays, the others as
         ``decode`` makes them) once every buffer.read is in.  Once the task is sent the
@@ -3876,10 +3998,11 @@ class Client:
             try:
                 results: List[Any] = []
                 reads: List[TaskFuture] = []
-                for k, t in enumerate(f.result()["outputs"]):
+                outs = _task_outputs(f.result(), *check)
+                for k, t in enumerate(outs):
                     if t.get("data") is None and t.get("buffer") in staged:
-                        arr = np.empty(tuple(int(n) for n in t["shape"]),
-                                       numpy_dtype(t["dtype"]))
+                        dt, shape = _tensor_meta(t, "result.outputs[%d]" % k)
+                        arr = np.empty(shape, dt)
                         reads += self._start_reads(int(t["buffer"]),
                                                    int(t.get("offset") or 0),
                                                    arr.reshape(-1).view(np.uint8), is_async)
@@ -3889,9 +4012,13 @@ class Client:
                 value = results[0] if single else results
             except BaseException as e:  # noqa: BLE001 - the caller's future gets it
                 err = _as_error(e)
-                if isinstance(err, Exception) and not isinstance(err, Error):
-                    err = _errors.ProtocolError("task.run: a malformed answer (%s: %s)"
-                                                % (type(e).__name__, e))
+                if isinstance(e, _Malformed):
+                    err = _errors.ProtocolError("task.run (request %d): a malformed "
+                                                "answer: %s" % (inner.msgid, e))
+                elif isinstance(err, Exception) and not isinstance(err, Error):
+                    err = _errors.ProtocolError("task.run (request %d): a malformed "
+                                                "answer (%s: %s)" % (inner.msgid,
+                                                                     type(e).__name__, e))
                 finish(exc=err)
                 return
             left = [len(reads)]
@@ -3999,11 +4126,21 @@ class Client:
 
     _OPS = ("gemm", "fft", "fir", "contract", "reduce", "map", "kernel")
 
+    @overload
+    def gemm(self, a: ArrayLike, b: ArrayLike, c: Optional[ArrayLike] = None, *,
+             alpha: float = ..., beta: Optional[float] = ..., trans_a: bool = ...,
+             trans_b: bool = ..., device: str = ..., out: None = None) -> np.ndarray: ...
+
+    @overload
+    def gemm(self, a: ArrayLike, b: ArrayLike, c: Optional[ArrayLike] = None, *,
+             alpha: float = ..., beta: Optional[float] = ..., trans_a: bool = ...,
+             trans_b: bool = ..., device: str = ..., out: _Out) -> _Out: ...
+
     @_public
     def gemm(self, a: ArrayLike, b: ArrayLike, c: Optional[ArrayLike] = None, *,
              alpha: float = 1.0, beta: Optional[float] = None, trans_a: bool = False,
              trans_b: bool = False, device: str = "any",
-             out: Optional[OutArg] = None) -> Any:
+             out: Optional[OutArg] = None) -> Union[np.ndarray, OutArg]:
         """``alpha * op(a) @ op(b) + beta * c`` (op swaps the last two axes when trans_*);
         batch axes broadcast as in numpy.matmul.  f32/f64 (f16 and bf16 in, f32 out).
         ``beta`` defaults to 1.0 when ``c`` is given (``gemm(a, b, c)`` is a@b + c, as
@@ -4013,36 +4150,78 @@ class Client:
         return self._wait(self._op_gemm(a, b, c, alpha=alpha, beta=beta, trans_a=trans_a,
                                         trans_b=trans_b, device=device, out=out))
 
+    @overload
+    def fft(self, x: ArrayLike, *, inverse: bool = ..., device: str = ...,
+            out: None = None) -> np.ndarray: ...
+
+    @overload
+    def fft(self, x: ArrayLike, *, inverse: bool = ..., device: str = ...,
+            out: _Out) -> _Out: ...
+
     @_public
     def fft(self, x: ArrayLike, *, inverse: bool = False, device: str = "any",
-            out: Optional[OutArg] = None) -> Any:
+            out: Optional[OutArg] = None) -> Union[np.ndarray, OutArg]:
         """numpy.fft.fft (ifft when ``inverse``) of complex x along the last axis; real x
         gives numpy.fft.rfft."""
         return self._wait(self._op_fft(x, inverse=inverse, device=device, out=out))
 
+    @overload
+    def fir(self, x: ArrayLike, h: ArrayLike, *, device: str = ...,
+            out: None = None) -> np.ndarray: ...
+
+    @overload
+    def fir(self, x: ArrayLike, h: ArrayLike, *, device: str = ...,
+            out: _Out) -> _Out: ...
+
     @_public
     def fir(self, x: ArrayLike, h: ArrayLike, *, device: str = "any",
-            out: Optional[OutArg] = None) -> Any:
+            out: Optional[OutArg] = None) -> Union[np.ndarray, OutArg]:
         """``scipy.signal.lfilter(h, 1, x)`` along the last axis (same shape as x)."""
         return self._wait(self._op_fir(x, h, device=device, out=out))
 
+    @overload
+    def contract(self, subscripts: str, a: ArrayLike, b: ArrayLike, *, device: str = ...,
+                 out: None = None) -> np.ndarray: ...
+
+    @overload
+    def contract(self, subscripts: str, a: ArrayLike, b: ArrayLike, *, device: str = ...,
+                 out: _Out) -> _Out: ...
+
     @_public
     def contract(self, subscripts: str, a: ArrayLike, b: ArrayLike, *, device: str = "any",
-                 out: Optional[OutArg] = None) -> Any:
+                 out: Optional[OutArg] = None) -> Union[np.ndarray, OutArg]:
         """``numpy.einsum(subscripts, a, b)``; subscripts need an explicit ``->``."""
         return self._wait(self._op_contract(subscripts, a, b, device=device, out=out))
+
+    @overload
+    def reduce(self, x: ArrayLike, fn: str = ...,
+               axes: Union[None, int, Sequence[int]] = ..., *, device: str = ...,
+               out: None = None) -> np.ndarray: ...
+
+    @overload
+    def reduce(self, x: ArrayLike, fn: str = ...,
+               axes: Union[None, int, Sequence[int]] = ..., *, device: str = ...,
+               out: _Out) -> _Out: ...
 
     @_public
     def reduce(self, x: ArrayLike, fn: str = "sum",
                axes: Union[None, int, Sequence[int]] = None, *, device: str = "any",
-               out: Optional[OutArg] = None) -> Any:
+               out: Optional[OutArg] = None) -> Union[np.ndarray, OutArg]:
         """``x.sum/max/min/mean(axis=axes)`` (``fn``; axes None: all, giving shape ())."""
         return self._wait(self._op_reduce(x, fn, axes, device=device, out=out))
+
+    @overload
+    def map(self, fn: str, a: ArrayLike, b: Optional[ArrayLike] = None, *,
+            alpha: float = ..., device: str = ..., out: None = None) -> np.ndarray: ...
+
+    @overload
+    def map(self, fn: str, a: ArrayLike, b: Optional[ArrayLike] = None, *,
+            alpha: float = ..., device: str = ..., out: _Out) -> _Out: ...
 
     @_public
     def map(self, fn: str, a: ArrayLike, b: Optional[ArrayLike] = None, *,
             alpha: float = 1.0, device: str = "any",
-            out: Optional[OutArg] = None) -> Any:
+            out: Optional[OutArg] = None) -> Union[np.ndarray, OutArg]:
         """Elementwise ``fn``: add, sub, mul (a, b), scale (alpha*a), axpy (alpha*a+b),
         abs, exp."""
         return self._wait(self._op_map(fn, a, b, alpha=alpha, device=device, out=out))
@@ -4052,7 +4231,8 @@ class Client:
                grid: Union[int, Sequence[int]],
                block: Union[None, int, Sequence[int]] = None,
                args: Optional[Sequence[Mapping[str, Any]]] = None, entry: str = "main",
-               shared: int = 0, device: str = "any") -> List[Any]:
+               shared: int = 0, device: str = "any"
+               ) -> List[Union[np.ndarray, DeviceArray]]:
         """Runs a raw kernel (``lang``: "cuda", "glsl", "spirv", "hip") on a GPU device.
         ``args`` are its parameters in order, each a one-key dict: ``{"tensor": i}``,
         ``{"i32": v}``, ``{"u32": v}``, ``{"i64": v}``, ``{"f32": v}``, ``{"f64": v}``.

@@ -144,6 +144,71 @@ def test_a_malformed_answer_fails_its_call_with_protocol_error(fake, method, res
             assert c.ping() >= 0
 
 
+F32_2 = {"dtype": "f32", "shape": [2], "data": b"\0" * 8}
+
+
+@pytest.mark.parametrize("outputs, path", [
+    (None, "result.outputs is NoneType None, not a array"),
+    ([], "result.outputs has 0 items, not 1"),
+    ([F32_2, F32_2], "result.outputs has 2 items, not 1"),
+    ([5], r"result.outputs\[0\] is int 5, not a map"),
+    ([{"dtype": "f32", "shape": [2]}], r"result.outputs\[0\] has neither data nor buffer"),
+    ([{"shape": [2], "data": b"\0" * 8}], r"result.outputs\[0\].dtype is missing"),
+    ([dict(F32_2, dtype=3)], r"result.outputs\[0\].dtype is int 3, not a str"),
+    ([dict(F32_2, dtype="i32")],
+     r"result.outputs\[0\].dtype is 'i32', a dtype the client does not know"),
+    ([dict(F32_2, shape=2)], r"result.outputs\[0\].shape is int 2, not a array"),
+    ([dict(F32_2, shape=[2.0])], r"result.outputs\[0\].shape\[0\] is float 2.0, not a uint"),
+    ([dict(F32_2, shape=[-1])], r"result.outputs\[0\].shape\[0\] is int -1, not a uint"),
+    ([dict(F32_2, data="ab")], r"result.outputs\[0\].data is str 'ab', not a bin"),
+    ([dict(F32_2, data=b"\0" * 4)], r"result.outputs\[0\].data is 4 bytes, not the 8 of f32"),
+    ([{"dtype": "f32", "shape": [2], "buffer": "x"}],
+     r"result.outputs\[0\].buffer is str 'x', not a uint"),
+    ([{"dtype": "f32", "shape": [2], "buffer": 3, "offset": -1}],
+     r"result.outputs\[0\].offset is int -1, not a uint"),
+    ([{"dtype": "f64", "shape": [2], "data": b"\0" * 16}],
+     r"result.outputs\[0\] is f64 \(2,\), where map of these operands gives f32 \(2,\)"),
+    ([{"dtype": "f32", "shape": [1, 2], "data": b"\0" * 8}],
+     r"result.outputs\[0\] is f32 \(1, 2\), where map of these operands gives f32 \(2,\)"),
+    ("x", "result is str 'x', not a map"),
+])
+def test_a_malformed_task_run_answer_names_the_request_and_the_field(fake, outputs, path):
+    result = outputs if isinstance(outputs, str) else \
+        {"device": "cpu:0", "time_us": 1, "outputs": outputs}
+    f = fake({"task.run": answer(result)})
+    with dspk.connect(f.path, timeout=TIMEOUT) as c:
+        with pytest.raises(dspk.ProtocolError,
+                           match=r"^EPROTO: task.run \(request \d+\): a malformed answer: "
+                                 + path) as ei:
+            c.map("abs", np.ones(2, np.float32))
+        assert "Error:" not in str(ei.value)  # no Python internals (KeyError: ...)
+        assert c.ping() >= 0  # the connection stays usable
+
+
+def test_a_well_formed_task_run_answer_passes_the_checks(fake):
+    f = fake({"task.run": answer({"device": "cpu:0", "time_us": 1, "outputs": [
+        {"dtype": "f32", "shape": [2], "data": np.float32([1, 2]).tobytes()}]})})
+    with dspk.connect(f.path, timeout=TIMEOUT) as c:
+        assert c.map("abs", np.ones(2, np.float32)).tolist() == [1.0, 2.0]
+
+
+@pytest.mark.parametrize("result, path", [
+    ({}, "result.data is missing"),
+    ({"data": 5}, "result.data is int 5, not a bin"),
+    ({"data": b"\0" * 3}, "result.data is 3 bytes, not the 16 asked"),
+    (None, "result is NoneType None, not a map"),
+])
+def test_a_malformed_buffer_read_answer_names_the_field(fake, result, path):
+    f = fake({"buffer.create": answer({"buffer": 3, "device": "cpu:0", "size": 16}),
+              "buffer.read": answer(result)})
+    with dspk.connect(f.path, timeout=TIMEOUT) as c:
+        d = c.empty(4)
+        with pytest.raises(dspk.ProtocolError, match=r"^EPROTO: buffer.read \(request \d+\): "
+                                                     r"a malformed answer: " + path):
+            d.numpy()
+        assert c.ping() >= 0
+
+
 def test_a_malformed_buffer_answer_naming_a_buffer_frees_it(fake):
     f = fake({"buffer.create": answer({"buffer": 9, "device": 5, "size": 16})})
     with dspk.connect(f.path, timeout=TIMEOUT) as c:
@@ -322,3 +387,87 @@ def test_every_error_code_raises_its_class(fake):
     assert isinstance(dspk.error_from({"code": -2, "name": "ENOMEM"}), MemoryError)
     assert type(dspk.error_from({"code": -99, "name": "EWHAT"})) is dspk.Error
     assert type(dspk.error_from({"name": "EWHAT"})) is dspk.InternalError
+
+
+@pytest.mark.parametrize("where", ["this thread", "another thread"])
+def test_exception_returns_the_connection_error_of_a_pending_future(fake, where):
+    """The daemon goes away with a submit() pending: exception() returns dspk.Closed,
+    never raises it (concurrent.futures' contract), also on a thread that reads the
+    connection itself (the reader thread ended as it closed) before the thread that
+    found it closed has failed the pending calls (held here: _fail_all deferred)."""
+    f = fake({"task.run": lambda msgid: b""})  # never answered
+    with dspk.connect(f.path, timeout=TIMEOUT) as c:
+        fut = c.submit("map", "abs", np.ones(2, np.float32))
+        fail_all, held = c._fail_all, []
+        c._fail_all = lambda: held.append(1)  # the pending calls fail later
+        reader = c._thread
+        f.close()
+        reader.join(TIMEOUT)  # it found the connection closed and ended
+        assert held and c._thread is None and not fut.done()
+        got = []
+
+        def call():
+            try:
+                got.append(fut.exception(timeout=TIMEOUT))
+            except BaseException as e:  # noqa: BLE001 - what the test is about
+                got.append(("raised", e))
+        if where == "this thread":
+            call()
+        else:
+            t = threading.Thread(target=call)
+            t.start()
+            t.join(TIMEOUT)
+        assert len(got) == 1 and isinstance(got[0], dspk.Closed), got
+        with pytest.raises(dspk.Closed):
+            fut.result(timeout=TIMEOUT)
+        fail_all()  # the deferred failing finds it done: no harm
+        assert fut.exception() is got[0]
+
+
+@pytest.mark.parametrize("output, path", [
+    ({"dtype": "f64", "shape": [64, 64], "buffer": 3},
+     r"result.outputs\[0\] is f64 \(64, 64\), where gemm of these operands gives f32 "
+     r"\(64, 64\)"),
+    ({"dtype": "f32", "shape": [64, 64]}, r"result.outputs\[0\] has neither data nor buffer"),
+    (None, r"result.outputs\[0\] is NoneType None, not a map"),
+])
+def test_a_malformed_staged_task_run_answer_names_the_request_and_the_field(fake, output,
+                                                                             path):
+    """A result too large for one message comes back through a temporary buffer (the
+    staged path): its answer is checked as an inline one, and the temporary freed."""
+    f = fake({"hello": answer(limits(max_message=8192)),
+              "buffer.create": answer({"buffer": 3, "device": "cpu:0", "size": 16384}),
+              "task.run": answer({"device": "cpu:0", "time_us": 1, "outputs": [output]})})
+    with dspk.connect(f.path, timeout=TIMEOUT) as c:
+        with pytest.raises(dspk.ProtocolError,
+                           match=r"^EPROTO: task.run \(request \d+\): a malformed answer: "
+                                 + path):
+            c.gemm(np.ones((64, 1), np.float32), np.ones((1, 64), np.float32))
+        c._call("ping")  # the owed free goes before it
+    assert [m[3] for m in f.requests if m[2] == "buffer.free"] == [[{"buffer": 3}]]
+
+
+@pytest.mark.parametrize("outputs, path", [
+    ([F32_2], r"result.outputs has 1 items, not 2"),
+    ([F32_2, {"dtype": "f32", "shape": [3], "data": b"\0" * 12}],
+     r"result.outputs\[1\] is f32 \(3,\), where kernel of these operands gives f32 \(2,\)"),
+    ([F32_2, dict(F32_2, dtype="f64", data=b"\0" * 16)],
+     r"result.outputs\[1\] is f64 \(2,\), where kernel of these operands gives f32 \(2,\)"),
+])
+def test_a_malformed_kernel_answer_names_the_request_and_the_field(fake, outputs, path):
+    """kernel's answer gives back every tensor as it was passed: one of another count,
+    dtype or shape is named."""
+    gpu = dict(DEVICE, id="vulkan:0", backend="vulkan", kernel_langs=["glsl"])
+    f = fake({"devices": answer({"devices": [DEVICE, gpu], "unavailable": []}),
+              "task.run": answer({"device": "vulkan:0", "time_us": 1, "outputs": outputs})})
+    with dspk.connect(f.path, timeout=TIMEOUT) as c:
+        with pytest.raises(dspk.ProtocolError,
+                           match=r"^EPROTO: task.run \(request \d+\): a malformed answer: "
+                                 + path):
+            c.kernel("void main() {}", np.ones(2, np.float32), np.ones(2, np.float32),
+                     lang="glsl", grid=1, device="vulkan:0")
+        f.answers["task.run"] = answer({"device": "vulkan:0", "time_us": 1,
+                                        "outputs": [F32_2, F32_2]})
+        got = c.kernel("void main() {}", np.ones(2, np.float32), np.ones(2, np.float32),
+                       lang="glsl", grid=1, device="vulkan:0")  # well-formed: taken
+        assert [g.tolist() for g in got] == [[0.0, 0.0], [0.0, 0.0]]

@@ -9,6 +9,8 @@ import math
 import numbers
 import os
 import pathlib
+import re
+import typing
 
 import numpy as np
 import pytest
@@ -1048,3 +1050,68 @@ def test_a_device_array_is_not_taken_for_a_numpy_array(client):
         e.free()
     finally:
         d.free()
+
+
+# ---- messages that name the thing at fault ----------------------------------------
+
+def test_out_too_small_names_the_result_dtype(client):
+    """f16 gemm makes f32: out= an f16 array of the same shape is too small, and the
+    message says the result is f32 (the shapes alone look equal)."""
+    a = np.ones((2, 2), np.float16)
+    out = client.empty((2, 2), np.float16)
+    with pytest.raises(dspk.RangeError, match=r"the result \(f32 \(2, 2\), 16 bytes\) does "
+                                              r"not fit the 8 bytes of out= \(float16 "
+                                              r"\(2, 2\)\)"):
+        client.gemm(a, a, out=out)
+
+
+@pytest.mark.parametrize("path", ["", b""])
+def test_connect_to_an_empty_path_says_it_is_empty(path):
+    with pytest.raises(dspk.ConnectError, match="the socket path is empty"):
+        dspk.connect(path, timeout=TIMEOUT)
+
+
+def test_a_freed_device_array_says_it_was_freed(client):
+    d = client.to_device(np.ones(4, np.float32))
+    assert "freed" not in repr(d)
+    d.free()
+    assert repr(d).endswith(", freed)")
+    for call, what in [(d.numpy, "numpy()"),
+                       (lambda: client.map("abs", d), "input 0"),
+                       (lambda: client.map("abs", np.ones(4, np.float32), out=d), "out=")]:
+        with pytest.raises(dspk.NoBuffer, match=r"^ENOBUF: %s: this DeviceArray was freed "
+                                                r"\(buffer %d" % (re.escape(what), d.buffer)):
+            call()
+    assert client.ping() >= 0
+
+
+def test_a_shared_array_of_another_client_as_out_says_so(daemon, client):
+    with dspk.connect(daemon.socket, timeout=TIMEOUT) as other:
+        out = other.empty_shared(4)
+        with pytest.raises(dspk.InvalidArgument, match="out=: a shared array of another "
+                                                       "Client"):
+            client.map("abs", np.ones(4, np.float32), out=out)
+        with pytest.raises(dspk.InvalidArgument, match="of this connection"):
+            client.map("abs", np.ones(4, np.float32), out=np.empty(4, np.float32))
+
+
+# ---- type hints (py.typed): as wide as what runs --------------------------------------
+
+def test_type_hints_are_those_of_the_runtime():
+    """A bytes path object connects and ping() takes any bytes-like object, so the
+    hints say so; an op returns a numpy array, or out= (a DeviceArray or a shared
+    array) when given: its overloads say which, not Any."""
+    hints = typing.get_type_hints
+    assert os.PathLike[bytes] in typing.get_args(hints(dspk.connect)["socket"])
+    assert os.PathLike[bytes] in typing.get_args(hints(dspk.Client.__init__)["socket"])
+    assert {bytes, bytearray, memoryview} <= \
+        set(typing.get_args(hints(dspk.Client.ping)["data"]))
+    for op in ("gemm", "fft", "fir", "contract", "reduce", "map"):
+        fn = getattr(dspk.Client, op)
+        assert set(typing.get_args(hints(fn)["return"])) == {np.ndarray, dspk.DeviceArray}, op
+        plain, given = (hints(o) for o in typing.get_overloads(fn))
+        assert plain["out"] is type(None) and plain["return"] is np.ndarray, op
+        assert given["out"] is given["return"], op
+        assert {getattr(t, "__forward_arg__", t) for t in given["out"].__constraints__} \
+            == {np.ndarray, "DeviceArray"}, op
+    assert os.path.exists(os.path.join(os.path.dirname(dspk.__file__), "py.typed"))

@@ -172,6 +172,20 @@ def _frames(ident):
 
 # ---- a client after fork() -----------------------------------------------------------
 
+def _run_script(tmp_path, text: str, socket: str) -> subprocess.CompletedProcess:
+    """Runs the Python script ``text`` with this dspk and the daemon's ``socket`` as its
+    argument (a fork of its own, away from pytest's threads); it must exit 0."""
+    script = tmp_path / "script.py"
+    script.write_text(text)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [os.path.dirname(os.path.dirname(dspk.__file__))] +
+        [p for p in [os.environ.get("PYTHONPATH")] if p]))
+    p = subprocess.run([sys.executable, str(script), socket], env=env,
+                       capture_output=True, text=True, timeout=TIMEOUT)
+    assert p.returncode == 0, p.stdout + p.stderr
+    return p
+
+
 FORK_SCRIPT = textwrap.dedent("""
     import gc, os, signal, sys, numpy as np, dspk
     c = dspk.connect(sys.argv[1], timeout=30)
@@ -237,14 +251,7 @@ def test_a_forked_child_leaves_the_parents_connection_alone(daemon, tmp_path):
     the shared socket), and a child dropping a shared array freed the parent's daemon
     buffer.  Now the client is unusable in the child (dspk.Closed naming fork) and
     the child's close, free and finalizers leave the connection and buffers alone."""
-    script = tmp_path / "fork.py"
-    script.write_text(FORK_SCRIPT)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [os.path.dirname(os.path.dirname(dspk.__file__))] +
-        [p for p in [os.environ.get("PYTHONPATH")] if p]))
-    p = subprocess.run([sys.executable, str(script), daemon.socket], env=env,
-                       capture_output=True, text=True, timeout=TIMEOUT)
-    assert p.returncode == 0, p.stdout + p.stderr
+    p = _run_script(tmp_path, FORK_SCRIPT, daemon.socket)
     out = p.stdout.splitlines()
     assert out[0].startswith("child call: Closed") and "fork()" in out[0], out
     assert out[0].endswith("; future: Closed") or out[0].endswith("; future: answered"), out
@@ -254,6 +261,30 @@ def test_a_forked_child_leaves_the_parents_connection_alone(daemon, tmp_path):
     assert out[4] == "parent devarray [1.0, 1.0, 1.0]", out
     b = out[5].split()
     assert b[1] == b[2], out  # no buffer of the parent freed by the child
+
+
+SHARED_FORK_SCRIPT = textwrap.dedent("""
+    import os, sys, numpy as np, dspk
+    c = dspk.connect(sys.argv[1], timeout=30)
+    s = c.empty_shared((4,), np.float64); s[:] = 1
+    plain = np.ones(4)
+    pid = os.fork()
+    if pid == 0:
+        s[:] = 42; plain[:] = 42  # the inherited arrays, written in the child
+        os._exit(0)
+    _, st = os.waitpid(pid, 0)
+    print(st, s.tolist(), plain.tolist(), float(c.reduce(s)))
+    c.close()
+""")
+
+
+def test_a_shared_array_stays_shared_with_a_forked_child(daemon, tmp_path):
+    """python.md (fork): a shared array's memory is MAP_SHARED, not copy-on-write: a
+    child's write to its inherited shared array is the parent's (and what the daemon
+    reads), unlike a plain numpy array's."""
+    p = _run_script(tmp_path, SHARED_FORK_SCRIPT, daemon.socket)
+    assert p.stdout.split("\n")[0] == "0 [42.0, 42.0, 42.0, 42.0] [1.0, 1.0, 1.0, 1.0] 168.0", \
+        p.stdout
 
 
 # ---- kernel(device="any") with a tensor staged through a temporary ------------------
