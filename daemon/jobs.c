@@ -180,11 +180,24 @@ static void job_bind(struct conn *c, struct djob *j) {
   }
 }
 
+/* Whether connection c names a job, and which (*id): its cgroup's (job 0
+ * too), else the one its hello claimed (0 there means none); *how says
+ * which, for messages. */
+static bool conn_names_job(const struct conn *c, uint64_t *id, const char **how) {
+  if (c->cg_state == DSPKD_CG_JOB) {
+    *how = "cgroup";
+    *id = c->cg_job;
+    return true;
+  }
+  *how = "claimed";
+  *id = c->job_claim;
+  return *id != 0;
+}
+
 int dspkd_job_decide(struct conn *c, struct djob **out, char *msg, size_t len) {
   struct dspkd *d = c->d;
-  uint64_t claim = 0;
-  bool claimed;
-  const char *how = "cgroup";
+  uint64_t claim;
+  const char *how;
   size_t mine = 0;
   struct djob *only = NULL;
 
@@ -203,14 +216,7 @@ int dspkd_job_decide(struct conn *c, struct djob **out, char *msg, size_t len) {
              "own process", (long)c->pid, (long)c->uid, mine);
     return DSPK_EPERM;
   }
-  claimed = c->cg_state == DSPKD_CG_JOB;
-  claim = c->cg_job;
-  if (!claimed) {
-    claim = c->job_claim;
-    claimed = claim != 0;
-    how = "claimed";
-  }
-  if (claimed) {
+  if (conn_names_job(c, &claim, &how)) {
     struct djob *j = job_find(d, claim);
     uid_t ended_uid;
     bool ended = job_was_ended(d, claim, &ended_uid), admin;
@@ -485,8 +491,10 @@ int dspkd_m_job_end(struct req *r) {
    * so that it is closed with the others.  (Not one that would fall to it
    * as its uid's only job: an admin's status or trace connection.) */
   for (struct conn *c = d->conns; j && c; c = c->next) {
-    uint64_t named = c->cg_state == DSPKD_CG_JOB ? c->cg_job : c->job_claim;
-    if (!c->job_state && !c->closing && c != r->c && named == id && c->uid == j->uid)
+    const char *how;
+    uint64_t named;
+    if (!c->job_state && !c->closing && c != r->c && conn_names_job(c, &named, &how) &&
+        named == id && c->uid == j->uid)
       job_bind(c, j);
   }
   if (!job_was_ended(d, id, NULL)) {

@@ -237,27 +237,33 @@ static void pack_ops(const void *ud, struct dspk__wbuf *w) {
   }
 }
 
-/* The devices the connection may use (devices' `devices`). */
+/* What m_devices decided once, for the packers of its fields. */
+struct dv_ctx {
+  const struct req *r;
+  bool everything; /* an admin asked for all: every open device */
+};
+
 /* Whether devices shows dev: an open device the connection's job may use,
  * or any open device when an admin asks for all (whatever its job: the
  * UUIDs a Slurm node's GPU map is written from, docs/cluster.md). */
-static bool dv_shown(const struct req *r, const struct device *dev) {
+static bool dv_shown(const struct dv_ctx *x, const struct device *dev) {
   if (dev->open_state != 1)
     return false;
-  return (r->v[DSPK__DEVICES_ALL].v.b && dspkd_admin_is(r->c)) || dspkd_job_dev_ok(r->c, dev);
+  return x->everything || dspkd_job_dev_ok(x->r->c, dev);
 }
 
+/* The devices the connection may use (devices' `devices`). */
 static void dv_devices(const void *ud, struct dspk__wbuf *w) {
-  const struct req *r = ud;
-  const struct dspkd *d = r->c->d;
+  const struct dv_ctx *x = ud;
+  const struct dspkd *d = x->r->c->d;
   int n = 0;
   for (int i = 0; i < d->ndevs; i++)
-    n += dv_shown(r, &d->devs[i]);
+    n += dv_shown(x, &d->devs[i]);
   msgpack_pack_array(&w->pk, (size_t)n);
   for (int i = 0; i < d->ndevs; i++) {
     const struct device *dev = &d->devs[i];
     struct dspk__pval v[DSPK__DEV_COUNT];
-    if (!dv_shown(r, dev))
+    if (!dv_shown(x, dev))
       continue;
     v[DSPK__DEV_ID] = dspk__pv_str(dev->id);
     v[DSPK__DEV_BACKEND] = dspk__pv_str(dev->be->name);
@@ -291,14 +297,14 @@ static void dv_unavailable(const void *ud, struct dspk__wbuf *w) {
 }
 
 static int m_devices(struct req *r) {
+  struct dv_ctx x = {.r = r, .everything = r->v[DSPK__DEVICES_ALL].v.b && dspkd_admin_is(r->c)};
   struct dspk__pval v[2];
   int err;
 
   /* An admin's all: true decides nothing (dv_shown). */
-  if (!(r->v[DSPK__DEVICES_ALL].v.b && dspkd_admin_is(r->c)) &&
-      (err = dspkd_job_resolve(r->c, r->msg, sizeof r->msg)) < 0)
+  if (!x.everything && (err = dspkd_job_resolve(r->c, r->msg, sizeof r->msg)) < 0)
     return err;
-  v[DSPK__R_DEVICES_DEVICES] = dspk__pv_pack(dv_devices, r);
+  v[DSPK__R_DEVICES_DEVICES] = dspk__pv_pack(dv_devices, &x);
   v[DSPK__R_DEVICES_UNAVAILABLE] = dspk__pv_pack(dv_unavailable, r);
   return answer(r, DSPK__M_DEVICES, v);
 }
