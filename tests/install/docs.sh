@@ -6,7 +6,7 @@
 # `dspkd --help` is in dspkd(8); every command of `dspk-submit --help` is
 # in dspk-submit(1) (generated from docs/cli.md); the generated pages render
 # without a groff warning; and the unit's Documentation= names pages that
-# exist.  Usage: docs.sh BUILD SRC DSPKD DSPK_SUBMIT
+# exist; no file of the tree keeps a merge conflict's markers.  Usage: docs.sh BUILD SRC DSPKD DSPK_SUBMIT
 set -eu
 build=$1 src=$2 dspkd=$3 submit=$4
 bad=0
@@ -80,4 +80,10 @@ for ref in $(sed -n 's/^Documentation=//p' "$src/systemd/dspkd.service.in" "$src
   esac
 done
 [ $bad -eq 0 ] && echo "docs: ok"
+# No merge left half done: a conflict marker at the start of a line of any
+# source, document or page (dspk.conf(5) shipped one).
+conflicts=$(grep -rIlE '^(<{7}|>{7})( |$)|^={7}$' "$src" --exclude-dir=.git \
+  --exclude-dir='build*' --exclude-dir=.device --exclude-dir='.gl' || true)
+[ -z "$conflicts" ] || fail "merge conflict markers in: $conflicts"
+
 exit $bad
