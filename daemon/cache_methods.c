@@ -122,8 +122,10 @@ static void after_cb(uv_work_t *w, int status) {
         dspkd_conn_send(c, wr);
     }
   }
+  struct dspkd *d = c->d;
   dspkd_conn_paid(c);
   free(cw);
+  dspkd_stop_progress(d); /* a stop waits for this answer (lifecycle.c) */
 }
 
 /* Queues the call on the thread pool.  0, or a negative code for the

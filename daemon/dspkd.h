@@ -326,6 +326,13 @@ struct unavailable {
  * once no connection refers to it.  Loop thread only. */
 #define DSPKD_JOB_MAX_DEVICES 64
 #define DSPKD_UUID_LEN 40 /* a normalised UUID: lower-case hex digits only */
+/* A job.end waiting for its job's connections to be gone: its caller
+ * (dspkd_conn_owe holds it) and the request's msgid. */
+struct jend_wait {
+  struct conn *c;
+  uint32_t msgid;
+};
+
 struct djob {
   struct djob *next;
   uint64_t id;
@@ -334,8 +341,8 @@ struct djob {
   char uuid[DSPKD_JOB_MAX_DEVICES][DSPKD_UUID_LEN];
   size_t nconns;                      /* connections bound to it (until freed) */
   bool ended;                         /* job.end came: no new connections */
-  struct conn *end_conn;              /* job.end's caller, answered when nconns is 0 */
-  uint32_t end_msgid;
+  struct jend_wait *ends;             /* job.end calls answered when nconns is 0 */
+  size_t nends;
   uint64_t end_conns, end_inflight, end_buffers; /* what job.end closed */
   uint64_t mem[DSPKD_MAX_DEVICES];    /* device memory of its connections */
 };
@@ -727,6 +734,9 @@ int dspkd_m_job_register(struct req *r);
 int dspkd_m_job_end(struct req *r);
 /* Frees every job (at exit). */
 void dspkd_jobs_free(struct dspkd *d);
+/* Answers now every job.end still waiting for its job's connections (the
+ * stop, before it closes the connections left at its deadline). */
+void dspkd_jobs_answer_ends(struct dspkd *d);
 /* daemon/jobstate.c: the registered and the ended Slurm jobs kept across a
  * restart (docs/protocol.md, "Slurm jobs").  Names the file (d->job_state):
  * the job_state setting, else the socket's path with .jobs for .sock. */

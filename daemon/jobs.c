@@ -96,6 +96,25 @@ static struct djob *job_find(struct dspkd *d, uint64_t id) {
   return NULL;
 }
 
+/* Job id when a job.end of it waits for its connections (NULL: none). */
+static struct djob *job_ending(struct dspkd *d, uint64_t id) {
+  for (struct djob *j = d->jobs; j; j = j->next)
+    if (j->id == id && j->ended)
+      return j;
+  return NULL;
+}
+
+/* Adds r to the job.end calls that job j's end answers. */
+static int job_end_wait(struct req *r, struct djob *j) {
+  struct jend_wait *w = realloc(j->ends, (j->nends + 1) * sizeof *w);
+  if (!w)
+    return DSPK_ENOMEM;
+  j->ends = w;
+  w[j->nends++] = (struct jend_wait){r->c, r->msgid};
+  dspkd_conn_owe(r->c);
+  return 0;
+}
+
 /* Whether job id ended on this node (job.end); *uid: the uid it was
  * registered for ((uid_t)-1: it was not registered). */
 static bool job_was_ended(const struct dspkd *d, uint64_t id, uid_t *uid) {
@@ -118,22 +137,32 @@ static void job_unlink(struct dspkd *d, struct djob *j) {
     }
 }
 
-/* Answers a job.end whose connections are all gone and frees the job. */
-static void djob_finish(struct dspkd *d, struct djob *j) {
-  if (j->end_conn) {
-    struct dspk__pval v[5] = {[DSPK__R_JEND_JOB] = dspk__pv_uint(j->id),
-                              [DSPK__R_JEND_ENDED] = dspk__pv_bool(true),
-                              [DSPK__R_JEND_CONNECTIONS] = dspk__pv_uint(j->end_conns),
-                              [DSPK__R_JEND_INFLIGHT] = dspk__pv_uint(j->end_inflight),
-                              [DSPK__R_JEND_BUFFERS] = dspk__pv_uint(j->end_buffers)};
-    struct wreq *wr = dspkd_result(j->end_msgid, DSPK__M_JOB_END, v);
-    if (wr) {
-      dspkd_conn_send(j->end_conn, wr);
-    }
-    struct conn *c = j->end_conn;
-    j->end_conn = NULL;
+/* Answers every job.end that waits for job j (ended: true, what the first
+ * one closed), and lets their callers go. */
+static void djob_answer_ends(struct djob *j) {
+  struct dspk__pval v[5] = {[DSPK__R_JEND_JOB] = dspk__pv_uint(j->id),
+                            [DSPK__R_JEND_ENDED] = dspk__pv_bool(true),
+                            [DSPK__R_JEND_CONNECTIONS] = dspk__pv_uint(j->end_conns),
+                            [DSPK__R_JEND_INFLIGHT] = dspk__pv_uint(j->end_inflight),
+                            [DSPK__R_JEND_BUFFERS] = dspk__pv_uint(j->end_buffers)};
+  for (size_t i = 0; i < j->nends; i++) {
+    struct conn *c = j->ends[i].c;
+    struct wreq *wr = dspkd_result(j->ends[i].msgid, DSPK__M_JOB_END, v);
+    if (wr)
+      dspkd_conn_send(c, wr);
+    else /* never nothing: the connection closes if even this fails */
+      dspkd_conn_send_error(c, j->ends[i].msgid, DSPK_ENOMEM,
+                            "out of memory: the answer could not be built");
     dspkd_conn_paid(c);
   }
+  free(j->ends);
+  j->ends = NULL;
+  j->nends = 0;
+}
+
+/* Answers a job.end whose connections are all gone and frees the job. */
+static void djob_finish(struct dspkd *d, struct djob *j) {
+  djob_answer_ends(j);
   job_unlink(d, j);
   free(j);
 }
@@ -477,12 +506,16 @@ int dspkd_m_job_register(struct req *r) {
 
 int dspkd_m_job_end(struct req *r) {
   struct dspkd *d = r->c->d;
-  struct djob *j;
+  struct djob *j, *e;
   uint64_t id = r->v[DSPK__JEND_JOB].v.u, nconns = 0, inflight = 0, buffers = 0;
   struct end_undo undo = {0};
   int err;
 
   j = job_find(d, id);
+  /* A job.end of a job still ending (the epilog ran again, or twice) waits
+   * with the first and gets the same answer. */
+  if (!j && (e = job_ending(d, id)))
+    return job_end_wait(r, e);
   if (j && r->c->job == j)
     return fail(r, DSPK_EINVAL, "this connection belongs to Slurm job %" PRIu64
                 " and cannot end it", id);
@@ -534,21 +567,29 @@ int dspkd_m_job_end(struct req *r) {
   j->end_conns = nconns;
   j->end_inflight = inflight;
   j->end_buffers = buffers;
-  dspkd_conn_owe(r->c);
-  j->end_conn = r->c;
-  j->end_msgid = r->msgid;
+  if ((err = job_end_wait(r, j)) < 0) /* the job is ended all the same */
+    return err;
   if (!j->nconns)
     djob_finish(d, j);
   return 0;
+}
+
+/* Answers now the job.end calls still waiting for their jobs' connections
+ * (the stop closes those connections at its deadline: their answers are
+ * what the ends closed, as when the last connection goes). */
+void dspkd_jobs_answer_ends(struct dspkd *d) {
+  for (struct djob *j = d->jobs; j; j = j->next)
+    djob_answer_ends(j);
 }
 
 void dspkd_jobs_free(struct dspkd *d) {
   while (d->jobs) {
     struct djob *j = d->jobs;
     d->jobs = j->next;
-    /* A pending job.end holds its caller (j->end_conn) only while a
+    /* A pending job.end holds its caller (j->ends) only while a
      * connection of the job is alive, and the stop waits for every
      * connection: none is left here. */
+    free(j->ends);
     free(j);
   }
   d->njobs = 0;

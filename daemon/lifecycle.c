@@ -218,6 +218,9 @@ static void on_grace(uv_timer_t *t) {
   }
   dspkd_warn("connections still open %d ms after the deadline: closing them",
              GRACE_FLUSH_MS);
+  /* A job.end still waiting for its job's connections, closed here, is
+   * answered first (with them its answer would be lost). */
+  dspkd_jobs_answer_ends(d);
   for (struct conn *c = d->conns, *next; c; c = next) {
     next = c->next;
     dspkd_conn_ref(c);
@@ -262,7 +265,9 @@ void dspkd_stop_progress(struct dspkd *d) {
     return;
   for (struct conn *c = d->conns, *next; c; c = next) {
     next = c->next;
-    if (c->closing || c->jobs)
+    /* Not yet one owed an answer (a job.end waiting for its job's
+     * connections): it is closed once that answer is written. */
+    if (c->closing || c->jobs || c->owed)
       continue;
     if (c->unsent == 0) {
       dspkd_conn_close(c, "daemon stopping");

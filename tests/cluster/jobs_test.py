@@ -20,7 +20,6 @@ import subprocess
 import sys
 import tempfile
 
-
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
 import dspk_daemon  # noqa: E402
 from dspk_rpc import Client, RpcError, check  # noqa: E402
@@ -431,7 +430,68 @@ def run(exe, submit, tmp):
         d.proc.kill()
         raise
     restart(exe, submit, os.path.join(tmp, "restart"), gpu, cpu)
+    os.unlink(os.path.join(tmp, "dspkd.log"))
+    daemon_check(Daemon(exe, tmp), ending)
+    os.unlink(os.path.join(tmp, "dspkd.log"))
+    d = Daemon(exe, tmp)
+    try:
+        ending_stop(d)
+    except BaseException:
+        sys.stderr.write(d.logtext()[-6000:])
+        d.proc.kill()
+        raise
     return 0
+
+
+def ending_job(d, admin, job):
+    """Registers job for this uid with the Vulkan device, starts a gemm there from a
+    connection of the job (lavapipe: it runs for a while, and a cancel does not stop a
+    dispatch), ends the job from a second admin connection and waits until status shows
+    it ending with its connection still there.  The job's connection, and the
+    job.end's connection and msgid."""
+    gpu = [x for x in admin.call("devices", {})["devices"] if x["backend"] == "vulkan"][0]
+    admin.call("job.register", {"job": job, "uid": os.getuid(), "devices": [gpu["uuid"]]})
+    cj = d.client(job=job)
+    cj.send("task.run", gemm_args(gpu["id"], 1536)[0])
+    while not (status_job(admin, job) or {}).get("inflight"):
+        pass
+    ender = d.client()
+    first = ender.send("job.end", {"job": job})
+    while True:
+        j = status_job(admin, job)
+        if j and j["ended"]:
+            break
+    check(j["connections"] == 1 and j["inflight"] == 1,
+          "job %d ending with its task: %r" % (job, j))
+    return cj, ender, first
+
+
+def ending(d):
+    """A second job.end of a job still ending (an epilog run again) waits with the first
+    and gets the same answer (it answered {ended: false} at once, while the job's work
+    still ran)."""
+    admin = d.client()
+    cj, ender, first = ending_job(d, admin, 91)
+    a2 = admin.call("job.end", {"job": 91})
+    a1 = ender.wait(first)
+    check(a1["ended"] and a1 == a2 and a1["connections"] == 1 and a1["inflight"] == 1,
+          "job.end twice: %r %r" % (a1, a2))
+    cj.expect_eof()
+    check(admin.call("job.end", {"job": 91})["ended"] is False, "job.end once it has ended")
+
+
+def ending_stop(d):
+    """A job.end waiting for its job's connections when the daemon stops is answered
+    before its connection closes (the stop closed it unanswered)."""
+    admin = d.client()
+    cj, ender, first = ending_job(d, admin, 92)
+    check(admin.call("daemon.stop", {})["stopping"], "daemon.stop")
+    a = ender.wait(first)
+    check(a["ended"] and a["connections"] == 1, "job.end at the stop: %r" % a)
+    ender.expect_eof()
+    cj.expect_eof()
+    rc = d.proc.wait(TIMEOUT)
+    check(rc == 0, "dspkd exited with %s:\n%s" % (rc, d.logtext()))
 
 
 def job_ids(c):
