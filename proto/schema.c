@@ -395,11 +395,13 @@ static const struct dspk__param trace_r[] = {
 /* Slurm jobs (daemon/jobs.c). */
 #define JOB_P {"job", DSPK__T_UINT, REQ, .min = 1, .max = UINT64_MAX,                \
                .expect = "the Slurm job id (a positive integer)"}
+static const struct dspk__param uuid_item = {"", DSPK__T_STR, REQ, .max = UINT64_MAX,
+                                             .expect = "a device UUID, a str"};
 static const struct dspk__param jreg_p[] = {
     [DSPK__JREG_JOB] = JOB_P,
     [DSPK__JREG_UID] = {"uid", DSPK__T_UINT, REQ, .max = UINT32_MAX - 1,
                         .expect = "the uid the job runs as"},
-    [DSPK__JREG_DEVICES] = {"devices", DSPK__T_ARRAY, .max = 64, .range_err = DSPK_ELIMIT,
+    [DSPK__JREG_DEVICES] = {"devices", DSPK__T_ARRAY, .max = 64, .range_err = DSPK_ELIMIT, .item = &uuid_item,
                             .expect = "an array of device UUIDs", .def_doc = "none"},
 };
 static const struct dspk__param jreg_r[] = {
