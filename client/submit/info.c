@@ -34,10 +34,17 @@ static double median(const double *v, size_t n) {
   return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
+static const struct option ping_opts[] = {{"count", required_argument, NULL, 'c'},
+                                          {"size", required_argument, NULL, 's'},
+                                          DSPK__SUB_OPTS_END};
+/* devices takes --all; status the same table without it. */
+static const struct option devices_opts[] = {{"all", no_argument, NULL, 'a'},
+                                             DSPK__SUB_OPTS_END};
+const dspk__sub_optset dspk__sub_info_optsets[] = {
+    {"ping", ":c:s:h", ping_opts}, {"devices", ":ah", devices_opts}, {NULL, NULL, NULL}};
+
 int dspk__sub_ping(dspk__sub_ctx *ctx, int argc, char **argv) {
-  static const struct option opts[] = {{"count", required_argument, NULL, 'c'},
-                                       {"size", required_argument, NULL, 's'},
-                                       DSPK__SUB_OPTS_END};
+  const struct option *opts = ping_opts;
   long count = 0, size = 0;
   bool json = false, seen_count = false, seen_size = false;
   double *t = NULL;
@@ -46,7 +53,7 @@ int dspk__sub_ping(dspk__sub_ctx *ctx, int argc, char **argv) {
   char path[512];
   const char *where = ctx->socket;
 
-  while ((opt = getopt_long(argc, argv, ":c:s:h", opts, NULL)) != -1) {
+  while ((opt = getopt_long(argc, argv, dspk__sub_info_optsets[0].shorts, opts, NULL)) != -1) {
     switch (opt) {
     case 'c':
       if ((rc = dspk__sub_once(ctx, &seen_count, opt, argv)) != 0)
@@ -147,12 +154,10 @@ static const char *human_bytes(uint64_t b, char *buf, size_t cap) {
  * and *all (when all != NULL).  Returns -1 to go on, else an exit status. */
 static int flag_opts(dspk__sub_ctx *ctx, int argc, char **argv, bool *json,
                      bool *all) {
-  static const struct option with_all[] = {{"all", no_argument, NULL, 'a'},
-                                           DSPK__SUB_OPTS_END};
-  const struct option *opts = all ? with_all : with_all + 1;
+  const struct option *opts = all ? devices_opts : devices_opts + 1;
   int opt;
-  while ((opt = getopt_long(argc, argv, all ? ":ah" : ":h", opts, NULL)) !=
-         -1) {
+  while ((opt = getopt_long(argc, argv, all ? dspk__sub_info_optsets[1].shorts : ":h", opts,
+                            NULL)) != -1) {
     switch (opt) {
     case 'a':
       *all = true;

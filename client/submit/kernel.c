@@ -222,16 +222,16 @@ static int parse_scalar(dspk__sub_ctx *ctx, const char *spec, dspk_karg *k) {
   return 1;
 }
 
+static const struct option kernel_opts[] = {
+    {"entry", required_argument, NULL, 'e'},  {"grid", required_argument, NULL, 'g'},
+    {"block", required_argument, NULL, 'b'},  {"shared", required_argument, NULL, 's'},
+    {"lang", required_argument, NULL, 'l'},   {"device", required_argument, NULL, 'd'},
+    {"output", required_argument, NULL, 'o'}, DSPK__SUB_OPTS_END};
+const dspk__sub_optset dspk__sub_kernel_optsets[] = {
+    {"kernel", ":e:g:b:s:l:d:o:h", kernel_opts}, {NULL, NULL, NULL}};
+
 int dspk__sub_kernel(dspk__sub_ctx *ctx, int argc, char **argv) {
-  static const struct option opts[] = {
-      {"entry", required_argument, NULL, 'e'},
-      {"grid", required_argument, NULL, 'g'},
-      {"block", required_argument, NULL, 'b'},
-      {"shared", required_argument, NULL, 's'},
-      {"lang", required_argument, NULL, 'l'},
-      {"device", required_argument, NULL, 'd'},
-      {"output", required_argument, NULL, 'o'},
-      DSPK__SUB_OPTS_END};
+  const struct option *opts = kernel_opts;
   const char *entry = NULL, *lang = NULL, *device = NULL;
   uint32_t grid[3] = {1, 1, 1}, block[3] = {1, 1, 1};
   long shared = 0;
@@ -254,7 +254,7 @@ int dspk__sub_kernel(dspk__sub_ctx *ctx, int argc, char **argv) {
   memset(&res, 0, sizeof res);
   for (int i = 0; i < KERNEL_MAX_TENSORS; i++)
     ofs[i] = (dspk__outfile){-1, NULL, NULL, false};
-  while ((opt = getopt_long(argc, argv, ":e:g:b:s:l:d:o:h", opts, NULL)) !=
+  while ((opt = getopt_long(argc, argv, dspk__sub_kernel_optsets[0].shorts, opts, NULL)) !=
          -1) {
     switch (opt) {
     case 'e':

@@ -2314,6 +2314,66 @@ def suite_help(cli, tmp):
     dir_and_tty_files(cli, tmp)
     command_line_messages(cli, tmp)
     command_line_round6(cli, tmp)
+    other_commands_options(cli)
+
+
+def other_commands_options(cli):
+    """Round 12: an option of another command (or subcommand), whole or
+    abbreviated, long or short, and a global one after COMMAND, says that
+    it does not apply and whose it is (exit 2, before any connection); a
+    name that is nobody's stays unknown.  job end takes no --uid."""
+    nosock = ["--socket", "/nonexistent/dspkd.sock"]
+    for args, who, want in (
+            (["gemm", "a", "b", "--grid", "4"], "gemm", "'--grid' does not apply to gemm "
+             "(--grid: an option of kernel)"),
+            (["gemm", "--entr", "x"], "gemm", "'--entr' does not apply to gemm (--entry: "
+             "an option of kernel)"),
+            (["map", "abs", "a", "--lang", "glsl"], "map", "(--lang: an option of kernel)"),
+            (["fft", "a", "--shared", "4"], "fft", "(--shared: an option of kernel)"),
+            (["gemm", "--count", "2"], "gemm", "(--count: an option of ping)"),
+            (["reduce", "sum", "a", "--once"], "reduce", "(--once: an option of top)"),
+            (["fir", "--interval=2"], "fir", "(--interval: an option of top)"),
+            (["contract", "--seconds", "2"], "contract", "(--seconds: an option of trace)"),
+            (["fft", "--all"], "fft", "(--all: an option of devices)"),
+            (["ping", "--all"], "ping", "'--all' does not apply to ping (--all: an option "
+             "of devices)"),
+            (["status", "--all"], "status", "(--all: an option of devices)"),
+            (["top", "--job", "1"], "top", "(--job: an option of job register and job end)"),
+            (["trace", "--uid", "1"], "trace", "(--uid: an option of job register)"),
+            (["devices", "--devices", "x"], "devices", "(--devices: an option of job "
+             "register)"),
+            (["cache", "stats", "--kernels"], "cache", "'--kernels' does not apply to "
+             "cache stats (--kernels: an option of cache clear)"),
+            (["cache", "stats", "--auto"], "cache", "(--autotune: an option of cache "
+             "clear)"),
+            (["job", "end", "--job", "5", "--uid", "abc"], "job", "'--uid' does not apply "
+             "to job end (--uid: an option of job register)"),
+            (["job", "end", "--job", "5", "--devices", "x"], "job", "'--devices' does not "
+             "apply to job end"),
+            (["gemm", "--inv"], "gemm", "'--inv' does not apply to gemm (--inverse: an "
+             "option of fft)"),
+            (["gemm", "--in"], "gemm", "(--inverse: an option of fft; --interval: an "
+             "option of top)"),
+            (["fir", "--alpha", "2"], "fir", "(--alpha: an option of gemm and map)"),
+            (["gemm", "-g", "4"], "gemm", "'-g' does not apply to gemm (-g: --grid of "
+             "kernel)"),
+            (["gemm", "-s", "4"], "gemm", "(-s: --size of ping, --shared of kernel, "
+             "--seconds of trace)"),
+            (["gemm", "--socket", "x"], "gemm", "(--socket: an option of dspk-submit "
+             "before COMMAND)"),
+            (["ping", "-V"], "ping", "(-V: --version of dspk-submit before COMMAND)")):
+        err = cli.fails(nosock + args, who, "EINVAL", rc_want=2, sock=False,
+                        detail=("option " if want[0] == "'" else "") + want)
+        check("unknown option" not in err, "%s: %r" % (args, err))
+    cli.fails(["--json", "ping"], None, "EINVAL", rc_want=2, sock=False,
+              detail="option '--json' does not apply to dspk-submit before COMMAND "
+              "(--json: an option of every command)")
+    for args, want in ((["gemm", "--nosuch"], "unknown option '--nosuch'"),
+                       (["gemm", "-x"], "unknown option '-x'"),
+                       (["gemm", "--t"], "option '--t' is ambiguous: --trans-a, --trans-b")):
+        cli.fails(nosock + args, args[0], "EINVAL", rc_want=2, sock=False, detail=want)
+    # A command's own option, abbreviated, is still its own.
+    cli.fails(nosock + ["top", "--once", "--int", "1"], "top", "ECONNECT", sock=False)
 
 
 def command_line_round6(cli, tmp):
