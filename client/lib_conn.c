@@ -595,12 +595,12 @@ int dspk__send_fd(dspk_client *c, struct dspk__wbuf *w, uint32_t msgid, int fd) 
   if (rc != 0)
     return dspk__cerr(c, rc, "out of memory packing the request");
   total = dspk__wbuf_len(w);
+  /* What the caller can do about it is the caller's to say (task.run's
+   * operands, ping's payload): a request of no operand has no remedy. */
   if (total > c->send_max)
     return dspk__cerr(c, DSPK_ELIMIT,
                       "request of %zu bytes exceeds the daemon's %zu-byte "
-                      "message limit (max_message); pass big operands "
-                      "through daemon buffers (dspk_buffer_write splits)",
-                      total, c->send_max);
+                      "message limit (max_message)", total, c->send_max);
   for (size_t i = 0; i < niov && !fs.on; i++)
     if (fmap_of(c, iov[i].iov_base, iov[i].iov_len))
       file_send_begin(c, &fs);

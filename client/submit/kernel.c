@@ -230,6 +230,25 @@ static const struct option kernel_opts[] = {
 const dspk__sub_optset dspk__sub_kernel_optsets[] = {
     {"kernel", ":e:g:b:s:l:d:o:h", kernel_opts}, {NULL, NULL, NULL}};
 
+/* A kernel's tensors go to the daemon and come back inline, each way in
+ * one message (no buffer, no shared memory stands for them): with SOURCE
+ * they must fit the daemon's max_message less 1024 bytes of framing
+ * (cli.md).  0, or the failure reported and its exit status. */
+static int kernel_fits(const dspk__sub_ctx *ctx, const dspk__npy *tens, int ntens,
+                       size_t srclen) {
+  size_t m = dspk_max_message(ctx->client), t = 0;
+  for (int i = 0; i < ntens; i++)
+    t += tens[i].nbytes; /* each at most 2^31 elements of 16 bytes */
+  if (m > 1024 && t <= m - 1024 && srclen <= m - 1024 - t)
+    return 0;
+  return dspk__sub_fail(ctx, DSPK_ELIMIT, "the tensor arguments (%zu bytes) and SOURCE "
+                        "(%zu bytes) are more than one message of this daemon carries (its max_message, "
+                        "%zu bytes, less 1024 for framing), and a kernel's tensors travel "
+                        "inline, to the daemon and back; ask the daemon's admin to raise "
+                        "max_message (dspkd --max-message, [limits] max_message of "
+                        "dspkd.conf, dspk.conf(5))", t, srclen, m);
+}
+
 int dspk__sub_kernel(dspk__sub_ctx *ctx, int argc, char **argv) {
   const struct option *opts = kernel_opts;
   const char *entry = NULL, *lang = NULL, *device = NULL;
@@ -469,7 +488,7 @@ int dspk__sub_kernel(dspk__sub_ctx *ctx, int argc, char **argv) {
     if ((status = dspk__sub_open_output(ctx, outs[i].path, &ofs[i])) != 0)
       goto out;
   status = DSPK__SUB_EXIT_FAIL;
-  if (dspk__sub_connect(ctx) != 0)
+  if (dspk__sub_connect(ctx) != 0 || kernel_fits(ctx, tens, ntens, srclen) != 0)
     goto out;
   for (int i = 0; i < ntens; i++) /* sent from their files (ops.c, run_task) */
     if (tens[i].map)

@@ -1957,12 +1957,15 @@ def suite_shell(cli, tmp, dspkd):
             "gemm of f16 on cpu:0: %s %r" % (got.dtype, got))
         c2 = Cli(cli.binary, d2.sock)
         # ping -s over the message limit: the message names -s, the limit and
-        # what fits (the library's advice about operands is no ping's).
+        # what fits, exactly (the library's advice about operands is no
+        # ping's): M less the framing of a bin32 payload and the largest id.
         err = c2.fails(["ping", "-s", "3M"], "ping", "ELIMIT",
                        detail="-s 3145728: a ping of 3145728 bytes with its framing "
                               "exceeds the daemon's 2097152-byte message limit "
-                              "(max_message); 2097088 bytes or less fit")
-        c2.ok("ping", "-s", "2097088")
+                              "(max_message); 2097128 bytes or less fit")
+        c2.ok("ping", "-s", "2097128")
+        c2.fails(["ping", "-s", "2097129"], "ping", "ELIMIT",
+                 detail="; 2097128 bytes or less fit")
         fo = os.path.join(tmp, "bw.npy")
         c2.ok("gemm", fbig, fw, "-o", fo)
         got = np.load(fo)
@@ -1999,9 +2002,35 @@ def suite_shell(cli, tmp, dspkd):
         fa3, fb3, fo3 = (os.path.join(tmp, n) for n in ("a3.npy", "b3.npy", "o3.npy"))
         np.save(fa3, a3)
         np.save(fb3, b3)
-        Cli(cli.binary, d3.sock).ok("gemm", fa3, fb3, "-o", fo3)
+        c3 = Cli(cli.binary, d3.sock)
+        c3.ok("gemm", fa3, fb3, "-o", fo3)
         check(np.allclose(np.load(fo3), a3.astype(np.float64) @ b3, rtol=1e-4, atol=1e-4),
               "gemm of 1480-byte inputs under --max-message 3000")
+        # What ping -s says fits does, for every ping of a long run (ids
+        # past 127 and 255 take more bytes); one byte more is refused
+        # before the first.
+        out = c3.ok("ping", "-s", "2978", "-c", "300")
+        check("300 round trips, 2978 bytes each" in out, "ping -s 2978 -c 300: %r" % out)
+        c3.fails(["ping", "-s", "2979"], "ping", "ELIMIT",
+                 detail="-s 2979: a ping of 2979 bytes with its framing exceeds the "
+                        "daemon's 3000-byte message limit (max_message); 2978 bytes or "
+                        "less fit")
+        # A kernel's tensors and SOURCE past max_message - 1024: said in the
+        # command line's terms (the library's buffer advice is none of its),
+        # before anything is sent; within it the daemon decides (ENOTSUP on
+        # the cpu).
+        kc = os.path.join(tmp, "lim.comp")
+        with open(kc, "w") as f:
+            f.write("void main(){}\n")
+        kargs = ["kernel", kc, "--entry", "main", "--grid", "1", "--block", "1"]
+        err = c3.fails(kargs + ["zeros:f32:491"], "kernel", "ELIMIT",
+                       detail="the tensor arguments (1964 bytes) and SOURCE (14 bytes) are "
+                              "more than one message of this daemon carries (its "
+                              "max_message, 3000 bytes, less 1024 for framing), and a "
+                              "kernel's tensors travel inline, to the daemon and back; ask "
+                              "the daemon's admin to raise max_message")
+        check("dspk_buffer" not in err, "kernel ELIMIT %r" % err)
+        c3.fails(kargs + ["zeros:f32:490"], "kernel", "ENOTSUP")
     finally:
         d3.stop()
     for bad in (["--max-message", "2Q"], ["--max-message", "16777216T"],

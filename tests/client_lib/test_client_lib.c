@@ -400,9 +400,62 @@ static void test_hello_ping(void **state) {
   }
   /* Bigger than the daemon's max_message: refused locally, the
    * connection stays usable. */
-  char *big = calloc(1, 8 << 20);
+  char *big = calloc(1, 9 << 20);
   assert_int_equal(dspk_ping(C, big, 8 << 20), DSPK_ELIMIT);
   assert_non_null(strstr(dspk_last_error(C), "max_message"));
+  /* dspk_ping_max: max_message less the framing of the largest request id
+   * (a bin32 payload: 24 bytes), which every ping carries; past it the
+   * message says what fits, and no advice about operands (a ping has
+   * none). */
+  assert_int_equal(dspk_ping_max(C), 8388608 - 24);
+  assert_int_equal(dspk_ping_max(NULL), 0);
+  assert_int_equal(dspk_ping(C, big, dspk_ping_max(C)), 0);
+  assert_int_equal(dspk_ping(C, big, 8388608 - 4), DSPK_ELIMIT);
+  assert_non_null(strstr(dspk_last_error(C), "dspk_ping: a payload of 8388604 bytes"));
+  assert_non_null(strstr(dspk_last_error(C), "dspk_ping_max() bytes (8388584) or less"));
+  assert_null(strstr(dspk_last_error(C), "operands"));
+  /* A request of no operand at all: no operand advice either. */
+  {
+    char *name = malloc((9 << 20) + 1), *json = NULL;
+    memset(name, 'm', 9 << 20);
+    name[9 << 20] = '\0';
+    assert_int_equal(dspk_call_json(C, name, &json), DSPK_ELIMIT);
+    assert_non_null(strstr(dspk_last_error(C), "8388608-byte message limit (max_message)"));
+    assert_null(strstr(dspk_last_error(C), "operands"));
+    assert_null(strstr(dspk_last_error(C), "dspk_buffer_write"));
+    free(name);
+  }
+  /* A raw kernel's inline tensors come back inline: more than an answer
+   * carries is refused before anything is sent, with the remedy a kernel
+   * has (buffer references: no shared temporary stands for them); a source
+   * too long for the request is named as such. */
+  {
+    dspk_task k;
+    dspk_tensor kt;
+    dspk_result kr;
+    int64_t n = (8388608 - 1024) / 4 + 1;
+    dspk_task_init(&k, DSPK_OP_KERNEL);
+    dspk_tensor_inline(&kt, DSPK_F32, 1, &n, big);
+    k.kernel.lang = "glsl";
+    k.kernel.source = "void main() {}";
+    k.kernel.source_len = 14;
+    k.inputs = &kt;
+    k.ninputs = 1;
+    k.kernel.nargs = 1;
+    k.kernel.args[0].kind = DSPK_KARG_TENSOR;
+    k.kernel.args[0].v.tensor = 0;
+    assert_int_equal(dspk_run(C, &k, &kr), DSPK_ELIMIT);
+    assert_non_null(strstr(dspk_last_error(C), "kernel: its inline tensors total 8387588 "
+                                                "bytes and come back inline"));
+    assert_non_null(strstr(dspk_last_error(C), "pass big tensors as buffer references"));
+    n = 4;
+    dspk_tensor_inline(&kt, DSPK_F32, 1, &n, big);
+    k.kernel.source = big;
+    k.kernel.source_len = 8388608;
+    assert_int_equal(dspk_run(C, &k, &kr), DSPK_ELIMIT);
+    assert_non_null(strstr(dspk_last_error(C), "a raw kernel's source (8388608 bytes) and "
+                                                "inline tensors (16 bytes) go in it"));
+  }
   free(big);
   assert_int_equal(dspk_ping(C, "y", 1), 0);
   /* A second connection works alongside. */
