@@ -238,7 +238,8 @@ static int job_call(dspk_client *c, struct params *a, const struct job_uuids *u,
   int rc;
 
   if (!c || !json_out)
-    return dspk__argerr(c, "json_out is NULL");
+    return dspk__argerr(c, "%s: json_out is NULL",
+                        a->m == DSPK__M_JOB_END ? "dspk_job_end" : "dspk_job_register");
   if (u && u->n && !u->uuids)
     return dspk__argerr(c, "dspk_job_register: uuids is NULL and n is %zu", u->n);
   for (size_t i = 0; u && i < u->n; i++)

@@ -325,8 +325,8 @@ static int64_t deadline_of(const dspk_client *c) {
 }
 
 static int timed_out(dspk_client *c, const char *what) {
-  return dspk__cerr(c, DSPK_ETIMEDOUT, "%s within %d ms (dspk_set_timeout)", what,
-                    c->timeout_ms);
+  return dspk__cerr(c, DSPK_ETIMEDOUT, "%s within %d ms (%s)", what, c->timeout_ms,
+                    c->timeout_by);
 }
 
 /* Waits until the socket is ready for events (POLLIN, POLLOUT) or the
@@ -1859,6 +1859,7 @@ DSPK_EXPORT int dspk_connect_timeout(const char *socket_path, const char *client
     (void)setsockopt(c->fd, SOL_SOCKET, SO_SNDBUF, &sb, sizeof sb);
   }
   c->timeout_ms = timeout_ms > 0 ? timeout_ms : 0;
+  c->timeout_by = "dspk_connect_timeout";
   {
     int e = 0;
     if (c->timeout_ms)
@@ -1991,5 +1992,6 @@ DSPK_EXPORT int dspk_set_timeout(dspk_client *c, int ms) {
   if (ms < 0)
     return dspk__argerr(c, "dspk_set_timeout: ms is %d (0: no limit)", ms);
   c->timeout_ms = ms;
+  c->timeout_by = "dspk_set_timeout";
   return 0;
 }

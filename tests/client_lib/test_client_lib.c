@@ -1872,16 +1872,18 @@ static void test_bad_arguments(void **state) {
 
   expect_einval(dspk_ping(C, NULL, 5), "data is NULL");
   expect_einval(dspk_call_json(C, NULL, &json), "method is NULL");
-  expect_einval(dspk_call_json(C, "status", NULL), "json_out is NULL");
+  expect_einval(dspk_call_json(C, "status", NULL), "dspk_call_json: json_out is NULL");
   expect_einval(dspk_job_register(C, 0, 1, NULL, 0, &json), "job 0");
   expect_einval(dspk_job_register(C, 1, 1, NULL, 2, &json), "uuids is NULL");
-  expect_einval(dspk_job_end(C, 1, NULL), "json_out is NULL");
+  /* Each call names itself, as every other call's message does. */
+  expect_einval(dspk_job_end(C, 1, NULL), "dspk_job_end: json_out is NULL");
+  expect_einval(dspk_job_register(C, 1, 1, NULL, 0, NULL), "dspk_job_register: json_out is NULL");
   expect_einval(dspk_devices(C, false, NULL), "out is NULL");
   expect_einval(dspk_status_get(C, NULL), "out is NULL");
   expect_einval(dspk_metrics(C, NULL), "text_out is NULL");
   expect_einval(dspk_trace(C, 0, &json), "seconds");
   expect_einval(dspk_trace(C, NAN, &json), "seconds");
-  expect_einval(dspk_trace(C, 1, NULL), "json_out is NULL");
+  expect_einval(dspk_trace(C, 1, NULL), "dspk_trace: json_out is NULL");
   expect_einval(dspk_buffer_create(C, NULL, 8, NULL), "id_out is NULL");
   expect_einval(dspk_buffer_write(C, 1, 0, NULL, 4), "data is NULL");
   expect_einval(dspk_buffer_read(C, 1, 0, NULL, 4), "dst is NULL");
