@@ -771,6 +771,69 @@ int dspk__sub_fir(dspk__sub_ctx *ctx, int argc, char **argv) {
   return run_task(ctx, &a, &t, a.pos, a.npos);
 }
 
+/* Whether letter c is among the first n of labels. */
+static bool has_label(const char *labels, int n, char c) {
+  return memchr(labels, c, (size_t)n) != NULL;
+}
+
+/* SUBSCRIPTS checked as the daemon checks them whatever the operands are
+ * (backends/op.c, dspk__contract_parse; protocol.md, contract): two terms
+ * of at most DSPK_MAX_RANK distinct letters, a comma, "->" and the
+ * output's term of letters of A or B; spaces are ignored.  NULL when well
+ * formed, else why not, in why.  Only the ranks and sizes of the operands
+ * are left to the daemon. */
+static const char *subscripts_error(const char *s, char *why, size_t cap) {
+  static const char *names[] = {"A", "B", "output"};
+  char l[3][DSPK_MAX_RANK];
+  int term = 0, n[3] = {0, 0, 0};
+  bool arrow = false;
+  if (strlen(s) >= 64) /* the daemon's DSPK__SUBSCRIPTS_MAX, with the NUL */
+    return "longer than 63 characters";
+  for (size_t i = 0; s[i] != '\0'; i++) {
+    char c = s[i];
+    if (c == ' ')
+      continue;
+    if (c == ',') {
+      if (term != 0)
+        return "exactly two operands are supported";
+      term = 1;
+    } else if (c == '-' && s[i + 1] == '>') {
+      if (term != 1 || arrow)
+        return "'->' must come once, after the second operand";
+      arrow = true;
+      term = 2;
+      i++;
+    } else if (c == '.') {
+      return "an ellipsis (...) is not supported";
+    } else if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'))) {
+      if (c > ' ' && c < 0x7f)
+        snprintf(why, cap, "'%c' is not a letter (labels are a-z, A-Z)", c);
+      else
+        snprintf(why, cap, "byte %zu (0x%02x) is not a letter (labels are a-z, A-Z)", i + 1,
+                 (unsigned char)c);
+      return why;
+    } else if (n[term] == DSPK_MAX_RANK) {
+      snprintf(why, cap, "the %s term has more than %d labels", names[term], DSPK_MAX_RANK);
+      return why;
+    } else if (has_label(l[term], n[term], c)) {
+      snprintf(why, cap, "label '%c' repeats in the %s term (diagonals and traces are not "
+               "supported)", c, names[term]);
+      return why;
+    } else {
+      l[term][n[term]++] = c;
+    }
+  }
+  if (!arrow)
+    return term == 0 ? "needs two operands and an explicit output"
+                     : "needs an explicit output (numpy's implicit one is not supported)";
+  for (int k = 0; k < n[2]; k++)
+    if (!has_label(l[0], n[0], l[2][k]) && !has_label(l[1], n[1], l[2][k])) {
+      snprintf(why, cap, "output label '%c' appears in neither A nor B", l[2][k]);
+      return why;
+    }
+  return NULL;
+}
+
 int dspk__sub_contract(dspk__sub_ctx *ctx, int argc, char **argv) {
   op_args a = {.set = &dspk__sub_op_optsets[SET_CONTRACT]};
   dspk_task t;
@@ -783,11 +846,11 @@ int dspk__sub_contract(dspk__sub_ctx *ctx, int argc, char **argv) {
                               : "B.npy");
   if (rc >= 0)
     return rc;
-  if (strstr(a.pos[0], "->") == NULL || strchr(a.pos[0], ',') == NULL)
-    return dspk__sub_usage(ctx,
-                           "SUBSCRIPTS '%s' must name two operands and an "
-                           "explicit output, like 'ik,kj->ij'",
-                           a.pos[0]);
+  char why[128];
+  const char *bad = subscripts_error(a.pos[0], why, sizeof why);
+  if (bad != NULL)
+    return dspk__sub_usage(ctx, "bad SUBSCRIPTS '%s': %s (like 'ik,kj->ij')",
+                           dspk__sub_arg(a.pos[0]), bad);
   dspk_task_init(&t, DSPK_OP_CONTRACT);
   t.contract.subscripts = a.pos[0];
   return run_task(ctx, &a, &t, a.pos + 1, 2);

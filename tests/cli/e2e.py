@@ -2344,6 +2344,35 @@ def suite_help(cli, tmp):
     command_line_messages(cli, tmp)
     command_line_round6(cli, tmp)
     other_commands_options(cli)
+    contract_subscripts(cli, tmp)
+
+
+def contract_subscripts(cli, tmp):
+    """Round 12: SUBSCRIPTS malformed whatever the operands are is a bad
+    command line (exit 2) before anything is sent, however it is malformed
+    (some were the daemon's EINVAL, exit 1); well-formed ones go on (to the
+    missing socket here)."""
+    nosock = ["--socket", "/nonexistent/dspkd.sock"]
+    a = os.path.join(tmp, "subs.npy")
+    np.save(a, np.ones((2, 2)))
+    for subs, why in (("ij,jk", "needs an explicit output"),
+                      ("ij->ij", "'->' must come once, after the second operand"),
+                      ("ij,jk,kl->il", "exactly two operands are supported"),
+                      ("ij,jk->ik->i", "'->' must come once"),
+                      ("ij,jk->ik,l", "exactly two operands"),
+                      ("...ij,jk->ik", "an ellipsis (...) is not supported"),
+                      ("ij,j-k->ik", "'-' is not a letter"),
+                      ("i1,jk->ik", "'1' is not a letter"),
+                      ("ii,jk->ik", "label 'i' repeats in the A term"),
+                      ("ij,jk->ikk", "label 'k' repeats in the output term"),
+                      ("ij,jk->iz", "output label 'z' appears in neither A nor B"),
+                      ("abcdefghi,a->a", "the A term has more than 8 labels"),
+                      ("ij", "needs two operands and an explicit output"),
+                      ("i" * 64 + ",j->j", "longer than 63 characters")):
+        cli.fails(nosock + ["contract", subs, a, a], "contract", "EINVAL", rc_want=2,
+                  sock=False, detail="bad SUBSCRIPTS '%s': %s" % (subs, why))
+    for subs in ("ij,jk->ik", " ij , jk -> ki ", "i,i->", "ij,jk->", "Ab,bC->CA"):
+        cli.fails(nosock + ["contract", subs, a, a], "contract", "ECONNECT", sock=False)
 
 
 def other_commands_options(cli):
