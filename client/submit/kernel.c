@@ -40,9 +40,13 @@ typedef struct kernel_out {
 /* Reads path ("-" for stdin) into a malloc'd buffer. */
 static int read_source(dspk__sub_ctx *ctx, const char *path, char **out,
                        size_t *len) {
-  FILE *f = strcmp(path, "-") == 0 ? stdin : fopen(path, "rb");
+  FILE *f;
   size_t cap = 1 << 16, n = 0;
   char *buf;
+  if (dspk__std_closed(dspk__fd_alias(path)))
+    return dspk__sub_fail(ctx, DSPK_ENOENT, "%s: descriptor %d is not open",
+                          strcmp(path, "-") == 0 ? "<stdin>" : path, dspk__fd_alias(path));
+  f = strcmp(path, "-") == 0 ? stdin : fopen(path, "rb");
   if (f == NULL) {
     int e = errno;
     return dspk__sub_fail(ctx, e == ENOENT ? DSPK_ENOENT : DSPK_EIO, "%s: %s",

@@ -1128,11 +1128,13 @@ static void heap_setup(void) {
  * on /dev/null the wrong way round (stdin for writing, stdout and stderr
  * for reading): the socket and files then never get descriptors 0-2, where
  * a result or a message would land in them, and using a closed stream
- * still fails (EBADF) as it would have. */
+ * still fails (EBADF) as it would have; a path naming one, "-" included,
+ * is a descriptor that is not open (ENOENT, outfile.h). */
 static void guard_std_fds(void) {
   for (int fd = 0; fd <= 2; fd++) {
     if (fcntl(fd, F_GETFD) >= 0 || errno != EBADF)
       continue;
+    dspk__std_mark_closed(fd); /* a path naming it is then not open */
     int n = open("/dev/null", fd == 0 ? O_WRONLY : O_RDONLY);
     if (n >= 0 && n != fd) { /* a lower one was closed too: taken above */
       dup2(n, fd);

@@ -938,7 +938,8 @@ int dspk__sub_open_output(const dspk__sub_ctx *ctx, const char *path,
     return rc;
   rc = dspk__outfile_open(of, path, err, sizeof err);
   if (rc < 0)
-    return dspk__sub_fail(ctx, rc, "%s: %s", dspk__sub_arg(path), err);
+    return dspk__sub_fail(ctx, rc, "%s: %s",
+                          strcmp(path, "-") == 0 ? "<stdout>" : dspk__sub_arg(path), err);
   /* A binary .npy never goes to a terminal, whatever names it: "-",
    * /dev/stdout, /dev/fd/1, /proc/self/fd/1, /dev/tty, /dev/pts/N.  What
    * the descriptor is open on decides, not the spelling of the path. */

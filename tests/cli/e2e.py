@@ -1301,7 +1301,20 @@ def suite_errors(cli, tmp):
     # socket and the command died of SIGPIPE).
     def closing(fd):
         return lambda: os.close(fd)
-    for args, fd, want in ((["map", "abs", a34, "-o", "-"], 1, "EIO"),
+    # A closed standard descriptor, however named ("-" included), is a
+    # descriptor that is not open (ENOENT, cli.md), before any work: not
+    # the placeholder that holds its number (empty input, EPERM, EBADF).
+    for args, fd, want in ((["map", "abs", a34, "-o", "-"], 1, "<stdout>: descriptor 1"),
+                           (["map", "abs", a34, "-o", "/dev/stdout"], 1,
+                            "/dev/stdout: descriptor 1"),
+                           (["map", "abs", a34, "-o", "/proc/self/fd/1"], 1,
+                            "/proc/self/fd/1: descriptor 1"),
+                           (["trace", "-s", "1", "-o", "-"], 1, "<stdout>: descriptor 1"),
+                           (["map", "abs", "-"], 0, "<stdin>: descriptor 0"),
+                           (["map", "abs", "/dev/stdin"], 0, "/dev/stdin: descriptor 0"),
+                           (["map", "add", a34, "/dev/fd/0"], 0, "/dev/fd/0: descriptor 0"),
+                           (["kernel", "-", "--entry", "main", "--grid", "1", "--block", "1",
+                             a34], 0, "<stdin>: descriptor 0"),
                            (["map", "add", a34, b56], 2, None)):
         p = subprocess.run([cli.binary, "--socket", cli.sock] + args,
                            stdin=subprocess.DEVNULL, capture_output=True,
@@ -1310,8 +1323,8 @@ def suite_errors(cli, tmp):
         check(p.returncode == 1, "%s with fd %d closed: exit %d, stderr %r"
               % (args, fd, p.returncode, err))
         if want:
-            check(err.startswith("dspk-submit: map: %s: <stdout>: " % want),
-                  "%s with stdout closed: stderr %r" % (args, err))
+            check(err == "dspk-submit: %s: ENOENT: %s is not open\n" % (args[0], want),
+                  "%s with fd %d closed: stderr %r" % (args, fd, err))
     cli.ok("ping")  # and the daemon still answers
 
     # An endless stream is refused at its first bytes, not read until memory
