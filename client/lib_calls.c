@@ -975,11 +975,12 @@ static size_t result_bound(const dspk_task *t) {
 
 /* dspk_submit, and dspk_run's send (may_wait: it may make temporaries,
  * which waits for buffer.import's answer; dspk_submit never waits). */
-/* The bytes of t's inline inputs (SIZE_MAX where they pass it). */
-static size_t inline_bytes(const dspk_task *t) {
+/* The bytes of t's inputs sent inline (SIZE_MAX where they pass it): not
+ * references, nor those of shm (NULL: none) that a shared buffer carries. */
+static size_t inline_bytes(const dspk_task *t, const bool *shm) {
   size_t n = 0;
   for (unsigned i = 0; i < t->ninputs; i++)
-    if (!t->inputs[i].is_ref)
+    if (!t->inputs[i].is_ref && !(shm && i < DSPK_SHM_OPERANDS && shm[i]))
       n = t->inputs[i].nbytes > SIZE_MAX - n ? SIZE_MAX : n + t->inputs[i].nbytes;
   return n;
 }
@@ -988,7 +989,7 @@ static size_t inline_bytes(const dspk_task *t) {
  * an answer may carry (max_message - 1024, protocol.md) is refused before
  * anything is sent, with what the caller can do about it (dspk.h). */
 static int kernel_fits(dspk_client *c, const dspk_task *t) {
-  size_t n = inline_bytes(t);
+  size_t n = inline_bytes(t, NULL);
   if (t->op != DSPK_OP_KERNEL || n <= dspk__result_inline_max(c))
     return 0;
   return dspk__cerr(c, DSPK_ELIMIT, "kernel: its inline tensors total %zu bytes and come "
@@ -999,15 +1000,25 @@ static int kernel_fits(dspk_client *c, const dspk_task *t) {
 }
 
 /* A task.run request larger than the daemon's max_message (dspk__send's
- * ELIMIT), said with what the caller can do about it. */
-static int task_too_big(dspk_client *c, const dspk_task *t, size_t total) {
+ * ELIMIT), said with what the caller can do about it: its operands sent
+ * inline (shm: those a shared buffer carries) through buffers, where that
+ * would make room enough. */
+static int task_too_big(dspk_client *c, const dspk_task *t, const bool *shm, size_t total) {
+  size_t inl = inline_bytes(t, shm);
+  char src[64] = "";
+  if (t->op == DSPK_OP_KERNEL)
+    snprintf(src, sizeof src, " (a raw kernel's source of %zu bytes)", t->kernel.source_len);
+  if (inl == 0 || total - inl >= c->send_max)
+    return dspk__cerr(c, DSPK_ELIMIT, "task.run request of %zu bytes exceeds the daemon's "
+                      "%zu-byte message limit (max_message), its inline operands' %zu bytes "
+                      "aside%s: too small a limit for this task", total, c->send_max, inl, src);
   if (t->op == DSPK_OP_KERNEL)
     return dspk__cerr(c, DSPK_ELIMIT, "task.run request of %zu bytes exceeds the daemon's "
                       "%zu-byte message limit (max_message): a raw kernel's source (%zu "
                       "bytes) and inline tensors (%zu bytes) go in it; pass big tensors as "
                       "buffer references (is_ref: dspk_buffer_create and dspk_buffer_write, "
                       "or dspk_shared_alloc)", total, c->send_max, t->kernel.source_len,
-                      inline_bytes(t));
+                      inl);
   return dspk__cerr(c, DSPK_ELIMIT, "task.run request of %zu bytes exceeds the daemon's "
                     "%zu-byte message limit (max_message); pass big operands through "
                     "daemon buffers (is_ref: dspk_buffer_write splits) or shared memory "
@@ -1126,7 +1137,7 @@ static int submit(dspk_client *c, const dspk_task *t, uint32_t *ticket, bool may
   pack_params(&a, &w);
   rc = dspk__send(c, &w, id);
   if (rc == DSPK_ELIMIT && dspk__wbuf_len(&w) > c->send_max)
-    rc = task_too_big(c, t, dspk__wbuf_len(&w));
+    rc = task_too_big(c, t, shm, dspk__wbuf_len(&w));
   dspk__wbuf_free(&w);
   dspk__shm_sent(c, id, rc == 0);
   if (rc != 0)

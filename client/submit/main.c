@@ -492,6 +492,22 @@ static int cli_remedy(const dspk__sub_ctx *ctx, const char *detail, char *out, s
   return 1;
 }
 
+/* The library's remedy for a task.run request over max_message is an API's
+ * (buffer references, shared memory; dspk.h): the command line already
+ * sends what it can through buffers, so what is left to do is the
+ * daemon's admin's.  detail so said into out; 0 when it is no such. */
+static int cli_request_remedy(const char *detail, char *out, size_t cap) {
+  static const char req[] = "task.run request of ", lim[] = "(max_message)";
+  const char *e = strstr(detail, lim);
+  if (strncmp(detail, req, sizeof req - 1) != 0 || e == NULL)
+    return 0;
+  snprintf(out, cap, "the task's request of %.*s: too large for one message of this daemon; "
+           "ask the daemon's admin to raise max_message (dspkd --max-message, [limits] "
+           "max_message of dspkd.conf, dspk.conf(5))",
+           (int)(e + sizeof lim - 1 - (detail + sizeof req - 1)), detail + sizeof req - 1);
+  return 1;
+}
+
 int dspk__sub_fail_client_at(const dspk__sub_ctx *ctx, int code, const char *prefix) {
   const char *detail = ctx->client ? dspk_last_error(ctx->client) : "";
   const char *sep = prefix && *prefix ? ": " : "";
@@ -503,7 +519,8 @@ int dspk__sub_fail_client_at(const dspk__sub_ctx *ctx, int code, const char *pre
   /* A compiler's log quotes the user's own source: left as it is. */
   if (code == DSPK_ECOMPILE)
     return dspk__sub_fail(ctx, code, "%s%s%s", prefix, sep, detail);
-  if (code == DSPK_ELIMIT && cli_remedy(ctx, detail, remedy, sizeof remedy))
+  if (code == DSPK_ELIMIT && (cli_remedy(ctx, detail, remedy, sizeof remedy) ||
+                              cli_request_remedy(detail, remedy, sizeof remedy)))
     detail = remedy;
   cli_words(ctx, detail, words, sizeof words);
   return dspk__sub_fail(ctx, code, "%s%s%s", prefix, sep, words);

@@ -2046,6 +2046,19 @@ def suite_shell(cli, tmp, dspkd):
         c3.fails(kargs + ["zeros:f32:490"], "kernel", "ENOTSUP")
     finally:
         d3.stop()
+    # A request that no buffer makes fit (its framing alone passes a
+    # 100-byte max_message): the admin's to raise, said so; none of the
+    # library's advice about buffer references, which the command line
+    # follows already.
+    d4 = Daemon(dspkd, tmp, extra=["--no-cache", "--max-message", "100"], name="tiny100")
+    try:
+        err = Cli(cli.binary, d4.sock).fails(["map", "abs", fa3], "map", "ELIMIT")
+        check(re.search(r"ELIMIT: the task's request of \d+ bytes exceeds the daemon's "
+                        r"100-byte message limit \(max_message\): too large for one message "
+                        r"of this daemon; ask the daemon's admin to raise max_message", err)
+              and "dspk_" not in err and "task.run" not in err, "tiny request: %r" % err)
+    finally:
+        d4.stop()
     for bad in (["--max-message", "2Q"], ["--max-message", "16777216T"],
                 ["--max-unsent", "-1K"]):
         p = subprocess.run([dspkd] + bad, capture_output=True, timeout=30,

@@ -453,8 +453,19 @@ static void test_hello_ping(void **state) {
     k.kernel.source = big;
     k.kernel.source_len = 8388608;
     assert_int_equal(dspk_run(C, &k, &kr), DSPK_ELIMIT);
-    assert_non_null(strstr(dspk_last_error(C), "a raw kernel's source (8388608 bytes) and "
-                                                "inline tensors (16 bytes) go in it"));
+    assert_non_null(strstr(dspk_last_error(C), "its inline operands' 16 bytes aside (a raw "
+                                                "kernel's source of 8388608 bytes): too small "
+                                                "a limit for this task"));
+    assert_null(strstr(dspk_last_error(C), "buffer references"));
+    /* Tensors that buffer references would make room for: said so, with
+     * the source's and their sizes. */
+    n = (8388608 - 1024) / 4;
+    dspk_tensor_inline(&kt, DSPK_F32, 1, &n, big);
+    k.kernel.source_len = 4096;
+    assert_int_equal(dspk_run(C, &k, &kr), DSPK_ELIMIT);
+    assert_non_null(strstr(dspk_last_error(C), "a raw kernel's source (4096 bytes) and "
+                                                "inline tensors (8387584 bytes) go in it; pass "
+                                                "big tensors as buffer references"));
   }
   free(big);
   assert_int_equal(dspk_ping(C, "y", 1), 0);
