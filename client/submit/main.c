@@ -256,10 +256,11 @@ const dspk__sub_cmd dspk__sub_cmds[] = {
      "buffers freed) and returns once nothing of the job is left.\n"
      "\n"
      "  --job ID            the Slurm job id (default $SLURM_JOB_ID)\n"
-     "  --uid UID           the uid the job runs as (default $SLURM_JOB_UID)\n"
-     "  --devices UUID,...  the job's GPUs by UUID, comma separated, no empty\n"
-     "                      item (as devices lists them; dashes, case and a\n"
-     "                      GPU- prefix do not matter)\n"
+     "  --uid UID           register only: the uid the job runs as (default\n"
+     "                      $SLURM_JOB_UID)\n"
+     "  --devices UUID,...  register only: the job's GPUs by UUID, comma\n"
+     "                      separated, no empty item (as devices lists them;\n"
+     "                      dashes, case and a GPU- prefix do not matter)\n"
      "  --json              print the daemon's answer as JSON\n"},
     {NULL, NULL, NULL, NULL},
 };
