@@ -296,11 +296,13 @@ int dspk__sub_cache(dspk__sub_ctx *ctx, int argc, char **argv) {
       return dspk__sub_help(ctx);
   if (argc < 2)
     return dspk__sub_usage(ctx, "missing SUBCOMMAND (stats, clear)");
-  if (strcmp(argv[1], "stats") == 0 || strcmp(argv[1], "clear") == 0)
-    ctx->sub = argv[1];
-  if (strcmp(argv[1], "stats") == 0)
+  if (strcmp(argv[1], "stats") == 0) {
+    ctx->sub = "stats";
     return cache_stats(ctx, argc - 1, argv + 1);
-  if (strcmp(argv[1], "clear") == 0)
+  }
+  if (strcmp(argv[1], "clear") == 0) {
+    ctx->sub = "clear";
     return cache_clear(ctx, argc - 1, argv + 1);
+  }
   return dspk__sub_usage(ctx, "unknown subcommand '%s' (want stats or clear)", argv[1]);
 }

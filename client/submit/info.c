@@ -37,11 +37,14 @@ static double median(const double *v, size_t n) {
 static const struct option ping_opts[] = {{"count", required_argument, NULL, 'c'},
                                           {"size", required_argument, NULL, 's'},
                                           DSPK__SUB_OPTS_END};
+#define PING_SHORTS ":c:s:h"
+#define DEVICES_SHORTS ":ah"
 /* devices takes --all; status the same table without it. */
 static const struct option devices_opts[] = {{"all", no_argument, NULL, 'a'},
                                              DSPK__SUB_OPTS_END};
 const dspk__sub_optset dspk__sub_info_optsets[] = {
-    {"ping", ":c:s:h", ping_opts}, {"devices", ":ah", devices_opts}, {NULL, NULL, NULL}};
+    {"ping", PING_SHORTS, ping_opts}, {"devices", DEVICES_SHORTS, devices_opts},
+    {NULL, NULL, NULL}};
 
 int dspk__sub_ping(dspk__sub_ctx *ctx, int argc, char **argv) {
   const struct option *opts = ping_opts;
@@ -53,7 +56,7 @@ int dspk__sub_ping(dspk__sub_ctx *ctx, int argc, char **argv) {
   char path[512];
   const char *where = ctx->socket;
 
-  while ((opt = getopt_long(argc, argv, dspk__sub_info_optsets[0].shorts, opts, NULL)) != -1) {
+  while ((opt = getopt_long(argc, argv, PING_SHORTS, opts, NULL)) != -1) {
     switch (opt) {
     case 'c':
       if ((rc = dspk__sub_once(ctx, &seen_count, opt, argv)) != 0)
@@ -153,7 +156,7 @@ static int flag_opts(dspk__sub_ctx *ctx, int argc, char **argv, bool *json,
                      bool *all) {
   const struct option *opts = all ? devices_opts : devices_opts + 1;
   int opt;
-  while ((opt = getopt_long(argc, argv, all ? dspk__sub_info_optsets[1].shorts : ":h", opts,
+  while ((opt = getopt_long(argc, argv, all ? DEVICES_SHORTS : ":h", opts,
                             NULL)) != -1) {
     switch (opt) {
     case 'a':

@@ -877,13 +877,11 @@ static bool has_option(const struct option *opts, const char *name) {
 /* The long option of opts that the letter c of its optstring shorts stands
  * for, or NULL when c is none of its letters. */
 static const struct option *short_option(const dspk__sub_optset *s, int c) {
-  for (const char *p = s->shorts; *p != '\0'; p++) {
-    if (*p != c || c == ':' || c == '+')
-      continue;
-    for (const struct option *o = s->opts; o->name != NULL; o++)
-      if (o->val == c)
-        return o;
-  }
+  if (c == ':' || c == '+' || strchr(s->shorts, c) == NULL)
+    return NULL;
+  for (const struct option *o = s->opts; o->name != NULL; o++)
+    if (o->val == c)
+      return o;
   return NULL;
 }
 
@@ -903,16 +901,16 @@ static void append(char *buf, size_t cap, size_t *w, const char *fmt, ...) {
 
 /* Appends "an option of gemm, fft and kernel" for the long option name to
  * buf: the commands other than own that take it ("every command" when all
- * do). */
+ * of them do). */
 static void owners(const struct option *own, const char *name, char *buf, size_t cap,
                    size_t *w) {
-  int n = 0, all = 0, k = 0;
+  int n = 0, others = 0, k = 0;
   for (int i = 0; option_sets[i] != NULL; i++)
     for (const dspk__sub_optset *s = option_sets[i]; s->who != NULL; s++) {
-      all += s->opts != global_opts;
+      others += s->opts != own && s->opts != global_opts;
       n += s->opts != own && has_option(s->opts, name);
     }
-  if (n >= all - 1 && !has_option(global_opts, name)) {
+  if (n == others && !has_option(global_opts, name)) {
     append(buf, cap, w, "an option of every command");
     return;
   }
@@ -923,8 +921,8 @@ static void owners(const struct option *own, const char *name, char *buf, size_t
         append(buf, cap, w, "%s%s", k++ == 0 ? "" : k == n ? " and " : ", ", s->who);
 }
 
-/* Whether name is the first long option of the lists called name (one
- * that several commands take is named once). */
+/* Whether opt, of set, is the first option of its name in the lists: one
+ * that several commands take is named once. */
 static bool first_named(const dspk__sub_optset *set, const struct option *opt) {
   for (int i = 0; option_sets[i] != NULL; i++)
     for (const dspk__sub_optset *s = option_sets[i]; s->who != NULL; s++)
@@ -990,11 +988,11 @@ static const char *option_owner(const dspk__sub_ctx *ctx, char *buf, size_t cap)
 int dspk__sub_bad_option(const dspk__sub_ctx *ctx, char **argv, const struct option *opts) {
   /* An array operand is a command's: before COMMAND "-:x" is an option. */
   const char *tok, *member = ctx != NULL && ctx->cmd != NULL ? stdin_member(argv) : NULL;
+  char cands[1024], who[64];
   if (member != NULL)
     return dspk__sub_usage(ctx, "'%s': standard input cannot name an .npz member ('-' is "
                            "one .npy on standard input): save the archive as a file and "
                            "give FILE.npz:NAME", dspk__sub_arg(member));
-  char cands[1024], who[64];
   if (long_token(argv, &tok)) {
     int len = (int)strcspn(tok, "=");
     /* A prefix of several names in the table, or a name not there. */
