@@ -496,10 +496,21 @@ static int cli_remedy(const dspk__sub_ctx *ctx, const char *detail, char *out, s
 /* The library's remedy for a task.run request over max_message is an API's
  * (buffer references, shared memory; dspk.h): the command line already
  * sends what it can through buffers, so what is left to do is the
- * daemon's admin's.  detail so said into out; 0 when it is no such. */
+ * daemon's admin's; and so for a max_message that leaves a buffer.write no
+ * room for data (the command line's way for big inputs).  detail so said
+ * into out; 0 when it is no such. */
 static int cli_request_remedy(const char *detail, char *out, size_t cap) {
-  static const char req[] = "task.run request of ", lim[] = "(max_message)";
+  static const char req[] = "task.run request of ", lim[] = "(max_message)",
+                    bw[] = "dspk_buffer_write: the daemon's max_message (";
   const char *e = strstr(detail, lim);
+  if (strncmp(detail, bw, sizeof bw - 1) == 0) {
+    snprintf(out, cap, "an input too large for the task's message goes through daemon "
+             "buffers, but the daemon's max_message (%.*s leaves no room for data in a "
+             "buffer write; ask the daemon's admin to raise max_message (dspkd "
+             "--max-message, [limits] max_message of dspkd.conf, dspk.conf(5))",
+             (int)strcspn(detail + sizeof bw - 1, ")") + 1, detail + sizeof bw - 1);
+    return 1;
+  }
   if (strncmp(detail, req, sizeof req - 1) != 0 || e == NULL)
     return 0;
   snprintf(out, cap, "the task's request of %.*s: too large for one message of this daemon; "

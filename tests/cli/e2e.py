@@ -2047,16 +2047,27 @@ def suite_shell(cli, tmp, dspkd):
     finally:
         d3.stop()
     # A request that no buffer makes fit (its framing alone passes a
-    # 100-byte max_message): the admin's to raise, said so; none of the
-    # library's advice about buffer references, which the command line
-    # follows already.
-    d4 = Daemon(dspkd, tmp, extra=["--no-cache", "--max-message", "100"], name="tiny100")
+    # 64-byte max_message), and a buffer write with no room for data: the
+    # admin's to raise, said so; none of the library's advice about buffer
+    # references or its function names.
+    d4 = Daemon(dspkd, tmp, extra=["--no-cache", "--max-message", "64"], name="tiny64")
     try:
-        err = Cli(cli.binary, d4.sock).fails(["map", "abs", fa3], "map", "ELIMIT")
+        c4 = Cli(cli.binary, d4.sock)
+        tiny4 = os.path.join(tmp, "tiny4.npy")
+        np.save(tiny4, np.ones((2, 2), np.float32))
+        err = c4.fails(["gemm", tiny4, tiny4], "gemm", "ELIMIT")
         check(re.search(r"ELIMIT: the task's request of \d+ bytes exceeds the daemon's "
-                        r"100-byte message limit \(max_message\): too large for one message "
+                        r"64-byte message limit \(max_message\): too large for one message "
                         r"of this daemon; ask the daemon's admin to raise max_message", err)
               and "dspk_" not in err and "task.run" not in err, "tiny request: %r" % err)
+        big4 = os.path.join(tmp, "big4.npy")
+        np.save(big4, np.ones(2000))
+        err = c4.fails(["map", "abs", big4], "map", "ELIMIT",
+                       detail="an input too large for the task's message goes through "
+                              "daemon buffers, but the daemon's max_message (64 bytes) leaves "
+                              "no room for data in a buffer write; ask the daemon's admin to "
+                              "raise max_message")
+        check("dspk_" not in err, "tiny buffer write: %r" % err)
     finally:
         d4.stop()
     for bad in (["--max-message", "2Q"], ["--max-message", "16777216T"],
