@@ -1722,6 +1722,20 @@ def suite_kernel(cli, tmp):
     src = os.path.join(tmp, "axpy.comp")
     with open(src, "w") as f:
         f.write(GLSL_AXPY)
+    # Tensors past max_message - 1024 (256 MiB by default) with SOURCE: said
+    # in the command line's terms before anything is sent (a kernel's
+    # tensors travel inline; the library's buffer advice is none of its);
+    # on a device that runs no such kernel, ENOTSUP first.
+    kargs = ["kernel", src, "--entry", "main", "--grid", "1", "--block", "1"]
+    err = cli.fails(kargs + ["zeros:f32:70000000"], "kernel", "ELIMIT",
+                    detail="the tensor arguments (280000000 bytes) and SOURCE (%d bytes) are "
+                           "more than one message of this daemon carries (its max_message, "
+                           "268435456 bytes, less 1024 for framing), and a kernel's tensors "
+                           "travel inline, to the daemon and back; ask the daemon's admin to "
+                           "raise max_message" % len(GLSL_AXPY.encode()))
+    check("dspk_" not in err, "kernel ELIMIT %r" % err)
+    cli.fails(kargs + ["--device", "cpu:0", "zeros:f32:70000000"], "kernel", "ENOTSUP",
+              detail="cpu:0 runs no glsl kernels")
     n = 1000
     z = rng.uniform(-1, 1, n).astype("<f8")
     pz = os.path.join(tmp, "z.npy")
@@ -2028,21 +2042,18 @@ def suite_shell(cli, tmp, dspkd):
                  detail="-s 2979: a ping of 2979 bytes with its framing exceeds the "
                         "daemon's 3000-byte message limit (max_message); 2978 bytes or "
                         "less fit")
-        # A kernel's tensors and SOURCE past max_message - 1024: said in the
-        # command line's terms (the library's buffer advice is none of its),
-        # before anything is sent; within it the daemon decides (ENOTSUP on
-        # the cpu).
+        # A kernel's tensors and SOURCE past max_message - 1024 that no
+        # device would run anyway (cpu only): ENOTSUP first, as the daemon
+        # says for one within the limit (the kernel suite has the ELIMIT).
         kc = os.path.join(tmp, "lim.comp")
         with open(kc, "w") as f:
             f.write("void main(){}\n")
         kargs = ["kernel", kc, "--entry", "main", "--grid", "1", "--block", "1"]
-        err = c3.fails(kargs + ["zeros:f32:491"], "kernel", "ELIMIT",
-                       detail="the tensor arguments (1964 bytes) and SOURCE (14 bytes) are "
-                              "more than one message of this daemon carries (its "
-                              "max_message, 3000 bytes, less 1024 for framing), and a "
-                              "kernel's tensors travel inline, to the daemon and back; ask "
-                              "the daemon's admin to raise max_message")
-        check("dspk_buffer" not in err, "kernel ELIMIT %r" % err)
+        c3.fails(kargs + ["zeros:f32:491"], "kernel", "ENOTSUP",
+                 detail="no device of this daemon runs glsl kernels (kernel_langs in "
+                        "'dspk-submit devices --json')")
+        c3.fails(kargs + ["--device", "cpu:0", "zeros:f32:491"], "kernel", "ENOTSUP",
+                 detail="cpu:0 runs no glsl kernels")
         c3.fails(kargs + ["zeros:f32:490"], "kernel", "ENOTSUP")
     finally:
         d3.stop()
