@@ -142,6 +142,42 @@ static void *make_json(const msgpack_object *result, const struct dspk__pval *re
 
 /* ---- ping, JSON calls, devices, status ----------------------------------- */
 
+/* The bytes of a ping request of the largest request id around its payload,
+ * less the payload's bin header: what dspk_ping_max leaves out of
+ * max_message. */
+static size_t ping_framing(void) {
+  struct params a = {.m = DSPK__M_PING,
+                     .v = {[DSPK__PING_DATA] = dspk__pv_bin("", 0, NULL, NULL)}};
+  struct dspk__wbuf w;
+  size_t len;
+  dspk__wbuf_init(&w);
+  dspk__pack_request_head(&w.pk, UINT32_MAX, dspk__methods[a.m].name, true);
+  pack_params(&a, &w);
+  len = dspk__wbuf_len(&w);
+  dspk__wbuf_free(&w);
+  return len - 2; /* an empty bin's header is bin8's, 2 bytes */
+}
+
+DSPK_EXPORT size_t dspk_ping_max(const dspk_client *c) {
+  /* msgpack's bin header by the payload's size: bin8, bin16, bin32. */
+  static const struct { size_t hdr, lo, hi; } bins[] = {
+      {2, 0, 0xff}, {3, 0x100, 0xffff}, {5, 0x10000, SIZE_MAX}};
+  size_t base, best = 0;
+  if (!c)
+    return 0;
+  base = ping_framing();
+  for (size_t i = 0; i < sizeof bins / sizeof bins[0]; i++) {
+    if (c->send_max < base + bins[i].hdr)
+      continue;
+    size_t p = c->send_max - base - bins[i].hdr;
+    if (p > bins[i].hi)
+      p = bins[i].hi;
+    if (p >= bins[i].lo && p > best)
+      best = p;
+  }
+  return best;
+}
+
 DSPK_EXPORT int dspk_ping(dspk_client *c, const void *data, size_t n) {
   struct params a = {.m = DSPK__M_PING,
                      .v = {[DSPK__PING_DATA] = dspk__pv_bin(data, n, NULL, NULL)}};
@@ -153,6 +189,11 @@ DSPK_EXPORT int dspk_ping(dspk_client *c, const void *data, size_t n) {
   if (!c || (n && !data))
     return dspk__argerr(c, "dspk_ping: data is NULL and n is %zu", n);
   rc = call(c, &a, &r);
+  if (rc == DSPK_ELIMIT && n > dspk_ping_max(c))
+    return dspk__cerr(c, rc, "dspk_ping: a payload of %zu bytes with its request's framing "
+                      "exceeds the daemon's %zu-byte message limit (max_message); "
+                      "dspk_ping_max() bytes (%zu) or less always fit",
+                      n, c->send_max, dspk_ping_max(c));
   if (rc != 0)
     return rc;
   echo = a.res[DSPK__R_PING_DATA].v.s.p;
@@ -197,7 +238,8 @@ static int job_call(dspk_client *c, struct params *a, const struct job_uuids *u,
   int rc;
 
   if (!c || !json_out)
-    return dspk__argerr(c, "json_out is NULL");
+    return dspk__argerr(c, "%s: json_out is NULL",
+                        a->m == DSPK__M_JOB_END ? "dspk_job_end" : "dspk_job_register");
   if (u && u->n && !u->uuids)
     return dspk__argerr(c, "dspk_job_register: uuids is NULL and n is %zu", u->n);
   for (size_t i = 0; u && i < u->n; i++)
@@ -933,6 +975,57 @@ static size_t result_bound(const dspk_task *t) {
 
 /* dspk_submit, and dspk_run's send (may_wait: it may make temporaries,
  * which waits for buffer.import's answer; dspk_submit never waits). */
+/* The bytes of t's inputs sent inline (SIZE_MAX where they pass it): not
+ * references, nor those of shm (NULL: none) that a shared buffer carries. */
+static size_t inline_bytes(const dspk_task *t, const bool *shm) {
+  size_t n = 0;
+  for (unsigned i = 0; i < t->ninputs; i++)
+    if (!t->inputs[i].is_ref && !(shm && i < DSPK_SHM_OPERANDS && shm[i]))
+      n = t->inputs[i].nbytes > SIZE_MAX - n ? SIZE_MAX : n + t->inputs[i].nbytes;
+  return n;
+}
+
+/* A raw kernel returns its inline tensors inline, in one answer: more than
+ * an answer may carry (max_message - 1024, protocol.md) is refused before
+ * anything is sent, with what the caller can do about it (dspk.h). */
+static int kernel_fits(dspk_client *c, const dspk_task *t) {
+  size_t n = inline_bytes(t, NULL);
+  if (t->op != DSPK_OP_KERNEL || n <= dspk__result_inline_max(c))
+    return 0;
+  return dspk__cerr(c, DSPK_ELIMIT, "kernel: its inline tensors total %zu bytes and come "
+                    "back inline, more than an answer of the daemon carries (its %zu-byte "
+                    "max_message less %d); pass big tensors as buffer references (is_ref: "
+                    "dspk_buffer_create and dspk_buffer_write, or dspk_shared_alloc)",
+                    n, c->send_max, DSPK__RESULT_FRAMING);
+}
+
+/* A task.run request larger than the daemon's max_message (dspk__send's
+ * ELIMIT), said with what the caller can do about it: its operands sent
+ * inline (shm: those a shared buffer carries) through buffers, where that
+ * would make room enough. */
+static int task_too_big(dspk_client *c, const dspk_task *t, const bool *shm, size_t total) {
+  size_t inl = inline_bytes(t, shm);
+  char src[64] = "";
+  if (t->op == DSPK_OP_KERNEL)
+    snprintf(src, sizeof src, " (a raw kernel's source of %zu bytes)", t->kernel.source_len);
+  if (inl == 0 || total - inl >= c->send_max)
+    return dspk__cerr(c, DSPK_ELIMIT, "task.run request of %zu bytes exceeds the daemon's "
+                      "%zu-byte message limit (max_message), its inline operands' %zu bytes "
+                      "aside%s: too small a limit for this task", total, c->send_max, inl, src);
+  if (t->op == DSPK_OP_KERNEL)
+    return dspk__cerr(c, DSPK_ELIMIT, "task.run request of %zu bytes exceeds the daemon's "
+                      "%zu-byte message limit (max_message): a raw kernel's source (%zu "
+                      "bytes) and inline tensors (%zu bytes) go in it; pass big tensors as "
+                      "buffer references (is_ref: dspk_buffer_create and dspk_buffer_write, "
+                      "or dspk_shared_alloc)", total, c->send_max, t->kernel.source_len,
+                      inl);
+  return dspk__cerr(c, DSPK_ELIMIT, "task.run request of %zu bytes exceeds the daemon's "
+                    "%zu-byte message limit (max_message); pass big operands through "
+                    "daemon buffers (is_ref: dspk_buffer_write splits) or shared memory "
+                    "(dspk_shared_alloc, or a lower dspk_set_shared_threshold)",
+                    total, c->send_max);
+}
+
 static int submit(dspk_client *c, const dspk_task *t, uint32_t *ticket, bool may_wait) {
   uint64_t sid[DSPK_SHM_OPERANDS], soff[DSPK_SHM_OPERANDS];
   bool shm[DSPK_SHM_OPERANDS] = {0};
@@ -951,6 +1044,8 @@ static int submit(dspk_client *c, const dspk_task *t, uint32_t *ticket, bool may
   if (dspk__forked(c)) /* before a temporary, the parent's memory too, is filled */
     return DSPK_ECLOSED;
   rc = check_task(c, t);
+  if (rc == 0)
+    rc = kernel_fits(c, t);
   if (rc != 0)
     return rc;
   a.v[DSPK__RUN_OP] = dspk__pv_enum((int)t->op);
@@ -1041,6 +1136,8 @@ static int submit(dspk_client *c, const dspk_task *t, uint32_t *ticket, bool may
   dspk__pack_request_head(&w.pk, id, "task.run", true);
   pack_params(&a, &w);
   rc = dspk__send(c, &w, id);
+  if (rc == DSPK_ELIMIT && dspk__wbuf_len(&w) > c->send_max)
+    rc = task_too_big(c, t, shm, dspk__wbuf_len(&w));
   dspk__wbuf_free(&w);
   dspk__shm_sent(c, id, rc == 0);
   if (rc != 0)

@@ -325,8 +325,8 @@ static int64_t deadline_of(const dspk_client *c) {
 }
 
 static int timed_out(dspk_client *c, const char *what) {
-  return dspk__cerr(c, DSPK_ETIMEDOUT, "%s within %d ms (dspk_set_timeout)", what,
-                    c->timeout_ms);
+  return dspk__cerr(c, DSPK_ETIMEDOUT, "%s within %d ms (%s)", what, c->timeout_ms,
+                    c->timeout_by);
 }
 
 /* Waits until the socket is ready for events (POLLIN, POLLOUT) or the
@@ -595,12 +595,12 @@ int dspk__send_fd(dspk_client *c, struct dspk__wbuf *w, uint32_t msgid, int fd) 
   if (rc != 0)
     return dspk__cerr(c, rc, "out of memory packing the request");
   total = dspk__wbuf_len(w);
+  /* What the caller can do about it is the caller's to say (task.run's
+   * operands, ping's payload): a request of no operand has no remedy. */
   if (total > c->send_max)
     return dspk__cerr(c, DSPK_ELIMIT,
                       "request of %zu bytes exceeds the daemon's %zu-byte "
-                      "message limit (max_message); pass big operands "
-                      "through daemon buffers (dspk_buffer_write splits)",
-                      total, c->send_max);
+                      "message limit (max_message)", total, c->send_max);
   for (size_t i = 0; i < niov && !fs.on; i++)
     if (fmap_of(c, iov[i].iov_base, iov[i].iov_len))
       file_send_begin(c, &fs);
@@ -1859,6 +1859,7 @@ DSPK_EXPORT int dspk_connect_timeout(const char *socket_path, const char *client
     (void)setsockopt(c->fd, SOL_SOCKET, SO_SNDBUF, &sb, sizeof sb);
   }
   c->timeout_ms = timeout_ms > 0 ? timeout_ms : 0;
+  c->timeout_by = "dspk_connect_timeout";
   {
     int e = 0;
     if (c->timeout_ms)
@@ -1991,5 +1992,6 @@ DSPK_EXPORT int dspk_set_timeout(dspk_client *c, int ms) {
   if (ms < 0)
     return dspk__argerr(c, "dspk_set_timeout: ms is %d (0: no limit)", ms);
   c->timeout_ms = ms;
+  c->timeout_by = "dspk_set_timeout";
   return 0;
 }

@@ -63,8 +63,10 @@ struct dspk_client {
   } *pq;
   size_t npq, cappq;
   /* dspk_set_timeout: the longest one wait for the daemon may take, in ms
-   * (0: no limit). */
+   * (0: no limit), and the call that set it, which a timeout names
+   * ("dspk_connect_timeout" until dspk_set_timeout). */
   int timeout_ms;
+  const char *timeout_by;
   /* Bytes still to be dropped from the stream before the next frame's: the
    * rest of an answer whose reading timed out after it began. */
   size_t skip;

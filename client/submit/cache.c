@@ -234,16 +234,20 @@ static int cache_stats(dspk__sub_ctx *ctx, int argc, char **argv) {
   return DSPK__SUB_EXIT_OK;
 }
 
+static const struct option clear_opts[] = {{"kernels", no_argument, NULL, 'k'},
+                                           {"autotune", no_argument, NULL, 'a'},
+                                           {"blobs", no_argument, NULL, 'b'},
+                                           DSPK__SUB_OPTS_END};
+const dspk__sub_optset dspk__sub_cache_optsets[] = {{"cache clear", ":h", clear_opts},
+                                                    {NULL, NULL, NULL}};
+
 static int cache_clear(dspk__sub_ctx *ctx, int argc, char **argv) {
-  static const struct option opts[] = {{"kernels", no_argument, NULL, 'k'},
-                                       {"autotune", no_argument, NULL, 'a'},
-                                       {"blobs", no_argument, NULL, 'b'},
-                                       DSPK__SUB_OPTS_END};
+  const struct option *opts = clear_opts;
   unsigned kinds = 0, cleared = 0;
   bool json = false;
   int opt, rc;
 
-  while ((opt = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
+  while ((opt = getopt_long(argc, argv, dspk__sub_cache_optsets[0].shorts, opts, NULL)) != -1) {
     switch (opt) {
     case 'k':
       kinds |= DSPK_CACHE_KERNELS;
@@ -292,9 +296,13 @@ int dspk__sub_cache(dspk__sub_ctx *ctx, int argc, char **argv) {
       return dspk__sub_help(ctx);
   if (argc < 2)
     return dspk__sub_usage(ctx, "missing SUBCOMMAND (stats, clear)");
-  if (strcmp(argv[1], "stats") == 0)
+  if (strcmp(argv[1], "stats") == 0) {
+    ctx->sub = "stats";
     return cache_stats(ctx, argc - 1, argv + 1);
-  if (strcmp(argv[1], "clear") == 0)
+  }
+  if (strcmp(argv[1], "clear") == 0) {
+    ctx->sub = "clear";
     return cache_clear(ctx, argc - 1, argv + 1);
+  }
   return dspk__sub_usage(ctx, "unknown subcommand '%s' (want stats or clear)", argv[1]);
 }

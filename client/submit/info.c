@@ -34,10 +34,20 @@ static double median(const double *v, size_t n) {
   return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
+static const struct option ping_opts[] = {{"count", required_argument, NULL, 'c'},
+                                          {"size", required_argument, NULL, 's'},
+                                          DSPK__SUB_OPTS_END};
+#define PING_SHORTS ":c:s:h"
+#define DEVICES_SHORTS ":ah"
+/* devices takes --all; status the same table without it. */
+static const struct option devices_opts[] = {{"all", no_argument, NULL, 'a'},
+                                             DSPK__SUB_OPTS_END};
+const dspk__sub_optset dspk__sub_info_optsets[] = {
+    {"ping", PING_SHORTS, ping_opts}, {"devices", DEVICES_SHORTS, devices_opts},
+    {NULL, NULL, NULL}};
+
 int dspk__sub_ping(dspk__sub_ctx *ctx, int argc, char **argv) {
-  static const struct option opts[] = {{"count", required_argument, NULL, 'c'},
-                                       {"size", required_argument, NULL, 's'},
-                                       DSPK__SUB_OPTS_END};
+  const struct option *opts = ping_opts;
   long count = 0, size = 0;
   bool json = false, seen_count = false, seen_size = false;
   double *t = NULL;
@@ -46,7 +56,7 @@ int dspk__sub_ping(dspk__sub_ctx *ctx, int argc, char **argv) {
   char path[512];
   const char *where = ctx->socket;
 
-  while ((opt = getopt_long(argc, argv, ":c:s:h", opts, NULL)) != -1) {
+  while ((opt = getopt_long(argc, argv, PING_SHORTS, opts, NULL)) != -1) {
     switch (opt) {
     case 'c':
       if ((rc = dspk__sub_once(ctx, &seen_count, opt, argv)) != 0)
@@ -75,6 +85,13 @@ int dspk__sub_ping(dspk__sub_ctx *ctx, int argc, char **argv) {
   rc = dspk__sub_connect(ctx);
   if (rc != 0)
     return rc;
+  /* A payload over what every ping of the run can carry (the later ones'
+   * ids take more bytes), said in ping's terms before the first is sent. */
+  if ((size_t)size > dspk_ping_max(ctx->client))
+    return dspk__sub_fail(ctx, DSPK_ELIMIT, "-s %ld: a ping of %ld bytes with its framing "
+                          "exceeds the daemon's %zu-byte message limit (max_message); %zu "
+                          "bytes or less fit", size, size, dspk_max_message(ctx->client),
+                          dspk_ping_max(ctx->client));
 
   size_t n = count > 0 ? (size_t)count : 1;
   t = malloc(n * sizeof *t);
@@ -88,16 +105,6 @@ int dspk__sub_ping(dspk__sub_ctx *ctx, int argc, char **argv) {
   for (size_t i = 0; i < n; i++) {
     double t0 = dspk__sub_now_us();
     rc = dspk_ping(ctx->client, payload, (size_t)size);
-    /* A payload over the daemon's message limit: said in ping's terms
-     * (the library's advice is about task operands, not a ping). */
-    if (rc == DSPK_ELIMIT && dspk_max_message(ctx->client) != 0 &&
-        (size_t)size + 64 > dspk_max_message(ctx->client)) {
-      dspk__sub_fail(ctx, rc, "-s %ld: a ping of %ld bytes with its framing exceeds the "
-                     "daemon's %zu-byte message limit (max_message); %zu bytes or less fit",
-                     size, size, dspk_max_message(ctx->client),
-                     dspk_max_message(ctx->client) - 64);
-      goto out;
-    }
     if (rc < 0) {
       dspk__sub_fail_client(ctx, rc);
       goto out;
@@ -147,12 +154,10 @@ static const char *human_bytes(uint64_t b, char *buf, size_t cap) {
  * and *all (when all != NULL).  Returns -1 to go on, else an exit status. */
 static int flag_opts(dspk__sub_ctx *ctx, int argc, char **argv, bool *json,
                      bool *all) {
-  static const struct option with_all[] = {{"all", no_argument, NULL, 'a'},
-                                           DSPK__SUB_OPTS_END};
-  const struct option *opts = all ? with_all : with_all + 1;
+  const struct option *opts = all ? devices_opts : devices_opts + 1;
   int opt;
-  while ((opt = getopt_long(argc, argv, all ? ":ah" : ":h", opts, NULL)) !=
-         -1) {
+  while ((opt = getopt_long(argc, argv, all ? DEVICES_SHORTS : ":h", opts,
+                            NULL)) != -1) {
     switch (opt) {
     case 'a':
       *all = true;

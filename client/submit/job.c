@@ -37,11 +37,19 @@ static int job_print(const dspk__sub_ctx *ctx, char *text, bool json, const char
   return DSPK__SUB_EXIT_OK;
 }
 
+/* Each subcommand takes its own options: end's --uid or --devices is one
+ * of register's, refused (docs/cli.md). */
+static const struct option register_opts[] = {{"job", required_argument, NULL, 'J'},
+                                              {"uid", required_argument, NULL, 'u'},
+                                              {"devices", required_argument, NULL, 'D'},
+                                              DSPK__SUB_OPTS_END};
+static const struct option end_opts[] = {{"job", required_argument, NULL, 'J'},
+                                         DSPK__SUB_OPTS_END};
+const dspk__sub_optset dspk__sub_job_optsets[] = {{"job register", ":h", register_opts},
+                                                  {"job end", ":h", end_opts},
+                                                  {NULL, NULL, NULL}};
+
 int dspk__sub_job(dspk__sub_ctx *ctx, int argc, char **argv) {
-  static const struct option opts[] = {{"job", required_argument, NULL, 'J'},
-                                       {"uid", required_argument, NULL, 'u'},
-                                       {"devices", required_argument, NULL, 'D'},
-                                       DSPK__SUB_OPTS_END};
   const char *jobs = getenv("SLURM_JOB_ID"), *uids = getenv("SLURM_JOB_UID");
   const char *devs = NULL, *uuids[MAX_UUIDS];
   char devbuf[4096], *text = NULL;
@@ -61,9 +69,12 @@ int dspk__sub_job(dspk__sub_ctx *ctx, int argc, char **argv) {
     reg = false;
   else
     return dspk__sub_usage(ctx, "unknown subcommand '%s' (want register or end)", argv[1]);
+  ctx->sub = argv[1];
+  const dspk__sub_optset *set = &dspk__sub_job_optsets[reg ? 0 : 1];
+  const struct option *opts = set->opts;
   argc--;
   argv++;
-  while ((opt = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
+  while ((opt = getopt_long(argc, argv, set->shorts, opts, NULL)) != -1) {
     switch (opt) {
     case 'J':
       if ((rc = dspk__sub_once(ctx, &seen_job, opt, argv)) != 0)
@@ -98,8 +109,6 @@ int dspk__sub_job(dspk__sub_ctx *ctx, int argc, char **argv) {
   if (reg && parse_id(uids, 0xfffffffeULL, &uid) != 0)
     return dspk__sub_usage(ctx, "bad %s '%s' (want a uid, 0..4294967294)",
                            seen_uid ? "--uid" : "$SLURM_JOB_UID", uids);
-  if (!reg && devs)
-    return dspk__sub_usage(ctx, "--devices belongs to register");
   if (devs) {
     if (strlen(devs) >= sizeof devbuf)
       return dspk__sub_usage(ctx, "--devices: too long");

@@ -40,9 +40,13 @@ typedef struct kernel_out {
 /* Reads path ("-" for stdin) into a malloc'd buffer. */
 static int read_source(dspk__sub_ctx *ctx, const char *path, char **out,
                        size_t *len) {
-  FILE *f = strcmp(path, "-") == 0 ? stdin : fopen(path, "rb");
+  FILE *f;
   size_t cap = 1 << 16, n = 0;
   char *buf;
+  if (dspk__std_closed(dspk__fd_alias(path)))
+    return dspk__sub_fail(ctx, DSPK_ENOENT, "%s: descriptor %d is not open",
+                          strcmp(path, "-") == 0 ? "<stdin>" : path, dspk__fd_alias(path));
+  f = strcmp(path, "-") == 0 ? stdin : fopen(path, "rb");
   if (f == NULL) {
     int e = errno;
     return dspk__sub_fail(ctx, e == ENOENT ? DSPK_ENOENT : DSPK_EIO, "%s: %s",
@@ -222,16 +226,72 @@ static int parse_scalar(dspk__sub_ctx *ctx, const char *spec, dspk_karg *k) {
   return 1;
 }
 
+static const struct option kernel_opts[] = {
+    {"entry", required_argument, NULL, 'e'},  {"grid", required_argument, NULL, 'g'},
+    {"block", required_argument, NULL, 'b'},  {"shared", required_argument, NULL, 's'},
+    {"lang", required_argument, NULL, 'l'},   {"device", required_argument, NULL, 'd'},
+    {"output", required_argument, NULL, 'o'}, DSPK__SUB_OPTS_END};
+const dspk__sub_optset dspk__sub_kernel_optsets[] = {
+    {"kernel", ":e:g:b:s:l:d:o:h", kernel_opts}, {NULL, NULL, NULL}};
+
+/* Whether the device (NULL or "any": one of the daemon's) runs raw kernels
+ * in lang: the kernel_langs of the devices answer (protocol.md) lists it;
+ * true when that cannot be told (no answer, no such device).  The JSON's
+ * strings hold no unescaped quote: a key or an id is found only as one,
+ * and a device's kernel_langs is the first after its id. */
+static bool lang_runs(dspk__sub_ctx *ctx, const char *device, const char *lang) {
+  static const char key[] = "\"kernel_langs\":[";
+  bool any = device == NULL || strcmp(device, "any") == 0, found = false;
+  dspk_device_list *l = NULL;
+  char want[32], id[128];
+  const char *p;
+  if (dspk_devices(ctx->client, false, &l) != 0 || l->json == NULL) {
+    dspk_device_list_free(l);
+    return true;
+  }
+  snprintf(want, sizeof want, "\"%s\"", lang);
+  snprintf(id, sizeof id, "\"id\":\"%s\"", any ? "" : device);
+  p = any ? l->json : strstr(l->json, id);
+  found = p == NULL; /* a device the daemon does not have: its ENODEV */
+  for (p = p ? strstr(p, key) : NULL; p != NULL && !found; p = any ? strstr(p + 1, key) : NULL) {
+    const char *end = strchr(p + sizeof key - 1, ']'), *q = strstr(p, want);
+    found = end != NULL && q != NULL && q < end;
+  }
+  dspk_device_list_free(l);
+  return found;
+}
+
+/* A kernel's tensors go to the daemon and come back inline, each way in
+ * one message (no buffer, no shared memory stands for them): with SOURCE
+ * they must fit the daemon's max_message less 1024 bytes of framing
+ * (cli.md).  One that its device (any: every device of the daemon) would
+ * not run is ENOTSUP first, whatever its size, as the daemon would say.
+ * 0, or the failure reported and its exit status. */
+static int kernel_fits(dspk__sub_ctx *ctx, const dspk__npy *tens, int ntens,
+                       const dspk_task *task) {
+  size_t m = dspk_max_message(ctx->client), t = 0, srclen = task->kernel.source_len;
+  for (int i = 0; i < ntens; i++)
+    t += tens[i].nbytes; /* each at most 2^31 elements of 16 bytes */
+  if (m > 1024 && t <= m - 1024 && srclen <= m - 1024 - t)
+    return 0;
+  if (!lang_runs(ctx, task->device, task->kernel.lang)) {
+    if (task->device == NULL || strcmp(task->device, "any") == 0)
+      return dspk__sub_fail(ctx, DSPK_ENOTSUP, "no device of this daemon runs %s kernels "
+                            "(kernel_langs in 'dspk-submit devices --json')",
+                            task->kernel.lang);
+    return dspk__sub_fail(ctx, DSPK_ENOTSUP, "%s runs no %s kernels (kernel_langs in "
+                          "'dspk-submit devices --json')", task->device, task->kernel.lang);
+  }
+  return dspk__sub_fail(ctx, DSPK_ELIMIT, "the tensor arguments (%zu bytes) and SOURCE "
+                        "(%zu bytes) are more than one message of this daemon carries (its max_message, "
+                        "%zu bytes, less 1024 for framing), and a kernel's tensors travel "
+                        "inline, to the daemon and back; ask the daemon's admin to raise "
+                        "max_message (dspkd --max-message, [limits] max_message of "
+                        "dspkd.conf, dspk.conf(5))", t, srclen, m);
+}
+
 int dspk__sub_kernel(dspk__sub_ctx *ctx, int argc, char **argv) {
-  static const struct option opts[] = {
-      {"entry", required_argument, NULL, 'e'},
-      {"grid", required_argument, NULL, 'g'},
-      {"block", required_argument, NULL, 'b'},
-      {"shared", required_argument, NULL, 's'},
-      {"lang", required_argument, NULL, 'l'},
-      {"device", required_argument, NULL, 'd'},
-      {"output", required_argument, NULL, 'o'},
-      DSPK__SUB_OPTS_END};
+  const struct option *opts = kernel_opts;
   const char *entry = NULL, *lang = NULL, *device = NULL;
   uint32_t grid[3] = {1, 1, 1}, block[3] = {1, 1, 1};
   long shared = 0;
@@ -254,7 +314,7 @@ int dspk__sub_kernel(dspk__sub_ctx *ctx, int argc, char **argv) {
   memset(&res, 0, sizeof res);
   for (int i = 0; i < KERNEL_MAX_TENSORS; i++)
     ofs[i] = (dspk__outfile){-1, NULL, NULL, false};
-  while ((opt = getopt_long(argc, argv, ":e:g:b:s:l:d:o:h", opts, NULL)) !=
+  while ((opt = getopt_long(argc, argv, dspk__sub_kernel_optsets[0].shorts, opts, NULL)) !=
          -1) {
     switch (opt) {
     case 'e':
@@ -469,7 +529,7 @@ int dspk__sub_kernel(dspk__sub_ctx *ctx, int argc, char **argv) {
     if ((status = dspk__sub_open_output(ctx, outs[i].path, &ofs[i])) != 0)
       goto out;
   status = DSPK__SUB_EXIT_FAIL;
-  if (dspk__sub_connect(ctx) != 0)
+  if (dspk__sub_connect(ctx) != 0 || kernel_fits(ctx, tens, ntens, &t) != 0)
     goto out;
   for (int i = 0; i < ntens; i++) /* sent from their files (ops.c, run_task) */
     if (tens[i].map)

@@ -256,10 +256,11 @@ const dspk__sub_cmd dspk__sub_cmds[] = {
      "buffers freed) and returns once nothing of the job is left.\n"
      "\n"
      "  --job ID            the Slurm job id (default $SLURM_JOB_ID)\n"
-     "  --uid UID           the uid the job runs as (default $SLURM_JOB_UID)\n"
-     "  --devices UUID,...  the job's GPUs by UUID, comma separated, no empty\n"
-     "                      item (as devices lists them; dashes, case and a\n"
-     "                      GPU- prefix do not matter)\n"
+     "  --uid UID           register only: the uid the job runs as (default\n"
+     "                      $SLURM_JOB_UID)\n"
+     "  --devices UUID,...  register only: the job's GPUs by UUID, comma\n"
+     "                      separated, no empty item (as devices lists them;\n"
+     "                      dashes, case and a GPU- prefix do not matter)\n"
      "  --json              print the daemon's answer as JSON\n"},
     {NULL, NULL, NULL, NULL},
 };
@@ -492,6 +493,33 @@ static int cli_remedy(const dspk__sub_ctx *ctx, const char *detail, char *out, s
   return 1;
 }
 
+/* The library's remedy for a task.run request over max_message is an API's
+ * (buffer references, shared memory; dspk.h): the command line already
+ * sends what it can through buffers, so what is left to do is the
+ * daemon's admin's; and so for a max_message that leaves a buffer.write no
+ * room for data (the command line's way for big inputs).  detail so said
+ * into out; 0 when it is no such. */
+static int cli_request_remedy(const char *detail, char *out, size_t cap) {
+  static const char req[] = "task.run request of ", lim[] = "(max_message)",
+                    bw[] = "dspk_buffer_write: the daemon's max_message (";
+  const char *e = strstr(detail, lim);
+  if (strncmp(detail, bw, sizeof bw - 1) == 0) {
+    snprintf(out, cap, "an input too large for the task's message goes through daemon "
+             "buffers, but the daemon's max_message (%.*s leaves no room for data in a "
+             "buffer write; ask the daemon's admin to raise max_message (dspkd "
+             "--max-message, [limits] max_message of dspkd.conf, dspk.conf(5))",
+             (int)strcspn(detail + sizeof bw - 1, ")") + 1, detail + sizeof bw - 1);
+    return 1;
+  }
+  if (strncmp(detail, req, sizeof req - 1) != 0 || e == NULL)
+    return 0;
+  snprintf(out, cap, "the task's request of %.*s: too large for one message of this daemon; "
+           "ask the daemon's admin to raise max_message (dspkd --max-message, [limits] "
+           "max_message of dspkd.conf, dspk.conf(5))",
+           (int)(e + sizeof lim - 1 - (detail + sizeof req - 1)), detail + sizeof req - 1);
+  return 1;
+}
+
 int dspk__sub_fail_client_at(const dspk__sub_ctx *ctx, int code, const char *prefix) {
   const char *detail = ctx->client ? dspk_last_error(ctx->client) : "";
   const char *sep = prefix && *prefix ? ": " : "";
@@ -503,7 +531,8 @@ int dspk__sub_fail_client_at(const dspk__sub_ctx *ctx, int code, const char *pre
   /* A compiler's log quotes the user's own source: left as it is. */
   if (code == DSPK_ECOMPILE)
     return dspk__sub_fail(ctx, code, "%s%s%s", prefix, sep, detail);
-  if (code == DSPK_ELIMIT && cli_remedy(ctx, detail, remedy, sizeof remedy))
+  if (code == DSPK_ELIMIT && (cli_remedy(ctx, detail, remedy, sizeof remedy) ||
+                              cli_request_remedy(detail, remedy, sizeof remedy)))
     detail = remedy;
   cli_words(ctx, detail, words, sizeof words);
   return dspk__sub_fail(ctx, code, "%s%s%s", prefix, sep, words);
@@ -834,19 +863,156 @@ static int abbreviated(const struct option *opts, const char *tok, size_t len, c
   return n;
 }
 
+/* The options before COMMAND ('+': stop at the command name; its options
+ * are its own), and every command's, for an option given to the wrong one. */
+static const struct option global_opts[] = {{"socket", required_argument, NULL, 'S'},
+                                            {"help", no_argument, NULL, 'h'},
+                                            {"version", no_argument, NULL, 'V'},
+                                            {NULL, 0, NULL, 0}};
+#define GLOBAL_WHO PROG " before COMMAND"
+static const dspk__sub_optset global_optsets[] = {{GLOBAL_WHO, "+:S:hV", global_opts},
+                                                  {NULL, NULL, NULL}};
+static const dspk__sub_optset *const option_sets[] = {
+    global_optsets,          dspk__sub_info_optsets,  dspk__sub_op_optsets,
+    dspk__sub_kernel_optsets, dspk__sub_cache_optsets, dspk__sub_top_optsets,
+    dspk__sub_trace_optsets, dspk__sub_job_optsets,   NULL};
+
+/* Whether opts has the long option name. */
+static bool has_option(const struct option *opts, const char *name) {
+  for (const struct option *o = opts; o->name != NULL; o++)
+    if (strcmp(o->name, name) == 0)
+      return true;
+  return false;
+}
+
+/* The long option of opts that the letter c of its optstring shorts stands
+ * for, or NULL when c is none of its letters. */
+static const struct option *short_option(const dspk__sub_optset *s, int c) {
+  if (c == ':' || c == '+' || strchr(s->shorts, c) == NULL)
+    return NULL;
+  for (const struct option *o = s->opts; o->name != NULL; o++)
+    if (o->val == c)
+      return o;
+  return NULL;
+}
+
+/* Appends the text of fmt to buf (cap bytes, w used so far). */
+static void append(char *buf, size_t cap, size_t *w, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void append(char *buf, size_t cap, size_t *w, const char *fmt, ...) {
+  va_list ap;
+  int k;
+  if (*w >= cap)
+    return;
+  va_start(ap, fmt);
+  k = vsnprintf(buf + *w, cap - *w, fmt, ap);
+  va_end(ap);
+  *w = k < 0 ? *w : *w + (size_t)k < cap ? *w + (size_t)k : cap - 1;
+}
+
+/* Appends "an option of gemm, fft and kernel" for the long option name to
+ * buf: the commands other than own that take it ("every command" when all
+ * of them do). */
+static void owners(const struct option *own, const char *name, char *buf, size_t cap,
+                   size_t *w) {
+  int n = 0, others = 0, k = 0;
+  for (int i = 0; option_sets[i] != NULL; i++)
+    for (const dspk__sub_optset *s = option_sets[i]; s->who != NULL; s++) {
+      others += s->opts != own && s->opts != global_opts;
+      n += s->opts != own && has_option(s->opts, name);
+    }
+  if (n == others && !has_option(global_opts, name)) {
+    append(buf, cap, w, "an option of every command");
+    return;
+  }
+  append(buf, cap, w, "an option of ");
+  for (int i = 0; option_sets[i] != NULL; i++)
+    for (const dspk__sub_optset *s = option_sets[i]; s->who != NULL; s++)
+      if (s->opts != own && has_option(s->opts, name))
+        append(buf, cap, w, "%s%s", k++ == 0 ? "" : k == n ? " and " : ", ", s->who);
+}
+
+/* Whether opt, of set, is the first option of its name in the lists: one
+ * that several commands take is named once. */
+static bool first_named(const dspk__sub_optset *set, const struct option *opt) {
+  for (int i = 0; option_sets[i] != NULL; i++)
+    for (const dspk__sub_optset *s = option_sets[i]; s->who != NULL; s++)
+      for (const struct option *o = s->opts; o->name != NULL; o++) {
+        if (s == set && o == opt)
+          return true;
+        if (strcmp(o->name, opt->name) == 0)
+          return false;
+      }
+  return true;
+}
+
+/* The long options of other commands that tok[2..len) names (those named
+ * exactly, when there are; else those it abbreviates) and that own does
+ * not take, as "--inverse: an option of fft; --interval: an option of top"
+ * into buf; returns how many. */
+static int foreign_long(const struct option *own, const char *tok, size_t len, char *buf,
+                        size_t cap) {
+  size_t w = 0;
+  int n = 0;
+  bool exact = false;
+  buf[0] = '\0';
+  for (int pass = 0; pass < 2 && n == 0; pass++) {
+    exact = pass == 0;
+    for (int i = 0; option_sets[i] != NULL; i++)
+      for (const dspk__sub_optset *s = option_sets[i]; s->who != NULL; s++)
+        for (const struct option *o = s->opts; o->name != NULL; o++) {
+          if (strncmp(o->name, tok + 2, len - 2) != 0 || (exact && o->name[len - 2]) ||
+              has_option(own, o->name) || !first_named(s, o))
+            continue;
+          append(buf, cap, &w, "%s--%s: ", n++ ? "; " : "", o->name);
+          owners(own, o->name, buf, cap, &w);
+        }
+  }
+  return n;
+}
+
+/* The options of other commands that the letter c stands for, as "--size
+ * of ping, --shared of kernel" into buf; returns how many. */
+static int foreign_short(const struct option *own, int c, char *buf, size_t cap) {
+  size_t w = 0;
+  int n = 0;
+  buf[0] = '\0';
+  for (int i = 0; option_sets[i] != NULL; i++)
+    for (const dspk__sub_optset *s = option_sets[i]; s->who != NULL; s++) {
+      const struct option *o = s->opts != own ? short_option(s, c) : NULL;
+      if (o != NULL)
+        append(buf, cap, &w, "%s--%s of %s", n++ ? ", " : "", o->name, s->who);
+    }
+  return n;
+}
+
+/* The command (and subcommand) an option is given to, for messages. */
+static const char *option_owner(const dspk__sub_ctx *ctx, char *buf, size_t cap) {
+  if (ctx == NULL || ctx->cmd == NULL)
+    return GLOBAL_WHO;
+  if (ctx->sub == NULL)
+    return ctx->cmd;
+  snprintf(buf, cap, "%s %s", ctx->cmd, ctx->sub);
+  return buf;
+}
+
 int dspk__sub_bad_option(const dspk__sub_ctx *ctx, char **argv, const struct option *opts) {
   /* An array operand is a command's: before COMMAND "-:x" is an option. */
   const char *tok, *member = ctx != NULL && ctx->cmd != NULL ? stdin_member(argv) : NULL;
+  char cands[1024], who[64];
   if (member != NULL)
     return dspk__sub_usage(ctx, "'%s': standard input cannot name an .npz member ('-' is "
                            "one .npy on standard input): save the archive as a file and "
                            "give FILE.npz:NAME", dspk__sub_arg(member));
   if (long_token(argv, &tok)) {
     int len = (int)strcspn(tok, "=");
-    char cands[512];
     /* A prefix of several names in the table, or a name not there. */
     if (optopt == 0 && abbreviated(opts, tok, (size_t)len, cands, sizeof cands) > 1)
       return dspk__sub_usage(ctx, "option '%s' is ambiguous: %s", dspk__sub_arg_n(tok, len),
+                             cands);
+    if (optopt == 0 && foreign_long(opts, tok, (size_t)len, cands, sizeof cands) > 0)
+      return dspk__sub_usage(ctx, "option '%s' does not apply to %s (%s)",
+                             dspk__sub_arg_n(tok, len), option_owner(ctx, who, sizeof who),
                              cands);
     if (optopt == 0)
       return dspk__sub_usage(ctx, "unknown option '%s'", dspk__sub_arg_n(tok, len));
@@ -857,6 +1023,10 @@ int dspk__sub_bad_option(const dspk__sub_ctx *ctx, char **argv, const struct opt
       return dspk__sub_usage(ctx, "option '%.*s' takes no value (give it alone: '%.*s')",
                              len, tok, len, tok);
   }
+  if (optopt > 0 && optopt < 128 && optopt != '?' &&
+      foreign_short(opts, optopt, cands, sizeof cands) > 0)
+    return dspk__sub_usage(ctx, "option '-%c' does not apply to %s (-%c: %s)", optopt,
+                           option_owner(ctx, who, sizeof who), optopt, cands);
   if (optopt > 0 && optopt < 128 && optopt != '?')
     return dspk__sub_usage(ctx, "unknown option '-%s'", dspk__sub_arg((char[]){(char)optopt, 0}));
   return dspk__sub_usage(ctx, "unknown option '%s'", dspk__sub_arg(tok));
@@ -985,11 +1155,13 @@ static void heap_setup(void) {
  * on /dev/null the wrong way round (stdin for writing, stdout and stderr
  * for reading): the socket and files then never get descriptors 0-2, where
  * a result or a message would land in them, and using a closed stream
- * still fails (EBADF) as it would have. */
+ * still fails (EBADF) as it would have; a path naming one, "-" included,
+ * is a descriptor that is not open (ENOENT, outfile.h). */
 static void guard_std_fds(void) {
   for (int fd = 0; fd <= 2; fd++) {
     if (fcntl(fd, F_GETFD) >= 0 || errno != EBADF)
       continue;
+    dspk__std_mark_closed(fd); /* a path naming it is then not open */
     int n = open("/dev/null", fd == 0 ? O_WRONLY : O_RDONLY);
     if (n >= 0 && n != fd) { /* a lower one was closed too: taken above */
       dup2(n, fd);
@@ -1010,11 +1182,8 @@ static int flush_stdout(const dspk__sub_ctx *ctx, int rc) {
 }
 
 int main(int argc, char **argv) {
-  static const struct option opts[] = {{"socket", required_argument, NULL, 'S'},
-                                       {"help", no_argument, NULL, 'h'},
-                                       {"version", no_argument, NULL, 'V'},
-                                       {NULL, 0, NULL, 0}};
-  dspk__sub_ctx ctx = {NULL, NULL, NULL, NULL, 0};
+  const struct option *opts = global_opts;
+  dspk__sub_ctx ctx = {NULL, NULL, NULL, NULL, 0, NULL};
   const dspk__sub_cmd *cmd;
   bool seen_socket = false;
   int opt, rc, ci;
@@ -1026,7 +1195,7 @@ int main(int argc, char **argv) {
   heap_setup();
   opterr = 0;
   /* '+': stop at the command name; its options are its own. */
-  while ((opt = getopt_long(argc, argv, "+:S:hV", opts, NULL)) != -1) {
+  while ((opt = getopt_long(argc, argv, global_optsets[0].shorts, opts, NULL)) != -1) {
     switch (opt) {
     case 'S':
       if ((rc = dspk__sub_once(&ctx, &seen_socket, opt, argv)) != 0)

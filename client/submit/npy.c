@@ -959,7 +959,13 @@ size_t dspk__npz_path_len(const char *spec) {
 int dspk__npy_input(const char *spec, dspk__npy *out, char *err,
                     size_t errlen) {
   size_t len = strlen(spec), plen = dspk__npz_path_len(spec);
+  int fd = dspk__fd_alias(spec);
 
+  if (dspk__std_closed(fd)) {
+    seterr(err, errlen, "%s: descriptor %d is not open",
+           strcmp(spec, "-") == 0 ? "<stdin>" : spec, fd);
+    return DSPK_ENOENT;
+  }
   if (strcmp(spec, "-") == 0)
     return dspk__npy_load_fd(STDIN_FILENO, "<stdin>", out, err, errlen);
   /* "FILE.npz:NAME"; "FILE.npz": no member. */

@@ -38,17 +38,10 @@ enum {
   OPT_JSON,
 };
 
-/* Bits of op_args.allowed. */
-#define ALLOW_TRANS (1u << 0)
-#define ALLOW_ALPHA (1u << 1)
-#define ALLOW_BETA (1u << 2)
-#define ALLOW_INVERSE (1u << 3)
-#define ALLOW_AXIS (1u << 4)
-
 #define MAX_INPUTS 4
 
 typedef struct op_args {
-  unsigned allowed;
+  const dspk__sub_optset *set; /* the command's options */
   const char *output;
   const char *device;
   int npos;
@@ -77,70 +70,47 @@ static int add_axes(dspk__sub_ctx *ctx, op_args *a, const char *arg) {
   return 0;
 }
 
-/* The options of the op commands; those of need[] only where allowed. */
-static const struct option all_opts[] = {
-    {"output", required_argument, NULL, OPT_OUTPUT},
-    {"device", required_argument, NULL, OPT_DEVICE},
-    {"help", no_argument, NULL, OPT_HELP},
-    {"axis", required_argument, NULL, OPT_AXIS},
-    {"trans-a", no_argument, NULL, OPT_TRANS_A},
-    {"trans-b", no_argument, NULL, OPT_TRANS_B},
-    {"alpha", required_argument, NULL, OPT_ALPHA},
-    {"beta", required_argument, NULL, OPT_BETA},
-    {"inverse", no_argument, NULL, OPT_INVERSE},
-    {"json", no_argument, NULL, OPT_JSON},
-    {NULL, 0, NULL, 0}};
-static const struct {
-  int id;
-  unsigned bit;
-} need[] = {{OPT_AXIS, ALLOW_AXIS},       {OPT_TRANS_A, ALLOW_TRANS},
-            {OPT_TRANS_B, ALLOW_TRANS},   {OPT_ALPHA, ALLOW_ALPHA},
-            {OPT_BETA, ALLOW_BETA},       {OPT_INVERSE, ALLOW_INVERSE}};
-#define NOPTS (sizeof all_opts / sizeof all_opts[0])
+/* The options of the op commands: -o, -d, --json and --help, and each
+ * command's own. */
+#define OP_COMMON_OPTS                                                         \
+  {"output", required_argument, NULL, OPT_OUTPUT},                             \
+      {"device", required_argument, NULL, OPT_DEVICE},                         \
+      {"json", no_argument, NULL, OPT_JSON}, {"help", no_argument, NULL, OPT_HELP}
+#define OP_SHORTS ":o:d:h"
+static const struct option gemm_opts[] = {
+    OP_COMMON_OPTS, {"trans-a", no_argument, NULL, OPT_TRANS_A},
+    {"trans-b", no_argument, NULL, OPT_TRANS_B}, {"alpha", required_argument, NULL, OPT_ALPHA},
+    {"beta", required_argument, NULL, OPT_BETA}, {NULL, 0, NULL, 0}};
+static const struct option fft_opts[] = {
+    OP_COMMON_OPTS, {"inverse", no_argument, NULL, OPT_INVERSE}, {NULL, 0, NULL, 0}};
+static const struct option plain_opts[] = {OP_COMMON_OPTS, {NULL, 0, NULL, 0}};
+static const struct option reduce_opts[] = {
+    OP_COMMON_OPTS, {"axis", required_argument, NULL, OPT_AXIS}, {NULL, 0, NULL, 0}};
+static const struct option map_opts[] = {
+    OP_COMMON_OPTS, {"alpha", required_argument, NULL, OPT_ALPHA}, {NULL, 0, NULL, 0}};
 
-/* Whether option id applies to a command that allows the bits allowed. */
-static bool applies(int id, unsigned allowed) {
-  for (size_t i = 0; i < sizeof need / sizeof need[0]; i++)
-    if (id == need[i].id && !(allowed & need[i].bit))
-      return false;
-  return true;
-}
+enum { SET_GEMM, SET_FFT, SET_FIR, SET_CONTRACT, SET_REDUCE, SET_MAP };
+const dspk__sub_optset dspk__sub_op_optsets[] = {
+    [SET_GEMM] = {"gemm", OP_SHORTS, gemm_opts},
+    [SET_FFT] = {"fft", OP_SHORTS, fft_opts},
+    [SET_FIR] = {"fir", OP_SHORTS, plain_opts},
+    [SET_CONTRACT] = {"contract", OP_SHORTS, plain_opts},
+    [SET_REDUCE] = {"reduce", OP_SHORTS "a:", reduce_opts},
+    [SET_MAP] = {"map", OP_SHORTS, map_opts},
+    {NULL, NULL, NULL}};
 
-/* A long option getopt_long refused (argv[optind - 1]) that names one of
- * all_opts that does not apply ("gemm --inverse", "--inv"), and none that
- * does: reported as such, and its exit status returned; else 0. */
-static int foreign_option(const dspk__sub_ctx *ctx, char **argv, unsigned allowed) {
-  const char *tok = optind >= 1 ? argv[optind - 1] : "";
-  size_t len = strcspn(tok, "=");
-  int other = 0, own = 0;
-  if (strncmp(tok, "--", 2) != 0 || len <= 2)
-    return 0;
-  for (size_t i = 0; i + 1 < NOPTS; i++)
-    if (strncmp(all_opts[i].name, tok + 2, len - 2) == 0)
-      applies(all_opts[i].val, allowed) ? own++ : other++;
-  if (other != 1 || own != 0)
-    return 0;
-  return dspk__sub_usage(ctx, "option '%.*s' does not apply to %s", (int)len, tok, ctx->cmd);
-}
-
-/* Parses the options of an op command into *a (a->allowed set by the
- * caller).  Returns -1 to go on, else an exit status (help or usage). */
+/* Parses the options of an op command into *a (a->set set by the caller).
+ * Returns -1 to go on, else an exit status (help or usage). */
 static int parse_op_args(dspk__sub_ctx *ctx, int argc, char **argv,
                          op_args *a) {
-  /* Only the command's own options are taken, and abbreviated
-   * ("gemm --a" is --alpha: --axis is reduce's). */
-  struct option mine[NOPTS];
-  size_t nmine = 0;
-  for (size_t i = 0; i < NOPTS; i++)
-    if (applies(all_opts[i].val, a->allowed))
-      mine[nmine++] = all_opts[i];
-  const char *shorts = a->allowed & ALLOW_AXIS ? ":o:d:ha:" : ":o:d:h";
+  /* Only the command's own options are taken, and abbreviated ("gemm --a"
+   * is --alpha: --axis is reduce's). */
   bool seen_output = false, seen_device = false, seen_alpha = false,
        seen_beta = false;
   int opt, rc;
 
   a->alpha = 1.0;
-  while ((opt = getopt_long(argc, argv, shorts, mine, NULL)) != -1) {
+  while ((opt = getopt_long(argc, argv, a->set->shorts, a->set->opts, NULL)) != -1) {
     switch (opt) {
     case OPT_OUTPUT:
       if ((rc = dspk__sub_once(ctx, &seen_output, opt, argv)) != 0)
@@ -195,9 +165,7 @@ static int parse_op_args(dspk__sub_ctx *ctx, int argc, char **argv,
     case ':':
       return dspk__sub_missing_arg(ctx, argv);
     default:
-      if ((rc = foreign_option(ctx, argv, a->allowed)) != 0)
-        return rc;
-      return dspk__sub_bad_option(ctx, argv, mine);
+      return dspk__sub_bad_option(ctx, argv, a->set->opts);
     }
   }
   a->pos = argv + optind;
@@ -757,7 +725,7 @@ out:
 /* ---- the commands ------------------------------------------------------- */
 
 int dspk__sub_gemm(dspk__sub_ctx *ctx, int argc, char **argv) {
-  op_args a = {.allowed = ALLOW_TRANS | ALLOW_ALPHA | ALLOW_BETA};
+  op_args a = {.set = &dspk__sub_op_optsets[SET_GEMM]};
   dspk_task t;
   int rc = parse_op_args(ctx, argc, argv, &a);
   if (rc >= 0)
@@ -777,7 +745,7 @@ int dspk__sub_gemm(dspk__sub_ctx *ctx, int argc, char **argv) {
 }
 
 int dspk__sub_fft(dspk__sub_ctx *ctx, int argc, char **argv) {
-  op_args a = {.allowed = ALLOW_INVERSE};
+  op_args a = {.set = &dspk__sub_op_optsets[SET_FFT]};
   dspk_task t;
   int rc = parse_op_args(ctx, argc, argv, &a);
   if (rc >= 0)
@@ -791,7 +759,7 @@ int dspk__sub_fft(dspk__sub_ctx *ctx, int argc, char **argv) {
 }
 
 int dspk__sub_fir(dspk__sub_ctx *ctx, int argc, char **argv) {
-  op_args a = {.allowed = 0};
+  op_args a = {.set = &dspk__sub_op_optsets[SET_FIR]};
   dspk_task t;
   int rc = parse_op_args(ctx, argc, argv, &a);
   if (rc >= 0)
@@ -803,8 +771,71 @@ int dspk__sub_fir(dspk__sub_ctx *ctx, int argc, char **argv) {
   return run_task(ctx, &a, &t, a.pos, a.npos);
 }
 
+/* Whether letter c is among the first n of labels. */
+static bool has_label(const char *labels, int n, char c) {
+  return memchr(labels, c, (size_t)n) != NULL;
+}
+
+/* SUBSCRIPTS checked as the daemon checks them whatever the operands are
+ * (backends/op.c, dspk__contract_parse; protocol.md, contract): two terms
+ * of at most DSPK_MAX_RANK distinct letters, a comma, "->" and the
+ * output's term of letters of A or B; spaces are ignored.  NULL when well
+ * formed, else why not, in why.  Only the ranks and sizes of the operands
+ * are left to the daemon. */
+static const char *subscripts_error(const char *s, char *why, size_t cap) {
+  static const char *names[] = {"A", "B", "output"};
+  char l[3][DSPK_MAX_RANK];
+  int term = 0, n[3] = {0, 0, 0};
+  bool arrow = false;
+  if (strlen(s) >= 64) /* the daemon's DSPK__SUBSCRIPTS_MAX, with the NUL */
+    return "longer than 63 characters";
+  for (size_t i = 0; s[i] != '\0'; i++) {
+    char c = s[i];
+    if (c == ' ')
+      continue;
+    if (c == ',') {
+      if (term != 0)
+        return "exactly two operands are supported";
+      term = 1;
+    } else if (c == '-' && s[i + 1] == '>') {
+      if (term != 1 || arrow)
+        return "'->' must come once, after the second operand";
+      arrow = true;
+      term = 2;
+      i++;
+    } else if (c == '.') {
+      return "an ellipsis (...) is not supported";
+    } else if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'))) {
+      if (c > ' ' && c < 0x7f)
+        snprintf(why, cap, "'%c' is not a letter (labels are a-z, A-Z)", c);
+      else
+        snprintf(why, cap, "byte %zu (0x%02x) is not a letter (labels are a-z, A-Z)", i + 1,
+                 (unsigned char)c);
+      return why;
+    } else if (n[term] == DSPK_MAX_RANK) {
+      snprintf(why, cap, "the %s term has more than %d labels", names[term], DSPK_MAX_RANK);
+      return why;
+    } else if (has_label(l[term], n[term], c)) {
+      snprintf(why, cap, "label '%c' repeats in the %s term (diagonals and traces are not "
+               "supported)", c, names[term]);
+      return why;
+    } else {
+      l[term][n[term]++] = c;
+    }
+  }
+  if (!arrow)
+    return term == 0 ? "needs two operands and an explicit output"
+                     : "needs an explicit output (numpy's implicit one is not supported)";
+  for (int k = 0; k < n[2]; k++)
+    if (!has_label(l[0], n[0], l[2][k]) && !has_label(l[1], n[1], l[2][k])) {
+      snprintf(why, cap, "output label '%c' appears in neither A nor B", l[2][k]);
+      return why;
+    }
+  return NULL;
+}
+
 int dspk__sub_contract(dspk__sub_ctx *ctx, int argc, char **argv) {
-  op_args a = {.allowed = 0};
+  op_args a = {.set = &dspk__sub_op_optsets[SET_CONTRACT]};
   dspk_task t;
   int rc = parse_op_args(ctx, argc, argv, &a);
   if (rc >= 0)
@@ -815,11 +846,11 @@ int dspk__sub_contract(dspk__sub_ctx *ctx, int argc, char **argv) {
                               : "B.npy");
   if (rc >= 0)
     return rc;
-  if (strstr(a.pos[0], "->") == NULL || strchr(a.pos[0], ',') == NULL)
-    return dspk__sub_usage(ctx,
-                           "SUBSCRIPTS '%s' must name two operands and an "
-                           "explicit output, like 'ik,kj->ij'",
-                           a.pos[0]);
+  char why[128];
+  const char *bad = subscripts_error(a.pos[0], why, sizeof why);
+  if (bad != NULL)
+    return dspk__sub_usage(ctx, "bad SUBSCRIPTS '%s': %s (like 'ik,kj->ij')",
+                           dspk__sub_arg(a.pos[0]), bad);
   dspk_task_init(&t, DSPK_OP_CONTRACT);
   t.contract.subscripts = a.pos[0];
   return run_task(ctx, &a, &t, a.pos + 1, 2);
@@ -831,7 +862,7 @@ int dspk__sub_reduce(dspk__sub_ctx *ctx, int argc, char **argv) {
       DSPK_REDUCE_MAP(RED_NAME)
 #undef RED_NAME
   };
-  op_args a = {.allowed = ALLOW_AXIS};
+  op_args a = {.set = &dspk__sub_op_optsets[SET_REDUCE]};
   dspk_task t;
   int fn = -1;
   int rc = parse_op_args(ctx, argc, argv, &a);
@@ -863,7 +894,7 @@ int dspk__sub_map(dspk__sub_ctx *ctx, int argc, char **argv) {
       DSPK_MAPFN_MAP(MAP_FN)
 #undef MAP_FN
   };
-  op_args a = {.allowed = ALLOW_ALPHA};
+  op_args a = {.set = &dspk__sub_op_optsets[SET_MAP]};
   dspk_task t;
   int fn = -1;
   int rc = parse_op_args(ctx, argc, argv, &a);
@@ -907,7 +938,8 @@ int dspk__sub_open_output(const dspk__sub_ctx *ctx, const char *path,
     return rc;
   rc = dspk__outfile_open(of, path, err, sizeof err);
   if (rc < 0)
-    return dspk__sub_fail(ctx, rc, "%s: %s", dspk__sub_arg(path), err);
+    return dspk__sub_fail(ctx, rc, "%s: %s",
+                          strcmp(path, "-") == 0 ? "<stdout>" : dspk__sub_arg(path), err);
   /* A binary .npy never goes to a terminal, whatever names it: "-",
    * /dev/stdout, /dev/fd/1, /proc/self/fd/1, /dev/tty, /dev/pts/N.  What
    * the descriptor is open on decides, not the spelling of the path. */

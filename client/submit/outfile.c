@@ -252,6 +252,16 @@ static int open_direct(dspk__outfile *o, const char *path, bool trunc, char *err
   return 0;
 }
 
+/* Bit fd of the standard descriptors closed at the start. */
+static unsigned std_closed;
+
+void dspk__std_mark_closed(int fd) {
+  if (fd >= 0 && fd <= 2)
+    std_closed |= 1u << fd;
+}
+
+bool dspk__std_closed(int fd) { return fd >= 0 && fd <= 2 && (std_closed >> fd & 1u); }
+
 int dspk__fd_alias(const char *path) {
   int fdlink = 0, fdno = -1;
   char *target;
@@ -342,6 +352,11 @@ int dspk__outfile_open(dspk__outfile *o, const char *path, char *err,
   o->fd = -1;
   o->target = o->tmp = NULL;
   o->to_stdout = false;
+  if (strcmp(path, "-") == 0 && dspk__std_closed(STDOUT_FILENO)) {
+    if (errlen)
+      snprintf(err, errlen, "descriptor %d is not open", STDOUT_FILENO);
+    return DSPK_ENOENT;
+  }
   if (strcmp(path, "-") == 0) {
     o->fd = STDOUT_FILENO;
     o->to_stdout = true;
@@ -359,6 +374,8 @@ int dspk__outfile_open(dspk__outfile *o, const char *path, char *err,
      * never replaced, so a file opened for appending is appended to. */
     int fl = fcntl(fdno, F_GETFL);
     free(target);
+    if (dspk__std_closed(fdno))
+      fl = -1; /* its placeholder (main.c) */
     if (fl < 0 || (fl & O_ACCMODE) == O_RDONLY) {
       if (errlen)
         snprintf(err, errlen, fl < 0 ? "descriptor %d is not open"

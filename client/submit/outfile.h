@@ -64,6 +64,15 @@ void dspk__outfile_abort(dspk__outfile *o);
  * file not there yet by its directory and name), else 0. */
 int dspk__outfile_same(const char *a, const char *b);
 
+/* Standard descriptors (0, 1, 2) that were closed when the command started:
+ * main.c holds each open on /dev/null meanwhile, so that no file or socket
+ * takes it, and marks it here.  A path that names one ("-", /dev/stdin,
+ * /dev/stdout, /dev/fd/0, ...) is then a descriptor that is not open
+ * (DSPK_ENOENT), as cli.md says, not the placeholder's empty input or
+ * refused write. */
+void dspk__std_mark_closed(int fd);
+bool dspk__std_closed(int fd);
+
 /* For an input path: the descriptor of this process it names, "-" (0) or
  * a link to one followed as outputs follow it (/dev/stdin, /dev/fd/N,
  * /proc/self/fd/N); -1 for any other path. */

@@ -35,6 +35,7 @@ typedef struct dspk__sub_ctx {
    * none): the daemon's "input N" is named as the file in its errors. */
   char *const *inputs;
   int ninputs;
+  const char *sub;    /* the subcommand running ("clear" of cache), or NULL */
 } dspk__sub_ctx;
 
 typedef struct dspk__sub_cmd {
@@ -168,10 +169,26 @@ int dspk__sub_help(const dspk__sub_ctx *ctx);
   default:                                                                     \
     return dspk__sub_opt_other((ctx), (opt), (argv), (opts))
 
+/* The options of one command (or subcommand) as its getopt_long call takes
+ * them.  Every command's are listed (main.c), so that an option of another
+ * command, whole or abbreviated, is said to be one: "option '--grid' does
+ * not apply to gemm (--grid: an option of kernel)" (docs/cli.md). */
+struct option;
+typedef struct dspk__sub_optset {
+  const char *who;           /* "kernel", "cache clear"; NULL ends a list */
+  const char *shorts;        /* getopt_long's optstring (":e:g:h") */
+  const struct option *opts; /* ends with DSPK__SUB_OPTS_END */
+} dspk__sub_optset;
+/* Each file's commands' option sets, NULL-who terminated. */
+extern const dspk__sub_optset dspk__sub_info_optsets[], dspk__sub_op_optsets[],
+    dspk__sub_kernel_optsets[], dspk__sub_cache_optsets[], dspk__sub_top_optsets[],
+    dspk__sub_trace_optsets[], dspk__sub_job_optsets[];
+
 /* Usage errors for getopt_long's '?' and ':' returns (argv and opts as
  * passed to getopt_long: an abbreviation of several long options is said
- * to be ambiguous, with them); return DSPK__SUB_EXIT_USAGE. */
-struct option;
+ * to be ambiguous, with them; one of another command's options, whole or
+ * abbreviated, not to apply, with the commands it belongs to); return
+ * DSPK__SUB_EXIT_USAGE. */
 int dspk__sub_bad_option(const dspk__sub_ctx *ctx, char **argv, const struct option *opts);
 /* What every command's getopt loop does with -h/--help (its help), a
  * missing option argument and an unknown option; returns the exit status. */

@@ -187,17 +187,21 @@ static void draw(const dspk_status *s) {
   free(buf);
 }
 
+static const struct option top_opts[] = {{"interval", required_argument, NULL, 'n'},
+                                         {"once", no_argument, NULL, '1'},
+                                         DSPK__SUB_OPTS_END};
+const dspk__sub_optset dspk__sub_top_optsets[] = {{"top", ":n:h", top_opts},
+                                                  {NULL, NULL, NULL}};
+
 int dspk__sub_top(dspk__sub_ctx *ctx, int argc, char **argv) {
-  static const struct option opts[] = {{"interval", required_argument, NULL, 'n'},
-                                       {"once", no_argument, NULL, '1'},
-                                       DSPK__SUB_OPTS_END};
+  const struct option *opts = top_opts;
   double interval = 1;
   bool once = false, json = false, keys, screen, seen_interval = false;
   struct sigaction sa, old_int, old_term;
   dspk_status *s = NULL;
   int opt, rc, status = DSPK__SUB_EXIT_OK;
 
-  while ((opt = getopt_long(argc, argv, ":n:h", opts, NULL)) != -1) {
+  while ((opt = getopt_long(argc, argv, dspk__sub_top_optsets[0].shorts, opts, NULL)) != -1) {
     switch (opt) {
     case 'n':
       if ((rc = dspk__sub_once(ctx, &seen_interval, opt, argv)) != 0)

@@ -18,10 +18,14 @@
 #include "client/submit/outfile.h"
 #include "client/submit/submit.h"
 
+static const struct option trace_opts[] = {{"output", required_argument, NULL, 'o'},
+                                           {"seconds", required_argument, NULL, 's'},
+                                           DSPK__SUB_OPTS_END};
+const dspk__sub_optset dspk__sub_trace_optsets[] = {{"trace", ":o:s:h", trace_opts},
+                                                    {NULL, NULL, NULL}};
+
 int dspk__sub_trace(dspk__sub_ctx *ctx, int argc, char **argv) {
-  static const struct option opts[] = {{"output", required_argument, NULL, 'o'},
-                                       {"seconds", required_argument, NULL, 's'},
-                                       DSPK__SUB_OPTS_END};
+  const struct option *opts = trace_opts;
   const char *out = NULL;
   double seconds = 5;
   bool summary = false, seen_output = false, seen_seconds = false;
@@ -30,7 +34,7 @@ int dspk__sub_trace(dspk__sub_ctx *ctx, int argc, char **argv) {
   size_t n;
   int opt, rc;
 
-  while ((opt = getopt_long(argc, argv, ":o:s:h", opts, NULL)) != -1) {
+  while ((opt = getopt_long(argc, argv, dspk__sub_trace_optsets[0].shorts, opts, NULL)) != -1) {
     switch (opt) {
     case 'o':
       if ((rc = dspk__sub_once(ctx, &seen_output, opt, argv)) != 0)
@@ -57,7 +61,7 @@ int dspk__sub_trace(dspk__sub_ctx *ctx, int argc, char **argv) {
     return rc;
   rc = dspk__outfile_open(&of, out, err, sizeof err);
   if (rc < 0)
-    return dspk__sub_fail(ctx, rc, "%s: %s", out, err);
+    return dspk__sub_fail(ctx, rc, "%s: %s", strcmp(out, "-") == 0 ? "<stdout>" : out, err);
   if (summary && of.to_stdout) {
     dspk__outfile_abort(&of);
     return dspk__sub_usage(ctx, "--json prints a summary: it needs -o FILE, not standard output");

@@ -212,8 +212,15 @@ DSPK_EXPORT void dspk_free(void *p);
 /* One `ping` round trip carrying n bytes of payload (may be 0, data may be
  * NULL then); checks that the echo is identical (DSPK_EPROTO if not).
  * Any request bigger than the daemon's max_message (from hello) fails with
- * DSPK_ELIMIT before anything is sent. */
+ * DSPK_ELIMIT before anything is sent; a payload of dspk_ping_max(c) bytes
+ * or less never does. */
 DSPK_EXPORT int dspk_ping(dspk_client *c, const void *data, size_t n);
+/* The largest payload of a dspk_ping that fits the daemon's max_message
+ * whatever the call: max_message less the request's framing (21 to 24
+ * bytes, as the payload's size needs; counted for the largest request id,
+ * so that one of the first calls, whose id is shorter, may fit up to 4
+ * bytes more).  0 for NULL. */
+DSPK_EXPORT size_t dspk_ping_max(const dspk_client *c);
 
 /*
  * Calls `method` with no arguments and returns its result as JSON text in
@@ -681,7 +688,14 @@ DSPK_EXPORT void dspk_result_free(dspk_result *r);
 
 /* Runs a task and waits for its answer: 0 and *res, or a negative code
  * (DSPK_ESHAPE, DSPK_EDTYPE, DSPK_ENODEV, ...) with the daemon's detail in
- * dspk_last_error(). */
+ * dspk_last_error().  A request that does not fit the daemon's max_message
+ * (several operands sent inline, each below half of it and the shared
+ * threshold; a long kernel source) is DSPK_ELIMIT before anything is sent,
+ * with the remedy in dspk_last_error().  A raw kernel's inline tensors go
+ * inline both ways (not through shared memory): together at most
+ * max_message - 1024 bytes, what an answer carries (DSPK_ELIMIT before
+ * anything is sent otherwise), and in one request with the source; larger
+ * ones go as buffer references (is_ref). */
 DSPK_EXPORT int dspk_run(dspk_client *c, const dspk_task *t, dspk_result *res);
 
 /*

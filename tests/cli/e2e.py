@@ -1301,7 +1301,20 @@ def suite_errors(cli, tmp):
     # socket and the command died of SIGPIPE).
     def closing(fd):
         return lambda: os.close(fd)
-    for args, fd, want in ((["map", "abs", a34, "-o", "-"], 1, "EIO"),
+    # A closed standard descriptor, however named ("-" included), is a
+    # descriptor that is not open (ENOENT, cli.md), before any work: not
+    # the placeholder that holds its number (empty input, EPERM, EBADF).
+    for args, fd, want in ((["map", "abs", a34, "-o", "-"], 1, "<stdout>: descriptor 1"),
+                           (["map", "abs", a34, "-o", "/dev/stdout"], 1,
+                            "/dev/stdout: descriptor 1"),
+                           (["map", "abs", a34, "-o", "/proc/self/fd/1"], 1,
+                            "/proc/self/fd/1: descriptor 1"),
+                           (["trace", "-s", "1", "-o", "-"], 1, "<stdout>: descriptor 1"),
+                           (["map", "abs", "-"], 0, "<stdin>: descriptor 0"),
+                           (["map", "abs", "/dev/stdin"], 0, "/dev/stdin: descriptor 0"),
+                           (["map", "add", a34, "/dev/fd/0"], 0, "/dev/fd/0: descriptor 0"),
+                           (["kernel", "-", "--entry", "main", "--grid", "1", "--block", "1",
+                             a34], 0, "<stdin>: descriptor 0"),
                            (["map", "add", a34, b56], 2, None)):
         p = subprocess.run([cli.binary, "--socket", cli.sock] + args,
                            stdin=subprocess.DEVNULL, capture_output=True,
@@ -1310,8 +1323,8 @@ def suite_errors(cli, tmp):
         check(p.returncode == 1, "%s with fd %d closed: exit %d, stderr %r"
               % (args, fd, p.returncode, err))
         if want:
-            check(err.startswith("dspk-submit: map: %s: <stdout>: " % want),
-                  "%s with stdout closed: stderr %r" % (args, err))
+            check(err == "dspk-submit: %s: ENOENT: %s is not open\n" % (args[0], want),
+                  "%s with fd %d closed: stderr %r" % (args, fd, err))
     cli.ok("ping")  # and the daemon still answers
 
     # An endless stream is refused at its first bytes, not read until memory
@@ -1709,6 +1722,20 @@ def suite_kernel(cli, tmp):
     src = os.path.join(tmp, "axpy.comp")
     with open(src, "w") as f:
         f.write(GLSL_AXPY)
+    # Tensors past max_message - 1024 (256 MiB by default) with SOURCE: said
+    # in the command line's terms before anything is sent (a kernel's
+    # tensors travel inline; the library's buffer advice is none of its);
+    # on a device that runs no such kernel, ENOTSUP first.
+    kargs = ["kernel", src, "--entry", "main", "--grid", "1", "--block", "1"]
+    err = cli.fails(kargs + ["zeros:f32:70000000"], "kernel", "ELIMIT",
+                    detail="the tensor arguments (280000000 bytes) and SOURCE (%d bytes) are "
+                           "more than one message of this daemon carries (its max_message, "
+                           "268435456 bytes, less 1024 for framing), and a kernel's tensors "
+                           "travel inline, to the daemon and back; ask the daemon's admin to "
+                           "raise max_message" % len(GLSL_AXPY.encode()))
+    check("dspk_" not in err, "kernel ELIMIT %r" % err)
+    cli.fails(kargs + ["--device", "cpu:0", "zeros:f32:70000000"], "kernel", "ENOTSUP",
+              detail="cpu:0 runs no glsl kernels")
     n = 1000
     z = rng.uniform(-1, 1, n).astype("<f8")
     pz = os.path.join(tmp, "z.npy")
@@ -1957,12 +1984,15 @@ def suite_shell(cli, tmp, dspkd):
             "gemm of f16 on cpu:0: %s %r" % (got.dtype, got))
         c2 = Cli(cli.binary, d2.sock)
         # ping -s over the message limit: the message names -s, the limit and
-        # what fits (the library's advice about operands is no ping's).
+        # what fits, exactly (the library's advice about operands is no
+        # ping's): M less the framing of a bin32 payload and the largest id.
         err = c2.fails(["ping", "-s", "3M"], "ping", "ELIMIT",
                        detail="-s 3145728: a ping of 3145728 bytes with its framing "
                               "exceeds the daemon's 2097152-byte message limit "
-                              "(max_message); 2097088 bytes or less fit")
-        c2.ok("ping", "-s", "2097088")
+                              "(max_message); 2097128 bytes or less fit")
+        c2.ok("ping", "-s", "2097128")
+        c2.fails(["ping", "-s", "2097129"], "ping", "ELIMIT",
+                 detail="; 2097128 bytes or less fit")
         fo = os.path.join(tmp, "bw.npy")
         c2.ok("gemm", fbig, fw, "-o", fo)
         got = np.load(fo)
@@ -1999,11 +2029,58 @@ def suite_shell(cli, tmp, dspkd):
         fa3, fb3, fo3 = (os.path.join(tmp, n) for n in ("a3.npy", "b3.npy", "o3.npy"))
         np.save(fa3, a3)
         np.save(fb3, b3)
-        Cli(cli.binary, d3.sock).ok("gemm", fa3, fb3, "-o", fo3)
+        c3 = Cli(cli.binary, d3.sock)
+        c3.ok("gemm", fa3, fb3, "-o", fo3)
         check(np.allclose(np.load(fo3), a3.astype(np.float64) @ b3, rtol=1e-4, atol=1e-4),
               "gemm of 1480-byte inputs under --max-message 3000")
+        # What ping -s says fits does, for every ping of a long run (ids
+        # past 127 and 255 take more bytes); one byte more is refused
+        # before the first.
+        out = c3.ok("ping", "-s", "2978", "-c", "300")
+        check("300 round trips, 2978 bytes each" in out, "ping -s 2978 -c 300: %r" % out)
+        c3.fails(["ping", "-s", "2979"], "ping", "ELIMIT",
+                 detail="-s 2979: a ping of 2979 bytes with its framing exceeds the "
+                        "daemon's 3000-byte message limit (max_message); 2978 bytes or "
+                        "less fit")
+        # A kernel's tensors and SOURCE past max_message - 1024 that no
+        # device would run anyway (cpu only): ENOTSUP first, as the daemon
+        # says for one within the limit (the kernel suite has the ELIMIT).
+        kc = os.path.join(tmp, "lim.comp")
+        with open(kc, "w") as f:
+            f.write("void main(){}\n")
+        kargs = ["kernel", kc, "--entry", "main", "--grid", "1", "--block", "1"]
+        c3.fails(kargs + ["zeros:f32:491"], "kernel", "ENOTSUP",
+                 detail="no device of this daemon runs glsl kernels (kernel_langs in "
+                        "'dspk-submit devices --json')")
+        c3.fails(kargs + ["--device", "cpu:0", "zeros:f32:491"], "kernel", "ENOTSUP",
+                 detail="cpu:0 runs no glsl kernels")
+        c3.fails(kargs + ["zeros:f32:490"], "kernel", "ENOTSUP")
     finally:
         d3.stop()
+    # A request that no buffer makes fit (its framing alone passes a
+    # 64-byte max_message), and a buffer write with no room for data: the
+    # admin's to raise, said so; none of the library's advice about buffer
+    # references or its function names.
+    d4 = Daemon(dspkd, tmp, extra=["--no-cache", "--max-message", "64"], name="tiny64")
+    try:
+        c4 = Cli(cli.binary, d4.sock)
+        tiny4 = os.path.join(tmp, "tiny4.npy")
+        np.save(tiny4, np.ones((2, 2), np.float32))
+        err = c4.fails(["gemm", tiny4, tiny4], "gemm", "ELIMIT")
+        check(re.search(r"ELIMIT: the task's request of \d+ bytes exceeds the daemon's "
+                        r"64-byte message limit \(max_message\): too large for one message "
+                        r"of this daemon; ask the daemon's admin to raise max_message", err)
+              and "dspk_" not in err and "task.run" not in err, "tiny request: %r" % err)
+        big4 = os.path.join(tmp, "big4.npy")
+        np.save(big4, np.ones(2000))
+        err = c4.fails(["map", "abs", big4], "map", "ELIMIT",
+                       detail="an input too large for the task's message goes through "
+                              "daemon buffers, but the daemon's max_message (64 bytes) leaves "
+                              "no room for data in a buffer write; ask the daemon's admin to "
+                              "raise max_message")
+        check("dspk_" not in err, "tiny buffer write: %r" % err)
+    finally:
+        d4.stop()
     for bad in (["--max-message", "2Q"], ["--max-message", "16777216T"],
                 ["--max-unsent", "-1K"]):
         p = subprocess.run([dspkd] + bad, capture_output=True, timeout=30,
@@ -2314,6 +2391,95 @@ def suite_help(cli, tmp):
     dir_and_tty_files(cli, tmp)
     command_line_messages(cli, tmp)
     command_line_round6(cli, tmp)
+    other_commands_options(cli)
+    contract_subscripts(cli, tmp)
+
+
+def contract_subscripts(cli, tmp):
+    """Round 12: SUBSCRIPTS malformed whatever the operands are is a bad
+    command line (exit 2) before anything is sent, however it is malformed
+    (some were the daemon's EINVAL, exit 1); well-formed ones go on (to the
+    missing socket here)."""
+    nosock = ["--socket", "/nonexistent/dspkd.sock"]
+    a = os.path.join(tmp, "subs.npy")
+    np.save(a, np.ones((2, 2)))
+    for subs, why in (("ij,jk", "needs an explicit output"),
+                      ("ij->ij", "'->' must come once, after the second operand"),
+                      ("ij,jk,kl->il", "exactly two operands are supported"),
+                      ("ij,jk->ik->i", "'->' must come once"),
+                      ("ij,jk->ik,l", "exactly two operands"),
+                      ("...ij,jk->ik", "an ellipsis (...) is not supported"),
+                      ("ij,j-k->ik", "'-' is not a letter"),
+                      ("i1,jk->ik", "'1' is not a letter"),
+                      ("ii,jk->ik", "label 'i' repeats in the A term"),
+                      ("ij,jk->ikk", "label 'k' repeats in the output term"),
+                      ("ij,jk->iz", "output label 'z' appears in neither A nor B"),
+                      ("abcdefghi,a->a", "the A term has more than 8 labels"),
+                      ("ij", "needs two operands and an explicit output"),
+                      ("i" * 64 + ",j->j", "longer than 63 characters")):
+        cli.fails(nosock + ["contract", subs, a, a], "contract", "EINVAL", rc_want=2,
+                  sock=False, detail="bad SUBSCRIPTS '%s': %s" % (subs, why))
+    for subs in ("ij,jk->ik", " ij , jk -> ki ", "i,i->", "ij,jk->", "Ab,bC->CA"):
+        cli.fails(nosock + ["contract", subs, a, a], "contract", "ECONNECT", sock=False)
+
+
+def other_commands_options(cli):
+    """Round 12: an option of another command (or subcommand), whole or
+    abbreviated, long or short, and a global one after COMMAND, says that
+    it does not apply and whose it is (exit 2, before any connection); a
+    name that is nobody's stays unknown.  job end takes no --uid."""
+    nosock = ["--socket", "/nonexistent/dspkd.sock"]
+    for args, who, want in (
+            (["gemm", "a", "b", "--grid", "4"], "gemm", "'--grid' does not apply to gemm "
+             "(--grid: an option of kernel)"),
+            (["gemm", "--entr", "x"], "gemm", "'--entr' does not apply to gemm (--entry: "
+             "an option of kernel)"),
+            (["map", "abs", "a", "--lang", "glsl"], "map", "(--lang: an option of kernel)"),
+            (["fft", "a", "--shared", "4"], "fft", "(--shared: an option of kernel)"),
+            (["gemm", "--count", "2"], "gemm", "(--count: an option of ping)"),
+            (["reduce", "sum", "a", "--once"], "reduce", "(--once: an option of top)"),
+            (["fir", "--interval=2"], "fir", "(--interval: an option of top)"),
+            (["contract", "--seconds", "2"], "contract", "(--seconds: an option of trace)"),
+            (["fft", "--all"], "fft", "(--all: an option of devices)"),
+            (["ping", "--all"], "ping", "'--all' does not apply to ping (--all: an option "
+             "of devices)"),
+            (["status", "--all"], "status", "(--all: an option of devices)"),
+            (["top", "--job", "1"], "top", "(--job: an option of job register and job end)"),
+            (["trace", "--uid", "1"], "trace", "(--uid: an option of job register)"),
+            (["devices", "--devices", "x"], "devices", "(--devices: an option of job "
+             "register)"),
+            (["cache", "stats", "--kernels"], "cache", "'--kernels' does not apply to "
+             "cache stats (--kernels: an option of cache clear)"),
+            (["cache", "stats", "--auto"], "cache", "(--autotune: an option of cache "
+             "clear)"),
+            (["job", "end", "--job", "5", "--uid", "abc"], "job", "'--uid' does not apply "
+             "to job end (--uid: an option of job register)"),
+            (["job", "end", "--job", "5", "--devices", "x"], "job", "'--devices' does not "
+             "apply to job end"),
+            (["gemm", "--inv"], "gemm", "'--inv' does not apply to gemm (--inverse: an "
+             "option of fft)"),
+            (["gemm", "--in"], "gemm", "(--inverse: an option of fft; --interval: an "
+             "option of top)"),
+            (["fir", "--alpha", "2"], "fir", "(--alpha: an option of gemm and map)"),
+            (["gemm", "-g", "4"], "gemm", "'-g' does not apply to gemm (-g: --grid of "
+             "kernel)"),
+            (["gemm", "-s", "4"], "gemm", "(-s: --size of ping, --shared of kernel, "
+             "--seconds of trace)"),
+            (["gemm", "--socket", "x"], "gemm", "(--socket: an option of dspk-submit "
+             "before COMMAND)"),
+            (["ping", "-V"], "ping", "(-V: --version of dspk-submit before COMMAND)")):
+        err = cli.fails(nosock + args, who, "EINVAL", rc_want=2, sock=False,
+                        detail=("option " if want[0] == "'" else "") + want)
+        check("unknown option" not in err, "%s: %r" % (args, err))
+    cli.fails(["--json", "ping"], None, "EINVAL", rc_want=2, sock=False,
+              detail="option '--json' does not apply to dspk-submit before COMMAND "
+              "(--json: an option of every command)")
+    for args, want in ((["gemm", "--nosuch"], "unknown option '--nosuch'"),
+                       (["gemm", "-x"], "unknown option '-x'"),
+                       (["gemm", "--t"], "option '--t' is ambiguous: --trans-a, --trans-b")):
+        cli.fails(nosock + args, args[0], "EINVAL", rc_want=2, sock=False, detail=want)
+    # A command's own option, abbreviated, is still its own.
+    cli.fails(nosock + ["top", "--once", "--int", "1"], "top", "ECONNECT", sock=False)
 
 
 def command_line_round6(cli, tmp):

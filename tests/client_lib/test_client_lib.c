@@ -400,9 +400,73 @@ static void test_hello_ping(void **state) {
   }
   /* Bigger than the daemon's max_message: refused locally, the
    * connection stays usable. */
-  char *big = calloc(1, 8 << 20);
+  char *big = calloc(1, 9 << 20);
   assert_int_equal(dspk_ping(C, big, 8 << 20), DSPK_ELIMIT);
   assert_non_null(strstr(dspk_last_error(C), "max_message"));
+  /* dspk_ping_max: max_message less the framing of the largest request id
+   * (a bin32 payload: 24 bytes), which every ping carries; past it the
+   * message says what fits, and no advice about operands (a ping has
+   * none). */
+  assert_int_equal(dspk_ping_max(C), 8388608 - 24);
+  assert_int_equal(dspk_ping_max(NULL), 0);
+  assert_int_equal(dspk_ping(C, big, dspk_ping_max(C)), 0);
+  assert_int_equal(dspk_ping(C, big, 8388608 - 4), DSPK_ELIMIT);
+  assert_non_null(strstr(dspk_last_error(C), "dspk_ping: a payload of 8388604 bytes"));
+  assert_non_null(strstr(dspk_last_error(C), "dspk_ping_max() bytes (8388584) or less"));
+  assert_null(strstr(dspk_last_error(C), "operands"));
+  /* A request of no operand at all: no operand advice either. */
+  {
+    char *name = malloc((9 << 20) + 1), *json = NULL;
+    memset(name, 'm', 9 << 20);
+    name[9 << 20] = '\0';
+    assert_int_equal(dspk_call_json(C, name, &json), DSPK_ELIMIT);
+    assert_non_null(strstr(dspk_last_error(C), "8388608-byte message limit (max_message)"));
+    assert_null(strstr(dspk_last_error(C), "operands"));
+    assert_null(strstr(dspk_last_error(C), "dspk_buffer_write"));
+    free(name);
+  }
+  /* A raw kernel's inline tensors come back inline: more than an answer
+   * carries is refused before anything is sent, with the remedy a kernel
+   * has (buffer references: no shared temporary stands for them); a source
+   * too long for the request is named as such. */
+  {
+    dspk_task k;
+    dspk_tensor kt;
+    dspk_result kr;
+    int64_t n = (8388608 - 1024) / 4 + 1;
+    dspk_task_init(&k, DSPK_OP_KERNEL);
+    dspk_tensor_inline(&kt, DSPK_F32, 1, &n, big);
+    k.kernel.lang = "glsl";
+    k.kernel.source = "void main() {}";
+    k.kernel.source_len = 14;
+    k.inputs = &kt;
+    k.ninputs = 1;
+    k.kernel.nargs = 1;
+    k.kernel.args[0].kind = DSPK_KARG_TENSOR;
+    k.kernel.args[0].v.tensor = 0;
+    assert_int_equal(dspk_run(C, &k, &kr), DSPK_ELIMIT);
+    assert_non_null(strstr(dspk_last_error(C), "kernel: its inline tensors total 8387588 "
+                                                "bytes and come back inline"));
+    assert_non_null(strstr(dspk_last_error(C), "pass big tensors as buffer references"));
+    n = 4;
+    dspk_tensor_inline(&kt, DSPK_F32, 1, &n, big);
+    k.kernel.source = big;
+    k.kernel.source_len = 8388608;
+    assert_int_equal(dspk_run(C, &k, &kr), DSPK_ELIMIT);
+    assert_non_null(strstr(dspk_last_error(C), "its inline operands' 16 bytes aside (a raw "
+                                                "kernel's source of 8388608 bytes): too small "
+                                                "a limit for this task"));
+    assert_null(strstr(dspk_last_error(C), "buffer references"));
+    /* Tensors that buffer references would make room for: said so, with
+     * the source's and their sizes. */
+    n = (8388608 - 1024) / 4;
+    dspk_tensor_inline(&kt, DSPK_F32, 1, &n, big);
+    k.kernel.source_len = 4096;
+    assert_int_equal(dspk_run(C, &k, &kr), DSPK_ELIMIT);
+    assert_non_null(strstr(dspk_last_error(C), "a raw kernel's source (4096 bytes) and "
+                                                "inline tensors (8387584 bytes) go in it; pass "
+                                                "big tensors as buffer references"));
+  }
   free(big);
   assert_int_equal(dspk_ping(C, "y", 1), 0);
   /* A second connection works alongside. */
@@ -1819,16 +1883,18 @@ static void test_bad_arguments(void **state) {
 
   expect_einval(dspk_ping(C, NULL, 5), "data is NULL");
   expect_einval(dspk_call_json(C, NULL, &json), "method is NULL");
-  expect_einval(dspk_call_json(C, "status", NULL), "json_out is NULL");
+  expect_einval(dspk_call_json(C, "status", NULL), "dspk_call_json: json_out is NULL");
   expect_einval(dspk_job_register(C, 0, 1, NULL, 0, &json), "job 0");
   expect_einval(dspk_job_register(C, 1, 1, NULL, 2, &json), "uuids is NULL");
-  expect_einval(dspk_job_end(C, 1, NULL), "json_out is NULL");
+  /* Each call names itself, as every other call's message does. */
+  expect_einval(dspk_job_end(C, 1, NULL), "dspk_job_end: json_out is NULL");
+  expect_einval(dspk_job_register(C, 1, 1, NULL, 0, NULL), "dspk_job_register: json_out is NULL");
   expect_einval(dspk_devices(C, false, NULL), "out is NULL");
   expect_einval(dspk_status_get(C, NULL), "out is NULL");
   expect_einval(dspk_metrics(C, NULL), "text_out is NULL");
   expect_einval(dspk_trace(C, 0, &json), "seconds");
   expect_einval(dspk_trace(C, NAN, &json), "seconds");
-  expect_einval(dspk_trace(C, 1, NULL), "json_out is NULL");
+  expect_einval(dspk_trace(C, 1, NULL), "dspk_trace: json_out is NULL");
   expect_einval(dspk_buffer_create(C, NULL, 8, NULL), "id_out is NULL");
   expect_einval(dspk_buffer_write(C, 1, 0, NULL, 4), "data is NULL");
   expect_einval(dspk_buffer_read(C, 1, 0, NULL, 4), "dst is NULL");

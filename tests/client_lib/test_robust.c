@@ -404,6 +404,7 @@ static void test_timeout_stopped_daemon(void **state) {
   setitimer(ITIMER_REAL, &it, NULL);
   t0 = mono_ms();
   expect_timeout(c, dspk_ping(c, "a", 1), t0, 300);
+  assert_non_null(strstr(dspk_last_error(c), "within 300 ms (dspk_set_timeout)"));
   memset(&it, 0, sizeof it);
   setitimer(ITIMER_REAL, &it, NULL);
   signal(SIGALRM, SIG_DFL);
@@ -415,6 +416,8 @@ static void test_timeout_stopped_daemon(void **state) {
   assert_null(c2);
   assert_true(mono_ms() - t0 >= 295);
   assert_non_null(strstr(dspk_connect_error(), "hello"));
+  /* The timeout is named by the call that set it. */
+  assert_non_null(strstr(dspk_connect_error(), "within 300 ms (dspk_connect_timeout)"));
   /* Buffers made late are freed when their answers come; a shared free
    * unmaps at once; a task's answer is given up on. */
   t0 = mono_ms();

@@ -143,8 +143,9 @@ else
 fi
 kill "$silent" 2>/dev/null
 wait "$silent" 2>/dev/null
-# --socket as typed (~, ~USER, $VAR, ${VAR}) is expanded as the shell will when
-# the line runs: the device query goes to that socket.  A stand-in for
+# --socket as typed (~, ~USER, $VAR, ${VAR}, quotes and backslashes, as
+# readline hands the word over) is expanded as the shell will when the line
+# runs: the device query goes to that socket.  A stand-in for
 # dspk-submit lists a device only when asked on the expected path.
 printf '%s\n' '#!/bin/bash' \
   '[[ $1 == --socket && $2 == "$WANT_SOCK" && $3 == devices ]] && echo "ok:1 cpu x"' \
@@ -153,7 +154,11 @@ chmod +x "$tmp/fake-submit"
 me=$(id -un)
 for pair in "~/d.sock|$HOME/d.sock" "~$me/d.sock|$(getent passwd "$me" | cut -d: -f6)/d.sock" \
             '$DSPK_T_DIR/d.sock|/run/t/d.sock' '${DSPK_T_DIR}x/d.sock|/run/tx/d.sock' \
-            '/a$DSPK_T_NONE/d.sock|/a/d.sock'; do
+            '/a$DSPK_T_NONE/d.sock|/a/d.sock' \
+            '"$DSPK_T_DIR/d.sock"|/run/t/d.sock' "'/run/t/d.sock'|/run/t/d.sock" \
+            '"${DSPK_T_DIR}"/s\ p.sock|/run/t/s p.sock' '/run/t/a\"b.sock|/run/t/a"b.sock' \
+            "'/run/\$DSPK_T_DIR'|/run/\$DSPK_T_DIR" '"/run/\$x\\y\z"|/run/$x\y\z' \
+            '~/"d s".sock|'"$HOME/d s.sock" '"~/d.sock"|~/d.sock'; do
   typed=${pair%%|*} want=${pair#*|}
   for form in split joined; do
     if [[ $form == split ]]; then
