@@ -897,16 +897,25 @@ void dspk__vk_gemm_force(int i) { forced = i < NTILES ? i : -1; }
  * (static storage), or NULL when it launched none. */
 const char *dspk__vk_gemm_last(void) { return last_name; }
 
+/* Records a fill of O with zero bytes. */
+static int fill_zero(struct dspk__dev *d, const struct dspk__tensor *O) {
+  VkCommandBuffer cb;
+  int r = dspk__vk_cmd(d, &cb);
+  if (r)
+    return r;
+  size_t nbytes = dspk__tensor_nbytes(O);
+  if (nbytes && (O->mem->off + O->offset) % 4 == 0 &&
+      O->offset + ((nbytes + 3) & ~(size_t)3) <= O->mem->size)
+    VK(CmdFillBuffer)(cb, O->mem->buf, O->mem->off + O->offset, (nbytes + 3) & ~(size_t)3, 0);
+  dspk__vk_barrier(d);
+  return 0;
+}
+
 /* ---- gemm op -------------------------------------------------------------- */
 
 static int bind(struct dspk__dev *d, const struct dspk__tensor *t, struct dspk__vk_bind *b,
                 uint32_t *elem, struct dspk__opctx *ctx, const char *name) {
-  int r = dspk__vk_bind_tensor(d, t, b, elem);
-  if (r)
-    return dspk__vk_fail(ctx, r, "vulkan: %s cannot be bound (offset not a multiple of "
-                                 "its element size, or larger than maxStorageBufferRange)",
-                         name);
-  return 0;
+  return dspk__vk_bind_named(d, t, b, elem, ctx, name);
 }
 
 /* Batch strides of X (rank rx, batch dims right-aligned against the
@@ -975,15 +984,22 @@ int dspk__vk_gemm(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *
   if (dspk__tensor_numel(A) > UINT32_MAX / 2 || dspk__tensor_numel(B) > UINT32_MAX / 2 ||
       dspk__tensor_numel(O) > UINT32_MAX / 2)
     return dspk__vk_fail(ctx, DSPK_ELIMIT, "gemm: operands above 2^31 elements");
+  /* Reading neither A nor B, nor C (beta 0 or none): +0 everywhere, a fill
+   * that binds nothing, so it works for an output of any size. */
+  if (no_ab && (!C || beta == 0))
+    return fill_zero(d, O);
   int r;
-  if ((r = bind(d, A, &g.bind[0], &g.oa, ctx, "A")) ||
-      (r = bind(d, B, &g.bind[1], &g.ob, ctx, "B")) ||
-      (r = bind(d, O, &g.bind[3], &g.oo, ctx, "the output")))
+  if (!no_ab && ((r = bind(d, A, &g.bind[0], &g.oa, ctx, "gemm's A")) ||
+                 (r = bind(d, B, &g.bind[1], &g.ob, ctx, "gemm's B"))))
     return r;
-  if (C) {
-    if ((r = bind(d, C, &g.bind[2], &g.oc, ctx, "C")))
+  if ((r = bind(d, O, &g.bind[3], &g.oo, ctx, "gemm's output")))
+    return r;
+  if (no_ab) /* not read (K = 0 in the kernel): no binding of their own */
+    g.bind[0] = g.bind[1] = g.bind[3];
+  if (C && beta != 0) { /* beta 0 reads no C: no binding either */
+    if ((r = bind(d, C, &g.bind[2], &g.oc, ctx, "gemm's C")))
       return r;
-    g.has_c = beta != 0; /* beta 0 reads no C */
+    g.has_c = 1;
   } else {
     g.bind[2] = g.bind[3];
   }
@@ -1582,20 +1598,6 @@ out:
   return r;
 }
 
-/* Records a fill of O with zero bytes. */
-static int fill_zero(struct dspk__dev *d, const struct dspk__tensor *O) {
-  VkCommandBuffer cb;
-  int r = dspk__vk_cmd(d, &cb);
-  if (r)
-    return r;
-  size_t nbytes = dspk__tensor_nbytes(O);
-  if (nbytes && (O->mem->off + O->offset) % 4 == 0 &&
-      O->offset + ((nbytes + 3) & ~(size_t)3) <= O->mem->size)
-    VK(CmdFillBuffer)(cb, O->mem->buf, O->mem->off + O->offset, (nbytes + 3) & ~(size_t)3, 0);
-  dspk__vk_barrier(d);
-  return 0;
-}
-
 int dspk__vk_contract(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *ctx) {
   const struct dspk__tensor *A = &op->in[0], *B = &op->in[1], *O = &op->out[0];
   dspk_dtype dt = A->dtype;
@@ -1634,8 +1636,9 @@ int dspk__vk_contract(struct dspk__dev *d, struct dspk__op *op, struct dspk__opc
   size_t es = dspk__dtype_size(dt);
   struct dspk__vk_bind ba, bb, bo;
   uint32_t ea, eb, eo;
-  if ((r = bind(d, A, &ba, &ea, ctx, "A")) || (r = bind(d, B, &bb, &eb, ctx, "B")) ||
-      (r = bind(d, O, &bo, &eo, ctx, "the output")))
+  if ((r = bind(d, A, &ba, &ea, ctx, "contract's A")) ||
+      (r = bind(d, B, &bb, &eb, ctx, "contract's B")) ||
+      (r = bind(d, O, &bo, &eo, ctx, "contract's output")))
     return r;
   struct dspk__mem *ta = NULL, *tb = NULL, *tc = NULL, *tf = NULL, *ta2 = NULL, *tb2 = NULL;
   struct gdesc g;

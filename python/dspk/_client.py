@@ -3099,7 +3099,11 @@ class Client:
 
     @_public
     def devices(self, all: bool = False) -> List[Dict[str, Any]]:
-        """The daemon's devices (``{id, backend, name, type, memory, software, ...}``).
+        """The daemon's devices (``{id, backend, name, type, arch, driver, uuid, memory,
+        max_tensor_bytes, software, ops, kernel_langs}``, docs/protocol.md):
+        ``max_tensor_bytes`` is the largest operand or result a task on the device can
+        bind (a Vulkan device's maxStorageBufferRange; ``memory`` elsewhere): a larger
+        one is ``dspk.NotSupported``.
         With ``all=True``, backends without a usable device follow as
         ``{backend, reason}`` entries."""
         all = _flag("all", all)

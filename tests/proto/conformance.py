@@ -680,12 +680,15 @@ def devices(env):
     ids = []
     for d in r["devices"]:
         check(set(d) == {"id", "backend", "name", "type", "arch", "driver", "uuid", "memory",
-                         "software", "ops", "kernel_langs"}, "device keys %r" % list(d))
+                         "max_tensor_bytes", "software", "ops", "kernel_langs"},
+              "device keys %r" % list(d))
         for k in ("id", "backend", "name", "type", "arch", "driver", "uuid"):
             check(isinstance(d[k], str), "device %s not a str" % k)
         check(d["type"] in ("cpu", "discrete", "integrated", "virtual", "software"),
               "type %r" % d["type"])
         check(isinstance(d["memory"], int) and d["memory"] > 0, "memory")
+        check(isinstance(d["max_tensor_bytes"], int) and d["max_tensor_bytes"] > 0,
+              "max_tensor_bytes")
         check(isinstance(d["software"], bool), "software")
         for op, dts in d["ops"].items():
             check(op in ("gemm", "fft", "fir", "contract", "reduce", "map"), "op %r" % op)
@@ -2528,6 +2531,59 @@ def op_dtypes(env):
                 else:
                     check(dt not in table[op], "the table of ops says %s takes %s" % (op, dt))
                     expect(r, "EDTYPE", dt)
+    still_open(c)
+
+
+@case("task.run: a Vulkan tensor above the device's max_tensor_bytes is ENOTSUP naming it, "
+      "its size and the limit; a gemm that reads no A and B binds neither")
+def vulkan_max_tensor(env):
+    c = env.conn()
+    devs = c.ok("devices")["devices"]
+    for d in devs:
+        check(isinstance(d.get("max_tensor_bytes"), int) and d["max_tensor_bytes"] > 0,
+              "max_tensor_bytes of %r" % (d,))
+        if d["backend"] != "vulkan":
+            check(d["max_tensor_bytes"] == d["memory"], "%s: max_tensor_bytes %r, memory %r"
+                  % (d["id"], d["max_tensor_bytes"], d["memory"]))
+    vk = [d for d in devs if d["backend"] == "vulkan"]
+    if not vk:
+        return "no vulkan device"
+    dev, lim = vk[0]["id"], vk[0]["max_tensor_bytes"]
+    if lim > 1 << 30:
+        return "max_tensor_bytes of %s is %d: too large to test here" % (dev, lim)
+    n = lim // 4 + 1    # f32 elements: 4 bytes past the limit
+    buf = c.ok("buffer.create", {"device": dev, "size": 4 * n + 64})["buffer"]
+
+    def ref(shape, off=0):
+        return {"buffer": buf, "offset": off, "dtype": "f32", "shape": shape}
+    small = ref([1, 1])
+    want = ("%d bytes" % (4 * n), "maxStorageBufferRange", "%d bytes" % lim, "max_tensor_bytes")
+    expect(c.call("task.run", {"op": "map", "device": dev, "inputs": [ref([n])],
+                               "options": {"fn": "abs"}}), "ENOTSUP", "operand 0", *want)
+    expect(c.call("task.run", {"op": "reduce", "device": dev, "inputs": [ref([n])]}),
+           "ENOTSUP", "operand 0", *want)
+    expect(c.call("task.run", {"op": "gemm", "device": dev, "inputs": [small, ref([1, n])]}),
+           "ENOTSUP", "gemm's B", *want)
+    expect(c.call("task.run", {"op": "gemm", "device": dev, "inputs": [ref([n, 1]), small]}),
+           "ENOTSUP", "gemm's A", *want)
+    # one element below the limit binds (an aligned offset); K = 0, or alpha 0,
+    # reads neither A nor B: +0 everywhere, whatever their sizes
+    r = c.ok("task.run", {"op": "gemm", "device": dev, "inputs": [small, ref([1, n - 1])],
+                          "outputs": [{"buffer": buf}]})
+    check(r["outputs"][0]["shape"] == [1, n - 1], "gemm at the limit: %r" % r["outputs"][0])
+    r = c.ok("task.run", {"op": "gemm", "device": dev, "inputs": [ref([1, 0]), ref([0, n])],
+                          "outputs": [{"buffer": buf}]})
+    check(r["outputs"][0]["shape"] == [1, n], "gemm K = 0: %r" % r["outputs"][0])
+    data = c.ok("buffer.read", {"buffer": buf, "offset": 4 * (n - 4), "size": 16})["data"]
+    check(data == bytes(16), "gemm K = 0 wrote %r at its end" % data)
+    r = c.ok("task.run", {"op": "gemm", "device": dev, "inputs": [ref([n, 1]), ref([1, 1])],
+                          "options": {"alpha": 0.0}, "outputs": [{"buffer": buf}]})
+    check(r["outputs"][0]["shape"] == [n, 1], "gemm alpha 0: %r" % r["outputs"][0])
+    # K = 0 with C (beta*C: written by the kernel, a large output is ENOTSUP)
+    expect(c.call("task.run", {"op": "gemm", "device": dev, "inputs": [
+        ref([1, 0]), ref([0, n]), ref([1])], "options": {"beta": 2.0}}),
+        "ENOTSUP", "gemm's output", *want)
+    c.ok("buffer.free", {"buffer": buf})
     still_open(c)
 
 
