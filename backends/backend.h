@@ -35,6 +35,7 @@ struct dspk__devinfo {
   char driver[64];   /* driver version, "" when none */
   char uuid[40];     /* "" when unknown */
   uint64_t memory;   /* bytes of device memory (host memory for cpu) */
+  uint64_t max_tensor_bytes; /* the largest tensor a task can bind (0: memory) */
   int software;      /* 1 for a software rasteriser (lavapipe): "any" avoids it */
 };
 

@@ -273,6 +273,8 @@ static void dv_devices(const void *ud, struct dspk__wbuf *w) {
     v[DSPK__DEV_DRIVER] = dspk__pv_str(dev->info.driver);
     v[DSPK__DEV_UUID] = dspk__pv_str(dev->info.uuid);
     v[DSPK__DEV_MEMORY] = dspk__pv_uint(dev->info.memory);
+    v[DSPK__DEV_MAX_TENSOR_BYTES] = dspk__pv_uint(
+        dev->info.max_tensor_bytes ? dev->info.max_tensor_bytes : dev->info.memory);
     v[DSPK__DEV_SOFTWARE] = dspk__pv_bool(dev->info.software != 0);
     v[DSPK__DEV_OPS] = dspk__pv_pack(pack_ops, &dev->caps);
     /* kernel_langs: the languages of the raw kernels it runs ([]: none) */

@@ -97,6 +97,7 @@ const struct dspk__param dspk__device_f[DSPK__DEV_COUNT] = {
     [DSPK__DEV_DRIVER] = RES("driver", DSPK__T_STR),
     [DSPK__DEV_UUID] = RES("uuid", DSPK__T_STR),
     [DSPK__DEV_MEMORY] = RES("memory", DSPK__T_UINT),
+    [DSPK__DEV_MAX_TENSOR_BYTES] = RES("max_tensor_bytes", DSPK__T_UINT),
     [DSPK__DEV_SOFTWARE] = RES("software", DSPK__T_BOOL),
     [DSPK__DEV_OPS] = {"ops", DSPK__T_MAP, REQ, .max = UINT64_MAX, .keys = dev_op_keys,
                        .item = &dtypes_item},

@@ -269,7 +269,8 @@ enum { DSPK__LIM_MAX_MESSAGE, DSPK__LIM_MAX_DEPTH, DSPK__LIM_MAX_OBJECTS, DSPK__
        DSPK__LIM_COUNT };
 /* devices: each of devices[] and of unavailable[]. */
 enum { DSPK__DEV_ID, DSPK__DEV_BACKEND, DSPK__DEV_NAME, DSPK__DEV_TYPE, DSPK__DEV_ARCH,
-       DSPK__DEV_DRIVER, DSPK__DEV_UUID, DSPK__DEV_MEMORY, DSPK__DEV_SOFTWARE, DSPK__DEV_OPS,
+       DSPK__DEV_DRIVER, DSPK__DEV_UUID, DSPK__DEV_MEMORY, DSPK__DEV_MAX_TENSOR_BYTES,
+       DSPK__DEV_SOFTWARE, DSPK__DEV_OPS,
        DSPK__DEV_KERNEL_LANGS, DSPK__DEV_COUNT };
 enum { DSPK__UNAV_BACKEND, DSPK__UNAV_REASON, DSPK__UNAV_COUNT };
 /* status: daemon, each of clients[], other_clients, each of jobs[], each of

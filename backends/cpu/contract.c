@@ -10,24 +10,23 @@
  * in place, and a result already in the output's order is written straight
  * into the output, so "ik,kj->ij" is one plain BLAS call.
  *
- * Complex operands holding an infinity or a NaN go through a plain loop
- * instead of BLAS: OpenBLAS's cgemm/zgemm scale their sums by alpha = 1+0j
- * as a complex product, which turns an infinite sum such as inf+nanj into
- * nan+nanj, where numpy's einsum keeps the infinite part; and so does a
- * BLAS result of finite complex operands that holds an infinity or a NaN
- * (a product or a sum that overflowed: inf+2j came back inf+nanj).
- *
+ * BLAS's sums are made in the dtype, in its own order: a running sum may
+ * overflow where every product and the result are finite, or meet an
+ * infinity after it overflowed (f32 -2e38, -2e38, inf: NaN, where the
+ * products' rule gives inf), and OpenBLAS's cgemm/zgemm scale their sums by
+ * alpha = 1+0j as a complex product, which turns inf+2j into inf+nanj.
  * Summing the summed-only labels first (distributivity) is exact only in
- * real arithmetic: a partial sum may overflow where every product and the
- * result are finite (f32 [[3e38, 3e38]] summed is inf; times 0.25 it should
- * be 3e38), and an infinity met by values of both signs in the other
- * operand gives inf - inf = NaN in numpy's sum of products, but
- * inf * (their sum) after the pre-sum.  So when an operand, after its
- * pre-sum, holds an infinity or a NaN (either cause), the contraction is
- * made again without pre-sums: each operand permuted with its summed-only
- * labels as the innermost axes, and a plain loop adding every product as
- * numpy does (sum_products).  Finite data whose pre-sums stay finite (the
- * common case) keeps the pre-sum and BLAS.
+ * real arithmetic: a partial sum may overflow (f32 [[3e38, 3e38]] summed is
+ * inf; times 0.25 it should be 3e38), and an infinity met by values of both
+ * signs in the other operand gives inf - inf = NaN in the sum of products,
+ * but inf * (their sum) after the pre-sum.  So when an operand, after its
+ * pre-sums, holds an infinity or a NaN (either cause), or the BLAS result
+ * does, the contraction is made again without pre-sums: each operand
+ * permuted with its summed-only labels as the innermost axes, and
+ * sum_products adding the finite products in long double apart from the
+ * infinite and NaN ones, which decide the result by the kinds of products
+ * there are, whatever their order.  Finite data whose pre-sums and result
+ * stay finite (the common case) keeps the pre-sum and BLAS.
  */
 #include <float.h>
 #include <math.h>
@@ -126,52 +125,6 @@ static int any_nonfinite(const char *p, int dbl, int64_t n) {
   return 0;
 }
 
-/* The batched complex product C = A @ B (batch x M x K by batch x K x N,
- * contiguous) as numpy's einsum computes it: each term the plain complex
- * product (ar*br - ai*bi, ar*bi + ai*br) in the dtype, summed in K order,
- * with no further scaling.  0, or DSPK_ECANCELED. */
-static int plain_cgemm(int dbl, int64_t nb, int64_t M, int64_t N, int64_t K,
-                       const char *A, const char *B, char *C,
-                       const struct dspk__opctx *ctx) {
-  int64_t since = 0;
-  for (int64_t b = 0; b < nb; b++)
-    for (int64_t i = 0; i < M; i++) {
-      if ((since += N * K) >= GATHER_CHECK) {
-        since = 0;
-        if (dspk__cpu_canceled(ctx))
-          return DSPK_ECANCELED;
-      }
-      for (int64_t j = 0; j < N; j++) {
-        int64_t ia = 2 * (b * M + i) * K, ib = 2 * (b * K * N + j), ic = 2 * ((b * M + i) * N + j);
-        if (dbl) {
-          const double *a = (const double *)A + ia, *x = (const double *)B + ib;
-          double re = 0, im = 0;
-          for (int64_t k = 0; k < K; k++, a += 2, x += 2 * N) {
-            re += a[0] * x[0] - a[1] * x[1];
-            im += a[0] * x[1] + a[1] * x[0];
-          }
-          ((double *)C)[ic] = re;
-          ((double *)C)[ic + 1] = im;
-        } else {
-          const float *a = (const float *)A + ia, *x = (const float *)B + ib;
-          float re = 0, im = 0;
-          for (int64_t k = 0; k < K; k++, a += 2, x += 2 * N) {
-            re += a[0] * x[0] - a[1] * x[1];
-            im += a[0] * x[1] + a[1] * x[0];
-          }
-          ((float *)C)[ic] = re;
-          ((float *)C)[ic + 1] = im;
-        }
-      }
-    }
-  return 0;
-}
-
-/* C = the plain sums of products, as numpy's einsum: C[b,m,n] (batch x M x
- * N, contiguous) = sum over k, s, t of A[b,m,k,s] * B[b,k,t,n] (A batch x M
- * x K x S, B batch x K x T x N, contiguous), each product (complex: ar*br -
- * ai*bi, ar*bi + ai*br) and the running sum in the dtype.  0, or
- * DSPK_ECANCELED. */
 /* The kinds of value a group of summed-only values holds (one bit each). */
 enum { K_NAN = 1, K_PINF = 2, K_NINF = 4, K_ZERO = 8, K_PFIN = 16, K_NFIN = 32 };
 
@@ -209,20 +162,45 @@ static bool check_cancel(struct watch *w, int64_t steps, const struct dspk__opct
   return dspk__cpu_canceled(ctx);
 }
 
-/* Real dtypes: C[b,m,n] = the sum over k, s, t of A[b,m,k,s] * B[b,k,t,n]
- * (both contiguous), in K * (S + T) steps per output instead of K * S * T:
- * sum_{s,t} a_s b_t is (sum a_s)(sum b_t) but for what IEEE adds, which the
- * kinds of values in each group decide (an infinity times a zero, infinite
- * products of both signs: NaN; else an infinite product gives its sign).
- * With none of those every value is finite, and the sums, their products
- * and the sum over k are made in long double, whose range holds them
- * (|values| < 2^1024, at most 2^63 of them, squared: far below 2^16384),
- * rounded once to the dtype (an infinity when the value is past its
- * range, as the exact sum would be). */
-static int sum_products_real(int dbl, int64_t nb, int64_t M, int64_t N, int64_t K, int64_t S,
-                             int64_t T, const char *A, const char *B, char *C,
-                             struct dspk__opctx *ctx) {
-  int64_t na = nb * M * K, nbk = nb * K * N;
+/* What the products of a group of kinds x by one of kinds y, negated when
+ * neg, add to an output part's flags: an infinity times a zero or a NaN is
+ * NaN, an infinity times a value of a sign gives an infinity of the
+ * product's sign (K_NAN, K_PINF, K_NINF; 0 when every product is finite). */
+static unsigned pair_kinds(unsigned x, unsigned y, int neg) {
+  unsigned xinf = x & (K_PINF | K_NINF), yinf = y & (K_PINF | K_NINF), r = 0;
+  if (!xinf && !yinf && !((x | y) & K_NAN))
+    return 0;
+  if ((x & K_NAN) || (y & K_NAN) || (xinf && (y & K_ZERO)) || (yinf && (x & K_ZERO)))
+    r |= K_NAN;
+  if (((x & K_PINF) && (y & (K_PFIN | K_PINF))) || ((x & K_NINF) && (y & (K_NFIN | K_NINF))) ||
+      ((y & K_PINF) && (x & K_PFIN)) || ((y & K_NINF) && (x & K_NFIN)))
+    r |= neg ? K_NINF : K_PINF;
+  if (((x & K_PINF) && (y & (K_NFIN | K_NINF))) || ((x & K_NINF) && (y & (K_PFIN | K_PINF))) ||
+      ((y & K_PINF) && (x & K_NFIN)) || ((y & K_NINF) && (x & K_PFIN)))
+    r |= neg ? K_PINF : K_NINF;
+  return r;
+}
+
+/* C[b,m,n] = the sum over k, s, t of A[b,m,k,s] * B[b,k,t,n] (batch x M x
+ * K x S and batch x K x T x N, contiguous; C batch x M x N), in K * (S + T)
+ * steps per output instead of K * S * T: sum_{s,t} a_s b_t is (sum a_s)(sum
+ * b_t) but for what IEEE adds, which the kinds of values in each group
+ * decide (an infinity times a zero, or a NaN: NaN; infinite products of
+ * both signs: NaN; else an infinite product gives its sign).  A complex
+ * product is its four real ones (re: ar*br and -(ai*bi); im: ar*bi and
+ * ai*br), each part of C a real sum of them, so (inf+0j)(2+0j) adds inf to
+ * the real part and NaN (inf*0) to the imaginary one, as numpy's product.
+ * The finite values are summed apart from the flags, whatever their order:
+ * the groups' sums, their products and the sum over k in long double, whose
+ * range holds them (|values| < 2^1024, at most 2^63 of them, squared: far
+ * below 2^16384), rounded once to the dtype at the end (an infinity when
+ * the sum is past its range).  S = T = 1 adds the products one by one. */
+static int sum_products(dspk_dtype dt, int64_t nb, int64_t M, int64_t N, int64_t K, int64_t S,
+                        int64_t T, const char *A, const char *B, char *C,
+                        struct dspk__opctx *ctx) {
+  int dbl = dt == DSPK_F64 || dt == DSPK_C128;
+  int W = dspk__dtype_is_complex(dt) ? 2 : 1;
+  int64_t na = nb * M * K * W, nbk = nb * K * N * W;
   struct watch since;
   watch_init(&since);
   long double *sa = malloc((size_t)(na + nbk) * sizeof *sa);
@@ -237,31 +215,35 @@ static int sum_products_real(int dbl, int64_t nb, int64_t M, int64_t N, int64_t 
   long double *sb = sa + na;
   unsigned char *kb = ka + na;
 #define AT(P, i) (dbl ? ((const double *)(P))[i] : (double)((const float *)(P))[i])
-  for (int64_t r = 0; r < na; r++) {
-    long double acc = 0;
-    unsigned k = 0;
-    for (int64_t x = 0; x < S; x++) {
-      double v = AT(A, r * S + x);
-      k |= kind_of(v);
-      acc += v;
+  /* A's groups: (b, m, k) part w sums its S values, W apart. */
+  for (int64_t r = 0; r < nb * M * K; r++) {
+    for (int w = 0; w < W; w++) {
+      long double acc = 0;
+      unsigned k = 0;
+      for (int64_t x = 0; x < S; x++) {
+        double v = AT(A, (r * S + x) * W + w);
+        k |= kind_of(v);
+        acc += v;
+      }
+      sa[r * W + w] = acc;
+      ka[r * W + w] = (unsigned char)k;
     }
-    sa[r] = acc;
-    ka[r] = (unsigned char)k;
-    if (check_cancel(&since, S, ctx))
+    if (check_cancel(&since, S * W, ctx))
       goto canceled;
   }
+  /* B's groups: (b, k, n) part w sums its T values, N * W apart. */
   for (int64_t bk = 0; bk < nb * K; bk++) {
-    long double *row = sb + bk * N;
-    unsigned char *krow = kb + bk * N;
-    for (int64_t n = 0; n < N; n++)
+    long double *row = sb + bk * N * W;
+    unsigned char *krow = kb + bk * N * W;
+    for (int64_t n = 0; n < N * W; n++)
       row[n] = 0;
     for (int64_t t = 0; t < T; t++) {
-      for (int64_t n = 0; n < N; n++) {
-        double v = AT(B, (bk * T + t) * N + n);
+      for (int64_t n = 0; n < N * W; n++) {
+        double v = AT(B, (bk * T + t) * N * W + n);
         krow[n] |= (unsigned char)kind_of(v);
         row[n] += v;
       }
-      if (check_cancel(&since, N, ctx))
+      if (check_cancel(&since, N * W, ctx))
         goto canceled;
     }
   }
@@ -269,30 +251,40 @@ static int sum_products_real(int dbl, int64_t nb, int64_t M, int64_t N, int64_t 
   for (int64_t b = 0; b < nb; b++)
     for (int64_t i = 0; i < M; i++) {
       for (int64_t j = 0; j < N; j++) {
-        long double acc = 0;
-        bool nan = false, pinf = false, ninf = false;
-        for (int64_t k = 0; k < K; k++) {
-          unsigned x = ka[(b * M + i) * K + k], y = kb[(b * K + k) * N + j];
-          bool xinf = x & (K_PINF | K_NINF), yinf = y & (K_PINF | K_NINF);
-          nan |= (x & K_NAN) || (y & K_NAN) || (xinf && (y & K_ZERO)) ||
-                 (yinf && (x & K_ZERO));
-          pinf |= ((x & K_PINF) && (y & (K_PFIN | K_PINF))) ||
-                  ((x & K_NINF) && (y & (K_NFIN | K_NINF))) ||
-                  ((y & K_PINF) && (x & K_PFIN)) || ((y & K_NINF) && (x & K_NFIN));
-          ninf |= ((x & K_PINF) && (y & (K_NFIN | K_NINF))) ||
-                  ((x & K_NINF) && (y & (K_PFIN | K_PINF))) ||
-                  ((y & K_PINF) && (x & K_NFIN)) || ((y & K_NINF) && (x & K_PFIN));
-          acc += sa[(b * M + i) * K + k] * sb[(b * K + k) * N + j];
-        }
-        double v = nan || (pinf && ninf) ? NAN : pinf ? INFINITY : ninf ? -INFINITY
-                                                                         : (double)acc;
         int64_t ic = (b * M + i) * N + j;
-        if (dbl)
-          ((double *)C)[ic] = v;
-        else
-          ((float *)C)[ic] = nan || pinf || ninf ? (float)v : (float)acc;
+        for (int w = 0; w < W; w++) {
+          /* Part w of the output: the pairs of parts (x of A, y of B,
+           * negated) whose products it adds. */
+          static const int pairs[3][2][3] = {{{0, 0, 0}, {0, 0, 0}},
+                                             {{0, 0, 0}, {1, 1, 1}},
+                                             {{0, 1, 0}, {1, 0, 0}}};
+          const int(*pr)[3] = W == 1 ? pairs[0] : pairs[1 + w];
+          long double acc = 0;
+          unsigned f = 0;
+          for (int64_t k = 0; k < K; k++) {
+            int64_t ia = ((b * M + i) * K + k) * W, ib = ((b * K + k) * N + j) * W;
+            for (int q = 0; q < W; q++) {
+              unsigned x = ka[ia + pr[q][0]], y = kb[ib + pr[q][1]];
+              unsigned pf = pair_kinds(x, y, pr[q][2]);
+              if (pf)
+                f |= pf;
+              else if (pr[q][2])
+                acc -= sa[ia + pr[q][0]] * sb[ib + pr[q][1]];
+              else
+                acc += sa[ia + pr[q][0]] * sb[ib + pr[q][1]];
+            }
+          }
+          double v = (f & K_NAN) || (f & (K_PINF | K_NINF)) == (K_PINF | K_NINF) ? NAN
+                     : f & K_PINF                                               ? INFINITY
+                     : f & K_NINF                                               ? -INFINITY
+                                                                                : 0;
+          if (dbl)
+            ((double *)C)[ic * W + w] = f ? v : (double)acc;
+          else
+            ((float *)C)[ic * W + w] = f ? (float)v : (float)acc;
+        }
       }
-      if (check_cancel(&since, N * K, ctx))
+      if (check_cancel(&since, N * K * W * W, ctx))
         goto canceled;
     }
   goto out;
@@ -302,50 +294,6 @@ out:
   free(sa);
   free(ka);
   return rc;
-}
-
-/* Complex dtypes: every product added as numpy's einsum does, K * S * T
- * steps per output, a cancel seen within about GATHER_CHECK of them. */
-static int sum_products(dspk_dtype dt, int64_t nb, int64_t M, int64_t N, int64_t K, int64_t S,
-                        int64_t T, const char *A, const char *B, char *C,
-                        struct dspk__opctx *ctx) {
-  int dbl = dt == DSPK_F64 || dt == DSPK_C128;
-  struct watch since;
-  watch_init(&since);
-  if (!dspk__dtype_is_complex(dt))
-    return sum_products_real(dbl, nb, M, N, K, S, T, A, B, C, ctx);
-  for (int64_t b = 0; b < nb; b++)
-    for (int64_t i = 0; i < M; i++)
-      for (int64_t j = 0; j < N; j++) {
-        double dre = 0, dim = 0;
-        float fre = 0, fim = 0;
-        int64_t ic = (b * M + i) * N + j;
-        for (int64_t k = 0; k < K; k++)
-          for (int64_t s = 0; s < S; s++) {
-            if (check_cancel(&since, T, ctx))
-              return DSPK_ECANCELED;
-            for (int64_t t = 0; t < T; t++) {
-              int64_t ia = ((b * M + i) * K + k) * S + s, ib = ((b * K + k) * T + t) * N + j;
-              if (dbl) {
-                const double *a = (const double *)A + 2 * ia, *x = (const double *)B + 2 * ib;
-                dre += a[0] * x[0] - a[1] * x[1];
-                dim += a[0] * x[1] + a[1] * x[0];
-              } else {
-                const float *a = (const float *)A + 2 * ia, *x = (const float *)B + 2 * ib;
-                fre += a[0] * x[0] - a[1] * x[1];
-                fim += a[0] * x[1] + a[1] * x[0];
-              }
-            }
-          }
-        if (dbl) {
-          ((double *)C)[2 * ic] = dre;
-          ((double *)C)[2 * ic + 1] = dim;
-        } else {
-          ((float *)C)[2 * ic] = fre;
-          ((float *)C)[2 * ic + 1] = fim;
-        }
-      }
-  return 0;
 }
 
 static int has(const char *s, char c) { return c && strchr(s, c) != NULL; }
@@ -478,15 +426,14 @@ int dspk__cpu_contract(struct dspk__dev *dev, struct dspk__op *op,
     pc = tc;
   }
   int dbl = dt == DSPK_C128 || dt == DSPK_F64;
-  int nonfinite = (dspk__dtype_is_complex(dt) || nsa || nsb) &&
-                  (any_nonfinite(pa, dbl, W * nb * M * K) ||
-                   any_nonfinite(pb, dbl, W * nb * K * N));
+  /* An operand (after its pre-sums) holding an infinity or a NaN, or a
+   * BLAS result holding one (an operand's, or a product or a running sum
+   * that overflowed): made again by sum_products (see the top). */
+  int nonfinite = any_nonfinite(pa, dbl, W * nb * M * K) ||
+                  any_nonfinite(pb, dbl, W * nb * K * N);
   if (!nonfinite) {
     rc = dspk__cpu_gemm_batched(dev, dt, nb, M, N, K, pa, pb, pc, ctx);
-    /* Finite complex operands whose products or sums overflow: the BLAS's
-     * scaling by 1+0j makes the other part of an infinite one NaN (inf+2j
-     * becomes inf+nanj), so such a result is made again as numpy's. */
-    if (rc == 0 && dspk__dtype_is_complex(dt) && any_nonfinite(pc, dbl, W * nb * M * N))
+    if (rc == 0 && any_nonfinite(pc, dbl, W * nb * M * N))
       nonfinite = 1;
   }
   if (nonfinite && (nsa || nsb)) {
@@ -519,7 +466,7 @@ int dspk__cpu_contract(struct dspk__dev *dev, struct dspk__op *op,
     }
     rc = sum_products(dt, nb, M, N, K, S, T, pa, pb, pc, ctx);
   } else if (nonfinite)
-    rc = plain_cgemm(dt == DSPK_C128, nb, M, N, K, pa, pb, pc, ctx);
+    rc = sum_products(dt, nb, M, N, K, 1, 1, pa, pb, pc, ctx);
   if (rc == 0 && !direct_out) {
     /* Permute (batch, free-A, free-B) into the output's order. */
     int64_t osize[128];

@@ -449,9 +449,17 @@ struct dspk__vk_bind {
 /* Binds a tensor: the buffer range starting at an offset aligned down to
  * the device's storage-buffer alignment; *elem gets the tensor's first
  * element index within that range.  DSPK_ENOTSUP when the tensor's offset
- * is not a multiple of its element size. */
+ * is not a multiple of its element size, or when that range is larger than
+ * maxStorageBufferRange (the devices answer's max_tensor_bytes): what the
+ * device cannot do (protocol.md). */
 int dspk__vk_bind_tensor(struct dspk__dev *d, const struct dspk__tensor *t,
                          struct dspk__vk_bind *b, uint32_t *elem);
+/* dspk__vk_bind_tensor, or the task's ENOTSUP with a message that names
+ * the tensor (what: "operand 0", "gemm's B"), which of the two it is, and
+ * the sizes: its bytes and the limit, or its offset and element size. */
+int dspk__vk_bind_named(struct dspk__dev *d, const struct dspk__tensor *t,
+                        struct dspk__vk_bind *b, uint32_t *elem, struct dspk__opctx *ctx,
+                        const char *what);
 /* maxComputeWorkGroupCount[axis]: the most workgroups one dispatch may
  * have on that axis.  Ops whose work would need more split it over several
  * dispatches (or a 2-D grid).  A test build lowers it to the value of

@@ -225,6 +225,8 @@ static int vk_probe(struct dspk__devinfo *info, int max, char *why, size_t whyle
     for (uint32_t h = 0; h < mp.memoryHeapCount; h++)
       if (mp.memoryHeaps[h].flags & VK_MEMORY_HEAP_DEVICE_LOCAL_BIT)
         o->memory += mp.memoryHeaps[h].size;
+    /* Every operand and result of a task is one storage-buffer binding. */
+    o->max_tensor_bytes = p.limits.maxStorageBufferRange;
   }
   return g_ndev;
 }

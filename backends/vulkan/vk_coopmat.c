@@ -1280,18 +1280,15 @@ int dspk__vk_coopmat_gemm(struct dspk__dev *d, struct dspk__op *op, struct dspk_
   if (plan(d, op, &p) != 1)
     return dspk__vk_fail(ctx, DSPK_EINTERNAL, "gemm: not a cooperative-matrix gemm");
   const struct dspk__tensor *C = op->nin == 3 ? &op->in[2] : NULL;
-  static const char *names[4] = {"A", "B", "C", "the output"};
+  static const char *names[4] = {"gemm's A", "gemm's B", "gemm's C", "gemm's output"};
   const struct dspk__tensor *t[4] = {&op->in[0], &op->in[1], C, &op->out[0]};
   uint32_t *elem[4] = {&p.pc.oa, &p.pc.ob, &p.pc.oc, &p.pc.oo};
   for (int i = 0; i < 4; i++) {
     if (!t[i])
       continue;
-    int r = dspk__vk_bind_tensor(d, t[i], &p.bind[i], elem[i]);
+    int r = dspk__vk_bind_named(d, t[i], &p.bind[i], elem[i], ctx, names[i]);
     if (r)
-      return dspk__vk_fail(ctx, r,
-                           "vulkan: %s cannot be bound (offset not a multiple of its "
-                           "element size, or larger than maxStorageBufferRange)",
-                           names[i]);
+      return r;
   }
   if (!C)
     p.bind[2] = p.bind[3];

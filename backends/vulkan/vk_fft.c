@@ -563,7 +563,8 @@ static int rfft_odd(struct dspk__dev *d, const struct dspk__tensor *X,
   struct dspk__vk_bind bx, bo, bt = {t->buf, t->off, t->size};
   uint32_t ex, eo;
   struct fplan *p = NULL;
-  if ((r = dspk__vk_bind_tensor(d, X, &bx, &ex)) || (r = dspk__vk_bind_tensor(d, O, &bo, &eo)))
+  if ((r = dspk__vk_bind_named(d, X, &bx, &ex, ctx, "fft's X")) ||
+      (r = dspk__vk_bind_named(d, O, &bo, &eo, ctx, "fft's output")))
     goto out;
   if ((r = fft_copy(d, dbl, 0, &bx, ex, &bt, 0, (uint32_t)(n * batch), 0, 0, ctx)))
     goto out;
@@ -1125,8 +1126,9 @@ static int bind_io(struct dspk__dev *d, const struct dspk__tensor *X, const stru
                    struct dspk__vk_bind *bx, uint32_t *ex, struct dspk__vk_bind *bo,
                    uint32_t *eo, struct dspk__opctx *ctx) {
   int r;
-  if ((r = dspk__vk_bind_tensor(d, X, bx, ex)) || (r = dspk__vk_bind_tensor(d, O, bo, eo)))
-    return dspk__vk_fail(ctx, r, "fft: operands cannot be bound");
+  if ((r = dspk__vk_bind_named(d, X, bx, ex, ctx, "fft's X")) ||
+      (r = dspk__vk_bind_named(d, O, bo, eo, ctx, "fft's output")))
+    return r;
   return 0;
 }
 const int dspk__vk_fft_built = 1;

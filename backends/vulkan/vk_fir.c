@@ -373,15 +373,17 @@ static int fir_ols(struct dspk__dev *d, struct dspk__op *op, int m, struct dspk_
   /* nc rows of blocks, and one more for the fused path's filter */
   size_t bbytes = (size_t)((g.nc + 1) * g.L) * cs, hbytes = (size_t)g.L * cs;
   if (bbytes > d->props.limits.maxStorageBufferRange)
-    return dspk__vk_fail(ctx, DSPK_ELIMIT,
-                         "fir: %zu bytes of blocks exceed the device's maxStorageBufferRange",
-                         bbytes);
+    return dspk__vk_fail(ctx, DSPK_ENOTSUP,
+                         "fir: %zu bytes of blocks exceed the device's maxStorageBufferRange "
+                         "(%llu bytes)",
+                         bbytes, (unsigned long long)d->props.limits.maxStorageBufferRange);
   for (int i = 0; i < 4; i++)
     if ((r = fir_kernel(d, dt, i, &kk[i], ctx)))
       return r;
-  if ((r = dspk__vk_bind_tensor(d, X, &bx, &ex)) || (r = dspk__vk_bind_tensor(d, H, &bh, &eh)) ||
-      (r = dspk__vk_bind_tensor(d, Y, &by, &ey)))
-    return dspk__vk_fail(ctx, r, "fir: operands cannot be bound");
+  if ((r = dspk__vk_bind_named(d, X, &bx, &ex, ctx, "fir's X")) ||
+      (r = dspk__vk_bind_named(d, H, &bh, &eh, ctx, "fir's H")) ||
+      (r = dspk__vk_bind_named(d, Y, &by, &ey, ctx, "fir's output")))
+    return r;
   if ((r = get_ws(d, hbytes, bbytes, &w)))
     return dspk__vk_fail(ctx, r, "fir: no device memory for %lld blocks of %lld samples",
                          (long long)g.nc, (long long)g.L);

@@ -897,16 +897,25 @@ void dspk__vk_gemm_force(int i) { forced = i < NTILES ? i : -1; }
  * (static storage), or NULL when it launched none. */
 const char *dspk__vk_gemm_last(void) { return last_name; }
 
+/* Records a fill of O with zero bytes. */
+static int fill_zero(struct dspk__dev *d, const struct dspk__tensor *O) {
+  VkCommandBuffer cb;
+  int r = dspk__vk_cmd(d, &cb);
+  if (r)
+    return r;
+  size_t nbytes = dspk__tensor_nbytes(O);
+  if (nbytes && (O->mem->off + O->offset) % 4 == 0 &&
+      O->offset + ((nbytes + 3) & ~(size_t)3) <= O->mem->size)
+    VK(CmdFillBuffer)(cb, O->mem->buf, O->mem->off + O->offset, (nbytes + 3) & ~(size_t)3, 0);
+  dspk__vk_barrier(d);
+  return 0;
+}
+
 /* ---- gemm op -------------------------------------------------------------- */
 
 static int bind(struct dspk__dev *d, const struct dspk__tensor *t, struct dspk__vk_bind *b,
                 uint32_t *elem, struct dspk__opctx *ctx, const char *name) {
-  int r = dspk__vk_bind_tensor(d, t, b, elem);
-  if (r)
-    return dspk__vk_fail(ctx, r, "vulkan: %s cannot be bound (offset not a multiple of "
-                                 "its element size, or larger than maxStorageBufferRange)",
-                         name);
-  return 0;
+  return dspk__vk_bind_named(d, t, b, elem, ctx, name);
 }
 
 /* Batch strides of X (rank rx, batch dims right-aligned against the
@@ -975,15 +984,22 @@ int dspk__vk_gemm(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *
   if (dspk__tensor_numel(A) > UINT32_MAX / 2 || dspk__tensor_numel(B) > UINT32_MAX / 2 ||
       dspk__tensor_numel(O) > UINT32_MAX / 2)
     return dspk__vk_fail(ctx, DSPK_ELIMIT, "gemm: operands above 2^31 elements");
+  /* Reading neither A nor B, nor C (beta 0 or none): +0 everywhere, a fill
+   * that binds nothing, so it works for an output of any size. */
+  if (no_ab && (!C || beta == 0))
+    return fill_zero(d, O);
   int r;
-  if ((r = bind(d, A, &g.bind[0], &g.oa, ctx, "A")) ||
-      (r = bind(d, B, &g.bind[1], &g.ob, ctx, "B")) ||
-      (r = bind(d, O, &g.bind[3], &g.oo, ctx, "the output")))
+  if (!no_ab && ((r = bind(d, A, &g.bind[0], &g.oa, ctx, "gemm's A")) ||
+                 (r = bind(d, B, &g.bind[1], &g.ob, ctx, "gemm's B"))))
     return r;
-  if (C) {
-    if ((r = bind(d, C, &g.bind[2], &g.oc, ctx, "C")))
+  if ((r = bind(d, O, &g.bind[3], &g.oo, ctx, "gemm's output")))
+    return r;
+  if (no_ab) /* not read (K = 0 in the kernel): no binding of their own */
+    g.bind[0] = g.bind[1] = g.bind[3];
+  if (C && beta != 0) { /* beta 0 reads no C: no binding either */
+    if ((r = bind(d, C, &g.bind[2], &g.oc, ctx, "gemm's C")))
       return r;
-    g.has_c = beta != 0; /* beta 0 reads no C */
+    g.has_c = 1;
   } else {
     g.bind[2] = g.bind[3];
   }
@@ -1372,21 +1388,6 @@ static int scan_nonfinite(struct dspk__dev *d, dspk_dtype dt, const struct dspk_
   return dspk__vk_dispatch(d, k, b, 2, &pc, sizeof pc, gx, gy, 1);
 }
 
-/* The sums of products kernel's push constants: the slice starts at
- * (k0, s0, t0) and takes rn steps. */
-struct sumprod_pc {
-  uint32_t nout, M, N, K, S, T, k0, s0, t0, rn, gx, first;
-};
-
-static void sumprod_slice(struct sumprod_pc *pc, uint64_t r0, uint64_t rn) {
-  uint64_t st = (uint64_t)pc->S * pc->T;
-  pc->k0 = (uint32_t)(r0 / st);
-  pc->s0 = (uint32_t)(r0 / pc->T % pc->S);
-  pc->t0 = (uint32_t)(r0 % pc->T);
-  pc->rn = (uint32_t)rn;
-  pc->first = r0 == 0;
-}
-
 /* The linear sums of products for real dtypes (the cpu's contract.c
  * sum_products says how): a group's (or a running total's) finite part as
  * m * 2^e, m in [0.5, 1) or 0, so that no partial sum overflows before the
@@ -1471,10 +1472,12 @@ static int lin_products(struct dspk__dev *d, dspk_dtype dt, const struct dspk__v
                         const struct dspk__vk_bind *gb, const struct dspk__vk_bind *acc,
                         const struct dspk__vk_bind *c, uint32_t oc, const struct cplan *p,
                         struct dspk__opctx *ctx) {
-  int dbl = dt == DSPK_F64;
+  int dbl = dt == DSPK_F64 || dt == DSPK_C128;
+  unsigned W = dspk__dtype_is_complex(dt) ? 2 : 1;
   char src[6144];
   snprintf(src, sizeof src,
            LIN_HEAD
+           "#define W %uu\n"
            "layout(std430, binding = 0) readonly buffer BA { G ga[]; };\n"
            "layout(std430, binding = 1) readonly buffer BB { G gb[]; };\n"
            "layout(std430, binding = 2) buffer BC { G acc[]; };\n"
@@ -1493,33 +1496,44 @@ static int lin_products(struct dspk__dev *d, dspk_dtype dt, const struct dspk__v
            "      ((fb & 2u) != 0u && an != 0u) || ((fb & 4u) != 0u && ap != 0u)) r |= 4u;\n"
            "  return r;\n"
            "}\n"
+           /* Part w of output oi (W parts, 2 for a complex dtype): the
+            * products of the pairs of parts of A's group and B's (real:
+            * a*b; re: ar*br - ai*bi; im: ar*bi + ai*br), a negated one's
+            * infinities of the other sign. */
+           "uint negf(uint f) { return (f & 1u) | ((f & 2u) << 1) | ((f & 4u) >> 1); }\n"
            "void main() {\n"
-           "  uint oi = (gl_WorkGroupID.y * pc.gx + gl_WorkGroupID.x) * %du +\n"
+           "  uint id = (gl_WorkGroupID.y * pc.gx + gl_WorkGroupID.x) * %du +\n"
            "            gl_LocalInvocationID.x;\n"
-           "  if (oi >= pc.nout) return;\n"
+           "  if (id >= pc.nout * W) return;\n"
+           "  uint oi = id / W, w = id %% W;\n"
            "  uint n = oi %% pc.N, bm = oi / pc.N, bi = bm / pc.M;\n"
            "  T_ m = T_(0); int e = 0; uint f = 0u;\n"
-           "  if (pc.first == 0u) { m = acc[oi].m; e = acc[oi].e; f = acc[oi].f; }\n"
+           "  if (pc.first == 0u) { m = acc[id].m; e = acc[id].e; f = acc[id].f; }\n"
            "  T_ sm = T_(0), cm = T_(0); int se = 0, ce = 0;\n"
            "  for (uint i = 0u; i < pc.rn; i++) {\n"
-           "    uint k = pc.k0 + i;\n"
-           "    G a = ga[bm * pc.K + k], b = gb[(bi * pc.K + k) * pc.N + n];\n"
-           "    uint pf = pairf(a.f, b.f);\n"
-           "    if (pf != 0u) f |= pf; else addm(cm, ce, a.m * b.m, a.e + b.e);\n"
+           "    uint k = pc.k0 + i, ia = (bm * pc.K + k) * W, ib = ((bi * pc.K + k) * pc.N + n) * W;\n"
+           "    for (uint q = 0u; q < W; q++) {\n"
+           "      uint xa = W == 1u ? 0u : q, xb = W == 1u ? 0u : (w == 0u ? q : 1u - q);\n"
+           "      bool neg = W == 2u && w == 0u && q == 1u;\n"
+           "      G a = ga[ia + xa], b = gb[ib + xb];\n"
+           "      uint pf = pairf(a.f, b.f);\n"
+           "      if (pf != 0u) f |= neg ? negf(pf) : pf;\n"
+           "      else addm(cm, ce, neg ? -(a.m * b.m) : a.m * b.m, a.e + b.e);\n"
+           "    }\n"
            "    if ((i & 63u) == 63u) { addm(sm, se, cm, ce); cm = T_(0); ce = 0; }\n"
            "  }\n"
            "  addm(sm, se, cm, ce);\n"
            "  addm(m, e, sm, se);\n"
-           "  if (pc.last == 0u) { acc[oi].m = m; acc[oi].e = e; acc[oi].f = f; return; }\n"
+           "  if (pc.last == 0u) { acc[id].m = m; acc[id].e = e; acc[id].f = f; return; }\n"
            "  T_ r;\n"
            "  if ((f & 1u) != 0u || (f & 6u) == 6u) r = %s;\n"
            "  else if (f != 0u) r = (f & 2u) != 0u ? %s : -%s;\n"
            "  else if (m == T_(0) || e < %d) r = T_(0);\n"
            "  else if (e > %d) r = m > T_(0) ? %s : -%s;\n"
            "  else r = ldexp(m, e);\n"
-           "  o[pc.oc + oi] = r;\n"
+           "  o[(pc.oc + oi) * W + w] = r;\n"
            "}\n",
-           DSPK__VK_WG, dbl ? "double" : "float", dbl ? -60 : -30, DSPK__VK_WG,
+           DSPK__VK_WG, dbl ? "double" : "float", dbl ? -60 : -30, W, DSPK__VK_WG,
            dbl ? "packDouble2x32(uvec2(0u, 0x7ff80000u))" : "uintBitsToFloat(0x7fc00000u)",
            dbl ? "packDouble2x32(uvec2(0u, 0x7ff00000u))" : "uintBitsToFloat(0x7f800000u)",
            dbl ? "packDouble2x32(uvec2(0u, 0x7ff00000u))" : "uintBitsToFloat(0x7f800000u)",
@@ -1532,7 +1546,8 @@ static int lin_products(struct dspk__dev *d, dspk_dtype dt, const struct dspk__v
   } pc = {(uint32_t)nout, (uint32_t)p->M, (uint32_t)p->N, (uint32_t)K, 0, 0, 0, 1, 0, oc};
   struct dspk__vk_kernel *k;
   uint32_t gx, gy;
-  int r = contract_kernel(d, "contract_linprod", src, 4, sizeof pc, nout, &k, &gx, &gy, ctx);
+  int r = contract_kernel(d, "contract_linprod", src, 4, sizeof pc, nout * W, &k, &gx, &gy,
+                          ctx);
   if (r)
     return r;
   pc.gx = gx;
@@ -1548,14 +1563,21 @@ static int lin_products(struct dspk__dev *d, dspk_dtype dt, const struct dspk__v
   return 0;
 }
 
-/* sum_products for f32 and f64: K * (S + T) work per output. */
+/* C[b,m,n] (batch x M x N, contiguous) = the sum over k, s, t of
+ * A[b,m,k,s] * B[b,k,t,n] (both contiguous, from element 0), every dtype:
+ * the cpu's contract.c sum_products says how (a complex product as its four
+ * real ones, the finite ones summed apart from the infinite and NaN ones),
+ * K * (S + T) work per output. */
 static int lin_sum_products(struct dspk__dev *d, dspk_dtype dt, const struct dspk__vk_bind *a,
                             const struct dspk__vk_bind *bb, const struct dspk__vk_bind *c,
                             uint32_t oc, const struct cplan *p, int64_t S, int64_t T,
                             struct dspk__opctx *ctx) {
-  size_t gs = dt == DSPK_F64 ? 16 : 12; /* struct G in std430 */
-  uint64_t na = (uint64_t)(p->B_ * p->M * p->K), nbg = (uint64_t)(p->B_ * p->K * p->N),
-           nout = (uint64_t)(p->B_ * p->M * p->N);
+  int dbl = dt == DSPK_F64 || dt == DSPK_C128;
+  uint64_t W = dspk__dtype_is_complex(dt) ? 2 : 1;
+  dspk_dtype rt = dbl ? DSPK_F64 : DSPK_F32; /* the parts' dtype */
+  size_t gs = dbl ? 16 : 12;                 /* struct G in std430 */
+  uint64_t na = (uint64_t)(p->B_ * p->M * p->K) * W, nbg = (uint64_t)(p->B_ * p->K * p->N) * W,
+           nout = (uint64_t)(p->B_ * p->M * p->N) * W;
   struct dspk__mem *ta = NULL, *tb = NULL, *tc = NULL;
   int r;
   if ((r = dspk__vk_alloc(d, na * gs, &ta)) || (r = dspk__vk_alloc(d, nbg * gs, &tb)) ||
@@ -1563,8 +1585,10 @@ static int lin_sum_products(struct dspk__dev *d, dspk_dtype dt, const struct dsp
     goto out;
   struct dspk__vk_bind ba = {ta->buf, ta->off, ta->size}, bg = {tb->buf, tb->off, tb->size},
                        bc = {tc->buf, tc->off, tc->size};
-  if ((r = lin_groups(d, dt, a, &ba, na, (uint64_t)S, 1, ctx)) ||
-      (r = lin_groups(d, dt, bb, &bg, nbg, (uint64_t)T, (uint64_t)p->N, ctx)))
+  /* A's groups: each part of (b, m, k) over its S values, W parts apart;
+   * B's: each part of (b, k, n) over its T values, N * W parts apart. */
+  if ((r = lin_groups(d, rt, a, &ba, na, (uint64_t)S, W, ctx)) ||
+      (r = lin_groups(d, rt, bb, &bg, nbg, (uint64_t)T, (uint64_t)p->N * W, ctx)))
     goto out;
   r = lin_products(d, dt, &ba, &bg, &bc, c, oc, p, ctx);
 out:
@@ -1572,109 +1596,6 @@ out:
   dspk__vk_free(d, tb);
   dspk__vk_free(d, tc);
   return r;
-}
-
-/* C[b,m,n] (batch x M x N, contiguous) = the sum over k, s, t of
- * A[b,m,k,s] * B[b,k,t,n] (both contiguous, from element 0), each product
- * (complex: cmul's) and the running sum in the dtype, as numpy's einsum
- * adds them. */
-static int sum_products(struct dspk__dev *d, dspk_dtype dt, const struct dspk__vk_bind *a,
-                        const struct dspk__vk_bind *bb, const struct dspk__vk_bind *c,
-                        uint32_t oc, const struct cplan *p, int64_t S, int64_t T,
-                        struct dspk__opctx *ctx) {
-  struct sumprod_pc pc;
-  memset(&pc, 0, sizeof pc);
-  uint64_t nout = (uint64_t)(p->B_ * p->M * p->N);
-  pc.nout = (uint32_t)nout;
-  pc.M = (uint32_t)p->M;
-  pc.N = (uint32_t)p->N;
-  pc.K = (uint32_t)p->K;
-  pc.S = (uint32_t)S;
-  pc.T = (uint32_t)T;
-  if (nout == 0)
-    return 0;
-  int cplx = dspk__dtype_is_complex(dt);
-  char src[4096];
-  snprintf(src, sizeof src,
-           "#version 450\n"
-           "layout(local_size_x = %d) in;\n"
-           "#define T_ %s\n"
-           "layout(std430, binding = 0) readonly buffer BA { T_ a[]; };\n"
-           "layout(std430, binding = 1) readonly buffer BB { T_ b[]; };\n"
-           "layout(std430, binding = 2) buffer BO { T_ o[]; };\n"
-           "layout(push_constant) uniform PC { uint nout, M, N, K, S, T, k0, s0, t0, rn,\n"
-           "  gx, first; uint oc; } pc;\n"
-           "T_ mul(T_ x, T_ y) {\n"
-           "%s"
-           "}\n"
-           "void main() {\n"
-           "  uint oi = (gl_WorkGroupID.y * pc.gx + gl_WorkGroupID.x) * %du +\n"
-           "            gl_LocalInvocationID.x;\n"
-           "  if (oi < pc.nout) {\n"
-           "    uint n = oi %% pc.N, bm = oi / pc.N, bi = bm / pc.M;\n"
-           "    uint k = pc.k0, s = pc.s0, t = pc.t0;\n"
-           "    T_ acc = pc.first != 0u ? T_(0) : o[pc.oc + oi];\n"
-           "    for (uint i = 0u; i < pc.rn; i++) {\n"
-           "      acc += mul(a[(bm * pc.K + k) * pc.S + s],\n"
-           "                 b[((bi * pc.K + k) * pc.T + t) * pc.N + n]);\n"
-           "      if (++t == pc.T) { t = 0u; if (++s == pc.S) { s = 0u; k++; } }\n"
-           "    }\n"
-           "    o[pc.oc + oi] = acc;\n"
-           "  }\n}\n",
-           DSPK__VK_WG, dspk__vk_glsl_type(dt),
-           cplx ? "  return T_(x.x*y.x - x.y*y.y, x.x*y.y + x.y*y.x);\n" : "  return x*y;\n",
-           DSPK__VK_WG);
-  struct {
-    struct sumprod_pc s;
-    uint32_t oc;
-  } full;
-  struct dspk__vk_kernel *k;
-  uint32_t gx, gy;
-  int r = contract_kernel(d, "contract_sumprod", src, 3, sizeof full, nout, &k, &gx, &gy, ctx);
-  if (r)
-    return r;
-  pc.gx = gx;
-  struct dspk__vk_bind b[3] = {*a, *bb, *c};
-  uint64_t n = (uint64_t)p->K * (uint64_t)S * (uint64_t)T;
-  uint64_t piece = d->props.deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU ? SMALL_PIECE_CPU
-                                                                      : SMALL_PIECE_GPU;
-  uint64_t since = 0;
-  /* Slices as the gather's (lavapipe's loop limit); sumprod_slice sets the
-   * start, the offset of C rides after the slice's constants.  K * S * T
-   * products per output can be long: they go to the device in pieces, a
-   * cancel checked between them (as launch_small's). */
-  uint64_t r0 = 0;
-  do {
-    uint64_t rn = n - r0 < GATHER_SLICE ? n - r0 : GATHER_SLICE;
-    sumprod_slice(&pc, r0, rn);
-    full.s = pc;
-    full.oc = oc;
-    if ((r = dspk__vk_dispatch(d, k, b, 3, &full, sizeof full, gx, gy, 1)))
-      return r;
-    r0 += rn;
-    if ((since += nout * rn) < piece || r0 >= n)
-      continue;
-    since = 0;
-    if ((r = submit_piece(d)))
-      return r;
-    if (ctx && ctx->cancel && atomic_load(ctx->cancel))
-      return DSPK_ECANCELED;
-  } while (r0 < n);
-  return 0;
-}
-
-/* Records a fill of O with zero bytes. */
-static int fill_zero(struct dspk__dev *d, const struct dspk__tensor *O) {
-  VkCommandBuffer cb;
-  int r = dspk__vk_cmd(d, &cb);
-  if (r)
-    return r;
-  size_t nbytes = dspk__tensor_nbytes(O);
-  if (nbytes && (O->mem->off + O->offset) % 4 == 0 &&
-      O->offset + ((nbytes + 3) & ~(size_t)3) <= O->mem->size)
-    VK(CmdFillBuffer)(cb, O->mem->buf, O->mem->off + O->offset, (nbytes + 3) & ~(size_t)3, 0);
-  dspk__vk_barrier(d);
-  return 0;
 }
 
 int dspk__vk_contract(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *ctx) {
@@ -1715,11 +1636,11 @@ int dspk__vk_contract(struct dspk__dev *d, struct dspk__op *op, struct dspk__opc
   size_t es = dspk__dtype_size(dt);
   struct dspk__vk_bind ba, bb, bo;
   uint32_t ea, eb, eo;
-  if ((r = bind(d, A, &ba, &ea, ctx, "A")) || (r = bind(d, B, &bb, &eb, ctx, "B")) ||
-      (r = bind(d, O, &bo, &eo, ctx, "the output")))
+  if ((r = bind(d, A, &ba, &ea, ctx, "contract's A")) ||
+      (r = bind(d, B, &bb, &eb, ctx, "contract's B")) ||
+      (r = bind(d, O, &bo, &eo, ctx, "contract's output")))
     return r;
   struct dspk__mem *ta = NULL, *tb = NULL, *tc = NULL, *tf = NULL, *ta2 = NULL, *tb2 = NULL;
-  int64_t pS = 1, pT = 1;
   struct gdesc g;
   memset(&g, 0, sizeof g);
   g.in_dt = g.out_dt = dt;
@@ -1757,24 +1678,37 @@ int dspk__vk_contract(struct dspk__dev *d, struct dspk__op *op, struct dspk__opc
                     p->bss, ctx)))
       goto out;
   }
-  /* Pre-sums that hold an infinity or a NaN (an operand's own, or an
-   * overflow of the sum), or the other operand's: again without pre-sums
-   * (the cpu's contract.c says why), after a wait for the check. */
-  int plain = 0;
-  if (p->as || p->bs) {
-    uint32_t flag = 0;
-    if ((r = dspk__vk_alloc(d, 4, &tf)) || (r = dspk__vk_zero(d, tf, 0, 4)))
+  if (p->o_ident) {
+    g.bind[3] = bo;
+    g.oo = eo;
+  } else {
+    if ((r = dspk__vk_alloc(d, (size_t)(p->B_ * p->M * p->N) * es, &tc)))
       goto out;
-    struct dspk__vk_bind bf = {tf->buf, tf->off, tf->size};
-    if ((r = scan_nonfinite(d, dt, &g.bind[0], g.oa, (uint64_t)(p->B_ * p->M * p->K), &bf,
-                            ctx)) ||
-        (r = scan_nonfinite(d, dt, &g.bind[1], g.ob, (uint64_t)(p->B_ * p->K * p->N), &bf,
-                            ctx)) ||
-        (r = dspk__vk_read(d, tf, 0, &flag, 4)))
-      goto out;
-    plain = flag != 0;
+    g.bind[3] = (struct dspk__vk_bind){tc->buf, tc->off, tc->size};
   }
-  if (plain) {
+  g.bind[2] = g.bind[3];
+  if (p->K == 0 || p->M * p->N * p->B_ == 0) {
+    /* Empty sums: the output is zero. */
+    r = fill_zero(d, O);
+    goto out;
+  }
+  if ((r = gemm_exec(d, &g, ctx)))
+    goto out;
+  /* A product holding an infinity or a NaN (an operand's own, a pre-sum
+   * that overflowed, or a product or running sum of the gemm that did):
+   * made again without pre-sums by lin_sum_products (the cpu's contract.c
+   * says why), after a wait for the check.  An infinity or a NaN in an
+   * operand or a pre-sum always reaches the product, so its check is
+   * enough. */
+  uint32_t flag = 0;
+  if ((r = dspk__vk_alloc(d, 4, &tf)) || (r = dspk__vk_zero(d, tf, 0, 4)))
+    goto out;
+  struct dspk__vk_bind bf = {tf->buf, tf->off, tf->size};
+  if ((r = scan_nonfinite(d, dt, &g.bind[3], g.oo, (uint64_t)(p->B_ * p->M * p->N), &bf,
+                          ctx)) ||
+      (r = dspk__vk_read(d, tf, 0, &flag, 4)))
+    goto out;
+  if (flag) {
     /* A as (batch, M, K, its summed-only labels), B as (batch, K, its
      * summed-only labels, N): plain permutations, no sums. */
     int64_t kd[DSPK_MAX_RANK], ks[DSPK_MAX_RANK], S = 1, T = 1;
@@ -1803,33 +1737,9 @@ int dspk__vk_contract(struct dspk__dev *d, struct dspk__op *op, struct dspk__opc
       kd[n] = p->bkd[i], ks[n] = p->bks[i];
     if ((r = gather(d, dt, &bb, eb, &b2b, 0, n, kd, ks, 0, NULL, NULL, ctx)))
       goto out;
-    pS = S;
-    pT = T;
-    g.bind[0] = b2a;
-    g.bind[1] = b2b;
-  }
-  if (p->o_ident) {
-    g.bind[3] = bo;
-    g.oo = eo;
-  } else {
-    if ((r = dspk__vk_alloc(d, (size_t)(p->B_ * p->M * p->N) * es, &tc)))
+    if ((r = lin_sum_products(d, dt, &b2a, &b2b, &g.bind[3], g.oo, p, S, T, ctx)))
       goto out;
-    g.bind[3] = (struct dspk__vk_bind){tc->buf, tc->off, tc->size};
   }
-  g.bind[2] = g.bind[3];
-  if (p->K == 0 || p->M * p->N * p->B_ == 0) {
-    /* Empty sums: the output is zero. */
-    r = fill_zero(d, O);
-    goto out;
-  }
-  if (plain)
-    r = dspk__dtype_is_complex(dt)
-            ? sum_products(d, dt, &g.bind[0], &g.bind[1], &g.bind[3], g.oo, p, pS, pT, ctx)
-            : lin_sum_products(d, dt, &g.bind[0], &g.bind[1], &g.bind[3], g.oo, p, pS, pT, ctx);
-  else
-    r = gemm_exec(d, &g, ctx);
-  if (r)
-    goto out;
   if (!p->o_ident)
     r = gather(d, dt, &g.bind[3], 0, &bo, eo, p->ok, p->okd, p->oks, 0, NULL, NULL, ctx);
 out:

@@ -397,15 +397,9 @@ static int need_dtype(struct dspk__dev *d, dspk_dtype dt, struct dspk__opctx *ct
 static int bind_all(struct dspk__dev *d, const struct dspk__tensor *const *t, int n,
                     struct dspk__vk_bind *b, uint32_t *elem, struct dspk__opctx *ctx) {
   for (int i = 0; i < n; i++) {
-    int r = dspk__vk_bind_tensor(d, t[i], &b[i], &elem[i]);
-    if (r == DSPK_ENOTSUP)
-      return dspk__vk_fail(ctx, r, "vulkan: operand %d starts at byte offset %zu, not a "
-                                   "multiple of its element size",
-                           i, t[i]->offset);
-    if (r == DSPK_ELIMIT)
-      return dspk__vk_fail(ctx, r, "vulkan: operand %d (%zu bytes) exceeds the device's "
-                                   "maxStorageBufferRange",
-                           i, dspk__tensor_nbytes(t[i]));
+    char what[16];
+    snprintf(what, sizeof what, "operand %d", i);
+    int r = dspk__vk_bind_named(d, t[i], &b[i], &elem[i], ctx, what);
     if (r)
       return r;
   }
@@ -1179,7 +1173,7 @@ static int kernel_op(struct dspk__dev *d, struct dspk__op *op, struct dspk__opct
         else if (r == 0 && w.mem == t->mem)
           bm[nb] = t->mem;
       }
-      if (r == DSPK_ENOTSUP || r == DSPK_ELIMIT)
+      if (r == DSPK_ENOTSUP)
         return dspk__vk_fail(ctx, r,
                              "kernel: argument %d (input %d) cannot be bound: its offset "
                              "must be a multiple of its item size and its size within "

@@ -783,13 +783,33 @@ int dspk__vk_bind_tensor(struct dspk__dev *d, const struct dspk__tensor *t,
   if (need > avail)
     need = avail;
   if (need > d->props.limits.maxStorageBufferRange)
-    return DSPK_ELIMIT;
+    return DSPK_ENOTSUP;
   b->buf = m->buf;
   b->off = base;
   b->range = need;
   if (elem)
     *elem = (uint32_t)((byte - base) / es);
   return 0;
+}
+
+int dspk__vk_bind_named(struct dspk__dev *d, const struct dspk__tensor *t,
+                        struct dspk__vk_bind *b, uint32_t *elem, struct dspk__opctx *ctx,
+                        const char *what) {
+  int r = dspk__vk_bind_tensor(d, t, b, elem);
+  size_t es = dspk__dtype_size(t->dtype);
+  if (r == 0)
+    return 0;
+  if (r != DSPK_ENOTSUP)
+    return dspk__vk_fail(ctx, r, "vulkan: %s cannot be bound", what);
+  if (es == 0 || t->offset % es != 0)
+    return dspk__vk_fail(ctx, r, "vulkan: %s starts at byte offset %zu, not a multiple of "
+                                 "its element size (%zu bytes)",
+                         what, t->offset, es);
+  return dspk__vk_fail(ctx, r, "vulkan: %s (%zu bytes) is larger than one binding of this "
+                               "device can be: maxStorageBufferRange, %llu bytes "
+                               "(max_tensor_bytes in devices)",
+                       what, dspk__tensor_nbytes(t),
+                       (unsigned long long)d->props.limits.maxStorageBufferRange);
 }
 
 /* Binds k, its bindings and push constants in the open command buffer

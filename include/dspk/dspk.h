@@ -258,6 +258,8 @@ typedef struct dspk_device {
   char driver[64];
   char uuid[64];
   uint64_t memory;   /* bytes */
+  /* max_tensor_bytes, the largest operand or result a task on the device can
+     bind (protocol.md), is in the list's json */
   bool software;     /* a software renderer of a GPU API (lavapipe), which
                         "any" avoids; false for the cpu backend (type "cpu") */
 } dspk_device;

@@ -957,6 +957,16 @@ def _scalar(name: str, v: Any, f32: bool) -> Union[int, float]:
     return d if math.isinf(f) and not math.isinf(d) else f
 
 
+def _zero_as_used(v: Union[int, float], f32: bool) -> bool:
+    """Whether v (as _scalar sends it) is 0 (of either sign) as the op computes with
+    it: rounded to the nearest f32 (ties to even) when ``f32``, as the daemon does
+    (1e-50 and 7e-46 are 0 there, 1.5e-45 is not; a nonzero int never is)."""
+    if isinstance(v, int) or not f32:
+        return v == 0
+    with np.errstate(over="ignore"):
+        return float(np.float32(v)) == 0.0
+
+
 def _exact_ratio(name: str, v: Any) -> Optional[fractions.Fraction]:
     """The exact value of a real number v that is neither a float nor a numpy scalar:
     an int, a numbers.Rational (Fraction), or a type with ``as_integer_ratio()`` (as
@@ -3089,7 +3099,11 @@ class Client:
 
     @_public
     def devices(self, all: bool = False) -> List[Dict[str, Any]]:
-        """The daemon's devices (``{id, backend, name, type, memory, software, ...}``).
+        """The daemon's devices (``{id, backend, name, type, arch, driver, uuid, memory,
+        max_tensor_bytes, software, ops, kernel_langs}``, docs/protocol.md):
+        ``max_tensor_bytes`` is the largest operand or result a task on the device can
+        bind (a Vulkan device's maxStorageBufferRange; ``memory`` elsewhere): a larger
+        one is ``dspk.NotSupported``.
         With ``all=True``, backends without a usable device follow as
         ``{backend, reason}`` entries."""
         all = _flag("all", all)
@@ -4061,15 +4075,19 @@ class Client:
                  out: Optional[OutArg] = None, **kw: Any) -> TaskFuture:
         inputs = [a, b] + ([c] if c is not None else [])
         # beta as dspk-submit's --beta (cli.md): 1 when c is given, 0 without; a
-        # nonzero beta without c would silently add nothing.
+        # nonzero beta without c would silently add nothing.  Nonzero as the daemon
+        # decides it (protocol.md): the value the product computes with, so in an f32
+        # product (f32, f16, bf16) one that rounds to 0 in f32 (1e-50) is 0, as alpha's
+        # 0 that reads neither a nor b.
+        f32 = _f32_op("gemm", a)
         if beta is None:
-            beta_f = 1.0 if c is not None else 0.0
+            beta_f: Union[int, float] = 1.0 if c is not None else 0.0
         else:
-            beta_f = _scalar("beta", beta, _f32_op("gemm", a))
-            if c is None and beta_f != 0.0:
+            beta_f = _scalar("beta", beta, f32)
+            if c is None and not _zero_as_used(beta_f, f32):
                 raise _errors.InvalidArgument("beta: %r without c (beta scales c; give c, "
                                               "or leave beta out)" % beta)
-        opts = {"alpha": _scalar("alpha", alpha, _f32_op("gemm", a)), "beta": beta_f,
+        opts = {"alpha": _scalar("alpha", alpha, f32), "beta": beta_f,
                 "trans_a": _flag("trans_a", trans_a), "trans_b": _flag("trans_b", trans_b)}
         return self._run("gemm", inputs, opts, device, out, **kw)
 
@@ -4146,7 +4164,9 @@ class Client:
         ``beta`` defaults to 1.0 when ``c`` is given (``gemm(a, b, c)`` is a@b + c, as
         dspk-submit's gemm) and to 0.0 without it; an explicit ``beta=0.0`` with ``c``
         reads no ``c`` (BLAS), and a nonzero ``beta`` without ``c`` is
-        dspk.InvalidArgument.  Returns a numpy array, or ``out`` when given."""
+        dspk.InvalidArgument: nonzero as the product computes with it, so for f32, f16
+        and bf16 operands one that rounds to 0 in f32 (1e-50) is 0 and taken, as the
+        daemon takes it.  Returns a numpy array, or ``out`` when given."""
         return self._wait(self._op_gemm(a, b, c, alpha=alpha, beta=beta, trans_a=trans_a,
                                         trans_b=trans_b, device=device, out=out))
 

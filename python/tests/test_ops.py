@@ -68,6 +68,32 @@ def test_gemm_beta_follows_c(client):
             client.submit("gemm", a, b, beta=beta)
 
 
+def test_gemm_beta_zero_in_f32(client):
+    """A beta that rounds to 0 in f32 (1e-50, -1e-50, 7e-46: ties to even) is 0 in an
+    f32, f16 or bf16 product, which the daemon takes without c (protocol.md); the
+    client refused it as nonzero.  In f64, and for 1.5e-45 (the smallest f32
+    subnormal), it stays nonzero: InvalidArgument."""
+    a32 = rand((3, 4), np.float32)
+    b32 = rand((4, 2), np.float32)
+    for x, y in ((a32, b32), (a32.astype(np.float16), b32.astype(np.float16)),
+                 (dspk.to_bfloat16(a32), dspk.to_bfloat16(b32))):
+        # the reference: numpy's product of the operands as f64
+        if x.dtype == dspk.bfloat16:
+            ref = dspk.from_bfloat16(x).astype(np.float64) @ dspk.from_bfloat16(y)
+        else:
+            ref = x.astype(np.float64) @ y.astype(np.float64)
+        for beta in (1e-50, -1e-50, 7e-46, -0.0, np.float64(1e-50)):
+            assert np.float32(beta) == 0
+            close(client.gemm(x, y, beta=beta), ref, np.float32)
+            close(client.submit("gemm", x, y, beta=beta).result(TIMEOUT), ref, np.float32)
+        for beta in (1.5e-45, 1):
+            assert np.float32(beta) != 0
+            with pytest.raises(dspk.InvalidArgument, match="beta"):
+                client.gemm(x, y, beta=beta)
+    with pytest.raises(dspk.InvalidArgument, match="beta"):
+        client.gemm(a32.astype(np.float64), b32.astype(np.float64), beta=1e-50)
+
+
 def test_gemm_half_and_bf16(client):
     a, b = rand((16, 24), np.float32), rand((24, 8), np.float32)
     ah, bh = a.astype(np.float16), b.astype(np.float16)

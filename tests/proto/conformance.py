@@ -680,12 +680,15 @@ def devices(env):
     ids = []
     for d in r["devices"]:
         check(set(d) == {"id", "backend", "name", "type", "arch", "driver", "uuid", "memory",
-                         "software", "ops", "kernel_langs"}, "device keys %r" % list(d))
+                         "max_tensor_bytes", "software", "ops", "kernel_langs"},
+              "device keys %r" % list(d))
         for k in ("id", "backend", "name", "type", "arch", "driver", "uuid"):
             check(isinstance(d[k], str), "device %s not a str" % k)
         check(d["type"] in ("cpu", "discrete", "integrated", "virtual", "software"),
               "type %r" % d["type"])
         check(isinstance(d["memory"], int) and d["memory"] > 0, "memory")
+        check(isinstance(d["max_tensor_bytes"], int) and d["max_tensor_bytes"] > 0,
+              "max_tensor_bytes")
         check(isinstance(d["software"], bool), "software")
         for op, dts in d["ops"].items():
             check(op in ("gemm", "fft", "fir", "contract", "reduce", "map"), "op %r" % op)
@@ -1885,6 +1888,146 @@ def sums_and_infinities(env):
     still_open(c)
 
 
+def contract_ref(subs, dt, a, sa, b, sb):
+    """einsum(subs) of flat a (shape sa) and b (shape sb) by the products'
+    rule of the table of ops: each complex product as its four real ones
+    (re: ar*br, -(ai*bi); im: ar*bi, ai*br), the finite ones summed exactly
+    (fractions), the others counted: a NaN, or infinities of both signs, give
+    NaN, else an infinity gives its sign, else the exact sum; with the bound
+    K*u*sum|terms| of each finite part.  Returns [(want, bound)] per part,
+    a finite want and its bound as fractions."""
+    la, rest = subs.split(",")
+    lb, lo = rest.split("->")
+    size = dict(zip(la, sa))
+    size.update(zip(lb, sb))
+    labels = sorted(set(la + lb))
+    cx = dt[0] == "c"
+    u = 2.0 ** -24 if dt in ("f32", "c64") else 2.0 ** -53
+    osz = [size[x] for x in lo]
+    nout = 1
+    for v in osz:
+        nout *= v
+    parts = [[[], []] for _ in range(nout * (2 if cx else 1))]  # (finite, non-finite) terms
+
+    def flat(lab, shape, idx):
+        i = 0
+        for x, n in zip(lab, shape):
+            i = i * n + idx[x]
+        return i
+    total = 1
+    for x in labels:
+        total *= size[x]
+    for t in range(total):
+        idx, r = {}, t
+        for x in reversed(labels):
+            idx[x] = r % size[x]
+            r //= size[x]
+        av, bv, io = a[flat(la, sa, idx)], b[flat(lb, sb, idx)], flat(lo, osz, idx)
+        if cx:
+            terms = [(io * 2, av.real, bv.real, 1), (io * 2, av.imag, bv.imag, -1),
+                     (io * 2 + 1, av.real, bv.imag, 1), (io * 2 + 1, av.imag, bv.real, 1)]
+        else:
+            terms = [(io, av, bv, 1)]
+        for o, x, y, sg in terms:
+            if math.isfinite(x) and math.isfinite(y):
+                parts[o][0].append(sg * fractions.Fraction(x) * fractions.Fraction(y))
+            else:
+                parts[o][1].append(sg * (x * y))
+    out = []
+    for fin, non in parts:
+        if any(math.isnan(v) for v in non) or (math.inf in non and -math.inf in non):
+            out.append((math.nan, 0))
+        elif non:
+            out.append((non[0], 0))
+        else:
+            s = sum(fin, fractions.Fraction(0))
+            big = fractions.Fraction(2 ** 128 if u > 1e-10 else 2 ** 1024)
+            bound = len(fin) * fractions.Fraction(u) * sum(abs(v) for v in fin)
+            out.append((math.inf if s >= big else -math.inf if s <= -big else s, bound))
+    return out
+
+
+@case("task.run: contract's sums with infinities and overflowing running sums: the "
+      "products' rule, in any order, every label pattern and dtype, cpu:0 and vulkan:0 alike")
+def contract_nonfinite_sums(env):
+    c = env.conn()
+    devs = [d["id"] for d in c.ok("devices")["devices"] if d["id"] in ("cpu:0", "vulkan:0")]
+    fmt = {"f32": "f", "f64": "d", "c64": "f", "c128": "d"}
+    inf = math.inf
+
+    def pack(dt, vals, shape):
+        if dt[0] == "c":
+            vals = [p for v in vals for p in (complex(v).real, complex(v).imag)]
+        return {"dtype": dt, "shape": shape,
+                "data": struct.pack("<%d%s" % (len(vals), fmt[dt]), *vals)}
+
+    def unpack(t):
+        dt = t["dtype"]
+        n = len(t["data"]) // struct.calcsize(fmt[dt])
+        return list(struct.unpack("<%d%s" % (n, fmt[dt]), t["data"]))
+
+    def same(got, want, bound):
+        if math.isnan(want):
+            return math.isnan(got)
+        if isinstance(want, float):
+            return got == want
+        return math.isfinite(got) and abs(fractions.Fraction(got) - want) <= bound
+
+    # (subscripts, A, its shape, B, its shape): b stands for a value near the
+    # top of the dtype's range; every product and result is in range unless
+    # an operand holds an infinity
+    cases = []
+    for b, nb in (("b", "-b"),):
+        row = [nb, nb, "inf"]
+        for perm in ([0, 1, 2], [2, 0, 1], [1, 2, 0]):
+            r = [row[i] for i in perm]
+            cases += [("k,k->", r, [3], [1, 1, 1], [3]),
+                      ("k,k->", [1, 1, 1], [3], r, [3]),
+                      ("ka,k->a", r, [3, 1], [1, 1, 1], [3]),
+                      ("ik,kj->ij", r, [1, 3], [1, 1, 1], [3, 1]),
+                      ("ik,kj->ji", r + [1, 2, 3], [2, 3], [1, 1, 1, 2, 2, 2], [3, 2]),
+                      ("xk,xk->x", r + [1, 2, 3], [2, 3], [1] * 6, [2, 3]),
+                      ("ak,k->", [row[i] for i in perm], [1, 3], [1, 1, 1], [3]),
+                      ("k,kc->", r, [3], [1, 1] * 3, [3, 2])]
+        cases += [("k,k->", [b, b, nb, nb], [4], [1, 1, 1, 1], [4]),
+                  ("ab,c->c", [b, b, nb, nb], [2, 2], [0.25, 1], [2]),
+                  ("ab,cd->", [b, b], [1, 2], [0.25, 0.25], [1, 2]),
+                  ("ik,kj->ij", [b, nb, b, nb], [1, 4], [1, 1, 1, 1], [4, 1]),
+                  ("ik,kb->i", ["inf", 1, 1, 1, 1e30, 1, -1e30, 0], [2, 4], [1] * 8, [4, 2]),
+                  ("bk,kc->c", [2, -1], [2, 1], ["inf"], [1, 1])]
+    cplx = [("a,c->c", ["b", complex(-2, 0) + 1j * 0], [2], ["b"], [1]),
+            ("k,k->", ["b", "bj"], [2], ["b", "b"], [2]),
+            ("ab,c->c", [1, 1, "-b+0.5j", "bj"], [2, 2], ["-b+0.17j"], [1]),
+            ("k,k->", ["inf", 2, 1], [3], ["b", "-b", 1], [3]),
+            ("k,k->", ["b+bj", 1], [2], ["b+bj", "infj"], [2])]
+    for dt in ("f32", "f64", "c64", "c128"):
+        big = 2e38 if dt in ("f32", "c64") else 1.5e308
+
+        def val(v):
+            if isinstance(v, str):
+                v = v.replace("b", repr(big)).replace("inf", "1e999")
+                return complex(v) if dt[0] == "c" else float(v)
+            return complex(v) if dt[0] == "c" else float(v)
+        todo = cases + (cplx if dt[0] == "c" else [])
+        for subs, av, sa, bv, sb in todo:
+            ta, tb = pack(dt, [val(v) for v in av], sa), pack(dt, [val(v) for v in bv], sb)
+            # the reference of the values as sent (f32 rounded)
+            ra, rb = unpack(ta), unpack(tb)
+            if dt[0] == "c":
+                ra = [complex(x, y) for x, y in zip(ra[::2], ra[1::2])]
+                rb = [complex(x, y) for x, y in zip(rb[::2], rb[1::2])]
+            ref = contract_ref(subs, dt, ra, sa, rb, sb)
+            for dev in devs:
+                r = c.call("task.run", {"op": "contract", "device": dev, "inputs": [ta, tb],
+                                        "options": {"subscripts": subs}})
+                check(r[0] == "ok", "%s contract %s %s: %r" % (dev, subs, dt, r))
+                got = unpack(r[1]["outputs"][0])
+                check(len(got) == len(ref) and all(same(g, w, e) for g, (w, e) in zip(got, ref)),
+                      "%s contract %s %s of %r and %r: %r, want %r"
+                      % (dev, subs, dt, av, bv, got, [float(w) for w, _ in ref]))
+    still_open(c)
+
+
 @case("task.run: degenerate sizes, the same on every backend")
 def degenerate(env):
     c = env.conn()
@@ -2388,6 +2531,59 @@ def op_dtypes(env):
                 else:
                     check(dt not in table[op], "the table of ops says %s takes %s" % (op, dt))
                     expect(r, "EDTYPE", dt)
+    still_open(c)
+
+
+@case("task.run: a Vulkan tensor above the device's max_tensor_bytes is ENOTSUP naming it, "
+      "its size and the limit; a gemm that reads no A and B binds neither")
+def vulkan_max_tensor(env):
+    c = env.conn()
+    devs = c.ok("devices")["devices"]
+    for d in devs:
+        check(isinstance(d.get("max_tensor_bytes"), int) and d["max_tensor_bytes"] > 0,
+              "max_tensor_bytes of %r" % (d,))
+        if d["backend"] != "vulkan":
+            check(d["max_tensor_bytes"] == d["memory"], "%s: max_tensor_bytes %r, memory %r"
+                  % (d["id"], d["max_tensor_bytes"], d["memory"]))
+    vk = [d for d in devs if d["backend"] == "vulkan"]
+    if not vk:
+        return "no vulkan device"
+    dev, lim = vk[0]["id"], vk[0]["max_tensor_bytes"]
+    if lim > 1 << 30:
+        return "max_tensor_bytes of %s is %d: too large to test here" % (dev, lim)
+    n = lim // 4 + 1    # f32 elements: 4 bytes past the limit
+    buf = c.ok("buffer.create", {"device": dev, "size": 4 * n + 64})["buffer"]
+
+    def ref(shape, off=0):
+        return {"buffer": buf, "offset": off, "dtype": "f32", "shape": shape}
+    small = ref([1, 1])
+    want = ("%d bytes" % (4 * n), "maxStorageBufferRange", "%d bytes" % lim, "max_tensor_bytes")
+    expect(c.call("task.run", {"op": "map", "device": dev, "inputs": [ref([n])],
+                               "options": {"fn": "abs"}}), "ENOTSUP", "operand 0", *want)
+    expect(c.call("task.run", {"op": "reduce", "device": dev, "inputs": [ref([n])]}),
+           "ENOTSUP", "operand 0", *want)
+    expect(c.call("task.run", {"op": "gemm", "device": dev, "inputs": [small, ref([1, n])]}),
+           "ENOTSUP", "gemm's B", *want)
+    expect(c.call("task.run", {"op": "gemm", "device": dev, "inputs": [ref([n, 1]), small]}),
+           "ENOTSUP", "gemm's A", *want)
+    # one element below the limit binds (an aligned offset); K = 0, or alpha 0,
+    # reads neither A nor B: +0 everywhere, whatever their sizes
+    r = c.ok("task.run", {"op": "gemm", "device": dev, "inputs": [small, ref([1, n - 1])],
+                          "outputs": [{"buffer": buf}]})
+    check(r["outputs"][0]["shape"] == [1, n - 1], "gemm at the limit: %r" % r["outputs"][0])
+    r = c.ok("task.run", {"op": "gemm", "device": dev, "inputs": [ref([1, 0]), ref([0, n])],
+                          "outputs": [{"buffer": buf}]})
+    check(r["outputs"][0]["shape"] == [1, n], "gemm K = 0: %r" % r["outputs"][0])
+    data = c.ok("buffer.read", {"buffer": buf, "offset": 4 * (n - 4), "size": 16})["data"]
+    check(data == bytes(16), "gemm K = 0 wrote %r at its end" % data)
+    r = c.ok("task.run", {"op": "gemm", "device": dev, "inputs": [ref([n, 1]), ref([1, 1])],
+                          "options": {"alpha": 0.0}, "outputs": [{"buffer": buf}]})
+    check(r["outputs"][0]["shape"] == [n, 1], "gemm alpha 0: %r" % r["outputs"][0])
+    # K = 0 with C (beta*C: written by the kernel, a large output is ENOTSUP)
+    expect(c.call("task.run", {"op": "gemm", "device": dev, "inputs": [
+        ref([1, 0]), ref([0, n]), ref([1])], "options": {"beta": 2.0}}),
+        "ENOTSUP", "gemm's output", *want)
+    c.ok("buffer.free", {"buffer": buf})
     still_open(c)
 
 

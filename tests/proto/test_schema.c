@@ -464,6 +464,7 @@ static void pack_devices(const void *ud, struct dspk__wbuf *w) {
   v[DSPK__DEV_DRIVER] = dspk__pv_str("");
   v[DSPK__DEV_UUID] = dspk__pv_str("");
   v[DSPK__DEV_MEMORY] = memory ? dspk__pv_uint(*memory) : (struct dspk__pval){0};
+  v[DSPK__DEV_MAX_TENSOR_BYTES] = dspk__pv_uint(1u << 27);
   v[DSPK__DEV_SOFTWARE] = dspk__pv_bool(false);
   v[DSPK__DEV_OPS] = dspk__pv_pack(pack_ops, NULL);
   v[DSPK__DEV_KERNEL_LANGS] = dspk__pv_mask(1u << 1); /* glsl */
