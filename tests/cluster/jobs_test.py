@@ -162,7 +162,7 @@ def cli(d, submit, gpu, cpu):
               "end %s: %r %r" % (job, p.stdout, p.stderr))
 
 
-def run(exe, submit, tmp):
+def run(exe, submit, epilog, tmp, case=None):
     import numpy as np
     d = Daemon(exe, tmp, ["--max-job-memory", "1M"])
     try:
@@ -174,6 +174,10 @@ def run(exe, submit, tmp):
             return 77
         gpu = vk[0]
         cpu = [x for x in devs if x["backend"] == "cpu"][0]
+        if case == "down":
+            d.stop()
+            down(exe, submit, epilog, os.path.join(tmp, "down"), gpu, cpu)
+            return 0
         cli(d, submit, gpu, cpu)
 
         # The admin methods: EPERM for anyone else (a child as uid 65534).
@@ -440,6 +444,7 @@ def run(exe, submit, tmp):
         sys.stderr.write(d.logtext()[-6000:])
         d.proc.kill()
         raise
+    down(exe, submit, epilog, os.path.join(tmp, "down"), gpu, cpu)
     return 0
 
 
@@ -663,17 +668,142 @@ def restart(exe, submit, tmp, gpu, cpu):
         subprocess.run(["umount", mnt], check=True)
 
 
+def epilog_env(sock, job, **more):
+    e = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "DSPK_"))}
+    e.update(DSPK_SOCKET=sock, SLURM_JOB_ID=str(job), SLURM_JOB_UID="0", **more)
+    return e
+
+
+def down(exe, submit, epilog, tmp, gpu, cpu):
+    """An epilog that runs while no dspkd listens (docs/cluster.md, "Prolog and
+    epilog"): the job is ended in the state file (dspkd --end-job), so that the next
+    start does not register it again, and its uid, without a job, gets the cpu only under
+    job_required.  dspkd holds PATH.lock for its life: --end-job under a running daemon
+    exits 3, and a second daemon on the same state file does not start (exit 2)."""
+    os.chmod(os.path.dirname(tmp), 0o711)
+    os.mkdir(tmp)
+    os.chmod(tmp, 0o711)
+    state = os.path.join(tmp, "dspkd.jobs")
+    env = dict(DSPK_SUBMIT=submit, DSPK_DSPKD=exe, DSPK_DSPKD_OPTIONS="--config=")
+    extra = ["--config", "", "--job-required"]
+
+    def end_job(*args):
+        return subprocess.run([exe, "--config", ""] + list(args), capture_output=True,
+                              text=True, timeout=TIMEOUT)
+
+    # A running daemon: --end-job is refused with exit 3 (end the job through the
+    # daemon); a second daemon on the same state file (another socket) exits 2.
+    def held(d):
+        d.client().call("job.register", {"job": 30, "uid": NOBODY, "devices": [gpu["uuid"]]})
+        p = end_job("--socket", d.sock, "--end-job", "30")
+        check(p.returncode == 3 and "a running dspkd holds %s.lock" % state in p.stderr and
+              "dspk-submit job end --job 30" in p.stderr, "--end-job under a daemon: %r" % (p,))
+        other = os.path.join(tmp, "other.sock")
+        p = subprocess.run(dspk_daemon.cmdline(exe, other, extra + ["--job-state", state]),
+                           capture_output=True, text=True, timeout=TIMEOUT)
+        check(p.returncode == 2 and len(p.stderr.splitlines()) == 1 and
+              "another dspkd uses the state file %s" % state in p.stderr and
+              not os.path.exists(other), "a second daemon on one state file: %r" % (p,))
+        check(job_ids(d.client()) == [30], "job 30 still registered")
+    daemon_check(Daemon(exe, tmp, extra), held)
+
+    # Job 30 (uid 65534, the GPU) ends while dspkd is down: killed (SIGKILL: a stale
+    # socket, connection refused), or stopped (SIGTERM: no socket file).
+    for how in ("kill", "stop"):
+        d = Daemon(exe, tmp, extra)
+        if how == "kill":
+            d.client().call("job.register", {"job": 31, "uid": NOBODY, "devices": []})
+            d.proc.kill()
+            d.proc.wait()
+            check(os.path.exists(d.sock), "the killed daemon left its socket")
+            gone = "connection refused"
+        else:
+            d.stop()
+            gone = "no socket file"
+        check("job 30 %d" % NOBODY in open(state).read(), "job 30 in the state file")
+        p = subprocess.run([epilog], capture_output=True, text=True, timeout=TIMEOUT,
+                           env=epilog_env(d.sock, 30, **env))
+        check(p.returncode == 0 and p.stdout == "" and len(p.stderr.splitlines()) == 1 and
+              ("no dspkd listens on %s (%s" % (d.sock, gone)) in p.stderr and
+              "ended in its state file" in p.stderr, "%s: the epilog: %r" % (how, p))
+        st = os.stat(state)
+        check(st.st_mode & 0o7777 == 0o600 and st.st_uid == 0, "%s: mode, owner" % how)
+
+        def after(d):
+            check(job_ids(d.client()) == ([31] if how == "kill" else []),
+                  "%s: job 30 is not registered again" % how)
+            os.chmod(d.sock, 0o666)
+            got = dspk_daemon.run_as(NOBODY, NOBODY, lambda: ids(d.client()))
+            check(got == [cpu["id"]], "%s: uid %d without a job: the cpu only: %r"
+                  % (how, NOBODY, got))
+            e = dspk_daemon.run_as(NOBODY, NOBODY, lambda: err_of(d.client(job=30), "devices",
+                                                                   {}))
+            check(e[0] == "EPERM" and "ended" in e[1], "%s: a claim of job 30: %r" % (how, e))
+            if how == "kill":
+                d.client().call("job.end", {"job": 31})
+            d.client().call("job.register", {"job": 30, "uid": NOBODY,
+                                             "devices": [gpu["uuid"]]})
+        daemon_check(Daemon(exe, tmp, extra), after)
+
+    # Root ends a job in the file of a daemon of another user (User=dspk): the file
+    # keeps its owner, group and mode; a daemon that starts meanwhile holds the lock.
+    os.chown(state, NOBODY, NOBODY)
+    os.chmod(state, 0o640)
+    os.chown(state + ".lock", NOBODY, NOBODY)
+    sock = os.path.join(tmp, "dspkd.sock")
+    p = end_job("--socket", sock, "--end-job", "30")
+    st = os.stat(state)
+    check(p.returncode == 0 and "Slurm job 30 (uid %d): ended in %s" % (NOBODY, state)
+          in p.stderr and (st.st_uid, st.st_gid, st.st_mode & 0o7777) ==
+          (NOBODY, NOBODY, 0o640) and open(state).read() ==
+          "dspkd-jobs 1\nended 31 %d\nended 30 %d\nend 2\n" % (NOBODY, NOBODY),
+          "--end-job as root on uid %d's file: %r %o" % (NOBODY, p, st.st_mode))
+    p = end_job("--socket", sock, "--end-job", "30")
+    check(p.returncode == 0 and "has ended already" in p.stderr, "again: %r" % (p,))
+    for f in (state, state + ".lock"):
+        os.unlink(f)
+    p = end_job("--socket", sock, "--end-job", "32")
+    check(p.returncode == 0 and "not registered" in p.stderr and not os.path.exists(state)
+          and not os.path.exists(state + ".lock"), "no state file: nothing to end: %r" % (p,))
+
+    # A daemon that holds the lock but does not listen yet (its start paused): the
+    # epilog ends the job through it once it listens, trying once a second until its
+    # timeout, and fails (exit 1, the node drains) when it never does.
+    log = open(os.path.join(tmp, "paused.log"), "w+")
+    proc = subprocess.Popen(dspk_daemon.cmdline(exe, sock, extra, backends="cpu"),
+                            stderr=log, env=dict(os.environ, DSPKD_TEST_START_PAUSE="jobs"))
+    try:
+        while "start paused at jobs" not in open(log.name).read():
+            check(proc.poll() is None, "the paused daemon exited")
+            select.select([], [], [], 0.05)
+        p = subprocess.run([epilog], capture_output=True, text=True, timeout=TIMEOUT,
+                           env=epilog_env(sock, 33, DSPK_EPILOG_TIMEOUT="1", **env))
+        check(p.returncode == 1 and p.stdout == "" and "a running dspkd holds" in p.stderr and
+              "could not end the job in its state file (exit 3" in p.stderr and
+              "dspkd --end-job 33" in p.stderr, "a daemon that holds the lock, silent: %r"
+              % (p,))
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(TIMEOUT)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--dspkd", required=True)
     ap.add_argument("--submit", required=True)
+    ap.add_argument("--epilog", help="the packaged epilog (default: DSPKD's build tree's)")
+    ap.add_argument("case", nargs="?", choices=["down"],
+                    help="run only this case (needs a Vulkan device all the same)")
     a = ap.parse_args()
     if os.getuid() != 0:
         print("not root: the jobs test switches a child to uid 65534 (needs root)")
         return 77
     tmp = tempfile.mkdtemp(prefix="dspk-jobs-")
+    exe, submit = os.path.abspath(a.dspkd), os.path.abspath(a.submit)
+    epilog = os.path.abspath(a.epilog or os.path.join(os.path.dirname(exe), "..", "packaging",
+                                                      "slurm", "epilog"))
     try:
-        rc = run(os.path.abspath(a.dspkd), os.path.abspath(a.submit), tmp)
+        rc = run(exe, submit, epilog, tmp, a.case)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     if rc == 0:
