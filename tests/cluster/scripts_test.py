@@ -83,15 +83,17 @@ def links(sdir, tmp, sock):
         lines = p.stderr.splitlines()
         check(p.returncode == 127 and p.stdout == "" and len(lines) == 1 and
               lines[0].startswith("dspk %s: job 7: no executable dspk-submit at " % s) and
-              "DSPK_SUBMIT" in lines[0], "a copy of the %s: %r" % (s, p))
+              lines[0].endswith("(the one of this script's tree; DSPK_SUBMIT names another)"),
+              "a copy of the %s: %r" % (s, p))
         # DSPK_SUBMIT naming a file that is not executable, or no file.
         plain = os.path.join(tmp, "not-executable")
         open(plain, "w").close()
         for bad in (plain, os.path.join(tmp, "none")):
             p = run(os.path.join(sdir, s), DSPK_SOCKET=sock, DSPK_SUBMIT=bad)
-            check(p.returncode == 127 and p.stdout == "" and p.stderr.startswith(
-                "dspk %s: job 7: no executable dspk-submit at %s " % (s, bad)),
-                "DSPK_SUBMIT=%s: %r" % (bad, p))
+            # The message names the variable that gave the path, not the tree.
+            check(p.returncode == 127 and p.stdout == "" and p.stderr ==
+                  "dspk %s: job 7: no executable dspk-submit at %s (named by DSPK_SUBMIT)\n"
+                  % (s, bad), "DSPK_SUBMIT=%s: %r" % (bad, p))
 
 
 def gpu_map(sdir, tmp, sock):
