@@ -178,6 +178,10 @@ def run(exe, submit, epilog, tmp, case=None):
             d.stop()
             down(exe, submit, epilog, os.path.join(tmp, "down"), gpu, cpu)
             return 0
+        if case == "paths":
+            d.stop()
+            paths(exe, submit, os.path.join(tmp, "paths"))
+            return 0
         cli(d, submit, gpu, cpu)
 
         # The admin methods: EPERM for anyone else (a child as uid 65534).
@@ -445,6 +449,7 @@ def run(exe, submit, epilog, tmp, case=None):
         d.proc.kill()
         raise
     down(exe, submit, epilog, os.path.join(tmp, "down"), gpu, cpu)
+    paths(exe, submit, os.path.join(tmp, "paths"))
     return 0
 
 
@@ -787,12 +792,80 @@ def down(exe, submit, epilog, tmp, gpu, cpu):
         proc.wait(TIMEOUT)
 
 
+def paths(exe, submit, tmp):
+    """Where the state file is (dspkd(8), --job-state): a relative job_state is the start
+    directory's, also for a daemon that detaches (and leaves for /), and the log names it
+    absolute; a state file whose directory is missing or not a directory refuses the
+    start (exit 2, one line)."""
+    os.mkdir(tmp)
+    base = ["--config", "", "--backends", "cpu", "--no-cache"]
+    for where, args, conf in (("option", ["--job-state", "rel.jobs"], None),
+                              ("file", [], "[daemon]\njob_state = rel.jobs\n")):
+        start = os.path.join(tmp, where)
+        os.mkdir(start)
+        log = os.path.join(start, "dspkd.log")
+        cmd = [exe, "--socket", "rel.sock"] + base + args
+        if conf:
+            with open(os.path.join(start, "d.conf"), "w") as f:
+                f.write(conf)
+            cmd[cmd.index("--config") + 1] = "d.conf"
+        with open(log, "w") as err:
+            p = subprocess.run(cmd, cwd=start, stderr=err, timeout=TIMEOUT)  # detaches
+        text = open(log).read()
+        check(p.returncode == 0, "%s: the detached start: %s" % (where, text))
+        # The detached daemon's pid: its line "listening on" (the first are the
+        # starter's, before the fork).
+        line = [x for x in text.splitlines() if "listening on" in x][0]
+        pid = int(line.split("dspkd[", 1)[1].split("]", 1)[0])
+        pidfd = os.pidfd_open(pid)
+        try:
+            sock = os.path.join(start, "rel.sock")
+            r = subprocess.run([submit, "--socket", sock, "job", "register", "--job", "40",
+                                "--uid", "0"], capture_output=True, text=True, timeout=TIMEOUT)
+            check(r.returncode == 0, "%s: job 40 registered: %r" % (where, r))
+            state = os.path.join(start, "rel.jobs")
+            check(os.path.exists(state) and not os.path.exists("/rel.jobs"),
+                  "%s: the state file in the start directory, not in /" % where)
+            check(("Slurm jobs: %s does not exist" % state) in open(log).read(),
+                  "%s: the log names the absolute path: %s" % (where, open(log).read()))
+        finally:
+            os.kill(pid, signal.SIGTERM)
+            select.select([pidfd], [], [], TIMEOUT)
+            os.close(pidfd)
+    notdir = os.path.join(tmp, "plain")
+    open(notdir, "w").close()
+    for state, why in ((os.path.join(tmp, "typo", "d.jobs"), "directory %s: No such file or "
+                        "directory" % os.path.join(tmp, "typo")),
+                       (os.path.join(notdir, "d.jobs"), "%s is not a directory" % notdir)):
+        for args, conf in ((["--job-state", state], None),
+                           ([], "[daemon]\njob_state = %s\n" % state)):
+            cfg = os.path.join(tmp, "d.conf")
+            with open(cfg, "w") as f:
+                f.write(conf or "")
+            sock = os.path.join(tmp, "d.sock")
+            p = subprocess.run(dspk_daemon.cmdline(exe, sock, ["--config", cfg] + args),
+                               capture_output=True, text=True, timeout=TIMEOUT)
+            lines = p.stderr.splitlines()
+            check(p.returncode == 2 and len(lines) == 1 and
+                  ("the state file %s cannot be written" % state) in lines[0] and why in
+                  lines[0] and not os.path.exists(sock), "%s %r: %r" % (state, args, p))
+    # The default (the socket's path with .jobs) in the socket's directory: there when
+    # the socket can be; a missing socket directory is still the socket's error (exit 1).
+    p = subprocess.run(dspk_daemon.cmdline(exe, os.path.join(tmp, "typo", "d.sock"),
+                                           ["--config", ""]),
+                       capture_output=True, text=True, timeout=TIMEOUT)
+    typo = os.path.join(tmp, "typo")
+    check(p.returncode == 1 and "cannot listen on %s/d.sock: directory %s: No such file" %
+          (typo, typo) in p.stderr and len(p.stderr.splitlines()) == 1, "socket in a missing directory: %r"
+          % (p,))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--dspkd", required=True)
     ap.add_argument("--submit", required=True)
     ap.add_argument("--epilog", help="the packaged epilog (default: DSPKD's build tree's)")
-    ap.add_argument("case", nargs="?", choices=["down"],
+    ap.add_argument("case", nargs="?", choices=["down", "paths"],
                     help="run only this case (needs a Vulkan device all the same)")
     a = ap.parse_args()
     if os.getuid() != 0:
