@@ -1540,9 +1540,13 @@ static void accept_fd(struct dspkd *d, int fd) {
   size_t extra = dspkd_admin_is(c) ? DSPKD_ADMIN_EXTRA_CONNS : 0;
   if (d->nconns > d->cfg.max_clients + extra &&
       d->nconns - conns_gone(d, c, NULL) > d->cfg.max_clients + extra) {
-    char msg[96];
-    snprintf(msg, sizeof msg, "more than %zu connections (max_clients)",
-             d->cfg.max_clients);
+    char msg[128];
+    /* An admin is told both numbers: the count is not the limit. */
+    if (extra)
+      snprintf(msg, sizeof msg, "more than %zu connections (max_clients %zu and %zu more for "
+               "admins)", d->cfg.max_clients + extra, d->cfg.max_clients, extra);
+    else
+      snprintf(msg, sizeof msg, "more than %zu connections (max_clients)", d->cfg.max_clients);
     conn_protocol_error(c, DSPK_ELIMIT, msg);
     return;
   }
@@ -1553,10 +1557,12 @@ static void accept_fd(struct dspkd *d, int fd) {
   }
   if (c->user->nconns > d->cfg.max_user_clients + extra &&
       c->user->nconns - conns_gone(d, c, c->user) > d->cfg.max_user_clients + extra) {
-    char msg[96];
+    char msg[128], more[48] = "";
     size_t n = c->user->nconns - 1 - conns_gone(d, c, c->user);
-    snprintf(msg, sizeof msg, "this user has %zu connection%s already (max_user_clients %zu)",
-             n, n == 1 ? "" : "s", d->cfg.max_user_clients);
+    if (extra)
+      snprintf(more, sizeof more, " and %zu more for admins", extra);
+    snprintf(msg, sizeof msg, "this user has %zu connection%s already (max_user_clients %zu%s)",
+             n, n == 1 ? "" : "s", d->cfg.max_user_clients, more);
     conn_protocol_error(c, DSPK_ELIMIT, msg);
     return;
   }

@@ -427,11 +427,26 @@ def run(exe, submit, epilog, tmp, case=None):
     try:
         os.chmod(d.sock, 0o666)
         n, note = opened_until_refused(d)
-        check(n == 1 + 8 and note and note[0]["name"] == "ELIMIT" and
-              "max_user_clients" in note[0]["message"], "an admin's connections: %d %r" % (n, note))
+        # The refusal gives the real numbers: the admin's 8 more included.
+        check(n == 1 + 8 and note and note[0]["name"] == "ELIMIT" and note[0]["message"] ==
+              "this user has 9 connections already (max_user_clients 1 and 8 more for admins)",
+              "an admin's connections: %d %r" % (n, note))
         n, note = dspk_daemon.run_as(NOBODY, NOBODY, lambda: opened_until_refused(d))
-        check(n == 1 and note and "max_user_clients" in note[0]["message"],
+        check(n == 1 and note and note[0]["message"] ==
+              "this user has 1 connection already (max_user_clients 1)",
               "a user's connections: %d %r" % (n, note))
+        d.stop()
+        # max_clients: the same, for an admin and for a user.
+        os.unlink(os.path.join(tmp, "dspkd.log"))
+        d = Daemon(exe, tmp, ["--max-clients", "2", "--max-user-clients", "64"])
+        os.chmod(d.sock, 0o666)
+        n, note = opened_until_refused(d)
+        check(n == 2 + 8 and note and note[0]["name"] == "ELIMIT" and note[0]["message"] ==
+              "more than 10 connections (max_clients 2 and 8 more for admins)",
+              "an admin's connections beyond max_clients: %d %r" % (n, note))
+        n, note = dspk_daemon.run_as(NOBODY, NOBODY, lambda: opened_until_refused(d))
+        check(n == 2 and note and note[0]["message"] == "more than 2 connections (max_clients)",
+              "a user's connections beyond max_clients: %d %r" % (n, note))
         d.stop()
     except BaseException:
         sys.stderr.write(d.logtext()[-6000:])
