@@ -178,6 +178,9 @@ def run(exe, submit, epilog, tmp, case=None):
             d.stop()
             down(exe, submit, epilog, os.path.join(tmp, "down"), gpu, cpu)
             return 0
+        if case == "hidden":
+            d.stop()
+            return 0 if hidden(exe, os.path.join(tmp, "hidden"), gpu, cpu) else 77
         if case == "paths":
             d.stop()
             paths(exe, submit, os.path.join(tmp, "paths"))
@@ -465,6 +468,7 @@ def run(exe, submit, epilog, tmp, case=None):
         raise
     down(exe, submit, epilog, os.path.join(tmp, "down"), gpu, cpu)
     paths(exe, submit, os.path.join(tmp, "paths"))
+    hidden(exe, os.path.join(tmp, "hidden"), gpu, cpu)
     return 0
 
 
@@ -875,12 +879,70 @@ def paths(exe, submit, tmp):
           % (p,))
 
 
+HIDDEN_UID = 64031  # the daemon's user in hidden(): no capabilities, not root, not 65534
+
+
+def hidden(exe, tmp, gpu, cpu):
+    """dspkd as the packaged unit runs it: an unprivileged user, and /proc mounted
+    hidepid=invisible (ProtectProc=invisible), where other users' processes are absent
+    from /proc.  A live but hidden peer's cgroup "cannot be read: passed by" (its claim
+    and its uid decide); only a peer that no longer exists is "gone" (EPERM while its uid
+    has jobs).  Needs root, unshare(1), setpriv(1) and a proc mount: without them it says
+    so and returns False (a skip, not a pass)."""
+    os.chmod(os.path.dirname(tmp), 0o711)
+    os.mkdir(tmp)
+    os.chmod(tmp, 0o711)
+    os.chown(tmp, HIDDEN_UID, HIDDEN_UID)
+    wrap = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+            'mount -t proc -o hidepid=invisible proc /proc && exec setpriv --reuid=%d '
+            '--regid=%d --clear-groups "$@"' % (HIDDEN_UID, HIDDEN_UID), "sh"]
+    # The probe: in such a namespace, as that user, root's pid 1 is not in /proc.
+    try:
+        p = subprocess.run(wrap + ["sh", "-c", "test -d /proc/self && ! test -e /proc/1"],
+                           capture_output=True, text=True, timeout=TIMEOUT)
+    except OSError as e:
+        p = subprocess.CompletedProcess(wrap, 127, "", str(e))
+    if p.returncode != 0:
+        print("hidden: skipped: cannot run a daemon under a /proc mounted hidepid=invisible "
+              "(unshare, mount or setpriv: %r)" % p.stderr.strip())
+        return False
+    sock = os.path.join(tmp, "dspkd.sock")
+    log = open(os.path.join(tmp, "dspkd.log"), "w+")
+    proc = dspk_daemon.start(wrap + dspk_daemon.cmdline(exe, sock, ["--config", "",
+                                                                    "--job-required"],
+                                                        backends="cpu,vulkan"),
+                             TIMEOUT, stderr=log)
+    check(proc is not None, "the hidden daemon started: %s" % open(log.name).read())
+    d = Daemon.__new__(Daemon)
+    d.sock, d.log, d.proc = sock, log, proc
+
+    def check_hidden(d):
+        os.chmod(d.sock, 0o666)
+        admin = d.client()
+        admin.call("job.register", {"job": 50, "uid": NOBODY, "devices": [gpu["uuid"]]})
+        admin.call("job.register", {"job": 51, "uid": os.getuid(), "devices": []})
+        # A live process of the job, hidden from the daemon: its claim decides.
+        got = dspk_daemon.run_as(NOBODY, NOBODY, lambda: err_of(d.client(job=50), "devices",
+                                                                 {}))
+        check(got[0] == "ok", "a hidden live peer of job 50: %r" % (got,))
+        got = dspk_daemon.run_as(NOBODY, NOBODY, lambda: sorted(ids(d.client(job=50))))
+        check(got == sorted([cpu["id"], gpu["id"]]), "job 50's devices: %r" % (got,))
+        check("its cgroup cannot be read (the process is hidden): passed by" in d.logtext(),
+              "the log says the hidden cgroup was passed by")
+        # A peer gone before the daemon accepted: still EPERM while its uid has jobs.
+        e = err_of(handed_on(d, 51), "devices", {})
+        check(e[0] == "EPERM" and "had exited before its cgroup could be read" in e[1],
+              "a gone peer under hidepid: %r" % (e,))
+    daemon_check(d, check_hidden)
+    return True
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--dspkd", required=True)
     ap.add_argument("--submit", required=True)
     ap.add_argument("--epilog", help="the packaged epilog (default: DSPKD's build tree's)")
-    ap.add_argument("case", nargs="?", choices=["down", "paths"],
+    ap.add_argument("case", nargs="?", choices=["down", "paths", "hidden"],
                     help="run only this case (needs a Vulkan device all the same)")
     a = ap.parse_args()
     if os.getuid() != 0:
