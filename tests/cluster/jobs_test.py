@@ -5,10 +5,14 @@ its uid's only job and from its cgroup, the allocation enforced by device UUID (
 filtered, ENODEV for the others, buffers included, "any" among the allowed), per-job
 memory quota, the job in status, metrics and traces, nothing of a job left after
 job.end, and registrations that outlive a restart (the state file, refused when unsafe
-or corrupt, EIO when it cannot be written; restart()).  The excluded device is lavapipe (Vulkan), so the test needs a Vulkan device;
-exit 77 (skipped) without one.
+or corrupt, EIO when it cannot be written; restart()), an epilog that runs while no
+dspkd listens (dspkd --end-job, the state file's lock; down()), where the state file is
+(paths()), and a daemon under a /proc that hides other users' processes (hidden(): printed
+as skipped where it cannot run; exit 77 when it is the case asked for).  The excluded
+device is lavapipe (Vulkan), so the test needs a Vulkan device; exit 77 (skipped) without
+one.
 
-    jobs_test.py --dspkd PATH --submit DSPK_SUBMIT
+    jobs_test.py --dspkd PATH --submit DSPK_SUBMIT [--epilog EPILOG] [down|paths|hidden]
 """
 import argparse
 import json
