@@ -20,7 +20,15 @@
  * group or others, unreadable, or not exactly the format above is taken as
  * lost state: nothing of it is used, the daemon logs why, and fails closed
  * (jobs_fail_closed: a connection without a registered job gets the cpu
- * only, as with job_required, until the daemon stops).  Loop thread only.
+ * only, as with job_required, until the daemon stops).
+ *
+ * A running daemon holds an exclusive flock(2) on PATH.lock from before it
+ * reads the file until it exits.  dspkd --end-job ID (no daemon started:
+ * the epilog of a job that ended while no daemon listened) takes it without
+ * waiting, reads the file as the start does, marks the job ended as
+ * job.end would and writes the file back with its owner, group and mode;
+ * without that the next start would register the job again, for good.
+ * Loop thread only.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -30,6 +38,7 @@
 #include <string.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "daemon/config.h"
@@ -191,7 +200,11 @@ int dspkd_jobstate_start(struct dspkd *d) {
   }
   if (check_dir(d->job_state) != 0)
     return -1;
-  fd = lock_take(d->job_state, geteuid(), getegid(), true, why, sizeof why);
+  /* A dspkd --end-job holds the lock for one rewrite of the file: waited
+   * for, up to 2 s; another daemon holds it for good. */
+  for (int i = 0; (fd = lock_take(d->job_state, geteuid(), getegid(), true, why,
+                                  sizeof why)) == -2 && i < 200; i++)
+    nanosleep(&(struct timespec){0, 10000000}, NULL);
   if (fd == -2) {
     dspkd_error("Slurm jobs: another dspkd uses the state file %s (it holds %s.lock); not "
                 "starting: give each daemon its own job_state", d->job_state, d->job_state);
