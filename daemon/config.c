@@ -115,6 +115,10 @@ static const struct key keys[] = {
      "stay in the foreground (default: detach once listening)"},
     {"daemon", "log_level", K_LEVEL, F(log_level), 0, 0, true, IN_BOTH, "info", "LEVEL",
      "error, warn, notice, info or debug"},
+    {NULL, "end_job", K_UINT, F(end_job), 1, UINT64_MAX, false, IN_ARGV, NULL, "ID",
+     "do not start: mark Slurm job ID ended in the job_state file, for an epilog that "
+     "finds no daemon; exit 0, 3 when a running dspkd holds the file (end the job "
+     "through it), 1 on an error"},
     {NULL, "ready_fd", K_FD, F(ready_fd), 0, INT_MAX, false, IN_ARGV, NULL, "N",
      "write \"READY\\n\" to file descriptor N (not 2) once listening, close it"},
     {"limits", "max_message", K_SIZE, F(lim.max_message), 64, (uint64_t)1 << 32, true,
@@ -884,8 +888,9 @@ static void usage(FILE *f) {
   }
   fputs("\n"
         "SIZE is a byte count with an optional binary unit: K or KiB, M or MiB, G or\n"
-        "GiB, T or TiB (2M = 2097152).  Every option but --config, --ready-fd, --help\n"
-        "and --version is also a key of the configuration file (dspk.conf(5)).\n"
+        "GiB, T or TiB (2M = 2097152).  Every option but --config, --end-job,\n"
+        "--ready-fd, --help and --version is also a key of the configuration file\n"
+        "(dspk.conf(5)).\n"
         "\n"
         "The log goes to stderr, one line per event; when stderr is the systemd journal\n"
         "(JOURNAL_STREAM) each line carries its syslog priority (<3> error ... <7> debug).\n",
@@ -1114,6 +1119,17 @@ static int absolute(const char *what, const char *path, char *out, size_t len, s
     return -1;
   }
   return 0;
+}
+
+int dspkd_config_abspath(const char *what, const char *path, char *out, size_t len) {
+  if (path[0] == '/') {
+    int n = snprintf(out, len, "%s", path);
+    if (n >= 0 && (size_t)n < len)
+      return 0;
+    dspkd_error("%s %s: more than %zu bytes; give a shorter one", what, path, len - 1);
+    return -1;
+  }
+  return absolute(what, path, out, len, len);
 }
 
 int dspkd_config_absolute(struct dspkd_config *cfg) {

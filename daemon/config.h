@@ -50,6 +50,10 @@ void dspkd_config_log_source(void);
  * (logged: the directory is unknown, or a path gets too long).
  */
 int dspkd_config_absolute(struct dspkd_config *cfg);
+/* path as an absolute path in out (len bytes): a relative one from the
+ * current directory.  0, or -1 (logged, naming what: the directory is
+ * unknown, or the path gets too long). */
+int dspkd_config_abspath(const char *what, const char *path, char *out, size_t len);
 
 /* How a message names the setting key: "--OPTION" when the command line
  * set it, else "FILE: key" (or the key alone without a file), in buf. */

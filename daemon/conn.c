@@ -1540,9 +1540,13 @@ static void accept_fd(struct dspkd *d, int fd) {
   size_t extra = dspkd_admin_is(c) ? DSPKD_ADMIN_EXTRA_CONNS : 0;
   if (d->nconns > d->cfg.max_clients + extra &&
       d->nconns - conns_gone(d, c, NULL) > d->cfg.max_clients + extra) {
-    char msg[96];
-    snprintf(msg, sizeof msg, "more than %zu connections (max_clients)",
-             d->cfg.max_clients);
+    char msg[128];
+    /* An admin is told both numbers: the count is not the limit. */
+    if (extra)
+      snprintf(msg, sizeof msg, "more than %zu connections (max_clients %zu and %zu more for "
+               "admins)", d->cfg.max_clients + extra, d->cfg.max_clients, extra);
+    else
+      snprintf(msg, sizeof msg, "more than %zu connections (max_clients)", d->cfg.max_clients);
     conn_protocol_error(c, DSPK_ELIMIT, msg);
     return;
   }
@@ -1553,10 +1557,12 @@ static void accept_fd(struct dspkd *d, int fd) {
   }
   if (c->user->nconns > d->cfg.max_user_clients + extra &&
       c->user->nconns - conns_gone(d, c, c->user) > d->cfg.max_user_clients + extra) {
-    char msg[96];
+    char msg[128], more[48] = "";
     size_t n = c->user->nconns - 1 - conns_gone(d, c, c->user);
-    snprintf(msg, sizeof msg, "this user has %zu connection%s already (max_user_clients %zu)",
-             n, n == 1 ? "" : "s", d->cfg.max_user_clients);
+    if (extra)
+      snprintf(more, sizeof more, " and %zu more for admins", extra);
+    snprintf(msg, sizeof msg, "this user has %zu connection%s already (max_user_clients %zu%s)",
+             n, n == 1 ? "" : "s", d->cfg.max_user_clients, more);
     conn_protocol_error(c, DSPK_ELIMIT, msg);
     return;
   }
@@ -1646,26 +1652,38 @@ int dspkd_bind_0660(uv_pipe_t *p, const char *path) {
   return r;
 }
 
-/* Logs why binding path failed: for a missing or unreachable directory
- * (ENOENT, EACCES), the directory is looked at to say which it was. */
-static void listen_error(const char *path, int r) {
+/* Whether path's directory is missing, unreachable or not a directory:
+ * 0, or -1 (logged as "cannot listen on PATH: ..."). */
+static int socket_dir_error(const char *path) {
   char dir[sizeof(((struct sockaddr_un *)0)->sun_path)];
   const char *slash = strrchr(path, '/');
   struct stat st;
 
-  if ((r == UV_EACCES || r == UV_ENOENT) && slash && (size_t)(slash - path) < sizeof dir) {
-    size_t n = slash == path ? 1 : (size_t)(slash - path);
-    memcpy(dir, path, n);
-    dir[n] = '\0';
-    if (stat(dir, &st) != 0) {
-      dspkd_error("cannot listen on %s: directory %s: %s", path, dir, strerror(errno));
-      return;
-    }
-    if (!S_ISDIR(st.st_mode)) {
-      dspkd_error("cannot listen on %s: %s is not a directory", path, dir);
-      return;
-    }
+  if (!slash || (size_t)(slash - path) >= sizeof dir)
+    return 0;
+  size_t n = slash == path ? 1 : (size_t)(slash - path);
+  memcpy(dir, path, n);
+  dir[n] = '\0';
+  if (stat(dir, &st) != 0) {
+    dspkd_error("cannot listen on %s: directory %s: %s", path, dir, strerror(errno));
+    return -1;
   }
+  if (!S_ISDIR(st.st_mode)) {
+    dspkd_error("cannot listen on %s: %s is not a directory", path, dir);
+    return -1;
+  }
+  return 0;
+}
+
+int dspkd_socket_dir_check(const char *path) {
+  return socket_dir_error(path);
+}
+
+/* Logs why binding path failed: for a missing or unreachable directory
+ * (ENOENT, EACCES), the directory is looked at to say which it was. */
+static void listen_error(const char *path, int r) {
+  if ((r == UV_EACCES || r == UV_ENOENT) && socket_dir_error(path) != 0)
+    return;
   dspkd_error("cannot listen on %s: %s", path, uv_strerror(r));
 }
 

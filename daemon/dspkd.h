@@ -65,6 +65,7 @@ struct dspkd_config {
   const char *raw_kernels;  /* "all" (NULL too), "none", or a comma list of device ids */
   bool foreground;
   int ready_fd;             /* -1: none */
+  uint64_t end_job;         /* --end-job ID: end job ID in the state file and exit; 0: none */
   struct dspk__limits lim;  /* frame and tensor limits */
   size_t max_inflight;      /* requests in flight per connection */
   size_t max_unsent;        /* bytes of responses not yet written, per connection */
@@ -510,6 +511,9 @@ struct dspkd {
 /* Refuses a path too long for sockaddr_un, a non-socket file or a live
  * daemon's socket (logged); removes a stale socket.  0 or a negative code. */
 int dspkd_socket_check(const char *path);
+/* At start, before the devices open: the socket's directory exists and is
+ * a directory.  0, or -1 (logged, as a failed listen says it). */
+int dspkd_socket_dir_check(const char *path);
 /* Binds (created with mode 0660: dspkd_bind_0660) and listens.  0 or a
  * negative code (logged). */
 int dspkd_listen(struct dspkd *d);
@@ -738,9 +742,24 @@ void dspkd_jobs_free(struct dspkd *d);
  * stop, before it closes the connections left at its deadline). */
 void dspkd_jobs_answer_ends(struct dspkd *d);
 /* daemon/jobstate.c: the registered and the ended Slurm jobs kept across a
- * restart (docs/protocol.md, "Slurm jobs").  Names the file (d->job_state):
- * the job_state setting, else the socket's path with .jobs for .sock. */
-void dspkd_jobstate_init(struct dspkd *d);
+ * restart (docs/protocol.md, "Slurm jobs").  The file (d->job_state): the
+ * job_state setting, else the socket's path with .jobs for .sock.
+ * At start, before the state file is read and before the daemon detaches
+ * (a relative path is the start directory's): d->job_state (a relative
+ * job_state made absolute from the current directory), its directory
+ * checked, and the lock beside it (PATH.lock, daemon/jobstate.c) taken
+ * for the daemon's whole life, so that dspkd --end-job never writes the
+ * file under a running daemon.  0, or -1 (logged: the start is refused,
+ * exit 2). */
+int dspkd_jobstate_start(struct dspkd *d);
+/* dspkd --end-job ID (no daemon is started): marks job id ended in the
+ * state file the daemon would use, as job.end does, keeping the file's
+ * owner, group and mode.  The exit status: 0 (done, or nothing to do), 1
+ * (logged: the file cannot be read or written), DSPKD_EXIT_LOCKED (a
+ * running dspkd holds the lock: end the job through it), 2 (logged: no
+ * state file can be named, or its directory is missing). */
+int dspkd_jobstate_end_offline(struct dspkd *d, uint64_t id);
+#define DSPKD_EXIT_LOCKED 3
 /* At start, after the devices opened and before the socket listens:
  * registers the file's jobs again and remembers its ended ones.  A file
  * that is unsafe (a symlink, another owner, writable by others) or cannot

@@ -38,6 +38,7 @@
 #include <inttypes.h>
 #include <stdarg.h>
 #include <errno.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -167,13 +168,24 @@ static void djob_finish(struct dspkd *d, struct djob *j) {
   free(j);
 }
 
+/* Whether process pid no longer exists: kill(2) with signal 0 answers
+ * ESRCH.  A live process of another user answers EPERM (or 0 to root):
+ * under a /proc mounted hidepid=invisible (the packaged unit's
+ * ProtectProc=invisible) its /proc/PID is absent all the same, and it is
+ * hidden, not gone. */
+static bool process_gone(pid_t pid) {
+  return kill(pid, 0) != 0 && errno == ESRCH;
+}
+
 /* The peer's cgroup as it connects (c->cg_state, c->cg_job): its path names
  * a job ("/job_<id>/" of Slurm's cgroup plugins, v1 and v2), or none, or
- * it could not be read because the process had exited already.  Read at
- * once, while the pid SO_PEERCRED recorded is still the peer's: read later,
- * at the first device request, a process that connected and handed the
- * socket on (or daemonized) would be gone and its claim believed, or its
- * pid another process's. */
+ * it could not be read because the process had exited already.  A cgroup
+ * that cannot be read for another reason (permissions, or a /proc that
+ * hides other users' processes) is passed by (none).  Read at once, while
+ * the pid SO_PEERCRED recorded is still the peer's: read later, at the
+ * first device request, a process that connected and handed the socket on
+ * (or daemonized) would be gone and its claim believed, or its pid another
+ * process's. */
 void dspkd_job_peer_cgroup(struct conn *c) {
   char path[64], line[1024];
   FILE *f;
@@ -182,8 +194,12 @@ void dspkd_job_peer_cgroup(struct conn *c) {
     return;
   snprintf(path, sizeof path, "/proc/%ld/cgroup", (long)c->pid);
   if (!(f = fopen(path, "re"))) {
-    if (errno == ENOENT || errno == ESRCH)
+    int e = errno;
+    if ((e == ENOENT || e == ESRCH) && process_gone(c->pid))
       c->cg_state = DSPKD_CG_GONE;
+    else
+      dspkd_debug(DSPKD_PEER_FMT ": its cgroup cannot be read (%s): passed by",
+                  DSPKD_PEER_ARGS(c), e == ENOENT ? "the process is hidden" : strerror(e));
     return;
   }
   while (c->cg_state == DSPKD_CG_NONE && fgets(line, sizeof line, f)) {

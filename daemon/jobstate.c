@@ -20,7 +20,15 @@
  * group or others, unreadable, or not exactly the format above is taken as
  * lost state: nothing of it is used, the daemon logs why, and fails closed
  * (jobs_fail_closed: a connection without a registered job gets the cpu
- * only, as with job_required, until the daemon stops).  Loop thread only.
+ * only, as with job_required, until the daemon stops).
+ *
+ * A running daemon holds an exclusive flock(2) on PATH.lock from before it
+ * reads the file until it exits.  dspkd --end-job ID (no daemon started:
+ * the epilog of a job that ended while no daemon listened) takes it without
+ * waiting, reads the file as the start does, marks the job ended as
+ * job.end would and writes the file back with its owner, group and mode;
+ * without that the next start would register the job again, for good.
+ * Loop thread only.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -28,9 +36,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
+#include "daemon/config.h"
 #include "daemon/dspkd.h"
 #include "daemon/log.h"
 
@@ -66,23 +77,147 @@ static int default_path(const struct dspkd *d, char *out, size_t len) {
   return -1;
 }
 
-void dspkd_jobstate_init(struct dspkd *d) {
+/* Names the file: d->job_state, absolute (a relative job_state is the
+ * current directory's: the start directory, before a detached daemon
+ * leaves it).  0; 1 when none can be named (logged: job.register and
+ * job.end then fail with EIO); -1 when the current directory is unknown
+ * (logged). */
+static int name_file(struct dspkd *d) {
+  char path[sizeof d->job_state];
   int n;
 
   d->job_state[0] = '\0';
   if (d->cfg.job_state) {
-    n = snprintf(d->job_state, sizeof d->job_state, "%s", d->cfg.job_state);
-  } else if ((n = default_path(d, d->job_state, sizeof d->job_state)) < 0) {
-    d->job_state[0] = '\0';
+    n = snprintf(path, sizeof path, "%s", d->cfg.job_state);
+  } else if ((n = default_path(d, path, sizeof path)) < 0) {
     dspkd_warn("Slurm jobs: the socket has no path and RUNTIME_DIRECTORY is not set: no "
                "state file (set job_state); job.register and job.end fail with EIO");
-    return;
+    return 1;
   }
-  if (n < 0 || (size_t)n >= sizeof d->job_state) {
+  if (n < 0 || (size_t)n >= sizeof path) {
     dspkd_error("Slurm jobs: the state file's path is too long; job.register and job.end "
                 "fail with EIO");
-    d->job_state[0] = '\0';
+    return 1;
   }
+  return dspkd_config_abspath("job_state", path, d->job_state, sizeof d->job_state);
+}
+
+/* The directory of path (absolute) in dir. */
+static void dir_of(const char *path, char *dir, size_t len) {
+  const char *slash = strrchr(path, '/');
+  if (!slash)
+    snprintf(dir, len, ".");
+  else
+    snprintf(dir, len, "%.*s", slash == path ? 1 : (int)(slash - path), path);
+}
+
+/* The state file's directory exists and is a directory, so that the
+ * first job.register does not find out (a typo in job_state).  0, or -1
+ * (logged). */
+static int check_dir(const char *path) {
+  char dir[sizeof((struct dspkd *)0)->job_state];
+  struct stat st;
+
+  dir_of(path, dir, sizeof dir);
+  if (stat(dir, &st) != 0) {
+    dspkd_error("Slurm jobs: the state file %s cannot be written: its directory %s: %s "
+                "(create it, or set job_state)", path, dir, strerror(errno));
+    return -1;
+  }
+  if (!S_ISDIR(st.st_mode)) {
+    dspkd_error("Slurm jobs: the state file %s cannot be written: %s is not a directory "
+                "(set job_state)", path, dir);
+    return -1;
+  }
+  return 0;
+}
+
+/* ---- the lock ----------------------------------------------------------- */
+
+/* PATH.lock, beside the state file: a running daemon holds an exclusive
+ * flock(2) on it for its whole life, taken before it reads the file, so
+ * that dspkd --end-job (which takes it without waiting) never changes the
+ * file under a daemon, whose next write would bring the job back.  The
+ * file is empty; it must be a regular file of owner (created so, mode
+ * 0600), not writable by group or others, not a symbolic link.  The
+ * locked descriptor; -2 when another process holds the lock; -3 when it
+ * does not exist and create is false; -1 with why. */
+static int lock_take(const char *state, uid_t owner, gid_t group, bool create, char *why,
+                     size_t len) {
+  char path[sizeof((struct dspkd *)0)->job_state + 8];
+  struct stat st;
+  int fd;
+
+  snprintf(path, sizeof path, "%s.lock", state);
+  for (int tries = 0;; tries++) {
+    fd = open(path, O_RDWR | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd >= 0 || errno != ENOENT)
+      break;
+    if (!create)
+      return -3;
+    fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd >= 0 && owner != geteuid() && fchown(fd, owner, group) != 0) {
+      snprintf(why, len, "fchown to uid %lu: %s", (unsigned long)owner, strerror(errno));
+      close(fd);
+      unlink(path);
+      return -1;
+    }
+    if (fd >= 0 || errno != EEXIST || tries)
+      break; /* EEXIST: made meanwhile, opened once more */
+  }
+  if (fd < 0) {
+    snprintf(why, len, "%s", errno == ELOOP ? "it is a symbolic link" : strerror(errno));
+    return -1;
+  }
+  if (fstat(fd, &st) != 0)
+    snprintf(why, len, "fstat: %s", strerror(errno));
+  else if (!S_ISREG(st.st_mode))
+    snprintf(why, len, "not a regular file");
+  else if (st.st_uid != owner)
+    snprintf(why, len, "owned by uid %lu, not by uid %lu", (unsigned long)st.st_uid,
+             (unsigned long)owner);
+  else if (st.st_mode & (S_IWGRP | S_IWOTH))
+    snprintf(why, len, "writable by group or others (mode %04o)",
+             (unsigned)(st.st_mode & 07777));
+  else if (flock(fd, LOCK_EX | LOCK_NB) == 0)
+    return fd;
+  else if (errno == EWOULDBLOCK) {
+    close(fd);
+    return -2;
+  } else
+    snprintf(why, len, "flock: %s", strerror(errno));
+  close(fd);
+  return -1;
+}
+
+int dspkd_jobstate_start(struct dspkd *d) {
+  char why[256] = "";
+  int fd, r = name_file(d);
+
+  if (r != 0) {
+    d->job_state[0] = '\0';
+    return r < 0 ? -1 : 0; /* no file: nothing to guard */
+  }
+  if (check_dir(d->job_state) != 0)
+    return -1;
+  /* A dspkd --end-job holds the lock for one rewrite of the file: waited
+   * for, up to 2 s; another daemon holds it for good. */
+  for (int i = 0; (fd = lock_take(d->job_state, geteuid(), getegid(), true, why,
+                                  sizeof why)) == -2 && i < 200; i++)
+    nanosleep(&(struct timespec){0, 10000000}, NULL);
+  if (fd == -2) {
+    dspkd_error("Slurm jobs: another dspkd uses the state file %s (it holds %s.lock); not "
+                "starting: give each daemon its own job_state", d->job_state, d->job_state);
+    return -1;
+  }
+  if (fd < 0) {
+    dspkd_error("Slurm jobs: cannot lock %s.lock: %s; not starting (dspkd --end-job could "
+                "then change the state file %s under this daemon)", d->job_state, why,
+                d->job_state);
+    return -1;
+  }
+  /* Held, never closed: the kernel lets it go when the daemon exits. */
+  return 0;
 }
 
 /* ---- writing ------------------------------------------------------------ */
@@ -129,14 +264,10 @@ static int state_text(const struct dspkd *d, char **buf, size_t *len) {
 
 /* fsync of path's directory, so that the rename is on disk.  0 or -1. */
 static int sync_dir(const char *path) {
-  const char *slash = strrchr(path, '/');
   char dir[sizeof((struct dspkd *)0)->job_state];
   int fd, r;
 
-  if (!slash)
-    snprintf(dir, sizeof dir, ".");
-  else
-    snprintf(dir, sizeof dir, "%.*s", slash == path ? 1 : (int)(slash - path), path);
+  dir_of(path, dir, sizeof dir);
   fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0)
     return -1;
@@ -171,9 +302,11 @@ static int write_synced(int fd, const char *text, size_t len, const char **step)
   return -1;
 }
 
-/* Writes text to path through path.tmp.  0, or -1 with errno and the step
- * that failed in *step. */
-static int replace_file(const char *path, const char *text, size_t len, const char **step) {
+/* Writes text to path through path.tmp: mode 0600, the daemon's, or with
+ * keep's owner, group and mode (NULL: the former).  0, or -1 with errno and
+ * the step that failed in *step. */
+static int replace_file(const char *path, const char *text, size_t len,
+                        const struct stat *keep, const char **step) {
   char tmp[sizeof((struct dspkd *)0)->job_state + 8];
   int fd, e;
 
@@ -185,6 +318,19 @@ static int replace_file(const char *path, const char *text, size_t len, const ch
   fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (fd < 0)
     return -1;
+  *step = "chown";
+  if (keep && (keep->st_uid != geteuid() || keep->st_gid != getegid()) &&
+      fchown(fd, keep->st_uid, keep->st_gid) != 0) {
+    e = errno;
+    close(fd);
+    goto fail;
+  }
+  *step = "chmod";
+  if (keep && fchmod(fd, keep->st_mode & 0777) != 0) {
+    e = errno;
+    close(fd);
+    goto fail;
+  }
   if (write_synced(fd, text, len, step) != 0) {
     e = errno;
     goto fail;
@@ -206,7 +352,9 @@ fail:
   return -1;
 }
 
-int dspkd_jobstate_save(const struct dspkd *d, char *msg, size_t len) {
+/* dspkd_jobstate_save, the file written with keep's owner, group and mode
+ * (NULL: the daemon's, 0600). */
+static int save(const struct dspkd *d, const struct stat *keep, char *msg, size_t len) {
   char *text = NULL;
   size_t n = 0;
   const char *step = "format";
@@ -218,12 +366,16 @@ int dspkd_jobstate_save(const struct dspkd *d, char *msg, size_t len) {
   }
   r = state_text(d, &text, &n);
   if (r == 0)
-    r = replace_file(d->job_state, text, n, &step);
+    r = replace_file(d->job_state, text, n, keep, &step);
   if (r != 0)
     snprintf(msg, len, "cannot write the Slurm jobs' state file %s (%s: %s)", d->job_state,
              step, strerror(errno));
   free(text);
   return r == 0 ? 0 : DSPK_EIO;
+}
+
+int dspkd_jobstate_save(const struct dspkd *d, char *msg, size_t len) {
+  return save(d, NULL, msg, len);
 }
 
 /* ---- reading ------------------------------------------------------------ */
@@ -401,10 +553,10 @@ static int parse_text(struct parsed *p, char *text, size_t n, char *why, size_t 
   return 0;
 }
 
-/* Opens path for reading if it is safe: a regular file of the daemon's
- * euid that group and others cannot write, not a symlink.  The fd, -2 when
- * it does not exist, or -1 with why. */
-static int open_safe(const char *path, struct stat *st, char *why, size_t len) {
+/* Opens path for reading if it is safe: a regular file of owner (the
+ * daemon's euid) that group and others cannot write, not a symlink.  The
+ * fd, -2 when it does not exist, or -1 with why. */
+static int open_safe(const char *path, uid_t owner, struct stat *st, char *why, size_t len) {
   int fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0 && errno == ENOENT)
     return -2;
@@ -416,9 +568,9 @@ static int open_safe(const char *path, struct stat *st, char *why, size_t len) {
     snprintf(why, len, "fstat: %s", strerror(errno));
   else if (!S_ISREG(st->st_mode))
     snprintf(why, len, "not a regular file");
-  else if (st->st_uid != geteuid())
+  else if (st->st_uid != owner)
     snprintf(why, len, "owned by uid %lu, not by dspkd's uid %lu", (unsigned long)st->st_uid,
-             (unsigned long)geteuid());
+             (unsigned long)owner);
   else if (st->st_mode & (S_IWGRP | S_IWOTH))
     snprintf(why, len, "writable by group or others (mode %04o; dspkd writes it 0600)",
              (unsigned)(st->st_mode & 07777));
@@ -430,12 +582,14 @@ static int open_safe(const char *path, struct stat *st, char *why, size_t len) {
   return -1;
 }
 
-/* Reads the file into a malloc'd buffer (*text, *n bytes).  0, 1 when it
- * does not exist, or -1 with why. */
-static int read_state(const char *path, char **text, size_t *n, char *why, size_t len) {
+/* Reads the file of owner (open_safe) into a malloc'd buffer (*text, *n
+ * bytes; what fstat said of it in st).  0, 1 when it does not exist, or -1
+ * with why. */
+static int read_state(const char *path, uid_t owner, struct stat *stp, char **text, size_t *n,
+                      char *why, size_t len) {
   struct stat st;
   size_t got = 0;
-  int fd = open_safe(path, &st, why, len);
+  int fd = open_safe(path, owner, &st, why, len);
 
   if (fd == -2)
     return 1;
@@ -466,6 +620,8 @@ static int read_state(const char *path, char **text, size_t *n, char *why, size_
     return -1;
   }
   *n = got;
+  if (stp)
+    *stp = st;
   return 0;
 }
 
@@ -481,8 +637,9 @@ static bool have_uuid(const struct dspkd *d, const char *u) {
 }
 
 /* Registers the parsed jobs, in the order of the file (d->jobs' order),
- * and remembers the ended ones. */
-static void apply(struct dspkd *d, struct parsed *p) {
+ * and remembers the ended ones; warn: a GPU of a job that no device of
+ * the daemon has is logged. */
+static void apply(struct dspkd *d, struct parsed *p, bool warn) {
   struct djob **tail = &d->jobs;
   while (*tail)
     tail = &(*tail)->next;
@@ -490,7 +647,7 @@ static void apply(struct dspkd *d, struct parsed *p) {
     struct djob *j = p->jobs;
     p->jobs = j->next;
     for (int i = 0; i < j->ndevs; i++)
-      if (!have_uuid(d, j->uuid[i]))
+      if (warn && !have_uuid(d, j->uuid[i]))
         dspkd_warn("%s: Slurm job %" PRIu64 " (uid %lu): no device of this daemon has its "
                    "GPU %s now; the job keeps its other devices (the cpu and the GPUs "
                    "found)", d->job_state, j->id, (unsigned long)j->uid, j->uuid[i]);
@@ -526,7 +683,7 @@ void dspkd_jobstate_load(struct dspkd *d) {
     return;
   }
   p.tail = &p.jobs;
-  r = read_state(d->job_state, &text, &n, why, sizeof why);
+  r = read_state(d->job_state, geteuid(), NULL, &text, &n, why, sizeof why);
   if (r == 1) {
     dspkd_info("Slurm jobs: %s does not exist: no job registered before this start",
                d->job_state);
@@ -545,7 +702,131 @@ void dspkd_jobstate_load(struct dspkd *d) {
     return;
   }
   njobs = p.njobs;
-  apply(d, &p);
+  apply(d, &p, true);
   dspkd_info("Slurm jobs: %s: %zu job(s) registered again, %u ended job(s) remembered",
              d->job_state, njobs, p.nended);
+}
+
+/* ---- dspkd --end-job ----------------------------------------------------- */
+
+static bool ended_has(const struct dspkd *d, uint64_t id) {
+  unsigned n = d->nended < ENDED_SLOTS ? d->nended : ENDED_SLOTS;
+  for (unsigned i = 0; i < n; i++)
+    if (d->ended_jobs[i] == id)
+      return true;
+  return false;
+}
+
+/* Marks job id ended in d's jobs as job.end does: out of the registered
+ * ones, into the ended ones (with its uid, or none when it was not
+ * registered).  *uid: the uid it was registered for ((uid_t)-1: none).
+ * Whether anything changed. */
+static bool end_in(struct dspkd *d, uint64_t id, uid_t *uid) {
+  struct djob *j = NULL;
+  for (j = d->jobs; j && (j->id != id || j->ended); j = j->next)
+    ;
+  *uid = j ? j->uid : (uid_t)-1;
+  if (!j && ended_has(d, id))
+    return false;
+  if (!ended_has(d, id)) {
+    d->ended_uids[d->nended % ENDED_SLOTS] = *uid;
+    d->ended_jobs[d->nended++ % ENDED_SLOTS] = id;
+  }
+  if (j)
+    j->ended = true;
+  return true;
+}
+
+/* With the lock held (lock_fd): reads the file of owner, ends job id in
+ * it and writes it back with its owner, group and mode.  An exit status. */
+static int end_locked(struct dspkd *d, uint64_t id, uid_t owner) {
+  struct parsed p = {0};
+  struct stat st;
+  char why[320] = "", msg[640], *text = NULL;
+  size_t n = 0;
+  uid_t uid;
+  int r;
+
+  p.tail = &p.jobs;
+  r = read_state(d->job_state, owner, &st, &text, &n, why, sizeof why);
+  if (r == 1) {
+    dspkd_info("Slurm job %" PRIu64 ": not registered (%s does not exist): nothing to end", id,
+               d->job_state);
+    return 0;
+  }
+  if (r == 0)
+    r = parse_text(&p, text, n, why, sizeof why);
+  free(text);
+  if (r != 0) {
+    parsed_free(&p);
+    dspkd_error("--end-job %" PRIu64 ": refusing the state file %s: %s; the job is not ended "
+                "there (a dspkd started on it refuses it too and fails closed): look at the "
+                "file, or remove it", id, d->job_state, why);
+    return 1;
+  }
+  apply(d, &p, false);
+  if (!end_in(d, id, &uid)) {
+    dspkd_info("Slurm job %" PRIu64 ": has ended already (%s)", id, d->job_state);
+    return 0;
+  }
+  if (save(d, &st, msg, sizeof msg) != 0) {
+    dspkd_error("--end-job %" PRIu64 ": %s; the job is not ended", id, msg);
+    return 1;
+  }
+  if (uid == (uid_t)-1)
+    dspkd_info("Slurm job %" PRIu64 ": not registered; recorded as ended in %s", id,
+               d->job_state);
+  else
+    dspkd_info("Slurm job %" PRIu64 " (uid %lu): ended in %s", id, (unsigned long)uid,
+               d->job_state);
+  return 0;
+}
+
+/* The lock's path, in buf. */
+static const char *lock_path(const struct dspkd *d, char *buf, size_t len) {
+  snprintf(buf, len, "%s.lock", d->job_state);
+  return buf;
+}
+
+int dspkd_jobstate_end_offline(struct dspkd *d, uint64_t id) {
+  struct stat st;
+  uid_t owner = geteuid();
+  gid_t group = getegid();
+  char why[256] = "", lock[sizeof d->job_state + 8];
+  bool exists;
+  int fd, r;
+
+  if (name_file(d) != 0) {
+    dspkd_error("--end-job %" PRIu64 ": no state file to end it in", id);
+    return 2;
+  }
+  if (check_dir(d->job_state) != 0)
+    return 2;
+  /* Root ends a job in the file of a daemon that runs as another user
+   * (User=dspk): the file and its lock keep their owner. */
+  exists = lstat(d->job_state, &st) == 0 && S_ISREG(st.st_mode);
+  if (owner == 0 && (exists || (lstat(lock_path(d, lock, sizeof lock), &st) == 0 &&
+                                S_ISREG(st.st_mode)))) {
+    owner = st.st_uid;
+    group = st.st_gid;
+  }
+  fd = lock_take(d->job_state, owner, group, exists, why, sizeof why);
+  if (fd == -2) {
+    dspkd_error("--end-job %" PRIu64 ": a running dspkd holds %s.lock: end the job through "
+                "it (dspk-submit job end --job %" PRIu64 ")", id, d->job_state, id);
+    return DSPKD_EXIT_LOCKED;
+  }
+  if (fd == -3) {
+    dspkd_info("Slurm job %" PRIu64 ": not registered (%s does not exist): nothing to end",
+               id, d->job_state);
+    return 0;
+  }
+  if (fd < 0) {
+    dspkd_error("--end-job %" PRIu64 ": cannot lock %s.lock: %s", id, d->job_state, why);
+    return 1;
+  }
+  r = end_locked(d, id, owner);
+  dspkd_jobs_free(d);
+  close(fd);
+  return r;
 }

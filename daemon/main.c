@@ -37,9 +37,9 @@
 #include "cache/cache.h"
 
 /* Fills cfg->socket_path, unless the option or the file set it, from
- * $DSPK_SOCKET or the default, and creates the default's directory.  0 or
- * -1 (logged). */
-static int socket_path(struct dspkd_config *cfg) {
+ * $DSPK_SOCKET or the default, and creates the default's directory when
+ * create is set.  0 or -1 (logged). */
+static int socket_path(struct dspkd_config *cfg, bool create) {
   const char *env = getenv("DSPK_SOCKET");
   const char *given = NULL;
   char dir[sizeof cfg->socket_path];
@@ -71,7 +71,7 @@ static int socket_path(struct dspkd_config *cfg) {
       return -1;
     }
   }
-  if (mkdir(dir, geteuid() == 0 ? 0755 : 0700) != 0 && errno != EEXIST) {
+  if (create && mkdir(dir, geteuid() == 0 ? 0755 : 0700) != 0 && errno != EEXIST) {
     dspkd_error("cannot create %s: %s", dir, strerror(errno));
     return -1;
   }
@@ -486,6 +486,11 @@ int main(int argc, char **argv) {
   default: return 2;
   }
 
+  /* dspkd --end-job ID: the state file the daemon would use, changed
+   * offline; nothing of the daemon starts. */
+  if (cfg->end_job)
+    return socket_path(cfg, false) != 0 ? 2 : dspkd_jobstate_end_offline(d, cfg->end_job);
+
   dspkd_test_start_pause("config");
   activated = dspkd_activation_start(d);
   if (activated < 0)
@@ -498,11 +503,18 @@ int main(int argc, char **argv) {
     return 2;
   }
   if (!activated &&
-      socket_path(cfg) != 0)
+      socket_path(cfg, true) != 0)
     return 1;
   /* Before any device opens: a second daemon must not touch the GPUs. */
-  if (!activated && dspkd_socket_check(cfg->socket_path) != 0)
+  if (!activated && (dspkd_socket_check(cfg->socket_path) != 0 ||
+                     dspkd_socket_dir_check(cfg->socket_path) != 0))
     return 1;
+  /* The Slurm jobs' state file: named (a relative path is the start
+   * directory's), its directory checked, and its lock held from now on,
+   * before the file is read and before a detached daemon leaves for /. */
+  if (dspkd_jobstate_start(d) != 0)
+    return 2;
+  dspkd_test_start_pause("jobs");
   dspkd_config_log_source();
   if (!cfg->foreground) {
     /* Detached, it leaves its start directory (which could not be
@@ -553,7 +565,6 @@ int main(int argc, char **argv) {
   dspkd_shm_report_pages();
   /* The Slurm jobs registered before a restart, matched to the devices
    * just opened, before any client is served (daemon/jobstate.c). */
-  dspkd_jobstate_init(d);
   dspkd_jobstate_load(d);
   dspkd_teardown_arm(d); /* exit() from now on closes the devices first */
   if (dspkd_metrics_http_start(d) != 0)

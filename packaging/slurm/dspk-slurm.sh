@@ -27,8 +27,12 @@ case $submit in
   */*) [ -f "$submit" ] && [ -x "$submit" ] ;;
   *) command -v -- "$submit" >/dev/null 2>&1 ;;
 esac || {
-  echo "dspk $what: job $job: no executable dspk-submit at $submit (the one of this" \
-    "script's tree; DSPK_SUBMIT names another)" >&2
+  if [ -n "${DSPK_SUBMIT:-}" ]; then
+    echo "dspk $what: job $job: no executable dspk-submit at $submit (named by DSPK_SUBMIT)" >&2
+  else
+    echo "dspk $what: job $job: no executable dspk-submit at $submit (the one of this" \
+      "script's tree; DSPK_SUBMIT names another)" >&2
+  fi
   exit 127
 }
 

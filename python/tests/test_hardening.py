@@ -419,7 +419,8 @@ def test_refused_by_max_user_clients_is_elimit_with_the_reason():
             for _ in range(50):
                 with pytest.raises(dspk.LimitExceeded,
                                    match=r"^ELIMIT: this user has \d+ connections "
-                                         r"already \(max_user_clients 1\)$"):
+                                         r"already \(max_user_clients 1 and 8 more for "
+                                         r"admins\)$"):
                     dspk.connect(d.socket, timeout=TIMEOUT)
             held.ping()
     finally:

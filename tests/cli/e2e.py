@@ -2222,7 +2222,8 @@ def suite_refused(cli, tmp, dspkd):
             # The count may include a refused connection still closing.
             err = c.fails(["ping"], "ping", "ELIMIT")
             check(re.search(r": hello: daemon closed the connection: this user has "
-                            r"\d+ connections already \(max_user_clients 1\)$", err),
+                            r"\d+ connections already \(max_user_clients 1 and 8 more "
+                            r"for admins\)$", err),
                   "refused by max_user_clients: %r" % err)
         held[0].close()
         c.ok("ping")  # the slot is free again

@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """The packaged Slurm epilog and prolog (build/packaging/slurm/) against each state a
-node's socket can be in (docs/cluster.md): the epilog exits 0 when the node has no
-daemon, whether no socket file exists or a stale one that nothing listens on
-(connection refused: a dspkd killed without its cleanup), saying so in one line on
-stderr; it ends the job at a live daemon; any other failure (a listener that closes
+node's socket can be in (docs/cluster.md): when the node has no daemon, whether no
+socket file exists or a stale one that nothing listens on (connection refused: a dspkd
+killed without its cleanup), the epilog ends the job in the daemon's state file (dspkd
+--end-job) and exits 0, saying so in one line on stderr, or fails (exit 1, one line
+saying what to do) when that cannot be done; it ends the job at a live daemon; any other failure (a listener that closes
 the connection, one that never answers) fails it, so that Slurm drains the node; a
 timeout says so in one line (what gave up, after how long, the socket).  The prolog fails
 closed in every case without a daemon.  Needs neither root nor Slurm.
@@ -26,12 +27,13 @@ import dspk_daemon  # noqa: E402
 from dspk_rpc import check  # noqa: E402
 
 TIMEOUT = 60
+DSPKD = None  # main() sets it: the dspkd the epilog runs for --end-job
 
 
 def script(path, submit, sock, **env):
     e = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "DSPK_"))}
     e.update(DSPK_SUBMIT=submit, DSPK_SOCKET=sock, SLURM_JOB_ID="77", SLURM_JOB_UID="0",
-             DSPK_GPU_MAP="/nonexistent")
+             DSPK_GPU_MAP="/nonexistent", DSPK_DSPKD=DSPKD, DSPK_DSPKD_OPTIONS="--config=")
     e.update(env)
     return subprocess.run([path], capture_output=True, text=True, timeout=TIMEOUT, env=e)
 
@@ -42,10 +44,22 @@ def run(a, tmp):
     check(os.access(epilog, os.X_OK) and os.access(prolog, os.X_OK),
           "the packaged prolog and epilog in the build tree")
 
-    # 1. No socket file: nothing to clean up, nothing said.
+    # 1. No socket file: the job is ended in the state file (here: none, nothing to end),
+    # one line says so.
     none = os.path.join(tmp, "none.sock")
     p = script(epilog, a.submit, none)
-    check(p.returncode == 0 and p.stdout == "" and p.stderr == "", "no socket: %r" % (p,))
+    check(p.returncode == 0 and p.stdout == "" and p.stderr ==
+          "dspk epilog: job 77: no dspkd listens on %s (no socket file); the job is ended in "
+          "its state file (dspkd --end-job)\n" % none, "no socket: %r" % (p,))
+    # Without a dspkd to run, or when it fails: exit 1, one line says what to do.
+    for env, why in (({"DSPK_DSPKD": os.path.join(tmp, "nodspkd")}, "named by DSPK_DSPKD"),
+                     ({"DSPK_DSPKD_OPTIONS": "--job-state " + os.path.join(tmp, "no", "j")},
+                      "could not end the job in its state file (exit 2")):
+        p = script(epilog, a.submit, none, **env)
+        check(p.returncode == 1 and p.stdout == "" and why in p.stderr and
+              p.stderr.splitlines()[-1].startswith(
+                  "dspk epilog: job 77: no dspkd listens on %s (no socket file), and " % none)
+              and "dspkd --end-job 77" in p.stderr, "no socket, %s: %r" % (why, p))
     p = script(prolog, a.submit, none)
     check(p.returncode == 1 and "ECONNECT" in p.stderr, "prolog without a socket: %r" % (p,))
 
@@ -56,6 +70,9 @@ def run(a, tmp):
     proc = dspk_daemon.start(dspk_daemon.cmdline(a.dspkd, stale, ["--config", ""]), TIMEOUT,
                              stderr=log)
     check(proc is not None, "dspkd started")
+    p = subprocess.run([a.submit, "--socket", stale, "job", "register", "--job", "77",
+                        "--uid", "0"], capture_output=True, text=True, timeout=TIMEOUT)
+    check(p.returncode == 0, "job 77 registered: %r" % (p,))
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     check(os.path.exists(stale), "the killed daemon left its socket file")
@@ -73,6 +90,9 @@ def run(a, tmp):
     check(len(lines) == 1 and lines[0].startswith("dspk epilog: job 77: no dspkd listens on "
                                                   + stale) and "connection refused" in lines[0],
           "stale socket: one line says so: %r" % p.stderr)
+    jobs = open(os.path.join(tmp, "stale.jobs")).read()
+    check(jobs == "dspkd-jobs 1\nended 77 0\nend 1\n", "job 77 ended in the state file: %r"
+          % jobs)
     p = script(prolog, a.submit, stale)
     check(p.returncode == 1 and "Connection refused" in p.stderr,
           "prolog on a stale socket fails closed: %r" % (p,))
@@ -145,6 +165,8 @@ def main():
     ap.add_argument("--submit", required=True)
     ap.add_argument("--build", required=True)
     a = ap.parse_args()
+    global DSPKD
+    DSPKD = os.path.abspath(a.dspkd)
     tmp = tempfile.mkdtemp(prefix="dspk-epilog-", dir="/tmp")
     try:
         run(a, tmp)

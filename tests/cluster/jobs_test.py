@@ -5,10 +5,14 @@ its uid's only job and from its cgroup, the allocation enforced by device UUID (
 filtered, ENODEV for the others, buffers included, "any" among the allowed), per-job
 memory quota, the job in status, metrics and traces, nothing of a job left after
 job.end, and registrations that outlive a restart (the state file, refused when unsafe
-or corrupt, EIO when it cannot be written; restart()).  The excluded device is lavapipe (Vulkan), so the test needs a Vulkan device;
-exit 77 (skipped) without one.
+or corrupt, EIO when it cannot be written; restart()), an epilog that runs while no
+dspkd listens (dspkd --end-job, the state file's lock; down()), where the state file is
+(paths()), and a daemon under a /proc that hides other users' processes (hidden(): printed
+as skipped where it cannot run; exit 77 when it is the case asked for).  The excluded
+device is lavapipe (Vulkan), so the test needs a Vulkan device; exit 77 (skipped) without
+one.
 
-    jobs_test.py --dspkd PATH --submit DSPK_SUBMIT
+    jobs_test.py --dspkd PATH --submit DSPK_SUBMIT [--epilog EPILOG] [down|paths|hidden]
 """
 import argparse
 import json
@@ -162,7 +166,7 @@ def cli(d, submit, gpu, cpu):
               "end %s: %r %r" % (job, p.stdout, p.stderr))
 
 
-def run(exe, submit, tmp):
+def run(exe, submit, epilog, tmp, case=None):
     import numpy as np
     d = Daemon(exe, tmp, ["--max-job-memory", "1M"])
     try:
@@ -174,6 +178,17 @@ def run(exe, submit, tmp):
             return 77
         gpu = vk[0]
         cpu = [x for x in devs if x["backend"] == "cpu"][0]
+        if case == "down":
+            d.stop()
+            down(exe, submit, epilog, os.path.join(tmp, "down"), gpu, cpu)
+            return 0
+        if case == "hidden":
+            d.stop()
+            return 0 if hidden(exe, os.path.join(tmp, "hidden"), gpu, cpu) else 77
+        if case == "paths":
+            d.stop()
+            paths(exe, submit, os.path.join(tmp, "paths"))
+            return 0
         cli(d, submit, gpu, cpu)
 
         # The admin methods: EPERM for anyone else (a child as uid 65534).
@@ -419,11 +434,26 @@ def run(exe, submit, tmp):
     try:
         os.chmod(d.sock, 0o666)
         n, note = opened_until_refused(d)
-        check(n == 1 + 8 and note and note[0]["name"] == "ELIMIT" and
-              "max_user_clients" in note[0]["message"], "an admin's connections: %d %r" % (n, note))
+        # The refusal gives the real numbers: the admin's 8 more included.
+        check(n == 1 + 8 and note and note[0]["name"] == "ELIMIT" and note[0]["message"] ==
+              "this user has 9 connections already (max_user_clients 1 and 8 more for admins)",
+              "an admin's connections: %d %r" % (n, note))
         n, note = dspk_daemon.run_as(NOBODY, NOBODY, lambda: opened_until_refused(d))
-        check(n == 1 and note and "max_user_clients" in note[0]["message"],
+        check(n == 1 and note and note[0]["message"] ==
+              "this user has 1 connection already (max_user_clients 1)",
               "a user's connections: %d %r" % (n, note))
+        d.stop()
+        # max_clients: the same, for an admin and for a user.
+        os.unlink(os.path.join(tmp, "dspkd.log"))
+        d = Daemon(exe, tmp, ["--max-clients", "2", "--max-user-clients", "64"])
+        os.chmod(d.sock, 0o666)
+        n, note = opened_until_refused(d)
+        check(n == 2 + 8 and note and note[0]["name"] == "ELIMIT" and note[0]["message"] ==
+              "more than 10 connections (max_clients 2 and 8 more for admins)",
+              "an admin's connections beyond max_clients: %d %r" % (n, note))
+        n, note = dspk_daemon.run_as(NOBODY, NOBODY, lambda: opened_until_refused(d))
+        check(n == 2 and note and note[0]["message"] == "more than 2 connections (max_clients)",
+              "a user's connections beyond max_clients: %d %r" % (n, note))
         d.stop()
     except BaseException:
         sys.stderr.write(d.logtext()[-6000:])
@@ -440,6 +470,9 @@ def run(exe, submit, tmp):
         sys.stderr.write(d.logtext()[-6000:])
         d.proc.kill()
         raise
+    down(exe, submit, epilog, os.path.join(tmp, "down"), gpu, cpu)
+    paths(exe, submit, os.path.join(tmp, "paths"))
+    hidden(exe, os.path.join(tmp, "hidden"), gpu, cpu)
     return 0
 
 
@@ -663,17 +696,268 @@ def restart(exe, submit, tmp, gpu, cpu):
         subprocess.run(["umount", mnt], check=True)
 
 
+def epilog_env(sock, job, **more):
+    e = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "DSPK_"))}
+    e.update(DSPK_SOCKET=sock, SLURM_JOB_ID=str(job), SLURM_JOB_UID="0", **more)
+    return e
+
+
+def down(exe, submit, epilog, tmp, gpu, cpu):
+    """An epilog that runs while no dspkd listens (docs/cluster.md, "Prolog and
+    epilog"): the job is ended in the state file (dspkd --end-job), so that the next
+    start does not register it again, and its uid, without a job, gets the cpu only under
+    job_required.  dspkd holds PATH.lock for its life: --end-job under a running daemon
+    exits 3, and a second daemon on the same state file does not start (exit 2)."""
+    os.chmod(os.path.dirname(tmp), 0o711)
+    os.mkdir(tmp)
+    os.chmod(tmp, 0o711)
+    state = os.path.join(tmp, "dspkd.jobs")
+    env = dict(DSPK_SUBMIT=submit, DSPK_DSPKD=exe, DSPK_DSPKD_OPTIONS="--config=")
+    extra = ["--config", "", "--job-required"]
+
+    def end_job(*args):
+        return subprocess.run([exe, "--config", ""] + list(args), capture_output=True,
+                              text=True, timeout=TIMEOUT)
+
+    # A running daemon: --end-job is refused with exit 3 (end the job through the
+    # daemon); a second daemon on the same state file (another socket) exits 2.
+    def held(d):
+        d.client().call("job.register", {"job": 30, "uid": NOBODY, "devices": [gpu["uuid"]]})
+        p = end_job("--socket", d.sock, "--end-job", "30")
+        check(p.returncode == 3 and "a running dspkd holds %s.lock" % state in p.stderr and
+              "dspk-submit job end --job 30" in p.stderr, "--end-job under a daemon: %r" % (p,))
+        other = os.path.join(tmp, "other.sock")
+        p = subprocess.run(dspk_daemon.cmdline(exe, other, extra + ["--job-state", state]),
+                           capture_output=True, text=True, timeout=TIMEOUT)
+        check(p.returncode == 2 and len(p.stderr.splitlines()) == 1 and
+              "another dspkd uses the state file %s" % state in p.stderr and
+              not os.path.exists(other), "a second daemon on one state file: %r" % (p,))
+        check(job_ids(d.client()) == [30], "job 30 still registered")
+    daemon_check(Daemon(exe, tmp, extra), held)
+
+    # Job 30 (uid 65534, the GPU) ends while dspkd is down: killed (SIGKILL: a stale
+    # socket, connection refused), or stopped (SIGTERM: no socket file).
+    for how in ("kill", "stop"):
+        d = Daemon(exe, tmp, extra)
+        if how == "kill":
+            d.client().call("job.register", {"job": 31, "uid": NOBODY, "devices": []})
+            d.proc.kill()
+            d.proc.wait()
+            check(os.path.exists(d.sock), "the killed daemon left its socket")
+            gone = "connection refused"
+        else:
+            d.stop()
+            gone = "no socket file"
+        check("job 30 %d" % NOBODY in open(state).read(), "job 30 in the state file")
+        p = subprocess.run([epilog], capture_output=True, text=True, timeout=TIMEOUT,
+                           env=epilog_env(d.sock, 30, **env))
+        check(p.returncode == 0 and p.stdout == "" and len(p.stderr.splitlines()) == 1 and
+              ("no dspkd listens on %s (%s" % (d.sock, gone)) in p.stderr and
+              "ended in its state file" in p.stderr, "%s: the epilog: %r" % (how, p))
+        st = os.stat(state)
+        check(st.st_mode & 0o7777 == 0o600 and st.st_uid == 0, "%s: mode, owner" % how)
+
+        def after(d):
+            check(job_ids(d.client()) == ([31] if how == "kill" else []),
+                  "%s: job 30 is not registered again" % how)
+            os.chmod(d.sock, 0o666)
+            got = dspk_daemon.run_as(NOBODY, NOBODY, lambda: ids(d.client()))
+            check(got == [cpu["id"]], "%s: uid %d without a job: the cpu only: %r"
+                  % (how, NOBODY, got))
+            e = dspk_daemon.run_as(NOBODY, NOBODY, lambda: err_of(d.client(job=30), "devices",
+                                                                   {}))
+            check(e[0] == "EPERM" and "ended" in e[1], "%s: a claim of job 30: %r" % (how, e))
+            if how == "kill":
+                d.client().call("job.end", {"job": 31})
+            d.client().call("job.register", {"job": 30, "uid": NOBODY,
+                                             "devices": [gpu["uuid"]]})
+        daemon_check(Daemon(exe, tmp, extra), after)
+
+    # Root ends a job in the file of a daemon of another user (User=dspk): the file
+    # keeps its owner, group and mode; a daemon that starts meanwhile holds the lock.
+    os.chown(state, NOBODY, NOBODY)
+    os.chmod(state, 0o640)
+    os.chown(state + ".lock", NOBODY, NOBODY)
+    sock = os.path.join(tmp, "dspkd.sock")
+    p = end_job("--socket", sock, "--end-job", "30")
+    st = os.stat(state)
+    check(p.returncode == 0 and "Slurm job 30 (uid %d): ended in %s" % (NOBODY, state)
+          in p.stderr and (st.st_uid, st.st_gid, st.st_mode & 0o7777) ==
+          (NOBODY, NOBODY, 0o640) and open(state).read() ==
+          "dspkd-jobs 1\nended 31 %d\nended 30 %d\nend 2\n" % (NOBODY, NOBODY),
+          "--end-job as root on uid %d's file: %r %o" % (NOBODY, p, st.st_mode))
+    p = end_job("--socket", sock, "--end-job", "30")
+    check(p.returncode == 0 and "has ended already" in p.stderr, "again: %r" % (p,))
+    for f in (state, state + ".lock"):
+        os.unlink(f)
+    p = end_job("--socket", sock, "--end-job", "32")
+    check(p.returncode == 0 and "not registered" in p.stderr and not os.path.exists(state)
+          and not os.path.exists(state + ".lock"), "no state file: nothing to end: %r" % (p,))
+
+    # A daemon that holds the lock but does not listen yet (its start paused): the
+    # epilog ends the job through it once it listens, trying once a second until its
+    # timeout, and fails (exit 1, the node drains) when it never does.
+    log = open(os.path.join(tmp, "paused.log"), "w+")
+    proc = subprocess.Popen(dspk_daemon.cmdline(exe, sock, extra, backends="cpu"),
+                            stderr=log, env=dict(os.environ, DSPKD_TEST_START_PAUSE="jobs"))
+    try:
+        while "start paused at jobs" not in open(log.name).read():
+            check(proc.poll() is None, "the paused daemon exited")
+            select.select([], [], [], 0.05)
+        p = subprocess.run([epilog], capture_output=True, text=True, timeout=TIMEOUT,
+                           env=epilog_env(sock, 33, DSPK_EPILOG_TIMEOUT="1", **env))
+        check(p.returncode == 1 and p.stdout == "" and "a running dspkd holds" in p.stderr and
+              "could not end the job in its state file (exit 3" in p.stderr and
+              "dspkd --end-job 33" in p.stderr, "a daemon that holds the lock, silent: %r"
+              % (p,))
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(TIMEOUT)
+
+
+def paths(exe, submit, tmp):
+    """Where the state file is (dspkd(8), --job-state): a relative job_state is the start
+    directory's, also for a daemon that detaches (and leaves for /), and the log names it
+    absolute; a state file whose directory is missing or not a directory refuses the
+    start (exit 2, one line)."""
+    os.mkdir(tmp)
+    base = ["--config", "", "--backends", "cpu", "--no-cache"]
+    for where, args, conf in (("option", ["--job-state", "rel.jobs"], None),
+                              ("file", [], "[daemon]\njob_state = rel.jobs\n")):
+        start = os.path.join(tmp, where)
+        os.mkdir(start)
+        log = os.path.join(start, "dspkd.log")
+        cmd = [exe, "--socket", "rel.sock"] + base + args
+        if conf:
+            with open(os.path.join(start, "d.conf"), "w") as f:
+                f.write(conf)
+            cmd[cmd.index("--config") + 1] = "d.conf"
+        with open(log, "w") as err:
+            p = subprocess.run(cmd, cwd=start, stderr=err, timeout=TIMEOUT)  # detaches
+        text = open(log).read()
+        check(p.returncode == 0, "%s: the detached start: %s" % (where, text))
+        # The detached daemon's pid: its line "listening on" (the first are the
+        # starter's, before the fork).
+        line = [x for x in text.splitlines() if "listening on" in x][0]
+        pid = int(line.split("dspkd[", 1)[1].split("]", 1)[0])
+        pidfd = os.pidfd_open(pid)
+        try:
+            sock = os.path.join(start, "rel.sock")
+            r = subprocess.run([submit, "--socket", sock, "job", "register", "--job", "40",
+                                "--uid", "0"], capture_output=True, text=True, timeout=TIMEOUT)
+            check(r.returncode == 0, "%s: job 40 registered: %r" % (where, r))
+            state = os.path.join(start, "rel.jobs")
+            check(os.path.exists(state) and not os.path.exists("/rel.jobs"),
+                  "%s: the state file in the start directory, not in /" % where)
+            check(("Slurm jobs: %s does not exist" % state) in open(log).read(),
+                  "%s: the log names the absolute path: %s" % (where, open(log).read()))
+        finally:
+            os.kill(pid, signal.SIGTERM)
+            select.select([pidfd], [], [], TIMEOUT)
+            os.close(pidfd)
+    notdir = os.path.join(tmp, "plain")
+    open(notdir, "w").close()
+    for state, why in ((os.path.join(tmp, "typo", "d.jobs"), "directory %s: No such file or "
+                        "directory" % os.path.join(tmp, "typo")),
+                       (os.path.join(notdir, "d.jobs"), "%s is not a directory" % notdir)):
+        for args, conf in ((["--job-state", state], None),
+                           ([], "[daemon]\njob_state = %s\n" % state)):
+            cfg = os.path.join(tmp, "d.conf")
+            with open(cfg, "w") as f:
+                f.write(conf or "")
+            sock = os.path.join(tmp, "d.sock")
+            p = subprocess.run(dspk_daemon.cmdline(exe, sock, ["--config", cfg] + args),
+                               capture_output=True, text=True, timeout=TIMEOUT)
+            lines = p.stderr.splitlines()
+            check(p.returncode == 2 and len(lines) == 1 and
+                  ("the state file %s cannot be written" % state) in lines[0] and why in
+                  lines[0] and not os.path.exists(sock), "%s %r: %r" % (state, args, p))
+    # The default (the socket's path with .jobs) in the socket's directory: there when
+    # the socket can be; a missing socket directory is still the socket's error (exit 1).
+    p = subprocess.run(dspk_daemon.cmdline(exe, os.path.join(tmp, "typo", "d.sock"),
+                                           ["--config", ""]),
+                       capture_output=True, text=True, timeout=TIMEOUT)
+    typo = os.path.join(tmp, "typo")
+    check(p.returncode == 1 and "cannot listen on %s/d.sock: directory %s: No such file" %
+          (typo, typo) in p.stderr and len(p.stderr.splitlines()) == 1, "socket in a missing directory: %r"
+          % (p,))
+
+
+HIDDEN_UID = 64031  # the daemon's user in hidden(): no capabilities, not root, not 65534
+
+
+def hidden(exe, tmp, gpu, cpu):
+    """dspkd as the packaged unit runs it: an unprivileged user, and /proc mounted
+    hidepid=invisible (ProtectProc=invisible), where other users' processes are absent
+    from /proc.  A live but hidden peer's cgroup "cannot be read: passed by" (its claim
+    and its uid decide); only a peer that no longer exists is "gone" (EPERM while its uid
+    has jobs).  Needs root, unshare(1), setpriv(1) and a proc mount: without them it says
+    so and returns False (a skip, not a pass)."""
+    os.chmod(os.path.dirname(tmp), 0o711)
+    os.mkdir(tmp)
+    os.chmod(tmp, 0o711)
+    os.chown(tmp, HIDDEN_UID, HIDDEN_UID)
+    wrap = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+            'mount -t proc -o hidepid=invisible proc /proc && exec setpriv --reuid=%d '
+            '--regid=%d --clear-groups "$@"' % (HIDDEN_UID, HIDDEN_UID), "sh"]
+    # The probe: in such a namespace, as that user, root's pid 1 is not in /proc.
+    try:
+        p = subprocess.run(wrap + ["sh", "-c", "test -d /proc/self && ! test -e /proc/1"],
+                           capture_output=True, text=True, timeout=TIMEOUT)
+    except OSError as e:
+        p = subprocess.CompletedProcess(wrap, 127, "", str(e))
+    if p.returncode != 0:
+        print("hidden: skipped: cannot run a daemon under a /proc mounted hidepid=invisible "
+              "(unshare, mount or setpriv: %r)" % p.stderr.strip())
+        return False
+    sock = os.path.join(tmp, "dspkd.sock")
+    log = open(os.path.join(tmp, "dspkd.log"), "w+")
+    proc = dspk_daemon.start(wrap + dspk_daemon.cmdline(exe, sock, ["--config", "",
+                                                                    "--job-required"],
+                                                        backends="cpu,vulkan"),
+                             TIMEOUT, stderr=log)
+    check(proc is not None, "the hidden daemon started: %s" % open(log.name).read())
+    d = Daemon.__new__(Daemon)
+    d.sock, d.log, d.proc = sock, log, proc
+
+    def check_hidden(d):
+        os.chmod(d.sock, 0o666)
+        admin = d.client()
+        admin.call("job.register", {"job": 50, "uid": NOBODY, "devices": [gpu["uuid"]]})
+        admin.call("job.register", {"job": 51, "uid": os.getuid(), "devices": []})
+        # A live process of the job, hidden from the daemon: its claim decides.
+        got = dspk_daemon.run_as(NOBODY, NOBODY, lambda: err_of(d.client(job=50), "devices",
+                                                                 {}))
+        check(got[0] == "ok", "a hidden live peer of job 50: %r" % (got,))
+        got = dspk_daemon.run_as(NOBODY, NOBODY, lambda: sorted(ids(d.client(job=50))))
+        check(got == sorted([cpu["id"], gpu["id"]]), "job 50's devices: %r" % (got,))
+        check("its cgroup cannot be read (the process is hidden): passed by" in d.logtext(),
+              "the log says the hidden cgroup was passed by")
+        # A peer gone before the daemon accepted: still EPERM while its uid has jobs.
+        e = err_of(handed_on(d, 51), "devices", {})
+        check(e[0] == "EPERM" and "had exited before its cgroup could be read" in e[1],
+              "a gone peer under hidepid: %r" % (e,))
+    daemon_check(d, check_hidden)
+    return True
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--dspkd", required=True)
     ap.add_argument("--submit", required=True)
+    ap.add_argument("--epilog", help="the packaged epilog (default: DSPKD's build tree's)")
+    ap.add_argument("case", nargs="?", choices=["down", "paths", "hidden"],
+                    help="run only this case (needs a Vulkan device all the same)")
     a = ap.parse_args()
     if os.getuid() != 0:
         print("not root: the jobs test switches a child to uid 65534 (needs root)")
         return 77
     tmp = tempfile.mkdtemp(prefix="dspk-jobs-")
+    exe, submit = os.path.abspath(a.dspkd), os.path.abspath(a.submit)
+    epilog = os.path.abspath(a.epilog or os.path.join(os.path.dirname(exe), "..", "packaging",
+                                                      "slurm", "epilog"))
     try:
-        rc = run(os.path.abspath(a.dspkd), os.path.abspath(a.submit), tmp)
+        rc = run(exe, submit, epilog, tmp, a.case)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     if rc == 0:

@@ -6,7 +6,9 @@ own, with a stand-in dspk-submit that prints its arguments (docs/cluster.md):
   that tree's dspk-submit also when slurm.conf names a link to them at another depth
   (Prolog=/etc/slurm/prolog.d/*: absolute, relative and chained links); a copy of a script
   elsewhere finds none and says so (exit 127), as does a DSPK_SUBMIT that is no executable
-  file;
+  file (the message names the variable); the epilog without a daemon runs that tree's
+  dspkd (SBINDIR/dspkd, a stand-in that records its arguments) with DSPK_DSPKD_OPTIONS and
+  --end-job, or DSPK_DSPKD's;
 - the map file's # starts a comment anywhere on a line (`0 UUID#card A` maps 0 to UUID),
   a CR at a line's end is dropped, and an index with only a comment has no UUID (exit 1);
 - DSPK_PROLOG_TIMEOUT / DSPK_EPILOG_TIMEOUT take whole seconds from 1 (unset or empty:
@@ -16,6 +18,7 @@ The timeouts themselves run out in cluster.epilog (a listener that never answers
 neither root, Slurm nor a daemon.
 
     scripts_test.py --build BUILD_DIR --libexecdir FULL_LIBEXECDIR --bindir FULL_BINDIR
+                    --sbindir FULL_SBINDIR
 """
 import argparse
 import os
@@ -30,6 +33,8 @@ from dspk_rpc import check  # noqa: E402
 
 TIMEOUT = 60
 FAKE = "#!/bin/sh\nfor a; do printf '%s\\n' \"$a\"; done\n"
+# The stand-in dspkd: its socket variable and arguments, a line each, in PATH.args.
+FAKE_DSPKD = "#!/bin/sh\nprintf '%s\\n' \"$DSPK_SOCKET\" \"$@\" > \"$0.args\"\n"
 UUID = ["5c1e0d3a-0000-4000-8000-00000000000%d" % i for i in range(4)]
 
 
@@ -46,8 +51,13 @@ def tree(a, tmp):
     the build's LIBEXECDIR/dspk/slurm and BINDIR (absolute: CMAKE_INSTALL_FULL_*)."""
     sdir = os.path.join(tmp, "root", a.libexecdir.lstrip("/"), "dspk", "slurm")
     bdir = os.path.join(tmp, "root", a.bindir.lstrip("/"))
+    sbin = os.path.join(tmp, "root", a.sbindir.lstrip("/"))
     os.makedirs(sdir)
     os.makedirs(bdir)
+    os.makedirs(sbin, exist_ok=True)
+    with open(os.path.join(sbin, "dspkd"), "w") as f:
+        f.write(FAKE_DSPKD)
+    os.chmod(os.path.join(sbin, "dspkd"), 0o755)
     for s in ("prolog", "epilog"):
         shutil.copy2(os.path.join(a.build, "packaging", "slurm", s), os.path.join(sdir, s))
     with open(os.path.join(bdir, "dspk-submit"), "w") as f:
@@ -56,7 +66,7 @@ def tree(a, tmp):
     return sdir
 
 
-def links(sdir, tmp, sock):
+def links(sdir, tmp, sock, fake):
     # Absolute links at another depth, a relative one, and a link to a link.
     etc = os.path.join(tmp, "etc", "slurm")
     deep = os.path.join(tmp, "opt", "slurm", "site", "etc", "epilog.d")
@@ -75,6 +85,24 @@ def links(sdir, tmp, sock):
         p = run(path, DSPK_SOCKET=sock)
         check(p.returncode == 0 and p.stdout.splitlines() == want and p.stderr == "",
               "the epilog through %s: %r" % (os.path.relpath(path, tmp), p))
+    # No daemon (no socket file): the epilog through a link runs its tree's dspkd, with
+    # the socket and DSPK_DSPKD_OPTIONS' words before --end-job; DSPK_DSPKD names another.
+    none = os.path.join(tmp, "none.sock")
+    p = run(etc + "/epilog.d/50-dspk", DSPK_SOCKET=none,
+            DSPK_DSPKD_OPTIONS="--config /etc/x.conf  --job-state /var/lib/j*")
+    check(p.returncode == 0 and p.stdout == "" and "ended in its state file" in p.stderr and
+          open(fake + ".args").read().splitlines() ==
+          [none, "--config", "/etc/x.conf", "--job-state", "/var/lib/j*", "--end-job", "7"],
+          "the epilog without a daemon runs its tree's dspkd --end-job: %r" % (p,))
+    other = os.path.join(tmp, "other-dspkd")
+    shutil.copy2(fake, other)
+    p = run(etc + "/epilog.d/50-dspk", DSPK_SOCKET=none, DSPK_DSPKD=other)
+    check(p.returncode == 0 and open(other + ".args").read().splitlines() ==
+          [none, "--end-job", "7"], "DSPK_DSPKD: %r" % (p,))
+    p = run(etc + "/epilog.d/50-dspk", DSPK_SOCKET=none, DSPK_DSPKD=other + "-typo")
+    check(p.returncode == 1 and p.stdout == "" and len(p.stderr.splitlines()) == 1 and
+          "no executable dspkd at %s-typo (named by DSPK_DSPKD)" % other in p.stderr,
+          "DSPK_DSPKD naming nothing: %r" % (p,))
     # A copy has no tree of its own: it says where it looked.
     for s in ("prolog", "epilog"):
         copy = os.path.join(etc, s + ".d", "copy")
@@ -83,15 +111,17 @@ def links(sdir, tmp, sock):
         lines = p.stderr.splitlines()
         check(p.returncode == 127 and p.stdout == "" and len(lines) == 1 and
               lines[0].startswith("dspk %s: job 7: no executable dspk-submit at " % s) and
-              "DSPK_SUBMIT" in lines[0], "a copy of the %s: %r" % (s, p))
+              lines[0].endswith("(the one of this script's tree; DSPK_SUBMIT names another)"),
+              "a copy of the %s: %r" % (s, p))
         # DSPK_SUBMIT naming a file that is not executable, or no file.
         plain = os.path.join(tmp, "not-executable")
         open(plain, "w").close()
         for bad in (plain, os.path.join(tmp, "none")):
             p = run(os.path.join(sdir, s), DSPK_SOCKET=sock, DSPK_SUBMIT=bad)
-            check(p.returncode == 127 and p.stdout == "" and p.stderr.startswith(
-                "dspk %s: job 7: no executable dspk-submit at %s " % (s, bad)),
-                "DSPK_SUBMIT=%s: %r" % (bad, p))
+            # The message names the variable that gave the path, not the tree.
+            check(p.returncode == 127 and p.stdout == "" and p.stderr ==
+                  "dspk %s: job 7: no executable dspk-submit at %s (named by DSPK_SUBMIT)\n"
+                  % (s, bad), "DSPK_SUBMIT=%s: %r" % (bad, p))
 
 
 def gpu_map(sdir, tmp, sock):
@@ -137,7 +167,7 @@ def timeouts(sdir, sock):
 
 def main():
     ap = argparse.ArgumentParser()
-    for opt in ("--build", "--libexecdir", "--bindir"):
+    for opt in ("--build", "--libexecdir", "--bindir", "--sbindir"):
         ap.add_argument(opt, required=True)
     a = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="dspk-scripts-", dir="/tmp")
@@ -148,7 +178,7 @@ def main():
         sock = os.path.join(tmp, "s.sock")
         srv = socket.socket(socket.AF_UNIX)
         srv.bind(sock)
-        links(sdir, tmp, sock)
+        links(sdir, tmp, sock, os.path.join(tmp, "root", a.sbindir.lstrip("/"), "dspkd"))
         gpu_map(sdir, tmp, sock)
         timeouts(sdir, sock)
         print("ok scripts")

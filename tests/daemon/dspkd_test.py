@@ -2626,7 +2626,8 @@ def t_userconns(exe, tmp):
     notes = extra.expect_closed()
     # The message names the limit's value (it said "(max_user_clients)" and
     # "1 connections").
-    want = "this user has %d connections already (max_user_clients 3)" % (3 + ADMIN_EXTRA_CONNS)
+    want = ("this user has %d connections already (max_user_clients 3 and %d more for "
+            "admins)" % (3 + ADMIN_EXTRA_CONNS, ADMIN_EXTRA_CONNS))
     check(any(n[1] == "protocol.error" and n[2][0]["name"] == "ELIMIT"
               and n[2][0]["message"] == want for n in notes),
           "a fourth connection of the same user is refused: %r" % notes)

@@ -332,7 +332,9 @@ def t_sockreplaced(exe, tmp):
     path = os.path.join(tmp, "shared.sock")
     a = Daemon(exe, tmp, sock=path)
     os.unlink(path)
-    b = Daemon(exe, tmp, sock=path)  # the path is free: b listens there
+    # The path is free: b listens there (with a state file of its own: a running
+    # daemon holds its state file's lock, and a second one on it does not start).
+    b = Daemon(exe, tmp, ["--job-state", os.path.join(tmp, "b.jobs")], sock=path)
     a.proc.send_signal(signal.SIGTERM)
     check(a.wait() == 0, "a exits 0:\n" + a.logtext())
     check(os.path.exists(path), "b's socket is still there after a's stop")
