@@ -374,7 +374,8 @@ static int register_persist(struct req *r, struct djob *j, bool created, struct 
   }
   dspkd_error(DSPKD_PEER_FMT ": job.register of Slurm job %" PRIu64 " failed: %s",
               DSPKD_PEER_ARGS(r->c), id, why);
-  return fail(r, DSPK_EIO, "%s; Slurm job %" PRIu64 " is not registered (nothing changed)",
+  return fail(r, DSPK_EIO, created ? "%s; Slurm job %" PRIu64 " is not registered (nothing "
+              "changed)" : "%s; Slurm job %" PRIu64 " keeps its registration (nothing changed)",
               why, id);
 }
 

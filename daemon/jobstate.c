@@ -367,9 +367,14 @@ static int save(const struct dspkd *d, const struct stat *keep, char *msg, size_
   r = state_text(d, &text, &n);
   if (r == 0)
     r = replace_file(d->job_state, text, n, keep, &step);
-  if (r != 0)
-    snprintf(msg, len, "cannot write the Slurm jobs' state file %s (%s: %s)", d->job_state,
-             step, strerror(errno));
+  /* Every step before the rename works on PATH.tmp: named, so that the
+   * admin looks where the trouble is. */
+  if (r != 0) {
+    bool tmp = strcmp(step, "rename") != 0 && strcmp(step, "format") != 0;
+    snprintf(msg, len, "cannot write the Slurm jobs' state file %s (%s%s%s%s: %s)",
+             d->job_state, step, tmp ? " " : "", tmp ? d->job_state : "", tmp ? ".tmp" : "",
+             strerror(errno));
+  }
   free(text);
   return r == 0 ? 0 : DSPK_EIO;
 }
@@ -390,11 +395,12 @@ struct parsed {
   unsigned nended;
 };
 
-/* A decimal from lo to hi, nothing else.  0 or -1. */
+/* A decimal from lo to hi, as the daemon writes it (no sign, no leading
+ * zero), nothing else.  0 or -1. */
 static int parse_num(const char *s, uint64_t lo, uint64_t hi, uint64_t *out) {
   char *end;
   unsigned long long v;
-  if (*s < '0' || *s > '9')
+  if (*s < '0' || *s > '9' || (s[0] == '0' && s[1]))
     return -1;
   errno = 0;
   v = strtoull(s, &end, 10);
@@ -417,6 +423,13 @@ static bool job_listed(const struct parsed *p, uint64_t id) {
   return false;
 }
 
+static bool ended_listed(const struct parsed *p, uint64_t id) {
+  for (unsigned i = 0; i < p->nended; i++)
+    if (p->ended[i] == id)
+      return true;
+  return false;
+}
+
 /* "job ID UID UUID...", its words after "job" in w[0..n).  0, or -1 with
  * why. */
 static int parse_job(struct parsed *p, char **w, int n, char *why, size_t len) {
@@ -429,6 +442,12 @@ static int parse_job(struct parsed *p, char **w, int n, char *why, size_t len) {
   }
   if (job_listed(p, id)) {
     snprintf(why, len, "job %" PRIu64 " listed twice", id);
+    return -1;
+  }
+  /* The daemon never writes a job both registered and ended (a new
+   * registration forgets the end). */
+  if (ended_listed(p, id)) {
+    snprintf(why, len, "job %" PRIu64 " both ended and registered", id);
     return -1;
   }
   if (p->njobs >= STATE_MAX_JOBS) {
@@ -448,6 +467,12 @@ static int parse_job(struct parsed *p, char **w, int n, char *why, size_t len) {
       free(j);
       return -1;
     }
+    for (int k = 0; k < j->ndevs; k++)
+      if (strcmp(j->uuid[k], w[i]) == 0) {
+        snprintf(why, len, "job %" PRIu64 ": UUID %s listed twice", id, w[i]);
+        free(j);
+        return -1;
+      }
     snprintf(j->uuid[j->ndevs++], DSPKD_UUID_LEN, "%s", w[i]);
   }
   *p->tail = j;
@@ -462,6 +487,11 @@ static int parse_ended(struct parsed *p, char **w, int n, char *why, size_t len)
   if (n != 2 || parse_num(w[0], 1, UINT64_MAX, &id) ||
       (strcmp(w[1], "-") != 0 && parse_num(w[1], 0, UINT32_MAX - 1, &uid))) {
     snprintf(why, len, "expected ended ID UID (or - for none)");
+    return -1;
+  }
+  if (ended_listed(p, id) || job_listed(p, id)) {
+    snprintf(why, len, "job %" PRIu64 " %s", id,
+             job_listed(p, id) ? "both registered and ended" : "ended twice");
     return -1;
   }
   if (p->nended >= ENDED_SLOTS) {

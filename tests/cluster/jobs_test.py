@@ -628,7 +628,16 @@ def restart(exe, submit, tmp, gpu, cpu):
              (plain(good[:-3]), "cut short"),
              (plain(good.replace("job 11 0", "job 11 x")), "line 2: expected job ID UID"),
              (plain("garbage\n"), "line 1: not \"dspkd-jobs 1\""),
-             (plain(good.replace(lines[-1], "end 99\n")), "\"end 99\" but 4 records")]
+             (plain(good.replace(lines[-1], "end 99\n")), "\"end 99\" but 4 records"),
+             # not what the daemon writes, though each line could be read
+             (plain(good.replace("job 11 0", "job 011 0")), "line 2: expected job ID UID"),
+             (plain(good.replace("job 11 0", "job 11 0 abcd abcd")),
+              "line 2: job 11: UUID abcd listed twice"),
+             (plain(good.replace("ended 10 0", "ended 11 0")),
+              "line 4: job 11 both registered and ended"),
+             (plain("dspkd-jobs 1\nended 11 0\njob 11 0\nend 2\n"),
+              "line 3: job 11 both ended and registered"),
+             (plain(good.replace("ended 10 0", "ended 13 0")), "line 5: job 13 ended twice")]
     check(good == "dspkd-jobs 1\njob 11 0\nended 12 %d\nended 10 0\nended 13 0\nend 4\n"
           % NOBODY, "state file: %r" % good)
     for make, why in cases:
@@ -681,7 +690,10 @@ def restart(exe, submit, tmp, gpu, cpu):
                                                    "devices": [gpu["uuid"]]}),
                                  ("job.end", {"job": 20})):
                 e = err_of(admin, method, args)
-                check(e[0] == "EIO" and fstate in e[1] and "nothing changed" in e[1],
+                # the file a step failed on is named: the temporary one
+                again = method == "job.register" and args["job"] == 20
+                check(e[0] == "EIO" and fstate + ".tmp:" in e[1] and
+                      ("keeps its registration" if again else "nothing changed") in e[1],
                       "%s %r on a full disk: %r" % (method, args, e))
             jobs = admin.call("status", {})["jobs"]
             check([(j["job"], j["devices"]) for j in jobs] == [(20, [])],
