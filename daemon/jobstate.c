@@ -60,7 +60,8 @@ bool dspkd_jobs_required(const struct dspkd *d) {
 
 /* The default: the socket's path with its ".sock" suffix (if any) replaced
  * by ".jobs", so that daemons on two sockets of one directory keep two
- * files; for an activated socket without a path, dspkd.jobs in systemd's
+ * files (but sockets q and q.sock share q.jobs: the lock refuses the
+ * second daemon); for an activated socket without a path, dspkd.jobs in systemd's
  * RuntimeDirectory=.  The length snprintf wanted, or -1 when neither is
  * known. */
 static int default_path(const struct dspkd *d, char *out, size_t len) {
@@ -335,6 +336,13 @@ static int replace_file(const char *path, const char *text, size_t len,
     e = errno;
     goto fail;
   }
+  /* Never over what is not a state file: another daemon's socket, say. */
+  struct stat st;
+  *step = "replace a file that is not a regular one";
+  if (lstat(path, &st) == 0 && !S_ISREG(st.st_mode)) {
+    e = EEXIST;
+    goto fail;
+  }
   *step = "rename";
   if (rename(tmp, path) != 0) {
     e = errno;
@@ -370,7 +378,8 @@ static int save(const struct dspkd *d, const struct stat *keep, char *msg, size_
   /* Every step before the rename works on PATH.tmp: named, so that the
    * admin looks where the trouble is. */
   if (r != 0) {
-    bool tmp = strcmp(step, "rename") != 0 && strcmp(step, "format") != 0;
+    bool tmp = strcmp(step, "rename") != 0 && strcmp(step, "format") != 0 &&
+               strncmp(step, "replace", 7) != 0;
     snprintf(msg, len, "cannot write the Slurm jobs' state file %s (%s%s%s%s: %s)",
              d->job_state, step, tmp ? " " : "", tmp ? d->job_state : "", tmp ? ".tmp" : "",
              strerror(errno));

@@ -20,6 +20,8 @@ import os
 import select
 import shutil
 import signal
+import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -188,6 +190,7 @@ def run(exe, submit, epilog, tmp, case=None):
         if case == "paths":
             d.stop()
             paths(exe, submit, os.path.join(tmp, "paths"))
+            collide(exe, os.path.join(tmp, "collide"))
             return 0
         cli(d, submit, gpu, cpu)
 
@@ -472,6 +475,7 @@ def run(exe, submit, epilog, tmp, case=None):
         raise
     down(exe, submit, epilog, os.path.join(tmp, "down"), gpu, cpu)
     paths(exe, submit, os.path.join(tmp, "paths"))
+    collide(exe, os.path.join(tmp, "collide"))
     hidden(exe, os.path.join(tmp, "hidden"), gpu, cpu)
     return 0
 
@@ -893,6 +897,39 @@ def paths(exe, submit, tmp):
     check(p.returncode == 1 and "cannot listen on %s/d.sock: directory %s: No such file" %
           (typo, typo) in p.stderr and len(p.stderr.splitlines()) == 1, "socket in a missing directory: %r"
           % (p,))
+
+
+def collide(exe, tmp):
+    """Sockets q and q.sock of one directory would share q.jobs: the second daemon is
+    refused at start (the lock), not left to overwrite the first's registrations; and
+    the state file is never written over what is not a regular file (another daemon's
+    socket named like it)."""
+    os.mkdir(tmp)
+    q = os.path.join(tmp, "q")
+    d1 = dspk_daemon.start(dspk_daemon.cmdline(exe, q, ["--config", ""]), TIMEOUT,
+                           stderr=subprocess.DEVNULL)
+    check(d1, "the daemon on q did not start")
+    try:
+        p = subprocess.run(dspk_daemon.cmdline(exe, q + ".sock", ["--config", ""]),
+                           capture_output=True, text=True, timeout=TIMEOUT)
+        check(p.returncode == 2 and (q + ".jobs") in p.stderr, "q.sock beside q: %r" % (p,))
+    finally:
+        check(dspk_daemon.stop(d1, TIMEOUT) == 0, "the daemon on q stopped")
+    state = os.path.join(tmp, "s.jobs")
+    d = Daemon(exe, tmp, ["--job-state", state])
+
+    def over_socket(d):
+        other = socket.socket(socket.AF_UNIX)
+        other.bind(state)  # appeared after the start
+        try:
+            e = err_of(d.client(), "job.register", {"job": 50, "uid": 0})
+            check(e[0] == "EIO" and "not a regular one" in e[1] and "nothing changed" in e[1],
+                  "job.register over a socket: %r" % (e,))
+            check(stat.S_ISSOCK(os.lstat(state).st_mode), "the socket is still there")
+        finally:
+            other.close()
+            os.unlink(state)
+    daemon_check(d, over_socket)
 
 
 HIDDEN_UID = 64031  # the daemon's user in hidden(): no capabilities, not root, not 65534
