@@ -83,15 +83,6 @@ static int socket_path(struct dspkd_config *cfg) {
   return 0;
 }
 
-/* daemon/lifecycle.c's watcher logs the signal (also one taken during the
- * start, which only its watcher sees). */
-static void on_signal(uv_signal_t *h, int signum) {
-  struct dspkd *d = h->data;
-  (void)signum;
-  d->exit_code = 0;
-  dspkd_stop(d);
-}
-
 /* Puts /dev/null on standard descriptor fd (0, 1 or 2).  A standard
  * descriptor is never left closed: the next open(2), socket(2) or accept(2)
  * would take its number, and what the daemon writes to stderr (its log)
@@ -539,9 +530,8 @@ int main(int argc, char **argv) {
   d->hup_timer.data = d;
   uv_idle_init(&loop, &d->resume);
   d->resume.data = d;
-  uv_signal_init(&loop, &d->sigterm);
-  uv_signal_init(&loop, &d->sigint);
-  d->sigterm.data = d->sigint.data = d;
+  /* SIGTERM and SIGINT have one watcher, daemon/lifecycle.c's: it logs the
+   * signal, then stops, so the journal says why before "stopping". */
   dspkd_lifecycle_start(d); /* SIGTERM during the start: acted on once the loop runs */
   pthread_sigmask(SIG_UNBLOCK, &early, NULL);
 
@@ -560,8 +550,6 @@ int main(int argc, char **argv) {
     goto out_devices;
   if (dspkd_socket_open(d) != 0)
     goto out_devices;
-  uv_signal_start(&d->sigterm, on_signal, SIGTERM);
-  uv_signal_start(&d->sigint, on_signal, SIGINT);
   signal_ready(cfg->ready_fd);
   if (detach_fd >= 0) {
     signal_ready(detach_fd);
@@ -594,8 +582,6 @@ out_handles:
   uv_close((uv_handle_t *)&d->trim_timer, NULL);
   uv_close((uv_handle_t *)&d->hup_timer, NULL);
   uv_close((uv_handle_t *)&d->resume, NULL);
-  uv_close((uv_handle_t *)&d->sigterm, NULL);
-  uv_close((uv_handle_t *)&d->sigint, NULL);
   dspkd_lifecycle_close(d);
   dspkd_sched_join(d, true);
   uv_run(&loop, UV_RUN_DEFAULT);

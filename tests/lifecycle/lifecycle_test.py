@@ -134,6 +134,14 @@ class Daemon:
         got = self.wait()
         check(got == rc, "exit status %d, want %d:\n%s" % (got, rc, self.logtext()))
         self.check_clean_exit()
+        # The stop's cause comes first (dspkd(8) LOGGING): the signal is logged
+        # before "stopping" and before any device closes.
+        log = self.logtext()
+        lines = [re.sub(r"^dspkd\[\d+\]: \w+: ", "", l) for l in log.splitlines()]
+        first = min((i for i, l in enumerate(lines) if l == "stopping" or
+                     l.endswith(": device closed")), default=None)
+        check(first is not None and "received SIGTERM" in lines[:first],
+              "the signal logged before the stop:\n" + log)
 
     def check_clean_exit(self):
         log = self.logtext()
