@@ -1224,6 +1224,8 @@ tell:
 }
 
 /* See cache.h. */
+char *dspk__cache_default_path(void) { return default_path(); }
+
 void dspk__cache_close(struct dspk__cache *c) {
   if (!c)
     return;

@@ -117,6 +117,10 @@ struct dspk__cache_opts {
  */
 int dspk__cache_open(const char *path, const struct dspk__cache_opts *opts,
                      struct dspk__cache **out, char *warn, size_t warnlen);
+/* The file dspk__cache_open(NULL, ...) opens: $XDG_CACHE_HOME/dspk/cache.db
+ * or ~/.cache/dspk/cache.db, malloc'd (the caller frees it); NULL when no
+ * home is known or out of memory. */
+char *dspk__cache_default_path(void);
 /* Closes the connection and frees the cache.  Accepts NULL. */
 void dspk__cache_close(struct dspk__cache *c);
 /* The file in use (":memory:" after a fallback, at open or later).  Owned

@@ -39,6 +39,7 @@
 #include "daemon/config.h"
 #include "daemon/linger.h"
 #include "daemon/log.h"
+#include "daemon/paths.h"
 #include "proto/units.h"
 #include "proto/utf8.h"
 
@@ -1215,7 +1216,9 @@ int dspkd_config_reload(struct dspkd *d, char *msg, size_t msglen) {
     /* A restart-only key whose value (the file's, else its default) is not
      * the one the daemon started with, whether the file changed, added or
      * removed it: said, as dspk.conf(5) promises, not applied. */
-    if (restart_key_differs(k, &was, &nw))
+    int paths = dspkd_paths_reload_differs(
+        k->name, &nw, (flag_mask >> key_index("socket")) & 1);
+    if (paths >= 0 ? paths : restart_key_differs(k, &was, &nw))
       dspkd_warn("%s: %s changed; it takes effect at the next start", conf_path, k->name);
   }
   /* A derived key the file leaves unset is derived again (from the new

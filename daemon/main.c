@@ -31,6 +31,7 @@
 #include "daemon/linger.h"
 #include "daemon/log.h"
 #include "daemon/observe.h"
+#include "daemon/paths.h"
 #include "daemon/teardown.h"
 
 #include "backends/backend.h"
@@ -335,17 +336,10 @@ static int open_cache(struct dspkd *d) {
   struct dspk__cache_opts opts = {.max_bytes = cfg->cache_max_bytes,
                                   .notice = cache_notice,
                                   .put_result = cache_put_result};
-  const char *path = cfg->cache_path, *cd = getenv("CACHE_DIRECTORY");
-  static char sdpath[PATH_MAX];
+  const char *path = cfg->cache_path ? cfg->cache_path : dspkd_paths_cache_dir_file();
   char warn[PATH_MAX + 256] = "";
   int err;
 
-  if (!path && cd && cd[0] == '/') {
-    size_t n = strcspn(cd, ":");
-    int k = snprintf(sdpath, sizeof sdpath, "%.*s/cache.db", (int)n, cd);
-    if (k > 0 && (size_t)k < sizeof sdpath)
-      path = sdpath;
-  }
   err = dspk__cache_open(path, &opts, &d->cache, warn, sizeof warn);
   if (err < 0) {
     dspkd_error("cannot open the cache %s: %s", path ? path : "(default location)",
@@ -494,12 +488,16 @@ int main(int argc, char **argv) {
   /* Before any device opens: a second daemon must not touch the GPUs. */
   if (!activated && dspkd_socket_check(cfg->socket_path) != 0)
     return 1;
+  /* Detached, it leaves its start directory (which could not be unmounted
+   * while it runs): the relative paths are resolved first. */
+  if (!cfg->foreground && dspkd_config_absolute(cfg) != 0)
+    return 1;
+  /* The Slurm jobs' state file: named, and none of the daemon's other
+   * files (a bad configuration: exit 2). */
+  if (dspkd_paths_start(cfg, activated) != 0)
+    return 2;
   dspkd_config_log_source();
   if (!cfg->foreground) {
-    /* Detached, it leaves its start directory (which could not be
-     * unmounted while it runs): the relative paths are resolved first. */
-    if (dspkd_config_absolute(cfg) != 0)
-      return 1;
     detach_fd = detach(d);
     if (detach_fd < 0)
       return 1;

@@ -333,6 +333,107 @@ def t_activation(exe, tmp):
           "bad passed fd refused: %r" % q.stderr)
 
 
+def t_ownfiles(exe, tmp):
+    """The Slurm jobs' state file is none of the daemon's other files: a
+    job_state that is the socket, the cache, one of SQLite's files beside it
+    (by path, by a link to it, by another spelling) or whose PATH.tmp is one
+    of those is refused at start, exit 2 and one line, before anything is
+    listened on or opened; the default is refused alike.  A daemon with no
+    state file at all (an activated socket without a path, no job_state,
+    no $RUNTIME_DIRECTORY) refuses to start: it would lose every
+    registration at a restart (dspk.conf(5), job_state)."""
+    sock = os.path.join(tmp, "own.sock")
+    db = os.path.join(tmp, "own.db")
+    write(db, "")
+    os.symlink(db, os.path.join(tmp, "link.db"))
+    os.mkdir(os.path.join(tmp, "sub"))
+
+    def refused(extra, want, env=None):
+        e = dict(os.environ)
+        e.update(env or {})
+        p = subprocess.run([exe, "--foreground", "--config", "", "--backends", "cpu",
+                            "--socket", sock] + extra, stderr=subprocess.PIPE, env=e,
+                           timeout=TIMEOUT)
+        err = p.stderr.decode()
+        lines = [l for l in err.splitlines() if l.startswith("dspkd[")]
+        check(p.returncode == 2 and len(lines) == 1 and want in lines[0],
+              "%r: exit 2 and one line with %r, got %d: %r" % (extra, want, p.returncode, err))
+        check(not os.path.exists(sock), "%r: never listened" % extra)
+
+    refused(["--no-cache", "--job-state", sock], "is the socket (%s)" % sock)
+    refused(["--no-cache", "--job-state", os.path.join(tmp, "sub", "..", "own.sock")],
+            "is the socket (%s)" % sock)
+    refused(["--cache", db, "--job-state", db], "is the cache (%s)" % db)
+    refused(["--cache", db, "--job-state", os.path.join(tmp, "link.db")],
+            "is the cache (%s)" % db)
+    for side in ("-wal", "-shm", "-journal"):
+        refused(["--cache", db, "--job-state", db + side], "(%s%s)" % (db, side))
+    # The cache by its default ($CACHE_DIRECTORY under systemd).
+    refused(["--job-state", os.path.join(tmp, "cache.db")], "is the cache",
+            env={"CACHE_DIRECTORY": tmp})
+    # The temporary file beside the state file is the socket.
+    p = subprocess.run([exe, "--foreground", "--config", "", "--backends", "cpu", "--no-cache",
+                        "--socket", os.path.join(tmp, "own.tmp"), "--job-state",
+                        os.path.join(tmp, "own")], stderr=subprocess.PIPE, timeout=TIMEOUT)
+    check(p.returncode == 2 and b"its temporary file" in p.stderr and
+          p.stderr.count(b"\n") == 1, "PATH.tmp is the socket: %r" % p.stderr)
+
+    # An activated abstract socket: no default state file.
+    sa = shutil.which("systemd-socket-activate") or "/usr/bin/systemd-socket-activate"
+    if not os.path.exists(sa):
+        print("skip: systemd-socket-activate missing (the abstract socket's part)")
+        return
+    name = "dspk-test-own-%d" % os.getpid()
+    for n, (env, extra, want_rc) in enumerate((
+            ({}, [], 2),
+            ({"RUNTIME_DIRECTORY": tmp}, [], 0),
+            ({}, ["--job-state", os.path.join(tmp, "abs.jobs")], 0))):
+        args = [sa, "-l", "@%s-%d" % (name, n)]
+        for v in ("ASAN_OPTIONS", "UBSAN_OPTIONS", "LSAN_OPTIONS"):
+            if v in os.environ:
+                args += ["-E", "%s=%s" % (v, os.environ[v])]
+        for k, v in env.items():
+            args += ["-E", "%s=%s" % (k, v)]
+        e = dict(os.environ)
+        e.pop("RUNTIME_DIRECTORY", None)
+        p = subprocess.Popen(args + [exe, "--foreground", "--backends", "cpu", "--config", "",
+                                     "--no-cache", "--log-level", "debug"] + extra,
+                             stderr=subprocess.PIPE, env=e)
+        try:
+            got, _, _ = select.select([p.stderr], [], [], TIMEOUT)
+            first = p.stderr.readline().decode() if got else ""
+            check(first.startswith("Listening on"), "activator listens: %r" % first)
+            c = socket.socket(socket.AF_UNIX)
+            c.connect("\0%s-%d" % (name, n))  # execs dspkd
+            if want_rc == 0:
+                c.sendall(msgpack.packb([0, 1, "ping", [{"data": b"x"}]]))
+                u = msgpack.Unpacker(raw=False)
+                while True:
+                    data = c.recv(4096)
+                    check(data, "%r: served" % env)
+                    u.feed(data)
+                    got = list(u)
+                    if got:
+                        break
+                check(got[0][2] is None, "%r: ping answered: %r" % (env, got))
+                p.send_signal(signal.SIGTERM)
+            rc = p.wait(TIMEOUT)
+            c.close()
+            err = p.stderr.read().decode()
+            check(rc == want_rc, "%r %r: exit %d, want %d:\n%s" % (env, extra, rc, want_rc, err))
+            if want_rc:
+                lines = [l for l in err.splitlines() if l.startswith("dspkd[")]
+                check(len(lines) == 1 and "has no path" in lines[0] and
+                      "set job_state" in lines[0], "no state file: one line: %r" % err)
+            else:
+                check("Slurm jobs:" in err and "get the cpu only" not in err,
+                      "%r: a state file, not fail-closed:\n%s" % (env, err))
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
 def t_sockreplaced(exe, tmp):
     """A daemon's socket file removed while it runs and replaced (by another
     daemon's socket, or any file) is left in place at its stop: it removed
@@ -951,6 +1052,26 @@ def t_reloadkeys(exe, tmp):
             check(changed_since(mark) == set(), "%s, file %r: %r"
                   % (flags, text, changed_since(mark)))
         d.stop()
+    # The comparison is by value: a file that sets socket, cache or job_state
+    # to the very file the daemon runs on (their defaults at start: the
+    # socket of $DSPK_SOCKET, the cache of $XDG_CACHE_HOME, the socket's
+    # .jobs), or that removes one whose default is the value running,
+    # changes nothing (the example file's "uncommenting changes nothing").
+    esock = os.path.join(tmp, "env.sock")
+    same = ("[daemon]\nsocket = %s\ncache = %s\njob_state = %s\n"
+            % (esock, os.path.join(tmp, "dspk", "cache.db"), os.path.join(tmp, "env.jobs")))
+    for start, then in (("[daemon]\n", same), (same, "[daemon]\n"),
+                        ("[daemon]\n", same.replace(tmp + "/", tmp + "/./"))):
+        write(conf, start)
+        d = Daemon(exe, tmp, ["--config", conf], notify=True, sock=esock, config=None,
+                   socket_flag=False, env={"DSPK_SOCKET": esock})
+        d.notify.until(lambda m: m.get("READY") == "1", "READY=1")
+        mark = len(d.logtext())
+        write(conf, then)
+        reload_and_wait(d, "(the running values, %r)" % then)
+        check(changed_since(mark) == set(), "the running values: %r\n%s"
+              % (changed_since(mark), d.logtext()))
+        d.stop()
 
 
 def t_reloaddefault(exe, tmp):
@@ -1556,6 +1677,7 @@ GROUPS = {
     "activation": t_activation,
     "sigterm": t_sigterm,
     "sockreplaced": t_sockreplaced,
+    "ownfiles": t_ownfiles,
     "fast": t_fast,
     "reload": t_reload,
     "reloadkeys": t_reloadkeys,
