@@ -846,6 +846,15 @@ static int move_aside(const char *path, char *moved, size_t len) {
   return 0;
 }
 
+/* The file path names when path is a symbolic link (the whole chain
+ * resolved), in out; NULL when it is not one or cannot be resolved. */
+static const char *link_target(const char *path, char *out, size_t len) {
+  struct stat sb;
+  if (len < PATH_MAX || lstat(path, &sb) != 0 || !S_ISLNK(sb.st_mode) || !realpath(path, out))
+    return NULL;
+  return out;
+}
+
 /* Removes path and its SQLite companions, which this process created
  * while trying to open a cache there (an unusable location must not be
  * left with an empty cache file). */
@@ -930,7 +939,7 @@ static void drop_side_files(struct dspk__cache *c) {
  * an unusable file with no_fallback). */
 static int open_file(struct dspk__cache *c, int no_fallback, sqlite3 **db,
                      char *warn, size_t warnlen) {
-  char why[512] = "", first[256], moved[4200];
+  char why[512] = "", first[256], moved[4200], target[PATH_MAX];
   const char *what;
   struct stat sb;
   /* A file (and directories) this call creates are removed again when it
@@ -955,18 +964,27 @@ static int open_file(struct dspk__cache *c, int no_fallback, sqlite3 **db,
     snprintf(first, sizeof first, "%.200s", why);
     what = r == OPEN_CORRUPT ? "was corrupt"
                              : "is a dspk cache with a damaged schema";
-    int mv = move_aside(c->path, moved, sizeof moved);
+    /* Through a symbolic link (the cache put on another disk) the file is
+     * the link's target: that is moved aside and rebuilt, where SQLite
+     * opens it through the link; the link stays. */
+    const char *aside = link_target(c->path, target, sizeof target);
+    int mv = move_aside(aside ? aside : c->path, moved, sizeof moved);
     if (mv < 0) {
       snprintf(why, sizeof why, "%s (%s) and cannot be moved aside: %s",
                r == OPEN_CORRUPT ? "corrupt" : "damaged schema", first,
                strerror(-mv));
       goto unusable;
     }
-    created = 1;
+    created = !aside;
     if (try_open(c->path, c->busy_ms, db, why, sizeof why) != OPEN_OK)
       goto unusable;
-    setwarn(warn, warnlen, "cache file %s %s (%s); moved it to %s and rebuilt it",
-            c->path, what, first, moved);
+    if (aside)
+      setwarn(warn, warnlen, "cache file %s (a symbolic link to %s) %s (%s); moved %s to %s "
+              "and rebuilt it there (the link stays)", c->path, aside, what, first, aside,
+              moved);
+    else
+      setwarn(warn, warnlen, "cache file %s %s (%s); moved it to %s and rebuilt it",
+              c->path, what, first, moved);
     return 0;
   case OPEN_FOREIGN:
     if (no_fallback)

@@ -633,6 +633,54 @@ static void test_corrupt_header(void **state) {
   check_rebuilt(f);
 }
 
+static void sql_on(const char *path, const char *sql);
+
+/* A cache reached through a symbolic link (put on another disk): a corrupt
+ * file, or a damaged schema, is the link's target; the target is moved
+ * aside beside itself and rebuilt there, and the link stays, which the
+ * warning says. */
+static void corrupt_via_link(struct fixture *f, const char *sql) {
+  char real[400], link[400], cmd[900];
+  struct stat sb;
+  snprintf(real, sizeof real, "%s/disk2/real.db", f->dir);
+  snprintf(link, sizeof link, "%s/link.db", f->dir);
+  snprintf(cmd, sizeof cmd, "rm -rf '%s/disk2' '%s'", f->dir, link);
+  assert_int_equal(system(cmd), 0);
+  fill_some(real);
+  if (sql)
+    sql_on(real, sql);
+  else
+    overwrite(real, 0, 100);
+  assert_int_equal(symlink(real, link), 0);
+  struct dspk__cache *c = NULL;
+  char warn[1400] = "";
+  assert_int_equal(dspk__cache_open(link, NULL, &c, warn, sizeof warn), 0);
+  if (!strstr(warn, "a symbolic link to") || !strstr(warn, real) ||
+      !strstr(warn, "rebuilt it there (the link stays)"))
+    fail_msg("warning: %s", warn);
+  assert_false(dspk__cache_in_memory(c));
+  assert_int_equal(dspk__cache_blob_put(c, "new", "N", 1), 0);
+  dspk__cache_close(c);
+  assert_int_equal(lstat(link, &sb), 0);
+  assert_true(S_ISLNK(sb.st_mode));
+  assert_int_equal(count_corrupt(real), 1);
+  assert_int_equal(count_corrupt(link), 0);
+  assert_int_equal(lstat(real, &sb), 0);
+  assert_true(S_ISREG(sb.st_mode));
+  /* The rebuilt target is the cache, through the link and by itself. */
+  c = open_ok(real, NULL);
+  void *p;
+  size_t n;
+  assert_int_equal(dspk__cache_blob_get(c, "new", &p, &n), 0);
+  free(p);
+  dspk__cache_close(c);
+}
+
+static void test_corrupt_via_link(void **state) {
+  corrupt_via_link(*state, NULL);
+  corrupt_via_link(*state, "DROP TABLE kernels; CREATE TABLE kernels(x);");
+}
+
 /* A second recovery in the same second (a restart loop) keeps the first
  * file aside: each gets a name of its own, and none is replaced.  Files
  * named for this second and the next few are there already (so the names
@@ -1779,6 +1827,7 @@ int main(void) {
       T(test_clear_by_kind),
       T(test_clear_failure_says_why),
       T(test_corrupt_header),
+      T(test_corrupt_via_link),
       T(test_corrupt_page),
       T(test_corrupt_twice),
       T(test_unwritable_location),
