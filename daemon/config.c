@@ -249,7 +249,9 @@ static int parse_uint(const char *s, enum ktype t, uint64_t *out) {
 
   if (t == K_SIZE)
     return dspk__parse_size(s, out);
-  if (!*s || *s == '-' || *s == '+')
+  /* A digit first, as sizes (dspk__parse_size) and shares: no sign and no
+   * blank, which strtoull would skip (" 8", "\n8"). */
+  if (*s < '0' || *s > '9')
     return -1;
   errno = 0;
   v = strtoull(s, &end, 10);
@@ -563,22 +565,62 @@ bool dspkd_raw_kernels_on(const struct dspkd_config *cfg, const char *id) {
   return false; /* "none", or not listed */
 }
 
+/* 1 when s[0..n) is a decimal from 0 to max without a leading 0 (but "0"
+ * itself): nothing a reader could take for octal, and one spelling each. */
+static bool plain_decimal(const char *s, size_t n, unsigned long max) {
+  unsigned long v = 0;
+  if (n == 0 || n > 5 || (n > 1 && s[0] == '0'))
+    return false;
+  for (size_t i = 0; i < n; i++) {
+    if (s[i] < '0' || s[i] > '9')
+      return false;
+    v = v * 10 + (unsigned long)(s[i] - '0');
+  }
+  return v <= max;
+}
+
+/* 1 when an address of digits and dots (which getaddrinfo reads in forms
+ * nobody means: "0" is 0.0.0.0, "127.1" is 127.0.0.1, "010" octal) is a
+ * dotted IPv4 address of four decimal parts, or has a character that makes
+ * it a host name. */
+static bool plain_host(const char *s, size_t n) {
+  size_t parts = 0, start = 0;
+  if (n == 0 || strspn(s, "0123456789.") < n)
+    return true; /* every address, or a host name */
+  for (size_t i = 0; i <= n; i++) {
+    if (i < n && s[i] != '.')
+      continue;
+    if (!plain_decimal(s + start, i - start, 255))
+      return false;
+    parts++;
+    start = i + 1;
+  }
+  return parts == 4;
+}
+
 /* metrics_listen: ADDR:PORT ([V6]:PORT; :PORT for every address) with a
- * decimal port from 0 to 65535; whether ADDR resolves is seen when the
- * listener starts. */
+ * decimal port from 0 to 65535; no value that reads two ways: an IPv6
+ * address without brackets ("::1:0"), an IPv4 address of fewer parts
+ * ("0:0", "127.1:0"), a number with a leading 0.  Whether ADDR resolves is
+ * seen when the listener starts. */
 static int check_listen(const char *s, char *why, size_t len) {
   const char *colon = strrchr(s, ':');
-  char *end;
-  unsigned long port;
+  size_t n = colon ? (size_t)(colon - s) : 0;
 
-  if (colon && colon[1] >= '0' && colon[1] <= '9') {
-    errno = 0;
-    port = strtoul(colon + 1, &end, 10);
-    if (!errno && !*end && port <= 65535)
+  if (colon && plain_decimal(colon + 1, strlen(colon + 1), 65535)) {
+    if (n >= 2 && s[0] == '[' && s[n - 1] == ']')
+      return 0;
+    if (memchr(s, ':', n)) {
+      snprintf(why, len, "an IPv6 address goes in brackets ([%.*s]:%s), got \"%s\"", (int)n,
+               s, colon + 1, vis(s));
+      return -1;
+    }
+    if (s[0] != '[' && plain_host(s, n))
       return 0;
   }
-  snprintf(why, len, "expected ADDR:PORT with a port from 0 to 65535 (e.g. "
-           "127.0.0.1:9464), got \"%s\"", vis(s));
+  snprintf(why, len, "expected ADDR:PORT with a port from 0 to 65535 (decimal, no leading 0) "
+           "and ADDR a host name, an IPv4 address of four decimal parts, [IPV6], or nothing "
+           "(every address), e.g. 127.0.0.1:9464; got \"%s\"", vis(s));
   return -1;
 }
 

@@ -1359,7 +1359,26 @@ def t_config(exe, tmp):
                        (["--no-cache", "--cache", "x.db"],
                         "options '--no-cache' and '--cache' both given"),
                        (["--cache", "x.db", "--no-cache"],
-                        "options '--cache' and '--no-cache' both given")):
+                        "options '--cache' and '--no-cache' both given"),
+                       # Numbers parse one way for every type: no leading blank
+                       # (nor a newline), as sizes already refused.
+                       (["--max-clients", " 8"], '--max-clients: expected an integer from 1'),
+                       (["--max-clients", "\n8"], '--max-clients: expected an integer'),
+                       (["--device-inflight", " 8"], "--device-inflight: expected an integer"),
+                       (["--ready-fd", " 1"], '--ready-fd: expected an integer'),
+                       (["--shutdown-timeout", " 5"], "--shutdown-timeout: expected an integer"),
+                       (["--cache-max-bytes", " 8K"], "--cache-max-bytes: expected a size"),
+                       (["--max-user-memory", " 8%"], "--max-user-memory: expected a size"),
+                       (["--max-user-memory", "\t8M"], "--max-user-memory: expected a size"),
+                       # --metrics-listen: no form read two ways.
+                       (["--metrics-listen", "::1:0"],
+                        "--metrics-listen: an IPv6 address goes in brackets ([::1]:0)"),
+                       (["--metrics-listen", "0:0"],
+                        "--metrics-listen: expected ADDR:PORT"),
+                       (["--metrics-listen", "127.1:0"],
+                        "--metrics-listen: expected ADDR:PORT"),
+                       (["--metrics-listen", "127.0.0.1:080"],
+                        "--metrics-listen: expected ADDR:PORT")):
         p = subprocess.run([exe, "--foreground", "--config", ""] + args, stderr=subprocess.PIPE,
                            stdout=subprocess.PIPE, timeout=TIMEOUT)
         check(p.returncode == 2 and want in p.stderr.decode(), "%r: %r" % (args, p.stderr))
