@@ -378,6 +378,17 @@ def t_ownfiles(exe, tmp):
     check(p.returncode == 2 and b"its temporary file" in p.stderr and
           p.stderr.count(b"\n") == 1, "PATH.tmp is the socket: %r" % p.stderr)
 
+    # A refused state file (fail-closed for the daemon's life) shows in
+    # STATUS=, which systemctl status shows; a good one does not.
+    bad = os.path.join(tmp, "bad.jobs")
+    write(bad, "not a jobs file\n")
+    for path, refused_ in ((bad, True), (os.path.join(tmp, "none.jobs"), False)):
+        d = Daemon(exe, tmp, ["--job-state", path], notify=True)
+        ready = d.notify.until(lambda m: m.get("READY") == "1", "READY=1")
+        check(("state file refused" in ready.get("STATUS", "")) == refused_,
+              "%s: STATUS=%r" % (path, ready.get("STATUS")))
+        d.stop()
+
     # An activated abstract socket: no default state file.
     sa = shutil.which("systemd-socket-activate") or "/usr/bin/systemd-socket-activate"
     if not os.path.exists(sa):
