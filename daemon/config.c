@@ -1180,13 +1180,34 @@ int dspkd_config_absolute(struct dspkd_config *cfg) {
   return 0;
 }
 
+/* 1 when every item of the comma list a is in the comma list b. */
+static bool items_in(const char *a, const char *b) {
+  for (const char *p = a; *p;) {
+    size_t n = strcspn(p, ",");
+    bool found = false;
+    for (const char *q = b; *q && !found;) {
+      size_t m = strcspn(q, ",");
+      found = m == n && memcmp(p, q, n) == 0;
+      q += m + (q[m] == ',');
+    }
+    if (!found)
+      return false;
+    p += n + (p[n] == ',');
+  }
+  return true;
+}
+
 /* 1 when a restart-only key's value in a and b differs (strings by
- * content, NULL as unset). */
+ * content, NULL as unset; the lists backends and raw_kernels as sets: the
+ * order of their items changes nothing). */
 static int restart_key_differs(const struct key *k, const struct dspkd_config *a,
                                const struct dspkd_config *b) {
   const char *pa = (const char *)a + k->off, *pb = (const char *)b + k->off;
   if (k->type == K_STR) {
     const char *sa = *(const char *const *)pa, *sb = *(const char *const *)pb;
+    if (sa && sb && (k->off == offsetof(struct dspkd_config, backends) ||
+                     k->off == offsetof(struct dspkd_config, raw_kernels)))
+      return !items_in(sa, sb) || !items_in(sb, sa);
     return strcmp(sa ? sa : "", sb ? sb : "") != 0;
   }
   if (k->type == K_SOCKET)

@@ -1072,10 +1072,13 @@ def t_reloadkeys(exe, tmp):
     same = ("[daemon]\nsocket = %s\ncache = %s\njob_state = %s\n"
             % (esock, os.path.join(tmp, "dspk", "cache.db"), os.path.join(tmp, "env.jobs")))
     for start, then in (("[daemon]\n", same), (same, "[daemon]\n"),
-                        ("[daemon]\n", same.replace(tmp + "/", tmp + "/./"))):
+                        ("[daemon]\n", same.replace(tmp + "/", tmp + "/./")),
+                        ("[daemon]\nbackends = cpu,vulkan\nraw_kernels = cpu:0,vulkan:0\n",
+                         "[daemon]\nbackends = vulkan,cpu\nraw_kernels = vulkan:0,cpu:0\n")):
         write(conf, start)
         d = Daemon(exe, tmp, ["--config", conf], notify=True, sock=esock, config=None,
-                   socket_flag=False, env={"DSPK_SOCKET": esock})
+                   socket_flag=False, env={"DSPK_SOCKET": esock},
+                   backends=None if "backends" in start else "cpu")
         d.notify.until(lambda m: m.get("READY") == "1", "READY=1")
         mark = len(d.logtext())
         write(conf, then)
