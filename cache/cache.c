@@ -29,7 +29,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -76,6 +78,7 @@ struct dspk__cache {
    * is in memory, and each put tries the file again (retry_busy). */
   int busy_retry;
   int put_rc;      /* SQLite's code of the last failed put (under mu) */
+  char put_sys[320]; /* the system's reason under it (sys_reason), or "" */
   struct kcount count[DSPK__CACHE_NKINDS];
   _Atomic uint64_t epoch;
   /* Uses of entries served from a caller's in-process memo
@@ -650,22 +653,60 @@ static int quick_check(sqlite3 *db, char *detail, size_t len) {
   return rc;
 }
 
+/* The operating system's reason under SQLite's rc on db, in out (""
+ * when rc is not a system call's failure, or none is found): the errno
+ * SQLite kept, else, where its later calls lost it (a failed write of the
+ * -wal, a -wal or -shm that cannot be made: it then says "disk I/O error"
+ * or "attempt to write a readonly database" alone), the cause asked of the
+ * system again: a directory the file's -wal and -shm cannot be made in, a
+ * file size limit (RLIMIT_FSIZE), a full file system. */
+static void sys_reason(sqlite3 *db, int rc, char *out, size_t len) {
+  int p = rc & 0xff, e;
+  const char *path = db ? sqlite3_db_filename(db, "main") : NULL;
+  char dir[PATH_MAX];
+  struct rlimit rl;
+  struct statvfs vfs;
+
+  out[0] = '\0';
+  /* Only where a system call is the cause: the errno of another code's
+   * failure may be an old one. */
+  if (!db || (p != SQLITE_CANTOPEN && p != SQLITE_IOERR && p != SQLITE_READONLY &&
+              p != SQLITE_PERM && p != SQLITE_FULL))
+    return;
+  if ((e = sqlite3_system_errno(db)) != 0) {
+    snprintf(out, len, "%s", strerror(e));
+    return;
+  }
+  if (!path || !path[0])
+    return;
+  const char *slash = strrchr(path, '/');
+  size_t n = !slash ? 1 : slash == path ? 1 : (size_t)(slash - path);
+  if (n >= sizeof dir)
+    return;
+  memcpy(dir, slash ? path : ".", n);
+  dir[n] = '\0';
+  if (p != SQLITE_FULL && faccessat(AT_FDCWD, dir, W_OK | X_OK, AT_EACCESS) != 0) {
+    snprintf(out, len, "cannot create its -wal and -shm in %.200s: %s", dir, strerror(errno));
+    return;
+  }
+  if ((p == SQLITE_IOERR || p == SQLITE_FULL) && getrlimit(RLIMIT_FSIZE, &rl) == 0 &&
+      rl.rlim_cur != RLIM_INFINITY) {
+    snprintf(out, len, "%s (RLIMIT_FSIZE is %llu bytes)", strerror(EFBIG),
+             (unsigned long long)rl.rlim_cur);
+    return;
+  }
+  if ((p == SQLITE_IOERR || p == SQLITE_FULL) && statvfs(dir, &vfs) == 0 && vfs.f_bavail == 0)
+    snprintf(out, len, "%s", strerror(ENOSPC));
+}
+
 /* Why SQLite failed with rc, for a person: its text for rc and, when a
  * system call failed under it, the operating system's reason ("unable to
  * open database file" alone names no cause: permissions, a read-only file
  * system, a name too long...). */
 static void sql_why(sqlite3 *db, int rc, const char *prefix, char *why, size_t whylen) {
-  int p = rc & 0xff;
-  /* Only where a system call is the cause: the errno of another code's
-   * failure may be an old one. */
-  int e = db && (p == SQLITE_CANTOPEN || p == SQLITE_IOERR || p == SQLITE_READONLY ||
-                 p == SQLITE_PERM || p == SQLITE_FULL)
-              ? sqlite3_system_errno(db)
-              : 0;
-  if (e != 0)
-    snprintf(why, whylen, "%s%s: %s", prefix, sqlite3_errstr(rc), strerror(e));
-  else
-    snprintf(why, whylen, "%s%s", prefix, sqlite3_errstr(rc));
+  char sys[320];
+  sys_reason(db, rc, sys, sizeof sys);
+  snprintf(why, whylen, "%s%s%s%s", prefix, sqlite3_errstr(rc), sys[0] ? ": " : "", sys);
 }
 
 /* Opens path and makes it ready: decides what the file is before writing
@@ -846,6 +887,15 @@ static int move_aside(const char *path, char *moved, size_t len) {
   return 0;
 }
 
+/* The file path names when path is a symbolic link (the whole chain
+ * resolved), in out; NULL when it is not one or cannot be resolved. */
+static const char *link_target(const char *path, char *out, size_t len) {
+  struct stat sb;
+  if (len < PATH_MAX || lstat(path, &sb) != 0 || !S_ISLNK(sb.st_mode) || !realpath(path, out))
+    return NULL;
+  return out;
+}
+
 /* Removes path and its SQLite companions, which this process created
  * while trying to open a cache there (an unusable location must not be
  * left with an empty cache file). */
@@ -930,7 +980,7 @@ static void drop_side_files(struct dspk__cache *c) {
  * an unusable file with no_fallback). */
 static int open_file(struct dspk__cache *c, int no_fallback, sqlite3 **db,
                      char *warn, size_t warnlen) {
-  char why[512] = "", first[256], moved[4200];
+  char why[512] = "", first[256], moved[4200], target[PATH_MAX];
   const char *what;
   struct stat sb;
   /* A file (and directories) this call creates are removed again when it
@@ -955,18 +1005,27 @@ static int open_file(struct dspk__cache *c, int no_fallback, sqlite3 **db,
     snprintf(first, sizeof first, "%.200s", why);
     what = r == OPEN_CORRUPT ? "was corrupt"
                              : "is a dspk cache with a damaged schema";
-    int mv = move_aside(c->path, moved, sizeof moved);
+    /* Through a symbolic link (the cache put on another disk) the file is
+     * the link's target: that is moved aside and rebuilt, where SQLite
+     * opens it through the link; the link stays. */
+    const char *aside = link_target(c->path, target, sizeof target);
+    int mv = move_aside(aside ? aside : c->path, moved, sizeof moved);
     if (mv < 0) {
       snprintf(why, sizeof why, "%s (%s) and cannot be moved aside: %s",
                r == OPEN_CORRUPT ? "corrupt" : "damaged schema", first,
                strerror(-mv));
       goto unusable;
     }
-    created = 1;
+    created = !aside;
     if (try_open(c->path, c->busy_ms, db, why, sizeof why) != OPEN_OK)
       goto unusable;
-    setwarn(warn, warnlen, "cache file %s %s (%s); moved it to %s and rebuilt it",
-            c->path, what, first, moved);
+    if (aside)
+      setwarn(warn, warnlen, "cache file %s (a symbolic link to %s) %s (%s); moved %s to %s "
+              "and rebuilt it there (the link stays)", c->path, aside, what, first, aside,
+              moved);
+    else
+      setwarn(warn, warnlen, "cache file %s %s (%s); moved it to %s and rebuilt it",
+              c->path, what, first, moved);
     return 0;
   case OPEN_FOREIGN:
     if (no_fallback)
@@ -1224,6 +1283,8 @@ tell:
 }
 
 /* See cache.h. */
+char *dspk__cache_default_path(void) { return default_path(); }
+
 void dspk__cache_close(struct dspk__cache *c) {
   if (!c)
     return;
@@ -1537,15 +1598,25 @@ static int put_too_large(struct dspk__cache *c, int kind, uint64_t size, uint64_
 /* Finishes a put: runs the prepared insert (whose ?2 is the tick) inside a
  * write transaction together with the tick bump and the eviction.  Takes
  * ownership of st.  Called with the mutex held.  Returns 0 or a dspk_errno. */
+/* Records a put's failure rc and the system's reason under it, before a
+ * rollback replaces them.  Called with the mutex held. */
+static void put_failed(struct dspk__cache *c, int rc) {
+  c->put_rc = rc;
+  sys_reason(c->db, rc, c->put_sys, sizeof c->put_sys);
+}
+
 /* Called with the mutex held at the end of every put that reached the
  * database: counts a failure and tells opts.put_result about it, and about
  * the first success after failures. */
 static void note_put(struct dspk__cache *c, int kind, int err) {
   if (err < 0) {
+    char detail[400];
     c->count[kind].put_errors++;
     c->put_failing = 1;
+    snprintf(detail, sizeof detail, "%s%s%s", sqlite3_errstr(c->put_rc),
+             c->put_sys[0] ? ": " : "", c->put_sys);
     if (c->put_result)
-      c->put_result(c->notice_ud, kind, err, sqlite3_errstr(c->put_rc));
+      c->put_result(c->notice_ud, kind, err, detail);
   } else if (c->put_failing) {
     c->put_failing = 0;
     if (c->put_result)
@@ -1583,7 +1654,7 @@ static int put_commit(struct dspk__cache *c, int kind, sqlite3_stmt *st,
 out:
   sqlite3_finalize(st);
   if (rc != SQLITE_OK && rc != SQLITE_DONE) {
-    c->put_rc = rc; /* before the rollback resets the connection's message */
+    put_failed(c, rc); /* before the rollback resets the connection's message */
     rollback(c->db);
   }
   return map_rc(rc);
@@ -1752,7 +1823,7 @@ int dspk__cache_kernel_put(struct dspk__cache *c,
       " ?15, ?15, 0, ?16)",
       -1, &st, NULL);
   if (rc != SQLITE_OK) {
-    c->put_rc = rc;
+    put_failed(c, rc);
     err = map_rc(rc);
     goto out;
   }
@@ -1885,7 +1956,7 @@ int dspk__cache_tune_put(struct dspk__cache *c, const struct dspk__tune_key *k,
       " ?15, ?16, ?16, 0)",
       -1, &st, NULL);
   if (rc != SQLITE_OK) {
-    c->put_rc = rc;
+    put_failed(c, rc);
     err = map_rc(rc);
     goto out;
   }
@@ -1979,7 +2050,7 @@ int dspk__cache_blob_put(struct dspk__cache *c, const char *name,
       " last_used, hits) VALUES(?1, ?2, ?3, ?4, ?5, ?5, 0)",
       -1, &st, NULL);
   if (rc != SQLITE_OK) {
-    c->put_rc = rc;
+    put_failed(c, rc);
     err = map_rc(rc);
     goto out;
   }
@@ -2086,10 +2157,11 @@ out:
   if (rc != SQLITE_OK) {
     /* SQLite's message (and the system's reason under it: ENOSPC, EFBIG,
      * EIO) before the rollback replaces them. */
-    int sys = sqlite3_system_errno(c->db);
+    char sys[320];
+    sys_reason(c->db, rc, sys, sizeof sys);
     if (why && whylen)
-      snprintf(why, whylen, "%s: %s%s%s%s", step, sqlite3_errmsg(c->db), sys ? " (" : "",
-               sys ? strerror(sys) : "", sys ? ")" : "");
+      snprintf(why, whylen, "%s: %s%s%s%s", step, sqlite3_errmsg(c->db), sys[0] ? " (" : "",
+               sys, sys[0] ? ")" : "");
     rollback(c->db);
   }
   pthread_mutex_unlock(&c->mu);

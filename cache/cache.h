@@ -93,7 +93,8 @@ struct dspk__cache_opts {
  * marked cache whose tables are not those of its version are renamed to
  * "<path>.corrupt-<unixtime>" (or "<path>.corrupt-<unixtime>.N", N from
  * 1, when that name is taken: a file kept aside is never replaced) and a
- * new one is made; a location that cannot be written, a file left alone,
+ * new one is made (path a symbolic link: its target is renamed and
+ * rebuilt, the link stays); a location that cannot be written, a file left alone,
  * or one that cannot be rebuilt falls back to an in-memory cache.  A file
  * another process keeps locked for longer than the busy timeout falls back
  * to an in-memory cache too, but only until it is free: each put first
@@ -117,6 +118,10 @@ struct dspk__cache_opts {
  */
 int dspk__cache_open(const char *path, const struct dspk__cache_opts *opts,
                      struct dspk__cache **out, char *warn, size_t warnlen);
+/* The file dspk__cache_open(NULL, ...) opens: $XDG_CACHE_HOME/dspk/cache.db
+ * or ~/.cache/dspk/cache.db, malloc'd (the caller frees it); NULL when no
+ * home is known or out of memory. */
+char *dspk__cache_default_path(void);
 /* Closes the connection and frees the cache.  Accepts NULL. */
 void dspk__cache_close(struct dspk__cache *c);
 /* The file in use (":memory:" after a fallback, at open or later).  Owned

@@ -39,6 +39,7 @@
 #include "daemon/config.h"
 #include "daemon/linger.h"
 #include "daemon/log.h"
+#include "daemon/paths.h"
 #include "proto/units.h"
 #include "proto/utf8.h"
 
@@ -252,7 +253,9 @@ static int parse_uint(const char *s, enum ktype t, uint64_t *out) {
 
   if (t == K_SIZE)
     return dspk__parse_size(s, out);
-  if (!*s || *s == '-' || *s == '+')
+  /* A digit first, as sizes (dspk__parse_size) and shares: no sign and no
+   * blank, which strtoull would skip (" 8", "\n8"). */
+  if (*s < '0' || *s > '9')
     return -1;
   errno = 0;
   v = strtoull(s, &end, 10);
@@ -566,22 +569,62 @@ bool dspkd_raw_kernels_on(const struct dspkd_config *cfg, const char *id) {
   return false; /* "none", or not listed */
 }
 
+/* 1 when s[0..n) is a decimal from 0 to max without a leading 0 (but "0"
+ * itself): nothing a reader could take for octal, and one spelling each. */
+static bool plain_decimal(const char *s, size_t n, unsigned long max) {
+  unsigned long v = 0;
+  if (n == 0 || n > 5 || (n > 1 && s[0] == '0'))
+    return false;
+  for (size_t i = 0; i < n; i++) {
+    if (s[i] < '0' || s[i] > '9')
+      return false;
+    v = v * 10 + (unsigned long)(s[i] - '0');
+  }
+  return v <= max;
+}
+
+/* 1 when an address of digits and dots (which getaddrinfo reads in forms
+ * nobody means: "0" is 0.0.0.0, "127.1" is 127.0.0.1, "010" octal) is a
+ * dotted IPv4 address of four decimal parts, or has a character that makes
+ * it a host name. */
+static bool plain_host(const char *s, size_t n) {
+  size_t parts = 0, start = 0;
+  if (n == 0 || strspn(s, "0123456789.") < n)
+    return true; /* every address, or a host name */
+  for (size_t i = 0; i <= n; i++) {
+    if (i < n && s[i] != '.')
+      continue;
+    if (!plain_decimal(s + start, i - start, 255))
+      return false;
+    parts++;
+    start = i + 1;
+  }
+  return parts == 4;
+}
+
 /* metrics_listen: ADDR:PORT ([V6]:PORT; :PORT for every address) with a
- * decimal port from 0 to 65535; whether ADDR resolves is seen when the
- * listener starts. */
+ * decimal port from 0 to 65535; no value that reads two ways: an IPv6
+ * address without brackets ("::1:0"), an IPv4 address of fewer parts
+ * ("0:0", "127.1:0"), a number with a leading 0.  Whether ADDR resolves is
+ * seen when the listener starts. */
 static int check_listen(const char *s, char *why, size_t len) {
   const char *colon = strrchr(s, ':');
-  char *end;
-  unsigned long port;
+  size_t n = colon ? (size_t)(colon - s) : 0;
 
-  if (colon && colon[1] >= '0' && colon[1] <= '9') {
-    errno = 0;
-    port = strtoul(colon + 1, &end, 10);
-    if (!errno && !*end && port <= 65535)
+  if (colon && plain_decimal(colon + 1, strlen(colon + 1), 65535)) {
+    if (n >= 2 && s[0] == '[' && s[n - 1] == ']')
+      return 0;
+    if (memchr(s, ':', n)) {
+      snprintf(why, len, "an IPv6 address goes in brackets ([%.*s]:%s), got \"%s\"", (int)n,
+               s, colon + 1, vis(s));
+      return -1;
+    }
+    if (s[0] != '[' && plain_host(s, n))
       return 0;
   }
-  snprintf(why, len, "expected ADDR:PORT with a port from 0 to 65535 (e.g. "
-           "127.0.0.1:9464), got \"%s\"", vis(s));
+  snprintf(why, len, "expected ADDR:PORT with a port from 0 to 65535 (decimal, no leading 0) "
+           "and ADDR a host name, an IPv4 address of four decimal parts, [IPV6], or nothing "
+           "(every address), e.g. 127.0.0.1:9464; got \"%s\"", vis(s));
   return -1;
 }
 
@@ -1153,13 +1196,34 @@ int dspkd_config_absolute(struct dspkd_config *cfg) {
   return 0;
 }
 
+/* 1 when every item of the comma list a is in the comma list b. */
+static bool items_in(const char *a, const char *b) {
+  for (const char *p = a; *p;) {
+    size_t n = strcspn(p, ",");
+    bool found = false;
+    for (const char *q = b; *q && !found;) {
+      size_t m = strcspn(q, ",");
+      found = m == n && memcmp(p, q, n) == 0;
+      q += m + (q[m] == ',');
+    }
+    if (!found)
+      return false;
+    p += n + (p[n] == ',');
+  }
+  return true;
+}
+
 /* 1 when a restart-only key's value in a and b differs (strings by
- * content, NULL as unset). */
+ * content, NULL as unset; the lists backends and raw_kernels as sets: the
+ * order of their items changes nothing). */
 static int restart_key_differs(const struct key *k, const struct dspkd_config *a,
                                const struct dspkd_config *b) {
   const char *pa = (const char *)a + k->off, *pb = (const char *)b + k->off;
   if (k->type == K_STR) {
     const char *sa = *(const char *const *)pa, *sb = *(const char *const *)pb;
+    if (sa && sb && (k->off == offsetof(struct dspkd_config, backends) ||
+                     k->off == offsetof(struct dspkd_config, raw_kernels)))
+      return !items_in(sa, sb) || !items_in(sb, sa);
     return strcmp(sa ? sa : "", sb ? sb : "") != 0;
   }
   if (k->type == K_SOCKET)
@@ -1231,7 +1295,9 @@ int dspkd_config_reload(struct dspkd *d, char *msg, size_t msglen) {
     /* A restart-only key whose value (the file's, else its default) is not
      * the one the daemon started with, whether the file changed, added or
      * removed it: said, as dspk.conf(5) promises, not applied. */
-    if (restart_key_differs(k, &was, &nw))
+    int paths = dspkd_paths_reload_differs(
+        k->name, &nw, (flag_mask >> key_index("socket")) & 1);
+    if (paths >= 0 ? paths : restart_key_differs(k, &was, &nw))
       dspkd_warn("%s: %s changed; it takes effect at the next start", conf_path, k->name);
   }
   /* A derived key the file leaves unset is derived again (from the new

@@ -64,7 +64,8 @@ const char *dspkd_config_name(const char *key, char *buf, size_t len);
  * running; keys the command line set keep their value; a key that needs a
  * restart (socket, cache, no_cache, cache_max_bytes, backends, foreground,
  * metrics_listen, device_inflight) whose value (the file's, else its
- * default) differs from the one the daemon started with is logged ("KEY
+ * default; for socket, cache and job_state the file it names:
+ * daemon/paths.h) differs from the one the daemon started with is logged ("KEY
  * changed; it takes effect at the next start") and not applied, whether the
  * file changed, added or removed it.  Without --config the default file is
  * read when it exists now, even if it did not at start.  An invalid file

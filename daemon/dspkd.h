@@ -453,7 +453,6 @@ struct dspkd {
    * the path still names it, never a file another process put there. */
   dev_t sock_dev;
   ino_t sock_ino;
-  uv_signal_t sigterm, sigint;
   uv_async_t done_async;
   uv_timer_t grace_timer;   /* shutdown: cancel what still runs after it */
   uv_timer_t trim_timer;    /* idle: give cached memory back (daemon/conn.c) */

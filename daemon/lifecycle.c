@@ -1,9 +1,9 @@
 /*
- * dspkd's signals (daemon/lifecycle.h).  These watchers sit beside the ones
- * daemon/main.c installs for the stop; libuv calls every watcher of a signal,
- * so this file counts SIGTERM/SIGINT itself: the first delivery starts the
- * stop (dspkd_stop() is idempotent, whoever runs first), the second makes it
- * fast.  SIGHUP reloads the configuration, or, under the test hook
+ * dspkd's signals (daemon/lifecycle.h).  These are the only watchers of
+ * SIGTERM and SIGINT: each delivery is logged ("received SIGTERM") before
+ * anything of the stop, so that the log says why the daemon stops before it
+ * says "stopping"; the first starts the stop, the second makes it fast.
+ * SIGHUP reloads the configuration, or, under the test hook
  * DSPKD_TEST_EXIT (daemon/teardown.h), takes the exit path under test.
  * The stop sequence itself is here too (dspkd_stop and what follows it).
  *
@@ -285,7 +285,5 @@ void dspkd_stop_progress(struct dspkd *d) {
     dspkd_conn_handles_close(d);
     uv_close((uv_handle_t *)&d->done_async, NULL);
     uv_close((uv_handle_t *)&d->grace_timer, NULL);
-    uv_close((uv_handle_t *)&d->sigterm, NULL);
-    uv_close((uv_handle_t *)&d->sigint, NULL);
   }
 }

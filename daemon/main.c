@@ -31,6 +31,7 @@
 #include "daemon/linger.h"
 #include "daemon/log.h"
 #include "daemon/observe.h"
+#include "daemon/paths.h"
 #include "daemon/teardown.h"
 
 #include "backends/backend.h"
@@ -81,15 +82,6 @@ static int socket_path(struct dspkd_config *cfg, bool create) {
     return -1;
   }
   return 0;
-}
-
-/* daemon/lifecycle.c's watcher logs the signal (also one taken during the
- * start, which only its watcher sees). */
-static void on_signal(uv_signal_t *h, int signum) {
-  struct dspkd *d = h->data;
-  (void)signum;
-  d->exit_code = 0;
-  dspkd_stop(d);
 }
 
 /* Puts /dev/null on standard descriptor fd (0, 1 or 2).  A standard
@@ -344,17 +336,10 @@ static int open_cache(struct dspkd *d) {
   struct dspk__cache_opts opts = {.max_bytes = cfg->cache_max_bytes,
                                   .notice = cache_notice,
                                   .put_result = cache_put_result};
-  const char *path = cfg->cache_path, *cd = getenv("CACHE_DIRECTORY");
-  static char sdpath[PATH_MAX];
+  const char *path = cfg->cache_path ? cfg->cache_path : dspkd_paths_cache_dir_file();
   char warn[PATH_MAX + 256] = "";
   int err;
 
-  if (!path && cd && cd[0] == '/') {
-    size_t n = strcspn(cd, ":");
-    int k = snprintf(sdpath, sizeof sdpath, "%.*s/cache.db", (int)n, cd);
-    if (k > 0 && (size_t)k < sizeof sdpath)
-      path = sdpath;
-  }
   err = dspk__cache_open(path, &opts, &d->cache, warn, sizeof warn);
   if (err < 0) {
     dspkd_error("cannot open the cache %s: %s", path ? path : "(default location)",
@@ -509,18 +494,22 @@ int main(int argc, char **argv) {
   if (!activated && (dspkd_socket_check(cfg->socket_path) != 0 ||
                      dspkd_socket_dir_check(cfg->socket_path) != 0))
     return 1;
-  /* The Slurm jobs' state file: named (a relative path is the start
-   * directory's), its directory checked, and its lock held from now on,
-   * before the file is read and before a detached daemon leaves for /. */
+  /* Detached, it leaves its start directory (which could not be unmounted
+   * while it runs): the relative paths are resolved first. */
+  if (!cfg->foreground && dspkd_config_absolute(cfg) != 0)
+    return 1;
+  /* The Slurm jobs' state file: named, and none of the daemon's other
+   * files (a bad configuration: exit 2). */
+  if (dspkd_paths_start(cfg, activated) != 0)
+    return 2;
+  /* Made absolute (a relative path is the start directory's), its
+   * directory checked, and its lock held from now on, before the file is
+   * read and before a detached daemon leaves for /. */
   if (dspkd_jobstate_start(d) != 0)
     return 2;
   dspkd_test_start_pause("jobs");
   dspkd_config_log_source();
   if (!cfg->foreground) {
-    /* Detached, it leaves its start directory (which could not be
-     * unmounted while it runs): the relative paths are resolved first. */
-    if (dspkd_config_absolute(cfg) != 0)
-      return 1;
     detach_fd = detach(d);
     if (detach_fd < 0)
       return 1;
@@ -551,9 +540,8 @@ int main(int argc, char **argv) {
   d->hup_timer.data = d;
   uv_idle_init(&loop, &d->resume);
   d->resume.data = d;
-  uv_signal_init(&loop, &d->sigterm);
-  uv_signal_init(&loop, &d->sigint);
-  d->sigterm.data = d->sigint.data = d;
+  /* SIGTERM and SIGINT have one watcher, daemon/lifecycle.c's: it logs the
+   * signal, then stops, so the journal says why before "stopping". */
   dspkd_lifecycle_start(d); /* SIGTERM during the start: acted on once the loop runs */
   pthread_sigmask(SIG_UNBLOCK, &early, NULL);
 
@@ -571,8 +559,6 @@ int main(int argc, char **argv) {
     goto out_devices;
   if (dspkd_socket_open(d) != 0)
     goto out_devices;
-  uv_signal_start(&d->sigterm, on_signal, SIGTERM);
-  uv_signal_start(&d->sigint, on_signal, SIGINT);
   signal_ready(cfg->ready_fd);
   if (detach_fd >= 0) {
     signal_ready(detach_fd);
@@ -605,8 +591,6 @@ out_handles:
   uv_close((uv_handle_t *)&d->trim_timer, NULL);
   uv_close((uv_handle_t *)&d->hup_timer, NULL);
   uv_close((uv_handle_t *)&d->resume, NULL);
-  uv_close((uv_handle_t *)&d->sigterm, NULL);
-  uv_close((uv_handle_t *)&d->sigint, NULL);
   dspkd_lifecycle_close(d);
   dspkd_sched_join(d, true);
   uv_run(&loop, UV_RUN_DEFAULT);

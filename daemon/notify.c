@@ -126,8 +126,14 @@ static void status_line(struct dspkd *d, char *buf, size_t len) {
     queued += q;
     running += r;
   }
-  snprintf(buf, len, "STATUS=%s%d device%s, %zu client%s, %llu task%s running, %llu queued",
-           d->stopping ? "stopping: " : "", open, open == 1 ? "" : "s", d->nconns,
+  /* Fail-closed (daemon/jobstate.c) is for the daemon's whole life and
+   * takes every GPU from a connection without a job: systemctl status shows
+   * it, not only the journal's one error line. */
+  snprintf(buf, len, "STATUS=%s%s%d device%s, %zu client%s, %llu task%s running, %llu queued",
+           d->stopping ? "stopping: " : "",
+           d->jobs_fail_closed ? "Slurm jobs' state file refused, cpu only without a "
+                                 "registered job: " : "",
+           open, open == 1 ? "" : "s", d->nconns,
            d->nconns == 1 ? "" : "s", (unsigned long long)running, running == 1 ? "" : "s",
            (unsigned long long)queued);
 }

@@ -633,6 +633,54 @@ static void test_corrupt_header(void **state) {
   check_rebuilt(f);
 }
 
+static void sql_on(const char *path, const char *sql);
+
+/* A cache reached through a symbolic link (put on another disk): a corrupt
+ * file, or a damaged schema, is the link's target; the target is moved
+ * aside beside itself and rebuilt there, and the link stays, which the
+ * warning says. */
+static void corrupt_via_link(struct fixture *f, const char *sql) {
+  char real[400], link[400], cmd[900];
+  struct stat sb;
+  snprintf(real, sizeof real, "%s/disk2/real.db", f->dir);
+  snprintf(link, sizeof link, "%s/link.db", f->dir);
+  snprintf(cmd, sizeof cmd, "rm -rf '%s/disk2' '%s'", f->dir, link);
+  assert_int_equal(system(cmd), 0);
+  fill_some(real);
+  if (sql)
+    sql_on(real, sql);
+  else
+    overwrite(real, 0, 100);
+  assert_int_equal(symlink(real, link), 0);
+  struct dspk__cache *c = NULL;
+  char warn[1400] = "";
+  assert_int_equal(dspk__cache_open(link, NULL, &c, warn, sizeof warn), 0);
+  if (!strstr(warn, "a symbolic link to") || !strstr(warn, real) ||
+      !strstr(warn, "rebuilt it there (the link stays)"))
+    fail_msg("warning: %s", warn);
+  assert_false(dspk__cache_in_memory(c));
+  assert_int_equal(dspk__cache_blob_put(c, "new", "N", 1), 0);
+  dspk__cache_close(c);
+  assert_int_equal(lstat(link, &sb), 0);
+  assert_true(S_ISLNK(sb.st_mode));
+  assert_int_equal(count_corrupt(real), 1);
+  assert_int_equal(count_corrupt(link), 0);
+  assert_int_equal(lstat(real, &sb), 0);
+  assert_true(S_ISREG(sb.st_mode));
+  /* The rebuilt target is the cache, through the link and by itself. */
+  c = open_ok(real, NULL);
+  void *p;
+  size_t n;
+  assert_int_equal(dspk__cache_blob_get(c, "new", &p, &n), 0);
+  free(p);
+  dspk__cache_close(c);
+}
+
+static void test_corrupt_via_link(void **state) {
+  corrupt_via_link(*state, NULL);
+  corrupt_via_link(*state, "DROP TABLE kernels; CREATE TABLE kernels(x);");
+}
+
 /* A second recovery in the same second (a restart loop) keeps the first
  * file aside: each gets a name of its own, and none is replaced.  Files
  * named for this second and the next few are there already (so the names
@@ -1569,7 +1617,7 @@ static void test_not_regular(void **state) {
 
 struct putres {
   int fails, oks, last_kind, last_err;
-  char detail[256];
+  char detail[400];
 };
 
 static void on_put_result(void *ud, int kind, int err, const char *detail) {
@@ -1619,6 +1667,10 @@ static void test_put_failure_reported(void **state) {
   assert_int_equal(r.last_err, e2);
   assert_true(r.detail[0] != '\0');
   assert_string_not_equal(r.detail, "not an error"); /* read before the rollback */
+  /* The system's reason follows SQLite's ("disk I/O error" alone named no
+   * cause). */
+  if (!strstr(r.detail, strerror(EFBIG)))
+    fail_msg("put detail: %s", r.detail);
   struct dspk__cache_kstats ks[DSPK__CACHE_NKINDS];
   dspk__cache_counts(c, ks);
   assert_int_equal(ks[DSPK__CACHE_BLOBS].put_errors, 1);
@@ -1689,6 +1741,8 @@ static void test_clear_failure_says_why(void **state) {
   /* Past RLIMIT_FSIZE a write fails with EFBIG, which SQLite calls a disk
    * I/O error (ENOSPC: "database or disk is full"). */
   assert_true(strstr(why, ": disk I/O error") || strstr(why, ": database or disk is full"));
+  if (!strstr(why, strerror(EFBIG)))
+    fail_msg("clear: %s", why);
   assert_true(strncmp(why, "DELETE FROM ", 12) == 0 || strncmp(why, "COMMIT: ", 8) == 0);
   struct dspk__cache_stats s;
   assert_int_equal(dspk__cache_stats(c, &s), 0);
@@ -1697,6 +1751,50 @@ static void test_clear_failure_says_why(void **state) {
   assert_int_equal(dspk__cache_clear(c, DSPK__CACHE_ALL, why, sizeof why), 0);
   assert_string_equal(why, "");
   dspk__cache_close(c);
+}
+
+/* Every warning about a system call that failed gives the system's
+ * reason: a file size limit below what a new cache needs (it said "disk
+ * I/O error" alone), at 0 and at 40 KiB (the file made, its log not), and
+ * a writable cache in a directory its user cannot write, where the -wal
+ * cannot be made (it said "attempt to write a readonly database", which
+ * blames the file). */
+static void test_open_says_why(void **state) {
+  struct fixture *f = *state;
+  struct dspk__cache *c = NULL;
+  char warn[1024] = "";
+  static const rlim_t limits[] = {0, 40 * 1024};
+  assert_int_equal(mkdir_p_parent(f->db), 0);
+  for (size_t i = 0; i < sizeof limits / sizeof limits[0]; i++) {
+    void (*old)(int) = signal(SIGXFSZ, SIG_IGN);
+    fsize_limit(limits[i]);
+    c = NULL;
+    int rc = dspk__cache_open(f->db, NULL, &c, warn, sizeof warn);
+    fsize_limit(RLIM_INFINITY);
+    signal(SIGXFSZ, old);
+    assert_int_equal(rc, 0);
+    assert_true(dspk__cache_in_memory(c));
+    if (!strstr(warn, "is unusable (") || !strstr(warn, strerror(EFBIG)))
+      fail_msg("RLIMIT_FSIZE %llu: %s", (unsigned long long)limits[i], warn);
+    dspk__cache_close(c);
+  }
+  if (geteuid() == 0) {
+    char dir[300], path[400], cmd[900];
+    snprintf(dir, sizeof dir, "%s/nobodys", f->dir);
+    snprintf(path, sizeof path, "%s/cache.db", dir);
+    assert_int_equal(mkdir(dir, 0755), 0);
+    dspk__cache_close(open_ok(path, NULL));
+    snprintf(cmd, sizeof cmd, "rm -f '%s-wal' '%s-shm'", path, path);
+    assert_int_equal(system(cmd), 0);
+    assert_int_equal(chown(dir, 65534, 65534), 0);
+    assert_int_equal(chown(path, 65534, 65534), 0);
+    assert_int_equal(chmod(path, 0644), 0);
+    assert_int_equal(chmod(dir, 0555), 0);
+    assert_int_equal(chmod(f->dir, 0711), 0);
+    assert_true(unusable_as_nobody(path, "cannot create", EACCES));
+    chmod(f->dir, 0700);
+    chmod(dir, 0755);
+  }
 }
 
 /* Opening where nothing can be written (a full disk): the fallback to
@@ -1779,6 +1877,8 @@ int main(void) {
       T(test_clear_by_kind),
       T(test_clear_failure_says_why),
       T(test_corrupt_header),
+      T(test_corrupt_via_link),
+      T(test_open_says_why),
       T(test_corrupt_page),
       T(test_corrupt_twice),
       T(test_unwritable_location),

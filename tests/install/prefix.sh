@@ -77,6 +77,14 @@ if [ "$conf" = /etc/dspk/dspkd.conf ]; then
 else
   ! grep -q '^ConfigurationDirectory=' "$unit" || fail "ConfigurationDirectory= names /etc/dspk, $conf is read"
 fi
+# The unit makes the directories with the modes tmpfiles.d gives them (its
+# comment says "the same way"): RuntimeDirectory= 0755 (systemd's default),
+# CacheDirectory= 0750.
+tmpf=$tmp/scratch/p/lib/tmpfiles.d/dspk.conf
+grep -q '^d /var/cache/dspk 0750 ' "$tmpf" && grep -q '^CacheDirectoryMode=0750$' "$unit" ||
+  fail "CacheDirectory= mode differs from tmpfiles.d: $(grep -n Cache "$unit" "$tmpf")"
+grep -q '^d /run/dspk 0755 ' "$tmpf" && ! grep -q '^RuntimeDirectoryMode=' "$unit" ||
+  fail "RuntimeDirectory= mode differs from tmpfiles.d"
 # The installed units verify clean, as docs/systemd.md says to check them: the
 # prefix's man pages on man's path (MANPATH=P/share/man: , the colon keeps
 # the system's), since verify runs man for each Documentation= page.

@@ -134,6 +134,14 @@ class Daemon:
         got = self.wait()
         check(got == rc, "exit status %d, want %d:\n%s" % (got, rc, self.logtext()))
         self.check_clean_exit()
+        # The stop's cause comes first (dspkd(8) LOGGING): the signal is logged
+        # before "stopping" and before any device closes.
+        log = self.logtext()
+        lines = [re.sub(r"^dspkd\[\d+\]: \w+: ", "", l) for l in log.splitlines()]
+        first = min((i for i, l in enumerate(lines) if l == "stopping" or
+                     l.endswith(": device closed")), default=None)
+        check(first is not None and "received SIGTERM" in lines[:first],
+              "the signal logged before the stop:\n" + log)
 
     def check_clean_exit(self):
         log = self.logtext()
@@ -323,6 +331,118 @@ def t_activation(exe, tmp):
     os.close(w)
     check(q.returncode != 0 and b"not a listening Unix stream socket" in q.stderr,
           "bad passed fd refused: %r" % q.stderr)
+
+
+def t_ownfiles(exe, tmp):
+    """The Slurm jobs' state file is none of the daemon's other files: a
+    job_state that is the socket, the cache, one of SQLite's files beside it
+    (by path, by a link to it, by another spelling) or whose PATH.tmp is one
+    of those is refused at start, exit 2 and one line, before anything is
+    listened on or opened; the default is refused alike.  A daemon with no
+    state file at all (an activated socket without a path, no job_state,
+    no $RUNTIME_DIRECTORY) refuses to start: it would lose every
+    registration at a restart (dspk.conf(5), job_state)."""
+    sock = os.path.join(tmp, "own.sock")
+    db = os.path.join(tmp, "own.db")
+    write(db, "")
+    os.symlink(db, os.path.join(tmp, "link.db"))
+    os.mkdir(os.path.join(tmp, "sub"))
+
+    def refused(extra, want, env=None):
+        e = dict(os.environ)
+        e.update(env or {})
+        p = subprocess.run([exe, "--foreground", "--config", "", "--backends", "cpu",
+                            "--socket", sock] + extra, stderr=subprocess.PIPE, env=e,
+                           timeout=TIMEOUT)
+        err = p.stderr.decode()
+        lines = [l for l in err.splitlines() if l.startswith("dspkd[")]
+        check(p.returncode == 2 and len(lines) == 1 and want in lines[0],
+              "%r: exit 2 and one line with %r, got %d: %r" % (extra, want, p.returncode, err))
+        check(not os.path.exists(sock), "%r: never listened" % extra)
+
+    refused(["--no-cache", "--job-state", sock], "is the socket (%s)" % sock)
+    refused(["--no-cache", "--job-state", os.path.join(tmp, "sub", "..", "own.sock")],
+            "is the socket (%s)" % sock)
+    refused(["--cache", db, "--job-state", db], "is the cache (%s)" % db)
+    refused(["--cache", db, "--job-state", os.path.join(tmp, "link.db")],
+            "is the cache (%s)" % db)
+    for side in ("-wal", "-shm", "-journal"):
+        refused(["--cache", db, "--job-state", db + side], "(%s%s)" % (db, side))
+    # The cache by its default ($CACHE_DIRECTORY under systemd).
+    refused(["--job-state", os.path.join(tmp, "cache.db")], "is the cache",
+            env={"CACHE_DIRECTORY": tmp})
+    # The temporary file beside the state file is the socket.
+    p = subprocess.run([exe, "--foreground", "--config", "", "--backends", "cpu", "--no-cache",
+                        "--socket", os.path.join(tmp, "own.tmp"), "--job-state",
+                        os.path.join(tmp, "own")], stderr=subprocess.PIPE, timeout=TIMEOUT)
+    check(p.returncode == 2 and b"its temporary file" in p.stderr and
+          p.stderr.count(b"\n") == 1, "PATH.tmp is the socket: %r" % p.stderr)
+
+    # A refused state file (fail-closed for the daemon's life) shows in
+    # STATUS=, which systemctl status shows; a good one does not.
+    bad = os.path.join(tmp, "bad.jobs")
+    write(bad, "not a jobs file\n")
+    for path, refused_ in ((bad, True), (os.path.join(tmp, "none.jobs"), False)):
+        d = Daemon(exe, tmp, ["--job-state", path], notify=True)
+        ready = d.notify.until(lambda m: m.get("READY") == "1", "READY=1")
+        check(("state file refused" in ready.get("STATUS", "")) == refused_,
+              "%s: STATUS=%r" % (path, ready.get("STATUS")))
+        d.stop()
+
+    # An activated abstract socket: no default state file.
+    sa = shutil.which("systemd-socket-activate") or "/usr/bin/systemd-socket-activate"
+    if not os.path.exists(sa):
+        print("skip: systemd-socket-activate missing (the abstract socket's part)")
+        return
+    name = "dspk-test-own-%d" % os.getpid()
+    for n, (env, extra, want_rc) in enumerate((
+            ({}, [], 2),
+            ({"RUNTIME_DIRECTORY": tmp}, [], 0),
+            ({}, ["--job-state", os.path.join(tmp, "abs.jobs")], 0))):
+        args = [sa, "-l", "@%s-%d" % (name, n)]
+        for v in ("ASAN_OPTIONS", "UBSAN_OPTIONS", "LSAN_OPTIONS"):
+            if v in os.environ:
+                args += ["-E", "%s=%s" % (v, os.environ[v])]
+        for k, v in env.items():
+            args += ["-E", "%s=%s" % (k, v)]
+        e = dict(os.environ)
+        e.pop("RUNTIME_DIRECTORY", None)
+        p = subprocess.Popen(args + [exe, "--foreground", "--backends", "cpu", "--config", "",
+                                     "--no-cache", "--log-level", "debug"] + extra,
+                             stderr=subprocess.PIPE, env=e)
+        try:
+            got, _, _ = select.select([p.stderr], [], [], TIMEOUT)
+            first = p.stderr.readline().decode() if got else ""
+            check(first.startswith("Listening on"), "activator listens: %r" % first)
+            c = socket.socket(socket.AF_UNIX)
+            c.connect("\0%s-%d" % (name, n))  # execs dspkd
+            if want_rc == 0:
+                c.sendall(msgpack.packb([0, 1, "ping", [{"data": b"x"}]]))
+                u = msgpack.Unpacker(raw=False)
+                while True:
+                    data = c.recv(4096)
+                    check(data, "%r: served" % env)
+                    u.feed(data)
+                    got = list(u)
+                    if got:
+                        break
+                check(got[0][2] is None, "%r: ping answered: %r" % (env, got))
+                p.send_signal(signal.SIGTERM)
+            rc = p.wait(TIMEOUT)
+            c.close()
+            err = p.stderr.read().decode()
+            check(rc == want_rc, "%r %r: exit %d, want %d:\n%s" % (env, extra, rc, want_rc, err))
+            if want_rc:
+                lines = [l for l in err.splitlines() if l.startswith("dspkd[")]
+                check(len(lines) == 1 and "has no path" in lines[0] and
+                      "set job_state" in lines[0], "no state file: one line: %r" % err)
+            else:
+                check("Slurm jobs:" in err and "get the cpu only" not in err,
+                      "%r: a state file, not fail-closed:\n%s" % (env, err))
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
 
 
 def t_sockreplaced(exe, tmp):
@@ -945,6 +1065,29 @@ def t_reloadkeys(exe, tmp):
             check(changed_since(mark) == set(), "%s, file %r: %r"
                   % (flags, text, changed_since(mark)))
         d.stop()
+    # The comparison is by value: a file that sets socket, cache or job_state
+    # to the very file the daemon runs on (their defaults at start: the
+    # socket of $DSPK_SOCKET, the cache of $XDG_CACHE_HOME, the socket's
+    # .jobs), or that removes one whose default is the value running,
+    # changes nothing (the example file's "uncommenting changes nothing").
+    esock = os.path.join(tmp, "env.sock")
+    same = ("[daemon]\nsocket = %s\ncache = %s\njob_state = %s\n"
+            % (esock, os.path.join(tmp, "dspk", "cache.db"), os.path.join(tmp, "env.jobs")))
+    for start, then in (("[daemon]\n", same), (same, "[daemon]\n"),
+                        ("[daemon]\n", same.replace(tmp + "/", tmp + "/./")),
+                        ("[daemon]\nbackends = cpu,vulkan\nraw_kernels = cpu:0,vulkan:0\n",
+                         "[daemon]\nbackends = vulkan,cpu\nraw_kernels = vulkan:0,cpu:0\n")):
+        write(conf, start)
+        d = Daemon(exe, tmp, ["--config", conf], notify=True, sock=esock, config=None,
+                   socket_flag=False, env={"DSPK_SOCKET": esock},
+                   backends=None if "backends" in start else "cpu")
+        d.notify.until(lambda m: m.get("READY") == "1", "READY=1")
+        mark = len(d.logtext())
+        write(conf, then)
+        reload_and_wait(d, "(the running values, %r)" % then)
+        check(changed_since(mark) == set(), "the running values: %r\n%s"
+              % (changed_since(mark), d.logtext()))
+        d.stop()
 
 
 def t_reloaddefault(exe, tmp):
@@ -1232,7 +1375,26 @@ def t_config(exe, tmp):
                        (["--no-cache", "--cache", "x.db"],
                         "options '--no-cache' and '--cache' both given"),
                        (["--cache", "x.db", "--no-cache"],
-                        "options '--cache' and '--no-cache' both given")):
+                        "options '--cache' and '--no-cache' both given"),
+                       # Numbers parse one way for every type: no leading blank
+                       # (nor a newline), as sizes already refused.
+                       (["--max-clients", " 8"], '--max-clients: expected an integer from 1'),
+                       (["--max-clients", "\n8"], '--max-clients: expected an integer'),
+                       (["--device-inflight", " 8"], "--device-inflight: expected an integer"),
+                       (["--ready-fd", " 1"], '--ready-fd: expected an integer'),
+                       (["--shutdown-timeout", " 5"], "--shutdown-timeout: expected an integer"),
+                       (["--cache-max-bytes", " 8K"], "--cache-max-bytes: expected a size"),
+                       (["--max-user-memory", " 8%"], "--max-user-memory: expected a size"),
+                       (["--max-user-memory", "\t8M"], "--max-user-memory: expected a size"),
+                       # --metrics-listen: no form read two ways.
+                       (["--metrics-listen", "::1:0"],
+                        "--metrics-listen: an IPv6 address goes in brackets ([::1]:0)"),
+                       (["--metrics-listen", "0:0"],
+                        "--metrics-listen: expected ADDR:PORT"),
+                       (["--metrics-listen", "127.1:0"],
+                        "--metrics-listen: expected ADDR:PORT"),
+                       (["--metrics-listen", "127.0.0.1:080"],
+                        "--metrics-listen: expected ADDR:PORT")):
         p = subprocess.run([exe, "--foreground", "--config", ""] + args, stderr=subprocess.PIPE,
                            stdout=subprocess.PIPE, timeout=TIMEOUT)
         check(p.returncode == 2 and want in p.stderr.decode(), "%r: %r" % (args, p.stderr))
@@ -1550,6 +1712,7 @@ GROUPS = {
     "activation": t_activation,
     "sigterm": t_sigterm,
     "sockreplaced": t_sockreplaced,
+    "ownfiles": t_ownfiles,
     "fast": t_fast,
     "reload": t_reload,
     "reloadkeys": t_reloadkeys,

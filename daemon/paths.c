@@ -1,0 +1,227 @@
+/*
+ * The daemon's own files (daemon/paths.h): which paths it runs on, that the
+ * Slurm jobs' state file is none of the others, and what a reload compares.
+ */
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "daemon/config.h"
+#include "daemon/log.h"
+#include "daemon/paths.h"
+
+#include "cache/cache.h"
+
+/* What the daemon runs on, from dspkd_paths_start: the socket (for a
+ * reload, as the start had it), the cache file ("" for none), the state
+ * file. */
+static struct {
+  bool activated;
+  char socket[PATH_MAX];
+  char cache[PATH_MAX];
+  char job_state[PATH_MAX];
+} run;
+
+const char *dspkd_paths_cache_dir_file(void) {
+  static char path[PATH_MAX];
+  const char *cd = getenv("CACHE_DIRECTORY");
+  int n;
+  if (!cd || cd[0] != '/')
+    return NULL;
+  n = snprintf(path, sizeof path, "%.*s/cache.db", (int)strcspn(cd, ":"), cd);
+  return n > 0 && (size_t)n < sizeof path ? path : NULL;
+}
+
+/* The cache file cfg's cache and no_cache name (the default when unset) in
+ * out; "" for none.  0, or -1 when it cannot be told (no home). */
+static int cache_file(const struct dspkd_config *cfg, char *out, size_t len) {
+  const char *p = cfg->cache_path;
+  char *dflt = NULL;
+  int n;
+
+  out[0] = '\0';
+  if (cfg->no_cache || (p && !p[0]))
+    return 0;
+  if (!p)
+    p = dspkd_paths_cache_dir_file();
+  if (!p && !(p = dflt = dspk__cache_default_path()))
+    return -1;
+  n = snprintf(out, len, "%s", strcmp(p, ":memory:") ? p : "");
+  free(dflt);
+  return n >= 0 && (size_t)n < len ? 0 : -1;
+}
+
+/* The socket dspkd listens on when the socket key is unset (main.c's
+ * socket_path: $DSPK_SOCKET, else the runtime directory's dspk/dspkd.sock). */
+static int default_socket(char *out, size_t len) {
+  const char *env = getenv("DSPK_SOCKET"), *rt = getenv("XDG_RUNTIME_DIR");
+  int n;
+  if (env && *env)
+    n = snprintf(out, len, "%s", env);
+  else if (geteuid() == 0)
+    n = snprintf(out, len, "/run/dspk/dspkd.sock");
+  else if (rt && *rt)
+    n = snprintf(out, len, "%s/dspk/dspkd.sock", rt);
+  else
+    return -1;
+  return n >= 0 && (size_t)n < len ? 0 : -1;
+}
+
+/* The state file's default for a daemon on socket (jobstate.c's rule): the
+ * socket's path with its ".sock" suffix (if any) replaced by ".jobs"; for
+ * an activated socket without a path, dspkd.jobs in $RUNTIME_DIRECTORY
+ * (systemd's RuntimeDirectory=).  0, or -1 when neither is known. */
+static int default_job_state(const char *socket, bool has_path, char *out, size_t len) {
+  const char *rt = getenv("RUNTIME_DIRECTORY");
+  size_t n = strlen(socket);
+  int k;
+
+  if (has_path) {
+    if (n > 5 && strcmp(socket + n - 5, ".sock") == 0)
+      n -= 5;
+    k = snprintf(out, len, "%.*s.jobs", (int)n, socket);
+  } else if (rt && rt[0] == '/') {
+    k = snprintf(out, len, "%.*s/dspkd.jobs", (int)strcspn(rt, ":"), rt);
+  } else {
+    return -1;
+  }
+  return k >= 0 && (size_t)k < len ? 0 : -1;
+}
+
+/* path with its directory resolved (realpath) when that directory exists,
+ * else path as given, in out. */
+static void resolve_dir(const char *path, char *out, size_t len) {
+  char dir[PATH_MAX], real[PATH_MAX];
+  const char *slash = strrchr(path, '/'), *base = slash ? slash + 1 : path;
+  int n;
+
+  if (!slash)
+    snprintf(dir, sizeof dir, ".");
+  else
+    snprintf(dir, sizeof dir, "%.*s", slash == path ? 1 : (int)(slash - path), path);
+  if (!realpath(dir, real)) {
+    snprintf(out, len, "%s", path);
+    return;
+  }
+  n = snprintf(out, len, "%s%s%s", real, strcmp(real, "/") ? "/" : "", base);
+  if (n < 0 || (size_t)n >= len)
+    snprintf(out, len, "%s", path);
+}
+
+bool dspkd_paths_same(const char *a, const char *b) {
+  struct stat sa, sb;
+  char ra[PATH_MAX], rb[PATH_MAX];
+
+  if (strcmp(a, b) == 0)
+    return true;
+  if (stat(a, &sa) == 0 && stat(b, &sb) == 0)
+    return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+  resolve_dir(a, ra, sizeof ra);
+  resolve_dir(b, rb, sizeof rb);
+  return strcmp(ra, rb) == 0;
+}
+
+/* The name of another of the daemon's files that path is, or NULL: the
+ * socket (sock, NULL without a path) or the cache (cache, "" for none) and
+ * the files SQLite keeps beside it.  The one it is goes into what. */
+static const char *collides(const char *path, const char *sock, const char *cache,
+                            char *what, size_t len) {
+  static const char *const sides[] = {"", "-wal", "-shm", "-journal"};
+  char side[PATH_MAX + 16];
+
+  if (sock && dspkd_paths_same(path, sock)) {
+    snprintf(what, len, "%s", sock);
+    return "the socket";
+  }
+  for (size_t i = 0; cache[0] && i < sizeof sides / sizeof sides[0]; i++) {
+    snprintf(side, sizeof side, "%s%s", cache, sides[i]);
+    if (dspkd_paths_same(path, side)) {
+      snprintf(what, len, "%s", side);
+      return i ? "a file of the cache's (SQLite's, beside it)" : "the cache";
+    }
+  }
+  return NULL;
+}
+
+int dspkd_paths_start(struct dspkd_config *cfg, int activated) {
+  bool has_path = !activated || cfg->socket_path[0] != '(';
+  char name[PATH_MAX + 64], what[PATH_MAX + 16], tmp[PATH_MAX + 8];
+  const char *is;
+
+  run.activated = activated;
+  snprintf(run.socket, sizeof run.socket, "%s", cfg->socket_path);
+  if (cache_file(cfg, run.cache, sizeof run.cache) != 0)
+    run.cache[0] = '\0'; /* no home: the cache falls back to memory */
+  dspkd_config_name("job_state", name, sizeof name);
+  if (cfg->job_state) {
+    snprintf(run.job_state, sizeof run.job_state, "%s", cfg->job_state);
+  } else if (default_job_state(cfg->socket_path, has_path, run.job_state,
+                               sizeof run.job_state) != 0) {
+    if (!has_path || getenv("RUNTIME_DIRECTORY"))
+      dspkd_error("Slurm jobs: the socket passed by socket activation has no path (an "
+                  "abstract or unnamed socket) and $RUNTIME_DIRECTORY names no directory: "
+                  "there is no default state file, and without one the registered jobs "
+                  "would be lost at each restart; set job_state (dspk.conf(5))");
+    else
+      dspkd_error("Slurm jobs: the default state file's path is too long; set job_state");
+    return -1;
+  }
+  /* jobstate.c takes it from here: its own default is not needed. */
+  cfg->job_state = run.job_state;
+  snprintf(tmp, sizeof tmp, "%s.tmp", run.job_state);
+  if ((is = collides(run.job_state, has_path ? cfg->socket_path : NULL, run.cache, what,
+                     sizeof what)) != NULL) {
+    dspkd_error("%s %s is %s (%s): the Slurm jobs' state file would replace it at the "
+                "first job.register; give it a path of its own", name, run.job_state, is,
+                what);
+    return -1;
+  }
+  if ((is = collides(tmp, has_path ? cfg->socket_path : NULL, run.cache, what,
+                     sizeof what)) != NULL) {
+    dspkd_error("%s %s: its temporary file %s is %s (%s), which each job.register would "
+                "remove; give the state file another path", name, run.job_state, tmp, is,
+                what);
+    return -1;
+  }
+  return 0;
+}
+
+int dspkd_paths_reload_differs(const char *key, const struct dspkd_config *nw,
+                               bool socket_fixed) {
+  char sock[PATH_MAX], cache[PATH_MAX], jobs[PATH_MAX];
+  bool has_path = !run.activated || run.socket[0] != '(';
+
+  /* Under socket activation the socket is the one passed, whatever the
+   * file says; a socket the command line set is not the file's either. */
+  if (run.activated || socket_fixed || !nw->socket_path[0]) {
+    if (!run.activated && !socket_fixed && !nw->socket_path[0]) {
+      if (default_socket(sock, sizeof sock) != 0)
+        return 1;
+    } else {
+      snprintf(sock, sizeof sock, "%s", run.socket);
+    }
+  } else {
+    snprintf(sock, sizeof sock, "%s", nw->socket_path);
+  }
+  if (strcmp(key, "socket") == 0)
+    return !dspkd_paths_same(sock, run.socket);
+  if (strcmp(key, "job_state") == 0) {
+    if (nw->job_state)
+      snprintf(jobs, sizeof jobs, "%s", nw->job_state);
+    else if (default_job_state(sock, has_path, jobs, sizeof jobs) != 0)
+      return 1;
+    return !dspkd_paths_same(jobs, run.job_state);
+  }
+  if (strcmp(key, "no_cache") == 0 || strcmp(key, "cache") == 0) {
+    if (cache_file(nw, cache, sizeof cache) != 0)
+      cache[0] = '\0';
+    if (strcmp(key, "no_cache") == 0)
+      return !cache[0] != !run.cache[0];
+    return cache[0] && run.cache[0] && !dspkd_paths_same(cache, run.cache);
+  }
+  return -1;
+}

@@ -1,0 +1,50 @@
+/*
+ * The daemon's own files as it runs on them (dspk.conf(5), "FILES"): the
+ * socket, the cache and the Slurm jobs' state file, each the setting's
+ * value or, unset, its default.  Decided once at start, before the
+ * daemon detaches: a state file that would overwrite the socket or the
+ * cache (or one of SQLite's files beside it) is refused, and so is a start
+ * that has no state file at all.  A reload compares a file's values with
+ * these, by the file each names, not by whether the file sets the key.
+ * Loop thread only.
+ */
+#ifndef DSPKD_PATHS_H
+#define DSPKD_PATHS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "daemon/dspkd.h"
+
+/* The cache file the daemon opens when the cache key is unset:
+ * $CACHE_DIRECTORY/cache.db (systemd's CacheDirectory=, the first of a
+ * colon list), else NULL (the cache library's own default).  The returned
+ * string is static. */
+const char *dspkd_paths_cache_dir_file(void);
+
+/*
+ * After the socket's path is known (cfg->socket_path; activated: 1 when it
+ * came by socket activation) and, detached, made absolute: decides the
+ * cache's and the state file's paths, stores the state file's in
+ * cfg->job_state, and checks them.  0, or -1 after logging one line (exit
+ * 2): no state file can be named (the socket has no path, and neither
+ * job_state nor $RUNTIME_DIRECTORY names one), or it is the socket, the
+ * cache, one of the cache's -wal, -shm and -journal, or its temporary file
+ * (PATH.tmp) is one of those.
+ */
+int dspkd_paths_start(struct dspkd_config *cfg, int activated);
+
+/*
+ * At a reload, for the keys socket, cache, no_cache and job_state: 1 when
+ * the value the file nw gives (its default when unset) names another file
+ * than the one the daemon runs on, 0 when the same, -1 for any other key.
+ * socket_fixed: the command line set the socket (the file's is not used).
+ */
+int dspkd_paths_reload_differs(const char *key, const struct dspkd_config *nw,
+                               bool socket_fixed);
+
+/* 1 when a and b name the same file: the same inode where both exist,
+ * else the same path once their directories are resolved. */
+bool dspkd_paths_same(const char *a, const char *b);
+
+#endif /* DSPKD_PATHS_H */
