@@ -58,26 +58,6 @@ bool dspkd_jobs_required(const struct dspkd *d) {
 
 /* ---- where ------------------------------------------------------------- */
 
-/* The default: the socket's path with its ".sock" suffix (if any) replaced
- * by ".jobs", so that daemons on two sockets of one directory keep two
- * files (but sockets q and q.sock share q.jobs: the lock refuses the
- * second daemon); for an activated socket without a path, dspkd.jobs in systemd's
- * RuntimeDirectory=.  The length snprintf wanted, or -1 when neither is
- * known. */
-static int default_path(const struct dspkd *d, char *out, size_t len) {
-  const char *sock = d->cfg.socket_path, *rt = getenv("RUNTIME_DIRECTORY");
-  size_t n = strlen(sock);
-
-  if (sock[0] && sock[0] != '(') {
-    if (n > 5 && strcmp(sock + n - 5, ".sock") == 0)
-      n -= 5;
-    return snprintf(out, len, "%.*s.jobs", (int)n, sock);
-  }
-  if (rt && rt[0] == '/')
-    return snprintf(out, len, "%.*s/dspkd.jobs", (int)strcspn(rt, ":"), rt);
-  return -1;
-}
-
 /* Names the file: d->job_state, absolute (a relative job_state is the
  * current directory's: the start directory, before a detached daemon
  * leaves it).  0; 1 when none can be named (logged: job.register and
@@ -88,13 +68,9 @@ static int name_file(struct dspkd *d) {
   int n;
 
   d->job_state[0] = '\0';
-  if (d->cfg.job_state) {
-    n = snprintf(path, sizeof path, "%s", d->cfg.job_state);
-  } else if ((n = default_path(d, path, sizeof path)) < 0) {
-    dspkd_warn("Slurm jobs: the socket has no path and RUNTIME_DIRECTORY is not set: no "
-               "state file (set job_state); job.register and job.end fail with EIO");
+  if (!d->cfg.job_state) /* dspkd_paths_start names it, default or not */
     return 1;
-  }
+  n = snprintf(path, sizeof path, "%s", d->cfg.job_state);
   if (n < 0 || (size_t)n >= sizeof path) {
     dspkd_error("Slurm jobs: the state file's path is too long; job.register and job.end "
                 "fail with EIO");

@@ -474,7 +474,9 @@ int main(int argc, char **argv) {
   /* dspkd --end-job ID: the state file the daemon would use, changed
    * offline; nothing of the daemon starts. */
   if (cfg->end_job)
-    return socket_path(cfg, false) != 0 ? 2 : dspkd_jobstate_end_offline(d, cfg->end_job);
+    return socket_path(cfg, false) != 0 || dspkd_paths_start(cfg, 0) != 0
+               ? 2
+               : dspkd_jobstate_end_offline(d, cfg->end_job);
 
   dspkd_test_start_pause("config");
   activated = dspkd_activation_start(d);

@@ -71,7 +71,7 @@ static int default_socket(char *out, size_t len) {
   return n >= 0 && (size_t)n < len ? 0 : -1;
 }
 
-/* The state file's default for a daemon on socket (jobstate.c's rule): the
+/* The state file's default for a daemon on socket: the
  * socket's path with its ".sock" suffix (if any) replaced by ".jobs"; for
  * an activated socket without a path, dspkd.jobs in $RUNTIME_DIRECTORY
  * (systemd's RuntimeDirectory=).  0, or -1 when neither is known. */
