@@ -446,13 +446,11 @@ int dspkd_m_job_register(struct req *r) {
   tmp.uid = (uid_t)uid;
   for (uint32_t i = 0; devs && i < devs->via.array.size; i++) {
     const msgpack_object *o = &devs->via.array.ptr[i];
-    /* A NUL would cut the UUID short (as every str parameter: EINVAL). */
-    if (o->type == MSGPACK_OBJECT_STR && o->via.str.size &&
-        memchr(o->via.str.ptr, 0, o->via.str.size))
+    /* A str (the schema's item checked it); a NUL would cut the UUID
+     * short (as every str parameter: EINVAL). */
+    if (o->via.str.size && memchr(o->via.str.ptr, 0, o->via.str.size))
       return fail(r, DSPK_EINVAL, "devices[%u]: the string holds a NUL byte", i);
     char why[64];
-    if (o->type != MSGPACK_OBJECT_STR)
-      return fail(r, DSPK_EINVAL, "devices[%u]: expected a device UUID, a str", i);
     if (uuid_parse(o->via.str.ptr, o->via.str.size, tmp.uuid[tmp.ndevs], why, sizeof why))
       return fail(r, DSPK_EINVAL, "devices[%u]: expected a device UUID (hex digits and "
                   "dashes, after an optional GPU- prefix): %s", i, why);
