@@ -353,8 +353,8 @@ class _SendLock:
     the store (``if sl.owner is token: sl.owner = None``), so whatever interrupts the
     writer, the right is given back exactly when it was taken.  A thread waiting for it
     is woken by :meth:`wake`, and looks again every _SEND_RECHECK seconds in case an
-    interruption cut a wake-up.  ``mutex`` is re-entrant: a garbage collection that
-    runs inside it on the same thread may come back (_flush_frees)."""
+    interruption cut a wake-up.  ``mutex`` is re-entrant, so that nothing that runs
+    inside it on the same thread (a garbage collection's finalizers) blocks on it."""
     __slots__ = ("mutex", "cond", "owner")
 
     def __init__(self) -> None:
@@ -391,6 +391,31 @@ class _SendLock:
         closed)."""
         with self.mutex:
             self.cond.notify_all()
+
+
+class _SharedRef(weakref.ref):
+    """The weak reference to a shared array's mapping that owes its buffer.free when the
+    array is collected: its callback is the client's ``_dead_shared.append`` (C code),
+    which puts this reference, ``buffer`` and all, on the list of frees owed.  No
+    Python code runs as the array is collected, so no signal handler can cut the
+    noting (a ``weakref.finalize`` runs Python code, where a handler's exception is
+    only reported as ignored, the buffer then never freed); the buffer.free goes with
+    the client's next request (Client._flush_frees_locked)."""
+    __slots__ = ("buffer",)
+
+    def __new__(cls, ob: Any, callback: Callable[[Any], Any], buffer: int
+                ) -> "_SharedRef":
+        self = super().__new__(cls, ob, callback)
+        self.buffer = buffer
+        return self
+
+    def __init__(self, ob: Any, callback: Callable[[Any], Any], buffer: int) -> None:
+        super().__init__(ob, callback)
+
+
+def _owed_buffer(item: Any) -> int:
+    """The buffer id of an entry of Client._dead_shared (an int, or a _SharedRef)."""
+    return item.buffer if isinstance(item, _SharedRef) else item
 
 
 class _Temp:
@@ -1663,7 +1688,11 @@ class Client:
         self._shared: Dict[int, Tuple[int, int, str]] = {}
         # buffer.free owed: collected shared arrays, buffers answered after a Timeout,
         # temporaries; sent with msgid 0 (answers to it are dropped) by _flush_frees.
-        self._dead_shared: List[int] = []
+        # Entries: a buffer id, or the _SharedRef of a collected shared array.
+        self._dead_shared: List[Any] = []
+        # The _SharedRef of each shared array (buffer id -> it): kept here so that its
+        # callback runs when the array is collected.
+        self._shared_refs: Dict[int, _SharedRef] = {}
         # The automatic shared-memory path (libdspkclient's): inline operands and
         # results of at least shared_threshold bytes on cpu:0 go through reused
         # shared temporaries instead of the socket.
@@ -1924,6 +1953,9 @@ class Client:
                                       "reads no more)" % self.timeout) from None
             if self._closed is not None:
                 raise self._closed_error()
+            # The frees owed first (shared arrays collected since the last request):
+            # the daemon has them before this request's answer.
+            self._flush_frees_locked()
             self._write_locked(views, anc, deadline, mark=mark)
             self._flush_frees_locked()
         finally:
@@ -2143,10 +2175,12 @@ class Client:
         # is an ENOBUF answer to msgid 0, dropped), never not at all.
         while self._dead_shared and self._closed is None:
             try:
-                buf = self._dead_shared[-1]
+                item = self._dead_shared[-1]
             except IndexError:
                 break
+            buf = _owed_buffer(item)
             self._shared.pop(buf, None)  # its address may be mapped anew
+            self._shared_refs.pop(buf, None)
             frame = msgpack.packb([0, 0, "buffer.free", [{"buffer": buf}]])
             try:
                 n = self._sock.sendmsg([frame], [], _socket.MSG_DONTWAIT)
@@ -2159,7 +2193,7 @@ class Client:
             if n < len(frame):  # a frame this small goes whole on a Unix socket
                 self._write_locked([memoryview(frame)[n:]], [], None, n)
             try:
-                self._dead_shared.remove(buf)
+                self._dead_shared.remove(item)
             except ValueError:
                 pass
         return True
@@ -3176,8 +3210,9 @@ class Client:
         The array lives in a memfd (sealed against shrinking and growing) that the daemon
         maps too (``buffer.import``): passing it, or any C-contiguous slice of it, as an
         operand or as ``out=`` copies nothing; on ``cpu:0`` the daemon reads and writes
-        these very pages.  The daemon's buffer is freed when the array (and every view
-        of it) is garbage collected, or when the connection closes; the array stays
+        these very pages.  The daemon's buffer is freed with the client's next request
+        once the array (and every view of it) is garbage collected, or when the
+        connection closes; the array stays
         usable after that as ordinary memory.  A big-endian ``dtype`` is taken as its
         little-endian twin.  The memfd is closed once mapped: a shared array holds no
         file descriptor.
@@ -3198,13 +3233,12 @@ class Client:
         try:
             arr = view[:nbytes].view(dt).reshape(shape_t)
             self._shared[buf] = (arr.__array_interface__["data"][0], size, dev)
-            # Two finalizers, run in the reverse order: first a C call that no signal
-            # handler can cut owes the buffer.free (sent with the next request at the
-            # latest), then _shared_gone sends it at once if it can.
-            weakref.finalize(mm, Client._shared_gone, weakref.ref(self), buf)
-            weakref.finalize(mm, self._dead_shared.append, buf)
+            # Collected, the mapping owes the buffer.free by a C call alone (no Python
+            # code, nothing a signal handler can cut): sent with the next request.
+            self._shared_refs[buf] = _SharedRef(mm, self._dead_shared.append, buf)
         except BaseException as e:  # no array: its buffer goes (KeyboardInterrupt too)
             self._shared.pop(buf, None)
+            self._shared_refs.pop(buf, None)
             self._free_quietly(buf)
             if isinstance(e, Exception) and not isinstance(e, Error):
                 raise _errors.InvalidArgument("empty_shared: shape %s of %s: %s"
@@ -3446,18 +3480,6 @@ class Client:
                     self._after_send()
         return True
 
-    @staticmethod
-    def _shared_gone(ref: "weakref.ref[Client]", buf: int) -> None:
-        # Runs inside garbage collection, maybe while this thread holds the client's
-        # locks: _queue_free never waits (a thread holding the send lock sends it
-        # when it lets the lock go).
-        client = ref()
-        if client is None:
-            return
-        client._shared.pop(buf, None)
-        if client._closed is None and not client._forked():  # else nothing to send
-            client._flush_frees()  # the buffer is owed already (empty_shared)
-
     def _shared_ref(self, a: np.ndarray) -> Optional[Tuple[int, int, str]]:
         """(buffer, offset, device) when ``a`` is a C-contiguous array inside a shared
         array of this connection, else None."""
@@ -3466,7 +3488,8 @@ class Client:
         addr = a.__array_interface__["data"][0]
         # A buffer whose array was collected is owed a free (its entry may not be
         # gone yet, and a new mapping may take its address): never referenced.
-        dead = set(self._dead_shared) if self._dead_shared else ()
+        dead = {_owed_buffer(x) for x in list(self._dead_shared)} \
+            if self._dead_shared else ()
         for buf, (base, size, dev) in list(self._shared.items()):
             if buf in dead:
                 continue

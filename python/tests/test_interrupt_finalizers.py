@@ -1,0 +1,97 @@
+"""Interruptions while a shared array is collected, and while a TaskFuture is waited on
+inside concurrent.futures' own code (python.md, Interruptions).
+
+As in test_interrupt_points, a profile function raises KeyboardInterrupt at the n-th
+point where CPython runs a signal handler (a C call returning, a Python function
+starting), here in the standard library's code on the path too (weakref.finalize,
+threading.Condition, concurrent.futures.Future), for every n until the path runs
+through uninterrupted.  A weakref.finalize callback's exception is swallowed by Python
+("Exception ignored in: <finalize ...>"): there the buffer.free it owed was lost.  A
+KeyboardInterrupt right after Condition.__enter__ took a future's lock left that lock
+held for good, and the thread completing the future (reader, worker) blocked on it for
+ever.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import gc
+import os
+import sys
+import threading
+import weakref
+
+import numpy as np
+import pytest
+
+import dspk
+from conftest import TIMEOUT
+
+PKG = os.path.dirname(os.path.abspath(dspk.__file__))
+WEAKREF_FILE = os.path.abspath(weakref.__file__)
+THREADING_FILE = os.path.abspath(threading.__file__)
+FUTURES_FILE = os.path.abspath(concurrent.futures._base.__file__)
+
+
+class _Injected(KeyboardInterrupt):
+    """The simulated signal handler's exception."""
+
+
+def _interrupt_at(n, files):
+    """A profile function raising _Injected at the n-th point (0-based) in ``files``
+    where a signal handler could run: a C call returning, a Python function starting.
+    Returns (the function, a list that counts the points)."""
+    seen = [0]
+
+    def prof(frame, event, arg):
+        if event not in ("c_return", "call"):
+            return
+        if os.path.abspath(frame.f_code.co_filename) not in files:
+            return
+        seen[0] += 1
+        if seen[0] == n + 1:
+            raise _Injected()
+    return prof, seen
+
+
+def _held(c):
+    """The daemon buffers of the connection."""
+    return [x for x in c.status()["clients"] if x["self"]][0]["buffers"]
+
+
+def test_an_interrupted_collection_of_a_shared_array_leaves_no_buffer(daemon):
+    """Every point of a shared array's collection in turn: its buffer is freed by the
+    next request, and the client works (before, the finalizer's own Python code could
+    be cut: the buffer stayed for the connection's life)."""
+    files = {WEAKREF_FILE, os.path.join(PKG, "_client.py")}
+    c = dspk.connect(daemon.socket, timeout=TIMEOUT)
+    unraisable = []
+    hook, sys.unraisablehook = sys.unraisablehook, unraisable.append
+    try:
+        n = fired = 0
+        while True:
+            s = c.empty_shared(1024)
+            s[:] = 1
+            assert _held(c) == 1
+            prof, seen = _interrupt_at(n, files)
+            gc.disable()  # the collection is the del's alone
+            sys.setprofile(prof)
+            try:
+                del s
+            except _Injected:
+                pass  # landed after the collection: it propagates
+            finally:
+                sys.setprofile(None)
+                gc.enable()
+            assert not c._send_lock.locked(), "the send lock stays held"
+            assert c.ping(b"x", ) > 0
+            assert _held(c) == 0, ("buffer left behind", n)
+            assert not c._shared and not getattr(c, "_shared_refs", None)
+            if seen[0] <= n:
+                break  # the whole path ran: every point was tried
+            fired += 1
+            n += 1
+        # the munmap of weakref.finalize's runs Python code: some points are there
+        assert fired >= 2, fired
+    finally:
+        sys.unraisablehook = hook
+        c.close()
