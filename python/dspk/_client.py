@@ -11,9 +11,11 @@ submit() itself never waits for an answer.
 """
 from __future__ import annotations
 
+import _thread
 import array as _array
 import collections
 import concurrent.futures
+import concurrent.futures._base as _cf
 import errno
 import fcntl
 import fractions
@@ -494,6 +496,77 @@ def _deadline_of(timeout: Optional[float]) -> Optional[float]:
     return time.monotonic() + timeout
 
 
+# Seconds a thread other than the main one waits for a future's lock before it takes the
+# lock for one left held for good (below, _FutureLock).
+_FUTURE_LOCK_STALE = 1.0
+_DONE_STATES = (_cf.CANCELLED, _cf.CANCELLED_AND_NOTIFIED, _cf.FINISHED)
+
+
+class _FutureLock(_thread.RLock):
+    """A TaskFuture's ``_condition``: concurrent.futures' methods take it by ``with``.
+
+    ``threading.Condition``'s ``__enter__`` is Python code, so a signal handler can run
+    right after it took its lock and before the ``with`` block is entered: the lock
+    then stays held for good by the main thread (the only one that runs handlers), and
+    the thread completing the future (the reader, the worker) blocked for ever.  This
+    is the RLock itself, whose ``__enter__``/``__exit__`` are C code that no handler
+    cuts.  It is no condition variable: nobody waits under it (TaskFuture.result()
+    waits on a ``gate`` of its own, a plain lock that notify_all() releases and that
+    the completing thread never waits for).  A lock left held all the same (the
+    explicit acquire() of concurrent.futures.wait()'s, interrupted) is replaced: see
+    TaskFuture._take."""
+
+    def __init__(self, gates: Optional[List[Any]] = None) -> None:
+        super().__init__()
+        self.gates: List[Any] = [] if gates is None else gates
+
+    def notify_all(self) -> None:
+        """Wakes every waiter of result()/exception() (never waits)."""
+        for gate in list(self.gates):
+            try:
+                gate.release()
+            except RuntimeError:
+                pass  # released already
+
+    notify = notify_all
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        """As threading.Condition's (the caller holds the lock; a notify_all() wakes
+        it).  concurrent.futures' own result() waits here; TaskFuture's never does (it
+        reaches concurrent.futures' result() done only)."""
+        gate = _thread.allocate_lock()
+        gate.acquire()
+        self.gates.append(gate)
+        saved = self._release_save()  # type: ignore[attr-defined]
+        try:
+            if timeout is None:
+                return gate.acquire()
+            return gate.acquire(True, timeout) if timeout > 0 else gate.acquire(False)
+        finally:
+            self._acquire_restore(saved)  # type: ignore[attr-defined]
+            try:
+                self.gates.remove(gate)
+            except ValueError:
+                pass
+
+
+def _waiter_usable(waiter: Any) -> bool:
+    """Whether a waiter of concurrent.futures.wait()/as_completed() on a future can be
+    told (its add_result() sets a threading.Event): on a thread other than the main
+    one, not when the Event's lock stayed held _FUTURE_LOCK_STALE seconds (an
+    interruption of the main thread's wait left it held, and that wait() ended: nobody
+    waits on it any more, and telling it would block for ever)."""
+    if threading.current_thread() is threading.main_thread():
+        return True
+    lock = getattr(getattr(getattr(waiter, "event", None), "_cond", None), "_lock", None)
+    if lock is None or not hasattr(lock, "acquire"):
+        return True
+    if not lock.acquire(timeout=_FUTURE_LOCK_STALE):
+        return False
+    lock.release()
+    return True
+
+
 class TaskFuture(concurrent.futures.Future):
     """A :class:`concurrent.futures.Future` of one request.  ``msgid`` is its request's
     id; ``cancel()`` on a pending one also asks the daemon to drop the task.
@@ -514,6 +587,144 @@ class TaskFuture(concurrent.futures.Future):
     _job: Optional[_Job] = None
     # Answered, its settle queued on the callbacks thread behind its progress calls.
     _queued: bool = False
+    # How many of its done-callbacks ran (_invoke_callbacks).
+    _ran: int = 0
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._condition: _FutureLock = _FutureLock()  # type: ignore[assignment]
+
+    def _take(self) -> _FutureLock:
+        """Takes the future's lock and returns it (the caller gives it back in a
+        ``finally``).  The main thread takes it as concurrent.futures does (an RLock:
+        one it left held itself it takes again).  Another thread waits at most
+        _FUTURE_LOCK_STALE seconds: no block of concurrent.futures' holds it that long,
+        so it was left held by an interruption of the main thread (which runs the
+        signal handlers); it is then replaced by a new lock, taken at once (its waiters
+        carried over), and the thread completing the future never blocks for ever."""
+        cond = self._condition
+        if threading.current_thread() is threading.main_thread():
+            cond.acquire()
+            return cond
+        if not cond.acquire(timeout=_FUTURE_LOCK_STALE):
+            fresh = _FutureLock(cond.gates)
+            fresh.acquire()
+            self._condition = fresh
+            return fresh
+        return cond
+
+    def _finish(self, result: Any, exception: Optional[BaseException]) -> None:
+        """set_result()/set_exception() as concurrent.futures has them, under _take()."""
+        cond = self._take()
+        try:
+            if self._state in _DONE_STATES:
+                # Done by an earlier attempt that an interruption may have cut before
+                # it woke the waiters or ran the callbacks: this one does.
+                cond.notify_all()
+                if self._ran >= len(self._done_callbacks):
+                    raise concurrent.futures.InvalidStateError(
+                        "{}: {!r}".format(self._state, self))
+            else:
+                if exception is not None:
+                    self._exception = exception
+                else:
+                    self._result = result
+                self._state = _cf.FINISHED
+                try:
+                    self._tell_waiters(exception)
+                finally:
+                    cond.notify_all()
+        finally:
+            cond.release()
+        self._invoke_callbacks()
+
+    def _tell_waiters(self, exception: Optional[BaseException]) -> None:
+        """Tells the waiters of concurrent.futures.wait()/as_completed() (under the
+        future's lock)."""
+        for waiter in self._waiters:
+            if _waiter_usable(waiter):
+                if exception is not None:
+                    waiter.add_exception(self)
+                else:
+                    waiter.add_result(self)
+
+    def _invoke_callbacks(self) -> None:
+        """Runs the done-callbacks not run yet, in order, each taken as run once it
+        returned: an interruption before that (KeyboardInterrupt on the main thread)
+        leaves it to the next attempt to settle the future (Client._run_ready tries
+        again), rather than never.  What a callback raises as an Exception is logged,
+        as concurrent.futures does."""
+        callbacks = self._done_callbacks
+        while self._ran < len(callbacks):
+            fn = callbacks[self._ran]
+            try:
+                fn(self)
+            except Exception:
+                _cf.LOGGER.exception("exception calling callback for %r", self)
+            self._ran += 1
+
+    def set_result(self, result: Any) -> None:
+        """As concurrent.futures.Future's (used by the client's threads)."""
+        self._finish(result, None)
+
+    def set_exception(self, exception: Optional[BaseException]) -> None:
+        """As concurrent.futures.Future's (used by the client's threads)."""
+        self._finish(None, exception)
+
+    def set_running_or_notify_cancel(self) -> bool:
+        """As concurrent.futures.Future's, under _take()."""
+        cond = self._take()
+        try:
+            if self._state == _cf.CANCELLED:
+                self._state = _cf.CANCELLED_AND_NOTIFIED
+                for waiter in self._waiters:
+                    if _waiter_usable(waiter):
+                        waiter.add_cancelled(self)
+                return False
+            if self._state == _cf.PENDING:
+                self._state = _cf.RUNNING
+                return True
+            raise RuntimeError("Future in unexpected state")
+        finally:
+            cond.release()
+
+    def done(self) -> bool:
+        """As concurrent.futures.Future's, reading the state without the lock (one
+        attribute: nothing to guard), so that no thread ever waits here."""
+        return self._state in _DONE_STATES
+
+    def cancelled(self) -> bool:
+        """As concurrent.futures.Future's, without the lock (see done())."""
+        return self._state in (_cf.CANCELLED, _cf.CANCELLED_AND_NOTIFIED)
+
+    def running(self) -> bool:
+        """As concurrent.futures.Future's, without the lock (see done())."""
+        return self._state == _cf.RUNNING
+
+    def _wait_done(self, timeout: Optional[float]) -> bool:
+        """Waits until the future is done, or ``timeout`` (None: for ever): whether it
+        is.  Outside the future's lock, on a gate of this waiter's that notify_all()
+        releases: an interruption anywhere here leaves at most a gate in the list, and
+        the completing thread never waits for a waiter."""
+        if self._state in _DONE_STATES:
+            return True
+        gate = _thread.allocate_lock()
+        gate.acquire()
+        gates = self._condition.gates
+        gates.append(gate)  # before the state is read again: notify_all() sees it
+        try:
+            if self._state in _DONE_STATES:
+                return True
+            if timeout is None:
+                gate.acquire()
+            elif timeout > 0:
+                gate.acquire(True, timeout)
+            return self._state in _DONE_STATES
+        finally:
+            try:
+                gates.remove(gate)
+            except ValueError:
+                pass
 
     def _pump(self, timeout: Optional[float]) -> Optional[float]:
         """Reads the connection until done when this thread reads it; returns the
@@ -566,7 +777,7 @@ class TaskFuture(concurrent.futures.Future):
         one that is not an Exception (KeyboardInterrupt, SystemExit) propagates."""
         owner = self._owner
         if self.done() or owner is None:
-            super().add_done_callback(fn)
+            self._add_callback(fn)
             return
 
         def posted(f: "concurrent.futures.Future[Any]") -> None:
@@ -576,14 +787,28 @@ class TaskFuture(concurrent.futures.Future):
             else:
                 client._post(_run_callback, (fn, f))
 
-        super().add_done_callback(posted)
+        self._add_callback(posted)
+
+    def _add_callback(self, fn: Callable[["concurrent.futures.Future[Any]"], Any]) -> None:
+        """concurrent.futures.Future.add_done_callback, under _take()."""
+        cond = self._take()
+        try:
+            if self._state not in _DONE_STATES:
+                self._done_callbacks.append(fn)
+                return
+        finally:
+            cond.release()
+        try:
+            fn(self)
+        except Exception:
+            _cf.LOGGER.exception("exception calling callback for %r", self)
 
     def _add_inline(self, fn: Callable[["concurrent.futures.Future[Any]"], Any]) -> None:
         """The client's own done-callbacks: run where the future completes (the thread
         reading, the worker, the dspk-callbacks thread for a settle queued behind
         progress calls), what they raise kept in them as for a user's callback."""
         if self.done():
-            super().add_done_callback(fn)
+            self._add_callback(fn)
             return
 
         def guarded(f: "concurrent.futures.Future[Any]") -> None:
@@ -594,7 +819,7 @@ class TaskFuture(concurrent.futures.Future):
             except BaseException:  # noqa: B036 - the callback's own: see above
                 pass
 
-        super().add_done_callback(guarded)
+        self._add_callback(guarded)
 
     def cancel(self) -> bool:
         """As concurrent.futures.Future's: True when the future is (now) canceled,
@@ -606,7 +831,7 @@ class TaskFuture(concurrent.futures.Future):
         wakes result() but not their waiters, which then waited for ever."""
         canceled = False
         try:
-            canceled = super().cancel()
+            canceled = self._cancel()
         finally:
             # Also when an interruption came after the state changed: the waiters of
             # wait()/as_completed() are told in any case.
@@ -617,11 +842,33 @@ class TaskFuture(concurrent.futures.Future):
                     pass  # told already (another cancel() of it)
         return canceled
 
+    def _cancel(self) -> bool:
+        """concurrent.futures.Future.cancel, under _take()."""
+        cond = self._take()
+        try:
+            if self._state in (_cf.RUNNING, _cf.FINISHED):
+                return False
+            if self._state in (_cf.CANCELLED, _cf.CANCELLED_AND_NOTIFIED):
+                return True
+            self._state = _cf.CANCELLED
+            cond.notify_all()
+        finally:
+            cond.release()
+        self._invoke_callbacks()
+        return True
+
     def result(self, timeout: Optional[float] = None) -> Any:
-        return super().result(self._pump(timeout))
+        """As concurrent.futures.Future's; the wait is outside the future's lock (see
+        _wait_done), which is then taken for the result only."""
+        if not self._wait_done(self._pump(timeout)):
+            raise concurrent.futures.TimeoutError()
+        return super().result(0)
 
     def exception(self, timeout: Optional[float] = None) -> Optional[BaseException]:
-        return super().exception(self._pump(timeout))
+        """As concurrent.futures.Future's (see result())."""
+        if not self._wait_done(self._pump(timeout)):
+            raise concurrent.futures.TimeoutError()
+        return super().exception(0)
 
 
 def _run_callback(fn: Callable[[Any], Any], fut: concurrent.futures.Future) -> None:

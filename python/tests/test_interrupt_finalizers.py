@@ -95,3 +95,79 @@ def test_an_interrupted_collection_of_a_shared_array_leaves_no_buffer(daemon):
     finally:
         sys.unraisablehook = hook
         c.close()
+
+
+def _as_completed(f):
+    for _ in concurrent.futures.as_completed([f], 0.001):
+        pass
+
+
+@pytest.mark.parametrize("how", ["result", "exception", "wait", "as_completed"])
+def test_a_future_completes_after_any_interrupted_wait(how):
+    """A TaskFuture's wait (result(), exception(), concurrent.futures.wait() and
+    as_completed()) interrupted at each point in turn (dspk's code, and
+    concurrent.futures' and threading's under it), then completed by another thread:
+    that thread never blocks for ever (before, an interruption right after
+    Condition.__enter__ took the future's lock, or the lock of a waiter's Event,
+    left it held, and set_result() waited for ever)."""
+    files = {os.path.join(PKG, "_client.py"), THREADING_FILE, FUTURES_FILE}
+    wait = {"result": lambda f: f.result(0.001),
+            "exception": lambda f: f.exception(0.001),
+            "wait": lambda f: concurrent.futures.wait([f], 0.001),
+            "as_completed": _as_completed}[how]
+    n = 0
+    while True:
+        f = dspk.TaskFuture()
+        prof, seen = _interrupt_at(n, files)
+        sys.setprofile(prof)
+        try:
+            wait(f)
+        except (_Injected, concurrent.futures.TimeoutError):
+            pass
+        except RuntimeError:
+            # threading.Condition.wait cut in the standard library's own waiter
+            # (its Event): "release unlocked lock" chained to the interruption
+            assert how in ("wait", "as_completed")
+        finally:
+            sys.setprofile(None)
+        done = threading.Thread(target=f.set_result, args=(n,), daemon=True)
+        done.start()
+        done.join(TIMEOUT)
+        assert not done.is_alive(), ("set_result() blocked", n)
+        assert f.done() and f.result(TIMEOUT) == n
+        if seen[0] <= n:
+            break
+        n += 1
+    assert n > 3, n
+
+
+def test_a_client_future_completes_after_any_interrupted_wait(daemon):
+    """result() of a submit() interrupted at each point in turn: the future completes
+    (by the reader thread, or by the next wait), and the client works."""
+    files = {os.path.join(PKG, "_client.py"), THREADING_FILE, FUTURES_FILE}
+    c = dspk.connect(daemon.socket, timeout=TIMEOUT)
+    try:
+        n = hit = 0
+        a = np.ones(1000, np.float32)
+        while True:
+            f = c.submit("reduce", a)
+            prof, seen = _interrupt_at(n, files)
+            sys.setprofile(prof)
+            try:
+                f.result(TIMEOUT)
+            except _Injected:
+                hit += 1
+            except dspk.Closed:
+                c = dspk.connect(daemon.socket, timeout=TIMEOUT)  # a message was cut
+                n += 1
+                continue
+            finally:
+                sys.setprofile(None)
+            assert f.result(TIMEOUT) == 1000, n
+            assert c.ping() > 0
+            if seen[0] <= n:
+                break
+            n += 1
+        assert hit > 3, (hit, n)
+    finally:
+        c.close()
