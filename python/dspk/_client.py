@@ -338,6 +338,36 @@ def _foreign(e: BaseException) -> bool:
 _SEND_RECHECK = 0.05  # seconds: a thread waiting to send looks again at least this often
 
 
+def _wait_in(cond: threading.Condition, timeout: Optional[float]) -> None:
+    """``cond.wait(timeout)``, the caller holding ``cond``'s lock by a ``with`` block,
+    safe against interruptions.  threading.Condition.wait lets the lock go and takes it
+    back in Python code: a signal handler's exception in between (KeyboardInterrupt on
+    the main thread) left the lock not held by the ``with`` block that then let it go
+    (RuntimeError instead of the interruption, or another thread's hold of a Lock let
+    go).  Here the lock is taken back whatever interrupts the wait (the flag is stored
+    before the release, with no call between), and the interruption propagates."""
+    gate = _thread.allocate_lock()
+    gate.acquire()
+    waiters = cond._waiters  # type: ignore[attr-defined]
+    waiters.append(gate)  # cond.notify()/notify_all() release it
+    lock = cond._lock  # type: ignore[attr-defined]
+    released = False
+    try:
+        released = True
+        lock.release()
+        if timeout is None:
+            gate.acquire()
+        else:
+            gate.acquire(True, timeout)
+    finally:
+        if released:
+            lock.acquire()
+        try:
+            waiters.remove(gate)
+        except ValueError:
+            pass  # removed by notify()
+
+
 class _SendWaitTimeout(Exception):
     """_SendLock.claim: the deadline passed (never a signal handler's TimeoutError)."""
 
@@ -384,7 +414,7 @@ class _SendLock:
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     raise _SendWaitTimeout()
-                self.cond.wait(_SEND_RECHECK if left is None else min(left, _SEND_RECHECK))
+                _wait_in(self.cond, _SEND_RECHECK if left is None else min(left, _SEND_RECHECK))
             self.owner = token
             return True
 
@@ -514,7 +544,7 @@ class _FutureLock(_thread.RLock):
     waits on a ``gate`` of its own, a plain lock that notify_all() releases and that
     the completing thread never waits for).  A lock left held all the same (the
     explicit acquire() of concurrent.futures.wait()'s, interrupted) is replaced: see
-    TaskFuture._take."""
+    TaskFuture._locked."""
 
     def __init__(self, gates: Optional[List[Any]] = None) -> None:
         super().__init__()
@@ -567,6 +597,21 @@ def _waiter_usable(waiter: Any) -> bool:
     return True
 
 
+class _Held:
+    """A lock taken already, given back at the end of a ``with`` block (a thread other
+    than the main one: no signal handler runs between the two)."""
+    __slots__ = ("lock",)
+
+    def __init__(self, lock: Any) -> None:
+        self.lock = lock
+
+    def __enter__(self) -> Any:
+        return self.lock
+
+    def __exit__(self, *exc: Any) -> None:
+        self.lock.release()
+
+
 class TaskFuture(concurrent.futures.Future):
     """A :class:`concurrent.futures.Future` of one request.  ``msgid`` is its request's
     id; ``cancel()`` on a pending one also asks the daemon to drop the task.
@@ -594,33 +639,32 @@ class TaskFuture(concurrent.futures.Future):
         super().__init__()
         self._condition: _FutureLock = _FutureLock()  # type: ignore[assignment]
 
-    def _take(self) -> _FutureLock:
-        """Takes the future's lock and returns it (the caller gives it back in a
-        ``finally``).  The main thread takes it as concurrent.futures does (an RLock:
-        one it left held itself it takes again).  Another thread waits at most
-        _FUTURE_LOCK_STALE seconds: no block of concurrent.futures' holds it that long,
-        so it was left held by an interruption of the main thread (which runs the
-        signal handlers); it is then replaced by a new lock, taken at once (its waiters
-        carried over), and the thread completing the future never blocks for ever."""
+    def _locked(self) -> Any:
+        """The future's lock, for a ``with`` block.  On the main thread (the one that
+        runs signal handlers) the RLock itself, taken by ``with`` as concurrent.futures
+        takes it (C code: no handler runs between taking it and the block; one it left
+        held itself, it takes again).  On another thread it is taken here, waiting at
+        most _FUTURE_LOCK_STALE seconds: no block of concurrent.futures' or of this
+        class holds it that long, so it was left held by an interruption of the main
+        thread (concurrent.futures.wait() takes it by acquire()); it is then replaced
+        by a new lock (its waiters carried over), and the thread completing the
+        future never blocks for ever."""
         cond = self._condition
         if threading.current_thread() is threading.main_thread():
-            cond.acquire()
             return cond
         if not cond.acquire(timeout=_FUTURE_LOCK_STALE):
-            fresh = _FutureLock(cond.gates)
-            fresh.acquire()
-            self._condition = fresh
-            return fresh
-        return cond
+            cond = _FutureLock(cond.gates)
+            cond.acquire()
+            self._condition = cond
+        return _Held(cond)
 
     def _finish(self, result: Any, exception: Optional[BaseException]) -> None:
-        """set_result()/set_exception() as concurrent.futures has them, under _take()."""
-        cond = self._take()
-        try:
+        """set_result()/set_exception() as concurrent.futures has them, under _locked()."""
+        with self._locked():
             if self._state in _DONE_STATES:
                 # Done by an earlier attempt that an interruption may have cut before
                 # it woke the waiters or ran the callbacks: this one does.
-                cond.notify_all()
+                self._condition.notify_all()
                 if self._ran >= len(self._done_callbacks):
                     raise concurrent.futures.InvalidStateError(
                         "{}: {!r}".format(self._state, self))
@@ -633,9 +677,7 @@ class TaskFuture(concurrent.futures.Future):
                 try:
                     self._tell_waiters(exception)
                 finally:
-                    cond.notify_all()
-        finally:
-            cond.release()
+                    self._condition.notify_all()
         self._invoke_callbacks()
 
     def _tell_waiters(self, exception: Optional[BaseException]) -> None:
@@ -672,9 +714,8 @@ class TaskFuture(concurrent.futures.Future):
         self._finish(None, exception)
 
     def set_running_or_notify_cancel(self) -> bool:
-        """As concurrent.futures.Future's, under _take()."""
-        cond = self._take()
-        try:
+        """As concurrent.futures.Future's, under _locked()."""
+        with self._locked():
             if self._state == _cf.CANCELLED:
                 self._state = _cf.CANCELLED_AND_NOTIFIED
                 for waiter in self._waiters:
@@ -685,8 +726,6 @@ class TaskFuture(concurrent.futures.Future):
                 self._state = _cf.RUNNING
                 return True
             raise RuntimeError("Future in unexpected state")
-        finally:
-            cond.release()
 
     def done(self) -> bool:
         """As concurrent.futures.Future's, reading the state without the lock (one
@@ -790,14 +829,11 @@ class TaskFuture(concurrent.futures.Future):
         self._add_callback(posted)
 
     def _add_callback(self, fn: Callable[["concurrent.futures.Future[Any]"], Any]) -> None:
-        """concurrent.futures.Future.add_done_callback, under _take()."""
-        cond = self._take()
-        try:
+        """concurrent.futures.Future.add_done_callback, under _locked()."""
+        with self._locked():
             if self._state not in _DONE_STATES:
                 self._done_callbacks.append(fn)
                 return
-        finally:
-            cond.release()
         try:
             fn(self)
         except Exception:
@@ -843,17 +879,14 @@ class TaskFuture(concurrent.futures.Future):
         return canceled
 
     def _cancel(self) -> bool:
-        """concurrent.futures.Future.cancel, under _take()."""
-        cond = self._take()
-        try:
+        """concurrent.futures.Future.cancel, under _locked()."""
+        with self._locked():
             if self._state in (_cf.RUNNING, _cf.FINISHED):
                 return False
             if self._state in (_cf.CANCELLED, _cf.CANCELLED_AND_NOTIFIED):
                 return True
             self._state = _cf.CANCELLED
-            cond.notify_all()
-        finally:
-            cond.release()
+            self._condition.notify_all()
         self._invoke_callbacks()
         return True
 
@@ -1952,7 +1985,11 @@ class Client:
         # submit()s that would wait for an answer before their task can be sent (a
         # staged operand, a large result's temporary buffer): run in order by one
         # worker thread, started when needed and gone when it has nothing to do.
-        self._work_cond = threading.Condition(threading.Lock())
+        # Taken by ``with self._work_lock`` (C code: no interruption between taking it
+        # and the block), never ``with self._work_cond`` (Condition.__enter__ is Python
+        # code, where one could leave the lock held, the worker then blocked for ever).
+        self._work_lock = threading.Lock()
+        self._work_cond = threading.Condition(self._work_lock)
         self._jobs: "collections.deque[_Job]" = collections.deque()
         self._jobs_pending = 0           # jobs queued or running whose task is unsent
         self._worker: Optional[threading.Thread] = None
@@ -1961,7 +1998,8 @@ class Client:
         # thread of their own, started when one is queued and gone when none is: never
         # on the thread reading the connection, which a callback that calls the client
         # and waits (or waits for another thread that does) would otherwise stop.
-        self._cb_cond = threading.Condition(threading.Lock())
+        self._cb_lock = threading.Lock()  # taken by with, as _work_lock
+        self._cb_cond = threading.Condition(self._cb_lock)
         self._cb_queue: "collections.deque[Tuple[Callable[..., Any], Tuple[Any, ...]]]" = \
             collections.deque()
         self._cb_thread: Optional[threading.Thread] = None
@@ -2340,7 +2378,7 @@ class Client:
                         left = deadline - time.monotonic()
                         if left <= 0:
                             return
-                        self._cond.wait(min(left, _SEND_RECHECK))
+                        _wait_in(self._cond, min(left, _SEND_RECHECK))
                     if self._closed is not None:
                         return
                 nested = self._reading
@@ -2606,7 +2644,10 @@ class Client:
                 # Answered, its settle queued behind progress calls on the callbacks
                 # thread: nothing more comes to read for it.
                 left = None if deadline is None else deadline - time.monotonic()
-                concurrent.futures.wait([fut], None if left is None else max(left, 0))
+                if isinstance(fut, TaskFuture):  # its own wait: see TaskFuture._wait_done
+                    fut._wait_done(None if left is None else max(left, 0))
+                else:
+                    concurrent.futures.wait([fut], None if left is None else max(left, 0))
                 return fut.done()
             nested = True  # until this thread takes the reading: nothing to give back
             try:
@@ -2617,7 +2658,7 @@ class Client:
                         left = None if deadline is None else deadline - time.monotonic()
                         if left is not None and left <= 0:
                             return False
-                        self._cond.wait(_SEND_RECHECK if left is None
+                        _wait_in(self._cond, _SEND_RECHECK if left is None
                                         else min(left, _SEND_RECHECK))
                         continue
                     nested = self._reading
@@ -2949,7 +2990,7 @@ class Client:
         """Queues ``fn(*args)`` (which keeps what it raises) for the dspk-callbacks
         thread, starting it where none runs.  Where no thread can be started, the
         queue is run here (the thread completing the future, as before)."""
-        with self._cb_cond:
+        with self._cb_lock:
             self._cb_queue.append((fn, args))
             self._cb_cond.notify_all()
             if self._cb_thread is not None and self._cb_thread.is_alive():
@@ -2959,7 +3000,7 @@ class Client:
         try:
             t.start()
         except RuntimeError:  # "can't start new thread"
-            with self._cb_cond:
+            with self._cb_lock:
                 if self._cb_thread is t:
                     self._cb_thread = None
             while self._run_one_callback():
@@ -2967,7 +3008,7 @@ class Client:
 
     def _run_one_callback(self) -> bool:
         """Runs the first queued callback here; False when none was queued."""
-        with self._cb_cond:
+        with self._cb_lock:
             if not self._cb_queue:
                 return False
             fn, args = self._cb_queue.popleft()
@@ -2982,7 +3023,7 @@ class Client:
         empty (the next _post() starts another)."""
         me = threading.current_thread()
         while True:
-            with self._cb_cond:
+            with self._cb_lock:
                 if not self._cb_queue:
                     if self._cb_thread is me:
                         self._cb_thread = None
@@ -3010,13 +3051,13 @@ class Client:
             if not getattr(fut, "_queued", False) and self._thread is None:
                 self._pump_until(fut, time.monotonic() + step)  # no reader: read here
             else:
-                with self._cb_cond:
+                with self._cb_lock:
                     if not self._cb_queue and not fut.done():
                         self._cb_cond.wait(step)
 
     def _progress_post(self, fut: concurrent.futures.Future, fn: Progress, what: str,
                        frac: float) -> None:
-        with self._cb_cond:
+        with self._cb_lock:
             self._cb_progress[id(fut)] = self._cb_progress.get(id(fut), 0) + 1
         self._post(self._progress_run, (fut, fn, what, frac))
 
@@ -3025,7 +3066,7 @@ class Client:
         try:
             self._progress(fn, what, frac)
         finally:
-            with self._cb_cond:
+            with self._cb_lock:
                 n = self._cb_progress.pop(id(fut), 1) - 1
                 if n > 0:
                     self._cb_progress[id(fut)] = n
@@ -3034,7 +3075,7 @@ class Client:
                       exc: Optional[BaseException] = None) -> None:
         """Settles ``fut`` here, or, while progress calls of its are queued, queues the
         settle behind them (the future completes once they ran)."""
-        with self._cb_cond:
+        with self._cb_lock:
             queued = self._cb_progress.get(id(fut), 0) > 0
             if queued:
                 fut._queued = True  # type: ignore[union-attr]
@@ -3204,7 +3245,7 @@ class Client:
         start: Optional[threading.Thread] = None
         started = False
         try:
-            with self._work_cond:
+            with self._work_lock:
                 if self._closed is not None:
                     raise self._closed_error()
                 self._jobs.append(job)
@@ -3222,7 +3263,7 @@ class Client:
                 # The worker never ran (no thread to be had, or an interruption
                 # before it started): nothing of this submit() was sent, and the
                 # next one starts a worker of its own.
-                with self._work_cond:
+                with self._work_lock:
                     if self._worker is start:
                         self._worker = None
                     if job in self._jobs:
@@ -3241,7 +3282,7 @@ class Client:
         it."""
         me = threading.current_thread()
         while True:
-            with self._work_cond:
+            with self._work_lock:
                 if not self._jobs or self._worker is not me:
                     if self._worker is me:
                         self._worker = None
@@ -3254,7 +3295,7 @@ class Client:
         """On the worker's thread (a callback it runs waits for ``job``): runs the jobs
         queued up to ``job`` here, in order."""
         while True:
-            with self._work_cond:
+            with self._work_lock:
                 if job not in self._jobs:
                     return
                 nxt = self._jobs.popleft()
@@ -3276,7 +3317,7 @@ class Client:
                 err = _errors.InternalError("%s: %s: %s" % (
                     getattr(job.fn, "__name__", "submit")[4:], type(err).__name__, err))
         finally:
-            with self._work_cond:
+            with self._work_lock:
                 job.inner = inner
                 stop = job.stop
             try:
@@ -3285,7 +3326,7 @@ class Client:
                     if stop or job.future.done():  # canceled while it was being sent
                         inner.cancel()  # before the calls waiting for this job go on
             finally:
-                with self._work_cond:
+                with self._work_lock:
                     self._jobs_pending -= 1
                     self._work_cond.notify_all()
         user = job.future
@@ -3309,7 +3350,7 @@ class Client:
         task is canceled too, or never sent."""
         if not job.future.cancelled():
             return
-        with self._work_cond:
+        with self._work_lock:
             inner = job.inner
             job.stop = True
         if inner is not None:
@@ -3318,7 +3359,7 @@ class Client:
     def _fail_jobs(self) -> None:
         """close(): the deferred submit()s not yet taken by the worker end with
         dspk.Closed at once (the one it runs ends as its waits do)."""
-        with self._work_cond:
+        with self._work_lock:
             jobs = list(self._jobs)
             self._jobs.clear()
             self._jobs_pending -= len(jobs)
@@ -3337,15 +3378,15 @@ class Client:
                 self._is_reader() or getattr(self._tl, "deferring", False):
             return
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
-        with self._work_cond:
+        with self._work_lock:
             while self._jobs_pending and self._closed is None:
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     raise _errors.Timeout(
                         "%s: the submit()s made before it were not sent within %gs"
                         % (method, self.timeout))
-                self._work_cond.wait(_SEND_RECHECK if left is None
-                                     else min(left, _SEND_RECHECK))
+                _wait_in(self._work_cond, _SEND_RECHECK if left is None
+                         else min(left, _SEND_RECHECK))
 
     # ---- simple methods ----------------------------------------------------------
 
@@ -3398,7 +3439,7 @@ class Client:
                                           "submit()")
         job = future._job
         if job is not None:
-            with self._work_cond:
+            with self._work_lock:
                 inner = job.inner
                 if inner is None and not future.done():
                     job.stop = True  # the worker sends nothing more of it
@@ -3457,9 +3498,9 @@ class Client:
         The array lives in a memfd (sealed against shrinking and growing) that the daemon
         maps too (``buffer.import``): passing it, or any C-contiguous slice of it, as an
         operand or as ``out=`` copies nothing; on ``cpu:0`` the daemon reads and writes
-        these very pages.  The daemon's buffer is freed with the client's next request
-        once the array (and every view of it) is garbage collected, or when the
-        connection closes; the array stays
+        these very pages.  The daemon's buffer is freed when the array (and every view
+        of it) is garbage collected (where the collection cannot send the free, with
+        the client's next request), or when the connection closes; the array stays
         usable after that as ordinary memory.  A big-endian ``dtype`` is taken as its
         little-endian twin.  The memfd is closed once mapped: a shared array holds no
         file descriptor.
@@ -3481,7 +3522,11 @@ class Client:
             arr = view[:nbytes].view(dt).reshape(shape_t)
             self._shared[buf] = (arr.__array_interface__["data"][0], size, dev)
             # Collected, the mapping owes the buffer.free by a C call alone (no Python
-            # code, nothing a signal handler can cut): sent with the next request.
+            # code, nothing a signal handler can cut), then _shared_gone sends it at
+            # once if it can: weak references' callbacks run newest first.  A signal
+            # handler's exception in _shared_gone is reported as ignored by Python,
+            # and the free goes with the next request.
+            weakref.finalize(mm, Client._shared_gone, weakref.ref(self))
             self._shared_refs[buf] = _SharedRef(mm, self._dead_shared.append, buf)
         except BaseException as e:  # no array: its buffer goes (KeyboardInterrupt too)
             self._shared.pop(buf, None)
@@ -3726,6 +3771,16 @@ class Client:
                     sl.owner = None
                     self._after_send()
         return True
+
+    @staticmethod
+    def _shared_gone(ref: "weakref.ref[Client]") -> None:
+        """A shared array was collected, its buffer.free owed already (_SharedRef):
+        sends it now if the send lock is free (else the thread holding it does when it
+        lets it go).  Runs inside garbage collection, maybe while this thread holds
+        the client's locks: it never waits."""
+        client = ref()
+        if client is not None and client._closed is None and not client._forked():
+            client._flush_frees()
 
     def _shared_ref(self, a: np.ndarray) -> Optional[Tuple[int, int, str]]:
         """(buffer, offset, device) when ``a`` is a C-contiguous array inside a shared

@@ -171,3 +171,44 @@ def test_a_client_future_completes_after_any_interrupted_wait(daemon):
         assert hit > 3, (hit, n)
     finally:
         c.close()
+
+
+def test_a_call_interrupted_while_the_worker_runs_leaves_it_running():
+    """A synchronous call made while submit()s are with the worker thread (a 64K
+    max_message: the worker stages their operands), interrupted at each point in turn,
+    the standard library's threading code included: the futures complete and the client
+    works (before, an interruption right after Condition.__enter__ took the worker's
+    lock (``with self._work_cond``) left it held, and the worker blocked for ever)."""
+    from conftest import Daemon
+    d = Daemon(["--max-message", "64K"])
+    files = {os.path.join(PKG, "_client.py"), THREADING_FILE}
+    c = dspk.connect(d.socket, timeout=TIMEOUT)
+    try:
+        big = np.ones((300, 300), np.float32)  # 360 KB: staged by the worker
+        n = hit = 0
+        while True:
+            fs = [c.submit("map", "scale", big, alpha=2.0) for _ in range(3)]
+            prof, seen = _interrupt_at(n, files)
+            sys.setprofile(prof)
+            try:
+                c.ping()
+            except _Injected:
+                hit += 1
+            except dspk.Closed:
+                pass  # a message was cut: the connection is closed
+            finally:
+                sys.setprofile(None)
+            try:
+                for f in fs:
+                    assert f.result(TIMEOUT)[0, 0] == 2.0
+                assert c.ping() > 0
+            except dspk.Closed:
+                assert c.closed
+                c = dspk.connect(d.socket, timeout=TIMEOUT)
+            if seen[0] <= n:
+                break
+            n += 1
+        assert hit > 10, (hit, n)
+    finally:
+        c.close()
+        d.stop()
