@@ -2767,7 +2767,13 @@ class Client:
                         if ready:
                             self._owed_ready += ready
                     raise
-            self._run_ready(ready)
+            try:
+                self._run_ready(ready)
+            except BaseException:  # noqa: B036 - e propagates; these run later
+                pass
+            finally:
+                if ready:  # cut by a second interruption: owed (_pump_until runs them)
+                    self._owed_ready += ready
             # The decoder's own error (bad bytes) closes the connection and the callers
             # get dspk.Closed; what a signal handler raised (any exception, an OSError
             # or a ValueError too), or KeyboardInterrupt, propagates as it is.
@@ -2937,12 +2943,14 @@ class Client:
                                "result] nor [2, method, params]: %s" % (
                                    text if len(text) <= 80 else text[:77] + "..."))
         if msg[0] == 1:
+            # The call is taken off _pending only once its settle is in ``ready``: an
+            # interruption before that (which cuts the connection: its bytes were
+            # taken) leaves it pending, so that the cut fails it, rather than lose it.
             with self._lock:
-                call = self._pending.pop(msg[1], None)
-                self._direct.pop(msg[1], None)
-                if call is not None and call.is_async:
-                    self._async -= 1
+                call = self._pending.get(msg[1])
             if call is None:
+                with self._lock:
+                    self._direct.pop(msg[1], None)
                 return
             fut = call.future
             what = "%s (request %d)" % (call.method, fut.msgid) if call.method else \
@@ -2953,7 +2961,8 @@ class Client:
                 else:
                     err = _errors.ProtocolError("%s: a malformed answer: its error is %s, "
                                                 "not a map" % (what, _kind(msg[2])))
-                ready.append((self._settle_after, (fut, None, err)))
+                entry: Tuple[Callable[..., Any], Tuple[Any, ...]] = \
+                    (self._settle_after, (fut, None, err))
             else:
                 try:
                     value = call.decode(msg[3]) if call.decode else msg[3]
@@ -2964,9 +2973,14 @@ class Client:
                     elif not isinstance(err, Error):  # a malformed answer (KeyError...)
                         err = _errors.ProtocolError("%s: a malformed answer (%s: %s)" % (
                             what, type(e).__name__, e))
-                    ready.append((self._settle_after, (fut, None, err)))
+                    entry = (self._settle_after, (fut, None, err))
                 else:
-                    ready.append((self._settle_after, (fut, value)))
+                    entry = (self._settle_after, (fut, value))
+            ready.append(entry)
+            with self._lock:
+                self._direct.pop(msg[1], None)
+                if self._pending.pop(msg[1], None) is not None and call.is_async:
+                    self._async -= 1
             return
         # A notification [2, method, params]
         params = msg[2][0] if msg[2] else {}
