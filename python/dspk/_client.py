@@ -11,9 +11,11 @@ submit() itself never waits for an answer.
 """
 from __future__ import annotations
 
+import _thread
 import array as _array
 import collections
 import concurrent.futures
+import concurrent.futures._base as _cf
 import errno
 import fcntl
 import fractions
@@ -336,6 +338,36 @@ def _foreign(e: BaseException) -> bool:
 _SEND_RECHECK = 0.05  # seconds: a thread waiting to send looks again at least this often
 
 
+def _wait_in(cond: threading.Condition, timeout: Optional[float]) -> None:
+    """``cond.wait(timeout)``, the caller holding ``cond``'s lock by a ``with`` block,
+    safe against interruptions.  threading.Condition.wait lets the lock go and takes it
+    back in Python code: a signal handler's exception in between (KeyboardInterrupt on
+    the main thread) left the lock not held by the ``with`` block that then let it go
+    (RuntimeError instead of the interruption, or another thread's hold of a Lock let
+    go).  Here the lock is taken back whatever interrupts the wait (the flag is stored
+    before the release, with no call between), and the interruption propagates."""
+    gate = _thread.allocate_lock()
+    gate.acquire()
+    waiters = cond._waiters  # type: ignore[attr-defined]
+    waiters.append(gate)  # cond.notify()/notify_all() release it
+    lock = cond._lock  # type: ignore[attr-defined]
+    released = False
+    try:
+        released = True
+        lock.release()
+        if timeout is None:
+            gate.acquire()
+        else:
+            gate.acquire(True, timeout)
+    finally:
+        if released:
+            lock.acquire()
+        try:
+            waiters.remove(gate)
+        except ValueError:
+            pass  # removed by notify()
+
+
 class _SendWaitTimeout(Exception):
     """_SendLock.claim: the deadline passed (never a signal handler's TimeoutError)."""
 
@@ -353,8 +385,8 @@ class _SendLock:
     the store (``if sl.owner is token: sl.owner = None``), so whatever interrupts the
     writer, the right is given back exactly when it was taken.  A thread waiting for it
     is woken by :meth:`wake`, and looks again every _SEND_RECHECK seconds in case an
-    interruption cut a wake-up.  ``mutex`` is re-entrant: a garbage collection that
-    runs inside it on the same thread may come back (_flush_frees)."""
+    interruption cut a wake-up.  ``mutex`` is re-entrant, so that nothing that runs
+    inside it on the same thread (a garbage collection's finalizers) blocks on it."""
     __slots__ = ("mutex", "cond", "owner")
 
     def __init__(self) -> None:
@@ -382,7 +414,7 @@ class _SendLock:
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     raise _SendWaitTimeout()
-                self.cond.wait(_SEND_RECHECK if left is None else min(left, _SEND_RECHECK))
+                _wait_in(self.cond, _SEND_RECHECK if left is None else min(left, _SEND_RECHECK))
             self.owner = token
             return True
 
@@ -391,6 +423,31 @@ class _SendLock:
         closed)."""
         with self.mutex:
             self.cond.notify_all()
+
+
+class _SharedRef(weakref.ref):
+    """The weak reference to a shared array's mapping that owes its buffer.free when the
+    array is collected: its callback is the client's ``_dead_shared.append`` (C code),
+    which puts this reference, ``buffer`` and all, on the list of frees owed.  No
+    Python code runs as the array is collected, so no signal handler can cut the
+    noting (a ``weakref.finalize`` runs Python code, where a handler's exception is
+    only reported as ignored, the buffer then never freed); the buffer.free goes with
+    the client's next request (Client._flush_frees_locked)."""
+    __slots__ = ("buffer",)
+
+    def __new__(cls, ob: Any, callback: Callable[[Any], Any], buffer: int
+                ) -> "_SharedRef":
+        self = super().__new__(cls, ob, callback)
+        self.buffer = buffer
+        return self
+
+    def __init__(self, ob: Any, callback: Callable[[Any], Any], buffer: int) -> None:
+        super().__init__(ob, callback)
+
+
+def _owed_buffer(item: Any) -> int:
+    """The buffer id of an entry of Client._dead_shared (an int, or a _SharedRef)."""
+    return item.buffer if isinstance(item, _SharedRef) else item
 
 
 class _Temp:
@@ -469,6 +526,92 @@ def _deadline_of(timeout: Optional[float]) -> Optional[float]:
     return time.monotonic() + timeout
 
 
+# Seconds a thread other than the main one waits for a future's lock before it takes the
+# lock for one left held for good (below, _FutureLock).
+_FUTURE_LOCK_STALE = 1.0
+_DONE_STATES = (_cf.CANCELLED, _cf.CANCELLED_AND_NOTIFIED, _cf.FINISHED)
+
+
+class _FutureLock(_thread.RLock):
+    """A TaskFuture's ``_condition``: concurrent.futures' methods take it by ``with``.
+
+    ``threading.Condition``'s ``__enter__`` is Python code, so a signal handler can run
+    right after it took its lock and before the ``with`` block is entered: the lock
+    then stays held for good by the main thread (the only one that runs handlers), and
+    the thread completing the future (the reader, the worker) blocked for ever.  This
+    is the RLock itself, whose ``__enter__``/``__exit__`` are C code that no handler
+    cuts.  It is no condition variable: nobody waits under it (TaskFuture.result()
+    waits on a ``gate`` of its own, a plain lock that notify_all() releases and that
+    the completing thread never waits for).  A lock left held all the same (the
+    explicit acquire() of concurrent.futures.wait()'s, interrupted) is replaced: see
+    TaskFuture._locked."""
+
+    def __init__(self, gates: Optional[List[Any]] = None) -> None:
+        super().__init__()
+        self.gates: List[Any] = [] if gates is None else gates
+
+    def notify_all(self) -> None:
+        """Wakes every waiter of result()/exception() (never waits)."""
+        for gate in list(self.gates):
+            try:
+                gate.release()
+            except RuntimeError:
+                pass  # released already
+
+    notify = notify_all
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        """As threading.Condition's (the caller holds the lock; a notify_all() wakes
+        it).  concurrent.futures' own result() waits here; TaskFuture's never does (it
+        reaches concurrent.futures' result() done only)."""
+        gate = _thread.allocate_lock()
+        gate.acquire()
+        self.gates.append(gate)
+        saved = self._release_save()  # type: ignore[attr-defined]
+        try:
+            if timeout is None:
+                return gate.acquire()
+            return gate.acquire(True, timeout) if timeout > 0 else gate.acquire(False)
+        finally:
+            self._acquire_restore(saved)  # type: ignore[attr-defined]
+            try:
+                self.gates.remove(gate)
+            except ValueError:
+                pass
+
+
+def _waiter_usable(waiter: Any) -> bool:
+    """Whether a waiter of concurrent.futures.wait()/as_completed() on a future can be
+    told (its add_result() sets a threading.Event): on a thread other than the main
+    one, not when the Event's lock stayed held _FUTURE_LOCK_STALE seconds (an
+    interruption of the main thread's wait left it held, and that wait() ended: nobody
+    waits on it any more, and telling it would block for ever)."""
+    if threading.current_thread() is threading.main_thread():
+        return True
+    lock = getattr(getattr(getattr(waiter, "event", None), "_cond", None), "_lock", None)
+    if lock is None or not hasattr(lock, "acquire"):
+        return True
+    if not lock.acquire(timeout=_FUTURE_LOCK_STALE):
+        return False
+    lock.release()
+    return True
+
+
+class _Held:
+    """A lock taken already, given back at the end of a ``with`` block (a thread other
+    than the main one: no signal handler runs between the two)."""
+    __slots__ = ("lock",)
+
+    def __init__(self, lock: Any) -> None:
+        self.lock = lock
+
+    def __enter__(self) -> Any:
+        return self.lock
+
+    def __exit__(self, *exc: Any) -> None:
+        self.lock.release()
+
+
 class TaskFuture(concurrent.futures.Future):
     """A :class:`concurrent.futures.Future` of one request.  ``msgid`` is its request's
     id; ``cancel()`` on a pending one also asks the daemon to drop the task.
@@ -489,6 +632,138 @@ class TaskFuture(concurrent.futures.Future):
     _job: Optional[_Job] = None
     # Answered, its settle queued on the callbacks thread behind its progress calls.
     _queued: bool = False
+    # How many of its done-callbacks ran (_invoke_callbacks).
+    _ran: int = 0
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._condition: _FutureLock = _FutureLock()  # type: ignore[assignment]
+
+    def _locked(self) -> Any:
+        """The future's lock, for a ``with`` block.  On the main thread (the one that
+        runs signal handlers) the RLock itself, taken by ``with`` as concurrent.futures
+        takes it (C code: no handler runs between taking it and the block; one it left
+        held itself, it takes again).  On another thread it is taken here, waiting at
+        most _FUTURE_LOCK_STALE seconds: no block of concurrent.futures' or of this
+        class holds it that long, so it was left held by an interruption of the main
+        thread (concurrent.futures.wait() takes it by acquire()); it is then replaced
+        by a new lock (its waiters carried over), and the thread completing the
+        future never blocks for ever."""
+        cond = self._condition
+        if threading.current_thread() is threading.main_thread():
+            return cond
+        if not cond.acquire(timeout=_FUTURE_LOCK_STALE):
+            cond = _FutureLock(cond.gates)
+            cond.acquire()
+            self._condition = cond
+        return _Held(cond)
+
+    def _finish(self, result: Any, exception: Optional[BaseException]) -> None:
+        """set_result()/set_exception() as concurrent.futures has them, under _locked()."""
+        with self._locked():
+            if self._state in _DONE_STATES:
+                # Done by an earlier attempt that an interruption may have cut before
+                # it woke the waiters or ran the callbacks: this one does.
+                self._condition.notify_all()
+                if self._ran >= len(self._done_callbacks):
+                    raise concurrent.futures.InvalidStateError(
+                        "{}: {!r}".format(self._state, self))
+            else:
+                if exception is not None:
+                    self._exception = exception
+                else:
+                    self._result = result
+                self._state = _cf.FINISHED
+                try:
+                    self._tell_waiters(exception)
+                finally:
+                    self._condition.notify_all()
+        self._invoke_callbacks()
+
+    def _tell_waiters(self, exception: Optional[BaseException]) -> None:
+        """Tells the waiters of concurrent.futures.wait()/as_completed() (under the
+        future's lock)."""
+        for waiter in self._waiters:
+            if _waiter_usable(waiter):
+                if exception is not None:
+                    waiter.add_exception(self)
+                else:
+                    waiter.add_result(self)
+
+    def _invoke_callbacks(self) -> None:
+        """Runs the done-callbacks not run yet, in order, each taken as run once it
+        returned: an interruption before that (KeyboardInterrupt on the main thread)
+        leaves it to the next attempt to settle the future (Client._run_ready tries
+        again), rather than never.  What a callback raises as an Exception is logged,
+        as concurrent.futures does."""
+        callbacks = self._done_callbacks
+        while self._ran < len(callbacks):
+            fn = callbacks[self._ran]
+            try:
+                fn(self)
+            except Exception:
+                _cf.LOGGER.exception("exception calling callback for %r", self)
+            self._ran += 1
+
+    def set_result(self, result: Any) -> None:
+        """As concurrent.futures.Future's (used by the client's threads)."""
+        self._finish(result, None)
+
+    def set_exception(self, exception: Optional[BaseException]) -> None:
+        """As concurrent.futures.Future's (used by the client's threads)."""
+        self._finish(None, exception)
+
+    def set_running_or_notify_cancel(self) -> bool:
+        """As concurrent.futures.Future's, under _locked()."""
+        with self._locked():
+            if self._state == _cf.CANCELLED:
+                self._state = _cf.CANCELLED_AND_NOTIFIED
+                for waiter in self._waiters:
+                    if _waiter_usable(waiter):
+                        waiter.add_cancelled(self)
+                return False
+            if self._state == _cf.PENDING:
+                self._state = _cf.RUNNING
+                return True
+            raise RuntimeError("Future in unexpected state")
+
+    def done(self) -> bool:
+        """As concurrent.futures.Future's, reading the state without the lock (one
+        attribute: nothing to guard), so that no thread ever waits here."""
+        return self._state in _DONE_STATES
+
+    def cancelled(self) -> bool:
+        """As concurrent.futures.Future's, without the lock (see done())."""
+        return self._state in (_cf.CANCELLED, _cf.CANCELLED_AND_NOTIFIED)
+
+    def running(self) -> bool:
+        """As concurrent.futures.Future's, without the lock (see done())."""
+        return self._state == _cf.RUNNING
+
+    def _wait_done(self, timeout: Optional[float]) -> bool:
+        """Waits until the future is done, or ``timeout`` (None: for ever): whether it
+        is.  Outside the future's lock, on a gate of this waiter's that notify_all()
+        releases: an interruption anywhere here leaves at most a gate in the list, and
+        the completing thread never waits for a waiter."""
+        if self._state in _DONE_STATES:
+            return True
+        gate = _thread.allocate_lock()
+        gate.acquire()
+        gates = self._condition.gates
+        gates.append(gate)  # before the state is read again: notify_all() sees it
+        try:
+            if self._state in _DONE_STATES:
+                return True
+            if timeout is None:
+                gate.acquire()
+            elif timeout > 0:
+                gate.acquire(True, timeout)
+            return self._state in _DONE_STATES
+        finally:
+            try:
+                gates.remove(gate)
+            except ValueError:
+                pass
 
     def _pump(self, timeout: Optional[float]) -> Optional[float]:
         """Reads the connection until done when this thread reads it; returns the
@@ -541,7 +816,7 @@ class TaskFuture(concurrent.futures.Future):
         one that is not an Exception (KeyboardInterrupt, SystemExit) propagates."""
         owner = self._owner
         if self.done() or owner is None:
-            super().add_done_callback(fn)
+            self._add_callback(fn)
             return
 
         def posted(f: "concurrent.futures.Future[Any]") -> None:
@@ -551,14 +826,25 @@ class TaskFuture(concurrent.futures.Future):
             else:
                 client._post(_run_callback, (fn, f))
 
-        super().add_done_callback(posted)
+        self._add_callback(posted)
+
+    def _add_callback(self, fn: Callable[["concurrent.futures.Future[Any]"], Any]) -> None:
+        """concurrent.futures.Future.add_done_callback, under _locked()."""
+        with self._locked():
+            if self._state not in _DONE_STATES:
+                self._done_callbacks.append(fn)
+                return
+        try:
+            fn(self)
+        except Exception:
+            _cf.LOGGER.exception("exception calling callback for %r", self)
 
     def _add_inline(self, fn: Callable[["concurrent.futures.Future[Any]"], Any]) -> None:
         """The client's own done-callbacks: run where the future completes (the thread
         reading, the worker, the dspk-callbacks thread for a settle queued behind
         progress calls), what they raise kept in them as for a user's callback."""
         if self.done():
-            super().add_done_callback(fn)
+            self._add_callback(fn)
             return
 
         def guarded(f: "concurrent.futures.Future[Any]") -> None:
@@ -569,7 +855,7 @@ class TaskFuture(concurrent.futures.Future):
             except BaseException:  # noqa: B036 - the callback's own: see above
                 pass
 
-        super().add_done_callback(guarded)
+        self._add_callback(guarded)
 
     def cancel(self) -> bool:
         """As concurrent.futures.Future's: True when the future is (now) canceled,
@@ -581,7 +867,7 @@ class TaskFuture(concurrent.futures.Future):
         wakes result() but not their waiters, which then waited for ever."""
         canceled = False
         try:
-            canceled = super().cancel()
+            canceled = self._cancel()
         finally:
             # Also when an interruption came after the state changed: the waiters of
             # wait()/as_completed() are told in any case.
@@ -592,11 +878,30 @@ class TaskFuture(concurrent.futures.Future):
                     pass  # told already (another cancel() of it)
         return canceled
 
+    def _cancel(self) -> bool:
+        """concurrent.futures.Future.cancel, under _locked()."""
+        with self._locked():
+            if self._state in (_cf.RUNNING, _cf.FINISHED):
+                return False
+            if self._state in (_cf.CANCELLED, _cf.CANCELLED_AND_NOTIFIED):
+                return True
+            self._state = _cf.CANCELLED
+            self._condition.notify_all()
+        self._invoke_callbacks()
+        return True
+
     def result(self, timeout: Optional[float] = None) -> Any:
-        return super().result(self._pump(timeout))
+        """As concurrent.futures.Future's; the wait is outside the future's lock (see
+        _wait_done), which is then taken for the result only."""
+        if not self._wait_done(self._pump(timeout)):
+            raise concurrent.futures.TimeoutError()
+        return super().result(0)
 
     def exception(self, timeout: Optional[float] = None) -> Optional[BaseException]:
-        return super().exception(self._pump(timeout))
+        """As concurrent.futures.Future's (see result())."""
+        if not self._wait_done(self._pump(timeout)):
+            raise concurrent.futures.TimeoutError()
+        return super().exception(0)
 
 
 def _run_callback(fn: Callable[[Any], Any], fut: concurrent.futures.Future) -> None:
@@ -1673,7 +1978,11 @@ class Client:
         self._shared: Dict[int, Tuple[int, int, str]] = {}
         # buffer.free owed: collected shared arrays, buffers answered after a Timeout,
         # temporaries; sent with msgid 0 (answers to it are dropped) by _flush_frees.
-        self._dead_shared: List[int] = []
+        # Entries: a buffer id, or the _SharedRef of a collected shared array.
+        self._dead_shared: List[Any] = []
+        # The _SharedRef of each shared array (buffer id -> it): kept here so that its
+        # callback runs when the array is collected.
+        self._shared_refs: Dict[int, _SharedRef] = {}
         # The automatic shared-memory path (libdspkclient's): inline operands and
         # results of at least shared_threshold bytes on cpu:0 go through reused
         # shared temporaries instead of the socket.
@@ -1686,7 +1995,11 @@ class Client:
         # submit()s that would wait for an answer before their task can be sent (a
         # staged operand, a large result's temporary buffer): run in order by one
         # worker thread, started when needed and gone when it has nothing to do.
-        self._work_cond = threading.Condition(threading.Lock())
+        # Taken by ``with self._work_lock`` (C code: no interruption between taking it
+        # and the block), never ``with self._work_cond`` (Condition.__enter__ is Python
+        # code, where one could leave the lock held, the worker then blocked for ever).
+        self._work_lock = threading.Lock()
+        self._work_cond = threading.Condition(self._work_lock)
         self._jobs: "collections.deque[_Job]" = collections.deque()
         self._jobs_pending = 0           # jobs queued or running whose task is unsent
         self._worker: Optional[threading.Thread] = None
@@ -1695,7 +2008,8 @@ class Client:
         # thread of their own, started when one is queued and gone when none is: never
         # on the thread reading the connection, which a callback that calls the client
         # and waits (or waits for another thread that does) would otherwise stop.
-        self._cb_cond = threading.Condition(threading.Lock())
+        self._cb_lock = threading.Lock()  # taken by with, as _work_lock
+        self._cb_cond = threading.Condition(self._cb_lock)
         self._cb_queue: "collections.deque[Tuple[Callable[..., Any], Tuple[Any, ...]]]" = \
             collections.deque()
         self._cb_thread: Optional[threading.Thread] = None
@@ -1934,6 +2248,9 @@ class Client:
                                       "reads no more)" % self.timeout) from None
             if self._closed is not None:
                 raise self._closed_error()
+            # The frees owed first (shared arrays collected since the last request):
+            # the daemon has them before this request's answer.
+            self._flush_frees_locked()
             self._write_locked(views, anc, deadline, mark=mark)
             self._flush_frees_locked()
         finally:
@@ -2071,7 +2388,7 @@ class Client:
                         left = deadline - time.monotonic()
                         if left <= 0:
                             return
-                        self._cond.wait(min(left, _SEND_RECHECK))
+                        _wait_in(self._cond, min(left, _SEND_RECHECK))
                     if self._closed is not None:
                         return
                 nested = self._reading
@@ -2153,10 +2470,12 @@ class Client:
         # is an ENOBUF answer to msgid 0, dropped), never not at all.
         while self._dead_shared and self._closed is None:
             try:
-                buf = self._dead_shared[-1]
+                item = self._dead_shared[-1]
             except IndexError:
                 break
+            buf = _owed_buffer(item)
             self._shared.pop(buf, None)  # its address may be mapped anew
+            self._shared_refs.pop(buf, None)
             frame = msgpack.packb([0, 0, "buffer.free", [{"buffer": buf}]])
             try:
                 n = self._sock.sendmsg([frame], [], _socket.MSG_DONTWAIT)
@@ -2169,7 +2488,7 @@ class Client:
             if n < len(frame):  # a frame this small goes whole on a Unix socket
                 self._write_locked([memoryview(frame)[n:]], [], None, n)
             try:
-                self._dead_shared.remove(buf)
+                self._dead_shared.remove(item)
             except ValueError:
                 pass
         return True
@@ -2335,7 +2654,10 @@ class Client:
                 # Answered, its settle queued behind progress calls on the callbacks
                 # thread: nothing more comes to read for it.
                 left = None if deadline is None else deadline - time.monotonic()
-                concurrent.futures.wait([fut], None if left is None else max(left, 0))
+                if isinstance(fut, TaskFuture):  # its own wait: see TaskFuture._wait_done
+                    fut._wait_done(None if left is None else max(left, 0))
+                else:
+                    concurrent.futures.wait([fut], None if left is None else max(left, 0))
                 return fut.done()
             nested = True  # until this thread takes the reading: nothing to give back
             try:
@@ -2346,7 +2668,7 @@ class Client:
                         left = None if deadline is None else deadline - time.monotonic()
                         if left is not None and left <= 0:
                             return False
-                        self._cond.wait(_SEND_RECHECK if left is None
+                        _wait_in(self._cond, _SEND_RECHECK if left is None
                                         else min(left, _SEND_RECHECK))
                         continue
                     nested = self._reading
@@ -2455,7 +2777,13 @@ class Client:
                         if ready:
                             self._owed_ready += ready
                     raise
-            self._run_ready(ready)
+            try:
+                self._run_ready(ready)
+            except BaseException:  # noqa: B036 - e propagates; these run later
+                pass
+            finally:
+                if ready:  # cut by a second interruption: owed (_pump_until runs them)
+                    self._owed_ready += ready
             # The decoder's own error (bad bytes) closes the connection and the callers
             # get dspk.Closed; what a signal handler raised (any exception, an OSError
             # or a ValueError too), or KeyboardInterrupt, propagates as it is.
@@ -2625,12 +2953,14 @@ class Client:
                                "result] nor [2, method, params]: %s" % (
                                    text if len(text) <= 80 else text[:77] + "..."))
         if msg[0] == 1:
+            # The call is taken off _pending only once its settle is in ``ready``: an
+            # interruption before that (which cuts the connection: its bytes were
+            # taken) leaves it pending, so that the cut fails it, rather than lose it.
             with self._lock:
-                call = self._pending.pop(msg[1], None)
-                self._direct.pop(msg[1], None)
-                if call is not None and call.is_async:
-                    self._async -= 1
+                call = self._pending.get(msg[1])
             if call is None:
+                with self._lock:
+                    self._direct.pop(msg[1], None)
                 return
             fut = call.future
             what = "%s (request %d)" % (call.method, fut.msgid) if call.method else \
@@ -2641,7 +2971,8 @@ class Client:
                 else:
                     err = _errors.ProtocolError("%s: a malformed answer: its error is %s, "
                                                 "not a map" % (what, _kind(msg[2])))
-                ready.append((self._settle_after, (fut, None, err)))
+                entry: Tuple[Callable[..., Any], Tuple[Any, ...]] = \
+                    (self._settle_after, (fut, None, err))
             else:
                 try:
                     value = call.decode(msg[3]) if call.decode else msg[3]
@@ -2652,9 +2983,14 @@ class Client:
                     elif not isinstance(err, Error):  # a malformed answer (KeyError...)
                         err = _errors.ProtocolError("%s: a malformed answer (%s: %s)" % (
                             what, type(e).__name__, e))
-                    ready.append((self._settle_after, (fut, None, err)))
+                    entry = (self._settle_after, (fut, None, err))
                 else:
-                    ready.append((self._settle_after, (fut, value)))
+                    entry = (self._settle_after, (fut, value))
+            ready.append(entry)
+            with self._lock:
+                self._direct.pop(msg[1], None)
+                if self._pending.pop(msg[1], None) is not None and call.is_async:
+                    self._async -= 1
             return
         # A notification [2, method, params]
         params = msg[2][0] if msg[2] else {}
@@ -2678,7 +3014,7 @@ class Client:
         """Queues ``fn(*args)`` (which keeps what it raises) for the dspk-callbacks
         thread, starting it where none runs.  Where no thread can be started, the
         queue is run here (the thread completing the future, as before)."""
-        with self._cb_cond:
+        with self._cb_lock:
             self._cb_queue.append((fn, args))
             self._cb_cond.notify_all()
             if self._cb_thread is not None and self._cb_thread.is_alive():
@@ -2688,7 +3024,7 @@ class Client:
         try:
             t.start()
         except RuntimeError:  # "can't start new thread"
-            with self._cb_cond:
+            with self._cb_lock:
                 if self._cb_thread is t:
                     self._cb_thread = None
             while self._run_one_callback():
@@ -2696,7 +3032,7 @@ class Client:
 
     def _run_one_callback(self) -> bool:
         """Runs the first queued callback here; False when none was queued."""
-        with self._cb_cond:
+        with self._cb_lock:
             if not self._cb_queue:
                 return False
             fn, args = self._cb_queue.popleft()
@@ -2711,7 +3047,7 @@ class Client:
         empty (the next _post() starts another)."""
         me = threading.current_thread()
         while True:
-            with self._cb_cond:
+            with self._cb_lock:
                 if not self._cb_queue:
                     if self._cb_thread is me:
                         self._cb_thread = None
@@ -2739,13 +3075,13 @@ class Client:
             if not getattr(fut, "_queued", False) and self._thread is None:
                 self._pump_until(fut, time.monotonic() + step)  # no reader: read here
             else:
-                with self._cb_cond:
+                with self._cb_lock:
                     if not self._cb_queue and not fut.done():
                         self._cb_cond.wait(step)
 
     def _progress_post(self, fut: concurrent.futures.Future, fn: Progress, what: str,
                        frac: float) -> None:
-        with self._cb_cond:
+        with self._cb_lock:
             self._cb_progress[id(fut)] = self._cb_progress.get(id(fut), 0) + 1
         self._post(self._progress_run, (fut, fn, what, frac))
 
@@ -2754,7 +3090,7 @@ class Client:
         try:
             self._progress(fn, what, frac)
         finally:
-            with self._cb_cond:
+            with self._cb_lock:
                 n = self._cb_progress.pop(id(fut), 1) - 1
                 if n > 0:
                     self._cb_progress[id(fut)] = n
@@ -2763,7 +3099,7 @@ class Client:
                       exc: Optional[BaseException] = None) -> None:
         """Settles ``fut`` here, or, while progress calls of its are queued, queues the
         settle behind them (the future completes once they ran)."""
-        with self._cb_cond:
+        with self._cb_lock:
             queued = self._cb_progress.get(id(fut), 0) > 0
             if queued:
                 fut._queued = True  # type: ignore[union-attr]
@@ -2933,7 +3269,7 @@ class Client:
         start: Optional[threading.Thread] = None
         started = False
         try:
-            with self._work_cond:
+            with self._work_lock:
                 if self._closed is not None:
                     raise self._closed_error()
                 self._jobs.append(job)
@@ -2951,7 +3287,7 @@ class Client:
                 # The worker never ran (no thread to be had, or an interruption
                 # before it started): nothing of this submit() was sent, and the
                 # next one starts a worker of its own.
-                with self._work_cond:
+                with self._work_lock:
                     if self._worker is start:
                         self._worker = None
                     if job in self._jobs:
@@ -2970,7 +3306,7 @@ class Client:
         it."""
         me = threading.current_thread()
         while True:
-            with self._work_cond:
+            with self._work_lock:
                 if not self._jobs or self._worker is not me:
                     if self._worker is me:
                         self._worker = None
@@ -2983,7 +3319,7 @@ class Client:
         """On the worker's thread (a callback it runs waits for ``job``): runs the jobs
         queued up to ``job`` here, in order."""
         while True:
-            with self._work_cond:
+            with self._work_lock:
                 if job not in self._jobs:
                     return
                 nxt = self._jobs.popleft()
@@ -3005,7 +3341,7 @@ class Client:
                 err = _errors.InternalError("%s: %s: %s" % (
                     getattr(job.fn, "__name__", "submit")[4:], type(err).__name__, err))
         finally:
-            with self._work_cond:
+            with self._work_lock:
                 job.inner = inner
                 stop = job.stop
             try:
@@ -3014,7 +3350,7 @@ class Client:
                     if stop or job.future.done():  # canceled while it was being sent
                         inner.cancel()  # before the calls waiting for this job go on
             finally:
-                with self._work_cond:
+                with self._work_lock:
                     self._jobs_pending -= 1
                     self._work_cond.notify_all()
         user = job.future
@@ -3038,7 +3374,7 @@ class Client:
         task is canceled too, or never sent."""
         if not job.future.cancelled():
             return
-        with self._work_cond:
+        with self._work_lock:
             inner = job.inner
             job.stop = True
         if inner is not None:
@@ -3047,7 +3383,7 @@ class Client:
     def _fail_jobs(self) -> None:
         """close(): the deferred submit()s not yet taken by the worker end with
         dspk.Closed at once (the one it runs ends as its waits do)."""
-        with self._work_cond:
+        with self._work_lock:
             jobs = list(self._jobs)
             self._jobs.clear()
             self._jobs_pending -= len(jobs)
@@ -3066,15 +3402,15 @@ class Client:
                 self._is_reader() or getattr(self._tl, "deferring", False):
             return
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
-        with self._work_cond:
+        with self._work_lock:
             while self._jobs_pending and self._closed is None:
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     raise _errors.Timeout(
                         "%s: the submit()s made before it were not sent within %gs"
                         % (method, self.timeout))
-                self._work_cond.wait(_SEND_RECHECK if left is None
-                                     else min(left, _SEND_RECHECK))
+                _wait_in(self._work_cond, _SEND_RECHECK if left is None
+                         else min(left, _SEND_RECHECK))
 
     # ---- simple methods ----------------------------------------------------------
 
@@ -3131,7 +3467,7 @@ class Client:
                                           "submit()")
         job = future._job
         if job is not None:
-            with self._work_cond:
+            with self._work_lock:
                 inner = job.inner
                 if inner is None and not future.done():
                     job.stop = True  # the worker sends nothing more of it
@@ -3191,7 +3527,8 @@ class Client:
         maps too (``buffer.import``): passing it, or any C-contiguous slice of it, as an
         operand or as ``out=`` copies nothing; on ``cpu:0`` the daemon reads and writes
         these very pages.  The daemon's buffer is freed when the array (and every view
-        of it) is garbage collected, or when the connection closes; the array stays
+        of it) is garbage collected (where the collection cannot send the free, with
+        the client's next request), or when the connection closes; the array stays
         usable after that as ordinary memory.  A big-endian ``dtype`` is taken as its
         little-endian twin.  The memfd is closed once mapped: a shared array holds no
         file descriptor.
@@ -3212,13 +3549,16 @@ class Client:
         try:
             arr = view[:nbytes].view(dt).reshape(shape_t)
             self._shared[buf] = (arr.__array_interface__["data"][0], size, dev)
-            # Two finalizers, run in the reverse order: first a C call that no signal
-            # handler can cut owes the buffer.free (sent with the next request at the
-            # latest), then _shared_gone sends it at once if it can.
-            weakref.finalize(mm, Client._shared_gone, weakref.ref(self), buf)
-            weakref.finalize(mm, self._dead_shared.append, buf)
+            # Collected, the mapping owes the buffer.free by a C call alone (no Python
+            # code, nothing a signal handler can cut), then _shared_gone sends it at
+            # once if it can: weak references' callbacks run newest first.  A signal
+            # handler's exception in _shared_gone is reported as ignored by Python,
+            # and the free goes with the next request.
+            weakref.finalize(mm, Client._shared_gone, weakref.ref(self))
+            self._shared_refs[buf] = _SharedRef(mm, self._dead_shared.append, buf)
         except BaseException as e:  # no array: its buffer goes (KeyboardInterrupt too)
             self._shared.pop(buf, None)
+            self._shared_refs.pop(buf, None)
             self._free_quietly(buf)
             if isinstance(e, Exception) and not isinstance(e, Error):
                 raise _errors.InvalidArgument("empty_shared: shape %s of %s: %s"
@@ -3461,16 +3801,14 @@ class Client:
         return True
 
     @staticmethod
-    def _shared_gone(ref: "weakref.ref[Client]", buf: int) -> None:
-        # Runs inside garbage collection, maybe while this thread holds the client's
-        # locks: _queue_free never waits (a thread holding the send lock sends it
-        # when it lets the lock go).
+    def _shared_gone(ref: "weakref.ref[Client]") -> None:
+        """A shared array was collected, its buffer.free owed already (_SharedRef):
+        sends it now if the send lock is free (else the thread holding it does when it
+        lets it go).  Runs inside garbage collection, maybe while this thread holds
+        the client's locks: it never waits."""
         client = ref()
-        if client is None:
-            return
-        client._shared.pop(buf, None)
-        if client._closed is None and not client._forked():  # else nothing to send
-            client._flush_frees()  # the buffer is owed already (empty_shared)
+        if client is not None and client._closed is None and not client._forked():
+            client._flush_frees()
 
     def _shared_ref(self, a: np.ndarray) -> Optional[Tuple[int, int, str]]:
         """(buffer, offset, device) when ``a`` is a C-contiguous array inside a shared
@@ -3480,7 +3818,8 @@ class Client:
         addr = a.__array_interface__["data"][0]
         # A buffer whose array was collected is owed a free (its entry may not be
         # gone yet, and a new mapping may take its address): never referenced.
-        dead = set(self._dead_shared) if self._dead_shared else ()
+        dead = {_owed_buffer(x) for x in list(self._dead_shared)} \
+            if self._dead_shared else ()
         for buf, (base, size, dev) in list(self._shared.items()):
             if buf in dead:
                 continue
