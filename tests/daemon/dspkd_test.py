@@ -2823,12 +2823,13 @@ def t_cancel(exe, tmp):
     d.stop()
 
     # A complex contraction with labels of one operand only and an infinity
-    # adds every product, S * T per output: 2^34 here, minutes of one core,
-    # in one output.  The cancel looks come inside it (there was one per
-    # output): the test hook asks for the cancel at the third look.
+    # is made again from the sums of those labels (long double, S + T values
+    # for one output, 2^22 here): the cancel looks come inside those sums
+    # (there was one per output), and the test hook asks for the cancel at
+    # the third look.
     d = Daemon(exe, tmp, env=dict(os.environ, DSPK_CPU_CONTRACT_CANCEL_AFTER="3"))
     c = d.client()
-    S = 1 << 17
+    S = 1 << 21
     a = np.ones(S, np.complex64)
     a[0] = np.inf
     try:
