@@ -10,6 +10,10 @@ common=$(cd "$(dirname "$0")/../common" && pwd)  # the daemon helpers of conftes
 rm -rf "$work"
 mkdir -p "$work"
 cp -R "$src" "$work/src"   # pip builds in the tree it installs: keep python/ clean
+# ...and without a build left in python/ by an earlier pip install there: the copy's
+# files all get the time of the copy, so setuptools could take build/lib's old
+# modules as up to date and install them instead of the sources.
+rm -rf "$work/src/build" "$work/src"/*.egg-info
 "$py" -m venv --system-site-packages --without-pip "$work/venv"
 "$work/venv/bin/python" -m pip install -q --no-build-isolation --no-index "$work/src"
 cd "$work"                 # so `import dspk` finds the installed package only
