@@ -106,12 +106,21 @@ static struct djob *job_ending(struct dspkd *d, uint64_t id) {
 }
 
 /* Adds r to the job.end calls that job j's end answers. */
-static int job_end_wait(struct req *r, struct djob *j) {
+/* Room for one more job.end on job j, made before anything changes (a
+ * job ended without its caller on the list would never answer it). */
+static int job_end_room(struct djob *j) {
   struct jend_wait *w = realloc(j->ends, (j->nends + 1) * sizeof *w);
   if (!w)
     return DSPK_ENOMEM;
   j->ends = w;
-  w[j->nends++] = (struct jend_wait){r->c, r->msgid};
+  return 0;
+}
+
+static int job_end_wait(struct req *r, struct djob *j) {
+  int err = job_end_room(j);
+  if (err < 0)
+    return err;
+  j->ends[j->nends++] = (struct jend_wait){r->c, r->msgid};
   dspkd_conn_owe(r->c);
   return 0;
 }
@@ -534,6 +543,8 @@ int dspkd_m_job_end(struct req *r) {
   if (j && r->c->job == j)
     return fail(r, DSPK_EINVAL, "this connection belongs to Slurm job %" PRIu64
                 " and cannot end it", id);
+  if (j && (err = job_end_room(j)) < 0)
+    return err;
   /* A connection of the job that has not asked for a device yet (its job
    * undecided) whose cgroup or hello names it is the job's too: bound now,
    * so that it is closed with the others.  (Not one that would fall to it
@@ -582,8 +593,7 @@ int dspkd_m_job_end(struct req *r) {
   j->end_conns = nconns;
   j->end_inflight = inflight;
   j->end_buffers = buffers;
-  if ((err = job_end_wait(r, j)) < 0) /* the job is ended all the same */
-    return err;
+  job_end_wait(r, j); /* cannot fail: its room was made above */
   if (!j->nconns)
     djob_finish(d, j);
   return 0;
