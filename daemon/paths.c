@@ -21,6 +21,8 @@
  * file. */
 static struct {
   bool activated;
+  char start[PATH_MAX]; /* the start directory ("" unknown): a reloaded file's
+                           relative paths are its, as at start */
   char socket[PATH_MAX];
   char cache[PATH_MAX];
   char job_state[PATH_MAX];
@@ -147,12 +149,26 @@ static const char *collides(const char *path, const char *sock, const char *cach
   return NULL;
 }
 
+/* A reloaded file's path p as the start read it: a relative one from the
+ * start directory (a detached daemon has left it for /). */
+static void from_start(char *p, size_t len) {
+  char rel[PATH_MAX];
+  if (!p[0] || p[0] == '/' || p[0] == '(' || !run.start[0])
+    return;
+  snprintf(rel, sizeof rel, "%s", p);
+  int n = snprintf(p, len, "%s/%s", run.start, rel);
+  if (n < 0 || (size_t)n >= len) /* too long to be the running file */
+    snprintf(p, len, "%s", rel);
+}
+
 int dspkd_paths_start(struct dspkd_config *cfg, int activated) {
   bool has_path = !activated || cfg->socket_path[0] != '(';
   char name[PATH_MAX + 64], what[PATH_MAX + 16], tmp[PATH_MAX + 8];
   const char *is;
 
   run.activated = activated;
+  if (!getcwd(run.start, sizeof run.start))
+    run.start[0] = '\0';
   snprintf(run.socket, sizeof run.socket, "%s", cfg->socket_path);
   if (cache_file(cfg, run.cache, sizeof run.cache) != 0)
     run.cache[0] = '\0'; /* no home: the cache falls back to memory */
@@ -170,6 +186,10 @@ int dspkd_paths_start(struct dspkd_config *cfg, int activated) {
       dspkd_error("Slurm jobs: the default state file's path is too long; set job_state");
     return -1;
   }
+  /* Absolute, as a reload compares them (a detached daemon is in / then). */
+  from_start(run.socket, sizeof run.socket);
+  from_start(run.cache, sizeof run.cache);
+  from_start(run.job_state, sizeof run.job_state);
   /* jobstate.c takes it from here: its own default is not needed. */
   cfg->job_state = run.job_state;
   snprintf(tmp, sizeof tmp, "%s.tmp", run.job_state);
@@ -206,19 +226,22 @@ int dspkd_paths_reload_differs(const char *key, const struct dspkd_config *nw,
     }
   } else {
     snprintf(sock, sizeof sock, "%s", nw->socket_path);
+    from_start(sock, sizeof sock);
   }
   if (strcmp(key, "socket") == 0)
     return !dspkd_paths_same(sock, run.socket);
   if (strcmp(key, "job_state") == 0) {
-    if (nw->job_state)
+    if (nw->job_state) {
       snprintf(jobs, sizeof jobs, "%s", nw->job_state);
-    else if (default_job_state(sock, has_path, jobs, sizeof jobs) != 0)
+      from_start(jobs, sizeof jobs);
+    } else if (default_job_state(sock, has_path, jobs, sizeof jobs) != 0)
       return 1;
     return !dspkd_paths_same(jobs, run.job_state);
   }
   if (strcmp(key, "no_cache") == 0 || strcmp(key, "cache") == 0) {
     if (cache_file(nw, cache, sizeof cache) != 0)
       cache[0] = '\0';
+    from_start(cache, sizeof cache);
     if (strcmp(key, "no_cache") == 0)
       return !cache[0] != !run.cache[0];
     return cache[0] && run.cache[0] && !dspkd_paths_same(cache, run.cache);

@@ -397,7 +397,7 @@ static int need_dtype(struct dspk__dev *d, dspk_dtype dt, struct dspk__opctx *ct
 static int bind_all(struct dspk__dev *d, const struct dspk__tensor *const *t, int n,
                     struct dspk__vk_bind *b, uint32_t *elem, struct dspk__opctx *ctx) {
   for (int i = 0; i < n; i++) {
-    char what[16];
+    char what[24]; /* "operand " and any int */
     snprintf(what, sizeof what, "operand %d", i);
     int r = dspk__vk_bind_named(d, t[i], &b[i], &elem[i], ctx, what);
     if (r)

@@ -839,11 +839,12 @@ def paths(exe, submit, tmp):
     os.mkdir(tmp)
     base = ["--config", "", "--backends", "cpu", "--no-cache"]
     for where, args, conf in (("option", ["--job-state", "rel.jobs"], None),
-                              ("file", [], "[daemon]\njob_state = rel.jobs\n")):
+                              ("file", [], "[daemon]\nsocket = rel.sock\n"
+                                           "job_state = rel.jobs\n")):
         start = os.path.join(tmp, where)
         os.mkdir(start)
         log = os.path.join(start, "dspkd.log")
-        cmd = [exe, "--socket", "rel.sock"] + base + args
+        cmd = [exe] + (["--socket", "rel.sock"] if not conf else []) + base + args
         if conf:
             with open(os.path.join(start, "d.conf"), "w") as f:
                 f.write(conf)
@@ -867,6 +868,13 @@ def paths(exe, submit, tmp):
                   "%s: the state file in the start directory, not in /" % where)
             check(("Slurm jobs: %s does not exist" % state) in open(log).read(),
                   "%s: the log names the absolute path: %s" % (where, open(log).read()))
+            # A reload reads the relative path from the start directory too, not
+            # from / where the daemon now is: the same file, no change to report.
+            rc = Client(sock, TIMEOUT)
+            rc.call("daemon.reload", {})
+            rc.close()
+            check("takes effect at the next start" not in open(log).read(),
+                  "%s: a reload of the same relative paths: %s" % (where, open(log).read()))
         finally:
             os.kill(pid, signal.SIGTERM)
             select.select([pidfd], [], [], TIMEOUT)
