@@ -445,6 +445,17 @@ class _SharedRef(weakref.ref):
         super().__init__(ob, callback)
 
 
+def _orphan_buffer(fut: concurrent.futures.Future) -> Optional[int]:
+    """The buffer a done buffer.create/buffer.import future made (None: it failed, was
+    canceled, or names none).  concurrent.futures' state is read, not its methods:
+    TaskFuture's exception() and result() would read the connection."""
+    if fut._state != _cf.FINISHED or fut._exception is not None:  # type: ignore
+        return None
+    res = fut._result  # type: ignore[attr-defined]
+    buf = res.get("buffer") if isinstance(res, dict) else None
+    return buf if isinstance(buf, int) and not isinstance(buf, bool) else None
+
+
 def _owed_buffer(item: Any) -> int:
     """The buffer id of an entry of Client._dead_shared (an int, or a _SharedRef)."""
     return item.buffer if isinstance(item, _SharedRef) else item
@@ -1980,6 +1991,12 @@ class Client:
         # temporaries; sent with msgid 0 (answers to it are dropped) by _flush_frees.
         # Entries: a buffer id, or the _SharedRef of a collected shared array.
         self._dead_shared: List[Any] = []
+        # The futures of buffer.create/buffer.import calls whose caller stopped
+        # waiting (an interruption, a Timeout): each one's buffer, once answered, is
+        # owed a free.  Kept here, and looked at by _flush_frees_locked, so that the
+        # free never hangs on a done-callback that an interruption can cut as it
+        # starts (_orphaned_buffer is only the quick path).
+        self._orphans: List[TaskFuture] = []
         # The _SharedRef of each shared array (buffer id -> it): kept here so that its
         # callback runs when the array is collected.
         self._shared_refs: Dict[int, _SharedRef] = {}
@@ -2151,6 +2168,7 @@ class Client:
         if self._closed is None:
             self._closed = self._fork_error()
         del self._dead_shared[:]  # the same list: finalizers append to it
+        del self._orphans[:]
         try:
             self._sock.close()  # close(2) of this process's descriptor only
         except OSError:
@@ -2468,6 +2486,8 @@ class Client:
         # interruption in between (a signal handler's exception) frees it twice at
         # worst, which is harmless (the daemon never reuses a buffer id: the second
         # is an ENOBUF answer to msgid 0, dropped), never not at all.
+        if self._orphans:
+            self._take_orphans()
         while self._dead_shared and self._closed is None:
             try:
                 item = self._dead_shared[-1]
@@ -2605,6 +2625,7 @@ class Client:
             except BaseException:  # dspk.Timeout, KeyboardInterrupt: the caller gets no id
                 for fut in owner:  # a request sent whole: its buffer is freed when made
                     if fut.sent:
+                        self._orphans += [fut]  # first, and no call: nothing can lose it
                         fut._add_inline(self._orphaned_buffer)
                 raise
         raise AssertionError("unreachable")
@@ -2624,10 +2645,30 @@ class Client:
         return res
 
     def _orphaned_buffer(self, fut: concurrent.futures.Future) -> None:
-        if not fut.cancelled() and fut.exception() is None:
+        """The quick path of an orphan's free (see _orphans): at once when its answer
+        comes.  An interruption that cuts it leaves the future on _orphans, whose
+        free then goes with the next request (_take_orphans)."""
+        buf = _orphan_buffer(fut)
+        if buf is not None:
+            self._dead_shared += [buf]
+        try:
+            self._orphans.remove(fut)  # after the free is owed: twice at worst
+        except ValueError:
+            pass
+        if buf is not None:
+            self._flush_frees()
+
+    def _take_orphans(self) -> None:
+        """Makes the buffer of each answered orphan (see _orphans) owed a free."""
+        for fut in list(self._orphans):
+            if not fut.done():
+                continue  # not answered yet
+            buf = _orphan_buffer(fut)
+            if buf is not None:
+                self._dead_shared += [buf]
             try:
-                self._queue_free(int(fut.result()["buffer"]))
-            except (KeyError, TypeError, ValueError):
+                self._orphans.remove(fut)  # after the free is owed: twice at worst
+            except ValueError:
                 pass
 
     def _closed_error(self) -> Error:

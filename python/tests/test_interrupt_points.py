@@ -211,6 +211,79 @@ def test_an_interrupted_connect_leaves_no_descriptor(daemon, kind):
     assert connections() == held
 
 
+def _interrupt_as(name):
+    """A profile function raising _Injected as the client's function ``name`` starts
+    (once)."""
+    def prof(frame, event, arg):
+        if event == "call" and frame.f_code.co_filename == CLIENT_FILE and \
+                frame.f_code.co_name == name:
+            sys.setprofile(None)
+            raise _Injected()
+    return prof
+
+
+def _held(c):
+    """The daemon buffers of c's connection, after two round trips (the frees owed go
+    with the first)."""
+    gc.collect()
+    c.ping()
+    c.ping()
+    return [x for x in c.status()["clients"] if x["self"]][0]["buffers"]
+
+
+@pytest.mark.parametrize("kind", ["c-return", "python-call"])
+@pytest.mark.parametrize("make", ["empty_shared", "to_device"])
+def test_a_buffer_answered_after_its_caller_was_interrupted_is_freed(daemon, kind, make):
+    """A buffer.import (buffer.create) whose wait was interrupted before its answer was
+    read: the answer, filed by the next call, owes its buffer a free.  That free hung
+    on a done-callback run where the answer was filed, and an interruption there (as
+    _orphaned_buffer or _queue_free started) was swallowed with the free: the buffer
+    stayed the connection's for good (CI's ASan run: "buffers left behind").  Now
+    every point of the next call in turn is interrupted and the buffer is freed."""
+    c_calls, py_calls = kind == "c-return", kind == "python-call"
+
+    def orphan(c):
+        sys.setprofile(_interrupt_as("_pump_until"))  # request sent, answer not read
+        try:
+            if make == "empty_shared":
+                c.empty_shared(64)
+            else:
+                c.to_device(np.ones(3))
+        except _Injected:
+            pass
+        finally:
+            sys.setprofile(None)
+        assert c._orphans, "the interruption did not come before the answer"
+
+    c = dspk.connect(daemon.socket, timeout=TIMEOUT)
+    orphan(c)
+    prof, seen = _interrupt_at(10 ** 9, c_calls, py_calls)
+    sys.setprofile(prof)
+    try:
+        c.ping()
+    finally:
+        sys.setprofile(None)
+    points = seen[0]
+    c.close()
+    assert points > 10, points
+    for n in range(points):
+        with dspk.connect(daemon.socket, timeout=TIMEOUT) as c:
+            orphan(c)
+            prof, seen = _interrupt_at(n, c_calls, py_calls)
+            sys.setprofile(prof)
+            try:
+                c.ping()
+            except (_Injected, dspk.Closed):
+                pass
+            finally:
+                sys.setprofile(None)
+            if c.closed:
+                continue  # a message was cut: the daemon freed the connection's buffers
+            held = _held(c)
+            assert held == len(c._temps) + len(c._shared), \
+                ("buffers left behind", n, points, held, len(c._temps), len(c._shared))
+
+
 @pytest.mark.parametrize("kind", ["c-return", "python-call"])
 def test_an_interrupted_empty_shared_leaves_no_descriptor(daemon, kind):
     """The same for the memfd of a shared array (and of a shared temporary): an
