@@ -339,29 +339,34 @@ _SEND_RECHECK = 0.05  # seconds: a thread waiting to send looks again at least t
 
 
 def _wait_in(cond: threading.Condition, timeout: Optional[float]) -> None:
-    """``cond.wait(timeout)``, the caller holding ``cond``'s lock by a ``with`` block,
-    safe against interruptions.  threading.Condition.wait lets the lock go and takes it
-    back in Python code: a signal handler's exception in between (KeyboardInterrupt on
-    the main thread) left the lock not held by the ``with`` block that then let it go
-    (RuntimeError instead of the interruption, or another thread's hold of a Lock let
-    go).  Here the lock is taken back whatever interrupts the wait (the flag is stored
-    before the release, with no call between), and the interruption propagates."""
+    """``cond.wait(timeout)``, the caller holding ``cond``'s lock (an RLock) by a
+    ``with`` block, safe against interruptions.  threading.Condition.wait lets the lock
+    go and takes it back in Python code: a signal handler's exception in between
+    (KeyboardInterrupt on the main thread) left the lock not held by the ``with`` block
+    that then let it go (RuntimeError instead of the interruption); and a plain lock's
+    acquire() taken back while another thread holds it ends early, not holding it, when
+    a handler raises meanwhile.  Here the lock is taken back by RLock._acquire_restore,
+    which waits without running handlers, whatever interrupts the wait (also one that
+    comes as _release_save returns, before its state is stored: then it is this
+    thread's single hold, as every caller's ``with`` block has it), and the
+    interruption propagates."""
     gate = _thread.allocate_lock()
     gate.acquire()
     waiters = cond._waiters  # type: ignore[attr-defined]
     waiters.append(gate)  # cond.notify()/notify_all() release it
     lock = cond._lock  # type: ignore[attr-defined]
-    released = False
+    saved = None
     try:
-        released = True
-        lock.release()
+        saved = lock._release_save()
         if timeout is None:
             gate.acquire()
         else:
             gate.acquire(True, timeout)
     finally:
-        if released:
-            lock.acquire()
+        if saved is not None:
+            lock._acquire_restore(saved)
+        elif not lock._is_owned():  # let go, its state not stored
+            lock._acquire_restore((1, threading.get_ident()))
         try:
             waiters.remove(gate)
         except ValueError:
@@ -591,6 +596,21 @@ class _FutureLock(_thread.RLock):
                 pass
 
 
+def _main_in_future_code() -> bool:
+    """Whether the main thread runs code that may hold a future's lock: a method of
+    concurrent.futures or of TaskFuture.  A lock it holds while running neither was
+    left held by an interruption; one it holds while inside is still in use (the
+    process was stopped, a debugger paused it) and must not be replaced."""
+    frame = sys._current_frames().get(threading.main_thread().ident)  # noqa: SLF001
+    while frame is not None:
+        code = frame.f_code
+        if code.co_filename == _cf.__file__ or \
+                getattr(code, "co_qualname", "").startswith("TaskFuture."):
+            return True
+        frame = frame.f_back
+    return False
+
+
 def _waiter_usable(waiter: Any) -> bool:
     """Whether a waiter of concurrent.futures.wait()/as_completed() on a future can be
     told (its add_result() sets a threading.Event): on a thread other than the main
@@ -654,19 +674,23 @@ class TaskFuture(concurrent.futures.Future):
         """The future's lock, for a ``with`` block.  On the main thread (the one that
         runs signal handlers) the RLock itself, taken by ``with`` as concurrent.futures
         takes it (C code: no handler runs between taking it and the block; one it left
-        held itself, it takes again).  On another thread it is taken here, waiting at
-        most _FUTURE_LOCK_STALE seconds: no block of concurrent.futures' or of this
-        class holds it that long, so it was left held by an interruption of the main
-        thread (concurrent.futures.wait() takes it by acquire()); it is then replaced
-        by a new lock (its waiters carried over), and the thread completing the
-        future never blocks for ever."""
+        held itself, it takes again).  On another thread it is taken here; every
+        _FUTURE_LOCK_STALE seconds of waiting, it looks whether the main thread runs a
+        method of concurrent.futures' or of this class: when it does not, the lock
+        was left held by an interruption of the main thread (concurrent.futures.wait()
+        takes it by acquire()) and is replaced by a new lock (its waiters carried
+        over), so the thread completing the future never blocks for ever; when it
+        does (a process stopped, a debugger's pause), the wait goes on."""
         cond = self._condition
         if threading.current_thread() is threading.main_thread():
             return cond
-        if not cond.acquire(timeout=_FUTURE_LOCK_STALE):
+        while not cond.acquire(timeout=_FUTURE_LOCK_STALE):
+            if _main_in_future_code():
+                continue  # held by a block that is still running (a debugger, SIGSTOP)
             cond = _FutureLock(cond.gates)
             cond.acquire()
             self._condition = cond
+            break
         return _Held(cond)
 
     def _finish(self, result: Any, exception: Optional[BaseException]) -> None:
@@ -1968,7 +1992,7 @@ class Client:
         # buffer.read answers received straight into their destination:
         # msgid -> (the answer frame's first bytes up to its data, destination)
         self._direct: Dict[int, Tuple[bytes, memoryview]] = {}
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # an RLock: _wait_in takes it back safely
         self._cond = threading.Condition(self._lock)
         self._send_lock = _SendLock()
         self._pending: Dict[int, _Call] = {}
@@ -2015,7 +2039,7 @@ class Client:
         # Taken by ``with self._work_lock`` (C code: no interruption between taking it
         # and the block), never ``with self._work_cond`` (Condition.__enter__ is Python
         # code, where one could leave the lock held, the worker then blocked for ever).
-        self._work_lock = threading.Lock()
+        self._work_lock = threading.RLock()  # an RLock: see _wait_in
         self._work_cond = threading.Condition(self._work_lock)
         self._jobs: "collections.deque[_Job]" = collections.deque()
         self._jobs_pending = 0           # jobs queued or running whose task is unsent

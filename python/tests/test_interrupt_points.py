@@ -82,7 +82,7 @@ def _check_unstuck(c, temps=True, mine=()):
     assert not c._send_lock.locked(), "the send lock stays held"
     assert not (c._reading and c._reader_ident == threading.get_ident()), \
         "the reading stays this thread's"
-    assert not c._lock.locked() or c._thread is not None
+    assert not c._lock._is_owned(), "the client's lock stays this thread's"
     assert not c._temp_lock.locked()
     try:
         # usable: a round trip, and an op through the shared temporaries
@@ -504,3 +504,79 @@ def test_an_interruption_that_cuts_a_chunked_transfer_propagates(call):
         c.close()
     finally:
         d.stop()
+
+
+def test_a_wait_interrupted_while_its_lock_is_taken_back_keeps_the_lock():
+    """The client's condition waits (_wait_in) took their lock back by a plain
+    acquire(), which a signal handler's exception ends early, the lock not taken, when
+    another thread holds it meanwhile: the waiter's ``with`` block then let go a lock
+    it did not hold (RuntimeError, or another thread's hold of a plain Lock let go).
+    Now the lock is taken back whatever comes, and the interruption propagates with
+    the lock held by the block that lets it go."""
+    import signal
+    from dspk import _client
+    lock = threading.RLock()
+    cond = threading.Condition(lock)
+    held = threading.Event()      # the other thread holds the lock, the waiter woken
+    let_go = threading.Event()    # the other thread may let it go
+    main = threading.main_thread().ident
+    outcome = []
+
+    def holder():
+        with lock:
+            cond.notify_all()
+            held.set()
+            let_go.wait(TIMEOUT)
+
+    def interrupter():
+        held.wait(TIMEOUT)
+        # The waiter is woken and waits for the lock (the holder has it): interrupted.
+        signal.pthread_kill(main, signal.SIGINT)
+        done.wait(0.5)  # the old code ended the take-back here
+        let_go.set()
+
+    done = threading.Event()
+    t1 = threading.Thread(target=holder)
+    t2 = threading.Thread(target=interrupter)
+    try:
+        with lock:
+            t1.start()
+            t2.start()
+            try:
+                _client._wait_in(cond, None)
+            except KeyboardInterrupt:
+                outcome.append("interrupted")
+                done.set()
+            outcome.append(lock._is_owned())
+    except RuntimeError as e:  # the block let go a lock it did not hold
+        outcome.append(e)
+    finally:
+        let_go.set()
+        done.set()
+        t1.join(TIMEOUT)
+        t2.join(TIMEOUT)
+    assert outcome == ["interrupted", True], outcome
+
+
+def test_a_future_lock_held_by_a_running_block_is_not_replaced():
+    """A thread completing a future waited at most 1 s for the future's lock, then
+    took the lock as left behind by an interruption and replaced it: a main thread
+    holding it in a block still running (a debugger's pause, the process stopped
+    with Ctrl-Z) lost its mutual exclusion.  Now the lock is replaced only when the
+    main thread runs no code of concurrent.futures' or TaskFuture's."""
+    import concurrent.futures._base as cf
+    from dspk import _client
+    fut = _client.TaskFuture()
+    hold = threading.Event()
+    setter = threading.Thread(target=fut.set_result, args=(1,))
+    seen = {}
+    # A block of concurrent.futures' own (its file), held past _FUTURE_LOCK_STALE.
+    block = compile("with fut._condition:\n"
+                    "    setter.start()\n"
+                    "    hold.wait(stale * 2.5)\n"
+                    "    seen['state'] = fut._state\n", cf.__file__, "exec")
+    exec(block, {"fut": fut, "setter": setter, "hold": hold, "seen": seen,
+                 "stale": _client._FUTURE_LOCK_STALE})
+    setter.join(TIMEOUT)
+    assert seen["state"] == cf.PENDING, "completed inside the main thread's block"
+    assert fut.result(0) == 1
