@@ -2672,28 +2672,26 @@ class Client:
         """The quick path of an orphan's free (see _orphans): at once when its answer
         comes.  An interruption that cuts it leaves the future on _orphans, whose
         free then goes with the next request (_take_orphans)."""
-        buf = _orphan_buffer(fut)
-        if buf is not None:
-            self._dead_shared += [buf]
-        try:
-            self._orphans.remove(fut)  # after the free is owed: twice at worst
-        except ValueError:
-            pass
-        if buf is not None:
+        if self._owe_orphan(fut):
             self._flush_frees()
 
     def _take_orphans(self) -> None:
         """Makes the buffer of each answered orphan (see _orphans) owed a free."""
         for fut in list(self._orphans):
-            if not fut.done():
-                continue  # not answered yet
-            buf = _orphan_buffer(fut)
-            if buf is not None:
-                self._dead_shared += [buf]
-            try:
-                self._orphans.remove(fut)  # after the free is owed: twice at worst
-            except ValueError:
-                pass
+            if fut.done():  # else not answered yet
+                self._owe_orphan(fut)
+
+    def _owe_orphan(self, fut: concurrent.futures.Future) -> bool:
+        """Takes the done ``fut`` off _orphans, its buffer (if it made one) owed a free
+        first (an interruption in between: freed twice at worst); whether it was."""
+        buf = _orphan_buffer(fut)
+        if buf is not None:
+            self._dead_shared += [buf]
+        try:
+            self._orphans.remove(fut)
+        except ValueError:
+            pass
+        return buf is not None
 
     def _closed_error(self) -> Error:
         err = self._closed or _errors.Closed("connection closed")
