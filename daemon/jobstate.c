@@ -792,13 +792,21 @@ int dspkd_jobstate_end_offline(struct dspkd *d, uint64_t id) {
   struct stat st;
   uid_t owner = geteuid();
   gid_t group = getegid();
-  char why[256] = "", lock[sizeof d->job_state + 8];
+  char why[256] = "", lock[sizeof d->job_state + 8], dir[sizeof d->job_state];
   bool exists;
   int fd, r;
 
   if (name_file(d) != 0) {
     dspkd_error("--end-job %" PRIu64 ": no state file to end it in", id);
     return 2;
+  }
+  /* No directory (/run/dspk on a node just rebooted): no file, so no job a
+   * start would register again, as when the file alone is missing. */
+  dir_of(d->job_state, dir, sizeof dir);
+  if (stat(dir, &st) != 0 && errno == ENOENT) {
+    dspkd_info("Slurm job %" PRIu64 ": not registered (the state file %s does not exist: its "
+               "directory %s: %s): nothing to end", id, d->job_state, dir, strerror(errno));
+    return 0;
   }
   if (check_dir(d->job_state) != 0)
     return 2;
