@@ -809,6 +809,25 @@ def down(exe, submit, epilog, tmp, gpu, cpu):
     p = end_job("--socket", sock, "--end-job", "32")
     check(p.returncode == 0 and "not registered" in p.stderr and not os.path.exists(state)
           and not os.path.exists(state + ".lock"), "no state file: nothing to end: %r" % (p,))
+    # No directory for it either (/run/dspk on a node just rebooted): nothing to end
+    # (it exited 2), from the epilog too; a path through a file is still exit 2.
+    gone = os.path.join(tmp, "gone")
+    p = end_job("--socket", os.path.join(gone, "dspkd.sock"), "--end-job", "32")
+    check(p.returncode == 0 and len(p.stderr.splitlines()) == 1 and
+          "Slurm job 32: not registered (the state file %s/dspkd.jobs does not exist: its "
+          "directory %s: No such file or directory): nothing to end" % (gone, gone) in p.stderr
+          and not os.path.exists(gone), "no state file's directory: nothing to end: %r" % (p,))
+    p = subprocess.run([epilog], capture_output=True, text=True, timeout=TIMEOUT,
+                       env=epilog_env(os.path.join(gone, "dspkd.sock"), 32, **env))
+    check(p.returncode == 0 and "no dspkd listens on %s/dspkd.sock (no socket file" % gone
+          in p.stderr and not os.path.exists(gone), "the epilog, no directory: %r" % (p,))
+    afile = os.path.join(tmp, "afile")
+    open(afile, "w").close()
+    p = end_job("--job-state", os.path.join(afile, "x.jobs"), "--socket", sock,
+                "--end-job", "32")
+    os.unlink(afile)
+    check(p.returncode == 2 and "%s is not a directory" % afile in p.stderr,
+          "a state file's directory that is a file: %r" % (p,))
 
     # A daemon that holds the lock but does not listen yet (its start paused): the
     # epilog ends the job through it once it listens, trying once a second until its

@@ -2571,6 +2571,30 @@ def vulkan_max_tensor(env):
     r = c.ok("task.run", {"op": "gemm", "device": dev, "inputs": [small, ref([1, n - 1])],
                           "outputs": [{"buffer": buf}]})
     check(r["outputs"][0]["shape"] == [1, n - 1], "gemm at the limit: %r" % r["outputs"][0])
+    # max_tensor_bytes at an offset off the device's storage-buffer alignment binds
+    # too, in a built-in op and in a raw kernel (its binding starts at the offset
+    # aligned down: the limit leaves room for that); it was ENOTSUP, the message
+    # naming a size within the limit.  One element more is ENOTSUP there too.
+    # (Offset 12: the most an f32 is off an alignment of 16, lavapipe's.)
+    m = lim // 4
+    r = c.ok("task.run", {"op": "reduce", "device": dev, "inputs": [ref([m], 12)]})
+    check(r["outputs"][0]["shape"] == [], "reduce at the limit, offset 12: %r"
+          % r["outputs"][0])
+    expect(c.call("task.run", {"op": "reduce", "device": dev, "inputs": [ref([m + 1], 4)]}),
+           "ENOTSUP", "operand 0", "%d bytes" % (4 * m + 4), "%d bytes" % lim,
+           "max_tensor_bytes")
+    if dev in glsl_devices(c):
+        src = (GLSL_HEAD + "layout(std430, binding=0) buffer A { float a[]; };\n"
+               "void main(){ a[0] = 1.0; }\n")
+        c.ok("task.run", {"op": "kernel", "device": dev, "inputs": [ref([m], 4)],
+                          "options": {"lang": "glsl", "source": src, "grid": [1, 1, 1],
+                                      "args": [{"tensor": 0}]}})
+        data = c.ok("buffer.read", {"buffer": buf, "offset": 4, "size": 4})["data"]
+        check(data == struct.pack("<f", 1.0), "the kernel's store at offset 4: %r" % data)
+        expect(c.call("task.run", {"op": "kernel", "device": dev, "inputs": [ref([m + 1], 4)],
+                                   "options": {"lang": "glsl", "source": src,
+                                               "grid": [1, 1, 1], "args": [{"tensor": 0}]}}),
+               "ENOTSUP", "argument 0 (input 0)", "%d bytes" % lim, "max_tensor_bytes")
     r = c.ok("task.run", {"op": "gemm", "device": dev, "inputs": [ref([1, 0]), ref([0, n])],
                           "outputs": [{"buffer": buf}]})
     check(r["outputs"][0]["shape"] == [1, n], "gemm K = 0: %r" % r["outputs"][0])
