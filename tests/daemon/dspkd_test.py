@@ -2755,6 +2755,11 @@ def t_memquota(exe, tmp):
     b1 = c1.call("buffer.create", {"device": "cpu:0", "size": 40 * M})["buffer"]
     e = c1.expect_error("ELIMIT", "buffer.create", {"device": "cpu:0", "size": 10 * M})
     check("max_conn_memory" in e.err["message"], "names max_conn_memory: %s" % e.err)
+    b8 = c1.call("buffer.create", {"device": "cpu:0", "size": 8 * M})["buffer"]
+    e = c1.expect_error("ELIMIT", "buffer.create", {"device": "cpu:0", "size": 1})
+    check(e.err["message"].startswith("the buffer needs 1 byte of cpu:0, and"),
+          "one byte, singular: %s" % e.err)
+    c1.call("buffer.free", {"buffer": b8})
     c2.call("buffer.create", {"device": "cpu:0", "size": 20 * M})
     e = c2.expect_error("ELIMIT", "buffer.create", {"device": "cpu:0", "size": 8 * M})
     check("max_user_memory" in e.err["message"], "names max_user_memory: %s" % e.err)
