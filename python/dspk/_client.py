@@ -32,6 +32,7 @@ import socket as _socket
 import sys
 import threading
 import time
+import types
 import weakref
 # The C module's socketpair(): its sockets own their descriptors from the start
 # (socket.socketpair() moves them into new objects, a window where they are bare ints).
@@ -267,11 +268,40 @@ def _as_error(e: BaseException) -> BaseException:
     return e
 
 
+def _untraced(fn: _F) -> _F:
+    """A method that runs with this thread's trace function (sys.settrace: a debugger,
+    a coverage tool, a tracer of the caller's) off, and put back as it returns.  A trace
+    function runs Python code at every line, and an exception it raises (its signal
+    handler's KeyboardInterrupt) is raised at that line of the traced frame: at the
+    start of a ``finally`` before the lock it gives back, or at a ``with``'s exit before
+    its __exit__ runs, where a handler alone never runs (CPython runs signal handlers
+    as a C call returns and as a Python function starts): a lock or the right to send
+    stayed held for good, a free was marked done and never sent.  Untraced, the
+    client's own code is interrupted only where the handlers of an untraced program
+    can interrupt it, which it is made safe against; the caller's tracer sees the
+    method's call and return."""
+    @functools.wraps(fn)
+    def method(*args: Any, **kwargs: Any) -> Any:
+        tracer = sys.gettrace()
+        if tracer is None:
+            return fn(*args, **kwargs)
+        sys.settrace(None)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            sys.settrace(tracer)
+    return cast(_F, method)
+
+
 def _public(fn: _F) -> _F:
-    """A public method: an OSError or MemoryError of the client's own (not a signal
-    handler's) leaves it as the dspk.Error of _as_error, never as it is."""
+    """A public method: untraced (_untraced); an OSError or MemoryError of the client's
+    own (not a signal handler's) leaves it as the dspk.Error of _as_error, never as it
+    is."""
     @functools.wraps(fn)  # name, doc, and __wrapped__: inspect.signature sees fn's
     def method(*args: Any, **kwargs: Any) -> Any:
+        tracer = sys.gettrace()
+        if tracer is not None:  # see _untraced
+            sys.settrace(None)
         try:
             return fn(*args, **kwargs)
         except (OSError, MemoryError) as e:
@@ -279,6 +309,9 @@ def _public(fn: _F) -> _F:
             if err is e:
                 raise
             raise err from None
+        finally:
+            if tracer is not None:
+                sys.settrace(tracer)
     return cast(_F, method)
 
 
@@ -836,6 +869,7 @@ class TaskFuture(concurrent.futures.Future):
             return 0
         return timeout
 
+    @_untraced
     def add_done_callback(self, fn: Callable[["concurrent.futures.Future[Any]"], Any]
                           ) -> None:
         """As concurrent.futures.Future's: ``fn(future)`` runs once the future is done,
@@ -892,6 +926,7 @@ class TaskFuture(concurrent.futures.Future):
 
         self._add_callback(guarded)
 
+    @_untraced
     def cancel(self) -> bool:
         """As concurrent.futures.Future's: True when the future is (now) canceled,
         False when it is done already (a TaskFuture is never RUNNING: its work runs in
@@ -925,6 +960,7 @@ class TaskFuture(concurrent.futures.Future):
         self._invoke_callbacks()
         return True
 
+    @_untraced
     def result(self, timeout: Optional[float] = None) -> Any:
         """As concurrent.futures.Future's; the wait is outside the future's lock (see
         _wait_done), which is then taken for the result only."""
@@ -932,6 +968,7 @@ class TaskFuture(concurrent.futures.Future):
             raise concurrent.futures.TimeoutError()
         return super().result(0)
 
+    @_untraced
     def exception(self, timeout: Optional[float] = None) -> Optional[BaseException]:
         """As concurrent.futures.Future's (see result())."""
         if not self._wait_done(self._pump(timeout)):
@@ -1184,6 +1221,7 @@ class DeviceArray:
     def __enter__(self) -> "DeviceArray":
         return self
 
+    @_untraced
     def __exit__(self, *exc: Any) -> None:
         try:
             self.free()
@@ -2057,7 +2095,7 @@ class Client:
         # Progress calls queued per future (by id): its settle waits behind them, so
         # that progress is always called before the future completes.
         self._cb_progress: Dict[int, int] = {}
-        self.limits: Dict[str, int] = {}
+        self._limits: Dict[str, int] = {}
         if name is None:
             argv = getattr(sys, "argv", None)  # absent in an embedded interpreter
             name = "python:" + _sendable(os.path.basename(
@@ -2073,7 +2111,7 @@ class Client:
         self.name = name
         self.daemon_version: str = hello[0]
         self.client_id: int = hello[1]
-        self.limits = hello[2]
+        self._limits = hello[2]
 
     def _abandon(self, sock: _socket.socket) -> None:
         """__init__ failed or was interrupted after the socket was made: closes the
@@ -2207,9 +2245,11 @@ class Client:
         raise TypeError("cannot pickle or copy a dspk.Client (a connection of this "
                         "process): connect anew where it is needed")
 
+    @_untraced
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
+    @_untraced
     def __del__(self) -> None:
         try:
             if getattr(self, "_closed", True) is None or \
@@ -2224,8 +2264,14 @@ class Client:
         return self._closed is not None or self._forked()
 
     @property
+    def limits(self) -> Mapping[str, int]:
+        """The daemon's limits from its ``hello`` answer (protocol.md), read-only: the
+        client goes by them, so they are not the caller's to change."""
+        return types.MappingProxyType(self._limits)
+
+    @property
     def max_message(self) -> int:
-        return int(self.limits.get("max_message", _DEFAULT_MAX_MESSAGE))
+        return int(self._limits.get("max_message", _DEFAULT_MAX_MESSAGE))
 
     # ---- wire --------------------------------------------------------------------
 
@@ -3296,7 +3342,7 @@ class Client:
                 raise _errors.InvalidArgument(_foreign_array("input %d" % pos, x))
             if x is None or isinstance(x, DeviceArray):
                 return x
-            a = _as_array(x, what, self.limits)
+            a = _as_array(x, what, self._limits)
             ref = self._shared_ref(a)
             if ref is not None and ref[1] % max(a.dtype.itemsize, 1) == 0:
                 return x  # sent as a reference to the shared array, as x
@@ -3555,7 +3601,7 @@ class Client:
         device = _device(device)
         shape_t = _shape(shape)
         dt = _dtype(dtype)
-        nbytes = _nbytes(shape_t, dt, self.limits)
+        nbytes = _nbytes(shape_t, dt, self._limits)
         res = self._new_buffer("buffer.create", {"device": device, "size": nbytes})
         try:
             return DeviceArray(self, int(res["buffer"]), str(res["device"]), shape_t, dt,
@@ -3570,7 +3616,7 @@ class Client:
         """Copies ``array`` into a new daemon buffer on ``device`` (``"any"``: the daemon
         chooses) and returns it as a DeviceArray."""
         device = _device(device)
-        a = _as_array(array, "array", self.limits)
+        a = _as_array(array, "array", self._limits)
         d = self.empty(a.shape, a.dtype, device)
         try:
             self._write(d.buffer, 0, memoryview(a.reshape(-1).view(np.uint8)))
@@ -3801,7 +3847,7 @@ class Client:
     def _temp_keep(self) -> int:
         """How many idle temporaries may be kept: _TEMP_IDLE_MAX, and no more than an
         eighth of the daemon's max_buffers (they count toward it)."""
-        most = self.limits.get("max_buffers")
+        most = self._limits.get("max_buffers")
         if isinstance(most, int) and most > 0:
             return min(_TEMP_IDLE_MAX, most // 8)
         return _TEMP_IDLE_MAX
@@ -3810,7 +3856,7 @@ class Client:
         """Bytes of idle temporaries that may be kept: _TEMP_IDLE_BYTES, and no more
         than an eighth of the connection's memory quota on cpu:0 (hello's
         cpu_memory_quota), which they count toward."""
-        quota = self.limits.get("cpu_memory_quota")
+        quota = self._limits.get("cpu_memory_quota")
         if isinstance(quota, int) and quota >= 0:
             return min(_TEMP_IDLE_BYTES, quota // _TEMP_IDLE_QUOTA)
         return _TEMP_IDLE_BYTES
@@ -3865,6 +3911,7 @@ class Client:
         return True
 
     @staticmethod
+    @_untraced
     def _shared_gone(ref: "weakref.ref[Client]") -> None:
         """A shared array was collected, its buffer.free owed already (_SharedRef):
         sends it now if the send lock is free (else the thread holding it does when it
@@ -4033,7 +4080,7 @@ class Client:
             if isinstance(x, DeviceArray):
                 x._live("input %d" % i)
         # Operands the daemon's op would refuse: its error, before any is sent.
-        refused = _op_refusal(op, inputs, options, self.limits)
+        refused = _op_refusal(op, inputs, options, self._limits)
         if refused is not None:
             raise refused
         if outputs is not None:
@@ -4044,7 +4091,7 @@ class Client:
             meta = _result_meta(op, inputs, options)
             rdt = _result_dtype(op, inputs, options)
             dest = out_shared if out_shared is not None else out
-            if meta is not None and not _over_limit(meta[0], self.limits) and \
+            if meta is not None and not _over_limit(meta[0], self._limits) and \
                     math.prod(meta[0]) * meta[1] > room:
                 raise _errors.RangeError(
                     "out=: the result (%s %s, %d bytes) does not fit the %d bytes of "
@@ -4054,7 +4101,7 @@ class Client:
             # One that fits but is of another shape or dtype would be written and then
             # refused: refused before anything is sent.
             if meta is not None and rdt is not None and \
-                    not _over_limit(meta[0], self.limits) and \
+                    not _over_limit(meta[0], self._limits) and \
                     (tuple(meta[0]) != tuple(dest.shape) or rdt != dest.dtype):
                 raise _errors.InvalidArgument(
                     "out=: the result is %s %s, out= is %s %s" % (
@@ -4073,7 +4120,7 @@ class Client:
                 if target == "any":
                     target = x.device
             else:
-                a = _as_array(x, "input %d" % i, self.limits)
+                a = _as_array(x, "input %d" % i, self._limits)
                 t: Dict[str, Any] = {"dtype": wire_name(a.dtype), "shape": list(a.shape)}
                 tensors.append(t)
                 ref = self._shared_ref(a)
@@ -4295,7 +4342,7 @@ class Client:
         try:
             bound = None
             if out is None and "outputs" not in args and single:
-                bound = _result_bound(op, inputs, options, self.limits)
+                bound = _result_bound(op, inputs, options, self._limits)
             sdev = None
             if shared and bound is not None and self.shared_threshold and \
                     bound >= self.shared_threshold and op != "kernel":

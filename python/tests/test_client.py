@@ -147,6 +147,11 @@ def test_connect_from_environment(daemon, monkeypatch):
         me = [x for x in c.status()["clients"] if x["self"]]
         assert len(me) == 1 and me[0]["name"] == "from-env"
         assert c.limits["max_message"] > 0 and c.daemon_version
+        # Read-only: the client goes by them (an edited max_message sent a message
+        # the daemon refused, and it closed the connection).
+        with pytest.raises(TypeError):
+            c.limits["max_message"] = 1 << 30
+        assert c.ping() > 0
     assert c.closed
     with pytest.raises(dspk.Closed):
         c.ping()

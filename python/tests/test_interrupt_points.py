@@ -580,3 +580,62 @@ def test_a_future_lock_held_by_a_running_block_is_not_replaced():
     setter.join(TIMEOUT)
     assert seen["state"] == cf.PENDING, "completed inside the main thread's block"
     assert fut.result(0) == 1
+
+
+def _raise_at_line(n, files):
+    """A trace function (sys.settrace) raising _Injected at the n-th line (0-based) run
+    in ``files``: as a debugger's or a coverage tool's tracer does when the signal
+    handler runs inside it (its KeyboardInterrupt is raised at that line of the traced
+    frame).  Returns (the function, a list that counts the lines)."""
+    seen = [0]
+
+    def tracer(frame, event, arg):
+        if event == "line" and frame.f_code.co_filename in files:
+            seen[0] += 1
+            if seen[0] == n + 1:
+                sys.settrace(None)
+                raise _Injected()
+        return tracer
+    return tracer, seen
+
+
+@pytest.mark.parametrize("what", ["collect", "free", "result"])
+def test_an_interruption_by_a_trace_function_at_any_line_leaves_nothing_held(daemon, what):
+    """A trace function's exception lands at any line, not only where CPython runs
+    signal handlers: at the start of a ``finally`` before the right to send was given
+    back (every later call timed out, or hung without a timeout), or between a
+    DeviceArray marked freed and its buffer.free (the buffer stayed the connection's).
+    The client's methods and finalizers now run untraced; every line of the collection
+    of a shared array, a DeviceArray's free() and a future's result() in turn (those of
+    weakref, threading and concurrent.futures included) leaves nothing held."""
+    import concurrent.futures._base as cf
+    import weakref
+    files = {CLIENT_FILE, weakref.__file__, threading.__file__, cf.__file__}
+    lines = None
+    for n in range(1000):
+        c = dspk.connect(daemon.socket, timeout=TIMEOUT)
+        mine = []
+        if what == "collect":
+            s = c.empty_shared(1024)
+        elif what == "free":
+            mine.append(c.to_device(np.ones(4)))
+        else:
+            f = c.submit("reduce", np.ones(4))
+        tracer, seen = _raise_at_line(n, files)
+        sys.settrace(tracer)
+        try:
+            if what == "collect":
+                del s
+            elif what == "free":
+                mine[0].free()
+            else:
+                f.result(TIMEOUT)
+        except _Injected:
+            pass
+        finally:
+            sys.settrace(None)
+        _check_unstuck(c, mine=mine)
+        if seen[0] <= n:  # every line of it was interrupted in turn
+            lines = seen[0]
+            break
+    assert lines is not None

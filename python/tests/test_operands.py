@@ -470,7 +470,7 @@ def test_no_thread_to_be_had(daemon, monkeypatch):
         f = c.submit("reduce", np.ones(5))
         assert f.result(TIMEOUT) == 5
         assert f.exception(TIMEOUT) is None
-        c.limits["max_message"] = 64 << 10   # the operand is now staged: the worker's
+        c._limits["max_message"] = 64 << 10  # the operand is now staged: the worker's
         with pytest.raises(dspk.LimitExceeded, match="no thread"):
             c.submit("reduce", np.ones(1 << 14))
         monkeypatch.undo()
