@@ -2240,6 +2240,11 @@ class Client:
     def __enter__(self) -> "Client":
         return self
 
+    def __repr__(self) -> str:
+        return "Client(socket=%r, client_id=%r%s)" % (
+            getattr(self, "socket_path", None), getattr(self, "client_id", None),
+            ", closed" if getattr(self, "_closed", None) is not None else "")
+
     def __reduce_ex__(self, protocol: Any) -> Any:
         """pickle and copy: TypeError (a connection cannot be copied: connect anew)."""
         raise TypeError("cannot pickle or copy a dspk.Client (a connection of this "

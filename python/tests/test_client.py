@@ -152,6 +152,8 @@ def test_connect_from_environment(daemon, monkeypatch):
         with pytest.raises(TypeError):
             c.limits["max_message"] = 1 << 30
         assert c.ping() > 0
+        assert repr(c) == "Client(socket=%r, client_id=%d)" % (daemon.socket, c.client_id)
+    assert repr(c).endswith(", closed)")
     assert c.closed
     with pytest.raises(dspk.Closed):
         c.ping()
