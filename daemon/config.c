@@ -1124,6 +1124,10 @@ done:
   return 0;
 }
 
+const char *dspkd_config_file(void) {
+  return conf_path[0] ? conf_path : NULL;
+}
+
 void dspkd_config_log_source(void) {
   if (have_conf)
     dspkd_info("configuration read from %s", conf_path);

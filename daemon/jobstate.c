@@ -15,7 +15,9 @@
  *     end N                     N: the records above; a file without it is cut short
  *
  * Written to PATH.tmp (O_EXCL, O_NOFOLLOW, mode 0600), fsynced, renamed over
- * PATH, and the directory fsynced.  Read once at start; a file that is a
+ * PATH, and the directory fsynced; never over a file that is not a state
+ * file (replaceable: a configuration file that job_state names by a slip
+ * would be lost), which fails job.register and job.end with EIO instead.  Read once at start; a file that is a
  * symlink, not a regular file, not owned by the daemon's euid, writable by
  * group or others, unreadable, or not exactly the format above is taken as
  * lost state: nothing of it is used, the daemon logs why, and fails closed
@@ -279,9 +281,48 @@ static int write_synced(int fd, const char *text, size_t len, const char **step)
   return -1;
 }
 
+/* Whether path may be replaced by a state file: it does not exist, or it
+ * is a regular file that is empty or whose first line begins "dspkd-jobs "
+ * (a dspkd state file of any version).  Anything else, a file of another
+ * program that job_state names by a slip, is never replaced: it would be
+ * lost.  0 (it may), or -1 with errno (EEXIST: it is not a state file) and
+ * what in *step. */
+#define NOT_STATE "not a state file"
+static int replaceable(const char *path, const char **step) {
+  static const char magic[] = "dspkd-jobs ";
+  char head[sizeof magic - 1];
+  struct stat st;
+  ssize_t n;
+  int fd;
+
+  if (lstat(path, &st) != 0)
+    return errno == ENOENT ? 0 : (*step = "stat", -1);
+  if (!S_ISREG(st.st_mode)) {
+    *step = "replace a file that is not a regular one";
+    errno = EEXIST;
+    return -1;
+  }
+  *step = "read the file to be replaced";
+  fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0)
+    return errno == ENOENT ? 0 : -1;
+  do
+    n = pread(fd, head, sizeof head, 0);
+  while (n < 0 && errno == EINTR);
+  close(fd);
+  if (n < 0)
+    return -1;
+  if (n == 0 || ((size_t)n == sizeof head && memcmp(head, magic, sizeof head) == 0))
+    return 0;
+  *step = NOT_STATE;
+  errno = EEXIST;
+  return -1;
+}
+
 /* Writes text to path through path.tmp: mode 0600, the daemon's, or with
- * keep's owner, group and mode (NULL: the former).  0, or -1 with errno and
- * the step that failed in *step. */
+ * keep's owner, group and mode (NULL: the former); never over a file that
+ * is not a state file (replaceable).  0, or -1 with errno and the step
+ * that failed in *step. */
 static int replace_file(const char *path, const char *text, size_t len,
                         const struct stat *keep, const char **step) {
   char tmp[sizeof((struct dspkd *)0)->job_state + 8];
@@ -312,11 +353,10 @@ static int replace_file(const char *path, const char *text, size_t len,
     e = errno;
     goto fail;
   }
-  /* Never over what is not a state file: another daemon's socket, say. */
-  struct stat st;
-  *step = "replace a file that is not a regular one";
-  if (lstat(path, &st) == 0 && !S_ISREG(st.st_mode)) {
-    e = EEXIST;
+  /* Never over what is not a state file: another daemon's socket, the
+   * configuration file, another program's file. */
+  if (replaceable(path, step) != 0) {
+    e = errno;
     goto fail;
   }
   *step = "rename";
@@ -351,11 +391,19 @@ static int save(const struct dspkd *d, const struct stat *keep, char *msg, size_
   r = state_text(d, &text, &n);
   if (r == 0)
     r = replace_file(d->job_state, text, n, keep, &step);
-  /* Every step before the rename works on PATH.tmp: named, so that the
-   * admin looks where the trouble is. */
-  if (r != 0) {
-    bool tmp = strcmp(step, "rename") != 0 && strcmp(step, "format") != 0 &&
-               strncmp(step, "replace", 7) != 0;
+  /* The steps that work on PATH.tmp name it, so that the admin looks
+   * where the trouble is. */
+  if (r != 0 && strcmp(step, NOT_STATE) == 0) {
+    snprintf(msg, len, "cannot write the Slurm jobs' state file %s: the file there is not "
+             "a dspkd state file (its first line is not \"dspkd-jobs ...\"), and dspkd "
+             "does not replace it: look at it, then move it away or give job_state another "
+             "path", d->job_state);
+  } else if (r != 0) {
+    static const char *const on_tmp[] = {"remove", "create", "chown", "chmod",
+                                         "write",  "fsync",  "close"};
+    bool tmp = false;
+    for (size_t i = 0; i < sizeof on_tmp / sizeof on_tmp[0]; i++)
+      tmp = tmp || strcmp(step, on_tmp[i]) == 0;
     snprintf(msg, len, "cannot write the Slurm jobs' state file %s (%s%s%s%s: %s)",
              d->job_state, step, tmp ? " " : "", tmp ? d->job_state : "", tmp ? ".tmp" : "",
              strerror(errno));
@@ -708,12 +756,16 @@ void dspkd_jobstate_load(struct dspkd *d) {
     r = parse_text(&p, text, n, why, sizeof why);
   free(text);
   if (r != 0) {
+    const char *step;
     parsed_free(&p);
     d->jobs_fail_closed = true;
     dspkd_error("Slurm jobs: refusing the state file %s: %s; starting without the jobs "
                 "registered before, and connections without a registered job get the cpu "
-                "only (as job_required = yes) until dspkd stops; the next job.register or "
-                "job.end writes the file anew", d->job_state, why);
+                "only (as job_required = yes) until dspkd stops; %s", d->job_state, why,
+                replaceable(d->job_state, &step) == 0
+                    ? "the next job.register or job.end writes the file anew"
+                    : "job.register and job.end fail with EIO while it is there (dspkd "
+                      "replaces only a regular file that is a dspkd state file)");
     return;
   }
   njobs = p.njobs;

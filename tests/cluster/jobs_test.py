@@ -939,6 +939,64 @@ def collide(exe, tmp):
             os.unlink(state)
     daemon_check(d, over_socket)
 
+    # job_state naming the configuration file, by any spelling or link (or with the
+    # configuration as its PATH.tmp): refused at start (exit 2, one line), the file kept.
+    conf = os.path.join(tmp, "d.conf")
+    text = "[policy]\njob_required = yes\n"
+    with open(conf, "w") as f:
+        f.write(text)
+    os.symlink(conf, os.path.join(tmp, "conf.link"))
+    os.mkdir(os.path.join(tmp, "sub"))
+    sock = os.path.join(tmp, "c.sock")
+    for state, why in ((conf, "is the configuration file ("),
+                       (os.path.join(tmp, "sub", "..", "d.conf"), "is the configuration file"),
+                       (os.path.join(tmp, "conf.link"), "is the configuration file")):
+        for cfg in (conf, os.path.join(tmp, "conf.link")):
+            p = subprocess.run(dspk_daemon.cmdline(exe, sock, ["--config", cfg, "--job-state",
+                                                               state]),
+                               capture_output=True, text=True, timeout=TIMEOUT)
+            check(p.returncode == 2 and len(p.stderr.splitlines()) == 1 and why in p.stderr
+                  and not os.path.exists(sock) and open(conf).read() == text,
+                  "job_state %s, --config %s: %r" % (state, cfg, p))
+    tconf = os.path.join(tmp, "t.jobs.tmp")
+    shutil.copy(conf, tconf)
+    p = subprocess.run(dspk_daemon.cmdline(exe, sock, ["--config", tconf, "--job-state",
+                                                       tconf[:-4]]),
+                       capture_output=True, text=True, timeout=TIMEOUT)
+    check(p.returncode == 2 and "its temporary file %s is the configuration file" % tconf
+          in p.stderr and open(tconf).read() == text, "PATH.tmp the configuration: %r" % (p,))
+
+    # A file that is not a dspkd state file (its first line is not "dspkd-jobs ..."):
+    # refused at start (fail closed) and never replaced: job.register and job.end are
+    # EIO naming it.  An empty file and another version's state file are replaced.
+    other = os.path.join(tmp, "other.txt")
+    with open(other, "w") as f:
+        f.write(text)
+    os.chmod(other, 0o600)
+
+    def not_state(d):
+        check("refusing the state file %s" % other in d.logtext() and
+              "fail with EIO while it is there" in d.logtext(), "the start's log")
+        for method, args in (("job.register", {"job": 51, "uid": 0}), ("job.end", {"job": 51})):
+            e = err_of(d.client(), method, args)
+            check(e[0] == "EIO" and ("state file %s: the file there is not a dspkd state file"
+                                     % other) in e[1] and "nothing changed" in e[1],
+                  "%s over a file of another program: %r" % (method, e))
+        check(open(other).read() == text and not os.path.exists(other + ".tmp"),
+              "the file is kept")
+    daemon_check(Daemon(exe, tmp, ["--job-state", other]), not_state)
+    for before in ("", "dspkd-jobs 2\nwhatever\n"):
+        with open(other, "w") as f:
+            f.write(before)
+        os.chmod(other, 0o600)
+
+        def replaced(d):
+            d.client().call("job.register", {"job": 52, "uid": 0})
+            check(open(other).read() == "dspkd-jobs 1\njob 52 0\nend 1\n", "%r replaced"
+                  % before)
+        daemon_check(Daemon(exe, tmp, ["--job-state", other]), replaced)
+    os.unlink(other)
+
 
 HIDDEN_UID = 64031  # the daemon's user in hidden(): no capabilities, not root, not 65534
 
