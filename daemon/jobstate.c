@@ -536,14 +536,16 @@ static int parse_ended(struct parsed *p, char **w, int n, char *why, size_t len)
   return 0;
 }
 
-/* Splits line at single spaces into at most max words.  The count, or -1
- * when there are more or a word is empty. */
+/* Splits line at single spaces into at most max words.  The count, -1
+ * when a word is empty, or -2 when there are more (the first max in w). */
 static int split(char *line, char **w, int max) {
   int n = 0;
   for (char *s = line;;) {
     char *sp = strchr(s, ' ');
-    if (n == max || sp == s || !*s)
+    if (sp == s || !*s)
       return -1;
+    if (n == max)
+      return -2;
     w[n++] = s;
     if (!sp)
       return n;
@@ -567,6 +569,15 @@ static int parse_line(struct parsed *p, char *line, int lineno, char *why, size_
     return -1;
   }
   n = split(line, w, (int)(sizeof w / sizeof w[0]));
+  /* A job with more GPUs than a job may have: said as such, not as a line
+   * of no known kind. */
+  if (n == -2 && strcmp(w[0], "job") == 0) {
+    snprintf(why, len, "job %.20s: more than %d UUIDs (a job has at most %d GPUs)", w[1],
+             DSPKD_JOB_MAX_DEVICES, DSPKD_JOB_MAX_DEVICES);
+    return -1;
+  }
+  if (n == -2 && strcmp(w[0], "ended") == 0)
+    n = 4; /* refused by parse_ended: not "ended ID UID" */
   if (n > 0 && strcmp(w[0], "job") == 0)
     return parse_job(p, w + 1, n - 1, why, len);
   if (n > 0 && strcmp(w[0], "ended") == 0)

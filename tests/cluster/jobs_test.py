@@ -809,6 +809,17 @@ def down(exe, submit, epilog, tmp, gpu, cpu):
     p = end_job("--socket", sock, "--end-job", "32")
     check(p.returncode == 0 and "not registered" in p.stderr and not os.path.exists(state)
           and not os.path.exists(state + ".lock"), "no state file: nothing to end: %r" % (p,))
+    # A job line with more UUIDs than a job may have GPUs is refused for that reason
+    # (as the start refuses it); 64 are taken.
+    for n, rc, said in ((65, 1, "line 2: job 5: more than 64 UUIDs"),
+                        (64, 0, "Slurm job 5 (uid 1): ended in %s" % state)):
+        with open(state, "w") as f:
+            f.write("dspkd-jobs 1\njob 5 1 %s\nend 1\n"
+                    % " ".join("%x" % i for i in range(1, n + 1)))
+        os.chmod(state, 0o600)
+        p = end_job("--socket", sock, "--end-job", "5")
+        check(p.returncode == rc and said in p.stderr, "a job of %d UUIDs: %r" % (n, p))
+    os.unlink(state)
 
     # A daemon that holds the lock but does not listen yet (its start paused): the
     # epilog ends the job through it once it listens, trying once a second until its
