@@ -653,13 +653,38 @@ static int quick_check(sqlite3 *db, char *detail, size_t len) {
   return rc;
 }
 
+/* Whether a write of one of the files of the database path could have
+ * failed for the file size limit lim: what SQLite writes at its end (the
+ * file itself, its -wal, its -journal: one byte at least) or, for its -shm,
+ * the next region it maps (32 KiB) would go past lim.  A write that crosses
+ * lim writes up to it and fails the next time, so the file is then at lim;
+ * what SQLite was writing is not known beyond that. */
+static bool at_fsize_limit(const char *path, unsigned long long lim) {
+  static const struct {
+    const char *suffix;
+    unsigned long long next; /* the bytes SQLite writes next at its end, at least */
+  } files[] = {{"", 1}, {"-wal", 1}, {"-journal", 1}, {"-shm", 32768}};
+  char name[PATH_MAX + 16];
+  struct stat st;
+
+  for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+    int n = snprintf(name, sizeof name, "%s%s", path, files[i].suffix);
+    if (n < 0 || (size_t)n >= sizeof name || stat(name, &st) != 0 || !S_ISREG(st.st_mode))
+      continue;
+    if ((unsigned long long)st.st_size + files[i].next > lim)
+      return true;
+  }
+  return false;
+}
+
 /* The operating system's reason under SQLite's rc on db, in out (""
  * when rc is not a system call's failure, or none is found): the errno
  * SQLite kept, else, where its later calls lost it (a failed write of the
  * -wal, a -wal or -shm that cannot be made: it then says "disk I/O error"
  * or "attempt to write a readonly database" alone), the cause asked of the
  * system again: a directory the file's -wal and -shm cannot be made in, a
- * file size limit (RLIMIT_FSIZE), a full file system. */
+ * file size limit (RLIMIT_FSIZE) one of its files is at, a full file
+ * system. */
 static void sys_reason(sqlite3 *db, int rc, char *out, size_t len) {
   int p = rc & 0xff, e;
   const char *path = db ? sqlite3_db_filename(db, "main") : NULL;
@@ -690,7 +715,7 @@ static void sys_reason(sqlite3 *db, int rc, char *out, size_t len) {
     return;
   }
   if ((p == SQLITE_IOERR || p == SQLITE_FULL) && getrlimit(RLIMIT_FSIZE, &rl) == 0 &&
-      rl.rlim_cur != RLIM_INFINITY) {
+      rl.rlim_cur != RLIM_INFINITY && at_fsize_limit(path, (unsigned long long)rl.rlim_cur)) {
     snprintf(out, len, "%s (RLIMIT_FSIZE is %llu bytes)", strerror(EFBIG),
              (unsigned long long)rl.rlim_cur);
     return;

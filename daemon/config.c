@@ -1300,7 +1300,7 @@ int dspkd_config_reload(struct dspkd *d, char *msg, size_t msglen) {
      * the one the daemon started with, whether the file changed, added or
      * removed it: said, as dspk.conf(5) promises, not applied. */
     int paths = dspkd_paths_reload_differs(
-        k->name, &nw, (flag_mask >> key_index("socket")) & 1);
+        k->name, &was, &nw, (flag_mask >> key_index("socket")) & 1);
     if (paths >= 0 ? paths : restart_key_differs(k, &was, &nw))
       dspkd_warn("%s: %s changed; it takes effect at the next start", conf_path, k->name);
   }

@@ -125,10 +125,8 @@ static int job_end_wait(struct req *r, struct djob *j) {
   return 0;
 }
 
-/* Whether job id ended on this node (job.end); *uid: the uid it was
- * registered for ((uid_t)-1: it was not registered). */
-static bool job_was_ended(const struct dspkd *d, uint64_t id, uid_t *uid) {
-  unsigned n = d->nended < 256 ? d->nended : 256;
+bool dspkd_job_was_ended(const struct dspkd *d, uint64_t id, uid_t *uid) {
+  unsigned n = d->nended < DSPKD_ENDED_SLOTS ? d->nended : DSPKD_ENDED_SLOTS;
   for (unsigned i = 0; i < n; i++)
     if (d->ended_jobs[i] == id) {
       if (uid)
@@ -136,6 +134,30 @@ static bool job_was_ended(const struct dspkd *d, uint64_t id, uid_t *uid) {
       return true;
     }
   return false;
+}
+
+bool dspkd_job_end_record(struct dspkd *d, uint64_t id, uid_t uid,
+                          struct dspkd_ended_undo *undo) {
+  unsigned k = d->nended % DSPKD_ENDED_SLOTS;
+  if (dspkd_job_was_ended(d, id, NULL)) {
+    if (undo)
+      *undo = (struct dspkd_ended_undo){0};
+    return false;
+  }
+  if (undo)
+    *undo = (struct dspkd_ended_undo){true, d->ended_jobs[k], d->ended_uids[k]};
+  d->ended_uids[k] = uid;
+  d->ended_jobs[k] = id;
+  d->nended++;
+  return true;
+}
+
+void dspkd_job_end_unrecord(struct dspkd *d, const struct dspkd_ended_undo *undo) {
+  if (!undo->recorded)
+    return;
+  d->nended--;
+  d->ended_jobs[d->nended % DSPKD_ENDED_SLOTS] = undo->id;
+  d->ended_uids[d->nended % DSPKD_ENDED_SLOTS] = undo->uid;
 }
 
 static void job_unlink(struct dspkd *d, struct djob *j) {
@@ -273,7 +295,7 @@ int dspkd_job_decide(struct conn *c, struct djob **out, char *msg, size_t len) {
   if (conn_names_job(c, &claim, &how)) {
     struct djob *j = job_find(d, claim);
     uid_t ended_uid;
-    bool ended = job_was_ended(d, claim, &ended_uid), admin;
+    bool ended = dspkd_job_was_ended(d, claim, &ended_uid), admin;
     if (j && j->uid == c->uid) {
       *out = j;
       return 0;
@@ -388,26 +410,15 @@ static int register_persist(struct req *r, struct djob *j, bool created, struct 
               why, id);
 }
 
-/* What job.end recorded before the state file is written: whether it took
- * a slot of the ended jobs, and what the slot held. */
-struct end_undo {
-  bool recorded;
-  uint64_t id;
-  uid_t uid;
-};
-
 /* job.end made durable: the state file written, or the end undone and EIO
  * (nothing of the job is closed then). */
-static int end_persist(struct req *r, struct djob *j, uint64_t id, const struct end_undo *u) {
+static int end_persist(struct req *r, struct djob *j, uint64_t id,
+                       const struct dspkd_ended_undo *u) {
   struct dspkd *d = r->c->d;
   char why[sizeof r->msg];
   if (dspkd_jobstate_save(d, why, sizeof why) == 0)
     return 0;
-  if (u->recorded) {
-    d->nended--;
-    d->ended_jobs[d->nended % 256] = u->id;
-    d->ended_uids[d->nended % 256] = u->uid;
-  }
+  dspkd_job_end_unrecord(d, u);
   if (j)
     j->ended = false;
   dspkd_error(DSPKD_PEER_FMT ": job.end of Slurm job %" PRIu64 " failed: %s",
@@ -501,7 +512,7 @@ int dspkd_m_job_register(struct req *r) {
     d->jobs = j;
     d->njobs++;
     /* A requeued job comes back with its id: it may be claimed again. */
-    for (unsigned i = 0; i < 256; i++)
+    for (unsigned i = 0; i < DSPKD_ENDED_SLOTS; i++)
       if (d->ended_jobs[i] == id) {
         d->ended_jobs[i] = 0;
         cleared = (int)i;
@@ -532,7 +543,7 @@ int dspkd_m_job_end(struct req *r) {
   struct dspkd *d = r->c->d;
   struct djob *j, *e;
   uint64_t id = r->v[DSPK__JEND_JOB].v.u, nconns = 0, inflight = 0, buffers = 0;
-  struct end_undo undo = {0};
+  struct dspkd_ended_undo undo;
   int err;
 
   j = job_find(d, id);
@@ -556,12 +567,7 @@ int dspkd_m_job_end(struct req *r) {
         named == id && c->uid == j->uid)
       job_bind(c, j);
   }
-  if (!job_was_ended(d, id, NULL)) {
-    undo = (struct end_undo){true, d->ended_jobs[d->nended % 256],
-                             d->ended_uids[d->nended % 256]};
-    d->ended_uids[d->nended % 256] = j ? j->uid : (uid_t)-1;
-    d->ended_jobs[d->nended++ % 256] = id;
-  }
+  dspkd_job_end_record(d, id, j ? j->uid : (uid_t)-1, &undo);
   if (j)
     j->ended = true;
   if ((err = end_persist(r, j, id, &undo)) < 0)

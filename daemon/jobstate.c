@@ -50,9 +50,6 @@
 #define STATE_MAGIC "dspkd-jobs 1"
 #define STATE_MAX_BYTES (16u << 20) /* 4096 jobs of 64 UUIDs take under 11 MiB */
 #define STATE_MAX_JOBS 4096         /* daemon/jobs.c's MAX_JOBS */
-#define ENDED_SLOTS 256             /* d->ended_jobs */
-_Static_assert(sizeof((struct dspkd *)0)->ended_jobs == ENDED_SLOTS * sizeof(uint64_t),
-               "the ended jobs' ring of struct dspkd");
 
 bool dspkd_jobs_required(const struct dspkd *d) {
   return d->cfg.job_required || d->jobs_fail_closed;
@@ -205,7 +202,7 @@ int dspkd_jobstate_start(struct dspkd *d) {
 static int state_text(const struct dspkd *d, char **buf, size_t *len) {
   FILE *f = open_memstream(buf, len);
   unsigned long n = 0;
-  unsigned first = d->nended > ENDED_SLOTS ? d->nended - ENDED_SLOTS : 0;
+  unsigned first = d->nended > DSPKD_ENDED_SLOTS ? d->nended - DSPKD_ENDED_SLOTS : 0;
 
   if (!f)
     return -1;
@@ -220,8 +217,8 @@ static int state_text(const struct dspkd *d, char **buf, size_t *len) {
     n++;
   }
   for (unsigned k = first; k < d->nended; k++) {
-    uint64_t id = d->ended_jobs[k % ENDED_SLOTS];
-    uid_t uid = d->ended_uids[k % ENDED_SLOTS];
+    uint64_t id = d->ended_jobs[k % DSPKD_ENDED_SLOTS];
+    uid_t uid = d->ended_uids[k % DSPKD_ENDED_SLOTS];
     if (!id)
       continue; /* registered again (a requeued job) */
     if (uid == (uid_t)-1)
@@ -423,8 +420,8 @@ struct parsed {
   struct djob *jobs; /* in the order of the file */
   struct djob **tail;
   size_t njobs;
-  uint64_t ended[ENDED_SLOTS];
-  uid_t ended_uid[ENDED_SLOTS];
+  uint64_t ended[DSPKD_ENDED_SLOTS];
+  uid_t ended_uid[DSPKD_ENDED_SLOTS];
   unsigned nended;
 };
 
@@ -527,8 +524,8 @@ static int parse_ended(struct parsed *p, char **w, int n, char *why, size_t len)
              job_listed(p, id) ? "both registered and ended" : "ended twice");
     return -1;
   }
-  if (p->nended >= ENDED_SLOTS) {
-    snprintf(why, len, "more than %d ended jobs", ENDED_SLOTS);
+  if (p->nended >= DSPKD_ENDED_SLOTS) {
+    snprintf(why, len, "more than %d ended jobs", DSPKD_ENDED_SLOTS);
     return -1;
   }
   p->ended[p->nended] = id;
@@ -731,8 +728,8 @@ static void apply(struct dspkd *d, struct parsed *p, bool warn) {
     d->njobs++;
   }
   for (unsigned i = 0; i < p->nended; i++) {
-    d->ended_uids[d->nended % ENDED_SLOTS] = p->ended_uid[i];
-    d->ended_jobs[d->nended++ % ENDED_SLOTS] = p->ended[i];
+    d->ended_uids[d->nended % DSPKD_ENDED_SLOTS] = p->ended_uid[i];
+    d->ended_jobs[d->nended++ % DSPKD_ENDED_SLOTS] = p->ended[i];
   }
 }
 
@@ -787,14 +784,6 @@ void dspkd_jobstate_load(struct dspkd *d) {
 
 /* ---- dspkd --end-job ----------------------------------------------------- */
 
-static bool ended_has(const struct dspkd *d, uint64_t id) {
-  unsigned n = d->nended < ENDED_SLOTS ? d->nended : ENDED_SLOTS;
-  for (unsigned i = 0; i < n; i++)
-    if (d->ended_jobs[i] == id)
-      return true;
-  return false;
-}
-
 /* Marks job id ended in d's jobs as job.end does: out of the registered
  * ones, into the ended ones (with its uid, or none when it was not
  * registered).  *uid: the uid it was registered for ((uid_t)-1: none).
@@ -804,12 +793,8 @@ static bool end_in(struct dspkd *d, uint64_t id, uid_t *uid) {
   for (j = d->jobs; j && (j->id != id || j->ended); j = j->next)
     ;
   *uid = j ? j->uid : (uid_t)-1;
-  if (!j && ended_has(d, id))
+  if (!dspkd_job_end_record(d, id, *uid, NULL) && !j)
     return false;
-  if (!ended_has(d, id)) {
-    d->ended_uids[d->nended % ENDED_SLOTS] = *uid;
-    d->ended_jobs[d->nended++ % ENDED_SLOTS] = id;
-  }
   if (j)
     j->ended = true;
   return true;
@@ -870,13 +855,21 @@ int dspkd_jobstate_end_offline(struct dspkd *d, uint64_t id) {
   struct stat st;
   uid_t owner = geteuid();
   gid_t group = getegid();
-  char why[256] = "", lock[sizeof d->job_state + 8];
+  char why[256] = "", lock[sizeof d->job_state + 8], dir[sizeof d->job_state];
   bool exists;
   int fd, r;
 
   if (name_file(d) != 0) {
     dspkd_error("--end-job %" PRIu64 ": no state file to end it in", id);
     return 2;
+  }
+  /* No directory (/run/dspk on a node just rebooted): no file, so no job a
+   * start would register again, as when the file alone is missing. */
+  dir_of(d->job_state, dir, sizeof dir);
+  if (stat(dir, &st) != 0 && errno == ENOENT) {
+    dspkd_info("Slurm job %" PRIu64 ": not registered (the state file %s does not exist: its "
+               "directory %s: %s): nothing to end", id, d->job_state, dir, strerror(errno));
+    return 0;
   }
   if (check_dir(d->job_state) != 0)
     return 2;

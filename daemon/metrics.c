@@ -391,26 +391,46 @@ static void render_devices(struct tbuf *t, const struct devsnap *sn, int n) {
   }
 }
 
+/* Whether a registration before j in the list has j's id and is one viewer
+ * sees (NULL: all): j's series was written with that one's. */
+static bool job_seen_before(const struct dspkd *d, const struct djob *j,
+                            const struct conn *viewer, bool admin) {
+  for (const struct djob *p = d->jobs; p && p != j; p = p->next)
+    if (p->id == j->id && (!viewer || dspkd_sees_uid(viewer, admin, (uint32_t)p->uid)))
+      return true;
+  return false;
+}
+
 /* The Slurm jobs registered here (daemon/jobs.c), labelled by job id: the
- * count of all, the series of those viewer sees (NULL: all). */
+ * count of all, the series of those viewer sees (NULL: all).  A job
+ * registered again while its earlier registration still ends (a requeued
+ * job's prolog before its old epilog's job.end is answered) has two
+ * registrations: one series for the id, the sum of both (Prometheus
+ * refuses a scrape with one label set twice in a family). */
 static void render_jobs(struct tbuf *t, const struct dspkd *d, const struct conn *viewer,
                         bool admin) {
   static const char *const names[4] = {"connections", "inflight", "buffers", "buffer_bytes"};
   static const char *const helps[4] = {
       "Connections of the Slurm job open now.", "Requests of the Slurm job in flight.",
       "Buffers the Slurm job holds.", "Bytes of the buffers the Slurm job holds."};
+  size_t njobs = 0;
+  for (const struct djob *j = d->jobs; j; j = j->next)
+    njobs += !job_seen_before(d, j, NULL, true);
   scalar(t, "dspk_slurm_jobs", "gauge",
-         "Slurm jobs registered on this node (job.register), those ending included.", d->njobs);
+         "Slurm jobs registered on this node (job.register), those ending included.", njobs);
   for (int k = 0; k < 4; k++) {
     char name[48];
     snprintf(name, sizeof name, "dspk_slurm_job_%s", names[k]);
     family(t, name, "gauge", helps[k]);
     for (const struct djob *j = d->jobs; j; j = j->next) {
       uint64_t v = 0;
-      if (viewer && !dspkd_sees_uid(viewer, admin, (uint32_t)j->uid))
+      if ((viewer && !dspkd_sees_uid(viewer, admin, (uint32_t)j->uid)) ||
+          job_seen_before(d, j, viewer, admin))
         continue;
       for (const struct conn *c = d->conns; c; c = c->next) {
-        if (c->job != j)
+        const struct djob *cj = c->job;
+        if (!cj || cj->id != j->id ||
+            (viewer && !dspkd_sees_uid(viewer, admin, (uint32_t)cj->uid)))
           continue;
         v += k == 0 ? 1 : k == 1 ? dspkd_conn_inflight(c) : k == 2 ? c->nbufs : c->buf_bytes;
       }

@@ -38,15 +38,15 @@ const char *dspkd_paths_cache_dir_file(void) {
   return n > 0 && (size_t)n < sizeof path ? path : NULL;
 }
 
-/* The cache file cfg's cache and no_cache name (the default when unset) in
- * out; "" for none.  0, or -1 when it cannot be told (no home). */
-static int cache_file(const struct dspkd_config *cfg, char *out, size_t len) {
-  const char *p = cfg->cache_path;
+/* The cache file the cache key's value p names (the default when NULL) in
+ * out; "" for none ("" or ":memory:").  0, or -1 when it cannot be told
+ * (no home). */
+static int cache_named(const char *p, char *out, size_t len) {
   char *dflt = NULL;
   int n;
 
   out[0] = '\0';
-  if (cfg->no_cache || (p && !p[0]))
+  if (p && !p[0])
     return 0;
   if (!p)
     p = dspkd_paths_cache_dir_file();
@@ -55,6 +55,13 @@ static int cache_file(const struct dspkd_config *cfg, char *out, size_t len) {
   n = snprintf(out, len, "%s", strcmp(p, ":memory:") ? p : "");
   free(dflt);
   return n >= 0 && (size_t)n < len ? 0 : -1;
+}
+
+/* The cache file cfg's cache and no_cache name together (no_cache wins) in
+ * out; "" for none.  0, or -1 as cache_named. */
+static int cache_file(const struct dspkd_config *cfg, char *out, size_t len) {
+  out[0] = '\0';
+  return cfg->no_cache ? 0 : cache_named(cfg->cache_path, out, len);
 }
 
 /* The socket dspkd listens on when the socket key is unset (main.c's
@@ -215,8 +222,8 @@ int dspkd_paths_start(struct dspkd_config *cfg, int activated) {
   return 0;
 }
 
-int dspkd_paths_reload_differs(const char *key, const struct dspkd_config *nw,
-                               bool socket_fixed) {
+int dspkd_paths_reload_differs(const char *key, const struct dspkd_config *was,
+                               const struct dspkd_config *nw, bool socket_fixed) {
   char sock[PATH_MAX], cache[PATH_MAX], jobs[PATH_MAX];
   bool has_path = !run.activated || run.socket[0] != '(';
 
@@ -244,12 +251,28 @@ int dspkd_paths_reload_differs(const char *key, const struct dspkd_config *nw,
     return !dspkd_paths_same(jobs, run.job_state);
   }
   if (strcmp(key, "no_cache") == 0 || strcmp(key, "cache") == 0) {
+    char named[PATH_MAX], named_was[PATH_MAX];
+    bool no_cache_changed = nw->no_cache != was->no_cache, cache_changed;
+
+    /* The two keys choose one file: nothing changed unless it did. */
     if (cache_file(nw, cache, sizeof cache) != 0)
       cache[0] = '\0';
     from_start(cache, sizeof cache);
+    if (!cache[0] ? !run.cache[0] : run.cache[0] && dspkd_paths_same(cache, run.cache))
+      return 0;
+    /* Then it is said of the key the file changed (each, when both did):
+     * cache's value is the file it names alone, no_cache aside. */
+    if (cache_named(nw->cache_path, named, sizeof named) != 0)
+      named[0] = '\0';
+    if (cache_named(was->cache_path, named_was, sizeof named_was) != 0)
+      named_was[0] = '\0';
+    from_start(named, sizeof named);
+    from_start(named_was, sizeof named_was);
+    cache_changed = !named[0] != !named_was[0] ||
+                    (named[0] && !dspkd_paths_same(named, named_was));
     if (strcmp(key, "no_cache") == 0)
-      return !cache[0] != !run.cache[0];
-    return cache[0] && run.cache[0] && !dspkd_paths_same(cache, run.cache);
+      return no_cache_changed;
+    return cache_changed || !no_cache_changed;
   }
   return -1;
 }

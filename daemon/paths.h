@@ -39,10 +39,14 @@ int dspkd_paths_start(struct dspkd_config *cfg, int activated);
  * At a reload, for the keys socket, cache, no_cache and job_state: 1 when
  * the value the file nw gives (its default when unset) names another file
  * than the one the daemon runs on, 0 when the same, -1 for any other key.
+ * cache and no_cache choose one file together: when it changed, 1 for the
+ * one of the two whose value is not was's (the start's file values: for
+ * cache, the file it names alone, "" and ":memory:" none), for each when
+ * both are not, and for cache when neither is.
  * socket_fixed: the command line set the socket (the file's is not used).
  */
-int dspkd_paths_reload_differs(const char *key, const struct dspkd_config *nw,
-                               bool socket_fixed);
+int dspkd_paths_reload_differs(const char *key, const struct dspkd_config *was,
+                               const struct dspkd_config *nw, bool socket_fixed);
 
 /* 1 when a and b name the same file: the same inode where both exist,
  * else the same path once their directories are resolved. */

@@ -140,11 +140,11 @@ static size_t job_answer(const struct job *j) {
 
 static int over(char *msg, size_t len, const struct job *j, uint64_t need, uint64_t held,
                 uint64_t lim, const char *who, const char *key) {
-  snprintf(msg, len, "%s %" PRIu64 " bytes of %s, and %s already holds %" PRIu64
+  snprintf(msg, len, "%s %" PRIu64 " byte%s of %s, and %s already holds %" PRIu64
            " of the %" PRIu64 " it may (%s)",
            j->kind == JOB_BUF_CREATE ? "the buffer needs"
                                      : "the task's inline operands and results need",
-           need, j->dev->id, who, held, lim, key);
+           need, need == 1 ? "" : "s", j->dev->id, who, held, lim, key);
   return DSPK_ELIMIT;
 }
 

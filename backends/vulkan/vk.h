@@ -446,12 +446,18 @@ struct dspk__vk_bind {
   VkDeviceSize off, range;
 };
 
+/* The largest tensor, in bytes, that a device of limits l binds whatever
+ * its offset (the devices answer's max_tensor_bytes): a binding starts at
+ * the tensor's offset aligned down to minStorageBufferOffsetAlignment (at
+ * least 4), up to that less one byte before it, and ends at a multiple of
+ * 4, so maxStorageBufferRange down to a multiple of 4, less the alignment
+ * and one. */
+uint64_t dspk__vk_max_tensor_bytes(const VkPhysicalDeviceLimits *l);
 /* Binds a tensor: the buffer range starting at an offset aligned down to
  * the device's storage-buffer alignment; *elem gets the tensor's first
  * element index within that range.  DSPK_ENOTSUP when the tensor's offset
- * is not a multiple of its element size, or when that range is larger than
- * maxStorageBufferRange (the devices answer's max_tensor_bytes): what the
- * device cannot do (protocol.md). */
+ * is not a multiple of its element size, or when it has more bytes than
+ * dspk__vk_max_tensor_bytes: what the device cannot do (protocol.md). */
 int dspk__vk_bind_tensor(struct dspk__dev *d, const struct dspk__tensor *t,
                          struct dspk__vk_bind *b, uint32_t *elem);
 /* dspk__vk_bind_tensor, or the task's ENOTSUP with a message that names

@@ -226,7 +226,7 @@ static int vk_probe(struct dspk__devinfo *info, int max, char *why, size_t whyle
       if (mp.memoryHeaps[h].flags & VK_MEMORY_HEAP_DEVICE_LOCAL_BIT)
         o->memory += mp.memoryHeaps[h].size;
     /* Every operand and result of a task is one storage-buffer binding. */
-    o->max_tensor_bytes = p.limits.maxStorageBufferRange;
+    o->max_tensor_bytes = dspk__vk_max_tensor_bytes(&p.limits);
   }
   return g_ndev;
 }

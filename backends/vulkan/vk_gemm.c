@@ -1392,7 +1392,8 @@ static int scan_nonfinite(struct dspk__dev *d, dspk_dtype dt, const struct dspk_
  * sum_products says how): a group's (or a running total's) finite part as
  * m * 2^e, m in [0.5, 1) or 0, so that no partial sum overflows before the
  * final rounding, and its flags (1 NaN, 2 +inf, 4 -inf, 8 zero, 16 positive,
- * 32 negative). */
+ * 32 negative).  The values are read and the results written as their bits
+ * (B_, by dec and enc, see lin_bits), then %s is that helper text. */
 #define LIN_HEAD                                                                \
   "#version 450\n"                                                              \
   "layout(local_size_x = %d) in;\n"                                             \
@@ -1408,7 +1409,101 @@ static int scan_nonfinite(struct dspk__dev *d, dspk_dtype dt, const struct dspk_
   "  int k;\n"                                                                  \
   "  m = frexp(m, k);\n"                                                        \
   "  e = m == T_(0) ? 0 : d + k;\n"                                             \
-  "}\n"
+  "}\n"                                                                         \
+  "%s"
+
+/* GLSL's frexp and ldexp need not handle subnormals (lavapipe's frexp read
+ * 5e-324 as 2^-1023, as if it had the implicit leading 1), and a device may
+ * flush them in float arithmetic; so an operand's value is taken apart, and
+ * a result put together, in integers, as the bits B_ (uint for float, uvec2
+ * (low, high word) for double):
+ *   uint dec(B_ v, out T_ m, out int e): v's flag (see LIN_HEAD); for a finite
+ *     v other than 0, v = m * 2^e with m in [0.5, 1) (a subnormal v
+ *     normalized: no implicit 1, the exponent of the smallest normal);
+ *   B_ enc(T_ m, int e): the bits of m * 2^e (m a normal value or 0) rounded
+ *     to the dtype, ties to even, through its subnormals (gradual underflow,
+ *     +-0 below half the smallest), +-inf above its range, +0 for m = 0;
+ *   NAN_, PINF, NINF: the bits of NaN, +inf, -inf. */
+static const char lin_bits32[] =
+    "#define B_ uint\n"
+    "#define NAN_ 0x7fc00000u\n"
+    "#define PINF 0x7f800000u\n"
+    "#define NINF 0xff800000u\n"
+    "uint dec(uint v, out float m, out int e) {\n"
+    "  uint s = v & 0x80000000u, fr = v & 0x7fffffu;\n"
+    "  int E = int((v >> 23) & 0xffu);\n"
+    "  m = 0.0; e = 0;\n"
+    "  if (E == 255) return fr != 0u ? 1u : (s != 0u ? 4u : 2u);\n"
+    "  if (E == 0 && fr == 0u) return 8u;\n"
+    "  if (E == 0) { int p = findMSB(fr); fr = (fr << uint(23 - p)) & 0x7fffffu; E = p - 22; }\n"
+    "  m = uintBitsToFloat(s | 0x3f000000u | fr);\n"
+    "  e = E - 126;\n"
+    "  return s != 0u ? 32u : 16u;\n"
+    "}\n"
+    /* m * 2^e = q * 2^(e - 24), q the 24-bit significand; below the
+     * normals, q * 2^(e + 125) units of 2^-149, q shifted right by sh. */
+    "uint enc(float m, int e) {\n"
+    "  uint v = floatBitsToUint(m), s = v & 0x80000000u;\n"
+    "  if ((v & 0x7fffffffu) == 0u) return 0u;\n"
+    "  e += int((v >> 23) & 0xffu) - 126;\n"
+    "  uint q = (v & 0x7fffffu) | 0x800000u;\n"
+    "  if (e > 128) return s | PINF;\n"
+    "  if (e >= -125) return s | (uint(e + 126) << 23) | (q & 0x7fffffu);\n"
+    "  int sh = -125 - e;\n"
+    "  if (sh > 24) return s;\n"
+    "  uint r = q >> uint(sh), rem = q & ((1u << uint(sh)) - 1u), hf = 1u << uint(sh - 1);\n"
+    "  if (rem > hf || (rem == hf && (r & 1u) != 0u)) r++;\n"
+    "  return s | r;\n" /* 2^23 units: the smallest normal's bits */
+    "}\n";
+
+static const char lin_bits64[] =
+    "#define B_ uvec2\n"
+    "#define NAN_ uvec2(0u, 0x7ff80000u)\n"
+    "#define PINF uvec2(0u, 0x7ff00000u)\n"
+    "#define NINF uvec2(0u, 0xfff00000u)\n"
+    "uint dec(uvec2 v, out double m, out int e) {\n"
+    "  uint s = v.y & 0x80000000u, hi = v.y & 0xfffffu, lo = v.x;\n"
+    "  int E = int((v.y >> 20) & 0x7ffu);\n"
+    "  m = 0.0LF; e = 0;\n"
+    "  if (E == 2047) return (hi | lo) != 0u ? 1u : (s != 0u ? 4u : 2u);\n"
+    "  if (E == 0 && (hi | lo) == 0u) return 8u;\n"
+    "  if (E == 0) {\n"
+    "    int p = hi != 0u ? 32 + findMSB(hi) : findMSB(lo), k = 52 - p;\n"
+    "    if (k >= 32) { hi = lo << uint(k - 32); lo = 0u; }\n"
+    "    else { hi = (hi << uint(k)) | (lo >> uint(32 - k)); lo <<= uint(k); }\n"
+    "    hi &= 0xfffffu;\n"
+    "    E = p - 51;\n"
+    "  }\n"
+    "  m = packDouble2x32(uvec2(lo, s | 0x3fe00000u | hi));\n"
+    "  e = E - 1022;\n"
+    "  return s != 0u ? 32u : 16u;\n"
+    "}\n"
+    /* m * 2^e = q * 2^(e - 53), q the 53-bit significand (hi, lo); below
+     * the normals, q * 2^(e + 1021) units of 2^-1074: t = q >> (sh - 1)
+     * keeps the rounding bit, st whether any below it is set. */
+    "uvec2 enc(double m, int e) {\n"
+    "  uvec2 v = unpackDouble2x32(m);\n"
+    "  uint s = v.y & 0x80000000u;\n"
+    "  if ((v.y & 0x7fffffffu) == 0u && v.x == 0u) return uvec2(0u);\n"
+    "  e += int((v.y >> 20) & 0x7ffu) - 1022;\n"
+    "  uint hi = (v.y & 0xfffffu) | 0x100000u, lo = v.x;\n"
+    "  if (e > 1024) return uvec2(0u, s | PINF.y);\n"
+    "  if (e >= -1021) return uvec2(lo, s | (uint(e + 1022) << 20) | (hi & 0xfffffu));\n"
+    "  int j = -1022 - e;\n" /* sh - 1 */
+    "  if (j > 52) return uvec2(0u, s);\n"
+    "  uint tl, th; bool st;\n"
+    "  if (j >= 32) {\n"
+    "    tl = hi >> uint(j - 32); th = 0u;\n"
+    "    st = lo != 0u || (hi & ((1u << uint(j - 32)) - 1u)) != 0u;\n"
+    "  } else if (j == 0) { tl = lo; th = hi; st = false; }\n"
+    "  else {\n"
+    "    tl = (lo >> uint(j)) | (hi << uint(32 - j)); th = hi >> uint(j);\n"
+    "    st = (lo & ((1u << uint(j)) - 1u)) != 0u;\n"
+    "  }\n"
+    "  uint rl = (tl >> 1) | (th << 31), rh = th >> 1;\n"
+    "  if ((tl & 1u) != 0u && (st || (rl & 1u) != 0u)) { rl++; if (rl == 0u) rh++; }\n"
+    "  return uvec2(rl, s | rh);\n" /* 2^52 units: the smallest normal's bits */
+    "}\n";
 
 /* Flags and m * 2^e sums of n groups of len values, each at
  * (g / inner) * len * inner + g %% inner with step inner, in slices. */
@@ -1416,10 +1511,10 @@ static int lin_groups(struct dspk__dev *d, dspk_dtype dt, const struct dspk__vk_
                       const struct dspk__vk_bind *g, uint64_t n, uint64_t len, uint64_t inner,
                       struct dspk__opctx *ctx) {
   int dbl = dt == DSPK_F64;
-  char src[4096];
-  snprintf(src, sizeof src,
+  char src[8192];
+  int ns = snprintf(src, sizeof src,
            LIN_HEAD
-           "layout(std430, binding = 0) readonly buffer BX { T_ x[]; };\n"
+           "layout(std430, binding = 0) readonly buffer BX { B_ x[]; };\n"
            "layout(std430, binding = 1) buffer BG { G g[]; };\n"
            "layout(push_constant) uniform PC { uint n, len, inner, l0, rn, gx, first; } pc;\n"
            "void main() {\n"
@@ -1431,18 +1526,20 @@ static int lin_groups(struct dspk__dev *d, dspk_dtype dt, const struct dspk__vk_
            "  if (pc.first == 0u) { m = g[gi].m; e = g[gi].e; f = g[gi].f; }\n"
            "  T_ sm = T_(0), cm = T_(0); int se = 0, ce = 0;\n"
            "  for (uint i = 0u; i < pc.rn; i++) {\n"
-           "    T_ v = x[base + (pc.l0 + i) * pc.inner];\n"
-           "    if (isnan(v)) f |= 1u;\n"
-           "    else if (isinf(v)) f |= v > T_(0) ? 2u : 4u;\n"
-           "    else if (v == T_(0)) f |= 8u;\n"
-           "    else { f |= v > T_(0) ? 16u : 32u; int ve; T_ vm = frexp(v, ve); addm(cm, ce, vm, ve); }\n"
+           "    T_ vm; int ve;\n"
+           "    uint vf = dec(x[base + (pc.l0 + i) * pc.inner], vm, ve);\n"
+           "    f |= vf;\n"
+           "    if (vf >= 16u) addm(cm, ce, vm, ve);\n"
            "    if ((i & 63u) == 63u) { addm(sm, se, cm, ce); cm = T_(0); ce = 0; }\n"
            "  }\n"
            "  addm(sm, se, cm, ce);\n"
            "  addm(m, e, sm, se);\n"
            "  g[gi].m = m; g[gi].e = e; g[gi].f = f;\n"
            "}\n",
-           DSPK__VK_WG, dbl ? "double" : "float", dbl ? -60 : -30, DSPK__VK_WG);
+           DSPK__VK_WG, dbl ? "double" : "float", dbl ? -60 : -30,
+           dbl ? lin_bits64 : lin_bits32, DSPK__VK_WG);
+  if (ns < 0 || (size_t)ns >= sizeof src)
+    return dspk__vk_fail(ctx, DSPK_EINTERNAL, "contract_lingroups: kernel source too long");
   struct {
     uint32_t n, len, inner, l0, rn, gx, first;
   } pc = {(uint32_t)n, (uint32_t)len, (uint32_t)inner, 0, 0, 0, 1};
@@ -1474,14 +1571,14 @@ static int lin_products(struct dspk__dev *d, dspk_dtype dt, const struct dspk__v
                         struct dspk__opctx *ctx) {
   int dbl = dt == DSPK_F64 || dt == DSPK_C128;
   unsigned W = dspk__dtype_is_complex(dt) ? 2 : 1;
-  char src[6144];
-  snprintf(src, sizeof src,
+  char src[8192];
+  int ns = snprintf(src, sizeof src,
            LIN_HEAD
            "#define W %uu\n"
            "layout(std430, binding = 0) readonly buffer BA { G ga[]; };\n"
            "layout(std430, binding = 1) readonly buffer BB { G gb[]; };\n"
            "layout(std430, binding = 2) buffer BC { G acc[]; };\n"
-           "layout(std430, binding = 3) buffer BO { T_ o[]; };\n"
+           "layout(std430, binding = 3) buffer BO { B_ o[]; };\n"
            "layout(push_constant) uniform PC { uint nout, M, N, K, k0, rn, gx, first, last,\n"
            "  oc; } pc;\n"
            "uint pairf(uint fa, uint fb) {\n"
@@ -1525,21 +1622,16 @@ static int lin_products(struct dspk__dev *d, dspk_dtype dt, const struct dspk__v
            "  addm(sm, se, cm, ce);\n"
            "  addm(m, e, sm, se);\n"
            "  if (pc.last == 0u) { acc[id].m = m; acc[id].e = e; acc[id].f = f; return; }\n"
-           "  T_ r;\n"
-           "  if ((f & 1u) != 0u || (f & 6u) == 6u) r = %s;\n"
-           "  else if (f != 0u) r = (f & 2u) != 0u ? %s : -%s;\n"
-           "  else if (m == T_(0) || e < %d) r = T_(0);\n"
-           "  else if (e > %d) r = m > T_(0) ? %s : -%s;\n"
-           "  else r = ldexp(m, e);\n"
+           "  B_ r;\n"
+           "  if ((f & 1u) != 0u || (f & 6u) == 6u) r = NAN_;\n"
+           "  else if (f != 0u) r = (f & 2u) != 0u ? PINF : NINF;\n"
+           "  else r = enc(m, e);\n"
            "  o[(pc.oc + oi) * W + w] = r;\n"
            "}\n",
-           DSPK__VK_WG, dbl ? "double" : "float", dbl ? -60 : -30, W, DSPK__VK_WG,
-           dbl ? "packDouble2x32(uvec2(0u, 0x7ff80000u))" : "uintBitsToFloat(0x7fc00000u)",
-           dbl ? "packDouble2x32(uvec2(0u, 0x7ff00000u))" : "uintBitsToFloat(0x7f800000u)",
-           dbl ? "packDouble2x32(uvec2(0u, 0x7ff00000u))" : "uintBitsToFloat(0x7f800000u)",
-           dbl ? -1021 : -125, dbl ? 1024 : 128,
-           dbl ? "packDouble2x32(uvec2(0u, 0x7ff00000u))" : "uintBitsToFloat(0x7f800000u)",
-           dbl ? "packDouble2x32(uvec2(0u, 0x7ff00000u))" : "uintBitsToFloat(0x7f800000u)");
+           DSPK__VK_WG, dbl ? "double" : "float", dbl ? -60 : -30,
+           dbl ? lin_bits64 : lin_bits32, W, DSPK__VK_WG);
+  if (ns < 0 || (size_t)ns >= sizeof src)
+    return dspk__vk_fail(ctx, DSPK_EINTERNAL, "contract_linprod: kernel source too long");
   uint64_t nout = (uint64_t)(p->B_ * p->M * p->N), K = (uint64_t)p->K;
   struct {
     uint32_t nout, M, N, K, k0, rn, gx, first, last, oc;

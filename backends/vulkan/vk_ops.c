@@ -1177,8 +1177,9 @@ static int kernel_op(struct dspk__dev *d, struct dspk__op *op, struct dspk__opct
         return dspk__vk_fail(ctx, r,
                              "kernel: argument %d (input %d) cannot be bound: its offset "
                              "must be a multiple of its item size and its size within "
-                             "maxStorageBufferRange",
-                             i, a->v.tensor);
+                             "%llu bytes (max_tensor_bytes in devices)",
+                             i, a->v.tensor,
+                             (unsigned long long)dspk__vk_max_tensor_bytes(&d->props.limits));
       if (r)
         return dspk__vk_fail(ctx, r, "kernel: argument %d (input %d) cannot be staged",
                              i, a->v.tensor);

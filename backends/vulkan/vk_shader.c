@@ -757,11 +757,23 @@ fail_slot:
 
 /* ---- binding and dispatch --------------------------------------------------- */
 
+uint64_t dspk__vk_max_tensor_bytes(const VkPhysicalDeviceLimits *l) {
+  uint64_t align = l->minStorageBufferOffsetAlignment < 4 ? 4 : l->minStorageBufferOffsetAlignment;
+  uint64_t range = l->maxStorageBufferRange & ~(uint64_t)3;
+  return range > align - 1 ? range - (align - 1) : 0;
+}
+
 int dspk__vk_bind_tensor(struct dspk__dev *d, const struct dspk__tensor *t,
                          struct dspk__vk_bind *b, uint32_t *elem) {
   struct dspk__mem *m = t->mem;
   VkDeviceSize es = dspk__dtype_size(t->dtype);
   if (es == 0 || t->offset % es != 0)
+    return DSPK_ENOTSUP;
+  /* The limit the devices answer gives, whatever the offset: within it the
+   * range below (the alignment's padding, less than d->align before the
+   * tensor, whose place is a multiple of its element size; then up to a
+   * multiple of 4) is within maxStorageBufferRange. */
+  if (dspk__tensor_nbytes(t) > dspk__vk_max_tensor_bytes(&d->props.limits))
     return DSPK_ENOTSUP;
   /* Both are powers of two: the larger is a multiple of the smaller. */
   VkDeviceSize a = d->align > es ? d->align : es;
@@ -806,10 +818,13 @@ int dspk__vk_bind_named(struct dspk__dev *d, const struct dspk__tensor *t,
                                  "its element size (%zu bytes)",
                          what, t->offset, es);
   return dspk__vk_fail(ctx, r, "vulkan: %s (%zu bytes) is larger than one binding of this "
-                               "device can be: maxStorageBufferRange, %llu bytes "
-                               "(max_tensor_bytes in devices)",
+                               "device can be at any offset: %llu bytes (max_tensor_bytes "
+                               "in devices: maxStorageBufferRange %llu less the storage "
+                               "buffers' offset alignment %llu and one)",
                        what, dspk__tensor_nbytes(t),
-                       (unsigned long long)d->props.limits.maxStorageBufferRange);
+                       (unsigned long long)dspk__vk_max_tensor_bytes(&d->props.limits),
+                       (unsigned long long)d->props.limits.maxStorageBufferRange,
+                       (unsigned long long)d->align);
 }
 
 /* Binds k, its bindings and push constants in the open command buffer

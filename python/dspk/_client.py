@@ -3501,7 +3501,8 @@ class Client:
         """The daemon's devices (``{id, backend, name, type, arch, driver, uuid, memory,
         max_tensor_bytes, software, ops, kernel_langs}``, docs/protocol.md):
         ``max_tensor_bytes`` is the largest operand or result a task on the device can
-        bind (a Vulkan device's maxStorageBufferRange; ``memory`` elsewhere): a larger
+        bind at any offset (a Vulkan device's maxStorageBufferRange less its
+        minStorageBufferOffsetAlignment and one; ``memory`` elsewhere): a larger
         one is ``dspk.NotSupported``.
         With ``all=True``, backends without a usable device follow as
         ``{backend, reason}`` entries."""

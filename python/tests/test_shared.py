@@ -869,12 +869,19 @@ def test_close_unmaps_idle_temporaries(daemon):
     pages resident) until the Client object was collected: two 16 MiB memfds per
     closed client; dspk_close unmaps libdspkclient's at once."""
     x = np.arange(1 << 22, dtype=np.float32)  # 16 MiB: above the shared threshold
-    before = _memfd_maps()
-    c = dspk.connect(daemon.socket, timeout=TIMEOUT)
-    y = c.map("scale", x, alpha=2.0, device="cpu:0")
-    np.testing.assert_array_equal(y, 2 * x)
-    del y
-    assert _memfd_maps() > before  # the temporaries, kept idle for the next task
-    c.close()
-    assert _memfd_maps() == before  # with c still referenced
+    # Mappings of earlier tests' clients go when the collector finds them: none may
+    # go meanwhile (CI counted 10 after the task, 11 before).
+    gc.collect()
+    gc.disable()
+    try:
+        before = _memfd_maps()
+        c = dspk.connect(daemon.socket, timeout=TIMEOUT)
+        y = c.map("scale", x, alpha=2.0, device="cpu:0")
+        np.testing.assert_array_equal(y, 2 * x)
+        del y
+        assert _memfd_maps() > before  # the temporaries, kept idle for the next task
+        c.close()
+        assert _memfd_maps() == before  # with c still referenced
+    finally:
+        gc.enable()
     c.close()

@@ -1685,6 +1685,131 @@ static void test_put_failure_reported(void **state) {
   dspk__cache_close(c);
 }
 
+/* A VFS over SQLite's "unix" one whose writes fail, while shim_fail is
+ * set, with SQLITE_IOERR_WRITE and no errno (as a write of a file SQLite
+ * keeps beside the database may: its errno is lost), made the default so
+ * that the cache opens through it. */
+static sqlite3_vfs shim_vfs, *shim_real;
+static sqlite3_io_methods shim_io;
+static int shim_fail;
+struct shim_file {
+  sqlite3_file base;
+  sqlite3_file *real; /* the unix VFS's, in the bytes after this struct */
+};
+#define REAL(f) (((struct shim_file *)(f))->real)
+static int shim_close(sqlite3_file *f) { return REAL(f)->pMethods->xClose(REAL(f)); }
+static int shim_read(sqlite3_file *f, void *b, int n, sqlite3_int64 o) {
+  return REAL(f)->pMethods->xRead(REAL(f), b, n, o);
+}
+static int shim_write(sqlite3_file *f, const void *b, int n, sqlite3_int64 o) {
+  if (shim_fail) {
+    errno = 0;
+    return SQLITE_IOERR_WRITE;
+  }
+  return REAL(f)->pMethods->xWrite(REAL(f), b, n, o);
+}
+static int shim_truncate(sqlite3_file *f, sqlite3_int64 n) {
+  return REAL(f)->pMethods->xTruncate(REAL(f), n);
+}
+static int shim_sync(sqlite3_file *f, int fl) { return REAL(f)->pMethods->xSync(REAL(f), fl); }
+static int shim_size(sqlite3_file *f, sqlite3_int64 *n) {
+  return REAL(f)->pMethods->xFileSize(REAL(f), n);
+}
+static int shim_lock(sqlite3_file *f, int l) { return REAL(f)->pMethods->xLock(REAL(f), l); }
+static int shim_unlock(sqlite3_file *f, int l) { return REAL(f)->pMethods->xUnlock(REAL(f), l); }
+static int shim_reserved(sqlite3_file *f, int *r) {
+  return REAL(f)->pMethods->xCheckReservedLock(REAL(f), r);
+}
+static int shim_fcntl(sqlite3_file *f, int op, void *a) {
+  return REAL(f)->pMethods->xFileControl(REAL(f), op, a);
+}
+static int shim_sector(sqlite3_file *f) { return REAL(f)->pMethods->xSectorSize(REAL(f)); }
+static int shim_dev(sqlite3_file *f) {
+  return REAL(f)->pMethods->xDeviceCharacteristics(REAL(f));
+}
+static int shim_shm_map(sqlite3_file *f, int pg, int sz, int ext, void volatile **pp) {
+  return REAL(f)->pMethods->xShmMap(REAL(f), pg, sz, ext, pp);
+}
+static int shim_shm_lock(sqlite3_file *f, int o, int n, int fl) {
+  return REAL(f)->pMethods->xShmLock(REAL(f), o, n, fl);
+}
+static void shim_shm_barrier(sqlite3_file *f) { REAL(f)->pMethods->xShmBarrier(REAL(f)); }
+static int shim_shm_unmap(sqlite3_file *f, int del) {
+  return REAL(f)->pMethods->xShmUnmap(REAL(f), del);
+}
+static int shim_fetch(sqlite3_file *f, sqlite3_int64 o, int n, void **pp) {
+  return REAL(f)->pMethods->xFetch(REAL(f), o, n, pp);
+}
+static int shim_unfetch(sqlite3_file *f, sqlite3_int64 o, void *p) {
+  return REAL(f)->pMethods->xUnfetch(REAL(f), o, p);
+}
+static int shim_open(sqlite3_vfs *v, const char *name, sqlite3_file *f, int flags, int *out) {
+  (void)v;
+  REAL(f) = (sqlite3_file *)((struct shim_file *)f + 1);
+  int rc = shim_real->xOpen(shim_real, name, REAL(f), flags, out);
+  f->pMethods = REAL(f)->pMethods ? &shim_io : NULL;
+  return rc;
+}
+static int shim_last_error(sqlite3_vfs *v, int n, char *buf) {
+  (void)v;
+  return shim_fail ? 0 : shim_real->xGetLastError(shim_real, n, buf);
+}
+static void shim_install(void) {
+  shim_real = sqlite3_vfs_find("unix");
+  assert_non_null(shim_real);
+  shim_vfs = *shim_real;
+  shim_vfs.zName = "dspk-test-shim";
+  shim_vfs.szOsFile = (int)sizeof(struct shim_file) + shim_real->szOsFile;
+  shim_vfs.xOpen = shim_open;
+  shim_vfs.xGetLastError = shim_last_error;
+  shim_io = (sqlite3_io_methods){3, shim_close, shim_read, shim_write, shim_truncate,
+                                 shim_sync, shim_size, shim_lock, shim_unlock, shim_reserved,
+                                 shim_fcntl, shim_sector, shim_dev, shim_shm_map,
+                                 shim_shm_lock, shim_shm_barrier, shim_shm_unmap, shim_fetch,
+                                 shim_unfetch};
+  assert_int_equal(sqlite3_vfs_register(&shim_vfs, 1), SQLITE_OK);
+}
+static void shim_remove(void) {
+  sqlite3_vfs_unregister(&shim_vfs);
+  sqlite3_vfs_register(shim_real, 1);
+}
+
+/* An I/O error without an errno under a finite RLIMIT_FSIZE that no file of
+ * the cache's is near: it is not "File too large" (it was, whenever the
+ * limit was finite), but SQLite's own message; with the files at the limit
+ * it is (test_put_failure_reported). */
+static void test_put_failure_not_fsize(void **state) {
+  struct fixture *f = *state;
+  struct putres r = {0};
+  struct dspk__cache_opts o = {.put_result = on_put_result, .notice_ud = &r};
+  static char val[8192];
+  char why[256] = "";
+  shim_install();
+  struct dspk__cache *c = open_ok(f->db, &o);
+  assert_int_equal(dspk__cache_blob_put(c, "a", "A", 1), 0);
+  memset(val, 9, sizeof val);
+  void (*old)(int) = signal(SIGXFSZ, SIG_IGN);
+  fsize_limit(1 << 30);
+  shim_fail = 1;
+  int e = dspk__cache_blob_put(c, "b", val, sizeof val);
+  int ec = dspk__cache_clear(c, DSPK__CACHE_ALL, why, sizeof why);
+  shim_fail = 0;
+  fsize_limit(RLIM_INFINITY);
+  signal(SIGXFSZ, old);
+  assert_true(e < 0);
+  assert_int_equal(r.fails, 1);
+  if (strstr(r.detail, strerror(EFBIG)) || strstr(r.detail, "RLIMIT_FSIZE"))
+    fail_msg("put detail: %s", r.detail);
+  assert_non_null(strstr(r.detail, "disk I/O error"));
+  assert_true(ec < 0);
+  if (strstr(why, strerror(EFBIG)) || strstr(why, "RLIMIT_FSIZE"))
+    fail_msg("clear: %s", why);
+  /* Writes again: it works. */
+  assert_int_equal(dspk__cache_blob_put(c, "b", val, sizeof val), 0);
+  dspk__cache_close(c);
+  shim_remove();
+}
+
 /* An entry larger than the cache's bound (or, a client's kernel, than its
  * share of it) was refused without a word: misses went up, puts and
  * put_errors stayed 0, nothing was logged, so a bound too small for the
@@ -1899,6 +2024,7 @@ int main(void) {
       T(test_memory_and_args),
       T(test_not_regular),
       T(test_put_failure_reported),
+      T(test_put_failure_not_fsize),
       T(test_put_too_large_reported),
       T(test_open_full_leaves_nothing),
   };

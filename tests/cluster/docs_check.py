@@ -4,7 +4,7 @@
 - the node setup sets `job_required = yes` in `[policy]` (an INI block under "dspkd on every
   node"), a key of that section in daemon/config.c;
 - the number of ended jobs the page says dspkd remembers is the size of the daemon's ring
-  (ended_jobs[N] in daemon/dspkd.h);
+  (DSPKD_ENDED_SLOTS in daemon/dspkd.h);
 - the map file is written from `dspk-submit devices --all` (what shows every UUID to root
   with job_required = yes), an option docs/cli.md gives `devices`;
 - the socket access paragraph does not offer allow_users/allow_groups as a way in;
@@ -48,8 +48,8 @@ def main():
     check(not re.search(r"or set `allow_(users|groups)`", node),
           "allow_users/allow_groups are not a way to open the socket")
 
-    m = re.search(r"uint64_t ended_jobs\[(\d+)\]", read("daemon", "dspkd.h"))
-    check(m is not None, "ended_jobs[N] in daemon/dspkd.h")
+    m = re.search(r"^#define DSPKD_ENDED_SLOTS (\d+)", read("daemon", "dspkd.h"), re.M)
+    check(m is not None, "#define DSPKD_ENDED_SLOTS N in daemon/dspkd.h")
     n = int(m.group(1))
     said = re.findall(r"last (\d+) ended", page)
     check(said and all(int(x) == n for x in said),

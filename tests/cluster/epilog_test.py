@@ -51,9 +51,17 @@ def run(a, tmp):
     check(p.returncode == 0 and p.stdout == "" and p.stderr ==
           "dspk epilog: job 77: no dspkd listens on %s (no socket file); the job is ended in "
           "its state file (dspkd --end-job)\n" % none, "no socket: %r" % (p,))
-    # Without a dspkd to run, or when it fails: exit 1, one line says what to do.
+    # No directory for the state file either (a node just rebooted): nothing to end.
+    p = script(epilog, a.submit, none,
+               DSPK_DSPKD_OPTIONS="--config= --job-state " + os.path.join(tmp, "no", "j"))
+    check(p.returncode == 0 and p.stdout == "" and len(p.stderr.splitlines()) == 1,
+          "no socket, no state file's directory: %r" % (p,))
+    # Without a dspkd to run, or when it fails (a file where the state file's
+    # directory should be): exit 1, one line says what to do.
+    afile = os.path.join(tmp, "afile")
+    open(afile, "w").close()
     for env, why in (({"DSPK_DSPKD": os.path.join(tmp, "nodspkd")}, "named by DSPK_DSPKD"),
-                     ({"DSPK_DSPKD_OPTIONS": "--job-state " + os.path.join(tmp, "no", "j")},
+                     ({"DSPK_DSPKD_OPTIONS": "--job-state " + os.path.join(afile, "j")},
                       "could not end the job in its state file (exit 2")):
         p = script(epilog, a.submit, none, **env)
         check(p.returncode == 1 and p.stdout == "" and why in p.stderr and

@@ -187,6 +187,10 @@ def run(exe, submit, epilog, tmp, case=None):
         if case == "hidden":
             d.stop()
             return 0 if hidden(exe, os.path.join(tmp, "hidden"), gpu, cpu) else 77
+        if case == "ending":
+            d.stop()
+            daemon_check(Daemon(exe, tmp), ending_again)
+            return 0
         if case == "paths":
             d.stop()
             paths(exe, submit, os.path.join(tmp, "paths"))
@@ -465,6 +469,7 @@ def run(exe, submit, epilog, tmp, case=None):
     restart(exe, submit, os.path.join(tmp, "restart"), gpu, cpu)
     os.unlink(os.path.join(tmp, "dspkd.log"))
     daemon_check(Daemon(exe, tmp), ending)
+    daemon_check(Daemon(exe, tmp), ending_again)
     os.unlink(os.path.join(tmp, "dspkd.log"))
     d = Daemon(exe, tmp)
     try:
@@ -515,6 +520,34 @@ def ending(d):
           "job.end twice: %r %r" % (a1, a2))
     cj.expect_eof()
     check(admin.call("job.end", {"job": 91})["ended"] is False, "job.end once it has ended")
+
+
+def ending_again(d):
+    """A job registered again while it ends (a requeued job's prolog before its old
+    epilog's job.end is answered): status lists both registrations, metrics one series
+    per job id, the sum of both (two series with one label set made the whole scrape
+    invalid Prometheus text, and dspk_slurm_jobs counted the job twice)."""
+    admin = d.client()
+    cj, ender, first = ending_job(d, admin, 93)
+    admin.call("job.register", {"job": 93, "uid": os.getuid(), "devices": []})
+    regs = sorted((j["ended"], j["connections"]) for j in admin.call("status", {})["jobs"]
+                  if j["job"] == 93)
+    check(regs == [(False, 0), (True, 1)], "job 93 ending and registered again: %r" % regs)
+    samples = [x.rsplit(" ", 1) for x in metrics(admin).splitlines()
+               if x and not x.startswith("#")]
+    names = [n for n, _ in samples]
+    dups = sorted({n for n in names if names.count(n) > 1})
+    check(not dups, "metrics: series given twice: %r" % dups)
+    got = dict(samples)
+    check(got.get('dspk_slurm_job_connections{job="93"}') == "1" and
+          got.get("dspk_slurm_jobs") == "1",
+          "metrics of job 93 ending and registered again: %r" %
+          {k: v for k, v in got.items() if "slurm_job" in k})
+    a = ender.wait(first)
+    check(a["ended"] and a["connections"] == 1, "job.end: %r" % a)
+    cj.expect_eof()
+    check([j["ended"] for j in admin.call("status", {})["jobs"] if j["job"] == 93] == [False],
+          "job 93 registered again after its end")
 
 
 def ending_stop(d):
@@ -820,6 +853,25 @@ def down(exe, submit, epilog, tmp, gpu, cpu):
         p = end_job("--socket", sock, "--end-job", "5")
         check(p.returncode == rc and said in p.stderr, "a job of %d UUIDs: %r" % (n, p))
     os.unlink(state)
+    # No directory for it either (/run/dspk on a node just rebooted): nothing to end
+    # (it exited 2), from the epilog too; a path through a file is still exit 2.
+    gone = os.path.join(tmp, "gone")
+    p = end_job("--socket", os.path.join(gone, "dspkd.sock"), "--end-job", "32")
+    check(p.returncode == 0 and len(p.stderr.splitlines()) == 1 and
+          "Slurm job 32: not registered (the state file %s/dspkd.jobs does not exist: its "
+          "directory %s: No such file or directory): nothing to end" % (gone, gone) in p.stderr
+          and not os.path.exists(gone), "no state file's directory: nothing to end: %r" % (p,))
+    p = subprocess.run([epilog], capture_output=True, text=True, timeout=TIMEOUT,
+                       env=epilog_env(os.path.join(gone, "dspkd.sock"), 32, **env))
+    check(p.returncode == 0 and "no dspkd listens on %s/dspkd.sock (no socket file" % gone
+          in p.stderr and not os.path.exists(gone), "the epilog, no directory: %r" % (p,))
+    afile = os.path.join(tmp, "afile")
+    open(afile, "w").close()
+    p = end_job("--job-state", os.path.join(afile, "x.jobs"), "--socket", sock,
+                "--end-job", "32")
+    os.unlink(afile)
+    check(p.returncode == 2 and "%s is not a directory" % afile in p.stderr,
+          "a state file's directory that is a file: %r" % (p,))
 
     # A daemon that holds the lock but does not listen yet (its start paused): the
     # epilog ends the job through it once it listens, trying once a second until its
@@ -1072,7 +1124,7 @@ def main():
     ap.add_argument("--dspkd", required=True)
     ap.add_argument("--submit", required=True)
     ap.add_argument("--epilog", help="the packaged epilog (default: DSPKD's build tree's)")
-    ap.add_argument("case", nargs="?", choices=["down", "paths", "hidden"],
+    ap.add_argument("case", nargs="?", choices=["down", "paths", "hidden", "ending"],
                     help="run only this case (needs a Vulkan device all the same)")
     a = ap.parse_args()
     if os.getuid() != 0:

@@ -1127,7 +1127,10 @@ def t_planstep(exe, tmp):
     fir canceled while its plan is measured: ECANCELED."""
     d = Daemon(exe, tmp, ["--cache", os.path.join(tmp, "planstep.db")])
     c, tr = d.client(), d.client()
-    tm = tr.send("trace", {"seconds": 1})
+    # Recording until the daemon stops (a trace is answered then with what it
+    # recorded): a trace of 1 s ended, on a loaded machine, before the tuner's
+    # first report, and the task was "running" in it with no tune phase.
+    tm = tr.send("trace", {"seconds": 600})
     rng = np.random.default_rng(12)
     X = rng.standard_normal((2, 46952)).astype(np.float32)
     H = rng.standard_normal(2974).astype(np.float32)
@@ -1144,8 +1147,6 @@ def t_planstep(exe, tmp):
     fr = [n["fraction"] for n in notes]
     check(len(fr) >= 4 and fr == [0.0, 1.0] * (len(fr) // 2),
           "a 0 and a 1 for each of several plans: %r" % fr)
-    jobs = [j for j in tr.wait(tm)["jobs"] if j.get("msgid") == mid and j["client"] != 0]
-    check(len(jobs) == 1 and "tune_start_us" in jobs[0], "the trace's tune phase: %r" % jobs)
     c.notifications.clear()
     again = c.call("task.run", task)
     check(not [n for n in c.notifications if n[1] == "task.progress"], "the same shape again")
@@ -1154,8 +1155,11 @@ def t_planstep(exe, tmp):
                      for r in range(2)])
     close_enough(y, want, "fir", np.float32)
     c.close()
-    tr.close()
     d.stop()
+    jobs = [j for j in tr.wait(tm)["jobs"] if j.get("msgid") == mid and j["client"] != 0]
+    check(len(jobs) == 1 and not jobs[0]["running"] and "tune_start_us" in jobs[0] and
+          "tune_end_us" in jobs[0], "the trace's tune phase: %r" % jobs)
+    tr.close()
     # Canceled while its plan is measured: the runner leaves the measuring
     # (it goes on, for the wisdom) and the task answers ECANCELED.  The test
     # hook holds the measuring until the cancel, so that it cannot end first.
@@ -2755,6 +2759,11 @@ def t_memquota(exe, tmp):
     b1 = c1.call("buffer.create", {"device": "cpu:0", "size": 40 * M})["buffer"]
     e = c1.expect_error("ELIMIT", "buffer.create", {"device": "cpu:0", "size": 10 * M})
     check("max_conn_memory" in e.err["message"], "names max_conn_memory: %s" % e.err)
+    b8 = c1.call("buffer.create", {"device": "cpu:0", "size": 8 * M})["buffer"]
+    e = c1.expect_error("ELIMIT", "buffer.create", {"device": "cpu:0", "size": 1})
+    check(e.err["message"].startswith("the buffer needs 1 byte of cpu:0, and"),
+          "one byte, singular: %s" % e.err)
+    c1.call("buffer.free", {"buffer": b8})
     c2.call("buffer.create", {"device": "cpu:0", "size": 20 * M})
     e = c2.expect_error("ELIMIT", "buffer.create", {"device": "cpu:0", "size": 8 * M})
     check("max_user_memory" in e.err["message"], "names max_user_memory: %s" % e.err)

@@ -45,7 +45,10 @@ cleanup() {
   DEBIAN_FRONTEND=noninteractive apt-get purge -y -qq $pkgs >/dev/null 2>&1 || true
   [ $had_user = no ] && getent passwd dspk >/dev/null && userdel dspk
   [ $had_group = no ] && getent group dspk >/dev/null && groupdel dspk
-  rm -f /run/dspk/dspkd.sock
+  # What the test's dspkd leaves in /run/dspk (the purge removes the state
+  # file and its lock too, but not when the test stopped before it).
+  rm -f /run/dspk/dspkd.sock /run/dspk/dspkd.jobs /run/dspk/dspkd.jobs.lock \
+    /run/dspk/dspkd.jobs.tmp
   rmdir /run/dspk 2>/dev/null || true
   rm -rf "$tmp"
 }

@@ -1038,6 +1038,20 @@ def t_reloadkeys(exe, tmp):
         write(conf, re.sub(r"(?m)^%s = .*$" % key, "%s = %s" % (key, value), full))
         reload_and_wait(d, "(%s changed)" % key)
         check(changed_since(mark) == {key}, "%s changed: logged %r" % (key, changed_since(mark)))
+    # cache set to no file (":memory:"; the file refuses ""): the key changed
+    # is cache, not no_cache, though the change is from a file to none (it
+    # said no_cache).
+    mark = len(d.logtext())
+    write(conf, re.sub(r"(?m)^cache = .*$", "cache = :memory:", full))
+    reload_and_wait(d, "(cache = :memory:)")
+    check(changed_since(mark) == {"cache"}, "cache = :memory:: logged %r" % changed_since(mark))
+    # Both changed, from the file to none: both named.
+    mark = len(d.logtext())
+    write(conf, full.replace("no_cache = no", "no_cache = yes").replace(
+        "cache = %s" % os.path.join(tmp, "keys.db"), "cache = :memory:"))
+    reload_and_wait(d, "(cache and no_cache changed)")
+    check(changed_since(mark) == {"cache", "no_cache"}, "cache and no_cache: logged %r"
+          % changed_since(mark))
     c = d.client()
     check(c.call("status")["daemon"]["socket"] == sock, "the socket stays")
     c.close()
@@ -1064,6 +1078,24 @@ def t_reloadkeys(exe, tmp):
             reload_and_wait(d, "(%s, file %r)" % (flags, text))
             check(changed_since(mark) == set(), "%s, file %r: %r"
                   % (flags, text, changed_since(mark)))
+        d.stop()
+    # Started without a cache file: the key the file changed is the one
+    # named, and a file that names no cache file in another way changes
+    # nothing.
+    for start, then, want in (("cache = :memory:\n", "", {"cache"}),
+                              ("no_cache = yes\n", "", {"no_cache"}),
+                              ("no_cache = yes\ncache = /x/a.db\n", "cache = /x/a.db\n",
+                               {"no_cache"}),
+                              ("cache = :memory:\n", "no_cache = yes\n", set()),
+                              ("no_cache = yes\n", "cache = :memory:\n", set())):
+        write(conf, "[daemon]\n" + start)
+        d = Daemon(exe, tmp, ["--config", conf], notify=True, config=None)
+        d.notify.until(lambda m: m.get("READY") == "1", "READY=1")
+        mark = len(d.logtext())
+        write(conf, "[daemon]\n" + then)
+        reload_and_wait(d, "(%r, then %r)" % (start, then))
+        check(changed_since(mark) == want, "%r, then %r: logged %r, want %r"
+              % (start, then, changed_since(mark), want))
         d.stop()
     # The comparison is by value: a file that sets socket, cache or job_state
     # to the very file the daemon runs on (their defaults at start: the

@@ -1888,14 +1888,33 @@ def sums_and_infinities(env):
     still_open(c)
 
 
-def contract_ref(subs, dt, a, sa, b, sb):
+CONTRACT_FMT = {"f32": "f", "f64": "d", "c64": "f", "c128": "d"}
+
+
+def contract_pack(dt, vals, shape):
+    """A tensor of dtype dt (f32, f64, c64, c128) of the values vals."""
+    if dt[0] == "c":
+        vals = [p for v in vals for p in (complex(v).real, complex(v).imag)]
+    return {"dtype": dt, "shape": shape,
+            "data": struct.pack("<%d%s" % (len(vals), CONTRACT_FMT[dt]), *vals)}
+
+
+def contract_unpack(t):
+    """The real parts of tensor t (re, im pairs for a complex dtype)."""
+    dt = t["dtype"]
+    n = len(t["data"]) // struct.calcsize(CONTRACT_FMT[dt])
+    return list(struct.unpack("<%d%s" % (n, CONTRACT_FMT[dt]), t["data"]))
+
+
+def contract_ref(subs, dt, a, sa, b, sb, factor=None):
     """einsum(subs) of flat a (shape sa) and b (shape sb) by the products'
     rule of the table of ops: each complex product as its four real ones
     (re: ar*br, -(ai*bi); im: ar*bi, ai*br), the finite ones summed exactly
     (fractions), the others counted: a NaN, or infinities of both signs, give
     NaN, else an infinity gives its sign, else the exact sum; with the bound
-    K*u*sum|terms| of each finite part.  Returns [(want, bound)] per part,
-    a finite want and its bound as fractions."""
+    n*u*sum|terms| of each finite part, n the number of its terms or factor
+    when given.  Returns [(want, bound)] per part, a finite want and its
+    bound as fractions."""
     la, rest = subs.split(",")
     lb, lo = rest.split("->")
     size = dict(zip(la, sa))
@@ -1942,7 +1961,8 @@ def contract_ref(subs, dt, a, sa, b, sb):
         else:
             s = sum(fin, fractions.Fraction(0))
             big = fractions.Fraction(2 ** 128 if u > 1e-10 else 2 ** 1024)
-            bound = len(fin) * fractions.Fraction(u) * sum(abs(v) for v in fin)
+            n = len(fin) if factor is None else factor
+            bound = n * fractions.Fraction(u) * sum(abs(v) for v in fin)
             out.append((math.inf if s >= big else -math.inf if s <= -big else s, bound))
     return out
 
@@ -1952,19 +1972,8 @@ def contract_ref(subs, dt, a, sa, b, sb):
 def contract_nonfinite_sums(env):
     c = env.conn()
     devs = [d["id"] for d in c.ok("devices")["devices"] if d["id"] in ("cpu:0", "vulkan:0")]
-    fmt = {"f32": "f", "f64": "d", "c64": "f", "c128": "d"}
     inf = math.inf
-
-    def pack(dt, vals, shape):
-        if dt[0] == "c":
-            vals = [p for v in vals for p in (complex(v).real, complex(v).imag)]
-        return {"dtype": dt, "shape": shape,
-                "data": struct.pack("<%d%s" % (len(vals), fmt[dt]), *vals)}
-
-    def unpack(t):
-        dt = t["dtype"]
-        n = len(t["data"]) // struct.calcsize(fmt[dt])
-        return list(struct.unpack("<%d%s" % (n, fmt[dt]), t["data"]))
+    pack, unpack = contract_pack, contract_unpack
 
     def same(got, want, bound):
         if math.isnan(want):
@@ -2025,6 +2034,114 @@ def contract_nonfinite_sums(env):
                 check(len(got) == len(ref) and all(same(g, w, e) for g, (w, e) in zip(got, ref)),
                       "%s contract %s %s of %r and %r: %r, want %r"
                       % (dev, subs, dt, av, bv, got, [float(w) for w, _ in ref]))
+    still_open(c)
+
+
+def round_to(dt, x):
+    """Exact x (a fraction) rounded to the nearest value of dt's real part
+    (f32 for f32 and c64, else f64), ties to even, through the subnormals
+    (gradual underflow), ±inf past the largest finite value; as a fraction
+    (or a float infinity).  Integer arithmetic only, so independent of any
+    float conversion."""
+    p, emin = (24, -126) if dt in ("f32", "c64") else (53, -1022)
+    if x == 0:
+        return fractions.Fraction(0)
+    a = abs(x)
+    e = a.numerator.bit_length() - a.denominator.bit_length()  # floor(log2 a): e or e - 1
+    if fractions.Fraction(2) ** e > a:
+        e -= 1
+    q = fractions.Fraction(2) ** (max(e, emin) - (p - 1))  # the spacing of dt's values at a
+    n = a / q
+    r = n.numerator // n.denominator
+    if n - r > fractions.Fraction(1, 2) or (n - r == fractions.Fraction(1, 2) and r % 2 == 1):
+        r += 1
+    v = r * q
+    if v >= fractions.Fraction(2) ** (2 ** (11 if p == 53 else 8) // 2):
+        return math.inf if x > 0 else -math.inf
+    return v if x > 0 else -v
+
+
+@case("task.run: contract made again for an infinity (or an overflowing one-operand sum): "
+      "subnormal operands and results as the exact sum rounded, cpu:0 and vulkan:0 alike")
+def contract_subnormal_sums(env):
+    # Vulkan's re-do read a subnormal operand as if it had the implicit
+    # leading 1 (f64 5e-324 as 2^-1023) and flushed subnormal results to 0.
+    c = env.conn()
+    devs = [d for d in gpu_and_cpu_devices(c) if d in ("cpu:0", "vulkan:0")]
+    inf = math.inf
+    F = fractions.Fraction
+    tiny32 = struct.unpack("<f", struct.pack("<f", 1e-40))[0]
+    # (dtype, subscripts, A, its shape, B, its shape, exact): every output
+    # part within (K + S + T)*u*sum|terms| of the exact sum, plus the final
+    # rounding: the rounded ends of that interval (and so, where the bound is
+    # well below the spacing of subnormals, the exact sum rounded); exact
+    # outputs: a product by a power of two, so nothing is rounded before the
+    # final rounding, which must be the exact one (ties to even).
+    cases = [
+        ("f64", "ij,->ij", [inf, 5e-324], [2, 1], [1e300], [], False),
+        ("f64", "ij,->ij", [inf, 1e-310], [2, 1], [1e300], [], False),
+        ("f64", "ij,->ij", [inf, 1e-300, -3e-300], [3, 1], [1e-20], [], False),
+        ("f64", "ik,k->i", [5e-324, 0.5, inf, 0], [2, 2], [1e300, 1], [2], False),
+        ("f64", "ik,k->i", [1e-200, -1e-200, 1e-300, inf, 0, 0], [2, 3],
+         [1e-200, 1e-200, 1e-20], [3], False),
+        ("f64", "ka,k->k", [5e-324, 5e-324, inf, 0], [2, 2], [1e300, 1], [2], False),
+        # no infinity: the one-operand sum 1e308 + 1e308 overflows
+        ("f64", "ka,k->k", [1e308, 1e308, 5e-324, 0], [2, 2], [0.25, 1e300], [2], False),
+        # times 2^-475: 1.5, 1.25, 0.5, 0.5 + 2^-53, -1.5, 2^52 - 0.5 and
+        # 2^52 - 1.5 times the smallest subnormal 2^-1074 (2^52 of it is the
+        # smallest normal)
+        ("f64", "a,b->ab", [inf, 3 * 2.0 ** -600, 5 * 2.0 ** -601, 2.0 ** -600,
+                            (1 + 2.0 ** -52) * 2.0 ** -600, -3 * 2.0 ** -600,
+                            (2.0 ** 53 - 1) * 2.0 ** -600, (2.0 ** 53 - 3) * 2.0 ** -600],
+         [8], [1, 2.0 ** -475], [2], True),
+        ("f32", "ik,k->i", [1e-40, 1e-40, inf, 0], [2, 2], [1e30, 1e30], [2], False),
+        ("f32", "a,b->ab", [inf, 1e-40, 1], [3], [1, -1, 1e-40], [3], False),
+        ("f32", "a,b->ab", [inf, 1e-30], [2], [1, 1e-10], [2], False),
+        ("f32", "ij,->ij", [inf, tiny32, 1e-30], [3, 1], [1e30], [], False),
+        # the same for f32 (the smallest subnormal 2^-149, normal from 2^-126)
+        ("f32", "a,b->ab", [inf, 3 * 2.0 ** -80, 5 * 2.0 ** -81, 2.0 ** -80,
+                            (1 + 2.0 ** -23) * 2.0 ** -80, -3 * 2.0 ** -80,
+                            (2.0 ** 24 - 1) * 2.0 ** -80, (2.0 ** 24 - 3) * 2.0 ** -80],
+         [8], [1, 2.0 ** -70], [2], True),
+        ("c64", "i,i->i", [inf, 1e-40 + 1j], [2], [1, 1e30], [2], False),
+        ("c64", "a,b->ab", [inf, 3 * 2.0 ** -80 - 1j * 2.0 ** -80], [2], [1, 1j * 2.0 ** -70],
+         [2], True),
+        ("c128", "i,i->i", [inf, 5e-324 + 1j], [2], [1, 1e300], [2], False),
+        ("c128", "ij,->ij", [inf, 1e-300 - 3e-300j], [2, 1], [1e-20], [], False),
+        ("c128", "a,b->ab", [inf, 3 * 2.0 ** -600 + 1j * (1 + 2.0 ** -52) * 2.0 ** -600], [2],
+         [1, 2.0 ** -475], [2], True),
+    ]
+    for dt, subs, av, sa, bv, sb, exact in cases:
+        ta, tb = contract_pack(dt, av, sa), contract_pack(dt, bv, sb)
+        ra, rb = contract_unpack(ta), contract_unpack(tb)  # as sent (f32 rounded)
+        if dt[0] == "c":
+            ra = [complex(x, y) for x, y in zip(ra[::2], ra[1::2])]
+            rb = [complex(x, y) for x, y in zip(rb[::2], rb[1::2])]
+        la, rest = subs.split(",")
+        lb, lo = rest.split("->")
+        size = dict(zip(la, sa))
+        size.update(zip(lb, sb))
+        n = 0 if exact else sum(math.prod(size[x] for x in grp if x not in lo) for grp in (
+            [x for x in la if x in lb], [x for x in la if x not in lb],
+            [x for x in lb if x not in la]))
+        ref = contract_ref(subs, dt, ra, sa, rb, sb, factor=n)
+        for dev in devs:
+            r = c.call("task.run", {"op": "contract", "device": dev, "inputs": [ta, tb],
+                                    "options": {"subscripts": subs}})
+            check(r[0] == "ok", "%s contract %s %s: %r" % (dev, subs, dt, r))
+            got = contract_unpack(r[1]["outputs"][0])
+            bad = []
+            for i, (g, (w, e)) in enumerate(zip(got, ref)):
+                if isinstance(w, float):
+                    ok = math.isnan(g) if math.isnan(w) else g == w
+                else:
+                    lo_, hi_ = round_to(dt, w - e), round_to(dt, w + e)
+                    ok = not math.isnan(g) and lo_ <= (F(g) if math.isfinite(g) else g) <= hi_
+                if not ok:
+                    bad.append((i, g, float(w) if isinstance(w, F) else w))
+            check(len(got) == len(ref) and not bad,
+                  "%s contract %s %s of %r and %r: (part, got, exact) %r"
+                  % (dev, subs, dt, av, bv, bad))
     still_open(c)
 
 
@@ -2538,6 +2655,9 @@ def op_dtypes(env):
       "its size and the limit; a gemm that reads no A and B binds neither")
 def vulkan_max_tensor(env):
     c = env.conn()
+    # Tasks on 128 MiB tensors: on lavapipe under the sanitizers and a loaded
+    # machine, one took more than the usual 30 s.
+    c.s.settimeout(10 * TIMEOUT)
     devs = c.ok("devices")["devices"]
     for d in devs:
         check(isinstance(d.get("max_tensor_bytes"), int) and d["max_tensor_bytes"] > 0,
@@ -2571,6 +2691,30 @@ def vulkan_max_tensor(env):
     r = c.ok("task.run", {"op": "gemm", "device": dev, "inputs": [small, ref([1, n - 1])],
                           "outputs": [{"buffer": buf}]})
     check(r["outputs"][0]["shape"] == [1, n - 1], "gemm at the limit: %r" % r["outputs"][0])
+    # max_tensor_bytes at an offset off the device's storage-buffer alignment binds
+    # too, in a built-in op and in a raw kernel (its binding starts at the offset
+    # aligned down: the limit leaves room for that); it was ENOTSUP, the message
+    # naming a size within the limit.  One element more is ENOTSUP there too.
+    # (Offset 12: the most an f32 is off an alignment of 16, lavapipe's.)
+    m = lim // 4
+    r = c.ok("task.run", {"op": "reduce", "device": dev, "inputs": [ref([m], 12)]})
+    check(r["outputs"][0]["shape"] == [], "reduce at the limit, offset 12: %r"
+          % r["outputs"][0])
+    expect(c.call("task.run", {"op": "reduce", "device": dev, "inputs": [ref([m + 1], 4)]}),
+           "ENOTSUP", "operand 0", "%d bytes" % (4 * m + 4), "%d bytes" % lim,
+           "max_tensor_bytes")
+    if dev in glsl_devices(c):
+        src = (GLSL_HEAD + "layout(std430, binding=0) buffer A { float a[]; };\n"
+               "void main(){ a[0] = 1.0; }\n")
+        c.ok("task.run", {"op": "kernel", "device": dev, "inputs": [ref([m], 4)],
+                          "options": {"lang": "glsl", "source": src, "grid": [1, 1, 1],
+                                      "args": [{"tensor": 0}]}})
+        data = c.ok("buffer.read", {"buffer": buf, "offset": 4, "size": 4})["data"]
+        check(data == struct.pack("<f", 1.0), "the kernel's store at offset 4: %r" % data)
+        expect(c.call("task.run", {"op": "kernel", "device": dev, "inputs": [ref([m + 1], 4)],
+                                   "options": {"lang": "glsl", "source": src,
+                                               "grid": [1, 1, 1], "args": [{"tensor": 0}]}}),
+               "ENOTSUP", "argument 0 (input 0)", "%d bytes" % lim, "max_tensor_bytes")
     r = c.ok("task.run", {"op": "gemm", "device": dev, "inputs": [ref([1, 0]), ref([0, n])],
                           "outputs": [{"buffer": buf}]})
     check(r["outputs"][0]["shape"] == [1, n], "gemm K = 0: %r" % r["outputs"][0])
