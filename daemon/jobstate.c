@@ -800,9 +800,19 @@ static bool end_in(struct dspkd *d, uint64_t id, uid_t *uid) {
   return true;
 }
 
+/* The outcome when there is no state file: nothing is registered in it. */
+static int no_file(const struct dspkd *d, uint64_t id, const char *dir, char *said,
+                   size_t len) {
+  snprintf(said, len, "Slurm job %" PRIu64 ": no state file %s%s%s%s: nothing is registered "
+           "there", id, d->job_state, dir ? " (no directory " : "", dir ? dir : "",
+           dir ? ")" : "");
+  return DSPKD_EXIT_NOFILE;
+}
+
 /* With the lock held (lock_fd): reads the file of owner, ends job id in
- * it and writes it back with its owner, group and mode.  An exit status. */
-static int end_locked(struct dspkd *d, uint64_t id, uid_t owner) {
+ * it and writes it back with its owner, group and mode.  An exit status,
+ * the outcome in said for 0 and DSPKD_EXIT_NOFILE. */
+static int end_locked(struct dspkd *d, uint64_t id, uid_t owner, char *said, size_t len) {
   struct parsed p = {0};
   struct stat st;
   char why[320] = "", msg[640], *text = NULL;
@@ -812,11 +822,8 @@ static int end_locked(struct dspkd *d, uint64_t id, uid_t owner) {
 
   p.tail = &p.jobs;
   r = read_state(d->job_state, owner, &st, &text, &n, why, sizeof why);
-  if (r == 1) {
-    dspkd_info("Slurm job %" PRIu64 ": not registered (%s does not exist): nothing to end", id,
-               d->job_state);
-    return 0;
-  }
+  if (r == 1)
+    return no_file(d, id, NULL, said, len);
   if (r == 0)
     r = parse_text(&p, text, n, why, sizeof why);
   free(text);
@@ -829,7 +836,7 @@ static int end_locked(struct dspkd *d, uint64_t id, uid_t owner) {
   }
   apply(d, &p, false);
   if (!end_in(d, id, &uid)) {
-    dspkd_info("Slurm job %" PRIu64 ": has ended already (%s)", id, d->job_state);
+    snprintf(said, len, "Slurm job %" PRIu64 ": had ended already in %s", id, d->job_state);
     return 0;
   }
   if (save(d, &st, msg, sizeof msg) != 0) {
@@ -837,11 +844,11 @@ static int end_locked(struct dspkd *d, uint64_t id, uid_t owner) {
     return 1;
   }
   if (uid == (uid_t)-1)
-    dspkd_info("Slurm job %" PRIu64 ": not registered; recorded as ended in %s", id,
-               d->job_state);
+    snprintf(said, len, "Slurm job %" PRIu64 ": not registered in %s; recorded there as "
+             "ended", id, d->job_state);
   else
-    dspkd_info("Slurm job %" PRIu64 " (uid %lu): ended in %s", id, (unsigned long)uid,
-               d->job_state);
+    snprintf(said, len, "Slurm job %" PRIu64 " (uid %lu): ended in %s", id,
+             (unsigned long)uid, d->job_state);
   return 0;
 }
 
@@ -851,7 +858,7 @@ static const char *lock_path(const struct dspkd *d, char *buf, size_t len) {
   return buf;
 }
 
-int dspkd_jobstate_end_offline(struct dspkd *d, uint64_t id) {
+int dspkd_jobstate_end_offline(struct dspkd *d, uint64_t id, char *said, size_t len) {
   struct stat st;
   uid_t owner = geteuid();
   gid_t group = getegid();
@@ -866,11 +873,8 @@ int dspkd_jobstate_end_offline(struct dspkd *d, uint64_t id) {
   /* No directory (/run/dspk on a node just rebooted): no file, so no job a
    * start would register again, as when the file alone is missing. */
   dir_of(d->job_state, dir, sizeof dir);
-  if (stat(dir, &st) != 0 && errno == ENOENT) {
-    dspkd_info("Slurm job %" PRIu64 ": not registered (the state file %s does not exist: its "
-               "directory %s: %s): nothing to end", id, d->job_state, dir, strerror(errno));
-    return 0;
-  }
+  if (stat(dir, &st) != 0 && errno == ENOENT)
+    return no_file(d, id, dir, said, len);
   if (check_dir(d->job_state) != 0)
     return 2;
   /* Root ends a job in the file of a daemon that runs as another user
@@ -887,16 +891,13 @@ int dspkd_jobstate_end_offline(struct dspkd *d, uint64_t id) {
                 "it (dspk-submit job end --job %" PRIu64 ")", id, d->job_state, id);
     return DSPKD_EXIT_LOCKED;
   }
-  if (fd == -3) {
-    dspkd_info("Slurm job %" PRIu64 ": not registered (%s does not exist): nothing to end",
-               id, d->job_state);
-    return 0;
-  }
+  if (fd == -3)
+    return no_file(d, id, NULL, said, len);
   if (fd < 0) {
     dspkd_error("--end-job %" PRIu64 ": cannot lock %s.lock: %s", id, d->job_state, why);
     return 1;
   }
-  r = end_locked(d, id, owner);
+  r = end_locked(d, id, owner, said, len);
   dspkd_jobs_free(d);
   close(fd);
   return r;

@@ -34,7 +34,8 @@ from dspk_rpc import check  # noqa: E402
 TIMEOUT = 60
 FAKE = "#!/bin/sh\nfor a; do printf '%s\\n' \"$a\"; done\n"
 # The stand-in dspkd: its socket variable and arguments, a line each, in PATH.args.
-FAKE_DSPKD = "#!/bin/sh\nprintf '%s\\n' \"$DSPK_SOCKET\" \"$@\" > \"$0.args\"\n"
+FAKE_DSPKD = ("#!/bin/sh\nprintf '%s\\n' \"$DSPK_SOCKET\" \"$@\" > \"$0.args\"\n"
+              "echo warned >&2\necho 'Slurm job 7 (uid 1000): ended in /x.jobs'\n")
 UUID = ["5c1e0d3a-0000-4000-8000-00000000000%d" % i for i in range(4)]
 
 
@@ -92,7 +93,9 @@ def links(a, sdir, tmp, sock, fake):
     none = os.path.join(tmp, "none.sock")
     p = run(etc + "/epilog.d/50-dspk", DSPK_SOCKET=none,
             DSPK_DSPKD_OPTIONS="--config /etc/x.conf  --job-state /var/lib/j*")
-    check(p.returncode == 0 and p.stdout == "" and "ended in its state file" in p.stderr and
+    check(p.returncode == 0 and p.stdout == "" and p.stderr == "warned\ndspk epilog: job 7: no "
+          "dspkd listens on %s (no socket file); dspkd --end-job: Slurm job 7 (uid 1000): "
+          "ended in /x.jobs\n" % none and
           open(fake + ".args").read().splitlines() ==
           [none, "--config", "/etc/x.conf", "--job-state", "/var/lib/j*", "--end-job", "7"],
           "the epilog without a daemon runs its tree's dspkd --end-job: %r" % (p,))
