@@ -10,7 +10,11 @@ own, with a stand-in dspk-submit that prints its arguments (docs/cluster.md):
   dspkd (SBINDIR/dspkd, a stand-in that records its arguments) with DSPK_DSPKD_OPTIONS and
   --end-job, or DSPK_DSPKD's;
 - the map file's # starts a comment anywhere on a line (`0 UUID#card A` maps 0 to UUID),
-  a CR at a line's end is dropped, and an index with only a comment has no UUID (exit 1);
+  a CR at a line's end is dropped; a line of the index with no UUID (only a comment) fails
+  naming FILE:LINE, also before a good line, and two lines giving it two UUIDs fail naming
+  both (exit 1); a copy's messages name the tree's paths without "..";
+- SLURM_JOB_ID (and the prolog's SLURM_JOB_UID) unset or empty: exit 2 with the scripts'
+  own line;
 - DSPK_PROLOG_TIMEOUT / DSPK_EPILOG_TIMEOUT take whole seconds from 1 (unset or empty:
   120); 0, fractions, suffixes, signs and values over 999999999 are refused with one line
   (exit 2) before dspk-submit runs.
