@@ -118,8 +118,9 @@ static const struct key keys[] = {
      "error, warn, notice, info or debug"},
     {NULL, "end_job", K_UINT, F(end_job), 1, UINT64_MAX, false, IN_ARGV, NULL, "ID",
      "do not start: mark Slurm job ID ended in the job_state file, for an epilog that "
-     "finds no daemon; exit 0, 3 when a running dspkd holds the file (end the job "
-     "through it), 1 on an error"},
+     "finds no daemon, and print what was found; exit 0 (ended in the file), 4 (no "
+     "state file there: nothing registered), 3 when a running dspkd holds the file (end "
+     "the job through it), 1 on an error"},
     {NULL, "ready_fd", K_FD, F(ready_fd), 0, INT_MAX, false, IN_ARGV, NULL, "N",
      "write \"READY\\n\" to file descriptor N (not 2) once listening, close it"},
     {"limits", "max_message", K_SIZE, F(lim.max_message), 64, (uint64_t)1 << 32, true,
@@ -659,6 +660,16 @@ static int store(const struct key *k, const char *value, bool from_file,
       snprintf(why, len, "expected a path (the Slurm jobs' state cannot be turned off)");
       return -1;
     }
+    /* The file's relative path would be the start directory's, which the
+     * Slurm epilog's dspkd --end-job, run in slurmd's directory with this
+     * file, cannot know: it would end the job in another file, or find
+     * none, and the daemon would register the job again at its next
+     * start.  --job-state stays relative to the current directory. */
+    if (k->off == offsetof(struct dspkd_config, job_state) && from_file && *value != '/') {
+      snprintf(why, len, "expected an absolute path, got \"%s\" (the Slurm epilog's dspkd "
+               "--end-job cannot know the directory dspkd started in)", vis(value));
+      return -1;
+    }
     if (k->off == offsetof(struct dspkd_config, backends) &&
         check_backends(value, why, len) != 0)
       return -1;
@@ -1122,6 +1133,10 @@ done:
   }
   dspkd_log_set_level((enum dspkd_level)cfg->log_level);
   return 0;
+}
+
+const char *dspkd_config_file(void) {
+  return conf_path[0] ? conf_path : NULL;
 }
 
 void dspkd_config_log_source(void) {

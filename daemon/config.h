@@ -39,6 +39,10 @@ int dspkd_config_parse_share(const char *s, uint64_t lo, uint64_t hi, uint64_t *
  * Remembers the file and the options for dspkd_config_reload().
  */
 int dspkd_config_start(int argc, char **argv, struct dspkd_config *cfg);
+/* The configuration file the daemon reads (at start and at a reload):
+ * --config's, else the default (also while it does not exist: a reload
+ * reads it once it does); NULL with --config "".  The string is static. */
+const char *dspkd_config_file(void);
 /* Logs (info) the file dspkd_config_start read, or that it read none and
  * why; once the start-up checks passed (an error stays the one line). */
 void dspkd_config_log_source(void);

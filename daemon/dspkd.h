@@ -775,12 +775,17 @@ void dspkd_job_end_unrecord(struct dspkd *d, const struct dspkd_ended_undo *undo
 int dspkd_jobstate_start(struct dspkd *d);
 /* dspkd --end-job ID (no daemon is started): marks job id ended in the
  * state file the daemon would use, as job.end does, keeping the file's
- * owner, group and mode.  The exit status: 0 (done, or nothing to do), 1
- * (logged: the file cannot be read or written), DSPKD_EXIT_LOCKED (a
- * running dspkd holds the lock: end the job through it), 2 (logged: no
- * state file can be named, or its directory is missing). */
-int dspkd_jobstate_end_offline(struct dspkd *d, uint64_t id);
+ * owner, group and mode.  The exit status: 0 (the job is ended in the
+ * file: done now, or before), DSPKD_EXIT_NOFILE (there is no state file,
+ * nor perhaps its directory: nothing is registered in it), each with the
+ * outcome, naming the absolute path, in said (len bytes) for the caller to
+ * print; 1 (logged: the file cannot be read or written),
+ * DSPKD_EXIT_LOCKED (logged: a running dspkd holds the lock: end the job
+ * through it), 2 (logged: no state file can be named, or a path to its
+ * directory that is not one). */
+int dspkd_jobstate_end_offline(struct dspkd *d, uint64_t id, char *said, size_t len);
 #define DSPKD_EXIT_LOCKED 3
+#define DSPKD_EXIT_NOFILE 4
 /* At start, after the devices opened and before the socket listens:
  * registers the file's jobs again and remembers its ended ones.  A file
  * that is unsafe (a symlink, another owner, writable by others) or cannot

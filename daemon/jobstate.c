@@ -15,7 +15,9 @@
  *     end N                     N: the records above; a file without it is cut short
  *
  * Written to PATH.tmp (O_EXCL, O_NOFOLLOW, mode 0600), fsynced, renamed over
- * PATH, and the directory fsynced.  Read once at start; a file that is a
+ * PATH, and the directory fsynced; never over a file that is not a state
+ * file (replaceable: a configuration file that job_state names by a slip
+ * would be lost), which fails job.register and job.end with EIO instead.  Read once at start; a file that is a
  * symlink, not a regular file, not owned by the daemon's euid, writable by
  * group or others, unreadable, or not exactly the format above is taken as
  * lost state: nothing of it is used, the daemon logs why, and fails closed
@@ -276,9 +278,48 @@ static int write_synced(int fd, const char *text, size_t len, const char **step)
   return -1;
 }
 
+/* Whether path may be replaced by a state file: it does not exist, or it
+ * is a regular file that is empty or whose first line begins "dspkd-jobs "
+ * (a dspkd state file of any version).  Anything else, a file of another
+ * program that job_state names by a slip, is never replaced: it would be
+ * lost.  0 (it may), or -1 with errno (EEXIST: it is not a state file) and
+ * what in *step. */
+#define NOT_STATE "not a state file"
+static int replaceable(const char *path, const char **step) {
+  static const char magic[] = "dspkd-jobs ";
+  char head[sizeof magic - 1];
+  struct stat st;
+  ssize_t n;
+  int fd;
+
+  if (lstat(path, &st) != 0)
+    return errno == ENOENT ? 0 : (*step = "stat", -1);
+  if (!S_ISREG(st.st_mode)) {
+    *step = "replace a file that is not a regular one";
+    errno = EEXIST;
+    return -1;
+  }
+  *step = "read the file to be replaced";
+  fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0)
+    return errno == ENOENT ? 0 : -1;
+  do
+    n = pread(fd, head, sizeof head, 0);
+  while (n < 0 && errno == EINTR);
+  close(fd);
+  if (n < 0)
+    return -1;
+  if (n == 0 || ((size_t)n == sizeof head && memcmp(head, magic, sizeof head) == 0))
+    return 0;
+  *step = NOT_STATE;
+  errno = EEXIST;
+  return -1;
+}
+
 /* Writes text to path through path.tmp: mode 0600, the daemon's, or with
- * keep's owner, group and mode (NULL: the former).  0, or -1 with errno and
- * the step that failed in *step. */
+ * keep's owner, group and mode (NULL: the former); never over a file that
+ * is not a state file (replaceable).  0, or -1 with errno and the step
+ * that failed in *step. */
 static int replace_file(const char *path, const char *text, size_t len,
                         const struct stat *keep, const char **step) {
   char tmp[sizeof((struct dspkd *)0)->job_state + 8];
@@ -309,11 +350,10 @@ static int replace_file(const char *path, const char *text, size_t len,
     e = errno;
     goto fail;
   }
-  /* Never over what is not a state file: another daemon's socket, say. */
-  struct stat st;
-  *step = "replace a file that is not a regular one";
-  if (lstat(path, &st) == 0 && !S_ISREG(st.st_mode)) {
-    e = EEXIST;
+  /* Never over what is not a state file: another daemon's socket, the
+   * configuration file, another program's file. */
+  if (replaceable(path, step) != 0) {
+    e = errno;
     goto fail;
   }
   *step = "rename";
@@ -348,11 +388,19 @@ static int save(const struct dspkd *d, const struct stat *keep, char *msg, size_
   r = state_text(d, &text, &n);
   if (r == 0)
     r = replace_file(d->job_state, text, n, keep, &step);
-  /* Every step before the rename works on PATH.tmp: named, so that the
-   * admin looks where the trouble is. */
-  if (r != 0) {
-    bool tmp = strcmp(step, "rename") != 0 && strcmp(step, "format") != 0 &&
-               strncmp(step, "replace", 7) != 0;
+  /* The steps that work on PATH.tmp name it, so that the admin looks
+   * where the trouble is. */
+  if (r != 0 && strcmp(step, NOT_STATE) == 0) {
+    snprintf(msg, len, "cannot write the Slurm jobs' state file %s: the file there is not "
+             "a dspkd state file (its first line is not \"dspkd-jobs ...\"), and dspkd "
+             "does not replace it: look at it, then move it away or give job_state another "
+             "path", d->job_state);
+  } else if (r != 0) {
+    static const char *const on_tmp[] = {"remove", "create", "chown", "chmod",
+                                         "write",  "fsync",  "close"};
+    bool tmp = false;
+    for (size_t i = 0; i < sizeof on_tmp / sizeof on_tmp[0]; i++)
+      tmp = tmp || strcmp(step, on_tmp[i]) == 0;
     snprintf(msg, len, "cannot write the Slurm jobs' state file %s (%s%s%s%s: %s)",
              d->job_state, step, tmp ? " " : "", tmp ? d->job_state : "", tmp ? ".tmp" : "",
              strerror(errno));
@@ -485,14 +533,16 @@ static int parse_ended(struct parsed *p, char **w, int n, char *why, size_t len)
   return 0;
 }
 
-/* Splits line at single spaces into at most max words.  The count, or -1
- * when there are more or a word is empty. */
+/* Splits line at single spaces into at most max words.  The count, -1
+ * when a word is empty, or -2 when there are more (the first max in w). */
 static int split(char *line, char **w, int max) {
   int n = 0;
   for (char *s = line;;) {
     char *sp = strchr(s, ' ');
-    if (n == max || sp == s || !*s)
+    if (sp == s || !*s)
       return -1;
+    if (n == max)
+      return -2;
     w[n++] = s;
     if (!sp)
       return n;
@@ -516,6 +566,15 @@ static int parse_line(struct parsed *p, char *line, int lineno, char *why, size_
     return -1;
   }
   n = split(line, w, (int)(sizeof w / sizeof w[0]));
+  /* A job with more GPUs than a job may have: said as such, not as a line
+   * of no known kind. */
+  if (n == -2 && strcmp(w[0], "job") == 0) {
+    snprintf(why, len, "job %.20s: more than %d UUIDs (a job has at most %d GPUs)", w[1],
+             DSPKD_JOB_MAX_DEVICES, DSPKD_JOB_MAX_DEVICES);
+    return -1;
+  }
+  if (n == -2 && strcmp(w[0], "ended") == 0)
+    n = 4; /* refused by parse_ended: not "ended ID UID" */
   if (n > 0 && strcmp(w[0], "job") == 0)
     return parse_job(p, w + 1, n - 1, why, len);
   if (n > 0 && strcmp(w[0], "ended") == 0)
@@ -705,12 +764,16 @@ void dspkd_jobstate_load(struct dspkd *d) {
     r = parse_text(&p, text, n, why, sizeof why);
   free(text);
   if (r != 0) {
+    const char *step;
     parsed_free(&p);
     d->jobs_fail_closed = true;
     dspkd_error("Slurm jobs: refusing the state file %s: %s; starting without the jobs "
                 "registered before, and connections without a registered job get the cpu "
-                "only (as job_required = yes) until dspkd stops; the next job.register or "
-                "job.end writes the file anew", d->job_state, why);
+                "only (as job_required = yes) until dspkd stops; %s", d->job_state, why,
+                replaceable(d->job_state, &step) == 0
+                    ? "the next job.register or job.end writes the file anew"
+                    : "job.register and job.end fail with EIO while it is there (dspkd "
+                      "replaces only a regular file that is a dspkd state file)");
     return;
   }
   njobs = p.njobs;
@@ -737,9 +800,19 @@ static bool end_in(struct dspkd *d, uint64_t id, uid_t *uid) {
   return true;
 }
 
+/* The outcome when there is no state file: nothing is registered in it. */
+static int no_file(const struct dspkd *d, uint64_t id, const char *dir, char *said,
+                   size_t len) {
+  snprintf(said, len, "Slurm job %" PRIu64 ": no state file %s%s%s%s: nothing is registered "
+           "there", id, d->job_state, dir ? " (no directory " : "", dir ? dir : "",
+           dir ? ")" : "");
+  return DSPKD_EXIT_NOFILE;
+}
+
 /* With the lock held (lock_fd): reads the file of owner, ends job id in
- * it and writes it back with its owner, group and mode.  An exit status. */
-static int end_locked(struct dspkd *d, uint64_t id, uid_t owner) {
+ * it and writes it back with its owner, group and mode.  An exit status,
+ * the outcome in said for 0 and DSPKD_EXIT_NOFILE. */
+static int end_locked(struct dspkd *d, uint64_t id, uid_t owner, char *said, size_t len) {
   struct parsed p = {0};
   struct stat st;
   char why[320] = "", msg[640], *text = NULL;
@@ -749,11 +822,8 @@ static int end_locked(struct dspkd *d, uint64_t id, uid_t owner) {
 
   p.tail = &p.jobs;
   r = read_state(d->job_state, owner, &st, &text, &n, why, sizeof why);
-  if (r == 1) {
-    dspkd_info("Slurm job %" PRIu64 ": not registered (%s does not exist): nothing to end", id,
-               d->job_state);
-    return 0;
-  }
+  if (r == 1)
+    return no_file(d, id, NULL, said, len);
   if (r == 0)
     r = parse_text(&p, text, n, why, sizeof why);
   free(text);
@@ -766,7 +836,7 @@ static int end_locked(struct dspkd *d, uint64_t id, uid_t owner) {
   }
   apply(d, &p, false);
   if (!end_in(d, id, &uid)) {
-    dspkd_info("Slurm job %" PRIu64 ": has ended already (%s)", id, d->job_state);
+    snprintf(said, len, "Slurm job %" PRIu64 ": had ended already in %s", id, d->job_state);
     return 0;
   }
   if (save(d, &st, msg, sizeof msg) != 0) {
@@ -774,11 +844,11 @@ static int end_locked(struct dspkd *d, uint64_t id, uid_t owner) {
     return 1;
   }
   if (uid == (uid_t)-1)
-    dspkd_info("Slurm job %" PRIu64 ": not registered; recorded as ended in %s", id,
-               d->job_state);
+    snprintf(said, len, "Slurm job %" PRIu64 ": not registered in %s; recorded there as "
+             "ended", id, d->job_state);
   else
-    dspkd_info("Slurm job %" PRIu64 " (uid %lu): ended in %s", id, (unsigned long)uid,
-               d->job_state);
+    snprintf(said, len, "Slurm job %" PRIu64 " (uid %lu): ended in %s", id,
+             (unsigned long)uid, d->job_state);
   return 0;
 }
 
@@ -788,7 +858,7 @@ static const char *lock_path(const struct dspkd *d, char *buf, size_t len) {
   return buf;
 }
 
-int dspkd_jobstate_end_offline(struct dspkd *d, uint64_t id) {
+int dspkd_jobstate_end_offline(struct dspkd *d, uint64_t id, char *said, size_t len) {
   struct stat st;
   uid_t owner = geteuid();
   gid_t group = getegid();
@@ -803,11 +873,8 @@ int dspkd_jobstate_end_offline(struct dspkd *d, uint64_t id) {
   /* No directory (/run/dspk on a node just rebooted): no file, so no job a
    * start would register again, as when the file alone is missing. */
   dir_of(d->job_state, dir, sizeof dir);
-  if (stat(dir, &st) != 0 && errno == ENOENT) {
-    dspkd_info("Slurm job %" PRIu64 ": not registered (the state file %s does not exist: its "
-               "directory %s: %s): nothing to end", id, d->job_state, dir, strerror(errno));
-    return 0;
-  }
+  if (stat(dir, &st) != 0 && errno == ENOENT)
+    return no_file(d, id, dir, said, len);
   if (check_dir(d->job_state) != 0)
     return 2;
   /* Root ends a job in the file of a daemon that runs as another user
@@ -824,16 +891,13 @@ int dspkd_jobstate_end_offline(struct dspkd *d, uint64_t id) {
                 "it (dspk-submit job end --job %" PRIu64 ")", id, d->job_state, id);
     return DSPKD_EXIT_LOCKED;
   }
-  if (fd == -3) {
-    dspkd_info("Slurm job %" PRIu64 ": not registered (%s does not exist): nothing to end",
-               id, d->job_state);
-    return 0;
-  }
+  if (fd == -3)
+    return no_file(d, id, NULL, said, len);
   if (fd < 0) {
     dspkd_error("--end-job %" PRIu64 ": cannot lock %s.lock: %s", id, d->job_state, why);
     return 1;
   }
-  r = end_locked(d, id, owner);
+  r = end_locked(d, id, owner, said, len);
   dspkd_jobs_free(d);
   close(fd);
   return r;

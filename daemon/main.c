@@ -11,6 +11,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <limits.h>
 #include <malloc.h>
 #include <signal.h>
@@ -473,10 +474,28 @@ int main(int argc, char **argv) {
 
   /* dspkd --end-job ID: the state file the daemon would use, changed
    * offline; nothing of the daemon starts. */
-  if (cfg->end_job)
-    return socket_path(cfg, false) != 0 || dspkd_paths_start(cfg, 0) != 0
-               ? 2
-               : dspkd_jobstate_end_offline(d, cfg->end_job);
+  if (cfg->end_job) {
+    char said[sizeof d->job_state + 256] = "", name[PATH_MAX + 64];
+    /* The default state file of a relative socket that the file names is
+     * the daemon's start directory's, unknown here (the epilog runs in
+     * slurmd's): refused, as a relative job_state in the file is. */
+    if (!cfg->job_state && cfg->socket_path[0] && cfg->socket_path[0] != '/' &&
+        strncmp(dspkd_config_name("socket", name, sizeof name), "--", 2) != 0) {
+      dspkd_error("--end-job %" PRIu64 ": %s is relative (%s) and job_state is unset: the "
+                  "default state file is then relative to the directory dspkd started in, "
+                  "which --end-job cannot know; set job_state to an absolute path",
+                  cfg->end_job, name, cfg->socket_path);
+      return 2;
+    }
+    if (socket_path(cfg, false) != 0 || dspkd_paths_start(cfg, 0) != 0)
+      return 2;
+    int r = dspkd_jobstate_end_offline(d, cfg->end_job, said, sizeof said);
+    /* The outcome on stdout, whatever the log level: the epilog tells
+     * "ended in PATH" from "no state file PATH" by it (and the status). */
+    if (said[0] && (printf("%s\n", said) < 0 || fflush(stdout) != 0))
+      dspkd_error("%s (written here: standard output failed: %s)", said, strerror(errno));
+    return r;
+  }
 
   dspkd_test_start_pause("config");
   activated = dspkd_activation_start(d);

@@ -135,16 +135,21 @@ bool dspkd_paths_same(const char *a, const char *b) {
 }
 
 /* The name of another of the daemon's files that path is, or NULL: the
- * socket (sock, NULL without a path) or the cache (cache, "" for none) and
- * the files SQLite keeps beside it.  The one it is goes into what. */
-static const char *collides(const char *path, const char *sock, const char *cache,
-                            char *what, size_t len) {
+ * socket (sock, NULL without a path), the configuration file (conf, NULL
+ * for none) or the cache (cache, "" for none) and the files SQLite keeps
+ * beside it.  The one it is goes into what. */
+static const char *collides(const char *path, const char *sock, const char *conf,
+                            const char *cache, char *what, size_t len) {
   static const char *const sides[] = {"", "-wal", "-shm", "-journal"};
   char side[PATH_MAX + 16];
 
   if (sock && dspkd_paths_same(path, sock)) {
     snprintf(what, len, "%s", sock);
     return "the socket";
+  }
+  if (conf && dspkd_paths_same(path, conf)) {
+    snprintf(what, len, "%s", conf);
+    return "the configuration file";
   }
   for (size_t i = 0; cache[0] && i < sizeof sides / sizeof sides[0]; i++) {
     snprintf(side, sizeof side, "%s%s", cache, sides[i]);
@@ -171,7 +176,7 @@ static void from_start(char *p, size_t len) {
 int dspkd_paths_start(struct dspkd_config *cfg, int activated) {
   bool has_path = !activated || cfg->socket_path[0] != '(';
   char name[PATH_MAX + 64], what[PATH_MAX + 16], tmp[PATH_MAX + 8];
-  const char *is;
+  const char *is, *conf = dspkd_config_file();
 
   run.activated = activated;
   if (!getcwd(run.start, sizeof run.start))
@@ -200,14 +205,14 @@ int dspkd_paths_start(struct dspkd_config *cfg, int activated) {
   /* jobstate.c takes it from here: its own default is not needed. */
   cfg->job_state = run.job_state;
   snprintf(tmp, sizeof tmp, "%s.tmp", run.job_state);
-  if ((is = collides(run.job_state, has_path ? cfg->socket_path : NULL, run.cache, what,
-                     sizeof what)) != NULL) {
+  if ((is = collides(run.job_state, has_path ? cfg->socket_path : NULL, conf, run.cache,
+                     what, sizeof what)) != NULL) {
     dspkd_error("%s %s is %s (%s): the Slurm jobs' state file would replace it at the "
                 "first job.register; give it a path of its own", name, run.job_state, is,
                 what);
     return -1;
   }
-  if ((is = collides(tmp, has_path ? cfg->socket_path : NULL, run.cache, what,
+  if ((is = collides(tmp, has_path ? cfg->socket_path : NULL, conf, run.cache, what,
                      sizeof what)) != NULL) {
     dspkd_error("%s %s: its temporary file %s is %s (%s), which each job.register would "
                 "remove; give the state file another path", name, run.job_state, tmp, is,

@@ -29,8 +29,9 @@ const char *dspkd_paths_cache_dir_file(void);
  * cfg->job_state, and checks them.  0, or -1 after logging one line (exit
  * 2): no state file can be named (the socket has no path, and neither
  * job_state nor $RUNTIME_DIRECTORY names one), or it is the socket, the
- * cache, one of the cache's -wal, -shm and -journal, or its temporary file
- * (PATH.tmp) is one of those.
+ * configuration file (dspkd_config_file), the cache, one of the cache's
+ * -wal, -shm and -journal, or its temporary file (PATH.tmp) is one of
+ * those.
  */
 int dspkd_paths_start(struct dspkd_config *cfg, int activated);
 

@@ -7,9 +7,26 @@
 # installed in, found from the script's real path: symbolic links resolved,
 # so that a link to the script (Prolog=/etc/slurm/prolog.d/*) finds it too.
 self=$(readlink -f -- "$0") || self=$0
-submit=${DSPK_SUBMIT:-${self%/*}/@DSPK_SLURM_TO_BIN@/dspk-submit}
+# in_tree REL: the script's directory/REL, its ".." taken away (self has no
+# link left, so that is the same file), for the messages that name it.
+in_tree() {
+  realpath -s -m -- "${self%/*}/$1" 2>/dev/null || printf '%s\n' "${self%/*}/$1"
+}
+submit=${DSPK_SUBMIT:-$(in_tree @DSPK_SLURM_TO_BIN@/dspk-submit)}
 socket=${DSPK_SOCKET:-/run/dspk/dspkd.sock}
-job=${SLURM_JOB_ID:?dspk $what: SLURM_JOB_ID is not set}
+# need VAR: exit 2 with one line when Slurm's variable VAR is unset or empty.
+need() {
+  eval "[ -n \"\${$1:-}\" ]" && return
+  if eval "[ -n \"\${$1+set}\" ]"; then
+    echo "dspk $what: ${job:+job $job: }$1 is empty" >&2
+  else
+    echo "dspk $what: ${job:+job $job: }$1 is not set" >&2
+  fi
+  exit 2
+}
+job=
+need SLURM_JOB_ID
+job=$SLURM_JOB_ID
 # The timeout is whole seconds from 1 (unset or empty: 120); anything else
 # would be timeout(1)'s (0: none at all, 1.5, 2m): exit 2, with one line.
 tmo=${tmo:-120}

@@ -3,7 +3,8 @@
 node's socket can be in (docs/cluster.md): when the node has no daemon, whether no
 socket file exists or a stale one that nothing listens on (connection refused: a dspkd
 killed without its cleanup), the epilog ends the job in the daemon's state file (dspkd
---end-job) and exits 0, saying so in one line on stderr, or fails (exit 1, one line
+--end-job) and exits 0, with one line on stderr naming the file and what --end-job found
+there (the job ended, or no state file: nothing registered there), or fails (exit 1, one line
 saying what to do) when that cannot be done; it ends the job at a live daemon; any other failure (a listener that closes
 the connection, one that never answers) fails it, so that Slurm drains the node; a
 timeout says so in one line (what gave up, after how long, the socket).  The prolog fails
@@ -44,18 +45,24 @@ def run(a, tmp):
     check(os.access(epilog, os.X_OK) and os.access(prolog, os.X_OK),
           "the packaged prolog and epilog in the build tree")
 
-    # 1. No socket file: the job is ended in the state file (here: none, nothing to end),
-    # one line says so.
+    # 1. No socket file: the job is ended in the state file; here there is none, so
+    # nothing is registered there, and the one line says that (not "ended"), naming the
+    # file and what to set if the daemon keeps its state elsewhere; exit 0.
     none = os.path.join(tmp, "none.sock")
+    hint = ("; if dspkd keeps its state elsewhere, DSPK_DSPKD_OPTIONS must name it (--config "
+            "FILE or --job-state FILE, as dspkd has them)\n")
     p = script(epilog, a.submit, none)
     check(p.returncode == 0 and p.stdout == "" and p.stderr ==
-          "dspk epilog: job 77: no dspkd listens on %s (no socket file); the job is ended in "
-          "its state file (dspkd --end-job)\n" % none, "no socket: %r" % (p,))
+          "dspk epilog: job 77: no dspkd listens on %s (no socket file); dspkd --end-job: "
+          "Slurm job 77: no state file %s: nothing is registered there%s"
+          % (none, os.path.join(tmp, "none.jobs"), hint), "no socket: %r" % (p,))
     # No directory for the state file either (a node just rebooted): nothing to end.
-    p = script(epilog, a.submit, none,
-               DSPK_DSPKD_OPTIONS="--config= --job-state " + os.path.join(tmp, "no", "j"))
-    check(p.returncode == 0 and p.stdout == "" and len(p.stderr.splitlines()) == 1,
-          "no socket, no state file's directory: %r" % (p,))
+    no = os.path.join(tmp, "no")
+    p = script(epilog, a.submit, none, DSPK_DSPKD_OPTIONS="--config= --job-state " + no + "/j")
+    check(p.returncode == 0 and p.stdout == "" and p.stderr ==
+          "dspk epilog: job 77: no dspkd listens on %s (no socket file); dspkd --end-job: "
+          "Slurm job 77: no state file %s/j (no directory %s): nothing is registered there%s"
+          % (none, no, no, hint), "no socket, no state file's directory: %r" % (p,))
     # Without a dspkd to run, or when it fails (a file where the state file's
     # directory should be): exit 1, one line says what to do.
     afile = os.path.join(tmp, "afile")

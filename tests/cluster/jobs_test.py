@@ -428,6 +428,9 @@ def run(exe, submit, epilog, tmp, case=None):
         check(ids(c) == [cpu["id"]], "job_required: devices after --all")
         c.call("job.register", {"job": 5, "uid": os.getuid(), "devices": [gpu["uuid"]]})
         check(sorted(ids(d.client())) == sorted([cpu["id"], gpu["id"]]), "with a job: its GPU")
+        # Ended, so that the daemons after this one (the same state file) start without
+        # it: ending_again counts the registered jobs.
+        c.call("job.end", {"job": 5})
         c.close()
         d.stop()
     except BaseException:
@@ -548,6 +551,9 @@ def ending_again(d):
     cj.expect_eof()
     check([j["ended"] for j in admin.call("status", {})["jobs"] if j["job"] == 93] == [False],
           "job 93 registered again after its end")
+    # Ended, so that the next daemon on this state file does not give the admin's uid
+    # this job's devices (the cpu only) in ending_stop.
+    admin.call("job.end", {"job": 93})
 
 
 def ending_stop(d):
@@ -802,7 +808,8 @@ def down(exe, submit, epilog, tmp, gpu, cpu):
                            env=epilog_env(d.sock, 30, **env))
         check(p.returncode == 0 and p.stdout == "" and len(p.stderr.splitlines()) == 1 and
               ("no dspkd listens on %s (%s" % (d.sock, gone)) in p.stderr and
-              "ended in its state file" in p.stderr, "%s: the epilog: %r" % (how, p))
+              p.stderr.endswith("; dspkd --end-job: Slurm job 30 (uid %d): ended in %s\n"
+                                % (NOBODY, state)), "%s: the epilog: %r" % (how, p))
         st = os.stat(state)
         check(st.st_mode & 0o7777 == 0o600 and st.st_uid == 0, "%s: mode, owner" % how)
 
@@ -830,30 +837,75 @@ def down(exe, submit, epilog, tmp, gpu, cpu):
     sock = os.path.join(tmp, "dspkd.sock")
     p = end_job("--socket", sock, "--end-job", "30")
     st = os.stat(state)
-    check(p.returncode == 0 and "Slurm job 30 (uid %d): ended in %s" % (NOBODY, state)
-          in p.stderr and (st.st_uid, st.st_gid, st.st_mode & 0o7777) ==
+    check(p.returncode == 0 and p.stdout == "Slurm job 30 (uid %d): ended in %s\n"
+          % (NOBODY, state) and p.stderr == "" and (st.st_uid, st.st_gid, st.st_mode & 0o7777) ==
           (NOBODY, NOBODY, 0o640) and open(state).read() ==
           "dspkd-jobs 1\nended 31 %d\nended 30 %d\nend 2\n" % (NOBODY, NOBODY),
           "--end-job as root on uid %d's file: %r %o" % (NOBODY, p, st.st_mode))
     p = end_job("--socket", sock, "--end-job", "30")
-    check(p.returncode == 0 and "has ended already" in p.stderr, "again: %r" % (p,))
+    check(p.returncode == 0 and p.stdout == "Slurm job 30: had ended already in %s\n" % state,
+          "again: %r" % (p,))
+    p = end_job("--socket", sock, "--end-job", "34")
+    check(p.returncode == 0 and p.stdout == "Slurm job 34: not registered in %s; recorded there "
+          "as ended\n" % state, "a job not registered: %r" % (p,))
     for f in (state, state + ".lock"):
         os.unlink(f)
-    p = end_job("--socket", sock, "--end-job", "32")
-    check(p.returncode == 0 and "not registered" in p.stderr and not os.path.exists(state)
+    # No state file: exit 4, its own status (the epilog tells it from "ended"), the
+    # absolute path named on stdout, also with a log level that hides info.
+    p = end_job("--socket", sock, "--log-level", "error", "--end-job", "32")
+    check(p.returncode == 4 and p.stderr == "" and p.stdout == "Slurm job 32: no state file %s: "
+          "nothing is registered there\n" % state and not os.path.exists(state)
           and not os.path.exists(state + ".lock"), "no state file: nothing to end: %r" % (p,))
-    # No directory for it either (/run/dspk on a node just rebooted): nothing to end
-    # (it exited 2), from the epilog too; a path through a file is still exit 2.
+    # A job line with more UUIDs than a job may have GPUs is refused for that reason
+    # (as the start refuses it); 64 are taken.
+    for n, rc, said in ((65, 1, "line 2: job 5: more than 64 UUIDs"),
+                        (64, 0, "Slurm job 5 (uid 1): ended in %s" % state)):
+        with open(state, "w") as f:
+            f.write("dspkd-jobs 1\njob 5 1 %s\nend 1\n"
+                    % " ".join("%x" % i for i in range(1, n + 1)))
+        os.chmod(state, 0o600)
+        p = end_job("--socket", sock, "--end-job", "5")
+        check(p.returncode == rc and said in p.stderr + p.stdout,
+              "a job of %d UUIDs: %r" % (n, p))
+    os.unlink(state)
+    # No directory for it either (/run/dspk on a node just rebooted): nothing to end,
+    # exit 4 as for no file (it exited 2); the epilog says so truthfully, exit 0 (no
+    # drain); a path through a file is still exit 2.
     gone = os.path.join(tmp, "gone")
     p = end_job("--socket", os.path.join(gone, "dspkd.sock"), "--end-job", "32")
-    check(p.returncode == 0 and len(p.stderr.splitlines()) == 1 and
-          "Slurm job 32: not registered (the state file %s/dspkd.jobs does not exist: its "
-          "directory %s: No such file or directory): nothing to end" % (gone, gone) in p.stderr
+    check(p.returncode == 4 and p.stderr == "" and p.stdout == "Slurm job 32: no state file "
+          "%s/dspkd.jobs (no directory %s): nothing is registered there\n" % (gone, gone)
           and not os.path.exists(gone), "no state file's directory: nothing to end: %r" % (p,))
     p = subprocess.run([epilog], capture_output=True, text=True, timeout=TIMEOUT,
                        env=epilog_env(os.path.join(gone, "dspkd.sock"), 32, **env))
-    check(p.returncode == 0 and "no dspkd listens on %s/dspkd.sock (no socket file" % gone
-          in p.stderr and not os.path.exists(gone), "the epilog, no directory: %r" % (p,))
+    check(p.returncode == 0 and p.stderr == "dspk epilog: job 32: no dspkd listens on "
+          "%s/dspkd.sock (no socket file); dspkd --end-job: Slurm job 32: no state file "
+          "%s/dspkd.jobs (no directory %s): nothing is registered there; if dspkd keeps its "
+          "state elsewhere, DSPK_DSPKD_OPTIONS must name it (--config FILE or --job-state "
+          "FILE, as dspkd has them)\n" % (gone, gone, gone) and not os.path.exists(gone),
+          "the epilog, no directory: %r" % (p,))
+    # A daemon whose state file is not the one the epilog's --end-job works out (started
+    # with --job-state, DSPK_DSPKD_OPTIONS without it): the epilog does not claim the job
+    # ended; it names the file it looked at and the variable to set, exit 0.
+    elsewhere = os.path.join(tmp, "elsewhere.jobs")
+    d = Daemon(exe, tmp, extra + ["--job-state", elsewhere])
+    d.client().call("job.register", {"job": 35, "uid": NOBODY, "devices": []})
+    d.stop()
+    p = subprocess.run([epilog], capture_output=True, text=True, timeout=TIMEOUT,
+                       env=epilog_env(d.sock, 35, **env))
+    check(p.returncode == 0 and p.stderr.endswith(
+        "; dspkd --end-job: Slurm job 35: no state file %s: nothing is registered there; if "
+        "dspkd keeps its state elsewhere, DSPK_DSPKD_OPTIONS must name it (--config FILE or "
+        "--job-state FILE, as dspkd has them)\n" % state) and "ended in" not in p.stderr and
+        "job 35 %d" % NOBODY in open(elsewhere).read(), "state file elsewhere: %r" % (p,))
+    p = subprocess.run([epilog], capture_output=True, text=True, timeout=TIMEOUT,
+                       env=epilog_env(d.sock, 35, **dict(
+                           env, DSPK_DSPKD_OPTIONS="--config= --job-state " + elsewhere)))
+    check(p.returncode == 0 and p.stderr.endswith(
+        "; dspkd --end-job: Slurm job 35 (uid %d): ended in %s\n" % (NOBODY, elsewhere)) and
+        "job 35" not in open(elsewhere).read(), "state file named: %r" % (p,))
+    for f in (elsewhere, elsewhere + ".lock", os.path.join(tmp, "dspkd.log")):
+        os.unlink(f)
     afile = os.path.join(tmp, "afile")
     open(afile, "w").close()
     p = end_job("--job-state", os.path.join(afile, "x.jobs"), "--socket", sock,
@@ -891,8 +943,7 @@ def paths(exe, submit, tmp):
     os.mkdir(tmp)
     base = ["--config", "", "--backends", "cpu", "--no-cache"]
     for where, args, conf in (("option", ["--job-state", "rel.jobs"], None),
-                              ("file", [], "[daemon]\nsocket = rel.sock\n"
-                                           "job_state = rel.jobs\n")):
+                              ("file", [], "[daemon]\nsocket = rel.sock\n")):
         start = os.path.join(tmp, where)
         os.mkdir(start)
         log = os.path.join(start, "dspkd.log")
@@ -927,10 +978,47 @@ def paths(exe, submit, tmp):
             rc.close()
             check("takes effect at the next start" not in open(log).read(),
                   "%s: a reload of the same relative paths: %s" % (where, open(log).read()))
+            if conf:
+                # A relative job_state in the file is refused at a reload too (an
+                # invalid file: the running configuration stays).
+                with open(os.path.join(start, "d.conf"), "a") as f:
+                    f.write("job_state = rel.jobs\n")
+                rc = Client(sock, TIMEOUT)
+                try:
+                    rc.call("daemon.reload", {})
+                    check(False, "a reload of a relative job_state was taken")
+                except RpcError as e:
+                    check("job_state: expected an absolute path" in str(e), "reload: %s" % e)
+                rc.close()
+                check("job_state: expected an absolute path, got \"rel.jobs\"" in
+                      open(log).read() and "keeping the running configuration" in
+                      open(log).read(), "reload of a relative job_state: the log")
         finally:
             os.kill(pid, signal.SIGTERM)
             select.select([pidfd], [], [], TIMEOUT)
             os.close(pidfd)
+    # A relative job_state in a configuration file is refused (exit 2, file:line), at
+    # start and by --end-job: the epilog's --end-job, in slurmd's directory, could not
+    # tell the start directory it is relative to.
+    cfg = os.path.join(tmp, "rel.conf")
+    with open(cfg, "w") as f:
+        f.write("[daemon]\njob_state = rel.jobs\n")
+    sock = os.path.join(tmp, "r.sock")
+    for args in (["--foreground", "--socket", sock], ["--socket", sock, "--end-job", "5"]):
+        p = subprocess.run([exe, "--config", cfg] + args, capture_output=True, text=True,
+                           timeout=TIMEOUT, cwd=tmp)
+        check(p.returncode == 2 and len(p.stderr.splitlines()) == 1 and
+              ("%s:2: job_state: expected an absolute path, got \"rel.jobs\"" % cfg) in p.stderr
+              and not os.path.exists(sock) and not os.path.exists(os.path.join(tmp, "rel.jobs")),
+              "a relative job_state in the file, %r: %r" % (args, p))
+    # So is, by --end-job, the default state file of a relative socket the file names.
+    with open(cfg, "w") as f:
+        f.write("[daemon]\nsocket = rel.sock\n")
+    p = subprocess.run([exe, "--config", cfg, "--end-job", "5"], capture_output=True,
+                       text=True, timeout=TIMEOUT, cwd=tmp)
+    check(p.returncode == 2 and p.stdout == "" and len(p.stderr.splitlines()) == 1 and
+          "%s: socket is relative (rel.sock) and job_state is unset" % cfg in p.stderr,
+          "--end-job, a relative socket in the file: %r" % (p,))
     notdir = os.path.join(tmp, "plain")
     open(notdir, "w").close()
     for state, why in ((os.path.join(tmp, "typo", "d.jobs"), "directory %s: No such file or "
@@ -990,6 +1078,64 @@ def collide(exe, tmp):
             other.close()
             os.unlink(state)
     daemon_check(d, over_socket)
+
+    # job_state naming the configuration file, by any spelling or link (or with the
+    # configuration as its PATH.tmp): refused at start (exit 2, one line), the file kept.
+    conf = os.path.join(tmp, "d.conf")
+    text = "[policy]\njob_required = yes\n"
+    with open(conf, "w") as f:
+        f.write(text)
+    os.symlink(conf, os.path.join(tmp, "conf.link"))
+    os.mkdir(os.path.join(tmp, "sub"))
+    sock = os.path.join(tmp, "c.sock")
+    for state, why in ((conf, "is the configuration file ("),
+                       (os.path.join(tmp, "sub", "..", "d.conf"), "is the configuration file"),
+                       (os.path.join(tmp, "conf.link"), "is the configuration file")):
+        for cfg in (conf, os.path.join(tmp, "conf.link")):
+            p = subprocess.run(dspk_daemon.cmdline(exe, sock, ["--config", cfg, "--job-state",
+                                                               state]),
+                               capture_output=True, text=True, timeout=TIMEOUT)
+            check(p.returncode == 2 and len(p.stderr.splitlines()) == 1 and why in p.stderr
+                  and not os.path.exists(sock) and open(conf).read() == text,
+                  "job_state %s, --config %s: %r" % (state, cfg, p))
+    tconf = os.path.join(tmp, "t.jobs.tmp")
+    shutil.copy(conf, tconf)
+    p = subprocess.run(dspk_daemon.cmdline(exe, sock, ["--config", tconf, "--job-state",
+                                                       tconf[:-4]]),
+                       capture_output=True, text=True, timeout=TIMEOUT)
+    check(p.returncode == 2 and "its temporary file %s is the configuration file" % tconf
+          in p.stderr and open(tconf).read() == text, "PATH.tmp the configuration: %r" % (p,))
+
+    # A file that is not a dspkd state file (its first line is not "dspkd-jobs ..."):
+    # refused at start (fail closed) and never replaced: job.register and job.end are
+    # EIO naming it.  An empty file and another version's state file are replaced.
+    other = os.path.join(tmp, "other.txt")
+    with open(other, "w") as f:
+        f.write(text)
+    os.chmod(other, 0o600)
+
+    def not_state(d):
+        check("refusing the state file %s" % other in d.logtext() and
+              "fail with EIO while it is there" in d.logtext(), "the start's log")
+        for method, args in (("job.register", {"job": 51, "uid": 0}), ("job.end", {"job": 51})):
+            e = err_of(d.client(), method, args)
+            check(e[0] == "EIO" and ("state file %s: the file there is not a dspkd state file"
+                                     % other) in e[1] and "nothing changed" in e[1],
+                  "%s over a file of another program: %r" % (method, e))
+        check(open(other).read() == text and not os.path.exists(other + ".tmp"),
+              "the file is kept")
+    daemon_check(Daemon(exe, tmp, ["--job-state", other]), not_state)
+    for before in ("", "dspkd-jobs 2\nwhatever\n"):
+        with open(other, "w") as f:
+            f.write(before)
+        os.chmod(other, 0o600)
+
+        def replaced(d):
+            d.client().call("job.register", {"job": 52, "uid": 0})
+            check(open(other).read() == "dspkd-jobs 1\njob 52 0\nend 1\n", "%r replaced"
+                  % before)
+        daemon_check(Daemon(exe, tmp, ["--job-state", other]), replaced)
+    os.unlink(other)
 
 
 HIDDEN_UID = 64031  # the daemon's user in hidden(): no capabilities, not root, not 65534

@@ -10,7 +10,11 @@ own, with a stand-in dspk-submit that prints its arguments (docs/cluster.md):
   dspkd (SBINDIR/dspkd, a stand-in that records its arguments) with DSPK_DSPKD_OPTIONS and
   --end-job, or DSPK_DSPKD's;
 - the map file's # starts a comment anywhere on a line (`0 UUID#card A` maps 0 to UUID),
-  a CR at a line's end is dropped, and an index with only a comment has no UUID (exit 1);
+  a CR at a line's end is dropped; a line of the index with no UUID (only a comment) fails
+  naming FILE:LINE, also before a good line, and two lines giving it two UUIDs fail naming
+  both (exit 1); a copy's messages name the tree's paths without "..";
+- SLURM_JOB_ID (and the prolog's SLURM_JOB_UID) unset or empty: exit 2 with the scripts'
+  own line;
 - DSPK_PROLOG_TIMEOUT / DSPK_EPILOG_TIMEOUT take whole seconds from 1 (unset or empty:
   120); 0, fractions, suffixes, signs and values over 999999999 are refused with one line
   (exit 2) before dspk-submit runs.
@@ -34,15 +38,18 @@ from dspk_rpc import check  # noqa: E402
 TIMEOUT = 60
 FAKE = "#!/bin/sh\nfor a; do printf '%s\\n' \"$a\"; done\n"
 # The stand-in dspkd: its socket variable and arguments, a line each, in PATH.args.
-FAKE_DSPKD = "#!/bin/sh\nprintf '%s\\n' \"$DSPK_SOCKET\" \"$@\" > \"$0.args\"\n"
+FAKE_DSPKD = ("#!/bin/sh\nprintf '%s\\n' \"$DSPK_SOCKET\" \"$@\" > \"$0.args\"\n"
+              "echo warned >&2\necho 'Slurm job 7 (uid 1000): ended in /x.jobs'\n")
 UUID = ["5c1e0d3a-0000-4000-8000-00000000000%d" % i for i in range(4)]
 
 
 def run(path, **env):
-    """path with slurmd's environment: Slurm's variables, no DSPK_SUBMIT."""
+    """path with slurmd's environment: Slurm's variables, no DSPK_SUBMIT (a variable
+    given as None is unset)."""
     e = {"PATH": "/usr/bin:/bin", "SLURM_JOB_ID": "7", "SLURM_JOB_UID": "1000",
          "SLURM_JOB_GPUS": "", "DSPK_GPU_MAP": "/nonexistent"}
     e.update(env)
+    e = {k: v for k, v in e.items() if v is not None}
     return subprocess.run([path], capture_output=True, text=True, timeout=TIMEOUT, env=e)
 
 
@@ -66,7 +73,7 @@ def tree(a, tmp):
     return sdir
 
 
-def links(sdir, tmp, sock, fake):
+def links(a, sdir, tmp, sock, fake):
     # Absolute links at another depth, a relative one, and a link to a link.
     etc = os.path.join(tmp, "etc", "slurm")
     deep = os.path.join(tmp, "opt", "slurm", "site", "etc", "epilog.d")
@@ -90,7 +97,9 @@ def links(sdir, tmp, sock, fake):
     none = os.path.join(tmp, "none.sock")
     p = run(etc + "/epilog.d/50-dspk", DSPK_SOCKET=none,
             DSPK_DSPKD_OPTIONS="--config /etc/x.conf  --job-state /var/lib/j*")
-    check(p.returncode == 0 and p.stdout == "" and "ended in its state file" in p.stderr and
+    check(p.returncode == 0 and p.stdout == "" and p.stderr == "warned\ndspk epilog: job 7: no "
+          "dspkd listens on %s (no socket file); dspkd --end-job: Slurm job 7 (uid 1000): "
+          "ended in /x.jobs\n" % none and
           open(fake + ".args").read().splitlines() ==
           [none, "--config", "/etc/x.conf", "--job-state", "/var/lib/j*", "--end-job", "7"],
           "the epilog without a daemon runs its tree's dspkd --end-job: %r" % (p,))
@@ -103,16 +112,27 @@ def links(sdir, tmp, sock, fake):
     check(p.returncode == 1 and p.stdout == "" and len(p.stderr.splitlines()) == 1 and
           "no executable dspkd at %s-typo (named by DSPK_DSPKD)" % other in p.stderr,
           "DSPK_DSPKD naming nothing: %r" % (p,))
-    # A copy has no tree of its own: it says where it looked.
+    # A copy has no tree of its own: it says where it looked (the path without "..").
     for s in ("prolog", "epilog"):
         copy = os.path.join(etc, s + ".d", "copy")
         shutil.copy2(os.path.join(sdir, s), copy)
         p = run(copy, DSPK_SOCKET=sock)
         lines = p.stderr.splitlines()
+        up = a.libexecdir + "/dspk/slurm"
+        bindir, sbindir = (os.path.normpath(os.path.join(etc, s + ".d", os.path.relpath(d, up)))
+                           for d in (a.bindir, a.sbindir))
         check(p.returncode == 127 and p.stdout == "" and len(lines) == 1 and
-              lines[0].startswith("dspk %s: job 7: no executable dspk-submit at " % s) and
-              lines[0].endswith("(the one of this script's tree; DSPK_SUBMIT names another)"),
+              lines[0] == "dspk %s: job 7: no executable dspk-submit at %s/dspk-submit (the "
+              "one of this script's tree; DSPK_SUBMIT names another)" % (s, bindir),
               "a copy of the %s: %r" % (s, p))
+        if s == "epilog":
+            # With DSPK_SUBMIT only, while no daemon listens: no dspkd (DSPK_DSPKD).
+            submit = os.path.join(tmp, "root", a.bindir.lstrip("/"), "dspk-submit")
+            p = run(copy, DSPK_SOCKET=none, DSPK_SUBMIT=submit)
+            check(p.returncode == 1 and p.stdout == "" and
+                  ("there is no executable dspkd at %s/dspkd (the one of this script's "
+                   "tree; DSPK_DSPKD names another)" % sbindir) in p.stderr,
+                  "a copy of the epilog, DSPK_SUBMIT set, no daemon: %r" % (p,))
         # DSPK_SUBMIT naming a file that is not executable, or no file.
         plain = os.path.join(tmp, "not-executable")
         open(plain, "w").close()
@@ -144,8 +164,48 @@ def gpu_map(sdir, tmp, sock):
     p = run(os.path.join(sdir, "prolog"), DSPK_SOCKET=sock, DSPK_GPU_MAP=path,
             SLURM_JOB_GPUS="0,63")
     check(p.returncode == 1 and p.stdout == "" and
-          p.stderr == 'dspk prolog: job 7: no UUID for GPU index 63 (add "63 UUID" to %s)\n' % path,
-          "an index with only a comment has no UUID: %r" % (p,))
+          p.stderr == 'dspk prolog: job 7: %s:7: GPU index 63 without a UUID (expected "INDEX '
+          'UUID")\n' % path, "an index with only a comment has no UUID: %r" % (p,))
+    p = run(os.path.join(sdir, "prolog"), DSPK_SOCKET=sock, DSPK_GPU_MAP=path,
+            SLURM_JOB_GPUS="5")
+    check(p.returncode == 1 and p.stdout == "" and
+          p.stderr == 'dspk prolog: job 7: no UUID for GPU index 5 (add "5 UUID" to %s)\n' % path,
+          "an index not in the map: %r" % (p,))
+    # Every line of the index counts: one without a UUID is named (file:line) even when
+    # a good one follows; two lines with two UUIDs are refused, both named; the same UUID
+    # twice (another spelling) is one.
+    for text, err in (("0\n0 %s\n" % UUID[0], ":1: GPU index 0 without a UUID (expected "
+                       "\"INDEX UUID\")"),
+                      ("0 %s\n0 %s\n" % (UUID[0], UUID[1]),
+                       ":1 and %s:2: GPU index 0 has two UUIDs (%s and %s): keep the right line"
+                       % (path, UUID[0], UUID[1])),
+                      ("0 %s\n 00 GPU-%s\n" % (UUID[0], UUID[0].upper()), None)):
+        with open(path, "w") as f:
+            f.write(text)
+        p = run(os.path.join(sdir, "prolog"), DSPK_SOCKET=sock, DSPK_GPU_MAP=path,
+                SLURM_JOB_GPUS="0")
+        if err:
+            check(p.returncode == 1 and p.stdout == "" and
+                  p.stderr == "dspk prolog: job 7: %s%s\n" % (path, err), "%r: %r" % (text, p))
+        else:
+            out = p.stdout.splitlines()
+            check(p.returncode == 0 and out[out.index("--devices") + 1] == UUID[0],
+                  "%r: %r" % (text, p))
+
+
+def variables(sdir, sock):
+    """Slurm's variables unset or empty: exit 2 with the script's own one line."""
+    for s in ("prolog", "epilog"):
+        for val, said in ((None, "not set"), ("", "empty")):
+            p = run(os.path.join(sdir, s), DSPK_SOCKET=sock, SLURM_JOB_ID=val)
+            check(p.returncode == 2 and p.stdout == "" and
+                  p.stderr == "dspk %s: SLURM_JOB_ID is %s\n" % (s, said),
+                  "%s, SLURM_JOB_ID %r: %r" % (s, val, p))
+    for val, said in ((None, "not set"), ("", "empty")):
+        p = run(os.path.join(sdir, "prolog"), DSPK_SOCKET=sock, SLURM_JOB_UID=val)
+        check(p.returncode == 2 and p.stdout == "" and
+              p.stderr == "dspk prolog: job 7: SLURM_JOB_UID is %s\n" % said,
+              "SLURM_JOB_UID %r: %r" % (val, p))
 
 
 def timeouts(sdir, sock):
@@ -178,9 +238,10 @@ def main():
         sock = os.path.join(tmp, "s.sock")
         srv = socket.socket(socket.AF_UNIX)
         srv.bind(sock)
-        links(sdir, tmp, sock, os.path.join(tmp, "root", a.sbindir.lstrip("/"), "dspkd"))
+        links(a, sdir, tmp, sock, os.path.join(tmp, "root", a.sbindir.lstrip("/"), "dspkd"))
         gpu_map(sdir, tmp, sock)
         timeouts(sdir, sock)
+        variables(sdir, sock)
         print("ok scripts")
     finally:
         if srv:
