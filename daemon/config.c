@@ -118,9 +118,12 @@ static const struct key keys[] = {
      "error, warn, notice, info or debug"},
     {NULL, "end_job", K_UINT, F(end_job), 1, UINT64_MAX, false, IN_ARGV, NULL, "ID",
      "do not start: mark Slurm job ID ended in the job_state file, for an epilog that "
-     "finds no daemon, and print what was found; exit 0 (ended in the file), 4 (no "
-     "state file there: nothing registered), 3 when a running dspkd holds the file (end "
-     "the job through it), 1 on an error"},
+     "finds no daemon, and print what was found; exit 0 (ended in the file, now or "
+     "before), 4 (no state file there, nor perhaps its directory: nothing registered), 3 "
+     "when a running dspkd holds the file (end the job through it), 1 when the file is "
+     "refused or cannot be locked or written, 2 for a bad ID (digits from 1, no leading "
+     "zero), command line or configuration, or when no state file can be named or its "
+     "path is not one (dspkd(8))"},
     {NULL, "ready_fd", K_FD, F(ready_fd), 0, INT_MAX, false, IN_ARGV, NULL, "N",
      "write \"READY\\n\" to file descriptor N (not 2) once listening, close it"},
     {"limits", "max_message", K_SIZE, F(lim.max_message), 64, (uint64_t)1 << 32, true,
@@ -713,6 +716,13 @@ static int store(const struct key *k, const char *value, bool from_file,
                vis(value));
       return -1;
     }
+    /* A Slurm job id as $SLURM_JOB_ID has it and the state file writes it:
+     * hello's rule and the file's reader refuse "05", so does --end-job. */
+    if (k->off == offsetof(struct dspkd_config, end_job) && value[0] == '0') {
+      snprintf(why, len, "expected a job id from 1 to %llu without a leading zero, got "
+               "\"%s\"", (unsigned long long)k->hi, vis(value));
+      return -1;
+    }
     if (k->type == K_FD && fcntl((int)v, F_GETFD) < 0) {
       snprintf(why, len, "%s: not an open file descriptor", vis(value));
       return -1;
@@ -929,7 +939,7 @@ static void usage(FILE *f) {
         f);
   for (size_t i = 0; i < NKEYS; i++) {
     const struct key *k = &keys[i];
-    char name[40], head[96], text[400];
+    char name[40], head[96], text[640]; /* --end-job's is the longest: 470 */
     if (!(k->where & IN_ARGV))
       continue;
     opt_name(k, name, sizeof name);

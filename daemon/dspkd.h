@@ -779,7 +779,8 @@ int dspkd_jobstate_start(struct dspkd *d);
  * file: done now, or before), DSPKD_EXIT_NOFILE (there is no state file,
  * nor perhaps its directory: nothing is registered in it), each with the
  * outcome, naming the absolute path, in said (len bytes) for the caller to
- * print; 1 (logged: the file cannot be read or written),
+ * print; 1 (logged: the file is refused as the start refuses it, a path
+ * that is not a regular file included, or cannot be read or written),
  * DSPKD_EXIT_LOCKED (logged: a running dspkd holds the lock: end the job
  * through it), 2 (logged: no state file can be named, or a path to its
  * directory that is not one). */

@@ -27,8 +27,10 @@
  * A running daemon holds an exclusive flock(2) on PATH.lock from before it
  * reads the file until it exits.  dspkd --end-job ID (no daemon started:
  * the epilog of a job that ended while no daemon listened) takes it without
- * waiting, reads the file as the start does, marks the job ended as
- * job.end would and writes the file back with its owner, group and mode;
+ * waiting, reads the file as the start does (what is there but is not a
+ * regular file is refused for that reason, never taken for no file),
+ * marks the job ended as job.end would and writes the file back with its
+ * owner, group and mode;
  * without that the next start would register the job again, for good.
  * Loop thread only.
  */
@@ -108,6 +110,25 @@ static int check_dir(const char *path) {
   return 0;
 }
 
+/* Why a file that lstat(2) found to be of mode, not a regular file, is
+ * refused: the words of the start (open_safe, lock_take) and of dspkd
+ * --end-job alike.  A static string. */
+static const char *not_regular(mode_t mode) {
+  if (S_ISLNK(mode))
+    return "it is a symbolic link";
+  if (S_ISDIR(mode))
+    return "not a regular file (a directory)";
+  if (S_ISFIFO(mode))
+    return "not a regular file (a FIFO)";
+  if (S_ISSOCK(mode))
+    return "not a regular file (a socket)";
+  if (S_ISCHR(mode))
+    return "not a regular file (a character device)";
+  if (S_ISBLK(mode))
+    return "not a regular file (a block device)";
+  return "not a regular file";
+}
+
 /* ---- the lock ----------------------------------------------------------- */
 
 /* PATH.lock, beside the state file: a running daemon holds an exclusive
@@ -125,6 +146,12 @@ static int lock_take(const char *state, uid_t owner, gid_t group, bool create, c
   int fd;
 
   snprintf(path, sizeof path, "%s.lock", state);
+  /* Looked at before it is opened: a FIFO, a device or a socket there is
+   * refused for what it is, not opened (a socket's open says only ENXIO). */
+  if (lstat(path, &st) == 0 && !S_ISREG(st.st_mode)) {
+    snprintf(why, len, "%s", not_regular(st.st_mode));
+    return -1;
+  }
   for (int tries = 0;; tries++) {
     fd = open(path, O_RDWR | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
     if (fd >= 0 || errno != ENOENT)
@@ -148,7 +175,7 @@ static int lock_take(const char *state, uid_t owner, gid_t group, bool create, c
   if (fstat(fd, &st) != 0)
     snprintf(why, len, "fstat: %s", strerror(errno));
   else if (!S_ISREG(st.st_mode))
-    snprintf(why, len, "not a regular file");
+    snprintf(why, len, "%s", not_regular(st.st_mode));
   else if (st.st_uid != owner)
     snprintf(why, len, "owned by uid %lu, not by uid %lu", (unsigned long)st.st_uid,
              (unsigned long)owner);
@@ -625,10 +652,25 @@ static int parse_text(struct parsed *p, char *text, size_t n, char *why, size_t 
 }
 
 /* Opens path for reading if it is safe: a regular file of owner (the
- * daemon's euid) that group and others cannot write, not a symlink.  The
- * fd, -2 when it does not exist, or -1 with why. */
+ * daemon's euid) that group and others cannot write, not a symlink.  What
+ * is there is looked at (lstat) before it is opened, so that a FIFO, a
+ * device or a socket is refused for what it is and never opened; fstat
+ * checks again what was opened.  The fd, -2 when nothing is there, or -1
+ * with why (dspkd --end-job refuses with the same words: not_regular). */
 static int open_safe(const char *path, uid_t owner, struct stat *st, char *why, size_t len) {
-  int fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  int fd;
+
+  if (lstat(path, st) != 0) {
+    if (errno == ENOENT)
+      return -2;
+    snprintf(why, len, "%s", strerror(errno));
+    return -1;
+  }
+  if (!S_ISREG(st->st_mode)) {
+    snprintf(why, len, "%s", not_regular(st->st_mode));
+    return -1;
+  }
+  fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0 && errno == ENOENT)
     return -2;
   if (fd < 0) {
@@ -638,7 +680,7 @@ static int open_safe(const char *path, uid_t owner, struct stat *st, char *why, 
   if (fstat(fd, st) != 0)
     snprintf(why, len, "fstat: %s", strerror(errno));
   else if (!S_ISREG(st->st_mode))
-    snprintf(why, len, "not a regular file");
+    snprintf(why, len, "%s", not_regular(st->st_mode));
   else if (st->st_uid != owner)
     snprintf(why, len, "owned by uid %lu, not by dspkd's uid %lu", (unsigned long)st->st_uid,
              (unsigned long)owner);
@@ -809,6 +851,15 @@ static int no_file(const struct dspkd *d, uint64_t id, const char *dir, char *sa
   return DSPKD_EXIT_NOFILE;
 }
 
+/* The state file is refused for why (the words of the start's refusal):
+ * logged; the exit status, 1. */
+static int refuse(const struct dspkd *d, uint64_t id, const char *why) {
+  dspkd_error("--end-job %" PRIu64 ": refusing the state file %s: %s; the job is not ended "
+              "there (a dspkd started on it refuses it too and fails closed): look at the "
+              "file, or remove it", id, d->job_state, why);
+  return 1;
+}
+
 /* With the lock held (lock_fd): reads the file of owner, ends job id in
  * it and writes it back with its owner, group and mode.  An exit status,
  * the outcome in said for 0 and DSPKD_EXIT_NOFILE. */
@@ -829,10 +880,7 @@ static int end_locked(struct dspkd *d, uint64_t id, uid_t owner, char *said, siz
   free(text);
   if (r != 0) {
     parsed_free(&p);
-    dspkd_error("--end-job %" PRIu64 ": refusing the state file %s: %s; the job is not ended "
-                "there (a dspkd started on it refuses it too and fails closed): look at the "
-                "file, or remove it", id, d->job_state, why);
-    return 1;
+    return refuse(d, id, why);
   }
   apply(d, &p, false);
   if (!end_in(d, id, &uid)) {
@@ -865,6 +913,7 @@ int dspkd_jobstate_end_offline(struct dspkd *d, uint64_t id, char *said, size_t 
   char why[256] = "", lock[sizeof d->job_state + 8], dir[sizeof d->job_state];
   bool exists;
   int fd, r;
+  mode_t mode;
 
   if (name_file(d) != 0) {
     dspkd_error("--end-job %" PRIu64 ": no state file to end it in", id);
@@ -877,20 +926,32 @@ int dspkd_jobstate_end_offline(struct dspkd *d, uint64_t id, char *said, size_t 
     return no_file(d, id, dir, said, len);
   if (check_dir(d->job_state) != 0)
     return 2;
+  /* What is at the path (lstat, as the start's read looks first): nothing
+   * (no file, exit 4), a regular file, or something the start refuses (a
+   * symbolic link, dangling or not, a directory, a FIFO, a socket, a
+   * device: exit 1 with the start's reason, never "no state file"). */
+  exists = lstat(d->job_state, &st) == 0;
+  if (!exists && errno != ENOENT)
+    return refuse(d, id, strerror(errno));
+  mode = exists ? st.st_mode : 0;
   /* Root ends a job in the file of a daemon that runs as another user
    * (User=dspk): the file and its lock keep their owner. */
-  exists = lstat(d->job_state, &st) == 0 && S_ISREG(st.st_mode);
-  if (owner == 0 && (exists || (lstat(lock_path(d, lock, sizeof lock), &st) == 0 &&
-                                S_ISREG(st.st_mode)))) {
+  if (owner == 0 && ((exists && S_ISREG(mode)) ||
+                     (lstat(lock_path(d, lock, sizeof lock), &st) == 0 &&
+                      S_ISREG(st.st_mode)))) {
     owner = st.st_uid;
     group = st.st_gid;
   }
-  fd = lock_take(d->job_state, owner, group, exists, why, sizeof why);
+  /* The lock is created only for a regular file: a running dspkd (exit 3)
+   * is told from one that is not there before the file is refused. */
+  fd = lock_take(d->job_state, owner, group, exists && S_ISREG(mode), why, sizeof why);
   if (fd == -2) {
     dspkd_error("--end-job %" PRIu64 ": a running dspkd holds %s.lock: end the job through "
                 "it (dspk-submit job end --job %" PRIu64 ")", id, d->job_state, id);
     return DSPKD_EXIT_LOCKED;
   }
+  if (fd == -3 && exists)
+    return refuse(d, id, not_regular(mode));
   if (fd == -3)
     return no_file(d, id, NULL, said, len);
   if (fd < 0) {

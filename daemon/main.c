@@ -487,7 +487,9 @@ int main(int argc, char **argv) {
                   cfg->end_job, name, cfg->socket_path);
       return 2;
     }
-    if (socket_path(cfg, false) != 0 || dspkd_paths_start(cfg, 0) != 0)
+    /* A job_state given needs no socket (dspkd_paths_start checks it
+     * against the default one when there is one). */
+    if ((!cfg->job_state && socket_path(cfg, false) != 0) || dspkd_paths_start(cfg, 0) != 0)
       return 2;
     int r = dspkd_jobstate_end_offline(d, cfg->end_job, said, sizeof said);
     /* The outcome on stdout, whatever the log level: the epilog tells

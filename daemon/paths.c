@@ -175,8 +175,9 @@ static void from_start(char *p, size_t len) {
 
 int dspkd_paths_start(struct dspkd_config *cfg, int activated) {
   bool has_path = !activated || cfg->socket_path[0] != '(';
-  char name[PATH_MAX + 64], what[PATH_MAX + 16], tmp[PATH_MAX + 8];
-  const char *is, *conf = dspkd_config_file();
+  char name[PATH_MAX + 64], what[PATH_MAX + 16], tmp[PATH_MAX + 8], lock[PATH_MAX + 8];
+  char dflt[PATH_MAX];
+  const char *is, *conf = dspkd_config_file(), *sock = has_path ? cfg->socket_path : NULL;
 
   run.activated = activated;
   if (!getcwd(run.start, sizeof run.start))
@@ -204,19 +205,34 @@ int dspkd_paths_start(struct dspkd_config *cfg, int activated) {
   from_start(run.job_state, sizeof run.job_state);
   /* jobstate.c takes it from here: its own default is not needed. */
   cfg->job_state = run.job_state;
+  /* dspkd --end-job with job_state set names no socket (none is needed,
+   * and a user without $XDG_RUNTIME_DIR has none): the default one, when
+   * it can be told, is the daemon's that the collisions are checked
+   * against. */
+  if (sock && !sock[0])
+    sock = default_socket(dflt, sizeof dflt) == 0 ? dflt : NULL;
   snprintf(tmp, sizeof tmp, "%s.tmp", run.job_state);
-  if ((is = collides(run.job_state, has_path ? cfg->socket_path : NULL, conf, run.cache,
-                     what, sizeof what)) != NULL) {
+  snprintf(lock, sizeof lock, "%s.lock", run.job_state);
+  if ((is = collides(run.job_state, sock, conf, run.cache, what, sizeof what)) != NULL) {
     dspkd_error("%s %s is %s (%s): the Slurm jobs' state file would replace it at the "
                 "first job.register; give it a path of its own", name, run.job_state, is,
                 what);
     return -1;
   }
-  if ((is = collides(tmp, has_path ? cfg->socket_path : NULL, conf, run.cache, what,
-                     sizeof what)) != NULL) {
+  if ((is = collides(tmp, sock, conf, run.cache, what, sizeof what)) != NULL) {
     dspkd_error("%s %s: its temporary file %s is %s (%s), which each job.register would "
                 "remove; give the state file another path", name, run.job_state, tmp, is,
                 what);
+    return -1;
+  }
+  /* Checked before the lock is taken (dspkd_jobstate_start creates it):
+   * a lock file made at the socket's path made the bind fail ("exists and
+   * is not a socket") and stayed, failing every later start; the cache
+   * would double as the lock file. */
+  if ((is = collides(lock, sock, conf, run.cache, what, sizeof what)) != NULL) {
+    dspkd_error("%s %s: its lock file %s is %s (%s), which dspkd would create and hold "
+                "while it runs; give the state file another path", name, run.job_state,
+                lock, is, what);
     return -1;
   }
   return 0;

@@ -3,7 +3,8 @@
  * socket, the cache and the Slurm jobs' state file, each the setting's
  * value or, unset, its default.  Decided once at start, before the
  * daemon detaches: a state file that would overwrite the socket or the
- * cache (or one of SQLite's files beside it) is refused, and so is a start
+ * cache (or one of SQLite's files beside it), itself, by its temporary
+ * file or by its lock file, is refused, and so is a start
  * that has no state file at all.  A reload compares a file's values with
  * these, by the file each names, not by whether the file sets the key.
  * Loop thread only.
@@ -30,8 +31,10 @@ const char *dspkd_paths_cache_dir_file(void);
  * 2): no state file can be named (the socket has no path, and neither
  * job_state nor $RUNTIME_DIRECTORY names one), or it is the socket, the
  * configuration file (dspkd_config_file), the cache, one of the cache's
- * -wal, -shm and -journal, or its temporary file (PATH.tmp) is one of
- * those.
+ * -wal, -shm and -journal, or its temporary file (PATH.tmp) or its lock
+ * file (PATH.lock) is one of those.  An empty cfg->socket_path (dspkd
+ * --end-job with job_state set: no socket needed) is checked as the
+ * default socket, when one can be told.
  */
 int dspkd_paths_start(struct dspkd_config *cfg, int activated);
 

@@ -762,7 +762,9 @@ def down(exe, submit, epilog, tmp, gpu, cpu):
     epilog"): the job is ended in the state file (dspkd --end-job), so that the next
     start does not register it again, and its uid, without a job, gets the cpu only under
     job_required.  dspkd holds PATH.lock for its life: --end-job under a running daemon
-    exits 3, and a second daemon on the same state file does not start (exit 2)."""
+    exits 3, and a second daemon on the same state file does not start (exit 2).  What
+    --end-job refuses: a state file that is not a regular file (exit 1, the start's
+    reason), a bad job id (exit 2); with --job-state it needs no socket."""
     os.chmod(os.path.dirname(tmp), 0o711)
     os.mkdir(tmp)
     os.chmod(tmp, 0o711)
@@ -856,6 +858,99 @@ def down(exe, submit, epilog, tmp, gpu, cpu):
     check(p.returncode == 4 and p.stderr == "" and p.stdout == "Slurm job 32: no state file %s: "
           "nothing is registered there\n" % state and not os.path.exists(state)
           and not os.path.exists(state + ".lock"), "no state file: nothing to end: %r" % (p,))
+    # What is at the state file's path but is not a regular file (a symbolic link to a
+    # state file or to nothing, a directory, a FIFO, a socket, a device) is refused as
+    # the start refuses it: exit 1, one line with the start's reason, nothing changed
+    # and no lock made; never "no state file" (it said so, and the epilog took the job
+    # for ended, while the start refused the file and failed closed).  So again once
+    # a daemon has run on it (the lock is there then).
+    real = os.path.join(tmp, "real.jobs")
+    with open(real, "w") as f:
+        f.write("dspkd-jobs 1\njob 36 %d\nend 1\n" % NOBODY)
+    os.chmod(real, 0o600)
+
+    def chardev(path):
+        os.mknod(path, stat.S_IFCHR | 0o600, os.makedev(1, 3))  # /dev/null's
+
+    def unixsock(path):
+        s = socket.socket(socket.AF_UNIX)
+        s.bind(path)
+        s.close()
+    kinds = ((lambda p: os.symlink(real, p), "it is a symbolic link"),
+             (lambda p: os.symlink(os.path.join(tmp, "nothing"), p), "it is a symbolic link"),
+             (os.mkdir, "not a regular file (a directory)"),
+             (os.mkfifo, "not a regular file (a FIFO)"),
+             (unixsock, "not a regular file (a socket)"),
+             (chardev, "not a regular file (a character device)"))
+    for make, why in kinds:
+        try:
+            make(state)
+        except PermissionError as e:  # mknod without CAP_MKNOD (a container)
+            print("down: %s: not checked: %s" % (why, e))
+            continue
+        for when in ("no lock", "after a start"):
+            p = end_job("--socket", sock, "--end-job", "36")
+            check(p.returncode == 1 and p.stdout == "" and len(p.stderr.splitlines()) == 1 and
+                  ("--end-job 36: refusing the state file %s: %s; the job is not ended"
+                   % (state, why)) in p.stderr and "job 36" in open(real).read() and
+                  os.path.exists(state + ".lock") == (when != "no lock"),
+                  "--end-job on a state file that is %s, %s: %r" % (why, when, p))
+            if when == "no lock":
+                def refused(d):
+                    check(("refusing the state file %s: %s; starting without" % (state, why))
+                          in d.logtext(), "the start on %s: %s" % (why, d.logtext()))
+                daemon_check(Daemon(exe, tmp, extra), refused)
+        if stat.S_ISDIR(os.lstat(state).st_mode):
+            os.rmdir(state)
+        else:
+            os.unlink(state)
+        os.unlink(state + ".lock")
+    # A lock file that is not a regular file is refused for what it is (a socket's open
+    # said only "No such device or address").
+    os.rename(real, state)
+    unixsock(state + ".lock")
+    p = end_job("--socket", sock, "--end-job", "36")
+    check(p.returncode == 1 and "cannot lock %s.lock: not a regular file (a socket)" % state
+          in p.stderr and "job 36" in open(state).read(), "a lock that is a socket: %r" % (p,))
+    os.unlink(state + ".lock")
+    # With --job-state the socket is not needed: a user without $XDG_RUNTIME_DIR (the
+    # daemon's own user, dspk, running the epilog) ends a job in its file (it exited 2,
+    # "XDG_RUNTIME_DIR is not set"); without --job-state the file is the socket's, and
+    # the socket is still asked for.
+    mine = os.path.join(tmp, "nobody")
+    os.mkdir(mine, 0o700)
+    os.chown(mine, NOBODY, NOBODY)
+    os.rename(state, os.path.join(mine, "n.jobs"))
+    os.chown(os.path.join(mine, "n.jobs"), NOBODY, NOBODY)
+    bare = {k: v for k, v in os.environ.items() if k not in ("XDG_RUNTIME_DIR", "DSPK_SOCKET")}
+    for args, rc, said in ((["--job-state", os.path.join(mine, "n.jobs")], 0,
+                            "Slurm job 36 (uid %d): ended in %s/n.jobs\n" % (NOBODY, mine)),
+                           (["--job-state", os.path.join(mine, "none.jobs")], 4,
+                            "Slurm job 36: no state file %s/none.jobs: nothing is registered "
+                            "there\n" % mine),
+                           ([], 2, "")):
+        p = subprocess.run([exe, "--config", "", "--end-job", "36"] + args,
+                           capture_output=True, text=True, timeout=TIMEOUT, env=bare,
+                           user=NOBODY, group=NOBODY, extra_groups=[])
+        check(p.returncode == rc and p.stdout == said and
+              (p.stderr == "" if rc != 2 else "XDG_RUNTIME_DIR is not set" in p.stderr),
+              "--end-job as uid %d without XDG_RUNTIME_DIR, %r: %r" % (NOBODY, args, p))
+    shutil.rmtree(mine)
+    # A job id as $SLURM_JOB_ID and the state file have it: digits from 1, no leading
+    # zero ("05" was taken as job 5), no sign, no blank; a bad one is exit 2.
+    for bad in ("05", "007", "0", "abc", "+9", " 8", "18446744073709551616"):
+        p = end_job("--socket", sock, "--end-job", bad)
+        check(p.returncode == 2 and p.stdout == "" and len(p.stderr.splitlines()) == 1 and
+              "--end-job: expected " in p.stderr and not os.path.exists(state + ".lock"),
+              "--end-job %r: %r" % (bad, p))
+    check("without a leading zero" in end_job("--end-job", "05").stderr, "05: why")
+    # --help lists every exit status of --end-job, as dspkd(8) does.
+    h = " ".join(subprocess.run([exe, "--help"], capture_output=True, text=True,
+                                timeout=TIMEOUT).stdout.split())
+    for status in ("exit 0 (ended in the file", ", 4 (no state file", ", 3 when a running",
+                   ", 1 when the file is refused", ", 2 for a bad ID",
+                   "path is not one (dspkd(8)) --ready-fd"):
+        check(status in h, "--help's --end-job names %r: %s" % (status, h))
     # A job line with more UUIDs than a job may have GPUs is refused for that reason
     # (as the start refuses it); 64 are taken.
     for n, rc, said in ((65, 1, "line 2: job 5: more than 64 UUIDs"),
@@ -1049,9 +1144,10 @@ def paths(exe, submit, tmp):
 
 def collide(exe, tmp):
     """Sockets q and q.sock of one directory would share q.jobs: the second daemon is
-    refused at start (the lock), not left to overwrite the first's registrations; and
-    the state file is never written over what is not a regular file (another daemon's
-    socket named like it)."""
+    refused at start (the lock), not left to overwrite the first's registrations; the
+    state file is never written over what is not a regular file (another daemon's
+    socket named like it); a state file, its PATH.tmp or its PATH.lock that is the
+    configuration file, the socket or the cache is refused (exit 2)."""
     os.mkdir(tmp)
     q = os.path.join(tmp, "q")
     d1 = dspk_daemon.start(dspk_daemon.cmdline(exe, q, ["--config", ""]), TIMEOUT,
@@ -1105,6 +1201,72 @@ def collide(exe, tmp):
                        capture_output=True, text=True, timeout=TIMEOUT)
     check(p.returncode == 2 and "its temporary file %s is the configuration file" % tconf
           in p.stderr and open(tconf).read() == text, "PATH.tmp the configuration: %r" % (p,))
+
+    # The lock file PATH.lock is checked as PATH.tmp is: the socket, the cache or the
+    # configuration file there is refused at start and by --end-job (exit 2, one line
+    # naming the collision), before anything is made.  The daemon made the lock at the
+    # socket's path, then failed to bind (exit 1, "exists and is not a socket") and left
+    # it, failing every later start; under socket activation it said only "cannot lock
+    # ...: No such device or address"; the cache doubled as the lock file.
+    def no_start(cmd, fds=()):
+        """Runs dspkd's command line cmd; a start that listens is stopped (not waited
+        for until a timeout), and its READY is in the stdout returned."""
+        r, w = os.pipe()
+        proc = subprocess.Popen(cmd + ["--ready-fd", str(w)], pass_fds=[w] + list(fds),
+                                text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        os.close(w)
+        ready = os.read(r, 16).decode()  # READY, or end-of-file: it exited
+        os.close(r)
+        if ready:
+            proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=TIMEOUT)
+        return subprocess.CompletedProcess(cmd, proc.returncode, ready + out, err)
+
+    lk = os.path.join(tmp, "lk")
+    lconf = os.path.join(tmp, "l.jobs.lock")
+    shutil.copy(conf, lconf)
+    for args, state, is_ in ((["--socket", lk + ".lock", "--no-cache"], lk, "the socket"),
+                             (["--socket", sock, "--cache", lk + ".lock"], lk, "the cache"),
+                             (["--socket", sock, "--no-cache", "--config", lconf],
+                              lconf[:-5], "the configuration file")):
+        conf_args = [] if "--config" in args else ["--config", ""]
+        for end in ([], ["--end-job", "5"]):
+            for attempt in (1, 2):
+                cmd = [exe] + conf_args + args + ["--job-state", state] + \
+                    (end or ["--foreground", "--backends", "cpu"])
+                p = no_start(cmd) if not end else \
+                    subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT)
+                check(p.returncode == 2 and p.stdout == "" and len(p.stderr.splitlines()) == 1
+                      and ("--job-state %s: its lock file %s.lock is %s (" % (state, state, is_))
+                      in p.stderr and not os.path.exists(state) and
+                      (os.path.exists(state + ".lock") == (state == lconf[:-5])) and
+                      not os.path.exists(sock), "PATH.lock %s, %r (%d): %r" % (is_, end,
+                                                                              attempt, p))
+    check(open(lconf).read() == text, "the configuration file kept")
+    # Socket activation (LISTEN_FDS): the passed socket's path is PATH.lock.
+    act = socket.socket(socket.AF_UNIX)
+    act.bind(lk + ".lock")
+    act.listen(1)
+    code = ("import os,sys; os.dup2(int(sys.argv[1]), 3); os.environ['LISTEN_PID']="
+            "str(os.getpid()); os.environ['LISTEN_FDS']='1'; os.execv(sys.argv[2], "
+            "sys.argv[2:])")
+    try:
+        p = no_start([sys.executable, "-c", code, str(act.fileno()), exe, "--foreground",
+                      "--config", "", "--backends", "cpu", "--no-cache", "--job-state", lk],
+                     fds=[act.fileno()])
+    finally:
+        act.close()
+    lines = [x for x in p.stderr.splitlines() if "error" in x]
+    check(p.returncode == 2 and len(lines) == 1 and
+          "its lock file %s.lock is the socket (" % lk in lines[0] and
+          stat.S_ISSOCK(os.lstat(lk + ".lock").st_mode), "activated PATH.lock: %r" % (p,))
+    os.unlink(lk + ".lock")
+    # Told the default socket ($DSPK_SOCKET) by --end-job with --job-state alone.
+    p = subprocess.run([exe, "--config", "", "--job-state", lk, "--end-job", "5"],
+                       capture_output=True, text=True, timeout=TIMEOUT,
+                       env=dict(os.environ, DSPK_SOCKET=lk + ".lock"))
+    check(p.returncode == 2 and "its lock file %s.lock is the socket (" % lk in p.stderr and
+          not os.path.exists(lk + ".lock"), "--end-job, the default socket: %r" % (p,))
 
     # A file that is not a dspkd state file (its first line is not "dspkd-jobs ..."):
     # refused at start (fail closed) and never replaced: job.register and job.end are
