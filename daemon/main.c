@@ -547,7 +547,9 @@ int main(int argc, char **argv) {
   dspkd_lifecycle_start(d); /* SIGTERM during the start: acted on once the loop runs */
   pthread_sigmask(SIG_UNBLOCK, &early, NULL);
 
-  if (!cfg->no_cache && open_cache(d) != 0)
+  if (cfg->no_cache)
+    dspkd_config_log_no_cache();
+  else if (open_cache(d) != 0)
     goto out_handles;
 
   if (dspkd_devices_start(d) != 0)

@@ -878,6 +878,22 @@ def t_reload(exe, tmp):
     n.until(lambda m: m.get("RELOADING") == "1", "RELOADING=1 (daemon.reload)")
     done = n.until(lambda m: m.get("READY") == "1", "READY=1 (daemon.reload)")
     check("failed" in done.get("STATUS", ""), "STATUS says the reload failed: %r" % done)
+    # cache with no_cache = yes is refused at a reload as at a start, naming
+    # file:line, and the running configuration stays (it was taken in silence).
+    before = c.call("status")["daemon"]["limits"]
+    write(conf, "[limits]\nmax_clients = 4\n[daemon]\ncache = /nonexistent/other.db\n"
+          "no_cache = yes\n")
+    try:
+        c.call("daemon.reload")
+        raise AssertionError("cache with no_cache = yes was taken")
+    except RpcError as e:
+        check(e.name == "EINVAL" and "%s:5: no_cache = yes and cache (line 4) both given" % conf
+              in e.err.get("message", ""), "refused: %r" % e.err)
+    n.until(lambda m: m.get("RELOADING") == "1", "RELOADING=1 (cache and no_cache)")
+    done = n.until(lambda m: m.get("READY") == "1", "READY=1 (cache and no_cache)")
+    check("failed" in done.get("STATUS", ""), "STATUS says the reload failed: %r" % done)
+    check(c.call("status")["daemon"]["limits"] == before and before["max_clients"] != 4,
+          "the running limits kept: %r" % before)
     write(conf, "[daemon]\ncache = /nonexistent/other.db\n")
     check(c.call("daemon.reload") == {"reloaded": True}, "daemon.reload")
     n.until(lambda m: m.get("RELOADING") == "1", "RELOADING=1 (daemon.reload)")
@@ -1035,7 +1051,10 @@ def t_reloadkeys(exe, tmp):
                        ("device_inflight", "5"),
                        ("job_state", os.path.join(tmp, "other.jobs"))):
         mark = len(d.logtext())
-        write(conf, re.sub(r"(?m)^%s = .*$" % key, "%s = %s" % (key, value), full))
+        text = re.sub(r"(?m)^%s = .*$" % key, "%s = %s" % (key, value), full)
+        if key == "no_cache":  # cache with no_cache = yes is refused: the cache goes
+            text = re.sub(r"(?m)^cache = .*\n", "", text)
+        write(conf, text)
         reload_and_wait(d, "(%s changed)" % key)
         check(changed_since(mark) == {key}, "%s changed: logged %r" % (key, changed_since(mark)))
     c = d.client()
@@ -1304,6 +1323,25 @@ def t_config(exe, tmp):
                "%(f)s:2: line longer than 199 bytes")
     start_fail("[daemon]\ncache = /%s\n" % ("c" * 191), "%(f)s:2: line longer than 199 bytes")
     start_fail("[daemon]\nthis line is wrong\n", "%(f)s:2: syntax error")
+    # One UTF-8 byte order mark at the very start is ignored (good.conf below
+    # starts with one); a second one, or one after a blank, is refused as one
+    # on any other line is (libinih skipped it: "[limits]" was read).
+    for text in ("\ufeff\ufeff[limits]\nmax_clients = 3\n", " \ufeff[limits]\n",
+                 "\ufeff\ufeff\n[limits]\n"):
+        start_fail(text, "%(f)s:1: a byte order mark (\\ufeff) that is not the first bytes "
+                   "of the file: only one, at the very start, is ignored")
+    # cache with no_cache = yes is refused at the second of them, whichever
+    # comes first, as --cache with --no-cache is (no_cache won in silence);
+    # no_cache = no with a cache is no conflict (good.conf below).
+    start_fail("[daemon]\nno_cache = yes\ncache = %s/zz.db\n" % tmp,
+               "%(f)s:3: cache and no_cache = yes (line 2) both given (give one)")
+    start_fail("[daemon]\ncache = zz.db\n[limits]\nmax_clients = 3\n[daemon]\nno_cache = on\n",
+               "%(f)s:6: no_cache = on and cache (line 2) both given (give one)")
+    check(not os.path.exists(os.path.join(tmp, "zz.db")), "no cache file made")
+    # An empty cache is a bad value, as every empty value of the file but
+    # the [policy] lists (--cache "" is the command line's --no-cache).
+    start_fail("[daemon]\ncache =\n",
+               "%(f)s:2: cache: expected a path (no_cache = yes runs without a cache)")
     start_fail("[policy]\nadmin_users = no-such-user-here\n", 'no such user "no-such-user-here"')
     start_fail("[limits]\nmax_rank = 3\nmax_rank = 4\n", '%(f)s:3: key "max_rank" given twice')
     start_fail("[daemon]\ndevice_inflight = 0\n", "%(f)s:2: device_inflight")
@@ -1429,8 +1467,8 @@ def t_config(exe, tmp):
     # indented lines (inih took the second indented key for a continuation
     # of the first), a ";" in a value that follows no blank (--no-cache
     # wins over the cache).
-    write(conf, "; the example's style\n[daemon]\nsocket = %s\nbackends = cpu\n"
-          "log_level = debug\nshutdown_timeout = 5s\ncache = %s/x;y.db\n#%s\n\n"
+    write(conf, "\ufeff; the example's style\n[daemon]\nsocket = %s\nbackends = cpu\n"
+          "log_level = debug\nshutdown_timeout = 5s\ncache = %s/x;y.db\nno_cache = no\n#%s\n\n"
           "  [limits]\n  max_message = 64M\n  max_unsent = 1M\n\tmax_clients = 8\n\n"
           "[policy]\nallow_users = root, %d\nallow_groups = 0\nadmin_users = %d\n" %
           (sock, tmp, "x" * 198, os.getuid(), os.getuid()))
@@ -1452,7 +1490,21 @@ def t_config(exe, tmp):
     p.send_signal(signal.SIGTERM)
     check(p.wait(TIMEOUT) == 0, "exit 0")
     log.seek(0)
-    check("debug:" in log.read(), "log_level from the file")
+    text = log.read()
+    check("debug:" in text, "log_level from the file")
+    # A start without a cache says so, naming what turned it off.
+    check("info: cache: none (--no-cache): nothing persists\n" in text,
+          "no cache logged:\n" + text)
+    d = Daemon(exe, tmp, ["--cache", ""])
+    d.stop()
+    check('info: cache: none (--cache ""): nothing persists\n' in d.logtext(),
+          '--cache "" logged:\n' + d.logtext())
+    nc = os.path.join(tmp, "nocache.conf")
+    write(nc, "[daemon]\nno_cache = yes\n")
+    d = Daemon(exe, tmp, ["--config", nc])
+    d.stop()
+    check("info: cache: none (no_cache = yes in %s): nothing persists\n" % nc in d.logtext(),
+          "the file's no_cache logged:\n" + d.logtext())
     # The installed example starts with every key enabled as it is written
     # (its values are the defaults, or marked examples that any host takes):
     # only the paths and the port are the test machine's.  Its policy lists
