@@ -727,6 +727,17 @@ static int store(const struct key *k, const char *value, bool from_file,
       snprintf(why, len, "%s: not an open file descriptor", vis(value));
       return -1;
     }
+    /* Open read-only (9</dev/null) or for nothing (O_PATH), it would take
+     * no READY: the daemon would serve while whoever waits for READY
+     * waits for ever.  Refused now, as a closed one is. */
+    if (k->type == K_FD) {
+      int fl = fcntl((int)v, F_GETFL);
+      if (fl < 0 || ((fl & O_ACCMODE) != O_WRONLY && (fl & O_ACCMODE) != O_RDWR)) {
+        snprintf(why, len, "%s: not open for writing (READY could not be written there); "
+                 "give the write end of a pipe the caller reads", vis(value));
+        return -1;
+      }
+    }
     /* The daemon logs to stderr for its whole life: READY there, and the
      * descriptor given back after it, would take the log away. */
     if (k->type == K_FD && v == STDERR_FILENO) {

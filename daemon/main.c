@@ -194,7 +194,7 @@ static void signal_ready(int fd) {
   if (fd < 0)
     return;
   if (write(fd, msg, sizeof msg - 1) != (ssize_t)(sizeof msg - 1))
-    dspkd_warn("--ready-fd %d: %s", fd, strerror(errno));
+    dspkd_warn("cannot write READY to --ready-fd %d: %s", fd, strerror(errno));
   if (fd > STDERR_FILENO)
     close(fd);
   else if (null_std_fd(fd) != 0)

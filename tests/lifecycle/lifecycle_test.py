@@ -1505,6 +1505,37 @@ def t_config(exe, tmp):
     d.stop()
     check("info: cache: none (no_cache = yes in %s): nothing persists\n" % nc in d.logtext(),
           "the file's no_cache logged:\n" + d.logtext())
+    # --ready-fd on a descriptor READY cannot be written to: open read-only,
+    # refused at start as a closed one is (the daemon served, and whoever
+    # waited for READY waited for ever); a write that fails later (a full
+    # device) is a warning that says READY was not written.
+    ro = os.open("/dev/null", os.O_RDONLY)
+    p = subprocess.run([exe, "--foreground", "--config", "", "--backends", "cpu", "--no-cache",
+                        "--socket", os.path.join(tmp, "never.sock"), "--ready-fd", str(ro)],
+                       pass_fds=[ro], stderr=subprocess.PIPE, timeout=TIMEOUT)
+    os.close(ro)
+    check(p.returncode == 2 and ("--ready-fd: %d: not open for writing (READY could not be "
+                                 "written there)" % ro).encode() in p.stderr and
+          not os.path.exists(os.path.join(tmp, "never.sock")),
+          "--ready-fd read-only: %d %r" % (p.returncode, p.stderr))
+    full = os.open("/dev/full", os.O_WRONLY)
+    note = Notify(tmp)
+    e = dict(os.environ, NOTIFY_SOCKET=note.path)
+    log = open(os.path.join(tmp, "full.log"), "w+")
+    p = subprocess.Popen([exe, "--foreground", "--config", "", "--backends", "cpu", "--no-cache",
+                          "--socket", os.path.join(tmp, "full.sock"), "--ready-fd", str(full)],
+                         pass_fds=[full], stderr=log, env=e)
+    os.close(full)
+    try:
+        note.until(lambda m: m.get("READY") == "1", "READY=1 with --ready-fd on /dev/full")
+    finally:
+        p.send_signal(signal.SIGTERM)
+        rc = p.wait(TIMEOUT)
+        note.close()
+    log.seek(0)
+    text = log.read()
+    check(rc == 0 and "warn: cannot write READY to --ready-fd %d: No space left on device\n"
+          % full in text, "--ready-fd on /dev/full: %d\n%s" % (rc, text))
     # The installed example starts with every key enabled as it is written
     # (its values are the defaults, or marked examples that any host takes):
     # only the paths and the port are the test machine's.  Its policy lists
