@@ -404,6 +404,31 @@ static void ignore_signals(void) {
     ignore_signal(s);
 }
 
+/* The signals dspkd(8) SIGNALS says keep their default action: SIGQUIT
+ * and SIGXCPU (the core dump on request, the end a soft RLIMIT_CPU asks
+ * for), the faults, and SIGCHLD, SIGCONT, SIGURG and SIGWINCH.  Across an
+ * exec a disposition survives only as SIG_DFL or SIG_IGN, and a shell
+ * starts a background job of a script (dspkd &) with SIGQUIT and SIGINT
+ * ignored: an ignored one is given its default action back, as SIGINT gets
+ * its handler.  The children dspkd starts inherit it too: an ignored
+ * SIGCHLD would reap them before waitpid(2) sees them, an ignored SIGXCPU
+ * would let a kernel compile run past its soft RLIMIT_CPU.  A handler that
+ * is already there (a sanitizer's) is not ignoring it, and stays. */
+static void default_signals(void) {
+  static const int kept[] = {SIGQUIT, SIGXCPU, SIGSEGV, SIGBUS,  SIGFPE,  SIGILL,
+                             SIGABRT, SIGCHLD, SIGCONT, SIGURG, SIGWINCH};
+  for (size_t i = 0; i < sizeof kept / sizeof kept[0]; i++) {
+    struct sigaction sa;
+    if (sigaction(kept[i], NULL, &sa) != 0 || (sa.sa_flags & SA_SIGINFO) ||
+        sa.sa_handler != SIG_IGN)
+      continue;
+    sa.sa_handler = SIG_DFL;
+    sa.sa_flags = 0;
+    sigemptyset(&sa.sa_mask);
+    (void)sigaction(kept[i], &sa, NULL);
+  }
+}
+
 int main(int argc, char **argv) {
   static struct dspkd daemon_state;
   struct dspkd *d = &daemon_state;
@@ -453,6 +478,7 @@ int main(int argc, char **argv) {
   sigaddset(&early, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &early, NULL);
   ignore_signals();
+  default_signals();
   mallopt(M_MMAP_THRESHOLD, 32 << 20);
   mallopt(M_TRIM_THRESHOLD, 64 << 20);
   dspkd_heap_warm();

@@ -689,6 +689,33 @@ def t_ignored(exe, tmp):
     check(c.call("ping", {"data": b"up"})["data"] == b"up", "serving after the signals")
     c.close()
     d.stop()
+    # The signals the page says keep their default action have it also when
+    # dspkd inherits them ignored (a script's "dspkd &" ignores SIGQUIT and
+    # SIGINT): an inherited SIG_IGN of SIGQUIT was kept, and kill -QUIT did
+    # nothing.  SIGQUIT then ends it at once (no core file: RLIMIT_CORE 0).
+    import resource
+    kept = (signal.SIGQUIT, signal.SIGXCPU, signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE,
+            signal.SIGILL, signal.SIGABRT, signal.SIGCHLD, signal.SIGCONT, signal.SIGURG,
+            signal.SIGWINCH)
+    for s in kept:
+        check("*%s*" % s.name in page.split("# SIGNALS", 1)[1].split("\n# ", 1)[0],
+              "dspkd(8) SIGNALS names %s" % s.name)
+
+    def inherit_ignored():
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        for s in kept + (signal.SIGINT,):
+            signal.signal(s, signal.SIG_IGN)
+
+    d = Daemon(exe, tmp, preexec_fn=inherit_ignored)
+    with open("/proc/%d/status" % d.proc.pid) as f:
+        ign = int(re.search(r"^SigIgn:\s*([0-9a-f]+)$", f.read(), re.M).group(1), 16)
+    still = [s.name for s in kept + (signal.SIGINT,) if ign >> (s - 1) & 1]
+    check(not still, "inherited ignored, still ignored: %r" % still)
+    d.proc.send_signal(signal.SIGQUIT)
+    rc = d.wait()
+    check(rc == -signal.SIGQUIT, "SIGQUIT ends dspkd by its default action: %r\n%s"
+          % (rc, d.logtext()))
+    check(os.path.exists(d.sock), "the socket file stays after SIGQUIT")
 
 
 def t_stopmetrics(exe, tmp):
