@@ -404,6 +404,29 @@ static void ignore_signals(void) {
     ignore_signal(s);
 }
 
+/* Under socket activation: says (warn) that the socket the command line,
+ * the file or $DSPK_SOCKET named (given; "" when none did) is not the one
+ * dspkd listens on (passed), as dspkd(8) says: the passed one is used, and
+ * the log names both, so that an administrator who set another path sees
+ * why it was not taken. */
+static void note_unused_socket(const char *given, const char *passed) {
+  const char *env = getenv("DSPK_SOCKET");
+  char name[PATH_MAX + 32];
+
+  if (given[0])
+    dspkd_config_name("socket", name, sizeof name);
+  else if (env && *env)
+    snprintf(name, sizeof name, "$DSPK_SOCKET");
+  else
+    return;
+  if (!given[0])
+    given = env;
+  if (dspkd_paths_same(given, passed))
+    return;
+  dspkd_warn("%s %s is not used: dspkd listens on the socket that socket activation passed, "
+             "%s", name, given, passed);
+}
+
 /* The signals dspkd(8) SIGNALS says keep their default action: SIGQUIT
  * and SIGXCPU (the core dump on request, the end a soft RLIMIT_CPU asks
  * for), the faults, and SIGCHLD, SIGCONT, SIGURG and SIGWINCH.  Across an
@@ -434,6 +457,7 @@ int main(int argc, char **argv) {
   struct dspkd *d = &daemon_state;
   struct dspkd_config *cfg = &d->cfg;
   uv_loop_t loop;
+  char given_socket[sizeof cfg->socket_path];
   int detach_fd = -1, rc = 1, activated;
 
   /* glibc serves blocks of 128 KiB and up with fresh mappings until a freed
@@ -505,6 +529,7 @@ int main(int argc, char **argv) {
                : dspkd_jobstate_end_offline(d, cfg->end_job);
 
   dspkd_test_start_pause("config");
+  snprintf(given_socket, sizeof given_socket, "%s", cfg->socket_path);
   activated = dspkd_activation_start(d);
   if (activated < 0)
     return 1;
@@ -515,8 +540,9 @@ int main(int argc, char **argv) {
                 "(LISTEN_FDS); give the write end of a pipe the caller reads", cfg->ready_fd);
     return 2;
   }
-  if (!activated &&
-      socket_path(cfg, true) != 0)
+  if (activated)
+    note_unused_socket(given_socket, cfg->socket_path);
+  else if (socket_path(cfg, true) != 0)
     return 1;
   /* Before any device opens: a second daemon must not touch the GPUs. */
   if (!activated && (dspkd_socket_check(cfg->socket_path) != 0 ||

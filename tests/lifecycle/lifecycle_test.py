@@ -261,7 +261,10 @@ def t_activation(exe, tmp):
         args += ["-E", "%s=%s" % (k, v)]
     args += [exe, "--foreground", "--backends", "cpu", "--log-level", "debug", "--config", "",
              "--no-cache"]
-    p = subprocess.Popen(args, stderr=subprocess.PIPE)
+    # A --socket under socket activation is not used (dspkd(8)), and the log
+    # says so, naming both (it said only "listening on ACT (socket activation)").
+    other = os.path.join(tmp, "other.sock")
+    p = subprocess.Popen(args + ["--socket", other], stderr=subprocess.PIPE)
     text = ""
 
     def drain():
@@ -290,6 +293,10 @@ def t_activation(exe, tmp):
         drain()
         check(rc == 0, "exit 0 after SIGTERM, got %d:\n%s" % (rc, text))
         check("(socket activation)" in text, "logged the activation:\n" + text)
+        check("warn: --socket %s is not used: dspkd listens on the socket that socket "
+              "activation passed, %s\n" % (other, sock) in text,
+              "the unused --socket logged:\n" + text)
+        check(not os.path.exists(other), "nothing at the unused --socket")
         check(os.path.exists(sock), "the activated socket's file is left to its owner")
         check("cpu:0: device closed" in text, "device closed")
     finally:
