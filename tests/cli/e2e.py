@@ -1735,7 +1735,20 @@ def suite_kernel(cli, tmp):
                            "raise max_message" % len(GLSL_AXPY.encode()))
     check("dspk_" not in err, "kernel ELIMIT %r" % err)
     cli.fails(kargs + ["--device", "cpu:0", "zeros:f32:70000000"], "kernel", "ENOTSUP",
-              detail="cpu:0 runs no glsl kernels")
+              detail="kernel: cpu:0 runs no raw kernels")
+    # A device that runs raw kernels of another language only, in the
+    # daemon's words too (backends/caps.c).
+    vk = cli.ok("devices", "--json")
+    vlangs = [d["kernel_langs"] for d in json.loads(vk)["devices"] if d["id"] == "vulkan:0"][0]
+    cusrc = os.path.join(tmp, "none.cu")
+    with open(cusrc, "w") as f:
+        f.write('extern "C" __global__ void k(float *y) {}\n')
+    cuargs = ["kernel", cusrc, "--entry", "k", "--grid", "1", "--block", "1",
+              "--device", "vulkan:0"]
+    small = cli.fails(cuargs + ["zeros:f32:16"], "kernel", "ENOTSUP")
+    large = cli.fails(cuargs + ["zeros:f32:70000000"], "kernel", "ENOTSUP")
+    check(small == large == 'dspk-submit: kernel: ENOTSUP: kernel: vulkan:0 takes lang %s, '
+          'not "cuda"\n' % ", ".join(vlangs), "kernel cuda on vulkan:0: %r, %r" % (small, large))
     n = 1000
     z = rng.uniform(-1, 1, n).astype("<f8")
     pz = os.path.join(tmp, "z.npy")
@@ -2043,18 +2056,22 @@ def suite_shell(cli, tmp, dspkd):
                         "daemon's 3000-byte message limit (max_message); 2978 bytes or "
                         "less fit")
         # A kernel's tensors and SOURCE past max_message - 1024 that no
-        # device would run anyway (cpu only): ENOTSUP first, as the daemon
-        # says for one within the limit (the kernel suite has the ELIMIT).
+        # device would run anyway (cpu only): ENOTSUP first, in the words
+        # the daemon says for one within the limit (the kernel suite has the
+        # ELIMIT); they were the CLI's own, "no device of this daemon runs
+        # glsl kernels", for "any" and a --device alike (probe round 13).
         kc = os.path.join(tmp, "lim.comp")
         with open(kc, "w") as f:
             f.write("void main(){}\n")
         kargs = ["kernel", kc, "--entry", "main", "--grid", "1", "--block", "1"]
-        c3.fails(kargs + ["zeros:f32:491"], "kernel", "ENOTSUP",
-                 detail="no device of this daemon runs glsl kernels (kernel_langs in "
-                        "'dspk-submit devices --json')")
-        c3.fails(kargs + ["--device", "cpu:0", "zeros:f32:491"], "kernel", "ENOTSUP",
-                 detail="cpu:0 runs no glsl kernels")
-        c3.fails(kargs + ["zeros:f32:490"], "kernel", "ENOTSUP")
+        for dev, want in (([], "no device runs this task (kernel: cpu:0 runs no raw kernels)"),
+                          (["--device", "cpu:0"], "kernel: cpu:0 runs no raw kernels"),
+                          (["--device", "any"], "no device runs this task (kernel: cpu:0 runs "
+                                                "no raw kernels)")):
+            small = c3.fails(kargs + dev + ["zeros:f32:490"], "kernel", "ENOTSUP")
+            large = c3.fails(kargs + dev + ["zeros:f32:491"], "kernel", "ENOTSUP")
+            check(small == large == "dspk-submit: kernel: ENOTSUP: %s\n" % want,
+                  "kernel %s: small %r, large %r" % (dev, small, large))
     finally:
         d3.stop()
     # A request that no buffer makes fit (its framing alone passes a
