@@ -693,7 +693,10 @@ DSPK_EXPORT void dspk_result_free(dspk_result *r);
  * dspk_last_error().  A request that does not fit the daemon's max_message
  * (several operands sent inline, each below half of it and the shared
  * threshold; a long kernel source) is DSPK_ELIMIT before anything is sent,
- * with the remedy in dspk_last_error().  A raw kernel's inline tensors go
+ * with the remedy in dspk_last_error(): buffer references, dspk_shared_alloc,
+ * and, where a temporary would be made for them, the shared threshold that
+ * would carry the inline operands (at most the largest's size) when the
+ * current one (0: off, or above it) does not.  A raw kernel's inline tensors go
  * inline both ways (not through shared memory): together at most
  * max_message - 1024 bytes, what an answer carries (DSPK_ELIMIT before
  * anything is sent otherwise), and in one request with the source; larger

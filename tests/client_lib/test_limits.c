@@ -705,6 +705,58 @@ static void test_result_temporary_refused(void **state) {
   stop_mm(pid, sock);
 }
 
+/* Two inline operands, each below half max_message, that do not fit one
+ * request together: the ELIMIT's remedy is true for the shared threshold
+ * in force.  At 0 (off) it advised "a lower dspk_set_shared_threshold",
+ * and nothing is lower (probe round 13); it names the threshold that
+ * would carry them, which then does. */
+static void test_threshold_remedy(void **state) {
+  static float a[500], b[500];
+  const int64_t sa[2] = {500, 1}, sb[2] = {1, 500};
+  const size_t thr[] = {0, DSPK_SHARED_THRESHOLD, 2001, 2000, 1};
+  const char *want[] = {"or a dspk_set_shared_threshold of 1 to 2000 bytes: it is 0, which "
+                        "turns temporaries off)",
+                        "or a dspk_set_shared_threshold of 1 to 2000 bytes: it is 1048576, "
+                        "above every inline operand)",
+                        "or a dspk_set_shared_threshold of 1 to 2000 bytes: it is 2001, "
+                        "above every inline operand)",
+                        NULL, NULL};
+  char sock[192];
+  dspk_client *c = NULL;
+  dspk_tensor in[2];
+  dspk_task t;
+  dspk_result r;
+  (void)state;
+  for (int i = 0; i < 500; i++)
+    a[i] = (float)i, b[i] = 1.0f;
+  pid_t pid = spawn_mm("remedy", "4096", NULL, NULL, sock, sizeof sock);
+  assert_true(pid > 0);
+  assert_int_equal(dspk_connect(sock, "remedy", &c), 0);
+  dspk_task_init(&t, DSPK_OP_GEMM);
+  t.device = "cpu:0";
+  dspk_tensor_inline(&in[0], DSPK_F32, 2, sa, a);
+  dspk_tensor_inline(&in[1], DSPK_F32, 2, sb, b);
+  t.inputs = in;
+  t.ninputs = 2;
+  for (size_t k = 0; k < sizeof thr / sizeof thr[0]; k++) {
+    dspk_set_shared_threshold(c, thr[k]);
+    int rc = dspk_run(c, &t, &r);
+    if (want[k] == NULL) {
+      assert_int_equal(rc, 0);
+      assert_true(((const float *)r.out[0].data)[499 * 500 + 7] == 499.0f);
+      dspk_result_free(&r);
+      continue;
+    }
+    assert_int_equal(rc, DSPK_ELIMIT);
+    const char *e = dspk_last_error(c);
+    assert_non_null(strstr(e, "(dspk_shared_alloc, "));
+    assert_non_null(strstr(e, want[k]));
+    assert_null(strstr(e, "lower"));
+  }
+  dspk_close(c);
+  stop_mm(pid, sock);
+}
+
 int main(int argc, char **argv) {
   if (argc < 2) {
     fprintf(stderr, "usage: %s PATH-TO-DSPKD\n", argv[0]);
@@ -724,6 +776,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_tiny_max_message),
       cmocka_unit_test(test_half_max_message_temporaries),
       cmocka_unit_test(test_result_temporary_refused),
+      cmocka_unit_test(test_threshold_remedy),
   };
   return cmocka_run_group_tests(tests, start_daemons, stop_daemons);
 }
