@@ -2479,13 +2479,32 @@ def other_commands_options(cli):
             (["gemm", "--in"], "gemm", "(--inverse: an option of fft; --interval: an "
              "option of top)"),
             (["fir", "--alpha", "2"], "fir", "(--alpha: an option of gemm and map)"),
-            (["gemm", "-g", "4"], "gemm", "'-g' does not apply to gemm (-g: --grid of "
-             "kernel)"),
-            (["gemm", "-s", "4"], "gemm", "(-s: --size of ping, --shared of kernel, "
-             "--seconds of trace)"),
+            (["gemm", "-g", "4"], "gemm", "'-g' does not apply to gemm (-g: --grid, an "
+             "option of kernel)"),
+            (["gemm", "-s", "4"], "gemm", "(-s: --size, an option of ping; --shared, an "
+             "option of kernel; --seconds, an option of trace)"),
+            # A short option names its long one once, in the long ones' style
+            # (it listed "--device of gemm, --device of fft, ..."; round 13).
+            (["job", "end", "-d", "x"], "job", "(-d: --device, an option of gemm, fft, fir, "
+             "contract, reduce, map and kernel)"),
             (["gemm", "--socket", "x"], "gemm", "(--socket: an option of dspk-submit "
              "before COMMAND)"),
-            (["ping", "-V"], "ping", "(-V: --version of dspk-submit before COMMAND)")):
+            (["ping", "-V"], "ping", "(-V: --version, an option of dspk-submit before "
+             "COMMAND)"),
+            # A subcommand's option before the subcommand: it was "unknown
+            # subcommand '--kernels'" (round 13).
+            (["cache", "--kernels", "clear"], "cache", "'--kernels' does not apply to cache "
+             "before SUBCOMMAND (--kernels: an option of cache clear)"),
+            (["cache", "--auto", "clear"], "cache", "'--auto' does not apply to cache "
+             "before SUBCOMMAND (--autotune: an option of cache clear)"),
+            (["cache", "--json", "stats"], "cache", "'--json' does not apply to cache "
+             "before SUBCOMMAND (--json: an option of every command)"),
+            (["job", "--job", "5", "end"], "job", "'--job' does not apply to job before "
+             "SUBCOMMAND (--job: an option of job register and job end)"),
+            (["job", "--uid=3", "register"], "job", "'--uid' does not apply to job before "
+             "SUBCOMMAND (--uid: an option of job register)"),
+            (["job", "-o", "x", "end"], "job", "'-o' does not apply to job before "
+             "SUBCOMMAND (-o: --output, an option of")):
         err = cli.fails(nosock + args, who, "EINVAL", rc_want=2, sock=False,
                         detail=("option " if want[0] == "'" else "") + want)
         check("unknown option" not in err, "%s: %r" % (args, err))
@@ -2494,6 +2513,8 @@ def other_commands_options(cli):
               "(--json: an option of every command)")
     for args, want in ((["gemm", "--nosuch"], "unknown option '--nosuch'"),
                        (["gemm", "-x"], "unknown option '-x'"),
+                       (["cache", "--nosuch", "clear"], "unknown option '--nosuch'"),
+                       (["job", "-x", "end"], "unknown option '-x'"),
                        (["gemm", "--t"], "option '--t' is ambiguous: --trans-a, --trans-b")):
         cli.fails(nosock + args, args[0], "EINVAL", rc_want=2, sock=False, detail=want)
     # A command's own option, abbreviated, is still its own.
