@@ -551,9 +551,32 @@ static const struct {
 } size_env[] = {{"DSPK_SHARED_THRESHOLD", (uint64_t)1 << 40},
                 {"DSPK_SUBMIT_INLINE_MAX", (uint64_t)1 << 40}};
 
+/* Whether $DSPK_JOB, when set and not empty, is a Slurm job id as
+ * libdspkclient sends it in hello (dspk.h, dspk_connect): a decimal number
+ * from 1 to 2^64-1 without leading zeros, signs or blanks. */
+static bool job_env_ok(void) {
+  const char *e = getenv("DSPK_JOB");
+  char *end;
+  if (e == NULL || *e == '\0')
+    return true;
+  if (*e < '1' || *e > '9')
+    return false;
+  errno = 0;
+  (void)strtoull(e, &end, 10);
+  return errno == 0 && *end == '\0';
+}
+
 /* A bad variable is a bad command line (exit 2), but not one that the
- * command's --help would explain: the message says what a size is. */
+ * command's --help would explain: the message says what a size is (a job
+ * id, for $DSPK_JOB, which the library would refuse at connect). */
 static int check_size_env(const dspk__sub_ctx *ctx) {
+  if (!job_env_ok()) {
+    dspk__sub_fail(ctx, DSPK_EINVAL, "bad value of $DSPK_JOB '%s': want a Slurm job id, a "
+                   "decimal number from 1 to 18446744073709551615 without leading zeros, "
+                   "signs or blanks; unset it for $SLURM_JOB_ID's",
+                   dspk__sub_arg(getenv("DSPK_JOB")));
+    return DSPK__SUB_EXIT_USAGE;
+  }
   for (size_t i = 0; i < sizeof size_env / sizeof size_env[0]; i++) {
     const char *e = getenv(size_env[i].name);
     uint64_t v;

@@ -108,9 +108,13 @@ DSPK_EXPORT int dspk_default_socket(char *buf, size_t buflen);
  * a longer one is DSPK_ELIMIT; each byte of it that starts no well-formed
  * UTF-8 character is sent as U+FFFD, the name then cut at a character
  * boundary to 63 bytes) and the Slurm job this process runs in
- * ($DSPK_JOB, else $SLURM_JOB_ID, when a decimal number from 1;
- * docs/cluster.md).  On success *out is a new client, freed with
- * dspk_close().  Returns DSPK_EINVAL when out is NULL, DSPK_ELIMIT for a
+ * ($DSPK_JOB when set and not empty, else $SLURM_JOB_ID, when a decimal
+ * number from 1 to 2^64-1 without leading zeros; docs/cluster.md).  On
+ * success *out is a new client, freed with dspk_close().  Returns
+ * DSPK_EINVAL when out is NULL or $DSPK_JOB is set, not empty and no such
+ * number (dspk_connect_error() names it and its value; $SLURM_JOB_ID is
+ * not taken instead, while a $SLURM_JOB_ID that is none names no job),
+ * DSPK_ELIMIT for a
  * socket_path longer than 107 bytes, DSPK_ECONNECT when nothing
  * listens there, DSPK_EVERSION when the daemon speaks another protocol
  * version, the code of the daemon's refusal (DSPK_ELIMIT for max_clients

@@ -2558,6 +2558,18 @@ def command_line_round6(cli, tmp):
     err = cli.fails(nosock + ["ping"], "ping", "EINVAL", rc_want=2, sock=False, env=env,
                     detail="bad value of $DSPK_SHARED_THRESHOLD '1.5M'")
     check("--help" not in err and "KiB" in err, "env error: %r" % err)
+    # A $DSPK_JOB that is no job id is a bad environment too, whatever
+    # $SLURM_JOB_ID holds: it was dropped in silence, and the daemon's
+    # EPERM then asked for SLURM_JOB_ID (round 13).  Empty is unset.
+    for bad in ("043", " 43", "43x", "0", "18446744073709551616"):
+        env = dict(os.environ, DSPK_JOB=bad, SLURM_JOB_ID="43")
+        cli.fails(nosock + ["ping"], "ping", "EINVAL", rc_want=2, sock=False, env=env,
+                  detail="bad value of $DSPK_JOB '%s': want a Slurm job id" % bad)
+        check(cli.ok("ping", "--help", sock=False, env=env).startswith("usage:"),
+              "ping --help with DSPK_JOB=%r" % bad)
+    for good in ("43", ""):
+        env = dict(os.environ, DSPK_JOB=good, SLURM_JOB_ID="x")
+        cli.fails(nosock + ["ping"], "ping", "ECONNECT", sock=False, env=env)
     # help and --version write stdout: a failed write fails them.
     for argv in (["--help"], ["-V"], ["help"], ["help", "gemm"], ["gemm", "--help"]):
         with open("/dev/full", "wb") as full:

@@ -757,6 +757,43 @@ static void test_threshold_remedy(void **state) {
   stop_mm(pid, sock);
 }
 
+/* A $DSPK_JOB that is set but no job id is DSPK_EINVAL at dspk_connect,
+ * naming the variable and its value, before any connection; it was
+ * dropped in silence (no job sent, $SLURM_JOB_ID not taken either, and
+ * the daemon's EPERM then named SLURM_JOB_ID: probe round 13).  Empty is
+ * unset; a $SLURM_JOB_ID that is no job id names none. */
+static void test_bad_job_env(void **state) {
+  const char *bad[] = {"043", " 43", "43x", "0", "-4", "+4", "18446744073709551616", "4 "};
+  char sock[192];
+  dspk_client *c = NULL;
+  (void)state;
+  snprintf(sock, sizeof sock, "%s/none.sock", tmpdir);
+  setenv("SLURM_JOB_ID", "43", 1);
+  for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+    char want[64];
+    setenv("DSPK_JOB", bad[k], 1);
+    assert_int_equal(dspk_connect(sock, NULL, &c), DSPK_EINVAL);
+    assert_null(c);
+    snprintf(want, sizeof want, "$DSPK_JOB '%s' is not a Slurm job id", bad[k]);
+    assert_non_null(strstr(dspk_connect_error(), want));
+  }
+  setenv("DSPK_JOB", "a\\b\001", 1);
+  assert_int_equal(dspk_connect(sock, NULL, &c), DSPK_EINVAL);
+  assert_non_null(strstr(dspk_connect_error(), "$DSPK_JOB 'a\\x5cb\\x01' is not"));
+  /* Well formed, empty, unset: on to the socket (nothing listens there). */
+  const char *good[] = {"43", "18446744073709551615", ""};
+  for (size_t k = 0; k < 4; k++) {
+    if (k < 3)
+      setenv("DSPK_JOB", good[k], 1);
+    else
+      unsetenv("DSPK_JOB");
+    assert_int_equal(dspk_connect(sock, NULL, &c), DSPK_ECONNECT);
+  }
+  setenv("SLURM_JOB_ID", "043", 1);
+  assert_int_equal(dspk_connect(sock, NULL, &c), DSPK_ECONNECT);
+  unsetenv("SLURM_JOB_ID");
+}
+
 int main(int argc, char **argv) {
   if (argc < 2) {
     fprintf(stderr, "usage: %s PATH-TO-DSPKD\n", argv[0]);
@@ -777,6 +814,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_half_max_message_temporaries),
       cmocka_unit_test(test_result_temporary_refused),
       cmocka_unit_test(test_threshold_remedy),
+      cmocka_unit_test(test_bad_job_env),
   };
   return cmocka_run_group_tests(tests, start_daemons, stop_daemons);
 }
