@@ -129,11 +129,13 @@ DSPK_EXPORT int dspk_default_socket(char *buf, size_t buflen) {
     return DSPK_EINVAL;
 
   /* In a Slurm job the node's daemon (docs/cluster.md), not the session's
-   * XDG_RUNTIME_DIR that sbatch carried over from the login node. */
+   * XDG_RUNTIME_DIR that sbatch carried over from the login node.  A
+   * relative XDG_RUNTIME_DIR is ignored, as the XDG Base Directory
+   * specification asks (the path would depend on the working directory). */
   const char *dir = "", *name = "/run/dspk/dspkd.sock";
   if (env && *env)
     name = env;
-  else if (geteuid() != 0 && xdg && *xdg && !(job && *job)) {
+  else if (geteuid() != 0 && xdg && xdg[0] == '/' && !(job && *job)) {
     dir = xdg;
     name = "/dspk/dspkd.sock";
   }

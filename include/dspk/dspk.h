@@ -96,7 +96,9 @@ typedef struct dspk_client dspk_client;
  * Writes the default socket path into buf: $DSPK_SOCKET if set and
  * non-empty; else, for root or inside a Slurm job ($SLURM_JOB_ID set and
  * non-empty: the node's daemon, docs/cluster.md), /run/dspk/dspkd.sock;
- * else $XDG_RUNTIME_DIR/dspk/dspkd.sock; else /run/dspk/dspkd.sock.
+ * else $XDG_RUNTIME_DIR/dspk/dspkd.sock when it is an absolute path (a
+ * relative or empty one is ignored, as the XDG Base Directory specification
+ * asks); else /run/dspk/dspkd.sock.
  * Returns 0, DSPK_ELIMIT when buf is too small (buf NULL with buflen 0
  * included), DSPK_EINVAL for buf NULL with buflen > 0.
  */

@@ -2129,6 +2129,15 @@ def suite_shell(cli, tmp, dspkd):
           "ECONNECT hint %r" % err)
     # ... and a socket this user may not open: the hint names its group.
     suite_shell_eperm(cli, tmp)
+    # A relative $XDG_RUNTIME_DIR is ignored (XDG Base Directory spec), as
+    # unset: it was used, relative to the working directory (round 13).  The
+    # rule is a non-root user's: root runs the command as nobody.
+    env = {k: v for k, v in os.environ.items() if k not in ("DSPK_SOCKET", "SLURM_JOB_ID")}
+    env["XDG_RUNTIME_DIR"] = "run/user"
+    as_nobody = (lambda: dspk_daemon.become(65534, 65534)) if os.geteuid() == 0 else None
+    rc, out, err = cli.run("ping", sock=False, env=env, preexec_fn=as_nobody)
+    check("run/user" not in err and (rc == 0 or "/run/dspk/dspkd.sock" in err),
+          "relative XDG_RUNTIME_DIR: exit %d %r" % (rc, err))
 
     # An asked-for backend without devices warns at the start.
     d3 = Daemon(dspkd, tmp, backends="cpu,cuda", name="cuda")
