@@ -1273,14 +1273,16 @@ int main(int argc, char **argv) {
     if (strcmp(ctx.cmd, "-h") == 0 || strcmp(ctx.cmd, "--help") == 0 ||
         strcmp(ctx.cmd, "help") == 0)
       ctx.cmd = "";
+    /* The word after help is judged first: in "help -S x" the -S is no
+     * command (it said that x was an extra argument). */
+    if (ctx.cmd[0] != '\0' && find_cmd(ctx.cmd) == NULL) {
+      ctx.cmd = NULL;
+      return dspk__sub_usage(&ctx, "unknown command '%s'", argv[optind + 1]);
+    }
     if (optind + 2 < argc) {
       ctx.cmd = NULL;
       return dspk__sub_usage(&ctx, "help takes one COMMAND, got extra argument '%s'",
                              argv[optind + 2]);
-    }
-    if (ctx.cmd[0] != '\0' && find_cmd(ctx.cmd) == NULL) {
-      ctx.cmd = NULL;
-      return dspk__sub_usage(&ctx, "unknown command '%s'", argv[optind + 1]);
     }
     rc = dspk__sub_help(&ctx);
     ctx.cmd = "help";

@@ -2713,6 +2713,11 @@ def command_line_messages(cli, tmp):
         check(cli.ok(*argv, sock=False) == top, "%s differs from --help" % argv)
     cli.fails(["help", "gemm", "fft"], None, "EINVAL", rc_want=2, sock=False,
               detail="help takes one COMMAND, got extra argument 'fft'")
+    # The word after help is judged first: -S is no command (it said that
+    # x was an extra argument; round 13).
+    for argv in (["help", "-S", "x"], ["help", "--json", "x"], ["help", "nosuch", "x"]):
+        cli.fails(argv, None, "EINVAL", rc_want=2, sock=False,
+                  detail="unknown command '%s'" % argv[1])
     cli.fails(["--socket", "", "ping"], None, "EINVAL", rc_want=2, sock=False,
               detail="empty --socket path")
     d = os.path.join(tmp, "notsock")
