@@ -63,8 +63,10 @@ static int socket_path(struct dspkd_config *cfg, bool create) {
     snprintf(dir, sizeof dir, "/run/dspk");
   } else {
     const char *rt = getenv("XDG_RUNTIME_DIR");
-    if (!rt || !*rt) {
-      dspkd_error("XDG_RUNTIME_DIR is not set: give the socket with --socket PATH");
+    /* A relative one is ignored (the XDG Base Directory specification). */
+    if (!rt || rt[0] != '/') {
+      dspkd_error("XDG_RUNTIME_DIR is %s: give the socket with --socket PATH",
+                  rt && *rt ? "not an absolute path" : "not set");
       return -1;
     }
     n = snprintf(dir, sizeof dir, "%s/dspk", rt);

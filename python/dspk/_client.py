@@ -517,13 +517,15 @@ class _Temp:
 
 def default_socket() -> str:
     """The socket path of docs/protocol.md: ``$DSPK_SOCKET``; else, unless root or in a
-    Slurm job (``$SLURM_JOB_ID`` set), ``$XDG_RUNTIME_DIR/dspk/dspkd.sock``; else
-    ``/run/dspk/dspkd.sock``, the node's daemon."""
+    Slurm job (``$SLURM_JOB_ID`` set), ``$XDG_RUNTIME_DIR/dspk/dspkd.sock`` when that is
+    an absolute path; else ``/run/dspk/dspkd.sock``, the node's daemon."""
     env = os.environ.get("DSPK_SOCKET")
     if env:
         return env
     xdg = os.environ.get("XDG_RUNTIME_DIR")
-    if os.geteuid() != 0 and xdg and not os.environ.get("SLURM_JOB_ID"):
+    # A relative XDG_RUNTIME_DIR is ignored, as the XDG Base Directory spec asks.
+    if (os.geteuid() != 0 and xdg and xdg.startswith("/")
+            and not os.environ.get("SLURM_JOB_ID")):
         return os.path.join(xdg, "dspk", "dspkd.sock")
     return "/run/dspk/dspkd.sock"
 

@@ -37,6 +37,20 @@ def test_default_socket(monkeypatch):
     assert dspk.default_socket() == "/run/dspk/dspkd.sock"
 
 
+def test_default_socket_relative_xdg(monkeypatch):
+    """A relative XDG_RUNTIME_DIR is ignored, as the XDG Base Directory spec asks: it
+    was used, the path then depending on the working directory (probe round 13).  As
+    a user other than root, which the rule is for."""
+    monkeypatch.delenv("DSPK_SOCKET", raising=False)
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    for rel in ("run/user/1000", "./x", "~/x"):
+        monkeypatch.setenv("XDG_RUNTIME_DIR", rel)
+        assert dspk.default_socket() == "/run/dspk/dspkd.sock"
+    monkeypatch.setenv("XDG_RUNTIME_DIR", "/run/user/1000")
+    assert dspk.default_socket() == "/run/user/1000/dspk/dspkd.sock"
+
+
 def test_the_error_classes_are_declared_for_type_checkers():
     """`from ._errors import *` with a stub whose __all__ had no value hid every error
     class from mypy ("Module has no attribute ShapeError").  Now the stub lists
