@@ -362,8 +362,8 @@ int dspk__contract_parse(const char *subs, const struct dspk__tensor *A,
   for (int t = 0; t < 2; t++)
     if (n[t] != T[t]->rank)
       return dspk__fail(msg, len, DSPK_ESHAPE,
-                  "contract: \"%s\": %s has rank %d but its term \"%s\" has %d labels",
-                  se, names[t], T[t]->rank, l[t], n[t]);
+                  "contract: \"%s\": %s has rank %d but its term \"%s\" has %d label%s",
+                  se, names[t], T[t]->rank, l[t], n[t], n[t] == 1 ? "" : "s");
   int64_t sz[128];
   for (int c = 0; c < 128; c++)
     sz[c] = -1;

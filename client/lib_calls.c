@@ -999,13 +999,43 @@ static int kernel_fits(dspk_client *c, const dspk_task *t) {
                     n, c->send_max, DSPK__RESULT_FRAMING);
 }
 
+/* Writes into buf what sends the inline operands of t (on device, the
+ * task's after "any" was resolved; shm: those already in shared memory)
+ * through shared memory, true for c's current shared threshold: only
+ * dspk_shared_alloc where no threshold would make a temporary of them (no
+ * such operand, or "any" on a daemon not known to have no hardware
+ * device, lib_shm.c); else the threshold that would, where the current
+ * one (0: off, or above their largest) does not. */
+static void shm_remedy(dspk_client *c, const dspk_task *t, const char *device, const bool *shm,
+                       char *buf, size_t len) {
+  size_t big = 0;
+  for (unsigned i = 0; i < t->ninputs && i < DSPK_SHM_OPERANDS; i++) {
+    const dspk_tensor *x = &t->inputs[i];
+    if (!x->is_ref && x->nbytes && !shm[i] && x->nbytes > big &&
+        !dspk__file_range(c, x->data, x->nbytes))
+      big = x->nbytes;
+  }
+  if (big == 0 || (c->shm_threshold != 0 && c->shm_threshold <= big))
+    snprintf(buf, len, "dspk_shared_alloc");
+  else if (strcmp(device, "any") == 0 && c->shm_any != 1)
+    snprintf(buf, len, "dspk_shared_alloc; a temporary, dspk_set_shared_threshold, is made "
+             "for a task on \"any\" only when the daemon has no hardware device");
+  else if (c->shm_threshold == 0)
+    snprintf(buf, len, "dspk_shared_alloc, or a dspk_set_shared_threshold of 1 to %zu bytes: "
+             "it is 0, which turns temporaries off", big);
+  else
+    snprintf(buf, len, "dspk_shared_alloc, or a dspk_set_shared_threshold of 1 to %zu bytes: "
+             "it is %zu, above every inline operand", big, c->shm_threshold);
+}
+
 /* A task.run request larger than the daemon's max_message (dspk__send's
  * ELIMIT), said with what the caller can do about it: its operands sent
  * inline (shm: those a shared buffer carries) through buffers, where that
  * would make room enough. */
-static int task_too_big(dspk_client *c, const dspk_task *t, const bool *shm, size_t total) {
+static int task_too_big(dspk_client *c, const dspk_task *t, const char *device, const bool *shm,
+                        size_t total) {
   size_t inl = inline_bytes(t, shm);
-  char src[64] = "";
+  char src[64] = "", remedy[192];
   if (t->op == DSPK_OP_KERNEL)
     snprintf(src, sizeof src, " (a raw kernel's source of %zu bytes)", t->kernel.source_len);
   if (inl == 0 || total - inl >= c->send_max)
@@ -1019,11 +1049,11 @@ static int task_too_big(dspk_client *c, const dspk_task *t, const bool *shm, siz
                       "buffer references (is_ref: dspk_buffer_create and dspk_buffer_write, "
                       "or dspk_shared_alloc)", total, c->send_max, t->kernel.source_len,
                       inl);
+  shm_remedy(c, t, device, shm, remedy, sizeof remedy);
   return dspk__cerr(c, DSPK_ELIMIT, "task.run request of %zu bytes exceeds the daemon's "
                     "%zu-byte message limit (max_message); pass big operands through "
                     "daemon buffers (is_ref: dspk_buffer_write splits) or shared memory "
-                    "(dspk_shared_alloc, or a lower dspk_set_shared_threshold)",
-                    total, c->send_max);
+                    "(%s)", total, c->send_max, remedy);
 }
 
 static int submit(dspk_client *c, const dspk_task *t, uint32_t *ticket, bool may_wait) {
@@ -1137,7 +1167,7 @@ static int submit(dspk_client *c, const dspk_task *t, uint32_t *ticket, bool may
   pack_params(&a, &w);
   rc = dspk__send(c, &w, id);
   if (rc == DSPK_ELIMIT && dspk__wbuf_len(&w) > c->send_max)
-    rc = task_too_big(c, t, shm, dspk__wbuf_len(&w));
+    rc = task_too_big(c, t, device, shm, dspk__wbuf_len(&w));
   dspk__wbuf_free(&w);
   dspk__shm_sent(c, id, rc == 0);
   if (rc != 0)

@@ -129,11 +129,13 @@ DSPK_EXPORT int dspk_default_socket(char *buf, size_t buflen) {
     return DSPK_EINVAL;
 
   /* In a Slurm job the node's daemon (docs/cluster.md), not the session's
-   * XDG_RUNTIME_DIR that sbatch carried over from the login node. */
+   * XDG_RUNTIME_DIR that sbatch carried over from the login node.  A
+   * relative XDG_RUNTIME_DIR is ignored, as the XDG Base Directory
+   * specification asks (the path would depend on the working directory). */
   const char *dir = "", *name = "/run/dspk/dspkd.sock";
   if (env && *env)
     name = env;
-  else if (geteuid() != 0 && xdg && *xdg && !(job && *job)) {
+  else if (geteuid() != 0 && xdg && xdg[0] == '/' && !(job && *job)) {
     dir = xdg;
     name = "/dspk/dspkd.sock";
   }
@@ -1687,20 +1689,52 @@ static const char *hello_name(struct hello_args *a) {
   return a->sane;
 }
 
-/* The Slurm job this process runs in, which hello tells the daemon
- * (docs/protocol.md, "Slurm jobs"): $DSPK_JOB, else $SLURM_JOB_ID; 0 when
- * neither is a job id. */
-static uint64_t env_job(void) {
-  const char *v = getenv("DSPK_JOB");
+/* Whether v is a Slurm job id as hello's job takes it: a decimal number
+ * from 1 to 2^64-1 without leading zeros, signs or blanks; its value in
+ * *id. */
+static bool job_id(const char *v, uint64_t *id) {
   char *end;
-  unsigned long long id;
-  if (!v || !*v)
-    v = getenv("SLURM_JOB_ID");
-  if (!v || *v < '1' || *v > '9')
-    return 0;
+  unsigned long long n;
+  if (*v < '1' || *v > '9')
+    return false;
   errno = 0;
-  id = strtoull(v, &end, 10);
-  return errno || *end ? 0 : (uint64_t)id;
+  n = strtoull(v, &end, 10);
+  if (errno || *end)
+    return false;
+  *id = (uint64_t)n;
+  return true;
+}
+
+/* The Slurm job this process runs in, which hello tells the daemon
+ * (docs/protocol.md, "Slurm jobs"): $DSPK_JOB when set and not empty,
+ * else $SLURM_JOB_ID; 0 in *job when neither names one.  A $DSPK_JOB that
+ * is set but no job id is DSPK_EINVAL, said in connect_err with its value
+ * (bytes other than printable ASCII as \xHH, cut at 40): set by the user,
+ * it is not dropped in silence, nor is $SLURM_JOB_ID taken instead.  A
+ * $SLURM_JOB_ID that is no job id (Slurm's own variable) names none. */
+static int env_job(uint64_t *job) {
+  const char *v = getenv("DSPK_JOB");
+  char shown[4 * 40 + 1];
+  size_t o = 0;
+  *job = 0;
+  if (v && *v) {
+    if (job_id(v, job))
+      return 0;
+    for (size_t i = 0; v[i] && i < 40; i++) {
+      unsigned char b = (unsigned char)v[i];
+      o += (size_t)snprintf(shown + o, sizeof shown - o, b >= 0x20 && b < 0x7f && b != '\\'
+                                                         ? "%c" : "\\x%02x", b);
+    }
+    snprintf(connect_err, sizeof connect_err, "$DSPK_JOB '%s%s' is not a Slurm job id (a "
+             "decimal number from 1 to 18446744073709551615, without leading zeros, signs "
+             "or blanks); unset it, or set it empty, for $SLURM_JOB_ID's",
+             shown, strlen(v) > 40 ? "..." : "");
+    return DSPK_EINVAL;
+  }
+  v = getenv("SLURM_JOB_ID");
+  if (!v || !job_id(v, job))
+    *job = 0;
+  return 0;
 }
 
 /* hello's params, packed from the protocol's table (proto/schema.c). */
@@ -1792,7 +1826,7 @@ DSPK_EXPORT int dspk_connect_timeout(const char *socket_path, const char *client
                                      int timeout_ms, dspk_client **out) {
   char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
   struct sockaddr_un sa = {.sun_family = AF_UNIX};
-  struct hello_args ha = {client_name ? client_name : "libdspkclient", env_job(), ""};
+  struct hello_args ha = {client_name ? client_name : "libdspkclient", 0, ""};
   struct dspk__resp r;
   dspk_client *c;
   int rc;
@@ -1802,6 +1836,8 @@ DSPK_EXPORT int dspk_connect_timeout(const char *socket_path, const char *client
     snprintf(connect_err, sizeof connect_err, "out is NULL");
     return DSPK_EINVAL;
   }
+  if ((rc = env_job(&ha.job)) != 0)
+    return rc;
   if (socket_path) {
     if (strlen(socket_path) >= sizeof path) {
       snprintf(connect_err, sizeof connect_err,

@@ -202,6 +202,9 @@ static char *file_strs[NKEYS]; /* strings of the file the configuration owns */
  * added or removed is logged alike. */
 static struct dspkd_config start_cfg;
 static char *reload_strs[NKEYS]; /* a reload's strings, freed once compared */
+/* What turned the cache off, for dspkd_config_log_no_cache: an option, or
+ * the file's no_cache. */
+static const char *no_cache_from = "";
 
 static int key_index(const char *name) {
   for (size_t i = 0; i < NKEYS; i++)
@@ -377,6 +380,7 @@ struct parse {
   const struct dspkd_config *running; /* reload: the running configuration */
   uint64_t skip;                      /* keys the command line set */
   uint64_t seen;                      /* keys the file set */
+  int cache_line, no_cache_line;      /* cache, no_cache = yes: where the file set them */
   int err_line;                       /* first error of a handler or the reader, or 0 */
   char err[PATH_MAX + 320];
 };
@@ -452,6 +456,9 @@ static int check_line(struct parse *p, const char *s, bool indented) {
   return 0;
 }
 
+/* The UTF-8 byte order mark (U+FEFF). */
+#define BOM "\xEF\xBB\xBF"
+
 /* libinih's reader: hands it the next line whole, or ends the file (NULL)
  * at a line it would misread (check_line), a NUL byte (inih would see the
  * line end there), or a line longer than its buffer (num bytes with the
@@ -489,11 +496,21 @@ static char *reader(char *str, int num, void *stream) {
     return NULL;
   }
   str[n] = '\0';
-  if (p->line == 1 && n >= 3 && memcmp(s, "\xEF\xBB\xBF", 3) == 0)
+  if (p->line == 1 && n >= 3 && memcmp(s, BOM, 3) == 0)
     s += 3; /* a UTF-8 byte order mark, which inih skips too */
   text = s;
   while (isspace((unsigned char)*text))
     text++;
+  /* inih skips a byte order mark at the start of the first line it is
+   * handed: after the file's own (removed above) or after blanks, a second
+   * one would be skipped too, where dspk.conf(5) ignores one only, at the
+   * very start.  On any other line inih keeps it (an unknown key, a syntax
+   * error). */
+  if (p->line == 1 && strncmp(text, BOM, 3) == 0) {
+    perr(p, "a byte order mark (\\ufeff) that is not the first bytes of the file: only "
+            "one, at the very start, is ignored");
+    return NULL;
+  }
   if (check_line(p, text, text > s) != 0)
     return NULL;
   memmove(str, text, strlen(text) + 1);
@@ -654,9 +671,13 @@ static int store(const struct key *k, const char *value, bool from_file,
   case K_STR:
     /* On the command line "" is a value for cache only (--cache "": no
      * cache); an empty backends or metrics_listen is refused below, from
-     * the file and the command line alike. */
+     * the file and the command line alike.  In the file an empty value is
+     * a bad value for every key but the [policy] lists (nobody listed),
+     * cache included: no_cache = yes says what "cache =" would. */
     if (from_file && !*value) {
-      snprintf(why, len, "expected a value");
+      snprintf(why, len, "%s", k->off == offsetof(struct dspkd_config, cache_path)
+                                   ? "expected a path (no_cache = yes runs without a cache)"
+                                   : "expected a value");
       return -1;
     }
     if (k->off == offsetof(struct dspkd_config, job_state) && !*value) {
@@ -727,6 +748,17 @@ static int store(const struct key *k, const char *value, bool from_file,
       snprintf(why, len, "%s: not an open file descriptor", vis(value));
       return -1;
     }
+    /* Open read-only (9</dev/null) or for nothing (O_PATH), it would take
+     * no READY: the daemon would serve while whoever waits for READY
+     * waits for ever.  Refused now, as a closed one is. */
+    if (k->type == K_FD) {
+      int fl = fcntl((int)v, F_GETFL);
+      if (fl < 0 || ((fl & O_ACCMODE) != O_WRONLY && (fl & O_ACCMODE) != O_RDWR)) {
+        snprintf(why, len, "%s: not open for writing (READY could not be written there); "
+                 "give the write end of a pipe the caller reads", vis(value));
+        return -1;
+      }
+    }
     /* The daemon logs to stderr for its whole life: READY there, and the
      * descriptor given back after it, would take the log away. */
     if (k->type == K_FD && v == STDERR_FILENO) {
@@ -763,7 +795,7 @@ static int store(const struct key *k, const char *value, bool from_file,
 
 /* Stores a value; in a reload, keys that need a restart are only compared
  * with the running value (and a difference logged). */
-static int handler(void *user, const char *section, const char *name, const char *value) {
+static int handle_key(void *user, const char *section, const char *name, const char *value) {
   struct parse *p = user;
   struct dspkd_config scratch;
   char kname[64], why[256];
@@ -825,6 +857,42 @@ static int handler(void *user, const char *section, const char *name, const char
     *(const char **)((char *)p->cfg + k->off) = s;
   }
   return 1;
+}
+
+/* libinih's handler: one key, stored by handle_key, then checked against
+ * the keys the file gave before it.  cache with no_cache = yes is refused
+ * at the second of the two, whichever comes first, as --cache with
+ * --no-cache is on the command line: the file's no_cache used to win in
+ * silence, the cache it names never opened.  Checked whatever the command
+ * line set (the file is wrong either way), at start and at a reload. */
+static int handler(void *user, const char *section, const char *name, const char *value) {
+  struct parse *p = user;
+  char kname[64];
+  int idx, other;
+  bool yes;
+
+  if (!handle_key(user, section, name, value) || p->err_line)
+    return 0;
+  snprintf(kname, sizeof kname, "%s", name); /* as handle_key found it */
+  for (char *c = kname; *c; c++)
+    if (*c == '-')
+      *c = '_';
+  idx = key_index(kname);
+  if (idx == key_index("cache")) {
+    p->cache_line = p->line;
+    other = p->no_cache_line;
+  } else if (idx == key_index("no_cache") && parse_bool(value, &yes) == 0 && yes) {
+    p->no_cache_line = p->line;
+    other = p->cache_line;
+  } else {
+    return 1;
+  }
+  if (!other)
+    return 1;
+  if (idx == key_index("cache"))
+    return perr(p, "%s and no_cache = yes (line %d) both given (give one)", vis(name), other);
+  return perr(p, "%s = %s and cache (line %d) both given (give one)", vis(name), vis(value),
+              other);
 }
 
 /* Reads path into cfg (keys in skip untouched).  0 or a negative code, with
@@ -1133,10 +1201,13 @@ int dspkd_config_start(int argc, char **argv, struct dspkd_config *cfg) {
 done:
   derive_defaults(cfg);
   start_cfg = *cfg;
-  /* Which cache: an option wins over the file; the file's no_cache wins
-   * over its cache; "" is no cache. */
+  /* Which cache: an option wins over the file (whose cache and
+   * no_cache = yes never come together: handler); --cache "" is no cache. */
   if (cli_cache)
     cfg->no_cache = cli_cache < 0;
+  no_cache_from = cli_cache < 0 ? "--no-cache"
+                  : cli_cache > 0 ? "--cache \"\""
+                                  : "no_cache = yes";
   if (cfg->no_cache || (cfg->cache_path && !cfg->cache_path[0])) {
     cfg->no_cache = true;
     cfg->cache_path = NULL;
@@ -1147,6 +1218,13 @@ done:
 
 const char *dspkd_config_file(void) {
   return conf_path[0] ? conf_path : NULL;
+}
+
+void dspkd_config_log_no_cache(void) {
+  if (no_cache_from[0] == '-')
+    dspkd_info("cache: none (%s): nothing persists", no_cache_from);
+  else
+    dspkd_info("cache: none (%s in %s): nothing persists", no_cache_from, conf_path);
 }
 
 void dspkd_config_log_source(void) {

@@ -46,6 +46,10 @@ const char *dspkd_config_file(void);
 /* Logs (info) the file dspkd_config_start read, or that it read none and
  * why; once the start-up checks passed (an error stays the one line). */
 void dspkd_config_log_source(void);
+/* Logs (info) that dspkd runs without a cache and what said so (--no-cache,
+ * --cache "", or the file's no_cache): the line that stands for "cache:
+ * PATH" when cfg->no_cache is set. */
+void dspkd_config_log_no_cache(void);
 
 /*
  * Before a detached daemon leaves its start directory (chdir("/")): makes

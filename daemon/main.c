@@ -63,8 +63,10 @@ static int socket_path(struct dspkd_config *cfg, bool create) {
     snprintf(dir, sizeof dir, "/run/dspk");
   } else {
     const char *rt = getenv("XDG_RUNTIME_DIR");
-    if (!rt || !*rt) {
-      dspkd_error("XDG_RUNTIME_DIR is not set: give the socket with --socket PATH");
+    /* A relative one is ignored (the XDG Base Directory specification). */
+    if (!rt || rt[0] != '/') {
+      dspkd_error("XDG_RUNTIME_DIR is %s: give the socket with --socket PATH",
+                  rt && *rt ? "not an absolute path" : "not set");
       return -1;
     }
     n = snprintf(dir, sizeof dir, "%s/dspk", rt);
@@ -195,7 +197,7 @@ static void signal_ready(int fd) {
   if (fd < 0)
     return;
   if (write(fd, msg, sizeof msg - 1) != (ssize_t)(sizeof msg - 1))
-    dspkd_warn("--ready-fd %d: %s", fd, strerror(errno));
+    dspkd_warn("cannot write READY to --ready-fd %d: %s", fd, strerror(errno));
   if (fd > STDERR_FILENO)
     close(fd);
   else if (null_std_fd(fd) != 0)
@@ -405,11 +407,60 @@ static void ignore_signals(void) {
     ignore_signal(s);
 }
 
+/* Under socket activation: says (warn) that the socket the command line,
+ * the file or $DSPK_SOCKET named (given; "" when none did) is not the one
+ * dspkd listens on (passed), as dspkd(8) says: the passed one is used, and
+ * the log names both, so that an administrator who set another path sees
+ * why it was not taken. */
+static void note_unused_socket(const char *given, const char *passed) {
+  const char *env = getenv("DSPK_SOCKET");
+  char name[PATH_MAX + 32];
+
+  if (given[0])
+    dspkd_config_name("socket", name, sizeof name);
+  else if (env && *env)
+    snprintf(name, sizeof name, "$DSPK_SOCKET");
+  else
+    return;
+  if (!given[0])
+    given = env;
+  if (dspkd_paths_same(given, passed))
+    return;
+  dspkd_warn("%s %s is not used: dspkd listens on the socket that socket activation passed, "
+             "%s", name, given, passed);
+}
+
+/* The signals dspkd(8) SIGNALS says keep their default action: SIGQUIT
+ * and SIGXCPU (the core dump on request, the end a soft RLIMIT_CPU asks
+ * for), the faults, and SIGCHLD, SIGCONT, SIGURG and SIGWINCH.  Across an
+ * exec a disposition survives only as SIG_DFL or SIG_IGN, and a shell
+ * starts a background job of a script (dspkd &) with SIGQUIT and SIGINT
+ * ignored: an ignored one is given its default action back, as SIGINT gets
+ * its handler.  The children dspkd starts inherit it too: an ignored
+ * SIGCHLD would reap them before waitpid(2) sees them, an ignored SIGXCPU
+ * would let a kernel compile run past its soft RLIMIT_CPU.  A handler that
+ * is already there (a sanitizer's) is not ignoring it, and stays. */
+static void default_signals(void) {
+  static const int kept[] = {SIGQUIT, SIGXCPU, SIGSEGV, SIGBUS,  SIGFPE,  SIGILL,
+                             SIGABRT, SIGCHLD, SIGCONT, SIGURG, SIGWINCH};
+  for (size_t i = 0; i < sizeof kept / sizeof kept[0]; i++) {
+    struct sigaction sa;
+    if (sigaction(kept[i], NULL, &sa) != 0 || (sa.sa_flags & SA_SIGINFO) ||
+        sa.sa_handler != SIG_IGN)
+      continue;
+    sa.sa_handler = SIG_DFL;
+    sa.sa_flags = 0;
+    sigemptyset(&sa.sa_mask);
+    (void)sigaction(kept[i], &sa, NULL);
+  }
+}
+
 int main(int argc, char **argv) {
   static struct dspkd daemon_state;
   struct dspkd *d = &daemon_state;
   struct dspkd_config *cfg = &d->cfg;
   uv_loop_t loop;
+  char given_socket[sizeof cfg->socket_path];
   int detach_fd = -1, rc = 1, activated;
 
   /* glibc serves blocks of 128 KiB and up with fresh mappings until a freed
@@ -454,6 +505,7 @@ int main(int argc, char **argv) {
   sigaddset(&early, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &early, NULL);
   ignore_signals();
+  default_signals();
   mallopt(M_MMAP_THRESHOLD, 32 << 20);
   mallopt(M_TRIM_THRESHOLD, 64 << 20);
   dspkd_heap_warm();
@@ -500,6 +552,7 @@ int main(int argc, char **argv) {
   }
 
   dspkd_test_start_pause("config");
+  snprintf(given_socket, sizeof given_socket, "%s", cfg->socket_path);
   activated = dspkd_activation_start(d);
   if (activated < 0)
     return 1;
@@ -510,8 +563,9 @@ int main(int argc, char **argv) {
                 "(LISTEN_FDS); give the write end of a pipe the caller reads", cfg->ready_fd);
     return 2;
   }
-  if (!activated &&
-      socket_path(cfg, true) != 0)
+  if (activated)
+    note_unused_socket(given_socket, cfg->socket_path);
+  else if (socket_path(cfg, true) != 0)
     return 1;
   /* Before any device opens: a second daemon must not touch the GPUs. */
   if (!activated && (dspkd_socket_check(cfg->socket_path) != 0 ||
@@ -568,7 +622,9 @@ int main(int argc, char **argv) {
   dspkd_lifecycle_start(d); /* SIGTERM during the start: acted on once the loop runs */
   pthread_sigmask(SIG_UNBLOCK, &early, NULL);
 
-  if (!cfg->no_cache && open_cache(d) != 0)
+  if (cfg->no_cache)
+    dspkd_config_log_no_cache();
+  else if (open_cache(d) != 0)
     goto out_handles;
 
   if (dspkd_devices_start(d) != 0)

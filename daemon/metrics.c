@@ -665,7 +665,6 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
   size_t len = 0;
   int err = DSPK_ETIMEDOUT;
 
-  (void)version;
   (void)upload;
   /* Every answer is decided at the first call, which has the headers only:
    * a response queued then is sent without "100 Continue" and without
@@ -679,6 +678,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
   *state = h;
   if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0)
     return respond_msg(conn, MHD_HTTP_METHOD_NOT_ALLOWED, "only GET /metrics\n");
+  /* url is the target as sent, up to a '?' (the query, ignored):
+   * keep_escaped leaves percent-escapes as they are, so that only /metrics
+   * itself matches (libmicrohttpd decoded /%6detrics to /metrics, and
+   * /metrics%00 to a string that ends there). */
   if (strcmp(url, "/metrics") != 0)
     return respond_msg(conn, MHD_HTTP_NOT_FOUND, "not found: the metrics are at /metrics\n");
   {
@@ -691,6 +694,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
       return respond_msg(conn, MHD_HTTP_BAD_REQUEST, "duplicate Content-Length header\n");
     if (hc.host > 1)
       return respond_msg(conn, MHD_HTTP_BAD_REQUEST, "duplicate Host header\n");
+    /* RFC 9112 3.2: an HTTP/1.1 request without Host is a 400 (HTTP/1.0
+     * has none to give; libmicrohttpd refuses other versions itself). */
+    if (hc.host == 0 && strcmp(version, MHD_HTTP_VERSION_1_0) != 0)
+      return respond_msg(conn, MHD_HTTP_BAD_REQUEST, "no Host header (HTTP/1.1 needs one)\n");
     if (hc.body)
       return respond_msg(conn, MHD_HTTP_BAD_REQUEST, "GET /metrics takes no body\n");
   }
@@ -724,6 +731,14 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     return respond_msg(conn, MHD_HTTP_SERVICE_UNAVAILABLE, msg);
   }
   return respond(conn, MHD_HTTP_OK, text, len, "text/plain; version=0.0.4; charset=utf-8");
+}
+
+/* libmicrohttpd's unescape callback: nothing is decoded, neither the path
+ * (compared as sent) nor the query (ignored).  The length of s. */
+static size_t keep_escaped(void *cls, struct MHD_Connection *conn, char *s) {
+  (void)cls;
+  (void)conn;
+  return strlen(s);
 }
 
 static void mhd_log(void *cls, const char *fmt, va_list ap) {
@@ -907,6 +922,7 @@ int dspkd_metrics_http_start(struct dspkd *d) {
   sock_name(lfd, where, sizeof where);
   h->mhd = MHD_start_daemon(flags, 0, NULL, NULL, on_request, h,
                             MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
+                            MHD_OPTION_UNESCAPE_CALLBACK, keep_escaped, NULL,
                             MHD_OPTION_LISTEN_SOCKET, (MHD_socket)lfd,
                             MHD_OPTION_CONNECTION_LIMIT, (unsigned)HTTP_MAX_CONNS,
                             MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)HTTP_IDLE_S,

@@ -73,7 +73,7 @@ static int default_socket(char *out, size_t len) {
     n = snprintf(out, len, "%s", env);
   else if (geteuid() == 0)
     n = snprintf(out, len, "/run/dspk/dspkd.sock");
-  else if (rt && *rt)
+  else if (rt && rt[0] == '/') /* a relative one is ignored, as in main.c */
     n = snprintf(out, len, "%s/dspk/dspkd.sock", rt);
   else
     return -1;

@@ -461,7 +461,8 @@ uint64_t dspk__vk_max_tensor_bytes(const VkPhysicalDeviceLimits *l);
 int dspk__vk_bind_tensor(struct dspk__dev *d, const struct dspk__tensor *t,
                          struct dspk__vk_bind *b, uint32_t *elem);
 /* dspk__vk_bind_tensor, or the task's ENOTSUP with a message that names
- * the tensor (what: "operand 0", "gemm's B"), which of the two it is, and
+ * the tensor (what: its name in protocol.md, "gemm's B", "map's A",
+ * "kernel's argument 0 (input 0)"), which of the two it is, and
  * the sizes: its bytes and the limit, or its offset and element size. */
 int dspk__vk_bind_named(struct dspk__dev *d, const struct dspk__tensor *t,
                         struct dspk__vk_bind *b, uint32_t *elem, struct dspk__opctx *ctx,

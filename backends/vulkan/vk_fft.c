@@ -1144,28 +1144,28 @@ int dspk__vk_fft(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *c
   if (total == 0)
     return 0;
   uint64_t batch = total / n;
+  /* X and the output are each within the device's max_tensor_bytes, on
+   * every path (protocol.md, devices), as every op's tensors are.  VkFFT's
+   * own path binds each tensor's VkBuffer itself, as one descriptor of at
+   * least the tensor's bytes, whatever the rows: a larger tensor there made
+   * a binding past maxStorageBufferRange, which lavapipe ran (it does not
+   * enforce the limit) while the length-1 path refused it. */
+  struct dspk__vk_bind bx, bo;
+  uint32_t ex, eo;
+  int r = bind_io(d, X, O, &bx, &ex, &bo, &eo, ctx);
+  if (r)
+    return r;
   if (n == 1) {
     /* A transform of length 1 is the identity (ifft's 1/n is 1), and rfft
      * widens to (x, 0); VkFFT refuses n = 1. */
-    struct dspk__vk_bind bx, bo;
-    uint32_t ex, eo;
-    int r = bind_io(d, X, O, &bx, &ex, &bo, &eo, ctx);
-    if (r)
-      return r;
     if (total > UINT32_MAX)
       return dspk__vk_fail(ctx, DSPK_ELIMIT, "fft: more than 2^32-1 transforms of length 1");
     return fft_copy(d, dbl, r2c ? 0 : 1, &bx, ex, &bo, eo, (uint32_t)total, 1, 1, ctx);
   }
   /* VkFFT 1.2.26's own Bluestein path gave wrong results in our tests
    * (lavapipe): lengths with a prime factor above 13 use ours. */
-  if (max_prime(n) > 13 && !r2c) {
-    struct dspk__vk_bind bx, bo;
-    uint32_t ex, eo;
-    int r = bind_io(d, X, O, &bx, &ex, &bo, &eo, ctx);
-    if (r)
-      return r;
+  if (max_prime(n) > 13 && !r2c)
     return bluestein(d, &bx, ex, &bo, eo, n, batch, dbl, op->u.fft.inverse, ctx);
-  }
   size_t xes = dspk__dtype_size(X->dtype), oes = dspk__dtype_size(O->dtype);
   VkDeviceSize xoff = X->mem->off + X->offset, ooff = O->mem->off + O->offset;
   if (xoff % xes || ooff % oes)
@@ -1192,7 +1192,6 @@ int dspk__vk_fft(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *c
                                   .bufsize = O->mem->bufsize,
                                   .inbuf = r2c || oop ? X->mem->buf : VK_NULL_HANDLE,
                                   .insize = r2c || oop ? X->mem->bufsize : 0};
-  int r;
   /* Tuning runs the candidates on these operands: never in place. */
   int forced, use_sk = 0;
   struct dspk__vk_sfft_cfg sk;
@@ -1204,13 +1203,8 @@ int dspk__vk_fft(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *c
     desc.tune = tunes[forced].t;
   if (oop && forced == NTUNES && !dbl && dspk__vk_sfft_valid(d, n, batch, &sk))
     use_sk = 1;
-  if (use_sk) {
-    struct dspk__vk_bind bx, bo;
-    uint32_t ex, eo;
-    if ((r = bind_io(d, X, O, &bx, &ex, &bo, &eo, ctx)))
-      return r;
+  if (use_sk)
     return dspk__vk_sfft(d, &sk, n, batch, op->u.fft.inverse, &bx, ex, &bo, eo, NULL, ctx);
-  }
   struct fplan *p = NULL;
   r = get_plan(d, &desc, &p, ctx);
   if (r && memcmp(&desc.tune, &(struct dspk__vkfft_tune){0}, sizeof desc.tune)) {

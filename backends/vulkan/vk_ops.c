@@ -394,12 +394,13 @@ static int need_dtype(struct dspk__dev *d, dspk_dtype dt, struct dspk__opctx *ct
   return 0;
 }
 
-static int bind_all(struct dspk__dev *d, const struct dspk__tensor *const *t, int n,
-                    struct dspk__vk_bind *b, uint32_t *elem, struct dspk__opctx *ctx) {
+/* Binds the n tensors t, or fails the op naming the first that cannot be
+ * bound by names[i], its name in protocol.md ("map's A", "fir's H"). */
+static int bind_all(struct dspk__dev *d, const struct dspk__tensor *const *t,
+                    const char *const *names, int n, struct dspk__vk_bind *b, uint32_t *elem,
+                    struct dspk__opctx *ctx) {
   for (int i = 0; i < n; i++) {
-    char what[24]; /* "operand " and any int */
-    snprintf(what, sizeof what, "operand %d", i);
-    int r = dspk__vk_bind_named(d, t[i], &b[i], &elem[i], ctx, what);
+    int r = dspk__vk_bind_named(d, t[i], &b[i], &elem[i], ctx, names[i]);
     if (r)
       return r;
   }
@@ -424,14 +425,15 @@ struct ready {
 };
 
 /* Readies the kernel name: the preamble of dt, then fmt's GLSL; nb (at most
- * 3) storage buffers bound to the tensors t, pclen bytes of push constants. */
+ * 3) storage buffers bound to the tensors t (named by tn in an error, as
+ * bind_all), pclen bytes of push constants. */
 static int prepare(struct dspk__dev *d, struct dspk__opctx *ctx, struct ready *k,
                    const char *name, dspk_dtype dt, const struct dspk__tensor *const *t,
-                   int nb, size_t pclen, const char *fmt, ...)
-    __attribute__((format(printf, 9, 10)));
+                   const char *const *tn, int nb, size_t pclen, const char *fmt, ...)
+    __attribute__((format(printf, 10, 11)));
 static int prepare(struct dspk__dev *d, struct dspk__opctx *ctx, struct ready *k,
                    const char *name, dspk_dtype dt, const struct dspk__tensor *const *t,
-                   int nb, size_t pclen, const char *fmt, ...) {
+                   const char *const *tn, int nb, size_t pclen, const char *fmt, ...) {
   char src[16384];
   int n = preamble(src, sizeof src, dt), r;
   va_list ap;
@@ -443,7 +445,7 @@ static int prepare(struct dspk__dev *d, struct dspk__opctx *ctx, struct ready *k
   k->nb = nb;
   if ((r = dspk__vk_kernel(d, name, src, NULL, 0, "main", nb, pclen, &k->kern, ctx)))
     return r;
-  return bind_all(d, t, nb, k->b, k->e, ctx);
+  return bind_all(d, t, tn, nb, k->b, k->e, ctx);
 }
 
 /* ---- map ------------------------------------------------------------------ */
@@ -470,8 +472,9 @@ int dspk__vk_map(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *c
   }
   const struct dspk__tensor *t[3] = {&op->in[0], bin ? &op->in[1] : &op->out[0],
                                      &op->out[0]};
+  const char *tn[3] = {"map's A", bin ? "map's B" : "map's output", "map's output"};
   struct ready kr;
-  r = prepare(d, ctx, &kr, "map", dt, t, bin ? 3 : 2, 24,
+  r = prepare(d, ctx, &kr, "map", dt, t, tn, bin ? 3 : 2, 24,
               "%s"
               "layout(std430, binding = 0) buffer BA { T a[]; };\n"
               "%s"
@@ -589,13 +592,14 @@ int dspk__vk_reduce(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx
   default: return dspk__vk_fail(ctx, DSPK_ENOTSUP, "reduce: unknown function");
   }
   const struct dspk__tensor *t[2] = {X, &op->out[0]};
+  static const char *const tn[2] = {"reduce's X", "reduce's output"};
   struct ready kr;
   /* Short reductions (fewer than RED_THREAD_MAX elements per output): one
    * invocation per output, which folds them alone; longer ones: one
    * workgroup per output (below). */
   int per_thread = nred < RED_THREAD_MAX;
   if (per_thread)
-    r = prepare(d, ctx, &kr, "reduce_t", dt, t, 2, sizeof pc,
+    r = prepare(d, ctx, &kr, "reduce_t", dt, t, tn, 2, sizeof pc,
                 "layout(std430, binding = 0) buffer BX { T x[]; };\n"
                 "layout(std430, binding = 1) buffer BO { T o[]; };\n"
                 "layout(push_constant) uniform PC { uint nout, nred, rk, rr, ox, oo, r0, rn,\n"
@@ -621,7 +625,7 @@ int dspk__vk_reduce(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx
                 "  o[pc.oo + oi] = pc.last != 0u ? %s : v;\n}\n",
                 comb, sum ? RED_KAHAN : RED_PLAIN, DSPK__VK_WG, init, fin);
   else
-    r = prepare(d, ctx, &kr, "reduce", dt, t, 2, sizeof pc,
+    r = prepare(d, ctx, &kr, "reduce", dt, t, tn, 2, sizeof pc,
                 "layout(std430, binding = 0) buffer BX { T x[]; };\n"
                 "layout(std430, binding = 1) buffer BO { T o[]; };\n"
                 "layout(push_constant) uniform PC { uint nout, nred, rk, rr, ox, oo, r0, rn,\n"
@@ -690,6 +694,10 @@ static void fir_slice(void *pc_, uint64_t r0, uint64_t rn, uint64_t n) {
   pc[9] = r0 == 0;
 }
 
+/* fir's tensors X, H and the output, in both of its kernels, as
+ * protocol.md names them. */
+static const char *const fir_names[3] = {"fir's X", "fir's H", "fir's output"};
+
 #define GLSL_NUM_(x) #x
 #define GLSL_NUM(x) GLSL_NUM_(x)
 #define WG_U GLSL_NUM(DSPK__VK_WG) "u"
@@ -732,7 +740,7 @@ int dspk__vk_fir_direct(struct dspk__dev *d, struct dspk__op *op, struct dspk__o
    * FIR_TAP_SLICE per dispatch, each adding to the output the previous left,
    * so that no invocation loops long (lavapipe silently ends an invocation's
    * loops after 65535 iterations in all). */
-  r = prepare(d, ctx, &kr, "fir", dt, t, 3, 40,
+  r = prepare(d, ctx, &kr, "fir", dt, t, fir_names, 3, 40,
               "layout(std430, binding = 0) buffer BX { T x[]; };\n"
               "layout(std430, binding = 1) buffer BH { T h[]; };\n"
               "layout(std430, binding = 2) buffer BY { T y[]; };\n"
@@ -847,7 +855,7 @@ int dspk__vk_fir_fixup(struct dspk__dev *d, struct dspk__op *op, const struct ds
       return r;
     dspk__vk_kmemo_set(memo, kern);
   }
-  if ((r = bind_all(d, t, 3, b, e, ctx)))
+  if ((r = bind_all(d, t, fir_names, 3, b, e, ctx)))
     return r;
   b[3] = *fl;
   int64_t n = X->shape[X->rank - 1];
@@ -1167,19 +1175,16 @@ static int kernel_op(struct dspk__dev *d, struct dspk__op *op, struct dspk__opct
         struct dspk__tensor w = *t;
         if ((r = bind_block(d, ks, t->mem, &w.mem)))
           return r;
-        r = dspk__vk_bind_tensor(d, &w, &b[nb], &elem);
-        if (r == 0 && elem != 0) /* off the device's alignment: staged */
+        char what[48]; /* "kernel's argument " and two ints */
+        snprintf(what, sizeof what, "kernel's argument %d (input %d)", i, a->v.tensor);
+        /* ENOTSUP names the argument as every op names its tensors */
+        if ((r = dspk__vk_bind_named(d, &w, &b[nb], &elem, ctx, what)))
+          return r;
+        if (elem != 0) /* off the device's alignment: staged */
           r = stage_tensor(d, op, a->v.tensor, &ks->st, &b[nb]);
-        else if (r == 0 && w.mem == t->mem)
+        else if (w.mem == t->mem)
           bm[nb] = t->mem;
       }
-      if (r == DSPK_ENOTSUP)
-        return dspk__vk_fail(ctx, r,
-                             "kernel: argument %d (input %d) cannot be bound: its offset "
-                             "must be a multiple of its item size and its size within "
-                             "%llu bytes (max_tensor_bytes in devices)",
-                             i, a->v.tensor,
-                             (unsigned long long)dspk__vk_max_tensor_bytes(&d->props.limits));
       if (r)
         return dspk__vk_fail(ctx, r, "kernel: argument %d (input %d) cannot be staged",
                              i, a->v.tensor);

@@ -289,6 +289,8 @@ static int cache_clear(dspk__sub_ctx *ctx, int argc, char **argv) {
 }
 
 int dspk__sub_cache(dspk__sub_ctx *ctx, int argc, char **argv) {
+  int rc;
+
   /* "cache SUB ...": SUB's own options start after it.  --help anywhere
    * wins, as for every other command. */
   for (int i = 1; i < argc && strcmp(argv[i], "--") != 0; i++)
@@ -296,6 +298,8 @@ int dspk__sub_cache(dspk__sub_ctx *ctx, int argc, char **argv) {
       return dspk__sub_help(ctx);
   if (argc < 2)
     return dspk__sub_usage(ctx, "missing SUBCOMMAND (stats, clear)");
+  if ((rc = dspk__sub_before_subcommand(ctx, argc, argv)) >= 0)
+    return rc;
   if (strcmp(argv[1], "stats") == 0) {
     ctx->sub = "stats";
     return cache_stats(ctx, argc - 1, argv + 1);

@@ -63,6 +63,8 @@ int dspk__sub_job(dspk__sub_ctx *ctx, int argc, char **argv) {
       return dspk__sub_help(ctx);
   if (argc < 2)
     return dspk__sub_usage(ctx, "missing SUBCOMMAND (register, end)");
+  if ((rc = dspk__sub_before_subcommand(ctx, argc, argv)) >= 0)
+    return rc;
   if (strcmp(argv[1], "register") == 0)
     reg = true;
   else if (strcmp(argv[1], "end") == 0)

@@ -234,54 +234,99 @@ static const struct option kernel_opts[] = {
 const dspk__sub_optset dspk__sub_kernel_optsets[] = {
     {"kernel", ":e:g:b:s:l:d:o:h", kernel_opts}, {NULL, NULL, NULL}};
 
-/* Whether the device (NULL or "any": one of the daemon's) runs raw kernels
- * in lang: the kernel_langs of the devices answer (protocol.md) lists it;
- * true when that cannot be told (no answer, no such device).  The JSON's
- * strings hold no unescaped quote: a key or an id is found only as one,
- * and a device's kernel_langs is the first after its id. */
-static bool lang_runs(dspk__sub_ctx *ctx, const char *device, const char *lang) {
+/* Appends to why (of len bytes, at *at) the daemon's reason why the device
+ * whose devices entry starts at p runs no raw kernel in lang, or nothing
+ * when it runs one: "kernel: ID runs no raw kernels", "kernel: ID takes
+ * lang glsl, spirv, not "cuda"" (backends/caps.c, whose words these are).
+ * The entry's kernel_langs is the first after its id, and its strings hold
+ * no quote (ids and language names).  true when it runs one. */
+static bool device_why(const char *p, const char *lang, char *why, size_t len, size_t *at) {
   static const char key[] = "\"kernel_langs\":[";
-  bool any = device == NULL || strcmp(device, "any") == 0, found = false;
+  const char *id = p + sizeof "\"id\":\"" - 1, *idend = strchr(id, '"');
+  const char *k = strstr(p, key), *end = k ? strchr(k, ']') : NULL;
+  char have[96], want[32];
+  size_t h = 0;
+  int w;
+  if (idend == NULL || end == NULL)
+    return true; /* cannot be told: the daemon decides */
+  snprintf(want, sizeof want, "\"%s\"", lang);
+  have[0] = '\0';
+  for (const char *q = k + sizeof key - 1; q < end && (q = strchr(q, '"')) != NULL && q < end;) {
+    const char *qe = strchr(q + 1, '"');
+    if (qe == NULL || qe > end)
+      break;
+    if ((size_t)(qe + 1 - q) == strlen(want) && strncmp(q, want, strlen(want)) == 0)
+      return true;
+    w = snprintf(have + h, sizeof have - h, "%s%.*s", h ? ", " : "", (int)(qe - q - 1), q + 1);
+    if (w > 0)
+      h += (size_t)w < sizeof have - h ? (size_t)w : sizeof have - h - 1;
+    q = qe + 1;
+  }
+  if (*at + 1 >= len)
+    return false;
+  if (h == 0)
+    w = snprintf(why + *at, len - *at, "%skernel: %.*s runs no raw kernels", *at ? "; " : "",
+                 (int)(idend - id), id);
+  else
+    w = snprintf(why + *at, len - *at, "%skernel: %.*s takes lang %s, not \"%s\"",
+                 *at ? "; " : "", (int)(idend - id), id, have, lang);
+  if (w > 0)
+    *at += (size_t)w < len - *at ? (size_t)w : len - *at - 1;
+  return false;
+}
+
+/* Whether the device (NULL or "any": one of the daemon's) runs raw kernels
+ * in lang, from the kernel_langs of the devices answer (protocol.md).  When
+ * it does not, the daemon's own ENOTSUP text for the task is written to why
+ * (daemon/methods.c): "kernel: cpu:0 runs no raw kernels" for a device,
+ * "no device runs this task (kernel: cpu:0 runs no raw kernels; ...)" for
+ * any, each device's reason in the devices' order.  true when that cannot
+ * be told (no answer, no such device, no device at all: the daemon's
+ * ENODEV).  The JSON's strings hold no unescaped quote: a key or an id is
+ * found only as one. */
+static bool lang_runs(dspk__sub_ctx *ctx, const char *device, const char *lang, char *why,
+                      size_t len) {
+  static const char idkey[] = "\"id\":\"";
+  bool any = device == NULL || strcmp(device, "any") == 0, runs = true;
   dspk_device_list *l = NULL;
-  char want[32], id[128];
+  char id[128], reasons[512];
+  size_t at = 0;
   const char *p;
-  if (dspk_devices(ctx->client, false, &l) != 0 || l->json == NULL) {
+  if (dspk_devices(ctx->client, false, &l) != 0 || l->json == NULL || l->ndevices == 0) {
     dspk_device_list_free(l);
     return true;
   }
-  snprintf(want, sizeof want, "\"%s\"", lang);
-  snprintf(id, sizeof id, "\"id\":\"%s\"", any ? "" : device);
-  p = any ? l->json : strstr(l->json, id);
-  found = p == NULL; /* a device the daemon does not have: its ENODEV */
-  for (p = p ? strstr(p, key) : NULL; p != NULL && !found; p = any ? strstr(p + 1, key) : NULL) {
-    const char *end = strchr(p + sizeof key - 1, ']'), *q = strstr(p, want);
-    found = end != NULL && q != NULL && q < end;
+  snprintf(id, sizeof id, "%s%s\"", idkey, any ? "" : device);
+  if (!any) {
+    p = strstr(l->json, id);
+    runs = p == NULL || device_why(p, lang, why, len, &at);
+  } else {
+    runs = false;
+    for (p = strstr(l->json, idkey); p != NULL && !runs; p = strstr(p + 1, idkey))
+      runs = device_why(p, lang, reasons, sizeof reasons, &at);
+    if (!runs)
+      snprintf(why, len, "no device runs this task (%s)", reasons);
   }
   dspk_device_list_free(l);
-  return found;
+  return runs;
 }
 
 /* A kernel's tensors go to the daemon and come back inline, each way in
  * one message (no buffer, no shared memory stands for them): with SOURCE
  * they must fit the daemon's max_message less 1024 bytes of framing
  * (cli.md).  One that its device (any: every device of the daemon) would
- * not run is ENOTSUP first, whatever its size, as the daemon would say.
- * 0, or the failure reported and its exit status. */
+ * not run is ENOTSUP first, whatever its size, in the words the daemon
+ * says for a smaller one.  0, or the failure reported and its exit status. */
 static int kernel_fits(dspk__sub_ctx *ctx, const dspk__npy *tens, int ntens,
                        const dspk_task *task) {
   size_t m = dspk_max_message(ctx->client), t = 0, srclen = task->kernel.source_len;
+  char why[640];
   for (int i = 0; i < ntens; i++)
     t += tens[i].nbytes; /* each at most 2^31 elements of 16 bytes */
   if (m > 1024 && t <= m - 1024 && srclen <= m - 1024 - t)
     return 0;
-  if (!lang_runs(ctx, task->device, task->kernel.lang)) {
-    if (task->device == NULL || strcmp(task->device, "any") == 0)
-      return dspk__sub_fail(ctx, DSPK_ENOTSUP, "no device of this daemon runs %s kernels "
-                            "(kernel_langs in 'dspk-submit devices --json')",
-                            task->kernel.lang);
-    return dspk__sub_fail(ctx, DSPK_ENOTSUP, "%s runs no %s kernels (kernel_langs in "
-                          "'dspk-submit devices --json')", task->device, task->kernel.lang);
-  }
+  if (!lang_runs(ctx, task->device, task->kernel.lang, why, sizeof why))
+    return dspk__sub_fail(ctx, DSPK_ENOTSUP, "%s", why);
   return dspk__sub_fail(ctx, DSPK_ELIMIT, "the tensor arguments (%zu bytes) and SOURCE "
                         "(%zu bytes) are more than one message of this daemon carries (its max_message, "
                         "%zu bytes, less 1024 for framing), and a kernel's tensors travel "

@@ -280,7 +280,8 @@ static const char prog_help[] =
     "                      not empty; else /run/dspk/dspkd.sock as root or in\n"
     "                      a Slurm job ($SLURM_JOB_ID set); else\n"
     "                      $XDG_RUNTIME_DIR/dspk/dspkd.sock, or\n"
-    "                      /run/dspk/dspkd.sock without XDG_RUNTIME_DIR)\n"
+    "                      /run/dspk/dspkd.sock without an absolute\n"
+    "                      XDG_RUNTIME_DIR)\n"
     "  -h, --help          show this help\n"
     "  -V, --version       show the version\n"
     "\n"
@@ -551,9 +552,32 @@ static const struct {
 } size_env[] = {{"DSPK_SHARED_THRESHOLD", (uint64_t)1 << 40},
                 {"DSPK_SUBMIT_INLINE_MAX", (uint64_t)1 << 40}};
 
+/* Whether $DSPK_JOB, when set and not empty, is a Slurm job id as
+ * libdspkclient sends it in hello (dspk.h, dspk_connect): a decimal number
+ * from 1 to 2^64-1 without leading zeros, signs or blanks. */
+static bool job_env_ok(void) {
+  const char *e = getenv("DSPK_JOB");
+  char *end;
+  if (e == NULL || *e == '\0')
+    return true;
+  if (*e < '1' || *e > '9')
+    return false;
+  errno = 0;
+  (void)strtoull(e, &end, 10);
+  return errno == 0 && *end == '\0';
+}
+
 /* A bad variable is a bad command line (exit 2), but not one that the
- * command's --help would explain: the message says what a size is. */
+ * command's --help would explain: the message says what a size is (a job
+ * id, for $DSPK_JOB, which the library would refuse at connect). */
 static int check_size_env(const dspk__sub_ctx *ctx) {
+  if (!job_env_ok()) {
+    dspk__sub_fail(ctx, DSPK_EINVAL, "bad value of $DSPK_JOB '%s': want a Slurm job id, a "
+                   "decimal number from 1 to 18446744073709551615 without leading zeros, "
+                   "signs or blanks; unset it for $SLURM_JOB_ID's",
+                   dspk__sub_arg(getenv("DSPK_JOB")));
+    return DSPK__SUB_EXIT_USAGE;
+  }
   for (size_t i = 0; i < sizeof size_env / sizeof size_env[0]; i++) {
     const char *e = getenv(size_env[i].name);
     uint64_t v;
@@ -910,25 +934,32 @@ static void append(char *buf, size_t cap, size_t *w, const char *fmt, ...) {
   *w = k < 0 ? *w : *w + (size_t)k < cap ? *w + (size_t)k : cap - 1;
 }
 
+/* Whether set s takes the long option name; with a letter c (not 0), as
+ * what c stands for there. */
+static bool takes(const dspk__sub_optset *s, const char *name, int c) {
+  const struct option *o = c ? short_option(s, c) : NULL;
+  return c ? o != NULL && strcmp(o->name, name) == 0 : has_option(s->opts, name);
+}
+
 /* Appends "an option of gemm, fft and kernel" for the long option name to
- * buf: the commands other than own that take it ("every command" when all
- * of them do). */
-static void owners(const struct option *own, const char *name, char *buf, size_t cap,
+ * buf: the commands other than own that take it (with a letter c, not 0:
+ * that take c for it), "every command" when all of them take it by name. */
+static void owners(const struct option *own, const char *name, int c, char *buf, size_t cap,
                    size_t *w) {
   int n = 0, others = 0, k = 0;
   for (int i = 0; option_sets[i] != NULL; i++)
     for (const dspk__sub_optset *s = option_sets[i]; s->who != NULL; s++) {
       others += s->opts != own && s->opts != global_opts;
-      n += s->opts != own && has_option(s->opts, name);
+      n += s->opts != own && takes(s, name, c);
     }
-  if (n == others && !has_option(global_opts, name)) {
+  if (c == 0 && n == others && !has_option(global_opts, name)) {
     append(buf, cap, w, "an option of every command");
     return;
   }
   append(buf, cap, w, "an option of ");
   for (int i = 0; option_sets[i] != NULL; i++)
     for (const dspk__sub_optset *s = option_sets[i]; s->who != NULL; s++)
-      if (s->opts != own && has_option(s->opts, name))
+      if (s->opts != own && takes(s, name, c))
         append(buf, cap, w, "%s%s", k++ == 0 ? "" : k == n ? " and " : ", ", s->who);
 }
 
@@ -965,14 +996,15 @@ static int foreign_long(const struct option *own, const char *tok, size_t len, c
               has_option(own, o->name) || !first_named(s, o))
             continue;
           append(buf, cap, &w, "%s--%s: ", n++ ? "; " : "", o->name);
-          owners(own, o->name, buf, cap, &w);
+          owners(own, o->name, 0, buf, cap, &w);
         }
   }
   return n;
 }
 
-/* The options of other commands that the letter c stands for, as "--size
- * of ping, --shared of kernel" into buf; returns how many. */
+/* The options of other commands that the letter c stands for, in the
+ * long options' style, each named once: "--size, an option of ping;
+ * --shared, an option of kernel" into buf; returns how many. */
 static int foreign_short(const struct option *own, int c, char *buf, size_t cap) {
   size_t w = 0;
   int n = 0;
@@ -980,8 +1012,14 @@ static int foreign_short(const struct option *own, int c, char *buf, size_t cap)
   for (int i = 0; option_sets[i] != NULL; i++)
     for (const dspk__sub_optset *s = option_sets[i]; s->who != NULL; s++) {
       const struct option *o = s->opts != own ? short_option(s, c) : NULL;
-      if (o != NULL)
-        append(buf, cap, &w, "%s--%s of %s", n++ ? ", " : "", o->name, s->who);
+      bool named = false;
+      for (int j = 0; o != NULL && j <= i && !named; j++)
+        for (const dspk__sub_optset *t = option_sets[j]; t->who != NULL && t != s; t++)
+          named = named || (t->opts != own && takes(t, o->name, c));
+      if (o == NULL || named)
+        continue;
+      append(buf, cap, &w, "%s--%s, ", n++ ? "; " : "", o->name);
+      owners(own, o->name, c, buf, cap, &w);
     }
   return n;
 }
@@ -1030,6 +1068,16 @@ int dspk__sub_bad_option(const dspk__sub_ctx *ctx, char **argv, const struct opt
   if (optopt > 0 && optopt < 128 && optopt != '?')
     return dspk__sub_usage(ctx, "unknown option '-%s'", dspk__sub_arg((char[]){(char)optopt, 0}));
   return dspk__sub_usage(ctx, "unknown option '%s'", dspk__sub_arg(tok));
+}
+
+int dspk__sub_before_subcommand(dspk__sub_ctx *ctx, int argc, char **argv) {
+  static const struct option none[] = {{NULL, 0, NULL, 0}};
+  if (argc < 2 || argv[1][0] != '-' || argv[1][1] == '\0' || strcmp(argv[1], "--") == 0)
+    return -1;
+  ctx->sub = "before SUBCOMMAND";
+  optind = 0; /* the command's words, argv[0] the command's name */
+  (void)getopt_long(argc, argv, "+:", none, NULL); /* '?': none is known */
+  return dspk__sub_bad_option(ctx, argv, none);
 }
 
 int dspk__sub_opt_other(dspk__sub_ctx *ctx, int opt, char **argv,
@@ -1225,14 +1273,16 @@ int main(int argc, char **argv) {
     if (strcmp(ctx.cmd, "-h") == 0 || strcmp(ctx.cmd, "--help") == 0 ||
         strcmp(ctx.cmd, "help") == 0)
       ctx.cmd = "";
+    /* The word after help is judged first: in "help -S x" the -S is no
+     * command (it said that x was an extra argument). */
+    if (ctx.cmd[0] != '\0' && find_cmd(ctx.cmd) == NULL) {
+      ctx.cmd = NULL;
+      return dspk__sub_usage(&ctx, "unknown command '%s'", argv[optind + 1]);
+    }
     if (optind + 2 < argc) {
       ctx.cmd = NULL;
       return dspk__sub_usage(&ctx, "help takes one COMMAND, got extra argument '%s'",
                              argv[optind + 2]);
-    }
-    if (ctx.cmd[0] != '\0' && find_cmd(ctx.cmd) == NULL) {
-      ctx.cmd = NULL;
-      return dspk__sub_usage(&ctx, "unknown command '%s'", argv[optind + 1]);
     }
     rc = dspk__sub_help(&ctx);
     ctx.cmd = "help";

@@ -190,6 +190,12 @@ extern const dspk__sub_optset dspk__sub_info_optsets[], dspk__sub_op_optsets[],
  * abbreviated, not to apply, with the commands it belongs to); return
  * DSPK__SUB_EXIT_USAGE. */
 int dspk__sub_bad_option(const dspk__sub_ctx *ctx, char **argv, const struct option *opts);
+/* For a command of subcommands (cache, job): an option given before the
+ * SUBCOMMAND (argv[1]), refused as dspk__sub_bad_option refuses one of
+ * another command, "option '--kernels' does not apply to cache before
+ * SUBCOMMAND (--kernels: an option of cache clear)"; returns the exit
+ * status, or -1 when argv[1] is no option. */
+int dspk__sub_before_subcommand(dspk__sub_ctx *ctx, int argc, char **argv);
 /* What every command's getopt loop does with -h/--help (its help), a
  * missing option argument and an unknown option; returns the exit status. */
 int dspk__sub_opt_other(dspk__sub_ctx *ctx, int opt, char **argv, const struct option *opts);

@@ -96,7 +96,9 @@ typedef struct dspk_client dspk_client;
  * Writes the default socket path into buf: $DSPK_SOCKET if set and
  * non-empty; else, for root or inside a Slurm job ($SLURM_JOB_ID set and
  * non-empty: the node's daemon, docs/cluster.md), /run/dspk/dspkd.sock;
- * else $XDG_RUNTIME_DIR/dspk/dspkd.sock; else /run/dspk/dspkd.sock.
+ * else $XDG_RUNTIME_DIR/dspk/dspkd.sock when it is an absolute path (a
+ * relative or empty one is ignored, as the XDG Base Directory specification
+ * asks); else /run/dspk/dspkd.sock.
  * Returns 0, DSPK_ELIMIT when buf is too small (buf NULL with buflen 0
  * included), DSPK_EINVAL for buf NULL with buflen > 0.
  */
@@ -108,9 +110,13 @@ DSPK_EXPORT int dspk_default_socket(char *buf, size_t buflen);
  * a longer one is DSPK_ELIMIT; each byte of it that starts no well-formed
  * UTF-8 character is sent as U+FFFD, the name then cut at a character
  * boundary to 63 bytes) and the Slurm job this process runs in
- * ($DSPK_JOB, else $SLURM_JOB_ID, when a decimal number from 1;
- * docs/cluster.md).  On success *out is a new client, freed with
- * dspk_close().  Returns DSPK_EINVAL when out is NULL, DSPK_ELIMIT for a
+ * ($DSPK_JOB when set and not empty, else $SLURM_JOB_ID, when a decimal
+ * number from 1 to 2^64-1 without leading zeros; docs/cluster.md).  On
+ * success *out is a new client, freed with dspk_close().  Returns
+ * DSPK_EINVAL when out is NULL or $DSPK_JOB is set, not empty and no such
+ * number (dspk_connect_error() names it and its value; $SLURM_JOB_ID is
+ * not taken instead, while a $SLURM_JOB_ID that is none names no job),
+ * DSPK_ELIMIT for a
  * socket_path longer than 107 bytes, DSPK_ECONNECT when nothing
  * listens there, DSPK_EVERSION when the daemon speaks another protocol
  * version, the code of the daemon's refusal (DSPK_ELIMIT for max_clients
@@ -693,7 +699,10 @@ DSPK_EXPORT void dspk_result_free(dspk_result *r);
  * dspk_last_error().  A request that does not fit the daemon's max_message
  * (several operands sent inline, each below half of it and the shared
  * threshold; a long kernel source) is DSPK_ELIMIT before anything is sent,
- * with the remedy in dspk_last_error().  A raw kernel's inline tensors go
+ * with the remedy in dspk_last_error(): buffer references, dspk_shared_alloc,
+ * and, where a temporary would be made for them, the shared threshold that
+ * would carry the inline operands (at most the largest's size) when the
+ * current one (0: off, or above it) does not.  A raw kernel's inline tensors go
  * inline both ways (not through shared memory): together at most
  * max_message - 1024 bytes, what an answer carries (DSPK_ELIMIT before
  * anything is sent otherwise), and in one request with the source; larger

@@ -517,13 +517,15 @@ class _Temp:
 
 def default_socket() -> str:
     """The socket path of docs/protocol.md: ``$DSPK_SOCKET``; else, unless root or in a
-    Slurm job (``$SLURM_JOB_ID`` set), ``$XDG_RUNTIME_DIR/dspk/dspkd.sock``; else
-    ``/run/dspk/dspkd.sock``, the node's daemon."""
+    Slurm job (``$SLURM_JOB_ID`` set), ``$XDG_RUNTIME_DIR/dspk/dspkd.sock`` when that is
+    an absolute path; else ``/run/dspk/dspkd.sock``, the node's daemon."""
     env = os.environ.get("DSPK_SOCKET")
     if env:
         return env
     xdg = os.environ.get("XDG_RUNTIME_DIR")
-    if os.geteuid() != 0 and xdg and not os.environ.get("SLURM_JOB_ID"):
+    # A relative XDG_RUNTIME_DIR is ignored, as the XDG Base Directory spec asks.
+    if (os.geteuid() != 0 and xdg and xdg.startswith("/")
+            and not os.environ.get("SLURM_JOB_ID")):
         return os.path.join(xdg, "dspk", "dspkd.sock")
     return "/run/dspk/dspkd.sock"
 
@@ -1897,16 +1899,33 @@ def _sendable(text: str) -> str:
     return raw.decode("utf-8", "replace")
 
 
-def _env_job() -> int:
-    """The Slurm job this process runs in, which hello tells the daemon so that it
-    enforces the job's GPU allocation: $DSPK_JOB, else $SLURM_JOB_ID (0: none)."""
-    v = os.environ.get("DSPK_JOB") or os.environ.get("SLURM_JOB_ID") or ""
+def _job_id(v: str) -> int:
+    """``v`` as a Slurm job id (a decimal number from 1 to 2^64-1 without leading zeros,
+    signs or blanks: hello's job is a uint64), else 0."""
     if not (v.isascii() and v.isdigit() and not v.startswith("0")):
         return 0
     job = int(v)
-    # hello's job is a uint64: a larger value is no job id, ignored as the other
-    # malformed ones are (libdspkclient's strtoull overflows to the same end).
     return job if job < 1 << 64 else 0
+
+
+def _env_job() -> int:
+    """The Slurm job this process runs in, which hello tells the daemon so that it
+    enforces the job's GPU allocation: $DSPK_JOB, else $SLURM_JOB_ID (0: none).  A
+    $DSPK_JOB that is set, not empty and no job id is dspk.InvalidArgument, as
+    libdspkclient's EINVAL (it was ignored: the client then ran outside the job it
+    named); a malformed $SLURM_JOB_ID names no job."""
+    v = os.environ.get("DSPK_JOB") or ""
+    if v:
+        job = _job_id(v)
+        if not job:
+            shown = v[:40].encode("utf-8", "backslashreplace").decode("ascii",
+                                                                   "backslashreplace")
+            raise _errors.InvalidArgument(
+                "$DSPK_JOB %r%s is not a Slurm job id (a decimal number from 1 to "
+                "18446744073709551615, without leading zeros, signs or blanks); unset it, "
+                "or set it empty, for $SLURM_JOB_ID's" % (shown, "..." if len(v) > 40 else ""))
+        return job
+    return _job_id(os.environ.get("SLURM_JOB_ID") or "")
 
 class Client:
     """A connection to dspkd (see :func:`connect`).  Thread-safe: any number of threads
@@ -1955,6 +1974,7 @@ class Client:
                 raise _errors.InvalidArgument("name: not valid Unicode text (%s)"
                                               % e.reason) from None
         self.timeout = timeout
+        self._env_job = _env_job()  # before connecting: a malformed $DSPK_JOB is the caller's
         # Every descriptor made here is held by an object that closes it when collected
         # (the socket, the wake-up socket pair below): one that an interruption drops
         # before it is stored is closed with it.  Whatever fails or is interrupted (a
@@ -2104,7 +2124,7 @@ class Client:
         raw = name.encode("utf-8")[:63]
         name = raw.decode("utf-8", "ignore")
         params: Dict[str, Any] = {"version": 1, "client": name}
-        job = _env_job()
+        job = self._env_job
         if job:
             params["job"] = job     # the Slurm job this process runs in
         hello = self._call("hello", params, _decode_hello)  # failing: _abandon

@@ -37,6 +37,20 @@ def test_default_socket(monkeypatch):
     assert dspk.default_socket() == "/run/dspk/dspkd.sock"
 
 
+def test_default_socket_relative_xdg(monkeypatch):
+    """A relative XDG_RUNTIME_DIR is ignored, as the XDG Base Directory spec asks: it
+    was used, the path then depending on the working directory (probe round 13).  As
+    a user other than root, which the rule is for."""
+    monkeypatch.delenv("DSPK_SOCKET", raising=False)
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    for rel in ("run/user/1000", "./x", "~/x"):
+        monkeypatch.setenv("XDG_RUNTIME_DIR", rel)
+        assert dspk.default_socket() == "/run/dspk/dspkd.sock"
+    monkeypatch.setenv("XDG_RUNTIME_DIR", "/run/user/1000")
+    assert dspk.default_socket() == "/run/user/1000/dspk/dspkd.sock"
+
+
 def test_the_error_classes_are_declared_for_type_checkers():
     """`from ._errors import *` with a stub whose __all__ had no value hid every error
     class from mypy ("Module has no attribute ShapeError").  Now the stub lists
@@ -72,14 +86,15 @@ def test_the_error_classes_are_declared_for_type_checkers():
 
 
 @pytest.mark.parametrize("var, value, job", [
-    ("DSPK_JOB", "18446744073709551616", None),        # 2^64: no job id
-    ("SLURM_JOB_ID", "99999999999999999999", None),
+    ("SLURM_JOB_ID", "99999999999999999999", None),    # beyond 2^64-1: no job id
+    ("SLURM_JOB_ID", "043", None),
+    ("DSPK_JOB", "", None),                            # empty: as unset
     ("DSPK_JOB", "18446744073709551615", 18446744073709551615),
 ])
-def test_a_job_id_beyond_64_bits_is_ignored(var, value, job, monkeypatch):
-    """$DSPK_JOB/$SLURM_JOB_ID beyond 2^64-1 made hello unpackable: connect() failed
-    with "an argument cannot be sent: Integer value out of range".  Now it is ignored,
-    as libdspkclient ignores it (and as the other malformed values are)."""
+def test_the_job_of_the_environment(var, value, job, monkeypatch):
+    """$SLURM_JOB_ID beyond 2^64-1 made hello unpackable: connect() failed with "an
+    argument cannot be sent: Integer value out of range".  A $SLURM_JOB_ID that is no
+    job id names none, as in libdspkclient."""
     from dspk import _client
     monkeypatch.delenv("DSPK_JOB", raising=False)
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
@@ -87,12 +102,18 @@ def test_a_job_id_beyond_64_bits_is_ignored(var, value, job, monkeypatch):
     assert _client._env_job() == (job or 0)
 
 
-def test_a_job_id_beyond_64_bits_still_connects(daemon, monkeypatch):
-    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
-    monkeypatch.setenv("DSPK_JOB", "18446744073709551616")
-    with dspk.connect(daemon.socket, timeout=TIMEOUT) as c:
-        me = [x for x in c.status()["clients"] if x["self"]][0]
-        assert me["job"] is None
+@pytest.mark.parametrize("value", ["18446744073709551616", "043", " 43", "43x", "+4", "-1",
+                                   "0", "\u00e9"])
+def test_a_malformed_dspk_job_is_refused(daemon, value, monkeypatch):
+    """A $DSPK_JOB that is set, not empty and no Slurm job id was ignored (with no
+    fallback to $SLURM_JOB_ID): the client ran outside the job it named, and a
+    GPU's EPERM then advised setting $SLURM_JOB_ID.  libdspkclient and dspk-submit
+    refuse it; so does connect() now, naming it, before connecting."""
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    monkeypatch.setenv("DSPK_JOB", value)
+    with pytest.raises(dspk.InvalidArgument) as e:
+        dspk.connect(daemon.socket, timeout=TIMEOUT)
+    assert e.value.message.startswith("$DSPK_JOB ") and "is not a Slurm job id" in e.value.message
 
 
 def test_the_default_name_of_a_script_whose_file_name_is_no_utf8(daemon, tmp_path):

@@ -155,6 +155,10 @@ static void test_contract(void **state) {
   expect_err(&op, DSPK_EINVAL, "repeats in the output term", NULL);
   strcpy(op.u.contract.subscripts, "ijk,kl->il");
   expect_err(&op, DSPK_ESHAPE, "A has rank 2 but its term \"ijk\" has 3 labels", NULL);
+  /* One label, said so ("has 1 labels" before; probe round 13). */
+  strcpy(op.u.contract.subscripts, "i,jk->ik");
+  expect_err(&op, DSPK_ESHAPE, "A has rank 2 but its term \"i\" has 1 label", NULL);
+  assert_string_equal(msg + strlen(msg) - strlen("has 1 label"), "has 1 label");
   strcpy(op.u.contract.subscripts, "ij,kl->iz");
   expect_err(&op, DSPK_EINVAL, "output label 'z'", NULL);
   strcpy(op.u.contract.subscripts, "ij,kl,m->i");

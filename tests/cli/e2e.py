@@ -1735,7 +1735,20 @@ def suite_kernel(cli, tmp):
                            "raise max_message" % len(GLSL_AXPY.encode()))
     check("dspk_" not in err, "kernel ELIMIT %r" % err)
     cli.fails(kargs + ["--device", "cpu:0", "zeros:f32:70000000"], "kernel", "ENOTSUP",
-              detail="cpu:0 runs no glsl kernels")
+              detail="kernel: cpu:0 runs no raw kernels")
+    # A device that runs raw kernels of another language only, in the
+    # daemon's words too (backends/caps.c).
+    vk = cli.ok("devices", "--json")
+    vlangs = [d["kernel_langs"] for d in json.loads(vk)["devices"] if d["id"] == "vulkan:0"][0]
+    cusrc = os.path.join(tmp, "none.cu")
+    with open(cusrc, "w") as f:
+        f.write('extern "C" __global__ void k(float *y) {}\n')
+    cuargs = ["kernel", cusrc, "--entry", "k", "--grid", "1", "--block", "1",
+              "--device", "vulkan:0"]
+    small = cli.fails(cuargs + ["zeros:f32:16"], "kernel", "ENOTSUP")
+    large = cli.fails(cuargs + ["zeros:f32:70000000"], "kernel", "ENOTSUP")
+    check(small == large == 'dspk-submit: kernel: ENOTSUP: kernel: vulkan:0 takes lang %s, '
+          'not "cuda"\n' % ", ".join(vlangs), "kernel cuda on vulkan:0: %r, %r" % (small, large))
     n = 1000
     z = rng.uniform(-1, 1, n).astype("<f8")
     pz = os.path.join(tmp, "z.npy")
@@ -2043,18 +2056,22 @@ def suite_shell(cli, tmp, dspkd):
                         "daemon's 3000-byte message limit (max_message); 2978 bytes or "
                         "less fit")
         # A kernel's tensors and SOURCE past max_message - 1024 that no
-        # device would run anyway (cpu only): ENOTSUP first, as the daemon
-        # says for one within the limit (the kernel suite has the ELIMIT).
+        # device would run anyway (cpu only): ENOTSUP first, in the words
+        # the daemon says for one within the limit (the kernel suite has the
+        # ELIMIT); they were the CLI's own, "no device of this daemon runs
+        # glsl kernels", for "any" and a --device alike (probe round 13).
         kc = os.path.join(tmp, "lim.comp")
         with open(kc, "w") as f:
             f.write("void main(){}\n")
         kargs = ["kernel", kc, "--entry", "main", "--grid", "1", "--block", "1"]
-        c3.fails(kargs + ["zeros:f32:491"], "kernel", "ENOTSUP",
-                 detail="no device of this daemon runs glsl kernels (kernel_langs in "
-                        "'dspk-submit devices --json')")
-        c3.fails(kargs + ["--device", "cpu:0", "zeros:f32:491"], "kernel", "ENOTSUP",
-                 detail="cpu:0 runs no glsl kernels")
-        c3.fails(kargs + ["zeros:f32:490"], "kernel", "ENOTSUP")
+        for dev, want in (([], "no device runs this task (kernel: cpu:0 runs no raw kernels)"),
+                          (["--device", "cpu:0"], "kernel: cpu:0 runs no raw kernels"),
+                          (["--device", "any"], "no device runs this task (kernel: cpu:0 runs "
+                                                "no raw kernels)")):
+            small = c3.fails(kargs + dev + ["zeros:f32:490"], "kernel", "ENOTSUP")
+            large = c3.fails(kargs + dev + ["zeros:f32:491"], "kernel", "ENOTSUP")
+            check(small == large == "dspk-submit: kernel: ENOTSUP: %s\n" % want,
+                  "kernel %s: small %r, large %r" % (dev, small, large))
     finally:
         d3.stop()
     # A request that no buffer makes fit (its framing alone passes a
@@ -2112,6 +2129,15 @@ def suite_shell(cli, tmp, dspkd):
           "ECONNECT hint %r" % err)
     # ... and a socket this user may not open: the hint names its group.
     suite_shell_eperm(cli, tmp)
+    # A relative $XDG_RUNTIME_DIR is ignored (XDG Base Directory spec), as
+    # unset: it was used, relative to the working directory (round 13).  The
+    # rule is a non-root user's: root runs the command as nobody.
+    env = {k: v for k, v in os.environ.items() if k not in ("DSPK_SOCKET", "SLURM_JOB_ID")}
+    env["XDG_RUNTIME_DIR"] = "run/user"
+    as_nobody = (lambda: dspk_daemon.become(65534, 65534)) if os.geteuid() == 0 else None
+    rc, out, err = cli.run("ping", sock=False, env=env, preexec_fn=as_nobody)
+    check("run/user" not in err and (rc == 0 or "/run/dspk/dspkd.sock" in err),
+          "relative XDG_RUNTIME_DIR: exit %d %r" % (rc, err))
 
     # An asked-for backend without devices warns at the start.
     d3 = Daemon(dspkd, tmp, backends="cpu,cuda", name="cuda")
@@ -2462,13 +2488,28 @@ def other_commands_options(cli):
             (["gemm", "--in"], "gemm", "(--inverse: an option of fft; --interval: an "
              "option of top)"),
             (["fir", "--alpha", "2"], "fir", "(--alpha: an option of gemm and map)"),
-            (["gemm", "-g", "4"], "gemm", "'-g' does not apply to gemm (-g: --grid of "
-             "kernel)"),
-            (["gemm", "-s", "4"], "gemm", "(-s: --size of ping, --shared of kernel, "
-             "--seconds of trace)"),
+            (["gemm", "-g", "4"], "gemm", "'-g' does not apply to gemm (-g: --grid, an "
+             "option of kernel)"),
+            (["gemm", "-s", "4"], "gemm", "(-s: --size, an option of ping; --shared, an "
+             "option of kernel; --seconds, an option of trace)"),
+            # A short option names its long one once, in the long ones' style
+            # (it listed "--device of gemm, --device of fft, ..."; round 13).
+            (["job", "end", "-d", "x"], "job", "(-d: --device, an option of gemm, fft, fir, "
+             "contract, reduce, map and kernel)"),
             (["gemm", "--socket", "x"], "gemm", "(--socket: an option of dspk-submit "
              "before COMMAND)"),
-            (["ping", "-V"], "ping", "(-V: --version of dspk-submit before COMMAND)")):
+            (["ping", "-V"], "ping", "(-V: --version, an option of dspk-submit before "
+             "COMMAND)"),
+            # A subcommand's option before the subcommand: it was "unknown
+            # subcommand '--kernels'" (round 13).
+            (["cache", "--kernels", "clear"], "cache", "'--kernels' does not apply to cache "
+             "before SUBCOMMAND (--kernels: an option of cache clear)"),
+            (["cache", "--json", "stats"], "cache", "'--json' does not apply to cache "
+             "before SUBCOMMAND (--json: an option of every command)"),
+            (["job", "--job", "5", "end"], "job", "'--job' does not apply to job before "
+             "SUBCOMMAND (--job: an option of job register and job end)"),
+            (["job", "-o", "x", "end"], "job", "'-o' does not apply to job before "
+             "SUBCOMMAND (-o: --output, an option of")):
         err = cli.fails(nosock + args, who, "EINVAL", rc_want=2, sock=False,
                         detail=("option " if want[0] == "'" else "") + want)
         check("unknown option" not in err, "%s: %r" % (args, err))
@@ -2477,6 +2518,8 @@ def other_commands_options(cli):
               "(--json: an option of every command)")
     for args, want in ((["gemm", "--nosuch"], "unknown option '--nosuch'"),
                        (["gemm", "-x"], "unknown option '-x'"),
+                       (["cache", "--nosuch", "clear"], "unknown option '--nosuch'"),
+                       (["job", "-x", "end"], "unknown option '-x'"),
                        (["gemm", "--t"], "option '--t' is ambiguous: --trans-a, --trans-b")):
         cli.fails(nosock + args, args[0], "EINVAL", rc_want=2, sock=False, detail=want)
     # A command's own option, abbreviated, is still its own.
@@ -2520,6 +2563,18 @@ def command_line_round6(cli, tmp):
     err = cli.fails(nosock + ["ping"], "ping", "EINVAL", rc_want=2, sock=False, env=env,
                     detail="bad value of $DSPK_SHARED_THRESHOLD '1.5M'")
     check("--help" not in err and "KiB" in err, "env error: %r" % err)
+    # A $DSPK_JOB that is no job id is a bad environment too, whatever
+    # $SLURM_JOB_ID holds: it was dropped in silence, and the daemon's
+    # EPERM then asked for SLURM_JOB_ID (round 13).  Empty is unset.
+    # (The library's test_limits has more values.)
+    for bad in ("043", " 43", "18446744073709551616"):
+        env = dict(os.environ, DSPK_JOB=bad, SLURM_JOB_ID="43")
+        cli.fails(nosock + ["ping"], "ping", "EINVAL", rc_want=2, sock=False, env=env,
+                  detail="bad value of $DSPK_JOB '%s': want a Slurm job id" % bad)
+    check(cli.ok("ping", "--help", sock=False, env=env).startswith("usage:"),
+          "ping --help with DSPK_JOB=%r" % bad)
+    env = dict(os.environ, DSPK_JOB="", SLURM_JOB_ID="x")
+    cli.fails(nosock + ["ping"], "ping", "ECONNECT", sock=False, env=env)
     # help and --version write stdout: a failed write fails them.
     for argv in (["--help"], ["-V"], ["help"], ["help", "gemm"], ["gemm", "--help"]):
         with open("/dev/full", "wb") as full:
@@ -2654,6 +2709,11 @@ def command_line_messages(cli, tmp):
         check(cli.ok(*argv, sock=False) == top, "%s differs from --help" % argv)
     cli.fails(["help", "gemm", "fft"], None, "EINVAL", rc_want=2, sock=False,
               detail="help takes one COMMAND, got extra argument 'fft'")
+    # The word after help is judged first: -S is no command (it said that
+    # x was an extra argument; round 13).
+    for argv in (["help", "-S", "x"], ["help", "nosuch", "x"]):
+        cli.fails(argv, None, "EINVAL", rc_want=2, sock=False,
+                  detail="unknown command '%s'" % argv[1])
     cli.fails(["--socket", "", "ping"], None, "EINVAL", rc_want=2, sock=False,
               detail="empty --socket path")
     d = os.path.join(tmp, "notsock")

@@ -1847,6 +1847,27 @@ static void test_misc_api(void **state) {
   assert_int_equal(dspk_default_socket(buf, sizeof buf), 0);
   assert_string_equal(buf, "/x/y");
   unsetenv("DSPK_SOCKET");
+  /* A relative $XDG_RUNTIME_DIR is ignored, as the XDG Base Directory
+   * specification asks: it was used, the path then depending on the
+   * working directory (probe round 13).  The rule is a non-root user's:
+   * root checks it in a child with another effective uid. */
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    char p[128];
+    int bad = geteuid() == 0 && seteuid(65534) != 0;
+    unsetenv("SLURM_JOB_ID");
+    setenv("XDG_RUNTIME_DIR", "run/user", 1);
+    bad |= dspk_default_socket(p, sizeof p) != 0 || strcmp(p, "/run/dspk/dspkd.sock") != 0;
+    setenv("XDG_RUNTIME_DIR", "./r", 1);
+    bad |= dspk_default_socket(p, sizeof p) != 0 || strcmp(p, "/run/dspk/dspkd.sock") != 0;
+    setenv("XDG_RUNTIME_DIR", "/run/user/9", 1);
+    bad |= dspk_default_socket(p, sizeof p) != 0 || strcmp(p, "/run/user/9/dspk/dspkd.sock") != 0;
+    _exit(bad);
+  }
+  int st = 0;
+  assert_int_equal(waitpid(pid, &st, 0), pid);
+  assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
   dspk_dtype dt;
   assert_int_equal(dspk_dtype_from_name("c128", &dt), 0);
   assert_int_equal(dt, DSPK_C128);

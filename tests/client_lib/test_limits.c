@@ -705,6 +705,95 @@ static void test_result_temporary_refused(void **state) {
   stop_mm(pid, sock);
 }
 
+/* Two inline operands, each below half max_message, that do not fit one
+ * request together: the ELIMIT's remedy is true for the shared threshold
+ * in force.  At 0 (off) it advised "a lower dspk_set_shared_threshold",
+ * and nothing is lower (probe round 13); it names the threshold that
+ * would carry them, which then does. */
+static void test_threshold_remedy(void **state) {
+  static float a[500], b[500];
+  const int64_t sa[2] = {500, 1}, sb[2] = {1, 500};
+  const size_t thr[] = {0, DSPK_SHARED_THRESHOLD, 2001, 2000, 1};
+  const char *want[] = {"or a dspk_set_shared_threshold of 1 to 2000 bytes: it is 0, which "
+                        "turns temporaries off)",
+                        "or a dspk_set_shared_threshold of 1 to 2000 bytes: it is 1048576, "
+                        "above every inline operand)",
+                        "or a dspk_set_shared_threshold of 1 to 2000 bytes: it is 2001, "
+                        "above every inline operand)",
+                        NULL, NULL};
+  char sock[192];
+  dspk_client *c = NULL;
+  dspk_tensor in[2];
+  dspk_task t;
+  dspk_result r;
+  (void)state;
+  for (int i = 0; i < 500; i++)
+    a[i] = (float)i, b[i] = 1.0f;
+  pid_t pid = spawn_mm("remedy", "4096", NULL, NULL, sock, sizeof sock);
+  assert_true(pid > 0);
+  assert_int_equal(dspk_connect(sock, "remedy", &c), 0);
+  dspk_task_init(&t, DSPK_OP_GEMM);
+  t.device = "cpu:0";
+  dspk_tensor_inline(&in[0], DSPK_F32, 2, sa, a);
+  dspk_tensor_inline(&in[1], DSPK_F32, 2, sb, b);
+  t.inputs = in;
+  t.ninputs = 2;
+  for (size_t k = 0; k < sizeof thr / sizeof thr[0]; k++) {
+    dspk_set_shared_threshold(c, thr[k]);
+    int rc = dspk_run(c, &t, &r);
+    if (want[k] == NULL) {
+      assert_int_equal(rc, 0);
+      assert_true(((const float *)r.out[0].data)[499 * 500 + 7] == 499.0f);
+      dspk_result_free(&r);
+      continue;
+    }
+    assert_int_equal(rc, DSPK_ELIMIT);
+    const char *e = dspk_last_error(c);
+    assert_non_null(strstr(e, "(dspk_shared_alloc, "));
+    assert_non_null(strstr(e, want[k]));
+    assert_null(strstr(e, "lower"));
+  }
+  dspk_close(c);
+  stop_mm(pid, sock);
+}
+
+/* A $DSPK_JOB that is set but no job id is DSPK_EINVAL at dspk_connect,
+ * naming the variable and its value, before any connection; it was
+ * dropped in silence (no job sent, $SLURM_JOB_ID not taken either, and
+ * the daemon's EPERM then named SLURM_JOB_ID: probe round 13).  Empty is
+ * unset; a $SLURM_JOB_ID that is no job id names none. */
+static void test_bad_job_env(void **state) {
+  const char *bad[] = {"043", " 43", "43x", "0", "-4", "+4", "18446744073709551616", "4 "};
+  char sock[192];
+  dspk_client *c = NULL;
+  (void)state;
+  snprintf(sock, sizeof sock, "%s/none.sock", tmpdir);
+  setenv("SLURM_JOB_ID", "43", 1);
+  for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+    char want[64];
+    setenv("DSPK_JOB", bad[k], 1);
+    assert_int_equal(dspk_connect(sock, NULL, &c), DSPK_EINVAL);
+    assert_null(c);
+    snprintf(want, sizeof want, "$DSPK_JOB '%s' is not a Slurm job id", bad[k]);
+    assert_non_null(strstr(dspk_connect_error(), want));
+  }
+  setenv("DSPK_JOB", "a\\b\001", 1);
+  assert_int_equal(dspk_connect(sock, NULL, &c), DSPK_EINVAL);
+  assert_non_null(strstr(dspk_connect_error(), "$DSPK_JOB 'a\\x5cb\\x01' is not"));
+  /* Well formed, empty, unset: on to the socket (nothing listens there). */
+  const char *good[] = {"43", "18446744073709551615", ""};
+  for (size_t k = 0; k < 4; k++) {
+    if (k < 3)
+      setenv("DSPK_JOB", good[k], 1);
+    else
+      unsetenv("DSPK_JOB");
+    assert_int_equal(dspk_connect(sock, NULL, &c), DSPK_ECONNECT);
+  }
+  setenv("SLURM_JOB_ID", "043", 1);
+  assert_int_equal(dspk_connect(sock, NULL, &c), DSPK_ECONNECT);
+  unsetenv("SLURM_JOB_ID");
+}
+
 int main(int argc, char **argv) {
   if (argc < 2) {
     fprintf(stderr, "usage: %s PATH-TO-DSPKD\n", argv[0]);
@@ -724,6 +813,8 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_tiny_max_message),
       cmocka_unit_test(test_half_max_message_temporaries),
       cmocka_unit_test(test_result_temporary_refused),
+      cmocka_unit_test(test_threshold_remedy),
+      cmocka_unit_test(test_bad_job_env),
   };
   return cmocka_run_group_tests(tests, start_daemons, stop_daemons);
 }

@@ -1021,6 +1021,27 @@ def t_socket(exe, tmp):
                        stderr=subprocess.PIPE, env=env, timeout=TIMEOUT)
     check(p.returncode == 1 and b"longer than the 107" in p.stderr,
           "long $DSPK_SOCKET: %r" % p.stderr)
+    # A relative $XDG_RUNTIME_DIR is ignored (the XDG Base Directory spec),
+    # as an unset one: a user other than root gives --socket.  It was used,
+    # the socket made relative to the working directory (probe round 13).
+    rel = os.path.join(tmp, "relxdg")
+    os.makedirs(os.path.join(rel, "run", "user"))
+    os.chmod(tmp, 0o755)
+    os.chmod(rel, 0o777)
+    os.chmod(os.path.join(rel, "run", "user"), 0o777)
+    env = {k: v for k, v in os.environ.items() if k != "DSPK_SOCKET"}
+    env["XDG_RUNTIME_DIR"] = "run/user"
+    as_user = (lambda: dspk_daemon.become(65534, 65534)) if os.geteuid() == 0 else None
+    try:
+        p = subprocess.run([exe, "--foreground", "--config", "", "--backends", "cpu",
+                            "--no-cache"], stderr=subprocess.PIPE, env=env, cwd=rel,
+                           preexec_fn=as_user, timeout=15)
+    except subprocess.TimeoutExpired:
+        raise AssertionError("dspkd listened under a relative XDG_RUNTIME_DIR")
+    check(p.returncode == 1 and b"XDG_RUNTIME_DIR is not an absolute path: give the socket "
+          b"with --socket PATH" in p.stderr and
+          not os.path.exists(os.path.join(rel, "run", "user", "dspk")),
+          "relative XDG_RUNTIME_DIR: %d %r" % (p.returncode, p.stderr))
     # A regular file in the way is not removed.
     f = os.path.join(tmp, "file.sock")
     open(f, "w").close()

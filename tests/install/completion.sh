@@ -101,6 +101,30 @@ complete_rl "dspk-submit --socket=./" ./a.npy ./notes.txt
 complete_rl "dspk-submit gemm --output=" a.npy
 complete_is "dspk-submit --socket = /x " ping gemm help
 complete_is "dspk-submit --socket = /x fft " a.npy b.npy
+# An abbreviated long option is the option it names alone, as dspk-submit
+# takes it (getopt_long): its value is completed as the option's (--dev
+# completed file names, reduce --ax offered the functions; round 13).
+for line in "dspk-submit gemm --dev " "dspk-submit gemm --devi " "dspk-submit gemm a.npy --de "; do
+  complete_is "$line" any
+  [[ " ${COMPREPLY[*]} " != *" a.npy "* ]] || { echo "FAIL: '$line' offered files"; bad=1; }
+done
+complete_rl "dspk-submit gemm --dev=" any
+complete_is "dspk-submit map --out " a.npy
+for line in "dspk-submit reduce --ax " "dspk-submit kernel k.comp --gr " "dspk-submit ping --c "; do
+  complete_is "$line"
+  none "'$line'"
+done
+complete_is "dspk-submit reduce --ax 0 " sum max min mean
+complete_is "dspk-submit map --alp 2 " add scale exp
+complete_is "dspk-submit reduce --ax 0 sum " a.npy b.npy
+# A prefix of several options names none: no value to complete.
+complete_is "dspk-submit gemm --t " a.npy b.npy
+# Before COMMAND: --sock is --socket.
+complete_is "dspk-submit --sock " a.npy notes.txt
+complete_is "dspk-submit --sock /x " ping gemm help
+complete_rl "dspk-submit --sock=/x " ping gemm help
+complete_is "dspk-submit --sock /x fft " a.npy b.npy
+complete_is "dspk-submit -S/x fft " a.npy b.npy
 # Subcommands, and no files where a command takes none.
 complete_is "dspk-submit job " register end
 complete_is "dspk-submit help " gemm trace
@@ -146,12 +170,25 @@ wait "$silent" 2>/dev/null
 # --socket as typed (~, ~USER, $VAR, ${VAR}, quotes and backslashes, as
 # readline hands the word over) is expanded as the shell will when the line
 # runs: the device query goes to that socket.  A stand-in for
-# dspk-submit lists a device only when asked on the expected path.
+# dspk-submit lists a device only when asked on the expected path (and
+# gives the real one's help, where the options are read).
 printf '%s\n' '#!/bin/bash' \
+  '[[ $2 == --help ]] && exec dspk-submit "$@"' \
   '[[ $1 == --socket && $2 == "$WANT_SOCK" && $3 == devices ]] && echo "ok:1 cpu x"' \
   >"$tmp/fake-submit"
 chmod +x "$tmp/fake-submit"
 me=$(id -un)
+# Abbreviated (--sock, --so=) and joined (-SPATH) spellings of --socket
+# are the socket too (--sock was passed by: the default socket was asked).
+for words in "--sock|/run/t/d.sock|gemm|a.npy|--dev|" "--so=/run/t/d.sock|gemm|--device|" \
+             "-S/run/t/d.sock|gemm|-d|" "--socket|/run/t/d.sock|reduce|--dev|"; do
+  IFS='|' read -r -a wl <<<"$words|"
+  got=$(WANT_SOCK=/run/t/d.sock bash -c '. "$1/packaging/completion/dspk-submit"
+    shift; COMP_WORDS=("$@"); COMP_CWORD=$((${#COMP_WORDS[@]} - 1))
+    _dspk_submit; echo "${COMPREPLY[*]}"' _ "$src" "$tmp/fake-submit" "${wl[@]}")
+  [[ " $got " == *" ok:1 "* ]] ||
+    { echo "FAIL: '$words': the socket not queried: offered [$got]"; bad=1; }
+done
 for pair in "~/d.sock|$HOME/d.sock" "~$me/d.sock|$(getent passwd "$me" | cut -d: -f6)/d.sock" \
             '$DSPK_T_DIR/d.sock|/run/t/d.sock' '${DSPK_T_DIR}x/d.sock|/run/tx/d.sock' \
             '/a$DSPK_T_NONE/d.sock|/a/d.sock' \

@@ -64,6 +64,14 @@ dpkg-deb -f "$tmp/debs/dspk-tools_"*.deb Depends | grep -q 'libdspkclient0 (= ' 
   fail "dspk-tools does not depend on libdspkclient0: $(dpkg-deb -f "$tmp/debs/dspk-tools_"*.deb Depends)"
 dpkg-deb -f "$tmp/debs/dspk-tools_"*.deb Depends | grep -q 'libzip[0-9]' ||
   fail "dspk-tools does not depend on libzip (dspk-submit opens it for .npz): $(dpkg-deb -f "$tmp/debs/dspk-tools_"*.deb Depends)"
+# The -dev package needs the library, not msgpack's headers: dspkclient.pc
+# requires no package (it named msgpack in Requires.private).
+dev_dep=$(dpkg-deb -f "$tmp/debs/libdspkclient-dev_"*.deb Depends)
+case $dev_dep in
+  *'libdspkclient0 (= '*) ;;
+  *) fail "libdspkclient-dev does not depend on libdspkclient0: $dev_dep" ;;
+esac
+case $dev_dep in *msgpack*) fail "libdspkclient-dev depends on msgpack: $dev_dep" ;; esac
 dpkg-deb -f "$tmp/debs/dspkd_"*.deb Depends | grep -q 'libuv1' ||
   fail "dspkd's Depends lack its libraries (dpkg-shlibdeps): $(dpkg-deb -f "$tmp/debs/dspkd_"*.deb Depends)"
 

@@ -133,6 +133,13 @@ lib=$(realpath "$(ldd "$p/bin/dspk-submit" | awk '$1 ~ /^libdspkclient/ {print $
 "$p/sbin/dspkd" --version >/dev/null || fail "installed dspkd --version failed"
 inc=$(PKG_CONFIG_PATH="$p/lib/pkgconfig" pkg-config --cflags-only-I dspkclient | sed 's/^-I//; s/ *$//')
 [ "$(realpath "$inc")" = "$p/include" ] || fail "pkg-config --cflags dspkclient: '$inc'"
+# Where no other package's .pc is found (no libmsgpack-dev: the -dev package
+# does not need it), pkg-config still answers: dspkclient.pc requires no
+# package (it had Requires.private: msgpack, which pkg-config resolves even
+# for --cflags, and failed).
+PKG_CONFIG_LIBDIR="$p/lib/pkgconfig" PKG_CONFIG_PATH="" pkg-config --cflags --libs dspkclient \
+  >"$tmp/pc.out" 2>&1 || fail "pkg-config dspkclient without msgpack.pc: $(cat "$tmp/pc.out")"
+grep -q '^Requires' "$p/lib/pkgconfig/dspkclient.pc" && fail "dspkclient.pc requires: $(grep '^Requires' "$p/lib/pkgconfig/dspkclient.pc")"
 MANPATH="$p/share/man" man -w dspkd >/dev/null || fail "man dspkd not found"
 
 # 5. A find_package(dspk) consumer against the installed prefix.

@@ -261,7 +261,10 @@ def t_activation(exe, tmp):
         args += ["-E", "%s=%s" % (k, v)]
     args += [exe, "--foreground", "--backends", "cpu", "--log-level", "debug", "--config", "",
              "--no-cache"]
-    p = subprocess.Popen(args, stderr=subprocess.PIPE)
+    # A --socket under socket activation is not used (dspkd(8)), and the log
+    # says so, naming both (it said only "listening on ACT (socket activation)").
+    other = os.path.join(tmp, "other.sock")
+    p = subprocess.Popen(args + ["--socket", other], stderr=subprocess.PIPE)
     text = ""
 
     def drain():
@@ -290,6 +293,10 @@ def t_activation(exe, tmp):
         drain()
         check(rc == 0, "exit 0 after SIGTERM, got %d:\n%s" % (rc, text))
         check("(socket activation)" in text, "logged the activation:\n" + text)
+        check("warn: --socket %s is not used: dspkd listens on the socket that socket "
+              "activation passed, %s\n" % (other, sock) in text,
+              "the unused --socket logged:\n" + text)
+        check(not os.path.exists(other), "nothing at the unused --socket")
         check(os.path.exists(sock), "the activated socket's file is left to its owner")
         check("cpu:0: device closed" in text, "device closed")
     finally:
@@ -689,6 +696,33 @@ def t_ignored(exe, tmp):
     check(c.call("ping", {"data": b"up"})["data"] == b"up", "serving after the signals")
     c.close()
     d.stop()
+    # The signals the page says keep their default action have it also when
+    # dspkd inherits them ignored (a script's "dspkd &" ignores SIGQUIT and
+    # SIGINT): an inherited SIG_IGN of SIGQUIT was kept, and kill -QUIT did
+    # nothing.  SIGQUIT then ends it at once (no core file: RLIMIT_CORE 0).
+    import resource
+    kept = (signal.SIGQUIT, signal.SIGXCPU, signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE,
+            signal.SIGILL, signal.SIGABRT, signal.SIGCHLD, signal.SIGCONT, signal.SIGURG,
+            signal.SIGWINCH)
+    for s in kept:
+        check("*%s*" % s.name in page.split("# SIGNALS", 1)[1].split("\n# ", 1)[0],
+              "dspkd(8) SIGNALS names %s" % s.name)
+
+    def inherit_ignored():
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        for s in kept + (signal.SIGINT,):
+            signal.signal(s, signal.SIG_IGN)
+
+    d = Daemon(exe, tmp, preexec_fn=inherit_ignored)
+    with open("/proc/%d/status" % d.proc.pid) as f:
+        ign = int(re.search(r"^SigIgn:\s*([0-9a-f]+)$", f.read(), re.M).group(1), 16)
+    still = [s.name for s in kept + (signal.SIGINT,) if ign >> (s - 1) & 1]
+    check(not still, "inherited ignored, still ignored: %r" % still)
+    d.proc.send_signal(signal.SIGQUIT)
+    rc = d.wait()
+    check(rc == -signal.SIGQUIT, "SIGQUIT ends dspkd by its default action: %r\n%s"
+          % (rc, d.logtext()))
+    check(os.path.exists(d.sock), "the socket file stays after SIGQUIT")
 
 
 def t_stopmetrics(exe, tmp):
@@ -878,6 +912,22 @@ def t_reload(exe, tmp):
     n.until(lambda m: m.get("RELOADING") == "1", "RELOADING=1 (daemon.reload)")
     done = n.until(lambda m: m.get("READY") == "1", "READY=1 (daemon.reload)")
     check("failed" in done.get("STATUS", ""), "STATUS says the reload failed: %r" % done)
+    # cache with no_cache = yes is refused at a reload as at a start, naming
+    # file:line, and the running configuration stays (it was taken in silence).
+    before = c.call("status")["daemon"]["limits"]
+    write(conf, "[limits]\nmax_clients = 4\n[daemon]\ncache = /nonexistent/other.db\n"
+          "no_cache = yes\n")
+    try:
+        c.call("daemon.reload")
+        raise AssertionError("cache with no_cache = yes was taken")
+    except RpcError as e:
+        check(e.name == "EINVAL" and "%s:5: no_cache = yes and cache (line 4) both given" % conf
+              in e.err.get("message", ""), "refused: %r" % e.err)
+    n.until(lambda m: m.get("RELOADING") == "1", "RELOADING=1 (cache and no_cache)")
+    done = n.until(lambda m: m.get("READY") == "1", "READY=1 (cache and no_cache)")
+    check("failed" in done.get("STATUS", ""), "STATUS says the reload failed: %r" % done)
+    check(c.call("status")["daemon"]["limits"] == before and before["max_clients"] != 4,
+          "the running limits kept: %r" % before)
     write(conf, "[daemon]\ncache = /nonexistent/other.db\n")
     check(c.call("daemon.reload") == {"reloaded": True}, "daemon.reload")
     n.until(lambda m: m.get("RELOADING") == "1", "RELOADING=1 (daemon.reload)")
@@ -1035,9 +1085,14 @@ def t_reloadkeys(exe, tmp):
                        ("device_inflight", "5"),
                        ("job_state", os.path.join(tmp, "other.jobs"))):
         mark = len(d.logtext())
-        write(conf, re.sub(r"(?m)^%s = .*$" % key, "%s = %s" % (key, value), full))
+        text = re.sub(r"(?m)^%s = .*$" % key, "%s = %s" % (key, value), full)
+        want = {key}
+        if key == "no_cache":  # cache with no_cache = yes is refused: the cache goes,
+            text = re.sub(r"(?m)^cache = .*\n", "", text)  # and both keys changed
+            want = {"cache", "no_cache"}
+        write(conf, text)
         reload_and_wait(d, "(%s changed)" % key)
-        check(changed_since(mark) == {key}, "%s changed: logged %r" % (key, changed_since(mark)))
+        check(changed_since(mark) == want, "%s changed: logged %r" % (key, changed_since(mark)))
     # cache set to no file (":memory:"; the file refuses ""): the key changed
     # is cache, not no_cache, though the change is from a file to none (it
     # said no_cache).
@@ -1045,13 +1100,6 @@ def t_reloadkeys(exe, tmp):
     write(conf, re.sub(r"(?m)^cache = .*$", "cache = :memory:", full))
     reload_and_wait(d, "(cache = :memory:)")
     check(changed_since(mark) == {"cache"}, "cache = :memory:: logged %r" % changed_since(mark))
-    # Both changed, from the file to none: both named.
-    mark = len(d.logtext())
-    write(conf, full.replace("no_cache = no", "no_cache = yes").replace(
-        "cache = %s" % os.path.join(tmp, "keys.db"), "cache = :memory:"))
-    reload_and_wait(d, "(cache and no_cache changed)")
-    check(changed_since(mark) == {"cache", "no_cache"}, "cache and no_cache: logged %r"
-          % changed_since(mark))
     c = d.client()
     check(c.call("status")["daemon"]["socket"] == sock, "the socket stays")
     c.close()
@@ -1084,8 +1132,8 @@ def t_reloadkeys(exe, tmp):
     # nothing.
     for start, then, want in (("cache = :memory:\n", "", {"cache"}),
                               ("no_cache = yes\n", "", {"no_cache"}),
-                              ("no_cache = yes\ncache = /x/a.db\n", "cache = /x/a.db\n",
-                               {"no_cache"}),
+                              ("no_cache = yes\n", "cache = /x/a.db\n",
+                               {"cache", "no_cache"}),
                               ("cache = :memory:\n", "no_cache = yes\n", set()),
                               ("no_cache = yes\n", "cache = :memory:\n", set())):
         write(conf, "[daemon]\n" + start)
@@ -1336,6 +1384,25 @@ def t_config(exe, tmp):
                "%(f)s:2: line longer than 199 bytes")
     start_fail("[daemon]\ncache = /%s\n" % ("c" * 191), "%(f)s:2: line longer than 199 bytes")
     start_fail("[daemon]\nthis line is wrong\n", "%(f)s:2: syntax error")
+    # One UTF-8 byte order mark at the very start is ignored (good.conf below
+    # starts with one); a second one, or one after a blank, is refused as one
+    # on any other line is (libinih skipped it: "[limits]" was read).
+    for text in ("\ufeff\ufeff[limits]\nmax_clients = 3\n", " \ufeff[limits]\n",
+                 "\ufeff\ufeff\n[limits]\n"):
+        start_fail(text, "%(f)s:1: a byte order mark (\\ufeff) that is not the first bytes "
+                   "of the file: only one, at the very start, is ignored")
+    # cache with no_cache = yes is refused at the second of them, whichever
+    # comes first, as --cache with --no-cache is (no_cache won in silence);
+    # no_cache = no with a cache is no conflict (good.conf below).
+    start_fail("[daemon]\nno_cache = yes\ncache = %s/zz.db\n" % tmp,
+               "%(f)s:3: cache and no_cache = yes (line 2) both given (give one)")
+    start_fail("[daemon]\ncache = zz.db\n[limits]\nmax_clients = 3\n[daemon]\nno_cache = on\n",
+               "%(f)s:6: no_cache = on and cache (line 2) both given (give one)")
+    check(not os.path.exists(os.path.join(tmp, "zz.db")), "no cache file made")
+    # An empty cache is a bad value, as every empty value of the file but
+    # the [policy] lists (--cache "" is the command line's --no-cache).
+    start_fail("[daemon]\ncache =\n",
+               "%(f)s:2: cache: expected a path (no_cache = yes runs without a cache)")
     start_fail("[policy]\nadmin_users = no-such-user-here\n", 'no such user "no-such-user-here"')
     start_fail("[limits]\nmax_rank = 3\nmax_rank = 4\n", '%(f)s:3: key "max_rank" given twice')
     start_fail("[daemon]\ndevice_inflight = 0\n", "%(f)s:2: device_inflight")
@@ -1461,8 +1528,8 @@ def t_config(exe, tmp):
     # indented lines (inih took the second indented key for a continuation
     # of the first), a ";" in a value that follows no blank (--no-cache
     # wins over the cache).
-    write(conf, "; the example's style\n[daemon]\nsocket = %s\nbackends = cpu\n"
-          "log_level = debug\nshutdown_timeout = 5s\ncache = %s/x;y.db\n#%s\n\n"
+    write(conf, "\ufeff; the example's style\n[daemon]\nsocket = %s\nbackends = cpu\n"
+          "log_level = debug\nshutdown_timeout = 5s\ncache = %s/x;y.db\nno_cache = no\n#%s\n\n"
           "  [limits]\n  max_message = 64M\n  max_unsent = 1M\n\tmax_clients = 8\n\n"
           "[policy]\nallow_users = root, %d\nallow_groups = 0\nadmin_users = %d\n" %
           (sock, tmp, "x" * 198, os.getuid(), os.getuid()))
@@ -1484,7 +1551,52 @@ def t_config(exe, tmp):
     p.send_signal(signal.SIGTERM)
     check(p.wait(TIMEOUT) == 0, "exit 0")
     log.seek(0)
-    check("debug:" in log.read(), "log_level from the file")
+    text = log.read()
+    check("debug:" in text, "log_level from the file")
+    # A start without a cache says so, naming what turned it off.
+    check("info: cache: none (--no-cache): nothing persists\n" in text,
+          "no cache logged:\n" + text)
+    d = Daemon(exe, tmp, ["--cache", ""])
+    d.stop()
+    check('info: cache: none (--cache ""): nothing persists\n' in d.logtext(),
+          '--cache "" logged:\n' + d.logtext())
+    nc = os.path.join(tmp, "nocache.conf")
+    write(nc, "[daemon]\nno_cache = yes\n")
+    d = Daemon(exe, tmp, ["--config", nc])
+    d.stop()
+    check("info: cache: none (no_cache = yes in %s): nothing persists\n" % nc in d.logtext(),
+          "the file's no_cache logged:\n" + d.logtext())
+    # --ready-fd on a descriptor READY cannot be written to: open read-only,
+    # refused at start as a closed one is (the daemon served, and whoever
+    # waited for READY waited for ever); a write that fails later (a full
+    # device) is a warning that says READY was not written.
+    ro = os.open("/dev/null", os.O_RDONLY)
+    p = subprocess.run([exe, "--foreground", "--config", "", "--backends", "cpu", "--no-cache",
+                        "--socket", os.path.join(tmp, "never.sock"), "--ready-fd", str(ro)],
+                       pass_fds=[ro], stderr=subprocess.PIPE, timeout=TIMEOUT)
+    os.close(ro)
+    check(p.returncode == 2 and ("--ready-fd: %d: not open for writing (READY could not be "
+                                 "written there)" % ro).encode() in p.stderr and
+          not os.path.exists(os.path.join(tmp, "never.sock")),
+          "--ready-fd read-only: %d %r" % (p.returncode, p.stderr))
+    full = os.open("/dev/full", os.O_WRONLY)
+    note = Notify(tmp)
+    e = dict(os.environ, NOTIFY_SOCKET=note.path)
+    log = open(os.path.join(tmp, "full.log"), "w+")
+    p = subprocess.Popen([exe, "--foreground", "--config", "", "--backends", "cpu", "--no-cache",
+                          "--socket", os.path.join(tmp, "full.sock"), "--ready-fd", str(full)],
+                         pass_fds=[full], stderr=log, env=e)
+    os.close(full)
+    try:
+        note.until(lambda m: m.get("READY") == "1", "READY=1 with --ready-fd on /dev/full")
+    finally:
+        p.send_signal(signal.SIGTERM)
+        rc = p.wait(TIMEOUT)
+        note.close()
+    log.seek(0)
+    text = log.read()
+    check(rc == 0 and "warn: cannot write READY to --ready-fd %d: No space left on device\n"
+          % full in text, "--ready-fd on /dev/full: %d\n%s" % (rc, text))
     # The installed example starts with every key enabled as it is written
     # (its values are the defaults, or marked examples that any host takes):
     # only the paths and the port are the test machine's.  Its policy lists

@@ -279,6 +279,25 @@ def t_metrics(exe, submit, tmp):
                        .encode(), lambda got, why=why: b"\r\n\r\n" in got and why in got)
         check(got.startswith(b"HTTP/1.1 400 ") and why in got,
               "%r: want 400 %r, got %r" % (hdrs, why, got[:300]))
+    # The request target and version (docs/protocol.md, "metrics"): HTTP/1.1
+    # without Host is 400 (RFC 9112 3.2), HTTP/1.0 without it is served; a
+    # query is ignored; the path is compared as sent, not percent-decoded
+    # (/metrics%00 and /%6detrics were served), and the absolute form is 404.
+    for line, with_host, code in (("GET /metrics HTTP/1.1", False, 400),
+                                  ("HEAD /metrics HTTP/1.1", False, 400),
+                                  ("GET /metrics HTTP/1.0", False, 200),
+                                  ("GET /metrics?x=1 HTTP/1.1", True, 200),
+                                  ("GET /metrics?a=%00 HTTP/1.1", True, 200),
+                                  ("GET /metrics%00 HTTP/1.1", True, 404),
+                                  ("GET /%6detrics HTTP/1.1", True, 404),
+                                  ("GET /metrics%3fx HTTP/1.1", True, 404),
+                                  ("GET http://x/metrics HTTP/1.1", True, 404)):
+        got = raw_http(host, port, ("%s\r\n%sConnection: close\r\n\r\n"
+                                    % (line, "Host: x\r\n" if with_host else "")).encode())
+        check(re.match(rb"HTTP/1\.[01] %d " % code, got) and
+              (code != 400 or line.startswith("HEAD") or b"no Host header" in got) and
+              (code != 200 or line.startswith("HEAD") or b"dspk_connections" in got),
+              "%r: want %d, got %r" % (line, code, got[:200]))
     # A well-formed GET with Content-Length: 0 is still served.
     got = raw_http(host, port, b"GET /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n"
                                b"Connection: close\r\n\r\n")
