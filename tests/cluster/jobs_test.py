@@ -488,7 +488,7 @@ def run(exe, submit, epilog, tmp, case=None):
     return 0
 
 
-def ending_job(d, admin, job):
+def ending_job(d, admin, job, n=1536):
     """Registers job for this uid with the Vulkan device, starts a gemm there from a
     connection of the job (lavapipe: it runs for a while, and a cancel does not stop a
     dispatch), ends the job from a second admin connection and waits until status shows
@@ -497,7 +497,7 @@ def ending_job(d, admin, job):
     gpu = [x for x in admin.call("devices", {})["devices"] if x["backend"] == "vulkan"][0]
     admin.call("job.register", {"job": job, "uid": os.getuid(), "devices": [gpu["uuid"]]})
     cj = d.client(job=job)
-    cj.send("task.run", gemm_args(gpu["id"], 1536)[0])
+    cj.send("task.run", gemm_args(gpu["id"], n)[0])
     while not (status_job(admin, job) or {}).get("inflight"):
         pass
     ender = d.client()
@@ -531,7 +531,10 @@ def ending_again(d):
     per job id, the sum of both (two series with one label set made the whole scrape
     invalid Prometheus text, and dspk_slurm_jobs counted the job twice)."""
     admin = d.client()
-    cj, ender, first = ending_job(d, admin, 93)
+    # A longer gemm: the end must still wait for it after the status look and the
+    # register (1536^2 ended in between now and then on a loaded machine; 2560^2
+    # f32 is two 26 MB operands, within max_message).
+    cj, ender, first = ending_job(d, admin, 93, 2560)
     admin.call("job.register", {"job": 93, "uid": os.getuid(), "devices": []})
     regs = sorted((j["ended"], j["connections"]) for j in admin.call("status", {})["jobs"]
                   if j["job"] == 93)
