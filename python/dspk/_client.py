@@ -293,15 +293,11 @@ def _untraced(fn: _F) -> _F:
     return cast(_F, method)
 
 
-def _public(fn: _F) -> _F:
-    """A public method: untraced (_untraced); an OSError or MemoryError of the client's
-    own (not a signal handler's) leaves it as the dspk.Error of _as_error, never as it
-    is."""
+def _errors_as_dspk(fn: _F) -> _F:
+    """fn, with an OSError or MemoryError of the client's own (not a signal handler's)
+    leaving it as the dspk.Error of _as_error, never as it is."""
     @functools.wraps(fn)  # name, doc, and __wrapped__: inspect.signature sees fn's
     def method(*args: Any, **kwargs: Any) -> Any:
-        tracer = sys.gettrace()
-        if tracer is not None:  # see _untraced
-            sys.settrace(None)
         try:
             return fn(*args, **kwargs)
         except (OSError, MemoryError) as e:
@@ -309,10 +305,13 @@ def _public(fn: _F) -> _F:
             if err is e:
                 raise
             raise err from None
-        finally:
-            if tracer is not None:
-                sys.settrace(tracer)
     return cast(_F, method)
+
+
+def _public(fn: _F) -> _F:
+    """A public method: untraced (_untraced), its own errors as dspk.Errors
+    (_errors_as_dspk)."""
+    return _untraced(_errors_as_dspk(fn))
 
 
 class _Defer(Exception):
@@ -965,7 +964,10 @@ class TaskFuture(concurrent.futures.Future):
     @_untraced
     def result(self, timeout: Optional[float] = None) -> Any:
         """As concurrent.futures.Future's; the wait is outside the future's lock (see
-        _wait_done), which is then taken for the result only."""
+        _wait_done), which is then taken for the result only.  A timeout that is not
+        None or a real number is a TypeError, NaN a ValueError, as the wait of
+        concurrent.futures would have them, said before any wait."""
+        _check_wait_timeout(timeout)
         if not self._wait_done(self._pump(timeout)):
             raise concurrent.futures.TimeoutError()
         return super().result(0)
@@ -973,9 +975,22 @@ class TaskFuture(concurrent.futures.Future):
     @_untraced
     def exception(self, timeout: Optional[float] = None) -> Optional[BaseException]:
         """As concurrent.futures.Future's (see result())."""
+        _check_wait_timeout(timeout)
         if not self._wait_done(self._pump(timeout)):
             raise concurrent.futures.TimeoutError()
         return super().exception(0)
+
+
+def _check_wait_timeout(timeout: Any) -> None:
+    """Refuses a future's wait timeout that is not None or a real number (a bool is
+    one, as it is to concurrent.futures), or that is NaN."""
+    if timeout is None:
+        return
+    if not isinstance(timeout, numbers.Real):
+        raise TypeError("timeout: seconds (a real number) or None, not %s"
+                        % type(timeout).__name__)
+    if timeout != timeout:  # NaN, of whatever real type
+        raise ValueError("timeout: NaN is not a number of seconds")
 
 
 def _run_callback(fn: Callable[[Any], Any], fut: concurrent.futures.Future) -> None:

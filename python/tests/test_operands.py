@@ -387,6 +387,25 @@ def test_timeout_beyond_float_waits_for_ever(daemon):
         assert f.result(10**400) == 3.0
 
 
+def test_future_wait_timeout_of_another_type_or_nan(client):
+    """result('1') raised a bare "'>' not supported between 'str' and 'int'" from inside
+    the client (outside probe 13, C) and result(nan) a TimeoutError at once: a
+    TypeError / ValueError naming the timeout, whether the future is done or not."""
+    f = client.submit("reduce", np.ones(3))
+    for wait in (f.result, f.exception):
+        with pytest.raises(TypeError, match="timeout: seconds .* not str"):
+            wait("1")
+        with pytest.raises(ValueError, match="timeout: NaN"):
+            wait(float("nan"))
+        with pytest.raises(ValueError, match="timeout: NaN"):
+            wait(np.float32("nan"))
+    assert f.result(TIMEOUT) == 3.0
+    assert f.result(np.float32(1)) == 3.0 and f.exception(fractions.Fraction(1, 2)) is None
+    assert f.result(True) == 3.0 and f.result(-1) == 3.0  # real numbers all
+    with pytest.raises(TypeError, match="not str"):
+        f.result("1")
+
+
 # ---- L: a view of a shared array off its item size ------------------------------------
 
 def test_shared_view_off_its_item_size(client):
