@@ -391,53 +391,80 @@ static void render_devices(struct tbuf *t, const struct devsnap *sn, int n) {
   }
 }
 
-/* Whether a registration before j in the list has j's id and is one viewer
- * sees (NULL: all): j's series was written with that one's. */
-static bool job_seen_before(const struct dspkd *d, const struct djob *j,
-                            const struct conn *viewer, bool admin) {
-  for (const struct djob *p = d->jobs; p && p != j; p = p->next)
-    if (p->id == j->id && (!viewer || dspkd_sees_uid(viewer, admin, (uint32_t)p->uid)))
-      return true;
-  return false;
+/* One job id's row of the dspk_slurm_job_* families. */
+struct jrow {
+  uint64_t id;
+  bool shown; /* a registration of the id is one the viewer sees */
+  uint64_t v[4];
+};
+
+static int jrow_cmp(const void *a, const void *b) {
+  uint64_t x = ((const struct jrow *)a)->id, y = ((const struct jrow *)b)->id;
+  return x < y ? -1 : x > y;
 }
 
-/* The Slurm jobs registered here (daemon/jobs.c), labelled by job id: the
- * count of all, the series of those viewer sees (NULL: all).  A job
- * registered again while its earlier registration still ends (a requeued
- * job's prolog before its old epilog's job.end is answered) has two
- * registrations: one series for the id, the sum of both (Prometheus
- * refuses a scrape with one label set twice in a family). */
+/* The Slurm jobs registered here (daemon/jobs.c), labelled by job id in
+ * increasing order: the count of all, the series of those viewer sees
+ * (NULL: all).  A job registered again while its earlier registration
+ * still ends (a requeued job's prolog before its old epilog's job.end is
+ * answered) has two registrations: one series for the id, the sum of both
+ * (Prometheus refuses a scrape with one label set twice in a family).
+ * Sorted rows and a binary search per connection: a scrape of MAX_JOBS
+ * registrations and max_clients connections costs n log n, not n^2, on
+ * the loop thread. */
 static void render_jobs(struct tbuf *t, const struct dspkd *d, const struct conn *viewer,
                         bool admin) {
   static const char *const names[4] = {"connections", "inflight", "buffers", "buffer_bytes"};
   static const char *const helps[4] = {
       "Connections of the Slurm job open now.", "Requests of the Slurm job in flight.",
       "Buffers the Slurm job holds.", "Bytes of the buffers the Slurm job holds."};
-  size_t njobs = 0;
+  size_t nreg = 0, nrows = 0;
   for (const struct djob *j = d->jobs; j; j = j->next)
-    njobs += !job_seen_before(d, j, NULL, true);
+    nreg++;
+  struct jrow *rows = nreg ? calloc(nreg, sizeof *rows) : NULL;
+  if (nreg && !rows) {
+    t->err = DSPK_ENOMEM;
+    return;
+  }
+  size_t i = 0;
+  for (const struct djob *j = d->jobs; j; j = j->next, i++) {
+    rows[i].id = j->id;
+    rows[i].shown = !viewer || dspkd_sees_uid(viewer, admin, (uint32_t)j->uid);
+  }
+  if (nreg)
+    qsort(rows, nreg, sizeof *rows, jrow_cmp);
+  for (i = 0; i < nreg; i++) {
+    if (nrows && rows[nrows - 1].id == rows[i].id) {
+      rows[nrows - 1].shown |= rows[i].shown;
+      continue;
+    }
+    rows[nrows++] = rows[i];
+  }
   scalar(t, "dspk_slurm_jobs", "gauge",
-         "Slurm jobs registered on this node (job.register), those ending included.", njobs);
+         "Slurm jobs registered on this node (job.register), those ending included.", nrows);
+  for (const struct conn *c = d->conns; c; c = c->next) {
+    const struct djob *cj = c->job;
+    if (!cj || (viewer && !dspkd_sees_uid(viewer, admin, (uint32_t)cj->uid)))
+      continue;
+    struct jrow key = {.id = cj->id};
+    struct jrow *r = nrows ? bsearch(&key, rows, nrows, sizeof *rows, jrow_cmp) : NULL;
+    if (!r)
+      continue;
+    r->v[0]++;
+    r->v[1] += dspkd_conn_inflight(c);
+    r->v[2] += c->nbufs;
+    r->v[3] += c->buf_bytes;
+  }
   for (int k = 0; k < 4; k++) {
     char name[48];
     snprintf(name, sizeof name, "dspk_slurm_job_%s", names[k]);
     family(t, name, "gauge", helps[k]);
-    for (const struct djob *j = d->jobs; j; j = j->next) {
-      uint64_t v = 0;
-      if ((viewer && !dspkd_sees_uid(viewer, admin, (uint32_t)j->uid)) ||
-          job_seen_before(d, j, viewer, admin))
-        continue;
-      for (const struct conn *c = d->conns; c; c = c->next) {
-        const struct djob *cj = c->job;
-        if (!cj || cj->id != j->id ||
-            (viewer && !dspkd_sees_uid(viewer, admin, (uint32_t)cj->uid)))
-          continue;
-        v += k == 0 ? 1 : k == 1 ? dspkd_conn_inflight(c) : k == 2 ? c->nbufs : c->buf_bytes;
-      }
-      tput(t, "%s{job=\"%llu\"} %llu\n", name, (unsigned long long)j->id,
-           (unsigned long long)v);
-    }
+    for (i = 0; i < nrows; i++)
+      if (rows[i].shown)
+        tput(t, "%s{job=\"%llu\"} %llu\n", name, (unsigned long long)rows[i].id,
+             (unsigned long long)rows[i].v[k]);
   }
+  free(rows);
 }
 
 /* The persistent cache's counters (struct dspk__cache_kstats), a family

@@ -554,6 +554,25 @@ def ending_again(d):
     cj.expect_eof()
     check([j["ended"] for j in admin.call("status", {})["jobs"] if j["job"] == 93] == [False],
           "job 93 registered again after its end")
+    # Series in increasing order of job id, whatever the order of registration (the
+    # families are built from sorted rows: a scrape of many jobs was quadratic in them)
+    for job in (97, 94, 95):
+        admin.call("job.register", {"job": job, "uid": os.getuid(), "devices": []})
+    c95 = d.client(job=95)
+    c95.call("devices", {})
+    for fam in ("connections", "inflight", "buffers", "buffer_bytes"):
+        series = [x.rsplit(" ", 1) for x in metrics(admin).splitlines()
+                  if x.startswith("dspk_slurm_job_%s{" % fam)]
+        check([n for n, _ in series] == ['dspk_slurm_job_%s{job="%d"}' % (fam, j)
+                                         for j in (93, 94, 95, 97)],
+              "metrics: %s in increasing order of job id: %r" % (fam, series))
+        if fam == "connections":
+            check([v for _, v in series] == ["0", "0", "1", "0"],
+                  "metrics: connections of 93, 94, 95, 97: %r" % series)
+    check("dspk_slurm_jobs 4" in metrics(admin).splitlines(), "metrics: four jobs")
+    c95.close()
+    for job in (97, 94, 95):
+        admin.call("job.end", {"job": job})
     # Ended, so that the next daemon on this state file does not give the admin's uid
     # this job's devices (the cpu only) in ending_stop.
     admin.call("job.end", {"job": 93})
