@@ -501,10 +501,10 @@ def _owed_buffer(item: Any) -> int:
 class _Temp:
     """A shared temporary of the automatic shared-memory path: a sealed memfd the
     daemon imported (``buffer.import``), reused by later tasks."""
-    __slots__ = ("buffer", "device", "size", "mm", "view", "busy", "used")
+    __slots__ = ("buffer", "device", "size", "mm", "view", "busy", "used", "held")
 
     def __init__(self, buffer: int, device: str, size: int, mm: Any,
-                 view: np.ndarray) -> None:
+                 view: np.ndarray, held: "_TempList") -> None:
         self.buffer = buffer
         self.device = device
         self.size = size
@@ -512,6 +512,41 @@ class _Temp:
         self.view = view
         self.busy = True
         self.used = 0  # when it was last made idle (Client._temp_clock)
+        self.held = held  # the task's list holding it while busy (None when idle)
+
+
+class _TempList(list):  # of _Temp
+    """The shared temporaries one task holds (Client._run's ``shm``); ``fut``, the
+    future whose completion ends their use (set as _run returns it); ``ended``, set
+    as _run leaves by an exception (the first statement of its handlers: no signal
+    handler runs before it); ``owner``, the futures of the requests _run made (those
+    ``sent`` went out).  _temp_reclaim_locked gives a busy temporary back when its
+    holder says its use has ended, even when the call that owed the put
+    (_temps_done, or _run's own handler) was cut by an interruption."""
+    __slots__ = ("fut", "ended", "owner")
+
+    def __init__(self, owner: List["TaskFuture"]) -> None:
+        super().__init__()
+        self.fut: Optional[concurrent.futures.Future] = None
+        self.ended = False
+        self.owner = owner
+
+    def done_with(self) -> Optional[int]:
+        """1: its temporaries are idle again (the task is answered, or none went out
+        before _run ended); 2: its task was canceled (it may still run in the
+        daemon: its temporaries are dropped); None: in use still."""
+        fut = self.fut
+        if fut is None:
+            if not self.ended:
+                return None  # _run is still making or sending the task
+            sent = [f for f in self.owner if f.sent]
+            if not sent:
+                return 1
+            fut = sent[-1]
+        state = fut._state  # type: ignore[attr-defined]
+        if state not in _DONE_STATES:
+            return None
+        return 1 if state == _cf.FINISHED else 2
 
 
 def default_socket() -> str:
@@ -3823,7 +3858,7 @@ class Client:
             return "any"
         return str(min(able, key=rank).get("id"))
 
-    def _temp_get(self, device: str, nbytes: int, into: List[_Temp],
+    def _temp_get(self, device: str, nbytes: int, into: _TempList,
                   make: bool = True) -> Optional[_Temp]:
         """An idle shared temporary of at least nbytes on device (the smallest that
         fits), or a new one (without ``make``: None, so that submit() never waits for
@@ -3832,6 +3867,9 @@ class Client:
         caller's list, which it gives to _temp_put on every path) in the same step
         that makes it busy, so that no interruption can leave it busy for good."""
         with self._temp_lock:
+            gone = self._temp_reclaim_locked()
+        self._temp_free(gone)
+        with self._temp_lock:
             best = None
             for t in self._temps:
                 if not t.busy and t.device == device and t.size >= nbytes and \
@@ -3839,6 +3877,7 @@ class Client:
                     best = t
             if best is not None:
                 best.busy = True
+                best.held = into
                 into.append(best)
                 return best
             if not make:
@@ -3848,7 +3887,7 @@ class Client:
         size = (nbytes + _TEMP_ROUND - 1) // _TEMP_ROUND * _TEMP_ROUND
         mm, view, buf, dev = self._import_memfd(device, size)
         try:
-            t = _Temp(buf, dev, size, mm, view)
+            t = _Temp(buf, dev, size, mm, view, into)
             with self._temp_lock:
                 # Neither statement is a call: no signal handler runs between them.
                 into += [t]
@@ -3859,14 +3898,40 @@ class Client:
             raise
         return t
 
+    def _temp_reclaim_locked(self) -> List[_Temp]:
+        """Busy temporaries whose task's future is done although nothing gave them back
+        (its _temps_done cut by an interruption as it started, or not run yet on the
+        thread that completed it): idle again, or, the task canceled (it may still run
+        in the daemon), dropped: returned, to be freed (_temp_free).  The future's
+        state is read without its lock, which its completion holds while it calls
+        _temps_done (that takes this one)."""
+        drop = []
+        for t in list(self._temps):
+            done = t.held.done_with() if t.busy and t.held is not None else None
+            if done is None:
+                continue
+            if done == 1:
+                self._temp_idle_locked(t)
+            else:
+                self._temps.remove(t)
+                drop.append(t)
+        return drop
+
+    def _temp_idle_locked(self, t: _Temp) -> None:
+        t.busy = False
+        t.held = None
+        self._temp_clock += 1
+        t.used = self._temp_clock
+
     def _temp_put(self, temps: Sequence[_Temp]) -> None:
         """``temps`` are idle again (their task is answered): kept for the next tasks
-        within the bounds (_temp_trim_locked), the others freed at once."""
+        within the bounds (_temp_trim_locked), the others freed at once.  Only those
+        ``temps`` still holds: one given back before (_temp_reclaim_locked, or a put
+        on another path) and taken by another task since stays that task's."""
         with self._temp_lock:
             for t in temps:
-                t.busy = False
-                self._temp_clock += 1
-                t.used = self._temp_clock
+                if t.held is temps:
+                    self._temp_idle_locked(t)
             drop = self._temp_trim_locked(0)
         self._temp_free(drop)
         if self._closed is not None:  # nothing reuses them now
@@ -4046,7 +4111,7 @@ class Client:
     # ---- tasks -------------------------------------------------------------------
 
     def _task_request(self, op: str, inputs: Sequence[ArrayLike], options: Dict[str, Any],
-                      device: str, out: Optional[OutArg], shm: List[_Temp],
+                      device: str, out: Optional[OutArg], shm: _TempList,
                       is_async: bool = False, shared: bool = True
                       ) -> Tuple[Dict[str, Any], List[memoryview], List[int],
                                  Callable[[Any], Any], str]:
@@ -4312,8 +4377,8 @@ class Client:
         device = _device(device)  # every op's, submit()'s too: checked before anything
         if self._forked():  # before the temporaries' lock, which a fork may leave held
             raise self._fork_error()
-        shm: List[_Temp] = []
         owner: List[TaskFuture] = []
+        shm = _TempList(owner)
         again = functools.partial(self._run, op, inputs, options, device, out, single,
                                   progress, is_async, shared=False)
         try:
@@ -4323,19 +4388,23 @@ class Client:
             fut = self._run_request(op, inputs, options, out, single, progress, is_async,
                                     args, bigs, temps, decode, target, shm, owner, shared)
         except _NoShared:  # nothing of the task was sent
+            shm.ended = True
             self._temp_put(shm)
             self._drop_idle_temps()
             return again()
         except BaseException:
+            shm.ended = True  # before any call: see _TempList
             sent = [f for f in owner if f.sent]
             if sent and shm:
                 # The task went out (an interruption came after): its temporaries
                 # stay busy until it is answered.
+                shm.fut = sent[-1]
                 sent[-1]._add_inline(lambda f: self._temps_done(f, shm))
             else:
                 self._temp_put(shm)
             raise
         if shm:
+            shm.fut = fut  # one store: no signal handler runs before or after it
             fut._add_inline(lambda f: self._temps_done(f, shm))
             if not is_async:
                 try:
@@ -4350,23 +4419,23 @@ class Client:
                     return again()
         return fut
 
-    def _temps_done(self, fut: concurrent.futures.Future, shm: List[_Temp]) -> None:
+    def _temps_done(self, fut: concurrent.futures.Future, shm: _TempList) -> None:
         """The task of ``fut`` is answered: its temporaries are free for the next.  A
         canceled one may still run on the daemon: its temporaries are dropped."""
         if not fut.cancelled():
             self._temp_put(shm)
             return
         with self._temp_lock:
-            for t in shm:
-                if t in self._temps:
-                    self._temps.remove(t)
-        self._temp_free(shm)
+            mine = [t for t in shm if t.held is shm and t in self._temps]
+            for t in mine:
+                self._temps.remove(t)
+        self._temp_free(mine)
 
     def _run_request(self, op: str, inputs: Sequence[ArrayLike], options: Dict[str, Any],
                      out: Optional[OutArg], single: bool, progress: Optional[Progress],
                      is_async: bool, args: Dict[str, Any], bigs: List[memoryview],
                      temps: List[int], decode: Callable[[Any], Any], target: str,
-                     shm: List[_Temp], owner: Optional[List[TaskFuture]] = None,
+                     shm: _TempList, owner: Optional[List[TaskFuture]] = None,
                      shared: bool = True) -> TaskFuture:
         """Sends the task and returns its future.  It owns ``temps``: on every path
         they are freed, once the task is sent (requests already sent still see
