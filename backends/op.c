@@ -348,9 +348,10 @@ int dspk__contract_parse(const char *subs, const struct dspk__tensor *A,
     for (int k = 0; k < n[term]; k++)
       if (l[term][k] == c)
         return dspk__fail(msg, len, DSPK_EINVAL,
-                    "contract: \"%s\": label '%c' repeats in the %s term "
-                    "(diagonals/traces within one operand are not supported)",
-                    se, c, names[term]);
+                    "contract: \"%s\": label '%c' repeats in the %s term (%s)", se, c,
+                    names[term],
+                    term == 2 ? "an output label names one axis of the result"
+                              : "diagonals/traces within one operand are not supported");
     l[term][n[term]++] = c;
   }
   if (!arrow)
