@@ -1420,9 +1420,12 @@ static int scan_nonfinite(struct dspk__dev *d, dspk_dtype dt, const struct dspk_
  *   uint dec(B_ v, out T_ m, out int e): v's flag (see LIN_HEAD); for a finite
  *     v other than 0, v = m * 2^e with m in [0.5, 1) (a subnormal v
  *     normalized: no implicit 1, the exponent of the smallest normal);
- *   B_ enc(T_ m, int e): the bits of m * 2^e (m a normal value or 0) rounded
- *     to the dtype, ties to even, through its subnormals (gradual underflow,
- *     +-0 below half the smallest), +-inf above its range, +0 for m = 0;
+ *   B_ enc(T_ m, int e, int tie): the bits of m * 2^e (m a normal value or 0)
+ *     rounded to the dtype, ties to even, through its subnormals (gradual
+ *     underflow, +-0 below half the smallest), +-inf above its range, +0 for
+ *     m = 0; tie the sign of what m * 2^e lacks of the exact value (an exact
+ *     product's rounding error, lin_products: 1 the exact value is above, -1
+ *     below), which decides a tie;
  *   NAN_, PINF, NINF: the bits of NaN, +inf, -inf. */
 static const char lin_bits32[] =
     "#define B_ uint\n"
@@ -1442,7 +1445,7 @@ static const char lin_bits32[] =
     "}\n"
     /* m * 2^e = q * 2^(e - 24), q the 24-bit significand; below the
      * normals, q * 2^(e + 125) units of 2^-149, q shifted right by sh. */
-    "uint enc(float m, int e) {\n"
+    "uint enc(float m, int e, int tie) {\n"
     "  uint v = floatBitsToUint(m), s = v & 0x80000000u;\n"
     "  if ((v & 0x7fffffffu) == 0u) return 0u;\n"
     "  e += int((v >> 23) & 0xffu) - 126;\n"
@@ -1450,9 +1453,10 @@ static const char lin_bits32[] =
     "  if (e > 128) return s | PINF;\n"
     "  if (e >= -125) return s | (uint(e + 126) << 23) | (q & 0x7fffffu);\n"
     "  int sh = -125 - e;\n"
+    "  if (s != 0u) tie = -tie;\n" /* of the magnitude, which q is */
     "  if (sh > 24) return s;\n"
     "  uint r = q >> uint(sh), rem = q & ((1u << uint(sh)) - 1u), hf = 1u << uint(sh - 1);\n"
-    "  if (rem > hf || (rem == hf && (r & 1u) != 0u)) r++;\n"
+    "  if (rem > hf || (rem == hf && (tie > 0 || (tie == 0 && (r & 1u) != 0u)))) r++;\n"
     "  return s | r;\n" /* 2^23 units: the smallest normal's bits */
     "}\n";
 
@@ -1481,7 +1485,7 @@ static const char lin_bits64[] =
     /* m * 2^e = q * 2^(e - 53), q the 53-bit significand (hi, lo); below
      * the normals, q * 2^(e + 1021) units of 2^-1074: t = q >> (sh - 1)
      * keeps the rounding bit, st whether any below it is set. */
-    "uvec2 enc(double m, int e) {\n"
+    "uvec2 enc(double m, int e, int tie) {\n"
     "  uvec2 v = unpackDouble2x32(m);\n"
     "  uint s = v.y & 0x80000000u;\n"
     "  if ((v.y & 0x7fffffffu) == 0u && v.x == 0u) return uvec2(0u);\n"
@@ -1489,6 +1493,7 @@ static const char lin_bits64[] =
     "  uint hi = (v.y & 0xfffffu) | 0x100000u, lo = v.x;\n"
     "  if (e > 1024) return uvec2(0u, s | PINF.y);\n"
     "  if (e >= -1021) return uvec2(lo, s | (uint(e + 1022) << 20) | (hi & 0xfffffu));\n"
+    "  if (s != 0u) tie = -tie;\n" /* of the magnitude, which (hi, lo) is */
     "  int j = -1022 - e;\n" /* sh - 1 */
     "  if (j > 52) return uvec2(0u, s);\n"
     "  uint tl, th; bool st;\n"
@@ -1501,7 +1506,9 @@ static const char lin_bits64[] =
     "    st = (lo & ((1u << uint(j)) - 1u)) != 0u;\n"
     "  }\n"
     "  uint rl = (tl >> 1) | (th << 31), rh = th >> 1;\n"
-    "  if ((tl & 1u) != 0u && (st || (rl & 1u) != 0u)) { rl++; if (rl == 0u) rh++; }\n"
+    "  if ((tl & 1u) != 0u && (st || tie > 0 || (tie == 0 && (rl & 1u) != 0u))) {\n"
+    "    rl++; if (rl == 0u) rh++;\n"
+    "  }\n"
     "  return uvec2(rl, s | rh);\n" /* 2^52 units: the smallest normal's bits */
     "}\n";
 
@@ -1575,6 +1582,7 @@ static int lin_products(struct dspk__dev *d, dspk_dtype dt, const struct dspk__v
   int ns = snprintf(src, sizeof src,
            LIN_HEAD
            "#define W %uu\n"
+           "#define SPLIT %s\n"
            "layout(std430, binding = 0) readonly buffer BA { G ga[]; };\n"
            "layout(std430, binding = 1) readonly buffer BB { G gb[]; };\n"
            "layout(std430, binding = 2) buffer BC { G acc[]; };\n"
@@ -1598,6 +1606,20 @@ static int lin_products(struct dspk__dev *d, dspk_dtype dt, const struct dspk__v
             * a*b; re: ar*br - ai*bi; im: ar*bi + ai*br), a negated one's
             * infinities of the other sign. */
            "uint negf(uint f) { return (f & 1u) | ((f & 2u) << 1) | ((f & 4u) >> 1); }\n"
+           /* The rounding error of p = a * b (a, b normal values of
+            * magnitude below 1, the groups' m), exactly, by Dekker's
+            * product: Veltkamp's split of each into halves whose products
+            * are exact; precise: no fused multiply-add may change them. */
+           "T_ prod_err(T_ a, T_ b, T_ p) {\n"
+           "  precise T_ ca = SPLIT * a;\n"
+           "  precise T_ ah = ca - (ca - a);\n"
+           "  precise T_ al = a - ah;\n"
+           "  precise T_ cb = SPLIT * b;\n"
+           "  precise T_ bh = cb - (cb - b);\n"
+           "  precise T_ bl = b - bh;\n"
+           "  precise T_ r = ((ah * bh - p) + ah * bl + al * bh) + al * bl;\n"
+           "  return r;\n"
+           "}\n"
            "void main() {\n"
            "  uint id = (gl_WorkGroupID.y * pc.gx + gl_WorkGroupID.x) * %du +\n"
            "            gl_LocalInvocationID.x;\n"
@@ -1614,8 +1636,18 @@ static int lin_products(struct dspk__dev *d, dspk_dtype dt, const struct dspk__v
            "      bool neg = W == 2u && w == 0u && q == 1u;\n"
            "      G a = ga[ia + xa], b = gb[ib + xb];\n"
            "      uint pf = pairf(a.f, b.f);\n"
-           "      if (pf != 0u) f |= neg ? negf(pf) : pf;\n"
-           "      else addm(cm, ce, neg ? -(a.m * b.m) : a.m * b.m, a.e + b.e);\n"
+           "      if (pf != 0u) { f |= neg ? negf(pf) : pf; continue; }\n"
+           "      precise T_ pm = a.m * b.m;\n"
+           "      if (pm != T_(0)) {\n"
+           /* 64: a nonzero product seen, 128: more than one; 256 / 512:
+            * the last one's rounding error (as added) is positive /
+            * negative (an output of one product rounds once: enc's lo) */
+           "        T_ er = prod_err(a.m, b.m, pm);\n"
+           "        if (neg) er = -er;\n"
+           "        f |= (f & 64u) << 1;\n"
+           "        f = (f & ~768u) | 64u | (er > T_(0) ? 256u : er < T_(0) ? 512u : 0u);\n"
+           "      }\n"
+           "      addm(cm, ce, neg ? -pm : pm, a.e + b.e);\n"
            "    }\n"
            "    if ((i & 63u) == 63u) { addm(sm, se, cm, ce); cm = T_(0); ce = 0; }\n"
            "  }\n"
@@ -1624,12 +1656,13 @@ static int lin_products(struct dspk__dev *d, dspk_dtype dt, const struct dspk__v
            "  if (pc.last == 0u) { acc[id].m = m; acc[id].e = e; acc[id].f = f; return; }\n"
            "  B_ r;\n"
            "  if ((f & 1u) != 0u || (f & 6u) == 6u) r = NAN_;\n"
-           "  else if (f != 0u) r = (f & 2u) != 0u ? PINF : NINF;\n"
-           "  else r = enc(m, e);\n"
+           "  else if ((f & 6u) != 0u) r = (f & 2u) != 0u ? PINF : NINF;\n"
+           "  else r = enc(m, e, (f & 192u) != 64u ? 0 : (f & 256u) != 0u ? 1 :\n"
+           "                 (f & 512u) != 0u ? -1 : 0);\n"
            "  o[(pc.oc + oi) * W + w] = r;\n"
            "}\n",
            DSPK__VK_WG, dbl ? "double" : "float", dbl ? -60 : -30,
-           dbl ? lin_bits64 : lin_bits32, W, DSPK__VK_WG);
+           dbl ? lin_bits64 : lin_bits32, W, dbl ? "134217729.0LF" : "4097.0", DSPK__VK_WG);
   if (ns < 0 || (size_t)ns >= sizeof src)
     return dspk__vk_fail(ctx, DSPK_EINTERNAL, "contract_linprod: kernel source too long");
   uint64_t nout = (uint64_t)(p->B_ * p->M * p->N), K = (uint64_t)p->K;

@@ -2145,6 +2145,69 @@ def contract_subnormal_sums(env):
     still_open(c)
 
 
+@case("task.run: contract made again for an infinity: an output part that is one "
+      "nonzero product is that product rounded once (numpy's a*b), near ties too")
+def contract_one_product(env):
+    # cpu:0 formed an f64 product in long double (64 bits) and rounded that to
+    # 53; vulkan:0 rounded a product to the dtype's precision and a subnormal
+    # result again: one unit off near a tie (outside probe 14 B1).
+    import random
+    c = env.conn()
+    devs = [d for d in gpu_and_cpu_devices(c) if d in ("cpu:0", "vulkan:0")]
+    F = fractions.Fraction
+    rng = random.Random(14)
+    fails = []
+    for dt in ("f32", "f64", "c64", "c128"):
+        p, emin = (24, -149) if dt in ("f32", "c64") else (53, -1074)
+        # a near tie: (1.5 + 1.5 * 2^-k) * (1 - 2^-k) = 1.5 * (1 - 2^-2k) units
+        # of the smallest subnormal (exactly: 1 unit rounded), with 2k above
+        # the dtype's precision and above long double's 64 bits for f64 (the
+        # first rounding made it 1.5 units, then 2 by ties to even)
+        k = 13 if p == 24 else 33
+        pairs = [((1.5 + 1.5 * 2.0 ** -k) * 2.0 ** (emin // 2),
+                  (1 - 2.0 ** -k) * 2.0 ** (emin - emin // 2))]
+        if dt == "f64":  # outside probe 14 B1's cases
+            pairs += [(37151367.2201494, 2.1735695148008004e+40),
+                      (-2.3823693830666134e-47, 1.2766044496256229e+51),
+                      (-2.4353440270148953e-121, 7.919729173949891e-188)]
+        if dt == "f32":
+            pairs += [(2.0568356797877346e-16, 5.210838458807761e-24),
+                      (5.461026741926389e-09, 1.3844461829238905e-30)]
+        for _ in range(400):
+            # random significands, exponents putting the product among the
+            # subnormals, near the smallest normal, or well inside the range
+            ea = rng.randint(emin // 2 - 10, emin // 2 + 10)
+            eb = rng.choice([emin - ea + rng.randint(0, p), rng.randint(-20, 20)])
+            pairs.append(((1 + rng.random()) * 2.0 ** ea * rng.choice([1, -1]),
+                          (1 + rng.random()) * 2.0 ** eb))
+        if dt[0] == "c":
+            # (a + a'j)(b + 0j): each part one nonzero product (the other is 0)
+            av = [math.inf] + [complex(a, b) for a, b in pairs]
+            bv = [1] + [b for _, b in pairs]
+        else:
+            av, bv = [math.inf] + [a for a, _ in pairs], [1] + [b for _, b in pairs]
+        ta, tb = contract_pack(dt, av, [len(av)]), contract_pack(dt, bv, [len(bv)])
+        ra, rb = contract_unpack(ta), contract_unpack(tb)  # as sent (f32 rounded)
+        W = 2 if dt[0] == "c" else 1
+        want = []
+        for i in range(len(av)):
+            for w in range(W):
+                x, y = ra[i * W + w], rb[i * W]
+                want.append(x * y if i == 0 else round_to(dt, F(x) * F(y)))
+        for dev in devs:
+            r = c.call("task.run", {"op": "contract", "device": dev, "inputs": [ta, tb],
+                                    "options": {"subscripts": "i,i->i"}})
+            check(r[0] == "ok", "%s contract %s: %r" % (dev, dt, r))
+            got = contract_unpack(r[1]["outputs"][0])
+            bad = [(j // W, g, float(w)) for j, (g, w) in enumerate(zip(got, want))
+                   if j >= W and (not math.isfinite(g) or F(g) != w)]
+            if not math.isinf(got[0]) or bad:
+                fails.append("%s %s: %d wrong, (output, got, the product rounded once) %r"
+                             % (dev, dt, len(bad), bad[:6]))
+    check(not fails, "contract i,i->i, an inf in output 0: " + "; ".join(fails))
+    still_open(c)
+
+
 @case("task.run: degenerate sizes, the same on every backend")
 def degenerate(env):
     c = env.conn()
