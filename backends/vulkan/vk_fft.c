@@ -608,9 +608,9 @@ static int rfft_odd(struct dspk__dev *d, const struct dspk__vk_bind *bx, uint32_
   size_t ces = dbl ? 16 : 8;
   if ((n + 1) * ces > max_range(d))
     return dspk__vk_fail(ctx, DSPK_ELIMIT,
-                         "fft: a real row of n=%llu is transformed as a complex one, whose "
-                         "%llu bytes ((n+1) x %zu) exceed this device's maxStorageBufferRange "
-                         "%llu",
+                         "fft: a row of n=%llu needs %llu bytes of a temporary ((n+1) x %zu, "
+                         "real rows widened to complex), more than this device's "
+                         "maxStorageBufferRange %llu",
                          (unsigned long long)n, (unsigned long long)((n + 1) * ces), ces,
                          (unsigned long long)d->props.limits.maxStorageBufferRange);
   uint64_t chunk = max_range(d) / ((n + 1) * ces);
@@ -1307,8 +1307,8 @@ int dspk__vk_fft(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *c
   size_t cs = dbl ? 16 : 8;
   if ((n + 1) * cs > max_range(d))
     return dspk__vk_fail(ctx, DSPK_ELIMIT,
-                         "fft: a row of n=%llu needs %llu bytes of VkFFT's temporary ((n+1) x "
-                         "%zu), more than this device's maxStorageBufferRange %llu",
+                         "fft: a row of n=%llu needs %llu bytes of a temporary ((n+1) x %zu, "
+                         "VkFFT's), more than this device's maxStorageBufferRange %llu",
                          (unsigned long long)n, (unsigned long long)((n + 1) * cs), cs,
                          (unsigned long long)d->props.limits.maxStorageBufferRange);
   uint64_t chunk = max_range(d) / ((n + 1) * cs);
