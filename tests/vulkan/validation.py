@@ -150,7 +150,8 @@ def big_buffer_cases(c, dev, lim, rng):
 
 def large_cases(c, dev, lim, rng):
     """Tensors within max_tensor_bytes whose temporaries are not: Bluestein's
-    rows of m >= 2n-1 (complex and real), real rows widened to complex."""
+    rows of m >= 2n-1 (complex and real), real rows widened to complex; and
+    the ELIMIT where a temporary cannot be made to fit."""
     for dt, n, frac in ((np.complex64, 17, 0.5), (np.float32, 15, 0.6),
                         (np.float32, 17, 0.3), (np.complex64, 1 << 14, 0.9)):
         es = np.dtype(dt).itemsize
@@ -159,6 +160,19 @@ def large_cases(c, dev, lim, rng):
         got = array(run(c, dev, "fft", [x])[0])
         close(got, fft_ref(x), "fft %s (%d, %d), %d bytes" % (NAMES[x.dtype], rows, n, x.nbytes))
         del got, x
+    # contract remakes a result holding an infinity from 12-byte parts: A of
+    # 0.4 x max_tensor_bytes (f32) would need 1.2 times the range, ELIMIT.
+    rows = int(lim * 0.4) // 4
+    a = np.ones((rows, 1), np.float32)
+    a[rows // 2, 0] = np.inf
+    try:
+        run(c, dev, "contract", [a, np.ones((1, 1), np.float32)], {"subscripts": "ik,kj->ij"})
+        raise AssertionError("contract of %d bytes with an inf ran: ELIMIT expected" % a.nbytes)
+    except dspk_rpc.RpcError as e:
+        if e.name != "ELIMIT" or "maxStorageBufferRange" not in e.err.get("message", ""):
+            raise AssertionError("contract: %s, not ELIMIT naming maxStorageBufferRange" % e)
+        print("ok  contract (%d, 1) with an inf: %s" % (rows, e.err["message"]), flush=True)
+    del a
     if lim != (1 << 27) - 15:
         return  # the limits below are lavapipe's (docs/protocol.md, fft)
     # A single row whose temporary passes the range: ELIMIT naming the limit
