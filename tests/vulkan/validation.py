@@ -22,6 +22,7 @@ must not pass: install vulkan-validationlayers, scripts/deps.sh)."""
 import argparse
 import glob
 import os
+import shutil
 import sys
 import tempfile
 
@@ -289,6 +290,7 @@ def main():
         status = dspk_daemon.stop(proc, 60) if proc is not None else None
     with open(logpath, "rb") as f:
         text = f.read().decode("utf-8", "replace")
+    shutil.rmtree(tmp, ignore_errors=True)
     errors = [ln for ln in text.splitlines() if "Validation Error" in ln]
     loaded = any(LAYER in ln and ("Insert" in ln or "loaded" in ln.lower())
                  for ln in text.splitlines())
