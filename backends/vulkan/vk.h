@@ -446,6 +446,17 @@ struct dspk__vk_bind {
   VkDeviceSize off, range;
 };
 
+/* A binding of an op's temporary m from the pool: the bytes asked for
+ * (up to a multiple of 4, at least 4), not the block's size, which the
+ * pool rounds up to its bucket and which may pass maxStorageBufferRange
+ * where the bytes asked do not. */
+static inline struct dspk__vk_bind dspk__vk_bind_temp(const struct dspk__mem *m) {
+  VkDeviceSize n = (m->asked + 3) & ~(VkDeviceSize)3, cap = m->size < 4 ? 4 : m->size;
+  if (n < 4)
+    n = 4;
+  return (struct dspk__vk_bind){m->buf, m->off, n < cap ? n : cap};
+}
+
 /* The largest tensor, in bytes, that a device of limits l binds whatever
  * its offset (the devices answer's max_tensor_bytes): a binding starts at
  * the tensor's offset aligned down to minStorageBufferOffsetAlignment (at

@@ -508,12 +508,19 @@ static int vk_open(int index, const struct dspk__devenv *env, struct dspk__dev *
     r = DSPK_ENOTSUP;
     goto fail;
   }
+  /* With vulkanMemoryModel enabled, Device memory scope is allowed only
+   * when vulkanMemoryModelDeviceScope is enabled too
+   * (VUID-RuntimeSpirv-vulkanMemoryModel-06265), and GLSL's atomics
+   * (fir's repair flags, vk_ops.c; a client's kernel) use Device scope: the
+   * model is enabled only with its Device scope, never alone. */
+  VkBool32 memmodel = f12.vulkanMemoryModel && f12.vulkanMemoryModelDeviceScope;
   VkPhysicalDeviceVulkan12Features e12 = {
       .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES,
       .timelineSemaphore = VK_TRUE,
       .shaderFloat16 = f12.shaderFloat16,
       .storageBuffer8BitAccess = f12.storageBuffer8BitAccess,
-      .vulkanMemoryModel = f12.vulkanMemoryModel,
+      .vulkanMemoryModel = memmodel,
+      .vulkanMemoryModelDeviceScope = memmodel,
       .bufferDeviceAddress = VK_FALSE};
   VkPhysicalDeviceVulkan11Features e11 = {
       .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_1_FEATURES,
@@ -592,7 +599,7 @@ static int vk_open(int index, const struct dspk__devenv *env, struct dspk__dev *
     }
   }
   /* The cooperative-matrix gemm path: its extension and feature (vk_coopmat.c). */
-  dspk__vk_coopmat_setup(d, d->has_f16 && f12.vulkanMemoryModel, exts, &next, &e12.pNext);
+  dspk__vk_coopmat_setup(d, d->has_f16 && memmodel, exts, &next, &e12.pNext);
   kcaps_enabled(d, &f2.features, &f11, &e12);
   float prio = 1.0f;
   VkDeviceQueueCreateInfo qi = {.sType = VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO,

@@ -57,6 +57,39 @@
 
 static uint64_t max_prime(uint64_t n);
 
+/* The bytes one binding may cover (maxStorageBufferRange), down to a
+ * multiple of 16, VkFFT's largest complex element: its descriptors'
+ * ranges are bufferSize rounded up to one. */
+static uint64_t max_range(const struct dspk__dev *d) {
+  return d->props.limits.maxStorageBufferRange & ~(uint64_t)15;
+}
+
+/* The bufferSize VkFFT is given for the VkBuffer of m.  VkFFT binds a
+ * buffer as one descriptor from byte 0 to bufferSize, the offsets coming at
+ * each launch, so a tensor is within it when it ends by then.  The
+ * VkBuffer's size, at most max_range: a VkBuffer within the range keeps
+ * its size (multiples of 16 from the pool), and so the plan keys and the
+ * binaries stored under them; a larger one is bound up to the range only
+ * (it was bound whole, past maxStorageBufferRange), and a tensor ending past
+ * that goes through a temporary (dspk__vk_fft). */
+static uint64_t vkfft_span(const struct dspk__dev *d, const struct dspk__mem *m) {
+  uint64_t s = m->bufsize & ~(uint64_t)15;
+  return s < max_range(d) ? s : max_range(d);
+}
+
+/* Records a copy of n bytes and a barrier into the open command buffer. */
+static int copy_bytes(struct dspk__dev *d, VkBuffer src, VkDeviceSize soff, VkBuffer dst,
+                      VkDeviceSize doff, VkDeviceSize n) {
+  VkCommandBuffer cb;
+  int r = dspk__vk_cmd(d, &cb);
+  if (r)
+    return r;
+  VkBufferCopy c = {.srcOffset = soff, .dstOffset = doff, .size = n};
+  VK(CmdCopyBuffer)(cb, src, dst, 1, &c);
+  dspk__vk_barrier(d);
+  return 0;
+}
+
 struct finst {
   struct dspk__vkfft *f;
   uint64_t last_use; /* timeline value of its last launch's submission */
@@ -450,7 +483,7 @@ static int get_bplan(struct dspk__dev *d, uint64_t n, int dbl, int inverse, stru
       goto fail;
   }
   struct dspk__vkfft_desc desc = {.n = m, .batch = 1, .dbl = dbl, .buf = p->bhat->buf,
-                                  .bufsize = p->bhat->bufsize};
+                                  .bufsize = vkfft_span(d, p->bhat)};
   struct fplan *fp;
   if ((r = get_plan(d, &desc, &fp, ctx)) ||
       (r = fft_launch(d, fp, 0, p->bhat->buf, p->bhat->off, VK_NULL_HANDLE, 0, ctx)))
@@ -473,46 +506,61 @@ fail:
   return r;
 }
 
-/* dst rows (n complex) = FFT of src rows, any n, through Bluestein. */
+/* dst rows (n complex) = FFT of src rows, any n, through Bluestein.  The
+ * convolution's temporary holds m + 1 values a row (m >= 2n-1, a power of
+ * two; the row's exponent after): the rows go in chunks whose temporary, and
+ * VkFFT's own of the same size, stay within maxStorageBufferRange.  A row
+ * alone larger is ELIMIT (docs/protocol.md, fft). */
 static int bluestein(struct dspk__dev *d, const struct dspk__vk_bind *src, uint32_t soff,
                      const struct dspk__vk_bind *dst, uint32_t doff, uint64_t n,
                      uint64_t batch, int dbl, int inverse, struct dspk__opctx *ctx) {
+  size_t es = dbl ? 16 : 8;
+  uint64_t m = 1;
+  while (m < 2 * n - 1)
+    m <<= 1;
+  if ((m + 1) * es > max_range(d))
+    return dspk__vk_fail(ctx, DSPK_ELIMIT,
+                         "fft: n=%llu takes Bluestein's convolution of m=%llu points a row "
+                         "(the power of two from 2n-1), whose %llu bytes ((m+1) x %zu) exceed "
+                         "this device's maxStorageBufferRange %llu",
+                         (unsigned long long)n, (unsigned long long)m,
+                         (unsigned long long)((m + 1) * es), es,
+                         (unsigned long long)d->props.limits.maxStorageBufferRange);
   struct bplan *p;
   struct dspk__vk_kernel *k;
   int r = get_bplan(d, n, dbl, inverse, &p, ctx);
   if (r || (r = blue_kernel(d, dbl, &k, ctx)))
     return r;
-  uint64_t m = p->m;
-  if (m * batch > UINT32_MAX / 2)
-    return dspk__vk_fail(ctx, DSPK_ELIMIT, "fft: n=%llu x %llu too large for Bluestein",
-                         (unsigned long long)n, (unsigned long long)batch);
-  size_t es = dbl ? 16 : 8;
+  uint64_t chunk = max_range(d) / ((m + 1) * es);
+  uint64_t rows = batch < chunk ? batch : chunk;
   struct dspk__mem *t;
   /* t: the convolution's rows, then each row's exponent (mode 3) */
-  if ((r = dspk__vk_alloc(d, es * (m + 1) * batch, &t)))
+  if ((r = dspk__vk_alloc(d, es * (m + 1) * rows, &t)))
     return r;
-  struct dspk__vk_bind b[5] = {*src,
-                               {p->chirp->buf, p->chirp->off, es * n},
-                               {p->bhat->buf, p->bhat->off, es * m},
-                               {t->buf, t->off, es * (m + 1) * batch},
-                               *dst};
-  struct dspk__vkfft_desc desc = {.n = m, .batch = batch, .dbl = dbl, .buf = t->buf,
-                                  .bufsize = t->bufsize};
-  struct fplan *fp;
-  /* The plan first: making it may submit what is recorded so far. */
-  if ((r = get_plan(d, &desc, &fp, ctx)) ||
-      (r = blue_pass(d, k, b, dbl, (uint32_t)(m * batch), (uint32_t)n, (uint32_t)m, soff,
-                     (uint32_t)batch, 3, 1.0)) ||
-      (r = blue_pass(d, k, b, dbl, (uint32_t)(m * batch), (uint32_t)n, (uint32_t)m, soff, 0,
-                     0, 1.0)) ||
-      (r = fft_launch(d, fp, 0, t->buf, t->off, VK_NULL_HANDLE, 0, ctx)) ||
-      (r = blue_pass(d, k, b, dbl, (uint32_t)(m * batch), (uint32_t)n, (uint32_t)m, 0, 0, 1,
-                     1.0)) ||
-      (r = fft_launch(d, fp, 1, t->buf, t->off, VK_NULL_HANDLE, 0, ctx)))
-    goto out;
-  r = blue_pass(d, k, b, dbl, (uint32_t)(m * batch), (uint32_t)n, (uint32_t)m, 0, doff, 2,
-                inverse ? 1.0 / (double)n : 1.0);
-out:
+  for (uint64_t r0 = 0; r0 < batch && r == 0; r0 += rows) {
+    uint64_t kr = batch - r0 < rows ? batch - r0 : rows;
+    uint32_t tot = (uint32_t)(m * kr), so = soff + (uint32_t)(r0 * n),
+             dof = doff + (uint32_t)(r0 * n);
+    struct dspk__vk_bind b[5] = {*src,
+                                 {p->chirp->buf, p->chirp->off, es * n},
+                                 {p->bhat->buf, p->bhat->off, es * m},
+                                 {t->buf, t->off, es * (m + 1) * kr},
+                                 *dst};
+    struct dspk__vkfft_desc desc = {.n = m, .batch = kr, .dbl = dbl, .buf = t->buf,
+                                    .bufsize = vkfft_span(d, t)};
+    struct fplan *fp;
+    /* The plan first: making it may submit what is recorded so far. */
+    if ((r = get_plan(d, &desc, &fp, ctx)) ||
+        (r = blue_pass(d, k, b, dbl, tot, (uint32_t)n, (uint32_t)m, so, (uint32_t)kr, 3,
+                       1.0)) ||
+        (r = blue_pass(d, k, b, dbl, tot, (uint32_t)n, (uint32_t)m, so, 0, 0, 1.0)) ||
+        (r = fft_launch(d, fp, 0, t->buf, t->off, VK_NULL_HANDLE, 0, ctx)) ||
+        (r = blue_pass(d, k, b, dbl, tot, (uint32_t)n, (uint32_t)m, 0, 0, 1, 1.0)) ||
+        (r = fft_launch(d, fp, 1, t->buf, t->off, VK_NULL_HANDLE, 0, ctx)))
+      break;
+    r = blue_pass(d, k, b, dbl, tot, (uint32_t)n, (uint32_t)m, 0, dof, 2,
+                  inverse ? 1.0 / (double)n : 1.0);
+  }
   dspk__vk_submit(d);
   dspk__vk_free(d, t);
   return r;
@@ -551,39 +599,46 @@ static int fft_copy(struct dspk__dev *d, int dbl, int mode, const struct dspk__v
 }
 
 /* rfft of odd n (or n with a large prime factor): widen, complex
- * transform, keep the half spectrum. */
-static int rfft_odd(struct dspk__dev *d, const struct dspk__tensor *X,
-                    const struct dspk__tensor *O, uint64_t n, uint64_t batch, int dbl,
-                    struct dspk__opctx *ctx) {
+ * transform, keep the half spectrum; in chunks of rows whose widened copy
+ * (and VkFFT's temporary, n + 1 values a row at most) stays within
+ * maxStorageBufferRange.  bx, bo: X and the output, bound. */
+static int rfft_odd(struct dspk__dev *d, const struct dspk__vk_bind *bx, uint32_t ex,
+                    const struct dspk__vk_bind *bo, uint32_t eo, uint64_t n, uint64_t batch,
+                    int dbl, struct dspk__opctx *ctx) {
   size_t ces = dbl ? 16 : 8;
+  if ((n + 1) * ces > max_range(d))
+    return dspk__vk_fail(ctx, DSPK_ELIMIT,
+                         "fft: a row of n=%llu needs %llu bytes of a temporary ((n+1) x %zu, "
+                         "real rows widened to complex), more than this device's "
+                         "maxStorageBufferRange %llu",
+                         (unsigned long long)n, (unsigned long long)((n + 1) * ces), ces,
+                         (unsigned long long)d->props.limits.maxStorageBufferRange);
+  uint64_t chunk = max_range(d) / ((n + 1) * ces);
+  uint64_t rows = batch < chunk ? batch : chunk, h = n / 2 + 1;
   struct dspk__mem *t;
-  int r = dspk__vk_alloc(d, (size_t)(n * batch) * ces, &t);
+  int r = dspk__vk_alloc(d, (size_t)(n * rows) * ces, &t);
   if (r)
     return r;
-  struct dspk__vk_bind bx, bo, bt = {t->buf, t->off, t->size};
-  uint32_t ex, eo;
-  struct fplan *p = NULL;
-  if ((r = dspk__vk_bind_named(d, X, &bx, &ex, ctx, "fft's X")) ||
-      (r = dspk__vk_bind_named(d, O, &bo, &eo, ctx, "fft's output")))
-    goto out;
-  if ((r = fft_copy(d, dbl, 0, &bx, ex, &bt, 0, (uint32_t)(n * batch), 0, 0, ctx)))
-    goto out;
-  if (max_prime(n) > 13) {
-    /* in place through Bluestein: its output pass reads a separate buffer */
-    if ((r = bluestein(d, &bt, 0, &bt, 0, n, batch, dbl, 0, ctx)))
-      goto out;
-    r = fft_copy(d, dbl, 1, &bt, 0, &bo, eo, (uint32_t)((n / 2 + 1) * batch), (uint32_t)n,
-                 (uint32_t)(n / 2 + 1), ctx);
-    goto out;
+  for (uint64_t r0 = 0; r0 < batch && r == 0; r0 += rows) {
+    uint64_t kr = batch - r0 < rows ? batch - r0 : rows;
+    struct dspk__vk_bind bt = {t->buf, t->off, n * kr * ces};
+    if ((r = fft_copy(d, dbl, 0, bx, ex + (uint32_t)(r0 * n), &bt, 0, (uint32_t)(n * kr), 0, 0,
+                      ctx)))
+      break;
+    if (max_prime(n) > 13) {
+      /* in place through Bluestein: its output pass reads a separate buffer */
+      r = bluestein(d, &bt, 0, &bt, 0, n, kr, dbl, 0, ctx);
+    } else {
+      struct dspk__vkfft_desc desc = {.n = n, .batch = kr, .dbl = dbl, .buf = t->buf,
+                                      .bufsize = vkfft_span(d, t)};
+      struct fplan *p;
+      if ((r = get_plan(d, &desc, &p, ctx)) == 0)
+        r = fft_launch(d, p, 0, t->buf, t->off, VK_NULL_HANDLE, 0, ctx);
+    }
+    if (r == 0)
+      r = fft_copy(d, dbl, 1, &bt, 0, bo, eo + (uint32_t)(r0 * h), (uint32_t)(h * kr),
+                   (uint32_t)n, (uint32_t)h, ctx);
   }
-  struct dspk__vkfft_desc desc = {.n = n, .batch = batch, .dbl = dbl, .buf = t->buf,
-                                  .bufsize = t->bufsize};
-  if ((r = get_plan(d, &desc, &p, ctx)) ||
-      (r = fft_launch(d, p, 0, t->buf, t->off, VK_NULL_HANDLE, 0, ctx)))
-    goto out;
-  r = fft_copy(d, dbl, 1, &bt, 0, &bo, eo, (uint32_t)((n / 2 + 1) * batch), (uint32_t)n,
-               (uint32_t)(n / 2 + 1), ctx);
-out:
   dspk__vk_submit(d);
   dspk__vk_free(d, t);
   return r;
@@ -1084,9 +1139,9 @@ int dspk__vk_fft_profile(struct dspk__dev *d, uint64_t n, uint64_t batch, char *
                                     .batch = batch,
                                     .oop = 1,
                                     .buf = u.y->buf,
-                                    .bufsize = u.y->bufsize,
+                                    .bufsize = vkfft_span(d, u.y),
                                     .inbuf = u.x->buf,
-                                    .insize = u.x->bufsize,
+                                    .insize = vkfft_span(d, u.x),
                                     .tune = tunes[i].t};
     if (make_plan(d, &desc, &u.p, NULL)) {
       at += snprintf(buf + at, len - (size_t)at, "; %s: no plan", tunes[i].name);
@@ -1133,6 +1188,69 @@ static int bind_io(struct dspk__dev *d, const struct dspk__tensor *X, const stru
 }
 const int dspk__vk_fft_built = 1;
 
+/* VkFFT's path in chunks of at most `chunk` rows (VkFFT's temporary within
+ * maxStorageBufferRange), X and the output each through a temporary of a
+ * chunk where VkFFT cannot bind it where it is (xin, oin: 0; it ends past
+ * the range in a larger VkBuffer), copied in and out.  oop: 0 when X is the
+ * output (in place). */
+static int fft_chunks(struct dspk__dev *d, const struct dspk__tensor *X,
+                      const struct dspk__tensor *O, uint64_t n, uint64_t batch, int dbl,
+                      int r2c, int oop, int inverse, int xin, int oin, uint64_t chunk,
+                      struct dspk__opctx *ctx) {
+  uint64_t xrow = n * dspk__dtype_size(X->dtype),
+           orow = (r2c ? n / 2 + 1 : n) * dspk__dtype_size(O->dtype);
+  uint64_t rows = batch < chunk ? batch : chunk;
+  VkDeviceSize xoff = X->mem->off + X->offset, ooff = O->mem->off + O->offset;
+  struct dspk__mem *tx = NULL, *to = NULL;
+  int r = 0;
+  if (!xin && (r = dspk__vk_alloc(d, rows * xrow, &tx)))
+    return r;
+  if ((r2c || oop) && !oin && (r = dspk__vk_alloc(d, rows * orow, &to)))
+    goto out;
+  for (uint64_t r0 = 0; r0 < batch && r == 0; r0 += rows) {
+    uint64_t kr = batch - r0 < rows ? batch - r0 : rows;
+    VkBuffer ib = X->mem->buf, ob = O->mem->buf;
+    VkDeviceSize io = xoff + r0 * xrow, oo = ooff + r0 * orow;
+    uint64_t isz = vkfft_span(d, X->mem), osz = vkfft_span(d, O->mem);
+    if (tx) {
+      if ((r = copy_bytes(d, X->mem->buf, io, tx->buf, tx->off, kr * xrow)))
+        break;
+      ib = tx->buf;
+      io = tx->off;
+      isz = vkfft_span(d, tx);
+    }
+    if (!r2c && !oop) {
+      ob = ib;
+      oo = io;
+      osz = isz;
+    } else if (to) {
+      ob = to->buf;
+      oo = to->off;
+      osz = vkfft_span(d, to);
+    }
+    struct dspk__vkfft_desc desc = {.n = n,
+                                    .batch = kr,
+                                    .dbl = dbl,
+                                    .r2c = r2c,
+                                    .oop = oop,
+                                    .buf = ob,
+                                    .bufsize = osz,
+                                    .inbuf = r2c || oop ? ib : VK_NULL_HANDLE,
+                                    .insize = r2c || oop ? isz : 0};
+    struct fplan *p;
+    if ((r = get_plan(d, &desc, &p, ctx)) ||
+        (r = fft_launch(d, p, inverse, ob, oo, desc.inbuf, io, ctx)))
+      break;
+    if (!oin)
+      r = copy_bytes(d, ob, oo, O->mem->buf, ooff + r0 * orow, kr * orow);
+  }
+out:
+  dspk__vk_submit(d);
+  dspk__vk_free(d, tx);
+  dspk__vk_free(d, to);
+  return r;
+}
+
 int dspk__vk_fft(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *ctx) {
   const struct dspk__tensor *X = &op->in[0], *O = &op->out[0];
   int r2c = !dspk__dtype_is_complex(X->dtype);
@@ -1146,10 +1264,10 @@ int dspk__vk_fft(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *c
   uint64_t batch = total / n;
   /* X and the output are each within the device's max_tensor_bytes, on
    * every path (protocol.md, devices), as every op's tensors are.  VkFFT's
-   * own path binds each tensor's VkBuffer itself, as one descriptor of at
-   * least the tensor's bytes, whatever the rows: a larger tensor there made
-   * a binding past maxStorageBufferRange, which lavapipe ran (it does not
-   * enforce the limit) while the length-1 path refused it. */
+   * own path binds each tensor's VkBuffer itself, from its byte 0 (the
+   * offsets come at launch): up to vkfft_span, never past
+   * maxStorageBufferRange, a tensor ending later going through a temporary
+   * (fft_chunks). */
   struct dspk__vk_bind bx, bo;
   uint32_t ex, eo;
   int r = bind_io(d, X, O, &bx, &ex, &bo, &eo, ctx);
@@ -1174,7 +1292,7 @@ int dspk__vk_fft(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *c
   if (r2c && (n % 2 || max_prime(n) > 13 || total > UINT32_MAX / 2))
     return total > UINT32_MAX / 2
                ? dspk__vk_fail(ctx, DSPK_ELIMIT, "fft: real input above 2^31 elements")
-               : rfft_odd(d, X, O, n, batch, dbl, ctx);
+               : rfft_odd(d, &bx, ex, &bo, eo, n, batch, dbl, ctx);
   int oop = !r2c;
   if (!r2c && X->mem->buf == O->mem->buf) {
     VkDeviceSize nb = dspk__tensor_nbytes(X);
@@ -1183,15 +1301,31 @@ int dspk__vk_fft(struct dspk__dev *d, struct dspk__op *op, struct dspk__opctx *c
     else if (xoff < ooff + nb && ooff < xoff + nb)
       return dspk__vk_fail(ctx, DSPK_ENOTSUP, "fft: input and output overlap");
   }
+  /* VkFFT's temporary (multi-pass transforms) holds up to n + 1 complex
+   * values a row: the rows go in chunks within maxStorageBufferRange, and a
+   * row alone larger is ELIMIT (docs/protocol.md, fft). */
+  size_t cs = dbl ? 16 : 8;
+  if ((n + 1) * cs > max_range(d))
+    return dspk__vk_fail(ctx, DSPK_ELIMIT,
+                         "fft: a row of n=%llu needs %llu bytes of a temporary ((n+1) x %zu, "
+                         "VkFFT's), more than this device's maxStorageBufferRange %llu",
+                         (unsigned long long)n, (unsigned long long)((n + 1) * cs), cs,
+                         (unsigned long long)d->props.limits.maxStorageBufferRange);
+  uint64_t chunk = max_range(d) / ((n + 1) * cs);
+  int xin = xoff + dspk__tensor_nbytes(X) <= vkfft_span(d, X->mem),
+      oin = ooff + dspk__tensor_nbytes(O) <= vkfft_span(d, O->mem);
+  if (chunk < batch || !xin || !oin)
+    return fft_chunks(d, X, O, n, batch, dbl, r2c, oop, op->u.fft.inverse, xin, oin, chunk,
+                      ctx);
   struct dspk__vkfft_desc desc = {.n = n,
                                   .batch = batch,
                                   .dbl = dbl,
                                   .r2c = r2c,
                                   .oop = oop,
                                   .buf = O->mem->buf,
-                                  .bufsize = O->mem->bufsize,
+                                  .bufsize = vkfft_span(d, O->mem),
                                   .inbuf = r2c || oop ? X->mem->buf : VK_NULL_HANDLE,
-                                  .insize = r2c || oop ? X->mem->bufsize : 0};
+                                  .insize = r2c || oop ? vkfft_span(d, X->mem) : 0};
   /* Tuning runs the candidates on these operands: never in place. */
   int forced, use_sk = 0;
   struct dspk__vk_sfft_cfg sk;

@@ -1705,11 +1705,22 @@ static int lin_sum_products(struct dspk__dev *d, dspk_dtype dt, const struct dsp
            nout = (uint64_t)(p->B_ * p->M * p->N) * W;
   struct dspk__mem *ta = NULL, *tb = NULL, *tc = NULL;
   int r;
+  /* Its temporaries hold gs bytes a part, up to three times the operands'
+   * own bytes (f32: 12 for 4), each one binding. */
+  uint64_t most = na > nbg ? na : nbg;
+  most = most > nout ? most : nout;
+  if (most * gs > d->props.limits.maxStorageBufferRange)
+    return dspk__vk_fail(ctx, DSPK_ELIMIT,
+                         "contract: a product holds an infinity or a NaN: its sums made apart "
+                         "need a temporary of %llu bytes (%zu a value), more than this "
+                         "device's maxStorageBufferRange %llu",
+                         (unsigned long long)(most * gs), gs,
+                         (unsigned long long)d->props.limits.maxStorageBufferRange);
   if ((r = dspk__vk_alloc(d, na * gs, &ta)) || (r = dspk__vk_alloc(d, nbg * gs, &tb)) ||
       (r = dspk__vk_alloc(d, nout * gs, &tc)))
     goto out;
-  struct dspk__vk_bind ba = {ta->buf, ta->off, ta->size}, bg = {tb->buf, tb->off, tb->size},
-                       bc = {tc->buf, tc->off, tc->size};
+  struct dspk__vk_bind ba = dspk__vk_bind_temp(ta), bg = dspk__vk_bind_temp(tb),
+                       bc = dspk__vk_bind_temp(tc);
   /* A's groups: each part of (b, m, k) over its S values, W parts apart;
    * B's: each part of (b, k, n) over its T values, N * W parts apart. */
   if ((r = lin_groups(d, rt, a, &ba, na, (uint64_t)S, W, ctx)) ||
@@ -1787,7 +1798,7 @@ int dspk__vk_contract(struct dspk__dev *d, struct dspk__op *op, struct dspk__opc
   } else {
     if ((r = dspk__vk_alloc(d, (size_t)(p->B_ * p->M * p->K) * es, &ta)))
       goto out;
-    g.bind[0] = (struct dspk__vk_bind){ta->buf, ta->off, ta->size};
+    g.bind[0] = dspk__vk_bind_temp(ta);
     if ((r = gather(d, dt, &ba, ea, &g.bind[0], 0, p->ak, p->akd, p->aks, p->as, p->asd,
                     p->ass, ctx)))
       goto out;
@@ -1798,7 +1809,7 @@ int dspk__vk_contract(struct dspk__dev *d, struct dspk__op *op, struct dspk__opc
   } else {
     if ((r = dspk__vk_alloc(d, (size_t)(p->B_ * p->K * p->N) * es, &tb)))
       goto out;
-    g.bind[1] = (struct dspk__vk_bind){tb->buf, tb->off, tb->size};
+    g.bind[1] = dspk__vk_bind_temp(tb);
     if ((r = gather(d, dt, &bb, eb, &g.bind[1], 0, p->bk, p->bkd, p->bks, p->bs, p->bsd,
                     p->bss, ctx)))
       goto out;
@@ -1809,7 +1820,7 @@ int dspk__vk_contract(struct dspk__dev *d, struct dspk__op *op, struct dspk__opc
   } else {
     if ((r = dspk__vk_alloc(d, (size_t)(p->B_ * p->M * p->N) * es, &tc)))
       goto out;
-    g.bind[3] = (struct dspk__vk_bind){tc->buf, tc->off, tc->size};
+    g.bind[3] = dspk__vk_bind_temp(tc);
   }
   g.bind[2] = g.bind[3];
   if (p->K == 0 || p->M * p->N * p->B_ == 0) {
@@ -1828,7 +1839,7 @@ int dspk__vk_contract(struct dspk__dev *d, struct dspk__op *op, struct dspk__opc
   uint32_t flag = 0;
   if ((r = dspk__vk_alloc(d, 4, &tf)) || (r = dspk__vk_zero(d, tf, 0, 4)))
     goto out;
-  struct dspk__vk_bind bf = {tf->buf, tf->off, tf->size};
+  struct dspk__vk_bind bf = dspk__vk_bind_temp(tf);
   if ((r = scan_nonfinite(d, dt, &g.bind[3], g.oo, (uint64_t)(p->B_ * p->M * p->N), &bf,
                           ctx)) ||
       (r = dspk__vk_read(d, tf, 0, &flag, 4)))
@@ -1845,8 +1856,8 @@ int dspk__vk_contract(struct dspk__dev *d, struct dspk__op *op, struct dspk__opc
     if ((r = dspk__vk_alloc(d, (size_t)dspk__tensor_numel(A) * es, &ta2)) ||
         (r = dspk__vk_alloc(d, (size_t)dspk__tensor_numel(B) * es, &tb2)))
       goto out;
-    struct dspk__vk_bind b2a = {ta2->buf, ta2->off, ta2->size},
-                         b2b = {tb2->buf, tb2->off, tb2->size};
+    struct dspk__vk_bind b2a = dspk__vk_bind_temp(ta2),
+                         b2b = dspk__vk_bind_temp(tb2);
     for (int i = 0; i < p->ak; i++, n++)
       kd[n] = p->akd[i], ks[n] = p->aks[i];
     for (int i = 0; i < p->as; i++, n++)

@@ -806,10 +806,10 @@ static int run_pass(struct dspk__dev *d, struct splan *pl, int i, int inverse,
   }
   struct dspk__vk_bind tmp = {0}, b[6];
   if (pl->tmp)
-    tmp = (struct dspk__vk_bind){pl->tmp->buf, pl->tmp->off, pl->tmp->size};
+    tmp = dspk__vk_bind_temp(pl->tmp);
   b[0] = i == 0 ? *x : tmp;
   b[1] = i == pl->np - 1 ? *o : tmp;
-  b[2] = (struct dspk__vk_bind){pl->tw->buf, pl->tw->off, pl->tw->size};
+  b[2] = dspk__vk_bind_temp(pl->tw);
   if (hk) {
     b[3] = *f->sig;
     b[4] = *f->hs;
