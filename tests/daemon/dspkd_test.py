@@ -3181,6 +3181,84 @@ def t_cancelresume(exe, tmp):
     d.stop()
 
 
+def t_pauseimport(exe, tmp):
+    """A client that sends each descriptor with its buffer.import frame, first
+    in a sendmsg of its own (docs/protocol.md, "Passing descriptors"), meets
+    neither descriptor limit, however many imports it pipelines behind a
+    pause: the daemon read a paused connection on, so the descriptors of the
+    imports it held back piled up, and the ninth closed the connection
+    (protocol.error ELIMIT "more than 8 file descriptors not claimed"),
+    whether the pause came from max_inflight or from the user's other
+    connection leaving answers unread (max_user_unsent); and 8 paused
+    connections holding 8 imports each closed the same user's fresh
+    connection on its first import (the user's 64).  A paused connection is
+    now read no further while it keeps a descriptor."""
+    def imports(c, n):
+        mids = []
+        for _ in range(n):
+            fd = sealed_memfd()
+            mids.append(send_with_fds(c, "buffer.import", {"size": 4096}, [fd]))
+            os.close(fd)
+        return mids
+
+    def imported(c, mids, what):
+        for i, m in enumerate(mids):
+            try:
+                got = c.wait(m)
+            except (EOFError, ConnectionResetError):
+                raise AssertionError("%s: the connection was closed at import %d: %r"
+                                     % (what, i, c.notifications))
+            check(isinstance(got.get("buffer"), int), "%s: import %d: %r" % (what, i, got))
+            c.call("buffer.free", {"buffer": got["buffer"]})
+
+    # 1. Paused by max_inflight 1: a trace in flight (answered after its
+    # seconds), 12 imports behind it; then 8 such connections with 8 imports
+    # each (within the 8 of a connection), and a fresh connection of the same
+    # user imports at once (its user's 64 were passed).
+    d = Daemon(exe, tmp, ["--no-cache", "--max-inflight", "1"])
+    c = d.client()
+    t = c.send("trace", {"seconds": 0.5})
+    mids = imports(c, 12)
+    imported(c, mids, "max_inflight 1")
+    check(isinstance(c.wait(t).get("jobs"), list), "the trace answered")
+    paused, z = [], d.client()
+    for _ in range(8):
+        x = d.client()
+        tm = x.send("trace", {"seconds": 1.5})
+        paused.append((x, tm, imports(x, 8)))
+    # The loop has been through the paused connections' sockets once it
+    # answers a request sent after all they sent (their sockets were readable
+    # first): whatever it reads of them while paused, it has read.
+    z.call("ping")
+    y = d.client()
+    imported(y, imports(y, 1), "a fresh connection beside 8 paused ones")
+    for i, (x, tm, ms) in enumerate(paused):
+        imported(x, ms, "paused connection %d" % i)
+        x.wait(tm)
+    for x in [c, y, z] + [x for x, _, _ in paused]:
+        x.close()
+    d.stop()
+
+    # 2. Paused by max_user_unsent: connection a leaves 8 MiB of answers
+    # unread (its first bytes show the read was taken in), above twice the
+    # user's 1 MiB, so b, owing nothing, is paused; b pipelines 12 imports,
+    # answered once a reads.
+    d = Daemon(exe, tmp, ["--no-cache", "--max-user-unsent", "1M"])
+    a, b = d.client(), d.client()
+    size = 8 << 20
+    buf = a.call("buffer.create", {"size": size})["buffer"]
+    reads = [a.send("buffer.read", {"buffer": buf, "size": size}) for _ in range(3)]
+    ready, _, _ = select.select([a.sock], [], [], TIMEOUT)
+    check(ready, "the first read's answer is being written")
+    mids = imports(b, 12)
+    for m in reads:
+        check(len(a.wait(m)["data"]) == size, "a's read")
+    imported(b, mids, "max_user_unsent")
+    a.close()
+    b.close()
+    d.stop()
+
+
 def measuring_children(pid):
     """Pids of the processes dspkd `pid` started to measure an FFTW plan."""
     kids = []
@@ -4524,7 +4602,8 @@ def t_fdlimits(exe, tmp):
     """File descriptors (docs/admin.md, "File descriptors"): dspkd raises its
     soft RLIMIT_NOFILE to the hard limit and warns when the hard limit is too
     low for max_clients; one user's connections together hold at most 64
-    descriptors sent for buffer.import and not yet claimed, so another user is
+    descriptors sent for buffer.import and not yet claimed besides the first
+    of each connection, so another user is
     still served; a buffer.import whose memfd the daemon had no descriptor
     left to receive is answered ELIMIT saying so (not EINVAL, not a
     protocol error), the log naming EMFILE."""
@@ -4561,19 +4640,28 @@ def t_fdlimits(exe, tmp):
         return c.msgid
 
     def hog(w, r):
-        """uid 65534: 8 connections each holding 8 unclaimed descriptors
-        (hold: the ping's answer says they were taken in), then a ninth
-        connection's one descriptor passes the user's 64."""
+        """uid 65534: 9 connections each holding 8 unclaimed descriptors
+        (hold: the ping's answer says they were taken in), 63 beyond the
+        first of each; a tenth connection's one descriptor is its own and
+        taken, an eleventh's three are its own, the user's 64th and 65th
+        beyond: the last passes the user's 64."""
         cs = []
         fds = [sealed_memfd() for _ in range(8)]
-        for i in range(8):
+        for i in range(9):
             c = Client(d.sock)
             c.wait(hold(c, fds))
             cs.append(c)
         c = Client(d.sock)
-        m = hold(c, fds[:1])
+        try:
+            c.wait(hold(c, fds[:1]))
+            first = True
+        except (EOFError, ConnectionResetError):
+            first = False
+        cs.append(c)
+        c = Client(d.sock)
+        m = hold(c, fds[:3])
         notes = c.expect_closed()
-        out = {"answered": m in c.responses,
+        out = {"answered": m in c.responses, "first": first,
                "notes": [[n[1], n[2][0]["name"], n[2][0]["message"]] for n in notes]}
         os.write(w, msgpack.packb(out))
         os.close(w)
@@ -4583,9 +4671,12 @@ def t_fdlimits(exe, tmp):
     data = dspk_daemon.read_to_eof(r)
     check(data, "the first user's child failed")
     out = msgpack.unpackb(data)
+    check(out["first"], "a connection's first descriptor beside the user's 63: %r" % (out,))
     check(not out["answered"] and len(out["notes"]) == 1 and out["notes"][0][:2] ==
-          ["protocol.error", "ELIMIT"] and "this user's connections" in out["notes"][0][2],
-          "the user's 65th pending descriptor: protocol.error ELIMIT: %r" % (out,))
+          ["protocol.error", "ELIMIT"] and "this user's connections" in out["notes"][0][2] and
+          "besides the first on each" in out["notes"][0][2],
+          "the user's 65th pending descriptor beyond the first of each connection: "
+          "protocol.error ELIMIT: %r" % (out,))
 
     def other():
         c = Client(d.sock)
@@ -5213,6 +5304,7 @@ GROUPS = {
     "canceldone": t_canceldone,
     "pausecancel": t_pausecancel,
     "cancelresume": t_cancelresume,
+    "pauseimport": t_pauseimport,
     "done": t_done,
     "fencefault": t_fencefault,
 }
